@@ -1,0 +1,184 @@
+/* dtrain/base.h — status codes, errors, logging, memory, arenas, clocks, RNG.
+ *
+ * Overview
+ * --------
+ * Every fallible dtrain call returns a dt_status: DT_OK (0) on success,
+ * a positive state (DT_INPROGRESS) for asynchronous work still running, or a
+ * negative error. On error the call leaves a human-readable message in a
+ * thread-local slot that dt_last_error() returns until the next error on that
+ * thread. Calls that return pointers return NULL on error and set the message
+ * the same way. The library never calls exit() or abort() on bad input.
+ *
+ * Memory: dt_alloc() returns 64-byte aligned memory (free with dt_free()).
+ * A dt_arena hands out aligned temporaries from large blocks and is reset in
+ * O(1) between training steps, so the steady state does no malloc.
+ *
+ * Random numbers: Philox 4x32-10, a counter-based generator. A value depends
+ * only on (key, counter), never on thread count or call order, so any element
+ * of any stream can be computed independently:
+ *
+ *     dt_rng_key k = dt_rng_key_make(seed, DT_RNG_DROPOUT, rank, step);
+ *     float u = dt_rng_uniform(k, element_index);      // in [0, 1)
+ *
+ * Usage
+ * -----
+ *     dt_status st = dt_something(...);
+ *     if (st < 0) fprintf(stderr, "error: %s: %s\n", dt_status_str(st), dt_last_error());
+ */
+#ifndef DTRAIN_BASE_H
+#define DTRAIN_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(DT_BUILDING) && defined(__GNUC__)
+#define DT_API __attribute__((visibility("default")))
+#else
+#define DT_API
+#endif
+
+#if defined(__GNUC__)
+#define DT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DT_PRINTF(a, b)
+#endif
+
+#define DT_VERSION_MAJOR 0
+#define DT_VERSION_MINOR 1
+#define DT_VERSION_PATCH 0
+#define DT_VERSION_STRING "0.1.0"
+
+/* X-macro: name, value, description. Positive = state, negative = error. */
+#define DT_STATUS_MAP(X)                                                    \
+    X(OK, 0, "ok")                                                          \
+    X(INPROGRESS, 1, "operation in progress")                               \
+    X(ERR_INVALID_ARG, -1, "invalid argument")                              \
+    X(ERR_NO_MEMORY, -2, "out of memory")                                   \
+    X(ERR_IO, -3, "i/o error")                                              \
+    X(ERR_FORMAT, -4, "malformed input")                                    \
+    X(ERR_UNSUPPORTED, -5, "unsupported operation")                         \
+    X(ERR_TIMEOUT, -6, "timed out")                                         \
+    X(ERR_PEER_FAILED, -7, "peer failed")                                   \
+    X(ERR_MISMATCH, -8, "mismatch between ranks")                           \
+    X(ERR_SHAPE, -9, "shape mismatch")                                      \
+    X(ERR_DTYPE, -10, "dtype mismatch")                                     \
+    X(ERR_NULL, -11, "null input")                                          \
+    X(ERR_STATE, -12, "invalid state")                                      \
+    X(ERR_NOT_FOUND, -13, "not found")                                      \
+    X(ERR_RANGE, -14, "value out of range")                                 \
+    X(ERR_INTERNAL, -15, "internal error")                                  \
+    X(ERR_CANCELED, -16, "canceled")
+
+typedef enum dt_status {
+#define DT__STATUS_ENUM(name, val, desc) DT_##name = (val),
+    DT_STATUS_MAP(DT__STATUS_ENUM)
+#undef DT__STATUS_ENUM
+} dt_status;
+
+/* Short name of a status ("DT_ERR_TIMEOUT"); never NULL. */
+DT_API const char *dt_status_name(dt_status st);
+/* Description of a status ("timed out"); never NULL. */
+DT_API const char *dt_status_str(dt_status st);
+/* The message of the last error set on this thread ("" if none). Borrowed;
+ * valid until the next dt_* call on this thread that sets an error. */
+DT_API const char *dt_last_error(void);
+/* Set the thread's error message and return st (so callers can
+ * `return dt_error(DT_ERR_SHAPE, "...", ...)`). */
+DT_API dt_status dt_error(dt_status st, const char *fmt, ...) DT_PRINTF(2, 3);
+/* Prefix the current message with context: "ctx: <old message>". */
+DT_API dt_status dt_error_wrap(dt_status st, const char *fmt, ...) DT_PRINTF(2, 3);
+/* The status of the last error set on this thread (DT_OK if none). */
+DT_API dt_status dt_last_status(void);
+/* Clear the thread's error state. */
+DT_API void dt_error_clear(void);
+
+/* ---- logging ---------------------------------------------------------- */
+typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
+/* Level from DT_LOG_LEVEL (error|warn|info|debug), default warn. */
+DT_API dt_log_level dt_log_get_level(void);
+DT_API void dt_log_set_level(dt_log_level lvl);
+DT_API void dt_log(dt_log_level lvl, const char *fmt, ...) DT_PRINTF(2, 3);
+
+/* ---- memory ----------------------------------------------------------- */
+#define DT_ALIGN 64
+/* 64-byte aligned allocation; size 0 returns a valid unique pointer.
+ * Returns NULL and sets the error on failure. */
+DT_API void *dt_alloc(size_t size);
+/* Same, zero-filled. */
+DT_API void *dt_calloc(size_t size);
+DT_API void dt_free(void *p);
+
+typedef struct dt_arena dt_arena;
+/* An arena whose blocks are at least block_size bytes (0 = 4 MiB). */
+DT_API dt_arena *dt_arena_init(size_t block_size);
+DT_API void dt_arena_free(dt_arena *a);
+/* 64-byte aligned memory valid until the next dt_arena_reset(). */
+DT_API void *dt_arena_alloc(dt_arena *a, size_t size);
+/* Release every allocation at once. After the first few steps the arena
+ * coalesces into one block large enough for a whole step. */
+DT_API void dt_arena_reset(dt_arena *a);
+/* Bytes handed out since the last reset, and the high-water mark. */
+DT_API size_t dt_arena_used(const dt_arena *a);
+DT_API size_t dt_arena_peak(const dt_arena *a);
+
+/* ---- clocks ----------------------------------------------------------- */
+/* Monotonic time in seconds / nanoseconds. */
+DT_API double dt_time_s(void);
+DT_API uint64_t dt_time_ns(void);
+
+/* ---- hashing ---------------------------------------------------------- */
+/* 64-bit FNV-1a over bytes, chained with seed (0 for a fresh hash). */
+DT_API uint64_t dt_hash64(const void *data, size_t n, uint64_t seed);
+
+/* ---- counter-based RNG (Philox 4x32-10) -------------------------------- */
+/* Purposes keep streams that share a seed apart. */
+typedef enum {
+    DT_RNG_INIT = 1,     /* parameter initialisation */
+    DT_RNG_DROPOUT = 2,  /* dropout masks */
+    DT_RNG_SHUFFLE = 3,  /* data order */
+    DT_RNG_DATA = 4,     /* synthetic data */
+    DT_RNG_USER = 100    /* first value free for applications */
+} dt_rng_purpose;
+
+typedef struct { uint32_t k[2]; uint64_t stream; } dt_rng_key;
+
+/* Derive a key from (seed, purpose, a, b); a and b are free coordinates
+ * (rank, step, parameter index...). */
+DT_API dt_rng_key dt_rng_key_make(uint64_t seed, uint32_t purpose, uint64_t a, uint64_t b);
+/* The raw Philox 4x32-10 block for counter ctr[4] under key k[2]. */
+DT_API void dt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Four 32-bit values for block index i of the key's stream. */
+DT_API void dt_rng_block(dt_rng_key k, uint64_t i, uint32_t out[4]);
+/* Element i of the stream as a uniform float in [0, 1), 24 bits. */
+DT_API float dt_rng_uniform(dt_rng_key k, uint64_t i);
+/* Fill n uniforms in [lo, hi) with elements first..first+n-1. */
+DT_API void dt_rng_fill_uniform(dt_rng_key k, uint64_t first, float *out, size_t n, float lo, float hi);
+/* Fill n normals N(mean, std^2) (Box-Muller on element pairs). */
+DT_API void dt_rng_fill_normal(dt_rng_key k, uint64_t first, float *out, size_t n, float mean, float std);
+/* A uniformly random permutation of 0..n-1 (Fisher-Yates driven by the
+ * stream; depends only on key and n). */
+DT_API dt_status dt_rng_permutation(dt_rng_key k, int64_t *out, int64_t n);
+
+/* ---- threads ---------------------------------------------------------- */
+/* Compute threads used by kernels (OpenMP). 0 = library default
+ * (OMP_NUM_THREADS, else the number of cores). */
+DT_API void dt_set_num_threads(int n);
+DT_API int dt_get_num_threads(void);
+
+/* ---- CPU features ----------------------------------------------------- */
+typedef struct {
+    bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_fp16;
+} dt_cpu_features;
+DT_API dt_cpu_features dt_cpu_detect(void);
+/* "avx2 fma f16c ..." into buf; returns buf. */
+DT_API char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_BASE_H */

@@ -1,0 +1,18 @@
+/* dtrain/dtrain.h — everything: include this one header.
+ *
+ * dtrain is a distributed deep-learning training library in C11. The layers,
+ * each with its own header, in dependency order:
+ *   base.h      status codes, errors, memory, arenas, clocks, Philox RNG
+ *   kernels.h   compute on raw pointers (oneDNN matmul/conv, norms, ...)
+ *   comm.h      process groups, asynchronous collectives, backends
+ *   tensor.h    N-d tensors, views, flat buffers
+ *   autograd.h  differentiable ops, the tape, hooks
+ *   nn.h        modules with named parameters
+ *   optim.h     fused optimizers over flat buffers, clipping, schedules
+ *   data.h      datasets, samplers, the prefetching loader
+ *   parallel.h  DDP and friends
+ */
+#ifndef DTRAIN_H
+#define DTRAIN_H
+#include "dtrain/base.h"
+#endif

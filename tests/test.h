@@ -1,0 +1,115 @@
+/* tests/test.h — a tiny test harness: typed asserts that print both sides.
+ *
+ *     TEST(arena_basics) { ... ASSERT_EQ_INT(a, b); ... }
+ *     int main(void) { RUN(arena_basics); return TEST_REPORT(); }
+ *
+ * A failed assert prints file:line, the expression and both values, marks
+ * the current test failed and returns from it. TEST_REPORT() prints
+ * "N passed, N failed" and returns the exit code. */
+#ifndef DT_TEST_H
+#define DT_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int dt_test_failed_;
+static int dt_test_npass_, dt_test_nfail_;
+
+#define TEST(name) static void test_##name(void)
+
+#define RUN(name)                                                           \
+    do {                                                                    \
+        dt_test_failed_ = 0;                                                \
+        test_##name();                                                      \
+        if (dt_test_failed_) {                                              \
+            dt_test_nfail_++;                                               \
+            fprintf(stderr, "FAIL %s\n", #name);                            \
+        } else {                                                            \
+            dt_test_npass_++;                                               \
+            fprintf(stderr, "ok   %s\n", #name);                            \
+        }                                                                   \
+    } while (0)
+
+#define TEST_REPORT()                                                       \
+    (printf("%d passed, %d failed\n", dt_test_npass_, dt_test_nfail_),      \
+     dt_test_nfail_ ? 1 : 0)
+
+#define TEST_FAIL_(...)                                                     \
+    do {                                                                    \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                     \
+        fprintf(stderr, __VA_ARGS__);                                       \
+        fprintf(stderr, "\n");                                              \
+        dt_test_failed_ = 1;                                                \
+        return;                                                             \
+    } while (0)
+
+#define ASSERT(c)                                                           \
+    do { if (!(c)) TEST_FAIL_("assertion failed: %s", #c); } while (0)
+
+#define ASSERT_EQ_INT(a, b)                                                 \
+    do {                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                 \
+        if (a_ != b_)                                                       \
+            TEST_FAIL_("%s == %s: %lld != %lld", #a, #b, a_, b_);           \
+    } while (0)
+
+#define ASSERT_NE_INT(a, b)                                                 \
+    do {                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                 \
+        if (a_ == b_)                                                       \
+            TEST_FAIL_("%s != %s: both %lld", #a, #b, a_);                  \
+    } while (0)
+
+#define ASSERT_EQ_U64(a, b)                                                 \
+    do {                                                                    \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
+        if (a_ != b_)                                                       \
+            TEST_FAIL_("%s == %s: %llu != %llu", #a, #b, a_, b_);           \
+    } while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define ASSERT_NEAR(a, b, atol, rtol)                                       \
+    do {                                                                    \
+        double a_ = (double)(a), b_ = (double)(b);                          \
+        if (!(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_)))                 \
+            TEST_FAIL_("%s ~= %s: %.9g vs %.9g (diff %.3g)", #a, #b, a_,    \
+                       b_, a_ - b_);                                        \
+    } while (0)
+
+#define ASSERT_STR_EQ(a, b)                                                 \
+    do {                                                                    \
+        const char *a_ = (a), *b_ = (b);                                    \
+        if (!a_ || !b_ || strcmp(a_, b_))                                   \
+            TEST_FAIL_("%s == %s: \"%s\" != \"%s\"", #a, #b,                \
+                       a_ ? a_ : "(null)", b_ ? b_ : "(null)");             \
+    } while (0)
+
+#define ASSERT_STR_CONTAINS(hay, needle)                                    \
+    do {                                                                    \
+        const char *h_ = (hay), *n_ = (needle);                             \
+        if (!h_ || !strstr(h_, n_))                                         \
+            TEST_FAIL_("%s contains \"%s\": got \"%s\"", #hay, n_,          \
+                       h_ ? h_ : "(null)");                                 \
+    } while (0)
+
+/* Status checks: ASSERT_OK(dt_call(...)) prints the error message. */
+#define ASSERT_OK(expr)                                                     \
+    do {                                                                    \
+        int st_ = (int)(expr);                                              \
+        if (st_ < 0)                                                        \
+            TEST_FAIL_("%s failed: %s: %s", #expr,                          \
+                       dt_status_name((dt_status)st_), dt_last_error());    \
+    } while (0)
+
+#define ASSERT_STATUS(expr, want)                                           \
+    do {                                                                    \
+        int st_ = (int)(expr);                                              \
+        if (st_ != (int)(want))                                             \
+            TEST_FAIL_("%s: got %s, want %s (%s)", #expr,                   \
+                       dt_status_name((dt_status)st_),                      \
+                       dt_status_name((dt_status)(want)), dt_last_error()); \
+    } while (0)
+
+#endif /* DT_TEST_H */

@@ -1,0 +1,13 @@
+/* tools/cmd.h — the subcommands of the `dtrain` program.
+ * Each returns the process exit code: 0 success, 1 runtime failure,
+ * 2 bad usage or bad input. */
+#ifndef DT_TOOLS_CMD_H
+#define DT_TOOLS_CMD_H
+
+int dt_cmd_info(int argc, char **argv);
+int dt_cmd_train(int argc, char **argv);
+int dt_cmd_run(int argc, char **argv);
+int dt_cmd_bench(int argc, char **argv);
+int dt_cmd_plot(int argc, char **argv);
+
+#endif

@@ -1,0 +1,12 @@
+/* dtrain run — not built yet; the issue that adds it replaces this file. */
+#include "cmd.h"
+
+#include <stdio.h>
+
+int dt_cmd_run(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "dtrain run: not available in this build yet\n");
+    return 1;
+}
