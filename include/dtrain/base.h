@@ -97,6 +97,32 @@ DT_API dt_status dt_last_status(void);
 /* Clear the thread's error state. */
 DT_API void dt_error_clear(void);
 
+/* ---- dtypes ----------------------------------------------------------- */
+/* Element types shared by tensors, kernels and collectives. */
+typedef enum dt_dtype {
+    DT_F32 = 0,
+    DT_F64,
+    DT_F16,
+    DT_BF16,
+    DT_I32,
+    DT_I64,
+    DT_U8,
+    DT_DTYPE_COUNT
+} dt_dtype;
+/* Bytes per element (0 for an invalid dtype). */
+DT_API size_t dt_dtype_size(dt_dtype t);
+/* "f32", "bf16", ... ("?" for an invalid dtype). */
+DT_API const char *dt_dtype_name(dt_dtype t);
+/* Parse "f32"/"float32"/"fp32", "bf16", ...; returns DT_ERR_INVALID_ARG if unknown. */
+DT_API dt_status dt_dtype_parse(const char *s, dt_dtype *out);
+
+/* Scalar conversions, round-to-nearest-even, exact on NaN (quieted, sign
+ * kept), Inf and subnormals. The vectorised forms are in kernels.h. */
+DT_API uint16_t dt_f32_to_f16(float x);
+DT_API float dt_f16_to_f32(uint16_t h);
+DT_API uint16_t dt_f32_to_bf16(float x);
+DT_API float dt_bf16_to_f32(uint16_t h);
+
 /* ---- logging ---------------------------------------------------------- */
 typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
 /* Level from DT_LOG_LEVEL (error|warn|info|debug), default warn. */
