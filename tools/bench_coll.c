@@ -1,0 +1,12 @@
+/* dtrain bench coll — not built yet; the issue that adds it replaces this file. */
+#include "cmd.h"
+
+#include <stdio.h>
+
+int dt_bench_coll(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "dtrain bench coll: not available in this build yet\n");
+    return 1;
+}
