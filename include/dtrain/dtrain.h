@@ -15,5 +15,6 @@
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #include "dtrain/base.h"
+#include "dtrain/kernels.h"
 #include "dtrain/comm.h"
 #endif
