@@ -12,7 +12,7 @@ CMAKE_FLAGS ?=
 WERROR ?= ON
 export OPENBLAS_CORETYPE ?= SkylakeX
 
-.PHONY: all build deps deps-test deps-demo test test-asan test-fast fuzz demo bench install clean
+.PHONY: all build deps deps-test deps-demo test test-asan test-fast fuzz demo bench install clean test-install
 
 all: build
 
@@ -45,7 +45,10 @@ test-asan: deps-test build-asan/CMakeCache.txt
 fuzz: deps-test
 	@scripts/fuzz.sh
 
-test: test-fast test-asan fuzz
+test-install: build
+	@scripts/test_install.sh
+
+test: test-fast test-install test-asan fuzz
 
 demo: deps-demo build
 	scripts/demo.sh

@@ -1,12 +1,541 @@
-/* dtrain run — not built yet; the issue that adds it replaces this file. */
+/* dtrain run — start N local ranks and supervise them.
+ *
+ *     dtrain run -n N [--max-restarts K] [--tee DIR] [--grace S] -- PROGRAM ARGS...
+ *
+ * The supervisor is one thread around one poll() loop. Each rank is forked
+ * into its own process group (so that stopping a rank also stops whatever it
+ * started, and so that a terminal's Ctrl-C reaches the ranks only through the
+ * launcher, exactly once), with its stdout and stderr on pipes and
+ * PR_SET_PDEATHSIG so the ranks die with the launcher even if it is
+ * SIGKILLed. Signals reach the loop through a self-pipe: SIGCHLD reaps,
+ * SIGINT/SIGTERM/SIGHUP are forwarded to every rank and end the job,
+ * SIGUSR1/SIGUSR2 are forwarded only.
+ *
+ * Failure policy (torchrun's): when any rank fails (non-zero exit or a
+ * signal), all the others are stopped: SIGTERM, then SIGKILL after the grace
+ * period (default 3 s, so every rank is gone within ~3 s of the failure).
+ * Then either the whole job is started again with DT_RESTART_COUNT + 1 (up
+ * to --max-restarts times), or the launcher exits with the failed rank's exit
+ * code (128 + signal number when it was killed). Between attempts and at the
+ * end, shared-memory segments named after the job id are removed. */
 #include "cmd.h"
+#include "dtrain/base.h"
+#include "run.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DT_RUN_MAX_RANKS 1024
+
+typedef struct {
+    int nranks;
+    int max_restarts;
+    double grace_s;
+    const char *tee_dir;
+    int master_port;     /* 0 = pick a free one per attempt */
+    char **argv;         /* PROGRAM ARGS..., NULL-terminated */
+} run_opts;
+
+typedef struct {
+    pid_t pid;
+    int alive;
+    int status;          /* wait status once reaped */
+    dt__run_stream out, err;
+    int tee;
+} rank_proc;
+
+/* How an attempt ended. */
+typedef struct {
+    int failed_rank;     /* first rank that failed, -1 if none */
+    int status;          /* its wait status */
+    int signo;           /* launcher signal that ended the job, 0 if none */
+} attempt_result;
+
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int signo)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)signo;
+    ssize_t r = write(sig_pipe[1], &b, 1);
+    (void)r;
+    errno = saved;
+}
+
+static const int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+#define N_HANDLED ((int)(sizeof handled_signals / sizeof handled_signals[0]))
+
+static int install_signals(void)
+{
+    if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+        return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_HANDLED; i++)
+        if (sigaction(handled_signals[i], &sa, NULL) < 0)
+            return -1;
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dtrain run -n N [options] -- PROGRAM [ARGS...]\n"
+            "\n"
+            "Start N ranks of PROGRAM on this machine and supervise them.\n"
+            "\n"
+            "options:\n"
+            "  -n, --nproc N         number of ranks (1..%d)\n"
+            "  --max-restarts K      restart all ranks up to K times after a failure (0)\n"
+            "  --tee DIR             also write rank r's output to DIR/rank<r>.log\n"
+            "  --grace S             seconds between SIGTERM and SIGKILL when stopping (3)\n"
+            "  --master-port P       MASTER_PORT (default: a free port per attempt)\n"
+            "\n"
+            "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
+            "MASTER_PORT (torchrun's names), DT_RANK, DT_WORLD_SIZE, DT_LOCAL_RANK,\n"
+            "DT_LOCAL_WORLD_SIZE, DT_JOB_ID (random, per job), DT_RESTART_COUNT and\n"
+            "OMP_NUM_THREADS = max(1, cores / N) unless already set. Output lines are\n"
+            "prefixed with \"[rank] \". When a rank fails the others are stopped and the\n"
+            "job restarts or exits with the rank's exit code (128 + signal if killed).\n",
+            DT_RUN_MAX_RANKS);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Returns 0 to run, 1 when help was printed, 2 on bad usage. */
+static int parse_args(int argc, char **argv, run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->nranks = -1;
+    o->grace_s = 3.0;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--nproc") || !strcmp(a, "--nproc-per-node")) {
+            if (!v || parse_int(v, 1, DT_RUN_MAX_RANKS, &o->nranks) < 0) {
+                fprintf(stderr, "dtrain run: %s needs a rank count in 1..%d\n", a, DT_RUN_MAX_RANKS);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--max-restarts")) {
+            if (!v || parse_int(v, 0, 1000000, &o->max_restarts) < 0) {
+                fprintf(stderr, "dtrain run: --max-restarts needs a count >= 0\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--tee")) {
+            if (!v || !*v) {
+                fprintf(stderr, "dtrain run: --tee needs a directory\n");
+                return 2;
+            }
+            o->tee_dir = v;
+            i++;
+        } else if (!strcmp(a, "--grace")) {
+            char *end;
+            o->grace_s = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(o->grace_s >= 0 && o->grace_s <= 3600)) {
+                fprintf(stderr, "dtrain run: --grace needs seconds in 0..3600\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--master-port")) {
+            if (!v || parse_int(v, 1, 65535, &o->master_port) < 0) {
+                fprintf(stderr, "dtrain run: --master-port needs a port in 1..65535\n");
+                return 2;
+            }
+            i++;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "dtrain run: unknown option '%s' (see dtrain run --help)\n", a);
+            return 2;
+        } else {
+            break; /* the program, without a "--" before it */
+        }
+    }
+    if (o->nranks < 0) {
+        fprintf(stderr, "dtrain run: missing -n N (the number of ranks)\n");
+        usage(stderr);
+        return 2;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "dtrain run: missing the program to run (dtrain run -n N -- PROGRAM ARGS...)\n");
+        return 2;
+    }
+    o->argv = argv + i;
+    return 0;
+}
+
+static void describe_status(int status, char *buf, size_t n)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, n, "exited with code %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (SIG%s)%s", WTERMSIG(status),
+                 sigabbrev_np(WTERMSIG(status)) ? sigabbrev_np(WTERMSIG(status)) : "?",
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    else
+        snprintf(buf, n, "ended with wait status 0x%x", status);
+}
+
+static int status_failed(int status)
+{
+    return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void signal_ranks(rank_proc *rk, int n, int signo)
+{
+    for (int r = 0; r < n; r++)
+        if (rk[r].alive)
+            kill(-rk[r].pid, signo);
+}
+
+/* The child side of fork(): become a rank and exec the program. Only
+ * async-signal-safe work matters here in principle; the launcher is
+ * single-threaded, so setenv is safe as well. */
+static void child_exec(const run_opts *o, const dt__run_env *env, int rank, int out_w, int err_w,
+                       pid_t launcher)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_HANDLED; i++)
+        sigaction(handled_signals[i], &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher)
+        _exit(1); /* the launcher died before prctl took effect */
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        if (devnull > 2)
+            close(devnull);
+    }
+    dup2(out_w, 1);
+    dup2(err_w, 2);
+    if (dt__run_env_apply(env, rank) < 0)
+        dprintf(2, "dtrain run: cannot set the environment of rank %d\n", rank);
+    execvp(o->argv[0], o->argv);
+    dprintf(2, "dtrain run: cannot execute '%s': %s\n", o->argv[0], strerror(errno));
+    _exit(127);
+}
+
+static int spawn_rank(const run_opts *o, const dt__run_env *env, rank_proc *p, int rank)
+{
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) < 0)
+        return -1;
+    if (pipe2(err, O_CLOEXEC) < 0) {
+        close(out[0]);
+        close(out[1]);
+        return -1;
+    }
+    fflush(NULL);
+    pid_t launcher = getpid();
+    /* Block our signals across fork: a signal that reached the child before
+     * it reset the handlers would run on_signal() there and write into the
+     * launcher's self-pipe, as if the launcher had received it. The child
+     * unblocks them once their dispositions are back to the defaults. */
+    sigset_t all, old;
+    sigemptyset(&all);
+    for (int i = 0; i < N_HANDLED; i++)
+        sigaddset(&all, handled_signals[i]);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t pid = fork();
+    if (pid == 0)
+        child_exec(o, env, rank, out[1], err[1], launcher);
+    int fork_errno = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+        errno = fork_errno;
+        return -1;
+    }
+    setpgid(pid, pid); /* also here, so kill(-pid) works before the child runs */
+    close(out[1]);
+    close(err[1]);
+    p->pid = pid;
+    p->alive = 1;
+    p->status = 0;
+    p->out = (dt__run_stream){.fd = out[0], .dst = 1, .tee = p->tee, .rank = rank};
+    p->err = (dt__run_stream){.fd = err[0], .dst = 2, .tee = p->tee, .rank = rank};
+    return 0;
+}
+
+static void reap(rank_proc *rk, int n, attempt_result *res, int *stopping, double *kill_at,
+                 double grace_s)
+{
+    for (;;) {
+        /* Peek first (WNOWAIT): while the rank is an unreaped zombie its pid
+         * cannot be reused, so killing its process group hits only what the
+         * rank left behind. */
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
+            return;
+        pid_t pid = info.si_pid;
+        int r = 0;
+        while (r < n && !(rk[r].alive && rk[r].pid == pid))
+            r++;
+        if (r < n && (*stopping || info.si_code != CLD_EXITED || info.si_status != 0))
+            kill(-pid, SIGKILL);
+        int status;
+        if (waitpid(pid, &status, 0) < 0 || r == n)
+            continue;
+        rk[r].alive = 0;
+        rk[r].status = status;
+        if (!*stopping && status_failed(status)) {
+            char how[128];
+            describe_status(status, how, sizeof how);
+            fprintf(stderr, "dtrain run: rank %d (pid %d) %s; stopping the other ranks\n", r,
+                    (int)pid, how);
+            res->failed_rank = r;
+            res->status = status;
+            *stopping = 1;
+            *kill_at = dt_time_s() + grace_s;
+            signal_ranks(rk, n, SIGTERM);
+        }
+    }
+}
+
+/* Run one attempt of the job to its end. Returns 0, or -1 if the ranks could
+ * not be started (the message is printed). */
+static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
+                       attempt_result *res)
+{
+    int n = o->nranks;
+    res->failed_rank = -1;
+    res->status = 0;
+    res->signo = 0;
+    int stopping = 0;
+    double kill_at = 0, drain_until = 0;
+    int killed = 0;
+    for (int r = 0; r < n; r++)
+        rk[r].pid = 0, rk[r].alive = 0, rk[r].out.fd = rk[r].err.fd = -1;
+    for (int r = 0; r < n; r++) {
+        if (spawn_rank(o, env, &rk[r], r) < 0) {
+            fprintf(stderr, "dtrain run: cannot start rank %d: %s\n", r, strerror(errno));
+            stopping = 1;
+            kill_at = dt_time_s() + o->grace_s;
+            res->failed_rank = r;
+            res->status = 127 << 8;
+            signal_ranks(rk, r, SIGTERM);
+            break;
+        }
+    }
+    struct pollfd *pf = calloc((size_t)(2 * n + 1), sizeof *pf);
+    dt__run_stream **ps = calloc((size_t)(2 * n + 1), sizeof *ps);
+    if (!pf || !ps) {
+        free(pf);
+        free(ps);
+        signal_ranks(rk, n, SIGKILL);
+        return -1;
+    }
+    for (;;) {
+        int alive = 0, open_streams = 0;
+        for (int r = 0; r < n; r++)
+            alive += rk[r].alive, open_streams += (rk[r].out.fd >= 0) + (rk[r].err.fd >= 0);
+        double now = dt_time_s();
+        if (!alive) {
+            if (drain_until == 0)
+                drain_until = now + 2.0; /* grandchildren may hold the pipes open */
+            if (!open_streams || now >= drain_until)
+                break;
+        }
+        if (stopping && alive && !killed && now >= kill_at) {
+            signal_ranks(rk, n, SIGKILL);
+            killed = 1;
+        }
+        double wake = 1.0;
+        if (stopping && alive && !killed)
+            wake = kill_at - now;
+        if (!alive)
+            wake = drain_until - now;
+        int timeout_ms = wake <= 0 ? 0 : (int)(wake * 1000) + 1;
+        if (timeout_ms > 1000)
+            timeout_ms = 1000; /* a lost SIGCHLD cannot stall us for long */
+        nfds_t k = 0;
+        pf[k++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+        for (int r = 0; r < n; r++) {
+            dt__run_stream *s2[2] = {&rk[r].out, &rk[r].err};
+            for (int j = 0; j < 2; j++)
+                if (s2[j]->fd >= 0) {
+                    ps[k] = s2[j];
+                    pf[k++] = (struct pollfd){.fd = s2[j]->fd, .events = POLLIN};
+                }
+        }
+        int pr = poll(pf, k, timeout_ms);
+        if (pr < 0 && errno != EINTR)
+            break;
+        if (pr > 0 && (pf[0].revents & POLLIN)) {
+            unsigned char sigs[64];
+            ssize_t m;
+            while ((m = read(sig_pipe[0], sigs, sizeof sigs)) > 0) {
+                for (ssize_t j = 0; j < m; j++) {
+                    int sg = sigs[j];
+                    if (sg == SIGCHLD)
+                        continue;
+                    if (sg == SIGUSR1 || sg == SIGUSR2) {
+                        signal_ranks(rk, n, sg);
+                        continue;
+                    }
+                    if (res->signo && !killed) {
+                        fprintf(stderr, "dtrain run: second signal; killing the ranks\n");
+                        signal_ranks(rk, n, SIGKILL);
+                        killed = 1;
+                        continue;
+                    }
+                    if (!res->signo) {
+                        fprintf(stderr, "dtrain run: got SIG%s; forwarding it to the ranks\n",
+                                sigabbrev_np(sg) ? sigabbrev_np(sg) : "?");
+                        res->signo = sg;
+                        signal_ranks(rk, n, sg);
+                        if (!stopping) {
+                            stopping = 1;
+                            kill_at = dt_time_s() + o->grace_s;
+                        }
+                    }
+                }
+            }
+        }
+        reap(rk, n, res, &stopping, &kill_at, o->grace_s);
+        for (nfds_t j = 1; pr > 0 && j < k; j++)
+            if (pf[j].revents & (POLLIN | POLLHUP | POLLERR))
+                dt__run_stream_pump(ps[j]);
+    }
+    for (int r = 0; r < n; r++) {
+        dt__run_stream_close(&rk[r].out);
+        dt__run_stream_close(&rk[r].err);
+    }
+    free(pf);
+    free(ps);
+    return 0;
+}
+
+static int open_tee(const run_opts *o, rank_proc *rk)
+{
+    for (int r = 0; r < o->nranks; r++)
+        rk[r].tee = -1;
+    if (!o->tee_dir)
+        return 0;
+    if (mkdir(o->tee_dir, 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "dtrain run: cannot create --tee directory '%s': %s\n", o->tee_dir,
+                strerror(errno));
+        return -1;
+    }
+    for (int r = 0; r < o->nranks; r++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank%d.log", o->tee_dir, r);
+        rk[r].tee = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (rk[r].tee < 0) {
+            fprintf(stderr, "dtrain run: cannot open '%s': %s\n", path, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
 
 int dt_cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "dtrain run: not available in this build yet\n");
-    return 1;
+    run_opts o;
+    int pa = parse_args(argc, argv, &o);
+    if (pa)
+        return pa == 1 ? 0 : 2;
+    char job_id[DT_RUN_JOB_ID_LEN + 1];
+    if (dt__run_job_id(job_id) < 0) {
+        fprintf(stderr, "dtrain run: getrandom failed: %s\n", strerror(errno));
+        return 1;
+    }
+    rank_proc *rk = calloc((size_t)o.nranks, sizeof *rk);
+    if (!rk) {
+        fprintf(stderr, "dtrain run: out of memory\n");
+        return 1;
+    }
+    int rc = 1;
+    if (open_tee(&o, rk) < 0 || install_signals() < 0)
+        goto out;
+    dt__run_env env = {
+        .world = o.nranks,
+        .max_restarts = o.max_restarts,
+        .job_id = job_id,
+    };
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (!omp || !*omp) {
+        int t = dt__run_cores() / o.nranks;
+        env.omp_threads = t < 1 ? 1 : t;
+    }
+    for (int attempt = 0;; attempt++) {
+        env.restart = attempt;
+        env.port = o.master_port ? o.master_port : dt__run_free_port();
+        attempt_result res;
+        int ar = run_attempt(&o, &env, rk, &res);
+        int removed = dt__run_shm_cleanup(job_id);
+        if (removed > 0)
+            fprintf(stderr, "dtrain run: removed %d shared-memory segment(s) left by job %s\n",
+                    removed, job_id);
+        if (ar < 0) {
+            rc = 1;
+            break;
+        }
+        if (res.signo) {
+            rc = 128 + res.signo;
+            break;
+        }
+        if (res.failed_rank < 0) {
+            rc = 0;
+            break;
+        }
+        char how[128];
+        describe_status(res.status, how, sizeof how);
+        if (attempt < o.max_restarts) {
+            fprintf(stderr, "dtrain run: restarting all %d ranks (restart %d of %d) after rank %d %s\n",
+                    o.nranks, attempt + 1, o.max_restarts, res.failed_rank, how);
+            continue;
+        }
+        fprintf(stderr, "dtrain run: job failed: rank %d %s%s\n", res.failed_rank, how,
+                o.max_restarts ? " (no restarts left)" : "");
+        if (WIFEXITED(res.status))
+            rc = WEXITSTATUS(res.status);
+        else if (WIFSIGNALED(res.status))
+            rc = 128 + WTERMSIG(res.status);
+        break;
+    }
+out:
+    for (int r = 0; r < o.nranks; r++)
+        if (rk[r].tee >= 0)
+            close(rk[r].tee);
+    free(rk);
+    return rc;
 }

@@ -1,0 +1,468 @@
+/* The launcher, `dtrain run`, driven as a user would drive it: the CLI at
+ * $DT_CLI starts small /bin/sh ranks; each check reads the prefixed output,
+ * the exit code and the time it took. Every CLI run is under a deadline (the
+ * helper SIGKILLs it), so a launcher that hangs fails the test. */
+// dt-test-timeout: 120
+#include "dtrain/base.h"
+#include "test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    char *out, *err;       /* captured stdout and stderr, NUL-terminated */
+    size_t nout, nerr;
+    int status;            /* wait status of the CLI */
+    double secs;           /* how long it ran */
+    int timed_out;
+} cli_result;
+
+static const char *cli_path(void)
+{
+    const char *p = getenv("DT_CLI");
+    return p && *p ? p : DT_BINARY_DIR "/dtrain";
+}
+
+static void append(char **buf, size_t *n, const char *p, size_t k)
+{
+    *buf = realloc(*buf, *n + k + 1);
+    memcpy(*buf + *n, p, k);
+    *n += k;
+    (*buf)[*n] = '\0';
+}
+
+static size_t count_substr(const char *hay, const char *needle)
+{
+    size_t c = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        c++;
+    return c;
+}
+
+/* Run `dtrain run ARGS...` with a deadline. If sig_after_ready > 0, send that
+ * signal to the CLI once stdout holds `ready_count` lines containing "ready". */
+static cli_result run_cli_sig(const char *const *args, double deadline_s, int sig_after_ready,
+                              int ready_count)
+{
+    cli_result r;
+    memset(&r, 0, sizeof r);
+    r.out = calloc(1, 1);
+    r.err = calloc(1, 1);
+    int po[2], pe[2];
+    if (pipe(po) || pipe(pe))
+        abort();
+    double t0 = dt_time_s();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        close(po[0]), close(pe[0]), close(po[1]), close(pe[1]);
+        const char *argv[64];
+        int k = 0;
+        argv[k++] = cli_path();
+        argv[k++] = "run";
+        for (int i = 0; args[i] && k < 63; i++)
+            argv[k++] = args[i];
+        argv[k] = NULL;
+        execv(argv[0], (char *const *)argv);
+        _exit(126);
+    }
+    close(po[1]);
+    close(pe[1]);
+    int fds[2] = {po[0], pe[0]};
+    int sent = 0;
+    while (fds[0] >= 0 || fds[1] >= 0) {
+        double left = deadline_s - (dt_time_s() - t0);
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            r.timed_out = 1;
+            break;
+        }
+        struct pollfd pf[2] = {{.fd = fds[0], .events = POLLIN}, {.fd = fds[1], .events = POLLIN}};
+        int pr = poll(pf, 2, (int)(left * 1000) + 1);
+        if (pr < 0 && errno != EINTR)
+            break;
+        for (int j = 0; j < 2; j++) {
+            if (fds[j] < 0 || !(pf[j].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            char buf[65536];
+            ssize_t m = read(fds[j], buf, sizeof buf);
+            if (m <= 0) {
+                close(fds[j]);
+                fds[j] = -1;
+            } else if (j == 0) {
+                append(&r.out, &r.nout, buf, (size_t)m);
+            } else {
+                append(&r.err, &r.nerr, buf, (size_t)m);
+            }
+        }
+        if (sig_after_ready && !sent && (int)count_substr(r.out, "ready") >= ready_count) {
+            kill(pid, sig_after_ready);
+            sent = 1;
+        }
+    }
+    for (int j = 0; j < 2; j++)
+        if (fds[j] >= 0)
+            close(fds[j]);
+    waitpid(pid, &r.status, 0);
+    r.secs = dt_time_s() - t0;
+    return r;
+}
+
+static cli_result run_cli(const char *const *args, double deadline_s)
+{
+    return run_cli_sig(args, deadline_s, 0, 0);
+}
+
+static void cli_result_free(cli_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static int exit_code(const cli_result *r)
+{
+    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
+}
+
+static int cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    return (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* Find the line "[rank] ENV ..." and parse it. */
+typedef struct {
+    int rank, world, lrank, lworld, drank, dworld, dlrank, dlworld, port, restart, omp;
+    char addr[64], job[64];
+} env_line;
+
+static int find_env(const char *out, int rank, env_line *e)
+{
+    char key[32];
+    snprintf(key, sizeof key, "[%d] ENV ", rank);
+    const char *p = strstr(out, key);
+    if (!p)
+        return -1;
+    int n = sscanf(p + strlen(key),
+                   "R=%d W=%d LR=%d LW=%d DR=%d DW=%d DLR=%d DLW=%d A=%63s P=%d J=%63s C=%d T=%d",
+                   &e->rank, &e->world, &e->lrank, &e->lworld, &e->drank, &e->dworld, &e->dlrank,
+                   &e->dlworld, e->addr, &e->port, e->job, &e->restart, &e->omp);
+    return n == 13 ? 0 : -1;
+}
+
+#define ENV_SCRIPT                                                                        \
+    "echo ENV R=$RANK W=$WORLD_SIZE LR=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE DR=$DT_RANK "     \
+    "DW=$DT_WORLD_SIZE DLR=$DT_LOCAL_RANK DLW=$DT_LOCAL_WORLD_SIZE A=$MASTER_ADDR "       \
+    "P=$MASTER_PORT J=$DT_JOB_ID C=$DT_RESTART_COUNT T=$OMP_NUM_THREADS"
+
+static int is_hex32(const char *s)
+{
+    if (strlen(s) != 32)
+        return 0;
+    for (; *s; s++)
+        if (!strchr("0123456789abcdef", *s))
+            return 0;
+    return 1;
+}
+
+TEST(env_and_prefixes)
+{
+    unsetenv("OMP_NUM_THREADS");
+    const char *args[] = {"-n", "3", "--", "sh", "-c", ENV_SCRIPT, NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    env_line e0;
+    int want_omp = cores() / 3 < 1 ? 1 : cores() / 3;
+    for (int k = 0; k < 3; k++) {
+        env_line e;
+        memset(&e, 0, sizeof e);
+        ASSERT_EQ_INT(find_env(r.out, k, &e), 0);
+        ASSERT_EQ_INT(e.rank, k);
+        ASSERT_EQ_INT(e.world, 3);
+        ASSERT_EQ_INT(e.lrank, k);
+        ASSERT_EQ_INT(e.lworld, 3);
+        ASSERT_EQ_INT(e.drank, k);
+        ASSERT_EQ_INT(e.dworld, 3);
+        ASSERT_EQ_INT(e.dlrank, k);
+        ASSERT_EQ_INT(e.dlworld, 3);
+        ASSERT_STR_EQ(e.addr, "127.0.0.1");
+        ASSERT(e.port > 0 && e.port < 65536);
+        ASSERT(is_hex32(e.job));
+        ASSERT_EQ_INT(e.restart, 0);
+        ASSERT_EQ_INT(e.omp, want_omp);
+        if (k == 0) {
+            e0 = e;
+        } else {
+            ASSERT_STR_EQ(e.job, e0.job);
+            ASSERT_EQ_INT(e.port, e0.port);
+        }
+    }
+    ASSERT_EQ_INT(count_substr(r.out, "\n"), 3);
+    cli_result_free(&r);
+}
+
+TEST(job_id_differs_between_jobs_and_user_omp_is_kept)
+{
+    setenv("OMP_NUM_THREADS", "7", 1);
+    const char *args[] = {"-n", "1", "--", "sh", "-c", ENV_SCRIPT, NULL};
+    cli_result a = run_cli(args, 30), b = run_cli(args, 30);
+    unsetenv("OMP_NUM_THREADS");
+    env_line ea, eb;
+    ASSERT_EQ_INT(find_env(a.out, 0, &ea), 0);
+    ASSERT_EQ_INT(find_env(b.out, 0, &eb), 0);
+    ASSERT_EQ_INT(ea.omp, 7);
+    ASSERT(strcmp(ea.job, eb.job) != 0);
+    cli_result_free(&a);
+    cli_result_free(&b);
+}
+
+TEST(partial_last_line_and_stderr)
+{
+    const char *args[] = {"-n", "2", "--", "sh", "-c",
+                          "printf 'tail%s' $RANK; printf 'e1 %s\\ne2' $RANK >&2", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] tail0\n");
+    ASSERT_STR_CONTAINS(r.out, "[1] tail1\n");
+    ASSERT_STR_CONTAINS(r.err, "[1] e1 1\n");
+    ASSERT_STR_CONTAINS(r.err, "[1] e2\n");
+    ASSERT_STR_CONTAINS(r.err, "[0] e2\n");
+    ASSERT(!strstr(r.out, "e1"));
+    cli_result_free(&r);
+}
+
+TEST(lines_never_interleave)
+{
+    /* awk writes in large blocks that split lines across write() calls. */
+    const int n = 4, lines = 3000;
+    const char *args[] = {"-n", "4", "--", "sh", "-c",
+                          "awk -v r=$RANK 'BEGIN { for (i = 1; i <= 3000; i++) "
+                          "printf \"rank%d-line%d-padding-padding-padding\\n\", r, i }'",
+                          NULL};
+    cli_result r = run_cli(args, 60);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    int next[4] = {1, 1, 1, 1};
+    int total = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        int pr, rr, i;
+        char tail[64];
+        ASSERT_EQ_INT(sscanf(line, "[%d] rank%d-line%d-%63s", &pr, &rr, &i, tail), 4);
+        ASSERT_EQ_INT(pr, rr);
+        ASSERT(pr >= 0 && pr < n);
+        ASSERT_EQ_INT(i, next[pr]);
+        ASSERT_STR_EQ(tail, "padding-padding-padding");
+        next[pr]++;
+        total++;
+    }
+    ASSERT_EQ_INT(total, n * lines);
+    cli_result_free(&r);
+}
+
+TEST(failed_rank_stops_the_others)
+{
+    const char *args[] = {"-n", "3", "--", "sh", "-c",
+                          "if [ $RANK = 1 ]; then exit 3; fi; sleep 60", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT(!r.timed_out);
+    ASSERT_EQ_INT(exit_code(&r), 3);
+    ASSERT(r.secs < 10.0); /* the sleepers were stopped, not waited for */
+    ASSERT_STR_CONTAINS(r.err, "rank 1");
+    ASSERT_STR_CONTAINS(r.err, "exited with code 3");
+    cli_result_free(&r);
+}
+
+TEST(rank_ignoring_sigterm_is_killed_after_grace)
+{
+    /* Rank 1 dies by SIGKILL; rank 0 ignores SIGTERM and must be SIGKILLed
+     * by the launcher after the grace period (default 3 s). */
+    const char *args[] = {"-n", "2", "--", "sh", "-c",
+                          "trap '' TERM; if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 60", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT(!r.timed_out);
+    ASSERT_EQ_INT(exit_code(&r), 128 + 9);
+    ASSERT(r.secs < 10.0);
+    ASSERT_STR_CONTAINS(r.err, "rank 1");
+    ASSERT_STR_CONTAINS(r.err, "signal 9 (SIGKILL)");
+    cli_result_free(&r);
+}
+
+TEST(restarts_until_success)
+{
+    const char *args[] = {"-n", "2", "--max-restarts", "3", "--", "sh", "-c",
+                          "echo try $DT_RESTART_COUNT; "
+                          "if [ $DT_RESTART_COUNT -lt 2 ] && [ $RANK = 1 ]; then exit 1; fi",
+                          NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] try 2\n");
+    ASSERT_STR_CONTAINS(r.out, "[1] try 2\n");
+    ASSERT(!strstr(r.out, "try 3"));
+    ASSERT_STR_CONTAINS(r.err, "restart 2 of 3");
+    ASSERT_EQ_INT(count_substr(r.err, "restarting all 2 ranks"), 2);
+    cli_result_free(&r);
+}
+
+TEST(restarts_exhausted)
+{
+    const char *args[] = {"-n", "2", "--max-restarts", "1", "--", "sh", "-c",
+                          "echo try $DT_RESTART_COUNT; if [ $RANK = 0 ]; then exit 4; fi; sleep 60",
+                          NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 4);
+    ASSERT_STR_CONTAINS(r.out, "[0] try 1\n");
+    ASSERT(!strstr(r.out, "try 2"));
+    ASSERT_STR_CONTAINS(r.err, "no restarts left");
+    ASSERT(r.secs < 20.0);
+    cli_result_free(&r);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+TEST(tee_writes_one_file_per_rank)
+{
+    char dir[] = "/tmp/dtrain-tee-XXXXXX";
+    ASSERT(mkdtemp(dir));
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s/logs", dir);
+    const char *args[] = {"-n", "2", "--tee", sub, "--", "sh", "-c",
+                          "echo hello from $RANK; echo oops $RANK >&2", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[1] hello from 1\n");
+    for (int k = 0; k < 2; k++) {
+        char path[128], want[64], want2[64];
+        snprintf(path, sizeof path, "%s/rank%d.log", sub, k);
+        snprintf(want, sizeof want, "hello from %d\n", k);
+        snprintf(want2, sizeof want2, "oops %d\n", k);
+        char *s = slurp(path);
+        ASSERT(s);
+        ASSERT_STR_CONTAINS(s, want);
+        ASSERT_STR_CONTAINS(s, want2);
+        ASSERT(!strstr(s, "[")); /* no prefixes in the per-rank file */
+        free(s);
+        unlink(path);
+    }
+    rmdir(sub);
+    rmdir(dir);
+    cli_result_free(&r);
+}
+
+TEST(sigterm_is_forwarded_to_every_rank)
+{
+    const char *args[] = {"-n", "3", "--", "sh", "-c",
+                          "trap 'echo got TERM; exit 5' TERM; echo ready; "
+                          "while :; do sleep 0.05; done",
+                          NULL};
+    cli_result r = run_cli_sig(args, 30, SIGTERM, 3);
+    ASSERT(!r.timed_out);
+    ASSERT_EQ_INT(exit_code(&r), 128 + SIGTERM);
+    for (int k = 0; k < 3; k++) {
+        char want[32];
+        snprintf(want, sizeof want, "[%d] got TERM\n", k);
+        ASSERT_STR_CONTAINS(r.out, want);
+    }
+    ASSERT_STR_CONTAINS(r.err, "forwarding");
+    cli_result_free(&r);
+}
+
+TEST(sigint_is_forwarded)
+{
+    const char *args[] = {"-n", "2", "--", "sh", "-c",
+                          "trap 'echo got INT; exit 0' INT; echo ready; "
+                          "while :; do sleep 0.05; done",
+                          NULL};
+    cli_result r = run_cli_sig(args, 30, SIGINT, 2);
+    ASSERT(!r.timed_out);
+    ASSERT_EQ_INT(exit_code(&r), 128 + SIGINT);
+    ASSERT_STR_CONTAINS(r.out, "[0] got INT\n");
+    ASSERT_STR_CONTAINS(r.out, "[1] got INT\n");
+    cli_result_free(&r);
+}
+
+TEST(job_shared_memory_is_removed)
+{
+    /* Both a clean and a failed job leave no /dev/shm/dtrain-<job>* behind. */
+    const char *scripts[] = {
+        "echo JOB $DT_JOB_ID; : > /dev/shm/dtrain-${DT_JOB_ID}-seg$RANK",
+        "echo JOB $DT_JOB_ID; : > /dev/shm/dtrain-${DT_JOB_ID}-seg$RANK; "
+        "if [ $RANK = 1 ]; then while [ ! -e /dev/shm/dtrain-${DT_JOB_ID}-seg0 ]; do sleep 0.01; done; "
+        "kill -9 $$; fi; sleep 60",
+    };
+    for (int s = 0; s < 2; s++) {
+        const char *args[] = {"-n", "2", "--", "sh", "-c", scripts[s], NULL};
+        cli_result r = run_cli(args, 30);
+        ASSERT_EQ_INT(exit_code(&r), s == 0 ? 0 : 137);
+        const char *p = strstr(r.out, "JOB ");
+        ASSERT(p);
+        char job[64];
+        ASSERT_EQ_INT(sscanf(p, "JOB %63s", job), 1);
+        ASSERT(is_hex32(job));
+        for (int k = 0; k < 2; k++) {
+            char path[128];
+            snprintf(path, sizeof path, "/dev/shm/dtrain-%s-seg%d", job, k);
+            ASSERT(access(path, F_OK) != 0);
+        }
+        ASSERT_STR_CONTAINS(r.err, "removed 2 shared-memory segment");
+        cli_result_free(&r);
+    }
+}
+
+TEST(bad_usage)
+{
+    const char *no_n[] = {"--", "true", NULL};
+    const char *zero[] = {"-n", "0", "--", "true", NULL};
+    const char *no_prog[] = {"-n", "2", "--", NULL};
+    const char *bad_opt[] = {"-n", "2", "--frobnicate", "--", "true", NULL};
+    const char *const *cases[] = {no_n, zero, no_prog, bad_opt};
+    for (int i = 0; i < 4; i++) {
+        cli_result r = run_cli(cases[i], 10);
+        ASSERT_EQ_INT(exit_code(&r), 2);
+        ASSERT(r.nerr > 0);
+        cli_result_free(&r);
+    }
+    const char *missing[] = {"-n", "2", "--", "/nonexistent/program", NULL};
+    cli_result r = run_cli(missing, 10);
+    ASSERT_EQ_INT(exit_code(&r), 127);
+    ASSERT_STR_CONTAINS(r.err, "cannot execute '/nonexistent/program'");
+    cli_result_free(&r);
+}
+
+int main(void)
+{
+    RUN(env_and_prefixes);
+    RUN(job_id_differs_between_jobs_and_user_omp_is_kept);
+    RUN(partial_last_line_and_stderr);
+    RUN(lines_never_interleave);
+    RUN(failed_rank_stops_the_others);
+    RUN(rank_ignoring_sigterm_is_killed_after_grace);
+    RUN(restarts_until_success);
+    RUN(restarts_exhausted);
+    RUN(tee_writes_one_file_per_rank);
+    RUN(sigterm_is_forwarded_to_every_rank);
+    RUN(sigint_is_forwarded);
+    RUN(job_shared_memory_is_removed);
+    RUN(bad_usage);
+    return TEST_REPORT();
+}
