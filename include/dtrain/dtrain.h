@@ -15,4 +15,5 @@
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #include "dtrain/base.h"
+#include "dtrain/kernels.h"
 #endif

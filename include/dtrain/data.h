@@ -1,0 +1,311 @@
+/* dtrain/data.h — datasets, samplers and the prefetching loader.
+ *
+ * Overview
+ * --------
+ * Four pieces, each replaceable on its own:
+ *
+ *   dt_dataset   a vtable: length, get one item, get a batch of items into
+ *                caller buffers. Built in: IDX image files (MNIST, Fashion-
+ *                MNIST), a subset view, and synthetic random data. Other
+ *                formats (token files) implement the same vtable.
+ *   dt_sampler   the order of dataset indices for one epoch: sequential,
+ *                random (a seeded, epoch-dependent permutation), or
+ *                distributed (PyTorch's DistributedSampler). Also a vtable,
+ *                so an application can bring its own.
+ *   dt_batch_sampler  cuts a sampler's epoch into batches (drop_last).
+ *   dt_loader    a background thread that fills the next batches into a
+ *                bounded ring while the caller trains on the current one.
+ *                Batches come out in the sampler's order whatever the
+ *                timing, so a run is reproducible.
+ *
+ * Lifecycles: every object is created by an _init/_open function that
+ * returns a dt_status and the object through an out-parameter, and freed by
+ * the matching _free (NULL is a no-op). A loader borrows its dataset and
+ * sampler: free the loader first. A batch returned by dt_loader_next() is
+ * borrowed and valid until the next dt_loader_next(), dt_loader_start_epoch()
+ * or dt_loader_free() on that loader.
+ *
+ * Errors: parsers never crash on bad input; they return DT_ERR_IO (cannot
+ * read), DT_ERR_FORMAT (malformed: wrong magic, truncated, corrupt gzip,
+ * absurd dimensions) or DT_ERR_MISMATCH (images and labels disagree), with a
+ * message that names the file and the problem. An error raised on the
+ * loader's thread comes back, with its message, from dt_loader_next().
+ *
+ * Randomness: the random and distributed samplers draw their permutation
+ * from Philox (base.h) with key (seed + epoch, DT_RNG_SHUFFLE, 0, 0) through
+ * dt_rng_permutation: the order depends only on (seed + epoch, N), and the
+ * distributed sampler at world size 1 gives the random sampler's order. Same
+ * contract as PyTorch (seed + epoch), not the same numbers as torch.randperm.
+ *
+ * Usage
+ * -----
+ *     dt_dataset *train;
+ *     if (dt_dataset_mnist_open("/usr/share/datasets/fashion-mnist",
+ *                               DT_SPLIT_TRAIN, &train) < 0) { ... dt_last_error() ... }
+ *     dt_sampler *s;
+ *     dt_sampler_random_init(dt_dataset_length(train), seed, &s);
+ *     dt_loader_params lp = dt_loader_params_default();
+ *     lp.batch_size = 100;
+ *     dt_loader *ld;
+ *     dt_loader_init(train, s, &lp, &ld);
+ *     for (int64_t epoch = 0; epoch < epochs; epoch++) {
+ *         dt_loader_start_epoch(ld, epoch);
+ *         const dt_batch *b;
+ *         while (dt_loader_next(ld, &b) == DT_OK && b) {
+ *             // b->x: (b->size, 1, 28, 28) f32 in [0,1]; b->y: (b->size) i64
+ *         }
+ *     }
+ *     dt_loader_free(ld); dt_sampler_free(s); dt_dataset_free(train);
+ */
+#ifndef DTRAIN_DATA_H
+#define DTRAIN_DATA_H
+
+#include "dtrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- IDX files --------------------------------------------------------- */
+/* The IDX format (LeCun's MNIST files): magic 0x00 0x00 TYPE NDIM, then NDIM
+ * big-endian u32 dimensions, then the data, big-endian, row-major. gzip-
+ * compressed files are recognised by their content (1f 8b), not their name. */
+
+/* IDX element types (the third magic byte). */
+typedef enum {
+    DT_IDX_U8 = 0x08,
+    DT_IDX_I8 = 0x09,
+    DT_IDX_I16 = 0x0B,
+    DT_IDX_I32 = 0x0C,
+    DT_IDX_F32 = 0x0D,
+    DT_IDX_F64 = 0x0E
+} dt_idx_type;
+
+#define DT_IDX_MAX_DIMS 4              /* more dimensions are rejected */
+#define DT_IDX_MAX_BYTES (1ull << 32)  /* larger payloads are rejected (4 GiB) */
+
+/* A parsed IDX file. Transparent; data is owned by the struct. */
+typedef struct dt_idx {
+    dt_idx_type type;                  /* element type */
+    int ndim;                          /* 1..DT_IDX_MAX_DIMS */
+    int64_t dims[DT_IDX_MAX_DIMS];     /* dims[0] is the item count */
+    size_t elem_size;                  /* bytes per element */
+    size_t nbytes;                     /* payload bytes = prod(dims) * elem_size */
+    void *data;                        /* payload in host byte order (64-byte aligned) */
+} dt_idx;
+
+/* Parse an IDX file held in memory, plain or gzip. name is used only in
+ * error messages (may be NULL: "<memory>"). The payload is copied; buf may be
+ * freed afterwards. Errors: DT_ERR_FORMAT (naming the problem), DT_ERR_NO_MEMORY. */
+DT_API dt_status dt_idx_read_mem(const void *buf, size_t n, const char *name, dt_idx **out);
+/* Read and parse an IDX file, plain or gzip. Errors name the path:
+ * DT_ERR_IO (missing, unreadable), DT_ERR_FORMAT. */
+DT_API dt_status dt_idx_read_file(const char *path, dt_idx **out);
+DT_API void dt_idx_free(dt_idx *idx);
+/* "u8", "i32", ... for an IDX type ("?" if unknown). */
+DT_API const char *dt_idx_type_name(dt_idx_type t);
+
+/* ---- datasets ----------------------------------------------------------- */
+#define DT_DATA_MAX_DIMS 4
+
+/* What one item looks like. x and y are each a fixed-shape array. */
+typedef struct dt_dataset_info {
+    dt_dtype x_dtype;                      /* input element type (DT_F32 for images) */
+    int x_ndim;                            /* dims of one input, 0..DT_DATA_MAX_DIMS */
+    int64_t x_shape[DT_DATA_MAX_DIMS];     /* e.g. (1, 28, 28) */
+    dt_dtype y_dtype;                      /* target element type (DT_I64 for class labels) */
+    int y_ndim;                            /* dims of one target (0 = a scalar label) */
+    int64_t y_shape[DT_DATA_MAX_DIMS];
+    int64_t num_classes;                   /* classes for classification sets, else 0 */
+} dt_dataset_info;
+
+/* A dataset implementation. Version DT_DATASET_VTABLE_VERSION. */
+#define DT_DATASET_VTABLE_VERSION 1
+typedef struct dt_dataset_vtable {
+    int version;                       /* DT_DATASET_VTABLE_VERSION */
+    const char *name;                  /* "idx", "random", ... (for messages) */
+    /* Required: number of items. */
+    int64_t (*length)(void *self);
+    /* Required: write item i's input to x and target to y (each sized by the
+     * info's shapes and dtypes). i is in range (the wrapper checks). */
+    dt_status (*get_item)(void *self, int64_t i, void *x, void *y);
+    /* Optional: write n items idx[0..n) contiguously into x and y. Default:
+     * get_item in a loop. Must be safe to call from the loader's thread
+     * while no other call runs on this dataset. */
+    dt_status (*get_batch)(void *self, const int64_t *idx, int64_t n, void *x, void *y);
+    /* Optional: release self. Default: nothing. */
+    void (*free)(void *self);
+} dt_dataset_vtable;
+
+typedef struct dt_dataset dt_dataset;
+
+/* Wrap an implementation. vt is borrowed (usually static); self is owned by
+ * the dataset and released with vt->free. On error vt->free(self) is not
+ * called. */
+DT_API dt_status dt_dataset_init(const dt_dataset_vtable *vt, void *self,
+                                 const dt_dataset_info *info, dt_dataset **out);
+DT_API void dt_dataset_free(dt_dataset *ds);
+/* Number of items (0 for NULL). */
+DT_API int64_t dt_dataset_length(const dt_dataset *ds);
+/* The item description; borrowed, valid while ds lives. */
+DT_API const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds);
+/* Elements / bytes of one input and one target. */
+DT_API int64_t dt_dataset_x_numel(const dt_dataset *ds);
+DT_API int64_t dt_dataset_y_numel(const dt_dataset *ds);
+DT_API size_t dt_dataset_x_bytes(const dt_dataset *ds);
+DT_API size_t dt_dataset_y_bytes(const dt_dataset *ds);
+/* One item into x and y. DT_ERR_RANGE if i is out of [0, length). */
+DT_API dt_status dt_dataset_get_item(dt_dataset *ds, int64_t i, void *x, void *y);
+/* n items into x (n * x_bytes) and y (n * y_bytes). Indices are checked. */
+DT_API dt_status dt_dataset_get_batch(dt_dataset *ds, const int64_t *idx, int64_t n, void *x, void *y);
+
+/* Image classification from an IDX image file (N, H, W) u8 and an IDX label
+ * file (N) u8. Items: x = (1, H, W) f32 scaled to [0, 1] by /255 exactly as
+ * torchvision's ToTensor; y = scalar i64. num_classes = max label + 1.
+ * Errors name the file: missing, malformed, count mismatch (DT_ERR_MISMATCH). */
+DT_API dt_status dt_dataset_idx_open(const char *images_path, const char *labels_path, dt_dataset **out);
+/* Same from two parsed IDX files; takes ownership of both (also on error).
+ * The names are used in messages (may be NULL). */
+DT_API dt_status dt_dataset_idx_from(dt_idx *images, dt_idx *labels, const char *images_name,
+                                     const char *labels_name, dt_dataset **out);
+
+typedef enum { DT_SPLIT_TRAIN = 0, DT_SPLIT_TEST = 1 } dt_split;
+/* A directory in the MNIST layout: {train,t10k}-{images-idx3,labels-idx1}-ubyte
+ * with or without .gz (also the "train-images.idx3-ubyte" spelling).
+ * Errors: DT_ERR_IO naming the directory or the missing file. */
+DT_API dt_status dt_dataset_mnist_open(const char *dir, dt_split split, dt_dataset **out);
+/* Where `--data fashion-mnist` looks: $DT_FASHION_MNIST_DIR if set, else
+ * Debian's /usr/share/datasets/fashion-mnist. */
+DT_API const char *dt_data_fashion_mnist_dir(void);
+
+/* Resolve a data spec as the CLI takes it: "fashion-mnist", "mnist:DIR",
+ * "idx:DIR" (both read the MNIST layout in DIR). DT_ERR_INVALID_ARG for an
+ * unknown spec, else as dt_dataset_mnist_open. */
+DT_API dt_status dt_dataset_open_spec(const char *spec, dt_split split, dt_dataset **out);
+
+/* A view of items [start, start + n) of base. Borrows base (free the
+ * subset first). */
+DT_API dt_status dt_dataset_subset_init(dt_dataset *base, int64_t start, int64_t n, dt_dataset **out);
+
+/* Parameters of the synthetic classification set. */
+typedef struct dt_random_dataset_params {
+    int64_t length;        /* items (default 6000) */
+    int64_t features;      /* x = (features) f32, N(0,1) (default 784) */
+    int64_t num_classes;   /* y = argmax of a fixed random linear map of x, so
+                              the set is learnable (default 10) */
+    uint64_t seed;         /* data and labels depend only on seed (default 0) */
+} dt_random_dataset_params;
+DT_API dt_random_dataset_params dt_random_dataset_params_default(void);
+/* Items are computed on demand from Philox: item i is the same for any
+ * access order and thread count. */
+DT_API dt_status dt_dataset_random_init(const dt_random_dataset_params *p, dt_dataset **out);
+
+/* ---- samplers ------------------------------------------------------------ */
+/* A sampler yields the dataset indices of one epoch, for this process. */
+#define DT_SAMPLER_VTABLE_VERSION 1
+typedef struct dt_sampler_vtable {
+    int version;                       /* DT_SAMPLER_VTABLE_VERSION */
+    const char *name;                  /* "sequential", "random", "distributed", ... */
+    /* Required: number of indices per epoch. Must not depend on the epoch. */
+    int64_t (*length)(void *self);
+    /* Required: write the epoch's indices (length of them) to out. */
+    dt_status (*indices)(void *self, int64_t epoch, int64_t *out);
+    /* Optional: release self. */
+    void (*free)(void *self);
+} dt_sampler_vtable;
+
+typedef struct dt_sampler dt_sampler;
+
+/* Wrap an implementation (vt borrowed; self owned, released by vt->free). */
+DT_API dt_status dt_sampler_init(const dt_sampler_vtable *vt, void *self, dt_sampler **out);
+DT_API void dt_sampler_free(dt_sampler *s);
+/* 0, 1, ..., n-1 every epoch. */
+DT_API dt_status dt_sampler_sequential_init(int64_t n, dt_sampler **out);
+/* A permutation of 0..n-1 drawn from Philox keyed by seed + epoch. */
+DT_API dt_status dt_sampler_random_init(int64_t n, uint64_t seed, dt_sampler **out);
+
+/* PyTorch's DistributedSampler (SEMANTICS.md 3.2). */
+typedef struct dt_distributed_sampler_params {
+    int64_t length;        /* dataset length N (required, >= 0) */
+    int world_size;        /* replicas W (default 1) */
+    int rank;              /* this replica, 0..W-1 (default 0) */
+    bool shuffle;          /* permute by (seed + epoch) (default true) */
+    uint64_t seed;         /* (default 0) */
+    bool drop_last;        /* drop the tail so every rank gets floor(N/W);
+                              else pad by wrapping to ceil(N/W) (default false) */
+} dt_distributed_sampler_params;
+DT_API dt_distributed_sampler_params dt_distributed_sampler_params_default(void);
+/* Every rank gets the same number of indices, num_samples = ceil(N/W) (or
+ * floor(N/W) with drop_last); the padded list is the permutation followed by
+ * its own head, repeated as needed; rank r takes positions r, r+W, r+2W...
+ * The permutation for epoch e is keyed by seed + e, so (seed 1, epoch 0) and
+ * (seed 0, epoch 1) agree, as in PyTorch. */
+DT_API dt_status dt_sampler_distributed_init(const dt_distributed_sampler_params *p, dt_sampler **out);
+
+/* Indices per epoch. */
+DT_API int64_t dt_sampler_length(const dt_sampler *s);
+/* The epoch used by dt_sampler_indices_current (default 0). */
+DT_API void dt_sampler_set_epoch(dt_sampler *s, int64_t epoch);
+DT_API int64_t dt_sampler_get_epoch(const dt_sampler *s);
+/* The indices for an explicit epoch / for the epoch last set. out holds
+ * dt_sampler_length(s) entries. */
+DT_API dt_status dt_sampler_indices(dt_sampler *s, int64_t epoch, int64_t *out);
+DT_API dt_status dt_sampler_indices_current(dt_sampler *s, int64_t *out);
+
+/* ---- batch sampler --------------------------------------------------------- */
+typedef struct dt_batch_sampler dt_batch_sampler;
+/* Cuts the sampler's epoch into batches of batch_size; the last one is
+ * shorter unless drop_last, which drops it. Borrows s. */
+DT_API dt_status dt_batch_sampler_init(dt_sampler *s, int64_t batch_size, bool drop_last,
+                                       dt_batch_sampler **out);
+DT_API void dt_batch_sampler_free(dt_batch_sampler *bs);
+/* Batches per epoch. */
+DT_API int64_t dt_batch_sampler_length(const dt_batch_sampler *bs);
+/* Compute the indices of an epoch (calls the sampler). */
+DT_API dt_status dt_batch_sampler_set_epoch(dt_batch_sampler *bs, int64_t epoch);
+/* Batch b of the epoch last set: *idx borrowed (valid until the next
+ * set_epoch), *n its size. DT_ERR_RANGE past the end. */
+DT_API dt_status dt_batch_sampler_get(const dt_batch_sampler *bs, int64_t b, const int64_t **idx,
+                                      int64_t *n);
+
+/* ---- loader ------------------------------------------------------------------ */
+typedef struct dt_loader_params {
+    int64_t batch_size;    /* samples per batch (default 64) */
+    bool drop_last;        /* drop a short last batch (default false) */
+    int prefetch;          /* batches prepared ahead, 1..64 (default 2) */
+    bool background;       /* prepare batches on a thread (default true);
+                              false loads each batch inside dt_loader_next */
+} dt_loader_params;
+DT_API dt_loader_params dt_loader_params_default(void);
+
+/* One batch. Borrowed from the loader (see the overview). */
+typedef struct dt_batch {
+    int64_t epoch;         /* epoch this batch belongs to */
+    int64_t index;         /* batch number within the epoch, from 0 */
+    int64_t size;          /* samples in the batch (<= batch_size) */
+    void *x;               /* (size, *info.x_shape), info.x_dtype, 64-byte aligned */
+    void *y;               /* (size, *info.y_shape), info.y_dtype */
+    const int64_t *indices;/* the dataset indices, size of them */
+} dt_batch;
+
+typedef struct dt_loader dt_loader;
+/* Borrows ds and s. No thread runs until dt_loader_start_epoch. */
+DT_API dt_status dt_loader_init(dt_dataset *ds, dt_sampler *s, const dt_loader_params *p,
+                                dt_loader **out);
+/* Stops the thread (mid-epoch too) and releases everything. */
+DT_API void dt_loader_free(dt_loader *ld);
+/* Batches per epoch. */
+DT_API int64_t dt_loader_num_batches(const dt_loader *ld);
+/* Begin an epoch: sets the sampler's epoch and starts preparing batches.
+ * An epoch still running is abandoned first. */
+DT_API dt_status dt_loader_start_epoch(dt_loader *ld, int64_t epoch);
+/* The next batch of the epoch in order, waiting for it if needed. At the
+ * end of the epoch returns DT_OK with *out = NULL. A failure while loading
+ * (bad item, out of memory) returns its status and message here, and the
+ * epoch ends. */
+DT_API dt_status dt_loader_next(dt_loader *ld, const dt_batch **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_DATA_H */

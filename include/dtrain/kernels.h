@@ -1,0 +1,327 @@
+/* dtrain/kernels.h — pure compute on raw pointers (no tensors).
+ *
+ * Overview
+ * --------
+ * Every kernel works on raw pointers to contiguous, row-major f32 arrays
+ * unless its comment says otherwise, and returns a dt_status: DT_OK, or an
+ * error with a message in dt_last_error() (negative sizes, NULL pointers with
+ * a non-zero size, unsupported combinations, labels out of range). Sizes are
+ * int64_t element counts. A size of 0 is always valid and does nothing.
+ *
+ * Rules that hold for every kernel (the lifecycle is written down once here):
+ *  - Outputs are OVERWRITTEN, never accumulated, unless the comment says
+ *    "accumulates" (dt_k_matmul has beta; dt_k_axpy adds). Gradient
+ *    accumulation into a flat grad buffer is the caller's job (dt_k_axpy).
+ *  - Outputs must not alias inputs unless the comment says "may alias"
+ *    (elementwise kernels: out may be exactly equal to an input).
+ *  - Kernels run on dt_get_num_threads() OpenMP threads with static schedules,
+ *    so results are bit-identical run to run for a given thread count. The
+ *    reductions that feed parameter gradients (batch norm, layer norm,
+ *    embedding, bias gradients, dt_k_sum_all) use a fixed summation order
+ *    that does not depend on the thread count at all.
+ *  - Matmul and convolution go through oneDNN. Their primitives are created
+ *    on first use of a (shape, flags, dtype) combination and cached for the
+ *    life of the process, so a training loop's steady state creates none
+ *    (dt_k_stats_get() proves it). The cache is thread-safe.
+ *  - Raw pointers are borrowed for the duration of the call only.
+ *
+ * Usage
+ * -----
+ *     // Linear layer y = x W^T + b, x (B, in), W (out, in), b (out), y (B, out)
+ *     dt_status st = dt_k_matmul(false, true, B, out, in, 1.0f, x, W, DT_F32,
+ *                                0.0f, y, b);
+ *     // ... and its backward:
+ *     dt_k_matmul(false, false, B, in, out, 1.0f, dy, W, DT_F32, 0.0f, dx, NULL);  // dx = dy W
+ *     dt_k_matmul(true, false, out, in, B, 1.0f, dy, x, DT_F32, 1.0f, dW, NULL);   // dW += dy^T x
+ *     dt_k_reduce(DT_K_SUM, dy, 1, B, out, db, NULL);                             // db = sum_rows dy
+ *     if (st < 0) fprintf(stderr, "%s\n", dt_last_error());
+ */
+#ifndef DTRAIN_KERNELS_H
+#define DTRAIN_KERNELS_H
+
+#include "dtrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- instruction-set dispatch ------------------------------------------- */
+/* Code paths of the vectorised kernels (dtype conversion). */
+typedef enum {
+    DT_K_ISA_AUTO = 0, /* best path the CPU supports (the default) */
+    DT_K_ISA_SCALAR,   /* portable C, the bit-exact reference */
+    DT_K_ISA_AVX2,     /* AVX2 + F16C */
+    DT_K_ISA_AVX512    /* AVX-512F (+ AVX512_BF16 for f32->bf16 when present) */
+} dt_k_isa;
+/* Force a path (tests use this to compare paths). Returns
+ * DT_ERR_UNSUPPORTED if the CPU lacks it (the setting is then unchanged).
+ * Process-wide; not meant to be changed while kernels run. */
+DT_API dt_status dt_k_set_isa(dt_k_isa isa);
+/* The path in use now (never DT_K_ISA_AUTO: AUTO is resolved). */
+DT_API dt_k_isa dt_k_get_isa(void);
+/* "scalar", "avx2", "avx512". */
+DT_API const char *dt_k_isa_name(dt_k_isa isa);
+
+/* ---- dtype conversion ---------------------------------------------------- */
+/* Arrays of n elements; halfs are raw uint16_t bit patterns. Round to nearest
+ * even; bit-identical to the scalar dt_f32_to_f16() etc. of base.h on every
+ * input, NaN (quieted, sign kept), Inf and subnormals included. */
+DT_API dt_status dt_k_f32_to_f16(const float *x, uint16_t *y, int64_t n);
+DT_API dt_status dt_k_f16_to_f32(const uint16_t *x, float *y, int64_t n);
+DT_API dt_status dt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
+DT_API dt_status dt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
+/* Any of f32, f16, bf16 to any of them (same dtype = copy). Other dtypes:
+ * DT_ERR_UNSUPPORTED. */
+DT_API dt_status dt_k_convert(const void *x, dt_dtype xt, void *y, dt_dtype yt, int64_t n);
+
+/* ---- oneDNN statistics and cache ----------------------------------------- */
+typedef struct {
+    uint64_t primitives_created; /* oneDNN primitives created since start/reset */
+    uint64_t cache_hits;         /* kernel calls served by a cached primitive */
+    uint64_t cache_entries;      /* entries in the cache now */
+    uint64_t reorders;           /* reorders executed (layout changes of data) */
+} dt_k_stats;
+/* Counters since process start or the last dt_k_stats_reset(). */
+DT_API void dt_k_stats_get(dt_k_stats *out);
+/* Zero the counters (the cache itself is kept). */
+DT_API void dt_k_stats_reset(void);
+/* Drop every cached primitive and cached reordered buffer. */
+DT_API void dt_k_cache_clear(void);
+
+/* ---- matmul (oneDNN) ----------------------------------------------------- */
+/* C = alpha * op(A) * op(B) + beta * C + bias, where op(X) = X or X^T.
+ * op(A) is (M, K), op(B) is (K, N), C is (M, N) f32, all contiguous
+ * row-major: A is stored (M, K), or (K, M) when trans_a; B is stored (K, N),
+ * or (N, K) when trans_b (so a linear layer y = x W^T + b is
+ * trans_a=false, trans_b=true with W stored (out, in)).
+ * ab_type: DT_F32, or DT_BF16 (A and B are uint16_t bf16 arrays, C stays f32;
+ * DT_ERR_UNSUPPORTED when oneDNN has no bf16 matmul for this CPU).
+ * bias: NULL or N floats added to every row of C (after alpha scaling).
+ * beta = 0 means C is not read (it may hold garbage or NaN). */
+DT_API dt_status dt_k_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                             const void *A, const void *B, dt_dtype ab_type, float beta, float *C,
+                             const float *bias);
+/* Batched form: for b in [0, batch): C_b = alpha op(A_b) op(B_b) + beta C_b
+ * (+ bias), with A_b = A + b*stride_a elements (likewise B, C). A stride of 0
+ * for A or B broadcasts one matrix to the whole batch; stride_c must be
+ * >= M*N. Contiguous batches have stride_a = M*K, stride_b = K*N. */
+DT_API dt_status dt_k_matmul_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
+                                     int64_t K, float alpha, const void *A, int64_t stride_a,
+                                     const void *B, int64_t stride_b, dt_dtype ab_type, float beta,
+                                     float *C, int64_t stride_c, const float *bias);
+
+/* Whether oneDNN runs bf16 matmul natively on this CPU (AVX-512 and up);
+ * false means bf16 matmuls are widened to f32 (same results, f32 speed). */
+DT_API bool dt_k_matmul_bf16_native(void);
+
+/* Measure matmul throughput: n x n x n, `reps` timed runs after one warm-up,
+ * returns the best GFLOP/s (2 n^3 / time) in *gflops. dt is DT_F32 or
+ * DT_BF16 (DT_ERR_UNSUPPORTED if the CPU/oneDNN cannot). Used by
+ * `dtrain bench matmul` and by other benchmarks as the machine's peak. */
+DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops);
+
+/* ---- 2-D convolution (oneDNN), NCHW -------------------------------------- */
+typedef struct {
+    int64_t N, C, H, W;            /* input (N, C, H, W) */
+    int64_t K, R, S;               /* K output channels, R x S kernel; weights (K, C, R, S) */
+    int64_t stride_h, stride_w;    /* >= 1 */
+    int64_t pad_h, pad_w;          /* zero padding on each side, >= 0 */
+    int64_t dil_h, dil_w;          /* dilation, PyTorch convention: 1 = none */
+} dt_k_conv2d_shape;
+/* A shape with stride 1, padding 0, dilation 1 and the given sizes. */
+DT_API dt_k_conv2d_shape dt_k_conv2d_shape_make(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
+                                                int64_t R, int64_t S);
+/* Output height P and width Q (validates the shape). */
+DT_API dt_status dt_k_conv2d_out_size(const dt_k_conv2d_shape *s, int64_t *P, int64_t *Q);
+/* y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + bias (K, or NULL). */
+DT_API dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const float *w,
+                                 const float *bias, float *y);
+/* dx (N, C, H, W) from dy (N, K, P, Q) and w. */
+DT_API dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, const float *w,
+                                      float *dx);
+/* dw (K, C, R, S) and dbias (K, or NULL to skip) from x and dy. */
+DT_API dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy,
+                                         float *dw, float *dbias);
+
+/* ---- elementwise --------------------------------------------------------- */
+/* y[i] = v. */
+DT_API dt_status dt_k_fill(float *y, float v, int64_t n);
+/* y[i] = a * x[i] + b (scale, shift, negate). y may alias x. */
+DT_API dt_status dt_k_scale(const float *x, float a, float b, float *y, int64_t n);
+/* y[i] += a * x[i] (accumulates; use for gradient accumulation). */
+DT_API dt_status dt_k_axpy(int64_t n, float a, const float *x, float *y);
+
+typedef enum {
+    DT_K_ADD = 0, DT_K_SUB, DT_K_MUL, DT_K_DIV, DT_K_MAXIMUM, DT_K_MINIMUM,
+    DT_K_BINOP_COUNT
+} dt_k_binop;
+/* The numpy broadcast of shapes a (na dims) and b (nb dims) into out
+ * (*nout = max(na, nb) dims, up to 8). DT_ERR_SHAPE if incompatible. */
+DT_API dt_status dt_k_broadcast_shape(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
+                                      int *nout);
+/* out = a (op) b with numpy broadcasting; out has the broadcast shape of
+ * a and b (up to 8 dims each; 0 dims = scalar). out may alias a or b when
+ * that operand already has the broadcast shape. */
+DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape_a, int na, const float *b,
+                             const int64_t *shape_b, int nb, float *out);
+/* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
+ * no <= ng, oshape broadcastable to gshape) by summing over the broadcast
+ * dims: the backward of broadcasting. Fixed summation order. */
+DT_API dt_status dt_k_reduce_to_shape(const float *g, const int64_t *gshape, int ng, float *out,
+                                      const int64_t *oshape, int no);
+
+typedef enum {
+    DT_K_NEG = 0, DT_K_EXP, DT_K_LOG, DT_K_SQRT, DT_K_RSQRT, DT_K_ABS, DT_K_SQUARE, DT_K_RECIP,
+    DT_K_TANH, DT_K_SIGMOID, DT_K_SIN, DT_K_COS,
+    DT_K_UNOP_COUNT
+} dt_k_unop;
+/* y = f(x) elementwise. y may alias x. */
+DT_API dt_status dt_k_unary(dt_k_unop op, const float *x, float *y, int64_t n);
+/* dx = dy * f'(x). x is the forward input, y the forward output (each may be
+ * NULL when the op's derivative does not need it: exp, sqrt, rsqrt, recip,
+ * tanh and sigmoid use y; the others use x). dx may alias dy. */
+DT_API dt_status dt_k_unary_bwd(dt_k_unop op, const float *x, const float *y, const float *dy, float *dx,
+                                int64_t n);
+
+/* dst (contiguous) = the strided array src with the given shape and element
+ * strides (in elements, may be 0 or negative), elements of elem_size bytes
+ * (1, 2, 4 or 8). ndim <= 8; ndim 0 copies one element. */
+DT_API dt_status dt_k_copy_strided(const void *src, size_t elem_size, int ndim, const int64_t *shape,
+                                   const int64_t *strides, void *dst);
+
+/* ---- reductions ---------------------------------------------------------- */
+typedef enum { DT_K_SUM = 0, DT_K_MEAN, DT_K_MAX, DT_K_MIN } dt_k_redop;
+/* View x as (outer, len, inner) and reduce the middle axis:
+ * y (outer, inner). For shape s and axis a: outer = prod(s[:a]),
+ * len = s[a], inner = prod(s[a+1:]). arg: NULL, or (outer, inner) int64
+ * indices of the max/min (first occurrence; NaN wins) for DT_K_MAX/MIN.
+ * len must be >= 1 for MAX/MIN/MEAN. Summation order is fixed (does not
+ * depend on the thread count). */
+DT_API dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64_t len, int64_t inner,
+                             float *y, int64_t *arg);
+/* *out = sum of x[0..n), accumulated in double in fixed blocks: independent
+ * of the thread count. */
+DT_API dt_status dt_k_sum_all(const float *x, int64_t n, float *out);
+/* *out = sum of x[i]^2 in double (for gradient norms), thread-count
+ * independent. */
+DT_API dt_status dt_k_sumsq(const float *x, int64_t n, double *out);
+
+/* ---- softmax and losses (last axis of (rows, cols)) ---------------------- */
+/* y = softmax(x) along cols, or log_softmax when log. y may alias x. */
+DT_API dt_status dt_k_softmax_fwd(const float *x, float *y, int64_t rows, int64_t cols, bool log);
+/* dx from the forward OUTPUT y and dy (softmax: dx = y (dy - sum(dy y));
+ * log_softmax: dx = dy - exp(y) sum(dy)). dx may alias dy. */
+DT_API dt_status dt_k_softmax_bwd(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols,
+                                  bool log);
+
+/* Label value that is skipped (PyTorch's default ignore_index). */
+#define DT_K_IGNORE_INDEX (-100)
+/* Mean softmax cross-entropy: *loss = -(1/n) sum_r log softmax(logits_r)[label_r]
+ * over the n rows whose label is not DT_K_IGNORE_INDEX (loss 0 if none).
+ * labels: rows values of label_type DT_I64 or DT_I32. A label outside
+ * [0, cols) other than DT_K_IGNORE_INDEX is an error (DT_ERR_RANGE, naming
+ * the row). prob: NULL, or (rows, cols) where the softmax is saved for the
+ * backward. */
+DT_API dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype label_type,
+                                       int64_t rows, int64_t cols, float *loss, float *prob);
+/* dlogits = dloss * (softmax - onehot(label)) / n for counted rows, 0 for
+ * ignored rows. prob: the saved softmax from the forward, or NULL to
+ * recompute it from logits (then logits must not be NULL). */
+DT_API dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels,
+                                       dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
+                                       float *dlogits);
+/* *loss = mean((pred - target)^2) over n elements (n >= 1). */
+DT_API dt_status dt_k_mse_fwd(const float *pred, const float *target, int64_t n, float *loss);
+/* dpred = dloss * 2 (pred - target) / n. */
+DT_API dt_status dt_k_mse_bwd(const float *pred, const float *target, int64_t n, float dloss, float *dpred);
+
+/* ---- pooling, NCHW --------------------------------------------------------- */
+typedef struct {
+    int64_t N, C, H, W;       /* input (N, C, H, W) */
+    int64_t kh, kw;           /* window */
+    int64_t sh, sw;           /* stride (PyTorch default: the window) */
+    int64_t ph, pw;           /* padding, <= half the window */
+} dt_k_pool2d_shape;
+/* Output height P and width Q, floor mode (validates the shape). */
+DT_API dt_status dt_k_pool2d_out_size(const dt_k_pool2d_shape *s, int64_t *P, int64_t *Q);
+/* y (N, C, P, Q) = max over each window (padding never wins). argmax: NULL
+ * or (N, C, P, Q) indices h*W + w into the input plane, for the backward. */
+DT_API dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *argmax);
+/* dx (N, C, H, W) = scatter of dy through argmax (overlapping windows add). */
+DT_API dt_status dt_k_maxpool2d_bwd(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax,
+                                    float *dx);
+/* Average pooling; count_include_pad as PyTorch (default true there). */
+DT_API dt_status dt_k_avgpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *y,
+                                    bool count_include_pad);
+DT_API dt_status dt_k_avgpool2d_bwd(const dt_k_pool2d_shape *s, const float *dy, float *dx,
+                                    bool count_include_pad);
+
+/* ---- normalisation ---------------------------------------------------------- */
+/* Batch norm over (N, C, HW) (HW = H*W; 1 for BatchNorm1d on (N, C)).
+ * gamma, beta: C floats or NULL (affine=false). Training forward uses the
+ * batch statistics (biased variance), writes save_mean and save_invstd
+ * (C floats each, = 1/sqrt(var + eps)) for the backward, and when
+ * running_mean/running_var are not NULL updates them as PyTorch:
+ * r = (1 - momentum) r + momentum * stat, with the UNBIASED batch variance
+ * (N*HW/(N*HW-1)) for running_var. N*HW must be >= 2 in training. */
+DT_API dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t HW,
+                                          const float *gamma, const float *beta, float eps,
+                                          float momentum, float *running_mean, float *running_var,
+                                          float *y, float *save_mean, float *save_invstd);
+/* Eval forward with the running statistics. */
+DT_API dt_status dt_k_batchnorm_eval_fwd(const float *x, int64_t N, int64_t C, int64_t HW,
+                                         const float *gamma, const float *beta, const float *running_mean,
+                                         const float *running_var, float eps, float *y);
+/* Training-mode backward: dx (may be NULL), dgamma, dbeta (C each, NULL to
+ * skip) from x, dy and the saved statistics. gamma NULL = 1. */
+DT_API dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW,
+                                    const float *gamma, const float *save_mean, const float *save_invstd,
+                                    float *dx, float *dgamma, float *dbeta);
+/* Layer norm over the last `cols` elements of each of `rows` rows
+ * (normalized_shape flattened). gamma, beta: cols floats or NULL.
+ * save_mean, save_rstd: rows floats each or NULL (needed by the backward). */
+DT_API dt_status dt_k_layernorm_fwd(const float *x, int64_t rows, int64_t cols, const float *gamma,
+                                    const float *beta, float eps, float *y, float *save_mean,
+                                    float *save_rstd);
+/* dx (may be NULL), dgamma, dbeta (cols each, NULL to skip). */
+DT_API dt_status dt_k_layernorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols,
+                                    const float *gamma, const float *save_mean, const float *save_rstd,
+                                    float *dx, float *dgamma, float *dbeta);
+
+/* ---- activations ----------------------------------------------------------- */
+/* y = max(x, 0). y may alias x. */
+DT_API dt_status dt_k_relu_fwd(const float *x, float *y, int64_t n);
+/* dx = dy where x > 0, else 0 (x: the forward input; passing the output y
+ * works too). dx may alias dy. */
+DT_API dt_status dt_k_relu_bwd(const float *x, const float *dy, float *dx, int64_t n);
+typedef enum { DT_K_GELU_ERF = 0, DT_K_GELU_TANH } dt_k_gelu_approx;
+/* GELU as PyTorch (approximate='none' or 'tanh'). y may alias x. */
+DT_API dt_status dt_k_gelu_fwd(const float *x, float *y, int64_t n, dt_k_gelu_approx approx);
+/* dx = dy * gelu'(x). dx may alias dy. */
+DT_API dt_status dt_k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n,
+                               dt_k_gelu_approx approx);
+/* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
+ * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
+ * (key, offset + i): not on threads or call order. p in [0, 1); p = 0
+ * copies. y may alias x. */
+DT_API dt_status dt_k_dropout_fwd(const float *x, float *y, int64_t n, float p, dt_rng_key key,
+                                  uint64_t offset);
+/* dx = dy * mask / (1 - p), regenerating the mask from (key, offset): pass
+ * the forward's values. dx may alias dy. */
+DT_API dt_status dt_k_dropout_bwd(const float *dy, float *dx, int64_t n, float p, dt_rng_key key,
+                                  uint64_t offset);
+
+/* ---- embedding --------------------------------------------------------------- */
+/* out (n, dim) = rows idx[i] of table (num, dim); idx of DT_I64 or DT_I32.
+ * An index outside [0, num) is DT_ERR_RANGE. */
+DT_API dt_status dt_k_embedding_fwd(const float *table, int64_t num, int64_t dim, const void *idx,
+                                    dt_dtype idx_type, int64_t n, float *out);
+/* dtable (num, dim) = zero, then row idx[i] += dout row i for i in order:
+ * a deterministic scatter-add independent of the thread count. */
+DT_API dt_status dt_k_embedding_bwd(const float *dout, const void *idx, dt_dtype idx_type, int64_t n,
+                                    int64_t num, int64_t dim, float *dtable);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_KERNELS_H */

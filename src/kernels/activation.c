@@ -1,0 +1,209 @@
+/* ReLU, GELU (erf and tanh forms), dropout and embedding.
+ *
+ * Dropout draws element i's keep decision from Philox lane (offset+i) % 4 of
+ * block (offset+i) / 4 of the key's stream (the same value as
+ * dt_rng_uniform(key, offset + i)), so the mask is a pure function of
+ * (key, offset + i) and the backward regenerates it instead of storing it.
+ * The embedding backward splits the table's COLUMNS across threads and walks
+ * the indices in order, so repeated indices add in a fixed order whatever
+ * the thread count. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+dt_status dt_k_relu_fwd(const float *x, float *y, int64_t n)
+{
+    DT__CHECK_N("dt_k_relu_fwd", n);
+    DT__CHECK_PTR("dt_k_relu_fwd", x, n);
+    DT__CHECK_PTR("dt_k_relu_fwd", y, n);
+    int nt = dt__threads_for(n);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_k_relu_bwd(const float *x, const float *dy, float *dx, int64_t n)
+{
+    DT__CHECK_N("dt_k_relu_bwd", n);
+    DT__CHECK_PTR("dt_k_relu_bwd", x, n);
+    DT__CHECK_PTR("dt_k_relu_bwd", dy, n);
+    DT__CHECK_PTR("dt_k_relu_bwd", dx, n);
+    int nt = dt__threads_for(n);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+    return DT_OK;
+}
+
+#define SQRT1_2 0.70710678118654752440f
+#define SQRT2_PI 0.79788456080286535588f  /* sqrt(2/pi) */
+#define INV_SQRT_2PI 0.39894228040143267794f
+
+dt_status dt_k_gelu_fwd(const float *x, float *y, int64_t n, dt_k_gelu_approx approx)
+{
+    const char *fn = "dt_k_gelu_fwd";
+    if (approx != DT_K_GELU_ERF && approx != DT_K_GELU_TANH)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: unknown approximation %d", fn, (int)approx);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, x, n);
+    DT__CHECK_PTR(fn, y, n);
+    int nt = dt__threads_for(n * 8);
+    if (approx == DT_K_GELU_ERF) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT1_2));
+    } else {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            y[i] = 0.5f * v * (1.0f + tanhf(SQRT2_PI * (v + 0.044715f * v * v * v)));
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n, dt_k_gelu_approx approx)
+{
+    const char *fn = "dt_k_gelu_bwd";
+    if (approx != DT_K_GELU_ERF && approx != DT_K_GELU_TANH)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: unknown approximation %d", fn, (int)approx);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, x, n);
+    DT__CHECK_PTR(fn, dy, n);
+    DT__CHECK_PTR(fn, dx, n);
+    int nt = dt__threads_for(n * 8);
+    if (approx == DT_K_GELU_ERF) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            float cdf = 0.5f * (1.0f + erff(v * SQRT1_2));
+            float pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
+            dx[i] = dy[i] * (cdf + v * pdf);
+        }
+    } else {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            float inner = SQRT2_PI * (v + 0.044715f * v * v * v);
+            float t = tanhf(inner);
+            float dinner = SQRT2_PI * (1.0f + 3.0f * 0.044715f * v * v);
+            dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+        }
+    }
+    return DT_OK;
+}
+
+/* ---- dropout ------------------------------------------------------------------------ */
+static dt_status dropout(const char *fn, const float *x, float *y, int64_t n, float p, dt_rng_key key, uint64_t off)
+{
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, x, n);
+    DT__CHECK_PTR(fn, y, n);
+    if (!(p >= 0.0f && p < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: p = %g must be in [0, 1)", fn, (double)p);
+    if (p == 0.0f) {
+        if (x != y && n)
+            memmove(y, x, (size_t)n * sizeof(float));
+        return DT_OK;
+    }
+    float scale = 1.0f / (1.0f - p);
+    /* Tasks of 1024 elements aligned to global element indices. */
+    const int64_t T = 1024;
+    int64_t ntask = (n + T - 1) / T;
+    int nt = dt__threads_for(n * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t t = 0; t < ntask; t++) {
+        int64_t lo = t * T, hi = lo + T < n ? lo + T : n;
+        int64_t i = lo;
+        while (i < hi) {
+            uint64_t g = off + (uint64_t)i;
+            uint32_t o[4];
+            dt_rng_block(key, g >> 2, o);
+            for (unsigned lane = (unsigned)(g & 3); lane < 4 && i < hi; lane++, i++) {
+                float u = (float)(o[lane] >> 8) * (1.0f / 16777216.0f);
+                y[i] = u >= p ? x[i] * scale : 0.0f;
+            }
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_dropout_fwd(const float *x, float *y, int64_t n, float p, dt_rng_key key, uint64_t offset)
+{
+    return dropout("dt_k_dropout_fwd", x, y, n, p, key, offset);
+}
+
+dt_status dt_k_dropout_bwd(const float *dy, float *dx, int64_t n, float p, dt_rng_key key, uint64_t offset)
+{
+    return dropout("dt_k_dropout_bwd", dy, dx, n, p, key, offset);
+}
+
+/* ---- embedding ------------------------------------------------------------------------ */
+static dt_status idx_check(const char *fn, const void *idx, dt_dtype t, int64_t n, int64_t num)
+{
+    if (t != DT_I64 && t != DT_I32)
+        return dt_error(DT_ERR_DTYPE, "%s: indices must be i64 or i32, got %s", fn, dt_dtype_name(t));
+    DT__CHECK_PTR(fn, idx, n);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = t == DT_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
+        if (v < 0 || v >= num)
+            return dt_error(DT_ERR_RANGE, "%s: index %lld at position %lld is outside [0, %lld)", fn, (long long)v,
+                            (long long)i, (long long)num);
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_embedding_fwd(const float *table, int64_t num, int64_t dim, const void *idx, dt_dtype it, int64_t n,
+                             float *out)
+{
+    const char *fn = "dt_k_embedding_fwd";
+    DT__CHECK_N(fn, num);
+    DT__CHECK_N(fn, dim);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, table, num * dim);
+    DT__CHECK_PTR(fn, out, n * dim);
+    dt_status st = idx_check(fn, idx, it, n, num);
+    if (st < 0)
+        return st;
+    int nt = dt__threads_for(n * dim);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = it == DT_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
+        memcpy(out + i * dim, table + v * dim, (size_t)dim * sizeof(float));
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_embedding_bwd(const float *dout, const void *idx, dt_dtype it, int64_t n, int64_t num, int64_t dim,
+                             float *dtable)
+{
+    const char *fn = "dt_k_embedding_bwd";
+    DT__CHECK_N(fn, num);
+    DT__CHECK_N(fn, dim);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, dout, n * dim);
+    DT__CHECK_PTR(fn, dtable, num * dim);
+    dt_status st = idx_check(fn, idx, it, n, num);
+    if (st < 0)
+        return st;
+    if (num > 0 && dim > 0)
+        memset(dtable, 0, (size_t)(num * dim) * sizeof(float));
+    const int64_t CB = 64;
+    int64_t nblk = (dim + CB - 1) / CB;
+    int nt = dt__threads_for(n * dim);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t j0 = b * CB, j1 = j0 + CB < dim ? j0 + CB : dim;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = it == DT_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
+            float *restrict d = dtable + v * dim;
+            const float *restrict g = dout + i * dim;
+#pragma omp simd
+            for (int64_t j = j0; j < j1; j++)
+                d[j] += g[j];
+        }
+    }
+    return DT_OK;
+}

@@ -1,0 +1,59 @@
+/* src/kernels/kernels_impl.h — internals shared by the kernel files
+ * (argument checks, thread count, the oneDNN engine and primitive cache). */
+#ifndef DT_KERNELS_IMPL_H
+#define DT_KERNELS_IMPL_H
+
+#include "dtrain/kernels.h"
+
+#include <dnnl.h>
+
+/* Argument checks: each returns from the calling function with an error. */
+#define DT__CHECK_N(fn, n)                                                                   \
+    do {                                                                                     \
+        if ((n) < 0)                                                                         \
+            return dt_error(DT_ERR_INVALID_ARG, "%s: %s = %lld is negative", fn, #n,         \
+                            (long long)(n));                                                 \
+    } while (0)
+#define DT__CHECK_PTR(fn, p, n)                                                              \
+    do {                                                                                     \
+        if (!(p) && (n) > 0)                                                                 \
+            return dt_error(DT_ERR_NULL, "%s: %s is NULL with %lld elements", fn, #p,        \
+                            (long long)(n));                                                 \
+    } while (0)
+
+/* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
+int dt__threads_for(int64_t work);
+
+/* ---- oneDNN ---------------------------------------------------------------- */
+/* The process-wide CPU engine and stream (created on first use); NULL and an
+ * error set if oneDNN cannot start. */
+dnnl_engine_t dt__dnnl_engine(void);
+dnnl_stream_t dt__dnnl_stream(void);
+/* Make oneDNN's OpenMP region use dt_get_num_threads() threads. */
+void dt__dnnl_set_threads(void);
+/* Turn a dnnl_status_t into a dt_status with a message naming `what`. */
+dt_status dt__dnnl_err(dnnl_status_t s, const char *what);
+
+/* Primitive cache. A key is up to DT__KEY_LEN int64 values (op tag first);
+ * the payload is owned by the cache and released with its destroy function. */
+#define DT__KEY_LEN 24
+typedef struct { int64_t v[DT__KEY_LEN]; } dt__key;
+typedef void (*dt__payload_free)(void *payload);
+/* Cached payload for key, or NULL (counts a hit when found). */
+void *dt__cache_get(const dt__key *key);
+/* Insert payload under key (the cache takes ownership); returns the payload
+ * that is in the cache afterwards (an existing one wins a race; then the new
+ * one is freed). NULL on out-of-memory (payload freed). */
+void *dt__cache_put(const dt__key *key, void *payload, dt__payload_free destroy);
+/* Counters. */
+void dt__stats_primitive_created(void);
+void dt__stats_reorder(void);
+
+/* Create a primitive from a primitive descriptor, counting it. */
+dt_status dt__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd, const char *what);
+/* Execute prim with nargs (arg, memory) pairs and wait. */
+dt_status dt__prim_exec(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args, const char *what);
+/* A memory object over user data ptr (NULL allowed = none). */
+dt_status dt__mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md, void *ptr, const char *what);
+
+#endif

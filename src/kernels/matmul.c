@@ -1,0 +1,328 @@
+/* Matmul through oneDNN: C = alpha op(A) op(B) + beta C + bias.
+ *
+ * Transposes are expressed as strides of the memory descriptors, so no data
+ * moves for op(X) = X^T. alpha becomes oneDNN's output scale, beta a sum
+ * post-op, bias the matmul's bias input; all three are baked into the
+ * primitive, which is cached under (shape, strides, flags, dtype, alpha,
+ * beta, bias?). A batched call is one 3-D matmul (batch stride 0 broadcasts
+ * one matrix).
+ *
+ * bf16: oneDNN 2.6 implements bf16 matmul only on AVX-512 (avx512_core and
+ * up). Where it reports "unimplemented" (an AVX2 CPU such as this VM), the
+ * bf16 inputs are widened to f32 (exact) into a scratch buffer kept with the
+ * cached primitive and an f32 matmul runs: same numbers as a native bf16
+ * matmul with f32 accumulation, at f32 speed. dt_k_bench_matmul reports
+ * which path ran. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
+    bool emulate;               /* bf16 widened to f32 */
+    bool bias_post;             /* bias added by a binary post-op (alpha != 1) */
+    int64_t a_elems, b_elems;   /* elements to widen when emulating */
+    float *scratch;             /* a_elems + b_elems floats, emulation only */
+    pthread_mutex_t lock;       /* guards scratch */
+} mm_entry;
+
+static void mm_entry_free(void *p)
+{
+    mm_entry *e = p;
+    if (!e)
+        return;
+    if (e->prim)
+        dnnl_primitive_destroy(e->prim);
+    dt_free(e->scratch);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Memory descriptor of a (batch, rows, cols) matrix stored row-major, or
+ * transposed (stored (cols, rows)) when trans; 2-D when batch_dims is 0. */
+static void mat_md(dnnl_memory_desc_t *md, int batch_dims, int64_t batch, int64_t stride, int64_t rows,
+                   int64_t cols, bool trans, dnnl_data_type_t t)
+{
+    if (batch_dims) {
+        dnnl_dims_t d = {stride ? batch : 1, rows, cols};
+        dnnl_dims_t s = {stride ? stride : rows * cols, trans ? 1 : cols, trans ? rows : 1};
+        dnnl_memory_desc_init_by_strides(md, 3, d, t, s);
+    } else {
+        dnnl_dims_t d = {rows, cols};
+        dnnl_dims_t s = {trans ? 1 : cols, trans ? rows : 1};
+        dnnl_memory_desc_init_by_strides(md, 2, d, t, s);
+    }
+}
+
+static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                          int64_t sa, int64_t sb, int64_t sc, dnnl_data_type_t t, float alpha, float beta,
+                          bool bias)
+{
+    const char *what = "dt_k_matmul";
+    dnnl_engine_t eng = dt__dnnl_engine();
+    if (!eng)
+        return dt_last_status();
+    int bd = batch > 1 || sa || sb ? 1 : 0;
+    if (batch == 1)
+        bd = 0;
+    mat_md(&e->a_md, bd, batch, sa, M, K, ta, t);
+    mat_md(&e->b_md, bd, batch, sb, K, N, tb, t);
+    mat_md(&e->c_md, bd, batch, sc, M, N, false, dnnl_f32);
+    if (bd) {
+        dnnl_dims_t d = {1, 1, N};
+        dnnl_memory_desc_init_by_tag(&e->bias_md, 3, d, dnnl_f32, dnnl_abc);
+    } else {
+        dnnl_dims_t d = {1, N};
+        dnnl_memory_desc_init_by_tag(&e->bias_md, 2, d, dnnl_f32, dnnl_ab);
+    }
+    /* oneDNN scales its bias input by the output scale; our bias is added
+     * after alpha, so with alpha != 1 it becomes a binary-add post-op. */
+    e->bias_post = bias && alpha != 1.0f;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_matmul_desc_init(&md, &e->a_md, &e->b_md, bias && !e->bias_post ? &e->bias_md : NULL,
+                                            &e->c_md);
+    if (s != dnnl_success)
+        return dt__dnnl_err(s, what);
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dt_status st = DT_OK;
+    if ((s = dnnl_primitive_attr_create(&attr)) != dnnl_success)
+        goto dnnl_fail;
+    if (alpha != 1.0f && (s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha)) != dnnl_success)
+        goto dnnl_fail;
+    if (beta != 0.0f || e->bias_post) {
+        if ((s = dnnl_post_ops_create(&po)) != dnnl_success)
+            goto dnnl_fail;
+        if (beta != 0.0f && (s = dnnl_post_ops_append_sum(po, beta)) != dnnl_success)
+            goto dnnl_fail;
+        if (e->bias_post && (s = dnnl_post_ops_append_binary(po, dnnl_binary_add, &e->bias_md)) != dnnl_success)
+            goto dnnl_fail;
+        if ((s = dnnl_primitive_attr_set_post_ops(attr, po)) != dnnl_success)
+            goto dnnl_fail;
+    }
+    s = dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL);
+    if (s != dnnl_success)
+        goto dnnl_fail;
+    st = dt__prim_create(&e->prim, pd, what);
+    goto out;
+dnnl_fail:
+    st = dt__dnnl_err(s, what);
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float *C,
+                          int64_t sc)
+{
+    (void)ta;
+    (void)tb;
+    DT__CHECK_N(fn, batch);
+    DT__CHECK_N(fn, M);
+    DT__CHECK_N(fn, N);
+    DT__CHECK_N(fn, K);
+    if (t != DT_F32 && t != DT_BF16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: input dtype %s not supported (f32 or bf16)", fn,
+                        dt_dtype_name(t));
+    if (sa < 0 || sb < 0 || sc < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: negative batch stride", fn);
+    if (batch > 1 && sc < M * N)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: stride_c %lld < M*N = %lld would overlap outputs", fn,
+                        (long long)sc, (long long)(M * N));
+    DT__CHECK_PTR(fn, A, batch * M * K);
+    DT__CHECK_PTR(fn, B, batch * K * N);
+    DT__CHECK_PTR(fn, C, batch * M * N);
+    return DT_OK;
+}
+
+dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                              const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
+                              float *C, int64_t sc, const float *bias)
+{
+    const char *fn = "dt_k_matmul";
+    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
+    if (st < 0)
+        return st;
+    if (batch == 0 || M == 0 || N == 0)
+        return DT_OK;
+    if (batch == 1)
+        sa = sb = sc = 0;
+    if (K == 0) { /* C = beta C + bias */
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t i = 0; i < M; i++) {
+                float *c = C + b * sc + i * N;
+                for (int64_t j = 0; j < N; j++)
+                    c[j] = (beta != 0.0f ? beta * c[j] : 0.0f) + (bias ? bias[j] : 0.0f);
+            }
+        return DT_OK;
+    }
+    dt__key key;
+    memset(&key, 0, sizeof key);
+    int64_t *k = key.v;
+    k[0] = 0x4d4d; /* 'MM' */
+    k[1] = ta;
+    k[2] = tb;
+    k[3] = batch;
+    k[4] = M;
+    k[5] = N;
+    k[6] = K;
+    k[7] = sa;
+    k[8] = sb;
+    k[9] = sc;
+    k[10] = t;
+    k[11] = fbits(alpha);
+    k[12] = fbits(beta);
+    k[13] = bias != NULL;
+    mm_entry *e = dt__cache_get(&key);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+        pthread_mutex_init(&e->lock, NULL);
+        st = mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, t == DT_BF16 ? dnnl_bf16 : dnnl_f32, alpha, beta,
+                      bias != NULL);
+        if (st == DT_ERR_UNSUPPORTED && t == DT_BF16) {
+            /* No native bf16 matmul here: widen to f32 (exact) and run f32. */
+            e->emulate = true;
+            int64_t na = sa ? batch * sa : M * K, nb = sb ? batch * sb : K * N;
+            if (batch > 1 && sa)
+                na = (batch - 1) * sa + M * K;
+            if (batch > 1 && sb)
+                nb = (batch - 1) * sb + K * N;
+            e->a_elems = na;
+            e->b_elems = nb;
+            e->scratch = dt_alloc((size_t)(na + nb) * sizeof(float));
+            st = e->scratch ? mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, dnnl_f32, alpha, beta,
+                                       bias != NULL)
+                            : DT_ERR_NO_MEMORY;
+        }
+        if (st < 0) {
+            mm_entry_free(e);
+            return dt_error_wrap(st, "matmul %s%s M=%lld N=%lld K=%lld batch=%lld %s", ta ? "A^T" : "A",
+                                 tb ? "B^T" : "B", (long long)M, (long long)N, (long long)K,
+                                 (long long)batch, dt_dtype_name(t));
+        }
+        e = dt__cache_put(&key, e, mm_entry_free);
+        if (!e)
+            return dt_last_status();
+    }
+
+    const void *a = A, *b = B;
+    if (e->emulate) {
+        pthread_mutex_lock(&e->lock);
+        dt_k_bf16_to_f32(A, e->scratch, e->a_elems);
+        dt_k_bf16_to_f32(B, e->scratch + e->a_elems, e->b_elems);
+        a = e->scratch;
+        b = e->scratch + e->a_elems;
+    }
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
+    if ((st = dt__mem(&ma, &e->a_md, (void *)a, fn)) < 0 || (st = dt__mem(&mb, &e->b_md, (void *)b, fn)) < 0 ||
+        (st = dt__mem(&mc, &e->c_md, C, fn)) < 0 ||
+        (bias && (st = dt__mem(&mbias, &e->bias_md, (void *)bias, fn)) < 0))
+        goto out;
+    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {e->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
+                                             : DNNL_ARG_BIAS,
+                                mbias}};
+    st = dt__prim_exec(e->prim, bias ? 4 : 3, args, fn);
+out:
+    if (e->emulate)
+        pthread_mutex_unlock(&e->lock);
+    if (ma)
+        dnnl_memory_destroy(ma);
+    if (mb)
+        dnnl_memory_destroy(mb);
+    if (mc)
+        dnnl_memory_destroy(mc);
+    if (mbias)
+        dnnl_memory_destroy(mbias);
+    return st;
+}
+
+dt_status dt_k_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                      const void *B, dt_dtype t, float beta, float *C, const float *bias)
+{
+    return dt_k_matmul_batched(ta, tb, 1, M, N, K, alpha, A, 0, B, 0, t, beta, C, 0, bias);
+}
+
+bool dt_k_matmul_bf16_native(void)
+{
+    static int cached = -1; /* benign race: every thread computes the same */
+    if (cached < 0) {
+        mm_entry e;
+        memset(&e, 0, sizeof e);
+        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_bf16, 1.0f, 0.0f, false);
+        if (e.prim)
+            dnnl_primitive_destroy(e.prim);
+        dt_error_clear();
+        cached = st == DT_OK;
+    }
+    return cached == 1;
+}
+
+dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops)
+{
+    const char *fn = "dt_k_bench_matmul";
+    if (n <= 0 || reps <= 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: n = %lld and reps = %d must be positive", fn, (long long)n,
+                        reps);
+    if (!gflops)
+        return dt_error(DT_ERR_NULL, "%s: gflops is NULL", fn);
+    if (dt != DT_F32 && dt != DT_BF16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (f32 or bf16)", fn, dt_dtype_name(dt));
+    size_t es = dt_dtype_size(dt);
+    void *a = dt_alloc((size_t)(n * n) * es), *b = dt_alloc((size_t)(n * n) * es);
+    float *c = dt_alloc((size_t)(n * n) * sizeof(float));
+    dt_status st = DT_OK;
+    if (!a || !b || !c) {
+        st = DT_ERR_NO_MEMORY;
+        goto out;
+    }
+    float *tmp = c; /* fill inputs with small values through c */
+    dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, 0, 0), 0, tmp, (size_t)(n * n), -1.0f, 1.0f);
+    if (dt == DT_F32) {
+        memcpy(a, tmp, (size_t)(n * n) * 4);
+        memcpy(b, tmp, (size_t)(n * n) * 4);
+    } else {
+        dt_k_f32_to_bf16(tmp, a, n * n);
+        dt_k_f32_to_bf16(tmp, b, n * n);
+    }
+    if ((st = dt_k_matmul(false, false, n, n, n, 1.0f, a, b, dt, 0.0f, c, NULL)) < 0)
+        goto out;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = dt_time_s();
+        if ((st = dt_k_matmul(false, false, n, n, n, 1.0f, a, b, dt, 0.0f, c, NULL)) < 0)
+            goto out;
+        double t = dt_time_s() - t0;
+        if (t < best)
+            best = t;
+    }
+    *gflops = 2.0 * (double)n * (double)n * (double)n / best * 1e-9;
+out:
+    dt_free(a);
+    dt_free(b);
+    dt_free(c);
+    return st;
+}

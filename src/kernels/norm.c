@@ -1,0 +1,262 @@
+/* Batch norm (train / eval / backward) and layer norm (forward / backward).
+ *
+ * Batch norm works per channel: one task per channel sums its N*HW elements
+ * in double, in index order, so statistics and the gamma/beta gradients do
+ * not depend on the thread count. The running variance uses the unbiased
+ * batch variance, as PyTorch does.
+ * Layer norm works per row for the forward and dx; dgamma/dbeta are column
+ * sums over rows, computed with threads splitting COLUMNS (each column sums
+ * rows in order) for the same reason. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+static dt_status bn_check(const char *fn, const float *x, const float *y, int64_t N, int64_t C, int64_t HW)
+{
+    DT__CHECK_N(fn, N);
+    DT__CHECK_N(fn, C);
+    DT__CHECK_N(fn, HW);
+    DT__CHECK_PTR(fn, x, N * C * HW);
+    DT__CHECK_PTR(fn, y, N * C * HW);
+    return DT_OK;
+}
+
+dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t HW, const float *gamma,
+                                   const float *beta, float eps, float momentum, float *running_mean,
+                                   float *running_var, float *y, float *save_mean, float *save_invstd)
+{
+    const char *fn = "dt_k_batchnorm_train_fwd";
+    dt_status st = bn_check(fn, x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    if (C == 0)
+        return DT_OK;
+    int64_t cnt = N * HW;
+    if (cnt < 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: training needs more than one value per channel (N*H*W = %lld)", fn,
+                        (long long)cnt);
+    if (!(eps > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = 0; c < C; c++) {
+        double s = 0.0, s2 = 0.0;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = x + (n * C + c) * HW;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < HW; i++)
+                s += (double)xp[i];
+        }
+        double mean = s / (double)cnt;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = x + (n * C + c) * HW;
+#pragma omp simd reduction(+ : s2)
+            for (int64_t i = 0; i < HW; i++) {
+                double d = (double)xp[i] - mean;
+                s2 += d * d;
+            }
+        }
+        double var = s2 / (double)cnt;
+        float invstd = (float)(1.0 / sqrt(var + (double)eps));
+        float fm = (float)mean;
+        float g = gamma ? gamma[c] : 1.0f, b = beta ? beta[c] : 0.0f;
+        float a = g * invstd, sh = b - fm * a;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = x + (n * C + c) * HW;
+            float *yp = y + (n * C + c) * HW;
+#pragma omp simd
+            for (int64_t i = 0; i < HW; i++)
+                yp[i] = xp[i] * a + sh;
+        }
+        if (save_mean)
+            save_mean[c] = fm;
+        if (save_invstd)
+            save_invstd[c] = invstd;
+        if (running_mean)
+            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * fm;
+        if (running_var)
+            running_var[c] = (1.0f - momentum) * running_var[c] +
+                             momentum * (float)(var * (double)cnt / (double)(cnt - 1));
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_batchnorm_eval_fwd(const float *x, int64_t N, int64_t C, int64_t HW, const float *gamma,
+                                  const float *beta, const float *running_mean, const float *running_var, float eps,
+                                  float *y)
+{
+    const char *fn = "dt_k_batchnorm_eval_fwd";
+    dt_status st = bn_check(fn, x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, running_mean, C);
+    DT__CHECK_PTR(fn, running_var, C);
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt) collapse(2)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            float invstd = 1.0f / sqrtf(running_var[c] + eps);
+            float a = (gamma ? gamma[c] : 1.0f) * invstd;
+            float sh = (beta ? beta[c] : 0.0f) - running_mean[c] * a;
+            const float *xp = x + (n * C + c) * HW;
+            float *yp = y + (n * C + c) * HW;
+#pragma omp simd
+            for (int64_t i = 0; i < HW; i++)
+                yp[i] = xp[i] * a + sh;
+        }
+    return DT_OK;
+}
+
+dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW, const float *gamma,
+                             const float *save_mean, const float *save_invstd, float *dx, float *dgamma, float *dbeta)
+{
+    const char *fn = "dt_k_batchnorm_bwd";
+    dt_status st = bn_check(fn, x, dy, N, C, HW);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, save_mean, C);
+    DT__CHECK_PTR(fn, save_invstd, C);
+    int64_t cnt = N * HW;
+    if (cnt == 0) {
+        for (int64_t c = 0; c < C; c++) {
+            if (dgamma)
+                dgamma[c] = 0.0f;
+            if (dbeta)
+                dbeta[c] = 0.0f;
+        }
+        return DT_OK;
+    }
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = 0; c < C; c++) {
+        float m = save_mean[c], is = save_invstd[c];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
+#pragma omp simd reduction(+ : sdy, sdyx)
+            for (int64_t i = 0; i < HW; i++) {
+                sdy += (double)gp[i];
+                sdyx += (double)gp[i] * (double)((xp[i] - m) * is);
+            }
+        }
+        if (dgamma)
+            dgamma[c] = (float)sdyx;
+        if (dbeta)
+            dbeta[c] = (float)sdy;
+        if (dx) {
+            float g = gamma ? gamma[c] : 1.0f;
+            float k = g * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
+            for (int64_t n = 0; n < N; n++) {
+                const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
+                float *dp = dx + (n * C + c) * HW;
+#pragma omp simd
+                for (int64_t i = 0; i < HW; i++) {
+                    float xh = (xp[i] - m) * is;
+                    dp[i] = k * (gp[i] - mdy - xh * mdyx);
+                }
+            }
+        }
+    }
+    return DT_OK;
+}
+
+/* ---- layer norm ---------------------------------------------------------------- */
+dt_status dt_k_layernorm_fwd(const float *x, int64_t rows, int64_t cols, const float *gamma, const float *beta,
+                             float eps, float *y, float *save_mean, float *save_rstd)
+{
+    const char *fn = "dt_k_layernorm_fwd";
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    if (rows > 0 && cols == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: normalising over 0 elements", fn);
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, y, rows * cols);
+    if (!(eps > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    int nt = dt__threads_for(rows * cols * 2);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        double s = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < cols; j++)
+            s += (double)xr[j];
+        double mean = s / (double)cols;
+#pragma omp simd reduction(+ : s2)
+        for (int64_t j = 0; j < cols; j++) {
+            double d = (double)xr[j] - mean;
+            s2 += d * d;
+        }
+        float rstd = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps)), fm = (float)mean;
+        for (int64_t j = 0; j < cols; j++) {
+            float v = (xr[j] - fm) * rstd;
+            yr[j] = v * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+        }
+        if (save_mean)
+            save_mean[r] = fm;
+        if (save_rstd)
+            save_rstd[r] = rstd;
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_layernorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *gamma,
+                             const float *save_mean, const float *save_rstd, float *dx, float *dgamma, float *dbeta)
+{
+    const char *fn = "dt_k_layernorm_bwd";
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, dy, rows * cols);
+    DT__CHECK_PTR(fn, save_mean, rows);
+    DT__CHECK_PTR(fn, save_rstd, rows);
+    int nt = dt__threads_for(rows * cols * 2);
+    if (dx) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * cols, *gr = dy + r * cols;
+            float *dr = dx + r * cols;
+            float m = save_mean[r], rs = save_rstd[r];
+            double a = 0.0, b = 0.0; /* mean(g*dy), mean(g*dy*xhat) */
+            for (int64_t j = 0; j < cols; j++) {
+                float gd = gr[j] * (gamma ? gamma[j] : 1.0f);
+                a += (double)gd;
+                b += (double)gd * (double)((xr[j] - m) * rs);
+            }
+            float ma = (float)(a / (double)cols), mb = (float)(b / (double)cols);
+            for (int64_t j = 0; j < cols; j++) {
+                float gd = gr[j] * (gamma ? gamma[j] : 1.0f);
+                float xh = (xr[j] - m) * rs;
+                dr[j] = rs * (gd - ma - xh * mb);
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+        const int64_t CB = 64;
+        int64_t nblk = (cols + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t bk = 0; bk < nblk; bk++) {
+            int64_t j0 = bk * CB, j1 = j0 + CB < cols ? j0 + CB : cols;
+            double sg[64], sb[64];
+            for (int64_t j = j0; j < j1; j++)
+                sg[j - j0] = sb[j - j0] = 0.0;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xr = x + r * cols, *gr = dy + r * cols;
+                float m = save_mean[r], rs = save_rstd[r];
+                for (int64_t j = j0; j < j1; j++) {
+                    sg[j - j0] += (double)gr[j] * (double)((xr[j] - m) * rs);
+                    sb[j - j0] += (double)gr[j];
+                }
+            }
+            for (int64_t j = j0; j < j1; j++) {
+                if (dgamma)
+                    dgamma[j] = (float)sg[j - j0];
+                if (dbeta)
+                    dbeta[j] = (float)sb[j - j0];
+            }
+        }
+    }
+    return DT_OK;
+}

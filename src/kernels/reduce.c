@@ -1,0 +1,393 @@
+/* Reductions, softmax / log-softmax, the fused softmax cross-entropy and MSE.
+ *
+ * Determinism: every output element is reduced in a fixed order by one
+ * thread (threads split outputs, never one sum), and whole-array sums
+ * (dt_k_sum_all, dt_k_sumsq, the losses) add fixed-size blocks in double and
+ * then the block partials serially; the block size depends only on n. So
+ * none of these results depends on the thread count. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- axis reduction ---------------------------------------------------------------- */
+#define IB 256 /* inner block per task */
+
+dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64_t len, int64_t inner, float *y,
+                      int64_t *arg)
+{
+    const char *fn = "dt_k_reduce";
+    if ((unsigned)op > DT_K_MIN)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: unknown op %d", fn, (int)op);
+    DT__CHECK_N(fn, outer);
+    DT__CHECK_N(fn, len);
+    DT__CHECK_N(fn, inner);
+    if (outer * inner == 0)
+        return DT_OK;
+    if (len == 0 && op != DT_K_SUM)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %s over an empty axis", fn,
+                        op == DT_K_MEAN ? "mean" : op == DT_K_MAX ? "max" : "min");
+    DT__CHECK_PTR(fn, x, outer * len * inner);
+    DT__CHECK_PTR(fn, y, outer * inner);
+    if (arg && op != DT_K_MAX && op != DT_K_MIN)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: arg indices only for max/min", fn);
+    int64_t nib = (inner + IB - 1) / IB, tasks = outer * nib;
+    int nt = dt__threads_for(outer * len * inner);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t o = t / nib, i0 = (t % nib) * IB, ilen = inner - i0 < IB ? inner - i0 : IB;
+        const float *xb = x + o * len * inner + i0;
+        float *yb = y + o * inner + i0;
+        if (inner == 1) { /* contiguous row */
+            float acc;
+            if (op == DT_K_SUM || op == DT_K_MEAN) {
+                acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t l = 0; l < len; l++)
+                    acc += xb[l];
+                yb[0] = op == DT_K_MEAN ? acc / (float)len : acc;
+            } else {
+                int64_t best = 0;
+                acc = xb[0];
+                for (int64_t l = 1; l < len && acc == acc; l++) {
+                    float v = xb[l];
+                    if (op == DT_K_MAX ? (v > acc || v != v) : (v < acc || v != v)) {
+                        acc = v;
+                        best = l;
+                    }
+                }
+                yb[0] = acc;
+                if (arg)
+                    arg[o * inner + i0] = best;
+            }
+            continue;
+        }
+        float acc[IB];
+        int64_t best[IB];
+        for (int64_t i = 0; i < ilen; i++) {
+            acc[i] = (op == DT_K_SUM || op == DT_K_MEAN) ? 0.0f : xb[i];
+            best[i] = 0;
+        }
+        if (op == DT_K_SUM || op == DT_K_MEAN) {
+            for (int64_t l = 0; l < len; l++) {
+                const float *xr = xb + l * inner;
+#pragma omp simd
+                for (int64_t i = 0; i < ilen; i++)
+                    acc[i] += xr[i];
+            }
+            float s = op == DT_K_MEAN ? 1.0f / (float)len : 1.0f;
+            for (int64_t i = 0; i < ilen; i++)
+                yb[i] = op == DT_K_MEAN ? acc[i] * s : acc[i];
+        } else {
+            for (int64_t l = 1; l < len; l++) {
+                const float *xr = xb + l * inner;
+                for (int64_t i = 0; i < ilen; i++) {
+                    float v = xr[i], a = acc[i];
+                    bool take = a == a && (op == DT_K_MAX ? (v > a || v != v) : (v < a || v != v));
+                    if (take) {
+                        acc[i] = v;
+                        best[i] = l;
+                    }
+                }
+            }
+            for (int64_t i = 0; i < ilen; i++) {
+                yb[i] = acc[i];
+                if (arg)
+                    arg[o * inner + i0 + i] = best[i];
+            }
+        }
+    }
+    return DT_OK;
+}
+
+/* ---- whole-array sums ---------------------------------------------------------------- */
+#define MAXBLK 1024
+
+static int64_t block_size(int64_t n)
+{
+    int64_t b = (n + MAXBLK - 1) / MAXBLK;
+    return b < 4096 ? 4096 : b;
+}
+
+/* Sum over blocks of f(i) in double; mode 0: x, 1: x^2, 2: (x - t)^2. */
+static double block_sum(const float *x, const float *t, int64_t n, int mode)
+{
+    if (n <= 0)
+        return 0.0;
+    int64_t bs = block_size(n), nb = (n + bs - 1) / bs;
+    double part[MAXBLK];
+    int nt = dt__threads_for(n);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t lo = b * bs, hi = lo + bs < n ? lo + bs : n;
+        double acc = 0.0;
+        if (mode == 0) {
+#pragma omp simd reduction(+ : acc)
+            for (int64_t i = lo; i < hi; i++)
+                acc += (double)x[i];
+        } else if (mode == 1) {
+#pragma omp simd reduction(+ : acc)
+            for (int64_t i = lo; i < hi; i++)
+                acc += (double)x[i] * (double)x[i];
+        } else {
+#pragma omp simd reduction(+ : acc)
+            for (int64_t i = lo; i < hi; i++) {
+                double d = (double)x[i] - (double)t[i];
+                acc += d * d;
+            }
+        }
+        part[b] = acc;
+    }
+    double s = 0.0;
+    for (int64_t b = 0; b < nb; b++)
+        s += part[b];
+    return s;
+}
+
+dt_status dt_k_sum_all(const float *x, int64_t n, float *out)
+{
+    DT__CHECK_N("dt_k_sum_all", n);
+    DT__CHECK_PTR("dt_k_sum_all", x, n);
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_k_sum_all: out is NULL");
+    *out = (float)block_sum(x, NULL, n, 0);
+    return DT_OK;
+}
+
+dt_status dt_k_sumsq(const float *x, int64_t n, double *out)
+{
+    DT__CHECK_N("dt_k_sumsq", n);
+    DT__CHECK_PTR("dt_k_sumsq", x, n);
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_k_sumsq: out is NULL");
+    *out = block_sum(x, NULL, n, 1);
+    return DT_OK;
+}
+
+dt_status dt_k_mse_fwd(const float *pred, const float *target, int64_t n, float *loss)
+{
+    const char *fn = "dt_k_mse_fwd";
+    DT__CHECK_N(fn, n);
+    if (n == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: mean over 0 elements", fn);
+    DT__CHECK_PTR(fn, pred, n);
+    DT__CHECK_PTR(fn, target, n);
+    if (!loss)
+        return dt_error(DT_ERR_NULL, "%s: loss is NULL", fn);
+    *loss = (float)(block_sum(pred, target, n, 2) / (double)n);
+    return DT_OK;
+}
+
+dt_status dt_k_mse_bwd(const float *pred, const float *target, int64_t n, float dloss, float *dpred)
+{
+    const char *fn = "dt_k_mse_bwd";
+    DT__CHECK_N(fn, n);
+    if (n == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: mean over 0 elements", fn);
+    DT__CHECK_PTR(fn, pred, n);
+    DT__CHECK_PTR(fn, target, n);
+    DT__CHECK_PTR(fn, dpred, n);
+    float s = 2.0f * dloss / (float)n;
+    int nt = dt__threads_for(n);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n; i++)
+        dpred[i] = s * (pred[i] - target[i]);
+    return DT_OK;
+}
+
+/* ---- softmax ------------------------------------------------------------------------ */
+static void softmax_row(const float *x, float *y, int64_t cols, bool log)
+{
+    float m = x[0];
+    for (int64_t j = 1; j < cols; j++)
+        m = x[j] > m ? x[j] : m;
+    float s = 0.0f;
+    if (log) {
+        for (int64_t j = 0; j < cols; j++)
+            s += expf(x[j] - m);
+        float lse = m + logf(s);
+        for (int64_t j = 0; j < cols; j++)
+            y[j] = x[j] - lse;
+    } else {
+        for (int64_t j = 0; j < cols; j++) {
+            y[j] = expf(x[j] - m);
+            s += y[j];
+        }
+        float r = 1.0f / s;
+        for (int64_t j = 0; j < cols; j++)
+            y[j] *= r;
+    }
+}
+
+static dt_status rows_check(const char *fn, int64_t rows, int64_t cols)
+{
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    if (rows > 0 && cols == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: softmax over 0 columns", fn);
+    return DT_OK;
+}
+
+dt_status dt_k_softmax_fwd(const float *x, float *y, int64_t rows, int64_t cols, bool log)
+{
+    const char *fn = "dt_k_softmax_fwd";
+    dt_status st = rows_check(fn, rows, cols);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, y, rows * cols);
+    int nt = dt__threads_for(rows * cols * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++)
+        softmax_row(x + r * cols, y + r * cols, cols, log);
+    return DT_OK;
+}
+
+dt_status dt_k_softmax_bwd(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, bool log)
+{
+    const char *fn = "dt_k_softmax_bwd";
+    dt_status st = rows_check(fn, rows, cols);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, y, rows * cols);
+    DT__CHECK_PTR(fn, dy, rows * cols);
+    DT__CHECK_PTR(fn, dx, rows * cols);
+    int nt = dt__threads_for(rows * cols * 2);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * cols, *gr = dy + r * cols;
+        float *xr = dx + r * cols;
+        float s = 0.0f;
+        if (log) {
+            for (int64_t j = 0; j < cols; j++)
+                s += gr[j];
+            for (int64_t j = 0; j < cols; j++)
+                xr[j] = gr[j] - expf(yr[j]) * s;
+        } else {
+            for (int64_t j = 0; j < cols; j++)
+                s += gr[j] * yr[j];
+            for (int64_t j = 0; j < cols; j++)
+                xr[j] = yr[j] * (gr[j] - s);
+        }
+    }
+    return DT_OK;
+}
+
+/* ---- softmax cross-entropy -------------------------------------------------------------- */
+static inline int64_t label_at(const void *labels, dt_dtype t, int64_t r)
+{
+    return t == DT_I64 ? ((const int64_t *)labels)[r] : (int64_t)((const int32_t *)labels)[r];
+}
+
+/* Validate labels; count the rows that take part. */
+static dt_status xent_labels(const char *fn, const void *labels, dt_dtype t, int64_t rows, int64_t cols,
+                             int64_t *count)
+{
+    if (t != DT_I64 && t != DT_I32)
+        return dt_error(DT_ERR_DTYPE, "%s: labels must be i64 or i32, got %s", fn, dt_dtype_name(t));
+    DT__CHECK_PTR(fn, labels, rows);
+    int64_t c = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t l = label_at(labels, t, r);
+        if (l == DT_K_IGNORE_INDEX)
+            continue;
+        if (l < 0 || l >= cols)
+            return dt_error(DT_ERR_RANGE, "%s: label %lld of row %lld is outside [0, %lld)", fn, (long long)l,
+                            (long long)r, (long long)cols);
+        c++;
+    }
+    *count = c;
+    return DT_OK;
+}
+
+dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype lt, int64_t rows, int64_t cols,
+                                float *loss, float *prob)
+{
+    const char *fn = "dt_k_softmax_xent_fwd";
+    dt_status st = rows_check(fn, rows, cols);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, logits, rows * cols);
+    if (!loss)
+        return dt_error(DT_ERR_NULL, "%s: loss is NULL", fn);
+    int64_t count;
+    if ((st = xent_labels(fn, labels, lt, rows, cols, &count)) < 0)
+        return st;
+    int64_t bs = (rows + MAXBLK - 1) / MAXBLK;
+    if (bs < 16)
+        bs = 16;
+    int64_t nb = (rows + bs - 1) / bs;
+    double part[MAXBLK];
+    int nt = dt__threads_for(rows * cols * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nb; b++) {
+        double acc = 0.0;
+        int64_t hi = (b + 1) * bs < rows ? (b + 1) * bs : rows;
+        for (int64_t r = b * bs; r < hi; r++) {
+            const float *x = logits + r * cols;
+            float m = x[0];
+            for (int64_t j = 1; j < cols; j++)
+                m = x[j] > m ? x[j] : m;
+            float s = 0.0f;
+            if (prob) {
+                float *p = prob + r * cols;
+                for (int64_t j = 0; j < cols; j++) {
+                    p[j] = expf(x[j] - m);
+                    s += p[j];
+                }
+                float inv = 1.0f / s;
+                for (int64_t j = 0; j < cols; j++)
+                    p[j] *= inv;
+            } else {
+                for (int64_t j = 0; j < cols; j++)
+                    s += expf(x[j] - m);
+            }
+            int64_t l = label_at(labels, lt, r);
+            if (l != DT_K_IGNORE_INDEX)
+                acc += (double)(m + logf(s) - x[l]);
+        }
+        part[b] = acc;
+    }
+    double tot = 0.0;
+    for (int64_t b = 0; b < nb; b++)
+        tot += part[b];
+    *loss = count ? (float)(tot / (double)count) : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels, dt_dtype lt,
+                                int64_t rows, int64_t cols, float dloss, float *dlogits)
+{
+    const char *fn = "dt_k_softmax_xent_bwd";
+    dt_status st = rows_check(fn, rows, cols);
+    if (st < 0)
+        return st;
+    if (!prob)
+        DT__CHECK_PTR(fn, logits, rows * cols);
+    DT__CHECK_PTR(fn, dlogits, rows * cols);
+    int64_t count;
+    if ((st = xent_labels(fn, labels, lt, rows, cols, &count)) < 0)
+        return st;
+    float s = count ? dloss / (float)count : 0.0f;
+    int nt = dt__threads_for(rows * cols * 2);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dlogits + r * cols;
+        int64_t l = label_at(labels, lt, r);
+        if (l == DT_K_IGNORE_INDEX) {
+            memset(d, 0, (size_t)cols * sizeof(float));
+            continue;
+        }
+        if (prob) {
+            const float *p = prob + r * cols;
+            for (int64_t j = 0; j < cols; j++)
+                d[j] = s * p[j];
+        } else {
+            softmax_row(logits + r * cols, d, cols, false);
+            for (int64_t j = 0; j < cols; j++)
+                d[j] *= s;
+        }
+        d[l] -= s;
+    }
+    return DT_OK;
+}

@@ -1,0 +1,83 @@
+/* src/optim/optim_impl.h — internals shared by the optimizer files.
+ *
+ * The owned range [lo, hi) is cut into work items: pieces of one segment
+ * (tensor) of at most DT__OPTIM_CHUNK elements. Items are the unit of
+ * parallelism and of norm accumulation: each item's partial sums land in its
+ * own slot and are added in item order afterwards, so sums do not depend on
+ * the thread count. */
+#ifndef DT_OPTIM_IMPL_H
+#define DT_OPTIM_IMPL_H
+
+#include "dtrain/optim.h"
+
+#define DT__OPTIM_CHUNK 16384
+
+typedef struct dt__optim_item {
+    size_t start;    /* local index (global - lo) */
+    size_t len;
+    size_t seg;      /* index of the segment in the layout's list */
+    bool no_decay;
+} dt__optim_item;
+
+struct dt_optim {
+    dt_optim_kind kind;
+    dt_sgd_params sgd;
+    dt_adam_params adam;
+    dt_lamb_params lamb;
+    double lr;
+    int64_t step;
+    size_t lo, hi;
+    size_t nitem;
+    dt__optim_item *items;
+    size_t nseg;           /* segments in the layout (1 when it gave none) */
+    double *item_sums;     /* 2 per item */
+    double *seg_sums;      /* 2 per segment */
+    float *seg_ratio;      /* LAMB: lr * trust ratio per segment */
+    bool *seg_no_decay;    /* per segment */
+    int nstate;
+    float *state[2];
+    const char *state_name[2];
+    dt_optim_reduce_fn reduce;
+    void *reduce_ctx;
+    double last_gnorm;
+};
+
+/* Element kernels (optim_kernels.c): AVX2+FMA when the CPU has it, otherwise
+ * scalar code that computes bit-identical results (fmaf, same summation
+ * pattern). */
+typedef struct dt__sgd_k {
+    float wd, momentum, one_minus_damp, neg_lr;
+    bool has_wd, has_momentum, nesterov, first;
+} dt__sgd_k;
+void dt__optim_sgd(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k);
+
+typedef struct dt__adam_k {
+    float wd;           /* Adam: L2 coefficient (0 = none) */
+    float decay;        /* AdamW: 1 - lr*wd (1 = none) */
+    float b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step_size;
+    bool l2, decoupled;
+} dt__adam_k;
+void dt__optim_adam(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k);
+
+typedef struct dt__lamb_k {
+    float clip;         /* divisor of the gradient (>= 1) */
+    float decay;        /* weight decay of this tensor */
+    float b1, b3, b2, omb2, bc1, bc2, eps;
+    bool adam_w_mode;
+} dt__lamb_k;
+/* Stage 1: writes the update u into g, updates m and v; returns sum(u^2). */
+double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k);
+/* Stage 2: p -= ratio * u. */
+void dt__optim_lamb_stage2(float *p, const float *u, size_t n, float ratio);
+
+/* Tests: force the scalar kernels (true) or pick by CPU again (false). */
+void dt__optim_force_scalar(bool on);
+/* True when the AVX2+FMA kernels are in use. */
+bool dt__optim_simd_active(void);
+
+/* Sum of squares in double, fixed order. */
+double dt__sqsum(const float *x, size_t n);
+/* x *= s. */
+void dt__scale(float *x, size_t n, float s);
+
+#endif

@@ -1,0 +1,338 @@
+/* Element kernels of the optimizers.
+ *
+ * Each kernel exists twice: an AVX2+FMA version (intrinsics, chosen at run
+ * time when the CPU has both) and a portable scalar version. They compute
+ * bit-identical results: every fused multiply-add of the vector code is an
+ * fmaf() in the scalar code, the rest are plain IEEE operations in the same
+ * order, and sums of squares use the same 8-lane double accumulation
+ * pattern followed by the same fixed-order final sum.
+ *
+ * Formula order per optimizer (float32 math, as the references compute):
+ *   SGD (torch 1.13 _single_tensor_sgd; add(alpha) is an FMA on AVX2 CPUs)
+ *     d = fma(p, wd, g)                       if wd != 0
+ *     buf = first ? d : fma(d, 1-damp, buf*mom)
+ *     d = nesterov ? fma(buf, mom, d) : buf   if mom != 0
+ *     p = fma(d, -lr, p)
+ *   Adam/AdamW (torch 1.13 _single_tensor_adam[w])
+ *     g = fma(p, wd, g)                       Adam, wd != 0
+ *     p = p * (1 - lr*wd)                     AdamW, wd != 0
+ *     m = fma(g, 1-b1, m*b1)                  mul_ then add_(alpha)
+ *     v = fma((1-b2)*g, g, v*b2)              mul_ then addcmul_
+ *     p = p + (-step_size*m) / (sqrt(v)/sqrt(bc2) + eps)     addcdiv_
+ *   LAMB (apex multi_tensor_lamb.cu, formula order without contraction)
+ *     s = g / clip; [L2: s = s + wd*p]
+ *     m = m*b1 + b3*s; v = v*b2 + (1-b2)*s*s
+ *     u = (m/bc1) / (sqrt(v/bc2) + eps) [+ wd*p in adam_w_mode]
+ */
+#include "optim_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DT_OPT_X86 1
+#else
+#define DT_OPT_X86 0
+#endif
+
+static int g_simd = -1;
+
+static bool use_avx2(void)
+{
+    if (g_simd < 0) {
+        dt_cpu_features f = dt_cpu_detect();
+        g_simd = f.avx2 && f.fma;
+    }
+    return g_simd == 1;
+}
+
+void dt__optim_force_scalar(bool on)
+{
+    g_simd = on ? 0 : -1;
+}
+
+bool dt__optim_simd_active(void)
+{
+    return DT_OPT_X86 && use_avx2();
+}
+
+/* ---- scalar reference paths ---------------------------------------------- */
+
+static void sgd_scalar(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float d = g[i];
+        if (k->has_wd)
+            d = fmaf(p[i], k->wd, d);
+        if (k->has_momentum) {
+            float b = k->first ? d : fmaf(d, k->one_minus_damp, buf[i] * k->momentum);
+            buf[i] = b;
+            d = k->nesterov ? fmaf(b, k->momentum, d) : b;
+        }
+        p[i] = fmaf(d, k->neg_lr, p[i]);
+    }
+}
+
+static void adam_scalar(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i], pi = p[i];
+        if (k->l2)
+            gi = fmaf(pi, k->wd, gi);
+        if (k->decoupled)
+            pi = pi * k->decay;
+        float mi = fmaf(gi, k->omb1, m[i] * k->b1);
+        float vi = fmaf(k->omb2 * gi, gi, v[i] * k->b2);
+        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+        p[i] = pi + (k->neg_step_size * mi) / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+static double lamb1_scalar(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
+{
+    double acc[8] = {0}, tail = 0;
+    size_t n8 = n & ~(size_t)7;
+    for (size_t i = 0; i < n; i++) {
+        float pi = k->decay != 0.0f ? p[i] : 0.0f;
+        float s = g[i] / k->clip;
+        if (!k->adam_w_mode)
+            s = s + k->decay * pi;
+        float mi = m[i] * k->b1 + k->b3 * s;
+        float vi = v[i] * k->b2 + k->omb2 * s * s;
+        float mh = mi / k->bc1, vh = vi / k->bc2;
+        float denom = sqrtf(vh) + k->eps;
+        float u = mh / denom;
+        if (k->adam_w_mode)
+            u = u + k->decay * pi;
+        g[i] = u;
+        m[i] = mi;
+        v[i] = vi;
+        double du = (double)u;
+        if (i < n8)
+            acc[i & 7] = fma(du, du, acc[i & 7]);
+        else
+            tail = fma(du, du, tail);
+    }
+    double s = 0;
+    for (int j = 0; j < 8; j++)
+        s += acc[j];
+    return s + tail;
+}
+
+static double sqsum_scalar(const float *x, size_t n)
+{
+    double acc[8] = {0}, tail = 0;
+    size_t n8 = n & ~(size_t)7;
+    for (size_t i = 0; i < n8; i++)
+        acc[i & 7] = fma((double)x[i], (double)x[i], acc[i & 7]);
+    for (size_t i = n8; i < n; i++)
+        tail = fma((double)x[i], (double)x[i], tail);
+    double s = 0;
+    for (int j = 0; j < 8; j++)
+        s += acc[j];
+    return s + tail;
+}
+
+/* ---- AVX2 + FMA paths ------------------------------------------------------ */
+#if DT_OPT_X86
+#define DT_AVX2 __attribute__((target("avx2,fma")))
+
+DT_AVX2 static void sgd_avx2(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+{
+    const __m256 wd = _mm256_set1_ps(k->wd), mom = _mm256_set1_ps(k->momentum);
+    const __m256 omd = _mm256_set1_ps(k->one_minus_damp), nlr = _mm256_set1_ps(k->neg_lr);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_loadu_ps(g + i), pp = _mm256_loadu_ps(p + i);
+        if (k->has_wd)
+            d = _mm256_fmadd_ps(pp, wd, d);
+        if (k->has_momentum) {
+            __m256 b = k->first ? d
+                                : _mm256_fmadd_ps(d, omd, _mm256_mul_ps(_mm256_loadu_ps(buf + i), mom));
+            _mm256_storeu_ps(buf + i, b);
+            d = k->nesterov ? _mm256_fmadd_ps(b, mom, d) : b;
+        }
+        _mm256_storeu_ps(p + i, _mm256_fmadd_ps(d, nlr, pp));
+    }
+    if (i < n)
+        sgd_scalar(p + i, g + i, buf ? buf + i : NULL, n - i, k);
+}
+
+DT_AVX2 static void adam_avx2(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+{
+    const __m256 wd = _mm256_set1_ps(k->wd), decay = _mm256_set1_ps(k->decay);
+    const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1);
+    const __m256 b2 = _mm256_set1_ps(k->b2), omb2 = _mm256_set1_ps(k->omb2);
+    const __m256 bc2s = _mm256_set1_ps(k->bc2_sqrt), eps = _mm256_set1_ps(k->eps);
+    const __m256 nss = _mm256_set1_ps(k->neg_step_size);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gi = _mm256_loadu_ps(g + i), pi = _mm256_loadu_ps(p + i);
+        if (k->l2)
+            gi = _mm256_fmadd_ps(pi, wd, gi);
+        if (k->decoupled)
+            pi = _mm256_mul_ps(pi, decay);
+        __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + i), b1));
+        __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
+        __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
+        pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+        _mm256_storeu_ps(p + i, pi);
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+    }
+    if (i < n)
+        adam_scalar(p + i, g + i, m + i, v + i, n - i, k);
+}
+
+DT_AVX2 static double hsum_ordered(__m256d a0, __m256d a1, double tail)
+{
+    double acc[8];
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a1);
+    double s = 0;
+    for (int j = 0; j < 8; j++)
+        s += acc[j];
+    return s + tail;
+}
+
+DT_AVX2 static double lamb1_avx2(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
+{
+    const __m256 clip = _mm256_set1_ps(k->clip), decay = _mm256_set1_ps(k->decay);
+    const __m256 b1 = _mm256_set1_ps(k->b1), b3 = _mm256_set1_ps(k->b3);
+    const __m256 b2 = _mm256_set1_ps(k->b2), omb2 = _mm256_set1_ps(k->omb2);
+    const __m256 bc1 = _mm256_set1_ps(k->bc1), bc2 = _mm256_set1_ps(k->bc2), eps = _mm256_set1_ps(k->eps);
+    const bool use_p = k->decay != 0.0f;
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 pi = use_p ? _mm256_loadu_ps(p + i) : _mm256_setzero_ps();
+        __m256 s = _mm256_div_ps(_mm256_loadu_ps(g + i), clip);
+        if (!k->adam_w_mode)
+            s = _mm256_add_ps(s, _mm256_mul_ps(decay, pi));
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(b3, s));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2),
+                                  _mm256_mul_ps(_mm256_mul_ps(omb2, s), s));
+        __m256 mh = _mm256_div_ps(mi, bc1), vh = _mm256_div_ps(vi, bc2);
+        __m256 u = _mm256_div_ps(mh, _mm256_add_ps(_mm256_sqrt_ps(vh), eps));
+        if (k->adam_w_mode)
+            u = _mm256_add_ps(u, _mm256_mul_ps(decay, pi));
+        _mm256_storeu_ps(g + i, u);
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        __m256d ulo = _mm256_cvtps_pd(_mm256_castps256_ps128(u));
+        __m256d uhi = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
+        a0 = _mm256_fmadd_pd(ulo, ulo, a0);
+        a1 = _mm256_fmadd_pd(uhi, uhi, a1);
+    }
+    double tail = 0;
+    if (i < n)
+        tail = lamb1_scalar(p + i, g + i, m + i, v + i, n - i, k); /* < 8 elements: all in its tail */
+    return hsum_ordered(a0, a1, tail);
+}
+
+DT_AVX2 static void lamb2_avx2(float *p, const float *u, size_t n, float ratio)
+{
+    const __m256 r = _mm256_set1_ps(ratio);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(p + i, _mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_mul_ps(r, _mm256_loadu_ps(u + i))));
+    for (; i < n; i++)
+        p[i] = p[i] - ratio * u[i];
+}
+
+DT_AVX2 static double sqsum_avx2(const float *x, size_t n)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xi = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(xi));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(xi, 1));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
+    }
+    double tail = 0;
+    for (; i < n; i++)
+        tail = fma((double)x[i], (double)x[i], tail);
+    return hsum_ordered(a0, a1, tail);
+}
+
+DT_AVX2 static void scale_avx2(float *x, size_t n, float s)
+{
+    const __m256 sv = _mm256_set1_ps(s);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+    for (; i < n; i++)
+        x[i] *= s;
+}
+#endif
+
+/* ---- dispatch ---------------------------------------------------------------- */
+
+void dt__optim_sgd(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+{
+#if DT_OPT_X86
+    if (use_avx2()) {
+        sgd_avx2(p, g, buf, n, k);
+        return;
+    }
+#endif
+    sgd_scalar(p, g, buf, n, k);
+}
+
+void dt__optim_adam(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+{
+#if DT_OPT_X86
+    if (use_avx2()) {
+        adam_avx2(p, g, m, v, n, k);
+        return;
+    }
+#endif
+    adam_scalar(p, g, m, v, n, k);
+}
+
+double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
+{
+#if DT_OPT_X86
+    if (use_avx2())
+        return lamb1_avx2(p, g, m, v, n, k);
+#endif
+    return lamb1_scalar(p, g, m, v, n, k);
+}
+
+void dt__optim_lamb_stage2(float *p, const float *u, size_t n, float ratio)
+{
+#if DT_OPT_X86
+    if (use_avx2()) {
+        lamb2_avx2(p, u, n, ratio);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        p[i] = p[i] - ratio * u[i];
+}
+
+double dt__sqsum(const float *x, size_t n)
+{
+#if DT_OPT_X86
+    if (use_avx2())
+        return sqsum_avx2(x, n);
+#endif
+    return sqsum_scalar(x, n);
+}
+
+void dt__scale(float *x, size_t n, float s)
+{
+#if DT_OPT_X86
+    if (use_avx2()) {
+        scale_avx2(x, n, s);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}

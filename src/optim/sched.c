@@ -1,0 +1,60 @@
+/* Learning-rate schedules as pure functions of the step index, so a run
+ * resumed from a checkpoint at step s gets exactly the rates it would have
+ * had. Cosine follows Hugging Face's get_cosine_schedule_with_warmup
+ * (num_cycles 0.5), with a floor min_lr like torch's CosineAnnealingLR eta_min. */
+#include "dtrain/optim.h"
+
+#include <math.h>
+#include <string.h>
+
+dt_sched_params dt_sched_params_default(void)
+{
+    dt_sched_params p = {.kind = DT_SCHED_CONSTANT, .base_lr = 1e-3, .step_size = 1, .gamma = 0.1,
+                         .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0};
+    return p;
+}
+
+double dt_sched_lr(const dt_sched_params *p, int64_t step)
+{
+    if (!p)
+        return 0.0;
+    if (step < 0)
+        step = 0;
+    switch (p->kind) {
+    case DT_SCHED_STEP: {
+        int64_t ss = p->step_size > 0 ? p->step_size : 1;
+        return p->base_lr * pow(p->gamma, (double)(step / ss));
+    }
+    case DT_SCHED_COSINE: {
+        if (step < p->warmup_steps)
+            return p->base_lr * (double)step / (double)p->warmup_steps;
+        int64_t span = p->total_steps - p->warmup_steps;
+        double prog = (double)(step - p->warmup_steps) / (double)(span > 1 ? span : 1);
+        if (prog > 1.0)
+            prog = 1.0;
+        return p->min_lr + (p->base_lr - p->min_lr) * 0.5 * (1.0 + cos(M_PI * prog));
+    }
+    case DT_SCHED_CONSTANT:
+    default:
+        return p->base_lr;
+    }
+}
+
+static const char *const g_sched_names[] = {"constant", "step", "cosine"};
+_Static_assert(DT_SCHED_KIND_COUNT == 3, "schedule names");
+
+const char *dt_sched_kind_name(dt_sched_kind k)
+{
+    return (unsigned)k < DT_SCHED_KIND_COUNT ? g_sched_names[k] : "?";
+}
+
+dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out)
+{
+    for (int k = 0; s && k < DT_SCHED_KIND_COUNT; k++)
+        if (!strcmp(s, g_sched_names[k])) {
+            if (out)
+                *out = (dt_sched_kind)k;
+            return DT_OK;
+        }
+    return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine)", s ? s : "(null)");
+}

@@ -1,0 +1,187 @@
+/* Convolution through oneDNN: forward against a naive loop for strides,
+ * padding and dilation, against PyTorch reference values, finite-difference
+ * checks of both backward kernels, the primitive cache, bad arguments. */
+#include "dtrain/kernels.h"
+#include "test.h"
+
+static void fill(float *x, int64_t n, uint64_t seed)
+{
+    dt_rng_fill_uniform(dt_rng_key_make(seed, DT_RNG_USER, 3, 4), 0, x, (size_t)n, -1.0f, 1.0f);
+}
+
+static void ref_conv(const dt_k_conv2d_shape *s, const float *x, const float *w, const float *b, float *y)
+{
+    int64_t P, Q;
+    dt_k_conv2d_out_size(s, &P, &Q);
+    for (int64_t n = 0; n < s->N; n++)
+        for (int64_t k = 0; k < s->K; k++)
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t q = 0; q < Q; q++) {
+                    double acc = b ? b[k] : 0.0;
+                    for (int64_t c = 0; c < s->C; c++)
+                        for (int64_t r = 0; r < s->R; r++)
+                            for (int64_t t = 0; t < s->S; t++) {
+                                int64_t h = p * s->stride_h - s->pad_h + r * s->dil_h;
+                                int64_t v = q * s->stride_w - s->pad_w + t * s->dil_w;
+                                if (h < 0 || h >= s->H || v < 0 || v >= s->W)
+                                    continue;
+                                acc += (double)x[((n * s->C + c) * s->H + h) * s->W + v] *
+                                       w[((k * s->C + c) * s->R + r) * s->S + t];
+                            }
+                    y[((n * s->K + k) * P + p) * Q + q] = (float)acc;
+                }
+}
+
+static dt_k_conv2d_shape shapes[4];
+static void init_shapes(void)
+{
+    shapes[0] = dt_k_conv2d_shape_make(2, 3, 9, 8, 4, 3, 3);
+    shapes[1] = dt_k_conv2d_shape_make(2, 2, 11, 10, 3, 5, 5);
+    shapes[1].pad_h = shapes[1].pad_w = 2; /* the ConvNet's 5x5 pad 2 */
+    shapes[2] = dt_k_conv2d_shape_make(1, 2, 10, 9, 3, 3, 2);
+    shapes[2].stride_h = 2, shapes[2].stride_w = 3, shapes[2].pad_h = 1, shapes[2].pad_w = 0;
+    shapes[3] = dt_k_conv2d_shape_make(2, 2, 12, 11, 2, 3, 3);
+    shapes[3].dil_h = 2, shapes[3].dil_w = 3, shapes[3].pad_h = 2, shapes[3].pad_w = 1, shapes[3].stride_h = 2;
+}
+
+static int64_t xsz(const dt_k_conv2d_shape *s) { return s->N * s->C * s->H * s->W; }
+static int64_t wsz(const dt_k_conv2d_shape *s) { return s->K * s->C * s->R * s->S; }
+static int64_t ysz(const dt_k_conv2d_shape *s)
+{
+    int64_t P, Q;
+    dt_k_conv2d_out_size(s, &P, &Q);
+    return s->N * s->K * P * Q;
+}
+
+TEST(conv_fwd_vs_naive)
+{
+    for (int i = 0; i < 4; i++) {
+        const dt_k_conv2d_shape *s = &shapes[i];
+        float *x = dt_alloc(xsz(s) * 4), *w = dt_alloc(wsz(s) * 4), *b = dt_alloc(s->K * 4),
+              *y = dt_alloc(ysz(s) * 4), *r = dt_alloc(ysz(s) * 4);
+        fill(x, xsz(s), 1);
+        fill(w, wsz(s), 2);
+        fill(b, s->K, 3);
+        for (int hb = 0; hb < 2; hb++) {
+            ASSERT_OK(dt_k_conv2d_fwd(s, x, w, hb ? b : NULL, y));
+            ref_conv(s, x, w, hb ? b : NULL, r);
+            for (int64_t j = 0; j < ysz(s); j++)
+                if (!(fabsf(y[j] - r[j]) <= 1e-4f))
+                    TEST_FAIL_("shape %d bias %d: y[%lld] = %g, want %g", i, hb, (long long)j, (double)y[j],
+                               (double)r[j]);
+        }
+        dt_free(x);
+        dt_free(w);
+        dt_free(b);
+        dt_free(y);
+        dt_free(r);
+    }
+}
+
+/* L = sum(y * g) for a fixed random g: dL/dx and dL/dw by central differences
+ * (in double through the naive reference) against the backward kernels. */
+TEST(conv_bwd_finite_difference)
+{
+    for (int i = 0; i < 4; i++) {
+        const dt_k_conv2d_shape *s = &shapes[i];
+        int64_t nx = xsz(s), nw = wsz(s), ny = ysz(s);
+        float *x = dt_alloc(nx * 4), *w = dt_alloc(nw * 4), *g = dt_alloc(ny * 4), *y = dt_alloc(ny * 4),
+              *dx = dt_alloc(nx * 4), *dw = dt_alloc(nw * 4), db[8];
+        fill(x, nx, 5);
+        fill(w, nw, 6);
+        fill(g, ny, 7);
+        ASSERT_OK(dt_k_conv2d_bwd_data(s, g, w, dx));
+        ASSERT_OK(dt_k_conv2d_bwd_weights(s, x, g, dw, db));
+        /* the loss is linear in x and in w, so differences are exact up to rounding */
+        const float h = 0.5f;
+        for (int64_t j = 0; j < nx; j += 3) {
+            float keep = x[j];
+            double lp = 0, lm = 0;
+            x[j] = keep + h;
+            ref_conv(s, x, w, NULL, y);
+            for (int64_t t = 0; t < ny; t++)
+                lp += (double)y[t] * g[t];
+            x[j] = keep - h;
+            ref_conv(s, x, w, NULL, y);
+            for (int64_t t = 0; t < ny; t++)
+                lm += (double)y[t] * g[t];
+            x[j] = keep;
+            ASSERT_NEAR(dx[j], (lp - lm) / (2 * h), 2e-4, 1e-4);
+        }
+        for (int64_t j = 0; j < nw; j += 2) {
+            float keep = w[j];
+            double lp = 0, lm = 0;
+            w[j] = keep + h;
+            ref_conv(s, x, w, NULL, y);
+            for (int64_t t = 0; t < ny; t++)
+                lp += (double)y[t] * g[t];
+            w[j] = keep - h;
+            ref_conv(s, x, w, NULL, y);
+            for (int64_t t = 0; t < ny; t++)
+                lm += (double)y[t] * g[t];
+            w[j] = keep;
+            ASSERT_NEAR(dw[j], (lp - lm) / (2 * h), 2e-4, 1e-4);
+        }
+        /* bias gradient = sum of g over (N, P, Q) */
+        int64_t P, Q;
+        dt_k_conv2d_out_size(s, &P, &Q);
+        for (int64_t k = 0; k < s->K; k++) {
+            double acc = 0;
+            for (int64_t n = 0; n < s->N; n++)
+                for (int64_t t = 0; t < P * Q; t++)
+                    acc += g[(n * s->K + k) * P * Q + t];
+            ASSERT_NEAR(db[k], acc, 1e-4, 1e-4);
+        }
+        dt_free(x);
+        dt_free(w);
+        dt_free(g);
+        dt_free(y);
+        dt_free(dx);
+        dt_free(dw);
+    }
+}
+
+TEST(conv_cache_and_errors)
+{
+    const dt_k_conv2d_shape *s = &shapes[1];
+    float *x = dt_alloc(xsz(s) * 4), *w = dt_alloc(wsz(s) * 4), *y = dt_alloc(ysz(s) * 4);
+    fill(x, xsz(s), 1);
+    fill(w, wsz(s), 2);
+    dt_k_cache_clear();
+    dt_k_stats a, b, c;
+    dt_k_stats_get(&c);
+    ASSERT_OK(dt_k_conv2d_fwd(s, x, w, NULL, y));
+    ASSERT_OK(dt_k_conv2d_bwd_data(s, y, w, x));
+    dt_k_stats_get(&a);
+    ASSERT_EQ_U64(a.primitives_created - c.primitives_created, 2);
+    dt_k_stats_get(&a);
+    for (int i = 0; i < 3; i++) {
+        ASSERT_OK(dt_k_conv2d_fwd(s, x, w, NULL, y));
+        ASSERT_OK(dt_k_conv2d_bwd_data(s, y, w, x));
+    }
+    dt_k_stats_get(&b);
+    ASSERT_EQ_U64(b.primitives_created - a.primitives_created, 0); /* steady state creates none */
+    dt_k_conv2d_shape bad = *s;
+    bad.R = 40;
+    ASSERT_STATUS(dt_k_conv2d_fwd(&bad, x, w, NULL, y), DT_ERR_SHAPE);
+    bad = *s;
+    bad.stride_h = 0;
+    ASSERT_STATUS(dt_k_conv2d_fwd(&bad, x, w, NULL, y), DT_ERR_INVALID_ARG);
+    bad = *s;
+    bad.C = -2;
+    ASSERT_STATUS(dt_k_conv2d_fwd(&bad, x, w, NULL, y), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_conv2d_fwd(s, NULL, w, NULL, y), DT_ERR_NULL);
+    ASSERT_STATUS(dt_k_conv2d_fwd(NULL, x, w, NULL, y), DT_ERR_NULL);
+    dt_free(x);
+    dt_free(w);
+    dt_free(y);
+}
+
+int main(void)
+{
+    init_shapes();
+    RUN(conv_fwd_vs_naive);
+    RUN(conv_bwd_finite_difference);
+    RUN(conv_cache_and_errors);
+    return TEST_REPORT();
+}

@@ -1,0 +1,178 @@
+/* Matmul through oneDNN against a naive double-precision reference: every
+ * transpose combination, alpha/beta/bias, batched with broadcast, bf16
+ * inputs; the primitive cache counter; bad arguments. */
+#include "dtrain/kernels.h"
+#include "test.h"
+
+static void fill(float *x, int64_t n, uint64_t seed)
+{
+    dt_rng_fill_uniform(dt_rng_key_make(seed, DT_RNG_USER, 1, 2), 0, x, (size_t)n, -1.0f, 1.0f);
+}
+
+/* C = alpha op(A) op(B) + beta C + bias, in double. */
+static void ref_mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
+                   float beta, float *C, const float *bias)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = ta ? A[k * M + i] : A[i * K + k];
+                double b = tb ? B[j * K + k] : B[k * N + j];
+                acc += a * b;
+            }
+            double c = alpha * acc + (beta != 0.0f ? beta * C[i * N + j] : 0.0) + (bias ? bias[j] : 0.0);
+            C[i * N + j] = (float)c;
+        }
+}
+
+TEST(matmul_f32_all_flags)
+{
+    const int64_t M = 37, N = 29, K = 53;
+    float *A = dt_alloc(M * K * 4), *B = dt_alloc(K * N * 4), *C = dt_alloc(M * N * 4), *R = dt_alloc(M * N * 4),
+          *bias = dt_alloc(N * 4);
+    fill(A, M * K, 1);
+    fill(B, K * N, 2);
+    fill(bias, N, 3);
+    const float alphas[] = {1.0f, 0.5f}, betas[] = {0.0f, 1.0f, -2.0f};
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int ai = 0; ai < 2; ai++)
+                for (int bi = 0; bi < 3; bi++)
+                    for (int hb = 0; hb < 2; hb++) {
+                        fill(C, M * N, 4);
+                        memcpy(R, C, M * N * 4);
+                        float al = alphas[ai], be = betas[bi];
+                        ASSERT_OK(dt_k_matmul(ta, tb, M, N, K, al, A, B, DT_F32, be, C, hb ? bias : NULL));
+                        ref_mm(ta, tb, M, N, K, al, A, B, be, R, hb ? bias : NULL);
+                        for (int64_t i = 0; i < M * N; i++)
+                            if (!(fabsf(C[i] - R[i]) <= 1e-4f + 1e-4f * fabsf(R[i])))
+                                TEST_FAIL_("ta=%d tb=%d alpha=%g beta=%g bias=%d: C[%lld] = %g, want %g", ta, tb,
+                                           (double)al, (double)be, hb, (long long)i, (double)C[i], (double)R[i]);
+                    }
+    /* beta = 0 must ignore NaN garbage in C */
+    for (int64_t i = 0; i < M * N; i++)
+        C[i] = NAN;
+    ASSERT_OK(dt_k_matmul(false, false, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C, NULL));
+    memset(R, 0, M * N * 4);
+    ref_mm(false, false, M, N, K, 1.0f, A, B, 0.0f, R, NULL);
+    for (int64_t i = 0; i < M * N; i++)
+        ASSERT_NEAR(C[i], R[i], 1e-4, 1e-4);
+    dt_free(A);
+    dt_free(B);
+    dt_free(C);
+    dt_free(R);
+    dt_free(bias);
+}
+
+TEST(matmul_batched_broadcast)
+{
+    const int64_t Bt = 3, M = 5, N = 7, K = 4;
+    float A[3 * 5 * 4], B[4 * 7], C[3 * 5 * 7], R[3 * 5 * 7];
+    fill(A, Bt * M * K, 5);
+    fill(B, K * N, 6);
+    /* B broadcast (stride 0) over a batch of A */
+    ASSERT_OK(dt_k_matmul_batched(false, false, Bt, M, N, K, 1.0f, A, M * K, B, 0, DT_F32, 0.0f, C, M * N, NULL));
+    for (int64_t b = 0; b < Bt; b++) {
+        ref_mm(false, false, M, N, K, 1.0f, A + b * M * K, B, 0.0f, R + b * M * N, NULL);
+        for (int64_t i = 0; i < M * N; i++)
+            ASSERT_NEAR(C[b * M * N + i], R[b * M * N + i], 1e-5, 1e-5);
+    }
+    /* transposed A per batch: A_b stored (K, M) */
+    ASSERT_OK(dt_k_matmul_batched(true, false, Bt, M, N, K, 2.0f, A, M * K, B, 0, DT_F32, 0.0f, C, M * N, NULL));
+    for (int64_t b = 0; b < Bt; b++) {
+        ref_mm(true, false, M, N, K, 2.0f, A + b * M * K, B, 0.0f, R + b * M * N, NULL);
+        for (int64_t i = 0; i < M * N; i++)
+            ASSERT_NEAR(C[b * M * N + i], R[b * M * N + i], 1e-5, 1e-5);
+    }
+}
+
+TEST(matmul_bf16)
+{
+    const int64_t M = 16, N = 24, K = 40;
+    float A[16 * 40], B[40 * 24], C[16 * 24], R[16 * 24], bias[24];
+    uint16_t Ah[16 * 40], Bh[40 * 24];
+    fill(A, M * K, 7);
+    fill(B, K * N, 8);
+    fill(bias, N, 9);
+    ASSERT_OK(dt_k_f32_to_bf16(A, Ah, M * K));
+    ASSERT_OK(dt_k_f32_to_bf16(B, Bh, K * N));
+    ASSERT_OK(dt_k_bf16_to_f32(Ah, A, M * K)); /* the reference sees the rounded inputs */
+    ASSERT_OK(dt_k_bf16_to_f32(Bh, B, K * N));
+    for (int tb = 0; tb < 2; tb++) {
+        if (tb) { /* store B transposed (N, K) */
+            float Bt[40 * 24];
+            uint16_t Bth[40 * 24];
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t j = 0; j < N; j++)
+                    Bt[j * K + k] = B[k * N + j];
+            dt_k_f32_to_bf16(Bt, Bth, K * N);
+            ASSERT_OK(dt_k_matmul(false, true, M, N, K, 1.0f, Ah, Bth, DT_BF16, 0.0f, C, bias));
+            ref_mm(false, true, M, N, K, 1.0f, A, Bt, 0.0f, R, bias);
+        } else {
+            ASSERT_OK(dt_k_matmul(false, false, M, N, K, 1.0f, Ah, Bh, DT_BF16, 0.0f, C, bias));
+            ref_mm(false, false, M, N, K, 1.0f, A, B, 0.0f, R, bias);
+        }
+        for (int64_t i = 0; i < M * N; i++)
+            ASSERT_NEAR(C[i], R[i], 1e-4, 1e-4); /* exact products, f32 accumulation */
+    }
+    fprintf(stderr, "bf16 matmul native: %s\n", dt_k_matmul_bf16_native() ? "yes" : "no (widened to f32)");
+}
+
+TEST(primitive_cache)
+{
+    const int64_t M = 19, N = 23, K = 31;
+    float *A = dt_alloc(M * K * 4), *B = dt_alloc(K * N * 4), *C = dt_alloc(M * N * 4);
+    fill(A, M * K, 10);
+    fill(B, K * N, 11);
+    dt_k_stats s0, s1, s2;
+    dt_k_stats_get(&s0);
+    ASSERT_OK(dt_k_matmul(false, true, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C, NULL));
+    dt_k_stats_get(&s1);
+    ASSERT_EQ_U64(s1.primitives_created - s0.primitives_created, 1);
+    for (int i = 0; i < 5; i++)
+        ASSERT_OK(dt_k_matmul(false, true, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C, NULL));
+    dt_k_stats_get(&s2);
+    ASSERT_EQ_U64(s2.primitives_created, s1.primitives_created); /* steady state creates none */
+    ASSERT(s2.cache_hits - s1.cache_hits >= 5);
+    /* a different flag is a different primitive */
+    ASSERT_OK(dt_k_matmul(false, true, M, N, K, 1.0f, A, B, DT_F32, 1.0f, C, NULL));
+    dt_k_stats_get(&s2);
+    ASSERT_EQ_U64(s2.primitives_created - s1.primitives_created, 1);
+    dt_k_cache_clear();
+    dt_k_stats_get(&s2);
+    ASSERT_EQ_U64(s2.cache_entries, 0);
+    dt_free(A);
+    dt_free(B);
+    dt_free(C);
+}
+
+TEST(matmul_edge_and_errors)
+{
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 1, 1, 1, 1, 1}, C[4] = {1, 2, 3, 4}, bias[2] = {10, 20};
+    /* K = 0: C = beta C + bias */
+    ASSERT_OK(dt_k_matmul(false, false, 2, 2, 0, 1.0f, A, B, DT_F32, 2.0f, C, bias));
+    ASSERT_NEAR(C[0], 12, 0, 0);
+    ASSERT_NEAR(C[3], 28, 0, 0);
+    ASSERT_OK(dt_k_matmul(false, false, 0, 2, 3, 1.0f, NULL, B, DT_F32, 0.0f, NULL, NULL));
+    ASSERT_STATUS(dt_k_matmul(false, false, -1, 2, 3, 1.0f, A, B, DT_F32, 0.0f, C, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "negative");
+    ASSERT_STATUS(dt_k_matmul(false, false, 2, 2, 3, 1.0f, NULL, B, DT_F32, 0.0f, C, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_k_matmul(false, false, 2, 2, 3, 1.0f, A, B, DT_I32, 0.0f, C, NULL), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_matmul_batched(false, false, 2, 2, 2, 3, 1.0f, A, 0, B, 0, DT_F32, 0.0f, C, 1, NULL),
+                  DT_ERR_INVALID_ARG);
+    double g;
+    ASSERT_STATUS(dt_k_bench_matmul(0, DT_F32, 1, &g), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_k_bench_matmul(64, DT_F32, 2, &g));
+    ASSERT(g > 0.0);
+}
+
+int main(void)
+{
+    RUN(matmul_f32_all_flags);
+    RUN(matmul_batched_broadcast);
+    RUN(matmul_bf16);
+    RUN(primitive_cache);
+    RUN(matmul_edge_and_errors);
+    return TEST_REPORT();
+}

@@ -1,0 +1,668 @@
+/* Optimizer tests: hand-computed steps, bit-exact agreement with torch.optim,
+ * shards (ZeRO ranges) equal to the whole, clipping, schedules.
+ *
+ * The torch reference literals below were produced by tests/optim/gen_ref.py
+ * (PyTorch 1.13.1 from Debian, CPU with AVX2, /usr/bin/python3 gen_ref.py):
+ *
+ *   def P(i): return ((i * 37) % 101 - 50) / 64.0          # initial params
+ *   def G(i, t): return ((i * 53 + t * 17) % 97 - 48) / 128.0   # grad at step t
+ *   two tensors of 13 and 11 elements, 3 steps of
+ *   SGD(lr=0.1) | SGD(lr=0.1, momentum=0.9, dampening=0.25, weight_decay=0.05)
+ *   | SGD(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01)
+ *   | Adam(lr=0.01, weight_decay=0.1) | AdamW(lr=0.01, weight_decay=0.1);
+ *   clip_grad_norm_(G(., 0), max_norm=0.5).
+ * Inputs are dyadic rationals (exact in float32). Outputs printed with float.hex.
+ */
+#include "dtrain/optim.h"
+#include "optim/optim_impl.h"
+#include "test.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+static const float ref_sgd_plain[24] = {
+    -0x1.6acccc0000000p-1f, -0x1.04ccce0000000p-2f, 0x1.b4ccce0000000p-2f, -0x1.6533340000000p-1f,
+    -0x1.0ccccc0000000p-6f, 0x1.06cccc0000000p-1f, -0x1.d666660000000p-2f, 0x1.2b33340000000p-3f,
+    0x1.5a00000000000p-1f, -0x1.2ffffe0000000p-2f, 0x1.dcccca0000000p-3f, -0x1.5400000000000p-1f,
+    -0x1.ae66660000000p-3f, 0x1.e266660000000p-2f, -0x1.2799980000000p-1f, 0x1.cccccc0000000p-6f,
+    0x1.1d999a0000000p-1f, -0x1.a8ccce0000000p-2f, 0x1.8666680000000p-3f, 0x1.70cccc0000000p-1f,
+    -0x1.0266680000000p-2f, 0x1.1c00000000000p-2f, -0x1.3d33340000000p-1f, -0x1.5333340000000p-3f};
+static const float ref_sgd_mom_wd_damp[24] = {
+    -0x1.3cab980000000p-1f, -0x1.0626a20000000p-2f, 0x1.e6cab80000000p-2f, -0x1.6757ba0000000p-1f,
+    0x1.e41e4a0000000p-6f, 0x1.cba5a80000000p-2f, -0x1.aa46ee0000000p-2f, 0x1.c5e5c40000000p-4f,
+    0x1.5aed7e0000000p-1f, -0x1.570f640000000p-2f, 0x1.daa44e0000000p-3f, -0x1.27339e0000000p-1f,
+    -0x1.b66d580000000p-3f, 0x1.08dd560000000p-1f, -0x1.34c6240000000p-1f, 0x1.24c7660000000p-4f,
+    0x1.f695a00000000p-2f, -0x1.7f56fa0000000p-2f, 0x1.38d2ce0000000p-3f, 0x1.7065780000000p-1f,
+    -0x1.2c1f6c0000000p-2f, 0x1.18421c0000000p-2f, -0x1.11bba40000000p-1f, -0x1.608d6c0000000p-3f};
+static const float ref_sgd_nesterov[24] = {
+    -0x1.5e1b980000000p-1f, -0x1.06af860000000p-2f, 0x1.c5a9280000000p-2f, -0x1.6780620000000p-1f,
+    -0x1.540cfa0000000p-9f, 0x1.f8b69c0000000p-2f, -0x1.caf95a0000000p-2f, 0x1.1e029a0000000p-3f,
+    0x1.5b737e0000000p-1f, -0x1.394ff40000000p-2f, 0x1.dd2b780000000p-3f, -0x1.47a1980000000p-1f,
+    -0x1.b377080000000p-3f, 0x1.f29d280000000p-2f, -0x1.2e1adc0000000p-1f, 0x1.525f380000000p-5f,
+    0x1.12d54e0000000p-1f, -0x1.9e055a0000000p-2f, 0x1.77ea9a0000000p-3f, 0x1.71ed800000000p-1f,
+    -0x1.0c5bf40000000p-2f, 0x1.1b89be0000000p-2f, -0x1.3127980000000p-1f, -0x1.598f060000000p-3f};
+static const float ref_adam[24] = {
+    -0x1.812d720000000p-1f, -0x1.d6f9460000000p-3f, 0x1.9b26da0000000p-2f, -0x1.4e494e0000000p-1f,
+    -0x1.5eedd80000000p-6f, 0x1.042b5c0000000p-1f, -0x1.c7816c0000000p-2f, 0x1.b1fc1e0000000p-4f,
+    0x1.5e3ff80000000p-1f, -0x1.45435c0000000p-2f, 0x1.eade200000000p-3f, -0x1.6935c80000000p-1f,
+    -0x1.7815380000000p-3f, 0x1.cab7e40000000p-2f, -0x1.304f300000000p-1f, 0x1.9708bc0000000p-6f,
+    0x1.1bf9880000000p-1f, -0x1.9869aa0000000p-2f, 0x1.3775b20000000p-3f, 0x1.7594fc0000000p-1f,
+    -0x1.16150e0000000p-2f, 0x1.24acb00000000p-2f, -0x1.513efa0000000p-1f, -0x1.18f4e40000000p-3f};
+static const float ref_adamw[24] = {
+    -0x1.8040a40000000p-1f, -0x1.d753f00000000p-3f, 0x1.9af94c0000000p-2f, -0x1.4de18a0000000p-1f,
+    -0x1.5f58280000000p-6f, 0x1.0448900000000p-1f, -0x1.ca31480000000p-2f, 0x1.b336e20000000p-4f,
+    0x1.639b000000000p-1f, -0x1.4666f20000000p-2f, 0x1.0b823e0000000p-2f, -0x1.685ce00000000p-1f,
+    -0x1.781b780000000p-3f, 0x1.caaaec0000000p-2f, -0x1.30bc880000000p-1f, 0x1.97fb740000000p-6f,
+    0x1.1c106c0000000p-1f, -0x1.9b45fa0000000p-2f, 0x1.3865380000000p-3f, 0x1.7abbd40000000p-1f,
+    -0x1.1715140000000p-2f, 0x1.3a82b80000000p-2f, -0x1.5079e20000000p-1f, -0x1.18d2b80000000p-3f};
+static const float ref_clip_norm = 0x1.1857b80000000p+0f;
+static const float ref_clip[24] = {
+    -0x1.5ea8020000000p-3f, 0x1.2436ac0000000p-6f, -0x1.1ce8820000000p-3f, 0x1.9919580000000p-5f,
+    -0x1.b652040000000p-4f, 0x1.500bae0000000p-4f, -0x1.32d3020000000p-4f, 0x1.d38aae0000000p-4f,
+    -0x1.5ea8020000000p-5f, 0x1.2b84d80000000p-3f, -0x1.5ea8020000000p-7f, -0x1.5759d80000000p-3f,
+    0x1.5ea8020000000p-6f, -0x1.159a580000000p-3f, 0x1.b652040000000p-5f, -0x1.a7b5ae0000000p-4f,
+    0x1.5ea8020000000p-4f, -0x1.2436ac0000000p-4f, 0x1.e227040000000p-4f, -0x1.416f580000000p-5f,
+    0x1.32d3020000000p-3f, -0x1.d38aae0000000p-8f, -0x1.500bae0000000p-3f, 0x1.9919580000000p-6f};
+
+#define N 24
+static const dt_optim_segment segs24[] = {{0, 13, false}, {13, 11, false}};
+
+static float P(int i) { return (float)(((i * 37) % 101 - 50) / 64.0); }
+static float G(int i, int t) { return (float)(((i * 53 + t * 17) % 97 - 48) / 128.0); }
+
+/* Three steps over the 24-element, two-tensor buffer, as gen_ref.py does. */
+static dt_status run3(dt_optim *o, float *p)
+{
+    float g[N];
+    for (int i = 0; i < N; i++)
+        p[i] = P(i);
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < N; i++)
+            g[i] = G(i, t);
+        dt_status st = dt_optim_step(o, p, g);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+static int count_bit_diffs(const float *a, const float *b, int n)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float))) {
+            if (bad < 3)
+                fprintf(stderr, "  [%d] got %a want %a\n", i, (double)a[i], (double)b[i]);
+            bad++;
+        }
+    return bad;
+}
+
+static dt_optim_layout lay24(void)
+{
+    dt_optim_layout l = {.lo = 0, .hi = N, .segs = segs24, .nseg = 2};
+    return l;
+}
+
+/* ---- hand-computed steps ------------------------------------------------ */
+
+TEST(sgd_hand)
+{
+    /* plain: p = 1 - 0.1 * 0.5 = 0.95 */
+    float p = 1, g = 0.5f;
+    dt_optim_layout l = {.lo = 0, .hi = 1};
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.lr = 0.1;
+    dt_optim *o = dt_optim_sgd_init(&sp, &l);
+    ASSERT(o);
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.95, 1e-7, 0);
+    ASSERT_EQ_INT(dt_optim_num_states(o), 0);
+    dt_optim_free(o);
+
+    /* momentum 0.9, wd 0.1, lr 0.1, g = 0.5 twice:
+     * step 1: d = 0.5 + 0.1*1 = 0.6; buf = d = 0.6 (first step: no dampening);
+     *         p = 1 - 0.1*0.6 = 0.94
+     * step 2: d = 0.5 + 0.1*0.94 = 0.594; buf = 0.9*0.6 + 0.594 = 1.134;
+     *         p = 0.94 - 0.1134 = 0.8266 */
+    sp.momentum = 0.9;
+    sp.weight_decay = 0.1;
+    o = dt_optim_sgd_init(&sp, &l);
+    ASSERT(o);
+    p = 1;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.94, 1e-7, 0);
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.8266, 1e-6, 0);
+    const char *name;
+    float *buf;
+    size_t n;
+    ASSERT_OK(dt_optim_state(o, 0, &name, &buf, &n));
+    ASSERT_STR_EQ(name, "momentum_buffer");
+    ASSERT_EQ_INT(n, 1);
+    ASSERT_NEAR(buf[0], 1.134, 1e-6, 0);
+    ASSERT_EQ_INT(dt_optim_get_step(o), 2);
+    dt_optim_free(o);
+
+    /* nesterov, momentum 0.9, no wd: step 1: buf = 0.5; d = 0.5 + 0.9*0.5 = 0.95;
+     * p = 1 - 0.095 = 0.905.  step 2: buf = 0.45 + 0.5 = 0.95; d = 0.5 + 0.855
+     * = 1.355; p = 0.905 - 0.1355 = 0.7695 */
+    sp.weight_decay = 0;
+    sp.nesterov = true;
+    o = dt_optim_sgd_init(&sp, &l);
+    p = 1;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.905, 1e-7, 0);
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.7695, 1e-6, 0);
+    dt_optim_free(o);
+
+    /* dampening 0.5 (no nesterov): step 1 buf = 0.5 (undampened), p = 0.95;
+     * step 2 buf = 0.9*0.5 + 0.5*0.5 = 0.7, p = 0.95 - 0.07 = 0.88 */
+    sp.nesterov = false;
+    sp.dampening = 0.5;
+    o = dt_optim_sgd_init(&sp, &l);
+    p = 1;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.88, 1e-6, 0);
+    dt_optim_free(o);
+}
+
+TEST(adam_hand)
+{
+    /* lr 0.1, p = 1, g = 0.5 then 0.25, betas (0.9, 0.999), eps 1e-8.
+     * step 1: m = 0.05, v = 0.00025; m^ = 0.5, v^ = 0.25;
+     *         p = 1 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.900000002
+     * step 2: m = 0.9*0.05 + 0.1*0.25 = 0.07; v = 0.999*0.00025 + 0.001*0.0625
+     *         = 0.00031225; bc1 = 0.19, bc2 = 0.001999;
+     *         m^ = 0.3684210526, sqrt(v^) = 0.3952253807;
+     *         p = 0.9 - 0.1 * 0.3684210526 / 0.3952253807 = 0.8067820405 */
+    float p = 1, g = 0.5f;
+    dt_optim_layout l = {.lo = 0, .hi = 1};
+    dt_adam_params ap = dt_adam_params_default();
+    ap.lr = 0.1;
+    dt_optim *o = dt_optim_adam_init(&ap, &l);
+    ASSERT(o);
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.9, 1e-7, 0);
+    g = 0.25f;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.8067820405, 1e-6, 0);
+    float *m, *v;
+    ASSERT_OK(dt_optim_state(o, 0, NULL, &m, NULL));
+    ASSERT_OK(dt_optim_state(o, 1, NULL, &v, NULL));
+    ASSERT_NEAR(m[0], 0.07, 1e-8, 0);
+    ASSERT_NEAR(v[0], 0.00031225, 1e-10, 0);
+    dt_optim_free(o);
+
+    /* AdamW wd 0.01: step 1 decays first, p = 1*(1 - 0.1*0.01) = 0.999, then
+     * the Adam step subtracts 0.1 -> 0.899 */
+    ap = dt_adamw_params_default();
+    ASSERT_NEAR(ap.weight_decay, 0.01, 0, 0);
+    ap.lr = 0.1;
+    o = dt_optim_adamw_init(&ap, &l);
+    p = 1;
+    g = 0.5f;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.899, 1e-6, 0);
+    dt_optim_free(o);
+
+    /* Adam with L2 wd 0.5: g' = 0.5 + 0.5*1 = 1; step 1 is still -lr*sign -> 0.9 */
+    ap = dt_adam_params_default();
+    ap.lr = 0.1;
+    ap.weight_decay = 0.5;
+    o = dt_optim_adam_init(&ap, &l);
+    p = 1;
+    g = 0.5f;
+    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_NEAR(p, 0.9, 1e-7, 0);
+    ASSERT_OK(dt_optim_state(o, 0, NULL, &m, NULL));
+    ASSERT_NEAR(m[0], 0.1, 1e-8, 0); /* (1 - 0.9) * g' */
+    dt_optim_free(o);
+}
+
+static dt_optim *lamb2(dt_lamb_params *lp)
+{
+    dt_optim_layout l = {.lo = 0, .hi = 2};
+    return dt_optim_lamb_init(lp, &l);
+}
+
+TEST(lamb_hand)
+{
+    /* One tensor w = [3, 4] (‖w‖ = 5), g = [0.3, 0.4] (‖g‖ = 0.5 < max 1: no
+     * clipping), lr 0.01, defaults (eps 1e-6, wd 0.01, adam_w_mode).
+     * step 1 with bias correction: m^ = g, v^ = g^2, so
+     * u = g/(|g| + eps) + wd*w = [0.3/0.300001 + 0.03, 0.4/0.400001 + 0.04]
+     *   = [1.0299966667, 1.0399975000];  ‖u‖ = 1.4637239949
+     * ratio = ‖w‖/‖u‖ = 3.4159445478
+     * p = w - lr*ratio*u = [2.9648158850, 3.9644742621] */
+    dt_lamb_params lp = dt_lamb_params_default();
+    ASSERT_NEAR(lp.eps, 1e-6, 0, 0);
+    ASSERT_NEAR(lp.weight_decay, 0.01, 0, 0);
+    lp.lr = 0.01;
+    dt_optim *o = lamb2(&lp);
+    ASSERT(o);
+    float w[2] = {3, 4}, g[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w, g));
+    ASSERT_NEAR(w[0], 2.9648158850, 1e-6, 0);
+    ASSERT_NEAR(w[1], 3.9644742621, 1e-6, 0);
+    ASSERT_NEAR(g[0], 1.0299966667, 1e-6, 0); /* apex leaves u in the grads */
+    ASSERT_NEAR(dt_optim_last_grad_norm(o), 0.5, 1e-7, 0);
+    dt_optim_free(o);
+
+    /* Clipping: g = [3, 4], ‖g‖ = 5 > 1 -> g/5 = [0.6, 0.8]; u differs from
+     * above only through eps: [0.6/0.600001 + 0.03, 0.8/0.800001 + 0.04] */
+    o = lamb2(&lp);
+    float w2[2] = {3, 4}, g2[2] = {3, 4};
+    ASSERT_OK(dt_optim_step(o, w2, g2));
+    ASSERT_NEAR(dt_optim_last_grad_norm(o), 5.0, 1e-6, 0);
+    ASSERT_NEAR(g2[0], 0.6 / 0.600001 + 0.03, 1e-6, 0);
+    ASSERT_NEAR(w2[0], 2.9648158850, 1e-5, 0);
+    dt_optim_free(o);
+
+    /* Zero weights: ‖w‖ = 0 -> ratio 1, p = -lr*u = [-0.0099999667, -0.0099999750] */
+    o = lamb2(&lp);
+    float w3[2] = {0, 0}, g3[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w3, g3));
+    ASSERT_NEAR(w3[0], -0.0099999667, 1e-9, 0);
+    ASSERT_NEAR(w3[1], -0.0099999750, 1e-9, 0);
+    dt_optim_free(o);
+
+    /* Zero update (zero grads, wd 0): ‖u‖ = 0 -> ratio 1, w unchanged */
+    lp.weight_decay = 0;
+    o = lamb2(&lp);
+    float w4[2] = {3, 4}, g4[2] = {0, 0};
+    ASSERT_OK(dt_optim_step(o, w4, g4));
+    ASSERT_NEAR(w4[0], 3, 0, 0);
+    ASSERT_NEAR(w4[1], 4, 0, 0);
+    dt_optim_free(o);
+
+    /* wd 0, no nvlamb: no trust ratio; p = w - lr*g/(|g|+eps) */
+    o = lamb2(&lp);
+    float w5[2] = {3, 4}, g5[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w5, g5));
+    ASSERT_NEAR(w5[0], 3 - 0.01 * 0.3 / 0.300001, 1e-6, 0);
+    dt_optim_free(o);
+    /* ... with nvlamb the ratio applies: ‖u‖ = sqrt(2)*~1 -> ratio 5/1.4142 */
+    lp.use_nvlamb = true;
+    o = lamb2(&lp);
+    float w6[2] = {3, 4}, g6[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w6, g6));
+    ASSERT_NEAR(w6[0], 3 - 0.01 * (5 / sqrt(2.0)) * 0.99999667, 1e-5, 0);
+    dt_optim_free(o);
+
+    /* L2 mode (adam_w_mode false), wd 0.01: s = g + wd*w = [0.33, 0.44];
+     * u = s/(|s| + eps); ratio = 5/‖u‖ = 3.5355432805;
+     * p = [2.9646446743, 3.9646446475] */
+    lp = dt_lamb_params_default();
+    lp.lr = 0.01;
+    lp.adam_w_mode = false;
+    o = lamb2(&lp);
+    float w7[2] = {3, 4}, g7[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w7, g7));
+    ASSERT_NEAR(w7[0], 2.9646446743, 1e-6, 0);
+    ASSERT_NEAR(w7[1], 3.9646446475, 1e-6, 0);
+    dt_optim_free(o);
+
+    /* No bias correction, no grad averaging: m = g, v = (1-b2) g^2, where
+     * 1 - b2 is computed in float as apex does: 1 - 0.999f = 0.00099998713;
+     * u = g/(sqrt(1-b2)|g| + eps) + wd*w = [31.6496471441, 31.6604803344];
+     * p = [2.9646507113, 3.9646386117] */
+    lp = dt_lamb_params_default();
+    lp.lr = 0.01;
+    lp.bias_correction = false;
+    lp.grad_averaging = false;
+    o = lamb2(&lp);
+    float w8[2] = {3, 4}, g8[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_optim_step(o, w8, g8));
+    ASSERT_NEAR(g8[0], 31.6496471441, 2e-5, 0);
+    ASSERT_NEAR(w8[0], 2.9646507113, 1e-6, 0);
+    ASSERT_NEAR(w8[1], 3.9646386117, 1e-6, 0);
+    dt_optim_free(o);
+}
+
+/* ---- torch cross-check, both kernel paths --------------------------------- */
+
+static void torch_check(bool scalar)
+{
+    dt__optim_force_scalar(scalar);
+    dt_optim_layout l = lay24();
+    float p[N];
+    struct {
+        const char *name;
+        dt_optim *o;
+        const float *ref;
+    } c[5];
+    dt_sgd_params s1 = dt_sgd_params_default();
+    s1.lr = 0.1;
+    dt_sgd_params s2 = s1;
+    s2.momentum = 0.9;
+    s2.dampening = 0.25;
+    s2.weight_decay = 0.05;
+    dt_sgd_params s3 = dt_sgd_params_default();
+    s3.lr = 0.05;
+    s3.momentum = 0.8;
+    s3.nesterov = true;
+    s3.weight_decay = 0.01;
+    dt_adam_params a1 = dt_adam_params_default();
+    a1.lr = 0.01;
+    a1.weight_decay = 0.1;
+    c[0].name = "sgd_plain", c[0].o = dt_optim_sgd_init(&s1, &l), c[0].ref = ref_sgd_plain;
+    c[1].name = "sgd_mom_wd_damp", c[1].o = dt_optim_sgd_init(&s2, &l), c[1].ref = ref_sgd_mom_wd_damp;
+    c[2].name = "sgd_nesterov", c[2].o = dt_optim_sgd_init(&s3, &l), c[2].ref = ref_sgd_nesterov;
+    c[3].name = "adam", c[3].o = dt_optim_adam_init(&a1, &l), c[3].ref = ref_adam;
+    c[4].name = "adamw", c[4].o = dt_optim_adamw_init(&a1, &l), c[4].ref = ref_adamw;
+    int bad = 0;
+    for (int k = 0; k < 5; k++) {
+        if (!c[k].o || run3(c[k].o, p) < 0) {
+            fprintf(stderr, "%s: %s\n", c[k].name, dt_last_error());
+            bad++;
+            continue;
+        }
+        int d = count_bit_diffs(p, c[k].ref, N);
+        if (d)
+            fprintf(stderr, "%s (%s path): %d of %d elements differ from torch\n", c[k].name,
+                    scalar ? "scalar" : "simd", d, N);
+        bad += d;
+        dt_optim_free(c[k].o);
+    }
+    dt__optim_force_scalar(false);
+    ASSERT_EQ_INT(bad, 0);
+}
+
+TEST(torch_bit_exact_simd)
+{
+    if (!dt__optim_simd_active())
+        fprintf(stderr, "  (no AVX2+FMA on this CPU: the scalar path runs twice)\n");
+    torch_check(false);
+}
+
+TEST(torch_bit_exact_scalar) { torch_check(true); }
+
+/* ---- ranges (ZeRO shards) ---------------------------------------------------- */
+
+/* Run one optimizer over [0,24) and two over [0,10) and [10,24) (the cut
+ * falls inside tensor 0); params must be bit-identical for SGD and Adam. */
+TEST(shards_equal_whole)
+{
+    for (int kind = 0; kind < 3; kind++) {
+        float whole[N], part[N], g[N];
+        for (int i = 0; i < N; i++)
+            whole[i] = part[i] = P(i);
+        dt_optim_layout lw = lay24();
+        dt_optim_layout l0 = {.lo = 0, .hi = 10, .segs = segs24, .nseg = 2};
+        dt_optim_layout l1 = {.lo = 10, .hi = N, .segs = segs24, .nseg = 2};
+        dt_optim *ow, *o0, *o1;
+        dt_sgd_params sp = dt_sgd_params_default();
+        sp.momentum = 0.9;
+        sp.weight_decay = 0.01;
+        dt_adam_params ap = dt_adamw_params_default();
+        if (kind == 0) {
+            ow = dt_optim_sgd_init(&sp, &lw), o0 = dt_optim_sgd_init(&sp, &l0), o1 = dt_optim_sgd_init(&sp, &l1);
+        } else if (kind == 1) {
+            ow = dt_optim_adam_init(&ap, &lw), o0 = dt_optim_adam_init(&ap, &l0), o1 = dt_optim_adam_init(&ap, &l1);
+        } else {
+            ow = dt_optim_adamw_init(&ap, &lw), o0 = dt_optim_adamw_init(&ap, &l0), o1 = dt_optim_adamw_init(&ap, &l1);
+        }
+        ASSERT(ow && o0 && o1);
+        size_t n1;
+        ASSERT_OK(dt_optim_state(o1, 0, NULL, NULL, &n1));
+        ASSERT_EQ_INT(n1, 14);
+        for (int t = 0; t < 4; t++) {
+            float gw[N];
+            for (int i = 0; i < N; i++)
+                g[i] = gw[i] = G(i, t);
+            ASSERT_OK(dt_optim_step(ow, whole, gw));
+            ASSERT_OK(dt_optim_step(o0, part, g));
+            ASSERT_OK(dt_optim_step(o1, part + 10, g + 10));
+        }
+        ASSERT_EQ_INT(count_bit_diffs(part, whole, N), 0);
+        dt_optim_free(ow);
+        dt_optim_free(o0);
+        dt_optim_free(o1);
+    }
+}
+
+/* Two "ranks" (threads) sharing LAMB's norms through a reducer. */
+typedef struct {
+    pthread_barrier_t bar;
+    double slot[2][64];
+} fake_world;
+typedef struct {
+    fake_world *w;
+    int rank;
+    dt_optim *o;
+    float *p, *g;
+    dt_status st;
+} fake_rank;
+
+static dt_status fake_allreduce(void *ctx, double *sums, size_t n)
+{
+    fake_rank *r = ctx;
+    memcpy(r->w->slot[r->rank], sums, n * sizeof(double));
+    pthread_barrier_wait(&r->w->bar);
+    for (size_t i = 0; i < n; i++)
+        sums[i] = r->w->slot[0][i] + r->w->slot[1][i];
+    pthread_barrier_wait(&r->w->bar);
+    return DT_OK;
+}
+
+static void *rank_main(void *arg)
+{
+    fake_rank *r = arg;
+    r->st = dt_optim_step(r->o, r->p, r->g);
+    return NULL;
+}
+
+TEST(lamb_sharded_with_reducer)
+{
+    float whole[N], part[N], gw[N], g[N];
+    for (int i = 0; i < N; i++) {
+        whole[i] = part[i] = P(i);
+        gw[i] = g[i] = 4 * G(i, 0); /* ‖g‖ > 1: clipping is exercised */
+    }
+    dt_lamb_params lp = dt_lamb_params_default();
+    lp.lr = 0.05;
+    dt_optim_layout lw = lay24();
+    dt_optim *ow = dt_optim_lamb_init(&lp, &lw);
+    ASSERT_OK(dt_optim_step(ow, whole, gw));
+    fake_world w;
+    pthread_barrier_init(&w.bar, NULL, 2);
+    fake_rank r[2];
+    size_t cut = 10;
+    for (int k = 0; k < 2; k++) {
+        dt_optim_layout l = {.lo = k ? cut : 0, .hi = k ? N : cut, .segs = segs24, .nseg = 2};
+        r[k] = (fake_rank){.w = &w, .rank = k, .o = dt_optim_lamb_init(&lp, &l), .p = part + l.lo, .g = g + l.lo};
+        ASSERT(r[k].o);
+        dt_optim_set_reducer(r[k].o, fake_allreduce, &r[k]);
+    }
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, rank_main, &r[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&w.bar);
+    ASSERT_OK(r[0].st);
+    ASSERT_OK(r[1].st);
+    ASSERT_NEAR(dt_optim_last_grad_norm(r[1].o), dt_optim_last_grad_norm(ow), 0, 1e-7);
+    ASSERT(dt_optim_last_grad_norm(ow) > 1.0);
+    for (int i = 0; i < N; i++)
+        ASSERT_NEAR(part[i], whole[i], 1e-7, 1e-6);
+    /* without the reducer the shard's norms are local and the result differs */
+    for (int i = 0; i < N; i++)
+        part[i] = P(i), g[i] = 4 * G(i, 0);
+    dt_optim_layout l0 = {.lo = 0, .hi = cut, .segs = segs24, .nseg = 2};
+    dt_optim *solo = dt_optim_lamb_init(&lp, &l0);
+    ASSERT_OK(dt_optim_step(solo, part, g));
+    int differ = 0;
+    for (size_t i = 0; i < cut; i++)
+        differ += fabsf(part[i] - whole[i]) > 1e-6f;
+    ASSERT(differ > 0);
+    dt_optim_free(solo);
+    dt_optim_free(ow);
+    dt_optim_free(r[0].o);
+    dt_optim_free(r[1].o);
+}
+
+/* Padding between segments is never touched; no_decay segments skip decay. */
+TEST(segments_gaps_and_no_decay)
+{
+    dt_optim_segment s[] = {{0, 5, false}, {8, 4, true}};
+    dt_optim_layout l = {.lo = 0, .hi = 12, .segs = s, .nseg = 2};
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.lr = 0.5;
+    sp.weight_decay = 0.5;
+    dt_optim *o = dt_optim_sgd_init(&sp, &l);
+    ASSERT(o);
+    float p[12], g[12];
+    for (int i = 0; i < 12; i++)
+        p[i] = 1, g[i] = 1;
+    ASSERT_OK(dt_optim_step(o, p, g));
+    ASSERT_NEAR(p[0], 1 - 0.5 * (1 + 0.5), 0, 0); /* decayed: 0.25 */
+    ASSERT_NEAR(p[6], 1, 0, 0);                   /* padding untouched */
+    ASSERT_NEAR(p[9], 0.5, 0, 0);                 /* no decay: 1 - 0.5*1 */
+    dt_optim_free(o);
+}
+
+/* The norm sums are per fixed chunk, so the thread count does not matter. */
+TEST(lamb_threads_bit_identical)
+{
+    const size_t n = 100003;
+    dt_optim_segment s[] = {{0, 70001, false}, {70001, 30002, false}};
+    dt_optim_layout l = {.lo = 0, .hi = n, .segs = s, .nseg = 2};
+    float *p[2], *g[2];
+    for (int run = 0; run < 2; run++) {
+        dt_set_num_threads(run + 1);
+        p[run] = dt_alloc(n * sizeof(float));
+        g[run] = dt_alloc(n * sizeof(float));
+        dt_lamb_params lp = dt_lamb_params_default();
+        dt_optim *o = dt_optim_lamb_init(&lp, &l);
+        ASSERT(o);
+        for (int t = 0; t < 2; t++) {
+            for (size_t i = 0; i < n; i++) {
+                if (t == 0)
+                    p[run][i] = P((int)(i % 5000));
+                g[run][i] = G((int)(i % 7919), t);
+            }
+            ASSERT_OK(dt_optim_step(o, p[run], g[run]));
+        }
+        dt_optim_free(o);
+    }
+    dt_set_num_threads(0);
+    ASSERT_EQ_INT(memcmp(p[0], p[1], n * sizeof(float)), 0);
+    for (int run = 0; run < 2; run++)
+        dt_free(p[run]), dt_free(g[run]);
+}
+
+TEST(bad_arguments)
+{
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.nesterov = true;
+    dt_optim_layout l = {.lo = 0, .hi = 4};
+    ASSERT(dt_optim_sgd_init(&sp, &l) == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "nesterov");
+    dt_optim_segment bad[] = {{4, 4, false}, {2, 4, false}};
+    dt_optim_layout lb = {.lo = 0, .hi = 8, .segs = bad, .nseg = 2};
+    ASSERT(dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1}, &lb) == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "segment 1");
+    dt_optim_layout lr = {.lo = 5, .hi = 4};
+    ASSERT(dt_optim_adam_init(&(dt_adam_params){.lr = 0.1}, &lr) == NULL);
+    dt_adam_params ap = dt_adam_params_default();
+    ap.beta1 = 1.0;
+    ASSERT(dt_optim_adam_init(&ap, &l) == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "betas");
+    ASSERT(dt_optim_lamb_init(NULL, &l) == NULL);
+    dt_optim *o = dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1}, &l);
+    ASSERT(o);
+    float x[4] = {0};
+    ASSERT_STATUS(dt_optim_step(o, x, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_optim_step(NULL, x, x), DT_ERR_NULL);
+    ASSERT_STATUS(dt_optim_state(o, 0, NULL, NULL, NULL), DT_ERR_RANGE);
+    ASSERT_STR_EQ(dt_optim_kind_name(dt_optim_get_kind(o)), "sgd");
+    dt_optim_set_lr(o, 0.25);
+    ASSERT_NEAR(dt_optim_get_lr(o), 0.25, 0, 0);
+    dt_optim_free(o);
+    dt_optim_free(NULL);
+}
+
+/* ---- clipping ----------------------------------------------------------------- */
+
+TEST(clip_grad_norm)
+{
+    /* hand: g = [3, 4], max 1: norm 5, coef = 1/(5 + 1e-6) = 0.19999996 */
+    float g[2] = {3, 4}, norm;
+    ASSERT_OK(dt_clip_grad_norm(g, 2, 1.0f, &norm));
+    ASSERT_NEAR(norm, 5, 0, 0);
+    ASSERT_NEAR(g[0], 0.59999988, 1e-7, 0);
+    ASSERT_NEAR(g[1], 0.79999984, 1e-7, 0);
+    /* below the max: untouched */
+    float h[2] = {0.3f, 0.4f};
+    ASSERT_OK(dt_clip_grad_norm(h, 2, 1.0f, &norm));
+    ASSERT_NEAR(h[0], 0.3f, 0, 0);
+    /* torch */
+    float t[N];
+    for (int i = 0; i < N; i++)
+        t[i] = G(i, 0);
+    ASSERT_OK(dt_clip_grad_norm(t, N, 0.5f, &norm));
+    ASSERT_NEAR(norm, ref_clip_norm, 0, 2e-7);
+    for (int i = 0; i < N; i++)
+        ASSERT_NEAR(t[i], ref_clip[i], 0, 3e-7);
+    ASSERT_STATUS(dt_clip_grad_norm(NULL, 3, 1.0f, &norm), DT_ERR_NULL);
+    ASSERT_OK(dt_clip_grad_norm(NULL, 0, 1.0f, &norm));
+    ASSERT_NEAR(norm, 0, 0, 0);
+    /* the pieces: two halves' squares sum to the whole */
+    double a = dt_grad_sqnorm(g, 1) + dt_grad_sqnorm(g + 1, 1);
+    ASSERT_NEAR(a, dt_grad_sqnorm(g, 2), 1e-12, 0);
+}
+
+/* ---- schedules ------------------------------------------------------------------- */
+
+TEST(schedules)
+{
+    dt_sched_params s = dt_sched_params_default();
+    s.base_lr = 0.1;
+    ASSERT_NEAR(dt_sched_lr(&s, 12345), 0.1, 0, 0);
+    /* StepLR(step_size 3, gamma 0.5): steps 0-2 -> 0.1, 3-5 -> 0.05, 6 -> 0.025 */
+    s.kind = DT_SCHED_STEP;
+    s.step_size = 3;
+    s.gamma = 0.5;
+    ASSERT_NEAR(dt_sched_lr(&s, 2), 0.1, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 3), 0.05, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 6), 0.025, 1e-15, 0);
+    /* cosine, warmup 10, total 110, min 0.01:
+     * step 0 -> 0; step 5 -> 0.05; step 10 -> 0.1 (peak);
+     * step 60 (half way) -> 0.01 + 0.09*0.5 = 0.055; step 110+ -> 0.01 */
+    s.kind = DT_SCHED_COSINE;
+    s.warmup_steps = 10;
+    s.total_steps = 110;
+    s.min_lr = 0.01;
+    ASSERT_NEAR(dt_sched_lr(&s, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 5), 0.05, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 10), 0.1, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 60), 0.055, 1e-12, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 500), 0.01, 1e-15, 0);
+    dt_sched_kind k;
+    ASSERT_OK(dt_sched_kind_parse("cosine", &k));
+    ASSERT_EQ_INT(k, DT_SCHED_COSINE);
+    ASSERT_STATUS(dt_sched_kind_parse("linear", &k), DT_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_STEP), "step");
+}
+
+int main(void)
+{
+    RUN(sgd_hand);
+    RUN(adam_hand);
+    RUN(lamb_hand);
+    RUN(torch_bit_exact_simd);
+    RUN(torch_bit_exact_scalar);
+    RUN(shards_equal_whole);
+    RUN(lamb_sharded_with_reducer);
+    RUN(segments_gaps_and_no_decay);
+    RUN(lamb_threads_bit_identical);
+    RUN(bad_arguments);
+    RUN(clip_grad_norm);
+    RUN(schedules);
+    return TEST_REPORT();
+}
