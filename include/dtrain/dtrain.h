@@ -16,4 +16,5 @@
 #define DTRAIN_H
 #include "dtrain/base.h"
 #include "dtrain/kernels.h"
+#include "dtrain/comm.h"
 #endif

@@ -1,0 +1,405 @@
+/* dtrain/comm.h — process groups, asynchronous collectives, backends.
+ *
+ * Overview
+ * --------
+ * A process group (dt_pg) is the set of ranks that take part in collectives.
+ * dt_pg_init() builds one from explicit parameters or from the environment a
+ * launcher left behind, and picks a backend:
+ *
+ *   self   a group of one (world size 1);
+ *   shm    ranks on one machine talking through a shared-memory segment;
+ *   mpi    Open MPI (built when MPI is found), for ranks across machines;
+ *   NAME   any backend registered with dt_backend_register().
+ *
+ * Rank discovery, first source that is present wins:
+ *   1. explicit dt_pg_params (rank >= 0 and world_size > 0);
+ *   2. dtrain's own DT_RANK, DT_WORLD_SIZE, DT_LOCAL_RANK,
+ *      DT_LOCAL_WORLD_SIZE, DT_JOB_ID (set by `dtrain run`);
+ *   3. torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ *      MASTER_ADDR, MASTER_PORT;
+ *   4. Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE;
+ *   5. PMI_RANK / PMI_SIZE with MPI_LOCALRANKID / MPI_LOCALNRANKS (Hydra),
+ *      then MV2_COMM_WORLD_* (MVAPICH2);
+ *   6. SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID inside an srun step;
+ *   7. nothing: rank 0 of a group of 1.
+ * Inconsistent values (rank >= size, local rank >= local size, a rank
+ * without a size, DT_RANK disagreeing with RANK, text that is not a number)
+ * are an error naming the variables, never a guess.
+ *
+ * The backend string (params.backend, else $DT_BACKEND, else the default) is
+ * either a name ("shm") or a per-device list ("cpu:shm,cuda:nccl"); only the
+ * cpu entry is used today, other devices are parsed and kept for later. The
+ * default is `self` for world size 1, `mpi` when the ranks came from an MPI
+ * launcher (sources 4-6) and the MPI backend is built, otherwise `shm` when
+ * every rank is on this machine.
+ *
+ * Collectives work on raw buffers (pointer, element count, dt_dtype) like
+ * MPI and NCCL. Every collective is asynchronous: dt_pg_<coll>_async() posts
+ * it and returns a request; dt_pg_<coll>() is the blocking wrapper (post +
+ * wait forever + free). Supported dtypes: f32, f64, f16, bf16, i32, i64, u8;
+ * f16 and bf16 reduce with f32 accumulation. Reductions: sum, avg, max, min,
+ * prod (avg of integers truncates toward zero).
+ *
+ * Lifecycle rules (they hold for every request and every group):
+ *  - Requests run in the order they were posted, on every rank the same
+ *    order; all ranks of a group must post the same collectives in the same
+ *    order (send/recv are matched per pair, in order). A per-group progress
+ *    engine executes them: a background thread, started on the first
+ *    asynchronous post, runs queued requests while the caller computes;
+ *    blocking calls and dt_req_wait(req, -1) run queued requests on the
+ *    calling thread when the engine is idle, so a blocking collective costs
+ *    no thread hand-off.
+ *  - Buffers passed to a collective belong to the request until it completes:
+ *    do not read or write them (or free them) before dt_req_test/wait says so.
+ *  - dt_req_free() may be called at any time; a request freed before it
+ *    completed still runs and releases itself when it finishes.
+ *  - A failure (timeout, mismatch, a dead peer) fails the request and marks
+ *    the group failed: every pending and every later collective on it fails
+ *    with the same status and message. Free the group and start over (the
+ *    launcher restarts the job).
+ *  - dt_pg_free() waits for posted requests to finish, then releases the
+ *    group. Free subgroups before their parent.
+ *  - A group may be used from several threads, but posts must then be
+ *    ordered by the caller (the posting order is the collective order).
+ *
+ * Failures are errors, never hangs:
+ *  - every operation has a timeout (params.timeout_s, else $DT_COMM_TIMEOUT
+ *    in seconds, default 300): DT_ERR_TIMEOUT names the operation, its
+ *    sequence number and the ranks that did not arrive;
+ *  - ranks that post different collectives at the same sequence number
+ *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
+ *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
+ *  - a rank that dies makes every peer's pending and later collectives fail
+ *    with DT_ERR_PEER_FAILED naming it, within a few seconds.
+ *
+ * In-place operation: pass send = NULL (DT_IN_PLACE), or the aliasing that
+ * MPI/NCCL use: send == recv for allreduce/reduce/broadcast, send == recv +
+ * rank*count elements for allgather, recv == send + rank*count elements for
+ * reduce_scatter.
+ *
+ * Shared buffers: dt_pg_alloc() returns memory that every rank of the group
+ * on this machine can read (for shm, the group's segment). Collectives whose
+ * buffers come from dt_pg_alloc() on every rank take a zero-copy path that
+ * reduces straight out of the peers' buffers; any other memory works too
+ * and is copied through the segment.
+ *
+ * Usage
+ * -----
+ *     dt_pg *pg;
+ *     if (dt_pg_init(NULL, &pg) < 0)               // from the environment
+ *         fail(dt_last_error());
+ *     float *g = dt_pg_alloc(pg, n * sizeof(float));
+ *     ... fill g ...
+ *     dt_req *rq;
+ *     dt_pg_allreduce_async(pg, DT_IN_PLACE, g, n, DT_F32, DT_REDUCE_AVG, &rq);
+ *     ... compute while it runs ...
+ *     if (dt_req_wait(rq, -1) < 0)
+ *         fprintf(stderr, "%s\n", dt_req_message(rq));
+ *     dt_req_free(rq);
+ *     dt_pg_dealloc(pg, g);
+ *     dt_pg_free(pg);
+ *
+ * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
+ * DT_COMM_CHECK, and those of rank discovery above. The shm backend's own
+ * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SPIN) are
+ * described in src/comm/shm.h and docs.
+ */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+#include "dtrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A process group (opaque). */
+typedef struct dt_pg dt_pg;
+/* A posted collective (opaque). */
+typedef struct dt_req dt_req;
+
+/* Pass as the send buffer to operate in place. */
+#define DT_IN_PLACE NULL
+
+/* Reductions. */
+typedef enum dt_reduce_op {
+    DT_REDUCE_SUM = 0,
+    DT_REDUCE_AVG,   /* sum / world size; integers truncate toward zero */
+    DT_REDUCE_MAX,
+    DT_REDUCE_MIN,
+    DT_REDUCE_PROD,
+    DT_REDUCE_OP_COUNT
+} dt_reduce_op;
+/* "sum", "avg", ... ("?" if invalid). */
+DT_API const char *dt_reduce_op_name(dt_reduce_op op);
+
+/* Kinds of operations (what a backend is asked to do). */
+typedef enum dt_coll_kind {
+    DT_COLL_ALLREDUCE = 0,
+    DT_COLL_REDUCE,
+    DT_COLL_BROADCAST,
+    DT_COLL_ALLGATHER,
+    DT_COLL_ALLGATHERV,
+    DT_COLL_REDUCE_SCATTER,
+    DT_COLL_GATHER,
+    DT_COLL_SCATTER,
+    DT_COLL_ALLTOALL,
+    DT_COLL_BARRIER,
+    DT_COLL_SEND,
+    DT_COLL_RECV,
+    DT_COLL_KIND_COUNT
+} dt_coll_kind;
+/* "allreduce", "reduce_scatter", ... ("?" if invalid). */
+DT_API const char *dt_coll_kind_name(dt_coll_kind k);
+
+/* ---- process groups ------------------------------------------------- */
+
+typedef struct dt_pg_params {
+    int rank;             /* this rank; -1 = from the environment (default -1) */
+    int world_size;       /* ranks in the group; -1 = from the environment (default -1) */
+    int local_rank;       /* rank among this machine's ranks; -1 = environment, else rank (default -1) */
+    int local_world_size; /* ranks on this machine; -1 = environment, else world_size (default -1) */
+    const char *backend;  /* backend string ("shm", "cpu:shm,cuda:nccl"); NULL = $DT_BACKEND, else automatic (default NULL) */
+    const char *job_id;   /* job identifier shared by all ranks; NULL = $DT_JOB_ID etc. (default NULL) */
+    const char *master_addr; /* rendezvous host for torchrun-style launches; NULL = $MASTER_ADDR (default NULL) */
+    int master_port;      /* rendezvous TCP port; 0 = $MASTER_PORT (default 0) */
+    double timeout_s;     /* per-operation timeout in seconds; 0 = $DT_COMM_TIMEOUT, else 300 (default 0) */
+    int check;            /* cross-rank collective fingerprint check: 1 on, 0 off, -1 = $DT_COMM_CHECK, else on (default -1) */
+} dt_pg_params;
+
+/* Defaults: everything from the environment. */
+DT_API dt_pg_params dt_pg_params_default(void);
+
+/* Create the group. p may be NULL (= dt_pg_params_default()). Collective:
+ * every rank of the group must call it. On success *out owns the group
+ * (free with dt_pg_free). Errors: DT_ERR_INVALID_ARG (inconsistent ranks, a
+ * bad backend string), DT_ERR_NOT_FOUND (unknown backend), DT_ERR_TIMEOUT
+ * (peers did not show up), DT_ERR_IO. */
+DT_API dt_status dt_pg_init(const dt_pg_params *p, dt_pg **out);
+
+/* Wait for the group's posted requests, then release it. NULL is a no-op.
+ * Not collective, but peers still running collectives with this rank will
+ * see it as failed: call it after the last collective has completed. */
+DT_API void dt_pg_free(dt_pg *pg);
+
+/* Make a subgroup of the ranks listed (parent ranks, in the new rank order;
+ * no duplicates). Collective over the parent: every parent rank calls it
+ * with the same list, after all its earlier parent requests were posted.
+ * Members get the new group in *out, others get NULL. The subgroup uses the
+ * parent's backend; free it before the parent. */
+DT_API dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out);
+
+/* This rank, the group size, the rank and size on this machine. */
+DT_API int dt_pg_rank(const dt_pg *pg);
+DT_API int dt_pg_size(const dt_pg *pg);
+DT_API int dt_pg_local_rank(const dt_pg *pg);
+DT_API int dt_pg_local_size(const dt_pg *pg);
+/* Backend name ("shm"). Borrowed; valid while pg lives. */
+DT_API const char *dt_pg_backend(const dt_pg *pg);
+/* DT_OK while healthy; after a failure its status (and dt_last_error()
+ * gets the message). */
+DT_API dt_status dt_pg_status(const dt_pg *pg);
+/* Number of collectives posted so far (the next one gets this sequence
+ * number). send/recv are not counted. */
+DT_API uint64_t dt_pg_seq(const dt_pg *pg);
+
+/* Memory that every rank of the group on this machine can read and write
+ * (the zero-copy path). 64-byte aligned; not collective; contents undefined.
+ * Backends without shared memory return ordinary memory. Returns NULL and
+ * sets the error when the group's arena is exhausted (shm: $DT_SHM_HEAP_MB
+ * per rank). Free with dt_pg_dealloc before dt_pg_free. */
+DT_API void *dt_pg_alloc(dt_pg *pg, size_t bytes);
+/* Release memory from dt_pg_alloc. NULL is a no-op. */
+DT_API void dt_pg_dealloc(dt_pg *pg, void *p);
+
+/* ---- requests ---------------------------------------------------------- */
+
+/* DT_OK when done, DT_INPROGRESS while running, or the error. Never blocks. */
+DT_API dt_status dt_req_test(dt_req *req);
+/* Wait up to timeout_s seconds (< 0: until done). Returns DT_OK, the error,
+ * or DT_INPROGRESS if the wait ran out first (the request is still valid and
+ * running). On error dt_last_error() gets the request's message. */
+DT_API dt_status dt_req_wait(dt_req *req, double timeout_s);
+/* Wait for n requests (NULL entries are skipped); returns the first error
+ * in array order, else DT_OK or DT_INPROGRESS. */
+DT_API dt_status dt_req_wait_all(dt_req *const *reqs, int n, double timeout_s);
+/* Status without waiting (same as dt_req_test). */
+DT_API dt_status dt_req_status(const dt_req *req);
+/* The error message of a failed request ("" while ok or running). Borrowed;
+ * valid until dt_req_free. */
+DT_API const char *dt_req_message(const dt_req *req);
+/* Release a request. A request still running completes on its own and is
+ * then released; its buffers stay in use until then. NULL is a no-op. */
+DT_API void dt_req_free(dt_req *req);
+
+/* ---- collectives -----------------------------------------------------------
+ * Each has an _async form that returns DT_OK and a request in *req (free it
+ * with dt_req_free), or an error and *req = NULL when the call itself is
+ * invalid or the group has failed; and a blocking form that returns the
+ * operation's status. Counts are elements; W is the group size. */
+
+/* recv[i] = op over ranks of send[i]; count elements each. */
+DT_API dt_status dt_pg_allreduce_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                       dt_dtype dt, dt_reduce_op op, dt_req **req);
+DT_API dt_status dt_pg_allreduce(dt_pg *pg, const void *send, void *recv, size_t count,
+                                 dt_dtype dt, dt_reduce_op op);
+
+/* Like allreduce, but only root's recv gets the result (recv may be NULL
+ * on other ranks). */
+DT_API dt_status dt_pg_reduce_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                    dt_dtype dt, dt_reduce_op op, int root, dt_req **req);
+DT_API dt_status dt_pg_reduce(dt_pg *pg, const void *send, void *recv, size_t count,
+                              dt_dtype dt, dt_reduce_op op, int root);
+
+/* root's buf (count elements) is copied to every rank's buf. */
+DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dt,
+                                       int root, dt_req **req);
+DT_API dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int root);
+
+/* recv (W*count) = the ranks' send blocks (count each) in rank order.
+ * In place: send NULL or send == recv + rank*count. */
+DT_API dt_status dt_pg_allgather_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                       dt_dtype dt, dt_req **req);
+DT_API dt_status dt_pg_allgather(dt_pg *pg, const void *send, void *recv, size_t count,
+                                 dt_dtype dt);
+
+/* Rank r contributes counts[r] elements; they land at recv + displs[r]
+ * (displs NULL: packed in rank order). counts/displs (W entries each) must
+ * be equal on all ranks and stay valid until the request completes.
+ * In place: send NULL (this rank's block is already at its place). */
+DT_API dt_status dt_pg_allgatherv_async(dt_pg *pg, const void *send, void *recv,
+                                        const size_t *counts, const size_t *displs, dt_dtype dt,
+                                        dt_req **req);
+DT_API dt_status dt_pg_allgatherv(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                                  const size_t *displs, dt_dtype dt);
+
+/* send holds W blocks of count elements; rank r's recv (count) = op over
+ * ranks of block r. In place: recv == send + rank*count (NCCL style); send
+ * may not be NULL. */
+DT_API dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                            dt_dtype dt, dt_reduce_op op, dt_req **req);
+DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t count,
+                                      dt_dtype dt, dt_reduce_op op);
+
+/* root's recv (W*count) = every rank's send (count) in rank order. recv may
+ * be NULL elsewhere. In place at root: send NULL. */
+DT_API dt_status dt_pg_gather_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                    dt_dtype dt, int root, dt_req **req);
+DT_API dt_status dt_pg_gather(dt_pg *pg, const void *send, void *recv, size_t count,
+                              dt_dtype dt, int root);
+
+/* Rank r's recv (count) = block r of root's send (W*count). send may be
+ * NULL elsewhere. */
+DT_API dt_status dt_pg_scatter_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                     dt_dtype dt, int root, dt_req **req);
+DT_API dt_status dt_pg_scatter(dt_pg *pg, const void *send, void *recv, size_t count,
+                               dt_dtype dt, int root);
+
+/* Block j of send (count) goes to rank j; block j of recv comes from rank j.
+ * In place: send NULL (recv holds the outgoing blocks). */
+DT_API dt_status dt_pg_alltoall_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                      dt_dtype dt, dt_req **req);
+DT_API dt_status dt_pg_alltoall(dt_pg *pg, const void *send, void *recv, size_t count,
+                                dt_dtype dt);
+
+/* Returns when every rank has entered it. */
+DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
+DT_API dt_status dt_pg_barrier(dt_pg *pg);
+
+/* Point to point, matched in posting order per (sender, receiver) pair; count
+ * and dtype must agree (else DT_ERR_MISMATCH). peer != this rank. */
+DT_API dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt,
+                                  int peer, dt_req **req);
+DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer);
+DT_API dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer,
+                                  dt_req **req);
+DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer);
+
+/* ---- writing a backend ---------------------------------------------------
+ * A backend is a table of functions with a version, registered by name.
+ * The group layer checks arguments, assigns sequence numbers, queues
+ * requests and calls `run` for one operation at a time, in posting order,
+ * from one executor thread at a time (never concurrently for one group). A
+ * backend therefore only implements blocking operations. See examples/ for
+ * a complete backend and src/comm/backend_self.c for the smallest one. */
+
+#define DT_BACKEND_VERSION 1
+
+/* One operation, as the group layer hands it to a backend. Arguments are
+ * already checked and in-place forms normalised: `send` always points at
+ * the input (for in-place calls it aliases recv as described above) and
+ * in_place says so. */
+typedef struct dt_coll {
+    dt_coll_kind kind;
+    const void *send;      /* input; NULL for barrier/recv and non-root scatter */
+    void *recv;            /* output; NULL for barrier/send and non-root reduce/gather */
+    size_t count;          /* elements, meaning as in the dt_pg_<kind> call */
+    dt_dtype dtype;
+    dt_reduce_op op;       /* reductions only */
+    int root;              /* reduce/broadcast/gather/scatter root; send/recv peer; else -1 */
+    const size_t *counts;  /* allgatherv: W element counts */
+    const size_t *displs;  /* allgatherv: W element displacements (never NULL here) */
+    int in_place;          /* 1 if send aliases recv */
+    uint64_t seq;          /* sequence number (collectives: per group; p2p: per peer pair) */
+    double timeout_s;      /* the group's per-operation timeout */
+} dt_coll;
+
+/* What a backend's init gets. Strings are borrowed for the call. */
+typedef struct dt_backend_info {
+    int rank, world_size, local_rank, local_world_size;
+    const char *job_id;      /* "" if unknown */
+    const char *master_addr; /* "" if unknown */
+    int master_port;         /* 0 if unknown */
+    double timeout_s;        /* per-operation timeout */
+    int check;               /* 1: fingerprint collectives across ranks */
+    const char *options;     /* text after the name in the backend string ("shm?x=1" → "x=1"), "" if none */
+} dt_backend_info;
+
+typedef struct dt_backend_ops {
+    int version;        /* required: DT_BACKEND_VERSION */
+    const char *name;   /* required: registry name, [a-z0-9_]+ */
+    /* Required. Set up this rank's state (collective across ranks). On
+     * error return the status with dt_error() set. */
+    dt_status (*init)(const dt_backend_info *info, void **ctx);
+    /* Required. Release the state (after the last operation). */
+    void (*free)(void *ctx);
+    /* Required. Run one operation to completion. Return DT_OK or an error
+     * with dt_error() set; the message is copied into the request. */
+    dt_status (*run)(void *ctx, const dt_coll *c);
+    /* Optional (0 = all kinds): bit (1u << kind) set for each kind `run`
+     * handles; others fail with DT_ERR_UNSUPPORTED naming backend and kind. */
+    uint32_t kinds;
+    /* Optional (default: dt_alloc / dt_free; collectives get plain memory). */
+    void *(*mem_alloc)(void *ctx, size_t bytes);
+    void (*mem_free)(void *ctx, void *p);
+    /* Optional (default: DT_ERR_UNSUPPORTED). Make a subgroup of the listed
+     * parent ranks; called on every parent rank when the parent is idle;
+     * new_rank is this rank's place in the list or -1, in which case
+     * *child must be set to NULL. */
+    dt_status (*subgroup)(void *ctx, const int *ranks, int n, int new_rank, void **child);
+    /* Optional (default: none). Called when the group layer marks the group
+     * failed on this rank, so the backend can tell its peers. */
+    void (*abort)(void *ctx, dt_status st, const char *msg);
+} dt_backend_ops;
+
+/* Register a backend under ops->name (the table is copied; the name string
+ * must outlive the program, e.g. a literal). Re-registering a name
+ * replaces it. Errors: DT_ERR_INVALID_ARG (version, name or a required slot
+ * missing). Thread-safe. */
+DT_API dt_status dt_backend_register(const dt_backend_ops *ops);
+/* The registered table for name, or NULL. */
+DT_API const dt_backend_ops *dt_backend_find(const char *name);
+/* Registered names, comma-separated, into buf; returns buf. */
+DT_API char *dt_backend_list(char *buf, size_t n);
+
+/* Parse a backend string: the entry for `device` ("cpu"; entries without a
+ * device prefix are cpu) into name (and options after '?', "" if none).
+ * Returns DT_ERR_NOT_FOUND if there is no entry for the device,
+ * DT_ERR_INVALID_ARG for malformed text. */
+DT_API dt_status dt_backend_parse(const char *s, const char *device, char *name, size_t name_cap,
+                                  char *options, size_t options_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_COMM_H */

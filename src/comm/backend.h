@@ -1,0 +1,73 @@
+/* src/comm/backend.h — what a built-in backend needs from the group layer.
+ *
+ * The backend table itself, dt_backend_ops, is public (include/dtrain/comm.h,
+ * "writing a backend"): built-in backends and user backends implement the
+ * same, versioned table. Contract, once more, for implementers:
+ *
+ *   slot        required?  default when NULL
+ *   ----------  ---------  ---------------------------------------------
+ *   version     yes        (must equal DT_BACKEND_VERSION)
+ *   name        yes        —
+ *   init        yes        —            collective; set *ctx
+ *   free        yes        —
+ *   run         yes        —            one operation, blocking, in order
+ *   kinds       no         0 = every dt_coll_kind is handled by run
+ *   mem_alloc   no         dt_alloc (plain memory)
+ *   mem_free    no         dt_free
+ *   subgroup    no         DT_ERR_UNSUPPORTED
+ *   abort       no         nothing
+ *
+ * Threading: run/subgroup/mem_* of one ctx are never called concurrently
+ * (the group's executor lock is held), but successive calls may come from
+ * different threads (the caller's or the progress thread): an MPI backend
+ * needs MPI_THREAD_SERIALIZED at least.
+ *
+ * Errors: return a negative dt_status after dt_error(); the group layer
+ * copies the message into the request, marks the group failed and fails
+ * every later request with the same status. A backend should honour
+ * c->timeout_s (DT_ERR_TIMEOUT naming kind, seq and the missing ranks) and
+ * report dead peers as DT_ERR_PEER_FAILED; backends that cannot (MPI aborts
+ * the job on a dead peer by default) should say so in their file's header.
+ *
+ * The MPI backend: src/comm/backend_mpi.c (built only when MPI is found)
+ * defines `const dt_backend_ops dt__backend_mpi` with name "mpi". The
+ * registry references it whenever that file exists (registry.c checks with
+ * __has_include), so no other change is needed to add it. The group layer
+ * picks "mpi" by default when the ranks came from Open MPI / PMI / Slurm
+ * variables (see comm.h); dt_backend_info then carries those ranks.
+ */
+#ifndef DT_COMM_BACKEND_H
+#define DT_COMM_BACKEND_H
+
+#include "dtrain/comm.h"
+
+/* Built-in backends. */
+extern const dt_backend_ops dt__backend_self;
+extern const dt_backend_ops dt__backend_shm;
+
+/* ---- helpers shared by backends ------------------------------------- */
+
+/* dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < count, sources
+ * combined in array order (fixed order = reproducible bits). dst may alias
+ * any source element-for-element. f16/bf16 accumulate in f32 and round
+ * once. For DT_REDUCE_AVG the partial result is the sum; pass avg_div = W
+ * on the final reduction to divide (integers truncate), 0 otherwise. */
+void dt__reduce(dt_dtype dt, dt_reduce_op op, void *dst, const void *const *srcs, int nsrc,
+                size_t count, int avg_div);
+
+/* Divide count elements of buf by w in place (the end of an avg). */
+void dt__avg_finish(dt_dtype dt, void *buf, size_t count, int w);
+
+/* Large copies (non-temporal stores past the cache size). */
+void dt__copy(void *dst, const void *src, size_t bytes);
+
+/* A one-line description of an operation for messages:
+ * "allreduce(count=10, f32, sum) #5". Returns buf. */
+char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);
+
+/* Environment helpers: integer / double value of a variable, or def if
+ * unset; a set but malformed value is an error. */
+dt_status dt__env_long(const char *name, long def, long *out);
+dt_status dt__env_double(const char *name, double def, double *out);
+
+#endif /* DT_COMM_BACKEND_H */

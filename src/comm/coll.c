@@ -1,0 +1,392 @@
+/* The public collective calls: check arguments, normalise in-place forms,
+ * post a request; the blocking forms post, wait and free. */
+#include "comm/pg.h"
+
+#include <stdlib.h>
+
+static dt_status check_common(dt_pg *pg, const char *fn, dt_dtype dt, dt_req **req)
+{
+    if (req)
+        *req = NULL;
+    if (!pg)
+        return dt_error(DT_ERR_NULL, "%s: NULL group", fn);
+    if ((unsigned)dt >= DT_DTYPE_COUNT)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)dt);
+    return DT_OK;
+}
+
+static dt_status check_op(const char *fn, dt_reduce_op op)
+{
+    if ((unsigned)op >= DT_REDUCE_OP_COUNT)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: invalid reduction %d", fn, (int)op);
+    return DT_OK;
+}
+
+static dt_status check_root(dt_pg *pg, const char *fn, int root, const char *what)
+{
+    if (root < 0 || root >= pg->size)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %s %d out of range [0, %d)", fn, what, root,
+                        pg->size);
+    return DT_OK;
+}
+
+static dt_status need(const void *p, size_t count, const char *fn, const char *what)
+{
+    if (!p && count)
+        return dt_error(DT_ERR_NULL, "%s: NULL %s with count %zu", fn, what, count);
+    return DT_OK;
+}
+
+static dt_coll coll_make(dt_coll_kind k, const void *send, void *recv, size_t count, dt_dtype dt)
+{
+    dt_coll c = {.kind = k, .send = send, .recv = recv, .count = count, .dtype = dt,
+                 .op = DT_REDUCE_SUM, .root = -1};
+    return c;
+}
+
+/* Post, then either hand the request back or wait for it here. */
+static dt_status finish(dt_pg *pg, const dt_coll *c, size_t *own, dt_req **req)
+{
+    if (req)
+        return dt__pg_post(pg, c, own, 1, req);
+    dt_req *r;
+    dt_status st = dt__pg_post(pg, c, own, 0, &r);
+    if (st < 0)
+        return st;
+    st = dt_req_wait(r, -1);
+    dt_req_free(r);
+    return st;
+}
+
+#define CHK(x)                                                                                     \
+    do {                                                                                           \
+        dt_status st_ = (x);                                                                       \
+        if (st_ < 0)                                                                               \
+            return st_;                                                                            \
+    } while (0)
+
+static char *byte_off(const void *p, size_t elems, dt_dtype dt)
+{
+    return (char *)p + elems * dt_dtype_size(dt);
+}
+
+/* ---- allreduce ---- */
+static dt_status allreduce(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                           dt_reduce_op op, dt_req **req)
+{
+    const char *fn = "dt_pg_allreduce";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    CHK(need(recv, count, fn, "recv"));
+    dt_coll c = coll_make(DT_COLL_ALLREDUCE, send ? send : recv, recv, count, dt);
+    c.op = op;
+    c.in_place = c.send == recv;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_allreduce_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                                dt_reduce_op op, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_allreduce_async: NULL req");
+    return allreduce(pg, send, recv, count, dt, op, req);
+}
+dt_status dt_pg_allreduce(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                          dt_reduce_op op)
+{
+    return allreduce(pg, send, recv, count, dt, op, NULL);
+}
+
+/* ---- reduce ---- */
+static dt_status reduce(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                        dt_reduce_op op, int root, dt_req **req)
+{
+    const char *fn = "dt_pg_reduce";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    CHK(check_root(pg, fn, root, "root"));
+    int is_root = pg->rank == root;
+    if (!send && !is_root)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: in-place (send NULL) only at the root", fn);
+    if (is_root)
+        CHK(need(recv, count, fn, "recv at root"));
+    CHK(need(send ? send : recv, count, fn, "send"));
+    dt_coll c = coll_make(DT_COLL_REDUCE, send ? send : recv, is_root ? recv : NULL, count, dt);
+    c.op = op;
+    c.root = root;
+    c.in_place = is_root && c.send == recv;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_reduce_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                             dt_reduce_op op, int root, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_reduce_async: NULL req");
+    return reduce(pg, send, recv, count, dt, op, root, req);
+}
+dt_status dt_pg_reduce(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                       dt_reduce_op op, int root)
+{
+    return reduce(pg, send, recv, count, dt, op, root, NULL);
+}
+
+/* ---- broadcast ---- */
+static dt_status broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int root,
+                           dt_req **req)
+{
+    const char *fn = "dt_pg_broadcast";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_root(pg, fn, root, "root"));
+    CHK(need(buf, count, fn, "buf"));
+    dt_coll c = coll_make(DT_COLL_BROADCAST, buf, buf, count, dt);
+    c.root = root;
+    c.in_place = 1;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int root,
+                                dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_broadcast_async: NULL req");
+    return broadcast(pg, buf, count, dt, root, req);
+}
+dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int root)
+{
+    return broadcast(pg, buf, count, dt, root, NULL);
+}
+
+/* ---- allgather ---- */
+static dt_status allgather(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                           dt_req **req)
+{
+    const char *fn = "dt_pg_allgather";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(need(recv, count, fn, "recv"));
+    const void *mine = recv ? byte_off(recv, (size_t)pg->rank * count, dt) : NULL;
+    dt_coll c = coll_make(DT_COLL_ALLGATHER, send ? send : mine, recv, count, dt);
+    CHK(need(c.send, count, fn, "send"));
+    c.in_place = c.send == mine;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_allgather_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                                dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_allgather_async: NULL req");
+    return allgather(pg, send, recv, count, dt, req);
+}
+dt_status dt_pg_allgather(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt)
+{
+    return allgather(pg, send, recv, count, dt, NULL);
+}
+
+/* ---- allgatherv ---- */
+static dt_status allgatherv(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                            const size_t *displs, dt_dtype dt, dt_req **req)
+{
+    const char *fn = "dt_pg_allgatherv";
+    CHK(check_common(pg, fn, dt, req));
+    if (!counts)
+        return dt_error(DT_ERR_NULL, "%s: NULL counts", fn);
+    size_t total = 0, *own = NULL;
+    for (int r = 0; r < pg->size; r++)
+        total += counts[r];
+    if (!displs) {
+        own = malloc((size_t)pg->size * sizeof *own);
+        if (!own)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+        size_t off = 0;
+        for (int r = 0; r < pg->size; r++) {
+            own[r] = off;
+            off += counts[r];
+        }
+        displs = own;
+    }
+    dt_status st = need(recv, total, fn, "recv");
+    const void *mine = recv ? byte_off(recv, displs[pg->rank], dt) : NULL;
+    dt_coll c = coll_make(DT_COLL_ALLGATHERV, send ? send : mine, recv, counts[pg->rank], dt);
+    if (st == DT_OK)
+        st = need(c.send, c.count, fn, "send");
+    if (st < 0) {
+        free(own);
+        return st;
+    }
+    c.counts = counts;
+    c.displs = displs;
+    c.in_place = c.send == mine;
+    return finish(pg, &c, own, req);
+}
+dt_status dt_pg_allgatherv_async(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                                 const size_t *displs, dt_dtype dt, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_allgatherv_async: NULL req");
+    return allgatherv(pg, send, recv, counts, displs, dt, req);
+}
+dt_status dt_pg_allgatherv(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                           const size_t *displs, dt_dtype dt)
+{
+    return allgatherv(pg, send, recv, counts, displs, dt, NULL);
+}
+
+/* ---- reduce_scatter ---- */
+static dt_status reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t count,
+                                dt_dtype dt, dt_reduce_op op, dt_req **req)
+{
+    const char *fn = "dt_pg_reduce_scatter";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    CHK(need(send, count, fn, "send"));
+    CHK(need(recv, count, fn, "recv"));
+    dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, send, recv, count, dt);
+    c.op = op;
+    c.in_place = send && recv == byte_off(send, (size_t)pg->rank * count, dt);
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *send, void *recv, size_t count,
+                                     dt_dtype dt, dt_reduce_op op, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_reduce_scatter_async: NULL req");
+    return reduce_scatter(pg, send, recv, count, dt, op, req);
+}
+dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                               dt_reduce_op op)
+{
+    return reduce_scatter(pg, send, recv, count, dt, op, NULL);
+}
+
+/* ---- gather ---- */
+static dt_status gather(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                        int root, dt_req **req)
+{
+    const char *fn = "dt_pg_gather";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_root(pg, fn, root, "root"));
+    int is_root = pg->rank == root;
+    if (is_root)
+        CHK(need(recv, count, fn, "recv at root"));
+    if (!send && !is_root)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: in-place (send NULL) only at the root", fn);
+    const void *mine = is_root && recv ? byte_off(recv, (size_t)root * count, dt) : NULL;
+    dt_coll c = coll_make(DT_COLL_GATHER, send ? send : mine, is_root ? recv : NULL, count, dt);
+    CHK(need(c.send, count, fn, "send"));
+    c.root = root;
+    c.in_place = is_root && c.send == mine;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_gather_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                             int root, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_gather_async: NULL req");
+    return gather(pg, send, recv, count, dt, root, req);
+}
+dt_status dt_pg_gather(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                       int root)
+{
+    return gather(pg, send, recv, count, dt, root, NULL);
+}
+
+/* ---- scatter ---- */
+static dt_status scatter(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                         int root, dt_req **req)
+{
+    const char *fn = "dt_pg_scatter";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_root(pg, fn, root, "root"));
+    int is_root = pg->rank == root;
+    if (is_root)
+        CHK(need(send, count, fn, "send at root"));
+    CHK(need(recv, count, fn, "recv"));
+    dt_coll c = coll_make(DT_COLL_SCATTER, is_root ? send : NULL, recv, count, dt);
+    c.root = root;
+    c.in_place = is_root && recv == byte_off(send, (size_t)root * count, dt);
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_scatter_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                              int root, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_scatter_async: NULL req");
+    return scatter(pg, send, recv, count, dt, root, req);
+}
+dt_status dt_pg_scatter(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                        int root)
+{
+    return scatter(pg, send, recv, count, dt, root, NULL);
+}
+
+/* ---- alltoall ---- */
+static dt_status alltoall(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                          dt_req **req)
+{
+    const char *fn = "dt_pg_alltoall";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(need(recv, count, fn, "recv"));
+    dt_coll c = coll_make(DT_COLL_ALLTOALL, send ? send : recv, recv, count, dt);
+    c.in_place = c.send == recv;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_alltoall_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
+                               dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_alltoall_async: NULL req");
+    return alltoall(pg, send, recv, count, dt, req);
+}
+dt_status dt_pg_alltoall(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt)
+{
+    return alltoall(pg, send, recv, count, dt, NULL);
+}
+
+/* ---- barrier ---- */
+static dt_status barrier(dt_pg *pg, dt_req **req)
+{
+    CHK(check_common(pg, "dt_pg_barrier", DT_U8, req));
+    dt_coll c = coll_make(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8);
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_barrier_async: NULL req");
+    return barrier(pg, req);
+}
+dt_status dt_pg_barrier(dt_pg *pg) { return barrier(pg, NULL); }
+
+/* ---- send / recv ---- */
+static dt_status p2p(dt_pg *pg, dt_coll_kind k, void *buf, size_t count, dt_dtype dt, int peer,
+                     dt_req **req)
+{
+    const char *fn = k == DT_COLL_SEND ? "dt_pg_send" : "dt_pg_recv";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_root(pg, fn, peer, "peer"));
+    if (peer == pg->rank)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: peer %d is this rank; use a copy", fn, peer);
+    CHK(need(buf, count, fn, "buf"));
+    dt_coll c = coll_make(k, k == DT_COLL_SEND ? buf : NULL, k == DT_COLL_RECV ? buf : NULL, count,
+                          dt);
+    c.root = peer;
+    return finish(pg, &c, NULL, req);
+}
+dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer,
+                           dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_send_async: NULL req");
+    return p2p(pg, DT_COLL_SEND, (void *)buf, count, dt, peer, req);
+}
+dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer)
+{
+    return p2p(pg, DT_COLL_SEND, (void *)buf, count, dt, peer, NULL);
+}
+dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_recv_async: NULL req");
+    return p2p(pg, DT_COLL_RECV, buf, count, dt, peer, req);
+}
+dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer)
+{
+    return p2p(pg, DT_COLL_RECV, buf, count, dt, peer, NULL);
+}

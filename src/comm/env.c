@@ -1,0 +1,240 @@
+/* Rank discovery: explicit params, then launcher variables, in the
+ * precedence that comm.h documents. Every source is read as a whole (rank,
+ * size, local rank, local size) and validated; a half-set source or values
+ * that contradict each other are an error that names the variables. */
+#include "comm/pg.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *dt__rank_source_name(dt__rank_source s)
+{
+    switch (s) {
+    case DT__SRC_PARAMS: return "params";
+    case DT__SRC_DTRAIN: return "dtrain (DT_RANK/DT_WORLD_SIZE)";
+    case DT__SRC_TORCHRUN: return "torchrun (RANK/WORLD_SIZE)";
+    case DT__SRC_OMPI: return "Open MPI (OMPI_COMM_WORLD_*)";
+    case DT__SRC_PMI: return "PMI (PMI_RANK/PMI_SIZE)";
+    case DT__SRC_MV2: return "MVAPICH2 (MV2_COMM_WORLD_*)";
+    case DT__SRC_SLURM: return "Slurm (SLURM_PROCID/SLURM_NTASKS)";
+    case DT__SRC_NONE: return "none (single process)";
+    }
+    return "?";
+}
+
+dt_status dt__env_long(const char *name, long def, long *out)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) {
+        *out = def;
+        return DT_OK;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    while (*end == ' ')
+        end++;
+    if (errno || end == s || *end)
+        return dt_error(DT_ERR_INVALID_ARG, "environment variable %s=\"%s\" is not an integer",
+                        name, s);
+    *out = v;
+    return DT_OK;
+}
+
+dt_status dt__env_double(const char *name, double def, double *out)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) {
+        *out = def;
+        return DT_OK;
+    }
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    while (*end == ' ')
+        end++;
+    if (errno || end == s || *end)
+        return dt_error(DT_ERR_INVALID_ARG, "environment variable %s=\"%s\" is not a number",
+                        name, s);
+    *out = v;
+    return DT_OK;
+}
+
+/* Names of one source's variables. */
+typedef struct {
+    dt__rank_source src;
+    const char *rank, *size, *lrank, *lsize;
+} src_vars;
+
+static const src_vars k_sources[] = {
+    {DT__SRC_DTRAIN, "DT_RANK", "DT_WORLD_SIZE", "DT_LOCAL_RANK", "DT_LOCAL_WORLD_SIZE"},
+    {DT__SRC_TORCHRUN, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {DT__SRC_OMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {DT__SRC_PMI, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {DT__SRC_MV2, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+     "MV2_COMM_WORLD_LOCAL_SIZE"},
+    {DT__SRC_SLURM, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+};
+
+static int is_set(const char *name) { return name && getenv(name) && *getenv(name); }
+
+/* Slurm's SLURM_TASKS_PER_NODE ("4(x2),3") entry for node `node`. */
+static long slurm_tasks_on_node(const char *s, long node)
+{
+    long idx = 0;
+    while (s && *s) {
+        char *end;
+        long n = strtol(s, &end, 10);
+        if (end == s)
+            return -1;
+        long rep = 1;
+        if (*end == '(' && end[1] == 'x') {
+            rep = strtol(end + 2, &end, 10);
+            if (*end != ')')
+                return -1;
+            end++;
+        }
+        if (node < idx + rep)
+            return n;
+        idx += rep;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return -1;
+}
+
+static dt_status read_source(const src_vars *v, dt__rank_env *o)
+{
+    long r, n, lr, ln;
+    if (!is_set(v->rank) || !is_set(v->size))
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "%s: %s is set but %s is not; set both (or neither)",
+                        dt__rank_source_name(v->src), is_set(v->rank) ? v->rank : v->size,
+                        is_set(v->rank) ? v->size : v->rank);
+    if (dt__env_long(v->rank, -1, &r) < 0 || dt__env_long(v->size, -1, &n) < 0)
+        return DT_ERR_INVALID_ARG;
+    if (dt__env_long(v->lrank, -1, &lr) < 0)
+        return DT_ERR_INVALID_ARG;
+    ln = -1;
+    if (v->lsize) {
+        if (dt__env_long(v->lsize, -1, &ln) < 0)
+            return DT_ERR_INVALID_ARG;
+    } else {
+        long node;
+        if (is_set("SLURM_NODEID") && dt__env_long("SLURM_NODEID", 0, &node) == DT_OK)
+            ln = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), node);
+    }
+    int lr_set = is_set(v->lrank), ln_set = ln >= 0 || (v->lsize && is_set(v->lsize));
+    if (!lr_set && !ln_set) {
+        lr = r; /* no local information: assume every rank is here */
+        ln = n;
+    } else if (lr_set != ln_set) {
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %s is set but %s is not",
+                        dt__rank_source_name(v->src), lr_set ? v->lrank : (v->lsize ? v->lsize : "SLURM_TASKS_PER_NODE"),
+                        lr_set ? (v->lsize ? v->lsize : "SLURM_TASKS_PER_NODE") : v->lrank);
+    }
+    if (n < 1 || r < 0 || r >= n)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %s=%ld must be in [0, %s=%ld)",
+                        dt__rank_source_name(v->src), v->rank, r, v->size, n);
+    if (ln < 1 || ln > n || lr < 0 || lr >= ln)
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "%s: local rank %s=%ld must be in [0, local size %ld], and the local "
+                        "size in [1, %s=%ld]",
+                        dt__rank_source_name(v->src), v->lrank, lr, ln, v->size, n);
+    o->rank = (int)r;
+    o->size = (int)n;
+    o->local_rank = (int)lr;
+    o->local_size = (int)ln;
+    o->src = v->src;
+    return DT_OK;
+}
+
+static void copy_env(char *dst, size_t cap, const char *name)
+{
+    const char *s = getenv(name);
+    if (s && *s && !dst[0])
+        snprintf(dst, cap, "%s", s);
+}
+
+dt_status dt__rank_discover(const dt_pg_params *p, dt__rank_env *o)
+{
+    memset(o, 0, sizeof *o);
+    o->src = DT__SRC_NONE;
+    if (p && (p->rank >= 0 || p->world_size > 0)) {
+        if (p->world_size < 1 || p->rank < 0 || p->rank >= p->world_size)
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "dt_pg_params: rank=%d must be in [0, world_size=%d)", p->rank,
+                            p->world_size);
+        int ln = p->local_world_size > 0 ? p->local_world_size : p->world_size;
+        int lr = p->local_rank >= 0 ? p->local_rank : (p->local_world_size > 0 ? -1 : p->rank);
+        if (ln > p->world_size || lr < 0 || lr >= ln)
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "dt_pg_params: local_rank=%d must be in [0, local_world_size=%d) "
+                            "and local_world_size <= world_size=%d",
+                            p->local_rank, p->local_world_size, p->world_size);
+        o->rank = p->rank;
+        o->size = p->world_size;
+        o->local_rank = lr;
+        o->local_size = ln;
+        o->src = DT__SRC_PARAMS;
+    } else {
+        o->rank = 0;
+        o->size = 1;
+        o->local_rank = 0;
+        o->local_size = 1;
+        for (size_t i = 0; i < sizeof k_sources / sizeof k_sources[0]; i++) {
+            const src_vars *v = &k_sources[i];
+            if (!is_set(v->rank) && !is_set(v->size))
+                continue;
+            /* Slurm only inside an srun step (an sbatch script has the
+             * variables of the allocation, not of a task). */
+            if (v->src == DT__SRC_SLURM && !is_set("SLURM_STEP_ID"))
+                continue;
+            dt_status st = read_source(v, o);
+            if (st < 0)
+                return st;
+            break;
+        }
+        /* dtrain's launcher also exports torchrun's names: they must agree. */
+        if (o->src == DT__SRC_DTRAIN && is_set("RANK") && is_set("WORLD_SIZE")) {
+            long r, n;
+            if (dt__env_long("RANK", -1, &r) < 0 || dt__env_long("WORLD_SIZE", -1, &n) < 0)
+                return DT_ERR_INVALID_ARG;
+            if (r != o->rank || n != o->size)
+                return dt_error(DT_ERR_INVALID_ARG,
+                                "inconsistent environment: DT_RANK=%d DT_WORLD_SIZE=%d but "
+                                "RANK=%ld WORLD_SIZE=%ld",
+                                o->rank, o->size, r, n);
+        }
+    }
+
+    /* Job id (names the shm segment) and the rendezvous address. */
+    if (p && p->job_id)
+        snprintf(o->job_id, sizeof o->job_id, "%s", p->job_id);
+    if (!o->job_id[0] && is_set("DT_JOB_ID")) {
+        const char *rc = getenv("DT_RESTART_COUNT");
+        snprintf(o->job_id, sizeof o->job_id, "%s.%s", getenv("DT_JOB_ID"), rc && *rc ? rc : "0");
+    }
+    if (o->src >= DT__SRC_OMPI && o->src != DT__SRC_NONE) {
+        copy_env(o->job_id, sizeof o->job_id, "OMPI_MCA_ess_base_jobid");
+        copy_env(o->job_id, sizeof o->job_id, "PMIX_NAMESPACE");
+        if (!o->job_id[0] && is_set("SLURM_JOB_ID"))
+            snprintf(o->job_id, sizeof o->job_id, "slurm.%s.%s", getenv("SLURM_JOB_ID"),
+                     is_set("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
+    }
+    if (p && p->master_addr)
+        snprintf(o->master_addr, sizeof o->master_addr, "%s", p->master_addr);
+    copy_env(o->master_addr, sizeof o->master_addr, "MASTER_ADDR");
+    o->master_port = p && p->master_port > 0 ? p->master_port : 0;
+    if (!o->master_port) {
+        long port;
+        if (dt__env_long("MASTER_PORT", 0, &port) < 0)
+            return DT_ERR_INVALID_ARG;
+        if (port < 0 || port > 65535)
+            return dt_error(DT_ERR_INVALID_ARG, "MASTER_PORT=%ld is not a TCP port", port);
+        o->master_port = (int)port;
+    }
+    return DT_OK;
+}

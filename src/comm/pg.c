@@ -1,0 +1,297 @@
+/* Process groups: creation from params/environment, backend choice,
+ * subgroups, accessors, shared allocations. */
+#include "comm/pg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_pg_params dt_pg_params_default(void)
+{
+    dt_pg_params p;
+    memset(&p, 0, sizeof p);
+    p.rank = -1;
+    p.world_size = -1;
+    p.local_rank = -1;
+    p.local_world_size = -1;
+    p.check = -1;
+    return p;
+}
+
+static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, int lsize,
+                     double timeout_s, int check)
+{
+    dt_pg *pg = calloc(1, sizeof *pg);
+    if (!pg)
+        return NULL;
+    pg->p2p_seq = calloc(2 * (size_t)size, sizeof *pg->p2p_seq);
+    if (!pg->p2p_seq) {
+        free(pg);
+        return NULL;
+    }
+    pg->ops_copy = *ops;
+    pg->ops = &pg->ops_copy;
+    snprintf(pg->backend, sizeof pg->backend, "%s", ops->name);
+    pg->rank = rank;
+    pg->size = size;
+    pg->local_rank = lrank;
+    pg->local_size = lsize;
+    pg->timeout_s = timeout_s;
+    pg->check = check;
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_mutex_init(&pg->mem_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pg->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return pg;
+}
+
+static void pg_delete(dt_pg *pg)
+{
+    pthread_cond_destroy(&pg->cv);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_mutex_destroy(&pg->mem_mu);
+    free(pg->p2p_seq);
+    free(pg);
+}
+
+/* The backend name when nobody chose one. */
+static const char *default_backend(const dt__rank_env *e)
+{
+    if (e->size == 1)
+        return "self";
+    int mpi_launch = e->src == DT__SRC_OMPI || e->src == DT__SRC_PMI || e->src == DT__SRC_MV2 ||
+                     e->src == DT__SRC_SLURM;
+    if (mpi_launch && dt_backend_find("mpi"))
+        return "mpi";
+    if (e->local_size == e->size)
+        return "shm";
+    return dt_backend_find("mpi") ? "mpi" : "shm";
+}
+
+dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_pg_init: NULL out");
+    *out = NULL;
+    dt_pg_params p = params ? *params : dt_pg_params_default();
+    dt__registry_init();
+
+    dt__rank_env e;
+    dt_status st = dt__rank_discover(&p, &e);
+    if (st < 0)
+        return st;
+
+    double timeout = p.timeout_s;
+    if (timeout <= 0) {
+        if (dt__env_double("DT_COMM_TIMEOUT", 300.0, &timeout) < 0)
+            return DT_ERR_INVALID_ARG;
+        if (timeout <= 0)
+            return dt_error(DT_ERR_INVALID_ARG, "DT_COMM_TIMEOUT=%g must be > 0 seconds",
+                            timeout);
+    }
+    int check = p.check;
+    if (check < 0) {
+        long c;
+        if (dt__env_long("DT_COMM_CHECK", 1, &c) < 0)
+            return DT_ERR_INVALID_ARG;
+        check = c != 0;
+    }
+
+    const char *bs = p.backend;
+    if (!bs || !*bs)
+        bs = getenv("DT_BACKEND");
+    char name[64], opts[256];
+    if (bs && *bs) {
+        st = dt_backend_parse(bs, "cpu", name, sizeof name, opts, sizeof opts);
+        if (st < 0)
+            return st;
+    } else {
+        snprintf(name, sizeof name, "%s", default_backend(&e));
+        opts[0] = '\0';
+    }
+    const dt_backend_ops *ops = dt_backend_find(name);
+    if (!ops) {
+        char list[256];
+        return dt_error(DT_ERR_NOT_FOUND, "backend '%s' is not registered (registered: %s)", name,
+                        dt_backend_list(list, sizeof list));
+    }
+
+    dt_pg *pg = pg_new(ops, e.rank, e.size, e.local_rank, e.local_size, timeout, check);
+    if (!pg)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_pg_init: out of memory");
+    dt_backend_info info = {
+        .rank = e.rank,
+        .world_size = e.size,
+        .local_rank = e.local_rank,
+        .local_world_size = e.local_size,
+        .job_id = e.job_id,
+        .master_addr = e.master_addr,
+        .master_port = e.master_port,
+        .timeout_s = timeout,
+        .check = check,
+        .options = opts,
+    };
+    dt_error_clear();
+    st = pg->ops->init(&info, &pg->ctx);
+    if (st < 0) {
+        if (!dt_last_error()[0])
+            dt_error(st, "backend '%s' failed to start: %s", name, dt_status_str(st));
+        pg_delete(pg);
+        return st;
+    }
+    *out = pg;
+    return DT_OK;
+}
+
+void dt_pg_free(dt_pg *pg)
+{
+    if (!pg)
+        return;
+    dt__pg_engine_stop(pg);
+    if (pg->children)
+        dt_log(DT_LOG_WARN, "dt_pg_free: %d subgroup(s) still alive; free them first",
+               pg->children);
+    pg->ops->free(pg->ctx);
+    if (pg->parent) {
+        pthread_mutex_lock(&pg->parent->mu);
+        pg->parent->children--;
+        pthread_mutex_unlock(&pg->parent->mu);
+    }
+    pg_delete(pg);
+}
+
+dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
+{
+    if (!parent || !ranks || !out)
+        return dt_error(DT_ERR_NULL, "dt_pg_subgroup: NULL argument");
+    *out = NULL;
+    if (n < 1 || n > parent->size)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pg_subgroup: %d ranks for a group of %d", n,
+                        parent->size);
+    int me = -1, local_before = 0;
+    char *seen = calloc((size_t)parent->size, 1);
+    if (!seen)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_pg_subgroup: out of memory");
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size || seen[ranks[i]]) {
+            int bad = ranks[i];
+            free(seen);
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "dt_pg_subgroup: rank %d at index %d is out of range [0, %d) or "
+                            "listed twice",
+                            bad, i, parent->size);
+        }
+        seen[ranks[i]] = 1;
+        if (ranks[i] == parent->rank)
+            me = i;
+    }
+    free(seen);
+    (void)local_before;
+    if (!parent->ops->subgroup)
+        return dt_error(DT_ERR_UNSUPPORTED, "backend '%s' does not implement subgroups",
+                        parent->ops->name);
+
+    /* Run in the parent's order: drain, then hold the executor role. */
+    pthread_mutex_lock(&parent->mu);
+    dt__pg_drain_locked(parent);
+    if (parent->fail_st != DT_OK) {
+        dt_status fst = parent->fail_st;
+        dt_error(fst, "%s", parent->fail_msg);
+        pthread_mutex_unlock(&parent->mu);
+        return fst;
+    }
+    parent->busy = 1;
+    parent->seq++; /* creation counts as one collective of the parent */
+    pthread_mutex_unlock(&parent->mu);
+
+    void *child = NULL;
+    dt_error_clear();
+    dt_status st = parent->ops->subgroup(parent->ctx, ranks, n, me, &child);
+
+    pthread_mutex_lock(&parent->mu);
+    parent->busy = 0;
+    pthread_cond_broadcast(&parent->cv);
+    pthread_mutex_unlock(&parent->mu);
+    if (st < 0)
+        return st;
+    if (me < 0)
+        return DT_OK;
+
+    /* Local ranks of a subgroup: everyone is local for local backends;
+     * otherwise unknown, so keep the conservative "all local" only when
+     * the parent is entirely local. */
+    int lsize = parent->local_size == parent->size ? n : 1;
+    int lrank = parent->local_size == parent->size ? me : 0;
+    dt_pg *pg = pg_new(parent->ops, me, n, lrank, lsize, parent->timeout_s, parent->check);
+    if (!pg) {
+        parent->ops->free(child);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_pg_subgroup: out of memory");
+    }
+    pg->ctx = child;
+    pg->parent = parent;
+    pthread_mutex_lock(&parent->mu);
+    parent->children++;
+    pthread_mutex_unlock(&parent->mu);
+    *out = pg;
+    return DT_OK;
+}
+
+int dt_pg_rank(const dt_pg *pg) { return pg ? pg->rank : -1; }
+int dt_pg_size(const dt_pg *pg) { return pg ? pg->size : 0; }
+int dt_pg_local_rank(const dt_pg *pg) { return pg ? pg->local_rank : -1; }
+int dt_pg_local_size(const dt_pg *pg) { return pg ? pg->local_size : 0; }
+const char *dt_pg_backend(const dt_pg *pg) { return pg ? pg->backend : ""; }
+
+dt_status dt_pg_status(const dt_pg *pg)
+{
+    if (!pg)
+        return dt_error(DT_ERR_NULL, "dt_pg_status: NULL group");
+    dt_pg *m = (dt_pg *)pg;
+    pthread_mutex_lock(&m->mu);
+    dt_status st = m->fail_st;
+    if (st != DT_OK)
+        dt_error(st, "%s", m->fail_msg);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+uint64_t dt_pg_seq(const dt_pg *pg)
+{
+    if (!pg)
+        return 0;
+    dt_pg *m = (dt_pg *)pg;
+    pthread_mutex_lock(&m->mu);
+    uint64_t s = m->seq;
+    pthread_mutex_unlock(&m->mu);
+    return s;
+}
+
+void *dt_pg_alloc(dt_pg *pg, size_t bytes)
+{
+    if (!pg) {
+        dt_error(DT_ERR_NULL, "dt_pg_alloc: NULL group");
+        return NULL;
+    }
+    if (!pg->ops->mem_alloc)
+        return dt_alloc(bytes);
+    pthread_mutex_lock(&pg->mem_mu);
+    void *p = pg->ops->mem_alloc(pg->ctx, bytes);
+    pthread_mutex_unlock(&pg->mem_mu);
+    return p;
+}
+
+void dt_pg_dealloc(dt_pg *pg, void *p)
+{
+    if (!pg || !p)
+        return;
+    if (!pg->ops->mem_free) {
+        dt_free(p);
+        return;
+    }
+    pthread_mutex_lock(&pg->mem_mu);
+    pg->ops->mem_free(pg->ctx, p);
+    pthread_mutex_unlock(&pg->mem_mu);
+}

@@ -1,0 +1,87 @@
+/* src/comm/pg.h — the group layer's private structures (pg.c, req.c,
+ * coll.c, env.c, registry.c). Backends do not include this. */
+#ifndef DT_COMM_PG_H
+#define DT_COMM_PG_H
+
+#include "comm/backend.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define DT__MSG_CAP 768
+
+/* Where the ranks came from (decides the default backend). */
+typedef enum {
+    DT__SRC_PARAMS = 0,
+    DT__SRC_DTRAIN,
+    DT__SRC_TORCHRUN,
+    DT__SRC_OMPI,
+    DT__SRC_PMI,
+    DT__SRC_MV2,
+    DT__SRC_SLURM,
+    DT__SRC_NONE
+} dt__rank_source;
+
+typedef struct dt__rank_env {
+    int rank, size, local_rank, local_size;
+    dt__rank_source src;
+    char job_id[160];
+    char master_addr[256];
+    int master_port;
+} dt__rank_env;
+
+/* Rank discovery (env.c): params first, then the environment in the order
+ * of comm.h. */
+dt_status dt__rank_discover(const dt_pg_params *p, dt__rank_env *out);
+const char *dt__rank_source_name(dt__rank_source s);
+
+/* Registry (registry.c): make sure the built-ins are registered. */
+void dt__registry_init(void);
+
+struct dt_req {
+    dt_pg *pg;
+    dt_coll c;
+    _Atomic int state;    /* DT_INPROGRESS, then the final status */
+    int freed;            /* user called dt_req_free (under pg->mu) */
+    dt_req *next;         /* queue link */
+    size_t *own_displs;   /* allgatherv displacements we computed */
+    char msg[DT__MSG_CAP];
+};
+
+struct dt_pg {
+    int rank, size, local_rank, local_size;
+    const dt_backend_ops *ops; /* = &ops_copy */
+    dt_backend_ops ops_copy;   /* the table at creation (registry may change) */
+    void *ctx;
+    char backend[64];
+    double timeout_s;
+    int check;
+    dt_pg *parent;
+    int children;              /* live subgroups */
+
+    pthread_mutex_t mu;        /* guards everything below */
+    pthread_cond_t cv;         /* any request completed / queue changed */
+    dt_req *head, *tail;       /* posted, not yet started */
+    int busy;                  /* an executor is inside ops->run */
+    int thread_on, stop;
+    pthread_t thread;
+    uint64_t seq;              /* next collective sequence number */
+    uint64_t *p2p_seq;         /* [2*size]: next send seq to r, next recv seq from r */
+    int pending;               /* posted and not completed */
+    dt_status fail_st;         /* DT_OK while healthy */
+    char fail_msg[DT__MSG_CAP];
+
+    pthread_mutex_t mem_mu;    /* serialises mem_alloc/mem_free */
+};
+
+/* Post a normalised operation (coll.c → req.c); takes ownership of
+ * own_displs. start_thread: start the progress thread if not running. */
+dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,
+                      dt_req **out);
+/* Run queued requests on this thread until the queue is empty and no
+ * executor is busy (mu held). */
+void dt__pg_drain_locked(dt_pg *pg);
+/* Drain, then stop and join the progress thread. */
+void dt__pg_engine_stop(dt_pg *pg);
+
+#endif /* DT_COMM_PG_H */

@@ -1,0 +1,311 @@
+/* Requests and the per-group progress engine.
+ *
+ * A group keeps a FIFO of posted requests. Exactly one executor at a time
+ * (pg->busy) takes the head and calls the backend's blocking `run`, so the
+ * operations of a group run one after another in posting order, the same on
+ * every rank. Two kinds of executor share the queue:
+ *
+ *  - a progress thread, started on the first asynchronous post, which
+ *    drains the queue while the application computes (the overlap DDP and
+ *    FSDP need), and sleeps on the condition variable when it is empty;
+ *  - the caller itself, inside dt_req_wait(req, -1) (and so inside every
+ *    blocking wrapper): when no executor is busy it runs queued requests up
+ *    to its own on its own thread. A blocking collective thus costs no
+ *    thread hand-off, which is what keeps small-message latency low.
+ *
+ * A failure marks the group failed (fail_st/fail_msg); queued and later
+ * requests then fail at once with the same status and message.
+ */
+#include "comm/pg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void req_release(dt_req *r)
+{
+    free(r->own_displs);
+    free(r);
+}
+
+/* Record the group's failure (first one wins) and tell the backend. */
+static void pg_mark_failed(dt_pg *pg, dt_status st, const char *msg)
+{
+    int first = 0;
+    pthread_mutex_lock(&pg->mu);
+    if (pg->fail_st == DT_OK) {
+        pg->fail_st = st;
+        snprintf(pg->fail_msg, sizeof pg->fail_msg, "%s", msg);
+        first = 1;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    if (first && pg->ops->abort)
+        pg->ops->abort(pg->ctx, st, msg);
+}
+
+/* Run one request (called with busy set and mu released). */
+static void exec_one(dt_pg *pg, dt_req *r)
+{
+    dt_status st;
+    char msg[DT__MSG_CAP];
+    msg[0] = '\0';
+
+    pthread_mutex_lock(&pg->mu);
+    dt_status fst = pg->fail_st;
+    if (fst != DT_OK)
+        snprintf(msg, sizeof msg, "%s", pg->fail_msg);
+    pthread_mutex_unlock(&pg->mu);
+
+    if (fst != DT_OK) {
+        st = fst;
+    } else if (pg->ops->kinds && !(pg->ops->kinds & (1u << r->c.kind))) {
+        st = DT_ERR_UNSUPPORTED;
+        snprintf(msg, sizeof msg, "backend '%s' does not implement %s", pg->ops->name,
+                 dt_coll_kind_name(r->c.kind));
+    } else {
+        dt_error_clear();
+        st = pg->ops->run(pg->ctx, &r->c);
+        if (st < 0) {
+            const char *e = dt_last_error();
+            char d[160];
+            if (e[0])
+                snprintf(msg, sizeof msg, "%s", e);
+            else
+                snprintf(msg, sizeof msg, "%s failed in backend '%s': %s",
+                         dt__coll_describe(&r->c, d, sizeof d), pg->ops->name,
+                         dt_status_str(st));
+            /* Unsupported operations do not break the group. */
+            if (st != DT_ERR_UNSUPPORTED)
+                pg_mark_failed(pg, st, msg);
+        } else {
+            st = DT_OK;
+        }
+    }
+
+    pthread_mutex_lock(&pg->mu);
+    snprintf(r->msg, sizeof r->msg, "%s", st < 0 ? msg : "");
+    atomic_store_explicit(&r->state, (int)st, memory_order_release);
+    pg->pending--;
+    if (r->freed)
+        req_release(r);
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* Pop the head and run it; called with mu held and busy clear, returns with
+ * mu held. */
+static void run_head_locked(dt_pg *pg)
+{
+    dt_req *r = pg->head;
+    pg->head = r->next;
+    if (!pg->head)
+        pg->tail = NULL;
+    r->next = NULL;
+    pg->busy = 1;
+    pthread_mutex_unlock(&pg->mu);
+    exec_one(pg, r);
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = 0;
+    pthread_cond_broadcast(&pg->cv);
+}
+
+static void *progress_main(void *arg)
+{
+    dt_pg *pg = arg;
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        while (!pg->stop && (pg->head == NULL || pg->busy))
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        if (pg->head == NULL || pg->busy) {
+            if (pg->stop)
+                break;
+            continue;
+        }
+        run_head_locked(pg);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,
+                      dt_req **out)
+{
+    *out = NULL;
+    dt_req *r = calloc(1, sizeof *r);
+    if (!r) {
+        free(own_displs);
+        return dt_error(DT_ERR_NO_MEMORY, "comm: out of memory posting %s",
+                        dt_coll_kind_name(c->kind));
+    }
+    r->pg = pg;
+    r->c = *c;
+    r->own_displs = own_displs;
+    if (own_displs)
+        r->c.displs = own_displs;
+    atomic_init(&r->state, DT_INPROGRESS);
+
+    pthread_mutex_lock(&pg->mu);
+    if (pg->fail_st != DT_OK) {
+        dt_status st = pg->fail_st;
+        dt_error(st, "%s", pg->fail_msg);
+        pthread_mutex_unlock(&pg->mu);
+        req_release(r);
+        return st;
+    }
+    if (c->kind == DT_COLL_SEND)
+        r->c.seq = pg->p2p_seq[2 * c->root]++;
+    else if (c->kind == DT_COLL_RECV)
+        r->c.seq = pg->p2p_seq[2 * c->root + 1]++;
+    else
+        r->c.seq = pg->seq++;
+    r->c.timeout_s = pg->timeout_s;
+    if (pg->tail)
+        pg->tail->next = r;
+    else
+        pg->head = r;
+    pg->tail = r;
+    pg->pending++;
+    if (start_thread && !pg->thread_on) {
+        if (pthread_create(&pg->thread, NULL, progress_main, pg) == 0)
+            pg->thread_on = 1;
+        /* Without a thread, waits still drive the queue. */
+    }
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    *out = r;
+    return DT_OK;
+}
+
+/* Drain the whole queue (used by dt_pg_free and dt_pg_subgroup); mu held. */
+void dt__pg_drain_locked(dt_pg *pg)
+{
+    for (;;) {
+        if (pg->head == NULL && !pg->busy)
+            return;
+        if (!pg->busy && pg->head)
+            run_head_locked(pg);
+        else
+            pthread_cond_wait(&pg->cv, &pg->mu);
+    }
+}
+
+dt_status dt_req_test(dt_req *req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_req_test: NULL request");
+    int st = atomic_load_explicit(&req->state, memory_order_acquire);
+    if (st < 0)
+        dt_error((dt_status)st, "%s", req->msg);
+    return (dt_status)st;
+}
+
+dt_status dt_req_status(const dt_req *req)
+{
+    if (!req)
+        return DT_ERR_NULL;
+    return (dt_status)atomic_load_explicit(&((dt_req *)req)->state, memory_order_acquire);
+}
+
+const char *dt_req_message(const dt_req *req)
+{
+    if (!req)
+        return "";
+    if (atomic_load_explicit(&((dt_req *)req)->state, memory_order_acquire) == DT_INPROGRESS)
+        return "";
+    return req->msg;
+}
+
+dt_status dt_req_wait(dt_req *req, double timeout_s)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_req_wait: NULL request");
+    dt_pg *pg = req->pg;
+    struct timespec dl = {0, 0};
+    if (timeout_s >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        double s = (double)dl.tv_sec + dl.tv_nsec * 1e-9 + timeout_s;
+        dl.tv_sec = (time_t)s;
+        dl.tv_nsec = (long)((s - (double)dl.tv_sec) * 1e9);
+    }
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        if (atomic_load_explicit(&req->state, memory_order_acquire) != DT_INPROGRESS)
+            break;
+        /* Drive the queue ourselves when nobody else does; only for
+         * unbounded waits, since an operation cannot be left half-way. */
+        if (timeout_s < 0 && !pg->busy && pg->head) {
+            run_head_locked(pg);
+            continue;
+        }
+        if (timeout_s < 0) {
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        } else if (pthread_cond_timedwait(&pg->cv, &pg->mu, &dl) != 0) {
+            if (atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS) {
+                pthread_mutex_unlock(&pg->mu);
+                return DT_INPROGRESS;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return dt_req_test(req);
+}
+
+dt_status dt_req_wait_all(dt_req *const *reqs, int n, double timeout_s)
+{
+    double t0 = dt_time_s();
+    dt_status first = DT_OK;
+    int running = 0;
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i])
+            continue;
+        double left = timeout_s;
+        if (timeout_s >= 0) {
+            left = timeout_s - (dt_time_s() - t0);
+            if (left < 0)
+                left = 0;
+        }
+        dt_status st = dt_req_wait(reqs[i], left);
+        if (st == DT_INPROGRESS)
+            running = 1;
+        else if (st < 0 && first == DT_OK)
+            first = st;
+    }
+    if (first < 0) {
+        for (int i = 0; i < n; i++)
+            if (reqs[i] && dt_req_status(reqs[i]) == first) {
+                dt_error(first, "%s", reqs[i]->msg);
+                break;
+            }
+        return first;
+    }
+    return running ? DT_INPROGRESS : DT_OK;
+}
+
+void dt_req_free(dt_req *req)
+{
+    if (!req)
+        return;
+    dt_pg *pg = req->pg;
+    pthread_mutex_lock(&pg->mu);
+    if (atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS) {
+        req->freed = 1; /* exec_one releases it */
+        pthread_mutex_unlock(&pg->mu);
+        return;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    req_release(req);
+}
+
+/* Stop the progress thread after the queue is empty (dt_pg_free). */
+void dt__pg_engine_stop(dt_pg *pg)
+{
+    pthread_mutex_lock(&pg->mu);
+    dt__pg_drain_locked(pg);
+    pg->stop = 1;
+    pthread_cond_broadcast(&pg->cv);
+    int on = pg->thread_on;
+    pthread_mutex_unlock(&pg->mu);
+    if (on)
+        pthread_join(pg->thread, NULL);
+}

@@ -1,0 +1,154 @@
+/* tests/comm/harness.h — run a function in N forked ranks under a timeout.
+ *
+ *     static int body(int rank, int size, void *arg) { ...; return 0; }
+ *     int codes[8];
+ *     int rc = th_run(4, 10.0, body, NULL, codes);   // 0 = all ranks returned 0
+ *
+ * Every child gets a fresh job id (th_job), so th_pg() builds a group whose
+ * shm segment no other test shares. A child that does not finish within
+ * the timeout is killed: th_run returns TH_HANG and the test fails instead
+ * of hanging CI. codes[r] is the child's exit status, or 128 + signal. */
+#ifndef DT_TEST_HARNESS_H
+#define DT_TEST_HARNESS_H
+
+#include "dtrain/comm.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TH_HANG (-100)
+#define TH_MAX_RANKS 64
+
+typedef int (*th_fn)(int rank, int size, void *arg);
+
+static char th_job[64];
+static int th_rank_ = -1;
+
+/* Print a failure from inside a rank and return 1 from the body. */
+#define TH_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", th_rank_, __FILE__, __LINE__,    \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define TH_OK(expr)                                                                                \
+    do {                                                                                           \
+        dt_status st_ = (expr);                                                                    \
+        TH_CHECK(st_ >= 0, "%s: %s", dt_status_name(st_), dt_last_error());                        \
+    } while (0)
+
+/* A group for this rank of a th_run job. backend NULL = "shm" (or "self" at size 1). */
+static dt_status th_pg(int rank, int size, const char *backend, dt_pg **pg)
+{
+    dt_pg_params p = dt_pg_params_default();
+    p.rank = rank;
+    p.world_size = size;
+    p.job_id = th_job;
+    p.backend = backend ? backend : (size == 1 ? "self" : "shm");
+    return dt_pg_init(&p, pg);
+}
+
+static int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
+{
+    static unsigned counter;
+    pid_t pids[TH_MAX_RANKS];
+    int local_codes[TH_MAX_RANKS];
+    if (!codes)
+        codes = local_codes;
+    if (n > TH_MAX_RANKS)
+        return -1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(th_job, sizeof th_job, "test-%d-%u-%ld", (int)getpid(), counter++, (long)ts.tv_nsec);
+    fflush(NULL);
+    for (int r = 0; r < n; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            th_rank_ = r;
+            alarm((unsigned)(timeout_s + 5)); /* belt and braces */
+            int rc = fn(r, n, arg);
+            fflush(NULL);
+            exit(rc);
+        }
+        pids[r] = p;
+        codes[r] = -1;
+    }
+    double t0 = (double)time(NULL);
+    int left = n, hang = 0;
+    struct timespec t_start;
+    clock_gettime(CLOCK_MONOTONIC, &t_start);
+    (void)t0;
+    while (left > 0) {
+        int status;
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p > 0) {
+            for (int r = 0; r < n; r++)
+                if (pids[r] == p) {
+                    codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                    left--;
+                }
+            continue;
+        }
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double el = (double)(now.tv_sec - t_start.tv_sec) + (now.tv_nsec - t_start.tv_nsec) * 1e-9;
+        if (el > timeout_s) {
+            hang = 1;
+            for (int r = 0; r < n; r++)
+                if (codes[r] == -1) {
+                    fprintf(stderr, "th_run: rank %d did not finish within %.1f s: killed\n", r,
+                            timeout_s);
+                    kill(pids[r], SIGKILL);
+                }
+            while (left > 0) {
+                int st2;
+                pid_t q = waitpid(-1, &st2, 0);
+                if (q <= 0)
+                    break;
+                for (int r = 0; r < n; r++)
+                    if (pids[r] == q && codes[r] == -1) {
+                        codes[r] = 128 + SIGKILL;
+                        left--;
+                    }
+            }
+            break;
+        }
+        struct timespec nap = {0, 2000000};
+        nanosleep(&nap, NULL);
+    }
+    if (hang)
+        return TH_HANG;
+    for (int r = 0; r < n; r++)
+        if (codes[r] != 0)
+            return codes[r];
+    return 0;
+}
+
+/* Number of /dev/shm entries whose name starts with prefix. */
+static int th_shm_count(const char *prefix)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, prefix, strlen(prefix)))
+            n++;
+    closedir(d);
+    return n;
+}
+
+#endif /* DT_TEST_HARNESS_H */
