@@ -5,6 +5,7 @@
  * straight into the gradient buffers with beta = 1 (they are "+=" by
  * definition), so no temporaries are needed in backward. */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
 static int64_t lead_rows(const dt_tensor *x, int keep)
 {
@@ -155,11 +156,15 @@ dt_tensor *dt_linear(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias)
     if (!X || !W || (bias && !Bv) || !out)
         return NULL;
     float *Y = out->data;
-    dt__gemm(false, true, R, Out, In, 1.0f, X, In, W, In, 0.0f, Y, Out);
-    if (Bv)
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < Out; j++)
-                Y[r * Out + j] += Bv[j];
+    /* one oneDNN call with the bias fused; the reference path otherwise */
+    if (R == 0 || Out == 0 || In == 0 ||
+        dt_k_matmul(false, true, R, Out, In, 1.0f, X, W, DT_F32, 0.0f, Y, Bv) != DT_OK) {
+        dt__gemm(false, true, R, Out, In, 1.0f, X, In, W, In, 0.0f, Y, Out);
+        if (Bv)
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < Out; j++)
+                    Y[r * Out + j] += Bv[j];
+    }
     dt_tensor *in[3] = {x, w, bias};
     int nin = bias ? 3 : 2;
     if (dt__ag_wants(ctx, nin, in)) {
