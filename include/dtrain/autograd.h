@@ -198,7 +198,10 @@ DT_API dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx);
 DT_API dt_tensor *dt_softmax(dt_ctx *ctx, dt_tensor *x);
 DT_API dt_tensor *dt_log_softmax(dt_ctx *ctx, dt_tensor *x);
 /* Mean over N of -log_softmax(logits)[n, label[n]]: logits [N, C] f32,
- * labels [N] i32 or i64 in [0, C). Fused (one pass, stable). -> scalar. */
+ * labels [N] i32 or i64 in [0, C); a label of -100 (PyTorch's default
+ * ignore_index) is skipped and the mean is over the other rows (0 if none).
+ * Other labels out of range: DT_ERR_RANGE. Fused softmax + loss; the labels
+ * are copied, so the caller may reuse its buffer before backward. -> scalar. */
 DT_API dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels);
 /* Mean of (a - b)^2 over all elements; same shape. -> scalar. */
 DT_API dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
