@@ -314,7 +314,7 @@ static void desc_as_coll(const shm_desc *d, dt_coll *c)
     c->op = (dt_reduce_op)d->op;
     c->root = d->root;
     c->count = (size_t)d->count;
-    c->seq = d->seq;
+    c->seq = d->seq - 1; /* the group layer's numbering */
 }
 
 static dt_status check_descs(shm_ctx *s)
@@ -343,7 +343,7 @@ static dt_status check_descs(shm_ctx *s)
         snprintf(msg, sizeof msg,
                  "collective mismatch at sequence number %llu: rank %d posted %s, rank %d "
                  "posted %s%s",
-                 (unsigned long long)s->cur_seq, a, sa, b, sb, why);
+                 (unsigned long long)s->cur_seq - 1, a, sa, b, sb, why);
         return dt__shm_abort(s, DT_ERR_MISMATCH, msg);
     }
     return DT_OK;
