@@ -190,9 +190,10 @@ DT_API dt_status dt_dataset_subset_init(dt_dataset *base, int64_t start, int64_t
 /* Parameters of the synthetic classification set. */
 typedef struct dt_random_dataset_params {
     int64_t length;        /* items (default 6000) */
-    int64_t features;      /* x = (features) f32, N(0,1) (default 784) */
-    int64_t num_classes;   /* y = argmax of a fixed random linear map of x, so
-                              the set is learnable (default 10) */
+    int x_ndim;            /* dims of one input, 1..DT_DATA_MAX_DIMS (default 1) */
+    int64_t x_shape[DT_DATA_MAX_DIMS]; /* x ~ N(0,1) f32 of this shape (default (784)) */
+    int64_t num_classes;   /* y = argmax of a fixed random linear map of the
+                              flattened x, so the set is learnable (default 10) */
     uint64_t seed;         /* data and labels depend only on seed (default 0) */
 } dt_random_dataset_params;
 DT_API dt_random_dataset_params dt_random_dataset_params_default(void);

@@ -191,12 +191,14 @@ dt_status dt_dataset_subset_init(dt_dataset *base, int64_t start, int64_t n, dt_
  * quickly, so loss curves on it mean something. */
 typedef struct {
     dt_random_dataset_params p;
-    float *w; /* (C, F) */
+    int64_t F; /* flattened input size */
+    float *w;  /* (C, F) */
 } randset;
 
 dt_random_dataset_params dt_random_dataset_params_default(void)
 {
-    dt_random_dataset_params p = {.length = 6000, .features = 784, .num_classes = 10, .seed = 0};
+    dt_random_dataset_params p = {
+        .length = 6000, .x_ndim = 1, .x_shape = {784}, .num_classes = 10, .seed = 0};
     return p;
 }
 
@@ -205,7 +207,7 @@ static int64_t randset_length(void *self) { return ((randset *)self)->p.length; 
 static dt_status randset_get_item(void *self, int64_t i, void *x, void *y)
 {
     randset *r = self;
-    int64_t F = r->p.features, C = r->p.num_classes;
+    int64_t F = r->F, C = r->p.num_classes;
     float *xf = x;
     dt_rng_key k = dt_rng_key_make(r->p.seed, DT_RNG_DATA, 0, 0);
     dt_rng_fill_normal(k, (uint64_t)(i * F), xf, (size_t)F, 0.0f, 1.0f);
@@ -246,29 +248,38 @@ dt_status dt_dataset_random_init(const dt_random_dataset_params *p, dt_dataset *
     if (!out)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_random_init: out is NULL");
     *out = NULL;
-    if (!p || p->length < 0 || p->features <= 0 || p->features > (1 << 24) || p->num_classes < 2 ||
-        p->num_classes > (1 << 16))
+    int64_t F = 1;
+    bool ok = p && p->length >= 0 && p->x_ndim >= 1 && p->x_ndim <= DT_DATA_MAX_DIMS &&
+              p->num_classes >= 2 && p->num_classes <= (1 << 16);
+    for (int d = 0; ok && d < p->x_ndim; d++) {
+        ok = p->x_shape[d] >= 1 && p->x_shape[d] <= (1 << 24);
+        F *= ok ? p->x_shape[d] : 1;
+        ok = ok && F <= (1 << 24);
+    }
+    if (!ok)
         return dt_error(DT_ERR_INVALID_ARG,
-                        "random dataset: need length >= 0, 1 <= features <= 2^24, "
-                        "2 <= num_classes <= 65536");
+                        "random dataset: need length >= 0, 1..%d input dims of at most 2^24 "
+                        "elements in all, 2 <= num_classes <= 65536",
+                        DT_DATA_MAX_DIMS);
     randset *r = calloc(1, sizeof *r);
     if (!r)
         return dt_error(DT_ERR_NO_MEMORY, "random dataset: out of memory");
     r->p = *p;
-    r->w = dt_alloc((size_t)(p->features * p->num_classes) * sizeof(float));
+    r->F = F;
+    r->w = dt_alloc((size_t)(F * p->num_classes) * sizeof(float));
     if (!r->w) {
         free(r);
         return DT_ERR_NO_MEMORY;
     }
     dt_rng_fill_normal(dt_rng_key_make(p->seed, DT_RNG_DATA, 1, 0), 0, r->w,
-                       (size_t)(p->features * p->num_classes), 0.0f,
-                       (float)(1.0 / sqrt((double)p->features)));
+                       (size_t)(F * p->num_classes), 0.0f, (float)(1.0 / sqrt((double)F)));
     dt_dataset_info info = {.x_dtype = DT_F32,
-                            .x_ndim = 1,
-                            .x_shape = {p->features},
+                            .x_ndim = p->x_ndim,
                             .y_dtype = DT_I64,
                             .y_ndim = 0,
                             .num_classes = p->num_classes};
+    for (int d = 0; d < p->x_ndim; d++)
+        info.x_shape[d] = p->x_shape[d];
     dt_status st = dt_dataset_init(&randset_vt, r, &info, out);
     if (st < 0)
         randset_free(r);

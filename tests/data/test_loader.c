@@ -174,7 +174,7 @@ TEST(subset_and_random_dataset)
 {
     dt_random_dataset_params rp = dt_random_dataset_params_default();
     rp.length = 64;
-    rp.features = 16;
+    rp.x_shape[0] = 16;
     rp.num_classes = 4;
     rp.seed = 3;
     dt_dataset *r = NULL, *sub = NULL;
@@ -213,6 +213,17 @@ TEST(subset_and_random_dataset)
     ASSERT_STATUS(dt_dataset_subset_init(r, 50, 20, &bad), DT_ERR_RANGE);
     rp.num_classes = 1;
     ASSERT_STATUS(dt_dataset_random_init(&rp, &bad), DT_ERR_INVALID_ARG);
+    /* a 2-D item shape */
+    rp.num_classes = 3;
+    rp.x_ndim = 2;
+    rp.x_shape[0] = 4;
+    rp.x_shape[1] = 8;
+    ASSERT_OK(dt_dataset_random_init(&rp, &bad));
+    ASSERT_EQ_INT(dt_dataset_x_numel(bad), 32);
+    ASSERT_EQ_INT(dt_dataset_get_info(bad)->x_shape[1], 8);
+    ASSERT_OK(dt_dataset_get_item(bad, 5, xb, &y1));
+    ASSERT(y1 >= 0 && y1 < 3);
+    dt_dataset_free(bad);
     dt_dataset_free(sub);
     dt_dataset_free(r);
 }

@@ -1,0 +1,216 @@
+/* dtrain/autograd.h — differentiable ops, the tape, backward, hooks.
+ *
+ * Overview
+ * --------
+ * Ops run eagerly. Each op takes the step context first (see tensor.h),
+ * returns a new temporary (valid until dt_ctx_reset) and, when grad mode is on
+ * and some input requires grad, appends a node to the context's tape. The
+ * output then requires grad too. dt_backward(ctx, loss) walks the tape in
+ * reverse from the loss and ACCUMULATES (+=) into the .grad of every leaf
+ * (a tensor that requires grad and was not produced by an op: parameters,
+ * or inputs marked with dt_tensor_set_requires_grad). Gradients of
+ * intermediate tensors are arena temporaries, readable in t->grad until reset.
+ * Backward may be called more than once on the same tape (every call adds
+ * into the leaves again); zero the leaf grads yourself between steps
+ * (dt_ag_zero_grad, or memset of the flat grad buffer).
+ *
+ * Errors as values: an op given an invalid input (shape mismatch, wrong
+ * dtype, bad dim) returns NULL and sets dt_last_error() to a message naming
+ * the op and the shapes ("dt_add: shapes [4,3] and [5] do not broadcast").
+ * An op given a NULL input returns NULL and keeps the earlier message, so a
+ * whole forward pass can be checked once, at the loss. Nothing aborts.
+ *
+ * Dtypes: compute ops take f32 (labels and indices i32 or i64); any other
+ * dtype is DT_ERR_DTYPE. Results are deterministic: the same inputs, seed and
+ * thread count give bit-identical values and gradients.
+ *
+ * Hooks
+ *   - grad-ready (per leaf, dt_ag_add_grad_hook): fires DURING backward as
+ *     soon as the last tape node that uses the leaf has been processed, i.e.
+ *     the leaf's gradient for this backward pass is final (the parameters of
+ *     the last layer fire first, long before backward ends). Leaves that the
+ *     loss does not depend on get no contribution and their hooks do not fire.
+ *   - marks (dt_ag_mark): a callback recorded on the tape in forward order;
+ *     backward calls it when the walk reaches that point, i.e. after every
+ *     node recorded after the mark has been processed and before any node
+ *     recorded before it. A module records one mark before its forward
+ *     (= post-backward hook) and one after (= pre-backward hook).
+ *   - custom ops (dt_ag_custom): an output computed by the caller with a
+ *     caller-provided backward (tensor-parallel all-reduce, pipeline sends).
+ *
+ * No-grad mode: dt_ag_set_enabled(ctx, false) — ops record nothing and their
+ * outputs do not require grad (evaluation, optimizer bookkeeping).
+ *
+ * Usage (one training step)
+ * -------------------------
+ *     // once: parameters are views into a flat buffer, grads into another
+ *     float *P = dt_calloc(n * 4), *G = dt_calloc(n * 4);
+ *     dt_tensor *w = dt_tensor_wrap(P, DT_F32, 2, (int64_t[]){10, 784});
+ *     dt_tensor *b = dt_tensor_wrap(P + 7840, DT_F32, 1, (int64_t[]){10});
+ *     dt_tensor_set_grad(w, dt_tensor_wrap(G, DT_F32, 2, (int64_t[]){10, 784}));
+ *     dt_tensor_set_grad(b, dt_tensor_wrap(G + 7840, DT_F32, 1, (int64_t[]){10}));
+ *     dt_ag_add_grad_hook(w, on_grad_ready, bucket);       // optional (DDP)
+ *     dt_ctx *ctx = dt_ctx_init(NULL);
+ *
+ *     // each step
+ *     memset(G, 0, n * 4);                                  // zero_grad
+ *     dt_tensor *x = dt_tensor_view_of(ctx, images, DT_F32, 2, (int64_t[]){B, 784});
+ *     dt_tensor *y = dt_tensor_view_of(ctx, labels, DT_I64, 1, (int64_t[]){B});
+ *     dt_tensor *h = dt_relu(ctx, dt_linear(ctx, x, w, b));
+ *     dt_tensor *loss = dt_cross_entropy(ctx, h, y);
+ *     if (!loss) { fprintf(stderr, "%s\n", dt_last_error()); ... }  // one check
+ *     float l = dt_tensor_item(loss);
+ *     if (dt_backward(ctx, loss) < 0) { ... }
+ *     // G now holds dL/dw and dL/db; w->grad and b->grad view it
+ *     sgd_update(P, G, n);
+ *     dt_ctx_reset(ctx);                                    // drop temporaries + tape
+ */
+#ifndef DTRAIN_AUTOGRAD_H
+#define DTRAIN_AUTOGRAD_H
+
+#include "dtrain/base.h"
+#include "dtrain/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- grad mode, backward, hooks -------------------------------------------- */
+
+/* Turn recording on/off for ctx; returns the previous setting. */
+DT_API bool dt_ag_set_enabled(dt_ctx *ctx, bool on);
+/* Whether ops on ctx record on the tape. */
+DT_API bool dt_ag_enabled(const dt_ctx *ctx);
+/* Number of nodes (ops and marks) on the tape since the last reset. */
+DT_API size_t dt_ag_tape_len(const dt_ctx *ctx);
+
+/* Backward from a scalar (numel 1, f32) that requires grad: d loss / d loss
+ * = 1. Accumulates into leaf grads, firing grad-ready hooks and marks.
+ * A NULL loss returns the error left by the failed forward (or DT_ERR_NULL). */
+DT_API dt_status dt_backward(dt_ctx *ctx, dt_tensor *loss);
+/* Backward from any tensor `out` with upstream gradient `grad_out` (f32, same
+ * shape, any strides). For pipeline stages and scaled losses. */
+DT_API dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out);
+
+/* Add a grad-ready hook to a leaf (persistent, requires grad). Up to
+ * DT_MAX_GRAD_HOOKS per tensor; they fire in the order added. ud is
+ * borrowed. */
+DT_API dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud);
+/* Remove every grad-ready hook of t. */
+DT_API void dt_ag_clear_grad_hooks(dt_tensor *t);
+/* Zero t->grad if it has one (no-op otherwise). */
+DT_API dt_status dt_ag_zero_grad(dt_tensor *t);
+
+/* A tape mark: backward calls fn(ctx, ud) when it reaches this point (see
+ * overview). Recorded only in grad mode. ud is borrowed until reset. A
+ * negative return aborts backward with that status. */
+typedef dt_status (*dt_mark_fn)(dt_ctx *ctx, void *ud);
+DT_API dt_status dt_ag_mark(dt_ctx *ctx, dt_mark_fn fn, void *ud);
+
+/* Custom differentiable op. The caller computed `out` (a temporary) from
+ * in[0..nin-1] (nin <= 4) any way it likes; if grad mode is on and an input
+ * requires grad, a node is recorded and out requires grad. During backward,
+ * fn(ctx, grad_out, nin, grad_in, ud) must WRITE the gradient of each input
+ * into grad_in[i] (a zeroed contiguous f32 temporary of in[i]'s shape, or
+ * NULL where in[i] needs no gradient); the library accumulates it. Returns
+ * out, or NULL on error. ud is borrowed until reset. */
+typedef dt_status (*dt_custom_backward_fn)(dt_ctx *ctx, const dt_tensor *grad_out, int nin,
+                                           dt_tensor **grad_in, void *ud);
+DT_API dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
+                               dt_custom_backward_fn fn, void *ud);
+
+/* ---- views (share storage with the input; differentiable) ------------------ */
+
+/* New shape with the same numel; one entry may be -1 (inferred). A view if x
+ * is contiguous, else a contiguous copy. */
+DT_API dt_tensor *dt_reshape(dt_ctx *ctx, dt_tensor *x, int ndim, const int64_t *shape);
+/* Swap two dims (negative dims count from the end). */
+DT_API dt_tensor *dt_transpose(dt_ctx *ctx, dt_tensor *x, int d0, int d1);
+/* Reorder dims: out.shape[i] = x.shape[perm[i]]. */
+DT_API dt_tensor *dt_permute(dt_ctx *ctx, dt_tensor *x, const int *perm);
+/* Slice [start, start+length) of dim. */
+DT_API dt_tensor *dt_narrow(dt_ctx *ctx, dt_tensor *x, int dim, int64_t start, int64_t length);
+/* Merge dims start_dim..end_dim (inclusive; negative from the end) into one
+ * (PyTorch flatten; nn.Flatten is start_dim=1, end_dim=-1). */
+DT_API dt_tensor *dt_flatten(dt_ctx *ctx, dt_tensor *x, int start_dim, int end_dim);
+/* Contiguous copy (returns x itself if already contiguous). */
+DT_API dt_tensor *dt_contiguous(dt_ctx *ctx, dt_tensor *x);
+/* Same data, cut from the tape (does not require grad). */
+DT_API dt_tensor *dt_detach(dt_ctx *ctx, dt_tensor *x);
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+/* a (op) b with NumPy broadcasting (shapes aligned at the trailing dim; a dim
+ * of 1 stretches). Gradients are summed over the broadcast dims. */
+DT_API dt_tensor *dt_add(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+DT_API dt_tensor *dt_sub(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+DT_API dt_tensor *dt_mul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+DT_API dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+/* x * s. */
+DT_API dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s);
+/* max(x, 0); gradient 0 at x == 0 (PyTorch). */
+DT_API dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x);
+/* x * Phi(x), exact erf form (PyTorch's default approximate='none'). */
+DT_API dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x);
+/* Inverted dropout: in training, element i (row-major index) is zeroed when
+ * dt_rng_uniform(key, i) < p and the rest scaled by 1/(1-p); identity when
+ * !training or p == 0. p in [0, 1). */
+DT_API dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key);
+
+/* ---- matmul and layers --------------------------------------------------------- */
+
+/* a[..., M, K] @ b: b either [K, N] (a's leading dims are batch, e.g.
+ * x[B,128,1024] @ w[1024,4096] -> [B,128,4096]) or [..., K, N] with the same
+ * leading dims as a (batched). Result [..., M, N]. */
+DT_API dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+/* x[..., in] W^T + bias: w [out, in], bias [out] or NULL. -> [..., out]. */
+DT_API dt_tensor *dt_linear(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias);
+/* 2-D convolution, NCHW: x [N,C,H,W], w [O,C,kh,kw], bias [O] or NULL,
+ * symmetric stride (>=1) and zero padding (>=0). -> [N,O,Ho,Wo] with
+ * Ho = (H + 2*pad - kh)/stride + 1. */
+DT_API dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, int stride,
+                            int pad);
+/* Pooling over x [N,C,H,W] with a k x k window; stride 0 means k; pad >= 0
+ * (max pool pads with -inf; avg pool counts padding in the divisor, PyTorch's
+ * count_include_pad=True). Output sizes floor like PyTorch (ceil_mode off). */
+DT_API dt_tensor *dt_max_pool2d(dt_ctx *ctx, dt_tensor *x, int k, int stride, int pad);
+DT_API dt_tensor *dt_avg_pool2d(dt_ctx *ctx, dt_tensor *x, int k, int stride, int pad);
+/* Batch norm over channel dim 1 of x [N,C] or [N,C,H,W]. gamma/beta [C] or
+ * NULL (affine off). running_mean/var [C] persistent f32 or NULL. training:
+ * normalise with the batch's biased variance and, if running stats are given,
+ * update them in place: r = (1-momentum) r + momentum * batch_stat, using
+ * the UNBIASED variance for running_var (PyTorch). Not training: normalise
+ * with the running stats (required). The running-stat update is not
+ * recorded on the tape. */
+DT_API dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                dt_tensor *running_mean, dt_tensor *running_var, bool training,
+                                float momentum, float eps);
+/* Layer norm over the last dim D of x: gamma/beta [D] or NULL. */
+DT_API dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                float eps);
+/* Rows of weight [V, D] picked by idx (i32/i64, any shape, values in [0,V))
+ * -> [idx.shape..., D]. Out-of-range indices are DT_ERR_RANGE. */
+DT_API dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx);
+
+/* ---- softmax, losses, reductions --------------------------------------------- */
+
+/* Softmax / log-softmax over the last dim. */
+DT_API dt_tensor *dt_softmax(dt_ctx *ctx, dt_tensor *x);
+DT_API dt_tensor *dt_log_softmax(dt_ctx *ctx, dt_tensor *x);
+/* Mean over N of -log_softmax(logits)[n, label[n]]: logits [N, C] f32,
+ * labels [N] i32 or i64 in [0, C); a label of -100 (PyTorch's default
+ * ignore_index) is skipped and the mean is over the other rows (0 if none).
+ * Other labels out of range: DT_ERR_RANGE. Fused softmax + loss; the labels
+ * are copied, so the caller may reuse its buffer before backward. -> scalar. */
+DT_API dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels);
+/* Mean of (a - b)^2 over all elements; same shape. -> scalar. */
+DT_API dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
+/* Sum / mean of every element -> scalar (ndim 0). Summation order is fixed
+ * (deterministic), accumulated in double. */
+DT_API dt_tensor *dt_sum(dt_ctx *ctx, dt_tensor *x);
+DT_API dt_tensor *dt_mean(dt_ctx *ctx, dt_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_AUTOGRAD_H */

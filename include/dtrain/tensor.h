@@ -1,0 +1,204 @@
+/* dtrain/tensor.h — N-d tensors, views over flat buffers, the per-step context.
+ *
+ * Overview
+ * --------
+ * A dt_tensor is a transparent struct: dtype, ndim (<= DT_MAX_DIMS), shape and
+ * strides (in ELEMENTS, not bytes) and a data pointer to element (0,...,0).
+ * A tensor never owns a reference-counted storage: it either owns its data
+ * (dt_tensor_new), or borrows it (dt_tensor_wrap, every view, every
+ * temporary). Whoever owns the memory keeps it alive while views use it.
+ *
+ * Two lifetimes:
+ *   - Persistent tensors (parameters, gradients, buffers such as batch-norm
+ *     running stats) are made with dt_tensor_new / dt_tensor_wrap and freed
+ *     with dt_tensor_free. A model's parameters are dt_tensor_wrap views into
+ *     one flat 64-byte-aligned buffer; their gradients are dt_tensor_wrap views
+ *     into a second flat buffer, attached with dt_tensor_set_grad. To move the
+ *     gradients into other memory (DDP's shared-memory buffer), call
+ *     dt_tensor_rebind(grad, new_base + offset) on every gradient tensor; the
+ *     parameter keeps pointing at the same gradient struct.
+ *   - Temporaries (activations, inputs of a step, views, everything an op
+ *     returns) live in a dt_ctx: the struct and its data come from the
+ *     context's arena and are valid until the next dt_ctx_reset(ctx). After
+ *     the first step or two the arena is one block and a step does no malloc.
+ *
+ * The context (dt_ctx) is passed EXPLICITLY as the first argument of every
+ * function that makes temporaries or records on the tape (no thread-local
+ * "current context"). It holds the arena, the autograd tape and the grad
+ * mode. A context is used by one thread at a time; threads use their own.
+ *
+ * Errors: functions returning a pointer return NULL and set dt_last_error().
+ * See autograd.h for the differentiable ops (dt_add, dt_matmul, dt_reshape,
+ * ...) and the usage example of a whole training step.
+ *
+ * Usage
+ * -----
+ *     float *flat = dt_calloc(numel_total * sizeof(float));     // model params
+ *     dt_tensor *w = dt_tensor_wrap(flat + off, DT_F32, 2, (int64_t[]){10, 1568});
+ *     dt_ctx *ctx = dt_ctx_init(NULL);
+ *     for (step...) {
+ *         dt_tensor *x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){B, 1568}, batch);
+ *         ... ops ...
+ *         dt_ctx_reset(ctx);                 // every temporary of the step is gone
+ *     }
+ *     dt_ctx_free(ctx); dt_tensor_free(w); dt_free(flat);
+ */
+#ifndef DTRAIN_TENSOR_H
+#define DTRAIN_TENSOR_H
+
+#include "dtrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_MAX_DIMS 8
+/* Grad-ready hooks one tensor can hold (see autograd.h). */
+#define DT_MAX_GRAD_HOOKS 4
+
+/* Flags (dt_tensor.flags). Only REQUIRES_GRAD is meant to be read by users;
+ * set it through dt_tensor_set_requires_grad. */
+enum {
+    DT_TENSOR_REQUIRES_GRAD = 1u << 0, /* gradients flow to / through it */
+    DT_TENSOR_OWNS_DATA = 1u << 1,     /* dt_tensor_free frees data */
+    DT_TENSOR_TEMP = 1u << 2,          /* struct lives in a dt_ctx arena */
+    DT_TENSOR_OWNS_GRAD = 1u << 3,     /* dt_tensor_free frees grad */
+};
+
+typedef struct dt_tensor dt_tensor;
+typedef struct dt_ctx dt_ctx;
+struct dt__node;
+
+/* Grad-ready hook: called during backward once `leaf`'s gradient for this
+ * backward pass is complete (leaf->grad holds the accumulated sum). A
+ * negative return aborts backward with that status. */
+typedef dt_status (*dt_grad_hook_fn)(dt_tensor *leaf, void *ud);
+
+struct dt_tensor {
+    dt_dtype dtype;
+    int ndim;                        /* 0..DT_MAX_DIMS; 0 = scalar (numel 1) */
+    int64_t shape[DT_MAX_DIMS];      /* entries >= 0; unused entries 1 */
+    int64_t strides[DT_MAX_DIMS];    /* in elements; may be 0 (broadcast) */
+    void *data;                      /* address of element (0,...,0) */
+    uint32_t flags;                  /* DT_TENSOR_* */
+    const char *name;                /* optional, borrowed; shown in errors */
+    dt_tensor *grad;                 /* gradient: same shape, f32, contiguous;
+                                        NULL until attached or first backward */
+    /* ---- autograd bookkeeping: private to the library ---- */
+    struct dt__node *node_;          /* op that produced it (NULL for leaves) */
+    int64_t pending_;                /* uses left in the running backward */
+    int nhooks_;
+    struct { dt_grad_hook_fn fn; void *ud; } hooks_[DT_MAX_GRAD_HOOKS];
+};
+
+/* ---- shape helpers ------------------------------------------------------ */
+
+/* Number of elements (1 for ndim 0). NULL gives 0. */
+DT_API int64_t dt_tensor_numel(const dt_tensor *t);
+/* True if strides are row-major contiguous (size-1 dims ignored). */
+DT_API bool dt_tensor_is_contiguous(const dt_tensor *t);
+/* True if dtype, ndim and shape are equal. */
+DT_API bool dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
+/* Writes "[2,3,4]" (or "NULL") into buf and returns buf. */
+DT_API char *dt_tensor_shape_str(const dt_tensor *t, char *buf, size_t n);
+/* Bytes of the elements (numel * dtype size). */
+DT_API size_t dt_tensor_nbytes(const dt_tensor *t);
+/* Fill shape/strides of a contiguous tensor; checks ndim and dims >= 0.
+ * Used by every constructor; exposed for code that builds structs itself. */
+DT_API dt_status dt_tensor_init_contiguous(dt_tensor *t, dt_dtype dtype, int ndim,
+                                           const int64_t *shape, void *data);
+
+/* ---- persistent tensors (malloc'd; free with dt_tensor_free) ------------- */
+
+/* New zero-filled contiguous tensor that owns its 64-byte aligned data. */
+DT_API dt_tensor *dt_tensor_new(dt_dtype dtype, int ndim, const int64_t *shape);
+/* Contiguous tensor over caller memory (borrowed: must outlive the tensor).
+ * This is how parameters view a flat buffer and gradients a flat grad
+ * buffer. data may be NULL only if numel is 0. */
+DT_API dt_tensor *dt_tensor_wrap(void *data, dt_dtype dtype, int ndim, const int64_t *shape);
+/* Free a persistent tensor, its owned data and owned grad. NULL is a no-op;
+ * temporaries (DT_TENSOR_TEMP) are ignored (dt_ctx_reset frees them). */
+DT_API void dt_tensor_free(dt_tensor *t);
+/* Point t at other memory with the same layout (e.g. DDP moves gradients
+ * into a shared-memory flat buffer). If t owned its data, that data is freed.
+ * Borrowed: data must outlive t. */
+DT_API dt_status dt_tensor_rebind(dt_tensor *t, void *data);
+/* Mark t as a leaf that wants gradients (or not). Only f32 may require grad. */
+DT_API dt_status dt_tensor_set_requires_grad(dt_tensor *t, bool on);
+/* Attach grad (borrowed; f32, contiguous, same shape as t) as t's gradient
+ * and set requires_grad. Backward accumulates into it (+=). NULL detaches.
+ * If a leaf requires grad and has none at backward time, a zeroed one is
+ * allocated (owned by t if t is persistent, from the arena if temporary). */
+DT_API dt_status dt_tensor_set_grad(dt_tensor *t, dt_tensor *grad);
+
+/* ---- element access and copies (work on any strides) --------------------- */
+
+/* Set every element to zero / to v (converted to the dtype). */
+DT_API dt_status dt_tensor_zero(dt_tensor *t);
+DT_API dt_status dt_tensor_fill(dt_tensor *t, double v);
+/* Copy src into dst elementwise; same shape and dtype, any strides. */
+DT_API dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src);
+/* Copy the elements in row-major order into / from a contiguous buffer of
+ * numel elements of t's dtype. */
+DT_API dt_status dt_tensor_read(const dt_tensor *t, void *dst);
+DT_API dt_status dt_tensor_write(dt_tensor *t, const void *src);
+/* Element at a flat row-major index, as double (any dtype, any strides).
+ * Returns NAN for a bad index or NULL tensor (and sets the error). */
+DT_API double dt_tensor_get(const dt_tensor *t, int64_t flat_index);
+/* Set the element at a flat row-major index (converted to the dtype). */
+DT_API dt_status dt_tensor_set(dt_tensor *t, int64_t flat_index, double v);
+/* The single element of a 1-element tensor (a loss), as float. NAN on error. */
+DT_API float dt_tensor_item(const dt_tensor *t);
+/* Fill an f32 tensor with uniform [lo,hi) / normal(mean,std) values from
+ * the Philox stream key, element i of the tensor (row-major) taking stream
+ * element i. Deterministic, independent of thread count. */
+DT_API dt_status dt_tensor_rand_uniform(dt_tensor *t, dt_rng_key key, float lo, float hi);
+DT_API dt_status dt_tensor_rand_normal(dt_tensor *t, dt_rng_key key, float mean, float std);
+
+/* ---- the per-step context -------------------------------------------------- */
+
+typedef struct dt_ctx_params {
+    size_t arena_block; /* bytes of the first arena block; default 64 MiB
+                           (grows to one block the size of a step's peak) */
+} dt_ctx_params;
+
+/* Defaults for dt_ctx_init. */
+DT_API dt_ctx_params dt_ctx_params_default(void);
+/* A context: arena for temporaries + autograd tape, grad mode on. p may be
+ * NULL for defaults. Free with dt_ctx_free. */
+DT_API dt_ctx *dt_ctx_init(const dt_ctx_params *p);
+/* Free the context and every temporary it handed out. NULL is a no-op. */
+DT_API void dt_ctx_free(dt_ctx *ctx);
+/* End of a step: every temporary and the tape are dropped (O(1), memory is
+ * kept for the next step). Grad mode is left as it was. */
+DT_API void dt_ctx_reset(dt_ctx *ctx);
+/* The context's arena (for op-private scratch; valid until reset). */
+DT_API dt_arena *dt_ctx_arena(dt_ctx *ctx);
+/* Scratch memory from the arena, 64-byte aligned, valid until reset. */
+DT_API void *dt_ctx_alloc(dt_ctx *ctx, size_t bytes);
+
+/* ---- temporaries (valid until dt_ctx_reset) --------------------------------- */
+
+/* Uninitialised / zero-filled / constant contiguous temporary. */
+DT_API dt_tensor *dt_tensor_empty(dt_ctx *ctx, dt_dtype dtype, int ndim, const int64_t *shape);
+DT_API dt_tensor *dt_tensor_zeros(dt_ctx *ctx, dt_dtype dtype, int ndim, const int64_t *shape);
+DT_API dt_tensor *dt_tensor_full(dt_ctx *ctx, dt_dtype dtype, int ndim, const int64_t *shape,
+                                 double v);
+/* Temporary holding a copy of numel contiguous elements at src. */
+DT_API dt_tensor *dt_tensor_from(dt_ctx *ctx, dt_dtype dtype, int ndim, const int64_t *shape,
+                                 const void *src);
+/* Temporary contiguous view over caller memory (no copy; borrowed; e.g. a
+ * batch from the data loader). */
+DT_API dt_tensor *dt_tensor_view_of(dt_ctx *ctx, void *data, dt_dtype dtype, int ndim,
+                                    const int64_t *shape);
+/* Temporary copy of t with row-major contiguous strides (not recorded on the
+ * tape; use dt_contiguous in autograd.h inside a differentiable forward). */
+DT_API dt_tensor *dt_tensor_clone(dt_ctx *ctx, const dt_tensor *t);
+/* Temporary struct that aliases t (same data, shape, strides; no grad, not
+ * on the tape). Use it to build custom views by editing shape/strides. */
+DT_API dt_tensor *dt_tensor_alias(dt_ctx *ctx, const dt_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TENSOR_H */

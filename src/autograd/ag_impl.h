@@ -1,0 +1,94 @@
+/* Internals of the autograd layer: tape nodes and helpers shared by the op
+ * files. Not a public header. */
+#ifndef DT_AG_IMPL_H
+#define DT_AG_IMPL_H
+
+#include "dtrain/autograd.h"
+#include "tensor/tensor_impl.h"
+
+typedef struct dt__node dt__node;
+
+/* Backward of one op: gout is the contiguous f32 gradient of n->out. The
+ * function adds each input's gradient into dt__grad(ctx, in) for inputs
+ * that require grad (dt__rg). */
+typedef dt_status (*dt__backward_fn)(dt_ctx *ctx, dt__node *n, const float *gout);
+
+#define DT__MAX_IN 4
+
+struct dt__node {
+    const char *op;
+    dt__backward_fn backward;       /* NULL for marks */
+    dt_mark_fn mark;                /* marks only */
+    dt_custom_backward_fn custom;   /* dt_ag_custom only */
+    void *ud;                       /* mark / custom user data */
+    dt_tensor *out;
+    dt_tensor *in[DT__MAX_IN];
+    int nin;
+    void *saved[4];                 /* op-private arena data */
+    double f[4];                    /* op-private scalars */
+    int64_t i[8];
+    size_t idx;                     /* position on the tape */
+    int needed;                     /* set by backward's pre-pass */
+};
+
+/* Does t take part in autograd? */
+static inline bool dt__rg(const dt_tensor *t)
+{
+    return t && (t->flags & DT_TENSOR_REQUIRES_GRAD);
+}
+
+/* Should an op with these inputs record a node? */
+bool dt__ag_wants(const dt_ctx *ctx, int nin, dt_tensor *const *in);
+/* Record a node for out (sets out->node_ and requires_grad). Returns NULL
+ * (error set) when out of memory. */
+dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tensor *out, int nin,
+                        dt_tensor *const *in);
+/* Contiguous f32 gradient buffer of t, allocated zeroed on first use (arena
+ * for temporaries, owned heap memory for persistent leaves). */
+float *dt__grad(dt_ctx *ctx, dt_tensor *t);
+
+/* For kernels that OVERWRITE their output: a buffer to write t's gradient
+ * contribution into (t's own gradient when this is the first contribution
+ * to a temporary, else arena scratch), then dt__grad_commit adds it. */
+float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t);
+dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf);
+/* For GEMMs: t's gradient buffer and the beta to use (0 when this is the
+ * first contribution to a temporary's gradient, so no zero-fill is needed;
+ * 1 = accumulate). */
+float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta);
+
+/* Contiguous f32 output temporary of the given shape. */
+dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);
+/* Contiguous f32 data of x: x->data if contiguous, else an arena copy. */
+const float *dt__cdata(dt_ctx *ctx, const dt_tensor *x);
+/* Row-major contiguous strides for shape. */
+void dt__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* Checks used at the top of every op; they set the error and return false. */
+bool dt__check_f32(const char *op, const char *arg, const dt_tensor *t);
+/* "op: <what>: a [2,3] and b [4]" shape error. */
+void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const dt_tensor *b);
+
+#define DT__NEED(ctx, op, t)                                                       \
+    do {                                                                            \
+        if (!(ctx)) {                                                               \
+            dt_error(DT_ERR_NULL, "%s: context is NULL", op);                       \
+            return NULL;                                                            \
+        }                                                                           \
+        if (!(t))                                                                   \
+            return dt__null_input(op, #t);                                          \
+    } while (0)
+
+#define DT__NEED_F32(ctx, op, t)                                                   \
+    do {                                                                            \
+        DT__NEED(ctx, op, t);                                                       \
+        if (!dt__check_f32(op, #t, t))                                              \
+            return NULL;                                                            \
+    } while (0)
+
+/* The GEMM used by matmul/linear/conv: C = alpha * op(A) op(B) + beta * C,
+ * row-major, op = transpose when ta/tb. */
+void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+#endif

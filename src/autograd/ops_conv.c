@@ -1,0 +1,181 @@
+/* conv2d, max_pool2d, avg_pool2d — NCHW, f32, on the kernels layer
+ * (oneDNN convolution with cached primitives; plain C pooling).
+ *
+ * The kernels overwrite their outputs while gradients accumulate, so each
+ * backward writes into dt__grad_begin's buffer (the gradient itself when it
+ * is the first contribution to a temporary, scratch otherwise) and commits.
+ * Max pooling saves the argmax of each output for backward. */
+#include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
+
+#include <string.h>
+
+/* saved[0] = x data, saved[1] = w data, saved[2] = kernel shape */
+static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    const float *x = n->saved[0], *w = n->saved[1];
+    const dt_k_conv2d_shape *s = n->saved[2];
+    dt_tensor *X = n->in[0], *Wt = n->in[1], *B = n->nin > 2 ? n->in[2] : NULL;
+    dt_status st = DT_OK;
+    if (dt__rg(X)) {
+        float *gx = dt__grad_begin(ctx, X);
+        if (!gx)
+            return dt_last_status();
+        st = dt_k_conv2d_bwd_data(s, gout, w, gx);
+        if (st < 0 || (st = dt__grad_commit(ctx, X, gx)) < 0)
+            return st;
+    }
+    if (dt__rg(Wt) || dt__rg(B)) {
+        float *gw = dt_arena_alloc(ctx->arena, dt_tensor_nbytes(Wt));
+        float *gb = B ? dt_arena_alloc(ctx->arena, dt_tensor_nbytes(B)) : NULL;
+        if (!gw || (B && !gb))
+            return dt_last_status();
+        st = dt_k_conv2d_bwd_weights(s, x, gout, gw, gb);
+        if (st < 0)
+            return st;
+        if (dt__rg(Wt) && (st = dt__grad_commit(ctx, Wt, gw)) < 0)
+            return st;
+        if (dt__rg(B) && (st = dt__grad_commit(ctx, B, gb)) < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, int stride,
+                     int pad)
+{
+    const char *op = "dt_conv2d";
+    DT__NEED_F32(ctx, op, x);
+    DT__NEED_F32(ctx, op, w);
+    if (bias && !dt__check_f32(op, "bias", bias))
+        return NULL;
+    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1]) {
+        dt__shape_error(op, "want x [N,C,H,W] and weight [O,C,kh,kw]", x, w);
+        return NULL;
+    }
+    if (stride < 1 || pad < 0) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: stride %d must be >= 1 and pad %d >= 0", op, stride,
+                 pad);
+        return NULL;
+    }
+    dt_k_conv2d_shape s = dt_k_conv2d_shape_make(x->shape[0], x->shape[1], x->shape[2],
+                                                 x->shape[3], w->shape[0], w->shape[2],
+                                                 w->shape[3]);
+    s.stride_h = s.stride_w = stride;
+    s.pad_h = s.pad_w = pad;
+    if (s.H + 2 * pad < s.R || s.W + 2 * pad < s.S) {
+        dt__shape_error(op, "kernel larger than the padded input", x, w);
+        return NULL;
+    }
+    if (bias && (bias->ndim != 1 || bias->shape[0] != s.K)) {
+        dt__shape_error(op, "weight [O,C,kh,kw] and bias [O] do not match", w, bias);
+        return NULL;
+    }
+    int64_t P, Q;
+    if (dt_k_conv2d_out_size(&s, &P, &Q) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    const float *xd = dt__cdata(ctx, x), *wd = dt__cdata(ctx, w);
+    const float *bd = bias ? dt__cdata(ctx, bias) : NULL;
+    dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.K, P, Q});
+    dt_k_conv2d_shape *ss = dt_arena_alloc(ctx->arena, sizeof *ss);
+    if (!xd || !wd || (bias && !bd) || !out || !ss)
+        return NULL;
+    *ss = s;
+    if (dt_k_conv2d_fwd(&s, xd, wd, bd, out->data) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[3] = {x, w, bias};
+    int nin = bias ? 3 : 2;
+    if (dt__ag_wants(ctx, nin, in)) {
+        dt__node *n = dt__ag_record(ctx, op, conv_backward, out, nin, in);
+        if (!n)
+            return NULL;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = (void *)(uintptr_t)wd;
+        n->saved[2] = ss;
+    }
+    return out;
+}
+
+/* ---- pooling ------------------------------------------------------------------ */
+
+/* saved[0] = pool shape, saved[1] = argmax (max pool) or NULL (avg pool) */
+static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    const dt_k_pool2d_shape *s = n->saved[0];
+    const int32_t *arg = n->saved[1];
+    float *gx = dt__grad_begin(ctx, n->in[0]);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = arg ? dt_k_maxpool2d_bwd(s, gout, arg, gx)
+                       : dt_k_avgpool2d_bwd(s, gout, gx, true);
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, n->in[0], gx);
+}
+
+static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int stride, int pad,
+                       bool is_max)
+{
+    DT__NEED_F32(ctx, op, x);
+    if (x->ndim != 4) {
+        char b[96];
+        dt_error(DT_ERR_SHAPE, "%s: want x [N,C,H,W], got %s", op,
+                 dt_tensor_shape_str(x, b, sizeof b));
+        return NULL;
+    }
+    if (stride == 0)
+        stride = k;
+    if (k < 1 || stride < 1 || pad < 0 || pad * 2 > k) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: kernel %d, stride %d, pad %d invalid (k >= 1, "
+                 "stride >= 1, 0 <= pad <= k/2)", op, k, stride, pad);
+        return NULL;
+    }
+    dt_k_pool2d_shape s = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], k, k,
+                           stride, stride, pad, pad};
+    if (s.H + 2 * pad < k || s.W + 2 * pad < k) {
+        char b[96];
+        dt_error(DT_ERR_SHAPE, "%s: window %d larger than padded input %s", op, k,
+                 dt_tensor_shape_str(x, b, sizeof b));
+        return NULL;
+    }
+    int64_t P, Q;
+    if (dt_k_pool2d_out_size(&s, &P, &Q) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    const float *xd = dt__cdata(ctx, x);
+    dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.C, P, Q});
+    int32_t *arg = is_max ? dt_arena_alloc(ctx->arena, (size_t)(s.N * s.C * P * Q) * 4) : NULL;
+    dt_k_pool2d_shape *ss = dt_arena_alloc(ctx->arena, sizeof *ss);
+    if (!xd || !out || (is_max && !arg) || !ss)
+        return NULL;
+    *ss = s;
+    dt_status st = is_max ? dt_k_maxpool2d_fwd(&s, xd, out->data, arg)
+                          : dt_k_avgpool2d_fwd(&s, xd, out->data, true);
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
+    if (dt__ag_wants(ctx, 1, &x)) {
+        dt__node *n = dt__ag_record(ctx, op, pool_backward, out, 1, &x);
+        if (!n)
+            return NULL;
+        n->saved[0] = ss;
+        n->saved[1] = arg;
+    }
+    return out;
+}
+
+dt_tensor *dt_max_pool2d(dt_ctx *ctx, dt_tensor *x, int k, int stride, int pad)
+{
+    return pool(ctx, "dt_max_pool2d", x, k, stride, pad, true);
+}
+
+dt_tensor *dt_avg_pool2d(dt_ctx *ctx, dt_tensor *x, int k, int stride, int pad)
+{
+    return pool(ctx, "dt_avg_pool2d", x, k, stride, pad, false);
+}

@@ -1,0 +1,257 @@
+/* Elementwise ops: add/sub/mul/div with NumPy broadcasting, scale, relu,
+ * gelu, dropout.
+ *
+ * Broadcasting is done with stride-0 dims: each input is iterated over the
+ * output's shape with stride 0 where it is broadcast. In backward the same
+ * trick reduces: the input gradient is the (sequential, hence
+ * deterministic) target of a stride-0 accumulation. */
+#include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
+
+#include <string.h>
+
+enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
+static const char *const bin_names[] = {"dt_add", "dt_sub", "dt_mul", "dt_div"};
+
+/* Row kernels; ud carries the op code. */
+enum { R_ADD, R_SUB, R_MUL, R_DIV, R_ACC, R_SUBACC, R_MULACC, R_DIVACC, R_NEGDIVACC, R_MULTO };
+
+static void row_k(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char *p2, int64_t s2,
+                  void *ud)
+{
+    int k = *(int *)ud;
+    float *o = (float *)p0;
+    const float *a = (const float *)p1, *b = (const float *)p2;
+    switch (k) {
+    case R_ADD: for (int64_t i = 0; i < n; i++) o[i * s0] = a[i * s1] + b[i * s2]; break;
+    case R_SUB: for (int64_t i = 0; i < n; i++) o[i * s0] = a[i * s1] - b[i * s2]; break;
+    case R_MUL: for (int64_t i = 0; i < n; i++) o[i * s0] = a[i * s1] * b[i * s2]; break;
+    case R_DIV: for (int64_t i = 0; i < n; i++) o[i * s0] = a[i * s1] / b[i * s2]; break;
+    case R_ACC: for (int64_t i = 0; i < n; i++) o[i * s0] += a[i * s1]; break;
+    case R_SUBACC: for (int64_t i = 0; i < n; i++) o[i * s0] -= a[i * s1]; break;
+    case R_MULACC: for (int64_t i = 0; i < n; i++) o[i * s0] += a[i * s1] * b[i * s2]; break;
+    case R_DIVACC: for (int64_t i = 0; i < n; i++) o[i * s0] += a[i * s1] / b[i * s2]; break;
+    case R_NEGDIVACC: for (int64_t i = 0; i < n; i++) o[i * s0] -= a[i * s1] / b[i * s2]; break;
+    case R_MULTO: for (int64_t i = 0; i < n; i++) o[i * s0] = a[i * s1] * b[i * s2]; break;
+    default: break;
+    }
+}
+
+static void loop3(int k, int ndim, const int64_t *shape, float *p0, const int64_t *s0,
+                  const float *p1, const int64_t *s1, const float *p2, const int64_t *s2)
+{
+    int64_t st[3][DT_MAX_DIMS];
+    memcpy(st[0], s0, sizeof st[0]);
+    memcpy(st[1], s1, sizeof st[1]);
+    if (s2)
+        memcpy(st[2], s2, sizeof st[2]);
+    else
+        memset(st[2], 0, sizeof st[2]);
+    char *p[3] = {(char *)p0, (char *)(uintptr_t)p1, (char *)(uintptr_t)p2};
+    size_t es[3] = {4, 4, 4};
+    dt__nd_loop(ndim, shape, p2 ? 3 : 2, p, (const int64_t(*)[DT_MAX_DIMS])st, es, row_k, &k);
+}
+
+/* Strides of x when iterated over the broadcast shape (ndim dims, x aligned
+ * at the end); contig = use x's contiguous strides instead of its own. */
+static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, bool contig,
+                          int64_t *st)
+{
+    int64_t cs[DT_MAX_DIMS];
+    dt__contig_strides(x->ndim, x->shape, cs);
+    int off = ndim - x->ndim;
+    for (int i = 0; i < DT_MAX_DIMS; i++)
+        st[i] = 0;
+    for (int i = 0; i < ndim; i++) {
+        int j = i - off;
+        if (j < 0 || (x->shape[j] == 1 && oshape[i] != 1))
+            st[i] = 0;
+        else
+            st[i] = contig ? cs[j] : x->strides[j];
+    }
+}
+
+static dt_status binary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    int kind = (int)n->i[0];
+    dt_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    int nd = out->ndim;
+    int64_t gs[DT_MAX_DIMS], as[DT_MAX_DIMS], bs[DT_MAX_DIMS], ga_s[DT_MAX_DIMS],
+        gb_s[DT_MAX_DIMS];
+    dt__contig_strides(nd, out->shape, gs);
+    bcast_strides(a, nd, out->shape, false, as);
+    bcast_strides(b, nd, out->shape, false, bs);
+    bcast_strides(a, nd, out->shape, true, ga_s);
+    bcast_strides(b, nd, out->shape, true, gb_s);
+    if (dt__rg(a)) {
+        float *ga = dt__grad(ctx, a);
+        if (!ga)
+            return dt_last_status();
+        switch (kind) {
+        case BIN_ADD:
+        case BIN_SUB: loop3(R_ACC, nd, out->shape, ga, ga_s, gout, gs, NULL, NULL); break;
+        case BIN_MUL: loop3(R_MULACC, nd, out->shape, ga, ga_s, gout, gs, b->data, bs); break;
+        case BIN_DIV: loop3(R_DIVACC, nd, out->shape, ga, ga_s, gout, gs, b->data, bs); break;
+        }
+    }
+    if (dt__rg(b)) {
+        float *gb = dt__grad(ctx, b);
+        if (!gb)
+            return dt_last_status();
+        switch (kind) {
+        case BIN_ADD: loop3(R_ACC, nd, out->shape, gb, gb_s, gout, gs, NULL, NULL); break;
+        case BIN_SUB: loop3(R_SUBACC, nd, out->shape, gb, gb_s, gout, gs, NULL, NULL); break;
+        case BIN_MUL: loop3(R_MULACC, nd, out->shape, gb, gb_s, gout, gs, a->data, as); break;
+        case BIN_DIV: {
+            /* d(a/b)/db = -(a/b)/b = -out/b: t = gout*out, gb -= t/b. */
+            float *t = dt_arena_alloc(ctx->arena, dt_tensor_nbytes(out));
+            if (!t)
+                return dt_last_status();
+            loop3(R_MULTO, nd, out->shape, t, gs, gout, gs, out->data, gs);
+            loop3(R_NEGDIVACC, nd, out->shape, gb, gb_s, t, gs, b->data, bs);
+            break;
+        }
+        }
+    }
+    return DT_OK;
+}
+
+static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
+{
+    const char *op = bin_names[kind];
+    DT__NEED_F32(ctx, op, a);
+    DT__NEED_F32(ctx, op, b);
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    int64_t sh[DT_MAX_DIMS];
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - a->ndim), ib = i - (nd - b->ndim);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) {
+            dt__shape_error(op, "shapes do not broadcast", a, b);
+            return NULL;
+        }
+        sh[i] = da == 1 ? db : da;
+    }
+    dt_tensor *out = dt__out(ctx, nd, sh);
+    if (!out)
+        return NULL;
+    int64_t os[DT_MAX_DIMS], as[DT_MAX_DIMS], bs[DT_MAX_DIMS];
+    dt__contig_strides(nd, sh, os);
+    bcast_strides(a, nd, sh, false, as);
+    bcast_strides(b, nd, sh, false, bs);
+    static const int fk[] = {R_ADD, R_SUB, R_MUL, R_DIV};
+    loop3(fk[kind], nd, sh, out->data, os, a->data, as, b->data, bs);
+    dt_tensor *in[2] = {a, b};
+    if (dt__ag_wants(ctx, 2, in)) {
+        dt__node *n = dt__ag_record(ctx, op, binary_backward, out, 2, in);
+        if (!n)
+            return NULL;
+        n->i[0] = kind;
+    }
+    return out;
+}
+
+dt_tensor *dt_add(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, BIN_ADD, a, b); }
+dt_tensor *dt_sub(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, BIN_SUB, a, b); }
+dt_tensor *dt_mul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, BIN_MUL, a, b); }
+dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, BIN_DIV, a, b); }
+
+/* ---- unary ------------------------------------------------------------------ */
+
+enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT };
+
+/* Unary ops run on the kernels layer; their backward kernels overwrite, so
+ * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
+ * the forward input (gelu) or the dropout key. */
+static dt_status unary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *x = n->in[0];
+    int64_t m = dt_tensor_numel(n->out);
+    float *gx = dt__grad_begin(ctx, x);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = DT_OK;
+    switch ((int)n->i[0]) {
+    case U_SCALE: st = dt_k_scale(gout, (float)n->f[0], 0.0f, gx, m); break;
+    case U_RELU: st = dt_k_relu_bwd(n->out->data, gout, gx, m); break;
+    case U_GELU: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_ERF); break;
+    case U_DROPOUT:
+        st = dt_k_dropout_bwd(gout, gx, m, (float)n->f[0], *(const dt_rng_key *)n->saved[0], 0);
+        break;
+    }
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, x, gx);
+}
+
+static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, float f0,
+                        const dt_rng_key *key)
+{
+    const float *xd = dt__cdata(ctx, x);
+    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    if (!xd || !out)
+        return NULL;
+    float *y = out->data;
+    int64_t m = dt_tensor_numel(x);
+    dt_status st = DT_OK;
+    switch (kind) {
+    case U_SCALE: st = dt_k_scale(xd, f0, 0.0f, y, m); break;
+    case U_RELU: st = dt_k_relu_fwd(xd, y, m); break;
+    case U_GELU: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_ERF); break;
+    case U_DROPOUT: st = dt_k_dropout_fwd(xd, y, m, f0, *key, 0); break;
+    }
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
+    if (dt__ag_wants(ctx, 1, &x)) {
+        dt__node *n = dt__ag_record(ctx, op, unary_backward, out, 1, &x);
+        if (!n)
+            return NULL;
+        n->i[0] = kind;
+        n->f[0] = f0;
+        if (kind == U_GELU)
+            n->saved[0] = (void *)(uintptr_t)xd;
+        if (kind == U_DROPOUT) {
+            dt_rng_key *k = dt_arena_alloc(ctx->arena, sizeof *k);
+            if (!k)
+                return NULL;
+            *k = *key;
+            n->saved[0] = k;
+        }
+    }
+    return out;
+}
+
+dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s)
+{
+    DT__NEED_F32(ctx, "dt_scale", x);
+    return unary(ctx, "dt_scale", U_SCALE, x, s, NULL);
+}
+
+dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x)
+{
+    DT__NEED_F32(ctx, "dt_relu", x);
+    return unary(ctx, "dt_relu", U_RELU, x, 0, NULL);
+}
+
+dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x)
+{
+    DT__NEED_F32(ctx, "dt_gelu", x);
+    return unary(ctx, "dt_gelu", U_GELU, x, 0, NULL);
+}
+
+dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key)
+{
+    const char *op = "dt_dropout";
+    DT__NEED_F32(ctx, op, x);
+    if (!(p >= 0.0f && p <= 1.0f)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: p = %g not in [0, 1]", op, (double)p);
+        return NULL;
+    }
+    if (!training || p == 0.0f)
+        return x;
+    if (p >= 1.0f) /* everything dropped: zeros, and no gradient flows */
+        return dt_scale(ctx, x, 0.0f);
+    return unary(ctx, op, U_DROPOUT, x, p, &key);
+}

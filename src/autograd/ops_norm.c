@@ -1,0 +1,221 @@
+/* batch_norm and layer_norm on the kernels layer.
+ *
+ * Training batch norm and layer norm save (mean, invstd) per channel / row
+ * and use the kernels' closed-form backward
+ *     gx = invstd / M * (M * gxh - sum(gxh) - xhat * sum(gxh * xhat)),
+ * gxh = g * gamma. In batch-norm evaluation the statistics are constants:
+ * gx = g * gamma * invstd, computed here. The kernels' reductions that feed
+ * parameter gradients have a fixed order (deterministic). */
+#include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* i[0..3] = N, C, S, training; saved: x, mean, invstd, gamma (contiguous) */
+static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    int64_t N = n->i[0], C = n->i[1], S = n->i[2];
+    bool training = n->i[3] != 0;
+    const float *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *gm = n->saved[3];
+    dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gg = gamma ? dt_arena_alloc(ctx->arena, (size_t)C * 4) : NULL;
+    float *gb = beta ? dt_arena_alloc(ctx->arena, (size_t)C * 4) : NULL;
+    if ((dt__rg(X) && !gx) || (gamma && !gg) || (beta && !gb))
+        return dt_last_status();
+    dt_status st = DT_OK;
+    if (training) {
+        st = dt_k_batchnorm_bwd(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
+                                dt__rg(beta) ? gb : NULL);
+    } else {
+        for (int64_t c = 0; c < C; c++) {
+            double sg = 0.0, sgx = 0.0;
+            float k = (gm ? gm[c] : 1.0f) * invstd[c];
+            for (int64_t b = 0; b < N; b++) {
+                const float *g = gout + (b * C + c) * S, *xp = x + (b * C + c) * S;
+                for (int64_t s = 0; s < S; s++) {
+                    sg += g[s];
+                    sgx += (double)g[s] * ((xp[s] - mean[c]) * invstd[c]);
+                }
+                if (gx) {
+                    float *o = gx + (b * C + c) * S;
+                    for (int64_t s = 0; s < S; s++)
+                        o[s] = g[s] * k;
+                }
+            }
+            if (gg)
+                gg[c] = (float)sgx;
+            if (gb)
+                gb[c] = (float)sg;
+        }
+    }
+    if (st < 0)
+        return st;
+    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
+        return st;
+    if (dt__rg(gamma) && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
+        return st;
+    if (dt__rg(beta) && (st = dt__grad_commit(ctx, beta, gb)) < 0)
+        return st;
+    return DT_OK;
+}
+
+static bool check_vec(const char *op, const char *arg, const dt_tensor *v, int64_t C,
+                      const dt_tensor *x, bool need_contig)
+{
+    if (!v)
+        return true;
+    if (!dt__check_f32(op, arg, v))
+        return false;
+    if (v->ndim != 1 || v->shape[0] != C) {
+        char s1[96], s2[96];
+        dt_error(DT_ERR_SHAPE, "%s: %s is %s, want [%lld] for input %s", op, arg,
+                 dt_tensor_shape_str(v, s1, sizeof s1), (long long)C,
+                 dt_tensor_shape_str(x, s2, sizeof s2));
+        return false;
+    }
+    if (need_contig && !dt_tensor_is_contiguous(v)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: %s must be contiguous (it is updated in place)", op,
+                 arg);
+        return false;
+    }
+    return true;
+}
+
+dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                         dt_tensor *running_mean, dt_tensor *running_var, bool training,
+                         float momentum, float eps)
+{
+    const char *op = "dt_batch_norm";
+    DT__NEED_F32(ctx, op, x);
+    if (x->ndim < 2) {
+        char s[96];
+        dt_error(DT_ERR_SHAPE, "%s: want x [N,C,...], got %s", op,
+                 dt_tensor_shape_str(x, s, sizeof s));
+        return NULL;
+    }
+    int64_t N = x->shape[0], C = x->shape[1], S = 1;
+    for (int i = 2; i < x->ndim; i++)
+        S *= x->shape[i];
+    if (!check_vec(op, "gamma", gamma, C, x, false) || !check_vec(op, "beta", beta, C, x, false) ||
+        !check_vec(op, "running_mean", running_mean, C, x, true) ||
+        !check_vec(op, "running_var", running_var, C, x, true))
+        return NULL;
+    if ((running_mean == NULL) != (running_var == NULL)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: give both running_mean and running_var or neither", op);
+        return NULL;
+    }
+    if (!training && !running_mean) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: evaluation mode needs running statistics", op);
+        return NULL;
+    }
+    if (training && N * S <= 1) {
+        char s[96];
+        dt_error(DT_ERR_SHAPE, "%s: training needs more than one value per channel, input %s",
+                 op, dt_tensor_shape_str(x, s, sizeof s));
+        return NULL;
+    }
+    const float *xd = dt__cdata(ctx, x);
+    const float *gm = gamma ? dt__cdata(ctx, gamma) : NULL;
+    const float *bt = beta ? dt__cdata(ctx, beta) : NULL;
+    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    float *invstd = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !invstd)
+        return NULL;
+    dt_status st;
+    if (training) {
+        st = dt_k_batchnorm_train_fwd(xd, N, C, S, gm, bt, eps, momentum,
+                                      running_mean ? running_mean->data : NULL,
+                                      running_var ? running_var->data : NULL, out->data, mean,
+                                      invstd);
+    } else {
+        const float *rm = running_mean->data, *rv = running_var->data;
+        for (int64_t c = 0; c < C; c++) {
+            mean[c] = rm[c];
+            invstd[c] = (float)(1.0 / sqrt((double)rv[c] + (double)eps));
+        }
+        st = dt_k_batchnorm_eval_fwd(xd, N, C, S, gm, bt, rm, rv, eps, out->data);
+    }
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[3] = {x, gamma, beta};
+    if (dt__ag_wants(ctx, 3, in)) {
+        dt__node *n = dt__ag_record(ctx, op, bn_backward, out, 3, in);
+        if (!n)
+            return NULL;
+        n->i[0] = N;
+        n->i[1] = C;
+        n->i[2] = S;
+        n->i[3] = training;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = mean;
+        n->saved[2] = invstd;
+        n->saved[3] = (void *)(uintptr_t)gm;
+    }
+    return out;
+}
+
+/* i[0] = R, i[1] = D; saved: x, mean, rstd, gamma (contiguous) */
+static dt_status ln_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    int64_t R = n->i[0], D = n->i[1];
+    dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gg = dt__rg(gamma) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
+    float *gb = dt__rg(beta) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
+    if ((dt__rg(X) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
+        return dt_last_status();
+    dt_status st = dt_k_layernorm_bwd(n->saved[0], gout, R, D, n->saved[3], n->saved[1],
+                                      n->saved[2], gx, gg, gb);
+    if (st < 0)
+        return st;
+    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
+        return st;
+    if (gg && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
+        return st;
+    if (gb && (st = dt__grad_commit(ctx, beta, gb)) < 0)
+        return st;
+    return DT_OK;
+}
+
+dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps)
+{
+    const char *op = "dt_layer_norm";
+    DT__NEED_F32(ctx, op, x);
+    if (x->ndim < 1) {
+        dt_error(DT_ERR_SHAPE, "%s: input needs at least one dim", op);
+        return NULL;
+    }
+    int64_t D = x->shape[x->ndim - 1], R = D ? dt_tensor_numel(x) / D : 0;
+    if (!check_vec(op, "gamma", gamma, D, x, false) || !check_vec(op, "beta", beta, D, x, false))
+        return NULL;
+    const float *xd = dt__cdata(ctx, x);
+    const float *gm = gamma ? dt__cdata(ctx, gamma) : NULL;
+    const float *bt = beta ? dt__cdata(ctx, beta) : NULL;
+    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)R * 4);
+    float *rstd = dt_arena_alloc(ctx->arena, (size_t)R * 4);
+    if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !rstd)
+        return NULL;
+    if (dt_k_layernorm_fwd(xd, R, D, gm, bt, eps, out->data, mean, rstd) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[3] = {x, gamma, beta};
+    if (dt__ag_wants(ctx, 3, in)) {
+        dt__node *n = dt__ag_record(ctx, op, ln_backward, out, 3, in);
+        if (!n)
+            return NULL;
+        n->i[0] = R;
+        n->i[1] = D;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = mean;
+        n->saved[2] = rstd;
+        n->saved[3] = (void *)(uintptr_t)gm;
+    }
+    return out;
+}

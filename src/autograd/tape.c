@@ -1,0 +1,364 @@
+/* The tape and reverse-mode backward.
+ *
+ * Ops append nodes in execution order, which is a topological order. The
+ * backward walk therefore visits the tape in reverse from the loss's node.
+ *
+ * Pre-pass (cheap, flags only): mark the nodes the loss depends on
+ * ("needed"), and count for every leaf that requires grad how many input
+ * slots of needed nodes refer to it (leaf->pending_). The walk then calls
+ * each needed node's backward and decrements its leaves' counts; a leaf
+ * whose count reaches zero has its final gradient for this pass, and its
+ * grad-ready hooks fire right there, while the rest of backward still runs.
+ * This is what lets DDP post a bucket's all-reduce early.
+ *
+ * Intermediate gradients are arena temporaries, allocated zeroed on first
+ * contribution and dropped (pointer reset) at the start of each backward,
+ * so backward can run twice over one tape and leaves accumulate both. */
+#include "autograd/ag_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool dt_ag_set_enabled(dt_ctx *ctx, bool on)
+{
+    if (!ctx)
+        return false;
+    bool old = ctx->grad_enabled;
+    ctx->grad_enabled = on;
+    return old;
+}
+
+bool dt_ag_enabled(const dt_ctx *ctx) { return ctx && ctx->grad_enabled; }
+
+size_t dt_ag_tape_len(const dt_ctx *ctx) { return ctx ? ctx->tape_len : 0; }
+
+bool dt__ag_wants(const dt_ctx *ctx, int nin, dt_tensor *const *in)
+{
+    if (!ctx->grad_enabled)
+        return false;
+    for (int i = 0; i < nin; i++)
+        if (dt__rg(in[i]))
+            return true;
+    return false;
+}
+
+static dt__node *push_node(dt_ctx *ctx, const char *op)
+{
+    if (ctx->tape_len == ctx->tape_cap) {
+        size_t cap = ctx->tape_cap ? ctx->tape_cap * 2 : 256;
+        dt__node **t = realloc(ctx->tape, cap * sizeof *t);
+        if (!t) {
+            dt_error(DT_ERR_NO_MEMORY, "%s: out of memory growing the tape", op);
+            return NULL;
+        }
+        ctx->tape = t;
+        ctx->tape_cap = cap;
+    }
+    dt__node *n = dt_arena_alloc(ctx->arena, sizeof *n);
+    if (!n)
+        return NULL;
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->idx = ctx->tape_len;
+    ctx->tape[ctx->tape_len++] = n;
+    return n;
+}
+
+dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tensor *out, int nin,
+                        dt_tensor *const *in)
+{
+    dt__node *n = push_node(ctx, op);
+    if (!n)
+        return NULL;
+    n->backward = fn;
+    n->out = out;
+    n->nin = nin;
+    for (int i = 0; i < nin; i++)
+        n->in[i] = in[i];
+    out->node_ = n;
+    out->flags |= DT_TENSOR_REQUIRES_GRAD;
+    return n;
+}
+
+float *dt__grad(dt_ctx *ctx, dt_tensor *t)
+{
+    if (t->grad)
+        return t->grad->data;
+    dt_tensor *g;
+    if (t->flags & DT_TENSOR_TEMP) {
+        g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
+        if (!g)
+            return NULL;
+        t->grad = g;
+    } else {
+        g = dt_tensor_new(DT_F32, t->ndim, t->shape);
+        if (!g)
+            return NULL;
+        t->grad = g;
+        t->flags |= DT_TENSOR_OWNS_GRAD;
+    }
+    return g->data;
+}
+
+dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud)
+{
+    if (!leaf || !fn)
+        return dt_error(DT_ERR_NULL, "dt_ag_add_grad_hook: %s is NULL", leaf ? "fn" : "tensor");
+    if (leaf->nhooks_ >= DT_MAX_GRAD_HOOKS)
+        return dt_error(DT_ERR_RANGE, "dt_ag_add_grad_hook: tensor '%s' already has %d hooks",
+                        leaf->name ? leaf->name : "?", DT_MAX_GRAD_HOOKS);
+    leaf->hooks_[leaf->nhooks_].fn = fn;
+    leaf->hooks_[leaf->nhooks_].ud = ud;
+    leaf->nhooks_++;
+    return DT_OK;
+}
+
+void dt_ag_clear_grad_hooks(dt_tensor *t)
+{
+    if (t)
+        t->nhooks_ = 0;
+}
+
+dt_status dt_ag_zero_grad(dt_tensor *t)
+{
+    if (!t)
+        return dt_error(DT_ERR_NULL, "dt_ag_zero_grad: tensor is NULL");
+    if (t->grad)
+        return dt_tensor_zero(t->grad);
+    return DT_OK;
+}
+
+dt_status dt_ag_mark(dt_ctx *ctx, dt_mark_fn fn, void *ud)
+{
+    if (!ctx || !fn)
+        return dt_error(DT_ERR_NULL, "dt_ag_mark: %s is NULL", ctx ? "fn" : "context");
+    if (!ctx->grad_enabled)
+        return DT_OK;
+    dt__node *n = push_node(ctx, "mark");
+    if (!n)
+        return dt_last_status();
+    n->mark = fn;
+    n->ud = ud;
+    return DT_OK;
+}
+
+/* ---- custom ops ------------------------------------------------------------ */
+
+static dt_status custom_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *gin[DT__MAX_IN] = {NULL};
+    for (int i = 0; i < n->nin; i++) {
+        if (dt__rg(n->in[i])) {
+            gin[i] = dt_tensor_zeros(ctx, DT_F32, n->in[i]->ndim, n->in[i]->shape);
+            if (!gin[i])
+                return dt_last_status();
+        }
+    }
+    dt_tensor *go = dt_tensor_view_of(ctx, (void *)(uintptr_t)gout, DT_F32, n->out->ndim,
+                                      n->out->shape);
+    if (!go)
+        return dt_last_status();
+    dt_status st = n->custom(ctx, go, n->nin, gin, n->ud);
+    if (st < 0)
+        return st;
+    for (int i = 0; i < n->nin; i++) {
+        if (!gin[i])
+            continue;
+        float *g = dt__grad(ctx, n->in[i]);
+        if (!g)
+            return dt_last_status();
+        const float *s = gin[i]->data;
+        int64_t m = dt_tensor_numel(gin[i]);
+        for (int64_t j = 0; j < m; j++)
+            g[j] += s[j];
+    }
+    return DT_OK;
+}
+
+dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
+                        dt_custom_backward_fn fn, void *ud)
+{
+    const char *op = "dt_ag_custom";
+    DT__NEED(ctx, op, out);
+    if (nin < 0 || nin > DT__MAX_IN || (nin > 0 && !in) || !fn) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: need 0..%d inputs and a backward function", op,
+                 DT__MAX_IN);
+        return NULL;
+    }
+    for (int i = 0; i < nin; i++)
+        if (!in[i])
+            return dt__null_input(op, "an input");
+    if (!(out->flags & DT_TENSOR_TEMP) || out->node_) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: out must be a fresh temporary of this context", op);
+        return NULL;
+    }
+    if (!dt__ag_wants(ctx, nin, in))
+        return out;
+    if (out->dtype != DT_F32) {
+        dt_error(DT_ERR_DTYPE, "%s: out is %s; only f32 outputs carry gradients", op,
+                 dt_dtype_name(out->dtype));
+        return NULL;
+    }
+    dt__node *n = dt__ag_record(ctx, op, custom_backward, out, nin, in);
+    if (!n)
+        return NULL;
+    n->custom = fn;
+    n->ud = ud;
+    return out;
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+static dt_status fire_hooks(dt_tensor *leaf)
+{
+    for (int h = 0; h < leaf->nhooks_; h++) {
+        dt_status st = leaf->hooks_[h].fn(leaf, leaf->hooks_[h].ud);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+static bool is_leaf_rg(const dt_tensor *t) { return dt__rg(t) && !t->node_; }
+
+/* Add src (contiguous, t's shape... given as any-stride tensor) into buffer g. */
+static void add_strided(dt_ctx *ctx, float *g, const dt_tensor *src)
+{
+    const float *s = dt__cdata(ctx, src);
+    int64_t m = dt_tensor_numel(src);
+    for (int64_t j = 0; j < m; j++)
+        g[j] += s[j];
+}
+
+dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out)
+{
+    const char *op = "dt_backward";
+    if (!ctx)
+        return dt_error(DT_ERR_NULL, "%s: context is NULL", op);
+    if (!out) {
+        dt__null_input(op, "loss");
+        return dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+    }
+    if (!grad_out)
+        return dt_error(DT_ERR_NULL, "%s: grad_out is NULL", op);
+    if (out->dtype != DT_F32 || grad_out->dtype != DT_F32)
+        return dt_error(DT_ERR_DTYPE, "%s: output is %s and grad %s, want f32", op,
+                        dt_dtype_name(out->dtype), dt_dtype_name(grad_out->dtype));
+    if (!dt_tensor_same_shape(out, grad_out)) {
+        dt__shape_error(op, "output and grad_out differ", out, grad_out);
+        return DT_ERR_SHAPE;
+    }
+    if (!dt__rg(out))
+        return dt_error(DT_ERR_STATE, "%s: the output does not require grad (no parameter or "
+                                      "input that requires grad reaches it, or no-grad mode)",
+                        op);
+    if (ctx->in_backward)
+        return dt_error(DT_ERR_STATE, "%s: backward is already running on this context", op);
+
+    if (!out->node_) { /* a leaf: its gradient is grad_out itself */
+        float *g = dt__grad(ctx, out);
+        if (!g)
+            return dt_last_status();
+        add_strided(ctx, g, grad_out);
+        return fire_hooks(out);
+    }
+    dt__node *root = out->node_;
+    if (root->idx >= ctx->tape_len || ctx->tape[root->idx] != root)
+        return dt_error(DT_ERR_STATE, "%s: the output's node is not on this context's tape "
+                                      "(was the context reset since the forward?)",
+                        op);
+    size_t start = root->idx;
+    dt__node **tape = ctx->tape;
+
+    /* Pre-pass: needed flags, reset intermediate grads, leaf use counts. */
+    for (size_t i = 0; i <= start; i++)
+        tape[i]->needed = 0;
+    root->needed = 1;
+    for (size_t k = start + 1; k-- > 0;) {
+        dt__node *n = tape[k];
+        if (!n->needed || !n->backward)
+            continue;
+        n->out->grad = NULL;
+        for (int j = 0; j < n->nin; j++) {
+            dt_tensor *in = n->in[j];
+            if (!dt__rg(in))
+                continue;
+            if (in->node_)
+                in->node_->needed = 1;
+            else
+                in->pending_ = 0;
+        }
+    }
+    for (size_t k = 0; k <= start; k++) {
+        dt__node *n = tape[k];
+        if (!n->needed || !n->backward)
+            continue;
+        for (int j = 0; j < n->nin; j++)
+            if (is_leaf_rg(n->in[j]))
+                n->in[j]->pending_++;
+    }
+
+    /* Seed. */
+    float *g0 = dt__grad(ctx, out);
+    if (!g0)
+        return dt_last_status();
+    add_strided(ctx, g0, grad_out);
+
+    /* Walk. */
+    dt_status st = DT_OK;
+    ctx->in_backward = true;
+    for (size_t k = start + 1; k-- > 0;) {
+        dt__node *n = ctx->tape[k];
+        if (n->mark) {
+            st = n->mark(ctx, n->ud);
+            if (st < 0) {
+                dt_error_wrap(st, "%s: mark callback", op);
+                break;
+            }
+            continue;
+        }
+        if (!n->needed)
+            continue;
+        float *gout = dt__grad(ctx, n->out);
+        if (!gout) {
+            st = dt_last_status();
+            break;
+        }
+        st = n->backward(ctx, n, gout);
+        if (st < 0) {
+            dt_error_wrap(st, "%s: backward of %s", op, n->op);
+            break;
+        }
+        for (int j = 0; j < n->nin && st >= 0; j++) {
+            dt_tensor *in = n->in[j];
+            if (is_leaf_rg(in) && --in->pending_ == 0)
+                st = fire_hooks(in);
+        }
+        if (st < 0) {
+            dt_error_wrap(st, "%s: grad-ready hook", op);
+            break;
+        }
+    }
+    ctx->in_backward = false;
+    return st;
+}
+
+dt_status dt_backward(dt_ctx *ctx, dt_tensor *loss)
+{
+    if (!ctx)
+        return dt_error(DT_ERR_NULL, "dt_backward: context is NULL");
+    if (!loss) {
+        dt__null_input("dt_backward", "loss");
+        return dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+    }
+    if (dt_tensor_numel(loss) != 1) {
+        char s[96];
+        return dt_error(DT_ERR_SHAPE, "dt_backward: loss has shape %s; backward needs a scalar "
+                                      "(use dt_backward_with for other outputs)",
+                        dt_tensor_shape_str(loss, s, sizeof s));
+    }
+    float one = 1.0f;
+    dt_tensor g;
+    dt_tensor_init_contiguous(&g, DT_F32, loss->ndim, loss->shape, &one);
+    return dt_backward_with(ctx, loss, &g);
+}

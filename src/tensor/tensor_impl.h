@@ -1,0 +1,41 @@
+/* Internals shared by src/tensor and src/autograd: the context struct and a
+ * strided N-d loop. Not a public header. */
+#ifndef DT_TENSOR_IMPL_H
+#define DT_TENSOR_IMPL_H
+
+#include "dtrain/tensor.h"
+
+struct dt__node;
+
+struct dt_ctx {
+    dt_arena *arena;
+    /* The tape: node pointers in recording order. The array is malloc'd and
+     * kept across resets (it only grows past the largest step so far); the
+     * nodes themselves live in the arena. */
+    struct dt__node **tape;
+    size_t tape_len, tape_cap;
+    bool grad_enabled;
+    bool in_backward;
+};
+
+/* Row callback of dt__nd_loop: n elements, up to three operands with their
+ * innermost strides (in elements). */
+typedef void (*dt__row_fn)(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char *p2,
+                           int64_t s2, void *ud);
+
+/* Visit every index of `shape` (row-major) calling fn once per innermost
+ * row. ptr[k]/strides[k] describe operand k (nops <= 3; strides in
+ * elements of size esize[k]; a 0 stride repeats). Sequential and in a fixed
+ * order, so reductions through a 0 stride are deterministic. */
+void dt__nd_loop(int ndim, const int64_t *shape, int nops, char *const *ptr,
+                 const int64_t (*strides)[DT_MAX_DIMS], const size_t *esize, dt__row_fn fn,
+                 void *ud);
+
+/* Allocate a temporary tensor struct (no data) in the context's arena. */
+dt_tensor *dt__tensor_struct(dt_ctx *ctx);
+
+/* NULL-input propagation: keep an earlier error's message, else set
+ * DT_ERR_NULL naming the op and the argument. Returns NULL. */
+dt_tensor *dt__null_input(const char *op, const char *arg);
+
+#endif

@@ -1,0 +1,125 @@
+/* Run the dtrain CLI (env DT_CLI) as a child with a time limit, capturing
+ * stdout and stderr, for the train and plot command tests. */
+#ifndef DT_TEST_TRAIN_CLI_H
+#define DT_TEST_TRAIN_CLI_H
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    int code;        /* exit status; 128+sig if killed; -1 on timeout */
+    char out[65536]; /* stdout (truncated) */
+    char err[8192];  /* stderr (truncated) */
+} cli_result;
+
+static char cli_tmp_[256];
+
+static const char *cli_tmpdir(void)
+{
+    if (!cli_tmp_[0]) {
+        const char *b = getenv("TMPDIR");
+        snprintf(cli_tmp_, sizeof cli_tmp_, "%s/dt_cli_XXXXXX", b && *b ? b : "/tmp");
+        if (!mkdtemp(cli_tmp_)) {
+            perror("mkdtemp");
+            exit(1);
+        }
+    }
+    return cli_tmp_;
+}
+
+static void cli_cleanup(void)
+{
+    if (cli_tmp_[0]) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", cli_tmp_);
+        if (system(cmd) != 0)
+            fprintf(stderr, "warning: could not remove %s\n", cli_tmp_);
+    }
+}
+
+static void slurp_(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    size_t k = 0;
+    if (f) {
+        k = fread(buf, 1, n - 1, f);
+        fclose(f);
+    }
+    buf[k] = 0;
+}
+
+/* argv without the program; NULL-terminated. extra_env: "K=V" or NULL. */
+static int cli_runv(cli_result *r, int timeout_s, const char *extra_env, char *const *args)
+{
+    const char *cli = getenv("DT_CLI");
+    if (!cli) {
+        fprintf(stderr, "DT_CLI is not set\n");
+        return -1;
+    }
+    char po[512], pe[512];
+    snprintf(po, sizeof po, "%s/cli.out", cli_tmpdir());
+    snprintf(pe, sizeof pe, "%s/cli.err", cli_tmpdir());
+    char *argv[64];
+    int n = 0;
+    argv[n++] = (char *)cli;
+    for (int i = 0; args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        if (extra_env)
+            putenv((char *)extra_env);
+        execv(cli, argv);
+        _exit(127);
+    }
+    int status = 0;
+    double t0 = (double)time(NULL);
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        if ((double)time(NULL) - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            r->code = -1;
+            slurp_(po, r->out, sizeof r->out);
+            slurp_(pe, r->err, sizeof r->err);
+            return -1;
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    slurp_(po, r->out, sizeof r->out);
+    slurp_(pe, r->err, sizeof r->err);
+    return r->code;
+}
+
+/* Number of lines in s. */
+static int cli_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static int file_exists(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+#endif

@@ -1,0 +1,247 @@
+/* `dtrain train` options: one table drives parsing, range checks and --help.
+ * Adding a flag is one row. Every error is one line naming the flag and what
+ * is wrong; the caller exits 2. Values are taken as `--flag VALUE` or
+ * `--flag=VALUE`. */
+#include "train.h"
+
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE, OPT_FLAG, OPT_U64 } opt_type;
+
+typedef struct {
+    const char *name;    /* without the leading -- */
+    opt_type type;
+    size_t off;          /* field offset in dt__train_opts */
+    double lo, hi;       /* numeric range, inclusive */
+    const char *choices; /* OPT_CHOICE: "a|b|c" */
+    const char *arg;     /* metavariable for --help */
+    const char *help;
+} opt_def;
+
+#define OFF(f) offsetof(dt__train_opts, f)
+static const opt_def opts[] = {
+    {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp", "NAME", "model to train (default convnet)"},
+    {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
+     "fashion-mnist | mnist:DIR | idx:DIR | random (default fashion-mnist; random for mlp)"},
+    {"epochs", OPT_INT, OFF(epochs), 1, 1e6, NULL, "N", "passes over the training set (default 1)"},
+    {"batch", OPT_INT, OFF(batch), 1, 1e6, NULL, "N", "samples per step (default 100)"},
+    {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb", "NAME", "default sgd"},
+    {"lr", OPT_FLOAT, OFF(lr), 0, 1e3, NULL, "X", "learning rate (default 0.01)"},
+    {"momentum", OPT_FLOAT, OFF(momentum), 0, 0.999999, NULL, "X", "SGD momentum (default 0)"},
+    {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "X",
+     "weight decay (default: 0; 0.01 for adamw and lamb)"},
+    {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine", "NAME",
+     "learning-rate schedule (default constant)"},
+    {"warmup", OPT_INT, OFF(warmup), 0, 1e9, NULL, "STEPS", "linear warm-up steps (default 0)"},
+    {"step-size", OPT_INT, OFF(step_size), 1, 1e9, NULL, "STEPS",
+     "step schedule: steps between decays (default one epoch)"},
+    {"gamma", OPT_FLOAT, OFF(gamma), 0, 1, NULL, "X", "step schedule: decay factor (default 0.1)"},
+    {"clip-grad-norm", OPT_FLOAT, OFF(clip_grad_norm), 0, 1e9, NULL, "X",
+     "clip the global gradient L2 norm (default 0 = off)"},
+    {"threads", OPT_INT, OFF(threads), 0, 1024, NULL, "N", "compute threads (default: all cores)"},
+    {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "STEPS",
+     "also evaluate every N steps (default 0: at the end of each epoch)"},
+    {"no-eval", OPT_FLAG, OFF(no_eval), 0, 0, NULL, NULL, "skip evaluation on the test split"},
+    {"metrics", OPT_STR, OFF(metrics), 0, 0, NULL, "FILE", "write JSON-lines metrics to FILE"},
+    {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
+     "steps between plain progress lines and metrics records (default 100)"},
+    {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
+    {"limit-train", OPT_INT, OFF(limit_train), 0, 1e12, NULL, "N",
+     "use only the first N training items (default 0 = all)"},
+    {"limit-test", OPT_INT, OFF(limit_test), 0, 1e12, NULL, "N",
+     "use only the first N test items (default 0 = all)"},
+    {"random-items", OPT_INT, OFF(random_items), 1, 1e9, NULL, "N",
+     "training items of --data random (default 6000; test set 1000)"},
+    {"progress", OPT_CHOICE, OFF(progress), 0, 0, "auto|bar|plain|none", "MODE",
+     "bar on a terminal, plain lines otherwise (default auto)"},
+    {"prefetch", OPT_INT, OFF(prefetch), 1, 64, NULL, "N", "batches loaded ahead (default 2)"},
+};
+#undef OFF
+
+static void set_defaults(dt__train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->model = "convnet";
+    o->data = NULL;
+    o->epochs = 1;
+    o->batch = 100;
+    o->optimizer = "sgd";
+    o->lr = 0.01;
+    o->momentum = 0;
+    o->weight_decay = -1;
+    o->lr_schedule = "constant";
+    o->gamma = 0.1;
+    o->log_every = 100;
+    o->progress = "auto";
+    o->prefetch = 2;
+    o->random_items = 6000;
+}
+
+void dt__train_usage(FILE *f)
+{
+    fprintf(f, "usage: dtrain train [options]\n"
+               "  e.g. dtrain train --model convnet --data fashion-mnist --epochs 1 --batch 100 \\\n"
+               "         --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0\n\noptions:\n");
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        char lhs[64];
+        const opt_def *d = &opts[i];
+        if (d->type == OPT_CHOICE)
+            snprintf(lhs, sizeof lhs, "--%s {%s}", d->name, d->choices);
+        else if (d->arg)
+            snprintf(lhs, sizeof lhs, "--%s %s", d->name, d->arg);
+        else
+            snprintf(lhs, sizeof lhs, "--%s", d->name);
+        if (strlen(lhs) > 28)
+            fprintf(f, "  %s\n  %-28s %s\n", lhs, "", d->help);
+        else
+            fprintf(f, "  %-28s %s\n", lhs, d->help);
+    }
+    fprintf(f, "  %-28s %s\n", "-h, --help", "this text");
+}
+
+static int bad(const char *name, const char *fmt, const char *val)
+{
+    fprintf(stderr, "dtrain train: --%s: ", name);
+    fprintf(stderr, fmt, val);
+    fputc('\n', stderr);
+    return 2;
+}
+
+static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
+{
+    char *base = (char *)o + d->off;
+    char *end = NULL;
+    errno = 0;
+    switch (d->type) {
+    case OPT_INT: {
+        if (!*v)
+            return bad(d->name, "missing value%s", "");
+        long long x = strtoll(v, &end, 10);
+        if (*end || errno)
+            return bad(d->name, "'%s' is not an integer", v);
+        if ((double)x < d->lo || (double)x > d->hi) {
+            fprintf(stderr, "dtrain train: --%s: %lld is out of range [%.0f, %.0f]\n", d->name, x,
+                    d->lo, d->hi);
+            return 2;
+        }
+        *(int64_t *)base = x;
+        return 0;
+    }
+    case OPT_U64: {
+        if (!*v || *v == '-')
+            return bad(d->name, "'%s' is not a non-negative integer", v);
+        unsigned long long x = strtoull(v, &end, 10);
+        if (*end || errno)
+            return bad(d->name, "'%s' is not a non-negative integer", v);
+        *(uint64_t *)base = x;
+        return 0;
+    }
+    case OPT_FLOAT: {
+        if (!*v)
+            return bad(d->name, "missing value%s", "");
+        double x = strtod(v, &end);
+        if (*end || errno || !isfinite(x))
+            return bad(d->name, "'%s' is not a finite number", v);
+        if (x < d->lo || x > d->hi) {
+            fprintf(stderr, "dtrain train: --%s: %s is out of range [%g, %g]\n", d->name, v, d->lo,
+                    d->hi);
+            return 2;
+        }
+        *(double *)base = x;
+        return 0;
+    }
+    case OPT_STR:
+        if (!*v)
+            return bad(d->name, "empty value%s", "");
+        *(const char **)base = v;
+        return 0;
+    case OPT_CHOICE: {
+        size_t n = strlen(v);
+        for (const char *c = d->choices; *c;) {
+            const char *e = strchr(c, '|');
+            size_t len = e ? (size_t)(e - c) : strlen(c);
+            if (len == n && !strncmp(c, v, n)) {
+                *(const char **)base = v;
+                return 0;
+            }
+            c += len + (e ? 1 : 0);
+        }
+        fprintf(stderr, "dtrain train: --%s: '%s' is not one of {%s}\n", d->name, v, d->choices);
+        return 2;
+    }
+    case OPT_FLAG:
+        *(bool *)base = true;
+        return 0;
+    }
+    return 2;
+}
+
+int dt__train_parse(int argc, char **argv, dt__train_opts *o)
+{
+    set_defaults(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            dt__train_usage(stdout);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "dtrain train: unexpected argument '%s' (options start with --; see "
+                            "dtrain train --help)\n", a);
+            return 2;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const opt_def *d = NULL;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+            if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
+                d = &opts[k];
+        if (!d) {
+            fprintf(stderr, "dtrain train: unknown option '--%.*s' (see dtrain train --help)\n",
+                    (int)nlen, name);
+            return 2;
+        }
+        const char *val;
+        if (d->type == OPT_FLAG) {
+            if (eq) {
+                fprintf(stderr, "dtrain train: --%s takes no value\n", d->name);
+                return 2;
+            }
+            val = "";
+        } else if (eq) {
+            val = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "dtrain train: --%s needs a value\n", d->name);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        int rc = set_value(d, val, o);
+        if (rc)
+            return rc;
+    }
+    /* Cross-field checks. */
+    if (!o->data)
+        o->data = !strcmp(o->model, "mlp") ? "random" : "fashion-mnist";
+    if (!strcmp(o->model, "convnet") && !strcmp(o->data, "random")) {
+        fprintf(stderr, "dtrain train: --data random works with --model mlp only\n");
+        return 2;
+    }
+    if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {
+        fprintf(stderr, "dtrain train: --momentum applies to --optimizer sgd only (got %s)\n",
+                o->optimizer);
+        return 2;
+    }
+    if (o->metrics && !strcmp(o->metrics, "-")) {
+        fprintf(stderr, "dtrain train: --metrics: give a file name (metrics are written to "
+                        "FILE.partial and renamed at the end)\n");
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,131 @@
+/* Progress display of `dtrain train`.
+ *
+ * On a terminal: one line per epoch redrawn in place (carriage return, at
+ * most 10 times a second): epoch, a bar, step/total, loss, samples/s, ETA.
+ * The finished epoch's line stays. Not a terminal: a plain line every
+ * log_every steps and at the end of the epoch, which reads well in logs and
+ * CI output. */
+#include "train.h"
+
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+char *dt__fmt_duration(double s, char *buf, size_t n)
+{
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "--:--");
+        return buf;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+    return buf;
+}
+
+void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs, int64_t log_every)
+{
+    memset(p, 0, sizeof *p);
+    p->out = out;
+    p->epochs = epochs;
+    p->log_every = log_every > 0 ? log_every : 100;
+    bool tty = isatty(fileno(out));
+    if (!strcmp(mode, "none"))
+        p->mode = DT__PROGRESS_NONE;
+    else if (!strcmp(mode, "plain") || (!strcmp(mode, "auto") && !tty))
+        p->mode = DT__PROGRESS_PLAIN;
+    else
+        p->mode = DT__PROGRESS_BAR;
+    p->width = 80;
+    struct winsize ws;
+    if (tty && ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
+        p->width = ws.ws_col;
+}
+
+void dt__progress_epoch_begin(dt__progress *p, int64_t epoch, int64_t total_steps)
+{
+    p->epoch = epoch;
+    p->total = total_steps;
+    p->t0 = dt_time_s();
+    p->last_draw = 0;
+    p->drawn = false;
+}
+
+static void draw_bar(dt__progress *p, int64_t step, double loss, double sps, double eta, bool final)
+{
+    char tail[160], etas[32], head[48];
+    snprintf(head, sizeof head, "epoch %lld/%lld ", (long long)p->epoch + 1, (long long)p->epochs);
+    snprintf(tail, sizeof tail, " %lld/%lld loss %.4f %.0f samples/s %s %s", (long long)step,
+             (long long)p->total, loss, sps, final ? "took" : "ETA",
+             dt__fmt_duration(final ? dt_time_s() - p->t0 : eta, etas, sizeof etas));
+    int barw = p->width - 1 - (int)strlen(head) - (int)strlen(tail) - 2;
+    if (barw > 40)
+        barw = 40;
+    char bar[64];
+    int fill = 0;
+    if (barw < 5)
+        barw = 0;
+    if (barw > 0) {
+        fill = p->total > 0 ? (int)((double)barw * (double)step / (double)p->total) : barw;
+        for (int i = 0; i < barw; i++)
+            bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+        bar[barw] = 0;
+        fprintf(p->out, "\r%s[%s]%s\033[K", head, bar, tail);
+    } else {
+        fprintf(p->out, "\r%s%s\033[K", head, tail);
+    }
+    fflush(p->out);
+    p->drawn = true;
+}
+
+void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, int64_t samples)
+{
+    if (p->mode == DT__PROGRESS_NONE)
+        return;
+    double now = dt_time_s(), el = now - p->t0;
+    double sps = el > 0 ? (double)samples / el : 0;
+    if (p->mode == DT__PROGRESS_PLAIN) {
+        if (step % p->log_every == 0 && step != p->total) {
+            char etas[32];
+            double eta = step > 0 ? el * (double)(p->total - step) / (double)step : -1;
+            fprintf(p->out, "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g samples/s %.0f ETA %s\n",
+                    (long long)p->epoch + 1, (long long)p->epochs, (long long)step,
+                    (long long)p->total, loss, lr, sps, dt__fmt_duration(eta, etas, sizeof etas));
+            fflush(p->out);
+        }
+        return;
+    }
+    if (now - p->last_draw < 0.1 && step != p->total)
+        return;
+    p->last_draw = now;
+    double eta = step > 0 ? el * (double)(p->total - step) / (double)step : -1;
+    draw_bar(p, step, loss, sps, eta, false);
+}
+
+void dt__progress_clear(dt__progress *p)
+{
+    if (p->mode == DT__PROGRESS_BAR && p->drawn) {
+        fprintf(p->out, "\r\033[K");
+        fflush(p->out);
+        p->drawn = false;
+    }
+}
+
+void dt__progress_epoch_end(dt__progress *p, int64_t steps, double loss, double wall_s,
+                            double samples_per_s)
+{
+    if (p->mode == DT__PROGRESS_NONE)
+        return;
+    if (p->mode == DT__PROGRESS_BAR) {
+        draw_bar(p, steps, loss, samples_per_s, 0, true);
+        fputc('\n', p->out);
+        p->drawn = false;
+    } else {
+        fprintf(p->out, "epoch %lld/%lld done: %lld steps, loss %.4f, %.2f s, %.0f samples/s\n",
+                (long long)p->epoch + 1, (long long)p->epochs, (long long)steps, loss, wall_s,
+                samples_per_s);
+    }
+    fflush(p->out);
+}
