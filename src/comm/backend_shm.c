@@ -314,39 +314,64 @@ static void desc_as_coll(const shm_desc *d, dt_coll *c)
     c->op = (dt_reduce_op)d->op;
     c->root = d->root;
     c->count = (size_t)d->count;
-    c->seq = d->seq;
+    c->seq = d->seq - 1; /* the group layer's numbering */
 }
 
+static int desc_same(const shm_desc *a, const shm_desc *b)
+{
+    return a->seq == b->seq && a->kind == b->kind && a->dtype == b->dtype && a->op == b->op &&
+           a->root == b->root && a->count == b->count && a->aux == b->aux &&
+           a->config == b->config;
+}
+
+/* On a mismatch every rank builds the same message: each distinct posted
+ * operation with the ranks that posted it, in rank order. */
 static dt_status check_descs(shm_ctx *s)
 {
     const shm_desc *mine = shm_desc_at(s, s->rank, s->cur_seq);
-    for (int r = 0; r < s->size; r++) {
-        const shm_desc *d = shm_desc_at(s, r, s->cur_seq);
-        if (d->seq == mine->seq && d->kind == mine->kind && d->dtype == mine->dtype &&
-            d->op == mine->op && d->root == mine->root && d->count == mine->count &&
-            d->aux == mine->aux && d->config == mine->config)
+    int r;
+    for (r = 0; r < s->size; r++)
+        if (!desc_same(shm_desc_at(s, r, s->cur_seq), mine))
+            break;
+    if (r == s->size)
+        return DT_OK;
+    char msg[768];
+    size_t o = (size_t)snprintf(msg, sizeof msg, "collective mismatch at sequence number %llu: ",
+                                (unsigned long long)s->cur_seq - 1);
+    int done[SHM_MAX_RANKS] = {0}, groups = 0, cfg = 0, aux = 0;
+    for (int a = 0; a < s->size && o < sizeof msg - 1; a++) {
+        if (done[a])
             continue;
-        /* Describe both sides with the lower rank first, identically on all ranks. */
-        int a = r < s->rank ? r : s->rank, b = r < s->rank ? s->rank : r;
-        const shm_desc *da = shm_desc_at(s, a, s->cur_seq), *db = shm_desc_at(s, b, s->cur_seq);
-        dt_coll ca, cb;
-        char sa[160], sb[160], msg[600];
+        const shm_desc *da = shm_desc_at(s, a, s->cur_seq);
+        char who[160], what[160];
+        size_t w = 0;
+        int n = 0;
+        for (int b = a; b < s->size; b++) {
+            const shm_desc *db = shm_desc_at(s, b, s->cur_seq);
+            if (!desc_same(da, db))
+                continue;
+            done[b] = 1;
+            if (w < sizeof who - 8)
+                w += (size_t)snprintf(who + w, sizeof who - w, "%s%d", n ? "," : "", b);
+            n++;
+        }
+        for (int b = 0; b < s->size; b++) {
+            const shm_desc *db = shm_desc_at(s, b, s->cur_seq);
+            cfg |= db->config != da->config;
+            aux |= db->aux != da->aux;
+        }
+        dt_coll ca;
         desc_as_coll(da, &ca);
-        desc_as_coll(db, &cb);
-        dt__coll_describe(&ca, sa, sizeof sa);
-        dt__coll_describe(&cb, sb, sizeof sb);
-        const char *why = "";
-        if (da->config != db->config && !strcmp(sa, sb))
-            why = " (the ranks' DT_SHM_ALGO / DT_SHM_* settings differ)";
-        else if (da->aux != db->aux && !strcmp(sa, sb))
-            why = " (allgatherv counts or displacements differ)";
-        snprintf(msg, sizeof msg,
-                 "collective mismatch at sequence number %llu: rank %d posted %s, rank %d "
-                 "posted %s%s",
-                 (unsigned long long)s->cur_seq, a, sa, b, sb, why);
-        return dt__shm_abort(s, DT_ERR_MISMATCH, msg);
+        dt__coll_describe(&ca, what, sizeof what);
+        o += (size_t)snprintf(msg + o, sizeof msg - o, "%s%s %s posted %s", groups ? "; " : "",
+                              n > 1 ? "ranks" : "rank", who, what);
+        groups++;
     }
-    return DT_OK;
+    if (o < sizeof msg - 1 && (cfg || aux))
+        snprintf(msg + o, sizeof msg - o, "%s",
+                 cfg ? " (the ranks' DT_SHM_ALGO / DT_SHM_* settings differ)"
+                     : " (allgatherv counts or displacements differ)");
+    return dt__shm_abort(s, DT_ERR_MISMATCH, msg);
 }
 
 /* ---- the small-message path: everything from the slots ---- */

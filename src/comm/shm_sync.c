@@ -138,7 +138,7 @@ static const char *op_name(shm_ctx *s, char *buf, size_t n)
         return "group set-up";
     dt_coll c = *s->cur;
     if (c.kind != DT_COLL_SEND && c.kind != DT_COLL_RECV)
-        c.seq = s->cur_seq;
+        c.seq = s->cur_seq - 1; /* the group layer's numbering */
     return dt__coll_describe(&c, buf, n);
 }
 
