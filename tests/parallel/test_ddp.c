@@ -563,8 +563,8 @@ TEST(metrics_and_eval_shard)
 
 int main(void)
 {
-    RUN(bucket_assignment);
-    RUN(single_rank_and_misuse);
+    /* forked tests first: OpenMP (oneDNN) used in the parent before a fork
+     * can deadlock the children */
     RUN(metrics_and_eval_shard);
     RUN(equivalence_mlp);
     RUN(equivalence_convnet_syncbn);
@@ -573,5 +573,7 @@ int main(void)
     RUN(unused_parameters);
     RUN(in_order_posting);
     RUN(overlap);
+    RUN(bucket_assignment);
+    RUN(single_rank_and_misuse);
     return TEST_REPORT();
 }
