@@ -63,6 +63,20 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
     return dt_arena_alloc(ctx->arena, dt_tensor_nbytes(t));
 }
 
+float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
+{
+    if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
+        dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
+        if (!g)
+            return NULL;
+        t->grad = g;
+        *beta = 0.0f;
+        return g->data;
+    }
+    *beta = 1.0f;
+    return dt__grad(ctx, t);
+}
+
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
 {
     if (t->grad && t->grad->data == buf)

@@ -52,6 +52,10 @@ float *dt__grad(dt_ctx *ctx, dt_tensor *t);
  * to a temporary, else arena scratch), then dt__grad_commit adds it. */
 float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t);
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf);
+/* For GEMMs: t's gradient buffer and the beta to use (0 when this is the
+ * first contribution to a temporary's gradient, so no zero-fill is needed;
+ * 1 = accumulate). */
+float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta);
 
 /* Contiguous f32 output temporary of the given shape. */
 dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);
