@@ -1,12 +1,208 @@
-/* dtrain bench step — not built yet; the issue that adds it replaces this file. */
+/* dtrain bench step — time whole training steps of a zoo model.
+ *
+ * One step = zero_grad, forward, loss, backward, SGD (lr 0.01, no momentum:
+ * torch.optim.SGD's defaults besides lr) over the flat buffers, context reset.
+ * Inputs are synthetic (Philox uniform [-1, 1), labels i mod classes) and
+ * fixed across steps. After --warmup untimed steps, --steps steps are timed
+ * one by one; we report the median (and min) per step, the median of each
+ * phase, samples/s, GFLOP/s of the step's matmul/conv work
+ * (dt_model_flops), and that rate as a percentage of the machine's f32
+ * matmul peak, measured in the same run with dt_k_bench_matmul (2048^3,
+ * best of --peak-reps) right before the model's timings. */
 #include "cmd.h"
 
+#include "dtrain/kernels.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double step, fwd, bwd, opt;
+} step_times;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dtrain bench step --model {convnet,mlp}[,...] --batch N [options]\n"
+               "  --model M       zoo model(s), comma-separated (default convnet)\n"
+               "  --batch N       samples per step (default: 100 for convnet, 4 for mlp)\n"
+               "  --threads T     compute threads (default: OMP_NUM_THREADS or all cores)\n"
+               "  --steps S       timed steps (default 20)\n"
+               "  --warmup W      untimed steps first (default 3)\n"
+               "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
+               "  --json          one JSON object per result on stdout\n");
+}
+
+static int run_one(const char *name, long batch, int steps, int warmup, double peak, bool json)
+{
+    int rc = 1;
+    dt_model *m = dt_model_create(name, 1234, NULL);
+    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_optim *opt = NULL;
+    float *x = NULL;
+    int64_t *y = NULL;
+    step_times *t = calloc((size_t)steps, sizeof *t);
+    double *col = calloc((size_t)steps, sizeof *col);
+    if (!m || !ctx || !t || !col) {
+        fprintf(stderr, "dtrain bench step: %s\n", dt_last_error());
+        goto done;
+    }
+    if (batch <= 0)
+        batch = !strcmp(name, "mlp") ? 4 : 100;
+    int nd, tnd;
+    int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
+    dt_dtype tdt;
+    if (dt_model_input_shape(m, batch, &nd, shape, &tnd, tshape, &tdt) < 0)
+        goto fail;
+    size_t nx = 1;
+    for (int i = 0; i < nd; i++)
+        nx *= (size_t)shape[i];
+    x = dt_alloc(nx * sizeof(float));
+    y = dt_alloc((size_t)batch * sizeof(int64_t));
+    if (!x || !y)
+        goto fail;
+    dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, 0, 0), 0, x, nx, -1.0f, 1.0f);
+    for (long i = 0; i < batch; i++)
+        y[i] = i % 10;
+    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m)};
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.lr = 0.01;
+    opt = dt_optim_sgd_init(&sp, &lay);
+    if (!opt)
+        goto fail;
+    float last_loss = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        double t0 = dt_time_s();
+        dt_model_zero_grad(m);
+        dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, nd, shape);
+        dt_tensor *yt = tnd ? dt_tensor_view_of(ctx, y, tdt, tnd, tshape) : NULL;
+        dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, xt), yt);
+        if (!loss)
+            goto fail;
+        last_loss = dt_tensor_item(loss);
+        double t1 = dt_time_s();
+        if (dt_backward(ctx, loss) < 0)
+            goto fail;
+        double t2 = dt_time_s();
+        if (dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
+            goto fail;
+        dt_ctx_reset(ctx);
+        double t3 = dt_time_s();
+        if (s >= warmup)
+            t[s - warmup] = (step_times){t3 - t0, t1 - t0, t2 - t1, t3 - t2};
+    }
+    double med[4], mn = 1e30;
+    for (int k = 0; k < 4; k++) {
+        for (int s = 0; s < steps; s++) {
+            double v = k == 0 ? t[s].step : k == 1 ? t[s].fwd : k == 2 ? t[s].bwd : t[s].opt;
+            col[s] = v;
+            if (k == 0 && v < mn)
+                mn = v;
+        }
+        med[k] = median(col, steps);
+    }
+    double train_flops;
+    dt_model_flops(m, batch, &train_flops);
+    double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
+    int threads = dt_get_num_threads();
+    if (json) {
+        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
+               "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,"
+               "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
+               "\"pct_of_peak\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
+               name, batch, threads, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
+               med[3] * 1e3, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
+               dt_model_param_count(m), (double)last_loss);
+    } else {
+        printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f)  "
+               "%9.1f samples/s  %6.1f GFLOP/s",
+               name, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3,
+               (double)batch / med[0], gflops);
+        if (peak > 0)
+            printf("  %5.1f%% of %.0f GFLOP/s matmul peak", pct, peak);
+        printf("\n");
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "dtrain bench step (%s): %s\n", name, dt_last_error());
+done:
+    dt_free(x);
+    dt_free(y);
+    free(t);
+    free(col);
+    dt_optim_free(opt);
+    dt_ctx_free(ctx);
+    dt_model_free(m);
+    return rc;
+}
 
 int dt_bench_step(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "dtrain bench step: not available in this build yet\n");
-    return 1;
+    const char *models = "convnet";
+    long batch = 0;
+    int steps = 20, warmup = 3, threads = 0, peak_reps = 5;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (v && !strcmp(a, "--model")) {
+            models = v, i++;
+        } else if (v && !strcmp(a, "--batch")) {
+            batch = atol(v), i++;
+        } else if (v && !strcmp(a, "--threads")) {
+            threads = atoi(v), i++;
+        } else if (v && !strcmp(a, "--steps")) {
+            steps = atoi(v), i++;
+        } else if (v && !strcmp(a, "--warmup")) {
+            warmup = atoi(v), i++;
+        } else if (v && !strcmp(a, "--peak-reps")) {
+            peak_reps = atoi(v), i++;
+        } else {
+            fprintf(stderr, "dtrain bench step: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (steps <= 0 || warmup < 0 || batch < 0 || threads < 0 || peak_reps < 0) {
+        fprintf(stderr, "dtrain bench step: --steps must be > 0; --warmup, --batch, --threads, --peak-reps >= 0\n");
+        return 2;
+    }
+    if (threads > 0)
+        dt_set_num_threads(threads);
+    else
+        dt_set_num_threads(dt_get_num_threads());
+    double peak = 0;
+    if (peak_reps > 0 && dt_k_bench_matmul(2048, DT_F32, peak_reps, &peak) < 0) {
+        fprintf(stderr, "dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
+        peak = 0;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", models);
+    int rc = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int r = run_one(tok, batch, steps, warmup, peak, json);
+        if (r)
+            rc = r;
+    }
+    return rc;
 }

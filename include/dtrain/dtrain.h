@@ -17,4 +17,6 @@
 #include "dtrain/base.h"
 #include "dtrain/kernels.h"
 #include "dtrain/comm.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
 #endif

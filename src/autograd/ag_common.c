@@ -2,6 +2,7 @@
  * inputs, argument checks with messages that name the op and the shapes,
  * and the GEMM entry point the layer ops use. */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
 #include <string.h>
 
@@ -49,11 +50,49 @@ void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const
              dt_tensor_shape_str(b, s2, sizeof s2));
 }
 
-/* Reference GEMM: every C element is accumulated in a fixed order (p = 0..K-1)
- * whatever the thread count, so results are deterministic. Rows of C are
- * split across threads. */
-void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
+{
+    if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
+        /* first contribution to a temporary's gradient: write in place */
+        dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
+        if (!g)
+            return NULL;
+        t->grad = g;
+        return g->data;
+    }
+    return dt_arena_alloc(ctx->arena, dt_tensor_nbytes(t));
+}
+
+float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
+{
+    if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
+        dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
+        if (!g)
+            return NULL;
+        t->grad = g;
+        *beta = 0.0f;
+        return g->data;
+    }
+    *beta = 1.0f;
+    return dt__grad(ctx, t);
+}
+
+dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
+{
+    if (t->grad && t->grad->data == buf)
+        return DT_OK;
+    float *g = dt__grad(ctx, t);
+    if (!g)
+        return dt_last_status();
+    return dt_k_axpy(dt_tensor_numel(t), 1.0f, buf, g);
+}
+
+/* Reference GEMM, used only when the oneDNN kernel refuses (odd leading
+ * dimensions): every C element is accumulated in a fixed order, so
+ * results are deterministic. */
+static void gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                     float *C, int64_t ldc)
 {
 #pragma omp parallel for schedule(static) if (M * N * K > 32768)
     for (int64_t i = 0; i < M; i++) {
@@ -88,4 +127,14 @@ void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
             }
         }
     }
+}
+
+void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    bool natural = lda == (ta ? M : K) && ldb == (tb ? K : N) && ldc == N;
+    if (natural && M > 0 && N > 0 && K > 0 &&
+        dt_k_matmul(ta, tb, M, N, K, alpha, A, B, DT_F32, beta, C, NULL) == DT_OK)
+        return;
+    gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -47,6 +47,16 @@ dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tens
  * for temporaries, owned heap memory for persistent leaves). */
 float *dt__grad(dt_ctx *ctx, dt_tensor *t);
 
+/* For kernels that OVERWRITE their output: a buffer to write t's gradient
+ * contribution into (t's own gradient when this is the first contribution
+ * to a temporary, else arena scratch), then dt__grad_commit adds it. */
+float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t);
+dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf);
+/* For GEMMs: t's gradient buffer and the beta to use (0 when this is the
+ * first contribution to a temporary's gradient, so no zero-fill is needed;
+ * 1 = accumulate). */
+float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta);
+
 /* Contiguous f32 output temporary of the given shape. */
 dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);
 /* Contiguous f32 data of x: x->data if contiguous, else an arena copy. */

@@ -6,8 +6,8 @@
  * trick reduces: the input gradient is the (sequential, hence
  * deterministic) target of a stride-0 accumulation. */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
-#include <math.h>
 #include <string.h>
 
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
@@ -160,56 +160,31 @@ dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, 
 
 enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT };
 
-static float gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-static float gelu_d(float x)
-{
-    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-    return cdf + x * pdf;
-}
-
-/* Dropout keep-scale for element i: 0 if dropped, 1/(1-p) if kept. */
-static float drop_scale(dt_rng_key key, int64_t i, float p, float scale)
-{
-    return dt_rng_uniform(key, (uint64_t)i) < p ? 0.0f : scale;
-}
-
+/* Unary ops run on the kernels layer; their backward kernels overwrite, so
+ * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
+ * the forward input (gelu) or the dropout key. */
 static dt_status unary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
-    float *gx = dt__grad(ctx, n->in[0]);
+    dt_tensor *x = n->in[0];
+    int64_t m = dt_tensor_numel(n->out);
+    float *gx = dt__grad_begin(ctx, x);
     if (!gx)
         return dt_last_status();
-    int64_t m = dt_tensor_numel(n->out);
-    const float *y = n->out->data;
+    dt_status st = DT_OK;
     switch ((int)n->i[0]) {
-    case U_SCALE: {
-        float s = (float)n->f[0];
-        for (int64_t i = 0; i < m; i++)
-            gx[i] += s * gout[i];
+    case U_SCALE: st = dt_k_scale(gout, (float)n->f[0], 0.0f, gx, m); break;
+    case U_RELU: st = dt_k_relu_bwd(n->out->data, gout, gx, m); break;
+    case U_GELU: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_ERF); break;
+    case U_DROPOUT:
+        st = dt_k_dropout_bwd(gout, gx, m, (float)n->f[0], *(const dt_rng_key *)n->saved[0], 0);
         break;
     }
-    case U_RELU:
-        for (int64_t i = 0; i < m; i++)
-            gx[i] += y[i] > 0.0f ? gout[i] : 0.0f;
-        break;
-    case U_GELU: {
-        const float *x = n->saved[0];
-        for (int64_t i = 0; i < m; i++)
-            gx[i] += gout[i] * gelu_d(x[i]);
-        break;
-    }
-    case U_DROPOUT: {
-        const dt_rng_key *key = n->saved[0];
-        float p = (float)n->f[0], s = (float)n->f[1];
-        for (int64_t i = 0; i < m; i++)
-            gx[i] += gout[i] * drop_scale(*key, i, p, s);
-        break;
-    }
-    }
-    return DT_OK;
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, x, gx);
 }
 
-static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, float f0, float f1,
+static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, float f0,
                         const dt_rng_key *key)
 {
     const float *xd = dt__cdata(ctx, x);
@@ -218,23 +193,16 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
         return NULL;
     float *y = out->data;
     int64_t m = dt_tensor_numel(x);
+    dt_status st = DT_OK;
     switch (kind) {
-    case U_SCALE:
-        for (int64_t i = 0; i < m; i++)
-            y[i] = f0 * xd[i];
-        break;
-    case U_RELU:
-        for (int64_t i = 0; i < m; i++)
-            y[i] = xd[i] > 0.0f ? xd[i] : 0.0f;
-        break;
-    case U_GELU:
-        for (int64_t i = 0; i < m; i++)
-            y[i] = gelu_f(xd[i]);
-        break;
-    case U_DROPOUT:
-        for (int64_t i = 0; i < m; i++)
-            y[i] = xd[i] * drop_scale(*key, i, f0, f1);
-        break;
+    case U_SCALE: st = dt_k_scale(xd, f0, 0.0f, y, m); break;
+    case U_RELU: st = dt_k_relu_fwd(xd, y, m); break;
+    case U_GELU: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_ERF); break;
+    case U_DROPOUT: st = dt_k_dropout_fwd(xd, y, m, f0, *key, 0); break;
+    }
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
     }
     if (dt__ag_wants(ctx, 1, &x)) {
         dt__node *n = dt__ag_record(ctx, op, unary_backward, out, 1, &x);
@@ -242,7 +210,6 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
             return NULL;
         n->i[0] = kind;
         n->f[0] = f0;
-        n->f[1] = f1;
         if (kind == U_GELU)
             n->saved[0] = (void *)(uintptr_t)xd;
         if (kind == U_DROPOUT) {
@@ -259,19 +226,19 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
 dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s)
 {
     DT__NEED_F32(ctx, "dt_scale", x);
-    return unary(ctx, "dt_scale", U_SCALE, x, s, 0, NULL);
+    return unary(ctx, "dt_scale", U_SCALE, x, s, NULL);
 }
 
 dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x)
 {
     DT__NEED_F32(ctx, "dt_relu", x);
-    return unary(ctx, "dt_relu", U_RELU, x, 0, 0, NULL);
+    return unary(ctx, "dt_relu", U_RELU, x, 0, NULL);
 }
 
 dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x)
 {
     DT__NEED_F32(ctx, "dt_gelu", x);
-    return unary(ctx, "dt_gelu", U_GELU, x, 0, 0, NULL);
+    return unary(ctx, "dt_gelu", U_GELU, x, 0, NULL);
 }
 
 dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key)
@@ -284,6 +251,7 @@ dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_
     }
     if (!training || p == 0.0f)
         return x;
-    float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
-    return unary(ctx, op, U_DROPOUT, x, p, scale, &key);
+    if (p >= 1.0f) /* everything dropped: zeros, and no gradient flows */
+        return dt_scale(ctx, x, 0.0f);
+    return unary(ctx, op, U_DROPOUT, x, p, &key);
 }

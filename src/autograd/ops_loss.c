@@ -6,6 +6,7 @@
  * row max, log-sum-exp and the loss, and keeps the probabilities for
  * backward ((p - onehot) / N). */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -32,11 +33,13 @@ static dt_tensor *reduce_all(dt_ctx *ctx, const char *op, dt_tensor *x, bool mea
     if (!xd || !out)
         return NULL;
     int64_t m = dt_tensor_numel(x);
-    double s = 0.0;
-    for (int64_t i = 0; i < m; i++)
-        s += xd[i];
+    float s = 0.0f;
+    if (dt_k_sum_all(xd, m, &s) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
     double scale = mean ? (m ? 1.0 / (double)m : NAN) : 1.0;
-    ((float *)out->data)[0] = (float)(s * scale);
+    ((float *)out->data)[0] = (float)((double)s * scale);
     if (dt__ag_wants(ctx, 1, &x)) {
         dt__node *n = dt__ag_record(ctx, op, sum_backward, out, 1, &x);
         if (!n)
@@ -104,54 +107,16 @@ dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
 
 /* ---- softmax / log-softmax ---------------------------------------------------- */
 
-static void softmax_rows(const float *x, float *y, int64_t R, int64_t C, bool lg)
-{
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = x + r * C;
-        float *yr = y + r * C;
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < C; c++)
-            mx = xr[c] > mx ? xr[c] : mx;
-        double s = 0.0;
-        for (int64_t c = 0; c < C; c++)
-            s += exp((double)xr[c] - (double)mx);
-        if (lg) {
-            float lse = (float)log(s) + mx;
-            for (int64_t c = 0; c < C; c++)
-                yr[c] = xr[c] - lse;
-        } else {
-            double inv = 1.0 / s;
-            for (int64_t c = 0; c < C; c++)
-                yr[c] = (float)(exp((double)xr[c] - (double)mx) * inv);
-        }
-    }
-}
-
 static dt_status softmax_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
-    float *gx = dt__grad(ctx, n->in[0]);
+    int64_t C = n->i[0], R = dt_tensor_numel(n->out) / (C ? C : 1);
+    float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
         return dt_last_status();
-    const float *y = n->out->data;
-    int64_t C = n->i[0], R = dt_tensor_numel(n->out) / (C ? C : 1);
-    bool log = n->i[1] != 0;
-    for (int64_t r = 0; r < R; r++) {
-        const float *yr = y + r * C, *gr = gout + r * C;
-        float *gxr = gx + r * C;
-        double s = 0.0;
-        if (log) {
-            for (int64_t c = 0; c < C; c++)
-                s += gr[c];
-            for (int64_t c = 0; c < C; c++)
-                gxr[c] += gr[c] - expf(yr[c]) * (float)s;
-        } else {
-            for (int64_t c = 0; c < C; c++)
-                s += (double)gr[c] * yr[c];
-            for (int64_t c = 0; c < C; c++)
-                gxr[c] += yr[c] * (gr[c] - (float)s);
-        }
-    }
-    return DT_OK;
+    dt_status st = dt_k_softmax_bwd(n->out->data, gout, gx, R, C, n->i[1] != 0);
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, n->in[0], gx);
 }
 
 static dt_tensor *softmax_op(dt_ctx *ctx, const char *op, dt_tensor *x, bool log)
@@ -168,7 +133,10 @@ static dt_tensor *softmax_op(dt_ctx *ctx, const char *op, dt_tensor *x, bool log
     dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
     if (!xd || !out)
         return NULL;
-    softmax_rows(xd, out->data, R, C, log);
+    if (dt_k_softmax_fwd(xd, out->data, R, C, log) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
     if (dt__ag_wants(ctx, 1, &x)) {
         dt__node *n = dt__ag_record(ctx, op, softmax_backward, out, 1, &x);
         if (!n)
@@ -194,23 +162,19 @@ static int64_t label_at(const dt_tensor *y, int64_t i)
     return y->dtype == DT_I64 ? ((const int64_t *)p)[off] : ((const int32_t *)p)[off];
 }
 
-/* saved[0] = probabilities [N, C], saved[1] = labels copied at forward (the
- * caller's label buffer may be refilled before backward) */
+/* saved[0] = probabilities [N, C], saved[1] = labels copied at forward as
+ * int64 (the caller's label buffer may be refilled before backward), saved[2]
+ * = logits */
 static dt_status ce_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
-    float *gx = dt__grad(ctx, n->in[0]);
+    float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
         return dt_last_status();
-    const float *p = n->saved[0];
-    const int64_t *lab = n->saved[1];
-    int64_t N = n->i[0], C = n->i[1];
-    float k = gout[0] / (float)N;
-    for (int64_t r = 0; r < N; r++) {
-        int64_t y = lab[r];
-        for (int64_t c = 0; c < C; c++)
-            gx[r * C + c] += k * (p[r * C + c] - (c == y ? 1.0f : 0.0f));
-    }
-    return DT_OK;
+    dt_status st = dt_k_softmax_xent_bwd(n->saved[2], n->saved[0], n->saved[1], DT_I64, n->i[0],
+                                         n->i[1], gout[0], gx);
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, n->in[0], gx);
 }
 
 dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
@@ -238,7 +202,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
         return NULL;
     for (int64_t r = 0; r < N; r++) {
         int64_t y = lab[r] = label_at(labels, r);
-        if (y < 0 || y >= C) {
+        if ((y < 0 || y >= C) && y != DT_K_IGNORE_INDEX) {
             dt_error(DT_ERR_RANGE, "%s: label %lld at row %lld not in [0, %lld)", op,
                      (long long)y, (long long)r, (long long)C);
             return NULL;
@@ -249,22 +213,10 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
     dt_tensor *out = dt__out(ctx, 0, NULL);
     if (!x || !p || !out)
         return NULL;
-    double total = 0.0;
-    for (int64_t r = 0; r < N; r++) {
-        const float *xr = x + r * C;
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < C; c++)
-            mx = xr[c] > mx ? xr[c] : mx;
-        double s = 0.0;
-        for (int64_t c = 0; c < C; c++)
-            s += exp((double)xr[c] - (double)mx);
-        double lse = log(s) + (double)mx;
-        double inv = 1.0 / s;
-        for (int64_t c = 0; c < C; c++)
-            p[r * C + c] = (float)(exp((double)xr[c] - (double)mx) * inv);
-        total += lse - (double)xr[lab[r]];
+    if (dt_k_softmax_xent_fwd(x, lab, DT_I64, N, C, out->data, p) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
     }
-    ((float *)out->data)[0] = (float)(total / (double)N);
     if (dt__ag_wants(ctx, 1, &logits)) {
         dt_tensor *in[2] = {logits, labels};
         dt__node *n = dt__ag_record(ctx, op, ce_backward, out, 2, in);
@@ -272,6 +224,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
             return NULL;
         n->saved[0] = p;
         n->saved[1] = lab;
+        n->saved[2] = (void *)(uintptr_t)x;
         n->i[0] = N;
         n->i[1] = C;
     }

@@ -5,6 +5,7 @@
  * straight into the gradient buffers with beta = 1 (they are "+=" by
  * definition), so no temporaries are needed in backward. */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
 static int64_t lead_rows(const dt_tensor *x, int keep)
 {
@@ -20,24 +21,28 @@ static dt_status matmul_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     const float *A = n->saved[0], *B = n->saved[1];
     int64_t batch = n->i[0], M = n->i[1], K = n->i[2], N = n->i[3];
     bool b2d = n->i[4] != 0;
+    float beta;
     if (dt__rg(n->in[0])) {
-        float *ga = dt__grad(ctx, n->in[0]);
+        float *ga = dt__grad_gemm(ctx, n->in[0], &beta);
         if (!ga)
             return dt_last_status();
-        for (int64_t t = 0; t < batch; t++) /* gA = gout @ B^T */
-            dt__gemm(false, true, M, K, N, 1.0f, gout + t * M * N, N, b2d ? B : B + t * K * N,
-                     N, 1.0f, ga + t * M * K, K);
+        if (b2d) /* gA = gout @ B^T, all rows at once */
+            dt__gemm(false, true, batch * M, K, N, 1.0f, gout, N, B, N, beta, ga, K);
+        else
+            for (int64_t t = 0; t < batch; t++)
+                dt__gemm(false, true, M, K, N, 1.0f, gout + t * M * N, N, B + t * K * N, N, beta,
+                         ga + t * M * K, K);
     }
     if (dt__rg(n->in[1])) {
-        float *gb = dt__grad(ctx, n->in[1]);
+        float *gb = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gb)
             return dt_last_status();
         if (b2d) /* gB = A^T @ gout over all rows */
-            dt__gemm(true, false, K, N, batch * M, 1.0f, A, K, gout, N, 1.0f, gb, N);
+            dt__gemm(true, false, K, N, batch * M, 1.0f, A, K, gout, N, beta, gb, N);
         else
             for (int64_t t = 0; t < batch; t++)
                 dt__gemm(true, false, K, N, M, 1.0f, A + t * M * K, K, gout + t * M * N, N,
-                         1.0f, gb + t * K * N, N);
+                         beta, gb + t * K * N, N);
     }
     return DT_OK;
 }
@@ -105,17 +110,18 @@ static dt_status linear_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const float *X = n->saved[0], *W = n->saved[1];
     int64_t R = n->i[0], In = n->i[1], Out = n->i[2];
+    float beta;
     if (dt__rg(n->in[0])) { /* gX = g @ W */
-        float *gx = dt__grad(ctx, n->in[0]);
+        float *gx = dt__grad_gemm(ctx, n->in[0], &beta);
         if (!gx)
             return dt_last_status();
-        dt__gemm(false, false, R, In, Out, 1.0f, gout, Out, W, In, 1.0f, gx, In);
+        dt__gemm(false, false, R, In, Out, 1.0f, gout, Out, W, In, beta, gx, In);
     }
     if (dt__rg(n->in[1])) { /* gW = g^T @ X */
-        float *gw = dt__grad(ctx, n->in[1]);
+        float *gw = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gw)
             return dt_last_status();
-        dt__gemm(true, false, Out, In, R, 1.0f, gout, Out, X, In, 1.0f, gw, In);
+        dt__gemm(true, false, Out, In, R, 1.0f, gout, Out, X, In, beta, gw, In);
     }
     if (n->nin > 2 && dt__rg(n->in[2])) { /* gb = column sums of g, row order fixed */
         float *gb = dt__grad(ctx, n->in[2]);
@@ -155,11 +161,15 @@ dt_tensor *dt_linear(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias)
     if (!X || !W || (bias && !Bv) || !out)
         return NULL;
     float *Y = out->data;
-    dt__gemm(false, true, R, Out, In, 1.0f, X, In, W, In, 0.0f, Y, Out);
-    if (Bv)
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < Out; j++)
-                Y[r * Out + j] += Bv[j];
+    /* one oneDNN call with the bias fused; the reference path otherwise */
+    if (R == 0 || Out == 0 || In == 0 ||
+        dt_k_matmul(false, true, R, Out, In, 1.0f, X, W, DT_F32, 0.0f, Y, Bv) != DT_OK) {
+        dt__gemm(false, true, R, Out, In, 1.0f, X, In, W, In, 0.0f, Y, Out);
+        if (Bv)
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < Out; j++)
+                    Y[r * Out + j] += Bv[j];
+    }
     dt_tensor *in[3] = {x, w, bias};
     int nin = bias ? 3 : 2;
     if (dt__ag_wants(ctx, nin, in)) {

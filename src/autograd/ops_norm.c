@@ -1,66 +1,68 @@
-/* batch_norm and layer_norm.
+/* batch_norm and layer_norm on the kernels layer.
  *
- * Both normalise to xhat = (x - mean) * invstd and keep xhat and invstd for
- * backward, which is the standard closed form
+ * Training batch norm and layer norm save (mean, invstd) per channel / row
+ * and use the kernels' closed-form backward
  *     gx = invstd / M * (M * gxh - sum(gxh) - xhat * sum(gxh * xhat)),
- * gxh = g * gamma, sums over the M elements that shared a mean (batch norm
- * in training; layer norm always). In batch-norm eval the statistics are
- * constants and gx = g * gamma * invstd. Statistics accumulate in double in
- * a fixed order. */
+ * gxh = g * gamma. In batch-norm evaluation the statistics are constants:
+ * gx = g * gamma * invstd, computed here. The kernels' reductions that feed
+ * parameter gradients have a fixed order (deterministic). */
 #include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <string.h>
 
-/* i[0] = N, i[1] = C, i[2] = S (spatial), i[3] = training; saved: xhat, invstd */
+/* i[0..3] = N, C, S, training; saved: x, mean, invstd, gamma (contiguous) */
 static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t N = n->i[0], C = n->i[1], S = n->i[2];
     bool training = n->i[3] != 0;
-    const float *xhat = n->saved[0], *invstd = n->saved[1];
-    dt_tensor *gamma = n->in[1], *beta = n->in[2];
-    const float *gm = gamma ? gamma->data : NULL;
-    float *gx = dt__rg(n->in[0]) ? dt__grad(ctx, n->in[0]) : NULL;
-    float *gg = dt__rg(gamma) ? dt__grad(ctx, gamma) : NULL;
-    float *gb = dt__rg(beta) ? dt__grad(ctx, beta) : NULL;
-    if ((dt__rg(n->in[0]) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
+    const float *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *gm = n->saved[3];
+    dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gg = gamma ? dt_arena_alloc(ctx->arena, (size_t)C * 4) : NULL;
+    float *gb = beta ? dt_arena_alloc(ctx->arena, (size_t)C * 4) : NULL;
+    if ((dt__rg(X) && !gx) || (gamma && !gg) || (beta && !gb))
         return dt_last_status();
-    double M = (double)(N * S);
-    for (int64_t c = 0; c < C; c++) {
-        double sg = 0.0, sgx = 0.0;
-        for (int64_t b = 0; b < N; b++) {
-            const float *g = gout + (b * C + c) * S, *xh = xhat + (b * C + c) * S;
-            for (int64_t s = 0; s < S; s++) {
-                sg += g[s];
-                sgx += (double)g[s] * xh[s];
+    dt_status st = DT_OK;
+    if (training) {
+        st = dt_k_batchnorm_bwd(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
+                                dt__rg(beta) ? gb : NULL);
+    } else {
+        for (int64_t c = 0; c < C; c++) {
+            double sg = 0.0, sgx = 0.0;
+            float k = (gm ? gm[c] : 1.0f) * invstd[c];
+            for (int64_t b = 0; b < N; b++) {
+                const float *g = gout + (b * C + c) * S, *xp = x + (b * C + c) * S;
+                for (int64_t s = 0; s < S; s++) {
+                    sg += g[s];
+                    sgx += (double)g[s] * ((xp[s] - mean[c]) * invstd[c]);
+                }
+                if (gx) {
+                    float *o = gx + (b * C + c) * S;
+                    for (int64_t s = 0; s < S; s++)
+                        o[s] = g[s] * k;
+                }
             }
-        }
-        if (gg)
-            gg[c] += (float)sgx;
-        if (gb)
-            gb[c] += (float)sg;
-        if (!gx)
-            continue;
-        float gam = gm ? gm[c * gamma->strides[0]] : 1.0f;
-        float is = invstd[c];
-        for (int64_t b = 0; b < N; b++) {
-            const float *g = gout + (b * C + c) * S, *xh = xhat + (b * C + c) * S;
-            float *o = gx + (b * C + c) * S;
-            if (training) {
-                float k = (float)(is / M), a = (float)sg, bb = (float)sgx;
-                for (int64_t s = 0; s < S; s++)
-                    o[s] += gam * k * ((float)M * g[s] - a - xh[s] * bb);
-            } else {
-                for (int64_t s = 0; s < S; s++)
-                    o[s] += g[s] * gam * is;
-            }
+            if (gg)
+                gg[c] = (float)sgx;
+            if (gb)
+                gb[c] = (float)sg;
         }
     }
+    if (st < 0)
+        return st;
+    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
+        return st;
+    if (dt__rg(gamma) && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
+        return st;
+    if (dt__rg(beta) && (st = dt__grad_commit(ctx, beta, gb)) < 0)
+        return st;
     return DT_OK;
 }
 
 static bool check_vec(const char *op, const char *arg, const dt_tensor *v, int64_t C,
-                      const dt_tensor *x)
+                      const dt_tensor *x, bool need_contig)
 {
     if (!v)
         return true;
@@ -73,12 +75,12 @@ static bool check_vec(const char *op, const char *arg, const dt_tensor *v, int64
                  dt_tensor_shape_str(x, s2, sizeof s2));
         return false;
     }
+    if (need_contig && !dt_tensor_is_contiguous(v)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: %s must be contiguous (it is updated in place)", op,
+                 arg);
+        return false;
+    }
     return true;
-}
-
-static float vec_at(const dt_tensor *v, int64_t i, float dflt)
-{
-    return v ? ((const float *)v->data)[i * v->strides[0]] : dflt;
 }
 
 dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
@@ -96,9 +98,9 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
     int64_t N = x->shape[0], C = x->shape[1], S = 1;
     for (int i = 2; i < x->ndim; i++)
         S *= x->shape[i];
-    if (!check_vec(op, "gamma", gamma, C, x) || !check_vec(op, "beta", beta, C, x) ||
-        !check_vec(op, "running_mean", running_mean, C, x) ||
-        !check_vec(op, "running_var", running_var, C, x))
+    if (!check_vec(op, "gamma", gamma, C, x, false) || !check_vec(op, "beta", beta, C, x, false) ||
+        !check_vec(op, "running_mean", running_mean, C, x, true) ||
+        !check_vec(op, "running_var", running_var, C, x, true))
         return NULL;
     if ((running_mean == NULL) != (running_var == NULL)) {
         dt_error(DT_ERR_INVALID_ARG, "%s: give both running_mean and running_var or neither", op);
@@ -115,53 +117,30 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         return NULL;
     }
     const float *xd = dt__cdata(ctx, x);
+    const float *gm = gamma ? dt__cdata(ctx, gamma) : NULL;
+    const float *bt = beta ? dt__cdata(ctx, beta) : NULL;
     dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
-    float *xhat = dt_arena_alloc(ctx->arena, dt_tensor_nbytes(x));
-    float *invstd = dt_arena_alloc(ctx->arena, (size_t)C * sizeof(float));
-    if (!xd || !out || !xhat || !invstd)
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    float *invstd = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !invstd)
         return NULL;
-    float *y = out->data;
-    double M = (double)(N * S);
-    for (int64_t c = 0; c < C; c++) {
-        double mean, var;
-        if (training) {
-            double s = 0.0, s2 = 0.0;
-            for (int64_t b = 0; b < N; b++) {
-                const float *xp = xd + (b * C + c) * S;
-                for (int64_t i = 0; i < S; i++)
-                    s += xp[i];
-            }
-            mean = s / M;
-            for (int64_t b = 0; b < N; b++) {
-                const float *xp = xd + (b * C + c) * S;
-                for (int64_t i = 0; i < S; i++) {
-                    double d = xp[i] - mean;
-                    s2 += d * d;
-                }
-            }
-            var = s2 / M;
-            if (running_mean) {
-                float *rm = (float *)running_mean->data + c * running_mean->strides[0];
-                float *rv = (float *)running_var->data + c * running_var->strides[0];
-                *rm = (float)((1.0 - momentum) * *rm + momentum * mean);
-                *rv = (float)((1.0 - momentum) * *rv + momentum * (s2 / (M - 1.0)));
-            }
-        } else {
-            mean = vec_at(running_mean, c, 0.0f);
-            var = vec_at(running_var, c, 1.0f);
+    dt_status st;
+    if (training) {
+        st = dt_k_batchnorm_train_fwd(xd, N, C, S, gm, bt, eps, momentum,
+                                      running_mean ? running_mean->data : NULL,
+                                      running_var ? running_var->data : NULL, out->data, mean,
+                                      invstd);
+    } else {
+        const float *rm = running_mean->data, *rv = running_var->data;
+        for (int64_t c = 0; c < C; c++) {
+            mean[c] = rm[c];
+            invstd[c] = (float)(1.0 / sqrt((double)rv[c] + (double)eps));
         }
-        float is = (float)(1.0 / sqrt(var + (double)eps));
-        float m = (float)mean;
-        invstd[c] = is;
-        float gm = vec_at(gamma, c, 1.0f), bt = vec_at(beta, c, 0.0f);
-        for (int64_t b = 0; b < N; b++) {
-            const float *xp = xd + (b * C + c) * S;
-            float *xh = xhat + (b * C + c) * S, *yp = y + (b * C + c) * S;
-            for (int64_t i = 0; i < S; i++) {
-                xh[i] = (xp[i] - m) * is;
-                yp[i] = xh[i] * gm + bt;
-            }
-        }
+        st = dt_k_batchnorm_eval_fwd(xd, N, C, S, gm, bt, rm, rv, eps, out->data);
+    }
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
     }
     dt_tensor *in[3] = {x, gamma, beta};
     if (dt__ag_wants(ctx, 3, in)) {
@@ -172,46 +151,34 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         n->i[1] = C;
         n->i[2] = S;
         n->i[3] = training;
-        n->saved[0] = xhat;
-        n->saved[1] = invstd;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = mean;
+        n->saved[2] = invstd;
+        n->saved[3] = (void *)(uintptr_t)gm;
     }
     return out;
 }
 
-/* i[0] = R, i[1] = D; saved: xhat [R, D], invstd [R] */
+/* i[0] = R, i[1] = D; saved: x, mean, rstd, gamma (contiguous) */
 static dt_status ln_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], D = n->i[1];
-    const float *xhat = n->saved[0], *invstd = n->saved[1];
-    dt_tensor *gamma = n->in[1], *beta = n->in[2];
-    float *gx = dt__rg(n->in[0]) ? dt__grad(ctx, n->in[0]) : NULL;
-    float *gg = dt__rg(gamma) ? dt__grad(ctx, gamma) : NULL;
-    float *gb = dt__rg(beta) ? dt__grad(ctx, beta) : NULL;
-    if ((dt__rg(n->in[0]) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
+    dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gg = dt__rg(gamma) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
+    float *gb = dt__rg(beta) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
+    if ((dt__rg(X) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
         return dt_last_status();
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = gout + r * D, *xh = xhat + r * D;
-        if (gg)
-            for (int64_t d = 0; d < D; d++)
-                gg[d] += g[d] * xh[d];
-        if (gb)
-            for (int64_t d = 0; d < D; d++)
-                gb[d] += g[d];
-        if (!gx)
-            continue;
-        double a = 0.0, b = 0.0;
-        for (int64_t d = 0; d < D; d++) {
-            double gh = (double)g[d] * vec_at(gamma, d, 1.0f);
-            a += gh;
-            b += gh * xh[d];
-        }
-        float k = invstd[r] / (float)D;
-        float *o = gx + r * D;
-        for (int64_t d = 0; d < D; d++) {
-            float gh = g[d] * vec_at(gamma, d, 1.0f);
-            o[d] += k * ((float)D * gh - (float)a - xh[d] * (float)b);
-        }
-    }
+    dt_status st = dt_k_layernorm_bwd(n->saved[0], gout, R, D, n->saved[3], n->saved[1],
+                                      n->saved[2], gx, gg, gb);
+    if (st < 0)
+        return st;
+    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
+        return st;
+    if (gg && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
+        return st;
+    if (gb && (st = dt__grad_commit(ctx, beta, gb)) < 0)
+        return st;
     return DT_OK;
 }
 
@@ -224,30 +191,19 @@ dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         return NULL;
     }
     int64_t D = x->shape[x->ndim - 1], R = D ? dt_tensor_numel(x) / D : 0;
-    if (!check_vec(op, "gamma", gamma, D, x) || !check_vec(op, "beta", beta, D, x))
+    if (!check_vec(op, "gamma", gamma, D, x, false) || !check_vec(op, "beta", beta, D, x, false))
         return NULL;
     const float *xd = dt__cdata(ctx, x);
+    const float *gm = gamma ? dt__cdata(ctx, gamma) : NULL;
+    const float *bt = beta ? dt__cdata(ctx, beta) : NULL;
     dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
-    float *xhat = dt_arena_alloc(ctx->arena, dt_tensor_nbytes(x));
-    float *invstd = dt_arena_alloc(ctx->arena, (size_t)R * sizeof(float) + 1);
-    if (!xd || !out || !xhat || !invstd)
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)R * 4);
+    float *rstd = dt_arena_alloc(ctx->arena, (size_t)R * 4);
+    if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !rstd)
         return NULL;
-    float *y = out->data;
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = xd + r * D;
-        double s = 0.0, s2 = 0.0;
-        for (int64_t d = 0; d < D; d++)
-            s += xr[d];
-        double mean = s / (double)D;
-        for (int64_t d = 0; d < D; d++)
-            s2 += (xr[d] - mean) * (xr[d] - mean);
-        float is = (float)(1.0 / sqrt(s2 / (double)D + (double)eps)), m = (float)mean;
-        invstd[r] = is;
-        for (int64_t d = 0; d < D; d++) {
-            float xh = (xr[d] - m) * is;
-            xhat[r * D + d] = xh;
-            y[r * D + d] = xh * vec_at(gamma, d, 1.0f) + vec_at(beta, d, 0.0f);
-        }
+    if (dt_k_layernorm_fwd(xd, R, D, gm, bt, eps, out->data, mean, rstd) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
     }
     dt_tensor *in[3] = {x, gamma, beta};
     if (dt__ag_wants(ctx, 3, in)) {
@@ -256,8 +212,10 @@ dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
             return NULL;
         n->i[0] = R;
         n->i[1] = D;
-        n->saved[0] = xhat;
-        n->saved[1] = invstd;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = mean;
+        n->saved[2] = rstd;
+        n->saved[3] = (void *)(uintptr_t)gm;
     }
     return out;
 }

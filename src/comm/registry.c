@@ -125,9 +125,7 @@ static void init_locked(void)
         return;
     g_init = 1;
     register_locked(&dt__backend_self);
-#ifdef DT__HAVE_SHM
     register_locked(&dt__backend_shm);
-#endif
 #ifdef DT__HAVE_MPI_BACKEND
     register_locked(&dt__backend_mpi);
 #endif

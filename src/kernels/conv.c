@@ -10,12 +10,30 @@
  * rebuilt (not executed, not counted) when a backward key is first seen. */
 #include "kernels_impl.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef DT_CONV_BLOCKED_DEFAULT
+#define DT_CONV_BLOCKED_DEFAULT 1
+#endif
+
+/* One primitive argument: the caller's plain layout, the layout the
+ * primitive wants, and (when they differ) a reorder and a buffer in the
+ * primitive's layout, both kept with the cached entry. */
+typedef struct {
+    int arg;                       /* DNNL_ARG_* */
+    bool out;                      /* written by the primitive */
+    dnnl_memory_desc_t user_md, prim_md;
+    dnnl_primitive_t reorder;      /* NULL when the layouts agree */
+    void *buf;                     /* prim_md-sized, when reordering */
+} conv_io;
+
 typedef struct {
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t src_md, wei_md, bias_md, dst_md;
+    int nio;
+    conv_io io[4];
+    pthread_mutex_t lock;          /* the reorder buffers are per entry */
 } conv_entry;
 
 static void conv_entry_free(void *p)
@@ -25,7 +43,24 @@ static void conv_entry_free(void *p)
         return;
     if (e->prim)
         dnnl_primitive_destroy(e->prim);
+    for (int i = 0; i < e->nio; i++) {
+        if (e->io[i].reorder)
+            dnnl_primitive_destroy(e->io[i].reorder);
+        dt_free(e->io[i].buf);
+    }
+    pthread_mutex_destroy(&e->lock);
     free(e);
+}
+
+/* Blocked layouts (oneDNN picks them: format "any") or the plain NCHW ones. */
+static bool use_blocked(void)
+{
+    static int mode = -1; /* benign race: all threads compute the same */
+    if (mode < 0) {
+        const char *e = getenv("DT_CONV_LAYOUT");
+        mode = e && !strcmp(e, "plain") ? 0 : e && !strcmp(e, "blocked") ? 1 : DT_CONV_BLOCKED_DEFAULT;
+    }
+    return mode == 1;
 }
 
 dt_k_conv2d_shape dt_k_conv2d_shape_make(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t R,
@@ -74,6 +109,35 @@ static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bia
     k[13] = s->dil_h, k[14] = s->dil_w, k[15] = bias;
 }
 
+/* Fill e->io[i] for arg: user layout md, the primitive's layout from pd,
+ * and a reorder + buffer when they differ. */
+static dt_status conv_io_init(conv_entry *e, const_dnnl_primitive_desc_t pd, int arg, bool out,
+                              const dnnl_memory_desc_t *user_md, const char *what)
+{
+    dnnl_engine_t eng = dt__dnnl_engine();
+    conv_io *io = &e->io[e->nio++];
+    io->arg = arg;
+    io->out = out;
+    io->user_md = *user_md;
+    const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
+    if (!pmd)
+        return dt_error(DT_ERR_INTERNAL, "%s: oneDNN has no memory descriptor for argument %d", what, arg);
+    io->prim_md = *pmd;
+    if (dnnl_memory_desc_equal(&io->user_md, &io->prim_md))
+        return DT_OK;
+    dnnl_primitive_desc_t rpd;
+    dnnl_status_t ds = out ? dnnl_reorder_primitive_desc_create(&rpd, &io->prim_md, eng, &io->user_md, eng, NULL)
+                           : dnnl_reorder_primitive_desc_create(&rpd, &io->user_md, eng, &io->prim_md, eng, NULL);
+    if (ds != dnnl_success)
+        return dt__dnnl_err(ds, what);
+    dt_status st = dt__prim_create(&io->reorder, rpd, what);
+    dnnl_primitive_desc_destroy(rpd);
+    if (st < 0)
+        return st;
+    io->buf = dt_alloc(dnnl_memory_desc_get_size(&io->prim_md));
+    return io->buf ? DT_OK : dt_last_status();
+}
+
 static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, bool bias)
 {
     const char *what = dir == CONV_FWD ? "dt_k_conv2d_fwd" : dir == CONV_BWD_DATA ? "dt_k_conv2d_bwd_data"
@@ -88,22 +152,27 @@ static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, 
     dnnl_dims_t sd = {s->N, s->C, s->H, s->W}, wd = {s->K, s->C, s->R, s->S}, bd = {s->K},
                 dd = {s->N, s->K, P, Q};
     dnnl_dims_t strides = {s->stride_h, s->stride_w}, dil = {s->dil_h - 1, s->dil_w - 1};
-    /* Right padding so that oneDNN's output size formula gives P, Q exactly
+    /* Right padding that makes oneDNN's output size formula give P, Q
      * (PyTorch floors; oneDNN wants the padding that makes it exact). */
     int64_t eh = s->dil_h * (s->R - 1) + 1, ew = s->dil_w * (s->S - 1) + 1;
     dnnl_dims_t pl = {s->pad_h, s->pad_w};
     dnnl_dims_t pr = {(P - 1) * s->stride_h + eh - s->H - s->pad_h, (Q - 1) * s->stride_w + ew - s->W - s->pad_w};
-    dnnl_memory_desc_init_by_tag(&e->src_md, 4, sd, dnnl_f32, dnnl_nchw);
-    dnnl_memory_desc_init_by_tag(&e->wei_md, 4, wd, dnnl_f32, dnnl_oihw);
-    dnnl_memory_desc_init_by_tag(&e->bias_md, 1, bd, dnnl_f32, dnnl_a);
-    dnnl_memory_desc_init_by_tag(&e->dst_md, 4, dd, dnnl_f32, dnnl_nchw);
+    dnnl_memory_desc_t src_u, wei_u, bias_u, dst_u, src_a, wei_a, dst_a;
+    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw);
+    dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a);
+    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw);
+    bool blk = use_blocked();
+    dnnl_format_tag_t any = dnnl_format_tag_any;
+    dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, blk ? any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, blk ? any : dnnl_oihw);
+    dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, blk ? any : dnnl_nchw);
 
     dnnl_convolution_desc_t fd, cd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
-    dnnl_status_t ds = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
-                                                          &e->src_md, &e->wei_md,
-                                                          (dir == CONV_FWD && bias) ? &e->bias_md : NULL,
-                                                          &e->dst_md, strides, dil, pl, pr);
+    dnnl_status_t ds = dnnl_dilated_convolution_forward_desc_init(
+        &fd, dnnl_forward_training, dnnl_convolution_direct, &src_a, &wei_a,
+        (dir == CONV_FWD && bias) ? &bias_u : NULL, &dst_a, strides, dil, pl, pr);
     if (ds != dnnl_success)
         goto fail;
     if ((ds = dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL)) != dnnl_success)
@@ -113,18 +182,37 @@ static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, 
         fpd = NULL;
     } else {
         if (dir == CONV_BWD_DATA)
-            ds = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &e->src_md, &e->wei_md,
-                                                          &e->dst_md, strides, dil, pl, pr);
+            ds = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &src_a, &wei_a,
+                                                                  &dst_a, strides, dil, pl, pr);
         else
-            ds = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &e->src_md,
-                                                             &e->wei_md, bias ? &e->bias_md : NULL, &e->dst_md,
-                                                             strides, dil, pl, pr);
+            ds = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src_a, &wei_a,
+                                                                     bias ? &bias_u : NULL, &dst_a, strides, dil,
+                                                                     pl, pr);
         if (ds != dnnl_success)
             goto fail;
         if ((ds = dnnl_primitive_desc_create(&pd, &cd, NULL, eng, fpd)) != dnnl_success)
             goto fail;
     }
-    st = dt__prim_create(&e->prim, pd, what);
+    if ((st = dt__prim_create(&e->prim, pd, what)) < 0)
+        goto out;
+    if (dir == CONV_FWD) {
+        if ((st = conv_io_init(e, pd, DNNL_ARG_SRC, false, &src_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_WEIGHTS, false, &wei_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_DST, true, &dst_u, what)) < 0 ||
+            (bias && (st = conv_io_init(e, pd, DNNL_ARG_BIAS, false, &bias_u, what)) < 0))
+            goto out;
+    } else if (dir == CONV_BWD_DATA) {
+        if ((st = conv_io_init(e, pd, DNNL_ARG_DIFF_DST, false, &dst_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_WEIGHTS, false, &wei_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_DIFF_SRC, true, &src_u, what)) < 0)
+            goto out;
+    } else {
+        if ((st = conv_io_init(e, pd, DNNL_ARG_SRC, false, &src_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_DIFF_DST, false, &dst_u, what)) < 0 ||
+            (st = conv_io_init(e, pd, DNNL_ARG_DIFF_WEIGHTS, true, &wei_u, what)) < 0 ||
+            (bias && (st = conv_io_init(e, pd, DNNL_ARG_DIFF_BIAS, true, &bias_u, what)) < 0))
+            goto out;
+    }
     goto out;
 fail:
     st = dt__dnnl_err(ds, what);
@@ -140,11 +228,13 @@ static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s,
 {
     dt__key key;
     conv_key(&key, dir, s, bias);
+    key.v[16] = use_blocked();
     conv_entry *e = dt__cache_get(&key);
     if (!e) {
         e = calloc(1, sizeof *e);
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "conv2d: out of memory");
+        pthread_mutex_init(&e->lock, NULL);
         dt_status st = conv_build(e, dir, s, bias);
         if (st < 0) {
             conv_entry_free(e);
@@ -157,28 +247,48 @@ static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s,
     return DT_OK;
 }
 
-typedef struct {
-    int arg;
-    const dnnl_memory_desc_t *md;
-    const void *ptr;
-} conv_arg;
-
-static dt_status conv_run(conv_entry *e, const char *fn, int n, const conv_arg *a)
+/* Run the entry's primitive on user pointers ptr[i] (in io order):
+ * reorder inputs into the primitive's layout, execute, reorder outputs back. */
+static dt_status conv_run(conv_entry *e, const char *fn, const void *const *ptr)
 {
-    dnnl_memory_t m[4] = {0};
+    dnnl_memory_t um[4] = {0}, pm[4] = {0};
     dnnl_exec_arg_t args[4];
     dt_status st = DT_OK;
-    for (int i = 0; i < n; i++) {
-        if ((st = dt__mem(&m[i], a[i].md, (void *)a[i].ptr, fn)) < 0)
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < e->nio; i++) {
+        conv_io *io = &e->io[i];
+        if ((st = dt__mem(&um[i], &io->user_md, (void *)ptr[i], fn)) < 0)
             goto out;
-        args[i].arg = a[i].arg;
-        args[i].memory = m[i];
+        if (io->reorder && (st = dt__mem(&pm[i], &io->prim_md, io->buf, fn)) < 0)
+            goto out;
+        args[i].arg = io->arg;
+        args[i].memory = io->reorder ? pm[i] : um[i];
+        if (io->reorder && !io->out) {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, pm[i]}};
+            if ((st = dt__prim_exec(io->reorder, 2, ra, fn)) < 0)
+                goto out;
+            dt__stats_reorder();
+        }
     }
-    st = dt__prim_exec(e->prim, n, args, fn);
+    if ((st = dt__prim_exec(e->prim, e->nio, args, fn)) < 0)
+        goto out;
+    for (int i = 0; i < e->nio; i++) {
+        conv_io *io = &e->io[i];
+        if (io->reorder && io->out) {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, pm[i]}, {DNNL_ARG_TO, um[i]}};
+            if ((st = dt__prim_exec(io->reorder, 2, ra, fn)) < 0)
+                goto out;
+            dt__stats_reorder();
+        }
+    }
 out:
-    for (int i = 0; i < n; i++)
-        if (m[i])
-            dnnl_memory_destroy(m[i]);
+    pthread_mutex_unlock(&e->lock);
+    for (int i = 0; i < 4; i++) {
+        if (um[i])
+            dnnl_memory_destroy(um[i]);
+        if (pm[i])
+            dnnl_memory_destroy(pm[i]);
+    }
     return st;
 }
 
@@ -203,9 +313,8 @@ dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const floa
     conv_entry *e;
     if ((st = conv_get(&e, CONV_FWD, s, bias != NULL)) < 0)
         return st;
-    conv_arg a[4] = {{DNNL_ARG_SRC, &e->src_md, x}, {DNNL_ARG_WEIGHTS, &e->wei_md, w},
-                     {DNNL_ARG_DST, &e->dst_md, y}, {DNNL_ARG_BIAS, &e->bias_md, bias}};
-    return conv_run(e, fn, bias ? 4 : 3, a);
+    const void *p[4] = {x, w, y, bias};
+    return conv_run(e, fn, p);
 }
 
 dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, const float *w, float *dx)
@@ -223,9 +332,8 @@ dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, cons
     conv_entry *e;
     if ((st = conv_get(&e, CONV_BWD_DATA, s, false)) < 0)
         return st;
-    conv_arg a[3] = {{DNNL_ARG_DIFF_DST, &e->dst_md, dy}, {DNNL_ARG_WEIGHTS, &e->wei_md, w},
-                     {DNNL_ARG_DIFF_SRC, &e->src_md, dx}};
-    return conv_run(e, fn, 3, a);
+    const void *p[3] = {dy, w, dx};
+    return conv_run(e, fn, p);
 }
 
 dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
@@ -248,7 +356,6 @@ dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, co
     conv_entry *e;
     if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL)) < 0)
         return st;
-    conv_arg a[4] = {{DNNL_ARG_SRC, &e->src_md, x}, {DNNL_ARG_DIFF_DST, &e->dst_md, dy},
-                     {DNNL_ARG_DIFF_WEIGHTS, &e->wei_md, dw}, {DNNL_ARG_DIFF_BIAS, &e->bias_md, dbias}};
-    return conv_run(e, fn, dbias ? 4 : 3, a);
+    const void *p[4] = {x, dy, dw, dbias};
+    return conv_run(e, fn, p);
 }

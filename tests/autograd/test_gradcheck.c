@@ -263,6 +263,14 @@ TEST(cross_entropy_i32)
     CHECK("cross_entropy_i32", 1, in, f_ce, lab, 1e-2);
     dt_tensor_free(lab);
 }
+TEST(cross_entropy_ignore_index)
+{
+    int64_t y[4] = {2, -100, 0, 1};
+    dt_tensor *lab = dt_tensor_wrap(y, DT_I64, 1, SH(4));
+    dt_tensor *in[1] = {T(79, 4, 3)};
+    CHECK("cross_entropy_ignore", 1, in, f_ce, lab, 1e-2);
+    dt_tensor_free(lab);
+}
 TEST(mse_loss)
 {
     dt_tensor *in[2] = {T(75, 3, 4), T(76, 3, 4)};
@@ -347,6 +355,7 @@ int main(void)
     RUN(log_softmax);
     RUN(cross_entropy_i64);
     RUN(cross_entropy_i32);
+    RUN(cross_entropy_ignore_index);
     RUN(mse_loss);
     RUN(sum_mean);
     RUN(views_chain);

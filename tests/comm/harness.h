@@ -50,7 +50,7 @@ static int th_rank_ = -1;
     } while (0)
 
 /* A group for this rank of a th_run job. backend NULL = "shm" (or "self" at size 1). */
-static dt_status th_pg(int rank, int size, const char *backend, dt_pg **pg)
+static inline dt_status th_pg(int rank, int size, const char *backend, dt_pg **pg)
 {
     dt_pg_params p = dt_pg_params_default();
     p.rank = rank;
@@ -60,7 +60,7 @@ static dt_status th_pg(int rank, int size, const char *backend, dt_pg **pg)
     return dt_pg_init(&p, pg);
 }
 
-static int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
+static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
 {
     static unsigned counter;
     pid_t pids[TH_MAX_RANKS];
@@ -137,7 +137,7 @@ static int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
 }
 
 /* Number of /dev/shm entries whose name starts with prefix. */
-static int th_shm_count(const char *prefix)
+static inline int th_shm_count(const char *prefix)
 {
     DIR *d = opendir("/dev/shm");
     if (!d)

@@ -1,0 +1,10 @@
+# Benchmark programs that are not part of the `dtrain` command (included from
+# the root CMakeLists.txt). The Open MPI baseline for `dtrain bench coll` is
+# built only when MPI is found; bench/coll_vs_mpi.sh runs it under mpirun.
+if(DT_HAVE_MPI)
+  add_executable(bench_mpi_allreduce ${CMAKE_CURRENT_LIST_DIR}/mpi_allreduce.c)
+  set_target_properties(bench_mpi_allreduce PROPERTIES OUTPUT_NAME mpi_allreduce
+    RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+  target_compile_options(bench_mpi_allreduce PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_link_libraries(bench_mpi_allreduce PRIVATE MPI::MPI_C)
+endif()

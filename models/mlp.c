@@ -1,0 +1,49 @@
+/* The MLP of Paddle's auto-parallel (semi-auto) examples:
+ *
+ *   w0 = create_parameter([1024, 4096]); w1 = create_parameter([4096, 1024])
+ *   z = matmul(matmul(x, w0), w1)          x [B, 128, 1024]
+ *   loss = mean(z)
+ *
+ * No bias, no activation. Paddle initialises create_parameter weights with
+ * Xavier-uniform (fan_in = shape[0], fan_out = shape[1]); we do the same from
+ * the Philox stream. Tensor names are "w0" and "w1" (one custom module). */
+#include "nn/nn_impl.h"
+#include "zoo.h"
+
+static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    const dt_tensor *w0 = dt_module_param(self, 0);
+    if (x->ndim < 2 || x->shape[x->ndim - 1] != w0->shape[0]) {
+        char buf[96];
+        dt_error(DT_ERR_SHAPE, "input %s, expected [..., %lld]", dt_tensor_shape_str(x, buf, sizeof buf),
+                 (long long)w0->shape[0]);
+        return NULL;
+    }
+    dt_tensor *h = dt_matmul(ctx, x, dt_module_param(self, 0));
+    return dt_matmul(ctx, h, dt_module_param(self, 1));
+}
+
+dt_model *dt__model_mlp(uint64_t seed, const dt_model_config *c)
+{
+    if (c->mlp_seq <= 0 || c->mlp_dim <= 0 || c->mlp_hidden <= 0) {
+        dt_error(DT_ERR_INVALID_ARG, "mlp: seq, dim and hidden must be > 0");
+        return NULL;
+    }
+    dt_nn_param_spec s[2] = {
+        {.name = "w0", .ndim = 2, .shape = {c->mlp_dim, c->mlp_hidden}, .init = DT_NN_INIT_XAVIER},
+        {.name = "w1", .ndim = 2, .shape = {c->mlp_hidden, c->mlp_dim}, .init = DT_NN_INIT_XAVIER},
+    };
+    dt_model *m = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, NULL), seed);
+    if (!m)
+        return NULL;
+    m->loss = DT__LOSS_MEAN;
+    m->in_ndim = 2;
+    m->in_shape[0] = c->mlp_seq, m->in_shape[1] = c->mlp_dim;
+    m->target_labels = false;
+    double one = 2.0 * (double)c->mlp_seq * (double)c->mlp_dim * (double)c->mlp_hidden;
+    m->fwd_flops_per_sample = 2 * one;
+    /* backward: dW0, dW1 and the hidden gradient (x needs none) */
+    m->train_flops_per_sample = 5 * one;
+    return m;
+}

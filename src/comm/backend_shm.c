@@ -1,0 +1,564 @@
+/* The `shm` backend: ranks on one machine, one shared segment (shm.h).
+ *
+ * Every collective goes through the same three stages:
+ *
+ *  1. Arrival. The rank writes a descriptor (kind, dtype, op, root, count,
+ *     a hash of its algorithm table and sizes, and where its buffers are if
+ *     they came from dt_pg_alloc), copies a small message into its slot if
+ *     the operation fits the slot, and signals step 1; then it waits for
+ *     every rank's step 1. Comparing descriptors here is the mismatch check:
+ *     all ranks see the same descriptors, so all of them fail together with
+ *     DT_ERR_MISMATCH, describing both sides.
+ *  2. Data. Small messages are computed straight from the peers' slots, no
+ *     further synchronisation (slots and descriptors alternate by sequence
+ *     parity; a rank cannot reach operation n+2 before every peer finished
+ *     reading operation n, because it waited for their arrival at n+1).
+ *     Larger ones use the algorithm the table chooses, on "exposures": a
+ *     rank's buffer itself when it is in the segment (dt_pg_alloc, zero
+ *     copy), otherwise its staging area, filled piece by piece.
+ *  3. A final barrier, after which no rank touches another's memory.
+ *
+ * Progress: run() executes an operation to completion on the calling
+ * thread (the group layer's executor), waiting with spin-then-futex.
+ */
+#include "comm/shm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
+
+void dt__shm_chunk(size_t n, size_t es, int parts, int i, size_t *lo, size_t *hi)
+{
+    size_t unit = es >= 64 ? 1 : 64 / es;
+    size_t units = (n + unit - 1) / unit;
+    size_t a = units * (size_t)i / (size_t)parts, b = units * (size_t)(i + 1) / (size_t)parts;
+    *lo = a * unit < n ? a * unit : n;
+    *hi = b * unit < n ? b * unit : n;
+}
+
+/* ---- init / free ---- */
+
+static dt_status env_size(const char *name, long def, long min, long max, size_t mult, size_t *out)
+{
+    long v;
+    dt_status st = dt__env_long(name, def, &v);
+    if (st < 0)
+        return st;
+    if (v < min || v > max)
+        return dt_error(DT_ERR_INVALID_ARG, "%s=%ld must be in [%ld, %ld]", name, v, min, max);
+    *out = (size_t)v * mult;
+    return DT_OK;
+}
+
+static dt_status configure(shm_ctx *s, int world, int local_world)
+{
+    dt_status st;
+    if ((st = env_size("DT_SHM_HEAP_MB", 1024, 1, 1 << 20, 1u << 20, &s->heap_bytes)) < 0 ||
+        (st = env_size("DT_SHM_STAGING_KB", 4096, 8, 1 << 20, 1024, &s->stage_bytes)) < 0 ||
+        (st = env_size("DT_SHM_SLOT_BYTES", 16384, 0, 1 << 24, 1, &s->slot_bytes)) < 0)
+        return st;
+    s->slot_bytes = (s->slot_bytes + 63) / 64 * 64;
+    s->chan_bytes = 256u << 10;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    long spin;
+    if ((st = dt__env_long("DT_SHM_SPIN", local_world > ncpu ? 200 : 20000, &spin)) < 0)
+        return st;
+    s->spin = spin < 0 ? 0 : (int)spin;
+    if ((st = dt__shm_table_init(&s->table, getenv("DT_SHM_ALGO"))) < 0)
+        return st;
+    uint64_t sizes[3] = {s->slot_bytes, s->stage_bytes, s->heap_bytes};
+    s->config = dt_hash64(sizes, sizeof sizes, dt__shm_table_hash(&s->table));
+    (void)world;
+    return DT_OK;
+}
+
+static void init_heap(shm_ctx *s)
+{
+    shm_free_block *b = malloc(sizeof *b);
+    if (b) {
+        b->off = 0;
+        b->size = s->heap_bytes;
+        b->next = NULL;
+    }
+    s->free_list = b;
+}
+
+static shm_ctx *ctx_new(int rank, int size, double timeout, int check)
+{
+    shm_ctx *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->pidfd = malloc((size_t)size * sizeof *s->pidfd);
+    if (!s->pidfd) {
+        free(s);
+        return NULL;
+    }
+    for (int r = 0; r < size; r++)
+        s->pidfd[r] = -1;
+    s->rank = rank;
+    s->size = size;
+    s->timeout_s = timeout;
+    s->check = check;
+    return s;
+}
+
+static void ctx_delete(shm_ctx *s)
+{
+    if (!s)
+        return;
+    for (int r = 0; r < s->size; r++)
+        if (s->pidfd[r] >= 0)
+            close(s->pidfd[r]);
+    while (s->free_list) {
+        shm_free_block *n = s->free_list->next;
+        free(s->free_list);
+        s->free_list = n;
+    }
+    while (s->allocs) {
+        shm_alloc_rec *n = s->allocs->next;
+        free(s->allocs);
+        s->allocs = n;
+    }
+    free(s->pidfd);
+    free(s);
+}
+
+/* Attach (creating when `create`), then finish the context. */
+static dt_status finish_attach(shm_ctx *s)
+{
+    dt_status st = dt__shm_attach_wait(s, s->timeout_s);
+    if (st < 0)
+        return st;
+    dt__shm_liveness_init(s);
+    init_heap(s);
+    return DT_OK;
+}
+
+static dt_status open_segment(shm_ctx *s, const char *name, int create)
+{
+    dt_status st = dt__shm_attach(s, name, create, s->timeout_s);
+    if (st < 0)
+        return st;
+    return finish_attach(s);
+}
+
+static dt_status shm_init(const dt_backend_info *info, void **ctx)
+{
+    if (info->world_size > SHM_MAX_RANKS)
+        return dt_error(DT_ERR_UNSUPPORTED, "shm: at most %d ranks (got %d)", SHM_MAX_RANKS,
+                        info->world_size);
+    if (info->local_world_size != info->world_size)
+        return dt_error(DT_ERR_UNSUPPORTED,
+                        "shm: every rank must be on this machine (local world size %d, world "
+                        "size %d); use the mpi backend across machines",
+                        info->local_world_size, info->world_size);
+    shm_ctx *s = ctx_new(info->rank, info->world_size, info->timeout_s, info->check);
+    if (!s)
+        return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+    dt_status st = configure(s, info->world_size, info->local_world_size);
+    char name[64];
+    if (st == DT_OK) {
+        if (info->job_id[0]) {
+            dt__shm_segment_name(info->job_id, name, sizeof name);
+        } else if (info->master_port > 0) {
+            st = dt__shm_rendezvous_name(info, name, sizeof name);
+        } else {
+            st = dt_error(DT_ERR_INVALID_ARG,
+                          "shm: cannot name the shared segment: set DT_JOB_ID (dtrain run does) "
+                          "or MASTER_ADDR/MASTER_PORT, or pass dt_pg_params.job_id");
+        }
+    }
+    if (st == DT_OK)
+        st = open_segment(s, name, info->rank == 0);
+    if (st < 0) {
+        ctx_delete(s);
+        return st;
+    }
+    *ctx = s;
+    return DT_OK;
+}
+
+static void shm_free(void *ctx)
+{
+    shm_ctx *s = ctx;
+    if (!s)
+        return;
+    if (s->base)
+        atomic_store(&shm_rank_at(s, s->rank)->state, SHM_STATE_LEFT);
+    dt__shm_detach(s);
+    ctx_delete(s);
+}
+
+static void shm_abort_cb(void *ctx, dt_status st, const char *msg)
+{
+    shm_ctx *s = ctx;
+    if (s && s->base && atomic_load(&s->hdr->abort_st) == 0)
+        dt__shm_abort(s, st, msg);
+}
+
+/* ---- descriptors and the mismatch check ---- */
+
+static size_t esz(const dt_coll *c) { return dt_dtype_size(c->dtype); }
+
+static int has_op(dt_coll_kind k)
+{
+    return k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE || k == DT_COLL_REDUCE_SCATTER;
+}
+static int has_root(dt_coll_kind k)
+{
+    return k == DT_COLL_REDUCE || k == DT_COLL_BROADCAST || k == DT_COLL_GATHER ||
+           k == DT_COLL_SCATTER;
+}
+
+/* Bytes this operation puts in a slot for the rank that publishes the most. */
+static size_t slot_need(shm_ctx *s, const dt_coll *c)
+{
+    size_t es = esz(c), W = (size_t)s->size;
+    switch (c->kind) {
+    case DT_COLL_ALLGATHERV: {
+        size_t m = 0;
+        for (int r = 0; r < s->size; r++)
+            m = c->counts[r] > m ? c->counts[r] : m;
+        return m * es;
+    }
+    case DT_COLL_REDUCE_SCATTER:
+    case DT_COLL_ALLTOALL:
+    case DT_COLL_SCATTER:
+        return W * c->count * es;
+    default:
+        return c->count * es;
+    }
+}
+
+/* Input bytes this rank publishes in the slot, and from where. */
+static void slot_input(shm_ctx *s, const dt_coll *c, const void **src, size_t *bytes)
+{
+    size_t es = esz(c);
+    *src = c->send;
+    *bytes = 0;
+    switch (c->kind) {
+    case DT_COLL_BARRIER: break;
+    case DT_COLL_BROADCAST:
+        if (s->rank == c->root)
+            *bytes = c->count * es;
+        break;
+    case DT_COLL_SCATTER:
+        if (s->rank == c->root)
+            *bytes = (size_t)s->size * c->count * es;
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+    case DT_COLL_ALLTOALL:
+        *bytes = (size_t)s->size * c->count * es;
+        break;
+    default: *bytes = c->count * es; break;
+    }
+}
+
+static uint64_t counts_hash(shm_ctx *s, const dt_coll *c)
+{
+    if (c->kind != DT_COLL_ALLGATHERV)
+        return 0;
+    uint64_t h = dt_hash64(c->counts, (size_t)s->size * sizeof(size_t), 1);
+    return dt_hash64(c->displs, (size_t)s->size * sizeof(size_t), h);
+}
+
+static void fill_desc(shm_ctx *s, const dt_coll *c, shm_desc *d)
+{
+    size_t es = esz(c);
+    d->seq = s->cur_seq;
+    d->kind = (uint32_t)c->kind;
+    d->dtype = (uint32_t)c->dtype;
+    d->op = has_op(c->kind) ? (uint32_t)c->op : 0;
+    d->root = has_root(c->kind) ? c->root : -1;
+    d->count = c->count;
+    if (c->kind == DT_COLL_ALLGATHERV) {
+        uint64_t t = 0;
+        for (int r = 0; r < s->size; r++)
+            t += c->counts[r];
+        d->count = t;
+    }
+    if (c->kind == DT_COLL_BARRIER)
+        d->dtype = 0;
+    d->aux = counts_hash(s, c);
+    d->config = s->config;
+    /* where the buffers are, for the zero-copy path */
+    size_t W = (size_t)s->size, in_b = 0, out_b = 0;
+    switch (c->kind) {
+    case DT_COLL_ALLREDUCE: in_b = out_b = c->count * es; break;
+    case DT_COLL_REDUCE: in_b = out_b = c->count * es; break;
+    case DT_COLL_BROADCAST: in_b = out_b = c->count * es; break;
+    case DT_COLL_ALLGATHER: in_b = c->count * es; out_b = W * c->count * es; break;
+    case DT_COLL_ALLGATHERV: in_b = c->count * es; break;
+    case DT_COLL_REDUCE_SCATTER: in_b = W * c->count * es; out_b = c->count * es; break;
+    case DT_COLL_GATHER: in_b = c->count * es; break;
+    case DT_COLL_SCATTER: in_b = W * c->count * es; break;
+    case DT_COLL_ALLTOALL: in_b = out_b = W * c->count * es; break;
+    default: break;
+    }
+    d->send_off = in_b && c->send ? dt__shm_heap_offset(s, c->send, in_b) : SHM_NONE;
+    d->recv_off = out_b && c->recv ? dt__shm_heap_offset(s, c->recv, out_b) : SHM_NONE;
+    /* an in-place all-to-all overwrites what peers read: stage it */
+    if (c->kind == DT_COLL_ALLTOALL && c->in_place)
+        d->send_off = SHM_NONE;
+}
+
+static void desc_as_coll(const shm_desc *d, dt_coll *c)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = (dt_coll_kind)d->kind;
+    c->dtype = (dt_dtype)d->dtype;
+    c->op = (dt_reduce_op)d->op;
+    c->root = d->root;
+    c->count = (size_t)d->count;
+    c->seq = d->seq - 1; /* the group layer's numbering */
+}
+
+static int desc_same(const shm_desc *a, const shm_desc *b)
+{
+    return a->seq == b->seq && a->kind == b->kind && a->dtype == b->dtype && a->op == b->op &&
+           a->root == b->root && a->count == b->count && a->aux == b->aux &&
+           a->config == b->config;
+}
+
+/* On a mismatch every rank builds the same message: each distinct posted
+ * operation with the ranks that posted it, in rank order. */
+static dt_status check_descs(shm_ctx *s)
+{
+    const shm_desc *mine = shm_desc_at(s, s->rank, s->cur_seq);
+    int r;
+    for (r = 0; r < s->size; r++)
+        if (!desc_same(shm_desc_at(s, r, s->cur_seq), mine))
+            break;
+    if (r == s->size)
+        return DT_OK;
+    char msg[768];
+    size_t o = (size_t)snprintf(msg, sizeof msg, "collective mismatch at sequence number %llu: ",
+                                (unsigned long long)s->cur_seq - 1);
+    int done[SHM_MAX_RANKS] = {0}, groups = 0, cfg = 0, aux = 0;
+    for (int a = 0; a < s->size && o < sizeof msg - 1; a++) {
+        if (done[a])
+            continue;
+        const shm_desc *da = shm_desc_at(s, a, s->cur_seq);
+        char who[160], what[160];
+        size_t w = 0;
+        int n = 0;
+        for (int b = a; b < s->size; b++) {
+            const shm_desc *db = shm_desc_at(s, b, s->cur_seq);
+            if (!desc_same(da, db))
+                continue;
+            done[b] = 1;
+            if (w < sizeof who - 8)
+                w += (size_t)snprintf(who + w, sizeof who - w, "%s%d", n ? "," : "", b);
+            n++;
+        }
+        for (int b = 0; b < s->size; b++) {
+            const shm_desc *db = shm_desc_at(s, b, s->cur_seq);
+            cfg |= db->config != da->config;
+            aux |= db->aux != da->aux;
+        }
+        dt_coll ca;
+        desc_as_coll(da, &ca);
+        dt__coll_describe(&ca, what, sizeof what);
+        o += (size_t)snprintf(msg + o, sizeof msg - o, "%s%s %s posted %s", groups ? "; " : "",
+                              n > 1 ? "ranks" : "rank", who, what);
+        groups++;
+    }
+    if (o < sizeof msg - 1 && (cfg || aux))
+        snprintf(msg + o, sizeof msg - o, "%s",
+                 cfg ? " (the ranks' DT_SHM_ALGO / DT_SHM_* settings differ)"
+                     : " (allgatherv counts or displacements differ)");
+    return dt__shm_abort(s, DT_ERR_MISMATCH, msg);
+}
+
+/* ---- the small-message path: everything from the slots ---- */
+
+static void run_small(shm_ctx *s, const dt_coll *c)
+{
+    int W = s->size, me = s->rank;
+    size_t es = esz(c), n = c->count, blk = n * es;
+    const void *srcs[SHM_MAX_RANKS];
+    switch (c->kind) {
+    case DT_COLL_ALLREDUCE:
+    case DT_COLL_REDUCE:
+        if (c->kind == DT_COLL_REDUCE && me != c->root)
+            break;
+        for (int j = 0; j < W; j++)
+            srcs[j] = shm_slot_at(s, j, s->cur_seq);
+        dt__reduce(c->dtype, c->op, c->recv, srcs, W, n, W);
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        for (int j = 0; j < W; j++)
+            srcs[j] = shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk;
+        dt__reduce(c->dtype, c->op, c->recv, srcs, W, n, W);
+        break;
+    case DT_COLL_BROADCAST:
+        if (me != c->root)
+            memcpy(c->recv, shm_slot_at(s, c->root, s->cur_seq), blk);
+        break;
+    case DT_COLL_ALLGATHER:
+        for (int j = 0; j < W; j++)
+            memcpy((char *)c->recv + (size_t)j * blk, shm_slot_at(s, j, s->cur_seq), blk);
+        break;
+    case DT_COLL_ALLGATHERV:
+        for (int j = 0; j < W; j++)
+            memcpy((char *)c->recv + c->displs[j] * es, shm_slot_at(s, j, s->cur_seq),
+                   c->counts[j] * es);
+        break;
+    case DT_COLL_GATHER:
+        if (me == c->root)
+            for (int j = 0; j < W; j++)
+                memcpy((char *)c->recv + (size_t)j * blk, shm_slot_at(s, j, s->cur_seq), blk);
+        break;
+    case DT_COLL_SCATTER:
+        memcpy(c->recv, shm_slot_at(s, c->root, s->cur_seq) + (size_t)me * blk, blk);
+        break;
+    case DT_COLL_ALLTOALL:
+        for (int j = 0; j < W; j++)
+            memcpy((char *)c->recv + (size_t)j * blk,
+                   shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk, blk);
+        break;
+    default: break;
+    }
+}
+
+dt_status dt__shm_run_large(shm_ctx *s, const dt_coll *c);
+
+/* A group of one: copies (the group layer normalised in-place forms). */
+static dt_status run_single(const dt_coll *c)
+{
+    size_t es = esz(c);
+    if (c->in_place || !c->count || c->kind == DT_COLL_BARRIER || c->kind == DT_COLL_BROADCAST)
+        return DT_OK;
+    if (c->kind == DT_COLL_ALLGATHERV)
+        memmove((char *)c->recv + c->displs[0] * es, c->send, c->count * es);
+    else
+        memmove(c->recv, c->send, c->count * es);
+    return DT_OK;
+}
+
+static dt_status shm_run(void *ctx, const dt_coll *c)
+{
+    shm_ctx *s = ctx;
+    dt_status st = dt__shm_check_abort(s);
+    if (st < 0)
+        return st;
+    s->cur = c;
+    double now = dt_time_s();
+    s->deadline = now + c->timeout_s;
+    s->next_live_check = now + 0.1;
+    if (c->kind == DT_COLL_SEND || c->kind == DT_COLL_RECV) {
+        st = dt__shm_p2p(s, c);
+        s->cur = NULL;
+        return st;
+    }
+    s->cur_seq = s->seq++;
+    /* seq 0 is never used as a tick so that fresh ticks (0) mean "nothing" */
+    s->cur_seq += 1;
+    if (s->size == 1) {
+        s->cur = NULL;
+        return run_single(c);
+    }
+
+    int small = s->slot_bytes > 0 && slot_need(s, c) <= s->slot_bytes;
+    if (small) {
+        const void *src;
+        size_t bytes;
+        slot_input(s, c, &src, &bytes);
+        if (bytes)
+            memcpy(shm_slot_at(s, s->rank, s->cur_seq), src, bytes);
+    }
+    fill_desc(s, c, shm_desc_at(s, s->rank, s->cur_seq));
+    dt__shm_signal(s, 1);
+    st = dt__shm_wait_all(s, 1);
+    if (st == DT_OK && s->check)
+        st = check_descs(s);
+    if (st == DT_OK) {
+        if (small)
+            run_small(s, c);
+        else if (c->kind != DT_COLL_BARRIER)
+            st = dt__shm_run_large(s, c);
+    }
+    s->cur = NULL;
+    return st;
+}
+
+/* ---- subgroups: a new segment, its name broadcast over the parent ---- */
+
+static dt_status shm_subgroup(void *ctx, const int *ranks, int n, int new_rank, void **child)
+{
+    shm_ctx *s = ctx;
+    char name[64];
+    memset(name, 0, sizeof name);
+    *child = NULL;
+    shm_ctx *k = NULL;
+    dt_status st = DT_OK;
+    if (new_rank >= 0) {
+        k = ctx_new(new_rank, n, s->timeout_s, s->check);
+        if (!k)
+            return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+        k->heap_bytes = s->heap_bytes;
+        k->stage_bytes = s->stage_bytes;
+        k->slot_bytes = s->slot_bytes;
+        k->chan_bytes = s->chan_bytes;
+        k->spin = s->spin;
+        k->table = s->table;
+        k->config = s->config;
+    }
+    if (new_rank == 0) {
+        uint64_t salt[2] = {(uint64_t)getpid(), (uint64_t)dt_time_ns()};
+        char job[96];
+        snprintf(job, sizeof job, "%s/sub/%llx%llx", s->name, (unsigned long long)salt[0],
+                 (unsigned long long)salt[1]);
+        dt__shm_segment_name(job, name, sizeof name);
+        st = dt__shm_attach(k, name, 1, s->timeout_s);
+    }
+    /* Broadcast the name (and any creation error) from the first member. */
+    dt_coll bc = {.kind = DT_COLL_BROADCAST, .send = name, .recv = name, .count = sizeof name,
+                  .dtype = DT_U8, .root = ranks[0], .in_place = 1, .timeout_s = s->timeout_s};
+    if (st < 0)
+        snprintf(name, sizeof name, "!");
+    dt_status bst = shm_run(s, &bc);
+    if (bst < 0) {
+        if (k && k->base) {
+            if (new_rank == 0)
+                shm_unlink(k->name);
+            dt__shm_detach(k);
+        }
+        ctx_delete(k);
+        return bst;
+    }
+    if (st < 0 || name[0] == '!') {
+        if (k && k->base) {
+            shm_unlink(k->name);
+            dt__shm_detach(k);
+        }
+        ctx_delete(k);
+        return st < 0 ? st : dt_error(DT_ERR_IO, "shm: the subgroup's first rank could not create its segment");
+    }
+    if (new_rank < 0)
+        return DT_OK;
+    st = new_rank == 0 ? finish_attach(k) : open_segment(k, name, 0);
+    if (st < 0) {
+        ctx_delete(k);
+        return st;
+    }
+    *child = k;
+    return DT_OK;
+}
+
+const dt_backend_ops dt__backend_shm = {
+    .version = DT_BACKEND_VERSION,
+    .name = "shm",
+    .init = shm_init,
+    .free = shm_free,
+    .run = shm_run,
+    .kinds = 0,
+    .mem_alloc = dt__shm_mem_alloc,
+    .mem_free = dt__shm_mem_free,
+    .subgroup = shm_subgroup,
+    .abort = shm_abort_cb,
+};

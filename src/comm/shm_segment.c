@@ -1,0 +1,397 @@
+/* The shm segment: naming, creation/attachment, the TCP rendezvous for
+ * torchrun-style launches, and the per-rank dt_pg_alloc arena.
+ *
+ * Naming: with a job id (DT_JOB_ID, which the launcher makes random, or
+ * the MPI/Slurm job ids), every rank derives the same name from it:
+ * "/dtrain-<64-bit hash of job id>-<second hash>". Without one, rank 0
+ * draws a random name and hands it to the others over a TCP connection to
+ * MASTER_ADDR:MASTER_PORT. Rank 0 creates the segment with O_EXCL and mode
+ * 0600 (a pre-existing name is an error, never reused); the others open it
+ * only if it belongs to this user and no one else can read it. The last
+ * rank to attach unlinks the name, so after start-up nothing exists in
+ * /dev/shm that could outlive a crash; the mapping lives until the last
+ * rank unmaps or dies. */
+#include "comm/shm.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void dt__shm_segment_name(const char *job_id, char *buf, size_t n)
+{
+    uint64_t h1 = dt_hash64(job_id, strlen(job_id), 0x9e3779b97f4a7c15ull);
+    uint64_t h2 = dt_hash64(job_id, strlen(job_id), h1 ^ 0xc2b2ae3d27d4eb4full);
+    snprintf(buf, n, "/dtrain-%016llx%08llx", (unsigned long long)h1,
+             (unsigned long long)(h2 & 0xffffffffull));
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Layout from the sizes already in s. */
+static void layout(shm_ctx *s)
+{
+    size_t W = (size_t)s->size, off = align_up(sizeof(shm_hdr), 4096);
+    s->off_ranks = off;
+    off += W * sizeof(shm_rank);
+    s->off_desc = align_up(off, SHM_ALIGN);
+    off = s->off_desc + 2 * W * sizeof(shm_desc);
+    s->off_slots = align_up(off, 4096);
+    off = s->off_slots + 2 * W * s->slot_bytes;
+    s->off_chans = align_up(off, 4096);
+    off = s->off_chans + W * W * (sizeof(shm_chan) + s->chan_bytes);
+    s->off_stage = align_up(off, 4096);
+    off = s->off_stage + W * s->stage_bytes;
+    s->off_heaps = align_up(off, 2u << 20);
+    off = s->off_heaps + W * s->heap_bytes;
+    s->total = off;
+}
+
+dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeout_s)
+{
+    layout(s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    int fd = -1;
+    double t0 = dt_time_s();
+    if (create) {
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0)
+            return dt_error(DT_ERR_IO,
+                            "shm: cannot create segment /dev/shm%s: %s%s", name, strerror(errno),
+                            errno == EEXIST ? " (left by a crashed run with the same job id? "
+                                              "remove it or use a fresh DT_JOB_ID)"
+                                            : "");
+        if (ftruncate(fd, (off_t)s->total) != 0) {
+            int e = errno;
+            close(fd);
+            shm_unlink(name);
+            return dt_error(DT_ERR_IO, "shm: cannot size segment %s to %zu bytes: %s", name,
+                            s->total, strerror(e));
+        }
+    } else {
+        int ms = 1;
+        for (;;) {
+            fd = shm_open(name, O_RDWR, 0);
+            if (fd >= 0) {
+                struct stat st;
+                if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+                    close(fd);
+                    return dt_error(DT_ERR_IO,
+                                    "shm: segment %s is not owned by this user with mode 0600; "
+                                    "refusing to use it",
+                                    name);
+                }
+                if ((size_t)st.st_size == s->total)
+                    break;
+                if (st.st_size != 0) {
+                    close(fd);
+                    return dt_error(DT_ERR_MISMATCH,
+                                    "shm: segment %s has %lld bytes, this rank expects %zu: do the "
+                                    "ranks have different world sizes or DT_SHM_* variables?",
+                                    name, (long long)st.st_size, s->total);
+                }
+                close(fd);
+            } else if (errno != ENOENT) {
+                return dt_error(DT_ERR_IO, "shm: cannot open %s: %s", name, strerror(errno));
+            }
+            if (dt_time_s() - t0 > timeout_s)
+                return dt_error(DT_ERR_TIMEOUT,
+                                "shm: rank %d waited %.0f s for rank 0 to create the segment "
+                                "(is rank 0 running with the same job id?)",
+                                s->rank, timeout_s);
+            nap_ms(ms);
+            if (ms < 20)
+                ms *= 2;
+        }
+    }
+    void *m = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        if (create)
+            shm_unlink(name);
+        return dt_error(DT_ERR_IO, "shm: cannot map %zu bytes: %s", s->total, strerror(errno));
+    }
+    s->base = m;
+    s->hdr = (shm_hdr *)m;
+    if (create) {
+        s->hdr->version = SHM_VERSION;
+        s->hdr->world = (uint32_t)s->size;
+        s->hdr->total = s->total;
+        s->hdr->slot_bytes = s->slot_bytes;
+        s->hdr->stage_bytes = s->stage_bytes;
+        s->hdr->heap_bytes = s->heap_bytes;
+        s->hdr->chan_bytes = s->chan_bytes;
+        atomic_store(&s->hdr->magic, SHM_MAGIC);
+    } else {
+        while (atomic_load(&s->hdr->magic) != SHM_MAGIC) {
+            if (dt_time_s() - t0 > timeout_s) {
+                dt__shm_detach(s);
+                return dt_error(DT_ERR_TIMEOUT, "shm: segment %s never got initialised", name);
+            }
+            nap_ms(1);
+        }
+        if (s->hdr->world != (uint32_t)s->size || s->hdr->slot_bytes != s->slot_bytes ||
+            s->hdr->stage_bytes != s->stage_bytes || s->hdr->heap_bytes != s->heap_bytes) {
+            dt__shm_detach(s);
+            return dt_error(DT_ERR_MISMATCH,
+                            "shm: segment %s was made for a different configuration (world "
+                            "size or DT_SHM_* sizes differ between ranks)",
+                            name);
+        }
+    }
+    shm_rank *me = shm_rank_at(s, s->rank);
+    if (atomic_load(&me->state) != SHM_STATE_EMPTY) {
+        dt__shm_detach(s);
+        return dt_error(DT_ERR_INVALID_ARG, "shm: two processes claim rank %d in %s", s->rank,
+                        name);
+    }
+    atomic_store(&me->pid, (int32_t)getpid());
+    atomic_store(&me->state, SHM_STATE_ATTACHED);
+    uint32_t n = atomic_fetch_add(&s->hdr->attached, 1) + 1;
+    if (n == (uint32_t)s->size)
+        shm_unlink(name); /* everyone is in: remove the name */
+    return DT_OK;
+}
+
+dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
+{
+    double t0 = dt_time_s();
+    const char *name = s->name;
+    /* Wait for the others, so that pids are known for liveness checks. */
+    while (atomic_load(&s->hdr->attached) < (uint32_t)s->size) {
+        if (dt_time_s() - t0 > timeout_s) {
+            char missing[256] = "";
+            size_t o = 0;
+            for (int r = 0; r < s->size && o < sizeof missing - 8; r++)
+                if (atomic_load(&shm_rank_at(s, r)->state) == SHM_STATE_EMPTY)
+                    o += (size_t)snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", r);
+            shm_unlink(name);
+            dt__shm_detach(s);
+            return dt_error(DT_ERR_TIMEOUT,
+                            "shm: ranks %s did not join within %.0f s (segment %s removed)",
+                            missing, timeout_s, name);
+        }
+        nap_ms(1);
+    }
+    return DT_OK;
+}
+
+void dt__shm_detach(shm_ctx *s)
+{
+    if (s->base)
+        munmap(s->base, s->total);
+    s->base = NULL;
+    s->hdr = NULL;
+}
+
+/* ---- rendezvous: rank 0 serves a random name on MASTER_ADDR:MASTER_PORT ---- */
+
+static int tcp_listen(const char *addr, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(addr, NULL, &hints, &res) == 0 && res) {
+        sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        freeaddrinfo(res);
+    } else {
+        sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    }
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int tcp_connect(const char *addr, int port)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(addr, ps, &hints, &res) != 0 || !res)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_t n)
+{
+    const char *addr = info->master_addr[0] ? info->master_addr : "127.0.0.1";
+    int port = info->master_port;
+    double t0 = dt_time_s(), tmo = info->timeout_s;
+    char msg[64];
+    if (info->rank == 0) {
+        uint64_t rnd[2];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+            return dt_error(DT_ERR_IO, "shm: getrandom failed: %s", strerror(errno));
+        snprintf(name, n, "/dtrain-%016llx%08llx", (unsigned long long)rnd[0],
+                 (unsigned long long)(rnd[1] & 0xffffffffull));
+        int lfd = tcp_listen(addr, port);
+        if (lfd < 0)
+            return dt_error(DT_ERR_IO, "shm: rank 0 cannot listen on %s:%d: %s", addr, port,
+                            strerror(errno));
+        memset(msg, 0, sizeof msg);
+        snprintf(msg, sizeof msg, "%s", name);
+        for (int served = 1; served < info->world_size;) {
+            struct timeval tv = {1, 0};
+            setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            int c = accept(lfd, NULL, NULL);
+            if (c >= 0) {
+                ssize_t w = write(c, msg, sizeof msg);
+                close(c);
+                if (w == (ssize_t)sizeof msg)
+                    served++;
+            }
+            if (dt_time_s() - t0 > tmo) {
+                close(lfd);
+                return dt_error(DT_ERR_TIMEOUT,
+                                "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s",
+                                addr, port, served, info->world_size, tmo);
+            }
+        }
+        close(lfd);
+        return DT_OK;
+    }
+    int ms = 5;
+    for (;;) {
+        int fd = tcp_connect(addr, port);
+        if (fd >= 0) {
+            size_t got = 0;
+            while (got < sizeof msg) {
+                ssize_t r = read(fd, msg + got, sizeof msg - got);
+                if (r <= 0)
+                    break;
+                got += (size_t)r;
+            }
+            close(fd);
+            if (got == sizeof msg && !strncmp(msg, "/dtrain-", 8)) {
+                msg[sizeof msg - 1] = '\0';
+                snprintf(name, n, "%s", msg);
+                return DT_OK;
+            }
+        }
+        if (dt_time_s() - t0 > tmo)
+            return dt_error(DT_ERR_TIMEOUT,
+                            "shm: rank %d could not get the segment name from rank 0 at %s:%d "
+                            "within %.0f s",
+                            info->rank, addr, port, tmo);
+        nap_ms(ms);
+        if (ms < 100)
+            ms *= 2;
+    }
+}
+
+/* ---- the per-rank arena: first fit over a sorted free list ---- */
+
+uint64_t dt__shm_heap_offset(shm_ctx *s, const void *p, size_t bytes)
+{
+    const char *h = shm_heap_at(s, s->rank), *c = p;
+    if (!p || c < h || c + bytes > h + s->heap_bytes || c + bytes < c)
+        return SHM_NONE;
+    return (uint64_t)(c - s->base);
+}
+
+void *dt__shm_mem_alloc(void *ctx, size_t bytes)
+{
+    shm_ctx *s = ctx;
+    size_t need = align_up(bytes ? bytes : 1, SHM_ALIGN);
+    shm_free_block **pp = &s->free_list;
+    for (; *pp; pp = &(*pp)->next) {
+        shm_free_block *b = *pp;
+        if (b->size < need)
+            continue;
+        shm_alloc_rec *rec = malloc(sizeof *rec);
+        if (!rec)
+            break;
+        rec->off = b->off;
+        rec->size = need;
+        rec->next = s->allocs;
+        s->allocs = rec;
+        b->off += need;
+        b->size -= need;
+        if (b->size == 0) {
+            *pp = b->next;
+            free(b);
+        }
+        return shm_heap_at(s, s->rank) + rec->off;
+    }
+    dt_error(DT_ERR_NO_MEMORY,
+             "shm: dt_pg_alloc(%zu bytes): the group's shared arena (%zu MiB per rank) is full; "
+             "raise DT_SHM_HEAP_MB",
+             bytes, s->heap_bytes >> 20);
+    return NULL;
+}
+
+void dt__shm_mem_free(void *ctx, void *p)
+{
+    shm_ctx *s = ctx;
+    size_t off = (size_t)((char *)p - shm_heap_at(s, s->rank));
+    shm_alloc_rec **rp = &s->allocs;
+    while (*rp && (*rp)->off != off)
+        rp = &(*rp)->next;
+    if (!*rp) {
+        dt_log(DT_LOG_WARN, "dt_pg_dealloc: %p was not allocated from this group", p);
+        return;
+    }
+    shm_alloc_rec *rec = *rp;
+    *rp = rec->next;
+    size_t size = rec->size;
+    free(rec);
+    /* Insert sorted and coalesce with neighbours. */
+    shm_free_block **pp = &s->free_list, *prev = NULL;
+    while (*pp && (*pp)->off < off) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    shm_free_block *next = *pp;
+    if (prev && prev->off + prev->size == off) {
+        prev->size += size;
+        if (next && prev->off + prev->size == next->off) {
+            prev->size += next->size;
+            prev->next = next->next;
+            free(next);
+        }
+        return;
+    }
+    if (next && off + size == next->off) {
+        next->off = off;
+        next->size += size;
+        return;
+    }
+    shm_free_block *b = malloc(sizeof *b);
+    if (!b)
+        return; /* leaks the range, never corrupts */
+    b->off = off;
+    b->size = size;
+    b->next = next;
+    *pp = b;
+}

@@ -1,0 +1,521 @@
+/* Modules: constructors, containers, hooks and the forward dispatch.
+ *
+ * A module is a tagged struct; its forward is a switch on the kind calling
+ * the differentiable ops of autograd.h. dt_module_forward wraps every
+ * forward the same way: NULL input check, forward pre-hooks, a tape mark
+ * for the post-backward hooks (recorded before the module's ops, so the
+ * backward walk reaches it after all of them), the kind's forward, a tape
+ * mark for the pre-backward hooks, forward post-hooks. Marks are recorded
+ * only when the module has backward hooks and grad mode is on. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const g_type_names[] = {
+    "Sequential", "Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "ReLU", "GELU", "MaxPool2d",
+    "AvgPool2d", "Flatten", "Dropout", "Embedding", "CrossEntropyLoss", "MSELoss", "Custom"};
+_Static_assert(sizeof g_type_names / sizeof g_type_names[0] == DT_NN_KIND_COUNT, "module type names");
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+dt_module *dt__module_new(dt_nn_kind kind, int nparam, const dt_nn_param_spec *specs)
+{
+    dt_module *m = calloc(1, sizeof *m);
+    if (!m)
+        goto oom;
+    m->kind = kind;
+    m->training = true;
+    m->nparam = nparam;
+    if (nparam > 0) {
+        m->specs = calloc((size_t)nparam, sizeof *m->specs);
+        m->params = calloc((size_t)nparam, sizeof *m->params);
+        if (!m->specs || !m->params)
+            goto oom;
+        for (int i = 0; i < nparam; i++) {
+            m->specs[i] = specs[i];
+            m->specs[i].name = dup_str(specs[i].name);
+            if (!m->specs[i].name)
+                goto oom;
+        }
+    }
+    return m;
+oom:
+    dt_module_free(m);
+    dt_error(DT_ERR_NO_MEMORY, "module: out of memory");
+    return NULL;
+}
+
+void dt_module_free(dt_module *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->nchild; i++)
+        dt_module_free(m->children[i]);
+    free(m->children);
+    for (int i = 0; m->specs && i < m->nparam; i++)
+        free((char *)m->specs[i].name);
+    free(m->specs);
+    free(m->params); /* the tensors themselves belong to the model */
+    free(m->type);
+    free(m->name);
+    free(m->path);
+    free(m);
+}
+
+static dt_nn_param_spec spec(const char *name, dt_nn_init init, bool buffer, int ndim, int64_t d0, int64_t d1,
+                             int64_t d2, int64_t d3)
+{
+    dt_nn_param_spec s = {.name = name, .ndim = ndim, .init = init, .is_buffer = buffer};
+    int64_t d[4] = {d0, d1, d2, d3};
+    for (int i = 0; i < DT_MAX_DIMS; i++)
+        s.shape[i] = i < ndim ? d[i] : 1;
+    return s;
+}
+
+static dt_module *bad(const char *fmt, long long a, long long b)
+{
+    dt_error(DT_ERR_INVALID_ARG, fmt, a, b);
+    return NULL;
+}
+
+dt_module *dt_nn_linear(int64_t in, int64_t out, bool bias)
+{
+    if (in <= 0 || out <= 0)
+        return bad("Linear: in_features %lld and out_features %lld must be > 0", in, out);
+    /* kaiming_uniform(a=sqrt(5)) gives U(+-1/sqrt(fan_in)); the bias uses the weight's fan_in */
+    float b = (float)(1.0 / sqrt((double)in));
+    dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_UNIFORM, false, 2, out, in, 0, 0),
+                             spec("bias", DT_NN_INIT_UNIFORM, false, 1, out, 0, 0, 0)};
+    s[0].a = s[1].a = b;
+    dt_module *m = dt__module_new(DT_NN_LINEAR, bias ? 2 : 1, s);
+    if (m)
+        m->in = in, m->out = out, m->bias = bias;
+    return m;
+}
+
+dt_module *dt_nn_conv2d(int64_t in, int64_t out, int k, int stride, int pad, bool bias)
+{
+    if (in <= 0 || out <= 0)
+        return bad("Conv2d: channels in %lld, out %lld must be > 0", in, out);
+    if (k <= 0 || stride <= 0 || pad < 0)
+        return bad("Conv2d: kernel %lld and stride must be > 0, pad >= 0 (pad %lld)", k, pad);
+    float b = (float)(1.0 / sqrt((double)in * k * k)); /* fan_in = in * k * k, as for Linear */
+    dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_UNIFORM, false, 4, out, in, k, k),
+                             spec("bias", DT_NN_INIT_UNIFORM, false, 1, out, 0, 0, 0)};
+    s[0].a = s[1].a = b;
+    dt_module *m = dt__module_new(DT_NN_CONV2D, bias ? 2 : 1, s);
+    if (m)
+        m->in = in, m->out = out, m->k = k, m->stride = stride, m->pad = pad, m->bias = bias;
+    return m;
+}
+
+dt_module *dt_nn_batchnorm2d(int64_t c, float eps, float momentum)
+{
+    if (c <= 0 || !(eps > 0) || !(momentum >= 0 && momentum <= 1))
+        return bad("BatchNorm2d: need channels > 0 (%lld), eps > 0, momentum in [0, 1] (x1000: %lld)", c,
+                   (long long)(momentum * 1000));
+    dt_nn_param_spec s[5] = {spec("weight", DT_NN_INIT_ONES, false, 1, c, 0, 0, 0),
+                             spec("bias", DT_NN_INIT_ZEROS, false, 1, c, 0, 0, 0),
+                             spec("running_mean", DT_NN_INIT_ZEROS, true, 1, c, 0, 0, 0),
+                             spec("running_var", DT_NN_INIT_ONES, true, 1, c, 0, 0, 0),
+                             spec("num_batches_tracked", DT_NN_INIT_ZEROS, true, 0, 0, 0, 0, 0)};
+    dt_module *m = dt__module_new(DT_NN_BATCHNORM2D, 5, s);
+    if (m)
+        m->in = c, m->eps = eps, m->momentum = momentum;
+    return m;
+}
+
+dt_module *dt_nn_layernorm(int64_t d, float eps)
+{
+    if (d <= 0 || !(eps > 0))
+        return bad("LayerNorm: need dim > 0 (%lld) and eps > 0 (%lld)", d, 0);
+    dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_ONES, false, 1, d, 0, 0, 0),
+                             spec("bias", DT_NN_INIT_ZEROS, false, 1, d, 0, 0, 0)};
+    dt_module *m = dt__module_new(DT_NN_LAYERNORM, 2, s);
+    if (m)
+        m->in = d, m->eps = eps;
+    return m;
+}
+
+dt_module *dt_nn_relu(void) { return dt__module_new(DT_NN_RELU, 0, NULL); }
+dt_module *dt_nn_gelu(void) { return dt__module_new(DT_NN_GELU, 0, NULL); }
+
+static dt_module *pool(dt_nn_kind kind, int k, int stride, int pad)
+{
+    if (k <= 0 || stride < 0 || pad < 0 || 2 * pad > k)
+        return bad("pooling: kernel must be > 0 (%lld), stride >= 0, 0 <= pad <= kernel/2 (pad %lld)", k, pad);
+    dt_module *m = dt__module_new(kind, 0, NULL);
+    if (m)
+        m->k = k, m->stride = stride ? stride : k, m->pad = pad;
+    return m;
+}
+
+dt_module *dt_nn_maxpool2d(int k, int stride, int pad) { return pool(DT_NN_MAXPOOL2D, k, stride, pad); }
+dt_module *dt_nn_avgpool2d(int k, int stride, int pad) { return pool(DT_NN_AVGPOOL2D, k, stride, pad); }
+
+dt_module *dt_nn_flatten(int start_dim, int end_dim)
+{
+    dt_module *m = dt__module_new(DT_NN_FLATTEN, 0, NULL);
+    if (m)
+        m->start_dim = start_dim, m->end_dim = end_dim;
+    return m;
+}
+
+dt_module *dt_nn_dropout(float p)
+{
+    if (!(p >= 0 && p < 1))
+        return bad("Dropout: p must be in [0, 1) (x1000: %lld, %lld)", (long long)(p * 1000), 0);
+    dt_module *m = dt__module_new(DT_NN_DROPOUT, 0, NULL);
+    if (m)
+        m->p = p;
+    return m;
+}
+
+dt_module *dt_nn_embedding(int64_t num, int64_t dim)
+{
+    if (num <= 0 || dim <= 0)
+        return bad("Embedding: num_embeddings %lld and dim %lld must be > 0", num, dim);
+    dt_nn_param_spec s[1] = {spec("weight", DT_NN_INIT_NORMAL, false, 2, num, dim, 0, 0)};
+    s[0].a = 1.0f;
+    dt_module *m = dt__module_new(DT_NN_EMBEDDING, 1, s);
+    if (m)
+        m->in = num, m->out = dim;
+    return m;
+}
+
+dt_module *dt_nn_cross_entropy_loss(void) { return dt__module_new(DT_NN_CROSS_ENTROPY_LOSS, 0, NULL); }
+dt_module *dt_nn_mse_loss(void) { return dt__module_new(DT_NN_MSE_LOSS, 0, NULL); }
+
+dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *params, dt_nn_forward_fn forward,
+                        void *ud)
+{
+    if (!type || !forward || nparams < 0 || (nparams > 0 && !params)) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom: need a type name, a forward function and %d param specs",
+                 nparams);
+        return NULL;
+    }
+    for (int i = 0; i < nparams; i++)
+        if (!params[i].name || !params[i].name[0] || strchr(params[i].name, '.') || params[i].ndim < 0 ||
+            params[i].ndim > DT_MAX_DIMS) {
+            dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': param %d needs a name without '.' and 0..%d dims",
+                     type, i, DT_MAX_DIMS);
+            return NULL;
+        }
+    dt_module *m = dt__module_new(DT_NN_CUSTOM, nparams, params);
+    if (!m)
+        return NULL;
+    m->type = dup_str(type);
+    if (!m->type) {
+        dt_module_free(m);
+        dt_error(DT_ERR_NO_MEMORY, "dt_nn_custom: out of memory");
+        return NULL;
+    }
+    m->fwd = forward;
+    m->ud = ud;
+    return m;
+}
+
+/* ---- containers ------------------------------------------------------------------- */
+
+dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child)
+{
+    char idx[24];
+    if (!seq || !child) {
+        dt_module_free(child);
+        return dt_error(DT_ERR_NULL, "dt_nn_seq_add: %s is NULL", seq ? "child" : "container");
+    }
+    if (seq->kind != DT_NN_SEQUENTIAL || seq->model || child->parent || child->model) {
+        dt_module_free(child);
+        return dt_error(DT_ERR_STATE, "dt_nn_seq_add: the container must be an unbuilt Sequential and the "
+                                      "child a free module");
+    }
+    if (!name) {
+        snprintf(idx, sizeof idx, "%d", seq->nchild);
+        name = idx;
+    }
+    bool dup = false;
+    for (int i = 0; i < seq->nchild; i++)
+        dup = dup || !strcmp(seq->children[i]->name, name);
+    if (!name[0] || strchr(name, '.') || dup) {
+        dt_module_free(child);
+        return dt_error(DT_ERR_INVALID_ARG, "dt_nn_seq_add: child name '%s' is empty, has a '.' or is taken",
+                        name);
+    }
+    if (seq->nchild == seq->cap) {
+        int cap = seq->cap ? 2 * seq->cap : 4;
+        dt_module **c = realloc(seq->children, (size_t)cap * sizeof *c);
+        if (!c) {
+            dt_module_free(child);
+            return dt_error(DT_ERR_NO_MEMORY, "dt_nn_seq_add: out of memory");
+        }
+        seq->children = c;
+        seq->cap = cap;
+    }
+    child->name = dup_str(name);
+    if (!child->name) {
+        dt_module_free(child);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_nn_seq_add: out of memory");
+    }
+    child->parent = seq;
+    seq->children[seq->nchild++] = child;
+    return DT_OK;
+}
+
+dt_module *dt_nn_seq(int n, dt_module **children)
+{
+    dt_module *s = dt__module_new(DT_NN_SEQUENTIAL, 0, NULL);
+    int i = 0;
+    if (!s)
+        goto fail;
+    for (; i < n; i++) {
+        dt_module *c = children[i];
+        if (!c) {
+            dt_error(DT_ERR_NULL, "dt_nn_seq: child %d is NULL (did its constructor fail?)", i);
+            i++;
+            goto fail;
+        }
+        if (dt_nn_seq_add(s, NULL, c) < 0) {
+            i++;
+            goto fail;
+        }
+    }
+    return s;
+fail:
+    for (; i < n; i++)
+        dt_module_free(children[i]);
+    dt_module_free(s);
+    return NULL;
+}
+
+/* ---- accessors ---------------------------------------------------------------------- */
+
+dt_nn_kind dt_module_kind(const dt_module *m) { return m ? m->kind : DT_NN_KIND_COUNT; }
+const char *dt_module_type(const dt_module *m)
+{
+    if (!m)
+        return "?";
+    return m->kind == DT_NN_CUSTOM && m->type ? m->type : g_type_names[m->kind];
+}
+const char *dt_module_path(const dt_module *m) { return m && m->path ? m->path : ""; }
+int dt_module_num_children(const dt_module *m) { return m ? m->nchild : 0; }
+dt_module *dt_module_child(const dt_module *m, int i)
+{
+    return m && i >= 0 && i < m->nchild ? m->children[i] : NULL;
+}
+dt_tensor *dt_module_param(const dt_module *m, int i)
+{
+    return m && m->params && i >= 0 && i < m->nparam ? m->params[i] : NULL;
+}
+bool dt_module_is_training(const dt_module *m) { return m && m->training; }
+
+/* ---- hooks ---------------------------------------------------------------------------- */
+
+static dt_status add_hook(dt_module *m, int kind, void (*fn)(void), void *ud)
+{
+    static const char *names[] = {"forward pre", "forward post", "backward pre", "backward post"};
+    if (!m || !fn)
+        return dt_error(DT_ERR_NULL, "add %s hook: %s is NULL", names[kind], m ? "function" : "module");
+    if (m->nhooks[kind] >= DT_NN_MAX_HOOKS)
+        return dt_error(DT_ERR_RANGE, "module '%s': at most %d %s hooks", dt_module_path(m), DT_NN_MAX_HOOKS,
+                        names[kind]);
+    m->hooks[kind][m->nhooks[kind]].fn = fn;
+    m->hooks[kind][m->nhooks[kind]].ud = ud;
+    m->nhooks[kind]++;
+    return DT_OK;
+}
+
+dt_status dt_module_add_forward_pre_hook(dt_module *m, dt_fwd_pre_hook fn, void *ud)
+{
+    return add_hook(m, DT__HOOK_FWD_PRE, (void (*)(void))fn, ud);
+}
+dt_status dt_module_add_forward_post_hook(dt_module *m, dt_fwd_post_hook fn, void *ud)
+{
+    return add_hook(m, DT__HOOK_FWD_POST, (void (*)(void))fn, ud);
+}
+dt_status dt_module_add_backward_pre_hook(dt_module *m, dt_bwd_hook fn, void *ud)
+{
+    return add_hook(m, DT__HOOK_BWD_PRE, (void (*)(void))fn, ud);
+}
+dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, void *ud)
+{
+    return add_hook(m, DT__HOOK_BWD_POST, (void (*)(void))fn, ud);
+}
+void dt_module_clear_hooks(dt_module *m)
+{
+    if (m)
+        memset(m->nhooks, 0, sizeof m->nhooks);
+}
+
+static dt_status run_bwd_hooks(dt_ctx *ctx, dt_module *m, int kind)
+{
+    for (int i = 0; i < m->nhooks[kind]; i++) {
+        dt_status st = ((dt_bwd_hook)m->hooks[kind][i].fn)(ctx, m, m->hooks[kind][i].ud);
+        if (st < 0)
+            return dt_error_wrap(st, "module '%s' backward %s hook %d", m->path, kind == DT__HOOK_BWD_PRE ? "pre" : "post", i);
+    }
+    return DT_OK;
+}
+
+static dt_status mark_bwd_pre(dt_ctx *ctx, void *ud) { return run_bwd_hooks(ctx, ud, DT__HOOK_BWD_PRE); }
+static dt_status mark_bwd_post(dt_ctx *ctx, void *ud) { return run_bwd_hooks(ctx, ud, DT__HOOK_BWD_POST); }
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+static dt_tensor *shape_error(const dt_module *m, const dt_tensor *x, const char *want)
+{
+    char buf[128];
+    (void)m;
+    dt_error(DT_ERR_SHAPE, "input %s, expected %s", dt_tensor_shape_str(x, buf, sizeof buf), want);
+    return NULL;
+}
+
+static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
+{
+    char want[96];
+    switch (m->kind) {
+    case DT_NN_SEQUENTIAL:
+        for (int i = 0; i < m->nchild && x; i++)
+            x = dt_module_forward(ctx, m->children[i], x);
+        return x;
+    case DT_NN_LINEAR:
+        if (x->ndim < 1 || x->shape[x->ndim - 1] != m->in) {
+            snprintf(want, sizeof want, "[..., %lld]", (long long)m->in);
+            return shape_error(m, x, want);
+        }
+        return dt_linear(ctx, x, m->params[0], m->bias ? m->params[1] : NULL);
+    case DT_NN_CONV2D:
+        if (x->ndim != 4 || x->shape[1] != m->in) {
+            snprintf(want, sizeof want, "[N, %lld, H, W]", (long long)m->in);
+            return shape_error(m, x, want);
+        }
+        return dt_conv2d(ctx, x, m->params[0], m->bias ? m->params[1] : NULL, m->stride, m->pad);
+    case DT_NN_BATCHNORM2D: {
+        if ((x->ndim != 4 && x->ndim != 2) || x->shape[1] != m->in) {
+            snprintf(want, sizeof want, "[N, %lld, H, W] or [N, %lld]", (long long)m->in, (long long)m->in);
+            return shape_error(m, x, want);
+        }
+        dt_tensor *y = dt_batch_norm(ctx, x, m->params[0], m->params[1], m->params[2], m->params[3],
+                                     m->training, m->momentum, m->eps);
+        if (y && m->training)
+            ((int64_t *)m->params[4]->data)[0] += 1;
+        return y;
+    }
+    case DT_NN_LAYERNORM:
+        if (x->ndim < 1 || x->shape[x->ndim - 1] != m->in) {
+            snprintf(want, sizeof want, "[..., %lld]", (long long)m->in);
+            return shape_error(m, x, want);
+        }
+        return dt_layer_norm(ctx, x, m->params[0], m->params[1], m->eps);
+    case DT_NN_RELU:
+        return dt_relu(ctx, x);
+    case DT_NN_GELU:
+        return dt_gelu(ctx, x);
+    case DT_NN_MAXPOOL2D:
+    case DT_NN_AVGPOOL2D:
+        if (x->ndim != 4)
+            return shape_error(m, x, "[N, C, H, W]");
+        return m->kind == DT_NN_MAXPOOL2D ? dt_max_pool2d(ctx, x, m->k, m->stride, m->pad)
+                                          : dt_avg_pool2d(ctx, x, m->k, m->stride, m->pad);
+    case DT_NN_FLATTEN:
+        return dt_flatten(ctx, x, m->start_dim, m->end_dim);
+    case DT_NN_DROPOUT: {
+        int rank = m->model ? m->model->rank : 0;
+        uint64_t seed = m->model ? m->model->seed : 0;
+        dt_rng_key key = dt_rng_key_make(seed, DT_RNG_DROPOUT, ((uint64_t)(uint32_t)rank << 32) | (uint32_t)m->index,
+                                         m->fwd_count);
+        if (m->training)
+            m->fwd_count++;
+        return dt_dropout(ctx, x, m->p, m->training, key);
+    }
+    case DT_NN_EMBEDDING:
+        return dt_embedding(ctx, m->params[0], x);
+    case DT_NN_CUSTOM:
+        return m->fwd(ctx, m, x, m->ud);
+    case DT_NN_CROSS_ENTROPY_LOSS:
+    case DT_NN_MSE_LOSS:
+        dt_error(DT_ERR_UNSUPPORTED, "module '%s' (%s) is a loss: call dt_module_loss(ctx, m, pred, target)",
+                 m->path, dt_module_type(m));
+        return NULL;
+    default:
+        dt_error(DT_ERR_INTERNAL, "module '%s': unknown kind %d", m->path, (int)m->kind);
+        return NULL;
+    }
+}
+
+dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
+{
+    if (!m || !ctx) {
+        dt_error(DT_ERR_NULL, "dt_module_forward: %s is NULL", m ? "context" : "module");
+        return NULL;
+    }
+    if (!x) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "module '%s' (%s): input is NULL", dt_module_path(m), dt_module_type(m));
+        return NULL;
+    }
+    if (!m->model) {
+        dt_error(DT_ERR_STATE, "module '%s' (%s): not part of a built model (call dt_model_build first)",
+                 dt_module_path(m), dt_module_type(m));
+        return NULL;
+    }
+    for (int i = 0; i < m->nhooks[DT__HOOK_FWD_PRE]; i++) {
+        dt_status st = ((dt_fwd_pre_hook)m->hooks[DT__HOOK_FWD_PRE][i].fn)(ctx, m, x, m->hooks[DT__HOOK_FWD_PRE][i].ud);
+        if (st < 0) {
+            dt_error_wrap(st, "module '%s' forward pre hook %d", m->path, i);
+            return NULL;
+        }
+    }
+    const bool marks = dt_ag_enabled(ctx);
+    if (marks && m->nhooks[DT__HOOK_BWD_POST] && dt_ag_mark(ctx, mark_bwd_post, m) < 0)
+        return NULL;
+    dt_error_clear();
+    dt_tensor *y = forward_kind(ctx, m, x);
+    if (!y) {
+        /* a child already named itself; leaf modules add their path */
+        if (m->kind != DT_NN_SEQUENTIAL)
+            dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_INTERNAL, "module '%s' (%s)", m->path,
+                          dt_module_type(m));
+        return NULL;
+    }
+    if (marks && m->nhooks[DT__HOOK_BWD_PRE] && dt_ag_mark(ctx, mark_bwd_pre, m) < 0)
+        return NULL;
+    for (int i = 0; i < m->nhooks[DT__HOOK_FWD_POST]; i++) {
+        dt_status st =
+            ((dt_fwd_post_hook)m->hooks[DT__HOOK_FWD_POST][i].fn)(ctx, m, x, y, m->hooks[DT__HOOK_FWD_POST][i].ud);
+        if (st < 0) {
+            dt_error_wrap(st, "module '%s' forward post hook %d", m->path, i);
+            return NULL;
+        }
+    }
+    return y;
+}
+
+dt_tensor *dt_module_loss(dt_ctx *ctx, dt_module *m, dt_tensor *pred, dt_tensor *target)
+{
+    if (!m || !ctx) {
+        dt_error(DT_ERR_NULL, "dt_module_loss: %s is NULL", m ? "context" : "module");
+        return NULL;
+    }
+    if (!pred || !target) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "%s: %s is NULL", dt_module_type(m), pred ? "target" : "prediction");
+        return NULL;
+    }
+    if (m->kind == DT_NN_CROSS_ENTROPY_LOSS)
+        return dt_cross_entropy(ctx, pred, target);
+    if (m->kind == DT_NN_MSE_LOSS)
+        return dt_mse_loss(ctx, pred, target);
+    dt_error(DT_ERR_INVALID_ARG, "dt_module_loss: module '%s' (%s) is not a loss", dt_module_path(m),
+             dt_module_type(m));
+    return NULL;
+}

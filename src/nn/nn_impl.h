@@ -1,0 +1,81 @@
+/* src/nn/nn_impl.h — module and model internals shared by src/nn and models/. */
+#ifndef DT_NN_IMPL_H
+#define DT_NN_IMPL_H
+
+#include "dtrain/nn.h"
+
+enum { DT__HOOK_FWD_PRE = 0, DT__HOOK_FWD_POST, DT__HOOK_BWD_PRE, DT__HOOK_BWD_POST, DT__HOOK_KINDS };
+
+typedef struct dt__hook {
+    void (*fn)(void); /* cast to the kind's type */
+    void *ud;
+} dt__hook;
+
+struct dt_module {
+    dt_nn_kind kind;
+    char *type;             /* custom: the user's type name */
+    char *name;             /* local name ("0", "fc"); NULL for the root */
+    char *path;             /* full path, set by dt_model_build */
+    dt_module *parent;
+    dt_module **children;
+    int nchild, cap;
+    dt_model *model;        /* set by dt_model_build */
+    int index;              /* pre-order index in the model */
+    /* configuration */
+    int64_t in, out;
+    int k, stride, pad;
+    bool bias;
+    float eps, momentum, p;
+    int start_dim, end_dim;
+    /* parameters and buffers, in declaration order */
+    int nparam;
+    dt_nn_param_spec *specs;
+    dt_tensor **params;     /* set by dt_model_build */
+    dt_nn_forward_fn fwd;
+    void *ud;
+    bool training;
+    uint64_t fwd_count;     /* dropout: forward calls so far */
+    dt__hook hooks[DT__HOOK_KINDS][DT_NN_MAX_HOOKS];
+    int nhooks[DT__HOOK_KINDS];
+};
+
+typedef struct dt__entry {
+    dt_param_info info;
+    char *name;
+    dt_tensor *grad;        /* parameters: the view into the grad buffer */
+    dt_model *model;
+    size_t index;
+    int spec;               /* index into the module's specs */
+} dt__entry;
+
+typedef enum { DT__LOSS_NONE = 0, DT__LOSS_CE, DT__LOSS_MEAN } dt__loss_kind;
+
+struct dt_model {
+    dt_module *root;
+    uint64_t seed;
+    int rank;
+    char name[32];
+    dt_module **modules;    /* pre-order */
+    int nmodules;
+    dt__entry *entries;
+    size_t nentry, nparams, param_count;
+    float *params;
+    float *grads;
+    bool grads_owned;
+    size_t flat_numel;
+    unsigned char *buffers;
+    size_t buf_nbytes;
+    struct { dt_grad_ready_fn fn; void *ud; } ready[DT_NN_MAX_HOOKS];
+    int nready;
+    /* zoo metadata (models/) */
+    dt__loss_kind loss;
+    int in_ndim;            /* input dims after the batch dim */
+    int64_t in_shape[DT_MAX_DIMS];
+    bool target_labels;     /* target is [B] i64 labels */
+    double fwd_flops_per_sample, train_flops_per_sample;
+};
+
+/* Allocate a module of a kind with nparam specs (copied). */
+dt_module *dt__module_new(dt_nn_kind kind, int nparam, const dt_nn_param_spec *specs);
+
+#endif
