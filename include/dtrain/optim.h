@@ -155,6 +155,12 @@ typedef dt_status (*dt_optim_reduce_fn)(void *ctx, double *sums, size_t n);
 /* Install (or with fn NULL, remove) the reducer. Without one, norms are local. */
 DT_API void dt_optim_set_reducer(dt_optim *o, dt_optim_reduce_fn fn, void *ctx);
 
+/* With on, each step leaves the owned range of grads zeroed, in the same
+ * pass that reads them (saves a separate zero_grad pass over the buffer;
+ * default off). Only the owned range is zeroed: under ZeRO, zero the rest
+ * of the buffer yourself if you use it. */
+DT_API void dt_optim_set_zero_grad(dt_optim *o, bool on);
+
 DT_API dt_optim_kind dt_optim_get_kind(const dt_optim *o);
 /* "sgd", "adam", "adamw", "lamb". */
 DT_API const char *dt_optim_kind_name(dt_optim_kind k);
