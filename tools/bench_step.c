@@ -1,7 +1,9 @@
 /* dtrain bench step — time whole training steps of a zoo model.
  *
- * One step = zero_grad, forward, loss, backward, SGD (lr 0.01, no momentum:
- * torch.optim.SGD's defaults besides lr) over the flat buffers, context reset.
+ * One step = forward, loss, backward, SGD (lr 0.01, no momentum:
+ * torch.optim.SGD's defaults besides lr) over the flat buffers with the
+ * gradient zeroing fused into the SGD pass (dt_optim_set_zero_grad), context
+ * reset.
  * Inputs are synthetic (Philox uniform [-1, 1), labels i mod classes) and
  * fixed across steps. After --warmup untimed steps, --steps steps are timed
  * one by one; we report the median (and min) per step, the median of each
@@ -84,10 +86,11 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     opt = dt_optim_sgd_init(&sp, &lay);
     if (!opt)
         goto fail;
+    /* zero_grad happens inside the optimizer's pass (the buffer starts zeroed) */
+    dt_optim_set_zero_grad(opt, true);
     float last_loss = 0;
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = dt_time_s();
-        dt_model_zero_grad(m);
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, nd, shape);
         dt_tensor *yt = tnd ? dt_tensor_view_of(ctx, y, tdt, tnd, tshape) : NULL;
         dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, xt), yt);

@@ -37,6 +37,8 @@
  *     (= post-backward hook) and one after (= pre-backward hook).
  *   - custom ops (dt_ag_custom): an output computed by the caller with a
  *     caller-provided backward (tensor-parallel all-reduce, pipeline sends).
+ *   - activation checkpointing (dt_ag_checkpoint): a region re-run during
+ *     backward instead of keeping its activations.
  *
  * No-grad mode: dt_ag_set_enabled(ctx, false) — ops record nothing and their
  * outputs do not require grad (evaluation, optimizer bookkeeping).
@@ -118,6 +120,22 @@ typedef dt_status (*dt_custom_backward_fn)(dt_ctx *ctx, const dt_tensor *grad_ou
                                            dt_tensor **grad_in, void *ud);
 DT_API dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
                                dt_custom_backward_fn fn, void *ud);
+
+/* Activation checkpointing: out = fn(ctx, nin, in, ud) computed WITHOUT
+ * keeping the region's activations (fn runs in no-grad mode). In grad mode
+ * one node is recorded; its backward re-runs fn with grad mode on, over
+ * aliases of in[] that stand for the inputs, and runs a nested backward
+ * from the recomputed output (dt_backward_with may be called from inside a
+ * backward for exactly this; it walks only the nodes recorded since the
+ * enclosing walk began). Parameters used inside fn get their gradients and
+ * fire their grad-ready hooks during that nested backward. fn must be
+ * deterministic (dropout with the same key gives the same mask) and may
+ * use at most 4 tensor inputs; ud is borrowed until reset. Caveats, as in
+ * PyTorch: batch norm in training updates its running stats again when the
+ * region is recomputed; a parameter used both inside and outside the
+ * region may fire its hook before its last contribution. */
+typedef dt_tensor *(*dt_ckpt_fn)(dt_ctx *ctx, int nin, dt_tensor **in, void *ud);
+DT_API dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in, void *ud);
 
 /* ---- views (share storage with the input; differentiable) ------------------ */
 

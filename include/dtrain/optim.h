@@ -155,9 +155,17 @@ typedef dt_status (*dt_optim_reduce_fn)(void *ctx, double *sums, size_t n);
 /* Install (or with fn NULL, remove) the reducer. Without one, norms are local. */
 DT_API void dt_optim_set_reducer(dt_optim *o, dt_optim_reduce_fn fn, void *ctx);
 
+/* With on, each step leaves the owned range of grads zeroed, in the same
+ * pass that reads them (saves a separate zero_grad pass over the buffer;
+ * default off). Only the owned range is zeroed: under ZeRO, zero the rest
+ * of the buffer yourself if you use it. */
+DT_API void dt_optim_set_zero_grad(dt_optim *o, bool on);
+
 DT_API dt_optim_kind dt_optim_get_kind(const dt_optim *o);
 /* "sgd", "adam", "adamw", "lamb". */
 DT_API const char *dt_optim_kind_name(dt_optim_kind k);
+/* The reverse; DT_ERR_INVALID_ARG for an unknown name. */
+DT_API dt_status dt_optim_kind_parse(const char *s, dt_optim_kind *out);
 /* Current learning rate (schedules set it before each step). */
 DT_API double dt_optim_get_lr(const dt_optim *o);
 DT_API void dt_optim_set_lr(dt_optim *o, double lr);
@@ -175,6 +183,18 @@ DT_API double dt_optim_last_grad_norm(const dt_optim *o);
  * pointer is owned by the optimizer and writable (to restore a checkpoint). */
 DT_API int dt_optim_num_states(const dt_optim *o);
 DT_API dt_status dt_optim_state(dt_optim *o, int i, const char **name, float **data, size_t *n);
+
+/* ---- layouts of models (nn.h) ----------------------------------------------------- */
+
+struct dt_model;
+/* Fill segs[0..*n) with the parameter tensors of model m in model order
+ * (buffers are not optimised). With no_decay_1d, tensors of one dimension
+ * (biases, norm weights) get no_decay = true, the usual recipe for AdamW
+ * and LAMB. cap is the room in segs; *n receives the count needed
+ * (DT_ERR_RANGE when cap is too small). Use with
+ * dt_optim_layout{.lo, .hi, .segs, .nseg = *n} over dt_model_flat_numel. */
+DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, bool no_decay_1d,
+                                              dt_optim_segment *segs, size_t cap, size_t *n);
 
 /* ---- gradient clipping ------------------------------------------------------------ */
 

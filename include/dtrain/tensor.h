@@ -87,6 +87,7 @@ struct dt_tensor {
     /* ---- autograd bookkeeping: private to the library ---- */
     struct dt__node *node_;          /* op that produced it (NULL for leaves) */
     int64_t pending_;                /* uses left in the running backward */
+    uint64_t epoch_;                 /* backward pass pending_ belongs to */
     int nhooks_;
     struct { dt_grad_hook_fn fn; void *ud; } hooks_[DT_MAX_GRAD_HOOKS];
 };

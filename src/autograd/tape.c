@@ -230,6 +230,22 @@ static void add_strided(dt_ctx *ctx, float *g, const dt_tensor *src)
         g[j] += s[j];
 }
 
+static uint64_t next_epoch(void)
+{
+    static _Atomic uint64_t counter;
+    return ++counter;
+}
+
+/* Count one more pending use of a leaf in the current pass. */
+static void count_use(dt_ctx *ctx, dt_tensor *leaf)
+{
+    if (leaf->epoch_ != ctx->epoch) {
+        leaf->epoch_ = ctx->epoch;
+        leaf->pending_ = 0;
+    }
+    leaf->pending_++;
+}
+
 dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out)
 {
     const char *op = "dt_backward";
@@ -252,8 +268,8 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         return dt_error(DT_ERR_STATE, "%s: the output does not require grad (no parameter or "
                                       "input that requires grad reaches it, or no-grad mode)",
                         op);
-    if (ctx->in_backward)
-        return dt_error(DT_ERR_STATE, "%s: backward is already running on this context", op);
+    bool nested = ctx->in_backward;
+    size_t lo = nested ? ctx->child_floor : 0;
 
     if (!out->node_) { /* a leaf: its gradient is grad_out itself */
         float *g = dt__grad(ctx, out);
@@ -268,13 +284,21 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
                                       "(was the context reset since the forward?)",
                         op);
     size_t start = root->idx;
+    if (start < lo)
+        return dt_error(DT_ERR_STATE, "%s: a backward started inside another may only begin "
+                                      "from a node recorded after the enclosing backward began",
+                        op);
+    if (!nested)
+        ctx->epoch = next_epoch();
     dt__node **tape = ctx->tape;
 
-    /* Pre-pass: needed flags, reset intermediate grads, leaf use counts. */
-    for (size_t i = 0; i <= start; i++)
+    /* Pre-pass over [lo, start]: needed flags, reset intermediate grads,
+     * leaf use counts. Nodes below lo belong to an enclosing walk: their
+     * outputs receive gradient contributions but are not walked here. */
+    for (size_t i = lo; i <= start; i++)
         tape[i]->needed = 0;
     root->needed = 1;
-    for (size_t k = start + 1; k-- > 0;) {
+    for (size_t k = start + 1; k-- > lo;) {
         dt__node *n = tape[k];
         if (!n->needed || !n->backward)
             continue;
@@ -283,19 +307,11 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             dt_tensor *in = n->in[j];
             if (!dt__rg(in))
                 continue;
-            if (in->node_)
+            if (!in->node_)
+                count_use(ctx, in);
+            else if (in->node_->idx >= lo)
                 in->node_->needed = 1;
-            else
-                in->pending_ = 0;
         }
-    }
-    for (size_t k = 0; k <= start; k++) {
-        dt__node *n = tape[k];
-        if (!n->needed || !n->backward)
-            continue;
-        for (int j = 0; j < n->nin; j++)
-            if (is_leaf_rg(n->in[j]))
-                n->in[j]->pending_++;
     }
 
     /* Seed. */
@@ -306,8 +322,10 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
 
     /* Walk. */
     dt_status st = DT_OK;
+    size_t saved_floor = ctx->child_floor;
+    ctx->child_floor = ctx->tape_len;
     ctx->in_backward = true;
-    for (size_t k = start + 1; k-- > 0;) {
+    for (size_t k = start + 1; k-- > lo;) {
         dt__node *n = ctx->tape[k];
         if (n->mark) {
             st = n->mark(ctx, n->ud);
@@ -339,7 +357,8 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             break;
         }
     }
-    ctx->in_backward = false;
+    ctx->in_backward = nested;
+    ctx->child_floor = saved_floor;
     return st;
 }
 

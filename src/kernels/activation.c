@@ -32,8 +32,10 @@ dt_status dt_k_relu_bwd(const float *x, const float *dy, float *dx, int64_t n)
     DT__CHECK_PTR("dt_k_relu_bwd", dx, n);
     int nt = dt__threads_for(n);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (int64_t i = 0; i < n; i++)
-        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float g = dy[i]; /* load unconditionally: a select, not a branch */
+        dx[i] = x[i] > 0.0f ? g : 0.0f;
+    }
     return DT_OK;
 }
 

@@ -41,21 +41,28 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
     int nt = dt__threads_for(N * C * HW);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t c = 0; c < C; c++) {
+        /* Each (n, c) row of HW values is summed in float (vectorised, a
+         * fixed order), the row sums in double in n order. */
         double s = 0.0, s2 = 0.0;
         for (int64_t n = 0; n < N; n++) {
             const float *xp = x + (n * C + c) * HW;
-#pragma omp simd reduction(+ : s)
+            float r = 0.0f;
+#pragma omp simd reduction(+ : r)
             for (int64_t i = 0; i < HW; i++)
-                s += (double)xp[i];
+                r += xp[i];
+            s += (double)r;
         }
         double mean = s / (double)cnt;
+        float fmean = (float)mean;
         for (int64_t n = 0; n < N; n++) {
             const float *xp = x + (n * C + c) * HW;
-#pragma omp simd reduction(+ : s2)
+            float r = 0.0f;
+#pragma omp simd reduction(+ : r)
             for (int64_t i = 0; i < HW; i++) {
-                double d = (double)xp[i] - mean;
-                s2 += d * d;
+                float d = xp[i] - fmean;
+                r += d * d;
             }
+            s2 += (double)r;
         }
         double var = s2 / (double)cnt;
         float invstd = (float)(1.0 / sqrt(var + (double)eps));
@@ -134,12 +141,16 @@ dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t n = 0; n < N; n++) {
             const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
-#pragma omp simd reduction(+ : sdy, sdyx)
+            float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
             for (int64_t i = 0; i < HW; i++) {
-                sdy += (double)gp[i];
-                sdyx += (double)gp[i] * (double)((xp[i] - m) * is);
+                a += gp[i];
+                b += gp[i] * (xp[i] - m);
             }
+            sdy += (double)a;
+            sdyx += (double)b;
         }
+        sdyx *= (double)is; /* sum dy * xhat */
         if (dgamma)
             dgamma[c] = (float)sdyx;
         if (dbeta)

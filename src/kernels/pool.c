@@ -9,6 +9,10 @@
 
 #include <string.h>
 
+#if defined(__SSE4_1__)
+#include <smmintrin.h>
+#endif
+
 dt_status dt_k_pool2d_out_size(const dt_k_pool2d_shape *s, int64_t *P, int64_t *Q)
 {
     const char *fn = "pool2d";
@@ -46,6 +50,72 @@ static dt_status pool_check(const char *fn, const dt_k_pool2d_shape *s, int64_t 
     return DT_OK;
 }
 
+/* The common 2x2 stride-2 unpadded window, branch-free (random data makes
+ * compare-and-branch code mispredict half the time). Ties keep the first
+ * element in row-major window order, NaN wins, as the general path. */
+#if defined(__SSE4_1__)
+/* (v > m) or (v is NaN and m is not): the "take v" mask, as the scalar rule. */
+static inline __m128 take_mask(__m128 v, __m128 m)
+{
+    return _mm_or_ps(_mm_cmpgt_ps(v, m), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(m, m)));
+}
+#endif
+
+static void max2x2_plane(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                         int32_t *restrict ap)
+{
+    for (int64_t p = 0; p < P; p++) {
+        const float *r0 = xp + 2 * p * W, *r1 = r0 + W;
+        int32_t base = (int32_t)(2 * p * W), w32 = (int32_t)W;
+        float *yr = yp + p * Q;
+        int32_t *ar = ap ? ap + p * Q : NULL;
+        int64_t q = 0;
+#if defined(__SSE4_1__)
+        /* four outputs at a time: deinterleave even/odd columns of both rows */
+        for (; q + 4 <= Q; q += 4) {
+            __m128 u0 = _mm_loadu_ps(r0 + 2 * q), u1 = _mm_loadu_ps(r0 + 2 * q + 4);
+            __m128 v0 = _mm_loadu_ps(r1 + 2 * q), v1 = _mm_loadu_ps(r1 + 2 * q + 4);
+            __m128 a = _mm_shuffle_ps(u0, u1, _MM_SHUFFLE(2, 0, 2, 0));
+            __m128 b = _mm_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 1, 3, 1));
+            __m128 c = _mm_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+            __m128 d = _mm_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+            __m128i ia = _mm_add_epi32(_mm_set1_epi32(base + 2 * (int32_t)q), _mm_setr_epi32(0, 2, 4, 6));
+            __m128 t = take_mask(b, a);
+            __m128 m = _mm_blendv_ps(a, b, t);
+            __m128i im = _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(ia),
+                                                         _mm_castsi128_ps(_mm_add_epi32(ia, _mm_set1_epi32(1))), t));
+            t = take_mask(c, m);
+            m = _mm_blendv_ps(m, c, t);
+            im = _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(im),
+                                                _mm_castsi128_ps(_mm_add_epi32(ia, _mm_set1_epi32(w32))), t));
+            t = take_mask(d, m);
+            m = _mm_blendv_ps(m, d, t);
+            im = _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(im),
+                                                _mm_castsi128_ps(_mm_add_epi32(ia, _mm_set1_epi32(w32 + 1))), t));
+            _mm_storeu_ps(yr + q, m);
+            if (ar)
+                _mm_storeu_si128((__m128i *)(ar + q), im);
+        }
+#endif
+        for (; q < Q; q++) {
+            float a = r0[2 * q], b = r0[2 * q + 1], c = r1[2 * q], d = r1[2 * q + 1];
+            int32_t ia = base + 2 * (int32_t)q;
+            bool t = (b > a) | ((b != b) & (a == a));
+            float m = t ? b : a;
+            int32_t im = t ? ia + 1 : ia;
+            t = (c > m) | ((c != c) & (m == m));
+            m = t ? c : m;
+            im = t ? ia + w32 : im;
+            t = (d > m) | ((d != d) & (m == m));
+            m = t ? d : m;
+            im = t ? ia + w32 + 1 : im;
+            yr[q] = m;
+            if (ar)
+                ar[q] = im;
+        }
+    }
+}
+
 dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *argmax)
 {
     const char *fn = "dt_k_maxpool2d_fwd";
@@ -63,6 +133,10 @@ dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *
         const float *xp = x + pl * H * W;
         float *yp = y + pl * P * Q;
         int32_t *ap = argmax ? argmax + pl * P * Q : NULL;
+        if (s->kh == 2 && s->kw == 2 && s->sh == 2 && s->sw == 2 && s->ph == 0 && s->pw == 0) {
+            max2x2_plane(xp, W, P, Q, yp, ap);
+            continue;
+        }
         for (int64_t p = 0; p < P; p++) {
             int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
             if (h0 < 0)
@@ -80,10 +154,9 @@ dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *
                 for (int64_t h = h0; h < h1; h++)
                     for (int64_t w = w0; w < w1; w++) {
                         float v = xp[h * W + w];
-                        if (v > m || (v != v && m == m)) { /* NaN propagates, as PyTorch */
-                            m = v;
-                            best = h * W + w;
-                        }
+                        bool take = (v > m) | ((v != v) & (m == m)); /* NaN propagates, as PyTorch */
+                        m = take ? v : m;
+                        best = take ? h * W + w : best;
                     }
                 yp[p * Q + q] = m;
                 if (ap)

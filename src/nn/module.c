@@ -82,16 +82,12 @@ static dt_nn_param_spec spec(const char *name, dt_nn_init init, bool buffer, int
     return s;
 }
 
-static dt_module *bad(const char *fmt, long long a, long long b)
-{
-    dt_error(DT_ERR_INVALID_ARG, fmt, a, b);
-    return NULL;
-}
+#define BAD(...) (dt_error(DT_ERR_INVALID_ARG, __VA_ARGS__), (dt_module *)NULL)
 
 dt_module *dt_nn_linear(int64_t in, int64_t out, bool bias)
 {
     if (in <= 0 || out <= 0)
-        return bad("Linear: in_features %lld and out_features %lld must be > 0", in, out);
+        return BAD("Linear: in_features %lld and out_features %lld must be > 0", (long long)in, (long long)out);
     /* kaiming_uniform(a=sqrt(5)) gives U(+-1/sqrt(fan_in)); the bias uses the weight's fan_in */
     float b = (float)(1.0 / sqrt((double)in));
     dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_UNIFORM, false, 2, out, in, 0, 0),
@@ -106,9 +102,9 @@ dt_module *dt_nn_linear(int64_t in, int64_t out, bool bias)
 dt_module *dt_nn_conv2d(int64_t in, int64_t out, int k, int stride, int pad, bool bias)
 {
     if (in <= 0 || out <= 0)
-        return bad("Conv2d: channels in %lld, out %lld must be > 0", in, out);
+        return BAD("Conv2d: channels in %lld, out %lld must be > 0", (long long)in, (long long)out);
     if (k <= 0 || stride <= 0 || pad < 0)
-        return bad("Conv2d: kernel %lld and stride must be > 0, pad >= 0 (pad %lld)", k, pad);
+        return BAD("Conv2d: kernel %d and stride %d must be > 0, pad %d >= 0", k, stride, pad);
     float b = (float)(1.0 / sqrt((double)in * k * k)); /* fan_in = in * k * k, as for Linear */
     dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_UNIFORM, false, 4, out, in, k, k),
                              spec("bias", DT_NN_INIT_UNIFORM, false, 1, out, 0, 0, 0)};
@@ -122,8 +118,8 @@ dt_module *dt_nn_conv2d(int64_t in, int64_t out, int k, int stride, int pad, boo
 dt_module *dt_nn_batchnorm2d(int64_t c, float eps, float momentum)
 {
     if (c <= 0 || !(eps > 0) || !(momentum >= 0 && momentum <= 1))
-        return bad("BatchNorm2d: need channels > 0 (%lld), eps > 0, momentum in [0, 1] (x1000: %lld)", c,
-                   (long long)(momentum * 1000));
+        return BAD("BatchNorm2d: need channels > 0 (%lld), eps > 0 (%g), momentum in [0, 1] (%g)", (long long)c,
+                   (double)eps, (double)momentum);
     dt_nn_param_spec s[5] = {spec("weight", DT_NN_INIT_ONES, false, 1, c, 0, 0, 0),
                              spec("bias", DT_NN_INIT_ZEROS, false, 1, c, 0, 0, 0),
                              spec("running_mean", DT_NN_INIT_ZEROS, true, 1, c, 0, 0, 0),
@@ -138,7 +134,7 @@ dt_module *dt_nn_batchnorm2d(int64_t c, float eps, float momentum)
 dt_module *dt_nn_layernorm(int64_t d, float eps)
 {
     if (d <= 0 || !(eps > 0))
-        return bad("LayerNorm: need dim > 0 (%lld) and eps > 0 (%lld)", d, 0);
+        return BAD("LayerNorm: need dim > 0 (%lld) and eps > 0 (%g)", (long long)d, (double)eps);
     dt_nn_param_spec s[2] = {spec("weight", DT_NN_INIT_ONES, false, 1, d, 0, 0, 0),
                              spec("bias", DT_NN_INIT_ZEROS, false, 1, d, 0, 0, 0)};
     dt_module *m = dt__module_new(DT_NN_LAYERNORM, 2, s);
@@ -153,7 +149,7 @@ dt_module *dt_nn_gelu(void) { return dt__module_new(DT_NN_GELU, 0, NULL); }
 static dt_module *pool(dt_nn_kind kind, int k, int stride, int pad)
 {
     if (k <= 0 || stride < 0 || pad < 0 || 2 * pad > k)
-        return bad("pooling: kernel must be > 0 (%lld), stride >= 0, 0 <= pad <= kernel/2 (pad %lld)", k, pad);
+        return BAD("pooling: need kernel > 0 (%d), stride >= 0 (%d), 0 <= pad <= kernel/2 (%d)", k, stride, pad);
     dt_module *m = dt__module_new(kind, 0, NULL);
     if (m)
         m->k = k, m->stride = stride ? stride : k, m->pad = pad;
@@ -174,7 +170,7 @@ dt_module *dt_nn_flatten(int start_dim, int end_dim)
 dt_module *dt_nn_dropout(float p)
 {
     if (!(p >= 0 && p < 1))
-        return bad("Dropout: p must be in [0, 1) (x1000: %lld, %lld)", (long long)(p * 1000), 0);
+        return BAD("Dropout: p must be in [0, 1), got %g", (double)p);
     dt_module *m = dt__module_new(DT_NN_DROPOUT, 0, NULL);
     if (m)
         m->p = p;
@@ -184,7 +180,7 @@ dt_module *dt_nn_dropout(float p)
 dt_module *dt_nn_embedding(int64_t num, int64_t dim)
 {
     if (num <= 0 || dim <= 0)
-        return bad("Embedding: num_embeddings %lld and dim %lld must be > 0", num, dim);
+        return BAD("Embedding: num_embeddings %lld and dim %lld must be > 0", (long long)num, (long long)dim);
     dt_nn_param_spec s[1] = {spec("weight", DT_NN_INIT_NORMAL, false, 2, num, dim, 0, 0)};
     s[0].a = 1.0f;
     dt_module *m = dt__module_new(DT_NN_EMBEDDING, 1, s);
@@ -317,6 +313,29 @@ dt_tensor *dt_module_param(const dt_module *m, int i)
     return m && m->params && i >= 0 && i < m->nparam ? m->params[i] : NULL;
 }
 bool dt_module_is_training(const dt_module *m) { return m && m->training; }
+
+dt_status dt_module_set_forward(dt_module *m, dt_nn_forward_fn fn, void *ud)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_set_forward: module is NULL");
+    m->fwd_override = fn;
+    m->fwd_override_ud = fn ? ud : NULL;
+    return DT_OK;
+}
+
+dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_norm_config: module is NULL");
+    if (m->kind != DT_NN_BATCHNORM2D && m->kind != DT_NN_LAYERNORM)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_module_norm_config: module '%s' is a %s, not a norm",
+                        m->path ? m->path : "", dt_module_type(m));
+    if (eps)
+        *eps = m->eps;
+    if (momentum)
+        *momentum = m->kind == DT_NN_BATCHNORM2D ? m->momentum : 0.0f;
+    return DT_OK;
+}
 
 /* ---- hooks ---------------------------------------------------------------------------- */
 
@@ -479,7 +498,7 @@ dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
     if (marks && m->nhooks[DT__HOOK_BWD_POST] && dt_ag_mark(ctx, mark_bwd_post, m) < 0)
         return NULL;
     dt_error_clear();
-    dt_tensor *y = forward_kind(ctx, m, x);
+    dt_tensor *y = m->fwd_override ? m->fwd_override(ctx, m, x, m->fwd_override_ud) : forward_kind(ctx, m, x);
     if (!y) {
         /* a child already named itself; leaf modules add their path */
         if (m->kind != DT_NN_SEQUENTIAL)

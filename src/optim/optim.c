@@ -232,6 +232,12 @@ void dt_optim_set_reducer(dt_optim *o, dt_optim_reduce_fn fn, void *ctx)
     o->reduce_ctx = ctx;
 }
 
+void dt_optim_set_zero_grad(dt_optim *o, bool on)
+{
+    if (o)
+        o->zero_grad = on;
+}
+
 dt_optim_kind dt_optim_get_kind(const dt_optim *o) { return o ? o->kind : DT_OPTIM_KIND_COUNT; }
 double dt_optim_get_lr(const dt_optim *o) { return o ? o->lr : 0.0; }
 void dt_optim_set_lr(dt_optim *o, double lr)
@@ -272,7 +278,7 @@ static void step_sgd(dt_optim *o, float *params, float *grads)
     dt__sgd_k k = {.wd = (float)p->weight_decay, .momentum = (float)p->momentum,
                    .one_minus_damp = (float)(1.0 - p->dampening), .neg_lr = (float)(-o->lr),
                    .has_wd = p->weight_decay != 0, .has_momentum = p->momentum != 0,
-                   .nesterov = p->nesterov, .first = o->step == 0};
+                   .nesterov = p->nesterov, .first = o->step == 0, .zero_grad = o->zero_grad};
     dt__sgd_k k_nd = k;
     k_nd.has_wd = false;
     const size_t ni = o->nitem;
@@ -296,7 +302,7 @@ static void step_adam(dt_optim *o, float *params, float *grads)
                     .b1 = (float)p->beta1, .omb1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2,
                     .omb2 = (float)(1.0 - p->beta2), .bc2_sqrt = (float)sqrt(bc2), .eps = (float)p->eps,
                     .neg_step_size = (float)(-step_size), .l2 = !decoupled && p->weight_decay != 0,
-                    .decoupled = decoupled && p->weight_decay != 0};
+                    .decoupled = decoupled && p->weight_decay != 0, .zero_grad = o->zero_grad};
     dt__adam_k k_nd = k;
     k_nd.l2 = k_nd.decoupled = false;
     const size_t ni = o->nitem;
@@ -385,7 +391,7 @@ static dt_status step_lamb(dt_optim *o, float *params, float *grads)
 #pragma omp parallel for schedule(static) if (ni > 1)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
-        dt__optim_lamb_stage2(params + it->start, grads + it->start, it->len, o->seg_ratio[it->seg]);
+        dt__optim_lamb_stage2(params + it->start, grads + it->start, it->len, o->seg_ratio[it->seg], o->zero_grad);
     }
     return DT_OK;
 }

@@ -40,6 +40,7 @@ struct dt_optim {
     dt_optim_reduce_fn reduce;
     void *reduce_ctx;
     double last_gnorm;
+    bool zero_grad;
 };
 
 /* Element kernels (optim_kernels.c): AVX2+FMA when the CPU has it, otherwise
@@ -47,17 +48,17 @@ struct dt_optim {
  * pattern). */
 typedef struct dt__sgd_k {
     float wd, momentum, one_minus_damp, neg_lr;
-    bool has_wd, has_momentum, nesterov, first;
+    bool has_wd, has_momentum, nesterov, first, zero_grad;
 } dt__sgd_k;
-void dt__optim_sgd(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k);
+void dt__optim_sgd(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k);
 
 typedef struct dt__adam_k {
     float wd;           /* Adam: L2 coefficient (0 = none) */
     float decay;        /* AdamW: 1 - lr*wd (1 = none) */
     float b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step_size;
-    bool l2, decoupled;
+    bool l2, decoupled, zero_grad;
 } dt__adam_k;
-void dt__optim_adam(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k);
+void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k);
 
 typedef struct dt__lamb_k {
     float clip;         /* divisor of the gradient (>= 1) */
@@ -67,8 +68,8 @@ typedef struct dt__lamb_k {
 } dt__lamb_k;
 /* Stage 1: writes the update u into g, updates m and v; returns sum(u^2). */
 double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k);
-/* Stage 2: p -= ratio * u. */
-void dt__optim_lamb_stage2(float *p, const float *u, size_t n, float ratio);
+/* Stage 2: p -= ratio * u; then u = 0 when zero_grad. */
+void dt__optim_lamb_stage2(float *p, float *u, size_t n, float ratio, bool zero_grad);
 
 /* Tests: force the scalar kernels (true) or pick by CPU again (false). */
 void dt__optim_force_scalar(bool on);

@@ -59,7 +59,7 @@ bool dt__optim_simd_active(void)
 
 /* ---- scalar reference paths ---------------------------------------------- */
 
-static void sgd_scalar(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+static void sgd_scalar(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
     for (size_t i = 0; i < n; i++) {
         float d = g[i];
@@ -71,10 +71,12 @@ static void sgd_scalar(float *p, const float *g, float *buf, size_t n, const dt_
             d = k->nesterov ? fmaf(b, k->momentum, d) : b;
         }
         p[i] = fmaf(d, k->neg_lr, p[i]);
+        if (k->zero_grad)
+            g[i] = 0.0f;
     }
 }
 
-static void adam_scalar(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+static void adam_scalar(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = g[i], pi = p[i];
@@ -88,6 +90,8 @@ static void adam_scalar(float *p, const float *g, float *m, float *v, size_t n, 
         p[i] = pi + (k->neg_step_size * mi) / denom;
         m[i] = mi;
         v[i] = vi;
+        if (k->zero_grad)
+            g[i] = 0.0f;
     }
 }
 
@@ -140,7 +144,7 @@ static double sqsum_scalar(const float *x, size_t n)
 #if DT_OPT_X86
 #define DT_AVX2 __attribute__((target("avx2,fma")))
 
-DT_AVX2 static void sgd_avx2(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+DT_AVX2 static void sgd_avx2(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
     const __m256 wd = _mm256_set1_ps(k->wd), mom = _mm256_set1_ps(k->momentum);
     const __m256 omd = _mm256_set1_ps(k->one_minus_damp), nlr = _mm256_set1_ps(k->neg_lr);
@@ -156,12 +160,14 @@ DT_AVX2 static void sgd_avx2(float *p, const float *g, float *buf, size_t n, con
             d = k->nesterov ? _mm256_fmadd_ps(b, mom, d) : b;
         }
         _mm256_storeu_ps(p + i, _mm256_fmadd_ps(d, nlr, pp));
+        if (k->zero_grad)
+            _mm256_storeu_ps(g + i, _mm256_setzero_ps());
     }
     if (i < n)
         sgd_scalar(p + i, g + i, buf ? buf + i : NULL, n - i, k);
 }
 
-DT_AVX2 static void adam_avx2(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+DT_AVX2 static void adam_avx2(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
     const __m256 wd = _mm256_set1_ps(k->wd), decay = _mm256_set1_ps(k->decay);
     const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1);
@@ -182,6 +188,8 @@ DT_AVX2 static void adam_avx2(float *p, const float *g, float *m, float *v, size
         _mm256_storeu_ps(p + i, pi);
         _mm256_storeu_ps(m + i, mi);
         _mm256_storeu_ps(v + i, vi);
+        if (k->zero_grad)
+            _mm256_storeu_ps(g + i, _mm256_setzero_ps());
     }
     if (i < n)
         adam_scalar(p + i, g + i, m + i, v + i, n - i, k);
@@ -233,14 +241,20 @@ DT_AVX2 static double lamb1_avx2(const float *p, float *g, float *m, float *v, s
     return hsum_ordered(a0, a1, tail);
 }
 
-DT_AVX2 static void lamb2_avx2(float *p, const float *u, size_t n, float ratio)
+DT_AVX2 static void lamb2_avx2(float *p, float *u, size_t n, float ratio, bool zero_grad)
 {
     const __m256 r = _mm256_set1_ps(ratio);
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
+    for (; i + 8 <= n; i += 8) {
         _mm256_storeu_ps(p + i, _mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_mul_ps(r, _mm256_loadu_ps(u + i))));
-    for (; i < n; i++)
+        if (zero_grad)
+            _mm256_storeu_ps(u + i, _mm256_setzero_ps());
+    }
+    for (; i < n; i++) {
         p[i] = p[i] - ratio * u[i];
+        if (zero_grad)
+            u[i] = 0.0f;
+    }
 }
 
 DT_AVX2 static double sqsum_avx2(const float *x, size_t n)
@@ -273,7 +287,7 @@ DT_AVX2 static void scale_avx2(float *x, size_t n, float s)
 
 /* ---- dispatch ---------------------------------------------------------------- */
 
-void dt__optim_sgd(float *p, const float *g, float *buf, size_t n, const dt__sgd_k *k)
+void dt__optim_sgd(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
 #if DT_OPT_X86
     if (use_avx2()) {
@@ -284,7 +298,7 @@ void dt__optim_sgd(float *p, const float *g, float *buf, size_t n, const dt__sgd
     sgd_scalar(p, g, buf, n, k);
 }
 
-void dt__optim_adam(float *p, const float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
 #if DT_OPT_X86
     if (use_avx2()) {
@@ -304,16 +318,19 @@ double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_
     return lamb1_scalar(p, g, m, v, n, k);
 }
 
-void dt__optim_lamb_stage2(float *p, const float *u, size_t n, float ratio)
+void dt__optim_lamb_stage2(float *p, float *u, size_t n, float ratio, bool zero_grad)
 {
 #if DT_OPT_X86
     if (use_avx2()) {
-        lamb2_avx2(p, u, n, ratio);
+        lamb2_avx2(p, u, n, ratio, zero_grad);
         return;
     }
 #endif
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         p[i] = p[i] - ratio * u[i];
+        if (zero_grad)
+            u[i] = 0.0f;
+    }
 }
 
 double dt__sqsum(const float *x, size_t n)

@@ -16,6 +16,12 @@ struct dt_ctx {
     size_t tape_len, tape_cap;
     bool grad_enabled;
     bool in_backward;
+    /* Re-entrant backward (activation checkpointing): a backward started
+     * from a callback while another runs walks only the nodes recorded
+     * since the enclosing walk began (index >= child_floor) and shares its
+     * epoch, so leaf use counts of both passes add up. */
+    size_t child_floor;
+    uint64_t epoch;
 };
 
 /* Row callback of dt__nd_loop: n elements, up to three operands with their

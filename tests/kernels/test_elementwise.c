@@ -261,8 +261,71 @@ TEST(norm_and_pool_errors)
     ASSERT_STATUS(dt_k_gelu_fwd(x, y, 4, (dt_k_gelu_approx)5), DT_ERR_INVALID_ARG);
 }
 
+/* Max pooling against a naive loop on data with ties and NaNs, for the
+ * vectorised 2x2/2 path (widths with full 4-wide blocks and a tail) and the
+ * general path: value and argmax (first maximum in window order; NaN wins). */
+static void ref_maxpool(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *am)
+{
+    int64_t P, Q;
+    dt_k_pool2d_out_size(s, &P, &Q);
+    for (int64_t pl = 0; pl < s->N * s->C; pl++)
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t q = 0; q < Q; q++) {
+                float m = 0;
+                int64_t best = -1;
+                for (int64_t r = 0; r < s->kh; r++)
+                    for (int64_t t = 0; t < s->kw; t++) {
+                        int64_t h = p * s->sh - s->ph + r, w = q * s->sw - s->pw + t;
+                        if (h < 0 || h >= s->H || w < 0 || w >= s->W)
+                            continue;
+                        float v = x[pl * s->H * s->W + h * s->W + w];
+                        if (best < 0 || (isnan(v) && !isnan(m)) || v > m) {
+                            m = v;
+                            best = h * s->W + w;
+                        }
+                    }
+                y[(pl * P + p) * Q + q] = m;
+                am[(pl * P + p) * Q + q] = (int32_t)best;
+            }
+}
+
+TEST(maxpool_paths_vs_naive)
+{
+    dt_k_pool2d_shape shapes[3] = {{2, 3, 10, 22, 2, 2, 2, 2, 0, 0}, {1, 2, 9, 17, 2, 2, 2, 2, 0, 0},
+                                   {1, 2, 9, 17, 3, 2, 2, 1, 1, 1}};
+    for (int k = 0; k < 3; k++) {
+        const dt_k_pool2d_shape *s = &shapes[k];
+        int64_t n = s->N * s->C * s->H * s->W, P, Q;
+        ASSERT_OK(dt_k_pool2d_out_size(s, &P, &Q));
+        int64_t no = s->N * s->C * P * Q;
+        float *x = dt_alloc(n * 4), *y = dt_alloc(no * 4), *r = dt_alloc(no * 4);
+        int32_t *a = dt_alloc(no * 4), *ra = dt_alloc(no * 4);
+        fill(x, n, 30 + (uint64_t)k, -2, 2);
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = roundf(x[i] * 2.0f); /* few distinct values: many ties */
+            if (i % 13 == 5)
+                x[i] = NAN;
+        }
+        ASSERT_OK(dt_k_maxpool2d_fwd(s, x, y, a));
+        ref_maxpool(s, x, r, ra);
+        for (int64_t i = 0; i < no; i++) {
+            if (!(y[i] == r[i] || (isnan(y[i]) && isnan(r[i]))) || a[i] != ra[i])
+                TEST_FAIL_("shape %d out %lld: %g@%d, want %g@%d", k, (long long)i, (double)y[i], a[i], (double)r[i],
+                           ra[i]);
+        }
+        ASSERT_OK(dt_k_maxpool2d_fwd(s, x, r, NULL)); /* without argmax: same values */
+        ASSERT(!memcmp(r, y, no * 4));
+        dt_free(x);
+        dt_free(y);
+        dt_free(r);
+        dt_free(a);
+        dt_free(ra);
+    }
+}
+
 int main(void)
 {
+    RUN(maxpool_paths_vs_naive);
     RUN(binary_broadcast_values);
     RUN(large_elementwise_threads);
     RUN(unary_values);

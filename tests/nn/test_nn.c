@@ -580,6 +580,41 @@ TEST(mlp_model)
     dt_model_free(m);
 }
 
+/* Optimizer segments from the model: one per parameter tensor. */
+TEST(optim_segments_from_model)
+{
+    dt_model *m = dt_model_create("convnet", 1, NULL);
+    dt_optim_segment segs[16];
+    size_t n;
+    ASSERT_STATUS(dt_optim_segments_from_model(m, true, segs, 3, &n), DT_ERR_RANGE);
+    ASSERT_EQ_INT(n, 10);
+    ASSERT_OK(dt_optim_segments_from_model(m, true, segs, 16, &n));
+    ASSERT_EQ_INT(n, 10);
+    dt_param_info p;
+    dt_model_entry(m, 14, &p); /* fc.weight: the 9th parameter */
+    ASSERT_EQ_INT(segs[8].offset, p.offset);
+    ASSERT_EQ_INT(segs[8].numel, 15680);
+    ASSERT(!segs[8].no_decay && segs[9].no_decay && segs[2].no_decay && !segs[0].no_decay);
+    /* LAMB over the model's layout runs and leaves padding alone */
+    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m), .segs = segs, .nseg = n};
+    dt_lamb_params lp = dt_lamb_params_default();
+    dt_optim *o = dt_optim_lamb_init(&lp, &lay);
+    ASSERT(o);
+    for (size_t i = 0; i < dt_model_flat_numel(m); i++)
+        dt_model_grads(m)[i] = 0.01f;
+    ASSERT_OK(dt_optim_step(o, dt_model_params(m), dt_model_grads(m)));
+    /* fc.bias (10 floats) is followed by 6 floats of padding to 64 bytes */
+    ASSERT(segs[9].offset + 10 < dt_model_flat_numel(m));
+    ASSERT_NEAR(dt_model_params(m)[segs[9].offset + 10], 0, 0, 0);
+    ASSERT(dt_model_params(m)[segs[9].offset + 9] != 0);
+    dt_optim_kind k;
+    ASSERT_OK(dt_optim_kind_parse("adamw", &k));
+    ASSERT_EQ_INT(k, DT_OPTIM_ADAMW);
+    ASSERT_STATUS(dt_optim_kind_parse("rmsprop", &k), DT_ERR_INVALID_ARG);
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 TEST(bad_input)
 {
     dt_model *m = dt_model_create("convnet", 1, NULL);
@@ -638,6 +673,7 @@ int main(void)
     RUN(replace_grad_buffer);
     RUN(determinism_two_runs);
     RUN(mlp_model);
+    RUN(optim_segments_from_model);
     RUN(bad_input);
     return TEST_REPORT();
 }

@@ -556,6 +556,37 @@ TEST(lamb_threads_bit_identical)
         dt_free(p[run]), dt_free(g[run]);
 }
 
+/* zero_grad fused into the step: same params, grads zero in the segments,
+ * padding and anything outside the range untouched. */
+TEST(fused_zero_grad)
+{
+    dt_optim_segment s[] = {{0, 13, false}, {16, 11, false}};
+    dt_optim_layout l = {.lo = 0, .hi = 27, .segs = s, .nseg = 2};
+    for (int kind = 0; kind < 4; kind++) {
+        float p[2][28], g[2][28];
+        for (int z = 0; z < 2; z++) {
+            dt_optim *o = kind == 0   ? dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1, .momentum = 0.9}, &l)
+                          : kind == 1 ? dt_optim_adam_init(&(dt_adam_params){.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99}, &l)
+                          : kind == 2 ? dt_optim_adamw_init(&(dt_adam_params){.lr = 0.1, .beta2 = 0.5, .weight_decay = 0.1}, &l)
+                                      : dt_optim_lamb_init(&(dt_lamb_params){.lr = 0.1, .weight_decay = 0.1}, &l);
+            ASSERT(o);
+            dt_optim_set_zero_grad(o, z == 1);
+            for (int i = 0; i < 28; i++)
+                p[z][i] = P(i), g[z][i] = G(i, 0);
+            ASSERT_OK(dt_optim_step(o, p[z], g[z]));
+            dt_optim_free(o);
+        }
+        ASSERT_EQ_INT(count_bit_diffs(p[0], p[1], 28), 0);
+        for (int i = 0; i < 28; i++) {
+            bool owned = i < 13 || (i >= 16 && i < 27);
+            if (owned)
+                ASSERT_NEAR(g[1][i], 0, 0, 0);
+            else
+                ASSERT_NEAR(g[1][i], G(i, 0), 0, 0);
+        }
+    }
+}
+
 TEST(bad_arguments)
 {
     dt_sgd_params sp = dt_sgd_params_default();
@@ -661,6 +692,7 @@ int main(void)
     RUN(lamb_sharded_with_reducer);
     RUN(segments_gaps_and_no_decay);
     RUN(lamb_threads_bit_identical);
+    RUN(fused_zero_grad);
     RUN(bad_arguments);
     RUN(clip_grad_norm);
     RUN(schedules);

@@ -1,0 +1,71 @@
+#!/usr/bin/python3
+"""PyTorch's side of `dtrain bench step`: the same models, the same step
+(zero_grad, forward, loss, backward, SGD lr 0.01), median ms per step.
+
+Run (Debian's PyTorch 1.13, reference only, never a build dependency):
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_step.py --threads 2
+Options: --model convnet,mlp  --steps 20  --warmup 3  --json
+OPENBLAS_NUM_THREADS=1 is PyTorch's best case on this machine (the issue
+measured 14.9 ms for the ConvNet at batch 100 with it, 18.5-18.9 ms without).
+"""
+import argparse, json, statistics, time
+import torch, torch.nn as nn
+
+class ConvNet(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
+        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
+        self.fc = nn.Linear(7 * 7 * 32, num_classes)
+    def forward(self, x):
+        return self.fc(self.layer2(self.layer1(x)).reshape(x.shape[0], -1))
+
+class MLP(nn.Module):  # Paddle auto-parallel example: x @ w0 @ w1, loss = mean
+    def __init__(self):
+        super().__init__()
+        self.w0 = nn.Parameter(torch.empty(1024, 4096)); nn.init.xavier_uniform_(self.w0)
+        self.w1 = nn.Parameter(torch.empty(4096, 1024)); nn.init.xavier_uniform_(self.w1)
+    def forward(self, x):
+        return torch.matmul(torch.matmul(x, self.w0), self.w1)
+
+def bench(name, batch, steps, warmup):
+    torch.manual_seed(0)
+    if name == "convnet":
+        m, x, y = ConvNet(), torch.rand(batch, 1, 28, 28) * 2 - 1, torch.arange(batch) % 10
+        loss_fn = lambda out: nn.functional.cross_entropy(out, y)
+        flops = batch * (3 * (2*16*784*25 + 2*32*196*400 + 2*1568*10) - 2*16*784*25)
+    else:
+        m, x = MLP(), torch.rand(batch, 128, 1024) * 2 - 1
+        loss_fn = lambda out: out.mean()
+        flops = batch * 5 * 2 * 128 * 1024 * 4096
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    times = []
+    for s in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(m(x))
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        if s >= warmup:
+            times.append(t1 - t0)
+    med = statistics.median(times)
+    return {"bench": "torch_step", "model": name, "batch": batch, "threads": torch.get_num_threads(),
+            "median_ms": round(med * 1e3, 3), "min_ms": round(min(times) * 1e3, 3),
+            "samples_per_s": round(batch / med, 1), "gflops": round(flops / med * 1e-9, 1),
+            "torch": torch.__version__}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="convnet,mlp")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    for name in a.model.split(","):
+        r = bench(name, 100 if name == "convnet" else 4, a.steps, a.warmup)
+        print(json.dumps(r) if a.json else
+              "%-8s batch %-4d threads %d: %8.2f ms/step (min %.2f)  %9.1f samples/s  %6.1f GFLOP/s  [torch %s]" %
+              (name, r["batch"], r["threads"], r["median_ms"], r["min_ms"], r["samples_per_s"], r["gflops"], r["torch"]))

@@ -1,0 +1,99 @@
+/* Activation checkpointing (PyTorch's reentrant torch.utils.checkpoint).
+ *
+ * Forward runs the region in no-grad mode, so none of its activations are
+ * kept, and records ONE node whose backward re-runs the region with grad
+ * mode on (over aliases of the inputs that act as leaves), then runs a
+ * nested backward from the recomputed output with the incoming gradient.
+ * The nested backward walks only the recomputed nodes; parameters used in
+ * the region receive their gradients (and fire their grad-ready hooks)
+ * there, and the aliases' gradients are passed on to the real inputs.
+ * Randomness is keyed (dropout takes an explicit Philox key), so the
+ * recomputation sees the same masks without saving RNG state. */
+#include "autograd/ag_impl.h"
+
+#include <string.h>
+
+typedef struct {
+    dt_ckpt_fn fn;
+    void *ud;
+} ckpt_state;
+
+static dt_status ckpt_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    const ckpt_state *cs = n->ud;
+    dt_tensor *a[DT__MAX_IN] = {NULL};
+    for (int i = 0; i < n->nin; i++) {
+        a[i] = dt_tensor_alias(ctx, n->in[i]);
+        if (!a[i])
+            return dt_last_status();
+        if (dt__rg(n->in[i]))
+            a[i]->flags |= DT_TENSOR_REQUIRES_GRAD;
+    }
+    bool old = dt_ag_set_enabled(ctx, true);
+    dt_tensor *out = cs->fn(ctx, n->nin, a, cs->ud);
+    dt_ag_set_enabled(ctx, old);
+    if (!out)
+        return dt_error_wrap(dt_last_status(), "checkpoint recomputation");
+    if (!dt_tensor_same_shape(out, n->out)) {
+        dt__shape_error("dt_ag_checkpoint", "recomputed output differs from the first", out,
+                        n->out);
+        return DT_ERR_SHAPE;
+    }
+    if (!dt__rg(out))
+        return DT_OK; /* nothing in the region needs a gradient */
+    dt_tensor g;
+    dt_tensor_init_contiguous(&g, DT_F32, n->out->ndim, n->out->shape, (void *)(uintptr_t)gout);
+    dt_status st = dt_backward_with(ctx, out, &g);
+    if (st < 0)
+        return st;
+    for (int i = 0; i < n->nin; i++) {
+        if (!dt__rg(n->in[i]) || !a[i]->grad)
+            continue;
+        float *gi = dt__grad(ctx, n->in[i]);
+        if (!gi)
+            return dt_last_status();
+        const float *src = a[i]->grad->data;
+        int64_t m = dt_tensor_numel(a[i]);
+        for (int64_t j = 0; j < m; j++)
+            gi[j] += src[j];
+    }
+    return DT_OK;
+}
+
+dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in, void *ud)
+{
+    const char *op = "dt_ag_checkpoint";
+    if (!ctx || !fn) {
+        dt_error(DT_ERR_NULL, "%s: %s is NULL", op, ctx ? "fn" : "context");
+        return NULL;
+    }
+    if (nin < 0 || nin > DT__MAX_IN || (nin > 0 && !in)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: need 0..%d inputs", op, DT__MAX_IN);
+        return NULL;
+    }
+    for (int i = 0; i < nin; i++)
+        if (!in[i])
+            return dt__null_input(op, "an input");
+    bool record = ctx->grad_enabled;
+    dt_ag_set_enabled(ctx, false);
+    dt_tensor *y = fn(ctx, nin, in, ud);
+    dt_ag_set_enabled(ctx, record);
+    if (!y || !record)
+        return y;
+    if (y->dtype != DT_F32) {
+        dt_error(DT_ERR_DTYPE, "%s: region output is %s; only f32 carries gradients", op,
+                 dt_dtype_name(y->dtype));
+        return NULL;
+    }
+    dt_tensor *out = dt_tensor_alias(ctx, y); /* a fresh struct even if fn returned an input */
+    ckpt_state *cs = dt_ctx_alloc(ctx, sizeof *cs);
+    if (!out || !cs)
+        return NULL;
+    cs->fn = fn;
+    cs->ud = ud;
+    dt__node *n = dt__ag_record(ctx, op, ckpt_backward, out, nin, in);
+    if (!n)
+        return NULL;
+    n->ud = cs;
+    return out;
+}
