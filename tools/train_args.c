@@ -56,7 +56,7 @@ static const opt_def opts[] = {
     {"limit-test", OPT_INT, OFF(limit_test), 0, 1e12, NULL, "N",
      "use only the first N test items (default 0 = all)"},
     {"random-items", OPT_INT, OFF(random_items), 1, 1e9, NULL, "N",
-     "training items of --data random (default 6000; test set 1000)"},
+     "training items of --data random (default 6000; test items: --limit-test, default 1000)"},
     {"progress", OPT_CHOICE, OFF(progress), 0, 0, "auto|bar|plain|none", "MODE",
      "bar on a terminal, plain lines otherwise (default auto)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 64, NULL, "N", "batches loaded ahead (default 2)"},
