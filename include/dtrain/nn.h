@@ -192,6 +192,13 @@ DT_API dt_module *dt_module_child(const dt_module *m, int i);
  * num_batches_tracked). NULL before build or out of range. */
 DT_API dt_tensor *dt_module_param(const dt_module *m, int i);
 DT_API bool dt_module_is_training(const dt_module *m);
+/* Replace m's built-in forward by fn(ctx, m, x, ud) (m's hooks still fire
+ * around it; parameters via dt_module_param); fn NULL restores the built-in
+ * one. dt_syncbn_convert (parallel.h) uses it. ud is borrowed. */
+DT_API dt_status dt_module_set_forward(dt_module *m, dt_nn_forward_fn fn, void *ud);
+/* eps and momentum (0 for LayerNorm) of a BatchNorm2d or LayerNorm module;
+ * either pointer may be NULL. DT_ERR_INVALID_ARG for other kinds. */
+DT_API dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum);
 
 /* ---- hooks ---------------------------------------------------------------------- */
 
@@ -275,6 +282,8 @@ DT_API size_t dt_model_buffers_nbytes(const dt_model *m);
 typedef dt_status (*dt_grad_ready_fn)(dt_model *m, size_t index, const dt_param_info *p, void *ud);
 /* Register a callback for every parameter (up to DT_NN_MAX_HOOKS). */
 DT_API dt_status dt_model_on_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud);
+/* Remove a callback added with the same fn and ud (DT_ERR_NOT_FOUND if none). */
+DT_API dt_status dt_model_remove_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud);
 
 /* ---- the model zoo (models/) ----------------------------------------------------- */
 

@@ -71,6 +71,13 @@ static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, b
     }
 }
 
+#define return_if_err(expr)                                                              \
+    do {                                                                                 \
+        dt_status st_ = (expr);                                                          \
+        if (st_ < 0)                                                                     \
+            return st_;                                                                  \
+    } while (0)
+
 static dt_status binary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int kind = (int)n->i[0];
@@ -83,11 +90,14 @@ static dt_status binary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     bcast_strides(b, nd, out->shape, false, bs);
     bcast_strides(a, nd, out->shape, true, ga_s);
     bcast_strides(b, nd, out->shape, true, gb_s);
+    int64_t m = dt_tensor_numel(out);
     if (dt__rg(a)) {
         float *ga = dt__grad(ctx, a);
         if (!ga)
             return dt_last_status();
-        switch (kind) {
+        if ((kind == BIN_ADD || kind == BIN_SUB) && dt_tensor_numel(a) == m)
+            return_if_err(dt_k_axpy(m, 1.0f, gout, ga));
+        else switch (kind) {
         case BIN_ADD:
         case BIN_SUB: loop3(R_ACC, nd, out->shape, ga, ga_s, gout, gs, NULL, NULL); break;
         case BIN_MUL: loop3(R_MULACC, nd, out->shape, ga, ga_s, gout, gs, b->data, bs); break;
@@ -98,7 +108,9 @@ static dt_status binary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         float *gb = dt__grad(ctx, b);
         if (!gb)
             return dt_last_status();
-        switch (kind) {
+        if ((kind == BIN_ADD || kind == BIN_SUB) && dt_tensor_numel(b) == m)
+            return_if_err(dt_k_axpy(m, kind == BIN_ADD ? 1.0f : -1.0f, gout, gb));
+        else switch (kind) {
         case BIN_ADD: loop3(R_ACC, nd, out->shape, gb, gb_s, gout, gs, NULL, NULL); break;
         case BIN_SUB: loop3(R_SUBACC, nd, out->shape, gb, gb_s, gout, gs, NULL, NULL); break;
         case BIN_MUL: loop3(R_MULACC, nd, out->shape, gb, gb_s, gout, gs, a->data, as); break;
@@ -140,7 +152,12 @@ static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
     bcast_strides(a, nd, sh, false, as);
     bcast_strides(b, nd, sh, false, bs);
     static const int fk[] = {R_ADD, R_SUB, R_MUL, R_DIV};
-    loop3(fk[kind], nd, sh, out->data, os, a->data, as, b->data, bs);
+    static const dt_k_binop kk[] = {DT_K_ADD, DT_K_SUB, DT_K_MUL, DT_K_DIV};
+    /* contiguous operands: the (parallel) kernel; strided ones: the N-d loop */
+    if (!dt_tensor_is_contiguous(a) || !dt_tensor_is_contiguous(b) ||
+        dt_k_binary(kk[kind], a->data, a->shape, a->ndim, b->data, b->shape, b->ndim,
+                    out->data) != DT_OK)
+        loop3(fk[kind], nd, sh, out->data, os, a->data, as, b->data, bs);
     dt_tensor *in[2] = {a, b};
     if (dt__ag_wants(ctx, 2, in)) {
         dt__node *n = dt__ag_record(ctx, op, binary_backward, out, 2, in);

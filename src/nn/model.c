@@ -344,3 +344,17 @@ dt_status dt_model_on_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud)
     m->nready++;
     return DT_OK;
 }
+
+dt_status dt_model_remove_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud)
+{
+    if (!m || !fn)
+        return dt_error(DT_ERR_NULL, "dt_model_remove_grad_ready: %s is NULL", m ? "fn" : "model");
+    for (int i = 0; i < m->nready; i++)
+        if (m->ready[i].fn == fn && m->ready[i].ud == ud) {
+            for (int j = i + 1; j < m->nready; j++)
+                m->ready[j - 1] = m->ready[j];
+            m->nready--;
+            return DT_OK;
+        }
+    return dt_error(DT_ERR_NOT_FOUND, "dt_model_remove_grad_ready: callback not registered");
+}

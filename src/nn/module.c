@@ -314,6 +314,29 @@ dt_tensor *dt_module_param(const dt_module *m, int i)
 }
 bool dt_module_is_training(const dt_module *m) { return m && m->training; }
 
+dt_status dt_module_set_forward(dt_module *m, dt_nn_forward_fn fn, void *ud)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_set_forward: module is NULL");
+    m->fwd_override = fn;
+    m->fwd_override_ud = fn ? ud : NULL;
+    return DT_OK;
+}
+
+dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_norm_config: module is NULL");
+    if (m->kind != DT_NN_BATCHNORM2D && m->kind != DT_NN_LAYERNORM)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_module_norm_config: module '%s' is a %s, not a norm",
+                        m->path ? m->path : "", dt_module_type(m));
+    if (eps)
+        *eps = m->eps;
+    if (momentum)
+        *momentum = m->kind == DT_NN_BATCHNORM2D ? m->momentum : 0.0f;
+    return DT_OK;
+}
+
 /* ---- hooks ---------------------------------------------------------------------------- */
 
 static dt_status add_hook(dt_module *m, int kind, void (*fn)(void), void *ud)
@@ -475,7 +498,7 @@ dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
     if (marks && m->nhooks[DT__HOOK_BWD_POST] && dt_ag_mark(ctx, mark_bwd_post, m) < 0)
         return NULL;
     dt_error_clear();
-    dt_tensor *y = forward_kind(ctx, m, x);
+    dt_tensor *y = m->fwd_override ? m->fwd_override(ctx, m, x, m->fwd_override_ud) : forward_kind(ctx, m, x);
     if (!y) {
         /* a child already named itself; leaf modules add their path */
         if (m->kind != DT_NN_SEQUENTIAL)

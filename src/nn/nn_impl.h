@@ -33,6 +33,8 @@ struct dt_module {
     dt_tensor **params;     /* set by dt_model_build */
     dt_nn_forward_fn fwd;
     void *ud;
+    dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
+    void *fwd_override_ud;
     bool training;
     uint64_t fwd_count;     /* dropout: forward calls so far */
     dt__hook hooks[DT__HOOK_KINDS][DT_NN_MAX_HOOKS];

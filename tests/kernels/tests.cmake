@@ -1,7 +1,10 @@
-# The convolution tests once more with oneDNN's plain NCHW layouts (the
-# default run uses the blocked layouts oneDNN prefers, with reorders).
+# The convolution tests once more under each layout policy: plain NCHW
+# everywhere, and oneDNN's blocked layouts everywhere (the default "auto"
+# mixes them by shape; see src/kernels/conv.c).
 if(TARGET test_conv)
-  add_test(NAME kernels/test_conv_plain COMMAND test_conv)
-  set_tests_properties(kernels/test_conv_plain PROPERTIES TIMEOUT 300 LABELS kernels
-    ENVIRONMENT "DT_CONV_LAYOUT=plain")
+  foreach(layout plain blocked)
+    add_test(NAME kernels/test_conv_${layout} COMMAND test_conv)
+    set_tests_properties(kernels/test_conv_${layout} PROPERTIES TIMEOUT 300 LABELS kernels
+      ENVIRONMENT "DT_CONV_LAYOUT=${layout}")
+  endforeach()
 endif()

@@ -5,6 +5,7 @@
 // dt-test-timeout: 120
 #include "dtrain/base.h"
 #include "test.h"
+#include "comm/shm.h" /* dt__shm_segment_name */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -429,6 +430,47 @@ TEST(job_shared_memory_is_removed)
     }
 }
 
+/* Rank mode of this test program (argv[1] == "--crash-with-segment"):
+ * create the segment the shm backend would create for $DT_JOB_ID, print its
+ * name, and die by SIGKILL as a rank crashing during start-up would. */
+static int crash_with_segment(void)
+{
+    const char *job = getenv("DT_JOB_ID");
+    char seg[64];
+    if (!job)
+        return 3;
+    dt__shm_segment_name(job, seg, sizeof seg);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", seg);
+    int fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+        return 4;
+    close(fd);
+    printf("SEG %s\n", path);
+    fflush(stdout);
+    raise(SIGKILL);
+    return 5;
+}
+
+TEST(shm_backend_segment_left_by_a_crash_is_removed)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ASSERT(n > 0);
+    self[n] = '\0';
+    const char *args[] = {"-n", "1", "--", self, "--crash-with-segment", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 128 + SIGKILL);
+    const char *p = strstr(r.out, "SEG ");
+    ASSERT(p);
+    char path[256];
+    ASSERT_EQ_INT(sscanf(p, "SEG %255s", path), 1);
+    ASSERT(strncmp(path, "/dev/shm/dtrain-", 16) == 0);
+    ASSERT(access(path, F_OK) != 0); /* the launcher removed it */
+    ASSERT_STR_CONTAINS(r.err, "removed 1 shared-memory segment");
+    cli_result_free(&r);
+}
+
 TEST(bad_usage)
 {
     const char *no_n[] = {"--", "true", NULL};
@@ -449,8 +491,10 @@ TEST(bad_usage)
     cli_result_free(&r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--crash-with-segment"))
+        return crash_with_segment();
     RUN(env_and_prefixes);
     RUN(job_id_differs_between_jobs_and_user_omp_is_kept);
     RUN(partial_last_line_and_stderr);
@@ -463,6 +507,7 @@ int main(void)
     RUN(sigterm_is_forwarded_to_every_rank);
     RUN(sigint_is_forwarded);
     RUN(job_shared_memory_is_removed);
+    RUN(shm_backend_segment_left_by_a_crash_is_removed);
     RUN(bad_usage);
     return TEST_REPORT();
 }

@@ -1,0 +1,562 @@
+/* The `mpi` backend: dtrain collectives on an MPI communicator.
+ *
+ * This is the engine for ranks across machines (mpirun, srun). It is built
+ * only when CMake finds MPI (files named *_mpi.c are filtered otherwise) and
+ * is registered as "mpi"; the group layer chooses it by default when the
+ * ranks came from Open MPI / PMI / Slurm variables.
+ *
+ * Each operation is posted as a nonblocking MPI collective (MPI_Iallreduce,
+ * MPI_Ireduce_scatter_block, ...) and then polled with MPI_Test, so that the
+ * group's per-operation timeout holds: a collective that does not complete
+ * in c->timeout_s fails with DT_ERR_TIMEOUT. MPI cannot cancel a posted
+ * collective, so after a timeout the group is unusable (the group layer
+ * marks it failed anyway) and its buffers may still be written by MPI: end
+ * the job. The waiting loop spins on MPI_Test briefly, then yields, then
+ * sleeps in short naps, so that 8 ranks on 2 cores still make progress.
+ * $DT_MPI_BLOCKING=1 uses the blocking calls instead (no timeout, sometimes
+ * faster because Open MPI's tuned blocking algorithms differ from libnbc's).
+ *
+ * Reductions: MPI's own for f32, f64, i32, i64, u8; avg = sum, then divide.
+ * f16 and bf16 are widened to f32, reduced in f32 and rounded once (the
+ * "f32 accumulation" promise), at the cost of a conversion on each side.
+ *
+ * Mismatch check (info->check): before each collective the ranks allreduce
+ * (MAX) a fingerprint of (kind, count, dtype, op, root, counts) together with
+ * its complement; a difference on any rank shows up on every rank, which then
+ * gathers all descriptions and fails with DT_ERR_MISMATCH naming both sides.
+ * This costs one small allreduce per collective.
+ *
+ * Failures: by default Open MPI's mpirun kills the whole job when one rank
+ * dies, so peers end rather than hang; this backend does not report
+ * DT_ERR_PEER_FAILED itself. Errors from MPI calls come back as values (the
+ * communicator uses MPI_ERRORS_RETURN) and carry MPI's error string.
+ *
+ * MPI is initialised with MPI_THREAD_SERIALIZED (the group layer may call
+ * from the caller's thread or its progress thread, never concurrently) unless
+ * the program initialised it already; MPI_Finalize then runs at exit. */
+#include "comm/backend.h"
+
+#include <mpi.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    MPI_Comm comm;
+    int rank, size;
+    int check;
+    int blocking;
+    int failed;        /* a posted MPI request was abandoned (timeout) */
+} mpi_ctx;
+
+static int we_initialised;
+
+static void finalize_at_exit(void)
+{
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin)
+        MPI_Finalize();
+}
+
+static dt_status mpi_err(int code, const char *what, const dt_coll *c)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, s, &len);
+    char d[160] = "";
+    if (c)
+        dt__coll_describe(c, d, sizeof d);
+    return dt_error(DT_ERR_IO, "mpi backend: %s failed%s%s: %s", what, c ? " in " : "", d, s);
+}
+
+static MPI_Datatype mpi_type(dt_dtype dt)
+{
+    switch (dt) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_F64: return MPI_DOUBLE;
+    case DT_F16:
+    case DT_BF16: return MPI_UINT16_T; /* moved as bits; reduced via f32 */
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    case DT_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(dt_reduce_op op)
+{
+    switch (op) {
+    case DT_REDUCE_SUM:
+    case DT_REDUCE_AVG: return MPI_SUM;
+    case DT_REDUCE_MAX: return MPI_MAX;
+    case DT_REDUCE_MIN: return MPI_MIN;
+    case DT_REDUCE_PROD: return MPI_PROD;
+    default: return MPI_OP_NULL;
+    }
+}
+
+static void nap(long ns)
+{
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Complete a posted request within the operation's timeout. */
+static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Status *st)
+{
+    double t0 = 0;
+    for (unsigned long spins = 0;; spins++) {
+        int flag = 0;
+        int rc = MPI_Test(rq, &flag, st ? st : MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_err(rc, "MPI_Test", c);
+        if (flag)
+            return DT_OK;
+        if (spins < 2000)
+            continue;
+        double now = dt_time_s();
+        if (t0 == 0)
+            t0 = now;
+        if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+            char d[160];
+            m->failed = 1;
+            return dt_error(DT_ERR_TIMEOUT,
+                            "mpi backend: %s did not complete within %.3g s on rank %d of %d "
+                            "(MPI does not say which ranks are missing; the group is now unusable)",
+                            dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
+        }
+        if (now - t0 < 0.002)
+            sched_yield();
+        else
+            nap(now - t0 < 0.1 ? 20000 : 200000);
+    }
+}
+
+/* ---- fingerprint check ---------------------------------------------- */
+
+typedef struct {
+    int64_t kind, count, dtype, op, root, counts_hash;
+} coll_desc;
+
+static void describe_desc(const coll_desc *d, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s(count=%lld, %s", dt_coll_kind_name((dt_coll_kind)d->kind),
+                     (long long)d->count, dt_dtype_name((dt_dtype)d->dtype));
+    if (k > 0 && (size_t)k < n && d->op >= 0)
+        k += snprintf(buf + k, n - (size_t)k, ", %s", dt_reduce_op_name((dt_reduce_op)d->op));
+    if (k > 0 && (size_t)k < n && d->root >= 0)
+        k += snprintf(buf + k, n - (size_t)k, ", root=%lld", (long long)d->root);
+    if (k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, ")");
+}
+
+static dt_status check_same(mpi_ctx *m, const dt_coll *c)
+{
+    coll_desc me = {c->kind, (int64_t)c->count, c->dtype, -1, -1, 0};
+    switch (c->kind) {
+    case DT_COLL_ALLREDUCE:
+    case DT_COLL_REDUCE_SCATTER: me.op = c->op; break;
+    case DT_COLL_REDUCE: me.op = c->op; me.root = c->root; break;
+    case DT_COLL_BROADCAST:
+    case DT_COLL_GATHER:
+    case DT_COLL_SCATTER: me.root = c->root; break;
+    case DT_COLL_ALLGATHERV:
+        me.count = 0;
+        me.counts_hash = (int64_t)dt_hash64(c->counts, sizeof(size_t) * (size_t)m->size, 0);
+        break;
+    case DT_COLL_BARRIER: me.count = 0; me.dtype = 0; break;
+    default: break;
+    }
+    uint64_t fp = dt_hash64(&me, sizeof me, 0x6d7069);
+    uint64_t v[2] = {fp, ~fp};
+    MPI_Request rq;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, m->comm, &rq);
+    if (rc != MPI_SUCCESS)
+        return mpi_err(rc, "MPI_Iallreduce (collective check)", c);
+    dt_status st = wait_req(m, &rq, c, NULL);
+    if (st < 0)
+        return st;
+    if (v[0] == fp && v[1] == ~fp)
+        return DT_OK;
+    /* Somebody differs: collect every rank's description and name one
+     * rank that disagrees with this one (or with rank 0). */
+    coll_desc *all = malloc(sizeof *all * (size_t)m->size);
+    if (!all)
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: collective check");
+    rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, m->comm, &rq);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_err(rc, "MPI_Iallgather (collective check)", c);
+    }
+    st = wait_req(m, &rq, c, NULL);
+    if (st < 0) {
+        free(all);
+        return st;
+    }
+    int other = -1;
+    for (int r = 0; r < m->size && other < 0; r++)
+        if (memcmp(&all[r], &me, sizeof me))
+            other = r;
+    char a[160], b[160];
+    describe_desc(&me, a, sizeof a);
+    if (other < 0)
+        other = 0;
+    describe_desc(&all[other], b, sizeof b);
+    free(all);
+    return dt_error(DT_ERR_MISMATCH,
+                    "mpi backend: collective #%llu differs between ranks: rank %d posted %s, "
+                    "rank %d posted %s",
+                    (unsigned long long)c->seq, m->rank, a, other, b);
+}
+
+/* ---- f16 / bf16 through f32 ------------------------------------------- */
+
+static float *widen(dt_dtype dt, const void *src, size_t n)
+{
+    float *f = dt_alloc(n * sizeof(float) + 1);
+    if (!f)
+        return NULL;
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++)
+        f[i] = dt == DT_F16 ? dt_f16_to_f32(h[i]) : dt_bf16_to_f32(h[i]);
+    return f;
+}
+
+static void narrow(dt_dtype dt, const float *f, void *dst, size_t n, int avg_div)
+{
+    uint16_t *h = dst;
+    for (size_t i = 0; i < n; i++) {
+        float x = avg_div ? f[i] / (float)avg_div : f[i];
+        h[i] = dt == DT_F16 ? dt_f32_to_f16(x) : dt_f32_to_bf16(x);
+    }
+}
+
+/* ---- the operations ------------------------------------------------------ */
+
+static int fits_int(size_t n)
+{
+    return n <= (size_t)INT_MAX;
+}
+
+/* Reductions (allreduce, reduce, reduce_scatter) on dtypes MPI can reduce. */
+static dt_status run_reduction(mpi_ctx *m, const dt_coll *c, const void *send, void *recv,
+                               MPI_Datatype t)
+{
+    MPI_Op op = mpi_op(c->op);
+    size_t es = dt_dtype_size(c->dtype);
+    MPI_Request rq;
+    int rc = MPI_SUCCESS;
+    if (c->kind == DT_COLL_ALLREDUCE || c->kind == DT_COLL_REDUCE) {
+        int is_root = c->kind == DT_COLL_ALLREDUCE || c->root == m->rank;
+        /* Chunks of at most INT_MAX elements (MPI counts are int). */
+        for (size_t off = 0; off < c->count || off == 0; off += (size_t)INT_MAX) {
+            size_t n = c->count - off < (size_t)INT_MAX ? c->count - off : (size_t)INT_MAX;
+            const char *s = (const char *)send + off * es;
+            char *r = recv ? (char *)recv + off * es : NULL;
+            const void *sb = (is_root && r == s) ? MPI_IN_PLACE : (const void *)s;
+            if (c->kind == DT_COLL_ALLREDUCE) {
+                if (m->blocking)
+                    rc = MPI_Allreduce(sb, r, (int)n, t, op, m->comm);
+                else
+                    rc = MPI_Iallreduce(sb, r, (int)n, t, op, m->comm, &rq);
+            } else {
+                if (m->blocking)
+                    rc = MPI_Reduce(sb, r, (int)n, t, op, c->root, m->comm);
+                else
+                    rc = MPI_Ireduce(sb, r, (int)n, t, op, c->root, m->comm, &rq);
+            }
+            if (rc != MPI_SUCCESS)
+                return mpi_err(rc, c->kind == DT_COLL_ALLREDUCE ? "MPI_Iallreduce" : "MPI_Ireduce", c);
+            if (!m->blocking) {
+                dt_status st = wait_req(m, &rq, c, NULL);
+                if (st < 0)
+                    return st;
+            }
+            if (c->count == 0)
+                break;
+        }
+        return DT_OK;
+    }
+    /* reduce_scatter: MPI's in-place form (input in recv, result at its
+     * start) is not NCCL's (recv = send + rank*count), so an aliased output
+     * goes through a temporary. */
+    if (!fits_int(c->count))
+        return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: reduce_scatter of %zu elements per rank "
+                                            "exceeds MPI's int count", c->count);
+    void *out = recv;
+    void *tmp = NULL;
+    if (c->in_place || (const char *)send + (size_t)m->rank * c->count * es == (char *)recv) {
+        tmp = dt_alloc(c->count * es + 1);
+        if (!tmp)
+            return dt_error(DT_ERR_NO_MEMORY, "mpi backend: reduce_scatter temporary");
+        out = tmp;
+    }
+    if (m->blocking)
+        rc = MPI_Reduce_scatter_block(send, out, (int)c->count, t, op, m->comm);
+    else
+        rc = MPI_Ireduce_scatter_block(send, out, (int)c->count, t, op, m->comm, &rq);
+    dt_status st = rc == MPI_SUCCESS ? DT_OK : mpi_err(rc, "MPI_Ireduce_scatter_block", c);
+    if (st == DT_OK && !m->blocking)
+        st = wait_req(m, &rq, c, NULL);
+    if (st == DT_OK && tmp)
+        memcpy(recv, tmp, c->count * es);
+    dt_free(tmp);
+    return st;
+}
+
+/* f16/bf16 reductions: widen, reduce in f32, narrow once. */
+static dt_status run_reduction_half(mpi_ctx *m, const dt_coll *c)
+{
+    size_t n_in = c->kind == DT_COLL_REDUCE_SCATTER ? c->count * (size_t)m->size : c->count;
+    size_t n_out = c->count;
+    int gets_result = c->kind != DT_COLL_REDUCE || c->root == m->rank;
+    float *fin = widen(c->dtype, c->send, n_in);
+    float *fout = dt_alloc(n_out * sizeof(float) + 1);
+    if (!fin || !fout) {
+        dt_free(fin);
+        dt_free(fout);
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: f32 buffers for a %s reduction",
+                        dt_dtype_name(c->dtype));
+    }
+    dt_coll w = *c;
+    w.dtype = DT_F32;
+    w.in_place = 0;
+    w.send = fin;
+    w.recv = fout;
+    dt_status st = run_reduction(m, &w, fin, gets_result ? fout : NULL, MPI_FLOAT);
+    if (st == DT_OK && gets_result && c->recv)
+        narrow(c->dtype, fout, c->recv, n_out, c->op == DT_REDUCE_AVG ? m->size : 0);
+    dt_free(fin);
+    dt_free(fout);
+    return st;
+}
+
+static dt_status run_avg_finish(mpi_ctx *m, const dt_coll *c, dt_status st)
+{
+    if (st != DT_OK || c->op != DT_REDUCE_AVG || !c->recv)
+        return st;
+    if (c->kind == DT_COLL_REDUCE && c->root != m->rank)
+        return st;
+    dt__avg_finish(c->dtype, c->recv, c->count, m->size);
+    return st;
+}
+
+static dt_status run_other(mpi_ctx *m, const dt_coll *c, MPI_Datatype t)
+{
+    size_t es = dt_dtype_size(c->dtype);
+    int n = (int)c->count;
+    if (!fits_int(c->count) || !fits_int(c->count * (size_t)m->size))
+        return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: %s of %zu elements exceeds MPI's int count",
+                        dt_coll_kind_name(c->kind), c->count);
+    MPI_Request rq;
+    MPI_Status status;
+    int rc;
+    const char *what = dt_coll_kind_name(c->kind);
+    int *counts = NULL, *displs = NULL;
+    switch (c->kind) {
+    case DT_COLL_BROADCAST: {
+        void *buf = c->recv ? c->recv : (void *)c->send;
+        rc = MPI_Ibcast(buf, n, t, c->root, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_ALLGATHER: {
+        const void *sb = c->in_place ? MPI_IN_PLACE : c->send;
+        rc = MPI_Iallgather(sb, n, t, c->recv, n, t, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_ALLGATHERV: {
+        counts = malloc(sizeof(int) * (size_t)m->size);
+        displs = malloc(sizeof(int) * (size_t)m->size);
+        if (!counts || !displs) {
+            free(counts);
+            free(displs);
+            return dt_error(DT_ERR_NO_MEMORY, "mpi backend: allgatherv counts");
+        }
+        for (int r = 0; r < m->size; r++) {
+            if (!fits_int(c->counts[r]) || !fits_int(c->displs[r])) {
+                free(counts);
+                free(displs);
+                return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: allgatherv block of rank %d "
+                                                    "exceeds MPI's int count", r);
+            }
+            counts[r] = (int)c->counts[r];
+            displs[r] = (int)c->displs[r];
+        }
+        const void *sb = c->in_place ? MPI_IN_PLACE : c->send;
+        rc = MPI_Iallgatherv(sb, counts[m->rank], t, c->recv, counts, displs, t, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_GATHER: {
+        int root = c->root == m->rank;
+        const void *sb = root && c->in_place ? MPI_IN_PLACE : c->send;
+        rc = MPI_Igather(sb, n, t, c->recv, n, t, c->root, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_SCATTER: {
+        int root = c->root == m->rank;
+        void *rb = root && c->in_place ? MPI_IN_PLACE : c->recv;
+        rc = MPI_Iscatter(c->send, n, t, rb, n, t, c->root, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_ALLTOALL: {
+        const void *sb = c->in_place ? MPI_IN_PLACE : c->send;
+        rc = MPI_Ialltoall(sb, n, t, c->recv, n, t, m->comm, &rq);
+        break;
+    }
+    case DT_COLL_BARRIER:
+        rc = MPI_Ibarrier(m->comm, &rq);
+        break;
+    case DT_COLL_SEND:
+        rc = MPI_Isend(c->send, n, t, c->root, 0, m->comm, &rq);
+        break;
+    case DT_COLL_RECV:
+        rc = MPI_Irecv(c->recv, n, t, c->root, 0, m->comm, &rq);
+        break;
+    default:
+        return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: operation %s", what);
+    }
+    (void)es;
+    dt_status st = rc == MPI_SUCCESS ? DT_OK : mpi_err(rc, what, c);
+    if (st == DT_OK)
+        st = wait_req(m, &rq, c, &status);
+    free(counts);
+    free(displs);
+    if (st == DT_OK && c->kind == DT_COLL_RECV) {
+        int got = 0;
+        MPI_Get_count(&status, t, &got);
+        if (got != n)
+            return dt_error(DT_ERR_MISMATCH, "mpi backend: recv #%llu from rank %d expected %d "
+                                             "elements of %s, the sender sent %d",
+                            (unsigned long long)c->seq, c->root, n, dt_dtype_name(c->dtype), got);
+    }
+    return st;
+}
+
+static dt_status mpi_run(void *ctx, const dt_coll *c)
+{
+    mpi_ctx *m = ctx;
+    if (m->failed)
+        return dt_error(DT_ERR_STATE, "mpi backend: an earlier operation timed out; the "
+                                      "communicator is unusable");
+    MPI_Datatype t = mpi_type(c->dtype);
+    if (c->kind != DT_COLL_BARRIER && t == MPI_DATATYPE_NULL)
+        return dt_error(DT_ERR_INVALID_ARG, "mpi backend: dtype %d", (int)c->dtype);
+    if (m->check && c->kind != DT_COLL_SEND && c->kind != DT_COLL_RECV) {
+        dt_status st = check_same(m, c);
+        if (st < 0)
+            return st;
+    }
+    switch (c->kind) {
+    case DT_COLL_ALLREDUCE:
+    case DT_COLL_REDUCE:
+    case DT_COLL_REDUCE_SCATTER:
+        if (mpi_op(c->op) == MPI_OP_NULL)
+            return dt_error(DT_ERR_INVALID_ARG, "mpi backend: reduction %d", (int)c->op);
+        if (c->dtype == DT_F16 || c->dtype == DT_BF16)
+            return run_reduction_half(m, c);
+        return run_avg_finish(m, c, run_reduction(m, c, c->send, c->recv, t));
+    default:
+        return run_other(m, c, t);
+    }
+}
+
+static dt_status mpi_init(const dt_backend_info *info, void **out)
+{
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS)
+            return mpi_err(rc, "MPI_Init_thread", NULL);
+        if (!we_initialised) {
+            we_initialised = 1;
+            atexit(finalize_at_exit);
+        }
+        if (provided < MPI_THREAD_SERIALIZED)
+            return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: this MPI provides thread level %d, "
+                                                "dtrain needs MPI_THREAD_SERIALIZED", provided);
+    }
+    mpi_ctx *m = calloc(1, sizeof *m);
+    if (!m)
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: context");
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (rc != MPI_SUCCESS) {
+        free(m);
+        return mpi_err(rc, "MPI_Comm_dup", NULL);
+    }
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->size);
+    if (m->rank != info->rank || m->size != info->world_size) {
+        dt_status st = dt_error(DT_ERR_INVALID_ARG,
+                                "mpi backend: MPI says rank %d of %d but the group was set up as "
+                                "rank %d of %d (start the program with mpirun/srun, or choose "
+                                "another backend, e.g. DT_BACKEND=shm under dtrain run)",
+                                m->rank, m->size, info->rank, info->world_size);
+        MPI_Comm_free(&m->comm);
+        free(m);
+        return st;
+    }
+    m->check = info->check;
+    const char *b = getenv("DT_MPI_BLOCKING");
+    m->blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
+    *out = m;
+    return DT_OK;
+}
+
+static void mpi_free(void *ctx)
+{
+    mpi_ctx *m = ctx;
+    if (!m)
+        return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && !m->failed)
+        MPI_Comm_free(&m->comm);
+    free(m);
+}
+
+static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, void **child)
+{
+    (void)ranks;
+    (void)n;
+    mpi_ctx *m = ctx;
+    *child = NULL;
+    MPI_Comm sub;
+    int rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
+    if (rc != MPI_SUCCESS)
+        return mpi_err(rc, "MPI_Comm_split", NULL);
+    if (new_rank < 0)
+        return DT_OK;
+    mpi_ctx *s = calloc(1, sizeof *s);
+    if (!s) {
+        MPI_Comm_free(&sub);
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: subgroup context");
+    }
+    s->comm = sub;
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(sub, &s->rank);
+    MPI_Comm_size(sub, &s->size);
+    s->check = m->check;
+    s->blocking = m->blocking;
+    *child = s;
+    return DT_OK;
+}
+
+const dt_backend_ops dt__backend_mpi = {
+    .version = DT_BACKEND_VERSION,
+    .name = "mpi",
+    .init = mpi_init,
+    .free = mpi_free,
+    .run = mpi_run,
+    .kinds = 0,
+    .mem_alloc = NULL,
+    .mem_free = NULL,
+    .subgroup = mpi_subgroup,
+    .abort = NULL,
+};

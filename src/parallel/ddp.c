@@ -1,0 +1,342 @@
+/* DDP construction, forward and teardown (the reducer is ddp_reducer.c).
+ *
+ * Construction (SEMANTICS.md 3.1): every rank describes its model as text,
+ * one line per entry ("P f32 layer1.0.weight [16,1,5,5]"), and the lines are
+ * all-gathered (lengths, then an allgatherv of the bytes). Every rank then
+ * runs the same comparison against rank 0's description, so all ranks agree
+ * on the verdict and fail together with the same message naming the first
+ * difference. Only then are the parameters and buffers broadcast from rank
+ * 0 (a mismatch would make the broadcast sizes differ).
+ *
+ * The gradient buffer is moved into dt_pg_alloc memory: the shm backend
+ * then reduces the buckets straight out of the peers' buffers. */
+#include "parallel/ddp_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_ddp_params dt_ddp_params_default(void)
+{
+    dt_ddp_params p;
+    memset(&p, 0, sizeof p);
+    p.bucket_cap_mb = 25.0;
+    p.first_bucket_mb = 1.0;
+    p.find_unused_parameters = false;
+    p.broadcast_buffers = true;
+    p.predivide = false;
+    return p;
+}
+
+/* "P f32 name [a,b]\n" per entry, into a malloc'd string. */
+static char *describe(const dt_model *m, size_t *len)
+{
+    size_t n = dt_model_num_entries(m), cap = 256, used = 0;
+    char *s = malloc(cap);
+    if (!s)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        dt_param_info e;
+        if (dt_model_entry(m, i, &e) < 0) {
+            free(s);
+            return NULL;
+        }
+        char line[512];
+        int w = snprintf(line, sizeof line, "%s %s %s [", e.is_buffer ? "buffer" : "parameter",
+                         dt_dtype_name(e.dtype), e.name);
+        for (int k = 0; k < e.ndim && w > 0 && (size_t)w < sizeof line; k++)
+            w += snprintf(line + w, sizeof line - (size_t)w, "%s%lld", k ? "," : "", (long long)e.shape[k]);
+        if (w > 0 && (size_t)w < sizeof line)
+            w += snprintf(line + w, sizeof line - (size_t)w, "]\n");
+        if (w < 0 || (size_t)w >= sizeof line)
+            w = (int)strlen(line);
+        if (used + (size_t)w + 1 > cap) {
+            while (used + (size_t)w + 1 > cap)
+                cap *= 2;
+            char *t = realloc(s, cap);
+            if (!t) {
+                free(s);
+                return NULL;
+            }
+            s = t;
+        }
+        memcpy(s + used, line, (size_t)w);
+        used += (size_t)w;
+    }
+    s[used] = 0;
+    *len = used;
+    return s;
+}
+
+/* Line i of a description (without '\n') into out; false past the end. */
+static bool line_at(const char *s, size_t len, size_t i, char *out, size_t cap)
+{
+    size_t pos = 0;
+    for (size_t k = 0; k < i; k++) {
+        const char *nl = memchr(s + pos, '\n', len - pos);
+        if (!nl)
+            return false;
+        pos = (size_t)(nl - s) + 1;
+    }
+    if (pos >= len)
+        return false;
+    const char *nl = memchr(s + pos, '\n', len - pos);
+    size_t l = nl ? (size_t)(nl - (s + pos)) : len - pos;
+    if (l >= cap)
+        l = cap - 1;
+    memcpy(out, s + pos, l);
+    out[l] = 0;
+    return true;
+}
+
+/* Compare every rank's description with rank 0's; same verdict everywhere. */
+static dt_status verify_across_ranks(dt_pg *pg, const dt_model *m)
+{
+    const int W = dt_pg_size(pg);
+    size_t len = 0;
+    char *mine = describe(m, &len);
+    if (!mine)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_ddp_init: describing the model");
+    int64_t *lens = calloc((size_t)W, sizeof *lens);
+    size_t *counts = calloc((size_t)W, sizeof *counts);
+    char *all = NULL;
+    dt_status st = DT_ERR_NO_MEMORY;
+    if (!lens || !counts)
+        goto out;
+    int64_t l64 = (int64_t)len;
+    st = dt_pg_allgather(pg, &l64, lens, 1, DT_I64);
+    if (st < 0) {
+        dt_error_wrap(st, "dt_ddp_init: exchanging model descriptions");
+        goto out;
+    }
+    size_t total = 0;
+    for (int r = 0; r < W; r++) {
+        counts[r] = (size_t)lens[r];
+        total += counts[r];
+    }
+    all = malloc(total + 1);
+    if (!all) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_ddp_init: %zu bytes of model descriptions", total);
+        goto out;
+    }
+    st = dt_pg_allgatherv(pg, mine, all, counts, NULL, DT_U8);
+    if (st < 0) {
+        dt_error_wrap(st, "dt_ddp_init: exchanging model descriptions");
+        goto out;
+    }
+    const char *d0 = all;
+    size_t off = counts[0];
+    for (int r = 1; r < W; r++) {
+        const char *dr = all + off;
+        off += counts[r];
+        if (counts[r] == counts[0] && !memcmp(dr, d0, counts[0]))
+            continue;
+        for (size_t i = 0;; i++) {
+            char a[400], b[400];
+            bool ha = line_at(d0, counts[0], i, a, sizeof a), hb = line_at(dr, counts[r], i, b, sizeof b);
+            if (ha && hb && !strcmp(a, b))
+                continue;
+            if (ha && hb)
+                st = dt_error(DT_ERR_MISMATCH,
+                              "DDP: the model differs between ranks: entry %zu is %s on rank 0 but %s on "
+                              "rank %d (build the same model on every rank)",
+                              i, a, b, r);
+            else if (ha)
+                st = dt_error(DT_ERR_MISMATCH,
+                              "DDP: the model differs between ranks: rank 0 has entry %zu (%s) but rank %d "
+                              "has only %zu entries",
+                              i, a, r, i);
+            else
+                st = dt_error(DT_ERR_MISMATCH,
+                              "DDP: the model differs between ranks: rank %d has entry %zu (%s) but rank 0 "
+                              "has only %zu entries",
+                              r, i, b, i);
+            goto out;
+        }
+    }
+    st = DT_OK;
+out:
+    free(mine);
+    free(lens);
+    free(counts);
+    free(all);
+    return st;
+}
+
+dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_ddp_init: out is NULL");
+    *out = NULL;
+    if (!pg || !m)
+        return dt_error(DT_ERR_NULL, "dt_ddp_init: %s is NULL", pg ? "model" : "process group");
+    dt_ddp_params p = pp ? *pp : dt_ddp_params_default();
+    if (!(p.bucket_cap_mb > 0) || !(p.first_bucket_mb > 0))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: bucket_cap_mb (%g) and first_bucket_mb (%g) must be > 0",
+                        p.bucket_cap_mb, p.first_bucket_mb);
+    if (dt_pg_status(pg) < 0)
+        return dt_error_wrap(dt_pg_status(pg), "dt_ddp_init: the process group has failed");
+
+    dt_ddp *d = dt_calloc(sizeof *d);
+    if (!d)
+        return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ddp_init");
+    d->pg = pg;
+    d->m = m;
+    d->p = p;
+    d->rank = dt_pg_rank(pg);
+    d->world = dt_pg_size(pg);
+    d->flat_numel = dt_model_flat_numel(m);
+    d->nentry = dt_model_num_entries(m);
+    d->np = (int)dt_model_num_params(m);
+    dt_status st = DT_ERR_NO_MEMORY;
+    if (d->np <= 0) {
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no parameters");
+        goto fail;
+    }
+    d->params = dt_calloc((size_t)d->np * sizeof *d->params);
+    d->slot_of_entry = dt_calloc(d->nentry * sizeof *d->slot_of_entry);
+    d->used_local = dt_calloc((size_t)d->np);
+    d->used_global = dt_calloc((size_t)d->np);
+    if (!d->params || !d->slot_of_entry || !d->used_local || !d->used_global) {
+        dt_error(DT_ERR_NO_MEMORY, "dt_ddp_init: out of memory");
+        goto fail;
+    }
+    memset(d->used_global, 1, (size_t)d->np);
+    int np = 0;
+    size_t end = 0;
+    for (size_t i = 0; i < d->nentry; i++) {
+        dt_param_info e;
+        if ((st = dt_model_entry(m, i, &e)) < 0)
+            goto fail;
+        d->slot_of_entry[i] = -1;
+        if (e.is_buffer)
+            continue;
+        if (e.dtype != DT_F32 || np >= d->np) {
+            st = dt_error(DT_ERR_DTYPE, "dt_ddp_init: parameter '%s' is %s; DDP reduces f32 parameters",
+                          e.name, dt_dtype_name(e.dtype));
+            goto fail;
+        }
+        if (e.offset < end) { /* the flat layout must follow model order */
+            st = dt_error(DT_ERR_INTERNAL, "dt_ddp_init: parameter '%s' at offset %zu is not after the "
+                                           "previous parameter (ends at %zu)",
+                          e.name, e.offset, end);
+            goto fail;
+        }
+        end = e.offset + e.numel;
+        d->params[np] = (dt__ddp_param){.entry = i, .offset = e.offset, .numel = e.numel, .name = e.name};
+        d->slot_of_entry[i] = np++;
+    }
+    d->np = np;
+
+    if (d->world > 1) {
+        if ((st = verify_across_ranks(pg, m)) < 0)
+            goto fail;
+        st = dt_pg_broadcast(pg, dt_model_params(m), d->flat_numel, DT_F32, 0);
+        if (st >= 0 && dt_model_buffers_nbytes(m) > 0)
+            st = dt_pg_broadcast(pg, dt_model_buffers(m), dt_model_buffers_nbytes(m), DT_U8, 0);
+        if (st < 0) {
+            dt_error_wrap(st, "dt_ddp_init: broadcasting parameters and buffers from rank 0");
+            goto fail;
+        }
+    }
+
+    d->grads = dt_pg_alloc(pg, d->flat_numel * sizeof(float));
+    if (!d->grads) {
+        st = dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ddp_init: %zu bytes of group memory for the gradient buffer",
+                           d->flat_numel * sizeof(float));
+        goto fail;
+    }
+    memset(d->grads, 0, d->flat_numel * sizeof(float));
+    if ((st = dt__ddp_build_buckets(d)) < 0)
+        goto fail;
+    if ((st = dt_model_set_grad_buffer(m, d->grads)) < 0)
+        goto fail;
+    if ((st = dt_model_on_grad_ready(m, dt__ddp_grad_ready, d)) < 0) {
+        dt_model_set_grad_buffer(m, NULL);
+        goto fail;
+    }
+    d->hooked = true;
+    d->state = DT__DDP_IDLE;
+    *out = d;
+    return DT_OK;
+fail:
+    if (d->grads)
+        dt_pg_dealloc(pg, d->grads);
+    dt_free(d->b);
+    dt_free(d->params);
+    dt_free(d->slot_of_entry);
+    dt_free(d->used_local);
+    dt_free(d->used_global);
+    dt_free(d);
+    return st < 0 ? st : DT_ERR_INTERNAL;
+}
+
+void dt_ddp_free(dt_ddp *d)
+{
+    if (!d)
+        return;
+    dt__ddp_drain(d);
+    if (d->hooked) {
+        dt_model_remove_grad_ready(d->m, dt__ddp_grad_ready, d);
+        dt_model_set_grad_buffer(d->m, NULL);
+    }
+    dt_pg_dealloc(d->pg, d->grads);
+    dt_free(d->b);
+    dt_free(d->params);
+    dt_free(d->slot_of_entry);
+    dt_free(d->used_local);
+    dt_free(d->used_global);
+    dt_free(d);
+}
+
+dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
+{
+    if (!ctx || !d) {
+        dt_error(DT_ERR_NULL, "dt_ddp_forward: %s is NULL", ctx ? "handle" : "context");
+        return NULL;
+    }
+    if (dt_ag_enabled(ctx) && !d->no_sync) {
+        if (d->state == DT__DDP_REDUCING && dt_ddp_wait(d) < 0) /* the caller skipped dt_ddp_wait */
+            return NULL;
+        if (d->state == DT__DDP_FAILED) {
+            dt_error(d->fail_st, "%s", d->fail_msg);
+            return NULL;
+        }
+        if (d->state == DT__DDP_PREPARED && d->nready > 0) {
+            dt_error(DT_ERR_STATE,
+                     "DDP: the previous iteration's backward did not finish its reduction (%d of %d "
+                     "gradients arrived); every synchronised forward needs a backward and dt_ddp_wait",
+                     d->nready, d->np);
+            return NULL;
+        }
+        /* A second forward on the same tape (no backward yet) joins the
+         * iteration; otherwise (fresh tape) a new iteration starts. */
+        if (!(d->state == DT__DDP_PREPARED && dt_ag_tape_len(ctx) > 0))
+            dt__ddp_begin_iteration(d);
+        if (d->p.broadcast_buffers && d->world > 1 && dt_model_buffers_nbytes(d->m) > 0) {
+            double t = dt_time_s();
+            dt_status st = dt_pg_broadcast(d->pg, dt_model_buffers(d->m), dt_model_buffers_nbytes(d->m), DT_U8, 0);
+            d->st.buffer_bcast_s += dt_time_s() - t;
+            if (st < 0) {
+                dt_error_wrap(st, "DDP: broadcasting buffers from rank 0");
+                return NULL;
+            }
+        }
+        if (dt_ag_mark(ctx, dt__ddp_end_mark, d) < 0)
+            return NULL;
+        d->marks_live++;
+    }
+    return dt_model_forward(ctx, d->m, x);
+}
+
+void dt_ddp_set_no_sync(dt_ddp *d, bool on)
+{
+    if (d)
+        d->no_sync = on;
+}
+
+bool dt_ddp_no_sync(const dt_ddp *d) { return d && d->no_sync; }
+
+dt_model *dt_ddp_model(const dt_ddp *d) { return d ? d->m : NULL; }
+
+dt_pg *dt_ddp_pg(const dt_ddp *d) { return d ? d->pg : NULL; }

@@ -1,0 +1,401 @@
+/* Collectives under mpirun: every collective, dtype and reduction, counts 0,
+ * 1, odd and not divisible by the world size, in place and out of place, on
+ * the group that dt_pg_init() builds from Open MPI's environment (and so on
+ * the `mpi` backend unless DT_BACKEND says otherwise). Also subgroups, the
+ * cross-rank mismatch check and the per-operation timeout.
+ *
+ * Registered by tests/comm/tests.cmake as `mpirun -np N` tests (N = 1, 2, 3,
+ * 4, 8) when MPI is found; not a test_*.c file, so it is not also run as a
+ * single plain process. With DT_EXPECT_BACKEND set, the group's backend must
+ * be that one. Each rank prints its failures; the exit code is non-zero on
+ * any failure, and mpirun returns it. */
+#include "dtrain/comm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_rank, g_w, g_fail;
+
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);  \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            g_fail++;                                                                     \
+            return;                                                                       \
+        }                                                                                 \
+    } while (0)
+
+#define CHECK_OK(expr)                                                                    \
+    do {                                                                                  \
+        dt_status st_ = (expr);                                                           \
+        CHECK(st_ == DT_OK, "%s: %s", dt_status_name(st_), dt_last_error());              \
+    } while (0)
+
+static const dt_dtype k_dtypes[] = {DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8};
+#define N_DTYPES 7
+
+/* Input element i of rank r: small integers, exact in every dtype. Products
+ * use 1 and 2 only, so 2^W stays exact in u8 and f16 for W <= 7. */
+static double value(int r, size_t i, dt_reduce_op op)
+{
+    if (op == DT_REDUCE_PROD)
+        return (double)(1 + (i + (size_t)r) % 2);
+    return (double)((i * 5 + (size_t)r * 3) % 7 + 1);
+}
+
+static void put(dt_dtype dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case DT_F32: ((float *)buf)[i] = (float)v; break;
+    case DT_F64: ((double *)buf)[i] = v; break;
+    case DT_F16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
+    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+static double get(dt_dtype dt, const void *buf, size_t i)
+{
+    switch (dt) {
+    case DT_F32: return ((const float *)buf)[i];
+    case DT_F64: return ((const double *)buf)[i];
+    case DT_F16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_I32: return ((const int32_t *)buf)[i];
+    case DT_I64: return (double)((const int64_t *)buf)[i];
+    case DT_U8: return ((const uint8_t *)buf)[i];
+    default: return NAN;
+    }
+}
+
+static int is_int(dt_dtype dt)
+{
+    return dt == DT_I32 || dt == DT_I64 || dt == DT_U8;
+}
+
+/* The reduction of element index i over all ranks, as the dtype holds it. */
+static double expect_reduce(dt_dtype dt, dt_reduce_op op, size_t i)
+{
+    double acc = value(0, i, op);
+    for (int r = 1; r < g_w; r++) {
+        double v = value(r, i, op);
+        switch (op) {
+        case DT_REDUCE_SUM:
+        case DT_REDUCE_AVG: acc += v; break;
+        case DT_REDUCE_MAX: acc = v > acc ? v : acc; break;
+        case DT_REDUCE_MIN: acc = v < acc ? v : acc; break;
+        case DT_REDUCE_PROD: acc *= v; break;
+        default: break;
+        }
+    }
+    if (op == DT_REDUCE_AVG)
+        acc = is_int(dt) ? trunc(acc / g_w) : acc / g_w;
+    return acc;
+}
+
+static int close_enough(dt_dtype dt, double got, double want)
+{
+    double tol = dt == DT_F16 ? 1e-3 : dt == DT_BF16 ? 8e-3 : dt == DT_F32 ? 1e-6 : 1e-12;
+    return fabs(got - want) <= tol * fabs(want);
+}
+
+static void *xalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static const size_t k_counts[] = {0, 1, 7, 1001};
+#define N_COUNTS 4
+
+/* allreduce, reduce, reduce_scatter over every dtype, op, count, placement. */
+static void test_reductions(dt_pg *pg)
+{
+    for (int d = 0; d < N_DTYPES; d++) {
+        dt_dtype dt = k_dtypes[d];
+        size_t es = dt_dtype_size(dt);
+        for (int op = 0; op < DT_REDUCE_OP_COUNT; op++) {
+            for (int ci = 0; ci < N_COUNTS; ci++) {
+                size_t n = k_counts[ci];
+                for (int inpl = 0; inpl < 2; inpl++) {
+                    /* allreduce */
+                    char *s = xalloc(n * es), *r = xalloc(n * es);
+                    for (size_t i = 0; i < n; i++)
+                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                    CHECK_OK(dt_pg_allreduce(pg, inpl ? DT_IN_PLACE : s, inpl ? s : r, n, dt,
+                                             (dt_reduce_op)op));
+                    const char *out = inpl ? s : r;
+                    for (size_t i = 0; i < n; i++) {
+                        double want = expect_reduce(dt, (dt_reduce_op)op, i);
+                        CHECK(close_enough(dt, get(dt, out, i), want),
+                              "allreduce %s %s n=%zu inpl=%d [%zu]: %g != %g", dt_dtype_name(dt),
+                              dt_reduce_op_name((dt_reduce_op)op), n, inpl, i, get(dt, out, i), want);
+                    }
+                    /* reduce to a root that moves with the count */
+                    int root = (int)(n % (size_t)g_w);
+                    for (size_t i = 0; i < n; i++)
+                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                    memset(r, 0, n * es);
+                    int rin = inpl && g_rank == root; /* in place only at the root */
+                    CHECK_OK(dt_pg_reduce(pg, rin ? DT_IN_PLACE : s, inpl ? s : r, n, dt,
+                                          (dt_reduce_op)op, root));
+                    for (size_t i = 0; g_rank == root && i < n; i++) {
+                        double want = expect_reduce(dt, (dt_reduce_op)op, i);
+                        CHECK(close_enough(dt, get(dt, out, i), want),
+                              "reduce %s %s n=%zu root=%d [%zu]: %g != %g", dt_dtype_name(dt),
+                              dt_reduce_op_name((dt_reduce_op)op), n, root, i, get(dt, out, i),
+                              want);
+                    }
+                    free(s);
+                    free(r);
+                    /* reduce_scatter: n per rank, W*n in */
+                    size_t tot = n * (size_t)g_w;
+                    s = xalloc(tot * es);
+                    r = xalloc(n * es);
+                    for (size_t i = 0; i < tot; i++)
+                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                    char *rs_out = inpl ? s + (size_t)g_rank * n * es : r;
+                    CHECK_OK(dt_pg_reduce_scatter(pg, s, rs_out, n, dt, (dt_reduce_op)op));
+                    for (size_t i = 0; i < n; i++) {
+                        double want = expect_reduce(dt, (dt_reduce_op)op, (size_t)g_rank * n + i);
+                        CHECK(close_enough(dt, get(dt, rs_out, i), want),
+                              "reduce_scatter %s %s n=%zu inpl=%d [%zu]: %g != %g",
+                              dt_dtype_name(dt), dt_reduce_op_name((dt_reduce_op)op), n, inpl, i,
+                              get(dt, rs_out, i), want);
+                    }
+                    free(s);
+                    free(r);
+                }
+            }
+        }
+    }
+}
+
+/* broadcast, allgather, allgatherv, gather, scatter, alltoall: data movement
+ * only, so one float and one 1-byte dtype cover the byte paths. */
+static void test_movement(dt_pg *pg)
+{
+    const dt_dtype dts[] = {DT_F32, DT_U8, DT_BF16, DT_I64};
+    size_t W = (size_t)g_w, me = (size_t)g_rank;
+    for (int d = 0; d < 4; d++) {
+        dt_dtype dt = dts[d];
+        size_t es = dt_dtype_size(dt);
+        for (int ci = 0; ci < N_COUNTS; ci++) {
+            size_t n = k_counts[ci];
+            for (int inpl = 0; inpl < 2; inpl++) {
+                int root = (int)((n + 1) % W);
+                /* broadcast */
+                char *b = xalloc(n * es);
+                for (size_t i = 0; i < n; i++)
+                    put(dt, b, i, g_rank == root ? value(root, i, DT_REDUCE_SUM) : 0);
+                CHECK_OK(dt_pg_broadcast(pg, b, n, dt, root));
+                for (size_t i = 0; i < n; i++)
+                    CHECK(get(dt, b, i) == value(root, i, DT_REDUCE_SUM), "broadcast n=%zu [%zu]",
+                          n, i);
+                free(b);
+                /* allgather */
+                char *s = xalloc(n * es), *r = xalloc(W * n * es);
+                for (size_t i = 0; i < n; i++) {
+                    put(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
+                    put(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
+                }
+                CHECK_OK(dt_pg_allgather(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
+                for (size_t i = 0; i < W * n; i++)
+                    CHECK(get(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                          "allgather %s n=%zu inpl=%d [%zu]", dt_dtype_name(dt), n, inpl, i);
+                /* gather at root */
+                memset(r, 0, W * n * es);
+                if (g_rank == root)
+                    for (size_t i = 0; i < n; i++)
+                        put(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
+                CHECK_OK(dt_pg_gather(pg, inpl && g_rank == root ? DT_IN_PLACE : s,
+                                      g_rank == root ? r : NULL, n, dt, root));
+                for (size_t i = 0; g_rank == root && i < W * n; i++)
+                    CHECK(get(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                          "gather n=%zu inpl=%d [%zu]", n, inpl, i);
+                /* scatter from root: block j of root's buffer goes to rank j */
+                for (size_t i = 0; i < W * n; i++)
+                    put(dt, r, i, value(root, i, DT_REDUCE_SUM));
+                memset(s, 0, n * es);
+                CHECK_OK(dt_pg_scatter(pg, g_rank == root ? r : NULL, s, n, dt, root));
+                for (size_t i = 0; i < n; i++)
+                    CHECK(get(dt, s, i) == value(root, me * n + i, DT_REDUCE_SUM),
+                          "scatter n=%zu [%zu]", n, i);
+                free(s);
+                free(r);
+                /* alltoall: block j of rank r holds (r, j) */
+                s = xalloc(W * n * es);
+                r = xalloc(W * n * es);
+                for (size_t j = 0; j < W; j++)
+                    for (size_t i = 0; i < n; i++)
+                        put(dt, inpl ? r : s, j * n + i, (double)((me * 3 + j + i) % 11));
+                CHECK_OK(dt_pg_alltoall(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
+                for (size_t j = 0; j < W; j++)
+                    for (size_t i = 0; i < n; i++)
+                        CHECK(get(dt, r, j * n + i) == (double)((j * 3 + me + i) % 11),
+                              "alltoall n=%zu inpl=%d block %zu [%zu]", n, inpl, j, i);
+                free(s);
+                free(r);
+                /* allgatherv: rank q contributes n + q elements, packed */
+                size_t *counts = xalloc(W * sizeof(size_t)), tot = 0, off = 0;
+                for (size_t q = 0; q < W; q++)
+                    counts[q] = n + q, tot += n + q;
+                for (size_t q = 0; q < me; q++)
+                    off += counts[q];
+                s = xalloc(counts[me] * es);
+                r = xalloc(tot * es);
+                for (size_t i = 0; i < counts[me]; i++) {
+                    put(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
+                    put(dt, r, off + i, value(g_rank, i, DT_REDUCE_SUM));
+                }
+                CHECK_OK(dt_pg_allgatherv(pg, inpl ? DT_IN_PLACE : s, r, counts, NULL, dt));
+                off = 0;
+                for (size_t q = 0; q < W; q++) {
+                    for (size_t i = 0; i < counts[q]; i++)
+                        CHECK(get(dt, r, off + i) == value((int)q, i, DT_REDUCE_SUM),
+                              "allgatherv n=%zu inpl=%d rank %zu [%zu]", n, inpl, q, i);
+                    off += counts[q];
+                }
+                free(counts);
+                free(s);
+                free(r);
+            }
+        }
+    }
+    CHECK_OK(dt_pg_barrier(pg));
+}
+
+/* Send around a ring, asynchronously, then a subgroup of the even ranks. */
+static void test_p2p_and_subgroup(dt_pg *pg)
+{
+    if (g_w > 1) {
+        int to = (g_rank + 1) % g_w, from = (g_rank + g_w - 1) % g_w;
+        int32_t out[5], in[5] = {0};
+        for (int i = 0; i < 5; i++)
+            out[i] = g_rank * 100 + i;
+        dt_req *rs, *rr;
+        /* Requests run in posting order, so even ranks send first and odd
+         * ranks receive first (no reliance on eager sends). */
+        if (g_rank % 2 == 0) {
+            CHECK_OK(dt_pg_send_async(pg, out, 5, DT_I32, to, &rs));
+            CHECK_OK(dt_pg_recv_async(pg, in, 5, DT_I32, from, &rr));
+        } else {
+            CHECK_OK(dt_pg_recv_async(pg, in, 5, DT_I32, from, &rr));
+            CHECK_OK(dt_pg_send_async(pg, out, 5, DT_I32, to, &rs));
+        }
+        dt_req *both[2] = {rs, rr};
+        CHECK_OK(dt_req_wait_all(both, 2, 30));
+        dt_req_free(rs);
+        dt_req_free(rr);
+        for (int i = 0; i < 5; i++)
+            CHECK(in[i] == from * 100 + i, "recv [%d] = %d", i, in[i]);
+    }
+    int ranks[8], n = 0;
+    for (int r = 0; r < g_w; r += 2)
+        ranks[n++] = r;
+    dt_pg *sub = NULL;
+    dt_status st = dt_pg_subgroup(pg, ranks, n, &sub);
+    CHECK(st == DT_OK, "subgroup: %s", dt_last_error());
+    if (g_rank % 2 == 0) {
+        CHECK(sub != NULL, "member without a subgroup");
+        CHECK(dt_pg_size(sub) == n && dt_pg_rank(sub) == g_rank / 2, "sub rank %d size %d",
+              dt_pg_rank(sub), dt_pg_size(sub));
+        int64_t v = g_rank;
+        CHECK_OK(dt_pg_allreduce(sub, DT_IN_PLACE, &v, 1, DT_I64, DT_REDUCE_SUM));
+        int64_t want = 0;
+        for (int i = 0; i < n; i++)
+            want += ranks[i];
+        CHECK(v == want, "subgroup sum %lld != %lld", (long long)v, (long long)want);
+        dt_pg_free(sub);
+    } else {
+        CHECK(sub == NULL, "non-member got a subgroup");
+    }
+    CHECK_OK(dt_pg_barrier(pg));
+}
+
+/* Ranks that post different counts at the same sequence number all get
+ * DT_ERR_MISMATCH, on a group of their own. */
+static void test_mismatch(void)
+{
+    if (g_w < 2)
+        return;
+    dt_pg_params p = dt_pg_params_default();
+    p.check = 1;
+    dt_pg *pg;
+    CHECK_OK(dt_pg_init(&p, &pg));
+    float x[8] = {0};
+    dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, g_rank == 0 ? 5 : 6, DT_F32, DT_REDUCE_SUM);
+    CHECK(st == DT_ERR_MISMATCH, "got %s: %s", dt_status_name(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), "count=5") && strstr(dt_last_error(), "count=6"),
+          "message names both sides: %s", dt_last_error());
+    dt_pg_free(pg);
+}
+
+/* Rank 0 arrives 1.5 s late; the others' 0.3 s timeout fires first. The late
+ * post completes the abandoned MPI request, so nothing is left pending. */
+static void test_timeout(void)
+{
+    const char *blocking = getenv("DT_MPI_BLOCKING");
+    if (g_w < 2 || (blocking && !strcmp(blocking, "1")))
+        return; /* blocking MPI calls have no timeout (documented) */
+    dt_pg_params p = dt_pg_params_default();
+    p.check = 0;
+    p.timeout_s = g_rank == 0 ? 30 : 0.3;
+    dt_pg *pg;
+    CHECK_OK(dt_pg_init(&p, &pg));
+    static float x[4];
+    if (g_rank == 0) {
+        struct timespec ts = {1, 500000000};
+        nanosleep(&ts, NULL);
+    }
+    dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, 4, DT_F32, DT_REDUCE_SUM);
+    if (g_rank == 0) {
+        CHECK(st == DT_OK, "late rank: %s: %s", dt_status_name(st), dt_last_error());
+    } else {
+        CHECK(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
+        CHECK(strstr(dt_last_error(), "allreduce"), "message names the operation: %s",
+              dt_last_error());
+    }
+    dt_pg_free(pg);
+}
+
+int main(void)
+{
+    dt_pg *pg;
+    if (dt_pg_init(NULL, &pg) < 0) {
+        fprintf(stderr, "dt_pg_init: %s\n", dt_last_error());
+        return 1;
+    }
+    g_rank = dt_pg_rank(pg);
+    g_w = dt_pg_size(pg);
+    const char *want = getenv("DT_EXPECT_BACKEND");
+    if (want && strcmp(want, dt_pg_backend(pg))) {
+        fprintf(stderr, "[rank %d] backend is '%s', expected '%s'\n", g_rank, dt_pg_backend(pg),
+                want);
+        g_fail++;
+    }
+    test_reductions(pg);
+    test_movement(pg);
+    test_p2p_and_subgroup(pg);
+    test_mismatch();
+    test_timeout();
+    /* Everyone agrees on the outcome. */
+    int64_t bad = g_fail;
+    dt_pg_barrier(pg);
+    dt_pg_allreduce(pg, DT_IN_PLACE, &bad, 1, DT_I64, DT_REDUCE_SUM);
+    dt_pg_free(pg);
+    if (g_rank == 0)
+        printf("mpi_coll: %d ranks, backend %s: %s (%lld failures)\n", g_w,
+               want ? want : "default", bad ? "FAILED" : "ok", (long long)bad);
+    return bad ? 1 : 0;
+}

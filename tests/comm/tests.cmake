@@ -1,0 +1,35 @@
+# Collective tests under mpirun (owned by the launcher/MPI side; the comm
+# layer's own tests are fork-based test_*.c files registered by the root
+# CMakeLists). tests/comm/mpi_coll.c is built only when MPI is found and run
+# as `mpirun -np N` for N = 1, 2, 3, 4, 8 on the `mpi` backend (forced with
+# DT_BACKEND=mpi, since a group of one defaults to `self`), and again with
+# every collective through the blocking MPI calls (DT_MPI_BLOCKING=1). The
+# example programs run under mpirun unchanged on the default backend. Label `mpi`; under the
+# sanitizers Open MPI's own allocations are not leak-checked.
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_coll ${CMAKE_CURRENT_LIST_DIR}/mpi_coll.c)
+  set_target_properties(mpi_coll PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_coll PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_coll PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_coll PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(mpi_coll PRIVATE dtrain_static)
+  set(DT_MPIRUN_FLAGS --allow-run-as-root --oversubscribe --bind-to none)
+  foreach(np 1 2 3 4 8)
+    add_test(NAME comm/mpi_coll_np${np}
+             COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:mpi_coll>)
+    set_tests_properties(comm/mpi_coll_np${np} PROPERTIES TIMEOUT 240 LABELS "comm;mpi"
+      ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+  foreach(np 2 3)
+    add_test(NAME comm/mpi_coll_blocking_np${np}
+             COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:mpi_coll>)
+    set_tests_properties(comm/mpi_coll_blocking_np${np} PROPERTIES TIMEOUT 240 LABELS "comm;mpi"
+      ENVIRONMENT "DT_EXPECT_BACKEND=mpi;DT_MPI_BLOCKING=1;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+  # The example programs run unchanged under mpirun.
+  add_test(NAME comm/mpi_example_allreduce
+           COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 ${PROJECT_BINARY_DIR}/examples/example_allreduce)
+  set_tests_properties(comm/mpi_example_allreduce PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "rank 2 of 3 \\(backend mpi\\): average = 2, ok"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+endif()
