@@ -7,6 +7,7 @@
 #include "dtrain/data.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +20,20 @@ typedef struct {
 
 static int64_t idxset_length(void *self) { return ((idxset *)self)->n; }
 
+/* v / 255.0f for every byte value: a table lookup gives ToTensor's exact
+ * quotients at a fraction of the cost of a division per pixel. */
+static float g_scale[256];
+static pthread_once_t g_scale_once = PTHREAD_ONCE_INIT;
+static void scale_init(void)
+{
+    for (int v = 0; v < 256; v++)
+        g_scale[v] = (float)v / 255.0f;
+}
+
 static void scale_u8(const uint8_t *src, float *dst, int64_t n)
 {
     for (int64_t j = 0; j < n; j++)
-        dst[j] = (float)src[j] / 255.0f;
+        dst[j] = g_scale[src[j]];
 }
 
 static dt_status idxset_get_item(void *self, int64_t i, void *x, void *y)
@@ -101,6 +112,7 @@ dt_status dt_dataset_idx_from(dt_idx *images, dt_idx *labels, const char *images
     for (int64_t i = 0; i < labels->dims[0]; i++)
         if (lab[i] > max_label)
             max_label = lab[i];
+    pthread_once(&g_scale_once, scale_init);
     idxset *s = calloc(1, sizeof *s);
     if (!s) {
         st = dt_error(DT_ERR_NO_MEMORY, "idx dataset: out of memory");

@@ -22,7 +22,7 @@ typedef struct {
 
 static char cli_tmp_[256];
 
-static const char *cli_tmpdir(void)
+static inline const char *cli_tmpdir(void)
 {
     if (!cli_tmp_[0]) {
         const char *b = getenv("TMPDIR");
@@ -35,7 +35,7 @@ static const char *cli_tmpdir(void)
     return cli_tmp_;
 }
 
-static void cli_cleanup(void)
+static inline void cli_cleanup(void)
 {
     if (cli_tmp_[0]) {
         char cmd[512];
@@ -45,7 +45,7 @@ static void cli_cleanup(void)
     }
 }
 
-static void slurp_(const char *path, char *buf, size_t n)
+static inline void slurp_(const char *path, char *buf, size_t n)
 {
     FILE *f = fopen(path, "r");
     size_t k = 0;
@@ -57,7 +57,7 @@ static void slurp_(const char *path, char *buf, size_t n)
 }
 
 /* argv without the program; NULL-terminated. extra_env: "K=V" or NULL. */
-static int cli_runv(cli_result *r, int timeout_s, const char *extra_env, char *const *args)
+static inline int cli_runv(cli_result *r, int timeout_s, const char *extra_env, char *const *args)
 {
     const char *cli = getenv("DT_CLI");
     if (!cli) {
@@ -108,7 +108,7 @@ static int cli_runv(cli_result *r, int timeout_s, const char *extra_env, char *c
 }
 
 /* Number of lines in s. */
-static int cli_lines(const char *s)
+static inline int cli_lines(const char *s)
 {
     int n = 0;
     for (; *s; s++)
@@ -116,7 +116,7 @@ static int cli_lines(const char *s)
     return n;
 }
 
-static int file_exists(const char *p)
+static inline int file_exists(const char *p)
 {
     struct stat sb;
     return stat(p, &sb) == 0;

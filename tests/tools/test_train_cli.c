@@ -1,0 +1,111 @@
+/* dtrain train through the CLI (env DT_CLI): bad flags and bad data give
+ * exit code 2 and one line naming the flag or file, and leave no metrics
+ * file. (Real training runs: test_train_run.c.) */
+#include "data/data_util.h"
+#include "test.h"
+#include "train_cli.h"
+
+#include <math.h>
+
+/* Expect exit 2 and exactly one stderr line containing each of want[]. */
+static int expect2(char *const *args, const char *w1, const char *w2)
+{
+    cli_result r;
+    cli_runv(&r, 120, NULL, args);
+    if (r.code != 2 || cli_lines(r.err) != 1 || (w1 && !strstr(r.err, w1)) || (w2 && !strstr(r.err, w2))) {
+        fprintf(stderr, "  dtrain");
+        for (int i = 0; args[i]; i++)
+            fprintf(stderr, " %s", args[i]);
+        fprintf(stderr, "\n  -> code %d, stderr: %s\n", r.code, r.err);
+        return 0;
+    }
+    return 1;
+}
+
+TEST(bad_flags)
+{
+    ASSERT(expect2((char *[]){"train", "--bogus", NULL}, "unknown option '--bogus'", NULL));
+    ASSERT(expect2((char *[]){"train", "--lr", "abc", NULL}, "--lr", "'abc' is not a finite number"));
+    ASSERT(expect2((char *[]){"train", "--lr=-1", NULL}, "--lr", "out of range"));
+    ASSERT(expect2((char *[]){"train", "--batch", "0", NULL}, "--batch", "out of range"));
+    ASSERT(expect2((char *[]){"train", "--epochs", "1.5", NULL}, "--epochs", "not an integer"));
+    ASSERT(expect2((char *[]){"train", "--optimizer", "rmsprop", NULL}, "--optimizer", "sgd|adam|adamw|lamb"));
+    ASSERT(expect2((char *[]){"train", "--model", "resnet", NULL}, "--model", "'resnet'"));
+    ASSERT(expect2((char *[]){"train", "--lr-schedule", "linear", NULL}, "--lr-schedule", NULL));
+    ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
+    ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
+    ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
+    ASSERT(expect2((char *[]){"train", "--threads", "x", NULL}, "--threads", NULL));
+    ASSERT(expect2((char *[]){"train", "--metrics", NULL}, "--metrics needs a value", NULL));
+    ASSERT(expect2((char *[]){"train", "stray", NULL}, "unexpected argument 'stray'", NULL));
+    ASSERT(expect2((char *[]){"train", "--no-eval=1", NULL}, "--no-eval takes no value", NULL));
+    ASSERT(expect2((char *[]){"train", "--data", "cifar", NULL}, "--data cifar", "unknown data"));
+    ASSERT(expect2((char *[]){"train", "--model", "convnet", "--data", "random", NULL}, "--data random", NULL));
+    cli_result r;
+    cli_runv(&r, 30, NULL, (char *[]){"train", "--help", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "--clip-grad-norm");
+}
+
+TEST(bad_data)
+{
+    char dir[512], spec[600], metrics[600], partial[620];
+    snprintf(dir, sizeof dir, "%s/bad", cli_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(spec, sizeof spec, "idx:%s", dir);
+    snprintf(metrics, sizeof metrics, "%s/m.jsonl", cli_tmpdir());
+    snprintf(partial, sizeof partial, "%s.partial", metrics);
+    /* missing directory */
+    ASSERT(expect2((char *[]){"train", "--data", "mnist:/nonexistent/fm", NULL}, "/nonexistent/fm", NULL));
+    /* empty directory: the missing file is named */
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "train-images-idx3-ubyte", NULL));
+    /* count mismatch */
+    tu_write_mnist(dir, "train", 30, 28, 28, 29, 1);
+    tu_write_mnist(dir, "t10k", 10, 28, 28, 10, 1);
+    ASSERT(expect2((char *[]){"train", "--data", spec, "--metrics", metrics, NULL}, "30 images", "29 labels"));
+    ASSERT(!file_exists(metrics) && !file_exists(partial));
+    /* wrong magic in the labels file */
+    char p[700];
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte.gz", dir);
+    tu_write(p, "\x1f\x8b", 2); /* truncated gzip */
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "train-labels-idx1-ubyte.gz", "truncated"));
+    unlink(p);
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", dir);
+    tu_write(p, "\x00\x00\x07\x01\x00\x00\x00\x01\x05", 9);
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "train-labels-idx1-ubyte", "wrong magic"));
+    /* corrupt gzip in the images file */
+    tu_write_mnist(dir, "train", 30, 28, 28, 30, 1);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte.gz", dir);
+    FILE *f = fopen(p, "r+b");
+    fseek(f, 40, SEEK_SET);
+    fwrite("\xff\xff\xff\xff\xff\xff\xff\xff", 1, 8, f);
+    fclose(f);
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "train-images-idx3-ubyte.gz", "gzip"));
+    /* absurd dimensions */
+    uint32_t dims[3] = {100000, 100000, 100000};
+    size_t len;
+    unsigned char *b = tu_idx(0x08, 3, dims, NULL, 0, &len);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", dir);
+    tu_write(p, b, len);
+    free(b);
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "train-images-idx3-ubyte", "absurd dimensions"));
+    /* images of the wrong size for the model */
+    unlink(p);
+    tu_write_mnist(dir, "train", 30, 32, 32, 30, 0);
+    ASSERT(expect2((char *[]){"train", "--data", spec, NULL}, "(1, 32, 32)", "(1, 28, 28)"));
+    /* unwritable metrics file */
+    tu_write_mnist(dir, "train", 30, 28, 28, 30, 0);
+    ASSERT(expect2((char *[]){"train", "--data", spec, "--metrics", "/nonexistent/dir/m.jsonl", NULL},
+                   "/nonexistent/dir/m.jsonl", NULL));
+}
+
+int main(void)
+{
+    RUN(bad_flags);
+    RUN(bad_data);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}

@@ -1,0 +1,200 @@
+/* dtrain train, real runs through the CLI (env DT_CLI): a short run on a
+ * Fashion-MNIST subset writes a complete metrics file, reaches a
+ * non-trivial accuracy and is reproducible; the MLP on random data; an
+ * interrupted run leaves no metrics file (not even a stale one). Labelled
+ * nosan (tests/data/tests.cmake): the training runs are slow under ASan. */
+// dt-test-timeout: 600
+#include "data/data_util.h"
+#include "test.h"
+#include "train_cli.h"
+
+#include <math.h>
+
+static int have_fashion(void)
+{
+    return file_exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") ||
+           getenv("DT_FASHION_MNIST_DIR");
+}
+
+/* Count "event":"<ev>" records in a metrics file; check each parses. */
+static int count_events(const char *text, const char *ev)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"event\":\"%s\"", ev);
+    int n = 0;
+    for (const char *s = text; (s = strstr(s, pat)); s++)
+        n++;
+    return n;
+}
+
+static double last_number(const char *text, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *s = text, *hit = NULL;
+    while ((s = strstr(s, pat))) {
+        hit = s;
+        s++;
+    }
+    return hit ? strtod(hit + strlen(pat), NULL) : NAN;
+}
+
+TEST(short_real_run)
+{
+    if (!have_fashion()) {
+        fprintf(stderr, "  (skipped: Fashion-MNIST not installed)\n");
+        return;
+    }
+    char metrics[600], partial[620], png[600];
+    snprintf(metrics, sizeof metrics, "%s/run.jsonl", cli_tmpdir());
+    snprintf(partial, sizeof partial, "%s.partial", metrics);
+    snprintf(png, sizeof png, "%s/run.png", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "convnet", "--data", "fashion-mnist", "--epochs", "1", "--batch",
+                        "100", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9", "--seed", "0",
+                        "--limit-train", "2000", "--limit-test", "500", "--log-every", "5",
+                        "--eval-every", "10", "--metrics", metrics, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "test accuracy: ");
+    ASSERT_STR_CONTAINS(r.out, "epoch wall time: ");
+    ASSERT_STR_CONTAINS(r.out, "samples/s: ");
+    /* not a terminal: plain progress lines every 5 steps */
+    ASSERT_STR_CONTAINS(r.out, "epoch 1/1 step 10/20 loss");
+    double acc = strtod(strstr(r.out, "test accuracy: ") + 15, NULL);
+    ASSERT(acc > 55.0 && acc <= 100.0); /* 20 steps on 2000 images: ~70% (chance is 10%) */
+    ASSERT(file_exists(metrics));
+    ASSERT(!file_exists(partial));
+    FILE *f = fopen(metrics, "r");
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    ASSERT_EQ_INT(count_events(text, "start"), 1);
+    ASSERT_EQ_INT(count_events(text, "step"), 4);   /* steps 5, 10, 15, 20 */
+    ASSERT_EQ_INT(count_events(text, "epoch"), 1);
+    ASSERT_EQ_INT(count_events(text, "eval"), 2);   /* step 10 and the epoch end */
+    ASSERT_NEAR(last_number(text, "test_accuracy") * 100, acc, 0.006, 0);
+    ASSERT(last_number(text, "wall_s") > 0);
+    ASSERT(last_number(text, "samples_per_s") > 0);
+    ASSERT_NEAR(last_number(text, "lr"), 0.01, 1e-9, 0);
+    ASSERT_EQ_INT(last_number(text, "train_items"), 2000);
+    /* the loss fell: first step record above the last */
+    double first = strtod(strstr(text, "\"loss\":") + 7, NULL);
+    double last = last_number(text, "loss");
+    ASSERT(first > last);
+    /* and it plots */
+    if (file_exists("/usr/bin/gnuplot")) {
+        cli_runv(&r, 60, NULL, (char *[]){"plot", metrics, "-o", png, NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(file_exists(png));
+    }
+}
+
+/* Same seed, same result: two short runs agree to the last printed digit;
+ * another seed differs. */
+TEST(reproducible)
+{
+    if (!have_fashion())
+        return;
+    static char text[3][16384];
+    for (int k = 0; k < 3; k++) {
+        char metrics[600];
+        snprintf(metrics, sizeof metrics, "%s/rep%d.jsonl", cli_tmpdir(), k);
+        cli_result r;
+        cli_runv(&r, 300, NULL,
+                 (char *[]){"train", "--data", "fashion-mnist", "--batch", "50", "--lr", "0.01",
+                            "--momentum", "0.9", "--seed", k == 2 ? "1" : "7", "--limit-train", "300",
+                            "--limit-test", "200", "--log-every", "1", "--metrics", metrics,
+                            "--progress", "none", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        FILE *f = fopen(metrics, "r");
+        ASSERT(f != NULL);
+        size_t n = fread(text[k], 1, sizeof text[k] - 1, f);
+        text[k][n] = 0;
+        fclose(f);
+    }
+    ASSERT_EQ_INT(count_events(text[0], "step"), 6);
+    ASSERT_NEAR(last_number(text[1], "test_loss"), last_number(text[0], "test_loss"), 0, 0);
+    ASSERT_NEAR(last_number(text[1], "train_loss"), last_number(text[0], "train_loss"), 0, 0);
+    ASSERT(last_number(text[2], "train_loss") != last_number(text[0], "train_loss"));
+}
+
+TEST(mlp_random)
+{
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/mlp.jsonl", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test", "2",
+                        "--optimizer", "adamw", "--lr", "1e-4", "--log-every", "1", "--metrics", metrics, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "test loss: ");
+    ASSERT(strstr(r.out, "test accuracy") == NULL); /* no labels to score */
+    FILE *f = fopen(metrics, "r");
+    ASSERT(f != NULL);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    ASSERT_EQ_INT(count_events(text, "step"), 2);
+    ASSERT_STR_CONTAINS(text, "\"test_accuracy\":null");
+}
+
+TEST(interrupted_run_leaves_no_metrics)
+{
+    if (!have_fashion())
+        return;
+    char metrics[600], partial[620];
+    snprintf(metrics, sizeof metrics, "%s/int.jsonl", cli_tmpdir());
+    snprintf(partial, sizeof partial, "%s.partial", metrics);
+    tu_write(metrics, "{\"event\":\"stale\"}\n", 18); /* from an "earlier run" */
+    const char *cli = getenv("DT_CLI");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(cli, cli, "train", "--data", "fashion-mnist", "--batch", "100", "--log-every", "1",
+              "--metrics", metrics, (char *)NULL);
+        _exit(127);
+    }
+    /* wait (at most 120 s) until the run has logged a step, then stop it */
+    int seen = 0;
+    for (int i = 0; i < 6000 && !seen; i++) {
+        FILE *f = fopen(partial, "r");
+        if (f) {
+            char buf[4096];
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            buf[n] = 0;
+            seen = strstr(buf, "\"event\":\"step\"") != NULL;
+            fclose(f);
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ASSERT(!file_exists(metrics)); /* the stale file went at start */
+    kill(pid, SIGTERM);
+    int status;
+    waitpid(pid, &status, 0);
+    ASSERT(seen);
+    ASSERT(WIFEXITED(status));
+    ASSERT_EQ_INT(WEXITSTATUS(status), 130);
+    ASSERT(!file_exists(metrics));
+    ASSERT(!file_exists(partial));
+}
+
+int main(void)
+{
+    RUN(short_real_run);
+    RUN(reproducible);
+    RUN(mlp_random);
+    RUN(interrupted_run_leaves_no_metrics);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}
