@@ -476,6 +476,7 @@ int dt_cmd_train(int argc, char **argv)
                "%d threads\n", t->o.model, dt_model_param_count(t->model), t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
+    fflush(stdout);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
