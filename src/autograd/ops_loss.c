@@ -272,6 +272,13 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
         return NULL;
     }
     int64_t V = weight->shape[0], D = weight->shape[1], m = dt_tensor_numel(idx);
+    int64_t sh[DT_MAX_DIMS];
+    for (int i = 0; i < idx->ndim; i++)
+        sh[i] = idx->shape[i];
+    sh[idx->ndim] = D;
+    dt_tensor *out = dt__out(ctx, idx->ndim + 1, sh); /* first: checks the size */
+    if (!out)
+        return NULL;
     int64_t *ids = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(int64_t) + 1);
     if (!ids)
         return NULL;
@@ -284,13 +291,8 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
             return NULL;
         }
     }
-    int64_t sh[DT_MAX_DIMS];
-    for (int i = 0; i < idx->ndim; i++)
-        sh[i] = idx->shape[i];
-    sh[idx->ndim] = D;
     const float *W = dt__cdata(ctx, weight);
-    dt_tensor *out = dt__out(ctx, idx->ndim + 1, sh);
-    if (!W || !out)
+    if (!W)
         return NULL;
     float *y = out->data;
     for (int64_t i = 0; i < m; i++)

@@ -22,12 +22,27 @@ static void direct_chunk(shm_piece *p, int to_all)
     dt__shm_chunk(p->count, es, W, me, &lo, &hi);
     size_t blk = DIRECT_BLOCK / es;
     const void *srcs[SHM_MAX_RANKS];
-    int dst_rank = to_all ? me : p->root;
+    float *dsts[SHM_MAX_RANKS];
+    int fast = p->dt == DT_F32 && (p->op == DT_REDUCE_SUM || p->op == DT_REDUCE_AVG);
+    char *own = to_all ? (p->own_out ? p->own_out : p->works[me]) : p->works[p->root];
     for (size_t b = lo; b < hi; b += blk) {
         size_t n = hi - b < blk ? hi - b : blk;
         for (int j = 0; j < W; j++)
             srcs[j] = p->ins[j] + b * es;
-        char *dst = p->works[dst_rank] + b * es;
+        if (p->own_in)
+            srcs[me] = p->own_in + b * es;
+        char *dst = own + b * es;
+        if (fast && to_all) {
+            /* one pass: every destination written from registers */
+            int nd = 0;
+            dsts[nd++] = (float *)dst;
+            for (int j = 0; j < W; j++)
+                if (j != me)
+                    dsts[nd++] = (float *)(p->works[j] + b * es);
+            dt__reduce_f32_multi(dsts, nd, (const float *const *)srcs, W, n,
+                                 p->op == DT_REDUCE_AVG ? W : 0, p->nt);
+            continue;
+        }
         dt__reduce(p->dt, p->op, dst, srcs, W, n, W);
         if (!to_all)
             continue;

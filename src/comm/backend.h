@@ -55,6 +55,12 @@ extern const dt_backend_ops dt__backend_shm;
 void dt__reduce(dt_dtype dt, dt_reduce_op op, void *dst, const void *const *srcs, int nsrc,
                 size_t count, int avg_div);
 
+/* f32 sum (div = 0) or avg (div = W) of ns sources into nd destinations in
+ * one pass; nt: streaming stores (large messages). Same bits as
+ * dt__reduce. Destinations may alias sources element for element. */
+void dt__reduce_f32_multi(float *const *dst, int nd, const float *const *src, int ns, size_t n,
+                          int div, int nt);
+
 /* Divide count elements of buf by w in place (the end of an avg). */
 void dt__avg_finish(dt_dtype dt, void *buf, size_t count, int w);
 

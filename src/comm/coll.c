@@ -49,13 +49,16 @@ static dt_status finish(dt_pg *pg, const dt_coll *c, size_t *own, dt_req **req)
 {
     if (req)
         return dt__pg_post(pg, c, own, 1, req);
-    dt_req *r;
-    dt_status st = dt__pg_post(pg, c, own, 0, &r);
-    if (st < 0)
+    if (own) { /* the request must own the displacements */
+        dt_req *r;
+        dt_status st = dt__pg_post(pg, c, own, 0, &r);
+        if (st < 0)
+            return st;
+        st = dt_req_wait(r, -1);
+        dt_req_free(r);
         return st;
-    st = dt_req_wait(r, -1);
-    dt_req_free(r);
-    return st;
+    }
+    return dt__pg_run_blocking(pg, c);
 }
 
 #define CHK(x)                                                                                     \

@@ -78,6 +78,9 @@ struct dt_pg {
  * own_displs. start_thread: start the progress thread if not running. */
 dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,
                       dt_req **out);
+/* A blocking call: run c on this thread when the engine is idle (no
+ * request allocated), else queue it and wait. */
+dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c);
 /* Run queued requests on this thread until the queue is empty and no
  * executor is busy (mu held). */
 void dt__pg_drain_locked(dt_pg *pg);

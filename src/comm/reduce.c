@@ -145,6 +145,11 @@ void dt__reduce(dt_dtype dt, dt_reduce_op op, void *dst, const void *const *srcs
     int div = op == DT_REDUCE_AVG ? avg_div : 0;
     if (nsrc < 1 || count == 0)
         return;
+    if (dt == DT_F32 && (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)) {
+        float *d = dst;
+        dt__reduce_f32_multi(&d, 1, (const float *const *)srcs, nsrc, count, div, 0);
+        return;
+    }
     switch (dt) {
     case DT_F32: red_f32(op, dst, srcs, nsrc, count, div); break;
     case DT_F64: red_f64(op, dst, srcs, nsrc, count, div); break;

@@ -1,5 +1,9 @@
 /* The backend registry (name → table), backend-string parsing, and the
- * names of kinds and reductions. */
+ * names of kinds and reductions.
+ *
+ * Built-ins: self, shm, and mpi when src/comm/backend_mpi.c is part of the
+ * build (MPI found); the check below uses __has_include on that file, so
+ * adding or removing it needs no other change. */
 #include "comm/pg.h"
 
 #include <ctype.h>

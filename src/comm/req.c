@@ -177,6 +177,64 @@ dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start
     return DT_OK;
 }
 
+dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
+{
+    pthread_mutex_lock(&pg->mu);
+    if (pg->head || pg->busy) { /* others first: queue behind them */
+        pthread_mutex_unlock(&pg->mu);
+        dt_req *r;
+        dt_status st = dt__pg_post(pg, c, NULL, 0, &r);
+        if (st < 0)
+            return st;
+        st = dt_req_wait(r, -1);
+        dt_req_free(r);
+        return st;
+    }
+    if (pg->fail_st != DT_OK) {
+        dt_status st = dt_error(pg->fail_st, "%s", pg->fail_msg);
+        pthread_mutex_unlock(&pg->mu);
+        return st;
+    }
+    /* Idle engine: run it right here, without a request. */
+    dt_coll cc = *c;
+    if (c->kind == DT_COLL_SEND)
+        cc.seq = pg->p2p_seq[2 * c->root]++;
+    else if (c->kind == DT_COLL_RECV)
+        cc.seq = pg->p2p_seq[2 * c->root + 1]++;
+    else
+        cc.seq = pg->seq++;
+    cc.timeout_s = pg->timeout_s;
+    pg->busy = 1;
+    pthread_mutex_unlock(&pg->mu);
+
+    dt_status st;
+    if (pg->ops->kinds && !(pg->ops->kinds & (1u << cc.kind))) {
+        st = dt_error(DT_ERR_UNSUPPORTED, "backend '%s' does not implement %s", pg->ops->name,
+                      dt_coll_kind_name(cc.kind));
+    } else {
+        dt_error_clear();
+        st = pg->ops->run(pg->ctx, &cc);
+        if (st < 0) {
+            char d[160], msg[DT__MSG_CAP];
+            if (dt_last_error()[0])
+                snprintf(msg, sizeof msg, "%s", dt_last_error());
+            else
+                snprintf(msg, sizeof msg, "%s failed in backend '%s': %s",
+                         dt__coll_describe(&cc, d, sizeof d), pg->ops->name, dt_status_str(st));
+            if (st != DT_ERR_UNSUPPORTED)
+                pg_mark_failed(pg, st, msg);
+            dt_error(st, "%s", msg);
+        } else {
+            st = DT_OK;
+        }
+    }
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = 0;
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    return st;
+}
+
 /* Drain the whole queue (used by dt_pg_free and dt_pg_subgroup); mu held. */
 void dt__pg_drain_locked(dt_pg *pg)
 {

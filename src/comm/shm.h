@@ -231,6 +231,12 @@ typedef struct {
     dt_reduce_op op;
     int root;     /* reduce/broadcast root; allreduce: -1 */
     uint32_t step;
+    int nt;       /* large message: streaming stores */
+    /* Direct all-reduce on staged buffers: this rank's own chunk is read
+     * from own_in and written to own_out (the user's buffers) instead of
+     * going through staging; NULL when ins/works[me] are the user's. */
+    const char *own_in;
+    char *own_out;
 } shm_piece;
 
 /* Element range of chunk i when n elements are cut into parts chunks
@@ -248,5 +254,7 @@ dt_status dt__shm_reduce_tree(shm_piece *p);
 dt_status dt__shm_broadcast_tree(shm_piece *p);
 
 #define SHM_MAX_RANKS 64
+/* Messages at least this large use streaming stores. */
+#define SHM_NT_BYTES ((size_t)8 << 20)
 
 #endif /* DT_COMM_SHM_H */

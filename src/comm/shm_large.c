@@ -89,8 +89,26 @@ static dt_status vector_op(shm_ctx *s, const dt_coll *c, const expo *e, shm_alg 
             else
                 p.works[j] = shm_stage_out(s, j);
         }
-        if (in_needed[me] && !zc_in[me])
-            dt__copy(p.ins[me], (const char *)c->send + a * es, m * es);
+        p.nt = n * es >= SHM_NT_BYTES;
+        p.own_in = NULL;
+        p.own_out = NULL;
+        size_t lo = 0, hi = 0; /* my chunk, when it bypasses staging */
+        if (is_ar && alg == SHM_ALG_DIRECT) {
+            dt__shm_chunk(m, es, W, me, &lo, &hi);
+            if (!zc_in[me])
+                p.own_in = (const char *)c->send + a * es;
+            if (!zc_work[me])
+                p.own_out = (char *)c->recv + a * es;
+        }
+        if (in_needed[me] && !zc_in[me]) {
+            const char *src = (const char *)c->send + a * es;
+            if (p.own_in) { /* my own chunk is read from the user's buffer */
+                dt__copy(p.ins[me], src, lo * es);
+                dt__copy(p.ins[me] + hi * es, src + hi * es, (m - hi) * es);
+            } else {
+                dt__copy(p.ins[me], src, m * es);
+            }
+        }
         if (!all_zc && (st = dt__shm_barrier(s, step++)) < 0)
             return st;
         p.step = step;
@@ -118,8 +136,12 @@ static dt_status vector_op(shm_ctx *s, const dt_coll *c, const expo *e, shm_alg 
         /* copy out my result if it was computed in staging */
         int has_out = is_ar || (is_red && me == root) || (is_bc && me != root && alg == SHM_ALG_TREE);
         char *mine = (char *)c->recv + a * es;
-        if (has_out && p.works[me] != mine)
+        if (has_out && p.own_out) {
+            dt__copy(mine, p.works[me], lo * es);
+            dt__copy(mine + hi * es, p.works[me] + hi * es, (m - hi) * es);
+        } else if (has_out && p.works[me] != mine) {
             dt__copy(mine, p.works[me], m * es);
+        }
     }
     return DT_OK;
 }

@@ -93,8 +93,19 @@ static unsigned key_hash(const dt__key *k)
     return (unsigned)(dt_hash64(k->v, sizeof k->v, 0) % NBUCKET);
 }
 
-void *dt__cache_get(const dt__key *key)
+/* oneDNN sizes a primitive's scratchpad and work split for the thread
+ * count at creation, so the count is part of every key (the last slot). */
+static dt__key with_threads(const dt__key *key)
 {
+    dt__key k = *key;
+    k.v[DT__KEY_LEN - 1] = dt_get_num_threads();
+    return k;
+}
+
+void *dt__cache_get(const dt__key *key0)
+{
+    dt__key kk = with_threads(key0);
+    const dt__key *key = &kk;
     unsigned h = key_hash(key);
     void *p = NULL;
     pthread_mutex_lock(&g_lock);
@@ -109,8 +120,10 @@ void *dt__cache_get(const dt__key *key)
     return p;
 }
 
-void *dt__cache_put(const dt__key *key, void *payload, dt__payload_free destroy)
+void *dt__cache_put(const dt__key *key0, void *payload, dt__payload_free destroy)
 {
+    dt__key kk = with_threads(key0);
+    const dt__key *key = &kk;
     unsigned h = key_hash(key);
     entry *n = malloc(sizeof *n);
     if (!n) {

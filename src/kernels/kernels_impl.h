@@ -34,7 +34,8 @@ void dt__dnnl_set_threads(void);
 /* Turn a dnnl_status_t into a dt_status with a message naming `what`. */
 dt_status dt__dnnl_err(dnnl_status_t s, const char *what);
 
-/* Primitive cache. A key is up to DT__KEY_LEN int64 values (op tag first);
+/* Primitive cache. A key is up to DT__KEY_LEN - 1 int64 values (op tag
+ * first; the last slot is set to dt_get_num_threads() by the cache);
  * the payload is owned by the cache and released with its destroy function. */
 #define DT__KEY_LEN 24
 typedef struct { int64_t v[DT__KEY_LEN]; } dt__key;

@@ -41,40 +41,39 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
     int nt = dt__threads_for(N * C * HW);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t c = 0; c < C; c++) {
-        /* Each (n, c) row of HW values is summed in float (vectorised, a
-         * fixed order), the row sums in double in n order. */
-        double s = 0.0, s2 = 0.0;
+        /* One pass for both moments, shifted by the channel's first value
+         * (k) so that E[(x-k)^2] - E[x-k]^2 does not cancel. Each (n, c)
+         * row of HW values is summed in float (vectorised, a fixed order),
+         * the row sums in double in n order. */
+        const float k = x[c * HW];
+        double s1 = 0.0, s2 = 0.0;
         for (int64_t n = 0; n < N; n++) {
             const float *xp = x + (n * C + c) * HW;
-            float r = 0.0f;
-#pragma omp simd reduction(+ : r)
-            for (int64_t i = 0; i < HW; i++)
-                r += xp[i];
-            s += (double)r;
-        }
-        double mean = s / (double)cnt;
-        float fmean = (float)mean;
-        for (int64_t n = 0; n < N; n++) {
-            const float *xp = x + (n * C + c) * HW;
-            float r = 0.0f;
-#pragma omp simd reduction(+ : r)
+            float r1 = 0.0f, r2 = 0.0f;
+#pragma omp simd reduction(+ : r1, r2)
             for (int64_t i = 0; i < HW; i++) {
-                float d = xp[i] - fmean;
-                r += d * d;
+                float d = xp[i] - k;
+                r1 += d;
+                r2 += d * d;
             }
-            s2 += (double)r;
+            s1 += (double)r1;
+            s2 += (double)r2;
         }
-        double var = s2 / (double)cnt;
+        double m1 = s1 / (double)cnt;
+        double mean = (double)k + m1;
+        double var = s2 / (double)cnt - m1 * m1;
+        if (var < 0.0)
+            var = 0.0;
         float invstd = (float)(1.0 / sqrt(var + (double)eps));
         float fm = (float)mean;
         float g = gamma ? gamma[c] : 1.0f, b = beta ? beta[c] : 0.0f;
-        float a = g * invstd, sh = b - fm * a;
+        float a = g * invstd;
         for (int64_t n = 0; n < N; n++) {
             const float *xp = x + (n * C + c) * HW;
             float *yp = y + (n * C + c) * HW;
 #pragma omp simd
             for (int64_t i = 0; i < HW; i++)
-                yp[i] = xp[i] * a + sh;
+                yp[i] = (xp[i] - fm) * a + b; /* centre first: no cancellation */
         }
         if (save_mean)
             save_mean[c] = fm;
@@ -105,12 +104,12 @@ dt_status dt_k_batchnorm_eval_fwd(const float *x, int64_t N, int64_t C, int64_t 
         for (int64_t c = 0; c < C; c++) {
             float invstd = 1.0f / sqrtf(running_var[c] + eps);
             float a = (gamma ? gamma[c] : 1.0f) * invstd;
-            float sh = (beta ? beta[c] : 0.0f) - running_mean[c] * a;
+            float b = beta ? beta[c] : 0.0f, m = running_mean[c];
             const float *xp = x + (n * C + c) * HW;
             float *yp = y + (n * C + c) * HW;
 #pragma omp simd
             for (int64_t i = 0; i < HW; i++)
-                yp[i] = xp[i] * a + sh;
+                yp[i] = (xp[i] - m) * a + b;
         }
     return DT_OK;
 }

@@ -96,6 +96,9 @@ dt_status dt_tensor_init_contiguous(dt_tensor *t, dt_dtype dtype, int ndim, cons
             return dt_error(DT_ERR_RANGE, "tensor init: shape overflows int64");
         s *= shape[i];
     }
+    if (s > INT64_MAX / 8)
+        return dt_error(DT_ERR_RANGE, "tensor init: %lld elements is too large",
+                        (long long)s);
     t->data = data;
     return DT_OK;
 }

@@ -186,6 +186,41 @@ TEST(backward_misuse)
     dt_tensor_free(w);
 }
 
+/* Empty tensors are valid everywhere a shape allows them; huge ones fail
+ * cleanly. */
+TEST(empty_and_huge)
+{
+    dt_tensor *w = dt_tensor_new(DT_F32, 2, SH(5, 4));
+    dt_tensor_set_requires_grad(w, true);
+    dt_tensor *e = z(2, SH(0, 4));
+    dt_tensor *y = dt_linear(ctx, e, w, NULL);
+    ASSERT(y && y->shape[0] == 0 && y->shape[1] == 5);
+    dt_tensor *m = dt_matmul(ctx, e, z(2, SH(4, 3)));
+    ASSERT(m && dt_tensor_numel(m) == 0);
+    dt_tensor *a = dt_add(ctx, e, z(1, SH(4)));
+    ASSERT(a && dt_tensor_numel(a) == 0);
+    dt_tensor *s = dt_sum(ctx, dt_relu(ctx, y));
+    ASSERT(s);
+    ASSERT_NEAR(dt_tensor_item(s), 0, 0, 0);
+    ASSERT_OK(dt_backward(ctx, s));
+    ASSERT_NEAR(dt_tensor_get(w->grad, 0), 0, 0, 0);
+    EXPECT_ERR(dt_cross_entropy(ctx, z(2, SH(0, 3)), dt_tensor_zeros(ctx, DT_I64, 1, SH(0))),
+               DT_ERR_SHAPE, "dt_cross_entropy");
+    EXPECT_ERR(dt_tensor_zeros(ctx, DT_F32, 2, SH((int64_t)1 << 31, (int64_t)1 << 30)),
+               DT_ERR_RANGE, "too large");
+    EXPECT_ERR(dt_tensor_zeros(ctx, DT_F32, 2, SH((int64_t)1 << 40, (int64_t)1 << 30)),
+               DT_ERR_RANGE, "overflows");
+    /* [2^21] indices into a [2, 2^40] table: the output would be too large;
+     * checked before anything is read or allocated (views over dummies) */
+    static float dummy[4];
+    static int64_t ids[4];
+    EXPECT_ERR(dt_embedding(ctx,
+                            dt_tensor_view_of(ctx, dummy, DT_F32, 2, SH(2, (int64_t)1 << 40)),
+                            dt_tensor_view_of(ctx, ids, DT_I64, 1, SH((int64_t)1 << 21))),
+               DT_ERR_RANGE, "too large");
+    dt_tensor_free(w);
+}
+
 int main(void)
 {
     ctx = dt_ctx_init(NULL);
@@ -195,6 +230,7 @@ int main(void)
     RUN(null_inputs);
     RUN(null_flows_through_forward_to_loss);
     RUN(backward_misuse);
+    RUN(empty_and_huge);
     dt_ctx_free(ctx);
     return TEST_REPORT();
 }

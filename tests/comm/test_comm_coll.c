@@ -331,6 +331,17 @@ static const plan k_algos = {
     .counts = {1, 1000002, 1000000 + 301},
 };
 
+/* f32 sum/avg past the streaming-store threshold (8 MiB), odd length. */
+static const plan k_big = {
+    .kinds_mask = K(DT_COLL_ALLREDUCE),
+    .ndt = 1,
+    .dts = {DT_F32},
+    .nop = 2,
+    .ops = {DT_REDUCE_SUM, DT_REDUCE_AVG},
+    .ncount = 1,
+    .counts = {1000000 + 1048600}, /* 1048600W + 3: just past 8 MiB at W=2 */
+};
+
 static const int k_sizes[] = {1, 2, 3, 4, 8};
 
 static void set_cfg(const char *slot, const char *stage, const char *algo)
@@ -398,6 +409,14 @@ TEST(algorithm_tree)
     ASSERT_EQ_INT(run_sizes(&k_algos, 2), 0);
 }
 
+TEST(large_streaming)
+{
+    set_cfg(NULL, NULL, NULL);
+    double t0 = dt_time_s();
+    ASSERT_EQ_INT(th_run(2, 90.0, run_plan, (void *)&k_big, NULL), 0);
+    fprintf(stderr, "  W=2: ok (%.2f s)\n", dt_time_s() - t0);
+}
+
 /* Size ranges: small vectors direct, larger ones ring, in one run. */
 TEST(algorithm_table_ranges)
 {
@@ -414,5 +433,6 @@ int main(void)
     RUN(algorithm_rechd);
     RUN(algorithm_tree);
     RUN(algorithm_table_ranges);
+    RUN(large_streaming);
     return TEST_REPORT();
 }

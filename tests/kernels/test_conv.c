@@ -162,6 +162,20 @@ TEST(conv_cache_and_errors)
     }
     dt_k_stats_get(&b);
     ASSERT_EQ_U64(b.primitives_created - a.primitives_created, 0); /* steady state creates none */
+    /* a new thread count gets its own primitives (oneDNN sizes scratchpads
+     * per thread count at creation) and the same results */
+    int saved = dt_get_num_threads();
+    float *y1 = dt_alloc(ysz(s) * 4);
+    fill(x, xsz(s), 1); /* the loop above overwrote x with gradients */
+    ASSERT_OK(dt_k_conv2d_fwd(s, x, w, NULL, y1));
+    dt_set_num_threads(saved == 1 ? 2 : 1);
+    ASSERT_OK(dt_k_conv2d_fwd(s, x, w, NULL, y));
+    dt_k_stats_get(&c);
+    dt_set_num_threads(saved);
+    ASSERT(c.primitives_created > b.primitives_created);
+    for (int64_t i = 0; i < ysz(s); i++)
+        ASSERT_NEAR(y[i], y1[i], 1e-5, 1e-5);
+    dt_free(y1);
     dt_k_conv2d_shape bad = *s;
     bad.R = 40;
     ASSERT_STATUS(dt_k_conv2d_fwd(&bad, x, w, NULL, y), DT_ERR_SHAPE);

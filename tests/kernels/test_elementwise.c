@@ -323,8 +323,43 @@ TEST(maxpool_paths_vs_naive)
     }
 }
 
+/* Batch norm statistics stay accurate when the mean dwarfs the spread
+ * (one-pass moments are shifted; the output is centred before scaling). */
+TEST(batchnorm_large_offset)
+{
+    enum { N = 8, C = 3, HW = 50 };
+    static float x[N * C * HW], y[N * C * HW];
+    fill(x, N * C * HW, 40, -1, 1);
+    for (int i = 0; i < N * C * HW; i++)
+        x[i] += 1000.0f * (float)(1 + (i / HW) % C);
+    float sm[C], si[C], rm[C] = {0}, rv[C] = {1, 1, 1};
+    ASSERT_OK(dt_k_batchnorm_train_fwd(x, N, C, HW, NULL, NULL, 1e-5f, 1.0f, rm, rv, y, sm, si));
+    for (int c = 0; c < C; c++) {
+        double s = 0, s2 = 0;
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i++)
+                s += x[(n * C + c) * HW + i];
+        double mean = s / (N * HW);
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i++) {
+                double d = x[(n * C + c) * HW + i] - mean;
+                s2 += d * d;
+            }
+        double var = s2 / (N * HW);
+        ASSERT_NEAR(sm[c], mean, 1e-3, 1e-7);
+        ASSERT_NEAR(si[c], 1 / sqrt(var + 1e-5), 0, 1e-4);
+        ASSERT_NEAR(rv[c], var * (N * HW) / (N * HW - 1), 0, 1e-4);
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i += 7) {
+                int j = (n * C + c) * HW + i;
+                ASSERT_NEAR(y[j], (x[j] - mean) / sqrt(var + 1e-5), 2e-3, 0);
+            }
+    }
+}
+
 int main(void)
 {
+    RUN(batchnorm_large_offset);
     RUN(maxpool_paths_vs_naive);
     RUN(binary_broadcast_values);
     RUN(large_elementwise_threads);
