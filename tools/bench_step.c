@@ -126,10 +126,10 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
                name, batch, threads, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
-               dt_model_param_count(m), (double)last_loss);
+               peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, dt_model_param_count(m), (double)last_loss);
     } else {
         printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f)  "
                "%9.1f samples/s  %6.1f GFLOP/s",

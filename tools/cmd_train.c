@@ -15,6 +15,7 @@
  * SIGINT/SIGTERM stop the run between steps (exit 130, no metrics file). */
 #include "cmd.h"
 #include "train.h"
+#include "train_ddp.h"
 
 #include "dtrain/autograd.h"
 #include "dtrain/data.h"
@@ -40,6 +41,8 @@ typedef struct {
     int tgt_ndim;
     bool classifier;              /* has labels / accuracy */
     dt_dataset *base_train, *base_test, *train, *test;
+    dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
+    dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
     dt_sampler *train_sampler, *test_sampler;
     dt_loader *train_loader, *test_loader;
     dt_optim *opt;
@@ -140,12 +143,20 @@ static int setup_data(trainer *t)
     dt_loader_params lp = dt_loader_params_default();
     lp.batch_size = t->o.batch;
     lp.prefetch = (int)t->o.prefetch;
-    if (dt_sampler_random_init(dt_dataset_length(t->train), t->o.seed, &t->train_sampler) < 0 ||
+    /* DDP: every rank evaluates its own contiguous share of the test set */
+    if (t->ddp.world > 1) {
+        int64_t lo, hi;
+        dt__ddp_eval_range(&t->ddp, dt_dataset_length(t->test), &lo, &hi);
+        if (dt_dataset_subset_init(t->test, lo, hi - lo, &t->test_shard) < 0)
+            return fail(1, what);
+    }
+    dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
+    if (dt__ddp_train_sampler(&t->ddp, dt_dataset_length(t->train), t->o.seed, &t->train_sampler) < 0 ||
         dt_loader_init(t->train, t->train_sampler, &lp, &t->train_loader) < 0)
         return fail(1, "training data loader");
     lp.batch_size = t->o.batch > 500 ? t->o.batch : 500; /* evaluation: bigger batches, no grads */
-    if (dt_sampler_sequential_init(dt_dataset_length(t->test), &t->test_sampler) < 0 ||
-        dt_loader_init(t->test, t->test_sampler, &lp, &t->test_loader) < 0)
+    if (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
+        dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0)
         return fail(1, "test data loader");
     if (dt_loader_num_batches(t->train_loader) == 0) {
         fprintf(stderr, "dtrain train: --data %s: the training set is empty\n", t->o.data);
@@ -276,6 +287,14 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
         rc = fail(1, "test data");
         goto out;
     }
+    {   /* DDP: sum the ranks' shares */
+        double sums[3] = {loss_sum, (double)correct, (double)seen};
+        if (dt__ddp_sum(&t->ddp, sums, 3) < 0) {
+            rc = fail(1, "evaluation");
+            goto out;
+        }
+        loss_sum = sums[0], correct = (int64_t)sums[1], seen = (int64_t)sums[2];
+    }
     *loss_out = seen ? loss_sum / (double)seen : NAN;
     *acc_out = t->classifier && seen ? (double)correct / (double)seen : NAN;
 out:
@@ -322,24 +341,44 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     float *P = dt_model_params(t->model);
     size_t nflat = dt_model_flat_numel(t->model);
     dt__progress_epoch_begin(&t->prog, epoch, nb);
+    bool stop_agreed = false; /* DDP: some rank got a signal */
     double t0 = dt_time_s();
     if (dt_loader_start_epoch(t->train_loader, epoch) < 0)
         return fail(1, "training data");
     const dt_batch *b;
     dt_status st;
     while ((st = dt_loader_next(t->train_loader, &b)) == DT_OK && b) {
-        if (g_stop)
+        if (g_stop && (t->ddp.world == 1 || stop_agreed)) /* DDP: ranks agree on stopping (below) */
             break;
         double lr = lr_at(t, t->global_step);
         dt_optim_set_lr(t->opt, lr);
-        dt_model_zero_grad(t->model);
+        /* DDP / --grad-accum: zero at the start of an accumulation, no_sync
+         * until its last micro-batch, loss scaled by 1/accum */
+        if (t->ddp.micro == 0)
+            dt_model_zero_grad(t->model);
+        bool do_step = dt__ddp_begin_micro(&t->ddp, step + 1 == nb);
         dt_tensor *y, *x = batch_input(t, b, &y);
-        dt_tensor *loss = dt_model_loss(t->ctx, t->model, dt_model_forward(t->ctx, t->model, x), y);
-        if (!loss || dt_backward(t->ctx, loss) < 0) {
+        dt_tensor *loss = dt_model_loss(t->ctx, t->model, dt__ddp_forward(&t->ddp, t->ctx, t->model, x), y);
+        dt_tensor *bl = loss && t->ddp.accum > 1 ? dt_scale(t->ctx, loss, dt__ddp_loss_scale(&t->ddp)) : loss;
+        if (!bl || dt_backward(t->ctx, bl) < 0 || (do_step && dt__ddp_sync(&t->ddp) < 0)) {
             dt__progress_clear(&t->prog);
             return fail(1, "training step");
         }
         double l = dt_tensor_item(loss);
+        if (t->ddp.world > 1) {
+            /* DDP: the loss shown is the mean over ranks; a signal on any
+             * rank stops every rank after the same step (a dead peer makes
+             * this or an earlier collective fail, naming it) */
+            double v[2] = {l, g_stop ? 1.0 : 0.0};
+            if (dt__ddp_sum(&t->ddp, v, 2) < 0) {
+                dt__progress_clear(&t->prog);
+                return fail(1, "training step");
+            }
+            l = v[0] / t->ddp.world;
+            stop_agreed = v[1] > 0;
+            if (stop_agreed && !g_stop)
+                g_stop = SIGTERM;
+        }
         if (!isfinite(l)) {
             dt__progress_clear(&t->prog);
             fprintf(stderr, "dtrain train: the loss is %g at step %lld: training diverged (try a "
@@ -347,16 +386,16 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
             return 1;
         }
         /* Only the gradient buffer of the model itself is clipped. */
-        if (t->o.clip_grad_norm > 0)
+        if (do_step && t->o.clip_grad_norm > 0)
             dt_clip_grad_norm(dt_model_grads(t->model), nflat, (float)t->o.clip_grad_norm, NULL);
-        if (dt_optim_step(t->opt, P, dt_model_grads(t->model)) < 0) {
+        if (do_step && dt_optim_step(t->opt, P, dt_model_grads(t->model)) < 0) {
             dt__progress_clear(&t->prog);
             return fail(1, "optimizer step");
         }
         dt_ctx_reset(t->ctx);
         step++;
         t->global_step++;
-        samples += b->size;
+        samples += b->size * t->ddp.world; /* DDP: every rank ran a batch of this size */
         t->loss_window[t->nloss++ % LOSS_WINDOW] = l;
         log_loss += l;
         log_n++;
@@ -422,13 +461,16 @@ static void cleanup(trainer *t)
     dt_sampler_free(t->train_sampler);
     dt_sampler_free(t->test_sampler);
     dt_dataset_free(t->train);
+    dt_dataset_free(t->test_shard);
     dt_dataset_free(t->test);
     dt_dataset_free(t->base_train);
     dt_dataset_free(t->base_test);
     dt_optim_free(t->opt);
     free(t->segs);
+    dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
     dt_ctx_free(t->ctx);
+    dt__ddp_free_group(&t->ddp);
 }
 
 int dt_cmd_train(int argc, char **argv)
@@ -445,14 +487,17 @@ int dt_cmd_train(int argc, char **argv)
     }
     if (t->o.threads > 0)
         dt_set_num_threads((int)t->o.threads);
-    if ((rc = setup_model(t)) || (rc = setup_data(t)) || (rc = setup_optimizer(t)))
+    if ((rc = dt__ddp_setup(&t->ddp, t->o.sync_bn, t->o.bucket_mb, t->o.grad_accum)))
+        goto out;
+    if ((rc = setup_model(t)) || (rc = dt__ddp_wrap(&t->ddp, t->model)) || (rc = setup_data(t)) ||
+        (rc = setup_optimizer(t)))
         goto out;
     t->ctx = dt_ctx_init(NULL);
     if (!t->ctx) {
         rc = fail(1, "context");
         goto out;
     }
-    if (t->o.metrics) {
+    if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
         if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
             rc = fail(2, NULL);
             goto out;
@@ -470,12 +515,17 @@ int dt_cmd_train(int argc, char **argv)
                       (long long)t->o.epochs, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                       (unsigned long long)t->o.seed, dt_get_num_threads(), (long long)ntrain,
                       (long long)ntest, (long long)spe, dt_model_param_count(t->model));
-    dt__progress_init(&t->prog, t->o.progress, stdout, t->o.epochs, t->o.log_every);
+    dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
+                      t->o.log_every);
     if (t->prog.mode != DT__PROGRESS_NONE)
         printf("training %s (%zu parameters) on %s: %lld items, %lld steps/epoch of %lld, %s lr %g, "
                "%d threads\n", t->o.model, dt_model_param_count(t->model), t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
+        printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
+               (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
+               t->ddp.nconverted ? ", SyncBatchNorm" : "");
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
@@ -488,17 +538,23 @@ int dt_cmd_train(int argc, char **argv)
     }
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    /* The final figures, one per line, stable for scripts (demo.sh greps them). */
-    if (!t->o.no_eval) {
-        printf("test loss: %.4f\n", tl);
-        if (!isnan(ta))
-            printf("test accuracy: %.2f%% (%lld items)\n", 100 * ta, (long long)ntest);
+    /* The final figures, one per line, stable for scripts (demo.sh greps them). DDP: rank 0. */
+    if (dt__ddp_is_main(&t->ddp)) {
+        if (!t->o.no_eval) {
+            printf("test loss: %.4f\n", tl);
+            if (!isnan(ta))
+                printf("test accuracy: %.2f%% (%lld items)\n", 100 * ta, (long long)ntest);
+        }
+        printf("train loss (last %d steps): %.4f\n", LOSS_WINDOW, window_mean(t));
+        printf("epoch wall time: %.2f s (last epoch; data loading included, evaluation excluded)\n", wall);
+        printf("samples/s: %.0f\n", sps);
+        if (t->o.epochs > 1)
+            printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
+        char ddp_line[400];
+        dt__ddp_summary(&t->ddp, t->global_step, ddp_line, sizeof ddp_line);
+        if (ddp_line[0])
+            printf("%s\n", ddp_line);
     }
-    printf("train loss (last %d steps): %.4f\n", LOSS_WINDOW, window_mean(t));
-    printf("epoch wall time: %.2f s (last epoch; data loading included, evaluation excluded)\n", wall);
-    printf("samples/s: %.0f\n", sps);
-    if (t->o.epochs > 1)
-        printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
     fflush(stdout);
     rc = 0;
 out:

@@ -36,8 +36,10 @@ typedef struct dt__train_opts {
     int64_t prefetch;         /* batches the loader prepares ahead, default 2 */
     int64_t random_items;     /* items of the random train set, default 6000 */
     bool no_eval;             /* skip the final evaluation */
-    /* DDP flags (--sync-bn, --bucket-mb, --grad-accum) are added with the
-     * parallel layer: one row each in the option table of train_args.c. */
+    /* DDP (tools/train_ddp.c) */
+    bool sync_bn;             /* BatchNorm2d -> SyncBatchNorm when distributed */
+    double bucket_mb;         /* DDP bucket cap in MiB, 0 = default 25 */
+    int64_t grad_accum;       /* micro-batches per optimizer step, default 1 */
 } dt__train_opts;
 
 /* Parse argv (argv[0] is "train"). Returns 0 on success, 1 if --help was

@@ -59,6 +59,12 @@ static const opt_def opts[] = {
      "training items of --data random (default 6000; test items: --limit-test, default 1000)"},
     {"progress", OPT_CHOICE, OFF(progress), 0, 0, "auto|bar|plain|none", "MODE",
      "bar on a terminal, plain lines otherwise (default auto)"},
+    {"sync-bn", OPT_FLAG, OFF(sync_bn), 0, 0, NULL, NULL,
+     "with several ranks: batch-norm statistics over all ranks (SyncBatchNorm)"},
+    {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 4096, NULL, "MIB",
+     "with several ranks: DDP gradient bucket cap (default 25; the first bucket min(1, MIB))"},
+    {"grad-accum", OPT_INT, OFF(grad_accum), 1, 1e6, NULL, "N",
+     "accumulate gradients over N batches per optimizer step (default 1)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 64, NULL, "N", "batches loaded ahead (default 2)"},
 };
 #undef OFF
@@ -78,6 +84,7 @@ static void set_defaults(dt__train_opts *o)
     o->gamma = 0.1;
     o->log_every = 100;
     o->progress = "auto";
+    o->grad_accum = 1;
     o->prefetch = 2;
     o->random_items = 6000;
 }

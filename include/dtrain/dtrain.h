@@ -17,6 +17,10 @@
 #include "dtrain/base.h"
 #include "dtrain/kernels.h"
 #include "dtrain/comm.h"
+#include "dtrain/tensor.h"
+#include "dtrain/autograd.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/data.h"
+#include "dtrain/parallel.h"
 #endif

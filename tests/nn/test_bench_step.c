@@ -1,0 +1,61 @@
+/* `dtrain bench step` smoke test: tiny runs of both models print one JSON
+ * object each with the fields the docs promise; bad options are rejected.
+ * Timings are not checked (tests never depend on speed). */
+#include "dtrain/base.h"
+#include "test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int run(const char *args, char *out, size_t cap)
+{
+    const char *cli = getenv("DT_CLI");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench step %s 2>&1", cli ? cli : DT_BINARY_DIR "/dtrain", args);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(json_per_model)
+{
+    static char out[8192];
+    ASSERT_EQ_INT(run("--model convnet,mlp --batch 1 --steps 2 --warmup 0 --threads 1 --peak-reps 0 --json", out,
+                      sizeof out), 0);
+    const char *c = strstr(out, "\"model\":\"convnet\""), *m = strstr(out, "\"model\":\"mlp\"");
+    ASSERT(c && m);
+    const char *keys[] = {"\"median_ms\":", "\"samples_per_s\":", "\"gflops\":", "\"pct_of_peak\":",
+                          "\"forward_ms\":", "\"backward_ms\":", "\"optimizer_ms\":", "\"threads\":1"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ASSERT_STR_CONTAINS(c, keys[i]);
+    /* one line per result */
+    int lines = 0;
+    for (const char *p = out; *p; p++)
+        lines += *p == '\n';
+    ASSERT_EQ_INT(lines, 2);
+    /* the mlp's 1-sample step is 5 * 2*128*1024*4096 FLOPs */
+    ASSERT_STR_CONTAINS(m, "\"gflop_per_step\":5.3687");
+}
+
+TEST(bad_options)
+{
+    static char out[4096];
+    ASSERT_EQ_INT(run("--model resnet --steps 1 --peak-reps 0", out, sizeof out), 1);
+    ASSERT_STR_CONTAINS(out, "resnet");
+    ASSERT_EQ_INT(run("--bogus", out, sizeof out), 2);
+    ASSERT_EQ_INT(run("--steps 0", out, sizeof out), 2);
+    ASSERT_EQ_INT(run("--help", out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "--model");
+}
+
+int main(void)
+{
+    RUN(json_per_model);
+    RUN(bad_options);
+    return TEST_REPORT();
+}
