@@ -341,13 +341,14 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     float *P = dt_model_params(t->model);
     size_t nflat = dt_model_flat_numel(t->model);
     dt__progress_epoch_begin(&t->prog, epoch, nb);
+    bool stop_agreed = false; /* DDP: some rank got a signal */
     double t0 = dt_time_s();
     if (dt_loader_start_epoch(t->train_loader, epoch) < 0)
         return fail(1, "training data");
     const dt_batch *b;
     dt_status st;
     while ((st = dt_loader_next(t->train_loader, &b)) == DT_OK && b) {
-        if (g_stop)
+        if (g_stop && (t->ddp.world == 1 || stop_agreed)) /* DDP: ranks agree on stopping (below) */
             break;
         double lr = lr_at(t, t->global_step);
         dt_optim_set_lr(t->opt, lr);
@@ -364,12 +365,19 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
             return fail(1, "training step");
         }
         double l = dt_tensor_item(loss);
-        if (t->ddp.world > 1) { /* DDP: the loss shown is the mean over ranks */
-            if (dt__ddp_sum(&t->ddp, &l, 1) < 0) {
+        if (t->ddp.world > 1) {
+            /* DDP: the loss shown is the mean over ranks; a signal on any
+             * rank stops every rank after the same step (a dead peer makes
+             * this or an earlier collective fail, naming it) */
+            double v[2] = {l, g_stop ? 1.0 : 0.0};
+            if (dt__ddp_sum(&t->ddp, v, 2) < 0) {
                 dt__progress_clear(&t->prog);
                 return fail(1, "training step");
             }
-            l /= t->ddp.world;
+            l = v[0] / t->ddp.world;
+            stop_agreed = v[1] > 0;
+            if (stop_agreed && !g_stop)
+                g_stop = SIGTERM;
         }
         if (!isfinite(l)) {
             dt__progress_clear(&t->prog);

@@ -62,7 +62,7 @@ static const opt_def opts[] = {
     {"sync-bn", OPT_FLAG, OFF(sync_bn), 0, 0, NULL, NULL,
      "with several ranks: batch-norm statistics over all ranks (SyncBatchNorm)"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 4096, NULL, "MIB",
-     "with several ranks: DDP gradient bucket size (default 25)"},
+     "with several ranks: DDP gradient bucket cap (default 25; the first bucket min(1, MIB))"},
     {"grad-accum", OPT_INT, OFF(grad_accum), 1, 1e6, NULL, "N",
      "accumulate gradients over N batches per optimizer step (default 1)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 64, NULL, "N", "batches loaded ahead (default 2)"},

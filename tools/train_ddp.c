@@ -50,8 +50,11 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         return 1;
     }
     dt_ddp_params p = dt_ddp_params_default();
-    if (r->bucket_mb > 0)
+    if (r->bucket_mb > 0) { /* PyTorch's first bucket is 1 MiB; a smaller cap shrinks it too */
         p.bucket_cap_mb = r->bucket_mb;
+        if (p.first_bucket_mb > r->bucket_mb)
+            p.first_bucket_mb = r->bucket_mb;
+    }
     if (dt_ddp_init(r->pg, m, &p, &r->ddp) < 0) {
         fprintf(stderr, "dtrain train: DDP: %s\n", dt_last_error());
         return 1;

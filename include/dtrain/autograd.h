@@ -171,8 +171,11 @@ DT_API dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x);
 /* x * Phi(x), exact erf form (PyTorch's default approximate='none'). */
 DT_API dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x);
 /* Inverted dropout: in training, element i (row-major index) is zeroed when
- * dt_rng_uniform(key, i) < p and the rest scaled by 1/(1-p); identity when
- * !training or p == 0. p in [0, 1). */
+ * dt_rng_uniform(key, i) < p and the rest scaled by 1/(1-p); p = 1 gives
+ * zeros. When !training or p == 0 it returns x itself (no copy, no node).
+ * p in [0, 1]. The mask depends only on (key, i): use a distinct key per
+ * call site and step, e.g. dt_rng_key_make(seed, DT_RNG_DROPOUT, layer, step)
+ * (recomputation under dt_ag_checkpoint then sees the same mask). */
 DT_API dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key);
 
 /* ---- matmul and layers --------------------------------------------------------- */

@@ -58,14 +58,14 @@ static dt_status configure(shm_ctx *s, int world, int local_world)
 {
     dt_status st;
     if ((st = env_size("DT_SHM_HEAP_MB", 1024, 1, 1 << 20, 1u << 20, &s->heap_bytes)) < 0 ||
-        (st = env_size("DT_SHM_STAGING_KB", 4096, 8, 1 << 20, 1024, &s->stage_bytes)) < 0 ||
+        (st = env_size("DT_SHM_STAGING_KB", 8192, 8, 1 << 20, 1024, &s->stage_bytes)) < 0 ||
         (st = env_size("DT_SHM_SLOT_BYTES", 16384, 0, 1 << 24, 1, &s->slot_bytes)) < 0)
         return st;
     s->slot_bytes = (s->slot_bytes + 63) / 64 * 64;
     s->chan_bytes = 256u << 10;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     long spin;
-    if ((st = dt__env_long("DT_SHM_SPIN", local_world > ncpu ? 200 : 20000, &spin)) < 0)
+    if ((st = dt__env_long("DT_SHM_SPIN", local_world > ncpu ? 100 : 2000, &spin)) < 0)
         return st;
     s->spin = spin < 0 ? 0 : (int)spin;
     if ((st = dt__shm_table_init(&s->table, getenv("DT_SHM_ALGO"))) < 0)

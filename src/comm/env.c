@@ -213,10 +213,9 @@ dt_status dt__rank_discover(const dt_pg_params *p, dt__rank_env *o)
     /* Job id (names the shm segment) and the rendezvous address. */
     if (p && p->job_id)
         snprintf(o->job_id, sizeof o->job_id, "%s", p->job_id);
-    if (!o->job_id[0] && is_set("DT_JOB_ID")) {
-        const char *rc = getenv("DT_RESTART_COUNT");
-        snprintf(o->job_id, sizeof o->job_id, "%s.%s", getenv("DT_JOB_ID"), rc && *rc ? rc : "0");
-    }
+    /* DT_JOB_ID as is: `dtrain run` removes the segment named from it
+     * (dt__shm_segment_name) after a failed attempt, before restarting. */
+    copy_env(o->job_id, sizeof o->job_id, "DT_JOB_ID");
     if (o->src >= DT__SRC_OMPI && o->src != DT__SRC_NONE) {
         copy_env(o->job_id, sizeof o->job_id, "OMPI_MCA_ess_base_jobid");
         copy_env(o->job_id, sizeof o->job_id, "PMIX_NAMESPACE");

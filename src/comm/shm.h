@@ -24,11 +24,13 @@
  * fingerprint check catches differences):
  *   DT_SHM_ALGO        algorithm table overrides, see shm_select.c
  *   DT_SHM_HEAP_MB     per-rank dt_pg_alloc arena, MiB (default 1024; sparse)
- *   DT_SHM_STAGING_KB  per-rank staging for plain buffers, KiB (default 4096)
+ *   DT_SHM_STAGING_KB  per-rank staging for plain buffers, KiB (default 8192:
+ *                      4 MiB pieces in, 4 MiB out)
  *   DT_SHM_SLOT_BYTES  small-message slot per rank, bytes (default 16384;
  *                      0 disables the small-message path)
- *   DT_SHM_SPIN        spin iterations before sleeping (default 20000, or
- *                      200 when there are more local ranks than cores)
+ *   DT_SHM_SPIN        pause-spin iterations before yielding, then sleeping
+ *                      (default 2000, about 50 us; 100 when there are more
+ *                      local ranks than cores)
  */
 #ifndef DT_COMM_SHM_H
 #define DT_COMM_SHM_H

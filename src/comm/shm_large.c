@@ -42,106 +42,170 @@ static void read_expo(shm_ctx *s, expo *e)
     }
 }
 
-/* ---- all-reduce, reduce, broadcast: one vector cut into pieces ---- */
+/* ---- all-reduce, reduce, broadcast: one vector cut into pieces ----
+ *
+ * Staged pieces are double-buffered: the staging IN and OUT areas are each
+ * split in two, piece k uses half k%2, and one barrier per piece separates
+ * "everyone finished the algorithm on piece k and staged piece k+1" from
+ * "copy piece k out, run piece k+1". Peers write piece k+1 into the other
+ * half while a rank copies piece k out, and nobody reads half k%2 again
+ * before the next barrier, so one barrier per piece is enough. */
+
+typedef struct {
+    const dt_coll *c;
+    const expo *e;
+    shm_alg alg;
+    int is_ar, is_red, is_bc;
+    int in_needed[SHM_MAX_RANKS], zc_in[SHM_MAX_RANKS], zc_work[SHM_MAX_RANKS];
+    size_t piece, es;
+} vplan;
+
+/* Pointers for piece k (elements [a, a+m)), and my own-chunk bounds. */
+static void vpiece(shm_ctx *s, const vplan *v, size_t k, shm_piece *p, size_t *lo, size_t *hi)
+{
+    const dt_coll *c = v->c;
+    int W = s->size, me = s->rank, half = (int)(k & 1);
+    size_t es = v->es, a = k * v->piece, m = c->count - a < v->piece ? c->count - a : v->piece;
+    size_t hb = s->stage_bytes / 4; /* bytes in one half of IN or OUT */
+    p->s = s;
+    p->count = m;
+    p->dt = c->dtype;
+    p->op = c->op;
+    p->root = v->is_ar ? -1 : c->root;
+    for (int j = 0; j < W; j++) {
+        p->ins[j] = v->zc_in[j] ? s->base + v->e->in_off[j] + a * es
+                                : shm_stage_in(s, j) + (size_t)half * hb;
+        if (v->is_bc && j == c->root)
+            p->works[j] = p->ins[j];
+        else if (v->zc_work[j] && v->e->zc_out[j])
+            p->works[j] = s->base + v->e->out_off[j] + a * es;
+        else
+            p->works[j] = shm_stage_out(s, j) + (size_t)half * hb;
+    }
+    p->nt = c->count * es >= SHM_NT_BYTES;
+    p->own_in = NULL;
+    p->own_out = NULL;
+    *lo = *hi = 0;
+    if (v->is_ar && v->alg == SHM_ALG_DIRECT) {
+        dt__shm_chunk(m, es, W, me, lo, hi);
+        if (!v->zc_in[me])
+            p->own_in = (const char *)c->send + a * es;
+        if (!v->zc_work[me])
+            p->own_out = (char *)c->recv + a * es;
+    }
+}
+
+static void vcopy_in(shm_ctx *s, const vplan *v, size_t k)
+{
+    shm_piece p;
+    size_t lo, hi, a = k * v->piece, es = v->es;
+    vpiece(s, v, k, &p, &lo, &hi);
+    if (!v->in_needed[s->rank] || v->zc_in[s->rank])
+        return;
+    const char *src = (const char *)v->c->send + a * es;
+    char *dst = p.ins[s->rank];
+    if (p.own_in) { /* my own chunk is read from the user's buffer */
+        dt__copy(dst, src, lo * es);
+        dt__copy(dst + hi * es, src + hi * es, (p.count - hi) * es);
+    } else {
+        dt__copy(dst, src, p.count * es);
+    }
+}
+
+static void vcopy_out(shm_ctx *s, const vplan *v, size_t k)
+{
+    shm_piece p;
+    size_t lo, hi, es = v->es;
+    int me = s->rank;
+    vpiece(s, v, k, &p, &lo, &hi);
+    int has_out = v->is_ar || (v->is_red && me == v->c->root) ||
+                  (v->is_bc && me != v->c->root && v->alg == SHM_ALG_TREE);
+    char *mine = (char *)v->c->recv + k * v->piece * es;
+    if (!has_out)
+        return;
+    if (p.own_out) {
+        dt__copy(mine, p.works[me], lo * es);
+        dt__copy(mine + hi * es, p.works[me] + hi * es, (p.count - hi) * es);
+    } else if (p.works[me] != mine) {
+        dt__copy(mine, p.works[me], p.count * es);
+    }
+}
+
+/* The table's algorithm on one piece (direct broadcast is done inline). */
+static dt_status valg(const vplan *v, shm_piece *p)
+{
+    if (v->is_bc)
+        return dt__shm_broadcast_tree(p);
+    if (v->is_red)
+        return v->alg == SHM_ALG_TREE ? dt__shm_reduce_tree(p) : dt__shm_reduce_direct(p);
+    switch (v->alg) {
+    case SHM_ALG_RING: return dt__shm_allreduce_ring(p);
+    case SHM_ALG_RECHD: return dt__shm_allreduce_rechd(p);
+    case SHM_ALG_TREE: return dt__shm_allreduce_tree(p);
+    default: return dt__shm_allreduce_direct(p);
+    }
+}
 
 static dt_status vector_op(shm_ctx *s, const dt_coll *c, const expo *e, shm_alg alg)
 {
-    int W = s->size, me = s->rank, root = c->root;
-    size_t es = dt_dtype_size(c->dtype), n = c->count;
-    int is_ar = c->kind == DT_COLL_ALLREDUCE, is_red = c->kind == DT_COLL_REDUCE,
-        is_bc = c->kind == DT_COLL_BROADCAST;
-    /* who needs a staged input / work area */
-    int in_needed[SHM_MAX_RANKS], zc_in[SHM_MAX_RANKS], zc_work[SHM_MAX_RANKS];
+    int W = s->size, root = c->root;
+    vplan v;
+    memset(&v, 0, sizeof v);
+    v.c = c;
+    v.e = e;
+    v.alg = alg;
+    v.es = dt_dtype_size(c->dtype);
+    v.is_ar = c->kind == DT_COLL_ALLREDUCE;
+    v.is_red = c->kind == DT_COLL_REDUCE;
+    v.is_bc = c->kind == DT_COLL_BROADCAST;
     int all_zc = 1;
     for (int j = 0; j < W; j++) {
-        in_needed[j] = !is_bc || j == root;
-        zc_in[j] = e->zc_in[j];
-        if (is_red)
-            zc_work[j] = j == root && alg == SHM_ALG_DIRECT ? e->zc_out[j] : (j == root ? e->zc_out[j] : 0);
-        else if (is_bc)
-            zc_work[j] = j == root ? 1 : (alg == SHM_ALG_DIRECT ? 1 : e->zc_out[j]);
+        v.in_needed[j] = !v.is_bc || j == root;
+        v.zc_in[j] = e->zc_in[j];
+        if (v.is_red) /* non-roots work in staging (tree) */
+            v.zc_work[j] = j == root ? e->zc_out[j] : 0;
+        else if (v.is_bc) /* direct broadcast pulls straight into recv */
+            v.zc_work[j] = j == root || alg == SHM_ALG_DIRECT ? 1 : e->zc_out[j];
         else
-            zc_work[j] = e->zc_out[j];
-        if (in_needed[j] && !zc_in[j])
+            v.zc_work[j] = e->zc_out[j];
+        if (v.in_needed[j] && !v.zc_in[j])
             all_zc = 0;
-        if (!zc_work[j] && (is_ar || (is_red && (j == root || alg == SHM_ALG_TREE)) ||
-                            (is_bc && alg == SHM_ALG_TREE)))
+        if (!v.zc_work[j] && (v.is_ar || (v.is_red && (j == root || alg == SHM_ALG_TREE)) ||
+                              (v.is_bc && alg == SHM_ALG_TREE)))
             all_zc = 0;
     }
-    size_t piece = all_zc ? n : (s->stage_bytes / 2) / es;
+    size_t n = c->count;
+    v.piece = all_zc ? (n ? n : 1) : (s->stage_bytes / 4) / v.es;
+    size_t np = (n + v.piece - 1) / v.piece;
     uint32_t step = 2;
     dt_status st;
-    char *base = s->base;
-    for (size_t a = 0; a < n; a += piece) {
-        size_t m = n - a < piece ? n - a : piece;
-        shm_piece p;
-        p.s = s;
-        p.count = m;
-        p.dt = c->dtype;
-        p.op = c->op;
-        p.root = is_ar ? -1 : root;
-        for (int j = 0; j < W; j++) {
-            p.ins[j] = zc_in[j] ? base + e->in_off[j] + a * es : shm_stage_in(s, j);
-            if (is_bc && j == root)
-                p.works[j] = p.ins[j];
-            else if (zc_work[j] && e->zc_out[j])
-                p.works[j] = base + e->out_off[j] + a * es;
-            else
-                p.works[j] = shm_stage_out(s, j);
-        }
-        p.nt = n * es >= SHM_NT_BYTES;
-        p.own_in = NULL;
-        p.own_out = NULL;
-        size_t lo = 0, hi = 0; /* my chunk, when it bypasses staging */
-        if (is_ar && alg == SHM_ALG_DIRECT) {
-            dt__shm_chunk(m, es, W, me, &lo, &hi);
-            if (!zc_in[me])
-                p.own_in = (const char *)c->send + a * es;
-            if (!zc_work[me])
-                p.own_out = (char *)c->recv + a * es;
-        }
-        if (in_needed[me] && !zc_in[me]) {
-            const char *src = (const char *)c->send + a * es;
-            if (p.own_in) { /* my own chunk is read from the user's buffer */
-                dt__copy(p.ins[me], src, lo * es);
-                dt__copy(p.ins[me] + hi * es, src + hi * es, (m - hi) * es);
-            } else {
-                dt__copy(p.ins[me], src, m * es);
-            }
-        }
-        if (!all_zc && (st = dt__shm_barrier(s, step++)) < 0)
+    if (np == 0)
+        return DT_OK;
+    if (!all_zc) {
+        vcopy_in(s, &v, 0);
+        if ((st = dt__shm_barrier(s, step++)) < 0)
             return st;
+    }
+    for (size_t k = 0; k < np; k++) {
+        shm_piece p;
+        size_t lo, hi;
+        vpiece(s, &v, k, &p, &lo, &hi);
         p.step = step;
-        if (is_bc && alg == SHM_ALG_DIRECT) {
-            if (me != root)
-                dt__copy((char *)c->recv + a * es, p.ins[root], m * es);
+        if (v.is_bc && alg == SHM_ALG_DIRECT) {
+            if (s->rank != root)
+                dt__copy((char *)c->recv + k * v.piece * v.es, p.ins[root], p.count * v.es);
             st = DT_OK;
-        } else if (is_bc) {
-            st = dt__shm_broadcast_tree(&p);
-        } else if (is_red) {
-            st = alg == SHM_ALG_TREE ? dt__shm_reduce_tree(&p) : dt__shm_reduce_direct(&p);
         } else {
-            switch (alg) {
-            case SHM_ALG_RING: st = dt__shm_allreduce_ring(&p); break;
-            case SHM_ALG_RECHD: st = dt__shm_allreduce_rechd(&p); break;
-            case SHM_ALG_TREE: st = dt__shm_allreduce_tree(&p); break;
-            default: st = dt__shm_allreduce_direct(&p); break;
-            }
+            st = valg(&v, &p);
         }
         if (st < 0)
             return st;
         step = p.step;
+        if (k + 1 < np)
+            vcopy_in(s, &v, k + 1);
         if ((st = dt__shm_barrier(s, step++)) < 0)
             return st;
-        /* copy out my result if it was computed in staging */
-        int has_out = is_ar || (is_red && me == root) || (is_bc && me != root && alg == SHM_ALG_TREE);
-        char *mine = (char *)c->recv + a * es;
-        if (has_out && p.own_out) {
-            dt__copy(mine, p.works[me], lo * es);
-            dt__copy(mine + hi * es, p.works[me] + hi * es, (m - hi) * es);
-        } else if (has_out && p.works[me] != mine) {
-            dt__copy(mine, p.works[me], m * es);
-        }
+        vcopy_out(s, &v, k);
     }
     return DT_OK;
 }
@@ -181,6 +245,8 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
             all_zc = 0;
     }
     size_t piece = all_zc ? (maxn ? maxn : 1) : (s->stage_bytes / 2) / ((size_t)nblk * es);
+    if (piece == 0)
+        piece = 1; /* DT_SHM_STAGING_KB >= 8 and W <= 64 keep W*es within a half */
     uint32_t step = 2;
     dt_status st;
     const void *srcs[SHM_MAX_RANKS];
