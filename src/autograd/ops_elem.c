@@ -175,7 +175,7 @@ dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, 
 
 /* ---- unary ------------------------------------------------------------------ */
 
-enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT };
+enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH };
 
 /* Unary ops run on the kernels layer; their backward kernels overwrite, so
  * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
@@ -192,6 +192,7 @@ static dt_status unary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     case U_SCALE: st = dt_k_scale(gout, (float)n->f[0], 0.0f, gx, m); break;
     case U_RELU: st = dt_k_relu_bwd(n->out->data, gout, gx, m); break;
     case U_GELU: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_ERF); break;
+    case U_GELU_TANH: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_TANH); break;
     case U_DROPOUT:
         st = dt_k_dropout_bwd(gout, gx, m, (float)n->f[0], *(const dt_rng_key *)n->saved[0], 0);
         break;
@@ -215,6 +216,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
     case U_SCALE: st = dt_k_scale(xd, f0, 0.0f, y, m); break;
     case U_RELU: st = dt_k_relu_fwd(xd, y, m); break;
     case U_GELU: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_ERF); break;
+    case U_GELU_TANH: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_TANH); break;
     case U_DROPOUT: st = dt_k_dropout_fwd(xd, y, m, f0, *key, 0); break;
     }
     if (st < 0) {
@@ -227,7 +229,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
             return NULL;
         n->i[0] = kind;
         n->f[0] = f0;
-        if (kind == U_GELU)
+        if (kind == U_GELU || kind == U_GELU_TANH)
             n->saved[0] = (void *)(uintptr_t)xd;
         if (kind == U_DROPOUT) {
             dt_rng_key *k = dt_arena_alloc(ctx->arena, sizeof *k);
@@ -256,6 +258,12 @@ dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x)
 {
     DT__NEED_F32(ctx, "dt_gelu", x);
     return unary(ctx, "dt_gelu", U_GELU, x, 0, NULL);
+}
+
+dt_tensor *dt_gelu_tanh(dt_ctx *ctx, dt_tensor *x)
+{
+    DT__NEED_F32(ctx, "dt_gelu_tanh", x);
+    return unary(ctx, "dt_gelu_tanh", U_GELU_TANH, x, 0, NULL);
 }
 
 dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key)
