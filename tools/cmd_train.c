@@ -248,6 +248,10 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
     double loss_sum = 0;
     int64_t correct = 0, seen = 0;
     int rc = 0;
+    if (dt__ddp_sync_buffers(&t->ddp) < 0) { /* DDP: evaluate rank 0's running statistics */
+        rc = fail(1, "evaluation");
+        goto out;
+    }
     if (dt_loader_start_epoch(t->test_loader, 0) < 0) {
         rc = fail(1, "test data");
         goto out;
