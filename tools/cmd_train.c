@@ -248,6 +248,10 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
     double loss_sum = 0;
     int64_t correct = 0, seen = 0;
     int rc = 0;
+    if (dt__ddp_sync_buffers(&t->ddp) < 0) { /* DDP: evaluate rank 0's running statistics */
+        rc = fail(1, "evaluation");
+        goto out;
+    }
     if (dt_loader_start_epoch(t->test_loader, 0) < 0) {
         rc = fail(1, "test data");
         goto out;
@@ -526,6 +530,7 @@ int dt_cmd_train(int argc, char **argv)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
+    fflush(stdout);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;

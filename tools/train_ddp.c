@@ -100,6 +100,8 @@ float dt__ddp_loss_scale(const dt__ddp_run *r) { return 1.0f / (float)r->accum; 
 
 dt_status dt__ddp_sync(dt__ddp_run *r) { return r->ddp ? dt_ddp_wait(r->ddp) : DT_OK; }
 
+dt_status dt__ddp_sync_buffers(dt__ddp_run *r) { return r->ddp ? dt_ddp_sync_buffers(r->ddp) : DT_OK; }
+
 dt_status dt__ddp_sum(dt__ddp_run *r, double *v, int n)
 {
     return r->pg ? dt_metrics_allreduce(r->pg, v, n, DT_REDUCE_SUM) : DT_OK;

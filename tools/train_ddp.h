@@ -60,6 +60,9 @@ float dt__ddp_loss_scale(const dt__ddp_run *r);
  * all-reduces. Returns DT_OK or the error (message set). */
 dt_status dt__ddp_sync(dt__ddp_run *r);
 
+/* Before a sharded evaluation: every rank takes rank 0's buffers. */
+dt_status dt__ddp_sync_buffers(dt__ddp_run *r);
+
 /* All-reduce n doubles (SUM) when distributed; no-op otherwise. */
 dt_status dt__ddp_sum(dt__ddp_run *r, double *v, int n);
 

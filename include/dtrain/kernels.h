@@ -121,6 +121,11 @@ DT_API bool dt_k_matmul_bf16_native(void);
 DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops);
 
 /* ---- 2-D convolution (oneDNN), NCHW -------------------------------------- */
+/* Callers always pass plain NCHW activations and OIHW weights. Internally a
+ * convolution may run on oneDNN's blocked layouts (with cached reorders and
+ * buffers), chosen per direction and shape for speed; the environment
+ * variable DT_CONV_LAYOUT=plain|blocked|auto (default auto) forces a policy.
+ * Results agree across policies to float rounding. */
 typedef struct {
     int64_t N, C, H, W;            /* input (N, C, H, W) */
     int64_t K, R, S;               /* K output channels, R x S kernel; weights (K, C, R, S) */

@@ -129,6 +129,12 @@ DT_API dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x);
  * DT_ERR_TIMEOUT, ...). */
 DT_API dt_status dt_ddp_wait(dt_ddp *d);
 
+/* Broadcast the model's buffers (batch-norm running statistics) from rank 0
+ * now (collective). Each rank's last training forward updated its own
+ * copy; call this before a sharded evaluation so that every rank evaluates
+ * rank 0's model. */
+DT_API dt_status dt_ddp_sync_buffers(dt_ddp *d);
+
 /* no_sync: while on, backward accumulates gradients locally and nothing is
  * communicated; the first synchronised backward after it reduces the sum. */
 DT_API void dt_ddp_set_no_sync(dt_ddp *d, bool on);

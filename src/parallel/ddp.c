@@ -295,9 +295,11 @@ dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
         dt_error(DT_ERR_NULL, "dt_ddp_forward: %s is NULL", ctx ? "handle" : "context");
         return NULL;
     }
+    /* The caller skipped dt_ddp_wait: the gradient buffer must not be
+     * touched (no_sync accumulation, zero_grad) while it is reduced. */
+    if (d->state == DT__DDP_REDUCING && dt_ddp_wait(d) < 0)
+        return NULL;
     if (dt_ag_enabled(ctx) && !d->no_sync) {
-        if (d->state == DT__DDP_REDUCING && dt_ddp_wait(d) < 0) /* the caller skipped dt_ddp_wait */
-            return NULL;
         if (d->state == DT__DDP_FAILED) {
             dt_error(d->fail_st, "%s", d->fail_msg);
             return NULL;
@@ -327,6 +329,21 @@ dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
         d->marks_live++;
     }
     return dt_model_forward(ctx, d->m, x);
+}
+
+dt_status dt_ddp_sync_buffers(dt_ddp *d)
+{
+    if (!d)
+        return dt_error(DT_ERR_NULL, "dt_ddp_sync_buffers: handle is NULL");
+    if (d->world == 1 || dt_model_buffers_nbytes(d->m) == 0)
+        return DT_OK;
+    if (d->state == DT__DDP_REDUCING) {
+        dt_status st = dt_ddp_wait(d);
+        if (st < 0)
+            return st;
+    }
+    dt_status st = dt_pg_broadcast(d->pg, dt_model_buffers(d->m), dt_model_buffers_nbytes(d->m), DT_U8, 0);
+    return st < 0 ? dt_error_wrap(st, "DDP: broadcasting buffers from rank 0") : DT_OK;
 }
 
 void dt_ddp_set_no_sync(dt_ddp *d, bool on)

@@ -132,7 +132,8 @@ TEST(reductions_thread_independent)
     fill(g, n, 4, -1, 1);
     float r[2][8];
     double sq[2];
-    float dg[2][256], db[2][256], bng[2][64], bnb[2][64], emb[2][4 * 256];
+    float dg[2][256], db[2][256], bng[2][64], bnb[2][64], emb[2][4 * 256], rts[2][1024];
+    int64_t gsh[2] = {256, 1024}, osh[1] = {1024};
     int64_t idx[1024];
     for (int i = 0; i < 1024; i++)
         idx[i] = (i * 7) % 4;
@@ -150,6 +151,14 @@ TEST(reductions_thread_independent)
         ASSERT_OK(dt_k_batchnorm_train_fwd(x, 16, 64, 256, NULL, NULL, 1e-5f, 0.1f, NULL, NULL, y, sm, si));
         ASSERT_OK(dt_k_batchnorm_bwd(x, g, 16, 64, 256, NULL, sm, si, y, bng[t], bnb[t]));
         ASSERT_OK(dt_k_embedding_bwd(g, idx, DT_I64, 1024, 4, 256, emb[t]));
+        ASSERT_OK(dt_k_reduce_to_shape(g, gsh, 2, rts[t], osh, 1));
+    }
+    ASSERT(!memcmp(rts[0], rts[1], sizeof rts[0]));
+    for (int j = 0; j < 1024; j += 101) {
+        double acc = 0;
+        for (int rr = 0; rr < 256; rr++)
+            acc += g[rr * 1024 + j];
+        ASSERT_NEAR(rts[0][j], acc, 1e-4, 1e-4);
     }
     dt_set_num_threads(saved);
     ASSERT(!memcmp(r[0], r[1], 2 * sizeof(float)));

@@ -478,6 +478,46 @@ TEST(overlap)
     ASSERT_EQ_INT(th_run(2, 30.0, body_overlap, NULL, NULL), 0);
 }
 
+/* ---- buffers: local BatchNorm running stats differ until re-broadcast ---- */
+
+static int body_buffers(int rank, int W, void *argp)
+{
+    (void)argp;
+    dt_set_num_threads(1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    dt_model *m = dt_model_create("convnet", 3, NULL);
+    dt_ddp *ddp;
+    TH_OK(dt_ddp_init(pg, m, NULL, &ddp));
+    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_model_zero_grad(m);
+    TH_OK(fwd_bwd(ctx, m, ddp, &k_img_data, rank * 3, 3, 1.0f));
+    TH_OK(dt_ddp_wait(ddp));
+    int64_t i = dt_model_find_entry(m, "layer1.1.running_mean");
+    dt_param_info e;
+    TH_OK(dt_model_entry(m, (size_t)i, &e));
+    float mine[16], all[4 * 16];
+    memcpy(mine, e.tensor->data, sizeof mine);
+    TH_OK(dt_pg_allgather(pg, mine, all, 16, DT_F32));
+    TH_CHECK(memcmp(all, all + 16, sizeof mine) != 0, "ranks saw different batches, stats should differ");
+    TH_OK(dt_ddp_sync_buffers(ddp));
+    TH_OK(dt_pg_allgather(pg, e.tensor->data, all, 16, DT_F32));
+    for (int r = 1; r < W; r++)
+        TH_CHECK(memcmp(all, all + 16 * r, sizeof mine) == 0, "rank %d differs after sync", r);
+    if (rank == 0)
+        TH_CHECK(memcmp(all, mine, sizeof mine) == 0, "rank 0's own stats");
+    dt_ctx_free(ctx);
+    dt_ddp_free(ddp);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(sync_buffers)
+{
+    ASSERT_EQ_INT(th_run(2, 30.0, body_buffers, NULL, NULL), 0);
+}
+
 /* ---- world size 1, forward outside DDP, evaluation ---- */
 
 TEST(single_rank_and_misuse)
@@ -573,6 +613,7 @@ int main(void)
     RUN(unused_parameters);
     RUN(in_order_posting);
     RUN(overlap);
+    RUN(sync_buffers);
     RUN(bucket_assignment);
     RUN(single_rank_and_misuse);
     return TEST_REPORT();

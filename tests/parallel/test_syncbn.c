@@ -42,8 +42,9 @@ static int run_bn(dt_pg *pg, int64_t first, int64_t n, bn_result *out)
     dt_tensor *rv = dt_tensor_new(DT_F32, 1, (int64_t[]){C});
     dt_tensor *nb = dt_tensor_new(DT_I64, 0, NULL);
     dt_tensor_fill(rv, 1.0);
-    dt_tensor_set_grad(gamma, dt_tensor_new(DT_F32, 1, (int64_t[]){C}));
-    dt_tensor_set_grad(beta, dt_tensor_new(DT_F32, 1, (int64_t[]){C}));
+    dt_tensor *gg = dt_tensor_new(DT_F32, 1, (int64_t[]){C}), *gb = dt_tensor_new(DT_F32, 1, (int64_t[]){C});
+    dt_tensor_set_grad(gamma, gg);
+    dt_tensor_set_grad(beta, gb);
     float *xs = dt_ctx_alloc(ctx, (size_t)(n * C * HW + 1) * sizeof(float));
     float *ws = dt_ctx_alloc(ctx, (size_t)(n * C * HW + 1) * sizeof(float));
     sample(xs, first, n);
@@ -65,6 +66,7 @@ static int run_bn(dt_pg *pg, int64_t first, int64_t n, bn_result *out)
     if (pg)
         TH_CHECK(*(int64_t *)nb->data == 1, "num_batches_tracked");
     dt_tensor_free(gamma), dt_tensor_free(beta), dt_tensor_free(rm), dt_tensor_free(rv), dt_tensor_free(nb);
+    dt_tensor_free(gg), dt_tensor_free(gb);
     dt_ctx_free(ctx);
     return 0;
 }

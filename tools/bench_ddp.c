@@ -1,0 +1,210 @@
+/* dtrain bench ddp — DDP step time with and without gradient communication.
+ *
+ *     dtrain run -n 2 -- dtrain bench ddp [--model convnet] [--batch 100]
+ *                         [--steps 40] [--sync-bn] [--bucket-mb X] [--json]
+ *     dtrain bench ddp --threads 1 ...      # world size 1: the single-rank baseline
+ *
+ * Each rank trains the model on a fixed synthetic batch (the per-rank batch)
+ * with SGD. Under a launcher it alternates blocks of steps in two modes so
+ * that machine noise hits both alike:
+ *   ddp     the full DDP step: forward (buffer broadcast), backward with the
+ *           bucket all-reduces posted from grad-ready hooks, wait, update;
+ *   nocomm  the same step with no_sync on: identical compute, no gradient
+ *           communication (what the step costs without it).
+ * At world size 1 it times the plain single-process step. Rank 0 prints the
+ * median step time of each mode (the slowest rank's median), the wait per
+ * step, and the overlap counters. */
+#include "cmd.h"
+
+#include "dtrain/autograd.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/parallel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
+}
+
+int dt_bench_ddp(int argc, char **argv)
+{
+    const char *model = "convnet";
+    int64_t batch = 100;
+    int steps = 40, threads = 0;
+    bool sync_bn = false, json = false;
+    double bucket_mb = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v)
+            model = v, i++;
+        else if (!strcmp(a, "--batch") && v)
+            batch = atoll(v), i++;
+        else if (!strcmp(a, "--steps") && v)
+            steps = atoi(v), i++;
+        else if (!strcmp(a, "--threads") && v)
+            threads = atoi(v), i++;
+        else if (!strcmp(a, "--bucket-mb") && v)
+            bucket_mb = atof(v), i++;
+        else if (!strcmp(a, "--sync-bn"))
+            sync_bn = true;
+        else if (!strcmp(a, "--json"))
+            json = true;
+        else {
+            fprintf(stderr, "dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
+                            "--threads, --bucket-mb, --sync-bn, --json)\n", a);
+            return 2;
+        }
+    }
+    if (batch < 1 || steps < 2 || threads < 0) {
+        fprintf(stderr, "dtrain bench ddp: need --batch >= 1, --steps >= 2, --threads >= 0\n");
+        return 2;
+    }
+    if (threads > 0)
+        dt_set_num_threads(threads);
+    const char *ws = getenv("DT_WORLD_SIZE") ? getenv("DT_WORLD_SIZE") : getenv("WORLD_SIZE");
+    const bool dist = ws && atoi(ws) > 1;
+    dt_pg *pg = NULL;
+    dt_ddp *ddp = NULL;
+    int rc = 1, rank = 0, world = 1;
+    if (dist) {
+        if (dt_pg_init(NULL, &pg) < 0) {
+            fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+            return 1;
+        }
+        rank = dt_pg_rank(pg);
+        world = dt_pg_size(pg);
+    }
+    dt_model *m = dt_model_create(model, 0, NULL);
+    dt_ctx *ctx = dt_ctx_init(NULL);
+    float *x = NULL;
+    int64_t *y = NULL;
+    double *t_ddp = calloc((size_t)steps, sizeof(double)), *t_nc = calloc((size_t)steps, sizeof(double));
+    dt_optim *opt = NULL;
+    if (!m || !ctx || !t_ddp || !t_nc)
+        goto fail;
+    int ndim, tnd;
+    int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
+    dt_dtype tdt;
+    if (dt_model_input_shape(m, batch, &ndim, shape, &tnd, tshape, &tdt) < 0)
+        goto fail;
+    int64_t xn = 1;
+    for (int d = 0; d < ndim; d++)
+        xn *= shape[d];
+    x = dt_alloc((size_t)xn * sizeof(float));
+    y = dt_alloc((size_t)batch * sizeof(int64_t));
+    if (!x || !y)
+        goto fail;
+    dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, (uint64_t)rank, 0), 0, x, (size_t)xn, 0.0f, 1.0f);
+    for (int64_t i = 0; i < batch; i++)
+        y[i] = (i * 7 + rank) % 10;
+    if (dist) {
+        if (sync_bn && dt_syncbn_convert(m, pg, NULL) < 0)
+            goto fail;
+        dt_ddp_params p = dt_ddp_params_default();
+        if (bucket_mb > 0) {
+            p.bucket_cap_mb = bucket_mb;
+            if (p.first_bucket_mb > bucket_mb)
+                p.first_bucket_mb = bucket_mb;
+        }
+        if (dt_ddp_init(pg, m, &p, &ddp) < 0)
+            goto fail;
+    }
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.lr = 0.01;
+    sp.momentum = 0.9;
+    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m)};
+    opt = dt_optim_sgd_init(&sp, &lay);
+    if (!opt)
+        goto fail;
+
+    /* warm-up (arena growth, oneDNN primitive creation), then blocks of 5
+     * steps alternating ddp / nocomm */
+    int nd = 0, nn = 0;
+    const int warm = 3, block = 5;
+    dt_ddp_stats s0 = {0};
+    for (int it = 0; nd < steps || (dist && nn < steps); it++) {
+        const bool warming = it < warm;
+        const bool comm = !dist || warming || ((it - warm) / block) % 2 == 0;
+        if (!warming && comm && nd >= steps)
+            continue;
+        if (!warming && !comm && nn >= steps)
+            continue;
+        if (ddp)
+            dt_ddp_set_no_sync(ddp, !comm);
+        if (it == warm && ddp) {
+            dt_ddp_reset_stats(ddp);
+            s0 = dt_ddp_get_stats(ddp);
+        }
+        double t = dt_time_s();
+        dt_model_zero_grad(m);
+        dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, ndim, shape);
+        dt_tensor *yt = dt_tensor_view_of(ctx, y, tdt, tnd, tshape);
+        dt_tensor *out = ddp ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
+        dt_tensor *loss = dt_model_loss(ctx, m, out, yt);
+        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && dt_ddp_wait(ddp) < 0) ||
+            dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
+            goto fail;
+        dt_ctx_reset(ctx);
+        t = dt_time_s() - t;
+        if (warming)
+            continue;
+        if (comm)
+            t_ddp[nd++] = t;
+        else
+            t_nc[nn++] = t;
+    }
+    double med[2] = {median(t_ddp, nd), dist ? median(t_nc, nn) : 0};
+    if (pg && dt_metrics_allreduce(pg, med, 2, DT_REDUCE_MAX) < 0)
+        goto fail;
+    dt_ddp_stats st = ddp ? dt_ddp_get_stats(ddp) : s0;
+    double wait_ms = st.iterations ? 1e3 * st.wait_s / (double)st.iterations : 0;
+    if (rank == 0) {
+        if (json)
+            printf("{\"bench\":\"ddp\",\"model\":\"%s\",\"batch\":%lld,\"world\":%d,\"threads\":%d,"
+                   "\"step_ms\":%.3f,\"nocomm_step_ms\":%.3f,\"wait_ms\":%.3f,\"buckets\":%d,"
+                   "\"posted_in_backward\":%llu,\"done_in_backward\":%llu,\"iterations\":%llu}\n",
+                   model, (long long)batch, world, dt_get_num_threads(), 1e3 * med[0], 1e3 * med[1], wait_ms,
+                   ddp ? dt_ddp_num_buckets(ddp) : 0, (unsigned long long)st.posted_in_backward,
+                   (unsigned long long)st.done_in_backward, (unsigned long long)st.iterations);
+        else if (!dist)
+            printf("%s, batch %lld, 1 process, %d threads: %.2f ms/step (median of %d)\n", model,
+                   (long long)batch, dt_get_num_threads(), 1e3 * med[0], nd);
+        else
+            printf("%s, batch %lld per rank, %d ranks (%s), %d threads each%s:\n"
+                   "  ddp step     %.2f ms (median of %d, slowest rank)\n"
+                   "  no comm      %.2f ms (same step with no_sync: no gradient communication)\n"
+                   "  comm cost    %+.1f%%\n"
+                   "  wait for gradients %.2f ms/step; %d bucket%s; %llu all-reduces, %llu posted during "
+                   "backward, %llu done before it ended\n",
+                   model, (long long)batch, world, dt_pg_backend(pg), dt_get_num_threads(),
+                   sync_bn ? ", SyncBatchNorm" : "", 1e3 * med[0], nd, 1e3 * med[1],
+                   med[1] > 0 ? 100 * (med[0] / med[1] - 1) : 0, wait_ms, dt_ddp_num_buckets(ddp),
+                   dt_ddp_num_buckets(ddp) == 1 ? "" : "s", (unsigned long long)st.iterations * (unsigned long long)dt_ddp_num_buckets(ddp),
+                   (unsigned long long)st.posted_in_backward, (unsigned long long)st.done_in_backward);
+    }
+    rc = 0;
+fail:
+    if (rc)
+        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+    dt_ddp_free(ddp);
+    dt_optim_free(opt);
+    dt_free(x);
+    dt_free(y);
+    free(t_ddp);
+    free(t_nc);
+    dt_ctx_free(ctx);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return rc;
+}
