@@ -15,10 +15,12 @@
  *  - Outputs must not alias inputs unless the comment says "may alias"
  *    (elementwise kernels: out may be exactly equal to an input).
  *  - Kernels run on dt_get_num_threads() OpenMP threads with static schedules,
- *    so results are bit-identical run to run for a given thread count. The
- *    reductions that feed parameter gradients (batch norm, layer norm,
- *    embedding, bias gradients, dt_k_sum_all) use a fixed summation order
- *    that does not depend on the thread count at all.
+ *    so results are bit-identical run to run for a given thread count (oneDNN
+ *    matmul and convolution included). The C reductions that feed parameter
+ *    gradients (batch norm, layer norm, embedding, dt_k_reduce,
+ *    dt_k_reduce_to_shape, dt_k_sum_all) use a fixed summation order that
+ *    does not depend on the thread count at all; oneDNN's weight gradients
+ *    may change in the last bits when the thread count changes.
  *  - Matmul and convolution go through oneDNN. Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none

@@ -10,8 +10,9 @@
 
 #include <string.h>
 
-enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
+enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_COUNT };
 static const char *const bin_names[] = {"dt_add", "dt_sub", "dt_mul", "dt_div"};
+_Static_assert(sizeof bin_names / sizeof bin_names[0] == BIN_COUNT, "bin_names per op");
 
 /* Row kernels; ud carries the op code. */
 enum { R_ADD, R_SUB, R_MUL, R_DIV, R_ACC, R_SUBACC, R_MULACC, R_DIVACC, R_NEGDIVACC, R_MULTO };
