@@ -40,7 +40,10 @@ def bench(name, batch, steps, warmup):
         flops = batch * 5 * 2 * 128 * 1024 * 4096
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     times = []
+    cpu0 = 0.0
     for s in range(warmup + steps):
+        if s == warmup:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = loss_fn(m(x))
@@ -49,9 +52,10 @@ def bench(name, batch, steps, warmup):
         t1 = time.perf_counter()
         if s >= warmup:
             times.append(t1 - t0)
+    cpu_ms = (time.process_time() - cpu0) / steps * 1e3
     med = statistics.median(times)
     return {"bench": "torch_step", "model": name, "batch": batch, "threads": torch.get_num_threads(),
-            "median_ms": round(med * 1e3, 3), "min_ms": round(min(times) * 1e3, 3),
+            "median_ms": round(med * 1e3, 3), "min_ms": round(min(times) * 1e3, 3), "cpu_ms": round(cpu_ms, 3),
             "samples_per_s": round(batch / med, 1), "gflops": round(flops / med * 1e-9, 1),
             "torch": torch.__version__}
 
@@ -67,5 +71,5 @@ if __name__ == "__main__":
     for name in a.model.split(","):
         r = bench(name, 100 if name == "convnet" else 4, a.steps, a.warmup)
         print(json.dumps(r) if a.json else
-              "%-8s batch %-4d threads %d: %8.2f ms/step (min %.2f)  %9.1f samples/s  %6.1f GFLOP/s  [torch %s]" %
-              (name, r["batch"], r["threads"], r["median_ms"], r["min_ms"], r["samples_per_s"], r["gflops"], r["torch"]))
+              "%-8s batch %-4d threads %d: %8.2f ms/step (min %.2f; cpu %.2f)  %9.1f samples/s  %6.1f GFLOP/s  [torch %s]" %
+              (name, r["batch"], r["threads"], r["median_ms"], r["min_ms"], r["cpu_ms"], r["samples_per_s"], r["gflops"], r["torch"]))

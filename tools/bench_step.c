@@ -10,7 +10,10 @@
  * phase, samples/s, GFLOP/s of the step's matmul/conv work
  * (dt_model_flops), and that rate as a percentage of the machine's f32
  * matmul peak, measured in the same run with dt_k_bench_matmul (2048^3,
- * best of --peak-reps) right before the model's timings. */
+ * best of --peak-reps) right before the model's timings. cpu_ms is the
+ * process CPU time (user + system) per timed step: on a shared, overloaded
+ * machine a 1-thread run's cpu_ms is a steadier measure of the work than
+ * wall time (bench/torch_step.py reports the same). */
 #include "cmd.h"
 
 #include "dtrain/kernels.h"
@@ -20,10 +23,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 typedef struct {
     double step, fwd, bwd, opt;
 } step_times;
+
+/* CPU seconds (user + system) of the whole process so far. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -49,7 +62,7 @@ static void usage(FILE *f)
                "  --json          one JSON object per result on stdout\n");
 }
 
-static int run_one(const char *name, long batch, int steps, int warmup, double peak, bool json)
+static int run_one(const char *name, long batch, int steps, int warmup, double peak, double cpu_peak, bool json)
 {
     int rc = 1;
     dt_model *m = dt_model_create(name, 1234, NULL);
@@ -89,7 +102,10 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     /* zero_grad happens inside the optimizer's pass (the buffer starts zeroed) */
     dt_optim_set_zero_grad(opt, true);
     float last_loss = 0;
+    double cpu0 = 0;
     for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup)
+            cpu0 = cpu_seconds();
         double t0 = dt_time_s();
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, nd, shape);
         dt_tensor *yt = tnd ? dt_tensor_view_of(ctx, y, tdt, tnd, tshape) : NULL;
@@ -108,6 +124,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         if (s >= warmup)
             t[s - warmup] = (step_times){t3 - t0, t1 - t0, t2 - t1, t3 - t2};
     }
+    double cpu_ms = (cpu_seconds() - cpu0) / steps * 1e3;
     double med[4], mn = 1e30;
     for (int k = 0; k < 4; k++) {
         for (int s = 0; s < steps; s++) {
@@ -121,22 +138,24 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     double train_flops;
     dt_model_flops(m, batch, &train_flops);
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
+    double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();
     if (json) {
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
-               "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,"
+               "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
                name, batch, threads, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
-               med[3] * 1e3, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
-               peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, dt_model_param_count(m), (double)last_loss);
+               med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
+               peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
+               cpu_pct, dt_model_param_count(m), (double)last_loss);
     } else {
-        printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f)  "
+        printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f; cpu %.2f)  "
                "%9.1f samples/s  %6.1f GFLOP/s",
-               name, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3,
+               name, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, cpu_ms,
                (double)batch / med[0], gflops);
         if (peak > 0)
-            printf("  %5.1f%% of %.0f GFLOP/s matmul peak", pct, peak);
+            printf("  %5.1f%% of %.0f GFLOP/s matmul peak (CPU-time basis: %.1f%%)", pct, peak, cpu_pct);
         printf("\n");
     }
     rc = 0;
@@ -194,16 +213,32 @@ int dt_bench_step(int argc, char **argv)
         dt_set_num_threads(threads);
     else
         dt_set_num_threads(dt_get_num_threads());
-    double peak = 0;
+    /* The peak in wall time (dt_k_bench_matmul: best run), and in CPU time
+     * (our own runs of the same product after one warm-up: GFLOP per
+     * CPU-second, comparable with cpu_ms on a busy machine). */
+    double peak = 0, cpu_peak = 0;
     if (peak_reps > 0 && dt_k_bench_matmul(2048, DT_F32, peak_reps, &peak) < 0) {
         fprintf(stderr, "dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
         peak = 0;
+    }
+    if (peak > 0) {
+        const int64_t n = 2048;
+        float *a = dt_calloc((size_t)(n * n) * 4), *b = dt_calloc((size_t)(n * n) * 4), *c = dt_alloc((size_t)(n * n) * 4);
+        if (a && b && c && dt_k_matmul(false, false, n, n, n, 1.0f, a, b, DT_F32, 0.0f, c, NULL) == DT_OK) {
+            double c0 = cpu_seconds();
+            for (int r = 0; r < peak_reps; r++)
+                dt_k_matmul(false, false, n, n, n, 1.0f, a, b, DT_F32, 0.0f, c, NULL);
+            cpu_peak = peak_reps * 2.0 * (double)(n * n * n) / (cpu_seconds() - c0) * 1e-9;
+        }
+        dt_free(a);
+        dt_free(b);
+        dt_free(c);
     }
     char buf[256];
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, steps, warmup, peak, json);
+        int r = run_one(tok, batch, steps, warmup, peak, cpu_peak, json);
         if (r)
             rc = r;
     }

@@ -530,6 +530,7 @@ int dt_cmd_train(int argc, char **argv)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
+    fflush(stdout);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;

@@ -170,6 +170,8 @@ DT_API dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s);
 DT_API dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x);
 /* x * Phi(x), exact erf form (PyTorch's default approximate='none'). */
 DT_API dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x);
+/* GELU, tanh approximation (PyTorch approximate='tanh', GPT-2's). */
+DT_API dt_tensor *dt_gelu_tanh(dt_ctx *ctx, dt_tensor *x);
 /* Inverted dropout: in training, element i (row-major index) is zeroed when
  * dt_rng_uniform(key, i) < p and the rest scaled by 1/(1-p); p = 1 gives
  * zeros. When !training or p == 0 it returns x itself (no copy, no node).

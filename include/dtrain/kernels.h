@@ -15,10 +15,12 @@
  *  - Outputs must not alias inputs unless the comment says "may alias"
  *    (elementwise kernels: out may be exactly equal to an input).
  *  - Kernels run on dt_get_num_threads() OpenMP threads with static schedules,
- *    so results are bit-identical run to run for a given thread count. The
- *    reductions that feed parameter gradients (batch norm, layer norm,
- *    embedding, bias gradients, dt_k_sum_all) use a fixed summation order
- *    that does not depend on the thread count at all.
+ *    so results are bit-identical run to run for a given thread count (oneDNN
+ *    matmul and convolution included). The C reductions that feed parameter
+ *    gradients (batch norm, layer norm, embedding, dt_k_reduce,
+ *    dt_k_reduce_to_shape, dt_k_sum_all) use a fixed summation order that
+ *    does not depend on the thread count at all; oneDNN's weight gradients
+ *    may change in the last bits when the thread count changes.
  *  - Matmul and convolution go through oneDNN. Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none
@@ -121,6 +123,11 @@ DT_API bool dt_k_matmul_bf16_native(void);
 DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops);
 
 /* ---- 2-D convolution (oneDNN), NCHW -------------------------------------- */
+/* Callers always pass plain NCHW activations and OIHW weights. Internally a
+ * convolution may run on oneDNN's blocked layouts (with cached reorders and
+ * buffers), chosen per direction and shape for speed; the environment
+ * variable DT_CONV_LAYOUT=plain|blocked|auto (default auto) forces a policy.
+ * Results agree across policies to float rounding. */
 typedef struct {
     int64_t N, C, H, W;            /* input (N, C, H, W) */
     int64_t K, R, S;               /* K output channels, R x S kernel; weights (K, C, R, S) */

@@ -10,8 +10,9 @@
 
 #include <string.h>
 
-enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
+enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_COUNT };
 static const char *const bin_names[] = {"dt_add", "dt_sub", "dt_mul", "dt_div"};
+_Static_assert(sizeof bin_names / sizeof bin_names[0] == BIN_COUNT, "bin_names per op");
 
 /* Row kernels; ud carries the op code. */
 enum { R_ADD, R_SUB, R_MUL, R_DIV, R_ACC, R_SUBACC, R_MULACC, R_DIVACC, R_NEGDIVACC, R_MULTO };
@@ -175,7 +176,7 @@ dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, 
 
 /* ---- unary ------------------------------------------------------------------ */
 
-enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT };
+enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH };
 
 /* Unary ops run on the kernels layer; their backward kernels overwrite, so
  * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
@@ -192,6 +193,7 @@ static dt_status unary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     case U_SCALE: st = dt_k_scale(gout, (float)n->f[0], 0.0f, gx, m); break;
     case U_RELU: st = dt_k_relu_bwd(n->out->data, gout, gx, m); break;
     case U_GELU: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_ERF); break;
+    case U_GELU_TANH: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_TANH); break;
     case U_DROPOUT:
         st = dt_k_dropout_bwd(gout, gx, m, (float)n->f[0], *(const dt_rng_key *)n->saved[0], 0);
         break;
@@ -215,6 +217,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
     case U_SCALE: st = dt_k_scale(xd, f0, 0.0f, y, m); break;
     case U_RELU: st = dt_k_relu_fwd(xd, y, m); break;
     case U_GELU: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_ERF); break;
+    case U_GELU_TANH: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_TANH); break;
     case U_DROPOUT: st = dt_k_dropout_fwd(xd, y, m, f0, *key, 0); break;
     }
     if (st < 0) {
@@ -227,7 +230,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
             return NULL;
         n->i[0] = kind;
         n->f[0] = f0;
-        if (kind == U_GELU)
+        if (kind == U_GELU || kind == U_GELU_TANH)
             n->saved[0] = (void *)(uintptr_t)xd;
         if (kind == U_DROPOUT) {
             dt_rng_key *k = dt_arena_alloc(ctx->arena, sizeof *k);
@@ -256,6 +259,12 @@ dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x)
 {
     DT__NEED_F32(ctx, "dt_gelu", x);
     return unary(ctx, "dt_gelu", U_GELU, x, 0, NULL);
+}
+
+dt_tensor *dt_gelu_tanh(dt_ctx *ctx, dt_tensor *x)
+{
+    DT__NEED_F32(ctx, "dt_gelu_tanh", x);
+    return unary(ctx, "dt_gelu_tanh", U_GELU_TANH, x, 0, NULL);
 }
 
 dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key)

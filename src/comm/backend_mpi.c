@@ -35,6 +35,7 @@
  * from the caller's thread or its progress thread, never concurrently) unless
  * the program initialised it already; MPI_Finalize then runs at exit. */
 #include "comm/backend.h"
+#include "dtrain/kernels.h"
 
 #include <mpi.h>
 #include <limits.h>
@@ -218,21 +219,21 @@ static dt_status check_same(mpi_ctx *m, const dt_coll *c)
 static float *widen(dt_dtype dt, const void *src, size_t n)
 {
     float *f = dt_alloc(n * sizeof(float) + 1);
-    if (!f)
+    if (f && n && dt_k_convert(src, dt, f, DT_F32, (int64_t)n) < 0) {
+        dt_free(f);
         return NULL;
-    const uint16_t *h = src;
-    for (size_t i = 0; i < n; i++)
-        f[i] = dt == DT_F16 ? dt_f16_to_f32(h[i]) : dt_bf16_to_f32(h[i]);
+    }
     return f;
 }
 
-static void narrow(dt_dtype dt, const float *f, void *dst, size_t n, int avg_div)
+/* f (n floats, scratch) → dst in dt, dividing by avg_div first if set. */
+static void narrow(dt_dtype dt, float *f, void *dst, size_t n, int avg_div)
 {
-    uint16_t *h = dst;
-    for (size_t i = 0; i < n; i++) {
-        float x = avg_div ? f[i] / (float)avg_div : f[i];
-        h[i] = dt == DT_F16 ? dt_f32_to_f16(x) : dt_f32_to_bf16(x);
-    }
+    if (avg_div)
+        for (size_t i = 0; i < n; i++)
+            f[i] /= (float)avg_div;
+    if (n)
+        dt_k_convert(f, DT_F32, dst, dt, (int64_t)n);
 }
 
 /* ---- the operations ------------------------------------------------------ */

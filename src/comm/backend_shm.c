@@ -156,6 +156,11 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
                         "shm: every rank must be on this machine (local world size %d, world "
                         "size %d); use the mpi backend across machines",
                         info->local_world_size, info->world_size);
+    if (info->options && info->options[0])
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "shm: unknown backend option \"%s\" (shm is configured with DT_SHM_* "
+                        "environment variables)",
+                        info->options);
     shm_ctx *s = ctx_new(info->rank, info->world_size, info->timeout_s, info->check);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");

@@ -6,10 +6,12 @@
  * plain file must then hold exactly that many bytes after the header (a short
  * file is "truncated", a long one has "trailing bytes").
  *
- * gzip streams are inflated incrementally into a buffer that grows with the
- * data actually produced (doubling, capped at the size the header promised),
- * so a tiny hostile stream that claims a huge payload costs no more memory
- * than it inflates to. zlib checks the gzip CRC and length at the end of the
+ * gzip streams are inflated incrementally. The payload buffer is allocated
+ * at once when the header's size is within deflate's maximum ratio (~1032:1)
+ * of the compressed size, else it grows with the data actually produced
+ * (doubling, capped at the size the header promised), so a tiny hostile
+ * stream that claims a huge payload costs little more memory than it can
+ * inflate to. zlib checks the gzip CRC and length at the end of the
  * stream; a corrupt stream, a truncated one, or a stream that inflates to a
  * different size than the header says each get their own message. */
 #include "dtrain/data.h"
@@ -198,7 +200,12 @@ static dt_status read_gzip(const unsigned char *b, size_t n, const char *name, d
                     }
                     continue;
                 }
+                /* deflate expands at most ~1032:1, so a payload within that
+                 * bound of the input is allocated at once; beyond it (a
+                 * hostile header) the buffer only doubles as data arrives. */
                 size_t ncap = cap ? cap * 2 : (1u << 16);
+                if (!cap && n <= SIZE_MAX / 1040 && idx->nbytes <= n * 1040 + (1u << 16))
+                    ncap = idx->nbytes;
                 if (ncap > idx->nbytes)
                     ncap = idx->nbytes;
                 unsigned char *nb = dt_alloc(ncap);

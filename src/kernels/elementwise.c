@@ -244,25 +244,33 @@ dt_status dt_k_reduce_to_shape(const float *g, const int64_t *gshape, int ng, fl
     bcast_strides(oshape, no, gshape, ng, so);
     int64_t len = ng ? gshape[ng - 1] : 1, s1 = ng ? so[ng - 1] : 0;
     int64_t rows = gn / len;
-    /* Serial over rows in index order: a fixed summation order. Each row's
-     * inner loop is either an elementwise add (s1 == 1) or a row sum. */
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t rem = r, oo = 0;
-        for (int d = ng - 2; d >= 0; d--) {
-            oo += (rem % gshape[d]) * so[d];
-            rem /= gshape[d];
-        }
-        const float *restrict gr = g + r * len;
-        float *restrict orow = out + oo;
-        if (s1 == 1) {
+    /* Rows are added in index order: a fixed summation order. When the last
+     * dim is kept (s1 == 1, e.g. a bias gradient) threads split the columns
+     * of each row, so every output element still sums in row order whatever
+     * the thread count; a reduced last dim is a serial row sum. */
+    int nt = s1 == 1 && len >= 512 ? dt__threads_for(gn) : 1;
+    int64_t cb = (len + nt - 1) / nt;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        int64_t j0 = t * cb, j1 = j0 + cb < len ? j0 + cb : len;
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t rem = r, oo = 0;
+            for (int d = ng - 2; d >= 0; d--) {
+                oo += (rem % gshape[d]) * so[d];
+                rem /= gshape[d];
+            }
+            const float *restrict gr = g + r * len;
+            float *restrict orow = out + oo;
+            if (s1 == 1) {
 #pragma omp simd
-            for (int64_t j = 0; j < len; j++)
-                orow[j] += gr[j];
-        } else {
-            float acc = orow[0];
-            for (int64_t j = 0; j < len; j++)
-                acc += gr[j];
-            orow[0] = acc;
+                for (int64_t j = j0; j < j1; j++)
+                    orow[j] += gr[j];
+            } else {
+                float acc = orow[0];
+                for (int64_t j = 0; j < len; j++)
+                    acc += gr[j];
+                orow[0] = acc;
+            }
         }
     }
     return DT_OK;

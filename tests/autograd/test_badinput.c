@@ -97,6 +97,7 @@ TEST(wrong_dtypes)
     EXPECT_ERR(dt_mul(ctx, h, f), DT_ERR_DTYPE, "dt_mul", "bf16");
     EXPECT_ERR(dt_relu(ctx, i), DT_ERR_DTYPE, "dt_relu");
     EXPECT_ERR(dt_gelu(ctx, i), DT_ERR_DTYPE, "dt_gelu");
+    EXPECT_ERR(dt_gelu_tanh(ctx, h), DT_ERR_DTYPE, "dt_gelu_tanh", "bf16");
     EXPECT_ERR(dt_scale(ctx, i, 2), DT_ERR_DTYPE, "dt_scale");
     EXPECT_ERR(dt_matmul(ctx, f, dt_tensor_zeros(ctx, DT_F64, 2, SH(3, 2))), DT_ERR_DTYPE,
                "dt_matmul", "f64");

@@ -29,6 +29,7 @@ static dt_tensor *f_div(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt
 static dt_tensor *f_scale(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt_scale(c, in[0], -1.7f); }
 static dt_tensor *f_relu(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt_relu(c, in[0]); }
 static dt_tensor *f_gelu(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt_gelu(c, in[0]); }
+static dt_tensor *f_gelu_tanh(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt_gelu_tanh(c, in[0]); }
 static dt_tensor *f_dropout(dt_ctx *c, dt_tensor **in, void *u)
 {
     (void)u;
@@ -78,6 +79,11 @@ TEST(gelu)
 {
     dt_tensor *in[1] = {T(11, 4, 6)};
     CHECK("gelu", 1, in, f_gelu, NULL, 1e-2);
+}
+TEST(gelu_tanh)
+{
+    dt_tensor *in[1] = {T(13, 4, 6)};
+    CHECK("gelu_tanh", 1, in, f_gelu_tanh, NULL, 1e-2);
 }
 TEST(dropout)
 {
@@ -334,6 +340,7 @@ int main(void)
     RUN(scale);
     RUN(relu);
     RUN(gelu);
+    RUN(gelu_tanh);
     RUN(dropout);
     RUN(matmul_2d);
     RUN(matmul_nd_2d);

@@ -77,6 +77,13 @@ TEST(view_gradients_land_in_place)
     for (int r = 0; r < 3; r++)
         for (int c = 0; c < 4; c++)
             ASSERT_NEAR(dt_tensor_get(w->grad, r * 4 + c), (c == 1 || c == 2) ? 10.0 : 0.0, 0, 0);
+    /* detach cuts the tape: no gradient flows through it */
+    dt_ag_zero_grad(w);
+    dt_tensor *d = dt_detach(ctx, w);
+    ASSERT(d && d->data == w->data && !(d->flags & DT_TENSOR_REQUIRES_GRAD));
+    dt_tensor *l2 = dt_sum(ctx, dt_add(ctx, dt_mul(ctx, d, d), w));
+    ASSERT_OK(dt_backward(ctx, l2));
+    ASSERT_NEAR(dt_tensor_get(w->grad, 5), 1.0, 0, 0); /* only the "+ w" term */
     dt_ctx_free(ctx);
     dt_tensor_free(w);
 }

@@ -1,5 +1,5 @@
 /* Forward values of conv2d, pooling, batch norm (train with running-stat
- * update, eval), layer norm, cross-entropy, GELU and softmax against
+ * update, eval), layer norm, cross-entropy, GELU (erf and tanh) and softmax against
  * PyTorch 1.13 (values produced by gen_reference.py, see its header; the
  * inputs are closed-form so both sides build the same tensors). */
 #include "dtrain/autograd.h"
@@ -104,6 +104,7 @@ TEST(cross_entropy)
 TEST(activations)
 {
     CMP("gelu", dt_gelu(ctx, X(1, SH(10), 3)), ref_gelu, 1e-6);
+    CMP("gelu_tanh", dt_gelu_tanh(ctx, X(1, SH(10), 3)), ref_gelu_tanh, 1e-6);
     CMP("softmax", dt_softmax(ctx, X(2, SH(2, 4), 2)), ref_softmax, 1e-6);
     CMP("log_softmax", dt_log_softmax(ctx, X(2, SH(2, 4), 2)), ref_log_softmax, 1e-6);
 }

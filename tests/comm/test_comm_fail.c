@@ -246,6 +246,51 @@ TEST(segment_lifecycle)
     ASSERT_STR_CONTAINS(dt_last_error(), "DT_JOB_ID");
 }
 
+/* ---- configuration errors ---- */
+static int body_cfg(int rank, int size, void *arg)
+{
+    (void)arg;
+    if (rank == 1)
+        setenv("DT_SHM_ALGO", "allreduce:ring", 1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    float v[4] = {0};
+    dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, v, 4, DT_F32, DT_REDUCE_SUM);
+    TH_CHECK(st == DT_ERR_MISMATCH && strstr(dt_last_error(), "DT_SHM_ALGO"), "%s: %s",
+             dt_status_name(st), dt_last_error());
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(config_errors)
+{
+    dt_pg_params p = dt_pg_params_default();
+    p.rank = 0;
+    p.world_size = 2;
+    p.job_id = "cfg-test-never-created";
+    dt_pg *pg = NULL;
+    p.backend = "shm?fast=1";
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "fast=1");
+    p.backend = "shm";
+    setenv("DT_SHM_ALGO", "allreduce:0-1K:warp", 1);
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "warp");
+    setenv("DT_SHM_ALGO", "allreduce:1K-0:ring", 1);
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_INVALID_ARG);
+    setenv("DT_SHM_ALGO", "gather:ring", 1);
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "gather has no ring");
+    setenv("DT_SHM_ALGO", "allgatherx:direct", 1);
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_INVALID_ARG);
+    unsetenv("DT_SHM_ALGO");
+    setenv("DT_SHM_STAGING_KB", "1", 1);
+    ASSERT_STATUS(dt_pg_init(&p, &pg), DT_ERR_INVALID_ARG);
+    unsetenv("DT_SHM_STAGING_KB");
+    /* ranks with different algorithm tables fail their first collective */
+    ASSERT_EQ_INT(th_run(2, 20.0, body_cfg, NULL, NULL), 0);
+}
+
 /* ---- subgroups ---- */
 static int body_subgroup(int rank, int size, void *arg)
 {
@@ -389,6 +434,7 @@ int main(void)
     RUN(timeout);
     RUN(peer_death);
     RUN(segment_lifecycle);
+    RUN(config_errors);
     RUN(subgroups);
     RUN(async_requests);
     RUN(launcher_environments);

@@ -123,6 +123,12 @@ TEST(conv_bwd_finite_difference)
             w[j] = keep;
             ASSERT_NEAR(dw[j], (lp - lm) / (2 * h), 2e-4, 1e-4);
         }
+        /* same inputs, same thread count: the same bits */
+        float *dw2 = dt_alloc(nw * 4), db2[8];
+        ASSERT_OK(dt_k_conv2d_bwd_weights(s, x, g, dw2, db2));
+        ASSERT(!memcmp(dw, dw2, (size_t)nw * 4));
+        ASSERT(!memcmp(db, db2, (size_t)s->K * 4));
+        dt_free(dw2);
         /* bias gradient = sum of g over (N, P, Q) */
         int64_t P, Q;
         dt_k_conv2d_out_size(s, &P, &Q);
