@@ -4,6 +4,7 @@
  * helper SIGKILLs it), so a launcher that hangs fails the test. */
 // dt-test-timeout: 120
 #include "dtrain/base.h"
+#include "dtrain/comm.h"
 #include "test.h"
 #include "comm/shm.h" /* dt__shm_segment_name */
 
@@ -471,6 +472,82 @@ TEST(shm_backend_segment_left_by_a_crash_is_removed)
     cli_result_free(&r);
 }
 
+/* Rank mode (argv[1] == "--coll-rank"): a group from the launcher's
+ * environment, 50 all-reduces checked for values; rank 1 SIGKILLs itself
+ * after 3 of them on the first attempt (DT_RESTART_COUNT 0). */
+static int coll_rank(void)
+{
+    dt_pg *pg;
+    if (dt_pg_init(NULL, &pg) < 0) {
+        fprintf(stderr, "dt_pg_init: %s\n", dt_last_error());
+        return 3;
+    }
+    int rank = dt_pg_rank(pg), w = dt_pg_size(pg);
+    const char *rc = getenv("DT_RESTART_COUNT");
+    int restart = rc ? atoi(rc) : -1;
+    float x[257];
+    for (int it = 0; it < 50; it++) {
+        if (it == 3 && rank == 1 && restart == 0)
+            raise(SIGKILL);
+        for (int i = 0; i < 257; i++)
+            x[i] = (float)(rank + it);
+        dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, 257, DT_F32, DT_REDUCE_SUM);
+        if (st < 0) {
+            fprintf(stderr, "allreduce %d: %s\n", it, dt_last_error());
+            dt_pg_free(pg);
+            return 4;
+        }
+        for (int i = 0; i < 257; i++)
+            if (x[i] != (float)(w * (w - 1) / 2 + w * it)) {
+                dt_pg_free(pg);
+                return 5;
+            }
+    }
+    printf("done restart=%d backend=%s\n", restart, dt_pg_backend(pg));
+    dt_pg_free(pg);
+    return 0;
+}
+
+static void self_exe(char *buf, size_t n)
+{
+    ssize_t k = readlink("/proc/self/exe", buf, n - 1);
+    buf[k > 0 ? k : 0] = '\0';
+}
+
+TEST(rank_crash_in_a_collective_stops_the_job)
+{
+    char self[4096];
+    self_exe(self, sizeof self);
+    const char *args[] = {"-n", "3", "--", self, "--coll-rank", NULL};
+    cli_result r = run_cli(args, 60);
+    ASSERT(!r.timed_out);
+    ASSERT_EQ_INT(exit_code(&r), 128 + SIGKILL);
+    ASSERT_STR_CONTAINS(r.err, "rank 1");
+    ASSERT_STR_CONTAINS(r.err, "SIGKILL");
+    ASSERT(!strstr(r.out, "done"));
+    ASSERT(r.secs < 20.0);
+    cli_result_free(&r);
+}
+
+TEST(job_with_collectives_restarts_after_a_crash)
+{
+    char self[4096];
+    self_exe(self, sizeof self);
+    const char *args[] = {"-n", "3", "--max-restarts", "1", "--", self, "--coll-rank", NULL};
+    cli_result r = run_cli(args, 60);
+    ASSERT(!r.timed_out);
+    if (exit_code(&r) != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    for (int k = 0; k < 3; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "[%d] done restart=1 backend=shm\n", k);
+        ASSERT_STR_CONTAINS(r.out, want);
+    }
+    ASSERT_STR_CONTAINS(r.err, "restart 1 of 1");
+    cli_result_free(&r);
+}
+
 TEST(bad_usage)
 {
     const char *no_n[] = {"--", "true", NULL};
@@ -495,6 +572,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--crash-with-segment"))
         return crash_with_segment();
+    if (argc > 1 && !strcmp(argv[1], "--coll-rank"))
+        return coll_rank();
     RUN(env_and_prefixes);
     RUN(job_id_differs_between_jobs_and_user_omp_is_kept);
     RUN(partial_last_line_and_stderr);
@@ -508,6 +587,8 @@ int main(int argc, char **argv)
     RUN(sigint_is_forwarded);
     RUN(job_shared_memory_is_removed);
     RUN(shm_backend_segment_left_by_a_crash_is_removed);
+    RUN(rank_crash_in_a_collective_stops_the_job);
+    RUN(job_with_collectives_restarts_after_a_crash);
     RUN(bad_usage);
     return TEST_REPORT();
 }
