@@ -15,5 +15,6 @@ int dt_bench_step(int argc, char **argv);
 int dt_bench_coll(int argc, char **argv);
 int dt_bench_matmul(int argc, char **argv);
 int dt_bench_ddp(int argc, char **argv);
+int dt_bench_data(int argc, char **argv);
 
 #endif

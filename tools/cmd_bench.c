@@ -15,6 +15,7 @@ int dt_cmd_bench(int argc, char **argv)
         {"coll", dt_bench_coll, "collectives (under dtrain run): --op allreduce [--min 8] [--max 256M] [--json]"},
         {"ddp", dt_bench_ddp, "DDP step with/without gradient communication (under dtrain run): --model --batch [--json]"},
         {"matmul", dt_bench_matmul, "matmul GFLOP/s and the machine's peak: [--size 2048] [--json]"},
+        {"data", dt_bench_data, "data loader throughput: [--data SPEC] [--batch 100] [--compute-ms X] [--json]"},
     };
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         FILE *f = argc < 2 ? stderr : stdout;
@@ -26,6 +27,6 @@ int dt_cmd_bench(int argc, char **argv)
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
         if (!strcmp(argv[1], suites[i].name))
             return suites[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain bench: unknown suite '%s' (step, coll, ddp, matmul)\n", argv[1]);
+    fprintf(stderr, "dtrain bench: unknown suite '%s' (step, coll, ddp, matmul, data)\n", argv[1]);
     return 2;
 }

@@ -183,7 +183,7 @@ static dt_status wait_loop(shm_ctx *s, _Atomic uint64_t *v, uint64_t target, _At
             return DT_OK;
         cpu_relax();
     }
-    for (int i = 0; i < 16; i++) { /* let a peer on this core run */
+    for (int i = 0; i < 4; i++) { /* let a peer on this core run */
         if (pred_tick(s, v, target))
             return DT_OK;
         sched_yield();

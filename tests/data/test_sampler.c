@@ -261,6 +261,48 @@ TEST(custom_sampler)
     ASSERT_STATUS(dt_sampler_init(&bad, &n, &s), DT_ERR_INVALID_ARG);
 }
 
+/* Uneven data must not hang DDP: every rank gets the same number of
+ * batches of the same sizes, for any N, W, batch size and drop_last. */
+TEST(distributed_equal_batches_per_rank)
+{
+    const int64_t Ns[] = {1, 5, 99, 100, 101, 257};
+    const int Ws[] = {2, 3, 4, 8};
+    const int64_t Bs[] = {1, 7, 32};
+    for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++)
+        for (size_t w = 0; w < sizeof Ws / sizeof Ws[0]; w++)
+            for (size_t bb = 0; bb < sizeof Bs / sizeof Bs[0]; bb++)
+                for (int dl = 0; dl < 2; dl++) {
+                    int64_t nb0 = -1, last0 = -1;
+                    for (int r = 0; r < Ws[w]; r++) {
+                        dt_distributed_sampler_params p = dt_distributed_sampler_params_default();
+                        p.length = Ns[a];
+                        p.world_size = Ws[w];
+                        p.rank = r;
+                        p.drop_last = dl;
+                        dt_sampler *s = NULL;
+                        dt_batch_sampler *bs = NULL;
+                        ASSERT_OK(dt_sampler_distributed_init(&p, &s));
+                        ASSERT_OK(dt_batch_sampler_init(s, Bs[bb], false, &bs));
+                        ASSERT_OK(dt_batch_sampler_set_epoch(bs, 3));
+                        int64_t nb = dt_batch_sampler_length(bs), last = 0;
+                        if (nb > 0) {
+                            const int64_t *idx;
+                            ASSERT_OK(dt_batch_sampler_get(bs, nb - 1, &idx, &last));
+                            for (int64_t k = 0; k < last; k++)
+                                ASSERT(idx[k] >= 0 && idx[k] < Ns[a]);
+                        }
+                        if (r == 0) {
+                            nb0 = nb;
+                            last0 = last;
+                        }
+                        ASSERT_EQ_INT(nb, nb0);
+                        ASSERT_EQ_INT(last, last0);
+                        dt_batch_sampler_free(bs);
+                        dt_sampler_free(s);
+                    }
+                }
+}
+
 int main(void)
 {
     RUN(sequential);
@@ -268,6 +310,7 @@ int main(void)
     RUN(distributed_matches_reference);
     RUN(distributed_known_values);
     RUN(distributed_w1_equals_random);
+    RUN(distributed_equal_batches_per_rank);
     RUN(batch_sampler);
     RUN(custom_sampler);
     return TEST_REPORT();

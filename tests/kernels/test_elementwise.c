@@ -366,8 +366,94 @@ TEST(batchnorm_large_offset)
     }
 }
 
+/* Random shapes (0-4 dims, many 1s) against a naive broadcast by index. */
+TEST(binary_broadcast_random)
+{
+    uint32_t seed[4];
+    float a[256], b[256], o[1024], ref[1024];
+    for (int trial = 0; trial < 300; trial++) {
+        dt_rng_block(dt_rng_key_make(99, DT_RNG_USER, 0, 0), (uint64_t)trial, seed);
+        int na = (int)(seed[0] % 5), nb = (int)(seed[1] % 5), n = na > nb ? na : nb;
+        int64_t os[4], sa[4], sb[4];
+        uint32_t bits = seed[2];
+        for (int d = 0; d < n; d++) {
+            os[d] = 1 + (int64_t)((seed[3] >> (3 * d)) % 4);
+        }
+        for (int d = 0; d < na; d++) { /* align right */
+            int od = d + n - na;
+            sa[d] = (bits >> d) & 1 ? 1 : os[od];
+        }
+        for (int d = 0; d < nb; d++) {
+            int od = d + n - nb;
+            sb[d] = (bits >> (8 + d)) & 1 ? 1 : os[od];
+        }
+        int64_t ta = 1, tb = 1, to = 1;
+        for (int d = 0; d < na; d++)
+            ta *= sa[d];
+        for (int d = 0; d < nb; d++)
+            tb *= sb[d];
+        for (int d = 0; d < n; d++)
+            to *= os[d];
+        for (int64_t i = 0; i < ta; i++)
+            a[i] = (float)i + 0.5f;
+        for (int64_t i = 0; i < tb; i++)
+            b[i] = 1000.0f * (float)(i + 1);
+        /* the broadcast shape: max per dim (a dim of 1 where both are 1) */
+        int64_t bs[4];
+        int nbs;
+        ASSERT_OK(dt_k_broadcast_shape(sa, na, sb, nb, bs, &nbs));
+        ASSERT_EQ_INT(nbs, n);
+        to = 1;
+        for (int d = 0; d < n; d++)
+            to *= bs[d];
+        for (int64_t i = 0; i < to; i++) {
+            int64_t rem = i, ia = 0, ib = 0, ma = 1, mb = 1;
+            for (int d = n - 1; d >= 0; d--) {
+                int64_t idx = rem % bs[d];
+                rem /= bs[d];
+                int dA = d - (n - na), dB = d - (n - nb);
+                if (dA >= 0) {
+                    ia += (sa[dA] == 1 ? 0 : idx) * ma;
+                    ma *= sa[dA];
+                }
+                if (dB >= 0) {
+                    ib += (sb[dB] == 1 ? 0 : idx) * mb;
+                    mb *= sb[dB];
+                }
+            }
+            ref[i] = a[ia] - b[ib];
+        }
+        ASSERT_OK(dt_k_binary(DT_K_SUB, a, sa, na, b, sb, nb, o));
+        for (int64_t i = 0; i < to; i++)
+            if (o[i] != ref[i])
+                TEST_FAIL_("trial %d: out[%lld] = %g, want %g", trial, (long long)i, (double)o[i], (double)ref[i]);
+        /* and back: summing the broadcast gradient to a's shape */
+        float ga[256];
+        ASSERT_OK(dt_k_reduce_to_shape(o, bs, n, ga, sa, na));
+        for (int64_t i = 0; i < ta; i++) {
+            double want = 0;
+            for (int64_t j = 0; j < to; j++) {
+                int64_t rem = j, ia = 0, ma = 1;
+                for (int d = n - 1; d >= 0; d--) {
+                    int64_t idx = rem % bs[d];
+                    rem /= bs[d];
+                    int dA = d - (n - na);
+                    if (dA >= 0) {
+                        ia += (sa[dA] == 1 ? 0 : idx) * ma;
+                        ma *= sa[dA];
+                    }
+                }
+                if (ia == i)
+                    want += ref[j];
+            }
+            ASSERT_NEAR(ga[i], want, 1e-2, 1e-6);
+        }
+    }
+}
+
 int main(void)
 {
+    RUN(binary_broadcast_random);
     RUN(batchnorm_large_offset);
     RUN(maxpool_paths_vs_naive);
     RUN(binary_broadcast_values);

@@ -167,8 +167,75 @@ TEST(matmul_edge_and_errors)
     ASSERT(g > 0.0);
 }
 
+TEST(matmul_bf16_batched)
+{
+    enum { Bt = 3, M = 6, N = 5, K = 7 };
+    float A[Bt * M * K], B[K * N], C[Bt * M * N], R[Bt * M * N];
+    uint16_t Ah[Bt * M * K], Bh[K * N];
+    fill(A, Bt * M * K, 12);
+    fill(B, K * N, 13);
+    dt_k_f32_to_bf16(A, Ah, Bt * M * K);
+    dt_k_f32_to_bf16(B, Bh, K * N);
+    dt_k_bf16_to_f32(Ah, A, Bt * M * K);
+    dt_k_bf16_to_f32(Bh, B, K * N);
+    fill(C, Bt * M * N, 14);
+    memcpy(R, C, sizeof C);
+    ASSERT_OK(dt_k_matmul_batched(false, false, Bt, M, N, K, 1.0f, Ah, M * K, Bh, 0, DT_BF16, 0.5f, C, M * N, NULL));
+    for (int b = 0; b < Bt; b++)
+        ref_mm(false, false, M, N, K, 1.0f, A + b * M * K, B, 0.5f, R + b * M * N, NULL);
+    for (int i = 0; i < Bt * M * N; i++)
+        ASSERT_NEAR(C[i], R[i], 1e-5, 1e-5);
+}
+
+/* Two threads creating and running primitives at once share the cache. */
+#include <pthread.h>
+typedef struct {
+    int64_t n;
+    int ok;
+} mm_job;
+
+static void *mm_thread(void *arg)
+{
+    mm_job *j = arg;
+    int64_t n = j->n;
+    float *A = dt_alloc(n * n * 4), *C = dt_alloc(n * n * 4);
+    for (int64_t i = 0; i < n * n; i++)
+        A[i] = (float)(i % 7) - 3.0f;
+    j->ok = 1;
+    for (int r = 0; r < 20 && j->ok; r++) {
+        if (dt_k_matmul(false, false, n, n, n, 1.0f, A, A, DT_F32, 0.0f, C, NULL) < 0)
+            j->ok = 0;
+        double want = 0;
+        for (int64_t k = 0; k < n; k++)
+            want += (double)A[k] * A[k * n];
+        if (fabs(C[0] - want) > 1e-3)
+            j->ok = 0;
+    }
+    dt_free(A);
+    dt_free(C);
+    return NULL;
+}
+
+TEST(matmul_concurrent_threads)
+{
+    dt_k_cache_clear();
+    mm_job jobs[4] = {{17, 0}, {17, 0}, {33, 0}, {33, 0}};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ_INT(pthread_create(&th[i], NULL, mm_thread, &jobs[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ_INT(jobs[i].ok, 1);
+    dt_k_stats st;
+    dt_k_stats_get(&st);
+    ASSERT(st.cache_entries >= 2);
+}
+
 int main(void)
 {
+    RUN(matmul_bf16_batched);
+    RUN(matmul_concurrent_threads);
     RUN(matmul_f32_all_flags);
     RUN(matmul_batched_broadcast);
     RUN(matmul_bf16);
