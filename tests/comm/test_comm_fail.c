@@ -338,6 +338,32 @@ static int body_subgroup(int rank, int size, void *arg)
     return 0;
 }
 
+/* Two top-level groups from the same job id, created in the same order,
+ * used interleaved, freed in another order; then a third. */
+static int body_two_groups(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *a, *b, *c;
+    TH_OK(th_pg(rank, size, NULL, &a));
+    TH_OK(th_pg(rank, size, NULL, &b));
+    for (int it = 0; it < 20; it++) {
+        int32_t x = rank + it, y = 2 * rank;
+        TH_OK(dt_pg_allreduce(it % 2 ? a : b, DT_IN_PLACE, &x, 1, DT_I32, DT_REDUCE_SUM));
+        TH_OK(dt_pg_allreduce(it % 2 ? b : a, DT_IN_PLACE, &y, 1, DT_I32, DT_REDUCE_MAX));
+        TH_CHECK(x == size * (size - 1) / 2 + size * it && y == 2 * (size - 1), "it %d: %d %d",
+                 it, (int)x, (int)y);
+    }
+    dt_pg_free(a);
+    TH_OK(dt_pg_barrier(b));
+    TH_OK(th_pg(rank, size, NULL, &c));
+    TH_OK(dt_pg_barrier(c));
+    dt_pg_free(b);
+    dt_pg_free(c);
+    return 0;
+}
+
+TEST(two_groups_same_job) { ASSERT_EQ_INT(th_run(3, 20.0, body_two_groups, NULL, NULL), 0); }
+
 TEST(subgroups) { ASSERT_EQ_INT(th_run(4, 20.0, body_subgroup, NULL, NULL), 0); }
 
 /* ---- asynchronous requests and bounded waits ---- */
@@ -435,6 +461,7 @@ int main(void)
     RUN(peer_death);
     RUN(segment_lifecycle);
     RUN(config_errors);
+    RUN(two_groups_same_job);
     RUN(subgroups);
     RUN(async_requests);
     RUN(launcher_environments);
