@@ -171,7 +171,8 @@ typedef struct dt_pg_params {
 DT_API dt_pg_params dt_pg_params_default(void);
 
 /* Create the group. p may be NULL (= dt_pg_params_default()). Collective:
- * every rank of the group must call it. On success *out owns the group
+ * every rank of the group must call it. Several groups may live at once
+ * (even with the same job id) if every rank creates them in the same order. On success *out owns the group
  * (free with dt_pg_free). Errors: DT_ERR_INVALID_ARG (inconsistent ranks, a
  * bad backend string), DT_ERR_NOT_FOUND (unknown backend), DT_ERR_TIMEOUT
  * (peers did not show up), DT_ERR_IO. */

@@ -219,7 +219,8 @@ DT_API void dt_module_clear_hooks(dt_module *m);
 /* ---- models --------------------------------------------------------------------- */
 
 /* Lay out and initialise the parameters of the tree under root (see the
- * overview). Takes ownership of root (freed on failure too). */
+ * overview). Takes ownership of root (freed on failure too), except when
+ * root already belongs to a model or a container (DT_ERR_STATE, untouched). */
 DT_API dt_model *dt_model_build(dt_module *root, uint64_t seed);
 DT_API void dt_model_free(dt_model *m);
 

@@ -201,7 +201,9 @@ DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, bool no_
 /* torch.nn.utils.clip_grad_norm_ (norm type 2) over a flat buffer: computes
  * the L2 norm of g[0..n), and if max_norm > 0 multiplies g by
  * min(1, max_norm / (norm + 1e-6)). *total_norm (may be NULL) receives the
- * norm before clipping. The sum of squares is taken in double in a fixed
+ * norm before clipping; max_norm <= 0 only measures (DeepSpeed's
+ * gradient_clipping default 0.0 means disabled, SEMANTICS 1.5; its clip
+ * uses the same max_norm / (norm + 1e-6) factor). The sum of squares is taken in double in a fixed
  * order (independent of the thread count). Returns DT_ERR_NULL on a NULL g
  * with n > 0. A non-finite norm is returned as is and g is left alone. */
 DT_API dt_status dt_clip_grad_norm(float *g, size_t n, float max_norm, float *total_norm);

@@ -481,6 +481,17 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
         if (provided < MPI_THREAD_SERIALIZED)
             return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: this MPI provides thread level %d, "
                                                 "dtrain needs MPI_THREAD_SERIALIZED", provided);
+    } else {
+        /* The program initialised MPI: the group's progress thread calls
+         * MPI too, which needs at least MPI_THREAD_SERIALIZED. */
+        int level = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&level);
+        if (level < MPI_THREAD_SERIALIZED)
+            return dt_error(DT_ERR_UNSUPPORTED,
+                            "mpi backend: MPI was initialised with thread level %d; dtrain calls "
+                            "MPI from its progress thread and needs MPI_THREAD_SERIALIZED (use "
+                            "MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...), or let dtrain "
+                            "initialise MPI)", level);
     }
     mpi_ctx *m = calloc(1, sizeof *m);
     if (!m)

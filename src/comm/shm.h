@@ -53,6 +53,7 @@ typedef struct {
     uint32_t pad0;
     uint64_t total, slot_bytes, stage_bytes, heap_bytes, chan_bytes;
     _Atomic uint32_t attached;
+    _Atomic uint32_t unlinked;  /* the name is gone (set by the last to attach) */
     _Atomic int32_t abort_st;   /* 0, or the dt_status that failed the group */
     _Atomic uint32_t abort_lock;
     int32_t abort_rank;

@@ -164,8 +164,10 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
     atomic_store(&me->pid, (int32_t)getpid());
     atomic_store(&me->state, SHM_STATE_ATTACHED);
     uint32_t n = atomic_fetch_add(&s->hdr->attached, 1) + 1;
-    if (n == (uint32_t)s->size)
-        shm_unlink(name); /* everyone is in: remove the name */
+    if (n == (uint32_t)s->size) { /* everyone is in: remove the name */
+        shm_unlink(name);
+        atomic_store(&s->hdr->unlinked, 1);
+    }
     return DT_OK;
 }
 
@@ -174,7 +176,9 @@ dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
     double t0 = dt_time_s();
     const char *name = s->name;
     /* Wait for the others, so that pids are known for liveness checks. */
-    while (atomic_load(&s->hdr->attached) < (uint32_t)s->size) {
+    /* Also wait for the unlink, so that a group created next with the same
+     * job id never finds the old name. */
+    while (atomic_load(&s->hdr->attached) < (uint32_t)s->size || !atomic_load(&s->hdr->unlinked)) {
         if (dt_time_s() - t0 > timeout_s) {
             char missing[256] = "";
             size_t o = 0;

@@ -22,6 +22,58 @@ static dt_status bn_check(const char *fn, const float *x, const float *y, int64_
     return DT_OK;
 }
 
+/* Row kernels of batch norm, cloned for AVX2 (8 lanes) and the baseline
+ * (4 lanes) and picked at load time. The float row sums depend on the lane
+ * count, so they are reproducible per machine, not across ISAs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DT_CLONES
+#endif
+
+DT_CLONES static void row_moments(const float *restrict xp, int64_t n, float k, float *s1, float *s2)
+{
+    float r1 = 0.0f, r2 = 0.0f;
+#pragma omp simd reduction(+ : r1, r2)
+    for (int64_t i = 0; i < n; i++) {
+        float d = xp[i] - k;
+        r1 += d;
+        r2 += d * d;
+    }
+    *s1 = r1;
+    *s2 = r2;
+}
+
+DT_CLONES static void row_affine(const float *restrict xp, float *restrict yp, int64_t n, float m, float a, float b)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+        yp[i] = (xp[i] - m) * a + b; /* centre first: no cancellation */
+}
+
+DT_CLONES static void row_bwd_sums(const float *restrict xp, const float *restrict gp, int64_t n, float m,
+                                   float *sa, float *sb)
+{
+    float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t i = 0; i < n; i++) {
+        a += gp[i];
+        b += gp[i] * (xp[i] - m);
+    }
+    *sa = a;
+    *sb = b;
+}
+
+DT_CLONES static void row_bwd_dx(const float *restrict xp, const float *restrict gp, float *restrict dp, int64_t n,
+                                 float m, float is, float k, float mdy, float mdyx)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float xh = (xp[i] - m) * is;
+        dp[i] = k * (gp[i] - mdy - xh * mdyx);
+    }
+}
+
 dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t HW, const float *gamma,
                                    const float *beta, float eps, float momentum, float *running_mean,
                                    float *running_var, float *y, float *save_mean, float *save_invstd)
@@ -48,14 +100,8 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
         const float k = x[c * HW];
         double s1 = 0.0, s2 = 0.0;
         for (int64_t n = 0; n < N; n++) {
-            const float *xp = x + (n * C + c) * HW;
-            float r1 = 0.0f, r2 = 0.0f;
-#pragma omp simd reduction(+ : r1, r2)
-            for (int64_t i = 0; i < HW; i++) {
-                float d = xp[i] - k;
-                r1 += d;
-                r2 += d * d;
-            }
+            float r1, r2;
+            row_moments(x + (n * C + c) * HW, HW, k, &r1, &r2);
             s1 += (double)r1;
             s2 += (double)r2;
         }
@@ -68,13 +114,8 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
         float fm = (float)mean;
         float g = gamma ? gamma[c] : 1.0f, b = beta ? beta[c] : 0.0f;
         float a = g * invstd;
-        for (int64_t n = 0; n < N; n++) {
-            const float *xp = x + (n * C + c) * HW;
-            float *yp = y + (n * C + c) * HW;
-#pragma omp simd
-            for (int64_t i = 0; i < HW; i++)
-                yp[i] = (xp[i] - fm) * a + b; /* centre first: no cancellation */
-        }
+        for (int64_t n = 0; n < N; n++)
+            row_affine(x + (n * C + c) * HW, y + (n * C + c) * HW, HW, fm, a, b);
         if (save_mean)
             save_mean[c] = fm;
         if (save_invstd)
@@ -105,11 +146,7 @@ dt_status dt_k_batchnorm_eval_fwd(const float *x, int64_t N, int64_t C, int64_t 
             float invstd = 1.0f / sqrtf(running_var[c] + eps);
             float a = (gamma ? gamma[c] : 1.0f) * invstd;
             float b = beta ? beta[c] : 0.0f, m = running_mean[c];
-            const float *xp = x + (n * C + c) * HW;
-            float *yp = y + (n * C + c) * HW;
-#pragma omp simd
-            for (int64_t i = 0; i < HW; i++)
-                yp[i] = (xp[i] - m) * a + b;
+            row_affine(x + (n * C + c) * HW, y + (n * C + c) * HW, HW, m, a, b);
         }
     return DT_OK;
 }
@@ -139,13 +176,8 @@ dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t
         float m = save_mean[c], is = save_invstd[c];
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t n = 0; n < N; n++) {
-            const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
-            float a = 0.0f, b = 0.0f;
-#pragma omp simd reduction(+ : a, b)
-            for (int64_t i = 0; i < HW; i++) {
-                a += gp[i];
-                b += gp[i] * (xp[i] - m);
-            }
+            float a, b;
+            row_bwd_sums(x + (n * C + c) * HW, dy + (n * C + c) * HW, HW, m, &a, &b);
             sdy += (double)a;
             sdyx += (double)b;
         }
@@ -157,15 +189,9 @@ dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t
         if (dx) {
             float g = gamma ? gamma[c] : 1.0f;
             float k = g * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
-            for (int64_t n = 0; n < N; n++) {
-                const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
-                float *dp = dx + (n * C + c) * HW;
-#pragma omp simd
-                for (int64_t i = 0; i < HW; i++) {
-                    float xh = (xp[i] - m) * is;
-                    dp[i] = k * (gp[i] - mdy - xh * mdyx);
-                }
-            }
+            for (int64_t n = 0; n < N; n++)
+                row_bwd_dx(x + (n * C + c) * HW, dy + (n * C + c) * HW, dx + (n * C + c) * HW, HW, m, is, k, mdy,
+                           mdyx);
         }
     }
     return DT_OK;

@@ -148,6 +148,12 @@ dt_model *dt_model_build(dt_module *root, uint64_t seed)
             dt_error(DT_ERR_NULL, "dt_model_build: root module is NULL");
         return NULL;
     }
+    if (root->model || root->parent) {
+        /* not ours to free: it belongs to a model or a container already */
+        dt_error(DT_ERR_STATE, "dt_model_build: module '%s' (%s) already belongs to a %s", dt_module_path(root),
+                 dt_module_type(root), root->model ? "model" : "container");
+        return NULL;
+    }
     dt_model *md = calloc(1, sizeof *md);
     if (!md) {
         dt_module_free(root);

@@ -27,6 +27,7 @@
 #include "optim_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -36,7 +37,8 @@
 #define DT_OPT_X86 0
 #endif
 
-static int g_simd = -1;
+/* -1 = not probed yet; atomic because ranks-as-threads may step concurrently */
+static _Atomic int g_simd = -1;
 
 static bool use_avx2(void)
 {

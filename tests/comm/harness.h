@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +31,9 @@ typedef int (*th_fn)(int rank, int size, void *arg);
 
 static char th_job[64];
 static int th_rank_ = -1;
+/* A page shared by the parent and all ranks of the current th_run (zeroed
+ * before each run): ranks can leave timestamps there for each other. */
+static volatile double *th_shared;
 
 /* Print a failure from inside a rank and return 1 from the body. */
 #define TH_CHECK(cond, ...)                                                                        \
@@ -72,6 +76,12 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     snprintf(th_job, sizeof th_job, "test-%d-%u-%ld", (int)getpid(), counter++, (long)ts.tv_nsec);
+    if (!th_shared) {
+        void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        th_shared = m == MAP_FAILED ? NULL : m;
+    }
+    if (th_shared)
+        memset((void *)th_shared, 0, 4096);
     fflush(NULL);
     for (int r = 0; r < n; r++) {
         pid_t p = fork();

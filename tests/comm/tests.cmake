@@ -32,4 +32,10 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   set_tests_properties(comm/mpi_example_allreduce PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
     PASS_REGULAR_EXPRESSION "rank 2 of 3 \\(backend mpi\\): average = 2, ok"
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  # Choosing `mpi` outside mpirun is an error that says what to do, not a hang.
+  add_test(NAME comm/mpi_backend_outside_mpirun
+           COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 2 -- ${PROJECT_BINARY_DIR}/examples/example_allreduce)
+  set_tests_properties(comm/mpi_backend_outside_mpirun PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "MPI says rank [01] of 1 but the group was set up as rank [01] of 2"
+    ENVIRONMENT "DT_BACKEND=mpi;ASAN_OPTIONS=detect_leaks=0")
 endif()

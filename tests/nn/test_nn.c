@@ -658,6 +658,10 @@ TEST(bad_input)
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_STATE);
     dt_module_free(s);
     ASSERT(dt_model_build(NULL, 0) == NULL);
+    /* a module of a built model cannot be built again (and is not freed) */
+    ASSERT(dt_model_build(dt_model_find_module(m, "layer1"), 0) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_STATE);
+    ASSERT(dt_model_build(dt_model_root(m), 0) == NULL);
     dt_ctx_free(ctx);
     dt_model_free(m);
 }
