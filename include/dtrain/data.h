@@ -301,9 +301,11 @@ DT_API int64_t dt_loader_num_batches(const dt_loader *ld);
  * An epoch still running is abandoned first. */
 DT_API dt_status dt_loader_start_epoch(dt_loader *ld, int64_t epoch);
 /* The next batch of the epoch in order, waiting for it if needed. At the
- * end of the epoch returns DT_OK with *out = NULL. A failure while loading
- * (bad item, out of memory) returns its status and message here, and the
- * epoch ends. */
+ * end of the epoch returns DT_OK with *out = NULL (again on every further
+ * call). A failure while loading (bad item, out of memory) returns its
+ * status and message here, after every batch before the failing one, and
+ * ends the epoch: further calls return DT_ERR_STATE until the next
+ * dt_loader_start_epoch. */
 DT_API dt_status dt_loader_next(dt_loader *ld, const dt_batch **out);
 
 #ifdef __cplusplus

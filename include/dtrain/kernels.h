@@ -96,8 +96,10 @@ DT_API void dt_k_cache_clear(void);
  * row-major: A is stored (M, K), or (K, M) when trans_a; B is stored (K, N),
  * or (N, K) when trans_b (so a linear layer y = x W^T + b is
  * trans_a=false, trans_b=true with W stored (out, in)).
- * ab_type: DT_F32, or DT_BF16 (A and B are uint16_t bf16 arrays, C stays f32;
- * DT_ERR_UNSUPPORTED when oneDNN has no bf16 matmul for this CPU).
+ * ab_type: DT_F32, or DT_BF16 (A and B are uint16_t bf16 arrays, C stays f32,
+ * products accumulate in f32; where oneDNN has no native bf16 matmul for
+ * the CPU, the inputs are widened to f32 exactly first: same results, f32
+ * speed; see dt_k_matmul_bf16_native). Other dtypes: DT_ERR_UNSUPPORTED.
  * bias: NULL or N floats added to every row of C (after alpha scaling).
  * beta = 0 means C is not read (it may hold garbage or NaN). */
 DT_API dt_status dt_k_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -118,7 +120,7 @@ DT_API bool dt_k_matmul_bf16_native(void);
 
 /* Measure matmul throughput: n x n x n, `reps` timed runs after one warm-up,
  * returns the best GFLOP/s (2 n^3 / time) in *gflops. dt is DT_F32 or
- * DT_BF16 (DT_ERR_UNSUPPORTED if the CPU/oneDNN cannot). Used by
+ * DT_BF16 (emulated through f32 where not native). Used by
  * `dtrain bench matmul` and by other benchmarks as the machine's peak. */
 DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops);
 
