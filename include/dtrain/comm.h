@@ -101,8 +101,11 @@
  *
  * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
  * DT_COMM_CHECK, and those of rank discovery above. The shm backend's own
- * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SPIN) are
- * described in src/comm/shm.h and docs.
+ * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SLOT_BYTES,
+ * DT_SHM_SPIN) are described in src/comm/shm.h; the DT_SHM_ALGO syntax
+ * (per-collective size ranges → direct | ring | rechd | tree) in
+ * src/comm/shm_select.c, e.g.
+ *     DT_SHM_ALGO="allreduce:0-64K:direct,64K-inf:ring;broadcast:tree"
  */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H

@@ -7,7 +7,10 @@
 #include "harness.h"
 #include "test.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -113,9 +116,11 @@ static int body_timeout(int rank, int size, void *arg)
     TH_OK(th_pg(rank, size, NULL, &pg));
     float v = 1;
     TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM));
-    if (rank == 2) { /* stuck elsewhere past the others' deadline */
-        struct timespec ts = {1, 200000000};
-        nanosleep(&ts, NULL);
+    if (rank == 2) { /* stuck elsewhere until the others timed out */
+        for (int k = 0; k < 10000 && (th_shared[0] == 0 || th_shared[1] == 0); k++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
         dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM);
         TH_CHECK(st == DT_ERR_TIMEOUT, "late rank: %s %s", dt_status_name(st), dt_last_error());
         dt_pg_free(pg);
@@ -124,6 +129,7 @@ static int body_timeout(int rank, int size, void *arg)
     double t0 = dt_time_s();
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM);
     double el = dt_time_s() - t0;
+    th_shared[rank] = 1;
     TH_CHECK(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
     TH_CHECK(el > 0.3 && el < 3.0, "timed out after %.2f s, want about 0.4", el);
     const char *m = dt_last_error();
@@ -402,15 +408,17 @@ static int body_async(int rank, int size, void *arg)
     /* a bounded wait returns DT_INPROGRESS while a peer is late */
     float v = 1;
     dt_req *r;
-    if (rank == 1) {
-        struct timespec ts = {0, 300000000};
-        nanosleep(&ts, NULL);
-    }
+    if (rank == 1) /* post only after rank 0's bounded wait ran out */
+        for (int k = 0; k < 10000 && th_shared[10] == 0; k++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
     TH_OK(dt_pg_allreduce_async(pg, DT_IN_PLACE, &v, 1, DT_F32, DT_REDUCE_SUM, &r));
     if (rank == 0) {
         dt_status st = dt_req_wait(r, 0.05);
         TH_CHECK(st == DT_INPROGRESS, "bounded wait: %s", dt_status_name(st));
         TH_CHECK(dt_req_test(r) == DT_INPROGRESS, "test while running");
+        th_shared[10] = 1;
     }
     TH_OK(dt_req_wait(r, 10.0));
     TH_CHECK(v == size, "late allreduce %g", v);
@@ -452,8 +460,17 @@ TEST(launcher_environments)
 {
     int dtrain = 0, torchrun = 1;
     ASSERT_EQ_INT(th_run(3, 20.0, body_env, &dtrain, NULL), 0);
+    /* a free port: let the kernel pick one, then release it */
+    int sfd = socket(AF_INET, SOCK_STREAM, 0), pnum = 20000 + (int)(getpid() % 20000);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (sfd >= 0 && bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(sfd, (struct sockaddr *)&sa, &sl) == 0)
+        pnum = ntohs(sa.sin_port);
+    if (sfd >= 0)
+        close(sfd);
     char port[16];
-    snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 20000));
+    snprintf(port, sizeof port, "%d", pnum);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port, 1);
     unsetenv("DT_JOB_ID");
