@@ -13,7 +13,8 @@ mkdir -p "$out"
 
 ranks=${DT_DEMO_RANKS:-2}
 cmd=("$cli" train --model convnet --data fashion-mnist --epochs 1 --batch 100
-     --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0 --metrics "$out/metrics.jsonl")
+     --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0 --metrics "$out/metrics.jsonl"
+     --log-every 20 --eval-every 50)
 if [ "$ranks" -gt 1 ]; then
   cmd=("$cli" run -n "$ranks" -- "${cmd[@]}")
 fi
