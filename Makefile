@@ -40,7 +40,7 @@ test-asan: deps-test build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS) -LE nosan
+	  ctest --output-on-failure -j $(JOBS)
 
 fuzz: deps-test
 	@scripts/fuzz.sh

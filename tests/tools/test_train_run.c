@@ -2,7 +2,7 @@
  * Fashion-MNIST subset writes a complete metrics file, reaches a
  * non-trivial accuracy and is reproducible; the MLP on random data; an
  * interrupted run leaves no metrics file (not even a stale one). Labelled
- * nosan (tests/data/tests.cmake): the training runs are slow under ASan. */
+ * slow (tests/data/tests.cmake): the slowest test of the suite. */
 // dt-test-timeout: 600
 #include "data/data_util.h"
 #include "test.h"
