@@ -43,6 +43,7 @@ dt_model *dt__model_convnet(uint64_t seed, const dt_model_config *c)
     m->in_ndim = 3;
     m->in_shape[0] = 1, m->in_shape[1] = 28, m->in_shape[2] = 28;
     m->target_labels = true;
+    m->blocked_acts = true; /* conv -> BN -> ReLU -> pool stay nChw8c until flatten */
     /* per sample, 2 FLOPs per multiply-add */
     double conv1 = 2.0 * 16 * 28 * 28 * (1 * 5 * 5);
     double conv2 = 2.0 * 32 * 14 * 14 * (16 * 5 * 5);

@@ -151,6 +151,35 @@ DT_API dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *d
 /* dw (K, C, R, S) and dbias (K, or NULL to skip) from x and dy. */
 DT_API dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy,
                                          float *dw, float *dbias);
+/* Layout bits for the _l variants: the activation (x / dx) or the output
+ * (y / dy) is stored nChw8c, i.e. [N][C/8][H][W][8] (channels % 8 == 0),
+ * instead of plain NCHW. oneDNN then reads / writes it without a reorder
+ * when its primitive wants nChw8c. Weights stay OIHW. */
+enum { DT_K_SRC_BLOCKED8 = 1u, DT_K_DST_BLOCKED8 = 2u };
+/* As above with layout bits (0 = the plain functions). */
+DT_API dt_status dt_k_conv2d_fwd_l(const dt_k_conv2d_shape *s, const float *x, const float *w,
+                                   const float *bias, float *y, unsigned layout);
+DT_API dt_status dt_k_conv2d_bwd_data_l(const dt_k_conv2d_shape *s, const float *dy, const float *w,
+                                        float *dx, unsigned layout);
+DT_API dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, const float *dy,
+                                           float *dw, float *dbias, unsigned layout);
+/* False when DT_CONV_LAYOUT=plain: callers should then keep everything plain. */
+DT_API bool dt_k_conv2d_blocked_enabled(void);
+
+/* ---- nChw8c helpers (plain C) ----------------------------------------------
+ * x is (N, C, HW) with C % 8 == 0. Conversions count as reorders in
+ * dt_k_stats. Batch norm and max pooling on nChw8c data give the same values
+ * as the plain kernels (same reduction order per channel: rows of HW summed
+ * in float, row sums in double in n order; deterministic). */
+DT_API dt_status dt_k_to_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y);
+DT_API dt_status dt_k_from_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y);
+DT_API dt_status dt_k_batchnorm_train_fwd_b8(const float *x, int64_t N, int64_t C, int64_t HW,
+                                             const float *gamma, const float *beta, float eps,
+                                             float momentum, float *running_mean, float *running_var,
+                                             float *y, float *save_mean, float *save_invstd);
+DT_API dt_status dt_k_batchnorm_bwd_b8(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW,
+                                       const float *gamma, const float *save_mean, const float *save_invstd,
+                                       float *dx, float *dgamma, float *dbeta);
 
 /* ---- elementwise --------------------------------------------------------- */
 /* y[i] = v. */
@@ -259,6 +288,11 @@ DT_API dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, 
 /* dx (N, C, H, W) = scatter of dy through argmax (overlapping windows add). */
 DT_API dt_status dt_k_maxpool2d_bwd(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax,
                                     float *dx);
+/* Max pooling on nChw8c x / y / dy / dx; argmax is laid out like y
+ * (nChw8c) and holds h*W + w as in the plain kernel (C % 8 == 0). */
+DT_API dt_status dt_k_maxpool2d_fwd_b8(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *argmax);
+DT_API dt_status dt_k_maxpool2d_bwd_b8(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax,
+                                       float *dx);
 /* Average pooling; count_include_pad as PyTorch (default true there). */
 DT_API dt_status dt_k_avgpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *y,
                                     bool count_include_pad);

@@ -63,6 +63,14 @@ enum {
     DT_TENSOR_OWNS_DATA = 1u << 1,     /* dt_tensor_free frees data */
     DT_TENSOR_TEMP = 1u << 2,          /* struct lives in a dt_ctx arena */
     DT_TENSOR_OWNS_GRAD = 1u << 3,     /* dt_tensor_free frees grad */
+    /* Library-internal layout: a 4-D f32 temporary (C % 8 == 0) whose data is
+     * stored nChw8c, [N][C/8][H][W][8], while shape/strides stay the logical
+     * contiguous NCHW; its grad uses the same layout. Only made by conv2d
+     * (and batch_norm / relu / max_pool2d on such inputs) inside a region
+     * where dt_ctx_set_blocked is on. Every other op converts it to plain
+     * first (differentiably); dt_tensor_read/get/item/copy/write/set
+     * understand it. Do not touch ->data of such a tensor directly. */
+    DT_TENSOR_BLOCKED8 = 1u << 4,
 };
 
 typedef struct dt_tensor dt_tensor;
@@ -175,6 +183,12 @@ DT_API void dt_ctx_free(dt_ctx *ctx);
 DT_API void dt_ctx_reset(dt_ctx *ctx);
 /* The context's arena (for op-private scratch; valid until reset). */
 DT_API dt_arena *dt_ctx_arena(dt_ctx *ctx);
+/* Allow (on) or forbid conv2d to produce DT_TENSOR_BLOCKED8 activations in
+ * this context (off by default; DT_CONV_LAYOUT=plain forbids it always).
+ * Meant for a model forward whose conv activations only feed conv2d,
+ * batch_norm, relu, max_pool2d and finally an op that converts (flatten);
+ * returns the previous setting so the region can restore it. */
+DT_API bool dt_ctx_set_blocked(dt_ctx *ctx, bool on);
 /* Scratch memory from the arena, 64-byte aligned, valid until reset. */
 DT_API void *dt_ctx_alloc(dt_ctx *ctx, size_t bytes);
 

@@ -57,6 +57,7 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
         t->grad = g;
         return g->data;
     }
@@ -69,6 +70,7 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
         t->grad = g;
         *beta = 0.0f;
         return g->data;
@@ -137,4 +139,33 @@ void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
         dt_k_matmul(ta, tb, M, N, K, alpha, A, B, DT_F32, beta, C, NULL) == DT_OK)
         return;
     gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ---- nChw8c -> NCHW (see DT__NEED) -------------------------------------------- */
+
+static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *X = n->in[0];
+    float *gx = dt__grad_begin(ctx, X);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = dt_k_to_blocked8(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], gx);
+    return st < 0 ? st : dt__grad_commit(ctx, X, gx);
+}
+
+dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
+{
+    dt_tensor *x = (dt_tensor *)(uintptr_t)t;
+    if (!dt__blocked(x))
+        return x;
+    dt_tensor *out = dt__out(ctx, 4, x->shape);
+    if (!out)
+        return NULL;
+    if (dt_k_from_blocked8(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], out->data) < 0) {
+        dt_error_wrap(dt_last_status(), "to plain layout");
+        return NULL;
+    }
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, "to_plain", plain_backward, out, 1, &x))
+        return NULL;
+    return out;
 }

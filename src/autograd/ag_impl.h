@@ -69,7 +69,19 @@ bool dt__check_f32(const char *op, const char *arg, const dt_tensor *t);
 /* "op: <what>: a [2,3] and b [4]" shape error. */
 void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const dt_tensor *b);
 
-#define DT__NEED(ctx, op, t)                                                       \
+/* An nChw8c (DT_TENSOR_BLOCKED8) tensor t as a plain NCHW one: t itself when
+ * t is plain, else a converted temporary recorded on the tape (its backward
+ * converts the gradient back to nChw8c). NULL with the error set on failure. */
+dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t);
+static inline bool dt__blocked(const dt_tensor *t)
+{
+    return t && (t->flags & DT_TENSOR_BLOCKED8);
+}
+
+/* Null checks; DT__NEED_ANY keeps an nChw8c input as it is (for the ops that
+ * understand that layout), DT__NEED converts it to plain: every other op
+ * validates its inputs with it, so none reads blocked data by mistake. */
+#define DT__NEED_ANY(ctx, op, t)                                                   \
     do {                                                                            \
         if (!(ctx)) {                                                               \
             dt_error(DT_ERR_NULL, "%s: context is NULL", op);                       \
@@ -77,6 +89,20 @@ void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const
         }                                                                           \
         if (!(t))                                                                   \
             return dt__null_input(op, #t);                                          \
+    } while (0)
+
+#define DT__NEED(ctx, op, t)                                                       \
+    do {                                                                            \
+        DT__NEED_ANY(ctx, op, t);                                                   \
+        if (dt__blocked(t) && !((t) = dt__plain(ctx, (t))))                         \
+            return NULL;                                                            \
+    } while (0)
+
+#define DT__NEED_F32_ANY(ctx, op, t)                                               \
+    do {                                                                            \
+        DT__NEED_ANY(ctx, op, t);                                                   \
+        if (!dt__check_f32(op, #t, t))                                              \
+            return NULL;                                                            \
     } while (0)
 
 #define DT__NEED_F32(ctx, op, t)                                                   \

@@ -10,7 +10,8 @@
 
 #include <string.h>
 
-/* saved[0] = x data, saved[1] = w data, saved[2] = kernel shape */
+/* saved[0] = x data, saved[1] = w data, saved[2] = kernel shape;
+ * i[0] = the kernels' layout bits (x and/or out stored nChw8c) */
 static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const float *x = n->saved[0], *w = n->saved[1];
@@ -21,7 +22,7 @@ static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         float *gx = dt__grad_begin(ctx, X);
         if (!gx)
             return dt_last_status();
-        st = dt_k_conv2d_bwd_data(s, gout, w, gx);
+        st = dt_k_conv2d_bwd_data_l(s, gout, w, gx, (unsigned)n->i[0]);
         if (st < 0 || (st = dt__grad_commit(ctx, X, gx)) < 0)
             return st;
     }
@@ -30,7 +31,7 @@ static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         float *gb = B ? dt_arena_alloc(ctx->arena, dt_tensor_nbytes(B)) : NULL;
         if (!gw || (B && !gb))
             return dt_last_status();
-        st = dt_k_conv2d_bwd_weights(s, x, gout, gw, gb);
+        st = dt_k_conv2d_bwd_weights_l(s, x, gout, gw, gb, (unsigned)n->i[0]);
         if (st < 0)
             return st;
         if (dt__rg(Wt) && (st = dt__grad_commit(ctx, Wt, gw)) < 0)
@@ -45,7 +46,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
                      int pad)
 {
     const char *op = "dt_conv2d";
-    DT__NEED_F32(ctx, op, x);
+    DT__NEED_F32_ANY(ctx, op, x);
     DT__NEED_F32(ctx, op, w);
     if (bias && !dt__check_f32(op, "bias", bias))
         return NULL;
@@ -76,6 +77,10 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
+    /* nChw8c in (an earlier conv's activation) and/or out (when this
+     * context allows it and the channels fit): no reorders around oneDNN */
+    bool out_b = ctx->blocked_ok && s.K % 8 == 0 && s.N > 0 && dt_k_conv2d_blocked_enabled();
+    unsigned lay = (dt__blocked(x) ? DT_K_SRC_BLOCKED8 : 0u) | (out_b ? DT_K_DST_BLOCKED8 : 0u);
     const float *xd = dt__cdata(ctx, x), *wd = dt__cdata(ctx, w);
     const float *bd = bias ? dt__cdata(ctx, bias) : NULL;
     dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.K, P, Q});
@@ -83,7 +88,9 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
     if (!xd || !wd || (bias && !bd) || !out || !ss)
         return NULL;
     *ss = s;
-    if (dt_k_conv2d_fwd(&s, xd, wd, bd, out->data) < 0) {
+    if (out_b)
+        out->flags |= DT_TENSOR_BLOCKED8;
+    if (dt_k_conv2d_fwd_l(&s, xd, wd, bd, out->data, lay) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -96,6 +103,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = (void *)(uintptr_t)wd;
         n->saved[2] = ss;
+        n->i[0] = lay;
     }
     return out;
 }
@@ -110,7 +118,8 @@ static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
         return dt_last_status();
-    dt_status st = arg ? dt_k_maxpool2d_bwd(s, gout, arg, gx)
+    dt_status st = arg && dt__blocked(n->in[0]) ? dt_k_maxpool2d_bwd_b8(s, gout, arg, gx)
+                   : arg ? dt_k_maxpool2d_bwd(s, gout, arg, gx)
                        : dt_k_avgpool2d_bwd(s, gout, gx, true);
     if (st < 0)
         return st;
@@ -120,7 +129,9 @@ static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int stride, int pad,
                        bool is_max)
 {
-    DT__NEED_F32(ctx, op, x);
+    DT__NEED_F32_ANY(ctx, op, x);
+    if (!is_max && dt__blocked(x) && !(x = dt__plain(ctx, x)))
+        return NULL; /* average pooling reads plain NCHW only */
     if (x->ndim != 4) {
         char b[96];
         dt_error(DT_ERR_SHAPE, "%s: want x [N,C,H,W], got %s", op,
@@ -154,7 +165,11 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
     if (!xd || !out || (is_max && !arg) || !ss)
         return NULL;
     *ss = s;
-    dt_status st = is_max ? dt_k_maxpool2d_fwd(&s, xd, out->data, arg)
+    bool blk = dt__blocked(x);
+    if (blk)
+        out->flags |= DT_TENSOR_BLOCKED8;
+    dt_status st = blk      ? dt_k_maxpool2d_fwd_b8(&s, xd, out->data, arg)
+                   : is_max ? dt_k_maxpool2d_fwd(&s, xd, out->data, arg)
                           : dt_k_avgpool2d_fwd(&s, xd, out->data, true);
     if (st < 0) {
         dt_error_wrap(st, "%s", op);

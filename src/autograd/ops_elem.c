@@ -251,8 +251,11 @@ dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s)
 
 dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x)
 {
-    DT__NEED_F32(ctx, "dt_relu", x);
-    return unary(ctx, "dt_relu", U_RELU, x, 0, NULL);
+    DT__NEED_F32_ANY(ctx, "dt_relu", x); /* elementwise: any layout */
+    dt_tensor *y = unary(ctx, "dt_relu", U_RELU, x, 0, NULL);
+    if (y && dt__blocked(x))
+        y->flags |= DT_TENSOR_BLOCKED8;
+    return y;
 }
 
 dt_tensor *dt_gelu(dt_ctx *ctx, dt_tensor *x)

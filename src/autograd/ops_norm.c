@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-/* i[0..3] = N, C, S, training; saved: x, mean, invstd, gamma (contiguous) */
+/* i[0..4] = N, C, S, training, x nChw8c; saved: x, mean, invstd, gamma (contiguous) */
 static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t N = n->i[0], C = n->i[1], S = n->i[2];
@@ -25,7 +25,10 @@ static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     if ((dt__rg(X) && !gx) || (gamma && !gg) || (beta && !gb))
         return dt_last_status();
     dt_status st = DT_OK;
-    if (training) {
+    if (training && n->i[4]) {
+        st = dt_k_batchnorm_bwd_b8(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
+                                   dt__rg(beta) ? gb : NULL);
+    } else if (training) {
         st = dt_k_batchnorm_bwd(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
                                 dt__rg(beta) ? gb : NULL);
     } else {
@@ -88,7 +91,11 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
                          float momentum, float eps)
 {
     const char *op = "dt_batch_norm";
-    DT__NEED_F32(ctx, op, x);
+    DT__NEED_F32_ANY(ctx, op, x);
+    /* nChw8c input: training runs on it directly; evaluation converts */
+    if (!training && dt__blocked(x) && !(x = dt__plain(ctx, x)))
+        return NULL;
+    bool blk = dt__blocked(x);
     if (x->ndim < 2) {
         char s[96];
         dt_error(DT_ERR_SHAPE, "%s: want x [N,C,...], got %s", op,
@@ -125,7 +132,13 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
     if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !invstd)
         return NULL;
     dt_status st;
-    if (training) {
+    if (blk) {
+        out->flags |= DT_TENSOR_BLOCKED8;
+        st = dt_k_batchnorm_train_fwd_b8(xd, N, C, S, gm, bt, eps, momentum,
+                                         running_mean ? running_mean->data : NULL,
+                                         running_var ? running_var->data : NULL, out->data, mean,
+                                         invstd);
+    } else if (training) {
         st = dt_k_batchnorm_train_fwd(xd, N, C, S, gm, bt, eps, momentum,
                                       running_mean ? running_mean->data : NULL,
                                       running_var ? running_var->data : NULL, out->data, mean,
@@ -151,6 +164,7 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         n->i[1] = C;
         n->i[2] = S;
         n->i[3] = training;
+        n->i[4] = blk;
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = mean;
         n->saved[2] = invstd;

@@ -89,6 +89,7 @@ float *dt__grad(dt_ctx *ctx, dt_tensor *t)
         g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
         t->grad = g;
     } else {
         g = dt_tensor_new(DT_F32, t->ndim, t->shape);
@@ -185,9 +186,15 @@ dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
                  DT__MAX_IN);
         return NULL;
     }
-    for (int i = 0; i < nin; i++)
+    for (int i = 0; i < nin; i++) {
         if (!in[i])
             return dt__null_input(op, "an input");
+        if (dt__blocked(in[i])) {
+            dt_error(DT_ERR_INVALID_ARG, "%s: input %d is stored nChw8c (a conv activation inside a "
+                     "dt_ctx_set_blocked region); convert it with an op such as dt_contiguous first", op, i);
+            return NULL;
+        }
+    }
     if (!(out->flags & DT_TENSOR_TEMP) || out->node_) {
         dt_error(DT_ERR_INVALID_ARG, "%s: out must be a fresh temporary of this context", op);
         return NULL;
@@ -260,6 +267,9 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
     if (out->dtype != DT_F32 || grad_out->dtype != DT_F32)
         return dt_error(DT_ERR_DTYPE, "%s: output is %s and grad %s, want f32", op,
                         dt_dtype_name(out->dtype), dt_dtype_name(grad_out->dtype));
+    if (dt__blocked(out) || dt__blocked(grad_out))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: output or grad_out is stored nChw8c; convert it to "
+                        "plain (e.g. dt_contiguous) before seeding a backward", op);
     if (!dt_tensor_same_shape(out, grad_out)) {
         dt__shape_error(op, "output and grad_out differ", out, grad_out);
         return DT_ERR_SHAPE;

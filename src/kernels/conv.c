@@ -132,7 +132,7 @@ static bool use_blocked(int dir, const dt_k_conv2d_shape *s)
     return dir == CONV_FWD || s->C % 8 == 0;
 }
 
-static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bias)
+static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
 {
     memset(key, 0, sizeof *key);
     int64_t *k = key->v;
@@ -140,7 +140,7 @@ static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bia
     k[1] = dir;
     k[2] = s->N, k[3] = s->C, k[4] = s->H, k[5] = s->W, k[6] = s->K, k[7] = s->R, k[8] = s->S;
     k[9] = s->stride_h, k[10] = s->stride_w, k[11] = s->pad_h, k[12] = s->pad_w;
-    k[13] = s->dil_h, k[14] = s->dil_w, k[15] = bias;
+    k[13] = s->dil_h, k[14] = s->dil_w, k[15] = bias, k[17] = (int64_t)lay;
 }
 
 /* Fill e->io[i] for arg: user layout md, the primitive's layout from pd,
@@ -172,7 +172,7 @@ static dt_status conv_io_init(conv_entry *e, const_dnnl_primitive_desc_t pd, int
     return io->buf ? DT_OK : dt_last_status();
 }
 
-static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, bool bias)
+static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
 {
     const char *what = dir == CONV_FWD ? "dt_k_conv2d_fwd" : dir == CONV_BWD_DATA ? "dt_k_conv2d_bwd_data"
                                                                                   : "dt_k_conv2d_bwd_weights";
@@ -192,10 +192,10 @@ static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, 
     dnnl_dims_t pl = {s->pad_h, s->pad_w};
     dnnl_dims_t pr = {(P - 1) * s->stride_h + eh - s->H - s->pad_h, (Q - 1) * s->stride_w + ew - s->W - s->pad_w};
     dnnl_memory_desc_t src_u, wei_u, bias_u, dst_u, src_a, wei_a, dst_a;
-    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, (lay & DT_K_SRC_BLOCKED8) ? dnnl_nChw8c : dnnl_nchw);
     dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw);
     dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a);
-    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, (lay & DT_K_DST_BLOCKED8) ? dnnl_nChw8c : dnnl_nchw);
     bool blk = use_blocked(dir, s);
     dnnl_format_tag_t any = dnnl_format_tag_any;
     dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, blk ? any : dnnl_nchw);
@@ -258,10 +258,10 @@ out:
     return st;
 }
 
-static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s, bool bias)
+static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
 {
     dt__key key;
-    conv_key(&key, dir, s, bias);
+    conv_key(&key, dir, s, bias, lay);
     key.v[16] = use_blocked(dir, s);
     conv_entry *e = dt__cache_get(&key);
     if (!e) {
@@ -269,7 +269,7 @@ static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s,
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "conv2d: out of memory");
         pthread_mutex_init(&e->lock, NULL);
-        dt_status st = conv_build(e, dir, s, bias);
+        dt_status st = conv_build(e, dir, s, bias, lay);
         if (st < 0) {
             conv_entry_free(e);
             return st;
@@ -326,17 +326,35 @@ out:
     return st;
 }
 
-static dt_status conv_check(const char *fn, const dt_k_conv2d_shape *s, int64_t *P, int64_t *Q)
+static dt_status conv_check(const char *fn, const dt_k_conv2d_shape *s, int64_t *P, int64_t *Q, unsigned lay)
 {
     dt_status st = dt_k_conv2d_out_size(s, P, Q);
-    return st < 0 ? dt_error_wrap(st, "%s", fn) : DT_OK;
+    if (st < 0)
+        return dt_error_wrap(st, "%s", fn);
+    if (lay & ~(unsigned)(DT_K_SRC_BLOCKED8 | DT_K_DST_BLOCKED8))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: unknown layout bits 0x%x", fn, lay);
+    if (((lay & DT_K_SRC_BLOCKED8) && s->C % 8) || ((lay & DT_K_DST_BLOCKED8) && s->K % 8))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: nChw8c needs channels %% 8 == 0 (C=%lld, K=%lld)", fn,
+                        (long long)s->C, (long long)s->K);
+    return DT_OK;
+}
+
+bool dt_k_conv2d_blocked_enabled(void)
+{
+    return layout_mode() != 0;
 }
 
 dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const float *w, const float *bias, float *y)
 {
+    return dt_k_conv2d_fwd_l(s, x, w, bias, y, 0);
+}
+
+dt_status dt_k_conv2d_fwd_l(const dt_k_conv2d_shape *s, const float *x, const float *w, const float *bias, float *y,
+                           unsigned lay)
+{
     const char *fn = "dt_k_conv2d_fwd";
     int64_t P, Q;
-    dt_status st = conv_check(fn, s, &P, &Q);
+    dt_status st = conv_check(fn, s, &P, &Q, lay);
     if (st < 0)
         return st;
     if (s->N == 0)
@@ -345,7 +363,7 @@ dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const floa
     DT__CHECK_PTR(fn, w, 1);
     DT__CHECK_PTR(fn, y, 1);
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_FWD, s, bias != NULL)) < 0)
+    if ((st = conv_get(&e, CONV_FWD, s, bias != NULL, lay)) < 0)
         return st;
     const void *p[4] = {x, w, y, bias};
     return conv_run(e, fn, p);
@@ -353,9 +371,14 @@ dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const floa
 
 dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, const float *w, float *dx)
 {
+    return dt_k_conv2d_bwd_data_l(s, dy, w, dx, 0);
+}
+
+dt_status dt_k_conv2d_bwd_data_l(const dt_k_conv2d_shape *s, const float *dy, const float *w, float *dx, unsigned lay)
+{
     const char *fn = "dt_k_conv2d_bwd_data";
     int64_t P, Q;
-    dt_status st = conv_check(fn, s, &P, &Q);
+    dt_status st = conv_check(fn, s, &P, &Q, lay);
     if (st < 0)
         return st;
     if (s->N == 0)
@@ -364,7 +387,7 @@ dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, cons
     DT__CHECK_PTR(fn, w, 1);
     DT__CHECK_PTR(fn, dx, 1);
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_BWD_DATA, s, false)) < 0)
+    if ((st = conv_get(&e, CONV_BWD_DATA, s, false, lay)) < 0)
         return st;
     const void *p[3] = {dy, w, dx};
     return conv_run(e, fn, p);
@@ -373,9 +396,15 @@ dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, cons
 dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
                                   float *dbias)
 {
+    return dt_k_conv2d_bwd_weights_l(s, x, dy, dw, dbias, 0);
+}
+
+dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
+                                    float *dbias, unsigned lay)
+{
     const char *fn = "dt_k_conv2d_bwd_weights";
     int64_t P, Q;
-    dt_status st = conv_check(fn, s, &P, &Q);
+    dt_status st = conv_check(fn, s, &P, &Q, lay);
     if (st < 0)
         return st;
     DT__CHECK_PTR(fn, dw, 1);
@@ -388,7 +417,7 @@ dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, co
     DT__CHECK_PTR(fn, x, 1);
     DT__CHECK_PTR(fn, dy, 1);
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL)) < 0)
+    if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL, lay)) < 0)
         return st;
     const void *p[4] = {x, dy, dw, dbias};
     return conv_run(e, fn, p);

@@ -74,6 +74,11 @@ struct dt_model {
     int in_ndim;            /* input dims after the batch dim */
     int64_t in_shape[DT_MAX_DIMS];
     bool target_labels;     /* target is [B] i64 labels */
+    /* the forward may keep conv activations nChw8c (dt_ctx_set_blocked):
+     * set by models whose convs only feed batch norm / relu / max pool
+     * before a flatten; used only while no module has hooks or a replaced
+     * forward (those could see the activations) */
+    bool blocked_acts;
     double fwd_flops_per_sample, train_flops_per_sample;
 };
 

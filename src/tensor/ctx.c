@@ -54,6 +54,15 @@ void dt_ctx_reset(dt_ctx *ctx)
 
 dt_arena *dt_ctx_arena(dt_ctx *ctx) { return ctx ? ctx->arena : NULL; }
 
+bool dt_ctx_set_blocked(dt_ctx *ctx, bool on)
+{
+    if (!ctx)
+        return false;
+    bool old = ctx->blocked_ok;
+    ctx->blocked_ok = on;
+    return old;
+}
+
 void *dt_ctx_alloc(dt_ctx *ctx, size_t bytes)
 {
     if (!ctx) {
@@ -178,6 +187,6 @@ dt_tensor *dt_tensor_alias(dt_ctx *ctx, const dt_tensor *t)
     memcpy(a->strides, t->strides, sizeof a->strides);
     a->data = t->data;
     a->name = t->name;
-    a->flags = DT_TENSOR_TEMP;
+    a->flags = DT_TENSOR_TEMP | (t->flags & DT_TENSOR_BLOCKED8);
     return a;
 }

@@ -337,6 +337,20 @@ static void copy_strided(int ndim, const int64_t *shape, void *dst, const int64_
     dt__nd_loop(ndim, shape, 2, p, (const int64_t(*)[DT_MAX_DIMS])st, esz, row_copy, &es);
 }
 
+static char *elem_ptr(const dt_tensor *t, int64_t flat);
+
+/* Element-by-element copy in logical order when either side is nChw8c. */
+static void copy_blocked(dt_tensor *dst, const dt_tensor *src, void *dbuf, const void *sbuf)
+{
+    size_t es = dt_dtype_size(dst ? dst->dtype : src->dtype);
+    int64_t n = dt_tensor_numel(dst ? dst : src);
+    for (int64_t i = 0; i < n; i++) {
+        char *d = dst ? elem_ptr(dst, i) : (char *)dbuf + i * (int64_t)es;
+        const char *s = src ? elem_ptr(src, i) : (const char *)sbuf + i * (int64_t)es;
+        memcpy(d, s, es);
+    }
+}
+
 static void contiguous_strides(const dt_tensor *t, int64_t *st)
 {
     int64_t s = 1;
@@ -358,6 +372,10 @@ dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src)
                         dt_dtype_name(dst->dtype), dt_tensor_shape_str(dst, s1, sizeof s1),
                         dt_dtype_name(src->dtype), dt_tensor_shape_str(src, s2, sizeof s2));
     }
+    if ((dst->flags | src->flags) & DT_TENSOR_BLOCKED8) {
+        copy_blocked(dst, src, NULL, NULL);
+        return DT_OK;
+    }
     copy_strided(dst->ndim, dst->shape, dst->data, dst->strides, src->data, src->strides,
                  dt_dtype_size(dst->dtype));
     return DT_OK;
@@ -367,6 +385,10 @@ dt_status dt_tensor_read(const dt_tensor *t, void *dst)
 {
     if (!t || !dst)
         return dt_error(DT_ERR_NULL, "dt_tensor_read: %s is NULL", t ? "dst" : "tensor");
+    if (t->flags & DT_TENSOR_BLOCKED8) {
+        copy_blocked(NULL, t, dst, NULL);
+        return DT_OK;
+    }
     int64_t st[DT_MAX_DIMS];
     contiguous_strides(t, st);
     copy_strided(t->ndim, t->shape, dst, st, t->data, t->strides, dt_dtype_size(t->dtype));
@@ -377,6 +399,10 @@ dt_status dt_tensor_write(dt_tensor *t, const void *src)
 {
     if (!t || !src)
         return dt_error(DT_ERR_NULL, "dt_tensor_write: %s is NULL", t ? "src" : "tensor");
+    if (t->flags & DT_TENSOR_BLOCKED8) {
+        copy_blocked(t, NULL, NULL, src);
+        return DT_OK;
+    }
     int64_t st[DT_MAX_DIMS];
     contiguous_strides(t, st);
     copy_strided(t->ndim, t->shape, t->data, t->strides, src, st, dt_dtype_size(t->dtype));
@@ -386,6 +412,12 @@ dt_status dt_tensor_write(dt_tensor *t, const void *src)
 static char *elem_ptr(const dt_tensor *t, int64_t flat)
 {
     int64_t off = 0;
+    if (t->flags & DT_TENSOR_BLOCKED8) { /* nChw8c: see tensor.h */
+        int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
+        int64_t w = flat % W, h = flat / W % H, c = flat / (W * H) % C, n = flat / (W * H * C);
+        off = ((n * (C / 8) + c / 8) * H * W + h * W + w) * 8 + c % 8;
+        return (char *)t->data + off * (int64_t)dt_dtype_size(t->dtype);
+    }
     for (int d = t->ndim - 1; d >= 0; d--) {
         int64_t i = flat % t->shape[d];
         flat /= t->shape[d];

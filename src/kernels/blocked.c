@@ -1,0 +1,398 @@
+/* Plain-C kernels on the nChw8c layout ([N][C/8][HW][8], C % 8 == 0): the
+ * conversions to and from NCHW, training batch norm, and max pooling. They
+ * let the autograd layer keep convolution activations in the layout oneDNN's
+ * direct kernels use, so a ConvNet step reorders only at its ends.
+ *
+ * Batch norm keeps the plain kernel's reduction order per channel: each
+ * (n, c) row of HW values is summed in float in s order (here 8 channels
+ * side by side, one lane each), the row sums in double in n order, so the
+ * result is deterministic and matches the plain kernel to rounding. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__SSE4_1__)
+#include <smmintrin.h>
+#endif
+
+/* Per-block row kernels (8 channel lanes side by side), cloned for AVX2 as
+ * the plain batch-norm rows are. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DT_CLONES
+#endif
+
+DT_CLONES static void b8_moments(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
+                                 float *restrict r2)
+{
+    float a[8] = {0}, b[8] = {0};
+    for (int64_t s = 0; s < HW; s++) {
+#pragma omp simd
+        for (int j = 0; j < 8; j++) {
+            float d = xp[s * 8 + j] - k[j];
+            a[j] += d;
+            b[j] += d * d;
+        }
+    }
+    memcpy(r1, a, sizeof a);
+    memcpy(r2, b, sizeof b);
+}
+
+DT_CLONES static void b8_affine(const float *restrict xp, float *restrict yp, int64_t HW, const float *restrict m,
+                                const float *restrict a, const float *restrict b)
+{
+    for (int64_t s = 0; s < HW; s++) {
+#pragma omp simd
+        for (int j = 0; j < 8; j++)
+            yp[s * 8 + j] = (xp[s * 8 + j] - m[j]) * a[j] + b[j];
+    }
+}
+
+DT_CLONES static void b8_bwd_sums(const float *restrict xp, const float *restrict gp, int64_t HW,
+                                  const float *restrict m, float *restrict ra, float *restrict rb)
+{
+    float a[8] = {0}, b[8] = {0};
+    for (int64_t s = 0; s < HW; s++) {
+#pragma omp simd
+        for (int j = 0; j < 8; j++) {
+            float g = gp[s * 8 + j];
+            a[j] += g;
+            b[j] += g * (xp[s * 8 + j] - m[j]);
+        }
+    }
+    memcpy(ra, a, sizeof a);
+    memcpy(rb, b, sizeof b);
+}
+
+DT_CLONES static void b8_bwd_dx(const float *restrict xp, const float *restrict gp, float *restrict op, int64_t HW,
+                                const float *restrict m, const float *restrict is, const float *restrict k,
+                                const float *restrict mdy, const float *restrict mdyx)
+{
+    for (int64_t s = 0; s < HW; s++) {
+#pragma omp simd
+        for (int j = 0; j < 8; j++) {
+            float xh = (xp[s * 8 + j] - m[j]) * is[j];
+            op[s * 8 + j] = k[j] * (gp[s * 8 + j] - mdy[j] - xh * mdyx[j]);
+        }
+    }
+}
+
+/* 2x2 stride-2 unpadded max pool of one channel block: each output is 8
+ * lanes (channels), two SSE halves; same rule as the scalar path (first max
+ * in window order wins, NaN propagates). */
+static void b8_max2x2(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                      int32_t *restrict ap)
+{
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t q = 0; q < Q; q++) {
+            int32_t i0 = (int32_t)(2 * p * W + 2 * q);
+            const float *c0 = xp + (int64_t)i0 * 8, *c1 = c0 + 8, *c2 = c0 + W * 8, *c3 = c2 + 8;
+            float *y = yp + (p * Q + q) * 8;
+            int32_t *a = ap + (p * Q + q) * 8;
+#if defined(__SSE4_1__)
+            for (int h = 0; h < 8; h += 4) {
+                __m128 m = _mm_loadu_ps(c0 + h);
+                __m128i im = _mm_set1_epi32(i0);
+                const float *cs[3] = {c1, c2, c3};
+                const int32_t off[3] = {1, (int32_t)W, (int32_t)W + 1};
+                for (int k = 0; k < 3; k++) {
+                    __m128 v = _mm_loadu_ps(cs[k] + h);
+                    __m128 t = _mm_or_ps(_mm_cmpgt_ps(v, m), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(m, m)));
+                    m = _mm_blendv_ps(m, v, t);
+                    im = _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(im),
+                                                        _mm_castsi128_ps(_mm_set1_epi32(i0 + off[k])), t));
+                }
+                _mm_storeu_ps(y + h, m);
+                _mm_storeu_si128((__m128i *)(void *)(a + h), im);
+            }
+#else
+            for (int j = 0; j < 8; j++) {
+                float mx = c0[j], v;
+                int32_t bi = i0;
+                const float *cs[3] = {c1, c2, c3};
+                const int32_t off[3] = {1, (int32_t)W, (int32_t)W + 1};
+                for (int k = 0; k < 3; k++) {
+                    v = cs[k][j];
+                    bool t = (v > mx) | ((v != v) & (mx == mx)); /* NaN propagates */
+                    mx = t ? v : mx;
+                    bi = t ? i0 + off[k] : bi;
+                }
+                y[j] = mx;
+                a[j] = bi;
+            }
+#endif
+        }
+}
+
+static dt_status b8_check(const char *fn, const void *x, const void *y, int64_t N, int64_t C, int64_t HW)
+{
+    if (N < 0 || C < 0 || HW < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: negative size N=%lld C=%lld HW=%lld", fn, (long long)N,
+                        (long long)C, (long long)HW);
+    if (C % 8)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: nChw8c needs C %% 8 == 0, got C=%lld", fn, (long long)C);
+    DT__CHECK_PTR(fn, x, N * C * HW);
+    DT__CHECK_PTR(fn, y, N * C * HW);
+    return DT_OK;
+}
+
+dt_status dt_k_to_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y)
+{
+    dt_status st = b8_check("dt_k_to_blocked8", x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    int64_t CB = C / 8;
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t nb = 0; nb < N * CB; nb++) {
+        const float *xp = x + nb * 8 * HW;
+        float *yp = y + nb * 8 * HW;
+        for (int64_t s = 0; s < HW; s++)
+            for (int j = 0; j < 8; j++)
+                yp[s * 8 + j] = xp[j * HW + s];
+    }
+    if (N * C * HW > 0)
+        dt__stats_reorder();
+    return DT_OK;
+}
+
+dt_status dt_k_from_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y)
+{
+    dt_status st = b8_check("dt_k_from_blocked8", x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    int64_t CB = C / 8;
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t nb = 0; nb < N * CB; nb++) {
+        const float *xp = x + nb * 8 * HW;
+        float *yp = y + nb * 8 * HW;
+        for (int j = 0; j < 8; j++)
+            for (int64_t s = 0; s < HW; s++)
+                yp[j * HW + s] = xp[s * 8 + j];
+    }
+    if (N * C * HW > 0)
+        dt__stats_reorder();
+    return DT_OK;
+}
+
+dt_status dt_k_batchnorm_train_fwd_b8(const float *x, int64_t N, int64_t C, int64_t HW, const float *gamma,
+                                      const float *beta, float eps, float momentum, float *running_mean,
+                                      float *running_var, float *y, float *save_mean, float *save_invstd)
+{
+    const char *fn = "dt_k_batchnorm_train_fwd_b8";
+    dt_status st = b8_check(fn, x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    if (C == 0)
+        return DT_OK;
+    int64_t cnt = N * HW;
+    if (cnt < 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: training needs more than one value per channel (N*H*W = %lld)", fn,
+                        (long long)cnt);
+    if (!(eps > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    int64_t CB = C / 8;
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t cb = 0; cb < CB; cb++) {
+        float k[8], fm[8], a[8], b[8];
+        double s1[8] = {0}, s2[8] = {0};
+        for (int j = 0; j < 8; j++)
+            k[j] = x[cb * HW * 8 + j]; /* first value of the channel (n = 0, s = 0) */
+        for (int64_t n = 0; n < N; n++) {
+            float r1[8], r2[8];
+            b8_moments(x + (n * CB + cb) * HW * 8, HW, k, r1, r2);
+            for (int j = 0; j < 8; j++) {
+                s1[j] += (double)r1[j];
+                s2[j] += (double)r2[j];
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            int64_t c = cb * 8 + j;
+            double m1 = s1[j] / (double)cnt;
+            double mean = (double)k[j] + m1;
+            double var = s2[j] / (double)cnt - m1 * m1;
+            if (var < 0.0)
+                var = 0.0;
+            float invstd = (float)(1.0 / sqrt(var + (double)eps));
+            fm[j] = (float)mean;
+            a[j] = (gamma ? gamma[c] : 1.0f) * invstd;
+            b[j] = beta ? beta[c] : 0.0f;
+            if (save_mean)
+                save_mean[c] = fm[j];
+            if (save_invstd)
+                save_invstd[c] = invstd;
+            if (running_mean)
+                running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * fm[j];
+            if (running_var)
+                running_var[c] = (1.0f - momentum) * running_var[c] +
+                                 momentum * (float)(var * (double)cnt / (double)(cnt - 1));
+        }
+        for (int64_t n = 0; n < N; n++)
+            b8_affine(x + (n * CB + cb) * HW * 8, y + (n * CB + cb) * HW * 8, HW, fm, a, b);
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_batchnorm_bwd_b8(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW, const float *gamma,
+                                const float *save_mean, const float *save_invstd, float *dx, float *dgamma,
+                                float *dbeta)
+{
+    const char *fn = "dt_k_batchnorm_bwd_b8";
+    dt_status st = b8_check(fn, x, dy, N, C, HW);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, save_mean, C);
+    DT__CHECK_PTR(fn, save_invstd, C);
+    int64_t cnt = N * HW, CB = C / 8;
+    if (cnt == 0) {
+        for (int64_t c = 0; c < C; c++) {
+            if (dgamma)
+                dgamma[c] = 0.0f;
+            if (dbeta)
+                dbeta[c] = 0.0f;
+        }
+        return DT_OK;
+    }
+    int nt = dt__threads_for(N * C * HW);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t cb = 0; cb < CB; cb++) {
+        float m[8], is[8], k[8], mdy[8], mdyx[8];
+        double sdy[8] = {0}, sdyx[8] = {0};
+        for (int j = 0; j < 8; j++) {
+            m[j] = save_mean[cb * 8 + j];
+            is[j] = save_invstd[cb * 8 + j];
+        }
+        for (int64_t n = 0; n < N; n++) {
+            float ra[8], rb[8];
+            b8_bwd_sums(x + (n * CB + cb) * HW * 8, dy + (n * CB + cb) * HW * 8, HW, m, ra, rb);
+            for (int j = 0; j < 8; j++) {
+                sdy[j] += (double)ra[j];
+                sdyx[j] += (double)rb[j];
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            int64_t c = cb * 8 + j;
+            sdyx[j] *= (double)is[j]; /* sum dy * xhat */
+            if (dgamma)
+                dgamma[c] = (float)sdyx[j];
+            if (dbeta)
+                dbeta[c] = (float)sdy[j];
+            k[j] = (gamma ? gamma[c] : 1.0f) * is[j];
+            mdy[j] = (float)(sdy[j] / (double)cnt);
+            mdyx[j] = (float)(sdyx[j] / (double)cnt);
+        }
+        if (!dx)
+            continue;
+        for (int64_t n = 0; n < N; n++) {
+            int64_t o = (n * CB + cb) * HW * 8;
+            b8_bwd_dx(x + o, dy + o, dx + o, HW, m, is, k, mdy, mdyx);
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status pool_b8_check(const char *fn, const dt_k_pool2d_shape *s, int64_t *P, int64_t *Q, const void *a,
+                               const void *b)
+{
+    dt_status st = dt_k_pool2d_out_size(s, P, Q);
+    if (st < 0)
+        return dt_error_wrap(st, "%s", fn);
+    if (s->C % 8)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: nChw8c needs C %% 8 == 0, got C=%lld", fn, (long long)s->C);
+    if (s->H * s->W > INT32_MAX)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: plane of %lld elements exceeds int32 argmax", fn,
+                        (long long)(s->H * s->W));
+    DT__CHECK_PTR(fn, a, s->N * s->C);
+    DT__CHECK_PTR(fn, b, s->N * s->C);
+    return DT_OK;
+}
+
+dt_status dt_k_maxpool2d_fwd_b8(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *argmax)
+{
+    const char *fn = "dt_k_maxpool2d_fwd_b8";
+    int64_t P, Q;
+    dt_status st = pool_b8_check(fn, s, &P, &Q, x, y);
+    if (st < 0)
+        return st;
+    int64_t H = s->H, W = s->W, blocks = s->N * (s->C / 8);
+    int nt = dt__threads_for(blocks * 8 * H * W);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        const float *xp = x + bl * H * W * 8;
+        float *yp = y + bl * P * Q * 8;
+        int32_t *ap = argmax ? argmax + bl * P * Q * 8 : NULL;
+        if (ap && s->kh == 2 && s->kw == 2 && s->sh == 2 && s->sw == 2 && s->ph == 0 && s->pw == 0) {
+            b8_max2x2(xp, W, P, Q, yp, ap);
+            continue;
+        }
+        for (int64_t p = 0; p < P; p++) {
+            int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
+            if (h0 < 0)
+                h0 = 0;
+            if (h1 > H)
+                h1 = H;
+            for (int64_t q = 0; q < Q; q++) {
+                int64_t w0 = q * s->sw - s->pw, w1 = w0 + s->kw;
+                if (w0 < 0)
+                    w0 = 0;
+                if (w1 > W)
+                    w1 = W;
+                float m[8];
+                int32_t best[8];
+                for (int j = 0; j < 8; j++) {
+                    m[j] = xp[(h0 * W + w0) * 8 + j];
+                    best[j] = (int32_t)(h0 * W + w0);
+                }
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++)
+                        for (int j = 0; j < 8; j++) {
+                            float v = xp[(h * W + w) * 8 + j];
+                            bool take = (v > m[j]) | ((v != v) & (m[j] == m[j])); /* NaN propagates */
+                            m[j] = take ? v : m[j];
+                            best[j] = take ? (int32_t)(h * W + w) : best[j];
+                        }
+                for (int j = 0; j < 8; j++) {
+                    yp[(p * Q + q) * 8 + j] = m[j];
+                    if (ap)
+                        ap[(p * Q + q) * 8 + j] = best[j];
+                }
+            }
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_maxpool2d_bwd_b8(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax, float *dx)
+{
+    const char *fn = "dt_k_maxpool2d_bwd_b8";
+    int64_t P, Q;
+    dt_status st = pool_b8_check(fn, s, &P, &Q, dy, dx);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, argmax, s->N * s->C);
+    int64_t H = s->H, W = s->W, blocks = s->N * (s->C / 8);
+    int nt = dt__threads_for(blocks * 8 * H * W);
+    int bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        float *xp = dx + bl * H * W * 8;
+        const float *gp = dy + bl * P * Q * 8;
+        const int32_t *ap = argmax + bl * P * Q * 8;
+        memset(xp, 0, (size_t)(H * W * 8) * sizeof(float));
+        for (int64_t i = 0; i < P * Q; i++)
+            for (int j = 0; j < 8; j++) {
+                int32_t a = ap[i * 8 + j];
+                if (a < 0 || a >= H * W) {
+                    bad = 1;
+                    continue;
+                }
+                xp[(int64_t)a * 8 + j] += gp[i * 8 + j];
+            }
+    }
+    if (bad)
+        return dt_error(DT_ERR_RANGE, "%s: argmax index outside the %lldx%lld plane", fn, (long long)H, (long long)W);
+    return DT_OK;
+}
