@@ -30,7 +30,11 @@ static dt_status ckpt_backward(dt_ctx *ctx, dt__node *n, const float *gout)
             a[i]->flags |= DT_TENSOR_REQUIRES_GRAD;
     }
     bool old = dt_ag_set_enabled(ctx, true);
+    bool oldb = dt_ctx_set_blocked(ctx, false); /* the region's output must be plain */
     dt_tensor *out = cs->fn(ctx, n->nin, a, cs->ud);
+    if (out && dt__blocked(out)) /* an nChw8c input passed through (relu) */
+        out = dt__plain(ctx, out);
+    dt_ctx_set_blocked(ctx, oldb);
     dt_ag_set_enabled(ctx, old);
     if (!out)
         return dt_error_wrap(dt_last_status(), "checkpoint recomputation");
@@ -76,7 +80,11 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
             return dt__null_input(op, "an input");
     bool record = ctx->grad_enabled;
     dt_ag_set_enabled(ctx, false);
+    bool oldb = dt_ctx_set_blocked(ctx, false); /* region output plain (ckpt_backward seeds it) */
     dt_tensor *y = fn(ctx, nin, in, ud);
+    if (y && dt__blocked(y))
+        y = dt__plain(ctx, y);
+    dt_ctx_set_blocked(ctx, oldb);
     dt_ag_set_enabled(ctx, record);
     if (!y || !record)
         return y;

@@ -1,7 +1,8 @@
 /* 2-D convolution through oneDNN: forward, backward data, backward weights.
  *
- * The caller's layout is always plain NCHW / OIHW (what the tensors above
- * hold). Each (direction, shape, bias?) key gets one cached primitive plus,
+ * The caller's layout is plain NCHW / OIHW, or for the activation and/or
+ * the output nChw8c (the _l entry points, DT_K_SRC/DST_BLOCKED8; weights
+ * stay OIHW). Each (direction, shape, bias?, layouts) key gets one cached primitive plus,
  * when the primitive wants another layout, cached reorder primitives and
  * buffers: a call reorders its inputs in, runs, reorders its outputs out,
  * and allocates nothing.
@@ -25,9 +26,18 @@
  * pass with C not a multiple of 8 (C = 1 for the first layer): the blocked
  * kernels pad channels to 8 and lose. So the default policy ("auto") is
  * blocked except backward directions with C % 8 != 0; DT_CONV_LAYOUT=plain
- * or =blocked forces one policy (the tests run all three). Keeping
- * activations blocked across a whole step (no reorders at all) would need a
- * layout flag in the tensor layer; not done.
+ * or =blocked forces one policy (the tests run all three).
+ *
+ * Keeping activations blocked across a step: done. The tensor layer has a
+ * layout flag (DT_TENSOR_BLOCKED8); inside a dt_ctx_set_blocked region
+ * (dt_model_forward turns it on for the ConvNet) conv2d writes nChw8c
+ * outputs when K % 8 == 0, batch_norm (training), relu and max_pool2d keep
+ * that layout (plain-C kernels in blocked.c), and any other op (flatten)
+ * converts through one differentiable "to plain" op. The activation
+ * reorders around oneDNN disappear; what remains per ConvNet step is the
+ * weight reorders (OIHW <-> oneDNN's blocked weights), conv1's backward-weights reading
+ * dy (its primitive is plain, C = 1), and the flatten's conversion forward
+ * and back: 7 reorders instead of 11 (tests/autograd/test_blocked.c).
  *
  * Backward primitives need the forward primitive descriptor as a hint; it is
  * rebuilt (not executed, not counted) when a backward key is first seen. */
