@@ -188,11 +188,8 @@ dt_status dt_k_batchnorm_train_fwd_b8(const float *x, int64_t N, int64_t C, int6
     if (C == 0)
         return DT_OK;
     int64_t cnt = N * HW;
-    if (cnt < 2)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: training needs more than one value per channel (N*H*W = %lld)", fn,
-                        (long long)cnt);
-    if (!(eps > 0.0f))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    if ((st = dt__bn_train_args(fn, cnt, eps)) < 0)
+        return st;
     int64_t CB = C / 8;
     int nt = dt__threads_for(N * C * HW);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -209,27 +206,9 @@ dt_status dt_k_batchnorm_train_fwd_b8(const float *x, int64_t N, int64_t C, int6
                 s2[j] += (double)r2[j];
             }
         }
-        for (int j = 0; j < 8; j++) {
-            int64_t c = cb * 8 + j;
-            double m1 = s1[j] / (double)cnt;
-            double mean = (double)k[j] + m1;
-            double var = s2[j] / (double)cnt - m1 * m1;
-            if (var < 0.0)
-                var = 0.0;
-            float invstd = (float)(1.0 / sqrt(var + (double)eps));
-            fm[j] = (float)mean;
-            a[j] = (gamma ? gamma[c] : 1.0f) * invstd;
-            b[j] = beta ? beta[c] : 0.0f;
-            if (save_mean)
-                save_mean[c] = fm[j];
-            if (save_invstd)
-                save_invstd[c] = invstd;
-            if (running_mean)
-                running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * fm[j];
-            if (running_var)
-                running_var[c] = (1.0f - momentum) * running_var[c] +
-                                 momentum * (float)(var * (double)cnt / (double)(cnt - 1));
-        }
+        for (int j = 0; j < 8; j++)
+            dt__bn_finish_channel(cb * 8 + j, s1[j], s2[j], k[j], cnt, eps, momentum, gamma, beta, running_mean,
+                                  running_var, save_mean, save_invstd, &fm[j], &a[j], &b[j]);
         for (int64_t n = 0; n < N; n++)
             b8_affine(x + (n * CB + cb) * HW * 8, y + (n * CB + cb) * HW * 8, HW, fm, a, b);
     }

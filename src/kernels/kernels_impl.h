@@ -24,6 +24,17 @@
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 
+/* Batch norm, shared by the plain (norm.c) and nChw8c (blocked.c) kernels. */
+/* Training needs more than one value per channel and eps > 0. */
+dt_status dt__bn_train_args(const char *fn, int64_t cnt, float eps);
+/* Channel c from its shifted moments (s1 = sum(x - k), s2 = sum((x - k)^2)
+ * over cnt values): writes save_mean/save_invstd and updates the running
+ * stats (unbiased variance) where those are non-NULL, and returns the affine
+ * y = (x - *mean) * *scale + *shift. */
+void dt__bn_finish_channel(int64_t c, double s1, double s2, float k, int64_t cnt, float eps, float momentum,
+                           const float *gamma, const float *beta, float *running_mean, float *running_var,
+                           float *save_mean, float *save_invstd, float *mean, float *scale, float *shift);
+
 /* ---- oneDNN ---------------------------------------------------------------- */
 /* The process-wide CPU engine and stream (created on first use); NULL and an
  * error set if oneDNN cannot start. */

@@ -74,6 +74,40 @@ DT_CLONES static void row_bwd_dx(const float *restrict xp, const float *restrict
     }
 }
 
+dt_status dt__bn_train_args(const char *fn, int64_t cnt, float eps)
+{
+    if (cnt < 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: training needs more than one value per channel (N*H*W = %lld)", fn,
+                        (long long)cnt);
+    if (!(eps > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    return DT_OK;
+}
+
+void dt__bn_finish_channel(int64_t c, double s1, double s2, float k, int64_t cnt, float eps, float momentum,
+                           const float *gamma, const float *beta, float *running_mean, float *running_var,
+                           float *save_mean, float *save_invstd, float *mean, float *scale, float *shift)
+{
+    double m1 = s1 / (double)cnt;
+    double var = s2 / (double)cnt - m1 * m1;
+    if (var < 0.0)
+        var = 0.0;
+    float invstd = (float)(1.0 / sqrt(var + (double)eps));
+    float fm = (float)((double)k + m1);
+    *mean = fm;
+    *scale = (gamma ? gamma[c] : 1.0f) * invstd;
+    *shift = beta ? beta[c] : 0.0f;
+    if (save_mean)
+        save_mean[c] = fm;
+    if (save_invstd)
+        save_invstd[c] = invstd;
+    if (running_mean)
+        running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * fm;
+    if (running_var)
+        running_var[c] = (1.0f - momentum) * running_var[c] +
+                         momentum * (float)(var * (double)cnt / (double)(cnt - 1));
+}
+
 dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t HW, const float *gamma,
                                    const float *beta, float eps, float momentum, float *running_mean,
                                    float *running_var, float *y, float *save_mean, float *save_invstd)
@@ -85,11 +119,8 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
     if (C == 0)
         return DT_OK;
     int64_t cnt = N * HW;
-    if (cnt < 2)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: training needs more than one value per channel (N*H*W = %lld)", fn,
-                        (long long)cnt);
-    if (!(eps > 0.0f))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    if ((st = dt__bn_train_args(fn, cnt, eps)) < 0)
+        return st;
     int nt = dt__threads_for(N * C * HW);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t c = 0; c < C; c++) {
@@ -105,26 +136,11 @@ dt_status dt_k_batchnorm_train_fwd(const float *x, int64_t N, int64_t C, int64_t
             s1 += (double)r1;
             s2 += (double)r2;
         }
-        double m1 = s1 / (double)cnt;
-        double mean = (double)k + m1;
-        double var = s2 / (double)cnt - m1 * m1;
-        if (var < 0.0)
-            var = 0.0;
-        float invstd = (float)(1.0 / sqrt(var + (double)eps));
-        float fm = (float)mean;
-        float g = gamma ? gamma[c] : 1.0f, b = beta ? beta[c] : 0.0f;
-        float a = g * invstd;
+        float fm, a, b;
+        dt__bn_finish_channel(c, s1, s2, k, cnt, eps, momentum, gamma, beta, running_mean, running_var,
+                              save_mean, save_invstd, &fm, &a, &b);
         for (int64_t n = 0; n < N; n++)
             row_affine(x + (n * C + c) * HW, y + (n * C + c) * HW, HW, fm, a, b);
-        if (save_mean)
-            save_mean[c] = fm;
-        if (save_invstd)
-            save_invstd[c] = invstd;
-        if (running_mean)
-            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * fm;
-        if (running_var)
-            running_var[c] = (1.0f - momentum) * running_var[c] +
-                             momentum * (float)(var * (double)cnt / (double)(cnt - 1));
     }
     return DT_OK;
 }
