@@ -20,6 +20,11 @@
  *     dt_rng_key k = dt_rng_key_make(seed, DT_RNG_DROPOUT, rank, step);
  *     float u = dt_rng_uniform(k, element_index);      // in [0, 1)
  *
+ * For runs that must start from exactly PyTorch's numbers, dt_torch_rng is
+ * PyTorch's CPU generator (torch.manual_seed / torch.Generator: MT19937) with
+ * its uniform_, normal_ and randperm draws; dt_model_init_torch (nn.h) and the
+ * samplers' DT_SHUFFLE_TORCH use it.
+ *
  * Usage
  * -----
  *     dt_status st = dt_something(...);
@@ -189,6 +194,40 @@ DT_API void dt_rng_fill_normal(dt_rng_key k, uint64_t first, float *out, size_t 
 /* A uniformly random permutation of 0..n-1 (Fisher-Yates driven by the
  * stream; depends only on key and n). */
 DT_API dt_status dt_rng_permutation(dt_rng_key k, int64_t *out, int64_t n);
+
+/* ---- PyTorch's CPU generator (MT19937) --------------------------------- */
+/* The generator behind torch.manual_seed(seed) and torch.Generator().
+ * manual_seed(seed) on CPU, and the element-by-element draws of torch's CPU
+ * kernels (checked against torch 1.13 in tests/base/test_torch_rng.c):
+ *   uniform_(from, to) on f32: u = (next() & (2^24 - 1)) * 2^-24 in double,
+ *       x = (float)(u * (float)(to - from) + from), one draw per element;
+ *   normal_(mean, std) on f32: n >= 16 fills n uniforms in [0, 1) and turns
+ *       each group of 16 into 8 Box-Muller pairs (the last, partial group
+ *       redrawn as the final 16 elements); n < 16 draws double pairs (two
+ *       64-bit draws each) and caches the second value in the generator,
+ *       as torch does (to 1 ulp: torch's vectorised log/sin/cos may round
+ *       differently);
+ *   randperm(n): 0..n-1, then for i in 0..n-2 swap i with i + next() % (n-i)
+ *       (next64() when n >= 2^32/20).
+ * Sequential, so it is not split across threads; use it where matching a
+ * PyTorch run number for number matters (initial weights, data order). */
+typedef struct dt_torch_rng {
+    uint32_t s[624];
+    int i;
+    bool has_cached_normal;
+    double cached_normal;
+} dt_torch_rng;
+
+/* torch.manual_seed(seed) (only the low 32 bits count, as in torch). */
+DT_API void dt_torch_rng_seed(dt_torch_rng *g, uint64_t seed);
+/* The next 32-bit output (torch's generator->random()). */
+DT_API uint32_t dt_torch_rng_next(dt_torch_rng *g);
+/* tensor.uniform_(from, to) for n f32 elements. */
+DT_API void dt_torch_rng_uniform(dt_torch_rng *g, float *x, size_t n, double from, double to);
+/* tensor.normal_(mean, std) for n f32 elements. */
+DT_API void dt_torch_rng_normal(dt_torch_rng *g, float *x, size_t n, double mean, double std);
+/* torch.randperm(n, generator=torch.Generator().manual_seed(seed)). */
+DT_API dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

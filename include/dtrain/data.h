@@ -36,6 +36,9 @@
  * dt_rng_permutation: the order depends only on (seed + epoch, N), and the
  * distributed sampler at world size 1 gives the random sampler's order. Same
  * contract as PyTorch (seed + epoch), not the same numbers as torch.randperm.
+ * With DT_SHUFFLE_TORCH they draw torch.randperm(N) from a generator seeded
+ * with seed + epoch (dt_torch_randperm): the same numbers as PyTorch's
+ * DistributedSampler(seed=seed) after set_epoch(epoch).
  *
  * Usage
  * -----
@@ -222,8 +225,15 @@ DT_API dt_status dt_sampler_init(const dt_sampler_vtable *vt, void *self, dt_sam
 DT_API void dt_sampler_free(dt_sampler *s);
 /* 0, 1, ..., n-1 every epoch. */
 DT_API dt_status dt_sampler_sequential_init(int64_t n, dt_sampler **out);
+/* Where the shuffling permutation comes from. */
+typedef enum {
+    DT_SHUFFLE_PHILOX = 0, /* dt_rng_permutation, key (seed + epoch, DT_RNG_SHUFFLE) */
+    DT_SHUFFLE_TORCH = 1,  /* torch.randperm with manual_seed(seed + epoch) */
+} dt_shuffle_rng;
 /* A permutation of 0..n-1 drawn from Philox keyed by seed + epoch. */
 DT_API dt_status dt_sampler_random_init(int64_t n, uint64_t seed, dt_sampler **out);
+/* The same with the permutation drawn by rng. */
+DT_API dt_status dt_sampler_random_init_rng(int64_t n, uint64_t seed, dt_shuffle_rng rng, dt_sampler **out);
 
 /* PyTorch's DistributedSampler (SEMANTICS.md 3.2). */
 typedef struct dt_distributed_sampler_params {
@@ -234,6 +244,7 @@ typedef struct dt_distributed_sampler_params {
     uint64_t seed;         /* (default 0) */
     bool drop_last;        /* drop the tail so every rank gets floor(N/W);
                               else pad by wrapping to ceil(N/W) (default false) */
+    dt_shuffle_rng rng;    /* permutation source (default DT_SHUFFLE_PHILOX) */
 } dt_distributed_sampler_params;
 DT_API dt_distributed_sampler_params dt_distributed_sampler_params_default(void);
 /* Every rank gets the same number of indices, num_samples = ceil(N/W) (or

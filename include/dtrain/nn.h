@@ -223,6 +223,14 @@ DT_API void dt_module_clear_hooks(dt_module *m);
  * root already belongs to a model or a container (DT_ERR_STATE, untouched). */
 DT_API dt_model *dt_model_build(dt_module *root, uint64_t seed);
 DT_API void dt_model_free(dt_model *m);
+/* Redraw every randomly initialised parameter exactly as PyTorch would after
+ * torch.manual_seed(seed) when it constructs the same modules in the same
+ * order (the entry order): one MT19937 stream (dt_torch_rng, base.h),
+ * uniform_ for Linear/Conv2d weights and biases (+-1/sqrt(fan_in)) and for
+ * Xavier, normal_ for Embedding. Parameters with constant inits and buffers
+ * are left as they are. A model whose modules PyTorch builds in the same
+ * order then starts from bit-identical weights (the ConvNet: test_nn_torch_init). */
+DT_API dt_status dt_model_init_torch(dt_model *m, uint64_t seed);
 
 /* Forward through the root module. */
 DT_API dt_tensor *dt_model_forward(dt_ctx *ctx, dt_model *m, dt_tensor *x);

@@ -119,3 +119,112 @@ dt_status dt_rng_permutation(dt_rng_key k, int64_t *out, int64_t n)
     }
     return DT_OK;
 }
+
+/* ---- PyTorch's CPU generator -------------------------------------------
+ * MT19937 (Matsumoto & Nishimura 1998) seeded as torch seeds it, and the
+ * draw patterns of torch's CPU distribution kernels (see base.h). */
+void dt_torch_rng_seed(dt_torch_rng *g, uint64_t seed)
+{
+    g->s[0] = (uint32_t)seed;
+    for (int i = 1; i < 624; i++)
+        g->s[i] = 1812433253u * (g->s[i - 1] ^ (g->s[i - 1] >> 30)) + (uint32_t)i;
+    g->i = 624;
+    g->has_cached_normal = false;
+    g->cached_normal = 0;
+}
+
+uint32_t dt_torch_rng_next(dt_torch_rng *g)
+{
+    if (g->i >= 624) {
+        for (int k = 0; k < 624; k++) {
+            uint32_t y = (g->s[k] & 0x80000000u) | (g->s[(k + 1) % 624] & 0x7fffffffu);
+            g->s[k] = g->s[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        g->i = 0;
+    }
+    uint32_t y = g->s[g->i++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+static uint64_t torch_next64(dt_torch_rng *g)
+{
+    uint64_t hi = dt_torch_rng_next(g);
+    return (hi << 32) | dt_torch_rng_next(g);
+}
+
+/* uniform_real_distribution<float>(0, 1): 24 bits */
+static float torch_u24(dt_torch_rng *g) { return (float)(dt_torch_rng_next(g) & 0xFFFFFFu) * (1.0f / 16777216.0f); }
+
+void dt_torch_rng_uniform(dt_torch_rng *g, float *x, size_t n, double from, double to)
+{
+    const float f = (float)from, t = (float)to, span = t - f;
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(dt_torch_rng_next(g) & 0xFFFFFFu) * (1.0 / 16777216.0);
+        x[i] = (float)(u * (double)span + (double)f);
+    }
+}
+
+static void torch_normal16(float *d, float mean, float std)
+{
+    for (int j = 0; j < 8; j++) {
+        const float u1 = 1.0f - d[j], u2 = d[j + 8];
+        const float radius = sqrtf(-2.0f * logf(u1)), theta = 2.0f * (float)M_PI * u2;
+        d[j] = radius * cosf(theta) * std + mean;
+        d[j + 8] = radius * sinf(theta) * std + mean;
+    }
+}
+
+void dt_torch_rng_normal(dt_torch_rng *g, float *x, size_t n, double mean, double std)
+{
+    if (n >= 16) {
+        const float m = (float)mean, s = (float)std;
+        for (size_t i = 0; i < n; i++)
+            x[i] = torch_u24(g);
+        for (size_t i = 0; i + 16 <= n; i += 16)
+            torch_normal16(x + i, m, s);
+        if (n % 16) {
+            for (size_t i = n - 16; i < n; i++)
+                x[i] = torch_u24(g);
+            torch_normal16(x + n - 16, m, s);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double z;
+        if (g->has_cached_normal) {
+            z = g->cached_normal;
+            g->has_cached_normal = false;
+        } else {
+            const double u1 = (double)(torch_next64(g) & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
+            const double u2 = (double)(torch_next64(g) & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
+            const double r = sqrt(-2.0 * log(1.0 - u2)), theta = 2.0 * M_PI * u1;
+            g->cached_normal = r * sin(theta);
+            g->has_cached_normal = true;
+            z = r * cos(theta);
+        }
+        x[i] = (float)(z * std + mean);
+    }
+}
+
+dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n)
+{
+    if (n < 0 || (n > 0 && !out))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_torch_randperm: bad arguments (n=%lld)", (long long)n);
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = i;
+    const bool wide = n >= (int64_t)(UINT32_MAX / 20);
+    for (int64_t i = 0; i + 1 < n; i++) {
+        const uint64_t r = wide ? torch_next64(&g) : dt_torch_rng_next(&g);
+        const int64_t z = (int64_t)(r % (uint64_t)(n - i));
+        const int64_t t = out[i];
+        out[i] = out[i + z];
+        out[i + z] = t;
+    }
+    return DT_OK;
+}

@@ -2,7 +2,8 @@
  *
  * The random and distributed samplers share one permutation: Philox keyed by
  * (seed + epoch, DT_RNG_SHUFFLE) through dt_rng_permutation (PyTorch's
- * seed + epoch contract), so the distributed sampler at W = 1 yields exactly
+ * seed + epoch contract), or with DT_SHUFFLE_TORCH torch.randperm's numbers
+ * (dt_torch_randperm, generator seeded with seed + epoch), so the distributed sampler at W = 1 yields exactly
  * the random sampler's order and a one-rank run equals a plain run. */
 #include "dtrain/data.h"
 
@@ -69,7 +70,15 @@ typedef struct {
     int64_t n;
     uint64_t seed;
     bool shuffle;
+    dt_shuffle_rng rng;
 } simple;
+
+static dt_status shuffled(dt_shuffle_rng rng, uint64_t seed, int64_t epoch, int64_t *out, int64_t n)
+{
+    if (rng == DT_SHUFFLE_TORCH)
+        return dt_torch_randperm(seed + (uint64_t)epoch, out, n);
+    return dt_rng_permutation(dt_rng_key_make(seed + (uint64_t)epoch, DT_RNG_SHUFFLE, 0, 0), out, n);
+}
 
 static int64_t simple_length(void *self) { return ((simple *)self)->n; }
 
@@ -81,8 +90,7 @@ static dt_status simple_indices(void *self, int64_t epoch, int64_t *out)
             out[i] = i;
         return DT_OK;
     }
-    return dt_rng_permutation(dt_rng_key_make(s->seed + (uint64_t)epoch, DT_RNG_SHUFFLE, 0, 0), out,
-                              s->n);
+    return shuffled(s->rng, s->seed, epoch, out, s->n);
 }
 
 static void simple_free(void *self) { free(self); }
@@ -102,29 +110,39 @@ static const dt_sampler_vtable random_vt = {
     .free = simple_free,
 };
 
-static dt_status simple_init(int64_t n, uint64_t seed, bool shuffle, dt_sampler **out)
+static dt_status simple_init(int64_t n, uint64_t seed, bool shuffle, dt_shuffle_rng rng, dt_sampler **out)
 {
     if (!out)
         return dt_error(DT_ERR_INVALID_ARG, "sampler: out is NULL");
     *out = NULL;
     if (n < 0)
         return dt_error(DT_ERR_INVALID_ARG, "sampler: length %lld is negative", (long long)n);
+    if (rng != DT_SHUFFLE_PHILOX && rng != DT_SHUFFLE_TORCH)
+        return dt_error(DT_ERR_INVALID_ARG, "sampler: unknown shuffle generator %d", (int)rng);
     simple *s = malloc(sizeof *s);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "sampler: out of memory");
     s->n = n;
     s->seed = seed;
     s->shuffle = shuffle;
+    s->rng = rng;
     dt_status st = dt_sampler_init(shuffle ? &random_vt : &sequential_vt, s, out);
     if (st < 0)
         free(s);
     return st;
 }
 
-dt_status dt_sampler_sequential_init(int64_t n, dt_sampler **out) { return simple_init(n, 0, false, out); }
+dt_status dt_sampler_sequential_init(int64_t n, dt_sampler **out)
+{
+    return simple_init(n, 0, false, DT_SHUFFLE_PHILOX, out);
+}
 dt_status dt_sampler_random_init(int64_t n, uint64_t seed, dt_sampler **out)
 {
-    return simple_init(n, seed, true, out);
+    return simple_init(n, seed, true, DT_SHUFFLE_PHILOX, out);
+}
+dt_status dt_sampler_random_init_rng(int64_t n, uint64_t seed, dt_shuffle_rng rng, dt_sampler **out)
+{
+    return simple_init(n, seed, true, rng, out);
 }
 
 /* ---- distributed ------------------------------------------------------------ */
@@ -137,7 +155,8 @@ typedef struct {
 dt_distributed_sampler_params dt_distributed_sampler_params_default(void)
 {
     dt_distributed_sampler_params p = {
-        .length = 0, .world_size = 1, .rank = 0, .shuffle = true, .seed = 0, .drop_last = false};
+        .length = 0, .world_size = 1, .rank = 0, .shuffle = true, .seed = 0, .drop_last = false,
+        .rng = DT_SHUFFLE_PHILOX};
     return p;
 }
 
@@ -150,8 +169,7 @@ static dt_status dist_indices(void *self, int64_t epoch, int64_t *out)
     if (d->num_samples == 0)
         return DT_OK;
     if (d->p.shuffle) {
-        dt_status st = dt_rng_permutation(
-            dt_rng_key_make(d->p.seed + (uint64_t)epoch, DT_RNG_SHUFFLE, 0, 0), d->perm, N);
+        dt_status st = shuffled(d->p.rng, d->p.seed, epoch, d->perm, N);
         if (st < 0)
             return st;
     } else {
@@ -196,6 +214,8 @@ dt_status dt_sampler_distributed_init(const dt_distributed_sampler_params *p, dt
     if (p->rank < 0 || p->rank >= p->world_size)
         return dt_error(DT_ERR_INVALID_ARG, "distributed sampler: rank %d outside [0, %d)", p->rank,
                         p->world_size);
+    if (p->rng != DT_SHUFFLE_PHILOX && p->rng != DT_SHUFFLE_TORCH)
+        return dt_error(DT_ERR_INVALID_ARG, "distributed sampler: unknown shuffle generator %d", (int)p->rng);
     distsampler *d = calloc(1, sizeof *d);
     if (!d)
         return dt_error(DT_ERR_NO_MEMORY, "distributed sampler: out of memory");

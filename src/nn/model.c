@@ -128,6 +128,50 @@ static void fill_init(dt_model *md, dt__entry *e, const dt_nn_param_spec *s)
     }
 }
 
+dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
+{
+    if (!md)
+        return dt_error(DT_ERR_NULL, "dt_model_init_torch: model is NULL");
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (size_t i = 0; i < md->nentry; i++) {
+        dt__entry *e = &md->entries[i];
+        const dt_param_info *p = &e->info;
+        if (p->is_buffer || p->dtype != DT_F32)
+            continue;
+        const dt_nn_param_spec *s = &p->module->specs[e->spec];
+        float *x = p->tensor->data;
+        double fan_in = p->ndim >= 2 ? (double)p->numel / (double)p->shape[0] : (double)p->numel;
+        switch (s->init) {
+        case DT_NN_INIT_ZEROS:
+        case DT_NN_INIT_ONES:
+            break;
+        case DT_NN_INIT_UNIFORM:
+            dt_torch_rng_uniform(&g, x, p->numel, -(double)s->a, (double)s->a);
+            break;
+        case DT_NN_INIT_NORMAL:
+            dt_torch_rng_normal(&g, x, p->numel, 0.0, (double)s->a);
+            break;
+        case DT_NN_INIT_KAIMING: { /* kaiming_uniform_(a = sqrt(5)) as torch computes the bound */
+            double b = sqrt(3.0) * (sqrt(2.0 / (1.0 + 5.0)) / sqrt(fan_in));
+            dt_torch_rng_uniform(&g, x, p->numel, -b, b);
+            break;
+        }
+        case DT_NN_INIT_XAVIER: {
+            double fo = p->ndim >= 2 ? (double)p->shape[1] : fan_in, fi = p->ndim >= 2 ? (double)p->shape[0] : fan_in;
+            if (p->ndim > 2) {
+                double rf = (double)p->numel / ((double)p->shape[0] * (double)p->shape[1]);
+                fi *= rf, fo *= rf;
+            }
+            double b = sqrt(3.0) * sqrt(2.0 / (fi + fo));
+            dt_torch_rng_uniform(&g, x, p->numel, -b, b);
+            break;
+        }
+        }
+    }
+    return DT_OK;
+}
+
 static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)
 {
     (void)leaf;

@@ -303,6 +303,44 @@ TEST(distributed_equal_batches_per_rank)
                 }
 }
 
+/* DT_SHUFFLE_TORCH: PyTorch's DistributedSampler(range(10), num_replicas=3,
+ * rank=r, seed=4) after set_epoch(1) draws torch.randperm(10) seeded 5 =
+ * [1, 4, 9, 6, 3, 5, 0, 2, 8, 7] (tests/base/test_torch_rng.c), pads to 12
+ * with its head [1, 4] and rank r takes every third entry from r. */
+TEST(torch_shuffle_is_torch_distributed_sampler)
+{
+    const int64_t want[3][4] = {{1, 6, 0, 7}, {4, 3, 2, 1}, {9, 5, 8, 4}};
+    for (int r = 0; r < 3; r++) {
+        dt_distributed_sampler_params p = dt_distributed_sampler_params_default();
+        p.length = 10;
+        p.world_size = 3;
+        p.rank = r;
+        p.seed = 4;
+        p.rng = DT_SHUFFLE_TORCH;
+        dt_sampler *d = NULL;
+        ASSERT_OK(dt_sampler_distributed_init(&p, &d));
+        ASSERT_EQ_INT(dt_sampler_length(d), 4);
+        int64_t got[4];
+        ASSERT_OK(dt_sampler_indices(d, 1, got));
+        for (int k = 0; k < 4; k++)
+            ASSERT_EQ_INT(got[k], want[r][k]);
+        dt_sampler_free(d);
+    }
+    dt_sampler *s = NULL;
+    int64_t got[10];
+    ASSERT_OK(dt_sampler_random_init_rng(10, 3, DT_SHUFFLE_TORCH, &s));
+    ASSERT_OK(dt_sampler_indices(s, 2, got)); /* seed 3 + epoch 2 */
+    const int64_t perm5[10] = {1, 4, 9, 6, 3, 5, 0, 2, 8, 7};
+    for (int k = 0; k < 10; k++)
+        ASSERT_EQ_INT(got[k], perm5[k]);
+    dt_sampler_free(s);
+    ASSERT_STATUS(dt_sampler_random_init_rng(10, 3, (dt_shuffle_rng)7, &s), DT_ERR_INVALID_ARG);
+    dt_distributed_sampler_params p = dt_distributed_sampler_params_default();
+    p.length = 10;
+    p.rng = (dt_shuffle_rng)7;
+    ASSERT_STATUS(dt_sampler_distributed_init(&p, &s), DT_ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     RUN(sequential);
@@ -313,5 +351,6 @@ int main(void)
     RUN(distributed_equal_batches_per_rank);
     RUN(batch_sampler);
     RUN(custom_sampler);
+    RUN(torch_shuffle_is_torch_distributed_sampler);
     return TEST_REPORT();
 }
