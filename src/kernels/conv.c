@@ -426,6 +426,10 @@ dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, 
     }
     DT__CHECK_PTR(fn, x, 1);
     DT__CHECK_PTR(fn, dy, 1);
+    if (layout_mode() == 2 && lay == DT_K_DST_BLOCKED8 && dt__conv_c1_bwd_weights_b8_ok(s)) {
+        dt__conv_c1_bwd_weights_b8(s, P, Q, x, dy, dw, dbias); /* C = 1: see blocked.c */
+        return DT_OK;
+    }
     conv_entry *e;
     if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL, lay)) < 0)
         return st;

@@ -198,11 +198,61 @@ TEST(conv_cache_and_errors)
     dt_free(y);
 }
 
+/* Backward weights with one input channel and dy in nChw8c (the ConvNet's
+ * first layer; a direct kernel in blocked.c in the default layout policy,
+ * oneDNN under DT_CONV_LAYOUT=plain|blocked) against a double-precision
+ * loop: 5x5 pad 2 (the register-blocked row), 3x3 pad 1 on a non-square
+ * image, 1x4 with uneven padding; with and without bias. */
+TEST(conv_c1_bwd_weights_blocked_dy)
+{
+    dt_k_conv2d_shape sh[3] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 8, 3, 3),
+                               dt_k_conv2d_shape_make(2, 1, 6, 5, 8, 1, 4)};
+    sh[0].pad_h = sh[0].pad_w = 2;
+    sh[1].pad_h = sh[1].pad_w = 1;
+    sh[2].pad_h = 0, sh[2].pad_w = 2;
+    for (int i = 0; i < 3; i++) {
+        const dt_k_conv2d_shape *s = &sh[i];
+        int64_t P, Q;
+        ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
+        float *x = dt_alloc((size_t)xsz(s) * 4), *dy = dt_alloc((size_t)ysz(s) * 4), *dyb = dt_alloc((size_t)ysz(s) * 4);
+        float *dw = dt_alloc((size_t)wsz(s) * 4), *db = dt_alloc((size_t)s->K * 4);
+        ASSERT(x && dy && dyb && dw && db);
+        fill(x, xsz(s), 11 + (uint64_t)i);
+        fill(dy, ysz(s), 21 + (uint64_t)i);
+        ASSERT_OK(dt_k_to_blocked8(dy, s->N, s->K, P * Q, dyb));
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, x, dyb, dw, with_bias ? db : NULL, DT_K_DST_BLOCKED8));
+            for (int64_t k = 0; k < s->K; k++) {
+                double bsum = 0;
+                for (int64_t r = 0; r < s->R; r++)
+                    for (int64_t t = 0; t < s->S; t++) {
+                        double acc = 0;
+                        for (int64_t n = 0; n < s->N; n++)
+                            for (int64_t p = 0; p < P; p++)
+                                for (int64_t q = 0; q < Q; q++) {
+                                    int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
+                                    if (h >= 0 && h < s->H && v >= 0 && v < s->W)
+                                        acc += (double)dy[((n * s->K + k) * P + p) * Q + q] * x[(n * s->H + h) * s->W + v];
+                                }
+                        ASSERT_NEAR(dw[(k * s->R + r) * s->S + t], acc, 1e-4, 1e-4);
+                    }
+                for (int64_t n = 0; n < s->N; n++)
+                    for (int64_t pq = 0; pq < P * Q; pq++)
+                        bsum += dy[(n * s->K + k) * P * Q + pq];
+                if (with_bias)
+                    ASSERT_NEAR(db[k], bsum, 1e-4, 1e-4);
+            }
+        }
+        dt_free(x), dt_free(dy), dt_free(dyb), dt_free(dw), dt_free(db);
+    }
+}
+
 int main(void)
 {
     init_shapes();
     RUN(conv_fwd_vs_naive);
     RUN(conv_bwd_finite_difference);
     RUN(conv_cache_and_errors);
+    RUN(conv_c1_bwd_weights_blocked_dy);
     return TEST_REPORT();
 }
