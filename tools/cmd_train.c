@@ -71,6 +71,8 @@ static int setup_model(trainer *t)
     t->model = dt_model_create(t->o.model, t->o.seed, &cfg);
     if (!t->model)
         return fail(2, "--model");
+    if (!strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
+        return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
     if (dt_model_input_shape(t->model, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
@@ -151,7 +153,9 @@ static int setup_data(trainer *t)
             return fail(1, what);
     }
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
-    if (dt__ddp_train_sampler(&t->ddp, dt_dataset_length(t->train), t->o.seed, &t->train_sampler) < 0 ||
+    if (dt__ddp_train_sampler(&t->ddp, dt_dataset_length(t->train), t->o.seed,
+                              !strcmp(t->o.rng, "torch") ? DT_SHUFFLE_TORCH : DT_SHUFFLE_PHILOX,
+                              &t->train_sampler) < 0 ||
         dt_loader_init(t->train, t->train_sampler, &lp, &t->train_loader) < 0)
         return fail(1, "training data loader");
     lp.batch_size = t->o.batch > 500 ? t->o.batch : 500; /* evaluation: bigger batches, no grads */

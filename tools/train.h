@@ -30,6 +30,7 @@ typedef struct dt__train_opts {
     const char *metrics;      /* JSON-lines file, NULL = none */
     int64_t log_every;        /* steps between plain lines / step records, default 100 */
     uint64_t seed;            /* default 0 */
+    const char *rng;          /* torch | philox: how seed draws init and order (default torch) */
     int64_t limit_train;      /* use only the first N training items (0 = all) */
     int64_t limit_test;       /* use only the first N test items (0 = all) */
     const char *progress;     /* auto | bar | plain | none, default auto */

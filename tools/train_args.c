@@ -51,6 +51,10 @@ static const opt_def opts[] = {
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
      "steps between plain progress lines and metrics records (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
+    {"rng", OPT_CHOICE, OFF(rng), 0, 0, "torch|philox", "NAME",
+     "how --seed draws the initial weights and the data order: torch = PyTorch's numbers "
+     "(torch.manual_seed(N), then randperm seeded N + epoch, as DistributedSampler(seed=N)); "
+     "philox = dtrain's counter-based streams (default torch)"},
     {"limit-train", OPT_INT, OFF(limit_train), 0, 1e12, NULL, "N",
      "use only the first N training items (default 0 = all)"},
     {"limit-test", OPT_INT, OFF(limit_test), 0, 1e12, NULL, "N",
@@ -84,6 +88,7 @@ static void set_defaults(dt__train_opts *o)
     o->gamma = 0.1;
     o->log_every = 100;
     o->progress = "auto";
+    o->rng = "torch";
     o->grad_accum = 1;
     o->prefetch = 2;
     o->random_items = 6000;

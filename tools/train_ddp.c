@@ -62,10 +62,11 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
     return 0;
 }
 
-dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_sampler **out)
+dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_shuffle_rng rng,
+                                dt_sampler **out)
 {
     if (!r->pg)
-        return dt_sampler_random_init(n, seed, out);
+        return dt_sampler_random_init_rng(n, seed, rng, out);
     dt_distributed_sampler_params p = dt_distributed_sampler_params_default();
     p.length = n;
     p.world_size = r->world;
@@ -73,6 +74,7 @@ dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, 
     p.shuffle = true;
     p.seed = seed;
     p.drop_last = false;
+    p.rng = rng;
     return dt_sampler_distributed_init(&p, out);
 }
 

@@ -41,7 +41,8 @@ int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb, int64_t grad_a
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m);
 
 /* The training sampler: distributed at world size > 1, else the random one. */
-dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_sampler **out);
+dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_shuffle_rng rng,
+                                dt_sampler **out);
 
 /* This rank's range [lo, hi) of n evaluation items. */
 void dt__ddp_eval_range(const dt__ddp_run *r, int64_t n, int64_t *lo, int64_t *hi);
