@@ -1,19 +1,25 @@
 /* dtrain bench ddp — DDP step time with and without gradient communication.
  *
  *     dtrain run -n 2 -- dtrain bench ddp [--model convnet] [--batch 100]
- *                         [--steps 40] [--sync-bn] [--bucket-mb X] [--json]
+ *                         [--steps 40] [--sync-bn] [--bucket-mb X]
+ *                         [--no-broadcast-buffers] [--json]
  *     dtrain bench ddp --threads 1 ...      # world size 1: the single-rank baseline
  *
  * Each rank trains the model on a fixed synthetic batch (the per-rank batch)
- * with SGD. Under a launcher it alternates blocks of steps in two modes so
- * that machine noise hits both alike:
+ * with SGD. Under a launcher it cycles blocks of 5 steps through three modes
+ * (every block starts on all ranks together, after an untimed barrier) so
+ * that machine noise hits all three alike:
  *   ddp     the full DDP step: forward (buffer broadcast), backward with the
  *           bucket all-reduces posted from grad-ready hooks, wait, update;
  *   nocomm  the same step with no_sync on: identical compute, no gradient
- *           communication (what the step costs without it).
- * At world size 1 it times the plain single-process step. Rank 0 prints the
- * median step time of each mode (the slowest rank's median), the wait per
- * step, and the overlap counters. */
+ *           communication (what the step costs without it);
+ *   local   the plain single-rank step (model forward, backward, update; no
+ *           DDP at all), run on every rank at once: "a single rank's step"
+ *           under the same machine load as the DDP step.
+ * DDP overhead = ddp / local - 1. At world size 1 it times the plain
+ * single-process step (the same step on an otherwise idle machine). Rank 0
+ * prints the median step time of each mode (the slowest rank's median), the
+ * wait per step, and the overlap counters. */
 #include "cmd.h"
 
 #include "dtrain/autograd.h"
@@ -24,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+enum { MODE_DDP, MODE_NOCOMM, MODE_LOCAL };
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -42,7 +50,7 @@ int dt_bench_ddp(int argc, char **argv)
     const char *model = "convnet";
     int64_t batch = 100;
     int steps = 40, threads = 0;
-    bool sync_bn = false, json = false;
+    bool sync_bn = false, json = false, no_bcast = false;
     double bucket_mb = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -58,11 +66,13 @@ int dt_bench_ddp(int argc, char **argv)
             bucket_mb = atof(v), i++;
         else if (!strcmp(a, "--sync-bn"))
             sync_bn = true;
+        else if (!strcmp(a, "--no-broadcast-buffers"))
+            no_bcast = true;
         else if (!strcmp(a, "--json"))
             json = true;
         else {
             fprintf(stderr, "dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
-                            "--threads, --bucket-mb, --sync-bn, --json)\n", a);
+                            "--threads, --bucket-mb, --sync-bn, --no-broadcast-buffers, --json)\n", a);
             return 2;
         }
     }
@@ -89,9 +99,10 @@ int dt_bench_ddp(int argc, char **argv)
     dt_ctx *ctx = dt_ctx_init(NULL);
     float *x = NULL;
     int64_t *y = NULL;
-    double *t_ddp = calloc((size_t)steps, sizeof(double)), *t_nc = calloc((size_t)steps, sizeof(double));
+    double *tm[3] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
+                     calloc(2 * (size_t)steps, sizeof(double))};
     dt_optim *opt = NULL;
-    if (!m || !ctx || !t_ddp || !t_nc)
+    if (!m || !ctx || !tm[0] || !tm[1] || !tm[2])
         goto fail;
     int ndim, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
@@ -112,6 +123,7 @@ int dt_bench_ddp(int argc, char **argv)
         if (sync_bn && dt_syncbn_convert(m, pg, NULL) < 0)
             goto fail;
         dt_ddp_params p = dt_ddp_params_default();
+        p.broadcast_buffers = !no_bcast;
         if (bucket_mb > 0) {
             p.bucket_cap_mb = bucket_mb;
             if (p.first_bucket_mb > bucket_mb)
@@ -129,68 +141,90 @@ int dt_bench_ddp(int argc, char **argv)
         goto fail;
 
     /* warm-up (arena growth, oneDNN primitive creation), then blocks of 5
-     * steps alternating ddp / nocomm */
-    int nd = 0, nn = 0;
-    const int warm = 3, block = 5;
+     * steps cycling ddp / nocomm / local, each block started together on
+     * every rank (an untimed barrier), so that machine noise hits all three
+     * alike */
+    int cnt[3] = {0, 0, 0};
+    const int warm = 3, block = 5, nmodes = dist ? 3 : 1;
     dt_ddp_stats s0 = {0};
-    for (int it = 0; nd < steps || (dist && nn < steps); it++) {
+    for (int it = 0;; it++) {
         const bool warming = it < warm;
-        const bool comm = !dist || warming || ((it - warm) / block) % 2 == 0;
-        if (!warming && comm && nd >= steps)
-            continue;
-        if (!warming && !comm && nn >= steps)
+        const int mode = warming ? 0 : ((it - warm) / block) % nmodes;
+        bool all = true;
+        for (int k = 0; k < nmodes; k++)
+            all = all && cnt[k] >= steps;
+        if (all)
+            break;
+        if (!warming && cnt[mode] >= steps)
             continue;
         if (ddp)
-            dt_ddp_set_no_sync(ddp, !comm);
+            dt_ddp_set_no_sync(ddp, mode != MODE_DDP);
         if (it == warm && ddp) {
             dt_ddp_reset_stats(ddp);
             s0 = dt_ddp_get_stats(ddp);
         }
+        if (pg && !warming && (it - warm) % block == 0 && dt_pg_barrier(pg) < 0)
+            goto fail;
         double t = dt_time_s();
         dt_model_zero_grad(m);
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, ndim, shape);
         dt_tensor *yt = dt_tensor_view_of(ctx, y, tdt, tnd, tshape);
-        dt_tensor *out = ddp ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
+        dt_tensor *out = ddp && mode != MODE_LOCAL ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
         dt_tensor *loss = dt_model_loss(ctx, m, out, yt);
-        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && dt_ddp_wait(ddp) < 0) ||
+        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && mode != MODE_LOCAL && dt_ddp_wait(ddp) < 0) ||
             dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
             goto fail;
         dt_ctx_reset(ctx);
         t = dt_time_s() - t;
-        if (warming)
-            continue;
-        if (comm)
-            t_ddp[nd++] = t;
-        else
-            t_nc[nn++] = t;
+        if (!warming)
+            tm[mode][cnt[mode]++] = t;
     }
-    double med[2] = {median(t_ddp, nd), dist ? median(t_nc, nn) : 0};
-    if (pg && dt_metrics_allreduce(pg, med, 2, DT_REDUCE_MAX) < 0)
+    /* The synchronisation floor: local steps of the same index, max over
+     * ranks, median over steps: what a synchronous step with free
+     * communication would cost on this machine (every step waits for the
+     * slower rank), against the local median (each rank at its own pace). */
+    double floor_ms = 0;
+    if (pg) {
+        double *lmax = tm[2] + steps; /* second half of the local array (allocated 2x) */
+        memcpy(lmax, tm[2], (size_t)cnt[2] * sizeof(double));
+        if (dt_pg_allreduce(pg, DT_IN_PLACE, lmax, (size_t)cnt[2], DT_F64, DT_REDUCE_MAX) < 0)
+            goto fail;
+        floor_ms = 1e3 * median(lmax, cnt[2]);
+    }
+    double med[3] = {median(tm[0], cnt[0]), dist ? median(tm[1], cnt[1]) : 0, dist ? median(tm[2], cnt[2]) : 0};
+    if (pg && dt_metrics_allreduce(pg, med, 3, DT_REDUCE_MAX) < 0)
         goto fail;
     dt_ddp_stats st = ddp ? dt_ddp_get_stats(ddp) : s0;
     double wait_ms = st.iterations ? 1e3 * st.wait_s / (double)st.iterations : 0;
     if (rank == 0) {
+        const double over = med[2] > 0 ? 100 * (med[0] / med[2] - 1) : 0;
+        const double comm = med[1] > 0 ? 100 * (med[0] / med[1] - 1) : 0;
         if (json)
             printf("{\"bench\":\"ddp\",\"model\":\"%s\",\"batch\":%lld,\"world\":%d,\"threads\":%d,"
-                   "\"step_ms\":%.3f,\"nocomm_step_ms\":%.3f,\"wait_ms\":%.3f,\"buckets\":%d,"
-                   "\"posted_in_backward\":%llu,\"done_in_backward\":%llu,\"iterations\":%llu}\n",
-                   model, (long long)batch, world, dt_get_num_threads(), 1e3 * med[0], 1e3 * med[1], wait_ms,
-                   ddp ? dt_ddp_num_buckets(ddp) : 0, (unsigned long long)st.posted_in_backward,
+                   "\"step_ms\":%.3f,\"nocomm_step_ms\":%.3f,\"local_step_ms\":%.3f,\"sync_floor_ms\":%.3f,\"overhead_pct\":%.2f,"
+                   "\"wait_ms\":%.3f,\"buckets\":%d,\"posted_in_backward\":%llu,\"done_in_backward\":%llu,"
+                   "\"iterations\":%llu}\n",
+                   model, (long long)batch, world, dt_get_num_threads(), 1e3 * med[0], 1e3 * med[1], 1e3 * med[2],
+                   floor_ms, over, wait_ms, ddp ? dt_ddp_num_buckets(ddp) : 0, (unsigned long long)st.posted_in_backward,
                    (unsigned long long)st.done_in_backward, (unsigned long long)st.iterations);
         else if (!dist)
             printf("%s, batch %lld, 1 process, %d threads: %.2f ms/step (median of %d)\n", model,
-                   (long long)batch, dt_get_num_threads(), 1e3 * med[0], nd);
+                   (long long)batch, dt_get_num_threads(), 1e3 * med[0], cnt[0]);
         else
             printf("%s, batch %lld per rank, %d ranks (%s), %d threads each%s:\n"
                    "  ddp step     %.2f ms (median of %d, slowest rank)\n"
-                   "  no comm      %.2f ms (same step with no_sync: no gradient communication)\n"
-                   "  comm cost    %+.1f%%\n"
+                   "  local step   %.2f ms (the plain single-rank step, no DDP, on every rank at once)\n"
+                   "  no comm      %.2f ms (the DDP step under no_sync: no gradient communication)\n"
+                   "  DDP overhead %+.1f%% over the local step; communication %+.1f%% over no comm\n"
+                   "  sync floor   %.2f ms (local steps of the same index, slower rank: what waiting for the\n"
+                   "               slower rank alone costs, %+.1f%% over the local step)\n"
                    "  wait for gradients %.2f ms/step; %d bucket%s; %llu all-reduces, %llu posted during "
                    "backward, %llu done before it ended\n",
                    model, (long long)batch, world, dt_pg_backend(pg), dt_get_num_threads(),
-                   sync_bn ? ", SyncBatchNorm" : "", 1e3 * med[0], nd, 1e3 * med[1],
-                   med[1] > 0 ? 100 * (med[0] / med[1] - 1) : 0, wait_ms, dt_ddp_num_buckets(ddp),
-                   dt_ddp_num_buckets(ddp) == 1 ? "" : "s", (unsigned long long)st.iterations * (unsigned long long)dt_ddp_num_buckets(ddp),
+                   sync_bn ? ", SyncBatchNorm" : "", 1e3 * med[0], cnt[0], 1e3 * med[2], 1e3 * med[1], over, comm,
+                   floor_ms, med[2] > 0 ? 100 * (floor_ms / (1e3 * med[2]) - 1) : 0,
+                   wait_ms, dt_ddp_num_buckets(ddp), dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
+                   (unsigned long long)st.iterations * (unsigned long long)dt_ddp_num_buckets(ddp),
                    (unsigned long long)st.posted_in_backward, (unsigned long long)st.done_in_backward);
     }
     rc = 0;
@@ -201,8 +235,8 @@ fail:
     dt_optim_free(opt);
     dt_free(x);
     dt_free(y);
-    free(t_ddp);
-    free(t_nc);
+    for (int k = 0; k < 3; k++)
+        free(tm[k]);
     dt_ctx_free(ctx);
     dt_model_free(m);
     dt_pg_free(pg);
