@@ -6,7 +6,7 @@
  *     dtrain bench ddp --threads 1 ...      # world size 1: the single-rank baseline
  *
  * Each rank trains the model on a fixed synthetic batch (the per-rank batch)
- * with SGD. Under a launcher it cycles blocks of 5 steps through three modes
+ * with SGD. Under a launcher it cycles blocks of 5 steps through four modes
  * (every block starts on all ranks together, after an untimed barrier) so
  * that machine noise hits all three alike:
  *   ddp     the full DDP step: forward (buffer broadcast), backward with the
@@ -15,9 +15,14 @@
  *           communication (what the step costs without it);
  *   local   the plain single-rank step (model forward, backward, update; no
  *           DDP at all), run on every rank at once: "a single rank's step"
- *           under the same machine load as the DDP step.
- * DDP overhead = ddp / local - 1. At world size 1 it times the plain
- * single-process step (the same step on an otherwise idle machine). Rank 0
+ *           under the same machine load as the DDP step;
+ *   alone   the same plain step on rank 0 while the other ranks idle (what
+ *           one process gets from an otherwise idle machine).
+ * DDP overhead = ddp / local - 1 (and ddp / alone - 1). The sync floor is
+ * the median over steps of the slower rank's local step of the same index:
+ * the part of the overhead that is waiting for the slower rank on a noisy
+ * machine, however cheap the communication. At world size 1 it times the
+ * plain single-process step. Rank 0
  * prints the median step time of each mode (the slowest rank's median), the
  * wait per step, and the overlap counters. */
 #include "cmd.h"
@@ -31,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MODE_DDP, MODE_NOCOMM, MODE_LOCAL };
+enum { MODE_DDP, MODE_NOCOMM, MODE_LOCAL, MODE_ALONE, NMODES };
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -99,10 +104,10 @@ int dt_bench_ddp(int argc, char **argv)
     dt_ctx *ctx = dt_ctx_init(NULL);
     float *x = NULL;
     int64_t *y = NULL;
-    double *tm[3] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
-                     calloc(2 * (size_t)steps, sizeof(double))};
+    double *tm[NMODES] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
+                          calloc(2 * (size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
     dt_optim *opt = NULL;
-    if (!m || !ctx || !tm[0] || !tm[1] || !tm[2])
+    if (!m || !ctx || !tm[0] || !tm[1] || !tm[2] || !tm[3])
         goto fail;
     int ndim, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
@@ -144,8 +149,8 @@ int dt_bench_ddp(int argc, char **argv)
      * steps cycling ddp / nocomm / local, each block started together on
      * every rank (an untimed barrier), so that machine noise hits all three
      * alike */
-    int cnt[3] = {0, 0, 0};
-    const int warm = 3, block = 5, nmodes = dist ? 3 : 1;
+    int cnt[NMODES] = {0};
+    const int warm = 3, block = 5, nmodes = dist ? NMODES : 1;
     dt_ddp_stats s0 = {0};
     for (int it = 0;; it++) {
         const bool warming = it < warm;
@@ -165,13 +170,17 @@ int dt_bench_ddp(int argc, char **argv)
         }
         if (pg && !warming && (it - warm) % block == 0 && dt_pg_barrier(pg) < 0)
             goto fail;
+        if (mode == MODE_ALONE && rank != 0) { /* idle: rank 0 runs this block alone */
+            tm[mode][cnt[mode]++] = 0;
+            continue;
+        }
         double t = dt_time_s();
         dt_model_zero_grad(m);
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, ndim, shape);
         dt_tensor *yt = dt_tensor_view_of(ctx, y, tdt, tnd, tshape);
-        dt_tensor *out = ddp && mode != MODE_LOCAL ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
+        dt_tensor *out = ddp && mode < MODE_LOCAL ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
         dt_tensor *loss = dt_model_loss(ctx, m, out, yt);
-        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && mode != MODE_LOCAL && dt_ddp_wait(ddp) < 0) ||
+        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && mode < MODE_LOCAL && dt_ddp_wait(ddp) < 0) ||
             dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
             goto fail;
         dt_ctx_reset(ctx);
@@ -191,39 +200,46 @@ int dt_bench_ddp(int argc, char **argv)
             goto fail;
         floor_ms = 1e3 * median(lmax, cnt[2]);
     }
-    double med[3] = {median(tm[0], cnt[0]), dist ? median(tm[1], cnt[1]) : 0, dist ? median(tm[2], cnt[2]) : 0};
-    if (pg && dt_metrics_allreduce(pg, med, 3, DT_REDUCE_MAX) < 0)
+    double med[NMODES] = {median(tm[0], cnt[0]), dist ? median(tm[1], cnt[1]) : 0,
+                          dist ? median(tm[2], cnt[2]) : 0, dist ? median(tm[3], cnt[3]) : 0};
+    if (pg && dt_metrics_allreduce(pg, med, NMODES, DT_REDUCE_MAX) < 0)
         goto fail;
     dt_ddp_stats st = ddp ? dt_ddp_get_stats(ddp) : s0;
     double wait_ms = st.iterations ? 1e3 * st.wait_s / (double)st.iterations : 0;
     if (rank == 0) {
         const double over = med[2] > 0 ? 100 * (med[0] / med[2] - 1) : 0;
+        const double over_alone = med[3] > 0 ? 100 * (med[0] / med[3] - 1) : 0;
         const double comm = med[1] > 0 ? 100 * (med[0] / med[1] - 1) : 0;
+        const double fl = med[2] > 0 ? 100 * (floor_ms / (1e3 * med[2]) - 1) : 0;
         if (json)
             printf("{\"bench\":\"ddp\",\"model\":\"%s\",\"batch\":%lld,\"world\":%d,\"threads\":%d,"
-                   "\"step_ms\":%.3f,\"nocomm_step_ms\":%.3f,\"local_step_ms\":%.3f,\"sync_floor_ms\":%.3f,\"overhead_pct\":%.2f,"
+                   "\"step_ms\":%.3f,\"nocomm_step_ms\":%.3f,\"local_step_ms\":%.3f,\"alone_step_ms\":%.3f,"
+                   "\"sync_floor_ms\":%.3f,\"overhead_pct\":%.2f,\"overhead_alone_pct\":%.2f,"
                    "\"wait_ms\":%.3f,\"buckets\":%d,\"posted_in_backward\":%llu,\"done_in_backward\":%llu,"
                    "\"iterations\":%llu}\n",
                    model, (long long)batch, world, dt_get_num_threads(), 1e3 * med[0], 1e3 * med[1], 1e3 * med[2],
-                   floor_ms, over, wait_ms, ddp ? dt_ddp_num_buckets(ddp) : 0, (unsigned long long)st.posted_in_backward,
-                   (unsigned long long)st.done_in_backward, (unsigned long long)st.iterations);
+                   1e3 * med[3], floor_ms, over, over_alone, wait_ms, ddp ? dt_ddp_num_buckets(ddp) : 0,
+                   (unsigned long long)st.posted_in_backward, (unsigned long long)st.done_in_backward,
+                   (unsigned long long)st.iterations);
         else if (!dist)
             printf("%s, batch %lld, 1 process, %d threads: %.2f ms/step (median of %d)\n", model,
                    (long long)batch, dt_get_num_threads(), 1e3 * med[0], cnt[0]);
         else
-            printf("%s, batch %lld per rank, %d ranks (%s), %d threads each%s:\n"
-                   "  ddp step     %.2f ms (median of %d, slowest rank)\n"
-                   "  local step   %.2f ms (the plain single-rank step, no DDP, on every rank at once)\n"
-                   "  no comm      %.2f ms (the DDP step under no_sync: no gradient communication)\n"
-                   "  DDP overhead %+.1f%% over the local step; communication %+.1f%% over no comm\n"
-                   "  sync floor   %.2f ms (local steps of the same index, slower rank: what waiting for the\n"
-                   "               slower rank alone costs, %+.1f%% over the local step)\n"
+            printf("%s, batch %lld per rank, %d ranks (%s), %d threads each%s; medians of %d steps, slowest rank:\n"
+                   "  ddp step     %.2f ms\n"
+                   "  local step   %.2f ms  the plain single-rank step (no DDP), every rank at once\n"
+                   "  alone        %.2f ms  the same on rank 0 while the other ranks idle\n"
+                   "  no comm      %.2f ms  the DDP step under no_sync (no gradient communication)\n"
+                   "  sync floor   %.2f ms  local steps of the same index, slower rank (%+.1f%% over local):\n"
+                   "                        what waiting for the slower rank alone costs\n"
+                   "  DDP overhead %+.1f%% over the local step, %+.1f%% over alone; communication %+.1f%% over "
+                   "no comm\n"
                    "  wait for gradients %.2f ms/step; %d bucket%s; %llu all-reduces, %llu posted during "
                    "backward, %llu done before it ended\n",
                    model, (long long)batch, world, dt_pg_backend(pg), dt_get_num_threads(),
-                   sync_bn ? ", SyncBatchNorm" : "", 1e3 * med[0], cnt[0], 1e3 * med[2], 1e3 * med[1], over, comm,
-                   floor_ms, med[2] > 0 ? 100 * (floor_ms / (1e3 * med[2]) - 1) : 0,
-                   wait_ms, dt_ddp_num_buckets(ddp), dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
+                   sync_bn ? ", SyncBatchNorm" : "", cnt[0], 1e3 * med[0], 1e3 * med[2], 1e3 * med[3], 1e3 * med[1],
+                   floor_ms, fl, over, over_alone, comm, wait_ms, dt_ddp_num_buckets(ddp),
+                   dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
                    (unsigned long long)st.iterations * (unsigned long long)dt_ddp_num_buckets(ddp),
                    (unsigned long long)st.posted_in_backward, (unsigned long long)st.done_in_backward);
     }
@@ -235,7 +251,7 @@ fail:
     dt_optim_free(opt);
     dt_free(x);
     dt_free(y);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < NMODES; k++)
         free(tm[k]);
     dt_ctx_free(ctx);
     dt_model_free(m);
