@@ -68,6 +68,13 @@ static dt_status configure(shm_ctx *s, int world, int local_world)
     if ((st = dt__env_long("DT_SHM_SPIN", local_world > ncpu ? 100 : 2000, &spin)) < 0)
         return st;
     s->spin = spin < 0 ? 0 : (int)spin;
+    /* When every rank on this machine has its cores to itself, a rank that
+     * waits keeps polling (20 ms by default) instead of sleeping: in a VM a
+     * sleeping vCPU halts, and waking it can cost far more than the wait. */
+    long spin_us, want = (long)local_world * dt_get_num_threads();
+    if ((st = dt__env_long("DT_SHM_SPIN_US", want <= ncpu ? 20000 : 0, &spin_us)) < 0)
+        return st;
+    s->spin_s = spin_us < 0 ? 0 : (double)spin_us * 1e-6;
     if ((st = dt__shm_table_init(&s->table, getenv("DT_SHM_ALGO"))) < 0)
         return st;
     uint64_t sizes[3] = {s->slot_bytes, s->stage_bytes, s->heap_bytes};
@@ -510,6 +517,7 @@ static dt_status shm_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
         k->slot_bytes = s->slot_bytes;
         k->chan_bytes = s->chan_bytes;
         k->spin = s->spin;
+        k->spin_s = s->spin_s;
         k->table = s->table;
         k->config = s->config;
     }

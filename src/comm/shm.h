@@ -31,6 +31,10 @@
  *   DT_SHM_SPIN        pause-spin iterations before yielding, then sleeping
  *                      (default 2000, about 50 us; 100 when there are more
  *                      local ranks than cores)
+ *   DT_SHM_SPIN_US     then busy-poll this many microseconds before sleeping
+ *                      (default 20000 when local ranks x compute threads fit
+ *                      the cores, else 0): a sleeping vCPU can take
+ *                      milliseconds to wake, far longer than most waits
  */
 #ifndef DT_COMM_SHM_H
 #define DT_COMM_SHM_H
@@ -129,6 +133,7 @@ typedef struct shm_ctx {
     size_t slot_bytes, stage_bytes, heap_bytes, chan_bytes;
     int *pidfd;        /* per peer, -1 if unavailable */
     int spin;
+    double spin_s;     /* then busy-poll this long before sleeping (DT_SHM_SPIN_US) */
     double timeout_s;
     int check;
     uint64_t config;   /* hash of the table and sizes */

@@ -1,7 +1,10 @@
 /* Waiting, waking, aborting and noticing dead peers.
  *
- * A wait spins (s->spin iterations with a pause), then yields a few times,
- * then sleeps on the peer's futex word for at most 50 ms at a time. The
+ * A wait spins (s->spin iterations with a pause), then, when the ranks on
+ * this machine have a core each, busy-polls for s->spin_s seconds (checking
+ * the abort record, the deadline and peer liveness as the sleeping loop
+ * does), then yields a few times, then sleeps on the peer's futex word for
+ * at most 50 ms at a time. The
  * signaller bumps its word after every tick and calls FUTEX_WAKE only when
  * someone registered as a sleeper (waiters > 0): the waiter increments
  * `waiters` before re-checking the condition and sleeping, the signaller
@@ -182,6 +185,29 @@ static dt_status wait_loop(shm_ctx *s, _Atomic uint64_t *v, uint64_t target, _At
         if (pred_tick(s, v, target))
             return DT_OK;
         cpu_relax();
+    }
+    if (s->spin_s > 0) { /* busy-poll (ranks have cores to themselves), watching for failures */
+        const double until = dt_time_s() + s->spin_s;
+        for (;;) {
+            for (int i = 0; i < 256; i++) {
+                if (pred_tick(s, v, target))
+                    return DT_OK;
+                cpu_relax();
+            }
+            dt_status st = dt__shm_check_abort(s);
+            if (st < 0)
+                return st;
+            double now = dt_time_s();
+            if (now >= until || now > s->deadline)
+                break;
+            if (now >= s->next_live_check) {
+                s->next_live_check = now + 0.1;
+                if (pred_tick(s, v, target))
+                    return DT_OK;
+                if ((st = check_peers(s, peer)) < 0)
+                    return st;
+            }
+        }
     }
     for (int i = 0; i < 4; i++) { /* let a peer on this core run */
         if (pred_tick(s, v, target))
