@@ -20,7 +20,7 @@ dt_status dt_k_relu_fwd(const float *x, float *y, int64_t n)
     int nt = dt__threads_for(n);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
     for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f; /* NaN stays NaN, as torch.relu */
     return DT_OK;
 }
 

@@ -437,6 +437,59 @@ TEST(hooks_all_kinds)
     dt_model_free(m);
 }
 
+/* A Sequential's ReLU followed by MaxPool2d runs as pool-then-ReLU when
+ * neither module has hooks; a hook on the ReLU keeps the written order.
+ * Both must give the same output and input gradient, bit for bit: windows
+ * with a positive maximum, all-negative windows, ties at 0 and positive
+ * ties, and a NaN (propagated). */
+static dt_status noop_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
+{
+    (void)ctx, (void)m, (void)x, (void)ud;
+    return DT_OK;
+}
+
+TEST(relu_maxpool_reordered_exactly)
+{
+    dt_module *seq = dt_nn_seq(0, NULL);
+    ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_relu()));
+    ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_maxpool2d(2, 2, 0)));
+    dt_model *m = dt_model_build(seq, 0);
+    ASSERT(m);
+    enum { N = 2, C = 3, H = 6, W = 4, P = 3, Q = 2 };
+    float xs[N * C * H * W], gy[N * C * P * Q], out[2][N * C * P * Q], gx[2][N * C * H * W];
+    for (int i = 0; i < N * C * H * W; i++)
+        xs[i] = (float)((i * 7) % 11 - 6) / 4.0f; /* negatives, zeros, repeats */
+    for (int i = 0; i < 4; i++)
+        xs[i < 2 ? i : i + W - 2] = -1.0f - (float)i; /* window 0: all negative */
+    xs[2] = xs[3] = xs[W + 2] = 0.0f, xs[W + 3] = -2.0f; /* window 1: ties at 0 */
+    xs[2 * W] = xs[2 * W + 1] = 1.5f;                    /* window 2: positive tie */
+    xs[5 * W + 3] = NAN;
+    for (int i = 0; i < N * C * P * Q; i++)
+        gy[i] = 0.25f * (float)(i % 5) - 0.5f;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_find_module(m, "0"), noop_pre, NULL));
+        dt_ctx *ctx = dt_ctx_init(NULL);
+        dt_tensor *x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){N, C, H, W}, xs);
+        dt_tensor *g = dt_tensor_wrap(gx[pass], DT_F32, 4, (int64_t[]){N, C, H, W});
+        ASSERT(x && g);
+        memset(gx[pass], 0, sizeof gx[pass]);
+        ASSERT_OK(dt_tensor_set_grad(x, g));
+        dt_tensor *y = dt_model_forward(ctx, m, x);
+        ASSERT(y);
+        dt_tensor *go = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){N, C, P, Q}, gy);
+        memcpy(out[pass], y->data, sizeof out[pass]);
+        ASSERT_OK(dt_backward_with(ctx, y, go));
+        dt_tensor_set_grad(x, NULL);
+        dt_tensor_free(g);
+        dt_ctx_free(ctx);
+    }
+    ASSERT(out[0][0] == 0.0f && out[0][1] == 0.0f && out[0][2] == 1.5f && isnan(out[0][5]));
+    ASSERT(memcmp(out[0], out[1], sizeof out[0]) == 0);
+    ASSERT(memcmp(gx[0], gx[1], sizeof gx[0]) == 0);
+    dt_model_free(m);
+}
+
 /* Gradients land in caller memory after dt_model_set_grad_buffer. */
 TEST(replace_grad_buffer)
 {
@@ -674,6 +727,7 @@ int main(void)
     RUN(convnet_matches_pytorch);
     RUN(module_forward_values);
     RUN(hooks_all_kinds);
+    RUN(relu_maxpool_reordered_exactly);
     RUN(replace_grad_buffer);
     RUN(determinism_two_runs);
     RUN(mlp_model);
