@@ -516,12 +516,12 @@ int dt_cmd_train(int argc, char **argv)
     int64_t spe = dt_loader_num_batches(t->train_loader);
     dt__metrics_write(&t->metrics,
                       "\"event\":\"start\",\"model\":\"%s\",\"data\":\"%s\",\"epochs\":%lld,"
-                      "\"batch\":%lld,\"optimizer\":\"%s\",\"lr\":%g,\"seed\":%llu,\"threads\":%d,"
+                      "\"batch\":%lld,\"optimizer\":\"%s\",\"lr\":%g,\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,"
                       "\"train_items\":%lld,\"test_items\":%lld,\"steps_per_epoch\":%lld,"
                       "\"params\":%zu",
                       t->o.model, !strncmp(t->o.data, "fashion-mnist", 13) ? t->o.data : "custom",
                       (long long)t->o.epochs, (long long)t->o.batch, t->o.optimizer, t->o.lr,
-                      (unsigned long long)t->o.seed, dt_get_num_threads(), (long long)ntrain,
+                      (unsigned long long)t->o.seed, t->o.rng, dt_get_num_threads(), (long long)ntrain,
                       (long long)ntest, (long long)spe, dt_model_param_count(t->model));
     dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
                       t->o.log_every);

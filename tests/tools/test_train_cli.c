@@ -35,6 +35,7 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
     ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
+    ASSERT(expect2((char *[]){"train", "--rng", "mt", NULL}, "--rng", "torch|philox"));
     ASSERT(expect2((char *[]){"train", "--threads", "x", NULL}, "--threads", NULL));
     ASSERT(expect2((char *[]){"train", "--metrics", NULL}, "--metrics needs a value", NULL));
     ASSERT(expect2((char *[]){"train", "stray", NULL}, "unexpected argument 'stray'", NULL));

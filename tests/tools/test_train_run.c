@@ -94,13 +94,14 @@ TEST(short_real_run)
 }
 
 /* Same seed, same result: two short runs agree to the last printed digit;
- * another seed differs. */
+ * another seed differs, and so does the same seed drawn by the other
+ * generator (--rng philox against the default torch). */
 TEST(reproducible)
 {
     if (!have_fashion())
         return;
-    static char text[3][16384];
-    for (int k = 0; k < 3; k++) {
+    static char text[4][16384];
+    for (int k = 0; k < 4; k++) {
         char metrics[600];
         snprintf(metrics, sizeof metrics, "%s/rep%d.jsonl", cli_tmpdir(), k);
         cli_result r;
@@ -108,7 +109,7 @@ TEST(reproducible)
                  (char *[]){"train", "--data", "fashion-mnist", "--batch", "50", "--lr", "0.01",
                             "--momentum", "0.9", "--seed", k == 2 ? "1" : "7", "--limit-train", "300",
                             "--limit-test", "200", "--log-every", "1", "--metrics", metrics,
-                            "--progress", "none", NULL});
+                            "--progress", "none", "--rng", k == 3 ? "philox" : "torch", NULL});
         ASSERT_EQ_INT(r.code, 0);
         FILE *f = fopen(metrics, "r");
         ASSERT(f != NULL);
@@ -120,6 +121,9 @@ TEST(reproducible)
     ASSERT_NEAR(last_number(text[1], "test_loss"), last_number(text[0], "test_loss"), 0, 0);
     ASSERT_NEAR(last_number(text[1], "train_loss"), last_number(text[0], "train_loss"), 0, 0);
     ASSERT(last_number(text[2], "train_loss") != last_number(text[0], "train_loss"));
+    ASSERT_STR_CONTAINS(text[0], "\"rng\":\"torch\"");
+    ASSERT_STR_CONTAINS(text[3], "\"rng\":\"philox\"");
+    ASSERT(last_number(text[3], "train_loss") != last_number(text[0], "train_loss"));
 }
 
 TEST(mlp_random)
