@@ -52,7 +52,8 @@ typedef struct {
     dt__metrics metrics;
     bool metrics_open;
     dt__progress prog;
-    int64_t global_step;
+    int64_t global_step;          /* batches (micro-batches with --grad-accum) */
+    int64_t opt_step;             /* optimizer steps: what the LR schedule counts */
     double loss_window[LOSS_WINDOW];
     int64_t nloss;
 } trainer;
@@ -210,7 +211,10 @@ static int setup_optimizer(trainer *t)
     }
     if (!t->opt)
         return fail(2, "--optimizer");
-    int64_t spe = dt_loader_num_batches(t->train_loader);
+    /* the schedule counts optimizer steps: with --grad-accum N one per N
+     * batches, plus one for an epoch's last, partial accumulation */
+    int64_t nb = dt_loader_num_batches(t->train_loader), accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1;
+    int64_t spe = (nb + accum - 1) / accum;
     t->sched = dt_sched_params_default();
     if (dt_sched_kind_parse(t->o.lr_schedule, &t->sched.kind) < 0)
         return fail(2, "--lr-schedule");
@@ -358,7 +362,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     while ((st = dt_loader_next(t->train_loader, &b)) == DT_OK && b) {
         if (g_stop && (t->ddp.world == 1 || stop_agreed)) /* DDP: ranks agree on stopping (below) */
             break;
-        double lr = lr_at(t, t->global_step);
+        double lr = lr_at(t, t->opt_step);
         dt_optim_set_lr(t->opt, lr);
         /* DDP / --grad-accum: zero at the start of an accumulation, no_sync
          * until its last micro-batch, loss scaled by 1/accum */
@@ -400,6 +404,8 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
             dt__progress_clear(&t->prog);
             return fail(1, "optimizer step");
         }
+        if (do_step)
+            t->opt_step++;
         dt_ctx_reset(t->ctx);
         step++;
         t->global_step++;

@@ -149,6 +149,42 @@ TEST(mlp_random)
     ASSERT_STR_CONTAINS(text, "\"test_accuracy\":null");
 }
 
+/* --grad-accum: the LR schedule counts optimizer steps, not batches. Five
+ * batches of 2 with --grad-accum 2 make optimizer steps after batches 2, 4
+ * and 5 (the epoch's last, partial accumulation); a step schedule halving
+ * the rate every optimizer step gives batches 1..5 the rates
+ * 0.01, 0.01, 0.005, 0.005, 0.0025. */
+TEST(grad_accum_schedule_counts_optimizer_steps)
+{
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/accum.jsonl", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "10", "--limit-test", "2",
+                        "--lr", "0.01", "--lr-schedule", "step", "--step-size", "1", "--gamma", "0.5",
+                        "--grad-accum", "2", "--log-every", "1", "--no-eval", "--metrics", metrics,
+                        "--progress", "none", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    FILE *f = fopen(metrics, "r");
+    ASSERT(f != NULL);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    const double want[5] = {0.01, 0.01, 0.005, 0.005, 0.0025};
+    const char *p = text;
+    for (int i = 0; i < 5; i++) {
+        p = strstr(p, "\"event\":\"step\"");
+        ASSERT(p != NULL);
+        const char *lr = strstr(p, "\"lr\":");
+        ASSERT(lr != NULL);
+        ASSERT_NEAR(strtod(lr + 5, NULL), want[i], 1e-12, 1e-9);
+        p++;
+    }
+}
+
 TEST(interrupted_run_leaves_no_metrics)
 {
     if (!have_fashion())
@@ -197,6 +233,7 @@ int main(void)
     RUN(short_real_run);
     RUN(reproducible);
     RUN(mlp_random);
+    RUN(grad_accum_schedule_counts_optimizer_steps);
     RUN(interrupted_run_leaves_no_metrics);
     int rc = TEST_REPORT();
     cli_cleanup();
