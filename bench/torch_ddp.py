@@ -10,17 +10,7 @@ Options: --batch 100 --steps 30 --warmup 3 --json
 """
 import argparse, json, os, statistics, time
 import torch, torch.nn as nn, torch.distributed as dist, torch.multiprocessing as mp
-
-
-class ConvNet(nn.Module):
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.fc = nn.Linear(7 * 7 * 32, num_classes)
-
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).reshape(x.shape[0], -1))
+from torch_ref import ConvNet
 
 
 def worker(rank, world, args, q):

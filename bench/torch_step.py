@@ -10,15 +10,8 @@ measured 14.9 ms for the ConvNet at batch 100 with it, 18.5-18.9 ms without).
 """
 import argparse, json, statistics, time
 import torch, torch.nn as nn
+from torch_ref import ConvNet
 
-class ConvNet(nn.Module):
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.fc = nn.Linear(7 * 7 * 32, num_classes)
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).reshape(x.shape[0], -1))
 
 class MLP(nn.Module):  # Paddle auto-parallel example: x @ w0 @ w1, loss = mean
     def __init__(self):

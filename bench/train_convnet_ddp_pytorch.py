@@ -13,7 +13,7 @@ whole test set, its own model in eval mode).
 Options: --world 2 --batch 100 --lr 0.01 --momentum 0.9 --eval-every N
          (also evaluate every N steps and print "eval STEP ACC"; not timed)
 """
-import argparse, gzip, os, time
+import argparse, os, time
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -21,26 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
-
-D = os.environ.get("DT_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
-
-
-def idx(path):
-    b = gzip.open(path).read()
-    nd = b[3]
-    dims = [int.from_bytes(b[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
-    return np.frombuffer(b, np.uint8, offset=4 + 4 * nd).reshape(dims)
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
-        self.fc = nn.Linear(7 * 7 * 32, 10)
-
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).flatten(1))
+from torch_ref import ConvNet, fashion
 
 
 def evaluate(model, xte, yte):
@@ -59,8 +40,7 @@ def worker(rank, a, q):
     torch.manual_seed(a.seed)
     model = nn.parallel.DistributedDataParallel(ConvNet())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    xtr = torch.from_numpy(idx(f"{D}/train-images-idx3-ubyte.gz").copy()).float().div_(255).unsqueeze(1)
-    ytr = torch.from_numpy(idx(f"{D}/train-labels-idx1-ubyte.gz").astype(np.int64))
+    xtr, ytr = fashion("train")
     dist.barrier()
     t0 = time.time()  # as dtrain's epoch time: the files are read before it starts
     sampler = DistributedSampler(range(len(xtr)), num_replicas=a.world, rank=rank, shuffle=True, seed=a.seed)
@@ -81,8 +61,7 @@ def worker(rank, a, q):
             te = time.time()
             if rank == 0:
                 if not hasattr(a, "xte"):
-                    a.xte = torch.from_numpy(idx(f"{D}/t10k-images-idx3-ubyte.gz").copy()).float().div_(255).unsqueeze(1)
-                    a.yte = torch.from_numpy(idx(f"{D}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+                    a.xte, a.yte = fashion("t10k")
                 evals.append((step, evaluate(model.module, a.xte, a.yte)[1]))
             dist.barrier()
             t_eval += time.time() - te
@@ -91,8 +70,7 @@ def worker(rank, a, q):
     tl = torch.tensor([float(np.mean(losses[-100:]))])
     dist.all_reduce(tl)
     if rank == 0:
-        xte = torch.from_numpy(idx(f"{D}/t10k-images-idx3-ubyte.gz").copy()).float().div_(255).unsqueeze(1)
-        yte = torch.from_numpy(idx(f"{D}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+        xte, yte = fashion("t10k")
         test_loss, acc = evaluate(model.module, xte, yte)
         q.put((wall.item(), tl.item() / a.world, test_loss, acc, evals, len(xtr)))
     dist.destroy_process_group()

@@ -11,28 +11,12 @@ numpy and scaled like ToTensor (x / 255). The whole training set is one
 tensor and batches are index_select'ed in a seeded random order, which is
 the fastest single-process PyTorch configuration (no DataLoader workers).
 """
-import argparse, gzip, os, time
+import argparse, time
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch_ref import ConvNet, fashion
 
-D = os.environ.get("DT_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
-
-def idx(path):
-    b = gzip.open(path).read()
-    nd = b[3]
-    dims = [int.from_bytes(b[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
-    return np.frombuffer(b, np.uint8, offset=4 + 4 * nd).reshape(dims)
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
-        self.fc = nn.Linear(7 * 7 * 32, 10)
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).flatten(1))
 
 def main():
     ap = argparse.ArgumentParser()
@@ -45,10 +29,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    xtr = torch.from_numpy(idx(f"{D}/train-images-idx3-ubyte.gz").copy()).float().div_(255).unsqueeze(1)
-    ytr = torch.from_numpy(idx(f"{D}/train-labels-idx1-ubyte.gz").astype(np.int64))
-    xte = torch.from_numpy(idx(f"{D}/t10k-images-idx3-ubyte.gz").copy()).float().div_(255).unsqueeze(1)
-    yte = torch.from_numpy(idx(f"{D}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    xtr, ytr = fashion("train")
+    xte, yte = fashion("t10k")
     if a.limit_train:
         xtr, ytr = xtr[:a.limit_train], ytr[:a.limit_train]
     model = ConvNet()
