@@ -9,6 +9,7 @@
 #include "train_cli.h"
 
 #include <math.h>
+#include <stdbool.h>
 
 static int have_fashion(void)
 {
@@ -39,6 +40,18 @@ static double last_number(const char *text, const char *key)
     return hit ? strtod(hit + strlen(pat), NULL) : NAN;
 }
 
+/* The whole of a (small) file as a string in buf; false if it cannot be read. */
+static bool read_text(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return true;
+}
+
 TEST(short_real_run)
 {
     if (!have_fashion()) {
@@ -67,11 +80,8 @@ TEST(short_real_run)
     ASSERT(acc > 55.0 && acc <= 100.0); /* 20 steps on 2000 images: ~70% (chance is 10%) */
     ASSERT(file_exists(metrics));
     ASSERT(!file_exists(partial));
-    FILE *f = fopen(metrics, "r");
     static char text[65536];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    ASSERT(read_text(metrics, text, sizeof text));
     ASSERT_EQ_INT(count_events(text, "start"), 1);
     ASSERT_EQ_INT(count_events(text, "step"), 4);   /* steps 5, 10, 15, 20 */
     ASSERT_EQ_INT(count_events(text, "epoch"), 1);
@@ -111,11 +121,7 @@ TEST(reproducible)
                             "--limit-test", "200", "--log-every", "1", "--metrics", metrics,
                             "--progress", "none", "--rng", k == 3 ? "philox" : "torch", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        FILE *f = fopen(metrics, "r");
-        ASSERT(f != NULL);
-        size_t n = fread(text[k], 1, sizeof text[k] - 1, f);
-        text[k][n] = 0;
-        fclose(f);
+        ASSERT(read_text(metrics, text[k], sizeof text[k]));
     }
     ASSERT_EQ_INT(count_events(text[0], "step"), 6);
     ASSERT_NEAR(last_number(text[1], "test_loss"), last_number(text[0], "test_loss"), 0, 0);
@@ -139,12 +145,8 @@ TEST(mlp_random)
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "test loss: ");
     ASSERT(strstr(r.out, "test accuracy") == NULL); /* no labels to score */
-    FILE *f = fopen(metrics, "r");
-    ASSERT(f != NULL);
     static char text[16384];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    ASSERT(read_text(metrics, text, sizeof text));
     ASSERT_EQ_INT(count_events(text, "step"), 2);
     ASSERT_STR_CONTAINS(text, "\"test_accuracy\":null");
 }
@@ -167,12 +169,8 @@ TEST(grad_accum_schedule_counts_optimizer_steps)
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    FILE *f = fopen(metrics, "r");
-    ASSERT(f != NULL);
     static char text[16384];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    ASSERT(read_text(metrics, text, sizeof text));
     const double want[5] = {0.01, 0.01, 0.005, 0.005, 0.0025};
     const char *p = text;
     for (int i = 0; i < 5; i++) {
