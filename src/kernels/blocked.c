@@ -308,17 +308,11 @@ dt_status dt_k_maxpool2d_fwd_b8(const dt_k_pool2d_shape *s, const float *x, floa
             continue;
         }
         for (int64_t p = 0; p < P; p++) {
-            int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
-            if (h0 < 0)
-                h0 = 0;
-            if (h1 > H)
-                h1 = H;
+            int64_t h0, h1;
+            dt__pool_window(p, s->sh, s->ph, s->kh, H, &h0, &h1);
             for (int64_t q = 0; q < Q; q++) {
-                int64_t w0 = q * s->sw - s->pw, w1 = w0 + s->kw;
-                if (w0 < 0)
-                    w0 = 0;
-                if (w1 > W)
-                    w1 = W;
+                int64_t w0, w1;
+                dt__pool_window(q, s->sw, s->pw, s->kw, W, &w0, &w1);
                 float m[8];
                 int32_t best[8];
                 for (int j = 0; j < 8; j++) {

@@ -24,6 +24,16 @@
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 
+/* Pooling: the input range [*lo, *hi) of output index i along one axis
+ * (window k, stride, padding pad, input length n), clipped to the input. */
+static inline void dt__pool_window(int64_t i, int64_t stride, int64_t pad, int64_t k, int64_t n, int64_t *lo,
+                                   int64_t *hi)
+{
+    int64_t a = i * stride - pad, b = a + k;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > n ? n : b;
+}
+
 /* Batch norm, shared by the plain (norm.c) and nChw8c (blocked.c) kernels. */
 /* Training needs more than one value per channel and eps > 0. */
 dt_status dt__bn_train_args(const char *fn, int64_t cnt, float eps);

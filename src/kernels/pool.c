@@ -138,17 +138,11 @@ dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *
             continue;
         }
         for (int64_t p = 0; p < P; p++) {
-            int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
-            if (h0 < 0)
-                h0 = 0;
-            if (h1 > H)
-                h1 = H;
+            int64_t h0, h1;
+            dt__pool_window(p, s->sh, s->ph, s->kh, H, &h0, &h1);
             for (int64_t q = 0; q < Q; q++) {
-                int64_t w0 = q * s->sw - s->pw, w1 = w0 + s->kw;
-                if (w0 < 0)
-                    w0 = 0;
-                if (w1 > W)
-                    w1 = W;
+                int64_t w0, w1;
+                dt__pool_window(q, s->sw, s->pw, s->kw, W, &w0, &w1);
                 float m = xp[h0 * W + w0];
                 int64_t best = h0 * W + w0;
                 for (int64_t h = h0; h < h1; h++)
@@ -212,13 +206,11 @@ dt_status dt_k_avgpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *
         const float *xp = x + pl * H * W;
         float *yp = y + pl * P * Q;
         for (int64_t p = 0; p < P; p++) {
-            int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
-            h0 = h0 < 0 ? 0 : h0;
-            h1 = h1 > H ? H : h1;
+            int64_t h0, h1;
+            dt__pool_window(p, s->sh, s->ph, s->kh, H, &h0, &h1);
             for (int64_t q = 0; q < Q; q++) {
-                int64_t w0 = q * s->sw - s->pw, w1 = w0 + s->kw;
-                w0 = w0 < 0 ? 0 : w0;
-                w1 = w1 > W ? W : w1;
+                int64_t w0, w1;
+                dt__pool_window(q, s->sw, s->pw, s->kw, W, &w0, &w1);
                 float acc = 0.0f;
                 for (int64_t h = h0; h < h1; h++)
                     for (int64_t w = w0; w < w1; w++)
@@ -246,13 +238,11 @@ dt_status dt_k_avgpool2d_bwd(const dt_k_pool2d_shape *s, const float *dy, float 
         const float *gp = dy + pl * P * Q;
         memset(xp, 0, (size_t)(H * W) * sizeof(float));
         for (int64_t p = 0; p < P; p++) {
-            int64_t h0 = p * s->sh - s->ph, h1 = h0 + s->kh;
-            h0 = h0 < 0 ? 0 : h0;
-            h1 = h1 > H ? H : h1;
+            int64_t h0, h1;
+            dt__pool_window(p, s->sh, s->ph, s->kh, H, &h0, &h1);
             for (int64_t q = 0; q < Q; q++) {
-                int64_t w0 = q * s->sw - s->pw, w1 = w0 + s->kw;
-                w0 = w0 < 0 ? 0 : w0;
-                w1 = w1 > W ? W : w1;
+                int64_t w0, w1;
+                dt__pool_window(q, s->sw, s->pw, s->kw, W, &w0, &w1);
                 int64_t cnt = include_pad ? s->kh * s->kw : (h1 - h0) * (w1 - w0);
                 float g = gp[p * Q + q] / (float)cnt;
                 for (int64_t h = h0; h < h1; h++)
