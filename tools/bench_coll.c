@@ -137,34 +137,6 @@ static double value(int rank, size_t i)
     return (double)((i * 7 + (size_t)rank * 3) % 13);
 }
 
-static void put(dt_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case DT_F32: ((float *)buf)[i] = (float)v; break;
-    case DT_F64: ((double *)buf)[i] = v; break;
-    case DT_F16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
-    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(dt_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case DT_F32: return ((const float *)buf)[i];
-    case DT_F64: return ((const double *)buf)[i];
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_I32: return ((const int32_t *)buf)[i];
-    case DT_I64: return (double)((const int64_t *)buf)[i];
-    case DT_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* ---- one collective ---------------------------------------------------------- */
 
 typedef struct {
@@ -206,9 +178,9 @@ static long check_op(const bench_ctx *b, size_t blk, int inplace)
     size_t in_n = b->op == OP_REDUCE_SCATTER ? blk * w : blk;
     size_t out_n = b->op == OP_ALLGATHER ? blk * w : blk;
     for (size_t i = 0; i < in_n; i++)
-        put(b->dt, b->send, i, value(b->rank, i));
+        dt_dtype_store(b->dt, b->send, i, value(b->rank, i));
     for (size_t i = 0; i < out_n; i++)
-        put(b->dt, b->recv, i, 99);
+        dt_dtype_store(b->dt, b->recv, i, 99);
     char *io = b->recv; /* where the result lands */
     switch (b->op) {
     case OP_ALLREDUCE: io = inplace ? b->send : b->recv; break;
@@ -216,12 +188,12 @@ static long check_op(const bench_ctx *b, size_t blk, int inplace)
     case OP_ALLGATHER:
         if (inplace)
             for (size_t i = 0; i < blk; i++)
-                put(b->dt, b->recv, r * blk + i, value(b->rank, i));
+                dt_dtype_store(b->dt, b->recv, r * blk + i, value(b->rank, i));
         break;
     case OP_BROADCAST:
         io = inplace ? b->send : b->recv;
         for (size_t i = 0; i < blk; i++)
-            put(b->dt, io, i, b->rank == 0 ? value(0, i) : 99);
+            dt_dtype_store(b->dt, io, i, b->rank == 0 ? value(0, i) : 99);
         break;
     default: break;
     }
@@ -244,7 +216,7 @@ static long check_op(const bench_ctx *b, size_t blk, int inplace)
         case OP_BROADCAST: want = value(0, i); break;
         default: break;
         }
-        bad += get(b->dt, io, i) != want;
+        bad += dt_dtype_load(b->dt, io, i) != want;
     }
     return bad;
 }

@@ -120,6 +120,12 @@ DT_API size_t dt_dtype_size(dt_dtype t);
 DT_API const char *dt_dtype_name(dt_dtype t);
 /* Parse "f32"/"float32"/"fp32", "bf16", ...; returns DT_ERR_INVALID_ARG if unknown. */
 DT_API dt_status dt_dtype_parse(const char *s, dt_dtype *out);
+/* Element i of buf (of dtype t) as a double (NaN for an invalid dtype), and
+ * v stored as element i in dtype t (f16/bf16 rounded to nearest even; u8
+ * wraps modulo 256 as PyTorch's conversion does; nothing for an invalid
+ * dtype). */
+DT_API double dt_dtype_load(dt_dtype t, const void *buf, size_t i);
+DT_API void dt_dtype_store(dt_dtype t, void *buf, size_t i, double v);
 
 /* Scalar conversions, round-to-nearest-even, exact on NaN (quieted, sign
  * kept), Inf and subnormals. The vectorised forms are in kernels.h. */

@@ -6,6 +6,7 @@
  * and consumed exactly. */
 #include "dtrain/base.h"
 
+#include <math.h>
 #include <string.h>
 
 static const struct {
@@ -19,6 +20,34 @@ _Static_assert(DT_DTYPE_COUNT == 7, "update the dtype table");
 
 size_t dt_dtype_size(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtypes[t].size : 0; }
 const char *dt_dtype_name(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtypes[t].name : "?"; }
+
+double dt_dtype_load(dt_dtype t, const void *buf, size_t i)
+{
+    switch (t) {
+    case DT_F32: return ((const float *)buf)[i];
+    case DT_F64: return ((const double *)buf)[i];
+    case DT_F16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_I32: return ((const int32_t *)buf)[i];
+    case DT_I64: return (double)((const int64_t *)buf)[i];
+    case DT_U8: return ((const uint8_t *)buf)[i];
+    default: return NAN;
+    }
+}
+
+void dt_dtype_store(dt_dtype t, void *buf, size_t i, double v)
+{
+    switch (t) {
+    case DT_F32: ((float *)buf)[i] = (float)v; break;
+    case DT_F64: ((double *)buf)[i] = v; break;
+    case DT_F16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
+    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DT_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break; /* wraps, e.g. -3 -> 253 */
+    default: break;
+    }
+}
 
 dt_status dt_dtype_parse(const char *s, dt_dtype *out)
 {

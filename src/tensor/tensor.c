@@ -251,34 +251,6 @@ void dt__nd_loop(int ndim, const int64_t *shape, int nops, char *const *ptr,
 
 /* ---- element access ---------------------------------------------------------- */
 
-static double load_elem(const void *p, dt_dtype t)
-{
-    switch (t) {
-    case DT_F32: return *(const float *)p;
-    case DT_F64: return *(const double *)p;
-    case DT_F16: return dt_f16_to_f32(*(const uint16_t *)p);
-    case DT_BF16: return dt_bf16_to_f32(*(const uint16_t *)p);
-    case DT_I32: return *(const int32_t *)p;
-    case DT_I64: return (double)*(const int64_t *)p;
-    case DT_U8: return *(const uint8_t *)p;
-    default: return NAN;
-    }
-}
-
-static void store_elem(void *p, dt_dtype t, double v)
-{
-    switch (t) {
-    case DT_F32: *(float *)p = (float)v; break;
-    case DT_F64: *(double *)p = v; break;
-    case DT_F16: *(uint16_t *)p = dt_f32_to_f16((float)v); break;
-    case DT_BF16: *(uint16_t *)p = dt_f32_to_bf16((float)v); break;
-    case DT_I32: *(int32_t *)p = (int32_t)v; break;
-    case DT_I64: *(int64_t *)p = (int64_t)v; break;
-    case DT_U8: *(uint8_t *)p = (uint8_t)v; break;
-    default: break;
-    }
-}
-
 typedef struct { size_t es; dt_dtype dt; double v; } fill_ud;
 
 static void row_fill(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char *p2, int64_t s2,
@@ -291,7 +263,7 @@ static void row_fill(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char
         return;
     }
     for (int64_t i = 0; i < n; i++)
-        store_elem(p0 + i * s0 * (int64_t)f->es, f->dt, f->v);
+        dt_dtype_store(f->dt, p0 + i * s0 * (int64_t)f->es, 0, f->v);
 }
 
 dt_status dt_tensor_fill(dt_tensor *t, double v)
@@ -437,7 +409,7 @@ double dt_tensor_get(const dt_tensor *t, int64_t i)
                  (long long)dt_tensor_numel(t));
         return NAN;
     }
-    return load_elem(elem_ptr(t, i), t->dtype);
+    return dt_dtype_load(t->dtype, elem_ptr(t, i), 0);
 }
 
 dt_status dt_tensor_set(dt_tensor *t, int64_t i, double v)
@@ -447,7 +419,7 @@ dt_status dt_tensor_set(dt_tensor *t, int64_t i, double v)
     if (i < 0 || i >= dt_tensor_numel(t))
         return dt_error(DT_ERR_RANGE, "dt_tensor_set: index %lld out of [0, %lld)",
                         (long long)i, (long long)dt_tensor_numel(t));
-    store_elem(elem_ptr(t, i), t->dtype, v);
+    dt_dtype_store(t->dtype, elem_ptr(t, i), 0, v);
     return DT_OK;
 }
 
@@ -464,7 +436,7 @@ float dt_tensor_item(const dt_tensor *t)
                  dt_tensor_shape_str(t, s, sizeof s), (long long)dt_tensor_numel(t));
         return NAN;
     }
-    return (float)load_elem(t->data, t->dtype);
+    return (float)dt_dtype_load(t->dtype, t->data, 0);
 }
 
 static dt_status rand_fill(dt_tensor *t, dt_rng_key key, float a, float b, bool normal)

@@ -3,7 +3,9 @@
 #include "dtrain/base.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -105,6 +107,34 @@ TEST(bf16_rounding)
     ASSERT((n & 0x7f80) == 0x7f80 && (n & 0x7f));
 }
 
+/* Element load/store as double in every dtype: values that each dtype holds
+ * exactly come back unchanged, f16/bf16 round to nearest even, u8 wraps
+ * modulo 256, an invalid dtype loads NaN and stores nothing. */
+TEST(element_load_store)
+{
+    unsigned char buf[4 * 8];
+    const double vals[4] = {0.0, 1.0, 100.0, 7.0};
+    for (int t = 0; t < DT_DTYPE_COUNT; t++) {
+        memset(buf, 0, sizeof buf);
+        for (size_t i = 0; i < 4; i++)
+            dt_dtype_store((dt_dtype)t, buf, i, vals[i]);
+        for (size_t i = 0; i < 4; i++)
+            ASSERT_NEAR(dt_dtype_load((dt_dtype)t, buf, i), vals[i], 0, 0);
+    }
+    dt_dtype_store(DT_F16, buf, 0, 1.0 + 1.0 / 4096); /* halfway between 1 and 1 + 2^-10: even */
+    ASSERT_NEAR(dt_dtype_load(DT_F16, buf, 0), 1.0, 0, 0);
+    dt_dtype_store(DT_BF16, buf, 1, 3.0 / 256 + 1.0); /* 1 + 3 * 2^-8 -> 1 + 2^-6 */
+    ASSERT_NEAR(dt_dtype_load(DT_BF16, buf, 1), 1.0 + 1.0 / 64, 0, 0);
+    dt_dtype_store(DT_U8, buf, 2, -3.0);
+    ASSERT_NEAR(dt_dtype_load(DT_U8, buf, 2), 253.0, 0, 0);
+    dt_dtype_store(DT_U8, buf, 3, 300.0);
+    ASSERT_NEAR(dt_dtype_load(DT_U8, buf, 3), 44.0, 0, 0);
+    memset(buf, 0x5a, sizeof buf);
+    dt_dtype_store((dt_dtype)99, buf, 0, 1.0);
+    ASSERT(buf[0] == 0x5a);
+    ASSERT(isnan(dt_dtype_load((dt_dtype)99, buf, 0)));
+}
+
 int main(void)
 {
     RUN(dtype_table);
@@ -112,5 +142,6 @@ int main(void)
     RUN(bf16_roundtrip_all);
     RUN(f16_rounding_vs_reference);
     RUN(bf16_rounding);
+    RUN(element_load_store);
     return TEST_REPORT();
 }

@@ -48,34 +48,6 @@ static double value(int r, size_t i, dt_reduce_op op)
     return (double)((i * 5 + (size_t)r * 3) % 7 + 1);
 }
 
-static void put(dt_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case DT_F32: ((float *)buf)[i] = (float)v; break;
-    case DT_F64: ((double *)buf)[i] = v; break;
-    case DT_F16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
-    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(dt_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case DT_F32: return ((const float *)buf)[i];
-    case DT_F64: return ((const double *)buf)[i];
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_I32: return ((const int32_t *)buf)[i];
-    case DT_I64: return (double)((const int64_t *)buf)[i];
-    case DT_U8: return ((const uint8_t *)buf)[i];
-    default: return NAN;
-    }
-}
-
 static int is_int(dt_dtype dt)
 {
     return dt == DT_I32 || dt == DT_I64 || dt == DT_U8;
@@ -131,29 +103,29 @@ static void test_reductions(dt_pg *pg)
                     /* allreduce */
                     char *s = xalloc(n * es), *r = xalloc(n * es);
                     for (size_t i = 0; i < n; i++)
-                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                        dt_dtype_store(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
                     CHECK_OK(dt_pg_allreduce(pg, inpl ? DT_IN_PLACE : s, inpl ? s : r, n, dt,
                                              (dt_reduce_op)op));
                     const char *out = inpl ? s : r;
                     for (size_t i = 0; i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, i);
-                        CHECK(close_enough(dt, get(dt, out, i), want),
+                        CHECK(close_enough(dt, dt_dtype_load(dt, out, i), want),
                               "allreduce %s %s n=%zu inpl=%d [%zu]: %g != %g", dt_dtype_name(dt),
-                              dt_reduce_op_name((dt_reduce_op)op), n, inpl, i, get(dt, out, i), want);
+                              dt_reduce_op_name((dt_reduce_op)op), n, inpl, i, dt_dtype_load(dt, out, i), want);
                     }
                     /* reduce to a root that moves with the count */
                     int root = (int)(n % (size_t)g_w);
                     for (size_t i = 0; i < n; i++)
-                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                        dt_dtype_store(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
                     memset(r, 0, n * es);
                     int rin = inpl && g_rank == root; /* in place only at the root */
                     CHECK_OK(dt_pg_reduce(pg, rin ? DT_IN_PLACE : s, inpl ? s : r, n, dt,
                                           (dt_reduce_op)op, root));
                     for (size_t i = 0; g_rank == root && i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, i);
-                        CHECK(close_enough(dt, get(dt, out, i), want),
+                        CHECK(close_enough(dt, dt_dtype_load(dt, out, i), want),
                               "reduce %s %s n=%zu root=%d [%zu]: %g != %g", dt_dtype_name(dt),
-                              dt_reduce_op_name((dt_reduce_op)op), n, root, i, get(dt, out, i),
+                              dt_reduce_op_name((dt_reduce_op)op), n, root, i, dt_dtype_load(dt, out, i),
                               want);
                     }
                     free(s);
@@ -163,15 +135,15 @@ static void test_reductions(dt_pg *pg)
                     s = xalloc(tot * es);
                     r = xalloc(n * es);
                     for (size_t i = 0; i < tot; i++)
-                        put(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
+                        dt_dtype_store(dt, s, i, value(g_rank, i, (dt_reduce_op)op));
                     char *rs_out = inpl ? s + (size_t)g_rank * n * es : r;
                     CHECK_OK(dt_pg_reduce_scatter(pg, s, rs_out, n, dt, (dt_reduce_op)op));
                     for (size_t i = 0; i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, (size_t)g_rank * n + i);
-                        CHECK(close_enough(dt, get(dt, rs_out, i), want),
+                        CHECK(close_enough(dt, dt_dtype_load(dt, rs_out, i), want),
                               "reduce_scatter %s %s n=%zu inpl=%d [%zu]: %g != %g",
                               dt_dtype_name(dt), dt_reduce_op_name((dt_reduce_op)op), n, inpl, i,
-                              get(dt, rs_out, i), want);
+                              dt_dtype_load(dt, rs_out, i), want);
                     }
                     free(s);
                     free(r);
@@ -197,39 +169,39 @@ static void test_movement(dt_pg *pg)
                 /* broadcast */
                 char *b = xalloc(n * es);
                 for (size_t i = 0; i < n; i++)
-                    put(dt, b, i, g_rank == root ? value(root, i, DT_REDUCE_SUM) : 0);
+                    dt_dtype_store(dt, b, i, g_rank == root ? value(root, i, DT_REDUCE_SUM) : 0);
                 CHECK_OK(dt_pg_broadcast(pg, b, n, dt, root));
                 for (size_t i = 0; i < n; i++)
-                    CHECK(get(dt, b, i) == value(root, i, DT_REDUCE_SUM), "broadcast n=%zu [%zu]",
+                    CHECK(dt_dtype_load(dt, b, i) == value(root, i, DT_REDUCE_SUM), "broadcast n=%zu [%zu]",
                           n, i);
                 free(b);
                 /* allgather */
                 char *s = xalloc(n * es), *r = xalloc(W * n * es);
                 for (size_t i = 0; i < n; i++) {
-                    put(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
-                    put(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
+                    dt_dtype_store(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
+                    dt_dtype_store(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
                 }
                 CHECK_OK(dt_pg_allgather(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
                 for (size_t i = 0; i < W * n; i++)
-                    CHECK(get(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                    CHECK(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
                           "allgather %s n=%zu inpl=%d [%zu]", dt_dtype_name(dt), n, inpl, i);
                 /* gather at root */
                 memset(r, 0, W * n * es);
                 if (g_rank == root)
                     for (size_t i = 0; i < n; i++)
-                        put(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
+                        dt_dtype_store(dt, r, me * n + i, value(g_rank, i, DT_REDUCE_SUM));
                 CHECK_OK(dt_pg_gather(pg, inpl && g_rank == root ? DT_IN_PLACE : s,
                                       g_rank == root ? r : NULL, n, dt, root));
                 for (size_t i = 0; g_rank == root && i < W * n; i++)
-                    CHECK(get(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                    CHECK(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
                           "gather n=%zu inpl=%d [%zu]", n, inpl, i);
                 /* scatter from root: block j of root's buffer goes to rank j */
                 for (size_t i = 0; i < W * n; i++)
-                    put(dt, r, i, value(root, i, DT_REDUCE_SUM));
+                    dt_dtype_store(dt, r, i, value(root, i, DT_REDUCE_SUM));
                 memset(s, 0, n * es);
                 CHECK_OK(dt_pg_scatter(pg, g_rank == root ? r : NULL, s, n, dt, root));
                 for (size_t i = 0; i < n; i++)
-                    CHECK(get(dt, s, i) == value(root, me * n + i, DT_REDUCE_SUM),
+                    CHECK(dt_dtype_load(dt, s, i) == value(root, me * n + i, DT_REDUCE_SUM),
                           "scatter n=%zu [%zu]", n, i);
                 free(s);
                 free(r);
@@ -238,11 +210,11 @@ static void test_movement(dt_pg *pg)
                 r = xalloc(W * n * es);
                 for (size_t j = 0; j < W; j++)
                     for (size_t i = 0; i < n; i++)
-                        put(dt, inpl ? r : s, j * n + i, (double)((me * 3 + j + i) % 11));
+                        dt_dtype_store(dt, inpl ? r : s, j * n + i, (double)((me * 3 + j + i) % 11));
                 CHECK_OK(dt_pg_alltoall(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
                 for (size_t j = 0; j < W; j++)
                     for (size_t i = 0; i < n; i++)
-                        CHECK(get(dt, r, j * n + i) == (double)((j * 3 + me + i) % 11),
+                        CHECK(dt_dtype_load(dt, r, j * n + i) == (double)((j * 3 + me + i) % 11),
                               "alltoall n=%zu inpl=%d block %zu [%zu]", n, inpl, j, i);
                 free(s);
                 free(r);
@@ -255,14 +227,14 @@ static void test_movement(dt_pg *pg)
                 s = xalloc(counts[me] * es);
                 r = xalloc(tot * es);
                 for (size_t i = 0; i < counts[me]; i++) {
-                    put(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
-                    put(dt, r, off + i, value(g_rank, i, DT_REDUCE_SUM));
+                    dt_dtype_store(dt, s, i, value(g_rank, i, DT_REDUCE_SUM));
+                    dt_dtype_store(dt, r, off + i, value(g_rank, i, DT_REDUCE_SUM));
                 }
                 CHECK_OK(dt_pg_allgatherv(pg, inpl ? DT_IN_PLACE : s, r, counts, NULL, dt));
                 off = 0;
                 for (size_t q = 0; q < W; q++) {
                     for (size_t i = 0; i < counts[q]; i++)
-                        CHECK(get(dt, r, off + i) == value((int)q, i, DT_REDUCE_SUM),
+                        CHECK(dt_dtype_load(dt, r, off + i) == value((int)q, i, DT_REDUCE_SUM),
                               "allgatherv n=%zu inpl=%d rank %zu [%zu]", n, inpl, q, i);
                     off += counts[q];
                 }

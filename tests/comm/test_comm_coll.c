@@ -19,40 +19,12 @@ static double val(int rank, size_t i, int for_prod)
     return (double)((rank * 7 + (int)(i % 1000) * 3) % 11) - 3.0;
 }
 
-static void set_v(dt_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case DT_F32: ((float *)buf)[i] = (float)v; break;
-    case DT_F64: ((double *)buf)[i] = v; break;
-    case DT_F16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
-    case DT_BF16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DT_U8: ((uint8_t *)buf)[i] = (uint8_t)((int)v & 0xff); break;
-    default: break;
-    }
-}
-
-static double get_v(dt_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case DT_F32: return ((const float *)buf)[i];
-    case DT_F64: return ((const double *)buf)[i];
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DT_I32: return ((const int32_t *)buf)[i];
-    case DT_I64: return (double)((const int64_t *)buf)[i];
-    case DT_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* What a rank's input value becomes in the dtype (u8 wraps negatives). */
 static double as_dtype(dt_dtype dt, double v)
 {
     void *tmp[2];
-    set_v(dt, tmp, 0, v);
-    return get_v(dt, tmp, 0);
+    dt_dtype_store(dt, tmp, 0, v);
+    return dt_dtype_load(dt, tmp, 0);
 }
 
 /* The reduction over ranks of element i, as the library must compute it. */
@@ -125,7 +97,7 @@ static void buf_del(env_t *e, void *p)
 static int fill(dt_dtype dt, void *b, int rank, size_t n, size_t first, int prod)
 {
     for (size_t i = 0; i < n; i++)
-        set_v(dt, b, i, val(rank, first + i, prod));
+        dt_dtype_store(dt, b, i, val(rank, first + i, prod));
     return 0;
 }
 
@@ -152,7 +124,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         TH_OK(dt_pg_allreduce(pg, inplace ? DT_IN_PLACE : s, r, n, dt, op));
         /* huge vectors: both ends in full, a stride in between */
         for (size_t i = 0; i < n; i = n > 100000 && i >= 4096 && i + 4096 < n ? i + 61 : i + 1) {
-            double g = get_v(dt, r, i), w = expect_red(dt, op, W, i, 0);
+            double g = dt_dtype_load(dt, r, i), w = expect_red(dt, op, W, i, 0);
             CHECK_EQ(g, w, "%s %s %s n=%zu ip=%d i=%zu", kn, dn, on, n, inplace, i);
         }
         break;
@@ -162,7 +134,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         TH_OK(dt_pg_reduce(pg, inplace && me == root ? DT_IN_PLACE : s, r, n, dt, op, root));
         if (me == root)
             for (size_t i = 0; i < n; i++) {
-                double g = get_v(dt, r, i), w = expect_red(dt, op, W, i, 0);
+                double g = dt_dtype_load(dt, r, i), w = expect_red(dt, op, W, i, 0);
                 CHECK_EQ(g, w, "%s %s %s n=%zu ip=%d i=%zu", kn, dn, on, n, inplace, i);
             }
         break;
@@ -172,7 +144,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         void *out = inplace ? (char *)s + (size_t)me * n * es : r;
         TH_OK(dt_pg_reduce_scatter(pg, s, out, n, dt, op));
         for (size_t i = 0; i < n; i++) {
-            double g = get_v(dt, out, i), w = expect_red(dt, op, W, i, (int)((size_t)me * n));
+            double g = dt_dtype_load(dt, out, i), w = expect_red(dt, op, W, i, (int)((size_t)me * n));
             CHECK_EQ(g, w, "%s %s %s n=%zu ip=%d i=%zu", kn, dn, on, n, inplace, i);
         }
         break;
@@ -182,7 +154,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
             fill(dt, r, 77, n, 0, 0);
         TH_OK(dt_pg_broadcast(pg, r, n, dt, 0));
         for (size_t i = 0; i < n; i++)
-            CHECK_EQ(get_v(dt, r, i), as_dtype(dt, val(77, i, 0)), "%s %s n=%zu i=%zu", kn, dn, n, i);
+            CHECK_EQ(dt_dtype_load(dt, r, i), as_dtype(dt, val(77, i, 0)), "%s %s n=%zu i=%zu", kn, dn, n, i);
         break;
     }
     case DT_COLL_ALLGATHER: {
@@ -191,7 +163,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         TH_OK(dt_pg_allgather(pg, inplace ? DT_IN_PLACE : s, r, n, dt));
         for (int j = 0; j < W; j++)
             for (size_t i = 0; i < n; i++)
-                CHECK_EQ(get_v(dt, r, (size_t)j * n + i), as_dtype(dt, val(j, i, 0)),
+                CHECK_EQ(dt_dtype_load(dt, r, (size_t)j * n + i), as_dtype(dt, val(j, i, 0)),
                          "%s %s n=%zu ip=%d block %d i=%zu", kn, dn, n, inplace, j, i);
         break;
     }
@@ -209,7 +181,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         TH_OK(dt_pg_allgatherv(pg, inplace ? DT_IN_PLACE : s, rr, cnt, dis, dt));
         for (int j = 0; j < W; j++)
             for (size_t i = 0; i < cnt[j]; i++)
-                CHECK_EQ(get_v(dt, rr, dis[j] + i), as_dtype(dt, val(j, i, 0)),
+                CHECK_EQ(dt_dtype_load(dt, rr, dis[j] + i), as_dtype(dt, val(j, i, 0)),
                          "%s %s n=%zu ip=%d block %d i=%zu", kn, dn, n, inplace, j, i);
         buf_del(e, big);
         break;
@@ -221,7 +193,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         if (me == root)
             for (int j = 0; j < W; j++)
                 for (size_t i = 0; i < n; i++)
-                    CHECK_EQ(get_v(dt, r, (size_t)j * n + i), as_dtype(dt, val(j, i, 0)),
+                    CHECK_EQ(dt_dtype_load(dt, r, (size_t)j * n + i), as_dtype(dt, val(j, i, 0)),
                              "%s %s n=%zu ip=%d block %d i=%zu", kn, dn, n, inplace, j, i);
         break;
     }
@@ -232,7 +204,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         void *out = inplace && me == root ? (char *)s + (size_t)me * n * es : r;
         TH_OK(dt_pg_scatter(pg, s, out, n, dt, root));
         for (size_t i = 0; i < n; i++)
-            CHECK_EQ(get_v(dt, out, i), as_dtype(dt, val(100 + me, i, 0)),
+            CHECK_EQ(dt_dtype_load(dt, out, i), as_dtype(dt, val(100 + me, i, 0)),
                      "%s %s n=%zu ip=%d i=%zu", kn, dn, n, inplace, i);
         break;
     }
@@ -243,7 +215,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         TH_OK(dt_pg_alltoall(pg, inplace ? DT_IN_PLACE : s, r, n, dt));
         for (int j = 0; j < W; j++)
             for (size_t i = 0; i < n; i++)
-                CHECK_EQ(get_v(dt, r, (size_t)j * n + i), as_dtype(dt, val(j * 16 + me, i, 0)),
+                CHECK_EQ(dt_dtype_load(dt, r, (size_t)j * n + i), as_dtype(dt, val(j * 16 + me, i, 0)),
                          "%s %s n=%zu ip=%d block %d i=%zu", kn, dn, n, inplace, j, i);
         break;
     }
@@ -262,7 +234,7 @@ static int one(env_t *e, dt_coll_kind k, dt_dtype dt, dt_reduce_op op, size_t n,
         dt_req_free(rq[0]);
         dt_req_free(rq[1]);
         for (size_t i = 0; i < n; i++)
-            CHECK_EQ(get_v(dt, r, i), as_dtype(dt, val(left, i, 0)), "%s %s n=%zu i=%zu", kn,
+            CHECK_EQ(dt_dtype_load(dt, r, i), as_dtype(dt, val(left, i, 0)), "%s %s n=%zu i=%zu", kn,
                      dn, n, i);
         break;
     }
