@@ -57,7 +57,7 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
         return g->data;
     }
@@ -70,7 +70,7 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
         *beta = 0.0f;
         return g->data;
@@ -141,7 +141,7 @@ void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
     gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* ---- nChw8c -> NCHW (see DT__NEED) -------------------------------------------- */
+/* ---- nChw8c / nChw16c -> NCHW (see DT__NEED) -------------------------------------------- */
 
 static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
@@ -149,7 +149,7 @@ static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gx = dt__grad_begin(ctx, X);
     if (!gx)
         return dt_last_status();
-    dt_status st = dt_k_to_blocked8(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], gx);
+    dt_status st = dt_k_to_blocked(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], dt_tensor_block(X), gx);
     return st < 0 ? st : dt__grad_commit(ctx, X, gx);
 }
 
@@ -161,7 +161,8 @@ dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
     dt_tensor *out = dt__out(ctx, 4, x->shape);
     if (!out)
         return NULL;
-    if (dt_k_from_blocked8(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], out->data) < 0) {
+    if (dt_k_from_blocked(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], dt_tensor_block(x),
+                          out->data) < 0) {
         dt_error_wrap(dt_last_status(), "to plain layout");
         return NULL;
     }
