@@ -4,8 +4,12 @@
  *     int main(void) { RUN(arena_basics); return TEST_REPORT(); }
  *
  * A failed assert prints file:line, the expression and both values, marks
- * the current test failed and returns from it. TEST_REPORT() prints
- * "N passed, N failed" and returns the exit code. */
+ * the current test failed and returns from it. A test that cannot run here
+ * (a CPU feature, a data set or MPI missing) calls DT_TEST_SKIP(reason...):
+ * it counts as skipped, never as passed. TEST_REPORT() prints "N passed,
+ * N failed" (", N skipped" when some were) and returns the exit code: 1 if
+ * any failed, DT_TEST_SKIP_CODE (77; CTest's SKIP_RETURN_CODE) if every test
+ * that ran was skipped, else 0. */
 #ifndef DT_TEST_H
 #define DT_TEST_H
 
@@ -14,18 +18,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int dt_test_failed_;
-static int dt_test_npass_, dt_test_nfail_;
+static int dt_test_failed_, dt_test_skipped_;
+static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
+
+#define DT_TEST_SKIP_CODE 77
 
 #define TEST(name) static void test_##name(void)
 
 #define RUN(name)                                                           \
     do {                                                                    \
         dt_test_failed_ = 0;                                                \
+        dt_test_skipped_ = 0;                                               \
         test_##name();                                                      \
         if (dt_test_failed_) {                                              \
             dt_test_nfail_++;                                               \
             fprintf(stderr, "FAIL %s\n", #name);                            \
+        } else if (dt_test_skipped_) {                                      \
+            dt_test_nskip_++;                                               \
+            fprintf(stderr, "skip %s\n", #name);                            \
         } else {                                                            \
             dt_test_npass_++;                                               \
             fprintf(stderr, "ok   %s\n", #name);                            \
@@ -33,8 +43,20 @@ static int dt_test_npass_, dt_test_nfail_;
     } while (0)
 
 #define TEST_REPORT()                                                       \
-    (printf("%d passed, %d failed\n", dt_test_npass_, dt_test_nfail_),      \
-     dt_test_nfail_ ? 1 : 0)
+    (printf(dt_test_nskip_ ? "%d passed, %d failed, %d skipped\n"           \
+                           : "%d passed, %d failed\n",                      \
+            dt_test_npass_, dt_test_nfail_, dt_test_nskip_),                \
+     dt_test_nfail_ ? 1 : dt_test_nskip_ && !dt_test_npass_ ? DT_TEST_SKIP_CODE : 0)
+
+/* Skip the current test with a reason (printed); returns from it. */
+#define DT_TEST_SKIP(...)                                                   \
+    do {                                                                    \
+        fprintf(stderr, "  skipped: ");                                     \
+        fprintf(stderr, __VA_ARGS__);                                       \
+        fprintf(stderr, "\n");                                              \
+        dt_test_skipped_ = 1;                                               \
+        return;                                                             \
+    } while (0)
 
 #define TEST_FAIL_(...)                                                     \
     do {                                                                    \

@@ -193,6 +193,9 @@ DT_API int dt_k_act_block(void);
  * tests and benchmarks. DT_ERR_INVALID_ARG for another value. Not for use
  * while another thread runs a forward. */
 DT_API dt_status dt_k_act_block_set(int block);
+/* oneDNN's effective instruction set ("avx2", "avx512_core", ...; follows
+ * ONEDNN_MAX_CPU_ISA). */
+DT_API const char *dt_k_onednn_isa(void);
 /* "nChw8c", "nChw16c" or "plain" for a block of 8, 16 or anything else. */
 DT_API const char *dt_k_block_name(int block);
 
