@@ -164,7 +164,8 @@ typedef struct dt_nn_param_spec {
     float a;                         /* bound / std for UNIFORM and NORMAL */
     bool is_buffer;                  /* true: not trained, lives in the buffers flat of its dtype */
     dt_dtype dtype;                  /* element type; default (0) DT_F32. Non-f32 entries are
-                                        zero-initialised whatever `init` says */
+                                        zero-initialised whatever `init` says, and non-f32
+                                        parameters get no gradient yet (autograd is f32) */
 } dt_nn_param_spec;
 
 /* forward(ctx, self, x, ud) -> output; get parameters with dt_module_param. */

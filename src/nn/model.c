@@ -345,8 +345,13 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         if (!p->is_buffer) {
             e->grad = dt_tensor_wrap(dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset), p->dtype, p->ndim,
                                      p->shape);
-            if (!e->grad || dt_tensor_set_grad(p->tensor, e->grad) < 0 ||
-                dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0)
+            if (!e->grad)
+                goto fail;
+            /* autograd is f32: other parameters keep their gradient view
+             * (the mirror layout) but are not attached until mixed
+             * precision gives them a gradient path */
+            if (p->dtype == DT_F32 &&
+                (dt_tensor_set_grad(p->tensor, e->grad) < 0 || dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0))
                 goto fail;
         }
         if (p->dtype == DT_F32)
