@@ -23,16 +23,16 @@ static dt_tensor *no_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *u
 static dt_module *mixed_net_ok(void)
 {
     dt_module *s = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(s, "emb_small", dt_nn_embedding(2, 3));
-    dt_nn_seq_add(s, "emb_tail", dt_nn_embedding(7, 3));
-    dt_nn_seq_add(s, "emb_big", dt_nn_embedding(100, 50));
-    dt_nn_seq_add(s, "conv", dt_nn_conv2d(3, 5, 3, 1, 1, true));
-    dt_nn_seq_add(s, "bn", dt_nn_batchnorm2d(5, 1e-5f, 0.1f));
-    dt_nn_seq_add(s, "fc", dt_nn_linear(33, 17, true));
+    dt_nn_add(s, "emb_small", dt_nn_embedding(2, 3));
+    dt_nn_add(s, "emb_tail", dt_nn_embedding(7, 3));
+    dt_nn_add(s, "emb_big", dt_nn_embedding(100, 50));
+    dt_nn_add(s, "conv", dt_nn_conv2d(3, 5, 3, 1, 1, true));
+    dt_nn_add(s, "bn", dt_nn_batchnorm2d(5, 1e-5f, 0.1f));
+    dt_nn_add(s, "fc", dt_nn_linear(33, 17, true));
     dt_nn_param_spec x = {.name = "xav", .ndim = 2, .shape = {9, 13}, .init = DT_NN_INIT_XAVIER};
     dt_nn_param_spec k = {.name = "kai", .ndim = 3, .shape = {4, 3, 5}, .init = DT_NN_INIT_KAIMING};
-    dt_nn_seq_add(s, "x", dt_nn_custom("X", 1, &x, no_forward, NULL));
-    dt_nn_seq_add(s, "k", dt_nn_custom("K", 1, &k, no_forward, NULL));
+    dt_nn_add(s, "x", dt_nn_custom("X", 1, &x, no_forward, NULL));
+    dt_nn_add(s, "k", dt_nn_custom("K", 1, &k, no_forward, NULL));
     return s;
 }
 
@@ -151,8 +151,8 @@ TEST(dtype_correct_layout)
         {.name = "h2", .ndim = 1, .shape = {40}, .dtype = DT_BF16},
     };
     dt_module *s = dt_nn_seq(0, NULL);
-    ASSERT_OK(dt_nn_seq_add(s, "c", dt_nn_custom("C", 4, sp, no_forward, NULL)));
-    ASSERT_OK(dt_nn_seq_add(s, "bn", dt_nn_batchnorm2d(3, 1e-5f, 0.1f)));
+    ASSERT_OK(dt_nn_add(s, "c", dt_nn_custom("C", 4, sp, no_forward, NULL)));
+    ASSERT_OK(dt_nn_add(s, "bn", dt_nn_batchnorm2d(3, 1e-5f, 0.1f)));
     dt_model_build_params bp = dt_model_build_params_default();
     bp.world = 3;
     dt_model *m = NULL;
