@@ -33,7 +33,16 @@
  *
  * MPI is initialised with MPI_THREAD_SERIALIZED (the group layer may call
  * from the caller's thread or its progress thread, never concurrently) unless
- * the program initialised it already; MPI_Finalize then runs at exit. */
+ * the program initialised it already; MPI_Finalize then runs at exit.
+ *
+ * Ending the job after a timeout: a collective abandoned by a timeout can
+ * never complete, and MPI_Finalize (a collective over the world) would then
+ * block for ever waiting for the rank that stopped. So once any group of
+ * this process has abandoned a request, the exit handler calls MPI_Abort on
+ * MPI_COMM_WORLD instead: mpirun/srun then kill every rank (a stopped one
+ * included) and the job ends right after the rank that saw the timeout
+ * exits. A program that initialised MPI itself must do the same: after a
+ * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize. */
 #include "comm/backend.h"
 #include "dtrain/kernels.h"
 
@@ -54,13 +63,22 @@ typedef struct {
 } mpi_ctx;
 
 static int we_initialised;
+/* Set once any group of this process abandoned a posted request. */
+static volatile int g_abandoned;
 
 static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin)
-        MPI_Finalize();
+    if (fin)
+        return;
+    if (g_abandoned) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1); /* the job ends; MPI_Finalize would hang */
+        return;
+    }
+    MPI_Finalize();
 }
 
 static dt_status mpi_err(int code, const char *what, const dt_coll *c)
@@ -125,6 +143,7 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
         if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
             m->failed = 1;
+            g_abandoned = 1;
             return dt_error(DT_ERR_TIMEOUT,
                             "mpi backend: %s did not complete within %.3g s on rank %d of %d "
                             "(MPI does not say which ranks are missing; the group is now unusable)",
