@@ -314,6 +314,18 @@ DT_API dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *send, void *r
 DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t count,
                                       dt_dtype dt, dt_reduce_op op);
 
+/* Uneven reduce_scatter: send holds W blocks packed in rank order, block j
+ * of counts[j] elements; rank r's recv (counts[r]) = op over ranks of block
+ * r. counts (W entries) must be equal on all ranks (copied at the call).
+ * Counts may be 0. Even counts run as dt_pg_reduce_scatter; uneven ones as a
+ * reduce_scatter of the largest block through a zero-padded copy, costing
+ * (W + 1) * max(counts) elements of memory while the request lives. */
+DT_API dt_status dt_pg_reduce_scatterv_async(dt_pg *pg, const void *send, void *recv,
+                                             const size_t *counts, dt_dtype dt, dt_reduce_op op,
+                                             dt_req **req);
+DT_API dt_status dt_pg_reduce_scatterv(dt_pg *pg, const void *send, void *recv,
+                                       const size_t *counts, dt_dtype dt, dt_reduce_op op);
+
 /* root's recv (W*count) = every rank's send (count) in rank order. recv may
  * be NULL elsewhere. In place at root: send NULL. */
 DT_API dt_status dt_pg_gather_async(dt_pg *pg, const void *send, void *recv, size_t count,
