@@ -207,9 +207,9 @@ dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *p
     }
     for (int i = 0; i < nparams; i++)
         if (!params[i].name || !params[i].name[0] || strchr(params[i].name, '.') || params[i].ndim < 0 ||
-            params[i].ndim > DT_MAX_DIMS) {
-            dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': param %d needs a name without '.' and 0..%d dims",
-                     type, i, DT_MAX_DIMS);
+            params[i].ndim > DT_MAX_DIMS || (unsigned)params[i].dtype >= DT_DTYPE_COUNT) {
+            dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': param %d needs a name without '.', 0..%d dims and a "
+                     "known dtype", type, i, DT_MAX_DIMS);
             return NULL;
         }
     dt_module *m = dt__module_new(DT_NN_CUSTOM, nparams, params);
