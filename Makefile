@@ -11,6 +11,9 @@
 #   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
 #   make install      headers, library, dtrain.pc, CMake package, the dtrain
 #                     program (PREFIX=/usr/local)
+#   make fresh-check  the README's two commands in a fresh minimal Debian
+#                     bookworm root (scripts/fresh_check.sh: debootstrap from
+#                     this machine's apt mirror; needs root and that network)
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
@@ -23,7 +26,7 @@ export OPENBLAS_CORETYPE ?= SkylakeX
 
 # The passes of `make test` and the build trees whose CTest results the
 # closing summary reports. A new pass adds itself to both lists.
-TEST_STAGES := test-fast test-install
+TEST_STAGES := test-fast test-install fresh-check
 TEST_DIRS := build
 ifneq ($(SANITIZE),0)
 TEST_STAGES += test-asan
@@ -83,6 +86,10 @@ bench: build
 
 install: build
 	cmake --install build --prefix $(PREFIX)
+
+fresh-check:
+	@scripts/deps.sh fresh-check
+	scripts/fresh_check.sh
 
 clean:
 	rm -rf build build-asan build-fuzz
