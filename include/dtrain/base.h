@@ -235,6 +235,13 @@ DT_API uint32_t dt_torch_rng_next(dt_torch_rng *g);
 DT_API void dt_torch_rng_uniform(dt_torch_rng *g, float *x, size_t n, double from, double to);
 /* tensor.normal_(mean, std) for n f32 elements. */
 DT_API void dt_torch_rng_normal(dt_torch_rng *g, float *x, size_t n, double mean, double std);
+/* The same draws of n elements (the generator advances exactly as the
+ * calls above with n), keeping only elements [lo, hi) into out[0, hi - lo):
+ * a shard of a tensor's initial value with memory of the shard only. */
+DT_API void dt_torch_rng_uniform_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double from,
+                                      double to);
+DT_API void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double mean,
+                                     double std);
 /* torch.randperm(n, generator=torch.Generator().manual_seed(seed)). */
 DT_API dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n);
 
