@@ -26,7 +26,7 @@ export OPENBLAS_CORETYPE ?= SkylakeX
 
 # The passes of `make test` and the build trees whose CTest results the
 # closing summary reports. A new pass adds itself to both lists.
-TEST_STAGES := test-fast test-install fresh-check
+TEST_STAGES := test-fast test-install
 TEST_DIRS := build
 ifneq ($(SANITIZE),0)
 TEST_STAGES += test-asan
@@ -37,7 +37,7 @@ TEST_STAGES += fuzz
 endif
 
 .PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-fast fuzz demo bench \
-        install clean test-install
+        install clean test-install fresh-check
 
 all: build
 

@@ -35,6 +35,7 @@ say() {
 }
 die() { say "FAILED: $*"; exit 1; }
 
+[ ! -e /etc/dtrain-fresh-check-root ] || die "this is already a fresh-check root; not nesting another"
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and mount); run it as root or with sudo"
 for tool in debootstrap git chroot mount umount; do
   command -v "$tool" > /dev/null || die "$tool not found (scripts/deps.sh fresh-check installs it)"
@@ -149,7 +150,8 @@ fi
 # Apt in the root reads the same Debian sources as this machine.
 printf '%s\n' "$sources" | awk '{ printf "deb %s", $1; for (i = 2; i <= NF; i++) printf " %s", $i; print "" }' \
   > "$root/etc/apt/sources.list"
-# no daemons start inside the root
+# no daemons start inside the root; the marker stops a nested fresh-check
+touch "$root/etc/dtrain-fresh-check-root"
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 
