@@ -191,4 +191,4 @@ inside() {  # inside TITLE COMMAND: run COMMAND in the clone, in the root, with 
 inside demo "make demo DEMO_LIMIT=2000"
 grep -E "test accuracy" "$log" | tail -n 1 | sed 's/^/    /' || true
 inside test "make test SANITIZE=0 FUZZ=0"
-sed -n '/^== make test: summary/,$p' "$log" | sed 's/^/    /'
+sed -n '/^== make test: summary/,$p' "$log" | grep -v '^fresh-check:' | sed 's/^/    /'
