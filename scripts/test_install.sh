@@ -39,7 +39,7 @@ grep -q "^dtrain " <<< "$info" || fail "installed 'dtrain info' printed: $info"
 # pkg-config --static lists what libdtrain links, MPI when it was built with it.
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 static=$(pkg-config --static --libs dtrain)
-for want in -ldtrain -ldnnl -lz; do
+for want in -ldtrain -ldnnl -lz -lcjson; do
   grep -qw -- "$want" <<< "$static" || fail "pkg-config --static --libs dtrain lacks $want: $static"
 done
 if grep -q "mpi backend yes" <<< "$info"; then
