@@ -80,27 +80,6 @@ dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tens
     return n;
 }
 
-float *dt__grad(dt_ctx *ctx, dt_tensor *t)
-{
-    if (t->grad)
-        return t->grad->data;
-    dt_tensor *g;
-    if (t->flags & DT_TENSOR_TEMP) {
-        g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED;
-        t->grad = g;
-    } else {
-        g = dt_tensor_new(DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        t->grad = g;
-        t->flags |= DT_TENSOR_OWNS_GRAD;
-    }
-    return g->data;
-}
-
 dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud)
 {
     if (!leaf || !fn)
@@ -190,7 +169,7 @@ dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
         if (!in[i])
             return dt__null_input(op, "an input");
         if (dt__blocked(in[i])) {
-            dt_error(DT_ERR_INVALID_ARG, "%s: input %d is stored channel-blocked (a conv activation inside a "
+            dt_error(DT_ERR_INVALID_ARG, "%s: input %d is stored nChw8c (a conv activation inside a "
                      "dt_ctx_set_blocked region); convert it with an op such as dt_contiguous first", op, i);
             return NULL;
         }
@@ -268,7 +247,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         return dt_error(DT_ERR_DTYPE, "%s: output is %s and grad %s, want f32", op,
                         dt_dtype_name(out->dtype), dt_dtype_name(grad_out->dtype));
     if (dt__blocked(out) || dt__blocked(grad_out))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: output or grad_out is stored channel-blocked; convert it to "
+        return dt_error(DT_ERR_INVALID_ARG, "%s: output or grad_out is stored nChw8c; convert it to "
                         "plain (e.g. dt_contiguous) before seeding a backward", op);
     if (!dt_tensor_same_shape(out, grad_out)) {
         dt__shape_error(op, "output and grad_out differ", out, grad_out);
