@@ -7,11 +7,19 @@
 #include <dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int dt_cmd_info(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: dtrain info\n  prints the version, build options, compute library, CPU "
+                   "features, the instruction sets dtrain and oneDNN use and the activation layout\n");
+            return 0;
+        }
+        fprintf(stderr, "dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
+        return 2;
+    }
     char feat[256];
     const dnnl_version_t *v = dnnl_version();
     printf("dtrain %s\n", DT_VERSION_STRING);
