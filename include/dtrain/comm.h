@@ -376,6 +376,21 @@ DT_API dt_status dt_pg_alltoall_async(dt_pg *pg, const void *send, void *recv, s
 DT_API dt_status dt_pg_alltoall(dt_pg *pg, const void *send, void *recv, size_t count,
                                 dt_dtype dt);
 
+/* Uneven all-to-all (MPI_Alltoallv): sendcounts[j] elements at send +
+ * sdispls[j] go to rank j; recvcounts[j] elements from rank j land at recv +
+ * rdispls[j] (displs NULL: packed in rank order). Rank i's sendcounts[j]
+ * must equal rank j's recvcounts[i]. Arrays are copied at the call; counts
+ * may be 0. Runs as a small all-reduce (the largest block) and one
+ * all-to-all through zero-padded copies: 2 * W * max-block elements of
+ * memory while it runs. */
+DT_API dt_status dt_pg_alltoallv_async(dt_pg *pg, const void *send, const size_t *sendcounts,
+                                       const size_t *sdispls, void *recv,
+                                       const size_t *recvcounts, const size_t *rdispls,
+                                       dt_dtype dt, dt_req **req);
+DT_API dt_status dt_pg_alltoallv(dt_pg *pg, const void *send, const size_t *sendcounts,
+                                 const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                 const size_t *rdispls, dt_dtype dt);
+
 /* Returns when every rank has entered it. */
 DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
 DT_API dt_status dt_pg_barrier(dt_pg *pg);
