@@ -86,6 +86,30 @@ TEST(discovery_precedence)
     ASSERT_EQ_INT(g_seen.local_world_size, 6);
     ASSERT_STR_EQ(g_seen_job, "slurm.77.0");
 
+    /* A malformed SLURM_TASKS_PER_NODE, or one without an entry for this
+     * node, is an error naming it (it was read with idx + repeat
+     * overflowing, and a negative node id or a zero repeat passed). */
+    static const char *const bad_tpn[][2] = {
+        {"9223372036854775807", "1(x9223372036854775807)"},
+        {"-1", "2,3"},
+        {"0", "2(x0),6"},
+        {"1", "2(x1"},
+        {"2", "2(x1),6"},
+        {"0", "-2,6"},
+    };
+    for (size_t i = 0; i < sizeof bad_tpn / sizeof bad_tpn[0]; i++) {
+        setenv("SLURM_NODEID", bad_tpn[i][0], 1);
+        setenv("SLURM_TASKS_PER_NODE", bad_tpn[i][1], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "has no entry for SLURM_NODEID");
+    }
+    setenv("SLURM_NODEID", "9223372036854775807", 1);
+    setenv("SLURM_TASKS_PER_NODE", "1(x9223372036854775807),6", 1);
+    ASSERT_OK(discover(NULL)); /* nodes 0..2^63-2 run 1 task, node 2^63-1 runs 6 */
+    ASSERT_EQ_INT(g_seen.local_world_size, 6);
+    setenv("SLURM_NODEID", "1", 1);
+    setenv("SLURM_TASKS_PER_NODE", "2(x1),6", 1);
+
     setenv("PMI_RANK", "2", 1);
     setenv("PMI_SIZE", "4", 1);
     ASSERT_OK(discover(NULL));
