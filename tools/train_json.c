@@ -63,6 +63,37 @@ static const char *str(const char *s, char *buf, size_t n, char *err, size_t err
     return s + 1;
 }
 
+/* Length of the JSON number at s (RFC 8259: -?(0|[1-9][0-9]*)(.[0-9]+)?
+ * ([eE][+-]?[0-9]+)?), 0 if there is none. strtod alone would also take
+ * "-nan", "-inf", "0x1p3" and leading zeros. */
+static size_t number_len(const char *s)
+{
+    const char *p = s;
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (isdigit((unsigned char)*p))
+            p++;
+    else
+        return 0;
+    if (*p == '.' && isdigit((unsigned char)p[1]))
+        for (p++; isdigit((unsigned char)*p);)
+            p++;
+    if ((*p == 'e' || *p == 'E')) {
+        const char *q = p + 1;
+        if (*q == '+' || *q == '-')
+            q++;
+        if (isdigit((unsigned char)*q)) {
+            while (isdigit((unsigned char)*q))
+                q++;
+            p = q;
+        }
+    }
+    return (size_t)(p - s);
+}
+
 int dt__json_parse_line(const char *line, dt__json_obj *o, char *err, size_t errn)
 {
     o->n = 0;
@@ -106,9 +137,10 @@ int dt__json_parse_line(const char *line, dt__json_obj *o, char *err, size_t err
             s += 4;
         } else if (*s == '-' || isdigit((unsigned char)*s)) {
             char *end;
+            size_t len = number_len(s);
             f->type = DT__JSON_NUM;
             f->num = strtod(s, &end);
-            if (end == s) {
+            if (len == 0 || end != s + len) {
                 snprintf(err, errn, "bad number for \"%s\"", f->key);
                 return -1;
             }
