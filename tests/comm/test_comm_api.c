@@ -2,6 +2,7 @@
  * strings, the registry (custom backends, unsupported operations), requests,
  * and every collective on the `self` backend. */
 // dt-test-timeout: 60
+// dt-test-labels: threads
 #include "dtrain/comm.h"
 #include "test.h"
 
