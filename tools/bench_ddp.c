@@ -28,6 +28,7 @@
 #include "cmd.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
@@ -100,19 +101,21 @@ int dt_bench_ddp(int argc, char **argv)
         rank = dt_pg_rank(pg);
         world = dt_pg_size(pg);
     }
-    dt_model *m = dt_model_create(model, 0, NULL);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_model *m = NULL;
+    dt_model_desc desc;
+    dt_ctx *ctx = NULL;
     float *x = NULL;
     int64_t *y = NULL;
     double *tm[NMODES] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
                           calloc(2 * (size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
     dt_optim *opt = NULL;
-    if (!m || !ctx || !tm[0] || !tm[1] || !tm[2] || !tm[3])
+    if (dt_model_create(model, 0, NULL, &m, &desc) < 0 || dt_ctx_init(NULL, &ctx) < 0 || !tm[0] || !tm[1] ||
+        !tm[2] || !tm[3])
         goto fail;
     int ndim, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(m, batch, &ndim, shape, &tnd, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&desc, batch, &ndim, shape, &tnd, tshape, &tdt) < 0)
         goto fail;
     int64_t xn = 1;
     for (int d = 0; d < ndim; d++)
@@ -140,9 +143,9 @@ int dt_bench_ddp(int argc, char **argv)
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.01;
     sp.momentum = 0.9;
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m)};
-    opt = dt_optim_sgd_init(&sp, &lay);
-    if (!opt)
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+    dt_optim_range rng = {.params = P, .grads = dt_model_flat(m, DT_FLAT_GRADS, DT_F32), .lo = 0, .hi = P->total};
+    if (dt_optim_sgd_init(&sp, &rng, 1, &opt) < 0)
         goto fail;
 
     /* warm-up (arena growth, oneDNN primitive creation), then blocks of 5
@@ -179,9 +182,9 @@ int dt_bench_ddp(int argc, char **argv)
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, ndim, shape);
         dt_tensor *yt = dt_tensor_view_of(ctx, y, tdt, tnd, tshape);
         dt_tensor *out = ddp && mode < MODE_LOCAL ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
-        dt_tensor *loss = dt_model_loss(ctx, m, out, yt);
+        dt_tensor *loss = dt_model_desc_loss(ctx, &desc, out, yt);
         if (!loss || dt_backward(ctx, loss) < 0 || (ddp && mode < MODE_LOCAL && dt_ddp_wait(ddp) < 0) ||
-            dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
+            dt_optim_step(opt) < 0)
             goto fail;
         dt_ctx_reset(ctx);
         t = dt_time_s() - t;

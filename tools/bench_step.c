@@ -17,6 +17,7 @@
 #include "cmd.h"
 
 #include "dtrain/kernels.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
@@ -65,14 +66,15 @@ static void usage(FILE *f)
 static int run_one(const char *name, long batch, int steps, int warmup, double peak, double cpu_peak, bool json)
 {
     int rc = 1;
-    dt_model *m = dt_model_create(name, 1234, NULL);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_model *m = NULL;
+    dt_model_desc desc;
+    dt_ctx *ctx = NULL;
     dt_optim *opt = NULL;
     float *x = NULL;
     int64_t *y = NULL;
     step_times *t = calloc((size_t)steps, sizeof *t);
     double *col = calloc((size_t)steps, sizeof *col);
-    if (!m || !ctx || !t || !col) {
+    if (dt_model_create(name, 1234, NULL, &m, &desc) < 0 || dt_ctx_init(NULL, &ctx) < 0 || !t || !col) {
         fprintf(stderr, "dtrain bench step: %s\n", dt_last_error());
         goto done;
     }
@@ -81,7 +83,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     int nd, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(m, batch, &nd, shape, &tnd, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&desc, batch, &nd, shape, &tnd, tshape, &tdt) < 0)
         goto fail;
     size_t nx = 1;
     for (int i = 0; i < nd; i++)
@@ -93,11 +95,11 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, 0, 0), 0, x, nx, -1.0f, 1.0f);
     for (long i = 0; i < batch; i++)
         y[i] = i % 10;
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m)};
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+    dt_optim_range rng = {.params = P, .grads = dt_model_flat(m, DT_FLAT_GRADS, DT_F32), .lo = 0, .hi = P->total};
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.01;
-    opt = dt_optim_sgd_init(&sp, &lay);
-    if (!opt)
+    if (dt_optim_sgd_init(&sp, &rng, 1, &opt) < 0)
         goto fail;
     /* zero_grad happens inside the optimizer's pass (the buffer starts zeroed) */
     dt_optim_set_zero_grad(opt, true);
@@ -109,7 +111,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         double t0 = dt_time_s();
         dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, nd, shape);
         dt_tensor *yt = tnd ? dt_tensor_view_of(ctx, y, tdt, tnd, tshape) : NULL;
-        dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, xt), yt);
+        dt_tensor *loss = dt_model_desc_loss(ctx, &desc, dt_model_forward(ctx, m, xt), yt);
         if (!loss)
             goto fail;
         last_loss = dt_tensor_item(loss);
@@ -117,7 +119,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         if (dt_backward(ctx, loss) < 0)
             goto fail;
         double t2 = dt_time_s();
-        if (dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)) < 0)
+        if (dt_optim_step(opt) < 0)
             goto fail;
         dt_ctx_reset(ctx);
         double t3 = dt_time_s();
@@ -135,8 +137,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         }
         med[k] = median(col, steps);
     }
-    double train_flops;
-    dt_model_flops(m, batch, &train_flops);
+    double train_flops = desc.train_flops_per_sample * (double)batch;
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();

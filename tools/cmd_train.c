@@ -19,6 +19,7 @@
 
 #include "dtrain/autograd.h"
 #include "dtrain/data.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/tensor.h"
@@ -36,6 +37,7 @@ static void on_signal(int sig) { g_stop = sig; }
 typedef struct {
     dt__train_opts o;
     dt_model *model;
+    dt_model_desc desc;
     int in_ndim;                  /* input dims including the batch */
     int64_t in_shape[DT_MAX_DIMS];
     int tgt_ndim;
@@ -69,14 +71,13 @@ static int fail(int code, const char *what)
 static int setup_model(trainer *t)
 {
     dt_model_config cfg = dt_model_config_default();
-    t->model = dt_model_create(t->o.model, t->o.seed, &cfg);
-    if (!t->model)
+    if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
     if (!strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(t->model, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&t->desc, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
         return fail(1, "model input shape");
     t->classifier = !strcmp(t->o.model, "convnet");
     return 0;
@@ -176,17 +177,14 @@ static int setup_optimizer(trainer *t)
     t->segs = calloc(ne ? ne : 1, sizeof *t->segs);
     if (!t->segs)
         return fail(1, "out of memory");
-    for (size_t i = 0; i < ne; i++) {
-        dt_param_info pi;
-        if (dt_model_entry(t->model, i, &pi) < 0)
-            return fail(1, "model entries");
-        if (pi.is_buffer)
-            continue;
-        /* PyTorch's optimizers decay every parameter unless told otherwise;
-         * so do we, to match its accuracy band. */
-        t->segs[np++] = (dt_optim_segment){.offset = pi.offset, .numel = pi.numel, .no_decay = false};
-    }
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(t->model), .segs = t->segs, .nseg = np};
+    /* PyTorch's optimizers decay every parameter unless told otherwise; so
+     * do we, to match its accuracy band. */
+    if (dt_optim_segments_from_model(t->model, DT_F32, false, t->segs, ne, &np) < 0)
+        return fail(1, "model entries");
+    const dt_flat *P = dt_model_flat(t->model, DT_FLAT_PARAMS, DT_F32);
+    dt_optim_range lay = {.params = P, .grads = dt_model_flat(t->model, DT_FLAT_GRADS, DT_F32), .lo = 0,
+                          .hi = P->total, .segs = t->segs, .nseg = np};
+    dt_status st = DT_OK;
     const char *k = t->o.optimizer;
     double wd = t->o.weight_decay;
     if (!strcmp(k, "sgd")) {
@@ -195,21 +193,21 @@ static int setup_optimizer(trainer *t)
         p.momentum = t->o.momentum;
         if (wd >= 0)
             p.weight_decay = wd;
-        t->opt = dt_optim_sgd_init(&p, &lay);
+        st = dt_optim_sgd_init(&p, &lay, 1, &t->opt);
     } else if (!strcmp(k, "adam") || !strcmp(k, "adamw")) {
         dt_adam_params p = !strcmp(k, "adam") ? dt_adam_params_default() : dt_adamw_params_default();
         p.lr = t->o.lr;
         if (wd >= 0)
             p.weight_decay = wd;
-        t->opt = !strcmp(k, "adam") ? dt_optim_adam_init(&p, &lay) : dt_optim_adamw_init(&p, &lay);
+        st = !strcmp(k, "adam") ? dt_optim_adam_init(&p, &lay, 1, &t->opt) : dt_optim_adamw_init(&p, &lay, 1, &t->opt);
     } else {
         dt_lamb_params p = dt_lamb_params_default();
         p.lr = t->o.lr;
         if (wd >= 0)
             p.weight_decay = wd;
-        t->opt = dt_optim_lamb_init(&p, &lay);
+        st = dt_optim_lamb_init(&p, &lay, 1, &t->opt);
     }
-    if (!t->opt)
+    if (st < 0)
         return fail(2, "--optimizer");
     /* the schedule counts optimizer steps: with --grad-accum N one per N
      * batches, plus one for an epoch's last, partial accumulation */
@@ -269,7 +267,7 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
     while ((st = dt_loader_next(t->test_loader, &b)) == DT_OK && b) {
         dt_tensor *y, *x = batch_input(t, b, &y);
         dt_tensor *out = dt_model_forward(t->ctx, t->model, x);
-        dt_tensor *loss = dt_model_loss(t->ctx, t->model, out, y);
+        dt_tensor *loss = dt_model_desc_loss(t->ctx, &t->desc, out, y);
         if (!loss) {
             rc = fail(1, "evaluation");
             goto out;
@@ -350,8 +348,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     int64_t log_samples = 0;
     double log_loss = 0, epoch_loss = 0;
     int64_t log_n = 0;
-    float *P = dt_model_params(t->model);
-    size_t nflat = dt_model_flat_numel(t->model);
+    const dt_flat *G = dt_model_flat(t->model, DT_FLAT_GRADS, DT_F32);
     dt__progress_epoch_begin(&t->prog, epoch, nb);
     bool stop_agreed = false; /* DDP: some rank got a signal */
     double t0 = dt_time_s();
@@ -370,7 +367,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
             dt_model_zero_grad(t->model);
         bool do_step = dt__ddp_begin_micro(&t->ddp, step + 1 == nb);
         dt_tensor *y, *x = batch_input(t, b, &y);
-        dt_tensor *loss = dt_model_loss(t->ctx, t->model, dt__ddp_forward(&t->ddp, t->ctx, t->model, x), y);
+        dt_tensor *loss = dt_model_desc_loss(t->ctx, &t->desc, dt__ddp_forward(&t->ddp, t->ctx, t->model, x), y);
         dt_tensor *bl = loss && t->ddp.accum > 1 ? dt_scale(t->ctx, loss, dt__ddp_loss_scale(&t->ddp)) : loss;
         if (!bl || dt_backward(t->ctx, bl) < 0 || (do_step && dt__ddp_sync(&t->ddp) < 0)) {
             dt__progress_clear(&t->prog);
@@ -399,8 +396,8 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         }
         /* Only the gradient buffer of the model itself is clipped. */
         if (do_step && t->o.clip_grad_norm > 0)
-            dt_clip_grad_norm(dt_model_grads(t->model), nflat, (float)t->o.clip_grad_norm, NULL);
-        if (do_step && dt_optim_step(t->opt, P, dt_model_grads(t->model)) < 0) {
+            dt_clip_grad_norm(G->base, G->total, (float)t->o.clip_grad_norm, NULL);
+        if (do_step && dt_optim_step(t->opt) < 0) {
             dt__progress_clear(&t->prog);
             return fail(1, "optimizer step");
         }
@@ -506,8 +503,7 @@ int dt_cmd_train(int argc, char **argv)
     if ((rc = setup_model(t)) || (rc = dt__ddp_wrap(&t->ddp, t->model)) || (rc = setup_data(t)) ||
         (rc = setup_optimizer(t)))
         goto out;
-    t->ctx = dt_ctx_init(NULL);
-    if (!t->ctx) {
+    if (dt_ctx_init(NULL, &t->ctx) < 0) {
         rc = fail(1, "context");
         goto out;
     }

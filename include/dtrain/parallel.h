@@ -28,16 +28,17 @@
  * A step with DDP
  * ---------------
  *     dt_pg *pg;       dt_pg_init(NULL, &pg);
- *     dt_model *m = dt_model_create("convnet", seed, NULL);
+ *     dt_model *m;  dt_model_desc d;
+ *     dt_model_create("convnet", seed, NULL, &m, &d);       // models.h
  *     dt_ddp *ddp;
  *     dt_ddp_params dp = dt_ddp_params_default();
  *     if (dt_ddp_init(pg, m, &dp, &ddp) < 0) fail(dt_last_error());
  *     for (step...) {
  *         dt_model_zero_grad(m);
  *         dt_tensor *out = dt_ddp_forward(ctx, ddp, x);      // not dt_model_forward
- *         dt_tensor *loss = dt_model_loss(ctx, m, out, y);
+ *         dt_tensor *loss = dt_model_desc_loss(ctx, &d, out, y);
  *         if (dt_backward(ctx, loss) < 0 || dt_ddp_wait(ddp) < 0) fail(dt_last_error());
- *         dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));
+ *         dt_optim_step(opt);     // ranges over the model's flats follow DDP's grads
  *         dt_ctx_reset(ctx);
  *     }
  *     dt_ddp_free(ddp);   // before dt_model_free and dt_pg_free

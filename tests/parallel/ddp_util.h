@@ -5,6 +5,7 @@
 #define DT_TEST_DDP_UTIL_H
 
 #include "comm/harness.h"
+#include "model_util.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 
@@ -18,7 +19,7 @@ static inline dt_model *mlp_model(uint64_t seed)
     dt_nn_seq_add(net, NULL, dt_nn_linear(8, 16, true));
     dt_nn_seq_add(net, NULL, dt_nn_relu());
     dt_nn_seq_add(net, NULL, dt_nn_linear(16, 4, true));
-    return dt_model_build(net, seed);
+    return t_build(net, seed);
 }
 
 /* Inputs for samples [first, first + n): MLP [n, 8] or images [n, 1, 28, 28]. */
@@ -72,8 +73,7 @@ static inline dt_optim *make_sgd(const dt_model *m)
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.05;
     sp.momentum = 0.9;
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m), .segs = NULL, .nseg = 0};
-    return dt_optim_sgd_init(&sp, &lay);
+    return t_sgd(m, &sp);
 }
 
 /* Largest |a - b| / (1 + |b|) over n floats. */
@@ -92,14 +92,15 @@ static inline double max_rel_diff(const float *a, const float *b, size_t n)
  * of gb samples each, on samples [step * accum * gb, ...). */
 static inline dt_status train_reference(dt_model *m, const th_data *dd, int64_t gb, int steps)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_optim *opt = make_sgd(m);
     dt_status st = DT_OK;
     for (int s = 0; s < steps && st >= 0; s++) {
         dt_model_zero_grad(m);
         st = fwd_bwd(ctx, m, NULL, dd, s * gb, gb, 1.0f);
         if (st >= 0)
-            st = dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));
+            st = dt_optim_step(opt);
         dt_ctx_reset(ctx);
     }
     dt_optim_free(opt);
