@@ -54,8 +54,31 @@ TEST(log_level_across_threads)
     dt_log_set_level(DT_LOG_WARN);
 }
 
+static void *read_num_threads(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&g_stop)) {
+        int n = dt_get_num_threads();
+        if (n != 2 && n != 3)
+            atomic_store(&g_bad, 1);
+    }
+    return NULL;
+}
+
+static void write_num_threads(int r) { dt_set_num_threads(r & 1 ? 3 : 2); }
+
+/* threads.c's count was a plain int: TSan reported dt_set_num_threads
+ * racing with dt_get_num_threads on another thread. */
+TEST(num_threads_across_threads)
+{
+    dt_set_num_threads(2);
+    ASSERT_EQ_INT(race(read_num_threads, write_num_threads), 0);
+    dt_set_num_threads(0);
+}
+
 int main(void)
 {
     RUN(log_level_across_threads);
+    RUN(num_threads_across_threads);
     return TEST_REPORT();
 }
