@@ -6,6 +6,8 @@
 #include "dtrain/comm.h"
 #include "test.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -435,6 +437,61 @@ TEST(self_collectives)
     dt_pg_free(pg);
 }
 
+/* Two tables under one name, told apart by what their init says. */
+static dt_status flip_a_init(const dt_backend_info *info, void **ctx)
+{
+    (void)info;
+    *ctx = NULL;
+    return dt_error(DT_ERR_UNSUPPORTED, "flip: table a");
+}
+static dt_status flip_b_init(const dt_backend_info *info, void **ctx)
+{
+    (void)info;
+    *ctx = NULL;
+    return dt_error(DT_ERR_UNSUPPORTED, "flip: table b");
+}
+static const dt_backend_ops k_flip[2] = {
+    {.version = DT_BACKEND_VERSION, .name = "flip", .init = flip_a_init, .free = probe_free,
+     .run = probe_run},
+    {.version = DT_BACKEND_VERSION, .name = "flip", .init = flip_b_init, .free = probe_free,
+     .run = probe_run},
+};
+static atomic_int g_flip_stop;
+
+static void *flip_register(void *arg)
+{
+    (void)arg;
+    for (int i = 0; !atomic_load(&g_flip_stop); i++)
+        dt_backend_register(&k_flip[i & 1]);
+    return NULL;
+}
+
+/* dt_backend_register is documented thread-safe, and re-registering a name
+ * replaces its table in place: a group created meanwhile must get one
+ * whole table, a or b. dt_pg_init copied the table after the registry's
+ * lock was released, which ThreadSanitizer reported as a race with the
+ * re-registration. */
+TEST(register_while_creating_groups)
+{
+    clear_env();
+    ASSERT_OK(dt_backend_register(&k_flip[0]));
+    atomic_store(&g_flip_stop, 0);
+    pthread_t th;
+    ASSERT_EQ_INT(pthread_create(&th, NULL, flip_register, NULL), 0);
+    dt_pg_params p = dt_pg_params_default();
+    p.backend = "flip";
+    int bad = 0;
+    for (int i = 0; i < 2000; i++) {
+        dt_pg *pg = NULL;
+        dt_status st = dt_pg_init(&p, &pg);
+        if (st != DT_ERR_UNSUPPORTED || pg || !strstr(dt_last_error(), "flip: table "))
+            bad++;
+    }
+    atomic_store(&g_flip_stop, 1);
+    pthread_join(th, NULL);
+    ASSERT_EQ_INT(bad, 0);
+}
+
 int main(void)
 {
     RUN(discovery_precedence);
@@ -443,5 +500,6 @@ int main(void)
     RUN(registry);
     RUN(requests_and_args);
     RUN(self_collectives);
+    RUN(register_while_creating_groups);
     return TEST_REPORT();
 }
