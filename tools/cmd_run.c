@@ -115,10 +115,8 @@ static void usage(FILE *f)
 
 static int parse_int(const char *s, int lo, int hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    int64_t v;
+    if (dt_parse_int("value", s, lo, hi, &v) < 0)
         return -1;
     *out = (int)v;
     return 0;
@@ -160,9 +158,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->tee_dir = v;
             i++;
         } else if (!strcmp(a, "--grace")) {
-            char *end;
-            o->grace_s = v ? strtod(v, &end) : -1;
-            if (!v || *end || !(o->grace_s >= 0 && o->grace_s <= 3600)) {
+            if (!v || dt_parse_double("--grace", v, 0, 3600, &o->grace_s) < 0) {
                 fprintf(stderr, "dtrain run: --grace needs seconds in 0..3600\n");
                 return 2;
             }

@@ -226,7 +226,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         if ((st = dt_model_entry(m, i, &e)) < 0)
             goto fail;
         d->slot_of_entry[i] = -1;
-        if (e.is_buffer)
+        if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
             continue;
         if (e.dtype != DT_F32 || np >= d->np) {
             st = dt_error(DT_ERR_DTYPE, "dt_ddp_init: parameter '%s' is %s; DDP reduces f32 parameters",

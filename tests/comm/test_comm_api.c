@@ -90,25 +90,25 @@ TEST(discovery_precedence)
     ASSERT_STR_EQ(g_seen_job, "slurm.77.0");
 
     /* A malformed SLURM_TASKS_PER_NODE, or one without an entry for this
-     * node, is an error naming it (it was read with idx + repeat
-     * overflowing, and a negative node id or a zero repeat passed). */
-    static const char *const bad_tpn[][2] = {
-        {"9223372036854775807", "1(x9223372036854775807)"},
-        {"-1", "2,3"},
-        {"0", "2(x0),6"},
-        {"1", "2(x1"},
-        {"2", "2(x1),6"},
-        {"0", "-2,6"},
+     * node, is an error naming it (a zero repeat passed, and idx + repeat
+     * overflowed, undefined behaviour, for huge repeats). */
+    static const char *const bad_tpn[][3] = {
+        {"-1", "2,3", "SLURM_NODEID"},
+        {"0", "2(x0),6", "has no entry for SLURM_NODEID"},
+        {"1", "2(x1", "has no entry for SLURM_NODEID"},
+        {"2", "2(x1),6", "has no entry for SLURM_NODEID"},
+        {"0", "-2,6", "has no entry for SLURM_NODEID"},
+        {"2147483647", "1(x2147483647)", "has no entry for SLURM_NODEID"},
     };
     for (size_t i = 0; i < sizeof bad_tpn / sizeof bad_tpn[0]; i++) {
         setenv("SLURM_NODEID", bad_tpn[i][0], 1);
         setenv("SLURM_TASKS_PER_NODE", bad_tpn[i][1], 1);
         ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
-        ASSERT_STR_CONTAINS(dt_last_error(), "has no entry for SLURM_NODEID");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad_tpn[i][2]);
     }
-    setenv("SLURM_NODEID", "9223372036854775807", 1);
-    setenv("SLURM_TASKS_PER_NODE", "1(x9223372036854775807),6", 1);
-    ASSERT_OK(discover(NULL)); /* nodes 0..2^63-2 run 1 task, node 2^63-1 runs 6 */
+    setenv("SLURM_NODEID", "10", 1);
+    setenv("SLURM_TASKS_PER_NODE", "1(x5),6(x9223372036854775807)", 1);
+    ASSERT_OK(discover(NULL)); /* nodes 0-4 run 1 task, nodes from 5 on run 6 */
     ASSERT_EQ_INT(g_seen.local_world_size, 6);
     setenv("SLURM_NODEID", "1", 1);
     setenv("SLURM_TASKS_PER_NODE", "2(x1),6", 1);
@@ -180,7 +180,26 @@ TEST(discovery_errors)
     setenv("WORLD_SIZE", "x4", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "not an integer");
+    /* One strict parser: no leading space, no trailing text, no truncation
+     * of 2^32 + 2 to 2, no wrap. */
+    static const char *bad_ws[] = {" 4", "4 ", "4x", "+4", "abc", "0", "-4", "4294967298",
+                                   "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_ws / sizeof bad_ws[0]; i++) {
+        setenv("WORLD_SIZE", bad_ws[i], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "WORLD_SIZE");
+        int ws = -1;
+        ASSERT_STATUS(dt_pg_env_world_size(&ws), DT_ERR_INVALID_ARG);
+        ASSERT_EQ_INT(ws, -1);
+    }
     setenv("WORLD_SIZE", "4", 1);
+    setenv("RANK", "4294967296", 1);
+    ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "RANK");
+    setenv("RANK", "3", 1);
+    int ws = -1;
+    ASSERT_OK(dt_pg_env_world_size(&ws));
+    ASSERT_EQ_INT(ws, 4);
     setenv("LOCAL_RANK", "2", 1);
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG); /* local rank >= local size */
@@ -205,6 +224,13 @@ TEST(discovery_errors)
 
     setenv("DT_COMM_TIMEOUT", "soon", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+    /* NaN compares false with every deadline: it would disable the timeout. */
+    static const char *bad_t[] = {"nan", "inf", "-inf", "0", "-1", " 2", "1e999"};
+    for (size_t i = 0; i < sizeof bad_t / sizeof bad_t[0]; i++) {
+        setenv("DT_COMM_TIMEOUT", bad_t[i], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "DT_COMM_TIMEOUT");
+    }
     setenv("DT_COMM_TIMEOUT", "2.5", 1);
     ASSERT_OK(discover(NULL));
     ASSERT_NEAR(g_seen.timeout_s, 2.5, 0, 0);
