@@ -1,12 +1,14 @@
 /* libFuzzer target for the metrics-file reader of `dtrain plot`
- * (tools/train_json.c: one flat JSON object per line).
+ * (tools/metrics_read.c: dt__metrics_parse, JSON lines read with cJSON from
+ * a buffer that is not NUL-terminated; ASan sees any read past it).
  *
- * Any line must give either an object or an error with a message; never a
- * crash. An accepted object must be well formed (keys and strings
- * terminated within their buffers, at most DT__JSON_MAX_FIELDS fields), and
- * must survive a round trip: written back as JSON and read again, it gives
- * the same keys, types, strings and (finite) numbers. */
-// fuzz-sources: tools/train_json.c
+ * Any file must give either points or an error "N: problem" naming a line
+ * of the file, with nothing left allocated; never a crash. Accepted points
+ * must be consistent (nacc evaluations with an accuracy, NaN for the
+ * others) and survive a round trip: written back as a metrics file and
+ * read again, they give the same numbers. */
+// fuzz-sources: tools/metrics_read.c
+// fuzz-libs: -lcjson
 #include "train.h"
 
 #include <math.h>
@@ -17,87 +19,81 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Append s as a JSON string to out (capacity cap, at *k). */
-static void put_str(char *out, size_t cap, size_t *k, const char *s)
+/* A double as a JSON number: +-inf (a literal too large for a double) as a
+ * literal that reads back as the same inf. */
+static int put_num(char *out, size_t cap, double x)
 {
-    *k += (size_t)snprintf(out + *k, cap - *k, "\"");
-    for (; *s && *k + 8 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            *k += (size_t)snprintf(out + *k, cap - *k, "\\%c", c);
-        else if (c < 0x20 && strchr("\b\f\n\r\t", c))
-            *k += (size_t)snprintf(out + *k, cap - *k, "\\%c", "bfnrt"[strchr("\b\f\n\r\t", c) - "\b\f\n\r\t"]);
-        else if (c < 0x20)
-            abort(); /* only those five escapes make a control character */
-        else
-            out[(*k)++] = (char)c;
-    }
-    *k += (size_t)snprintf(out + *k, cap - *k, "\"");
+    if (isinf(x))
+        return snprintf(out, cap, "%s1e999", x < 0 ? "-" : "");
+    return snprintf(out, cap, "%.17g", x);
 }
 
-static int same_field(const dt__json_field *a, const dt__json_field *b)
-{
-    if (strcmp(a->key, b->key) || a->type != b->type)
-        return 0;
-    if (a->type == DT__JSON_STR)
-        return !strcmp(a->str, b->str);
-    if (a->type == DT__JSON_NUM && isfinite(a->num))
-        return a->num == b->num;
-    return a->type != DT__JSON_BOOL || a->num == b->num;
-}
+static int same(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static dt__json_obj o, o2;
-    static char out[DT__JSON_MAX_FIELDS * 1600];
-    char *line = malloc(size + 1);
-    if (!line)
+    if (size > 65536)
         return 0;
-    memcpy(line, data, size);
-    line[size] = 0;
-    char err[128] = "";
-    int rc = dt__json_parse_line(line, &o, err, sizeof err);
-    free(line);
-    if (rc < 0) {
-        if (!err[0])
-            abort(); /* an error must come with a message */
+    dt__metrics_points p, q;
+    char err[256] = "";
+    if (dt__metrics_parse((const char *)data, size, &p, err, sizeof err) < 0) {
+        long line = strtol(err, NULL, 10);
+        size_t lines = 1;
+        for (size_t i = 0; i < size; i++)
+            lines += data[i] == '\n';
+        if (line < 1 || (size_t)line > lines || !strstr(err, ": "))
+            abort(); /* the message names a line of the file */
+        if (p.nstep || p.neval || p.step_x || p.eval_x)
+            abort(); /* out is empty after an error */
         return 0;
     }
-    if (o.n < 0 || o.n > DT__JSON_MAX_FIELDS)
+    size_t nacc = 0;
+    for (size_t i = 0; i < p.neval; i++)
+        nacc += !isnan(p.eval_acc[i]);
+    if (nacc != p.nacc)
         abort();
-    size_t k = 0;
-    k += (size_t)snprintf(out + k, sizeof out - k, "{");
-    for (int i = 0; i < o.n; i++) {
-        const dt__json_field *f = &o.f[i];
-        if (!memchr(f->key, 0, sizeof f->key) || !memchr(f->str, 0, sizeof f->str))
-            abort();
-        if (dt__json_get(&o, f->key) == NULL)
-            abort();
-        if (i)
-            out[k++] = ',';
-        put_str(out, sizeof out, &k, f->key);
-        out[k++] = ':';
-        switch (f->type) {
-        case DT__JSON_STR: put_str(out, sizeof out, &k, f->str); break;
-        case DT__JSON_BOOL: k += (size_t)snprintf(out + k, sizeof out - k, f->num ? "true" : "false"); break;
-        case DT__JSON_NULL: k += (size_t)snprintf(out + k, sizeof out - k, "null"); break;
-        case DT__JSON_NUM:
-            /* a number too large for a double reads as +-inf: written as a
-             * huge literal, it reads back as the same inf */
-            if (isnan(f->num))
-                abort(); /* NaN is not a JSON number */
-            if (isinf(f->num))
-                k += (size_t)snprintf(out + k, sizeof out - k, "%s1e999", f->num < 0 ? "-" : "");
-            else
-                k += (size_t)snprintf(out + k, sizeof out - k, "%.17g", f->num);
-            break;
-        }
+    for (size_t i = 0; i < p.nstep; i++)
+        if (isnan(p.step_x[i]) || isnan(p.step_loss[i]))
+            abort(); /* JSON has no NaN */
+
+    /* write the points back and read them again */
+    size_t cap = 128 * (p.nstep + p.neval) + 1, k = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        abort();
+    for (size_t i = 0; i < p.nstep; i++) {
+        k += (size_t)snprintf(buf + k, cap - k, "{\"event\":\"step\",\"step\":");
+        k += (size_t)put_num(buf + k, cap - k, p.step_x[i]);
+        k += (size_t)snprintf(buf + k, cap - k, ",\"loss\":");
+        k += (size_t)put_num(buf + k, cap - k, p.step_loss[i]);
+        k += (size_t)snprintf(buf + k, cap - k, "}\n");
     }
-    k += (size_t)snprintf(out + k, sizeof out - k, "}");
-    if (dt__json_parse_line(out, &o2, err, sizeof err) < 0 || o2.n != o.n)
+    for (size_t i = 0; i < p.neval; i++) {
+        k += (size_t)snprintf(buf + k, cap - k, "{\"event\":\"eval\",\"step\":");
+        k += (size_t)put_num(buf + k, cap - k, p.eval_x[i]);
+        k += (size_t)snprintf(buf + k, cap - k, ",\"test_loss\":");
+        k += (size_t)put_num(buf + k, cap - k, p.eval_loss[i]);
+        k += (size_t)snprintf(buf + k, cap - k, ",\"test_accuracy\":");
+        if (isnan(p.eval_acc[i]))
+            k += (size_t)snprintf(buf + k, cap - k, "null");
+        else
+            k += (size_t)put_num(buf + k, cap - k, p.eval_acc[i]);
+        k += (size_t)snprintf(buf + k, cap - k, "}\n");
+    }
+    if (k >= cap)
         abort();
-    for (int i = 0; i < o.n; i++)
-        if (!same_field(&o.f[i], &o2.f[i]))
+    if (dt__metrics_parse(buf, k, &q, err, sizeof err) < 0 || q.nstep != p.nstep ||
+        q.neval != p.neval || q.nacc != p.nacc)
+        abort();
+    for (size_t i = 0; i < p.nstep; i++)
+        if (!same(p.step_x[i], q.step_x[i]) || !same(p.step_loss[i], q.step_loss[i]))
             abort();
+    for (size_t i = 0; i < p.neval; i++)
+        if (!same(p.eval_x[i], q.eval_x[i]) || !same(p.eval_loss[i], q.eval_loss[i]) ||
+            !same(p.eval_acc[i], q.eval_acc[i]))
+            abort();
+    free(buf);
+    dt__metrics_points_free(&p);
+    dt__metrics_points_free(&q);
     return 0;
 }
