@@ -509,7 +509,10 @@ typedef struct dt_backend_ops {
  * replaces it. Errors: DT_ERR_INVALID_ARG (version, name or a required slot
  * missing). Thread-safe. */
 DT_API dt_status dt_backend_register(const dt_backend_ops *ops);
-/* The registered table for name, or NULL. */
+/* The registered table for name, or NULL. The pointer stays valid for the
+ * life of the process, but re-registering the name rewrites the table it
+ * points to: copy it only while no thread registers that name. (dt_pg_init
+ * takes its copy under the registry's lock.) */
 DT_API const dt_backend_ops *dt_backend_find(const char *name);
 /* Registered names, comma-separated, into buf; returns buf. */
 DT_API char *dt_backend_list(char *buf, size_t n);

@@ -37,6 +37,9 @@ const char *dt__rank_source_name(dt__rank_source s);
 
 /* Registry (registry.c): make sure the built-ins are registered. */
 void dt__registry_init(void);
+/* Copy the table registered under name into *out under the registry's lock;
+ * 0 if none is. */
+int dt__backend_copy(const char *name, dt_backend_ops *out);
 
 struct dt_req {
     dt_pg *pg;
