@@ -22,13 +22,8 @@
 #endif
 
 /* Per-block row kernels (B channel lanes side by side), cloned for AVX2 as
- * the plain batch-norm rows are. The bodies are always inlined into the
- * B = 8 and B = 16 clones. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define DT_CLONES
-#endif
+ * the plain batch-norm rows are (DT_CLONES, kernels_impl.h). The bodies are
+ * always inlined into the B = 8 and B = 16 clones. */
 #define DT_BODY static inline __attribute__((always_inline))
 #define MAXB 16
 
