@@ -430,9 +430,12 @@ static void test_mismatch(void)
     dt_pg_free(pg);
 }
 
-/* Rank 0 arrives 1.5 s late; the others' 0.3 s timeout fires first. The late
+/* Rank 0 arrives late; the others' 0.3 s timeout fires first. Rank 0 posts
+ * only after every other rank has seen its timeout (a barrier on the world
+ * group, which the others enter after their timeout), so a rank descheduled
+ * for seconds on a loaded machine cannot find rank 0 already there. The late
  * post completes the abandoned MPI request, so nothing is left pending. */
-static void test_timeout(void)
+static void test_timeout(dt_pg *world)
 {
     const char *blocking = getenv("DT_MPI_BLOCKING");
     if (g_w < 2 || (blocking && !strcmp(blocking, "1")))
@@ -443,10 +446,8 @@ static void test_timeout(void)
     dt_pg *pg;
     CHECK_OK(dt_pg_init(&p, &pg));
     static float x[4];
-    if (g_rank == 0) {
-        struct timespec ts = {1, 500000000};
-        nanosleep(&ts, NULL);
-    }
+    if (g_rank == 0)
+        CHECK_OK(dt_pg_barrier(world));
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, 4, DT_F32, DT_REDUCE_SUM);
     if (g_rank == 0) {
         CHECK(st == DT_OK, "late rank: %s: %s", dt_status_name(st), dt_last_error());
@@ -454,6 +455,7 @@ static void test_timeout(void)
         CHECK(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
         CHECK(strstr(dt_last_error(), "allreduce"), "message names the operation: %s",
               dt_last_error());
+        CHECK_OK(dt_pg_barrier(world));
     }
     dt_pg_free(pg);
 }
@@ -479,7 +481,7 @@ int main(void)
     test_batch_split_dup_v(pg);
     test_alltoallv(pg);
     test_mismatch();
-    test_timeout();
+    test_timeout(pg);
     /* Everyone agrees on the outcome. */
     int64_t bad = g_fail;
     dt_pg_barrier(pg);
