@@ -290,6 +290,14 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
     int port = info->master_port;
     double t0 = dt_time_s(), tmo = info->timeout_s;
     char msg[64];
+    /* An address that does not resolve is named now, on every rank, rather
+     * than seen as ranks that never connected. */
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int gai = getaddrinfo(addr, NULL, &hints, &res);
+    if (gai != 0 || !res)
+        return dt_error(DT_ERR_INVALID_ARG, "shm: rendezvous: MASTER_ADDR '%s' does not resolve to an "
+                        "IPv4 address: %s", addr, gai ? gai_strerror(gai) : "no address");
+    freeaddrinfo(res);
     if (info->rank == 0) {
         uint64_t rnd[2];
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
