@@ -438,6 +438,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
                            (long long)t->global_step, tl, 100 * ta);
             }
             t0 += dt_time_s() - e0;
+            dt__progress_exclude(&t->prog, dt_time_s() - e0);
         }
     }
     (void)log_samples;
