@@ -17,11 +17,6 @@
 
 /* Per-block row kernels (8 channel lanes side by side), cloned for AVX2 as
  * the plain batch-norm rows are. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define DT_CLONES
-#endif
 
 DT_CLONES static void b8_moments(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                  float *restrict r2)

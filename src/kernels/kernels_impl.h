@@ -21,6 +21,16 @@
                             (long long)(n));                                                 \
     } while (0)
 
+/* Row kernels cloned for AVX2 and the baseline, picked at load time by an
+ * ifunc resolver (gcc only). Not under ThreadSanitizer: the resolver runs
+ * during relocation, before TSan's runtime is up, and its instrumented
+ * entry crashes every program at start. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define DT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DT_CLONES
+#endif
+
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 

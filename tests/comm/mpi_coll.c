@@ -387,6 +387,33 @@ static void test_batch_split_dup_v(dt_pg *pg)
     }
 }
 
+/* alltoallv with uneven (and zero) blocks. */
+static void test_alltoallv(dt_pg *pg)
+{
+    int W = g_w, me = g_rank;
+    size_t sc[8], rc[8], so = 0, ro = 0;
+    for (int j = 0; j < W; j++) {
+        so += sc[j] = (size_t)((me * 3 + j * 5) % 4);
+        ro += rc[j] = (size_t)((j * 3 + me * 5) % 4);
+    }
+    for (size_t d = 0; d < sizeof k_dtypes / sizeof k_dtypes[0]; d++) {
+        dt_dtype dt = k_dtypes[d];
+        char *s = xalloc(so * dt_dtype_size(dt) + 1), *r = xalloc(ro * dt_dtype_size(dt) + 1);
+        size_t k = 0;
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < sc[j]; i++)
+                dt_dtype_store(dt, s, k++, (double)((me * 5 + j * 3 + (int)i) % 9));
+        CHECK_OK(dt_pg_alltoallv(pg, s, sc, NULL, r, rc, NULL, dt));
+        k = 0;
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < rc[j]; i++, k++)
+                CHECK(dt_dtype_load(dt, r, k) == (double)((j * 5 + me * 3 + (int)i) % 9),
+                      "alltoallv %s from %d [%zu]", dt_dtype_name(dt), j, i);
+        free(s);
+        free(r);
+    }
+}
+
 static void test_mismatch(void)
 {
     if (g_w < 2)
@@ -450,6 +477,7 @@ int main(void)
     test_movement(pg);
     test_p2p_and_subgroup(pg);
     test_batch_split_dup_v(pg);
+    test_alltoallv(pg);
     test_mismatch();
     test_timeout();
     /* Everyone agrees on the outcome. */
