@@ -13,7 +13,14 @@
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
  * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
- * records and an end record saying "interrupted" stay in FILE.partial). */
+ * records and an end record saying "interrupted" stay in FILE.partial).
+ *
+ * The two signals are blocked in every thread for the whole command (before
+ * any thread starts, so the loader's and OpenMP's inherit the mask) and
+ * taken synchronously between steps with sigtimedwait: no handler ever runs.
+ * A handler interrupting oneDNN's JIT sgemm (2.6.3, Debian bookworm)
+ * corrupts the heap (free(): invalid pointer a few calls later; reproduced
+ * with a bare dnnl_sgemm loop and setitimer, with or without sigaltstack). */
 #include "cmd.h"
 #include "train.h"
 #include "train_ddp.h"
@@ -26,14 +33,28 @@
 #include "dtrain/tensor.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LOSS_WINDOW 100 /* "train loss over the last 100 steps" */
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { g_stop = sig; }
+static int g_stop; /* the stopping signal taken, or 0 (main thread only) */
+static sigset_t g_stop_set;
+
+/* Take a pending SIGINT/SIGTERM, if any (they are blocked: see the top). */
+static int poll_stop(void)
+{
+    if (!g_stop) {
+        struct timespec zero = {0, 0};
+        int sig = sigtimedwait(&g_stop_set, NULL, &zero);
+        if (sig > 0)
+            g_stop = sig;
+    }
+    return g_stop;
+}
 
 typedef struct {
     dt__train_opts o;
@@ -355,7 +376,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     const dt_batch *b;
     dt_status st;
     while ((st = dt_loader_next(t->train_loader, &b)) == DT_OK && b) {
-        if (g_stop && (t->ddp.world == 1 || stop_agreed)) /* DDP: ranks agree on stopping (below) */
+        if (poll_stop() && (t->ddp.world == 1 || stop_agreed)) /* DDP: ranks agree on stopping (below) */
             break;
         double lr = lr_at(t, t->opt_step);
         dt_optim_set_lr(t->opt, lr);
@@ -376,7 +397,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
             /* DDP: the loss shown is the mean over ranks; a signal on any
              * rank stops every rank after the same step (a dead peer makes
              * this or an earlier collective fail, naming it) */
-            double v[2] = {l, g_stop ? 1.0 : 0.0};
+            double v[2] = {l, poll_stop() ? 1.0 : 0.0};
             if (dt__ddp_sum(&t->ddp, v, 2) < 0) {
                 dt__progress_clear(&t->prog);
                 return fail(1, "training step");
@@ -495,6 +516,12 @@ int dt_cmd_train(int argc, char **argv)
         free(t);
         return rc == 1 ? 0 : rc;
     }
+    /* Before any thread starts (see the top); restored at the end. */
+    sigset_t old_mask;
+    sigemptyset(&g_stop_set);
+    sigaddset(&g_stop_set, SIGINT);
+    sigaddset(&g_stop_set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &g_stop_set, &old_mask);
     if (t->o.threads > 0)
         dt_set_num_threads((int)t->o.threads);
     if ((rc = dt__ddp_setup(&t->ddp, t->o.sync_bn, t->o.bucket_mb, t->o.grad_accum)))
@@ -541,8 +568,6 @@ int dt_cmd_train(int argc, char **argv)
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
     fflush(stdout);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
     for (int64_t e = 0; e < t->o.epochs; e++) {
         if ((rc = train_epoch(t, e, &wall, &sps)))
@@ -551,8 +576,6 @@ int dt_cmd_train(int argc, char **argv)
         if (!t->o.no_eval && (rc = eval_and_record(t, e, &tl, &ta)))
             goto out;
     }
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
     /* The final figures, one per line, stable for scripts (demo.sh greps them). DDP: rank 0. */
     if (dt__ddp_is_main(&t->ddp)) {
         if (!t->o.no_eval) {
@@ -580,5 +603,11 @@ out:
         rc = fail(1, NULL);
     cleanup(t);
     free(t);
+    /* every thread is gone; a signal that came after the one taken, or after
+     * the last step, is dropped (the run has ended), then the mask restored */
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&g_stop_set, NULL, &zero) > 0)
+        ;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     return rc;
 }
