@@ -20,6 +20,7 @@
  * end, shared-memory segments named after the job id are removed. */
 #include "cmd.h"
 #include "dtrain/base.h"
+#include "dtrain/comm.h"
 #include "run.h"
 
 #include <errno.h>
@@ -496,6 +497,12 @@ int dt_cmd_run(int argc, char **argv)
         int t = dt__run_cores() / o.nranks;
         env.omp_threads = t < 1 ? 1 : t;
     }
+    int orphans = 0;
+    if (dt_pg_orphan_cleanup(&orphans) == 0 && orphans > 0)
+        fprintf(stderr,
+                "dtrain run: removed %d shared-memory segment(s) of earlier jobs whose launcher "
+                "and ranks are gone\n",
+                orphans);
     for (int attempt = 0;; attempt++) {
         env.restart = attempt;
         env.port = o.master_port ? o.master_port : dt__run_free_port();
