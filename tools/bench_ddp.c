@@ -82,20 +82,20 @@ int dt_bench_ddp(int argc, char **argv)
         else if (!strcmp(a, "--json"))
             json = true;
         else {
-            fprintf(stderr, "dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
+            dt__cli_err("dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
                             "--threads, --bucket-mb, --sync-bn, --no-broadcast-buffers, --json)\n", a);
             return 2;
         }
     }
     if (batch < 1 || steps < 2 || threads < 0) {
-        fprintf(stderr, "dtrain bench ddp: need --batch >= 1, --steps >= 2, --threads >= 0\n");
+        dt__cli_err("dtrain bench ddp: need --batch >= 1, --steps >= 2, --threads >= 0\n");
         return 2;
     }
     if (threads > 0)
         dt_set_num_threads(threads);
     int ws;
     if (dt_pg_env_world_size(&ws) < 0) {
-        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
         return 2;
     }
     const bool dist = ws > 1;
@@ -104,7 +104,7 @@ int dt_bench_ddp(int argc, char **argv)
     int rc = 1, rank = 0, world = 1;
     if (dist) {
         if (dt_pg_init(NULL, &pg) < 0) {
-            fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+            dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
             return 1;
         }
         rank = dt_pg_rank(pg);
@@ -258,7 +258,7 @@ int dt_bench_ddp(int argc, char **argv)
     rc = 0;
 fail:
     if (rc)
-        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
     dt_ddp_free(ddp);
     dt_optim_free(opt);
     dt_free(x);

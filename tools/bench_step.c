@@ -75,7 +75,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     step_times *t = calloc((size_t)steps, sizeof *t);
     double *col = calloc((size_t)steps, sizeof *col);
     if (dt_model_create(name, 1234, NULL, &m, &desc) < 0 || dt_ctx_init(NULL, &ctx) < 0 || !t || !col) {
-        fprintf(stderr, "dtrain bench step: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench step: %s\n", dt_last_error());
         goto done;
     }
     if (batch <= 0)
@@ -162,7 +162,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "dtrain bench step (%s): %s\n", name, dt_last_error());
+    dt__cli_err("dtrain bench step (%s): %s\n", name, dt_last_error());
 done:
     dt_free(x);
     dt_free(y);
@@ -201,13 +201,13 @@ int dt_bench_step(int argc, char **argv)
         } else if (v && !strcmp(a, "--peak-reps")) {
             peak_reps = atoi(v), i++;
         } else {
-            fprintf(stderr, "dtrain bench step: unknown or incomplete option '%s'\n", a);
+            dt__cli_err("dtrain bench step: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
     if (steps <= 0 || warmup < 0 || batch < 0 || threads < 0 || peak_reps < 0) {
-        fprintf(stderr, "dtrain bench step: --steps must be > 0; --warmup, --batch, --threads, --peak-reps >= 0\n");
+        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --threads, --peak-reps >= 0\n");
         return 2;
     }
     if (threads > 0)
@@ -219,7 +219,7 @@ int dt_bench_step(int argc, char **argv)
      * CPU-second, comparable with cpu_ms on a busy machine). */
     double peak = 0, cpu_peak = 0;
     if (peak_reps > 0 && dt_k_bench_matmul(2048, DT_F32, peak_reps, &peak) < 0) {
-        fprintf(stderr, "dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
+        dt__cli_err("dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
         peak = 0;
     }
     if (peak > 0) {

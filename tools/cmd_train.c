@@ -64,7 +64,7 @@ typedef struct {
 /* One-line errors: "dtrain train: <what>: <message>". */
 static int fail(int code, const char *what)
 {
-    fprintf(stderr, "dtrain train: %s%s%s\n", what ? what : "", what && *dt_last_error() ? ": " : "",
+    dt__cli_err("dtrain train: %s%s%s\n", what ? what : "", what && *dt_last_error() ? ": " : "",
             dt_last_error());
     return code;
 }
@@ -113,13 +113,13 @@ static int setup_data(trainer *t)
          * [B, model input], so a test set of other dimensions would be read
          * out of bounds. */
         if (dt_model_desc_check_dataset(&t->desc, t->base_train) < 0) {
-            fprintf(stderr, "dtrain train: --data %s: %s\n", t->o.data, dt_last_error());
+            dt__cli_err("dtrain train: --data %s: %s\n", t->o.data, dt_last_error());
             return 2;
         }
         if (dt_model_desc_check_dataset(&t->desc, t->base_test) < 0) {
             char tr[160];
             dt_escape(dt_dataset_source(t->base_train), tr, sizeof tr);
-            fprintf(stderr, "dtrain train: --data %s: %s (the training split, %s, matches the model)\n", t->o.data,
+            dt__cli_err("dtrain train: --data %s: %s (the training split, %s, matches the model)\n", t->o.data,
                     dt_last_error(), tr);
             return 2;
         }
@@ -128,7 +128,7 @@ static int setup_data(trainer *t)
         if (dt_dataset_get_info(t->base_test)->num_classes > ncls)
             ncls = dt_dataset_get_info(t->base_test)->num_classes;
         if (ncls > cfg.num_classes) {
-            fprintf(stderr, "dtrain train: --data %s: labels go up to %lld, --model %s has %lld "
+            dt__cli_err("dtrain train: --data %s: labels go up to %lld, --model %s has %lld "
                             "classes\n", t->o.data, (long long)ncls - 1, t->o.model,
                     (long long)cfg.num_classes);
             return 2;
@@ -163,7 +163,7 @@ static int setup_data(trainer *t)
         dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0)
         return fail(1, "test data loader");
     if (dt_loader_num_batches(t->train_loader) == 0) {
-        fprintf(stderr, "dtrain train: --data %s: the training set is empty\n", t->o.data);
+        dt__cli_err("dtrain train: --data %s: the training set is empty\n", t->o.data);
         return 2;
     }
     return 0;
@@ -388,7 +388,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         }
         if (!isfinite(l)) {
             dt__progress_clear(&t->prog);
-            fprintf(stderr, "dtrain train: the loss is %g at step %lld: training diverged (try a "
+            dt__cli_err("dtrain train: the loss is %g at step %lld: training diverged (try a "
                             "smaller --lr or --clip-grad-norm)\n", l, (long long)t->global_step + 1);
             return 1;
         }
@@ -448,7 +448,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     }
     if (g_stop) {
         dt__progress_clear(&t->prog);
-        fprintf(stderr, "dtrain train: interrupted by signal %d at step %lld\n", (int)g_stop,
+        dt__cli_err("dtrain train: interrupted by signal %d at step %lld\n", (int)g_stop,
                 (long long)t->global_step);
         return 130;
     }
@@ -487,7 +487,7 @@ int dt_cmd_train(int argc, char **argv)
 {
     trainer *t = calloc(1, sizeof *t);
     if (!t) {
-        fprintf(stderr, "dtrain train: out of memory\n");
+        dt__cli_err("dtrain train: out of memory\n");
         return 1;
     }
     int rc = dt__train_parse(argc, argv, &t->o);

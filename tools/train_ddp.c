@@ -4,6 +4,7 @@
  * take 200 samples per optimizer step and half as many steps per epoch.
  * The DistributedSampler pads the epoch by wrapping, so every rank runs the
  * same number of steps and no collective is left waiting at the end. */
+#include "cmd.h"
 #include "train_ddp.h"
 
 #include <stdio.h>
@@ -22,14 +23,14 @@ int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb, int64_t grad_a
      * (a malformed WORLD_SIZE is bad input, not a run alone). */
     int ws;
     if (dt_pg_env_world_size(&ws) < 0) {
-        fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 2;
     }
     if (ws <= 1)
         return 0;
     dt_status st = dt_pg_init(NULL, &r->pg);
     if (st < 0) {
-        fprintf(stderr, "dtrain train: process group: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: process group: %s\n", dt_last_error());
         return 1;
     }
     r->rank = dt_pg_rank(r->pg);
@@ -43,7 +44,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         return 0;
     dt_model_set_rank(m, r->rank);
     if (r->sync_bn && dt_syncbn_convert(m, r->pg, &r->nconverted) < 0) {
-        fprintf(stderr, "dtrain train: --sync-bn: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: --sync-bn: %s\n", dt_last_error());
         return 1;
     }
     dt_ddp_params p = dt_ddp_params_default();
@@ -53,7 +54,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
             p.first_bucket_mb = r->bucket_mb;
     }
     if (dt_ddp_init(r->pg, m, &p, &r->ddp) < 0) {
-        fprintf(stderr, "dtrain train: DDP: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: DDP: %s\n", dt_last_error());
         return 1;
     }
     return 0;
