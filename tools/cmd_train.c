@@ -104,10 +104,12 @@ static int setup_data(trainer *t)
             (st = dt_dataset_subset_init(t->base_train, t->o.random_items, ntest, &t->test)) < 0)
             return fail(1, what);
     } else {
+        /* Out of memory is a runtime failure (exit 1, docs/TRAINING.md);
+         * everything else about the data is bad input (exit 2). */
         if ((st = dt_dataset_open_spec(t->o.data, DT_SPLIT_TRAIN, &t->base_train)) < 0)
-            return fail(2, what);
+            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         if ((st = dt_dataset_open_spec(t->o.data, DT_SPLIT_TEST, &t->base_test)) < 0)
-            return fail(2, what);
+            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         const dt_dataset_info *info = dt_dataset_get_info(t->base_train);
         /* Every split against the model's input: each batch is viewed as
          * [B, model input], so a test set of other dimensions would be read
