@@ -9,6 +9,8 @@
  * in item order and, with a reducer installed, across ranks. */
 #include "optim_impl.h"
 
+#include "base/inflight.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,6 +405,12 @@ dt_status dt_optim_step(dt_optim *o, float *params, float *grads)
     if ((!params || !grads) && o->hi > o->lo)
         return dt_error(DT_ERR_NULL, "dt_optim_step (%s): %s is NULL", dt_optim_kind_name(o->kind),
                         params ? "grads" : "params");
+    /* gradients whose reduction is still in flight (DDP without dt_ddp_wait) */
+    if (o->hi > o->lo) {
+        dt_status st = dt__inflight_check("dt_optim_step", grads, (o->hi - o->lo) * sizeof(float));
+        if (st < 0)
+            return st;
+    }
     switch (o->kind) {
     case DT_OPTIM_SGD:
         step_sgd(o, params, grads);
