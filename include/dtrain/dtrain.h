@@ -23,4 +23,5 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/train.h"
 #endif

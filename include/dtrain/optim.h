@@ -226,7 +226,7 @@ typedef struct dt_sched_params {
     double base_lr;         /* peak learning rate; default 1e-3 */
     int64_t step_size;      /* STEP: steps per decay; default 1 */
     double gamma;           /* STEP: decay factor; default 0.1 */
-    int64_t warmup_steps;   /* COSINE: linear warm-up length; default 0 */
+    int64_t warmup_steps;   /* linear warm-up length (every kind); default 0 */
     int64_t total_steps;    /* COSINE: steps until min_lr is reached; default 1000 */
     double min_lr;          /* COSINE: floor; default 0 */
 } dt_sched_params;
@@ -238,7 +238,9 @@ DT_API dt_sched_params dt_sched_params_default(void);
  *   step < warmup:  base_lr * step / warmup            (step 0 has lr 0)
  *   else:           p = min(1, (step - warmup) / max(1, total - warmup))
  *                   min_lr + (base_lr - min_lr) * 0.5 * (1 + cos(pi * p))
- * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr. */
+ * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
+ * With warmup_steps > 0, STEP and CONSTANT are multiplied by step / warmup
+ * while step < warmup (the same linear ramp; step 0 has lr 0). */
 DT_API double dt_sched_lr(const dt_sched_params *p, int64_t step);
 /* "constant", "step", "cosine" <-> kind; parse returns DT_ERR_INVALID_ARG. */
 DT_API const char *dt_sched_kind_name(dt_sched_kind k);
