@@ -445,3 +445,5 @@ dt_status dt__trainer_sync_buffers(dt_trainer *tr)
 {
     return tr->s->ops.sync_buffers ? tr->s->ops.sync_buffers(tr->s->self) : DT_OK;
 }
+
+bool dt__trainer_stop_now(const dt_trainer *tr) { return tr->world <= 1 && tr->stop_req; }

@@ -66,7 +66,7 @@ dt_status dt_trainer_epoch(dt_trainer *tr, dt_loader *ld, const dt_dataset_info 
             loss_sum += m.micro_loss[i];
         if (cb && (st = cb(ud, tr, &m)) < 0)
             break;
-        if (m.stop) {
+        if (m.stop || dt__trainer_stop_now(tr)) {
             res.stopped = true;
             break;
         }
