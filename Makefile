@@ -1,18 +1,40 @@
 # dtrain — top-level entry points. Every target first installs the Debian
 # packages that are missing (scripts/deps.sh), then configures and builds.
-#   make          build into build/ (CLI at build/dtrain)
-#   make test     every test, then the same suite under ASan+UBSan, then fuzzing
-#   make demo     train the ConvNet on Fashion-MNIST
-#   make bench    benchmarks (figures go to docs/BENCHMARKS.md by hand)
-#   make install  headers, library, dtrain.pc, CMake package (PREFIX=/usr/local)
+#   make              build into build/ (CLI at build/dtrain)
+#   make test         every test, then the same suite under ASan+UBSan, then
+#                     fuzzing; ends with the test counts of each pass.
+#                     SANITIZE=0 leaves out the sanitizer pass, FUZZ=0 the
+#                     fuzzers (make test SANITIZE=0 FUZZ=0: the plain suite
+#                     and the install check only)
+#   make demo         train the ConvNet on Fashion-MNIST (DEMO_LIMIT=N: only
+#                     the first N training images, for a short demo)
+#   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
+#   make install      headers, library, dtrain.pc, CMake package, the dtrain
+#                     program (PREFIX=/usr/local)
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 WERROR ?= ON
+SANITIZE ?= 1
+FUZZ ?= 1
+DEMO_LIMIT ?= 0
 export OPENBLAS_CORETYPE ?= SkylakeX
 
-.PHONY: all build deps deps-test deps-demo test test-asan test-fast fuzz demo bench install clean test-install
+# The passes of `make test` and the build trees whose CTest results the
+# closing summary reports. A new pass adds itself to both lists.
+TEST_STAGES := test-fast test-install
+TEST_DIRS := build
+ifneq ($(SANITIZE),0)
+TEST_STAGES += test-asan
+TEST_DIRS += build-asan
+endif
+ifneq ($(FUZZ),0)
+TEST_STAGES += fuzz
+endif
+
+.PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-fast fuzz demo bench \
+        install clean test-install
 
 all: build
 
@@ -20,6 +42,8 @@ deps:
 	@scripts/deps.sh build
 deps-test:
 	@scripts/deps.sh test
+deps-fuzz:
+	@scripts/deps.sh fuzz
 deps-demo:
 	@scripts/deps.sh demo
 
@@ -34,24 +58,25 @@ build-asan/CMakeCache.txt:
 	  -DDT_SANITIZE=address,undefined $(CMAKE_FLAGS)
 
 test-fast: deps-test build
-	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build && ctest --output-on-failure -j $(JOBS) -O ctest.log
 
 test-asan: deps-test build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure -j $(JOBS) -O ctest.log
 
-fuzz: deps-test
+fuzz: deps-fuzz
 	@scripts/fuzz.sh
 
 test-install: build
 	@scripts/test_install.sh
 
-test: test-fast test-install test-asan fuzz
+test: $(TEST_STAGES)
+	@scripts/test_summary.sh $(TEST_DIRS)
 
 demo: deps-demo build
-	scripts/demo.sh
+	DT_DEMO_LIMIT=$(DEMO_LIMIT) scripts/demo.sh
 
 bench: build
 	scripts/bench.sh

@@ -12,21 +12,27 @@ int main(void)
     dt_nn_seq_add(net, NULL, dt_nn_linear(D, 32, true));
     dt_nn_seq_add(net, NULL, dt_nn_relu());
     dt_nn_seq_add(net, NULL, dt_nn_linear(32, 2, true));
-    dt_model *m = dt_model_build(net, /*seed=*/0);
-    if (!m) {
+    dt_model *m;
+    dt_optim *opt;
+    dt_ctx *ctx;
+    if (dt_model_build(net, /*seed=*/0, NULL, &m) < 0) {
         fprintf(stderr, "build: %s\n", dt_last_error());
         return 1;
     }
 
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
     dt_optim_segment segs[16];
     size_t nseg;
-    dt_optim_segments_from_model(m, false, segs, 16, &nseg);
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m), .segs = segs, .nseg = nseg};
+    dt_optim_segments_from_model(m, DT_F32, false, segs, 16, &nseg);
+    dt_optim_range r = {.params = P, .grads = dt_model_flat(m, DT_FLAT_GRADS, DT_F32), .lo = 0, .hi = P->total,
+                        .segs = segs, .nseg = nseg};
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.1;
     sp.momentum = 0.9;
-    dt_optim *opt = dt_optim_sgd_init(&sp, &lay);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    if (dt_optim_sgd_init(&sp, &r, 1, &opt) < 0 || dt_ctx_init(NULL, &ctx) < 0) {
+        fprintf(stderr, "setup: %s\n", dt_last_error());
+        return 1;
+    }
 
     static float x[B * D];
     static int64_t y[B];
@@ -45,7 +51,7 @@ int main(void)
             return 1;
         }
         loss_v = dt_tensor_item(loss);
-        dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));
+        dt_optim_step(opt);
         dt_ctx_reset(ctx);
         if (step % 50 == 0)
             printf("step %3d  loss %.4f\n", step, loss_v);

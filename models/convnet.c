@@ -18,12 +18,10 @@ static dt_module *block(int64_t in, int64_t out)
     return dt_nn_seq(4, c);
 }
 
-dt_model *dt__model_convnet(uint64_t seed, const dt_model_config *c)
+dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d)
 {
-    if (c->num_classes <= 0) {
-        dt_error(DT_ERR_INVALID_ARG, "convnet: num_classes must be > 0, got %lld", (long long)c->num_classes);
-        return NULL;
-    }
+    if (c->num_classes <= 0)
+        return dt_error(DT_ERR_INVALID_ARG, "convnet: num_classes must be > 0, got %lld", (long long)c->num_classes);
     dt_module *root = dt_nn_seq(0, NULL);
     dt_status st = dt_nn_seq_add(root, "layer1", block(1, 16));
     if (st >= 0)
@@ -34,23 +32,27 @@ dt_model *dt__model_convnet(uint64_t seed, const dt_model_config *c)
         st = dt_nn_seq_add(root, "fc", dt_nn_linear(7 * 7 * 32, c->num_classes, true));
     if (st < 0) {
         dt_module_free(root);
-        return NULL;
+        return st;
     }
-    dt_model *m = dt_model_build(root, seed);
-    if (!m)
-        return NULL;
-    m->loss = DT__LOSS_CE;
-    m->in_ndim = 3;
-    m->in_shape[0] = 1, m->in_shape[1] = 28, m->in_shape[2] = 28;
-    m->target_labels = true;
+    dt_model *m;
+    if ((st = dt_model_build(root, seed, &c->build, &m)) < 0)
+        return st;
     m->blocked_acts = true; /* conv -> BN -> ReLU -> pool stay nChw8c until flatten */
+    d->loss = DT_LOSS_CROSS_ENTROPY;
+    d->input_ndim = 3;
+    d->input_shape[0] = 1, d->input_shape[1] = 28, d->input_shape[2] = 28;
+    d->input_dtype = DT_F32;
+    d->has_target = true;
+    d->target_ndim = 0;
+    d->target_dtype = DT_I64;
     /* per sample, 2 FLOPs per multiply-add */
     double conv1 = 2.0 * 16 * 28 * 28 * (1 * 5 * 5);
     double conv2 = 2.0 * 32 * 14 * 14 * (16 * 5 * 5);
     double fc = 2.0 * 1568 * (double)c->num_classes;
-    m->fwd_flops_per_sample = conv1 + conv2 + fc;
+    d->fwd_flops_per_sample = conv1 + conv2 + fc;
     /* backward: weight grads for all three, input grads for conv2 and fc
      * (the image needs none) */
-    m->train_flops_per_sample = 3 * m->fwd_flops_per_sample - conv1;
-    return m;
+    d->train_flops_per_sample = 3 * d->fwd_flops_per_sample - conv1;
+    *out = m;
+    return DT_OK;
 }

@@ -24,26 +24,25 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     return dt_matmul(ctx, h, dt_module_param(self, 1));
 }
 
-dt_model *dt__model_mlp(uint64_t seed, const dt_model_config *c)
+dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d)
 {
-    if (c->mlp_seq <= 0 || c->mlp_dim <= 0 || c->mlp_hidden <= 0) {
-        dt_error(DT_ERR_INVALID_ARG, "mlp: seq, dim and hidden must be > 0");
-        return NULL;
-    }
+    if (c->mlp_seq <= 0 || c->mlp_dim <= 0 || c->mlp_hidden <= 0)
+        return dt_error(DT_ERR_INVALID_ARG, "mlp: seq, dim and hidden must be > 0");
     dt_nn_param_spec s[2] = {
         {.name = "w0", .ndim = 2, .shape = {c->mlp_dim, c->mlp_hidden}, .init = DT_NN_INIT_XAVIER},
         {.name = "w1", .ndim = 2, .shape = {c->mlp_hidden, c->mlp_dim}, .init = DT_NN_INIT_XAVIER},
     };
-    dt_model *m = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, NULL), seed);
-    if (!m)
-        return NULL;
-    m->loss = DT__LOSS_MEAN;
-    m->in_ndim = 2;
-    m->in_shape[0] = c->mlp_seq, m->in_shape[1] = c->mlp_dim;
-    m->target_labels = false;
+    dt_status st = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, NULL), seed, &c->build, out);
+    if (st < 0)
+        return st;
+    d->loss = DT_LOSS_MEAN;
+    d->input_ndim = 2;
+    d->input_shape[0] = c->mlp_seq, d->input_shape[1] = c->mlp_dim;
+    d->input_dtype = DT_F32;
+    d->has_target = false;
     double one = 2.0 * (double)c->mlp_seq * (double)c->mlp_dim * (double)c->mlp_hidden;
-    m->fwd_flops_per_sample = 2 * one;
+    d->fwd_flops_per_sample = 2 * one;
     /* backward: dW0, dW1 and the hidden gradient (x needs none) */
-    m->train_flops_per_sample = 5 * one;
-    return m;
+    d->train_flops_per_sample = 5 * one;
+    return DT_OK;
 }

@@ -1,6 +1,6 @@
-/* The model zoo: constructors by name, and the per-model metadata (input
- * shape, loss, FLOPs) that `dtrain train` and `dtrain bench step` use. */
-#include "nn/nn_impl.h"
+/* The model zoo: constructors by name, and model descriptors (input and
+ * target shapes, loss, FLOPs) that `dtrain train` and `dtrain bench step`
+ * use. The descriptor is plain data beside the model, not part of it. */
 #include "zoo.h"
 
 #include <stdio.h>
@@ -8,7 +8,8 @@
 
 dt_model_config dt_model_config_default(void)
 {
-    dt_model_config c = {.num_classes = 10, .mlp_seq = 128, .mlp_dim = 1024, .mlp_hidden = 4096};
+    dt_model_config c = {.num_classes = 10, .mlp_seq = 128, .mlp_dim = 1024, .mlp_hidden = 4096,
+                         .build = dt_model_build_params_default()};
     return c;
 }
 
@@ -16,74 +17,85 @@ static const char *const g_names[] = {"convnet", "mlp", NULL};
 
 const char *const *dt_model_zoo_names(void) { return g_names; }
 
-dt_model *dt_model_create(const char *name, uint64_t seed, const dt_model_config *cfg)
+dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config *cfg, dt_model **model,
+                          dt_model_desc *desc)
 {
+    if (!model)
+        return dt_error(DT_ERR_NULL, "dt_model_create: model is NULL");
+    *model = NULL;
     dt_model_config c = cfg ? *cfg : dt_model_config_default();
-    dt_model *m = NULL;
+    dt_model_desc d;
+    memset(&d, 0, sizeof d);
+    dt_status st;
     if (name && !strcmp(name, "convnet"))
-        m = dt__model_convnet(seed, &c);
+        st = dt__model_convnet(seed, &c, model, &d);
     else if (name && !strcmp(name, "mlp"))
-        m = dt__model_mlp(seed, &c);
-    else {
-        dt_error(DT_ERR_NOT_FOUND, "unknown model '%s' (known: convnet, mlp)", name ? name : "(null)");
-        return NULL;
-    }
-    if (m)
-        snprintf(m->name, sizeof m->name, "%s", name);
-    return m;
-}
-
-const char *dt_model_name(const dt_model *m) { return m ? m->name : ""; }
-
-dt_status dt_model_input_shape(const dt_model *m, int64_t batch, int *ndim, int64_t *shape, int *target_ndim,
-                               int64_t *target_shape, dt_dtype *target_dtype)
-{
-    if (!m || !ndim || !shape)
-        return dt_error(DT_ERR_NULL, "dt_model_input_shape: NULL argument");
-    if (m->in_ndim == 0)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_input_shape: model '%s' has no known input shape", m->name);
-    *ndim = m->in_ndim + 1;
-    shape[0] = batch;
-    for (int i = 0; i < m->in_ndim; i++)
-        shape[i + 1] = m->in_shape[i];
-    if (target_ndim)
-        *target_ndim = m->target_labels ? 1 : 0;
-    if (target_shape && m->target_labels)
-        target_shape[0] = batch;
-    if (target_dtype)
-        *target_dtype = DT_I64;
+        st = dt__model_mlp(seed, &c, model, &d);
+    else
+        return dt_error(DT_ERR_NOT_FOUND, "unknown model '%s' (known: convnet, mlp)", name ? name : "(null)");
+    if (st < 0)
+        return st;
+    snprintf(d.name, sizeof d.name, "%s", name);
+    if (desc)
+        *desc = d;
     return DT_OK;
 }
 
-dt_tensor *dt_model_loss(dt_ctx *ctx, dt_model *m, dt_tensor *output, dt_tensor *target)
+dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim, int64_t *shape, int *target_ndim,
+                               int64_t *target_shape, dt_dtype *target_dtype)
 {
-    if (!m) {
-        dt_error(DT_ERR_NULL, "dt_model_loss: model is NULL");
+    if (!d || !ndim || !shape)
+        return dt_error(DT_ERR_NULL, "dt_model_desc_shapes: %s is NULL", !d ? "descriptor" : !ndim ? "ndim" : "shape");
+    if (d->input_ndim <= 0 || d->input_ndim >= DT_MAX_DIMS || d->target_ndim < 0 ||
+        d->target_ndim >= DT_MAX_DIMS)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_desc_shapes: model '%s' has no usable input shape "
+                        "(input_ndim %d, target_ndim %d)", d->name, d->input_ndim, d->target_ndim);
+    *ndim = d->input_ndim + 1;
+    shape[0] = batch;
+    for (int i = 0; i < d->input_ndim; i++)
+        shape[i + 1] = d->input_shape[i];
+    if (target_ndim)
+        *target_ndim = d->has_target ? d->target_ndim + 1 : 0;
+    if (target_shape && d->has_target) {
+        target_shape[0] = batch;
+        for (int i = 0; i < d->target_ndim; i++)
+            target_shape[i + 1] = d->target_shape[i];
+    }
+    if (target_dtype)
+        *target_dtype = d->target_dtype;
+    return DT_OK;
+}
+
+dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target)
+{
+    if (!d) {
+        dt_error(DT_ERR_NULL, "dt_model_desc_loss: descriptor is NULL");
         return NULL;
     }
     if (!output) {
         if (dt_last_status() == DT_OK)
-            dt_error(DT_ERR_NULL, "dt_model_loss: output is NULL");
+            dt_error(DT_ERR_NULL, "dt_model_desc_loss: output is NULL");
         return NULL;
     }
-    switch (m->loss) {
-    case DT__LOSS_CE:
-        if (!target) {
-            dt_error(DT_ERR_NULL, "dt_model_loss (%s): cross-entropy needs the labels", m->name);
-            return NULL;
-        }
+    if (d->has_target && !target) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "dt_model_desc_loss (%s): the loss needs a target", d->name);
+        return NULL;
+    }
+    switch (d->loss) {
+    case DT_LOSS_CROSS_ENTROPY:
         return dt_cross_entropy(ctx, output, target);
-    case DT__LOSS_MEAN:
+    case DT_LOSS_MEAN:
         return dt_mean(ctx, output);
+    case DT_LOSS_MSE:
+        return dt_mse_loss(ctx, output, target);
     default:
-        dt_error(DT_ERR_UNSUPPORTED, "dt_model_loss: model '%s' has no built-in loss", m->name);
+        dt_error(DT_ERR_UNSUPPORTED, "dt_model_desc_loss: model '%s' has no built-in loss", d->name);
         return NULL;
     }
 }
 
-double dt_model_flops(const dt_model *m, int64_t batch, double *train_step_flops)
+dt_tensor *dt_model_desc_loss_fn(void *desc, dt_ctx *ctx, dt_tensor *output, dt_tensor *target)
 {
-    if (train_step_flops)
-        *train_step_flops = m ? m->train_flops_per_sample * (double)batch : 0;
-    return m ? m->fwd_flops_per_sample * (double)batch : 0;
+    return dt_model_desc_loss(ctx, desc, output, target);
 }

@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dtrain needs, only those that are missing.
-# Usage: scripts/deps.sh [build|test|demo]   (test and demo add their extras)
+# Installs the Debian packages a Makefile target needs, only those that are
+# missing, on a fresh Debian bookworm (proven by `make fresh-check`, which runs
+# the README's commands in a minimal bookworm root).
+# Usage: scripts/deps.sh [build|test|fuzz|demo|bench|fresh-check]...
+#   build        compilers, CMake, oneDNN (+ OpenCL headers, which oneDNN's
+#                CMake package looks for), zlib, cJSON, liburing, Open MPI
+#   test         build + gnuplot and the data sets the tests train on
+#   fuzz         build + clang and its libFuzzer/sanitizer runtimes
+#   demo         build + gnuplot and the Fashion-MNIST data set
+#   bench        build (the PyTorch comparisons under bench/ are run by hand)
+#   fresh-check  debootstrap and git (scripts/fresh_check.sh)
+# Packages are installed with --no-install-recommends: everything needed is
+# named here, nothing arrives through a Recommends.
 set -euo pipefail
-what=${1:-build}
-pkgs=(build-essential cmake pkg-config libdnnl-dev zlib1g-dev libcjson-dev libopenmpi-dev openmpi-bin)
-case "$what" in
-  test) pkgs+=(clang libclang-rt-dev valgrind gnuplot-nox dataset-fashion-mnist) ;;
-  demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
-esac
+[ $# -gt 0 ] || set -- build
+build=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libcjson-dev
+       liburing-dev libopenmpi-dev openmpi-bin)
+data=(dataset-fashion-mnist bible-kjv bible-kjv-text)
+pkgs=()
+for what in "$@"; do
+  case "$what" in
+    build|bench) pkgs+=("${build[@]}") ;;
+    test)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox) ;;
+    fuzz)        pkgs+=("${build[@]}" clang libclang-rt-dev) ;;
+    demo)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox) ;;
+    fresh-check) pkgs+=(debootstrap git ca-certificates) ;;
+    *) echo "deps: unknown target '$what' (build, test, fuzz, demo, bench, fresh-check)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
+  case " ${missing[*]} " in *" $p "*) continue ;; esac
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
@@ -17,5 +38,8 @@ echo "deps: installing ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+if ! $SUDO apt-get update -qq; then
+  echo "deps: apt-get update failed: the package registry in /etc/apt/sources.list* cannot be reached" >&2
+  exit 1
+fi
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

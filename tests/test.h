@@ -5,7 +5,19 @@
  *
  * A failed assert prints file:line, the expression and both values, marks
  * the current test failed and returns from it. TEST_REPORT() prints
- * "N passed, N failed" and returns the exit code. */
+ * "N passed, N failed, N skipped" and returns the exit code.
+ *
+ * A test that cannot run here (no data set, no MPI, no namespaces) says so
+ * and is reported as skipped, never as passed:
+ *
+ *     TEST(real_data) { if (!have_data()) DT_TEST_SKIP("%s not installed", dir); ... }
+ *
+ * DT_TEST_SKIP prints "skip: <reason>" and returns from the test. When any
+ * test of the program skipped and none failed, TEST_REPORT() returns
+ * DT_TEST_SKIP_CODE (77), which CTest counts as "Skipped" (SKIP_RETURN_CODE,
+ * set for every test by the root CMakeLists.txt); a failure still wins. A
+ * whole program that cannot run returns DT_TEST_SKIP_CODE from main after
+ * printing why (DT_TEST_SKIP_ALL). */
 #ifndef DT_TEST_H
 #define DT_TEST_H
 
@@ -14,18 +26,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int dt_test_failed_;
-static int dt_test_npass_, dt_test_nfail_;
+/* The exit code CTest reads as "skipped" (SKIP_RETURN_CODE). */
+#define DT_TEST_SKIP_CODE 77
+
+static int dt_test_failed_, dt_test_skipped_;
+static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
 
 #define TEST(name) static void test_##name(void)
 
 #define RUN(name)                                                           \
     do {                                                                    \
         dt_test_failed_ = 0;                                                \
+        dt_test_skipped_ = 0;                                               \
         test_##name();                                                      \
         if (dt_test_failed_) {                                              \
             dt_test_nfail_++;                                               \
             fprintf(stderr, "FAIL %s\n", #name);                            \
+        } else if (dt_test_skipped_) {                                      \
+            dt_test_nskip_++;                                               \
+            fprintf(stderr, "SKIP %s\n", #name);                            \
         } else {                                                            \
             dt_test_npass_++;                                               \
             fprintf(stderr, "ok   %s\n", #name);                            \
@@ -33,8 +52,29 @@ static int dt_test_npass_, dt_test_nfail_;
     } while (0)
 
 #define TEST_REPORT()                                                       \
-    (printf("%d passed, %d failed\n", dt_test_npass_, dt_test_nfail_),      \
-     dt_test_nfail_ ? 1 : 0)
+    (printf("%d passed, %d failed, %d skipped\n", dt_test_npass_,           \
+            dt_test_nfail_, dt_test_nskip_),                                \
+     dt_test_nfail_ ? 1 : dt_test_nskip_ ? DT_TEST_SKIP_CODE : 0)
+
+/* Inside a TEST: this test cannot run here; say why and return. */
+#define DT_TEST_SKIP(...)                                                   \
+    do {                                                                    \
+        fprintf(stderr, "skip: ");                                          \
+        fprintf(stderr, __VA_ARGS__);                                       \
+        fprintf(stderr, "\n");                                              \
+        dt_test_skipped_ = 1;                                               \
+        return;                                                             \
+    } while (0)
+
+/* In main, before any RUN: the whole program cannot run here. */
+#define DT_TEST_SKIP_ALL(...)                                               \
+    do {                                                                    \
+        fprintf(stderr, "skip: ");                                          \
+        fprintf(stderr, __VA_ARGS__);                                       \
+        fprintf(stderr, "\n");                                              \
+        printf("0 passed, 0 failed, all skipped\n");                        \
+        return DT_TEST_SKIP_CODE;                                           \
+    } while (0)
 
 #define TEST_FAIL_(...)                                                     \
     do {                                                                    \

@@ -31,6 +31,7 @@
 #include "cmd.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
@@ -104,18 +105,19 @@ int dt_bench_ddp(int argc, char **argv)
         rank = dt_pg_rank(pg);
         world = dt_pg_size(pg);
     }
-    dt_model *m = dt_model_create(model, 0, NULL);
+    dt_model *m = NULL;
+    dt_model_desc desc;
     dt_trainer *tr_ddp = NULL, *tr_local = NULL; /* DDP (world > 1) and plain, same model */
     float *x = NULL;
     int64_t *y = NULL;
     double *tm[NMODES] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
                           calloc(2 * (size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
-    if (!m || !tm[0] || !tm[1] || !tm[2] || !tm[3])
+    if (dt_model_create(model, 0, NULL, &m, &desc) < 0 || !tm[0] || !tm[1] || !tm[2] || !tm[3])
         goto fail;
     int ndim, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(m, batch, &ndim, shape, &tnd, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&desc, batch, &ndim, shape, &tnd, tshape, &tdt) < 0)
         goto fail;
     int64_t xn = 1;
     for (int d = 0; d < ndim; d++)
@@ -130,6 +132,8 @@ int dt_bench_ddp(int argc, char **argv)
     dt_trainer_params tp = dt_trainer_params_default();
     tp.sgd.lr = 0.01;
     tp.sgd.momentum = 0.9;
+    tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
+    tp.loss_ud = &desc;
     dt_strategy *strat = NULL;
     if (dist) {
         if (sync_bn && dt_syncbn_convert(m, pg, NULL) < 0)
@@ -147,7 +151,7 @@ int dt_bench_ddp(int argc, char **argv)
     }
     if (dt_strategy_none_init(&strat) < 0 || dt_trainer_init(m, strat, &tp, &tr_local) < 0)
         goto fail;
-    dt_trainer_batch tb = dt_trainer_batch_make(x, DT_F32, ndim, shape, y, tdt, tnd, tshape);
+    dt_trainer_batch tb = dt_trainer_batch_make(x, DT_F32, ndim, shape, tnd ? y : NULL, tdt, tnd, tshape);
 
     /* warm-up (arena growth, oneDNN primitive creation), then blocks of 5
      * steps cycling ddp / nocomm / local, each block started together on

@@ -17,6 +17,7 @@
 #include "cmd.h"
 
 #include "dtrain/kernels.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
@@ -66,13 +67,14 @@ static void usage(FILE *f)
 static int run_one(const char *name, long batch, int steps, int warmup, double peak, double cpu_peak, bool json)
 {
     int rc = 1;
-    dt_model *m = dt_model_create(name, 1234, NULL);
+    dt_model *m = NULL;
+    dt_model_desc desc;
     dt_trainer *tr = NULL;
     float *x = NULL;
     int64_t *y = NULL;
     step_times *t = calloc((size_t)steps, sizeof *t);
     double *col = calloc((size_t)steps, sizeof *col);
-    if (!m || !t || !col) {
+    if (dt_model_create(name, 1234, NULL, &m, &desc) < 0 || !t || !col) {
         fprintf(stderr, "dtrain bench step: %s\n", dt_last_error());
         goto done;
     }
@@ -81,7 +83,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     int nd, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(m, batch, &nd, shape, &tnd, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&desc, batch, &nd, shape, &tnd, tshape, &tdt) < 0)
         goto fail;
     size_t nx = 1;
     for (int i = 0; i < nd; i++)
@@ -98,6 +100,8 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         goto fail;
     dt_trainer_params tp = dt_trainer_params_default();
     tp.sgd.lr = 0.01;
+    tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
+    tp.loss_ud = &desc;
     if (dt_trainer_init(m, strat, &tp, &tr) < 0)
         goto fail;
     dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, nd, shape, tnd ? y : NULL, tdt, tnd, tshape);
@@ -126,8 +130,7 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
         }
         med[k] = median(col, steps);
     }
-    double train_flops;
-    dt_model_flops(m, batch, &train_flops);
+    double train_flops = desc.train_flops_per_sample * (double)batch;
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();

@@ -21,6 +21,7 @@
 
 #include "dtrain/autograd.h"
 #include "dtrain/data.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/tensor.h"
@@ -39,6 +40,7 @@ static void on_signal(int sig) { g_stop = sig; }
 typedef struct {
     dt__train_opts o;
     dt_model *model;
+    dt_model_desc desc;
     int in_ndim;                  /* input dims including the batch */
     int64_t in_shape[DT_MAX_DIMS];
     int tgt_ndim;
@@ -71,14 +73,13 @@ static int fail(int code, const char *what)
 static int setup_model(trainer *t)
 {
     dt_model_config cfg = dt_model_config_default();
-    t->model = dt_model_create(t->o.model, t->o.seed, &cfg);
-    if (!t->model)
+    if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
     if (!strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
-    if (dt_model_input_shape(t->model, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
+    if (dt_model_desc_shapes(&t->desc, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
         return fail(1, "model input shape");
     t->classifier = !strcmp(t->o.model, "convnet");
     return 0;
@@ -199,7 +200,8 @@ static int setup_trainer(trainer *t)
     tp.sched.min_lr = 0;
     tp.grad_accum = accum;
     tp.clip_grad_norm = t->o.clip_grad_norm;
-    tp.loss = DT_TRAINER_LOSS_MODEL;
+    tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
+    tp.loss_ud = &t->desc;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return 0;

@@ -6,7 +6,8 @@
  * guessable by other users of the machine (a predictable name lets them
  * create the segment first): 128 bits from getrandom(). */
 #include "run.h"
-#include "comm/shm.h" /* dt__shm_segment_name: the shm backend's segment name */
+
+#include "dtrain/comm.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -75,23 +76,23 @@ int dt__run_cores(void)
 
 int dt__run_shm_cleanup(const char *job_id)
 {
-    /* Two names belong to a job: anything "dtrain-<job id>..." and the shm
-     * backend's segment, named from a hash of the job id (the backend
-     * unlinks it as soon as every rank has attached, so it is left only by
-     * a crash during start-up). Subgroup segments have random names the
-     * launcher cannot know; the backend unlinks those the same way. */
-    char prefix[64], seg[64];
+    /* Two kinds of names belong to a job: anything "dtrain-<job id>..." and
+     * the shm backend's segment, which the library names and removes
+     * (dt_pg_job_cleanup). Subgroup segments have random names the launcher
+     * cannot know; the backend unlinks those as soon as every rank has
+     * attached. */
+    int removed = 0;
+    if (dt_pg_job_cleanup(job_id, &removed) < 0)
+        removed = 0;
+    char prefix[64];
     snprintf(prefix, sizeof prefix, DT_RUN_SHM_PREFIX "%s", job_id);
-    dt__shm_segment_name(job_id, seg, sizeof seg);
-    const char *seg_name = seg[0] == '/' ? seg + 1 : seg;
     size_t plen = strlen(prefix);
     DIR *d = opendir("/dev/shm");
     if (!d)
-        return 0;
-    int removed = 0;
+        return removed;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, prefix, plen) != 0 && strcmp(e->d_name, seg_name) != 0)
+        if (strncmp(e->d_name, prefix, plen) != 0)
             continue;
         if (unlinkat(dirfd(d), e->d_name, 0) == 0)
             removed++;

@@ -52,7 +52,7 @@
  *     dt_tensor_set_grad(w, dt_tensor_wrap(G, DT_F32, 2, (int64_t[]){10, 784}));
  *     dt_tensor_set_grad(b, dt_tensor_wrap(G + 7840, DT_F32, 1, (int64_t[]){10}));
  *     dt_ag_add_grad_hook(w, on_grad_ready, bucket);       // optional (DDP)
- *     dt_ctx *ctx = dt_ctx_init(NULL);
+ *     dt_ctx *ctx;  dt_ctx_init(NULL, &ctx);
  *
  *     // each step
  *     memset(G, 0, n * 4);                                  // zero_grad

@@ -1,4 +1,4 @@
-/* dtrain/base.h — status codes, errors, logging, memory, arenas, clocks, RNG.
+/* dtrain/base.h — status codes, errors, logging, memory, arenas, clocks, RNG, files.
  *
  * Overview
  * --------
@@ -12,6 +12,9 @@
  * Memory: dt_alloc() returns 64-byte aligned memory (free with dt_free()).
  * A dt_arena hands out aligned temporaries from large blocks and is reset in
  * O(1) between training steps, so the steady state does no malloc.
+ *
+ * Files: every file dtrain writes goes through dt_file (below): no symlink is
+ * followed, and a file appears complete or not at all.
  *
  * Random numbers: Philox 4x32-10, a counter-based generator. A value depends
  * only on (key, counter), never on thread count or call order, so any element
@@ -232,8 +235,60 @@ DT_API uint32_t dt_torch_rng_next(dt_torch_rng *g);
 DT_API void dt_torch_rng_uniform(dt_torch_rng *g, float *x, size_t n, double from, double to);
 /* tensor.normal_(mean, std) for n f32 elements. */
 DT_API void dt_torch_rng_normal(dt_torch_rng *g, float *x, size_t n, double mean, double std);
+/* The same draws of n elements (the generator advances exactly as the
+ * calls above with n), keeping only elements [lo, hi) into out[0, hi - lo):
+ * a shard of a tensor's initial value with memory of the shard only. */
+DT_API void dt_torch_rng_uniform_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double from,
+                                      double to);
+DT_API void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double mean,
+                                     double std);
 /* torch.randperm(n, generator=torch.Generator().manual_seed(seed)). */
 DT_API dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n);
+
+/* ---- files dtrain writes ------------------------------------------------ */
+/* Every file the library and the `dtrain` command write follows one rule:
+ * it is created without following symlinks, and it appears at its name
+ * complete or not at all. A dt_file is a fresh temporary ".NAME.tmp-XXXXXXXX"
+ * in NAME's directory (O_CREAT|O_EXCL|O_NOFOLLOW: nothing planted there is
+ * ever opened) that dt_file_commit fsyncs and renames to NAME (rename never
+ * writes through a link). An existing symlink at NAME is refused with an
+ * error naming it. Whole files (checkpoints, plots):
+ *
+ *     dt_file *f;
+ *     if (dt_file_open("model.safetensors", 0644, &f) < 0) return ...;
+ *     st = dt_file_write(f, buf, n);
+ *     if (st == DT_OK) st = dt_file_commit(f);     // NAME now holds all of it
+ *     dt_file_close(f);                            // not committed: temp removed
+ *
+ * Files that must be visible while they grow (logs, metrics records) are
+ * committed right after opening and written afterwards through the same fd.
+ * Errors are DT_ERR_IO with a message naming the path. */
+typedef struct dt_file dt_file;
+/* Start writing path: creates the temporary beside it with permission bits
+ * mode (before the umask). Fails if path is a symlink. *out owned by the
+ * caller; release with dt_file_close. */
+DT_API dt_status dt_file_open(const char *path, int mode, dt_file **out);
+/* Write all n bytes (retries short writes and EINTR). */
+DT_API dt_status dt_file_write(dt_file *f, const void *data, size_t n);
+/* fsync, rename the temporary to the final path (refusing a symlink that
+ * appeared there), fsync the directory. The fd stays open for writing; a
+ * second commit is a no-op. */
+DT_API dt_status dt_file_commit(dt_file *f);
+/* Close the fd; an uncommitted file's temporary is removed (the final path
+ * is left as it was). NULL is a no-op. Returns a close error of a
+ * committed file. */
+DT_API dt_status dt_file_close(dt_file *f);
+/* The open fd (for fdopen-free writers, fsync, ...); -1 for NULL. Borrowed. */
+DT_API int dt_file_fd(const dt_file *f);
+/* The final path given to dt_file_open. Borrowed; valid until close. */
+DT_API const char *dt_file_path(const dt_file *f);
+/* open + write + commit + close: path holds data, or is unchanged. */
+DT_API dt_status dt_file_write_atomic(const char *path, const void *data, size_t n, int mode);
+/* Create path exclusively (O_CREAT|O_EXCL|O_NOFOLLOW) and return its fd in
+ * *fd (-1 on error): for files that must not replace anything. */
+DT_API dt_status dt_file_create_excl(const char *path, int mode, int *fd);
+/* rename(from, to), refusing a symlink at to, then fsync to's directory. */
+DT_API dt_status dt_file_rename(const char *from, const char *to);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

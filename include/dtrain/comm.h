@@ -102,9 +102,9 @@
  * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
  * DT_COMM_CHECK, and those of rank discovery above. The shm backend's own
  * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SLOT_BYTES,
- * DT_SHM_SPIN) are described in src/comm/shm.h; the DT_SHM_ALGO syntax
+ * DT_SHM_SPIN) are described in src/comm/shm/shm.h; the DT_SHM_ALGO syntax
  * (per-collective size ranges → direct | ring | rechd | tree) in
- * src/comm/shm_select.c, e.g.
+ * src/comm/shm/shm_select.c, e.g.
  *     DT_SHM_ALGO="allreduce:0-64K:direct,64K-inf:ring;broadcast:tree"
  */
 #ifndef DTRAIN_COMM_H
@@ -192,6 +192,13 @@ DT_API void dt_pg_free(dt_pg *pg);
  * Members get the new group in *out, others get NULL. The subgroup uses the
  * parent's backend; free it before the parent. */
 DT_API dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out);
+
+/* For launchers, after a job's processes have ended: remove the shared
+ * memory its groups left behind. The shm backend unlinks its segment as soon
+ * as every rank has attached, so only a rank that crashed during start-up
+ * leaves one. *removed gets the number of objects removed (0 or 1).
+ * Errors: DT_ERR_INVALID_ARG (NULL argument), DT_ERR_IO. */
+DT_API dt_status dt_pg_job_cleanup(const char *job_id, int *removed);
 
 /* This rank, the group size, the rank and size on this machine. */
 DT_API int dt_pg_rank(const dt_pg *pg);

@@ -7,7 +7,8 @@
  *   comm.h      process groups, asynchronous collectives, backends
  *   tensor.h    N-d tensors, views, flat buffers
  *   autograd.h  differentiable ops, the tape, hooks
- *   nn.h        modules with named parameters
+ *   nn.h        modules with named parameters in typed flat buffers
+ *   models.h    the model zoo (ConvNet, MLP) and model descriptors
  *   optim.h     fused optimizers over flat buffers, clipping, schedules
  *   data.h      datasets, samplers, the prefetching loader
  *   parallel.h  DDP and friends
@@ -20,6 +21,7 @@
 #include "dtrain/tensor.h"
 #include "dtrain/autograd.h"
 #include "dtrain/nn.h"
+#include "dtrain/models.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"

@@ -6,13 +6,17 @@
  * or a container (Sequential) of named children. Build a tree of modules,
  * then hand its root to dt_model_build(), which owns the tree from then on:
  *
- *   - Every parameter of every module gets a view into ONE 64-byte aligned
- *     flat f32 buffer (dt_model_params), each tensor starting on a 64-byte
- *     boundary (the gaps are zero padding). Gradients are views into a
- *     mirror flat buffer with the same offsets (dt_model_grads); the caller
- *     may replace it with its own memory (dt_model_set_grad_buffer; DDP
- *     hands in shared memory). Buffers that are not trained (batch-norm
- *     running stats) live in a third flat buffer (dt_model_buffers).
+ *   - Every parameter of every module gets a view into the 64-byte aligned
+ *     flat buffer of its dtype (a dt_flat, tensor.h: dt_model_flat(m,
+ *     DT_FLAT_PARAMS, dtype)), each tensor starting on a 64-byte boundary
+ *     (the gaps are zero padding), the flat's length padded to a multiple
+ *     of the build's world size so a ZeRO shard is an equal range.
+ *     Gradients are views into a mirror flat with the same offsets
+ *     (DT_FLAT_GRADS); the caller may replace it with its own memory
+ *     (dt_model_set_grads; DDP hands in shared memory). Buffers that are
+ *     not trained (batch-norm running stats; num_batches_tracked is i64)
+ *     live in flats of their own dtype (DT_FLAT_BUFFERS). A spec names its
+ *     dtype (dt_nn_param_spec.dtype), so offsets are in elements of it.
  *   - Names are PyTorch's state_dict keys: a child's name is its index in a
  *     Sequential ("0", "1", ...) or the name given to dt_nn_seq_add
  *     ("layer1", "fc"); a tensor's name is the path of its module plus its
@@ -30,15 +34,15 @@
  * input of the wrong shape returns NULL with a message that names the module
  * path, its kind and both shapes. Nothing aborts.
  *
- * Hooks (up to DT_NN_MAX_HOOKS of each kind per module, fired in the order
- * added; a negative return stops the forward (NULL output) or the backward
- * with that status):
+ * Hooks (any number per module, fired in the order added; each add returns
+ * an id that dt_module_remove_hook / dt_model_remove_hook takes; a negative
+ * return stops the forward (NULL output) or the backward with that status):
  *   - forward pre / post: around the module's forward.
  *   - backward pre / post: built on the tape marks of autograd.h. "pre"
  *     fires when backward reaches the module's output (before any of its
  *     ops' gradients), "post" when its inputs' gradients are done. Recorded
  *     only in grad mode.
- *   - grad-ready (dt_model_on_grad_ready): fires during backward as soon as
+ *   - grad-ready (dt_model_add_grad_ready_hook): fires during backward as soon as
  *     a parameter's gradient for this backward pass is final in the flat
  *     grad buffer (DDP launches a bucket's all-reduce from here).
  *
@@ -53,20 +57,20 @@
  *     dt_nn_seq_add(net, NULL, dt_nn_linear(784, 128, true));   // "0"
  *     dt_nn_seq_add(net, NULL, dt_nn_relu());                    // "1"
  *     dt_nn_seq_add(net, NULL, dt_nn_linear(128, 10, true));    // "2"
- *     dt_model *m = dt_model_build(net, 42);
- *     dt_ctx *ctx = dt_ctx_init(NULL);
+ *     dt_model *m;  dt_ctx *ctx;
+ *     if (dt_model_build(net, 42, NULL, &m) < 0 || dt_ctx_init(NULL, &ctx) < 0) { report dt_last_error(); }
  *     for (step...) {
  *         dt_model_zero_grad(m);
  *         dt_tensor *x = dt_tensor_view_of(ctx, images, DT_F32, 2, (int64_t[]){B, 784});
  *         dt_tensor *y = dt_tensor_view_of(ctx, labels, DT_I64, 1, (int64_t[]){B});
  *         dt_tensor *loss = dt_cross_entropy(ctx, dt_model_forward(ctx, m, x), y);
  *         if (!loss || dt_backward(ctx, loss) < 0) { report dt_last_error(); }
- *         dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));   // optim.h
+ *         dt_optim_step(opt);        // optim.h: ranges over dt_model_flat(m, ...)
  *         dt_ctx_reset(ctx);
  *     }
  *     dt_model_free(m);
  *
- * Models by name (models/): dt_model_create("convnet" | "mlp", seed, NULL).
+ * Models by name: models.h (dt_model_create("convnet" | "mlp", ...)).
  */
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
@@ -78,8 +82,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define DT_NN_MAX_HOOKS 4
 
 typedef struct dt_module dt_module;
 typedef struct dt_model dt_model;
@@ -160,7 +162,9 @@ typedef struct dt_nn_param_spec {
     int64_t shape[DT_MAX_DIMS];
     dt_nn_init init;                 /* how dt_model_build fills it */
     float a;                         /* bound / std for UNIFORM and NORMAL */
-    bool is_buffer;                  /* true: not trained, lives in the buffers flat buffer */
+    bool is_buffer;                  /* true: not trained, lives in the buffers flat of its dtype */
+    dt_dtype dtype;                  /* element type; default (0) DT_F32. Non-f32 entries are
+                                        zero-initialised whatever `init` says */
 } dt_nn_param_spec;
 
 /* forward(ctx, self, x, ud) -> output; get parameters with dt_module_param. */
@@ -209,19 +213,40 @@ typedef dt_status (*dt_fwd_post_hook)(dt_ctx *ctx, dt_module *m, dt_tensor *x, d
 /* Backward hook (pre or post): see the overview. */
 typedef dt_status (*dt_bwd_hook)(dt_ctx *ctx, dt_module *m, void *ud);
 
-DT_API dt_status dt_module_add_forward_pre_hook(dt_module *m, dt_fwd_pre_hook fn, void *ud);
-DT_API dt_status dt_module_add_forward_post_hook(dt_module *m, dt_fwd_post_hook fn, void *ud);
-DT_API dt_status dt_module_add_backward_pre_hook(dt_module *m, dt_bwd_hook fn, void *ud);
-DT_API dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, void *ud);
+/* A hook's id: unique within its module (or model, for grad-ready hooks),
+ * never 0. */
+typedef uint64_t dt_hook_id;
+
+/* Add a hook; *id (may be NULL) receives its id. Unbounded in number. */
+DT_API dt_status dt_module_add_forward_pre_hook(dt_module *m, dt_fwd_pre_hook fn, void *ud, dt_hook_id *id);
+DT_API dt_status dt_module_add_forward_post_hook(dt_module *m, dt_fwd_post_hook fn, void *ud, dt_hook_id *id);
+DT_API dt_status dt_module_add_backward_pre_hook(dt_module *m, dt_bwd_hook fn, void *ud, dt_hook_id *id);
+DT_API dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, void *ud, dt_hook_id *id);
+/* Remove the hook `id` of any kind from m; DT_ERR_NOT_FOUND when m has none
+ * with that id (removed already, or another module's). */
+DT_API dt_status dt_module_remove_hook(dt_module *m, dt_hook_id id);
 /* Remove every hook of every kind from m (not its children). */
 DT_API void dt_module_clear_hooks(dt_module *m);
 
 /* ---- models --------------------------------------------------------------------- */
 
+/* Options of dt_model_build. */
+typedef struct dt_model_build_params {
+    int world;   /* pad every flat to a multiple of world * (64 B / element) elements so rank r's
+                    shard (dt_flat_shard) is an equal, aligned range; default 1 */
+    bool meta;   /* true: record the layout only; no parameter or gradient flat is allocated
+                    (dt_model_flat gives base NULL, entries' tensors are NULL) and the model
+                    cannot run forward. A strategy allocates the shard it owns and fills it
+                    with dt_model_init_range. Buffers are allocated and initialised as usual.
+                    Default false */
+} dt_model_build_params;
+DT_API dt_model_build_params dt_model_build_params_default(void);
+
 /* Lay out and initialise the parameters of the tree under root (see the
- * overview). Takes ownership of root (freed on failure too), except when
- * root already belongs to a model or a container (DT_ERR_STATE, untouched). */
-DT_API dt_model *dt_model_build(dt_module *root, uint64_t seed);
+ * overview) into *out. p NULL: defaults. Takes ownership of root (freed on
+ * failure too), except when root already belongs to a model or a container
+ * (DT_ERR_STATE, untouched). *out is NULL on error. */
+DT_API dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_params *p, dt_model **out);
 DT_API void dt_model_free(dt_model *m);
 /* Redraw every randomly initialised parameter exactly as PyTorch would after
  * torch.manual_seed(seed) when it constructs the same modules in the same
@@ -231,6 +256,26 @@ DT_API void dt_model_free(dt_model *m);
  * are left as they are. A model whose modules PyTorch builds in the same
  * order then starts from bit-identical weights (the ConvNet: test_nn_torch_init). */
 DT_API dt_status dt_model_init_torch(dt_model *m, uint64_t seed);
+
+/* Initial-value generators (dt_model_init_range). */
+typedef enum {
+    DT_INIT_PHILOX = 0, /* dt_model_build's own init: Philox keyed by (seed, DT_RNG_INIT, entry, element) */
+    DT_INIT_TORCH,      /* dt_model_init_torch's: PyTorch's sequential MT19937 stream */
+    DT_INIT_RNG_COUNT
+} dt_init_rng;
+
+/* Fill dst, a flat holding global elements [dst->offset, dst->offset +
+ * dst->numel) of the model's parameter flat of dst->dtype (a shard view of
+ * a buffer the strategy allocated), with exactly the values a full build
+ * (DT_INIT_PHILOX, seed) or dt_model_init_torch(m, seed) (DT_INIT_TORCH) puts
+ * there: constant inits included, padding zero. Philox computes only the
+ * range's elements; torch draws the whole stream in model order (time of the
+ * whole model) but keeps only the range (memory of the range). Works on meta
+ * and allocated models alike (the model's own flats are not touched). */
+DT_API dt_status dt_model_init_range(const dt_model *m, dt_init_rng rng, uint64_t seed, dt_flat *dst);
+/* The world size the model's flats are padded for, and whether it is meta. */
+DT_API int dt_model_world(const dt_model *m);
+DT_API bool dt_model_is_meta(const dt_model *m);
 
 /* Forward through the root module. */
 DT_API dt_tensor *dt_model_forward(dt_ctx *ctx, dt_model *m, dt_tensor *x);
@@ -249,13 +294,13 @@ typedef struct dt_param_info {
     const char *name;              /* "layer1.0.weight"; borrowed, lives with the model */
     int ndim;
     int64_t shape[DT_MAX_DIMS];
-    size_t offset;                 /* element offset (of dtype) into its flat buffer,
-                                      a multiple of 64 bytes */
+    size_t offset;                 /* element offset (in elements of dtype) into the flat of
+                                      its dtype and role; a multiple of 64 bytes */
     size_t numel;
-    dt_dtype dtype;                /* f32; num_batches_tracked is i64 */
-    bool is_buffer;                /* false: in dt_model_params / dt_model_grads;
-                                      true: in dt_model_buffers */
-    dt_tensor *tensor;             /* the view; borrowed */
+    dt_dtype dtype;                /* from its spec (num_batches_tracked is i64) */
+    bool is_buffer;                /* false: in the DT_FLAT_PARAMS / DT_FLAT_GRADS flats;
+                                      true: in the DT_FLAT_BUFFERS flat of dtype */
+    dt_tensor *tensor;             /* the view; borrowed; NULL in a meta model */
     dt_module *module;             /* owner */
 } dt_param_info;
 
@@ -269,65 +314,35 @@ DT_API size_t dt_model_num_params(const dt_model *m);
 /* Trainable elements, without padding (the "parameter count"). */
 DT_API size_t dt_model_param_count(const dt_model *m);
 
-/* The flat parameter buffer: dt_model_flat_numel floats, 64-byte aligned,
- * padding zero. Owned by the model. */
-DT_API float *dt_model_params(const dt_model *m);
-DT_API size_t dt_model_flat_numel(const dt_model *m);
-/* The flat gradient buffer (same layout). */
-DT_API float *dt_model_grads(const dt_model *m);
-/* Replace the gradient buffer by caller memory of dt_model_flat_numel floats
- * (borrowed; must outlive the model or the next call). The contents are
- * used as they are (zero them first). The model's own buffer is freed; NULL
- * switches back to a fresh zeroed buffer owned by the model. */
-DT_API dt_status dt_model_set_grad_buffer(dt_model *m, float *grads);
-/* Zero the whole gradient buffer. */
+/* The three families of flats a model holds, one flat per dtype in each. */
+typedef enum {
+    DT_FLAT_PARAMS = 0, /* trained parameters */
+    DT_FLAT_GRADS,      /* their gradients: the same dtype and layout */
+    DT_FLAT_BUFFERS,    /* buffers (running stats), not trained */
+    DT_FLAT_ROLE_COUNT
+} dt_flat_role;
+
+/* The model's flat of `role` and `dtype`, or NULL when no entry has that
+ * dtype there. Owned by the model; the struct stays at the same address for
+ * the model's life (an optimizer range may point at it) and its base
+ * follows dt_model_set_grads. Padding is zero. */
+DT_API const dt_flat *dt_model_flat(const dt_model *m, dt_flat_role role, dt_dtype dtype);
+/* Replace the gradient flat of g's dtype by caller memory g (borrowed; same
+ * dtype and total as the model's; must outlive the model or the next call;
+ * used as it is: zero it first). The model's own memory is freed. g NULL
+ * switches `dtype` back to a fresh zeroed flat owned by the model. */
+DT_API dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *g);
+/* Zero every gradient flat. */
 DT_API void dt_model_zero_grad(dt_model *m);
-/* The buffers flat buffer (bytes) and its size in bytes. */
-DT_API void *dt_model_buffers(const dt_model *m);
-DT_API size_t dt_model_buffers_nbytes(const dt_model *m);
 
 /* Grad-ready callback: entry `index` (a parameter) has its final gradient
  * for this backward pass in the flat grad buffer. */
 typedef dt_status (*dt_grad_ready_fn)(dt_model *m, size_t index, const dt_param_info *p, void *ud);
-/* Register a callback for every parameter (up to DT_NN_MAX_HOOKS). */
-DT_API dt_status dt_model_on_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud);
-/* Remove a callback added with the same fn and ud (DT_ERR_NOT_FOUND if none). */
-DT_API dt_status dt_model_remove_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud);
-
-/* ---- the model zoo (models/) ----------------------------------------------------- */
-
-typedef struct dt_model_config {
-    int64_t num_classes;   /* convnet: output classes; default 10 */
-    int64_t mlp_seq;       /* mlp: tokens per sample; default 128 */
-    int64_t mlp_dim;       /* mlp: input/output width; default 1024 */
-    int64_t mlp_hidden;    /* mlp: hidden width; default 4096 */
-} dt_model_config;
-DT_API dt_model_config dt_model_config_default(void);
-
-/* "convnet": the classic MNIST ConvNet (PyTorch names layer1.{0,1}.*,
- *   layer2.{0,1}.*, fc.*): conv5x5 1->16 pad 2, BN, ReLU, maxpool 2;
- *   conv5x5 16->32 pad 2, BN, ReLU, maxpool 2; flatten; linear 1568->10.
- *   Input [B, 1, 28, 28] f32, target [B] i64 labels, cross-entropy loss.
- * "mlp": Paddle's auto-parallel MLP: x[B,128,1024] @ w0[1024,4096] @
- *   w1[4096,1024], loss = mean of the output (no bias, no activation;
- *   Xavier-uniform init as Paddle's create_parameter). Target unused.
- * cfg may be NULL for defaults. NULL + error for an unknown name. */
-DT_API dt_model *dt_model_create(const char *name, uint64_t seed, const dt_model_config *cfg);
-/* The zoo's names, NULL-terminated. */
-DT_API const char *const *dt_model_zoo_names(void);
-/* The name a model was created with ("" for dt_model_build). */
-DT_API const char *dt_model_name(const dt_model *m);
-/* Input shape for a batch of B (ndim into *ndim, dims into shape[]), and the
- * target's dtype and shape (*target_ndim 0 when the loss needs no target). */
-DT_API dt_status dt_model_input_shape(const dt_model *m, int64_t batch, int *ndim, int64_t *shape,
-                                      int *target_ndim, int64_t *target_shape, dt_dtype *target_dtype);
-/* The model's training loss for its output (cross-entropy for convnet, mean
- * for mlp; a model from dt_model_build has none: DT_ERR_UNSUPPORTED). */
-DT_API dt_tensor *dt_model_loss(dt_ctx *ctx, dt_model *m, dt_tensor *output, dt_tensor *target);
-/* Matmul/conv FLOPs of one forward pass for batch B (2 per multiply-add);
- * a training step is about 3x (backward computes two products per layer,
- * minus the input gradient of the first layer, which is not needed). */
-DT_API double dt_model_flops(const dt_model *m, int64_t batch, double *train_step_flops);
+/* Add a grad-ready hook for every parameter; *id (may be NULL) receives its
+ * id. Unbounded in number, fired in the order added. */
+DT_API dt_status dt_model_add_grad_ready_hook(dt_model *m, dt_grad_ready_fn fn, void *ud, dt_hook_id *id);
+/* Remove the grad-ready hook `id` (DT_ERR_NOT_FOUND if none). */
+DT_API dt_status dt_model_remove_hook(dt_model *m, dt_hook_id id);
 
 #ifdef __cplusplus
 }

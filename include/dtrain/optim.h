@@ -2,21 +2,34 @@
  *
  * Overview
  * --------
- * A model keeps all its parameters in one flat f32 buffer and the gradients
- * in a mirror buffer (nn.h). An optimizer updates such a buffer in one fused
- * pass per step (two or three for LAMB, which needs norms first). It can own
- * the whole buffer or just a range [lo, hi) of it: ZeRO gives each rank an
- * equal shard and every rank runs its own optimizer over its own range. The
- * optimizer allocates and owns its state (momentum, exp_avg, exp_avg_sq) for
- * exactly hi - lo elements.
+ * A model keeps its parameters in typed flat buffers (dt_flat, tensor.h; one
+ * per dtype) and the gradients in mirror flats (nn.h). An optimizer steps a
+ * LIST of ranges: each names a params flat and a grads flat (their dtypes
+ * come with them) and the global element range [lo, hi) of them it owns.
+ * DDP steps one range over the whole f32 flat; ZeRO gives each rank an
+ * equal shard (dt_flat_shard) and every rank steps its own range; a model
+ * with parameters of two dtypes has one range per flat. All ranges are
+ * updated in one fused pass per step (two or three for LAMB, which needs
+ * norms first). The optimizer allocates and owns its state (momentum,
+ * exp_avg, exp_avg_sq) for exactly hi - lo elements per range.
  *
- * The layout names the per-tensor segments of the flat buffer (offset, numel,
- * in global element indices). Elements outside every segment (alignment
- * padding) are never touched. LAMB needs the segments for its per-tensor
- * trust ratio; for a range, each segment is clipped to [lo, hi). When a
- * tensor is split across ranks, its norms are partial on each rank: install a
- * reducer (dt_optim_set_reducer) that sums the partial sums of squares over
- * the ranks (an all-reduce), and every rank sees the full norms.
+ * Ranges hold POINTERS to the flats and read their base at every step, so
+ * a flat whose memory moves (dt_model_set_grads: DDP's shared memory) is
+ * followed. A flat may hold only part of the buffer (a shard view: its
+ * offset is the global index of its first element); it must hold [lo, hi).
+ * Today params and grads must be f32 and `mirror` NULL; under mixed
+ * precision a range's params will be the fp32 master copy and `mirror` the
+ * bf16/f16 compute flat refreshed after each step.
+ *
+ * A range's segments name the per-tensor pieces of its params flat (offset,
+ * numel, in global element indices). Elements outside every segment
+ * (alignment padding) are never touched. LAMB needs the segments for its
+ * per-tensor trust ratio; for a range, each segment is clipped to [lo, hi),
+ * and segments that two ranges over the same params flat (the same
+ * dt_flat pointer) both name are one tensor whose norms add up. When a
+ * tensor is split across ranks, its norms are partial on each rank: install
+ * a reducer (dt_optim_set_reducer) that sums the partial sums of squares
+ * over the ranks (an all-reduce), and every rank sees the full norms.
  *
  * Semantics follow the reference implementations to the last ulp where they
  * are CPU code (torch.optim SGD, Adam, AdamW of PyTorch 1.13 on an AVX2 CPU:
@@ -25,24 +38,27 @@
  * contraction. Hyper-parameters are doubles because PyTorch computes
  * `1 - beta1`, `lr / bias_correction1`, ... in double and rounds the result
  * to float once; apex receives floats and we round to float where it does.
+ * How the elements are split into ranges does not change any result bit.
  *
- * Lifecycle: dt_optim_*_init() returns a handle that owns its state; free it
- * with dt_optim_free() (NULL is a no-op). Params and grads are borrowed for
- * the duration of each dt_optim_step() only.
+ * Lifecycle: dt_optim_*_init() creates a handle into *out that owns its
+ * state; free it with dt_optim_free() (NULL is a no-op). The flats a range
+ * points at are borrowed and must outlive the optimizer.
  *
  * Usage
  * -----
- *     dt_optim_segment segs[] = {{0, 160}, {192, 10}};     // two tensors
- *     dt_optim_layout lay = {.lo = 0, .hi = 202, .segs = segs, .nseg = 2};
+ *     const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+ *     dt_optim_segment segs[64]; size_t nseg;
+ *     dt_optim_segments_from_model(m, DT_F32, false, segs, 64, &nseg);
+ *     dt_optim_range r = {.params = P, .grads = G, .lo = 0, .hi = P->total, .segs = segs, .nseg = nseg};
  *     dt_sgd_params sp = dt_sgd_params_default();
  *     sp.lr = 0.1; sp.momentum = 0.9;
- *     dt_optim *opt = dt_optim_sgd_init(&sp, &lay);
+ *     dt_optim *opt;
+ *     if (dt_optim_sgd_init(&sp, &r, 1, &opt) < 0) { report dt_last_error(); }
  *     for (step...) {
- *         ... backward fills grads ...
- *         float norm;
- *         dt_clip_grad_norm(grads, 202, 1.0f, &norm);      // optional
+ *         ... backward fills the grads flat ...
+ *         dt_clip_grad_norm(G->base, G->total, 1.0f, NULL);  // optional
  *         dt_optim_set_lr(opt, dt_sched_lr(&sched, step));
- *         dt_optim_step(opt, params, grads);               // params, grads: element lo
+ *         dt_optim_step(opt);
  *     }
  *     dt_optim_free(opt);
  */
@@ -50,6 +66,7 @@
 #define DTRAIN_OPTIM_H
 
 #include "dtrain/base.h"
+#include "dtrain/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,14 +81,19 @@ typedef struct dt_optim_segment {
     bool no_decay;   /* true: weight decay is 0 for this tensor (biases, norms); default false */
 } dt_optim_segment;
 
-/* What part of a flat buffer an optimizer owns. */
-typedef struct dt_optim_layout {
+/* One range an optimizer owns: elements [lo, hi) of a params flat and the
+ * grads flat that mirrors it. */
+typedef struct dt_optim_range {
+    const dt_flat *params;         /* updated in place (f32); borrowed, read at every step */
+    const dt_flat *grads;          /* same layout (f32); borrowed, read at every step */
+    const dt_flat *mirror;         /* reserved for mixed precision (a compute-dtype copy of
+                                      params refreshed after each step); must be NULL today */
     size_t lo;                     /* first owned element (global index) */
     size_t hi;                     /* one past the last owned element; hi >= lo */
     const dt_optim_segment *segs;  /* per-tensor segments, sorted by offset, disjoint;
                                       copied at init. NULL: [lo, hi) is one tensor */
     size_t nseg;                   /* number of segments (0 with segs == NULL) */
-} dt_optim_layout;
+} dt_optim_range;
 
 /* ---- parameters ------------------------------------------------------------- */
 
@@ -128,29 +150,36 @@ typedef enum {
     DT_OPTIM_KIND_COUNT
 } dt_optim_kind;
 
-/* Create an optimizer over the layout's range. Returns NULL (error set) on a
- * bad layout (segments unsorted/overlapping, hi < lo) or bad parameters
- * (negative lr, beta outside [0, 1), nesterov without momentum...). */
-DT_API dt_optim *dt_optim_sgd_init(const dt_sgd_params *p, const dt_optim_layout *l);
-DT_API dt_optim *dt_optim_adam_init(const dt_adam_params *p, const dt_optim_layout *l);
-DT_API dt_optim *dt_optim_adamw_init(const dt_adam_params *p, const dt_optim_layout *l);
-DT_API dt_optim *dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_layout *l);
+/* Create an optimizer over ranges[0..nrange) into *out (NULL on error).
+ * Errors: DT_ERR_NULL (p, out, a range's flats), DT_ERR_INVALID_ARG (hi <
+ * lo, segments unsorted/overlapping, two ranges overlapping in one params
+ * flat, negative lr, beta outside [0, 1), nesterov without momentum...),
+ * DT_ERR_DTYPE (a non-f32 flat), DT_ERR_UNSUPPORTED (a mirror). */
+DT_API dt_status dt_optim_sgd_init(const dt_sgd_params *p, const dt_optim_range *ranges, size_t nrange,
+                                   dt_optim **out);
+DT_API dt_status dt_optim_adam_init(const dt_adam_params *p, const dt_optim_range *ranges, size_t nrange,
+                                    dt_optim **out);
+DT_API dt_status dt_optim_adamw_init(const dt_adam_params *p, const dt_optim_range *ranges, size_t nrange,
+                                     dt_optim **out);
+DT_API dt_status dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_range *ranges, size_t nrange,
+                                    dt_optim **out);
 /* Free the optimizer and its state; NULL is a no-op. */
 DT_API void dt_optim_free(dt_optim *o);
 
-/* One optimizer step. params and grads point at element `lo` of the flat
- * buffers (pass flat + lo when you hold the whole buffer) and hold hi - lo
- * elements. SGD and Adam(W) only read grads; LAMB overwrites grads with its
- * update direction, as apex does (zero them before the next backward anyway).
- * Increments the step count. Errors: NULL pointers, a failing reducer. */
-DT_API dt_status dt_optim_step(dt_optim *o, float *params, float *grads);
+/* One optimizer step over every range, in one fused pass. SGD and Adam(W)
+ * only read grads; LAMB overwrites grads with its update direction, as apex
+ * does (zero them before the next backward anyway). Increments the step
+ * count. Errors: DT_ERR_NULL / DT_ERR_RANGE when a flat has no memory or no
+ * longer holds its range (nothing is updated then), a failing reducer. */
+DT_API dt_status dt_optim_step(dt_optim *o);
 
 /* Sums partial sums of squares over the ranks that share a flat buffer, in
  * place (an all-reduce SUM of n doubles). Called by LAMB twice per step with
  * the same n on every rank: once with n = 1 (the squared global grad norm),
  * once with n = 2 * nseg_total (squared per-tensor ‖w‖ then ‖u‖, indexed by
- * the segment's position in the layout's list; zeros for segments outside
- * this rank's range). Return DT_OK or an error, which step() passes on. */
+ * the segment's position in the optimizer's table: the segments of all
+ * ranges in order, a segment named twice counted once; zeros for segments
+ * outside this rank's ranges). Return DT_OK or an error, which step() passes on. */
 typedef dt_status (*dt_optim_reduce_fn)(void *ctx, double *sums, size_t n);
 /* Install (or with fn NULL, remove) the reducer. Without one, norms are local. */
 DT_API void dt_optim_set_reducer(dt_optim *o, dt_optim_reduce_fn fn, void *ctx);
@@ -178,22 +207,24 @@ DT_API double dt_optim_last_grad_norm(const dt_optim *o);
 
 /* State buffers, for checkpoints: index 0.. in a fixed order per kind
  * (SGD with momentum: "momentum_buffer"; Adam/AdamW/LAMB: "exp_avg",
- * "exp_avg_sq"). Each has hi - lo floats, laid out like the owned range.
- * Returns the number of state buffers; *name and *data may be NULL. The
- * pointer is owned by the optimizer and writable (to restore a checkpoint). */
+ * "exp_avg_sq"), one set per range. State i of range r has hi - lo floats,
+ * laid out like the range. dt_optim_num_states gives the states per range;
+ * *name, *data and *n may be NULL. The pointer is owned by the optimizer and
+ * writable (to restore a checkpoint). */
 DT_API int dt_optim_num_states(const dt_optim *o);
-DT_API dt_status dt_optim_state(dt_optim *o, int i, const char **name, float **data, size_t *n);
+DT_API size_t dt_optim_num_ranges(const dt_optim *o);
+DT_API dt_status dt_optim_state(dt_optim *o, size_t range, int i, const char **name, float **data, size_t *n);
 
 /* ---- layouts of models (nn.h) ----------------------------------------------------- */
 
 struct dt_model;
-/* Fill segs[0..*n) with the parameter tensors of model m in model order
- * (buffers are not optimised). With no_decay_1d, tensors of one dimension
- * (biases, norm weights) get no_decay = true, the usual recipe for AdamW
- * and LAMB. cap is the room in segs; *n receives the count needed
- * (DT_ERR_RANGE when cap is too small). Use with
- * dt_optim_layout{.lo, .hi, .segs, .nseg = *n} over dt_model_flat_numel. */
-DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, bool no_decay_1d,
+/* Fill segs[0..*n) with the parameter tensors of dtype `dtype` of model m
+ * in model order (buffers are not optimised). With no_decay_1d, tensors of
+ * one dimension (biases, norm weights) get no_decay = true, the usual recipe
+ * for AdamW and LAMB. cap is the room in segs; *n receives the count needed
+ * (DT_ERR_RANGE when cap is too small). Use with a dt_optim_range over
+ * dt_model_flat(m, DT_FLAT_PARAMS, dtype). */
+DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, dt_dtype dtype, bool no_decay_1d,
                                               dt_optim_segment *segs, size_t cap, size_t *n);
 
 /* ---- gradient clipping ------------------------------------------------------------ */

@@ -28,16 +28,17 @@
  * A step with DDP
  * ---------------
  *     dt_pg *pg;       dt_pg_init(NULL, &pg);
- *     dt_model *m = dt_model_create("convnet", seed, NULL);
+ *     dt_model *m;  dt_model_desc d;
+ *     dt_model_create("convnet", seed, NULL, &m, &d);       // models.h
  *     dt_ddp *ddp;
  *     dt_ddp_params dp = dt_ddp_params_default();
  *     if (dt_ddp_init(pg, m, &dp, &ddp) < 0) fail(dt_last_error());
  *     for (step...) {
  *         dt_model_zero_grad(m);
  *         dt_tensor *out = dt_ddp_forward(ctx, ddp, x);      // not dt_model_forward
- *         dt_tensor *loss = dt_model_loss(ctx, m, out, y);
+ *         dt_tensor *loss = dt_model_desc_loss(ctx, &d, out, y);
  *         if (dt_backward(ctx, loss) < 0 || dt_ddp_wait(ddp) < 0) fail(dt_last_error());
- *         dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));
+ *         dt_optim_step(opt);     // ranges over the model's flats follow DDP's grads
  *         dt_ctx_reset(ctx);
  *     }
  *     dt_ddp_free(ddp);   // before dt_model_free and dt_pg_free
@@ -202,7 +203,7 @@ DT_API void dt_ddp_reset_stats(dt_ddp *d);
  * register_comm_hook idea: compression, hierarchical reduction...).
  *
  *     dt_reducer *r;
- *     dt_reducer_init(pg, m, dt_model_grads(m), NULL, &r);
+ *     dt_reducer_init(pg, m, dt_model_flat(m, DT_FLAT_GRADS, DT_F32), NULL, &r);
  *     dt_reducer_begin(r);                       // each iteration
  *     ... backward; for each gradient that lands: dt_reducer_grad_ready(r, entry) ...
  *     dt_reducer_finish(r);                      // end of backward
@@ -243,10 +244,12 @@ typedef struct dt_grad_bucket {
  * waits for and frees it. Called from backward, in bucket order. */
 typedef dt_status (*dt_comm_hook_fn)(void *state, dt_pg *pg, const dt_grad_bucket *b, dt_req **req);
 
-/* Buckets over the parameters of m, whose gradients live in grads (the flat
- * buffer, dt_model_flat_numel(m) floats). f32 parameters only. pg, m and
- * grads are borrowed and must outlive the engine. p NULL: defaults. */
-DT_API dt_status dt_reducer_init(dt_pg *pg, dt_model *m, float *grads, const dt_reducer_params *p,
+/* Buckets over the parameters of m, whose gradients live in grads (a whole
+ * f32 flat laid out as the model's, e.g. dt_model_flat(m, DT_FLAT_GRADS,
+ * DT_F32); its base is read here and must not move). f32 parameters only.
+ * pg, m and the flat's memory are borrowed and must outlive the engine.
+ * p NULL: defaults. */
+DT_API dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt_reducer_params *p,
                                  dt_reducer **out);
 /* Waits for anything outstanding, then frees. NULL is a no-op. */
 DT_API void dt_reducer_free(dt_reducer *r);

@@ -35,7 +35,8 @@
  * -----
  *     float *flat = dt_calloc(numel_total * sizeof(float));     // model params
  *     dt_tensor *w = dt_tensor_wrap(flat + off, DT_F32, 2, (int64_t[]){10, 1568});
- *     dt_ctx *ctx = dt_ctx_init(NULL);
+ *     dt_ctx *ctx;
+ *     if (dt_ctx_init(NULL, &ctx) < 0) { report dt_last_error(); }
  *     for (step...) {
  *         dt_tensor *x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){B, 1568}, batch);
  *         ... ops ...
@@ -164,6 +165,66 @@ DT_API float dt_tensor_item(const dt_tensor *t);
 DT_API dt_status dt_tensor_rand_uniform(dt_tensor *t, dt_rng_key key, float lo, float hi);
 DT_API dt_status dt_tensor_rand_normal(dt_tensor *t, dt_rng_key key, float mean, float std);
 
+/* ---- typed flat buffers --------------------------------------------------- */
+
+/* A flat buffer: one contiguous run of elements of one dtype, the storage a
+ * model's parameters, gradients and buffers live in (one flat per dtype), a
+ * DDP bucket's byte range and a ZeRO shard's home. Transparent plain data;
+ * copying the struct makes a view (only the original frees).
+ *
+ * Indices are GLOBAL element indices of the full buffer: a view of rank r's
+ * shard keeps the global index of its first element in `offset`, so
+ * dt_flat_ptr(shard, i) addresses the same element as dt_flat_ptr(full, i).
+ * An allocated flat is zeroed and 64-byte aligned; its numel is padded up
+ * to a multiple of `world` * (64 bytes / element size), so every rank's
+ * shard has the same length and starts 64-byte aligned. The padding stays
+ * zero unless the caller writes it.
+ *
+ *     dt_flat f, shard;
+ *     dt_flat_alloc(&f, DT_F32, 1000, 3, NULL);    // numel 1008: 3 shards of 336
+ *     dt_flat_shard(&f, 1, 3, &shard);             // offset 336, numel 336
+ *     float *x = dt_flat_ptr(&shard, 400);         // == dt_flat_ptr(&f, 400)
+ *     dt_flat_free(&f);
+ */
+struct dt_pg;
+typedef struct dt_flat {
+    dt_dtype dtype;      /* element type */
+    void *base;          /* element `offset` (global index) of the buffer; NULL when numel is 0
+                            or for a meta (unallocated) flat */
+    size_t offset;       /* global index of base[0]: 0 for a full buffer, lo for a shard view */
+    size_t numel;        /* elements reachable from base (a full buffer: total) */
+    size_t total;        /* elements of the full buffer, padding included */
+    size_t used;         /* elements the layout uses (total minus trailing padding) */
+    int world;           /* total is a multiple of world (>= 1) */
+    struct dt_pg *pg;    /* allocated with dt_pg_alloc from this group; NULL otherwise */
+    bool owned;          /* dt_flat_free releases base */
+} dt_flat;
+
+/* The padded size of a flat holding `used` elements of dtype for `world`
+ * ranks: the next multiple of world * max(1, 64 / element size). */
+DT_API size_t dt_flat_padded(dt_dtype dtype, size_t used, int world);
+/* Allocate a zeroed flat of dt_flat_padded(dtype, used, world) elements into
+ * *f (64-byte aligned). pg non-NULL: from dt_pg_alloc(pg) (shared with the
+ * group's ranks on this machine), else dt_calloc. world >= 1. */
+DT_API dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, struct dt_pg *pg);
+/* A flat over caller memory of numel elements (borrowed; total = used = numel,
+ * world 1, offset 0). base may be NULL only when numel is 0. */
+DT_API dt_status dt_flat_wrap(dt_flat *f, dt_dtype dtype, void *base, size_t numel);
+/* Release an owned flat's memory and zero the struct; a view or NULL is left
+ * alone (the struct is still zeroed for a view). */
+DT_API void dt_flat_free(dt_flat *f);
+/* Rank `rank`'s shard of a full flat: the equal range [r*total/world,
+ * (r+1)*total/world) as a view (no copy). DT_ERR_INVALID_ARG when total is
+ * not a multiple of world or rank is outside [0, world); DT_ERR_RANGE when
+ * f does not hold that whole range. */
+DT_API dt_status dt_flat_shard(const dt_flat *f, int rank, int world, dt_flat *view);
+/* A view of global elements [lo, hi) of f (which must hold them). */
+DT_API dt_status dt_flat_range(const dt_flat *f, size_t lo, size_t hi, dt_flat *view);
+/* Address of global element i (dtype-sized steps), NULL when f does not hold it. */
+DT_API void *dt_flat_ptr(const dt_flat *f, size_t i);
+/* Byte size of the elements f holds. */
+DT_API size_t dt_flat_nbytes(const dt_flat *f);
+
 /* ---- the per-step context -------------------------------------------------- */
 
 typedef struct dt_ctx_params {
@@ -173,9 +234,9 @@ typedef struct dt_ctx_params {
 
 /* Defaults for dt_ctx_init. */
 DT_API dt_ctx_params dt_ctx_params_default(void);
-/* A context: arena for temporaries + autograd tape, grad mode on. p may be
- * NULL for defaults. Free with dt_ctx_free. */
-DT_API dt_ctx *dt_ctx_init(const dt_ctx_params *p);
+/* A context into *out: arena for temporaries + autograd tape, grad mode on.
+ * p may be NULL for defaults. Free with dt_ctx_free. *out is NULL on error. */
+DT_API dt_status dt_ctx_init(const dt_ctx_params *p, dt_ctx **out);
 /* Free the context and every temporary it handed out. NULL is a no-op. */
 DT_API void dt_ctx_free(dt_ctx *ctx);
 /* End of a step: every temporary and the tape are dropped (O(1), memory is

@@ -43,7 +43,7 @@
  *     dt_strategy *s;      dt_strategy_ddp_init(pg, NULL, &s); // or dt_strategy_none_init(&s)
  *     dt_trainer_params tp = dt_trainer_params_default();
  *     tp.sgd.lr = 0.1;     tp.sgd.momentum = 0.9;              // optimizer: SGD by default
- *     tp.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;
+ *     tp.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;                  // the default
  *     dt_trainer *tr;
  *     if (dt_trainer_init(m, s, &tp, &tr) < 0) fail(dt_last_error());
  *     for (int step = 0; step < 200; step++) {
@@ -138,9 +138,9 @@ DT_API dt_ddp *dt_strategy_ddp(const dt_strategy *s);
 typedef struct dt_trainer dt_trainer;
 
 typedef enum dt_trainer_loss {
-    DT_TRAINER_LOSS_MODEL = 0,     /* dt_model_loss: the zoo model's own loss */
-    DT_TRAINER_LOSS_CROSS_ENTROPY, /* dt_cross_entropy(output, integer labels) */
-    DT_TRAINER_LOSS_MSE,           /* dt_mse_loss(output, target) */
+    DT_TRAINER_LOSS_CROSS_ENTROPY = 0, /* dt_cross_entropy(output, integer labels) */
+    DT_TRAINER_LOSS_MSE,               /* dt_mse_loss(output, target) */
+    DT_TRAINER_LOSS_MEAN,              /* dt_mean(output); no target */
 } dt_trainer_loss;
 
 /* A custom loss: a scalar tensor on ctx, or NULL with the error set. */
@@ -167,8 +167,10 @@ typedef struct dt_trainer_params {
     float loss_scale;         /* the loss is multiplied by this before backward and the gradients
                                  divided by it after the reduction; a step whose gradients are not
                                  finite on any rank is skipped (all ranks agree); default 1 (off) */
-    dt_trainer_loss loss;     /* default DT_TRAINER_LOSS_MODEL */
-    dt_trainer_loss_fn loss_fn; /* custom loss, overrides `loss` when set; default NULL */
+    dt_trainer_loss loss;     /* default DT_TRAINER_LOSS_CROSS_ENTROPY */
+    dt_trainer_loss_fn loss_fn; /* custom loss, overrides `loss` when set (a zoo model's:
+                                   dt_model_desc_loss_fn with loss_ud = &desc, models.h);
+                                   default NULL */
     void *loss_ud;            /* passed to loss_fn; default NULL */
 } dt_trainer_params;
 

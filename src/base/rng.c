@@ -210,6 +210,57 @@ void dt_torch_rng_normal(dt_torch_rng *g, float *x, size_t n, double mean, doubl
     }
 }
 
+void dt_torch_rng_uniform_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double from, double to)
+{
+    const float f = (float)from, t = (float)to, span = t - f;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t r = dt_torch_rng_next(g);
+        if (i >= lo && i < hi) {
+            double u = (double)(r & 0xFFFFFFu) * (1.0 / 16777216.0);
+            out[i - lo] = (float)(u * (double)span + (double)f);
+        }
+    }
+}
+
+void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, float *out, double mean, double std)
+{
+    if (n < 16) { /* the scalar path: small enough to draw whole */
+        float tmp[16];
+        dt_torch_rng_normal(g, tmp, n, mean, std);
+        for (size_t i = lo; i < hi && i < n; i++)
+            out[i - lo] = tmp[i];
+        return;
+    }
+    /* dt_torch_rng_normal draws n uniforms and transforms them in blocks of
+     * 16; when n % 16 != 0 the last 16 elements are then redrawn and
+     * transformed again. Element i < n - 16 (or every i when n % 16 == 0)
+     * comes from its block; the rest from the redrawn tail. */
+    const float m = (float)mean, sd = (float)std;
+    const size_t tail_from = n % 16 ? n - 16 : n;
+    float blk[16];
+    for (size_t b = 0; b + 16 <= n; b += 16) {
+        for (int j = 0; j < 16; j++)
+            blk[j] = torch_u24(g);
+        size_t a0 = b > lo ? b : lo, a1 = b + 16 < hi ? b + 16 : hi;
+        if (a1 > tail_from)
+            a1 = tail_from;
+        if (a0 < a1) {
+            torch_normal16(blk, m, sd);
+            for (size_t i = a0; i < a1; i++)
+                out[i - lo] = blk[i - b];
+        }
+    }
+    for (size_t i = n / 16 * 16; i < n; i++)
+        (void)torch_u24(g); /* the first pass's draws past the last full block */
+    if (n % 16) {
+        for (int j = 0; j < 16; j++)
+            blk[j] = torch_u24(g);
+        torch_normal16(blk, m, sd);
+        for (size_t i = tail_from > lo ? tail_from : lo; i < hi && i < n; i++)
+            out[i - lo] = blk[i - tail_from];
+    }
+}
+
 dt_status dt_torch_randperm(uint64_t seed, int64_t *out, int64_t n)
 {
     if (n < 0 || (n > 0 && !out))

@@ -29,7 +29,7 @@
  * report dead peers as DT_ERR_PEER_FAILED; backends that cannot (MPI aborts
  * the job on a dead peer by default) should say so in their file's header.
  *
- * The MPI backend: src/comm/backend_mpi.c (built only when MPI is found)
+ * The MPI backend: src/comm/mpi/backend_mpi.c (built only when MPI is found)
  * defines `const dt_backend_ops dt__backend_mpi` with name "mpi". The
  * registry references it whenever that file exists (registry.c checks with
  * __has_include), so no other change is needed to add it. The group layer

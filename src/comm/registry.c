@@ -1,7 +1,7 @@
 /* The backend registry (name → table), backend-string parsing, and the
  * names of kinds and reductions.
  *
- * Built-ins: self, shm, and mpi when src/comm/backend_mpi.c is part of the
+ * Built-ins: self, shm, and mpi when src/comm/mpi/backend_mpi.c is part of the
  * build (MPI found); the check below uses __has_include on that file, so
  * adding or removing it needs no other change. */
 #include "comm/pg.h"
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #if DT_HAVE_MPI && defined(__has_include)
-#if __has_include("backend_mpi.c")
+#if __has_include("mpi/backend_mpi.c")
 #define DT__HAVE_MPI_BACKEND 1
 extern const dt_backend_ops dt__backend_mpi;
 #endif

@@ -1,20 +1,22 @@
-/* Models: the flat parameter / gradient / buffer layout, names, init, hooks.
+/* Models: the typed flat parameter / gradient / buffer layout, names, init,
+ * hooks.
  *
  * dt_model_build walks the module tree in pre-order (a module's own
  * parameters, then its buffers, then its children: PyTorch's state_dict
- * order), gives every entry an offset rounded up to 64 bytes in its flat
- * buffer, allocates the buffers, wraps one tensor view per entry (and one
- * grad view per parameter) and initialises the values. Entry i is
- * initialised from the Philox stream (seed, DT_RNG_INIT, i, 0), so a value
- * depends only on the seed and the model structure. */
+ * order), gives every entry an offset rounded up to 64 bytes in the flat of
+ * its role (parameter or buffer) and dtype, allocates the flats (padded for
+ * the build's world size), wraps one tensor view per entry (and one grad
+ * view per parameter) and initialises the values. Element j of entry i is
+ * drawn from the Philox stream (seed, DT_RNG_INIT, i, j), so a value depends
+ * only on the seed, the model structure and its own position: any range of
+ * a flat can be initialised alone (dt_model_init_range), which is what a
+ * meta build followed by a sharded allocation needs. */
 #include "nn_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define ALIGN_ELEMS(bytes, esz) ((((bytes) + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN) / (esz))
 
 static void count_tree(dt_module *m, int *nmod, size_t *nent)
 {
@@ -77,7 +79,10 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                 }
             }
             p->is_buffer = s->is_buffer;
-            p->dtype = !strcmp(s->name, "num_batches_tracked") && m->kind == DT_NN_BATCHNORM2D ? DT_I64 : DT_F32;
+            if ((unsigned)s->dtype >= DT_DTYPE_COUNT)
+                return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: '%s' has an unknown dtype %d", e->name,
+                                (int)s->dtype);
+            p->dtype = s->dtype;
             p->module = m;
             e->spec = i;
         }
@@ -89,49 +94,93 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
     return DT_OK;
 }
 
-static void fill_init(dt_model *md, dt__entry *e, const dt_nn_param_spec *s)
+static bool random_init(dt_nn_init init)
 {
-    dt_param_info *p = &e->info;
-    if (p->dtype != DT_F32)
-        return; /* num_batches_tracked: zero */
-    float *x = p->tensor->data;
-    dt_rng_key key = dt_rng_key_make(md->seed, DT_RNG_INIT, e->index, 0);
+    return init == DT_NN_INIT_UNIFORM || init == DT_NN_INIT_NORMAL || init == DT_NN_INIT_KAIMING ||
+           init == DT_NN_INIT_XAVIER;
+}
+
+/* The U(-b, b) bound of a KAIMING or XAVIER init. Philox uses the short
+ * formulas, torch's stream the ones torch evaluates (same value to an ulp). */
+static double init_bound(const dt_param_info *p, dt_nn_init init, bool torch)
+{
     double fan_in = p->ndim >= 2 ? (double)p->numel / (double)p->shape[0] : (double)p->numel;
+    if (init == DT_NN_INIT_KAIMING) /* kaiming_uniform_(a = sqrt(5)) */
+        return torch ? sqrt(3.0) * (sqrt(2.0 / (1.0 + 5.0)) / sqrt(fan_in)) : 1.0 / sqrt(fan_in);
+    double fo = p->ndim >= 2 ? (double)p->shape[1] : fan_in, fi = p->ndim >= 2 ? (double)p->shape[0] : fan_in;
+    if (p->ndim > 2) { /* receptive field as in torch's xavier */
+        double rf = (double)p->numel / ((double)p->shape[0] * (double)p->shape[1]);
+        fi *= rf, fo *= rf;
+    }
+    return torch ? sqrt(3.0) * sqrt(2.0 / (fi + fo)) : sqrt(6.0 / (fi + fo));
+}
+
+/* Elements [lo, hi) of f32 entry e's initial value into out, Philox. */
+static void philox_part(const dt_model *md, const dt__entry *e, const dt_nn_param_spec *s, uint64_t seed,
+                        size_t lo, size_t hi, float *out)
+{
+    const dt_param_info *p = &e->info;
+    dt_rng_key key = dt_rng_key_make(seed, DT_RNG_INIT, e->index, 0);
+    size_t n = hi - lo;
+    (void)md;
     switch (s->init) {
     case DT_NN_INIT_ZEROS:
+        memset(out, 0, n * sizeof(float));
         break;
     case DT_NN_INIT_ONES:
-        for (size_t i = 0; i < p->numel; i++)
-            x[i] = 1.0f;
+        for (size_t i = 0; i < n; i++)
+            out[i] = 1.0f;
         break;
     case DT_NN_INIT_UNIFORM:
-        dt_rng_fill_uniform(key, 0, x, p->numel, -s->a, s->a);
+        dt_rng_fill_uniform(key, lo, out, n, -s->a, s->a);
         break;
     case DT_NN_INIT_NORMAL:
-        dt_rng_fill_normal(key, 0, x, p->numel, 0.0f, s->a);
+        dt_rng_fill_normal(key, lo, out, n, 0.0f, s->a);
         break;
-    case DT_NN_INIT_KAIMING: {
-        float b = (float)(1.0 / sqrt(fan_in));
-        dt_rng_fill_uniform(key, 0, x, p->numel, -b, b);
-        break;
-    }
+    case DT_NN_INIT_KAIMING:
     case DT_NN_INIT_XAVIER: {
-        double fo = p->ndim >= 2 ? (double)p->shape[1] : fan_in, fi = p->ndim >= 2 ? (double)p->shape[0] : fan_in;
-        if (p->ndim > 2) { /* receptive field as in torch's xavier */
-            double rf = (double)p->numel / ((double)p->shape[0] * (double)p->shape[1]);
-            fi *= rf, fo *= rf;
-        }
-        float b = (float)sqrt(6.0 / (fi + fo));
-        dt_rng_fill_uniform(key, 0, x, p->numel, -b, b);
+        float b = (float)init_bound(p, s->init, false);
+        dt_rng_fill_uniform(key, lo, out, n, -b, b);
         break;
     }
     }
 }
 
+/* Entry e's draws from torch's stream g (all numel of them, in order),
+ * keeping elements [lo, hi) into out (out may be NULL when lo == hi).
+ * Constant inits draw nothing. */
+static void torch_part(dt_torch_rng *g, const dt__entry *e, const dt_nn_param_spec *s, size_t lo, size_t hi,
+                       float *out)
+{
+    const dt_param_info *p = &e->info;
+    switch (s->init) {
+    case DT_NN_INIT_ZEROS:
+    case DT_NN_INIT_ONES:
+        break;
+    case DT_NN_INIT_UNIFORM:
+        dt_torch_rng_uniform_part(g, p->numel, lo, hi, out, -(double)s->a, (double)s->a);
+        break;
+    case DT_NN_INIT_NORMAL:
+        dt_torch_rng_normal_part(g, p->numel, lo, hi, out, 0.0, (double)s->a);
+        break;
+    case DT_NN_INIT_KAIMING:
+    case DT_NN_INIT_XAVIER: {
+        double b = init_bound(p, s->init, true);
+        dt_torch_rng_uniform_part(g, p->numel, lo, hi, out, -b, b);
+        break;
+    }
+    }
+}
+
+static const dt_nn_param_spec *entry_spec(const dt__entry *e) { return &e->info.module->specs[e->spec]; }
+
 dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
 {
     if (!md)
         return dt_error(DT_ERR_NULL, "dt_model_init_torch: model is NULL");
+    if (md->meta)
+        return dt_error(DT_ERR_STATE, "dt_model_init_torch: the model is meta (no storage): use "
+                                      "dt_model_init_range(m, DT_INIT_TORCH, seed, shard)");
     dt_torch_rng g;
     dt_torch_rng_seed(&g, seed);
     for (size_t i = 0; i < md->nentry; i++) {
@@ -139,34 +188,52 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
         const dt_param_info *p = &e->info;
         if (p->is_buffer || p->dtype != DT_F32)
             continue;
-        const dt_nn_param_spec *s = &p->module->specs[e->spec];
-        float *x = p->tensor->data;
-        double fan_in = p->ndim >= 2 ? (double)p->numel / (double)p->shape[0] : (double)p->numel;
-        switch (s->init) {
-        case DT_NN_INIT_ZEROS:
-        case DT_NN_INIT_ONES:
-            break;
-        case DT_NN_INIT_UNIFORM:
-            dt_torch_rng_uniform(&g, x, p->numel, -(double)s->a, (double)s->a);
-            break;
-        case DT_NN_INIT_NORMAL:
-            dt_torch_rng_normal(&g, x, p->numel, 0.0, (double)s->a);
-            break;
-        case DT_NN_INIT_KAIMING: { /* kaiming_uniform_(a = sqrt(5)) as torch computes the bound */
-            double b = sqrt(3.0) * (sqrt(2.0 / (1.0 + 5.0)) / sqrt(fan_in));
-            dt_torch_rng_uniform(&g, x, p->numel, -b, b);
-            break;
+        torch_part(&g, e, entry_spec(e), 0, p->numel, p->tensor->data);
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed, dt_flat *dst)
+{
+    if (!md || !dst)
+        return dt_error(DT_ERR_NULL, "dt_model_init_range: %s is NULL", md ? "destination" : "model");
+    if ((unsigned)rng >= DT_INIT_RNG_COUNT || (unsigned)dst->dtype >= DT_DTYPE_COUNT)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_init_range: unknown generator %d or dtype %d", (int)rng,
+                        (int)dst->dtype);
+    const dt_flat *full = &md->flats[DT_FLAT_PARAMS][dst->dtype];
+    size_t lo = dst->offset, hi = dst->offset + dst->numel;
+    if (hi < lo || hi > full->total)
+        return dt_error(DT_ERR_RANGE, "dt_model_init_range: range [%zu, %zu) outside the %s parameter flat of %zu "
+                        "elements", lo, hi, dt_dtype_name(dst->dtype), full->total);
+    if (!dst->base && hi > lo)
+        return dt_error(DT_ERR_NULL, "dt_model_init_range: destination has no memory");
+    if (hi > lo)
+        memset(dst->base, 0, dt_flat_nbytes(dst));
+    if (dst->dtype != DT_F32)
+        return DT_OK; /* non-f32 entries start at zero */
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (size_t i = 0; i < md->nentry; i++) {
+        const dt__entry *e = &md->entries[i];
+        const dt_param_info *p = &e->info;
+        if (p->is_buffer || p->dtype != DT_F32)
+            continue;
+        size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        float *out = a < b ? dt_flat_ptr(dst, a) : NULL;
+        const dt_nn_param_spec *s = entry_spec(e);
+        if (a >= b) {
+            if (rng == DT_INIT_TORCH) /* not ours, but its draws come before the next entry's */
+                torch_part(&g, e, s, 0, 0, NULL);
+            continue;
         }
-        case DT_NN_INIT_XAVIER: {
-            double fo = p->ndim >= 2 ? (double)p->shape[1] : fan_in, fi = p->ndim >= 2 ? (double)p->shape[0] : fan_in;
-            if (p->ndim > 2) {
-                double rf = (double)p->numel / ((double)p->shape[0] * (double)p->shape[1]);
-                fi *= rf, fo *= rf;
-            }
-            double b = sqrt(3.0) * sqrt(2.0 / (fi + fo));
-            dt_torch_rng_uniform(&g, x, p->numel, -b, b);
-            break;
-        }
+        if (rng == DT_INIT_PHILOX) {
+            philox_part(md, e, s, seed, a - p->offset, b - p->offset, out);
+        } else {
+            /* constant inits are not redrawn by torch: they keep the build's values */
+            if (!random_init(s->init))
+                philox_part(md, e, s, seed, a - p->offset, b - p->offset, out);
+            else
+                torch_part(&g, e, s, a - p->offset, b - p->offset, out);
         }
     }
     return DT_OK;
@@ -177,35 +244,48 @@ static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)
     (void)leaf;
     dt__entry *e = ud;
     dt_model *md = e->model;
-    for (int i = 0; i < md->nready; i++) {
-        dt_status st = md->ready[i].fn(md, e->index, &e->info, md->ready[i].ud);
+    for (int i = 0; i < md->ready.n; i++) {
+        dt_status st = ((dt_grad_ready_fn)md->ready.h[i].fn)(md, e->index, &e->info, md->ready.h[i].ud);
         if (st < 0)
             return dt_error_wrap(st, "grad-ready hook %d of '%s'", i, e->name);
     }
     return DT_OK;
 }
 
-dt_model *dt_model_build(dt_module *root, uint64_t seed)
+dt_model_build_params dt_model_build_params_default(void)
 {
-    if (!root) {
-        if (dt_last_status() == DT_OK)
-            dt_error(DT_ERR_NULL, "dt_model_build: root module is NULL");
-        return NULL;
+    dt_model_build_params p = {.world = 1, .meta = false};
+    return p;
+}
+
+dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_params *bp, dt_model **out)
+{
+    if (!out) {
+        dt_module_free(root);
+        return dt_error(DT_ERR_NULL, "dt_model_build: out is NULL");
     }
-    if (root->model || root->parent) {
-        /* not ours to free: it belongs to a model or a container already */
-        dt_error(DT_ERR_STATE, "dt_model_build: module '%s' (%s) already belongs to a %s", dt_module_path(root),
-                 dt_module_type(root), root->model ? "model" : "container");
-        return NULL;
+    *out = NULL;
+    if (!root)
+        return dt_last_status() < 0 ? dt_last_status() : dt_error(DT_ERR_NULL, "dt_model_build: root module is NULL");
+    if (root->model || root->parent) /* not ours to free: it belongs to a model or a container already */
+        return dt_error(DT_ERR_STATE, "dt_model_build: module '%s' (%s) already belongs to a %s",
+                        dt_module_path(root), dt_module_type(root), root->model ? "model" : "container");
+    dt_model_build_params defp = dt_model_build_params_default();
+    if (!bp)
+        bp = &defp;
+    if (bp->world < 1) {
+        dt_module_free(root);
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: world %d must be >= 1", bp->world);
     }
     dt_model *md = calloc(1, sizeof *md);
     if (!md) {
         dt_module_free(root);
-        dt_error(DT_ERR_NO_MEMORY, "dt_model_build: out of memory");
-        return NULL;
+        return dt_error(DT_ERR_NO_MEMORY, "dt_model_build: out of memory");
     }
     md->root = root;
     md->seed = seed;
+    md->world = bp->world;
+    md->meta = bp->meta;
     int nmod = 0;
     size_t nent = 0;
     count_tree(root, &nmod, &nent);
@@ -217,57 +297,67 @@ dt_model *dt_model_build(dt_module *root, uint64_t seed)
     }
     if (collect(md, root, NULL) < 0)
         goto fail;
-    /* offsets */
-    size_t pn = 0, bb = 0;
+    /* offsets: per role and dtype, each entry on a 64-byte boundary */
+    size_t used[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT] = {{0}};
     for (size_t i = 0; i < md->nentry; i++) {
         dt_param_info *p = &md->entries[i].info;
         size_t esz = dt_dtype_size(p->dtype);
-        if (p->is_buffer) {
-            p->offset = bb / esz;
-            bb += (p->numel * esz + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;
-        } else {
-            p->offset = pn;
-            pn += ALIGN_ELEMS(p->numel * sizeof(float), sizeof(float));
+        size_t *u = &used[p->is_buffer ? DT_FLAT_BUFFERS : DT_FLAT_PARAMS][p->dtype];
+        p->offset = *u;
+        *u += (p->numel * esz + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN / esz;
+        if (!p->is_buffer) {
             md->nparams++;
             md->param_count += p->numel;
         }
     }
-    md->flat_numel = pn;
-    md->buf_nbytes = bb;
-    md->params = dt_calloc(pn * sizeof(float));
-    md->grads = dt_calloc(pn * sizeof(float));
-    md->buffers = dt_calloc(bb);
-    md->grads_owned = true;
-    if (!md->params || !md->grads || !md->buffers) {
-        dt_error_wrap(DT_ERR_NO_MEMORY, "dt_model_build: flat buffers of %zu floats", pn);
-        goto fail;
+    for (int d = 0; d < DT_DTYPE_COUNT; d++) {
+        used[DT_FLAT_GRADS][d] = used[DT_FLAT_PARAMS][d];
+        for (int r = 0; r < DT_FLAT_ROLE_COUNT; r++) {
+            dt_flat *f = &md->flats[r][d];
+            if (!used[r][d])
+                continue;
+            if (md->meta && r != DT_FLAT_BUFFERS) { /* the geometry only */
+                size_t total = dt_flat_padded((dt_dtype)d, used[r][d], bp->world);
+                *f = (dt_flat){.dtype = (dt_dtype)d, .numel = total, .total = total, .used = used[r][d],
+                               .world = bp->world};
+                continue;
+            }
+            if (dt_flat_alloc(f, (dt_dtype)d, used[r][d], bp->world, NULL) < 0) {
+                dt_error_wrap(dt_last_status(), "dt_model_build: %s flat", dt_dtype_name((dt_dtype)d));
+                goto fail;
+            }
+        }
     }
     /* views, grads, init */
     for (size_t i = 0; i < md->nentry; i++) {
         dt__entry *e = &md->entries[i];
         dt_param_info *p = &e->info;
-        int spec_i = e->spec;
         dt_module *m = p->module;
-        void *base = p->is_buffer ? (void *)(md->buffers + p->offset * dt_dtype_size(p->dtype))
-                                  : (void *)(md->params + p->offset);
+        const dt_nn_param_spec *s = &m->specs[e->spec];
+        void *base = dt_flat_ptr(&md->flats[p->is_buffer ? DT_FLAT_BUFFERS : DT_FLAT_PARAMS][p->dtype], p->offset);
+        if (!base)
+            continue; /* meta parameter (or an empty buffer) */
         p->tensor = dt_tensor_wrap(base, p->dtype, p->ndim, p->shape);
         if (!p->tensor)
             goto fail;
         p->tensor->name = e->name;
-        m->params[spec_i] = p->tensor;
+        m->params[e->spec] = p->tensor;
         if (!p->is_buffer) {
-            e->grad = dt_tensor_wrap(md->grads + p->offset, DT_F32, p->ndim, p->shape);
+            e->grad = dt_tensor_wrap(dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset), p->dtype, p->ndim,
+                                     p->shape);
             if (!e->grad || dt_tensor_set_grad(p->tensor, e->grad) < 0 ||
                 dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0)
                 goto fail;
         }
-        fill_init(md, e, &m->specs[spec_i]);
+        if (p->dtype == DT_F32)
+            philox_part(md, e, s, seed, 0, p->numel, base);
     }
-    return md;
-fail:
-    dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_INTERNAL, "dt_model_build");
+    *out = md;
+    return DT_OK;
+fail:;
+    dt_status st = dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_INTERNAL, "dt_model_build");
     dt_model_free(md);
-    return NULL;
+    return st;
 }
 
 void dt_model_free(dt_model *md)
@@ -286,10 +376,10 @@ void dt_model_free(dt_model *md)
     free(md->entries);
     free(md->modules);
     dt_module_free(md->root);
-    dt_free(md->params);
-    if (md->grads_owned)
-        dt_free(md->grads);
-    dt_free(md->buffers);
+    for (int r = 0; r < DT_FLAT_ROLE_COUNT; r++)
+        for (int d = 0; d < DT_DTYPE_COUNT; d++)
+            dt_flat_free(&md->flats[r][d]);
+    dt__hooks_free(&md->ready);
     free(md);
 }
 
@@ -301,13 +391,17 @@ dt_tensor *dt_model_forward(dt_ctx *ctx, dt_model *m, dt_tensor *x)
         dt_error(DT_ERR_NULL, "dt_model_forward: model is NULL");
         return NULL;
     }
+    if (m->meta) {
+        dt_error(DT_ERR_STATE, "dt_model_forward: the model is meta (its parameters have no storage)");
+        return NULL;
+    }
     bool blk = m->blocked_acts;
     for (int i = 0; blk && i < m->nmodules; i++) {
         const dt_module *md = m->modules[i];
         if (md->fwd_override)
             blk = false;
         for (int k = 0; k < DT__HOOK_KINDS; k++)
-            if (md->nhooks[k])
+            if (md->hooks[k].n)
                 blk = false;
     }
     if (!blk || !ctx)
@@ -362,63 +456,68 @@ int64_t dt_model_find_entry(const dt_model *m, const char *name)
 
 size_t dt_model_num_params(const dt_model *m) { return m ? m->nparams : 0; }
 size_t dt_model_param_count(const dt_model *m) { return m ? m->param_count : 0; }
-float *dt_model_params(const dt_model *m) { return m ? m->params : NULL; }
-size_t dt_model_flat_numel(const dt_model *m) { return m ? m->flat_numel : 0; }
-float *dt_model_grads(const dt_model *m) { return m ? m->grads : NULL; }
-void *dt_model_buffers(const dt_model *m) { return m ? m->buffers : NULL; }
-size_t dt_model_buffers_nbytes(const dt_model *m) { return m ? m->buf_nbytes : 0; }
+int dt_model_world(const dt_model *m) { return m ? m->world : 0; }
+bool dt_model_is_meta(const dt_model *m) { return m && m->meta; }
 
-dt_status dt_model_set_grad_buffer(dt_model *m, float *grads)
+const dt_flat *dt_model_flat(const dt_model *m, dt_flat_role role, dt_dtype dtype)
+{
+    if (!m || (unsigned)role >= DT_FLAT_ROLE_COUNT || (unsigned)dtype >= DT_DTYPE_COUNT ||
+        !m->flats[role][dtype].total)
+        return NULL;
+    return &m->flats[role][dtype];
+}
+
+dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *g)
 {
     if (!m)
-        return dt_error(DT_ERR_NULL, "dt_model_set_grad_buffer: model is NULL");
-    float *owned = NULL;
-    if (!grads) {
-        owned = dt_calloc(m->flat_numel * sizeof(float));
-        if (!owned)
-            return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_model_set_grad_buffer");
-        grads = owned;
+        return dt_error(DT_ERR_NULL, "dt_model_set_grads: model is NULL");
+    if ((unsigned)dtype >= DT_DTYPE_COUNT || !m->flats[DT_FLAT_GRADS][dtype].total)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_set_grads: the model has no %s gradients", dt_dtype_name(dtype));
+    if (m->meta)
+        return dt_error(DT_ERR_STATE, "dt_model_set_grads: the model is meta (no gradient views)");
+    dt_flat *cur = &m->flats[DT_FLAT_GRADS][dtype];
+    dt_flat next;
+    if (g) {
+        if (g->dtype != dtype || g->offset != 0 || g->numel != cur->total || !g->base)
+            return dt_error(DT_ERR_SHAPE, "dt_model_set_grads: need a full %s flat of %zu elements, got %s [%zu, +%zu)",
+                            dt_dtype_name(dtype), cur->total, dt_dtype_name(g->dtype), g->offset, g->numel);
+        next = *g;
+        next.owned = false;
+        next.used = cur->used;
+        next.world = cur->world;
+        next.total = cur->total;
+    } else if (dt_flat_alloc(&next, dtype, cur->used, cur->world, NULL) < 0) {
+        return dt_error_wrap(dt_last_status(), "dt_model_set_grads");
     }
     for (size_t i = 0; i < m->nentry; i++) {
         dt__entry *e = &m->entries[i];
-        if (!e->info.is_buffer)
-            dt_tensor_rebind(e->grad, grads + e->info.offset);
+        if (!e->info.is_buffer && e->info.dtype == dtype)
+            dt_tensor_rebind(e->grad, dt_flat_ptr(&next, e->info.offset));
     }
-    if (m->grads_owned)
-        dt_free(m->grads);
-    m->grads = grads;
-    m->grads_owned = owned != NULL;
+    dt_flat_free(cur);
+    *cur = next;
     return DT_OK;
 }
 
 void dt_model_zero_grad(dt_model *m)
 {
-    if (m && m->grads)
-        memset(m->grads, 0, m->flat_numel * sizeof(float));
+    for (int d = 0; m && d < DT_DTYPE_COUNT; d++)
+        if (m->flats[DT_FLAT_GRADS][d].base)
+            memset(m->flats[DT_FLAT_GRADS][d].base, 0, dt_flat_nbytes(&m->flats[DT_FLAT_GRADS][d]));
 }
 
-dt_status dt_model_on_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud)
+dt_status dt_model_add_grad_ready_hook(dt_model *m, dt_grad_ready_fn fn, void *ud, dt_hook_id *id)
 {
     if (!m || !fn)
-        return dt_error(DT_ERR_NULL, "dt_model_on_grad_ready: %s is NULL", m ? "fn" : "model");
-    if (m->nready >= DT_NN_MAX_HOOKS)
-        return dt_error(DT_ERR_RANGE, "dt_model_on_grad_ready: at most %d callbacks", DT_NN_MAX_HOOKS);
-    m->ready[m->nready].fn = fn;
-    m->ready[m->nready].ud = ud;
-    m->nready++;
+        return dt_error(DT_ERR_NULL, "dt_model_add_grad_ready_hook: %s is NULL", m ? "fn" : "model");
+    return dt__hooks_add(&m->ready, (void (*)(void))fn, ud, &m->next_hook_id, id);
+}
+
+dt_status dt_model_remove_hook(dt_model *m, dt_hook_id id)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_model_remove_hook: model is NULL");
+    if (!dt__hooks_remove(&m->ready, id))
+        return dt_error(DT_ERR_NOT_FOUND, "dt_model_remove_hook: no grad-ready hook %llu", (unsigned long long)id);
     return DT_OK;
-}
-
-dt_status dt_model_remove_grad_ready(dt_model *m, dt_grad_ready_fn fn, void *ud)
-{
-    if (!m || !fn)
-        return dt_error(DT_ERR_NULL, "dt_model_remove_grad_ready: %s is NULL", m ? "fn" : "model");
-    for (int i = 0; i < m->nready; i++)
-        if (m->ready[i].fn == fn && m->ready[i].ud == ud) {
-            for (int j = i + 1; j < m->nready; j++)
-                m->ready[j - 1] = m->ready[j];
-            m->nready--;
-            return DT_OK;
-        }
-    return dt_error(DT_ERR_NOT_FOUND, "dt_model_remove_grad_ready: callback not registered");
 }

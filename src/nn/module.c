@@ -66,6 +66,8 @@ void dt_module_free(dt_module *m)
         free((char *)m->specs[i].name);
     free(m->specs);
     free(m->params); /* the tensors themselves belong to the model */
+    for (int k = 0; k < DT__HOOK_KINDS; k++)
+        dt__hooks_free(&m->hooks[k]);
     free(m->type);
     free(m->name);
     free(m->path);
@@ -125,6 +127,7 @@ dt_module *dt_nn_batchnorm2d(int64_t c, float eps, float momentum)
                              spec("running_mean", DT_NN_INIT_ZEROS, true, 1, c, 0, 0, 0),
                              spec("running_var", DT_NN_INIT_ONES, true, 1, c, 0, 0, 0),
                              spec("num_batches_tracked", DT_NN_INIT_ZEROS, true, 0, 0, 0, 0, 0)};
+    s[4].dtype = DT_I64;
     dt_module *m = dt__module_new(DT_NN_BATCHNORM2D, 5, s);
     if (m)
         m->in = c, m->eps = eps, m->momentum = momentum;
@@ -339,46 +342,87 @@ dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum)
 
 /* ---- hooks ---------------------------------------------------------------------------- */
 
-static dt_status add_hook(dt_module *m, int kind, void (*fn)(void), void *ud)
+dt_status dt__hooks_add(dt__hooks *l, void (*fn)(void), void *ud, dt_hook_id *next_id, dt_hook_id *id)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 4;
+        dt__hook *h = realloc(l->h, (size_t)cap * sizeof *h);
+        if (!h)
+            return dt_error(DT_ERR_NO_MEMORY, "adding a hook: out of memory");
+        l->h = h;
+        l->cap = cap;
+    }
+    dt_hook_id hid = ++*next_id;
+    l->h[l->n++] = (dt__hook){.fn = fn, .ud = ud, .id = hid};
+    if (id)
+        *id = hid;
+    return DT_OK;
+}
+
+bool dt__hooks_remove(dt__hooks *l, dt_hook_id id)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->h[i].id == id) {
+            memmove(l->h + i, l->h + i + 1, (size_t)(l->n - i - 1) * sizeof *l->h);
+            l->n--;
+            return true;
+        }
+    return false;
+}
+
+void dt__hooks_free(dt__hooks *l)
+{
+    free(l->h);
+    memset(l, 0, sizeof *l);
+}
+
+static dt_status add_hook(dt_module *m, int kind, void (*fn)(void), void *ud, dt_hook_id *id)
 {
     static const char *names[] = {"forward pre", "forward post", "backward pre", "backward post"};
     if (!m || !fn)
         return dt_error(DT_ERR_NULL, "add %s hook: %s is NULL", names[kind], m ? "function" : "module");
-    if (m->nhooks[kind] >= DT_NN_MAX_HOOKS)
-        return dt_error(DT_ERR_RANGE, "module '%s': at most %d %s hooks", dt_module_path(m), DT_NN_MAX_HOOKS,
-                        names[kind]);
-    m->hooks[kind][m->nhooks[kind]].fn = fn;
-    m->hooks[kind][m->nhooks[kind]].ud = ud;
-    m->nhooks[kind]++;
-    return DT_OK;
+    dt_status st = dt__hooks_add(&m->hooks[kind], fn, ud, &m->next_hook_id, id);
+    return st < 0 ? dt_error_wrap(st, "module '%s'", dt_module_path(m)) : DT_OK;
 }
 
-dt_status dt_module_add_forward_pre_hook(dt_module *m, dt_fwd_pre_hook fn, void *ud)
+dt_status dt_module_add_forward_pre_hook(dt_module *m, dt_fwd_pre_hook fn, void *ud, dt_hook_id *id)
 {
-    return add_hook(m, DT__HOOK_FWD_PRE, (void (*)(void))fn, ud);
+    return add_hook(m, DT__HOOK_FWD_PRE, (void (*)(void))fn, ud, id);
 }
-dt_status dt_module_add_forward_post_hook(dt_module *m, dt_fwd_post_hook fn, void *ud)
+dt_status dt_module_add_forward_post_hook(dt_module *m, dt_fwd_post_hook fn, void *ud, dt_hook_id *id)
 {
-    return add_hook(m, DT__HOOK_FWD_POST, (void (*)(void))fn, ud);
+    return add_hook(m, DT__HOOK_FWD_POST, (void (*)(void))fn, ud, id);
 }
-dt_status dt_module_add_backward_pre_hook(dt_module *m, dt_bwd_hook fn, void *ud)
+dt_status dt_module_add_backward_pre_hook(dt_module *m, dt_bwd_hook fn, void *ud, dt_hook_id *id)
 {
-    return add_hook(m, DT__HOOK_BWD_PRE, (void (*)(void))fn, ud);
+    return add_hook(m, DT__HOOK_BWD_PRE, (void (*)(void))fn, ud, id);
 }
-dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, void *ud)
+dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, void *ud, dt_hook_id *id)
 {
-    return add_hook(m, DT__HOOK_BWD_POST, (void (*)(void))fn, ud);
+    return add_hook(m, DT__HOOK_BWD_POST, (void (*)(void))fn, ud, id);
 }
+
+dt_status dt_module_remove_hook(dt_module *m, dt_hook_id id)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_remove_hook: module is NULL");
+    for (int k = 0; k < DT__HOOK_KINDS; k++)
+        if (dt__hooks_remove(&m->hooks[k], id))
+            return DT_OK;
+    return dt_error(DT_ERR_NOT_FOUND, "dt_module_remove_hook: module '%s' has no hook %llu", dt_module_path(m),
+                    (unsigned long long)id);
+}
+
 void dt_module_clear_hooks(dt_module *m)
 {
-    if (m)
-        memset(m->nhooks, 0, sizeof m->nhooks);
+    for (int k = 0; m && k < DT__HOOK_KINDS; k++)
+        m->hooks[k].n = 0;
 }
 
 static dt_status run_bwd_hooks(dt_ctx *ctx, dt_module *m, int kind)
 {
-    for (int i = 0; i < m->nhooks[kind]; i++) {
-        dt_status st = ((dt_bwd_hook)m->hooks[kind][i].fn)(ctx, m, m->hooks[kind][i].ud);
+    for (int i = 0; i < m->hooks[kind].n; i++) {
+        dt_status st = ((dt_bwd_hook)m->hooks[kind].h[i].fn)(ctx, m, m->hooks[kind].h[i].ud);
         if (st < 0)
             return dt_error_wrap(st, "module '%s' backward %s hook %d", m->path, kind == DT__HOOK_BWD_PRE ? "pre" : "post", i);
     }
@@ -401,7 +445,7 @@ static dt_tensor *shape_error(const dt_module *m, const dt_tensor *x, const char
 static bool unhooked(const dt_module *m)
 {
     for (int k = 0; k < DT__HOOK_KINDS; k++)
-        if (m->nhooks[k])
+        if (m->hooks[k].n)
             return false;
     return !m->fwd_override;
 }
@@ -509,15 +553,15 @@ dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
                  dt_module_path(m), dt_module_type(m));
         return NULL;
     }
-    for (int i = 0; i < m->nhooks[DT__HOOK_FWD_PRE]; i++) {
-        dt_status st = ((dt_fwd_pre_hook)m->hooks[DT__HOOK_FWD_PRE][i].fn)(ctx, m, x, m->hooks[DT__HOOK_FWD_PRE][i].ud);
+    for (int i = 0; i < m->hooks[DT__HOOK_FWD_PRE].n; i++) {
+        dt_status st = ((dt_fwd_pre_hook)m->hooks[DT__HOOK_FWD_PRE].h[i].fn)(ctx, m, x, m->hooks[DT__HOOK_FWD_PRE].h[i].ud);
         if (st < 0) {
             dt_error_wrap(st, "module '%s' forward pre hook %d", m->path, i);
             return NULL;
         }
     }
     const bool marks = dt_ag_enabled(ctx);
-    if (marks && m->nhooks[DT__HOOK_BWD_POST] && dt_ag_mark(ctx, mark_bwd_post, m) < 0)
+    if (marks && m->hooks[DT__HOOK_BWD_POST].n && dt_ag_mark(ctx, mark_bwd_post, m) < 0)
         return NULL;
     dt_error_clear();
     dt_tensor *y = m->fwd_override ? m->fwd_override(ctx, m, x, m->fwd_override_ud) : forward_kind(ctx, m, x);
@@ -528,11 +572,11 @@ dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
                           dt_module_type(m));
         return NULL;
     }
-    if (marks && m->nhooks[DT__HOOK_BWD_PRE] && dt_ag_mark(ctx, mark_bwd_pre, m) < 0)
+    if (marks && m->hooks[DT__HOOK_BWD_PRE].n && dt_ag_mark(ctx, mark_bwd_pre, m) < 0)
         return NULL;
-    for (int i = 0; i < m->nhooks[DT__HOOK_FWD_POST]; i++) {
+    for (int i = 0; i < m->hooks[DT__HOOK_FWD_POST].n; i++) {
         dt_status st =
-            ((dt_fwd_post_hook)m->hooks[DT__HOOK_FWD_POST][i].fn)(ctx, m, x, y, m->hooks[DT__HOOK_FWD_POST][i].ud);
+            ((dt_fwd_post_hook)m->hooks[DT__HOOK_FWD_POST].h[i].fn)(ctx, m, x, y, m->hooks[DT__HOOK_FWD_POST].h[i].ud);
         if (st < 0) {
             dt_error_wrap(st, "module '%s' forward post hook %d", m->path, i);
             return NULL;

@@ -9,7 +9,20 @@ enum { DT__HOOK_FWD_PRE = 0, DT__HOOK_FWD_POST, DT__HOOK_BWD_PRE, DT__HOOK_BWD_P
 typedef struct dt__hook {
     void (*fn)(void); /* cast to the kind's type */
     void *ud;
+    dt_hook_id id;
 } dt__hook;
+
+/* A growable list of hooks (module hooks of one kind, a model's grad-ready
+ * hooks). */
+typedef struct dt__hooks {
+    dt__hook *h;
+    int n, cap;
+} dt__hooks;
+
+/* Append (fn, ud) with a fresh id from *next_id; remove by id; free. */
+dt_status dt__hooks_add(dt__hooks *l, void (*fn)(void), void *ud, dt_hook_id *next_id, dt_hook_id *id);
+bool dt__hooks_remove(dt__hooks *l, dt_hook_id id);
+void dt__hooks_free(dt__hooks *l);
 
 struct dt_module {
     dt_nn_kind kind;
@@ -37,8 +50,8 @@ struct dt_module {
     void *fwd_override_ud;
     bool training;
     uint64_t fwd_count;     /* dropout: forward calls so far */
-    dt__hook hooks[DT__HOOK_KINDS][DT_NN_MAX_HOOKS];
-    int nhooks[DT__HOOK_KINDS];
+    dt__hooks hooks[DT__HOOK_KINDS];
+    dt_hook_id next_hook_id;
 };
 
 typedef struct dt__entry {
@@ -50,36 +63,25 @@ typedef struct dt__entry {
     int spec;               /* index into the module's specs */
 } dt__entry;
 
-typedef enum { DT__LOSS_NONE = 0, DT__LOSS_CE, DT__LOSS_MEAN } dt__loss_kind;
-
 struct dt_model {
     dt_module *root;
     uint64_t seed;
     int rank;
-    char name[32];
     dt_module **modules;    /* pre-order */
     int nmodules;
     dt__entry *entries;
     size_t nentry, nparams, param_count;
-    float *params;
-    float *grads;
-    bool grads_owned;
-    size_t flat_numel;
-    unsigned char *buffers;
-    size_t buf_nbytes;
-    struct { dt_grad_ready_fn fn; void *ud; } ready[DT_NN_MAX_HOOKS];
-    int nready;
-    /* zoo metadata (models/) */
-    dt__loss_kind loss;
-    int in_ndim;            /* input dims after the batch dim */
-    int64_t in_shape[DT_MAX_DIMS];
-    bool target_labels;     /* target is [B] i64 labels */
+    int world;              /* flats padded for this many ranks */
+    bool meta;              /* no parameter / gradient storage */
+    /* one flat per role and dtype (total 0 and base NULL when unused) */
+    dt_flat flats[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT];
+    dt__hooks ready;        /* grad-ready hooks */
+    dt_hook_id next_hook_id;
     /* the forward may keep conv activations nChw8c (dt_ctx_set_blocked):
      * set by models whose convs only feed batch norm / relu / max pool
      * before a flatten; used only while no module has hooks or a replaced
      * forward (those could see the activations) */
     bool blocked_acts;
-    double fwd_flops_per_sample, train_flops_per_sample;
 };
 
 /* Allocate a module of a kind with nparam specs (copied). */

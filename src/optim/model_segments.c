@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-dt_status dt_optim_segments_from_model(const dt_model *m, bool no_decay_1d, dt_optim_segment *segs, size_t cap,
+dt_status dt_optim_segments_from_model(const dt_model *m, dt_dtype dtype, bool no_decay_1d, dt_optim_segment *segs, size_t cap,
                                        size_t *n)
 {
     if (!m || !n)
@@ -15,7 +15,7 @@ dt_status dt_optim_segments_from_model(const dt_model *m, bool no_decay_1d, dt_o
         dt_status st = dt_model_entry(m, i, &p);
         if (st < 0)
             return st;
-        if (p.is_buffer)
+        if (p.is_buffer || p.dtype != dtype)
             continue;
         if (segs && k < cap)
             segs[k] = (dt_optim_segment){.offset = p.offset, .numel = p.numel, .no_decay = no_decay_1d && p.ndim <= 1};

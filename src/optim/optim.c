@@ -1,6 +1,7 @@
-/* Optimizer objects: layout -> work items, parameter checks, the step driver.
+/* Optimizer objects: ranges -> work items, parameter checks, the step driver.
  *
- * The step of each kind is one parallel loop over work items (optim_impl.h)
+ * The step of each kind is one parallel loop over the work items of all
+ * ranges (optim_impl.h)
  * calling an element kernel (optim_kernels.c). Scalars that the references
  * compute in double (PyTorch) are computed in double here and rounded to
  * float once, at the same place. LAMB makes three passes: norms of w and g,
@@ -53,169 +54,244 @@ const char *dt_optim_kind_name(dt_optim_kind k)
 
 /* ---- construction -------------------------------------------------------------- */
 
-static dt_status build_items(dt_optim *o, const dt_optim_layout *l)
+typedef struct seg_key {
+    const dt_flat *flat;
+    size_t offset, numel;
+} seg_key;
+
+/* Index of (flat, offset, numel) in the table, appending it when new. */
+static size_t seg_index(seg_key *tab, size_t *n, const dt_flat *flat, const dt_optim_segment *sg, bool *fresh)
 {
-    if (!l)
-        return dt_error(DT_ERR_NULL, "optimizer: layout is NULL");
-    if (l->hi < l->lo)
-        return dt_error(DT_ERR_INVALID_ARG, "optimizer: range [%zu, %zu) has hi < lo", l->lo, l->hi);
-    if (l->nseg && !l->segs)
-        return dt_error(DT_ERR_NULL, "optimizer: layout has nseg %zu but segs is NULL", l->nseg);
-    dt_optim_segment whole = {l->lo, l->hi - l->lo, false};
-    const dt_optim_segment *segs = l->segs ? l->segs : &whole;
-    size_t nseg = l->segs ? l->nseg : 1;
-    size_t count = 0;
-    for (size_t pass = 0; pass < 2; pass++) {
-        size_t prev_end = 0;
-        for (size_t s = 0; s < nseg; s++) {
+    for (size_t i = *n; i-- > 0;)
+        if (tab[i].flat == flat && tab[i].offset == sg->offset && tab[i].numel == sg->numel) {
+            *fresh = false;
+            return i;
+        }
+    tab[*n] = (seg_key){flat, sg->offset, sg->numel};
+    *fresh = true;
+    return (*n)++;
+}
+
+static dt_status check_range(const dt_optim_range *r, size_t i)
+{
+    if (!r->params || !r->grads)
+        return dt_error(DT_ERR_NULL, "optimizer: range %zu has no %s flat", i, r->params ? "grads" : "params");
+    if (r->mirror)
+        return dt_error(DT_ERR_UNSUPPORTED, "optimizer: range %zu has a mirror flat (mixed precision is not "
+                                            "implemented yet)", i);
+    if (r->params->dtype != DT_F32 || r->grads->dtype != DT_F32)
+        return dt_error(DT_ERR_DTYPE, "optimizer: range %zu has params %s and grads %s; only f32 is stepped",
+                        i, dt_dtype_name(r->params->dtype), dt_dtype_name(r->grads->dtype));
+    if (r->hi < r->lo)
+        return dt_error(DT_ERR_INVALID_ARG, "optimizer: range %zu [%zu, %zu) has hi < lo", i, r->lo, r->hi);
+    if (r->nseg && !r->segs)
+        return dt_error(DT_ERR_NULL, "optimizer: range %zu has nseg %zu but segs is NULL", i, r->nseg);
+    return DT_OK;
+}
+
+static dt_status build_items(dt_optim *o, const dt_optim_range *rs, size_t nr)
+{
+    if (!rs && nr)
+        return dt_error(DT_ERR_NULL, "optimizer: ranges is NULL (nrange %zu)", nr);
+    size_t total_segs = 0;
+    for (size_t r = 0; r < nr; r++) {
+        dt_status st = check_range(&rs[r], r);
+        if (st < 0)
+            return st;
+        for (size_t q = 0; q < r; q++) /* ranges over one flat must not overlap */
+            if (rs[q].params == rs[r].params && rs[q].lo < rs[r].hi && rs[r].lo < rs[q].hi)
+                return dt_error(DT_ERR_INVALID_ARG, "optimizer: ranges %zu [%zu, %zu) and %zu [%zu, %zu) overlap in "
+                                "one params flat", q, rs[q].lo, rs[q].hi, r, rs[r].lo, rs[r].hi);
+        total_segs += rs[r].segs ? rs[r].nseg : 1;
+    }
+    o->nrange = nr;
+    o->ranges = calloc(nr ? nr : 1, sizeof *o->ranges);
+    o->pbase = calloc(nr ? nr : 1, sizeof *o->pbase);
+    o->gbase = calloc(nr ? nr : 1, sizeof *o->gbase);
+    seg_key *tab = calloc(total_segs ? total_segs : 1, sizeof *tab);
+    size_t *idx = calloc(total_segs ? total_segs : 1, sizeof *idx);
+    bool *nd = calloc(total_segs ? total_segs : 1, sizeof *nd);
+    dt_status st = DT_OK;
+    if (!o->ranges || !o->pbase || !o->gbase || !tab || !idx || !nd) {
+        st = dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu ranges", nr);
+        goto done;
+    }
+    /* the segment table, in order of first appearance */
+    size_t ntab = 0, k = 0;
+    for (size_t r = 0; r < nr; r++) {
+        const dt_optim_range *l = &rs[r];
+        dt_optim_segment whole = {l->lo, l->hi - l->lo, false};
+        const dt_optim_segment *segs = l->segs ? l->segs : &whole;
+        size_t nseg = l->segs ? l->nseg : 1, prev_end = 0;
+        for (size_t s = 0; s < nseg; s++, k++) {
             size_t a = segs[s].offset, b = segs[s].offset + segs[s].numel;
-            if (b < a || (s > 0 && a < prev_end))
-                return dt_error(DT_ERR_INVALID_ARG,
-                                "optimizer: segment %zu [%zu, %zu) is not sorted/disjoint after the previous one "
-                                "(ends at %zu)", s, a, b, prev_end);
+            if (b < a || (s > 0 && a < prev_end)) {
+                st = dt_error(DT_ERR_INVALID_ARG,
+                              "optimizer: range %zu segment %zu [%zu, %zu) is not sorted/disjoint after the previous "
+                              "one (ends at %zu)", r, s, a, b, prev_end);
+                goto done;
+            }
             prev_end = b;
-            if (pass == 1)
-                o->seg_no_decay[s] = segs[s].no_decay;
-            if (a < l->lo)
-                a = l->lo;
-            if (b > l->hi)
-                b = l->hi;
-            for (size_t x = a; x < b; x += DT__OPTIM_CHUNK) {
-                if (pass == 1) {
-                    dt__optim_item *it = &o->items[count];
-                    it->start = x - l->lo;
-                    it->len = b - x < DT__OPTIM_CHUNK ? b - x : DT__OPTIM_CHUNK;
-                    it->seg = s;
-                    it->no_decay = segs[s].no_decay;
+            bool fresh;
+            idx[k] = seg_index(tab, &ntab, l->params, &segs[s], &fresh);
+            if (fresh)
+                nd[idx[k]] = segs[s].no_decay;
+        }
+    }
+    size_t count = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        k = 0;
+        count = 0;
+        for (size_t r = 0; r < nr; r++) {
+            const dt_optim_range *l = &rs[r];
+            dt_optim_segment whole = {l->lo, l->hi - l->lo, false};
+            const dt_optim_segment *segs = l->segs ? l->segs : &whole;
+            size_t nseg = l->segs ? l->nseg : 1;
+            for (size_t s = 0; s < nseg; s++, k++) {
+                size_t a = segs[s].offset, b = segs[s].offset + segs[s].numel;
+                if (a < l->lo)
+                    a = l->lo;
+                if (b > l->hi)
+                    b = l->hi;
+                for (size_t x = a; x < b; x += DT__OPTIM_CHUNK) {
+                    if (pass == 1)
+                        o->items[count] = (dt__optim_item){.range = r, .start = x - l->lo,
+                                                           .len = b - x < DT__OPTIM_CHUNK ? b - x : DT__OPTIM_CHUNK,
+                                                           .seg = idx[k], .no_decay = nd[idx[k]]};
+                    count++;
                 }
-                count++;
             }
         }
         if (pass == 0) {
             o->items = calloc(count ? count : 1, sizeof *o->items);
             o->item_sums = calloc(2 * (count ? count : 1), sizeof(double));
-            o->seg_sums = calloc(2 * nseg, sizeof(double));
-            o->seg_ratio = calloc(nseg, sizeof(float));
-            o->seg_no_decay = calloc(nseg, sizeof(bool));
-            if (!o->items || !o->item_sums || !o->seg_sums || !o->seg_ratio || !o->seg_no_decay)
-                return dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu work items", count);
-            count = 0;
+            o->seg_sums = calloc(2 * (ntab ? ntab : 1), sizeof(double));
+            o->seg_ratio = calloc(ntab ? ntab : 1, sizeof(float));
+            o->seg_no_decay = calloc(ntab ? ntab : 1, sizeof(bool));
+            if (!o->items || !o->item_sums || !o->seg_sums || !o->seg_ratio || !o->seg_no_decay) {
+                st = dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu work items", count);
+                goto done;
+            }
         }
     }
+    memcpy(o->seg_no_decay, nd, ntab * sizeof(bool));
     o->nitem = count;
-    o->nseg = nseg;
-    o->lo = l->lo;
-    o->hi = l->hi;
-    return DT_OK;
+    o->nseg = ntab;
+    for (size_t r = 0; r < nr; r++)
+        o->ranges[r] = (dt__optim_range){.params = rs[r].params, .grads = rs[r].grads, .lo = rs[r].lo, .hi = rs[r].hi};
+done:
+    free(tab);
+    free(idx);
+    free(nd);
+    return st;
 }
 
-static dt_optim *optim_new(dt_optim_kind kind, const dt_optim_layout *l, int nstate, const char *n0,
-                           const char *n1)
+static dt_status optim_new(dt_optim_kind kind, const dt_optim_range *rs, size_t nr, int nstate, const char *n0,
+                           const char *n1, dt_optim **out)
 {
     dt_optim *o = calloc(1, sizeof *o);
-    if (!o) {
-        dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory");
-        return NULL;
-    }
+    if (!o)
+        return dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory");
     o->kind = kind;
-    if (build_items(o, l) < 0)
+    dt_status st = build_items(o, rs, nr);
+    if (st < 0)
         goto fail;
     o->nstate = nstate;
     o->state_name[0] = n0;
     o->state_name[1] = n1;
-    for (int i = 0; i < nstate; i++) {
-        o->state[i] = dt_calloc((o->hi - o->lo) * sizeof(float));
-        if (!o->state[i]) {
-            dt_error_wrap(DT_ERR_NO_MEMORY, "optimizer state '%s' (%zu floats)", i ? n1 : n0, o->hi - o->lo);
-            goto fail;
+    for (size_t r = 0; r < o->nrange; r++)
+        for (int i = 0; i < nstate; i++) {
+            dt__optim_range *rg = &o->ranges[r];
+            rg->state[i] = dt_calloc((rg->hi - rg->lo) * sizeof(float));
+            if (!rg->state[i] && rg->hi > rg->lo) {
+                st = dt_error_wrap(DT_ERR_NO_MEMORY, "optimizer state '%s' (%zu floats)", i ? n1 : n0, rg->hi - rg->lo);
+                goto fail;
+            }
         }
-    }
-    return o;
+    *out = o;
+    return DT_OK;
 fail:
     dt_optim_free(o);
-    return NULL;
+    return st;
 }
 
 static bool bad_beta(double b) { return !(b >= 0.0 && b < 1.0); }
 
-dt_optim *dt_optim_sgd_init(const dt_sgd_params *p, const dt_optim_layout *l)
+#define OUT_CHECK(name)                                                                                          \
+    do {                                                                                                         \
+        if (!out)                                                                                                \
+            return dt_error(DT_ERR_NULL, "%s: out is NULL", name);                                                \
+        *out = NULL;                                                                                             \
+        if (!p)                                                                                                  \
+            return dt_error(DT_ERR_NULL, "%s: params is NULL", name);                                             \
+    } while (0)
+
+dt_status dt_optim_sgd_init(const dt_sgd_params *p, const dt_optim_range *ranges, size_t nrange, dt_optim **out)
 {
-    if (!p) {
-        dt_error(DT_ERR_NULL, "sgd: params is NULL");
-        return NULL;
+    OUT_CHECK("sgd");
+    if (!(p->lr >= 0) || !(p->momentum >= 0) || !(p->weight_decay >= 0))
+        return dt_error(DT_ERR_INVALID_ARG, "sgd: lr %g, momentum %g, weight_decay %g must be >= 0", p->lr,
+                        p->momentum, p->weight_decay);
+    if (p->nesterov && (p->momentum <= 0 || p->dampening != 0))
+        return dt_error(DT_ERR_INVALID_ARG, "sgd: nesterov momentum requires a momentum and zero dampening");
+    dt_status st = optim_new(DT_OPTIM_SGD, ranges, nrange, p->momentum != 0 ? 1 : 0, "momentum_buffer", NULL, out);
+    if (st >= 0) {
+        (*out)->sgd = *p;
+        (*out)->lr = p->lr;
     }
-    if (!(p->lr >= 0) || !(p->momentum >= 0) || !(p->weight_decay >= 0)) {
-        dt_error(DT_ERR_INVALID_ARG, "sgd: lr %g, momentum %g, weight_decay %g must be >= 0", p->lr,
-                 p->momentum, p->weight_decay);
-        return NULL;
-    }
-    if (p->nesterov && (p->momentum <= 0 || p->dampening != 0)) {
-        dt_error(DT_ERR_INVALID_ARG, "sgd: nesterov momentum requires a momentum and zero dampening");
-        return NULL;
-    }
-    dt_optim *o = optim_new(DT_OPTIM_SGD, l, p->momentum != 0 ? 1 : 0, "momentum_buffer", NULL);
-    if (o) {
-        o->sgd = *p;
-        o->lr = p->lr;
-    }
-    return o;
+    return st;
 }
 
-static dt_optim *adam_init(dt_optim_kind kind, const dt_adam_params *p, const dt_optim_layout *l)
+static dt_status adam_init(dt_optim_kind kind, const dt_adam_params *p, const dt_optim_range *ranges, size_t nrange,
+                           dt_optim **out)
 {
     const char *name = kind == DT_OPTIM_ADAM ? "adam" : "adamw";
-    if (!p) {
-        dt_error(DT_ERR_NULL, "%s: params is NULL", name);
-        return NULL;
+    OUT_CHECK(name);
+    if (!(p->lr >= 0) || !(p->eps >= 0) || !(p->weight_decay >= 0) || bad_beta(p->beta1) || bad_beta(p->beta2))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: need lr >= 0 (%g), eps >= 0 (%g), weight_decay >= 0 (%g), "
+                        "betas in [0, 1) (%g, %g)", name, p->lr, p->eps, p->weight_decay, p->beta1, p->beta2);
+    dt_status st = optim_new(kind, ranges, nrange, 2, "exp_avg", "exp_avg_sq", out);
+    if (st >= 0) {
+        (*out)->adam = *p;
+        (*out)->lr = p->lr;
     }
-    if (!(p->lr >= 0) || !(p->eps >= 0) || !(p->weight_decay >= 0) || bad_beta(p->beta1) || bad_beta(p->beta2)) {
-        dt_error(DT_ERR_INVALID_ARG, "%s: need lr >= 0 (%g), eps >= 0 (%g), weight_decay >= 0 (%g), "
-                 "betas in [0, 1) (%g, %g)", name, p->lr, p->eps, p->weight_decay, p->beta1, p->beta2);
-        return NULL;
-    }
-    dt_optim *o = optim_new(kind, l, 2, "exp_avg", "exp_avg_sq");
-    if (o) {
-        o->adam = *p;
-        o->lr = p->lr;
-    }
-    return o;
+    return st;
 }
 
-dt_optim *dt_optim_adam_init(const dt_adam_params *p, const dt_optim_layout *l)
+dt_status dt_optim_adam_init(const dt_adam_params *p, const dt_optim_range *ranges, size_t nrange, dt_optim **out)
 {
-    return adam_init(DT_OPTIM_ADAM, p, l);
+    return adam_init(DT_OPTIM_ADAM, p, ranges, nrange, out);
 }
 
-dt_optim *dt_optim_adamw_init(const dt_adam_params *p, const dt_optim_layout *l)
+dt_status dt_optim_adamw_init(const dt_adam_params *p, const dt_optim_range *ranges, size_t nrange, dt_optim **out)
 {
-    return adam_init(DT_OPTIM_ADAMW, p, l);
+    return adam_init(DT_OPTIM_ADAMW, p, ranges, nrange, out);
 }
 
-dt_optim *dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_layout *l)
+dt_status dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_range *ranges, size_t nrange, dt_optim **out)
 {
-    if (!p) {
-        dt_error(DT_ERR_NULL, "lamb: params is NULL");
-        return NULL;
+    OUT_CHECK("lamb");
+    if (!(p->lr >= 0) || !(p->eps >= 0) || !(p->weight_decay >= 0) || bad_beta(p->beta1) || bad_beta(p->beta2))
+        return dt_error(DT_ERR_INVALID_ARG, "lamb: need lr >= 0 (%g), eps >= 0 (%g), weight_decay >= 0 (%g), "
+                        "betas in [0, 1) (%g, %g)", p->lr, p->eps, p->weight_decay, p->beta1, p->beta2);
+    dt_status st = optim_new(DT_OPTIM_LAMB, ranges, nrange, 2, "exp_avg", "exp_avg_sq", out);
+    if (st >= 0) {
+        (*out)->lamb = *p;
+        (*out)->lr = p->lr;
     }
-    if (!(p->lr >= 0) || !(p->eps >= 0) || !(p->weight_decay >= 0) || bad_beta(p->beta1) || bad_beta(p->beta2)) {
-        dt_error(DT_ERR_INVALID_ARG, "lamb: need lr >= 0 (%g), eps >= 0 (%g), weight_decay >= 0 (%g), "
-                 "betas in [0, 1) (%g, %g)", p->lr, p->eps, p->weight_decay, p->beta1, p->beta2);
-        return NULL;
-    }
-    dt_optim *o = optim_new(DT_OPTIM_LAMB, l, 2, "exp_avg", "exp_avg_sq");
-    if (o) {
-        o->lamb = *p;
-        o->lr = p->lr;
-    }
-    return o;
+    return st;
 }
 
 void dt_optim_free(dt_optim *o)
 {
     if (!o)
         return;
-    for (int i = 0; i < 2; i++)
-        dt_free(o->state[i]);
+    for (size_t r = 0; o->ranges && r < o->nrange; r++)
+        for (int i = 0; i < 2; i++)
+            dt_free(o->ranges[r].state[i]);
+    free(o->ranges);
+    free(o->pbase);
+    free(o->gbase);
     free(o->items);
     free(o->item_sums);
     free(o->seg_sums);
@@ -256,25 +332,27 @@ void dt_optim_set_step(dt_optim *o, int64_t step)
 double dt_optim_last_grad_norm(const dt_optim *o) { return o ? o->last_gnorm : 0.0; }
 int dt_optim_num_states(const dt_optim *o) { return o ? o->nstate : 0; }
 
-dt_status dt_optim_state(dt_optim *o, int i, const char **name, float **data, size_t *n)
+size_t dt_optim_num_ranges(const dt_optim *o) { return o ? o->nrange : 0; }
+
+dt_status dt_optim_state(dt_optim *o, size_t range, int i, const char **name, float **data, size_t *n)
 {
     if (!o)
         return dt_error(DT_ERR_NULL, "dt_optim_state: optimizer is NULL");
-    if (i < 0 || i >= o->nstate)
-        return dt_error(DT_ERR_RANGE, "dt_optim_state: index %d, %s has %d state buffers", i,
-                        dt_optim_kind_name(o->kind), o->nstate);
+    if (i < 0 || i >= o->nstate || range >= o->nrange)
+        return dt_error(DT_ERR_RANGE, "dt_optim_state: state %d of range %zu; %s has %d state buffers and %zu ranges",
+                        i, range, dt_optim_kind_name(o->kind), o->nstate, o->nrange);
     if (name)
         *name = o->state_name[i];
     if (data)
-        *data = o->state[i];
+        *data = o->ranges[range].state[i];
     if (n)
-        *n = o->hi - o->lo;
+        *n = o->ranges[range].hi - o->ranges[range].lo;
     return DT_OK;
 }
 
 /* ---- steps ------------------------------------------------------------------------ */
 
-static void step_sgd(dt_optim *o, float *params, float *grads)
+static void step_sgd(dt_optim *o)
 {
     const dt_sgd_params *p = &o->sgd;
     dt__sgd_k k = {.wd = (float)p->weight_decay, .momentum = (float)p->momentum,
@@ -284,16 +362,16 @@ static void step_sgd(dt_optim *o, float *params, float *grads)
     dt__sgd_k k_nd = k;
     k_nd.has_wd = false;
     const size_t ni = o->nitem;
-    float *buf = o->state[0];
 #pragma omp parallel for schedule(static) if (ni > 1)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
-        dt__optim_sgd(params + it->start, grads + it->start, buf ? buf + it->start : NULL, it->len,
-                      it->no_decay ? &k_nd : &k);
+        float *buf = o->ranges[it->range].state[0];
+        dt__optim_sgd(o->pbase[it->range] + it->start, o->gbase[it->range] + it->start,
+                      buf ? buf + it->start : NULL, it->len, it->no_decay ? &k_nd : &k);
     }
 }
 
-static void step_adam(dt_optim *o, float *params, float *grads)
+static void step_adam(dt_optim *o)
 {
     const dt_adam_params *p = &o->adam;
     const double t = (double)(o->step + 1);
@@ -312,7 +390,8 @@ static void step_adam(dt_optim *o, float *params, float *grads)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
         size_t s = it->start;
-        dt__optim_adam(params + s, grads + s, o->state[0] + s, o->state[1] + s, it->len,
+        float *const *st = o->ranges[it->range].state;
+        dt__optim_adam(o->pbase[it->range] + s, o->gbase[it->range] + s, st[0] + s, st[1] + s, it->len,
                        it->no_decay ? &k_nd : &k);
     }
 }
@@ -325,7 +404,7 @@ static void seg_reduce(dt_optim *o, int which, double *out)
         out[o->items[i].seg] += o->item_sums[2 * i + which];
 }
 
-static dt_status step_lamb(dt_optim *o, float *params, float *grads)
+static dt_status step_lamb(dt_optim *o)
 {
     const dt_lamb_params *p = &o->lamb;
     const size_t ni = o->nitem, ns = o->nseg;
@@ -333,8 +412,8 @@ static dt_status step_lamb(dt_optim *o, float *params, float *grads)
 #pragma omp parallel for schedule(static) if (ni > 1)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
-        o->item_sums[2 * i] = dt__sqsum(grads + it->start, it->len);
-        o->item_sums[2 * i + 1] = dt__sqsum(params + it->start, it->len);
+        o->item_sums[2 * i] = dt__sqsum(o->gbase[it->range] + it->start, it->len);
+        o->item_sums[2 * i + 1] = dt__sqsum(o->pbase[it->range] + it->start, it->len);
     }
     double gsq = 0;
     for (size_t i = 0; i < ni; i++)
@@ -367,8 +446,9 @@ static dt_status step_lamb(dt_optim *o, float *params, float *grads)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
         size_t s = it->start;
-        o->item_sums[2 * i] = dt__optim_lamb_stage1(params + s, grads + s, o->state[0] + s, o->state[1] + s,
-                                                    it->len, it->no_decay ? &k_nd : &k);
+        float *const *st = o->ranges[it->range].state;
+        o->item_sums[2 * i] = dt__optim_lamb_stage1(o->pbase[it->range] + s, o->gbase[it->range] + s, st[0] + s,
+                                                    st[1] + s, it->len, it->no_decay ? &k_nd : &k);
     }
     /* seg_sums = [‖w‖² per seg, ‖u‖² per seg] */
     double *usq = o->seg_sums + ns;
@@ -393,38 +473,59 @@ static dt_status step_lamb(dt_optim *o, float *params, float *grads)
 #pragma omp parallel for schedule(static) if (ni > 1)
     for (size_t i = 0; i < ni; i++) {
         const dt__optim_item *it = &o->items[i];
-        dt__optim_lamb_stage2(params + it->start, grads + it->start, it->len, o->seg_ratio[it->seg], o->zero_grad);
+        dt__optim_lamb_stage2(o->pbase[it->range] + it->start, o->gbase[it->range] + it->start, it->len,
+                              o->seg_ratio[it->seg], o->zero_grad);
     }
     return DT_OK;
 }
 
-dt_status dt_optim_step(dt_optim *o, float *params, float *grads)
+/* Resolve every range's element lo in its flats (they may have moved since
+ * the last step: DDP rebinds gradients, a strategy re-points a shard). */
+static dt_status resolve(dt_optim *o)
+{
+    for (size_t r = 0; r < o->nrange; r++) {
+        const dt__optim_range *rg = &o->ranges[r];
+        if (rg->hi == rg->lo) {
+            o->pbase[r] = o->gbase[r] = NULL;
+            continue;
+        }
+        const dt_flat *fl[2] = {rg->params, rg->grads};
+        for (int k = 0; k < 2; k++)
+            if (!fl[k]->base || rg->lo < fl[k]->offset || rg->hi > fl[k]->offset + fl[k]->numel)
+                return dt_error(fl[k]->base ? DT_ERR_RANGE : DT_ERR_NULL,
+                                "dt_optim_step (%s): range %zu [%zu, %zu) is not held by its %s flat ([%zu, %zu)%s)",
+                                dt_optim_kind_name(o->kind), r, rg->lo, rg->hi, k ? "grads" : "params",
+                                fl[k]->offset, fl[k]->offset + fl[k]->numel, fl[k]->base ? "" : ", no memory");
+        o->pbase[r] = dt_flat_ptr(rg->params, rg->lo);
+        o->gbase[r] = dt_flat_ptr(rg->grads, rg->lo);
+    }
+    return DT_OK;
+}
+
+dt_status dt_optim_step(dt_optim *o)
 {
     if (!o)
         return dt_error(DT_ERR_NULL, "dt_optim_step: optimizer is NULL");
-    if ((!params || !grads) && o->hi > o->lo)
-        return dt_error(DT_ERR_NULL, "dt_optim_step (%s): %s is NULL", dt_optim_kind_name(o->kind),
-                        params ? "grads" : "params");
+    dt_status st = resolve(o);
+    if (st < 0)
+        return st;
     /* gradients whose reduction is still in flight (DDP without dt_ddp_wait) */
-    if (o->hi > o->lo) {
-        dt_status st = dt__inflight_check("dt_optim_step", grads, (o->hi - o->lo) * sizeof(float));
-        if (st < 0)
+    for (size_t r = 0; r < o->nrange; r++)
+        if (o->gbase[r] && (st = dt__inflight_check("dt_optim_step", o->gbase[r],
+                                                    (o->ranges[r].hi - o->ranges[r].lo) * sizeof(float))) < 0)
             return st;
-    }
     switch (o->kind) {
     case DT_OPTIM_SGD:
-        step_sgd(o, params, grads);
+        step_sgd(o);
         break;
     case DT_OPTIM_ADAM:
     case DT_OPTIM_ADAMW:
-        step_adam(o, params, grads);
+        step_adam(o);
         break;
-    case DT_OPTIM_LAMB: {
-        dt_status st = step_lamb(o, params, grads);
-        if (st < 0)
+    case DT_OPTIM_LAMB:
+        if ((st = step_lamb(o)) < 0)
             return st;
         break;
-    }
     default:
         return dt_error(DT_ERR_INTERNAL, "dt_optim_step: bad optimizer kind %d", (int)o->kind);
     }

@@ -1,10 +1,13 @@
 /* src/optim/optim_impl.h — internals shared by the optimizer files.
  *
- * The owned range [lo, hi) is cut into work items: pieces of one segment
- * (tensor) of at most DT__OPTIM_CHUNK elements. Items are the unit of
- * parallelism and of norm accumulation: each item's partial sums land in its
- * own slot and are added in item order afterwards, so sums do not depend on
- * the thread count. */
+ * Each owned range [lo, hi) is cut into work items: pieces of one segment
+ * (tensor) of at most DT__OPTIM_CHUNK elements. The items of all ranges form
+ * one list, the unit of parallelism (a step is one parallel loop over it)
+ * and of norm accumulation: each item's partial sums land in its own slot
+ * and are added in item order afterwards, so sums depend neither on the
+ * thread count nor on how the elements are split into ranges. Segments are
+ * numbered in one table over all ranges: a tensor named by two ranges over
+ * the same params flat (same flat pointer, same offset) is one segment. */
 #ifndef DT_OPTIM_IMPL_H
 #define DT_OPTIM_IMPL_H
 
@@ -13,11 +16,18 @@
 #define DT__OPTIM_CHUNK 16384
 
 typedef struct dt__optim_item {
-    size_t start;    /* local index (global - lo) */
+    size_t range;    /* index of its range */
+    size_t start;    /* local index in the range (global - lo) */
     size_t len;
-    size_t seg;      /* index of the segment in the layout's list */
+    size_t seg;      /* index of the segment in the optimizer's table */
     bool no_decay;
 } dt__optim_item;
+
+typedef struct dt__optim_range {
+    const dt_flat *params, *grads; /* borrowed */
+    size_t lo, hi;
+    float *state[2];               /* hi - lo floats each */
+} dt__optim_range;
 
 struct dt_optim {
     dt_optim_kind kind;
@@ -26,16 +36,17 @@ struct dt_optim {
     dt_lamb_params lamb;
     double lr;
     int64_t step;
-    size_t lo, hi;
+    size_t nrange;
+    dt__optim_range *ranges;
+    float **pbase, **gbase; /* per range, element lo, resolved at each step */
     size_t nitem;
     dt__optim_item *items;
-    size_t nseg;           /* segments in the layout (1 when it gave none) */
+    size_t nseg;           /* segments in the table */
     double *item_sums;     /* 2 per item */
     double *seg_sums;      /* 2 per segment */
     float *seg_ratio;      /* LAMB: lr * trust ratio per segment */
     bool *seg_no_decay;    /* per segment */
     int nstate;
-    float *state[2];
     const char *state_name[2];
     dt_optim_reduce_fn reduce;
     void *reduce_ctx;

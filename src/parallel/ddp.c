@@ -165,6 +165,21 @@ out:
     return st;
 }
 
+/* Broadcast every buffer flat (running stats; num_batches_tracked's i64
+ * flat) from rank 0, each in its own dtype. */
+static dt_status bcast_buffers(dt_pg *pg, const dt_model *m)
+{
+    for (int t = 0; t < DT_DTYPE_COUNT; t++) {
+        const dt_flat *b = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)t);
+        if (!b || !b->base)
+            continue;
+        dt_status st = dt_pg_broadcast(pg, b->base, dt_flat_nbytes(b), DT_U8, 0);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
 dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **out)
 {
     if (!out)
@@ -187,12 +202,14 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     d->p = p;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    d->flat_numel = dt_model_flat_numel(m);
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+    d->flat_numel = P ? P->total : 0;
     d->nentry = dt_model_num_entries(m);
     d->np = (int)dt_model_num_params(m);
     dt_status st = DT_ERR_NO_MEMORY;
-    if (d->np <= 0) {
-        st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no parameters");
+    if (d->np <= 0 || !P || !P->base) {
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no %s", d->np <= 0 ? "parameters" :
+                      P ? "parameter memory (a meta model)" : "f32 parameters");
         goto fail;
     }
     d->slot_of_entry = dt_calloc(d->nentry * sizeof *d->slot_of_entry);
@@ -220,22 +237,20 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     if (d->world > 1) {
         if ((st = verify_across_ranks(pg, m)) < 0)
             goto fail;
-        st = dt_pg_broadcast(pg, dt_model_params(m), d->flat_numel, DT_F32, 0);
-        if (st >= 0 && dt_model_buffers_nbytes(m) > 0)
-            st = dt_pg_broadcast(pg, dt_model_buffers(m), dt_model_buffers_nbytes(m), DT_U8, 0);
+        st = dt_pg_broadcast(pg, P->base, d->flat_numel, DT_F32, 0);
+        if (st >= 0)
+            st = bcast_buffers(pg, m);
         if (st < 0) {
             dt_error_wrap(st, "dt_ddp_init: broadcasting parameters and buffers from rank 0");
             goto fail;
         }
     }
 
-    d->grads = dt_pg_alloc(pg, d->flat_numel * sizeof(float));
-    if (!d->grads) {
-        st = dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ddp_init: %zu bytes of group memory for the gradient buffer",
-                           d->flat_numel * sizeof(float));
+    if ((st = dt_flat_alloc(&d->gflat, DT_F32, G->used, G->world, pg)) < 0) {
+        st = dt_error_wrap(st, "dt_ddp_init: group memory for the gradient flat");
         goto fail;
     }
-    memset(d->grads, 0, d->flat_numel * sizeof(float));
+    d->grads = d->gflat.base;
     dt_reducer_params rp = dt_reducer_params_default();
     rp.bucket_cap_mb = p.bucket_cap_mb;
     rp.first_bucket_mb = p.first_bucket_mb;
@@ -244,14 +259,14 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     rp.wait_hint = "DDP's gradient all-reduces are still in flight: call dt_ddp_wait(ddp) after "
                    "dt_backward and before the optimizer step (or train with dt_trainer), else the "
                    "replicas drift apart";
-    if ((st = dt_reducer_init(pg, m, d->grads, &rp, &d->red)) < 0) {
+    if ((st = dt_reducer_init(pg, m, &d->gflat, &rp, &d->red)) < 0) {
         dt_error_wrap(st, "dt_ddp_init");
         goto fail;
     }
-    if ((st = dt_model_set_grad_buffer(m, d->grads)) < 0)
+    if ((st = dt_model_set_grads(m, DT_F32, &d->gflat)) < 0)
         goto fail;
-    if ((st = dt_model_on_grad_ready(m, dt__ddp_grad_ready, d)) < 0) {
-        dt_model_set_grad_buffer(m, NULL);
+    if ((st = dt_model_add_grad_ready_hook(m, dt__ddp_grad_ready, d, &d->hook)) < 0) {
+        dt_model_set_grads(m, DT_F32, NULL);
         goto fail;
     }
     d->hooked = true;
@@ -260,8 +275,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     return DT_OK;
 fail:
     dt_reducer_free(d->red);
-    if (d->grads)
-        dt_pg_dealloc(pg, d->grads);
+    dt_flat_free(&d->gflat);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -275,11 +289,11 @@ void dt_ddp_free(dt_ddp *d)
         return;
     dt__ddp_drain(d);
     if (d->hooked) {
-        dt_model_remove_grad_ready(d->m, dt__ddp_grad_ready, d);
-        dt_model_set_grad_buffer(d->m, NULL);
+        dt_model_remove_hook(d->m, d->hook);
+        dt_model_set_grads(d->m, DT_F32, NULL);
     }
     dt_reducer_free(d->red);
-    dt_pg_dealloc(d->pg, d->grads);
+    dt_flat_free(&d->gflat);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -312,9 +326,9 @@ dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
          * iteration; otherwise (fresh tape) a new iteration starts. */
         if (!(d->state == DT__DDP_PREPARED && dt_ag_tape_len(ctx) > 0))
             dt__ddp_begin_iteration(d);
-        if (d->p.broadcast_buffers && d->world > 1 && dt_model_buffers_nbytes(d->m) > 0) {
+        if (d->p.broadcast_buffers && d->world > 1) {
             double t = dt_time_s();
-            dt_status st = dt_pg_broadcast(d->pg, dt_model_buffers(d->m), dt_model_buffers_nbytes(d->m), DT_U8, 0);
+            dt_status st = bcast_buffers(d->pg, d->m);
             d->st.buffer_bcast_s += dt_time_s() - t;
             if (st < 0) {
                 dt_error_wrap(st, "DDP: broadcasting buffers from rank 0");
@@ -332,14 +346,14 @@ dt_status dt_ddp_sync_buffers(dt_ddp *d)
 {
     if (!d)
         return dt_error(DT_ERR_NULL, "dt_ddp_sync_buffers: handle is NULL");
-    if (d->world == 1 || dt_model_buffers_nbytes(d->m) == 0)
+    if (d->world == 1)
         return DT_OK;
     if (d->state == DT__DDP_REDUCING) {
         dt_status st = dt_ddp_wait(d);
         if (st < 0)
             return st;
     }
-    dt_status st = dt_pg_broadcast(d->pg, dt_model_buffers(d->m), dt_model_buffers_nbytes(d->m), DT_U8, 0);
+    dt_status st = bcast_buffers(d->pg, d->m);
     return st < 0 ? dt_error_wrap(st, "DDP: broadcasting buffers from rank 0") : DT_OK;
 }
 

@@ -17,7 +17,9 @@ struct dt_ddp {
     dt_model *m;
     dt_ddp_params p;
     int rank, world;
-    float *grads;        /* dt_pg_alloc'd flat gradient buffer */
+    dt_flat gflat;       /* the f32 gradient flat, dt_pg_alloc'd (handed to the model) */
+    float *grads;        /* gflat.base */
+    dt_hook_id hook;     /* the model's grad-ready hook */
     size_t flat_numel;
     dt_reducer *red;     /* buckets, ordered posting, waiting (reducer.c) */
     int np;

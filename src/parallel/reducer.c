@@ -129,14 +129,17 @@ static dt_status build_buckets(dt_reducer *r)
     return DT_OK;
 }
 
-dt_status dt_reducer_init(dt_pg *pg, dt_model *m, float *grads, const dt_reducer_params *pp, dt_reducer **out)
+dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt_reducer_params *pp, dt_reducer **out)
 {
     if (!out)
         return dt_error(DT_ERR_NULL, "dt_reducer_init: out is NULL");
     *out = NULL;
-    if (!pg || !m || !grads)
+    if (!pg || !m || !grads || !grads->base)
         return dt_error(DT_ERR_NULL, "dt_reducer_init: %s is NULL",
-                        !pg ? "process group" : !m ? "model" : "gradient buffer");
+                        !pg ? "process group" : !m ? "model" : "gradient flat");
+    if (grads->dtype != DT_F32 || grads->offset != 0)
+        return dt_error(DT_ERR_DTYPE, "dt_reducer_init: the gradient flat must be a whole f32 buffer (%s, offset %zu)",
+                        dt_dtype_name(grads->dtype), grads->offset);
     dt_reducer_params p = pp ? *pp : dt_reducer_params_default();
     if (!(p.bucket_cap_mb > 0) || !(p.first_bucket_mb > 0))
         return dt_error(DT_ERR_INVALID_ARG,
@@ -157,8 +160,8 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, float *grads, const dt_reducer
     r->p.wait_hint = r->hint;
     r->rank = dt_pg_rank(pg);
     r->world = dt_pg_size(pg);
-    r->grads = grads;
-    r->flat_numel = dt_model_flat_numel(m);
+    r->grads = grads->base;
+    r->flat_numel = grads->numel;
     r->nentry = dt_model_num_entries(m);
     r->np = (int)dt_model_num_params(m);
     dt_status st = DT_ERR_NO_MEMORY;
@@ -186,11 +189,11 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, float *grads, const dt_reducer
                           e.name, dt_dtype_name(e.dtype));
             goto fail;
         }
-        if (e.offset < end) { /* buckets are ranges: the flat layout must follow model order */
+        if (e.offset < end || e.offset + e.numel > r->flat_numel) { /* buckets are ranges: the flat layout must follow model order */
             st = dt_error(DT_ERR_INTERNAL,
-                          "dt_reducer_init: parameter '%s' at offset %zu is not after the previous parameter "
-                          "(ends at %zu)",
-                          e.name, e.offset, end);
+                          "dt_reducer_init: parameter '%s' at [%zu, +%zu) is not after the previous parameter "
+                          "(ends at %zu) inside the gradient flat (%zu elements)",
+                          e.name, e.offset, e.numel, end, r->flat_numel);
             goto fail;
         }
         end = e.offset + e.numel;

@@ -16,23 +16,25 @@ dt_ctx_params dt_ctx_params_default(void)
     return p;
 }
 
-dt_ctx *dt_ctx_init(const dt_ctx_params *p)
+dt_status dt_ctx_init(const dt_ctx_params *p, dt_ctx **out)
 {
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_ctx_init: out is NULL");
+    *out = NULL;
     dt_ctx_params d = dt_ctx_params_default();
     if (!p)
         p = &d;
     dt_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
-        dt_error(DT_ERR_NO_MEMORY, "dt_ctx_init: out of memory");
-        return NULL;
-    }
+    if (!ctx)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_ctx_init: out of memory");
     ctx->arena = dt_arena_init(p->arena_block);
     if (!ctx->arena) {
         free(ctx);
-        return NULL;
+        return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ctx_init: arena of %zu bytes", p->arena_block);
     }
     ctx->grad_enabled = true;
-    return ctx;
+    *out = ctx;
+    return DT_OK;
 }
 
 void dt_ctx_free(dt_ctx *ctx)

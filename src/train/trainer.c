@@ -26,6 +26,7 @@ struct dt_trainer {
     dt_strategy *s;
     dt_optim *opt;
     dt_optim_segment *segs;
+    const dt_flat *P, *G;    /* the model's f32 params and grads flats (G follows DDP's swap) */
     dt_ctx *ctx;
     size_t lo, hi;           /* owned range of the flat buffers */
     int rank, world;
@@ -56,7 +57,7 @@ dt_trainer_params dt_trainer_params_default(void)
     p.measure_grad_norm = false;
     p.compute_dtype = DT_F32;
     p.loss_scale = 1.0f;
-    p.loss = DT_TRAINER_LOSS_MODEL;
+    p.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;
     p.loss_fn = NULL;
     p.loss_ud = NULL;
     return p;
@@ -102,7 +103,7 @@ static dt_status build_optimizer(dt_trainer *tr)
     tr->segs = dt_calloc((ne ? ne : 1) * sizeof *tr->segs);
     if (!tr->segs)
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init: optimizer segments");
-    dt_status st = dt_optim_segments_from_model(tr->m, tr->p.no_decay_1d, tr->segs, ne ? ne : 1, &nseg);
+    dt_status st = dt_optim_segments_from_model(tr->m, DT_F32, tr->p.no_decay_1d, tr->segs, ne ? ne : 1, &nseg);
     if (st < 0)
         return st;
     /* segments clipped to the owned range (a sharded strategy owns part) */
@@ -114,26 +115,26 @@ static dt_status build_optimizer(dt_trainer *tr)
         if (a < b)
             tr->segs[k++] = (dt_optim_segment){.offset = a, .numel = b - a, .no_decay = tr->segs[i].no_decay};
     }
-    dt_optim_layout lay = {.lo = tr->lo, .hi = tr->hi, .segs = tr->segs, .nseg = k};
+    dt_optim_range rg = {.params = tr->P, .grads = tr->G, .mirror = NULL, .lo = tr->lo, .hi = tr->hi,
+                         .segs = tr->segs, .nseg = k};
     switch (tr->p.optimizer) {
     case DT_OPTIM_SGD:
-        tr->opt = dt_optim_sgd_init(&tr->p.sgd, &lay);
+        st = dt_optim_sgd_init(&tr->p.sgd, &rg, 1, &tr->opt);
         break;
     case DT_OPTIM_ADAM:
-        tr->opt = dt_optim_adam_init(&tr->p.adam, &lay);
+        st = dt_optim_adam_init(&tr->p.adam, &rg, 1, &tr->opt);
         break;
     case DT_OPTIM_ADAMW:
-        tr->opt = dt_optim_adamw_init(&tr->p.adamw, &lay);
+        st = dt_optim_adamw_init(&tr->p.adamw, &rg, 1, &tr->opt);
         break;
     case DT_OPTIM_LAMB:
-        tr->opt = dt_optim_lamb_init(&tr->p.lamb, &lay);
+        st = dt_optim_lamb_init(&tr->p.lamb, &rg, 1, &tr->opt);
         break;
     default:
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_init: unknown optimizer kind %d", (int)tr->p.optimizer);
     }
-    if (!tr->opt)
-        return dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_INVALID_ARG, "dt_trainer_init: %s",
-                             dt_optim_kind_name(tr->p.optimizer));
+    if (st < 0)
+        return dt_error_wrap(st, "dt_trainer_init: %s", dt_optim_kind_name(tr->p.optimizer));
     dt_optim_set_zero_grad(tr->opt, true);
     return DT_OK;
 }
@@ -178,7 +179,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
                         dt_dtype_name(p.compute_dtype));
     }
     if (p.grad_accum < 1 || p.grad_accum > (1 << 20) || !(p.loss_scale > 0) || !isfinite(p.loss_scale) ||
-        (unsigned)p.loss > DT_TRAINER_LOSS_MSE || isnan(p.clip_grad_norm)) {
+        (unsigned)p.loss > DT_TRAINER_LOSS_MEAN || isnan(p.clip_grad_norm)) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
                         "dt_trainer_init: grad_accum %lld (need >= 1), loss_scale %g (need > 0, finite), loss %d",
@@ -200,20 +201,39 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     s->attached = true;
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
+    tr->P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+    tr->G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+    if (!tr->P || !tr->G || !tr->P->base || !tr->G->base) {
+        st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: the model has no allocated f32 parameters (the "
+                                          "trainer steps f32 flats; a meta model needs a sharding strategy)");
+        goto fail;
+    }
+    if (dt_model_param_count(m) != tr->P->used && dt_model_num_params(m) > 0) {
+        /* parameters of other dtypes: not under the f32 precision policy */
+        size_t ne = dt_model_num_entries(m);
+        for (size_t i = 0; i < ne; i++) {
+            dt_param_info e;
+            if (dt_model_entry(m, i, &e) >= 0 && !e.is_buffer && e.dtype != DT_F32) {
+                st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: parameter '%s' is %s; the precision policy "
+                                                  "trains f32 parameters only so far",
+                              e.name, dt_dtype_name(e.dtype));
+                goto fail;
+            }
+        }
+    }
     tr->lo = 0;
-    tr->hi = dt_model_flat_numel(m);
+    tr->hi = tr->P->total;
     if (s->ops.owned_range && (st = s->ops.owned_range(s->self, m, &tr->lo, &tr->hi)) < 0)
         goto fail;
-    if (tr->lo > tr->hi || tr->hi > dt_model_flat_numel(m)) {
+    if (tr->lo > tr->hi || tr->hi > tr->P->total) {
         st = dt_error(DT_ERR_INTERNAL, "dt_trainer_init: strategy '%s' owns [%zu, %zu) of %zu elements",
-                      s->ops.name, tr->lo, tr->hi, dt_model_flat_numel(m));
+                      s->ops.name, tr->lo, tr->hi, tr->P->total);
         goto fail;
     }
     if ((st = build_optimizer(tr)) < 0 || (st = reserve_micro(tr, (int)p.grad_accum)) < 0)
         goto fail;
-    tr->ctx = dt_ctx_init(NULL);
-    if (!tr->ctx) {
-        st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NO_MEMORY, "dt_trainer_init: context");
+    if ((st = dt_ctx_init(NULL, &tr->ctx)) < 0) {
+        dt_error_wrap(st, "dt_trainer_init: context");
         goto fail;
     }
     dt_model_zero_grad(m); /* the optimizer's pass keeps them zeroed from here on */
@@ -243,13 +263,13 @@ dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y)
     if (tr->p.loss_fn)
         return tr->p.loss_fn(tr->p.loss_ud, tr->ctx, out, y);
     switch (tr->p.loss) {
-    case DT_TRAINER_LOSS_CROSS_ENTROPY:
-        return dt_cross_entropy(tr->ctx, out, y);
     case DT_TRAINER_LOSS_MSE:
         return dt_mse_loss(tr->ctx, out, y);
-    case DT_TRAINER_LOSS_MODEL:
+    case DT_TRAINER_LOSS_MEAN:
+        return dt_mean(tr->ctx, out);
+    case DT_TRAINER_LOSS_CROSS_ENTROPY:
     default:
-        return dt_model_loss(tr->ctx, tr->m, out, y);
+        return dt_cross_entropy(tr->ctx, out, y);
     }
 }
 
@@ -328,7 +348,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     if (s->ops.wait && (st = s->ops.wait(s->self)) < 0)
         return abandon(tr, st);
     tw = dt_time_s() - tw;
-    float *grads = dt_model_grads(tr->m), *params = dt_model_params(tr->m);
+    float *grads = tr->G->base;
     const size_t own = tr->hi - tr->lo;
     const bool scaled = tr->p.loss_scale != 1.0f;
     double *v = tr->agree;
@@ -387,7 +407,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
             if (tr->p.clip_grad_norm > 0)
                 dt_grad_clip_apply(grads + tr->lo, own, norm, (float)tr->p.clip_grad_norm);
         }
-        if ((st = dt_optim_step(tr->opt, params + tr->lo, grads + tr->lo)) < 0)
+        if ((st = dt_optim_step(tr->opt)) < 0)
             return abandon(tr, st);
         if (s->ops.after_step && (st = s->ops.after_step(s->self)) < 0)
             return abandon(tr, dt_error_wrap(st, "dt_trainer_step: strategy '%s' after the step", s->ops.name));

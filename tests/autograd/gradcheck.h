@@ -68,7 +68,8 @@ static double gc_loss(dt_ctx *ctx, gc_fn f, dt_tensor **in, void *ud, const floa
 static int gradcheck(const char *name, int nin, dt_tensor **in, gc_fn f, void *ud, double h,
                      double atol, double rtol)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     int bad = 0;
     for (int i = 0; i < nin; i++)
         if (in[i] && in[i]->grad)

@@ -224,7 +224,7 @@ TEST(empty_and_huge)
 
 int main(void)
 {
-    ctx = dt_ctx_init(NULL);
+    dt_ctx_init(NULL, &ctx);
     RUN(shape_mismatches);
     RUN(out_of_range_values);
     RUN(wrong_dtypes);

@@ -7,6 +7,7 @@
  * step runs fewer reorders (dt_k_stats) than the plain path. */
 #include "dtrain/kernels.h"
 #include "dtrain/nn.h"
+#include "model_util.h"
 #include "gradcheck.h"
 
 #include <stdlib.h>
@@ -76,7 +77,8 @@ TEST(gradcheck_blocked_path)
 /* Loss = sum(out * R); returns the output values and every input gradient. */
 static void run_once(bool blocked, dt_tensor **in, dt_tensor *x, float *out, float **grads)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     for (int i = 0; i < 4; i++)
         dt_ag_zero_grad(in[i]);
     g_blocked = blocked;
@@ -107,7 +109,8 @@ static dt_tensor *ck_region(dt_ctx *c, int nin, dt_tensor **in, void *ud)
 
 static void ck_grad(bool ckpt, dt_tensor *x, dt_tensor *w, float *gw)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_ctx_set_blocked(ctx, true);
     dt_ag_zero_grad(w);
     dt_tensor *h = dt_conv2d(ctx, x, w, NULL, 1, 1);
@@ -163,7 +166,8 @@ TEST(blocked_equals_plain)
 TEST(accessors_and_other_ops_see_plain)
 {
     dt_tensor *x = TC(21, 2, 3, 5, 5), *w = TC(22, 16, 3, 3, 3);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *yp = dt_conv2d(ctx, x, w, NULL, 1, 1); /* plain reference */
     ASSERT(yp && !(yp->flags & DT_TENSOR_BLOCKED8));
     dt_ctx_set_blocked(ctx, true);
@@ -208,7 +212,8 @@ TEST(accessors_and_other_ops_see_plain)
 
 static void reorders_per_step(dt_model *m, int B, uint64_t *per)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float *img = calloc((size_t)B * 784, 4);
     int64_t *lab = calloc((size_t)B, 8);
     dt_tensor *xi = dt_tensor_wrap(img, DT_F32, 1, SH((int64_t)B * 784));
@@ -246,10 +251,10 @@ static dt_status noop_hook(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 
 TEST(convnet_step_reorders)
 {
-    dt_model *a = dt_model_create("convnet", 3, NULL), *b = dt_model_create("convnet", 3, NULL);
+    dt_model *a = t_create("convnet", 3, NULL), *b = t_create("convnet", 3, NULL);
     ASSERT(a && b);
     /* a forward hook disables the blocked region (hooks could see the activations) */
-    ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_root(b), noop_hook, NULL));
+    ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_root(b), noop_hook, NULL, NULL));
     uint64_t blk = 0, plain = 0;
     reorders_per_step(a, 100, &blk);
     reorders_per_step(b, 100, &plain);
@@ -262,9 +267,9 @@ TEST(convnet_step_reorders)
     /* same training values either way */
     /* same values up to rounding (the batch-norm sums run in another order;
      * random inputs, so no near-ties in the max-pool windows) */
-    float *ga = dt_model_grads(a), *gb = dt_model_grads(b);
+    float *ga = t_grads(a), *gb = t_grads(b);
     double d2 = 0, n2 = 0;
-    for (size_t i = 0; i < dt_model_flat_numel(a); i++) {
+    for (size_t i = 0; i < t_numel(a); i++) {
         d2 += ((double)ga[i] - gb[i]) * ((double)ga[i] - gb[i]);
         n2 += (double)gb[i] * gb[i];
     }

@@ -56,7 +56,8 @@ TEST(checkpoint_matches_plain_backward)
     dt_rng_fill_normal(dt_rng_key_make(9, DT_RNG_DATA, 0, 0), 0, xin, 30, 0, 1);
     dt_tensor *x = dt_tensor_wrap(xin, DT_F32, 2, SH(5, 6));
     dt_tensor_set_requires_grad(x, true);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
 
     /* plain */
     dt_tensor *loss = forward(ctx, &m, x, false);
@@ -123,7 +124,8 @@ TEST(nested_backward_only_over_new_nodes)
 {
     dt_tensor *w = dt_tensor_new(DT_F32, 1, SH(3));
     dt_tensor_set_requires_grad(w, true);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     stale_loss = dt_sum(ctx, w);
     ASSERT_OK(dt_ag_mark(ctx, nested_from_old_node, NULL));
     dt_tensor *loss = dt_sum(ctx, dt_scale(ctx, w, 2.0f));

@@ -46,7 +46,8 @@ TEST(convnet_steady_state)
     static int64_t y[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     for (int i = 0; i < 8 * 64; i++)
         x[i] = (float)((i * 37) % 11) / 11.0f;
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     long before = 0;
     for (int step = 0; step < 6; step++) {
         if (step == 3)
@@ -78,7 +79,8 @@ TEST(mlp_steady_state)
     static float x[2 * 3 * 8];
     for (int i = 0; i < 48; i++)
         x[i] = (float)i / 48.0f;
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     long before = 0;
     for (int step = 0; step < 6; step++) {
         if (step == 3)

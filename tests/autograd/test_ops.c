@@ -8,7 +8,8 @@
 
 TEST(dropout_masks)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *x = dt_tensor_full(ctx, DT_F32, 1, SH(20000), 2.0);
     dt_rng_key k1 = dt_rng_key_make(1, DT_RNG_DROPOUT, 0, 0);
     dt_rng_key k2 = dt_rng_key_make(1, DT_RNG_DROPOUT, 0, 1);
@@ -39,7 +40,8 @@ TEST(batch_norm_running_stats_two_steps)
 {
     /* x [4, 1]: batch 1 = {1,2,3,4}: mean 2.5, unbiased var 5/3;
      * batch 2 = {0,0,2,2}: mean 1, unbiased var 4/3; momentum 0.5 */
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *rm = dt_tensor_new(DT_F32, 1, SH(1)), *rv = dt_tensor_new(DT_F32, 1, SH(1));
     dt_tensor_fill(rv, 1.0);
     float b1[4] = {1, 2, 3, 4}, b2[4] = {0, 0, 2, 2};
@@ -67,7 +69,8 @@ TEST(batch_norm_running_stats_two_steps)
 
 TEST(view_gradients_land_in_place)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *w = dt_tensor_new(DT_F32, 2, SH(3, 4));
     dt_tensor_set_requires_grad(w, true);
     /* loss = sum(narrow(w^T, dim 0, 1, 2) * 10): rows 1..2 of w^T = columns 1..2 of w */

@@ -111,7 +111,7 @@ TEST(activations)
 
 int main(void)
 {
-    ctx = dt_ctx_init(NULL);
+    dt_ctx_init(NULL, &ctx);
     RUN(conv2d_stride2_pad1);
     RUN(pooling);
     RUN(batch_norm_train_then_eval);

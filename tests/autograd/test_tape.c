@@ -110,7 +110,8 @@ TEST(grad_ready_hooks_fire_early_in_reverse_layer_order)
         ASSERT_OK(dt_ag_add_grad_hook(m.w[l], on_ready, &log));
         ASSERT_OK(dt_ag_add_grad_hook(m.b[l], on_ready, &log));
     }
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     ASSERT_OK(dt_ag_mark(ctx, on_mark_start, &log)); /* before the forward */
     dt_tensor *loss = mlp_loss(ctx, &m);
     ASSERT(loss);
@@ -156,7 +157,8 @@ TEST(hook_waits_for_all_uses)
     dt_tensor_set_requires_grad(w, true);
     twice_log l = {0, 0};
     ASSERT_OK(dt_ag_add_grad_hook(w, on_twice, &l));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *a = dt_scale(ctx, w, 2.0f); /* use 1 */
     mark_probe p = {&l, -1};
     ASSERT_OK(dt_ag_mark(ctx, probe, &p)); /* between the uses */
@@ -198,7 +200,8 @@ TEST(hooks_fire_before_backward_reaches_earlier_layers)
         slot[l].n = -1;
         slot[l].log = &log;
     }
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_rng_fill_normal(dt_rng_key_make(2, DT_RNG_DATA, 0, 0), 0, xdata, 24, 0, 1);
     dt_tensor *h = dt_tensor_view_of(ctx, xdata, DT_F32, 2, SH(4, 6));
     for (int l = 0; l < 3; l++) {
@@ -221,7 +224,8 @@ TEST(accumulation_across_two_backwards)
 {
     mlp m;
     mlp_init(&m);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     ASSERT_OK(dt_backward(ctx, mlp_loss(ctx, &m)));
     float *g1 = malloc((size_t)m.n * 4);
     memcpy(g1, m.G, (size_t)m.n * 4);
@@ -250,7 +254,8 @@ TEST(replaced_grad_buffer_receives_gradients)
 {
     mlp m;
     mlp_init(&m);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     ASSERT_OK(dt_backward(ctx, mlp_loss(ctx, &m)));
     float *ref = malloc((size_t)m.n * 4);
     memcpy(ref, m.G, (size_t)m.n * 4);
@@ -277,7 +282,8 @@ TEST(no_grad_records_nothing)
 {
     mlp m;
     mlp_init(&m);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     ASSERT(dt_ag_enabled(ctx));
     ASSERT(dt_ag_set_enabled(ctx, false) == true);
     dt_tensor *loss = mlp_loss(ctx, &m);
@@ -316,7 +322,8 @@ TEST(custom_op)
 {
     dt_tensor *x = dt_tensor_new(DT_F32, 1, SH(4));
     dt_tensor_set_requires_grad(x, true);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *y = dt_tensor_clone(ctx, x);
     int calls = 0;
     ASSERT(dt_ag_custom(ctx, 1, &x, y, times3, &calls) == y);
@@ -333,7 +340,8 @@ static uint64_t hash_run(int steps)
 {
     mlp m;
     mlp_init(&m);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     for (int s = 0; s < steps; s++) {
         memset(m.G, 0, (size_t)m.n * 4);
         dt_backward(ctx, mlp_loss(ctx, &m));
@@ -359,7 +367,8 @@ TEST(steady_state_no_arena_growth)
     mlp_init(&m);
     dt_ctx_params p = dt_ctx_params_default();
     p.arena_block = 1024;
-    dt_ctx *ctx = dt_ctx_init(&p);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(&p, &ctx);
     size_t peak = 0;
     void *loss_addr = NULL;
     for (int s = 0; s < 6; s++) {
@@ -390,7 +399,8 @@ TEST(hook_error_aborts_backward)
     mlp m;
     mlp_init(&m);
     ASSERT_OK(dt_ag_add_grad_hook(m.w[2], failing_hook, NULL));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     ASSERT_STATUS(dt_backward(ctx, mlp_loss(ctx, &m)), DT_ERR_PEER_FAILED);
     ASSERT_STR_CONTAINS(dt_last_error(), "bucket all-reduce failed");
     dt_ag_clear_grad_hooks(m.w[2]);

@@ -14,6 +14,7 @@
 #include "dtrain/base.h"
 #include "dtrain/nn.h"
 #include "test.h"
+#include "model_util.h"
 
 #include <math.h>
 #include <string.h>
@@ -93,7 +94,7 @@ static void expect_entry(dt_model *m, const char *name, const float *head, const
 
 TEST(convnet_starts_from_torch_weights)
 {
-    dt_model *m = dt_model_create("convnet", 99, NULL);
+    dt_model *m = t_create("convnet", 99, NULL);
     ASSERT(m);
     ASSERT_OK(dt_model_init_torch(m, 0));
     expect_entry(m, "layer1.0.weight", (const float[]){-0.00149736402f, 0.107288718f, -0.16460903f},
@@ -121,7 +122,7 @@ TEST(convnet_starts_from_torch_weights)
 
 TEST(embedding_starts_from_torch_weights)
 {
-    dt_model *m = dt_model_build(dt_nn_embedding(7, 3), 5);
+    dt_model *m = t_build(dt_nn_embedding(7, 3), 5);
     ASSERT(m);
     ASSERT_OK(dt_model_init_torch(m, 1));
     dt_param_info p;

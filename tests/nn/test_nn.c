@@ -9,6 +9,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "test.h"
+#include "model_util.h"
 
 #include <string.h>
 
@@ -30,7 +31,7 @@ static const float ref_l1_rvar[2] = {0x1.ce2a24p-1f, 0x1.cdad9ep-1f};
 
 TEST(convnet_names_and_layout)
 {
-    dt_model *m = dt_model_create("convnet", 1, NULL);
+    dt_model *m = t_create("convnet", 1, NULL);
     ASSERT(m);
     ASSERT_EQ_INT(dt_model_num_entries(m), 16);
     ASSERT_EQ_INT(dt_model_num_params(m), 10);
@@ -46,12 +47,12 @@ TEST(convnet_names_and_layout)
         if (!p.is_buffer) {
             ASSERT(p.offset >= prev_end);
             prev_end = p.offset + p.numel;
-            ASSERT(p.tensor->data == dt_model_params(m) + p.offset);
-            ASSERT(p.tensor->grad && p.tensor->grad->data == dt_model_grads(m) + p.offset);
+            ASSERT(p.tensor->data == t_params(m) + p.offset);
+            ASSERT(p.tensor->grad && p.tensor->grad->data == t_grads(m) + p.offset);
         }
     }
-    ASSERT(prev_end <= dt_model_flat_numel(m));
-    ASSERT_EQ_INT(((uintptr_t)dt_model_params(m)) % 64, 0);
+    ASSERT(prev_end <= t_numel(m));
+    ASSERT_EQ_INT(((uintptr_t)t_params(m)) % 64, 0);
     dt_param_info p;
     ASSERT_OK(dt_model_entry(m, 6, &p));
     ASSERT_EQ_INT(p.dtype, DT_I64);
@@ -72,12 +73,12 @@ TEST(convnet_names_and_layout)
 
 TEST(init_pytorch_defaults)
 {
-    dt_model *a = dt_model_create("convnet", 7, NULL), *b = dt_model_create("convnet", 7, NULL),
-             *c = dt_model_create("convnet", 8, NULL);
+    dt_model *a = t_create("convnet", 7, NULL), *b = t_create("convnet", 7, NULL),
+             *c = t_create("convnet", 8, NULL);
     ASSERT(a && b && c);
-    size_t n = dt_model_flat_numel(a);
-    ASSERT_EQ_INT(memcmp(dt_model_params(a), dt_model_params(b), n * 4), 0);
-    ASSERT(memcmp(dt_model_params(a), dt_model_params(c), n * 4) != 0);
+    size_t n = t_numel(a);
+    ASSERT_EQ_INT(memcmp(t_params(a), t_params(b), n * 4), 0);
+    ASSERT(memcmp(t_params(a), t_params(c), n * 4) != 0);
     dt_param_info w, bias, g, rv;
     ASSERT_OK(dt_model_entry(a, 14, &w));    /* fc.weight, fan_in 1568 */
     ASSERT_OK(dt_model_entry(a, 15, &bias)); /* fc.bias, same bound */
@@ -107,7 +108,7 @@ TEST(init_pytorch_defaults)
         m1 = fmaxf(m1, fabsf(((float *)c1.tensor->data)[i]));
     ASSERT(m1 <= 0.2f && m1 > 0.18f);
     /* embedding N(0,1) */
-    dt_model *e = dt_model_build(dt_nn_embedding(100, 50), 3);
+    dt_model *e = t_build(dt_nn_embedding(100, 50), 3);
     ASSERT(e);
     dt_param_info ew;
     ASSERT_OK(dt_model_entry(e, 0, &ew));
@@ -144,10 +145,11 @@ static void fill_convnet_like_torch(dt_model *m)
 
 TEST(convnet_matches_pytorch)
 {
-    dt_model *m = dt_model_create("convnet", 1, NULL);
+    dt_model *m = t_create("convnet", 1, NULL);
     ASSERT(m);
     fill_convnet_like_torch(m);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float xs[2 * 784];
     for (int i = 0; i < 2 * 784; i++)
         xs[i] = (float)(((i * 5) % 23 - 11) / 16.0);
@@ -160,7 +162,7 @@ TEST(convnet_matches_pytorch)
     ASSERT_EQ_INT(out->shape[1], 10);
     for (int i = 0; i < 10; i++)
         ASSERT_NEAR(dt_tensor_get(out, i), ref_logits0[i], 2e-5, 1e-4);
-    dt_tensor *loss = dt_model_loss(ctx, m, out, y);
+    dt_tensor *loss = dt_cross_entropy(ctx, out, y);
     ASSERT(loss);
     ASSERT_NEAR(dt_tensor_item(loss), ref_loss, 0, 1e-5);
     dt_model_zero_grad(m);
@@ -172,9 +174,9 @@ TEST(convnet_matches_pytorch)
     dt_model_entry(m, 5, &rv);
     dt_model_entry(m, 6, &nbt);
     for (int i = 0; i < 10; i++)
-        ASSERT_NEAR(dt_model_grads(m)[fb.offset + i], ref_fc_bias_grad[i], 1e-6, 1e-4);
+        ASSERT_NEAR(t_grads(m)[fb.offset + i], ref_fc_bias_grad[i], 1e-6, 1e-4);
     for (int i = 0; i < 4; i++)
-        ASSERT_NEAR(dt_model_grads(m)[w1.offset + i], ref_l1w_grad[i], 1e-6, 1e-3);
+        ASSERT_NEAR(t_grads(m)[w1.offset + i], ref_l1w_grad[i], 1e-6, 1e-3);
     for (int i = 0; i < 2; i++) {
         ASSERT_NEAR(((float *)rm.tensor->data)[i], ref_l1_rmean[i], 1e-7, 1e-4);
         ASSERT_NEAR(((float *)rv.tensor->data)[i], ref_l1_rvar[i], 1e-7, 1e-4);
@@ -197,7 +199,7 @@ TEST(convnet_matches_pytorch)
 TEST(module_forward_values)
 {
     dt_module *seq = dt_nn_seq(2, (dt_module *[]){dt_nn_linear(3, 2, true), dt_nn_relu()});
-    dt_model *m = dt_model_build(seq, 0);
+    dt_model *m = t_build(seq, 0);
     ASSERT(m);
     dt_param_info w, b;
     ASSERT_OK(dt_model_entry(m, 0, &w));
@@ -207,7 +209,8 @@ TEST(module_forward_values)
     float wv[6] = {1, 2, 3, -1, -2, -3}, bv[2] = {0.5f, 1};
     memcpy(w.tensor->data, wv, sizeof wv);
     memcpy(b.tensor->data, bv, sizeof bv);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     /* x = [1, 1, 1]: [1+2+3+0.5, -6+1] = [6.5, -5] -> relu [6.5, 0] */
     dt_tensor *y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){1, 3}, (float[]){1, 1, 1}));
     ASSERT(y);
@@ -216,7 +219,7 @@ TEST(module_forward_values)
     dt_model_free(m);
 
     /* LayerNorm(4) on [1,2,3,4]: mean 2.5, var 1.25 -> (x-2.5)/sqrt(1.25+1e-5) */
-    m = dt_model_build(dt_nn_layernorm(4, 1e-5f), 0);
+    m = t_build(dt_nn_layernorm(4, 1e-5f), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){1, 4}, (float[]){1, 2, 3, 4}));
     ASSERT(y);
     ASSERT_NEAR(dt_tensor_get(y, 0), -1.5 / sqrt(1.25 + 1e-5), 1e-6, 0);
@@ -225,30 +228,30 @@ TEST(module_forward_values)
 
     /* pools on a 1x1x2x2 image [1,2,3,4]: max 4, avg 2.5; flatten [1,1,2,2] -> [1,4] */
     float img[4] = {1, 2, 3, 4};
-    m = dt_model_build(dt_nn_seq(1, (dt_module *[]){dt_nn_maxpool2d(2, 0, 0)}), 0);
+    m = t_build(dt_nn_seq(1, (dt_module *[]){dt_nn_maxpool2d(2, 0, 0)}), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){1, 1, 2, 2}, img));
     ASSERT(y && dt_tensor_numel(y) == 1);
     ASSERT_NEAR(dt_tensor_get(y, 0), 4, 0, 0);
     dt_model_free(m);
-    m = dt_model_build(dt_nn_avgpool2d(2, 2, 0), 0);
+    m = t_build(dt_nn_avgpool2d(2, 2, 0), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){1, 1, 2, 2}, img));
     ASSERT(y);
     ASSERT_NEAR(dt_tensor_get(y, 0), 2.5, 0, 0);
     dt_model_free(m);
-    m = dt_model_build(dt_nn_flatten(1, -1), 0);
+    m = t_build(dt_nn_flatten(1, -1), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){1, 1, 2, 2}, img));
     ASSERT(y && y->ndim == 2 && y->shape[1] == 4);
     dt_model_free(m);
 
     /* GELU(1) = 0.5 * (1 + erf(1/sqrt 2)) = 0.8413447461 */
-    m = dt_model_build(dt_nn_gelu(), 0);
+    m = t_build(dt_nn_gelu(), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 1, (int64_t[]){1}, (float[]){1}));
     ASSERT(y);
     ASSERT_NEAR(dt_tensor_get(y, 0), 0.8413447461, 1e-6, 0);
     dt_model_free(m);
 
     /* Dropout(0.5): train zeroes some and doubles the rest; eval is identity */
-    m = dt_model_build(dt_nn_dropout(0.5f), 0);
+    m = t_build(dt_nn_dropout(0.5f), 0);
     float ones[1000];
     for (int i = 0; i < 1000; i++)
         ones[i] = 1;
@@ -268,7 +271,7 @@ TEST(module_forward_values)
     dt_model_free(m);
 
     /* Embedding: rows picked by index */
-    m = dt_model_build(dt_nn_embedding(5, 3), 0);
+    m = t_build(dt_nn_embedding(5, 3), 0);
     dt_param_info ew;
     dt_model_entry(m, 0, &ew);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){2}, (int64_t[]){4, 1}));
@@ -278,7 +281,7 @@ TEST(module_forward_values)
 
     /* BatchNorm2d train on one channel [0, 2] x 2 images: mean 1, biased var 1
      * -> y = [-1, 1]/sqrt(1+1e-5); running_mean = 0.1, running_var = 0.9 + 0.1*2 (unbiased var 2) */
-    m = dt_model_build(dt_nn_batchnorm2d(1, 1e-5f, 0.1f), 0);
+    m = t_build(dt_nn_batchnorm2d(1, 1e-5f, 0.1f), 0);
     y = dt_model_forward(ctx, m, dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){2, 1, 1, 1}, (float[]){0, 2}));
     ASSERT(y);
     ASSERT_NEAR(dt_tensor_get(y, 1), 1 / sqrt(1 + 1e-5), 1e-6, 0);
@@ -352,7 +355,7 @@ static dt_status on_ready(dt_model *m, size_t index, const dt_param_info *p, voi
 {
     ready_state *s = ud;
     s->fired[index]++;
-    s->grad_at_ready[index] = dt_model_grads(m)[p->offset];
+    s->grad_at_ready[index] = t_grads(m)[p->offset];
     log_event(s->log, "ready", p->name);
     return DT_OK;
 }
@@ -373,7 +376,7 @@ static int find_event(const event_log *l, const char *e)
 
 TEST(hooks_all_kinds)
 {
-    dt_model *m = dt_model_create("convnet", 3, NULL);
+    dt_model *m = t_create("convnet", 3, NULL);
     ASSERT(m);
     event_log lg = {0};
     ready_state rs = {.log = &lg};
@@ -381,19 +384,20 @@ TEST(hooks_all_kinds)
     for (int i = 0; i < 3; i++) {
         dt_module *mod = dt_model_find_module(m, watch[i]);
         ASSERT(mod);
-        ASSERT_OK(dt_module_add_forward_pre_hook(mod, on_fwd_pre, &lg));
-        ASSERT_OK(dt_module_add_forward_post_hook(mod, on_fwd_post, &lg));
-        ASSERT_OK(dt_module_add_backward_pre_hook(mod, on_bwd_pre, &lg));
-        ASSERT_OK(dt_module_add_backward_post_hook(mod, on_bwd_post, &lg));
+        ASSERT_OK(dt_module_add_forward_pre_hook(mod, on_fwd_pre, &lg, NULL));
+        ASSERT_OK(dt_module_add_forward_post_hook(mod, on_fwd_post, &lg, NULL));
+        ASSERT_OK(dt_module_add_backward_pre_hook(mod, on_bwd_pre, &lg, NULL));
+        ASSERT_OK(dt_module_add_backward_post_hook(mod, on_bwd_post, &lg, NULL));
     }
-    ASSERT_OK(dt_model_on_grad_ready(m, on_ready, &rs));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    ASSERT_OK(dt_model_add_grad_ready_hook(m, on_ready, &rs, NULL));
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float xs[4 * 784];
     for (int i = 0; i < 4 * 784; i++)
         xs[i] = (float)((i % 13) - 6) / 8.0f;
     dt_tensor *x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){4, 1, 28, 28}, xs);
     dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){4}, (int64_t[]){1, 2, 3, 4});
-    dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, x), y);
+    dt_tensor *loss = dt_cross_entropy(ctx, dt_model_forward(ctx, m, x), y);
     ASSERT(loss);
     /* forward order: layer1 pre/post, layer2.0 pre/post, fc pre/post */
     ASSERT_STR_EQ(lg.log[0], "fpre layer1");
@@ -422,13 +426,13 @@ TEST(hooks_all_kinds)
         ASSERT_EQ_INT(rs.fired[i], p.is_buffer ? 0 : 1);
         /* the gradient was final when the hook fired */
         if (!p.is_buffer)
-            ASSERT_NEAR(rs.grad_at_ready[i], dt_model_grads(m)[p.offset], 0, 0);
+            ASSERT_NEAR(rs.grad_at_ready[i], t_grads(m)[p.offset], 0, 0);
     }
-    ASSERT(dt_model_grads(m)[0] != 0);
+    ASSERT(t_grads(m)[0] != 0);
     /* a failing forward hook stops the forward with its message */
     dt_ctx_reset(ctx);
     dt_module_clear_hooks(dt_model_find_module(m, "layer1"));
-    ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_find_module(m, "fc"), failing_hook, NULL));
+    ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_find_module(m, "fc"), failing_hook, NULL, NULL));
     x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){4, 1, 28, 28}, xs);
     ASSERT(dt_model_forward(ctx, m, x) == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "hook says no");
@@ -453,7 +457,7 @@ TEST(relu_maxpool_reordered_exactly)
     dt_module *seq = dt_nn_seq(0, NULL);
     ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_relu()));
     ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_maxpool2d(2, 2, 0)));
-    dt_model *m = dt_model_build(seq, 0);
+    dt_model *m = t_build(seq, 0);
     ASSERT(m);
     enum { N = 2, C = 3, H = 6, W = 4, P = 3, Q = 2 };
     float xs[N * C * H * W], gy[N * C * P * Q], out[2][N * C * P * Q], gx[2][N * C * H * W];
@@ -468,8 +472,9 @@ TEST(relu_maxpool_reordered_exactly)
         gy[i] = 0.25f * (float)(i % 5) - 0.5f;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
-            ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_find_module(m, "0"), noop_pre, NULL));
-        dt_ctx *ctx = dt_ctx_init(NULL);
+            ASSERT_OK(dt_module_add_forward_pre_hook(dt_model_find_module(m, "0"), noop_pre, NULL, NULL));
+        dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
         dt_tensor *x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){N, C, H, W}, xs);
         dt_tensor *g = dt_tensor_wrap(gx[pass], DT_F32, 4, (int64_t[]){N, C, H, W});
         ASSERT(x && g);
@@ -490,16 +495,22 @@ TEST(relu_maxpool_reordered_exactly)
     dt_model_free(m);
 }
 
-/* Gradients land in caller memory after dt_model_set_grad_buffer. */
+/* Gradients land in caller memory after dt_model_set_grads. */
 TEST(replace_grad_buffer)
 {
-    dt_model *a = dt_model_create("convnet", 5, NULL), *b = dt_model_create("convnet", 5, NULL);
+    dt_model *a = t_create("convnet", 5, NULL), *b = t_create("convnet", 5, NULL);
     ASSERT(a && b);
-    size_t n = dt_model_flat_numel(a);
+    size_t n = t_numel(a);
     float *mine = dt_calloc(n * sizeof(float));
-    ASSERT_OK(dt_model_set_grad_buffer(b, mine));
-    ASSERT(dt_model_grads(b) == mine);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_flat fm;
+    ASSERT_OK(dt_flat_wrap(&fm, DT_F32, mine, n - 1));
+    ASSERT_STATUS(dt_model_set_grads(b, DT_F32, &fm), DT_ERR_SHAPE); /* one short */
+    ASSERT_OK(dt_flat_wrap(&fm, DT_F32, mine, n));
+    ASSERT_STATUS(dt_model_set_grads(b, DT_I64, &fm), DT_ERR_INVALID_ARG); /* no i64 gradients */
+    ASSERT_OK(dt_model_set_grads(b, DT_F32, &fm));
+    ASSERT(t_grads(b) == mine);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float xs[2 * 784];
     for (int i = 0; i < 2 * 784; i++)
         xs[i] = (float)((i % 11) - 5) / 4.0f;
@@ -507,17 +518,17 @@ TEST(replace_grad_buffer)
         dt_model *m = k ? b : a;
         dt_tensor *x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){2, 1, 28, 28}, xs);
         dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){2}, (int64_t[]){0, 9});
-        ASSERT_OK(dt_backward(ctx, dt_model_loss(ctx, m, dt_model_forward(ctx, m, x), y)));
+        ASSERT_OK(dt_backward(ctx, dt_cross_entropy(ctx, dt_model_forward(ctx, m, x), y)));
         dt_ctx_reset(ctx);
     }
-    ASSERT_EQ_INT(memcmp(dt_model_grads(a), mine, n * sizeof(float)), 0);
+    ASSERT_EQ_INT(memcmp(t_grads(a), mine, n * sizeof(float)), 0);
     double s = 0;
     for (size_t i = 0; i < n; i++)
         s += fabsf(mine[i]);
     ASSERT(s > 0);
-    ASSERT_OK(dt_model_set_grad_buffer(b, NULL)); /* back to an owned, zeroed one */
-    ASSERT(dt_model_grads(b) != mine);
-    ASSERT_NEAR(dt_model_grads(b)[0], 0, 0, 0);
+    ASSERT_OK(dt_model_set_grads(b, DT_F32, NULL)); /* back to an owned, zeroed one */
+    ASSERT(t_grads(b) != mine);
+    ASSERT_NEAR(t_grads(b)[0], 0, 0, 0);
     dt_free(mine);
     dt_ctx_free(ctx);
     dt_model_free(a);
@@ -527,15 +538,15 @@ TEST(replace_grad_buffer)
 /* Same seed and thread count: bit-identical parameters after several steps. */
 static float *train_convnet(uint64_t seed, int steps)
 {
-    dt_model *m = dt_model_create("convnet", seed, NULL);
+    dt_model *m = t_create("convnet", seed, NULL);
     if (!m)
         return NULL;
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m)};
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.05;
     sp.momentum = 0.9;
-    dt_optim *o = dt_optim_sgd_init(&sp, &lay);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_optim *o = t_sgd(m, &sp);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float *xs = malloc(8 * 784 * sizeof(float));
     int64_t ys[8];
     for (int s = 0; s < steps; s++) {
@@ -545,15 +556,15 @@ static float *train_convnet(uint64_t seed, int steps)
         dt_model_zero_grad(m);
         dt_tensor *x = dt_tensor_from(ctx, DT_F32, 4, (int64_t[]){8, 1, 28, 28}, xs);
         dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){8}, ys);
-        if (dt_backward(ctx, dt_model_loss(ctx, m, dt_model_forward(ctx, m, x), y)) < 0 ||
-            dt_optim_step(o, dt_model_params(m), dt_model_grads(m)) < 0)
+        if (dt_backward(ctx, dt_cross_entropy(ctx, dt_model_forward(ctx, m, x), y)) < 0 ||
+            dt_optim_step(o) < 0)
             break;
         dt_ctx_reset(ctx);
     }
-    size_t n = dt_model_flat_numel(m);
-    float *out = malloc(n * sizeof(float) + dt_model_buffers_nbytes(m));
-    memcpy(out, dt_model_params(m), n * sizeof(float));
-    memcpy(out + n, dt_model_buffers(m), dt_model_buffers_nbytes(m));
+    size_t n = t_numel(m);
+    float *out = malloc(n * sizeof(float) + t_buffers_nbytes(m));
+    memcpy(out, t_params(m), n * sizeof(float));
+    t_buffers_copy(m, out + n);
     free(xs);
     dt_ctx_free(ctx);
     dt_optim_free(o);
@@ -563,10 +574,10 @@ static float *train_convnet(uint64_t seed, int steps)
 
 TEST(determinism_two_runs)
 {
-    dt_model *m = dt_model_create("convnet", 11, NULL);
-    size_t bytes = dt_model_flat_numel(m) * sizeof(float) + dt_model_buffers_nbytes(m);
+    dt_model *m = t_create("convnet", 11, NULL);
+    size_t bytes = t_numel(m) * sizeof(float) + t_buffers_nbytes(m);
     float *init = malloc(bytes);
-    memcpy(init, dt_model_params(m), dt_model_flat_numel(m) * sizeof(float));
+    memcpy(init, t_params(m), t_numel(m) * sizeof(float));
     dt_model_free(m);
     float *a = train_convnet(11, 4), *b = train_convnet(11, 4);
     ASSERT(a && b);
@@ -582,9 +593,10 @@ TEST(mlp_model)
     dt_model_config c = dt_model_config_default();
     ASSERT_EQ_INT(c.mlp_hidden, 4096);
     c.mlp_seq = 3, c.mlp_dim = 4, c.mlp_hidden = 5;
-    dt_model *m = dt_model_create("mlp", 1, &c);
-    ASSERT(m);
-    ASSERT_STR_EQ(dt_model_name(m), "mlp");
+    dt_model *m = NULL;
+    dt_model_desc d;
+    ASSERT_OK(dt_model_create("mlp", 1, &c, &m, &d));
+    ASSERT_STR_EQ(d.name, "mlp");
     dt_param_info w0, w1;
     ASSERT_OK(dt_model_entry(m, 0, &w0));
     ASSERT_OK(dt_model_entry(m, 1, &w1));
@@ -597,7 +609,7 @@ TEST(mlp_model)
         ASSERT(fabsf(((float *)w0.tensor->data)[i]) <= xb);
     int nd, tnd;
     int64_t shape[8], tshape[8];
-    ASSERT_OK(dt_model_input_shape(m, 2, &nd, shape, &tnd, tshape, NULL));
+    ASSERT_OK(dt_model_desc_shapes(&d, 2, &nd, shape, &tnd, tshape, NULL));
     ASSERT_EQ_INT(nd, 3);
     ASSERT_EQ_INT(shape[1], 3);
     ASSERT_EQ_INT(shape[2], 4);
@@ -606,9 +618,10 @@ TEST(mlp_model)
     float xs[24];
     for (int i = 0; i < 24; i++)
         xs[i] = (float)(i % 7 - 3) / 4.0f;
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_tensor *x = dt_tensor_from(ctx, DT_F32, 3, shape, xs);
-    dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, x), NULL);
+    dt_tensor *loss = dt_model_desc_loss(ctx, &d, dt_model_forward(ctx, m, x), NULL);
     ASSERT(loss);
     const float *W0 = w0.tensor->data, *W1 = w1.tensor->data;
     double h[6][5] = {{0}}, z = 0, hs[5] = {0};
@@ -622,13 +635,12 @@ TEST(mlp_model)
         }
     ASSERT_NEAR(dt_tensor_item(loss), z / 24, 1e-6, 1e-5);
     ASSERT_OK(dt_backward(ctx, loss));
-    const float *G1 = dt_model_grads(m) + w1.offset;
+    const float *G1 = t_grads(m) + w1.offset;
     for (int j = 0; j < 5; j++)
         for (int o = 0; o < 4; o++)
             ASSERT_NEAR(G1[j * 4 + o], hs[j] / 24, 1e-6, 1e-5);
-    double tf;
-    ASSERT_NEAR(dt_model_flops(m, 2, &tf), 2 * 2.0 * (2 * 3 * 4 * 5), 0, 0);
-    ASSERT_NEAR(tf, 5 * 2 * 3 * 4 * 5 * 2.0, 0, 0);
+    ASSERT_NEAR(2 * d.fwd_flops_per_sample, 2 * 2.0 * (2 * 3 * 4 * 5), 0, 0);
+    ASSERT_NEAR(2 * d.train_flops_per_sample, 5 * 2 * 3 * 4 * 5 * 2.0, 0, 0);
     dt_ctx_free(ctx);
     dt_model_free(m);
 }
@@ -636,12 +648,12 @@ TEST(mlp_model)
 /* Optimizer segments from the model: one per parameter tensor. */
 TEST(optim_segments_from_model)
 {
-    dt_model *m = dt_model_create("convnet", 1, NULL);
+    dt_model *m = t_create("convnet", 1, NULL);
     dt_optim_segment segs[16];
     size_t n;
-    ASSERT_STATUS(dt_optim_segments_from_model(m, true, segs, 3, &n), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_optim_segments_from_model(m, DT_F32, true, segs, 3, &n), DT_ERR_RANGE);
     ASSERT_EQ_INT(n, 10);
-    ASSERT_OK(dt_optim_segments_from_model(m, true, segs, 16, &n));
+    ASSERT_OK(dt_optim_segments_from_model(m, DT_F32, true, segs, 16, &n));
     ASSERT_EQ_INT(n, 10);
     dt_param_info p;
     dt_model_entry(m, 14, &p); /* fc.weight: the 9th parameter */
@@ -649,17 +661,17 @@ TEST(optim_segments_from_model)
     ASSERT_EQ_INT(segs[8].numel, 15680);
     ASSERT(!segs[8].no_decay && segs[9].no_decay && segs[2].no_decay && !segs[0].no_decay);
     /* LAMB over the model's layout runs and leaves padding alone */
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m), .segs = segs, .nseg = n};
+    dt_optim_range lay = t_range(m, segs, n);
     dt_lamb_params lp = dt_lamb_params_default();
-    dt_optim *o = dt_optim_lamb_init(&lp, &lay);
-    ASSERT(o);
-    for (size_t i = 0; i < dt_model_flat_numel(m); i++)
-        dt_model_grads(m)[i] = 0.01f;
-    ASSERT_OK(dt_optim_step(o, dt_model_params(m), dt_model_grads(m)));
+    dt_optim *o = NULL;
+    ASSERT_OK(dt_optim_lamb_init(&lp, &lay, 1, &o));
+    for (size_t i = 0; i < t_numel(m); i++)
+        t_grads(m)[i] = 0.01f;
+    ASSERT_OK(dt_optim_step(o));
     /* fc.bias (10 floats) is followed by 6 floats of padding to 64 bytes */
-    ASSERT(segs[9].offset + 10 < dt_model_flat_numel(m));
-    ASSERT_NEAR(dt_model_params(m)[segs[9].offset + 10], 0, 0, 0);
-    ASSERT(dt_model_params(m)[segs[9].offset + 9] != 0);
+    ASSERT(segs[9].offset + 10 < t_numel(m));
+    ASSERT_NEAR(t_params(m)[segs[9].offset + 10], 0, 0, 0);
+    ASSERT(t_params(m)[segs[9].offset + 9] != 0);
     dt_optim_kind k;
     ASSERT_OK(dt_optim_kind_parse("adamw", &k));
     ASSERT_EQ_INT(k, DT_OPTIM_ADAMW);
@@ -670,8 +682,9 @@ TEST(optim_segments_from_model)
 
 TEST(bad_input)
 {
-    dt_model *m = dt_model_create("convnet", 1, NULL);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_model *m = t_create("convnet", 1, NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     /* 3 channels into Conv2d(1, 16) */
     dt_tensor *x = dt_tensor_zeros(ctx, DT_F32, 4, (int64_t[]){2, 3, 28, 28});
     dt_error_clear();
@@ -690,7 +703,11 @@ TEST(bad_input)
     ASSERT(dt_model_forward(ctx, m, NULL) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "input is NULL");
-    dt_tensor *loss = dt_model_loss(ctx, m, dt_model_forward(ctx, m, NULL), NULL);
+    dt_model_desc cd;
+    dt_model *m2 = NULL;
+    ASSERT_OK(dt_model_create("convnet", 1, NULL, &m2, &cd));
+    dt_model_free(m2);
+    dt_tensor *loss = dt_model_desc_loss(ctx, &cd, dt_model_forward(ctx, m, NULL), NULL);
     ASSERT(loss == NULL);
     ASSERT(dt_backward(ctx, loss) < 0);
     /* wrong dtype */
@@ -698,7 +715,7 @@ TEST(bad_input)
     ASSERT(dt_model_forward(ctx, m, x) == NULL);
     ASSERT(dt_last_status() < 0);
     /* bad constructors and names */
-    ASSERT(dt_model_create("resnet", 1, NULL) == NULL);
+    ASSERT(t_create("resnet", 1, NULL) == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "resnet");
     ASSERT(dt_nn_linear(0, 3, true) == NULL);
     ASSERT(dt_nn_seq(2, (dt_module *[]){dt_nn_relu(), dt_nn_conv2d(1, 1, 0, 1, 0, true)}) == NULL);
@@ -710,11 +727,11 @@ TEST(bad_input)
     ASSERT(dt_module_forward(ctx, s, dt_tensor_zeros(ctx, DT_F32, 1, (int64_t[]){3})) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_STATE);
     dt_module_free(s);
-    ASSERT(dt_model_build(NULL, 0) == NULL);
+    ASSERT(t_build(NULL, 0) == NULL);
     /* a module of a built model cannot be built again (and is not freed) */
-    ASSERT(dt_model_build(dt_model_find_module(m, "layer1"), 0) == NULL);
+    ASSERT(t_build(dt_model_find_module(m, "layer1"), 0) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_STATE);
-    ASSERT(dt_model_build(dt_model_root(m), 0) == NULL);
+    ASSERT(t_build(dt_model_root(m), 0) == NULL);
     dt_ctx_free(ctx);
     dt_model_free(m);
 }

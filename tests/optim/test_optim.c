@@ -21,6 +21,77 @@
 #include <pthread.h>
 #include <string.h>
 
+/* The tests below were written against one [lo, hi) range stepped over
+ * arrays named at each step. tlay is that range; t*_init binds it to a pair
+ * of flats kept here (offset lo, numel hi - lo), and tstep points their
+ * base at the arrays of the call: the library reads a range's flats at
+ * every step, so this is exactly how a moved buffer is followed. */
+typedef struct tlay {
+    size_t lo, hi;
+    const dt_optim_segment *segs;
+    size_t nseg;
+} tlay;
+
+enum { MAXBIND = 64 };
+static struct bind {
+    dt_optim *o;
+    dt_flat p, g;
+} g_bind[MAXBIND];
+
+static dt_optim_range bind_range(struct bind *b, const tlay *l)
+{
+    b->p = (dt_flat){.dtype = DT_F32, .offset = l->lo, .numel = l->hi - l->lo, .total = l->hi, .world = 1};
+    b->g = b->p;
+    return (dt_optim_range){.params = &b->p, .grads = &b->g, .lo = l->lo, .hi = l->hi, .segs = l->segs,
+                            .nseg = l->nseg};
+}
+
+static struct bind *free_bind(void)
+{
+    for (int i = 0; i < MAXBIND; i++)
+        if (!g_bind[i].o)
+            return &g_bind[i];
+    return NULL;
+}
+
+#define TINIT(kind, ptype)                                                                 \
+    static dt_optim *t##kind##_init(const ptype *p, const tlay *l)                         \
+    {                                                                                      \
+        struct bind *b = free_bind();                                                      \
+        if (!b)                                                                            \
+            return NULL;                                                                   \
+        dt_optim_range r = bind_range(b, l);                                               \
+        dt_optim *o = NULL;                                                                \
+        if (dt_optim_##kind##_init(p, &r, 1, &o) < 0)                                      \
+            return NULL;                                                                   \
+        b->o = o;                                                                          \
+        return o;                                                                          \
+    }
+TINIT(sgd, dt_sgd_params)
+TINIT(adam, dt_adam_params)
+TINIT(adamw, dt_adam_params)
+TINIT(lamb, dt_lamb_params)
+
+static void tfree(dt_optim *o)
+{
+    for (int i = 0; o && i < MAXBIND; i++)
+        if (g_bind[i].o == o)
+            g_bind[i].o = NULL;
+    dt_optim_free(o);
+}
+
+/* Step o over params / grads arrays holding its range [lo, hi). */
+static dt_status tstep(dt_optim *o, float *params, float *grads)
+{
+    for (int i = 0; i < MAXBIND; i++)
+        if (g_bind[i].o == o) {
+            g_bind[i].p.base = params;
+            g_bind[i].g.base = grads;
+            return dt_optim_step(o);
+        }
+    return dt_optim_step(o); /* NULL or unbound: the library's own error */
+}
+
 static const float ref_sgd_plain[24] = {
     -0x1.6acccc0000000p-1f, -0x1.04ccce0000000p-2f, 0x1.b4ccce0000000p-2f, -0x1.6533340000000p-1f,
     -0x1.0ccccc0000000p-6f, 0x1.06cccc0000000p-1f, -0x1.d666660000000p-2f, 0x1.2b33340000000p-3f,
@@ -80,7 +151,7 @@ static dt_status run3(dt_optim *o, float *p)
     for (int t = 0; t < 3; t++) {
         for (int i = 0; i < N; i++)
             g[i] = G(i, t);
-        dt_status st = dt_optim_step(o, p, g);
+        dt_status st = tstep(o, p, g);
         if (st < 0)
             return st;
     }
@@ -99,9 +170,9 @@ static int count_bit_diffs(const float *a, const float *b, int n)
     return bad;
 }
 
-static dt_optim_layout lay24(void)
+static tlay lay24(void)
 {
-    dt_optim_layout l = {.lo = 0, .hi = N, .segs = segs24, .nseg = 2};
+    tlay l = {.lo = 0, .hi = N, .segs = segs24, .nseg = 2};
     return l;
 }
 
@@ -111,15 +182,15 @@ TEST(sgd_hand)
 {
     /* plain: p = 1 - 0.1 * 0.5 = 0.95 */
     float p = 1, g = 0.5f;
-    dt_optim_layout l = {.lo = 0, .hi = 1};
+    tlay l = {.lo = 0, .hi = 1};
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.1;
-    dt_optim *o = dt_optim_sgd_init(&sp, &l);
+    dt_optim *o = tsgd_init(&sp, &l);
     ASSERT(o);
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.95, 1e-7, 0);
     ASSERT_EQ_INT(dt_optim_num_states(o), 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* momentum 0.9, wd 0.1, lr 0.1, g = 0.5 twice:
      * step 1: d = 0.5 + 0.1*1 = 0.6; buf = d = 0.6 (first step: no dampening);
@@ -128,46 +199,46 @@ TEST(sgd_hand)
      *         p = 0.94 - 0.1134 = 0.8266 */
     sp.momentum = 0.9;
     sp.weight_decay = 0.1;
-    o = dt_optim_sgd_init(&sp, &l);
+    o = tsgd_init(&sp, &l);
     ASSERT(o);
     p = 1;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.94, 1e-7, 0);
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.8266, 1e-6, 0);
     const char *name;
     float *buf;
     size_t n;
-    ASSERT_OK(dt_optim_state(o, 0, &name, &buf, &n));
+    ASSERT_OK(dt_optim_state(o, 0, 0, &name, &buf, &n));
     ASSERT_STR_EQ(name, "momentum_buffer");
     ASSERT_EQ_INT(n, 1);
     ASSERT_NEAR(buf[0], 1.134, 1e-6, 0);
     ASSERT_EQ_INT(dt_optim_get_step(o), 2);
-    dt_optim_free(o);
+    tfree(o);
 
     /* nesterov, momentum 0.9, no wd: step 1: buf = 0.5; d = 0.5 + 0.9*0.5 = 0.95;
      * p = 1 - 0.095 = 0.905.  step 2: buf = 0.45 + 0.5 = 0.95; d = 0.5 + 0.855
      * = 1.355; p = 0.905 - 0.1355 = 0.7695 */
     sp.weight_decay = 0;
     sp.nesterov = true;
-    o = dt_optim_sgd_init(&sp, &l);
+    o = tsgd_init(&sp, &l);
     p = 1;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.905, 1e-7, 0);
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.7695, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* dampening 0.5 (no nesterov): step 1 buf = 0.5 (undampened), p = 0.95;
      * step 2 buf = 0.9*0.5 + 0.5*0.5 = 0.7, p = 0.95 - 0.07 = 0.88 */
     sp.nesterov = false;
     sp.dampening = 0.5;
-    o = dt_optim_sgd_init(&sp, &l);
+    o = tsgd_init(&sp, &l);
     p = 1;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.88, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
 }
 
 TEST(adam_hand)
@@ -180,53 +251,53 @@ TEST(adam_hand)
      *         m^ = 0.3684210526, sqrt(v^) = 0.3952253807;
      *         p = 0.9 - 0.1 * 0.3684210526 / 0.3952253807 = 0.8067820405 */
     float p = 1, g = 0.5f;
-    dt_optim_layout l = {.lo = 0, .hi = 1};
+    tlay l = {.lo = 0, .hi = 1};
     dt_adam_params ap = dt_adam_params_default();
     ap.lr = 0.1;
-    dt_optim *o = dt_optim_adam_init(&ap, &l);
+    dt_optim *o = tadam_init(&ap, &l);
     ASSERT(o);
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.9, 1e-7, 0);
     g = 0.25f;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.8067820405, 1e-6, 0);
     float *m, *v;
-    ASSERT_OK(dt_optim_state(o, 0, NULL, &m, NULL));
-    ASSERT_OK(dt_optim_state(o, 1, NULL, &v, NULL));
+    ASSERT_OK(dt_optim_state(o, 0, 0, NULL, &m, NULL));
+    ASSERT_OK(dt_optim_state(o, 0, 1, NULL, &v, NULL));
     ASSERT_NEAR(m[0], 0.07, 1e-8, 0);
     ASSERT_NEAR(v[0], 0.00031225, 1e-10, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* AdamW wd 0.01: step 1 decays first, p = 1*(1 - 0.1*0.01) = 0.999, then
      * the Adam step subtracts 0.1 -> 0.899 */
     ap = dt_adamw_params_default();
     ASSERT_NEAR(ap.weight_decay, 0.01, 0, 0);
     ap.lr = 0.1;
-    o = dt_optim_adamw_init(&ap, &l);
+    o = tadamw_init(&ap, &l);
     p = 1;
     g = 0.5f;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.899, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* Adam with L2 wd 0.5: g' = 0.5 + 0.5*1 = 1; step 1 is still -lr*sign -> 0.9 */
     ap = dt_adam_params_default();
     ap.lr = 0.1;
     ap.weight_decay = 0.5;
-    o = dt_optim_adam_init(&ap, &l);
+    o = tadam_init(&ap, &l);
     p = 1;
     g = 0.5f;
-    ASSERT_OK(dt_optim_step(o, &p, &g));
+    ASSERT_OK(tstep(o, &p, &g));
     ASSERT_NEAR(p, 0.9, 1e-7, 0);
-    ASSERT_OK(dt_optim_state(o, 0, NULL, &m, NULL));
+    ASSERT_OK(dt_optim_state(o, 0, 0, NULL, &m, NULL));
     ASSERT_NEAR(m[0], 0.1, 1e-8, 0); /* (1 - 0.9) * g' */
-    dt_optim_free(o);
+    tfree(o);
 }
 
 static dt_optim *lamb2(dt_lamb_params *lp)
 {
-    dt_optim_layout l = {.lo = 0, .hi = 2};
-    return dt_optim_lamb_init(lp, &l);
+    tlay l = {.lo = 0, .hi = 2};
+    return tlamb_init(lp, &l);
 }
 
 TEST(lamb_hand)
@@ -245,53 +316,53 @@ TEST(lamb_hand)
     dt_optim *o = lamb2(&lp);
     ASSERT(o);
     float w[2] = {3, 4}, g[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w, g));
+    ASSERT_OK(tstep(o, w, g));
     ASSERT_NEAR(w[0], 2.9648158850, 1e-6, 0);
     ASSERT_NEAR(w[1], 3.9644742621, 1e-6, 0);
     ASSERT_NEAR(g[0], 1.0299966667, 1e-6, 0); /* apex leaves u in the grads */
     ASSERT_NEAR(dt_optim_last_grad_norm(o), 0.5, 1e-7, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* Clipping: g = [3, 4], ‖g‖ = 5 > 1 -> g/5 = [0.6, 0.8]; u differs from
      * above only through eps: [0.6/0.600001 + 0.03, 0.8/0.800001 + 0.04] */
     o = lamb2(&lp);
     float w2[2] = {3, 4}, g2[2] = {3, 4};
-    ASSERT_OK(dt_optim_step(o, w2, g2));
+    ASSERT_OK(tstep(o, w2, g2));
     ASSERT_NEAR(dt_optim_last_grad_norm(o), 5.0, 1e-6, 0);
     ASSERT_NEAR(g2[0], 0.6 / 0.600001 + 0.03, 1e-6, 0);
     ASSERT_NEAR(w2[0], 2.9648158850, 1e-5, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* Zero weights: ‖w‖ = 0 -> ratio 1, p = -lr*u = [-0.0099999667, -0.0099999750] */
     o = lamb2(&lp);
     float w3[2] = {0, 0}, g3[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w3, g3));
+    ASSERT_OK(tstep(o, w3, g3));
     ASSERT_NEAR(w3[0], -0.0099999667, 1e-9, 0);
     ASSERT_NEAR(w3[1], -0.0099999750, 1e-9, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* Zero update (zero grads, wd 0): ‖u‖ = 0 -> ratio 1, w unchanged */
     lp.weight_decay = 0;
     o = lamb2(&lp);
     float w4[2] = {3, 4}, g4[2] = {0, 0};
-    ASSERT_OK(dt_optim_step(o, w4, g4));
+    ASSERT_OK(tstep(o, w4, g4));
     ASSERT_NEAR(w4[0], 3, 0, 0);
     ASSERT_NEAR(w4[1], 4, 0, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* wd 0, no nvlamb: no trust ratio; p = w - lr*g/(|g|+eps) */
     o = lamb2(&lp);
     float w5[2] = {3, 4}, g5[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w5, g5));
+    ASSERT_OK(tstep(o, w5, g5));
     ASSERT_NEAR(w5[0], 3 - 0.01 * 0.3 / 0.300001, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
     /* ... with nvlamb the ratio applies: ‖u‖ = sqrt(2)*~1 -> ratio 5/1.4142 */
     lp.use_nvlamb = true;
     o = lamb2(&lp);
     float w6[2] = {3, 4}, g6[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w6, g6));
+    ASSERT_OK(tstep(o, w6, g6));
     ASSERT_NEAR(w6[0], 3 - 0.01 * (5 / sqrt(2.0)) * 0.99999667, 1e-5, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* L2 mode (adam_w_mode false), wd 0.01: s = g + wd*w = [0.33, 0.44];
      * u = s/(|s| + eps); ratio = 5/‖u‖ = 3.5355432805;
@@ -301,10 +372,10 @@ TEST(lamb_hand)
     lp.adam_w_mode = false;
     o = lamb2(&lp);
     float w7[2] = {3, 4}, g7[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w7, g7));
+    ASSERT_OK(tstep(o, w7, g7));
     ASSERT_NEAR(w7[0], 2.9646446743, 1e-6, 0);
     ASSERT_NEAR(w7[1], 3.9646446475, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
 
     /* No bias correction, no grad averaging: m = g, v = (1-b2) g^2, where
      * 1 - b2 is computed in float as apex does: 1 - 0.999f = 0.00099998713;
@@ -316,11 +387,11 @@ TEST(lamb_hand)
     lp.grad_averaging = false;
     o = lamb2(&lp);
     float w8[2] = {3, 4}, g8[2] = {0.3f, 0.4f};
-    ASSERT_OK(dt_optim_step(o, w8, g8));
+    ASSERT_OK(tstep(o, w8, g8));
     ASSERT_NEAR(g8[0], 31.6496471441, 2e-5, 0);
     ASSERT_NEAR(w8[0], 2.9646507113, 1e-6, 0);
     ASSERT_NEAR(w8[1], 3.9646386117, 1e-6, 0);
-    dt_optim_free(o);
+    tfree(o);
 }
 
 /* ---- torch cross-check, both kernel paths --------------------------------- */
@@ -328,7 +399,7 @@ TEST(lamb_hand)
 static void torch_check(bool scalar)
 {
     dt__optim_force_scalar(scalar);
-    dt_optim_layout l = lay24();
+    tlay l = lay24();
     float p[N];
     struct {
         const char *name;
@@ -349,11 +420,11 @@ static void torch_check(bool scalar)
     dt_adam_params a1 = dt_adam_params_default();
     a1.lr = 0.01;
     a1.weight_decay = 0.1;
-    c[0].name = "sgd_plain", c[0].o = dt_optim_sgd_init(&s1, &l), c[0].ref = ref_sgd_plain;
-    c[1].name = "sgd_mom_wd_damp", c[1].o = dt_optim_sgd_init(&s2, &l), c[1].ref = ref_sgd_mom_wd_damp;
-    c[2].name = "sgd_nesterov", c[2].o = dt_optim_sgd_init(&s3, &l), c[2].ref = ref_sgd_nesterov;
-    c[3].name = "adam", c[3].o = dt_optim_adam_init(&a1, &l), c[3].ref = ref_adam;
-    c[4].name = "adamw", c[4].o = dt_optim_adamw_init(&a1, &l), c[4].ref = ref_adamw;
+    c[0].name = "sgd_plain", c[0].o = tsgd_init(&s1, &l), c[0].ref = ref_sgd_plain;
+    c[1].name = "sgd_mom_wd_damp", c[1].o = tsgd_init(&s2, &l), c[1].ref = ref_sgd_mom_wd_damp;
+    c[2].name = "sgd_nesterov", c[2].o = tsgd_init(&s3, &l), c[2].ref = ref_sgd_nesterov;
+    c[3].name = "adam", c[3].o = tadam_init(&a1, &l), c[3].ref = ref_adam;
+    c[4].name = "adamw", c[4].o = tadamw_init(&a1, &l), c[4].ref = ref_adamw;
     int bad = 0;
     for (int k = 0; k < 5; k++) {
         if (!c[k].o || run3(c[k].o, p) < 0) {
@@ -366,7 +437,7 @@ static void torch_check(bool scalar)
             fprintf(stderr, "%s (%s path): %d of %d elements differ from torch\n", c[k].name,
                     scalar ? "scalar" : "simd", d, N);
         bad += d;
-        dt_optim_free(c[k].o);
+        tfree(c[k].o);
     }
     dt__optim_force_scalar(false);
     ASSERT_EQ_INT(bad, 0);
@@ -391,37 +462,37 @@ TEST(shards_equal_whole)
         float whole[N], part[N], g[N];
         for (int i = 0; i < N; i++)
             whole[i] = part[i] = P(i);
-        dt_optim_layout lw = lay24();
-        dt_optim_layout l0 = {.lo = 0, .hi = 10, .segs = segs24, .nseg = 2};
-        dt_optim_layout l1 = {.lo = 10, .hi = N, .segs = segs24, .nseg = 2};
+        tlay lw = lay24();
+        tlay l0 = {.lo = 0, .hi = 10, .segs = segs24, .nseg = 2};
+        tlay l1 = {.lo = 10, .hi = N, .segs = segs24, .nseg = 2};
         dt_optim *ow, *o0, *o1;
         dt_sgd_params sp = dt_sgd_params_default();
         sp.momentum = 0.9;
         sp.weight_decay = 0.01;
         dt_adam_params ap = dt_adamw_params_default();
         if (kind == 0) {
-            ow = dt_optim_sgd_init(&sp, &lw), o0 = dt_optim_sgd_init(&sp, &l0), o1 = dt_optim_sgd_init(&sp, &l1);
+            ow = tsgd_init(&sp, &lw), o0 = tsgd_init(&sp, &l0), o1 = tsgd_init(&sp, &l1);
         } else if (kind == 1) {
-            ow = dt_optim_adam_init(&ap, &lw), o0 = dt_optim_adam_init(&ap, &l0), o1 = dt_optim_adam_init(&ap, &l1);
+            ow = tadam_init(&ap, &lw), o0 = tadam_init(&ap, &l0), o1 = tadam_init(&ap, &l1);
         } else {
-            ow = dt_optim_adamw_init(&ap, &lw), o0 = dt_optim_adamw_init(&ap, &l0), o1 = dt_optim_adamw_init(&ap, &l1);
+            ow = tadamw_init(&ap, &lw), o0 = tadamw_init(&ap, &l0), o1 = tadamw_init(&ap, &l1);
         }
         ASSERT(ow && o0 && o1);
         size_t n1;
-        ASSERT_OK(dt_optim_state(o1, 0, NULL, NULL, &n1));
+        ASSERT_OK(dt_optim_state(o1, 0, 0, NULL, NULL, &n1));
         ASSERT_EQ_INT(n1, 14);
         for (int t = 0; t < 4; t++) {
             float gw[N];
             for (int i = 0; i < N; i++)
                 g[i] = gw[i] = G(i, t);
-            ASSERT_OK(dt_optim_step(ow, whole, gw));
-            ASSERT_OK(dt_optim_step(o0, part, g));
-            ASSERT_OK(dt_optim_step(o1, part + 10, g + 10));
+            ASSERT_OK(tstep(ow, whole, gw));
+            ASSERT_OK(tstep(o0, part, g));
+            ASSERT_OK(tstep(o1, part + 10, g + 10));
         }
         ASSERT_EQ_INT(count_bit_diffs(part, whole, N), 0);
-        dt_optim_free(ow);
-        dt_optim_free(o0);
-        dt_optim_free(o1);
+        tfree(ow);
+        tfree(o0);
+        tfree(o1);
     }
 }
 
@@ -452,7 +523,7 @@ static dt_status fake_allreduce(void *ctx, double *sums, size_t n)
 static void *rank_main(void *arg)
 {
     fake_rank *r = arg;
-    r->st = dt_optim_step(r->o, r->p, r->g);
+    r->st = tstep(r->o, r->p, r->g);
     return NULL;
 }
 
@@ -465,16 +536,16 @@ TEST(lamb_sharded_with_reducer)
     }
     dt_lamb_params lp = dt_lamb_params_default();
     lp.lr = 0.05;
-    dt_optim_layout lw = lay24();
-    dt_optim *ow = dt_optim_lamb_init(&lp, &lw);
-    ASSERT_OK(dt_optim_step(ow, whole, gw));
+    tlay lw = lay24();
+    dt_optim *ow = tlamb_init(&lp, &lw);
+    ASSERT_OK(tstep(ow, whole, gw));
     fake_world w;
     pthread_barrier_init(&w.bar, NULL, 2);
     fake_rank r[2];
     size_t cut = 10;
     for (int k = 0; k < 2; k++) {
-        dt_optim_layout l = {.lo = k ? cut : 0, .hi = k ? N : cut, .segs = segs24, .nseg = 2};
-        r[k] = (fake_rank){.w = &w, .rank = k, .o = dt_optim_lamb_init(&lp, &l), .p = part + l.lo, .g = g + l.lo};
+        tlay l = {.lo = k ? cut : 0, .hi = k ? N : cut, .segs = segs24, .nseg = 2};
+        r[k] = (fake_rank){.w = &w, .rank = k, .o = tlamb_init(&lp, &l), .p = part + l.lo, .g = g + l.lo};
         ASSERT(r[k].o);
         dt_optim_set_reducer(r[k].o, fake_allreduce, &r[k]);
     }
@@ -493,37 +564,37 @@ TEST(lamb_sharded_with_reducer)
     /* without the reducer the shard's norms are local and the result differs */
     for (int i = 0; i < N; i++)
         part[i] = P(i), g[i] = 4 * G(i, 0);
-    dt_optim_layout l0 = {.lo = 0, .hi = cut, .segs = segs24, .nseg = 2};
-    dt_optim *solo = dt_optim_lamb_init(&lp, &l0);
-    ASSERT_OK(dt_optim_step(solo, part, g));
+    tlay l0 = {.lo = 0, .hi = cut, .segs = segs24, .nseg = 2};
+    dt_optim *solo = tlamb_init(&lp, &l0);
+    ASSERT_OK(tstep(solo, part, g));
     int differ = 0;
     for (size_t i = 0; i < cut; i++)
         differ += fabsf(part[i] - whole[i]) > 1e-6f;
     ASSERT(differ > 0);
-    dt_optim_free(solo);
-    dt_optim_free(ow);
-    dt_optim_free(r[0].o);
-    dt_optim_free(r[1].o);
+    tfree(solo);
+    tfree(ow);
+    tfree(r[0].o);
+    tfree(r[1].o);
 }
 
 /* Padding between segments is never touched; no_decay segments skip decay. */
 TEST(segments_gaps_and_no_decay)
 {
     dt_optim_segment s[] = {{0, 5, false}, {8, 4, true}};
-    dt_optim_layout l = {.lo = 0, .hi = 12, .segs = s, .nseg = 2};
+    tlay l = {.lo = 0, .hi = 12, .segs = s, .nseg = 2};
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.5;
     sp.weight_decay = 0.5;
-    dt_optim *o = dt_optim_sgd_init(&sp, &l);
+    dt_optim *o = tsgd_init(&sp, &l);
     ASSERT(o);
     float p[12], g[12];
     for (int i = 0; i < 12; i++)
         p[i] = 1, g[i] = 1;
-    ASSERT_OK(dt_optim_step(o, p, g));
+    ASSERT_OK(tstep(o, p, g));
     ASSERT_NEAR(p[0], 1 - 0.5 * (1 + 0.5), 0, 0); /* decayed: 0.25 */
     ASSERT_NEAR(p[6], 1, 0, 0);                   /* padding untouched */
     ASSERT_NEAR(p[9], 0.5, 0, 0);                 /* no decay: 1 - 0.5*1 */
-    dt_optim_free(o);
+    tfree(o);
 }
 
 /* The norm sums are per fixed chunk, so the thread count does not matter. */
@@ -531,14 +602,14 @@ TEST(lamb_threads_bit_identical)
 {
     const size_t n = 100003;
     dt_optim_segment s[] = {{0, 70001, false}, {70001, 30002, false}};
-    dt_optim_layout l = {.lo = 0, .hi = n, .segs = s, .nseg = 2};
+    tlay l = {.lo = 0, .hi = n, .segs = s, .nseg = 2};
     float *p[2], *g[2];
     for (int run = 0; run < 2; run++) {
         dt_set_num_threads(run + 1);
         p[run] = dt_alloc(n * sizeof(float));
         g[run] = dt_alloc(n * sizeof(float));
         dt_lamb_params lp = dt_lamb_params_default();
-        dt_optim *o = dt_optim_lamb_init(&lp, &l);
+        dt_optim *o = tlamb_init(&lp, &l);
         ASSERT(o);
         for (int t = 0; t < 2; t++) {
             for (size_t i = 0; i < n; i++) {
@@ -546,9 +617,9 @@ TEST(lamb_threads_bit_identical)
                     p[run][i] = P((int)(i % 5000));
                 g[run][i] = G((int)(i % 7919), t);
             }
-            ASSERT_OK(dt_optim_step(o, p[run], g[run]));
+            ASSERT_OK(tstep(o, p[run], g[run]));
         }
-        dt_optim_free(o);
+        tfree(o);
     }
     dt_set_num_threads(0);
     ASSERT_EQ_INT(memcmp(p[0], p[1], n * sizeof(float)), 0);
@@ -561,20 +632,20 @@ TEST(lamb_threads_bit_identical)
 TEST(fused_zero_grad)
 {
     dt_optim_segment s[] = {{0, 13, false}, {16, 11, false}};
-    dt_optim_layout l = {.lo = 0, .hi = 27, .segs = s, .nseg = 2};
+    tlay l = {.lo = 0, .hi = 27, .segs = s, .nseg = 2};
     for (int kind = 0; kind < 4; kind++) {
         float p[2][28], g[2][28];
         for (int z = 0; z < 2; z++) {
-            dt_optim *o = kind == 0   ? dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1, .momentum = 0.9}, &l)
-                          : kind == 1 ? dt_optim_adam_init(&(dt_adam_params){.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99}, &l)
-                          : kind == 2 ? dt_optim_adamw_init(&(dt_adam_params){.lr = 0.1, .beta2 = 0.5, .weight_decay = 0.1}, &l)
-                                      : dt_optim_lamb_init(&(dt_lamb_params){.lr = 0.1, .weight_decay = 0.1}, &l);
+            dt_optim *o = kind == 0   ? tsgd_init(&(dt_sgd_params){.lr = 0.1, .momentum = 0.9}, &l)
+                          : kind == 1 ? tadam_init(&(dt_adam_params){.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99}, &l)
+                          : kind == 2 ? tadamw_init(&(dt_adam_params){.lr = 0.1, .beta2 = 0.5, .weight_decay = 0.1}, &l)
+                                      : tlamb_init(&(dt_lamb_params){.lr = 0.1, .weight_decay = 0.1}, &l);
             ASSERT(o);
             dt_optim_set_zero_grad(o, z == 1);
             for (int i = 0; i < 28; i++)
                 p[z][i] = P(i), g[z][i] = G(i, 0);
-            ASSERT_OK(dt_optim_step(o, p[z], g[z]));
-            dt_optim_free(o);
+            ASSERT_OK(tstep(o, p[z], g[z]));
+            tfree(o);
         }
         ASSERT_EQ_INT(count_bit_diffs(p[0], p[1], 28), 0);
         for (int i = 0; i < 28; i++) {
@@ -591,31 +662,31 @@ TEST(bad_arguments)
 {
     dt_sgd_params sp = dt_sgd_params_default();
     sp.nesterov = true;
-    dt_optim_layout l = {.lo = 0, .hi = 4};
-    ASSERT(dt_optim_sgd_init(&sp, &l) == NULL);
+    tlay l = {.lo = 0, .hi = 4};
+    ASSERT(tsgd_init(&sp, &l) == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "nesterov");
     dt_optim_segment bad[] = {{4, 4, false}, {2, 4, false}};
-    dt_optim_layout lb = {.lo = 0, .hi = 8, .segs = bad, .nseg = 2};
-    ASSERT(dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1}, &lb) == NULL);
+    tlay lb = {.lo = 0, .hi = 8, .segs = bad, .nseg = 2};
+    ASSERT(tsgd_init(&(dt_sgd_params){.lr = 0.1}, &lb) == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "segment 1");
-    dt_optim_layout lr = {.lo = 5, .hi = 4};
-    ASSERT(dt_optim_adam_init(&(dt_adam_params){.lr = 0.1}, &lr) == NULL);
+    tlay lr = {.lo = 5, .hi = 4};
+    ASSERT(tadam_init(&(dt_adam_params){.lr = 0.1}, &lr) == NULL);
     dt_adam_params ap = dt_adam_params_default();
     ap.beta1 = 1.0;
-    ASSERT(dt_optim_adam_init(&ap, &l) == NULL);
+    ASSERT(tadam_init(&ap, &l) == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "betas");
-    ASSERT(dt_optim_lamb_init(NULL, &l) == NULL);
-    dt_optim *o = dt_optim_sgd_init(&(dt_sgd_params){.lr = 0.1}, &l);
+    ASSERT(tlamb_init(NULL, &l) == NULL);
+    dt_optim *o = tsgd_init(&(dt_sgd_params){.lr = 0.1}, &l);
     ASSERT(o);
     float x[4] = {0};
-    ASSERT_STATUS(dt_optim_step(o, x, NULL), DT_ERR_NULL);
-    ASSERT_STATUS(dt_optim_step(NULL, x, x), DT_ERR_NULL);
-    ASSERT_STATUS(dt_optim_state(o, 0, NULL, NULL, NULL), DT_ERR_RANGE);
+    ASSERT_STATUS(tstep(o, x, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(tstep(NULL, x, x), DT_ERR_NULL);
+    ASSERT_STATUS(dt_optim_state(o, 0, 0, NULL, NULL, NULL), DT_ERR_RANGE);
     ASSERT_STR_EQ(dt_optim_kind_name(dt_optim_get_kind(o)), "sgd");
     dt_optim_set_lr(o, 0.25);
     ASSERT_NEAR(dt_optim_get_lr(o), 0.25, 0, 0);
-    dt_optim_free(o);
-    dt_optim_free(NULL);
+    tfree(o);
+    tfree(NULL);
 }
 
 /* ---- clipping ----------------------------------------------------------------- */

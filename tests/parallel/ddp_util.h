@@ -5,6 +5,7 @@
 #define DT_TEST_DDP_UTIL_H
 
 #include "comm/harness.h"
+#include "model_util.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
@@ -20,7 +21,7 @@ static inline dt_model *mlp_model(uint64_t seed)
     dt_nn_seq_add(net, NULL, dt_nn_linear(8, 16, true));
     dt_nn_seq_add(net, NULL, dt_nn_relu());
     dt_nn_seq_add(net, NULL, dt_nn_linear(16, 4, true));
-    return dt_model_build(net, seed);
+    return t_build(net, seed);
 }
 
 /* Inputs for samples [first, first + n): MLP [n, 8] or images [n, 1, 28, 28]. */
@@ -122,8 +123,7 @@ static inline dt_optim *make_sgd(const dt_model *m)
     dt_sgd_params sp = dt_sgd_params_default();
     sp.lr = 0.05;
     sp.momentum = 0.9;
-    dt_optim_layout lay = {.lo = 0, .hi = dt_model_flat_numel(m), .segs = NULL, .nseg = 0};
-    return dt_optim_sgd_init(&sp, &lay);
+    return t_sgd(m, &sp);
 }
 
 /* Largest |a - b| / (1 + |b|) over n floats. */

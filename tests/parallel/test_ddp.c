@@ -6,6 +6,7 @@
 // dt-test-timeout: 240
 #include "ddp_util.h"
 #include "test.h"
+#include "model_util.h"
 
 /* ---- bucket assignment (one rank, self backend) ---- */
 
@@ -14,7 +15,7 @@ static dt_model *three_linears(uint64_t seed)
     dt_module *net = dt_nn_seq(0, NULL);
     for (int i = 0; i < 3; i++)
         dt_nn_seq_add(net, NULL, dt_nn_linear(10, 10, true)); /* weight 400 B, bias 40 B */
-    return dt_model_build(net, seed);
+    return t_build(net, seed);
 }
 
 TEST(bucket_assignment)
@@ -56,7 +57,7 @@ TEST(bucket_assignment)
     ASSERT_EQ_INT(b1.offset + b1.numel, e2.offset + e2.numel);
     ASSERT_STATUS(dt_ddp_bucket(d, 2, &b0), DT_ERR_RANGE);
     /* the gradient buffer is now DDP's */
-    ASSERT(dt_model_grads(m) != NULL);
+    ASSERT(t_grads(m) != NULL);
     dt_ddp_free(d);
 
     /* a cap below every tensor: one bucket per tensor, in reverse */
@@ -69,7 +70,7 @@ TEST(bucket_assignment)
     }
     dt_ddp_free(d);
     /* defaults: the ConvNet (about 120 KB of gradients) fits in the 1 MiB bucket */
-    dt_model *cn = dt_model_create("convnet", 1, NULL);
+    dt_model *cn = t_create("convnet", 1, NULL);
     ASSERT_OK(dt_ddp_init(pg, cn, NULL, &d));
     ASSERT_EQ_INT(dt_ddp_num_buckets(d), 1);
     dt_ddp_free(d);
@@ -100,7 +101,7 @@ static int body_equivalence(int rank, int W, void *argp)
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
     /* ranks start from different weights: DDP must broadcast rank 0's */
-    dt_model *m = a->convnet ? dt_model_create("convnet", 7 + (uint64_t)rank, NULL) : mlp_model(7 + (uint64_t)rank);
+    dt_model *m = a->convnet ? t_create("convnet", 7 + (uint64_t)rank, NULL) : mlp_model(7 + (uint64_t)rank);
     TH_CHECK(m != NULL, "%s", dt_last_error());
     if (a->convnet) {
         int n = 0;
@@ -129,17 +130,17 @@ static int body_equivalence(int rank, int W, void *argp)
              (unsigned long long)st.buckets_posted);
 
     /* the single-process reference, from rank 0's initial weights */
-    dt_model *ref = a->convnet ? dt_model_create("convnet", 7, NULL) : mlp_model(7);
+    dt_model *ref = a->convnet ? t_create("convnet", 7, NULL) : mlp_model(7);
     TH_OK(train_reference(ref, dd, gb, a->steps));
-    size_t n = dt_model_flat_numel(m);
-    double dp = max_rel_diff(dt_model_params(m), dt_model_params(ref), n);
+    size_t n = t_numel(m);
+    double dp = max_rel_diff(t_params(m), t_params(ref), n);
     TH_CHECK(dp < 2e-5, "W=%d: parameters differ from the single process by %.3g", W, dp);
     /* and they changed (the test can fail) */
-    dt_model *init = a->convnet ? dt_model_create("convnet", 7, NULL) : mlp_model(7);
-    TH_CHECK(max_rel_diff(dt_model_params(m), dt_model_params(init), n) > 1e-3, "parameters did not move");
+    dt_model *init = a->convnet ? t_create("convnet", 7, NULL) : mlp_model(7);
+    TH_CHECK(max_rel_diff(t_params(m), t_params(init), n) > 1e-3, "parameters did not move");
     if (a->convnet) { /* running statistics: rank 0's after broadcast == single process */
-        size_t nb = dt_model_buffers_nbytes(m);
-        TH_CHECK(nb == dt_model_buffers_nbytes(ref), "buffer sizes");
+        size_t nb = t_buffers_nbytes(m);
+        TH_CHECK(nb == t_buffers_nbytes(ref), "buffer sizes");
         for (size_t i = 0; i < dt_model_num_entries(m); i++) {
             dt_param_info e, er;
             TH_OK(dt_model_entry(m, i, &e));
@@ -216,7 +217,7 @@ static int body_no_sync(int rank, int W, void *argp)
     TH_CHECK(dt_ddp_get_stats(ddp).iterations == 2, "iterations");
     dt_model *ref = mlp_model(3);
     TH_OK(train_reference(ref, &k_mlp_data, gb, 2));
-    double d = max_rel_diff(dt_model_params(m), dt_model_params(ref), dt_model_flat_numel(m));
+    double d = max_rel_diff(t_params(m), t_params(ref), t_numel(m));
     TH_CHECK(d < 2e-5, "no_sync accumulation differs from the union step by %.3g", d);
     dt_model_free(ref);
     dt_trainer_free(tr);
@@ -243,7 +244,7 @@ static int body_mismatch(int rank, int W, void *argp)
     dt_nn_seq_add(net, NULL, dt_nn_relu());
     if (!(rank == 2 && variant == 1))
         dt_nn_seq_add(net, NULL, dt_nn_linear(16, 4, true));
-    dt_model *m = dt_model_build(net, 1);
+    dt_model *m = t_build(net, 1);
     dt_ddp *ddp = NULL;
     dt_status st = dt_ddp_init(pg, m, NULL, &ddp);
     TH_CHECK(st == DT_ERR_MISMATCH, "got %s: %s", dt_status_name(st), dt_last_error());
@@ -291,7 +292,7 @@ static dt_model *branchy_model(void)
                              {.name = "b", .ndim = 2, .shape = {4, 8}, .init = DT_NN_INIT_UNIFORM, .a = 0.5f}};
     dt_module *net = dt_nn_seq(0, NULL);
     dt_nn_seq_add(net, "branchy", dt_nn_custom("Branchy", 2, s, fwd_branchy, NULL));
-    return dt_model_build(net, 5);
+    return t_build(net, 5);
 }
 
 static int body_unused(int rank, int W, void *argp)
@@ -307,7 +308,8 @@ static int body_unused(int rank, int W, void *argp)
     p.bucket_cap_mb = p.first_bucket_mb = 1e-9; /* a bucket each */
     dt_ddp *ddp;
     TH_OK(dt_ddp_init(pg, m, &p, &ddp));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     /* variant 0/1: nobody uses b; variant 2: only rank 0 does */
     g_use_b = variant == 2 && rank == 0;
     dt_model_zero_grad(m);
@@ -327,7 +329,7 @@ static int body_unused(int rank, int W, void *argp)
                  dt_ddp_param_used(ddp, (size_t)ib));
         dt_param_info eb;
         TH_OK(dt_model_entry(m, (size_t)ib, &eb));
-        const float *gb = dt_model_grads(m) + eb.offset;
+        const float *gb = t_grads(m) + eb.offset;
         double s = 0;
         for (size_t i = 0; i < eb.numel; i++)
             s += fabs(gb[i]);
@@ -376,12 +378,13 @@ static int body_order(int rank, int W, void *argp)
                              {.name = "b", .ndim = 2, .shape = {16, 8}, .init = DT_NN_INIT_UNIFORM, .a = 0.3f}};
     dt_module *net = dt_nn_seq(0, NULL);
     dt_nn_seq_add(net, "sw", dt_nn_custom("Swapped", 2, s, fwd_swapped, NULL));
-    dt_model *m = dt_model_build(net, 9);
+    dt_model *m = t_build(net, 9);
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 1e-9;
     dt_ddp *ddp;
     TH_OK(dt_ddp_init(pg, m, &p, &ddp));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_model_zero_grad(m);
     TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, rank * 6, 6, 1.0f));
     TH_OK(dt_ddp_wait(ddp));
@@ -394,20 +397,20 @@ static int body_order(int rank, int W, void *argp)
     TH_CHECK(b1.posted_s >= b0.posted_s && b1.posted_s >= b0.ready_s, "bucket 1 waited for bucket 0: %g %g",
              b1.posted_s, b0.posted_s);
     /* the average is right: compare with a reduction done by hand */
-    size_t n = dt_model_flat_numel(m);
+    size_t n = t_numel(m);
     float *mine = malloc(n * sizeof(float));
     dt_model_zero_grad(m);
     dt_ctx_reset(ctx);
     dt_ddp_set_no_sync(ddp, true);
     TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, rank * 6, 6, 1.0f));
-    memcpy(mine, dt_model_grads(m), n * sizeof(float));
+    memcpy(mine, t_grads(m), n * sizeof(float));
     TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, mine, n, DT_F32, DT_REDUCE_AVG));
     dt_model_zero_grad(m);
     dt_ctx_reset(ctx);
     dt_ddp_set_no_sync(ddp, false);
     TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, rank * 6, 6, 1.0f));
     TH_OK(dt_ddp_wait(ddp));
-    TH_CHECK(max_rel_diff(dt_model_grads(m), mine, n) < 1e-6, "averaged gradients");
+    TH_CHECK(max_rel_diff(t_grads(m), mine, n) < 1e-6, "averaged gradients");
     free(mine);
     dt_ctx_free(ctx);
     dt_ddp_free(ddp);
@@ -437,14 +440,15 @@ static int body_overlap(int rank, int W, void *argp)
         dt_nn_seq_add(net, NULL, dt_nn_linear(256, 256, true));
     }
     dt_nn_seq_add(net, NULL, dt_nn_linear(256, 4, true));
-    dt_model *m = dt_model_build(net, 2);
+    dt_model *m = t_build(net, 2);
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 0.1; /* ~ one linear per bucket */
     dt_ddp *ddp;
     TH_OK(dt_ddp_init(pg, m, &p, &ddp));
     const int nb = dt_ddp_num_buckets(ddp);
     TH_CHECK(nb >= 4, "%d buckets", nb);
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     for (int s = 0; s < 3; s++) {
         dt_model_zero_grad(m);
         TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, (s * W + rank) * 32, 32, 1.0f));
@@ -482,10 +486,11 @@ static int body_buffers(int rank, int W, void *argp)
     dt_set_num_threads(1);
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
-    dt_model *m = dt_model_create("convnet", 3, NULL);
+    dt_model *m = t_create("convnet", 3, NULL);
     dt_ddp *ddp;
     TH_OK(dt_ddp_init(pg, m, NULL, &ddp));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_model_zero_grad(m);
     TH_OK(fwd_bwd(ctx, m, ddp, &k_img_data, rank * 3, 3, 1.0f));
     TH_OK(dt_ddp_wait(ddp));
@@ -525,17 +530,18 @@ TEST(single_rank_and_misuse)
     dt_model *m = mlp_model(4), *ref = mlp_model(4);
     dt_ddp *ddp;
     ASSERT_OK(dt_ddp_init(pg, m, NULL, &ddp));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_optim *opt = make_sgd(m);
     for (int s = 0; s < 3; s++) {
         dt_model_zero_grad(m);
         ASSERT_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, s * 6, 6, 1.0f));
         ASSERT_OK(dt_ddp_wait(ddp));
-        ASSERT_OK(dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)));
+        ASSERT_OK(dt_optim_step(opt));
         dt_ctx_reset(ctx);
     }
     ASSERT_OK(train_reference(ref, &k_mlp_data, 6, 3));
-    ASSERT(max_rel_diff(dt_model_params(m), dt_model_params(ref), dt_model_flat_numel(m)) == 0);
+    ASSERT(max_rel_diff(t_params(m), t_params(ref), t_numel(m)) == 0);
     /* evaluation under no-grad: no iteration, no collectives */
     dt_ag_set_enabled(ctx, false);
     uint64_t seq = dt_pg_seq(pg);

@@ -5,6 +5,7 @@
 // dt-test-timeout: 120
 #include "ddp_util.h"
 #include "test.h"
+#include "model_util.h"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -22,10 +23,11 @@ static int body_fault(int rank, int W, void *argp)
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
     const th_data *dd = a->convnet ? &k_img_data : &k_mlp_data;
-    dt_model *m = a->convnet ? dt_model_create("convnet", 1, NULL) : mlp_model(1);
+    dt_model *m = a->convnet ? t_create("convnet", 1, NULL) : mlp_model(1);
     dt_ddp *ddp;
     TH_OK(dt_ddp_init(pg, m, NULL, &ddp));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_optim *opt = make_sgd(m);
     dt_status st = DT_OK;
     double t_err = 0;
@@ -39,7 +41,7 @@ static int body_fault(int rank, int W, void *argp)
         if (st >= 0)
             st = dt_ddp_wait(ddp);
         if (st >= 0)
-            st = dt_optim_step(opt, dt_model_params(m), dt_model_grads(m));
+            st = dt_optim_step(opt);
         dt_ctx_reset(ctx);
         if (st < 0) {
             t_err = dt_time_s();

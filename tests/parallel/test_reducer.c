@@ -33,15 +33,17 @@ static int body_reducer(int rank, int W, void *argp)
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_model *m = mlp_model(1);
     TH_CHECK(m != NULL, "%s", dt_last_error());
-    const size_t n = dt_model_flat_numel(m);
+    const size_t n = t_numel(m);
     float *g = calloc(n, sizeof *g);
     TH_CHECK(g != NULL, "alloc");
+    dt_flat gf;
+    TH_OK(dt_flat_wrap(&gf, DT_F32, g, n));
     dt_reducer_params p = dt_reducer_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 1e-9; /* one bucket per tensor */
     p.collective = mode == MODE_REDUCE_SCATTER ? DT_REDUCER_REDUCE_SCATTER : DT_REDUCER_ALLREDUCE;
     p.wait_hint = "test hint: wait first";
     dt_reducer *r;
-    TH_OK(dt_reducer_init(pg, m, g, &p, &r));
+    TH_OK(dt_reducer_init(pg, m, &gf, &p, &r));
     TH_CHECK(dt_reducer_num_buckets(r) == 4, "%d buckets", dt_reducer_num_buckets(r));
     hook_state hs = {.last_index = -1};
     if (mode == MODE_HOOK)
@@ -146,14 +148,18 @@ TEST(bad_arguments)
     pp.rank = 0, pp.world_size = 1, pp.backend = "self";
     ASSERT_OK(dt_pg_init(&pp, &pg));
     dt_model *m = mlp_model(1);
-    float *g = calloc(dt_model_flat_numel(m), sizeof *g);
+    float *g = calloc(t_numel(m), sizeof *g);
+    dt_flat gf, bad;
+    ASSERT_OK(dt_flat_wrap(&gf, DT_F32, g, t_numel(m)));
+    ASSERT_OK(dt_flat_wrap(&bad, DT_F32, g, 10)); /* smaller than the model's layout */
     dt_reducer *r = NULL;
-    ASSERT_STATUS(dt_reducer_init(NULL, m, g, NULL, &r), DT_ERR_NULL);
+    ASSERT_STATUS(dt_reducer_init(NULL, m, &gf, NULL, &r), DT_ERR_NULL);
+    ASSERT_STATUS(dt_reducer_init(pg, m, &bad, NULL, &r), DT_ERR_INTERNAL);
     ASSERT_STATUS(dt_reducer_init(pg, m, NULL, NULL, &r), DT_ERR_NULL);
     dt_reducer_params p = dt_reducer_params_default();
     p.bucket_cap_mb = -1;
-    ASSERT_STATUS(dt_reducer_init(pg, m, g, &p, &r), DT_ERR_INVALID_ARG);
-    ASSERT_OK(dt_reducer_init(pg, m, g, NULL, &r));
+    ASSERT_STATUS(dt_reducer_init(pg, m, &gf, &p, &r), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_reducer_init(pg, m, &gf, NULL, &r));
     ASSERT_EQ_INT(dt_reducer_num_buckets(r), 1);
     ASSERT_STATUS(dt_reducer_grad_ready(r, 99), DT_ERR_INVALID_ARG);
     dt_reducer_bucket_info bi;

@@ -6,6 +6,7 @@
 #include "comm/harness.h"
 #include "dtrain/parallel.h"
 #include "test.h"
+#include "model_util.h"
 
 #include <math.h>
 
@@ -34,7 +35,8 @@ typedef struct {
 /* Run batch norm (sync if pg) on samples [first, first+n) with loss sum(w*y). */
 static int run_bn(dt_pg *pg, int64_t first, int64_t n, bn_result *out)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float gamma_v[C] = {1.5f, 0.5f, -1.0f}, beta_v[C] = {0.1f, -0.2f, 0.3f};
     dt_tensor *gamma = dt_tensor_wrap(gamma_v, DT_F32, 1, (int64_t[]){C});
     dt_tensor *beta = dt_tensor_wrap(beta_v, DT_F32, 1, (int64_t[]){C});
@@ -126,7 +128,8 @@ TEST(eval_and_bad_input)
     dt_pg_params pp = dt_pg_params_default();
     pp.rank = 0, pp.world_size = 1, pp.backend = "self";
     ASSERT_OK(dt_pg_init(&pp, &pg));
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     float xs[2 * C * HW];
     for (int i = 0; i < 2 * C * HW; i++)
         xs[i] = (float)i;
@@ -153,7 +156,7 @@ TEST(eval_and_bad_input)
     ASSERT_STR_CONTAINS(dt_last_error(), "weight must be contiguous f32 [3]");
     dt_tensor_free(bad);
     /* convert: the ConvNet has two BatchNorm2d; an MLP none */
-    dt_model *m = dt_model_create("convnet", 1, NULL);
+    dt_model *m = t_create("convnet", 1, NULL);
     int n = -1;
     ASSERT_OK(dt_syncbn_convert(m, pg, &n));
     ASSERT_EQ_INT(n, 2);

@@ -7,6 +7,7 @@
 #include "tools/train_cli.h"
 
 #include "dtrain/base.h"
+#include "dtrain/data.h"
 
 #include <dirent.h>
 
@@ -171,6 +172,9 @@ int main(void)
         fprintf(stderr, "DT_CLI is not set\n");
         return 1;
     }
+    /* every run here trains on Fashion-MNIST */
+    if (!file_exists(dt_data_fashion_mnist_dir()))
+        DT_TEST_SKIP_ALL("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(two_rank_run);
     RUN(flags_sync_bn_accum_buckets);
     RUN(rank_killed_mid_epoch);

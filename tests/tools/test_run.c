@@ -6,7 +6,7 @@
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
 #include "test.h"
-#include "comm/shm.h" /* dt__shm_segment_name */
+#include "comm/shm/shm.h" /* dt__shm_segment_name */
 
 #include <errno.h>
 #include <fcntl.h>

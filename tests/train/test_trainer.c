@@ -10,7 +10,8 @@
 /* The old loop: zero_grad, forward, loss (/ accum), backward, clip, step. */
 static void hand_steps(dt_model *m, int steps, int accum, double clip, const dt_sched_params *sched)
 {
-    dt_ctx *ctx = dt_ctx_init(NULL);
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
     dt_optim *opt = make_sgd(m);
     for (int s = 0; s < steps; s++) {
         if (sched)
@@ -21,8 +22,8 @@ static void hand_steps(dt_model *m, int steps, int accum, double clip, const dt_
             dt_ctx_reset(ctx);
         }
         if (clip > 0)
-            ASSERT_OK(dt_clip_grad_norm(dt_model_grads(m), dt_model_flat_numel(m), (float)clip, NULL));
-        ASSERT_OK(dt_optim_step(opt, dt_model_params(m), dt_model_grads(m)));
+            ASSERT_OK(dt_clip_grad_norm(t_grads(m), t_numel(m), (float)clip, NULL));
+        ASSERT_OK(dt_optim_step(opt));
     }
     dt_optim_free(opt);
     dt_ctx_free(ctx);
@@ -30,7 +31,7 @@ static void hand_steps(dt_model *m, int steps, int accum, double clip, const dt_
 
 static bool same_params(const dt_model *a, const dt_model *b)
 {
-    return !memcmp(dt_model_params(a), dt_model_params(b), dt_model_flat_numel(a) * sizeof(float));
+    return !memcmp(t_params(a), t_params(b), t_numel(a) * sizeof(float));
 }
 
 TEST(same_arithmetic_as_the_hand_loop)
@@ -133,9 +134,9 @@ TEST(loss_scaling_and_overflow)
     ASSERT(same_params(a, b));
     /* an overflow: an infinite input makes every gradient non-finite; the
      * step is skipped (no update, gradients zeroed), the next one runs */
-    const size_t n = dt_model_flat_numel(b);
+    const size_t n = t_numel(b);
     float *before = malloc(n * sizeof *before);
-    memcpy(before, dt_model_params(b), n * sizeof *before);
+    memcpy(before, t_params(b), n * sizeof *before);
     float x[6 * 8];
     int64_t y[6] = {0, 1, 2, 3, 0, 1};
     for (int i = 0; i < 6 * 8; i++)
@@ -145,9 +146,9 @@ TEST(loss_scaling_and_overflow)
     ASSERT_OK(dt_trainer_step(tb, &bad, 1, &r));
     ASSERT(r.skipped);
     ASSERT_EQ_INT(dt_trainer_steps(tb), 3);
-    ASSERT(!memcmp(before, dt_model_params(b), n * sizeof *before));
+    ASSERT(!memcmp(before, t_params(b), n * sizeof *before));
     for (size_t i = 0; i < n; i++)
-        ASSERT(dt_model_grads(b)[i] == 0.0f);
+        ASSERT(t_grads(b)[i] == 0.0f);
     ASSERT_OK(trainer_step_on(tb, &k_mlp_data, 100, 6, 1, 0, &r));
     ASSERT(!r.skipped);
     ASSERT_EQ_INT(dt_trainer_steps(tb), 4);
@@ -239,6 +240,13 @@ TEST(user_strategy_fixed_points_and_stop)
     dt_model_free(m);
 }
 
+static dt_tensor *failing_loss(void *ud, dt_ctx *ctx, dt_tensor *out, dt_tensor *y)
+{
+    (void)ud, (void)ctx, (void)out, (void)y;
+    dt_error(DT_ERR_SHAPE, "no loss here");
+    return NULL;
+}
+
 TEST(bad_parameters)
 {
     dt_model *m = mlp_model(3);
@@ -257,11 +265,16 @@ TEST(bad_parameters)
     ASSERT_OK(dt_strategy_none_init(&s));
     ASSERT(dt_trainer_init(m, s, &tp, &tr) < 0);
     ASSERT_STATUS(dt_trainer_init(NULL, NULL, NULL, &tr), DT_ERR_NULL);
-    /* a model without a loss of its own needs params.loss */
+    /* a loss that fails fails the step, with its message; the next step runs */
     ASSERT_OK(dt_strategy_none_init(&s));
-    ASSERT_OK(dt_trainer_init(m, s, NULL, &tr));
+    tp = dt_trainer_params_default();
+    tp.loss_fn = failing_loss;
+    ASSERT_OK(dt_trainer_init(m, s, &tp, &tr));
     dt_trainer_metrics r;
-    ASSERT(trainer_step_on(tr, &k_mlp_data, 0, 4, 1, 0, &r) < 0);
+    ASSERT_STATUS(trainer_step_on(tr, &k_mlp_data, 0, 4, 1, 0, &r), DT_ERR_SHAPE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "no loss here");
+    for (size_t i = 0; i < t_numel(m); i++)
+        ASSERT(t_grads(m)[i] == 0.0f);
     ASSERT_STATUS(dt_trainer_step(tr, NULL, 1, &r), DT_ERR_NULL);
     dt_trainer_batch b = {0};
     ASSERT_STATUS(dt_trainer_step(tr, &b, 0, &r), DT_ERR_INVALID_ARG);

@@ -8,7 +8,7 @@
  * it. Only two step numbers are needed (subtree done, has result) because
  * ticks are absolute and each rank passes them in order. log2(W) dependent
  * steps each way; children are combined in a fixed order. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 static int real_rank(int v, int root, int W) { return (v + root) % W; }
 

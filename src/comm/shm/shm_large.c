@@ -16,11 +16,9 @@
  * reduce-scatter). All-reduce and reduce run the table's algorithm
  * (allreduce_direct.c, allreduce_ring.c, allreduce_rechd.c,
  * allreduce_tree.c) on the exposures. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <string.h>
-
-dt_status dt__shm_run_large(shm_ctx *s, const dt_coll *c);
 
 typedef struct {
     int zc_in[SHM_MAX_RANKS], zc_out[SHM_MAX_RANKS];

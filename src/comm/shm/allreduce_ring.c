@@ -13,7 +13,7 @@
  * a network; on one machine it costs 2(W-1) dependent steps, so the default
  * table prefers the direct algorithm. Partials are stored in the buffer's
  * dtype (f16/bf16 round at every step, as NCCL's ring does). */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 dt_status dt__shm_allreduce_ring(shm_piece *p)
 {

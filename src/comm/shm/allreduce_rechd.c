@@ -13,7 +13,7 @@
  * Every level reads and writes disjoint halves on the two partners, and
  * each level waits for the partner's previous level, so a lagging partner
  * is never overwritten while it still reads. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 dt_status dt__shm_allreduce_rechd(shm_piece *p)
 {

@@ -10,7 +10,7 @@
  * In place (ins[j] == works[j]) is safe: chunk r of rank j's buffer is read
  * and written only by rank r, and each block is fully read before it is
  * written. f16/bf16 accumulate in f32 and round once. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #define DIRECT_BLOCK (16u << 10) /* bytes per block: stays in L1/L2 */
 

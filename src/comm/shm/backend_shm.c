@@ -1,5 +1,11 @@
 /* The `shm` backend: ranks on one machine, one shared segment (shm.h).
  *
+ * Files of this folder: backend_shm.c (the table, arrival, small messages),
+ * shm_large.c (larger messages on exposures), shm_p2p.c (send/recv rings),
+ * shm_segment.c (the segment and its heap), shm_sync.c (ticks, waits,
+ * liveness), shm_select.c (the algorithm table), allreduce_<alg>.c (one
+ * algorithm each; they use only shm_sync.c, chunk.h and the reductions).
+ *
  * Every collective goes through the same three stages:
  *
  *  1. Arrival. The rank writes a descriptor (kind, dtype, op, root, count,
@@ -21,24 +27,13 @@
  * Progress: run() executes an operation to completion on the calling
  * thread (the group layer's executor), waiting with spin-then-futex.
  */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
-
-void dt__shm_chunk(size_t n, size_t es, int parts, int i, size_t *lo, size_t *hi)
-{
-    size_t unit = es >= 64 ? 1 : 64 / es;
-    size_t units = (n + unit - 1) / unit;
-    size_t a = units * (size_t)i / (size_t)parts, b = units * (size_t)(i + 1) / (size_t)parts;
-    *lo = a * unit < n ? a * unit : n;
-    *hi = b * unit < n ? b * unit : n;
-}
 
 /* ---- init / free ---- */
 
@@ -436,8 +431,6 @@ static void run_small(shm_ctx *s, const dt_coll *c)
     default: break;
     }
 }
-
-dt_status dt__shm_run_large(shm_ctx *s, const dt_coll *c);
 
 /* A group of one: copies (the group layer normalised in-place forms). */
 static dt_status run_single(const dt_coll *c)

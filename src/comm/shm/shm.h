@@ -1,4 +1,4 @@
-/* src/comm/shm.h — the shared-memory backend's private structures.
+/* src/comm/shm/shm.h — the shared-memory backend's private structures.
  *
  * One segment per group, mapped by every rank (POSIX shm, mode 0600,
  * unlinked as soon as every rank has attached):
@@ -40,6 +40,7 @@
 #define DT_COMM_SHM_H
 
 #include "comm/backend.h"
+#include "comm/shm/chunk.h"
 
 #include <stdatomic.h>
 
@@ -219,6 +220,12 @@ dt_status dt__shm_check_abort(shm_ctx *s);
 /* Open pidfds for the peers (after everyone attached). */
 void dt__shm_liveness_init(shm_ctx *s);
 
+/* ---- the two paths behind shm_run (backend_shm.c calls them) ---- */
+/* A collective larger than a slot (shm_large.c). */
+dt_status dt__shm_run_large(shm_ctx *s, const dt_coll *c);
+/* send / recv through the pair's byte ring (shm_p2p.c). */
+dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
+
 /* ---- selection (shm_select.c) ---- */
 dt_status dt__shm_table_init(shm_table *t, const char *env);
 shm_alg dt__shm_select(const shm_table *t, dt_coll_kind k, uint64_t bytes);
@@ -247,9 +254,6 @@ typedef struct {
     char *own_out;
 } shm_piece;
 
-/* Element range of chunk i when n elements are cut into parts chunks
- * (chunks start on 64-byte boundaries where possible). */
-void dt__shm_chunk(size_t n, size_t es, int parts, int i, size_t *lo, size_t *hi);
 
 dt_status dt__shm_allreduce_direct(shm_piece *p);
 dt_status dt__shm_allreduce_ring(shm_piece *p);

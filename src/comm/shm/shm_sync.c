@@ -20,7 +20,7 @@
  * without pidfd_open we read /proc/<pid>/stat. A dead peer, or one that
  * left with dt_pg_free while we still wait for it, fails the group with
  * DT_ERR_PEER_FAILED. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <errno.h>
 #include <limits.h>

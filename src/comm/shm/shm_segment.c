@@ -11,7 +11,7 @@
  * rank to attach unlinks the name, so after start-up nothing exists in
  * /dev/shm that could outlive a crash; the mapping lives until the last
  * rank unmaps or dies. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -398,4 +398,20 @@ void dt__shm_mem_free(void *ctx, void *p)
     b->size = size;
     b->next = next;
     *pp = b;
+}
+
+dt_status dt_pg_job_cleanup(const char *job_id, int *removed)
+{
+    if (removed)
+        *removed = 0;
+    if (!job_id || !removed)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pg_job_cleanup: job_id and removed must not be NULL");
+    char seg[64];
+    dt__shm_segment_name(job_id, seg, sizeof seg);
+    if (shm_unlink(seg) == 0)
+        *removed = 1;
+    else if (errno != ENOENT)
+        return dt_error(DT_ERR_IO, "dt_pg_job_cleanup: removing shared memory %s: %s", seg,
+                        strerror(errno));
+    return DT_OK;
 }

@@ -24,7 +24,7 @@
  * peer's buffer, so the direct schemes touch each byte the fewest times;
  * ring, rechd and tree are kept for experiments and for many ranks where
  * the direct scheme's W-way reads stop fitting in cache. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -7,12 +7,10 @@
  * are running byte counters (head - tail bytes are in the ring); each side
  * sleeps on the channel's futex word when the ring is full or empty.
  * Messages between a pair are delivered in posting order. */
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <string.h>
-
-dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
 
 #define P2P_MAGIC 0x70327064u
 

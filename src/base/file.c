@@ -1,0 +1,199 @@
+/* Files dtrain writes: created without following symlinks, and complete or
+ * absent at their final name.
+ *
+ * Every file starts as a fresh temporary ".NAME.tmp-XXXXXXXX" in the
+ * destination's own directory, created with O_CREAT|O_EXCL|O_NOFOLLOW (so
+ * nothing planted there, symlink or hard link, is ever opened), and reaches
+ * its final name by rename(2), which replaces a directory entry and never
+ * writes through one. A symlink already at the final name is refused with a
+ * message rather than silently replaced: whoever made it meant something by
+ * it. Same directory = same filesystem, so the rename is atomic; the file is
+ * fsynced before it and the directory after it, so after a crash the name
+ * holds the old file or the whole new one. */
+#include "dtrain/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct dt_file {
+    int fd;
+    bool committed;
+    char *path;     /* final name */
+    char *tmp;      /* temporary name (unlinked once committed) */
+};
+
+/* Refuse a symlink at path; anything else (absent, a regular file) is fine. */
+static dt_status check_not_symlink(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+        return dt_error(DT_ERR_IO, "%s is a symbolic link; dtrain does not write through symlinks "
+                                   "(remove it or choose another name)", path);
+    return DT_OK;
+}
+
+/* fsync path's directory so that a rename into it survives a crash.
+ * Filesystems that cannot sync a directory (EINVAL) are not an error. */
+static dt_status sync_dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL && e != EROFS)
+        return dt_error(DT_ERR_IO, "cannot sync directory %s: %s", dir, strerror(e));
+    return DT_OK;
+}
+
+dt_status dt_file_create_excl(const char *path, int mode, int *fd_out)
+{
+    *fd_out = -1;
+    if (!path || !*path)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_file_create_excl: empty path");
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+        int e = errno;
+        struct stat st;
+        if (e == EEXIST && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            return dt_error(DT_ERR_IO, "%s is a symbolic link; dtrain does not write through "
+                                       "symlinks (remove it or choose another name)", path);
+        return dt_error(DT_ERR_IO, "cannot create %s: %s", path, strerror(e));
+    }
+    *fd_out = fd;
+    return DT_OK;
+}
+
+dt_status dt_file_open(const char *path, int mode, dt_file **out)
+{
+    *out = NULL;
+    if (!path || !*path)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_file_open: empty path");
+    dt_status st = check_not_symlink(path);
+    if (st < 0)
+        return st;
+    dt_file *f = calloc(1, sizeof *f);
+    size_t n = strlen(path);
+    char *p = malloc(n + 1), *tmp = malloc(n + 32);
+    if (!f || !p || !tmp) {
+        free(f), free(p), free(tmp);
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory opening %s", path);
+    }
+    memcpy(p, path, n + 1);
+    const char *slash = strrchr(path, '/');
+    int dlen = slash ? (int)(slash - path + 1) : 0;
+    /* Names are not secrets (O_EXCL is what makes this safe); they only have
+     * to differ between processes and calls, so a few tries suffice. */
+    static _Thread_local uint64_t counter;
+    int fd = -1, e = 0;
+    for (int attempt = 0; attempt < 64 && fd < 0; attempt++) {
+        uint64_t x = dt_hash64(&(uint64_t[3]){dt_time_ns(), (uint64_t)getpid(), ++counter},
+                               3 * sizeof(uint64_t), 0x6474726169u);
+        snprintf(tmp, n + 32, "%.*s.%s.tmp-%08x", dlen, path, path + dlen, (unsigned)x);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+        e = errno;
+        if (fd < 0 && e != EEXIST)
+            break;
+    }
+    if (fd < 0) {
+        st = dt_error(DT_ERR_IO, "cannot create a temporary file beside %s: %s", path, strerror(e));
+        free(f), free(p), free(tmp);
+        return st;
+    }
+    f->fd = fd;
+    f->path = p;
+    f->tmp = tmp;
+    *out = f;
+    return DT_OK;
+}
+
+int dt_file_fd(const dt_file *f) { return f ? f->fd : -1; }
+
+const char *dt_file_path(const dt_file *f) { return f ? f->path : NULL; }
+
+dt_status dt_file_write(dt_file *f, const void *data, size_t n)
+{
+    if (!f || f->fd < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_file_write: no open file");
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(f->fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return dt_error(DT_ERR_IO, "cannot write %s: %s", f->path, strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return DT_OK;
+}
+
+dt_status dt_file_commit(dt_file *f)
+{
+    if (!f || f->fd < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_file_commit: no open file");
+    if (f->committed)
+        return DT_OK;
+    if (fsync(f->fd) != 0 && errno != EINVAL)
+        return dt_error(DT_ERR_IO, "cannot sync %s: %s", f->path, strerror(errno));
+    dt_status st = check_not_symlink(f->path);
+    if (st < 0)
+        return st;
+    if (rename(f->tmp, f->path) != 0)
+        return dt_error(DT_ERR_IO, "cannot rename %s to %s: %s", f->tmp, f->path, strerror(errno));
+    f->committed = true;
+    return sync_dir_of(f->path);
+}
+
+dt_status dt_file_close(dt_file *f)
+{
+    if (!f)
+        return DT_OK;
+    dt_status st = DT_OK;
+    if (f->fd >= 0 && close(f->fd) != 0 && f->committed)
+        st = dt_error(DT_ERR_IO, "cannot close %s: %s", f->path, strerror(errno));
+    if (!f->committed)
+        unlink(f->tmp);
+    free(f->path);
+    free(f->tmp);
+    free(f);
+    return st;
+}
+
+dt_status dt_file_write_atomic(const char *path, const void *data, size_t n, int mode)
+{
+    dt_file *f;
+    dt_status st = dt_file_open(path, mode, &f);
+    if (st < 0)
+        return st;
+    if ((st = dt_file_write(f, data, n)) < 0 || (st = dt_file_commit(f)) < 0) {
+        dt_file_close(f);
+        return st;
+    }
+    return dt_file_close(f);
+}
+
+dt_status dt_file_rename(const char *from, const char *to)
+{
+    dt_status st = check_not_symlink(to);
+    if (st < 0)
+        return st;
+    if (rename(from, to) != 0)
+        return dt_error(DT_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    return sync_dir_of(to);
+}

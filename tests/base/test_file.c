@@ -1,0 +1,200 @@
+/* Base layer: dt_file never follows a symlink, and a file appears at its
+ * name complete or not at all. */
+#include "dtrain/base.h"
+#include "test.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_dir[64];
+
+static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
+
+static void put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The file's content, or "" when it cannot be read. */
+static const char *slurp(const char *path)
+{
+    static char buf[256];
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return buf;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    buf[k] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* Files in g_dir whose name contains ".tmp-" (left-behind temporaries). */
+static int count_temps(void)
+{
+    DIR *d = opendir(g_dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strstr(e->d_name, ".tmp-") != NULL;
+    closedir(d);
+    return n;
+}
+
+TEST(atomic_write_replaces_whole_file)
+{
+    char p[128];
+    path_in(p, sizeof p, "a.txt");
+    put(p, "old");
+    ASSERT_OK(dt_file_write_atomic(p, "new contents", 12, 0644));
+    ASSERT_STR_EQ(slurp(p), "new contents");
+    ASSERT_EQ_INT(count_temps(), 0);
+}
+
+TEST(uncommitted_file_leaves_old_one)
+{
+    char p[128];
+    path_in(p, sizeof p, "b.txt");
+    put(p, "old");
+    dt_file *f;
+    ASSERT_OK(dt_file_open(p, 0644, &f));
+    ASSERT_OK(dt_file_write(f, "half", 4));
+    ASSERT_STR_EQ(slurp(p), "old");
+    ASSERT_EQ_INT(count_temps(), 1);
+    ASSERT_OK(dt_file_close(f));
+    ASSERT_STR_EQ(slurp(p), "old");
+    ASSERT_EQ_INT(count_temps(), 0);
+}
+
+TEST(live_file_visible_while_written)
+{
+    char p[128];
+    path_in(p, sizeof p, "c.log");
+    dt_file *f;
+    ASSERT_OK(dt_file_open(p, 0644, &f));
+    ASSERT_OK(dt_file_commit(f));
+    ASSERT_OK(dt_file_write(f, "line 1\n", 7));
+    ASSERT_STR_EQ(slurp(p), "line 1\n");
+    ASSERT_OK(dt_file_write(f, "line 2\n", 7));
+    ASSERT_STR_EQ(slurp(p), "line 1\nline 2\n");
+    ASSERT_OK(dt_file_close(f));
+    ASSERT_EQ_INT(count_temps(), 0);
+    struct stat st;
+    ASSERT_EQ_INT(stat(p, &st), 0);
+    mode_t um = umask(0);
+    umask(um);
+    ASSERT_EQ_INT((int)(st.st_mode & 0777), (int)(0644 & ~um)); /* the mode given, not mkstemp's 0600 */
+}
+
+TEST(symlink_refused_target_unchanged)
+{
+    char target[128], link[128];
+    path_in(target, sizeof target, "victim");
+    path_in(link, sizeof link, "planted");
+    put(target, "precious");
+    ASSERT_EQ_INT(symlink(target, link), 0);
+    dt_file *f = NULL;
+    ASSERT_STATUS(dt_file_open(link, 0644, &f), DT_ERR_IO);
+    ASSERT(f == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "symbolic link");
+    ASSERT_STR_CONTAINS(dt_last_error(), link);
+    ASSERT_STATUS(dt_file_write_atomic(link, "x", 1, 0644), DT_ERR_IO);
+    int fd = 7;
+    ASSERT_STATUS(dt_file_create_excl(link, 0644, &fd), DT_ERR_IO);
+    ASSERT_EQ_INT(fd, -1);
+    ASSERT_STR_CONTAINS(dt_last_error(), "symbolic link");
+    char from[128];
+    path_in(from, sizeof from, "from");
+    put(from, "data");
+    ASSERT_STATUS(dt_file_rename(from, link), DT_ERR_IO);
+    ASSERT_STR_EQ(slurp(target), "precious");
+    struct stat st;
+    ASSERT_EQ_INT(lstat(link, &st), 0);
+    ASSERT(S_ISLNK(st.st_mode));
+    ASSERT_EQ_INT(count_temps(), 0);
+    /* a dangling link (target absent) is not followed either */
+    unlink(target);
+    ASSERT_STATUS(dt_file_write_atomic(link, "x", 1, 0644), DT_ERR_IO);
+    ASSERT_EQ_INT(access(target, F_OK), -1);
+    unlink(link);
+    unlink(from);
+}
+
+TEST(symlink_appearing_before_commit_refused)
+{
+    char target[128], p[128];
+    path_in(target, sizeof target, "victim2");
+    path_in(p, sizeof p, "late");
+    put(target, "precious");
+    dt_file *f;
+    ASSERT_OK(dt_file_open(p, 0644, &f));
+    ASSERT_OK(dt_file_write(f, "x", 1));
+    ASSERT_EQ_INT(symlink(target, p), 0);
+    ASSERT_STATUS(dt_file_commit(f), DT_ERR_IO);
+    ASSERT_OK(dt_file_close(f));
+    ASSERT_STR_EQ(slurp(target), "precious");
+    ASSERT_EQ_INT(count_temps(), 0);
+    unlink(p);
+    unlink(target);
+}
+
+TEST(create_excl)
+{
+    char p[128];
+    path_in(p, sizeof p, "excl");
+    int fd;
+    ASSERT_OK(dt_file_create_excl(p, 0600, &fd));
+    ASSERT(fd >= 0);
+    ASSERT_EQ_INT((int)write(fd, "1", 1), 1);
+    close(fd);
+    ASSERT_STATUS(dt_file_create_excl(p, 0600, &fd), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "exists");
+    ASSERT_STR_EQ(slurp(p), "1");
+}
+
+TEST(rename_and_errors)
+{
+    char a[128], b[128];
+    path_in(a, sizeof a, "r1");
+    path_in(b, sizeof b, "r2");
+    put(a, "A");
+    put(b, "B");
+    ASSERT_OK(dt_file_rename(a, b));
+    ASSERT_STR_EQ(slurp(b), "A");
+    ASSERT_EQ_INT(access(a, F_OK), -1);
+    ASSERT_STATUS(dt_file_rename(a, b), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), a);
+    dt_file *f;
+    ASSERT_STATUS(dt_file_open("/nonexistent-dir-dtrain/x", 0644, &f), DT_ERR_IO);
+    ASSERT_STR_CONTAINS(dt_last_error(), "/nonexistent-dir-dtrain/x");
+    ASSERT_STATUS(dt_file_open("", 0644, &f), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_file_close(NULL));
+    ASSERT_EQ_INT(dt_file_fd(NULL), -1);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/dt-test-file-XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(atomic_write_replaces_whole_file);
+    RUN(uncommitted_file_leaves_old_one);
+    RUN(live_file_visible_while_written);
+    RUN(symlink_refused_target_unchanged);
+    RUN(symlink_appearing_before_commit_refused);
+    RUN(create_excl);
+    RUN(rename_and_errors);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", g_dir);
+    return TEST_REPORT();
+}
