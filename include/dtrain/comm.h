@@ -200,6 +200,28 @@ DT_API dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **
  * Errors: DT_ERR_INVALID_ARG (NULL argument), DT_ERR_IO. */
 DT_API dt_status dt_pg_job_cleanup(const char *job_id, int *removed);
 
+/* Split the group as MPI_Comm_split does. Collective over pg: every rank
+ * calls it, after all its earlier requests on pg were posted. Ranks giving
+ * the same color >= 0 form one new group, ordered by key, then by their
+ * rank in pg; a rank giving color < 0 (DT_PG_NO_COLOR) gets *out = NULL.
+ * The new groups use pg's backend and need no new rendezvous (shm: one
+ * segment per new group, its name passed through pg; mpi: MPI_Comm_split);
+ * each has its own progress engine, so its requests run concurrently with
+ * pg's and with the other new groups'. Free them before pg.
+ * Errors: DT_ERR_NULL, DT_ERR_UNSUPPORTED (backend without subgroups),
+ * the collective's errors. */
+#define DT_PG_NO_COLOR (-1)
+DT_API dt_status dt_pg_split(dt_pg *pg, int color, int key, dt_pg **out);
+
+/* A second channel over the same ranks in the same order (MPI_Comm_dup;
+ * = dt_pg_split(pg, 0, rank)). Requests on pg and on the duplicate make
+ * progress at the same time: post an all-gather prefetch on one while a
+ * reduce-scatter runs on the other. The posting-order rule holds per
+ * group. Memory from dt_pg_alloc(pg) works on the duplicate but is copied
+ * through its own segment there (zero copy needs the group's own alloc).
+ * Collective over pg; free the duplicate before pg. */
+DT_API dt_status dt_pg_dup(dt_pg *pg, dt_pg **out);
+
 /* This rank, the group size, the rank and size on this machine. */
 DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);
@@ -318,13 +340,28 @@ DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
 DT_API dt_status dt_pg_barrier(dt_pg *pg);
 
 /* Point to point, matched in posting order per (sender, receiver) pair; count
- * and dtype must agree (else DT_ERR_MISMATCH). peer != this rank. */
+ * and dtype must agree (else DT_ERR_MISMATCH). peer != this rank.
+ * Batched (NCCL's grouped send/recv): consecutive send/recv requests posted
+ * with the _async forms are all in flight together, so any pattern of
+ * posted sends and receives completes whatever its size, e.g. every rank
+ * posting its send to rank+1 before its receive from rank-1. A blocking
+ * dt_pg_send waits for its receiver to take the data (beyond a small
+ * buffer), so two ranks that both call dt_pg_send first deadlock (then
+ * time out); use the _async forms or dt_pg_sendrecv. A collective posted
+ * after send/recv requests starts when they have completed. */
 DT_API dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt,
                                   int peer, dt_req **req);
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer);
 DT_API dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer,
                                   dt_req **req);
 DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer);
+
+/* Send sendbuf (scount elements) to dst and receive rcount elements from
+ * src into recvbuf, both in flight together (a ring shift: dst = rank+1,
+ * src = rank-1, on every rank at once, whatever the size). Blocking; dst
+ * or src may be -1 to skip that half. Same matching rules as send/recv. */
+DT_API dt_status dt_pg_sendrecv(dt_pg *pg, const void *sendbuf, size_t scount, int dst,
+                                void *recvbuf, size_t rcount, int src, dt_dtype dt);
 
 /* ---- writing a backend ---------------------------------------------------
  * A backend is a table of functions with a version, registered by name.
@@ -391,6 +428,24 @@ typedef struct dt_backend_ops {
     /* Optional (default: none). Called when the group layer marks the group
      * failed on this rank, so the backend can tell its peers. */
     void (*abort)(void *ctx, dt_status st, const char *msg);
+    /* Optional, all three or none (default: send/recv go through `run` one
+     * at a time, so a send larger than what the backend buffers waits for
+     * its receiver, and two ranks that both send first deadlock).
+     * Nonblocking point to point: the group layer keeps every posted
+     * send/recv of a run of consecutive ones in flight at once, at most one
+     * per (direction, peer), so any pattern completes.
+     * p2p_start: begin c (DT_COLL_SEND or DT_COLL_RECV), state in *op.
+     * p2p_test: move op forward without blocking; set *progressed when
+     *   anything moved; return DT_INPROGRESS, or DT_OK / an error (with
+     *   dt_error()), after which op is released and not used again.
+     *   progressed == NULL: abandon op (the group failed or it timed out):
+     *   release it without waiting; the return value is ignored.
+     * p2p_idle: nothing moved in the last pass over all ops; wait a little
+     *   (round = consecutive idle passes, 0, 1, ...; at most max_s seconds)
+     *   for a peer to make room or data. */
+    dt_status (*p2p_start)(void *ctx, const dt_coll *c, void **op);
+    dt_status (*p2p_test)(void *ctx, void *op, int *progressed);
+    void (*p2p_idle)(void *ctx, int round, double max_s);
 } dt_backend_ops;
 
 /* Register a backend under ops->name (the table is copied; the name string

@@ -393,3 +393,20 @@ dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int peer)
 {
     return p2p(pg, DT_COLL_RECV, buf, count, dt, peer, NULL);
 }
+
+dt_status dt_pg_sendrecv(dt_pg *pg, const void *sendbuf, size_t scount, int dst, void *recvbuf,
+                         size_t rcount, int src, dt_dtype dt)
+{
+    /* Both halves posted before waiting: the group layer runs consecutive
+     * send/recv requests as one batch, all in flight together. */
+    dt_req *rq[2] = {NULL, NULL};
+    dt_status st = DT_OK;
+    if (dst >= 0)
+        st = dt_pg_send_async(pg, sendbuf, scount, dt, dst, &rq[0]);
+    if (st == DT_OK && src >= 0)
+        st = dt_pg_recv_async(pg, recvbuf, rcount, dt, src, &rq[1]);
+    dt_status wst = dt_req_wait_all(rq, 2, -1);
+    dt_req_free(rq[0]);
+    dt_req_free(rq[1]);
+    return st < 0 ? st : wst;
+}

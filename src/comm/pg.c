@@ -239,6 +239,81 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
     return DT_OK;
 }
 
+/* Split: exchange (color, key) over the parent, then one dt_pg_subgroup per
+ * color in ascending order, members sorted by (key, parent rank). Every rank
+ * computes the same lists from the same exchange, so the subgroup calls
+ * line up on every rank; a rank outside a color just takes part in that
+ * call's name broadcast. */
+typedef struct {
+    int color, key, rank;
+} split_ent;
+
+static int split_cmp(const void *a, const void *b)
+{
+    const split_ent *x = a, *y = b;
+    if (x->color != y->color)
+        return x->color < y->color ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+dt_status dt_pg_split(dt_pg *pg, int color, int key, dt_pg **out)
+{
+    if (!pg || !out)
+        return dt_error(DT_ERR_NULL, "dt_pg_split: NULL argument");
+    *out = NULL;
+    if (color < 0)
+        color = DT_PG_NO_COLOR;
+    int W = pg->size;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)W * 2 * sizeof *all);
+    split_ent *e = malloc((size_t)W * sizeof *e);
+    int *list = malloc((size_t)W * sizeof *list);
+    dt_status st = DT_OK;
+    if (!all || !e || !list) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_pg_split: out of memory");
+        goto out_free;
+    }
+    st = dt_pg_allgather(pg, mine, all, 2, DT_I32);
+    if (st < 0)
+        goto out_free;
+    for (int r = 0; r < W; r++)
+        e[r] = (split_ent){.color = all[2 * r], .key = all[2 * r + 1], .rank = r};
+    qsort(e, (size_t)W, sizeof *e, split_cmp);
+    for (int i = 0; i < W;) {
+        int j = i;
+        while (j < W && e[j].color == e[i].color)
+            j++;
+        if (e[i].color >= 0) {
+            for (int k = i; k < j; k++)
+                list[k - i] = e[k].rank;
+            dt_pg *sub = NULL;
+            st = dt_pg_subgroup(pg, list, j - i, &sub);
+            if (st < 0) {
+                dt_pg_free(*out);
+                *out = NULL;
+                goto out_free;
+            }
+            if (sub)
+                *out = sub;
+        }
+        i = j;
+    }
+out_free:
+    free(list);
+    free(e);
+    free(all);
+    return st;
+}
+
+dt_status dt_pg_dup(dt_pg *pg, dt_pg **out)
+{
+    if (!pg || !out)
+        return dt_error(DT_ERR_NULL, "dt_pg_dup: NULL argument");
+    return dt_pg_split(pg, 0, pg->rank, out);
+}
+
 int dt_pg_rank(const dt_pg *pg) { return pg ? pg->rank : -1; }
 int dt_pg_size(const dt_pg *pg) { return pg ? pg->size : 0; }
 int dt_pg_local_rank(const dt_pg *pg) { return pg ? pg->local_rank : -1; }

@@ -111,6 +111,11 @@ static dt_status register_locked(const dt_backend_ops *ops)
                         "dt_backend_register: backend '%s' must set both mem_alloc and "
                         "mem_free or neither",
                         ops->name);
+    if (!ops->p2p_start != !ops->p2p_test || !ops->p2p_start != !ops->p2p_idle)
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_backend_register: backend '%s' must set p2p_start, p2p_test and "
+                        "p2p_idle together or none of them",
+                        ops->name);
     for (int i = 0; i < g_n; i++)
         if (!strcmp(g_table[i].name, ops->name)) {
             g_table[i] = *ops;

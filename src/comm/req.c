@@ -13,6 +13,10 @@
  *    to its own on its own thread. A blocking collective thus costs no
  *    thread hand-off, which is what keeps small-message latency low.
  *
+ * Consecutive send/recv requests are the exception: with a backend that
+ * has the p2p_* slots they run as one batch, all in flight together (see
+ * run_p2p_locked), so no posted pattern of them can deadlock.
+ *
  * A failure marks the group failed (fail_st/fail_msg); queued and later
  * requests then fail at once with the same status and message.
  */
@@ -44,6 +48,147 @@ static void pg_mark_failed(dt_pg *pg, dt_status st, const char *msg)
         pg->ops->abort(pg->ctx, st, msg);
 }
 
+static int is_p2p(dt_coll_kind k) { return k == DT_COLL_SEND || k == DT_COLL_RECV; }
+
+/* Finish r with status st and message msg (mu held). */
+static void complete_locked(dt_pg *pg, dt_req *r, dt_status st, const char *msg)
+{
+    snprintf(r->msg, sizeof r->msg, "%s", st < 0 ? msg : "");
+    atomic_store_explicit(&r->state, (int)st, memory_order_release);
+    pg->pending--;
+    if (r->freed)
+        req_release(r);
+    pthread_cond_broadcast(&pg->cv);
+}
+
+/* The message for a backend error on c (dt_last_error() if set). */
+static void backend_msg(dt_pg *pg, const dt_coll *c, dt_status st, char *msg, size_t n)
+{
+    const char *e = dt_last_error();
+    char d[160];
+    if (e[0])
+        snprintf(msg, n, "%s", e);
+    else
+        snprintf(msg, n, "%s failed in backend '%s': %s", dt__coll_describe(c, d, sizeof d),
+                 pg->ops->name, dt_status_str(st));
+}
+
+/* ---- batched point to point ----
+ * When the head of the queue is a send or recv and the backend has the
+ * p2p_* slots, the executor takes every consecutive send/recv at the head
+ * (and those posted while it runs) and keeps them in flight together:
+ * each pass tests every started one; an op starts when no earlier op of the
+ * same direction and peer is still open (messages of a pair stay in
+ * order). The run ends when nothing is open and the head is not a send or
+ * recv, so a later collective waits for them. An op that makes no progress
+ * for the group's timeout fails with DT_ERR_TIMEOUT. */
+typedef struct {
+    dt_req *r;
+    void *op;        /* backend state once started */
+    int started;
+    double last;     /* time of the last progress */
+} p2p_slot;
+
+/* Run a batch; mu held and busy set by the caller; returns with mu held. */
+static void run_p2p_locked(dt_pg *pg)
+{
+    p2p_slot *v = NULL;
+    int n = 0, cap = 0, idle = 0;
+    for (;;) {
+        /* take the send/recv requests at the head */
+        while (pg->head && is_p2p(pg->head->c.kind)) {
+            if (n == cap) {
+                int nc = cap ? 2 * cap : 16;
+                p2p_slot *nv = realloc(v, (size_t)nc * sizeof *nv);
+                if (!nv)
+                    break; /* run what we have; the rest waits for the next pass */
+                v = nv;
+                cap = nc;
+            }
+            dt_req *r = pg->head;
+            pg->head = r->next;
+            if (!pg->head)
+                pg->tail = NULL;
+            r->next = NULL;
+            v[n++] = (p2p_slot){.r = r, .last = dt_time_s()};
+        }
+        if (n == 0)
+            break;
+        dt_status fst = pg->fail_st;
+        char fmsg[DT__MSG_CAP];
+        snprintf(fmsg, sizeof fmsg, "%s", pg->fail_msg);
+        pthread_mutex_unlock(&pg->mu);
+
+        int progressed = 0;
+        for (int i = 0; i < n; i++) {
+            p2p_slot *q = &v[i];
+            dt_status st = DT_INPROGRESS;
+            char msg[DT__MSG_CAP];
+            msg[0] = '\0';
+            if (fst != DT_OK) {
+                st = fst;
+                snprintf(msg, sizeof msg, "%s", fmsg);
+                if (q->started) /* abandon: the backend releases its state */
+                    (void)pg->ops->p2p_test(pg->ctx, q->op, NULL);
+            } else if (!q->started) {
+                int blocked = 0;
+                for (int j = 0; j < i && !blocked; j++)
+                    blocked = v[j].r->c.kind == q->r->c.kind && v[j].r->c.root == q->r->c.root;
+                if (blocked)
+                    continue;
+                dt_error_clear();
+                st = pg->ops->p2p_start(pg->ctx, &q->r->c, &q->op);
+                if (st >= 0) {
+                    q->started = 1;
+                    q->last = dt_time_s();
+                    progressed = 1;
+                    st = DT_INPROGRESS;
+                }
+            }
+            if (st == DT_INPROGRESS && q->started) {
+                int moved = 0;
+                dt_error_clear();
+                st = pg->ops->p2p_test(pg->ctx, q->op, &moved);
+                if (moved) {
+                    progressed = 1;
+                    q->last = dt_time_s();
+                } else if (st == DT_INPROGRESS && dt_time_s() - q->last > pg->timeout_s) {
+                    char d[160];
+                    st = DT_ERR_TIMEOUT;
+                    dt_error(st, "%s on rank %d made no progress for %.3g s: rank %d did not %s",
+                             dt__coll_describe(&q->r->c, d, sizeof d), pg->rank, pg->timeout_s,
+                             q->r->c.root,
+                             q->r->c.kind == DT_COLL_SEND ? "receive (no matching recv posted?)"
+                                                          : "send (no matching send posted?)");
+                    (void)pg->ops->p2p_test(pg->ctx, q->op, NULL); /* abandon */
+                }
+            }
+            if (st == DT_INPROGRESS)
+                continue;
+            if (st < 0 && !msg[0])
+                backend_msg(pg, &q->r->c, st, msg, sizeof msg);
+            if (st < 0 && st != DT_ERR_UNSUPPORTED && fst == DT_OK) {
+                pg_mark_failed(pg, st, msg);
+                fst = st;
+                snprintf(fmsg, sizeof fmsg, "%s", msg);
+            }
+            pthread_mutex_lock(&pg->mu);
+            complete_locked(pg, q->r, st < 0 ? st : DT_OK, msg);
+            pthread_mutex_unlock(&pg->mu);
+            memmove(v + i, v + i + 1, (size_t)(n - i - 1) * sizeof *v);
+            n--;
+            i--;
+            progressed = 1;
+        }
+        if (progressed)
+            idle = 0;
+        else if (n > 0)
+            pg->ops->p2p_idle(pg->ctx, idle++, 0.05);
+        pthread_mutex_lock(&pg->mu);
+    }
+    free(v);
+}
+
 /* Run one request (called with busy set and mu released). */
 static void exec_one(dt_pg *pg, dt_req *r)
 {
@@ -67,14 +212,7 @@ static void exec_one(dt_pg *pg, dt_req *r)
         dt_error_clear();
         st = pg->ops->run(pg->ctx, &r->c);
         if (st < 0) {
-            const char *e = dt_last_error();
-            char d[160];
-            if (e[0])
-                snprintf(msg, sizeof msg, "%s", e);
-            else
-                snprintf(msg, sizeof msg, "%s failed in backend '%s': %s",
-                         dt__coll_describe(&r->c, d, sizeof d), pg->ops->name,
-                         dt_status_str(st));
+            backend_msg(pg, &r->c, st, msg, sizeof msg);
             /* Unsupported operations do not break the group. */
             if (st != DT_ERR_UNSUPPORTED)
                 pg_mark_failed(pg, st, msg);
@@ -84,12 +222,7 @@ static void exec_one(dt_pg *pg, dt_req *r)
     }
 
     pthread_mutex_lock(&pg->mu);
-    snprintf(r->msg, sizeof r->msg, "%s", st < 0 ? msg : "");
-    atomic_store_explicit(&r->state, (int)st, memory_order_release);
-    pg->pending--;
-    if (r->freed)
-        req_release(r);
-    pthread_cond_broadcast(&pg->cv);
+    complete_locked(pg, r, st, msg);
     pthread_mutex_unlock(&pg->mu);
 }
 
@@ -97,6 +230,13 @@ static void exec_one(dt_pg *pg, dt_req *r)
  * mu held. */
 static void run_head_locked(dt_pg *pg)
 {
+    if (is_p2p(pg->head->c.kind) && pg->ops->p2p_start) {
+        pg->busy = 1;
+        run_p2p_locked(pg);
+        pg->busy = 0;
+        pthread_cond_broadcast(&pg->cv);
+        return;
+    }
     dt_req *r = pg->head;
     pg->head = r->next;
     if (!pg->head)

@@ -31,13 +31,15 @@
  * DT_ERR_PEER_FAILED itself. Errors from MPI calls come back as values (the
  * communicator uses MPI_ERRORS_RETURN) and carry MPI's error string.
  *
- * MPI is initialised with MPI_THREAD_SERIALIZED (the group layer may call
- * from the caller's thread or its progress thread, never concurrently) unless
+ * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
+ * progress thread calls MPI, and groups run concurrently), at least
+ * MPI_THREAD_SERIALIZED (then a process-wide lock serialises the groups) unless
  * the program initialised it already; MPI_Finalize then runs at exit. */
 #include "comm/backend.h"
 #include "dtrain/kernels.h"
 
 #include <mpi.h>
+#include <pthread.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
@@ -54,6 +56,24 @@ typedef struct {
 } mpi_ctx;
 
 static int we_initialised;
+/* Several groups (dt_pg_split, dt_pg_dup) have their own progress threads
+ * and may call MPI at the same time. With MPI_THREAD_MULTIPLE (asked for
+ * when dtrain initialises MPI) that is allowed; below it, one process-wide
+ * lock serialises whole operations, so groups no longer overlap (and an
+ * operation on one group that needs another group's to finish first on a
+ * peer waits for the timeout). */
+static int thread_multiple;
+static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static void mpi_lock(void)
+{
+    if (!thread_multiple)
+        pthread_mutex_lock(&mpi_mu);
+}
+static void mpi_unlock(void)
+{
+    if (!thread_multiple)
+        pthread_mutex_unlock(&mpi_mu);
+}
 
 static void finalize_at_exit(void)
 {
@@ -437,7 +457,17 @@ static dt_status run_other(mpi_ctx *m, const dt_coll *c, MPI_Datatype t)
     return st;
 }
 
+static dt_status mpi_run_locked(void *ctx, const dt_coll *c);
+
 static dt_status mpi_run(void *ctx, const dt_coll *c)
+{
+    mpi_lock();
+    dt_status st = mpi_run_locked(ctx, c);
+    mpi_unlock();
+    return st;
+}
+
+static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
 {
     mpi_ctx *m = ctx;
     if (m->failed)
@@ -471,7 +501,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
     MPI_Initialized(&inited);
     if (!inited) {
         int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc != MPI_SUCCESS)
             return mpi_err(rc, "MPI_Init_thread", NULL);
         if (!we_initialised) {
@@ -481,6 +511,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
         if (provided < MPI_THREAD_SERIALIZED)
             return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: this MPI provides thread level %d, "
                                                 "dtrain needs MPI_THREAD_SERIALIZED", provided);
+        thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     } else {
         /* The program initialised MPI: the group's progress thread calls
          * MPI too, which needs at least MPI_THREAD_SERIALIZED. */
@@ -492,6 +523,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
                             "MPI from its progress thread and needs MPI_THREAD_SERIALIZED (use "
                             "MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...), or let dtrain "
                             "initialise MPI)", level);
+        thread_multiple = level >= MPI_THREAD_MULTIPLE;
     }
     mpi_ctx *m = calloc(1, sizeof *m);
     if (!m)
@@ -540,7 +572,9 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     mpi_ctx *m = ctx;
     *child = NULL;
     MPI_Comm sub;
+    mpi_lock();
     int rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
+    mpi_unlock();
     if (rc != MPI_SUCCESS)
         return mpi_err(rc, "MPI_Comm_split", NULL);
     if (new_rank < 0)
@@ -560,6 +594,93 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     return DT_OK;
 }
 
+/* ---- nonblocking send/recv (the group layer batches them) ---- */
+
+typedef struct {
+    dt_coll c;
+    MPI_Request rq;
+} mpi_p2p_op;
+
+static dt_status mpi_p2p_start(void *ctx, const dt_coll *c, void **op)
+{
+    mpi_ctx *m = ctx;
+    *op = NULL;
+    if (m->failed)
+        return dt_error(DT_ERR_STATE, "mpi backend: an earlier operation timed out; the "
+                                      "communicator is unusable");
+    if (!fits_int(c->count))
+        return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: %s of %zu elements exceeds MPI's int count",
+                        dt_coll_kind_name(c->kind), c->count);
+    mpi_p2p_op *o = calloc(1, sizeof *o);
+    if (!o)
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: out of memory");
+    o->c = *c;
+    MPI_Datatype t = mpi_type(c->dtype);
+    mpi_lock();
+    int rc = c->kind == DT_COLL_SEND
+                 ? MPI_Isend(c->send, (int)c->count, t, c->root, 0, m->comm, &o->rq)
+                 : MPI_Irecv(c->recv, (int)c->count, t, c->root, 0, m->comm, &o->rq);
+    mpi_unlock();
+    if (rc != MPI_SUCCESS) {
+        free(o);
+        return mpi_err(rc, c->kind == DT_COLL_SEND ? "MPI_Isend" : "MPI_Irecv", c);
+    }
+    *op = o;
+    return DT_OK;
+}
+
+static dt_status mpi_p2p_test(void *ctx, void *op, int *progressed)
+{
+    mpi_ctx *m = ctx;
+    mpi_p2p_op *o = op;
+    if (!progressed) { /* abandoned: MPI cannot cancel a send; the group is failed */
+        m->failed = 1;
+        free(o);
+        return DT_OK;
+    }
+    *progressed = 0;
+    int flag = 0;
+    MPI_Status status;
+    mpi_lock();
+    int rc = MPI_Test(&o->rq, &flag, &status);
+    mpi_unlock();
+    dt_status st = DT_INPROGRESS;
+    if (rc != MPI_SUCCESS) {
+        st = mpi_err(rc, "MPI_Test", &o->c);
+    } else if (flag) {
+        *progressed = 1;
+        st = DT_OK;
+        if (o->c.kind == DT_COLL_RECV) {
+            int got = 0;
+            MPI_Get_count(&status, mpi_type(o->c.dtype), &got);
+            if ((size_t)got != o->c.count)
+                st = dt_error(DT_ERR_MISMATCH,
+                              "mpi backend: recv #%llu from rank %d expected %zu elements of "
+                              "%s, the sender sent %d",
+                              (unsigned long long)o->c.seq, o->c.root, o->c.count,
+                              dt_dtype_name(o->c.dtype), got);
+        }
+    }
+    if (st != DT_INPROGRESS)
+        free(o);
+    return st;
+}
+
+static void mpi_p2p_idle(void *ctx, int round, double max_s)
+{
+    (void)ctx;
+    if (round < 64)
+        return; /* MPI progresses inside MPI_Test: poll again */
+    if (round < 128) {
+        sched_yield();
+        return;
+    }
+    long ns = round < 1024 ? 50000L : 1000000L;
+    if (ns > (long)(max_s * 1e9))
+        ns = (long)(max_s * 1e9);
+    nap(ns);
+}
+
 const dt_backend_ops dt__backend_mpi = {
     .version = DT_BACKEND_VERSION,
     .name = "mpi",
@@ -571,4 +692,7 @@ const dt_backend_ops dt__backend_mpi = {
     .mem_free = NULL,
     .subgroup = mpi_subgroup,
     .abort = NULL,
+    .p2p_start = mpi_p2p_start,
+    .p2p_test = mpi_p2p_test,
+    .p2p_idle = mpi_p2p_idle,
 };

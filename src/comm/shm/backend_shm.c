@@ -567,4 +567,7 @@ const dt_backend_ops dt__backend_shm = {
     .mem_free = dt__shm_mem_free,
     .subgroup = shm_subgroup,
     .abort = shm_abort_cb,
+    .p2p_start = dt__shm_p2p_start,
+    .p2p_test = dt__shm_p2p_test,
+    .p2p_idle = dt__shm_p2p_idle,
 };

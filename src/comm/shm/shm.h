@@ -71,7 +71,9 @@ typedef struct {
     _Atomic uint32_t waiters;
     _Atomic int32_t pid;
     _Atomic uint32_t state;
-    char pad[SHM_ALIGN * 2 - 24];
+    _Atomic uint32_t bell;         /* bumped when a peer moved data on a channel to or from us */
+    _Atomic uint32_t bell_waiters; /* batched send/recv sleeping on bell */
+    char pad[SHM_ALIGN * 2 - 32];
 } shm_rank;
 
 /* The operation a rank posted (the fingerprint plus where its buffers are). */
@@ -147,6 +149,9 @@ typedef struct shm_ctx {
     double deadline;
     double next_live_check;
 
+    uint32_t bell_snap; /* our bell when the current batch pass began */
+    int bell_armed;     /* bell_snap is valid */
+
     shm_free_block *free_list;
     shm_alloc_rec *allocs;
 } shm_ctx;
@@ -213,6 +218,13 @@ dt_status dt__shm_barrier(shm_ctx *s, uint32_t step);
 dt_status dt__shm_wait_chan(shm_ctx *s, shm_chan *c, _Atomic uint64_t *v, uint64_t target,
                             int peer, const char *what);
 void dt__shm_chan_notify(shm_chan *c);
+/* Ring rank r's bell (data moved on a channel to or from r). */
+void dt__shm_bell_ring(shm_ctx *s, int r);
+/* Sleep up to max_s while our bell still reads snap. */
+void dt__shm_bell_wait(shm_ctx *s, uint32_t snap, double max_s);
+/* Fail c if the group failed or peer died or left (c names the operation
+ * in the message); DT_OK otherwise. */
+dt_status dt__shm_check_peer(shm_ctx *s, const dt_coll *c, int peer);
 /* Fail the group on every rank (first caller wins); returns st. */
 dt_status dt__shm_abort(shm_ctx *s, dt_status st, const char *msg);
 /* If the group failed, set the error and return its status, else DT_OK. */
@@ -223,8 +235,12 @@ void dt__shm_liveness_init(shm_ctx *s);
 /* ---- the two paths behind shm_run (backend_shm.c calls them) ---- */
 /* A collective larger than a slot (shm_large.c). */
 dt_status dt__shm_run_large(shm_ctx *s, const dt_coll *c);
-/* send / recv through the pair's byte ring (shm_p2p.c). */
+/* send / recv through the pair's byte ring (shm_p2p.c): blocking, and the
+ * nonblocking p2p_* slots of the backend table. */
 dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
+dt_status dt__shm_p2p_start(void *ctx, const dt_coll *c, void **op);
+dt_status dt__shm_p2p_test(void *ctx, void *op, int *progressed);
+void dt__shm_p2p_idle(void *ctx, int round, double max_s);
 
 /* ---- selection (shm_select.c) ---- */
 dt_status dt__shm_table_init(shm_table *t, const char *env);

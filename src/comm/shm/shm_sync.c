@@ -67,6 +67,21 @@ void dt__shm_signal(shm_ctx *s, uint32_t step)
 
 void dt__shm_chan_notify(shm_chan *c) { bump_and_wake(&c->word, &c->waiters); }
 
+void dt__shm_bell_ring(shm_ctx *s, int r)
+{
+    shm_rank *k = shm_rank_at(s, r);
+    bump_and_wake(&k->bell, &k->bell_waiters);
+}
+
+void dt__shm_bell_wait(shm_ctx *s, uint32_t snap, double max_s)
+{
+    shm_rank *me = shm_rank_at(s, s->rank);
+    atomic_fetch_add(&me->bell_waiters, 1);
+    if (atomic_load(&me->bell) == snap)
+        futex_wait(&me->bell, snap, (long)(max_s * 1e9) + 1000);
+    atomic_fetch_sub(&me->bell_waiters, 1);
+}
+
 dt_status dt__shm_check_abort(shm_ctx *s)
 {
     int32_t st = atomic_load_explicit(&s->hdr->abort_st, memory_order_acquire);
@@ -321,4 +336,16 @@ dt_status dt__shm_wait_chan(shm_ctx *s, shm_chan *c, _Atomic uint64_t *v, uint64
     if (atomic_load_explicit(v, memory_order_acquire) >= target)
         return DT_OK;
     return wait_loop(s, v, target, &c->word, &c->waiters, peer, late_chan);
+}
+
+dt_status dt__shm_check_peer(shm_ctx *s, const dt_coll *c, int peer)
+{
+    dt_status st = dt__shm_check_abort(s);
+    if (st < 0)
+        return st;
+    const dt_coll *saved = s->cur;
+    s->cur = c;
+    st = check_peers(s, peer);
+    s->cur = saved;
+    return st;
 }
