@@ -23,25 +23,35 @@
  *     completes early waits until the buckets before it were posted.
  *   - dt_ddp_wait() (call it before the optimizer step) waits only for what
  *     is still outstanding. The gradient buffer then holds the average over
- *     ranks of the local gradients.
+ *     ranks of the local gradients. The buckets, their ordered posting and
+ *     the wait are the gradient-reduction engine's (dt_reducer, below),
+ *     which DDP drives.
  *
- * A step with DDP
- * ---------------
- *     dt_pg *pg;       dt_pg_init(NULL, &pg);
- *     dt_model *m;  dt_model_desc d;
- *     dt_model_create("convnet", seed, NULL, &m, &d);       // models.h
+ * Training with DDP
+ * -----------------
+ * The usual way is the trainer (train.h), which runs the whole step
+ * (micro-batches, the wait, the agreement on losses and stopping, clipping,
+ * the update):
+ *     dt_pg *pg;           dt_pg_init(NULL, &pg);
+ *     dt_strategy *s;      dt_strategy_ddp_init(pg, NULL, &s);   // wraps m at trainer init
+ *     dt_trainer *tr;      dt_trainer_init(m, s, &tp, &tr);
+ *     for (step...) dt_trainer_step(tr, &batch, 1, &metrics);
+ *     dt_trainer_free(tr);  // frees the DDP handle; then dt_model_free, dt_pg_free
+ *
+ * The same step by hand, with any model and loss:
  *     dt_ddp *ddp;
- *     dt_ddp_params dp = dt_ddp_params_default();
- *     if (dt_ddp_init(pg, m, &dp, &ddp) < 0) fail(dt_last_error());
+ *     if (dt_ddp_init(pg, m, NULL, &ddp) < 0) fail(dt_last_error());
  *     for (step...) {
  *         dt_model_zero_grad(m);
  *         dt_tensor *out = dt_ddp_forward(ctx, ddp, x);      // not dt_model_forward
- *         dt_tensor *loss = dt_model_desc_loss(ctx, &d, out, y);
+ *         dt_tensor *loss = dt_cross_entropy(ctx, out, y);   // your loss
  *         if (dt_backward(ctx, loss) < 0 || dt_ddp_wait(ddp) < 0) fail(dt_last_error());
  *         dt_optim_step(opt);     // ranges over the model's flats follow DDP's grads
  *         dt_ctx_reset(ctx);
  *     }
  *     dt_ddp_free(ddp);   // before dt_model_free and dt_pg_free
+ * Without dt_ddp_wait the optimizer step (and dt_clip_grad_norm) fails with
+ * DT_ERR_STATE naming dt_ddp_wait: the gradients are still being reduced.
  *
  * Gradient accumulation: dt_ddp_set_no_sync(ddp, true) for the first k-1
  * micro-batches (gradients accumulate locally, nothing is communicated),
