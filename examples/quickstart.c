@@ -13,9 +13,9 @@ int main(void)
 {
     enum { B = 64, D = 16, STEPS = 200 };
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, NULL, dt_nn_linear(D, 32, true));
-    dt_nn_seq_add(net, NULL, dt_nn_relu());
-    dt_nn_seq_add(net, NULL, dt_nn_linear(32, 2, true));
+    dt_nn_add(net, NULL, dt_nn_linear(D, 32, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(32, 2, true));
     dt_model *m = NULL;
     dt_pg *pg = NULL;
     dt_strategy *ddp = NULL;

@@ -23,13 +23,13 @@ dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **
     if (c->num_classes <= 0)
         return dt_error(DT_ERR_INVALID_ARG, "convnet: num_classes must be > 0, got %lld", (long long)c->num_classes);
     dt_module *root = dt_nn_seq(0, NULL);
-    dt_status st = dt_nn_seq_add(root, "layer1", block(1, 16));
+    dt_status st = dt_nn_add(root, "layer1", block(1, 16));
     if (st >= 0)
-        st = dt_nn_seq_add(root, "layer2", block(16, 32));
+        st = dt_nn_add(root, "layer2", block(16, 32));
     if (st >= 0)
-        st = dt_nn_seq_add(root, "flatten", dt_nn_flatten(1, -1));
+        st = dt_nn_add(root, "flatten", dt_nn_flatten(1, -1));
     if (st >= 0)
-        st = dt_nn_seq_add(root, "fc", dt_nn_linear(7 * 7 * 32, c->num_classes, true));
+        st = dt_nn_add(root, "fc", dt_nn_linear(7 * 7 * 32, c->num_classes, true));
     if (st < 0) {
         dt_module_free(root);
         return st;

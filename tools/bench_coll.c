@@ -102,11 +102,12 @@ static int parse(int argc, char **argv, bench_opts *o)
             }
             i++;
         } else if (!strcmp(a, "--iters")) {
-            o->iters = atoi(v);
-            if (o->iters < 1) {
+            int64_t it;
+            if (dt_parse_int("--iters", v, 1, 1000000000, &it) < 0) {
                 fprintf(stderr, "dtrain bench coll: --iters needs a count >= 1\n");
                 return 2;
             }
+            o->iters = (int)it;
             i++;
         } else if (!strcmp(a, "--mem")) {
             o->plain = !strcmp(v, "both") || !strcmp(v, "plain");

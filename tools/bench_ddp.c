@@ -92,8 +92,12 @@ int dt_bench_ddp(int argc, char **argv)
     }
     if (threads > 0)
         dt_set_num_threads(threads);
-    const char *ws = getenv("DT_WORLD_SIZE") ? getenv("DT_WORLD_SIZE") : getenv("WORLD_SIZE");
-    const bool dist = ws && atoi(ws) > 1;
+    int ws;
+    if (dt_pg_env_world_size(&ws) < 0) {
+        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+        return 2;
+    }
+    const bool dist = ws > 1;
     dt_pg *pg = NULL;
     dt_ddp *ddp = NULL;
     int rc = 1, rank = 0, world = 1;

@@ -1,17 +1,21 @@
 /* dtrain plot FILE.jsonl [-o OUT.png] — loss and accuracy curves of a
  * metrics file written by `dtrain train --metrics`, drawn with gnuplot.
  *
- * The file is validated first (every line a flat JSON object with an
- * "event"; step records need "step" and "loss"; eval records need
- * "test_loss", and "test_accuracy" if present is a number or null), so a malformed file gets one line naming the file, the
+ * The file is read and validated first (dt__metrics_parse, metrics_read.c:
+ * every line a JSON object with an "event"; step records need "step" and
+ * "loss"; eval records need "test_loss", and "test_accuracy" if present is a
+ * number or null), so a malformed file gets one line naming the file, the
  * line and the problem (exit 2) instead of a gnuplot error. The data go to
  * a private temporary directory as whitespace-separated columns; gnuplot
- * ($DT_GNUPLOT, else `gnuplot` on PATH) renders a PNG: training and test
- * loss against the step on top, test accuracy below. */
+ * ($DT_GNUPLOT, else `gnuplot` on PATH) renders a PNG there: training and
+ * test loss against the step on top, test accuracy below. The PNG then
+ * reaches OUT through dt_file (no symlink followed; complete or absent).
+ * Also reads a FILE.partial of a run that did not finish. */
 #include "cmd.h"
 #include "train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -46,6 +50,31 @@ static void usage(FILE *f)
     fprintf(f, "usage: dtrain plot FILE.jsonl [-o OUT.png] [--title TEXT]\n"
                "  draws training/test loss and test accuracy from a `dtrain train --metrics` "
                "file\n");
+}
+
+/* Points below which the training curve is drawn with markers. */
+#define DT_PLOT_MARK_BELOW 50
+
+/* Copy the image gnuplot wrote in dir to out through dt_file. */
+static int publish(const char *dir, const char *out)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/out.png", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        return dt_error(DT_ERR_IO, "gnuplot wrote no image");
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        fclose(f);
+        dt_status st = dt_file_write_atomic(out, buf, (size_t)n, 0644);
+        free(buf);
+        return st < 0 ? -1 : 0;
+    }
+    fclose(f);
+    free(buf);
+    return dt_error(DT_ERR_IO, "cannot read the image gnuplot wrote");
 }
 
 static void rmtree(const char *dir, const char *const *files, int n)
@@ -103,90 +132,78 @@ int dt_cmd_plot(int argc, char **argv)
         fprintf(stderr, "dtrain plot: output name and title may not contain '\"' or newlines\n");
         return 2;
     }
+    /* the whole file: metrics files are small (a record per log step) */
     FILE *f = fopen(in, "r");
     if (!f) {
         fprintf(stderr, "dtrain plot: cannot open %s: %s\n", in, strerror(errno));
+        return 2;
+    }
+    char *text = NULL;
+    size_t tlen = 0, tcap = 0;
+    for (;;) {
+        if (tlen == tcap) {
+            size_t c = tcap ? 2 * tcap : 65536;
+            char *q = realloc(text, c);
+            if (!q) {
+                fprintf(stderr, "dtrain plot: %s: out of memory\n", in);
+                free(text);
+                fclose(f);
+                return 1;
+            }
+            text = q, tcap = c;
+        }
+        size_t k = fread(text + tlen, 1, tcap - tlen, f);
+        tlen += k;
+        if (k == 0)
+            break;
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr) {
+        fprintf(stderr, "dtrain plot: cannot read %s\n", in);
+        free(text);
+        return 2;
+    }
+    dt__metrics_points pts;
+    char err[256];
+    int prc = dt__metrics_parse(text, tlen, &pts, err, sizeof err);
+    free(text);
+    if (prc < 0) {
+        fprintf(stderr, "dtrain plot: %s:%s\n", in, err);
+        return 2;
+    }
+    if (pts.nstep == 0 && pts.neval == 0) {
+        fprintf(stderr, "dtrain plot: %s: no step or eval records to plot\n", in);
+        dt__metrics_points_free(&pts);
         return 2;
     }
     char tmpl[] = "/tmp/dtrain-plot-XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) {
         fprintf(stderr, "dtrain plot: cannot create a temporary directory: %s\n", strerror(errno));
-        fclose(f);
+        dt__metrics_points_free(&pts);
         return 1;
     }
-    static const char *const files[] = {"steps.dat", "evals.dat", "plot.gp", "gnuplot.err"};
+    static const char *const files[] = {"steps.dat", "evals.dat", "plot.gp", "gnuplot.err", "out.png"};
     char p[4096];
+    int rc = 0;
+    long nstep = (long)pts.nstep, neval = (long)pts.neval, nacc = (long)pts.nacc;
     snprintf(p, sizeof p, "%s/steps.dat", dir);
     FILE *fs = fopen(p, "w");
     snprintf(p, sizeof p, "%s/evals.dat", dir);
     FILE *fe = fopen(p, "w");
-    int rc = 0;
-    long nstep = 0, neval = 0, nacc = 0, lineno = 0;
-    double last_step = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    dt__json_obj *o = malloc(sizeof *o);
-    if (!fs || !fe || !o) {
+    if (!fs || !fe) {
         fprintf(stderr, "dtrain plot: cannot write temporary files in %s\n", dir);
         rc = 1;
         goto done;
     }
-    while ((len = getline(&line, &cap, f)) != -1) {
-        lineno++;
-        char err[128];
-        const char *s = line;
-        while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n')
-            s++;
-        if (!*s)
-            continue;
-        if (dt__json_parse_line(line, o, err, sizeof err) < 0) {
-            fprintf(stderr, "dtrain plot: %s:%ld: malformed record: %s\n", in, lineno, err);
-            rc = 2;
-            goto done;
-        }
-        const dt__json_field *ev = dt__json_get(o, "event");
-        if (!ev || ev->type != DT__JSON_STR) {
-            fprintf(stderr, "dtrain plot: %s:%ld: malformed record: no \"event\" string\n", in, lineno);
-            rc = 2;
-            goto done;
-        }
-        if (!strcmp(ev->str, "step")) {
-            const dt__json_field *st = dt__json_get(o, "step"), *lo = dt__json_get(o, "loss");
-            if (!st || st->type != DT__JSON_NUM || !lo || lo->type != DT__JSON_NUM) {
-                fprintf(stderr, "dtrain plot: %s:%ld: malformed step record: needs numeric "
-                                "\"step\" and \"loss\"\n", in, lineno);
-                rc = 2;
-                goto done;
-            }
-            fprintf(fs, "%.17g %.9g\n", st->num, lo->num);
-            last_step = st->num;
-            nstep++;
-        } else if (!strcmp(ev->str, "eval")) {
-            const dt__json_field *ac = dt__json_get(o, "test_accuracy"),
-                                 *tl = dt__json_get(o, "test_loss"), *st = dt__json_get(o, "step");
-            if (!tl || tl->type != DT__JSON_NUM ||
-                (ac && ac->type != DT__JSON_NUM && ac->type != DT__JSON_NULL)) {
-                fprintf(stderr, "dtrain plot: %s:%ld: malformed eval record: needs a numeric "
-                                "\"test_loss\" (and \"test_accuracy\" a number or null)\n", in, lineno);
-                rc = 2;
-                goto done;
-            }
-            double x = st && st->type == DT__JSON_NUM ? st->num : last_step;
-            if (ac && ac->type == DT__JSON_NUM) {
-                fprintf(fe, "%.17g %.9g %.9g\n", x, tl->num, 100.0 * ac->num);
-                nacc++;
-            } else {
-                fprintf(fe, "%.17g %.9g NaN\n", x, tl->num);
-            }
-            neval++;
-        }
-    }
-    if (nstep == 0 && neval == 0) {
-        fprintf(stderr, "dtrain plot: %s: no step or eval records to plot\n", in);
-        rc = 2;
-        goto done;
+    for (size_t i = 0; i < pts.nstep; i++)
+        fprintf(fs, "%.17g %.9g\n", pts.step_x[i], pts.step_loss[i]);
+    for (size_t i = 0; i < pts.neval; i++) {
+        if (isnan(pts.eval_acc[i]))
+            fprintf(fe, "%.17g %.9g NaN\n", pts.eval_x[i], pts.eval_loss[i]);
+        else
+            fprintf(fe, "%.17g %.9g %.9g\n", pts.eval_x[i], pts.eval_loss[i], 100.0 * pts.eval_acc[i]);
     }
     fclose(fs);
     fclose(fe);
@@ -205,18 +222,24 @@ int dt_cmd_plot(int argc, char **argv)
         rc = 1;
         goto done;
     }
+    /* A short run has a handful of step records: a line alone would show one
+     * point as nothing, so mark the points while there are few. */
+    const char *train_style = nstep < DT_PLOT_MARK_BELOW ? "linespoints pt 7 ps 0.6" : "lines";
     fprintf(g, "set terminal pngcairo size 900,%d noenhanced\n", nacc ? 800 : 450);
-    fprintf(g, "set output \"%s\"\nset grid\nset key top right\n", out);
+    /* gnuplot writes into the private directory; the image is then moved to
+     * OUT by dt_file (no symlink followed, complete or absent) */
+    fprintf(g, "set output \"%s/out.png\"\nset grid\nset key top right\n", dir);
     if (nacc)
         fprintf(g, "set multiplot layout 2,1 title \"%s\"\n", title ? title : in);
     else
         fprintf(g, "set title \"%s\"\n", title ? title : in);
     fprintf(g, "set xlabel \"step\"\nset ylabel \"loss\"\n");
     if (nstep && neval)
-        fprintf(g, "plot \"%s/steps.dat\" using 1:2 with lines title \"train loss\", "
-                   "\"%s/evals.dat\" using 1:2 with linespoints title \"test loss\"\n", dir, dir);
+        fprintf(g, "plot \"%s/steps.dat\" using 1:2 with %s title \"train loss\", "
+                   "\"%s/evals.dat\" using 1:2 with linespoints title \"test loss\"\n", dir,
+                train_style, dir);
     else if (nstep)
-        fprintf(g, "plot \"%s/steps.dat\" using 1:2 with lines title \"train loss\"\n", dir);
+        fprintf(g, "plot \"%s/steps.dat\" using 1:2 with %s title \"train loss\"\n", dir, train_style);
     else
         fprintf(g, "plot \"%s/evals.dat\" using 1:2 with linespoints title \"test loss\"\n", dir);
     if (nacc) {
@@ -246,7 +269,11 @@ int dt_cmd_plot(int argc, char **argv)
         if (nl)
             *nl = 0;
         fprintf(stderr, "dtrain plot: gnuplot failed writing %s: %s\n", out, msg[0] ? msg : "(no message)");
-        unlink(out);
+        rc = 1;
+        goto done;
+    }
+    if (publish(dir, out) < 0) {
+        fprintf(stderr, "dtrain plot: %s\n", dt_last_error());
         rc = 1;
         goto done;
     }
@@ -256,9 +283,7 @@ done:
         fclose(fs);
     if (fe)
         fclose(fe);
-    fclose(f);
-    free(line);
-    free(o);
-    rmtree(dir, files, 4);
+    dt__metrics_points_free(&pts);
+    rmtree(dir, files, 5);
     return rc;
 }

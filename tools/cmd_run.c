@@ -50,7 +50,8 @@ typedef struct {
     int alive;
     int status;          /* wait status once reaped */
     dt__run_stream out, err;
-    int tee;
+    int tee;             /* fd of tee_file, or -1 */
+    dt_file *tee_file;   /* --tee DIR/rank<r>.log (dt_file: no symlink followed) */
 } rank_proc;
 
 /* How an attempt ended. */
@@ -115,10 +116,8 @@ static void usage(FILE *f)
 
 static int parse_int(const char *s, int lo, int hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    int64_t v;
+    if (dt_parse_int("value", s, lo, hi, &v) < 0)
         return -1;
     *out = (int)v;
     return 0;
@@ -160,9 +159,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->tee_dir = v;
             i++;
         } else if (!strcmp(a, "--grace")) {
-            char *end;
-            o->grace_s = v ? strtod(v, &end) : -1;
-            if (!v || *end || !(o->grace_s >= 0 && o->grace_s <= 3600)) {
+            if (!v || dt_parse_double("--grace", v, 0, 3600, &o->grace_s) < 0) {
                 fprintf(stderr, "dtrain run: --grace needs seconds in 0..3600\n");
                 return 2;
             }
@@ -458,11 +455,13 @@ static int open_tee(const run_opts *o, rank_proc *rk)
     for (int r = 0; r < o->nranks; r++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/rank%d.log", o->tee_dir, r);
-        rk[r].tee = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (rk[r].tee < 0) {
-            fprintf(stderr, "dtrain run: cannot open '%s': %s\n", path, strerror(errno));
+        /* created beside its name and renamed into place at once, so the log
+         * is visible while the job runs and a planted symlink is refused */
+        if (dt_file_open(path, 0644, &rk[r].tee_file) < 0 || dt_file_commit(rk[r].tee_file) < 0) {
+            fprintf(stderr, "dtrain run: --tee: %s\n", dt_last_error());
             return -1;
         }
+        rk[r].tee = dt_file_fd(rk[r].tee_file);
     }
     return 0;
 }
@@ -534,8 +533,7 @@ int dt_cmd_run(int argc, char **argv)
     }
 out:
     for (int r = 0; r < o.nranks; r++)
-        if (rk[r].tee >= 0)
-            close(rk[r].tee);
+        dt_file_close(rk[r].tee_file);
     free(rk);
     return rc;
 }

@@ -13,8 +13,9 @@
  *
  * Output: progress on stdout (train_progress.c), the final figures on
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
- * (train_metrics.c), published under FILE only when the run succeeds.
- * SIGINT/SIGTERM stop the run between steps (exit 130, no metrics file). */
+ * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
+ * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
+ * records and an end record saying "interrupted" stay in FILE.partial). */
 #include "cmd.h"
 #include "train.h"
 #include "train_ddp.h"
@@ -379,15 +380,20 @@ int dt_cmd_train(int argc, char **argv)
     }
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);
-    dt__metrics_write(&t->metrics,
-                      "\"event\":\"start\",\"model\":\"%s\",\"data\":\"%s\",\"epochs\":%lld,"
-                      "\"batch\":%lld,\"optimizer\":\"%s\",\"lr\":%g,\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,"
-                      "\"train_items\":%lld,\"test_items\":%lld,\"steps_per_epoch\":%lld,"
-                      "\"params\":%zu",
-                      t->o.model, !strncmp(t->o.data, "fashion-mnist", 13) ? t->o.data : "custom",
-                      (long long)t->o.epochs, (long long)t->o.batch, t->o.optimizer, t->o.lr,
-                      (unsigned long long)t->o.seed, t->o.rng, dt_get_num_threads(), (long long)ntrain,
-                      (long long)ntest, (long long)spe, dt_model_param_count(t->model));
+    char data_q[1200];
+    dt__json_quote(t->o.data, data_q, sizeof data_q);
+    if (dt__metrics_write(&t->metrics,
+                          "\"event\":\"start\",\"model\":\"%s\",\"data\":%s,\"epochs\":%lld,"
+                          "\"batch\":%lld,\"world_size\":%d,\"optimizer\":\"%s\",\"lr\":%g,"
+                          "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
+                          "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"params\":%zu",
+                          t->o.model, data_q, (long long)t->o.epochs, (long long)t->o.batch,
+                          t->ddp.world, t->o.optimizer, t->o.lr, (unsigned long long)t->o.seed, t->o.rng,
+                          dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)spe,
+                          dt_model_param_count(t->model)) < 0) {
+        rc = fail(1, NULL);
+        goto out;
+    }
     dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
                       t->o.log_every);
     if (t->prog.mode != DT__PROGRESS_NONE)
@@ -432,7 +438,10 @@ int dt_cmd_train(int argc, char **argv)
     fflush(stdout);
     rc = 0;
 out:
-    if (t->metrics_open && dt__metrics_close(&t->metrics, rc == 0) < 0 && rc == 0)
+    /* the end record says how the run ended; only "ok" publishes FILE */
+    if (t->metrics_open &&
+        dt__metrics_close(&t->metrics, rc == 0 ? "ok" : rc == 130 ? "interrupted" : "failed",
+                          t->global_step, rc) < 0 && rc == 0)
         rc = fail(1, NULL);
     cleanup(t);
     free(t);

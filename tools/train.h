@@ -74,36 +74,41 @@ void dt__progress_epoch_end(dt__progress *p, int64_t steps, double loss, double 
 char *dt__fmt_duration(double s, char *buf, size_t n);
 
 /* ---- metrics file (train_metrics.c) ---------------------------------------------- */
-/* Records go to PATH.partial while the run lasts; dt__metrics_close(ok)
- * renames it to PATH on success and removes it on failure, so PATH exists
- * only for a run that finished. An existing PATH is removed at open. */
+/* Records go to PATH.partial as they happen (one write each, nothing
+ * buffered). dt__metrics_close writes the end record
+ * {"event":"end","status":STATUS,...} and, for status "ok" only, renames
+ * PATH.partial to PATH; otherwise PATH is left untouched and the records stay
+ * in PATH.partial. No symlink is followed (dt_file). */
 typedef struct dt__metrics {
-    FILE *f;
+    dt_file *f;
     char *path, *partial;
 } dt__metrics;
 
 dt_status dt__metrics_open(dt__metrics *m, const char *path);
 /* One JSON object on one line: fmt is the body without braces, e.g.
- * "\"event\":\"step\",\"step\":%lld". Flushed at once. */
+ * "\"event\":\"step\",\"step\":%lld"; a "time" field (Unix seconds) is
+ * appended. Does nothing when the file is not open. */
 dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3);
-dt_status dt__metrics_close(dt__metrics *m, bool ok);
+/* status: "ok" | "interrupted" | "failed"; step: the global step reached. */
+dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code);
+/* s as a JSON string literal with its quotes ("null" if it does not fit in n). */
+void dt__json_quote(const char *s, char *buf, size_t n);
 
-/* ---- flat JSON objects (train_json.c) --------------------------------------------- */
-/* A minimal strict parser for one JSON object per line whose values are
- * numbers, strings, true, false or null (what the metrics file holds). */
-#define DT__JSON_MAX_FIELDS 32
-typedef struct dt__json_field {
-    char key[64];
-    enum { DT__JSON_NUM, DT__JSON_STR, DT__JSON_BOOL, DT__JSON_NULL } type;
-    double num;
-    char str[128];
-} dt__json_field;
-typedef struct dt__json_obj {
-    int n;
-    dt__json_field f[DT__JSON_MAX_FIELDS];
-} dt__json_obj;
-/* Parse line into o. Returns 0, or -1 with a message in err. */
-int dt__json_parse_line(const char *line, dt__json_obj *o, char *err, size_t errn);
-const dt__json_field *dt__json_get(const dt__json_obj *o, const char *key);
+/* ---- reading a metrics file (metrics_read.c) ---------------------------------------- */
+/* The points `dtrain plot` draws. */
+typedef struct dt__metrics_points {
+    double *step_x, *step_loss;          /* training loss records */
+    double *eval_x, *eval_loss, *eval_acc; /* evaluations; eval_acc NAN when absent/null */
+    size_t nstep, neval, nacc;
+} dt__metrics_points;
+/* Parse a whole metrics file held in buf[0..n) (JSON lines; need not be
+ * NUL-terminated): every non-blank line must be a JSON object with an
+ * "event" string; "step" records need numeric "step" and "loss", "eval"
+ * records a numeric "test_loss" ("test_accuracy" a number or null, "step"
+ * optional); other events and extra fields (nested too) are ignored.
+ * Returns 0, or -1 with "N: problem" (N the line) in err (out is then empty).
+ * Free out with dt__metrics_points_free. */
+int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *err, size_t errn);
+void dt__metrics_points_free(dt__metrics_points *p);
 
 #endif

@@ -125,46 +125,38 @@ static int bad(const char *name, const char *fmt, const char *val)
     return 2;
 }
 
+/* Numbers go through the library's strict parser (dt_parse_*): no leading
+ * spaces, nothing left over, no wrap of "-1" to 2^64-1, range-checked. */
+static int bad_parse(void)
+{
+    fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+    return 2;
+}
+
 static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
 {
     char *base = (char *)o + d->off;
-    char *end = NULL;
-    errno = 0;
+    char what[64];
+    snprintf(what, sizeof what, "--%s", d->name);
     switch (d->type) {
     case OPT_INT: {
-        if (!*v)
-            return bad(d->name, "missing value%s", "");
-        long long x = strtoll(v, &end, 10);
-        if (*end || errno)
-            return bad(d->name, "'%s' is not an integer", v);
-        if ((double)x < d->lo || (double)x > d->hi) {
-            fprintf(stderr, "dtrain train: --%s: %lld is out of range [%.0f, %.0f]\n", d->name, x,
-                    d->lo, d->hi);
-            return 2;
-        }
+        int64_t x;
+        if (dt_parse_int(what, v, (int64_t)d->lo, (int64_t)d->hi, &x) < 0)
+            return bad_parse();
         *(int64_t *)base = x;
         return 0;
     }
     case OPT_U64: {
-        if (!*v || *v == '-')
-            return bad(d->name, "'%s' is not a non-negative integer", v);
-        unsigned long long x = strtoull(v, &end, 10);
-        if (*end || errno)
-            return bad(d->name, "'%s' is not a non-negative integer", v);
+        uint64_t x;
+        if (dt_parse_uint(what, v, 0, UINT64_MAX, &x) < 0)
+            return bad_parse();
         *(uint64_t *)base = x;
         return 0;
     }
     case OPT_FLOAT: {
-        if (!*v)
-            return bad(d->name, "missing value%s", "");
-        double x = strtod(v, &end);
-        if (*end || errno || !isfinite(x))
-            return bad(d->name, "'%s' is not a finite number", v);
-        if (x < d->lo || x > d->hi) {
-            fprintf(stderr, "dtrain train: --%s: %s is out of range [%g, %g]\n", d->name, v, d->lo,
-                    d->hi);
-            return 2;
-        }
+        double x;
+        if (dt_parse_double(what, v, d->lo, d->hi, &x) < 0)
+            return bad_parse();
         *(double *)base = x;
         return 0;
     }

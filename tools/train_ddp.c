@@ -17,17 +17,14 @@ int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb)
     r->sync_bn = sync_bn;
     r->bucket_mb = bucket_mb;
     /* A group of one is not worth a backend; the environment tells us the
-     * size before anything is created. */
-    const char *ws = getenv("DT_WORLD_SIZE");
-    if (!ws)
-        ws = getenv("WORLD_SIZE");
-    if (!ws)
-        ws = getenv("OMPI_COMM_WORLD_SIZE");
-    if (!ws)
-        ws = getenv("PMI_SIZE");
-    if (!ws && getenv("SLURM_STEP_ID"))
-        ws = getenv("SLURM_NTASKS");
-    if (!ws || atoi(ws) <= 1)
+     * size before anything is created, read by the library's strict parser
+     * (a malformed WORLD_SIZE is bad input, not a run alone). */
+    int ws;
+    if (dt_pg_env_world_size(&ws) < 0) {
+        fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    if (ws <= 1)
         return 0;
     dt_status st = dt_pg_init(NULL, &r->pg);
     if (st < 0) {

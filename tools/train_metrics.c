@@ -1,13 +1,30 @@
-/* The --metrics file: JSON lines written to PATH.partial while the run
- * lasts, renamed to PATH when it succeeds and removed when it fails, so a
- * file at PATH always holds a finished run. */
+/* The --metrics file: JSON lines, one record per line, each written with a
+ * single write(2) the moment it happens, so nothing is lost when the run
+ * stops.
+ *
+ * The file rule (docs/TRAINING.md): records go to PATH.partial while the run
+ * lasts (an older PATH.partial is replaced; an older PATH is left alone).
+ * The last record is {"event":"end","status":...}. A run that finished
+ * ("ok") renames PATH.partial to PATH; a run that was interrupted or failed
+ * leaves PATH untouched and its records, end record included, in
+ * PATH.partial. So PATH only ever holds a finished run, and a run's records
+ * are never deleted. Neither name is written through a symlink
+ * (dt_file, base.h). */
 #include "train.h"
 
-#include <errno.h>
+#include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static double unix_time(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 dt_status dt__metrics_open(dt__metrics *m, const char *path)
 {
@@ -18,61 +35,89 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path)
     if (!m->path || !m->partial) {
         free(m->path);
         free(m->partial);
+        m->path = m->partial = NULL;
         return dt_error(DT_ERR_NO_MEMORY, "out of memory");
     }
     memcpy(m->path, path, n + 1);
     snprintf(m->partial, n + 9, "%s.partial", path);
-    /* A stale PATH from an earlier run must not pass for this run's result. */
-    if (unlink(path) != 0 && errno != ENOENT) {
-        dt_status st = dt_error(DT_ERR_IO, "--metrics %s: cannot replace it: %s", path, strerror(errno));
+    /* Refuse now, not after the whole run, a PATH the final rename would refuse. */
+    struct stat st;
+    dt_status s = DT_OK;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+        s = dt_error(DT_ERR_IO, "--metrics %s is a symbolic link; dtrain does not write through "
+                                "symlinks (remove it or choose another name)", path);
+    else if ((s = dt_file_open(m->partial, 0644, &m->f)) < 0 || (s = dt_file_commit(m->f)) < 0)
+        dt_error_wrap(s, "--metrics %s", path);
+    if (s < 0) {
+        dt_file_close(m->f);
         free(m->path);
         free(m->partial);
-        m->path = m->partial = NULL;
-        return st;
+        memset(m, 0, sizeof *m);
     }
-    m->f = fopen(m->partial, "w");
-    if (!m->f) {
-        dt_status st = dt_error(DT_ERR_IO, "--metrics %s: cannot create %s: %s", path, m->partial,
-                                strerror(errno));
-        free(m->path);
-        free(m->partial);
-        m->path = m->partial = NULL;
-        return st;
-    }
-    return DT_OK;
+    return s;
 }
 
 dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...)
 {
     if (!m->f)
         return DT_OK;
-    va_list ap;
+    char small[1024], *buf = small;
+    va_list ap, ap2;
     va_start(ap, fmt);
-    fputc('{', m->f);
-    vfprintf(m->f, fmt, ap);
+    va_copy(ap2, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    fputs("}\n", m->f);
-    if (fflush(m->f) != 0 || ferror(m->f))
-        return dt_error(DT_ERR_IO, "--metrics %s: write failed: %s", m->partial, strerror(errno));
+    /* {BODY,"time":1763900000.123}\n */
+    size_t cap = (size_t)(n > 0 ? n : 0) + 48;
+    if (n >= 0 && cap > sizeof small) {
+        buf = malloc(cap);
+        if (!buf) {
+            va_end(ap2);
+            return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+        }
+    }
+    if (n < 0) {
+        va_end(ap2);
+        return dt_error(DT_ERR_INVALID_ARG, "--metrics: bad record format");
+    }
+    buf[0] = '{';
+    vsnprintf(buf + 1, cap - 1, fmt, ap2);
+    va_end(ap2);
+    int k = 1 + n;
+    k += snprintf(buf + k, cap - (size_t)k, "%s\"time\":%.3f}\n", n ? "," : "", unix_time());
+    dt_status st = dt_file_write(m->f, buf, (size_t)k);
+    if (buf != small)
+        free(buf);
+    if (st < 0)
+        return dt_error_wrap(st, "--metrics");
     return DT_OK;
 }
 
-dt_status dt__metrics_close(dt__metrics *m, bool ok)
+void dt__json_quote(const char *s, char *buf, size_t n)
+{
+    cJSON *j = cJSON_CreateString(s ? s : "");
+    char *q = j ? cJSON_PrintUnformatted(j) : NULL;
+    /* a quoted string that does not fit would be invalid JSON: use null */
+    snprintf(buf, n, "%s", q && strlen(q) < n ? q : "null");
+    cJSON_free(q);
+    cJSON_Delete(j);
+}
+
+dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code)
 {
     dt_status st = DT_OK;
     if (m->f) {
-        if (fclose(m->f) != 0 && ok) {
-            st = dt_error(DT_ERR_IO, "--metrics %s: %s", m->partial, strerror(errno));
-            ok = false;
-        }
+        st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d",
+                               status, (long long)step, exit_code);
+        dt_status cs = dt_file_close(m->f);
         m->f = NULL;
-        if (ok && rename(m->partial, m->path) != 0) {
-            st = dt_error(DT_ERR_IO, "--metrics: cannot rename %s to %s: %s", m->partial, m->path,
-                          strerror(errno));
-            ok = false;
+        if (st == DT_OK)
+            st = cs;
+        if (st == DT_OK && !strcmp(status, "ok")) {
+            st = dt_file_rename(m->partial, m->path);
+            if (st < 0)
+                dt_error_wrap(st, "--metrics");
         }
-        if (!ok)
-            unlink(m->partial);
     }
     free(m->path);
     free(m->partial);

@@ -105,6 +105,42 @@ DT_API dt_status dt_last_status(void);
 /* Clear the thread's error state. */
 DT_API void dt_error_clear(void);
 
+/* ---- strict number parsing ------------------------------------------- */
+/* The one parser for numbers that come from outside: environment variables
+ * (rank, world size, timeouts, tuning knobs) and command-line flags. The
+ * whole string must be the number: no leading or trailing spaces, no sign
+ * other than a leading '-' (integers) or '+'/'-' (reals), no hex, nothing left
+ * over; values that overflow the type or fall outside [lo, hi] are errors.
+ * Reals must be finite ("nan", "inf" are rejected). `what` names the value in
+ * the message ("WORLD_SIZE", "--seed"); the offending text is echoed with
+ * control characters escaped (dt_escape).
+ *
+ *     int64_t ws;
+ *     if (dt_env_int("WORLD_SIZE", 1, 1, 1 << 20, &ws) < 0)   // unset → 1
+ *         fprintf(stderr, "%s\n", dt_last_error());
+ *
+ * Errors: DT_ERR_INVALID_ARG for every bad value (not a number, NULL or
+ * empty s, a number beyond the type or outside [lo, hi]); the message says
+ * which. *out is written only on success (out may be NULL to only check). */
+DT_API dt_status dt_parse_int(const char *what, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Unsigned: digits only (a '-' is an error, never a wrap to 2^64-1). */
+DT_API dt_status dt_parse_uint(const char *what, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A finite real in [lo, hi] (decimal, optional exponent). */
+DT_API dt_status dt_parse_double(const char *what, const char *s, double lo, double hi, double *out);
+/* The same for an environment variable `name`: unset or empty gives `def`
+ * (returned as is, not range-checked); set, it must parse and be in range,
+ * and the message names the variable ("environment variable WORLD_SIZE"). */
+DT_API dt_status dt_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+DT_API dt_status dt_env_double(const char *name, double def, double lo, double hi, double *out);
+/* Copy s into buf (capacity n > 0, always NUL-terminated, truncated with
+ * "..." if too long) with control characters (bytes < 0x20 and 0x7f) written
+ * as \n, \t, \r or \xNN, so that a file name or value echoed in a message
+ * cannot move the cursor, recolour the terminal or forge lines. Returns buf.
+ * dt_error() and dt_error_wrap() apply the same escaping to every message
+ * they store, so library messages need no call; programs use it for the
+ * paths and values they print themselves. */
+DT_API char *dt_escape(const char *s, char *buf, size_t n);
+
 /* ---- dtypes ----------------------------------------------------------- */
 /* Element types shared by tensors, kernels and collectives. */
 typedef enum dt_dtype {

@@ -64,7 +64,7 @@
  *
  * Failures are errors, never hangs:
  *  - every operation has a timeout (params.timeout_s, else $DT_COMM_TIMEOUT
- *    in seconds, default 300): DT_ERR_TIMEOUT names the operation, its
+ *    in seconds, finite and > 0, default 300): DT_ERR_TIMEOUT names the operation, its
  *    sequence number and the ranks that did not arrive;
  *  - ranks that post different collectives at the same sequence number
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
@@ -180,6 +180,13 @@ DT_API dt_pg_params dt_pg_params_default(void);
  * bad backend string), DT_ERR_NOT_FOUND (unknown backend), DT_ERR_TIMEOUT
  * (peers did not show up), DT_ERR_IO. */
 DT_API dt_status dt_pg_init(const dt_pg_params *p, dt_pg **out);
+
+/* The world size the launcher's environment describes (1 when no launcher
+ * variables are set), read and validated exactly as dt_pg_init reads them
+ * (strict numbers, rank < size, consistent sources) but without creating a
+ * group: a program decides with it whether to start distributed at all.
+ * Errors: DT_ERR_INVALID_ARG naming the variable ("WORLD_SIZE=abc"). */
+DT_API dt_status dt_pg_env_world_size(int *out);
 
 /* Wait for the group's posted requests, then release it. NULL is a no-op.
  * Not collective, but peers still running collectives with this rank will

@@ -3,7 +3,8 @@
  * Overview
  * --------
  * A module (dt_module) is a layer (Linear, Conv2d, BatchNorm2d, ...), a loss,
- * or a container (Sequential) of named children. Build a tree of modules,
+ * or a container of named children: a Sequential, or a custom module with
+ * its own forward (a residual block: dt_nn_custom + dt_nn_add). Build a tree of modules,
  * then hand its root to dt_model_build(), which owns the tree from then on:
  *
  *   - Every parameter of every module gets a view into the 64-byte aligned
@@ -18,7 +19,7 @@
  *     live in flats of their own dtype (DT_FLAT_BUFFERS). A spec names its
  *     dtype (dt_nn_param_spec.dtype), so offsets are in elements of it.
  *   - Names are PyTorch's state_dict keys: a child's name is its index in a
- *     Sequential ("0", "1", ...) or the name given to dt_nn_seq_add
+ *     Sequential ("0", "1", ...) or the name given to dt_nn_add
  *     ("layer1", "fc"); a tensor's name is the path of its module plus its
  *     own name: "layer1.0.weight", "layer1.1.running_mean", "fc.bias".
  *   - Entries are enumerated in model order, as PyTorch's state_dict lists
@@ -54,9 +55,9 @@
  * Usage
  * -----
  *     dt_module *net = dt_nn_seq(0, NULL);
- *     dt_nn_seq_add(net, NULL, dt_nn_linear(784, 128, true));   // "0"
- *     dt_nn_seq_add(net, NULL, dt_nn_relu());                    // "1"
- *     dt_nn_seq_add(net, NULL, dt_nn_linear(128, 10, true));    // "2"
+ *     dt_nn_add(net, NULL, dt_nn_linear(784, 128, true));   // "0"
+ *     dt_nn_add(net, NULL, dt_nn_relu());                    // "1"
+ *     dt_nn_add(net, NULL, dt_nn_linear(128, 10, true));    // "2"
  *     dt_model *m;  dt_ctx *ctx;
  *     if (dt_model_build(net, 42, NULL, &m) < 0 || dt_ctx_init(NULL, &ctx) < 0) { report dt_last_error(); }
  *     for (step...) {
@@ -141,10 +142,14 @@ DT_API dt_module *dt_nn_mse_loss(void);
 /* A container. children[0..n) (may be NULL with n 0) are taken over and named
  * "0", "1", ... Returns NULL (and frees the children) on error. */
 DT_API dt_module *dt_nn_seq(int n, dt_module **children);
-/* Append child to a Sequential under `name` (NULL: its index, "3"). The
- * container takes ownership, also on error. Names must be unique, non-empty,
- * without '.'. */
-DT_API dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child);
+/* Append child to a container under `name` (NULL: its index, "3"). The
+ * container is a Sequential (its forward runs the children in order) or a
+ * custom module (dt_nn_custom: its own forward calls its children, found by
+ * dt_module_find_child / dt_module_child, with dt_module_forward; this is
+ * how residual and attention blocks are written, with PyTorch's names:
+ * "block.conv1.weight"). The container takes ownership, also on error.
+ * Names must be unique, non-empty, without '.'. */
+DT_API dt_status dt_nn_add(dt_module *container, const char *name, dt_module *child);
 
 /* Custom modules (the models use them; so can users). */
 typedef enum {
@@ -164,7 +169,8 @@ typedef struct dt_nn_param_spec {
     float a;                         /* bound / std for UNIFORM and NORMAL */
     bool is_buffer;                  /* true: not trained, lives in the buffers flat of its dtype */
     dt_dtype dtype;                  /* element type; default (0) DT_F32. Non-f32 entries are
-                                        zero-initialised whatever `init` says */
+                                        zero-initialised whatever `init` says, and non-f32
+                                        parameters get no gradient yet (autograd is f32) */
 } dt_nn_param_spec;
 
 /* forward(ctx, self, x, ud) -> output; get parameters with dt_module_param. */
@@ -191,11 +197,22 @@ DT_API const char *dt_module_type(const dt_module *m);
 DT_API const char *dt_module_path(const dt_module *m);
 DT_API int dt_module_num_children(const dt_module *m);
 DT_API dt_module *dt_module_child(const dt_module *m, int i);
+/* The child named `name` ("conv1"), NULL if none. */
+DT_API dt_module *dt_module_find_child(const dt_module *m, const char *name);
 /* Parameter / buffer i of this module in declaration order (Linear: 0
  * weight, 1 bias; BatchNorm2d: weight, bias, running_mean, running_var,
  * num_batches_tracked). NULL before build or out of range. */
 DT_API dt_tensor *dt_module_param(const dt_module *m, int i);
 DT_API bool dt_module_is_training(const dt_module *m);
+/* Weight tying: parameter `param` of m becomes the same tensor as
+ * `src_param` of src (two names, one storage; the gradients of both uses
+ * add up in it), as PyTorch's `lm_head.weight = wte.weight`. Both modules
+ * unbuilt and in the tree later built; same shape and dtype. The tied
+ * entry keeps its place in the entry list (tied_to names the source) but
+ * takes no room in the flats; its own init is not used (with
+ * dt_model_init_torch it still draws its numbers, as torch does before the
+ * assignment). */
+DT_API dt_status dt_module_tie(dt_module *m, const char *param, dt_module *src, const char *src_param);
 /* Replace m's built-in forward by fn(ctx, m, x, ud) (m's hooks still fire
  * around it; parameters via dt_module_param); fn NULL restores the built-in
  * one. dt_syncbn_convert (parallel.h) uses it. ud is borrowed. */
@@ -301,6 +318,9 @@ typedef struct dt_param_info {
     bool is_buffer;                /* false: in the DT_FLAT_PARAMS / DT_FLAT_GRADS flats;
                                       true: in the DT_FLAT_BUFFERS flat of dtype */
     dt_tensor *tensor;             /* the view; borrowed; NULL in a meta model */
+    int64_t tied_to;               /* -1; or the entry whose storage (and gradient) this one
+                                      shares (dt_module_tie): listed under both names, as in
+                                      PyTorch's state_dict, stored and optimised once */
     dt_module *module;             /* owner */
 } dt_param_info;
 
@@ -309,7 +329,8 @@ DT_API size_t dt_model_num_entries(const dt_model *m);
 DT_API dt_status dt_model_entry(const dt_model *m, size_t i, dt_param_info *out);
 /* Index of the entry named `name`, or -1. */
 DT_API int64_t dt_model_find_entry(const dt_model *m, const char *name);
-/* Number of parameter tensors (entries with is_buffer false). */
+/* Number of parameter tensors (entries with is_buffer false, tied ones not
+ * counted). */
 DT_API size_t dt_model_num_params(const dt_model *m);
 /* Trainable elements, without padding (the "parameter count"). */
 DT_API size_t dt_model_param_count(const dt_model *m);

@@ -207,6 +207,11 @@ DT_API size_t dt_flat_padded(dt_dtype dtype, size_t used, int world);
  * *f (64-byte aligned). pg non-NULL: from dt_pg_alloc(pg) (shared with the
  * group's ranks on this machine), else dt_calloc. world >= 1. */
 DT_API dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, struct dt_pg *pg);
+/* Allocate only rank `rank`'s shard of `full` (which may be a meta flat
+ * with no memory: the layout is what counts) into *f: offset and numel of
+ * the shard, total/used/world/dtype of full, zeroed, 64-byte aligned, from
+ * pg when non-NULL. Errors as dt_flat_shard. */
+DT_API dt_status dt_flat_alloc_shard(dt_flat *f, const dt_flat *full, int rank, int world, struct dt_pg *pg);
 /* A flat over caller memory of numel elements (borrowed; total = used = numel,
  * world 1, offset 0). base may be NULL only when numel is 0. */
 DT_API dt_status dt_flat_wrap(dt_flat *f, dt_dtype dtype, void *base, size_t numel);

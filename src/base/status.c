@@ -39,12 +39,17 @@ void dt_error_clear(void)
     tl_status = DT_OK;
 }
 
+/* Messages echo file names and values from outside: control characters in
+ * them are escaped (dt_escape) so that printing a message cannot drive the
+ * terminal or forge a line. */
 dt_status dt_error(dt_status st, const char *fmt, ...)
 {
+    char raw[DT_ERRMSG_CAP];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    dt_escape(raw, tl_msg, sizeof tl_msg);
     tl_status = st;
     return st;
 }
@@ -53,10 +58,12 @@ dt_status dt_error_wrap(dt_status st, const char *fmt, ...)
 {
     char old[DT_ERRMSG_CAP], pre[DT_ERRMSG_CAP];
     memcpy(old, tl_msg, sizeof old);
+    char raw[DT_ERRMSG_CAP];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(pre, sizeof pre, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    dt_escape(raw, pre, sizeof pre);
     size_t n = strlen(pre);
     memcpy(tl_msg, pre, n + 1);
     if (old[0] && n + 2 < sizeof tl_msg) {

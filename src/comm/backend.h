@@ -73,7 +73,5 @@ char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);
 
 /* Environment helpers: integer / double value of a variable, or def if
  * unset; a set but malformed value is an error. */
-dt_status dt__env_long(const char *name, long def, long *out);
-dt_status dt__env_double(const char *name, double def, double *out);
 
 #endif /* DT_COMM_BACKEND_H */

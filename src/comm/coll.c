@@ -2,6 +2,7 @@
  * post a request; the blocking forms post, wait and free. */
 #include "comm/pg.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 static dt_status check_common(dt_pg *pg, const char *fn, dt_dtype dt, dt_req **req)
@@ -34,6 +35,32 @@ static dt_status need(const void *p, size_t count, const char *fn, const char *w
 {
     if (!p && count)
         return dt_error(DT_ERR_NULL, "%s: NULL %s with count %zu", fn, what, count);
+    return DT_OK;
+}
+
+/* The largest buffer a collective touches is count x mult elements (mult =
+ * the group size for the gathered or scattered side, else 1). Its byte
+ * count must not overflow and must fit an object (PTRDIFF_MAX bytes), and
+ * no buffer may run past the end of the address space: otherwise a wrapped
+ * size (SIZE_MAX elements, 2^62 floats) would post a collective over a few
+ * bytes, or over memory that is not the caller's. */
+static dt_status check_size(const char *fn, size_t count, size_t mult, dt_dtype dt,
+                            const void *a, const void *b)
+{
+    size_t es = dt_dtype_size(dt);
+    if (count && (count > (size_t)PTRDIFF_MAX / es / mult))
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "%s: count %zu of %s (%zu bytes each%s) is more than any buffer can hold "
+                        "(the byte count overflows or exceeds %td)",
+                        fn, count, dt_dtype_name(dt), es, mult > 1 ? ", times the group size" : "",
+                        (ptrdiff_t)PTRDIFF_MAX);
+    size_t bytes = count * mult * es;
+    const void *bufs[2] = {a, b};
+    for (int i = 0; i < 2; i++)
+        if (bufs[i] && (uintptr_t)bufs[i] > UINTPTR_MAX - bytes)
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "%s: a buffer at %p of %zu bytes runs past the end of the address space",
+                            fn, bufs[i], bytes);
     return DT_OK;
 }
 
@@ -80,6 +107,7 @@ static dt_status allreduce(dt_pg *pg, const void *send, void *recv, size_t count
     const char *fn = "dt_pg_allreduce";
     CHK(check_common(pg, fn, dt, req));
     CHK(check_op(fn, op));
+    CHK(check_size(fn, count, 1, dt, send, recv));
     CHK(need(recv, count, fn, "recv"));
     dt_coll c = coll_make(DT_COLL_ALLREDUCE, send ? send : recv, recv, count, dt);
     c.op = op;
@@ -106,6 +134,7 @@ static dt_status reduce(dt_pg *pg, const void *send, void *recv, size_t count, d
     const char *fn = "dt_pg_reduce";
     CHK(check_common(pg, fn, dt, req));
     CHK(check_op(fn, op));
+    CHK(check_size(fn, count, 1, dt, send, recv));
     CHK(check_root(pg, fn, root, "root"));
     int is_root = pg->rank == root;
     if (!send && !is_root)
@@ -138,6 +167,7 @@ static dt_status broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dt, int 
 {
     const char *fn = "dt_pg_broadcast";
     CHK(check_common(pg, fn, dt, req));
+    CHK(check_size(fn, count, 1, dt, buf, NULL));
     CHK(check_root(pg, fn, root, "root"));
     CHK(need(buf, count, fn, "buf"));
     dt_coll c = coll_make(DT_COLL_BROADCAST, buf, buf, count, dt);
@@ -163,6 +193,8 @@ static dt_status allgather(dt_pg *pg, const void *send, void *recv, size_t count
 {
     const char *fn = "dt_pg_allgather";
     CHK(check_common(pg, fn, dt, req));
+    CHK(check_size(fn, count, (size_t)pg->size, dt, recv, NULL));
+    CHK(check_size(fn, count, 1, dt, send, NULL));
     CHK(need(recv, count, fn, "recv"));
     const void *mine = recv ? byte_off(recv, (size_t)pg->rank * count, dt) : NULL;
     dt_coll c = coll_make(DT_COLL_ALLGATHER, send ? send : mine, recv, count, dt);
@@ -191,8 +223,19 @@ static dt_status allgatherv(dt_pg *pg, const void *send, void *recv, const size_
     if (!counts)
         return dt_error(DT_ERR_NULL, "%s: NULL counts", fn);
     size_t total = 0, *own = NULL;
-    for (int r = 0; r < pg->size; r++)
+    for (int r = 0; r < pg->size; r++) {
+        if (counts[r] > SIZE_MAX - total)
+            return dt_error(DT_ERR_INVALID_ARG, "%s: the sum of counts overflows (rank %d's %zu)",
+                            fn, r, counts[r]);
         total += counts[r];
+        if (displs && (displs[r] > SIZE_MAX - counts[r] ||
+                       check_size(fn, displs[r] + counts[r], 1, dt, recv, NULL) < 0))
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "%s: rank %d's block (displacement %zu, count %zu) is beyond any buffer",
+                            fn, r, displs[r], counts[r]);
+    }
+    CHK(check_size(fn, total, 1, dt, recv, NULL));
+    CHK(check_size(fn, counts[pg->rank], 1, dt, send, NULL));
     if (!displs) {
         own = malloc((size_t)pg->size * sizeof *own);
         if (!own)
@@ -238,6 +281,8 @@ static dt_status reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t 
     const char *fn = "dt_pg_reduce_scatter";
     CHK(check_common(pg, fn, dt, req));
     CHK(check_op(fn, op));
+    CHK(check_size(fn, count, (size_t)pg->size, dt, send, NULL));
+    CHK(check_size(fn, count, 1, dt, recv, NULL));
     CHK(need(send, count, fn, "send"));
     CHK(need(recv, count, fn, "recv"));
     dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, send, recv, count, dt);
@@ -264,6 +309,8 @@ static dt_status gather(dt_pg *pg, const void *send, void *recv, size_t count, d
 {
     const char *fn = "dt_pg_gather";
     CHK(check_common(pg, fn, dt, req));
+    CHK(check_size(fn, count, (size_t)pg->size, dt, pg->rank == root ? recv : NULL, NULL));
+    CHK(check_size(fn, count, 1, dt, send, NULL));
     CHK(check_root(pg, fn, root, "root"));
     int is_root = pg->rank == root;
     if (is_root)
@@ -296,6 +343,8 @@ static dt_status scatter(dt_pg *pg, const void *send, void *recv, size_t count, 
 {
     const char *fn = "dt_pg_scatter";
     CHK(check_common(pg, fn, dt, req));
+    CHK(check_size(fn, count, (size_t)pg->size, dt, pg->rank == root ? send : NULL, NULL));
+    CHK(check_size(fn, count, 1, dt, recv, NULL));
     CHK(check_root(pg, fn, root, "root"));
     int is_root = pg->rank == root;
     if (is_root)
@@ -325,6 +374,7 @@ static dt_status alltoall(dt_pg *pg, const void *send, void *recv, size_t count,
 {
     const char *fn = "dt_pg_alltoall";
     CHK(check_common(pg, fn, dt, req));
+    CHK(check_size(fn, count, (size_t)pg->size, dt, send, recv));
     CHK(need(recv, count, fn, "recv"));
     dt_coll c = coll_make(DT_COLL_ALLTOALL, send ? send : recv, recv, count, dt);
     c.in_place = c.send == recv;
@@ -364,6 +414,7 @@ static dt_status p2p(dt_pg *pg, dt_coll_kind k, void *buf, size_t count, dt_dtyp
     const char *fn = k == DT_COLL_SEND ? "dt_pg_send" : "dt_pg_recv";
     CHK(check_common(pg, fn, dt, req));
     CHK(check_root(pg, fn, peer, "peer"));
+    CHK(check_size(fn, count, 1, dt, buf, NULL));
     if (peer == pg->rank)
         return dt_error(DT_ERR_INVALID_ARG, "%s: peer %d is this rank; use a copy", fn, peer);
     CHK(need(buf, count, fn, "buf"));

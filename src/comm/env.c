@@ -4,7 +4,7 @@
  * that contradict each other are an error that names the variables. */
 #include "comm/pg.h"
 
-#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,44 +22,6 @@ const char *dt__rank_source_name(dt__rank_source s)
     case DT__SRC_NONE: return "none (single process)";
     }
     return "?";
-}
-
-dt_status dt__env_long(const char *name, long def, long *out)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) {
-        *out = def;
-        return DT_OK;
-    }
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    while (*end == ' ')
-        end++;
-    if (errno || end == s || *end)
-        return dt_error(DT_ERR_INVALID_ARG, "environment variable %s=\"%s\" is not an integer",
-                        name, s);
-    *out = v;
-    return DT_OK;
-}
-
-dt_status dt__env_double(const char *name, double def, double *out)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) {
-        *out = def;
-        return DT_OK;
-    }
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    while (*end == ' ')
-        end++;
-    if (errno || end == s || *end)
-        return dt_error(DT_ERR_INVALID_ARG, "environment variable %s=\"%s\" is not a number",
-                        name, s);
-    *out = v;
-    return DT_OK;
 }
 
 /* Names of one source's variables. */
@@ -105,26 +67,33 @@ static long slurm_tasks_on_node(const char *s, long node)
     return -1;
 }
 
+/* Every rank/size variable goes through the library's one strict parser
+ * (dt_env_int): "abc", " 2", "2x" and 4294967298 are errors naming the
+ * variable, never a silent 0 or a truncation to int. Each is range-checked
+ * here; the relations between them (rank < size) below. */
+#define RANK_MAX (INT_MAX - 1)
+
 static dt_status read_source(const src_vars *v, dt__rank_env *o)
 {
-    long r, n, lr, ln;
+    int64_t r, n, lr, ln;
     if (!is_set(v->rank) || !is_set(v->size))
         return dt_error(DT_ERR_INVALID_ARG,
                         "%s: %s is set but %s is not; set both (or neither)",
                         dt__rank_source_name(v->src), is_set(v->rank) ? v->rank : v->size,
                         is_set(v->rank) ? v->size : v->rank);
-    if (dt__env_long(v->rank, -1, &r) < 0 || dt__env_long(v->size, -1, &n) < 0)
+    if (dt_env_int(v->size, -1, 1, INT_MAX, &n) < 0 ||
+        dt_env_int(v->rank, -1, 0, RANK_MAX, &r) < 0)
         return DT_ERR_INVALID_ARG;
-    if (dt__env_long(v->lrank, -1, &lr) < 0)
+    if (dt_env_int(v->lrank, -1, 0, RANK_MAX, &lr) < 0)
         return DT_ERR_INVALID_ARG;
     ln = -1;
     if (v->lsize) {
-        if (dt__env_long(v->lsize, -1, &ln) < 0)
+        if (dt_env_int(v->lsize, -1, 1, INT_MAX, &ln) < 0)
             return DT_ERR_INVALID_ARG;
     } else {
-        long node;
-        if (is_set("SLURM_NODEID") && dt__env_long("SLURM_NODEID", 0, &node) == DT_OK)
-            ln = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), node);
+        int64_t node;
+        if (is_set("SLURM_NODEID") && dt_env_int("SLURM_NODEID", 0, 0, INT_MAX, &node) == DT_OK)
+            ln = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), (long)node);
     }
     int lr_set = is_set(v->lrank), ln_set = ln >= 0 || (v->lsize && is_set(v->lsize));
     if (!lr_set && !ln_set) {
@@ -136,13 +105,14 @@ static dt_status read_source(const src_vars *v, dt__rank_env *o)
                         lr_set ? (v->lsize ? v->lsize : "SLURM_TASKS_PER_NODE") : v->lrank);
     }
     if (n < 1 || r < 0 || r >= n)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: %s=%ld must be in [0, %s=%ld)",
-                        dt__rank_source_name(v->src), v->rank, r, v->size, n);
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %s=%lld must be in [0, %s=%lld)",
+                        dt__rank_source_name(v->src), v->rank, (long long)r, v->size, (long long)n);
     if (ln < 1 || ln > n || lr < 0 || lr >= ln)
         return dt_error(DT_ERR_INVALID_ARG,
-                        "%s: local rank %s=%ld must be in [0, local size %ld], and the local "
-                        "size in [1, %s=%ld]",
-                        dt__rank_source_name(v->src), v->lrank, lr, ln, v->size, n);
+                        "%s: local rank %s=%lld must be in [0, local size %lld), and the local "
+                        "size in [1, %s=%lld]",
+                        dt__rank_source_name(v->src), v->lrank, (long long)lr, (long long)ln,
+                        v->size, (long long)n);
     o->rank = (int)r;
     o->size = (int)n;
     o->local_rank = (int)lr;
@@ -199,14 +169,15 @@ dt_status dt__rank_discover(const dt_pg_params *p, dt__rank_env *o)
         }
         /* dtrain's launcher also exports torchrun's names: they must agree. */
         if (o->src == DT__SRC_DTRAIN && is_set("RANK") && is_set("WORLD_SIZE")) {
-            long r, n;
-            if (dt__env_long("RANK", -1, &r) < 0 || dt__env_long("WORLD_SIZE", -1, &n) < 0)
+            int64_t r, n;
+            if (dt_env_int("RANK", -1, 0, RANK_MAX, &r) < 0 ||
+                dt_env_int("WORLD_SIZE", -1, 1, INT_MAX, &n) < 0)
                 return DT_ERR_INVALID_ARG;
             if (r != o->rank || n != o->size)
                 return dt_error(DT_ERR_INVALID_ARG,
                                 "inconsistent environment: DT_RANK=%d DT_WORLD_SIZE=%d but "
-                                "RANK=%ld WORLD_SIZE=%ld",
-                                o->rank, o->size, r, n);
+                                "RANK=%lld WORLD_SIZE=%lld",
+                                o->rank, o->size, (long long)r, (long long)n);
         }
     }
 
@@ -228,12 +199,22 @@ dt_status dt__rank_discover(const dt_pg_params *p, dt__rank_env *o)
     copy_env(o->master_addr, sizeof o->master_addr, "MASTER_ADDR");
     o->master_port = p && p->master_port > 0 ? p->master_port : 0;
     if (!o->master_port) {
-        long port;
-        if (dt__env_long("MASTER_PORT", 0, &port) < 0)
+        int64_t port;
+        if (dt_env_int("MASTER_PORT", 0, 0, 65535, &port) < 0)
             return DT_ERR_INVALID_ARG;
-        if (port < 0 || port > 65535)
-            return dt_error(DT_ERR_INVALID_ARG, "MASTER_PORT=%ld is not a TCP port", port);
         o->master_port = (int)port;
     }
+    return DT_OK;
+}
+
+dt_status dt_pg_env_world_size(int *out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_pg_env_world_size: NULL out");
+    dt__rank_env e;
+    dt_status st = dt__rank_discover(NULL, &e);
+    if (st < 0)
+        return st;
+    *out = e.size;
     return DT_OK;
 }

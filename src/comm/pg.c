@@ -86,16 +86,18 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
 
     double timeout = p.timeout_s;
     if (timeout <= 0) {
-        if (dt__env_double("DT_COMM_TIMEOUT", 300.0, &timeout) < 0)
+        /* Finite and positive: NaN would compare false against every
+         * deadline and disable the timeout. */
+        if (dt_env_double("DT_COMM_TIMEOUT", 300.0, 0.0, 1e9, &timeout) < 0)
             return DT_ERR_INVALID_ARG;
-        if (timeout <= 0)
+        if (!(timeout > 0))
             return dt_error(DT_ERR_INVALID_ARG, "DT_COMM_TIMEOUT=%g must be > 0 seconds",
                             timeout);
     }
     int check = p.check;
     if (check < 0) {
-        long c;
-        if (dt__env_long("DT_COMM_CHECK", 1, &c) < 0)
+        int64_t c;
+        if (dt_env_int("DT_COMM_CHECK", 1, 0, 1, &c) < 0)
             return DT_ERR_INVALID_ARG;
         check = c != 0;
     }

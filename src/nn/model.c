@@ -85,11 +85,38 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
             p->dtype = s->dtype;
             p->module = m;
             e->spec = i;
+            e->tied = p->tied_to = -1;
         }
     for (int i = 0; i < m->nchild; i++) {
         dt_status st = collect(md, m->children[i], m->path);
         if (st < 0)
             return st;
+    }
+    return DT_OK;
+}
+
+/* Point every tied entry at the entry of its (ultimate) source. */
+static dt_status resolve_ties(dt_model *md)
+{
+    for (size_t i = 0; i < md->nentry; i++) {
+        dt__entry *e = &md->entries[i];
+        const dt_module *src = e->info.module;
+        int spec = e->spec;
+        if (!src->ties[spec].src)
+            continue;
+        while (src->ties[spec].src) {
+            const struct dt__tie *t = &src->ties[spec];
+            src = t->src;
+            spec = t->spec;
+        }
+        int64_t found = -1;
+        for (size_t j = 0; j < md->nentry && found < 0; j++)
+            if (md->entries[j].info.module == src && md->entries[j].spec == spec)
+                found = (int64_t)j;
+        if (found < 0)
+            return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: '%s' is tied to a parameter of a %s that is not "
+                            "in this model", e->name, dt_module_type(src));
+        e->tied = e->info.tied_to = found;
     }
     return DT_OK;
 }
@@ -188,7 +215,9 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
         const dt_param_info *p = &e->info;
         if (p->is_buffer || p->dtype != DT_F32)
             continue;
-        torch_part(&g, e, entry_spec(e), 0, p->numel, p->tensor->data);
+        /* a tied entry draws its numbers and drops them, as torch's module
+         * initialises its own weight before the assignment ties it */
+        torch_part(&g, e, entry_spec(e), 0, e->tied >= 0 ? 0 : p->numel, e->tied >= 0 ? NULL : p->tensor->data);
     }
     return DT_OK;
 }
@@ -219,6 +248,8 @@ dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed
         if (p->is_buffer || p->dtype != DT_F32)
             continue;
         size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (e->tied >= 0)
+            a = b = 0; /* its storage is its source's */
         float *out = a < b ? dt_flat_ptr(dst, a) : NULL;
         const dt_nn_param_spec *s = entry_spec(e);
         if (a >= b) {
@@ -297,10 +328,14 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     }
     if (collect(md, root, NULL) < 0)
         goto fail;
+    if (resolve_ties(md) < 0)
+        goto fail;
     /* offsets: per role and dtype, each entry on a 64-byte boundary */
     size_t used[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT] = {{0}};
     for (size_t i = 0; i < md->nentry; i++) {
         dt_param_info *p = &md->entries[i].info;
+        if (p->tied_to >= 0)
+            continue;
         size_t esz = dt_dtype_size(p->dtype);
         size_t *u = &used[p->is_buffer ? DT_FLAT_BUFFERS : DT_FLAT_PARAMS][p->dtype];
         p->offset = *u;
@@ -310,6 +345,9 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
             md->param_count += p->numel;
         }
     }
+    for (size_t i = 0; i < md->nentry; i++)
+        if (md->entries[i].tied >= 0)
+            md->entries[i].info.offset = md->entries[md->entries[i].tied].info.offset;
     for (int d = 0; d < DT_DTYPE_COUNT; d++) {
         used[DT_FLAT_GRADS][d] = used[DT_FLAT_PARAMS][d];
         for (int r = 0; r < DT_FLAT_ROLE_COUNT; r++) {
@@ -328,12 +366,14 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
             }
         }
     }
-    /* views, grads, init */
+    /* views, grads, init; tied entries take their source's tensor after */
     for (size_t i = 0; i < md->nentry; i++) {
         dt__entry *e = &md->entries[i];
         dt_param_info *p = &e->info;
         dt_module *m = p->module;
         const dt_nn_param_spec *s = &m->specs[e->spec];
+        if (e->tied >= 0)
+            continue;
         void *base = dt_flat_ptr(&md->flats[p->is_buffer ? DT_FLAT_BUFFERS : DT_FLAT_PARAMS][p->dtype], p->offset);
         if (!base)
             continue; /* meta parameter (or an empty buffer) */
@@ -345,12 +385,24 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         if (!p->is_buffer) {
             e->grad = dt_tensor_wrap(dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset), p->dtype, p->ndim,
                                      p->shape);
-            if (!e->grad || dt_tensor_set_grad(p->tensor, e->grad) < 0 ||
-                dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0)
+            if (!e->grad)
+                goto fail;
+            /* autograd is f32: other parameters keep their gradient view
+             * (the mirror layout) but are not attached until mixed
+             * precision gives them a gradient path */
+            if (p->dtype == DT_F32 &&
+                (dt_tensor_set_grad(p->tensor, e->grad) < 0 || dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0))
                 goto fail;
         }
         if (p->dtype == DT_F32)
             philox_part(md, e, s, seed, 0, p->numel, base);
+    }
+    for (size_t i = 0; i < md->nentry; i++) {
+        dt__entry *e = &md->entries[i];
+        if (e->tied >= 0) {
+            e->info.tensor = md->entries[e->tied].info.tensor;
+            e->info.module->params[e->spec] = e->info.tensor;
+        }
     }
     *out = md;
     return DT_OK;
@@ -366,7 +418,7 @@ void dt_model_free(dt_model *md)
         return;
     for (size_t i = 0; i < md->nentry; i++) {
         dt__entry *e = &md->entries[i];
-        if (e->info.tensor) {
+        if (e->info.tensor && e->tied < 0) {
             dt_tensor_set_grad(e->info.tensor, NULL);
             dt_tensor_free(e->info.tensor);
         }
@@ -491,7 +543,7 @@ dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *g)
     }
     for (size_t i = 0; i < m->nentry; i++) {
         dt__entry *e = &m->entries[i];
-        if (!e->info.is_buffer && e->info.dtype == dtype)
+        if (!e->info.is_buffer && e->info.dtype == dtype && e->grad)
             dt_tensor_rebind(e->grad, dt_flat_ptr(&next, e->info.offset));
     }
     dt_flat_free(cur);

@@ -39,7 +39,8 @@ dt_module *dt__module_new(dt_nn_kind kind, int nparam, const dt_nn_param_spec *s
     if (nparam > 0) {
         m->specs = calloc((size_t)nparam, sizeof *m->specs);
         m->params = calloc((size_t)nparam, sizeof *m->params);
-        if (!m->specs || !m->params)
+        m->ties = calloc((size_t)nparam, sizeof *m->ties);
+        if (!m->specs || !m->params || !m->ties)
             goto oom;
         for (int i = 0; i < nparam; i++) {
             m->specs[i] = specs[i];
@@ -66,6 +67,7 @@ void dt_module_free(dt_module *m)
         free((char *)m->specs[i].name);
     free(m->specs);
     free(m->params); /* the tensors themselves belong to the model */
+    free(m->ties);
     for (int k = 0; k < DT__HOOK_KINDS; k++)
         dt__hooks_free(&m->hooks[k]);
     free(m->type);
@@ -226,17 +228,18 @@ dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *p
 
 /* ---- containers ------------------------------------------------------------------- */
 
-dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child)
+dt_status dt_nn_add(dt_module *seq, const char *name, dt_module *child)
 {
     char idx[24];
     if (!seq || !child) {
         dt_module_free(child);
-        return dt_error(DT_ERR_NULL, "dt_nn_seq_add: %s is NULL", seq ? "child" : "container");
+        return dt_error(DT_ERR_NULL, "dt_nn_add: %s is NULL", seq ? "child" : "container");
     }
-    if (seq->kind != DT_NN_SEQUENTIAL || seq->model || child->parent || child->model) {
+    if ((seq->kind != DT_NN_SEQUENTIAL && seq->kind != DT_NN_CUSTOM) || seq->model || child->parent ||
+        child->model || child == seq) {
         dt_module_free(child);
-        return dt_error(DT_ERR_STATE, "dt_nn_seq_add: the container must be an unbuilt Sequential and the "
-                                      "child a free module");
+        return dt_error(DT_ERR_STATE, "dt_nn_add: the container must be an unbuilt Sequential or custom module "
+                                      "and the child a free module");
     }
     if (!name) {
         snprintf(idx, sizeof idx, "%d", seq->nchild);
@@ -247,7 +250,7 @@ dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child)
         dup = dup || !strcmp(seq->children[i]->name, name);
     if (!name[0] || strchr(name, '.') || dup) {
         dt_module_free(child);
-        return dt_error(DT_ERR_INVALID_ARG, "dt_nn_seq_add: child name '%s' is empty, has a '.' or is taken",
+        return dt_error(DT_ERR_INVALID_ARG, "dt_nn_add: child name '%s' is empty, has a '.' or is taken",
                         name);
     }
     if (seq->nchild == seq->cap) {
@@ -255,7 +258,7 @@ dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child)
         dt_module **c = realloc(seq->children, (size_t)cap * sizeof *c);
         if (!c) {
             dt_module_free(child);
-            return dt_error(DT_ERR_NO_MEMORY, "dt_nn_seq_add: out of memory");
+            return dt_error(DT_ERR_NO_MEMORY, "dt_nn_add: out of memory");
         }
         seq->children = c;
         seq->cap = cap;
@@ -263,7 +266,7 @@ dt_status dt_nn_seq_add(dt_module *seq, const char *name, dt_module *child)
     child->name = dup_str(name);
     if (!child->name) {
         dt_module_free(child);
-        return dt_error(DT_ERR_NO_MEMORY, "dt_nn_seq_add: out of memory");
+        return dt_error(DT_ERR_NO_MEMORY, "dt_nn_add: out of memory");
     }
     child->parent = seq;
     seq->children[seq->nchild++] = child;
@@ -283,7 +286,7 @@ dt_module *dt_nn_seq(int n, dt_module **children)
             i++;
             goto fail;
         }
-        if (dt_nn_seq_add(s, NULL, c) < 0) {
+        if (dt_nn_add(s, NULL, c) < 0) {
             i++;
             goto fail;
         }
@@ -307,6 +310,13 @@ const char *dt_module_type(const dt_module *m)
 }
 const char *dt_module_path(const dt_module *m) { return m && m->path ? m->path : ""; }
 int dt_module_num_children(const dt_module *m) { return m ? m->nchild : 0; }
+dt_module *dt_module_find_child(const dt_module *m, const char *name)
+{
+    for (int i = 0; m && name && i < m->nchild; i++)
+        if (!strcmp(m->children[i]->name, name))
+            return m->children[i];
+    return NULL;
+}
 dt_module *dt_module_child(const dt_module *m, int i)
 {
     return m && i >= 0 && i < m->nchild ? m->children[i] : NULL;
@@ -316,6 +326,46 @@ dt_tensor *dt_module_param(const dt_module *m, int i)
     return m && m->params && i >= 0 && i < m->nparam ? m->params[i] : NULL;
 }
 bool dt_module_is_training(const dt_module *m) { return m && m->training; }
+
+static int spec_index(const dt_module *m, const char *name)
+{
+    for (int i = 0; m && name && i < m->nparam; i++)
+        if (!strcmp(m->specs[i].name, name))
+            return i;
+    return -1;
+}
+
+dt_status dt_module_tie(dt_module *m, const char *param, dt_module *src, const char *src_param)
+{
+    if (!m || !param || !src || !src_param)
+        return dt_error(DT_ERR_NULL, "dt_module_tie: NULL argument");
+    if (m->model || src->model)
+        return dt_error(DT_ERR_STATE, "dt_module_tie: tie before dt_model_build");
+    int i = spec_index(m, param), j = spec_index(src, src_param);
+    if (i < 0 || j < 0)
+        return dt_error(DT_ERR_NOT_FOUND, "dt_module_tie: %s has no parameter '%s'", dt_module_type(i < 0 ? m : src),
+                        i < 0 ? param : src_param);
+    const dt_nn_param_spec *a = &m->specs[i], *b = &src->specs[j];
+    bool same = a->ndim == b->ndim && a->dtype == b->dtype && !a->is_buffer && !b->is_buffer && (m != src || i != j);
+    for (int d = 0; same && d < a->ndim; d++)
+        same = a->shape[d] == b->shape[d];
+    if (!same)
+        return dt_error(DT_ERR_SHAPE, "dt_module_tie: %s.%s and %s.%s must be two parameters (not buffers) of one "
+                        "shape and dtype", dt_module_type(m), param, dt_module_type(src), src_param);
+    /* no cycles: follow the source's own ties */
+    const dt_module *s = src;
+    for (int k = j, steps = 0; s && steps < 1 << 20; steps++) {
+        if (s == m && k == i)
+            return dt_error(DT_ERR_INVALID_ARG, "dt_module_tie: %s.%s would be tied to itself", dt_module_type(m),
+                            param);
+        const struct dt__tie *t = &s->ties[k];
+        s = t->src;
+        k = t->spec;
+    }
+    m->ties[i].src = src;
+    m->ties[i].spec = spec_index(src, src_param);
+    return DT_OK;
+}
 
 dt_status dt_module_set_forward(dt_module *m, dt_nn_forward_fn fn, void *ud)
 {

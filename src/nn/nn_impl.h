@@ -44,6 +44,10 @@ struct dt_module {
     int nparam;
     dt_nn_param_spec *specs;
     dt_tensor **params;     /* set by dt_model_build */
+    struct dt__tie {        /* per spec: dt_module_tie's source, or NULL */
+        dt_module *src;
+        int spec;
+    } *ties;
     dt_nn_forward_fn fwd;
     void *ud;
     dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
@@ -57,10 +61,11 @@ struct dt_module {
 typedef struct dt__entry {
     dt_param_info info;
     char *name;
-    dt_tensor *grad;        /* parameters: the view into the grad buffer */
+    dt_tensor *grad;        /* parameters: the view into the grad buffer (NULL when tied) */
     dt_model *model;
     size_t index;
     int spec;               /* index into the module's specs */
+    int64_t tied;           /* source entry, or -1 */
 } dt__entry;
 
 struct dt_model {

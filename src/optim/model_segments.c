@@ -15,7 +15,7 @@ dt_status dt_optim_segments_from_model(const dt_model *m, dt_dtype dtype, bool n
         dt_status st = dt_model_entry(m, i, &p);
         if (st < 0)
             return st;
-        if (p.is_buffer || p.dtype != dtype)
+        if (p.is_buffer || p.dtype != dtype || p.tied_to >= 0)
             continue;
         if (segs && k < cap)
             segs[k] = (dt_optim_segment){.offset = p.offset, .numel = p.numel, .no_decay = no_decay_1d && p.ndim <= 1};

@@ -89,6 +89,62 @@ static dt_status check_range(const dt_optim_range *r, size_t i)
     return DT_OK;
 }
 
+static const dt_optim *g_sort_o; /* qsort has no context argument; init is not re-entrant per optimizer */
+
+static size_t item_gstart(const dt_optim *o, size_t i)
+{
+    return o->ranges[o->items[i].range].lo + o->items[i].start;
+}
+
+static int cmp_items(const void *pa, const void *pb)
+{
+    size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+    const dt__optim_item *x = &g_sort_o->items[a], *y = &g_sort_o->items[b];
+    if (x->seg != y->seg)
+        return x->seg < y->seg ? -1 : 1;
+    size_t ga = item_gstart(g_sort_o, a), gb = item_gstart(g_sort_o, b);
+    return ga < gb ? -1 : ga > gb;
+}
+
+/* Norm units (optim_impl.h): items sorted by (segment, position), runs of
+ * one chunk that are contiguous in one flat pair merged. */
+static dt_status build_units(dt_optim *o)
+{
+    size_t n = o->nitem;
+    o->uitems = calloc(n ? n : 1, sizeof *o->uitems);
+    o->units = calloc(n ? n : 1, sizeof *o->units);
+    o->unit_sums = calloc(2 * (n ? n : 1), sizeof(double));
+    if (!o->uitems || !o->units || !o->unit_sums)
+        return dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu work items", n);
+    for (size_t i = 0; i < n; i++)
+        o->uitems[i] = i;
+    g_sort_o = o;
+    qsort(o->uitems, n, sizeof *o->uitems, cmp_items);
+    g_sort_o = NULL;
+    size_t nu = 0;
+    for (size_t j = 0; j < n; j++) {
+        size_t i = o->uitems[j];
+        const dt__optim_item *it = &o->items[i];
+        size_t g = item_gstart(o, i);
+        dt__optim_unit *u = nu ? &o->units[nu - 1] : NULL;
+        if (u) {
+            const dt__optim_range *ru = &o->ranges[u->range], *ri = &o->ranges[it->range];
+            size_t off = o->seg_off[it->seg];
+            bool same_chunk = (u->gstart - off) / DT__OPTIM_CHUNK == (g - off) / DT__OPTIM_CHUNK;
+            if (u->seg == it->seg && same_chunk && u->gstart + u->len == g && ru->params == ri->params &&
+                ru->grads == ri->grads) {
+                u->len += it->len;
+                u->count++;
+                continue;
+            }
+        }
+        o->units[nu++] = (dt__optim_unit){.seg = it->seg, .gstart = g, .len = it->len, .range = it->range,
+                                          .first = j, .count = 1};
+    }
+    o->nunit = nu;
+    return DT_OK;
+}
+
 static dt_status build_items(dt_optim *o, const dt_optim_range *rs, size_t nr)
 {
     if (!rs && nr)
@@ -153,12 +209,16 @@ static dt_status build_items(dt_optim *o, const dt_optim_range *rs, size_t nr)
                     a = l->lo;
                 if (b > l->hi)
                     b = l->hi;
-                for (size_t x = a; x < b; x += DT__OPTIM_CHUNK) {
+                /* cut at the segment's fixed chunk boundaries */
+                for (size_t x = a; x < b;) {
+                    size_t off = segs[s].offset, e = off + ((x - off) / DT__OPTIM_CHUNK + 1) * DT__OPTIM_CHUNK;
+                    if (e > b)
+                        e = b;
                     if (pass == 1)
-                        o->items[count] = (dt__optim_item){.range = r, .start = x - l->lo,
-                                                           .len = b - x < DT__OPTIM_CHUNK ? b - x : DT__OPTIM_CHUNK,
+                        o->items[count] = (dt__optim_item){.range = r, .start = x - l->lo, .len = e - x,
                                                            .seg = idx[k], .no_decay = nd[idx[k]]};
                     count++;
+                    x = e;
                 }
             }
         }
@@ -179,6 +239,14 @@ static dt_status build_items(dt_optim *o, const dt_optim_range *rs, size_t nr)
     o->nseg = ntab;
     for (size_t r = 0; r < nr; r++)
         o->ranges[r] = (dt__optim_range){.params = rs[r].params, .grads = rs[r].grads, .lo = rs[r].lo, .hi = rs[r].hi};
+    o->seg_off = calloc(ntab ? ntab : 1, sizeof *o->seg_off);
+    if (!o->seg_off) {
+        st = dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < ntab; i++)
+        o->seg_off[i] = tab[i].offset;
+    st = build_units(o);
 done:
     free(tab);
     free(idx);
@@ -293,6 +361,10 @@ void dt_optim_free(dt_optim *o)
     free(o->pbase);
     free(o->gbase);
     free(o->items);
+    free(o->units);
+    free(o->uitems);
+    free(o->unit_sums);
+    free(o->seg_off);
     free(o->item_sums);
     free(o->seg_sums);
     free(o->seg_ratio);
@@ -396,28 +468,29 @@ static void step_adam(dt_optim *o)
     }
 }
 
-/* Per-segment sums of the item sums in slot `which` (0 or 1), in item order. */
+/* Per-segment sums of the unit sums in slot `which` (0 or 1), in unit order. */
 static void seg_reduce(dt_optim *o, int which, double *out)
 {
     memset(out, 0, o->nseg * sizeof(double));
-    for (size_t i = 0; i < o->nitem; i++)
-        out[o->items[i].seg] += o->item_sums[2 * i + which];
+    for (size_t i = 0; i < o->nunit; i++)
+        out[o->units[i].seg] += o->unit_sums[2 * i + which];
 }
 
 static dt_status step_lamb(dt_optim *o)
 {
     const dt_lamb_params *p = &o->lamb;
-    const size_t ni = o->nitem, ns = o->nseg;
-    /* pass A: ‖g‖² and ‖w‖² per item */
-#pragma omp parallel for schedule(static) if (ni > 1)
-    for (size_t i = 0; i < ni; i++) {
-        const dt__optim_item *it = &o->items[i];
-        o->item_sums[2 * i] = dt__sqsum(o->gbase[it->range] + it->start, it->len);
-        o->item_sums[2 * i + 1] = dt__sqsum(o->pbase[it->range] + it->start, it->len);
+    const size_t ni = o->nitem, ns = o->nseg, nu = o->nunit;
+    /* pass A: ‖g‖² and ‖w‖² per norm unit */
+#pragma omp parallel for schedule(static) if (nu > 1)
+    for (size_t i = 0; i < nu; i++) {
+        const dt__optim_unit *u = &o->units[i];
+        const dt__optim_range *r = &o->ranges[u->range];
+        o->unit_sums[2 * i] = dt__sqsum(dt_flat_ptr(r->grads, u->gstart), u->len);
+        o->unit_sums[2 * i + 1] = dt__sqsum(dt_flat_ptr(r->params, u->gstart), u->len);
     }
     double gsq = 0;
-    for (size_t i = 0; i < ni; i++)
-        gsq += o->item_sums[2 * i];
+    for (size_t i = 0; i < nu; i++)
+        gsq += o->unit_sums[2 * i];
     if (o->reduce) {
         dt_status st = o->reduce(o->reduce_ctx, &gsq, 1);
         if (st < 0)
@@ -449,6 +522,14 @@ static dt_status step_lamb(dt_optim *o)
         float *const *st = o->ranges[it->range].state;
         o->item_sums[2 * i] = dt__optim_lamb_stage1(o->pbase[it->range] + s, o->gbase[it->range] + s, st[0] + s,
                                                     st[1] + s, it->len, it->no_decay ? &k_nd : &k);
+    }
+    /* ‖u‖² per unit: the fused value of a one-item unit, else the run read
+     * again in one piece */
+#pragma omp parallel for schedule(static) if (nu > 1)
+    for (size_t i = 0; i < nu; i++) {
+        const dt__optim_unit *u = &o->units[i];
+        o->unit_sums[2 * i] = u->count == 1 ? o->item_sums[2 * o->uitems[u->first]]
+                                            : dt__sqsum(dt_flat_ptr(o->ranges[u->range].grads, u->gstart), u->len);
     }
     /* seg_sums = [‖w‖² per seg, ‖u‖² per seg] */
     double *usq = o->seg_sums + ns;

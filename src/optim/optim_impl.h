@@ -7,7 +7,17 @@
  * and are added in item order afterwards, so sums depend neither on the
  * thread count nor on how the elements are split into ranges. Segments are
  * numbered in one table over all ranges: a tensor named by two ranges over
- * the same params flat (same flat pointer, same offset) is one segment. */
+ * the same params flat (same flat pointer, same offset) is one segment.
+ *
+ * Items are cut at fixed global boundaries (the segment's offset plus
+ * multiples of DT__OPTIM_CHUNK), so the pieces of a tensor that adjacent
+ * ranges own fall into the same chunks a single range would have. LAMB's
+ * sums of squares are taken per norm unit: a maximal run of items of one
+ * chunk that are contiguous in one params/grads flat pair, read straight
+ * from the flats. A unit of one item is that item (the common case: its
+ * ‖u‖² comes fused with stage 1); a unit that several ranges share is read
+ * in one piece, so its sum, and every norm, is bit-identical to the
+ * single-range optimizer's. */
 #ifndef DT_OPTIM_IMPL_H
 #define DT_OPTIM_IMPL_H
 
@@ -22,6 +32,15 @@ typedef struct dt__optim_item {
     size_t seg;      /* index of the segment in the optimizer's table */
     bool no_decay;
 } dt__optim_item;
+
+typedef struct dt__optim_unit {
+    size_t seg;      /* segment table index */
+    size_t gstart;   /* first global element */
+    size_t len;
+    size_t range;    /* a range over its flats (all of the unit's share them) */
+    size_t first;    /* its items: uitems[first .. first + count) */
+    size_t count;
+} dt__optim_unit;
 
 typedef struct dt__optim_range {
     const dt_flat *params, *grads; /* borrowed */
@@ -41,6 +60,11 @@ struct dt_optim {
     float **pbase, **gbase; /* per range, element lo, resolved at each step */
     size_t nitem;
     dt__optim_item *items;
+    size_t nunit;
+    dt__optim_unit *units; /* in segment order, then by position */
+    size_t *uitems;        /* item indices, grouped by unit */
+    double *unit_sums;     /* 2 per unit */
+    size_t *seg_off;       /* per segment: its offset (global) */
     size_t nseg;           /* segments in the table */
     double *item_sums;     /* 2 per item */
     double *seg_sums;      /* 2 per segment */

@@ -225,8 +225,9 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         dt_param_info e;
         if ((st = dt_model_entry(m, i, &e)) < 0)
             goto fail;
-        d->slot_of_entry[i] = e.is_buffer ? -1 : np++;
-        if (!e.is_buffer && e.dtype != DT_F32) {
+        const bool trained = !e.is_buffer && e.tied_to < 0; /* a tied entry is its source's tensor */
+        d->slot_of_entry[i] = trained ? np++ : -1;
+        if (trained && e.dtype != DT_F32) {
             st = dt_error(DT_ERR_DTYPE, "dt_ddp_init: parameter '%s' is %s; DDP reduces f32 parameters",
                           e.name, dt_dtype_name(e.dtype));
             goto fail;

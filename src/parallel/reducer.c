@@ -182,7 +182,7 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
         if ((st = dt_model_entry(m, i, &e)) < 0)
             goto fail;
         r->slot_of_entry[i] = -1;
-        if (e.is_buffer)
+        if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
             continue;
         if (e.dtype != DT_F32 || np >= r->np) {
             st = dt_error(DT_ERR_DTYPE, "dt_reducer_init: parameter '%s' is %s; gradients are reduced in f32",

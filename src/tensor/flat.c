@@ -44,6 +44,33 @@ dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, stru
     return DT_OK;
 }
 
+dt_status dt_flat_alloc_shard(dt_flat *f, const dt_flat *full, int rank, int world, struct dt_pg *pg)
+{
+    if (!f || !full)
+        return dt_error(DT_ERR_NULL, "dt_flat_alloc_shard: %s is NULL", f ? "full" : "flat");
+    dt_flat geo = *full, view;
+    geo.base = NULL; /* the geometry only: works for meta flats too */
+    geo.offset = 0;
+    geo.numel = full->total;
+    dt_status st = dt_flat_shard(&geo, rank, world, &view);
+    if (st < 0)
+        return st;
+    size_t esz = dt_dtype_size(full->dtype);
+    void *base = NULL;
+    if (view.numel) {
+        base = pg ? dt_pg_alloc(pg, view.numel * esz) : dt_calloc(view.numel * esz);
+        if (!base)
+            return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_flat_alloc_shard: %zu bytes", view.numel * esz);
+        if (pg)
+            memset(base, 0, view.numel * esz);
+    }
+    *f = view;
+    f->base = base;
+    f->pg = pg;
+    f->owned = true;
+    return DT_OK;
+}
+
 dt_status dt_flat_wrap(dt_flat *f, dt_dtype dtype, void *base, size_t numel)
 {
     if (!f)

@@ -153,7 +153,26 @@ TEST(discovery_errors)
     setenv("WORLD_SIZE", "x4", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "not an integer");
+    /* One strict parser: no leading space, no trailing text, no truncation
+     * of 2^32 + 2 to 2, no wrap. */
+    static const char *bad_ws[] = {" 4", "4 ", "4x", "+4", "abc", "0", "-4", "4294967298",
+                                   "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_ws / sizeof bad_ws[0]; i++) {
+        setenv("WORLD_SIZE", bad_ws[i], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "WORLD_SIZE");
+        int ws = -1;
+        ASSERT_STATUS(dt_pg_env_world_size(&ws), DT_ERR_INVALID_ARG);
+        ASSERT_EQ_INT(ws, -1);
+    }
     setenv("WORLD_SIZE", "4", 1);
+    setenv("RANK", "4294967296", 1);
+    ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "RANK");
+    setenv("RANK", "3", 1);
+    int ws = -1;
+    ASSERT_OK(dt_pg_env_world_size(&ws));
+    ASSERT_EQ_INT(ws, 4);
     setenv("LOCAL_RANK", "2", 1);
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG); /* local rank >= local size */
@@ -178,6 +197,13 @@ TEST(discovery_errors)
 
     setenv("DT_COMM_TIMEOUT", "soon", 1);
     ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+    /* NaN compares false with every deadline: it would disable the timeout. */
+    static const char *bad_t[] = {"nan", "inf", "-inf", "0", "-1", " 2", "1e999"};
+    for (size_t i = 0; i < sizeof bad_t / sizeof bad_t[0]; i++) {
+        setenv("DT_COMM_TIMEOUT", bad_t[i], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "DT_COMM_TIMEOUT");
+    }
     setenv("DT_COMM_TIMEOUT", "2.5", 1);
     ASSERT_OK(discover(NULL));
     ASSERT_NEAR(g_seen.timeout_s, 2.5, 0, 0);

@@ -455,8 +455,8 @@ static dt_status noop_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 TEST(relu_maxpool_reordered_exactly)
 {
     dt_module *seq = dt_nn_seq(0, NULL);
-    ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_relu()));
-    ASSERT_OK(dt_nn_seq_add(seq, NULL, dt_nn_maxpool2d(2, 2, 0)));
+    ASSERT_OK(dt_nn_add(seq, NULL, dt_nn_relu()));
+    ASSERT_OK(dt_nn_add(seq, NULL, dt_nn_maxpool2d(2, 2, 0)));
     dt_model *m = t_build(seq, 0);
     ASSERT(m);
     enum { N = 2, C = 3, H = 6, W = 4, P = 3, Q = 2 };
@@ -720,9 +720,9 @@ TEST(bad_input)
     ASSERT(dt_nn_linear(0, 3, true) == NULL);
     ASSERT(dt_nn_seq(2, (dt_module *[]){dt_nn_relu(), dt_nn_conv2d(1, 1, 0, 1, 0, true)}) == NULL);
     dt_module *s = dt_nn_seq(0, NULL);
-    ASSERT_OK(dt_nn_seq_add(s, "a", dt_nn_relu()));
-    ASSERT_STATUS(dt_nn_seq_add(s, "a", dt_nn_relu()), DT_ERR_INVALID_ARG);
-    ASSERT_STATUS(dt_nn_seq_add(s, "x.y", dt_nn_relu()), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_nn_add(s, "a", dt_nn_relu()));
+    ASSERT_STATUS(dt_nn_add(s, "a", dt_nn_relu()), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_nn_add(s, "x.y", dt_nn_relu()), DT_ERR_INVALID_ARG);
     /* a module outside a model cannot run */
     ASSERT(dt_module_forward(ctx, s, dt_tensor_zeros(ctx, DT_F32, 1, (int64_t[]){3})) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_STATE);

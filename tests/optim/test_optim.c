@@ -752,6 +752,145 @@ TEST(schedules)
     ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_STEP), "step");
 }
 
+/* The same elements stepped as one range or as several ranges over the same
+ * flats (given out of order, a tensor split between ranges, a range
+ * boundary inside a chunk of a tensor larger than one chunk): bit-identical
+ * parameters and states after three steps, for every kind (LAMB's
+ * per-tensor norms then add up exactly across the ranges). */
+static dt_status make_opt(int kind, const dt_optim_range *r, size_t nr, dt_optim **o)
+{
+    dt_sgd_params sp = dt_sgd_params_default();
+    sp.lr = 0.1, sp.momentum = 0.9, sp.weight_decay = 0.01;
+    dt_adam_params ap = kind == 2 ? dt_adamw_params_default() : dt_adam_params_default();
+    ap.lr = 0.01, ap.weight_decay = 0.05;
+    dt_lamb_params lp = dt_lamb_params_default();
+    lp.lr = 0.02, lp.weight_decay = 0.05;
+    return kind == 0   ? dt_optim_sgd_init(&sp, r, nr, o)
+           : kind == 1 ? dt_optim_adam_init(&ap, r, nr, o)
+           : kind == 2 ? dt_optim_adamw_init(&ap, r, nr, o)
+                       : dt_optim_lamb_init(&lp, r, nr, o);
+}
+
+/* A reducer that changes nothing and keeps what it saw: the exact double
+ * sums LAMB computed. */
+typedef struct seen_sums {
+    double v[16];
+    size_t n;
+} seen_sums;
+static dt_status record_sums(void *ctx, double *sums, size_t n)
+{
+    seen_sums *r = ctx;
+    for (size_t i = 0; i < n && r->n < 16; i++)
+        r->v[r->n++] = sums[i];
+    return DT_OK;
+}
+
+TEST(multi_range_equals_single)
+{
+    const size_t n = 40040; /* tensor 0: 40000 elements (3 chunks), tensor 1: 24 after padding */
+    dt_optim_segment segs[] = {{0, 40000, false}, {40016, 24, true}};
+    /* range cuts: inside tensor 0's second chunk, at a chunk boundary minus 1, inside tensor 1 */
+    const size_t cuts[][2] = {{20000, 32767}, {7, 40020}};
+    for (int kind = 0; kind < 4; kind++)
+        for (size_t c = 0; c < 2; c++) {
+            dt_flat Pf[2], Gf[2];
+            for (int v = 0; v < 2; v++) {
+                ASSERT_OK(dt_flat_alloc(&Pf[v], DT_F32, n, 1, NULL));
+                ASSERT_OK(dt_flat_alloc(&Gf[v], DT_F32, n, 1, NULL));
+            }
+            dt_optim_range one = {.params = &Pf[0], .grads = &Gf[0], .lo = 0, .hi = n, .segs = segs, .nseg = 2};
+            size_t a = cuts[c][0], b = cuts[c][1];
+            /* out of order on purpose */
+            dt_optim_range three[3] = {
+                {.params = &Pf[1], .grads = &Gf[1], .lo = b, .hi = n, .segs = segs, .nseg = 2},
+                {.params = &Pf[1], .grads = &Gf[1], .lo = 0, .hi = a, .segs = segs, .nseg = 2},
+                {.params = &Pf[1], .grads = &Gf[1], .lo = a, .hi = b, .segs = segs, .nseg = 2},
+            };
+            dt_optim *o1 = NULL, *o3 = NULL;
+            ASSERT_OK(make_opt(kind, &one, 1, &o1));
+            ASSERT_OK(make_opt(kind, three, 3, &o3));
+            ASSERT_EQ_INT(dt_optim_num_ranges(o3), 3);
+            seen_sums q1 = {{0}, 0}, q3 = {{0}, 0};
+            dt_optim_set_reducer(o1, record_sums, &q1);
+            dt_optim_set_reducer(o3, record_sums, &q3);
+            float *p0 = Pf[0].base, *p1 = Pf[1].base, *g0 = Gf[0].base, *g1 = Gf[1].base;
+            for (size_t i = 0; i < n; i++)
+                p0[i] = p1[i] = P((int)(i % 4999));
+            for (int t = 0; t < 3; t++) {
+                for (size_t i = 0; i < n; i++)
+                    g0[i] = g1[i] = 8 * G((int)(i % 7919), t); /* large: LAMB clips */
+                ASSERT_OK(dt_optim_step(o1));
+                ASSERT_OK(dt_optim_step(o3));
+            }
+            ASSERT_EQ_INT(count_bit_diffs(p0, p1, (int)n), 0);
+            ASSERT_EQ_INT(count_bit_diffs(g0, g1, (int)n), 0); /* LAMB's u */
+            ASSERT(dt_optim_last_grad_norm(o1) == dt_optim_last_grad_norm(o3));
+            /* LAMB: the norms' double sums themselves, bit for bit (5 per step) */
+            ASSERT_EQ_INT(q1.n, kind == 3 ? 15 : 0);
+            ASSERT_EQ_INT(q3.n, q1.n);
+            ASSERT_EQ_INT(memcmp(q1.v, q3.v, q1.n * sizeof(double)), 0);
+            /* states: range r of o3 holds [lo, hi) of o1's single state */
+            for (int si = 0; si < dt_optim_num_states(o1); si++) {
+                float *s1;
+                ASSERT_OK(dt_optim_state(o1, 0, si, NULL, &s1, NULL));
+                for (size_t r = 0; r < 3; r++) {
+                    float *s3;
+                    size_t len;
+                    ASSERT_OK(dt_optim_state(o3, r, si, NULL, &s3, &len));
+                    ASSERT_EQ_INT(len, three[r].hi - three[r].lo);
+                    ASSERT_EQ_INT(count_bit_diffs(s1 + three[r].lo, s3, (int)len), 0);
+                }
+            }
+            /* the parameters moved (the test can fail) */
+            ASSERT(p0[5] != P(5));
+            dt_optim_free(o1);
+            dt_optim_free(o3);
+            for (int v = 0; v < 2; v++)
+                dt_flat_free(&Pf[v]), dt_flat_free(&Gf[v]);
+        }
+}
+
+/* Ranges that overlap in one flat, a mirror, a non-f32 flat, a flat that no
+ * longer holds its range at step time: clear errors. */
+TEST(range_errors)
+{
+    float mem[32] = {0}, gm[32] = {0};
+    dt_flat p, g, h;
+    ASSERT_OK(dt_flat_wrap(&p, DT_F32, mem, 32));
+    ASSERT_OK(dt_flat_wrap(&g, DT_F32, gm, 32));
+    ASSERT_OK(dt_flat_wrap(&h, DT_BF16, mem, 32));
+    dt_sgd_params sp = dt_sgd_params_default();
+    dt_optim *o = (dt_optim *)&o;
+    dt_optim_range two[2] = {{.params = &p, .grads = &g, .lo = 0, .hi = 10},
+                             {.params = &p, .grads = &g, .lo = 9, .hi = 20}};
+    ASSERT_STATUS(dt_optim_sgd_init(&sp, two, 2, &o), DT_ERR_INVALID_ARG);
+    ASSERT(o == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "overlap");
+    dt_optim_range r = {.params = &p, .grads = &g, .lo = 0, .hi = 10, .mirror = &h};
+    ASSERT_STATUS(dt_optim_sgd_init(&sp, &r, 1, &o), DT_ERR_UNSUPPORTED);
+    r.mirror = NULL, r.params = &h;
+    ASSERT_STATUS(dt_optim_adam_init(&(dt_adam_params){.lr = 0.1}, &r, 1, &o), DT_ERR_DTYPE);
+    r.params = NULL;
+    ASSERT_STATUS(dt_optim_lamb_init(&(dt_lamb_params){.lr = 0.1}, &r, 1, &o), DT_ERR_NULL);
+    ASSERT_STATUS(dt_optim_sgd_init(&sp, &r, 1, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_optim_sgd_init(NULL, &r, 1, &o), DT_ERR_NULL);
+    /* the flat shrinks under the optimizer: refused at the step, nothing moves */
+    r.params = &p;
+    r.hi = 32;
+    mem[0] = 1, gm[0] = 1;
+    ASSERT_OK(dt_optim_sgd_init(&sp, &r, 1, &o));
+    p.numel = 16;
+    ASSERT_STATUS(dt_optim_step(o), DT_ERR_RANGE);
+    ASSERT_NEAR(mem[0], 1, 0, 0);
+    p.numel = 32, g.base = NULL;
+    ASSERT_STATUS(dt_optim_step(o), DT_ERR_NULL);
+    g.base = gm;
+    ASSERT_OK(dt_optim_step(o));
+    ASSERT(mem[0] < 1);
+    ASSERT_STATUS(dt_optim_step(NULL), DT_ERR_NULL);
+    dt_optim_free(o);
+}
+
 int main(void)
 {
     RUN(sgd_hand);
@@ -765,6 +904,8 @@ int main(void)
     RUN(lamb_threads_bit_identical);
     RUN(fused_zero_grad);
     RUN(bad_arguments);
+    RUN(multi_range_equals_single);
+    RUN(range_errors);
     RUN(clip_grad_norm);
     RUN(schedules);
     return TEST_REPORT();

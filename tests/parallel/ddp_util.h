@@ -18,9 +18,9 @@
 static inline dt_model *mlp_model(uint64_t seed)
 {
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, NULL, dt_nn_linear(8, 16, true));
-    dt_nn_seq_add(net, NULL, dt_nn_relu());
-    dt_nn_seq_add(net, NULL, dt_nn_linear(16, 4, true));
+    dt_nn_add(net, NULL, dt_nn_linear(8, 16, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(16, 4, true));
     return t_build(net, seed);
 }
 

@@ -14,7 +14,7 @@ static dt_model *three_linears(uint64_t seed)
 {
     dt_module *net = dt_nn_seq(0, NULL);
     for (int i = 0; i < 3; i++)
-        dt_nn_seq_add(net, NULL, dt_nn_linear(10, 10, true)); /* weight 400 B, bias 40 B */
+        dt_nn_add(net, NULL, dt_nn_linear(10, 10, true)); /* weight 400 B, bias 40 B */
     return t_build(net, seed);
 }
 
@@ -240,10 +240,10 @@ static int body_mismatch(int rank, int W, void *argp)
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, NULL, dt_nn_linear(8, rank == 1 && variant == 0 ? 17 : 16, true));
-    dt_nn_seq_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(8, rank == 1 && variant == 0 ? 17 : 16, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
     if (!(rank == 2 && variant == 1))
-        dt_nn_seq_add(net, NULL, dt_nn_linear(16, 4, true));
+        dt_nn_add(net, NULL, dt_nn_linear(16, 4, true));
     dt_model *m = t_build(net, 1);
     dt_ddp *ddp = NULL;
     dt_status st = dt_ddp_init(pg, m, NULL, &ddp);
@@ -291,7 +291,7 @@ static dt_model *branchy_model(void)
     dt_nn_param_spec s[2] = {{.name = "a", .ndim = 2, .shape = {4, 8}, .init = DT_NN_INIT_UNIFORM, .a = 0.5f},
                              {.name = "b", .ndim = 2, .shape = {4, 8}, .init = DT_NN_INIT_UNIFORM, .a = 0.5f}};
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, "branchy", dt_nn_custom("Branchy", 2, s, fwd_branchy, NULL));
+    dt_nn_add(net, "branchy", dt_nn_custom("Branchy", 2, s, fwd_branchy, NULL));
     return t_build(net, 5);
 }
 
@@ -377,7 +377,7 @@ static int body_order(int rank, int W, void *argp)
     dt_nn_param_spec s[2] = {{.name = "a", .ndim = 2, .shape = {4, 16}, .init = DT_NN_INIT_UNIFORM, .a = 0.3f},
                              {.name = "b", .ndim = 2, .shape = {16, 8}, .init = DT_NN_INIT_UNIFORM, .a = 0.3f}};
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, "sw", dt_nn_custom("Swapped", 2, s, fwd_swapped, NULL));
+    dt_nn_add(net, "sw", dt_nn_custom("Swapped", 2, s, fwd_swapped, NULL));
     dt_model *m = t_build(net, 9);
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 1e-9;
@@ -434,12 +434,12 @@ static int body_overlap(int rank, int W, void *argp)
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_seq_add(net, NULL, dt_nn_linear(8, 256, true));
+    dt_nn_add(net, NULL, dt_nn_linear(8, 256, true));
     for (int i = 0; i < 4; i++) {
-        dt_nn_seq_add(net, NULL, dt_nn_relu());
-        dt_nn_seq_add(net, NULL, dt_nn_linear(256, 256, true));
+        dt_nn_add(net, NULL, dt_nn_relu());
+        dt_nn_add(net, NULL, dt_nn_linear(256, 256, true));
     }
-    dt_nn_seq_add(net, NULL, dt_nn_linear(256, 4, true));
+    dt_nn_add(net, NULL, dt_nn_linear(256, 4, true));
     dt_model *m = t_build(net, 2);
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 0.1; /* ~ one linear per bucket */

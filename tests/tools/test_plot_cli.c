@@ -109,12 +109,85 @@ TEST(gnuplot_missing)
     ASSERT(!file_exists(out));
 }
 
+/* A stand-in gnuplot that keeps the script it was given and writes a tiny
+ * "PNG" where the script says: checks what dtrain plot asks gnuplot for. */
+static const char *fake_gnuplot(void)
+{
+    static char gp[600];
+    snprintf(gp, sizeof gp, "%s/fake-gnuplot", cli_tmpdir());
+    FILE *f = fopen(gp, "w");
+    fprintf(f, "#!/bin/sh\ncp \"$1\" '%s/script.gp'\n"
+               "out=$(sed -n 's/^set output \"\\(.*\\)\"$/\\1/p' \"$1\")\n"
+               "printf 'PNGDATA' > \"$out\"\n", cli_tmpdir());
+    fclose(f);
+    chmod(gp, 0755);
+    return gp;
+}
+
+/* Valid JSON with nested values, other events (end) and extra fields is
+ * accepted; a short run's few points are drawn with markers. */
+TEST(nested_values_and_few_points)
+{
+    char in[512], out[512], env[700], script[600];
+    snprintf(in, sizeof in, "%s",
+             tmpfile_("n.jsonl", "{\"event\":\"start\",\"extra\":{\"a\":[1,2,{\"b\":null}]},\"time\":1.5}\n"
+                                 "{\"event\":\"step\",\"step\":1,\"loss\":2.3,\"tags\":[\"x\"]}\n"
+                                 "{\"event\":\"step\",\"step\":2,\"loss\":2.1}\n"
+                                 "{\"event\":\"end\",\"status\":\"interrupted\"}\n"));
+    snprintf(out, sizeof out, "%s/n.png", cli_tmpdir());
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
+    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
+    if (r.code)
+        fprintf(stderr, "%s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 step records, 0 evaluations");
+    FILE *f = fopen(out, "r");
+    char buf[64] = "";
+    ASSERT(f != NULL);
+    ASSERT(fgets(buf, sizeof buf, f) != NULL);
+    fclose(f);
+    ASSERT_STR_EQ(buf, "PNGDATA");
+    FILE *g = fopen(script, "r");
+    ASSERT(g != NULL);
+    static char text[8192];
+    size_t k = fread(text, 1, sizeof text - 1, g);
+    text[k] = 0;
+    fclose(g);
+    ASSERT_STR_CONTAINS(text, "with linespoints pt 7 ps 0.6 title \"train loss\"");
+}
+
+/* -o through a planted symlink: refused, the link's target unchanged. */
+TEST(output_symlink_refused)
+{
+    char in[512], out[512], victim[512], env[700];
+    snprintf(in, sizeof in, "%s", tmpfile_("s.jsonl", good));
+    snprintf(victim, sizeof victim, "%s", tmpfile_("victim.png", "precious"));
+    snprintf(out, sizeof out, "%s/s.png", cli_tmpdir());
+    unlink(out);
+    ASSERT_EQ_INT(symlink(victim, out), 0);
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
+    cli_result r;
+    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
+    ASSERT_EQ_INT(r.code, 1);
+    ASSERT_STR_CONTAINS(r.err, "symbolic link");
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    FILE *f = fopen(victim, "r");
+    char buf[64] = "";
+    ASSERT(fgets(buf, sizeof buf, f) != NULL);
+    fclose(f);
+    ASSERT_STR_EQ(buf, "precious");
+}
+
 int main(void)
 {
     RUN(good_file);
     RUN(malformed_files);
     RUN(usage_errors);
     RUN(gnuplot_missing);
+    RUN(nested_values_and_few_points);
+    RUN(output_symlink_refused);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

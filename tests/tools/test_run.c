@@ -371,6 +371,50 @@ TEST(tee_writes_one_file_per_rank)
     cli_result_free(&r);
 }
 
+/* A symlink planted at DIR/rank0.log is not followed: the launcher refuses
+ * to start (exit 1, a message naming it) and the link's target is unchanged.
+ * An older regular rank1.log is replaced, not appended to. */
+TEST(tee_refuses_planted_symlink)
+{
+    char dir[] = "/tmp/dtrain-tee-XXXXXX";
+    ASSERT(mkdtemp(dir));
+    char victim[128], link[128];
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(link, sizeof link, "%s/rank0.log", dir);
+    FILE *f = fopen(victim, "w");
+    fputs("precious\n", f);
+    fclose(f);
+    ASSERT_EQ_INT(symlink(victim, link), 0);
+    const char *args[] = {"-n", "2", "--tee", dir, "--", "sh", "-c", "echo hello from $RANK", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "symbolic link");
+    ASSERT_STR_CONTAINS(r.err, link);
+    ASSERT(!strstr(r.out, "hello"));
+    char *s = slurp(victim);
+    ASSERT(s);
+    ASSERT_STR_EQ(s, "precious\n");
+    free(s);
+    unlink(link);
+    /* without the link the same command runs; an older log is replaced */
+    char log1[128];
+    snprintf(log1, sizeof log1, "%s/rank1.log", dir);
+    f = fopen(log1, "w");
+    fputs("old log\n", f);
+    fclose(f);
+    cli_result r2 = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r2), 0);
+    s = slurp(log1);
+    ASSERT(s);
+    ASSERT_STR_EQ(s, "hello from 1\n");
+    free(s);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    cli_result_free(&r);
+    cli_result_free(&r2);
+}
+
 TEST(sigterm_is_forwarded_to_every_rank)
 {
     const char *args[] = {"-n", "3", "--", "sh", "-c",
@@ -583,6 +627,7 @@ int main(int argc, char **argv)
     RUN(restarts_until_success);
     RUN(restarts_exhausted);
     RUN(tee_writes_one_file_per_rank);
+    RUN(tee_refuses_planted_symlink);
     RUN(sigterm_is_forwarded_to_every_rank);
     RUN(sigint_is_forwarded);
     RUN(job_shared_memory_is_removed);

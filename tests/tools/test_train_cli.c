@@ -35,6 +35,11 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
     ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
+    /* Leading space: strtoull skipped it and wrapped " -1" to 2^64-1. */
+    ASSERT(expect2((char *[]){"train", "--seed", " -1", NULL}, "--seed", "not a non-negative integer"));
+    ASSERT(expect2((char *[]){"train", "--seed", " 5", NULL}, "--seed", NULL));
+    ASSERT(expect2((char *[]){"train", "--batch", " 5", NULL}, "--batch", "not an integer"));
+    ASSERT(expect2((char *[]){"train", "--lr", "nan", NULL}, "--lr", NULL));
     ASSERT(expect2((char *[]){"train", "--rng", "mt", NULL}, "--rng", "torch|philox"));
     ASSERT(expect2((char *[]){"train", "--threads", "x", NULL}, "--threads", NULL));
     ASSERT(expect2((char *[]){"train", "--metrics", NULL}, "--metrics needs a value", NULL));
@@ -46,6 +51,22 @@ TEST(bad_flags)
     cli_runv(&r, 30, NULL, (char *[]){"train", "--help", NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "--clip-grad-norm");
+}
+
+/* A malformed world size is bad input (exit 2 naming the variable), not a
+ * run alone that exits 0: the CLI asks the library's strict parser. */
+TEST(bad_world_size)
+{
+    static const char *bad[] = {"abc", "4294967298", " 2", "2x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", bad[i], 1);
+        ASSERT(expect2((char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "64",
+                                  "--epochs", "1", "--no-eval", NULL},
+                       "WORLD_SIZE", NULL));
+    }
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
 }
 
 TEST(bad_data)
@@ -105,6 +126,7 @@ TEST(bad_data)
 int main(void)
 {
     RUN(bad_flags);
+    RUN(bad_world_size);
     RUN(bad_data);
     int rc = TEST_REPORT();
     cli_cleanup();

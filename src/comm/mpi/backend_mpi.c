@@ -34,7 +34,17 @@
  * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
  * progress thread calls MPI, and groups run concurrently), at least
  * MPI_THREAD_SERIALIZED (then a process-wide lock serialises the groups) unless
- * the program initialised it already; MPI_Finalize then runs at exit. */
+ * the program initialised it already; MPI_Finalize then runs at exit.
+ *
+ * Ending the job after a timeout: a collective abandoned by a timeout can
+ * never complete, and MPI_Finalize (a collective over the world) would then
+ * block for ever waiting for the rank that stopped. So when a request this
+ * process abandoned is still incomplete at exit (after up to 1 s more: a
+ * late peer may have completed it), the exit handler calls MPI_Abort on
+ * MPI_COMM_WORLD instead: mpirun/srun then kill every rank (a stopped one
+ * included) and the job ends right after the rank that saw the timeout
+ * exits. A program that initialised MPI itself must do the same: after a
+ * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize. */
 #include "comm/backend.h"
 #include "dtrain/kernels.h"
 
@@ -56,6 +66,46 @@ typedef struct {
 } mpi_ctx;
 
 static int we_initialised;
+/* Requests abandoned by a timeout (kept to see at exit whether they
+ * completed after all); more than fit counts as one that never will. */
+#define MPI_MAX_ABANDONED 16
+static MPI_Request g_abandoned_rq[MPI_MAX_ABANDONED];
+static int g_nabandoned;
+static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void abandon(MPI_Request rq)
+{
+    pthread_mutex_lock(&g_abandoned_mu);
+    if (g_nabandoned < MPI_MAX_ABANDONED)
+        g_abandoned_rq[g_nabandoned] = rq;
+    g_nabandoned++;
+    pthread_mutex_unlock(&g_abandoned_mu);
+}
+
+/* Whether every abandoned request completed (a late peer arrived), waiting
+ * up to wait_s for them: then MPI_Finalize can complete. */
+static int abandoned_all_done(double wait_s)
+{
+    if (g_nabandoned > MPI_MAX_ABANDONED)
+        return 0;
+    double t0 = dt_time_s();
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < g_nabandoned; i++) {
+            int flag = 1;
+            if (g_abandoned_rq[i] != MPI_REQUEST_NULL &&
+                MPI_Test(&g_abandoned_rq[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                return 0;
+            pending += !flag;
+        }
+        if (!pending)
+            return 1;
+        if (dt_time_s() - t0 > wait_s)
+            return 0;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
 /* Several groups (dt_pg_split, dt_pg_dup) have their own progress threads
  * and may call MPI at the same time. With MPI_THREAD_MULTIPLE (asked for
  * when dtrain initialises MPI) that is allowed; below it, one process-wide
@@ -79,8 +129,17 @@ static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin)
-        MPI_Finalize();
+    if (fin)
+        return;
+    if (g_nabandoned && !abandoned_all_done(1.0)) {
+        fprintf(stderr, "mpi backend: a collective abandoned after a timeout never completed; "
+                        "aborting the job (MPI_Finalize would wait for ever)\n");
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return;
+    }
+    MPI_Finalize();
 }
 
 static dt_status mpi_err(int code, const char *what, const dt_coll *c)
@@ -145,6 +204,7 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
         if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
             m->failed = 1;
+            abandon(*rq);
             return dt_error(DT_ERR_TIMEOUT,
                             "mpi backend: %s did not complete within %.3g s on rank %d of %d "
                             "(MPI does not say which ranks are missing; the group is now unusable)",

@@ -29,6 +29,7 @@
  */
 #include "comm/shm/shm.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,12 +40,10 @@
 
 static dt_status env_size(const char *name, long def, long min, long max, size_t mult, size_t *out)
 {
-    long v;
-    dt_status st = dt__env_long(name, def, &v);
+    int64_t v;
+    dt_status st = dt_env_int(name, def, min, max, &v);
     if (st < 0)
         return st;
-    if (v < min || v > max)
-        return dt_error(DT_ERR_INVALID_ARG, "%s=%ld must be in [%ld, %ld]", name, v, min, max);
     *out = (size_t)v * mult;
     return DT_OK;
 }
@@ -59,15 +58,16 @@ static dt_status configure(shm_ctx *s, int world, int local_world)
     s->slot_bytes = (s->slot_bytes + 63) / 64 * 64;
     s->chan_bytes = 256u << 10;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    long spin;
-    if ((st = dt__env_long("DT_SHM_SPIN", local_world > ncpu ? 100 : 2000, &spin)) < 0)
+    int64_t spin;
+    if ((st = dt_env_int("DT_SHM_SPIN", local_world > ncpu ? 100 : 2000, 0, INT_MAX, &spin)) < 0)
         return st;
     s->spin = spin < 0 ? 0 : (int)spin;
     /* When every rank on this machine has its cores to itself, a rank that
      * waits keeps polling (20 ms by default) instead of sleeping: in a VM a
      * sleeping vCPU halts, and waking it can cost far more than the wait. */
-    long spin_us, want = (long)local_world * dt_get_num_threads();
-    if ((st = dt__env_long("DT_SHM_SPIN_US", want <= ncpu ? 20000 : 0, &spin_us)) < 0)
+    int64_t spin_us;
+    long want = (long)local_world * dt_get_num_threads();
+    if ((st = dt_env_int("DT_SHM_SPIN_US", want <= ncpu ? 20000 : 0, 0, 3600000000, &spin_us)) < 0)
         return st;
     s->spin_s = spin_us < 0 ? 0 : (double)spin_us * 1e-6;
     if ((st = dt__shm_table_init(&s->table, getenv("DT_SHM_ALGO"))) < 0)

@@ -182,14 +182,17 @@ dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
         if (dt_time_s() - t0 > timeout_s) {
             char missing[256] = "";
             size_t o = 0;
+            int nmiss = 0;
             for (int r = 0; r < s->size && o < sizeof missing - 8; r++)
-                if (atomic_load(&shm_rank_at(s, r)->state) == SHM_STATE_EMPTY)
+                if (atomic_load(&shm_rank_at(s, r)->state) == SHM_STATE_EMPTY) {
                     o += (size_t)snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", r);
+                    nmiss++;
+                }
             shm_unlink(name);
             dt__shm_detach(s);
             return dt_error(DT_ERR_TIMEOUT,
-                            "shm: ranks %s did not join within %.0f s (segment %s removed)",
-                            missing, timeout_s, name);
+                            "shm: %s %s did not join within %.0f s (segment %s removed)",
+                            nmiss == 1 ? "rank" : "ranks", missing, timeout_s, name);
         }
         nap_ms(1);
     }

@@ -1,0 +1,216 @@
+/* dtrain train --metrics FILE: records are kept whatever happens.
+ *   - a finished run: FILE holds every record, each a JSON object with a
+ *     "time", the start record names the data spec and the world size, the
+ *     last record is {"event":"end","status":"ok"}; no FILE.partial left;
+ *   - SIGTERM mid-run: exit 130, an older FILE untouched, FILE.partial holds
+ *     the records written so far and an end record "interrupted";
+ *   - a run that fails mid-way (a write refused by RLIMIT_FSIZE): an older
+ *     FILE untouched, FILE.partial keeps the records written;
+ *   - a symlink planted at FILE.partial or FILE: refused before training
+ *     (exit 2, message), the link's target unchanged.
+ * Runs the MLP on the random data set (no data files needed). */
+// dt-test-timeout: 600
+#include "test.h"
+#include "train_cli.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <sys/resource.h>
+
+static char g_text[65536];
+
+static bool read_text(const char *path)
+{
+    g_text[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(g_text, 1, sizeof g_text - 1, f);
+    g_text[n] = 0;
+    fclose(f);
+    return true;
+}
+
+static void write_text(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "w");
+    fputs(s, f);
+    fclose(f);
+}
+
+/* Parse every line of g_text; returns the number of records, -1 if a line is
+ * not a JSON object with "event" and a numeric "time". *last gets the last
+ * record (caller deletes). */
+static int parse_records(cJSON **last)
+{
+    int n = 0;
+    *last = NULL;
+    for (char *s = g_text; *s;) {
+        char *nl = strchr(s, '\n');
+        if (!nl)
+            return -1; /* every record ends with a newline */
+        cJSON *o = cJSON_ParseWithLength(s, (size_t)(nl - s));
+        if (!cJSON_IsObject(o) || !cJSON_IsString(cJSON_GetObjectItem(o, "event")) ||
+            !cJSON_IsNumber(cJSON_GetObjectItem(o, "time")) ||
+            cJSON_GetObjectItem(o, "time")->valuedouble < 1.5e9) {
+            cJSON_Delete(o);
+            return -1;
+        }
+        cJSON_Delete(*last);
+        *last = o;
+        n++;
+        s = nl + 1;
+    }
+    return n;
+}
+
+static const char *str_of(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+TEST(finished_run)
+{
+    char m[600], part[620];
+    snprintf(m, sizeof m, "%s/ok.jsonl", cli_tmpdir());
+    snprintf(part, sizeof part, "%s.partial", m);
+    write_text(m, "{\"event\":\"older run\"}\n");
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test", "2",
+                        "--log-every", "1", "--progress", "none", "--metrics", m, NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!file_exists(part));
+    ASSERT(read_text(m));
+    cJSON *last;
+    int n = parse_records(&last);
+    ASSERT_EQ_INT(n, 6); /* start, 2 steps, epoch, eval, end */
+    ASSERT_STR_EQ(str_of(last, "event"), "end");
+    ASSERT_STR_EQ(str_of(last, "status"), "ok");
+    ASSERT_EQ_INT((int)cJSON_GetObjectItem(last, "step")->valuedouble, 2);
+    cJSON_Delete(last);
+    ASSERT_STR_CONTAINS(g_text, "\"data\":\"random\"");
+    ASSERT_STR_CONTAINS(g_text, "\"world_size\":1,");
+    ASSERT(!strstr(g_text, "older run"));
+}
+
+/* Start a run in the background with stdout/stderr to /dev/null; limit_bytes
+ * > 0 sets RLIMIT_FSIZE (and ignores SIGXFSZ so the write fails instead). */
+static pid_t start_run(const char *metrics, const char *items, long limit_bytes)
+{
+    const char *cli = getenv("DT_CLI");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        if (limit_bytes > 0) {
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        execl(cli, cli, "train", "--model", "mlp", "--batch", "2", "--random-items", items,
+              "--limit-test", "2", "--log-every", "1", "--metrics", metrics, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+TEST(interrupted_run_keeps_records)
+{
+    char m[600], part[620];
+    snprintf(m, sizeof m, "%s/int.jsonl", cli_tmpdir());
+    snprintf(part, sizeof part, "%s.partial", m);
+    write_text(m, "{\"event\":\"older run\"}\n");
+    pid_t pid = start_run(m, "400", 0);
+    int seen = 0; /* wait (at most 240 s) until a step record was written */
+    for (int i = 0; i < 12000 && !seen; i++) {
+        if (read_text(part))
+            seen = strstr(g_text, "\"event\":\"step\"") != NULL;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGTERM);
+    int status;
+    waitpid(pid, &status, 0);
+    ASSERT(seen);
+    ASSERT(WIFEXITED(status));
+    ASSERT_EQ_INT(WEXITSTATUS(status), 130);
+    ASSERT(read_text(m));
+    ASSERT_STR_EQ(g_text, "{\"event\":\"older run\"}\n"); /* never removed by a run that did not finish */
+    ASSERT(read_text(part));
+    cJSON *last;
+    int n = parse_records(&last);
+    ASSERT(n >= 3); /* start, >= 1 step, end */
+    ASSERT_STR_EQ(str_of(last, "event"), "end");
+    ASSERT_STR_EQ(str_of(last, "status"), "interrupted");
+    ASSERT_EQ_INT((int)cJSON_GetObjectItem(last, "exit_code")->valuedouble, 130);
+    ASSERT((int)cJSON_GetObjectItem(last, "step")->valuedouble >= 1);
+    cJSON_Delete(last);
+    ASSERT_STR_CONTAINS(g_text, "\"event\":\"start\"");
+    ASSERT_STR_CONTAINS(g_text, "\"event\":\"step\"");
+}
+
+TEST(failed_run_keeps_older_file)
+{
+    char m[600], part[620];
+    snprintf(m, sizeof m, "%s/fail.jsonl", cli_tmpdir());
+    snprintf(part, sizeof part, "%s.partial", m);
+    write_text(m, "{\"event\":\"older run\"}\n");
+    /* room for the start record only: the first step record's write fails */
+    pid_t pid = start_run(m, "8", 450);
+    int status;
+    waitpid(pid, &status, 0);
+    ASSERT(WIFEXITED(status));
+    ASSERT_EQ_INT(WEXITSTATUS(status), 1);
+    ASSERT(read_text(m));
+    ASSERT_STR_EQ(g_text, "{\"event\":\"older run\"}\n");
+    ASSERT(read_text(part));
+    ASSERT_STR_CONTAINS(g_text, "{\"event\":\"start\",\"model\":\"mlp\"");
+}
+
+TEST(symlinks_not_followed)
+{
+    char victim[600], m[600], part[620];
+    snprintf(victim, sizeof victim, "%s/victim", cli_tmpdir());
+    snprintf(m, sizeof m, "%s/ln.jsonl", cli_tmpdir());
+    snprintf(part, sizeof part, "%s.partial", m);
+    write_text(victim, "precious\n");
+    for (int which = 0; which < 2; which++) {
+        const char *link = which == 0 ? part : m;
+        unlink(part);
+        unlink(m);
+        ASSERT_EQ_INT(symlink(victim, link), 0);
+        cli_result r;
+        cli_runv(&r, 300, NULL,
+                 (char *[]){"train", "--model", "mlp", "--batch", "2", "--random-items", "4", "--limit-test",
+                            "2", "--progress", "none", "--metrics", m, NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "symbolic link");
+        ASSERT_STR_CONTAINS(r.err, link);
+        ASSERT_EQ_INT(cli_lines(r.err), 1);
+        ASSERT(read_text(victim));
+        ASSERT_STR_EQ(g_text, "precious\n");
+        struct stat st;
+        ASSERT_EQ_INT(lstat(link, &st), 0);
+        ASSERT(S_ISLNK(st.st_mode));
+    }
+}
+
+int main(void)
+{
+    if (!getenv("DT_CLI")) {
+        fprintf(stderr, "DT_CLI is not set\n");
+        return 1;
+    }
+    RUN(finished_run);
+    RUN(interrupted_run_keeps_records);
+    RUN(failed_run_keeps_older_file);
+    RUN(symlinks_not_followed);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}
