@@ -11,6 +11,9 @@
 #   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
 #   make install      headers, library, dtrain.pc, CMake package, the dtrain
 #                     program (PREFIX=/usr/local)
+#   make fresh-check  the README's two commands in a fresh minimal Debian
+#                     bookworm root (scripts/fresh_check.sh: debootstrap from
+#                     this machine's apt mirror; needs root and that network)
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
@@ -34,7 +37,7 @@ TEST_STAGES += fuzz
 endif
 
 .PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-fast fuzz demo bench \
-        install clean test-install
+        install clean test-install fresh-check
 
 all: build
 
@@ -83,6 +86,10 @@ bench: build
 
 install: build
 	cmake --install build --prefix $(PREFIX)
+
+fresh-check:
+	@scripts/deps.sh fresh-check
+	scripts/fresh_check.sh
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -11,6 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dtrain bench data [--data SPEC] [--batch 100] [--epochs 3] [--prefetch 2] "
+               "[--sync] [--compute-ms X] [--json]\n"
+               "  data loader throughput: open SPEC (fashion-mnist, mnist:DIR, idx:DIR), then\n"
+               "  iterate epochs through the prefetching loader; --compute-ms spins that long per\n"
+               "  batch like a training step (the figure that matters is the wait left)\n");
+}
+
 int dt_bench_data(int argc, char **argv)
 {
     const char *spec = "fashion-mnist";
@@ -20,7 +29,10 @@ int dt_bench_data(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json"))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json"))
             json = true;
         else if (!strcmp(a, "--sync"))
             sync = true;
@@ -35,8 +47,8 @@ int dt_bench_data(int argc, char **argv)
         else if (v && !strcmp(a, "--compute-ms"))
             compute_ms = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: dtrain bench data [--data SPEC] [--batch 100] [--epochs 3] "
-                            "[--prefetch 2] [--sync] [--compute-ms X] [--json]\n");
+            fprintf(stderr, "dtrain bench data: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
             return 2;
         }
     }

@@ -64,7 +64,12 @@ int dt_bench_ddp(int argc, char **argv)
     double bucket_mb = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: dtrain run -n N -- dtrain bench ddp [--model convnet] [--batch 100] [--steps 40]\n"
+                   "         [--threads T] [--bucket-mb MB] [--sync-bn] [--no-broadcast-buffers] [--json]\n"
+                   "  DDP step time with and without gradient communication (alone: world size 1)\n");
+            return 0;
+        } else if (!strcmp(a, "--model") && v)
             model = v, i++;
         else if (!strcmp(a, "--batch") && v)
             batch = atoll(v), i++;

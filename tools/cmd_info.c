@@ -4,11 +4,19 @@
 
 #include <dnnl.h>
 #include <stdio.h>
+#include <string.h>
 
 int dt_cmd_info(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: dtrain info\n  prints the version, build options, compute library and CPU "
+                   "features\n");
+            return 0;
+        }
+        fprintf(stderr, "dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
+        return 2;
+    }
     char feat[256];
     const dnnl_version_t *v = dnnl_version();
     printf("dtrain %s\n", DT_VERSION_STRING);

@@ -14,7 +14,7 @@ typedef struct {
 static const dt_command commands[] = {
     {"train", dt_cmd_train, "train a model (dtrain train --help)"},
     {"run", dt_cmd_run, "launch N local ranks: dtrain run -n N -- PROGRAM ARGS..."},
-    {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,matmul} ..."},
+    {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,ddp,matmul,data} ... (dtrain bench --help)"},
     {"plot", dt_cmd_plot, "plot a metrics file: dtrain plot FILE.jsonl -o out.png"},
     {"info", dt_cmd_info, "version, build options, compute library, CPU features"},
 };

@@ -6,10 +6,16 @@
  * line. A partial line stays buffered until its newline arrives, the rank
  * closes the pipe (flushed with a newline added), or it grows past
  * DT_RUN_MAX_LINE (forwarded in pieces so a rank that never prints a newline
- * cannot make the launcher grow without bound). */
+ * cannot make the launcher grow without bound).
+ *
+ * A stdout line that is a whole JSON object or array (what --json modes
+ * print) is forwarded without the prefix, so `dtrain run ... --json | jq .`
+ * reads valid JSON; every other line, and every stderr line, is prefixed. */
 #include "run.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,13 +39,29 @@ int dt__run_write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
+static bool is_json_line(const char *line, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (line[i] == ' ' || line[i] == '\t'))
+        i++;
+    if (i == n || (line[i] != '{' && line[i] != '['))
+        return false;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(line + i, n - i, &end, false);
+    bool ok = j != NULL;
+    for (const char *q = end; ok && q < line + n; q++)
+        ok = *q == ' ' || *q == '\t' || *q == '\r';
+    cJSON_Delete(j);
+    return ok;
+}
+
 /* Forward one line (without its newline) to the console with the prefix and
  * to the tee file without it. Output errors (a closed console) are ignored:
  * the job keeps running and the tee file keeps receiving. */
 static void emit_line(dt__run_stream *s, const char *line, size_t n)
 {
     char prefix[24];
-    int plen = snprintf(prefix, sizeof prefix, "[%d] ", s->rank);
+    int plen = s->dst == 1 && is_json_line(line, n) ? 0 : snprintf(prefix, sizeof prefix, "[%d] ", s->rank);
     char small[4096];
     size_t total = (size_t)plen + n + 1;
     char *out = total <= sizeof small ? small : malloc(total);

@@ -66,6 +66,9 @@ void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epo
 void dt__progress_epoch_begin(dt__progress *p, int64_t epoch, int64_t total_steps);
 /* After step `step` (1-based within the epoch) with the running loss. */
 void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, int64_t samples);
+/* Leave seconds (an evaluation) out of the epoch's clock: the samples/s and
+ * the ETA shown count training time only, as the epoch line does. */
+void dt__progress_exclude(dt__progress *p, double seconds);
 /* Clears the bar line (before printing anything else). */
 void dt__progress_clear(dt__progress *p);
 void dt__progress_epoch_end(dt__progress *p, int64_t steps, double loss, double wall_s,

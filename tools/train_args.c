@@ -115,6 +115,10 @@ void dt__train_usage(FILE *f)
             fprintf(f, "  %-28s %s\n", lhs, d->help);
     }
     fprintf(f, "  %-28s %s\n", "-h, --help", "this text");
+    fprintf(f, "\ndata parallel (DDP) on this machine: start N ranks with the launcher,\n"
+               "  dtrain run -n 2 -- dtrain train --model convnet --batch 100 ...\n"
+               "(each rank trains on its share of every epoch; rank 0 prints and writes --metrics;\n"
+               "see dtrain run --help and docs/GUIDE.md)\n");
 }
 
 static int bad(const char *name, const char *fmt, const char *val)
@@ -234,6 +238,12 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
     /* Cross-field checks. */
     if (!o->data)
         o->data = !strcmp(o->model, "mlp") ? "random" : "fashion-mnist";
+    if (strcmp(o->data, "fashion-mnist") && strcmp(o->data, "random") &&
+        !(!strncmp(o->data, "mnist:", 6) && o->data[6]) && !(!strncmp(o->data, "idx:", 4) && o->data[4])) {
+        fprintf(stderr, "dtrain train: --data %s: unknown data (expected fashion-mnist, mnist:DIR, idx:DIR or random)\n",
+                o->data);
+        return 2;
+    }
     if (!strcmp(o->model, "convnet") && !strcmp(o->data, "random")) {
         fprintf(stderr, "dtrain train: --data random works with --model mlp only\n");
         return 2;

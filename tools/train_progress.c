@@ -25,6 +25,13 @@ char *dt__fmt_duration(double s, char *buf, size_t n)
     return buf;
 }
 
+/* A rate with the digits that matter: "11299", "48.2", "0.52". */
+static const char *fmt_rate(double r, char *buf, size_t n)
+{
+    snprintf(buf, n, r >= 100 || r <= 0 ? "%.0f" : "%.3g", r);
+    return buf;
+}
+
 void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs, int64_t log_every)
 {
     memset(p, 0, sizeof *p);
@@ -57,8 +64,9 @@ static void draw_bar(dt__progress *p, int64_t step, double loss, double sps, dou
 {
     char tail[160], etas[32], head[48];
     snprintf(head, sizeof head, "epoch %lld/%lld ", (long long)p->epoch + 1, (long long)p->epochs);
-    snprintf(tail, sizeof tail, " %lld/%lld loss %.4f %.0f samples/s %s %s", (long long)step,
-             (long long)p->total, loss, sps, final ? "took" : "ETA",
+    char rate[32];
+    snprintf(tail, sizeof tail, " %lld/%lld loss %.4f %s samples/s %s %s", (long long)step,
+             (long long)p->total, loss, fmt_rate(sps, rate, sizeof rate), final ? "took" : "ETA",
              dt__fmt_duration(final ? dt_time_s() - p->t0 : eta, etas, sizeof etas));
     int barw = p->width - 1 - (int)strlen(head) - (int)strlen(tail) - 2;
     if (barw > 40)
@@ -90,9 +98,10 @@ void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, in
         if (step % p->log_every == 0 && step != p->total) {
             char etas[32];
             double eta = step > 0 ? el * (double)(p->total - step) / (double)step : -1;
-            fprintf(p->out, "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g samples/s %.0f ETA %s\n",
+            char rate[32];
+            fprintf(p->out, "epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g samples/s %s ETA %s\n",
                     (long long)p->epoch + 1, (long long)p->epochs, (long long)step,
-                    (long long)p->total, loss, lr, sps, dt__fmt_duration(eta, etas, sizeof etas));
+                    (long long)p->total, loss, lr, fmt_rate(sps, rate, sizeof rate), dt__fmt_duration(eta, etas, sizeof etas));
             fflush(p->out);
         }
         return;
@@ -102,6 +111,12 @@ void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, in
     p->last_draw = now;
     double eta = step > 0 ? el * (double)(p->total - step) / (double)step : -1;
     draw_bar(p, step, loss, sps, eta, false);
+}
+
+void dt__progress_exclude(dt__progress *p, double seconds)
+{
+    if (seconds > 0)
+        p->t0 += seconds;
 }
 
 void dt__progress_clear(dt__progress *p)
@@ -123,9 +138,10 @@ void dt__progress_epoch_end(dt__progress *p, int64_t steps, double loss, double 
         fputc('\n', p->out);
         p->drawn = false;
     } else {
-        fprintf(p->out, "epoch %lld/%lld done: %lld steps, loss %.4f, %.2f s, %.0f samples/s\n",
+        char rate[32];
+        fprintf(p->out, "epoch %lld/%lld done: %lld steps, loss %.4f, %.2f s, %s samples/s\n",
                 (long long)p->epoch + 1, (long long)p->epochs, (long long)steps, loss, wall_s,
-                samples_per_s);
+                fmt_rate(samples_per_s, rate, sizeof rate));
     }
     fflush(p->out);
 }

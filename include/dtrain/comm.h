@@ -59,6 +59,14 @@
  *    launcher restarts the job).
  *  - dt_pg_free() waits for posted requests to finish, then releases the
  *    group. Free subgroups before their parent.
+ *  - Exception to one-at-a-time: consecutive send/recv requests run as one
+ *    batch, all in flight together (NCCL's grouped point to point), so any
+ *    pattern of posted sends and receives completes whatever its size.
+ *  - Concurrency is per group: each group has its own engine, so requests
+ *    on different groups make progress at the same time. For a second
+ *    stream over the same ranks (an all-gather prefetch while a
+ *    reduce-scatter runs) use dt_pg_dup(); for mesh rows and columns,
+ *    dt_pg_split(). The posting-order rule holds within each group.
  *  - A group may be used from several threads, but posts must then be
  *    ordered by the caller (the posting order is the collective order).
  *
@@ -98,6 +106,20 @@
  *     dt_req_free(rq);
  *     dt_pg_dealloc(pg, g);
  *     dt_pg_free(pg);
+ *
+ * A 2 x (W/2) mesh, a prefetch channel, and a ring shift of any size:
+ *     dt_pg *row, *col, *prefetch;
+ *     int r = dt_pg_rank(pg), cols = dt_pg_size(pg) / 2;
+ *     dt_pg_split(pg, r / cols, r % cols, &row);   // ranks of my row
+ *     dt_pg_split(pg, r % cols, r / cols, &col);   // ranks of my column
+ *     dt_pg_dup(pg, &prefetch);
+ *     dt_req *rs, *ag;
+ *     dt_pg_reduce_scatter_async(pg, grads, shard, n, DT_F32, DT_REDUCE_AVG, &rs);
+ *     dt_pg_allgather_async(prefetch, next_shard, next_full, m, DT_F32, &ag);
+ *     ...                                          // both run at once
+ *     int W = dt_pg_size(pg);
+ *     dt_pg_sendrecv(pg, out, n, (r + 1) % W, in, n, (r + W - 1) % W, DT_F32);
+ *     dt_pg_free(prefetch); dt_pg_free(col); dt_pg_free(row);   // before pg
  *
  * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
  * DT_COMM_CHECK, and those of rank discovery above. The shm backend's own
@@ -320,6 +342,18 @@ DT_API dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *send, void *r
                                             dt_dtype dt, dt_reduce_op op, dt_req **req);
 DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t count,
                                       dt_dtype dt, dt_reduce_op op);
+
+/* Uneven reduce_scatter: send holds W blocks packed in rank order, block j
+ * of counts[j] elements; rank r's recv (counts[r]) = op over ranks of block
+ * r. counts (W entries) must be equal on all ranks (copied at the call).
+ * Counts may be 0. Even counts run as dt_pg_reduce_scatter; uneven ones as a
+ * reduce_scatter of the largest block through a zero-padded copy, costing
+ * (W + 1) * max(counts) elements of memory while the request lives. */
+DT_API dt_status dt_pg_reduce_scatterv_async(dt_pg *pg, const void *send, void *recv,
+                                             const size_t *counts, dt_dtype dt, dt_reduce_op op,
+                                             dt_req **req);
+DT_API dt_status dt_pg_reduce_scatterv(dt_pg *pg, const void *send, void *recv,
+                                       const size_t *counts, dt_dtype dt, dt_reduce_op op);
 
 /* root's recv (W*count) = every rank's send (count) in rank order. recv may
  * be NULL elsewhere. In place at root: send NULL. */

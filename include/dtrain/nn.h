@@ -4,8 +4,9 @@
  * --------
  * A module (dt_module) is a layer (Linear, Conv2d, BatchNorm2d, ...), a loss,
  * or a container of named children: a Sequential, or a custom module with
- * its own forward (a residual block: dt_nn_custom + dt_nn_add). Build a tree of modules,
- * then hand its root to dt_model_build(), which owns the tree from then on:
+ * its own forward (a residual block: dt_nn_custom + dt_nn_add). Build a
+ * tree of modules, then hand its root to dt_model_build(), which owns the
+ * tree from then on:
  *
  *   - Every parameter of every module gets a view into the 64-byte aligned
  *     flat buffer of its dtype (a dt_flat, tensor.h: dt_model_flat(m,
@@ -28,6 +29,12 @@
  *     (seed, DT_RNG_INIT, entry index): Linear and Conv2d weights and biases
  *     U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5));
  *     norms' weight 1, bias 0; running_var 1; Embedding N(0, 1).
+ *
+ *   - Two names may share one storage (dt_module_tie: weight tying).
+ *   - A meta build (dt_model_build_params.meta) records the layout without
+ *     parameter memory; a strategy allocates the shard it owns
+ *     (dt_flat_alloc_shard) and fills it with dt_model_init_range, equal to
+ *     the same range of a full build.
  *
  * Forward runs eagerly on a dt_ctx (tensor.h, autograd.h): outputs are
  * temporaries valid until dt_ctx_reset. A module given a NULL input returns
@@ -54,9 +61,18 @@
  *
  * Usage
  * -----
+ *     // a residual block: its own forward over named children
+ *     static dt_tensor *block_fwd(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud) {
+ *         dt_tensor *h = dt_relu(ctx, dt_module_forward(ctx, dt_module_find_child(self, "fc1"), x));
+ *         return dt_add(ctx, x, dt_module_forward(ctx, dt_module_find_child(self, "fc2"), h));
+ *     }
+ *     dt_module *blk = dt_nn_custom("Block", 0, NULL, block_fwd, NULL);
+ *     dt_nn_add(blk, "fc1", dt_nn_linear(128, 128, true));      // "1.fc1.weight", ...
+ *     dt_nn_add(blk, "fc2", dt_nn_linear(128, 128, true));
+ *
  *     dt_module *net = dt_nn_seq(0, NULL);
  *     dt_nn_add(net, NULL, dt_nn_linear(784, 128, true));   // "0"
- *     dt_nn_add(net, NULL, dt_nn_relu());                    // "1"
+ *     dt_nn_add(net, NULL, blk);                                 // "1"
  *     dt_nn_add(net, NULL, dt_nn_linear(128, 10, true));    // "2"
  *     dt_model *m;  dt_ctx *ctx;
  *     if (dt_model_build(net, 42, NULL, &m) < 0 || dt_ctx_init(NULL, &ctx) < 0) { report dt_last_error(); }

@@ -1,6 +1,8 @@
-/* Helpers shared by the op files: output allocation, contiguous views of
- * inputs, argument checks with messages that name the op and the shapes,
- * and the GEMM entry point the layer ops use. */
+/* Helpers shared by the op files and the tape: output allocation,
+ * contiguous views of inputs, argument checks with messages that name the
+ * op and the shapes, and the GEMM entry point the layer ops use. Nothing
+ * here records on the tape or touches gradients (grad.c, tape.c): the
+ * files call downwards only, ag_common <- grad <- tape <- ops_*. */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -48,45 +50,6 @@ void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const
     char s1[128], s2[128];
     dt_error(DT_ERR_SHAPE, "%s: %s: %s and %s", op, what, dt_tensor_shape_str(a, s1, sizeof s1),
              dt_tensor_shape_str(b, s2, sizeof s2));
-}
-
-float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
-{
-    if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
-        /* first contribution to a temporary's gradient: write in place */
-        dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
-        t->grad = g;
-        return g->data;
-    }
-    return dt_arena_alloc(ctx->arena, dt_tensor_nbytes(t));
-}
-
-float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
-{
-    if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
-        dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
-        t->grad = g;
-        *beta = 0.0f;
-        return g->data;
-    }
-    *beta = 1.0f;
-    return dt__grad(ctx, t);
-}
-
-dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
-{
-    if (t->grad && t->grad->data == buf)
-        return DT_OK;
-    float *g = dt__grad(ctx, t);
-    if (!g)
-        return dt_last_status();
-    return dt_k_axpy(dt_tensor_numel(t), 1.0f, buf, g);
 }
 
 /* Reference GEMM, used only when the oneDNN kernel refuses (odd leading
@@ -139,33 +102,4 @@ void dt__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
         dt_k_matmul(ta, tb, M, N, K, alpha, A, B, DT_F32, beta, C, NULL) == DT_OK)
         return;
     gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-/* ---- nChw8c -> NCHW (see DT__NEED) -------------------------------------------- */
-
-static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
-{
-    dt_tensor *X = n->in[0];
-    float *gx = dt__grad_begin(ctx, X);
-    if (!gx)
-        return dt_last_status();
-    dt_status st = dt_k_to_blocked8(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], gx);
-    return st < 0 ? st : dt__grad_commit(ctx, X, gx);
-}
-
-dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
-{
-    dt_tensor *x = (dt_tensor *)(uintptr_t)t;
-    if (!dt__blocked(x))
-        return x;
-    dt_tensor *out = dt__out(ctx, 4, x->shape);
-    if (!out)
-        return NULL;
-    if (dt_k_from_blocked8(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], out->data) < 0) {
-        dt_error_wrap(dt_last_status(), "to plain layout");
-        return NULL;
-    }
-    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, "to_plain", plain_backward, out, 1, &x))
-        return NULL;
-    return out;
 }

@@ -80,27 +80,6 @@ dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tens
     return n;
 }
 
-float *dt__grad(dt_ctx *ctx, dt_tensor *t)
-{
-    if (t->grad)
-        return t->grad->data;
-    dt_tensor *g;
-    if (t->flags & DT_TENSOR_TEMP) {
-        g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
-        t->grad = g;
-    } else {
-        g = dt_tensor_new(DT_F32, t->ndim, t->shape);
-        if (!g)
-            return NULL;
-        t->grad = g;
-        t->flags |= DT_TENSOR_OWNS_GRAD;
-    }
-    return g->data;
-}
-
 dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud)
 {
     if (!leaf || !fn)

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
 
 static dt_status check_common(dt_pg *pg, const char *fn, dt_dtype dt, dt_req **req)
 {
@@ -272,6 +274,108 @@ dt_status dt_pg_allgatherv(dt_pg *pg, const void *send, void *recv, const size_t
                            const size_t *displs, dt_dtype dt)
 {
     return allgatherv(pg, send, recv, counts, displs, dt, NULL);
+}
+
+/* ---- reduce_scatterv ----
+ * Uneven blocks run as one reduce_scatter of the largest block: on the
+ * executor, pre packs the W blocks into a zero-padded (W, maxc) buffer,
+ * the backend reduce-scatters it into a maxc block, post copies this rank's
+ * counts[rank] elements out. Even counts skip the copies. */
+typedef struct {
+    const char *user_send; /* packed blocks, rank order */
+    char *user_recv;
+    size_t *counts;        /* W, copied at post */
+    size_t maxc, es;
+    char *tmp;             /* (W + 1) * maxc elements: padded input, then the output block */
+} rsv_state;
+
+static void rsv_pre(dt_req *r)
+{
+    rsv_state *x = r->xf;
+    int W = r->pg->size;
+    size_t off = 0;
+    for (int j = 0; j < W; j++) {
+        memcpy(x->tmp + (size_t)j * x->maxc * x->es, x->user_send + off * x->es,
+               x->counts[j] * x->es);
+        off += x->counts[j];
+    }
+}
+
+static void rsv_post(dt_req *r)
+{
+    rsv_state *x = r->xf;
+    memcpy(x->user_recv, x->tmp + (size_t)r->pg->size * x->maxc * x->es,
+           x->counts[r->pg->rank] * x->es);
+}
+
+static dt_status reduce_scatterv(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                                 dt_dtype dt, dt_reduce_op op, dt_req **req)
+{
+    const char *fn = "dt_pg_reduce_scatterv";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    if (!counts)
+        return dt_error(DT_ERR_NULL, "%s: NULL counts", fn);
+    int W = pg->size;
+    size_t total = 0, maxc = 0;
+    for (int j = 0; j < W; j++) {
+        total += counts[j];
+        maxc = counts[j] > maxc ? counts[j] : maxc;
+    }
+    CHK(need(send, total, fn, "send"));
+    CHK(need(recv, counts[pg->rank], fn, "recv"));
+    int even = 1;
+    for (int j = 0; j < W; j++)
+        even &= counts[j] == maxc;
+    if (even) {
+        dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, send, recv, maxc, dt);
+        c.op = op;
+        c.in_place = send && recv == byte_off(send, (size_t)pg->rank * maxc, dt);
+        return finish(pg, &c, NULL, req);
+    }
+    size_t es = dt_dtype_size(dt);
+    /* One block: the state, the counts, then the 64-byte aligned buffer,
+     * zeroed so the padding holds defined values for every reduction. */
+    size_t head = (sizeof(rsv_state) + (size_t)W * sizeof(size_t) + 63) / 64 * 64;
+    size_t bytes = (size_t)(W + 1) * maxc * es;
+    char *blk = calloc(1, head + bytes + 64);
+    if (!blk)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the padded buffer (%zu bytes)",
+                        fn, bytes);
+    rsv_state *x = (rsv_state *)(void *)blk;
+    x->counts = (size_t *)(void *)(blk + sizeof(rsv_state));
+    memcpy(x->counts, counts, (size_t)W * sizeof(size_t));
+    x->user_send = send;
+    x->user_recv = recv;
+    x->maxc = maxc;
+    x->es = es;
+    x->tmp = (char *)(((uintptr_t)blk + head + 63) / 64 * 64);
+    dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, x->tmp, x->tmp + (size_t)W * maxc * es, maxc, dt);
+    c.op = op;
+    dt_req *r;
+    dt_status st = dt__pg_post_ex(pg, &c, NULL, rsv_pre, rsv_post, x, req != NULL, &r);
+    if (st < 0)
+        return st;
+    if (req) {
+        *req = r;
+        return DT_OK;
+    }
+    st = dt_req_wait(r, -1);
+    dt_req_free(r);
+    return st;
+}
+dt_status dt_pg_reduce_scatterv_async(dt_pg *pg, const void *send, void *recv,
+                                      const size_t *counts, dt_dtype dt, dt_reduce_op op,
+                                      dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_reduce_scatterv_async: NULL req");
+    return reduce_scatterv(pg, send, recv, counts, dt, op, req);
+}
+dt_status dt_pg_reduce_scatterv(dt_pg *pg, const void *send, void *recv, const size_t *counts,
+                                dt_dtype dt, dt_reduce_op op)
+{
+    return reduce_scatterv(pg, send, recv, counts, dt, op, NULL);
 }
 
 /* ---- reduce_scatter ---- */

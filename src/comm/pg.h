@@ -45,6 +45,12 @@ struct dt_req {
     int freed;            /* user called dt_req_free (under pg->mu) */
     dt_req *next;         /* queue link */
     size_t *own_displs;   /* allgatherv displacements we computed */
+    /* Forms the group layer builds from a backend operation (the padded
+     * reduce_scatterv): pre runs on the executor before the backend's run,
+     * post after it succeeded; xf is their state, freed with the request. */
+    void (*pre)(dt_req *r);
+    void (*post)(dt_req *r);
+    void *xf;
     char msg[DT__MSG_CAP];
 };
 
@@ -78,6 +84,10 @@ struct dt_pg {
  * own_displs. start_thread: start the progress thread if not running. */
 dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,
                       dt_req **out);
+/* dt__pg_post with pre/post hooks and their state (taken over, freed with
+ * the request, also on error). */
+dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, void (*pre)(dt_req *),
+                         void (*post)(dt_req *), void *xf, int start_thread, dt_req **out);
 /* A blocking call: run c on this thread when the engine is idle (no
  * request allocated), else queue it and wait. */
 dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c);

@@ -29,6 +29,7 @@
 
 static void req_release(dt_req *r)
 {
+    free(r->xf);
     free(r->own_displs);
     free(r);
 }
@@ -210,7 +211,11 @@ static void exec_one(dt_pg *pg, dt_req *r)
                  dt_coll_kind_name(r->c.kind));
     } else {
         dt_error_clear();
+        if (r->pre)
+            r->pre(r);
         st = pg->ops->run(pg->ctx, &r->c);
+        if (st >= 0 && r->post)
+            r->post(r);
         if (st < 0) {
             backend_msg(pg, &r->c, st, msg, sizeof msg);
             /* Unsupported operations do not break the group. */
@@ -271,13 +276,23 @@ static void *progress_main(void *arg)
 dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,
                       dt_req **out)
 {
+    return dt__pg_post_ex(pg, c, own_displs, NULL, NULL, NULL, start_thread, out);
+}
+
+dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, void (*pre)(dt_req *),
+                         void (*post)(dt_req *), void *xf, int start_thread, dt_req **out)
+{
     *out = NULL;
     dt_req *r = calloc(1, sizeof *r);
     if (!r) {
         free(own_displs);
+        free(xf);
         return dt_error(DT_ERR_NO_MEMORY, "comm: out of memory posting %s",
                         dt_coll_kind_name(c->kind));
     }
+    r->pre = pre;
+    r->post = post;
+    r->xf = xf;
     r->pg = pg;
     r->c = *c;
     r->own_displs = own_displs;

@@ -447,21 +447,7 @@ dt_tensor *dt_model_forward(dt_ctx *ctx, dt_model *m, dt_tensor *x)
         dt_error(DT_ERR_STATE, "dt_model_forward: the model is meta (its parameters have no storage)");
         return NULL;
     }
-    bool blk = m->blocked_acts;
-    for (int i = 0; blk && i < m->nmodules; i++) {
-        const dt_module *md = m->modules[i];
-        if (md->fwd_override)
-            blk = false;
-        for (int k = 0; k < DT__HOOK_KINDS; k++)
-            if (md->hooks[k].n)
-                blk = false;
-    }
-    if (!blk || !ctx)
-        return dt_module_forward(ctx, m->root, x);
-    bool old = dt_ctx_set_blocked(ctx, true);
-    dt_tensor *y = dt_module_forward(ctx, m->root, x);
-    dt_ctx_set_blocked(ctx, old);
-    return y;
+    return dt_module_forward(ctx, m->root, x);
 }
 
 dt_module *dt_model_root(const dt_model *m) { return m ? m->root : NULL; }

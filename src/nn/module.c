@@ -207,9 +207,9 @@ dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *p
     }
     for (int i = 0; i < nparams; i++)
         if (!params[i].name || !params[i].name[0] || strchr(params[i].name, '.') || params[i].ndim < 0 ||
-            params[i].ndim > DT_MAX_DIMS) {
-            dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': param %d needs a name without '.' and 0..%d dims",
-                     type, i, DT_MAX_DIMS);
+            params[i].ndim > DT_MAX_DIMS || (unsigned)params[i].dtype >= DT_DTYPE_COUNT) {
+            dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': param %d needs a name without '.', 0..%d dims and a "
+                     "known dtype", type, i, DT_MAX_DIMS);
             return NULL;
         }
     dt_module *m = dt__module_new(DT_NN_CUSTOM, nparams, params);
@@ -492,12 +492,17 @@ static dt_tensor *shape_error(const dt_module *m, const dt_tensor *x, const char
     return NULL;
 }
 
-static bool unhooked(const dt_module *m)
+bool dt__module_tree_plain(const dt_module *m)
 {
     for (int k = 0; k < DT__HOOK_KINDS; k++)
         if (m->hooks[k].n)
             return false;
-    return !m->fwd_override;
+    if (m->fwd_override)
+        return false;
+    for (int i = 0; i < m->nchild; i++)
+        if (!dt__module_tree_plain(m->children[i]))
+            return false;
+    return true;
 }
 
 static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
@@ -505,22 +510,8 @@ static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
     char want[96];
     switch (m->kind) {
     case DT_NN_SEQUENTIAL:
-        for (int i = 0; i < m->nchild && x; i++) {
-            dt_module *c = m->children[i], *next = i + 1 < m->nchild ? m->children[i + 1] : NULL;
-            if (c->kind == DT_NN_RELU && next && next->kind == DT_NN_MAXPOOL2D && unhooked(c) && unhooked(next)) {
-                /* ReLU then max pooling = max pooling then ReLU, values and
-                 * gradients alike (max(relu(a), relu(b)) = relu(max(a, b));
-                 * the gradient reaches the window's argmax exactly when that
-                 * maximum is > 0 either way; NaN propagates either way): the
-                 * ReLU then runs on the pooled tensor, a quarter of the
-                 * elements for the ConvNet's 2x2 pooling. */
-                x = dt_module_forward(ctx, next, x);
-                x = x ? dt_relu(ctx, x) : NULL;
-                i++;
-                continue;
-            }
-            x = dt_module_forward(ctx, c, x);
-        }
+        for (int i = 0; i < m->nchild && x; i++)
+            x = dt_module_forward(ctx, m->children[i], x);
         return x;
     case DT_NN_LINEAR:
         if (x->ndim < 1 || x->shape[x->ndim - 1] != m->in) {

@@ -82,12 +82,12 @@ struct dt_model {
     dt_flat flats[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT];
     dt__hooks ready;        /* grad-ready hooks */
     dt_hook_id next_hook_id;
-    /* the forward may keep conv activations nChw8c (dt_ctx_set_blocked):
-     * set by models whose convs only feed batch norm / relu / max pool
-     * before a flatten; used only while no module has hooks or a replaced
-     * forward (those could see the activations) */
-    bool blocked_acts;
 };
+
+/* True when neither m nor any module under it has a hook or a replaced
+ * forward: a model's own forward may then take shortcuts no hook could
+ * observe (the ConvNet's blocked activations and pool-before-ReLU). */
+bool dt__module_tree_plain(const dt_module *m);
 
 /* Allocate a module of a kind with nparam specs (copied). */
 dt_module *dt__module_new(dt_nn_kind kind, int nparam, const dt_nn_param_spec *specs);

@@ -297,6 +297,96 @@ static void test_p2p_and_subgroup(dt_pg *pg)
 
 /* Ranks that post different counts at the same sequence number all get
  * DT_ERR_MISMATCH, on a group of their own. */
+/* Batched send/recv (a ring where every rank posts its send first, 8 MiB
+ * each), dt_pg_split into two colors with keys reversing the order, a
+ * dup whose request completes while the parent's waits for a late rank 0,
+ * and reduce_scatterv with uneven counts. */
+static void test_batch_split_dup_v(dt_pg *pg)
+{
+    int W = g_w, me = g_rank;
+    if (W > 1) {
+        size_t n = (size_t)2 << 20;
+        int32_t *s = xalloc(n * sizeof *s), *r = xalloc(n * sizeof *r);
+        for (size_t i = 0; i < n; i++) {
+            s[i] = me * 7 + (int32_t)i;
+            r[i] = -1;
+        }
+        int next = (me + 1) % W, prev = (me + W - 1) % W;
+        dt_req *rq[2];
+        CHECK_OK(dt_pg_send_async(pg, s, n, DT_I32, next, &rq[0]));
+        CHECK_OK(dt_pg_recv_async(pg, r, n, DT_I32, prev, &rq[1]));
+        CHECK_OK(dt_req_wait_all(rq, 2, -1));
+        dt_req_free(rq[0]);
+        dt_req_free(rq[1]);
+        for (size_t i = 0; i < n; i += 4097)
+            CHECK(r[i] == prev * 7 + (int32_t)i, "ring [%zu] = %d", i, r[i]);
+        CHECK_OK(dt_pg_sendrecv(pg, s, n, prev, r, n, next, DT_I32));
+        CHECK(r[n - 1] == next * 7 + (int32_t)(n - 1), "sendrecv last = %d", r[n - 1]);
+        free(s);
+        free(r);
+    }
+    dt_pg *half = NULL;
+    CHECK_OK(dt_pg_split(pg, me % 2, -me, &half));
+    if (half) {
+        int hs = (W - me % 2 + 1) / 2; /* ranks of my parity */
+        CHECK(dt_pg_size(half) == hs, "split size %d want %d", dt_pg_size(half), hs);
+        CHECK(dt_pg_rank(half) == hs - 1 - me / 2, "split rank %d", dt_pg_rank(half));
+        int64_t v = me, sum = 0, want = 0;
+        for (int k = me % 2; k < W; k += 2)
+            want += k;
+        CHECK_OK(dt_pg_allreduce(half, &v, &sum, 1, DT_I64, DT_REDUCE_SUM));
+        CHECK(sum == want, "split sum %lld want %lld", (long long)sum, (long long)want);
+        dt_pg_free(half);
+    } else {
+        CHECK(0, "no split group");
+    }
+    dt_pg *dup = NULL;
+    CHECK_OK(dt_pg_dup(pg, &dup));
+    if (dup && W > 1) {
+        float a = 1, asum = 0, b = (float)me, bg[8];
+        dt_req *ar = NULL, *ag = NULL;
+        if (me != 0)
+            CHECK_OK(dt_pg_allreduce_async(pg, &a, &asum, 1, DT_F32, DT_REDUCE_SUM, &ar));
+        CHECK_OK(dt_pg_allgather_async(dup, &b, bg, 1, DT_F32, &ag));
+        CHECK_OK(dt_req_wait(ag, 60));
+        dt_req_free(ag);
+        for (int k = 0; k < W; k++)
+            CHECK(bg[k] == (float)k, "dup allgather [%d]", k);
+        if (me != 0)
+            CHECK(dt_req_test(ar) == DT_INPROGRESS, "parent allreduce finished without rank 0");
+        /* Tell rank 0 (through the dup) that everyone has looked. */
+        CHECK_OK(dt_pg_barrier(dup));
+        if (me == 0)
+            CHECK_OK(dt_pg_allreduce_async(pg, &a, &asum, 1, DT_F32, DT_REDUCE_SUM, &ar));
+        CHECK_OK(dt_req_wait(ar, -1));
+        dt_req_free(ar);
+        CHECK(asum == (float)W, "parent allreduce %g", asum);
+    }
+    dt_pg_free(dup);
+    size_t counts[8], total = 0;
+    for (int j = 0; j < W; j++)
+        total += counts[j] = (size_t)(j * 3 + 1) % 5; /* 1, 4, 2, 0, 3, ... */
+    for (size_t d = 0; d < sizeof k_dtypes / sizeof k_dtypes[0]; d++) {
+        dt_dtype dt = k_dtypes[d];
+        char *s = xalloc(total * dt_dtype_size(dt) + 1), *r = xalloc(8 * dt_dtype_size(dt));
+        for (size_t i = 0; i < total; i++)
+            dt_dtype_store(dt, s, i, (double)((me + (int)i) % 3 + 1));
+        CHECK_OK(dt_pg_reduce_scatterv(pg, s, r, counts, dt, DT_REDUCE_SUM));
+        size_t off = 0;
+        for (int j = 0; j < me; j++)
+            off += counts[j];
+        for (size_t i = 0; i < counts[me]; i++) {
+            double want = 0;
+            for (int q = 0; q < W; q++)
+                want += (double)((q + (int)(off + i)) % 3 + 1);
+            CHECK(dt_dtype_load(dt, r, i) == want, "reduce_scatterv %s [%zu] = %g want %g",
+                  dt_dtype_name(dt), i, dt_dtype_load(dt, r, i), want);
+        }
+        free(s);
+        free(r);
+    }
+}
+
 static void test_mismatch(void)
 {
     if (g_w < 2)
@@ -359,6 +449,7 @@ int main(void)
     test_reductions(pg);
     test_movement(pg);
     test_p2p_and_subgroup(pg);
+    test_batch_split_dup_v(pg);
     test_mismatch();
     test_timeout();
     /* Everyone agrees on the outcome. */

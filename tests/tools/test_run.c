@@ -8,6 +8,7 @@
 #include "test.h"
 #include "comm/shm/shm.h" /* dt__shm_segment_name */
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -415,6 +416,50 @@ TEST(tee_refuses_planted_symlink)
     cli_result_free(&r2);
 }
 
+/* JSON lines on stdout pass without the rank prefix; other lines and stderr
+ * keep it. A line that only looks like JSON ("{oops") is prefixed. */
+TEST(json_lines_unprefixed)
+{
+    const char *args[] = {"-n", "2", "--", "sh", "-c",
+                          "echo \"{\\\"rank\\\":$RANK,\\\"v\\\":[1,2]}\"; echo '[1, 2]'; "
+                          "echo plain $RANK; echo '{oops'; echo '{\"e\":1}' >&2", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "{\"rank\":1,\"v\":[1,2]}\n");
+    ASSERT_STR_CONTAINS(r.out, "{\"rank\":0,\"v\":[1,2]}\n");
+    ASSERT(!strstr(r.out, "] {\"rank\""));
+    ASSERT(!strstr(r.out, "] [1, 2]"));
+    ASSERT_STR_CONTAINS(r.out, "[0] plain 0\n");
+    ASSERT_STR_CONTAINS(r.out, "[1] {oops\n");
+    ASSERT_STR_CONTAINS(r.err, "[0] {\"e\":1}\n");
+    cli_result_free(&r);
+}
+
+/* `dtrain run -n 2 -- dtrain bench coll --json`: every stdout line parses. */
+TEST(bench_json_parses_through_launcher)
+{
+    const char *cli = getenv("DT_CLI");
+    const char *args[] = {"-n", "2", "--", cli, "bench", "coll", "--json", "--max", "64", NULL};
+    cli_result r = run_cli(args, 60);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    int lines = 0, bad = 0;
+    for (char *s = r.out; *s;) {
+        char *nl = strchr(s, '\n');
+        size_t n = nl ? (size_t)(nl - s) : strlen(s);
+        cJSON *j = cJSON_ParseWithLength(s, n);
+        if (!cJSON_IsObject(j)) {
+            fprintf(stderr, "  not JSON: %.*s\n", (int)n, s);
+            bad++;
+        }
+        cJSON_Delete(j);
+        lines++;
+        s += n + (nl != NULL);
+    }
+    ASSERT(lines >= 2);
+    ASSERT_EQ_INT(bad, 0);
+    cli_result_free(&r);
+}
+
 TEST(sigterm_is_forwarded_to_every_rank)
 {
     const char *args[] = {"-n", "3", "--", "sh", "-c",
@@ -628,6 +673,8 @@ int main(int argc, char **argv)
     RUN(restarts_exhausted);
     RUN(tee_writes_one_file_per_rank);
     RUN(tee_refuses_planted_symlink);
+    RUN(json_lines_unprefixed);
+    RUN(bench_json_parses_through_launcher);
     RUN(sigterm_is_forwarded_to_every_rank);
     RUN(sigint_is_forwarded);
     RUN(job_shared_memory_is_removed);

@@ -1,0 +1,34 @@
+/* Layout conversion: a blocked (nChw8c) temporary made plain (NCHW) for
+ * an op that does not understand the blocked layout (DT__NEED in
+ * ag_impl.h), recorded on the tape like any op. */
+#include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
+
+#include <stdint.h>
+
+static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *X = n->in[0];
+    float *gx = dt__grad_begin(ctx, X);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = dt_k_to_blocked8(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], gx);
+    return st < 0 ? st : dt__grad_commit(ctx, X, gx);
+}
+
+dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
+{
+    dt_tensor *x = (dt_tensor *)(uintptr_t)t;
+    if (!dt__blocked(x))
+        return x;
+    dt_tensor *out = dt__out(ctx, 4, x->shape);
+    if (!out)
+        return NULL;
+    if (dt_k_from_blocked8(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], out->data) < 0) {
+        dt_error_wrap(dt_last_status(), "to plain layout");
+        return NULL;
+    }
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, "to_plain", plain_backward, out, 1, &x))
+        return NULL;
+    return out;
+}

@@ -1,0 +1,73 @@
+/* Every command and subcommand answers --help: exit 0, a "usage:" text on
+ * stdout, nothing on stderr. The top-level help lists every bench suite,
+ * `train --help` mentions the launcher, and a bad --data names every spec. */
+#include "test.h"
+#include "train_cli.h"
+
+TEST(every_help_exits_0_with_usage)
+{
+    static char *const cmds[][4] = {
+        {"--help"},         {"help"},           {"train", "--help"},  {"run", "--help"},
+        {"bench", "--help"}, {"bench", "step", "--help"}, {"bench", "coll", "--help"},
+        {"bench", "ddp", "--help"}, {"bench", "matmul", "--help"}, {"bench", "data", "--help"},
+        {"plot", "--help"}, {"info", "--help"}, {"train", "-h"}, {"bench", "data", "-h"},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 60, NULL, cmds[i]);
+        if (r.code != 0 || strncmp(r.out, "usage:", 6) != 0 || r.err[0]) {
+            fprintf(stderr, "  dtrain %s %s %s: exit %d, stdout '%.60s', stderr '%.200s'\n", cmds[i][0],
+                    cmds[i][1] ? cmds[i][1] : "", cmds[i][1] && cmds[i][2] ? cmds[i][2] : "", r.code,
+                    r.out, r.err);
+            failed = 1;
+        }
+    }
+    ASSERT(!failed);
+}
+
+TEST(help_contents)
+{
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"--help", NULL});
+    const char *suites[] = {"step", "coll", "ddp", "matmul", "data"};
+    for (int i = 0; i < 5; i++)
+        ASSERT_STR_CONTAINS(r.out, suites[i]);
+    cli_runv(&r, 60, NULL, (char *[]){"bench", "--help", NULL});
+    for (int i = 0; i < 5; i++)
+        ASSERT_STR_CONTAINS(r.out, suites[i]);
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--help", NULL});
+    ASSERT_STR_CONTAINS(r.out, "dtrain run -n");
+    cli_runv(&r, 60, NULL, (char *[]){"info", "--help", NULL});
+    ASSERT(!strstr(r.out, "cpu features:")); /* help, not the information itself */
+    cli_runv(&r, 60, NULL, (char *[]){"info", "--bogus", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    cli_runv(&r, 60, NULL, (char *[]){"bench", "data", "--bogus", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "'--bogus'");
+}
+
+TEST(bad_data_names_every_spec)
+{
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--data", "cifar", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    const char *specs[] = {"cifar", "fashion-mnist", "mnist:DIR", "idx:DIR", "random"};
+    for (int i = 0; i < 5; i++)
+        ASSERT_STR_CONTAINS(r.err, specs[i]);
+}
+
+int main(void)
+{
+    if (!getenv("DT_CLI")) {
+        fprintf(stderr, "DT_CLI is not set\n");
+        return 1;
+    }
+    RUN(every_help_exits_0_with_usage);
+    RUN(help_contents);
+    RUN(bad_data_names_every_spec);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}
