@@ -200,9 +200,12 @@ dt_module *dt_nn_mse_loss(void) { return dt__module_new(DT_NN_MSE_LOSS, 0, NULL)
 dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *params, dt_nn_forward_fn forward,
                         void *ud)
 {
-    if (!type || !forward || nparams < 0 || (nparams > 0 && !params)) {
-        dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom: need a type name, a forward function and %d param specs",
-                 nparams);
+    if (!type || !forward || (nparams > 0 && !params)) { /* NULL arguments: DT_ERR_NULL, as everywhere */
+        dt_error(DT_ERR_NULL, "dt_nn_custom: %s is NULL", !type ? "type" : !forward ? "forward" : "params");
+        return NULL;
+    }
+    if (nparams < 0) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_nn_custom '%s': %d param specs", type, nparams);
         return NULL;
     }
     for (int i = 0; i < nparams; i++)

@@ -87,21 +87,37 @@ static dt_status check_range(const dt_optim_range *r, size_t i)
     return DT_OK;
 }
 
-static const dt_optim *g_sort_o; /* qsort has no context argument; init is not re-entrant per optimizer */
-
 static size_t item_gstart(const dt_optim *o, size_t i)
 {
     return o->ranges[o->items[i].range].lo + o->items[i].start;
 }
 
-static int cmp_items(const void *pa, const void *pb)
+/* Item a before item b: by segment, then by global position. */
+static bool item_before(const dt_optim *o, size_t a, size_t b)
 {
-    size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
-    const dt__optim_item *x = &g_sort_o->items[a], *y = &g_sort_o->items[b];
+    const dt__optim_item *x = &o->items[a], *y = &o->items[b];
     if (x->seg != y->seg)
-        return x->seg < y->seg ? -1 : 1;
-    size_t ga = item_gstart(g_sort_o, a), gb = item_gstart(g_sort_o, b);
-    return ga < gb ? -1 : ga > gb;
+        return x->seg < y->seg;
+    return item_gstart(o, a) < item_gstart(o, b);
+}
+
+/* Stable bottom-up merge sort of idx[0..n) (qsort has no context argument,
+ * and optimizers are created concurrently by ranks that are threads). */
+static void sort_items(const dt_optim *o, size_t *idx, size_t *tmp, size_t n)
+{
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                tmp[k++] = item_before(o, idx[j], idx[i]) ? idx[j++] : idx[i++];
+            while (i < mid)
+                tmp[k++] = idx[i++];
+            while (j < hi)
+                tmp[k++] = idx[j++];
+        }
+        memcpy(idx, tmp, n * sizeof *idx);
+    }
 }
 
 /* Norm units (optim_impl.h): items sorted by (segment, position), runs of
@@ -116,9 +132,11 @@ static dt_status build_units(dt_optim *o)
         return dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu work items", n);
     for (size_t i = 0; i < n; i++)
         o->uitems[i] = i;
-    g_sort_o = o;
-    qsort(o->uitems, n, sizeof *o->uitems, cmp_items);
-    g_sort_o = NULL;
+    size_t *tmp = malloc((n ? n : 1) * sizeof *tmp);
+    if (!tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "optimizer: out of memory for %zu work items", n);
+    sort_items(o, o->uitems, tmp, n);
+    free(tmp);
     size_t nu = 0;
     for (size_t j = 0; j < n; j++) {
         size_t i = o->uitems[j];

@@ -278,6 +278,31 @@ TEST(container_errors)
     ASSERT(dt_module_find_child(NULL, "conv1") == NULL);
     dt_module_free(c);
     dt_module_free(lin);
+    /* NULL arguments give DT_ERR_NULL, a bad count DT_ERR_INVALID_ARG */
+    dt_error_clear();
+    ASSERT(dt_nn_custom(NULL, 0, NULL, block_forward, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT(dt_nn_custom("C", 0, NULL, NULL, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT(dt_nn_custom("C", 1, NULL, block_forward, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT(dt_nn_custom("C", -1, NULL, block_forward, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    dt_model *m = (dt_model *)&m;
+    /* a NULL root keeps the error of the constructor that failed (above) ... */
+    ASSERT_STATUS(dt_model_build(NULL, 0, NULL, &m), DT_ERR_INVALID_ARG);
+    ASSERT(m == NULL);
+    dt_error_clear(); /* ... or says NULL */
+    ASSERT_STATUS(dt_model_build(NULL, 0, NULL, &m), DT_ERR_NULL);
+    ASSERT(m == NULL);
+    ASSERT_STATUS(dt_model_build(dt_nn_relu(), 0, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_model_create("convnet", 0, NULL, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_ctx_init(NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_module_tie(NULL, NULL, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_model_set_grads(NULL, DT_F32, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_model_add_grad_ready_hook(NULL, NULL, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_module_add_forward_pre_hook(NULL, NULL, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_model_init_range(NULL, DT_INIT_PHILOX, 0, NULL), DT_ERR_NULL);
 }
 
 /* ---- hooks by id ---------------------------------------------------------------- */
