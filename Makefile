@@ -3,9 +3,11 @@
 #   make              build into build/ (CLI at build/dtrain)
 #   make test         every test, then the same suite under ASan+UBSan, then
 #                     fuzzing; ends with the test counts of each pass.
-#                     SANITIZE=0 leaves out the sanitizer pass, FUZZ=0 the
-#                     fuzzers (make test SANITIZE=0 FUZZ=0: the plain suite
-#                     and the install check only)
+#                     SANITIZE=0 leaves out the sanitizer passes (ASan+UBSan
+#                     and ThreadSanitizer), TSAN=0 only the ThreadSanitizer
+#                     one, FUZZ=0 the fuzzers (make test SANITIZE=0 FUZZ=0:
+#                     the plain suite and the install check only)
+#   make test-tsan    the tests labelled `threads` under ThreadSanitizer
 #   make demo         train the ConvNet on Fashion-MNIST (DEMO_LIMIT=N: only
 #                     the first N training images, for a short demo)
 #   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
@@ -20,6 +22,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 WERROR ?= ON
 SANITIZE ?= 1
+TSAN ?= $(SANITIZE)
 FUZZ ?= 1
 DEMO_LIMIT ?= 0
 export OPENBLAS_CORETYPE ?= SkylakeX
@@ -32,11 +35,15 @@ ifneq ($(SANITIZE),0)
 TEST_STAGES += test-asan
 TEST_DIRS += build-asan
 endif
+ifneq ($(TSAN),0)
+TEST_STAGES += test-tsan
+TEST_DIRS += build-tsan
+endif
 ifneq ($(FUZZ),0)
 TEST_STAGES += fuzz
 endif
 
-.PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-fast fuzz demo bench \
+.PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-tsan test-fast fuzz demo bench \
         install clean test-install fresh-check
 
 all: build
@@ -69,6 +76,28 @@ test-asan: deps-test build-asan/CMakeCache.txt
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -O ctest.log
 
+# ThreadSanitizer over the tests labelled `threads` (// dt-test-labels),
+# those that run dtrain code on more than one thread: the progress engine,
+# the loader's thread, DDP's overlapped reductions, ranks as threads. Only
+# those tests and the CLI are built. OpenMP: libgomp is not instrumented, so
+# TSan cannot see the synchronisation at the end of a parallel region and
+# would report false races between OpenMP workers. Rather than suppress
+# anything, this build has no OpenMP of its own (DT_OPENMP=OFF: dtrain's
+# kernels run serially on the calling thread) and OMP_NUM_THREADS=1 keeps
+# oneDNN's OpenMP regions on the calling thread too; every thread TSan sees
+# is one that dtrain or a test started with pthread_create, and no report
+# is suppressed. halt_on_error: a race fails the test (exit 66), in forked
+# ranks and in the CLI's ranks alike.
+build-tsan/CMakeCache.txt:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DDT_WERROR=$(WERROR) \
+	  -DDT_SANITIZE=thread -DDT_OPENMP=OFF $(CMAKE_FLAGS)
+
+test-tsan: deps-test build-tsan/CMakeCache.txt
+	cmake --build build-tsan -j $(JOBS) --target dtrain_cli \
+	  $$(cd build-tsan && ctest -N -L threads | sed -n 's|^ *Test *#[0-9]*: [a-z]*/||p')
+	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest -L threads --output-on-failure -j $(JOBS) -O ctest.log
+
 fuzz: deps-fuzz
 	@scripts/fuzz.sh
 
@@ -92,4 +121,4 @@ fresh-check:
 	scripts/fresh_check.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz

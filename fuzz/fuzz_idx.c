@@ -2,6 +2,8 @@
  * the image dataset built on it. Any input must give either a valid file
  * whose payload size matches its dimensions, or an error with a message;
  * never a crash, a leak or a huge allocation. */
+// fuzz-sources: src/base/*.c src/data/*.c
+// fuzz-libs: -lz
 #include "dtrain/data.h"
 
 #include <stdint.h>

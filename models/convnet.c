@@ -10,7 +10,8 @@
  * flatten, fc; the Flatten child has no tensors, so the keys are exactly
  * PyTorch's. Its own forward takes two shortcuts while no module of the
  * model has a hook or a replaced forward (nothing could observe them):
- *   - conv activations stay nChw8c (dt_ctx_set_blocked) through batch norm,
+ *   - conv activations stay channel-blocked (dt_ctx_set_blocked; nChw8c or
+ *     nChw16c, the layout oneDNN prefers: dt_k_act_block) through batch norm,
  *     ReLU and max pooling until the flatten converts them;
  *   - ReLU then max pooling runs as max pooling then ReLU: equal values and
  *     gradients (max(relu(a), relu(b)) = relu(max(a, b)); the gradient

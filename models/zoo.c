@@ -66,6 +66,26 @@ dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim,
     return DT_OK;
 }
 
+dt_status dt_model_desc_check_dataset(const dt_model_desc *d, const dt_dataset *ds)
+{
+    if (!d || !ds)
+        return dt_error(DT_ERR_NULL, "dt_model_desc_check_dataset: NULL %s", !d ? "descriptor" : "dataset");
+    char who[64];
+    snprintf(who, sizeof who, "model '%s'", d->name[0] ? d->name : "?");
+    dt_status st = dt_dataset_check_input(ds, d->input_dtype, d->input_ndim, d->input_shape, who);
+    if (st < 0 || !d->has_target)
+        return st;
+    const dt_dataset_info *in = dt_dataset_get_info(ds);
+    bool same = in->y_dtype == d->target_dtype && in->y_ndim == d->target_ndim;
+    for (int i = 0; same && i < d->target_ndim; i++)
+        same = in->y_shape[i] == d->target_shape[i];
+    if (!same)
+        return dt_error(DT_ERR_SHAPE, "%s: targets are %d-dimensional %s, %s wants %d-dimensional %s",
+                        dt_dataset_source(ds), in->y_ndim, dt_dtype_name(in->y_dtype), who, d->target_ndim,
+                        dt_dtype_name(d->target_dtype));
+    return DT_OK;
+}
+
 dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target)
 {
     if (!d) {

@@ -1,17 +1,20 @@
-/* dtrain info — version, build options, compute library, CPU features. */
+/* dtrain info — version, build options, compute library, CPU features, the
+ * code paths chosen for this CPU. */
 #include "cmd.h"
 #include "dtrain/base.h"
+#include "dtrain/kernels.h"
 
 #include <dnnl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int dt_cmd_info(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: dtrain info\n  prints the version, build options, compute library and CPU "
-                   "features\n");
+            printf("usage: dtrain info\n  prints the version, build options, compute library, CPU "
+                   "features, the instruction sets dtrain and oneDNN use and the activation layout\n");
             return 0;
         }
         fprintf(stderr, "dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
@@ -24,6 +27,17 @@ int dt_cmd_info(int argc, char **argv)
            DT_SANITIZE_STR, DT_HAVE_MPI ? "yes" : "no");
     printf("compute: oneDNN %d.%d.%d (cpu runtime %s), OpenMP threads %d\n", v->major, v->minor,
            v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", dt_get_num_threads());
-    printf("cpu features: %s\n", dt_cpu_features_str(dt_cpu_detect(), feat, sizeof feat));
+    printf("cpu features: %s\n", dt_cpu_features_str(dt_cpu_detect_hw(), feat, sizeof feat));
+    dt_cpu_isa_cap cap = dt_cpu_max_isa();
+    printf("dtrain isa: %s (DT_MAX_CPU_ISA=%s; features used: %s), conversions %s\n",
+           cap == DT_CPU_ISA_ALL ? "no cap" : "capped", dt_cpu_isa_cap_name(cap),
+           dt_cpu_features_str(dt_cpu_detect(), feat, sizeof feat), dt_k_isa_name(dt_k_get_isa()));
+    const char *one = getenv("ONEDNN_MAX_CPU_ISA");
+    printf("oneDNN isa: %s%s%s%s\n", dt_k_onednn_isa(), one ? " (ONEDNN_MAX_CPU_ISA=" : "", one ? one : "",
+           one ? ")" : "");
+    const char *blk = getenv("DT_BLOCKED");
+    int pref = dt_k_onednn_block(), use = dt_k_act_block();
+    printf("activation layout: %s (oneDNN prefers %s%s%s%s)\n", dt_k_block_name(use), dt_k_block_name(pref),
+           blk ? "; DT_BLOCKED=" : "", blk ? blk : "", use == pref ? "" : "; not the preferred layout: more reorders");
     return 0;
 }

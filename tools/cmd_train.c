@@ -84,16 +84,6 @@ static int setup_model(trainer *t)
     return 0;
 }
 
-static bool same_item_shape(const trainer *t, const dt_dataset_info *info)
-{
-    if (info->x_ndim != t->in_ndim - 1 || info->x_dtype != DT_F32)
-        return false;
-    for (int d = 0; d < info->x_ndim; d++)
-        if (info->x_shape[d] != t->in_shape[d + 1])
-            return false;
-    return true;
-}
-
 static int setup_data(trainer *t)
 {
     dt_status st;
@@ -119,11 +109,18 @@ static int setup_data(trainer *t)
         if ((st = dt_dataset_open_spec(t->o.data, DT_SPLIT_TEST, &t->base_test)) < 0)
             return fail(2, what);
         const dt_dataset_info *info = dt_dataset_get_info(t->base_train);
-        if (!same_item_shape(t, info)) {
-            fprintf(stderr, "dtrain train: --data %s: items are (%lld, %lld, %lld), --model %s "
-                            "takes (%lld, %lld, %lld)\n", t->o.data, (long long)info->x_shape[0],
-                    (long long)info->x_shape[1], (long long)info->x_shape[2], t->o.model,
-                    (long long)t->in_shape[1], (long long)t->in_shape[2], (long long)t->in_shape[3]);
+        /* Every split against the model's input: each batch is viewed as
+         * [B, model input], so a test set of other dimensions would be read
+         * out of bounds. */
+        if (dt_model_desc_check_dataset(&t->desc, t->base_train) < 0) {
+            fprintf(stderr, "dtrain train: --data %s: %s\n", t->o.data, dt_last_error());
+            return 2;
+        }
+        if (dt_model_desc_check_dataset(&t->desc, t->base_test) < 0) {
+            char tr[160];
+            dt_escape(dt_dataset_source(t->base_train), tr, sizeof tr);
+            fprintf(stderr, "dtrain train: --data %s: %s (the training split, %s, matches the model)\n", t->o.data,
+                    dt_last_error(), tr);
             return 2;
         }
         dt_model_config cfg = dt_model_config_default();

@@ -336,7 +336,21 @@ DT_API int dt_get_num_threads(void);
 typedef struct {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_fp16;
 } dt_cpu_features;
+/* What the CPU and the OS support, less what DT_MAX_CPU_ISA switches off.
+ * Every SIMD path dtrain chooses at run time (dtype conversion, optimizer
+ * and reduction loops) decides from this, so DT_MAX_CPU_ISA=avx2 runs an
+ * AVX-512 machine on the code paths of an AVX2 one. oneDNN has its own
+ * switch (ONEDNN_MAX_CPU_ISA, e.g. AVX2); set both to emulate a smaller CPU. */
 DT_API dt_cpu_features dt_cpu_detect(void);
+/* What the CPU and the OS support, ignoring DT_MAX_CPU_ISA. */
+DT_API dt_cpu_features dt_cpu_detect_hw(void);
+/* The cap from DT_MAX_CPU_ISA (read once): scalar (no AVX at all), avx2 (no
+ * AVX-512), or all (unset, "avx512" or "all": no cap). An unknown value logs
+ * a warning and means no cap. */
+typedef enum { DT_CPU_ISA_SCALAR = 0, DT_CPU_ISA_AVX2 = 1, DT_CPU_ISA_ALL = 2 } dt_cpu_isa_cap;
+DT_API dt_cpu_isa_cap dt_cpu_max_isa(void);
+/* "scalar", "avx2", "all". */
+DT_API const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap);
 /* "avx2 fma f16c ..." into buf; returns buf. */
 DT_API char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n);
 

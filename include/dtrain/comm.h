@@ -376,6 +376,21 @@ DT_API dt_status dt_pg_alltoall_async(dt_pg *pg, const void *send, void *recv, s
 DT_API dt_status dt_pg_alltoall(dt_pg *pg, const void *send, void *recv, size_t count,
                                 dt_dtype dt);
 
+/* Uneven all-to-all (MPI_Alltoallv): sendcounts[j] elements at send +
+ * sdispls[j] go to rank j; recvcounts[j] elements from rank j land at recv +
+ * rdispls[j] (displs NULL: packed in rank order). Rank i's sendcounts[j]
+ * must equal rank j's recvcounts[i]. Arrays are copied at the call; counts
+ * may be 0. Runs as a small all-reduce (the largest block) and one
+ * all-to-all through zero-padded copies: 2 * W * max-block elements of
+ * memory while it runs. */
+DT_API dt_status dt_pg_alltoallv_async(dt_pg *pg, const void *send, const size_t *sendcounts,
+                                       const size_t *sdispls, void *recv,
+                                       const size_t *recvcounts, const size_t *rdispls,
+                                       dt_dtype dt, dt_req **req);
+DT_API dt_status dt_pg_alltoallv(dt_pg *pg, const void *send, const size_t *sendcounts,
+                                 const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                 const size_t *rdispls, dt_dtype dt);
+
 /* Returns when every rank has entered it. */
 DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
 DT_API dt_status dt_pg_barrier(dt_pg *pg);
@@ -494,7 +509,10 @@ typedef struct dt_backend_ops {
  * replaces it. Errors: DT_ERR_INVALID_ARG (version, name or a required slot
  * missing). Thread-safe. */
 DT_API dt_status dt_backend_register(const dt_backend_ops *ops);
-/* The registered table for name, or NULL. */
+/* The registered table for name, or NULL. The pointer stays valid for the
+ * life of the process, but re-registering the name rewrites the table it
+ * points to: copy it only while no thread registers that name. (dt_pg_init
+ * takes its copy under the registry's lock.) */
 DT_API const dt_backend_ops *dt_backend_find(const char *name);
 /* Registered names, comma-separated, into buf; returns buf. */
 DT_API char *dt_backend_list(char *buf, size_t n);

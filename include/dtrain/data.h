@@ -152,6 +152,19 @@ DT_API void dt_dataset_free(dt_dataset *ds);
 DT_API int64_t dt_dataset_length(const dt_dataset *ds);
 /* The item description; borrowed, valid while ds lives. */
 DT_API const dt_dataset_info *dt_dataset_get_info(const dt_dataset *ds);
+/* What the dataset reads, for messages: the image file of an IDX set, else
+ * the implementation's name ("random"). A subset has its base's. Borrowed. */
+DT_API const char *dt_dataset_source(const dt_dataset *ds);
+/* Set it (copied; implementations call this after dt_dataset_init). */
+DT_API void dt_dataset_set_source(dt_dataset *ds, const char *source);
+/* Check that one item's input is exactly (dtype, shape[0..ndim)) as a
+ * consumer (a model: models.h dt_model_desc_check_dataset) takes it, before
+ * batches of it are viewed as that shape: DT_ERR_SHAPE naming the source,
+ * both shapes and `consumer` ("model 'convnet'") otherwise. Check every
+ * split: a test set with other image dimensions than the training set would
+ * otherwise be read out of bounds. */
+DT_API dt_status dt_dataset_check_input(const dt_dataset *ds, dt_dtype dtype, int ndim, const int64_t *shape,
+                                        const char *consumer);
 /* Elements / bytes of one input and one target. */
 DT_API int64_t dt_dataset_x_numel(const dt_dataset *ds);
 DT_API int64_t dt_dataset_y_numel(const dt_dataset *ds);

@@ -48,20 +48,24 @@ extern "C" {
 #endif
 
 /* ---- instruction-set dispatch ------------------------------------------- */
-/* Code paths of the vectorised kernels (dtype conversion). */
+/* Code paths of the vectorised kernels (dtype conversion). The CPU's
+ * features come from dt_cpu_detect(), so DT_MAX_CPU_ISA=avx2 (or scalar)
+ * keeps AUTO off the AVX-512 (or all vector) paths. */
 typedef enum {
-    DT_K_ISA_AUTO = 0, /* best path the CPU supports (the default) */
-    DT_K_ISA_SCALAR,   /* portable C, the bit-exact reference */
-    DT_K_ISA_AVX2,     /* AVX2 + F16C */
-    DT_K_ISA_AVX512    /* AVX-512F (+ AVX512_BF16 for f32->bf16 when present) */
+    DT_K_ISA_AUTO = 0,   /* best path the CPU supports (the default) */
+    DT_K_ISA_SCALAR,     /* portable C, the bit-exact reference */
+    DT_K_ISA_AVX2,       /* AVX2 + F16C */
+    DT_K_ISA_AVX512,     /* AVX-512F/BW/VL, integer rounding for f32->bf16 */
+    DT_K_ISA_AVX512_BF16 /* as AVX512, f32->bf16 by AVX512_BF16 vcvtneps2bf16 */
 } dt_k_isa;
 /* Force a path (tests use this to compare paths). Returns
- * DT_ERR_UNSUPPORTED if the CPU lacks it (the setting is then unchanged).
- * Process-wide; not meant to be changed while kernels run. */
+ * DT_ERR_UNSUPPORTED if the CPU (as dt_cpu_detect() reports it) lacks it
+ * (the setting is then unchanged). Process-wide; not meant to be changed
+ * while kernels run. */
 DT_API dt_status dt_k_set_isa(dt_k_isa isa);
 /* The path in use now (never DT_K_ISA_AUTO: AUTO is resolved). */
 DT_API dt_k_isa dt_k_get_isa(void);
-/* "scalar", "avx2", "avx512". */
+/* "scalar", "avx2", "avx512", "avx512_bf16" ("auto" for AUTO). */
 DT_API const char *dt_k_isa_name(dt_k_isa isa);
 
 /* ---- dtype conversion ---------------------------------------------------- */
@@ -152,10 +156,15 @@ DT_API dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *d
 DT_API dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy,
                                          float *dw, float *dbias);
 /* Layout bits for the _l variants: the activation (x / dx) or the output
- * (y / dy) is stored nChw8c, i.e. [N][C/8][H][W][8] (channels % 8 == 0),
- * instead of plain NCHW. oneDNN then reads / writes it without a reorder
- * when its primitive wants nChw8c. Weights stay OIHW. */
-enum { DT_K_SRC_BLOCKED8 = 1u, DT_K_DST_BLOCKED8 = 2u };
+ * (y / dy) is stored channel-blocked, nChw8c ([N][C/8][H][W][8], channels
+ * % 8 == 0) or nChw16c ([N][C/16][H][W][16], channels % 16 == 0), instead
+ * of plain NCHW. oneDNN then reads / writes it without a reorder when its
+ * primitive wants that layout (and with one when it does not: any layout
+ * gives the same values). At most one block size per side. Weights stay OIHW. */
+enum {
+    DT_K_SRC_BLOCKED8 = 1u, DT_K_DST_BLOCKED8 = 2u,
+    DT_K_SRC_BLOCKED16 = 4u, DT_K_DST_BLOCKED16 = 8u
+};
 /* As above with layout bits (0 = the plain functions). */
 DT_API dt_status dt_k_conv2d_fwd_l(const dt_k_conv2d_shape *s, const float *x, const float *w,
                                    const float *bias, float *y, unsigned layout);
@@ -166,20 +175,45 @@ DT_API dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const flo
 /* False when DT_CONV_LAYOUT=plain: callers should then keep everything plain. */
 DT_API bool dt_k_conv2d_blocked_enabled(void);
 
-/* ---- nChw8c helpers (plain C) ----------------------------------------------
- * x is (N, C, HW) with C % 8 == 0. Conversions count as reorders in
- * dt_k_stats. Batch norm and max pooling on nChw8c data give the same values
- * as the plain kernels (same reduction order per channel: rows of HW summed
- * in float, row sums in double in n order; deterministic). */
-DT_API dt_status dt_k_to_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y);
-DT_API dt_status dt_k_from_blocked8(const float *x, int64_t N, int64_t C, int64_t HW, float *y);
-DT_API dt_status dt_k_batchnorm_train_fwd_b8(const float *x, int64_t N, int64_t C, int64_t HW,
-                                             const float *gamma, const float *beta, float eps,
-                                             float momentum, float *running_mean, float *running_var,
-                                             float *y, float *save_mean, float *save_invstd);
-DT_API dt_status dt_k_batchnorm_bwd_b8(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW,
-                                       const float *gamma, const float *save_mean, const float *save_invstd,
-                                       float *dx, float *dgamma, float *dbeta);
+/* ---- blocked activations: which block --------------------------------------
+ * The channel block oneDNN's convolutions prefer on this machine, asked at
+ * run time (a ConvNet-like forward convolution created with format "any",
+ * its output layout read back; asked once and cached): 16 (nChw16c, AVX-512
+ * machines), 8 (nChw8c, AVX2), or 0 (neither, or oneDNN failed). It follows
+ * ONEDNN_MAX_CPU_ISA, since oneDNN does. */
+DT_API int dt_k_onednn_block(void);
+/* The block that blocked activations (DT_TENSOR_BLOCKED8/16 regions) use:
+ * dt_k_act_block_set's value if called, else DT_BLOCKED=8|16|0 from the
+ * environment (read once; 0 turns blocked activations off; another value
+ * logs a warning and is ignored), else dt_k_onednn_block(). 0 also when
+ * DT_CONV_LAYOUT=plain. Any block gives the same values; only the number of
+ * reorders (and so the speed) depends on it matching dt_k_onednn_block(). */
+DT_API int dt_k_act_block(void);
+/* Force the block (8, 16, or 0 = off; -1 = back to the default above) for
+ * tests and benchmarks. DT_ERR_INVALID_ARG for another value. Not for use
+ * while another thread runs a forward. */
+DT_API dt_status dt_k_act_block_set(int block);
+/* oneDNN's effective instruction set ("avx2", "avx512_core", ...; follows
+ * ONEDNN_MAX_CPU_ISA). */
+DT_API const char *dt_k_onednn_isa(void);
+/* "nChw8c", "nChw16c" or "plain" for a block of 8, 16 or anything else. */
+DT_API const char *dt_k_block_name(int block);
+
+/* ---- channel-blocked helpers (plain C) ---------------------------------------
+ * x is (N, C, HW) with C % B == 0, B = 8 (nChw8c) or 16 (nChw16c).
+ * Conversions count as reorders in dt_k_stats. Batch norm and max pooling on
+ * blocked data give the same values as the plain kernels, whatever B (same
+ * reduction order per channel: rows of HW summed in float, row sums in
+ * double in n order; deterministic). */
+DT_API dt_status dt_k_to_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B, float *y);
+DT_API dt_status dt_k_from_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B, float *y);
+DT_API dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
+                                                  const float *gamma, const float *beta, float eps,
+                                                  float momentum, float *running_mean, float *running_var,
+                                                  float *y, float *save_mean, float *save_invstd);
+DT_API dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW,
+                                            int B, const float *gamma, const float *save_mean,
+                                            const float *save_invstd, float *dx, float *dgamma, float *dbeta);
 
 /* ---- elementwise --------------------------------------------------------- */
 /* y[i] = v. */
@@ -288,11 +322,13 @@ DT_API dt_status dt_k_maxpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, 
 /* dx (N, C, H, W) = scatter of dy through argmax (overlapping windows add). */
 DT_API dt_status dt_k_maxpool2d_bwd(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax,
                                     float *dx);
-/* Max pooling on nChw8c x / y / dy / dx; argmax is laid out like y
- * (nChw8c) and holds h*W + w as in the plain kernel (C % 8 == 0). */
-DT_API dt_status dt_k_maxpool2d_fwd_b8(const dt_k_pool2d_shape *s, const float *x, float *y, int32_t *argmax);
-DT_API dt_status dt_k_maxpool2d_bwd_b8(const dt_k_pool2d_shape *s, const float *dy, const int32_t *argmax,
-                                       float *dx);
+/* Max pooling on channel-blocked x / y / dy / dx (block B = 8 or 16,
+ * C % B == 0); argmax is laid out like y and holds h*W + w as in the plain
+ * kernel. */
+DT_API dt_status dt_k_maxpool2d_fwd_blocked(const dt_k_pool2d_shape *s, int B, const float *x, float *y,
+                                            int32_t *argmax);
+DT_API dt_status dt_k_maxpool2d_bwd_blocked(const dt_k_pool2d_shape *s, int B, const float *dy,
+                                            const int32_t *argmax, float *dx);
 /* Average pooling; count_include_pad as PyTorch (default true there). */
 DT_API dt_status dt_k_avgpool2d_fwd(const dt_k_pool2d_shape *s, const float *x, float *y,
                                     bool count_include_pad);

@@ -30,6 +30,7 @@
 #ifndef DTRAIN_MODELS_H
 #define DTRAIN_MODELS_H
 
+#include "dtrain/data.h"
 #include "dtrain/nn.h"
 
 #ifdef __cplusplus
@@ -85,6 +86,12 @@ DT_API const char *const *dt_model_zoo_names(void);
  * two) and its dtype. */
 DT_API dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim, int64_t *shape,
                                       int *target_ndim, int64_t *target_shape, dt_dtype *target_dtype);
+/* Check that ds's items are the model's input (dtype and shape of one
+ * sample) and, for a model with a target, that its targets have the
+ * target's dtype and dimensions. DT_ERR_SHAPE naming the dataset's source
+ * and both shapes ("/d/t10k-images-idx3-ubyte: items are (1, 14, 14) f32,
+ * model 'convnet' takes (1, 28, 28) f32"). Call it for every split. */
+DT_API dt_status dt_model_desc_check_dataset(const dt_model_desc *d, const dt_dataset *ds);
 /* The descriptor's loss of output against target (NULL when has_target is
  * false). DT_ERR_UNSUPPORTED for DT_LOSS_NONE. NULL inputs propagate. */
 DT_API dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target);

@@ -64,14 +64,18 @@ enum {
     DT_TENSOR_OWNS_DATA = 1u << 1,     /* dt_tensor_free frees data */
     DT_TENSOR_TEMP = 1u << 2,          /* struct lives in a dt_ctx arena */
     DT_TENSOR_OWNS_GRAD = 1u << 3,     /* dt_tensor_free frees grad */
-    /* Library-internal layout: a 4-D f32 temporary (C % 8 == 0) whose data is
-     * stored nChw8c, [N][C/8][H][W][8], while shape/strides stay the logical
-     * contiguous NCHW; its grad uses the same layout. Only made by conv2d
-     * (and batch_norm / relu / max_pool2d on such inputs) inside a region
-     * where dt_ctx_set_blocked is on. Every other op converts it to plain
-     * first (differentiably); dt_tensor_read/get/item/copy/write/set
+    /* Library-internal layouts: a 4-D f32 temporary (C % B == 0) whose data
+     * is stored channel-blocked, [N][C/B][H][W][B] with B = 8 (nChw8c) or
+     * 16 (nChw16c), while shape/strides stay the logical contiguous NCHW;
+     * its grad uses the same layout. Only made by conv2d (and batch_norm /
+     * relu / max_pool2d on such inputs) inside a region where
+     * dt_ctx_set_blocked is on, with the block dt_k_act_block() chooses
+     * (the one oneDNN prefers on this CPU). Every other op converts it to
+     * plain first (differentiably); dt_tensor_read/get/item/copy/write/set
      * understand it. Do not touch ->data of such a tensor directly. */
     DT_TENSOR_BLOCKED8 = 1u << 4,
+    DT_TENSOR_BLOCKED16 = 1u << 5,
+    DT_TENSOR_BLOCKED = DT_TENSOR_BLOCKED8 | DT_TENSOR_BLOCKED16, /* either */
 };
 
 typedef struct dt_tensor dt_tensor;
@@ -102,6 +106,13 @@ struct dt_tensor {
 };
 
 /* ---- shape helpers ------------------------------------------------------ */
+
+/* The channel block of t's storage: 8 (DT_TENSOR_BLOCKED8), 16
+ * (DT_TENSOR_BLOCKED16) or 0 (plain, or t is NULL). */
+static inline int dt_tensor_block(const dt_tensor *t)
+{
+    return !t ? 0 : (t->flags & DT_TENSOR_BLOCKED8) ? 8 : (t->flags & DT_TENSOR_BLOCKED16) ? 16 : 0;
+}
 
 /* Number of elements (1 for ndim 0). NULL gives 0. */
 DT_API int64_t dt_tensor_numel(const dt_tensor *t);
@@ -249,8 +260,9 @@ DT_API void dt_ctx_free(dt_ctx *ctx);
 DT_API void dt_ctx_reset(dt_ctx *ctx);
 /* The context's arena (for op-private scratch; valid until reset). */
 DT_API dt_arena *dt_ctx_arena(dt_ctx *ctx);
-/* Allow (on) or forbid conv2d to produce DT_TENSOR_BLOCKED8 activations in
- * this context (off by default; DT_CONV_LAYOUT=plain forbids it always).
+/* Allow (on) or forbid conv2d to produce DT_TENSOR_BLOCKED8/16 activations
+ * in this context (off by default; dt_k_act_block() == 0, e.g. under
+ * DT_CONV_LAYOUT=plain or DT_BLOCKED=0, forbids it always).
  * Meant for a model forward whose conv activations only feed conv2d,
  * batch_norm, relu, max_pool2d and finally an op that converts (flatten);
  * returns the previous setting so the region can restore it. */

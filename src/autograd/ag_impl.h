@@ -69,16 +69,23 @@ bool dt__check_f32(const char *op, const char *arg, const dt_tensor *t);
 /* "op: <what>: a [2,3] and b [4]" shape error. */
 void dt__shape_error(const char *op, const char *what, const dt_tensor *a, const dt_tensor *b);
 
-/* An nChw8c (DT_TENSOR_BLOCKED8) tensor t as a plain NCHW one: t itself when
- * t is plain, else a converted temporary recorded on the tape (its backward
- * converts the gradient back to nChw8c). NULL with the error set on failure. */
+/* A channel-blocked (DT_TENSOR_BLOCKED8/16) tensor t as a plain NCHW one: t
+ * itself when t is plain, else a converted temporary recorded on the tape
+ * (its backward converts the gradient back to t's block). NULL with the
+ * error set on failure. */
 dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t);
 static inline bool dt__blocked(const dt_tensor *t)
 {
-    return t && (t->flags & DT_TENSOR_BLOCKED8);
+    return t && (t->flags & DT_TENSOR_BLOCKED);
 }
 
-/* Null checks; DT__NEED_ANY keeps an nChw8c input as it is (for the ops that
+/* The DT_TENSOR_* flag for a block of 8 or 16 (0 for anything else). */
+static inline uint32_t dt__block_flag(int block)
+{
+    return block == 8 ? DT_TENSOR_BLOCKED8 : block == 16 ? DT_TENSOR_BLOCKED16 : 0u;
+}
+
+/* Null checks; DT__NEED_ANY keeps a channel-blocked input as it is (for the ops that
  * understand that layout), DT__NEED converts it to plain: every other op
  * validates its inputs with it, so none reads blocked data by mistake. */
 #define DT__NEED_ANY(ctx, op, t)                                                   \

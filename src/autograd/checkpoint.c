@@ -32,7 +32,7 @@ static dt_status ckpt_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     bool old = dt_ag_set_enabled(ctx, true);
     bool oldb = dt_ctx_set_blocked(ctx, false); /* the region's output must be plain */
     dt_tensor *out = cs->fn(ctx, n->nin, a, cs->ud);
-    if (out && dt__blocked(out)) /* an nChw8c input passed through (relu) */
+    if (out && dt__blocked(out)) /* a blocked input passed through (relu) */
         out = dt__plain(ctx, out);
     dt_ctx_set_blocked(ctx, oldb);
     dt_ag_set_enabled(ctx, old);

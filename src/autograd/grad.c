@@ -16,7 +16,7 @@ float *dt__grad(dt_ctx *ctx, dt_tensor *t)
         g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
     } else {
         g = dt_tensor_new(DT_F32, t->ndim, t->shape);
@@ -35,7 +35,7 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
         return g->data;
     }
@@ -48,7 +48,7 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
-        g->flags |= t->flags & DT_TENSOR_BLOCKED8;
+        g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
         *beta = 0.0f;
         return g->data;

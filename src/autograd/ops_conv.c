@@ -11,7 +11,7 @@
 #include <string.h>
 
 /* saved[0] = x data, saved[1] = w data, saved[2] = kernel shape;
- * i[0] = the kernels' layout bits (x and/or out stored nChw8c) */
+ * i[0] = the kernels' layout bits (x and/or out stored nChw8c / nChw16c) */
 static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const float *x = n->saved[0], *w = n->saved[1];
@@ -77,10 +77,15 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
-    /* nChw8c in (an earlier conv's activation) and/or out (when this
-     * context allows it and the channels fit): no reorders around oneDNN */
-    bool out_b = ctx->blocked_ok && s.K % 8 == 0 && s.N > 0 && dt_k_conv2d_blocked_enabled();
-    unsigned lay = (dt__blocked(x) ? DT_K_SRC_BLOCKED8 : 0u) | (out_b ? DT_K_DST_BLOCKED8 : 0u);
+    /* blocked in (an earlier conv's activation) and/or out (when this
+     * context allows it and the channels fit the block oneDNN prefers,
+     * dt_k_act_block): no reorders around oneDNN */
+    int xb = dt_tensor_block(x), ob = ctx->blocked_ok && s.N > 0 ? dt_k_act_block() : 0;
+    if (ob && s.K % ob)
+        ob = 0;
+    bool out_b = ob != 0;
+    unsigned lay = (xb == 8 ? DT_K_SRC_BLOCKED8 : xb == 16 ? DT_K_SRC_BLOCKED16 : 0u) |
+                   (ob == 8 ? DT_K_DST_BLOCKED8 : ob == 16 ? DT_K_DST_BLOCKED16 : 0u);
     const float *xd = dt__cdata(ctx, x), *wd = dt__cdata(ctx, w);
     const float *bd = bias ? dt__cdata(ctx, bias) : NULL;
     dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.K, P, Q});
@@ -89,7 +94,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
         return NULL;
     *ss = s;
     if (out_b)
-        out->flags |= DT_TENSOR_BLOCKED8;
+        out->flags |= dt__block_flag(ob);
     if (dt_k_conv2d_fwd_l(&s, xd, wd, bd, out->data, lay) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
@@ -118,7 +123,7 @@ static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
         return dt_last_status();
-    dt_status st = arg && dt__blocked(n->in[0]) ? dt_k_maxpool2d_bwd_b8(s, gout, arg, gx)
+    dt_status st = arg && dt__blocked(n->in[0]) ? dt_k_maxpool2d_bwd_blocked(s, dt_tensor_block(n->in[0]), gout, arg, gx)
                    : arg ? dt_k_maxpool2d_bwd(s, gout, arg, gx)
                        : dt_k_avgpool2d_bwd(s, gout, gx, true);
     if (st < 0)
@@ -165,10 +170,9 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
     if (!xd || !out || (is_max && !arg) || !ss)
         return NULL;
     *ss = s;
-    bool blk = dt__blocked(x);
-    if (blk)
-        out->flags |= DT_TENSOR_BLOCKED8;
-    dt_status st = blk      ? dt_k_maxpool2d_fwd_b8(&s, xd, out->data, arg)
+    int blk = dt_tensor_block(x);
+    out->flags |= dt__block_flag(blk);
+    dt_status st = blk      ? dt_k_maxpool2d_fwd_blocked(&s, blk, xd, out->data, arg)
                    : is_max ? dt_k_maxpool2d_fwd(&s, xd, out->data, arg)
                           : dt_k_avgpool2d_fwd(&s, xd, out->data, true);
     if (st < 0) {

@@ -254,7 +254,7 @@ dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x)
     DT__NEED_F32_ANY(ctx, "dt_relu", x); /* elementwise: any layout */
     dt_tensor *y = unary(ctx, "dt_relu", U_RELU, x, 0, NULL);
     if (y && dt__blocked(x))
-        y->flags |= DT_TENSOR_BLOCKED8;
+        y->flags |= x->flags & DT_TENSOR_BLOCKED;
     return y;
 }
 

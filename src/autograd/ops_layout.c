@@ -1,4 +1,4 @@
-/* Layout conversion: a blocked (nChw8c) temporary made plain (NCHW) for
+/* Layout conversion: a blocked (nChw8c / nChw16c) temporary made plain (NCHW) for
  * an op that does not understand the blocked layout (DT__NEED in
  * ag_impl.h), recorded on the tape like any op. */
 #include "autograd/ag_impl.h"
@@ -12,7 +12,7 @@ static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gx = dt__grad_begin(ctx, X);
     if (!gx)
         return dt_last_status();
-    dt_status st = dt_k_to_blocked8(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], gx);
+    dt_status st = dt_k_to_blocked(gout, X->shape[0], X->shape[1], X->shape[2] * X->shape[3], dt_tensor_block(X), gx);
     return st < 0 ? st : dt__grad_commit(ctx, X, gx);
 }
 
@@ -24,7 +24,8 @@ dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
     dt_tensor *out = dt__out(ctx, 4, x->shape);
     if (!out)
         return NULL;
-    if (dt_k_from_blocked8(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], out->data) < 0) {
+    if (dt_k_from_blocked(x->data, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], dt_tensor_block(x),
+                          out->data) < 0) {
         dt_error_wrap(dt_last_status(), "to plain layout");
         return NULL;
     }

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-/* i[0..4] = N, C, S, training, x nChw8c; saved: x, mean, invstd, gamma (contiguous) */
+/* i[0..4] = N, C, S, training, x's channel block (0 plain, 8, 16); saved: x, mean, invstd, gamma (contiguous) */
 static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t N = n->i[0], C = n->i[1], S = n->i[2];
@@ -26,8 +26,8 @@ static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         return dt_last_status();
     dt_status st = DT_OK;
     if (training && n->i[4]) {
-        st = dt_k_batchnorm_bwd_b8(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
-                                   dt__rg(beta) ? gb : NULL);
+        st = dt_k_batchnorm_bwd_blocked(x, gout, N, C, S, (int)n->i[4], gm, mean, invstd, gx,
+                                        dt__rg(gamma) ? gg : NULL, dt__rg(beta) ? gb : NULL);
     } else if (training) {
         st = dt_k_batchnorm_bwd(x, gout, N, C, S, gm, mean, invstd, gx, dt__rg(gamma) ? gg : NULL,
                                 dt__rg(beta) ? gb : NULL);
@@ -92,10 +92,10 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
 {
     const char *op = "dt_batch_norm";
     DT__NEED_F32_ANY(ctx, op, x);
-    /* nChw8c input: training runs on it directly; evaluation converts */
+    /* channel-blocked input: training runs on it directly; evaluation converts */
     if (!training && dt__blocked(x) && !(x = dt__plain(ctx, x)))
         return NULL;
-    bool blk = dt__blocked(x);
+    int blk = dt_tensor_block(x);
     if (x->ndim < 2) {
         char s[96];
         dt_error(DT_ERR_SHAPE, "%s: want x [N,C,...], got %s", op,
@@ -133,11 +133,11 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         return NULL;
     dt_status st;
     if (blk) {
-        out->flags |= DT_TENSOR_BLOCKED8;
-        st = dt_k_batchnorm_train_fwd_b8(xd, N, C, S, gm, bt, eps, momentum,
-                                         running_mean ? running_mean->data : NULL,
-                                         running_var ? running_var->data : NULL, out->data, mean,
-                                         invstd);
+        out->flags |= dt__block_flag(blk);
+        st = dt_k_batchnorm_train_fwd_blocked(xd, N, C, S, blk, gm, bt, eps, momentum,
+                                              running_mean ? running_mean->data : NULL,
+                                              running_var ? running_var->data : NULL, out->data, mean,
+                                              invstd);
     } else if (training) {
         st = dt_k_batchnorm_train_fwd(xd, N, C, S, gm, bt, eps, momentum,
                                       running_mean ? running_mean->data : NULL,

@@ -1,9 +1,15 @@
 /* CPU feature detection through cpuid and xgetbv (the OS must have enabled
- * the AVX and AVX-512 register state for the features to count). */
+ * the AVX and AVX-512 register state for the features to count), capped by
+ * DT_MAX_CPU_ISA so that a machine with AVX-512 can run the code paths of an
+ * AVX2 (or a plain x86-64) machine: every SIMD path dtrain picks at run time
+ * asks dt_cpu_detect(), so the cap reaches all of them. */
 #include "dtrain/base.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -16,7 +22,7 @@ static uint64_t xgetbv0(void)
 }
 #endif
 
-dt_cpu_features dt_cpu_detect(void)
+dt_cpu_features dt_cpu_detect_hw(void)
 {
     dt_cpu_features f;
     memset(&f, 0, sizeof f);
@@ -39,6 +45,52 @@ dt_cpu_features dt_cpu_detect(void)
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512_bf16 = zmm && ((a >> 5) & 1);
 #endif
+    return f;
+}
+
+/* -1 = not read yet; else a dt_cpu_isa_cap value */
+static _Atomic int g_cap = -1;
+
+dt_cpu_isa_cap dt_cpu_max_isa(void)
+{
+    int c = atomic_load(&g_cap);
+    if (c >= 0)
+        return (dt_cpu_isa_cap)c;
+    const char *e = getenv("DT_MAX_CPU_ISA");
+    c = DT_CPU_ISA_ALL;
+    if (e && *e) {
+        if (!strcasecmp(e, "scalar") || !strcasecmp(e, "none") || !strcasecmp(e, "sse4.1") ||
+            !strcasecmp(e, "sse41"))
+            c = DT_CPU_ISA_SCALAR;
+        else if (!strcasecmp(e, "avx2"))
+            c = DT_CPU_ISA_AVX2;
+        else if (!strcasecmp(e, "avx512") || !strcasecmp(e, "all"))
+            c = DT_CPU_ISA_ALL;
+        else
+            dt_log(DT_LOG_WARN, "DT_MAX_CPU_ISA=%s is not one of scalar, avx2, avx512, all; ignored (no cap)", e);
+    }
+    atomic_store(&g_cap, c);
+    return (dt_cpu_isa_cap)c;
+}
+
+const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap)
+{
+    switch (cap) {
+    case DT_CPU_ISA_SCALAR: return "scalar";
+    case DT_CPU_ISA_AVX2: return "avx2";
+    case DT_CPU_ISA_ALL: return "all";
+    }
+    return "?";
+}
+
+dt_cpu_features dt_cpu_detect(void)
+{
+    dt_cpu_features f = dt_cpu_detect_hw();
+    dt_cpu_isa_cap cap = dt_cpu_max_isa();
+    if (cap <= DT_CPU_ISA_AVX2)
+        f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_fp16 = false;
+    if (cap <= DT_CPU_ISA_SCALAR)
+        f.avx2 = f.fma = f.f16c = false;
     return f;
 }
 

@@ -2,15 +2,21 @@
 #include "dtrain/base.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int g_level = -1;
+/* Read and written from any thread (a progress or loader thread logs while
+ * the main thread may set the level): an atomic, relaxed, since it carries
+ * no other data with it. The first reader fills it from DT_LOG_LEVEL with a
+ * compare-exchange from -1, so it never overwrites a level set meanwhile. */
+static _Atomic int g_level = -1;
 
 dt_log_level dt_log_get_level(void)
 {
-    if (g_level < 0) {
+    int cur = atomic_load_explicit(&g_level, memory_order_relaxed);
+    if (cur < 0) {
         const char *e = getenv("DT_LOG_LEVEL");
         int lvl = DT_LOG_WARN;
         if (e) {
@@ -18,12 +24,17 @@ dt_log_level dt_log_get_level(void)
             else if (!strcmp(e, "info")) lvl = DT_LOG_INFO;
             else if (!strcmp(e, "debug")) lvl = DT_LOG_DEBUG;
         }
-        g_level = lvl;
+        if (atomic_compare_exchange_strong_explicit(&g_level, &cur, lvl, memory_order_relaxed,
+                                                    memory_order_relaxed))
+            cur = lvl;
     }
-    return (dt_log_level)g_level;
+    return (dt_log_level)cur;
 }
 
-void dt_log_set_level(dt_log_level lvl) { g_level = (int)lvl; }
+void dt_log_set_level(dt_log_level lvl)
+{
+    atomic_store_explicit(&g_level, (int)lvl, memory_order_relaxed);
+}
 
 void dt_log(dt_log_level lvl, const char *fmt, ...)
 {

@@ -1,17 +1,21 @@
 /* Compute-thread count shared by every OpenMP kernel. */
 #include "dtrain/base.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static int g_threads;
+/* Set by the application's thread, read by every thread that runs a kernel
+ * (the loader's, a progress thread reducing): an atomic, relaxed, as it
+ * publishes nothing else. */
+static _Atomic int g_threads;
 
 void dt_set_num_threads(int n)
 {
-    g_threads = n > 0 ? n : 0;
+    atomic_store_explicit(&g_threads, n > 0 ? n : 0, memory_order_relaxed);
 #ifdef _OPENMP
     omp_set_num_threads(dt_get_num_threads());
 #endif
@@ -19,8 +23,9 @@ void dt_set_num_threads(int n)
 
 int dt_get_num_threads(void)
 {
-    if (g_threads > 0)
-        return g_threads;
+    int n_set = atomic_load_explicit(&g_threads, memory_order_relaxed);
+    if (n_set > 0)
+        return n_set;
     const char *e = getenv("OMP_NUM_THREADS");
     if (e && atoi(e) > 0)
         return atoi(e);

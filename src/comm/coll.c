@@ -289,7 +289,7 @@ typedef struct {
     char *tmp;             /* (W + 1) * maxc elements: padded input, then the output block */
 } rsv_state;
 
-static void rsv_pre(dt_req *r)
+static dt_status rsv_pre(dt_req *r)
 {
     rsv_state *x = r->xf;
     int W = r->pg->size;
@@ -299,6 +299,7 @@ static void rsv_pre(dt_req *r)
                x->counts[j] * x->es);
         off += x->counts[j];
     }
+    return DT_OK;
 }
 
 static void rsv_post(dt_req *r)
@@ -470,6 +471,135 @@ dt_status dt_pg_scatter(dt_pg *pg, const void *send, void *recv, size_t count, d
                         int root)
 {
     return scatter(pg, send, recv, count, dt, root, NULL);
+}
+
+/* ---- alltoallv ----
+ * Uneven blocks run as one alltoall of the largest block over all pairs:
+ * pre (on the executor) agrees on that size with a small all-reduce (max),
+ * packs the send blocks into a zero-padded (W, maxc) buffer and points the
+ * request's alltoall at it; post copies the received blocks out. */
+typedef struct {
+    const char *user_send;
+    char *user_recv;
+    size_t *sc, *sd, *rc, *rd; /* W each, copied at post */
+    size_t es;
+    char *tmp;                 /* malloc'd in pre: 2 * W * maxc elements */
+} a2av_state;
+
+static void a2av_free(void *p)
+{
+    a2av_state *x = p;
+    free(x->tmp);
+    free(x);
+}
+
+static dt_status a2av_pre(dt_req *r)
+{
+    a2av_state *x = r->xf;
+    r->xf_free = a2av_free; /* tmp goes with the request, also after a failure */
+    dt_pg *pg = r->pg;
+    int W = pg->size;
+    int64_t m = 0;
+    for (int j = 0; j < W; j++) {
+        m = (int64_t)x->sc[j] > m ? (int64_t)x->sc[j] : m;
+        m = (int64_t)x->rc[j] > m ? (int64_t)x->rc[j] : m;
+    }
+    dt_coll mc = coll_make(DT_COLL_ALLREDUCE, &m, &m, 1, DT_I64);
+    mc.op = DT_REDUCE_MAX;
+    mc.in_place = 1;
+    mc.seq = r->c.seq;
+    mc.timeout_s = r->c.timeout_s;
+    dt_status st = pg->ops->run(pg->ctx, &mc);
+    if (st < 0)
+        return st;
+    size_t maxc = (size_t)m;
+    x->tmp = calloc(2 * (size_t)W * maxc + 1, x->es); /* zero: defined padding */
+    if (!x->tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_pg_alltoallv: out of memory for the padded "
+                                          "buffers (%zu bytes)", 2 * (size_t)W * maxc * x->es);
+    for (int j = 0; j < W; j++)
+        memcpy(x->tmp + (size_t)j * maxc * x->es, x->user_send + x->sd[j] * x->es,
+               x->sc[j] * x->es);
+    r->c.send = x->tmp;
+    r->c.recv = x->tmp + (size_t)W * maxc * x->es;
+    r->c.count = maxc;
+    return DT_OK;
+}
+
+static void a2av_post(dt_req *r)
+{
+    a2av_state *x = r->xf;
+    for (int j = 0; j < r->pg->size; j++)
+        memcpy(x->user_recv + x->rd[j] * x->es, (char *)r->c.recv + (size_t)j * r->c.count * x->es,
+               x->rc[j] * x->es);
+}
+
+static dt_status alltoallv(dt_pg *pg, const void *send, const size_t *sendcounts,
+                           const size_t *sdispls, void *recv, const size_t *recvcounts,
+                           const size_t *rdispls, dt_dtype dt, dt_req **req)
+{
+    const char *fn = "dt_pg_alltoallv";
+    CHK(check_common(pg, fn, dt, req));
+    if (!sendcounts || !recvcounts)
+        return dt_error(DT_ERR_NULL, "%s: NULL counts", fn);
+    int W = pg->size;
+    a2av_state *x = calloc(1, sizeof *x + 4 * (size_t)W * sizeof(size_t));
+    if (!x)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    x->sc = (size_t *)(void *)(x + 1);
+    x->sd = x->sc + W;
+    x->rc = x->sd + W;
+    x->rd = x->rc + W;
+    size_t so = 0, ro = 0, send_end = 0, recv_end = 0;
+    for (int j = 0; j < W; j++) {
+        x->sc[j] = sendcounts[j];
+        x->rc[j] = recvcounts[j];
+        x->sd[j] = sdispls ? sdispls[j] : so;
+        x->rd[j] = rdispls ? rdispls[j] : ro;
+        so += sendcounts[j];
+        ro += recvcounts[j];
+        if (x->sd[j] + x->sc[j] > send_end)
+            send_end = x->sd[j] + x->sc[j];
+        if (x->rd[j] + x->rc[j] > recv_end)
+            recv_end = x->rd[j] + x->rc[j];
+    }
+    dt_status st = need(send, send_end, fn, "send");
+    if (st == DT_OK)
+        st = need(recv, recv_end, fn, "recv");
+    if (st < 0) {
+        free(x);
+        return st;
+    }
+    x->user_send = send;
+    x->user_recv = recv;
+    x->es = dt_dtype_size(dt);
+    /* The alltoall's buffers and count are set by a2av_pre. */
+    dt_coll c = coll_make(DT_COLL_ALLTOALL, NULL, NULL, 0, dt);
+    dt_req *r;
+    st = dt__pg_post_ex(pg, &c, NULL, a2av_pre, a2av_post, x, req != NULL, &r);
+    if (st < 0)
+        return st;
+    if (req) {
+        *req = r;
+        return DT_OK;
+    }
+    st = dt_req_wait(r, -1);
+    dt_req_free(r);
+    return st;
+}
+dt_status dt_pg_alltoallv_async(dt_pg *pg, const void *send, const size_t *sendcounts,
+                                const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                const size_t *rdispls, dt_dtype dt, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_alltoallv_async: NULL req");
+    return alltoallv(pg, send, sendcounts, sdispls, recv, recvcounts, rdispls, dt, req);
+}
+dt_status dt_pg_alltoallv(dt_pg *pg, const void *send, const size_t *sendcounts,
+                          const size_t *sdispls, void *recv, const size_t *recvcounts,
+                          const size_t *rdispls, dt_dtype dt)
+{
+    return alltoallv(pg, send, sendcounts, sdispls, recv, recvcounts, rdispls, dt, NULL);
 }
 
 /* ---- alltoall ---- */

@@ -43,23 +43,28 @@ static const src_vars k_sources[] = {
 
 static int is_set(const char *name) { return name && getenv(name) && *getenv(name); }
 
-/* Slurm's SLURM_TASKS_PER_NODE ("4(x2),3") entry for node `node`. */
+/* Slurm's SLURM_TASKS_PER_NODE ("4(x2),3": nodes 0-1 run 4 tasks, node 2
+ * runs 3) entry for node `node`; -1 if the list is malformed (a count < 0, a
+ * repeat < 1) or too short. idx <= node throughout, so neither idx + rep
+ * nor node - idx can overflow whatever the repeats are. */
 static long slurm_tasks_on_node(const char *s, long node)
 {
+    if (node < 0)
+        return -1;
     long idx = 0;
     while (s && *s) {
         char *end;
         long n = strtol(s, &end, 10);
-        if (end == s)
+        if (end == s || n < 0)
             return -1;
         long rep = 1;
         if (*end == '(' && end[1] == 'x') {
             rep = strtol(end + 2, &end, 10);
-            if (*end != ')')
+            if (*end != ')' || rep < 1)
                 return -1;
             end++;
         }
-        if (node < idx + rep)
+        if (rep > node - idx)
             return n;
         idx += rep;
         s = *end == ',' ? end + 1 : end;
@@ -92,8 +97,17 @@ static dt_status read_source(const src_vars *v, dt__rank_env *o)
             return DT_ERR_INVALID_ARG;
     } else {
         int64_t node;
-        if (is_set("SLURM_NODEID") && dt_env_int("SLURM_NODEID", 0, 0, INT_MAX, &node) == DT_OK)
+        if (is_set("SLURM_NODEID") && is_set("SLURM_TASKS_PER_NODE")) {
+            if (dt_env_int("SLURM_NODEID", 0, 0, INT_MAX, &node) < 0)
+                return DT_ERR_INVALID_ARG;
             ln = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), (long)node);
+            if (ln < 0)
+                return dt_error(DT_ERR_INVALID_ARG,
+                                "%s: SLURM_TASKS_PER_NODE=\"%s\" has no entry for SLURM_NODEID=%lld "
+                                "(expected counts such as \"4(x2),3\")",
+                                dt__rank_source_name(v->src), getenv("SLURM_TASKS_PER_NODE"),
+                                (long long)node);
+        }
     }
     int lr_set = is_set(v->lrank), ln_set = ln >= 0 || (v->lsize && is_set(v->lsize));
     if (!lr_set && !ln_set) {

@@ -114,7 +114,10 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
         snprintf(name, sizeof name, "%s", default_backend(&e));
         opts[0] = '\0';
     }
-    const dt_backend_ops *ops = dt_backend_find(name);
+    /* A copy taken under the registry's lock: another thread may
+     * re-register this name (which rewrites the table in place) meanwhile. */
+    dt_backend_ops ops_now;
+    const dt_backend_ops *ops = dt__backend_copy(name, &ops_now) ? &ops_now : NULL;
     if (!ops) {
         char list[256];
         return dt_error(DT_ERR_NOT_FOUND, "backend '%s' is not registered (registered: %s)", name,

@@ -37,6 +37,9 @@ const char *dt__rank_source_name(dt__rank_source s);
 
 /* Registry (registry.c): make sure the built-ins are registered. */
 void dt__registry_init(void);
+/* Copy the table registered under name into *out under the registry's lock;
+ * 0 if none is. */
+int dt__backend_copy(const char *name, dt_backend_ops *out);
 
 struct dt_req {
     dt_pg *pg;
@@ -46,11 +49,14 @@ struct dt_req {
     dt_req *next;         /* queue link */
     size_t *own_displs;   /* allgatherv displacements we computed */
     /* Forms the group layer builds from a backend operation (the padded
-     * reduce_scatterv): pre runs on the executor before the backend's run,
-     * post after it succeeded; xf is their state, freed with the request. */
-    void (*pre)(dt_req *r);
+     * reduce_scatterv and alltoallv): pre runs on the executor before the
+     * backend's run (it may run backend operations itself and rewrite c;
+     * an error fails the request), post after the run succeeded; xf is
+     * their state, freed with the request. */
+    dt_status (*pre)(dt_req *r);
     void (*post)(dt_req *r);
     void *xf;
+    void (*xf_free)(void *xf); /* NULL: free(xf); may be set by pre */
     char msg[DT__MSG_CAP];
 };
 
@@ -86,7 +92,7 @@ dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start
                       dt_req **out);
 /* dt__pg_post with pre/post hooks and their state (taken over, freed with
  * the request, also on error). */
-dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, void (*pre)(dt_req *),
+dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_status (*pre)(dt_req *),
                          void (*post)(dt_req *), void *xf, int start_thread, dt_req **out);
 /* A blocking call: run c on this thread when the engine is idle (no
  * request allocated), else queue it and wait. */

@@ -170,6 +170,20 @@ const dt_backend_ops *dt_backend_find(const char *name)
     return r;
 }
 
+int dt__backend_copy(const char *name, dt_backend_ops *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    init_locked();
+    for (int i = 0; i < g_n && !found; i++)
+        if (!strcmp(g_table[i].name, name)) {
+            *out = g_table[i];
+            found = 1;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
 char *dt_backend_list(char *buf, size_t n)
 {
     if (!buf || !n)

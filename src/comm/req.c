@@ -29,7 +29,10 @@
 
 static void req_release(dt_req *r)
 {
-    free(r->xf);
+    if (r->xf_free)
+        r->xf_free(r->xf);
+    else
+        free(r->xf);
     free(r->own_displs);
     free(r);
 }
@@ -211,9 +214,9 @@ static void exec_one(dt_pg *pg, dt_req *r)
                  dt_coll_kind_name(r->c.kind));
     } else {
         dt_error_clear();
-        if (r->pre)
-            r->pre(r);
-        st = pg->ops->run(pg->ctx, &r->c);
+        st = r->pre ? r->pre(r) : DT_OK;
+        if (st >= 0)
+            st = pg->ops->run(pg->ctx, &r->c);
         if (st >= 0 && r->post)
             r->post(r);
         if (st < 0) {
@@ -279,7 +282,7 @@ dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start
     return dt__pg_post_ex(pg, c, own_displs, NULL, NULL, NULL, start_thread, out);
 }
 
-dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, void (*pre)(dt_req *),
+dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_status (*pre)(dt_req *),
                          void (*post)(dt_req *), void *xf, int start_thread, dt_req **out)
 {
     *out = NULL;

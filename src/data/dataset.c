@@ -6,6 +6,7 @@
 #include "dtrain/data.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@ struct dt_dataset {
     void *self;
     dt_dataset_info info;
     size_t x_bytes, y_bytes;
+    char source[512]; /* for messages: the file it reads, else the vtable's name */
 };
 
 static int64_t shape_numel(int ndim, const int64_t *shape)
@@ -55,6 +57,7 @@ dt_status dt_dataset_init(const dt_dataset_vtable *vt, void *self, const dt_data
     ds->vt = vt;
     ds->self = self;
     ds->info = *info;
+    snprintf(ds->source, sizeof ds->source, "%s", vt->name ? vt->name : "dataset");
     ds->x_bytes = (size_t)shape_numel(info->x_ndim, info->x_shape) * dt_dtype_size(info->x_dtype);
     ds->y_bytes = (size_t)shape_numel(info->y_ndim, info->y_shape) * dt_dtype_size(info->y_dtype);
     *out = ds;
@@ -68,6 +71,42 @@ void dt_dataset_free(dt_dataset *ds)
     if (ds->vt->free)
         ds->vt->free(ds->self);
     free(ds);
+}
+
+void dt_dataset_set_source(dt_dataset *ds, const char *source)
+{
+    if (ds && source)
+        snprintf(ds->source, sizeof ds->source, "%s", source);
+}
+
+const char *dt_dataset_source(const dt_dataset *ds) { return ds ? ds->source : "(null)"; }
+
+static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    size_t o = (size_t)snprintf(buf, n, "(");
+    for (int d = 0; d < ndim && o < n; d++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (o < n)
+        snprintf(buf + o, n - o, ")");
+    return buf;
+}
+
+dt_status dt_dataset_check_input(const dt_dataset *ds, dt_dtype dtype, int ndim, const int64_t *shape,
+                                 const char *consumer)
+{
+    if (!ds || (ndim > 0 && !shape))
+        return dt_error(DT_ERR_NULL, "dt_dataset_check_input: NULL argument");
+    const dt_dataset_info *in = &ds->info;
+    bool same = in->x_dtype == dtype && in->x_ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = in->x_shape[d] == shape[d];
+    if (same)
+        return DT_OK;
+    char a[160], b[160];
+    return dt_error(DT_ERR_SHAPE, "%s: items are %s %s, %s takes %s %s", ds->source,
+                    shape_str(in->x_ndim, in->x_shape, a, sizeof a), dt_dtype_name(in->x_dtype),
+                    consumer ? consumer : "the consumer", shape_str(ndim, shape, b, sizeof b),
+                    dt_dtype_name(dtype));
 }
 
 int64_t dt_dataset_length(const dt_dataset *ds) { return ds ? ds->vt->length(ds->self) : 0; }
@@ -181,6 +220,8 @@ dt_status dt_dataset_subset_init(dt_dataset *base, int64_t start, int64_t n, dt_
     dt_status st = dt_dataset_init(&subset_vt, s, &base->info, out);
     if (st < 0)
         subset_free(s);
+    else
+        dt_dataset_set_source(*out, base->source);
     return st;
 }
 

@@ -131,6 +131,8 @@ dt_status dt_dataset_idx_from(dt_idx *images, dt_idx *labels, const char *images
     st = dt_dataset_init(&idxset_vt, s, &info, out);
     if (st < 0)
         idxset_free(s);
+    else
+        dt_dataset_set_source(*out, images_name);
     return st;
 fail:
     dt_idx_free(images);

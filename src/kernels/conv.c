@@ -1,8 +1,8 @@
 /* 2-D convolution through oneDNN: forward, backward data, backward weights.
  *
  * The caller's layout is plain NCHW / OIHW, or for the activation and/or
- * the output nChw8c (the _l entry points, DT_K_SRC/DST_BLOCKED8; weights
- * stay OIHW). Each (direction, shape, bias?, layouts) key gets one cached primitive plus,
+ * the output nChw8c / nChw16c (the _l entry points, DT_K_SRC/DST_BLOCKED8
+ * and _BLOCKED16; weights stay OIHW). Each (direction, shape, bias?, layouts) key gets one cached primitive plus,
  * when the primitive wants another layout, cached reorder primitives and
  * buffers: a call reorders its inputs in, runs, reorders its outputs out,
  * and allocates nothing.
@@ -28,22 +28,31 @@
  * blocked except backward directions with C % 8 != 0; DT_CONV_LAYOUT=plain
  * or =blocked forces one policy (the tests run all three).
  *
- * Keeping activations blocked across a step: done. The tensor layer has a
- * layout flag (DT_TENSOR_BLOCKED8); inside a dt_ctx_set_blocked region
- * (dt_model_forward turns it on for the ConvNet) conv2d writes nChw8c
- * outputs when K % 8 == 0, batch_norm (training), relu and max_pool2d keep
- * that layout (plain-C kernels in blocked.c), and any other op (flatten)
- * converts through one differentiable "to plain" op. The activation
- * reorders around oneDNN disappear; what remains per ConvNet step is the
- * weight reorders (OIHW <-> oneDNN's blocked weights), conv1's backward-weights reading
- * dy (its primitive is plain, C = 1), and the flatten's conversion forward
- * and back: 7 reorders instead of 11 (tests/autograd/test_blocked.c).
+ * Keeping activations blocked across a step: done. The tensor layer has
+ * layout flags (DT_TENSOR_BLOCKED8 / 16); inside a dt_ctx_set_blocked region
+ * (dt_model_forward turns it on for the ConvNet) conv2d writes blocked
+ * outputs when K % block == 0, batch_norm (training), relu and max_pool2d
+ * keep that layout (plain-C kernels in blocked.c), and any other op
+ * (flatten) converts through one differentiable "to plain" op. The
+ * activation reorders around oneDNN disappear; what remains per ConvNet step
+ * is the weight reorders (OIHW <-> oneDNN's blocked weights) and the
+ * flatten's conversion forward and back: 6 reorders instead of 11
+ * (tests/autograd/test_blocked.c, AVX2).
+ *
+ * Which block: the one oneDNN's primitives pick on this machine
+ * (dt_k_onednn_block: nChw8c on AVX2, nChw16c on AVX-512), asked by
+ * creating a ConvNet-like forward convolution with format "any". Keeping
+ * activations in the other block would add a reorder on both sides of every
+ * convolution instead of removing them. DT_BLOCKED=8|16|0 forces one (the
+ * tests run both blocks on every machine: results are identical, only the
+ * reorder count changes).
  *
  * Backward primitives need the forward primitive descriptor as a hint; it is
  * rebuilt (not executed, not counted) when a backward key is first seen. */
 #include "kernels_impl.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,7 +148,95 @@ static bool use_blocked(int dir, const dt_k_conv2d_shape *s)
     int m = layout_mode();
     if (m != 2)
         return m == 1;
-    return dir == CONV_FWD || s->C % 8 == 0;
+    int b = dt_k_onednn_block();
+    return dir == CONV_FWD || s->C % (b ? b : 8) == 0;
+}
+
+/* ---- the activation block ------------------------------------------------ */
+
+/* The layout oneDNN picks for the output of the ConvNet's second convolution
+ * (batch 100, 16 -> 32 channels, 14x14, 5x5 pad 2) given format "any". */
+static int probe_onednn_block(void)
+{
+    dnnl_engine_t eng = dt__dnnl_engine();
+    if (!eng)
+        return 0;
+    dnnl_dims_t sd = {100, 16, 14, 14}, wd = {32, 16, 5, 5}, dd = {100, 32, 14, 14};
+    dnnl_dims_t strides = {1, 1}, pad = {2, 2};
+    dnnl_memory_desc_t src, wei, dst, b8, b16;
+    dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&b8, 4, dd, dnnl_f32, dnnl_nChw8c);
+    dnnl_memory_desc_init_by_tag(&b16, 4, dd, dnnl_f32, dnnl_nChw16c);
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd = NULL;
+    int b = 0;
+    if (dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &src, &wei, NULL,
+                                           &dst, strides, pad, pad) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &cd, NULL, eng, NULL) != dnnl_success) {
+        dt_log(DT_LOG_WARN, "oneDNN could not create a probe convolution; activations stay plain NCHW");
+        return 0;
+    }
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    if (md && dnnl_memory_desc_equal(md, &b16))
+        b = 16;
+    else if (md && dnnl_memory_desc_equal(md, &b8))
+        b = 8;
+    dnnl_primitive_desc_destroy(pd);
+    return b;
+}
+
+static _Atomic int g_onednn_block = -1; /* every thread would compute the same */
+static _Atomic int g_forced = -2; /* -2: DT_BLOCKED not read yet; -1: none; else 0, 8, 16 */
+
+int dt_k_onednn_block(void)
+{
+    int b = atomic_load(&g_onednn_block);
+    if (b < 0) {
+        b = probe_onednn_block();
+        atomic_store(&g_onednn_block, b);
+    }
+    return b;
+}
+
+static int forced_block(void)
+{
+    int f = atomic_load(&g_forced);
+    if (f != -2)
+        return f;
+    const char *e = getenv("DT_BLOCKED");
+    f = -1;
+    if (e && *e) {
+        if (!strcmp(e, "0") || !strcmp(e, "8") || !strcmp(e, "16"))
+            f = atoi(e);
+        else
+            dt_log(DT_LOG_WARN, "DT_BLOCKED=%s is not 0, 8 or 16; ignored (the block oneDNN prefers is used)", e);
+    }
+    int expect = -2;
+    atomic_compare_exchange_strong(&g_forced, &expect, f);
+    return atomic_load(&g_forced);
+}
+
+int dt_k_act_block(void)
+{
+    if (layout_mode() == 0)
+        return 0;
+    int f = forced_block();
+    return f >= 0 ? f : dt_k_onednn_block();
+}
+
+dt_status dt_k_act_block_set(int block)
+{
+    if (block != -1 && block != 0 && block != 8 && block != 16)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_k_act_block_set: block %d (8, 16, 0 = off, -1 = default)", block);
+    atomic_store(&g_forced, block == -1 ? -2 : block); /* -1: DT_BLOCKED again, read on next use */
+    return DT_OK;
+}
+
+const char *dt_k_block_name(int block)
+{
+    return block == 8 ? "nChw8c" : block == 16 ? "nChw16c" : "plain";
 }
 
 static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
@@ -202,10 +299,14 @@ static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, 
     dnnl_dims_t pl = {s->pad_h, s->pad_w};
     dnnl_dims_t pr = {(P - 1) * s->stride_h + eh - s->H - s->pad_h, (Q - 1) * s->stride_w + ew - s->W - s->pad_w};
     dnnl_memory_desc_t src_u, wei_u, bias_u, dst_u, src_a, wei_a, dst_a;
-    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, (lay & DT_K_SRC_BLOCKED8) ? dnnl_nChw8c : dnnl_nchw);
+    dnnl_format_tag_t src_tag = (lay & DT_K_SRC_BLOCKED8) ? dnnl_nChw8c : (lay & DT_K_SRC_BLOCKED16) ? dnnl_nChw16c
+                                                                                                    : dnnl_nchw;
+    dnnl_format_tag_t dst_tag = (lay & DT_K_DST_BLOCKED8) ? dnnl_nChw8c : (lay & DT_K_DST_BLOCKED16) ? dnnl_nChw16c
+                                                                                                    : dnnl_nchw;
+    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, src_tag);
     dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw);
     dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a);
-    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, (lay & DT_K_DST_BLOCKED8) ? dnnl_nChw8c : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dst_tag);
     bool blk = use_blocked(dir, s);
     dnnl_format_tag_t any = dnnl_format_tag_any;
     dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, blk ? any : dnnl_nchw);
@@ -336,16 +437,31 @@ out:
     return st;
 }
 
+static int lay_src_block(unsigned lay)
+{
+    return (lay & DT_K_SRC_BLOCKED8) ? 8 : (lay & DT_K_SRC_BLOCKED16) ? 16 : 0;
+}
+
+static int lay_dst_block(unsigned lay)
+{
+    return (lay & DT_K_DST_BLOCKED8) ? 8 : (lay & DT_K_DST_BLOCKED16) ? 16 : 0;
+}
+
 static dt_status conv_check(const char *fn, const dt_k_conv2d_shape *s, int64_t *P, int64_t *Q, unsigned lay)
 {
     dt_status st = dt_k_conv2d_out_size(s, P, Q);
     if (st < 0)
         return dt_error_wrap(st, "%s", fn);
-    if (lay & ~(unsigned)(DT_K_SRC_BLOCKED8 | DT_K_DST_BLOCKED8))
+    const unsigned all = DT_K_SRC_BLOCKED8 | DT_K_DST_BLOCKED8 | DT_K_SRC_BLOCKED16 | DT_K_DST_BLOCKED16;
+    if (lay & ~all)
         return dt_error(DT_ERR_INVALID_ARG, "%s: unknown layout bits 0x%x", fn, lay);
-    if (((lay & DT_K_SRC_BLOCKED8) && s->C % 8) || ((lay & DT_K_DST_BLOCKED8) && s->K % 8))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: nChw8c needs channels %% 8 == 0 (C=%lld, K=%lld)", fn,
-                        (long long)s->C, (long long)s->K);
+    if (((lay & DT_K_SRC_BLOCKED8) && (lay & DT_K_SRC_BLOCKED16)) ||
+        ((lay & DT_K_DST_BLOCKED8) && (lay & DT_K_DST_BLOCKED16)))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: layout bits 0x%x name two blocks for one side", fn, lay);
+    int sb = lay_src_block(lay), db = lay_dst_block(lay);
+    if ((sb && s->C % sb) || (db && s->K % db))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: nChw%dc needs channels %% %d == 0 (C=%lld, K=%lld)", fn,
+                        sb && s->C % sb ? sb : db, sb && s->C % sb ? sb : db, (long long)s->C, (long long)s->K);
     return DT_OK;
 }
 
@@ -426,8 +542,9 @@ dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, 
     }
     DT__CHECK_PTR(fn, x, 1);
     DT__CHECK_PTR(fn, dy, 1);
-    if (layout_mode() == 2 && lay == DT_K_DST_BLOCKED8 && dt__conv_c1_bwd_weights_b8_ok(s)) {
-        dt__conv_c1_bwd_weights_b8(s, P, Q, x, dy, dw, dbias); /* C = 1: see blocked.c */
+    int db = lay_dst_block(lay);
+    if (layout_mode() == 2 && lay_src_block(lay) == 0 && dt__conv_c1_bwd_weights_blk_ok(s, db)) {
+        dt__conv_c1_bwd_weights_blk(s, db, P, Q, x, dy, dw, dbias); /* C = 1: see blocked.c */
         return DT_OK;
     }
     conv_entry *e;

@@ -4,8 +4,10 @@
  *  - scalar: the reference functions of base.h in a loop.
  *  - avx2:   F16C vcvtps2ph / vcvtph2ps for f16; integer AVX2 arithmetic for
  *            bf16 (add 0x7fff + lsb, shift: exactly the scalar formula).
- *  - avx512: the same at 16 lanes; f32->bf16 uses AVX512_BF16 vcvtneps2bf16
- *            when the CPU has it.
+ *  - avx512: the same at 16 lanes.
+ *  - avx512_bf16: avx512, but f32->bf16 by AVX512_BF16 vcvtneps2bf16.
+ * The CPU's features come from dt_cpu_detect(): DT_MAX_CPU_ISA=avx2 keeps
+ * the automatic choice off both AVX-512 paths.
  * Where hardware differs from the reference the lanes are patched:
  *  - vcvtph2ps quiets signalling NaNs; the reference keeps the payload bits
  *    as they are (sign | 0x7f800000 | m << 13), so NaN lanes are rebuilt with
@@ -31,8 +33,8 @@ static atomic_int g_isa; /* 0 = not resolved yet */
 static dt_k_isa best_isa(void)
 {
     dt_cpu_features f = dt_cpu_detect();
-    if (f.avx512f && f.avx512bw && f.avx512vl)
-        return DT_K_ISA_AVX512;
+    if (f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2)
+        return f.avx512_bf16 ? DT_K_ISA_AVX512_BF16 : DT_K_ISA_AVX512;
     if (f.avx2 && f.f16c)
         return DT_K_ISA_AVX2;
     return DT_K_ISA_SCALAR;
@@ -45,7 +47,8 @@ static bool isa_ok(dt_k_isa isa)
     switch (isa) {
     case DT_K_ISA_SCALAR: return true;
     case DT_K_ISA_AVX2: return f.avx2 && f.f16c;
-    case DT_K_ISA_AVX512: return f.avx512f && f.avx512bw && f.avx512vl;
+    case DT_K_ISA_AVX512: return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2;
+    case DT_K_ISA_AVX512_BF16: return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx2 && f.avx512_bf16;
     default: return false;
     }
 #else
@@ -59,7 +62,7 @@ dt_status dt_k_set_isa(dt_k_isa isa)
         atomic_store(&g_isa, (int)best_isa());
         return DT_OK;
     }
-    if ((int)isa < 0 || isa > DT_K_ISA_AVX512)
+    if ((int)isa < 0 || isa > DT_K_ISA_AVX512_BF16)
         return dt_error(DT_ERR_INVALID_ARG, "dt_k_set_isa: unknown isa %d", (int)isa);
     if (!isa_ok(isa))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_k_set_isa: this CPU does not support the %s path",
@@ -85,6 +88,7 @@ const char *dt_k_isa_name(dt_k_isa isa)
     case DT_K_ISA_SCALAR: return "scalar";
     case DT_K_ISA_AVX2: return "avx2";
     case DT_K_ISA_AVX512: return "avx512";
+    case DT_K_ISA_AVX512_BF16: return "avx512_bf16";
     }
     return "?";
 }
@@ -320,11 +324,11 @@ static cvt_fn pick(int which)
 {
     dt_k_isa isa = dt_k_get_isa();
 #ifdef DT_X86
-    if (isa == DT_K_ISA_AVX512) {
+    if (isa == DT_K_ISA_AVX512 || isa == DT_K_ISA_AVX512_BF16) {
         switch (which) {
         case F32_F16: return w_v5_f32_f16;
         case F16_F32: return w_v5_f16_f32;
-        case F32_BF16: return dt_cpu_detect().avx512_bf16 ? w_v5bf_f32_bf16 : w_v5_f32_bf16;
+        case F32_BF16: return isa == DT_K_ISA_AVX512_BF16 ? w_v5bf_f32_bf16 : w_v5_f32_bf16;
         default: return w_v5_bf16_f32;
         }
     }

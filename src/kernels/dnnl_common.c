@@ -217,3 +217,21 @@ dt_status dt__mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md, void *ptr, con
     dnnl_status_t s = dnnl_memory_create(m, md, eng, ptr ? ptr : DNNL_MEMORY_NONE);
     return s == dnnl_success ? DT_OK : dt__dnnl_err(s, what);
 }
+
+const char *dt_k_onednn_isa(void)
+{
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_all: return "all";
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    default: return "other";
+    }
+}

@@ -21,6 +21,16 @@
                             (long long)(n));                                                 \
     } while (0)
 
+/* Row kernels cloned for AVX2 and the baseline, picked at load time by an
+ * ifunc resolver (gcc only). Not under ThreadSanitizer: the resolver runs
+ * during relocation, before TSan's runtime is up, and its instrumented
+ * entry crashes every program at start. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define DT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DT_CLONES
+#endif
+
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 
@@ -51,14 +61,15 @@ void dt__bn_finish_channel(int64_t c, double s1, double s2, float k, int64_t cnt
 dnnl_engine_t dt__dnnl_engine(void);
 dnnl_stream_t dt__dnnl_stream(void);
 /* Make oneDNN's OpenMP region use dt_get_num_threads() threads. */
-/* Convolution backward weights for C = 1 with dy in nChw8c (blocked.c):
- * stride 1, dilation 1, kernels up to DT__C1_MAX_K, padded rows up to
- * DT__C1_MAX_ROW. P, Q: output size. Writes dw (OIHW) and dbias if given. */
+/* Convolution backward weights for C = 1 with dy in nChw8c or nChw16c
+ * (block B, blocked.c): stride 1, dilation 1, kernels up to DT__C1_MAX_K,
+ * padded rows up to DT__C1_MAX_ROW. P, Q: output size. Writes dw (OIHW) and
+ * dbias if given. */
 #define DT__C1_MAX_K 8
 #define DT__C1_MAX_ROW 1024
-bool dt__conv_c1_bwd_weights_b8_ok(const dt_k_conv2d_shape *s);
-void dt__conv_c1_bwd_weights_b8(const dt_k_conv2d_shape *s, int64_t P, int64_t Q, const float *x, const float *dy,
-                                float *dw, float *dbias);
+bool dt__conv_c1_bwd_weights_blk_ok(const dt_k_conv2d_shape *s, int B);
+void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, int64_t Q, const float *x,
+                                 const float *dy, float *dw, float *dbias);
 
 void dt__dnnl_set_threads(void);
 /* Turn a dnnl_status_t into a dt_status with a message naming `what`. */

@@ -25,11 +25,6 @@ static dt_status bn_check(const char *fn, const float *x, const float *y, int64_
 /* Row kernels of batch norm, cloned for AVX2 (8 lanes) and the baseline
  * (4 lanes) and picked at load time. The float row sums depend on the lane
  * count, so they are reproducible per machine, not across ISAs. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define DT_CLONES
-#endif
 
 DT_CLONES static void row_moments(const float *restrict xp, int64_t n, float k, float *s1, float *s2)
 {

@@ -189,6 +189,6 @@ dt_tensor *dt_tensor_alias(dt_ctx *ctx, const dt_tensor *t)
     memcpy(a->strides, t->strides, sizeof a->strides);
     a->data = t->data;
     a->name = t->name;
-    a->flags = DT_TENSOR_TEMP | (t->flags & DT_TENSOR_BLOCKED8);
+    a->flags = DT_TENSOR_TEMP | (t->flags & DT_TENSOR_BLOCKED);
     return a;
 }

@@ -311,7 +311,7 @@ static void copy_strided(int ndim, const int64_t *shape, void *dst, const int64_
 
 static char *elem_ptr(const dt_tensor *t, int64_t flat);
 
-/* Element-by-element copy in logical order when either side is nChw8c. */
+/* Element-by-element copy in logical order when either side is channel-blocked. */
 static void copy_blocked(dt_tensor *dst, const dt_tensor *src, void *dbuf, const void *sbuf)
 {
     size_t es = dt_dtype_size(dst ? dst->dtype : src->dtype);
@@ -344,7 +344,7 @@ dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src)
                         dt_dtype_name(dst->dtype), dt_tensor_shape_str(dst, s1, sizeof s1),
                         dt_dtype_name(src->dtype), dt_tensor_shape_str(src, s2, sizeof s2));
     }
-    if ((dst->flags | src->flags) & DT_TENSOR_BLOCKED8) {
+    if ((dst->flags | src->flags) & DT_TENSOR_BLOCKED) {
         copy_blocked(dst, src, NULL, NULL);
         return DT_OK;
     }
@@ -357,7 +357,7 @@ dt_status dt_tensor_read(const dt_tensor *t, void *dst)
 {
     if (!t || !dst)
         return dt_error(DT_ERR_NULL, "dt_tensor_read: %s is NULL", t ? "dst" : "tensor");
-    if (t->flags & DT_TENSOR_BLOCKED8) {
+    if (t->flags & DT_TENSOR_BLOCKED) {
         copy_blocked(NULL, t, dst, NULL);
         return DT_OK;
     }
@@ -371,7 +371,7 @@ dt_status dt_tensor_write(dt_tensor *t, const void *src)
 {
     if (!t || !src)
         return dt_error(DT_ERR_NULL, "dt_tensor_write: %s is NULL", t ? "src" : "tensor");
-    if (t->flags & DT_TENSOR_BLOCKED8) {
+    if (t->flags & DT_TENSOR_BLOCKED) {
         copy_blocked(t, NULL, NULL, src);
         return DT_OK;
     }
@@ -384,10 +384,11 @@ dt_status dt_tensor_write(dt_tensor *t, const void *src)
 static char *elem_ptr(const dt_tensor *t, int64_t flat)
 {
     int64_t off = 0;
-    if (t->flags & DT_TENSOR_BLOCKED8) { /* nChw8c: see tensor.h */
+    int B = dt_tensor_block(t);
+    if (B) { /* nChw8c / nChw16c: see tensor.h */
         int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
         int64_t w = flat % W, h = flat / W % H, c = flat / (W * H) % C, n = flat / (W * H * C);
-        off = ((n * (C / 8) + c / 8) * H * W + h * W + w) * 8 + c % 8;
+        off = ((n * (C / B) + c / B) * H * W + h * W + w) * B + c % B;
         return (char *)t->data + off * (int64_t)dt_dtype_size(t->dtype);
     }
     for (int d = t->ndim - 1; d >= 0; d--) {

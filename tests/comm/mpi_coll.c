@@ -387,6 +387,33 @@ static void test_batch_split_dup_v(dt_pg *pg)
     }
 }
 
+/* alltoallv with uneven (and zero) blocks. */
+static void test_alltoallv(dt_pg *pg)
+{
+    int W = g_w, me = g_rank;
+    size_t sc[8], rc[8], so = 0, ro = 0;
+    for (int j = 0; j < W; j++) {
+        so += sc[j] = (size_t)((me * 3 + j * 5) % 4);
+        ro += rc[j] = (size_t)((j * 3 + me * 5) % 4);
+    }
+    for (size_t d = 0; d < sizeof k_dtypes / sizeof k_dtypes[0]; d++) {
+        dt_dtype dt = k_dtypes[d];
+        char *s = xalloc(so * dt_dtype_size(dt) + 1), *r = xalloc(ro * dt_dtype_size(dt) + 1);
+        size_t k = 0;
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < sc[j]; i++)
+                dt_dtype_store(dt, s, k++, (double)((me * 5 + j * 3 + (int)i) % 9));
+        CHECK_OK(dt_pg_alltoallv(pg, s, sc, NULL, r, rc, NULL, dt));
+        k = 0;
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < rc[j]; i++, k++)
+                CHECK(dt_dtype_load(dt, r, k) == (double)((j * 5 + me * 3 + (int)i) % 9),
+                      "alltoallv %s from %d [%zu]", dt_dtype_name(dt), j, i);
+        free(s);
+        free(r);
+    }
+}
+
 static void test_mismatch(void)
 {
     if (g_w < 2)
@@ -403,9 +430,12 @@ static void test_mismatch(void)
     dt_pg_free(pg);
 }
 
-/* Rank 0 arrives 1.5 s late; the others' 0.3 s timeout fires first. The late
+/* Rank 0 arrives late; the others' 0.3 s timeout fires first. Rank 0 posts
+ * only after every other rank has seen its timeout (a barrier on the world
+ * group, which the others enter after their timeout), so a rank descheduled
+ * for seconds on a loaded machine cannot find rank 0 already there. The late
  * post completes the abandoned MPI request, so nothing is left pending. */
-static void test_timeout(void)
+static void test_timeout(dt_pg *world)
 {
     const char *blocking = getenv("DT_MPI_BLOCKING");
     if (g_w < 2 || (blocking && !strcmp(blocking, "1")))
@@ -416,10 +446,8 @@ static void test_timeout(void)
     dt_pg *pg;
     CHECK_OK(dt_pg_init(&p, &pg));
     static float x[4];
-    if (g_rank == 0) {
-        struct timespec ts = {1, 500000000};
-        nanosleep(&ts, NULL);
-    }
+    if (g_rank == 0)
+        CHECK_OK(dt_pg_barrier(world));
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, 4, DT_F32, DT_REDUCE_SUM);
     if (g_rank == 0) {
         CHECK(st == DT_OK, "late rank: %s: %s", dt_status_name(st), dt_last_error());
@@ -427,6 +455,7 @@ static void test_timeout(void)
         CHECK(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
         CHECK(strstr(dt_last_error(), "allreduce"), "message names the operation: %s",
               dt_last_error());
+        CHECK_OK(dt_pg_barrier(world));
     }
     dt_pg_free(pg);
 }
@@ -450,8 +479,9 @@ int main(void)
     test_movement(pg);
     test_p2p_and_subgroup(pg);
     test_batch_split_dup_v(pg);
+    test_alltoallv(pg);
     test_mismatch();
-    test_timeout();
+    test_timeout(pg);
     /* Everyone agrees on the outcome. */
     int64_t bad = g_fail;
     dt_pg_barrier(pg);

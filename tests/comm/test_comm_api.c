@@ -2,9 +2,12 @@
  * strings, the registry (custom backends, unsupported operations), requests,
  * and every collective on the `self` backend. */
 // dt-test-timeout: 60
+// dt-test-labels: threads
 #include "dtrain/comm.h"
 #include "test.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +88,30 @@ TEST(discovery_precedence)
     ASSERT_EQ_INT(g_seen.local_rank, 1);
     ASSERT_EQ_INT(g_seen.local_world_size, 6);
     ASSERT_STR_EQ(g_seen_job, "slurm.77.0");
+
+    /* A malformed SLURM_TASKS_PER_NODE, or one without an entry for this
+     * node, is an error naming it (a zero repeat passed, and idx + repeat
+     * overflowed, undefined behaviour, for huge repeats). */
+    static const char *const bad_tpn[][3] = {
+        {"-1", "2,3", "SLURM_NODEID"},
+        {"0", "2(x0),6", "has no entry for SLURM_NODEID"},
+        {"1", "2(x1", "has no entry for SLURM_NODEID"},
+        {"2", "2(x1),6", "has no entry for SLURM_NODEID"},
+        {"0", "-2,6", "has no entry for SLURM_NODEID"},
+        {"2147483647", "1(x2147483647)", "has no entry for SLURM_NODEID"},
+    };
+    for (size_t i = 0; i < sizeof bad_tpn / sizeof bad_tpn[0]; i++) {
+        setenv("SLURM_NODEID", bad_tpn[i][0], 1);
+        setenv("SLURM_TASKS_PER_NODE", bad_tpn[i][1], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), bad_tpn[i][2]);
+    }
+    setenv("SLURM_NODEID", "10", 1);
+    setenv("SLURM_TASKS_PER_NODE", "1(x5),6(x9223372036854775807)", 1);
+    ASSERT_OK(discover(NULL)); /* nodes 0-4 run 1 task, nodes from 5 on run 6 */
+    ASSERT_EQ_INT(g_seen.local_world_size, 6);
+    setenv("SLURM_NODEID", "1", 1);
+    setenv("SLURM_TASKS_PER_NODE", "2(x1),6", 1);
 
     setenv("PMI_RANK", "2", 1);
     setenv("PMI_SIZE", "4", 1);
@@ -436,6 +463,61 @@ TEST(self_collectives)
     dt_pg_free(pg);
 }
 
+/* Two tables under one name, told apart by what their init says. */
+static dt_status flip_a_init(const dt_backend_info *info, void **ctx)
+{
+    (void)info;
+    *ctx = NULL;
+    return dt_error(DT_ERR_UNSUPPORTED, "flip: table a");
+}
+static dt_status flip_b_init(const dt_backend_info *info, void **ctx)
+{
+    (void)info;
+    *ctx = NULL;
+    return dt_error(DT_ERR_UNSUPPORTED, "flip: table b");
+}
+static const dt_backend_ops k_flip[2] = {
+    {.version = DT_BACKEND_VERSION, .name = "flip", .init = flip_a_init, .free = probe_free,
+     .run = probe_run},
+    {.version = DT_BACKEND_VERSION, .name = "flip", .init = flip_b_init, .free = probe_free,
+     .run = probe_run},
+};
+static atomic_int g_flip_stop;
+
+static void *flip_register(void *arg)
+{
+    (void)arg;
+    for (int i = 0; !atomic_load(&g_flip_stop); i++)
+        dt_backend_register(&k_flip[i & 1]);
+    return NULL;
+}
+
+/* dt_backend_register is documented thread-safe, and re-registering a name
+ * replaces its table in place: a group created meanwhile must get one
+ * whole table, a or b. dt_pg_init copied the table after the registry's
+ * lock was released, which ThreadSanitizer reported as a race with the
+ * re-registration. */
+TEST(register_while_creating_groups)
+{
+    clear_env();
+    ASSERT_OK(dt_backend_register(&k_flip[0]));
+    atomic_store(&g_flip_stop, 0);
+    pthread_t th;
+    ASSERT_EQ_INT(pthread_create(&th, NULL, flip_register, NULL), 0);
+    dt_pg_params p = dt_pg_params_default();
+    p.backend = "flip";
+    int bad = 0;
+    for (int i = 0; i < 2000; i++) {
+        dt_pg *pg = NULL;
+        dt_status st = dt_pg_init(&p, &pg);
+        if (st != DT_ERR_UNSUPPORTED || pg || !strstr(dt_last_error(), "flip: table "))
+            bad++;
+    }
+    atomic_store(&g_flip_stop, 1);
+    pthread_join(th, NULL);
+    ASSERT_EQ_INT(bad, 0);
+}
+
 int main(void)
 {
     RUN(discovery_precedence);
@@ -444,5 +526,6 @@ int main(void)
     RUN(registry);
     RUN(requests_and_args);
     RUN(self_collectives);
+    RUN(register_while_creating_groups);
     return TEST_REPORT();
 }

@@ -4,6 +4,7 @@
  * and start-up from launcher environments (dtrain's and torchrun's with a
  * TCP rendezvous). */
 // dt-test-timeout: 180
+// dt-test-labels: threads
 #include "harness.h"
 #include "test.h"
 

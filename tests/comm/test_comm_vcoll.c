@@ -1,5 +1,5 @@
 /* Uneven collectives on the shm backend (self at world size 1):
- * reduce_scatterv and allgatherv with counts 0, 1, odd and not divisible by
+ * reduce_scatterv, allgatherv and alltoallv with counts 0, 1, odd and not divisible by
  * the world size, every dtype, every reduction (sum and max for all dtypes,
  * avg/min/prod on f32 and i32), world sizes 1, 2, 3, 4 and 8; plus the
  * async form overlapping a second request, and NULL / bad arguments.
@@ -102,6 +102,44 @@ static int vbody(int rank, int W, void *arg)
             free(recv);
             free(all);
         }
+    }
+    /* alltoallv: rank i sends f(i, j) elements to rank j (0 included, one
+     * pair past the small-message slot), every dtype, packed and with
+     * displacements leaving gaps. */
+    for (int d = 0; d < NDT; d++) {
+        dt_dtype dt = k_dts[d];
+        size_t sc[8], rc[8], sd[8], rd[8], so = 0, ro = 0;
+        for (int j = 0; j < W; j++) {
+            sc[j] = (size_t)((rank * 3 + j * 5) % 4) + (rank == 0 && j == W - 1 ? 5000 : 0);
+            rc[j] = (size_t)((j * 3 + rank * 5) % 4) + (j == 0 && rank == W - 1 ? 5000 : 0);
+            sd[j] = so;
+            rd[j] = ro + 1; /* a gap before each block */
+            so += sc[j];
+            ro += rc[j] + 1;
+        }
+        size_t es = dt_dtype_size(dt);
+        char *sb = malloc(so * es + 1), *rb = malloc(ro * es + 1), *rp = malloc(ro * es + 1);
+        TH_CHECK(sb && rb && rp, "oom");
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < sc[j]; i++)
+                dt_dtype_store(dt, sb, sd[j] + i, val(rank, j, i));
+        for (size_t i = 0; i < ro; i++)
+            dt_dtype_store(dt, rb, i, 99);
+        TH_OK(dt_pg_alltoallv(pg, sb, sc, sd, rb, rc, rd, dt));
+        TH_OK(dt_pg_alltoallv(pg, sb, sc, NULL, rp, rc, NULL, dt));
+        size_t packed = 0;
+        for (int j = 0; j < W; j++) {
+            TH_CHECK(dt_dtype_load(dt, rb, rd[j] - 1) == 99, "alltoallv wrote a gap");
+            for (size_t i = 0; i < rc[j]; i++, packed++) {
+                TH_CHECK(dt_dtype_load(dt, rb, rd[j] + i) == val(j, rank, i),
+                         "alltoallv %s W=%d from %d [%zu]", dt_dtype_name(dt), W, j, i);
+                TH_CHECK(dt_dtype_load(dt, rp, packed) == val(j, rank, i),
+                         "alltoallv packed %s W=%d from %d [%zu]", dt_dtype_name(dt), W, j, i);
+            }
+        }
+        free(sb);
+        free(rb);
+        free(rp);
     }
     /* Async, overlapping a second request (posted in the same order
      * everywhere). */

@@ -1,6 +1,7 @@
 /* The prefetching loader: order and content equal a synchronous pass,
  * every prefetch depth, short last batch and drop_last, early stop and
  * restart, errors from the loading thread, subset and random datasets. */
+// dt-test-labels: threads
 #include "dtrain/data.h"
 #include "test.h"
 

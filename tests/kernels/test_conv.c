@@ -198,15 +198,16 @@ TEST(conv_cache_and_errors)
     dt_free(y);
 }
 
-/* Backward weights with one input channel and dy in nChw8c (the ConvNet's
- * first layer; a direct kernel in blocked.c in the default layout policy,
- * oneDNN under DT_CONV_LAYOUT=plain|blocked) against a double-precision
- * loop: 5x5 pad 2 (the register-blocked row), 3x3 pad 1 on a non-square
- * image, 1x4 with uneven padding; with and without bias. */
+/* Backward weights with one input channel and dy in nChw8c / nChw16c (the
+ * ConvNet's first layer; a direct kernel in blocked.c in the default layout
+ * policy, oneDNN under DT_CONV_LAYOUT=plain|blocked) against a
+ * double-precision loop: 5x5 pad 2 (the register-blocked row), 3x3 pad 1 on
+ * a non-square image, 1x4 with uneven padding; with and without bias. Both
+ * blocks give bit-identical results (same summation order per channel). */
 TEST(conv_c1_bwd_weights_blocked_dy)
 {
-    dt_k_conv2d_shape sh[3] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 8, 3, 3),
-                               dt_k_conv2d_shape_make(2, 1, 6, 5, 8, 1, 4)};
+    dt_k_conv2d_shape sh[3] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
+                               dt_k_conv2d_shape_make(2, 1, 6, 5, 16, 1, 4)};
     sh[0].pad_h = sh[0].pad_w = 2;
     sh[1].pad_h = sh[1].pad_w = 1;
     sh[2].pad_h = 0, sh[2].pad_w = 2;
@@ -216,35 +217,117 @@ TEST(conv_c1_bwd_weights_blocked_dy)
         ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
         float *x = dt_alloc((size_t)xsz(s) * 4), *dy = dt_alloc((size_t)ysz(s) * 4), *dyb = dt_alloc((size_t)ysz(s) * 4);
         float *dw = dt_alloc((size_t)wsz(s) * 4), *db = dt_alloc((size_t)s->K * 4);
-        ASSERT(x && dy && dyb && dw && db);
+        float *dw8 = dt_alloc((size_t)wsz(s) * 4), *db8 = dt_alloc((size_t)s->K * 4);
+        ASSERT(x && dy && dyb && dw && db && dw8 && db8);
         fill(x, xsz(s), 11 + (uint64_t)i);
         fill(dy, ysz(s), 21 + (uint64_t)i);
-        ASSERT_OK(dt_k_to_blocked8(dy, s->N, s->K, P * Q, dyb));
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, x, dyb, dw, with_bias ? db : NULL, DT_K_DST_BLOCKED8));
-            for (int64_t k = 0; k < s->K; k++) {
-                double bsum = 0;
-                for (int64_t r = 0; r < s->R; r++)
-                    for (int64_t t = 0; t < s->S; t++) {
-                        double acc = 0;
-                        for (int64_t n = 0; n < s->N; n++)
-                            for (int64_t p = 0; p < P; p++)
-                                for (int64_t q = 0; q < Q; q++) {
-                                    int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
-                                    if (h >= 0 && h < s->H && v >= 0 && v < s->W)
-                                        acc += (double)dy[((n * s->K + k) * P + p) * Q + q] * x[(n * s->H + h) * s->W + v];
-                                }
-                        ASSERT_NEAR(dw[(k * s->R + r) * s->S + t], acc, 1e-4, 1e-4);
-                    }
-                for (int64_t n = 0; n < s->N; n++)
-                    for (int64_t pq = 0; pq < P * Q; pq++)
-                        bsum += dy[(n * s->K + k) * P * Q + pq];
-                if (with_bias)
-                    ASSERT_NEAR(db[k], bsum, 1e-4, 1e-4);
+        for (int B = 8; B <= 16; B += 8) {
+            ASSERT_OK(dt_k_to_blocked(dy, s->N, s->K, P * Q, B, dyb));
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, x, dyb, dw, with_bias ? db : NULL,
+                                                    B == 8 ? DT_K_DST_BLOCKED8 : DT_K_DST_BLOCKED16));
+                for (int64_t k = 0; k < s->K; k++) {
+                    double bsum = 0;
+                    for (int64_t r = 0; r < s->R; r++)
+                        for (int64_t t = 0; t < s->S; t++) {
+                            double acc = 0;
+                            for (int64_t n = 0; n < s->N; n++)
+                                for (int64_t p = 0; p < P; p++)
+                                    for (int64_t q = 0; q < Q; q++) {
+                                        int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
+                                        if (h >= 0 && h < s->H && v >= 0 && v < s->W)
+                                            acc += (double)dy[((n * s->K + k) * P + p) * Q + q] * x[(n * s->H + h) * s->W + v];
+                                    }
+                            ASSERT_NEAR(dw[(k * s->R + r) * s->S + t], acc, 1e-4, 1e-4);
+                        }
+                    for (int64_t n = 0; n < s->N; n++)
+                        for (int64_t pq = 0; pq < P * Q; pq++)
+                            bsum += dy[(n * s->K + k) * P * Q + pq];
+                    if (with_bias)
+                        ASSERT_NEAR(db[k], bsum, 1e-4, 1e-4);
+                }
+            }
+            if (B == 8) {
+                memcpy(dw8, dw, (size_t)wsz(s) * 4);
+                memcpy(db8, db, (size_t)s->K * 4);
+            } else {
+                ASSERT(!memcmp(dw8, dw, (size_t)wsz(s) * 4));
+                ASSERT(!memcmp(db8, db, (size_t)s->K * 4));
             }
         }
-        dt_free(x), dt_free(dy), dt_free(dyb), dt_free(dw), dt_free(db);
+        dt_free(x), dt_free(dy), dt_free(dyb), dt_free(dw), dt_free(db), dt_free(dw8), dt_free(db8);
     }
+}
+
+/* Every caller layout (plain, nChw8c, nChw16c for the activation and for
+ * the output) gives bit-identical results to the plain call in all three
+ * directions: the primitive is the same, only reorders around it change.
+ * And the layout bits are checked. */
+TEST(conv_blocked_layouts_agree)
+{
+    dt_k_conv2d_shape sh = dt_k_conv2d_shape_make(3, 16, 9, 7, 32, 3, 3);
+    dt_k_conv2d_shape *s = &sh;
+    s->pad_h = s->pad_w = 1;
+    int64_t P, Q;
+    ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
+    size_t nx = (size_t)xsz(s), ny = (size_t)ysz(s), nw = (size_t)wsz(s);
+    float *x = dt_alloc(nx * 4), *w = dt_alloc(nw * 4), *b = dt_alloc((size_t)s->K * 4), *dy = dt_alloc(ny * 4);
+    float *y0 = dt_alloc(ny * 4), *dx0 = dt_alloc(nx * 4), *dw0 = dt_alloc(nw * 4), *db0 = dt_alloc((size_t)s->K * 4);
+    float *xb = dt_alloc(nx * 4), *dyb = dt_alloc(ny * 4), *yb = dt_alloc(ny * 4), *dxb = dt_alloc(nx * 4);
+    float *t = dt_alloc((nx > ny ? nx : ny) * 4), *dw = dt_alloc(nw * 4), *db = dt_alloc((size_t)s->K * 4);
+    fill(x, (int64_t)nx, 31);
+    fill(w, (int64_t)nw, 32);
+    fill(b, s->K, 33);
+    fill(dy, (int64_t)ny, 34);
+    ASSERT_OK(dt_k_conv2d_fwd(s, x, w, b, y0));
+    ASSERT_OK(dt_k_conv2d_bwd_data(s, dy, w, dx0));
+    ASSERT_OK(dt_k_conv2d_bwd_weights(s, x, dy, dw0, db0));
+    static const int blocks[3] = {0, 8, 16};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            int sb = blocks[i], ob = blocks[j];
+            unsigned lay = (sb == 8 ? DT_K_SRC_BLOCKED8 : sb == 16 ? DT_K_SRC_BLOCKED16 : 0u) |
+                           (ob == 8 ? DT_K_DST_BLOCKED8 : ob == 16 ? DT_K_DST_BLOCKED16 : 0u);
+            const float *xin = x, *dyin = dy;
+            if (sb) {
+                ASSERT_OK(dt_k_to_blocked(x, s->N, s->C, s->H * s->W, sb, xb));
+                xin = xb;
+            }
+            if (ob) {
+                ASSERT_OK(dt_k_to_blocked(dy, s->N, s->K, P * Q, ob, dyb));
+                dyin = dyb;
+            }
+            ASSERT_OK(dt_k_conv2d_fwd_l(s, xin, w, b, yb, lay));
+            ASSERT_OK(dt_k_conv2d_bwd_data_l(s, dyin, w, dxb, lay));
+            ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, xin, dyin, dw, db, lay));
+            const float *yp = yb, *dxp = dxb;
+            if (ob) {
+                ASSERT_OK(dt_k_from_blocked(yb, s->N, s->K, P * Q, ob, t));
+                memcpy(yb, t, ny * 4);
+            }
+            if (sb) {
+                ASSERT_OK(dt_k_from_blocked(dxb, s->N, s->C, s->H * s->W, sb, t));
+                memcpy(dxb, t, nx * 4);
+            }
+            if (memcmp(yp, y0, ny * 4) || memcmp(dxp, dx0, nx * 4) || memcmp(dw, dw0, nw * 4) ||
+                memcmp(db, db0, (size_t)s->K * 4))
+                TEST_FAIL_("layout src %d dst %d: results differ from the plain call", sb, ob);
+        }
+    /* conversions round-trip; bad blocks and bad bits are errors */
+    for (int B = 8; B <= 16; B += 8) {
+        ASSERT_OK(dt_k_to_blocked(x, s->N, s->C, s->H * s->W, B, xb));
+        ASSERT_OK(dt_k_from_blocked(xb, s->N, s->C, s->H * s->W, B, t));
+        ASSERT(!memcmp(t, x, nx * 4));
+    }
+    ASSERT_STATUS(dt_k_to_blocked(x, s->N, s->C, s->H * s->W, 4, xb), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_to_blocked(x, s->N, 24, 1, 16, xb), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_conv2d_fwd_l(s, x, w, b, yb, DT_K_SRC_BLOCKED8 | DT_K_SRC_BLOCKED16), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_conv2d_fwd_l(s, x, w, b, yb, 16u), DT_ERR_INVALID_ARG);
+    dt_k_conv2d_shape s24 = dt_k_conv2d_shape_make(1, 24, 4, 4, 8, 1, 1);
+    ASSERT_STATUS(dt_k_conv2d_fwd_l(&s24, x, w, NULL, yb, DT_K_SRC_BLOCKED16), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_k_conv2d_fwd_l(&s24, x, w, NULL, yb, DT_K_SRC_BLOCKED8));
+    dt_free(x), dt_free(w), dt_free(b), dt_free(dy), dt_free(y0), dt_free(dx0), dt_free(dw0), dt_free(db0);
+    dt_free(xb), dt_free(dyb), dt_free(yb), dt_free(dxb), dt_free(t), dt_free(dw), dt_free(db);
 }
 
 int main(void)
@@ -254,5 +337,6 @@ int main(void)
     RUN(conv_bwd_finite_difference);
     RUN(conv_cache_and_errors);
     RUN(conv_c1_bwd_weights_blocked_dy);
+    RUN(conv_blocked_layouts_agree);
     return TEST_REPORT();
 }

@@ -1,136 +1,187 @@
-/* Conversion kernels: every available path (scalar, AVX2, AVX-512) must
- * match the scalar references of base.h bit for bit, exhaustively over all
- * 65536 half patterns and over many random and special f32 bit patterns. */
+/* Conversion kernels: every vectorised path (AVX2 + F16C, AVX-512,
+ * AVX-512 BF16) must match the scalar references of base.h bit for bit.
+ *
+ * Run as `test_convert PATH` (PATH = scalar, avx2, avx512, avx512_bf16; one
+ * CTest registration each, tests/kernels/tests.cmake) it checks that path
+ * and reports skipped (exit 77) when this CPU, as dt_cpu_detect() sees it
+ * (DT_MAX_CPU_ISA included), lacks it. Without an argument it runs the
+ * path-independent checks (known values, errors, the automatic choice).
+ *
+ * What "every bit pattern that matters" means here:
+ *  - widening (f16 -> f32, bf16 -> f32): all 65536 inputs;
+ *  - narrowing (f32 -> f16, f32 -> bf16): for every exponent (0..255) and
+ *    both signs, mantissas that put an exact tie, one below and one above
+ *    it at every bit position (so round-to-nearest-even both ways at every
+ *    shift, f16 subnormal results included), with the kept lsb 0 and 1;
+ *    every NaN class (quiet / signalling, payload only in the bits that f16
+ *    or bf16 drop, only in the bits they keep, both); +-inf, +-0; f32
+ *    subnormals (a sweep, both signs); the f16 and bf16 overflow boundaries;
+ *    every f16 and bf16 value widened (they must come back); and 4 Mi random
+ *    bit patterns;
+ *  - lengths 0..67 at offsets 0..3 (every vector tail of 8-, 16- and
+ *    32-element loops) as well as the long arrays. */
 #include "dtrain/kernels.h"
 #include "test.h"
 
 #include <stdint.h>
 
-static const dt_k_isa ISAS[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512};
+static dt_k_isa g_path; /* the path under test */
 
-/* Random f32 bit patterns plus specials: zeros, subnormals, rounding ties,
- * the f16 overflow boundary, NaNs with payloads (quiet and signalling). */
-static float *make_f32(int64_t *n_out)
+static uint32_t bits(float f)
 {
-    int64_t n = 1 << 20;
-    float *x = dt_alloc((size_t)n * sizeof(float));
-    uint32_t *u = (uint32_t *)x;
-    uint32_t out[4];
-    dt_rng_key k = dt_rng_key_make(42, DT_RNG_USER, 0, 0);
-    for (int64_t i = 0; i < n; i += 4) {
-        dt_rng_block(k, (uint64_t)i / 4, out);
-        for (int j = 0; j < 4; j++)
-            u[i + j] = out[j];
-    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static void put(uint32_t *u, int64_t *n, uint32_t v)
+{
+    u[(*n)++] = v;
+}
+
+/* The narrowing inputs described at the top; returns the count. */
+static int64_t make_f32(uint32_t *u, int64_t cap)
+{
+    int64_t n = 0;
+    (void)cap;
+    static const uint32_t hi[] = {0x000000, 0x400000, 0x7fe000, 0x155555 << 1, 0x2aaaaa, 0x7f0000, 0x00e000};
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t e = 0; e < 256; e++)
+            for (size_t h = 0; h < sizeof hi / sizeof hi[0]; h++)
+                for (int k = 0; k < 23; k++) {
+                    uint32_t half = 1u << k, keep = (hi[h] >> (k + 1)) << (k + 1);
+                    for (uint32_t lsb = 0; lsb < 2; lsb++) {
+                        uint32_t m = (keep ^ (lsb << (k + 1))) & 0x7fffff;
+                        uint32_t base = sign << 31 | e << 23;
+                        put(u, &n, base | (m | half));                   /* tie */
+                        put(u, &n, base | (m | (half - 1)));             /* just below */
+                        put(u, &n, base | ((m | half | 1u) & 0x7fffff)); /* just above (k > 0) */
+                    }
+                }
+    /* NaN classes: payload in the dropped bits, the kept bits, or both */
+    static const uint32_t pay[] = {0x000001, 0x001fff, 0x00ffff, 0x002000, 0x010000, 0x200000, 0x3fffff,
+                                   0x1fe001, 0x000040, 0x3f0000};
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t q = 0; q < 2; q++)
+            for (size_t i = 0; i < sizeof pay / sizeof pay[0]; i++)
+                put(u, &n, sign << 31 | 0x7f800000u | q << 22 | pay[i]);
     static const uint32_t sp[] = {
-        0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x00400000, 0x7f800000, 0xff800000, 0x7fc00000,
-        0xffc00000, 0x7f800001, 0xff800001, 0x7fa00000, 0x7fbfffff, 0x477ff000, 0x477fefff, 0x477fe000,
-        0xc77ff000, 0x38800000, 0x387fffff, 0x33000000, 0x33000001, 0x32ffffff, 0x33800000, 0x3f808000,
-        0x3f818000, 0x3f807fff, 0x3f800001, 0x7f7fffff, 0xff7fffff, 0x3f801000, 0x3f803000, 0x34000000,
-        0x35800000, 0x35c00000, 0x007fffff, 0x00008000, 0x7f7f8000, 0x7f7f7fff};
+        0x7f800000, 0xff800000, 0x00000000, 0x80000000,             /* inf, zero */
+        0x477fe000, 0x477fefff, 0x477ff000, 0x477ff001, 0xc77ff000, /* f16 max, overflow boundary */
+        0x7f7f7fff, 0x7f7f8000, 0x7f7fffff, 0xff7f8000,             /* bf16 overflow boundary */
+        0x38800000, 0x387fffff, 0x33000000, 0x33000001, 0x32ffffff, /* f16 min normal, half min subnormal */
+        0x00800000, 0x007fffff, 0x00000001, 0x80000001};
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
-        u[i * 7] = sp[i];
-    /* A dense sweep around the f16 normal/subnormal boundary and small values. */
-    for (int64_t i = 0; i < 65536; i++)
-        u[300000 + i] = 0x33000000u + (uint32_t)i * 97u;
-    /* f32 subnormals for the bf16 path (vcvtneps2bf16 flushes them). */
-    for (int64_t i = 0; i < 4096; i++)
-        u[400000 + i] = ((uint32_t)i * 2053u) & 0x807fffffu;
-    *n_out = n;
-    return x;
+        put(u, &n, sp[i]);
+    /* f32 subnormals, both signs */
+    for (uint32_t i = 0; i < 8192; i++) {
+        uint32_t m = (i * 1021u + (i >> 3)) & 0x7fffff;
+        put(u, &n, m ? m : 1);
+        put(u, &n, 0x80000000u | (m ? m : 1));
+    }
+    /* every f16 and bf16 value, widened */
+    for (uint32_t i = 0; i < 65536; i++) {
+        put(u, &n, bits(dt_f16_to_f32((uint16_t)i)));
+        put(u, &n, i << 16);
+    }
+    /* random bit patterns */
+    dt_rng_key key = dt_rng_key_make(42, DT_RNG_USER, 0, 0);
+    for (uint64_t c = 0; c < (4u << 20) / 4; c++) {
+        uint32_t out[4];
+        dt_rng_block(key, c, out);
+        for (int j = 0; j < 4; j++)
+            put(u, &n, out[j]);
+    }
+    put(u, &n, 0x3f808000); /* odd count: a tail on every path */
+    return n;
 }
 
-TEST(f16_to_f32_exhaustive)
-{
-    uint16_t *h = dt_alloc(65536 * 2 + 2);
-    float *y = dt_alloc(65536 * 4 + 4);
-    for (int i = 0; i < 65536; i++)
-        h[i] = (uint16_t)i;
-    for (size_t k = 0; k < 3; k++) {
-        if (dt_k_set_isa(ISAS[k]) < 0)
-            continue;
-        /* odd lengths and offsets exercise the scalar tails */
-        ASSERT_OK(dt_k_f16_to_f32(h, y, 65536));
-        for (int i = 0; i < 65536; i++) {
-            float r = dt_f16_to_f32((uint16_t)i);
-            if (memcmp(&r, &y[i], 4)) {
-                uint32_t got, want;
-                memcpy(&got, &y[i], 4);
-                memcpy(&want, &r, 4);
-                TEST_FAIL_("isa %s: half 0x%04x -> %08x, want %08x", dt_k_isa_name(ISAS[k]), i, got, want);
-            }
-        }
-        ASSERT_OK(dt_k_f16_to_f32(h + 1, y + 1, 65535 - 6));
-        for (int i = 1; i < 65530; i++) {
-            float r = dt_f16_to_f32((uint16_t)i);
-            ASSERT(!memcmp(&r, &y[i], 4));
-        }
-    }
-    dt_k_set_isa(DT_K_ISA_AUTO);
-    dt_free(h);
-    dt_free(y);
-}
+#define F32_CAP ((int64_t)6 << 20)
 
-TEST(bf16_to_f32_exhaustive)
+static void check_narrow(const float *x, int64_t n, const char *what)
 {
-    uint16_t *h = dt_alloc(65536 * 2);
-    float *y = dt_alloc(65536 * 4);
-    for (int i = 0; i < 65536; i++)
-        h[i] = (uint16_t)i;
-    for (size_t k = 0; k < 3; k++) {
-        if (dt_k_set_isa(ISAS[k]) < 0)
-            continue;
-        ASSERT_OK(dt_k_bf16_to_f32(h, y, 65536));
-        for (int i = 0; i < 65536; i++) {
-            float r = dt_bf16_to_f32((uint16_t)i);
-            ASSERT(!memcmp(&r, &y[i], 4));
-        }
+    uint16_t *a = dt_alloc((size_t)n * 2 + 16), *b = dt_alloc((size_t)n * 2 + 16);
+    ASSERT(a && b);
+    ASSERT_OK(dt_k_f32_to_f16(x, a, n));
+    ASSERT_OK(dt_k_f32_to_bf16(x, b, n));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t rf = dt_f32_to_f16(x[i]), rb = dt_f32_to_bf16(x[i]);
+        if ((a[i] != rf || b[i] != rb) && bad++ < 5)
+            fprintf(stderr, "  %s %s: f32 %08x -> f16 %04x (want %04x), bf16 %04x (want %04x)\n",
+                    dt_k_isa_name(g_path), what, bits(x[i]), a[i], rf, b[i], rb);
     }
-    dt_k_set_isa(DT_K_ISA_AUTO);
-    dt_free(h);
-    dt_free(y);
-}
-
-TEST(f32_to_half_all_paths)
-{
-    int64_t n;
-    float *x = make_f32(&n);
-    uint16_t *a = dt_alloc((size_t)n * 2), *b = dt_alloc((size_t)n * 2);
-    /* Every half pattern widened to f32 must narrow back to itself
-     * (NaNs come back quieted, as the reference says). */
-    float *hx = dt_alloc(65536 * 4);
-    for (int i = 0; i < 65536; i++)
-        hx[i] = dt_f16_to_f32((uint16_t)i);
-    int tested = 0;
-    for (size_t k = 0; k < 3; k++) {
-        if (dt_k_set_isa(ISAS[k]) < 0)
-            continue;
-        tested++;
-        ASSERT_OK(dt_k_f32_to_f16(x, a, n));
-        ASSERT_OK(dt_k_f32_to_bf16(x, b, n));
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t rf = dt_f32_to_f16(x[i]), rb = dt_f32_to_bf16(x[i]);
-            if (a[i] != rf)
-                TEST_FAIL_("isa %s f16: f32 %08x -> %04x, want %04x", dt_k_isa_name(ISAS[k]),
-                           ((uint32_t *)x)[i], a[i], rf);
-            if (b[i] != rb)
-                TEST_FAIL_("isa %s bf16: f32 %08x -> %04x, want %04x", dt_k_isa_name(ISAS[k]),
-                           ((uint32_t *)x)[i], b[i], rb);
-        }
-        ASSERT_OK(dt_k_f32_to_f16(hx, a, 65536));
-        for (int i = 0; i < 65536; i++) {
-            uint16_t want = dt_f32_to_f16(hx[i]);
-            ASSERT_EQ_INT(a[i], want);
-            if ((i & 0x7c00) != 0x7c00 || !(i & 0x3ff))
-                ASSERT_EQ_INT(a[i], i); /* non-NaN halfs round-trip exactly */
-        }
-    }
-    ASSERT(tested >= 1);
-    dt_k_set_isa(DT_K_ISA_AUTO);
-    dt_free(x);
     dt_free(a);
     dt_free(b);
-    dt_free(hx);
+    if (bad)
+        TEST_FAIL_("%s: %lld of %lld inputs differ from the scalar reference", what, (long long)bad, (long long)n);
+}
+
+TEST(narrow_bit_patterns)
+{
+    uint32_t *u = dt_alloc((size_t)F32_CAP * 4);
+    ASSERT(u);
+    int64_t n = make_f32(u, F32_CAP);
+    ASSERT(n <= F32_CAP);
+    float *x = (float *)(void *)u;
+    check_narrow(x, n, "all patterns");
+    if (dt_test_failed_)
+        goto out;
+    /* tails: lengths 0..67 at offsets 0..3, over the special part */
+    for (int off = 0; off < 4; off++)
+        for (int64_t len = 0; len < 68; len++) {
+            check_narrow(x + 4096 * off + len * 13 + off, len, "tail");
+            if (dt_test_failed_)
+                goto out;
+        }
+out:
+    dt_free(u);
+}
+
+static void check_widen(const uint16_t *h, int64_t n, bool half)
+{
+    float *y = dt_alloc((size_t)n * 4 + 16);
+    ASSERT(y);
+    ASSERT_OK(half ? dt_k_f16_to_f32(h, y, n) : dt_k_bf16_to_f32(h, y, n));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = half ? dt_f16_to_f32(h[i]) : dt_bf16_to_f32(h[i]);
+        if (bits(r) != bits(y[i]) && bad++ < 5)
+            fprintf(stderr, "  %s: %s %04x -> %08x, want %08x\n", dt_k_isa_name(g_path), half ? "f16" : "bf16", h[i],
+                    bits(y[i]), bits(r));
+    }
+    dt_free(y);
+    if (bad)
+        TEST_FAIL_("%s -> f32: %lld of %lld differ from the scalar reference", half ? "f16" : "bf16",
+                   (long long)bad, (long long)n);
+}
+
+TEST(widen_exhaustive)
+{
+    uint16_t *h = dt_alloc(65536 * 2 + 16);
+    ASSERT(h);
+    for (int i = 0; i < 65536; i++)
+        h[i] = (uint16_t)(i * 40503u); /* all 65536 values, in a scrambled order */
+    for (int half = 0; half < 2; half++) {
+        check_widen(h, 65536, half);
+        for (int off = 0; off < 4 && !dt_test_failed_; off++)
+            for (int64_t len = 0; len < 68 && !dt_test_failed_; len++)
+                check_widen(h + 1000 * off + len + off, len, half);
+        if (dt_test_failed_)
+            break;
+    }
+    dt_free(h);
+}
+
+/* Large arrays are split over threads in chunks: the same bits. */
+TEST(threaded_split)
+{
+    int64_t n = (1 << 18) + 37;
+    float *x = dt_alloc((size_t)n * 4);
+    ASSERT(x);
+    dt_rng_fill_normal(dt_rng_key_make(5, DT_RNG_USER, 0, 0), 0, x, (size_t)n, 0.0f, 1000.0f);
+    check_narrow(x, n, "threaded");
+    dt_free(x);
 }
 
 TEST(known_values)
@@ -171,13 +222,34 @@ TEST(convert_generic_and_errors)
     ASSERT(dt_k_get_isa() != DT_K_ISA_AUTO);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) {
+        static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+        bool found = false;
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+            if (!strcmp(argv[1], dt_k_isa_name(paths[i])))
+                g_path = paths[i], found = true;
+        if (!found) {
+            fprintf(stderr, "usage: test_convert [scalar|avx2|avx512|avx512_bf16]\n");
+            return 2;
+        }
+        char feat[256];
+        if (dt_k_set_isa(g_path) < 0) {
+            printf("path %s: not on this CPU (features: %s; DT_MAX_CPU_ISA=%s): skipped\n", argv[1],
+                   dt_cpu_features_str(dt_cpu_detect(), feat, sizeof feat), dt_cpu_isa_cap_name(dt_cpu_max_isa()));
+            return DT_TEST_SKIP_CODE;
+        }
+        fprintf(stderr, "path under test: %s\n", dt_k_isa_name(dt_k_get_isa()));
+        RUN(widen_exhaustive);
+        RUN(narrow_bit_patterns);
+        RUN(threaded_split);
+        return TEST_REPORT();
+    }
     fprintf(stderr, "conversion path in use: %s\n", dt_k_isa_name(dt_k_get_isa()));
-    RUN(f16_to_f32_exhaustive);
-    RUN(bf16_to_f32_exhaustive);
-    RUN(f32_to_half_all_paths);
+    g_path = dt_k_get_isa();
     RUN(known_values);
     RUN(convert_generic_and_errors);
+    RUN(threaded_split);
     return TEST_REPORT();
 }

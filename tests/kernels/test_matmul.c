@@ -1,6 +1,7 @@
 /* Matmul through oneDNN against a naive double-precision reference: every
  * transpose combination, alpha/beta/bias, batched with broadcast, bf16
  * inputs; the primitive cache counter; bad arguments. */
+// dt-test-labels: threads
 #include "dtrain/kernels.h"
 #include "test.h"
 

@@ -4,7 +4,37 @@
 if(TARGET test_conv)
   foreach(layout plain blocked)
     add_test(NAME kernels/test_conv_${layout} COMMAND test_conv)
-    set_tests_properties(kernels/test_conv_${layout} PROPERTIES TIMEOUT 300 LABELS kernels
+    set_tests_properties(kernels/test_conv_${layout} PROPERTIES TIMEOUT 300 LABELS kernels SKIP_RETURN_CODE 77
       ENVIRONMENT "DT_CONV_LAYOUT=${layout}")
   endforeach()
 endif()
+
+# The conversion paths, one registration each: a path this CPU lacks (as
+# dt_cpu_detect() reports it, DT_MAX_CPU_ISA included) reports skipped.
+if(TARGET test_convert)
+  foreach(path scalar avx2 avx512 avx512_bf16)
+    add_test(NAME kernels/test_convert_${path} COMMAND test_convert ${path})
+    set_tests_properties(kernels/test_convert_${path} PROPERTIES TIMEOUT 300 LABELS kernels SKIP_RETURN_CODE 77)
+  endforeach()
+endif()
+
+# On an AVX-512 machine the default registrations run the AVX-512 code paths
+# (oneDNN's nChw16c kernels, dtrain's AVX-512 conversions). These run the
+# layout, conversion and ConvNet tests once more as on an AVX2 machine
+# (ONEDNN_MAX_CPU_ISA=AVX2 for oneDNN, DT_MAX_CPU_ISA=avx2 for dtrain), so
+# both paths run whichever machine CI gets. Without AVX-512 they would only
+# repeat the default registrations, so they report skipped.
+set(DT_ISA_AVX2_TESTS test_conv test_blocked test_convert test_nn test_bench_step)
+foreach(t ${DT_ISA_AVX2_TESTS})
+  if(TARGET ${t})
+    set(args)
+    if(t STREQUAL "test_convert")
+      set(args avx2)
+    endif()
+    add_test(NAME isa_avx2/${t}
+      COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the AVX2 paths'; exit 77; }; exec \"$0\" \"$@\""
+        $<TARGET_FILE:${t}> ${args})
+    set_tests_properties(isa_avx2/${t} PROPERTIES TIMEOUT 600 LABELS isa SKIP_RETURN_CODE 77
+      ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2;OPENBLAS_CORETYPE=SkylakeX;DT_BINARY_DIR=${PROJECT_BINARY_DIR};DT_CLI=${PROJECT_BINARY_DIR}/dtrain")
+  endif()
+endforeach()

@@ -13,6 +13,7 @@
  *   clip_grad_norm_(G(., 0), max_norm=0.5).
  * Inputs are dyadic rationals (exact in float32). Outputs printed with float.hex.
  */
+// dt-test-labels: threads
 #include "dtrain/optim.h"
 #include "optim/optim_impl.h"
 #include "test.h"

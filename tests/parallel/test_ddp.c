@@ -4,6 +4,7 @@
  * parameters (the error and find_unused_parameters), in-order posting and
  * overlap during backward, metrics and evaluation sharding. */
 // dt-test-timeout: 240
+// dt-test-labels: threads
 #include "ddp_util.h"
 #include "test.h"
 #include "model_util.h"

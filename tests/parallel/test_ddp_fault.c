@@ -3,6 +3,7 @@
  * call notices first: forward's buffer broadcast, a bucket post during
  * backward, or dt_ddp_wait), never a hang. */
 // dt-test-timeout: 120
+// dt-test-labels: threads
 #include "ddp_util.h"
 #include "test.h"
 #include "model_util.h"

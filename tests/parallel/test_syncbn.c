@@ -3,6 +3,7 @@
  * bias, with uneven per-rank batches including an empty rank; eval mode
  * without communication; bad inputs. */
 // dt-test-timeout: 120
+// dt-test-labels: threads
 #include "comm/harness.h"
 #include "dtrain/parallel.h"
 #include "test.h"

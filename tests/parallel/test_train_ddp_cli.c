@@ -3,6 +3,7 @@
  * flags, and a rank killed mid-epoch: the survivor exits with an error
  * naming the dead rank within 5 s and `dtrain run` exits non-zero. */
 // dt-test-timeout: 240
+// dt-test-labels: threads
 #include "test.h"
 #include "tools/train_cli.h"
 

@@ -2,5 +2,5 @@
 # `ctest -LE slow` skips them for a quick pass). make test runs them in both
 # passes: under ASan+UBSan they took 3 s here (quiet machine).
 if(TEST parallel/test_train_ddp_cli)
-  set_tests_properties(parallel/test_train_ddp_cli PROPERTIES LABELS "parallel;slow")
+  set_property(TEST parallel/test_train_ddp_cli APPEND PROPERTY LABELS slow)
 endif()

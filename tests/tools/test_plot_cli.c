@@ -75,6 +75,10 @@ TEST(malformed_files)
     expect_bad("{\"event\":\"eval\",\"test_accuracy\":\"high\",\"test_loss\":1}\n",
                "malformed eval record", &failed);
     expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":0.5} trailing\n", "text after", &failed);
+    /* not JSON numbers, though strtod takes them (found by fuzz/fuzz_metrics.c) */
+    expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":-nan}\n", ":1: malformed record", &failed);
+    expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":-inf}\n", ":1: malformed record", &failed);
+    expect_bad("{\"event\":\"step\",\"step\":0x10,\"loss\":1}\n", ":1: malformed record", &failed);
     expect_bad("{\"event\":\"start\"}\n", "no step or eval records", &failed);
     expect_bad("", "no step or eval records", &failed);
     ASSERT(!failed);

@@ -123,11 +123,38 @@ TEST(bad_data)
                    "/nonexistent/dir/m.jsonl", NULL));
 }
 
+/* The test split is checked against the model too: t10k images of 1x1,
+ * 14x14 or 14x56 were viewed as [B,1,28,28] (out-of-bounds reads, NaN or
+ * reinterpreted pixels, exit 0). Exit 2 naming both files and shapes. */
+TEST(test_split_shape)
+{
+    char dir[512], spec[600];
+    snprintf(dir, sizeof dir, "%s/shape", cli_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(spec, sizeof spec, "mnist:%s", dir);
+    tu_write_mnist(dir, "train", 30, 28, 28, 30, 0);
+    static const uint32_t hw[][2] = {{1, 1}, {14, 14}, {14, 56}, {100, 100}};
+    for (size_t i = 0; i < sizeof hw / sizeof hw[0]; i++) {
+        tu_write_mnist(dir, "t10k", 10, hw[i][0], hw[i][1], 10, 0);
+        char got[64];
+        snprintf(got, sizeof got, "(1, %u, %u) f32", hw[i][0], hw[i][1]);
+        ASSERT(expect2((char *[]){"train", "--data", spec, "--limit-train", "10", NULL}, "t10k-images-idx3-ubyte", got));
+        ASSERT(expect2((char *[]){"train", "--data", spec, "--limit-train", "10", NULL}, "train-images-idx3-ubyte",
+                       "takes (1, 28, 28) f32"));
+    }
+    /* the same dimensions train */
+    tu_write_mnist(dir, "t10k", 10, 28, 28, 10, 0);
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"train", "--data", spec, "--epochs", "1", "--batch", "10", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+}
+
 int main(void)
 {
     RUN(bad_flags);
     RUN(bad_world_size);
     RUN(bad_data);
+    RUN(test_split_shape);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

@@ -135,6 +135,8 @@ typedef struct shm_ctx {
     size_t off_ranks, off_desc, off_slots, off_chans, off_stage, off_heaps;
     size_t slot_bytes, stage_bytes, heap_bytes, chan_bytes;
     int *pidfd;        /* per peer, -1 if unavailable */
+    int fd;            /* the segment, kept open to reserve heap pages (valid if have_fd) */
+    int have_fd;
     int spin;
     double spin_s;     /* then busy-poll this long before sleeping (DT_SHM_SPIN_US) */
     double timeout_s;

@@ -25,6 +25,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +64,24 @@ static void layout(shm_ctx *s)
     s->total = off;
 }
 
+/* Reserve the segment's pages in [off, off + len) now. tmpfs allocates
+ * them lazily, and a page touched when /dev/shm is full is a SIGBUS with no
+ * message (Docker's default /dev/shm is 64 MB): reserving turns that into an
+ * error at start (the fixed part) or from dt_pg_alloc (the arena). */
+static dt_status reserve(int fd, size_t off, size_t len, const char *what)
+{
+    int e = posix_fallocate(fd, (off_t)off, (off_t)len);
+    if (e == 0 || e == EINVAL || e == EOPNOTSUPP)
+        return DT_OK; /* a file system that cannot reserve: pages come on demand */
+    struct statvfs v;
+    double free_mb = statvfs("/dev/shm", &v) == 0 ? (double)v.f_bavail * (double)v.f_frsize / 1048576.0 : -1;
+    return dt_error(DT_ERR_NO_MEMORY,
+                    "shm: /dev/shm is too small: %s needs %.1f MiB more, %.1f MiB are free (%s); "
+                    "raise its size (docker run --shm-size=2g, or mount -o remount,size=4G /dev/shm) "
+                    "or need less (DT_SHM_STAGING_KB, fewer ranks, smaller dt_pg_alloc buffers)",
+                    what, (double)len / 1048576.0, free_mb, strerror(e));
+}
+
 dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeout_s)
 {
     layout(s);
@@ -83,6 +102,15 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
             shm_unlink(name);
             return dt_error(DT_ERR_IO, "shm: cannot size segment %s to %zu bytes: %s", name,
                             s->total, strerror(e));
+        }
+        /* Everything but the arenas is used by every collective. */
+        char what[96];
+        snprintf(what, sizeof what, "the segment of %d ranks (without dt_pg_alloc arenas)", s->size);
+        dt_status rs = reserve(fd, 0, s->off_heaps, what);
+        if (rs < 0) {
+            close(fd);
+            shm_unlink(name);
+            return rs;
         }
     } else {
         int ms = 1;
@@ -121,12 +149,15 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
         }
     }
     void *m = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (m == MAP_FAILED) {
+        int e = errno;
+        close(fd);
         if (create)
             shm_unlink(name);
-        return dt_error(DT_ERR_IO, "shm: cannot map %zu bytes: %s", s->total, strerror(errno));
+        return dt_error(DT_ERR_IO, "shm: cannot map %zu bytes: %s", s->total, strerror(e));
     }
+    s->fd = fd;
+    s->have_fd = 1;
     s->base = m;
     s->hdr = (shm_hdr *)m;
     if (create) {
@@ -201,6 +232,9 @@ dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
 
 void dt__shm_detach(shm_ctx *s)
 {
+    if (s->have_fd)
+        close(s->fd);
+    s->have_fd = 0;
     if (s->base)
         munmap(s->base, s->total);
     s->base = NULL;
@@ -256,6 +290,14 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
     int port = info->master_port;
     double t0 = dt_time_s(), tmo = info->timeout_s;
     char msg[64];
+    /* An address that does not resolve is named now, on every rank, rather
+     * than seen as ranks that never connected. */
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int gai = getaddrinfo(addr, NULL, &hints, &res);
+    if (gai != 0 || !res)
+        return dt_error(DT_ERR_INVALID_ARG, "shm: rendezvous: MASTER_ADDR '%s' does not resolve to an "
+                        "IPv4 address: %s", addr, gai ? gai_strerror(gai) : "no address");
+    freeaddrinfo(res);
     if (info->rank == 0) {
         uint64_t rnd[2];
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
@@ -336,6 +378,13 @@ void *dt__shm_mem_alloc(void *ctx, size_t bytes)
         shm_free_block *b = *pp;
         if (b->size < need)
             continue;
+        if (s->have_fd) {
+            char what[64];
+            snprintf(what, sizeof what, "dt_pg_alloc(%zu bytes)", bytes);
+            size_t at = (size_t)(shm_heap_at(s, s->rank) - s->base) + b->off;
+            if (reserve(s->fd, at, need, what) < 0)
+                return NULL;
+        }
         shm_alloc_rec *rec = malloc(sizeof *rec);
         if (!rec)
             break;

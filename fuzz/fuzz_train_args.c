@@ -1,0 +1,213 @@
+/* libFuzzer target for `dtrain train` option parsing (tools/train_args.c),
+ * which has no side effect but printing.
+ *
+ * Input: the arguments after "train", one per line. The parser must return
+ * 0 (options set), 1 (--help printed) or 2 (an error printed); never crash.
+ * When it accepts, every option must hold a value of its type in its range
+ * (or its default), and every number given must have been written plainly:
+ * integers as -?[0-9]+ (no spaces, no '+', no hex: " -1" once wrapped to
+ * 2^64-1), reals as a finite decimal. And the accepted options, written
+ * back as --name=value, must parse to the same values. */
+// fuzz-sources: src/base/*.c
+#include "train_args.c" /* the option table, opts[], is static */
+
+#include <ctype.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define NOPTS (sizeof opts / sizeof opts[0])
+#define MAXARGS 64
+
+static int plain_int(const char *s)
+{
+    if (*s == '-')
+        s++;
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+/* [+-]? (digits (. digits?)? | . digits) ([eE] [+-]? digits)? */
+static int plain_real(const char *s)
+{
+    if (*s == '+' || *s == '-')
+        s++;
+    int digits = 0;
+    while (isdigit((unsigned char)*s))
+        s++, digits++;
+    if (*s == '.')
+        for (s++; isdigit((unsigned char)*s); s++)
+            digits++;
+    if (!digits)
+        return 0;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!isdigit((unsigned char)*s))
+            return 0;
+        while (isdigit((unsigned char)*s))
+            s++;
+    }
+    return *s == 0;
+}
+
+/* The parser prints its errors and --help through stdio; those streams are
+ * pointed at /dev/null for the call. The file descriptors stay as they are,
+ * so a sanitizer's report (written to fd 2) is still seen. */
+static int quiet_parse(int argc, char **argv, dt__train_opts *o)
+{
+    static FILE *devnull;
+    if (!devnull && !(devnull = fopen("/dev/null", "w")))
+        abort();
+    FILE *out = stdout, *err = stderr;
+    stdout = stderr = devnull;
+    int rc = dt__train_parse(argc, argv, o);
+    stdout = out;
+    stderr = err;
+    return rc;
+}
+
+/* Every numeric value given on the command line was written plainly. */
+static void check_values_plain(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *name = argv[i] + 2, *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const opt_def *d = NULL;
+        for (size_t k = 0; k < NOPTS; k++)
+            if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
+                d = &opts[k];
+        if (!d)
+            abort(); /* accepted an unknown option */
+        if (d->type == OPT_FLAG)
+            continue;
+        const char *v = eq ? eq + 1 : argv[++i];
+        if ((d->type == OPT_INT && !plain_int(v)) || (d->type == OPT_U64 && (!plain_int(v) || *v == '-')) ||
+            (d->type == OPT_FLOAT && !plain_real(v)))
+            abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size > 8192)
+        return 0;
+    char *buf = malloc(size + 1);
+    if (!buf)
+        return 0;
+    memcpy(buf, data, size);
+    buf[size] = 0;
+    char *argv[MAXARGS + 2];
+    int argc = 0;
+    argv[argc++] = "train";
+    for (char *line = buf, *next; line && argc <= MAXARGS; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        else if (!*line)
+            break;
+        argv[argc++] = line;
+    }
+    argv[argc] = NULL;
+
+    dt__train_opts o, def, o2;
+    set_defaults(&def);
+    int rc = quiet_parse(argc, argv, &o);
+    if (rc < 0 || rc > 2)
+        abort();
+    if (rc != 0) {
+        free(buf);
+        return 0;
+    }
+    check_values_plain(argc, argv);
+
+    /* Each option: in range or the default; write it back. */
+    static char vals[NOPTS][64];
+    char *argv2[NOPTS + 2];
+    int argc2 = 0;
+    argv2[argc2++] = "train";
+    for (size_t k = 0; k < NOPTS; k++) {
+        const opt_def *d = &opts[k];
+        const char *f = (const char *)&o + d->off, *fd = (const char *)&def + d->off;
+        switch (d->type) {
+        case OPT_INT: {
+            int64_t x = *(const int64_t *)f;
+            if (x == *(const int64_t *)fd)
+                continue;
+            if ((double)x < d->lo || (double)x > d->hi)
+                abort();
+            snprintf(vals[k], sizeof vals[k], "--%s=%lld", d->name, (long long)x);
+            break;
+        }
+        case OPT_U64:
+            if (*(const uint64_t *)f == *(const uint64_t *)fd)
+                continue;
+            snprintf(vals[k], sizeof vals[k], "--%s=%llu", d->name,
+                     (unsigned long long)*(const uint64_t *)f);
+            break;
+        case OPT_FLOAT: {
+            double x = *(const double *)f;
+            if (x == *(const double *)fd)
+                continue;
+            if (!isfinite(x) || x < d->lo || x > d->hi)
+                abort();
+            snprintf(vals[k], sizeof vals[k], "--%s=%.17g", d->name, x);
+            break;
+        }
+        case OPT_STR:
+        case OPT_CHOICE: {
+            const char *s = *(const char *const *)f;
+            if (!s || s == *(const char *const *)fd)
+                continue;
+            if (!*s)
+                abort();
+            if (d->type == OPT_CHOICE) {
+                size_t n = strlen(s);
+                const char *c = strstr(d->choices, s);
+                if (!c || (c != d->choices && c[-1] != '|') || (c[n] && c[n] != '|'))
+                    abort();
+            }
+            if (strlen(s) + strlen(d->name) + 4 > sizeof vals[k])
+                continue; /* long paths: nothing to compare but the pointer */
+            snprintf(vals[k], sizeof vals[k], "--%s=%s", d->name, s);
+            break;
+        }
+        case OPT_FLAG:
+            if (!*(const bool *)f)
+                continue;
+            snprintf(vals[k], sizeof vals[k], "--%s", d->name);
+            break;
+        }
+        argv2[argc2++] = vals[k];
+    }
+    argv2[argc2] = NULL;
+    if (quiet_parse(argc2, argv2, &o2) != 0)
+        abort();
+    for (size_t k = 0; k < NOPTS; k++) {
+        const opt_def *d = &opts[k];
+        const char *a = (const char *)&o + d->off, *b = (const char *)&o2 + d->off;
+        int same;
+        if (d->type == OPT_INT || d->type == OPT_U64) {
+            same = !memcmp(a, b, 8);
+        } else if (d->type == OPT_FLOAT) {
+            same = *(const double *)a == *(const double *)b;
+        } else if (d->type == OPT_FLAG) {
+            same = *(const bool *)a == *(const bool *)b;
+        } else {
+            const char *sa = *(const char *const *)a, *sb = *(const char *const *)b;
+            same = (!sa && !sb) || (sa && sb && !strcmp(sa, sb)) ||
+                   (sa && strlen(sa) + strlen(d->name) + 4 > sizeof vals[k]);
+        }
+        if (!same)
+            abort();
+    }
+    free(buf);
+    return 0;
+}
