@@ -121,7 +121,7 @@ DT_API dt_adam_params dt_adam_params_default(void);
 /* AdamW defaults (weight_decay 1e-2). */
 DT_API dt_adam_params dt_adamw_params_default(void);
 
-/* apex FusedLAMB (SEMANTICS.md 9.1); defaults are apex's code defaults. */
+/* apex FusedLAMB; defaults are apex's code defaults. */
 typedef struct dt_lamb_params {
     double lr;             /* learning rate; default 1e-3 */
     double beta1;          /* default 0.9 */
@@ -233,7 +233,7 @@ DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, dt_dtype
  * the L2 norm of g[0..n), and if max_norm > 0 multiplies g by
  * min(1, max_norm / (norm + 1e-6)). *total_norm (may be NULL) receives the
  * norm before clipping; max_norm <= 0 only measures (DeepSpeed's
- * gradient_clipping default 0.0 means disabled, SEMANTICS 1.5; its clip
+ * gradient_clipping default 0.0 means disabled; its clip
  * uses the same max_norm / (norm + 1e-6) factor). The sum of squares is taken in double in a fixed
  * order (independent of the thread count). Returns DT_ERR_NULL on a NULL g
  * with n > 0. A non-finite norm is returned as is and g is left alone. */

@@ -2,7 +2,7 @@
  *
  * Overview
  * --------
- * DDP (PyTorch's DistributedDataParallel, SEMANTICS.md 3.1) keeps one
+ * DDP (PyTorch's DistributedDataParallel semantics) keeps one
  * replica of a model per rank and averages the gradients after every
  * backward pass, so every rank takes the same optimizer step.
  *
@@ -76,7 +76,7 @@
  * (the flat buffer fixes the layout in model order, which for feed-forward
  * models is the reverse of the ready order anyway).
  *
- * SyncBatchNorm (SEMANTICS.md 3.3): dt_sync_batch_norm() is batch norm whose
+ * SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm): dt_sync_batch_norm() is batch norm whose
  * training statistics come from the whole group (all-gather of per-rank
  * [mean, M2, count], combined by count; the running variance is unbiased over
  * the global count) and whose backward all-reduces [sum_dy, sum_dy_xmu].
