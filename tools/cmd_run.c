@@ -288,7 +288,7 @@ static int spawn_rank(const run_opts *o, const dt__run_env *env, rank_proc *p, i
     p->pid = pid;
     p->alive = 1;
     p->status = 0;
-    p->out = (dt__run_stream){.fd = out[0], .dst = 1, .tee = p->tee, .rank = rank};
+    p->out = (dt__run_stream){.fd = out[0], .dst = 1, .tee = p->tee, .rank = rank, .live = isatty(1)};
     p->err = (dt__run_stream){.fd = err[0], .dst = 2, .tee = p->tee, .rank = rank};
     return 0;
 }
@@ -491,6 +491,7 @@ int dt_cmd_run(int argc, char **argv)
         .world = o.nranks,
         .max_restarts = o.max_restarts,
         .job_id = job_id,
+        .stdout_tty = isatty(1),
     };
     const char *omp = getenv("OMP_NUM_THREADS");
     if (!omp || !*omp) {
