@@ -114,3 +114,8 @@ dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *ou
         return NULL;
     }
 }
+
+dt_tensor *dt_model_desc_loss_fn(void *desc, dt_ctx *ctx, dt_tensor *output, dt_tensor *target)
+{
+    return dt_model_desc_loss(ctx, desc, output, target);
+}

@@ -74,14 +74,14 @@ static int parse(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!v) {
-            fprintf(stderr, "dtrain bench coll: %s needs a value\n", a);
+            dt__cli_err("dtrain bench coll: %s needs a value\n", a);
             return 2;
         } else if (!strcmp(a, "--op")) {
             int k = 0;
             while (k < OP_COUNT && strcmp(v, op_names[k]))
                 k++;
             if (k == OP_COUNT) {
-                fprintf(stderr, "dtrain bench coll: unknown --op '%s' (allreduce, reduce_scatter, "
+                dt__cli_err("dtrain bench coll: unknown --op '%s' (allreduce, reduce_scatter, "
                                 "allgather, broadcast)\n", v);
                 return 2;
             }
@@ -90,21 +90,21 @@ static int parse(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
             size_t s = parse_size(v);
             if (!s) {
-                fprintf(stderr, "dtrain bench coll: %s: bad size '%s' (e.g. 8, 64K, 256M)\n", a, v);
+                dt__cli_err("dtrain bench coll: %s: bad size '%s' (e.g. 8, 64K, 256M)\n", a, v);
                 return 2;
             }
             *(a[3] == 'i' ? &o->min : &o->max) = s;
             i++;
         } else if (!strcmp(a, "--dtype")) {
             if (dt_dtype_parse(v, &o->dtype) < 0) {
-                fprintf(stderr, "dtrain bench coll: %s\n", dt_last_error());
+                dt__cli_err("dtrain bench coll: %s\n", dt_last_error());
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--iters")) {
             int64_t it;
             if (dt_parse_int("--iters", v, 1, 1000000000, &it) < 0) {
-                fprintf(stderr, "dtrain bench coll: --iters needs a count >= 1\n");
+                dt__cli_err("dtrain bench coll: --iters needs a count >= 1\n");
                 return 2;
             }
             o->iters = (int)it;
@@ -113,18 +113,18 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->plain = !strcmp(v, "both") || !strcmp(v, "plain");
             o->group = !strcmp(v, "both") || !strcmp(v, "group");
             if (!o->plain && !o->group) {
-                fprintf(stderr, "dtrain bench coll: --mem both|plain|group\n");
+                dt__cli_err("dtrain bench coll: --mem both|plain|group\n");
                 return 2;
             }
             i++;
         } else {
-            fprintf(stderr, "dtrain bench coll: unknown option '%s'\n", a);
+            dt__cli_err("dtrain bench coll: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
     if (o->min > o->max) {
-        fprintf(stderr, "dtrain bench coll: --min is larger than --max\n");
+        dt__cli_err("dtrain bench coll: --min is larger than --max\n");
         return 2;
     }
     return 0;
@@ -308,7 +308,7 @@ static int sweep(bench_ctx *b, const bench_opts *o, const char *mem)
         for (int inplace = 0; inplace < 2; inplace++) {
             dt_status st = measure(b, blk, size, iters, inplace, &r[inplace]);
             if (st < 0) {
-                fprintf(stderr, "dtrain bench coll: rank %d: %s of %zu bytes (%s memory) failed: "
+                dt__cli_err("dtrain bench coll: rank %d: %s of %zu bytes (%s memory) failed: "
                                 "%s: %s\n", b->rank, op_names[b->op], size, mem,
                         dt_status_name(st), dt_last_error());
                 return 1;
@@ -336,7 +336,7 @@ int dt_bench_coll(int argc, char **argv)
         return pr == 1 ? 0 : 2;
     dt_pg *pg = NULL;
     if (dt_pg_init(NULL, &pg) < 0) {
-        fprintf(stderr, "dtrain bench coll: cannot create the process group: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench coll: cannot create the process group: %s\n", dt_last_error());
         return 1;
     }
     bench_ctx b = {.pg = pg, .op = o.op, .dt = o.dtype, .es = dt_dtype_size(o.dtype),
@@ -360,7 +360,7 @@ int dt_bench_coll(int argc, char **argv)
          * must not leave the others waiting in a collective. */
         int64_t ok = b.send && b.recv;
         if (!ok)
-            fprintf(stderr, "dtrain bench coll: rank %d: cannot allocate %zu + %zu bytes of %s "
+            dt__cli_err("dtrain bench coll: rank %d: cannot allocate %zu + %zu bytes of %s "
                             "memory: %s\n", b.rank, in_bytes, out_bytes, g ? "group" : "plain",
                     dt_last_error());
         if (dt_pg_allreduce(pg, DT_IN_PLACE, &ok, 1, DT_I64, DT_REDUCE_MIN) < 0 || !ok)

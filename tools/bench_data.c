@@ -47,19 +47,19 @@ int dt_bench_data(int argc, char **argv)
         else if (v && !strcmp(a, "--compute-ms"))
             compute_ms = atof(argv[++i]);
         else {
-            fprintf(stderr, "dtrain bench data: unknown or incomplete option '%s'\n", a);
+            dt__cli_err("dtrain bench data: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
     if (batch < 1 || epochs < 1 || prefetch < 1 || prefetch > 64 || compute_ms < 0) {
-        fprintf(stderr, "dtrain bench data: batch, epochs >= 1, prefetch 1..64, compute-ms >= 0\n");
+        dt__cli_err("dtrain bench data: batch, epochs >= 1, prefetch 1..64, compute-ms >= 0\n");
         return 2;
     }
     double t0 = dt_time_s();
     dt_dataset *ds = NULL;
     if (dt_dataset_open_spec(spec, DT_SPLIT_TRAIN, &ds) < 0) {
-        fprintf(stderr, "dtrain bench data: --data %s: %s\n", spec, dt_last_error());
+        dt__cli_err("dtrain bench data: --data %s: %s\n", spec, dt_last_error());
         return 2;
     }
     double open_s = dt_time_s() - t0;
@@ -71,7 +71,7 @@ int dt_bench_data(int argc, char **argv)
     lp.background = !sync;
     int rc = 0;
     if (dt_sampler_random_init(dt_dataset_length(ds), 0, &s) < 0 || dt_loader_init(ds, s, &lp, &ld) < 0) {
-        fprintf(stderr, "dtrain bench data: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench data: %s\n", dt_last_error());
         rc = 1;
         goto out;
     }
@@ -91,7 +91,7 @@ int dt_bench_data(int argc, char **argv)
                 ; /* a stand-in for the training step */
         }
         if (st < 0) {
-            fprintf(stderr, "dtrain bench data: %s\n", dt_last_error());
+            dt__cli_err("dtrain bench data: %s\n", dt_last_error());
             rc = 1;
             goto out;
         }

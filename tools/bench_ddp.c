@@ -6,15 +6,18 @@
  *     dtrain bench ddp --threads 1 ...      # world size 1: the single-rank baseline
  *
  * Each rank trains the model on a fixed synthetic batch (the per-rank batch)
- * with SGD. Under a launcher it cycles blocks of 5 steps through four modes
- * (every block starts on all ranks together, after an untimed barrier) so
- * that machine noise hits all three alike:
- *   ddp     the full DDP step: forward (buffer broadcast), backward with the
- *           bucket all-reduces posted from grad-ready hooks, wait, update;
- *   nocomm  the same step with no_sync on: identical compute, no gradient
- *           communication (what the step costs without it);
- *   local   the plain single-rank step (model forward, backward, update; no
- *           DDP at all), run on every rank at once: "a single rank's step"
+ * with SGD, through the library's trainer (train.h): one dt_trainer with the
+ * "ddp" strategy and one with "none" over the same model. Under a launcher
+ * it cycles blocks of 5 steps through four modes (every block starts on all
+ * ranks together, after an untimed barrier) so that machine noise hits all
+ * of them alike:
+ *   ddp     the full DDP step as `dtrain train` runs it: forward (buffer
+ *           broadcast), backward with the bucket all-reduces posted from
+ *           grad-ready hooks, wait, the trainer's loss/stop agreement, update;
+ *   nocomm  the same compute with DDP's no_sync on and no collective at all
+ *           (the "none" trainer; what the step costs without communication);
+ *   local   the plain single-rank step (the "none" trainer; DDP's hooks
+ *           silent), run on every rank at once: "a single rank's step"
  *           under the same machine load as the DDP step;
  *   alone   the same plain step on rank 0 while the other ranks idle (what
  *           one process gets from an otherwise idle machine).
@@ -32,6 +35,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
+#include "dtrain/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,20 +86,20 @@ int dt_bench_ddp(int argc, char **argv)
         else if (!strcmp(a, "--json"))
             json = true;
         else {
-            fprintf(stderr, "dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
+            dt__cli_err("dtrain bench ddp: unknown or incomplete option '%s' (--model, --batch, --steps, "
                             "--threads, --bucket-mb, --sync-bn, --no-broadcast-buffers, --json)\n", a);
             return 2;
         }
     }
     if (batch < 1 || steps < 2 || threads < 0) {
-        fprintf(stderr, "dtrain bench ddp: need --batch >= 1, --steps >= 2, --threads >= 0\n");
+        dt__cli_err("dtrain bench ddp: need --batch >= 1, --steps >= 2, --threads >= 0\n");
         return 2;
     }
     if (threads > 0)
         dt_set_num_threads(threads);
     int ws;
     if (dt_pg_env_world_size(&ws) < 0) {
-        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+        dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
         return 2;
     }
     const bool dist = ws > 1;
@@ -104,7 +108,7 @@ int dt_bench_ddp(int argc, char **argv)
     int rc = 1, rank = 0, world = 1;
     if (dist) {
         if (dt_pg_init(NULL, &pg) < 0) {
-            fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
+            dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
             return 1;
         }
         rank = dt_pg_rank(pg);
@@ -112,14 +116,12 @@ int dt_bench_ddp(int argc, char **argv)
     }
     dt_model *m = NULL;
     dt_model_desc desc;
-    dt_ctx *ctx = NULL;
+    dt_trainer *tr_ddp = NULL, *tr_local = NULL; /* DDP (world > 1) and plain, same model */
     float *x = NULL;
     int64_t *y = NULL;
     double *tm[NMODES] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double)),
                           calloc(2 * (size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
-    dt_optim *opt = NULL;
-    if (dt_model_create(model, 0, NULL, &m, &desc) < 0 || dt_ctx_init(NULL, &ctx) < 0 || !tm[0] || !tm[1] ||
-        !tm[2] || !tm[3])
+    if (dt_model_create(model, 0, NULL, &m, &desc) < 0 || !tm[0] || !tm[1] || !tm[2] || !tm[3])
         goto fail;
     int ndim, tnd;
     int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
@@ -136,6 +138,12 @@ int dt_bench_ddp(int argc, char **argv)
     dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, (uint64_t)rank, 0), 0, x, (size_t)xn, 0.0f, 1.0f);
     for (int64_t i = 0; i < batch; i++)
         y[i] = (i * 7 + rank) % 10;
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.sgd.lr = 0.01;
+    tp.sgd.momentum = 0.9;
+    tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
+    tp.loss_ud = &desc;
+    dt_strategy *strat = NULL;
     if (dist) {
         if (sync_bn && dt_syncbn_convert(m, pg, NULL) < 0)
             goto fail;
@@ -146,16 +154,13 @@ int dt_bench_ddp(int argc, char **argv)
             if (p.first_bucket_mb > bucket_mb)
                 p.first_bucket_mb = bucket_mb;
         }
-        if (dt_ddp_init(pg, m, &p, &ddp) < 0)
+        if (dt_strategy_ddp_init(pg, &p, &strat) < 0 || dt_trainer_init(m, strat, &tp, &tr_ddp) < 0)
             goto fail;
+        ddp = dt_strategy_ddp(dt_trainer_strategy(tr_ddp));
     }
-    dt_sgd_params sp = dt_sgd_params_default();
-    sp.lr = 0.01;
-    sp.momentum = 0.9;
-    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
-    dt_optim_range rng = {.params = P, .grads = dt_model_flat(m, DT_FLAT_GRADS, DT_F32), .lo = 0, .hi = P->total};
-    if (dt_optim_sgd_init(&sp, &rng, 1, &opt) < 0)
+    if (dt_strategy_none_init(&strat) < 0 || dt_trainer_init(m, strat, &tp, &tr_local) < 0)
         goto fail;
+    dt_trainer_batch tb = dt_trainer_batch_make(x, DT_F32, ndim, shape, tnd ? y : NULL, tdt, tnd, tshape);
 
     /* warm-up (arena growth, oneDNN primitive creation), then blocks of 5
      * steps cycling ddp / nocomm / local, each block started together on
@@ -187,15 +192,8 @@ int dt_bench_ddp(int argc, char **argv)
             continue;
         }
         double t = dt_time_s();
-        dt_model_zero_grad(m);
-        dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, ndim, shape);
-        dt_tensor *yt = dt_tensor_view_of(ctx, y, tdt, tnd, tshape);
-        dt_tensor *out = ddp && mode < MODE_LOCAL ? dt_ddp_forward(ctx, ddp, xt) : dt_model_forward(ctx, m, xt);
-        dt_tensor *loss = dt_model_desc_loss(ctx, &desc, out, yt);
-        if (!loss || dt_backward(ctx, loss) < 0 || (ddp && mode < MODE_LOCAL && dt_ddp_wait(ddp) < 0) ||
-            dt_optim_step(opt) < 0)
+        if (dt_trainer_step(ddp && mode == MODE_DDP ? tr_ddp : tr_local, &tb, 1, NULL) < 0)
             goto fail;
-        dt_ctx_reset(ctx);
         t = dt_time_s() - t;
         if (!warming)
             tm[mode][cnt[mode]++] = t;
@@ -258,14 +256,13 @@ int dt_bench_ddp(int argc, char **argv)
     rc = 0;
 fail:
     if (rc)
-        fprintf(stderr, "dtrain bench ddp: %s\n", dt_last_error());
-    dt_ddp_free(ddp);
-    dt_optim_free(opt);
+        dt__cli_err("dtrain bench ddp: %s\n", dt_last_error());
+    dt_trainer_free(tr_local);
+    dt_trainer_free(tr_ddp); /* frees the DDP handle */
     dt_free(x);
     dt_free(y);
     for (int k = 0; k < NMODES; k++)
         free(tm[k]);
-    dt_ctx_free(ctx);
     dt_model_free(m);
     dt_pg_free(pg);
     return rc;

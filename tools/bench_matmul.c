@@ -38,13 +38,13 @@ int dt_bench_matmul(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(a, "--threads"))
             threads = atoi(argv[++i]);
         else {
-            fprintf(stderr, "dtrain bench matmul: unknown or incomplete option '%s'\n", a);
+            dt__cli_err("dtrain bench matmul: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
     if (n <= 0 || reps <= 0 || threads < 0) {
-        fprintf(stderr, "dtrain bench matmul: --size, --reps must be positive, --threads >= 0\n");
+        dt__cli_err("dtrain bench matmul: --size, --reps must be positive, --threads >= 0\n");
         return 2;
     }
     if (threads)
@@ -56,7 +56,7 @@ int dt_bench_matmul(int argc, char **argv)
         dt_status st = dt_k_bench_matmul(n, types[t], reps, &g);
         const char *path = types[t] == DT_F32 ? "native" : dt_k_matmul_bf16_native() ? "native" : "emulated";
         if (st < 0) {
-            fprintf(stderr, "dtrain bench matmul: %s: %s: %s\n", dt_dtype_name(types[t]), dt_status_name(st),
+            dt__cli_err("dtrain bench matmul: %s: %s: %s\n", dt_dtype_name(types[t]), dt_status_name(st),
                     dt_last_error());
             rc = 1;
             continue;

@@ -1,9 +1,9 @@
 /* dtrain bench step — time whole training steps of a zoo model.
  *
- * One step = forward, loss, backward, SGD (lr 0.01, no momentum:
- * torch.optim.SGD's defaults besides lr) over the flat buffers with the
- * gradient zeroing fused into the SGD pass (dt_optim_set_zero_grad), context
- * reset.
+ * One step = dt_trainer_step (train.h) with the "none" strategy: forward,
+ * loss, backward, SGD (lr 0.01, no momentum: torch.optim.SGD's defaults
+ * besides lr) over the flat buffers with the gradient zeroing fused into the
+ * SGD pass, context reset: the step `dtrain train` runs.
  * Inputs are synthetic (Philox uniform [-1, 1), labels i mod classes) and
  * fixed across steps. After --warmup untimed steps, --steps steps are timed
  * one by one; we report the median (and min) per step, the median of each
@@ -20,6 +20,7 @@
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,14 +69,13 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     int rc = 1;
     dt_model *m = NULL;
     dt_model_desc desc;
-    dt_ctx *ctx = NULL;
-    dt_optim *opt = NULL;
+    dt_trainer *tr = NULL;
     float *x = NULL;
     int64_t *y = NULL;
     step_times *t = calloc((size_t)steps, sizeof *t);
     double *col = calloc((size_t)steps, sizeof *col);
-    if (dt_model_create(name, 1234, NULL, &m, &desc) < 0 || dt_ctx_init(NULL, &ctx) < 0 || !t || !col) {
-        fprintf(stderr, "dtrain bench step: %s\n", dt_last_error());
+    if (dt_model_create(name, 1234, NULL, &m, &desc) < 0 || !t || !col) {
+        dt__cli_err("dtrain bench step: %s\n", dt_last_error());
         goto done;
     }
     if (batch <= 0)
@@ -95,36 +95,29 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     dt_rng_fill_uniform(dt_rng_key_make(1, DT_RNG_DATA, 0, 0), 0, x, nx, -1.0f, 1.0f);
     for (long i = 0; i < batch; i++)
         y[i] = i % 10;
-    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
-    dt_optim_range rng = {.params = P, .grads = dt_model_flat(m, DT_FLAT_GRADS, DT_F32), .lo = 0, .hi = P->total};
-    dt_sgd_params sp = dt_sgd_params_default();
-    sp.lr = 0.01;
-    if (dt_optim_sgd_init(&sp, &rng, 1, &opt) < 0)
+    dt_strategy *strat;
+    if (dt_strategy_none_init(&strat) < 0)
         goto fail;
-    /* zero_grad happens inside the optimizer's pass (the buffer starts zeroed) */
-    dt_optim_set_zero_grad(opt, true);
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.sgd.lr = 0.01;
+    tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
+    tp.loss_ud = &desc;
+    if (dt_trainer_init(m, strat, &tp, &tr) < 0)
+        goto fail;
+    dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, nd, shape, tnd ? y : NULL, tdt, tnd, tshape);
     float last_loss = 0;
     double cpu0 = 0;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup)
             cpu0 = cpu_seconds();
         double t0 = dt_time_s();
-        dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_F32, nd, shape);
-        dt_tensor *yt = tnd ? dt_tensor_view_of(ctx, y, tdt, tnd, tshape) : NULL;
-        dt_tensor *loss = dt_model_desc_loss(ctx, &desc, dt_model_forward(ctx, m, xt), yt);
-        if (!loss)
+        dt_trainer_metrics r;
+        if (dt_trainer_step(tr, &b, 1, &r) < 0)
             goto fail;
-        last_loss = dt_tensor_item(loss);
-        double t1 = dt_time_s();
-        if (dt_backward(ctx, loss) < 0)
-            goto fail;
-        double t2 = dt_time_s();
-        if (dt_optim_step(opt) < 0)
-            goto fail;
-        dt_ctx_reset(ctx);
         double t3 = dt_time_s();
+        last_loss = (float)r.loss;
         if (s >= warmup)
-            t[s - warmup] = (step_times){t3 - t0, t1 - t0, t2 - t1, t3 - t2};
+            t[s - warmup] = (step_times){t3 - t0, r.forward_s, r.backward_s + r.wait_s, r.optim_s};
     }
     double cpu_ms = (cpu_seconds() - cpu0) / steps * 1e3;
     double med[4], mn = 1e30;
@@ -162,14 +155,13 @@ static int run_one(const char *name, long batch, int steps, int warmup, double p
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "dtrain bench step (%s): %s\n", name, dt_last_error());
+    dt__cli_err("dtrain bench step (%s): %s\n", name, dt_last_error());
 done:
     dt_free(x);
     dt_free(y);
     free(t);
     free(col);
-    dt_optim_free(opt);
-    dt_ctx_free(ctx);
+    dt_trainer_free(tr);
     dt_model_free(m);
     return rc;
 }
@@ -201,13 +193,13 @@ int dt_bench_step(int argc, char **argv)
         } else if (v && !strcmp(a, "--peak-reps")) {
             peak_reps = atoi(v), i++;
         } else {
-            fprintf(stderr, "dtrain bench step: unknown or incomplete option '%s'\n", a);
+            dt__cli_err("dtrain bench step: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
     if (steps <= 0 || warmup < 0 || batch < 0 || threads < 0 || peak_reps < 0) {
-        fprintf(stderr, "dtrain bench step: --steps must be > 0; --warmup, --batch, --threads, --peak-reps >= 0\n");
+        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --threads, --peak-reps >= 0\n");
         return 2;
     }
     if (threads > 0)
@@ -219,7 +211,7 @@ int dt_bench_step(int argc, char **argv)
      * CPU-second, comparable with cpu_ms on a busy machine). */
     double peak = 0, cpu_peak = 0;
     if (peak_reps > 0 && dt_k_bench_matmul(2048, DT_F32, peak_reps, &peak) < 0) {
-        fprintf(stderr, "dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
+        dt__cli_err("dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
         peak = 0;
     }
     if (peak > 0) {

@@ -17,4 +17,9 @@ int dt_bench_matmul(int argc, char **argv);
 int dt_bench_ddp(int argc, char **argv);
 int dt_bench_data(int argc, char **argv);
 
+/* Print one error line of the CLI's own to stderr, printf-style, with
+ * control characters in it escaped (dt_escape): every message that can
+ * echo a user-supplied string goes through here (tools/cli_msg.c). */
+void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif

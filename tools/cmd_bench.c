@@ -27,6 +27,6 @@ int dt_cmd_bench(int argc, char **argv)
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
         if (!strcmp(argv[1], suites[i].name))
             return suites[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "dtrain bench: unknown suite '%s' (step, coll, ddp, matmul, data)\n", argv[1]);
+    dt__cli_err("dtrain bench: unknown suite '%s' (step, coll, ddp, matmul, data)\n", argv[1]);
     return 2;
 }

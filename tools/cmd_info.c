@@ -17,7 +17,7 @@ int dt_cmd_info(int argc, char **argv)
                    "features, the instruction sets dtrain and oneDNN use and the activation layout\n");
             return 0;
         }
-        fprintf(stderr, "dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
+        dt__cli_err("dtrain info: unexpected argument '%s' (dtrain info takes none)\n", argv[i]);
         return 2;
     }
     char feat[256];

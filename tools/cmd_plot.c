@@ -97,7 +97,7 @@ int dt_cmd_plot(int argc, char **argv)
         }
         if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output") || !strcmp(argv[i], "--title")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "dtrain plot: %s needs a value\n", argv[i]);
+                dt__cli_err("dtrain plot: %s needs a value\n", argv[i]);
                 return 2;
             }
             if (!strcmp(argv[i], "--title"))
@@ -105,13 +105,13 @@ int dt_cmd_plot(int argc, char **argv)
             else
                 out = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "dtrain plot: unknown option '%s'\n", argv[i]);
+            dt__cli_err("dtrain plot: unknown option '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         } else if (!in) {
             in = argv[i];
         } else {
-            fprintf(stderr, "dtrain plot: unexpected argument '%s' (one metrics file)\n", argv[i]);
+            dt__cli_err("dtrain plot: unexpected argument '%s' (one metrics file)\n", argv[i]);
             return 2;
         }
     }
@@ -129,13 +129,13 @@ int dt_cmd_plot(int argc, char **argv)
         out = defout;
     }
     if (strchr(out, '"') || strchr(out, '\n') || (title && (strchr(title, '"') || strchr(title, '\n')))) {
-        fprintf(stderr, "dtrain plot: output name and title may not contain '\"' or newlines\n");
+        dt__cli_err("dtrain plot: output name and title may not contain '\"' or newlines\n");
         return 2;
     }
     /* the whole file: metrics files are small (a record per log step) */
     FILE *f = fopen(in, "r");
     if (!f) {
-        fprintf(stderr, "dtrain plot: cannot open %s: %s\n", in, strerror(errno));
+        dt__cli_err("dtrain plot: cannot open %s: %s\n", in, strerror(errno));
         return 2;
     }
     char *text = NULL;
@@ -145,7 +145,7 @@ int dt_cmd_plot(int argc, char **argv)
             size_t c = tcap ? 2 * tcap : 65536;
             char *q = realloc(text, c);
             if (!q) {
-                fprintf(stderr, "dtrain plot: %s: out of memory\n", in);
+                dt__cli_err("dtrain plot: %s: out of memory\n", in);
                 free(text);
                 fclose(f);
                 return 1;
@@ -160,7 +160,7 @@ int dt_cmd_plot(int argc, char **argv)
     int rerr = ferror(f);
     fclose(f);
     if (rerr) {
-        fprintf(stderr, "dtrain plot: cannot read %s\n", in);
+        dt__cli_err("dtrain plot: cannot read %s\n", in);
         free(text);
         return 2;
     }
@@ -169,18 +169,18 @@ int dt_cmd_plot(int argc, char **argv)
     int prc = dt__metrics_parse(text, tlen, &pts, err, sizeof err);
     free(text);
     if (prc < 0) {
-        fprintf(stderr, "dtrain plot: %s:%s\n", in, err);
+        dt__cli_err("dtrain plot: %s:%s\n", in, err);
         return 2;
     }
     if (pts.nstep == 0 && pts.neval == 0) {
-        fprintf(stderr, "dtrain plot: %s: no step or eval records to plot\n", in);
+        dt__cli_err("dtrain plot: %s: no step or eval records to plot\n", in);
         dt__metrics_points_free(&pts);
         return 2;
     }
     char tmpl[] = "/tmp/dtrain-plot-XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) {
-        fprintf(stderr, "dtrain plot: cannot create a temporary directory: %s\n", strerror(errno));
+        dt__cli_err("dtrain plot: cannot create a temporary directory: %s\n", strerror(errno));
         dt__metrics_points_free(&pts);
         return 1;
     }
@@ -193,7 +193,7 @@ int dt_cmd_plot(int argc, char **argv)
     snprintf(p, sizeof p, "%s/evals.dat", dir);
     FILE *fe = fopen(p, "w");
     if (!fs || !fe) {
-        fprintf(stderr, "dtrain plot: cannot write temporary files in %s\n", dir);
+        dt__cli_err("dtrain plot: cannot write temporary files in %s\n", dir);
         rc = 1;
         goto done;
     }
@@ -210,7 +210,7 @@ int dt_cmd_plot(int argc, char **argv)
     fs = fe = NULL;
     char *gp = find_gnuplot();
     if (!gp) {
-        fprintf(stderr, "dtrain plot: gnuplot not found (install Debian's gnuplot-nox, or set "
+        dt__cli_err("dtrain plot: gnuplot not found (install Debian's gnuplot-nox, or set "
                         "DT_GNUPLOT)\n");
         rc = 1;
         goto done;
@@ -268,12 +268,12 @@ int dt_cmd_plot(int argc, char **argv)
         }
         if (nl)
             *nl = 0;
-        fprintf(stderr, "dtrain plot: gnuplot failed writing %s: %s\n", out, msg[0] ? msg : "(no message)");
+        dt__cli_err("dtrain plot: gnuplot failed writing %s: %s\n", out, msg[0] ? msg : "(no message)");
         rc = 1;
         goto done;
     }
     if (publish(dir, out) < 0) {
-        fprintf(stderr, "dtrain plot: %s\n", dt_last_error());
+        dt__cli_err("dtrain plot: %s\n", dt_last_error());
         rc = 1;
         goto done;
     }

@@ -20,6 +20,7 @@
  * end, shared-memory segments named after the job id are removed. */
 #include "cmd.h"
 #include "dtrain/base.h"
+#include "dtrain/comm.h"
 #include "run.h"
 
 #include <errno.h>
@@ -142,49 +143,49 @@ static int parse_args(int argc, char **argv, run_opts *o)
             return 1;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--nproc") || !strcmp(a, "--nproc-per-node")) {
             if (!v || parse_int(v, 1, DT_RUN_MAX_RANKS, &o->nranks) < 0) {
-                fprintf(stderr, "dtrain run: %s needs a rank count in 1..%d\n", a, DT_RUN_MAX_RANKS);
+                dt__cli_err("dtrain run: %s needs a rank count in 1..%d\n", a, DT_RUN_MAX_RANKS);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--max-restarts")) {
             if (!v || parse_int(v, 0, 1000000, &o->max_restarts) < 0) {
-                fprintf(stderr, "dtrain run: --max-restarts needs a count >= 0\n");
+                dt__cli_err("dtrain run: --max-restarts needs a count >= 0\n");
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--tee")) {
             if (!v || !*v) {
-                fprintf(stderr, "dtrain run: --tee needs a directory\n");
+                dt__cli_err("dtrain run: --tee needs a directory\n");
                 return 2;
             }
             o->tee_dir = v;
             i++;
         } else if (!strcmp(a, "--grace")) {
             if (!v || dt_parse_double("--grace", v, 0, 3600, &o->grace_s) < 0) {
-                fprintf(stderr, "dtrain run: --grace needs seconds in 0..3600\n");
+                dt__cli_err("dtrain run: --grace needs seconds in 0..3600\n");
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--master-port")) {
             if (!v || parse_int(v, 1, 65535, &o->master_port) < 0) {
-                fprintf(stderr, "dtrain run: --master-port needs a port in 1..65535\n");
+                dt__cli_err("dtrain run: --master-port needs a port in 1..65535\n");
                 return 2;
             }
             i++;
         } else if (a[0] == '-') {
-            fprintf(stderr, "dtrain run: unknown option '%s' (see dtrain run --help)\n", a);
+            dt__cli_err("dtrain run: unknown option '%s' (see dtrain run --help)\n", a);
             return 2;
         } else {
             break; /* the program, without a "--" before it */
         }
     }
     if (o->nranks < 0) {
-        fprintf(stderr, "dtrain run: missing -n N (the number of ranks)\n");
+        dt__cli_err("dtrain run: missing -n N (the number of ranks)\n");
         usage(stderr);
         return 2;
     }
     if (i >= argc) {
-        fprintf(stderr, "dtrain run: missing the program to run (dtrain run -n N -- PROGRAM ARGS...)\n");
+        dt__cli_err("dtrain run: missing the program to run (dtrain run -n N -- PROGRAM ARGS...)\n");
         return 2;
     }
     o->argv = argv + i;
@@ -287,7 +288,7 @@ static int spawn_rank(const run_opts *o, const dt__run_env *env, rank_proc *p, i
     p->pid = pid;
     p->alive = 1;
     p->status = 0;
-    p->out = (dt__run_stream){.fd = out[0], .dst = 1, .tee = p->tee, .rank = rank};
+    p->out = (dt__run_stream){.fd = out[0], .dst = 1, .tee = p->tee, .rank = rank, .live = isatty(1)};
     p->err = (dt__run_stream){.fd = err[0], .dst = 2, .tee = p->tee, .rank = rank};
     return 0;
 }
@@ -317,7 +318,7 @@ static void reap(rank_proc *rk, int n, attempt_result *res, int *stopping, doubl
         if (!*stopping && status_failed(status)) {
             char how[128];
             describe_status(status, how, sizeof how);
-            fprintf(stderr, "dtrain run: rank %d (pid %d) %s; stopping the other ranks\n", r,
+            dt__cli_err("dtrain run: rank %d (pid %d) %s; stopping the other ranks\n", r,
                     (int)pid, how);
             res->failed_rank = r;
             res->status = status;
@@ -344,7 +345,7 @@ static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
         rk[r].pid = 0, rk[r].alive = 0, rk[r].out.fd = rk[r].err.fd = -1;
     for (int r = 0; r < n; r++) {
         if (spawn_rank(o, env, &rk[r], r) < 0) {
-            fprintf(stderr, "dtrain run: cannot start rank %d: %s\n", r, strerror(errno));
+            dt__cli_err("dtrain run: cannot start rank %d: %s\n", r, strerror(errno));
             stopping = 1;
             kill_at = dt_time_s() + o->grace_s;
             res->failed_rank = r;
@@ -410,13 +411,13 @@ static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
                         continue;
                     }
                     if (res->signo && !killed) {
-                        fprintf(stderr, "dtrain run: second signal; killing the ranks\n");
+                        dt__cli_err("dtrain run: second signal; killing the ranks\n");
                         signal_ranks(rk, n, SIGKILL);
                         killed = 1;
                         continue;
                     }
                     if (!res->signo) {
-                        fprintf(stderr, "dtrain run: got SIG%s; forwarding it to the ranks\n",
+                        dt__cli_err("dtrain run: got SIG%s; forwarding it to the ranks\n",
                                 sigabbrev_np(sg) ? sigabbrev_np(sg) : "?");
                         res->signo = sg;
                         signal_ranks(rk, n, sg);
@@ -449,7 +450,7 @@ static int open_tee(const run_opts *o, rank_proc *rk)
     if (!o->tee_dir)
         return 0;
     if (mkdir(o->tee_dir, 0755) < 0 && errno != EEXIST) {
-        fprintf(stderr, "dtrain run: cannot create --tee directory '%s': %s\n", o->tee_dir,
+        dt__cli_err("dtrain run: cannot create --tee directory '%s': %s\n", o->tee_dir,
                 strerror(errno));
         return -1;
     }
@@ -459,7 +460,7 @@ static int open_tee(const run_opts *o, rank_proc *rk)
         /* created beside its name and renamed into place at once, so the log
          * is visible while the job runs and a planted symlink is refused */
         if (dt_file_open(path, 0644, &rk[r].tee_file) < 0 || dt_file_commit(rk[r].tee_file) < 0) {
-            fprintf(stderr, "dtrain run: --tee: %s\n", dt_last_error());
+            dt__cli_err("dtrain run: --tee: %s\n", dt_last_error());
             return -1;
         }
         rk[r].tee = dt_file_fd(rk[r].tee_file);
@@ -475,12 +476,12 @@ int dt_cmd_run(int argc, char **argv)
         return pa == 1 ? 0 : 2;
     char job_id[DT_RUN_JOB_ID_LEN + 1];
     if (dt__run_job_id(job_id) < 0) {
-        fprintf(stderr, "dtrain run: getrandom failed: %s\n", strerror(errno));
+        dt__cli_err("dtrain run: getrandom failed: %s\n", strerror(errno));
         return 1;
     }
     rank_proc *rk = calloc((size_t)o.nranks, sizeof *rk);
     if (!rk) {
-        fprintf(stderr, "dtrain run: out of memory\n");
+        dt__cli_err("dtrain run: out of memory\n");
         return 1;
     }
     int rc = 1;
@@ -490,12 +491,19 @@ int dt_cmd_run(int argc, char **argv)
         .world = o.nranks,
         .max_restarts = o.max_restarts,
         .job_id = job_id,
+        .stdout_tty = isatty(1),
     };
     const char *omp = getenv("OMP_NUM_THREADS");
     if (!omp || !*omp) {
         int t = dt__run_cores() / o.nranks;
         env.omp_threads = t < 1 ? 1 : t;
     }
+    int orphans = 0;
+    if (dt_pg_orphan_cleanup(&orphans) == 0 && orphans > 0)
+        dt__cli_err(
+                "dtrain run: removed %d shared-memory segment(s) of earlier jobs whose launcher "
+                "and ranks are gone\n",
+                orphans);
     for (int attempt = 0;; attempt++) {
         env.restart = attempt;
         env.port = o.master_port ? o.master_port : dt__run_free_port();
@@ -503,7 +511,7 @@ int dt_cmd_run(int argc, char **argv)
         int ar = run_attempt(&o, &env, rk, &res);
         int removed = dt__run_shm_cleanup(job_id);
         if (removed > 0)
-            fprintf(stderr, "dtrain run: removed %d shared-memory segment(s) left by job %s\n",
+            dt__cli_err("dtrain run: removed %d shared-memory segment(s) left by job %s\n",
                     removed, job_id);
         if (ar < 0) {
             rc = 1;
@@ -520,11 +528,11 @@ int dt_cmd_run(int argc, char **argv)
         char how[128];
         describe_status(res.status, how, sizeof how);
         if (attempt < o.max_restarts) {
-            fprintf(stderr, "dtrain run: restarting all %d ranks (restart %d of %d) after rank %d %s\n",
+            dt__cli_err("dtrain run: restarting all %d ranks (restart %d of %d) after rank %d %s\n",
                     o.nranks, attempt + 1, o.max_restarts, res.failed_rank, how);
             continue;
         }
-        fprintf(stderr, "dtrain run: job failed: rank %d %s%s\n", res.failed_rank, how,
+        dt__cli_err("dtrain run: job failed: rank %d %s%s\n", res.failed_rank, how,
                 o.max_restarts ? " (no restarts left)" : "");
         if (WIFEXITED(res.status))
             rc = WEXITSTATUS(res.status);

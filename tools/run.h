@@ -24,6 +24,8 @@ typedef struct {
     int rank;    /* for the "[rank] " prefix */
     char *buf;   /* bytes after the last newline seen */
     size_t len, cap;
+    int live;    /* forward \r-updates (a progress bar) at once: stdout on a terminal */
+    size_t sent; /* bytes of buf already forwarded by a live update */
 } dt__run_stream;
 
 /* Read what the pipe holds and forward every complete line as "[rank] line".
@@ -52,6 +54,7 @@ typedef struct {
     int port;              /* MASTER_PORT */
     const char *job_id;    /* DT_JOB_ID */
     int omp_threads;       /* OMP_NUM_THREADS to set, 0 = the user's is kept */
+    int stdout_tty;        /* the launcher's stdout is a terminal: DT_STDOUT_TTY=1 (else 0) */
 } dt__run_env;
 
 /* In a forked child: set the rank's environment variables (see HELPERS.md

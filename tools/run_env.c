@@ -141,6 +141,7 @@ int dt__run_env_apply(const dt__run_env *e, int rank)
     bad |= setenv_int("DT_LOCAL_WORLD_SIZE", e->world);
     bad |= setenv("DT_JOB_ID", e->job_id, 1);
     bad |= setenv_int("DT_RESTART_COUNT", e->restart);
+    bad |= setenv_int("DT_STDOUT_TTY", e->stdout_tty);
     bad |= setenv_int("DT_MAX_RESTARTS", e->max_restarts);
     if (e->omp_threads > 0)
         bad |= setenv_int("OMP_NUM_THREADS", e->omp_threads);

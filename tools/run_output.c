@@ -10,7 +10,12 @@
  *
  * A stdout line that is a whole JSON object or array (what --json modes
  * print) is forwarded without the prefix, so `dtrain run ... --json | jq .`
- * reads valid JSON; every other line, and every stderr line, is prefixed. */
+ * reads valid JSON; every other line, and every stderr line, is prefixed.
+ *
+ * A progress bar redraws one line with "\r...": when the launcher's stdout is
+ * a terminal (live streams) a partial line holding a '\r' is forwarded at
+ * once, each '\r' followed by the prefix again, so rank 0's bar moves live;
+ * the --tee file gets only the line's final state, without escape codes. */
 #include "run.h"
 
 #include <cjson/cJSON.h>
@@ -55,11 +60,70 @@ static bool is_json_line(const char *line, size_t n)
     return ok;
 }
 
+/* p[0..n) to the console: the prefix first when at_start, again after every
+ * '\r'; a newline at the end when newline. */
+static void console_raw(dt__run_stream *s, const char *p, size_t n, bool at_start, bool newline)
+{
+    char prefix[24];
+    int plen = snprintf(prefix, sizeof prefix, "[%d] ", s->rank);
+    size_t ncr = 0;
+    for (size_t i = 0; i < n; i++)
+        ncr += p[i] == '\r';
+    size_t total = (at_start ? (size_t)plen : 0) + n + ncr * (size_t)plen + (newline ? 1 : 0);
+    char *out = malloc(total ? total : 1);
+    if (!out)
+        return;
+    size_t k = 0;
+    if (at_start)
+        memcpy(out, prefix, (size_t)plen), k = (size_t)plen;
+    for (size_t i = 0; i < n; i++) {
+        out[k++] = p[i];
+        if (p[i] == '\r')
+            memcpy(out + k, prefix, (size_t)plen), k += (size_t)plen;
+    }
+    if (newline)
+        out[k++] = '\n';
+    (void)dt__run_write_all(s->dst, out, k);
+    free(out);
+}
+
+/* The tee file gets a redrawn line's final state: the text after its last
+ * '\r', without the erase-to-end escape. */
+static void tee_line(dt__run_stream *s, const char *line, size_t n)
+{
+    const char *cr = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (line[i] == '\r')
+            cr = line + i;
+    if (cr) {
+        n -= (size_t)(cr + 1 - line);
+        line = cr + 1;
+    }
+    size_t start = 0;
+    for (size_t i = 0; i + 3 <= n; i++) {
+        if (line[i] == '\033' && line[i + 1] == '[' && line[i + 2] == 'K') {
+            (void)dt__run_write_all(s->tee, line + start, i - start);
+            start = i + 3;
+            i += 2;
+        }
+    }
+    (void)dt__run_write_all(s->tee, line + start, n - start);
+    (void)dt__run_write_all(s->tee, "\n", 1);
+}
+
 /* Forward one line (without its newline) to the console with the prefix and
  * to the tee file without it. Output errors (a closed console) are ignored:
  * the job keeps running and the tee file keeps receiving. */
 static void emit_line(dt__run_stream *s, const char *line, size_t n)
 {
+    if (s->sent > 0 || memchr(line, '\r', n)) {
+        size_t sent = s->sent < n ? s->sent : n;
+        console_raw(s, line + sent, n - sent, sent == 0, true);
+        s->sent = 0;
+        if (s->tee >= 0)
+            tee_line(s, line, n);
+        return;
+    }
     char prefix[24];
     int plen = s->dst == 1 && is_json_line(line, n) ? 0 : snprintf(prefix, sizeof prefix, "[%d] ", s->rank);
     char small[4096];
@@ -120,12 +184,19 @@ int dt__run_stream_pump(dt__run_stream *s)
             start = i + 1;
         }
     }
+    if (start > 0)
+        s->sent = 0; /* emit_line consumed it; the next line starts fresh */
     if (s->len - start >= DT_RUN_MAX_LINE) {
         emit_line(s, s->buf + start, s->len - start);
         start = s->len;
     }
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
+    /* a bar redrawn with '\r': forward what is new now, not at the newline */
+    if (s->live && s->len > s->sent && memchr(s->buf + s->sent, '\r', s->len - s->sent)) {
+        console_raw(s, s->buf + s->sent, s->len - s->sent, s->sent == 0, false);
+        s->sent = s->len;
+    }
     return 1;
 }
 
@@ -134,6 +205,7 @@ void dt__run_stream_close(dt__run_stream *s)
     if (s->len > 0)
         emit_line(s, s->buf, s->len);
     s->len = 0;
+    s->sent = 0;
     free(s->buf);
     s->buf = NULL;
     s->cap = 0;

@@ -60,7 +60,11 @@ typedef struct dt__progress {
     bool drawn;
 } dt__progress;
 
-/* mode from "auto" (bar on a terminal, else plain), "bar", "plain", "none". */
+/* Whether progress may draw a bar on out: DT_STDOUT_TTY=1/0 if set (dtrain
+ * run's hint), else false under a launcher (RANK/WORLD_SIZE, MPI, PMI,
+ * Slurm variables), else isatty. */
+bool dt__progress_terminal(FILE *out);
+/* mode from "auto" or "bar" (a bar on a terminal, else plain), "plain", "none". */
 void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs,
                        int64_t log_every);
 void dt__progress_epoch_begin(dt__progress *p, int64_t epoch, int64_t total_steps);

@@ -2,6 +2,7 @@
  * Adding a flag is one row. Every error is one line naming the flag and what
  * is wrong; the caller exits 2. Values are taken as `--flag VALUE` or
  * `--flag=VALUE`. */
+#include "cmd.h"
 #include "train.h"
 
 #include <errno.h>
@@ -123,9 +124,9 @@ void dt__train_usage(FILE *f)
 
 static int bad(const char *name, const char *fmt, const char *val)
 {
-    fprintf(stderr, "dtrain train: --%s: ", name);
-    fprintf(stderr, fmt, val);
-    fputc('\n', stderr);
+    char what[512];
+    snprintf(what, sizeof what, fmt, val);
+    dt__cli_err("dtrain train: --%s: %s\n", name, what);
     return 2;
 }
 
@@ -133,7 +134,7 @@ static int bad(const char *name, const char *fmt, const char *val)
  * spaces, nothing left over, no wrap of "-1" to 2^64-1, range-checked. */
 static int bad_parse(void)
 {
-    fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+    dt__cli_err("dtrain train: %s\n", dt_last_error());
     return 2;
 }
 
@@ -180,7 +181,7 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
             }
             c += len + (e ? 1 : 0);
         }
-        fprintf(stderr, "dtrain train: --%s: '%s' is not one of {%s}\n", d->name, v, d->choices);
+        dt__cli_err("dtrain train: --%s: '%s' is not one of {%s}\n", d->name, v, d->choices);
         return 2;
     }
     case OPT_FLAG:
@@ -200,7 +201,7 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "dtrain train: unexpected argument '%s' (options start with --; see "
+            dt__cli_err("dtrain train: unexpected argument '%s' (options start with --; see "
                             "dtrain train --help)\n", a);
             return 2;
         }
@@ -211,14 +212,14 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
             if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
                 d = &opts[k];
         if (!d) {
-            fprintf(stderr, "dtrain train: unknown option '--%.*s' (see dtrain train --help)\n",
+            dt__cli_err("dtrain train: unknown option '--%.*s' (see dtrain train --help)\n",
                     (int)nlen, name);
             return 2;
         }
         const char *val;
         if (d->type == OPT_FLAG) {
             if (eq) {
-                fprintf(stderr, "dtrain train: --%s takes no value\n", d->name);
+                dt__cli_err("dtrain train: --%s takes no value\n", d->name);
                 return 2;
             }
             val = "";
@@ -226,7 +227,7 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
             val = eq + 1;
         } else {
             if (i + 1 >= argc) {
-                fprintf(stderr, "dtrain train: --%s needs a value\n", d->name);
+                dt__cli_err("dtrain train: --%s needs a value\n", d->name);
                 return 2;
             }
             val = argv[++i];
@@ -240,21 +241,21 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         o->data = !strcmp(o->model, "mlp") ? "random" : "fashion-mnist";
     if (strcmp(o->data, "fashion-mnist") && strcmp(o->data, "random") &&
         !(!strncmp(o->data, "mnist:", 6) && o->data[6]) && !(!strncmp(o->data, "idx:", 4) && o->data[4])) {
-        fprintf(stderr, "dtrain train: --data %s: unknown data (expected fashion-mnist, mnist:DIR, idx:DIR or random)\n",
+        dt__cli_err("dtrain train: --data %s: unknown data (expected fashion-mnist, mnist:DIR, idx:DIR or random)\n",
                 o->data);
         return 2;
     }
     if (!strcmp(o->model, "convnet") && !strcmp(o->data, "random")) {
-        fprintf(stderr, "dtrain train: --data random works with --model mlp only\n");
+        dt__cli_err("dtrain train: --data random works with --model mlp only\n");
         return 2;
     }
     if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {
-        fprintf(stderr, "dtrain train: --momentum applies to --optimizer sgd only (got %s)\n",
+        dt__cli_err("dtrain train: --momentum applies to --optimizer sgd only (got %s)\n",
                 o->optimizer);
         return 2;
     }
     if (o->metrics && !strcmp(o->metrics, "-")) {
-        fprintf(stderr, "dtrain train: --metrics: give a file name (metrics are written to "
+        dt__cli_err("dtrain train: --metrics: give a file name (metrics are written to "
                         "FILE.partial and renamed at the end)\n");
         return 2;
     }

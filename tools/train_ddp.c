@@ -4,32 +4,32 @@
  * take 200 samples per optimizer step and half as many steps per epoch.
  * The DistributedSampler pads the epoch by wrapping, so every rank runs the
  * same number of steps and no collective is left waiting at the end. */
+#include "cmd.h"
 #include "train_ddp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb, int64_t grad_accum)
+int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb)
 {
     memset(r, 0, sizeof *r);
     r->world = 1;
     r->sync_bn = sync_bn;
     r->bucket_mb = bucket_mb;
-    r->accum = grad_accum > 0 ? grad_accum : 1;
     /* A group of one is not worth a backend; the environment tells us the
      * size before anything is created, read by the library's strict parser
      * (a malformed WORLD_SIZE is bad input, not a run alone). */
     int ws;
     if (dt_pg_env_world_size(&ws) < 0) {
-        fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 2;
     }
     if (ws <= 1)
         return 0;
     dt_status st = dt_pg_init(NULL, &r->pg);
     if (st < 0) {
-        fprintf(stderr, "dtrain train: process group: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: process group: %s\n", dt_last_error());
         return 1;
     }
     r->rank = dt_pg_rank(r->pg);
@@ -39,11 +39,15 @@ int dt__ddp_setup(dt__ddp_run *r, bool sync_bn, double bucket_mb, int64_t grad_a
 
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
 {
-    if (!r->pg)
+    if (!r->pg) {
+        if (dt_strategy_none_init(&r->strategy) < 0) {
+            dt__cli_err("dtrain train: %s\n", dt_last_error());
+            return 1;
+        }
         return 0;
-    dt_model_set_rank(m, r->rank);
+    }
     if (r->sync_bn && dt_syncbn_convert(m, r->pg, &r->nconverted) < 0) {
-        fprintf(stderr, "dtrain train: --sync-bn: %s\n", dt_last_error());
+        dt__cli_err("dtrain train: --sync-bn: %s\n", dt_last_error());
         return 1;
     }
     dt_ddp_params p = dt_ddp_params_default();
@@ -52,11 +56,19 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         if (p.first_bucket_mb > r->bucket_mb)
             p.first_bucket_mb = r->bucket_mb;
     }
-    if (dt_ddp_init(r->pg, m, &p, &r->ddp) < 0) {
-        fprintf(stderr, "dtrain train: DDP: %s\n", dt_last_error());
+    if (dt_strategy_ddp_init(r->pg, &p, &r->strategy) < 0) {
+        dt__cli_err("dtrain train: DDP: %s\n", dt_last_error());
         return 1;
     }
     return 0;
+}
+
+dt_strategy *dt__ddp_take_strategy(dt__ddp_run *r)
+{
+    dt_strategy *s = r->strategy;
+    r->strategy = NULL;
+    r->used = s;
+    return s;
 }
 
 dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_shuffle_rng rng,
@@ -80,45 +92,20 @@ void dt__ddp_eval_range(const dt__ddp_run *r, int64_t n, int64_t *lo, int64_t *h
     dt_eval_shard(n, r->rank, r->world, lo, hi);
 }
 
-dt_tensor *dt__ddp_forward(dt__ddp_run *r, dt_ctx *ctx, dt_model *m, dt_tensor *x)
-{
-    return r->ddp ? dt_ddp_forward(ctx, r->ddp, x) : dt_model_forward(ctx, m, x);
-}
-
-bool dt__ddp_begin_micro(dt__ddp_run *r, bool last_in_epoch)
-{
-    bool step = ++r->micro >= r->accum || last_in_epoch;
-    if (step)
-        r->micro = 0;
-    if (r->ddp)
-        dt_ddp_set_no_sync(r->ddp, !step);
-    return step;
-}
-
-float dt__ddp_loss_scale(const dt__ddp_run *r) { return 1.0f / (float)r->accum; }
-
-dt_status dt__ddp_sync(dt__ddp_run *r) { return r->ddp ? dt_ddp_wait(r->ddp) : DT_OK; }
-
-dt_status dt__ddp_sync_buffers(dt__ddp_run *r) { return r->ddp ? dt_ddp_sync_buffers(r->ddp) : DT_OK; }
-
-dt_status dt__ddp_sum(dt__ddp_run *r, double *v, int n)
-{
-    return r->pg ? dt_metrics_allreduce(r->pg, v, n, DT_REDUCE_SUM) : DT_OK;
-}
-
 bool dt__ddp_is_main(const dt__ddp_run *r) { return r->rank == 0; }
 
 void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
 {
     buf[0] = 0;
-    if (!r->ddp)
+    dt_ddp *ddp = dt_strategy_ddp(r->used);
+    if (!ddp)
         return;
-    dt_ddp_stats s = dt_ddp_get_stats(r->ddp);
+    dt_ddp_stats s = dt_ddp_get_stats(ddp);
     double per = s.iterations ? 1e3 * s.wait_s / (double)s.iterations : 0;
     snprintf(buf, n,
              "DDP: %d ranks (%s), %d bucket%s, %s%llu gradient all-reduces: %llu posted during backward, "
              "%llu already done when backward ended; %.2f ms/step waiting for gradients (%lld steps)",
-             r->world, dt_pg_backend(r->pg), dt_ddp_num_buckets(r->ddp), dt_ddp_num_buckets(r->ddp) == 1 ? "" : "s",
+             r->world, dt_pg_backend(r->pg), dt_ddp_num_buckets(ddp), dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
              r->nconverted ? "SyncBatchNorm, " : "", (unsigned long long)s.buckets_posted,
              (unsigned long long)s.posted_in_backward, (unsigned long long)s.done_in_backward, per,
              (long long)steps);
@@ -126,8 +113,8 @@ void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
 
 void dt__ddp_free_ddp(dt__ddp_run *r)
 {
-    dt_ddp_free(r->ddp);
-    r->ddp = NULL;
+    dt_strategy_free(r->strategy); /* only when no trainer took it */
+    r->strategy = NULL;
 }
 
 void dt__ddp_free_group(dt__ddp_run *r)

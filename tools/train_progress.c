@@ -4,9 +4,12 @@
  * most 10 times a second): epoch, a bar, step/total, loss, samples/s, ETA.
  * The finished epoch's line stays. Not a terminal: a plain line every
  * log_every steps and at the end of the epoch, which reads well in logs and
- * CI output. */
+ * CI output. "Terminal" is dt__progress_terminal's answer: under a launcher
+ * only its DT_STDOUT_TTY hint counts, so no \r or escape code ever reaches a
+ * file or a pipe (--progress bar there prints plain lines too). */
 #include "train.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -32,16 +35,33 @@ static const char *fmt_rate(double r, char *buf, size_t n)
     return buf;
 }
 
+bool dt__progress_terminal(FILE *out)
+{
+    /* Under a launcher the rank's own stdout says nothing about the user's:
+     * dtrain run gives it a pipe, mpirun often a pty even when its output
+     * goes to a file. Only the launcher knows; dtrain run says so in
+     * DT_STDOUT_TTY=1, and without that hint a rank prints plain lines. */
+    const char *hint = getenv("DT_STDOUT_TTY");
+    if (hint && *hint)
+        return !strcmp(hint, "1");
+    static const char *const launched[] = {"DT_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                           "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof launched / sizeof launched[0]; i++)
+        if (getenv(launched[i]))
+            return false;
+    return isatty(fileno(out));
+}
+
 void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs, int64_t log_every)
 {
     memset(p, 0, sizeof *p);
     p->out = out;
     p->epochs = epochs;
     p->log_every = log_every > 0 ? log_every : 100;
-    bool tty = isatty(fileno(out));
+    bool tty = dt__progress_terminal(out);
     if (!strcmp(mode, "none"))
         p->mode = DT__PROGRESS_NONE;
-    else if (!strcmp(mode, "plain") || (!strcmp(mode, "auto") && !tty))
+    else if (!strcmp(mode, "plain") || !tty) /* never a bar (\r, escapes) into a file or pipe */
         p->mode = DT__PROGRESS_PLAIN;
     else
         p->mode = DT__PROGRESS_BAR;

@@ -229,6 +229,17 @@ DT_API dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **
  * Errors: DT_ERR_INVALID_ARG (NULL argument), DT_ERR_IO. */
 DT_API dt_status dt_pg_job_cleanup(const char *job_id, int *removed);
 
+/* For launchers, before and after a job: remove shm segments of any job
+ * whose owners are all dead (a launcher killed by SIGKILL while its ranks
+ * were still rendezvousing leaves one). Only regular files in /dev/shm named
+ * like the backend's segments, owned by this user, are considered, never
+ * through a symlink; a segment is removed only if its creator and the
+ * creator's parent (the launcher) have both exited (pid and start time are
+ * checked, so a reused pid counts as dead); a segment still being created or
+ * of any other format is kept. *removed gets the number removed.
+ * Errors: DT_ERR_INVALID_ARG (NULL argument). */
+DT_API dt_status dt_pg_orphan_cleanup(int *removed);
+
 /* Split the group as MPI_Comm_split does. Collective over pg: every rank
  * calls it, after all its earlier requests on pg were posted. Ranks giving
  * the same color >= 0 form one new group, ordered by key, then by their

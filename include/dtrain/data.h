@@ -248,7 +248,7 @@ DT_API dt_status dt_sampler_random_init(int64_t n, uint64_t seed, dt_sampler **o
 /* The same with the permutation drawn by rng. */
 DT_API dt_status dt_sampler_random_init_rng(int64_t n, uint64_t seed, dt_shuffle_rng rng, dt_sampler **out);
 
-/* PyTorch's DistributedSampler (SEMANTICS.md 3.2). */
+/* PyTorch's DistributedSampler (torch.utils.data.DistributedSampler). */
 typedef struct dt_distributed_sampler_params {
     int64_t length;        /* dataset length N (required, >= 0) */
     int world_size;        /* replicas W (default 1) */

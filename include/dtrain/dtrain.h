@@ -11,7 +11,8 @@
  *   models.h    the model zoo (ConvNet, MLP) and model descriptors
  *   optim.h     fused optimizers over flat buffers, clipping, schedules
  *   data.h      datasets, samplers, the prefetching loader
- *   parallel.h  DDP and friends
+ *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
+ *   train.h     the trainer: one call per step, strategies (none, ddp)
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -25,4 +26,5 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/train.h"
 #endif

@@ -95,6 +95,10 @@ DT_API dt_status dt_model_desc_check_dataset(const dt_model_desc *d, const dt_da
 /* The descriptor's loss of output against target (NULL when has_target is
  * false). DT_ERR_UNSUPPORTED for DT_LOSS_NONE. NULL inputs propagate. */
 DT_API dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target);
+/* The same with the argument order of a trainer's custom loss (train.h
+ * dt_trainer_loss_fn; desc is a dt_model_desc *): tp.loss_fn =
+ * dt_model_desc_loss_fn, tp.loss_ud = &desc trains a zoo model with its loss. */
+DT_API dt_tensor *dt_model_desc_loss_fn(void *desc, dt_ctx *ctx, dt_tensor *output, dt_tensor *target);
 
 #ifdef __cplusplus
 }

@@ -121,7 +121,7 @@ DT_API dt_adam_params dt_adam_params_default(void);
 /* AdamW defaults (weight_decay 1e-2). */
 DT_API dt_adam_params dt_adamw_params_default(void);
 
-/* apex FusedLAMB (SEMANTICS.md 9.1); defaults are apex's code defaults. */
+/* apex FusedLAMB; defaults are apex's code defaults. */
 typedef struct dt_lamb_params {
     double lr;             /* learning rate; default 1e-3 */
     double beta1;          /* default 0.9 */
@@ -233,7 +233,7 @@ DT_API dt_status dt_optim_segments_from_model(const struct dt_model *m, dt_dtype
  * the L2 norm of g[0..n), and if max_norm > 0 multiplies g by
  * min(1, max_norm / (norm + 1e-6)). *total_norm (may be NULL) receives the
  * norm before clipping; max_norm <= 0 only measures (DeepSpeed's
- * gradient_clipping default 0.0 means disabled, SEMANTICS 1.5; its clip
+ * gradient_clipping default 0.0 means disabled; its clip
  * uses the same max_norm / (norm + 1e-6) factor). The sum of squares is taken in double in a fixed
  * order (independent of the thread count). Returns DT_ERR_NULL on a NULL g
  * with n > 0. A non-finite norm is returned as is and g is left alone. */
@@ -257,7 +257,7 @@ typedef struct dt_sched_params {
     double base_lr;         /* peak learning rate; default 1e-3 */
     int64_t step_size;      /* STEP: steps per decay; default 1 */
     double gamma;           /* STEP: decay factor; default 0.1 */
-    int64_t warmup_steps;   /* COSINE: linear warm-up length; default 0 */
+    int64_t warmup_steps;   /* linear warm-up length (every kind); default 0 */
     int64_t total_steps;    /* COSINE: steps until min_lr is reached; default 1000 */
     double min_lr;          /* COSINE: floor; default 0 */
 } dt_sched_params;
@@ -269,7 +269,9 @@ DT_API dt_sched_params dt_sched_params_default(void);
  *   step < warmup:  base_lr * step / warmup            (step 0 has lr 0)
  *   else:           p = min(1, (step - warmup) / max(1, total - warmup))
  *                   min_lr + (base_lr - min_lr) * 0.5 * (1 + cos(pi * p))
- * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr. */
+ * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
+ * With warmup_steps > 0, STEP and CONSTANT are multiplied by step / warmup
+ * while step < warmup (the same linear ramp; step 0 has lr 0). */
 DT_API double dt_sched_lr(const dt_sched_params *p, int64_t step);
 /* "constant", "step", "cosine" <-> kind; parse returns DT_ERR_INVALID_ARG. */
 DT_API const char *dt_sched_kind_name(dt_sched_kind k);

@@ -2,7 +2,7 @@
  *
  * Overview
  * --------
- * DDP (PyTorch's DistributedDataParallel, SEMANTICS.md 3.1) keeps one
+ * DDP (PyTorch's DistributedDataParallel semantics) keeps one
  * replica of a model per rank and averages the gradients after every
  * backward pass, so every rank takes the same optimizer step.
  *
@@ -23,25 +23,35 @@
  *     completes early waits until the buckets before it were posted.
  *   - dt_ddp_wait() (call it before the optimizer step) waits only for what
  *     is still outstanding. The gradient buffer then holds the average over
- *     ranks of the local gradients.
+ *     ranks of the local gradients. The buckets, their ordered posting and
+ *     the wait are the gradient-reduction engine's (dt_reducer, below),
+ *     which DDP drives.
  *
- * A step with DDP
- * ---------------
- *     dt_pg *pg;       dt_pg_init(NULL, &pg);
- *     dt_model *m;  dt_model_desc d;
- *     dt_model_create("convnet", seed, NULL, &m, &d);       // models.h
+ * Training with DDP
+ * -----------------
+ * The usual way is the trainer (train.h), which runs the whole step
+ * (micro-batches, the wait, the agreement on losses and stopping, clipping,
+ * the update):
+ *     dt_pg *pg;           dt_pg_init(NULL, &pg);
+ *     dt_strategy *s;      dt_strategy_ddp_init(pg, NULL, &s);   // wraps m at trainer init
+ *     dt_trainer *tr;      dt_trainer_init(m, s, &tp, &tr);
+ *     for (step...) dt_trainer_step(tr, &batch, 1, &metrics);
+ *     dt_trainer_free(tr);  // frees the DDP handle; then dt_model_free, dt_pg_free
+ *
+ * The same step by hand, with any model and loss:
  *     dt_ddp *ddp;
- *     dt_ddp_params dp = dt_ddp_params_default();
- *     if (dt_ddp_init(pg, m, &dp, &ddp) < 0) fail(dt_last_error());
+ *     if (dt_ddp_init(pg, m, NULL, &ddp) < 0) fail(dt_last_error());
  *     for (step...) {
  *         dt_model_zero_grad(m);
  *         dt_tensor *out = dt_ddp_forward(ctx, ddp, x);      // not dt_model_forward
- *         dt_tensor *loss = dt_model_desc_loss(ctx, &d, out, y);
+ *         dt_tensor *loss = dt_cross_entropy(ctx, out, y);   // your loss
  *         if (dt_backward(ctx, loss) < 0 || dt_ddp_wait(ddp) < 0) fail(dt_last_error());
  *         dt_optim_step(opt);     // ranges over the model's flats follow DDP's grads
  *         dt_ctx_reset(ctx);
  *     }
  *     dt_ddp_free(ddp);   // before dt_model_free and dt_pg_free
+ * Without dt_ddp_wait the optimizer step (and dt_clip_grad_norm) fails with
+ * DT_ERR_STATE naming dt_ddp_wait: the gradients are still being reduced.
  *
  * Gradient accumulation: dt_ddp_set_no_sync(ddp, true) for the first k-1
  * micro-batches (gradients accumulate locally, nothing is communicated),
@@ -66,7 +76,7 @@
  * (the flat buffer fixes the layout in model order, which for feed-forward
  * models is the reverse of the ready order anyway).
  *
- * SyncBatchNorm (SEMANTICS.md 3.3): dt_sync_batch_norm() is batch norm whose
+ * SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm): dt_sync_batch_norm() is batch norm whose
  * training statistics come from the whole group (all-gather of per-rank
  * [mean, M2, count], combined by count; the running variance is unbiased over
  * the global count) and whose backward all-reduces [sum_dy, sum_dy_xmu].
@@ -92,6 +102,7 @@ extern "C" {
 /* ---- DDP ------------------------------------------------------------------- */
 
 typedef struct dt_ddp dt_ddp;
+typedef struct dt_reducer dt_reducer; /* the gradient-reduction engine (below) */
 
 typedef struct dt_ddp_params {
     double bucket_cap_mb;        /* bucket size limit in MiB (bytes = mb * 2^20); default 25 */
@@ -149,6 +160,10 @@ DT_API dt_pg *dt_ddp_pg(const dt_ddp *d);
  * Without it, true for every parameter. False for buffers and bad indices. */
 DT_API bool dt_ddp_param_used(const dt_ddp *d, size_t index);
 
+/* The reduction engine DDP drives (borrowed; for a communication hook:
+ * dt_reducer_set_comm_hook(dt_ddp_reducer(d), fn, state)). */
+DT_API dt_reducer *dt_ddp_reducer(const dt_ddp *d);
+
 /* ---- introspection: buckets, overlap counters, trace ------------------------ */
 
 DT_API int dt_ddp_num_buckets(const dt_ddp *d);
@@ -185,6 +200,113 @@ typedef struct dt_ddp_stats {
 /* Counters since init (or the last reset). */
 DT_API dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);
 DT_API void dt_ddp_reset_stats(dt_ddp *d);
+
+/* ---- the gradient-reduction engine ------------------------------------------- */
+
+/* The engine DDP is built on, shared by every strategy that reduces
+ * gradients during backward (DDP today; ZeRO-2/3 next): buckets of whole
+ * parameters over a flat f32 gradient buffer (sized and ordered as for DDP
+ * above), a grad-ready count per bucket, posting strictly in bucket order on
+ * every rank, and a wait for only what is outstanding. The strategy chooses
+ * the collective (all-reduce, or reduce-scatter into each rank's slice of
+ * the bucket) or installs a communication hook that posts its own (PyTorch's
+ * register_comm_hook idea: compression, hierarchical reduction...).
+ *
+ *     dt_reducer *r;
+ *     dt_reducer_init(pg, m, dt_model_flat(m, DT_FLAT_GRADS, DT_F32), NULL, &r);
+ *     dt_reducer_begin(r);                       // each iteration
+ *     ... backward; for each gradient that lands: dt_reducer_grad_ready(r, entry) ...
+ *     dt_reducer_finish(r);                      // end of backward
+ *     dt_reducer_wait(r);                        // before reading the gradients
+ *
+ * From the first post until dt_reducer_wait the gradient buffer is "in
+ * flight": dt_optim_step and dt_clip_grad_norm over it fail with
+ * DT_ERR_STATE and the wait_hint (DDP's names dt_ddp_wait), instead of
+ * reading half-reduced gradients. */
+typedef enum dt_reducer_collective {
+    DT_REDUCER_ALLREDUCE = 0,  /* every rank gets the whole reduced bucket (DDP) */
+    DT_REDUCER_REDUCE_SCATTER, /* rank r gets the reduced slice r of each bucket (ZeRO-2/3):
+                                  slices of floor(numel / W) elements in rank order; the
+                                  numel mod W tail elements are all-reduced (every rank) */
+} dt_reducer_collective;
+
+typedef struct dt_reducer_params {
+    double bucket_cap_mb;     /* bucket size limit in MiB; default 25 */
+    double first_bucket_mb;   /* limit of the first bucket in model order; default 1 */
+    dt_reducer_collective collective; /* default DT_REDUCER_ALLREDUCE */
+    bool predivide;           /* scale by 1/W then reduce SUM (else reduce AVG); default false */
+    const char *wait_hint;    /* the error text while gradients are in flight (copied);
+                                 default NULL: "... call dt_reducer_wait ..." */
+} dt_reducer_params;
+DT_API dt_reducer_params dt_reducer_params_default(void);
+
+/* One bucket, as a communication hook sees it. */
+typedef struct dt_grad_bucket {
+    int index;          /* 0 = posted first */
+    float *data;        /* the bucket's range of the gradient buffer, numel floats */
+    size_t offset;      /* its first element in the flat buffer */
+    size_t numel;       /* elements in the range */
+    size_t shard_numel; /* REDUCE_SCATTER: elements of each rank's slice; 0 for ALLREDUCE */
+} dt_grad_bucket;
+
+/* A communication hook posts one request that leaves bucket b reduced
+ * (averaged over the group) in place, and returns it in *req; the engine
+ * waits for and frees it. Called from backward, in bucket order. */
+typedef dt_status (*dt_comm_hook_fn)(void *state, dt_pg *pg, const dt_grad_bucket *b, dt_req **req);
+
+/* Buckets over the parameters of m, whose gradients live in grads (a whole
+ * f32 flat laid out as the model's, e.g. dt_model_flat(m, DT_FLAT_GRADS,
+ * DT_F32); its base is read here and must not move). f32 parameters only.
+ * pg, m and the flat's memory are borrowed and must outlive the engine.
+ * p NULL: defaults. */
+DT_API dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt_reducer_params *p,
+                                 dt_reducer **out);
+/* Waits for anything outstanding, then frees. NULL is a no-op. */
+DT_API void dt_reducer_free(dt_reducer *r);
+/* Install (fn NULL: remove) the hook that replaces the default post. */
+DT_API void dt_reducer_set_comm_hook(dt_reducer *r, dt_comm_hook_fn fn, void *state);
+/* Start an iteration: nothing ready, nothing posted. */
+DT_API void dt_reducer_begin(dt_reducer *r);
+/* The gradient of parameter entry `entry` (a dt_model_entry index) is final:
+ * count it, and post every complete bucket whose predecessors are posted.
+ * DT_ERR_STATE when it was already ready in this iteration. */
+DT_API dt_status dt_reducer_grad_ready(dt_reducer *r, size_t entry);
+/* End of backward: every parameter must be ready (DT_ERR_STATE otherwise;
+ * mark unused ones ready first); posts what is left. */
+DT_API dt_status dt_reducer_finish(dt_reducer *r);
+/* Wait for every request still outstanding and free it; clears the in-flight
+ * mark. Returns the first failure (naming the bucket). */
+DT_API dt_status dt_reducer_wait(dt_reducer *r);
+/* Wait without reporting (error and teardown paths). */
+DT_API void dt_reducer_drain(dt_reducer *r);
+/* Whether requests are outstanding (posted, not yet waited for). */
+DT_API bool dt_reducer_outstanding(const dt_reducer *r);
+/* Buckets posted so far in this iteration, and how many of them completed
+ * (tests the requests without waiting). Either pointer may be NULL. */
+DT_API void dt_reducer_progress(dt_reducer *r, int *posted, int *done);
+DT_API int dt_reducer_num_ready(const dt_reducer *r);
+DT_API int dt_reducer_num_params(const dt_reducer *r);
+DT_API bool dt_reducer_is_ready(const dt_reducer *r, size_t entry);
+DT_API int dt_reducer_num_buckets(const dt_reducer *r);
+
+typedef struct dt_reducer_bucket_info {
+    size_t offset;        /* first element in the flat gradient buffer */
+    size_t numel;         /* elements in the range (parameters + padding between them) */
+    size_t bytes;         /* sum of the parameters' sizes (what the cap counts) */
+    int nparams;          /* parameters in the bucket */
+    size_t first_entry;   /* model entry index of its first parameter in model order */
+    size_t last_entry;    /* ... and of its last */
+    double ready_s;       /* this iteration, seconds since begin: last gradient landed (-1: not yet) */
+    double posted_s;      /* ... reduction posted */
+    double done_s;        /* ... completion observed (an upper bound) */
+} dt_reducer_bucket_info;
+/* Bucket k (0 = posted first). DT_ERR_RANGE for a bad k. */
+DT_API dt_status dt_reducer_bucket(const dt_reducer *r, int k, dt_reducer_bucket_info *out);
+/* The range of bucket k that rank holds reduced after the wait: the whole
+ * bucket under ALLREDUCE; its slice (without the tail) under REDUCE_SCATTER. */
+DT_API dt_status dt_reducer_shard(const dt_reducer *r, int k, int rank, size_t *offset, size_t *numel);
+/* Totals since init: buckets posted, bytes reduced. */
+DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, uint64_t *bytes_reduced);
 
 /* ---- SyncBatchNorm ------------------------------------------------------------ */
 

@@ -3,6 +3,7 @@
  * sums (double) are added in chunk order, so the norm does not depend on the
  * thread count. */
 #include "optim_impl.h"
+#include "base/inflight.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -56,6 +57,9 @@ dt_status dt_clip_grad_norm(float *g, size_t n, float max_norm, float *total_nor
 {
     if (!g && n > 0)
         return dt_error(DT_ERR_NULL, "dt_clip_grad_norm: gradient buffer is NULL (n = %zu)", n);
+    dt_status st = dt__inflight_check("dt_clip_grad_norm", g, n * sizeof(float));
+    if (st < 0)
+        return st;
     float norm = (float)sqrt(dt_grad_sqnorm(g, n));
     if (total_norm)
         *total_norm = norm;

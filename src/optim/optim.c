@@ -10,6 +10,8 @@
  * in item order and, with a reducer installed, across ranks. */
 #include "optim_impl.h"
 
+#include "base/inflight.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -606,6 +608,11 @@ dt_status dt_optim_step(dt_optim *o)
     dt_status st = resolve(o);
     if (st < 0)
         return st;
+    /* gradients whose reduction is still in flight (DDP without dt_ddp_wait) */
+    for (size_t r = 0; r < o->nrange; r++)
+        if (o->gbase[r] && (st = dt__inflight_check("dt_optim_step", o->gbase[r],
+                                                    (o->ranges[r].hi - o->ranges[r].lo) * sizeof(float))) < 0)
+            return st;
     switch (o->kind) {
     case DT_OPTIM_SGD:
         step_sgd(o);

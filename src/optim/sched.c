@@ -14,7 +14,7 @@ dt_sched_params dt_sched_params_default(void)
     return p;
 }
 
-double dt_sched_lr(const dt_sched_params *p, int64_t step)
+static double sched_base(const dt_sched_params *p, int64_t step)
 {
     if (!p)
         return 0.0;
@@ -38,6 +38,20 @@ double dt_sched_lr(const dt_sched_params *p, int64_t step)
     default:
         return p->base_lr;
     }
+}
+
+double dt_sched_lr(const dt_sched_params *p, int64_t step)
+{
+    if (!p)
+        return 0.0;
+    if (step < 0)
+        step = 0;
+    double lr = sched_base(p, step);
+    /* cosine has its own warm-up (above); the others ramp linearly the same
+     * way, on top of their value (this was the CLI's rule) */
+    if (p->kind != DT_SCHED_COSINE && p->warmup_steps > 0 && step < p->warmup_steps)
+        lr *= (double)step / (double)p->warmup_steps;
+    return lr;
 }
 
 static const char *const g_sched_names[] = {"constant", "step", "cosine"};

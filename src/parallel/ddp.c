@@ -9,7 +9,9 @@
  * 0 (a mismatch would make the broadcast sizes differ).
  *
  * The gradient buffer is moved into dt_pg_alloc memory: the shm backend
- * then reduces the buckets straight out of the peers' buffers. */
+ * then reduces the buckets straight out of the peers' buffers. The buckets,
+ * their ordered posting and the wait are the reduction engine's (reducer.c);
+ * DDP adds the iteration state, unused parameters and buffer broadcasts. */
 #include "parallel/ddp_impl.h"
 
 #include <stdio.h>
@@ -210,38 +212,26 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
                       P ? "parameter memory (a meta model)" : "f32 parameters");
         goto fail;
     }
-    d->params = dt_calloc((size_t)d->np * sizeof *d->params);
     d->slot_of_entry = dt_calloc(d->nentry * sizeof *d->slot_of_entry);
     d->used_local = dt_calloc((size_t)d->np);
     d->used_global = dt_calloc((size_t)d->np);
-    if (!d->params || !d->slot_of_entry || !d->used_local || !d->used_global) {
+    if (!d->slot_of_entry || !d->used_local || !d->used_global) {
         dt_error(DT_ERR_NO_MEMORY, "dt_ddp_init: out of memory");
         goto fail;
     }
     memset(d->used_global, 1, (size_t)d->np);
     int np = 0;
-    size_t end = 0;
     for (size_t i = 0; i < d->nentry; i++) {
         dt_param_info e;
         if ((st = dt_model_entry(m, i, &e)) < 0)
             goto fail;
-        d->slot_of_entry[i] = -1;
-        if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
-            continue;
-        if (e.dtype != DT_F32 || np >= d->np) {
+        const bool trained = !e.is_buffer && e.tied_to < 0; /* a tied entry is its source's tensor */
+        d->slot_of_entry[i] = trained ? np++ : -1;
+        if (trained && e.dtype != DT_F32) {
             st = dt_error(DT_ERR_DTYPE, "dt_ddp_init: parameter '%s' is %s; DDP reduces f32 parameters",
                           e.name, dt_dtype_name(e.dtype));
             goto fail;
         }
-        if (e.offset < end) { /* the flat layout must follow model order */
-            st = dt_error(DT_ERR_INTERNAL, "dt_ddp_init: parameter '%s' at offset %zu is not after the "
-                                           "previous parameter (ends at %zu)",
-                          e.name, e.offset, end);
-            goto fail;
-        }
-        end = e.offset + e.numel;
-        d->params[np] = (dt__ddp_param){.entry = i, .offset = e.offset, .numel = e.numel, .name = e.name};
-        d->slot_of_entry[i] = np++;
     }
     d->np = np;
 
@@ -262,8 +252,18 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         goto fail;
     }
     d->grads = d->gflat.base;
-    if ((st = dt__ddp_build_buckets(d)) < 0)
+    dt_reducer_params rp = dt_reducer_params_default();
+    rp.bucket_cap_mb = p.bucket_cap_mb;
+    rp.first_bucket_mb = p.first_bucket_mb;
+    rp.predivide = p.predivide;
+    rp.collective = DT_REDUCER_ALLREDUCE;
+    rp.wait_hint = "DDP's gradient all-reduces are still in flight: call dt_ddp_wait(ddp) after "
+                   "dt_backward and before the optimizer step (or train with dt_trainer), else the "
+                   "replicas drift apart";
+    if ((st = dt_reducer_init(pg, m, &d->gflat, &rp, &d->red)) < 0) {
+        dt_error_wrap(st, "dt_ddp_init");
         goto fail;
+    }
     if ((st = dt_model_set_grads(m, DT_F32, &d->gflat)) < 0)
         goto fail;
     if ((st = dt_model_add_grad_ready_hook(m, dt__ddp_grad_ready, d, &d->hook)) < 0) {
@@ -275,9 +275,8 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     *out = d;
     return DT_OK;
 fail:
+    dt_reducer_free(d->red);
     dt_flat_free(&d->gflat);
-    dt_free(d->b);
-    dt_free(d->params);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -294,9 +293,8 @@ void dt_ddp_free(dt_ddp *d)
         dt_model_remove_hook(d->m, d->hook);
         dt_model_set_grads(d->m, DT_F32, NULL);
     }
+    dt_reducer_free(d->red);
     dt_flat_free(&d->gflat);
-    dt_free(d->b);
-    dt_free(d->params);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -318,11 +316,11 @@ dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
             dt_error(d->fail_st, "%s", d->fail_msg);
             return NULL;
         }
-        if (d->state == DT__DDP_PREPARED && d->nready > 0) {
+        if (d->state == DT__DDP_PREPARED && dt_reducer_num_ready(d->red) > 0) {
             dt_error(DT_ERR_STATE,
                      "DDP: the previous iteration's backward did not finish its reduction (%d of %d "
                      "gradients arrived); every synchronised forward needs a backward and dt_ddp_wait",
-                     d->nready, d->np);
+                     dt_reducer_num_ready(d->red), d->np);
             return NULL;
         }
         /* A second forward on the same tape (no backward yet) joins the
@@ -371,3 +369,5 @@ bool dt_ddp_no_sync(const dt_ddp *d) { return d && d->no_sync; }
 dt_model *dt_ddp_model(const dt_ddp *d) { return d ? d->m : NULL; }
 
 dt_pg *dt_ddp_pg(const dt_ddp *d) { return d ? d->pg : NULL; }
+
+dt_reducer *dt_ddp_reducer(const dt_ddp *d) { return d ? d->red : NULL; }

@@ -8,8 +8,10 @@
 #include "model_util.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
+#include "dtrain/train.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A small MLP: Linear(8,16) ReLU Linear(16,4). */
@@ -68,6 +70,54 @@ static inline dt_status fwd_bwd(dt_ctx *ctx, dt_model *m, dt_ddp *ddp, const th_
     return dt_backward(ctx, loss);
 }
 
+/* The trainer the equivalence tests train with: SGD lr 0.05, momentum 0.9,
+ * cross-entropy, `accum` micro-batches per step. Takes s (NULL: "none"). */
+static inline dt_status make_trainer(dt_model *m, dt_strategy *s, int64_t accum, dt_trainer **out)
+{
+    if (!s && dt_strategy_none_init(&s) < 0)
+        return dt_last_status();
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.sgd.lr = 0.05;
+    tp.sgd.momentum = 0.9;
+    tp.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;
+    tp.grad_accum = accum;
+    return dt_trainer_init(m, s, &tp, out);
+}
+
+/* One trainer step over k micro-batches of n samples each, samples
+ * [first + j * stride, + n) for micro-batch j (the data as fwd_bwd's). */
+static inline dt_status trainer_step_on(dt_trainer *tr, const th_data *dd, int64_t first, int64_t n, int k,
+                                        int64_t stride, dt_trainer_metrics *out)
+{
+    dt_trainer_batch b[8];
+    float *x[8] = {0};
+    int64_t *y[8] = {0};
+    dt_status st = DT_OK;
+    if (k > 8)
+        return DT_ERR_INVALID_ARG;
+    for (int j = 0; j < k; j++) {
+        x[j] = malloc((size_t)(n * dd->per) * sizeof(float));
+        y[j] = malloc((size_t)n * sizeof(int64_t));
+        if (!x[j] || !y[j]) {
+            st = DT_ERR_NO_MEMORY;
+            goto out;
+        }
+        make_x(x[j], first + j * stride, n, dd->per);
+        make_y(y[j], first + j * stride, n, dd->classes);
+        int64_t shape[4];
+        memcpy(shape, dd->shape, sizeof shape);
+        shape[0] = n;
+        b[j] = dt_trainer_batch_make(x[j], DT_F32, dd->ndim, shape, y[j], DT_I64, 1, (int64_t[]){n});
+    }
+    st = dt_trainer_step(tr, b, k, out);
+out:
+    for (int j = 0; j < k; j++) {
+        free(x[j]);
+        free(y[j]);
+    }
+    return st;
+}
+
 static inline dt_optim *make_sgd(const dt_model *m)
 {
     dt_sgd_params sp = dt_sgd_params_default();
@@ -88,23 +138,15 @@ static inline double max_rel_diff(const float *a, const float *b, size_t n)
     return w;
 }
 
-/* Train the single-process reference: `steps` steps of `accum` micro-batches
- * of gb samples each, on samples [step * accum * gb, ...). */
+/* Train the single-process reference: `steps` steps of gb samples each, on
+ * samples [step * gb, ...), through the trainer with the "none" strategy. */
 static inline dt_status train_reference(dt_model *m, const th_data *dd, int64_t gb, int steps)
 {
-    dt_ctx *ctx = NULL;
-    dt_ctx_init(NULL, &ctx);
-    dt_optim *opt = make_sgd(m);
-    dt_status st = DT_OK;
-    for (int s = 0; s < steps && st >= 0; s++) {
-        dt_model_zero_grad(m);
-        st = fwd_bwd(ctx, m, NULL, dd, s * gb, gb, 1.0f);
-        if (st >= 0)
-            st = dt_optim_step(opt);
-        dt_ctx_reset(ctx);
-    }
-    dt_optim_free(opt);
-    dt_ctx_free(ctx);
+    dt_trainer *tr;
+    dt_status st = make_trainer(m, NULL, 1, &tr);
+    for (int s = 0; s < steps && st >= 0; s++)
+        st = trainer_step_on(tr, dd, s * gb, gb, 1, 0, NULL);
+    dt_trainer_free(tr);
     return st;
 }
 

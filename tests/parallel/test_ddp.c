@@ -112,18 +112,18 @@ static int body_equivalence(int rank, int W, void *argp)
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = a->cap_mb;
     p.predivide = a->predivide;
-    dt_ddp *ddp;
-    TH_OK(dt_ddp_init(pg, m, &p, &ddp));
-    dt_ctx *ctx = NULL;
-    dt_ctx_init(NULL, &ctx);
-    dt_optim *opt = make_sgd(m);
+    dt_strategy *strat;
+    TH_OK(dt_strategy_ddp_init(pg, &p, &strat));
+    dt_trainer *tr;
+    TH_OK(make_trainer(m, strat, 1, &tr));
+    dt_ddp *ddp = dt_strategy_ddp(strat);
+    TH_CHECK(ddp != NULL, "the ddp strategy has no DDP handle after attach");
     const int64_t gb = a->b * W;
     for (int s = 0; s < a->steps; s++) {
-        dt_model_zero_grad(m);
-        TH_OK(fwd_bwd(ctx, m, ddp, dd, s * gb + rank * a->b, a->b, 1.0f));
-        TH_OK(dt_ddp_wait(ddp));
-        TH_OK(dt_optim_step(opt));
-        dt_ctx_reset(ctx);
+        dt_trainer_metrics r;
+        TH_OK(trainer_step_on(tr, dd, s * gb + rank * a->b, a->b, 1, 0, &r));
+        TH_CHECK(r.samples == gb && r.step == s && isfinite(r.loss), "metrics: samples %lld step %lld loss %g",
+                 (long long)r.samples, (long long)r.step, r.loss);
     }
     dt_ddp_stats st = dt_ddp_get_stats(ddp);
     TH_CHECK(st.iterations == (uint64_t)a->steps, "iterations %llu", (unsigned long long)st.iterations);
@@ -159,9 +159,7 @@ static int body_equivalence(int rank, int W, void *argp)
     }
     dt_model_free(init);
     dt_model_free(ref);
-    dt_optim_free(opt);
-    dt_ctx_free(ctx);
-    dt_ddp_free(ddp);
+    dt_trainer_free(tr);
     dt_model_free(m);
     dt_pg_free(pg);
     return 0;
@@ -198,26 +196,24 @@ static int body_no_sync(int rank, int W, void *argp)
     dt_pg *pg;
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_model *m = mlp_model(3);
-    dt_ddp *ddp;
     dt_ddp_params p = dt_ddp_params_default();
     p.bucket_cap_mb = p.first_bucket_mb = 1e-9;
-    TH_OK(dt_ddp_init(pg, m, &p, &ddp));
-    dt_ctx *ctx = NULL;
-    dt_ctx_init(NULL, &ctx);
-    dt_optim *opt = make_sgd(m);
+    dt_strategy *strat;
+    TH_OK(dt_strategy_ddp_init(pg, &p, &strat));
+    dt_trainer *tr;
+    TH_OK(make_trainer(m, strat, k, &tr)); /* each micro-batch loss / k */
+    dt_ddp *ddp = dt_strategy_ddp(strat);
     for (int s = 0; s < 2; s++) {
-        dt_model_zero_grad(m);
-        for (int j = 0; j < k; j++) {
-            dt_ddp_set_no_sync(ddp, j < k - 1);
-            uint64_t seq0 = dt_pg_seq(pg);
-            /* this rank's micro-batch j: a slice of the step's union */
-            TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, s * gb + (rank * k + j) * b, b, 1.0f / (float)k));
-            if (j < k - 1)
-                TH_CHECK(dt_pg_seq(pg) == seq0, "no_sync backward communicated");
-            TH_OK(dt_ddp_wait(ddp));
-            dt_ctx_reset(ctx);
-        }
-        TH_OK(dt_optim_step(opt));
+        uint64_t seq0 = dt_pg_seq(pg);
+        /* this rank's k micro-batches: slices of the step's union */
+        dt_trainer_metrics r;
+        TH_OK(trainer_step_on(tr, &k_mlp_data, s * gb + rank * k * b, b, k, b, &r));
+        TH_CHECK(r.nmicro == k && r.samples == gb, "nmicro %d samples %lld", r.nmicro, (long long)r.samples);
+        /* only the last micro-batch communicated: one all-reduce per bucket
+         * plus the trainer's agreement */
+        uint64_t want = (uint64_t)dt_ddp_num_buckets(ddp) + 1;
+        TH_CHECK(dt_pg_seq(pg) - seq0 == want, "step %d posted %llu collectives, want %llu", s,
+                 (unsigned long long)(dt_pg_seq(pg) - seq0), (unsigned long long)want);
     }
     TH_CHECK(dt_ddp_get_stats(ddp).iterations == 2, "iterations");
     dt_model *ref = mlp_model(3);
@@ -225,9 +221,7 @@ static int body_no_sync(int rank, int W, void *argp)
     double d = max_rel_diff(t_params(m), t_params(ref), t_numel(m));
     TH_CHECK(d < 2e-5, "no_sync accumulation differs from the union step by %.3g", d);
     dt_model_free(ref);
-    dt_optim_free(opt);
-    dt_ctx_free(ctx);
-    dt_ddp_free(ddp);
+    dt_trainer_free(tr);
     dt_model_free(m);
     dt_pg_free(pg);
     return 0;

@@ -58,6 +58,34 @@ TEST(bad_data_names_every_spec)
         ASSERT_STR_CONTAINS(r.err, specs[i]);
 }
 
+/* Issue 10 item 9: a control character in a user-supplied path must not
+ * reach the terminal raw from the CLI's own messages (the library's are
+ * escaped by dt_error): ESC and newline come out as \x1b and \n, on one
+ * line. */
+TEST(control_characters_in_paths_are_escaped)
+{
+    char *const *cases[] = {
+        (char *[]){"plot", "/nonexistent/a\x1b[31mred\nFORGED: ok", "-o", "/nonexistent/out.png", NULL},
+        (char *[]){"bench", "st\x1b[2Jep\nFORGED", NULL},
+        (char *[]){"run", "-n", "1", "--tee", "/proc/nonexistent/t\x1b]0;x\a\nFORGED", "--",
+                   "true", NULL},
+        (char *[]){"train", "--epochs", "\x1b[1mmany\nFORGED", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 60, NULL, cases[i]);
+        if (r.code == 0 || strchr(r.err, '\x1b') || strchr(r.err, '\a') || cli_lines(r.err) != 1 ||
+            !strstr(r.err, "\\x1b") || !strstr(r.err, "\\nFORGED"))
+            fprintf(stderr, "  case %zu (dtrain %s): code %d, stderr: %s", i, cases[i][0], r.code,
+                    r.err);
+        ASSERT(r.code != 0);
+        ASSERT(!strchr(r.err, '\x1b'));
+        ASSERT_EQ_INT(cli_lines(r.err), 1);
+        ASSERT_STR_CONTAINS(r.err, "\\x1b");
+        ASSERT_STR_CONTAINS(r.err, "\\nFORGED");
+    }
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI")) {
@@ -67,6 +95,7 @@ int main(void)
     RUN(every_help_exits_0_with_usage);
     RUN(help_contents);
     RUN(bad_data_names_every_spec);
+    RUN(control_characters_in_paths_are_escaped);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

@@ -603,6 +603,106 @@ static void self_exe(char *buf, size_t n)
     buf[k > 0 ? k : 0] = '\0';
 }
 
+/* Rank mode (argv[1] == "--stall-rank"): rank 0 starts a group and waits in
+ * the rendezvous; rank 1 never joins: it waits until rank 0's segment exists,
+ * prints "SEG <path> ready" and sleeps. */
+static int stall_rank(void)
+{
+    const char *job = getenv("DT_JOB_ID"), *rank = getenv("DT_RANK");
+    if (!job || !rank)
+        return 3;
+    if (!strcmp(rank, "0")) {
+        dt_pg *pg;
+        dt_pg_init(NULL, &pg);
+        return 4;
+    }
+    char seg[64], path[128];
+    dt__shm_segment_name(job, seg, sizeof seg);
+    snprintf(path, sizeof path, "/dev/shm%s", seg);
+    for (int i = 0; i < 3000 && access(path, F_OK) != 0; i++)
+        usleep(10000);
+    printf("SEG %s ready\n", path);
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
+/* Item 8 of issue 10: a launcher killed by SIGKILL while its ranks are still
+ * rendezvousing leaves rank 0's segment (its ranks die with it); the next
+ * `dtrain run` removes it, but keeps the segment of a job that is alive. */
+TEST(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run)
+{
+    char self[4096];
+    self_exe(self, sizeof self);
+    setenv("DT_COMM_TIMEOUT", "60", 1);
+    const char *args[] = {"-n", "2", "--", self, "--stall-rank", NULL};
+    cli_result r = run_cli_sig(args, 60, SIGKILL, 1);
+    ASSERT(!r.timed_out);
+    ASSERT(WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGKILL);
+    const char *p = strstr(r.out, "SEG ");
+    ASSERT(p);
+    char orphan[256];
+    ASSERT_EQ_INT(sscanf(p, "SEG %255s", orphan), 1);
+    cli_result_free(&r);
+    /* Its ranks die with the launcher (PR_SET_PDEATHSIG): wait until the
+     * creator recorded in the segment is gone (or a zombie). */
+    int sfd = open(orphan, O_RDONLY | O_NOFOLLOW);
+    if (sfd >= 0) {
+        shm_hdr h;
+        ASSERT(pread(sfd, &h, sizeof h, 0) == (ssize_t)sizeof h);
+        close(sfd);
+        ASSERT(h.owner_pid[0] > 0);
+        char stat_path[64];
+        snprintf(stat_path, sizeof stat_path, "/proc/%d/stat", (int)h.owner_pid[0]);
+        for (int i = 0; i < 1000; i++) {
+            char *txt = slurp(stat_path);
+            const char *q = txt ? strrchr(txt, ')') : NULL;
+            int gone = !q || q[2] == 'Z' || q[2] == 'X';
+            free(txt);
+            if (gone)
+                break;
+            usleep(10000);
+        }
+    } /* else another test's launcher removed it already */
+
+    /* A live job: rank 0 of a 2-rank group in rendezvous, its parent (this
+     * test) alive. */
+    char live_job[64], live_seg[64], live[128];
+    snprintf(live_job, sizeof live_job, "orphan-test-live-%d", (int)getpid());
+    dt__shm_segment_name(live_job, live_seg, sizeof live_seg);
+    snprintf(live, sizeof live, "/dev/shm%s", live_seg);
+    pid_t c = fork();
+    if (c == 0) {
+        setenv("DT_JOB_ID", live_job, 1);
+        setenv("DT_RANK", "0", 1);
+        setenv("DT_WORLD_SIZE", "2", 1);
+        execl(self, self, "--stall-rank", (char *)NULL);
+        _exit(126);
+    }
+    ASSERT(c > 0);
+    for (int i = 0; i < 3000 && access(live, F_OK) != 0; i++)
+        usleep(10000);
+    ASSERT(access(live, F_OK) == 0);
+
+    const char *next[] = {"-n", "1", "--", "true", NULL};
+    r = run_cli(next, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT(access(orphan, F_OK) != 0); /* the orphan is gone */
+    ASSERT(access(live, F_OK) == 0);   /* the live job's segment is kept */
+    cli_result_free(&r);
+
+    /* The creator dead but its parent (this test) alive: still kept. */
+    kill(c, SIGKILL);
+    int st;
+    waitpid(c, &st, 0);
+    r = run_cli(next, 30);
+    ASSERT_EQ_INT(exit_code(&r), 0);
+    ASSERT(access(live, F_OK) == 0);
+    cli_result_free(&r);
+    unlink(live);
+    unsetenv("DT_COMM_TIMEOUT");
+}
+
 TEST(rank_crash_in_a_collective_stops_the_job)
 {
     char self[4096];
@@ -663,6 +763,8 @@ int main(int argc, char **argv)
         return crash_with_segment();
     if (argc > 1 && !strcmp(argv[1], "--coll-rank"))
         return coll_rank();
+    if (argc > 1 && !strcmp(argv[1], "--stall-rank"))
+        return stall_rank();
     RUN(env_and_prefixes);
     RUN(job_id_differs_between_jobs_and_user_omp_is_kept);
     RUN(partial_last_line_and_stderr);
@@ -679,6 +781,7 @@ int main(int argc, char **argv)
     RUN(sigint_is_forwarded);
     RUN(job_shared_memory_is_removed);
     RUN(shm_backend_segment_left_by_a_crash_is_removed);
+    RUN(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run);
     RUN(rank_crash_in_a_collective_stops_the_job);
     RUN(job_with_collectives_restarts_after_a_crash);
     RUN(bad_usage);

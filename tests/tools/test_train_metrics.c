@@ -104,9 +104,11 @@ static pid_t start_run(const char *metrics, const char *items, long limit_bytes)
     const char *cli = getenv("DT_CLI");
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open("/dev/null", O_WRONLY);
+        char ep[600];
+        snprintf(ep, sizeof ep, "%s.stderr", metrics);
+        int fd = open("/dev/null", O_WRONLY), fe = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 1);
-        dup2(fd, 2);
+        dup2(fe, 2);
         if (limit_bytes > 0) {
             signal(SIGXFSZ, SIG_IGN);
             struct rlimit rl = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
@@ -150,6 +152,12 @@ TEST(interrupted_run_keeps_records)
     int status;
     waitpid(pid, &status, 0);
     ASSERT(seen);
+    if (WIFSIGNALED(status)) {
+        char ep[620];
+        snprintf(ep, sizeof ep, "%s.stderr", m);
+        read_text(ep);
+        fprintf(stderr, "  the run was killed by signal %d; its stderr: %s\n", WTERMSIG(status), g_text);
+    }
     ASSERT(WIFEXITED(status));
     ASSERT_EQ_INT(WEXITSTATUS(status), 130);
     ASSERT(read_text(m));

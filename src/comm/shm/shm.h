@@ -45,7 +45,8 @@
 #include <stdatomic.h>
 
 #define SHM_MAGIC 0x6474736du /* "dtsm" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2
+#define SHM_OWNER_TAG 0x6f776e72u /* "ownr": owner[] is written */
 #define SHM_NONE UINT64_MAX
 #define SHM_ALIGN 64
 
@@ -63,6 +64,15 @@ typedef struct {
     _Atomic uint32_t abort_lock;
     int32_t abort_rank;
     char abort_msg[768];
+    /* Who can still remove the name: the creator (rank 0, or a subgroup's
+     * first rank) and its parent (the launcher under `dtrain run`), each as
+     * pid + start time (/proc/PID/stat field 22, against pid reuse). Written
+     * right after the segment is sized, before anything slow; owner_tag says
+     * they are there. dt_pg_orphan_cleanup removes a segment only when both
+     * are dead. */
+    _Atomic uint32_t owner_tag;
+    int32_t owner_pid[2];
+    uint64_t owner_start[2];
 } shm_hdr;
 
 typedef struct {

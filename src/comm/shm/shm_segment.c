@@ -14,6 +14,8 @@
 #include "comm/shm/shm.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -41,6 +43,119 @@ static void nap_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* The start time of process pid (clock ticks since boot, /proc/PID/stat
+ * field 22). 1: found; 0: no such process, or a zombie (it can remove
+ * nothing any more); -1: cannot tell. */
+static int proc_start_time(int32_t pid, uint64_t *out)
+{
+    if (pid <= 0)
+        return 0;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return n == 0 || errno == ESRCH ? 0 : -1;
+    buf[n] = '\0';
+    /* The command name (field 2) may hold spaces and parentheses: the
+     * fields after it start at the last ')'. */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return -1;
+    p++;
+    if (p[0] == ' ' && (p[1] == 'Z' || p[1] == 'X'))
+        return 0;
+    for (int field = 3; field < 22; field++) { /* skip fields 3..21 */
+        p = strchr(p + 1, ' ');
+        if (!p)
+            return -1;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p + 1, &end, 10);
+    if (errno || end == p + 1)
+        return -1;
+    *out = v;
+    return 1;
+}
+
+/* Record the creator and its parent in the header of the segment open as fd
+ * (before it is mapped or reserved, so a crash in either leaves a segment
+ * that can be told orphaned). */
+static void write_owners(int fd)
+{
+    int32_t pid[2] = {(int32_t)getpid(), (int32_t)getppid()};
+    uint64_t st[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        if (proc_start_time(pid[i], &st[i]) != 1)
+            pid[i] = 0; /* unknown: never treated as dead by itself */
+    uint32_t tag = SHM_OWNER_TAG;
+    if (pwrite(fd, pid, sizeof pid, offsetof(shm_hdr, owner_pid)) != (ssize_t)sizeof pid ||
+        pwrite(fd, st, sizeof st, offsetof(shm_hdr, owner_start)) != (ssize_t)sizeof st)
+        return;
+    if (pwrite(fd, &tag, sizeof tag, offsetof(shm_hdr, owner_tag)) != (ssize_t)sizeof tag)
+        return;
+}
+
+/* Is the segment's owner i gone? A process whose start time differs is a
+ * reused pid: gone. Unknown (pid 0) or unreadable: not gone. */
+static int owner_gone(int32_t pid, uint64_t start)
+{
+    if (pid <= 0)
+        return 0;
+    uint64_t now;
+    int r = proc_start_time(pid, &now);
+    return r == 0 || (r == 1 && now != start);
+}
+
+static int is_segment_name(const char *n)
+{
+    if (strncmp(n, "dtrain-", 7) != 0 || strlen(n) != 7 + 24)
+        return 0;
+    for (const char *p = n + 7; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return 0;
+    return 1;
+}
+
+dt_status dt_pg_orphan_cleanup(int *removed)
+{
+    if (!removed)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pg_orphan_cleanup: removed must not be NULL");
+    *removed = 0;
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return DT_OK; /* no /dev/shm: nothing of ours can be there */
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!is_segment_name(e->d_name))
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            continue; /* a symlink (ELOOP), gone, or not ours */
+        struct stat st;
+        shm_hdr h;
+        int orphan = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                     (size_t)st.st_size >= sizeof h &&
+                     pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
+                     atomic_load(&h.owner_tag) == SHM_OWNER_TAG &&
+                     (h.owner_pid[0] > 0 || h.owner_pid[1] > 0) &&
+                     owner_gone(h.owner_pid[0], h.owner_start[0]) &&
+                     (h.owner_pid[1] <= 0 || owner_gone(h.owner_pid[1], h.owner_start[1]));
+        close(fd);
+        /* Remove the very file examined, not one that replaced it since. */
+        struct stat now;
+        if (orphan && fstatat(dirfd(d), e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            now.st_dev == st.st_dev && now.st_ino == st.st_ino && unlinkat(dirfd(d), e->d_name, 0) == 0)
+            (*removed)++;
+    }
+    closedir(d);
+    return DT_OK;
 }
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -103,6 +218,7 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
             return dt_error(DT_ERR_IO, "shm: cannot size segment %s to %zu bytes: %s", name,
                             s->total, strerror(e));
         }
+        write_owners(fd);
         /* Everything but the arenas is used by every collective. */
         char what[96];
         snprintf(what, sizeof what, "the segment of %d ranks (without dt_pg_alloc arenas)", s->size);

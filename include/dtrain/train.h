@@ -1,0 +1,288 @@
+/* dtrain/train.h — the trainer: one call per training step.
+ *
+ * Overview
+ * --------
+ * A dt_trainer owns the training step, so that the command line, the
+ * benchmarks, the tests and a user's program all run the same arithmetic.
+ * One dt_trainer_step() runs, in this order:
+ *
+ *   1. for each micro-batch (gradient accumulation): forward (precision
+ *      policy: f32 today), the loss (divided by grad_accum when > 1; times
+ *      loss_scale when != 1), backward. The strategy is told which
+ *      micro-batch is the last, whose backward reduces the gradients (the
+ *      others accumulate locally: DDP's no_sync);
+ *   2. the strategy waits for its outstanding reductions (stepping while
+ *      reductions are in flight cannot happen through the trainer);
+ *   3. one all-reduce over the replicas of [stop request, non-finite
+ *      gradients, the micro-batch losses]: every rank agrees on the losses
+ *      shown, on skipping an overflowed step (loss scaling) and on stopping;
+ *   4. unscale (loss_scale), clip by the global norm (clip_grad_norm), the
+ *      optimizer step on the range this rank owns (zeroing the gradients in
+ *      the same pass), then the strategy gathers what it must (ZeRO);
+ *   5. the learning rate of the next step from the schedule, and metrics
+ *      (dt_trainer_metrics) handed back to the caller.
+ *
+ * Strategies: a parallel strategy plugs in as a small vtable
+ * (dt_strategy_ops) that the trainer calls at fixed points: attach to the
+ * model, begin a micro-batch, forward, wait, all-reduce metrics, the owned
+ * range, after the step, synchronise buffers. "none" runs one process;
+ * "ddp" is DistributedDataParallel (parallel.h). A strategy is never a
+ * special case inside the trainer.
+ *
+ * Lifecycle: dt_trainer_init() takes ownership of the strategy (also on
+ * failure) and borrows the model, which must outlive the trainer; it builds
+ * the optimizer (params.optimizer) over the strategy's owned range and a
+ * context (dt_ctx) for the steps. dt_trainer_free() frees the optimizer,
+ * the context and the strategy (DDP: gives the model a private gradient
+ * buffer back). Batches are borrowed for the duration of one call.
+ *
+ * A data-parallel training loop
+ * -----------------------------
+ *     dt_pg *pg;           dt_pg_init(NULL, &pg);              // ranks from the launcher
+ *     dt_model *m = ...;                                       // dt_model_build / dt_model_create
+ *     dt_strategy *s;      dt_strategy_ddp_init(pg, NULL, &s); // or dt_strategy_none_init(&s)
+ *     dt_trainer_params tp = dt_trainer_params_default();
+ *     tp.sgd.lr = 0.1;     tp.sgd.momentum = 0.9;              // optimizer: SGD by default
+ *     tp.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;                  // the default
+ *     dt_trainer *tr;
+ *     if (dt_trainer_init(m, s, &tp, &tr) < 0) fail(dt_last_error());
+ *     for (int step = 0; step < 200; step++) {
+ *         dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, 2, (int64_t[]){B, 16},
+ *                                                    y, DT_I64, 1, (int64_t[]){B});
+ *         dt_trainer_metrics r;
+ *         if (dt_trainer_step(tr, &b, 1, &r) < 0) fail(dt_last_error());
+ *         printf("loss %.4f\n", r.loss);
+ *     }
+ *     dt_trainer_free(tr);  dt_model_free(m);  dt_pg_free(pg);
+ *
+ * With a loader (data.h), dt_trainer_epoch() runs an epoch (grouping
+ * batches into steps of grad_accum micro-batches, the last one possibly
+ * shorter) and calls back after every step; dt_trainer_evaluate() computes
+ * the test loss and accuracy of a (per-rank shard of a) test set, summed
+ * over the replicas.
+ */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/base.h"
+#include "dtrain/data.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/parallel.h"
+#include "dtrain/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- strategies --------------------------------------------------------------- */
+
+typedef struct dt_strategy dt_strategy;
+
+#define DT_STRATEGY_OPS_VERSION 1
+
+/* The points where the trainer calls a strategy. `self` is the pointer
+ * given to dt_strategy_init. Optional slots may be NULL (the default said). */
+typedef struct dt_strategy_ops {
+    int version;       /* DT_STRATEGY_OPS_VERSION */
+    const char *name;  /* "none", "ddp", ... */
+    /* Required. Take charge of model m (DDP: check it across ranks,
+     * broadcast rank 0's weights, move the gradients into group memory,
+     * install the hooks). Called once, by dt_trainer_init. */
+    dt_status (*attach)(void *self, dt_model *m);
+    /* Optional (default: nothing). A micro-batch begins; sync says whether
+     * its backward must reduce the gradients (the step's last micro-batch). */
+    dt_status (*begin_micro)(void *self, bool sync);
+    /* Optional (default: dt_model_forward). The forward of a micro-batch in
+     * grad mode. */
+    dt_tensor *(*forward)(void *self, dt_ctx *ctx, dt_model *m, dt_tensor *x);
+    /* Optional (default: nothing). After the last backward: wait until
+     * every gradient reduction is complete. */
+    dt_status (*wait)(void *self);
+    /* Optional (default: one replica, values unchanged). In-place SUM of n
+     * doubles over the replicas (collective). */
+    dt_status (*allreduce_sum)(void *self, double *v, int n);
+    /* Optional (default: [0, flat numel), everything). The range of the
+     * flat buffers this rank's optimizer steps. */
+    dt_status (*owned_range)(void *self, dt_model *m, size_t *lo, size_t *hi);
+    /* Optional (default: nothing). After the optimizer step (ZeRO: gather
+     * the updated parameters). */
+    dt_status (*after_step)(void *self);
+    /* Optional (default: nothing). Before an evaluation: make the replicas'
+     * buffers (batch-norm running statistics) agree. */
+    dt_status (*sync_buffers)(void *self);
+    /* Optional (default: 0 and 1). This rank and the number of replicas. */
+    int (*rank)(void *self);
+    int (*world)(void *self);
+    /* Optional. Release self (called by dt_strategy_free). */
+    void (*free)(void *self);
+} dt_strategy_ops;
+
+/* A strategy from a vtable (for your own strategy). ops is copied; self is
+ * owned by the strategy when ops->free is set. */
+DT_API dt_status dt_strategy_init(const dt_strategy_ops *ops, void *self, dt_strategy **out);
+/* One process, no communication. */
+DT_API dt_status dt_strategy_none_init(dt_strategy **out);
+/* DistributedDataParallel over pg (borrowed; must outlive the strategy);
+ * p NULL: dt_ddp_params_default(). The dt_ddp is created at attach. */
+DT_API dt_status dt_strategy_ddp_init(dt_pg *pg, const dt_ddp_params *p, dt_strategy **out);
+/* Free a strategy that no trainer owns. NULL is a no-op. */
+DT_API void dt_strategy_free(dt_strategy *s);
+DT_API const char *dt_strategy_name(const dt_strategy *s);
+/* The DDP handle of a "ddp" strategy after attach (stats, buckets, comm
+ * hooks), else NULL. Borrowed. */
+DT_API dt_ddp *dt_strategy_ddp(const dt_strategy *s);
+
+/* ---- the trainer ---------------------------------------------------------------- */
+
+typedef struct dt_trainer dt_trainer;
+
+typedef enum dt_trainer_loss {
+    DT_TRAINER_LOSS_CROSS_ENTROPY = 0, /* dt_cross_entropy(output, integer labels) */
+    DT_TRAINER_LOSS_MSE,               /* dt_mse_loss(output, target) */
+    DT_TRAINER_LOSS_MEAN,              /* dt_mean(output); no target */
+} dt_trainer_loss;
+
+/* A custom loss: a scalar tensor on ctx, or NULL with the error set. */
+typedef dt_tensor *(*dt_trainer_loss_fn)(void *ud, dt_ctx *ctx, dt_tensor *output, dt_tensor *target);
+
+typedef struct dt_trainer_params {
+    dt_optim_kind optimizer;  /* which of the four below; default DT_OPTIM_SGD */
+    dt_sgd_params sgd;        /* default dt_sgd_params_default() */
+    dt_adam_params adam;      /* default dt_adam_params_default() */
+    dt_adam_params adamw;     /* default dt_adamw_params_default() */
+    dt_lamb_params lamb;      /* default dt_lamb_params_default() */
+    bool no_decay_1d;         /* no weight decay on 1-d tensors (biases, norms); default false
+                                 (PyTorch's optimizers decay every parameter) */
+    dt_sched_params sched;    /* the learning rate of optimizer step s is dt_sched_lr(&sched, s)
+                                 with sched.base_lr replaced by the optimizer's lr; default
+                                 constant, no warm-up */
+    int64_t grad_accum;       /* micro-batches per optimizer step; each micro-batch loss is
+                                 divided by it; default 1 */
+    double clip_grad_norm;    /* clip the global gradient L2 norm to this; <= 0: off; default 0 */
+    bool measure_grad_norm;   /* report the gradient norm even without clipping (one more pass
+                                 over the gradients); default false */
+    dt_dtype compute_dtype;   /* precision policy of forward and backward; default DT_F32 (the
+                                 only one today) */
+    float loss_scale;         /* the loss is multiplied by this before backward and the gradients
+                                 divided by it after the reduction; a step whose gradients are not
+                                 finite on any rank is skipped (all ranks agree); default 1 (off) */
+    dt_trainer_loss loss;     /* default DT_TRAINER_LOSS_CROSS_ENTROPY */
+    dt_trainer_loss_fn loss_fn; /* custom loss, overrides `loss` when set (a zoo model's:
+                                   dt_model_desc_loss_fn with loss_ud = &desc, models.h);
+                                   default NULL */
+    void *loss_ud;            /* passed to loss_fn; default NULL */
+} dt_trainer_params;
+
+/* Defaults as listed above. */
+DT_API dt_trainer_params dt_trainer_params_default(void);
+
+/* One micro-batch: input x and target y (y may be NULL when the loss takes
+ * none), each a contiguous array with its dtype and shape; dim 0 of x is the
+ * number of samples. Borrowed for the call. */
+typedef struct dt_trainer_batch {
+    void *x;
+    dt_dtype x_dtype;
+    int x_ndim;
+    int64_t x_shape[DT_MAX_DIMS];
+    void *y;
+    dt_dtype y_dtype;
+    int y_ndim;
+    int64_t y_shape[DT_MAX_DIMS];
+} dt_trainer_batch;
+
+/* A batch from arrays and shapes (ndim <= DT_MAX_DIMS; shapes copied). */
+DT_API dt_trainer_batch dt_trainer_batch_make(void *x, dt_dtype x_dtype, int x_ndim, const int64_t *x_shape,
+                                              void *y, dt_dtype y_dtype, int y_ndim, const int64_t *y_shape);
+
+/* What a step reports. Loss values are means over the replicas (identical
+ * on every rank); times are this rank's. */
+typedef struct dt_trainer_metrics {
+    int64_t step;          /* optimizer steps taken before this one (0 for the first) */
+    double loss;           /* mean of the micro-batch losses (unscaled, before 1/grad_accum) */
+    const double *micro_loss; /* each micro-batch's loss (nmicro of them); borrowed until the next step */
+    int nmicro;            /* micro-batches in this step */
+    double lr;             /* learning rate used */
+    double grad_norm;      /* global gradient L2 norm before clipping (NAN unless clipping or
+                              measure_grad_norm) */
+    int64_t samples;       /* samples in this step over all replicas */
+    bool skipped;          /* non-finite gradients under loss scaling: no update */
+    bool stop;             /* some rank asked to stop (dt_trainer_request_stop): all stop here */
+    double forward_s, backward_s, wait_s, optim_s, step_s; /* this rank's seconds */
+} dt_trainer_metrics;
+
+/* Build a trainer for model m with strategy s (owned from now on, also on
+ * failure; attached here: collective under a parallel strategy). p NULL:
+ * defaults. Errors: bad parameters (DT_ERR_INVALID_ARG), an unsupported
+ * compute_dtype (DT_ERR_UNSUPPORTED), the strategy's attach errors. */
+DT_API dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *p, dt_trainer **out);
+/* Free the trainer, its optimizer, context and strategy. NULL is a no-op. */
+DT_API void dt_trainer_free(dt_trainer *tr);
+
+/* One optimizer step over n >= 1 micro-batches (gradient accumulation over
+ * them, whatever grad_accum says). Collective under a parallel strategy:
+ * every rank calls it with the same n. *out (may be NULL) gets the metrics.
+ * A non-finite mean loss without loss scaling is an error naming the step
+ * (the training diverged). */
+DT_API dt_status dt_trainer_step(dt_trainer *tr, const dt_trainer_batch *micro, int n, dt_trainer_metrics *out);
+
+/* Ask every rank to stop: the next step's agreement reports stop = true on
+ * all ranks (dt_trainer_epoch returns after that step). Only sets a flag:
+ * safe to call from a signal handler. */
+DT_API void dt_trainer_request_stop(dt_trainer *tr);
+
+/* Called after every optimizer step of dt_trainer_epoch. A negative return
+ * ends the epoch with that status. */
+typedef dt_status (*dt_trainer_callback)(void *ud, dt_trainer *tr, const dt_trainer_metrics *m);
+
+typedef struct dt_trainer_epoch_result {
+    int64_t steps;     /* optimizer steps */
+    int64_t batches;   /* micro-batches */
+    int64_t samples;   /* over all replicas */
+    double loss;       /* mean of the micro-batch losses */
+    bool stopped;      /* ended early by an agreed stop request */
+} dt_trainer_epoch_result;
+
+/* One epoch of loader ld (its dataset's item shapes in info): batches are
+ * grouped into steps of grad_accum micro-batches (the epoch's last step may
+ * have fewer), cb (may be NULL) is called after each step. Loader errors are
+ * returned with their status. out may be NULL. */
+DT_API dt_status dt_trainer_epoch(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info, int64_t epoch,
+                                  dt_trainer_callback cb, void *ud, dt_trainer_epoch_result *out);
+
+/* `epochs` epochs (numbered from 0) of dt_trainer_epoch; stops early on an
+ * agreed stop. out (may be NULL) gets the last epoch's result. */
+DT_API dt_status dt_trainer_fit(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info, int64_t epochs,
+                                dt_trainer_callback cb, void *ud, dt_trainer_epoch_result *out);
+
+typedef struct dt_trainer_eval_result {
+    double loss;       /* mean loss over every item of every rank */
+    double accuracy;   /* fraction of argmax(output) == label for a [N, C] output and integer
+                          labels, else NAN */
+    int64_t items;     /* items evaluated over all ranks */
+} dt_trainer_eval_result;
+
+/* Evaluate the model (eval mode, no gradients) on loader ld: each rank its
+ * own items (e.g. a dt_eval_shard of the test set), sums combined over the
+ * replicas after the strategy synchronised the buffers (collective). */
+DT_API dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info,
+                                     dt_trainer_eval_result *out);
+
+/* Accessors (borrowed). */
+DT_API dt_model *dt_trainer_model(const dt_trainer *tr);
+DT_API dt_optim *dt_trainer_optim(const dt_trainer *tr);
+DT_API dt_strategy *dt_trainer_strategy(const dt_trainer *tr);
+/* The context the steps run on (reset after each micro-batch). */
+DT_API dt_ctx *dt_trainer_ctx(const dt_trainer *tr);
+/* Optimizer steps taken so far; the learning rate the next step will use. */
+DT_API int64_t dt_trainer_steps(const dt_trainer *tr);
+DT_API double dt_trainer_next_lr(const dt_trainer *tr);
+DT_API int dt_trainer_rank(const dt_trainer *tr);
+DT_API int dt_trainer_world(const dt_trainer *tr);
+/* SUM of n doubles over the replicas (collective; identity with one). */
+DT_API dt_status dt_trainer_allreduce_sum(dt_trainer *tr, double *v, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TRAIN_H */

@@ -1,0 +1,476 @@
+/* The gradient-reduction engine: buckets over a flat gradient buffer,
+ * grad-ready counting, strictly ordered posting, waiting for what is
+ * outstanding. DDP drives it today; ZeRO-2/3 will drive it with the
+ * reduce-scatter collective.
+ *
+ * Buckets (SEMANTICS.md 3.1): walk the parameters in model order, adding
+ * each to the open bucket; close the bucket as soon as its size (the sum of
+ * its tensors' bytes) reaches its limit: first_bucket_mb for the first
+ * bucket, the cap for every later one. Then reverse the list (bucket 0 holds
+ * the last parameters, whose gradients are ready first in backward).
+ * Because a model's parameters sit in the flat buffer in model order, a
+ * bucket is one element range of the buffer (its parameters plus the zero
+ * padding between them); reducing the padding costs a few bytes and keeps it
+ * zero.
+ *
+ * Iteration: begin resets the counts. Each grad-ready decrements its
+ * bucket's pending count; a bucket that reaches zero is complete, and every
+ * complete bucket whose predecessors were all posted is posted, so posts
+ * happen in bucket-index order on every rank whatever order gradients land
+ * in (the collectives match). finish posts what is left; wait waits only
+ * for the requests still outstanding.
+ *
+ * What is posted: the comm hook when one is installed, else the default for
+ * the collective: all-reduce AVG (or scale by 1/W then all-reduce SUM with
+ * predivide, PyTorch's rounding), or reduce-scatter: the bucket's first
+ * W * floor(n / W) elements as W equal slices, in place (rank r's slice
+ * lands at its own place in the buffer), plus an all-reduce of the
+ * n mod W tail elements, which every rank keeps. An equal-count
+ * reduce-scatter needs equal slices; the tail keeps the bucket exact
+ * without padding parameters.
+ *
+ * From the first post until wait, the gradient buffer is marked in flight
+ * (base/inflight.h): an optimizer step or clipping over it fails with the
+ * owner's hint (DDP: "call dt_ddp_wait") instead of reading half-reduced
+ * gradients. */
+#include "base/inflight.h"
+#include "dtrain/parallel.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    size_t entry, offset, numel;
+    const char *name;
+    int bucket;
+    bool ready;
+} rparam;
+
+typedef struct {
+    size_t offset, numel, bytes;
+    int p_lo, p_hi;      /* parameter slots [p_lo, p_hi), model order */
+    int pending;
+    bool complete, posted;
+    dt_req *req[2];      /* reduce-scatter may post a tail all-reduce too */
+    double ready_s, posted_s, done_s;
+} rbucket;
+
+struct dt_reducer {
+    dt_pg *pg;
+    dt_model *m;
+    dt_reducer_params p;
+    char hint[256];
+    int rank, world;
+    float *grads;
+    size_t flat_numel;
+    rparam *params;
+    int np;
+    int *slot_of_entry;
+    size_t nentry;
+    rbucket *b;
+    int nb;
+    int next_post;
+    int nready;
+    bool inflight;
+    dt_comm_hook_fn hook;
+    void *hook_state;
+    double t0;
+    uint64_t buckets_posted, bytes_reduced;
+};
+
+dt_reducer_params dt_reducer_params_default(void)
+{
+    dt_reducer_params p;
+    memset(&p, 0, sizeof p);
+    p.bucket_cap_mb = 25.0;
+    p.first_bucket_mb = 1.0;
+    p.collective = DT_REDUCER_ALLREDUCE;
+    p.predivide = false;
+    p.wait_hint = NULL;
+    return p;
+}
+
+static dt_status build_buckets(dt_reducer *r)
+{
+    const size_t mib = (size_t)1 << 20;
+    size_t limits[2] = {(size_t)(r->p.first_bucket_mb * (double)mib), (size_t)(r->p.bucket_cap_mb * (double)mib)};
+    rbucket *tmp = dt_calloc((size_t)r->np * sizeof *tmp); /* model order first; reversed below */
+    r->b = dt_calloc((size_t)r->np * sizeof *r->b);
+    if (!tmp || !r->b) {
+        dt_free(tmp);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_reducer_init: buckets");
+    }
+    int nb = 0, li = 0;
+    rbucket *cur = NULL;
+    for (int i = 0; i < r->np; i++) {
+        if (!cur) {
+            cur = &tmp[nb++];
+            cur->p_lo = i;
+        }
+        cur->p_hi = i + 1;
+        cur->bytes += r->params[i].numel * sizeof(float);
+        if (cur->bytes >= limits[li]) {
+            cur = NULL;
+            li = 1;
+        }
+    }
+    for (int k = 0; k < nb; k++) {
+        rbucket *b = &r->b[k];
+        *b = tmp[nb - 1 - k];
+        const rparam *first = &r->params[b->p_lo], *last = &r->params[b->p_hi - 1];
+        b->offset = first->offset;
+        b->numel = last->offset + last->numel - first->offset;
+        for (int i = b->p_lo; i < b->p_hi; i++)
+            r->params[i].bucket = k;
+        b->ready_s = b->posted_s = b->done_s = -1;
+    }
+    r->nb = nb;
+    dt_free(tmp);
+    return DT_OK;
+}
+
+dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt_reducer_params *pp, dt_reducer **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_reducer_init: out is NULL");
+    *out = NULL;
+    if (!pg || !m || !grads || !grads->base)
+        return dt_error(DT_ERR_NULL, "dt_reducer_init: %s is NULL",
+                        !pg ? "process group" : !m ? "model" : "gradient flat");
+    if (grads->dtype != DT_F32 || grads->offset != 0)
+        return dt_error(DT_ERR_DTYPE, "dt_reducer_init: the gradient flat must be a whole f32 buffer (%s, offset %zu)",
+                        dt_dtype_name(grads->dtype), grads->offset);
+    dt_reducer_params p = pp ? *pp : dt_reducer_params_default();
+    if (!(p.bucket_cap_mb > 0) || !(p.first_bucket_mb > 0))
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_reducer_init: bucket_cap_mb (%g) and first_bucket_mb (%g) must be > 0",
+                        p.bucket_cap_mb, p.first_bucket_mb);
+    if ((unsigned)p.collective > DT_REDUCER_REDUCE_SCATTER)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_reducer_init: unknown collective %d", (int)p.collective);
+    dt_reducer *r = dt_calloc(sizeof *r);
+    if (!r)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_reducer_init");
+    r->pg = pg;
+    r->m = m;
+    r->p = p;
+    snprintf(r->hint, sizeof r->hint, "%s",
+             p.wait_hint ? p.wait_hint
+                         : "gradient reductions are still in flight: call dt_reducer_wait before reading "
+                           "the gradients");
+    r->p.wait_hint = r->hint;
+    r->rank = dt_pg_rank(pg);
+    r->world = dt_pg_size(pg);
+    r->grads = grads->base;
+    r->flat_numel = grads->numel;
+    r->nentry = dt_model_num_entries(m);
+    r->np = (int)dt_model_num_params(m);
+    dt_status st = DT_ERR_NO_MEMORY;
+    if (r->np <= 0) {
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_reducer_init: the model has no parameters");
+        goto fail;
+    }
+    r->params = dt_calloc((size_t)r->np * sizeof *r->params);
+    r->slot_of_entry = dt_calloc((r->nentry ? r->nentry : 1) * sizeof *r->slot_of_entry);
+    if (!r->params || !r->slot_of_entry) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_reducer_init: out of memory");
+        goto fail;
+    }
+    int np = 0;
+    size_t end = 0;
+    for (size_t i = 0; i < r->nentry; i++) {
+        dt_param_info e;
+        if ((st = dt_model_entry(m, i, &e)) < 0)
+            goto fail;
+        r->slot_of_entry[i] = -1;
+        if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
+            continue;
+        if (e.dtype != DT_F32 || np >= r->np) {
+            st = dt_error(DT_ERR_DTYPE, "dt_reducer_init: parameter '%s' is %s; gradients are reduced in f32",
+                          e.name, dt_dtype_name(e.dtype));
+            goto fail;
+        }
+        if (e.offset < end || e.offset + e.numel > r->flat_numel) { /* buckets are ranges: the flat layout must follow model order */
+            st = dt_error(DT_ERR_INTERNAL,
+                          "dt_reducer_init: parameter '%s' at [%zu, +%zu) is not after the previous parameter "
+                          "(ends at %zu) inside the gradient flat (%zu elements)",
+                          e.name, e.offset, e.numel, end, r->flat_numel);
+            goto fail;
+        }
+        end = e.offset + e.numel;
+        r->params[np] = (rparam){.entry = i, .offset = e.offset, .numel = e.numel, .name = e.name};
+        r->slot_of_entry[i] = np++;
+    }
+    r->np = np;
+    if ((st = build_buckets(r)) < 0)
+        goto fail;
+    *out = r;
+    return DT_OK;
+fail:
+    dt_free(r->b);
+    dt_free(r->params);
+    dt_free(r->slot_of_entry);
+    dt_free(r);
+    return st < 0 ? st : DT_ERR_INTERNAL;
+}
+
+void dt_reducer_drain(dt_reducer *r)
+{
+    if (!r)
+        return;
+    for (int k = 0; k < r->nb; k++)
+        for (int j = 0; j < 2; j++)
+            if (r->b[k].req[j]) {
+                dt_req_wait(r->b[k].req[j], -1);
+                dt_req_free(r->b[k].req[j]);
+                r->b[k].req[j] = NULL;
+            }
+    if (r->inflight) {
+        dt__inflight_clear(r);
+        r->inflight = false;
+    }
+}
+
+void dt_reducer_free(dt_reducer *r)
+{
+    if (!r)
+        return;
+    dt_reducer_drain(r);
+    dt_free(r->b);
+    dt_free(r->params);
+    dt_free(r->slot_of_entry);
+    dt_free(r);
+}
+
+void dt_reducer_set_comm_hook(dt_reducer *r, dt_comm_hook_fn fn, void *state)
+{
+    if (!r)
+        return;
+    r->hook = fn;
+    r->hook_state = state;
+}
+
+static double now_rel(const dt_reducer *r) { return dt_time_s() - r->t0; }
+
+void dt_reducer_begin(dt_reducer *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->np; i++)
+        r->params[i].ready = false;
+    for (int k = 0; k < r->nb; k++) {
+        rbucket *b = &r->b[k];
+        b->pending = b->p_hi - b->p_lo;
+        b->complete = b->posted = false;
+        b->req[0] = b->req[1] = NULL;
+        b->ready_s = b->posted_s = b->done_s = -1;
+    }
+    r->next_post = 0;
+    r->nready = 0;
+    r->t0 = dt_time_s();
+}
+
+/* The default posts: all-reduce (average), or reduce-scatter plus tail. */
+static dt_status post_default(dt_reducer *r, const dt_grad_bucket *gb, rbucket *b)
+{
+    float *g = gb->data;
+    dt_reduce_op op = DT_REDUCE_AVG;
+    if (r->p.predivide) {
+        const float s = 1.0f / (float)r->world;
+        for (size_t i = 0; i < gb->numel; i++)
+            g[i] *= s;
+        op = DT_REDUCE_SUM;
+    }
+    if (r->p.collective == DT_REDUCER_ALLREDUCE)
+        return dt_pg_allreduce_async(r->pg, DT_IN_PLACE, g, gb->numel, DT_F32, op, &b->req[0]);
+    const size_t c = gb->shard_numel, body = c * (size_t)r->world;
+    dt_status st = DT_OK;
+    if (c > 0)
+        st = dt_pg_reduce_scatter_async(r->pg, g, g + (size_t)r->rank * c, c, DT_F32, op, &b->req[0]);
+    if (st >= 0 && body < gb->numel)
+        st = dt_pg_allreduce_async(r->pg, DT_IN_PLACE, g + body, gb->numel - body, DT_F32, op, &b->req[1]);
+    return st;
+}
+
+static dt_status post_bucket(dt_reducer *r, int k)
+{
+    rbucket *b = &r->b[k];
+    if (!r->inflight) {
+        dt_status st = dt__inflight_mark(r, r->grads, r->flat_numel * sizeof(float), r->hint);
+        if (st < 0)
+            return st;
+        r->inflight = true;
+    }
+    dt_grad_bucket gb = {.index = k,
+                         .data = r->grads + b->offset,
+                         .offset = b->offset,
+                         .numel = b->numel,
+                         .shard_numel = r->p.collective == DT_REDUCER_REDUCE_SCATTER ? b->numel / (size_t)r->world : 0};
+    dt_status st = r->hook ? r->hook(r->hook_state, r->pg, &gb, &b->req[0]) : post_default(r, &gb, b);
+    if (st < 0)
+        return dt_error_wrap(st, "posting the reduction of gradient bucket %d (%zu floats)", k, b->numel);
+    b->posted = true;
+    b->posted_s = now_rel(r);
+    r->buckets_posted++;
+    r->bytes_reduced += b->numel * sizeof(float);
+    return DT_OK;
+}
+
+static dt_status post_in_order(dt_reducer *r)
+{
+    while (r->next_post < r->nb && r->b[r->next_post].complete) {
+        dt_status st = post_bucket(r, r->next_post);
+        if (st < 0)
+            return st;
+        r->next_post++;
+    }
+    return DT_OK;
+}
+
+dt_status dt_reducer_grad_ready(dt_reducer *r, size_t entry)
+{
+    if (!r)
+        return dt_error(DT_ERR_NULL, "dt_reducer_grad_ready: handle is NULL");
+    if (entry >= r->nentry || r->slot_of_entry[entry] < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_reducer_grad_ready: entry %zu is not a parameter", entry);
+    rparam *p = &r->params[r->slot_of_entry[entry]];
+    if (p->ready)
+        return dt_error(DT_ERR_STATE,
+                        "parameter '%s' was marked ready twice in one iteration (backward run twice over one "
+                        "forward?)",
+                        p->name);
+    p->ready = true;
+    r->nready++;
+    rbucket *b = &r->b[p->bucket];
+    if (--b->pending == 0) {
+        b->complete = true;
+        b->ready_s = now_rel(r);
+    }
+    return post_in_order(r);
+}
+
+dt_status dt_reducer_finish(dt_reducer *r)
+{
+    if (!r)
+        return dt_error(DT_ERR_NULL, "dt_reducer_finish: handle is NULL");
+    if (r->nready < r->np)
+        return dt_error(DT_ERR_STATE, "dt_reducer_finish: %d of %d parameters have no gradient yet",
+                        r->np - r->nready, r->np);
+    return post_in_order(r);
+}
+
+void dt_reducer_progress(dt_reducer *r, int *posted, int *done)
+{
+    int np = 0, nd = 0;
+    if (r)
+        for (int k = 0; k < r->next_post; k++) {
+            rbucket *b = &r->b[k];
+            np++;
+            bool ok = b->req[0] || b->req[1];
+            for (int j = 0; j < 2; j++)
+                if (b->req[j] && dt_req_test(b->req[j]) != DT_OK)
+                    ok = false;
+            if (ok) {
+                nd++;
+                if (b->done_s < 0)
+                    b->done_s = now_rel(r);
+            }
+        }
+    if (posted)
+        *posted = np;
+    if (done)
+        *done = nd;
+}
+
+dt_status dt_reducer_wait(dt_reducer *r)
+{
+    if (!r)
+        return dt_error(DT_ERR_NULL, "dt_reducer_wait: handle is NULL");
+    dt_status st = DT_OK;
+    for (int k = 0; k < r->nb; k++) {
+        rbucket *b = &r->b[k];
+        for (int j = 0; j < 2; j++) {
+            if (!b->req[j])
+                continue;
+            dt_status s = dt_req_wait(b->req[j], -1);
+            if (s < 0 && st >= 0)
+                st = dt_error(s, "reduction of gradient bucket %d failed: %s", k, dt_req_message(b->req[j]));
+            dt_req_free(b->req[j]);
+            b->req[j] = NULL;
+        }
+        if (b->posted && b->done_s < 0)
+            b->done_s = now_rel(r);
+    }
+    /* the buffer is no longer read by a collective either way */
+    if (r->inflight) {
+        dt__inflight_clear(r);
+        r->inflight = false;
+    }
+    return st;
+}
+
+bool dt_reducer_outstanding(const dt_reducer *r)
+{
+    if (!r)
+        return false;
+    for (int k = 0; k < r->nb; k++)
+        if (r->b[k].req[0] || r->b[k].req[1])
+            return true;
+    return false;
+}
+
+int dt_reducer_num_ready(const dt_reducer *r) { return r ? r->nready : 0; }
+int dt_reducer_num_params(const dt_reducer *r) { return r ? r->np : 0; }
+
+bool dt_reducer_is_ready(const dt_reducer *r, size_t entry)
+{
+    if (!r || entry >= r->nentry || r->slot_of_entry[entry] < 0)
+        return false;
+    return r->params[r->slot_of_entry[entry]].ready;
+}
+
+int dt_reducer_num_buckets(const dt_reducer *r) { return r ? r->nb : 0; }
+
+dt_status dt_reducer_bucket(const dt_reducer *r, int k, dt_reducer_bucket_info *out)
+{
+    if (!r || !out)
+        return dt_error(DT_ERR_NULL, "dt_reducer_bucket: NULL argument");
+    if (k < 0 || k >= r->nb)
+        return dt_error(DT_ERR_RANGE, "dt_reducer_bucket: bucket %d of %d", k, r->nb);
+    const rbucket *b = &r->b[k];
+    out->offset = b->offset;
+    out->numel = b->numel;
+    out->bytes = b->bytes;
+    out->nparams = b->p_hi - b->p_lo;
+    out->first_entry = r->params[b->p_lo].entry;
+    out->last_entry = r->params[b->p_hi - 1].entry;
+    out->ready_s = b->ready_s;
+    out->posted_s = b->posted_s;
+    out->done_s = b->done_s;
+    return DT_OK;
+}
+
+dt_status dt_reducer_shard(const dt_reducer *r, int k, int rank, size_t *offset, size_t *numel)
+{
+    if (!r || !offset || !numel)
+        return dt_error(DT_ERR_NULL, "dt_reducer_shard: NULL argument");
+    if (k < 0 || k >= r->nb || rank < 0 || rank >= r->world)
+        return dt_error(DT_ERR_RANGE, "dt_reducer_shard: bucket %d of %d, rank %d of %d", k, r->nb, rank, r->world);
+    const rbucket *b = &r->b[k];
+    if (r->p.collective == DT_REDUCER_ALLREDUCE) {
+        *offset = b->offset;
+        *numel = b->numel;
+    } else {
+        const size_t c = b->numel / (size_t)r->world;
+        *offset = b->offset + (size_t)rank * c;
+        *numel = c;
+    }
+    return DT_OK;
+}
+
+void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, uint64_t *bytes_reduced)
+{
+    if (buckets_posted)
+        *buckets_posted = r ? r->buckets_posted : 0;
+    if (bytes_reduced)
+        *bytes_reduced = r ? r->bytes_reduced : 0;
+}

@@ -1,0 +1,159 @@
+/* The loader-driven helpers in the style of ggml-opt's epoch/fit: an epoch
+ * of steps with a callback after each, several epochs, and a sharded
+ * evaluation whose sums are combined over the replicas.
+ *
+ * An epoch groups the loader's batches into steps of grad_accum
+ * micro-batches; the epoch's last batch always ends a step (a shorter
+ * accumulation), so no gradient carries over into the next epoch. Under a
+ * parallel strategy every rank's loader must yield the same number of
+ * batches (the distributed sampler pads the epoch so that it does). */
+#include "train/train_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+static dt_trainer_batch from_loader(const dt_batch *b, const dt_dataset_info *info)
+{
+    dt_trainer_batch tb;
+    memset(&tb, 0, sizeof tb);
+    tb.x = b->x;
+    tb.x_dtype = info->x_dtype;
+    tb.x_ndim = info->x_ndim + 1;
+    tb.x_shape[0] = b->size;
+    for (int d = 0; d < info->x_ndim && d + 1 < DT_MAX_DIMS; d++)
+        tb.x_shape[d + 1] = info->x_shape[d];
+    tb.y = b->y;
+    tb.y_dtype = info->y_dtype;
+    tb.y_ndim = info->y_ndim + 1;
+    tb.y_shape[0] = b->size;
+    for (int d = 0; d < info->y_ndim && d + 1 < DT_MAX_DIMS; d++)
+        tb.y_shape[d + 1] = info->y_shape[d];
+    return tb;
+}
+
+dt_status dt_trainer_epoch(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info, int64_t epoch,
+                           dt_trainer_callback cb, void *ud, dt_trainer_epoch_result *out)
+{
+    if (!tr || !ld || !info)
+        return dt_error(DT_ERR_NULL, "dt_trainer_epoch: %s is NULL", !tr ? "trainer" : !ld ? "loader" : "info");
+    if (info->x_ndim + 1 > DT_MAX_DIMS || info->y_ndim + 1 > DT_MAX_DIMS)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_epoch: items of %d/%d dims (at most %d)", info->x_ndim,
+                        info->y_ndim, DT_MAX_DIMS - 1);
+    dt_trainer_epoch_result res;
+    memset(&res, 0, sizeof res);
+    const int64_t nb = dt_loader_num_batches(ld), accum = dt__trainer_grad_accum(tr);
+    double loss_sum = 0;
+    dt_status st = dt_loader_start_epoch(ld, epoch);
+    if (st < 0)
+        return st;
+    int64_t micro = 0;
+    const dt_batch *b;
+    while ((st = dt_loader_next(ld, &b)) == DT_OK && b) {
+        const bool sync = ++micro >= accum || res.batches + 1 == nb;
+        dt_trainer_batch tb = from_loader(b, info);
+        if ((st = dt__trainer_micro(tr, &tb, sync)) < 0)
+            break;
+        res.batches++;
+        if (!sync)
+            continue;
+        micro = 0;
+        dt_trainer_metrics m;
+        if ((st = dt__trainer_finish(tr, &m)) < 0)
+            break;
+        res.steps++;
+        res.samples += m.samples;
+        for (int i = 0; i < m.nmicro; i++)
+            loss_sum += m.micro_loss[i];
+        if (cb && (st = cb(ud, tr, &m)) < 0)
+            break;
+        if (m.stop || dt__trainer_stop_now(tr)) {
+            res.stopped = true;
+            break;
+        }
+    }
+    res.loss = res.batches ? loss_sum / (double)res.batches : NAN;
+    if (out)
+        *out = res;
+    return st < 0 ? st : DT_OK;
+}
+
+dt_status dt_trainer_fit(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info, int64_t epochs,
+                         dt_trainer_callback cb, void *ud, dt_trainer_epoch_result *out)
+{
+    dt_trainer_epoch_result r;
+    memset(&r, 0, sizeof r);
+    dt_status st = DT_OK;
+    for (int64_t e = 0; e < epochs && st >= 0 && !r.stopped; e++)
+        st = dt_trainer_epoch(tr, ld, info, e, cb, ud, &r);
+    if (out)
+        *out = r;
+    return st;
+}
+
+dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_info *info,
+                              dt_trainer_eval_result *out)
+{
+    if (!tr || !ld || !info || !out)
+        return dt_error(DT_ERR_NULL, "dt_trainer_evaluate: NULL argument");
+    dt_model *m = dt_trainer_model(tr);
+    dt_ctx *ctx = dt_trainer_ctx(tr);
+    dt_model_train(m, false);
+    bool was = dt_ag_set_enabled(ctx, false);
+    double loss_sum = 0;
+    int64_t correct = 0, seen = 0;
+    bool scored = info->y_ndim == 0 && (info->y_dtype == DT_I64 || info->y_dtype == DT_I32);
+    dt_status st = dt__trainer_sync_buffers(tr); /* DDP: evaluate rank 0's running statistics */
+    if (st < 0)
+        goto out;
+    if ((st = dt_loader_start_epoch(ld, 0)) < 0)
+        goto out;
+    const dt_batch *b;
+    while ((st = dt_loader_next(ld, &b)) == DT_OK && b) {
+        dt_trainer_batch tb = from_loader(b, info);
+        dt_tensor *x = dt_tensor_view_of(ctx, tb.x, tb.x_dtype, tb.x_ndim, tb.x_shape);
+        dt_tensor *y = dt_tensor_view_of(ctx, tb.y, tb.y_dtype, tb.y_ndim, tb.y_shape);
+        /* the plain forward: evaluation is local, no strategy bookkeeping */
+        dt_tensor *o = dt_model_forward(ctx, m, x);
+        dt_tensor *loss = o ? dt__trainer_loss(tr, o, y) : NULL;
+        if (!loss) {
+            st = dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+            goto out;
+        }
+        loss_sum += (double)dt_tensor_item(loss) * (double)b->size;
+        if (scored && o->ndim == 2) {
+            dt_tensor *c = dt_contiguous(ctx, o);
+            if (!c) {
+                st = dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+                goto out;
+            }
+            const float *lg = c->data;
+            const int64_t C = c->shape[1];
+            for (int64_t i = 0; i < b->size; i++) {
+                int64_t best = 0;
+                for (int64_t j = 1; j < C; j++)
+                    if (lg[i * C + j] > lg[i * C + best])
+                        best = j;
+                const int64_t lab =
+                    info->y_dtype == DT_I64 ? ((const int64_t *)b->y)[i] : ((const int32_t *)b->y)[i];
+                correct += best == lab;
+            }
+        } else {
+            scored = false;
+        }
+        seen += b->size;
+        dt_ctx_reset(ctx);
+    }
+    if (st < 0)
+        goto out;
+    double sums[4] = {loss_sum, (double)correct, (double)seen, scored ? 0.0 : 1.0};
+    if ((st = dt_trainer_allreduce_sum(tr, sums, 4)) < 0)
+        goto out;
+    out->loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    out->accuracy = sums[3] == 0 && sums[2] > 0 ? sums[1] / sums[2] : NAN;
+    out->items = (int64_t)sums[2];
+out:
+    dt_ctx_reset(ctx);
+    dt_ag_set_enabled(ctx, was);
+    dt_model_train(m, true);
+    return st;
+}

@@ -1,0 +1,50 @@
+/* tools/cli_msg.c — the one way the CLI prints its own error lines.
+ * Messages echo user-supplied strings (paths, option values); a control
+ * character in one must not reach the terminal raw (it could move the
+ * cursor, recolour it or forge a line), so the whole formatted line goes
+ * through dt_escape. Library messages (dt_last_error) are escaped already
+ * and dt_escape leaves them unchanged. */
+#include "cmd.h"
+#include "dtrain/base.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dt__cli_err(const char *fmt, ...)
+{
+    char small[1024], *msg = small;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof small) {
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            va_start(ap, fmt);
+            vsnprintf(big, (size_t)n + 1, fmt, ap);
+            va_end(ap);
+            msg = big;
+        } /* else print the truncated message */
+    }
+    size_t len = strlen(msg);
+    int nl = len && msg[len - 1] == '\n'; /* the line's own end stays a newline */
+    if (nl)
+        msg[--len] = '\0';
+    size_t cap = 4 * len + 8; /* each byte escapes to at most 4 */
+    char *out = malloc(cap);
+    if (out) {
+        fputs(dt_escape(msg, out, cap), stderr);
+        free(out);
+    } else {
+        char tmp[256];
+        fputs(dt_escape(msg, tmp, sizeof tmp), stderr);
+    }
+    if (nl)
+        fputc('\n', stderr);
+    if (msg != small)
+        free(msg);
+}
