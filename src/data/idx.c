@@ -15,6 +15,7 @@
  * stream; a corrupt stream, a truncated one, or a stream that inflates to a
  * different size than the header says each get their own message. */
 #include "dtrain/data.h"
+#include "data/idx_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -312,6 +313,42 @@ dt_status dt_idx_read_mem(const void *buf, size_t n, const char *name, dt_idx **
     fix_endian(idx);
     *out = idx;
     return DT_OK;
+}
+
+dt_status dt__idx_peek_file(const char *path, dt_idx *hdr)
+{
+    memset(hdr, 0, sizeof *hdr);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return dt_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    unsigned char in[4096], h[4 + 4 * DT_IDX_MAX_DIMS];
+    size_t n = fread(in, 1, sizeof in, f), hn = 0;
+    fclose(f);
+    if (n >= 2 && in[0] == 0x1f && in[1] == 0x8b) {
+        z_stream zs;
+        memset(&zs, 0, sizeof zs);
+        if (inflateInit2(&zs, 15 + 16) != Z_OK)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: cannot initialise zlib", path);
+        zs.next_in = in;
+        zs.avail_in = (uInt)n;
+        zs.next_out = h;
+        zs.avail_out = sizeof h;
+        int zr = inflate(&zs, Z_SYNC_FLUSH);
+        hn = sizeof h - zs.avail_out;
+        inflateEnd(&zs);
+        if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR)
+            return dt_error(DT_ERR_FORMAT, "%s: corrupt gzip stream", path);
+    } else {
+        hn = n < sizeof h ? n : sizeof h;
+        memcpy(h, in, hn);
+    }
+    if (hn < 4)
+        return dt_error(DT_ERR_FORMAT, "%s: truncated header", path);
+    size_t hlen;
+    dt_status st = parse_header(h, hn, path, hdr, &hlen);
+    if (st == DT_INPROGRESS)
+        return dt_error(DT_ERR_FORMAT, "%s: truncated header", path);
+    return st;
 }
 
 dt_status dt_idx_read_file(const char *path, dt_idx **out)

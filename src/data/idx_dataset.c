@@ -5,6 +5,7 @@
  * of 188 MB as f32) and are scaled to f32 in [0, 1] per batch, x / 255, the
  * same single-precision division torchvision's ToTensor performs. */
 #include "dtrain/data.h"
+#include "data/idx_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -145,6 +146,15 @@ dt_status dt_dataset_idx_open(const char *images_path, const char *labels_path, 
     if (!out || !images_path || !labels_path)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_idx_open: NULL argument");
     *out = NULL;
+    /* Compare the counts in the two headers before reading either payload:
+     * a mismatch must not wait for gigabytes to be inflated. A header that
+     * cannot be read is left to the full read, which names the problem. */
+    dt_idx hi, hl;
+    if (dt__idx_peek_file(images_path, &hi) == DT_OK && dt__idx_peek_file(labels_path, &hl) == DT_OK &&
+        hi.dims[0] != hl.dims[0])
+        return dt_error(DT_ERR_MISMATCH, "%s has %lld images but %s has %lld labels", images_path,
+                        (long long)hi.dims[0], labels_path, (long long)hl.dims[0]);
+    dt_error_clear();
     dt_idx *im = NULL, *lb = NULL;
     dt_status st = dt_idx_read_file(labels_path, &lb);
     if (st < 0)

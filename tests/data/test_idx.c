@@ -286,7 +286,9 @@ TEST(mnist_dir_errors)
     ASSERT_STR_CONTAINS(dt_last_error(), "expected u8 labels");
     ASSERT_STATUS(dt_dataset_idx_open(q, q, &ds), DT_ERR_FORMAT);
     ASSERT_STR_CONTAINS(dt_last_error(), "expected u8 images");
-    /* truncated images file */
+    /* truncated images file (counts that agree: a mismatch is found from
+     * the headers, before any truncation) */
+    tu_write_mnist(dir, "train", 20, 4, 4, 20, 1);
     FILE *f = fopen(p, "rb");
     unsigned char buf[4096];
     size_t n = fread(buf, 1, sizeof buf, f);
@@ -333,6 +335,41 @@ TEST(fashion_mnist_real)
     dt_dataset_free(te);
 }
 
+/* Issue 10 item 9: images and labels whose header counts disagree are
+ * reported from the headers alone, before any payload is inflated: here the
+ * images file declares 5 million 28x28 images (3.9 GB) and holds a 64 MB
+ * prefix of them; the error must name both files and both counts and come
+ * at once, not after the images were inflated. */
+TEST(count_mismatch_found_from_headers)
+{
+    char *dir = tu_tmpdir();
+    char pi[512], pl[512];
+    snprintf(pi, sizeof pi, "%s/big-images.gz", dir);
+    snprintf(pl, sizeof pl, "%s/small-labels.gz", dir);
+    size_t part = 64u << 20, len, zl;
+    unsigned char *zeros = calloc(1, part);
+    ASSERT(zeros);
+    uint32_t di[3] = {5000000, 28, 28}, dl[1] = {60000};
+    unsigned char *raw = tu_idx(8, 3, di, zeros, part, &len);
+    unsigned char *z = tu_gzip(raw, len, &zl);
+    tu_write(pi, z, zl);
+    free(raw), free(z), free(zeros);
+    unsigned char lab[60000] = {0};
+    raw = tu_idx(8, 1, dl, lab, sizeof lab, &len);
+    z = tu_gzip(raw, len, &zl);
+    tu_write(pl, z, zl);
+    free(raw), free(z);
+    dt_dataset *ds = NULL;
+    double t0 = dt_time_s();
+    ASSERT_STATUS(dt_dataset_idx_open(pi, pl, &ds), DT_ERR_MISMATCH);
+    double secs = dt_time_s() - t0;
+    ASSERT(ds == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "big-images.gz has 5000000 images");
+    ASSERT_STR_CONTAINS(dt_last_error(), "small-labels.gz has 60000 labels");
+    ASSERT(secs < 1.0); /* headers only (inflating the 3.9 GB would take many seconds) */
+    tu_rmdir(dir);
+}
+
 int main(void)
 {
     RUN(plain_u8);
@@ -343,6 +380,7 @@ int main(void)
     RUN(file_errors);
     RUN(mnist_dir_plain_and_gzip);
     RUN(mnist_dir_errors);
+    RUN(count_mismatch_found_from_headers);
     RUN(fashion_mnist_real);
     return TEST_REPORT();
 }
