@@ -22,44 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plain_number.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static int plain_int(const char *s, int allow_minus)
-{
-    if (allow_minus && *s == '-')
-        s++;
-    if (!*s)
-        return 0;
-    for (; *s; s++)
-        if (!isdigit((unsigned char)*s))
-            return 0;
-    return 1;
-}
-
-/* [+-]? (digits (. digits?)? | . digits) ([eE] [+-]? digits)? */
-static int plain_real(const char *s)
-{
-    if (*s == '+' || *s == '-')
-        s++;
-    int digits = 0;
-    while (isdigit((unsigned char)*s))
-        s++, digits++;
-    if (*s == '.')
-        for (s++; isdigit((unsigned char)*s); s++)
-            digits++;
-    if (!digits)
-        return 0;
-    if (*s == 'e' || *s == 'E') {
-        s++;
-        if (*s == '+' || *s == '-')
-            s++;
-        if (!isdigit((unsigned char)*s))
-            return 0;
-        while (isdigit((unsigned char)*s))
-            s++;
-    }
-    return *s == 0;
-}
 
 static void check_error(dt_status st)
 {

@@ -8,7 +8,7 @@
  * integers as -?[0-9]+ (no spaces, no '+', no hex: " -1" once wrapped to
  * 2^64-1), reals as a finite decimal. And the accepted options, written
  * back as --name=value, must parse to the same values. */
-// fuzz-sources: src/base/*.c
+// fuzz-sources: src/base/*.c tools/cli_msg.c
 #include "train_args.c" /* the option table, opts[], is static */
 
 #include <ctype.h>
@@ -16,47 +16,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plain_number.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define NOPTS (sizeof opts / sizeof opts[0])
 #define MAXARGS 64
 
-static int plain_int(const char *s)
-{
-    if (*s == '-')
-        s++;
-    if (!*s)
-        return 0;
-    for (; *s; s++)
-        if (!isdigit((unsigned char)*s))
-            return 0;
-    return 1;
-}
-
-/* [+-]? (digits (. digits?)? | . digits) ([eE] [+-]? digits)? */
-static int plain_real(const char *s)
-{
-    if (*s == '+' || *s == '-')
-        s++;
-    int digits = 0;
-    while (isdigit((unsigned char)*s))
-        s++, digits++;
-    if (*s == '.')
-        for (s++; isdigit((unsigned char)*s); s++)
-            digits++;
-    if (!digits)
-        return 0;
-    if (*s == 'e' || *s == 'E') {
-        s++;
-        if (*s == '+' || *s == '-')
-            s++;
-        if (!isdigit((unsigned char)*s))
-            return 0;
-        while (isdigit((unsigned char)*s))
-            s++;
-    }
-    return *s == 0;
-}
 
 /* The parser prints its errors and --help through stdio; those streams are
  * pointed at /dev/null for the call. The file descriptors stay as they are,
@@ -89,7 +55,7 @@ static void check_values_plain(int argc, char **argv)
         if (d->type == OPT_FLAG)
             continue;
         const char *v = eq ? eq + 1 : argv[++i];
-        if ((d->type == OPT_INT && !plain_int(v)) || (d->type == OPT_U64 && (!plain_int(v) || *v == '-')) ||
+        if ((d->type == OPT_INT && !plain_int(v, 1)) || (d->type == OPT_U64 && (!plain_int(v, 1) || *v == '-')) ||
             (d->type == OPT_FLOAT && !plain_real(v)))
             abort();
     }
