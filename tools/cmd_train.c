@@ -389,12 +389,14 @@ int dt_cmd_train(int argc, char **argv)
         free(t);
         return rc == 1 ? 0 : rc;
     }
-    /* Before any thread starts (see the top); restored at the end. */
-    sigset_t old_mask;
+    /* Before any thread starts (see the top). Never unblocked: the command
+     * ends the process, and a signal that comes after the one taken (or
+     * after the last step) stays pending and is dropped at exit instead of
+     * killing a run that is already writing its end record. */
     sigemptyset(&g_stop_set);
     sigaddset(&g_stop_set, SIGINT);
     sigaddset(&g_stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &g_stop_set, &old_mask);
+    pthread_sigmask(SIG_BLOCK, &g_stop_set, NULL);
     if (t->o.threads > 0)
         dt_set_num_threads((int)t->o.threads);
     if ((rc = dt__ddp_setup(&t->ddp, t->o.sync_bn, t->o.bucket_mb)))
@@ -472,11 +474,5 @@ out:
         rc = fail(1, NULL);
     cleanup(t);
     free(t);
-    /* every thread is gone; a signal that came after the one taken, or after
-     * the last step, is dropped (the run has ended), then the mask restored */
-    struct timespec zero = {0, 0};
-    while (sigtimedwait(&g_stop_set, NULL, &zero) > 0)
-        ;
-    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     return rc;
 }
