@@ -27,6 +27,12 @@ void dt__shm_segment_name(const char *job_id, char *buf, size_t n);
 /* The promise is timeout + 5 s after the fault; start-up and a loaded CI
  * machine get a few seconds on top. */
 #define LIMIT_S (TIMEOUT_S + 5 + 6)
+/* Under mpirun the survivor prints its error within the same time (timeout
+ * + 1 s, then MPI_Abort), but the job ends only when mpirun has killed the
+ * stopped rank; in a fresh debootstrapped root that took 14-19 s (seen in
+ * make fresh-check). The job-end bound for mpi is wider by that; the
+ * message check below is unchanged. */
+#define LIMIT_MPI_S (LIMIT_S + 10)
 
 static double now_s(void)
 {
@@ -123,8 +129,9 @@ static int run_case(const fcase *c)
         ok = 0, snprintf(why, sizeof why, "the launcher did not end within 60 s");
     else if (code == 0)
         ok = 0, snprintf(why, sizeof why, "exit status 0 after a fault");
-    else if (elapsed > LIMIT_S)
-        ok = 0, snprintf(why, sizeof why, "took %.1f s (limit %d s)", elapsed, LIMIT_S);
+    else if (elapsed > (!strcmp(c->backend, "mpi") ? LIMIT_MPI_S : LIMIT_S))
+        ok = 0, snprintf(why, sizeof why, "took %.1f s (limit %d s)", elapsed,
+                         !strcmp(c->backend, "mpi") ? LIMIT_MPI_S : LIMIT_S);
     char want[32], ompi[32];
     snprintf(want, sizeof want, "rank %d", c->victim);
     snprintf(ompi, sizeof ompi, ",1],%d]", c->victim); /* Open MPI's "Process name: [[job,1],R]" */
