@@ -15,6 +15,7 @@
  *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   ckpt.h      safetensors files, full and sharded checkpoints
+ *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -31,5 +32,6 @@
 #include "dtrain/parallel.h"
 #include "dtrain/offload.h"
 #include "dtrain/train.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/ckpt.h"
 #endif
