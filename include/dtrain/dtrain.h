@@ -30,6 +30,7 @@
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
 #include "dtrain/offload.h"
+#include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/ckpt.h"
 #endif
