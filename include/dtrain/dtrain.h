@@ -13,6 +13,7 @@
  *   optim.h     fused optimizers over flat buffers, clipping, schedules
  *   data.h      datasets, samplers, the prefetching loader
  *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
+ *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   ckpt.h      safetensors files, full and sharded checkpoints
  */
@@ -29,6 +30,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/train.h"
 #include "dtrain/ckpt.h"
