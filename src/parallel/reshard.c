@@ -12,7 +12,8 @@
  *     5 R->P, 6 S->P (local after the gathers)
  * where valid means the state after the step has no tensor dim sharded by
  * two mesh dims and one Partial op. When no step is valid (S(0),S(1) ->
- * S(1),S(0)) the first pending sharded mesh dim goes to Replicate first.
+ * S(1),S(0), or P(sum),P(sum) -> P(avg),P(avg)) the first pending Shard
+ * (else Partial) mesh dim goes to Replicate first.
  * Every rank computes the same plan from the same placements.
  *
  * Across meshes: Partial sources are reduced to Replicate on their own mesh,
@@ -148,10 +149,17 @@ static dt_status reshard_same_mesh(dt_ctx *ctx, dt_mesh *m, const dt_placement *
         if (best >= 0) {
             st = do_step(ctx, m, best, cur, pt[best], ndim, shape, dt, &data, lshape);
         } else {
-            /* a cycle of shardings: un-shard the first pending sharded dim */
+            /* a cycle (S(0),S(1) -> S(1),S(0); P(sum),P(sum) -> P(avg),P(avg)):
+             * take the first pending Shard, else Partial, dim to Replicate */
             int i = 0;
             while (i < mn && (same_placement(cur[i], pt[i]) || cur[i].kind != DT_PLACE_SHARD))
                 i++;
+            if (i == mn) {
+                i = 0;
+                while (i < mn &&
+                       (same_placement(cur[i], pt[i]) || cur[i].kind != DT_PLACE_PARTIAL))
+                    i++;
+            }
             if (i == mn)
                 return dt_error(DT_ERR_INTERNAL, "reshard: no plan (internal)");
             st = do_step(ctx, m, i, cur, dt_replicate(), ndim, shape, dt, &data, lshape);
