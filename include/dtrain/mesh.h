@@ -267,6 +267,52 @@ DT_API char *dt_dtensor_str(const dt_dtensor *x, char *buf, size_t n);
  * of the collectives (f32, f64, f16, bf16, i32, i64, u8; max/min/sum). */
 DT_API dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placement *pl);
 
+/* ---- ops on distributed tensors (sharding propagation) ------------------------------
+ * Each op picks, per mesh dim, a strategy its local op can run (SEMANTICS
+ * 4.4), choosing the combination whose input reshards move the fewest bytes,
+ * reshards the inputs (differentiably), and runs the autograd op of
+ * autograd.h on the local pieces. Inputs must be on the same mesh. Results
+ * are temporaries of ctx; NULL on error (a NULL input gives NULL and keeps
+ * the earlier message). Where no strategy applies the error names the op,
+ * the inputs' placements and the mesh. Strategies per mesh dim:
+ *   matmul   a[..., M, K] @ b[K, N] (or batched b[..., K, N]):
+ *              [R, R] -> R;  [S(m or batch of a), R] -> same Shard;
+ *              [R, S(N)] -> S(-1) (column parallel);
+ *              [S(K), S(K)] -> Partial(sum) (row parallel);
+ *              [S(b), S(b)] -> S(b) for a batch dim b of a batched b;
+ *              [P(sum|avg), R] / [R, P(sum|avg)] -> that Partial
+ *   add, sub, mul, div (NumPy broadcasting): R; Shard of an output dim (an
+ *              operand broadcast along it stays Replicate); Partial(sum|avg)
+ *              for add/sub (both operands; a Replicate one becomes Partial
+ *              by R -> P), for mul (one operand) and div (the numerator)
+ *   relu, gelu: R or any Shard (Partial is reduced first)
+ *   softmax, log_softmax (last dim), layer_norm (last dim; gamma, beta [D]
+ *              Replicate): R or Shard of any dim but the last
+ *   sum, mean (all elements -> 0-d): R -> R; Shard -> Partial(sum);
+ *              Partial(sum|avg) -> the same
+ *   cross_entropy (logits [N, C], labels [N] i32/i64, mean over rows not
+ *              labelled -100): R -> R; rows Shard(0) -> Partial(sum) (each
+ *              rank's mean weighted by its share of the counted rows: one
+ *              small all-reduce of the count)
+ * Gradients: an input Replicate on a mesh dim where the output is not gets
+ * its gradient all-reduced over that dim in backward (the data-parallel
+ * weight, the column-parallel activation), so every gradient follows the
+ * convention in the overview. */
+DT_API dt_dtensor *dt_dtensor_matmul(dt_ctx *ctx, dt_dtensor *a, dt_dtensor *b);
+DT_API dt_dtensor *dt_dtensor_add(dt_ctx *ctx, dt_dtensor *a, dt_dtensor *b);
+DT_API dt_dtensor *dt_dtensor_sub(dt_ctx *ctx, dt_dtensor *a, dt_dtensor *b);
+DT_API dt_dtensor *dt_dtensor_mul(dt_ctx *ctx, dt_dtensor *a, dt_dtensor *b);
+DT_API dt_dtensor *dt_dtensor_div(dt_ctx *ctx, dt_dtensor *a, dt_dtensor *b);
+DT_API dt_dtensor *dt_dtensor_relu(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_gelu(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_softmax(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_log_softmax(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_layer_norm(dt_ctx *ctx, dt_dtensor *x, dt_dtensor *gamma,
+                                         dt_dtensor *beta, float eps);
+DT_API dt_dtensor *dt_dtensor_sum(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_mean(dt_ctx *ctx, dt_dtensor *x);
+DT_API dt_dtensor *dt_dtensor_cross_entropy(dt_ctx *ctx, dt_dtensor *logits, dt_dtensor *labels);
+
 #ifdef __cplusplus
 }
 #endif
