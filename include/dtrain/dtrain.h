@@ -16,6 +16,7 @@
  *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   ckpt.h      safetensors files, full and sharded checkpoints
+ *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -33,5 +34,6 @@
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/train.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/ckpt.h"
 #endif
