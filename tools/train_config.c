@@ -122,6 +122,16 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         if (!rc && nvme)
             rc = set_str(c, "zero_optimization.offload_optimizer.nvme_path", o->offload + 5, "offload");
     }
+    if (!rc && G("comm-hook"))
+        rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
+    if (!rc && G("powersgd-rank"))
+        rc = set_num(c, "dtrain.powersgd_rank", (double)o->powersgd_rank, "powersgd-rank");
+    if (!rc && G("powersgd-start-iter"))
+        rc = set_num(c, "dtrain.start_compress_iter", (double)o->powersgd_start_iter, "powersgd-start-iter");
+    if (!rc && G("powersgd-no-error-feedback"))
+        rc = set(c, "dtrain.powersgd_error_feedback", "false", "powersgd-no-error-feedback");
+    if (!rc && G("powersgd-no-warm-start"))
+        rc = set(c, "dtrain.powersgd_warm_start", "false", "powersgd-no-warm-start");
 #undef G
     return rc;
 }
@@ -181,6 +191,18 @@ static int read_back(dt__train_opts *o, const dt_config *c)
     int64_t v;
     if (dt_config_get_int(c, "steps_per_print", &v) == DT_OK)
         o->log_every = v;
+    /* the communication hook: from the file or a flag only (train_ddp.c reads AIAK_* over these itself) */
+    bool on;
+    if (dt_config_origin_of(c, "dtrain.comm_hook") < DT_CONFIG_FROM_ENV)
+        dt_config_get_str(c, "dtrain.comm_hook", &o->comm_hook);
+    if (dt_config_origin_of(c, "dtrain.powersgd_rank") < DT_CONFIG_FROM_ENV)
+        dt_config_get_int(c, "dtrain.powersgd_rank", &o->powersgd_rank);
+    if (dt_config_origin_of(c, "dtrain.start_compress_iter") < DT_CONFIG_FROM_ENV)
+        dt_config_get_int(c, "dtrain.start_compress_iter", &o->powersgd_start_iter);
+    if (dt_config_get_bool(c, "dtrain.powersgd_error_feedback", &on) == DT_OK)
+        o->powersgd_no_error_feedback = !on;
+    if (dt_config_get_bool(c, "dtrain.powersgd_warm_start", &on) == DT_OK)
+        o->powersgd_no_warm_start = !on;
     /* the optimizer the trainer will build (the memory check and the lines printed name it) */
     dt_trainer_params tp = dt_trainer_params_default();
     if (dt_optim_kind_parse(o->optimizer, &tp.optimizer) < 0 || dt_trainer_params_apply_config(c, &tp) < 0)

@@ -104,15 +104,17 @@ DT_API dt_status dt_config_set(dt_config *c, const char *key, const char *json_v
                                const char *source);
 
 /* AIAK-Training's environment variables into c (origin ENV):
- *   AIAK_HIERARCHICAL_ALLREDUCE=0|1     dtrain.hierarchical_allreduce
- *   AIAK_FP16_COMPRESSION=0|1           dtrain.compression = "fp16"
- *   AIAK_POWERSGD_COMPRESSION=0|1       dtrain.compression = "powersgd"
+ *   AIAK_FP16_COMPRESSION=1             dtrain.comm_hook = "fp16"
+ *   AIAK_POWERSGD_COMPRESSION=1         dtrain.comm_hook = "powersgd"
  *   AIAK_MATRIX_APPROXIMATION_RANK=N    dtrain.powersgd_rank (default 1)
  *   AIAK_START_COMPRESS_ITER=N          dtrain.start_compress_iter (default 1000)
+ *   AIAK_HIERARCHICAL_ALLREDUCE=0|1     dtrain.hierarchical_allreduce
  *   AIAK_FUSED_OPTIMIZER=0|1            accepted: dtrain's optimizers are always fused (a note)
- * Unset or empty variables change nothing; a malformed value is
- * DT_ERR_INVALID_ARG naming the variable; both compressions at once is
- * DT_ERR_INVALID_ARG. */
+ * The compression variables are read by dt_comm_hook_env (parallel.h), the
+ * hooks' own reader, with its errors (malformed values, both compressions
+ * at once); unset, empty or 0 variables change nothing; a malformed
+ * AIAK_HIERARCHICAL_ALLREDUCE / AIAK_FUSED_OPTIMIZER is DT_ERR_INVALID_ARG
+ * naming the variable. */
 DT_API dt_status dt_config_apply_env(dt_config *c);
 
 /* Warnings and notes gathered so far (unknown keys, keys accepted without

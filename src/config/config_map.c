@@ -51,8 +51,6 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "dtrain's warm-up is linear: set \"warmup_type\": \"linear\"");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
-    if (!strcmp(p, "dtrain.compression") && strcmp(v->v.s, "none"))
-        return unsupported(p, "gradient compression hooks are not on this build yet");
     if (!strcmp(p, "dtrain.hierarchical_allreduce") && t)
         return unsupported(p, "hierarchical all-reduce is not on this build yet");
     if (!strcmp(p, "dtrain.tensor_parallel_size") && v->v.i > 1)
@@ -233,45 +231,40 @@ static dt_status env_flag(const char *name, int *out)
     return DT_OK;
 }
 
-static dt_status env_int(dt_config *c, const char *name, const char *key, int64_t lo)
+static dt_status set_int(dt_config *c, const char *key, int64_t v, const char *source)
 {
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return DT_OK;
-    int64_t v;
-    if (dt_env_int(name, 0, lo, INT64_MAX / 2, &v) < 0)
-        return dt_error(DT_ERR_INVALID_ARG, "environment variable %s=%s: expected an integer >= %" PRId64, name, s,
-                        lo);
     char buf[32];
     snprintf(buf, sizeof buf, "%" PRId64, v);
-    return dt_config_set(c, key, buf, DT_CONFIG_FROM_ENV, name);
+    return dt_config_set(c, key, buf, DT_CONFIG_FROM_ENV, source);
 }
 
 dt_status dt_config_apply_env(dt_config *c)
 {
     if (!c)
         return dt_error(DT_ERR_NULL, "dt_config_apply_env: NULL config");
-    int fp16, psgd, hier, fused;
-    dt_status st;
-    if ((st = env_flag("AIAK_FP16_COMPRESSION", &fp16)) < 0 || (st = env_flag("AIAK_POWERSGD_COMPRESSION", &psgd)) < 0 ||
-        (st = env_flag("AIAK_HIERARCHICAL_ALLREDUCE", &hier)) < 0 ||
-        (st = env_flag("AIAK_FUSED_OPTIMIZER", &fused)) < 0)
-        return st;
-    if (fp16 == 1 && psgd == 1)
-        return dt_error(DT_ERR_INVALID_ARG, "AIAK_FP16_COMPRESSION=1 and AIAK_POWERSGD_COMPRESSION=1: give one "
-                                            "compression");
-    /* the rank and the start iteration first: they only matter once PowerSGD is on */
-    if ((st = env_int(c, "AIAK_MATRIX_APPROXIMATION_RANK", "dtrain.powersgd_rank", 1)) < 0 ||
-        (st = env_int(c, "AIAK_START_COMPRESS_ITER", "dtrain.start_compress_iter", 0)) < 0)
-        return st;
-    if (fp16 == 1)
-        st = dt_config_set(c, "dtrain.compression", "\"fp16\"", DT_CONFIG_FROM_ENV, "AIAK_FP16_COMPRESSION");
-    else if (psgd == 1)
-        st = dt_config_set(c, "dtrain.compression", "\"powersgd\"", DT_CONFIG_FROM_ENV, "AIAK_POWERSGD_COMPRESSION");
-    else if (fp16 == 0 || psgd == 0)
-        st = dt_config_set(c, "dtrain.compression", "\"none\"", DT_CONFIG_FROM_ENV,
-                           fp16 == 0 ? "AIAK_FP16_COMPRESSION" : "AIAK_POWERSGD_COMPRESSION");
+    /* the compression variables are read by the hooks' own reader
+     * (dt_comm_hook_env, parallel.h); what it finds is recorded here */
+    dt_comm_hook_kind kind = DT_COMM_HOOK_COUNT;
+    dt_powersgd_params ps = dt_powersgd_params_default();
+    ps.rank = -1;
+    ps.start_iter = -1;
+    dt_status st = dt_comm_hook_env(&kind, &ps);
     if (st < 0)
+        return st;
+    if (ps.rank >= 0 && (st = set_int(c, "dtrain.powersgd_rank", ps.rank, "AIAK_MATRIX_APPROXIMATION_RANK")) < 0)
+        return st;
+    if (ps.start_iter >= 0 &&
+        (st = set_int(c, "dtrain.start_compress_iter", ps.start_iter, "AIAK_START_COMPRESS_ITER")) < 0)
+        return st;
+    if (kind != DT_COMM_HOOK_COUNT) {
+        char q[32];
+        snprintf(q, sizeof q, "\"%s\"", dt_comm_hook_name(kind));
+        if ((st = dt_config_set(c, "dtrain.comm_hook", q, DT_CONFIG_FROM_ENV,
+                                kind == DT_COMM_HOOK_FP16 ? "AIAK_FP16_COMPRESSION" : "AIAK_POWERSGD_COMPRESSION")) < 0)
+            return st;
+    }
+    int hier, fused;
+    if ((st = env_flag("AIAK_HIERARCHICAL_ALLREDUCE", &hier)) < 0 || (st = env_flag("AIAK_FUSED_OPTIMIZER", &fused)) < 0)
         return st;
     if (hier >= 0 && (st = dt_config_set(c, "dtrain.hierarchical_allreduce", hier ? "true" : "false",
                                          DT_CONFIG_FROM_ENV, "AIAK_HIERARCHICAL_ALLREDUCE")) < 0)

@@ -238,8 +238,9 @@ TEST(wrong_types_and_ranges_name_the_key)
          "key zero_optimization.offload_param.device: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
-        {"{\"dtrain\": {\"compression\": \"powersgd\"}}", "key dtrain.compression: not supported yet",
+        {"{\"dtrain\": {\"hierarchical_allreduce\": true}}", "key dtrain.hierarchical_allreduce: not supported yet",
          DT_ERR_UNSUPPORTED},
+        {"{\"dtrain\": {\"comm_hook\": \"topk\"}}", "key dtrain.comm_hook: expected one of", DT_ERR_INVALID_ARG},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dt_status st = DT_ERR_INTERNAL;
@@ -355,9 +356,12 @@ TEST(aiak_environment)
     dt_config *c;
     ASSERT_OK(dt_config_init(&c));
     ASSERT_OK(dt_config_apply_env(c)); /* nothing set: nothing changes */
-    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.compression"), DT_CONFIG_UNSET);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.comm_hook"), DT_CONFIG_UNSET);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.powersgd_rank"), DT_CONFIG_UNSET);
+    ASSERT_OK(dt_config_set(c, "dtrain.comm_hook", "\"fp16\"", DT_CONFIG_FROM_FILE, "file"));
     setenv("AIAK_FUSED_OPTIMIZER", "1", 1);
     setenv("AIAK_START_COMPRESS_ITER", "50", 1);
+    setenv("AIAK_POWERSGD_COMPRESSION", "1", 1);
     setenv("AIAK_FP16_COMPRESSION", "0", 1);
     setenv("AIAK_HIERARCHICAL_ALLREDUCE", "0", 1);
     ASSERT_OK(dt_config_apply_env(c));
@@ -365,24 +369,32 @@ TEST(aiak_environment)
     int64_t it = 0;
     ASSERT_OK(dt_config_get_int(c, "dtrain.start_compress_iter", &it));
     ASSERT_EQ_INT(it, 50);
-    const char *comp = NULL;
-    ASSERT_OK(dt_config_get_str(c, "dtrain.compression", &comp));
-    ASSERT_STR_EQ(comp, "none");
-    /* compression and hierarchical all-reduce: refused until their hooks are on main */
+    const char *hook = NULL;
+    ASSERT_OK(dt_config_get_str(c, "dtrain.comm_hook", &hook));
+    ASSERT_STR_EQ(hook, "powersgd"); /* the environment over the file */
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.comm_hook"), DT_CONFIG_FROM_ENV);
+    bool hier = true;
+    ASSERT_OK(dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &hier));
+    ASSERT(!hier);
     setenv("AIAK_FP16_COMPRESSION", "1", 1);
-    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "dtrain.compression");
-    setenv("AIAK_POWERSGD_COMPRESSION", "1", 1);
-    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
-    ASSERT_STR_CONTAINS(dt_last_error(), "give one compression");
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG); /* both compressions */
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_POWERSGD_COMPRESSION=1");
     unsetenv("AIAK_POWERSGD_COMPRESSION");
     setenv("AIAK_FP16_COMPRESSION", "yes", 1);
-    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
-    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_FP16_COMPRESSION=yes");
+    ASSERT(dt_config_apply_env(c) < 0);
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_FP16_COMPRESSION");
     unsetenv("AIAK_FP16_COMPRESSION");
     setenv("AIAK_MATRIX_APPROXIMATION_RANK", "0", 1);
-    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
+    ASSERT(dt_config_apply_env(c) < 0);
     ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_MATRIX_APPROXIMATION_RANK");
+    unsetenv("AIAK_MATRIX_APPROXIMATION_RANK");
+    /* hierarchical all-reduce: refused until it is on main, never ignored */
+    setenv("AIAK_HIERARCHICAL_ALLREDUCE", "1", 1);
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key dtrain.hierarchical_allreduce: not supported yet");
+    setenv("AIAK_HIERARCHICAL_ALLREDUCE", "2", 1);
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_HIERARCHICAL_ALLREDUCE=2");
     for (size_t i = 0; i < 6; i++)
         unsetenv(vars[i]);
     dt_config_free(c);

@@ -151,13 +151,19 @@ TEST(precedence_and_environment)
     ASSERT_STR_CONTAINS(r.err, "unknown key zero_optimization.foo");
     ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
     ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
-    /* compression from the environment: refused until its hooks exist, never ignored */
-    run_cfg(&r, 1, p, "AIAK_FP16_COMPRESSION=1", NULL);
+    /* hierarchical all-reduce from the environment: refused until it exists, never ignored */
+    run_cfg(&r, 1, p, "AIAK_HIERARCHICAL_ALLREDUCE=1", NULL);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "key dtrain.compression: not supported yet");
+    ASSERT_STR_CONTAINS(r.err, "key dtrain.hierarchical_allreduce: not supported yet");
     run_cfg(&r, 1, p, "AIAK_START_COMPRESS_ITER=soon", NULL);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "AIAK_START_COMPRESS_ITER=soon");
+    ASSERT_STR_CONTAINS(r.err, "AIAK_START_COMPRESS_ITER");
+    /* the config's comm hook over ZeRO stage 1: the hook's own refusal (compress owns the behaviour) */
+    write_cfg("h.json", "{\"zero_optimization\": {\"stage\": 1}, \"dtrain\": {\"comm_hook\": \"powersgd\", "
+                        "\"powersgd_rank\": 2}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--comm-hook powersgd (or AIAK_*_COMPRESSION) compresses DDP's gradient all-reduce");
     /* a wrong type names the key */
     write_cfg("t.json", "{\"gradient_clipping\": \"1.0\"}", p, sizeof p);
     run_cfg(&r, 1, p, NULL, NULL);
