@@ -38,7 +38,7 @@ static void run_cfg(cli_result *r, int ranks, const char *cfg, const char *env, 
     char *args[64];
     int n = 0;
     if (ranks > 1) {
-        static char nr[8];
+        static char nr[16];
         snprintf(nr, sizeof nr, "%d", ranks);
         args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = getenv("DT_CLI");
     }
