@@ -29,6 +29,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/tp.h"
 #include "dtrain/offload.h"
 #include "dtrain/train.h"
 #include "dtrain/ckpt.h"
