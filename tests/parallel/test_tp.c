@@ -9,9 +9,7 @@
  *     Linear pair at step 0 (exact) and in forward;
  *   - the zoo's tensor-parallel MLP on 2 ranks: exactly the single-process
  *     weights at step 0, and within the rounding bound after k SGD steps;
- *   - the tensor-parallel GPT on 2 and 4 ranks: exactly the single-process
- *     weights at step 0, the same loss curve within float rounding
- *     (vocabulary 50: padded on 4 ranks);
+ *   - (the tensor-parallel GPT: test_tp_gpt.c);
  *   - clear errors: n_head or the MLP's hidden width not divisible by the
  *     group, dropout under tensor parallelism, convnet.
  *
@@ -27,20 +25,8 @@
  * itself (u |w| a step). The test asserts that bound with a factor 2 of
  * margin. */
 // dt-test-timeout: 120
-#include "comm/harness.h"
 #include "test.h"
-#include "dtrain/models.h"
-#include "dtrain/tp.h"
-#include "dtrain/train.h"
-
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-static void fill(float *x, int64_t n, uint64_t stream, uint64_t first)
-{
-    dt_rng_fill_uniform(dt_rng_key_make(77, DT_RNG_USER, stream, 0), first, x, (size_t)n, -1.0f, 1.0f);
-}
+#include "parallel/tp_util.h"
 
 /* ---- f, g, gather, scatter ------------------------------------------------------------- */
 
@@ -207,67 +193,9 @@ TEST(tp_vocab_cross_entropy)
     ASSERT_EQ_INT(th_run(4, 30, ce_body, NULL, NULL), 0);
 }
 
-/* ---- comparing a tensor-parallel model with the single-process one ------------------------- */
-
-/* max |tp slice - full| over every parameter of tp (its slice of the entry
- * of the same name in full); *worst names the entry. Exact slicing as
- * dt_tp_init_from (2-d and 1-d, chunks, padding zero). */
-static double slice_diff(const dt_model *tp, const dt_model *full, int r, const double *tol, char *worst,
-                         double *excess)
-{
-    double mx = 0;
-    *excess = 0;
-    for (size_t i = 0; i < dt_model_num_entries(tp); i++) {
-        dt_param_info p, f;
-        dt_model_entry(tp, i, &p);
-        if (p.is_buffer || p.tied_to >= 0)
-            continue;
-        int64_t j = dt_model_find_entry(full, p.name);
-        if (j < 0)
-            return INFINITY;
-        dt_model_entry(full, (size_t)j, &f);
-        const int d = p.tp_dim - 1, c = p.tp_chunks > 1 ? p.tp_chunks : 1;
-        int64_t inner = 1;
-        for (int k = d + 1; k < p.ndim; k++)
-            inner *= p.shape[k];
-        const int64_t ld = d >= 0 ? p.shape[d] : 1, fd = d >= 0 ? f.shape[d] : 1;
-        for (int64_t e = 0; e < (int64_t)p.numel; e++) {
-            double v = dt_tensor_get(p.tensor, e), want;
-            if (d < 0) {
-                want = dt_tensor_get(f.tensor, e);
-            } else {
-                int64_t o = e / (ld * inner), k = e / inner % ld, in = e % inner;
-                int64_t B = fd / c, Lb = ld / c, w = r * Lb + k % Lb;
-                want = w >= B ? 0.0 : dt_tensor_get(f.tensor, (o * fd + k / Lb * B + w) * inner + in);
-            }
-            double diff = fabs(v - want);
-            if (diff > mx) {
-                mx = diff;
-                snprintf(worst, 128, "%s[%lld]: %.9g vs %.9g", p.name, (long long)e, v, want);
-            }
-            if (tol && diff > tol[0] * fabs(want) + tol[1] && diff > *excess)
-                *excess = diff;
-        }
-    }
-    return mx;
-}
-
 /* ---- the zoo's MLP ---------------------------------------------------------------------------- */
 
 enum { MLP_B = 4, MLP_T = 3, MLP_D = 8, MLP_H = 32, MLP_STEPS = 4 };
-
-static dt_status make_sgd(dt_model *m, const dt_model_desc *d, double lr, dt_trainer **tr)
-{
-    dt_strategy *s;
-    dt_status st = dt_strategy_none_init(&s);
-    if (st < 0)
-        return st;
-    dt_trainer_params p = dt_trainer_params_default();
-    p.sgd.lr = lr;
-    p.loss_fn = dt_model_desc_loss_fn;
-    p.loss_ud = (void *)d;
-    return dt_trainer_init(m, s, &p, tr);
-}
 
 static int mlp_body(int rank, int size, void *arg)
 {
@@ -321,76 +249,6 @@ static int mlp_body(int rank, int size, void *arg)
 
 TEST(tp_mlp_steps) { ASSERT_EQ_INT(th_run(2, 60, mlp_body, NULL, NULL), 0); }
 
-/* ---- the GPT -------------------------------------------------------------------------------------- */
-
-enum { G_B = 2, G_T = 8, G_V = 50, G_STEPS = 4 };
-
-static void gpt_config(dt_model_config *c)
-{
-    *c = dt_model_config_default();
-    c->n_layer = 2, c->n_head = 4, c->n_embd = 32, c->block_size = 16, c->vocab_size = G_V, c->seq = G_T;
-}
-
-static int gpt_body(int rank, int size, void *arg)
-{
-    (void)arg;
-    dt_pg *pg;
-    TH_OK(th_pg(rank, size, NULL, &pg));
-    dt_model_config c;
-    gpt_config(&c);
-    dt_model *ref, *m;
-    dt_model_desc dr, dm;
-    TH_OK(dt_model_create("gpt-micro", 3, &c, &ref, &dr));
-    c.tp = pg;
-    TH_OK(dt_model_create("gpt-micro", 3, &c, &m, &dm));
-    TH_CHECK(dm.tp == pg && dr.tp == NULL, "descriptor's group");
-    char worst[128] = "";
-    double ex;
-    TH_CHECK(slice_diff(m, ref, rank, NULL, worst, &ex) == 0.0, "step 0 differs: %s", worst);
-    dt_trainer *tr, *trr;
-    TH_OK(make_sgd(ref, &dr, 0.2, &trr));
-    TH_OK(make_sgd(m, &dm, 0.2, &tr));
-    int64_t x[G_B * G_T], y[G_B * G_T];
-    double first = 0, last = 0;
-    for (int k = 0; k < G_STEPS; k++) {
-        for (int i = 0; i < G_B * G_T; i++) {
-            x[i] = (i * 7 + 3) % G_V; /* the same batch each step: the loss must go down */
-            y[i] = (i * 5 + 1) % G_V;
-        }
-        dt_trainer_batch b = dt_trainer_batch_make(x, DT_I64, 2, (int64_t[]){G_B, G_T}, y, DT_I64, 2,
-                                                   (int64_t[]){G_B, G_T});
-        dt_trainer_metrics a, e;
-        TH_OK(dt_trainer_step(trr, &b, 1, &e));
-        TH_OK(dt_trainer_step(tr, &b, 1, &a));
-        /* the loss ~ log V ~ 4; every term is a sum of O(C) products reordered: float rounding */
-        TH_CHECK(fabs(a.loss - e.loss) <= 2e-6 * fabs(e.loss), "step %d: loss %.9g, single process %.9g", k, a.loss,
-                 e.loss);
-        if (k == 0)
-            first = e.loss;
-        last = e.loss;
-    }
-    TH_CHECK(last < first - 1e-3, "the loss did not go down (%.6g -> %.6g): the comparison shows nothing", first,
-             last);
-    double tol[2] = {1e-5, 1e-6};
-    double dk = slice_diff(m, ref, rank, tol, worst, &ex);
-    TH_CHECK(ex == 0.0, "weights after %d steps: %s", G_STEPS, worst);
-    if (rank == 0)
-        fprintf(stderr, "tp gpt on %d ranks: loss %.6f -> %.6f as one process; max |w_tp - w_1| %.3g\n", size, first,
-                last, dk);
-    dt_trainer_free(tr);
-    dt_trainer_free(trr);
-    dt_model_free(m);
-    dt_model_free(ref);
-    dt_pg_free(pg);
-    return 0;
-}
-
-TEST(tp_gpt_loss_curve)
-{
-    ASSERT_EQ_INT(th_run(2, 60, gpt_body, NULL, NULL), 0);
-    ASSERT_EQ_INT(th_run(4, 60, gpt_body, NULL, NULL), 0);
-}
-
 /* ---- errors ------------------------------------------------------------------------------------ */
 
 static int err_body(int rank, int size, void *arg)
@@ -433,7 +291,6 @@ int main(void)
     RUN(tp_ops_grad);
     RUN(tp_vocab_cross_entropy);
     RUN(tp_mlp_steps);
-    RUN(tp_gpt_loss_curve);
     RUN(tp_errors);
     return TEST_REPORT();
 }
