@@ -34,6 +34,7 @@
 #include "dtrain/tp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
+#include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/pipeline.h"
 #include "dtrain/ckpt.h"
