@@ -72,6 +72,19 @@ static const opt_def opts[] = {
      "with several ranks: batch-norm statistics over all ranks (SyncBatchNorm)"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 4096, NULL, "MIB",
      "with several ranks: DDP gradient bucket cap (default 25; the first bucket min(1, MIB))"},
+    {"comm-hook", OPT_CHOICE, OFF(comm_hook), 0, 0, "allreduce|fp16|bf16|powersgd", "HOOK",
+     "with several ranks (DDP): how gradient buckets are reduced: plain all-reduce (default), fp16/bf16 "
+     "compression (= --reduce-dtype fp16/bf16), or PowerSGD low-rank compression; AIAK_FP16_COMPRESSION=1 / "
+     "AIAK_POWERSGD_COMPRESSION=1 override"},
+    {"powersgd-rank", OPT_INT, OFF(powersgd_rank), 1, 1024, NULL, "R",
+     "--comm-hook powersgd: matrix approximation rank (default 1; AIAK_MATRIX_APPROXIMATION_RANK overrides)"},
+    {"powersgd-start-iter", OPT_INT, OFF(powersgd_start_iter), 0, 1e15, NULL, "N",
+     "--comm-hook powersgd: plain all-reduce for the first N steps (default 1000; AIAK_START_COMPRESS_ITER "
+     "overrides)"},
+    {"powersgd-no-error-feedback", OPT_FLAG, OFF(powersgd_no_error_feedback), 0, 0, NULL, NULL,
+     "--comm-hook powersgd: drop the compression error instead of adding it to the next step's gradients"},
+    {"powersgd-no-warm-start", OPT_FLAG, OFF(powersgd_no_warm_start), 0, 0, NULL, NULL,
+     "--comm-hook powersgd: draw a fresh random Q every step instead of reusing the last one"},
     {"grad-accum", OPT_INT, OFF(grad_accum), 1, 1e6, NULL, "N",
      "accumulate gradients over N batches per optimizer step (default 1)"},
     {"offload", OPT_STR, OFF(offload), 0, 0, NULL, "SPEC",
@@ -111,6 +124,9 @@ static const opt_def opts[] = {
      "stage 3: when the next unit's all-gather is posted in backward (default backward_pre)"},
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
+    {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
+     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
+     "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
@@ -141,6 +157,10 @@ static const opt_def opts[] = {
      "dynamic loss scale (deepspeed): overflows absorbed before it halves (default 2)"},
     {"min-loss-scale", OPT_FLOAT, OFF(min_loss_scale), 1e-30, 1e30, NULL, "X",
      "dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
+    {"config", OPT_STR, OFF(config), 0, 0, NULL, "FILE",
+     "a DeepSpeed-style JSON config (ds_config.json: batch sizes, fp16/bf16, zero_optimization, optimizer, "
+     "scheduler, activation_checkpointing, ...; # comments allowed); flags given here override its keys, "
+     "AIAK_* environment variables override both (docs/GUIDE.md)"},
     {"scaler", OPT_CHOICE, OFF(scaler), 0, 0, "deepspeed|torch", "RULE",
      "dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default deepspeed)"},
 };
@@ -163,6 +183,7 @@ static void set_defaults(dt__train_opts *o)
     o->progress = "auto";
     o->rng = "torch";
     o->grad_accum = 1;
+    o->powersgd_start_iter = -1;
     o->prefetch = 2;
     o->random_items = 6000;
     o->sample_tokens = 64;
@@ -200,6 +221,8 @@ void dt__train_usage(FILE *f)
     fprintf(f, "\nsharded (ZeRO / FSDP): add --zero 1|2|3 (or --fsdp shard_grad_op|full_shard), e.g.\n"
                "  dtrain run -n 2 -- dtrain train --model mlp --zero 3 --wrap-min-params 100000\n"
                "(the run ends with each rank's bytes of parameters, gradients and optimizer states)\n");
+    fprintf(f, "\ntensor parallel (Megatron): --tp N splits each layer over N adjacent ranks, e.g.\n"
+               "  dtrain run -n 4 -- dtrain train --model mlp --tp 2   (2 tensor-parallel x 2 data-parallel)\n");
     fprintf(f, "\ndata parallel (DDP) on this machine: start N ranks with the launcher,\n"
                "  dtrain run -n 2 -- dtrain train --model convnet --batch 100 ...\n"
                "(each rank trains on its share of every epoch; rank 0 prints and writes --metrics;\n"
@@ -320,6 +343,11 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
+    return dt__train_check(o);
+}
+
+int dt__train_check(dt__train_opts *o)
+{
     /* Cross-field checks. */
     const bool lm = strcmp(o->model, "convnet") && strcmp(o->model, "mlp");
     if (lm && (!o->data || strncmp(o->data, "tokens:", 7) || !o->data[7])) {
@@ -418,6 +446,22 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         dt__cli_err("dtrain train: --init-from does not work with sharded parameters (--zero 3, --fsdp full_shard) "
                     "yet\n");
         return 2;
+    }
+    if (o->tp > 1) {
+        const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
+                         : o->save || o->resume ? "--save/--resume (checkpoints of tensor-parallel training are "
+                                                  "not written yet)"
+                         : o->init_from ? "--init-from"
+                         : o->clip_grad_norm > 0 ? "--clip-grad-norm (the global norm over the slices is not "
+                                                   "computed yet)"
+                         : o->sample_every ? "--sample-every"
+                         : o->sync_bn ? "--sync-bn"
+                         : o->offload ? "--offload" : NULL;
+        if (no) {
+            dt__cli_err("dtrain train: --tp %lld does not combine with %s\n", (long long)o->tp, no);
+            return 2;
+        }
     }
     if (sharded && o->sync_bn) {
         dt__cli_err("dtrain train: --sync-bn works with DDP only so far (not with --zero / --fsdp)\n");
