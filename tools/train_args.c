@@ -154,6 +154,10 @@ static const opt_def opts[] = {
      "dynamic loss scale (deepspeed): overflows absorbed before it halves (default 2)"},
     {"min-loss-scale", OPT_FLOAT, OFF(min_loss_scale), 1e-30, 1e30, NULL, "X",
      "dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
+    {"config", OPT_STR, OFF(config), 0, 0, NULL, "FILE",
+     "a DeepSpeed-style JSON config (ds_config.json: batch sizes, fp16/bf16, zero_optimization, optimizer, "
+     "scheduler, activation_checkpointing, ...; # comments allowed); flags given here override its keys, "
+     "AIAK_* environment variables override both (docs/GUIDE.md)"},
     {"scaler", OPT_CHOICE, OFF(scaler), 0, 0, "deepspeed|torch", "RULE",
      "dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default deepspeed)"},
 };
@@ -334,6 +338,11 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
+    return dt__train_check(o);
+}
+
+int dt__train_check(dt__train_opts *o)
+{
     /* Cross-field checks. */
     const bool lm = strcmp(o->model, "convnet") && strcmp(o->model, "mlp");
     if (lm && (!o->data || strncmp(o->data, "tokens:", 7) || !o->data[7])) {

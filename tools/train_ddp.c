@@ -8,6 +8,8 @@
 #include "train.h"
 #include "train_ddp.h"
 
+#include "dtrain/config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,11 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     r->zp.forward_prefetch = o->forward_prefetch;
     r->zp.init_seed = o->seed;
     r->zp.init_rng = !strcmp(o->rng, "torch") ? DT_INIT_TORCH : DT_INIT_PHILOX;
+    if (o->cfg) { /* zero_optimization's knobs (the stage is o->zero already) */
+        int unused = -1;
+        dt_config_zero_params(o->cfg, &unused, &r->zp);
+        r->zp.stage = r->stage > 0 ? r->stage : 3;
+    }
     /* A group of one is not worth a backend; the environment tells us the
      * size before anything is created, read by the library's strict parser
      * (a malformed WORLD_SIZE is bad input, not a run alone). */

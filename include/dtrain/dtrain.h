@@ -33,6 +33,7 @@
 #include "dtrain/parallel.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
+#include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/pipeline.h"
 #include "dtrain/ckpt.h"

@@ -93,6 +93,8 @@
 
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
+#include "dtrain/data.h"
+#include "dtrain/optim.h"
 #include "dtrain/tensor.h"
 
 #ifdef __cplusplus
@@ -312,6 +314,78 @@ DT_API dt_dtensor *dt_dtensor_layer_norm(dt_ctx *ctx, dt_dtensor *x, dt_dtensor 
 DT_API dt_dtensor *dt_dtensor_sum(dt_ctx *ctx, dt_dtensor *x);
 DT_API dt_dtensor *dt_dtensor_mean(dt_ctx *ctx, dt_dtensor *x);
 DT_API dt_dtensor *dt_dtensor_cross_entropy(dt_ctx *ctx, dt_dtensor *logits, dt_dtensor *labels);
+
+/* ---- training: shard_optimizer, shard_dataloader ---------------------------------------
+ * A data-parallel step with dtensors (the seed's MLP; tensor parallel the
+ * same with w0 Shard(1), w1 Shard(0)):
+ *     dt_dtensor *w0, *w1;                       // persistent: dt_shard_tensor(NULL, ...)
+ *     dt_shard_tensor(NULL, mesh, full_w0, (dt_placement[]){dt_replicate()}, &w0);
+ *     dt_tensor_set_requires_grad(w0->local, true);  ... same for w1
+ *     dt_adam_params ap = dt_adamw_params_default();
+ *     dt_shard_optim *opt;
+ *     dt_shard_optimizer(DT_OPTIM_ADAMW, &ap, (dt_dtensor *[]){w0, w1}, 2, -1, &opt);
+ *     dt_shard_loader *dl;
+ *     dt_shard_dataloader_init(ds, &mesh, 1, "x", 4, true, seed, &dl);
+ *     dt_shard_dataloader_start_epoch(dl, 0);
+ *     dt_dtensor *x, *y;
+ *     while (dt_shard_dataloader_next(dl, ctx, &x, &y) == DT_OK && x) {
+ *         dt_dtensor *z = dt_dtensor_matmul(ctx, dt_dtensor_matmul(ctx, x, w0), w1);
+ *         dt_dtensor *loss = dt_dtensor_mean(ctx, z);          // Partial(sum)
+ *         dt_backward(ctx, loss->local);                        // on every mesh rank
+ *         dt_shard_optimizer_step(opt);
+ *         dt_shard_optimizer_zero_grad(opt);
+ *         dt_ctx_reset(ctx);
+ *     } */
+
+/* An optimizer (kind SGD, Adam or AdamW; hparams points at the matching
+ * dt_sgd_params / dt_adam_params) over the local pieces of n persistent f32
+ * dtensor parameters (borrowed; they must outlive it). Its state has each
+ * piece's layout: it is placed like the parameter. zero_dim >= 0 (a mesh
+ * dim): ZeRO-1 along it, each coordinate keeps state for and updates only
+ * its torch.chunk range of the elements of a parameter Replicate on that
+ * dim, and the step all-gathers the updated piece over the dim; -1: off.
+ * A parameter without a gradient gets one attached (owned here, detached
+ * by _free). Not collective. LAMB: DT_ERR_UNSUPPORTED. */
+typedef struct dt_shard_optim dt_shard_optim;
+DT_API dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams,
+                                    dt_dtensor *const *params, int n, int zero_dim,
+                                    dt_shard_optim **out);
+/* One step on the gradients in the pieces' grads (they must be whole:
+ * backward through the dtensor ops makes them so); with ZeRO-1 collective
+ * over the zero dim's lines. */
+DT_API dt_status dt_shard_optimizer_step(dt_shard_optim *o);
+/* Zero the parameters' gradients. */
+DT_API dt_status dt_shard_optimizer_zero_grad(dt_shard_optim *o);
+/* The fused optimizer inside (set the learning rate, read state); NULL when
+ * this rank holds no elements. Borrowed. */
+DT_API dt_optim *dt_shard_optimizer_inner(dt_shard_optim *o);
+/* NULL is a no-op. */
+DT_API void dt_shard_optimizer_free(dt_shard_optim *o);
+
+/* A loader that gives each data-parallel coordinate its share of every
+ * global batch (Paddle's shard_dataloader(meshes, shard_dims)). shard_dim
+ * names the mesh dim (NULL: dim 0), which must exist with the same size k
+ * on every mesh; global_batch is a multiple of k. A rank reads as the
+ * coordinate along that dim of the first mesh that holds it (a
+ * DistributedSampler replica: drop_last, shuffled by seed + epoch when
+ * shuffle), so ranks of one coordinate read the same items. Inputs arrive
+ * on meshes[0], labels on meshes[nmesh - 1], each as a dtensor of the
+ * global batch with Shard(0) on the shard dim and Replicate elsewhere;
+ * ranks outside a mesh get its empty piece. ds and the meshes are borrowed.
+ * Not collective (no communication). */
+typedef struct dt_shard_loader dt_shard_loader;
+DT_API dt_status dt_shard_dataloader_init(dt_dataset *ds, dt_mesh *const *meshes, int nmesh,
+                                          const char *shard_dim, int64_t global_batch,
+                                          bool shuffle, uint64_t seed, dt_shard_loader **out);
+/* Batches per epoch (0 on a rank in no mesh). */
+DT_API int64_t dt_shard_dataloader_num_batches(const dt_shard_loader *l);
+DT_API dt_status dt_shard_dataloader_start_epoch(dt_shard_loader *l, int64_t epoch);
+/* The next batch as temporaries of ctx (y may be NULL to skip labels); at
+ * the end of the epoch DT_OK with *x = NULL. */
+DT_API dt_status dt_shard_dataloader_next(dt_shard_loader *l, dt_ctx *ctx, dt_dtensor **x,
+                                          dt_dtensor **y);
+/* NULL is a no-op. */
+DT_API void dt_shard_dataloader_free(dt_shard_loader *l);
 
 #ifdef __cplusplus
 }
