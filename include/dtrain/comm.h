@@ -289,8 +289,11 @@ DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
  * other nodes that hold the same shard (the "cross" group: one rank per
  * node, same local rank), intra-node all-gather. Per node only the data
  * volume of one all-reduce crosses the network, shared by the node's ranks,
- * instead of every rank's full share. Every other collective on the group
- * runs flat, as on a dup. With nodes of unequal size the inter-node step
+ * instead of every rank's full share. With equal nodes its reduce-scatter
+ * is two-level too (ZeRO-2/3's gradients): the input blocks are reordered
+ * node-major into scratch (W * count elements while it runs), reduce-
+ * scattered within the node, then among the cross group. Every other
+ * collective on the group runs flat, as on a dup. With nodes of unequal size the inter-node step
  * runs on local rank 0 of each node only (reduce to it, all-reduce among
  * them, broadcast), as Horovod does; with one node, or one rank per node,
  * the all-reduce stays flat (the two-level one would only add steps).

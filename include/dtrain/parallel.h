@@ -117,6 +117,9 @@ typedef struct dt_ddp_params {
                                     bucket is rounded to it, reduced with f32 accumulation, and
                                     widened back: PyTorch's bf16/fp16 compress hooks, FSDP's
                                     reduce_dtype); default DT_F32 */
+    bool hierarchical;           /* hierarchical all-reduce of the buckets (Horovod's
+                                    HOROVOD_HIERARCHICAL_ALLREDUCE, AIAK_HIERARCHICAL_ALLREDUCE;
+                                    dt_pg_hierarchical in comm.h); default false */
 } dt_ddp_params;
 
 /* Defaults as listed above. */
@@ -247,6 +250,9 @@ typedef struct dt_reducer_params {
                                  comm hook. Default DT_F32 */
     const char *wait_hint;    /* the error text while gradients are in flight (copied);
                                  default NULL: "... call dt_reducer_wait ..." */
+    bool hierarchical;        /* reduce over dt_pg_hierarchical(pg) (made at init, collective;
+                                 comm hooks get that group too): two-level all-reduce and
+                                 reduce-scatter across nodes; default false */
 } dt_reducer_params;
 DT_API dt_reducer_params dt_reducer_params_default(void);
 
@@ -452,6 +458,9 @@ typedef struct dt_zero_params {
                                     the groups; gradients are reduce-scattered in the group, then
                                     all-reduced over the replicas. 0 (or the world size): plain
                                     sharding over all ranks; default 0 */
+    bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
+                                    reduce-scatter) over dt_pg_hierarchical of the shard group:
+                                    two levels across nodes; default false */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 

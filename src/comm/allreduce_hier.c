@@ -36,12 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct dt__hier {
-    dt_pg *intra; /* this node's ranks */
-    dt_pg *inter; /* the cross group; NULL on ranks outside it (unequal nodes) */
-    size_t *counts, *displs; /* allgatherv layout scratch (intra size each) */
-};
-
 void dt__hier_free(struct dt__hier *h)
 {
     if (!h)
@@ -49,6 +43,7 @@ void dt__hier_free(struct dt__hier *h)
     dt_pg_free(h->inter);
     dt_pg_free(h->intra);
     free(h->counts);
+    free(h->slot);
     free(h);
 }
 
@@ -158,6 +153,12 @@ dt_status dt_pg_hierarchical(dt_pg *pg, dt_pg **out)
         int inter_color = t.homogeneous ? t.local_rank : (t.local_rank == 0 ? 0 : DT_PG_NO_COLOR);
         if (st == DT_OK)
             st = dt_pg_split(g, inter_color, t.node, &h->inter);
+        if (st == DT_OK && t.homogeneous) { /* where each rank's block goes (reduce-scatter) */
+            int32_t me = t.local_rank * t.nnodes + t.node;
+            h->slot = malloc((size_t)pg->size * sizeof *h->slot);
+            st = h->slot ? dt_pg_allgather(g, &me, h->slot, 1, DT_I32)
+                         : dt_error(DT_ERR_NO_MEMORY, "out of memory");
+        }
         if (st < 0) {
             dt__hier_free(h);
             dt_pg_free(g);

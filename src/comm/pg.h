@@ -109,6 +109,18 @@ void dt__pg_drain_locked(dt_pg *pg);
 /* Drain, then stop and join the progress thread. */
 void dt__pg_engine_stop(dt_pg *pg);
 
+/* The two levels of a dt_pg_hierarchical group. */
+struct dt__hier {
+    dt_pg *intra;            /* this node's ranks, in group order */
+    dt_pg *inter;            /* the cross group; NULL on ranks outside it (unequal nodes) */
+    size_t *counts, *displs; /* allgatherv layout scratch (intra size each) */
+    int *slot;               /* homogeneous: slot[r] = local(r) * nnodes + node(r), W entries */
+};
+
+/* Hierarchical reduce-scatter (reduce_scatter_hier.c), homogeneous nodes
+ * only: post c (checked, normalised) as intra then inter reduce-scatter. */
+dt_status dt__hier_reduce_scatter(dt_pg *pg, const dt_coll *c, dt_req **req);
+
 /* Hierarchical all-reduce (allreduce_hier.c): post c (a checked, normalised
  * all-reduce on a group with pg->hier) as the two-level composition; req
  * NULL = blocking. dt__hier_free releases the two subgroups (before pg). */

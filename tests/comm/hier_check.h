@@ -119,6 +119,30 @@ static void hc_exact(dt_pg *flat, dt_pg *hier, dt_dtype dt, dt_reduce_op op, siz
     free(out);
 }
 
+/* Reduce-scatter, exact inputs: hierarchical vs flat, bit for bit (in place
+ * and out of place). */
+static void hc_rs(dt_pg *flat, dt_pg *hier, dt_dtype dt, dt_reduce_op op, size_t n, int inpl)
+{
+    int rank = dt_pg_rank(flat), W = dt_pg_size(flat);
+    size_t es = dt_dtype_size(dt), tot = n * (size_t)W;
+    char *a = hc_alloc(tot * es), *b = hc_alloc(tot * es), *ra = hc_alloc(n * es), *rb = hc_alloc(n * es);
+    for (size_t i = 0; i < tot; i++)
+        dt_dtype_store(dt, a, i, hc_int_value(rank, i, op));
+    memcpy(b, a, tot * es);
+    HC_OK(dt_pg_reduce_scatter(flat, a, ra, n, dt, op));
+    char *out = inpl ? b + (size_t)rank * n * es : rb;
+    HC_OK(dt_pg_reduce_scatter(hier, b, out, n, dt, op));
+    for (size_t i = 0; i < n; i++)
+        HC_CHECK(!memcmp(ra + i * es, out + i * es, es),
+                 "reduce_scatter %s %s n=%zu inpl=%d [%zu]: hierarchical %.17g, flat %.17g",
+                 dt_dtype_name(dt), dt_reduce_op_name(op), n, inpl, i, dt_dtype_load(dt, out, i),
+                 dt_dtype_load(dt, ra, i));
+    free(a);
+    free(b);
+    free(ra);
+    free(rb);
+}
+
 /* Inexact f32/f64 sums and averages: within the stated bound of the flat
  * result and of the exact sum. */
 static void hc_inexact(dt_pg *flat, dt_pg *hier, dt_dtype dt, dt_reduce_op op, size_t n)
@@ -213,6 +237,15 @@ static int hc_run(dt_pg *flat, int nodes, int per_node, int quick)
         hc_inexact(flat, hier, DT_F32, DT_REDUCE_AVG, counts[ci]);
         hc_inexact(flat, hier, DT_F64, DT_REDUCE_SUM, counts[ci]);
     }
+    for (int op = 0; op < DT_REDUCE_OP_COUNT; op++)
+        for (int ci = 0; ci < 8; ci++)
+            for (int inpl = 0; inpl < 2; inpl++) {
+                if ((quick && (ci & 1)) || counts[ci] > 2000)
+                    continue;
+                hc_rs(flat, hier, DT_F32, (dt_reduce_op)op, counts[ci], inpl);
+                if (!quick && op != DT_REDUCE_PROD)
+                    hc_rs(flat, hier, DT_I32, (dt_reduce_op)op, counts[ci], inpl);
+            }
     /* other collectives on the hierarchical group still work (flat) */
     int32_t v[4] = {hc_rank_, 0, 0, 0};
     if (dt_pg_broadcast(hier, v, 4, DT_I32, W - 1) < 0 || v[0] != W - 1) {
