@@ -28,6 +28,7 @@
 #include "train_ddp.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/config.h"
 #include "dtrain/data.h"
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
@@ -208,6 +209,9 @@ static int setup_model(trainer *t)
     t->lm = t->desc.input_dtype == DT_I64;
     if (t->o.act_ckpt) {
         dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+        bool on = true;
+        if (t->o.cfg && dt_config_act_ckpt(t->o.cfg, &on, &ap) < 0) /* the config's activation_checkpointing */
+            return fail(2, "--config");
         if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, NULL) < 0)
             return fail(1, "--activation-checkpointing");
     }
@@ -366,7 +370,7 @@ static int setup_trainer(trainer *t)
     int rc = offload_params(t, &tp.offload);
     if (rc)
         return rc;
-    if (precision_policy(&t->o, &tp.precision))
+    if (precision_policy(&t->o, &tp.precision) || dt__ddp_hook_precision(&t->ddp, &tp.precision))
         return 2;
     /* fp16 scales the loss (dynamic unless --loss-scale X > 0); any
      * precision may ask for a scale with --loss-scale */
@@ -380,6 +384,8 @@ static int setup_trainer(trainer *t)
         tp.scaler.loss_scale_window = tp.scaler.growth_interval = t->o.loss_scale_window;
     tp.scaler.hysteresis = (int)t->o.hysteresis;
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
+    if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
+        return fail(2, "--config");
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return 0;
@@ -755,7 +761,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         return 1;
     }
     int rc = dt__train_parse(argc, argv, &t->o);
+    if (!rc)
+        rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */
     if (rc) {
+        dt_config_free(t->o.cfg);
         free(t);
         return rc == 1 ? 0 : rc;
     }
@@ -780,6 +789,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         g_kill_step = 0;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
+        dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = dt__ddp_wrap(&t->ddp, t->model)) ||
         (rc = setup_data(t)) || (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
@@ -830,6 +841,18 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                           scaler_json) < 0) {
         rc = fail(1, NULL);
         goto out;
+    }
+    if (t->o.cfg) { /* the effective config: with --config, or when AIAK_* set a key */
+        char *eff = dt_config_effective_json(t->o.cfg), file_q[1200];
+        dt__json_quote(t->o.config ? t->o.config : "", file_q, sizeof file_q);
+        bool empty = eff && !strcmp(eff, "{\"values\":{},\"from\":{}}") && !t->o.config;
+        if (!eff || (!empty && dt__metrics_write(&t->metrics, "\"event\":\"config\",\"file\":%s,\"effective\":%s", file_q,
+                                      eff) < 0)) {
+            free(eff);
+            rc = fail(1, NULL);
+            goto out;
+        }
+        free(eff);
     }
     dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
                       t->o.log_every);
@@ -916,6 +939,7 @@ out:
                           t->global_step, rc) < 0 && rc == 0)
         rc = fail(1, NULL);
     cleanup(t);
+    dt_config_free(t->o.cfg);
     free(t->user_json);
     free(t);
     return rc;
