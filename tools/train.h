@@ -66,6 +66,8 @@ typedef struct dt__train_opts {
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
+    /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
+    int64_t tp;
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */

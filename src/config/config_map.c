@@ -245,7 +245,8 @@ dt_status dt_config_apply_env(dt_config *c)
     /* the compression variables are read by the hooks' own reader
      * (dt_comm_hook_env, parallel.h); what it finds is recorded here */
     dt_comm_hook_kind kind = DT_COMM_HOOK_COUNT;
-    dt_powersgd_params ps = dt_powersgd_params_default();
+    dt_powersgd_params ps; /* the reader only reads (and replaces) rank and start_iter */
+    memset(&ps, 0, sizeof ps);
     ps.rank = -1;
     ps.start_iter = -1;
     dt_status st = dt_comm_hook_env(&kind, &ps);
