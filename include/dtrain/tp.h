@@ -132,6 +132,13 @@ DT_API dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64
 /* The group of a module made by the three constructors above (NULL for any
  * other module). */
 DT_API dt_pg *dt_tp_module_group(const dt_module *m);
+/* The name of m's first parameter that is a tensor-parallel slice (tp_dim
+ * set), or NULL when m holds whole tensors only. The trainer uses it to
+ * refuse what does not handle slices yet: checkpoints (dt_trainer_save,
+ * dt_trainer_load) and the global gradient norm (clip_grad_norm,
+ * measure_grad_norm), which would be wrong over slices (DT_ERR_UNSUPPORTED
+ * naming the parameter). */
+DT_API const char *dt_tp_model_slice(const dt_model *m);
 
 /* ---- vocabulary-parallel loss ------------------------------------------------------ */
 

@@ -237,6 +237,16 @@ static bool is_tp_type(const dt_module *m)
 
 dt_pg *dt_tp_module_group(const dt_module *m) { return is_tp_type(m) ? m->ud : NULL; }
 
+const char *dt_tp_model_slice(const dt_model *m)
+{
+    for (size_t i = 0; m && i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        if (dt_model_entry(m, i, &p) >= 0 && !p.is_buffer && p.tp_dim)
+            return p.name;
+    }
+    return NULL;
+}
+
 static dt_tensor *check_in(dt_module *self, dt_tensor *x, int64_t want)
 {
     if (!x) {
