@@ -76,6 +76,10 @@
  * (the flat buffer fixes the layout in model order, which for feed-forward
  * models is the reverse of the ready order anyway).
  *
+ * Communication hooks: how each bucket is reduced is a hook on the engine
+ * (below): the default all-reduce, fp16/bf16 compression (= reduce_dtype),
+ * PowerSGD (dt_ddp_params.comm_hook), or a user's dt_comm_hook.
+ *
  * SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm): dt_sync_batch_norm() is batch norm whose
  * training statistics come from the whole group (all-gather of per-rank
  * [mean, M2, count], combined by count; the running variance is unbiased over
