@@ -15,6 +15,8 @@
 #                   transport and the out-of-band channel restricted to the
 #                   bed's subnet, shm (vader) inside a node; append -np and
 #                   the program: $NETBED_MPIRUN -np 4 ./prog
+#   NETBED_MPI_ARGS the bed's options alone (agent, transports), e.g. for
+#                   DT_MPIRUN_ARGS of `dtrain run --nnodes`
 #   NETBED_HOSTS    ADDR1:K,ADDR2:K,...      NETBED_ADDRS  ADDR1 ADDR2 ...
 #   NETBED_NS       the namespaces, node order  NETBED_SUBNET  e.g. 198.18.7.0/24
 #   NETBED_RSH      the rsh agent (NETBED_RSH ADDR CMD runs CMD on that node)
@@ -240,12 +242,13 @@ HOSTS=""
 for a in "${ADDRS[@]}"; do HOSTS="${HOSTS:+$HOSTS,}$a:$SLOTS"; done
 ROOTOPT=""
 [ "$(id -u)" -eq 0 ] && ROOTOPT="--allow-run-as-root"
-MPIRUN="mpirun $ROOTOPT --host $HOSTS --mca plm_rsh_agent $RSH --mca plm_rsh_no_tree_spawn 1 \
+MPIARGS="--mca plm_rsh_agent $RSH --mca plm_rsh_no_tree_spawn 1 \
 --mca btl tcp,self,vader --mca btl_tcp_if_include $SUBNET --mca oob_tcp_if_include $SUBNET \
---mca orte_keep_fqdn_hostnames 1 --bind-to none"
+--mca orte_keep_fqdn_hostnames 1"
+MPIRUN="mpirun $ROOTOPT --host $HOSTS $MPIARGS --bind-to none"
 
 export NETBED_TAG="$TAG" NETBED_HOSTS="$HOSTS" NETBED_ADDRS="${ADDRS[*]}" NETBED_NS="${NS[*]}"
-export NETBED_SUBNET="$SUBNET" NETBED_RSH="$RSH" NETBED_MPIRUN="$MPIRUN"
+export NETBED_SUBNET="$SUBNET" NETBED_RSH="$RSH" NETBED_MPIRUN="$MPIRUN" NETBED_MPI_ARGS="$MPIARGS"
 echo "netbed: $NODES nodes (${NS[*]}), addresses ${ADDRS[*]}, links ${RATE}${DELAY:+ + $DELAY delay}, tag $TAG" >&2
 
 # In the background and waited for, so that a signal runs the trap (and the

@@ -5,6 +5,9 @@
 #       bed with 10 Gbit/s links; it must detect the namespaces as nodes and
 #       find the hierarchical all-reduce equal to the flat one; afterwards no
 #       namespace or link of the bed may be left.
+#   netbed_test.sh run SRC DTRAIN PROG
+#       `dtrain run --nnodes 2 ... --hosts A,B -- PROG` (examples/example_allreduce)
+#       on a bed of 2 nodes x 2 ranks: started through Open MPI, 4 correct ranks.
 #   netbed_test.sh teardown SRC
 #       the bed is removed after a failing command (whose status comes
 #       back), after a command that leaves a process running in a node, and
@@ -39,6 +42,22 @@ hier)
   [ $rc -eq 0 ] || fail "mpirun on the bed exited with $rc"
   grep -q "mpi_hier: $np ranks, backend mpi, detected nodes: ok" "$tmp/out" ||
     fail "no success line from rank 0"
+  ;;
+run)
+  # dtrain run --nnodes 2 (torchrun's form) on the bed: node 0 starts the
+  # job through Open MPI; every rank reports the right all-reduce
+  cli=$3 prog=$4
+  bash "$bed" --slots 2 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "A=\$(echo \$NETBED_ADDRS | tr ' ' ,); \
+    DT_MPIRUN_ARGS=\"\$NETBED_MPI_ARGS -x ASAN_OPTIONS\" $cli run --nnodes 2 --node-rank 0 \
+    --master-addr \${A%%,*} --master-port 29500 -n 2 --hosts \$A -- $prog" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "dtrain run --nnodes 2 on the bed exited with $rc"
+  grep -q "dtrain run: 2 nodes x 2 ranks through Open MPI: mpirun" "$tmp/out" || fail "no mpirun line"
+  n=$(grep -c "of 4 (backend mpi): average = .*, ok" "$tmp/out")
+  [ "$n" -eq 4 ] || fail "$n of 4 ranks reported a correct average"
   ;;
 teardown)
   bash "$bed" check

@@ -60,6 +60,11 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   set_tests_properties(comm/mpi_hier_sim_2x2 PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
     PASS_REGULAR_EXPRESSION "mpi_hier: 4 ranks, backend mpi, simulated nodes: ok"
     ENVIRONMENT "DT_SIM_LOCAL_SIZE=2;DT_EXPECT_NODES=2;DT_EXPECT_PER_NODE=2;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+  add_test(NAME comm/netbed_run_nnodes
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh run ${PROJECT_SOURCE_DIR}
+                   ${PROJECT_BINARY_DIR}/dtrain ${PROJECT_BINARY_DIR}/examples/example_allreduce)
+  set_tests_properties(comm/netbed_run_nnodes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
   foreach(shape "2;1" "2;2")
     list(GET shape 0 nn)
     list(GET shape 1 pn)
