@@ -99,6 +99,8 @@ typedef struct {
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;
+    int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
+    bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -212,8 +214,9 @@ static int setup_model(trainer *t)
         bool on = true;
         if (t->o.cfg && dt_config_act_ckpt(t->o.cfg, &on, &ap) < 0) /* the config's activation_checkpointing */
             return fail(2, "--config");
-        if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, NULL) < 0)
+        if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, &t->ckpt_modules) < 0)
             return fail(1, "--activation-checkpointing");
+        t->ckpt_profile = ap.profile;
     }
     if (!cfg.build.meta && !strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
         return fail(1, "--rng torch");
@@ -873,6 +876,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ckpt_modules > 0)
+        printf("activation checkpointing: %d GPT2Block modules recompute their forward in backward\n",
+               t->ckpt_modules);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
     for (int64_t e = dt_trainer_get_position(t->tr).epoch; e < t->o.epochs && !t->max_reached; e++) {
@@ -913,6 +919,11 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                        100.0 * sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
                        t->peak_gflops);
         }
+        double cf, cr;
+        uint64_t cn;
+        if (t->ckpt_profile && dt_model_checkpoint_profile(t->model, &cf, &cr, &cn) == DT_OK)
+            printf("activation checkpointing profile: %llu regions, %.3f s in first runs, %.3f s recomputing\n",
+                   (unsigned long long)cn, cf, cr);
         if (t->o.epochs > 1)
             printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
         char ddp_line[400];

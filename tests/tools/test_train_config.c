@@ -72,6 +72,8 @@ TEST(seed_stage2_activation_checkpointing_trains)
     ASSERT_STR_CONTAINS(r.out, "[0]   train_micro_batch_size_per_gpu = 4  (--batch)\n");
     ASSERT_STR_CONTAINS(r.out, "[0]   optimizer.params.lr = 0.01  (--lr)\n");
     ASSERT_STR_CONTAINS(r.out, "batch 4 per rank (8 per step)");
+    /* the activation_checkpointing block: every block (number_checkpoints null) */
+    ASSERT_STR_CONTAINS(r.out, "[0] activation checkpointing: 2 GPT2Block modules recompute");
     ASSERT(strstr(r.out, "[1]   zero_optimization.stage") == NULL); /* printed once, by rank 0 */
     double vl = val_loss(r.out);
     fprintf(stderr, "stage 2: val loss %.4f after 8 steps (ln 40 = %.4f)\n", vl, log(40.0));
@@ -116,6 +118,26 @@ static void write_cfg(const char *name, const char *text, char *path, size_t n)
         fputs(text, f);
         fclose(f);
     }
+}
+
+TEST(activation_checkpointing_keys)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("a.json", "{\"activation_checkpointing\": {\"number_checkpoints\": 1, \"profile\": true}}", p,
+              sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--max-steps", "3", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "activation checkpointing: 1 GPT2Block modules recompute");
+    /* one checkpointed block, 3 steps: 3 first runs, each recomputed once */
+    ASSERT_STR_CONTAINS(r.out, "activation checkpointing profile: 3 regions");
+    write_cfg("a0.json", "{\"activation_checkpointing\": {}, \"dtrain\": {\"activation_checkpointing\": false}}", p,
+              sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.out, "activation checkpointing:") == NULL);
 }
 
 TEST(batch_relation_and_inference)
@@ -176,6 +198,7 @@ int main(void)
     write_data();
     RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
     RUN(batch_relation_and_inference);
+    RUN(activation_checkpointing_keys);
     RUN(precedence_and_environment);
     RUN(seed_stage2_activation_checkpointing_trains);
     RUN(seed_stage3_offload_trains);
