@@ -136,6 +136,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.n_layer = t->o.n_layer, cfg.n_head = t->o.n_head, cfg.n_embd = t->o.n_embd;
     cfg.block_size = t->o.block_size, cfg.vocab_size = t->o.vocab_size, cfg.seq = t->o.seq;
     cfg.dropout = (float)t->o.dropout;
+    cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     return cfg;
 }
 
@@ -218,7 +219,9 @@ static int setup_model(trainer *t)
             return fail(1, "--activation-checkpointing");
         t->ckpt_profile = ap.profile;
     }
-    if (!cfg.build.meta && !strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
+    if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
+        (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
+                : dt_model_init_torch(t->model, t->o.seed)) < 0)
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
@@ -872,6 +875,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                "%d threads\n", t->o.model, dt_model_param_count(t->model), t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
+        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
+               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,

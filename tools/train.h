@@ -65,6 +65,8 @@ typedef struct dt__train_opts {
     int64_t wrap_min_params;  /* size-based wrap policy, 0 = none (one unit) */
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
+    /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
+    int64_t tp;
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */

@@ -31,6 +31,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/tp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/config.h"

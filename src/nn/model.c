@@ -91,6 +91,8 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                 !(md->keep_bn_fp32 && m->kind == DT_NN_BATCHNORM2D))
                 p->dtype = md->param_dtype;
             p->module = m;
+            p->tp_dim = s->tp_dim;
+            p->tp_chunks = s->tp_chunks > 1 ? s->tp_chunks : 1;
             e->spec = i;
             e->tied = p->tied_to = -1;
         }
