@@ -140,6 +140,25 @@ TEST(activation_checkpointing_keys)
     ASSERT(strstr(r.out, "activation checkpointing:") == NULL);
 }
 
+TEST(tensor_parallel_from_the_config)
+{
+    static cli_result r;
+    char p[400];
+    /* train 4 over world 2 / tp 2 = one data-parallel rank: micro 4 */
+    write_cfg("tp.json", "{\"train_batch_size\": 4, \"dtrain\": {\"tensor_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "2", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.tensor_parallel_size = 2  (file)\n");
+    ASSERT_STR_CONTAINS(r.out, "steps/epoch of 4");
+    /* the --tp refusals see the config's keys too */
+    write_cfg("tpc.json", "{\"gradient_clipping\": 1.0, \"dtrain\": {\"tensor_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, NULL);
+    ASSERT(r.code != 0);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --clip-grad-norm");
+}
+
 TEST(batch_relation_and_inference)
 {
     static cli_result r;
@@ -199,6 +218,7 @@ int main(void)
     RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
     RUN(batch_relation_and_inference);
     RUN(activation_checkpointing_keys);
+    RUN(tensor_parallel_from_the_config);
     RUN(precedence_and_environment);
     RUN(seed_stage2_activation_checkpointing_trains);
     RUN(seed_stage3_offload_trains);
