@@ -76,6 +76,10 @@
  * (the flat buffer fixes the layout in model order, which for feed-forward
  * models is the reverse of the ready order anyway).
  *
+ * Communication hooks: how each bucket is reduced is a hook on the engine
+ * (below): the default all-reduce, fp16/bf16 compression (= reduce_dtype),
+ * PowerSGD (dt_ddp_params.comm_hook), or a user's dt_comm_hook.
+ *
  * SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm): dt_sync_batch_norm() is batch norm whose
  * training statistics come from the whole group (all-gather of per-rank
  * [mean, M2, count], combined by count; the running variance is unbiased over
@@ -293,6 +297,9 @@ typedef struct dt_ddp_params {
                                     bucket is rounded to it, reduced with f32 accumulation, and
                                     widened back: PyTorch's bf16/fp16 compress hooks, FSDP's
                                     reduce_dtype); default DT_F32 */
+    bool hierarchical;           /* hierarchical all-reduce of the buckets (Horovod's
+                                    HOROVOD_HIERARCHICAL_ALLREDUCE, AIAK_HIERARCHICAL_ALLREDUCE;
+                                    dt_pg_hierarchical in comm.h); default false */
     dt_comm_hook_kind comm_hook; /* how buckets are reduced (see "communication hooks"):
                                     FP16/BF16 set reduce_dtype (an explicit other non-f32
                                     reduce_dtype is DT_ERR_INVALID_ARG); POWERSGD needs reduce_dtype
@@ -431,6 +438,9 @@ typedef struct dt_reducer_params {
                                  comm hook. Default DT_F32 */
     const char *wait_hint;    /* the error text while gradients are in flight (copied);
                                  default NULL: "... call dt_reducer_wait ..." */
+    bool hierarchical;        /* reduce over dt_pg_hierarchical(pg) (made at init, collective;
+                                 comm hooks get that group too): two-level all-reduce and
+                                 reduce-scatter across nodes; default false */
 } dt_reducer_params;
 DT_API dt_reducer_params dt_reducer_params_default(void);
 
@@ -627,6 +637,9 @@ typedef struct dt_zero_params {
                                     the groups; gradients are reduce-scattered in the group, then
                                     all-reduced over the replicas. 0 (or the world size): plain
                                     sharding over all ranks; default 0 */
+    bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
+                                    reduce-scatter) over dt_pg_hierarchical of the shard group:
+                                    two levels across nodes; default false */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 
