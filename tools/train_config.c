@@ -122,6 +122,8 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         if (!rc && nvme)
             rc = set_str(c, "zero_optimization.offload_optimizer.nvme_path", o->offload + 5, "offload");
     }
+    if (!rc && G("hierarchical-allreduce"))
+        rc = set(c, "dtrain.hierarchical_allreduce", "true", "hierarchical-allreduce");
     if (!rc && G("tp"))
         rc = set_num(c, "dtrain.tensor_parallel_size", (double)o->tp, "tp");
     if (!rc && G("comm-hook"))
@@ -198,6 +200,8 @@ static int read_back(dt__train_opts *o, const dt_config *c)
     if (dt_config_get_int(c, "steps_per_print", &v) == DT_OK)
         o->log_every = v;
     dt_config_get_double(c, "gradient_clipping", &o->clip_grad_norm);
+    if (dt_config_origin_of(c, "dtrain.hierarchical_allreduce") < DT_CONFIG_FROM_ENV) /* train_ddp.c reads AIAK_* */
+        dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &o->hierarchical_allreduce);
     /* the communication hook: from the file or a flag only (train_ddp.c reads AIAK_* over these itself) */
     bool on;
     if (dt_config_origin_of(c, "dtrain.comm_hook") < DT_CONFIG_FROM_ENV)

@@ -159,6 +159,21 @@ TEST(tensor_parallel_from_the_config)
     ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --clip-grad-norm");
 }
 
+TEST(hierarchical_allreduce_from_the_config)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("hier.json", "{\"dtrain\": {\"hierarchical_allreduce\": true}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "2", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] hierarchical all-reduce: "); /* the netbed code says what it found */
+    run_cfg(&r, 2, p, "AIAK_HIERARCHICAL_ALLREDUCE=0", (const char *[]){"--max-steps", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.out, "[0] hierarchical all-reduce: ") == NULL); /* the environment over the file */
+}
+
 TEST(batch_relation_and_inference)
 {
     static cli_result r;
@@ -192,10 +207,12 @@ TEST(precedence_and_environment)
     ASSERT_STR_CONTAINS(r.err, "unknown key zero_optimization.foo");
     ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
     ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
-    /* hierarchical all-reduce from the environment: refused until it exists, never ignored */
-    run_cfg(&r, 1, p, "AIAK_HIERARCHICAL_ALLREDUCE=1", NULL);
+    /* a key whose behaviour is not in dtrain train: refused, never ignored */
+    write_cfg("pp.json", "{\"dtrain\": {\"pipeline_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "key dtrain.hierarchical_allreduce: not supported yet");
+    ASSERT_STR_CONTAINS(r.err, "key dtrain.pipeline_parallel_size: not supported yet");
+    write_cfg("p.json", "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.5}}}", p, sizeof p);
     run_cfg(&r, 1, p, "AIAK_START_COMPRESS_ITER=soon", NULL);
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "AIAK_START_COMPRESS_ITER");
@@ -219,6 +236,7 @@ int main(void)
     RUN(batch_relation_and_inference);
     RUN(activation_checkpointing_keys);
     RUN(tensor_parallel_from_the_config);
+    RUN(hierarchical_allreduce_from_the_config);
     RUN(precedence_and_environment);
     RUN(seed_stage2_activation_checkpointing_trains);
     RUN(seed_stage3_offload_trains);
