@@ -81,6 +81,7 @@ static const dt_strategy_ops k_zero_ops = {
     .rank = s_rank,
     .world = s_world,
     .free = s_free,
+    .forward_backward = NULL,
 };
 
 dt_status dt_strategy_zero_init(dt_pg *pg, const dt_zero_params *p, dt_strategy **out)
