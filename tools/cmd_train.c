@@ -202,6 +202,7 @@ static int setup_model(trainer *t)
         return 2;
     cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
     cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
+    cfg.build.f32_modules = pol.f32_modules;
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
