@@ -515,6 +515,10 @@ DT_API dt_status dt_zero_ranges(dt_zero *z, bool no_decay_1d, const dt_optim_ran
  * Collective (stage 3 all-gathers each unit). */
 DT_API dt_status dt_zero_full_params(dt_zero *z, float *dst);
 
+/* The group z was made over (all ranks, whatever the hybrid sharding):
+ * what a sharded checkpoint is saved over. Borrowed. */
+DT_API dt_pg *dt_zero_group(const dt_zero *z);
+
 DT_API int dt_zero_num_units(const dt_zero *z);
 typedef struct dt_zero_unit_info {
     const char *name;     /* its module's path, "<root>", or "<persistent>"; borrowed */

@@ -656,6 +656,8 @@ dt_status dt_zero_full_params(dt_zero *z, float *dst)
 
 int dt_zero_num_units(const dt_zero *z) { return z ? z->nu : 0; }
 
+dt_pg *dt_zero_group(const dt_zero *z) { return z ? z->wpg : NULL; }
+
 dt_status dt_zero_unit(const dt_zero *z, int k, dt_zero_unit_info *out)
 {
     if (!z || !out)
