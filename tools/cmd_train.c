@@ -367,7 +367,7 @@ static int setup_trainer(trainer *t)
     int rc = offload_params(t, &tp.offload);
     if (rc)
         return rc;
-    if (precision_policy(&t->o, &tp.precision))
+    if (precision_policy(&t->o, &tp.precision) || dt__ddp_hook_precision(&t->ddp, &tp.precision))
         return 2;
     /* fp16 scales the loss (dynamic unless --loss-scale X > 0); any
      * precision may ask for a scale with --loss-scale */

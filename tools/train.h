@@ -41,6 +41,10 @@ typedef struct dt__train_opts {
     bool sync_bn;             /* BatchNorm2d -> SyncBatchNorm when distributed */
     double bucket_mb;         /* DDP bucket cap in MiB, 0 = default 25 */
     int64_t grad_accum;       /* micro-batches per optimizer step, default 1 */
+    const char *comm_hook;    /* allreduce | fp16 | bf16 | powersgd, NULL = allreduce (or AIAK_*) */
+    int64_t powersgd_rank;    /* 0 = unset (1) */
+    int64_t powersgd_start_iter; /* -1 = unset (1000) */
+    bool powersgd_no_error_feedback, powersgd_no_warm_start;
     /* optimizer-state offload (src/parallel/offload.c) */
     const char *offload;      /* NULL = none | "cpu" | "nvme:PATH" (checked here) */
     /* model size (the mlp; 0 = the zoo's default) */

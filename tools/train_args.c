@@ -72,6 +72,19 @@ static const opt_def opts[] = {
      "with several ranks: batch-norm statistics over all ranks (SyncBatchNorm)"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 4096, NULL, "MIB",
      "with several ranks: DDP gradient bucket cap (default 25; the first bucket min(1, MIB))"},
+    {"comm-hook", OPT_CHOICE, OFF(comm_hook), 0, 0, "allreduce|fp16|bf16|powersgd", "HOOK",
+     "with several ranks (DDP): how gradient buckets are reduced: plain all-reduce (default), fp16/bf16 "
+     "compression (= --reduce-dtype fp16/bf16), or PowerSGD low-rank compression; AIAK_FP16_COMPRESSION=1 / "
+     "AIAK_POWERSGD_COMPRESSION=1 override"},
+    {"powersgd-rank", OPT_INT, OFF(powersgd_rank), 1, 1024, NULL, "R",
+     "--comm-hook powersgd: matrix approximation rank (default 1; AIAK_MATRIX_APPROXIMATION_RANK overrides)"},
+    {"powersgd-start-iter", OPT_INT, OFF(powersgd_start_iter), 0, 1e15, NULL, "N",
+     "--comm-hook powersgd: plain all-reduce for the first N steps (default 1000; AIAK_START_COMPRESS_ITER "
+     "overrides)"},
+    {"powersgd-no-error-feedback", OPT_FLAG, OFF(powersgd_no_error_feedback), 0, 0, NULL, NULL,
+     "--comm-hook powersgd: drop the compression error instead of adding it to the next step's gradients"},
+    {"powersgd-no-warm-start", OPT_FLAG, OFF(powersgd_no_warm_start), 0, 0, NULL, NULL,
+     "--comm-hook powersgd: draw a fresh random Q every step instead of reusing the last one"},
     {"grad-accum", OPT_INT, OFF(grad_accum), 1, 1e6, NULL, "N",
      "accumulate gradients over N batches per optimizer step (default 1)"},
     {"offload", OPT_STR, OFF(offload), 0, 0, NULL, "SPEC",
@@ -163,6 +176,7 @@ static void set_defaults(dt__train_opts *o)
     o->progress = "auto";
     o->rng = "torch";
     o->grad_accum = 1;
+    o->powersgd_start_iter = -1;
     o->prefetch = 2;
     o->random_items = 6000;
     o->sample_tokens = 64;

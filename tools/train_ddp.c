@@ -12,6 +12,64 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* --comm-hook and the --powersgd-* options, then AIAK's variables over
+ * them (dt_comm_hook_env), and the combinations that make no sense. */
+static int resolve_hook(dt__ddp_run *r, const dt__train_opts *o, int ws)
+{
+    r->hook = DT_COMM_HOOK_ALLREDUCE;
+    r->psgd = dt_powersgd_params_default();
+    if (o->comm_hook && dt_comm_hook_parse(o->comm_hook, &r->hook) < 0) {
+        dt__cli_err("dtrain train: --comm-hook: %s\n", dt_last_error());
+        return 2;
+    }
+    if (o->powersgd_rank > 0)
+        r->psgd.rank = (int)o->powersgd_rank;
+    if (o->powersgd_start_iter >= 0)
+        r->psgd.start_iter = o->powersgd_start_iter;
+    r->psgd.use_error_feedback = !o->powersgd_no_error_feedback;
+    r->psgd.warm_start = !o->powersgd_no_warm_start;
+    if (dt_comm_hook_env(&r->hook, &r->psgd) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    const bool psgd_opts = o->powersgd_rank > 0 || o->powersgd_start_iter >= 0 || o->powersgd_no_error_feedback ||
+                           o->powersgd_no_warm_start;
+    if (psgd_opts && r->hook != DT_COMM_HOOK_POWERSGD) {
+        dt__cli_err("dtrain train: the --powersgd-* options need --comm-hook powersgd (the hook is %s)\n",
+                    dt_comm_hook_name(r->hook));
+        return 2;
+    }
+    if (r->hook == DT_COMM_HOOK_ALLREDUCE)
+        return 0;
+    if (r->stage > 0) {
+        dt__cli_err("dtrain train: --comm-hook %s (or AIAK_*_COMPRESSION) compresses DDP's gradient all-reduce; "
+                    "ZeRO stage %d (--zero/--fsdp) reduce-scatters sharded gradients instead, which %s; drop "
+                    "one of the two\n",
+                    dt_comm_hook_name(r->hook), r->stage,
+                    r->hook == DT_COMM_HOOK_POWERSGD ? "PowerSGD's low-rank all-reduce cannot do"
+                                                     : "this hook does not apply to");
+        return 2;
+    }
+    const char *want = r->hook == DT_COMM_HOOK_FP16 ? "fp16" : r->hook == DT_COMM_HOOK_BF16 ? "bf16" : "fp32";
+    if (o->reduce_dtype && strcmp(o->reduce_dtype, want)) {
+        dt__cli_err("dtrain train: --comm-hook %s reduces in %s; --reduce-dtype %s contradicts it (drop one)\n",
+                    dt_comm_hook_name(r->hook), want, o->reduce_dtype);
+        return 2;
+    }
+    if (ws <= 1)
+        fprintf(stderr, "dtrain train: note: --comm-hook %s has no effect on one rank (nothing is reduced)\n",
+                dt_comm_hook_name(r->hook));
+    return 0;
+}
+
+int dt__ddp_hook_precision(const dt__ddp_run *r, dt_precision_policy *p)
+{
+    if (!r->pg || r->stage > 0 || r->hook == DT_COMM_HOOK_ALLREDUCE)
+        return 0;
+    p->reduce_dtype = r->hook == DT_COMM_HOOK_FP16 ? DT_F16 : r->hook == DT_COMM_HOOK_BF16 ? DT_BF16 : DT_F32;
+    return 0;
+}
+
 int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
 {
     memset(r, 0, sizeof *r);
@@ -41,6 +99,9 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
         dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 2;
     }
+    int rc = resolve_hook(r, o, ws);
+    if (rc)
+        return rc;
     if (ws <= 1 && r->stage == 0)
         return 0;
     dt_pg_params pp = dt_pg_params_default();
@@ -87,6 +148,8 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         if (p.first_bucket_mb > r->bucket_mb)
             p.first_bucket_mb = r->bucket_mb;
     }
+    p.comm_hook = r->hook;
+    p.powersgd = r->psgd;
     if (dt_strategy_ddp_init(r->pg, &p, &r->strategy) < 0) {
         dt__cli_err("dtrain train: DDP: %s\n", dt_last_error());
         return 1;
@@ -140,6 +203,15 @@ void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
              r->nconverted ? "SyncBatchNorm, " : "", (unsigned long long)s.buckets_posted,
              (unsigned long long)s.posted_in_backward, (unsigned long long)s.done_in_backward, per,
              (long long)steps);
+    size_t used = strlen(buf);
+    if (r->hook != DT_COMM_HOOK_ALLREDUCE && used < n)
+        used += (size_t)snprintf(buf + used, n - used, "; comm hook %s", dt_comm_hook_name(r->hook));
+    uint64_t before = 0, after = 0;
+    dt_powersgd_stats(dt_ddp_powersgd(ddp), &before, &after);
+    if (r->hook == DT_COMM_HOOK_POWERSGD && used < n)
+        snprintf(buf + used, n - used, " (rank %d from step %lld: %s%.1fx fewer elements all-reduced)", r->psgd.rank,
+                 (long long)r->psgd.start_iter, after ? "" : "not started, ",
+                 after ? (double)before / (double)after : 1.0);
 }
 
 bool dt__ddp_lazy_model(const dt__ddp_run *r) { return r->stage == 3; }

@@ -34,6 +34,9 @@ typedef struct dt__ddp_run {
     int stage;
     bool hybrid;      /* --fsdp hybrid_shard */
     dt_zero_params zp;
+    /* communication hook (--comm-hook, AIAK_* over it): DDP only */
+    dt_comm_hook_kind hook;
+    dt_powersgd_params psgd;
 } dt__ddp_run;
 
 struct dt__train_opts;
@@ -41,6 +44,10 @@ struct dt__train_opts;
  * (or a ZeRO stage is asked for), create the process group (collective).
  * Returns 0 or an exit code after printing one line. */
 int dt__ddp_setup(dt__ddp_run *r, const struct dt__train_opts *o);
+/* The reduce dtype the hook implies (fp16/bf16: the hook IS the reduce
+ * dtype; powersgd: f32), over the --precision/--reduce-dtype policy.
+ * Returns 0 or an exit code. */
+int dt__ddp_hook_precision(const dt__ddp_run *r, dt_precision_policy *p);
 /* Whether the model is to be built meta (stage 3: each rank initialises
  * only its shards), and with which generator the strategy fills them. */
 bool dt__ddp_lazy_model(const dt__ddp_run *r);

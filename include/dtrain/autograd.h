@@ -97,6 +97,22 @@ DT_API dt_status dt_backward(dt_ctx *ctx, dt_tensor *loss);
  * shape, any strides). For pipeline stages and scaled losses. */
 DT_API dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out);
 
+/* Split backward, for zero-bubble pipeline schedules (pipeline.h):
+ * dt_backward_input is dt_backward_with computing only the gradients that
+ * flow back to inputs (intermediates and non-parameter leaves such as a
+ * pipeline stage's received activation); the work of every node that has
+ * a parameter input (a persistent leaf: a matmul's dW, a bias's sum, an
+ * embedding's scatter) is queued on ctx with its output gradient.
+ * dt_backward_weight(ctx) then runs the queued work: parameters'
+ * gradients accumulate and their grad-ready hooks fire there. Together
+ * they give the same gradients as one dt_backward_with (the same kernels,
+ * in the same order per parameter). The queue lives until dt_ctx_reset; a
+ * second dt_backward_input before dt_backward_weight adds to it. Regions
+ * under dt_ag_checkpoint are not split (their weight gradients come in
+ * the first pass). */
+DT_API dt_status dt_backward_input(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out);
+DT_API dt_status dt_backward_weight(dt_ctx *ctx);
+
 /* Add a grad-ready hook to a leaf (persistent, requires grad). Up to
  * DT_MAX_GRAD_HOOKS per tensor; they fire in the order added. ud is
  * borrowed. */

@@ -13,8 +13,10 @@
  *   optim.h     fused optimizers over flat buffers, clipping, schedules
  *   data.h      datasets, samplers, the prefetching loader
  *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
+ *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   ckpt.h      safetensors files, full and sharded checkpoints
+ *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -29,7 +31,9 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
+#include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/train.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/ckpt.h"
 #endif

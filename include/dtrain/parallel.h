@@ -100,10 +100,186 @@
 extern "C" {
 #endif
 
+typedef struct dt_reducer dt_reducer; /* the gradient-reduction engine (below) */
+
+/* ---- communication hooks ----------------------------------------------------------
+ *
+ * A communication hook replaces how the engine reduces a bucket (PyTorch's
+ * DDP register_comm_hook). The engine hands the hook each bucket, in bucket
+ * order, the moment the bucket is complete in backward; the bucket carries
+ * its flat range of the gradient buffer, the shape and place of each of its
+ * parameters, and the step. The layout is stable: the same buckets with the
+ * same parameters every step (they are never rebuilt), so a hook may keep
+ * state per bucket index.
+ *
+ * A hook is a vtable (dt_comm_hook): post starts the reduction and returns a
+ * request; an optional `then` runs after that request completed and may post
+ * the next one (compress, all-reduce, decompress, all-reduce again: PyTorch's
+ * future.then chain). The engine calls every `then` inside dt_reducer_wait,
+ * in rounds: it waits for every bucket's current request in bucket order,
+ * then calls `then` for each of those buckets in bucket order, and repeats
+ * until no bucket posted anything. Every rank therefore posts the same
+ * collectives in the same order (the process group needs that). When the
+ * wait returns, each bucket's range holds the reduced gradients (the average
+ * over the group): the hook must leave them there.
+ *
+ * Built-in hooks (dt_comm_hook_kind; DDP's dt_ddp_params.comm_hook, the CLI's
+ * --comm-hook, AIAK_FP16_COMPRESSION / AIAK_POWERSGD_COMPRESSION):
+ *   allreduce  the engine's default: all-reduce AVG of the f32 bucket.
+ *   fp16/bf16  Horovod's Compression.fp16 (SEMANTICS 7.2), PyTorch's
+ *              fp16_compress_hook / bf16_compress_hook: cast the bucket to
+ *              the 16-bit dtype, all-reduce it in that dtype with averaging,
+ *              cast back. This IS the engine's low-precision reduction
+ *              (dt_reducer_params.reduce_dtype, the precision policy's
+ *              reduce dtype): selecting the hook sets reduce_dtype, there is
+ *              no second implementation. Rounding: each gradient is rounded
+ *              to 16 bits once; the collective accumulates the 16-bit values
+ *              in f32, divides by W and rounds the average to 16 bits once
+ *              (so the sum cannot overflow 16 bits as Horovod's can; the
+ *              result differs from PyTorch's divide-first fp16 hook in the
+ *              last bit at most in one rounding).
+ *   powersgd   PowerSGD (SEMANTICS 8; dt_powersgd below).
+ *
+ * A user hook (state is the user's, borrowed):
+ *     static dt_status my_post(void *st, dt_pg *pg, const dt_grad_bucket *b, dt_req **req) {
+ *         return dt_pg_allreduce_async(pg, DT_IN_PLACE, b->data, b->numel, DT_F32, DT_REDUCE_AVG, req);
+ *     }
+ *     static const dt_comm_hook my_hook = {.name = "mine", .post = my_post, .then = NULL};
+ *     dt_reducer_register_comm_hook(dt_ddp_reducer(ddp), &my_hook, &my_state);
+ */
+
+/* One parameter of a bucket. */
+typedef struct dt_grad_param {
+    size_t entry;          /* its dt_model_entry index */
+    const char *name;      /* borrowed, lives with the model */
+    size_t offset;         /* its first element, relative to the bucket's data */
+    size_t numel;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+} dt_grad_param;
+
+/* One bucket, as a communication hook sees it. */
+typedef struct dt_grad_bucket {
+    int index;          /* 0 = posted first */
+    int nbuckets;       /* buckets in the engine (index nbuckets-1 is posted last) */
+    float *data;        /* the bucket's range of the gradient buffer, numel floats */
+    size_t offset;      /* its first element in the flat buffer */
+    size_t numel;       /* elements in the range (parameters + zero padding between them) */
+    size_t shard_numel; /* REDUCE_SCATTER: elements of each rank's slice; 0 for ALLREDUCE */
+    int nparams;        /* its parameters, model order */
+    const dt_grad_param *params; /* nparams entries; borrowed, fixed for the engine's life */
+    uint64_t step;      /* synchronised iterations completed before this one (0 first): the
+                           reductions that dt_reducer_wait finished */
+} dt_grad_bucket;
+
+/* Post one request that reduces bucket b (or its first stage) and return it
+ * in *req (NULL: nothing to wait for). Called from backward, in bucket order. */
+typedef dt_status (*dt_comm_hook_fn)(void *state, dt_pg *pg, const dt_grad_bucket *b, dt_req **req);
+
+typedef struct dt_comm_hook {
+    const char *name;      /* for messages ("powersgd") */
+    dt_comm_hook_fn post;  /* required */
+    dt_comm_hook_fn then;  /* optional, NULL: the bucket is reduced when post's request completes.
+                              Called in dt_reducer_wait after the bucket's previous request
+                              completed (and was freed); *req gets the next request, NULL when
+                              the bucket is done. Rounds as described above. */
+} dt_comm_hook;
+
+typedef enum dt_comm_hook_kind {
+    DT_COMM_HOOK_ALLREDUCE = 0, /* the default all-reduce */
+    DT_COMM_HOOK_FP16,          /* = reduce_dtype DT_F16 */
+    DT_COMM_HOOK_BF16,          /* = reduce_dtype DT_BF16 */
+    DT_COMM_HOOK_POWERSGD,      /* dt_powersgd */
+    DT_COMM_HOOK_COUNT
+} dt_comm_hook_kind;
+/* "allreduce", "fp16", "bf16", "powersgd" <-> value; parse: DT_ERR_INVALID_ARG naming the choices. */
+DT_API const char *dt_comm_hook_name(dt_comm_hook_kind k);
+DT_API dt_status dt_comm_hook_parse(const char *s, dt_comm_hook_kind *out);
+
+/* ---- PowerSGD (SEMANTICS 8; Vogels et al. 2019; PyTorch's powerSGD_hook) ------------
+ *
+ * Per bucket and step s (s = dt_grad_bucket.step):
+ *   s < start_iter: plain all-reduce (average) of the bucket.
+ *   otherwise:
+ *   1. error feedback: bucket += error[bucket] (zeros at first); keep G0.
+ *   2. each parameter is viewed as M = (shape[0], numel/shape[0]) (n x m),
+ *      r = min(n, m, rank); it is compressed iff (n + m) r min_compression_rate
+ *      < n m; 1-d tensors (biases, norms) never are.
+ *   3. the uncompressed tensors are concatenated and all-reduced (averaged)
+ *      in ONE all-reduce together with the Ps of step 5 (one buffer
+ *      [uncompressed | P...], SUM; the uncompressed part is divided by W).
+ *   4. Q (m x r): the last step's Q re-orthogonalised (warm start), else drawn
+ *      N(0,1) exactly as PyTorch does: a numpy-style MT19937 seeded with
+ *      random_seed gives one seed per draw (randint(1e9)), which seeds a
+ *      torch-style MT19937 (dt_torch_rng) whose normals fill the Qs in order
+ *      (tensors grouped by shape, first appearance first); identical on every
+ *      rank, different each draw; then orthogonalised.
+ *   5. P = M Q (n x r), all-reduced (SUM, not divided).
+ *   6. P orthogonalised: Gram-Schmidt, col /= (|col| + eps), then its
+ *      projection removed from the later columns (PyTorch uses QR when r > 2:
+ *      the same span, columns may differ in sign; P Q^T does not). A zero
+ *      column with eps = 0 becomes zeros (PyTorch's intent; a plain division
+ *      would give NaN).
+ *   7. Q = M^T P, all-reduced, divided by W.
+ *   8. M <- P Q^T in place: the bucket holds the averaged approximation.
+ *   9. error[bucket] = G0 - bucket (without warm start, P and Q are dropped).
+ * With error feedback, summed over steps the applied updates equal the summed
+ * averaged gradients minus the average of the ranks' current errors:
+ *     sum_t out_t = sum_t mean_i g_i,t - mean_i error_i,T
+ * and |error| per step is at most |G0| (the approximation is a projection).
+ * Differences from PyTorch: start_iter may be 0 or 1 with error feedback or
+ * warm start (PyTorch forbids it because DDP rebuilds its buckets after
+ * iteration 1; these buckets never change); the uncompressed tensors and the
+ * Ps share one all-reduce (PyTorch posts two; the values are the same).
+ * Only the ALLREDUCE collective (DDP): a reduce-scatter engine is refused. */
+typedef struct dt_powersgd_params {
+    int rank;                   /* matrix_approximation_rank, >= 1; default 1 */
+    int64_t start_iter;         /* start_powerSGD_iter: steps of plain all-reduce first, >= 0;
+                                   default 1000 */
+    double min_compression_rate;/* compress a matrix only if it shrinks by more than this; default 2 */
+    bool use_error_feedback;    /* default true */
+    bool warm_start;            /* reuse the last step's Q; default true */
+    float orthogonalization_epsilon; /* default 0 */
+    uint64_t random_seed;       /* seed of the Q draws; default 0 */
+} dt_powersgd_params;
+DT_API dt_powersgd_params dt_powersgd_params_default(void);
+
+typedef struct dt_powersgd dt_powersgd;
+/* The hook's state (errors, P/Q memories per bucket index). p NULL: defaults.
+ * DT_ERR_INVALID_ARG for a bad parameter (naming it). */
+DT_API dt_status dt_powersgd_init(const dt_powersgd_params *p, dt_powersgd **out);
+/* NULL is a no-op. Free only after the engine it is registered with. */
+DT_API void dt_powersgd_free(dt_powersgd *s);
+/* The vtable to register with state = the dt_powersgd:
+ *     dt_reducer_register_comm_hook(dt_ddp_reducer(ddp), dt_powersgd_hook(), ps);
+ * (dt_ddp_params.comm_hook = DT_COMM_HOOK_POWERSGD does this inside DDP.) */
+DT_API const dt_comm_hook *dt_powersgd_hook(void);
+/* Bucket `bucket`'s error-feedback memory (numel floats of the bucket range;
+ * borrowed until the next step): DT_ERR_RANGE before its first compressed step. */
+DT_API dt_status dt_powersgd_error(const dt_powersgd *s, int bucket, const float **err, size_t *numel);
+/* Preset bucket `bucket`'s Q memory (all its compressed tensors' Qs, each
+ * m x r row-major, in the order of step 4) before its first compressed step:
+ * it is then used as a warm-start Q instead of a draw (PyTorch with a
+ * prefilled q_memory_dict). n must match at that step (DT_ERR_MISMATCH then). */
+DT_API dt_status dt_powersgd_set_q(dt_powersgd *s, int bucket, const float *q, size_t n);
+/* PyTorch's compression_stats: elements before and after compression,
+ * summed over every compressed step and bucket. Either pointer may be NULL. */
+DT_API void dt_powersgd_stats(const dt_powersgd *s, uint64_t *numel_before, uint64_t *numel_after);
+
+/* AIAK's variables, read in one place (the config layer calls this after
+ * the command line; the variables override it):
+ *   AIAK_FP16_COMPRESSION=1      -> *kind = DT_COMM_HOOK_FP16
+ *   AIAK_POWERSGD_COMPRESSION=1  -> *kind = DT_COMM_HOOK_POWERSGD
+ *   AIAK_MATRIX_APPROXIMATION_RANK (1..1024; unset: ps->rank unchanged, whose default is 1)
+ *   AIAK_START_COMPRESS_ITER (>= 0; unset: ps->start_iter unchanged, default 1000)
+ * Values 0/1 only for the switches; both switches set is DT_ERR_INVALID_ARG,
+ * as is any malformed value (naming the variable). A variable set to 0 or
+ * unset leaves *kind as it was. */
+DT_API dt_status dt_comm_hook_env(dt_comm_hook_kind *kind, dt_powersgd_params *ps);
+
 /* ---- DDP ------------------------------------------------------------------- */
 
 typedef struct dt_ddp dt_ddp;
-typedef struct dt_reducer dt_reducer; /* the gradient-reduction engine (below) */
 
 typedef struct dt_ddp_params {
     double bucket_cap_mb;        /* bucket size limit in MiB (bytes = mb * 2^20); default 25 */
@@ -119,6 +295,12 @@ typedef struct dt_ddp_params {
                                     reduce_dtype); default DT_F32. A model whose parameters are
                                     bf16/f16 (one dtype for all of them) reduces its gradients in
                                     place in that dtype, which reduce_dtype must name */
+    dt_comm_hook_kind comm_hook; /* how buckets are reduced (see "communication hooks"):
+                                    FP16/BF16 set reduce_dtype (an explicit other non-f32
+                                    reduce_dtype is DT_ERR_INVALID_ARG); POWERSGD needs reduce_dtype
+                                    f32 and creates a dt_powersgd with `powersgd`; default
+                                    DT_COMM_HOOK_ALLREDUCE */
+    dt_powersgd_params powersgd; /* comm_hook POWERSGD; default dt_powersgd_params_default() */
 } dt_ddp_params;
 
 /* Defaults as listed above. */
@@ -167,9 +349,11 @@ DT_API dt_pg *dt_ddp_pg(const dt_ddp *d);
  * Without it, true for every parameter. False for buffers and bad indices. */
 DT_API bool dt_ddp_param_used(const dt_ddp *d, size_t index);
 
-/* The reduction engine DDP drives (borrowed; for a communication hook:
- * dt_reducer_set_comm_hook(dt_ddp_reducer(d), fn, state)). */
+/* The reduction engine DDP drives (borrowed; for a user communication hook:
+ * dt_reducer_register_comm_hook(dt_ddp_reducer(d), &hook, state)). */
 DT_API dt_reducer *dt_ddp_reducer(const dt_ddp *d);
+/* The PowerSGD state DDP created for comm_hook POWERSGD (borrowed), else NULL. */
+DT_API dt_powersgd *dt_ddp_powersgd(const dt_ddp *d);
 
 /* ---- introspection: buckets, overlap counters, trace ------------------------ */
 
@@ -254,20 +438,6 @@ typedef struct dt_reducer_params {
 } dt_reducer_params;
 DT_API dt_reducer_params dt_reducer_params_default(void);
 
-/* One bucket, as a communication hook sees it. */
-typedef struct dt_grad_bucket {
-    int index;          /* 0 = posted first */
-    float *data;        /* the bucket's range of the gradient buffer, numel floats */
-    size_t offset;      /* its first element in the flat buffer */
-    size_t numel;       /* elements in the range */
-    size_t shard_numel; /* REDUCE_SCATTER: elements of each rank's slice; 0 for ALLREDUCE */
-} dt_grad_bucket;
-
-/* A communication hook posts one request that leaves bucket b reduced
- * (averaged over the group) in place, and returns it in *req; the engine
- * waits for and frees it. Called from backward, in bucket order. */
-typedef dt_status (*dt_comm_hook_fn)(void *state, dt_pg *pg, const dt_grad_bucket *b, dt_req **req);
-
 /* Buckets over the parameters of m, whose gradients live in grads (a whole
  * f32 flat laid out as the model's, e.g. dt_model_flat(m, DT_FLAT_GRADS,
  * DT_F32); its base is read here and must not move). f32 parameters only.
@@ -277,7 +447,12 @@ DT_API dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, c
                                  dt_reducer **out);
 /* Waits for anything outstanding, then frees. NULL is a no-op. */
 DT_API void dt_reducer_free(dt_reducer *r);
-/* Install (fn NULL: remove) the hook that replaces the default post. */
+/* Install hook h (NULL: remove; the default post again) with its state
+ * (borrowed; must outlive the engine or the next registration). h is copied.
+ * DT_ERR_INVALID_ARG when h has no post; DT_ERR_STATE while reductions are
+ * outstanding. */
+DT_API dt_status dt_reducer_register_comm_hook(dt_reducer *r, const dt_comm_hook *h, void *state);
+/* Shorthand: a hook with only post = fn (fn NULL: remove). */
 DT_API void dt_reducer_set_comm_hook(dt_reducer *r, dt_comm_hook_fn fn, void *state);
 /* Start an iteration: nothing ready, nothing posted. */
 DT_API void dt_reducer_begin(dt_reducer *r);

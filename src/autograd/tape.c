@@ -13,7 +13,21 @@
  *
  * Intermediate gradients are arena temporaries, allocated zeroed on first
  * contribution and dropped (pointer reset) at the start of each backward,
- * so backward can run twice over one tape and leaves accumulate both. */
+ * so backward can run twice over one tape and leaves accumulate both.
+ *
+ * Split backward (zero-bubble pipelines): dt_backward_input walks like
+ * dt_backward_with, but a node with a parameter input (a persistent leaf)
+ * has those inputs' requires-grad flag lifted while its backward runs, so
+ * the op computes only its other inputs' gradients (a matmul does dX and
+ * skips dW: the op's own dt__rg test), and the node is queued with its
+ * output gradient (an arena temporary, alive until reset).
+ * dt_backward_weight later runs each queued node's backward with the
+ * non-parameter inputs lifted instead, then flushes the parameters and
+ * fires their grad-ready hooks. No op needed changing; a node whose only
+ * differentiable inputs are parameters (an embedding lookup) is skipped in
+ * the first pass. Regions under dt_ag_checkpoint are not split (their
+ * parameters are not node inputs): their weight gradients land in the
+ * first pass. */
 #include "autograd/ag_impl.h"
 
 #include <stdlib.h>
@@ -235,6 +249,73 @@ static void count_use(dt_ctx *ctx, dt_tensor *leaf)
     leaf->pending_++;
 }
 
+/* A parameter: a persistent leaf that requires grad. */
+static bool is_weight(const dt_tensor *t) { return is_leaf_rg(t) && !(t->flags & DT_TENSOR_TEMP); }
+
+/* Lift the requires-grad flag of n's inputs that are (weights) or are not
+ * (!weights) parameters; the lifted ones are bits of the result. */
+static unsigned lift(dt__node *n, bool weights)
+{
+    unsigned mask = 0;
+    for (int j = 0; j < n->nin; j++)
+        if (dt__rg(n->in[j]) && is_weight(n->in[j]) == weights) {
+            n->in[j]->flags &= ~(uint32_t)DT_TENSOR_REQUIRES_GRAD;
+            mask |= 1u << j;
+        }
+    return mask;
+}
+
+static void unlift(dt__node *n, unsigned mask)
+{
+    for (int j = 0; j < n->nin; j++)
+        if (mask & (1u << j))
+            n->in[j]->flags |= DT_TENSOR_REQUIRES_GRAD;
+}
+
+static dt_status defer_node(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    if (ctx->ndeferred == ctx->deferred_cap) {
+        size_t cap = ctx->deferred_cap ? 2 * ctx->deferred_cap : 64;
+        dt__node **d = realloc(ctx->deferred, cap * sizeof *d);
+        if (d)
+            ctx->deferred = d;
+        const float **g = d ? realloc(ctx->deferred_gout, cap * sizeof *g) : NULL;
+        if (!g)
+            return dt_error(DT_ERR_NO_MEMORY, "dt_backward_input: out of memory queueing weight gradients");
+        ctx->deferred_gout = g;
+        ctx->deferred_cap = cap;
+    }
+    ctx->deferred[ctx->ndeferred] = n;
+    ctx->deferred_gout[ctx->ndeferred++] = gout;
+    return DT_OK;
+}
+
+/* One node of the walk: its backward (split or whole), then its leaves. */
+static dt_status walk_node(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    bool split = ctx->split_input;
+    unsigned lifted = split ? lift(n, true) : 0;
+    dt_status st = DT_OK;
+    bool any = !lifted;
+    for (int j = 0; j < n->nin && !any; j++)
+        any = dt__rg(n->in[j]);
+    if (any)
+        st = n->backward(ctx, n, gout);
+    unlift(n, lifted);
+    if (st < 0)
+        return st;
+    if (lifted && (st = defer_node(ctx, n, gout)) < 0)
+        return st;
+    for (int j = 0; j < n->nin && st >= 0; j++) {
+        dt_tensor *in = n->in[j];
+        if (split && is_weight(in))
+            continue;
+        if (is_leaf_rg(in) && --in->pending_ == 0 && (st = dt__grad_flush(ctx, in)) >= 0)
+            st = fire_hooks(in);
+    }
+    return st;
+}
+
 dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out)
 {
     const char *op = "dt_backward";
@@ -302,8 +383,10 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             dt_tensor *in = n->in[j];
             if (!dt__rg(in))
                 continue;
-            if (!in->node_)
-                count_use(ctx, in);
+            if (!in->node_) {
+                if (!(ctx->split_input && is_weight(in)))
+                    count_use(ctx, in);
+            }
             else if (in->node_->idx >= lo)
                 in->node_->needed = 1;
         }
@@ -336,18 +419,8 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             st = dt_last_status();
             break;
         }
-        st = n->backward(ctx, n, gout);
-        if (st < 0) {
+        if ((st = walk_node(ctx, n, gout)) < 0) {
             dt_error_wrap(st, "%s: backward of %s", op, n->op);
-            break;
-        }
-        for (int j = 0; j < n->nin && st >= 0; j++) {
-            dt_tensor *in = n->in[j];
-            if (is_leaf_rg(in) && --in->pending_ == 0 && (st = dt__grad_flush(ctx, in)) >= 0)
-                st = fire_hooks(in);
-        }
-        if (st < 0) {
-            dt_error_wrap(st, "%s: grad-ready hook", op);
             break;
         }
     }
@@ -374,4 +447,54 @@ dt_status dt_backward(dt_ctx *ctx, dt_tensor *loss)
     dt_tensor g;
     dt_tensor_init_contiguous(&g, DT_F32, loss->ndim, loss->shape, &one);
     return dt_backward_with(ctx, loss, &g);
+}
+
+dt_status dt_backward_input(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_out)
+{
+    if (!ctx)
+        return dt_error(DT_ERR_NULL, "dt_backward_input: context is NULL");
+    if (ctx->in_backward)
+        return dt_error(DT_ERR_STATE, "dt_backward_input: called from inside a backward");
+    if (out && !out->node_)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_backward_input: the output is a leaf (nothing to split)");
+    ctx->split_input = true;
+    dt_status st = dt_backward_with(ctx, out, grad_out);
+    ctx->split_input = false;
+    return st;
+}
+
+dt_status dt_backward_weight(dt_ctx *ctx)
+{
+    if (!ctx)
+        return dt_error(DT_ERR_NULL, "dt_backward_weight: context is NULL");
+    if (ctx->in_backward)
+        return dt_error(DT_ERR_STATE, "dt_backward_weight: called from inside a backward");
+    size_t nd = ctx->ndeferred;
+    ctx->ndeferred = 0;
+    ctx->epoch = next_epoch();
+    for (size_t k = 0; k < nd; k++) {
+        dt__node *n = ctx->deferred[k];
+        for (int j = 0; j < n->nin; j++)
+            if (is_weight(n->in[j]))
+                count_use(ctx, n->in[j]);
+    }
+    dt_status st = DT_OK;
+    ctx->in_backward = true;
+    for (size_t k = 0; k < nd && st >= 0; k++) {
+        dt__node *n = ctx->deferred[k];
+        unsigned lifted = lift(n, false);
+        st = n->backward(ctx, n, ctx->deferred_gout[k]);
+        unlift(n, lifted);
+        if (st < 0) {
+            dt_error_wrap(st, "dt_backward_weight: backward of %s", n->op);
+            break;
+        }
+        for (int j = 0; j < n->nin && st >= 0; j++) {
+            dt_tensor *in = n->in[j];
+            if (is_weight(in) && --in->pending_ == 0 && (st = dt__grad_flush(ctx, in)) >= 0)
+                st = fire_hooks(in);
+        }
+    }
+    ctx->in_backward = false;
+    return st;
 }

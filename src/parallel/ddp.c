@@ -28,6 +28,8 @@ dt_ddp_params dt_ddp_params_default(void)
     p.broadcast_buffers = true;
     p.predivide = false;
     p.reduce_dtype = DT_F32;
+    p.comm_hook = DT_COMM_HOOK_ALLREDUCE;
+    p.powersgd = dt_powersgd_params_default();
     return p;
 }
 
@@ -194,6 +196,21 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
                         p.bucket_cap_mb, p.first_bucket_mb);
     if (dt_pg_status(pg) < 0)
         return dt_error_wrap(dt_pg_status(pg), "dt_ddp_init: the process group has failed");
+    /* fp16/bf16 compression is the engine's low-precision reduction */
+    if (p.comm_hook == DT_COMM_HOOK_FP16 || p.comm_hook == DT_COMM_HOOK_BF16) {
+        const dt_dtype want = p.comm_hook == DT_COMM_HOOK_FP16 ? DT_F16 : DT_BF16;
+        if (p.reduce_dtype != DT_F32 && p.reduce_dtype != want)
+            return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: comm hook %s with reduce_dtype %s (the hook sets it)",
+                            dt_comm_hook_name(p.comm_hook), dt_dtype_name(p.reduce_dtype));
+        p.reduce_dtype = want;
+    } else if (p.comm_hook == DT_COMM_HOOK_POWERSGD && p.reduce_dtype != DT_F32) {
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_ddp_init: comm hook powersgd compresses f32 gradients; reduce_dtype %s cannot be "
+                        "combined with it (reduce in f32)",
+                        dt_dtype_name(p.reduce_dtype));
+    } else if ((unsigned)p.comm_hook >= DT_COMM_HOOK_COUNT) {
+        return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: unknown comm hook %d", (int)p.comm_hook);
+    }
 
     dt_ddp *d = dt_calloc(sizeof *d);
     if (!d)
@@ -287,6 +304,13 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         dt_error_wrap(st, "dt_ddp_init");
         goto fail;
     }
+    if (p.comm_hook == DT_COMM_HOOK_POWERSGD) {
+        if ((st = dt_powersgd_init(&p.powersgd, &d->psgd)) < 0 ||
+            (st = dt_reducer_register_comm_hook(d->red, dt_powersgd_hook(), d->psgd)) < 0) {
+            dt_error_wrap(st, "dt_ddp_init");
+            goto fail;
+        }
+    }
     if ((st = dt_model_set_grads(m, d->dtype, &d->gflat)) < 0)
         goto fail;
     if ((st = dt_model_add_grad_ready_hook(m, dt__ddp_grad_ready, d, &d->hook)) < 0) {
@@ -299,6 +323,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     return DT_OK;
 fail:
     dt_reducer_free(d->red);
+    dt_powersgd_free(d->psgd);
     dt_flat_free(&d->gflat);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
@@ -317,6 +342,7 @@ void dt_ddp_free(dt_ddp *d)
         dt_model_set_grads(d->m, d->dtype, NULL);
     }
     dt_reducer_free(d->red);
+    dt_powersgd_free(d->psgd);
     dt_flat_free(&d->gflat);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
@@ -394,3 +420,5 @@ dt_model *dt_ddp_model(const dt_ddp *d) { return d ? d->m : NULL; }
 dt_pg *dt_ddp_pg(const dt_ddp *d) { return d ? d->pg : NULL; }
 
 dt_reducer *dt_ddp_reducer(const dt_ddp *d) { return d ? d->red : NULL; }
+
+dt_powersgd *dt_ddp_powersgd(const dt_ddp *d) { return d ? d->psgd : NULL; }

@@ -23,6 +23,7 @@ struct dt_ddp {
     dt_hook_id hook;     /* the model's grad-ready hook */
     size_t flat_numel;
     dt_reducer *red;     /* buckets, ordered posting, waiting (reducer.c) */
+    dt_powersgd *psgd;   /* comm_hook POWERSGD: the hook's state (powersgd.c), else NULL */
     int np;
     int marks_live;      /* end-of-backward marks recorded and not yet reached */
     dt__ddp_state state;

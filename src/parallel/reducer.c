@@ -20,7 +20,7 @@
  * in (the collectives match). finish posts what is left; wait waits only
  * for the requests still outstanding.
  *
- * What is posted: the comm hook when one is installed, else the default for
+ * What is posted: the comm hook's post when one is installed, else the default for
  * the collective: all-reduce AVG (or scale by 1/W then all-reduce SUM with
  * predivide, PyTorch's rounding), or reduce-scatter: the bucket's first
  * W * floor(n / W) elements as W equal slices, in place (rank r's slice
@@ -38,6 +38,16 @@
  * holds its parameters in bf16/f16) is reduced in place in its own dtype
  * (reduce_dtype must be that dtype: no copy, no rounding besides the
  * collective's); comm hooks and predivide take f32 gradients only.
+ *
+ * Communication hooks (parallel.h): each bucket's dt_grad_bucket (its
+ * range, its parameters' shapes and offsets) is built once at init, so a
+ * hook sees the same buckets every step; only `step` changes. A hook with a
+ * `then` slot reduces in stages: wait runs rounds (wait for every bucket's
+ * current request in bucket order, then call `then` for each in bucket
+ * order) until no bucket posts again. Rounds keep the collectives in the
+ * same order on every rank while the buckets' stages overlap each other;
+ * running `then` when a test happens to see a request complete would not
+ * (ranks would see different completion orders).
  *
  * From the first post until wait, the gradient buffer is marked in flight
  * (base/inflight.h): an optimizer step or clipping over it fails with the
@@ -63,6 +73,8 @@ typedef struct {
     int pending;
     bool complete, posted;
     dt_req *req[2];      /* reduce-scatter may post a tail all-reduce too */
+    dt_grad_bucket gb;   /* what a hook sees (fixed at init but for step) */
+    bool staged;         /* a hook's `then` still has to run for this bucket */
     double ready_s, posted_s, done_s;
 } rbucket;
 
@@ -86,8 +98,12 @@ struct dt_reducer {
     int next_post;
     int nready;
     bool inflight;
-    dt_comm_hook_fn hook;
+    dt_comm_hook hookv;  /* valid when hook */
+    bool hook;
     void *hook_state;
+    dt_grad_param *gparams; /* np entries, model order; the buckets' params point in */
+    uint64_t step;       /* synchronised iterations whose wait succeeded */
+    bool any_posted;     /* in this iteration */
     double t0;
     uint64_t buckets_posted, bytes_reduced;
 };
@@ -135,9 +151,21 @@ static dt_status build_buckets(dt_reducer *r)
         const rparam *first = &r->params[b->p_lo], *last = &r->params[b->p_hi - 1];
         b->offset = first->offset;
         b->numel = last->offset + last->numel - first->offset;
-        for (int i = b->p_lo; i < b->p_hi; i++)
+        for (int i = b->p_lo; i < b->p_hi; i++) {
             r->params[i].bucket = k;
+            r->gparams[i].offset -= b->offset; /* relative to the bucket */
+        }
         b->ready_s = b->posted_s = b->done_s = -1;
+        b->gb = (dt_grad_bucket){.index = k,
+                                 .nbuckets = nb,
+                                 .data = r->gdt == DT_F32 ? (float *)(void *)r->grads + b->offset : NULL,
+                                 .offset = b->offset,
+                                 .numel = b->numel,
+                                 .shard_numel = r->p.collective == DT_REDUCER_REDUCE_SCATTER
+                                                    ? b->numel / (size_t)r->world
+                                                    : 0,
+                                 .nparams = b->p_hi - b->p_lo,
+                                 .params = r->gparams + b->p_lo};
     }
     r->nb = nb;
     dt_free(tmp);
@@ -195,8 +223,9 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
         goto fail;
     }
     r->params = dt_calloc((size_t)r->np * sizeof *r->params);
+    r->gparams = dt_calloc((size_t)r->np * sizeof *r->gparams);
     r->slot_of_entry = dt_calloc((r->nentry ? r->nentry : 1) * sizeof *r->slot_of_entry);
-    if (!r->params || !r->slot_of_entry) {
+    if (!r->params || !r->gparams || !r->slot_of_entry) {
         st = dt_error(DT_ERR_NO_MEMORY, "dt_reducer_init: out of memory");
         goto fail;
     }
@@ -223,6 +252,9 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
         }
         end = e.offset + e.numel;
         r->params[np] = (rparam){.entry = i, .offset = e.offset, .numel = e.numel, .name = e.name};
+        dt_grad_param *gp = &r->gparams[np];
+        *gp = (dt_grad_param){.entry = i, .name = e.name, .offset = e.offset, .numel = e.numel, .ndim = e.ndim};
+        memcpy(gp->shape, e.shape, sizeof gp->shape);
         r->slot_of_entry[i] = np++;
     }
     r->np = np;
@@ -239,6 +271,7 @@ fail:
     dt_free(r->low);
     dt_free(r->b);
     dt_free(r->params);
+    dt_free(r->gparams);
     dt_free(r->slot_of_entry);
     dt_free(r);
     return st < 0 ? st : DT_ERR_INTERNAL;
@@ -255,6 +288,8 @@ void dt_reducer_drain(dt_reducer *r)
                 dt_req_free(r->b[k].req[j]);
                 r->b[k].req[j] = NULL;
             }
+    for (int k = 0; k < r->nb; k++)
+        r->b[k].staged = false;
     if (r->inflight) {
         dt__inflight_clear(r);
         r->inflight = false;
@@ -269,16 +304,36 @@ void dt_reducer_free(dt_reducer *r)
     dt_free(r->low);
     dt_free(r->b);
     dt_free(r->params);
+    dt_free(r->gparams);
     dt_free(r->slot_of_entry);
     dt_free(r);
 }
 
-void dt_reducer_set_comm_hook(dt_reducer *r, dt_comm_hook_fn fn, void *state)
+dt_status dt_reducer_register_comm_hook(dt_reducer *r, const dt_comm_hook *h, void *state)
 {
     if (!r)
-        return;
-    r->hook = fn;
-    r->hook_state = state;
+        return dt_error(DT_ERR_NULL, "dt_reducer_register_comm_hook: handle is NULL");
+    if (h && !h->post)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_reducer_register_comm_hook: hook '%s' has no post function",
+                        h->name ? h->name : "?");
+    if (dt_reducer_outstanding(r))
+        return dt_error(DT_ERR_STATE,
+                        "dt_reducer_register_comm_hook: reductions are outstanding; register between iterations");
+    if (h && r->gdt != DT_F32)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_reducer_register_comm_hook: hook '%s': comm hooks take f32 "
+                                            "gradients; these are %s", h->name ? h->name : "?",
+                        dt_dtype_name(r->gdt));
+    r->hook = h != NULL;
+    if (h)
+        r->hookv = *h;
+    r->hook_state = h ? state : NULL;
+    return DT_OK;
+}
+
+void dt_reducer_set_comm_hook(dt_reducer *r, dt_comm_hook_fn fn, void *state)
+{
+    const dt_comm_hook h = {.name = "user", .post = fn, .then = NULL};
+    dt_reducer_register_comm_hook(r, fn ? &h : NULL, state);
 }
 
 static double now_rel(const dt_reducer *r) { return dt_time_s() - r->t0; }
@@ -292,12 +347,13 @@ void dt_reducer_begin(dt_reducer *r)
     for (int k = 0; k < r->nb; k++) {
         rbucket *b = &r->b[k];
         b->pending = b->p_hi - b->p_lo;
-        b->complete = b->posted = false;
+        b->complete = b->posted = b->staged = false;
         b->req[0] = b->req[1] = NULL;
         b->ready_s = b->posted_s = b->done_s = -1;
     }
     r->next_post = 0;
     r->nready = 0;
+    r->any_posted = false;
     r->t0 = dt_time_s();
 }
 
@@ -357,18 +413,14 @@ static dt_status post_bucket(dt_reducer *r, int k)
             return st;
         r->inflight = true;
     }
-    if (r->hook && r->gdt != DT_F32)
-        return dt_error(DT_ERR_UNSUPPORTED, "gradient bucket %d: comm hooks take f32 gradients; these are %s", k,
-                        dt_dtype_name(r->gdt));
-    dt_grad_bucket gb = {.index = k,
-                         .data = r->gdt == DT_F32 ? (float *)(void *)(r->grads + b->offset * r->ges) : NULL,
-                         .offset = b->offset,
-                         .numel = b->numel,
-                         .shard_numel = r->p.collective == DT_REDUCER_REDUCE_SCATTER ? b->numel / (size_t)r->world : 0};
-    dt_status st = r->hook ? r->hook(r->hook_state, r->pg, &gb, &b->req[0]) : post_default(r, &gb, b);
+    b->gb.step = r->step;
+    dt_status st = r->hook ? r->hookv.post(r->hook_state, r->pg, &b->gb, &b->req[0]) : post_default(r, &b->gb, b);
     if (st < 0)
-        return dt_error_wrap(st, "posting the reduction of gradient bucket %d (%zu floats)", k, b->numel);
+        return dt_error_wrap(st, "posting the reduction of gradient bucket %d (%zu floats)%s%s", k, b->numel,
+                             r->hook ? " by comm hook " : "", r->hook && r->hookv.name ? r->hookv.name : "");
     b->posted = true;
+    b->staged = r->hook && r->hookv.then;
+    r->any_posted = true;
     b->posted_s = now_rel(r);
     r->buckets_posted++;
     r->bytes_reduced += b->numel * (r->low && !r->hook ? sizeof(uint16_t) : r->ges);
@@ -425,7 +477,7 @@ void dt_reducer_progress(dt_reducer *r, int *posted, int *done)
         for (int k = 0; k < r->next_post; k++) {
             rbucket *b = &r->b[k];
             np++;
-            bool ok = b->req[0] || b->req[1];
+            bool ok = (b->req[0] || b->req[1]) && !b->staged;
             for (int j = 0; j < 2; j++)
                 if (b->req[j] && dt_req_test(b->req[j]) != DT_OK)
                     ok = false;
@@ -461,21 +513,54 @@ dt_status dt_reducer_wait(dt_reducer *r)
     if (!r)
         return dt_error(DT_ERR_NULL, "dt_reducer_wait: handle is NULL");
     dt_status st = DT_OK;
+    for (bool more = true; more;) {
+        for (int k = 0; k < r->nb; k++) {
+            rbucket *b = &r->b[k];
+            for (int j = 0; j < 2; j++) {
+                if (!b->req[j])
+                    continue;
+                dt_status s = dt_req_wait(b->req[j], -1);
+                if (s < 0 && st >= 0)
+                    st = dt_error(s, "reduction of gradient bucket %d failed: %s", k, dt_req_message(b->req[j]));
+                dt_req_free(b->req[j]);
+                b->req[j] = NULL;
+            }
+        }
+        /* a round of the hooks' next stages, in bucket order */
+        more = false;
+        for (int k = 0; k < r->nb && st >= 0; k++) {
+            rbucket *b = &r->b[k];
+            if (!b->staged)
+                continue;
+            dt_status s = r->hookv.then(r->hook_state, r->pg, &b->gb, &b->req[0]);
+            if (s < 0) {
+                st = dt_error_wrap(s, "comm hook %s, gradient bucket %d", r->hookv.name ? r->hookv.name : "?", k);
+                break;
+            }
+            b->staged = b->req[0] != NULL;
+            more = more || b->staged;
+        }
+        if (st < 0) /* collect what a failed round left posted, then stop */
+            for (int k = 0; k < r->nb; k++) {
+                rbucket *b = &r->b[k];
+                b->staged = false;
+                if (b->req[0]) {
+                    dt_req_wait(b->req[0], -1);
+                    dt_req_free(b->req[0]);
+                    b->req[0] = NULL;
+                }
+            }
+    }
     for (int k = 0; k < r->nb; k++) {
         rbucket *b = &r->b[k];
-        for (int j = 0; j < 2; j++) {
-            if (!b->req[j])
-                continue;
-            dt_status s = dt_req_wait(b->req[j], -1);
-            if (s < 0 && st >= 0)
-                st = dt_error(s, "reduction of gradient bucket %d failed: %s", k, dt_req_message(b->req[j]));
-            dt_req_free(b->req[j]);
-            b->req[j] = NULL;
-        }
         if (b->posted && b->done_s < 0)
             b->done_s = now_rel(r);
         if (b->posted && r->low && !r->hook && st >= 0)
             widen(r, b);
+    }
+    if (st >= 0 && r->any_posted) {
+        r->step++;
+        r->any_posted = false;
     }
     /* the buffer is no longer read by a collective either way */
     if (r->inflight) {

@@ -43,6 +43,8 @@ void dt_ctx_free(dt_ctx *ctx)
         return;
     dt_arena_free(ctx->arena);
     free(ctx->tape);
+    free(ctx->deferred);
+    free(ctx->deferred_gout);
     free(ctx);
 }
 
@@ -52,6 +54,7 @@ void dt_ctx_reset(dt_ctx *ctx)
         return;
     dt_arena_reset(ctx->arena);
     ctx->tape_len = 0;
+    ctx->ndeferred = 0;
 }
 
 dt_arena *dt_ctx_arena(dt_ctx *ctx) { return ctx ? ctx->arena : NULL; }

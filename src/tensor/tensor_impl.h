@@ -24,6 +24,14 @@ struct dt_ctx {
     size_t child_floor;
     uint64_t epoch;
     dt_dtype autocast; /* DT_F32 = off, or DT_BF16 / DT_F16 (precision.h) */
+    /* Split backward (dt_backward_input / dt_backward_weight): while
+     * split_input is set, nodes with parameter inputs are walked for their
+     * other inputs only and queued here with their output gradient; the
+     * array is malloc'd and kept across resets like the tape. */
+    bool split_input;
+    struct dt__node **deferred;
+    const float **deferred_gout;
+    size_t ndeferred, deferred_cap;
 };
 
 /* Row callback of dt__nd_loop: n elements, up to three operands with their

@@ -1,0 +1,187 @@
+/* dtrain/pipeline.h — pipeline parallelism: schedules as action tables,
+ * stages, and the "pipe" training strategy.
+ *
+ * Overview
+ * --------
+ * A model is cut by layer into S stages; stage s runs on pipeline rank
+ * s % p (p ranks, v = S / p stages each: v > 1 is the interleaved
+ * schedule's "virtual stages", Megatron's layout). A batch is split into m
+ * micro-batches that flow through the stages: activations go forward to
+ * the next stage, their gradients come back, all by batched point to
+ * point (comm.h), the loss on the last stage.
+ *
+ * A schedule is ONE global table (dt_pipe_schedule): for every rank the
+ * ordered list of its actions — F (forward of a stage on a micro-batch), B
+ * (its whole backward), BI (backward for the input gradient only), BW (the
+ * weight-gradient part, run later), SEND_F / RECV_F (an activation),
+ * SEND_B / RECV_B (a gradient) — each with the time step at which it
+ * starts in a simulation with unit costs (F = BI = BW = 1, B = 2). The
+ * table is built once, from the schedule's rule, then checked
+ * (dt_pipe_schedule_check) before anything runs:
+ *   - every (stage, micro-batch) has exactly one F and one B (or one BI
+ *     and one BW), on the rank that holds the stage, F before B, BI before
+ *     BW, and stage s-1's F before stage s's F on the same micro-batch
+ *     (stage s+1's backward before stage s's);
+ *   - every SEND has its RECV: for each ordered pair of ranks the sends of
+ *     one and the receives of the other list the same messages in the same
+ *     order (point-to-point messages are matched in posting order), every
+ *     RECV is posted before the action that consumes it and every SEND
+ *     comes after the action that produces it;
+ *   - a simulation of all ranks (sends never block, a compute action waits
+ *     for its message) runs every action: no rank waits forever, so the
+ *     table cannot deadlock.
+ * The executor then runs each rank's list as it stands: there is no
+ * per-rank logic that could drift from what its neighbours do (the cause
+ * of PyTorch's interleaved-schedule hangs).
+ *
+ * Schedules (SEMANTICS.md 5; bubble as a fraction of the ideal time):
+ *   gpipe        all m forwards, then all m backwards. Bubble (p-1)/m;
+ *                holds m micro-batches' activations.
+ *   1f1b         stage s: min(p-s-1, m) warm-up forwards, then one forward
+ *                / one backward, then the remaining backwards. Bubble
+ *                (p-1)/m; at most p-s micro-batches in flight on stage s.
+ *   interleaved  v >= 2 chunks per rank (stages r, r+p, ...), Megatron's
+ *                order: warm-up min(2(p-r-1) + (v-1)p, m v) virtual
+ *                micro-batches. Bubble (p-1)/(v m). Needs m % p == 0.
+ *   zbh1         ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline
+ *                Parallelism"): 1F1B's order with each backward split into
+ *                BI (on the critical path) and BW; stage s keeps up to p-s-1
+ *                BW's back and runs them in the cool-down, where 1F1B idles.
+ *                Bubble about a third of 1F1B's when F, BI and BW cost the
+ *                same; memory as 1F1B's.
+ * Limits are checked per schedule, with an error naming the limit.
+ *
+ * Stages. A model is a list of units (layers, dt_model_pipe_units): the
+ * GPT is [embeddings, block 0, ..., block L-1, ln_f, lm_head], the MLP
+ * [w0, w1], a model whose root is a Sequential its children. Stages are
+ * consecutive runs of units, cut where the caller says or balanced by
+ * parameter count. Every rank builds the whole model (so names, offsets
+ * and checkpoints do not depend on the cut) and steps only the parameters
+ * of its own stages (the strategy's optimizer ranges). A parameter stored
+ * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
+ * on the first and the last stage) has its gradient summed between them,
+ * as Megatron does; the first of them steps it and sends the new values to
+ * the others after the optimizer step.
+ *
+ * Split backward (zbh1): BI is dt_backward_input and BW dt_backward_weight
+ * (autograd.h): nodes with a parameter input are walked for their other
+ * inputs first and queued; their weight-gradient kernels run at BW.
+ *
+ * Usage: train with the "pipe" strategy (each trainer micro-batch is split
+ * into params.micro_batches micro-batches and runs the schedule; DDP-style
+ * data parallelism over world / pp replicas, gradients averaged once per
+ * batch after the last micro-batch):
+ *
+ *     dt_pipe_params pp = dt_pipe_params_default();
+ *     pp.pp = 2; pp.schedule = DT_PIPE_1F1B; pp.micro_batches = 8;
+ *     dt_strategy *s;
+ *     if (dt_strategy_pipe_init(world, &pp, &s) < 0) fail(dt_last_error());
+ *     dt_trainer_init(model, s, &tp, &tr);          // collective: cuts, groups
+ *     dt_trainer_step(tr, &batch, 1, &metrics);     // the whole schedule
+ *
+ * Or look at a table (`dtrain pipeline show --schedule 1f1b -p 4 -m 8`):
+ *
+ *     dt_pipe_schedule *s;
+ *     if (dt_pipe_schedule_build(DT_PIPE_ZBH1, 4, 8, 1, &s) < 0) fail(dt_last_error());
+ *     dt_pipe_schedule_print(s, stdout);
+ *     dt_pipe_sim r;  dt_pipe_schedule_simulate(s, 1, 1, 1, &r);  // r.bubble
+ *     dt_pipe_schedule_free(s);
+ */
+#ifndef DTRAIN_PIPELINE_H
+#define DTRAIN_PIPELINE_H
+
+#include <stdio.h>
+
+#include "dtrain/base.h"
+#include "dtrain/comm.h"
+#include "dtrain/nn.h"
+#include "dtrain/train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- schedules ---------------------------------------------------------------- */
+
+typedef enum dt_pipe_kind {
+    DT_PIPE_GPIPE = 0,
+    DT_PIPE_1F1B,
+    DT_PIPE_INTERLEAVED,
+    DT_PIPE_ZBH1,
+    DT_PIPE_KIND_COUNT
+} dt_pipe_kind;
+
+/* "gpipe", "1f1b", "interleaved", "zbh1". */
+DT_API const char *dt_pipe_kind_name(dt_pipe_kind k);
+/* The kind of a name above; DT_ERR_INVALID_ARG naming the choices. */
+DT_API dt_status dt_pipe_kind_parse(const char *s, dt_pipe_kind *out);
+
+typedef enum dt_pipe_op {
+    DT_PIPE_F = 0,   /* forward of `stage` on micro-batch `mb` */
+    DT_PIPE_B,       /* whole backward */
+    DT_PIPE_BI,      /* backward for the input gradient only */
+    DT_PIPE_BW,      /* the weight gradients of an earlier BI */
+    DT_PIPE_SEND_F,  /* send stage's output activation of mb to peer (stage + 1's rank) */
+    DT_PIPE_RECV_F,  /* receive stage's output activation of mb from peer */
+    DT_PIPE_SEND_B,  /* send the gradient of stage's input for mb to peer (stage - 1's rank) */
+    DT_PIPE_RECV_B,  /* receive the gradient of stage's input for mb from peer */
+    DT_PIPE_OP_COUNT
+} dt_pipe_op;
+
+/* One entry of a rank's list. For SEND/RECV, stage is the SENDING stage
+ * (so a send and its receive carry the same (op kind, stage, mb)). */
+typedef struct dt_pipe_action {
+    dt_pipe_op op;
+    int stage;   /* global stage index in [0, p v) */
+    int mb;      /* micro-batch in [0, m) */
+    int peer;    /* SEND/RECV: the other rank; -1 for compute actions */
+    int t;       /* start time step in the unit-cost simulation */
+} dt_pipe_action;
+
+typedef struct dt_pipe_schedule dt_pipe_schedule;
+
+/* Build and check the table of schedule `kind` for p ranks, m
+ * micro-batches and v stages per rank (v must be 1 except for
+ * interleaved, which needs v >= 2 and m % p == 0). Limits: 1 <= p <= 256,
+ * 1 <= m <= 4096, p v <= 1024. DT_ERR_INVALID_ARG naming the limit. */
+DT_API dt_status dt_pipe_schedule_build(dt_pipe_kind kind, int p, int m, int v, dt_pipe_schedule **out);
+/* A table from explicit per-rank lists (acts[r][0..n[r]) for r < p; times
+ * are recomputed), checked like a built one: for tests and hand-made
+ * schedules. DT_ERR_INVALID_ARG / DT_ERR_STATE naming the first
+ * violation (the rank, the action and what is wrong). */
+DT_API dt_status dt_pipe_schedule_from_actions(int p, int m, int v, const dt_pipe_action *const *acts, const int *n,
+                                               dt_pipe_schedule **out);
+DT_API void dt_pipe_schedule_free(dt_pipe_schedule *s);
+/* Run the checks of the overview again (build does). */
+DT_API dt_status dt_pipe_schedule_check(const dt_pipe_schedule *s);
+/* Rank r's actions in order (borrowed; valid until free). */
+DT_API dt_status dt_pipe_schedule_actions(const dt_pipe_schedule *s, int rank, const dt_pipe_action **a, int *n);
+/* p, m, v and the kind (DT_PIPE_KIND_COUNT for a table from actions). */
+DT_API void dt_pipe_schedule_shape(const dt_pipe_schedule *s, int *p, int *m, int *v, dt_pipe_kind *kind);
+/* The rank that holds stage s: s % p. */
+DT_API int dt_pipe_stage_rank(int p, int stage);
+
+/* The unit-cost replay of a table (F costs tf, BI tb, BW tw, B tb + tw,
+ * sends and receives 0). */
+typedef struct dt_pipe_sim {
+    double makespan;          /* time until the last action ends */
+    double ideal;             /* one rank's compute: m v (tf + tb + tw) */
+    double bubble;            /* (makespan - ideal) / ideal: the bubble as a fraction of the ideal */
+    double busy[256];         /* per rank: compute time */
+    int peak_inflight[256];   /* per rank: most micro-batches (of all its stages) forwarded and not
+                                 yet fully backwarded at once: activations held */
+} dt_pipe_sim;
+DT_API dt_status dt_pipe_schedule_simulate(const dt_pipe_schedule *s, double tf, double tb, double tw, dt_pipe_sim *out);
+/* Print the table: a time grid (one row per rank, one column per unit
+ * step: F3 / B3 / I3 (BI) / W3 (BW), ":c" the chunk when v > 1, "." idle)
+ * then each rank's list with its sends and receives. */
+DT_API dt_status dt_pipe_schedule_print(const dt_pipe_schedule *s, FILE *f);
+
+/* The bubble of the formulas of the overview, as a fraction of the ideal:
+ * (p-1)/m (gpipe, 1f1b), (p-1)/(v m) (interleaved), (p-1)/(3 m) (zbh1). */
+DT_API double dt_pipe_bubble_formula(dt_pipe_kind kind, int p, int m, int v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_PIPELINE_H */
