@@ -15,7 +15,9 @@
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
  * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
- * records and an end record saying "interrupted" stay in FILE.partial).
+ * records and an end record saying "interrupted" stay in FILE.partial):
+ * the step under way finishes, and with --save its checkpoint is written
+ * before the exit (the message names it).
  *
  * The two signals are blocked in every thread for the whole command (before
  * any thread starts, so the loader's and OpenMP's inherit the mask) and
@@ -704,9 +706,24 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         return fail(data ? 2 : 1, data ? "training data" : "training step");
     }
     if (g_stop || res.stopped) {
+        /* the step under way finished (every rank stopped after the same
+         * one); with --save, keep it before leaving */
         dt__progress_clear(&t->prog);
-        dt__cli_err("dtrain train: interrupted by signal %d at step %lld\n", g_stop ? (int)g_stop : SIGTERM,
-                (long long)t->global_step);
+        const int sig = g_stop ? (int)g_stop : SIGTERM;
+        char saved[600] = "";
+        if (t->o.save) {
+            int rc = dt_trainer_steps(t->tr) != t->saved_step ? save_ckpt(t) : 0;
+            if (!rc && dt_trainer_save_wait(t->tr) < 0)
+                rc = fail(1, "checkpoint");
+            if (rc) {
+                dt__cli_err("dtrain train: interrupted by signal %d at step %lld; the checkpoint was not saved\n",
+                            sig, (long long)t->global_step);
+                return rc;
+            }
+            snprintf(saved, sizeof saved, "; checkpoint %s/step-%08lld saved", t->o.save,
+                     (long long)dt_trainer_steps(t->tr));
+        }
+        dt__cli_err("dtrain train: interrupted by signal %d at step %lld%s\n", sig, (long long)t->global_step, saved);
         return 130;
     }
     *wall_s = dt_time_s() - t->t0;
