@@ -212,6 +212,28 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: unknown comm hook %d", (int)p.comm_hook);
     }
 
+    /* the dtype of the trained parameters: f32, or bf16/f16 for a model
+     * that holds them so (reduced in that dtype); one dtype per model */
+    dt_dtype pdt = DT_F32;
+    const char *first = NULL;
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info e;
+        if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.tied_to >= 0)
+            continue;
+        if (!first) {
+            first = e.name;
+            pdt = e.dtype;
+        } else if (e.dtype != pdt) {
+            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: parameter '%s' is %s and '%s' is %s: DDP reduces one "
+                            "parameter dtype (build the model with keep_batchnorm_fp32 false, or shard it: "
+                            "ZeRO/FSDP units take one dtype each)", first, dt_dtype_name(pdt), e.name,
+                            dt_dtype_name(e.dtype));
+        }
+    }
+    if (pdt != DT_F32 && p.reduce_dtype != pdt)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: %s parameters reduce their gradients in %s (reduce_dtype "
+                        "is %s)", dt_dtype_name(pdt), dt_dtype_name(pdt), dt_dtype_name(p.reduce_dtype));
+
     dt_ddp *d = dt_calloc(sizeof *d);
     if (!d)
         return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ddp_init");
@@ -220,32 +242,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     d->p = p;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    /* the dtype of the trained parameters: f32, or bf16/f16 for a model
-     * that holds them so (reduced in that dtype); one dtype per model */
-    d->dtype = DT_F32;
-    const char *first = NULL;
-    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
-        dt_param_info e;
-        if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.tied_to >= 0)
-            continue;
-        if (!first) {
-            first = e.name;
-            d->dtype = e.dtype;
-        } else if (e.dtype != d->dtype) {
-            dt_free(d);
-            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: parameter '%s' is %s and '%s' is %s: DDP reduces one "
-                            "parameter dtype (build the model with keep_batchnorm_fp32 false, or shard it: "
-                            "ZeRO/FSDP units take one dtype each)", first, dt_dtype_name(d->dtype), e.name,
-                            dt_dtype_name(e.dtype));
-        }
-    }
-    if (d->dtype != DT_F32 && p.reduce_dtype != d->dtype) {
-        dt_status bad = dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: %s parameters reduce their gradients in %s "
-                                 "(reduce_dtype is %s)", dt_dtype_name(d->dtype), dt_dtype_name(d->dtype),
-                                 dt_dtype_name(p.reduce_dtype));
-        dt_free(d);
-        return bad;
-    }
+    d->dtype = pdt;
     const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, d->dtype), *G = dt_model_flat(m, DT_FLAT_GRADS, d->dtype);
     d->flat_numel = P ? P->total : 0;
     d->nentry = dt_model_num_entries(m);
