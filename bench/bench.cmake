@@ -16,3 +16,16 @@ set_target_properties(bench_offload_mem PROPERTIES OUTPUT_NAME offload_mem
 target_compile_options(bench_offload_mem PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_compile_definitions(bench_offload_mem PRIVATE _GNU_SOURCE)
 target_link_libraries(bench_offload_mem PRIVATE dtrain_static)
+# Each reshard transition against the collective it runs (issue 16).
+add_executable(bench_reshard ${CMAKE_CURRENT_LIST_DIR}/reshard.c)
+set_target_properties(bench_reshard PROPERTIES OUTPUT_NAME reshard
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_reshard PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_reshard PRIVATE dtrain_static)
+# dtrain's side of bench/dtensor_torch.py (every transition and matmul case
+# against PyTorch's DTensor).
+add_executable(bench_dtensor_dump ${CMAKE_CURRENT_LIST_DIR}/dtensor_dump.c)
+set_target_properties(bench_dtensor_dump PROPERTIES OUTPUT_NAME dtensor_dump
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_dtensor_dump PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_dtensor_dump PRIVATE dtrain_static)

@@ -14,9 +14,19 @@
  *
  * Init is nanoGPT's: Linear/Conv1D weights and both embeddings N(0, 0.02),
  * biases 0, LayerNorm 1/0, then every c_proj weight N(0, 0.02/sqrt(2 L)),
- * drawn from dtrain's Philox stream (dt_model_build). */
+ * drawn from dtrain's Philox stream (dt_model_build).
+ *
+ * Tensor parallel (dt_model_config.tp over t ranks, Megatron's layout;
+ * tp.h): c_attn is column-parallel in three chunks (the rank's n_head/t
+ * heads of q, k and v), attn.c_proj row-parallel, c_fc column-parallel,
+ * mlp.c_proj row-parallel; wte is vocabulary-parallel (ceil(V/t) rows a
+ * rank, padding zero) and the tied head gives the rank's logits for the
+ * vocabulary-parallel cross-entropy. Layer norms, wpe and row-parallel
+ * biases are whole on every rank. Names and the single-process values
+ * (dt_model_init_tp) stay; only shapes are the rank's. */
 #include "nn/nn_impl.h"
 #include "zoo.h"
+#include "dtrain/tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -94,9 +104,12 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     (void)ud;
     dt_module *fc = child(self, "c_fc");
     dt_tensor *h;
-    if (dt__module_tree_plain(fc)) /* nothing observes c_fc alone: fuse its bias into the GELU */
+    if (dt__module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
+        dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
+        if (tp)
+            x = dt_tp_copy_to_region(ctx, tp, x);
         h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
-    else
+    } else
         h = dt_gelu_tanh(ctx, dt_module_forward(ctx, fc, x));
     h = dt_module_forward(ctx, child(self, "c_proj"), h);
     return dt_module_forward(ctx, child(self, "dropout"), h);
@@ -167,22 +180,34 @@ static bool add(dt_module *parent, const char *name, dt_module *c, bool ok)
     return dt_nn_add(parent, name, c) == DT_OK;
 }
 
-static dt_module *block(const dt_gpt2_config *g)
+/* A Conv1D, or under tensor parallelism its column- (chunks > 0) or
+ * row-parallel (chunks 0) form; weight init N(0, std). */
+static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, float std, int chunks)
+{
+    dt_module *m = !tp ? conv1d(in, out, std)
+                   : chunks ? dt_tp_column_linear(tp, in, out, true, false, chunks)
+                            : dt_tp_row_linear(tp, in, out, true, true);
+    if (m && tp)
+        m->specs[0].a = std;
+    return m;
+}
+
+static dt_module *block(const dt_gpt2_config *g, dt_pg *tp)
 {
     int64_t C = g->n_embd;
     float std = 0.02f, pstd = 0.02f / sqrtf(2.0f * (float)g->n_layer);
     dt_module *b = dt_nn_custom("GPT2Block", 0, NULL, block_forward, NULL);
     dt_module *attn = dt_nn_custom("GPT2Attention", 0, NULL, attn_forward, NULL);
     dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, NULL);
-    if (attn)
-        attn->k = (int)g->n_head;
+    if (attn) /* this rank's heads */
+        attn->k = (int)(g->n_head / (tp ? dt_pg_size(tp) : 1));
     bool ok = b && attn && mlp;
-    ok = add(attn, "c_attn", conv1d(C, 3 * C, std), ok);
-    ok = add(attn, "c_proj", conv1d(C, C, pstd), ok);
+    ok = add(attn, "c_attn", proj(tp, C, 3 * C, std, 3), ok);
+    ok = add(attn, "c_proj", proj(tp, C, C, pstd, 0), ok);
     ok = add(attn, "attn_dropout", dt_nn_dropout(g->dropout), ok);
     ok = add(attn, "resid_dropout", dt_nn_dropout(g->dropout), ok);
-    ok = add(mlp, "c_fc", conv1d(C, 4 * C, std), ok);
-    ok = add(mlp, "c_proj", conv1d(4 * C, C, pstd), ok);
+    ok = add(mlp, "c_fc", proj(tp, C, 4 * C, std, 1), ok);
+    ok = add(mlp, "c_proj", proj(tp, 4 * C, C, pstd, 0), ok);
     ok = add(mlp, "dropout", dt_nn_dropout(g->dropout), ok);
     ok = add(b, "ln_1", dt_nn_layernorm(C, 1e-5f), ok);
     ok = add(b, "attn", attn, ok);
@@ -197,8 +222,29 @@ static dt_module *block(const dt_gpt2_config *g)
     return b;
 }
 
-static dt_status check_config(const dt_gpt2_config *g)
+/* The tied head of a vocabulary-parallel model: the rank's logits
+ * f(x) @ W_r^T, W_r [ceil(V/t), C] (ud: the group). */
+static dt_tensor *vocab_head_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
+    return dt_linear(ctx, dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
+}
+
+static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
+{
+    int64_t Vl;
+    dt_tp_vocab_range(tp, V, NULL, NULL, &Vl);
+    dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, C}, .init = DT_NN_INIT_KAIMING, .tp_dim = 1};
+    return dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+}
+
+static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp)
+{
+    if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
+                        "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));
+    if (tp && g->dropout > 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with tensor parallelism is not supported yet (the "
+                        "attention dropout would need per-rank streams)", (double)g->dropout);
     if (g->n_layer < 1 || g->n_head < 1 || g->n_embd < 1 || g->block_size < 1 || g->vocab_size < 1)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_layer, n_head, n_embd, block_size and vocab_size must be >= 1 "
                         "(got %lld, %lld, %lld, %lld, %lld)", (long long)g->n_layer, (long long)g->n_head,
@@ -231,7 +277,8 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     if (c->vocab_size)
         g.vocab_size = c->vocab_size;
     g.dropout = c->dropout;
-    if ((st = check_config(&g)) < 0)
+    dt_pg *tp = c->tp && dt_pg_size(c->tp) > 1 ? c->tp : NULL;
+    if ((st = check_config(&g, tp)) < 0)
         return st;
     int64_t T = c->seq ? c->seq : g.block_size;
     if (T < 1 || T > g.block_size)
@@ -241,13 +288,17 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     dt_module *root = dt_nn_custom("GPT2LMHeadModel", 0, NULL, lm_forward, NULL);
     dt_module *tr = dt_nn_custom("GPT2Model", 0, NULL, transformer_forward, NULL);
     dt_module *h = dt_nn_seq(0, NULL);
-    dt_module *wte = embedding(V, C), *head = dt_nn_linear(C, V, false);
+    dt_module *wte = tp ? dt_tp_vocab_embedding(tp, V, C) : embedding(V, C);
+    dt_module *head = tp ? vocab_head(tp, V, C) : dt_nn_linear(C, V, false);
+    if (tp && wte) {
+        wte->specs[0].a = 0.02f;
+    }
     if (tr)
         tr->in = g.block_size;
     bool ok = root && tr && h;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(h, NULL, block(&g), ok);
-    ok = ok && wte && dt_module_tie(head, "weight", wte, "weight") == DT_OK;
+        ok = add(h, NULL, block(&g, tp), ok);
+    ok = ok && wte && head && dt_module_tie(head, "weight", wte, "weight") == DT_OK;
     ok = add(tr, "wte", wte, ok);
     ok = add(tr, "wpe", embedding(g.block_size, C), ok);
     ok = add(tr, "drop", dt_nn_dropout(g.dropout), ok);

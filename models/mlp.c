@@ -6,13 +6,18 @@
  *
  * No bias, no activation. Paddle initialises create_parameter weights with
  * Xavier-uniform (fan_in = shape[0], fan_out = shape[1]); we do the same from
- * the Philox stream. Tensor names are "w0" and "w1" (one custom module). */
+ * the Philox stream. Tensor names are "w0" and "w1" (one custom module).
+ *
+ * Tensor parallel (dt_model_config.tp, the seed's w0 Shard(1), w1
+ * Shard(0)): w0 holds the rank's hidden/t columns, w1 the same rows, and
+ * z = g(f(x) @ w0_r @ w1_r): f's backward and g's forward are the layer's
+ * two all-reduces (Megatron's MLP without the GELU). */
 #include "nn/nn_impl.h"
 #include "zoo.h"
+#include "dtrain/tp.h"
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    (void)ud;
     const dt_tensor *w0 = dt_module_param(self, 0);
     if (x->ndim < 2 || x->shape[x->ndim - 1] != w0->shape[0]) {
         char buf[96];
@@ -20,19 +25,29 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
                  (long long)w0->shape[0]);
         return NULL;
     }
+    if (ud) /* tensor parallel over the group ud */
+        x = dt_tp_copy_to_region(ctx, ud, x);
     dt_tensor *h = dt_matmul(ctx, x, dt_module_param(self, 0));
-    return dt_matmul(ctx, h, dt_module_param(self, 1));
+    h = dt_matmul(ctx, h, dt_module_param(self, 1));
+    return ud ? dt_tp_reduce_from_region(ctx, ud, h) : h;
 }
 
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d)
 {
     if (c->mlp_seq <= 0 || c->mlp_dim <= 0 || c->mlp_hidden <= 0)
         return dt_error(DT_ERR_INVALID_ARG, "mlp: seq, dim and hidden must be > 0");
+    dt_pg *tp = c->tp && dt_pg_size(c->tp) > 1 ? c->tp : NULL;
+    const int64_t t = tp ? dt_pg_size(tp) : 1;
+    if (c->mlp_hidden % t)
+        return dt_error(DT_ERR_INVALID_ARG, "mlp: hidden width %lld is not divisible by the tensor-parallel size %lld",
+                        (long long)c->mlp_hidden, (long long)t);
     dt_nn_param_spec s[2] = {
-        {.name = "w0", .ndim = 2, .shape = {c->mlp_dim, c->mlp_hidden}, .init = DT_NN_INIT_XAVIER},
-        {.name = "w1", .ndim = 2, .shape = {c->mlp_hidden, c->mlp_dim}, .init = DT_NN_INIT_XAVIER},
+        {.name = "w0", .ndim = 2, .shape = {c->mlp_dim, c->mlp_hidden / t}, .init = DT_NN_INIT_XAVIER,
+         .tp_dim = tp ? 2 : 0},
+        {.name = "w1", .ndim = 2, .shape = {c->mlp_hidden / t, c->mlp_dim}, .init = DT_NN_INIT_XAVIER,
+         .tp_dim = tp ? 1 : 0},
     };
-    dt_status st = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, NULL), seed, &c->build, out);
+    dt_status st = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, tp), seed, &c->build, out);
     if (st < 0)
         return st;
     d->loss = DT_LOSS_MEAN;

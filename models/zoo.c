@@ -2,6 +2,7 @@
  * target shapes, loss, FLOPs) that `dtrain train` and `dtrain bench step`
  * use. The descriptor is plain data beside the model, not part of it. */
 #include "zoo.h"
+#include "dtrain/tp.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -29,6 +30,9 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
     dt_model_desc d;
     memset(&d, 0, sizeof d);
     dt_status st;
+    if (name && !strcmp(name, "convnet") && c.tp && dt_pg_size(c.tp) > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "model 'convnet' has no tensor-parallel form (mlp and the GPT-2 models "
+                        "have)");
     if (name && !strcmp(name, "convnet"))
         st = dt__model_convnet(seed, &c, model, &d);
     else if (name && !strcmp(name, "mlp"))
@@ -40,10 +44,35 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
                         "gpt2-xl, gpt-mini, gpt-micro)", name ? name : "(null)");
     if (st < 0)
         return st;
+    if (c.tp && dt_pg_size(c.tp) > 1 && !c.build.meta &&
+        (st = dt_model_init_tp(*model, name, &c, DT_INIT_PHILOX, seed)) < 0) {
+        dt_model_free(*model);
+        *model = NULL;
+        return st;
+    }
+    d.tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
     snprintf(d.name, sizeof d.name, "%s", name);
     if (desc)
         *desc = d;
     return DT_OK;
+}
+
+dt_status dt_model_init_tp(dt_model *m, const char *name, const dt_model_config *cfg, dt_init_rng rng, uint64_t seed)
+{
+    if (!m || !cfg)
+        return dt_error(DT_ERR_NULL, "dt_model_init_tp: %s is NULL", !m ? "model" : "config");
+    if (!cfg->tp)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_init_tp: the config has no tensor-parallel group");
+    dt_model_config fc = *cfg;
+    fc.tp = NULL;
+    fc.build.meta = true; /* only the layout: dt_model_init_range draws the values */
+    dt_model *full;
+    dt_status st = dt_model_create(name, seed, &fc, &full, NULL);
+    if (st < 0)
+        return dt_error_wrap(st, "dt_model_init_tp: the single-process '%s'", name ? name : "(null)");
+    st = dt_tp_init_from(m, cfg->tp, full, rng, seed);
+    dt_model_free(full);
+    return st;
 }
 
 dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim, int64_t *shape, int *target_ndim,
@@ -109,6 +138,8 @@ dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *ou
     }
     switch (d->loss) {
     case DT_LOSS_CROSS_ENTROPY:
+        if (d->tp) /* the rank's vocabulary columns */
+            return dt_tp_vocab_cross_entropy(ctx, d->tp, output, target, d->num_classes);
         if (output->ndim > 2 && target->ndim == output->ndim - 1) { /* [B, T, V] vs [B, T]: every position */
             output = dt_reshape(ctx, output, 2, (int64_t[]){-1, output->shape[output->ndim - 1]});
             target = dt_reshape(ctx, target, 1, (int64_t[]){-1});

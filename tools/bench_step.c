@@ -15,13 +15,19 @@
  * best of --peak-reps) right before the model's timings. cpu_ms is the
  * process CPU time (user + system) per timed step: on a shared, overloaded
  * machine a 1-thread run's cpu_ms is a steadier measure of the work than
- * wall time (bench/torch_step.py reports the same). */
+ * wall time (bench/torch_step.py reports the same).
+ *
+ * --tp N (under `dtrain run -n N`): the model is tensor parallel over the N
+ * ranks (tp.h; dt_model_config.tp), every rank steps the same batch, and
+ * rank 0 reports (bench/tp_step.sh sets it against one process with N
+ * threads). */
 #include "cmd.h"
 
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/tp.h"
 #include "dtrain/train.h"
 
 #include <stdio.h>
@@ -64,11 +70,12 @@ static void usage(FILE *f)
                "  --steps S       timed steps (default 20)\n"
                "  --warmup W      untimed steps first (default 3)\n"
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
+               "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"
                "  --json          one JSON object per result on stdout\n");
 }
 
 static int run_one(const char *name, long batch, long seq, int steps, int warmup, double peak, double cpu_peak,
-                   bool json)
+                   bool json, dt_pg *tpg)
 {
     int rc = 1;
     dt_model *m = NULL;
@@ -80,6 +87,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double *col = calloc((size_t)steps, sizeof *col);
     dt_model_config cfg = dt_model_config_default();
     cfg.seq = seq;
+    cfg.tp = tpg;
+    const bool quiet = tpg && dt_pg_rank(tpg) != 0;
     if (dt_model_create(name, 1234, &cfg, &m, &desc) < 0 || !t || !col) {
         dt__cli_err("dtrain bench step: %s\n", dt_last_error());
         goto done;
@@ -152,17 +161,20 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();
-    if (json) {
-        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
+    if (quiet) {
+    } else if (json) {
+        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
                name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), threads,
-               steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
+               tpg ? dt_pg_size(tpg) : 1, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
                cpu_pct, dt_model_param_count(m), (double)last_loss);
     } else {
+        if (tpg)
+            printf("tp %d x ", dt_pg_size(tpg));
         printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f; cpu %.2f)  "
                "%9.1f samples/s  %6.1f GFLOP/s",
                name, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, cpu_ms,
@@ -189,7 +201,7 @@ int dt_bench_step(int argc, char **argv)
 {
     const char *models = "convnet";
     long batch = 0, seq = 0;
-    int steps = 20, warmup = 3, threads = 0, peak_reps = 5;
+    int steps = 20, warmup = 3, threads = 0, peak_reps = 5, tpn = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -213,15 +225,32 @@ int dt_bench_step(int argc, char **argv)
             warmup = atoi(v), i++;
         } else if (v && !strcmp(a, "--peak-reps")) {
             peak_reps = atoi(v), i++;
+        } else if (v && !strcmp(a, "--tp")) {
+            tpn = atoi(v), i++;
         } else {
             dt__cli_err("dtrain bench step: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (steps <= 0 || warmup < 0 || batch < 0 || seq < 0 || threads < 0 || peak_reps < 0) {
-        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --seq, --threads, --peak-reps >= 0\n");
+    if (steps <= 0 || warmup < 0 || batch < 0 || seq < 0 || threads < 0 || peak_reps < 0 || tpn < 0) {
+        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --seq, --threads, --peak-reps, --tp "
+                    ">= 0\n");
         return 2;
+    }
+    dt_pg *world = NULL, *tpg = NULL, *dpg = NULL;
+    if (tpn > 1) {
+        int ws = 1;
+        if (dt_pg_env_world_size(&ws) < 0 || ws != tpn) {
+            dt__cli_err("dtrain bench step: --tp %d needs exactly %d ranks (dtrain run -n %d -- dtrain bench step "
+                        "...); this job has %d\n", tpn, tpn, tpn, ws);
+            return 2;
+        }
+        if (dt_pg_init(NULL, &world) < 0 || dt_tp_groups(world, tpn, &tpg, &dpg) < 0) {
+            dt__cli_err("dtrain bench step: --tp: %s\n", dt_last_error());
+            dt_pg_free(world);
+            return 1;
+        }
     }
     if (threads > 0)
         dt_set_num_threads(threads);
@@ -252,9 +281,12 @@ int dt_bench_step(int argc, char **argv)
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json);
+        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg);
         if (r)
             rc = r;
     }
+    dt_pg_free(tpg);
+    dt_pg_free(dpg);
+    dt_pg_free(world);
     return rc;
 }

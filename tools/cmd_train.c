@@ -30,6 +30,7 @@
 #include "train_ddp.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/config.h"
 #include "dtrain/data.h"
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
@@ -135,6 +136,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.n_layer = t->o.n_layer, cfg.n_head = t->o.n_head, cfg.n_embd = t->o.n_embd;
     cfg.block_size = t->o.block_size, cfg.vocab_size = t->o.vocab_size, cfg.seq = t->o.seq;
     cfg.dropout = (float)t->o.dropout;
+    cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     return cfg;
 }
 
@@ -211,10 +213,15 @@ static int setup_model(trainer *t)
     t->lm = t->desc.input_dtype == DT_I64;
     if (t->o.act_ckpt) {
         dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+        bool on = true;
+        if (t->o.cfg && dt_config_act_ckpt(t->o.cfg, &on, &ap) < 0) /* the config's activation_checkpointing */
+            return fail(2, "--config");
         if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, NULL) < 0)
             return fail(1, "--activation-checkpointing");
     }
-    if (!cfg.build.meta && !strcmp(t->o.rng, "torch") && dt_model_init_torch(t->model, t->o.seed) < 0)
+    if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
+        (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
+                : dt_model_init_torch(t->model, t->o.seed)) < 0)
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
@@ -383,6 +390,8 @@ static int setup_trainer(trainer *t)
         tp.scaler.loss_scale_window = tp.scaler.growth_interval = t->o.loss_scale_window;
     tp.scaler.hysteresis = (int)t->o.hysteresis;
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
+    if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
+        return fail(2, "--config");
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return 0;
@@ -773,7 +782,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         return 1;
     }
     int rc = dt__train_parse(argc, argv, &t->o);
+    if (!rc)
+        rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */
     if (rc) {
+        dt_config_free(t->o.cfg);
         free(t);
         return rc == 1 ? 0 : rc;
     }
@@ -798,6 +810,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         g_kill_step = 0;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
+        dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = dt__ddp_wrap(&t->ddp, t->model)) ||
         (rc = setup_data(t)) || (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
@@ -849,6 +863,18 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, NULL);
         goto out;
     }
+    if (t->o.cfg) { /* the effective config: with --config, or when AIAK_* set a key */
+        char *eff = dt_config_effective_json(t->o.cfg), file_q[1200];
+        dt__json_quote(t->o.config ? t->o.config : "", file_q, sizeof file_q);
+        bool empty = eff && !strcmp(eff, "{\"values\":{},\"from\":{}}") && !t->o.config;
+        if (!eff || (!empty && dt__metrics_write(&t->metrics, "\"event\":\"config\",\"file\":%s,\"effective\":%s", file_q,
+                                      eff) < 0)) {
+            free(eff);
+            rc = fail(1, NULL);
+            goto out;
+        }
+        free(eff);
+    }
     dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
                       t->o.log_every);
     if (t->lm) {
@@ -864,6 +890,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                "%d threads\n", t->o.model, dt_model_param_count(t->model), t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
+        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
+               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
@@ -934,6 +963,7 @@ out:
                           t->global_step, rc) < 0 && rc == 0)
         rc = fail(1, NULL);
     cleanup(t);
+    dt_config_free(t->o.cfg);
     free(t->user_json);
     free(t);
     return rc;

@@ -65,6 +65,8 @@ typedef struct dt__train_opts {
     int64_t wrap_min_params;  /* size-based wrap policy, 0 = none (one unit) */
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
+    /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
+    int64_t tp;
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */
@@ -83,11 +85,28 @@ typedef struct dt__train_opts {
     int64_t hysteresis;          /* default 2 */
     double min_loss_scale;       /* default 1 */
     const char *scaler;       /* deepspeed | torch, default deepspeed */
+    /* the JSON config (tools/train_config.c, src/config/) */
+    const char *config;       /* --config FILE, NULL = none */
+    struct dt_config *cfg;    /* the effective config (file < flags < AIAK_*), set by dt__train_config;
+                                 owned by the command, NULL before */
+    char offload_buf[1100];   /* the --offload text a config's offload_optimizer gives */
 } dt__train_opts;
 
 /* Parse argv (argv[0] is "train"). Returns 0 on success, 1 if --help was
  * printed (exit 0), 2 after printing one line naming the bad flag. */
 int dt__train_parse(int argc, char **argv, dt__train_opts *o);
+/* The cross-option checks of dt__train_parse (again after a config filled
+ * the options). Returns 0 or 2 after printing one line. */
+int dt__train_check(dt__train_opts *o);
+/* train_config.c: the config of --config FILE (if any), the flags given
+ * on the command line over it, AIAK_* over both (src/config/); then the
+ * options the command reads (batch, accumulation, stage, precision, ...)
+ * from the result. o->cfg is set (free with dt_config_free). Returns 0 or
+ * 2 after printing one line. */
+int dt__train_config(int argc, char **argv, dt__train_opts *o);
+/* rank 0: the config's warnings on stderr and the effective configuration
+ * on stdout, once (nothing when no config key is set). */
+void dt__train_config_print(const dt__train_opts *o);
 void dt__train_usage(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
  * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */

@@ -124,6 +124,9 @@ static const opt_def opts[] = {
      "stage 3: when the next unit's all-gather is posted in backward (default backward_pre)"},
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
+    {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
+     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
+     "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
@@ -154,6 +157,10 @@ static const opt_def opts[] = {
      "dynamic loss scale (deepspeed): overflows absorbed before it halves (default 2)"},
     {"min-loss-scale", OPT_FLOAT, OFF(min_loss_scale), 1e-30, 1e30, NULL, "X",
      "dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
+    {"config", OPT_STR, OFF(config), 0, 0, NULL, "FILE",
+     "a DeepSpeed-style JSON config (ds_config.json: batch sizes, fp16/bf16, zero_optimization, optimizer, "
+     "scheduler, activation_checkpointing, ...; # comments allowed); flags given here override its keys, "
+     "AIAK_* environment variables override both (docs/GUIDE.md)"},
     {"scaler", OPT_CHOICE, OFF(scaler), 0, 0, "deepspeed|torch", "RULE",
      "dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default deepspeed)"},
 };
@@ -214,6 +221,8 @@ void dt__train_usage(FILE *f)
     fprintf(f, "\nsharded (ZeRO / FSDP): add --zero 1|2|3 (or --fsdp shard_grad_op|full_shard), e.g.\n"
                "  dtrain run -n 2 -- dtrain train --model mlp --zero 3 --wrap-min-params 100000\n"
                "(the run ends with each rank's bytes of parameters, gradients and optimizer states)\n");
+    fprintf(f, "\ntensor parallel (Megatron): --tp N splits each layer over N adjacent ranks, e.g.\n"
+               "  dtrain run -n 4 -- dtrain train --model mlp --tp 2   (2 tensor-parallel x 2 data-parallel)\n");
     fprintf(f, "\ndata parallel (DDP) on this machine: start N ranks with the launcher,\n"
                "  dtrain run -n 2 -- dtrain train --model convnet --batch 100 ...\n"
                "(each rank trains on its share of every epoch; rank 0 prints and writes --metrics;\n"
@@ -334,6 +343,11 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
+    return dt__train_check(o);
+}
+
+int dt__train_check(dt__train_opts *o)
+{
     /* Cross-field checks. */
     const bool lm = strcmp(o->model, "convnet") && strcmp(o->model, "mlp");
     if (lm && (!o->data || strncmp(o->data, "tokens:", 7) || !o->data[7])) {
@@ -427,6 +441,22 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         dt__cli_err("dtrain train: --init-from does not work with sharded parameters (--zero 3, --fsdp full_shard) "
                     "yet\n");
         return 2;
+    }
+    if (o->tp > 1) {
+        const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
+                         : o->save || o->resume ? "--save/--resume (checkpoints of tensor-parallel training are "
+                                                  "not written yet)"
+                         : o->init_from ? "--init-from"
+                         : o->clip_grad_norm > 0 ? "--clip-grad-norm (the global norm over the slices is not "
+                                                   "computed yet)"
+                         : o->sample_every ? "--sample-every"
+                         : o->sync_bn ? "--sync-bn"
+                         : o->offload ? "--offload" : NULL;
+        if (no) {
+            dt__cli_err("dtrain train: --tp %lld does not combine with %s\n", (long long)o->tp, no);
+            return 2;
+        }
     }
     if (sharded && o->sync_bn) {
         dt__cli_err("dtrain train: --sync-bn works with DDP only so far (not with --zero / --fsdp)\n");

@@ -7,6 +7,9 @@
 #include "cmd.h"
 #include "train.h"
 #include "train_ddp.h"
+#include "dtrain/tp.h"
+
+#include "dtrain/config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,12 +94,22 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     r->zp.forward_prefetch = o->forward_prefetch;
     r->zp.init_seed = o->seed;
     r->zp.init_rng = !strcmp(o->rng, "torch") ? DT_INIT_TORCH : DT_INIT_PHILOX;
+    if (o->cfg) { /* zero_optimization's knobs (the stage is o->zero already) */
+        int unused = -1;
+        dt_config_zero_params(o->cfg, &unused, &r->zp);
+        r->zp.stage = r->stage > 0 ? r->stage : 3;
+    }
     /* A group of one is not worth a backend; the environment tells us the
      * size before anything is created, read by the library's strict parser
      * (a malformed WORLD_SIZE is bad input, not a run alone). */
     int ws;
     if (dt_pg_env_world_size(&ws) < 0) {
         dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    if (o->tp > 1 && ws % o->tp) {
+        dt__cli_err("dtrain train: --tp %lld needs a multiple of %lld ranks (start them with dtrain run -n N); "
+                    "this job has %d\n", (long long)o->tp, (long long)o->tp, ws);
         return 2;
     }
     int rc = resolve_hook(r, o, ws);
@@ -117,6 +130,25 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     }
     r->rank = dt_pg_rank(r->pg);
     r->world = dt_pg_size(r->pg);
+    r->tp = 1;
+    if (o->tp > 1) { /* Megatron's order: tp ranks adjacent, data parallel across the groups */
+        if (r->world % o->tp) {
+            dt__cli_err("dtrain train: --tp %lld does not divide the %d ranks\n", (long long)o->tp, r->world);
+            return 2;
+        }
+        r->world_pg = r->pg;
+        r->pg = NULL;
+        if ((st = dt_tp_groups(r->world_pg, (int)o->tp, &r->tp_pg, &r->dp_pg)) < 0) {
+            dt__cli_err("dtrain train: --tp: %s\n", dt_last_error());
+            return 1;
+        }
+        r->tp = (int)o->tp;
+        r->tp_rank = dt_pg_rank(r->tp_pg);
+        r->rank = dt_pg_rank(r->dp_pg);
+        r->world = dt_pg_size(r->dp_pg);
+        if (r->world > 1)
+            r->pg = r->dp_pg;
+    }
     return 0;
 }
 
@@ -186,7 +218,7 @@ void dt__ddp_eval_range(const dt__ddp_run *r, int64_t n, int64_t *lo, int64_t *h
     dt_eval_shard(n, r->rank, r->world, lo, hi);
 }
 
-bool dt__ddp_is_main(const dt__ddp_run *r) { return r->rank == 0; }
+bool dt__ddp_is_main(const dt__ddp_run *r) { return r->rank == 0 && r->tp_rank == 0; }
 
 void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
 {
@@ -290,6 +322,13 @@ void dt__ddp_free_ddp(dt__ddp_run *r)
 
 void dt__ddp_free_group(dt__ddp_run *r)
 {
-    dt_pg_free(r->pg);
+    if (r->world_pg) { /* --tp: pg is dp_pg's alias; subgroups before their parent */
+        dt_pg_free(r->tp_pg);
+        dt_pg_free(r->dp_pg);
+        dt_pg_free(r->world_pg);
+        r->tp_pg = r->dp_pg = r->world_pg = NULL;
+    } else {
+        dt_pg_free(r->pg);
+    }
     r->pg = NULL;
 }

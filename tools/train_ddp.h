@@ -34,6 +34,13 @@ typedef struct dt__ddp_run {
     int stage;
     bool hybrid;      /* --fsdp hybrid_shard */
     dt_zero_params zp;
+    /* tensor parallelism (--tp): the world is split into tp groups of adjacent
+       ranks and dp groups across them; pg, rank and world above are then the
+       data-parallel group's (pg NULL when it has one rank) */
+    int tp;           /* ranks per tensor-parallel group (1 = none) */
+    int tp_rank;      /* this rank in its tensor-parallel group */
+    dt_pg *tp_pg;     /* NULL without --tp */
+    dt_pg *dp_pg, *world_pg; /* owned; NULL without --tp */
     /* communication hook (--comm-hook, AIAK_* over it): DDP only */
     dt_comm_hook_kind hook;
     dt_powersgd_params psgd;

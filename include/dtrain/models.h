@@ -44,6 +44,7 @@
 #ifndef DTRAIN_MODELS_H
 #define DTRAIN_MODELS_H
 
+#include "dtrain/comm.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 
@@ -78,6 +79,10 @@ typedef struct dt_model_desc {
     double fwd_flops_per_sample;          /* matmul/conv FLOPs of one forward (2 per multiply-add) */
     double train_flops_per_sample;        /* forward + backward (backward computes two products
                                              per layer, minus the first layer's input gradient) */
+    dt_pg *tp;                            /* a tensor-parallel model's group (dt_model_config.tp;
+                                             borrowed): the output is this rank's share (GPT-2:
+                                             logits [B, T, ceil(V/t)], the loss the
+                                             vocabulary-parallel cross-entropy); NULL otherwise */
 } dt_model_desc;
 
 /* A GPT-2 configuration. */
@@ -112,6 +117,13 @@ typedef struct dt_model_config {
                                      dtype (param_dtype, keep_batchnorm_fp32: a bf16/f16
                                      model, precision.h); default
                                      dt_model_build_params_default() */
+    dt_pg *tp;                    /* tensor parallelism (tp.h) over this group (borrowed; must
+                                     outlive the model), NULL = none (default). "mlp": w0
+                                     column-split, w1 row-split (Paddle's/Megatron's MLP);
+                                     GPT-2: heads, MLP and vocabulary split (n_head divisible
+                                     by the group size; the vocabulary is padded). Parameters
+                                     keep their global names with the rank's slice, initialised
+                                     to the single-process model's values (dt_model_init_tp) */
 } dt_model_config;
 DT_API dt_model_config dt_model_config_default(void);
 
@@ -120,6 +132,15 @@ DT_API dt_model_config dt_model_config_default(void);
  * DT_ERR_NOT_FOUND for an unknown name, DT_ERR_INVALID_ARG for a bad cfg. */
 DT_API dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config *cfg, dt_model **model,
                                  dt_model_desc *desc);
+/* (Re)initialise m, built by dt_model_create(name, .., cfg) with cfg->tp
+ * set, to its slices of the single-process model's initial values: those
+ * of dt_model_build (DT_INIT_PHILOX, what dt_model_create already did) or
+ * of dt_model_init_torch (DT_INIT_TORCH) with `seed`. Builds the
+ * single-process model meta for its layout (dt_tp_init_from: time and
+ * memory of one full model's parameters). Collective over nothing; every
+ * rank calls it for its own slices. */
+DT_API dt_status dt_model_init_tp(dt_model *m, const char *name, const dt_model_config *cfg, dt_init_rng rng,
+                                  uint64_t seed);
 /* The zoo's names, NULL-terminated. */
 DT_API const char *const *dt_model_zoo_names(void);
 

@@ -188,6 +188,13 @@ typedef struct dt_nn_param_spec {
                                         entries are initialised as `init` says (in f32, then
                                         rounded); other dtypes are zero-initialised. f32, bf16
                                         and f16 parameters get gradients (precision.h) */
+    int tp_dim;                      /* tensor parallelism (tp.h): 0 = the whole tensor (on every
+                                        rank of the tensor-parallel group); d + 1 = this rank's
+                                        slice along dim d of the full tensor (dt_tp_init_from
+                                        fills it from the full model's init); default 0 */
+    int tp_chunks;                   /* with tp_dim: dim d of the full tensor is tp_chunks equal
+                                        blocks (GPT-2's c_attn: q | k | v, 3) and the rank holds
+                                        its slice of each, side by side; 0 or 1 = one block */
 } dt_nn_param_spec;
 
 /* forward(ctx, self, x, ud) -> output; get parameters with dt_module_param. */
@@ -401,6 +408,7 @@ typedef struct dt_param_info {
                                       shares (dt_module_tie): listed under both names, as in
                                       PyTorch's state_dict, stored and optimised once */
     dt_module *module;             /* owner */
+    int tp_dim, tp_chunks;         /* its spec's tensor-parallel slicing (dt_nn_param_spec) */
 } dt_param_info;
 
 /* Number of entries (parameters and buffers). */

@@ -96,6 +96,7 @@
 #define DTRAIN_TRAIN_H
 
 #include "dtrain/base.h"
+#include "dtrain/config.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/offload.h"
@@ -304,6 +305,17 @@ typedef struct dt_trainer_params {
 
 /* Defaults as listed above. */
 DT_API dt_trainer_params dt_trainer_params_default(void);
+/* The fields of tp that a DeepSpeed-style config (config.h) sets, over
+ * what tp holds: optimizer (type and params; DeepSpeed's "Adam" is AdamW
+ * unless params.adam_w_mode is false, and a type from the config starts
+ * from DeepSpeed's defaults: lr 1e-3, eps 1e-8, weight_decay 0), scheduler
+ * (WarmupLR with linear warm-up -> constant with warm-up at warmup_max_lr;
+ * dtrain's constant/step/cosine), gradient_clipping,
+ * gradient_accumulation_steps, fp16/bf16 (precision and the loss scaler),
+ * communication_data_type (reduce dtype) and the optimizer offload. Keys
+ * the config does not set leave tp's fields alone. DT_ERR_INVALID_ARG /
+ * DT_ERR_UNSUPPORTED name the key that cannot be honoured. */
+DT_API dt_status dt_trainer_params_apply_config(const dt_config *c, dt_trainer_params *tp);
 
 /* One micro-batch: input x and target y (y may be NULL when the loss takes
  * none), each a contiguous array with its dtype and shape; dim 0 of x is the

@@ -93,6 +93,8 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
             if (!s->is_buffer && s->dtype == DT_F32 && md->param_dtype != DT_F32 && !keep)
                 p->dtype = md->param_dtype;
             p->module = m;
+            p->tp_dim = s->tp_dim;
+            p->tp_chunks = s->tp_chunks > 1 ? s->tp_chunks : 1;
             e->spec = i;
             e->tied = p->tied_to = -1;
         }

@@ -47,7 +47,12 @@ dt_status dt__reshard_s_to_s(const dt__rs_step *s)
         dt__copy_box(sbuf + at * esz, bshape, zero, s->in, s->in_shape, off, bshape, nd, s->dtype);
         at += sc[r];
     }
-    dt_status st = dt_pg_alltoallv(s->pg, sbuf, sc, NULL, rbuf, rc, NULL, s->dtype);
+    /* both dims divisible: every block on every rank has one size (decided
+     * from the global shape, so all ranks choose alike), and the plain
+     * all-to-all runs (alltoallv adds a size agreement and padding) */
+    bool even = s->gshape[i] % k == 0 && s->gshape[j] % k == 0;
+    dt_status st = even ? dt_pg_alltoall(s->pg, sbuf, rbuf, sc[0], s->dtype)
+                        : dt_pg_alltoallv(s->pg, sbuf, sc, NULL, rbuf, rc, NULL, s->dtype);
     if (st < 0)
         return st;
     at = 0;

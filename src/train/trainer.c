@@ -16,6 +16,7 @@
 #include "train/train_impl.h"
 
 #include "dtrain/precision.h"
+#include "dtrain/tp.h"
 
 #include <math.h>
 #include <signal.h>
@@ -327,6 +328,12 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         return dt_error(DT_ERR_INVALID_ARG,
                         "dt_trainer_init: grad_accum %lld (need >= 1), loss_scale %g (need > 0, finite), loss %d",
                         (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss);
+    }
+    const char *sl = p.clip_grad_norm > 0 || p.measure_grad_norm ? dt_tp_model_slice(m) : NULL;
+    if (sl) {
+        dt_strategy_free(s);
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): the global "
+                        "gradient norm (clip_grad_norm, measure_grad_norm) over slices is not supported yet", sl);
     }
     dt_trainer *tr = dt_calloc(sizeof *tr);
     if (!tr) {

@@ -57,6 +57,7 @@
 
 #include "dtrain/ckpt.h"
 #include "dtrain/kernels.h"
+#include "dtrain/tp.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -591,6 +592,10 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (dt_trainer_offload(tr)) /* every rank has it or none: the refusal is symmetric */
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");
+    const char *sl = dt_tp_model_slice(dt_trainer_model(tr)); /* every rank of the group alike */
+    if (sl)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: '%s' is a tensor-parallel slice (tp.h): checkpoints of "
+                        "tensor-parallel models are not supported yet", sl);
     dt_trainer_save_params pp = p ? *p : dt_trainer_save_params_default();
     if (pp.keep < 0)
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_save: keep %d < 0", pp.keep);
@@ -871,6 +876,10 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     if (dt_trainer_offload(tr))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_load: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");
+    const char *sl = dt_tp_model_slice(dt_trainer_model(tr));
+    if (sl)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_load: '%s' is a tensor-parallel slice (tp.h): checkpoints of "
+                        "tensor-parallel models are not supported yet", sl);
     char ck[sizeof ((dt_trainer_resume_info *)0)->path];
     dt_trainer_resume_info ri;
     memset(&ri, 0, sizeof ri);

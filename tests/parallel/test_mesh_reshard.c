@@ -106,10 +106,12 @@ static int body_pairs(int rank, int size, void *arg)
     dt_ctx *ctx;
     TH_OK(dt_ctx_init(NULL, &ctx));
     int k = dt_mesh_size(m, -1);
-    /* shapes: uneven, and smaller than the mesh on some dim */
-    int64_t shapes[3][3] = {{(int64_t)k + 1, 3, 0}, {2, (int64_t)2 * k + 1, 3}, {1, 5, 0}};
-    int ndims[3] = {2, 3, 2};
-    int nshape = c->ndim_mesh == 1 ? 3 : 2;
+    /* shapes: uneven, smaller than the mesh on some dim, and even (the
+     * plain all-gather / all-to-all paths) */
+    int64_t shapes[4][3] = {{(int64_t)k + 1, 3, 0}, {2, (int64_t)2 * k + 1, 3}, {1, 5, 0},
+                            {(int64_t)2 * k, (int64_t)k, 0}};
+    int ndims[4] = {2, 3, 2, 2};
+    int nshape = c->ndim_mesh == 1 ? 4 : 2;
     for (int si = 0; si < nshape; si++) {
         int nd = ndims[si];
         dt_placement cand[8];

@@ -1,0 +1,176 @@
+/* dtrain/tp.h — tensor parallelism (Megatron-LM): the conjugate operators,
+ * column- and row-parallel layers, the vocabulary-parallel embedding and
+ * cross-entropy.
+ *
+ * Overview
+ * --------
+ * Tensor parallelism splits single layers over the ranks of a
+ * tensor-parallel group `tp` (any dt_pg: a mesh dimension's group, or one
+ * made with dt_pg_split; SEMANTICS.md 6). Each rank holds a slice of the
+ * weights and computes its part of the layer; collectives inside forward
+ * and backward keep the activations consistent:
+ *
+ *   f = dt_tp_copy_to_region:    forward identity,   backward all-reduce (sum)
+ *   g = dt_tp_reduce_from_region: forward all-reduce, backward identity
+ *   dt_tp_gather_last:  forward all-gather along the last dim, backward the rank's slice
+ *   dt_tp_scatter_last: forward the rank's slice of the last dim, backward all-gather
+ *
+ * Megatron's MLP is Z = g(gelu(f(X) A_r) B_r) with A split by columns
+ * (ColumnParallelLinear) and B by rows (RowParallelLinear): one all-reduce
+ * in forward (g) and one in backward (f). Attention splits the heads: the
+ * q/k/v projection is column-parallel (each rank computes n_head / t heads)
+ * and the output projection row-parallel.
+ *
+ * Weights are stored [in, out] (x @ W, the addmm layout of the zoo's MLP and
+ * of Hugging Face's GPT-2 Conv1D). A column-parallel weight holds the
+ * rank's out/t columns (and bias slice); a row-parallel weight holds the
+ * rank's in/t rows, and its bias is whole on every rank, added once after
+ * the reduction. A parameter's slicing is recorded in its spec
+ * (dt_nn_param_spec.tp_dim, tp_chunks; dt_param_info has them too), so its
+ * name stays the global one ("transformer.h.0.mlp.c_fc.weight") with the
+ * local shape.
+ *
+ * Initialisation: dt_tp_init_from fills every parameter of a
+ * tensor-parallel model with its slice of the values the single-process
+ * model gets (the same generator over the full tensor, then sliced), so the
+ * tensor-parallel model equals the single-process one exactly at step 0.
+ *
+ * Replicated parameters (row-parallel biases, layer norms, position
+ * embeddings) see the same inputs and the same output gradients on every
+ * rank of the group (g's backward is the identity, f's backward all-reduces),
+ * so their gradients are equal on every rank without communication, as in
+ * Megatron. Data parallelism composes outside: split the world into tp
+ * groups of adjacent ranks and dp groups across them (dt_tp_groups) and run
+ * DDP (parallel.h) over the dp group; every dp group holds one copy of each
+ * slice.
+ *
+ * Vocabulary parallelism: the embedding [V, C] is split over the vocabulary
+ * (rows); rank r holds rows [r Vl, (r + 1) Vl) with Vl = ceil(V / t); rows
+ * past V are padding (zero, never looked up, excluded from the softmax), as
+ * Megatron pads, so any V works with any t. The lookup masks the ids
+ * outside the rank's range and all-reduces (g). The tied LM head computes
+ * the rank's logits [.., Vl] = f(x) @ W_r^T, and the vocabulary-parallel
+ * cross-entropy takes the loss from them with three small all-reduces
+ * (max, sum of exp, target logit) without ever forming the full logits.
+ *
+ * Every op here is collective over tp: every rank of the group must call the
+ * same ops in the same order with the same shapes (the group's mismatch
+ * check names the difference). A group of one makes every op the plain
+ * single-process one.
+ *
+ * Usage (a tensor-parallel MLP, two ranks)
+ * ----------------------------------------
+ *     dt_pg *world;  dt_pg_init(NULL, &world);
+ *     dt_pg *tp, *dp;  dt_tp_groups(world, 2, &tp, &dp);        // Megatron order
+ *     dt_module *net = dt_nn_seq(0, NULL);
+ *     dt_nn_add(net, NULL, dt_tp_column_linear(tp, 1024, 4096, true, false, 1));
+ *     dt_nn_add(net, NULL, dt_nn_gelu());
+ *     dt_nn_add(net, NULL, dt_tp_row_linear(tp, 4096, 1024, true, true));
+ *     dt_model *m;  dt_model_build(net, seed, NULL, &m);
+ *     // the single-process model, layout only, to take the initial values from
+ *     dt_model *full = <the same tree with dt_nn_linear-like [in, out] layers, built meta>;
+ *     dt_tp_init_from(m, tp, full, DT_INIT_PHILOX, seed);
+ *     ... train: dt_model_forward, loss, dt_backward; DDP over dp (dp of size 1: none) ...
+ */
+#ifndef DTRAIN_TP_H
+#define DTRAIN_TP_H
+
+#include "dtrain/autograd.h"
+#include "dtrain/base.h"
+#include "dtrain/comm.h"
+#include "dtrain/nn.h"
+#include "dtrain/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- groups ----------------------------------------------------------------------- */
+
+/* Split world into tensor-parallel groups of tp_size adjacent ranks
+ * (Megatron's order: tp group k = ranks [k tp_size, (k + 1) tp_size)) and
+ * data-parallel groups across them (dp group j = the ranks whose tp rank
+ * is j). Collective over world. tp_size must divide the world size
+ * (DT_ERR_INVALID_ARG naming both). Free both before world. */
+DT_API dt_status dt_tp_groups(dt_pg *world, int tp_size, dt_pg **tp, dt_pg **dp);
+
+/* ---- the conjugate operators (differentiable; collective over tp) ------------------ */
+
+/* f: x itself forward; backward all-reduces (sums) the gradient over tp. */
+DT_API dt_tensor *dt_tp_copy_to_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+/* g: the sum of x over tp (all-reduce) forward; backward identity. */
+DT_API dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+/* x [..., n] -> [..., t n]: rank r's x in columns [r n, (r + 1) n) (all-gather);
+ * backward: the rank's columns of the gradient. */
+DT_API dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+/* x [..., N] (the same on every rank) -> the rank's columns [r N/t, (r + 1) N/t)
+ * (N divisible by t); backward: all-gather of the gradients. */
+DT_API dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+
+/* ---- layers (modules; forward collective over tp) ---------------------------------- */
+
+/* Y = f(X) @ W_r + b_r: weight [in, out/t] "weight", bias [out/t] "bias"
+ * (bias optional), the rank's columns of the full [in, out] layer. With
+ * chunks > 1 the full out dimension is `chunks` equal blocks (GPT-2's
+ * q | k | v) and the rank holds its slice of each block, side by side.
+ * gather_output: all-gather Y to [.., out] (chunks must be 1); else Y is
+ * the rank's columns. out must be divisible by t * chunks. Type
+ * "ColumnParallelLinear". The group is borrowed (must outlive the model).
+ * Initialised N(0, 0.02); dt_tp_init_from replaces it by the full model's. */
+DT_API dt_module *dt_tp_column_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bool gather_output,
+                                      int chunks);
+/* Y = g(X_r @ W_r) + b: weight [in/t, out] (the rank's rows), bias [out]
+ * whole (added once, after the reduction). input_is_parallel: X is already
+ * the rank's [.., in/t] (a column-parallel output); else X [.., in] is
+ * split first (dt_tp_scatter_last). Type "RowParallelLinear". */
+DT_API dt_module *dt_tp_row_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bool input_is_parallel);
+/* Embedding over a vocabulary split by rows: weight [ceil(V/t), dim] (see the
+ * overview for padding); input ids (i32/i64, any shape) in [0, V) (else
+ * DT_ERR_RANGE); output [ids.shape..., dim], the same on every rank. Type
+ * "VocabParallelEmbedding". */
+DT_API dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim);
+/* The group of a module made by the three constructors above (NULL for any
+ * other module). */
+DT_API dt_pg *dt_tp_module_group(const dt_module *m);
+/* The name of m's first parameter that is a tensor-parallel slice (tp_dim
+ * set), or NULL when m holds whole tensors only. The trainer uses it to
+ * refuse what does not handle slices yet: checkpoints (dt_trainer_save,
+ * dt_trainer_load) and the global gradient norm (clip_grad_norm,
+ * measure_grad_norm), which would be wrong over slices (DT_ERR_UNSUPPORTED
+ * naming the parameter). */
+DT_API const char *dt_tp_model_slice(const dt_model *m);
+
+/* ---- vocabulary-parallel loss ------------------------------------------------------ */
+
+/* The rank's vocabulary range for a vocabulary of V over tp: rows
+ * [*lo, *lo + *n) of the full embedding, *n = min(Vl, V - lo) clamped at 0,
+ * Vl = ceil(V / t) (dt_tp_vocab_embedding's local rows). */
+DT_API void dt_tp_vocab_range(dt_pg *tp, int64_t V, int64_t *lo, int64_t *n, int64_t *local_rows);
+/* Mean cross-entropy of logits split over the vocabulary: logits [N, Vl] or
+ * [B, T, Vl] (f32; this rank's columns, Vl = ceil(V/t), padding columns
+ * ignored), labels [N] or [B, T] (i32/i64) in [0, V) or -100 (ignored, as
+ * dt_cross_entropy). Equals dt_cross_entropy of the gathered [N, V] logits
+ * up to rounding, with all-reduces of N floats (max) and 2N (sum of exp,
+ * target logit); the backward needs no communication. -> scalar, the same on
+ * every rank. */
+DT_API dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, dt_tensor *labels,
+                                            int64_t V);
+
+/* ---- initialisation ------------------------------------------------------------------ */
+
+/* Fill every parameter of m, a tensor-parallel model, with its slice of the
+ * initial values of `full`, the same model built without tensor parallelism
+ * (build it meta: only its layout is used), drawn by rng and seed as
+ * dt_model_init_range (DT_INIT_PHILOX: dt_model_build's own values;
+ * DT_INIT_TORCH: dt_model_init_torch's). Entries are matched by name; an
+ * entry with tp_dim 0 takes the whole tensor, one with tp_dim d + 1 the
+ * rank's slice along d (tp_chunks blocks; vocabulary padding rows zero).
+ * Buffers are left as they are. Errors: DT_ERR_NOT_FOUND (a name missing in
+ * full), DT_ERR_SHAPE (shapes that are not a slice of the full one). Time
+ * and memory of one full model's parameters per rank. */
+DT_API dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_rng rng, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TP_H */

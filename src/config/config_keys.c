@@ -1,0 +1,155 @@
+/* Every key dtrain reads from a DeepSpeed-style config, with its type and
+ * range. What each key does here is config_map.c's (and docs/GUIDE.md's);
+ * this table only says what a well-formed value is. Blocks (DT__KT_OBJECT)
+ * come before their members: the reader walks a block's members only when
+ * the block is in the table, and warns about any other member. */
+#include "config_impl.h"
+
+#include <string.h>
+
+#define BIG 1e15 /* sizes in elements, steps */
+#define OBJ(p) {p, DT__KT_OBJECT, 0, 0, 0, NULL}
+#define BOOL(p, f) {p, DT__KT_BOOL, 0, 0, f, NULL}
+#define INT(p, lo, hi, f) {p, DT__KT_INT, lo, hi, f, NULL}
+#define FLT(p, lo, hi, f) {p, DT__KT_FLOAT, lo, hi, f, NULL}
+#define STR(p, ch, f) {p, DT__KT_STR, 0, 0, f, ch}
+#define A DT__KF_AUTO
+#define N DT__KF_NULL
+
+const dt__cfg_key dt__cfg_keys[] = {
+    /* batch (SEMANTICS 1.4) */
+    INT("train_batch_size", 1, BIG, A),
+    INT("train_micro_batch_size_per_gpu", 1, BIG, A),
+    INT("gradient_accumulation_steps", 1, 1e9, A),
+    /* clipping, logging */
+    FLT("gradient_clipping", 0, 1e30, A),
+    INT("steps_per_print", 1, BIG, A),
+    BOOL("wall_clock_breakdown", A),
+    BOOL("memory_breakdown", A),
+    BOOL("dump_state", 0),
+    /* gradient reduction */
+    STR("communication_data_type", "fp32|fp16|bf16", A | N),
+    BOOL("prescale_gradients", 0),
+    FLT("gradient_predivide_factor", 1e-30, 1e30, 0),
+    BOOL("sparse_gradients", 0),
+    BOOL("zero_allow_untested_optimizer", 0),
+    BOOL("zero_force_ds_cpu_optimizer", 0),
+    /* fp16 (SEMANTICS 1.1) */
+    OBJ("fp16"),
+    BOOL("fp16.enabled", A),
+    FLT("fp16.loss_scale", 0, 1e38, 0),
+    INT("fp16.initial_scale_power", 0, 127, 0),
+    INT("fp16.loss_scale_window", 1, 1e12, 0),
+    INT("fp16.hysteresis", 1, 1e6, 0),
+    BOOL("fp16.consecutive_hysteresis", 0),
+    FLT("fp16.min_loss_scale", 1e-38, 1e38, 0),
+    BOOL("fp16.auto_cast", 0),
+    /* bf16 (SEMANTICS 1.3) */
+    OBJ("bf16"),
+    BOOL("bf16.enabled", A),
+    OBJ("amp"),
+    BOOL("amp.enabled", 0),
+    /* ZeRO (SEMANTICS 1.6) */
+    OBJ("zero_optimization"),
+    INT("zero_optimization.stage", 0, 3, 0),
+    BOOL("zero_optimization.overlap_comm", A),
+    BOOL("zero_optimization.contiguous_gradients", 0),
+    INT("zero_optimization.reduce_bucket_size", 1, BIG, A),
+    INT("zero_optimization.allgather_bucket_size", 1, BIG, A),
+    BOOL("zero_optimization.allgather_partitions", 0),
+    BOOL("zero_optimization.reduce_scatter", 0),
+    INT("zero_optimization.sub_group_size", 1, BIG, A),
+    BOOL("zero_optimization.round_robin_gradients", 0),
+    INT("zero_optimization.stage3_prefetch_bucket_size", 0, BIG, A),
+    INT("zero_optimization.stage3_param_persistence_threshold", 0, BIG, A),
+    INT("zero_optimization.stage3_model_persistence_threshold", 0, 9.3e18, A),
+    INT("zero_optimization.stage3_max_live_parameters", 0, BIG, A),
+    INT("zero_optimization.stage3_max_reuse_distance", 0, BIG, A),
+    BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", A),
+    BOOL("zero_optimization.gather_16bit_weights_on_model_save", A),
+    BOOL("zero_optimization.cpu_offload", 0),
+    BOOL("zero_optimization.ignore_unused_parameters", 0),
+    BOOL("zero_optimization.elastic_checkpoint", 0),
+    INT("zero_optimization.zero_hpz_partition_size", 1, 1e6, 0),
+    BOOL("zero_optimization.zero_quantized_weights", 0),
+    BOOL("zero_optimization.zero_quantized_gradients", 0),
+    OBJ("zero_optimization.offload_optimizer"),
+    STR("zero_optimization.offload_optimizer.device", "none|cpu|nvme", N),
+    STR("zero_optimization.offload_optimizer.nvme_path", NULL, N),
+    BOOL("zero_optimization.offload_optimizer.pin_memory", 0),
+    FLT("zero_optimization.offload_optimizer.ratio", 0, 1, 0),
+    INT("zero_optimization.offload_optimizer.buffer_count", 1, 1e6, 0),
+    BOOL("zero_optimization.offload_optimizer.fast_init", 0),
+    OBJ("zero_optimization.offload_param"),
+    STR("zero_optimization.offload_param.device", "none|cpu|nvme", N),
+    STR("zero_optimization.offload_param.nvme_path", NULL, N),
+    BOOL("zero_optimization.offload_param.pin_memory", 0),
+    INT("zero_optimization.offload_param.buffer_count", 1, 1e6, 0),
+    INT("zero_optimization.offload_param.buffer_size", 1, BIG, 0),
+    INT("zero_optimization.offload_param.max_in_cpu", 0, BIG, 0),
+    /* optimizer */
+    OBJ("optimizer"),
+    STR("optimizer.type", "Adam|AdamW|SGD|Lamb", 0),
+    OBJ("optimizer.params"),
+    FLT("optimizer.params.lr", 0, 1e6, A),
+    {"optimizer.params.betas", DT__KT_PAIR, 0, 0.999999999, A, NULL},
+    FLT("optimizer.params.eps", 1e-30, 1, A),
+    FLT("optimizer.params.weight_decay", 0, 1e6, A),
+    BOOL("optimizer.params.adam_w_mode", 0),
+    BOOL("optimizer.params.torch_adam", 0),
+    BOOL("optimizer.params.fp32_optimizer_states", 0),
+    FLT("optimizer.params.momentum", 0, 0.999999, 0),
+    FLT("optimizer.params.dampening", 0, 1, 0),
+    BOOL("optimizer.params.nesterov", 0),
+    BOOL("optimizer.params.bias_correction", 0),
+    FLT("optimizer.params.max_grad_norm", 0, 1e30, 0),
+    BOOL("optimizer.params.grad_averaging", 0),
+    FLT("optimizer.params.max_coeff", 0, 1e30, 0),
+    FLT("optimizer.params.min_coeff", 0, 1e30, 0),
+    /* scheduler: DeepSpeed's names and dtrain's own (constant, step, cosine) */
+    OBJ("scheduler"),
+    STR("scheduler.type", "WarmupLR|WarmupDecayLR|WarmupCosineLR|OneCycle|LRRangeTest|constant|step|cosine", 0),
+    OBJ("scheduler.params"),
+    FLT("scheduler.params.warmup_min_lr", 0, 1e6, A),
+    FLT("scheduler.params.warmup_max_lr", 0, 1e6, A),
+    INT("scheduler.params.warmup_num_steps", 0, BIG, A),
+    STR("scheduler.params.warmup_type", "linear|log", 0),
+    INT("scheduler.params.total_num_steps", 1, BIG, A),
+    INT("scheduler.params.step_size", 1, BIG, 0),
+    FLT("scheduler.params.gamma", 0, 1, 0),
+    FLT("scheduler.params.min_lr", 0, 1e6, 0),
+    INT("scheduler.params.last_batch_iteration", -1, -1, 0),
+    /* activation checkpointing (SEMANTICS 10.2) */
+    OBJ("activation_checkpointing"),
+    BOOL("activation_checkpointing.partition_activations", 0),
+    BOOL("activation_checkpointing.cpu_checkpointing", 0),
+    BOOL("activation_checkpointing.contiguous_memory_optimization", 0),
+    INT("activation_checkpointing.number_checkpoints", 0, 1e9, N),
+    BOOL("activation_checkpointing.synchronize_checkpoint_boundary", 0),
+    BOOL("activation_checkpointing.profile", 0),
+    /* dtrain's own block: what DeepSpeed's config does not say */
+    OBJ("dtrain"),
+    BOOL("dtrain.activation_checkpointing", 0),
+    BOOL("dtrain.hybrid_shard", 0),
+    STR("dtrain.comm_hook", "allreduce|fp16|bf16|powersgd", 0),
+    INT("dtrain.powersgd_rank", 1, 1024, 0),
+    INT("dtrain.start_compress_iter", 0, BIG, 0),
+    BOOL("dtrain.powersgd_error_feedback", 0),
+    BOOL("dtrain.powersgd_warm_start", 0),
+    BOOL("dtrain.hierarchical_allreduce", 0),
+    BOOL("dtrain.fused_optimizer", 0),
+    INT("dtrain.tensor_parallel_size", 1, 1e6, 0),
+    INT("dtrain.pipeline_parallel_size", 1, 1e6, 0),
+    INT("dtrain.micro_batches", 1, 1e9, 0),
+};
+const size_t dt__cfg_nkeys = sizeof dt__cfg_keys / sizeof dt__cfg_keys[0];
+
+int dt__cfg_find(const char *path)
+{
+    for (size_t i = 0; path && i < dt__cfg_nkeys; i++)
+        if (!strcmp(dt__cfg_keys[i].path, path))
+            return (int)i;
+    return -1;
+}
+
+const char *dt_config_key_name(size_t i) { return i < dt__cfg_nkeys ? dt__cfg_keys[i].path : NULL; }

@@ -1,0 +1,629 @@
+/* Tensor parallelism (Megatron-LM, SEMANTICS.md 6): the conjugate
+ * operators f and g, all-gather / split along the last dim, column- and
+ * row-parallel linear layers, the vocabulary-parallel embedding and
+ * cross-entropy, and the initialisation of a tensor-parallel model from the
+ * single-process model's values.
+ *
+ * Each operator is an autograd custom op whose backward is the adjoint
+ * collective: f (identity) <-> all-reduce, g (all-reduce) <-> identity,
+ * gather (all-gather) <-> slice, scatter (slice) <-> all-gather. Gradients
+ * are f32 (autograd.h), so backward collectives run in f32 whatever the
+ * activations' dtype.
+ *
+ * The vocabulary-parallel cross-entropy follows Megatron's
+ * _VocabParallelCrossEntropy: the row max and the sum of exponentials are
+ * combined over the group (a MAX all-reduce of N floats, then one SUM
+ * all-reduce of [sum exp, target logit] in double), so no rank forms the
+ * full [N, V] logits; the backward softmax(l) - onehot is local. */
+#include "dtrain/tp.h"
+#include "nn/nn_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- groups ------------------------------------------------------------------------- */
+
+dt_status dt_tp_groups(dt_pg *world, int tp_size, dt_pg **tp, dt_pg **dp)
+{
+    if (!world || !tp || !dp)
+        return dt_error(DT_ERR_NULL, "dt_tp_groups: %s is NULL", !world ? "world" : !tp ? "tp" : "dp");
+    *tp = *dp = NULL;
+    int W = dt_pg_size(world), r = dt_pg_rank(world);
+    if (tp_size < 1 || W % tp_size)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tp_groups: tensor-parallel size %d does not divide the world size %d",
+                        tp_size, W);
+    dt_status st = dt_pg_split(world, r / tp_size, r, tp);
+    if (st < 0)
+        return dt_error_wrap(st, "dt_tp_groups: tensor-parallel groups");
+    if ((st = dt_pg_split(world, r % tp_size, r, dp)) < 0) {
+        dt_pg_free(*tp);
+        *tp = NULL;
+        return dt_error_wrap(st, "dt_tp_groups: data-parallel groups");
+    }
+    return DT_OK;
+}
+
+/* ---- conjugate operators ------------------------------------------------------------ */
+
+static bool tp_trivial(dt_pg *tp) { return dt_pg_size(tp) <= 1; }
+
+static dt_tensor *need(const char *op, dt_pg *tp, dt_tensor *x)
+{
+    if (!x) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "%s: input is NULL", op);
+        return NULL;
+    }
+    if (!tp) {
+        dt_error(DT_ERR_NULL, "%s: group is NULL", op);
+        return NULL;
+    }
+    return x;
+}
+
+static dt_status copy_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin;
+    if (!gin[0])
+        return DT_OK;
+    memcpy(gin[0]->data, gout->data, dt_tensor_nbytes(gin[0]));
+    dt_status st = dt_pg_allreduce(ud, DT_IN_PLACE, gin[0]->data, (size_t)dt_tensor_numel(gin[0]), DT_F32,
+                                   DT_REDUCE_SUM);
+    return st < 0 ? dt_error_wrap(st, "tensor parallel f (copy to region) backward: all-reduce") : DT_OK;
+}
+
+dt_tensor *dt_tp_copy_to_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    if (!need("dt_tp_copy_to_region", tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    dt_tensor *out = dt_tensor_alias(ctx, x);
+    return out ? dt_ag_custom(ctx, 1, &x, out, copy_bwd, tp) : NULL;
+}
+
+static dt_status ident_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin, (void)ud;
+    if (gin[0])
+        memcpy(gin[0]->data, gout->data, dt_tensor_nbytes(gin[0]));
+    return DT_OK;
+}
+
+dt_tensor *dt_tp_reduce_from_region(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    if (!need("dt_tp_reduce_from_region", tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    dt_tensor *out = dt_tensor_clone(ctx, x);
+    if (!out)
+        return NULL;
+    dt_status st = dt_pg_allreduce(tp, DT_IN_PLACE, out->data, (size_t)dt_tensor_numel(out), out->dtype,
+                                   DT_REDUCE_SUM);
+    if (st < 0) {
+        dt_error_wrap(st, "tensor parallel g (reduce from region): all-reduce");
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, out, ident_bwd, tp);
+}
+
+/* Rows M and the last dim n of x (ndim >= 1). */
+static void rows_cols(const dt_tensor *x, int64_t *M, int64_t *n)
+{
+    *n = x->ndim ? x->shape[x->ndim - 1] : 1;
+    *M = *n ? dt_tensor_numel(x) / *n : 0;
+}
+
+/* dst[m, off + j] = src[m, j] for j < n (dst rows of N, src rows of n). */
+static void put_cols(char *dst, const char *src, int64_t M, int64_t N, int64_t n, int64_t off, size_t es)
+{
+    for (int64_t m = 0; m < M; m++)
+        memcpy(dst + (size_t)(m * N + off) * es, src + (size_t)(m * n) * es, (size_t)n * es);
+}
+
+/* dst[m, j] = src[m, off + j]. */
+static void get_cols(char *dst, const char *src, int64_t M, int64_t N, int64_t n, int64_t off, size_t es)
+{
+    for (int64_t m = 0; m < M; m++)
+        memcpy(dst + (size_t)(m * n) * es, src + (size_t)(m * N + off) * es, (size_t)n * es);
+}
+
+static dt_status gather_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin;
+    if (!gin[0])
+        return DT_OK;
+    int64_t M, n;
+    rows_cols(gin[0], &M, &n);
+    get_cols(gin[0]->data, gout->data, M, n * dt_pg_size(ud), n, n * dt_pg_rank(ud), sizeof(float));
+    return DT_OK;
+}
+
+/* All-gather of x's rows [M, n] into out [M, t n] (x contiguous, any dtype). */
+static dt_status gather_rows(dt_ctx *ctx, dt_pg *tp, const void *x, void *out, int64_t M, int64_t n, dt_dtype dt)
+{
+    const int t = dt_pg_size(tp);
+    const size_t es = dt_dtype_size(dt);
+    char *buf = dt_ctx_alloc(ctx, (size_t)(t * M * n) * es + 1); /* [t, M, n] */
+    if (!buf)
+        return dt_last_status();
+    dt_status st = dt_pg_allgather(tp, x, buf, (size_t)(M * n), dt);
+    if (st < 0)
+        return st;
+    for (int r = 0; r < t; r++)
+        put_cols(out, buf + (size_t)(r * M * n) * es, M, t * n, n, r * n, es);
+    return DT_OK;
+}
+
+dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    if (!need("dt_tp_gather_last", tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    if (x->ndim < 1) {
+        dt_error(DT_ERR_SHAPE, "dt_tp_gather_last: x is a scalar (needs a last dim)");
+        return NULL;
+    }
+    dt_tensor *c = dt_tensor_clone(ctx, x);
+    if (!c)
+        return NULL;
+    int64_t M, n, shape[DT_MAX_DIMS];
+    rows_cols(c, &M, &n);
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = n * dt_pg_size(tp);
+    dt_tensor *out = dt_tensor_empty(ctx, x->dtype, x->ndim, shape);
+    if (!out)
+        return NULL;
+    dt_status st = gather_rows(ctx, tp, c->data, out->data, M, n, x->dtype);
+    if (st < 0) {
+        dt_error_wrap(st, "dt_tp_gather_last: all-gather");
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, out, gather_bwd, tp);
+}
+
+static dt_status scatter_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)nin;
+    if (!gin[0])
+        return DT_OK;
+    int64_t M, n;
+    rows_cols(gout, &M, &n);
+    dt_status st = gather_rows(ctx, ud, gout->data, gin[0]->data, M, n, DT_F32);
+    return st < 0 ? dt_error_wrap(st, "dt_tp_scatter_last backward: all-gather") : DT_OK;
+}
+
+dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
+{
+    if (!need("dt_tp_scatter_last", tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    const int t = dt_pg_size(tp);
+    if (x->ndim < 1 || x->shape[x->ndim - 1] % t) {
+        char s[96];
+        dt_error(DT_ERR_SHAPE, "dt_tp_scatter_last: x %s: the last dim is not divisible by the group size %d",
+                 dt_tensor_shape_str(x, s, sizeof s), t);
+        return NULL;
+    }
+    dt_tensor *c = dt_tensor_clone(ctx, x);
+    if (!c)
+        return NULL;
+    int64_t M, N, shape[DT_MAX_DIMS];
+    rows_cols(c, &M, &N);
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = N / t;
+    dt_tensor *out = dt_tensor_empty(ctx, x->dtype, x->ndim, shape);
+    if (!out)
+        return NULL;
+    get_cols(out->data, c->data, M, N, N / t, N / t * dt_pg_rank(tp), dt_dtype_size(x->dtype));
+    return dt_ag_custom(ctx, 1, &x, out, scatter_bwd, tp);
+}
+
+/* ---- layers --------------------------------------------------------------------------- */
+
+/* Module fields used: in, out = the full layer's sizes; k = gather_output
+ * (column) / input_is_parallel (row); stride = chunks; ud = the group. */
+
+static bool is_tp_type(const dt_module *m)
+{
+    const char *t = m && m->kind == DT_NN_CUSTOM ? m->type : NULL;
+    return t && (!strcmp(t, "ColumnParallelLinear") || !strcmp(t, "RowParallelLinear") ||
+                 !strcmp(t, "VocabParallelEmbedding"));
+}
+
+dt_pg *dt_tp_module_group(const dt_module *m) { return is_tp_type(m) ? m->ud : NULL; }
+
+const char *dt_tp_model_slice(const dt_model *m)
+{
+    for (size_t i = 0; m && i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        if (dt_model_entry(m, i, &p) >= 0 && !p.is_buffer && p.tp_dim)
+            return p.name;
+    }
+    return NULL;
+}
+
+static dt_tensor *check_in(dt_module *self, dt_tensor *x, int64_t want)
+{
+    if (!x) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "%s (%s): input is NULL", self->path, self->type);
+        return NULL;
+    }
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != want) {
+        char s[96];
+        dt_error(DT_ERR_SHAPE, "%s (%s): input %s, expected [..., %lld]", self->path, self->type,
+                 dt_tensor_shape_str(x, s, sizeof s), (long long)want);
+        return NULL;
+    }
+    return x;
+}
+
+static dt_tensor *column_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    if (!check_in(self, x, self->in))
+        return NULL;
+    dt_tensor *y = dt_addmm(ctx, dt_tp_copy_to_region(ctx, ud, x), self->params[0],
+                            self->nparam > 1 ? self->params[1] : NULL);
+    return self->k ? dt_tp_gather_last(ctx, ud, y) : y;
+}
+
+static dt_tensor *row_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    const int64_t local_in = self->params[0]->shape[0];
+    if (!check_in(self, x, self->k ? local_in : self->in))
+        return NULL;
+    if (!self->k)
+        x = dt_tp_scatter_last(ctx, ud, x);
+    dt_tensor *y = dt_tp_reduce_from_region(ctx, ud, dt_addmm(ctx, x, self->params[0], NULL));
+    return self->nparam > 1 ? dt_add(ctx, y, self->params[1]) : y;
+}
+
+static bool check_group(const char *what, dt_pg *tp)
+{
+    if (!tp) {
+        dt_error(DT_ERR_NULL, "%s: the tensor-parallel group is NULL", what);
+        return false;
+    }
+    return true;
+}
+
+dt_module *dt_tp_column_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bool gather_output, int chunks)
+{
+    if (!check_group("dt_tp_column_linear", tp))
+        return NULL;
+    const int t = dt_pg_size(tp);
+    if (chunks < 1)
+        chunks = 1;
+    if (in < 1 || out < 1 || out % ((int64_t)t * chunks) || (gather_output && chunks > 1)) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_tp_column_linear: [in %lld, out %lld] with %d chunks over %d ranks: out "
+                 "must be a multiple of ranks x chunks%s", (long long)in, (long long)out, chunks, t,
+                 gather_output && chunks > 1 ? " (and gather_output needs one chunk)" : "");
+        return NULL;
+    }
+    dt_nn_param_spec s[2] = {
+        {.name = "weight", .ndim = 2, .shape = {in, out / t}, .init = DT_NN_INIT_NORMAL, .a = 0.02f, .tp_dim = 2,
+         .tp_chunks = chunks},
+        {.name = "bias", .ndim = 1, .shape = {out / t}, .init = DT_NN_INIT_ZEROS, .tp_dim = 1, .tp_chunks = chunks},
+    };
+    dt_module *m = dt_nn_custom("ColumnParallelLinear", bias ? 2 : 1, s, column_forward, tp);
+    if (m) {
+        m->in = in, m->out = out, m->k = gather_output, m->stride = chunks;
+    }
+    return m;
+}
+
+dt_module *dt_tp_row_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bool input_is_parallel)
+{
+    if (!check_group("dt_tp_row_linear", tp))
+        return NULL;
+    const int t = dt_pg_size(tp);
+    if (in < 1 || out < 1 || in % t) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_tp_row_linear: [in %lld, out %lld] over %d ranks: in must be a multiple "
+                 "of the ranks", (long long)in, (long long)out, t);
+        return NULL;
+    }
+    dt_nn_param_spec s[2] = {
+        {.name = "weight", .ndim = 2, .shape = {in / t, out}, .init = DT_NN_INIT_NORMAL, .a = 0.02f, .tp_dim = 1},
+        {.name = "bias", .ndim = 1, .shape = {out}, .init = DT_NN_INIT_ZEROS},
+    };
+    dt_module *m = dt_nn_custom("RowParallelLinear", bias ? 2 : 1, s, row_forward, tp);
+    if (m) {
+        m->in = in, m->out = out, m->k = input_is_parallel, m->stride = 1;
+    }
+    return m;
+}
+
+void dt_tp_vocab_range(dt_pg *tp, int64_t V, int64_t *lo, int64_t *n, int64_t *local_rows)
+{
+    const int t = tp ? dt_pg_size(tp) : 1, r = tp ? dt_pg_rank(tp) : 0;
+    const int64_t Vl = (V + t - 1) / t, l = (int64_t)r * Vl;
+    int64_t k = V - l;
+    if (lo)
+        *lo = l;
+    if (n)
+        *n = k < 0 ? 0 : k > Vl ? Vl : k;
+    if (local_rows)
+        *local_rows = Vl;
+}
+
+/* self->in = V */
+static dt_tensor *vocab_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
+{
+    char s[96];
+    if (!idx) {
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "%s (%s): input is NULL", self->path, self->type);
+        return NULL;
+    }
+    if (idx->dtype != DT_I64 && idx->dtype != DT_I32) {
+        dt_error(DT_ERR_DTYPE, "%s (%s): ids %s are %s, want i32 or i64", self->path, self->type,
+                 dt_tensor_shape_str(idx, s, sizeof s), dt_dtype_name(idx->dtype));
+        return NULL;
+    }
+    const int64_t V = self->in;
+    int64_t lo, n;
+    dt_tp_vocab_range(ud, V, &lo, &n, NULL);
+    dt_tensor *c = dt_tensor_clone(ctx, idx);
+    if (!c)
+        return NULL;
+    const int64_t N = dt_tensor_numel(c);
+    int64_t shape[DT_MAX_DIMS];
+    memcpy(shape, idx->shape, sizeof shape);
+    shape[idx->ndim] = 1;
+    dt_tensor *lid = dt_tensor_empty(ctx, DT_I64, idx->ndim, idx->shape);
+    dt_tensor *mask = dt_tensor_empty(ctx, DT_F32, idx->ndim + 1, shape);
+    if (!lid || !mask)
+        return NULL;
+    int64_t *li = lid->data;
+    float *mk = mask->data;
+    for (int64_t i = 0; i < N; i++) {
+        int64_t v = c->dtype == DT_I64 ? ((const int64_t *)c->data)[i] : ((const int32_t *)c->data)[i];
+        if (v < 0 || v >= V) {
+            dt_error(DT_ERR_RANGE, "%s (%s): id %lld at position %lld is outside [0, %lld)", self->path, self->type,
+                     (long long)v, (long long)i, (long long)V);
+            return NULL;
+        }
+        bool mine = v >= lo && v < lo + n;
+        li[i] = mine ? v - lo : 0;
+        mk[i] = mine ? 1.0f : 0.0f;
+    }
+    dt_tensor *e = dt_mul(ctx, dt_embedding(ctx, self->params[0], lid), mask);
+    return dt_tp_reduce_from_region(ctx, ud, e);
+}
+
+dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim)
+{
+    if (!check_group("dt_tp_vocab_embedding", tp))
+        return NULL;
+    if (num_embeddings < 1 || dim < 1) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_tp_vocab_embedding: [%lld, %lld]: sizes must be >= 1",
+                 (long long)num_embeddings, (long long)dim);
+        return NULL;
+    }
+    int64_t Vl;
+    dt_tp_vocab_range(tp, num_embeddings, NULL, NULL, &Vl);
+    dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, dim}, .init = DT_NN_INIT_NORMAL, .a = 1.0f,
+                          .tp_dim = 1};
+    dt_module *m = dt_nn_custom("VocabParallelEmbedding", 1, &s, vocab_forward, tp);
+    if (m) {
+        m->in = num_embeddings, m->out = dim;
+    }
+    return m;
+}
+
+/* ---- vocabulary-parallel cross-entropy -------------------------------------------------- */
+
+typedef struct {
+    const float *logits; /* [N, Vl] contiguous */
+    const int64_t *labels;
+    const float *mx;     /* [N] global row max */
+    const double *sum;   /* [N] global sum of exp(l - max) */
+    int64_t N, Vl, lo, nv, count;
+} vce_save;
+
+static dt_status vce_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)ctx, (void)nin;
+    const vce_save *s = ud;
+    if (!gin[0] || !s->count)
+        return DT_OK;
+    const float g = ((const float *)gout->data)[0] / (float)s->count;
+    float *d = gin[0]->data;
+    for (int64_t i = 0; i < s->N; i++) {
+        const int64_t y = s->labels[i];
+        if (y == -100)
+            continue;
+        const float *l = s->logits + i * s->Vl;
+        float *o = d + i * s->Vl;
+        const float m = s->mx[i];
+        const double inv = 1.0 / s->sum[i];
+        for (int64_t j = 0; j < s->nv; j++)
+            o[j] = (float)((double)expf(l[j] - m) * inv) * g;
+        if (y >= s->lo && y < s->lo + s->nv)
+            o[y - s->lo] -= g;
+    }
+    return DT_OK;
+}
+
+dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, dt_tensor *labels, int64_t V)
+{
+    const char *op = "dt_tp_vocab_cross_entropy";
+    char s1[96], s2[96];
+    if (!need(op, tp, logits) || !labels) {
+        if (logits && tp && dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NULL, "%s: labels are NULL", op);
+        return NULL;
+    }
+    int64_t lo, nv, Vl;
+    dt_tp_vocab_range(tp, V, &lo, &nv, &Vl);
+    const bool lab_ok = labels->dtype == DT_I64 || labels->dtype == DT_I32;
+    if (logits->dtype != DT_F32 || !lab_ok || logits->ndim < 2 || logits->shape[logits->ndim - 1] != Vl ||
+        labels->ndim != logits->ndim - 1 || dt_tensor_numel(labels) * Vl != dt_tensor_numel(logits)) {
+        dt_error(DT_ERR_SHAPE, "%s: logits %s %s and labels %s %s: want f32 logits [..., %lld] (vocabulary %lld "
+                 "over %d ranks) and i32/i64 labels of the leading shape", op,
+                 dt_tensor_shape_str(logits, s1, sizeof s1), dt_dtype_name(logits->dtype),
+                 dt_tensor_shape_str(labels, s2, sizeof s2), dt_dtype_name(labels->dtype), (long long)Vl,
+                 (long long)V, dt_pg_size(tp));
+        return NULL;
+    }
+    const int64_t N = dt_tensor_numel(labels);
+    dt_tensor *lc = dt_tensor_clone(ctx, logits), *yc = dt_tensor_clone(ctx, labels);
+    vce_save *s = dt_ctx_alloc(ctx, sizeof *s);
+    int64_t *y = dt_ctx_alloc(ctx, (size_t)N * sizeof *y + 8);
+    float *mx = dt_ctx_alloc(ctx, (size_t)N * sizeof *mx + 8);
+    double *red = dt_ctx_alloc(ctx, (size_t)(2 * N) * sizeof *red + 8); /* [sum exp (N), target logit (N)] */
+    dt_tensor *out = dt_tensor_empty(ctx, DT_F32, 0, NULL);
+    if (!lc || !yc || !s || !y || !mx || !red || !out)
+        return NULL;
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; i++) {
+        y[i] = yc->dtype == DT_I64 ? ((const int64_t *)yc->data)[i] : ((const int32_t *)yc->data)[i];
+        if (y[i] != -100 && (y[i] < 0 || y[i] >= V)) {
+            dt_error(DT_ERR_RANGE, "%s: label %lld at row %lld is outside [0, %lld) (and not -100)", op,
+                     (long long)y[i], (long long)i, (long long)V);
+            return NULL;
+        }
+        count += y[i] != -100;
+    }
+    const float *L = lc->data;
+    for (int64_t i = 0; i < N; i++) {
+        float m = -INFINITY;
+        for (int64_t j = 0; j < nv; j++)
+            m = fmaxf(m, L[i * Vl + j]);
+        mx[i] = m;
+    }
+    dt_status st = dt_pg_allreduce(tp, DT_IN_PLACE, mx, (size_t)N, DT_F32, DT_REDUCE_MAX);
+    if (st < 0) {
+        dt_error_wrap(st, "%s: all-reduce of the row maxima", op);
+        return NULL;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        double e = 0;
+        for (int64_t j = 0; j < nv; j++)
+            e += (double)expf(L[i * Vl + j] - mx[i]);
+        red[i] = e;
+        red[N + i] = y[i] >= lo && y[i] < lo + nv ? (double)L[i * Vl + y[i] - lo] : 0.0;
+    }
+    if ((st = dt_pg_allreduce(tp, DT_IN_PLACE, red, (size_t)(2 * N), DT_F64, DT_REDUCE_SUM)) < 0) {
+        dt_error_wrap(st, "%s: all-reduce of the sums of exponentials", op);
+        return NULL;
+    }
+    double loss = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (y[i] != -100)
+            loss += log(red[i]) + (double)mx[i] - red[N + i];
+    ((float *)out->data)[0] = count ? (float)(loss / (double)count) : 0.0f;
+    *s = (vce_save){.logits = L, .labels = y, .mx = mx, .sum = red, .N = N, .Vl = Vl, .lo = lo, .nv = nv,
+                    .count = count};
+    return dt_ag_custom(ctx, 1, &logits, out, vce_bwd, s);
+}
+
+/* ---- initialisation from the single-process model --------------------------------------- */
+
+/* Copy the rank's slice of src (the full entry, shape fs) into dst (shape
+ * ls): dims other than d equal; along d, `chunks` blocks of B = fs[d] /
+ * chunks full rows each, the rank's Lb = ls[d] / chunks rows of each
+ * starting at r Lb, rows past the block's end zero (vocabulary padding). */
+static void slice_copy(char *dst, const char *src, const int64_t *ls, const int64_t *fs, int ndim, int d, int chunks,
+                       int r, size_t es)
+{
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < d; i++)
+        outer *= ls[i];
+    for (int i = d + 1; i < ndim; i++)
+        inner *= ls[i];
+    const int64_t B = fs[d] / chunks, Lb = ls[d] / chunks;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t k = 0; k < ls[d]; k++) {
+            const int64_t b = k / Lb, w = (int64_t)r * Lb + k % Lb;
+            char *to = dst + (size_t)((o * ls[d] + k) * inner) * es;
+            if (w >= B)
+                memset(to, 0, (size_t)inner * es);
+            else
+                memcpy(to, src + (size_t)((o * fs[d] + b * B + w) * inner) * es, (size_t)inner * es);
+        }
+}
+
+static dt_status check_slice(const dt_param_info *p, const dt_param_info *f, int t)
+{
+    char s1[96], s2[96];
+    bool ok = p->ndim == f->ndim && p->dtype == f->dtype && p->tp_dim >= 0 && p->tp_dim <= p->ndim;
+    const int d = p->tp_dim - 1, c = p->tp_chunks > 1 ? p->tp_chunks : 1;
+    for (int i = 0; ok && i < p->ndim; i++) {
+        if (i != d)
+            ok = p->shape[i] == f->shape[i];
+        else
+            ok = f->shape[i] % c == 0 && p->shape[i] % c == 0 &&
+                 p->shape[i] / c == (f->shape[i] / c + t - 1) / t; /* ceil: Megatron's padding */
+    }
+    if (ok)
+        return DT_OK;
+    dt_tensor a = {.ndim = p->ndim}, b = {.ndim = f->ndim};
+    memcpy(a.shape, p->shape, sizeof a.shape);
+    memcpy(b.shape, f->shape, sizeof b.shape);
+    return dt_error(DT_ERR_SHAPE, "dt_tp_init_from: '%s' is %s %s here and %s %s in the full model: not its slice "
+                    "along dim %d (%d chunk%s) over %d ranks", p->name, dt_tensor_shape_str(&a, s1, sizeof s1),
+                    dt_dtype_name(p->dtype), dt_tensor_shape_str(&b, s2, sizeof s2), dt_dtype_name(f->dtype), d, c,
+                    c == 1 ? "" : "s", t);
+}
+
+dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_rng rng, uint64_t seed)
+{
+    if (!m || !tp || !full)
+        return dt_error(DT_ERR_NULL, "dt_tp_init_from: %s is NULL", !m ? "model" : !tp ? "group" : "full model");
+    if (dt_model_is_meta(m))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_tp_init_from: the tensor-parallel model is meta (no parameters to "
+                        "fill)");
+    const int t = dt_pg_size(tp), r = dt_pg_rank(tp);
+    void *vals[DT_DTYPE_COUNT] = {NULL};
+    dt_status st = DT_OK;
+    /* the full model's parameter flats, one per dtype, drawn in one pass each */
+    for (int dt = 0; dt < DT_DTYPE_COUNT && st >= 0; dt++) {
+        const dt_flat *ff = dt_model_flat(full, DT_FLAT_PARAMS, (dt_dtype)dt);
+        if (!ff || !ff->total)
+            continue;
+        vals[dt] = malloc(ff->total * dt_dtype_size((dt_dtype)dt));
+        if (!vals[dt]) {
+            st = dt_error(DT_ERR_NO_MEMORY, "dt_tp_init_from: out of memory for the full model's %s parameters "
+                          "(%zu elements)", dt_dtype_name((dt_dtype)dt), ff->total);
+            break;
+        }
+        dt_flat w;
+        if ((st = dt_flat_wrap(&w, (dt_dtype)dt, vals[dt], ff->total)) >= 0)
+            st = dt_model_init_range(full, rng, seed, &w);
+    }
+    for (size_t i = 0; i < dt_model_num_entries(m) && st >= 0; i++) {
+        dt_param_info p, f;
+        if ((st = dt_model_entry(m, i, &p)) < 0)
+            break;
+        if (p.is_buffer || p.tied_to >= 0)
+            continue;
+        int64_t j = dt_model_find_entry(full, p.name);
+        if (j < 0) {
+            st = dt_error(DT_ERR_NOT_FOUND, "dt_tp_init_from: '%s' is not a parameter of the full model", p.name);
+            break;
+        }
+        if ((st = dt_model_entry(full, (size_t)j, &f)) < 0 || (st = check_slice(&p, &f, t)) < 0)
+            break;
+        if (!vals[p.dtype]) {
+            st = dt_error(DT_ERR_STATE, "dt_tp_init_from: the full model has no %s parameters for '%s'",
+                          dt_dtype_name(p.dtype), p.name);
+            break;
+        }
+        const size_t es = dt_dtype_size(p.dtype);
+        const char *src = (const char *)vals[p.dtype] + f.offset * es;
+        if (!p.tp_dim)
+            memcpy(p.tensor->data, src, p.numel * es);
+        else
+            slice_copy(p.tensor->data, src, p.shape, f.shape, p.ndim, p.tp_dim - 1,
+                       p.tp_chunks > 1 ? p.tp_chunks : 1, r, es);
+    }
+    for (int dt = 0; dt < DT_DTYPE_COUNT; dt++)
+        free(vals[dt]);
+    return st;
+}

@@ -1,0 +1,544 @@
+/* The DeepSpeed-style config (config.h): the seed configs (003) as users
+ * paste them and fixed, every key group mapped into the params structs it
+ * names, DeepSpeed's batch relation, the precedence file < command line <
+ * environment (AIAK_*, seed 004), and bad configs: syntax errors with a
+ * line and column, wrong types, out-of-range values, unknown keys,
+ * duplicate keys, values dtrain cannot honour yet. */
+#include "dtrain/config.h"
+#include "dtrain/train.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DATA DT_SOURCE_DIR "/tests/config/data/"
+
+static dt_config *load_str(const char *text, dt_status *st)
+{
+    dt_config *c = NULL;
+    *st = DT_ERR_INTERNAL;
+    if (dt_config_init(&c) < 0)
+        return NULL;
+    *st = dt_config_load_string(c, "t.json", text, strlen(text));
+    return c;
+}
+
+static bool has_warning(const dt_config *c, const char *needle)
+{
+    for (size_t i = 0; i < dt_config_num_warnings(c); i++)
+        if (strstr(dt_config_warning(c, i), needle))
+            return true;
+    return false;
+}
+
+/* ---- the seed configs -------------------------------------------------------------- */
+
+TEST(seed_pasted_unchanged_names_line_and_column)
+{
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT_STATUS(dt_config_load_file(c, DATA "seed_zero3_offload.json"), DT_ERR_FORMAT);
+    /* the comma is missing at the end of line 17; cJSON stops at the next key, line 18 column 3 */
+    ASSERT_STR_CONTAINS(dt_last_error(), "seed_zero3_offload.json:18:3:");
+    ASSERT_STR_CONTAINS(dt_last_error(), "missing ','");
+    ASSERT_STR_CONTAINS(dt_last_error(), "\"wall_clock_breakdown\" (line 17)");
+    ASSERT_EQ_INT(dt_config_origin_of(c, "zero_optimization.stage"), DT_CONFIG_UNSET); /* nothing taken */
+    dt_config_free(c);
+}
+
+TEST(seed_zero3_offload_fixed)
+{
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT_OK(dt_config_load_file(c, DATA "seed_zero3_offload_fixed.json")); /* # comments, trailing comma */
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    int stage = 0;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(stage, 3);
+    ASSERT_EQ_INT(zp.stage, 3);
+    ASSERT(zp.overlap_comm && zp.contiguous_gradients);
+    ASSERT_EQ_U64(zp.sub_group_size, 1000000000u);
+    ASSERT_EQ_U64(zp.max_live_parameters, 1000000000u);
+    ASSERT_EQ_U64(zp.max_reuse_distance, 1000000000u);
+    /* "auto": dtrain's defaults stay */
+    dt_zero_params def = dt_zero_params_default();
+    ASSERT_EQ_U64(zp.reduce_bucket_size, def.reduce_bucket_size);
+    ASSERT_EQ_U64(zp.prefetch_bucket_size, def.prefetch_bucket_size);
+    ASSERT_EQ_U64(zp.param_persistence_threshold, def.param_persistence_threshold);
+    dt_offload_params op = dt_offload_params_default();
+    ASSERT_OK(dt_config_offload_params(c, &op));
+    ASSERT_EQ_INT(op.device, DT_OFFLOAD_CPU);
+    ASSERT(op.pin_memory);
+    ASSERT_EQ_U64(op.sub_group_size, 1000000000u);
+    int64_t spp;
+    bool wcb = true;
+    ASSERT_OK(dt_config_get_int(c, "steps_per_print", &spp));
+    ASSERT_EQ_INT(spp, 100000);
+    ASSERT_OK(dt_config_get_bool(c, "wall_clock_breakdown", &wcb));
+    ASSERT(!wcb);
+    bool g16 = false;
+    ASSERT_OK(dt_config_get_bool(c, "zero_optimization.gather_16bit_weights_on_model_save", &g16));
+    ASSERT(g16);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "zero_optimization.offload_param.device"), DT_CONFIG_FROM_FILE);
+    dt_config_free(c);
+}
+
+TEST(seed_zero3)
+{
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT_OK(dt_config_load_file(c, DATA "seed_zero3.json"));
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    int stage = 0;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(stage, 3);
+    bool g16 = false;
+    ASSERT_OK(dt_config_get_bool(c, "zero_optimization.stage3_gather_16bit_weights_on_model_save", &g16));
+    ASSERT(g16);
+    /* fp16.enabled "auto": the caller's precision; the scaler knobs are taken */
+    dt_dtype dt;
+    ASSERT_STATUS(dt_config_precision(c, &dt), DT_ERR_NOT_FOUND);
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.precision.param_dtype = DT_F16;
+    tp.use_scaler = true;
+    ASSERT_OK(dt_trainer_params_apply_config(c, &tp));
+    ASSERT(tp.use_scaler);
+    ASSERT_NEAR(tp.scaler.loss_scale, 0, 0, 0);
+    ASSERT_EQ_INT(tp.scaler.initial_scale_power, 16);
+    ASSERT_EQ_INT(tp.scaler.loss_scale_window, 1000);
+    ASSERT_EQ_INT(tp.scaler.hysteresis, 2);
+    ASSERT_NEAR(tp.scaler.min_loss_scale, 1, 0, 0);
+    /* the batch keys are all "auto": the command line's values */
+    dt_config_batch b;
+    ASSERT_OK(dt_config_batch_resolve(c, 2, 8, 3, &b));
+    ASSERT_EQ_INT(b.micro_batch, 8);
+    ASSERT_EQ_INT(b.grad_accum, 3);
+    ASSERT_EQ_INT(b.train_batch_size, 48);
+    dt_config_free(c);
+}
+
+TEST(seed_zero2_activation_checkpointing)
+{
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT_OK(dt_config_load_file(c, DATA "seed_zero2_actckpt.json")); /* a # comment line */
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    int stage = 0;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(stage, 2);
+    ASSERT(!zp.overlap_comm);
+    ASSERT_EQ_U64(zp.reduce_bucket_size, 50000000u);
+    ASSERT_EQ_U64(zp.allgather_bucket_size, 50000000u);
+    ASSERT(zp.round_robin_gradients);
+    bool on = false;
+    dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+    ASSERT_OK(dt_config_act_ckpt(c, &on, &ap));
+    ASSERT(on);
+    ASSERT(!ap.partition_activations); /* over a model-parallel group of one: nothing to split */
+    ASSERT(ap.cpu_checkpointing && ap.contiguous_memory_optimization && ap.synchronize_checkpoint_boundary);
+    ASSERT(!ap.profile);
+    ASSERT_EQ_INT(ap.number_checkpoints, 0); /* null: all */
+    dt_config_free(c);
+}
+
+/* ---- syntax ----------------------------------------------------------------------------- */
+
+TEST(syntax_errors)
+{
+    struct {
+        const char *text, *where, *what;
+    } cases[] = {
+        {"{\n  \"a\": 1\n", "t.json:3:1:", "end of the file"},
+        {"{\"fp16\": {\"enabled\": true}\n \"bf16\": {}}", "t.json:2:2:", "missing ',' after the value"},
+        {"{\"train_batch_size\": 8 \"x\": 1}", "t.json:1:24:", "\"train_batch_size\""},
+        {"{\"a\": \"abc\n}", "t.json:1:7:", "string is not closed"},
+        {"{\"a\": }", "t.json:1:7:", "expected a value after ':'"},
+        {"{\"a\": 1}}", "t.json:1:9:", "after the end"},
+        {"{# 注释\n  \"a\" 1}", "t.json:2:7:", "expected ':' after a key"},
+        {"{\"a\": \"注释\" \"b\": 1}", "t.json:1:12:", "after the value of \"a\""}, /* columns count characters */
+        {"[1, 2]", "t.json", "must be a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_status st = DT_ERR_INTERNAL;
+        dt_config *c = load_str(cases[i].text, &st);
+        ASSERT(c);
+        ASSERT_EQ_INT(st, DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), cases[i].where);
+        ASSERT_STR_CONTAINS(dt_last_error(), cases[i].what);
+        dt_config_free(c);
+    }
+}
+
+TEST(comments_and_trailing_commas)
+{
+    dt_status st = DT_ERR_INTERNAL;
+    dt_config *c = load_str("// a comment\n{\n  \"zero_optimization\": { # the stage\n    \"stage\": 1, // one\n"
+                            "    \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp/a#b//c\",},\n  },\n"
+                            "}\n# end\n",
+                            &st);
+    ASSERT_OK(st);
+    const char *p = NULL;
+    ASSERT_OK(dt_config_get_str(c, "zero_optimization.offload_optimizer.nvme_path", &p));
+    ASSERT_STR_EQ(p, "/tmp/a#b//c"); /* inside a string: not a comment */
+    dt_offload_params op = dt_offload_params_default();
+    ASSERT_OK(dt_config_offload_params(c, &op));
+    ASSERT_EQ_INT(op.device, DT_OFFLOAD_NVME);
+    ASSERT_STR_EQ(op.nvme_path, "/tmp/a#b//c");
+    dt_config_free(c);
+}
+
+/* ---- keys: unknown, types, ranges, support --------------------------------------------- */
+
+TEST(unknown_keys_warn_with_full_path)
+{
+    dt_status st = DT_ERR_INTERNAL;
+    dt_config *c = load_str("{\"zero_optimization\": {\"stage\": 2, \"foo\": 1}, \"bar\": {\"x\": 1},"
+                            " \"optimizer\": {\"params\": {\"lrr\": 0.1}}}", &st);
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 3);
+    ASSERT(has_warning(c, "unknown key zero_optimization.foo"));
+    ASSERT(has_warning(c, "unknown key bar "));
+    ASSERT(has_warning(c, "unknown key optimizer.params.lrr"));
+    int64_t s = 0;
+    ASSERT_OK(dt_config_get_int(c, "zero_optimization.stage", &s));
+    ASSERT_EQ_INT(s, 2);
+    dt_config_free(c);
+}
+
+TEST(wrong_types_and_ranges_name_the_key)
+{
+    struct {
+        const char *text, *key;
+        dt_status want;
+    } cases[] = {
+        {"{\"zero_optimization\": {\"stage\": \"two\"}}", "key zero_optimization.stage: expected an integer",
+         DT_ERR_INVALID_ARG},
+        {"{\"zero_optimization\": {\"stage\": 4}}", "key zero_optimization.stage", DT_ERR_INVALID_ARG},
+        {"{\"zero_optimization\": {\"stage\": 2.5}}", "key zero_optimization.stage", DT_ERR_INVALID_ARG},
+        {"{\"fp16\": {\"enabled\": 1}}", "key fp16.enabled: expected true or false", DT_ERR_INVALID_ARG},
+        {"{\"fp16\": {\"initial_scale_power\": 200}}", "key fp16.initial_scale_power", DT_ERR_INVALID_ARG},
+        {"{\"fp16\": {\"min_loss_scale\": 0}}", "key fp16.min_loss_scale", DT_ERR_INVALID_ARG},
+        {"{\"train_batch_size\": 0}", "key train_batch_size", DT_ERR_INVALID_ARG},
+        {"{\"train_batch_size\": \"big\"}", "or \"auto\"", DT_ERR_INVALID_ARG},
+        {"{\"gradient_clipping\": -1}", "key gradient_clipping", DT_ERR_INVALID_ARG},
+        {"{\"optimizer\": {\"type\": \"Adagrad\"}}", "key optimizer.type: expected one of", DT_ERR_INVALID_ARG},
+        {"{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "key optimizer.params.betas", DT_ERR_INVALID_ARG},
+        {"{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.5]}}}", "key optimizer.params.betas", DT_ERR_INVALID_ARG},
+        {"{\"zero_optimization\": 3}", "key zero_optimization: expected an object", DT_ERR_INVALID_ARG},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"gpu\"}}}",
+         "key zero_optimization.offload_optimizer.device", DT_ERR_INVALID_ARG},
+        {"{\"fp16\": {\"hysteresis\": 2, \"hysteresis\": 3}}", "key fp16.hysteresis appears twice", DT_ERR_FORMAT},
+        {"{\"prescale_gradients\": true}", "key prescale_gradients: not supported yet", DT_ERR_UNSUPPORTED},
+        {"{\"amp\": {\"enabled\": true}}", "key amp.enabled: not supported yet", DT_ERR_UNSUPPORTED},
+        {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\"}}}",
+         "key zero_optimization.offload_param.device: not supported yet", DT_ERR_UNSUPPORTED},
+        {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
+         DT_ERR_UNSUPPORTED},
+        {"{\"dtrain\": {\"hierarchical_allreduce\": true}}", "key dtrain.hierarchical_allreduce: not supported yet",
+         DT_ERR_UNSUPPORTED},
+        {"{\"dtrain\": {\"comm_hook\": \"topk\"}}", "key dtrain.comm_hook: expected one of", DT_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_status st = DT_ERR_INTERNAL;
+        dt_config *c = load_str(cases[i].text, &st);
+        ASSERT(c);
+        if (st != cases[i].want)
+            fprintf(stderr, "case %zu: %s -> %d %s\n", i, cases[i].text, (int)st, dt_last_error());
+        ASSERT_EQ_INT(st, cases[i].want);
+        ASSERT_STR_CONTAINS(dt_last_error(), cases[i].key);
+        dt_config_free(c);
+    }
+}
+
+/* ---- batch relation (SEMANTICS 1.4) ------------------------------------------------------ */
+
+TEST(batch_relation)
+{
+    struct {
+        const char *text;
+        int world;
+        int64_t t, m, g;
+    } ok[] = {
+        {"{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4}", 2, 32, 4, 4},
+        {"{\"train_batch_size\": 32, \"gradient_accumulation_steps\": 2}", 2, 32, 8, 2},
+        {"{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 3}", 2, 24, 4, 3},
+        {"{\"train_batch_size\": 32}", 4, 32, 8, 1},
+        {"{\"train_micro_batch_size_per_gpu\": 5}", 3, 15, 5, 1},
+        {"{\"train_batch_size\": 24, \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 3}",
+         2, 24, 4, 3},
+        {"{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": 4, "
+         "\"gradient_accumulation_steps\": \"auto\"}", 2, 8, 4, 1},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        dt_status st = DT_ERR_INTERNAL;
+        dt_config *c = load_str(ok[i].text, &st);
+        ASSERT_OK(st);
+        dt_config_batch b;
+        ASSERT_OK(dt_config_batch_resolve(c, ok[i].world, 100, 1, &b));
+        ASSERT_EQ_INT(b.train_batch_size, ok[i].t);
+        ASSERT_EQ_INT(b.micro_batch, ok[i].m);
+        ASSERT_EQ_INT(b.grad_accum, ok[i].g);
+        dt_config_free(c);
+    }
+    const char *bad[] = {
+        "{\"train_batch_size\": 64, \"train_micro_batch_size_per_gpu\": 8, \"gradient_accumulation_steps\": 2}",
+        "{\"train_batch_size\": 6, \"train_micro_batch_size_per_gpu\": 4}", /* gas 6 // 4 // 2 = 0 */
+        "{\"train_batch_size\": 30, \"gradient_accumulation_steps\": 4}",   /* micro 3, 3*4*2 != 30 */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dt_status st = DT_ERR_INTERNAL;
+        dt_config *c = load_str(bad[i], &st);
+        ASSERT_OK(st);
+        dt_config_batch b;
+        ASSERT_STATUS(dt_config_batch_resolve(c, 2, 100, 1, &b), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "batch sizes disagree: train_batch_size");
+        ASSERT_STR_CONTAINS(dt_last_error(), "data-parallel world size 2");
+        dt_config_free(c);
+    }
+}
+
+/* ---- precedence: file < command line < environment --------------------------------------- */
+
+TEST(precedence)
+{
+    unsetenv("AIAK_MATRIX_APPROXIMATION_RANK");
+    dt_status st = DT_ERR_INTERNAL;
+    dt_config *c = load_str("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.1, \"eps\": 1e-6}},"
+                            " \"dtrain\": {\"powersgd_rank\": 2}}", &st);
+    ASSERT_OK(st);
+    ASSERT_OK(dt_config_set(c, "optimizer.params.lr", "0.02", DT_CONFIG_FROM_CLI, "--lr"));
+    setenv("AIAK_MATRIX_APPROXIMATION_RANK", "4", 1);
+    ASSERT_OK(dt_config_apply_env(c));
+    unsetenv("AIAK_MATRIX_APPROXIMATION_RANK");
+    /* a file read afterwards changes only what no stronger origin set */
+    const char *again = "{\"optimizer\": {\"params\": {\"lr\": 0.5, \"eps\": 1e-7}}, \"dtrain\": {\"powersgd_rank\": 8}}";
+    ASSERT_OK(dt_config_load_string(c, "again.json", again, strlen(again)));
+    double lr = 0, eps = 0;
+    int64_t rank = 0;
+    ASSERT_OK(dt_config_get_double(c, "optimizer.params.lr", &lr));
+    ASSERT_NEAR(lr, 0.02, 0, 0);
+    ASSERT_OK(dt_config_get_double(c, "optimizer.params.eps", &eps));
+    ASSERT_NEAR(eps, 1e-7, 0, 0);
+    ASSERT_OK(dt_config_get_int(c, "dtrain.powersgd_rank", &rank));
+    ASSERT_EQ_INT(rank, 4);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "optimizer.params.lr"), DT_CONFIG_FROM_CLI);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.powersgd_rank"), DT_CONFIG_FROM_ENV);
+    /* a weaker origin cannot replace a stronger one */
+    ASSERT_OK(dt_config_set(c, "dtrain.powersgd_rank", "16", DT_CONFIG_FROM_CLI, "--x"));
+    ASSERT_OK(dt_config_get_int(c, "dtrain.powersgd_rank", &rank));
+    ASSERT_EQ_INT(rank, 4);
+    char *js = dt_config_effective_json(c);
+    ASSERT(js);
+    ASSERT_STR_CONTAINS(js, "\"optimizer.params.lr\":0.02");
+    ASSERT_STR_CONTAINS(js, "\"optimizer.params.lr\":\"--lr\"");
+    ASSERT_STR_CONTAINS(js, "\"dtrain.powersgd_rank\":\"AIAK_MATRIX_APPROXIMATION_RANK\"");
+    free(js);
+    char *tx = dt_config_effective_text(c);
+    ASSERT_STR_CONTAINS(tx, "  optimizer.type = \"AdamW\"  (file)\n");
+    free(tx);
+    ASSERT_STATUS(dt_config_set(c, "no.such.key", "1", DT_CONFIG_FROM_CLI, "--x"), DT_ERR_NOT_FOUND);
+    ASSERT_STATUS(dt_config_set(c, "zero_optimization.stage", "9", DT_CONFIG_FROM_CLI, "--zero"),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "from --zero");
+    dt_config_free(c);
+}
+
+TEST(aiak_environment)
+{
+    const char *vars[] = {"AIAK_FP16_COMPRESSION", "AIAK_POWERSGD_COMPRESSION", "AIAK_MATRIX_APPROXIMATION_RANK",
+                          "AIAK_START_COMPRESS_ITER", "AIAK_FUSED_OPTIMIZER", "AIAK_HIERARCHICAL_ALLREDUCE"};
+    for (size_t i = 0; i < 6; i++)
+        unsetenv(vars[i]);
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT_OK(dt_config_apply_env(c)); /* nothing set: nothing changes */
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.comm_hook"), DT_CONFIG_UNSET);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.powersgd_rank"), DT_CONFIG_UNSET);
+    ASSERT_OK(dt_config_set(c, "dtrain.comm_hook", "\"fp16\"", DT_CONFIG_FROM_FILE, "file"));
+    setenv("AIAK_FUSED_OPTIMIZER", "1", 1);
+    setenv("AIAK_START_COMPRESS_ITER", "50", 1);
+    setenv("AIAK_POWERSGD_COMPRESSION", "1", 1);
+    setenv("AIAK_FP16_COMPRESSION", "0", 1);
+    setenv("AIAK_HIERARCHICAL_ALLREDUCE", "0", 1);
+    ASSERT_OK(dt_config_apply_env(c));
+    ASSERT(has_warning(c, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused"));
+    int64_t it = 0;
+    ASSERT_OK(dt_config_get_int(c, "dtrain.start_compress_iter", &it));
+    ASSERT_EQ_INT(it, 50);
+    const char *hook = NULL;
+    ASSERT_OK(dt_config_get_str(c, "dtrain.comm_hook", &hook));
+    ASSERT_STR_EQ(hook, "powersgd"); /* the environment over the file */
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.comm_hook"), DT_CONFIG_FROM_ENV);
+    bool hier = true;
+    ASSERT_OK(dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &hier));
+    ASSERT(!hier);
+    setenv("AIAK_FP16_COMPRESSION", "1", 1);
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG); /* both compressions */
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_POWERSGD_COMPRESSION=1");
+    unsetenv("AIAK_POWERSGD_COMPRESSION");
+    setenv("AIAK_FP16_COMPRESSION", "yes", 1);
+    ASSERT(dt_config_apply_env(c) < 0);
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_FP16_COMPRESSION");
+    unsetenv("AIAK_FP16_COMPRESSION");
+    setenv("AIAK_MATRIX_APPROXIMATION_RANK", "0", 1);
+    ASSERT(dt_config_apply_env(c) < 0);
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_MATRIX_APPROXIMATION_RANK");
+    unsetenv("AIAK_MATRIX_APPROXIMATION_RANK");
+    /* hierarchical all-reduce: refused until it is on main, never ignored */
+    setenv("AIAK_HIERARCHICAL_ALLREDUCE", "1", 1);
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key dtrain.hierarchical_allreduce: not supported yet");
+    setenv("AIAK_HIERARCHICAL_ALLREDUCE", "2", 1);
+    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_HIERARCHICAL_ALLREDUCE=2");
+    for (size_t i = 0; i < 6; i++)
+        unsetenv(vars[i]);
+    dt_config_free(c);
+}
+
+/* ---- the trainer's params ----------------------------------------------------------------- */
+
+static dt_status apply(const char *text, dt_trainer_params *tp)
+{
+    dt_status st = DT_ERR_INTERNAL;
+    dt_config *c = load_str(text, &st);
+    *tp = dt_trainer_params_default();
+    if (st == DT_OK)
+        st = dt_trainer_params_apply_config(c, tp);
+    dt_config_free(c);
+    return st;
+}
+
+TEST(optimizer_block)
+{
+    dt_trainer_params tp;
+    /* DeepSpeed's "Adam" is AdamW (adam_w_mode defaults to true), with FusedAdam's defaults */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 3e-4}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_ADAMW);
+    ASSERT_NEAR(tp.adamw.lr, 3e-4, 0, 0);
+    ASSERT_NEAR(tp.adamw.weight_decay, 0, 0, 0);
+    ASSERT_NEAR(tp.adamw.eps, 1e-8, 0, 0);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"adam\", \"params\": {\"adam_w_mode\": false, \"weight_decay\": 0.1}}}",
+                    &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_ADAM);
+    ASSERT_NEAR(tp.adam.weight_decay, 0.1, 0, 0);
+    ASSERT_NEAR(tp.adam.lr, 1e-3, 0, 0);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"betas\": [0.8, 0.95], "
+                    "\"eps\": 1e-6, \"weight_decay\": 0.01}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_ADAMW);
+    ASSERT_NEAR(tp.adamw.beta1, 0.8, 0, 0);
+    ASSERT_NEAR(tp.adamw.beta2, 0.95, 0, 0);
+    ASSERT_NEAR(tp.adamw.eps, 1e-6, 0, 0);
+    ASSERT_NEAR(tp.adamw.weight_decay, 0.01, 0, 0);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1, \"momentum\": 0.9, "
+                    "\"nesterov\": true}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_SGD);
+    ASSERT_NEAR(tp.sgd.lr, 0.1, 0, 0);
+    ASSERT_NEAR(tp.sgd.momentum, 0.9, 0, 0);
+    ASSERT(tp.sgd.nesterov);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Lamb\", \"params\": {\"lr\": 0.002, \"max_grad_norm\": 0, "
+                    "\"grad_averaging\": false}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_LAMB);
+    ASSERT_NEAR(tp.lamb.lr, 0.002, 0, 0);
+    ASSERT_NEAR(tp.lamb.max_grad_norm, 0, 0, 0);
+    ASSERT(!tp.lamb.grad_averaging);
+    ASSERT_NEAR(tp.lamb.weight_decay, 0, 0, 0);
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"momentum\": 0.9}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "SGD only");
+}
+
+TEST(scheduler_block)
+{
+    dt_trainer_params tp;
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
+                    "\"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": 0.003, \"warmup_num_steps\": "
+                    "20, \"warmup_type\": \"linear\"}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_CONSTANT);
+    ASSERT_EQ_INT(tp.sched.warmup_steps, 20);
+    ASSERT_NEAR(tp.adamw.lr, 0.003, 0, 0); /* the scheduler's rate replaces the optimizer's */
+    /* DeepSpeed's WarmupLR at step 10 of 20, linear from 0: 0.003 * 10 / 20 */
+    tp.sched.base_lr = tp.adamw.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.0015, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 25), 0.003, 0, 0);
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 5}}}", &tp),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "warmup_type");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"params\": {\"warmup_min_lr\": 0.001}}}", &tp), DT_ERR_UNSUPPORTED);
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"cosine\", \"params\": {\"warmup_num_steps\": 10, "
+                    "\"total_num_steps\": 500, \"min_lr\": 1e-5}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_COSINE);
+    ASSERT_EQ_INT(tp.sched.total_steps, 500);
+    ASSERT_NEAR(tp.sched.min_lr, 1e-5, 0, 0);
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"step\", \"params\": {\"step_size\": 7, \"gamma\": 0.5}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_STEP);
+    ASSERT_EQ_INT(tp.sched.step_size, 7);
+    ASSERT_NEAR(tp.sched.gamma, 0.5, 0, 0);
+}
+
+TEST(precision_clipping_accumulation)
+{
+    dt_trainer_params tp;
+    ASSERT_OK(apply("{\"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 12, "
+                    "\"loss_scale_window\": 500, \"hysteresis\": 3, \"consecutive_hysteresis\": true, "
+                    "\"min_loss_scale\": 0.5, \"auto_cast\": false}, \"gradient_clipping\": 1.0, "
+                    "\"gradient_accumulation_steps\": 4, \"communication_data_type\": \"fp32\"}", &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, DT_F16);
+    ASSERT_EQ_INT(tp.precision.reduce_dtype, DT_F32);
+    ASSERT(tp.use_scaler);
+    ASSERT_NEAR(tp.scaler.loss_scale, 0, 0, 0);
+    ASSERT_EQ_INT(tp.scaler.initial_scale_power, 12);
+    ASSERT_NEAR(tp.scaler.init_scale, 4096, 0, 0);
+    ASSERT_EQ_INT(tp.scaler.loss_scale_window, 500);
+    ASSERT_EQ_INT(tp.scaler.hysteresis, 3);
+    ASSERT(tp.scaler.consecutive_hysteresis);
+    ASSERT_NEAR(tp.scaler.min_loss_scale, 0.5, 0, 0);
+    ASSERT_NEAR(tp.clip_grad_norm, 1.0, 0, 0);
+    ASSERT_EQ_INT(tp.grad_accum, 4);
+    ASSERT_OK(apply("{\"fp16\": {\"enabled\": false}, \"bf16\": {\"enabled\": true}}", &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, DT_BF16);
+    ASSERT(!tp.use_scaler);
+    ASSERT_OK(apply("{\"fp16\": {\"enabled\": false}}", &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, DT_F32);
+    ASSERT_STATUS(apply("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "exclude each other");
+    /* offload through the trainer's params */
+    ASSERT_OK(apply("{\"zero_optimization\": {\"cpu_offload\": true}}", &tp));
+    ASSERT_EQ_INT(tp.offload.device, DT_OFFLOAD_CPU);
+    ASSERT_STATUS(apply("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "nvme_path");
+}
+
+TEST(every_key_is_listed_once)
+{
+    size_t n = 0;
+    for (; dt_config_key_name(n); n++)
+        for (size_t j = 0; j < n; j++)
+            ASSERT(strcmp(dt_config_key_name(j), dt_config_key_name(n)) != 0);
+    ASSERT(n > 100);
+}
+
+int main(void)
+{
+    RUN(seed_pasted_unchanged_names_line_and_column);
+    RUN(seed_zero3_offload_fixed);
+    RUN(seed_zero3);
+    RUN(seed_zero2_activation_checkpointing);
+    RUN(syntax_errors);
+    RUN(comments_and_trailing_commas);
+    RUN(unknown_keys_warn_with_full_path);
+    RUN(wrong_types_and_ranges_name_the_key);
+    RUN(batch_relation);
+    RUN(precedence);
+    RUN(aiak_environment);
+    RUN(optimizer_block);
+    RUN(scheduler_block);
+    RUN(precision_clipping_accumulation);
+    RUN(every_key_is_listed_once);
+    return TEST_REPORT();
+}

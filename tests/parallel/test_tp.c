@@ -1,0 +1,319 @@
+/* Tensor parallelism (tp.h), real processes over shm:
+ *
+ *   - f, g, gather and scatter along the last dim: forward values and
+ *     gradients against their definitions (2 and 3 ranks);
+ *   - the vocabulary-parallel cross-entropy against dt_cross_entropy of the
+ *     whole logits (loss and gradient), a vocabulary not divisible by the
+ *     group (padding) and an ignored label;
+ *   - column / row parallel layers in a Sequential equal the single-process
+ *     Linear pair at step 0 (exact) and in forward;
+ *   - the zoo's tensor-parallel MLP on 2 ranks: exactly the single-process
+ *     weights at step 0, and within the rounding bound after k SGD steps;
+ *   - (the tensor-parallel GPT: test_tp_gpt.c);
+ *   - clear errors: n_head or the MLP's hidden width not divisible by the
+ *     group, dropout under tensor parallelism, convnet; the trainer refuses
+ *     checkpoints and gradient clipping of a tensor-parallel model.
+ *
+ * The rounding bound (test_tp_mlp_steps): tensor parallelism computes the
+ * same products with the contraction of w1 (length K = hidden) summed as t
+ * partial sums that g then adds, i.e. the same terms in another order. A
+ * reordered float sum of K terms differs by at most gamma_K * sum|terms|,
+ * gamma_K = K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability,
+ * 3.1); the gradients are two such products deep (forward, backward), so
+ * each gradient element differs relatively by at most ~2 gamma_K, and after
+ * k SGD steps (no momentum) the weights by at most 2 gamma_K * sum_k lr |g|
+ * = 2 gamma_K |w_k - w_0| per element, plus the rounding of the update
+ * itself (u |w| a step). The test asserts that bound with a factor 2 of
+ * margin. */
+// dt-test-timeout: 120
+#include "test.h"
+#include "parallel/tp_util.h"
+
+/* ---- f, g, gather, scatter ------------------------------------------------------------- */
+
+enum { M = 3, N = 4 };
+
+static int ops_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    float xv[M * N], w[M * N * 8], full[M * N * 8];
+    /* f: y = x; loss = sum(y * w_r) -> dx = sum_r w_r */
+    fill(xv, M * N, 1, 0);
+    fill(w, M * N, 2, (uint64_t)rank * M * N);
+    dt_tensor *x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, xv);
+    dt_tensor_set_requires_grad(x, true);
+    dt_tensor *y = dt_tp_copy_to_region(ctx, pg, x);
+    dt_tensor *wt = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, w);
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, wt))));
+    for (int i = 0; i < M * N; i++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) {
+            float wr;
+            fill(&wr, 1, 2, (uint64_t)(r * M * N + i));
+            want += wr;
+        }
+        TH_CHECK(dt_tensor_get(y, i) == xv[i], "f forward [%d]", i);
+        TH_CHECK(fabs(dt_tensor_get(x->grad, i) - want) < 1e-6, "f backward [%d]: %g, want %g", i,
+                 dt_tensor_get(x->grad, i), want);
+    }
+    dt_ctx_reset(ctx);
+    /* g: y = sum_r x_r; loss = sum(y * w) (w the same everywhere) -> dx_r = w */
+    fill(xv, M * N, 3, (uint64_t)rank * M * N);
+    fill(w, M * N, 4, 0);
+    x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, xv);
+    dt_tensor_set_requires_grad(x, true);
+    y = dt_tp_reduce_from_region(ctx, pg, x);
+    wt = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, w);
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, wt))));
+    for (int i = 0; i < M * N; i++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) {
+            float v;
+            fill(&v, 1, 3, (uint64_t)(r * M * N + i));
+            want += v;
+        }
+        TH_CHECK(fabs(dt_tensor_get(y, i) - want) < 1e-6, "g forward [%d]: %g, want %g", i, dt_tensor_get(y, i),
+                 want);
+        TH_CHECK(dt_tensor_get(x->grad, i) == w[i], "g backward [%d]", i);
+    }
+    dt_ctx_reset(ctx);
+    /* gather: y[m, r N + j] = x_r[m, j]; loss = sum(y * W) -> dx_r = W[:, r N..] */
+    fill(xv, M * N, 5, (uint64_t)rank * M * N);
+    fill(w, M * N * size, 6, 0);
+    x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, xv);
+    dt_tensor_set_requires_grad(x, true);
+    y = dt_tp_gather_last(ctx, pg, x);
+    TH_CHECK(y && y->shape[1] == N * size, "gather shape");
+    wt = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N * size}, w);
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, wt))));
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < size; r++)
+            for (int j = 0; j < N; j++) {
+                float v;
+                fill(&v, 1, 5, (uint64_t)(r * M * N + m * N + j));
+                TH_CHECK(dt_tensor_get(y, m * N * size + r * N + j) == v, "gather forward");
+                if (r == rank)
+                    TH_CHECK(dt_tensor_get(x->grad, m * N + j) == w[m * N * size + r * N + j], "gather backward");
+            }
+    dt_ctx_reset(ctx);
+    /* scatter: x [M, N size] the same everywhere, y = x[:, rank N..]; loss = sum(y * w_r)
+     * -> dx = the w_r side by side (all-gathered) */
+    fill(full, M * N * size, 7, 0);
+    fill(w, M * N, 8, (uint64_t)rank * M * N);
+    x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N * size}, full);
+    dt_tensor_set_requires_grad(x, true);
+    y = dt_tp_scatter_last(ctx, pg, x);
+    TH_CHECK(y && y->shape[1] == N, "scatter shape");
+    wt = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N}, w);
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, wt))));
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < size; r++)
+            for (int j = 0; j < N; j++) {
+                float v;
+                fill(&v, 1, 8, (uint64_t)(r * M * N + m * N + j));
+                if (r == rank)
+                    TH_CHECK(dt_tensor_get(y, m * N + j) == full[m * N * size + r * N + j], "scatter forward");
+                TH_CHECK(dt_tensor_get(x->grad, m * N * size + r * N + j) == v, "scatter backward");
+            }
+    dt_ctx_reset(ctx);
+    /* the scatter of a last dim that the group does not divide is an error */
+    if (size > 1) {
+        x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){M, N * size + 1}, full);
+        TH_CHECK(!dt_tp_scatter_last(ctx, pg, x) && dt_last_status() == DT_ERR_SHAPE, "scatter of %d columns",
+                 N * size + 1);
+    }
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_ops_grad)
+{
+    ASSERT_EQ_INT(th_run(2, 30, ops_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 30, ops_body, NULL, NULL), 0);
+}
+
+/* ---- vocabulary-parallel cross-entropy ----------------------------------------------------- */
+
+enum { CE_N = 6, CE_V = 11 };
+
+static int ce_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    float L[CE_N * CE_V];
+    fill(L, CE_N * CE_V, 9, 0);
+    for (int i = 0; i < CE_N * CE_V; i++)
+        L[i] *= 4.0f;
+    int64_t y[CE_N] = {0, 10, 5, -100, 7, 3};
+    dt_tensor *lf = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){CE_N, CE_V}, L);
+    dt_tensor *yt = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){CE_N}, y);
+    dt_tensor_set_requires_grad(lf, true);
+    dt_tensor *ref = dt_cross_entropy(ctx, lf, yt);
+    TH_OK(dt_backward(ctx, ref));
+    int64_t lo, nv, Vl;
+    dt_tp_vocab_range(pg, CE_V, &lo, &nv, &Vl);
+    TH_CHECK(Vl == (CE_V + size - 1) / size, "local rows %lld", (long long)Vl);
+    float loc[CE_N * CE_V];
+    for (int i = 0; i < CE_N; i++)
+        for (int j = 0; j < Vl; j++) /* padding columns hold garbage: they must be ignored */
+            loc[i * Vl + j] = j < nv ? L[i * CE_V + lo + j] : 1e3f;
+    dt_tensor *ll = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){CE_N, Vl}, loc);
+    dt_tensor_set_requires_grad(ll, true);
+    dt_tensor *loss = dt_tp_vocab_cross_entropy(ctx, pg, ll, yt, CE_V);
+    TH_CHECK(loss, "%s", dt_last_error());
+    TH_OK(dt_backward(ctx, loss));
+    float a = dt_tensor_item(loss), b = dt_tensor_item(ref);
+    TH_CHECK(fabsf(a - b) <= 4e-7f * fabsf(b) + 1e-7f, "loss %.9g, dt_cross_entropy %.9g", a, b);
+    for (int i = 0; i < CE_N; i++)
+        for (int j = 0; j < Vl; j++) {
+            double g = dt_tensor_get(ll->grad, i * Vl + j);
+            double want = j < nv ? dt_tensor_get(lf->grad, i * CE_V + lo + j) : 0.0;
+            TH_CHECK(fabs(g - want) <= 1e-7, "grad [%d, %d]: %g, want %g", i, j, g, want);
+        }
+    /* a label outside the vocabulary */
+    y[1] = CE_V;
+    yt = dt_tensor_from(ctx, DT_I64, 1, (int64_t[]){CE_N}, y);
+    TH_CHECK(!dt_tp_vocab_cross_entropy(ctx, pg, ll, yt, CE_V) && dt_last_status() == DT_ERR_RANGE, "label %d",
+             CE_V);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_vocab_cross_entropy)
+{
+    ASSERT_EQ_INT(th_run(2, 30, ce_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(4, 30, ce_body, NULL, NULL), 0);
+}
+
+/* ---- the zoo's MLP ---------------------------------------------------------------------------- */
+
+enum { MLP_B = 4, MLP_T = 3, MLP_D = 8, MLP_H = 32, MLP_STEPS = 4 };
+
+static int mlp_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_model_config c = dt_model_config_default();
+    c.mlp_seq = MLP_T, c.mlp_dim = MLP_D, c.mlp_hidden = MLP_H;
+    dt_model *ref, *m, *m0;
+    dt_model_desc dr, dm;
+    TH_OK(dt_model_create("mlp", 5, &c, &ref, &dr));
+    c.tp = pg;
+    TH_OK(dt_model_create("mlp", 5, &c, &m, &dm));
+    TH_OK(dt_model_create("mlp", 5, &c, &m0, NULL)); /* the initial weights, kept */
+    char worst[128] = "";
+    double ex;
+    double d0 = slice_diff(m, ref, rank, NULL, worst, &ex);
+    TH_CHECK(d0 == 0.0, "step 0 differs: %s", worst);
+    dt_trainer *tr, *trr;
+    TH_OK(make_sgd(ref, &dr, 0.5, &trr));
+    TH_OK(make_sgd(m, &dm, 0.5, &tr));
+    float x[MLP_B * MLP_T * MLP_D];
+    for (int k = 0; k < MLP_STEPS; k++) {
+        fill(x, MLP_B * MLP_T * MLP_D, 10, (uint64_t)k * MLP_B * MLP_T * MLP_D);
+        dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, 3, (int64_t[]){MLP_B, MLP_T, MLP_D}, NULL, 0, 0, NULL);
+        dt_trainer_metrics a, e;
+        TH_OK(dt_trainer_step(trr, &b, 1, &e));
+        TH_OK(dt_trainer_step(tr, &b, 1, &a));
+        TH_CHECK(fabs(a.loss - e.loss) <= 1e-6 * fabs(e.loss) + 1e-7, "step %d: loss %.9g, single process %.9g", k,
+                 a.loss, e.loss);
+    }
+    /* the bound of the header: 2 gamma_K |w_k - w_0| + k u |w|, times 2 */
+    const double u = ldexp(1.0, -24), K = MLP_H, gam = K * u / (1 - K * u);
+    double moved = slice_diff(m, m0, 0, NULL, worst, &ex); /* max |w_k - w_0| (same layout) */
+    double tol[2] = {2.0 * MLP_STEPS * u, 2.0 * 2.0 * gam * moved};
+    double dk = slice_diff(m, ref, rank, tol, worst, &ex);
+    TH_CHECK(ex == 0.0, "after %d steps: max difference %.3g (%s) beyond the bound %.3g |w| + %.3g", MLP_STEPS, dk,
+             worst, tol[0], tol[1]);
+    TH_CHECK(moved > 1e-3, "the weights moved only %g: the test would not see a wrong gradient", moved);
+    if (rank == 0)
+        fprintf(stderr, "tp mlp on %d ranks: max |w_tp - w_1| %.3g after %d steps (bound %.3g |w| + %.3g)\n", size,
+                dk, MLP_STEPS, tol[0], tol[1]);
+    dt_trainer_free(tr);
+    dt_trainer_free(trr);
+    dt_model_free(m);
+    dt_model_free(m0);
+    dt_model_free(ref);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_mlp_steps) { ASSERT_EQ_INT(th_run(2, 60, mlp_body, NULL, NULL), 0); }
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+static int err_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_model_config c;
+    gpt_config(&c);
+    c.tp = pg;
+    c.n_head = 3, c.n_embd = 48;
+    dt_model *m = NULL;
+    dt_status st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
+    TH_CHECK(st == DT_ERR_INVALID_ARG && !m && strstr(dt_last_error(), "n_head 3"), "n_head 3 over 2: %s",
+             dt_last_error());
+    gpt_config(&c);
+    c.tp = pg;
+    c.dropout = 0.1f;
+    st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "dropout"), "dropout: %s", dt_last_error());
+    c = dt_model_config_default();
+    c.tp = pg;
+    c.mlp_hidden = 33;
+    st = dt_model_create("mlp", 1, &c, &m, NULL);
+    TH_CHECK(st == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "33"), "mlp hidden 33: %s", dt_last_error());
+    c.mlp_hidden = 32;
+    st = dt_model_create("convnet", 1, &c, &m, NULL);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED, "convnet: %s", dt_last_error());
+    TH_CHECK(!dt_tp_column_linear(pg, 8, 6, true, false, 2) && dt_last_status() == DT_ERR_INVALID_ARG,
+             "column 6 outputs in 2 chunks over 2 ranks");
+    TH_CHECK(!dt_tp_row_linear(NULL, 8, 6, true, true) && dt_last_status() == DT_ERR_NULL, "NULL group");
+    /* what the trainer does not do over slices yet is refused, naming the slice */
+    c = dt_model_config_default();
+    c.tp = pg, c.mlp_seq = 2, c.mlp_dim = 4, c.mlp_hidden = 8;
+    dt_model_desc d;
+    TH_OK(dt_model_create("mlp", 1, &c, &m, &d));
+    TH_CHECK(dt_tp_model_slice(m) && !strcmp(dt_tp_model_slice(m), "w0"), "first slice");
+    dt_strategy *s;
+    TH_OK(dt_strategy_none_init(&s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.clip_grad_norm = 1.0;
+    dt_trainer *tr = NULL;
+    st = dt_trainer_init(m, s, &tp, &tr);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "'w0'"), "clip: %s", dt_last_error());
+    TH_OK(dt_strategy_none_init(&s));
+    tp.clip_grad_norm = 0;
+    TH_OK(dt_trainer_init(m, s, &tp, &tr));
+    st = dt_trainer_save(tr, "/nonexistent-dir-tp", NULL);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "tensor-parallel"), "save: %s", dt_last_error());
+    st = dt_trainer_load(tr, "/nonexistent-dir-tp", NULL);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED, "load: %s", dt_last_error());
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_errors) { ASSERT_EQ_INT(th_run(2, 30, err_body, NULL, NULL), 0); }
+
+int main(void)
+{
+    RUN(tp_ops_grad);
+    RUN(tp_vocab_cross_entropy);
+    RUN(tp_mlp_steps);
+    RUN(tp_errors);
+    return TEST_REPORT();
+}

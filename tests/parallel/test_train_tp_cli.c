@@ -1,0 +1,189 @@
+/* `dtrain train --tp N` under `dtrain run`: the tensor-parallel MLP on 2
+ * ranks gives the single-process run's step losses; 4 ranks as 2 x 2
+ * (tensor x data parallel) give the 2-rank DDP run's; a tensor-parallel
+ * GPT on 2 ranks gives the single-process validation loss; and the option
+ * errors (no launcher, a --tp that does not divide the ranks, convnet,
+ * checkpoints) are one line with exit 2. Losses are compared within float
+ * rounding (relative 1e-5: the runs add the same products in another
+ * order, see test_tp.c). */
+// dt-test-timeout: 240
+// dt-test-labels: threads
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <math.h>
+
+static char *cli(void) { return getenv("DT_CLI"); }
+
+/* The "loss" values of the step records in a metrics file, in order. */
+static int step_losses(const char *path, double *out, int cap)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    int n = 0;
+    for (char *p = buf; (p = strstr(p, "\"event\":\"step\"")) && n < cap; p++) {
+        char *l = strstr(p, "\"loss\":");
+        char *e = strchr(p, '\n');
+        if (l && (!e || l < e))
+            out[n++] = atof(l + 7);
+    }
+    return n;
+}
+
+static bool same_losses(const double *a, int na, const double *b, int nb)
+{
+    if (na != nb || na < 2) {
+        fprintf(stderr, "%d vs %d step records\n", na, nb);
+        return false;
+    }
+    for (int i = 0; i < na; i++)
+        if (!(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]) + 1e-7)) {
+            fprintf(stderr, "step record %d: loss %.9g vs %.9g\n", i, a[i], b[i]);
+            return false;
+        }
+    return true;
+}
+
+/* dtrain [run -n ranks --] train --model mlp ... [--tp tp] with metrics into m. */
+static void run_mlp(cli_result *r, int ranks, const char *tp, const char *m)
+{
+    char *base[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
+                    "--batch", "4", "--limit-test", "16", "--optimizer", "adamw", "--lr", "0.01", "--seed", "2",
+                    "--progress", "plain", "--log-every", "1", "--threads", "1", "--metrics", (char *)m};
+    char *args[64];
+    int n = 0;
+    if (ranks > 1) {
+        static char nr[16];
+        snprintf(nr, sizeof nr, "%d", ranks);
+        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
+    }
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        args[n++] = base[i];
+    if (tp)
+        args[n++] = "--tp", args[n++] = (char *)tp;
+    args[n] = NULL;
+    cli_runv(r, 200, NULL, args);
+    if (r->code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+}
+
+TEST(mlp_tp2_equals_one_process)
+{
+    static cli_result r;
+    char m1[300], m2[300];
+    snprintf(m1, sizeof m1, "%s/one.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/tp2.jsonl", cli_tmpdir());
+    run_mlp(&r, 1, NULL, m1);
+    ASSERT_EQ_INT(r.code, 0);
+    run_mlp(&r, 2, "2", m2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] tensor parallel: 2 ranks per group (each holds 1/2 of the weights), 1 "
+                               "data-parallel group");
+    ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
+    double a[64], b[64];
+    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 16);
+    ASSERT(same_losses(a, na, b, nb));
+}
+
+TEST(mlp_tp2_dp2_equals_ddp)
+{
+    static cli_result r;
+    char m1[300], m2[300];
+    snprintf(m1, sizeof m1, "%s/ddp2.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/tp2dp2.jsonl", cli_tmpdir());
+    run_mlp(&r, 2, NULL, m1);
+    ASSERT_EQ_INT(r.code, 0);
+    run_mlp(&r, 4, "2", m2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] tensor parallel: 2 ranks per group (each holds 1/2 of the weights), 2 "
+                               "data-parallel groups");
+    ASSERT_STR_CONTAINS(r.out, "[0] DDP: 2 ranks");
+    double a[64], b[64];
+    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 8);
+    ASSERT(same_losses(a, na, b, nb));
+}
+
+static double val_loss(const char *out)
+{
+    const char *p = strstr(out, "val loss: ");
+    return p ? atof(p + 10) : NAN;
+}
+
+TEST(gpt_tp2_equals_one_process)
+{
+    static cli_result r;
+    char train_bin[300], data[320], m1[300], m2[300];
+    uint16_t tok[2000];
+    for (int i = 0; i < 2000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    snprintf(train_bin, sizeof train_bin, "%s/tok.bin", cli_tmpdir());
+    ASSERT_EQ_INT(dt_tokens_write(train_bin, tok, 2000), DT_OK);
+    snprintf(data, sizeof data, "tokens:%s", train_bin);
+    snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
+    char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
+                   "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
+                   "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
+                   "--log-every", "1", "--metrics", m1, NULL};
+    cli_runv(&r, 200, NULL, one);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    double v1 = val_loss(r.out);
+    char *two[64] = {"run", "-n", "2", "--", cli()};
+    int n = 5;
+    for (int i = 0; one[i]; i++)
+        two[n++] = !strcmp(one[i], m1) ? m2 : one[i];
+    two[n++] = "--tp", two[n++] = "2", two[n] = NULL;
+    cli_runv(&r, 200, NULL, two);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    double v2 = val_loss(r.out);
+    fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
+    ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
+    double a[64], b[64];
+    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT(same_losses(a, na, b, nb));
+}
+
+TEST(tp_option_errors)
+{
+    static cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 needs a multiple of 2 ranks");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--tp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --model convnet");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--save", "/tmp/x", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--save/--resume");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "0", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tp");
+    cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--", cli(), "train", "--model", "mlp", "--tp", "3", NULL});
+    ASSERT(r.code != 0);
+    ASSERT_STR_CONTAINS(r.err, "--tp 3 needs a multiple of 3 ranks");
+}
+
+int main(void)
+{
+    if (!cli())
+        DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
+    RUN(tp_option_errors);
+    RUN(mlp_tp2_equals_one_process);
+    RUN(mlp_tp2_dp2_equals_ddp);
+    RUN(gpt_tp2_equals_one_process);
+    cli_cleanup();
+    return TEST_REPORT();
+}

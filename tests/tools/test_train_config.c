@@ -1,0 +1,184 @@
+/* `dtrain train --config FILE`: the seed DeepSpeed configs (003) train a
+ * tiny GPT under `dtrain run -n 2` with ZeRO stage 2 (and activation
+ * checkpointing) and stage 3 (with CPU offload), the effective
+ * configuration is printed once and written to the metrics; the pasted
+ * seed with its missing comma is refused with the line and column; flags
+ * override the file and AIAK_* variables override both; a batch relation
+ * that does not hold and a key dtrain cannot honour yet are errors; an
+ * unknown key is a warning naming it. */
+// dt-test-timeout: 300
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <math.h>
+
+#define DATA DT_SOURCE_DIR "/tests/config/data/"
+
+static char train_tok[320], val_tok[320], metrics[300];
+
+static void write_data(void)
+{
+    uint16_t tok[3000];
+    for (int i = 0; i < 3000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    char tb[300], vb[300];
+    snprintf(tb, sizeof tb, "%s/train.bin", cli_tmpdir());
+    snprintf(vb, sizeof vb, "%s/val.bin", cli_tmpdir());
+    snprintf(metrics, sizeof metrics, "%s/m.jsonl", cli_tmpdir());
+    dt_tokens_write(tb, tok, 3000);
+    dt_tokens_write(vb, tok + 1000, 600);
+    snprintf(train_tok, sizeof train_tok, "tokens:%s", tb);
+    snprintf(val_tok, sizeof val_tok, "tokens:%s", vb);
+}
+
+/* dtrain [run -n ranks --] train --config cfg <the tiny GPT> extra... */
+static void run_cfg(cli_result *r, int ranks, const char *cfg, const char *env, const char *const *extra)
+{
+    char *args[64];
+    int n = 0;
+    if (ranks > 1) {
+        static char nr[16];
+        snprintf(nr, sizeof nr, "%d", ranks);
+        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = getenv("DT_CLI");
+    }
+    const char *base[] = {"train", "--config", cfg, "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "32",
+                          "--seq", "16", "--data", train_tok, "--val-data", val_tok, "--threads", "1",
+                          "--progress", "plain", "--metrics", metrics, "--max-steps", "8", NULL};
+    for (int i = 0; base[i]; i++)
+        args[n++] = (char *)base[i];
+    for (int i = 0; extra && extra[i]; i++)
+        args[n++] = (char *)extra[i];
+    args[n] = NULL;
+    cli_runv(r, 200, env, args);
+}
+
+static double val_loss(const char *out)
+{
+    const char *p = strstr(out, "val loss: ");
+    return p ? atof(p + 10) : NAN;
+}
+
+TEST(seed_stage2_activation_checkpointing_trains)
+{
+    static cli_result r;
+    run_cfg(&r, 2, DATA "seed_zero2_actckpt.json", NULL,
+            (const char *[]){"--batch", "4", "--optimizer", "adamw", "--lr", "0.01", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] ZeRO stage 2: 2 ranks");
+    ASSERT_STR_CONTAINS(r.out, "[0]   zero_optimization.stage = 2  (file)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0]   train_micro_batch_size_per_gpu = 4  (--batch)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0]   optimizer.params.lr = 0.01  (--lr)\n");
+    ASSERT_STR_CONTAINS(r.out, "batch 4 per rank (8 per step)");
+    ASSERT(strstr(r.out, "[1]   zero_optimization.stage") == NULL); /* printed once, by rank 0 */
+    double vl = val_loss(r.out);
+    fprintf(stderr, "stage 2: val loss %.4f after 8 steps (ln 40 = %.4f)\n", vl, log(40.0));
+    ASSERT(vl < log(40.0) - 0.3); /* it learned something in 8 steps */
+    char m[65536];
+    slurp_(metrics, m, sizeof m);
+    ASSERT_STR_CONTAINS(m, "\"event\":\"config\",\"file\":\"" DATA "seed_zero2_actckpt.json\"");
+    ASSERT_STR_CONTAINS(m, "\"activation_checkpointing.cpu_checkpointing\":true");
+    ASSERT_STR_CONTAINS(m, "\"zero_optimization.reduce_bucket_size\":50000000");
+}
+
+TEST(seed_stage3_offload_trains)
+{
+    static cli_result r;
+    run_cfg(&r, 2, DATA "seed_zero3_offload_fixed.json", NULL,
+            (const char *[]){"--batch", "4", "--optimizer", "adamw", "--lr", "0.01", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] ZeRO stage 3: 2 ranks");
+    ASSERT_STR_CONTAINS(r.err, "offload device cpu: nothing changes");
+    ASSERT_STR_CONTAINS(r.out, "adamw lr 0.01");
+    double vl = val_loss(r.out);
+    fprintf(stderr, "stage 3: val loss %.4f after 8 steps\n", vl);
+    ASSERT(vl < log(40.0) - 0.3);
+}
+
+TEST(seed_pasted_unchanged_is_refused_with_line_and_column)
+{
+    static cli_result r;
+    run_cfg(&r, 1, DATA "seed_zero3_offload.json", NULL, NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain train: --config: " DATA "seed_zero3_offload.json:18:3: missing ',' after the "
+                               "value of \"wall_clock_breakdown\" (line 17)");
+}
+
+static void write_cfg(const char *name, const char *text, char *path, size_t n)
+{
+    snprintf(path, n, "%s/%s", cli_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+TEST(batch_relation_and_inference)
+{
+    static cli_result r;
+    char p[400];
+    /* train 16 = micro * gas 2 * world 2: micro 4 is derived */
+    write_cfg("b.json", "{\"train_batch_size\": 16, \"gradient_accumulation_steps\": 2}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, NULL);
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "batch 4 per rank");
+    /* a flag that breaks the relation */
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "5", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "batch sizes disagree: train_batch_size 16 must equal train_micro_batch_size_per_gpu 5 "
+                               "* gradient_accumulation_steps 2 * data-parallel world size 1");
+}
+
+TEST(precedence_and_environment)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("p.json", "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.5}},\n \"zero_optimization\": "
+                        "{\"stage\": 1, \"foo\": 2}}", p, sizeof p);
+    run_cfg(&r, 1, p, "AIAK_FUSED_OPTIMIZER=1", (const char *[]){"--lr", "0.02", "--max-steps", "2", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "sgd lr 0.02"); /* the flag over the file */
+    ASSERT_STR_CONTAINS(r.err, "warning: " );
+    ASSERT_STR_CONTAINS(r.err, "unknown key zero_optimization.foo");
+    ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
+    ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
+    /* hierarchical all-reduce from the environment: refused until it exists, never ignored */
+    run_cfg(&r, 1, p, "AIAK_HIERARCHICAL_ALLREDUCE=1", NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "key dtrain.hierarchical_allreduce: not supported yet");
+    run_cfg(&r, 1, p, "AIAK_START_COMPRESS_ITER=soon", NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "AIAK_START_COMPRESS_ITER");
+    /* the config's comm hook over ZeRO stage 1: the hook's own refusal (compress owns the behaviour) */
+    write_cfg("h.json", "{\"zero_optimization\": {\"stage\": 1}, \"dtrain\": {\"comm_hook\": \"powersgd\", "
+                        "\"powersgd_rank\": 2}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--comm-hook powersgd (or AIAK_*_COMPRESSION) compresses DDP's gradient all-reduce");
+    /* a wrong type names the key */
+    write_cfg("t.json", "{\"gradient_clipping\": \"1.0\"}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "key gradient_clipping: expected a number");
+}
+
+int main(void)
+{
+    write_data();
+    RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
+    RUN(batch_relation_and_inference);
+    RUN(precedence_and_environment);
+    RUN(seed_stage2_activation_checkpointing_trains);
+    RUN(seed_stage3_offload_trains);
+    cli_cleanup();
+    return TEST_REPORT();
+}

@@ -1,0 +1,257 @@
+/* `dtrain train --config FILE`: the command line's side of the JSON config.
+ * The merge itself (file < flags < AIAK_*) is the library's (config.h);
+ * this file only says which flag is which key, and reads back the options
+ * the command acts on before the trainer exists (the batch the loader
+ * takes, the stage the group is set up for, the precision the model is
+ * built in, ...). The trainer's own params come from the config again in
+ * cmd_train.c (dt_trainer_params_apply_config), so both agree.
+ *
+ * Without --config only the AIAK_* variables are read: the flags and
+ * their defaults act exactly as before. */
+#include "cmd.h"
+#include "train.h"
+
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "dtrain/optim.h"
+#include "dtrain/train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Whether --name was given on the command line (as --name V or --name=V). */
+static bool given(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (argv[i][2 + n] == 0 || argv[i][2 + n] == '='))
+            return true;
+    return false;
+}
+
+static int set(dt_config *c, const char *key, const char *json, const char *flag)
+{
+    char src[64];
+    snprintf(src, sizeof src, "--%s", flag);
+    if (dt_config_set(c, key, json, DT_CONFIG_FROM_CLI, src) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+static int set_num(dt_config *c, const char *key, double v, const char *flag)
+{
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", v);
+    return set(c, key, b, flag);
+}
+
+static int set_str(dt_config *c, const char *key, const char *v, const char *flag)
+{
+    char b[1200];
+    dt__json_quote(v, b, sizeof b);
+    return set(c, key, b, flag);
+}
+
+/* The flags that name a config key, given explicitly, into c. */
+static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config *c)
+{
+    int rc = 0;
+#define G(f) (given(argc, argv, f))
+    if (!rc && G("batch"))
+        rc = set_num(c, "train_micro_batch_size_per_gpu", (double)o->batch, "batch");
+    if (!rc && G("grad-accum"))
+        rc = set_num(c, "gradient_accumulation_steps", (double)o->grad_accum, "grad-accum");
+    if (!rc && G("optimizer")) {
+        const char *t = !strcmp(o->optimizer, "sgd") ? "SGD" : !strcmp(o->optimizer, "lamb") ? "Lamb"
+                        : !strcmp(o->optimizer, "adamw") ? "AdamW" : "Adam";
+        rc = set_str(c, "optimizer.type", t, "optimizer");
+        if (!rc && !strcmp(o->optimizer, "adam")) /* torch's Adam: DeepSpeed's Adam without adam_w_mode */
+            rc = set(c, "optimizer.params.adam_w_mode", "false", "optimizer");
+    }
+    if (!rc && G("lr"))
+        rc = set_num(c, "optimizer.params.lr", o->lr, "lr");
+    if (!rc && G("weight-decay"))
+        rc = set_num(c, "optimizer.params.weight_decay", o->weight_decay, "weight-decay");
+    if (!rc && G("momentum"))
+        rc = set_num(c, "optimizer.params.momentum", o->momentum, "momentum");
+    if (!rc && G("clip-grad-norm"))
+        rc = set_num(c, "gradient_clipping", o->clip_grad_norm, "clip-grad-norm");
+    if (!rc && G("lr-schedule"))
+        rc = set_str(c, "scheduler.type", o->lr_schedule, "lr-schedule");
+    if (!rc && G("warmup"))
+        rc = set_num(c, "scheduler.params.warmup_num_steps", (double)o->warmup, "warmup");
+    if (!rc && G("step-size"))
+        rc = set_num(c, "scheduler.params.step_size", (double)o->step_size, "step-size");
+    if (!rc && G("gamma"))
+        rc = set_num(c, "scheduler.params.gamma", o->gamma, "gamma");
+    if (!rc && G("log-every"))
+        rc = set_num(c, "steps_per_print", (double)o->log_every, "log-every");
+    if (!rc && G("zero"))
+        rc = set(c, "zero_optimization.stage", o->zero, "zero");
+    if (!rc && G("fsdp")) {
+        const char *st = !strcmp(o->fsdp, "no_shard") ? "0" : !strcmp(o->fsdp, "shard_grad_op") ? "2" : "3";
+        rc = set(c, "zero_optimization.stage", st, "fsdp");
+        if (!rc)
+            rc = set(c, "dtrain.hybrid_shard", !strcmp(o->fsdp, "hybrid_shard") ? "true" : "false", "fsdp");
+    }
+    if (!rc && G("precision")) {
+        rc = set(c, "fp16.enabled", !strcmp(o->precision, "fp16") ? "true" : "false", "precision");
+        if (!rc)
+            rc = set(c, "bf16.enabled", !strcmp(o->precision, "bf16") ? "true" : "false", "precision");
+    }
+    if (!rc && G("reduce-dtype"))
+        rc = set_str(c, "communication_data_type", o->reduce_dtype, "reduce-dtype");
+    if (!rc && G("loss-scale"))
+        rc = set_num(c, "fp16.loss_scale", o->loss_scale, "loss-scale");
+    if (!rc && G("initial-scale-power"))
+        rc = set_num(c, "fp16.initial_scale_power", (double)o->initial_scale_power, "initial-scale-power");
+    if (!rc && G("loss-scale-window"))
+        rc = set_num(c, "fp16.loss_scale_window", (double)o->loss_scale_window, "loss-scale-window");
+    if (!rc && G("hysteresis"))
+        rc = set_num(c, "fp16.hysteresis", (double)o->hysteresis, "hysteresis");
+    if (!rc && G("min-loss-scale"))
+        rc = set_num(c, "fp16.min_loss_scale", o->min_loss_scale, "min-loss-scale");
+    if (!rc && G("activation-checkpointing"))
+        rc = set(c, "dtrain.activation_checkpointing", "true", "activation-checkpointing");
+    if (!rc && G("offload")) {
+        bool nvme = !strncmp(o->offload, "nvme:", 5);
+        rc = set_str(c, "zero_optimization.offload_optimizer.device", nvme ? "nvme" : "cpu", "offload");
+        if (!rc && nvme)
+            rc = set_str(c, "zero_optimization.offload_optimizer.nvme_path", o->offload + 5, "offload");
+    }
+    if (!rc && G("comm-hook"))
+        rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
+    if (!rc && G("powersgd-rank"))
+        rc = set_num(c, "dtrain.powersgd_rank", (double)o->powersgd_rank, "powersgd-rank");
+    if (!rc && G("powersgd-start-iter"))
+        rc = set_num(c, "dtrain.start_compress_iter", (double)o->powersgd_start_iter, "powersgd-start-iter");
+    if (!rc && G("powersgd-no-error-feedback"))
+        rc = set(c, "dtrain.powersgd_error_feedback", "false", "powersgd-no-error-feedback");
+    if (!rc && G("powersgd-no-warm-start"))
+        rc = set(c, "dtrain.powersgd_warm_start", "false", "powersgd-no-warm-start");
+#undef G
+    return rc;
+}
+
+static int bad(void)
+{
+    dt__cli_err("dtrain train: --config: %s\n", dt_last_error());
+    return 2;
+}
+
+/* The options the command acts on before the trainer exists, from c. */
+static int read_back(dt__train_opts *o, const dt_config *c)
+{
+    int world = 1;
+    if (dt_pg_env_world_size(&world) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    dt_config_batch b;
+    if (dt_config_batch_resolve(c, world, o->batch, o->grad_accum, &b) < 0)
+        return bad();
+    o->batch = b.micro_batch;
+    o->grad_accum = b.grad_accum;
+    dt_dtype dt = DT_F32;
+    dt_status st = dt_config_precision(c, &dt);
+    if (st < 0 && st != DT_ERR_NOT_FOUND)
+        return bad();
+    if (st == DT_OK)
+        o->precision = dt == DT_F16 ? "fp16" : dt == DT_BF16 ? "bf16" : "fp32";
+    const char *s;
+    if (dt_config_get_str(c, "communication_data_type", &s) == DT_OK)
+        o->reduce_dtype = s;
+    int stage = -1;
+    dt_zero_params zp = dt_zero_params_default();
+    if (dt_config_zero_params(c, &stage, &zp) < 0)
+        return bad();
+    bool hybrid = false;
+    dt_config_get_bool(c, "dtrain.hybrid_shard", &hybrid);
+    if (stage >= 0) {
+        static const char *const names[] = {"0", "1", "2", "3"};
+        o->zero = hybrid ? NULL : names[stage];
+        o->fsdp = hybrid ? "hybrid_shard" : NULL;
+    }
+    dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+    if (dt_config_act_ckpt(c, &o->act_ckpt, &ap) < 0)
+        return bad();
+    dt_offload_params op = dt_offload_params_default();
+    if (dt_config_offload_params(c, &op) < 0)
+        return bad();
+    if (op.device == DT_OFFLOAD_CPU)
+        o->offload = "cpu";
+    else if (op.device == DT_OFFLOAD_NVME) {
+        snprintf(o->offload_buf, sizeof o->offload_buf, "nvme:%s", op.nvme_path);
+        o->offload = o->offload_buf;
+    } else if (dt_config_origin_of(c, "zero_optimization.offload_optimizer.device") != DT_CONFIG_UNSET)
+        o->offload = NULL; /* "none" */
+    int64_t v;
+    if (dt_config_get_int(c, "steps_per_print", &v) == DT_OK)
+        o->log_every = v;
+    /* the communication hook: from the file or a flag only (train_ddp.c reads AIAK_* over these itself) */
+    bool on;
+    if (dt_config_origin_of(c, "dtrain.comm_hook") < DT_CONFIG_FROM_ENV)
+        dt_config_get_str(c, "dtrain.comm_hook", &o->comm_hook);
+    if (dt_config_origin_of(c, "dtrain.powersgd_rank") < DT_CONFIG_FROM_ENV)
+        dt_config_get_int(c, "dtrain.powersgd_rank", &o->powersgd_rank);
+    if (dt_config_origin_of(c, "dtrain.start_compress_iter") < DT_CONFIG_FROM_ENV)
+        dt_config_get_int(c, "dtrain.start_compress_iter", &o->powersgd_start_iter);
+    if (dt_config_get_bool(c, "dtrain.powersgd_error_feedback", &on) == DT_OK)
+        o->powersgd_no_error_feedback = !on;
+    if (dt_config_get_bool(c, "dtrain.powersgd_warm_start", &on) == DT_OK)
+        o->powersgd_no_warm_start = !on;
+    /* the optimizer the trainer will build (the memory check and the lines printed name it) */
+    dt_trainer_params tp = dt_trainer_params_default();
+    if (dt_optim_kind_parse(o->optimizer, &tp.optimizer) < 0 || dt_trainer_params_apply_config(c, &tp) < 0)
+        return bad();
+    o->optimizer = dt_optim_kind_name(tp.optimizer);
+    o->lr = tp.optimizer == DT_OPTIM_SGD ? tp.sgd.lr : tp.optimizer == DT_OPTIM_ADAM ? tp.adam.lr
+            : tp.optimizer == DT_OPTIM_ADAMW ? tp.adamw.lr : tp.lamb.lr;
+    if (dt_config_get_double(c, "optimizer.params.momentum", &o->momentum) != DT_OK && tp.optimizer != DT_OPTIM_SGD)
+        o->momentum = 0;
+    if (st == DT_OK && dt == DT_BF16 && o->loss_scale >= 0)
+        o->loss_scale = -1; /* bf16 from the config: no scaling (DeepSpeed forces scale 1) */
+    return dt__train_check(o);
+}
+
+int dt__train_config(int argc, char **argv, dt__train_opts *o)
+{
+    dt_config *c;
+    if (dt_config_init(&c) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 1;
+    }
+    o->cfg = c;
+    if (o->config) {
+        if (dt_config_load_file(c, o->config) < 0)
+            return bad();
+        int rc = flags_into(argc, argv, o, c);
+        if (rc)
+            return rc;
+    }
+    if (dt_config_apply_env(c) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    if (!o->config)
+        return 0; /* only AIAK_*: nothing the options hold */
+    return read_back(o, c);
+}
+
+void dt__train_config_print(const dt__train_opts *o)
+{
+    const dt_config *c = o->cfg;
+    if (!c)
+        return;
+    for (size_t i = 0; i < dt_config_num_warnings(c); i++)
+        dt__cli_err("dtrain train: warning: %s\n", dt_config_warning(c, i));
+    char *tx = dt_config_effective_text(c);
+    if (tx && *tx)
+        printf("config%s%s (file < flags < AIAK_* environment):\n%s", o->config ? " " : "",
+               o->config ? o->config : "", tx);
+    free(tx);
+    fflush(stdout);
+}
