@@ -5,7 +5,8 @@
 # Usage: scripts/deps.sh [build|test|fuzz|demo|bench|fresh-check]...
 #   build        compilers, CMake, oneDNN (+ OpenCL headers, which oneDNN's
 #                CMake package looks for), zlib, cJSON, liburing, Open MPI
-#   test         build + gnuplot and the data sets the tests train on
+#   test         build + gnuplot, the data sets the tests train on, and
+#                iproute2 (ip, tc: the multi-node test bed, scripts/netbed.sh)
 #   fuzz         build + clang and its libFuzzer/sanitizer runtimes
 #   demo         build + gnuplot and the Fashion-MNIST data set
 #   bench        build (the PyTorch comparisons under bench/ are run by hand)
@@ -20,8 +21,9 @@ data=(dataset-fashion-mnist bible-kjv bible-kjv-text)
 pkgs=()
 for what in "$@"; do
   case "$what" in
-    build|bench) pkgs+=("${build[@]}") ;;
-    test)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox) ;;
+    build)       pkgs+=("${build[@]}") ;;
+    bench)       pkgs+=("${build[@]}" iproute2) ;;
+    test)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox iproute2) ;;
     fuzz)        pkgs+=("${build[@]}" clang libclang-rt-dev) ;;
     demo)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox) ;;
     fresh-check) pkgs+=(debootstrap git ca-certificates) ;;

@@ -1,7 +1,22 @@
 /* dtrain bench coll — collective bandwidth and latency, nccl-tests style.
  *
  *     dtrain run -n 2 -- dtrain bench coll --op allreduce [--min 8] [--max 256M]
- *                        [--dtype f32] [--iters N] [--mem both|plain|group] [--json]
+ *                        [--dtype f32] [--iters N] [--mem both|plain|group]
+ *                        [--algo flat|hier] [--json]
+ *
+ * --algo hier runs the collective on dt_pg_hierarchical(group) (comm.h):
+ * the two-level all-reduce and reduce-scatter across nodes (nodes from host
+ * and network namespace, or $DT_SIM_LOCAL_SIZE); other operations are flat
+ * there too.
+ *
+ * The table is nccl-tests' (all_reduce_perf and friends), column for column,
+ * so scripts written for it read this one: size (B), count (elements), type
+ * (float, half, bfloat16, ...), redop (sum, or none), root (-1, or 0 for
+ * broadcast), then time (us), algbw and busbw (GB/s) and #wrong for out of
+ * place and again for in place; and the footer "# Out of bounds values : N
+ * OK|FAILED" and "# Avg bus bandwidth    : X" (the mean busbw of the
+ * in-place and out-of-place rows). Each memory kind is one table, preceded
+ * by a "# mem: plain|group" comment line.
  *
  * For each size (doubling from --min to --max) and each kind of memory
  * (plain dt_alloc buffers, and group-allocated dt_pg_alloc buffers that take
@@ -34,6 +49,7 @@ typedef struct {
     int iters; /* 0 = by size */
     int json;
     int plain, group;
+    int hier;  /* --algo hier */
 } bench_opts;
 
 /* "8", "64K", "1M", "256M", "1G" → bytes; 0 if malformed. */
@@ -58,7 +74,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: dtrain run -n N -- dtrain bench coll [--op allreduce|reduce_scatter|allgather|"
                "broadcast]\n"
                "         [--min 8] [--max 256M] [--dtype f32] [--iters N] [--mem both|plain|group] "
-               "[--json]\n");
+               "[--algo flat|hier] [--json]\n");
 }
 
 static int parse(int argc, char **argv, bench_opts *o)
@@ -108,6 +124,13 @@ static int parse(int argc, char **argv, bench_opts *o)
                 return 2;
             }
             o->iters = (int)it;
+            i++;
+        } else if (!strcmp(a, "--algo")) {
+            if (strcmp(v, "flat") && strcmp(v, "hier")) {
+                dt__cli_err("dtrain bench coll: --algo flat|hier\n");
+                return 2;
+            }
+            o->hier = !strcmp(v, "hier");
             i++;
         } else if (!strcmp(a, "--mem")) {
             o->plain = !strcmp(v, "both") || !strcmp(v, "plain");
@@ -268,14 +291,60 @@ static dt_status measure(const bench_ctx *b, size_t blk, size_t size, int iters,
     return DT_OK;
 }
 
+/* nccl-tests' names of types and operations. */
+static const char *nccl_type(dt_dtype dt)
+{
+    switch (dt) {
+    case DT_F32: return "float";
+    case DT_F64: return "double";
+    case DT_F16: return "half";
+    case DT_BF16: return "bfloat16";
+    case DT_I32: return "int32";
+    case DT_I64: return "int64";
+    case DT_U8: return "uint8";
+    default: return "?";
+    }
+}
+
+/* Time as nccl-tests prints it: fewer decimals as it grows. */
+static void time_str(double us, char *buf, size_t n)
+{
+    snprintf(buf, n, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+}
+
+static void print_row(const bench_ctx *b, size_t size, const result r[2])
+{
+    int reduces = b->op == OP_ALLREDUCE || b->op == OP_REDUCE_SCATTER;
+    printf("%12zu  %12zu  %8s  %6s  %6i", size, size / b->es, nccl_type(b->dt), reduces ? "sum" : "none",
+           b->op == OP_BROADCAST ? 0 : -1);
+    for (int k = 0; k < 2; k++) {
+        char t[32];
+        time_str(r[k].time_us, t, sizeof t);
+        printf("  %7s  %6.2f  %6.2f  %5g", t, r[k].algbw, r[k].busbw, (double)r[k].bad);
+    }
+    printf("\n");
+}
+
+static void print_header(void)
+{
+    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "",
+           "", "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+    printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
+    printf("  %7s  %6s  %6s  %6s\n", "time", "algbw", "busbw", "#wrong");
+    printf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
+    printf("  %7s  %6s  %6s  %5s", "(us)", "(GB/s)", "(GB/s)", "");
+    printf("  %7s  %6s  %6s  %5s\n", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
 static void print_json(const bench_ctx *b, const char *mem, int inplace, size_t size,
                        const result *r)
 {
-    printf("{\"bench\":\"coll\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"op\":\"%s\","
+    printf("{\"bench\":\"coll\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"algo\":\"%s\",\"op\":\"%s\","
            "\"dtype\":\"%s\",\"ranks\":%d,\"mem\":\"%s\",\"inplace\":%s,\"bytes\":%zu,"
            "\"count\":%zu,\"iters\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
            "\"correct\":%s}\n",
-           dt_pg_backend(b->pg), op_names[b->op], dt_dtype_name(b->dt), b->w, mem,
+           dt_pg_backend(b->pg), dt_pg_is_hierarchical(b->pg) ? "hier" : "flat", op_names[b->op], dt_dtype_name(b->dt), b->w, mem,
            inplace ? "true" : "false", size, size / b->es, r->iters, r->time_us, r->algbw,
            r->busbw, r->bad ? "false" : "true");
 }
@@ -294,6 +363,11 @@ static size_t size_of(const bench_ctx *b, size_t blk)
     size_t s = blk * b->es;
     return b->op == OP_REDUCE_SCATTER || b->op == OP_ALLGATHER ? s * (size_t)b->w : s;
 }
+
+/* The footer's totals over every row printed. */
+static long g_wrong;
+static double g_bw_sum;
+static int g_bw_n;
 
 static int sweep(bench_ctx *b, const bench_opts *o, const char *mem)
 {
@@ -316,11 +390,11 @@ static int sweep(bench_ctx *b, const bench_opts *o, const char *mem)
             if (b->rank == 0 && o->json)
                 print_json(b, mem, inplace, size, &r[inplace]);
         }
+        g_wrong += r[0].bad + r[1].bad;
+        g_bw_sum += r[0].busbw + r[1].busbw;
+        g_bw_n += 2;
         if (b->rank == 0 && !o->json)
-            printf("  %12zu %12zu %5s | %10.2f %9.3f %9.3f %5s | %10.2f %9.3f %9.3f %5s\n", size,
-                   size / b->es, mem, r[0].time_us, r[0].algbw, r[0].busbw,
-                   r[0].bad ? "WRONG" : "ok", r[1].time_us, r[1].algbw, r[1].busbw,
-                   r[1].bad ? "WRONG" : "ok");
+            print_row(b, size, r);
         fflush(stdout);
         if (bytes > o->max / 2)
             break;
@@ -339,6 +413,12 @@ int dt_bench_coll(int argc, char **argv)
         dt__cli_err("dtrain bench coll: cannot create the process group: %s\n", dt_last_error());
         return 1;
     }
+    dt_pg *world = pg;
+    if (o.hier && dt_pg_hierarchical(world, &pg) < 0) {
+        dt__cli_err("dtrain bench coll: --algo hier: %s\n", dt_last_error());
+        dt_pg_free(world);
+        return 1;
+    }
     bench_ctx b = {.pg = pg, .op = o.op, .dt = o.dtype, .es = dt_dtype_size(o.dtype),
                    .rank = dt_pg_rank(pg), .w = dt_pg_size(pg)};
     size_t max_blk = block_of(&b, o.max);
@@ -346,10 +426,12 @@ int dt_bench_coll(int argc, char **argv)
     size_t out_bytes = max_blk * b.es * (o.op == OP_ALLGATHER ? (size_t)b.w : 1);
     int rc = 0;
     if (b.rank == 0 && !o.json) {
-        printf("# dtrain %s, %s sum, %d ranks, backend %s; time = mean per op of the slowest rank\n",
-               op_names[o.op], dt_dtype_name(o.dtype), b.w, dt_pg_backend(pg));
-        printf("# %12s %12s %5s | %10s %9s %9s %5s | %10s %9s %9s %5s\n", "size(B)", "count", "mem",
-               "oop us", "algbw", "busbw", "ok", "inpl us", "algbw", "busbw", "ok");
+        dt_pg_topo t = dt_pg_hier_topology(pg);
+        printf("# dtrain bench coll: %s, %d ranks, backend %s, algorithm %s", op_names[o.op], b.w,
+               dt_pg_backend(pg), dt_pg_is_hierarchical(pg) ? "hierarchical" : "flat");
+        if (o.hier)
+            printf(" (%d node%s%s)", t.nnodes, t.nnodes == 1 ? "" : "s", t.simulated ? ", simulated" : "");
+        printf("; time = mean per op of the slowest rank\n#\n");
     }
     for (int g = 0; g < 2 && rc == 0; g++) {
         if (g == 0 ? !o.plain : !o.group)
@@ -365,8 +447,13 @@ int dt_bench_coll(int argc, char **argv)
                     dt_last_error());
         if (dt_pg_allreduce(pg, DT_IN_PLACE, &ok, 1, DT_I64, DT_REDUCE_MIN) < 0 || !ok)
             rc = 1;
-        else
+        else {
+            if (b.rank == 0 && !o.json) {
+                printf("# mem: %s\n", g ? "group" : "plain");
+                print_header();
+            }
             rc = sweep(&b, &o, g ? "group" : "plain");
+        }
         if (g) {
             dt_pg_dealloc(pg, b.send);
             dt_pg_dealloc(pg, b.recv);
@@ -375,6 +462,13 @@ int dt_bench_coll(int argc, char **argv)
             dt_free(b.recv);
         }
     }
-    dt_pg_free(pg);
-    return rc;
+    if (b.rank == 0 && !o.json && rc == 0) {
+        printf("# Out of bounds values : %ld %s\n", g_wrong, g_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g \n", g_bw_n ? g_bw_sum / g_bw_n : 0.0);
+        printf("#\n");
+    }
+    if (pg != world)
+        dt_pg_free(pg);
+    dt_pg_free(world);
+    return rc || g_wrong ? 1 : 0;
 }

@@ -45,6 +45,9 @@ typedef struct {
     double grace_s;
     const char *tee_dir;
     int master_port;     /* 0 = pick a free one per attempt */
+    int nnodes, node_rank;  /* --nnodes (1), --node-rank (0) */
+    const char *master_addr, *hosts; /* --master-addr, --hosts (several nodes) */
+    int dry_run;
     char **argv;         /* PROGRAM ARGS..., NULL-terminated */
 } run_opts;
 
@@ -108,7 +111,18 @@ static void usage(FILE *f)
             "                        they continue from the newest complete checkpoint\n"
             "  --tee DIR             also write rank r's output to DIR/rank<r>.log\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (3)\n"
-            "  --master-port P       MASTER_PORT (default: a free port per attempt)\n"
+            "  --master-port P       MASTER_PORT (default: a free port per attempt; 29500 with\n"
+            "                        --nnodes)\n"
+            "\n"
+            "several nodes (torchrun's form; the job runs under Open MPI):\n"
+            "  --nnodes N            number of nodes (1); -n is then ranks per node\n"
+            "  --node-rank R         this node (0..N-1); node 0 starts the job with mpirun,\n"
+            "                        other nodes only print what node 0 runs\n"
+            "  --master-addr A       node 0's host (MASTER_ADDR)\n"
+            "  --hosts H0,H1,...     the N nodes' hosts, node 0 first; without them the mpirun\n"
+            "                        and srun commands are printed instead (exit 2)\n"
+            "  --dry-run             print the mpirun and srun commands, run nothing\n"
+            "  $DT_MPIRUN_ARGS       extra mpirun options (an rsh agent, btl_tcp_if_include)\n"
             "\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
             "MASTER_PORT (torchrun's names), DT_RANK, DT_WORLD_SIZE, DT_LOCAL_RANK,\n"
@@ -134,6 +148,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->nranks = -1;
+    o->nnodes = 1;
     o->grace_s = 3.0;
     int i = 1;
     for (; i < argc; i++) {
@@ -170,7 +185,23 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 return 2;
             }
             i++;
-        } else if (!strcmp(a, "--master-port")) {
+        } else if (!strcmp(a, "--nnodes") || !strcmp(a, "--node-rank") || !strcmp(a, "--node_rank")) {
+            int lo = a[2] == 'n' && a[3] == 'n' ? 1 : 0;
+            if (!v || parse_int(v, lo, 100000, lo ? &o->nnodes : &o->node_rank) < 0) {
+                dt__cli_err("dtrain run: %s needs a %s\n", a, lo ? "node count >= 1" : "node rank >= 0");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--master-addr") || !strcmp(a, "--master_addr") || !strcmp(a, "--hosts")) {
+            if (!v || !*v) {
+                dt__cli_err("dtrain run: %s needs a value\n", a);
+                return 2;
+            }
+            *(a[2] == 'h' ? &o->hosts : &o->master_addr) = v;
+            i++;
+        } else if (!strcmp(a, "--dry-run")) {
+            o->dry_run = 1;
+        } else if (!strcmp(a, "--master-port") || !strcmp(a, "--master_port")) {
             if (!v || parse_int(v, 1, 65535, &o->master_port) < 0) {
                 dt__cli_err("dtrain run: --master-port needs a port in 1..65535\n");
                 return 2;
@@ -193,6 +224,14 @@ static int parse_args(int argc, char **argv, run_opts *o)
         return 2;
     }
     o->argv = argv + i;
+    if (o->node_rank >= o->nnodes) {
+        dt__cli_err("dtrain run: --node-rank %d is not below --nnodes %d\n", o->node_rank, o->nnodes);
+        return 2;
+    }
+    if (o->nnodes == 1 && (o->hosts || o->dry_run)) {
+        dt__cli_err("dtrain run: --hosts and --dry-run are for several nodes (--nnodes N > 1)\n");
+        return 2;
+    }
     return 0;
 }
 
@@ -478,6 +517,12 @@ int dt_cmd_run(int argc, char **argv)
     int pa = parse_args(argc, argv, &o);
     if (pa)
         return pa == 1 ? 0 : 2;
+    if (o.nnodes > 1) {
+        dt__run_nodes nd = {.nnodes = o.nnodes, .node_rank = o.node_rank, .nproc = o.nranks,
+                            .master_addr = o.master_addr, .master_port = o.master_port, .hosts = o.hosts,
+                            .dry_run = o.dry_run, .argv = o.argv};
+        return dt__run_nodes_main(&nd);
+    }
     char job_id[DT_RUN_JOB_ID_LEN + 1];
     if (dt__run_job_id(job_id) < 0) {
         dt__cli_err("dtrain run: getrandom failed: %s\n", strerror(errno));

@@ -886,8 +886,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                                t->peak_gflops);
     }
     if (t->prog.mode != DT__PROGRESS_NONE)
-        printf("training %s (%zu parameters) on %s: %lld items, %lld steps/epoch of %lld, %s lr %g, "
-               "%d threads\n", t->o.model, dt_model_param_count(t->model), t->o.data,
+        printf("training %s (%zu parameters%s) on %s: %lld items, %lld steps/epoch of %lld, %s lr %g, "
+               "%d threads\n", t->o.model, dt_model_param_count(t->model),
+               t->ddp.tp > 1 ? " in this rank's slice" : "", t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)

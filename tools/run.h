@@ -61,4 +61,19 @@ typedef struct {
  * and `dtrain run --help`). Returns 0, or -1 if setenv failed. */
 int dt__run_env_apply(const dt__run_env *e, int rank);
 
+/* Several nodes (`dtrain run --nnodes N`, tools/run_nodes.c): what the
+ * user asked for, torchrun's names. */
+typedef struct {
+    int nnodes, node_rank, nproc; /* N, R, K ranks per node */
+    const char *master_addr;      /* node 0's host (torchrun's MASTER_ADDR) */
+    int master_port;              /* 0 = 29500 (torchrun's default) */
+    const char *hosts;            /* "H1,H2,...": the nodes' hosts, node-rank order; NULL = unknown */
+    int dry_run;                  /* print the commands, run nothing */
+    char **argv;                  /* PROGRAM ARGS..., NULL-terminated */
+} dt__run_nodes;
+
+/* Run (node rank 0: exec mpirun, which starts every node's ranks) or print
+ * the mpirun and srun commands that do; returns the exit code. */
+int dt__run_nodes_main(const dt__run_nodes *n);
+
 #endif

@@ -65,6 +65,7 @@ typedef struct dt__train_opts {
     int64_t wrap_min_params;  /* size-based wrap policy, 0 = none (one unit) */
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
+    bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
     /* checkpoints (issue 14) */

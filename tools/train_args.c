@@ -122,6 +122,9 @@ static const opt_def opts[] = {
      "the whole model is one unit)"},
     {"backward-prefetch", OPT_CHOICE, OFF(backward_prefetch), 0, 0, "none|backward_pre|backward_post", "MODE",
      "stage 3: when the next unit's all-gather is posted in backward (default backward_pre)"},
+    {"hierarchical-allreduce", OPT_FLAG, OFF(hierarchical_allreduce), 0, 0, NULL, NULL,
+     "reduce gradients in two levels across machines: within each machine, then among one rank per "
+     "machine and shard (Horovod's; DDP and ZeRO; AIAK_HIERARCHICAL_ALLREDUCE=1|0 overrides)"},
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",

@@ -99,6 +99,15 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
         dt_config_zero_params(o->cfg, &unused, &r->zp);
         r->zp.stage = r->stage > 0 ? r->stage : 3;
     }
+    /* Hierarchical reductions: AIAK's switch overrides the flag, which
+     * overrides the config (environment > command line > file) */
+    int64_t aiak;
+    if (dt_env_int("AIAK_HIERARCHICAL_ALLREDUCE", -1, 0, 1, &aiak) < 0) {
+        dt__cli_err("dtrain train: %s (1 = on, 0 = off)\n", dt_last_error());
+        return 2;
+    }
+    r->hier = aiak >= 0 ? aiak == 1 : o->hierarchical_allreduce || r->zp.hierarchical;
+    r->zp.hierarchical = r->hier;
     /* A group of one is not worth a backend; the environment tells us the
      * size before anything is created, read by the library's strict parser
      * (a malformed WORLD_SIZE is bad input, not a run alone). */
@@ -152,8 +161,30 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     return 0;
 }
 
+/* Say once (rank 0) what --hierarchical-allreduce found: the nodes. */
+static int say_hierarchy(const dt__ddp_run *r)
+{
+    dt_pg_topo t;
+    if (dt_pg_topology(r->pg, &t) < 0) {
+        dt__cli_err("dtrain train: --hierarchical-allreduce: %s\n", dt_last_error());
+        return 1;
+    }
+    if (r->rank == 0) {
+        if (t.nnodes > 1 && t.nnodes < r->world)
+            printf("hierarchical all-reduce: %d nodes%s%s, %d ranks on this one\n", t.nnodes,
+                   t.homogeneous ? "" : " of unequal size", t.simulated ? " (simulated: DT_SIM_LOCAL_SIZE)" : "",
+                   t.local_size);
+        else
+            printf("hierarchical all-reduce: %s: reductions stay flat\n",
+                   t.nnodes == 1 ? "all ranks on one node" : "one rank per node");
+    }
+    return 0;
+}
+
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
 {
+    if (r->pg && r->hier && r->world > 1 && say_hierarchy(r))
+        return 1;
     if (!r->pg) {
         if (dt_strategy_none_init(&r->strategy) < 0) {
             dt__cli_err("dtrain train: %s\n", dt_last_error());
@@ -175,6 +206,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         return 1;
     }
     dt_ddp_params p = dt_ddp_params_default();
+    p.hierarchical = r->hier;
     if (r->bucket_mb > 0) { /* PyTorch's first bucket is 1 MiB; a smaller cap shrinks it too */
         p.bucket_cap_mb = r->bucket_mb;
         if (p.first_bucket_mb > r->bucket_mb)

@@ -33,6 +33,7 @@ typedef struct dt__ddp_run {
     /* ZeRO / FSDP (--zero, --fsdp): stage 0 = DDP */
     int stage;
     bool hybrid;      /* --fsdp hybrid_shard */
+    bool hier;        /* --hierarchical-allreduce / AIAK_HIERARCHICAL_ALLREDUCE */
     dt_zero_params zp;
     /* tensor parallelism (--tp): the world is split into tp groups of adjacent
        ranks and dp groups across them; pg, rank and world above are then the

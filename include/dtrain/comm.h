@@ -262,6 +262,62 @@ DT_API dt_status dt_pg_split(dt_pg *pg, int color, int key, dt_pg **out);
  * Collective over pg; free the duplicate before pg. */
 DT_API dt_status dt_pg_dup(dt_pg *pg, dt_pg **out);
 
+/* ---- nodes and hierarchical all-reduce ------------------------------------
+ * Which ranks share a machine ("node"): every rank contributes a node key,
+ * its host name together with its network namespace (so that the namespaces
+ * of scripts/netbed.sh count as machines, as they do for Open MPI), and the
+ * keys are all-gathered. $DT_SIM_LOCAL_SIZE=S instead makes nodes of S
+ * consecutive ranks (rank / S; the last node may be smaller): hierarchical
+ * code can then be tested on one machine without namespaces. */
+typedef struct dt_pg_topo {
+    int node;        /* this rank's node, 0..nnodes-1, numbered by each node's lowest rank */
+    int nnodes;      /* number of nodes */
+    int local_rank;  /* place among its node's ranks, in group-rank order */
+    int local_size;  /* ranks on this rank's node */
+    int homogeneous; /* 1 when every node has local_size ranks */
+    int simulated;   /* 1 when $DT_SIM_LOCAL_SIZE made the nodes */
+} dt_pg_topo;
+
+/* Find the nodes of pg (one small all-gather). Collective over pg.
+ * Errors: DT_ERR_NULL, DT_ERR_INVALID_ARG ($DT_SIM_LOCAL_SIZE not a count
+ * >= 1), the all-gather's errors. */
+DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
+
+/* A group over pg's ranks (like dt_pg_dup) whose all-reduce is hierarchical
+ * (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, SEMANTICS.md 7.1): intra-node
+ * reduce-scatter, all-reduce of each local shard among the ranks of the
+ * other nodes that hold the same shard (the "cross" group: one rank per
+ * node, same local rank), intra-node all-gather. Per node only the data
+ * volume of one all-reduce crosses the network, shared by the node's ranks,
+ * instead of every rank's full share. With equal nodes its reduce-scatter
+ * is two-level too (ZeRO-2/3's gradients): the input blocks are reordered
+ * node-major into scratch (W * count elements while it runs), reduce-
+ * scattered within the node, then among the cross group. Every other
+ * collective on the group runs flat, as on a dup. With nodes of unequal size the inter-node step
+ * runs on local rank 0 of each node only (reduce to it, all-reduce among
+ * them, broadcast), as Horovod does; with one node, or one rank per node,
+ * the all-reduce stays flat (the two-level one would only add steps).
+ *
+ * Results: max/min and integer sums are exact and equal the flat ones;
+ * floating-point sums are added in a different order than the flat
+ * all-reduce (per node first, then across nodes), so each element differs
+ * from the flat result by at most 2 (W-1) u sum_r |x_r| (u = unit roundoff
+ * of the dtype; both are within (W-1) u sum|x| of the exact sum), and is
+ * bit-identical when the partial sums are exact. avg = sum / W at the end.
+ * f16/bf16 round once per level (twice in all).
+ *
+ * Collective over pg (it runs dt_pg_topology and three dt_pg_split calls);
+ * *out owns the group and its two subgroups: dt_pg_free(*out) releases all
+ * three, before pg. Errors: those of dt_pg_topology and dt_pg_split. */
+DT_API dt_status dt_pg_hierarchical(dt_pg *pg, dt_pg **out);
+/* 1 when pg's all-reduce runs the two-level algorithm (a group from
+ * dt_pg_hierarchical over more than one node with several ranks on some
+ * node), else 0. */
+DT_API int dt_pg_is_hierarchical(const dt_pg *pg);
+/* The topology a group from dt_pg_hierarchical was built on; for other
+ * groups all zeros. NULL-safe. */
+DT_API dt_pg_topo dt_pg_hier_topology(const dt_pg *pg);
+
 /* This rank, the group size, the rank and size on this machine. */
 DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);

@@ -76,6 +76,10 @@
  * (the flat buffer fixes the layout in model order, which for feed-forward
  * models is the reverse of the ready order anyway).
  *
+ * Communication hooks: how each bucket is reduced is a hook on the engine
+ * (below): the default all-reduce, fp16/bf16 compression (= reduce_dtype),
+ * PowerSGD (dt_ddp_params.comm_hook), or a user's dt_comm_hook.
+ *
  * SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm): dt_sync_batch_norm() is batch norm whose
  * training statistics come from the whole group (all-gather of per-rank
  * [mean, M2, count], combined by count; the running variance is unbiased over
@@ -295,6 +299,9 @@ typedef struct dt_ddp_params {
                                     reduce_dtype); default DT_F32. A model whose parameters are
                                     bf16/f16 (one dtype for all of them) reduces its gradients in
                                     place in that dtype, which reduce_dtype must name */
+    bool hierarchical;           /* hierarchical all-reduce of the buckets (Horovod's
+                                    HOROVOD_HIERARCHICAL_ALLREDUCE, AIAK_HIERARCHICAL_ALLREDUCE;
+                                    dt_pg_hierarchical in comm.h); default false */
     dt_comm_hook_kind comm_hook; /* how buckets are reduced (see "communication hooks"):
                                     FP16/BF16 set reduce_dtype (an explicit other non-f32
                                     reduce_dtype is DT_ERR_INVALID_ARG); POWERSGD needs reduce_dtype
@@ -435,6 +442,9 @@ typedef struct dt_reducer_params {
                                  Default DT_F32 */
     const char *wait_hint;    /* the error text while gradients are in flight (copied);
                                  default NULL: "... call dt_reducer_wait ..." */
+    bool hierarchical;        /* reduce over dt_pg_hierarchical(pg) (made at init, collective;
+                                 comm hooks get that group too): two-level all-reduce and
+                                 reduce-scatter across nodes; default false */
 } dt_reducer_params;
 DT_API dt_reducer_params dt_reducer_params_default(void);
 
@@ -649,6 +659,9 @@ typedef struct dt_zero_params {
                                     each unit's parameter dtype. An f32 unit of a model that also
                                     has bf16/f16 units (norms the precision policy keeps f32)
                                     always reduces in f32. Default DT_DTYPE_COUNT */
+    bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
+                                    reduce-scatter) over dt_pg_hierarchical of the shard group:
+                                    two levels across nodes; default false */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 

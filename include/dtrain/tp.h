@@ -14,6 +14,8 @@
  *   g = dt_tp_reduce_from_region: forward all-reduce, backward identity
  *   dt_tp_gather_last:  forward all-gather along the last dim, backward the rank's slice
  *   dt_tp_scatter_last: forward the rank's slice of the last dim, backward all-gather
+ *   dt_tp_sp_*: sequence parallelism's versions along any dim (reduce-scatter
+ *     and all-gather pairs; not yet wired into the zoo's GPT)
  *
  * Megatron's MLP is Z = g(gelu(f(X) A_r) B_r) with A split by columns
  * (ColumnParallelLinear) and B by rows (RowParallelLinear): one all-reduce
@@ -106,6 +108,21 @@ DT_API dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
 /* x [..., N] (the same on every rank) -> the rank's columns [r N/t, (r + 1) N/t)
  * (N divisible by t); backward: all-gather of the gradients. */
 DT_API dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+
+/* Sequence parallelism (Korthikanti et al.; SEMANTICS.md 6): layer norm and
+ * dropout regions hold the rank's chunk of the sequence dimension `dim`
+ * (any dim; negative counts from the end), and f/g become these (the same
+ * bytes moved: all-reduce = reduce-scatter + all-gather). The chunks are
+ * equal: shape[dim] (of the full tensor) divisible by t, else DT_ERR_SHAPE.
+ *   dt_tp_sp_gather:         all-gather along dim forward, reduce-scatter backward
+ *                            (gather_from_sequence_parallel_region);
+ *   dt_tp_sp_reduce_scatter: reduce-scatter (sum) along dim forward, all-gather backward
+ *                            (reduce_scatter_to_sequence_parallel_region);
+ *   dt_tp_sp_scatter:        the rank's chunk along dim forward, all-gather backward
+ *                            (scatter_to_sequence_parallel_region). */
+DT_API dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
+DT_API dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
+DT_API dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim);
 
 /* ---- layers (modules; forward collective over tp) ---------------------------------- */
 

@@ -114,6 +114,8 @@ static dt_status allreduce(dt_pg *pg, const void *send, void *recv, size_t count
     dt_coll c = coll_make(DT_COLL_ALLREDUCE, send ? send : recv, recv, count, dt);
     c.op = op;
     c.in_place = c.send == recv;
+    if (pg->hier)
+        return dt__hier_allreduce(pg, &c, req);
     return finish(pg, &c, NULL, req);
 }
 dt_status dt_pg_allreduce_async(dt_pg *pg, const void *send, void *recv, size_t count, dt_dtype dt,
@@ -393,6 +395,8 @@ static dt_status reduce_scatter(dt_pg *pg, const void *send, void *recv, size_t 
     dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, send, recv, count, dt);
     c.op = op;
     c.in_place = send && recv == byte_off(send, (size_t)pg->rank * count, dt);
+    if (pg->hier && pg->hier->slot)
+        return dt__hier_reduce_scatter(pg, &c, req);
     return finish(pg, &c, NULL, req);
 }
 dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *send, void *recv, size_t count,

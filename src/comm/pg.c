@@ -156,6 +156,8 @@ void dt_pg_free(dt_pg *pg)
     if (!pg)
         return;
     dt__pg_engine_stop(pg);
+    dt__hier_free(pg->hier); /* its subgroups are children of pg */
+    pg->hier = NULL;
     if (pg->children)
         dt_log(DT_LOG_WARN, "dt_pg_free: %d subgroup(s) still alive; free them first",
                pg->children);

@@ -57,6 +57,9 @@ struct dt_req {
     void (*post)(dt_req *r);
     void *xf;
     void (*xf_free)(void *xf); /* NULL: free(xf); may be set by pre */
+    int pre_done;         /* set by pre when it did the whole operation itself
+                           * (the hierarchical all-reduce): the backend's run
+                           * is skipped, post still runs */
     char msg[DT__MSG_CAP];
 };
 
@@ -84,6 +87,9 @@ struct dt_pg {
     char fail_msg[DT__MSG_CAP];
 
     pthread_mutex_t mem_mu;    /* serialises mem_alloc/mem_free */
+
+    struct dt__hier *hier;     /* dt_pg_hierarchical: the two levels; else NULL */
+    dt_pg_topo topo;           /* dt_pg_hierarchical: the nodes; else zeros */
 };
 
 /* Post a normalised operation (coll.c → req.c); takes ownership of
@@ -102,5 +108,23 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c);
 void dt__pg_drain_locked(dt_pg *pg);
 /* Drain, then stop and join the progress thread. */
 void dt__pg_engine_stop(dt_pg *pg);
+
+/* The two levels of a dt_pg_hierarchical group. */
+struct dt__hier {
+    dt_pg *intra;            /* this node's ranks, in group order */
+    dt_pg *inter;            /* the cross group; NULL on ranks outside it (unequal nodes) */
+    size_t *counts, *displs; /* allgatherv layout scratch (intra size each) */
+    int *slot;               /* homogeneous: slot[r] = local(r) * nnodes + node(r), W entries */
+};
+
+/* Hierarchical reduce-scatter (reduce_scatter_hier.c), homogeneous nodes
+ * only: post c (checked, normalised) as intra then inter reduce-scatter. */
+dt_status dt__hier_reduce_scatter(dt_pg *pg, const dt_coll *c, dt_req **req);
+
+/* Hierarchical all-reduce (allreduce_hier.c): post c (a checked, normalised
+ * all-reduce on a group with pg->hier) as the two-level composition; req
+ * NULL = blocking. dt__hier_free releases the two subgroups (before pg). */
+dt_status dt__hier_allreduce(dt_pg *pg, const dt_coll *c, dt_req **req);
+void dt__hier_free(struct dt__hier *h);
 
 #endif /* DT_COMM_PG_H */

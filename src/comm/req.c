@@ -215,7 +215,7 @@ static void exec_one(dt_pg *pg, dt_req *r)
     } else {
         dt_error_clear();
         st = r->pre ? r->pre(r) : DT_OK;
-        if (st >= 0)
+        if (st >= 0 && !r->pre_done)
             st = pg->ops->run(pg->ctx, &r->c);
         if (st >= 0 && r->post)
             r->post(r);

@@ -294,6 +294,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     rp.predivide = p.predivide;
     rp.reduce_dtype = p.reduce_dtype;
     rp.collective = DT_REDUCER_ALLREDUCE;
+    rp.hierarchical = p.hierarchical;
     rp.wait_hint = "DDP's gradient all-reduces are still in flight: call dt_ddp_wait(ddp) after "
                    "dt_backward and before the optimizer step (or train with dt_trainer), else the "
                    "replicas drift apart";

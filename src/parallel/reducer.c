@@ -79,7 +79,8 @@ typedef struct {
 } rbucket;
 
 struct dt_reducer {
-    dt_pg *pg;
+    dt_pg *pg;           /* the group reductions are posted on: the caller's, or hpg */
+    dt_pg *hpg;          /* params.hierarchical: dt_pg_hierarchical(caller's group), owned */
     dt_model *m;
     dt_reducer_params p;
     char hint[256];
@@ -265,9 +266,17 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
                       r->flat_numel);
         goto fail;
     }
+    if (p.hierarchical && r->world > 1) { /* last: every check above agrees across ranks first */
+        if ((st = dt_pg_hierarchical(pg, &r->hpg)) < 0) {
+            dt_error_wrap(st, "dt_reducer_init: the hierarchical group");
+            goto fail;
+        }
+        r->pg = r->hpg;
+    }
     *out = r;
     return DT_OK;
 fail:
+    dt_pg_free(r->hpg);
     dt_free(r->low);
     dt_free(r->b);
     dt_free(r->params);
@@ -301,6 +310,7 @@ void dt_reducer_free(dt_reducer *r)
     if (!r)
         return;
     dt_reducer_drain(r);
+    dt_pg_free(r->hpg);
     dt_free(r->low);
     dt_free(r->b);
     dt_free(r->params);

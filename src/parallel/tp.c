@@ -223,6 +223,154 @@ dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x)
     return dt_ag_custom(ctx, 1, &x, out, scatter_bwd, tp);
 }
 
+/* ---- sequence parallelism: the same along any dim ---------------------------------------- */
+
+/* x viewed as [outer, n, inner] around dim: the rank's chunk is `outer`
+ * runs of n*inner elements; the t chunks of the full tensor side by side
+ * along dim are [outer, t n inner]. */
+typedef struct {
+    int dim;
+    int64_t outer, n, inner; /* n: the LOCAL extent along dim */
+} sp_geom;
+
+static bool sp_geom_of(const char *op, const dt_tensor *x, int dim, int64_t div, sp_geom *g)
+{
+    char s[96];
+    int d = dim < 0 ? dim + x->ndim : dim;
+    if (d < 0 || d >= x->ndim || (div > 1 && x->shape[d] % div)) {
+        dt_error(DT_ERR_SHAPE, "%s: x %s: dim %d %s", op, dt_tensor_shape_str(x, s, sizeof s), dim,
+                 d < 0 || d >= x->ndim ? "is outside its dims" : "is not divisible by the group size");
+        return false;
+    }
+    g->dim = d;
+    g->outer = g->inner = 1;
+    for (int i = 0; i < d; i++)
+        g->outer *= x->shape[i];
+    for (int i = d + 1; i < x->ndim; i++)
+        g->inner *= x->shape[i];
+    g->n = x->shape[d] / (div > 1 ? div : 1);
+    return true;
+}
+
+typedef struct {
+    dt_pg *tp;
+    sp_geom g;
+} sp_save;
+
+/* all-gather of the local [outer, n inner] into out [outer, t n inner] */
+static dt_status sp_allgather(dt_ctx *ctx, dt_pg *tp, const void *x, void *out, const sp_geom *g, dt_dtype dt)
+{
+    return gather_rows(ctx, tp, x, out, g->outer, g->n * g->inner, dt);
+}
+
+/* reduce-scatter (sum) of the full [outer, t n inner] into out [outer, n inner]:
+ * the chunks are laid out rank by rank first (contiguous blocks) */
+static dt_status sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, const void *full, void *out, const sp_geom *g,
+                                   dt_dtype dt)
+{
+    const int t = dt_pg_size(tp);
+    const size_t es = dt_dtype_size(dt);
+    const int64_t w = g->n * g->inner, cnt = g->outer * w;
+    char *blk = dt_ctx_alloc(ctx, (size_t)(t * cnt) * es + 1);
+    if (!blk)
+        return dt_last_status();
+    for (int r = 0; r < t; r++)
+        get_cols(blk + (size_t)(r * cnt) * es, full, g->outer, t * w, w, r * w, es);
+    return dt_pg_reduce_scatter(tp, blk, out, (size_t)cnt, dt, DT_REDUCE_SUM);
+}
+
+static dt_status sp_gather_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)nin;
+    sp_save *s = ud;
+    if (!gin[0])
+        return DT_OK;
+    dt_status st = sp_reduce_scatter(ctx, s->tp, gout->data, gin[0]->data, &s->g, DT_F32);
+    return st < 0 ? dt_error_wrap(st, "dt_tp_sp_gather backward: reduce-scatter") : DT_OK;
+}
+
+static dt_status sp_allgather_bwd(dt_ctx *ctx, const dt_tensor *gout, int nin, dt_tensor **gin, void *ud)
+{
+    (void)nin;
+    sp_save *s = ud;
+    if (!gin[0])
+        return DT_OK;
+    dt_status st = sp_allgather(ctx, s->tp, gout->data, gin[0]->data, &s->g, DT_F32);
+    return st < 0 ? dt_error_wrap(st, "tensor parallel sequence chunk backward: all-gather") : DT_OK;
+}
+
+/* Shared front of the three: checks, a contiguous copy of x, the geometry
+ * (div: the group size when x is full along dim, 1 when it is a chunk) and
+ * the output with `extent` along dim. */
+static dt_tensor *sp_begin(const char *op, dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim, bool full_in,
+                           bool full_out, dt_tensor **c, sp_save **s)
+{
+    if (!(*c = dt_tensor_clone(ctx, x)) || !(*s = dt_ctx_alloc(ctx, sizeof **s)))
+        return NULL;
+    const int t = dt_pg_size(tp);
+    if (!sp_geom_of(op, x, dim, full_in ? t : 1, &(*s)->g))
+        return NULL;
+    (*s)->tp = tp;
+    int64_t shape[DT_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[(*s)->g.dim] = (*s)->g.n * (full_out ? t : 1);
+    return dt_tensor_empty(ctx, x->dtype, x->ndim, shape);
+}
+
+dt_tensor *dt_tp_sp_gather(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+{
+    const char *op = "dt_tp_sp_gather";
+    if (!need(op, tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    dt_tensor *c, *out;
+    sp_save *s;
+    if (!(out = sp_begin(op, ctx, tp, x, dim, false, true, &c, &s)))
+        return NULL;
+    dt_status st = sp_allgather(ctx, tp, c->data, out->data, &s->g, x->dtype);
+    if (st < 0) {
+        dt_error_wrap(st, "%s: all-gather", op);
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, out, sp_gather_bwd, s);
+}
+
+dt_tensor *dt_tp_sp_reduce_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+{
+    const char *op = "dt_tp_sp_reduce_scatter";
+    if (!need(op, tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    dt_tensor *c, *out;
+    sp_save *s;
+    if (!(out = sp_begin(op, ctx, tp, x, dim, true, false, &c, &s)))
+        return NULL;
+    dt_status st = sp_reduce_scatter(ctx, tp, c->data, out->data, &s->g, x->dtype);
+    if (st < 0) {
+        dt_error_wrap(st, "%s: reduce-scatter", op);
+        return NULL;
+    }
+    return dt_ag_custom(ctx, 1, &x, out, sp_allgather_bwd, s);
+}
+
+dt_tensor *dt_tp_sp_scatter(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, int dim)
+{
+    const char *op = "dt_tp_sp_scatter";
+    if (!need(op, tp, x))
+        return NULL;
+    if (tp_trivial(tp))
+        return x;
+    dt_tensor *c, *out;
+    sp_save *s;
+    if (!(out = sp_begin(op, ctx, tp, x, dim, true, false, &c, &s)))
+        return NULL;
+    const int64_t w = s->g.n * s->g.inner;
+    get_cols(out->data, c->data, s->g.outer, w * dt_pg_size(tp), w, w * dt_pg_rank(tp), dt_dtype_size(x->dtype));
+    return dt_ag_custom(ctx, 1, &x, out, sp_allgather_bwd, s);
+}
+
 /* ---- layers --------------------------------------------------------------------------- */
 
 /* Module fields used: in, out = the full layer's sizes; k = gather_output

@@ -278,10 +278,11 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
             return unit_err(u, st, "converting the gradients to the reduce dtype");
         g = u->rfull;
     }
+    dt_pg *rg = z->hpg ? z->hpg : z->pg;
     if (z->p.stage == 1)
-        st = dt_pg_allreduce_async(z->pg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
+        st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
-        st = dt_pg_reduce_scatter_async(z->pg, g, u->gshard, u->c, u->rdt, DT_REDUCE_AVG, &u->rs);
+        st = dt_pg_reduce_scatter_async(rg, g, u->gshard, u->c, u->rdt, DT_REDUCE_AVG, &u->rs);
     if (st < 0)
         return unit_err(u, st, z->p.stage == 1 ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
     u->posted = true;
@@ -935,6 +936,10 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
     }
     if (!z->gpg)
         z->gpg = z->pg;
+    if (p.hierarchical && z->W > 1 && (st = dt_pg_hierarchical(z->pg, &z->hpg)) < 0) {
+        dt_error_wrap(st, "dt_zero_init: the hierarchical reduction group");
+        goto fail;
+    }
     /* whole units start gathered (stage 1/2 and persistent ones) */
     for (int i = 0; i < z->nu; i++)
         z->u[i].gathered = false;
@@ -975,6 +980,7 @@ void dt_zero_free(dt_zero *z)
     }
     if (z->gpg && z->gpg != z->pg)
         dt_pg_free(z->gpg);
+    dt_pg_free(z->hpg);
     dt_pg_free(z->rpg);
     dt_pg_free(z->spg);
     dt__zero_free_units(z);

@@ -46,6 +46,8 @@ typedef struct zunit {
 struct dt_zero {
     dt_pg *pg;               /* the shard group: reductions, after-step gathers (borrowed, or
                                  with hybrid sharding the split below) */
+    dt_pg *hpg;              /* params.hierarchical: dt_pg_hierarchical(pg) for the gradient
+                                reductions (owned), else NULL */
     dt_pg *wpg;              /* all ranks (the caller's group) */
     dt_pg *spg, *rpg;        /* hybrid: shard group (= pg) and replica group, owned; else NULL */
     dt_pg *gpg;              /* stage 3 all-gathers: a duplicate of pg (owned), else pg */

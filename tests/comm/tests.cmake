@@ -39,3 +39,41 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
     PASS_REGULAR_EXPRESSION "MPI says rank [01] of 1 but the group was set up as rank [01] of 2"
     ENVIRONMENT "DT_BACKEND=mpi;ASAN_OPTIONS=detect_leaks=0")
 endif()
+
+# Hierarchical all-reduce under mpirun: simulated nodes (2 x 2 ranks) on a
+# plain mpirun, and real "nodes" (network namespaces) on the test bed of
+# scripts/netbed.sh: 2 nodes x 1 rank (stays flat) and 2 x 2 (two levels),
+# each compared with the flat all-reduce. The bed tests also check that the
+# bed's namespaces and links are gone afterwards; they skip (77) where the
+# machine cannot create namespaces. comm/netbed_teardown checks teardown
+# after a failing command and after SIGTERM.
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_hier ${CMAKE_CURRENT_LIST_DIR}/mpi_hier.c)
+  set_target_properties(mpi_hier PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_hier PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_hier PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_hier PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(mpi_hier PRIVATE dtrain_static)
+  add_test(NAME comm/mpi_hier_sim_2x2
+           COMMAND ${DT_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none -np 4
+                   $<TARGET_FILE:mpi_hier>)
+  set_tests_properties(comm/mpi_hier_sim_2x2 PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "mpi_hier: 4 ranks, backend mpi, simulated nodes: ok"
+    ENVIRONMENT "DT_SIM_LOCAL_SIZE=2;DT_EXPECT_NODES=2;DT_EXPECT_PER_NODE=2;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+  add_test(NAME comm/netbed_run_nnodes
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh run ${PROJECT_SOURCE_DIR}
+                   ${PROJECT_BINARY_DIR}/dtrain ${PROJECT_BINARY_DIR}/examples/example_allreduce)
+  set_tests_properties(comm/netbed_run_nnodes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  foreach(shape "2;1" "2;2")
+    list(GET shape 0 nn)
+    list(GET shape 1 pn)
+    add_test(NAME comm/netbed_hier_${nn}x${pn}
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh hier ${PROJECT_SOURCE_DIR} $<TARGET_FILE:mpi_hier> ${nn} ${pn})
+    set_tests_properties(comm/netbed_hier_${nn}x${pn} PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
+      ENVIRONMENT "DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+endif()
+add_test(NAME comm/netbed_teardown
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh teardown ${PROJECT_SOURCE_DIR})
+set_tests_properties(comm/netbed_teardown PROPERTIES TIMEOUT 60 LABELS "comm;netbed")

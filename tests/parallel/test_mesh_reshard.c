@@ -1,7 +1,10 @@
-/* Reshard (mesh.h) in real processes: every transition of SEMANTICS 4.3 on
- * 1-d meshes of 1, 2, 3, 4 and 8 ranks and on 2-d meshes (2x2, the permuted
- * 2x3 [[2,4,5],[0,1,3]], 2x4), uneven shapes (dims smaller than the mesh,
- * not divisible), f32, bf16, f16, i32 and i64: each rank's local piece is
+/* Reshard (mesh.h) in real processes: every transition of SEMANTICS 4.3
+ * between every pair of placements on 1-d meshes of 1, 2, 3 and 4 ranks
+ * (R, S(d), P(sum|avg|max|min); on the first shape f32, i32 and i64 for
+ * every pair, bf16 and f16 for a third of them) and of 8 ranks (R, S(d), P(sum); f32, bf16), and on 2-d meshes
+ * (2x2 with ranks [3,1,0,2], four dtypes; the permuted 2x3
+ * [[2,4,5],[0,1,3]], f32); shapes uneven (dims smaller than the mesh, not
+ * divisible) and even (the plain collectives). Each rank's local piece is
  * exactly its box of the global tensor (Partial results: their reduction,
  * and the R -> P rule exactly). Backward: the input's gradient is exactly
  * the box of the seeded global gradient (the adjoint: <reshard(x), g> =

@@ -1,7 +1,8 @@
 /* Tensor parallelism (tp.h), real processes over shm:
  *
- *   - f, g, gather and scatter along the last dim: forward values and
- *     gradients against their definitions (2 and 3 ranks);
+ *   - f, g, gather and scatter along the last dim, and sequence
+ *     parallelism's gather / reduce-scatter / scatter along dim 1: forward
+ *     values and gradients against their definitions (2 and 3 ranks);
  *   - the vocabulary-parallel cross-entropy against dt_cross_entropy of the
  *     whole logits (loss and gradient), a vocabulary not divisible by the
  *     group (padding) and an ignored label;
@@ -131,10 +132,106 @@ static int ops_body(int rank, int size, void *arg)
     return 0;
 }
 
+/* Sequence parallelism along dim 1 of [SB, ST, SC] (ST the chunk of one rank). */
+enum { SB = 2, ST = 2, SC = 3 };
+
+/* value of element (b, t, c) of rank q's tensor of stream s, T positions along dim 1 */
+static float sv(int s, int q, int T, int b, int t, int c)
+{
+    float v;
+    fill(&v, 1, (uint64_t)s, (uint64_t)(q * SB * T * SC + (b * T + t) * SC + c));
+    return v;
+}
+
+static int sp_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    const int T = ST * size, nl = SB * ST * SC, nf = SB * T * SC;
+    float *xl = malloc(sizeof(float) * (size_t)nf), *wl = malloc(sizeof(float) * (size_t)nf);
+    TH_CHECK(xl && wl, "memory");
+    /* scatter: x full (the same everywhere); dx = every rank's w side by side (all-gather) */
+    fill(xl, nf, 20, 0);
+    fill(wl, nl, 21, (uint64_t)rank * nl);
+    dt_tensor *x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, xl);
+    dt_tensor_set_requires_grad(x, true);
+    dt_tensor *y = dt_tp_sp_scatter(ctx, pg, x, 1);
+    TH_CHECK(y && y->shape[1] == ST, "sp scatter: %s", dt_last_error());
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, ST, SC}, wl)))));
+    for (int b = 0; b < SB; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < SC; c++) {
+                int q = t / ST;
+                if (q == rank)
+                    TH_CHECK(dt_tensor_get(y, (b * ST + t % ST) * SC + c) == xl[(b * T + t) * SC + c], "sp scatter fwd");
+                TH_CHECK(dt_tensor_get(x->grad, (b * T + t) * SC + c) == sv(21, q, ST, b, t % ST, c), "sp scatter bwd");
+            }
+    dt_ctx_reset(ctx);
+    /* gather: x_r the rank's chunk, y the chunks side by side; loss sum(y * W_r), W_r
+     * per rank -> dx_r = sum_q W_q over chunk r (reduce-scatter) */
+    fill(xl, nl, 22, (uint64_t)rank * nl);
+    fill(wl, nf, 23, (uint64_t)rank * nf);
+    x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, ST, SC}, xl);
+    dt_tensor_set_requires_grad(x, true);
+    y = dt_tp_sp_gather(ctx, pg, x, -2);
+    TH_CHECK(y && y->shape[1] == T, "sp gather: %s", dt_last_error());
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, wl)))));
+    for (int b = 0; b < SB; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < SC; c++) {
+                TH_CHECK(dt_tensor_get(y, (b * T + t) * SC + c) == sv(22, t / ST, ST, b, t % ST, c), "sp gather fwd");
+                if (t / ST != rank)
+                    continue;
+                double want = 0;
+                for (int q = 0; q < size; q++)
+                    want += sv(23, q, T, b, t, c);
+                TH_CHECK(fabs(dt_tensor_get(x->grad, (b * ST + t % ST) * SC + c) - want) < 1e-6, "sp gather bwd");
+            }
+    dt_ctx_reset(ctx);
+    /* reduce-scatter: y = chunk r of sum_q x_q; loss sum(y * w_r) -> dx_r = the w_q side by side */
+    fill(xl, nf, 24, (uint64_t)rank * nf);
+    fill(wl, nl, 25, (uint64_t)rank * nl);
+    x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, xl);
+    dt_tensor_set_requires_grad(x, true);
+    y = dt_tp_sp_reduce_scatter(ctx, pg, x, 1);
+    TH_CHECK(y && y->shape[1] == ST, "sp reduce-scatter: %s", dt_last_error());
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, ST, SC}, wl)))));
+    for (int b = 0; b < SB; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < SC; c++) {
+                if (t / ST == rank) {
+                    double want = 0;
+                    for (int q = 0; q < size; q++)
+                        want += sv(24, q, T, b, t, c);
+                    TH_CHECK(fabs(dt_tensor_get(y, (b * ST + t % ST) * SC + c) - want) < 1e-6, "sp rs fwd");
+                }
+                TH_CHECK(dt_tensor_get(x->grad, (b * T + t) * SC + c) == sv(25, t / ST, ST, b, t % ST, c), "sp rs bwd");
+            }
+    /* a dim the group does not divide, a dim outside the tensor */
+    x = dt_tensor_from(ctx, DT_F32, 3, (int64_t[]){SB, T, SC}, xl);
+    int bad = size == 3 ? 0 : 2; /* SB = 2 or SC = 3 positions: not divisible by the group */
+    TH_CHECK(!dt_tp_sp_scatter(ctx, pg, x, bad) && dt_last_status() == DT_ERR_SHAPE, "scatter of dim %d", bad);
+    TH_CHECK(!dt_tp_sp_gather(ctx, pg, x, 3) && dt_last_status() == DT_ERR_SHAPE, "gather of dim 3");
+    free(xl);
+    free(wl);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
 TEST(tp_ops_grad)
 {
     ASSERT_EQ_INT(th_run(2, 30, ops_body, NULL, NULL), 0);
     ASSERT_EQ_INT(th_run(3, 30, ops_body, NULL, NULL), 0);
+}
+
+TEST(tp_sequence_parallel_ops)
+{
+    ASSERT_EQ_INT(th_run(2, 30, sp_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 30, sp_body, NULL, NULL), 0);
 }
 
 /* ---- vocabulary-parallel cross-entropy ----------------------------------------------------- */
@@ -312,6 +409,7 @@ TEST(tp_errors) { ASSERT_EQ_INT(th_run(2, 30, err_body, NULL, NULL), 0); }
 int main(void)
 {
     RUN(tp_ops_grad);
+    RUN(tp_sequence_parallel_ops);
     RUN(tp_vocab_cross_entropy);
     RUN(tp_mlp_steps);
     RUN(tp_errors);

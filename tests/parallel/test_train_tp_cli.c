@@ -86,6 +86,7 @@ TEST(mlp_tp2_equals_one_process)
     ASSERT_STR_CONTAINS(r.out, "[0] tensor parallel: 2 ranks per group (each holds 1/2 of the weights), 1 "
                                "data-parallel group");
     ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
+    ASSERT_STR_CONTAINS(r.out, "[0] training mlp (1024 parameters in this rank's slice)"); /* 16 x 64 x 2 / 2 */
     double a[64], b[64];
     int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 16);

@@ -1,0 +1,107 @@
+#!/bin/sh
+# The test bed of scripts/netbed.sh in ctest (tests/comm/tests.cmake).
+#   netbed_test.sh hier SRC PROG NODES PER_NODE
+#       mpirun PROG (tests/comm/mpi_hier.c) on NODES x PER_NODE ranks of a
+#       bed with 10 Gbit/s links; it must detect the namespaces as nodes and
+#       find the hierarchical all-reduce equal to the flat one; afterwards no
+#       namespace or link of the bed may be left.
+#   netbed_test.sh run SRC DTRAIN PROG
+#       `dtrain run --nnodes 2 ... --hosts A,B -- PROG` (examples/example_allreduce)
+#       on a bed of 2 nodes x 2 ranks: started through Open MPI, 4 correct ranks.
+#   netbed_test.sh teardown SRC
+#       the bed is removed after a failing command (whose status comes
+#       back), after a command that leaves a process running in a node, and
+#       after SIGTERM to the script; `check` says the bed can be built.
+# Exit 77 (skipped) where the machine cannot create namespaces or has no
+# mpirun: netbed.sh says which.
+mode=$1
+src=$2
+bed="$src/scripts/netbed.sh"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+gone() { # gone TAGFILE: the bed named in TAGFILE left nothing behind
+  tag=$(cat "$1" 2>/dev/null)
+  [ -n "$tag" ] || fail "the bed wrote no tag"
+  left=$(bash "$bed" leftovers "$tag") || fail "bed $tag left: $left"
+  echo "bed $tag: torn down"
+}
+
+case "$mode" in
+hier)
+  prog=$3 nn=$4 pn=$5
+  np=$((nn * pn))
+  bash "$bed" --nodes "$nn" --slots "$pn" --rate 10gbit --tag-file "$tmp/tag" -- \
+    sh -c "\$NETBED_MPIRUN -np $np -x DT_EXPECT_NODES=$nn -x DT_EXPECT_PER_NODE=$pn -x DT_HC_QUICK=1 \
+      -x DT_COMM_TIMEOUT -x ASAN_OPTIONS $prog" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "mpirun on the bed exited with $rc"
+  grep -q "mpi_hier: $np ranks, backend mpi, detected nodes: ok" "$tmp/out" ||
+    fail "no success line from rank 0"
+  ;;
+run)
+  # dtrain run --nnodes 2 (torchrun's form) on the bed: node 0 starts the
+  # job through Open MPI; every rank reports the right all-reduce
+  cli=$3 prog=$4
+  bash "$bed" --slots 2 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "A=\$(echo \$NETBED_ADDRS | tr ' ' ,); \
+    DT_MPIRUN_ARGS=\"\$NETBED_MPI_ARGS -x ASAN_OPTIONS\" $cli run --nnodes 2 --node-rank 0 \
+    --master-addr \${A%%,*} --master-port 29500 -n 2 --hosts \$A -- $prog" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "dtrain run --nnodes 2 on the bed exited with $rc"
+  grep -q "dtrain run: 2 nodes x 2 ranks through Open MPI: mpirun" "$tmp/out" || fail "no mpirun line"
+  n=$(grep -c "of 4 (backend mpi): average = .*, ok" "$tmp/out")
+  [ "$n" -eq 4 ] || fail "$n of 4 ranks reported a correct average"
+  ;;
+teardown)
+  bash "$bed" check
+  rc=$?
+  [ $rc -eq 77 ] && exit 77
+  [ $rc -eq 0 ] || fail "netbed.sh check exited with $rc"
+  # 1. a failing command: its status comes back, the bed goes
+  bash "$bed" --nodes 3 --tag-file "$tmp/t1" -- sh -c 'exit 3'
+  rc=$?
+  [ $rc -eq 3 ] || fail "status of a failing command: $rc, expected 3"
+  gone "$tmp/t1"
+  # 2. a process left running inside a node is ended with the bed
+  bash "$bed" --tag-file "$tmp/t2" -- sh -c "sleep 300 & echo \$! > $tmp/pid" || fail "bed 2"
+  gone "$tmp/t2"
+  pid=$(cat "$tmp/pid")
+  [ -n "$pid" ] || fail "no pid"
+  i=0 # SIGKILLed; gone once its new parent has reaped it
+  while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -0 "$pid" 2>/dev/null && fail "process $pid left running: $(ps -o pid,stat,cmd -p "$pid")"
+  # 3. SIGTERM while the command runs
+  bash "$bed" --tag-file "$tmp/t3" -- sh -c "echo up > $tmp/ready; sleep 300" &
+  bpid=$!
+  i=0
+  while [ ! -s "$tmp/ready" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+  [ -s "$tmp/ready" ] || fail "the bed did not start its command"
+  kill -TERM $bpid
+  wait $bpid
+  rc=$?
+  [ $rc -eq 143 ] || fail "status after SIGTERM: $rc, expected 143"
+  gone "$tmp/t3"
+  # 4. a bed whose script was SIGKILLed is removed by the next bed
+  bash "$bed" --tag-file "$tmp/t4" -- sh -c "echo up > $tmp/ready4; sleep 300" &
+  bpid=$!
+  i=0
+  while [ ! -s "$tmp/ready4" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -KILL $bpid
+  wait $bpid 2>/dev/null
+  # (a bed started meanwhile by a parallel test may have removed it already)
+  bash "$bed" --tag-file "$tmp/t5" -- true || fail "bed 5"
+  gone "$tmp/t4"
+  gone "$tmp/t5"
+  ;;
+*)
+  fail "unknown mode '$mode'"
+  ;;
+esac
+echo "ok"
