@@ -124,11 +124,12 @@ static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     return dt_add(ctx, x, m);
 }
 
-/* self->in = block_size */
-static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
+/* self (the GPT2Model, self->in = block_size): drop(wte[idx] + wpe[0..T)). */
+dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
 {
-    (void)ud;
     char s[64];
+    if (!idx)
+        return NULL;
     if ((idx->dtype != DT_I64 && idx->dtype != DT_I32) || idx->ndim != 2) {
         dt_error(DT_ERR_SHAPE, "input %s %s: want token ids [B, T] of i64 or i32", dt_tensor_shape_str(idx, s, sizeof s),
                  dt_dtype_name(idx->dtype));
@@ -148,7 +149,13 @@ static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *i
     dt_tensor *pt = dt_tensor_view_of(ctx, pos, DT_I64, 1, &T);
     dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, child(self, "wte"), idx),
                           dt_module_forward(ctx, child(self, "wpe"), pt));
-    x = dt_module_forward(ctx, child(self, "drop"), x);
+    return dt_module_forward(ctx, child(self, "drop"), x);
+}
+
+static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
+{
+    (void)ud;
+    dt_tensor *x = dt__gpt2_embed(ctx, self, idx);
     x = dt_module_forward(ctx, child(self, "h"), x);
     return dt_module_forward(ctx, child(self, "ln_f"), x);
 }

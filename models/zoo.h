@@ -10,6 +10,9 @@ dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **
  * name is one. */
 dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 bool dt__model_is_gpt2(const char *name);
+/* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
+ * (the first pipeline unit, pipe_units.c, and the model's own forward). */
+dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 #endif

@@ -13,6 +13,7 @@ int dt_cmd_generate(int argc, char **argv);
 int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_tokenize(int argc, char **argv);
 int dt_cmd_ckpt(int argc, char **argv);
+int dt_cmd_pipeline(int argc, char **argv);
 
 /* Benchmark suites under `dtrain bench`, one file each (tools/bench_*.c). */
 int dt_bench_step(int argc, char **argv);

@@ -121,8 +121,15 @@
  *     dt_pg_sendrecv(pg, out, n, (r + 1) % W, in, n, (r + W - 1) % W, DT_F32);
  *     dt_pg_free(prefetch); dt_pg_free(col); dt_pg_free(row);   // before pg
  *
+ * Two levels across machines (Horovod's hierarchical all-reduce):
+ *     dt_pg *h;
+ *     dt_pg_hierarchical(pg, &h);       // collective; nodes by host + netns
+ *     dt_pg_allreduce(h, DT_IN_PLACE, g, n, DT_F32, DT_REDUCE_AVG);
+ *     dt_pg_free(h);                    // before pg
+ *
  * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
- * DT_COMM_CHECK, and those of rank discovery above. The shm backend's own
+ * DT_COMM_CHECK, DT_SIM_LOCAL_SIZE (dt_pg_topology), and those of rank
+ * discovery above. The shm backend's own
  * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SLOT_BYTES,
  * DT_SHM_SPIN) are described in src/comm/shm/shm.h; the DT_SHM_ALGO syntax
  * (per-collective size ranges → direct | ring | rechd | tree) in

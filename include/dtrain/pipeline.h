@@ -181,6 +181,78 @@ DT_API dt_status dt_pipe_schedule_print(const dt_pipe_schedule *s, FILE *f);
  * (p-1)/m (gpipe, 1f1b), (p-1)/(v m) (interleaved), (p-1)/(3 m) (zbh1). */
 DT_API double dt_pipe_bubble_formula(dt_pipe_kind kind, int p, int m, int v);
 
+/* ---- stages ------------------------------------------------------------------- */
+
+struct dt_pipe_unit;
+/* A unit's forward on ctx (NULL input propagates). */
+typedef dt_tensor *(*dt_pipe_unit_fn)(dt_ctx *ctx, dt_model *m, const struct dt_pipe_unit *u, dt_tensor *x);
+
+/* One layer of a model for cutting into stages. */
+typedef struct dt_pipe_unit {
+    char name[64];            /* "transformer.h.3" */
+    char params[4][64];       /* the parameters it uses: entry names equal to one of these or under it
+                                 ("transformer.wte" covers "transformer.wte.weight"); "" unused */
+    dt_module *module;        /* forward by dt_module_forward(module) when fn is NULL; borrowed */
+    dt_pipe_unit_fn fn;       /* or this */
+} dt_pipe_unit;
+
+/* The units of model m, in forward order, into *units (malloc'd; free with
+ * dt_free) and *n: the GPT zoo models [transformer.wte+wpe (embeddings),
+ * transformer.h.0 .. h.{L-1}, transformer.ln_f, lm_head], the "mlp" zoo
+ * model [w0, w1], a model whose root is a Sequential its children.
+ * DT_ERR_UNSUPPORTED for other models. */
+DT_API dt_status dt_model_pipe_units(dt_model *m, dt_pipe_unit **units, int *n);
+
+/* Cut n units into S stages: starts[0..S) (starts[0] = 0, increasing, each
+ * stage at least one unit) balancing the parameter count (elements of the
+ * units' entries; a tied entry counts in each unit naming it): the
+ * largest stage is as small as possible. DT_ERR_INVALID_ARG when n < S. */
+DT_API dt_status dt_pipe_balance(const dt_model *m, const dt_pipe_unit *units, int n, int S, int *starts);
+
+/* ---- the strategy --------------------------------------------------------------- */
+
+typedef struct dt_pipe_params {
+    int pp;                   /* pipeline ranks p (the world is dp x pp, pipeline ranks adjacent:
+                                 rank = dp_index * pp + stage_rank); default 2 */
+    dt_pipe_kind schedule;    /* default DT_PIPE_1F1B */
+    int micro_batches;        /* m: each trainer micro-batch (its batch dim) is split into m equal
+                                 parts; the batch must divide; default 4 */
+    int chunks;               /* v, stages per rank; interleaved only (0: 2 there, 1 elsewhere) */
+    const int *cuts;          /* NULL: stages balanced by parameter count (dt_pipe_balance); else
+                                 the first unit of stages 1..S-1 (S-1 increasing entries); borrowed
+                                 until attach */
+    int ncuts;
+} dt_pipe_params;
+DT_API dt_pipe_params dt_pipe_params_default(void);
+
+/* The "pipe" strategy over world (borrowed; must outlive the strategy):
+ * world size = dp x p->pp. At attach (collective) it splits world into a
+ * pipeline group and a data-parallel group (dt_pg_split), cuts the model,
+ * builds and checks the table. Each trainer micro-batch runs the schedule
+ * (loss x 1/m per micro-batch, so gradients equal the whole batch's); the
+ * strategy's wait sums tied parameters' gradients between stages and
+ * averages the gradients over the dp replicas (once per step); after the
+ * step the tied parameters' owners send them to the other stages. Losses
+ * come from the last stage. Evaluation (dt_trainer_evaluate) and
+ * checkpoints are not supported yet under it (DT_ERR_UNSUPPORTED).
+ * DT_ERR_INVALID_ARG when world is not a multiple of pp or the schedule's
+ * limits fail. */
+DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out);
+
+/* What the strategy measured in its last step on this rank (after attach;
+ * NULL otherwise): seconds computing and waiting, peak bytes of
+ * micro-batch activations (the contexts of in-flight micro-batches) and
+ * the largest number in flight. */
+typedef struct dt_pipe_stats {
+    double busy_s;            /* forward/backward compute of the last step */
+    double step_s;            /* wall time of the last step's schedule */
+    size_t peak_act_bytes;    /* peak arena bytes of micro-batches in flight */
+    int peak_inflight;        /* most micro-batches in flight at once */
+    int stage_first, stage_count; /* this rank's stages: stage_first + k p, k < stage_count */
+    int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
+} dt_pipe_stats;
+DT_API dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -164,7 +164,7 @@ DT_API const char *dt_tp_model_slice(const dt_model *m);
  * Vl = ceil(V / t) (dt_tp_vocab_embedding's local rows). */
 DT_API void dt_tp_vocab_range(dt_pg *tp, int64_t V, int64_t *lo, int64_t *n, int64_t *local_rows);
 /* Mean cross-entropy of logits split over the vocabulary: logits [N, Vl] or
- * [B, T, Vl] (f32; this rank's columns, Vl = ceil(V/t), padding columns
+ * [B, T, Vl] (f32, or bf16/f16 widened to f32 first; this rank's columns, Vl = ceil(V/t), padding columns
  * ignored), labels [N] or [B, T] (i32/i64) in [0, V) or -100 (ignored, as
  * dt_cross_entropy). Equals dt_cross_entropy of the gathered [N, V] logits
  * up to rounding, with all-reduces of N floats (max) and 2N (sum of exp,

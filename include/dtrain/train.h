@@ -164,7 +164,9 @@ typedef struct dt_strategy_memory {
                                  that existed at once beyond the above, since init */
 } dt_strategy_memory;
 
-#define DT_STRATEGY_OPS_VERSION 2
+struct dt_strategy_fb;
+
+#define DT_STRATEGY_OPS_VERSION 3
 
 /* The points where the trainer calls a strategy. `self` is the pointer
  * given to dt_strategy_init. Optional slots may be NULL (the default said). */
@@ -221,6 +223,16 @@ typedef struct dt_strategy_ops {
      * policy with a reduce dtype is refused by a strategy with an
      * allreduce_sum slot (it could not honour it). */
     dt_status (*set_precision)(void *self, const struct dt_precision_policy *p);
+    /* Optional (default: the trainer runs forward, loss and backward of
+     * each micro-batch on its context, `forward` above). Run them itself
+     * for micro-batch fb->x (fb->y) on any contexts of its own, backward
+     * from fb->loss(...) x fb->scale, and set fb->loss_value: a pipeline
+     * splits the micro-batch further and runs its schedule (pipeline.h).
+     * ctx (the trainer's) holds x and y; begin_micro was called. With
+     * this slot the trainer's agreement (allreduce_sum, shard_sum) runs
+     * even when world is 1: the strategy's ranks are more than its
+     * replicas. */
+    dt_status (*forward_backward)(void *self, dt_ctx *ctx, dt_model *m, struct dt_strategy_fb *fb);
 } dt_strategy_ops;
 
 /* A strategy from a vtable (for your own strategy). ops is copied; self is
@@ -265,6 +277,19 @@ typedef enum dt_trainer_loss {
 
 /* A custom loss: a scalar tensor on ctx, or NULL with the error set. */
 typedef dt_tensor *(*dt_trainer_loss_fn)(void *ud, dt_ctx *ctx, dt_tensor *output, dt_tensor *target);
+
+/* What the trainer hands a strategy's forward_backward slot. */
+typedef struct dt_strategy_fb {
+    dt_tensor *x;              /* the micro-batch's input (on the trainer's context) */
+    dt_tensor *y;              /* its target, NULL when the loss takes none */
+    dt_trainer_loss_fn loss;   /* the trainer's loss, on whatever context it is given */
+    void *loss_ud;             /* its first argument */
+    float scale;               /* backward runs from loss x scale (1/grad_accum, times the loss
+                                  scale when scaling) */
+    double loss_value;         /* out: the micro-batch's (unscaled) loss on a rank that computes
+                                  it, 0 on the others (the trainer's agreement sums over the
+                                  ranks and divides by the replicas, world) */
+} dt_strategy_fb;
 
 typedef struct dt_trainer_params {
     dt_optim_kind optimizer;  /* which of the four below; default DT_OPTIM_SGD */

@@ -609,6 +609,8 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
     }
     int64_t lo, nv, Vl;
     dt_tp_vocab_range(tp, V, &lo, &nv, &Vl);
+    if ((logits->dtype == DT_BF16 || logits->dtype == DT_F16) && !(logits = dt_cast(ctx, logits, DT_F32)))
+        return NULL; /* a loss is f32 (precision.h); the cast carries the gradient back */
     const bool lab_ok = labels->dtype == DT_I64 || labels->dtype == DT_I32;
     if (logits->dtype != DT_F32 || !lab_ok || logits->ndim < 2 || logits->shape[logits->ndim - 1] != Vl ||
         labels->ndim != logits->ndim - 1 || dt_tensor_numel(labels) * Vl != dt_tensor_numel(logits)) {

@@ -65,6 +65,7 @@ dt_status dt_strategy_none_init(dt_strategy **out)
         .world = NULL,
         .free = NULL,
         .set_precision = NULL, /* no reduction: any policy */
+        .forward_backward = NULL,
     };
     return dt_strategy_init(&ops, NULL, out);
 }

@@ -82,6 +82,7 @@ static const dt_strategy_ops k_ddp_ops = {
     .world = s_world,
     .free = s_free,
     .set_precision = s_set_precision,
+    .forward_backward = NULL,
 };
 
 dt_status dt_strategy_ddp_init(dt_pg *pg, const dt_ddp_params *p, dt_strategy **out)

@@ -428,19 +428,43 @@ void dt_trainer_free(dt_trainer *tr)
     dt_free(tr);
 }
 
-dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y)
+/* Whether the ranks agree each step (losses, overflow, stop, the gradient
+ * norm): with more than one replica, and always under a strategy that runs
+ * the micro-batches itself (a pipeline of one replica spans ranks too). */
+static bool agrees(const dt_trainer *tr) { return tr->world > 1 || tr->s->ops.forward_backward; }
+
+/* The trainer's loss on any context (ud is the trainer). */
+static dt_tensor *loss_on(void *ud, dt_ctx *ctx, dt_tensor *out, dt_tensor *y)
 {
+    dt_trainer *tr = ud;
     if (tr->p.loss_fn)
-        return tr->p.loss_fn(tr->p.loss_ud, tr->ctx, out, y);
+        return tr->p.loss_fn(tr->p.loss_ud, ctx, out, y);
     switch (tr->p.loss) {
     case DT_TRAINER_LOSS_MSE:
-        return dt_mse_loss(tr->ctx, out, y);
+        return dt_mse_loss(ctx, out, y);
     case DT_TRAINER_LOSS_MEAN:
-        return dt_mean(tr->ctx, out);
+        return dt_mean(ctx, out);
     case DT_TRAINER_LOSS_CROSS_ENTROPY:
     default:
-        return dt_cross_entropy(tr->ctx, out, y);
+        return dt_cross_entropy(ctx, out, y);
     }
+}
+
+dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y) { return loss_on(tr, tr->ctx, out, y); }
+
+/* A strategy that runs the micro-batch itself (forward_backward: a pipeline). */
+static dt_status strategy_micro(dt_trainer *tr, dt_tensor *x, dt_tensor *y, double *loss)
+{
+    dt_strategy *s = tr->s;
+    float scale = tr->p.grad_accum > 1 ? 1.0f / (float)tr->p.grad_accum : 1.0f;
+    if (tr->scaler)
+        scale *= (float)dt_loss_scaler_scale(tr->scaler);
+    dt_strategy_fb fb = {.x = x, .y = y, .loss = loss_on, .loss_ud = tr, .scale = scale, .loss_value = 0};
+    if (!x)
+        return dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+    dt_status st = s->ops.forward_backward(s->self, tr->ctx, tr->m, &fb);
+    *loss = fb.loss_value;
+    return st;
 }
 
 /* After a failure mid-step: no reduction left in flight, no stale gradients. */
@@ -477,6 +501,16 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
     double t = dt_time_s();
     dt_tensor *x = dt_tensor_view_of(tr->ctx, b->x, b->x_dtype, b->x_ndim, b->x_shape);
     dt_tensor *y = b->y ? dt_tensor_view_of(tr->ctx, b->y, b->y_dtype, b->y_ndim, b->y_shape) : NULL;
+    if (s->ops.forward_backward) {
+        double lv = 0;
+        if ((st = strategy_micro(tr, x, y, &lv)) < 0)
+            return abandon(tr, st);
+        tr->micro_loss[tr->nmicro++] = lv;
+        tr->samples += b->x_shape[0];
+        dt_ctx_reset(tr->ctx);
+        tr->t_fwd += dt_time_s() - t; /* forward and backward interleave: all counted as forward */
+        return DT_OK;
+    }
     dt_tensor *out = !x ? NULL : s->ops.forward ? s->ops.forward(s->self, tr->ctx, tr->m, x)
                                                 : dt_model_forward(tr->ctx, tr->m, x);
     dt_tensor *loss = out ? dt__trainer_loss(tr, out, y) : NULL;
@@ -537,7 +571,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     v[1] = scaled && inf ? 1.0 : 0.0;
     for (int i = 0; i < n; i++)
         v[2 + i] = tr->micro_loss[i];
-    if (tr->world > 1 && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 2)) < 0)
+    if (agrees(tr) && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 2)) < 0)
         return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on losses, overflow and stopping"));
     double lsum = 0;
     for (int i = 0; i < n; i++) {
@@ -586,7 +620,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                     return abandon(tr, st);
                 sq += dt_grad_sqnorm(g, ng);
             }
-            if (sharded && tr->world > 1 &&
+            if (sharded && agrees(tr) &&
                 (st = (s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum)(s->self, &sq, 1)) < 0)
                 return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));
             float norm = (float)sqrt(sq);
@@ -681,7 +715,7 @@ dt_status dt_trainer_allreduce_sum(dt_trainer *tr, double *v, int n)
 {
     if (!tr || (!v && n > 0))
         return dt_error(DT_ERR_NULL, "dt_trainer_allreduce_sum: NULL argument");
-    if (tr->world <= 1 || !tr->s->ops.allreduce_sum || n == 0)
+    if (!agrees(tr) || !tr->s->ops.allreduce_sum || n == 0)
         return DT_OK;
     return tr->s->ops.allreduce_sum(tr->s->self, v, n);
 }
@@ -750,4 +784,4 @@ dt_status dt__trainer_sync_buffers(dt_trainer *tr)
     return tr->s->ops.sync_buffers ? tr->s->ops.sync_buffers(tr->s->self) : DT_OK;
 }
 
-bool dt__trainer_stop_now(const dt_trainer *tr) { return tr->world <= 1 && tr->stop_req; }
+bool dt__trainer_stop_now(const dt_trainer *tr) { return !agrees(tr) && tr->stop_req; }

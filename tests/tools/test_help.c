@@ -12,7 +12,7 @@ TEST(every_help_exits_0_with_usage)
         {"bench", "ddp", "--help"}, {"bench", "matmul", "--help"}, {"bench", "data", "--help"},
         {"plot", "--help"}, {"info", "--help"}, {"train", "-h"}, {"bench", "data", "-h"},
         {"tokenize", "--help"}, {"generate", "--help"}, {"eval", "--help"}, {"ckpt", "--help"}, {"ckpt", "info", "--help"},
-        {"ckpt", "convert", "-h"},
+        {"ckpt", "convert", "-h"}, {"pipeline", "--help"}, {"pipeline", "show", "--help"},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {

@@ -27,4 +27,18 @@ dt_status dt__pipe_check_and_time(dt__pipe_sched *s);
 /* "F(stage 2, mb 5)", "SEND_B(stage 3, mb 0 -> rank 1)" into buf. */
 const char *dt__pipe_action_str(const dt_pipe_action *a, char *buf, size_t n);
 
+/* pipe_units.c: does unit u use parameter entry `entry` (by name)? */
+bool dt__pipe_unit_uses(const dt_pipe_unit *u, const char *entry);
+
+/* exec.c: one rank's runner of a table. */
+typedef struct dt__pipe_exec dt__pipe_exec;
+/* pg: the pipeline group (borrowed); units and starts (S + 1 entries, the
+ * last = the unit count) borrowed / copied; sched borrowed. */
+dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, const int *starts, int S,
+                             const dt_pipe_schedule *sched, dt__pipe_exec **out);
+/* Run the table on fb's micro-batch (split into m). */
+dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb);
+void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out);
+void dt__pipe_exec_free(dt__pipe_exec *e);
+
 #endif

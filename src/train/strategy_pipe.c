@@ -1,0 +1,377 @@
+/* The "pipe" strategy (pipeline.h): pipeline stages, data parallelism
+ * over the replicas, tied parameters between stages.
+ *
+ * Placement: world rank = dp_index * pp + pipeline rank, so a pipeline is
+ * pp adjacent ranks. attach splits the world into the pipeline group (the
+ * schedule's point to point) and the data-parallel group (gradient
+ * averages), cuts the model, builds and checks the table, and works out
+ * which parameters this rank steps: those of its stages; a parameter
+ * stored once and used by stages on several ranks (the GPT's wte and
+ * lm_head) belongs to the first of them, and the ranks that use it get a
+ * group of their own (dt_pg_split).
+ *
+ * Per step: each trainer micro-batch runs the table (exec.c); wait then
+ * (1) sums each shared parameter's gradient over its group, (2) averages
+ * this rank's gradients over the replicas, once per step, after the last
+ * micro-batch; the optimizer steps this rank's range; after_step sends the
+ * shared parameters from their owner to the other users. The global
+ * gradient norm is a sum over the pipeline ranks (each parameter is in
+ * exactly one rank's range). Every rank builds the whole model, so names,
+ * offsets and initial values do not depend on the cut; replicas start from
+ * dp rank 0's values. */
+#include "train/train_impl.h"
+
+#include "dtrain/pipeline.h"
+#include "parallel/pipeline/pipe_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    dt_pg *g;          /* the ranks that use it */
+    int root;          /* the owner's rank in g */
+    size_t off, numel; /* in the f32 flats */
+} tie;
+
+typedef struct {
+    dt_pg *world, *pp, *dp;
+    dt_pipe_params p;
+    int *cuts;
+    int P, D, pr, v, S;
+    dt_model *m;
+    dt_pipe_unit *units;
+    int nunits;
+    int *starts;
+    dt_pipe_schedule *sched;
+    dt__pipe_exec *ex;
+    dt_optim_segment *segs;
+    size_t nseg;
+    dt_optim_range range;
+    tie *ties;
+    int nties;
+} pipe_strategy;
+
+static int cmp_seg(const void *a, const void *b)
+{
+    const dt_optim_segment *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Stage of every entry's storage: the first stage using it (-1: none), and
+ * which pipeline ranks use it (users[key * P + rank]). */
+static dt_status ownership(pipe_strategy *s, int *owner, bool *users)
+{
+    size_t ne = dt_model_num_entries(s->m);
+    for (size_t e = 0; e < ne; e++)
+        owner[e] = -1;
+    for (int st = 0; st < s->S; st++)
+        for (int u = s->starts[st]; u < s->starts[st + 1]; u++)
+            for (size_t e = 0; e < ne; e++) {
+                dt_param_info pi;
+                dt_status rc = dt_model_entry(s->m, e, &pi);
+                if (rc < 0)
+                    return rc;
+                if (pi.is_buffer || !dt__pipe_unit_uses(&s->units[u], pi.name))
+                    continue;
+                size_t key = pi.tied_to >= 0 ? (size_t)pi.tied_to : e;
+                if (owner[key] < 0 || st < owner[key])
+                    owner[key] = st;
+                users[key * (size_t)s->P + (size_t)dt_pipe_stage_rank(s->P, st)] = true;
+            }
+    return DT_OK;
+}
+
+static dt_status s_attach(void *self, dt_model *m)
+{
+    pipe_strategy *s = self;
+    s->m = m;
+    const dt_flat *lp16 = dt_model_flat(m, DT_FLAT_PARAMS, DT_BF16), *lpf = dt_model_flat(m, DT_FLAT_PARAMS, DT_F16);
+    if ((lp16 && lp16->total) || (lpf && lpf->total))
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: f32 parameters only so far (the model holds bf16/f16 ones)");
+    int W = dt_pg_size(s->world), r = dt_pg_rank(s->world);
+    if (s->p.pp < 1 || W % s->p.pp)
+        return dt_error(DT_ERR_INVALID_ARG, "pipe: %d ranks do not make pipelines of %d (the world must be dp x pp)",
+                        W, s->p.pp);
+    s->P = s->p.pp, s->D = W / s->p.pp, s->pr = r % s->P;
+    s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
+    s->S = s->P * s->v;
+    dt_model_set_rank(m, r);
+    /* the schedule first: its limits fail before any collective */
+    dt_status st = dt_pipe_schedule_build(s->p.schedule, s->P, s->p.micro_batches, s->v, &s->sched);
+    if (st < 0)
+        return dt_error_wrap(st, "pipe");
+    if ((st = dt_model_pipe_units(m, &s->units, &s->nunits)) < 0)
+        return st;
+    if (!(s->starts = dt_calloc((size_t)(s->S + 1) * sizeof *s->starts)))
+        return dt_error(DT_ERR_NO_MEMORY, "pipe");
+    if (s->cuts) {
+        if (s->p.ncuts != s->S - 1)
+            return dt_error(DT_ERR_INVALID_ARG, "pipe: %d cut points for %d stages (need %d)", s->p.ncuts, s->S,
+                            s->S - 1);
+        for (int i = 0; i < s->p.ncuts; i++) {
+            int prev = i ? s->cuts[i - 1] : 0;
+            if (s->cuts[i] <= prev || s->cuts[i] >= s->nunits)
+                return dt_error(DT_ERR_INVALID_ARG, "pipe: cut point %d is %d; cuts must increase within [1, %d) (the "
+                                "model has %d units)", i, s->cuts[i], s->nunits, s->nunits);
+            s->starts[i + 1] = s->cuts[i];
+        }
+    } else if ((st = dt_pipe_balance(m, s->units, s->nunits, s->S, s->starts)) < 0) {
+        return dt_error_wrap(st, "pipe: %d stages (pp %d x v %d)", s->S, s->P, s->v);
+    }
+    s->starts[s->S] = s->nunits;
+    /* groups */
+    if ((st = dt_pg_split(s->world, r / s->P, s->pr, &s->pp)) < 0)
+        return st;
+    if (s->D > 1 && (st = dt_pg_split(s->world, s->pr, r / s->P, &s->dp)) < 0)
+        return st;
+    if ((st = dt__pipe_exec_init(s->pp, m, s->units, s->starts, s->S, s->sched, &s->ex)) < 0)
+        return st;
+    /* what this rank steps; shared parameters */
+    size_t ne = dt_model_num_entries(m);
+    int *owner = dt_calloc(ne * sizeof *owner);
+    bool *users = dt_calloc(ne * (size_t)s->P * sizeof *users);
+    s->segs = dt_calloc((ne + 1) * sizeof *s->segs);
+    s->ties = dt_calloc((ne + 1) * sizeof *s->ties);
+    if (!owner || !users || !s->segs || !s->ties) {
+        st = dt_error(DT_ERR_NO_MEMORY, "pipe");
+        goto done;
+    }
+    if ((st = ownership(s, owner, users)) < 0)
+        goto done;
+    for (size_t e = 0; e < ne && st >= 0; e++) {
+        dt_param_info pi;
+        if ((st = dt_model_entry(m, e, &pi)) < 0)
+            break;
+        if (pi.is_buffer || pi.tied_to >= 0 || pi.dtype != DT_F32)
+            continue;
+        int own = owner[e] < 0 ? 0 : owner[e]; /* used by no unit: rank 0 steps it (it gets no gradient) */
+        int orank = dt_pipe_stage_rank(s->P, own);
+        if (orank == s->pr)
+            s->segs[s->nseg++] = (dt_optim_segment){.offset = pi.offset, .numel = pi.numel, .no_decay = false};
+        int nusers = 0, me = -1, root = -1;
+        for (int q = 0; q < s->P; q++) {
+            if (!users[e * (size_t)s->P + (size_t)q])
+                continue;
+            if (q == s->pr)
+                me = nusers;
+            if (q == orank)
+                root = nusers;
+            nusers++;
+        }
+        if (nusers < 2)
+            continue;
+        /* every pipeline rank takes part in the split, in entry order */
+        tie *t = &s->ties[s->nties];
+        if ((st = dt_pg_split(s->pp, me >= 0 ? 0 : DT_PG_NO_COLOR, s->pr, &t->g)) < 0)
+            break;
+        if (me < 0) {
+            dt_pg_free(t->g);
+            t->g = NULL;
+            continue;
+        }
+        t->root = root, t->off = pi.offset, t->numel = pi.numel;
+        s->nties++;
+    }
+    if (st < 0)
+        goto done;
+    qsort(s->segs, s->nseg, sizeof *s->segs, cmp_seg);
+    const dt_flat *pf = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *gf = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+    if (!pf || !gf) {
+        st = dt_error(DT_ERR_UNSUPPORTED, "pipe: the model has no f32 parameters");
+        goto done;
+    }
+    s->range = (dt_optim_range){.params = pf, .grads = gf, .mirror = NULL, .lo = 0, .hi = 0, .segs = s->segs,
+                                .nseg = s->nseg};
+    if (s->nseg) {
+        s->range.lo = s->segs[0].offset;
+        s->range.hi = s->segs[s->nseg - 1].offset + s->segs[s->nseg - 1].numel;
+    }
+    /* one starting point: the replicas take dp rank 0's values, the users
+     * of a shared parameter its owner's */
+    if (s->dp && (st = dt_pg_broadcast(s->dp, pf->base, pf->total, DT_F32, 0)) < 0)
+        goto done;
+    for (int i = 0; i < s->nties && st >= 0; i++)
+        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, DT_F32, s->ties[i].root);
+done:
+    dt_free(owner);
+    dt_free(users);
+    return st;
+}
+
+static dt_status s_forward_backward(void *self, dt_ctx *ctx, dt_model *m, dt_strategy_fb *fb)
+{
+    (void)ctx, (void)m;
+    return dt__pipe_exec_run(((pipe_strategy *)self)->ex, fb);
+}
+
+/* After the step's last micro-batch: shared parameters' gradients summed
+ * between stages, then this rank's averaged over the replicas. */
+static dt_status s_wait(void *self)
+{
+    pipe_strategy *s = self;
+    const dt_flat *gf = dt_model_flat(s->m, DT_FLAT_GRADS, DT_F32);
+    dt_status st = DT_OK;
+    for (int i = 0; i < s->nties && st >= 0; i++) {
+        float *g = dt_flat_ptr(gf, s->ties[i].off);
+        st = dt_pg_allreduce(s->ties[i].g, DT_IN_PLACE, g, s->ties[i].numel, DT_F32, DT_REDUCE_SUM);
+        /* only the owner steps it (and its optimizer zeroes it): the other
+         * users start the next step from zero themselves */
+        if (st >= 0 && dt_pg_rank(s->ties[i].g) != s->ties[i].root)
+            memset(g, 0, s->ties[i].numel * sizeof *g);
+    }
+    if (st >= 0 && s->dp && s->range.hi > s->range.lo)
+        st = dt_pg_allreduce(s->dp, DT_IN_PLACE, dt_flat_ptr(gf, s->range.lo), s->range.hi - s->range.lo, DT_F32,
+                             DT_REDUCE_AVG);
+    return st < 0 ? dt_error_wrap(st, "pipe: reducing gradients") : st;
+}
+
+static dt_status s_optim_ranges(void *self, dt_model *m, bool no_decay_1d, const dt_optim_range **r, size_t *n)
+{
+    pipe_strategy *s = self;
+    for (size_t i = 0; i < s->nseg; i++) {
+        bool one_d = false;
+        for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+            dt_param_info pi;
+            if (dt_model_entry(m, e, &pi) >= 0 && !pi.is_buffer && pi.offset == s->segs[i].offset &&
+                pi.dtype == DT_F32) {
+                one_d = pi.ndim <= 1;
+                break;
+            }
+        }
+        s->segs[i].no_decay = no_decay_1d && one_d;
+    }
+    *r = &s->range;
+    *n = 1;
+    return DT_OK;
+}
+
+static dt_status s_after_step(void *self)
+{
+    pipe_strategy *s = self;
+    const dt_flat *pf = dt_model_flat(s->m, DT_FLAT_PARAMS, DT_F32);
+    dt_status st = DT_OK;
+    for (int i = 0; i < s->nties && st >= 0; i++)
+        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, DT_F32, s->ties[i].root);
+    return st;
+}
+
+static dt_status s_allreduce_sum(void *self, double *v, int n)
+{
+    return dt_metrics_allreduce(((pipe_strategy *)self)->world, v, n, DT_REDUCE_SUM);
+}
+
+static dt_status s_shard_sum(void *self, double *v, int n)
+{
+    return dt_metrics_allreduce(((pipe_strategy *)self)->pp, v, n, DT_REDUCE_SUM);
+}
+
+static dt_status s_sync_buffers(void *self)
+{
+    (void)self;
+    return dt_error(DT_ERR_UNSUPPORTED, "pipe: evaluation under pipeline parallelism is not supported yet (each rank "
+                    "holds current values of its own stages only)");
+}
+
+static int s_rank(void *self) { return dt_pg_rank(((pipe_strategy *)self)->world); }
+
+static int s_world(void *self)
+{
+    pipe_strategy *s = self;
+    return s->D > 0 ? s->D : dt_pg_size(s->world) / (s->p.pp > 0 ? s->p.pp : 1);
+}
+
+static void s_free(void *self)
+{
+    pipe_strategy *s = self;
+    dt__pipe_exec_free(s->ex);
+    for (int i = 0; s->ties && i < s->nties; i++)
+        dt_pg_free(s->ties[i].g);
+    dt_free(s->ties);
+    dt_free(s->segs);
+    dt_pg_free(s->dp);
+    dt_pg_free(s->pp);
+    dt_pipe_schedule_free(s->sched);
+    dt_free(s->starts);
+    dt_free(s->units);
+    dt_free(s->cuts);
+    dt_free(s);
+}
+
+static const dt_strategy_ops k_pipe_ops = {
+    .version = DT_STRATEGY_OPS_VERSION,
+    .name = "pipe",
+    .attach = s_attach,
+    .begin_micro = NULL,
+    .forward = NULL, /* forward_backward runs the schedule */
+    .wait = s_wait,
+    .allreduce_sum = s_allreduce_sum,
+    .owned_range = NULL,
+    .optim_ranges = s_optim_ranges,
+    .shard_sum = s_shard_sum,
+    .memory = NULL,
+    .after_step = s_after_step,
+    .sync_buffers = s_sync_buffers,
+    .rank = s_rank,
+    .world = s_world,
+    .free = s_free,
+    .set_precision = NULL, /* reduces in f32 only: a reduce dtype is refused */
+    .forward_backward = s_forward_backward,
+};
+
+dt_pipe_params dt_pipe_params_default(void)
+{
+    dt_pipe_params p;
+    memset(&p, 0, sizeof p);
+    p.pp = 2;
+    p.schedule = DT_PIPE_1F1B;
+    p.micro_batches = 4;
+    p.chunks = 0;
+    p.cuts = NULL;
+    p.ncuts = 0;
+    return p;
+}
+
+dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_init: out is NULL");
+    *out = NULL;
+    if (!world)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_init: process group is NULL");
+    pipe_strategy *s = dt_calloc(sizeof *s);
+    if (!s)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_strategy_pipe_init");
+    s->world = world;
+    s->p = p ? *p : dt_pipe_params_default();
+    dt_status st = DT_OK;
+    if (s->p.pp < 1 || dt_pg_size(world) % s->p.pp)
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: %d ranks do not make pipelines of pp = %d (the "
+                      "world must be dp x pp)", dt_pg_size(world), s->p.pp);
+    else if ((unsigned)s->p.schedule >= DT_PIPE_KIND_COUNT)
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown schedule %d", (int)s->p.schedule);
+    else if (s->p.ncuts < 0 || (s->p.ncuts > 0 && !s->p.cuts))
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: %d cuts without a list", s->p.ncuts);
+    if (st >= 0 && s->p.cuts && s->p.ncuts > 0) {
+        if (!(s->cuts = dt_calloc((size_t)s->p.ncuts * sizeof *s->cuts)))
+            st = dt_error(DT_ERR_NO_MEMORY, "dt_strategy_pipe_init");
+        else
+            memcpy(s->cuts, s->p.cuts, (size_t)s->p.ncuts * sizeof *s->cuts);
+    }
+    s->p.cuts = NULL;
+    if (st >= 0)
+        st = dt_strategy_init(&k_pipe_ops, s, out);
+    if (st < 0)
+        s_free(s);
+    return st;
+}
+
+dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out)
+{
+    if (!s || !out)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_stats: an argument is NULL");
+    if (s->ops.attach != s_attach || !((pipe_strategy *)s->self)->ex)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_stats: strategy '%s' is not an attached \"pipe\" one",
+                        s->ops.name);
+    dt__pipe_exec_stats(((pipe_strategy *)s->self)->ex, out);
+    return DT_OK;
+}
