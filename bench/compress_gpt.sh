@@ -21,10 +21,13 @@
 # compression's compute cost).
 #
 # Across machines: --launcher replaces `dtrain run -n NP --` by any command
-# that starts the ranks and is followed by the dtrain command line, e.g. the
-# multi-node test bed's mpirun line:
-#   --launcher "mpirun --host 198.18.0.1:2,198.18.1.1:2 --mca btl_tcp_if_include 198.18.0.0/15 ..."
+# that starts the ranks and is followed by the dtrain command line, e.g.
+#   --launcher "mpirun -np 4 --host node1:2,node2:2"
 # (the ranks read their rank and size from Open MPI's environment).
+# On the multi-node test bed (scripts/netbed.sh: namespaces joined by shaped
+# links), --launcher netbed uses the bed's mpirun line with -np NP:
+#   scripts/netbed.sh --nodes 2 --slots 2 --rate 1gbit -- bench/compress_gpt.sh --np 4 --launcher netbed
+# Add --args --hierarchical-allreduce for the two-level all-reduce under the hooks.
 # BUILD=dir picks another build directory. Writes into $OUT (default
 # build/bench-compress): one log and one metrics file per hook.
 set -euo pipefail
@@ -44,14 +47,18 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,10p' "$0" >&2; exit 2 ;;
   esac
 done
-cli=$BUILD/dtrain
+cli=$(realpath "$BUILD/dtrain" 2>/dev/null || echo "$BUILD/dtrain")
 [ -x "$cli" ] || { echo "$0: $cli not built" >&2; exit 1; }
-data=${DT_GPT_DATA_DIR:-$BUILD/gpt-data}
+data=$(realpath -m "${DT_GPT_DATA_DIR:-$BUILD/gpt-data}")
 DT_CLI=$cli DT_GPT_DATA_DIR=$data scripts/gpt_data.sh >/dev/null
 vocab=$(cat "$data/vocab_size")
 mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
 # shellcheck disable=SC2206
-if [ -n "$launcher" ]; then launch=($launcher); else launch=("$cli" run -n "$np" --); fi
+if [ "$launcher" = netbed ]; then
+  [ -n "${NETBED_MPIRUN:-}" ] || { echo "$0: --launcher netbed: run under scripts/netbed.sh (NETBED_MPIRUN unset)" >&2; exit 2; }
+  launch=($NETBED_MPIRUN -np "$np")
+elif [ -n "$launcher" ]; then launch=($launcher); else launch=("$cli" run -n "$np" --); fi
 
 for h in $hooks; do
   name=${h/:/-r}

@@ -15,7 +15,9 @@
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
  * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
- * records and an end record saying "interrupted" stay in FILE.partial).
+ * records and an end record saying "interrupted" stay in FILE.partial):
+ * the step under way finishes, and with --save its checkpoint is written
+ * before the exit (the message names it).
  *
  * The two signals are blocked in every thread for the whole command (before
  * any thread starts, so the loader's and OpenMP's inherit the mask) and
@@ -206,6 +208,7 @@ static int setup_model(trainer *t)
         return 2;
     cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
     cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
+    cfg.build.f32_modules = pol.f32_modules;
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
@@ -514,6 +517,10 @@ static int setup_resume(trainer *t)
  * over the ranks' shares. */
 static int evaluate(trainer *t, double *loss_out, double *acc_out)
 {
+    if (t->ddp.pp > 1) { /* each rank holds current values of its own stages only */
+        *loss_out = *acc_out = NAN;
+        return 0;
+    }
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
     dt_trainer_eval_result r;
     if (dt_trainer_evaluate(t->tr, t->test_loader, dt_dataset_get_info(test_set), &r) < 0)
@@ -715,9 +722,24 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         return fail(data ? 2 : 1, data ? "training data" : "training step");
     }
     if (g_stop || res.stopped) {
+        /* the step under way finished (every rank stopped after the same
+         * one); with --save, keep it before leaving */
         dt__progress_clear(&t->prog);
-        dt__cli_err("dtrain train: interrupted by signal %d at step %lld\n", g_stop ? (int)g_stop : SIGTERM,
-                (long long)t->global_step);
+        const int sig = g_stop ? (int)g_stop : SIGTERM;
+        char saved[600] = "";
+        if (t->o.save) {
+            int rc = dt_trainer_steps(t->tr) != t->saved_step ? save_ckpt(t) : 0;
+            if (!rc && dt_trainer_save_wait(t->tr) < 0)
+                rc = fail(1, "checkpoint");
+            if (rc) {
+                dt__cli_err("dtrain train: interrupted by signal %d at step %lld; the checkpoint was not saved\n",
+                            sig, (long long)t->global_step);
+                return rc;
+            }
+            snprintf(saved, sizeof saved, "; checkpoint %s/step-%08lld saved", t->o.save,
+                     (long long)dt_trainer_steps(t->tr));
+        }
+        dt__cli_err("dtrain train: interrupted by signal %d at step %lld%s\n", sig, (long long)t->global_step, saved);
         return 130;
     }
     *wall_s = dt_time_s() - t->t0;
@@ -879,6 +901,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
+        printf("pipeline parallel: %d stages x %d data-parallel, schedule %s, %d micro-batches per batch "
+               "(evaluation not available under --pp yet)\n", t->ddp.pp, t->ddp.world, t->ddp.pp_sched,
+               t->ddp.pp_micro);
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,

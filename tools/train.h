@@ -68,6 +68,10 @@ typedef struct dt__train_opts {
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
+    /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
+    int64_t pp;
+    const char *pp_schedule;  /* gpipe | 1f1b | interleaved | zbh1, default 1f1b */
+    int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */

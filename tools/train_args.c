@@ -130,6 +130,13 @@ static const opt_def opts[] = {
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
+    {"pp", OPT_INT, OFF(pp), 1, 256, NULL, "N",
+     "pipeline parallelism over N adjacent ranks (--model mlp and GPT models: stages by layer, balanced by "
+     "parameter count); the world divided by N is the data-parallel size"},
+    {"pp-schedule", OPT_CHOICE, OFF(pp_schedule), 0, 0, "gpipe|1f1b|interleaved|zbh1", "NAME",
+     "with --pp: the pipeline schedule (default 1f1b; interleaved: 2 stages per rank, M a multiple of N)"},
+    {"micro-batches", OPT_INT, OFF(micro_batches), 1, 4096, NULL, "M",
+     "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
@@ -224,6 +231,9 @@ void dt__train_usage(FILE *f)
     fprintf(f, "\nsharded (ZeRO / FSDP): add --zero 1|2|3 (or --fsdp shard_grad_op|full_shard), e.g.\n"
                "  dtrain run -n 2 -- dtrain train --model mlp --zero 3 --wrap-min-params 100000\n"
                "(the run ends with each rank's bytes of parameters, gradients and optimizer states)\n");
+    fprintf(f, "\npipeline parallel: --pp N cuts the model into N stages over adjacent ranks, e.g.\n"
+               "  dtrain run -n 4 -- dtrain train --model gpt-micro --pp 2 --pp-schedule zbh1 --micro-batches 4\n"
+               "  (2 stages x 2 data-parallel; show a schedule: dtrain pipeline show --schedule zbh1 -p 2 -m 4)\n");
     fprintf(f, "\ntensor parallel (Megatron): --tp N splits each layer over N adjacent ranks, e.g.\n"
                "  dtrain run -n 4 -- dtrain train --model mlp --tp 2   (2 tensor-parallel x 2 data-parallel)\n");
     fprintf(f, "\ndata parallel (DDP) on this machine: start N ranks with the launcher,\n"
@@ -439,16 +449,35 @@ int dt__train_check(dt__train_opts *o)
                     "1|2|3 or --fsdp shard_grad_op|full_shard\n");
         return 2;
     }
-    if (sharded && (o->save || o->resume)) {
-        dt__cli_err("dtrain train: --%s: checkpoints of sharded training (--zero 1|2|3, --fsdp) are not supported "
-                    "yet (DDP and one process are)\n", o->save ? "save" : "resume");
-        return 2;
-    }
     bool stage3 = (o->zero && !strcmp(o->zero, "3")) || (o->fsdp && !strcmp(o->fsdp, "full_shard"));
     if (stage3 && o->init_from) {
         dt__cli_err("dtrain train: --init-from does not work with sharded parameters (--zero 3, --fsdp full_shard) "
                     "yet\n");
         return 2;
+    }
+    if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
+        const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
+                         : o->tp > 1 ? "--tp (not composed yet)"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
+                         : o->save || o->resume ? "--save/--resume (checkpoints of pipeline training are not "
+                                                  "written yet)"
+                         : o->init_from ? "--init-from"
+                         : o->sample_every ? "--sample-every"
+                         : o->sync_bn ? "--sync-bn"
+                         : o->offload ? "--offload"
+                         : o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "f32")
+                             ? "--precision other than fp32"
+                             : NULL;
+        if (no) {
+            dt__cli_err("dtrain train: --pp/--pp-schedule/--micro-batches do not combine with %s\n", no);
+            return 2;
+        }
+        int64_t mb = o->micro_batches ? o->micro_batches : 4;
+        if (o->batch % mb) {
+            dt__cli_err("dtrain train: --batch %lld does not split into --micro-batches %lld\n", (long long)o->batch,
+                        (long long)mb);
+            return 2;
+        }
     }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"

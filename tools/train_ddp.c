@@ -7,6 +7,7 @@
 #include "cmd.h"
 #include "train.h"
 #include "train_ddp.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/tp.h"
 
 #include "dtrain/config.h"
@@ -121,6 +122,11 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
                     "this job has %d\n", (long long)o->tp, (long long)o->tp, ws);
         return 2;
     }
+    if (o->pp > 1 && ws % o->pp) {
+        dt__cli_err("dtrain train: --pp %lld needs a multiple of %lld ranks (start them with dtrain run -n N); "
+                    "this job has %d\n", (long long)o->pp, (long long)o->pp, ws);
+        return 2;
+    }
     int rc = resolve_hook(r, o, ws);
     if (rc)
         return rc;
@@ -140,6 +146,18 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     r->rank = dt_pg_rank(r->pg);
     r->world = dt_pg_size(r->pg);
     r->tp = 1;
+    r->pp = 1;
+    if (o->pp > 1) { /* the pipe strategy splits the world into pipelines and replicas */
+        r->world_pg = r->pg;
+        r->pg = NULL;
+        r->pp = (int)o->pp;
+        r->pp_rank = r->rank % r->pp;
+        r->rank = r->rank / r->pp;
+        r->world = r->world / r->pp;
+        r->pp_sched = o->pp_schedule ? o->pp_schedule : "1f1b";
+        r->pp_micro = o->micro_batches ? (int)o->micro_batches : 4;
+        return 0;
+    }
     if (o->tp > 1) { /* Megatron's order: tp ranks adjacent, data parallel across the groups */
         if (r->world % o->tp) {
             dt__cli_err("dtrain train: --tp %lld does not divide the %d ranks\n", (long long)o->tp, r->world);
@@ -183,6 +201,17 @@ static int say_hierarchy(const dt__ddp_run *r)
 
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
 {
+    if (r->pp > 1) {
+        dt_pipe_params pp = dt_pipe_params_default();
+        pp.pp = r->pp;
+        pp.micro_batches = r->pp_micro;
+        if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
+            dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
+            dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
+            return 1;
+        }
+        return 0;
+    }
     if (r->pg && r->hier && r->world > 1 && say_hierarchy(r))
         return 1;
     if (!r->pg) {
@@ -250,7 +279,7 @@ void dt__ddp_eval_range(const dt__ddp_run *r, int64_t n, int64_t *lo, int64_t *h
     dt_eval_shard(n, r->rank, r->world, lo, hi);
 }
 
-bool dt__ddp_is_main(const dt__ddp_run *r) { return r->rank == 0 && r->tp_rank == 0; }
+bool dt__ddp_is_main(const dt__ddp_run *r) { return r->rank == 0 && r->tp_rank == 0 && r->pp_rank == 0; }
 
 void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
 {

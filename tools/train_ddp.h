@@ -41,7 +41,14 @@ typedef struct dt__ddp_run {
     int tp;           /* ranks per tensor-parallel group (1 = none) */
     int tp_rank;      /* this rank in its tensor-parallel group */
     dt_pg *tp_pg;     /* NULL without --tp */
-    dt_pg *dp_pg, *world_pg; /* owned; NULL without --tp */
+    dt_pg *dp_pg, *world_pg; /* owned; NULL without --tp (--pp: world_pg only) */
+    /* pipeline parallelism (--pp): world = dp x pp, pipelines of adjacent
+       ranks; rank and world above are the data-parallel index and count,
+       the strategy splits world_pg itself */
+    int pp;           /* ranks per pipeline (1 = none) */
+    int pp_rank;      /* this rank's place in its pipeline */
+    const char *pp_sched; /* --pp-schedule (borrowed) */
+    int pp_micro;     /* --micro-batches */
     /* communication hook (--comm-hook, AIAK_* over it): DDP only */
     dt_comm_hook_kind hook;
     dt_powersgd_params psgd;

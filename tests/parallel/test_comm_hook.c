@@ -3,7 +3,9 @@
  * hand-computed rank-1 case and against PyTorch 2.15's powerSGD_hook
  * (powersgd_ref.h, from gen_powersgd_ref.py), the error-feedback identity,
  * 1-d and small tensors uncompressed, plain all-reduce before start_iter,
- * determinism, DDP's comm_hook selection, AIAK's variables, bad input. */
+ * determinism, DDP's comm_hook selection, a user hook with stages (the
+ * engine's call order, the bucket layout and step it sees), AIAK's
+ * variables, bad input. */
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
 #include "parallel/powersgd_ref.h"
@@ -486,6 +488,111 @@ TEST(powersgd_determinism)
     ASSERT_EQ_INT(th_run(2, 60.0, body_determinism, NULL, NULL), 0);
 }
 
+/* ---- a user hook with stages ------------------------------------------------------- */
+
+/* post: SUM all-reduce of the bucket; then 1: divide by W and post a second
+ * (1-float) all-reduce; then 2: done. The log shows the engine's order:
+ * every post in bucket order, then round 1 in bucket order, then round 2. */
+typedef struct {
+    int log[64], n;
+    float scratch[8][1];
+    int stage[8];
+    uint64_t step;
+    int bad_layout;
+} staged_state;
+
+static dt_status staged_post(void *st, dt_pg *pg, const dt_grad_bucket *b, dt_req **req)
+{
+    staged_state *s = st;
+    s->log[s->n++] = b->index;
+    s->stage[b->index] = 1;
+    s->step = b->step;
+    /* one parameter per bucket here: its shape and place */
+    if (b->nparams != 1 || b->params[0].offset != 0 || b->params[0].numel > b->numel || b->nbuckets != 7)
+        s->bad_layout++;
+    size_t numel = 1;
+    for (int d = 0; d < b->params[0].ndim; d++)
+        numel *= (size_t)b->params[0].shape[d];
+    if (numel != b->params[0].numel)
+        s->bad_layout++;
+    return dt_pg_allreduce_async(pg, DT_IN_PLACE, b->data, b->numel, DT_F32, DT_REDUCE_SUM, req);
+}
+
+static dt_status staged_then(void *st, dt_pg *pg, const dt_grad_bucket *b, dt_req **req)
+{
+    staged_state *s = st;
+    s->log[s->n++] = 100 * s->stage[b->index] + b->index;
+    if (s->stage[b->index]++ == 1) {
+        for (size_t i = 0; i < b->numel; i++)
+            b->data[i] /= (float)dt_pg_size(pg);
+        s->scratch[b->index][0] = (float)b->index;
+        return dt_pg_allreduce_async(pg, DT_IN_PLACE, s->scratch[b->index], 1, DT_F32, DT_REDUCE_SUM, req);
+    }
+    *req = NULL;
+    return DT_OK;
+}
+
+static int body_staged(int rank, int W, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    dt_model *m = ref_model();
+    eng e;
+    memset(&e, 0, sizeof e);
+    e.m = m;
+    e.n = t_numel(m);
+    e.g = calloc(e.n, sizeof *e.g);
+    dt_flat gf;
+    TH_OK(dt_flat_wrap(&gf, DT_F32, e.g, e.n));
+    dt_reducer_params p = dt_reducer_params_default();
+    p.bucket_cap_mb = p.first_bucket_mb = 1e-9; /* a bucket per tensor */
+    TH_OK(dt_reducer_init(pg, m, &gf, &p, &e.r));
+    TH_CHECK(dt_reducer_num_buckets(e.r) == 7, "%d buckets", dt_reducer_num_buckets(e.r));
+    staged_state s;
+    memset(&s, 0, sizeof s);
+    const dt_comm_hook h = {.name = "staged", .post = staged_post, .then = staged_then};
+    TH_OK(dt_reducer_register_comm_hook(e.r, &h, &s));
+    for (int it = 0; it < 3; it++) {
+        s.n = 0;
+        for (int i = 0; i < REF_N; i++)
+            e.g[flat_at(m, (size_t)i)] = ref_g(rank, it, i);
+        TH_OK(eng_step(&e));
+        TH_CHECK(s.step == (uint64_t)it, "iteration %d: the hook saw step %llu", it, (unsigned long long)s.step);
+        TH_CHECK(s.n == 21 && !s.bad_layout, "iteration %d: %d hook calls, %d layout errors", it, s.n, s.bad_layout);
+        for (int k = 0; k < 7; k++)
+            TH_CHECK(s.log[k] == k && s.log[7 + k] == 100 + k && s.log[14 + k] == 200 + k,
+                     "iteration %d: call order %d %d %d at bucket %d", it, s.log[k], s.log[7 + k], s.log[14 + k], k);
+        for (int k = 0; k < 7; k++)
+            TH_CHECK(s.scratch[k][0] == (float)(k * W), "stage 2 of bucket %d: %g", k, s.scratch[k][0]);
+        for (int i = 0; i < REF_N; i++) {
+            double want = 0;
+            for (int q = 0; q < W; q++)
+                want += ref_g(q, it, i);
+            want /= W;
+            TH_CHECK(fabs(e.g[flat_at(m, (size_t)i)] - want) <= 1e-6, "element %d: %g, want %g", i,
+                     e.g[flat_at(m, (size_t)i)], want);
+        }
+    }
+    /* registering while reductions are outstanding is refused */
+    dt_reducer_begin(e.r);
+    for (size_t k = 0; k < dt_model_num_entries(m); k++)
+        TH_OK(dt_reducer_grad_ready(e.r, k));
+    TH_CHECK(dt_reducer_register_comm_hook(e.r, NULL, NULL) == DT_ERR_STATE, "re-registered in flight");
+    TH_OK(dt_reducer_finish(e.r));
+    TH_OK(dt_reducer_wait(e.r));
+    eng_free(&e);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(user_hook_stages)
+{
+    for (int W = 2; W <= 3; W++)
+        ASSERT_EQ_INT(th_run(W, 60.0, body_staged, NULL, NULL), 0);
+}
+
 /* ---- errors and the hook API -------------------------------------------------------- */
 
 static int body_bad(int rank, int W, void *arg)
@@ -602,6 +709,7 @@ int main(void)
     RUN(powersgd_vs_torch);
     RUN(powersgd_properties);
     RUN(powersgd_determinism);
+    RUN(user_hook_stages);
     RUN(powersgd_bad_input);
     RUN(names_and_env);
     return TEST_REPORT();
