@@ -29,3 +29,10 @@ set_target_properties(bench_dtensor_dump PROPERTIES OUTPUT_NAME dtensor_dump
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_dtensor_dump PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_dtensor_dump PRIVATE dtrain_static)
+# Pipeline bubble and activation memory per schedule (issue 17);
+# bench/torch_pipeline.py is its torch.distributed.pipelining peer.
+add_executable(bench_pipe_bubble ${CMAKE_CURRENT_LIST_DIR}/pipe_bubble.c)
+set_target_properties(bench_pipe_bubble PROPERTIES OUTPUT_NAME pipe_bubble
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_pipe_bubble PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_pipe_bubble PRIVATE dtrain_static)

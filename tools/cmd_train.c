@@ -15,7 +15,9 @@
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
  * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
- * records and an end record saying "interrupted" stay in FILE.partial).
+ * records and an end record saying "interrupted" stay in FILE.partial):
+ * the step under way finishes, and with --save its checkpoint is written
+ * before the exit (the message names it).
  *
  * The two signals are blocked in every thread for the whole command (before
  * any thread starts, so the loader's and OpenMP's inherit the mask) and
@@ -99,6 +101,8 @@ typedef struct {
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;
+    int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
+    bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -204,6 +208,7 @@ static int setup_model(trainer *t)
         return 2;
     cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
     cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
+    cfg.build.f32_modules = pol.f32_modules;
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
@@ -213,8 +218,9 @@ static int setup_model(trainer *t)
         bool on = true;
         if (t->o.cfg && dt_config_act_ckpt(t->o.cfg, &on, &ap) < 0) /* the config's activation_checkpointing */
             return fail(2, "--config");
-        if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, NULL) < 0)
+        if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, &t->ckpt_modules) < 0)
             return fail(1, "--activation-checkpointing");
+        t->ckpt_profile = ap.profile;
     }
     if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
         (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
@@ -716,9 +722,24 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         return fail(data ? 2 : 1, data ? "training data" : "training step");
     }
     if (g_stop || res.stopped) {
+        /* the step under way finished (every rank stopped after the same
+         * one); with --save, keep it before leaving */
         dt__progress_clear(&t->prog);
-        dt__cli_err("dtrain train: interrupted by signal %d at step %lld\n", g_stop ? (int)g_stop : SIGTERM,
-                (long long)t->global_step);
+        const int sig = g_stop ? (int)g_stop : SIGTERM;
+        char saved[600] = "";
+        if (t->o.save) {
+            int rc = dt_trainer_steps(t->tr) != t->saved_step ? save_ckpt(t) : 0;
+            if (!rc && dt_trainer_save_wait(t->tr) < 0)
+                rc = fail(1, "checkpoint");
+            if (rc) {
+                dt__cli_err("dtrain train: interrupted by signal %d at step %lld; the checkpoint was not saved\n",
+                            sig, (long long)t->global_step);
+                return rc;
+            }
+            snprintf(saved, sizeof saved, "; checkpoint %s/step-%08lld saved", t->o.save,
+                     (long long)dt_trainer_steps(t->tr));
+        }
+        dt__cli_err("dtrain train: interrupted by signal %d at step %lld%s\n", sig, (long long)t->global_step, saved);
         return 130;
     }
     *wall_s = dt_time_s() - t->t0;
@@ -888,6 +909,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ckpt_modules > 0)
+        printf("activation checkpointing: %d GPT2Block modules recompute their forward in backward\n",
+               t->ckpt_modules);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
     for (int64_t e = dt_trainer_get_position(t->tr).epoch; e < t->o.epochs && !t->max_reached; e++) {
@@ -928,6 +952,11 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                        100.0 * sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
                        t->peak_gflops);
         }
+        double cf, cr;
+        uint64_t cn;
+        if (t->ckpt_profile && dt_model_checkpoint_profile(t->model, &cf, &cr, &cn) == DT_OK)
+            printf("activation checkpointing profile: %llu regions, %.3f s in first runs, %.3f s recomputing\n",
+                   (unsigned long long)cn, cf, cr);
         if (t->o.epochs > 1)
             printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
         char ddp_line[400];

@@ -449,11 +449,6 @@ int dt__train_check(dt__train_opts *o)
                     "1|2|3 or --fsdp shard_grad_op|full_shard\n");
         return 2;
     }
-    if (sharded && (o->save || o->resume)) {
-        dt__cli_err("dtrain train: --%s: checkpoints of sharded training (--zero 1|2|3, --fsdp) are not supported "
-                    "yet (DDP and one process are)\n", o->save ? "save" : "resume");
-        return 2;
-    }
     bool stage3 = (o->zero && !strcmp(o->zero, "3")) || (o->fsdp && !strcmp(o->fsdp, "full_shard"));
     if (stage3 && o->init_from) {
         dt__cli_err("dtrain train: --init-from does not work with sharded parameters (--zero 3, --fsdp full_shard) "

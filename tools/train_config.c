@@ -122,6 +122,10 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         if (!rc && nvme)
             rc = set_str(c, "zero_optimization.offload_optimizer.nvme_path", o->offload + 5, "offload");
     }
+    if (!rc && G("hierarchical-allreduce"))
+        rc = set(c, "dtrain.hierarchical_allreduce", "true", "hierarchical-allreduce");
+    if (!rc && G("tp"))
+        rc = set_num(c, "dtrain.tensor_parallel_size", (double)o->tp, "tp");
     if (!rc && G("comm-hook"))
         rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
     if (!rc && G("powersgd-rank"))
@@ -150,8 +154,12 @@ static int read_back(dt__train_opts *o, const dt_config *c)
         dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 2;
     }
+    int64_t tpn = o->tp;
+    if (dt_config_get_int(c, "dtrain.tensor_parallel_size", &tpn) == DT_OK)
+        o->tp = tpn;
+    int dp = tpn > 1 && world % tpn == 0 ? world / (int)tpn : world; /* the relation counts data-parallel ranks */
     dt_config_batch b;
-    if (dt_config_batch_resolve(c, world, o->batch, o->grad_accum, &b) < 0)
+    if (dt_config_batch_resolve(c, dp, o->batch, o->grad_accum, &b) < 0)
         return bad();
     o->batch = b.micro_batch;
     o->grad_accum = b.grad_accum;
@@ -191,6 +199,9 @@ static int read_back(dt__train_opts *o, const dt_config *c)
     int64_t v;
     if (dt_config_get_int(c, "steps_per_print", &v) == DT_OK)
         o->log_every = v;
+    dt_config_get_double(c, "gradient_clipping", &o->clip_grad_norm);
+    if (dt_config_origin_of(c, "dtrain.hierarchical_allreduce") < DT_CONFIG_FROM_ENV) /* train_ddp.c reads AIAK_* */
+        dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &o->hierarchical_allreduce);
     /* the communication hook: from the file or a flag only (train_ddp.c reads AIAK_* over these itself) */
     bool on;
     if (dt_config_origin_of(c, "dtrain.comm_hook") < DT_CONFIG_FROM_ENV)

@@ -23,7 +23,8 @@
  * reads its configs with hjson, which accepts them too); anything else that
  * is not JSON (a missing comma, an unclosed brace) is DT_ERR_FORMAT with a
  * message naming the file, the line, the column and what is wrong:
- *     ds.json:24:3: expected ',' or '}' after the value of "wall_clock_breakdown" (line 23), found '"'
+ *     ds.json:18:3: missing ',' after the value of "wall_clock_breakdown" (line 17): expected ',' or
+ *     a closing bracket, found '"'
  * Duplicate keys are errors (as DeepSpeed's). A key dtrain does not know is
  * a warning naming its full path (dt_config_warning); a known key with the
  * wrong type or a value out of range is DT_ERR_INVALID_ARG naming the key;

@@ -324,8 +324,16 @@ typedef struct dt_model_build_params {
                                   DT_FLAT_GRADS flat of the same dtype. Buffers stay f32 */
     bool keep_batchnorm_fp32;  /* with a low param_dtype: BatchNorm2d weight and bias stay f32
                                   (apex's keep_batchnorm_fp32); default true */
+    const char *const *f32_modules; /* with a low param_dtype: NULL-terminated module paths whose
+                                  parameters (and those of the modules inside them) stay f32
+                                  (the precision policy's per-module override, e.g. norms);
+                                  borrowed during the build; default NULL */
 } dt_model_build_params;
 DT_API dt_model_build_params dt_model_build_params_default(void);
+
+/* Is module path `path` (dotted, "" for the root) `prefix` or inside it?
+ * ("a.b" is inside "a", not inside "a.bc"; everything is inside "".) */
+DT_API bool dt_module_path_within(const char *path, const char *prefix);
 
 /* Lay out and initialise the parameters of the tree under root (see the
  * overview) into *out. p NULL: defaults. Takes ownership of root (freed on
@@ -432,15 +440,16 @@ DT_API const dt_flat *dt_model_flat(const dt_model *m, dt_flat_role role, dt_dty
  * used as it is: zero it first). The model's own memory is freed. g NULL
  * switches `dtype` back to a fresh zeroed flat owned by the model. */
 DT_API dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *g);
-/* Re-home parameter entry i (an untied f32 parameter): its tensor views
- * data and its gradient views grad, numel floats each, borrowed (they must
+/* Re-home parameter entry i (an untied f32, bf16 or f16 parameter): its
+ * tensor views data and its gradient views grad, numel elements of its
+ * dtype each, borrowed (they must
  * stay valid while the model runs, or until the next call). This is how a
  * sharding strategy (ZeRO, parallel.h) puts parameters into its own
  * per-unit buffers. On a meta model the views are created here (with the
  * grad-ready hooks of a built model), and the model can run forward once
- * every f32 parameter is bound. Entries tied to i follow it. The model's
+ * every parameter is bound. Entries tied to i follow it. The model's
  * own flats are left as they are (unused for this entry from now on).
- * Errors: DT_ERR_RANGE, DT_ERR_INVALID_ARG (a buffer, a tied entry, not f32). */
+ * Errors: DT_ERR_RANGE, DT_ERR_INVALID_ARG (a buffer, a tied entry, not a float dtype). */
 DT_API dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad);
 /* Zero every gradient flat. */
 DT_API void dt_model_zero_grad(dt_model *m);

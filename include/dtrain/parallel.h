@@ -296,7 +296,9 @@ typedef struct dt_ddp_params {
     dt_dtype reduce_dtype;       /* dtype of the all-reduce: DT_F32, or DT_BF16 / DT_F16 (the
                                     bucket is rounded to it, reduced with f32 accumulation, and
                                     widened back: PyTorch's bf16/fp16 compress hooks, FSDP's
-                                    reduce_dtype); default DT_F32 */
+                                    reduce_dtype); default DT_F32. A model whose parameters are
+                                    bf16/f16 (one dtype for all of them) reduces its gradients in
+                                    place in that dtype, which reduce_dtype must name */
     bool hierarchical;           /* hierarchical all-reduce of the buckets (Horovod's
                                     HOROVOD_HIERARCHICAL_ALLREDUCE, AIAK_HIERARCHICAL_ALLREDUCE;
                                     dt_pg_hierarchical in comm.h); default false */
@@ -435,7 +437,9 @@ typedef struct dt_reducer_params {
                                  low-precision copy, reduced in that dtype (f32 accumulation
                                  inside the collective) and widened back into the f32 gradients
                                  at dt_reducer_wait (the range this rank keeps). Ignored under a
-                                 comm hook. Default DT_F32 */
+                                 comm hook. A bf16/f16 gradient flat is reduced in place in its
+                                 dtype, which this must name (no predivide, no comm hook).
+                                 Default DT_F32 */
     const char *wait_hint;    /* the error text while gradients are in flight (copied);
                                  default NULL: "... call dt_reducer_wait ..." */
     bool hierarchical;        /* reduce over dt_pg_hierarchical(pg) (made at init, collective;
@@ -522,7 +526,7 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * "Block"), or a predicate wrap_fn; the root is always a unit and takes the
  * rest. Each unit's parameters (its module's minus nested units') live in one
  * flat buffer (FSDP's FlatParameter): model order, each tensor 64-byte
- * aligned, padded to a multiple of W * 16 elements, so rank r owns the equal
+ * aligned, padded to a multiple of W * 64 bytes, so rank r owns the equal
  * range [r*c, (r+1)*c), c = total / W. Each rank's optimizer steps only its
  * ranges (dt_zero_ranges: one dt_optim_range per unit).
  *
@@ -545,6 +549,19 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * dt_model_init_range (init_rng, init_seed = the build's seed): the values
  * equal a full build's. A non-meta model is copied from (after rank 0's
  * broadcast with sync_module_states); its own flats then go unused.
+ *
+ * Mixed precision (FSDP MixedPrecision, DeepSpeed's fp16/bf16 with ZeRO):
+ * build the model with bf16/f16 parameters (dt_model_build_params.param_dtype;
+ * norms may stay f32). Units hold one dtype each (a module with two gets two
+ * units); a bf16/f16 unit's whole parameters and gradients are bf16/f16
+ * (2 bytes each), and this rank keeps fp32 master weights of its shard only:
+ * the optimizer steps the masters (f32 state for the shard only) and rounds
+ * them into the shard (dt_zero_ranges: params = masters, mirror = the shard),
+ * which is then all-gathered. Gradients are reduced in reduce_dtype (a copy
+ * converted from the unit's dtype when they differ). Per parameter: 2 + 2 +
+ * 12 bytes for Adam (parameters, gradients, master + two moments), the
+ * sharded parts divided by N; the trainer reports the optimizer's f32 copy of
+ * the shard's gradients (4/N) apart (dt_trainer_memory.grad_f32_bytes).
  *
  * Memory: a unit's whole parameters and gradients are mapped regions at a
  * fixed address (the model's tensors view them); freeing returns their pages
@@ -637,6 +654,11 @@ typedef struct dt_zero_params {
                                     the groups; gradients are reduce-scattered in the group, then
                                     all-reduced over the replicas. 0 (or the world size): plain
                                     sharding over all ranks; default 0 */
+    dt_dtype reduce_dtype;       /* dtype of the gradient reductions (FSDP MixedPrecision's
+                                    reduce_dtype): DT_F32, DT_BF16, DT_F16; DT_DTYPE_COUNT (unset):
+                                    each unit's parameter dtype. An f32 unit of a model that also
+                                    has bf16/f16 units (norms the precision policy keeps f32)
+                                    always reduces in f32. Default DT_DTYPE_COUNT */
     bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
                                     reduce-scatter) over dt_pg_hierarchical of the shard group:
                                     two levels across nodes; default false */
@@ -647,7 +669,7 @@ DT_API dt_zero_params dt_zero_params_default(void);
  * rank's shards and the units' mapped regions, initialise (see above), bind
  * the model's tensors, install the hooks. pg and m are borrowed and must
  * outlive the handle. Errors: DT_ERR_INVALID_ARG (bad params),
- * DT_ERR_UNSUPPORTED (non-f32 parameters; stage 3 with tied parameters in
+ * DT_ERR_UNSUPPORTED (non-float parameters; stage 3 with tied parameters in
  * different units), DT_ERR_NO_MEMORY, the collectives' errors. */
 DT_API dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *p, dt_zero **out);
 /* Wait for everything outstanding, remove the hooks, free. The model's
@@ -676,9 +698,14 @@ DT_API dt_status dt_zero_ranges(dt_zero *z, bool no_decay_1d, const dt_optim_ran
 
 /* Write the whole parameters in the model's flat layout (the model's f32
  * DT_FLAT_PARAMS offsets, dt_model_flat(m)->total floats) into dst on every
- * rank; dst NULL: into the model's own flat (not for a meta model).
+ * rank; dst NULL: into the model's own flats of each dtype (not for a meta
+ * model). dst non-NULL needs an all-f32 model (DT_ERR_DTYPE otherwise).
  * Collective (stage 3 all-gathers each unit). */
 DT_API dt_status dt_zero_full_params(dt_zero *z, float *dst);
+
+/* The group z was made over (all ranks, whatever the hybrid sharding):
+ * what a sharded checkpoint is saved over. Borrowed. */
+DT_API dt_pg *dt_zero_group(const dt_zero *z);
 
 DT_API int dt_zero_num_units(const dt_zero *z);
 typedef struct dt_zero_unit_info {
@@ -691,6 +718,8 @@ typedef struct dt_zero_unit_info {
     bool resident;        /* kept whole between steps (stage 1/2, persistent) */
     bool gathered;        /* its whole parameters are present now */
     int fwd_pos;          /* position in the recorded forward order, -1 before the first step */
+    dt_dtype dtype;       /* its parameters' dtype (bf16/f16 units keep fp32 masters of the shard) */
+    dt_dtype reduce_dtype;/* the dtype its gradients are reduced in (the shard's gradients) */
 } dt_zero_unit_info;
 DT_API dt_status dt_zero_unit(const dt_zero *z, int k, dt_zero_unit_info *out);
 
@@ -703,7 +732,12 @@ typedef struct dt_zero_piece {
     size_t lo, hi;        /* element range within the tensor (row-major) */
     size_t range;         /* the optimizer range (= unit) holding it */
     size_t range_offset;  /* its first element's index within that range */
-    float *param, *grad;  /* this rank's copies of those elements */
+    float *param;         /* this rank's f32 values of those elements: the parameters, or for a
+                             bf16/f16 unit their fp32 master weights (what the optimizer steps) */
+    void *lowp;           /* bf16/f16 unit: the compute copy of those elements (dtype); else NULL */
+    dt_dtype dtype;       /* the parameter's dtype */
+    void *grad;           /* the shard's reduced gradients (grad_dtype: the reduce dtype) */
+    dt_dtype grad_dtype;
 } dt_zero_piece;
 /* Fill out[0..cap) with this rank's pieces, in unit then model order; *n
  * gets the count (DT_ERR_RANGE when cap is smaller; out NULL only counts). */

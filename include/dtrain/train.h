@@ -75,7 +75,11 @@
  * it into a trainer built the same way, and the next dt_trainer_fit (or
  * dt_trainer_epoch of the saved epoch) goes on with exactly the batches
  * the saving run would have seen next: at the same world size, the weights
- * after the last step are bit-identical to an uninterrupted run's.
+ * after the last step are bit-identical to an uninterrupted run's. Any
+ * strategy saves (DDP, ZeRO 1-3, one process; f32, bf16, fp16 with fp32
+ * masters) and any loads what another saved, at another world size too:
+ * each rank holds element ranges of each tensor and loading intersects
+ * them with the saved ones (parameters, masters and optimizer state alike).
  *
  *     dt_trainer_save_params sp = dt_trainer_save_params_default();
  *     sp.async = true; sp.keep = 3;
@@ -535,8 +539,9 @@ DT_API dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt
 typedef struct dt_trainer_save_params {
     bool async;             /* return once rank 0 has copied the state into a staging buffer; a
                                background thread writes it while training goes on, and the next
-                               save, dt_trainer_save_wait or dt_trainer_free waits for it;
-                               default false */
+                               save, dt_trainer_save_wait or dt_trainer_free waits for it.
+                               Sharded state (ZeRO) is written by every rank together and
+                               synchronously whatever this says; default false */
     int keep;               /* after a save, keep only the newest `keep` checkpoints in the
                                directory (0: all); default 0 */
     const char *user_json;  /* a JSON object stored with the checkpoint as "user" (the CLI keeps
@@ -547,19 +552,23 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
 
 /* Save a checkpoint of the run into dir/step-<steps, 8 digits>, a ckpt.h
  * checkpoint (index.json and its safetensors files): the parameters and
- * buffers under PyTorch's state_dict names, the optimizer state as
- * "optim.<param>.exp_avg" (exp_avg_sq, momentum_buffer: f32, the
+ * buffers under PyTorch's state_dict names (each in its dtype), the fp32
+ * master weights of bf16/f16 parameters as "master.<param>", the optimizer
+ * state as "optim.<param>.exp_avg" (exp_avg_sq, momentum_buffer: f32, the
  * parameter's shape), and as metadata the run state ("dtrain.run":
  * dt_trainer_run_state) and user_json ("dtrain.user"). A checkpoint is
  * complete or absent (dt_ckpt_save renames it into place at the end).
- * Collective: every rank calls it after the same step; rank 0 writes (DDP
- * holds the whole state on every rank), the others wait without ever
+ * Collective: every rank calls it after the same step. With replicated
+ * state (DDP, one process) rank 0 writes and the others wait without ever
  * sitting in one collective for the length of the write (the wait is a loop
  * of short agreements), so a slow disk never runs into the collective
- * timeout. dir is created when missing (its parent must exist). p NULL:
- * defaults. Errors (on every rank): I/O naming the file, DT_ERR_UNSUPPORTED
- * under a strategy that shards the state (not yet), an earlier
- * asynchronous save's failure. */
+ * timeout. With sharded state (ZeRO/FSDP) every rank writes the ranges it
+ * owns (its fp32 masters and optimizer state included) in one collective
+ * dt_ckpt_save over all ranks; the index says which file holds which range
+ * (that save must finish within DT_COMM_TIMEOUT). dir is created when
+ * missing (its parent must exist). p NULL: defaults. Errors (on every
+ * rank): I/O naming the file, DT_ERR_UNSUPPORTED under NVMe offload, an
+ * earlier asynchronous save's failure. */
 DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */
 DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);
@@ -570,11 +579,16 @@ DT_API dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n);
 /* Resume: load a checkpoint into tr, a trainer built like the saving one
  * (same model; same optimizer kind). path is one checkpoint or a save
  * directory (its newest complete checkpoint is used). Verifies every file's
- * CRC-32, checks every tensor's name, dtype and shape against the model
- * (DT_ERR_NOT_FOUND / DT_ERR_SHAPE / DT_ERR_DTYPE naming it; another
- * optimizer kind is DT_ERR_MISMATCH), then restores parameters, buffers,
- * optimizer state and the run state (dt_trainer_apply_run_state: the data
- * position, the schedule, the random streams). Collective: every rank reads
+ * CRC-32, checks every tensor's name and shape against the model
+ * (DT_ERR_NOT_FOUND / DT_ERR_SHAPE naming it; a non-float saved dtype is
+ * DT_ERR_DTYPE; another optimizer kind is DT_ERR_MISMATCH), then restores
+ * parameters, buffers, optimizer state and the run state
+ * (dt_trainer_apply_run_state: the data position, the schedule, the random
+ * streams). dtype rule: a parameter's f32 value is the checkpoint's fp32
+ * master ("master.<param>") when it has one, else the saved parameter
+ * widened to f32; a bf16/f16 parameter here keeps that value as its master
+ * and rounds it (to nearest even) as its weight. So bf16 -> f32 -> bf16
+ * round-trips exactly, and an f32 checkpoint starts a bf16 run. Collective: every rank reads
  * the files itself (across machines, the directory must be on a shared file
  * system) and all agree on the outcome. At another world size the weights
  * and optimizer state load and info->data_order_kept is false (with a note
@@ -584,9 +598,10 @@ DT_API dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_re
 /* Load the model's parameters and buffers only, from a safetensors file
  * with PyTorch's state_dict names (one written by PyTorch / Hugging Face),
  * or from a checkpoint (a step-N directory or a save directory; CRC-checked):
- * every tensor of the model must be there with its dtype and shape (extra
- * tensors, the optimizer state, are ignored). Collective like
- * dt_trainer_load. */
+ * every tensor of the model must be there with its shape, in f32, bf16 or
+ * f16 (converted by dt_trainer_load's dtype rule; extra tensors, the
+ * optimizer state, are ignored); fp32 masters are set too. Any strategy
+ * (ZeRO: each rank reads its ranges). Collective like dt_trainer_load. */
 DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
 /* The "user" object (user_json) saved with the checkpoint at path (a checkpoint or a
  * save directory), as JSON in *json (free with dt_trainer_run_state_free).

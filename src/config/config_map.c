@@ -51,10 +51,6 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "dtrain's warm-up is linear: set \"warmup_type\": \"linear\"");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
-    if (!strcmp(p, "dtrain.hierarchical_allreduce") && t)
-        return unsupported(p, "hierarchical all-reduce is not on this build yet");
-    if (!strcmp(p, "dtrain.tensor_parallel_size") && v->v.i > 1)
-        return unsupported(p, "tensor parallelism is not in dtrain train yet");
     if (!strcmp(p, "dtrain.pipeline_parallel_size") && v->v.i > 1)
         return unsupported(p, "pipeline parallelism is not in dtrain train yet");
     if (!strcmp(p, "dtrain.micro_batches"))

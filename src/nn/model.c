@@ -87,8 +87,10 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
             p->dtype = s->dtype;
             /* a low-precision model (apex O2 / FSDP param_dtype): f32 parameters
              * take param_dtype, batch norm's stay f32 if asked */
-            if (!s->is_buffer && s->dtype == DT_F32 && md->param_dtype != DT_F32 &&
-                !(md->keep_bn_fp32 && m->kind == DT_NN_BATCHNORM2D))
+            bool keep = md->keep_bn_fp32 && m->kind == DT_NN_BATCHNORM2D;
+            for (const char *const *f = md->f32_modules; f && *f && !keep; f++)
+                keep = dt_module_path_within(m->path, *f); /* the policy's per-module f32 list */
+            if (!s->is_buffer && s->dtype == DT_F32 && md->param_dtype != DT_F32 && !keep)
                 p->dtype = md->param_dtype;
             p->module = m;
             p->tp_dim = s->tp_dim;
@@ -335,7 +337,8 @@ static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)
 
 dt_model_build_params dt_model_build_params_default(void)
 {
-    dt_model_build_params p = {.world = 1, .meta = false, .param_dtype = DT_F32, .keep_batchnorm_fp32 = true};
+    dt_model_build_params p = {.world = 1, .meta = false, .param_dtype = DT_F32, .keep_batchnorm_fp32 = true,
+                               .f32_modules = NULL};
     return p;
 }
 
@@ -374,6 +377,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->meta = bp->meta;
     md->param_dtype = bp->param_dtype;
     md->keep_bn_fp32 = bp->keep_batchnorm_fp32;
+    md->f32_modules = bp->f32_modules;
     int nmod = 0;
     size_t nent = 0;
     count_tree(root, &nmod, &nent);
@@ -400,7 +404,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         if (!p->is_buffer) {
             md->nparams++;
             md->param_count += p->numel;
-            md->nparams_f32 += p->dtype == DT_F32;
+            md->nparams_f32 += dt_dtype_is_float(p->dtype);
         }
     }
     for (size_t i = 0; i < md->nentry; i++)
@@ -516,6 +520,14 @@ dt_tensor *dt_model_forward(dt_ctx *ctx, dt_model *m, dt_tensor *x)
         return NULL;
     }
     return dt_module_forward(ctx, m->root, x);
+}
+
+bool dt_module_path_within(const char *path, const char *prefix)
+{
+    if (!path || !prefix)
+        return false;
+    size_t n = strlen(prefix);
+    return n == 0 || (!strncmp(path, prefix, n) && (path[n] == 0 || path[n] == '.'));
 }
 
 dt_module *dt_model_root(const dt_model *m) { return m ? m->root : NULL; }
@@ -639,9 +651,9 @@ dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad)
         return dt_error(DT_ERR_RANGE, "dt_model_bind_param: index %zu, model has %zu entries", i, m->nentry);
     dt__entry *e = &m->entries[i];
     dt_param_info *p = &e->info;
-    if (p->is_buffer || e->tied >= 0 || p->dtype != DT_F32)
+    if (p->is_buffer || e->tied >= 0 || !dt_dtype_is_float(p->dtype))
         return dt_error(DT_ERR_INVALID_ARG, "dt_model_bind_param: entry '%s' is %s", e->name,
-                        p->is_buffer ? "a buffer" : e->tied >= 0 ? "tied (bind its source)" : "not f32");
+                        p->is_buffer ? "a buffer" : e->tied >= 0 ? "tied (bind its source)" : "not f32/bf16/f16");
     if (p->tensor) { /* re-home the existing views */
         dt_tensor_rebind(p->tensor, data);
         dt_tensor_rebind(e->grad, grad);

@@ -212,6 +212,28 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: unknown comm hook %d", (int)p.comm_hook);
     }
 
+    /* the dtype of the trained parameters: f32, or bf16/f16 for a model
+     * that holds them so (reduced in that dtype); one dtype per model */
+    dt_dtype pdt = DT_F32;
+    const char *first = NULL;
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info e;
+        if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.tied_to >= 0)
+            continue;
+        if (!first) {
+            first = e.name;
+            pdt = e.dtype;
+        } else if (e.dtype != pdt) {
+            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: parameter '%s' is %s and '%s' is %s: DDP reduces one "
+                            "parameter dtype (build the model with keep_batchnorm_fp32 false, or shard it: "
+                            "ZeRO/FSDP units take one dtype each)", first, dt_dtype_name(pdt), e.name,
+                            dt_dtype_name(e.dtype));
+        }
+    }
+    if (pdt != DT_F32 && p.reduce_dtype != pdt)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: %s parameters reduce their gradients in %s (reduce_dtype "
+                        "is %s)", dt_dtype_name(pdt), dt_dtype_name(pdt), dt_dtype_name(p.reduce_dtype));
+
     dt_ddp *d = dt_calloc(sizeof *d);
     if (!d)
         return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_ddp_init");
@@ -220,7 +242,8 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     d->p = p;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+    d->dtype = pdt;
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, d->dtype), *G = dt_model_flat(m, DT_FLAT_GRADS, d->dtype);
     d->flat_numel = P ? P->total : 0;
     d->nentry = dt_model_num_entries(m);
     d->np = (int)dt_model_num_params(m);
@@ -245,18 +268,13 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
             goto fail;
         const bool trained = !e.is_buffer && e.tied_to < 0; /* a tied entry is its source's tensor */
         d->slot_of_entry[i] = trained ? np++ : -1;
-        if (trained && e.dtype != DT_F32) {
-            st = dt_error(DT_ERR_DTYPE, "dt_ddp_init: parameter '%s' is %s; DDP reduces f32 parameters",
-                          e.name, dt_dtype_name(e.dtype));
-            goto fail;
-        }
     }
     d->np = np;
 
     if (d->world > 1) {
         if ((st = verify_across_ranks(pg, m)) < 0)
             goto fail;
-        st = dt_pg_broadcast(pg, P->base, d->flat_numel, DT_F32, 0);
+        st = dt_pg_broadcast(pg, P->base, d->flat_numel, d->dtype, 0);
         if (st >= 0)
             st = bcast_buffers(pg, m);
         if (st < 0) {
@@ -265,7 +283,7 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         }
     }
 
-    if ((st = dt_flat_alloc(&d->gflat, DT_F32, G->used, G->world, pg)) < 0) {
+    if ((st = dt_flat_alloc(&d->gflat, d->dtype, G->used, G->world, pg)) < 0) {
         st = dt_error_wrap(st, "dt_ddp_init: group memory for the gradient flat");
         goto fail;
     }
@@ -291,10 +309,10 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
             goto fail;
         }
     }
-    if ((st = dt_model_set_grads(m, DT_F32, &d->gflat)) < 0)
+    if ((st = dt_model_set_grads(m, d->dtype, &d->gflat)) < 0)
         goto fail;
     if ((st = dt_model_add_grad_ready_hook(m, dt__ddp_grad_ready, d, &d->hook)) < 0) {
-        dt_model_set_grads(m, DT_F32, NULL);
+        dt_model_set_grads(m, d->dtype, NULL);
         goto fail;
     }
     d->hooked = true;
@@ -319,7 +337,7 @@ void dt_ddp_free(dt_ddp *d)
     dt__ddp_drain(d);
     if (d->hooked) {
         dt_model_remove_hook(d->m, d->hook);
-        dt_model_set_grads(d->m, DT_F32, NULL);
+        dt_model_set_grads(d->m, d->dtype, NULL);
     }
     dt_reducer_free(d->red);
     dt_powersgd_free(d->psgd);

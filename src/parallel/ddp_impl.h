@@ -17,8 +17,9 @@ struct dt_ddp {
     dt_model *m;
     dt_ddp_params p;
     int rank, world;
-    dt_flat gflat;       /* the f32 gradient flat, dt_pg_alloc'd (handed to the model) */
-    float *grads;        /* gflat.base */
+    dt_dtype dtype;      /* the trained parameters' dtype: f32, bf16 or f16 */
+    dt_flat gflat;       /* the gradient flat of that dtype, dt_pg_alloc'd (handed to the model) */
+    void *grads;         /* gflat.base */
     dt_hook_id hook;     /* the model's grad-ready hook */
     size_t flat_numel;
     dt_reducer *red;     /* buckets, ordered posting, waiting (reducer.c) */

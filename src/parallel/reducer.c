@@ -34,7 +34,10 @@
  * copy (the comm layer accumulates bf16/f16 in f32), and wait widens what
  * this rank keeps (the whole bucket, or its slice plus the tail) back into
  * the f32 gradients. Half the bytes on the wire, one rounding of the
- * gradients and one of the result.
+ * gradients and one of the result. A bf16/f16 gradient flat (a model that
+ * holds its parameters in bf16/f16) is reduced in place in its own dtype
+ * (reduce_dtype must be that dtype: no copy, no rounding besides the
+ * collective's); comm hooks and predivide take f32 gradients only.
  *
  * Communication hooks (parallel.h): each bucket's dt_grad_bucket (its
  * range, its parameters' shapes and offsets) is built once at init, so a
@@ -82,7 +85,9 @@ struct dt_reducer {
     dt_reducer_params p;
     char hint[256];
     int rank, world;
-    float *grads;
+    char *grads;         /* the gradient flat: gdt elements */
+    dt_dtype gdt;
+    size_t ges;          /* its element size */
     size_t flat_numel;
     rparam *params;
     int np;
@@ -135,7 +140,7 @@ static dt_status build_buckets(dt_reducer *r)
             cur->p_lo = i;
         }
         cur->p_hi = i + 1;
-        cur->bytes += r->params[i].numel * sizeof(float);
+        cur->bytes += r->params[i].numel * r->ges;
         if (cur->bytes >= limits[li]) {
             cur = NULL;
             li = 1;
@@ -154,7 +159,7 @@ static dt_status build_buckets(dt_reducer *r)
         b->ready_s = b->posted_s = b->done_s = -1;
         b->gb = (dt_grad_bucket){.index = k,
                                  .nbuckets = nb,
-                                 .data = r->grads + b->offset,
+                                 .data = r->gdt == DT_F32 ? (float *)(void *)r->grads + b->offset : NULL,
                                  .offset = b->offset,
                                  .numel = b->numel,
                                  .shard_numel = r->p.collective == DT_REDUCER_REDUCE_SCATTER
@@ -176,9 +181,14 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
     if (!pg || !m || !grads || !grads->base)
         return dt_error(DT_ERR_NULL, "dt_reducer_init: %s is NULL",
                         !pg ? "process group" : !m ? "model" : "gradient flat");
-    if (grads->dtype != DT_F32 || grads->offset != 0)
-        return dt_error(DT_ERR_DTYPE, "dt_reducer_init: the gradient flat must be a whole f32 buffer (%s, offset %zu)",
-                        dt_dtype_name(grads->dtype), grads->offset);
+    if ((grads->dtype != DT_F32 && grads->dtype != DT_BF16 && grads->dtype != DT_F16) || grads->offset != 0)
+        return dt_error(DT_ERR_DTYPE, "dt_reducer_init: the gradient flat must be a whole f32, bf16 or f16 buffer "
+                                      "(%s, offset %zu)", dt_dtype_name(grads->dtype), grads->offset);
+    if (grads->dtype != DT_F32 && (!pp || pp->reduce_dtype != grads->dtype || pp->predivide))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_reducer_init: %s gradients are reduced in %s, without predivide "
+                                            "(asked: reduce_dtype %s%s)", dt_dtype_name(grads->dtype),
+                        dt_dtype_name(grads->dtype), dt_dtype_name(pp ? pp->reduce_dtype : DT_F32),
+                        pp && pp->predivide ? ", predivide" : "");
     dt_reducer_params p = pp ? *pp : dt_reducer_params_default();
     if (!(p.bucket_cap_mb > 0) || !(p.first_bucket_mb > 0))
         return dt_error(DT_ERR_INVALID_ARG,
@@ -203,6 +213,8 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
     r->rank = dt_pg_rank(pg);
     r->world = dt_pg_size(pg);
     r->grads = grads->base;
+    r->gdt = grads->dtype;
+    r->ges = dt_dtype_size(grads->dtype);
     r->flat_numel = grads->numel;
     r->nentry = dt_model_num_entries(m);
     r->np = (int)dt_model_num_params(m);
@@ -227,9 +239,9 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
         r->slot_of_entry[i] = -1;
         if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
             continue;
-        if (e.dtype != DT_F32 || np >= r->np) {
-            st = dt_error(DT_ERR_DTYPE, "dt_reducer_init: parameter '%s' is %s; gradients are reduced in f32",
-                          e.name, dt_dtype_name(e.dtype));
+        if (e.dtype != r->gdt || np >= r->np) {
+            st = dt_error(DT_ERR_DTYPE, "dt_reducer_init: parameter '%s' is %s; this gradient flat is %s (one "
+                          "dtype of parameters per reducer)", e.name, dt_dtype_name(e.dtype), dt_dtype_name(r->gdt));
             goto fail;
         }
         if (e.offset < end || e.offset + e.numel > r->flat_numel) { /* buckets are ranges: the flat layout must follow model order */
@@ -249,7 +261,7 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
     r->np = np;
     if ((st = build_buckets(r)) < 0)
         goto fail;
-    if (p.reduce_dtype != DT_F32 && !(r->low = dt_calloc((r->flat_numel ? r->flat_numel : 1) * sizeof(uint16_t)))) {
+    if (p.reduce_dtype != r->gdt && !(r->low = dt_calloc((r->flat_numel ? r->flat_numel : 1) * sizeof(uint16_t)))) {
         st = dt_error(DT_ERR_NO_MEMORY, "dt_reducer_init: %s copy of %zu gradients", dt_dtype_name(p.reduce_dtype),
                       r->flat_numel);
         goto fail;
@@ -317,6 +329,10 @@ dt_status dt_reducer_register_comm_hook(dt_reducer *r, const dt_comm_hook *h, vo
     if (dt_reducer_outstanding(r))
         return dt_error(DT_ERR_STATE,
                         "dt_reducer_register_comm_hook: reductions are outstanding; register between iterations");
+    if (h && r->gdt != DT_F32)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_reducer_register_comm_hook: hook '%s': comm hooks take f32 "
+                                            "gradients; these are %s", h->name ? h->name : "?",
+                        dt_dtype_name(r->gdt));
     r->hook = h != NULL;
     if (h)
         r->hookv = *h;
@@ -354,8 +370,21 @@ void dt_reducer_begin(dt_reducer *r)
 /* The default posts: all-reduce (average), or reduce-scatter plus tail. */
 static dt_status post_default(dt_reducer *r, const dt_grad_bucket *gb, rbucket *b)
 {
-    float *g = gb->data;
     dt_reduce_op op = DT_REDUCE_AVG;
+    if (r->gdt != DT_F32) { /* bf16/f16 gradients: in place, in their dtype */
+        char *lb = r->grads + gb->offset * r->ges;
+        if (r->p.collective == DT_REDUCER_ALLREDUCE)
+            return dt_pg_allreduce_async(r->pg, DT_IN_PLACE, lb, gb->numel, r->gdt, op, &b->req[0]);
+        const size_t c = gb->shard_numel, body = c * (size_t)r->world;
+        dt_status st = DT_OK;
+        if (c > 0)
+            st = dt_pg_reduce_scatter_async(r->pg, lb, lb + (size_t)r->rank * c * r->ges, c, r->gdt, op, &b->req[0]);
+        if (st >= 0 && body < gb->numel)
+            st = dt_pg_allreduce_async(r->pg, DT_IN_PLACE, lb + body * r->ges, gb->numel - body, r->gdt, op,
+                                       &b->req[1]);
+        return st;
+    }
+    float *g = gb->data;
     if (r->p.predivide) {
         const float s = 1.0f / (float)r->world;
         for (size_t i = 0; i < gb->numel; i++)
@@ -389,7 +418,7 @@ static dt_status post_bucket(dt_reducer *r, int k)
 {
     rbucket *b = &r->b[k];
     if (!r->inflight) {
-        dt_status st = dt__inflight_mark(r, r->grads, r->flat_numel * sizeof(float), r->hint);
+        dt_status st = dt__inflight_mark(r, r->grads, r->flat_numel * r->ges, r->hint);
         if (st < 0)
             return st;
         r->inflight = true;
@@ -404,7 +433,7 @@ static dt_status post_bucket(dt_reducer *r, int k)
     r->any_posted = true;
     b->posted_s = now_rel(r);
     r->buckets_posted++;
-    r->bytes_reduced += b->numel * (r->low && !r->hook ? sizeof(uint16_t) : sizeof(float));
+    r->bytes_reduced += b->numel * (r->low && !r->hook ? sizeof(uint16_t) : r->ges);
     return DT_OK;
 }
 
@@ -477,7 +506,7 @@ void dt_reducer_progress(dt_reducer *r, int *posted, int *done)
 /* The reduced low-precision values this rank keeps, back into the f32 gradients. */
 static void widen(dt_reducer *r, const rbucket *b)
 {
-    float *g = r->grads + b->offset;
+    float *g = (float *)(void *)r->grads + b->offset; /* f32 gradients: r->low exists only for them */
     const uint16_t *l = r->low + b->offset;
     if (r->p.collective == DT_REDUCER_ALLREDUCE) {
         dt_k_convert(l, r->p.reduce_dtype, g, DT_F32, (int64_t)b->numel);

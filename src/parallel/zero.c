@@ -41,6 +41,8 @@
  * name. */
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
+#include "dtrain/kernels.h"
+#include "dtrain/precision.h"
 #include "parallel/zero_impl.h"
 
 #include <stdio.h>
@@ -75,6 +77,7 @@ dt_zero_params dt_zero_params_default(void)
     p.sub_group_size = 1000000000;
     p.round_robin_gradients = false;
     p.hybrid_shard_size = 0;
+    p.reduce_dtype = DT_DTYPE_COUNT;
     return p;
 }
 
@@ -150,7 +153,8 @@ static void live_add(dt_zero *z, size_t bytes)
 
 static void live_sub(dt_zero *z, size_t bytes) { z->live = bytes > z->live ? 0 : z->live - bytes; }
 
-static size_t unit_bytes(const zunit *u) { return u->total * sizeof(float); }
+static size_t unit_bytes(const zunit *u) { return u->total * u->es; }
+static size_t unit_rbytes(const zunit *u) { return u->total * u->res; }
 
 /* Free a stage-3 unit's gathered parameters. */
 static void unit_reshard(dt_zero *z, zunit *u)
@@ -169,6 +173,8 @@ static void unit_release_grads(dt_zero *z, zunit *u)
     if (!u->grads_live)
         return;
     region_release(u->gfull, unit_bytes(u));
+    if (u->rfull && z->p.stage >= 2) /* stage 1 steps its slice of rfull */
+        region_release(u->rfull, unit_rbytes(u));
     u->grads_live = false;
     if (z->p.stage >= 2)
         live_sub(z, unit_bytes(u));
@@ -225,7 +231,7 @@ static dt_status post_gather(dt_zero *z, zunit *u)
     u->prefetched = false;
     z->stats.gathers++;
     z->stats.bytes_gathered += unit_bytes(u);
-    dt_status st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, DT_F32, &u->ag);
+    dt_status st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
     if (st < 0)
         return unit_err(u, st, "posting the all-gather");
     z->inflight[z->ninflight++] = u->index;
@@ -266,15 +272,21 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
 {
     dt_status st;
     unit_grads_touch(z, u); /* a unit without any gradient reduces zeros */
+    void *g = u->gfull;
+    if (u->rfull) { /* reduce in the policy's dtype: one rounding (or exact widening) of the whole */
+        if ((st = dt_k_convert(u->gfull, u->dtype, u->rfull, u->rdt, (int64_t)u->total)) < 0)
+            return unit_err(u, st, "converting the gradients to the reduce dtype");
+        g = u->rfull;
+    }
     dt_pg *rg = z->hpg ? z->hpg : z->pg;
     if (z->p.stage == 1)
-        st = dt_pg_allreduce_async(rg, DT_IN_PLACE, u->gfull, u->total, DT_F32, DT_REDUCE_AVG, &u->rs);
+        st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
-        st = dt_pg_reduce_scatter_async(rg, u->gfull, u->gshard, u->c, DT_F32, DT_REDUCE_AVG, &u->rs);
+        st = dt_pg_reduce_scatter_async(rg, g, u->gshard, u->c, u->rdt, DT_REDUCE_AVG, &u->rs);
     if (st < 0)
         return unit_err(u, st, z->p.stage == 1 ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
     u->posted = true;
-    z->stats.bytes_reduced += unit_bytes(u);
+    z->stats.bytes_reduced += unit_rbytes(u);
     if (!z->p.overlap_comm)
         return dt_req_wait(u->rs, -1) < 0 ? unit_err(u, dt_req_status(u->rs), dt_req_message(u->rs)) : DT_OK;
     return DT_OK;
@@ -332,23 +344,14 @@ static dt_status on_grad_ready(dt_model *m, size_t index, const dt_param_info *p
 
 /* ---- module hooks (stage 3) ------------------------------------------------------------ */
 
-static int unit_of_module(const dt_zero *z, const dt_module *m)
-{
-    for (int i = 0; i < z->nu; i++)
-        if (z->u[i].mod == m)
-            return i;
-    return -1;
-}
-
 static dt_status fwd_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
     (void)ctx;
     (void)x;
-    dt_zero *z = ud;
-    int k = unit_of_module(z, m);
-    if (k < 0)
-        return DT_OK;
-    zunit *u = &z->u[k];
+    (void)m;
+    zunit *u = ud;
+    dt_zero *z = u->z;
+    const int k = u->index;
     if (!z->order_done) { /* record the forward order of the first iteration */
         bool seen = false;
         for (int i = 0; i < z->norder; i++)
@@ -370,11 +373,10 @@ static dt_status fwd_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y,
     (void)ctx;
     (void)x;
     (void)y;
-    dt_zero *z = ud;
-    int k = unit_of_module(z, m);
-    if (k < 0 || !z->p.reshard_after_forward || z->u[k].mod == dt_model_root(z->m))
+    zunit *u = ud;
+    dt_zero *z = u->z;
+    if (!z->p.reshard_after_forward || m == dt_model_root(z->m))
         return DT_OK;
-    zunit *u = &z->u[k];
     if (z->order_done && z->p.max_reuse_distance > 0) {
         /* elements gathered between this unit's forward end and its backward start */
         size_t dist = 0;
@@ -390,11 +392,9 @@ static dt_status fwd_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y,
 static dt_status bwd_pre(dt_ctx *ctx, dt_module *m, void *ud)
 {
     (void)ctx;
-    dt_zero *z = ud;
-    int k = unit_of_module(z, m);
-    if (k < 0)
-        return DT_OK;
-    zunit *u = &z->u[k];
+    (void)m;
+    zunit *u = ud;
+    dt_zero *z = u->z;
     dt_status st = ensure_gathered(z, u);
     if (st >= 0 && z->p.backward_prefetch == DT_PREFETCH_BACKWARD_PRE)
         st = prefetch(z, u->fwd_pos - 1);
@@ -405,11 +405,9 @@ static dt_status bwd_pre(dt_ctx *ctx, dt_module *m, void *ud)
 static dt_status bwd_post(dt_ctx *ctx, dt_module *m, void *ud)
 {
     (void)ctx;
-    dt_zero *z = ud;
-    int k = unit_of_module(z, m);
-    if (k < 0)
-        return DT_OK;
-    zunit *u = &z->u[k];
+    (void)m;
+    zunit *u = ud;
+    dt_zero *z = u->z;
     unit_reshard(z, u);
     dt_status st = DT_OK;
     if (z->p.backward_prefetch == DT_PREFETCH_BACKWARD_POST)
@@ -476,7 +474,8 @@ dt_status dt_zero_wait(dt_zero *z)
         /* hybrid: the group's averaged shards, averaged over the replicas */
         dt_req **rq = z->rr;
         for (int i = 0; i < z->nu && st >= 0; i++) {
-            st = dt_pg_allreduce_async(z->rpg, DT_IN_PLACE, z->u[i].gshard, z->u[i].c, DT_F32, DT_REDUCE_AVG, &rq[i]);
+            st = dt_pg_allreduce_async(z->rpg, DT_IN_PLACE, z->u[i].gshard, z->u[i].c, z->u[i].rdt, DT_REDUCE_AVG,
+                                       &rq[i]);
             if (st < 0)
                 unit_err(&z->u[i], st, "posting the replica all-reduce");
         }
@@ -540,7 +539,7 @@ dt_status dt_zero_after_step(dt_zero *z)
             if (st < 0)
                 return dt_error_wrap(st, "ZeRO: gathering the updated parameters");
         }
-        st = dt_pg_allgather_async(z->pg, DT_IN_PLACE, u->full, u->c, DT_F32, &pending[np]);
+        st = dt_pg_allgather_async(z->pg, DT_IN_PLACE, u->full, u->c, u->dtype, &pending[np]);
         if (st < 0) {
             unit_err(u, st, "posting the parameter all-gather");
             break;
@@ -567,7 +566,7 @@ void dt_zero_drain(dt_zero *z)
     drain(z, &st);
     for (int i = 0; i < z->nu; i++) {
         unit_release_grads(z, &z->u[i]);
-        memset(z->u[i].gshard, 0, z->u[i].c * sizeof(float));
+        memset(z->u[i].gshard, 0, z->u[i].c * z->u[i].res);
     }
 }
 
@@ -611,8 +610,10 @@ dt_status dt_zero_ranges(dt_zero *z, bool no_decay_1d, const dt_optim_range **r,
             if (a < b)
                 u->segs[k++] = (dt_optim_segment){.offset = a, .numel = b - a, .no_decay = no_decay_1d && e.ndim <= 1};
         }
-        z->rg[i] = (dt_optim_range){.params = &u->pflat, .grads = &u->gflat, .mirror = NULL, .lo = lo, .hi = hi,
-                                    .segs = u->segs, .nseg = k};
+        /* a low-precision unit steps its fp32 masters and rewrites its shard from them */
+        z->rg[i] = (dt_optim_range){.params = u->master ? &u->mflat : &u->pflat, .grads = &u->gflat,
+                                    .mirror = u->master ? &u->pflat : NULL, .lo = lo, .hi = hi, .segs = u->segs,
+                                    .nseg = k};
     }
     *r = z->rg;
     *n = (size_t)z->nu;
@@ -623,26 +624,30 @@ dt_status dt_zero_full_params(dt_zero *z, float *dst)
 {
     if (!z)
         return dt_error(DT_ERR_NULL, "dt_zero_full_params: handle is NULL");
-    const dt_flat *P = dt_model_flat(z->m, DT_FLAT_PARAMS, DT_F32);
-    if (!dst) {
-        if (!P || !P->base)
+    for (int i = 0; i < z->nu; i++) {
+        const dt_flat *P = dt_model_flat(z->m, DT_FLAT_PARAMS, z->u[i].dtype);
+        if (dst && z->u[i].dtype != DT_F32)
+            return dt_error(DT_ERR_DTYPE, "dt_zero_full_params: unit '%s' holds %s parameters; an f32 dst "
+                                          "takes f32 models only (pass NULL: the model's own flats)",
+                            z->u[i].name, dt_dtype_name(z->u[i].dtype));
+        if (!dst && (!P || !P->base))
             return dt_error(DT_ERR_STATE, "dt_zero_full_params: the model is meta (no flat of its own): pass dst");
-        dst = P->base;
     }
     for (int i = 0; i < z->nu; i++) {
         zunit *u = &z->u[i];
+        char *out = dst ? (char *)dst : (char *)dt_model_flat(z->m, DT_FLAT_PARAMS, u->dtype)->base;
         bool was = u->gathered;
         dt_status st = wait_gather(z, u);
         if (st >= 0 && !u->gathered && z->W > 1)
-            st = dt_pg_allgather(z->pg, u->pshard, u->full, u->c, DT_F32);
+            st = dt_pg_allgather(z->pg, u->pshard, u->full, u->c, u->dtype);
         else if (st >= 0 && !u->gathered)
-            memcpy(u->full, u->pshard, u->c * sizeof(float));
+            memcpy(u->full, u->pshard, u->c * u->es);
         if (st < 0)
             return unit_err(u, st, "gathering the whole parameters");
         for (int j = 0; j < u->nent; j++) {
             dt_param_info e;
             dt_model_entry(z->m, u->entries[j], &e);
-            memcpy(dst + e.offset, u->full + u->uoff[j], e.numel * sizeof(float));
+            memcpy(out + e.offset * u->es, u->full + u->uoff[j] * u->es, e.numel * u->es);
         }
         if (!was)
             region_release(u->full, unit_bytes(u));
@@ -651,6 +656,8 @@ dt_status dt_zero_full_params(dt_zero *z, float *dst)
 }
 
 int dt_zero_num_units(const dt_zero *z) { return z ? z->nu : 0; }
+
+dt_pg *dt_zero_group(const dt_zero *z) { return z ? z->wpg : NULL; }
 
 dt_status dt_zero_unit(const dt_zero *z, int k, dt_zero_unit_info *out)
 {
@@ -669,6 +676,8 @@ dt_status dt_zero_unit(const dt_zero *z, int k, dt_zero_unit_info *out)
     out->resident = u->resident;
     out->gathered = u->gathered;
     out->fwd_pos = z->order_done && z->p.stage == 3 && !u->resident ? u->fwd_pos : -1;
+    out->dtype = u->dtype;
+    out->reduce_dtype = u->rdt;
     return DT_OK;
 }
 
@@ -695,8 +704,11 @@ dt_status dt_zero_pieces(const dt_zero *z, dt_zero_piece *out, size_t cap, size_
                                          .hi = b - u->uoff[j],
                                          .range = (size_t)i,
                                          .range_offset = a - lo,
-                                         .param = dt_flat_ptr(&u->pflat, a),
-                                         .grad = dt_flat_ptr(&u->gflat, a)};
+                                         .param = dt_flat_ptr(u->master ? &u->mflat : &u->pflat, a),
+                                         .lowp = u->master ? dt_flat_ptr(&u->pflat, a) : NULL,
+                                         .dtype = u->dtype,
+                                         .grad = dt_flat_ptr(&u->gflat, a),
+                                         .grad_dtype = u->rdt};
             k++;
         }
     }
@@ -713,8 +725,10 @@ dt_status dt_zero_memory(const dt_zero *z, size_t *param_bytes, size_t *grad_byt
     size_t pb = 0, gb = 0;
     for (int i = 0; i < z->nu; i++) {
         const zunit *u = &z->u[i];
-        pb += u->resident ? unit_bytes(u) : u->c * sizeof(float);
-        gb += z->p.stage == 1 ? unit_bytes(u) : u->c * sizeof(float);
+        pb += u->resident ? unit_bytes(u) : u->c * u->es;
+        /* stage 1: the whole gradients (and their reduce-dtype copy, whose
+         * slice the optimizer reads); stages 2/3: the reduced shard */
+        gb += z->p.stage == 1 ? unit_bytes(u) + (u->rfull ? unit_rbytes(u) : 0) : u->c * u->res;
     }
     if (param_bytes)
         *param_bytes = pb;
@@ -743,10 +757,10 @@ static dt_status install_hooks(dt_zero *z)
         zunit *u = &z->u[i];
         if (!u->mod || u->resident)
             continue;
-        if ((st = dt_module_add_forward_pre_hook(u->mod, fwd_pre, z, &u->hooks[0])) < 0 ||
-            (st = dt_module_add_forward_post_hook(u->mod, fwd_post, z, &u->hooks[1])) < 0 ||
-            (st = dt_module_add_backward_pre_hook(u->mod, bwd_pre, z, &u->hooks[2])) < 0 ||
-            (st = dt_module_add_backward_post_hook(u->mod, bwd_post, z, &u->hooks[3])) < 0)
+        if ((st = dt_module_add_forward_pre_hook(u->mod, fwd_pre, u, &u->hooks[0])) < 0 ||
+            (st = dt_module_add_forward_post_hook(u->mod, fwd_post, u, &u->hooks[1])) < 0 ||
+            (st = dt_module_add_backward_pre_hook(u->mod, bwd_pre, u, &u->hooks[2])) < 0 ||
+            (st = dt_module_add_backward_post_hook(u->mod, bwd_post, u, &u->hooks[3])) < 0)
             return st;
     }
     return DT_OK;
@@ -757,16 +771,20 @@ static dt_status install_hooks(dt_zero *z)
  * dt_model_init_range, equal to the same elements of a full build. */
 static dt_status init_shards(dt_zero *z)
 {
-    const dt_flat *P = dt_model_flat(z->m, DT_FLAT_PARAMS, DT_F32);
     const bool meta = dt_model_is_meta(z->m);
     dt_status st;
-    if (!meta && z->p.sync_module_states && z->W > 1 && P && P->base &&
-        (st = dt_pg_broadcast(z->wpg, P->base, P->total, DT_F32, 0)) < 0)
-        return dt_error_wrap(st, "ZeRO: sync_module_states (broadcasting rank 0's parameters)");
+    for (int d = 0; d < DT_DTYPE_COUNT && !meta && z->p.sync_module_states && z->W > 1; d++) {
+        const dt_flat *P = dt_model_flat(z->m, DT_FLAT_PARAMS, (dt_dtype)d);
+        if (P && P->base && dt_dtype_is_float((dt_dtype)d) &&
+            (st = dt_pg_broadcast(z->wpg, P->base, P->total, (dt_dtype)d, 0)) < 0)
+            return dt_error_wrap(st, "ZeRO: sync_module_states (broadcasting rank 0's %s parameters)",
+                                 dt_dtype_name((dt_dtype)d));
+    }
     if (z->p.sync_module_states && (st = dt_zero_sync_buffers(z)) < 0)
         return st;
     for (int i = 0; i < z->nu; i++) {
         zunit *u = &z->u[i];
+        const dt_flat *P = dt_model_flat(z->m, DT_FLAT_PARAMS, u->dtype);
         size_t lo = (size_t)z->rank * u->c, hi = lo + u->c;
         for (int j = 0; j < u->nent; j++) {
             dt_param_info e;
@@ -776,43 +794,69 @@ static dt_status init_shards(dt_zero *z)
             b = b > hi ? hi : b;
             if (a >= b)
                 continue;
-            float *dst = u->pshard + (a - lo);
+            char *dst = u->pshard + (a - lo) * u->es;
             size_t t0 = a - u->uoff[j]; /* first element within the tensor */
             if (!meta) {
-                memcpy(dst, (const float *)dt_flat_ptr(P, e.offset) + t0, (b - a) * sizeof(float));
+                memcpy(dst, (const char *)dt_flat_ptr(P, e.offset) + t0 * u->es, (b - a) * u->es);
             } else {
-                dt_flat d = {.dtype = DT_F32, .base = dst, .offset = e.offset + t0, .numel = b - a,
+                dt_flat d = {.dtype = u->dtype, .base = dst, .offset = e.offset + t0, .numel = b - a,
                              .total = P->total, .used = P->used, .world = P->world};
                 if ((st = dt_model_init_range(z->m, z->p.init_rng, z->p.init_seed, &d)) < 0)
                     return dt_error_wrap(st, "ZeRO: initialising '%s'", e.name);
             }
         }
+        /* fp32 masters: the shard's values widened (exactly), padding zero */
+        if (u->master && (st = dt_k_convert(u->pshard, u->dtype, u->master, DT_F32, (int64_t)u->c)) < 0)
+            return unit_err(u, st, "the fp32 master weights");
     }
     return DT_OK;
 }
 
-static dt_status unit_alloc(dt_zero *z, zunit *u)
+/* The dtype unit u reduces its gradients in: the policy's reduce dtype,
+ * except that an f32 unit of a model with low-precision units (norms kept
+ * f32 by the precision policy) reduces in f32, as FSDP runs the modules it
+ * keeps in f32 without mixed precision; UNSET: the unit's own dtype. */
+static dt_dtype unit_reduce_dtype(const dt_zero *z, const zunit *u, bool lowp_model)
+{
+    const dt_dtype r = z->p.reduce_dtype;
+    if (!dt_dtype_is_float(r) || (u->dtype == DT_F32 && lowp_model))
+        return u->dtype;
+    return r;
+}
+
+static dt_status unit_alloc(dt_zero *z, zunit *u, bool lowp_model)
 {
     size_t b = unit_bytes(u);
+    u->rdt = unit_reduce_dtype(z, u, lowp_model);
+    u->res = dt_dtype_size(u->rdt);
     u->full = region_map(b);
     u->gfull = region_map(b);
     if (!u->full || !u->gfull)
         return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping 2 x %zu bytes", u->name, b);
+    if (u->rdt != u->dtype && !(u->rfull = region_map(unit_rbytes(u))))
+        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping %zu bytes of %s gradients", u->name,
+                        unit_rbytes(u), dt_dtype_name(u->rdt));
     if (u->resident) {
-        u->pshard = u->full + (size_t)z->rank * u->c;
-    } else if (!(u->pshard_own = u->pshard = dt_calloc(u->c * sizeof(float) + 1))) {
-        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': parameter shard of %zu bytes", u->name, u->c * 4);
+        u->pshard = u->full + (size_t)z->rank * u->c * u->es;
+    } else if (!(u->pshard_own = u->pshard = dt_calloc(u->c * u->es + 1))) {
+        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': parameter shard of %zu bytes", u->name, u->c * u->es);
     }
     if (z->p.stage == 1) {
-        u->gshard = u->gfull + (size_t)z->rank * u->c;
-    } else if (!(u->gshard_own = u->gshard = dt_calloc(u->c * sizeof(float) + 1))) {
-        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': gradient shard of %zu bytes", u->name, u->c * 4);
+        u->gshard = (u->rfull ? u->rfull : u->gfull) + (size_t)z->rank * u->c * u->res;
+    } else if (!(u->gshard_own = u->gshard = dt_calloc(u->c * u->res + 1))) {
+        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': gradient shard of %zu bytes", u->name, u->c * u->res);
     }
+    if (u->dtype != DT_F32 && !(u->master = dt_calloc(u->c * sizeof(float) + 1)))
+        return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': fp32 master weights of %zu bytes", u->name, u->c * 4);
     size_t lo = (size_t)z->rank * u->c;
-    u->pflat = (dt_flat){.dtype = DT_F32, .base = u->pshard, .offset = lo, .numel = u->c, .total = u->total,
+    u->pflat = (dt_flat){.dtype = u->dtype, .base = u->pshard, .offset = lo, .numel = u->c, .total = u->total,
                          .used = u->used_numel, .world = z->W};
     u->gflat = u->pflat;
+    u->gflat.dtype = u->rdt;
     u->gflat.base = u->gshard;
+    u->mflat = u->pflat;
+    u->mflat.dtype = DT_F32;
+    u->mflat.base = u->master;
     u->gathered = u->resident;
     if (!u->resident && z->p.stage == 3) /* whole until the first forward frees it: no */
         u->gathered = false;
@@ -871,15 +915,19 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
         st = dt_error(DT_ERR_NO_MEMORY, "dt_zero_init");
         goto fail;
     }
+    bool lowp_model = false;
+    for (int i = 0; i < z->nu; i++)
+        lowp_model |= z->u[i].dtype != DT_F32;
     for (int i = 0; i < z->nu && st >= 0; i++)
-        st = unit_alloc(z, &z->u[i]);
+        st = unit_alloc(z, &z->u[i], lowp_model);
     if (st < 0 || (st = init_shards(z)) < 0)
         goto fail;
     /* bind the model's tensors to the units' whole buffers */
     for (int i = 0; i < z->nu; i++) {
         zunit *u = &z->u[i];
         for (int j = 0; j < u->nent; j++)
-            if ((st = dt_model_bind_param(m, u->entries[j], u->full + u->uoff[j], u->gfull + u->uoff[j])) < 0)
+            if ((st = dt_model_bind_param(m, u->entries[j], u->full + u->uoff[j] * u->es,
+                                           u->gfull + u->uoff[j] * u->es)) < 0)
                 goto fail;
     }
     if (z->p.stage == 3 && z->W > 1 && (st = dt_pg_dup(z->pg, &z->gpg)) < 0) {
@@ -899,7 +947,7 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
         zunit *u = &z->u[i];
         if (!u->resident)
             continue;
-        if (z->W > 1 && (st = dt_pg_allgather(z->pg, DT_IN_PLACE, u->full, u->c, DT_F32)) < 0) {
+        if (z->W > 1 && (st = dt_pg_allgather(z->pg, DT_IN_PLACE, u->full, u->c, u->dtype)) < 0) {
             unit_err(u, st, "gathering the initial parameters");
             goto fail;
         }
@@ -950,7 +998,11 @@ void dt__zero_unit_unmap(zunit *u)
         munmap(u->full, unit_bytes(u));
     if (u->gfull)
         munmap(u->gfull, unit_bytes(u));
+    if (u->rfull)
+        munmap(u->rfull, unit_rbytes(u));
     dt_free(u->pshard_own);
     dt_free(u->gshard_own);
-    u->full = u->gfull = u->pshard = u->gshard = u->pshard_own = u->gshard_own = NULL;
+    dt_free(u->master);
+    u->full = u->gfull = u->rfull = u->pshard = u->gshard = u->pshard_own = u->gshard_own = NULL;
+    u->master = NULL;
 }

@@ -6,21 +6,30 @@
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 
-/* One unit: a module's parameters (minus nested units') in one flat. */
+/* One unit: a module's parameters of one dtype (minus nested units') in
+ * one flat. A module whose parameters have two dtypes (bf16 weights, f32
+ * norms kept by the precision policy) is two units. */
 typedef struct zunit {
+    struct dt_zero *z;       /* the owner (module hooks get the unit) */
     char *name;              /* the module's path, "<root>" or "<persistent>" */
     dt_module *mod;          /* NULL for the persistent unit */
     int index;
+    dt_dtype dtype;          /* its parameters' (and whole gradients') dtype: f32, bf16, f16 */
+    size_t es;               /* its element size */
+    dt_dtype rdt;            /* the reduce dtype: the shard's gradient dtype */
+    size_t res;              /* its element size */
     size_t *entries;         /* model entry indices, model order */
     size_t *uoff;            /* each one's offset in the unit flat */
     int nent;
     size_t used_numel;       /* parameter elements (without padding) */
-    size_t total;            /* padded: a multiple of W * 16 */
+    size_t total;            /* padded: a multiple of W * (64 / es) */
     size_t c;                /* total / W: each rank's shard */
-    float *full, *gfull;     /* whole parameters / gradients: mmap'd, fixed addresses */
-    float *pshard, *gshard;  /* this rank's shard: inside full/gfull, or the *_own allocations */
-    float *pshard_own, *gshard_own;
-    dt_flat pflat, gflat;    /* the shards as flats (global index = unit index) */
+    char *full, *gfull;      /* whole parameters / gradients (dtype): mmap'd, fixed addresses */
+    char *rfull;             /* rdt != dtype: the whole gradients in rdt (mmap'd); else NULL */
+    char *pshard, *gshard;   /* this rank's shard (dtype / rdt): inside full/gfull/rfull, or *_own */
+    char *pshard_own, *gshard_own;
+    float *master;           /* dtype != f32: the fp32 master weights of the shard; else NULL */
+    dt_flat pflat, gflat, mflat; /* the shards as flats (global index = unit index) */
     dt_optim_segment *segs;  /* nent of them */
     bool resident;           /* never freed: stage 1/2, or the persistent unit */
     bool gathered;           /* full holds the current parameters (or their gather is posted) */

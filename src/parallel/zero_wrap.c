@@ -7,7 +7,11 @@
  * type name; or the user's predicate). The root is always a unit and takes
  * what is left. An entry belongs to the unit whose module path is the
  * longest prefix of its own module's path. Units whose modules hold no
- * parameter of their own are dropped (no hooks, no collectives). */
+ * parameter of their own are dropped (no hooks, no collectives). A module
+ * whose parameters have more than one dtype (a bf16 model with f32 norms)
+ * gets one unit per dtype (f32, bf16, f16 in that order), each with its own
+ * flat: FSDP likewise wraps the modules it keeps in f32 separately. */
+#include "dtrain/precision.h"
 #include "parallel/zero_impl.h"
 
 #include <stdio.h>
@@ -25,7 +29,7 @@ static size_t own_numel(const dt_model *m, const dt_module *mod)
     size_t n = 0;
     for (size_t i = 0; i < dt_model_num_entries(m); i++) {
         dt_param_info e;
-        if (dt_model_entry(m, i, &e) >= 0 && e.module == mod && !e.is_buffer && e.tied_to < 0 && e.dtype == DT_F32)
+        if (dt_model_entry(m, i, &e) >= 0 && e.module == mod && !e.is_buffer && e.tied_to < 0 && dt_dtype_is_float(e.dtype))
             n += e.numel;
     }
     return n;
@@ -71,6 +75,10 @@ static dt_status visit(const dt_model *m, dt_module *mod, const dt_zero_params *
     return DT_OK;
 }
 
+/* f32, bf16, f16 -> 0, 1, 2 (the order of a module's units). */
+static int dclass(dt_dtype t) { return t == DT_BF16 ? 1 : t == DT_F16 ? 2 : 0; }
+static const dt_dtype k_dclass[3] = {DT_F32, DT_BF16, DT_F16};
+
 /* Is module path a a prefix of b at a component boundary? ("" of all) */
 static bool path_prefix(const char *a, const char *b)
 {
@@ -104,14 +112,16 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
     size_t left = 0;
     dt_status st = visit(m, dt_model_root(m), p, &w, &left);
     const size_t ne = dt_model_num_entries(m);
-    int *cand = NULL; /* per entry: index into w.mods of its unit, or -2 persistent, -1 none */
+    /* per entry: its unit's key (candidate module k, dtype class d) as
+     * 3 * (k + 1) + d, with k = -1 for the persistent unit; -1: none */
+    int *cand = NULL;
+    const int nkeys = 3 * (w.n + 1);
     z->entry_unit = malloc((ne ? ne : 1) * sizeof *z->entry_unit);
     cand = malloc((ne ? ne : 1) * sizeof *cand);
-    int *count = calloc((size_t)w.n + 1, sizeof *count), *map = malloc(((size_t)w.n + 1) * sizeof *map);
+    int *count = calloc((size_t)nkeys, sizeof *count), *map = malloc((size_t)nkeys * sizeof *map);
     if (st >= 0 && (!z->entry_unit || !cand || !count || !map))
         st = dt_error(DT_ERR_NO_MEMORY, "ZeRO: units");
     z->nentry = ne;
-    int npersist = 0;
     for (size_t i = 0; st >= 0 && i < ne; i++) {
         dt_param_info e;
         dt_model_entry(m, i, &e);
@@ -119,14 +129,14 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
         cand[i] = -1;
         if (e.is_buffer || e.tied_to >= 0)
             continue;
-        if (e.dtype != DT_F32) {
-            st = dt_error(DT_ERR_UNSUPPORTED, "ZeRO: parameter '%s' is %s; only f32 parameters are sharded so far",
+        if (!dt_dtype_is_float(e.dtype)) {
+            st = dt_error(DT_ERR_UNSUPPORTED, "ZeRO: parameter '%s' is %s; f32, bf16 and f16 parameters are sharded",
                           e.name, dt_dtype_name(e.dtype));
             break;
         }
         if (p->stage == 3 && e.numel < p->param_persistence_threshold) {
-            cand[i] = -2;
-            npersist++;
+            cand[i] = dclass(e.dtype);
+            count[cand[i]]++;
             continue;
         }
         const char *mp = dt_module_path(e.module);
@@ -139,28 +149,32 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
                 bestlen = strlen(up);
             }
         }
-        cand[i] = best;
-        count[best]++;
+        cand[i] = 3 * (best + 1) + dclass(e.dtype);
+        count[cand[i]]++;
     }
-    /* unit indices: the persistent unit first, then modules in pre-order */
-    int nu = npersist > 0;
-    for (int k = 0; k < w.n; k++)
-        map[k] = count[k] > 0 ? nu++ : -1;
+    /* unit indices: the persistent units first, then modules in pre-order,
+     * each module's dtypes in class order */
+    int nu = 0;
+    for (int key = 0; key < nkeys; key++)
+        map[key] = count[key] > 0 ? nu++ : -1;
     if (st >= 0 && !(z->u = calloc((size_t)(nu ? nu : 1), sizeof *z->u)))
         st = dt_error(DT_ERR_NO_MEMORY, "ZeRO: units");
     if (st < 0)
         goto out;
     z->nu = nu;
-    for (int k = -1; k < w.n; k++) {
-        int ui = k < 0 ? (npersist ? 0 : -1) : map[k];
+    for (int key = 0; key < nkeys; key++) {
+        int ui = map[key], k = key / 3 - 1;
         if (ui < 0)
             continue;
         zunit *u = &z->u[ui];
-        int n = k < 0 ? npersist : count[k];
+        int n = count[key];
+        u->z = z;
         u->index = ui;
+        u->dtype = k_dclass[key % 3];
+        u->es = dt_dtype_size(u->dtype);
         u->mod = k < 0 ? NULL : w.mods[k];
         const char *path = k < 0 ? "<persistent>" : dt_module_path(u->mod);
-        u->name = malloc(strlen(path) + 8);
+        u->name = malloc(strlen(path) + 16);
         u->entries = malloc((size_t)n * sizeof *u->entries);
         u->uoff = malloc((size_t)n * sizeof *u->uoff);
         u->segs = malloc((size_t)n * sizeof *u->segs);
@@ -168,21 +182,25 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
             st = dt_error(DT_ERR_NO_MEMORY, "ZeRO: units");
             goto out;
         }
-        snprintf(u->name, strlen(path) + 8, "%s", *path ? path : "<root>");
+        /* a module's second dtype is named apart: "<root>/bf16" */
+        const bool split = (key % 3 > 0 && count[key - key % 3]) || (key % 3 == 2 && count[key - 1]);
+        snprintf(u->name, strlen(path) + 16, "%s%s%s", *path ? path : "<root>", split ? "/" : "",
+                 split ? dt_dtype_name(u->dtype) : "");
         u->resident = p->stage < 3 || k < 0;
+        const size_t align = 64 / u->es; /* 64-byte aligned tensors, as the model's flats */
         size_t off = 0;
         for (size_t i = 0; i < ne; i++) {
-            if (cand[i] != (k < 0 ? -2 : k))
+            if (cand[i] != key)
                 continue;
             dt_param_info e;
             dt_model_entry(m, i, &e);
             u->entries[u->nent] = i;
             u->uoff[u->nent++] = off;
-            off += (e.numel + 15) / 16 * 16; /* 64-byte aligned, as the model's flats */
+            off += (e.numel + align - 1) / align * align;
             z->entry_unit[i] = ui;
         }
         u->used_numel = off;
-        u->total = dt_flat_padded(DT_F32, off, z->W);
+        u->total = dt_flat_padded(u->dtype, off, z->W);
         u->c = u->total / (size_t)z->W;
     }
     /* tied parameters: under stage 3 both users must be in the source's unit */
@@ -203,7 +221,7 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
                 bestlen = strlen(up);
             }
         }
-        int tu = best >= 0 ? map[best] : -1;
+        int tu = best >= 0 ? map[3 * (best + 1) + dclass(s.dtype)] : -1;
         if (su >= 0 && !z->u[su].resident && tu != su) {
             st = dt_error(DT_ERR_UNSUPPORTED, "ZeRO stage 3: '%s' is tied to '%s' but they are in different units "
                                               "('%s' and '%s'): wrap a module that holds both",

@@ -58,15 +58,6 @@ dt_dtype dt_precision_reduce_dtype(const dt_precision_policy *p)
     return p->reduce_dtype != DT_DTYPE_UNSET ? p->reduce_dtype : p->param_dtype;
 }
 
-/* path is `prefix` or inside it ("a.b" is inside "a", not inside "a.bc"). */
-static bool under(const char *path, const char *prefix)
-{
-    size_t n = strlen(prefix);
-    if (n == 0)
-        return true;
-    return !strncmp(path, prefix, n) && (path[n] == 0 || path[n] == '.');
-}
-
 dt_dtype dt_precision_param_dtype(const dt_precision_policy *p, const char *path, bool is_batchnorm)
 {
     if (!p || p->param_dtype == DT_DTYPE_UNSET)
@@ -74,7 +65,7 @@ dt_dtype dt_precision_param_dtype(const dt_precision_policy *p, const char *path
     if (is_batchnorm && p->keep_batchnorm_fp32)
         return DT_F32;
     for (const char *const *m = p->f32_modules; m && *m; m++)
-        if (under(path ? path : "", *m))
+        if (dt_module_path_within(path ? path : "", *m))
             return DT_F32;
     return p->param_dtype;
 }

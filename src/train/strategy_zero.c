@@ -22,6 +22,16 @@ static dt_status s_attach(void *self, dt_model *m)
     return dt_zero_init(s->pg, m, &s->p, &s->z);
 }
 
+/* The policy's reduce dtype becomes the units' (before attach); the
+ * parameters' dtypes are the model's (built in the policy's param_dtype). */
+static dt_status s_set_precision(void *self, const dt_precision_policy *p)
+{
+    zero_strategy *s = self;
+    dt_dtype rd = dt_precision_reduce_dtype(p);
+    s->p.reduce_dtype = rd == DT_DTYPE_UNSET ? DT_DTYPE_COUNT : rd;
+    return DT_OK;
+}
+
 static dt_status s_begin_micro(void *self, bool sync)
 {
     dt_zero_set_sync(((zero_strategy *)self)->z, sync);
@@ -81,6 +91,7 @@ static const dt_strategy_ops k_zero_ops = {
     .rank = s_rank,
     .world = s_world,
     .free = s_free,
+    .set_precision = s_set_precision,
     .forward_backward = NULL,
 };
 

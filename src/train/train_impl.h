@@ -33,6 +33,8 @@ void dt__trainer_set_steps(dt_trainer *tr, int64_t steps);
 void dt__trainer_owned(const dt_trainer *tr, size_t *lo, size_t *hi);
 /* True when this rank's optimizer steps the whole f32 flat (no sharding). */
 bool dt__trainer_whole_state(const dt_trainer *tr);
+/* The ranges the optimizer steps (index = the optimizer's range index). */
+void dt__trainer_ranges(const dt_trainer *tr, const dt_optim_range **r, size_t *n);
 /* The checkpoint write in flight (trainer_ckpt.c owns what it points to);
  * freeing it joins the writer. */
 void **dt__trainer_ckpt_slot(dt_trainer *tr);

@@ -699,6 +699,11 @@ void dt__trainer_owned(const dt_trainer *tr, size_t *lo, size_t *hi)
     *lo = tr->lo;
     *hi = tr->hi;
 }
+void dt__trainer_ranges(const dt_trainer *tr, const dt_optim_range **r, size_t *n)
+{
+    *r = tr->rg;
+    *n = tr->nrg;
+}
 bool dt__trainer_whole_state(const dt_trainer *tr)
 {
     /* one range over the whole f32 flat: not sharded, no low-precision masters */

@@ -30,11 +30,33 @@
  * takes, so a slow save cannot run into the collective timeout
  * ($DT_COMM_TIMEOUT), on any rank.
  *
- * Sharded state (ZeRO) is not written here yet: a strategy whose optimizer
- * does not step the whole flat gets DT_ERR_UNSUPPORTED. */
+ * What a rank holds is a list of pieces (one per parameter it steps, or
+ * per shard of one under ZeRO): the parameter's elements [lo, hi), their
+ * f32 values (the parameter itself, or its fp32 master weights under mixed
+ * precision), the bf16/f16 compute copy, and the optimizer state of those
+ * elements. Each piece is saved as "<param>" in the parameter's dtype,
+ * "master.<param>" (f32, bf16/f16 parameters only) and
+ * "optim.<param>.<state>" (f32). Sharded state (ZeRO/FSDP: each rank holds
+ * different ranges) is saved by every rank, collectively over all ranks
+ * (dt_ckpt_save deals the replicas: buffers, stage 1/2 parameters across
+ * hybrid groups); such a save is synchronous (each rank writes its part;
+ * the save's collectives wait for the slowest writer, within
+ * DT_COMM_TIMEOUT), asynchronous only in that the call still returns when
+ * the files are complete.
+ *
+ * Loading gives every piece its f32 value by one rule: the checkpoint's
+ * fp32 master weights ("master.<param>") when it has them, else the saved
+ * parameter widened to f32 (exact); a bf16/f16 parameter of this run then
+ * takes that value rounded to nearest even as its compute copy, and its
+ * masters the value itself. So a bf16 run's checkpoint loads into an f32
+ * run with its fp32 masters (nothing is lost), an f32 checkpoint into a
+ * bf16 run with f32 masters and rounded weights, and a checkpoint saved at
+ * any world size and strategy into any other (the pieces are element
+ * ranges: dt_ckpt_read intersects them with the saved chunks). */
 #include "train/train_impl.h"
 
 #include "dtrain/ckpt.h"
+#include "dtrain/kernels.h"
 #include "dtrain/tp.h"
 
 #include <cjson/cJSON.h>
@@ -217,6 +239,21 @@ static void remove_stale(const char *dir)
     closedir(d);
 }
 
+/* Keep the newest `keep` complete checkpoints of dir (0: all). */
+static void prune(const char *dir, int keep)
+{
+    int64_t *steps;
+    size_t n;
+    if (keep <= 0 || list_steps(dir, &steps, &n) != DT_OK)
+        return;
+    for (size_t i = (size_t)keep; i < n; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/step-%08" PRId64, dir, steps[i]);
+        remove_ckpt_dir(p);
+    }
+    free(steps);
+}
+
 /* The writer: one checkpoint directory (complete or absent), then pruning. */
 static dt_status job_write(ckpt_job *j)
 {
@@ -227,21 +264,9 @@ static dt_status job_write(ckpt_job *j)
     sp.nmeta = 2;
     sp.overwrite = true; /* a re-save of the same step (after a resume) replaces it */
     dt_status st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, NULL);
-    if (st < 0)
-        return st;
-    if (j->keep > 0) {
-        int64_t *steps;
-        size_t n;
-        if (list_steps(j->dir, &steps, &n) == DT_OK) {
-            for (size_t i = (size_t)j->keep; i < n; i++) {
-                char p[4200];
-                snprintf(p, sizeof p, "%s/step-%08" PRId64, j->dir, steps[i]);
-                remove_ckpt_dir(p);
-            }
-            free(steps);
-        }
-    }
-    return DT_OK;
+    if (st >= 0)
+        prune(j->dir, j->keep);
+    return st;
 }
 
 static void *job_thread(void *arg)
@@ -266,7 +291,89 @@ static int job_state(ckpt_job *j, dt_status *st)
     return done;
 }
 
-/* ---- staging (rank 0) ------------------------------------------------------------------ */
+
+/* ---- what this rank holds ----------------------------------------------------------------- */
+
+/* One piece of a trained parameter this rank holds (see the overview). */
+typedef struct {
+    dt_param_info e;     /* the parameter (name, dtype, shape) */
+    size_t lo, hi;       /* its elements held, row-major */
+    float *val;          /* their f32 values: the parameter, or its fp32 masters */
+    void *lowp;          /* bf16/f16 parameter: the compute copy (e.dtype); else NULL */
+    size_t range, roff;  /* optimizer range and the first element's index in it */
+} tpiece;
+
+/* The pieces, one per trained entry of the model in entry order (lo == hi:
+ * none of it here); *sharded: some rank holds less than the whole. */
+static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
+{
+    dt_model *m = dt_trainer_model(tr);
+    const size_t ne = dt_model_num_entries(m);
+    tpiece *pc = calloc(ne ? ne : 1, sizeof *pc);
+    if (!pc)
+        return dt_error(DT_ERR_NO_MEMORY, "checkpoint: out of memory");
+    for (size_t i = 0; i < ne; i++)
+        dt_model_entry(m, i, &pc[i].e);
+    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    *sharded = z != NULL;
+    if (z) {
+        size_t n = 0;
+        dt_status st = dt_zero_pieces(z, NULL, 0, &n);
+        dt_zero_piece *zp = st >= 0 ? calloc(n ? n : 1, sizeof *zp) : NULL;
+        if (st >= 0 && !zp)
+            st = dt_error(DT_ERR_NO_MEMORY, "checkpoint: out of memory");
+        if (st >= 0)
+            st = dt_zero_pieces(z, zp, n, &n);
+        for (size_t k = 0; st >= 0 && k < n; k++) { /* a rank's shard cuts a tensor once at most */
+            tpiece *p = &pc[zp[k].entry];
+            p->lo = zp[k].lo;
+            p->hi = zp[k].hi;
+            p->val = zp[k].param;
+            p->lowp = zp[k].lowp;
+            p->range = zp[k].range;
+            p->roff = zp[k].range_offset;
+        }
+        free(zp);
+        if (st < 0) {
+            free(pc);
+            return st;
+        }
+        *out = pc;
+        return DT_OK;
+    }
+    const dt_optim_range *rg;
+    size_t nr;
+    dt__trainer_ranges(tr, &rg, &nr);
+    for (size_t i = 0; i < ne; i++) {
+        tpiece *p = &pc[i];
+        if (p->e.is_buffer || p->e.tied_to >= 0)
+            continue;
+        for (size_t k = 0; k < nr; k++) {
+            const dt_flat *f = rg[k].mirror ? rg[k].mirror : rg[k].params;
+            if (f->dtype != p->e.dtype)
+                continue;
+            size_t a = p->e.offset, b = a + p->e.numel;
+            a = a < rg[k].lo ? rg[k].lo : a;
+            b = b > rg[k].hi ? rg[k].hi : b;
+            if (a < b) {
+                p->lo = a - p->e.offset;
+                p->hi = b - p->e.offset;
+                p->val = dt_flat_ptr(rg[k].params, a);
+                p->lowp = rg[k].mirror ? dt_flat_ptr(rg[k].mirror, a) : NULL;
+                p->range = k;
+                p->roff = a - rg[k].lo;
+            }
+            break;
+        }
+        *sharded |= p->hi - p->lo != p->e.numel;
+    }
+    *out = pc;
+    return DT_OK;
+}
+
+static bool trained(const tpiece *p) { return !p->e.is_buffer && p->e.tied_to < 0; }
+
+/* ---- staging ------------------------------------------------------------------------------- */
 
 /* A staging copy of n bytes of src, kept by the job. */
 static void *stage_copy(ckpt_job *j, const void *src, size_t n)
@@ -279,17 +386,22 @@ static void *stage_copy(ckpt_job *j, const void *src, size_t n)
     return b;
 }
 
-static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, ckpt_job **out)
+static dt_status add_piece_entry(ckpt_job *j, const tpiece *p, const char *name, dt_dtype dt, void *data)
+{
+    dt_ckpt_entry e = {.name = name, .dtype = dt, .ndim = p->e.ndim, .lo = p->lo, .hi = p->hi, .data = data};
+    for (int d = 0; d < p->e.ndim; d++)
+        e.shape[d] = p->e.shape[d];
+    return dt_ckpt_list_add(j->list, &e);
+}
+
+/* Copy what this rank holds into one staging buffer and list it. */
+static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, const tpiece *pc,
+                       ckpt_job **out)
 {
     *out = NULL;
     dt_model *m = dt_trainer_model(tr);
     dt_optim *o = dt_trainer_optim(tr);
-    if (!dt__trainer_whole_state(tr))
-        return dt_error(DT_ERR_UNSUPPORTED,
-                        "dt_trainer_save: strategy '%s': the model or optimizer state is sharded over the ranks or "
-                        "kept as fp32 masters of low-precision parameters; trainer checkpoints of such state are "
-                        "not supported yet (fp32 DDP and one process are)",
-                        dt_strategy_name(dt_trainer_strategy(tr)));
+    const size_t ne = dt_model_num_entries(m);
     ckpt_job *j = calloc(1, sizeof *j);
     if (!j)
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
@@ -300,40 +412,66 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     j->dir = strdup(dir);
     j->final = dup_printf("%s/step-%08" PRId64, dir, dt_trainer_steps(tr));
     j->user = p->user_json ? strdup(p->user_json) : NULL;
-    j->bufs = calloc(2 * DT_DTYPE_COUNT + (size_t)ns + 1, sizeof *j->bufs);
+    j->bufs = calloc(1 + DT_DTYPE_COUNT, sizeof *j->bufs);
     if (!j->dir || !j->final || (p->user_json && !j->user) || !j->bufs || dt_ckpt_list_init(&j->list) < 0)
         goto fail;
-    /* parameters and buffers: a copy of each flat, entries over the copy */
-    static const dt_flat_role roles[2] = {DT_FLAT_PARAMS, DT_FLAT_BUFFERS};
-    for (int r = 0; r < 2; r++)
-        for (int d = 0; d < DT_DTYPE_COUNT; d++) {
-            const dt_flat *f = dt_model_flat(m, roles[r], (dt_dtype)d);
-            if (!f || !f->numel)
-                continue;
-            void *c = stage_copy(j, f->base, f->numel * dt_dtype_size((dt_dtype)d));
-            if (!c)
-                goto fail;
-            if ((st = dt_ckpt_list_add_flat(j->list, m, roles[r], (dt_dtype)d, f->offset, f->offset + f->numel, c,
-                                            "", "")) < 0)
-                goto fail;
-            st = DT_ERR_NO_MEMORY;
+    /* the pieces: one buffer for all of them, [value][master][states...] each */
+    size_t bytes = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (trained(&pc[i])) {
+            const size_t n = pc[i].hi - pc[i].lo;
+            bytes += n * (dt_dtype_size(pc[i].e.dtype) + (pc[i].lowp ? 4 : 0) + 4 * (size_t)ns);
+            bytes = (bytes + 7) / 8 * 8;
         }
-    /* the optimizer state: "optim.<param>.<state>", laid out like the f32 flat's owned range */
-    size_t lo, hi;
-    dt__trainer_owned(tr, &lo, &hi);
-    for (int i = 0; i < ns; i++) {
-        const char *sname;
-        float *data;
-        size_t n;
-        if ((st = dt_optim_state(o, 0, i, &sname, &data, &n)) < 0)
+    char *buf = dt_alloc(bytes ? bytes : 64);
+    if (!buf)
+        goto fail;
+    j->bufs[j->nbuf++] = buf;
+    char *at = buf, name[1024];
+    for (size_t i = 0; i < ne; i++) {
+        const tpiece *q = &pc[i];
+        if (!trained(q))
+            continue;
+        const size_t n = q->hi - q->lo, es = dt_dtype_size(q->e.dtype);
+        char *v = at;
+        if (n)
+            memcpy(v, q->lowp ? q->lowp : (void *)q->val, n * es);
+        at += n * es;
+        if ((st = add_piece_entry(j, q, q->e.name, q->e.dtype, v)) < 0)
             goto fail;
+        if (q->e.dtype != DT_F32) { /* the fp32 masters: what the optimizer steps */
+            if (n)
+                memcpy(at, q->val, n * 4);
+            snprintf(name, sizeof name, "master.%s", q->e.name);
+            if ((st = add_piece_entry(j, q, name, DT_F32, at)) < 0)
+                goto fail;
+            at += n * 4;
+        }
+        for (int s = 0; s < ns; s++) {
+            const char *sname;
+            float *data;
+            if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
+                goto fail;
+            if (n)
+                memcpy(at, data + q->roff, n * 4);
+            snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
+            if ((st = add_piece_entry(j, q, name, DT_F32, at)) < 0)
+                goto fail;
+            at += n * 4;
+        }
+        at = buf + ((size_t)(at - buf) + 7) / 8 * 8;
         st = DT_ERR_NO_MEMORY;
-        void *c = stage_copy(j, data, n * sizeof(float));
-        char suffix[64];
-        snprintf(suffix, sizeof suffix, ".%s", sname);
+    }
+    /* buffers (running statistics): whole on every rank */
+    for (int d = 0; d < DT_DTYPE_COUNT; d++) {
+        const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
+        if (!f || !f->numel)
+            continue;
+        void *c = stage_copy(j, f->base, f->numel * dt_dtype_size((dt_dtype)d));
         if (!c)
             goto fail;
-        if ((st = dt_ckpt_list_add_flat(j->list, m, DT_FLAT_PARAMS, DT_F32, lo, hi, c, "optim.", suffix)) < 0)
+        if ((st = dt_ckpt_list_add_flat(j->list, m, DT_FLAT_BUFFERS, (dt_dtype)d, f->offset, f->offset + f->numel, c,
+                                        "", "")) < 0)
             goto fail;
         st = DT_ERR_NO_MEMORY;
     }
@@ -402,6 +540,51 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
     *jp = NULL;
 }
 
+/* Sharded state: every rank stages its pieces and all save together
+ * (synchronously: see the overview). */
+static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp)
+{
+    dt_status sst = DT_OK;
+    if (dt_trainer_rank(tr) == 0) {
+        struct stat sb;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
+        else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
+        else
+            remove_stale(dir);
+    }
+    ckpt_job *j = NULL;
+    tpiece *pc = NULL;
+    bool sharded;
+    if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
+        sst = stage(tr, dir, pp, pc, &j);
+    free(pc);
+    /* a rank that could not stage: all hear of it before the collective save */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
+    double v = sst < 0 ? 1.0 : 0.0;
+    dt_status st = dt_trainer_allreduce_sum(tr, &v, 1);
+    if (st < 0 || v > 0) {
+        job_free(j);
+        if (st < 0)
+            return st;
+        return sst < 0 ? dt_error(sst, "%s", msg)
+                       : dt_error(DT_ERR_IO, "another rank could not stage the checkpoint (its error says why)");
+    }
+    dt_st_kv meta[2] = {{META_RUN, j->run_state}, {META_USER, j->user ? j->user : "null"}};
+    dt_ckpt_save_params sp = dt_ckpt_save_params_default();
+    sp.meta = meta;
+    sp.nmeta = 2;
+    sp.overwrite = true;
+    st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp,
+                      dt_zero_group(dt_strategy_zero(dt_trainer_strategy(tr))));
+    if (st >= 0 && dt_trainer_rank(tr) == 0)
+        prune(j->dir, j->keep);
+    job_free(j);
+    return st;
+}
+
 dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p)
 {
     if (!tr || !dir || !*dir)
@@ -422,15 +605,21 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (st < 0)
         return dt_error_wrap(st, "the previous checkpoint");
     ckpt_job *j = NULL;
-    dt_status sst = DT_OK;
-    if (dt_trainer_rank(tr) == 0) {
+    tpiece *pc = NULL;
+    bool sharded = false;
+    dt_status sst = collect_pieces(tr, &pc, &sharded);
+    if (sst >= 0 && sharded) {
+        free(pc);
+        return save_sharded(tr, dir, &pp);
+    }
+    if (sst >= 0 && dt_trainer_rank(tr) == 0) {
         struct stat sb;
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
             sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
         else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
         else
-            sst = stage(tr, dir, &pp, &j);
+            sst = stage(tr, dir, &pp, pc, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
             if (rc != 0) {
@@ -443,6 +632,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
             }
         }
     }
+    free(pc);
     /* staging failed on rank 0: every rank hears of it now */
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
@@ -490,6 +680,10 @@ static dt_status resolve(const char *path, char *ck, size_t n)
     }
     if (stat(path, &sb) != 0)
         return dt_error(DT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
+    if (S_ISREG(sb.st_mode)) { /* one safetensors file (PyTorch's names) */
+        snprintf(ck, n, "%s", path);
+        return DT_OK;
+    }
     dt_status st = dt_trainer_ckpt_latest(path, ck, n);
     if (st < 0)
         return st;
@@ -509,10 +703,119 @@ static dt_status ckpt_meta(const dt_ckpt *ck, const char *ckname, const char *ke
     return DT_OK;
 }
 
-/* Entries over the model's own flats (loaded in place). */
-static dt_status model_entries(dt_model *m, dt_ckpt_list *l)
+/* "[10,1568]" */
+static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
 {
-    return dt_ckpt_list_add_model(l, m);
+    size_t k = (size_t)snprintf(b, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(b + k, n - k, "%s%lld", d ? "," : "", (long long)shape[d]);
+    if (k < n)
+        snprintf(b + k, n - k, "]");
+}
+
+/* Elements [lo, hi) of the saved tensor `name` as `want` into dst,
+ * converted from the saved float dtype; *found false (nothing read) when
+ * the checkpoint has no such tensor. The shape must be p's. */
+static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, const dt_param_info *p, uint64_t lo,
+                         uint64_t hi, dt_dtype want, void *dst, bool *found)
+{
+    int64_t i = dt_ckpt_find(ck, name);
+    *found = i >= 0;
+    if (i < 0)
+        return DT_OK;
+    dt_ckpt_tensor t;
+    dt_status st = dt_ckpt_tensor_at(ck, (size_t)i, &t);
+    if (st < 0)
+        return st;
+    bool same = t.ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++)
+        same = t.shape[d] == p->shape[d];
+    if (!same) {
+        char a[256], b[256];
+        shape_str(a, sizeof a, t.ndim, t.shape);
+        shape_str(b, sizeof b, p->ndim, p->shape);
+        return dt_error(DT_ERR_SHAPE, "tensor '%s': shape %s in checkpoint %s, %s here", name, a, ckname, b);
+    }
+    dt_dtype have;
+    if (dt_st_dtype_to(t.dtype, &have) < 0 || (have != DT_F32 && have != DT_BF16 && have != DT_F16))
+        return dt_error(DT_ERR_DTYPE, "tensor '%s' is %s in checkpoint %s; parameters and optimizer state load "
+                                      "from F32, BF16 or F16", name, dt_st_dtype_name(t.dtype), ckname);
+    if (hi <= lo)
+        return DT_OK;
+    if (have == want)
+        return dt_ckpt_read(ck, (size_t)i, lo, hi, dst, false);
+    void *tmp = dt_alloc((size_t)(hi - lo) * dt_dtype_size(have));
+    if (!tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s", name, ckname);
+    st = dt_ckpt_read(ck, (size_t)i, lo, hi, tmp, false);
+    if (st >= 0)
+        st = dt_k_convert(tmp, have, dst, want, (int64_t)(hi - lo));
+    dt_free(tmp);
+    return st;
+}
+
+/* Load the pieces (the rule of the overview) and, unless weights_only, their
+ * optimizer state; then the buffers. */
+static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bool weights_only)
+{
+    dt_model *m = dt_trainer_model(tr);
+    dt_optim *o = dt_trainer_optim(tr);
+    tpiece *pc = NULL;
+    bool sharded;
+    dt_status st = collect_pieces(tr, &pc, &sharded);
+    if (st < 0)
+        return st;
+    char name[1024];
+    for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
+        const tpiece *q = &pc[i];
+        if (!trained(q))
+            continue;
+        bool found;
+        snprintf(name, sizeof name, "master.%s", q->e.name);
+        if ((st = read_as(ck, ckname, name, &q->e, q->lo, q->hi, DT_F32, q->val, &found)) < 0)
+            break;
+        if (!found && (st = read_as(ck, ckname, q->e.name, &q->e, q->lo, q->hi, DT_F32, q->val, &found)) < 0)
+            break;
+        if (!found) {
+            st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s'", ckname, q->e.name);
+            break;
+        }
+        if (q->lowp && q->hi > q->lo &&
+            (st = dt_k_convert(q->val, DT_F32, q->lowp, q->e.dtype, (int64_t)(q->hi - q->lo))) < 0)
+            break;
+        for (int s = 0; !weights_only && s < dt_optim_num_states(o); s++) {
+            const char *sname;
+            float *data;
+            if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
+                break;
+            snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
+            if ((st = read_as(ck, ckname, name, &q->e, q->lo, q->hi, DT_F32, data + q->roff, &found)) < 0)
+                break;
+            if (!found) {
+                st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s' (optimizer state)", ckname, name);
+                break;
+            }
+        }
+    }
+    free(pc);
+    if (st < 0)
+        return st;
+    /* buffers: whole on every rank, in their own dtype */
+    dt_ckpt_list *l = NULL;
+    if ((st = dt_ckpt_list_init(&l)) < 0)
+        return st;
+    for (int d = 0; d < DT_DTYPE_COUNT && st >= 0; d++) {
+        const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
+        if (f && f->numel)
+            st = dt_ckpt_list_add_flat(l, m, DT_FLAT_BUFFERS, (dt_dtype)d, f->offset, f->offset + f->numel, f->base,
+                                       "", "");
+    }
+    dt_ckpt_load_params lp = dt_ckpt_load_params_default();
+    lp.verify = false; /* verified once when opened */
+    if (st >= 0 && dt_ckpt_list_count(l) > 0)
+        st = dt_ckpt_load(ckname, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL);
+    dt_ckpt_list_free(l);
+    return st;
 }
 
 static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_info *info, bool weights_only,
@@ -522,18 +825,12 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
     if (st < 0)
         return st;
     dt_ckpt *ck = NULL;
-    dt_ckpt_list *l = NULL;
     const char *run = NULL;
     if ((st = dt_ckpt_open(ckname, &ck)) < 0)
         return st;
+    if ((st = dt_ckpt_verify(ck)) < 0)
+        goto out;
     if (!weights_only) {
-        if (!dt__trainer_whole_state(tr)) {
-            st = dt_error(DT_ERR_UNSUPPORTED,
-                          "dt_trainer_load: strategy '%s' shards the model or optimizer state over the ranks; "
-                          "loading a trainer checkpoint into it is not supported yet (DDP and one process are)",
-                          dt_strategy_name(dt_trainer_strategy(tr)));
-            goto out;
-        }
         if ((st = ckpt_meta(ck, ckname, META_RUN, &run)) < 0)
             goto out;
         /* the optimizer kind first: a clearer error than a missing tensor */
@@ -547,32 +844,11 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
         if (st < 0)
             goto out;
     }
-    if ((st = dt_ckpt_list_init(&l)) < 0 || (st = model_entries(dt_trainer_model(tr), l)) < 0)
-        goto out;
-    if (!weights_only) {
-        dt_optim *o = dt_trainer_optim(tr);
-        size_t lo, hi;
-        dt__trainer_owned(tr, &lo, &hi);
-        for (int i = 0; i < dt_optim_num_states(o); i++) {
-            const char *sname;
-            float *data;
-            char suffix[64];
-            if ((st = dt_optim_state(o, 0, i, &sname, &data, NULL)) < 0)
-                goto out;
-            snprintf(suffix, sizeof suffix, ".%s", sname);
-            if ((st = dt_ckpt_list_add_flat(l, dt_trainer_model(tr), DT_FLAT_PARAMS, DT_F32, lo, hi, data, "optim.",
-                                            suffix)) < 0)
-                goto out;
-        }
-    }
-    dt_ckpt_load_params lp = dt_ckpt_load_params_default();
-    lp.verify = true;
-    if ((st = dt_ckpt_load(ckname, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL)) < 0)
+    if ((st = load_pieces(tr, ck, ckname, weights_only)) < 0)
         goto out;
     if (!weights_only)
         st = dt_trainer_apply_run_state(tr, run, info);
 out:
-    dt_ckpt_list_free(l);
     dt_ckpt_close(ck);
     return st;
 }
@@ -611,6 +887,9 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     if (st >= 0)
         snprintf(ri.path, sizeof ri.path, "%s", ck);
     st = agree_load(tr, st);
+    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    if (st >= 0 && z) /* whole (stage 1/2) units: every rank loaded its shard; gather the rest */
+        st = dt_zero_after_step(z);
     if (info)
         *info = ri;
     return st;
@@ -620,22 +899,12 @@ dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file)
 {
     if (!tr || !file)
         return dt_error(DT_ERR_NULL, "dt_trainer_load_weights: NULL %s", tr ? "file" : "trainer");
-    struct stat sb;
-    dt_status st;
-    if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        char ck[4096]; /* a checkpoint or a save directory */
-        st = load_impl(tr, file, NULL, true, ck, sizeof ck);
-    } else { /* one safetensors file (PyTorch's names) */
-        dt_ckpt_list *l = NULL;
-        st = dt_ckpt_list_init(&l);
-        if (st >= 0)
-            st = model_entries(dt_trainer_model(tr), l);
-        dt_ckpt_load_params lp = dt_ckpt_load_params_default();
-        if (st >= 0)
-            st = dt_ckpt_load(file, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL);
-        dt_ckpt_list_free(l);
-    }
-    return agree_load(tr, st);
+    char ck[4096]; /* a checkpoint, a save directory, or one safetensors file (PyTorch's names) */
+    dt_status st = agree_load(tr, load_impl(tr, file, NULL, true, ck, sizeof ck));
+    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    if (st >= 0 && z)
+        st = dt_zero_after_step(z);
+    return st;
 }
 
 dt_status dt_trainer_ckpt_user(const char *path, char **json)

@@ -238,7 +238,7 @@ TEST(wrong_types_and_ranges_name_the_key)
          "key zero_optimization.offload_param.device: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
-        {"{\"dtrain\": {\"hierarchical_allreduce\": true}}", "key dtrain.hierarchical_allreduce: not supported yet",
+        {"{\"dtrain\": {\"pipeline_parallel_size\": 2}}", "key dtrain.pipeline_parallel_size: not supported yet",
          DT_ERR_UNSUPPORTED},
         {"{\"dtrain\": {\"comm_hook\": \"topk\"}}", "key dtrain.comm_hook: expected one of", DT_ERR_INVALID_ARG},
     };
@@ -388,10 +388,11 @@ TEST(aiak_environment)
     ASSERT(dt_config_apply_env(c) < 0);
     ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_MATRIX_APPROXIMATION_RANK");
     unsetenv("AIAK_MATRIX_APPROXIMATION_RANK");
-    /* hierarchical all-reduce: refused until it is on main, never ignored */
     setenv("AIAK_HIERARCHICAL_ALLREDUCE", "1", 1);
-    ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "key dtrain.hierarchical_allreduce: not supported yet");
+    ASSERT_OK(dt_config_apply_env(c));
+    ASSERT_OK(dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &hier));
+    ASSERT(hier);
+    ASSERT_EQ_INT(dt_config_origin_of(c, "dtrain.hierarchical_allreduce"), DT_CONFIG_FROM_ENV);
     setenv("AIAK_HIERARCHICAL_ALLREDUCE", "2", 1);
     ASSERT_STATUS(dt_config_apply_env(c), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "AIAK_HIERARCHICAL_ALLREDUCE=2");

@@ -1,6 +1,7 @@
 /* `dtrain train --zero / --fsdp` under `dtrain run -n 2`: a sharded run ends
  * with the same losses as DDP's (stage 3 built lazily from a meta model with
- * PyTorch's init stream; stage 2 under FSDP's name with accumulation), prints
+ * PyTorch's init stream; stage 2 under FSDP's name with accumulation; bf16
+ * stage 3 as bf16 stage 1), prints
  * the units line and each rank's model-state bytes; the flags are in --help
  * and bad combinations are one line and exit 2. */
 // dt-test-timeout: 240
@@ -84,6 +85,24 @@ TEST(fsdp_shard_grad_op_with_accumulation)
     free(b);
 }
 
+/* --precision bf16 with ZeRO: the ConvNet's batch norm stays f32, so each
+ * unit splits by dtype (stage 1, root only: 2 units); stage 3 wrapped by
+ * size ends with the same losses as stage 1, and master weights are
+ * reported. */
+TEST(bf16_stage3_equals_stage1)
+{
+    cli_result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    run2(a, (const char *[]){"--zero", "1", "--precision", "bf16", NULL});
+    ASSERT_EQ_INT(a->code, 0);
+    run2(b, (const char *[]){"--zero", "3", "--wrap-min-params", "1000", "--precision", "bf16", NULL});
+    ASSERT_EQ_INT(b->code, 0);
+    same_losses(a, b);
+    ASSERT_STR_CONTAINS(a->out, "[0] ZeRO stage 1: 2 ranks, 2 units,");
+    ASSERT_STR_CONTAINS(b->out, "master weights ");
+    free(a);
+    free(b);
+}
+
 TEST(help_and_bad_flags)
 {
     cli_result *r = calloc(1, sizeof *r);
@@ -119,5 +138,6 @@ int main(void)
     RUN(help_and_bad_flags);
     RUN(stage3_equals_ddp);
     RUN(fsdp_shard_grad_op_with_accumulation);
+    RUN(bf16_stage3_equals_stage1);
     return TEST_REPORT();
 }

@@ -72,6 +72,8 @@ TEST(seed_stage2_activation_checkpointing_trains)
     ASSERT_STR_CONTAINS(r.out, "[0]   train_micro_batch_size_per_gpu = 4  (--batch)\n");
     ASSERT_STR_CONTAINS(r.out, "[0]   optimizer.params.lr = 0.01  (--lr)\n");
     ASSERT_STR_CONTAINS(r.out, "batch 4 per rank (8 per step)");
+    /* the activation_checkpointing block: every block (number_checkpoints null) */
+    ASSERT_STR_CONTAINS(r.out, "[0] activation checkpointing: 2 GPT2Block modules recompute");
     ASSERT(strstr(r.out, "[1]   zero_optimization.stage") == NULL); /* printed once, by rank 0 */
     double vl = val_loss(r.out);
     fprintf(stderr, "stage 2: val loss %.4f after 8 steps (ln 40 = %.4f)\n", vl, log(40.0));
@@ -118,6 +120,60 @@ static void write_cfg(const char *name, const char *text, char *path, size_t n)
     }
 }
 
+TEST(activation_checkpointing_keys)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("a.json", "{\"activation_checkpointing\": {\"number_checkpoints\": 1, \"profile\": true}}", p,
+              sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--max-steps", "3", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "activation checkpointing: 1 GPT2Block modules recompute");
+    /* one checkpointed block, 3 steps: 3 first runs, each recomputed once */
+    ASSERT_STR_CONTAINS(r.out, "activation checkpointing profile: 3 regions");
+    write_cfg("a0.json", "{\"activation_checkpointing\": {}, \"dtrain\": {\"activation_checkpointing\": false}}", p,
+              sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--batch", "4", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.out, "activation checkpointing:") == NULL);
+}
+
+TEST(tensor_parallel_from_the_config)
+{
+    static cli_result r;
+    char p[400];
+    /* train 4 over world 2 / tp 2 = one data-parallel rank: micro 4 */
+    write_cfg("tp.json", "{\"train_batch_size\": 4, \"dtrain\": {\"tensor_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "2", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.tensor_parallel_size = 2  (file)\n");
+    ASSERT_STR_CONTAINS(r.out, "steps/epoch of 4");
+    /* the --tp refusals see the config's keys too */
+    write_cfg("tpc.json", "{\"gradient_clipping\": 1.0, \"dtrain\": {\"tensor_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, NULL);
+    ASSERT(r.code != 0);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --clip-grad-norm");
+}
+
+TEST(hierarchical_allreduce_from_the_config)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("hier.json", "{\"dtrain\": {\"hierarchical_allreduce\": true}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "2", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] hierarchical all-reduce: "); /* the netbed code says what it found */
+    run_cfg(&r, 2, p, "AIAK_HIERARCHICAL_ALLREDUCE=0", (const char *[]){"--max-steps", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.out, "[0] hierarchical all-reduce: ") == NULL); /* the environment over the file */
+}
+
 TEST(batch_relation_and_inference)
 {
     static cli_result r;
@@ -151,10 +207,12 @@ TEST(precedence_and_environment)
     ASSERT_STR_CONTAINS(r.err, "unknown key zero_optimization.foo");
     ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
     ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
-    /* hierarchical all-reduce from the environment: refused until it exists, never ignored */
-    run_cfg(&r, 1, p, "AIAK_HIERARCHICAL_ALLREDUCE=1", NULL);
+    /* a key whose behaviour is not in dtrain train: refused, never ignored */
+    write_cfg("pp.json", "{\"dtrain\": {\"pipeline_parallel_size\": 2}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "key dtrain.hierarchical_allreduce: not supported yet");
+    ASSERT_STR_CONTAINS(r.err, "key dtrain.pipeline_parallel_size: not supported yet");
+    write_cfg("p.json", "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.5}}}", p, sizeof p);
     run_cfg(&r, 1, p, "AIAK_START_COMPRESS_ITER=soon", NULL);
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "AIAK_START_COMPRESS_ITER");
@@ -176,6 +234,9 @@ int main(void)
     write_data();
     RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
     RUN(batch_relation_and_inference);
+    RUN(activation_checkpointing_keys);
+    RUN(tensor_parallel_from_the_config);
+    RUN(hierarchical_allreduce_from_the_config);
     RUN(precedence_and_environment);
     RUN(seed_stage2_activation_checkpointing_trains);
     RUN(seed_stage3_offload_trains);
