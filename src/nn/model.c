@@ -253,7 +253,12 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
         float *t = init_target(p->dtype, dst, n);
         if (dst && !t)
             return dt_last_status();
-        torch_part(&g, e, entry_spec(e), 0, n, t);
+        /* constant inits draw nothing from torch's stream; they are written
+         * here too (t is a scratch of unset values for bf16/f16 entries) */
+        if (random_init(entry_spec(e)->init))
+            torch_part(&g, e, entry_spec(e), 0, n, t);
+        else if (n)
+            philox_part(md, e, entry_spec(e), seed, 0, n, t);
         if (t != dst) {
             store_init(p->dtype, t, dst, n);
             free(t);

@@ -12,11 +12,14 @@
  * uniform_ and randperm are bit-exact; normal_ within 1 ulp (torch's
  * vectorised log/sin/cos round on their own). */
 #include "dtrain/base.h"
+#include "dtrain/kernels.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "test.h"
 #include "model_util.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void expect_floats(const float *got, const float *want, int n, float ulps)
@@ -133,6 +136,41 @@ TEST(embedding_starts_from_torch_weights)
     dt_model_free(m);
 }
 
+/* A bf16 model (batch norm included: keep_batchnorm_fp32 false) started
+ * from torch's stream equals the f32 model rounded once, constant inits
+ * (batch-norm weight 1, bias 0) included. They once were read from an
+ * unset scratch buffer: the weights were garbage and the first loss
+ * differed from run to run. */
+TEST(bf16_model_starts_from_rounded_torch_weights)
+{
+    dt_model_config cfg = dt_model_config_default();
+    dt_model *m32 = t_create("convnet", 99, &cfg);
+    cfg.build.param_dtype = DT_BF16;
+    cfg.build.keep_batchnorm_fp32 = false;
+    dt_model *m16 = t_create("convnet", 99, &cfg);
+    ASSERT(m32 && m16);
+    ASSERT_OK(dt_model_init_torch(m32, 0));
+    ASSERT_OK(dt_model_init_torch(m16, 0));
+    const char *names[] = {"layer1.0.weight", "layer1.1.weight", "layer1.1.bias", "layer2.1.weight",
+                           "layer2.1.bias", "fc.weight", "fc.bias"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        int64_t a = dt_model_find_entry(m32, names[i]), b = dt_model_find_entry(m16, names[i]);
+        ASSERT(a >= 0 && b >= 0);
+        dt_param_info p32, p16;
+        ASSERT_OK(dt_model_entry(m32, (size_t)a, &p32));
+        ASSERT_OK(dt_model_entry(m16, (size_t)b, &p16));
+        ASSERT_EQ_INT(p16.dtype, DT_BF16);
+        ASSERT_EQ_INT((long long)p16.numel, (long long)p32.numel);
+        uint16_t *want = malloc(p32.numel * sizeof *want);
+        ASSERT(want);
+        ASSERT_OK(dt_k_convert(p32.tensor->data, DT_F32, want, DT_BF16, (int64_t)p32.numel));
+        ASSERT(memcmp(want, p16.tensor->data, p32.numel * sizeof *want) == 0);
+        free(want);
+    }
+    dt_model_free(m32);
+    dt_model_free(m16);
+}
+
 int main(void)
 {
     RUN(uniform_is_torch_uniform);
@@ -140,5 +178,6 @@ int main(void)
     RUN(randperm_is_torch_randperm);
     RUN(convnet_starts_from_torch_weights);
     RUN(embedding_starts_from_torch_weights);
+    RUN(bf16_model_starts_from_rounded_torch_weights);
     return TEST_REPORT();
 }
