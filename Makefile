@@ -124,9 +124,6 @@ demo-gpt-data: deps-demo build
 demo-gpt: deps-demo build
 	scripts/demo_gpt.sh
 
-demo-gpt: deps-demo build
-	scripts/demo_gpt.sh
-
 bench: build
 	scripts/bench.sh
 

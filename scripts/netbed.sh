@@ -127,6 +127,10 @@ teardown() {
   done
   for ns in "${CREATED[@]}"; do ip netns del "$ns" 2>/dev/null; done
   CREATED=()
+  if [ "${RUN_NETNS_MOUNTED:-1}" = 0 ] && mountpoint -q /run/netns 2>/dev/null &&
+     [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+  fi
   rm -f "$STATE/$TAG"
   [ -n "$WORK" ] && rm -rf -- "$WORK"
   WORK=""
@@ -136,17 +140,24 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
+MKNS_ERR=""
 mkns() {
-  ip netns add "$1" 2>/dev/null || return 1
+  MKNS_ERR=$(ip netns add "$1" 2>&1) || return 1
   CREATED+=("$1")
-  ip -n "$1" link set lo up
+  MKNS_ERR=$(ip -n "$1" link set lo up 2>&1)
 }
 
 mkdir -p "$STATE" 2>/dev/null
 sweep_stale
 echo "$$ $(starttime $$)" > "$STATE/$TAG" 2>/dev/null
+# `ip netns add` makes /run/netns a mount point (a bind of itself) the first
+# time; where that was this bed's doing, teardown undoes it once no
+# namespace is left (in a chroot, say, where `ip -n` cannot work and the
+# bed is skipped, nothing may stay mounted).
+RUN_NETNS_MOUNTED=1
+command -v mountpoint >/dev/null 2>&1 && ! mountpoint -q /run/netns 2>/dev/null && RUN_NETNS_MOUNTED=0
 if ! mkns "$SW"; then
-  skip "cannot create a network namespace here ($(ip netns add "nb${TAG}xx" 2>&1 | head -1))"
+  skip "cannot create a network namespace here ($(printf '%s' "${MKNS_ERR:-unknown error}" | head -1))"
 fi
 [ "$MODE" = check ] && exit 0
 
