@@ -16,40 +16,6 @@
 
 static char *cli(void) { return getenv("DT_CLI"); }
 
-/* The "loss" values of the step records in a metrics file, in order. */
-static int step_losses(const char *path, double *out, int cap)
-{
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[k] = 0;
-    int n = 0;
-    for (char *p = buf; (p = strstr(p, "\"event\":\"step\"")) && n < cap; p++) {
-        char *l = strstr(p, "\"loss\":");
-        char *e = strchr(p, '\n');
-        if (l && (!e || l < e))
-            out[n++] = atof(l + 7);
-    }
-    return n;
-}
-
-static bool same_losses(const double *a, int na, const double *b, int nb)
-{
-    if (na != nb || na < 2) {
-        fprintf(stderr, "%d vs %d step records\n", na, nb);
-        return false;
-    }
-    for (int i = 0; i < na; i++)
-        if (!(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]) + 1e-7)) {
-            fprintf(stderr, "step record %d: loss %.9g vs %.9g\n", i, a[i], b[i]);
-            return false;
-        }
-    return true;
-}
-
 /* dtrain [run -n ranks --] train --model mlp ... [--tp tp] with metrics into m. */
 static void run_mlp(cli_result *r, int ranks, const char *tp, const char *m)
 {
@@ -88,9 +54,9 @@ TEST(mlp_tp2_equals_one_process)
     ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
     ASSERT_STR_CONTAINS(r.out, "[0] training mlp (1024 parameters in this rank's slice)"); /* 16 x 64 x 2 / 2 */
     double a[64], b[64];
-    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 16);
-    ASSERT(same_losses(a, na, b, nb));
+    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
 }
 
 TEST(mlp_tp2_dp2_equals_ddp)
@@ -107,9 +73,9 @@ TEST(mlp_tp2_dp2_equals_ddp)
                                "data-parallel groups");
     ASSERT_STR_CONTAINS(r.out, "[0] DDP: 2 ranks");
     double a[64], b[64];
-    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 8);
-    ASSERT(same_losses(a, na, b, nb));
+    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
 }
 
 static double val_loss(const char *out)
@@ -152,9 +118,9 @@ TEST(gpt_tp2_equals_one_process)
     fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
     double a[64], b[64];
-    int na = step_losses(m2, a, 64), nb = step_losses(m1, b, 64);
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 6);
-    ASSERT(same_losses(a, na, b, nb));
+    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
 }
 
 TEST(tp_option_errors)

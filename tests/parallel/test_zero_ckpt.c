@@ -18,30 +18,12 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/kernels.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_tmp[256];
-
-static const char *tmpdir(void)
-{
-    if (!g_tmp[0]) {
-        const char *b = getenv("TMPDIR");
-        snprintf(g_tmp, sizeof g_tmp, "%s/dt_zckpt_XXXXXX", b && *b ? b : "/tmp");
-        if (!mkdtemp(g_tmp))
-            g_tmp[0] = 0;
-    }
-    return g_tmp;
-}
-
-static void rm_rf(const char *p)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
-    if (system(cmd) != 0)
-        fprintf(stderr, "warning: could not remove %s\n", p);
-}
+static const char *tmpdir(void) { return t_tmpdir("zckpt"); }
 
 /* Linear(8,16) ReLU Linear(16,5) ReLU Linear(5,4) in dt. */
 static dt_model *ck_model(dt_dtype dt)
@@ -330,6 +312,6 @@ int main(void)
     RUN(zero_bf16_resume_exact);
     RUN(reshard_zero3_ddp_one_back);
     RUN(bf16_checkpoint_into_f32_and_back);
-    rm_rf(tmpdir());
+    t_rm_rf(tmpdir());
     return TEST_REPORT();
 }

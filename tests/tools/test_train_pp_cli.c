@@ -15,26 +15,6 @@
 
 static char *cli(void) { return getenv("DT_CLI"); }
 
-/* The "loss" values of the step records in a metrics file, in order. */
-static int step_losses(const char *path, double *out, int cap)
-{
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[k] = 0;
-    int n = 0;
-    for (char *p = buf; (p = strstr(p, "\"event\":\"step\"")) && n < cap; p++) {
-        char *l = strstr(p, "\"loss\":");
-        char *e = strchr(p, '\n');
-        if (l && (!e || l < e))
-            out[n++] = atof(l + 7);
-    }
-    return n;
-}
-
 static void run_model(cli_result *r, int ranks, const char *model, char *const *extra, const char *m)
 {
     char *mlp[] = {"--mlp-dim", "16", "--mlp-hidden", "64", NULL};
@@ -63,17 +43,8 @@ static void run_model(cli_result *r, int ranks, const char *model, char *const *
 static bool same_losses(const char *pa, const char *pb)
 {
     double a[64], b[64];
-    int na = step_losses(pa, a, 64), nb = step_losses(pb, b, 64);
-    if (na != nb || na < 2) {
-        fprintf(stderr, "%d vs %d step records\n", na, nb);
-        return false;
-    }
-    for (int i = 0; i < na; i++)
-        if (!(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]) + 1.5e-6)) { /* %.6f in the file */
-            fprintf(stderr, "step record %d: loss %.9g vs %.9g\n", i, a[i], b[i]);
-            return false;
-        }
-    return true;
+    int na = cli_step_losses(pa, a, 64), nb = cli_step_losses(pb, b, 64);
+    return cli_same_losses(a, na, b, nb, 1.5e-6); /* %.6f in the file */
 }
 
 TEST(mlp_pp2_equals_one_process)

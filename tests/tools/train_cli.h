@@ -4,6 +4,7 @@
 #define DT_TEST_TRAIN_CLI_H
 
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -139,6 +140,43 @@ static inline bool same_file(const char *a, const char *b)
     if (fb)
         fclose(fb);
     return same;
+}
+
+/* The "loss" values of the step records in a metrics file (--metrics), in
+ * order: how many (at most cap), -1 when the file cannot be read. */
+static inline int cli_step_losses(const char *path, double *out, int cap)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    int n = 0;
+    for (char *p = buf; (p = strstr(p, "\"event\":\"step\"")) && n < cap; p++) {
+        char *l = strstr(p, "\"loss\":");
+        char *e = strchr(p, '\n');
+        if (l && (!e || l < e))
+            out[n++] = atof(l + 7);
+    }
+    return n;
+}
+
+/* Two runs' step losses agree: the same count (at least 2) and each pair
+ * within 1e-5 relative plus abs_tol (say why on stderr when not). */
+static inline bool cli_same_losses(const double *a, int na, const double *b, int nb, double abs_tol)
+{
+    if (na != nb || na < 2) {
+        fprintf(stderr, "%d vs %d step records\n", na, nb);
+        return false;
+    }
+    for (int i = 0; i < na; i++)
+        if (!(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]) + abs_tol)) {
+            fprintf(stderr, "step record %d: loss %.9g vs %.9g\n", i, a[i], b[i]);
+            return false;
+        }
+    return true;
 }
 
 #endif

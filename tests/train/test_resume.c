@@ -8,6 +8,7 @@
  * order cannot be kept. */
 #include "model_util.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include "dtrain/data.h"
 #include "dtrain/train.h"
@@ -19,26 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_tmp[256];
-
-static const char *tmpdir(void)
-{
-    if (!g_tmp[0]) {
-        const char *b = getenv("TMPDIR");
-        snprintf(g_tmp, sizeof g_tmp, "%s/dt_resume_XXXXXX", b && *b ? b : "/tmp");
-        if (!mkdtemp(g_tmp))
-            g_tmp[0] = 0;
-    }
-    return g_tmp;
-}
-
-static void rm_rf(const char *p)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
-    if (system(cmd) != 0)
-        fprintf(stderr, "warning: could not remove %s\n", p);
-}
+static const char *tmpdir(void) { return t_tmpdir("resume"); }
 
 /* Entries of dir not starting with "." */
 static int count_entries(const char *dir)
@@ -289,7 +271,7 @@ static void check_resume_files(dt_optim_kind kind, int64_t at, bool async)
     dt_trainer_run_state_free(user);
     rig_free(&a);
     rig_free(&b);
-    rm_rf(dir);
+    t_rm_rf(dir);
 }
 
 TEST(files_sgd_bit_identical) { check_resume_files(DT_OPTIM_SGD, 19, false); }
@@ -356,7 +338,7 @@ TEST(files_keep_and_bad_checkpoints)
     rig_free(&a);
     rig_free(&b);
     rig_free(&s);
-    rm_rf(dir);
+    t_rm_rf(dir);
 }
 
 TEST(loader_starts_mid_epoch)
@@ -477,6 +459,6 @@ int main(void)
     RUN(files_sgd_bit_identical);
     RUN(files_adamw_async_bit_identical);
     RUN(files_keep_and_bad_checkpoints);
-    rm_rf(tmpdir());
+    t_rm_rf(tmpdir());
     return TEST_REPORT();
 }
