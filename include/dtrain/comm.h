@@ -491,6 +491,17 @@ DT_API dt_status dt_pg_allgather_blocks_async(dt_pg *pg, const void *send, void 
 DT_API dt_status dt_pg_allgather_blocks(dt_pg *pg, const void *send, void *recv,
                                         const dt_pg_block *rblocks, dt_dtype dt);
 
+/* Reduce-scatter from a layout: block j of send is sblocks[j] (count
+ * elements each, as in dt_pg_reduce_scatter); rank r's recv (count,
+ * contiguous) = op over ranks of their block r. Not in place. */
+DT_API dt_status dt_pg_reduce_scatter_blocks_async(dt_pg *pg, const void *send,
+                                                   const dt_pg_block *sblocks, void *recv,
+                                                   size_t count, dt_dtype dt, dt_reduce_op op,
+                                                   dt_req **req);
+DT_API dt_status dt_pg_reduce_scatter_blocks(dt_pg *pg, const void *send,
+                                             const dt_pg_block *sblocks, void *recv, size_t count,
+                                             dt_dtype dt, dt_reduce_op op);
+
 /* All-to-all through layouts: sblocks[j] of send (count elements) goes to
  * rank j; the count elements from rank j land at rblocks[j] of recv. Every
  * block holds exactly count elements (as in dt_pg_alltoall; use
@@ -560,7 +571,8 @@ typedef struct dt_coll {
      * otherwise, and for contiguous buffers): allgatherv: rblocks[r] is
      * where rank r's block lands in recv (instead of displs[r]); alltoall:
      * sblocks[j] / rblocks[j] are block j of send / recv (instead of
-     * send + j * count, recv + j * count). */
+     * send + j * count, recv + j * count); reduce_scatter: sblocks[j] is
+     * block j of send. */
     const struct dt_pg_block *sblocks, *rblocks;
     uint64_t seq;          /* sequence number (collectives: per group; p2p: per peer pair) */
     double timeout_s;      /* the group's per-operation timeout */

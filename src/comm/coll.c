@@ -844,6 +844,57 @@ dt_status dt_pg_alltoall_blocks(dt_pg *pg, const void *send, const dt_pg_block *
     return alltoall_blocks(pg, send, sblocks, recv, rblocks, count, dt, NULL);
 }
 
+static dt_status rsb_pack(dt_req *r)
+{
+    blk_state *x = r->xf;
+    for (int j = 0; j < x->W; j++)
+        dt__blk_copy(x->tmp, NULL, (size_t)j * x->count, x->user_send, &x->sb[j], 0, x->count,
+                     x->es);
+    return DT_OK;
+}
+
+static dt_status reduce_scatter_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                       void *recv, size_t count, dt_dtype dt, dt_reduce_op op,
+                                       dt_req **req)
+{
+    const char *fn = "dt_pg_reduce_scatter_blocks";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    int W = pg->size;
+    CHK(check_size(fn, count, (size_t)W, dt, recv, NULL));
+    CHK(check_blocks(fn, "sblocks", sblocks, W, dt, send, count, NULL));
+    CHK(need(recv, count, fn, "recv"));
+    if (count && send == recv)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: send and recv are the same buffer (not in "
+                        "place)", fn);
+    /* a hierarchical group runs the flat form on its packed copy */
+    int native = (pg->ops->kinds & DT_BACKEND_LAYOUTS) && !pg->hier;
+    blk_state *x = blk_new(W, dt_dtype_size(dt), native ? 0 : (size_t)W * count);
+    if (!x)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    memcpy(x->sb, sblocks, (size_t)W * sizeof *sblocks);
+    x->user_send = send;
+    x->count = count;
+    dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, native ? send : x->tmp, recv, count, dt);
+    c.op = op;
+    if (native)
+        c.sblocks = x->sb;
+    return blk_post(pg, &c, native ? NULL : rsb_pack, NULL, x, req);
+}
+dt_status dt_pg_reduce_scatter_blocks_async(dt_pg *pg, const void *send,
+                                            const dt_pg_block *sblocks, void *recv, size_t count,
+                                            dt_dtype dt, dt_reduce_op op, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_reduce_scatter_blocks_async: NULL req");
+    return reduce_scatter_blocks(pg, send, sblocks, recv, count, dt, op, req);
+}
+dt_status dt_pg_reduce_scatter_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                      void *recv, size_t count, dt_dtype dt, dt_reduce_op op)
+{
+    return reduce_scatter_blocks(pg, send, sblocks, recv, count, dt, op, NULL);
+}
+
 /* ---- barrier ---- */
 static dt_status barrier(dt_pg *pg, dt_req **req)
 {

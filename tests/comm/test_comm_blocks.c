@@ -5,7 +5,8 @@
  * what the mpi backend gets), and on self at world size 1; world sizes 1-4
  * and 8; uneven chunks (zero-length ones included) for the all-gather;
  * f32, f16, u8 and f64; messages in the slot, staged in one piece, and
- * staged in many pieces that cut runs (DT_SHM_STAGING_KB=16); the async
+ * staged in many pieces that cut runs; dt_pg_reduce_scatter_blocks (sum,
+ * max) likewise (DT_SHM_STAGING_KB=16); the async
  * forms beside another request; and bad arguments. */
 // dt-test-timeout: 300
 #include "comm/harness.h"
@@ -135,6 +136,55 @@ static int a2a_body(int rank, int W, void *arg)
     return 0;
 }
 
+/* Reduce-scatter from the a2a_case send layout: element i of block j on
+ * rank s is (i + j) % 5 + s; sum and max (exact in u8 for 8 ranks). */
+static int rs_body(int rank, int W, void *arg)
+{
+    const a2a_case *k = arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, W == 1 ? NULL : k->backend, &pg));
+    size_t count = (size_t)(k->A * k->L * k->B);
+    dt_pg_block sb[8];
+    for (int j = 0; j < W; j++)
+        sb[j] = (dt_pg_block){(size_t)(j * k->L * k->B), (size_t)k->A, (size_t)(k->L * k->B),
+                              (size_t)(W * k->L * k->B)};
+    for (int d = 0; d < NDT; d++) {
+        dt_dtype dt = k_dts[d];
+        size_t es = dt_dtype_size(dt), tot = (size_t)W * count;
+        char *send = malloc(tot * es + 1), *recv = malloc(count * es + 1);
+        TH_CHECK(send && recv, "oom");
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < count; i++) {
+                size_t at = sb[j].off + i / sb[j].run * sb[j].stride + i % sb[j].run;
+                dt_dtype_store(dt, send, at, (double)((i + (size_t)j) % 5 + (size_t)rank));
+            }
+        for (int o = 0; o < 2; o++) {
+            dt_reduce_op op = o ? DT_REDUCE_MAX : DT_REDUCE_SUM;
+            for (size_t i = 0; i < count; i++)
+                dt_dtype_store(dt, recv, i, 99);
+            if (d % 2) {
+                dt_req *rq;
+                TH_OK(dt_pg_reduce_scatter_blocks_async(pg, send, sb, recv, count, dt, op, &rq));
+                TH_OK(dt_req_wait(rq, -1));
+                dt_req_free(rq);
+            } else {
+                TH_OK(dt_pg_reduce_scatter_blocks(pg, send, sb, recv, count, dt, op));
+            }
+            for (size_t i = 0; i < count; i++) {
+                double b = (double)((i + (size_t)rank) % 5), want = o ? b + W - 1 : W * b + W * (W - 1) / 2;
+                TH_CHECK(dt_dtype_load(dt, recv, i) == want,
+                         "%s reduce_scatter_blocks W=%d %s %s: [%zu] = %g, want %g",
+                         k->backend ? k->backend : "shm", W, dt_dtype_name(dt),
+                         dt_reduce_op_name(op), i, dt_dtype_load(dt, recv, i), want);
+            }
+        }
+        free(send);
+        free(recv);
+    }
+    dt_pg_free(pg);
+    return 0;
+}
+
 static void register_plain_shm(void)
 {
     dt_backend_ops ops = *dt_backend_find("shm");
@@ -175,10 +225,11 @@ TEST(allgather_blocks_many_pieces)
     ASSERT_EQ_INT(th_run(3, 120, ag_body, &c, NULL), 0);
     a2a_case d = {7, 5, 19, 35, 1, 19, NULL};
     ASSERT_EQ_INT(th_run(3, 120, a2a_body, &d, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 120, rs_body, &d, NULL), 0);
     unsetenv("DT_SHM_STAGING_KB");
 }
 
-TEST(alltoall_blocks_values)
+TEST(alltoall_and_reduce_scatter_blocks_values)
 {
     register_plain_shm();
     static const int sizes[] = {1, 2, 3, 4, 8};
@@ -192,6 +243,8 @@ TEST(alltoall_blocks_values)
                 const int64_t *x = shapes[s];
                 a2a_case c = {x[0], x[1], x[2], x[3], x[4], x[5], k_backends[b]};
                 int rc = th_run(sizes[k], 120, a2a_body, &c, NULL);
+                if (!rc)
+                    rc = th_run(sizes[k], 120, rs_body, &c, NULL);
                 if (rc)
                     fprintf(stderr, "world %d, shape %zu, backend %s: rc %d\n", sizes[k], s,
                             b ? k_backends[b] : "shm", rc);
@@ -222,6 +275,15 @@ TEST(blocks_bad_arguments)
     ASSERT(strstr(dt_last_error(), "not count 3"));
     ASSERT_STATUS(dt_pg_alltoall_blocks(pg, x, &ok, x, &ok, 4, DT_F32), DT_ERR_INVALID_ARG);
     ASSERT_STATUS(dt_pg_alltoall_blocks(pg, x, NULL, y, &ok, 4, DT_F32), DT_ERR_NULL);
+    ASSERT_STATUS(dt_pg_reduce_scatter_blocks(pg, x, &ok, y, 4, DT_F32, (dt_reduce_op)99),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_pg_reduce_scatter_blocks(pg, x, &overlap, y, 6, DT_F32, DT_REDUCE_SUM),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_pg_reduce_scatter_blocks_async(pg, x, &ok, y, 4, DT_F32, DT_REDUCE_SUM, NULL),
+                  DT_ERR_NULL);
+    float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, z[4] = {0};
+    ASSERT_OK(dt_pg_reduce_scatter_blocks(pg, xs, &ok, z, 4, DT_F32, DT_REDUCE_SUM));
+    ASSERT(z[0] == 1 && z[1] == 2 && z[2] == 5 && z[3] == 6);
     /* valid: the strided 2 x 2 box of x lands strided in y */
     dt_pg_block to = {1, 2, 2, 3};
     ASSERT_OK(dt_pg_alltoall_blocks(pg, x, &ok, y, &to, 4, DT_F32));
@@ -236,7 +298,7 @@ int main(void)
 {
     RUN(blocks_bad_arguments);
     RUN(allgather_blocks_values);
-    RUN(alltoall_blocks_values);
+    RUN(alltoall_and_reduce_scatter_blocks_values);
     RUN(allgather_blocks_many_pieces);
     return TEST_REPORT();
 }
