@@ -208,6 +208,8 @@ TEST(allgather_blocks_values)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 if (b && sizes[k] != 2 && sizes[k] != 3)
                     continue; /* the pack/unpack path: two sizes are enough */
+                if (sizes[k] == 8 && s + 1 == sizeof shapes / sizeof shapes[0])
+                    continue; /* the largest shape: sizes up to 4 (time) */
                 ag_case c = {shapes[s][0], shapes[s][1], shapes[s][2], k_backends[b]};
                 int rc = th_run(sizes[k], 120, ag_body, &c, NULL);
                 if (rc)
@@ -240,6 +242,8 @@ TEST(alltoall_and_reduce_scatter_blocks_values)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 if (b && sizes[k] != 2 && sizes[k] != 3)
                     continue; /* the pack/unpack path: two sizes are enough */
+                if (sizes[k] == 8 && s + 1 == sizeof shapes / sizeof shapes[0])
+                    continue; /* the largest shape: sizes up to 4 (time) */
                 const int64_t *x = shapes[s];
                 a2a_case c = {x[0], x[1], x[2], x[3], x[4], x[5], k_backends[b]};
                 int rc = th_run(sizes[k], 120, a2a_body, &c, NULL);
