@@ -85,6 +85,15 @@
  * rank*count elements for allgather, recv == send + rank*count elements for
  * reduce_scatter.
  *
+ * Strided layouts: dt_pg_allgather_blocks, dt_pg_reduce_scatter_blocks and
+ * dt_pg_alltoall_blocks read and write each rank's block as runs of a
+ * strided box (dt_pg_block) in place, e.g. a gather along an inner dim of
+ * a row-major tensor straight into the full tensor:
+ *     dt_pg_block b[W];                       // rank r holds [A, len_r, B]
+ *     for (int r = 0; r < W; r++)             //   of [A, n, B] at st_r
+ *         b[r] = (dt_pg_block){st[r] * B, A, len[r] * B, n * B};
+ *     dt_pg_allgather_blocks(pg, mine, full, b, DT_F32);
+ *
  * Shared buffers: dt_pg_alloc() returns memory that every rank of the group
  * on this machine can read (for shm, the group's segment). Collectives whose
  * buffers come from dt_pg_alloc() on every rank take a zero-copy path that
