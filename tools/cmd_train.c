@@ -113,7 +113,7 @@ static int fail(int code, const char *what)
     return code;
 }
 
-/* --precision, --reduce-dtype, --keep-bn-fp32 as a policy (train.h). */
+/* --precision, --reduce-dtype, --keep-bn-fp32, --buffer-dtype as a policy (train.h). */
 static int precision_policy(const dt__train_opts *o, dt_precision_policy *p)
 {
     if (dt_precision_policy_parse(o->precision, p) < 0)
@@ -125,6 +125,12 @@ static int precision_policy(const dt__train_opts *o, dt_precision_policy *p)
         p->reduce_dtype = r.param_dtype;
     }
     p->keep_batchnorm_fp32 = strcmp(o->keep_bn_fp32, "false") != 0;
+    if (o->buffer_dtype) {
+        dt_precision_policy r;
+        if (dt_precision_policy_parse(o->buffer_dtype, &r) < 0)
+            return fail(2, "--buffer-dtype");
+        p->buffer_dtype = r.param_dtype;
+    }
     return 0;
 }
 
@@ -208,6 +214,7 @@ static int setup_model(trainer *t)
         return 2;
     cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
     cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
+    cfg.build.buffer_dtype = pol.buffer_dtype == DT_DTYPE_UNSET ? DT_F32 : pol.buffer_dtype;
     cfg.build.f32_modules = pol.f32_modules;
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)

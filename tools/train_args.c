@@ -157,6 +157,9 @@ static const opt_def opts[] = {
      "dtype of the gradient all-reduce (default: the --precision's)"},
     {"keep-bn-fp32", OPT_CHOICE, OFF(keep_bn_fp32), 0, 0, "true|false", "BOOL",
      "with bf16/fp16: batch-norm parameters stay f32 (default true)"},
+    {"buffer-dtype", OPT_CHOICE, OFF(buffer_dtype), 0, 0, "fp32|bf16|fp16", "P",
+     "dtype of the buffers (batch-norm running statistics; FSDP's buffer_dtype), except batch norm's under "
+     "--keep-bn-fp32 true (default fp32)"},
     {"loss-scale", OPT_FLOAT, OFF(loss_scale), 0, 1e30, NULL, "X",
      "loss scale: 0 = dynamic (the default with fp16), X > 0 = static"},
     {"initial-scale-power", OPT_INT, OFF(initial_scale_power), 0, 127, NULL, "N",

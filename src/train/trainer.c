@@ -283,6 +283,35 @@ static dt_status check_policy(dt_trainer *tr)
                     dt_dtype_name(want), dt_dtype_name(want), dt_dtype_name(tr->P->dtype), dt_dtype_name(want));
 }
 
+/* The buffers must be in the policy's buffer_dtype where the model casts
+ * them (dt_model_build_params.buffer_dtype; batch norm's stay f32 under
+ * keep_batchnorm_fp32, so only a policy without it is checked for a
+ * missing cast). */
+static dt_status check_buffer_policy(dt_trainer *tr)
+{
+    const dt_dtype want = tr->p.precision.buffer_dtype;
+    if (want == DT_DTYPE_UNSET)
+        return DT_OK;
+    size_t n[DT_DTYPE_COUNT] = {0};
+    static const dt_dtype fl[3] = {DT_F32, DT_BF16, DT_F16};
+    for (int d = 0; d < 3; d++) {
+        const dt_flat *b = dt_model_flat(tr->m, DT_FLAT_BUFFERS, fl[d]);
+        n[fl[d]] = b ? b->used : 0;
+    }
+    for (int d = 0; d < 3; d++)
+        if (fl[d] != want && fl[d] != DT_F32 && n[fl[d]])
+            goto bad;
+    if (want != DT_F32 && !n[want] && n[DT_F32] && !tr->p.precision.keep_batchnorm_fp32)
+        goto bad;
+    return DT_OK;
+bad:
+    return dt_error(DT_ERR_UNSUPPORTED,
+                    "dt_trainer_init: the precision policy keeps buffers in %s but the model holds them in %s%s%s: "
+                    "build the model with buffer_dtype %s",
+                    dt_dtype_name(want), n[DT_F32] ? "f32 " : "", n[DT_BF16] ? "bf16 " : "", n[DT_F16] ? "f16" : "",
+                    dt_dtype_name(want));
+}
+
 /* The loss scaler: params.scaler under use_scaler, a static one for
  * loss_scale != 1, else none. */
 static dt_status make_scaler(dt_trainer *tr)
@@ -385,7 +414,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         tr->rg = tr->ranges;
         tr->nrg = (size_t)tr->nrange;
     }
-    if ((st = make_scaler(tr)) < 0)
+    if ((st = check_buffer_policy(tr)) < 0 || (st = make_scaler(tr)) < 0)
         goto fail;
     if ((st = build_optimizer(tr)) < 0 || (st = reserve_micro(tr, (int)p.grad_accum)) < 0)
         goto fail;

@@ -47,7 +47,7 @@ TEST(help_contents)
         ASSERT_STR_CONTAINS(r.out, ck[i]);
     /* mixed precision (issue 12) */
     const char *mp[] = {"--precision {fp32|bf16|fp16}", "--reduce-dtype {fp32|bf16|fp16}",
-                        "--keep-bn-fp32 {true|false}", "--loss-scale X", "--initial-scale-power N",
+                        "--keep-bn-fp32 {true|false}", "--buffer-dtype {fp32|bf16|fp16}", "--loss-scale X", "--initial-scale-power N",
                         "--loss-scale-window N", "--hysteresis N", "--min-loss-scale X",
                         "--scaler {deepspeed|torch}"};
     for (int i = 0; i < 9; i++)
