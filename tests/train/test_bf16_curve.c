@@ -3,7 +3,7 @@
  * tolerance). Two runs from the same initial values and batches, one in
  * f32 and one with bf16 parameters (fp32 master weights in the optimizer,
  * the forward and backward under bf16 autocast):
- *   - GPT-2 "gpt-micro" (2 blocks, width 64, 512 tokens), AdamW, 30 steps
+ *   - GPT-2 "gpt-micro" (2 blocks, width 64, 512 tokens), AdamW, 20 steps
  *     of next-token prediction on a fixed learnable sequence: every step's
  *     bf16 loss within 2% + 0.01 of the f32 loss, and both curves fall
  *     below 60% of their start;
@@ -13,7 +13,8 @@
  * 0.4%); each matmul rounds its inputs once and accumulates in f32, so a
  * forward through a few layers differs by a few 2^-8 relative, and the
  * weights, stepped in f32, drift apart only by the rounded gradients'
- * differences. The bounds are about 3x the differences seen here. */
+ * differences. The bounds are 3x or more the differences seen here (GPT:
+ * at most 0.6% over 20-40 steps; MLP: 0.15% of the scale). */
 #include "test.h"
 
 #include "dtrain/models.h"
@@ -24,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GPT_STEPS 30
+#define GPT_STEPS 20
 #define MLP_STEPS 20
-#define B 4
+#define B 2
 #define T 32
 
 static void run_gpt(dt_dtype pdt, float *loss)
