@@ -241,7 +241,10 @@ static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
     int64_t Vl;
     dt_tp_vocab_range(tp, V, NULL, NULL, &Vl);
     dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, C}, .init = DT_NN_INIT_KAIMING, .tp_dim = 1};
-    return dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+    dt_module *m = dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+    if (m) /* dt_tp_full_shape: V rows in full */
+        m->in = V, m->out = C;
+    return m;
 }
 
 static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp)

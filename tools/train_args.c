@@ -481,12 +481,9 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
-                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
-                         : o->save || o->resume ? "--save/--resume (checkpoints of tensor-parallel training are "
-                                                  "not written yet)"
-                         : o->init_from ? "--init-from"
-                         : o->clip_grad_norm > 0 ? "--clip-grad-norm (the global norm over the slices is not "
-                                                   "computed yet)"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp
+                             ? "--zero/--fsdp (ZeRO over the data-parallel ranks of a tensor-parallel model is not "
+                               "composed yet; the data-parallel dimension runs DDP)"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload" : NULL;
