@@ -23,7 +23,12 @@
  * rank, padding zero) and the tied head gives the rank's logits for the
  * vocabulary-parallel cross-entropy. Layer norms, wpe and row-parallel
  * biases are whole on every rank. Names and the single-process values
- * (dt_model_init_tp) stay; only shapes are the rank's. */
+ * (dt_model_init_tp) stay; only shapes are the rank's. Dropout: the
+ * embedding, residual and MLP dropouts act on activations that are whole
+ * and equal on every rank (after g), with the same key: the same masks on
+ * every rank, the single-process ones; the attention dropout draws, for the
+ * rank's heads, their part of the single-process mask (dt_attention_heads).
+ * So a --tp run with dropout equals the single-process run within rounding. */
 #include "nn/nn_impl.h"
 #include "zoo.h"
 #include "dtrain/tp.h"
@@ -94,7 +99,11 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     if (!qkv)
         return NULL;
     dt_rng_key key = dt__module_dropout_key(drop);
-    dt_tensor *y = dt_attention(ctx, qkv, self->k, true, drop->p, drop->training, key);
+    /* tensor parallel: the rank's heads, with their part of the full layer's
+     * dropout mask (the key is the same on every rank: the same module) */
+    dt_pg *tp = dt_tp_module_group(child(self, "c_attn"));
+    const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * self->k : 0;
+    dt_tensor *y = dt_attention_heads(ctx, qkv, self->k, h0, self->k * t, true, drop->p, drop->training, key);
     y = dt_module_forward(ctx, child(self, "c_proj"), y);
     return dt_module_forward(ctx, child(self, "resid_dropout"), y);
 }
@@ -252,9 +261,6 @@ static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp)
     if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
                         "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));
-    if (tp && g->dropout > 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with tensor parallelism is not supported yet (the "
-                        "attention dropout would need per-rank streams)", (double)g->dropout);
     if (g->n_layer < 1 || g->n_head < 1 || g->n_embd < 1 || g->block_size < 1 || g->vocab_size < 1)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_layer, n_head, n_embd, block_size and vocab_size must be >= 1 "
                         "(got %lld, %lld, %lld, %lld, %lld)", (long long)g->n_layer, (long long)g->n_head,

@@ -55,6 +55,27 @@
  * cross-entropy takes the loss from them with three small all-reduces
  * (max, sum of exp, target logit) without ever forming the full logits.
  *
+ * Training state. The trainer (train.h) finds the group from the model
+ * (dt_tp_model_group: the tp.h modules carry it; a custom module with
+ * sliced specs declares it with dt_tp_module_set_group) and then:
+ *  - checkpoints (dt_trainer_save/load, `--save`/`--resume`/`--init-from`)
+ *    hold every tensor whole under its global name and shape: the
+ *    tensor-parallel group of data-parallel rank 0 saves collectively, each
+ *    rank the contiguous share r of ceil(N/t) elements of each full tensor
+ *    (gathered over the group with dt_tp_gather_full, one tensor at a
+ *    time); loading reads the full tensor and keeps the rank's slice
+ *    (dt_tp_slice_get). So a checkpoint is the single-process one: it
+ *    loads at any tensor-parallel size and in one process, optimizer state
+ *    and fp32 masters included, and resuming at the same size is exact;
+ *  - the global gradient norm (clip_grad_norm, measure_grad_norm) sums the
+ *    slices' squares over the group and counts whole tensors once: the
+ *    single-process model's norm up to rounding;
+ *  - a loss-scaler overflow in one rank's slice skips the step on all.
+ * Not composed: ZeRO/FSDP over the data-parallel ranks of a
+ * tensor-parallel model (dt_trainer_init refuses it, naming the slice; use
+ * DDP), dropout in the zoo's GPT under tp (refused), sequence parallelism
+ * in the zoo's GPT.
+ *
  * Every op here is collective over tp: every rank of the group must call the
  * same ops in the same order with the same shapes (the group's mismatch
  * check names the difference). A group of one makes every op the plain

@@ -69,17 +69,42 @@ static inline void axpy(float a, const float *x, float *y, int64_t n)
         y[d] += a * x[d];
 }
 
-/* Whether dropout keeps element (bh, i, j). */
-static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
+/* Whether dropout keeps element (bh, i, j); bh = b H + h of the local
+ * heads, counted as head h0 + h of Ht in the mask (dt_k_attention_fwd_heads). */
+static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t H, int64_t h0, int64_t Ht, int64_t T, int64_t i,
+                        int64_t j)
 {
-    return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
+    const int64_t g = (bh / H) * Ht + h0 + bh % H;
+    return dt_rng_uniform(key, (uint64_t)((g * T + i) * T + j)) >= p;
+}
+
+static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
+{
+    if (h0 < 0 || Ht < H || h0 > Ht - H)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not within %lld heads", fn, (long long)h0,
+                        (long long)(h0 + H), (long long)Ht);
+    return DT_OK;
 }
 
 dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                              dt_rng_key key, float *y, float *lse)
 {
+    return dt_k_attention_fwd_heads(qkv, B, T, H, D, 0, H, causal, p, key, y, lse);
+}
+
+dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+{
+    return dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 0, H, causal, p, key, dqkv);
+}
+
+dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                   int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+{
     const char *fn = "dt_k_attention_fwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
@@ -124,7 +149,7 @@ dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, 
                     float e = expf(s[j - j0] - mx);
                     sum += e;
                     if (p > 0.0f)
-                        e = keep(key, p, bh, T, i, j) ? e * pscale : 0.0f;
+                        e = keep(key, p, bh, H, h0, Ht, T, i, j) ? e * pscale : 0.0f;
                     axpy(e, base + j * C3 + 2 * C + h * D, a, D);
                 }
                 l[r] = l[r] * corr + sum;
@@ -143,11 +168,14 @@ dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, 
     return DT_OK;
 }
 
-dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
-                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
+                                   dt_rng_key key, float *dqkv)
 {
     const char *fn = "dt_k_attention_bwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
@@ -179,7 +207,7 @@ dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse,
                     float P = expf(dot(q, k, D) * scale - L);
                     float dP = dot(g, v, D), Pd = P;
                     if (p > 0.0f) {
-                        bool kp = keep(key, p, bh, T, i, j);
+                        bool kp = keep(key, p, bh, H, h0, Ht, T, i, j);
                         Pd = kp ? P * pscale : 0.0f;
                         dP = kp ? dP * pscale : 0.0f;
                     }

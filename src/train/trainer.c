@@ -336,7 +336,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice of a module with no "
                         "group (dt_tp_module_set_group): the global gradient norm cannot be taken", sl);
     }
-    if (sl && dt_strategy_zero(s)) {
+    if (sl && (s->ops.optim_ranges || s->ops.owned_range)) { /* a strategy that shards (ZeRO, FSDP) */
         dt_strategy_free(s);
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO/FSDP over "
                         "the data-parallel ranks of a tensor-parallel model is not supported yet (use DDP)", sl);

@@ -8,6 +8,7 @@
  *    losses after k;
  *  - a --tp 2 checkpoint resumes in one process, and a one-process one
  *    under --tp 2, each ending where the one-process run ends (rounding);
+ *  - --init-from takes either layout's weights (the same step losses);
  *  - the GPT (column-parallel c_attn in 3 chunks, vocabulary 41 over 2 ranks:
  *    a padding row) does the same, with SGD and momentum;
  *  - --clip-grad-norm under --tp 2 clips by the full model's norm (slices
@@ -176,6 +177,16 @@ static void cross(const char *model, int total, int k, int ntensors)
     snprintf(c3, sizeof c3, "%s/%s", to2, step_n);
     ASSERT_EQ_INT(world_of(c3), 2);
     ASSERT(same_ckpt(c3, c1, false) >= ntensors);
+    if (adam) { /* --init-from (weights only): across the two layouts, the same losses */
+        char m1[600], m2[600];
+        snprintf(m1, sizeof m1, "%s_init1.jsonl", one);
+        snprintf(m2, sizeof m2, "%s_init2.jsonl", one);
+        ASSERT_EQ_INT(train(model, false, WITH("--init-from", c2, "--max-steps", "3", "--metrics", m1)), 0);
+        ASSERT_EQ_INT(train(model, true, WITH("--init-from", c1, "--max-steps", "3", "--metrics", m2)), 0);
+        na = cli_step_losses(m2, la, 64), nb = cli_step_losses(m1, lb, 64);
+        ASSERT_EQ_INT(na, 3);
+        ASSERT(cli_same_losses(la, na, lb, nb, 1e-7));
+    }
 #undef WITH
 }
 

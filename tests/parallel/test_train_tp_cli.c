@@ -1,7 +1,8 @@
 /* `dtrain train --tp N` under `dtrain run`: the tensor-parallel MLP on 2
  * ranks gives the single-process run's step losses; 4 ranks as 2 x 2
  * (tensor x data parallel) give the 2-rank DDP run's; a tensor-parallel
- * GPT on 2 ranks gives the single-process validation loss; and the option
+ * GPT on 2 ranks gives the single-process step and validation losses, with
+ * dropout too (the same masks); and the option
  * errors (no launcher, a --tp that does not divide the ranks, convnet,
  * ZeRO) are one line with exit 2. Losses are compared within float
  * rounding (relative 1e-5: the runs add the same products in another
@@ -84,22 +85,25 @@ static double val_loss(const char *out)
     return p ? atof(p + 10) : NAN;
 }
 
-TEST(gpt_tp2_equals_one_process)
+/* The GPT on 2 tensor-parallel ranks against one process: the step losses
+ * (and the validation loss) within float rounding; with dropout > 0 too
+ * (the same masks: see models/gpt2.c). */
+static void gpt_tp2(const char *dropout)
 {
     static cli_result r;
-    char train_bin[300], data[320], m1[300], m2[300];
+    char train_bin[300], data[320], m1[400], m2[400];
     uint16_t tok[2000];
     for (int i = 0; i < 2000; i++)
         tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
     snprintf(train_bin, sizeof train_bin, "%s/tok.bin", cli_tmpdir());
     ASSERT_EQ_INT(dt_tokens_write(train_bin, tok, 2000), DT_OK);
     snprintf(data, sizeof data, "tokens:%s", train_bin);
-    snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
-    snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
+    snprintf(m1, sizeof m1, "%s/g1_%s.jsonl", cli_tmpdir(), dropout);
+    snprintf(m2, sizeof m2, "%s/g2_%s.jsonl", cli_tmpdir(), dropout);
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
                    "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
-                   "--log-every", "1", "--metrics", m1, NULL};
+                   "--log-every", "1", "--metrics", m1, "--dropout", (char *)dropout, NULL};
     cli_runv(&r, 200, NULL, one);
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
@@ -121,6 +125,27 @@ TEST(gpt_tp2_equals_one_process)
     int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+}
+
+TEST(gpt_tp2_equals_one_process) { gpt_tp2("0"); }
+
+/* dropout 0.2 in the embedding, attention, residual and MLP dropouts: the
+ * losses equal one process's with the same masks, and differ from the runs
+ * without dropout (the masks act; runs after gpt_tp2_equals_one_process) */
+TEST(gpt_tp2_dropout_equals_one_process)
+{
+    gpt_tp2("0.2");
+    char m0[300], m2[300];
+    snprintf(m0, sizeof m0, "%s/g1_0.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/g1_0.2.jsonl", cli_tmpdir());
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m0, b, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT_EQ_INT(nb, 6);
+    int differ = 0;
+    for (int i = 0; i < na; i++)
+        differ += fabs(a[i] - b[i]) > 1e-3;
+    ASSERT(differ > 0);
 }
 
 TEST(tp_option_errors)
@@ -151,6 +176,7 @@ int main(void)
     RUN(mlp_tp2_equals_one_process);
     RUN(mlp_tp2_dp2_equals_ddp);
     RUN(gpt_tp2_equals_one_process);
+    RUN(gpt_tp2_dropout_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }
