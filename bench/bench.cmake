@@ -36,3 +36,10 @@ set_target_properties(bench_pipe_bubble PROPERTIES OUTPUT_NAME pipe_bubble
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_pipe_bubble PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_pipe_bubble PRIVATE dtrain_static)
+# Checkpoint save/load throughput, the asynchronous-save stall and the peak
+# memory of a save (issue 14); bench/ckpt_bench.sh runs it beside dd.
+add_executable(bench_ckpt ${CMAKE_CURRENT_LIST_DIR}/ckpt_bench.c)
+set_target_properties(bench_ckpt PROPERTIES OUTPUT_NAME ckpt_bench
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_ckpt PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_ckpt PRIVATE dtrain_static)

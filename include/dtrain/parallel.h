@@ -522,7 +522,8 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  *
  * Units. A wrap policy splits the model into units (FSDP's auto_wrap_policy):
  * wrap_min_params (a module whose not-yet-wrapped parameter elements reach
- * it), wrap_module_type (every module of that type, e.g. each transformer
+ * it, unless it would split a tie: GPT-2's wte stays with lm_head in the
+ * parent's unit), wrap_module_type (every module of that type, e.g. each transformer
  * "Block"), or a predicate wrap_fn; the root is always a unit and takes the
  * rest. Each unit's parameters (its module's minus nested units') live in one
  * flat buffer (FSDP's FlatParameter): model order, each tensor 64-byte

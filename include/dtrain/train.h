@@ -562,7 +562,9 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * state (DDP, one process) rank 0 writes and the others wait without ever
  * sitting in one collective for the length of the write (the wait is a loop
  * of short agreements), so a slow disk never runs into the collective
- * timeout. With sharded state (ZeRO/FSDP) every rank writes the ranges it
+ * timeout; a synchronous save writes from the trainer's own memory (rank 0
+ * needs no second copy of the state), an asynchronous one from its staging
+ * copy. With sharded state (ZeRO/FSDP) every rank writes the ranges it
  * owns (its fp32 masters and optimizer state included) in one collective
  * dt_ckpt_save over all ranks; the index says which file holds which range
  * (that save must finish within DT_COMM_TIMEOUT). dir is created when

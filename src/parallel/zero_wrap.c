@@ -3,8 +3,9 @@
  *
  * Wrapping is bottom-up: a module (never the root) becomes a unit when the
  * policy accepts it given the parameter elements under it that no nested
- * unit took yet (min_num_params: that count >= the threshold; by type: its
- * type name; or the user's predicate). The root is always a unit and takes
+ * unit took yet (min_num_params: that count >= the threshold, unless one of
+ * the module's parameters is tied to one outside it; by type: its type
+ * name; or the user's predicate). The root is always a unit and takes
  * what is left. An entry belongs to the unit whose module path is the
  * longest prefix of its own module's path. Units whose modules hold no
  * parameter of their own are dropped (no hooks, no collectives). A module
@@ -33,6 +34,30 @@ static size_t own_numel(const dt_model *m, const dt_module *mod)
             n += e.numel;
     }
     return n;
+}
+
+/* Is module path a a prefix of b at a component boundary? ("" of all) */
+static bool path_prefix(const char *a, const char *b)
+{
+    size_t n = strlen(a);
+    if (!n)
+        return true;
+    return !strncmp(a, b, n) && (b[n] == '\0' || b[n] == '.');
+}
+
+/* Does a tie (lm_head.weight -> transformer.wte.weight) cross the border of
+ * mod's subtree, one side inside and the other outside? */
+static bool splits_tie(const dt_model *m, const dt_module *mod)
+{
+    const char *mp = dt_module_path(mod);
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info e, s;
+        if (dt_model_entry(m, i, &e) < 0 || e.tied_to < 0 || dt_model_entry(m, (size_t)e.tied_to, &s) < 0)
+            continue;
+        if (path_prefix(mp, dt_module_path(e.module)) != path_prefix(mp, dt_module_path(s.module)))
+            return true;
+    }
+    return false;
 }
 
 /* Pre-order slot first, then children, then the decision (bottom-up). */
@@ -67,7 +92,10 @@ static dt_status visit(const dt_model *m, dt_module *mod, const dt_zero_params *
             take = p->wrap_fn(p->wrap_ud, mod, sum);
         if (p->wrap_module_type && !strcmp(dt_module_type(mod), p->wrap_module_type))
             take = true;
-        if (p->wrap_min_params > 0 && sum >= p->wrap_min_params)
+        /* the size policy leaves a module whose tied twin lives outside it
+         * (GPT-2's wte, tied to lm_head) to its parent: a tie cannot span
+         * units; the explicit policies (type, predicate) get the error */
+        if (p->wrap_min_params > 0 && sum >= p->wrap_min_params && !splits_tie(m, mod))
             take = true;
     }
     w->wrap[slot] = root || take;
@@ -78,15 +106,6 @@ static dt_status visit(const dt_model *m, dt_module *mod, const dt_zero_params *
 /* f32, bf16, f16 -> 0, 1, 2 (the order of a module's units). */
 static int dclass(dt_dtype t) { return t == DT_BF16 ? 1 : t == DT_F16 ? 2 : 0; }
 static const dt_dtype k_dclass[3] = {DT_F32, DT_BF16, DT_F16};
-
-/* Is module path a a prefix of b at a component boundary? ("" of all) */
-static bool path_prefix(const char *a, const char *b)
-{
-    size_t n = strlen(a);
-    if (!n)
-        return true;
-    return !strncmp(a, b, n) && (b[n] == '\0' || b[n] == '.');
-}
 
 void dt__zero_free_units(dt_zero *z)
 {

@@ -19,11 +19,14 @@
  *
  * Who writes. Under DDP (and with one process) every rank holds the whole
  * model and optimizer state, so rank 0 writes and the others only agree on
- * the outcome. Rank 0 first copies everything into a staging buffer (one
- * copy of the flats and the optimizer state), then a background thread
- * writes it (dt_ckpt_save of this process alone). A synchronous save then
- * waits for that thread, and an asynchronous one returns at once (the next
- * save, dt_trainer_save_wait or dt_trainer_free waits for it). Waiting is a
+ * the outcome. A background thread of rank 0 writes (dt_ckpt_save of this
+ * process alone). An asynchronous save first copies everything into a
+ * staging buffer (one copy of the flats and the optimizer state: the
+ * training goes on changing the originals) and returns at once (the next
+ * save, dt_trainer_save_wait or dt_trainer_free waits for it); a
+ * synchronous one writes from the model's and optimizer's own memory (no
+ * second copy: rank 0's extra memory is the writer's, not the state's) and
+ * waits for the thread. Waiting is a
  * loop of small all-reduces of [done, failed] that every rank joins, each one
  * answered at once because rank 0's main thread is free while its writer
  * thread writes: no rank ever sits in a collective for as long as the disk
@@ -394,7 +397,6 @@ static dt_status add_piece_entry(ckpt_job *j, const tpiece *p, const char *name,
     return dt_ckpt_list_add(j->list, &e);
 }
 
-/* Copy what this rank holds into one staging buffer and list it. */
 /* A tensor-parallel slice's entry (tp non-NULL, p sliced): the full tensor
  * gathered over tp from every rank's slice at `local` (p's local elements,
  * es bytes each), of which this rank keeps the contiguous elements
@@ -435,8 +437,13 @@ static dt_status add_entry(ckpt_job *j, dt_pg *tp, const tpiece *p, const char *
     return tp && p->e.tp_dim ? add_tp_entry(j, tp, p, name, dt, data) : add_piece_entry(j, p, name, dt, data);
 }
 
-/* tp: the tensor-parallel group (NULL: none); see add_tp_entry. */
-static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, const tpiece *pc,
+/* List what this rank holds for the writer thread. copy (an asynchronous
+ * save): into one staging buffer, so training may change the originals
+ * while it is written; else (synchronous: nothing changes them until the
+ * save returns) the entries point at the model's and optimizer's own
+ * memory, so a synchronous save needs no second copy of the state. tp: the
+ * tensor-parallel group (NULL: none); its slices are staged by add_tp_entry. */
+static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, const tpiece *pc, bool copy,
                        dt_pg *tp, ckpt_job **out)
 {
     *out = NULL;
@@ -461,49 +468,63 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
         goto fail;
     /* the pieces: one buffer for all of them, [value][master][states...] each */
     size_t bytes = 0;
-    for (size_t i = 0; i < ne; i++)
+    for (size_t i = 0; copy && i < ne; i++)
         if (trained(&pc[i])) {
             const size_t n = pc[i].hi - pc[i].lo;
             bytes += n * (dt_dtype_size(pc[i].e.dtype) + (pc[i].lowp ? 4 : 0) + 4 * (size_t)ns);
             bytes = (bytes + 7) / 8 * 8;
         }
-    char *buf = dt_alloc(bytes ? bytes : 64);
-    if (!buf)
-        goto fail;
-    j->bufs[j->nbuf++] = buf;
+    char *buf = NULL;
+    if (copy) {
+        if (!(buf = dt_alloc(bytes ? bytes : 64)))
+            goto fail;
+        j->bufs[j->nbuf++] = buf;
+    }
     char *at = buf, name[1024];
     for (size_t i = 0; i < ne; i++) {
         const tpiece *q = &pc[i];
         if (!trained(q))
             continue;
         const size_t n = q->hi - q->lo, es = dt_dtype_size(q->e.dtype);
-        char *v = at;
-        if (n)
-            memcpy(v, q->lowp ? q->lowp : (void *)q->val, n * es);
-        at += n * es;
+        void *v = q->lowp ? q->lowp : (void *)q->val;
+        if (copy) {
+            if (n)
+                memcpy(at, v, n * es);
+            v = at;
+            at += n * es;
+        }
         if ((st = add_entry(j, tp, q, q->e.name, q->e.dtype, v)) < 0)
             goto fail;
         if (q->e.dtype != DT_F32) { /* the fp32 masters: what the optimizer steps */
-            if (n)
-                memcpy(at, q->val, n * 4);
+            v = q->val;
+            if (copy) {
+                if (n)
+                    memcpy(at, v, n * 4);
+                v = at;
+                at += n * 4;
+            }
             snprintf(name, sizeof name, "master.%s", q->e.name);
-            if ((st = add_entry(j, tp, q, name, DT_F32, at)) < 0)
+            if ((st = add_entry(j, tp, q, name, DT_F32, v)) < 0)
                 goto fail;
-            at += n * 4;
         }
         for (int s = 0; s < ns; s++) {
             const char *sname;
             float *data;
             if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
                 goto fail;
-            if (n)
-                memcpy(at, data + q->roff, n * 4);
+            v = data + q->roff;
+            if (copy) {
+                if (n)
+                    memcpy(at, v, n * 4);
+                v = at;
+                at += n * 4;
+            }
             snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
-            if ((st = add_entry(j, tp, q, name, DT_F32, at)) < 0)
+            if ((st = add_entry(j, tp, q, name, DT_F32, v)) < 0)
                 goto fail;
-            at += n * 4;
         }
-        at = buf + ((size_t)(at - buf) + 7) / 8 * 8;
+        if (copy)
+            at = buf + ((size_t)(at - buf) + 7) / 8 * 8;
         st = DT_ERR_NO_MEMORY;
     }
     /* buffers (running statistics): whole on every rank */
@@ -511,7 +532,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
         const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
         if (!f || !f->numel)
             continue;
-        void *c = stage_copy(j, f->base, f->numel * dt_dtype_size((dt_dtype)d));
+        void *c = copy ? stage_copy(j, f->base, f->numel * dt_dtype_size((dt_dtype)d)) : f->base;
         if (!c)
             goto fail;
         if ((st = dt_ckpt_list_add_flat(j->list, m, DT_FLAT_BUFFERS, (dt_dtype)d, f->offset, f->offset + f->numel, c,
@@ -584,7 +605,7 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
     *jp = NULL;
 }
 
-/* Sharded state: every rank stages its pieces and all save together
+/* Sharded state: every rank lists its pieces (no copy) and all save together
  * (synchronously: see the overview). */
 static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp)
 {
@@ -602,7 +623,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     tpiece *pc = NULL;
     bool sharded;
     if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
-        sst = stage(tr, dir, pp, pc, NULL, &j);
+        sst = stage(tr, dir, pp, pc, false, NULL, &j);
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
     char msg[1024];
@@ -683,7 +704,7 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
         bool sharded;
         if ((st = any_failed(tp, sst, &any)) >= 0 && !any) {
             if ((sst = collect_pieces(tr, &pc, &sharded)) >= 0) /* the same on every rank: local shapes agree */
-                sst = stage(tr, dir, pp, pc, tp, &j);
+                sst = stage(tr, dir, pp, pc, false, tp, &j);
             free(pc);
             snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
             st = any_failed(tp, sst, &any);
@@ -755,7 +776,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
         else
-            sst = stage(tr, dir, &pp, pc, NULL, &j);
+            sst = stage(tr, dir, &pp, pc, pp.async, NULL, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
             if (rc != 0) {

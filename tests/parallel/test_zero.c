@@ -23,6 +23,7 @@ typedef struct {
     bool reshard;
     size_t persist;            /* param_persistence_threshold */
     int hybrid;                /* hybrid_shard_size */
+    bool tie;                  /* the tied model (ztied) instead of zmodel */
     bool exact;                /* expect bit-identical parameters */
     double tol;                /* else this relative bound */
 } zcase;
@@ -40,6 +41,28 @@ static dt_model *zmodel(uint64_t seed, bool meta)
     dt_nn_add(net, NULL, dt_nn_linear(16, 5, true));
     dt_nn_add(net, NULL, dt_nn_relu());
     dt_nn_add(net, NULL, dt_nn_linear(5, 4, true));
+    dt_model_build_params bp = dt_model_build_params_default();
+    bp.meta = meta;
+    dt_model *m = NULL;
+    return dt_model_build(net, seed, &bp, &m) < 0 ? NULL : m;
+}
+
+/* Linear(8,16) ReLU Linear(16,16) ReLU Linear(16,16) ReLU Linear(16,4), the
+ * third Linear's weight tied to the second's: a size policy must not put
+ * the two in different units. */
+static dt_model *ztied(uint64_t seed, bool meta)
+{
+    dt_module *net = dt_nn_seq(0, NULL);
+    dt_module *a = dt_nn_linear(16, 16, true), *b = dt_nn_linear(16, 16, true);
+    dt_nn_add(net, NULL, dt_nn_linear(8, 16, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, a);
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, b);
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(16, 4, true));
+    if (dt_module_tie(b, "weight", a, "weight") < 0)
+        return NULL;
     dt_model_build_params bp = dt_model_build_params_default();
     bp.meta = meta;
     dt_model *m = NULL;
@@ -78,7 +101,7 @@ static int body_equiv(int rank, int W, void *arg)
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_trainer_params tp = zparams(c);
     /* the reference: DDP */
-    dt_model *ref = zmodel(21, false);
+    dt_model *ref = c->tie ? ztied(21, false) : zmodel(21, false);
     TH_CHECK(ref, "model");
     dt_strategy *s;
     dt_trainer *tr;
@@ -88,7 +111,7 @@ static int body_equiv(int rank, int W, void *arg)
         return 1;
     dt_trainer_free(tr);
     /* the strategy under test */
-    dt_model *m = zmodel(21, c->meta);
+    dt_model *m = c->tie ? ztied(21, c->meta) : zmodel(21, c->meta);
     TH_CHECK(m, "model");
     dt_zero_params zp = dt_zero_params_default();
     zp.wrap_module_type = c->wrap;
@@ -113,6 +136,10 @@ static int body_equiv(int rank, int W, void *arg)
     const size_t n = t_numel(ref);
     float *got = calloc(n, sizeof *got);
     dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    /* the tied model: the first Linear is a unit; the tied pair, the
+     * Linear after it and the rest stay in the root's */
+    if (c->tie)
+        TH_CHECK(z && dt_zero_num_units(z) == 2, "%d units, want 2", z ? dt_zero_num_units(z) : -1);
     if (z)
         TH_OK(dt_zero_full_params(z, got));
     else
@@ -125,7 +152,7 @@ static int body_equiv(int rank, int W, void *arg)
     else
         TH_CHECK(d <= c->tol, "stage %d W %d: max rel diff %g > %g", c->stage, W, d, c->tol);
     /* and they moved */
-    dt_model *init = zmodel(21, false);
+    dt_model *init = c->tie ? ztied(21, false) : zmodel(21, false);
     TH_CHECK(max_rel_diff(got, t_params(init), n) > 1e-3, "parameters did not move");
     dt_model_free(init);
     free(got);
@@ -178,7 +205,8 @@ TEST(accumulation_and_clipping)
 
 /* Stage 3: every prefetch mode, forward prefetch, no reshard after forward,
  * one unit (the root), size-based wrapping, a meta model built lazily, and
- * resident small parameters; all bit-identical to DDP. */
+ * resident small parameters, and a size policy on a model with tied weights;
+ * all bit-identical to DDP. */
 TEST(stage3_variants)
 {
     const dt_backward_prefetch bps[] = {DT_PREFETCH_NONE, DT_PREFETCH_BACKWARD_PRE, DT_PREFETCH_BACKWARD_POST};
@@ -193,6 +221,10 @@ TEST(stage3_variants)
     zcase size = root;
     size.wrap_min = 80; /* the first Linear (144 elements) and the rest at the root */
     run_case(size, 3);
+    zcase tied = size;
+    tied.tie = true;
+    tied.wrap_min = 100; /* the first Linear (144); the tied pair (272) would split the tie: root */
+    run_case(tied, 2);
     zcase meta = root;
     meta.wrap = "Linear";
     meta.meta = true;
