@@ -139,6 +139,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.block_size = t->o.block_size, cfg.vocab_size = t->o.vocab_size, cfg.seq = t->o.seq;
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
+    cfg.sequence_parallel = t->o.sequence_parallel;
     return cfg;
 }
 

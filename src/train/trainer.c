@@ -336,11 +336,6 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice of a module with no "
                         "group (dt_tp_module_set_group): the global gradient norm cannot be taken", sl);
     }
-    if (sl && (s->ops.optim_ranges || s->ops.owned_range)) { /* a strategy that shards (ZeRO, FSDP) */
-        dt_strategy_free(s);
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO/FSDP over "
-                        "the data-parallel ranks of a tensor-parallel model is not supported yet (use DDP)", sl);
-    }
     dt_trainer *tr = dt_calloc(sizeof *tr);
     if (!tr) {
         dt_strategy_free(s);
@@ -369,6 +364,11 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         goto fail;
     }
     s->attached = true;
+    if (sl && dt_strategy_zero(s)) { /* known once attached */
+        st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO/FSDP over "
+                      "the data-parallel ranks of a tensor-parallel model is not supported yet (use DDP)", sl);
+        goto fail;
+    }
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
     tr->lo = 0;
