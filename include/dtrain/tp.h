@@ -15,7 +15,8 @@
  *   dt_tp_gather_last:  forward all-gather along the last dim, backward the rank's slice
  *   dt_tp_scatter_last: forward the rank's slice of the last dim, backward all-gather
  *   dt_tp_sp_*: sequence parallelism's versions along any dim (reduce-scatter
- *     and all-gather pairs; not yet wired into the zoo's GPT)
+ *     and all-gather pairs; the zoo's GPT uses them with
+ *     dt_model_config.sequence_parallel, see models/gpt2.c)
  *
  * Megatron's MLP is Z = g(gelu(f(X) A_r) B_r) with A split by columns
  * (ColumnParallelLinear) and B by rows (RowParallelLinear): one all-reduce
@@ -71,10 +72,15 @@
  *    slices' squares over the group and counts whole tensors once: the
  *    single-process model's norm up to rounding;
  *  - a loss-scaler overflow in one rank's slice skips the step on all.
+ * Dropout (the zoo's GPT, Megatron's RNG-tracker semantics): dropouts on
+ * whole activations (after g) draw the same mask on every rank, the
+ * single-process one; the attention dropout, inside the split heads, draws
+ * for each rank its heads' part of the single-process mask
+ * (dt_attention_heads): the tp run equals the single-process run with
+ * dropout within rounding. Sequence parallelism in the GPT: dropout 0 only.
  * Not composed: ZeRO/FSDP over the data-parallel ranks of a
  * tensor-parallel model (dt_trainer_init refuses it, naming the slice; use
- * DDP), dropout in the zoo's GPT under tp (refused), sequence parallelism
- * in the zoo's GPT.
+ * DDP).
  *
  * Every op here is collective over tp: every rank of the group must call the
  * same ops in the same order with the same shapes (the group's mismatch

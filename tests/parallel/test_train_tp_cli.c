@@ -121,6 +121,8 @@ static void gpt_tp2(const char *dropout, bool sp)
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
+    if (sp)
+        ASSERT_STR_CONTAINS(r.out, "; sequence parallel (each holds 1/N of the tokens between the blocks)");
     double v2 = val_loss(r.out);
     fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
