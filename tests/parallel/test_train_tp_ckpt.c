@@ -9,6 +9,8 @@
  *  - a --tp 2 checkpoint resumes in one process, and a one-process one
  *    under --tp 2, each ending where the one-process run ends (rounding);
  *  - --init-from takes either layout's weights (the same step losses);
+ *  - 4 ranks as --tp 2 x 2 data-parallel save what 2-rank DDP saves, and
+ *    resume from it;
  *  - the GPT (column-parallel c_attn in 3 chunks, vocabulary 41 over 2 ranks:
  *    a padding row) does the same, with SGD and momentum;
  *  - --clip-grad-norm under --tp 2 clips by the full model's norm (slices
@@ -29,14 +31,14 @@
 static char *cli(void) { return getenv("DT_CLI"); }
 static char g_data[480];
 
-/* dtrain [run -n 2 --] train <model> [--tp 2] <extra...> */
-static int train(const char *model, bool tp, char *const *extra)
+/* dtrain [run -n ranks --] train <model> [--tp 2] <extra...> */
+static int train_n(int ranks, const char *model, bool tp, char *const *extra)
 {
     static cli_result r;
     char *args[96];
     int n = 0;
-    if (tp)
-        args[n++] = "run", args[n++] = "-n", args[n++] = "2", args[n++] = "--", args[n++] = cli();
+    if (ranks > 1)
+        args[n++] = "run", args[n++] = "-n", args[n++] = ranks == 4 ? "4" : "2", args[n++] = "--", args[n++] = cli();
     char *mlp[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
                    "--batch", "4", "--limit-test", "16", "--seed", "2", "--progress", "none", "--threads", "1", "--log-every", "1", NULL};
     char *gpt[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4",
@@ -55,6 +57,9 @@ static int train(const char *model, bool tp, char *const *extra)
         fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r.code, r.out, r.err);
     return r.code;
 }
+
+/* one process, or 2 ranks with --tp 2 */
+static int train(const char *model, bool tp, char *const *extra) { return train_n(tp ? 2 : 1, model, tp, extra); }
 
 static const char *path(const char *fmt, const char *a)
 {
@@ -197,6 +202,29 @@ TEST(mlp_tp2_checkpoints) { cross("mlp", 16, 7, 6); }
  * SGD's momentum buffer of each */
 TEST(gpt_tp2_checkpoints) { cross("gpt", 6, 4, 32); }
 
+/* 4 ranks as --tp 2 x 2 data-parallel: the tensor-parallel group of
+ * data-parallel rank 0 writes; the checkpoint equals 2-rank DDP's, and it
+ * resumes at 2 x 2 to DDP's end */
+TEST(mlp_tp2_dp2_checkpoint)
+{
+    const char *ddp = path("%s_ddp2", "mlp"), *tpdp = path("%s_tp2dp2", "mlp"), *res = path("%s_tp2dp2r", "mlp");
+    char *o[] = {"--optimizer", "adamw", "--lr", "0.01", "--save", NULL, "--save-every", "4", NULL};
+    o[5] = (char *)ddp;
+    ASSERT_EQ_INT(train_n(2, "mlp", false, o), 0);
+    o[5] = (char *)tpdp;
+    ASSERT_EQ_INT(train_n(4, "mlp", true, o), 0);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/step-00000008", tpdp);
+    snprintf(b, sizeof b, "%s/step-00000008", ddp);
+    ASSERT_EQ_INT(world_of(a), 2);
+    ASSERT(same_ckpt(a, b, false) >= 6);
+    snprintf(a, sizeof a, "%s/step-00000004", tpdp);
+    char *r[] = {"--optimizer", "adamw", "--lr", "0.01", "--save", (char *)res, "--resume", a, NULL};
+    ASSERT_EQ_INT(train_n(4, "mlp", true, r), 0);
+    snprintf(a, sizeof a, "%s/step-00000008", res);
+    ASSERT(same_ckpt(a, b, false) >= 6);
+}
+
 static void clip(const char *model, const char *max)
 {
     const char *one = path("%s_clip1", model), *tp = path("%s_clip2", model), *free_ = path("%s_noclip", model);
@@ -237,6 +265,7 @@ int main(void)
     snprintf(g_data, sizeof g_data, "tokens:%s", bin);
     RUN(mlp_tp2_checkpoints);
     RUN(gpt_tp2_checkpoints);
+    RUN(mlp_tp2_dp2_checkpoint);
     RUN(mlp_tp2_clip_grad_norm);
     RUN(gpt_tp2_clip_grad_norm);
     cli_cleanup();
