@@ -9,6 +9,7 @@
 #include "nn/nn_impl.h"
 #include "parallel/pipeline/pipe_impl.h"
 #include "zoo.h"
+#include "dtrain/tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +21,17 @@ static dt_tensor *gpt_embed(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_
     return dt__gpt2_embed(ctx, u->module, x);
 }
 
-/* The MLP's units: x @ w0, then h @ w1 (unit name "w0" / "w1"). */
+/* The MLP's units: x @ w0, then h @ w1 (unit name "w0" / "w1"). Tensor
+ * parallel (the module's ud is the group, mlp.c): f(x) @ w0_r, then
+ * g(h_r @ w1_r), so what crosses the stages is the rank's hidden slice. */
 static dt_tensor *mlp_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
 {
     (void)m;
-    return dt_matmul(ctx, x, dt_module_param(u->module, strcmp(u->name, "w0") ? 1 : 0));
+    dt_pg *tp = u->module->ud;
+    if (!strcmp(u->name, "w0"))
+        return dt_matmul(ctx, tp ? dt_tp_copy_to_region(ctx, tp, x) : x, dt_module_param(u->module, 0));
+    dt_tensor *z = dt_matmul(ctx, x, dt_module_param(u->module, 1));
+    return tp ? dt_tp_reduce_from_region(ctx, tp, z) : z;
 }
 
 static void set_unit(dt_pipe_unit *u, const char *name, dt_module *mod, dt_pipe_unit_fn fn, const char *p0,

@@ -517,10 +517,6 @@ static int setup_resume(trainer *t)
  * over the ranks' shares. */
 static int evaluate(trainer *t, double *loss_out, double *acc_out)
 {
-    if (t->ddp.pp > 1) { /* each rank holds current values of its own stages only */
-        *loss_out = *acc_out = NAN;
-        return 0;
-    }
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
     dt_trainer_eval_result r;
     if (dt_trainer_evaluate(t->tr, t->test_loader, dt_dataset_get_info(test_set), &r) < 0)
@@ -902,9 +898,13 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
-        printf("pipeline parallel: %d stages x %d data-parallel, schedule %s, %d micro-batches per batch "
-               "(evaluation not available under --pp yet)\n", t->ddp.pp, t->ddp.world, t->ddp.pp_sched,
-               t->ddp.pp_micro);
+    {
+        char tpx[48] = "";
+        if (t->ddp.tp > 1)
+            snprintf(tpx, sizeof tpx, "%d tensor-parallel x ", t->ddp.tp);
+        printf("pipeline parallel: %d stages x %s%d data-parallel, schedule %s, %d micro-batches per batch\n",
+               t->ddp.pp, tpx, t->ddp.world, t->ddp.pp_sched, t->ddp.pp_micro);
+    }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,

@@ -130,6 +130,9 @@ static const opt_def opts[] = {
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
+    {"dp", OPT_INT, OFF(dp), 1, 1 << 16, NULL, "N",
+     "data-parallel replicas (default: the ranks divided by --tp x --pp; given, it must equal that); with --tp "
+     "and --pp the ranks form one dp x tp x pp mesh, rank = (d x tp + t) x pp + stage"},
     {"pp", OPT_INT, OFF(pp), 1, 256, NULL, "N",
      "pipeline parallelism over N adjacent ranks (--model mlp and GPT models: stages by layer, balanced by "
      "parameter count); the world divided by N is the data-parallel size"},
@@ -236,6 +239,8 @@ void dt__train_usage(FILE *f)
                "  (2 stages x 2 data-parallel; show a schedule: dtrain pipeline show --schedule zbh1 -p 2 -m 4)\n");
     fprintf(f, "\ntensor parallel (Megatron): --tp N splits each layer over N adjacent ranks, e.g.\n"
                "  dtrain run -n 4 -- dtrain train --model mlp --tp 2   (2 tensor-parallel x 2 data-parallel)\n");
+    fprintf(f, "\n3-D (data x tensor x pipeline parallel): one dp x tp x pp mesh, e.g.\n"
+               "  dtrain run -n 8 -- dtrain train --model gpt-micro --dp 2 --tp 2 --pp 2 --micro-batches 4\n");
     fprintf(f, "\ndata parallel (DDP) on this machine: start N ranks with the launcher,\n"
                "  dtrain run -n 2 -- dtrain train --model convnet --batch 100 ...\n"
                "(each rank trains on its share of every epoch; rank 0 prints and writes --metrics;\n"
@@ -457,7 +462,6 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
-                         : o->tp > 1 ? "--tp (not composed yet)"
                          : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
                          : o->save || o->resume ? "--save/--resume (checkpoints of pipeline training are not "
                                                   "written yet)"

@@ -127,6 +127,19 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
                     "this job has %d\n", (long long)o->pp, (long long)o->pp, ws);
         return 2;
     }
+    int64_t per = (o->tp > 1 ? o->tp : 1) * (o->pp > 1 ? o->pp : 1);
+    if (ws % per) {
+        dt__cli_err("dtrain train: --tp %lld x --pp %lld (%lld ranks per replica) does not divide this job's %d "
+                    "ranks\n", (long long)(o->tp > 1 ? o->tp : 1), (long long)(o->pp > 1 ? o->pp : 1),
+                    (long long)per, ws);
+        return 2;
+    }
+    if (o->dp && o->dp * per != ws) {
+        dt__cli_err("dtrain train: --dp %lld x --tp %lld x --pp %lld is %lld ranks; this job has %d (start them with "
+                    "dtrain run -n N)\n", (long long)o->dp, (long long)(o->tp > 1 ? o->tp : 1),
+                    (long long)(o->pp > 1 ? o->pp : 1), (long long)(o->dp * per), ws);
+        return 2;
+    }
     int rc = resolve_hook(r, o, ws);
     if (rc)
         return rc;
@@ -147,13 +160,20 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     r->world = dt_pg_size(r->pg);
     r->tp = 1;
     r->pp = 1;
-    if (o->pp > 1) { /* the pipe strategy splits the world into pipelines and replicas */
+    if (o->pp > 1) { /* one dp x tp x pp mesh: the pipe strategy takes its pipelines and replicas */
         r->world_pg = r->pg;
         r->pg = NULL;
         r->pp = (int)o->pp;
-        r->pp_rank = r->rank % r->pp;
-        r->rank = r->rank / r->pp;
-        r->world = r->world / r->pp;
+        r->tp = o->tp > 1 ? (int)o->tp : 1;
+        if ((st = dt_pipe_mesh_init(r->world_pg, r->tp, r->pp, &r->mesh)) < 0) {
+            dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
+            return 1;
+        }
+        r->rank = dt_mesh_coord(r->mesh, 0);
+        r->world = dt_mesh_size(r->mesh, 0);
+        r->tp_rank = dt_mesh_coord(r->mesh, 1);
+        r->tp_pg = r->tp > 1 ? dt_mesh_dim_group(r->mesh, 1) : NULL; /* the model's slices */
+        r->pp_rank = dt_mesh_coord(r->mesh, 2);
         r->pp_sched = o->pp_schedule ? o->pp_schedule : "1f1b";
         r->pp_micro = o->micro_batches ? (int)o->micro_batches : 4;
         return 0;
@@ -205,6 +225,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         dt_pipe_params pp = dt_pipe_params_default();
         pp.pp = r->pp;
         pp.micro_batches = r->pp_micro;
+        pp.mesh = r->mesh;
         if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
             dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
             dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
@@ -384,6 +405,11 @@ void dt__ddp_free_ddp(dt__ddp_run *r)
 void dt__ddp_free_group(dt__ddp_run *r)
 {
     if (r->world_pg) { /* --tp: pg is dp_pg's alias; subgroups before their parent */
+        if (r->mesh) { /* --pp: the mesh owns tp_pg */
+            dt_mesh_free(r->mesh);
+            r->mesh = NULL;
+            r->tp_pg = NULL;
+        }
         dt_pg_free(r->tp_pg);
         dt_pg_free(r->dp_pg);
         dt_pg_free(r->world_pg);

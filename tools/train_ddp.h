@@ -15,6 +15,7 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/data.h"
+#include "dtrain/mesh.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
@@ -46,6 +47,7 @@ typedef struct dt__ddp_run {
        ranks; rank and world above are the data-parallel index and count,
        the strategy splits world_pg itself */
     int pp;           /* ranks per pipeline (1 = none) */
+    dt_mesh *mesh;    /* --pp: the dp x tp x pp mesh over world_pg (owned; its tp group is tp_pg) */
     int pp_rank;      /* this rank's place in its pipeline */
     const char *pp_sched; /* --pp-schedule (borrowed) */
     int pp_micro;     /* --micro-batches */

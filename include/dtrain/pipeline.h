@@ -94,6 +94,7 @@
 
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
+#include "dtrain/mesh.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
 
@@ -213,7 +214,8 @@ DT_API dt_status dt_pipe_balance(const dt_model *m, const dt_pipe_unit *units, i
 
 typedef struct dt_pipe_params {
     int pp;                   /* pipeline ranks p (the world is dp x pp, pipeline ranks adjacent:
-                                 rank = dp_index * pp + stage_rank); default 2 */
+                                 rank = dp_index * pp + stage_rank; with a mesh, its "pp" size);
+                                 default 2 */
     dt_pipe_kind schedule;    /* default DT_PIPE_1F1B */
     int micro_batches;        /* m: each trainer micro-batch (its batch dim) is split into m equal
                                  parts; the batch must divide; default 4 */
@@ -222,21 +224,51 @@ typedef struct dt_pipe_params {
                                  the first unit of stages 1..S-1 (S-1 increasing entries); borrowed
                                  until attach */
     int ncuts;
+    dt_mesh *mesh;            /* NULL: the world is placed as dp x pp (no tensor parallelism). Else
+                                 the dp x tp x pp mesh of dt_pipe_mesh_init over the strategy's
+                                 world, whose "tp" group the model's tensor-parallel layers use;
+                                 borrowed, must outlive the strategy. Default NULL */
 } dt_pipe_params;
 DT_API dt_pipe_params dt_pipe_params_default(void);
 
+/* The process mesh of 3-D parallelism: world = dp x tp x pp ranks as a
+ * mesh with dims ("dp", "tp", "pp"), row-major, so world rank
+ * (d tp + t) pp + s is replica d, tensor-parallel rank t, pipeline rank s
+ * (tp = 1: the strategy's own dp x pp layout; pp = 1: dt_tp_groups'
+ * layout). Its dim groups are the data-parallel group (dim 0), the
+ * tensor-parallel group to build the model with (dim 1:
+ * dt_mesh_dim_group(mesh, 1) as dt_model_config.tp) and the pipeline
+ * (dim 2). Collective over world; DT_ERR_INVALID_ARG when tp x pp does not
+ * divide the world size. Free with dt_mesh_free after the strategy. */
+DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
+
 /* The "pipe" strategy over world (borrowed; must outlive the strategy):
- * world size = dp x p->pp. At attach (collective) it splits world into a
- * pipeline group and a data-parallel group (dt_pg_split), cuts the model,
- * builds and checks the table. Each trainer micro-batch runs the schedule
- * (loss x 1/m per micro-batch, so gradients equal the whole batch's); the
+ * world size = dp x p->pp, or dp x tp x pp with p->mesh. At attach
+ * (collective) it takes the pipeline and data-parallel groups from the
+ * mesh (its own dp x 1 x pp one without p->mesh), cuts the model, builds
+ * and checks the table. Each trainer micro-batch runs the schedule (loss x
+ * 1/m per micro-batch, so gradients equal the whole batch's); the
  * strategy's wait sums tied parameters' gradients between stages and
  * averages the gradients over the dp replicas (once per step); after the
- * step the tied parameters' owners send them to the other stages. Losses
- * come from the last stage. Evaluation (dt_trainer_evaluate) and
- * checkpoints are not supported yet under it (DT_ERR_UNSUPPORTED).
- * DT_ERR_INVALID_ARG when world is not a multiple of pp or the schedule's
- * limits fail. */
+ * step the tied parameters' owners send them to the other stages.
+ *
+ * Tensor parallelism inside a stage: build the model with the mesh's tp
+ * group (dt_model_config.tp); the tp ranks of a stage run the same table
+ * in step (their layers' collectives over tp), each sending its own copy
+ * of the activations to the same tp rank of the next stage; a
+ * tensor-parallel slice's gradient is averaged over dp like any other.
+ *
+ * Losses come from the last stage and are sent to every rank of its
+ * pipeline (the trainer's reported loss is the same everywhere); the
+ * strategy's allreduce_sum is the sum over the replicas (the world sum
+ * over the tp x pp ranks of each replica, which hold the same values).
+ * Evaluation (dt_trainer_evaluate) first gives every rank the current
+ * parameters of all stages (an all-reduce over the pipeline), then runs
+ * the whole model on every rank. Checkpoints are not written under it
+ * yet (dtrain train refuses --save/--resume with --pp). DT_ERR_INVALID_ARG
+ * when world is not a multiple
+ * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
+ * schedule's limits fail. */
 DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out);
 
 /* What the strategy measured in its last step on this rank (after attach;

@@ -1,10 +1,12 @@
 /* The "pipe" strategy (pipeline.h): pipeline stages, data parallelism
  * over the replicas, tied parameters between stages.
  *
- * Placement: world rank = dp_index * pp + pipeline rank, so a pipeline is
- * pp adjacent ranks. attach splits the world into the pipeline group (the
- * schedule's point to point) and the data-parallel group (gradient
- * averages), cuts the model, builds and checks the table, and works out
+ * Placement: one mesh dp x tp x pp (dt_pipe_mesh_init: world rank
+ * (d tp + t) pp + s), the caller's or, without tensor parallelism, the
+ * strategy's own dp x 1 x pp; so a pipeline is pp adjacent ranks. attach
+ * takes the pipeline group (the schedule's point to point) and the
+ * data-parallel group (gradient averages) from the mesh, cuts the model,
+ * builds and checks the table, and works out
  * which parameters this rank steps: those of its stages; a parameter
  * stored once and used by stages on several ranks (the GPT's wte and
  * lm_head) belongs to the first of them, and the ranks that use it get a
@@ -18,7 +20,15 @@
  * gradient norm is a sum over the pipeline ranks (each parameter is in
  * exactly one rank's range). Every rank builds the whole model, so names,
  * offsets and initial values do not depend on the cut; replicas start from
- * dp rank 0's values. */
+ * dp rank 0's values.
+ *
+ * Tensor parallelism composes without code here: the tp ranks of a stage
+ * hold different slices under the same names and offsets, run the same
+ * table in step, and each pipeline (fixed d and t) moves its own copy of
+ * the activations; a slice's gradient is averaged over its dp group like
+ * any other parameter's. What tp changes is counting: the tp x pp ranks of
+ * a replica all know the loss (sent along the pipeline from the last
+ * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
 
 #include "dtrain/pipeline.h"
@@ -34,10 +44,11 @@ typedef struct {
 } tie;
 
 typedef struct {
-    dt_pg *world, *pp, *dp;
+    dt_pg *world, *pp, *dp; /* pp, dp: the mesh's groups (borrowed) */
+    dt_mesh *mesh, *own_mesh;
     dt_pipe_params p;
     int *cuts;
-    int P, D, pr, v, S;
+    int P, D, T, pr, v, S;
     dt_model *m;
     dt_pipe_unit *units;
     int nunits;
@@ -92,12 +103,21 @@ static dt_status s_attach(void *self, dt_model *m)
     if (s->p.pp < 1 || W % s->p.pp)
         return dt_error(DT_ERR_INVALID_ARG, "pipe: %d ranks do not make pipelines of %d (the world must be dp x pp)",
                         W, s->p.pp);
-    s->P = s->p.pp, s->D = W / s->p.pp, s->pr = r % s->P;
+    dt_status st;
+    if (!s->mesh) {
+        if ((st = dt_pipe_mesh_init(s->world, 1, s->p.pp, &s->own_mesh)) < 0)
+            return dt_error_wrap(st, "pipe");
+        s->mesh = s->own_mesh;
+    }
+    s->P = dt_mesh_size(s->mesh, 2), s->T = dt_mesh_size(s->mesh, 1), s->D = dt_mesh_size(s->mesh, 0);
+    s->pr = dt_mesh_coord(s->mesh, 2);
+    s->pp = dt_mesh_dim_group(s->mesh, 2);
+    s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
     s->S = s->P * s->v;
     dt_model_set_rank(m, r);
     /* the schedule first: its limits fail before any collective */
-    dt_status st = dt_pipe_schedule_build(s->p.schedule, s->P, s->p.micro_batches, s->v, &s->sched);
+    st = dt_pipe_schedule_build(s->p.schedule, s->P, s->p.micro_batches, s->v, &s->sched);
     if (st < 0)
         return dt_error_wrap(st, "pipe");
     if ((st = dt_model_pipe_units(m, &s->units, &s->nunits)) < 0)
@@ -119,11 +139,6 @@ static dt_status s_attach(void *self, dt_model *m)
         return dt_error_wrap(st, "pipe: %d stages (pp %d x v %d)", s->S, s->P, s->v);
     }
     s->starts[s->S] = s->nunits;
-    /* groups */
-    if ((st = dt_pg_split(s->world, r / s->P, s->pr, &s->pp)) < 0)
-        return st;
-    if (s->D > 1 && (st = dt_pg_split(s->world, s->pr, r / s->P, &s->dp)) < 0)
-        return st;
     if ((st = dt__pipe_exec_init(s->pp, m, s->units, s->starts, s->S, s->sched, &s->ex)) < 0)
         return st;
     /* what this rank steps; shared parameters */
@@ -201,7 +216,12 @@ done:
 static dt_status s_forward_backward(void *self, dt_ctx *ctx, dt_model *m, dt_strategy_fb *fb)
 {
     (void)ctx, (void)m;
-    return dt__pipe_exec_run(((pipe_strategy *)self)->ex, fb);
+    pipe_strategy *s = self;
+    dt_status st = dt__pipe_exec_run(s->ex, fb);
+    /* the last stage's loss to the whole pipeline (its tp ranks have it) */
+    if (st >= 0 && s->P > 1 && (st = dt_pg_broadcast(s->pp, &fb->loss_value, 1, DT_F64, s->P - 1)) < 0)
+        st = dt_error_wrap(st, "pipe: sending the loss along the pipeline");
+    return st;
 }
 
 /* After the step's last micro-batch: shared parameters' gradients summed
@@ -255,9 +275,16 @@ static dt_status s_after_step(void *self)
     return st;
 }
 
+/* The sum over the replicas: every rank of a replica (tp x pp of them)
+ * holds the replica's values (the loss, an evaluation's sums) or zeros
+ * and a flag (stop, overflow: only "> 0" is read). */
 static dt_status s_allreduce_sum(void *self, double *v, int n)
 {
-    return dt_metrics_allreduce(((pipe_strategy *)self)->world, v, n, DT_REDUCE_SUM);
+    pipe_strategy *s = self;
+    dt_status st = dt_metrics_allreduce(s->world, v, n, DT_REDUCE_SUM);
+    for (int i = 0; i < n && st >= 0; i++)
+        v[i] /= (double)(s->P * s->T);
+    return st;
 }
 
 static dt_status s_shard_sum(void *self, double *v, int n)
@@ -265,11 +292,33 @@ static dt_status s_shard_sum(void *self, double *v, int n)
     return dt_metrics_allreduce(((pipe_strategy *)self)->pp, v, n, DT_REDUCE_SUM);
 }
 
+/* Before an evaluation (and a checkpoint): every rank takes the current
+ * values of the parameters the other stages step. Each f32 storage is in
+ * exactly one pipeline rank's segments, so the all-reduced sum of the
+ * pipeline's copies with the others' entries zeroed is the owners' values
+ * exactly (x + 0 = x). One all-reduce of the f32 flat over the pipeline. */
 static dt_status s_sync_buffers(void *self)
 {
-    (void)self;
-    return dt_error(DT_ERR_UNSUPPORTED, "pipe: evaluation under pipeline parallelism is not supported yet (each rank "
-                    "holds current values of its own stages only)");
+    pipe_strategy *s = self;
+    const dt_flat *pf = dt_model_flat(s->m, DT_FLAT_PARAMS, DT_F32);
+    if (s->P == 1 || !pf || !pf->total)
+        return DT_OK;
+    float *tmp = dt_calloc(pf->total * sizeof *tmp);
+    if (!tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "pipe: gathering the stages' parameters (%zu floats)", pf->total);
+    const float *p = dt_flat_ptr(pf, 0);
+    for (size_t i = 0; i < s->nseg; i++)
+        memcpy(tmp + s->segs[i].offset, p + s->segs[i].offset, s->segs[i].numel * sizeof *tmp);
+    dt_status st = dt_pg_allreduce(s->pp, DT_IN_PLACE, tmp, pf->total, DT_F32, DT_REDUCE_SUM);
+    for (size_t e = 0; e < dt_model_num_entries(s->m) && st >= 0; e++) {
+        dt_param_info pi;
+        if ((st = dt_model_entry(s->m, e, &pi)) < 0)
+            break;
+        if (!pi.is_buffer && pi.tied_to < 0 && pi.dtype == DT_F32)
+            memcpy(dt_flat_ptr(pf, pi.offset), tmp + pi.offset, pi.numel * sizeof *tmp);
+    }
+    dt_free(tmp);
+    return st < 0 ? dt_error_wrap(st, "pipe: gathering the stages' parameters") : st;
 }
 
 static int s_rank(void *self) { return dt_pg_rank(((pipe_strategy *)self)->world); }
@@ -288,8 +337,7 @@ static void s_free(void *self)
         dt_pg_free(s->ties[i].g);
     dt_free(s->ties);
     dt_free(s->segs);
-    dt_pg_free(s->dp);
-    dt_pg_free(s->pp);
+    dt_mesh_free(s->own_mesh);
     dt_pipe_schedule_free(s->sched);
     dt_free(s->starts);
     dt_free(s->units);
@@ -328,7 +376,22 @@ dt_pipe_params dt_pipe_params_default(void)
     p.chunks = 0;
     p.cuts = NULL;
     p.ncuts = 0;
+    p.mesh = NULL;
     return p;
+}
+
+dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_NULL, "dt_pipe_mesh_init: out is NULL");
+    *out = NULL;
+    if (!world)
+        return dt_error(DT_ERR_NULL, "dt_pipe_mesh_init: process group is NULL");
+    int W = dt_pg_size(world);
+    if (tp < 1 || pp < 1 || W % tp || W % (tp * pp))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_mesh_init: %d ranks do not make dp x tp %d x pp %d (tp x pp "
+                        "must divide the world size)", W, tp, pp);
+    return dt_mesh_init(world, 3, (int[]){W / (tp * pp), tp, pp}, NULL, (const char *[]){"dp", "tp", "pp"}, out);
 }
 
 dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out)
@@ -343,8 +406,18 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
         return dt_error(DT_ERR_NO_MEMORY, "dt_strategy_pipe_init");
     s->world = world;
     s->p = p ? *p : dt_pipe_params_default();
+    s->mesh = s->p.mesh;
     dt_status st = DT_OK;
-    if (s->p.pp < 1 || dt_pg_size(world) % s->p.pp)
+    const dt_mesh *mh = s->mesh;
+    if (mh && (dt_mesh_world(mh) != world || dt_mesh_ndim(mh) != 3 || dt_mesh_size(mh, -1) != dt_pg_size(world) ||
+               dt_mesh_dim_index(mh, "dp") != 0 || dt_mesh_dim_index(mh, "tp") != 1 ||
+               dt_mesh_dim_index(mh, "pp") != 2))
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: the mesh is not a dp x tp x pp mesh of "
+                      "dt_pipe_mesh_init over this world group");
+    else if (mh && s->p.pp != dt_mesh_size(mh, 2))
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: pp = %d but the mesh's \"pp\" dim has %d ranks",
+                      s->p.pp, dt_mesh_size(mh, 2));
+    else if (s->p.pp < 1 || dt_pg_size(world) % s->p.pp)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: %d ranks do not make pipelines of pp = %d (the "
                       "world must be dp x pp)", dt_pg_size(world), s->p.pp);
     else if ((unsigned)s->p.schedule >= DT_PIPE_KIND_COUNT)

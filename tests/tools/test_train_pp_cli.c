@@ -4,10 +4,14 @@
  * run's; the option errors are one line with exit 2. Losses are compared within
  * float rounding (relative 1e-5: the pipeline adds the micro-batches'
  * products as partial sums, tests/pipeline/pipe_train.h has the bound),
- * plus the metrics file's printing step (6 decimals). The GPT's pipeline
- * training is checked in tests/pipeline (the CLI's GPT needs token files). */
+ * plus the metrics file's printing step (6 decimals). The GPT (token files)
+ * in 2 stages under the interleaved schedule (4 chunks of its 5 units
+ * over 2 ranks) gives the single-process step losses and validation loss
+ * (evaluation under --pp: every rank takes the other stages' parameters,
+ * then runs the whole model); test_train_3d_cli.c adds --tp and --dp. */
 // dt-test-timeout: 240
 // dt-test-labels: threads
+#include "dtrain/data.h"
 #include "test.h"
 #include "tools/train_cli.h"
 
@@ -80,6 +84,55 @@ TEST(mlp_dp2_pp2_equals_ddp)
     ASSERT(same_losses(m2, m1));
 }
 
+static double val_loss(const char *out)
+{
+    const char *p = strstr(out, "val loss: ");
+    return p ? atof(p + 10) : NAN;
+}
+
+TEST(gpt_pp2_equals_one_process)
+{
+    if (!cli())
+        DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
+    static cli_result r;
+    char bin[300], data[320], m1[300], m2[300];
+    uint16_t tok[2000];
+    for (int i = 0; i < 2000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
+    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
+    snprintf(data, sizeof data, "tokens:%s", bin);
+    snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
+    char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
+                   "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
+                   "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
+                   "--log-every", "1", "--metrics", m1, NULL};
+    cli_runv(&r, 200, NULL, one);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    double v1 = val_loss(r.out);
+    char *two[64] = {"run", "-n", "2", "--", cli()};
+    int n = 5;
+    for (int i = 0; one[i]; i++)
+        two[n++] = !strcmp(one[i], m1) ? m2 : one[i];
+    two[n++] = "--pp", two[n++] = "2", two[n++] = "--pp-schedule", two[n++] = "interleaved";
+    two[n++] = "--micro-batches", two[n++] = "2", two[n] = NULL;
+    cli_runv(&r, 200, NULL, two);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule interleaved");
+    double v2 = val_loss(r.out);
+    fprintf(stderr, "gpt val loss: one process %.6f, --pp 2 %.6f\n", v1, v2);
+    ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+}
+
 TEST(option_errors)
 {
     if (!cli())
@@ -107,6 +160,7 @@ int main(void)
     RUN(option_errors);
     RUN(mlp_pp2_equals_one_process);
     RUN(mlp_dp2_pp2_equals_ddp);
+    RUN(gpt_pp2_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }

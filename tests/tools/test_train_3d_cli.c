@@ -1,0 +1,152 @@
+/* `dtrain train --dp 2 --tp 2 --pp 2` under `dtrain run -n 8`: the GPT on
+ * one dp x tp x pp mesh (2 replicas, each layer split over 2 ranks, 2
+ * pipeline stages, 1f1b with 2 micro-batches) gives the single-process
+ * run's step losses and validation loss (the single process takes the
+ * global batch of 8: the distributed sampler's two shares of a step are
+ * the random sampler's batch of the same seed), and the placement option
+ * errors are one line with exit 2. The MLP as tp 2 x pp 2 (zbh1) on 4
+ * ranks gives the single-process step losses too.
+ *
+ * The bound. Both runs compute the same sums in another order: the
+ * loss is a mean over the N = B T = 128 rows of a batch, each row's
+ * logits sums of C = 32 products, the vocabulary-parallel loss a sum over
+ * two halves of the vocabulary, the gradients m = 2 micro-batch partial
+ * sums averaged over 2 replicas. Step 1's loss is then within about
+ * N u |loss| (u = 2^-24: 7.6e-6 relative) of the single process's, and
+ * the AdamW steps after it move both runs' weights by the same lr-sized
+ * updates computed from gradients that differ by rounding (8 N u max|g|,
+ * tests/pipeline/pipe_train.h), so we allow 1e-5 relative plus the
+ * metrics file's printing step (6 decimals: 1.5e-6) on each step's loss,
+ * and the printed validation loss (4 decimals) within 2e-4. A replica
+ * whose gradients are not averaged, a tensor-parallel slice summed twice,
+ * a stage whose parameters the evaluation does not see, or a loss counted
+ * once per rank instead of once per replica is off by far more. */
+// dt-test-timeout: 120
+// dt-test-labels: threads
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <math.h>
+
+static char *cli(void) { return getenv("DT_CLI"); }
+
+static double val_loss(const char *out)
+{
+    const char *p = strstr(out, "val loss: ");
+    return p ? atof(p + 10) : NAN;
+}
+
+/* dtrain [run -n ranks --] train --model gpt-micro ... extra, metrics into m. */
+static void run_gpt(cli_result *r, int ranks, const char *batch, char *const *extra, const char *m)
+{
+    static char data[320];
+    if (!data[0]) {
+        char bin[300];
+        uint16_t tok[2000];
+        for (int i = 0; i < 2000; i++)
+            tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+        snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
+        if (dt_tokens_write(bin, tok, 2000) < 0)
+            fprintf(stderr, "writing %s failed\n", bin);
+        snprintf(data, sizeof data, "tokens:%s", bin);
+    }
+    char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
+                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",
+                    (char *)batch, "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1",
+                    "--progress", "plain", "--log-every", "1", "--metrics", (char *)m};
+    char *args[64];
+    int n = 0;
+    if (ranks > 1) {
+        static char nr[16];
+        snprintf(nr, sizeof nr, "%d", ranks);
+        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
+    }
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        args[n++] = base[i];
+    for (char *const *e = extra; e && *e; e++)
+        args[n++] = *e;
+    args[n] = NULL;
+    cli_runv(r, 100, NULL, args);
+    if (r->code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+}
+
+TEST(gpt_dp2_tp2_pp2_equals_one_process)
+{
+    static cli_result r;
+    char m1[300], m2[300];
+    snprintf(m1, sizeof m1, "%s/one.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/3d.jsonl", cli_tmpdir());
+    run_gpt(&r, 1, "8", NULL, m1);
+    ASSERT_EQ_INT(r.code, 0);
+    double v1 = val_loss(r.out);
+    run_gpt(&r, 8, "4", (char *[]){"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2", NULL}, m2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 2 tensor-parallel x 2 data-parallel, schedule "
+                               "1f1b, 2 micro-batches per batch");
+    ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
+    double v2 = val_loss(r.out);
+    fprintf(stderr, "gpt val loss: one process %.6f, dp 2 x tp 2 x pp 2 %.6f\n", v1, v2);
+    ASSERT(fabs(v1 - v2) <= 2e-4);
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 4);
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+}
+
+/* The MLP's two weights in two stages, each split over 2 ranks (what
+ * crosses the stages is each rank's hidden slice): 4 ranks as tp 2 x pp 2
+ * give the single-process step losses. */
+TEST(mlp_tp2_pp2_equals_one_process)
+{
+    static cli_result r;
+    char m1[300], m2[300];
+    snprintf(m1, sizeof m1, "%s/m1.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/m2.jsonl", cli_tmpdir());
+    char *one[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
+                   "--batch", "4", "--limit-test", "16", "--optimizer", "adamw", "--lr", "0.01", "--seed", "2",
+                   "--progress", "plain", "--log-every", "1", "--threads", "1", "--metrics", m1, NULL};
+    cli_runv(&r, 100, NULL, one);
+    ASSERT_EQ_INT(r.code, 0);
+    char *four[64] = {"run", "-n", "4", "--", cli()};
+    int n = 5;
+    for (int i = 0; one[i]; i++)
+        four[n++] = !strcmp(one[i], m1) ? m2 : one[i];
+    four[n++] = "--tp", four[n++] = "2", four[n++] = "--pp", four[n++] = "2", four[n++] = "--pp-schedule";
+    four[n++] = "zbh1", four[n] = NULL;
+    cli_runv(&r, 100, NULL, four);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 stages x 2 tensor-parallel x 1 data-parallel, schedule zbh1");
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
+    ASSERT_EQ_INT(na, 16);
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+}
+
+TEST(placement_errors)
+{
+    static cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"run", "-n", "4", "--", cli(), "train", "--model", "mlp", "--dp", "2", "--tp", "2", "--pp",
+                        "2", NULL});
+    ASSERT(r.code != 0);
+    ASSERT_STR_CONTAINS(r.err, "--dp 2 x --tp 2 x --pp 2 is 8 ranks; this job has 4");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"run", "-n", "6", "--", cli(), "train", "--model", "mlp", "--tp", "2", "--pp", "2", NULL});
+    ASSERT(r.code != 0);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 x --pp 2 (4 ranks per replica) does not divide this job's 6 ranks");
+}
+
+int main(void)
+{
+    if (!cli())
+        DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
+    RUN(placement_errors);
+    RUN(mlp_tp2_pp2_equals_one_process);
+    RUN(gpt_dp2_tp2_pp2_equals_one_process);
+    cli_cleanup();
+    return TEST_REPORT();
+}
