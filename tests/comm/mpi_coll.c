@@ -10,6 +10,7 @@
  * be that one. Each rank prints its failures; the exit code is non-zero on
  * any failure, and mpirun returns it. */
 #include "dtrain/comm.h"
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -247,6 +248,62 @@ static void test_movement(dt_pg *pg)
     CHECK_OK(dt_pg_barrier(pg));
 }
 
+/* The strided-layout collectives (the group layer's pack/unpack on this
+ * backend): a gather along the middle dim of [3, n, 5] with uneven chunks
+ * (rank q holds q + 1 rows of it), an all-to-all and a reduce-scatter whose
+ * blocks are the chunks of the middle dim of [3, W*2, 5]. f32 and u8. */
+static void test_blocks(dt_pg *pg)
+{
+    size_t W = (size_t)g_w, me = (size_t)g_rank, A = 3, B = 5, n = W * (W + 1) / 2;
+    dt_dtype dts[2] = {DT_F32, DT_U8};
+    for (int d = 0; d < 2; d++) {
+        dt_dtype dt = dts[d];
+        size_t es = dt_dtype_size(dt), st = me * (me + 1) / 2, len = me + 1;
+        dt_pg_block *rb = xalloc(W * sizeof *rb), *sb = xalloc(W * sizeof *sb);
+        for (size_t q = 0; q < W; q++)
+            rb[q] = (dt_pg_block){q * (q + 1) / 2 * B, A, (q + 1) * B, n * B};
+        char *s = xalloc(A * len * B * es + 1), *r = xalloc(A * n * B * es + 1);
+        for (size_t a = 0, i = 0; a < A; a++)
+            for (size_t x = 0; x < len * B; x++)
+                dt_dtype_store(dt, s, i++, (double)((a * n * B + st * B + x) % 97));
+        CHECK_OK(dt_pg_allgather_blocks(pg, s, r, rb, dt));
+        for (size_t g = 0; g < A * n * B; g++)
+            CHECK(dt_dtype_load(dt, r, g) == (double)(g % 97), "allgather_blocks %s [%zu]",
+                  dt_dtype_name(dt), g);
+        free(s);
+        free(r);
+        size_t L = 2, cnt = A * L * B, tot = W * cnt;
+        for (size_t q = 0; q < W; q++)
+            sb[q] = (dt_pg_block){q * L * B, A, L * B, W * L * B};
+        s = xalloc(tot * es + 1);
+        r = xalloc(tot * es + 1);
+        for (size_t q = 0; q < W; q++)
+            for (size_t i = 0; i < cnt; i++)
+                dt_dtype_store(dt, s, sb[q].off + i / sb[q].run * sb[q].stride + i % sb[q].run,
+                               (double)((me * 7 + q * 3 + i) % 11));
+        CHECK_OK(dt_pg_alltoall_blocks(pg, s, sb, r, sb, cnt, dt));
+        for (size_t q = 0; q < W; q++)
+            for (size_t i = 0; i < cnt; i++)
+                CHECK(dt_dtype_load(dt, r, sb[q].off + i / sb[q].run * sb[q].stride +
+                                               i % sb[q].run) == (double)((q * 7 + me * 3 + i) % 11),
+                      "alltoall_blocks %s block %zu [%zu]", dt_dtype_name(dt), q, i);
+        CHECK_OK(dt_pg_reduce_scatter_blocks(pg, s, sb, r, cnt, dt, DT_REDUCE_MAX));
+        for (size_t i = 0; i < cnt; i++) {
+            double want = 0;
+            for (size_t q = 0; q < W; q++) {
+                double v = (double)((q * 7 + me * 3 + i) % 11);
+                want = v > want ? v : want;
+            }
+            CHECK(dt_dtype_load(dt, r, i) == want, "reduce_scatter_blocks %s [%zu]",
+                  dt_dtype_name(dt), i);
+        }
+        free(s);
+        free(r);
+        free(rb);
+        free(sb);
+    }
+}
+
 /* Send around a ring, asynchronously, then a subgroup of the even ranks. */
 static void test_p2p_and_subgroup(dt_pg *pg)
 {
@@ -460,6 +517,85 @@ static void test_timeout(dt_pg *world)
     dt_pg_free(pg);
 }
 
+/* f16/bf16 reductions travel as 16 bits and are accumulated in f32 in rank
+ * order, divided by W for an average and rounded once: the same bits as a
+ * reference that does exactly that (the shm backend's direct all-reduce).
+ * Values spread over 2^20 so that, in bf16, the f32 sums round and the
+ * order shows; counts that split unevenly over the ranks. */
+static uint16_t half_value(dt_dtype dt, int r, size_t i)
+{
+    float v = (float)((double)((int)((i * 37 + (size_t)r * 101) % 1000) - 500) / 61.0 *
+                      ldexp(1.0, (int)((i + (size_t)r) % 21) - 10));
+    if (dt == DT_F16) /* keep within f16's range */
+        v = (float)((double)((int)((i * 37 + (size_t)r * 101) % 1000) - 500) / 61.0 *
+                    ldexp(1.0, (int)((i + (size_t)r) % 9) - 4));
+    uint16_t h;
+    dt_k_convert(&v, DT_F32, &h, dt, 1);
+    return h;
+}
+
+static uint16_t half_expect(dt_dtype dt, dt_reduce_op op, size_t i)
+{
+    float acc = 0;
+    for (int r = 0; r < g_w; r++) {
+        uint16_t h = half_value(dt, r, i);
+        float f;
+        dt_k_convert(&h, dt, &f, DT_F32, 1);
+        if (r == 0)
+            acc = f;
+        else if (op == DT_REDUCE_MAX)
+            acc = f > acc ? f : acc;
+        else
+            acc += f;
+    }
+    if (op == DT_REDUCE_AVG)
+        acc /= (float)g_w;
+    uint16_t h;
+    dt_k_convert(&acc, DT_F32, &h, dt, 1);
+    return h;
+}
+
+static void test_half_exact(dt_pg *pg)
+{
+    const dt_dtype dts[] = {DT_F16, DT_BF16};
+    const dt_reduce_op ops[] = {DT_REDUCE_SUM, DT_REDUCE_AVG, DT_REDUCE_MAX};
+    const size_t counts[] = {1, 5, 1001, 20001};
+    for (int d = 0; d < 2; d++)
+        for (int o = 0; o < 3; o++)
+            for (int ci = 0; ci < 4; ci++) {
+                const dt_dtype dt = dts[d];
+                const dt_reduce_op op = ops[o];
+                const size_t n = counts[ci];
+                uint16_t *s = xalloc(n * (size_t)g_w * 2), *r = xalloc(n * (size_t)g_w * 2);
+                for (int inpl = 0; inpl < 2; inpl++) {
+                    for (size_t i = 0; i < n; i++)
+                        s[i] = half_value(dt, g_rank, i);
+                    CHECK_OK(dt_pg_allreduce(pg, inpl ? DT_IN_PLACE : s, inpl ? s : r, n, dt, op));
+                    const uint16_t *out = inpl ? s : r;
+                    for (size_t i = 0; i < n; i++)
+                        CHECK(out[i] == half_expect(dt, op, i), "allreduce %s %s n=%zu inpl=%d [%zu]: 0x%04x, "
+                              "want 0x%04x", dt_dtype_name(dt), dt_reduce_op_name(op), n, inpl, i, out[i],
+                              half_expect(dt, op, i));
+                }
+                /* reduce to the last rank */
+                for (size_t i = 0; i < n; i++)
+                    s[i] = half_value(dt, g_rank, i);
+                memset(r, 0, n * 2);
+                CHECK_OK(dt_pg_reduce(pg, s, r, n, dt, op, g_w - 1));
+                for (size_t i = 0; g_rank == g_w - 1 && i < n; i++)
+                    CHECK(r[i] == half_expect(dt, op, i), "reduce %s n=%zu [%zu]", dt_dtype_name(dt), n, i);
+                /* reduce-scatter: n per rank, the input is W blocks */
+                for (size_t i = 0; i < n * (size_t)g_w; i++)
+                    s[i] = half_value(dt, g_rank, i);
+                CHECK_OK(dt_pg_reduce_scatter(pg, s, r, n, dt, op));
+                for (size_t i = 0; i < n; i++)
+                    CHECK(r[i] == half_expect(dt, op, (size_t)g_rank * n + i), "reduce_scatter %s n=%zu [%zu]",
+                          dt_dtype_name(dt), n, i);
+                free(s);
+                free(r);
+            }
+}
+
 int main(void)
 {
     dt_pg *pg;
@@ -476,7 +612,9 @@ int main(void)
         g_fail++;
     }
     test_reductions(pg);
+    test_half_exact(pg);
     test_movement(pg);
+    test_blocks(pg);
     test_p2p_and_subgroup(pg);
     test_batch_split_dup_v(pg);
     test_alltoallv(pg);
