@@ -21,6 +21,13 @@
 #   NETBED_NS       the namespaces, node order  NETBED_SUBNET  e.g. 198.18.7.0/24
 #   NETBED_RSH      the rsh agent (NETBED_RSH ADDR CMD runs CMD on that node)
 #   NETBED_TAG      this bed's unique tag (every namespace and link name has it)
+#   NETBED_BYTES    a script printing one line per node, "I OUT IN": the bytes
+#                   node I's link has carried out of and into the node so far
+#                   (the tc qdisc counters of both ends: frames with their
+#                   Ethernet/IP/TCP headers); run it before and after a
+#                   command for the bytes the command sent across each link
+#                   (shaped links only: with --rate none there is no qdisc
+#                   that counts, and it prints 0)
 #
 # Options:
 #   --nodes N       number of nodes (2; 2..16)
@@ -249,6 +256,18 @@ exec "$NODEEXEC" "\$ns" /bin/sh -c "\$*"
 EOF
 chmod 755 "$RSH"
 
+# Bytes each link carried: the node's egress (eth0 in the node) and the
+# switch's egress towards the node (its port in the switch namespace).
+BYTES="$WORK/bytes"
+{
+  echo '#!/bin/sh'
+  echo 'sent() { ip netns exec "$1" tc -s qdisc show dev "$2" | awk '"'"'/Sent/ { print $2; exit }'"'"'; }'
+  for ((i = 0; i < NODES; i++)); do
+    echo "echo $i \$(sent ${NS[$i]} eth0) \$(sent $SW nb${TAG}b$i)"
+  done
+} > "$BYTES"
+chmod 755 "$BYTES"
+
 HOSTS=""
 for a in "${ADDRS[@]}"; do HOSTS="${HOSTS:+$HOSTS,}$a:$SLOTS"; done
 ROOTOPT=""
@@ -260,6 +279,7 @@ MPIRUN="mpirun $ROOTOPT --host $HOSTS $MPIARGS --bind-to none"
 
 export NETBED_TAG="$TAG" NETBED_HOSTS="$HOSTS" NETBED_ADDRS="${ADDRS[*]}" NETBED_NS="${NS[*]}"
 export NETBED_SUBNET="$SUBNET" NETBED_RSH="$RSH" NETBED_MPIRUN="$MPIRUN" NETBED_MPI_ARGS="$MPIARGS"
+export NETBED_BYTES="$BYTES"
 echo "netbed: $NODES nodes (${NS[*]}), addresses ${ADDRS[*]}, links ${RATE}${DELAY:+ + $DELAY delay}, tag $TAG" >&2
 
 # In the background and waited for, so that a signal runs the trap (and the

@@ -128,7 +128,8 @@
  *     dt_pg_free(h);                    // before pg
  *
  * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
- * DT_COMM_CHECK, DT_SIM_LOCAL_SIZE (dt_pg_topology), and those of rank
+ * DT_COMM_CHECK, DT_SIM_LOCAL_SIZE (dt_pg_topology), DT_HIER_CHUNK_KB
+ * (dt_pg_hierarchical), and those of rank
  * discovery above. The shm backend's own
  * (DT_SHM_ALGO, DT_SHM_HEAP_MB, DT_SHM_STAGING_KB, DT_SHM_SLOT_BYTES,
  * DT_SHM_SPIN) are described in src/comm/shm/shm.h; the DT_SHM_ALGO syntax
@@ -296,7 +297,14 @@ DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
  * other nodes that hold the same shard (the "cross" group: one rank per
  * node, same local rank), intra-node all-gather. Per node only the data
  * volume of one all-reduce crosses the network, shared by the node's ranks,
- * instead of every rank's full share. With equal nodes its reduce-scatter
+ * instead of every rank's full share. With equal nodes the all-reduce runs
+ * in chunks of $DT_HIER_CHUNK_KB KiB (default 4096; the same on every
+ * rank, else an error here): the cross step of each chunk is a ring
+ * (reduce-scatter, all-gather) that sends 2 (N-1)/N of the shard each way
+ * (N nodes), every local rank's ring at once, while the intra-node steps
+ * of the neighbouring chunks run over the node's shared memory; so a
+ * node's link carries 2 (N-1)/N of the data in each direction, the minimum
+ * for any all-reduce over N nodes. With equal nodes its reduce-scatter
  * is two-level too (ZeRO-2/3's gradients): the input blocks are reordered
  * node-major into scratch (W * count elements while it runs), reduce-
  * scattered within the node, then among the cross group. Every other
@@ -311,11 +319,15 @@ DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
  * from the flat result by at most 2 (W-1) u sum_r |x_r| (u = unit roundoff
  * of the dtype; both are within (W-1) u sum|x| of the exact sum), and is
  * bit-identical when the partial sums are exact. avg = sum / W at the end.
- * f16/bf16 round once per level (twice in all).
+ * f16/bf16 round once inside the node and once per ring step across nodes
+ * (N-1 times).
  *
  * Collective over pg (it runs dt_pg_topology and three dt_pg_split calls);
  * *out owns the group and its two subgroups: dt_pg_free(*out) releases all
- * three, before pg. Errors: those of dt_pg_topology and dt_pg_split. */
+ * three, before pg. Errors: those of dt_pg_topology and dt_pg_split;
+ * DT_ERR_INVALID_ARG ($DT_HIER_CHUNK_KB not a count in 1..1048576 on some
+ * rank) and DT_ERR_MISMATCH (different values on different ranks), on
+ * every rank. */
 DT_API dt_status dt_pg_hierarchical(dt_pg *pg, dt_pg **out);
 /* 1 when pg's all-reduce runs the two-level algorithm (a group from
  * dt_pg_hierarchical over more than one node with several ranks on some

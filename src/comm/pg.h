@@ -114,7 +114,8 @@ struct dt__hier {
     dt_pg *intra;            /* this node's ranks, in group order */
     dt_pg *inter;            /* the cross group; NULL on ranks outside it (unequal nodes) */
     size_t *counts, *displs; /* allgatherv layout scratch (intra size each) */
-    int *slot;               /* homogeneous: slot[r] = local(r) * nnodes + node(r), W entries */
+    int *slot;               /* slot[r] = local(r) * nnodes + node(r), W entries */
+    size_t chunk_bytes;      /* all-reduce pipeline chunk ($DT_HIER_CHUNK_KB) */
 };
 
 /* Hierarchical reduce-scatter (reduce_scatter_hier.c), homogeneous nodes

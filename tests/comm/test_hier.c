@@ -15,6 +15,7 @@
 
 typedef struct {
     int nodes, per_node; /* expected topology (per_node 0: not checked) */
+    int quick;           /* hc_run's quick set */
 } shape;
 
 static int body(int rank, int size, void *arg)
@@ -22,7 +23,7 @@ static int body(int rank, int size, void *arg)
     const shape *s = arg;
     dt_pg *pg;
     TH_OK(th_pg(rank, size, NULL, &pg));
-    int fails = hc_run(pg, s->nodes, s->per_node, 0);
+    int fails = hc_run(pg, s->nodes, s->per_node, s->quick);
     dt_pg_free(pg);
     return fails ? 1 : 0;
 }
@@ -30,7 +31,7 @@ static int body(int rank, int size, void *arg)
 static int run_sim(int W, const char *sim, int nodes, int per_node)
 {
     setenv("DT_SIM_LOCAL_SIZE", sim, 1);
-    shape s = {nodes, per_node};
+    shape s = {nodes, per_node, 0};
     int rc = th_run(W, 90, body, &s, NULL);
     unsetenv("DT_SIM_LOCAL_SIZE");
     return rc;
@@ -41,6 +42,26 @@ TEST(two_by_three) { ASSERT_EQ_INT(run_sim(6, "3", 2, 3), 0); }
 TEST(three_by_two) { ASSERT_EQ_INT(run_sim(6, "2", 3, 2), 0); }
 /* 5 ranks in nodes of 3: nodes of 3 and 2, unequal: rooted variant */
 TEST(uneven_nodes) { ASSERT_EQ_INT(run_sim(5, "3", 2, 0), 0); }
+/* The all-reduce pipeline in chunks of 1 KiB ($DT_HIER_CHUNK_KB; 4 MiB by
+ * default, so the cases above are one chunk up to 1 Mi elements): many
+ * chunks, a short last chunk, a remainder in the last chunk only, rings of
+ * 2 and 3 nodes; still equal to the flat all-reduce. */
+static int run_chunked(int W, const char *sim, int nodes, int per_node)
+{
+    setenv("DT_SIM_LOCAL_SIZE", sim, 1);
+    setenv("DT_HIER_CHUNK_KB", "1", 1);
+    shape s = {nodes, per_node, 1};
+    int rc = th_run(W, 90, body, &s, NULL);
+    unsetenv("DT_HIER_CHUNK_KB");
+    unsetenv("DT_SIM_LOCAL_SIZE");
+    return rc;
+}
+TEST(chunked_pipeline)
+{
+    ASSERT_EQ_INT(run_chunked(6, "3", 2, 3), 0);
+    ASSERT_EQ_INT(run_chunked(6, "2", 3, 2), 0);
+}
+
 /* one node, and one rank per node: the all-reduce stays flat */
 TEST(degenerate_stay_flat)
 {
@@ -90,6 +111,33 @@ static int bad_env_body(int rank, int size, void *arg)
 
 TEST(bad_sim_env_fails_everywhere) { ASSERT_EQ_INT(th_run(4, 30, bad_env_body, NULL, NULL), 0); }
 
+/* $DT_HIER_CHUNK_KB malformed on rank 2 (every rank gets an error naming
+ * it), or different between ranks (DT_ERR_MISMATCH everywhere). */
+static int bad_chunk_body(int rank, int size, void *arg)
+{
+    int differ = *(const int *)arg;
+    setenv("DT_SIM_LOCAL_SIZE", "2", 1);
+    setenv("DT_HIER_CHUNK_KB", rank == 2 ? (differ ? "64" : "0") : "32", 1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_pg *h = NULL;
+    dt_status st = dt_pg_hierarchical(pg, &h);
+    TH_CHECK(st == (differ ? DT_ERR_MISMATCH : DT_ERR_INVALID_ARG) && h == NULL, "status %s",
+             dt_status_name(st));
+    TH_CHECK(strstr(dt_last_error(), "DT_HIER_CHUNK_KB") != NULL, "message: %s", dt_last_error());
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(bad_chunk_env_fails_everywhere)
+{
+    int differ = 0;
+    ASSERT_EQ_INT(th_run(4, 30, bad_chunk_body, &differ, NULL), 0);
+    differ = 1;
+    ASSERT_EQ_INT(th_run(4, 30, bad_chunk_body, &differ, NULL), 0);
+    unsetenv("DT_HIER_CHUNK_KB");
+}
+
 /* Rank 3 all-reduces one element more than the others: an error on every
  * rank (the subgroups' cross-rank check), within the timeout, not a hang. */
 static int mismatch_body(int rank, int size, void *arg)
@@ -128,9 +176,11 @@ int main(void)
     RUN(two_by_three);
     RUN(three_by_two);
     RUN(uneven_nodes);
+    RUN(chunked_pipeline);
     RUN(degenerate_stay_flat);
     RUN(one_machine_is_one_node);
     RUN(bad_sim_env_fails_everywhere);
+    RUN(bad_chunk_env_fails_everywhere);
     RUN(mismatched_counts_fail);
     return TEST_REPORT();
 }

@@ -323,6 +323,10 @@ static int fits_int(size_t n)
     return n <= (size_t)INT_MAX;
 }
 
+/* In-place all-reduces of at least this many bytes on 4 or more ranks run
+ * out of place from a copy (libnbc's choice, see run_reduction). */
+#define INPLACE_COPY_BYTES 65536
+
 /* Reductions (allreduce, reduce, reduce_scatter) on dtypes MPI can reduce. */
 static dt_status run_reduction(mpi_ctx *m, const dt_coll *c, const void *send, void *recv,
                                MPI_Datatype t)
@@ -339,6 +343,17 @@ static dt_status run_reduction(mpi_ctx *m, const dt_coll *c, const void *send, v
             const char *s = (const char *)send + off * es;
             char *r = recv ? (char *)recv + off * es : NULL;
             const void *sb = (is_root && r == s) ? MPI_IN_PLACE : (const void *)s;
+            void *copy = NULL;
+            if (c->kind == DT_COLL_ALLREDUCE && !m->blocking && sb == MPI_IN_PLACE &&
+                m->size >= 4 && n * es >= INPLACE_COPY_BYTES && (copy = malloc(n * es))) {
+                /* Open MPI's libnbc runs an in-place MPI_Iallreduce as a
+                 * binomial reduce + broadcast (its ring and reduce-scatter/
+                 * all-gather need a separate input): across nodes that sends
+                 * twice the data out of the root's node, one direction at a
+                 * time. A copy of the input takes the out-of-place algorithm. */
+                dt__copy(copy, r, n * es);
+                sb = copy;
+            }
             if (c->kind == DT_COLL_ALLREDUCE) {
                 if (m->blocking)
                     rc = MPI_Allreduce(sb, r, (int)n, t, op, m->comm);
@@ -350,10 +365,14 @@ static dt_status run_reduction(mpi_ctx *m, const dt_coll *c, const void *send, v
                 else
                     rc = MPI_Ireduce(sb, r, (int)n, t, op, c->root, m->comm, &rq);
             }
-            if (rc != MPI_SUCCESS)
+            if (rc != MPI_SUCCESS) {
+                free(copy);
                 return mpi_err(rc, c->kind == DT_COLL_ALLREDUCE ? "MPI_Iallreduce" : "MPI_Ireduce", c);
+            }
             if (!m->blocking) {
                 dt_status st = wait_req(m, &rq, c, NULL);
+                if (st == DT_OK) /* else MPI may still read it (abandoned): leave it */
+                    free(copy);
                 if (st < 0)
                     return st;
             }
