@@ -477,6 +477,55 @@ DT_API dt_status dt_pg_alltoallv(dt_pg *pg, const void *send, const size_t *send
                                  const size_t *sdispls, void *recv, const size_t *recvcounts,
                                  const size_t *rdispls, dt_dtype dt);
 
+/* Strided block layouts. A dt_pg_block is `runs` runs of `run` consecutive
+ * elements, the first at element `off` of a buffer, each run `stride`
+ * elements after the one before (stride >= run when runs > 1); its elements,
+ * runs * run of them, are taken in that order. A row-major box [A, len, B]
+ * cut from [A, n, B] at start st is {st * B, A, len * B, n * B}. The _blocks
+ * collectives move the same data as their contiguous forms, but read or
+ * write those runs in place, so the copy a backend makes anyway (the shm
+ * backend's staging and copy-out) lands the data where it belongs: a
+ * gather along an inner dim costs what a plain all-gather costs. Backends
+ * without layouts (kinds lacks DT_BACKEND_LAYOUTS) get the contiguous form
+ * plus a pack/unpack on the executor. blocks arrays have W entries and are
+ * copied at the call. */
+typedef struct dt_pg_block {
+    size_t off, runs, run, stride;
+} dt_pg_block;
+
+/* All-gather into a layout: rank r contributes rblocks[r].runs * run
+ * contiguous elements (uneven counts, 0 included), which land in recv at
+ * rblocks[r] on every rank. rblocks must be equal on all ranks and the
+ * blocks must not overlap. Not in place. */
+DT_API dt_status dt_pg_allgather_blocks_async(dt_pg *pg, const void *send, void *recv,
+                                              const dt_pg_block *rblocks, dt_dtype dt,
+                                              dt_req **req);
+DT_API dt_status dt_pg_allgather_blocks(dt_pg *pg, const void *send, void *recv,
+                                        const dt_pg_block *rblocks, dt_dtype dt);
+
+/* Reduce-scatter from a layout: block j of send is sblocks[j] (count
+ * elements each, as in dt_pg_reduce_scatter); rank r's recv (count,
+ * contiguous) = op over ranks of their block r. Not in place. */
+DT_API dt_status dt_pg_reduce_scatter_blocks_async(dt_pg *pg, const void *send,
+                                                   const dt_pg_block *sblocks, void *recv,
+                                                   size_t count, dt_dtype dt, dt_reduce_op op,
+                                                   dt_req **req);
+DT_API dt_status dt_pg_reduce_scatter_blocks(dt_pg *pg, const void *send,
+                                             const dt_pg_block *sblocks, void *recv, size_t count,
+                                             dt_dtype dt, dt_reduce_op op);
+
+/* All-to-all through layouts: sblocks[j] of send (count elements) goes to
+ * rank j; the count elements from rank j land at rblocks[j] of recv. Every
+ * block holds exactly count elements (as in dt_pg_alltoall; use
+ * dt_pg_alltoallv for uneven blocks). Not in place. */
+DT_API dt_status dt_pg_alltoall_blocks_async(dt_pg *pg, const void *send,
+                                             const dt_pg_block *sblocks, void *recv,
+                                             const dt_pg_block *rblocks, size_t count,
+                                             dt_dtype dt, dt_req **req);
+DT_API dt_status dt_pg_alltoall_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                       void *recv, const dt_pg_block *rblocks, size_t count,
+                                       dt_dtype dt);
+
 /* Returns when every rank has entered it. */
 DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
 DT_API dt_status dt_pg_barrier(dt_pg *pg);
@@ -530,6 +579,13 @@ typedef struct dt_coll {
     const size_t *counts;  /* allgatherv: W element counts */
     const size_t *displs;  /* allgatherv: W element displacements (never NULL here) */
     int in_place;          /* 1 if send aliases recv */
+    /* Layouts (only for a backend whose kinds has DT_BACKEND_LAYOUTS; NULL
+     * otherwise, and for contiguous buffers): allgatherv: rblocks[r] is
+     * where rank r's block lands in recv (instead of displs[r]); alltoall:
+     * sblocks[j] / rblocks[j] are block j of send / recv (instead of
+     * send + j * count, recv + j * count); reduce_scatter: sblocks[j] is
+     * block j of send. */
+    const struct dt_pg_block *sblocks, *rblocks;
     uint64_t seq;          /* sequence number (collectives: per group; p2p: per peer pair) */
     double timeout_s;      /* the group's per-operation timeout */
 } dt_coll;
@@ -545,6 +601,11 @@ typedef struct dt_backend_info {
     const char *options;     /* text after the name in the backend string ("shm?x=1" → "x=1"), "" if none */
 } dt_backend_info;
 
+/* Bits of dt_backend_ops.kinds beyond the kinds: every kind, and "run
+ * reads and writes the strided layouts of dt_coll.sblocks / rblocks". */
+#define DT_BACKEND_ALL_KINDS ((1u << DT_COLL_KIND_COUNT) - 1u)
+#define DT_BACKEND_LAYOUTS (1u << 31)
+
 typedef struct dt_backend_ops {
     int version;        /* required: DT_BACKEND_VERSION */
     const char *name;   /* required: registry name, [a-z0-9_]+ */
@@ -557,7 +618,9 @@ typedef struct dt_backend_ops {
      * with dt_error() set; the message is copied into the request. */
     dt_status (*run)(void *ctx, const dt_coll *c);
     /* Optional (0 = all kinds): bit (1u << kind) set for each kind `run`
-     * handles; others fail with DT_ERR_UNSUPPORTED naming backend and kind. */
+     * handles; others fail with DT_ERR_UNSUPPORTED naming backend and kind.
+     * Add DT_BACKEND_LAYOUTS (with the kinds' bits, DT_BACKEND_ALL_KINDS
+     * for all) when run honours dt_coll.sblocks / rblocks. */
     uint32_t kinds;
     /* Optional (default: dt_alloc / dt_free; collectives get plain memory). */
     void *(*mem_alloc)(void *ctx, size_t bytes);

@@ -266,7 +266,14 @@ DT_API char *dt_dtensor_str(const dt_dtensor *x, char *buf, size_t n);
  * ranks of both: every rank of either mesh calls it; others may too and get
  * an empty result). Same global shape and dtype; NULL on error (the
  * placements are checked before anything moves). Supported dtypes: those
- * of the collectives (f32, f64, f16, bf16, i32, i64, u8; max/min/sum). */
+ * of the collectives (f32, f64, f16, bf16, i32, i64, u8; max/min/sum).
+ * Before any data moves the ranks compare their source and target
+ * placements, global shape, dtype and meshes (one small all-reduce per
+ * mesh dim; across meshes that together hold every rank, one over the
+ * world): ranks that disagree all fail with DT_ERR_MISMATCH naming the
+ * tensor and both variants ("some pass [Shard(0)] -> [Replicate()],
+ * others [Shard(0)] -> [Shard(1)]"). DT_RESHARD_CHECK=0 turns the check
+ * off (a disagreement is then left to the comm layer's mismatch check). */
 DT_API dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placement *pl);
 
 /* ---- ops on distributed tensors (sharding propagation) ------------------------------

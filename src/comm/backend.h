@@ -67,6 +67,12 @@ void dt__avg_finish(dt_dtype dt, void *buf, size_t count, int w);
 /* Large copies (non-temporal stores past the cache size). */
 void dt__copy(void *dst, const void *src, size_t bytes);
 
+/* Copy m elements from element sa of layout sb of src to element da of
+ * layout db of dst (blocks.c; a NULL layout is contiguous from element 0;
+ * a layout's elements are taken run by run). es: element size. */
+void dt__blk_copy(void *dst, const dt_pg_block *db, size_t da, const void *src,
+                  const dt_pg_block *sb, size_t sa, size_t m, size_t es);
+
 /* A one-line description of an operation for messages:
  * "allreduce(count=10, f32, sum) #5". Returns buf. */
 char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);

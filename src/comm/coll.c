@@ -630,6 +630,271 @@ dt_status dt_pg_alltoall(dt_pg *pg, const void *send, void *recv, size_t count, 
     return alltoall(pg, send, recv, count, dt, NULL);
 }
 
+/* ---- strided layouts: allgather_blocks, alltoall_blocks ----
+ * A backend with DT_BACKEND_LAYOUTS gets the layouts in dt_coll (sblocks,
+ * rblocks) and copies in place; any other runs the contiguous form through
+ * a packed buffer: pre (on the executor) packs the send blocks, post
+ * unpacks into the receive blocks. The state holds copies of the arrays
+ * (the caller's may go away after an asynchronous post). */
+typedef struct {
+    size_t *counts, *displs;   /* W each */
+    dt_pg_block *sb, *rb;      /* W each */
+    const char *user_send;
+    char *user_recv;
+    char *tmp;                 /* packed buffer (fallback), else NULL */
+    size_t count, es;
+    int W;
+} blk_state;
+
+/* Check W blocks of a buffer: each holds runs * run elements (no overflow),
+ * stride >= run when runs > 1, and its extent fits the address space; if
+ * count != SIZE_MAX every block must hold exactly count. counts (may be
+ * NULL) gets the element counts. */
+static dt_status check_blocks(const char *fn, const char *what, const dt_pg_block *b, int W,
+                              dt_dtype dt, const void *buf, size_t count, size_t *counts)
+{
+    if (!b)
+        return dt_error(DT_ERR_NULL, "%s: NULL %s", fn, what);
+    for (int j = 0; j < W; j++) {
+        size_t n = 0, ext = 0;
+        if (b[j].runs && b[j].run) {
+            if (b[j].run > SIZE_MAX / b[j].runs ||
+                (b[j].runs > 1 && (b[j].stride < b[j].run ||
+                                   b[j].stride > (SIZE_MAX - b[j].run) / (b[j].runs - 1))))
+                return dt_error(DT_ERR_INVALID_ARG,
+                                "%s: %s[%d] {off %zu, runs %zu, run %zu, stride %zu}: the runs "
+                                "overlap or the extent overflows",
+                                fn, what, j, b[j].off, b[j].runs, b[j].run, b[j].stride);
+            n = b[j].runs * b[j].run;
+            ext = (b[j].runs - 1) * b[j].stride + b[j].run;
+            if (b[j].off > SIZE_MAX - ext ||
+                check_size(fn, b[j].off + ext, 1, dt, buf, NULL) < 0)
+                return dt_error(DT_ERR_INVALID_ARG, "%s: %s[%d] (offset %zu, extent %zu) is "
+                                "beyond any buffer", fn, what, j, b[j].off, ext);
+            CHK(need(buf, n, fn, what));
+        }
+        if (count != SIZE_MAX && n != count)
+            return dt_error(DT_ERR_INVALID_ARG,
+                            "%s: %s[%d] holds %zu elements (runs %zu x run %zu), not count %zu",
+                            fn, what, j, n, b[j].runs, b[j].run, count);
+        if (counts)
+            counts[j] = n;
+    }
+    return DT_OK;
+}
+
+/* The state with room for the arrays and, when tmp_elems > 0, a packed
+ * 64-byte aligned buffer. */
+static blk_state *blk_new(int W, size_t es, size_t tmp_elems)
+{
+    size_t head = sizeof(blk_state) + 2 * (size_t)W * (sizeof(size_t) + sizeof(dt_pg_block));
+    head = (head + 63) / 64 * 64;
+    char *m = calloc(1, head + (tmp_elems ? tmp_elems * es + 64 : 0));
+    if (!m)
+        return NULL;
+    blk_state *x = (blk_state *)(void *)m;
+    x->sb = (dt_pg_block *)(void *)(x + 1);
+    x->rb = x->sb + W;
+    x->counts = (size_t *)(void *)(x->rb + W);
+    x->displs = x->counts + W;
+    x->tmp = tmp_elems ? (char *)(((uintptr_t)m + head + 63) / 64 * 64) : NULL;
+    x->W = W;
+    x->es = es;
+    return x;
+}
+
+/* Post c with the hooks and state x (taken over); wait when req is NULL. */
+static dt_status blk_post(dt_pg *pg, const dt_coll *c, dt_status (*pre)(dt_req *),
+                          void (*post)(dt_req *), blk_state *x, dt_req **req)
+{
+    dt_req *r;
+    dt_status st = dt__pg_post_ex(pg, c, NULL, pre, post, x, req != NULL, &r);
+    if (st < 0)
+        return st;
+    if (req) {
+        *req = r;
+        return DT_OK;
+    }
+    st = dt_req_wait(r, -1);
+    dt_req_free(r);
+    return st;
+}
+
+static void agb_unpack(dt_req *r)
+{
+    blk_state *x = r->xf;
+    for (int j = 0; j < x->W; j++)
+        dt__blk_copy(x->user_recv, &x->rb[j], 0, x->tmp + x->displs[j] * x->es, NULL, 0,
+                     x->counts[j], x->es);
+}
+
+static dt_status allgather_blocks(dt_pg *pg, const void *send, void *recv,
+                                  const dt_pg_block *rblocks, dt_dtype dt, dt_req **req)
+{
+    const char *fn = "dt_pg_allgather_blocks";
+    CHK(check_common(pg, fn, dt, req));
+    int W = pg->size;
+    size_t *counts = malloc((size_t)W * sizeof *counts), total = 0;
+    if (!counts)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    dt_status st = check_blocks(fn, "rblocks", rblocks, W, dt, recv, SIZE_MAX, counts);
+    for (int j = 0; st == DT_OK && j < W; j++) {
+        if (counts[j] > SIZE_MAX - total)
+            st = dt_error(DT_ERR_INVALID_ARG, "%s: the sum of counts overflows", fn);
+        total += counts[j];
+    }
+    if (st == DT_OK)
+        st = need(send, counts[pg->rank], fn, "send (not in place)");
+    if (st == DT_OK)
+        st = check_size(fn, counts[pg->rank], 1, dt, send, NULL);
+    int native = pg->ops->kinds & DT_BACKEND_LAYOUTS;
+    blk_state *x = st == DT_OK ? blk_new(W, dt_dtype_size(dt), native ? 0 : total) : NULL;
+    if (st == DT_OK && !x)
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory (%zu elements)", fn, total);
+    if (st < 0) {
+        free(counts);
+        return st;
+    }
+    memcpy(x->counts, counts, (size_t)W * sizeof *counts);
+    free(counts);
+    memcpy(x->rb, rblocks, (size_t)W * sizeof *rblocks);
+    size_t off = 0;
+    for (int j = 0; j < W; j++) {
+        x->displs[j] = native ? x->rb[j].off : off;
+        off += x->counts[j];
+    }
+    x->user_recv = recv;
+    dt_coll c = coll_make(DT_COLL_ALLGATHERV, send, native ? recv : x->tmp, x->counts[pg->rank], dt);
+    c.counts = x->counts;
+    c.displs = x->displs;
+    c.rblocks = native ? x->rb : NULL;
+    return blk_post(pg, &c, NULL, native ? NULL : agb_unpack, x, req);
+}
+dt_status dt_pg_allgather_blocks_async(dt_pg *pg, const void *send, void *recv,
+                                       const dt_pg_block *rblocks, dt_dtype dt, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_allgather_blocks_async: NULL req");
+    return allgather_blocks(pg, send, recv, rblocks, dt, req);
+}
+dt_status dt_pg_allgather_blocks(dt_pg *pg, const void *send, void *recv,
+                                 const dt_pg_block *rblocks, dt_dtype dt)
+{
+    return allgather_blocks(pg, send, recv, rblocks, dt, NULL);
+}
+
+static dt_status a2ab_pack(dt_req *r)
+{
+    blk_state *x = r->xf;
+    for (int j = 0; j < x->W; j++)
+        dt__blk_copy(x->tmp, NULL, (size_t)j * x->count, x->user_send, &x->sb[j], 0, x->count,
+                     x->es);
+    return DT_OK;
+}
+
+static void a2ab_unpack(dt_req *r)
+{
+    blk_state *x = r->xf;
+    char *in = x->tmp + (size_t)x->W * x->count * x->es;
+    for (int j = 0; j < x->W; j++)
+        dt__blk_copy(x->user_recv, &x->rb[j], 0, in, NULL, (size_t)j * x->count, x->count, x->es);
+}
+
+static dt_status alltoall_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                 void *recv, const dt_pg_block *rblocks, size_t count,
+                                 dt_dtype dt, dt_req **req)
+{
+    const char *fn = "dt_pg_alltoall_blocks";
+    CHK(check_common(pg, fn, dt, req));
+    int W = pg->size;
+    CHK(check_size(fn, count, 2 * (size_t)W, dt, NULL, NULL));
+    CHK(check_blocks(fn, "sblocks", sblocks, W, dt, send, count, NULL));
+    CHK(check_blocks(fn, "rblocks", rblocks, W, dt, recv, count, NULL));
+    if (count && send == recv)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: send and recv are the same buffer (not in "
+                        "place)", fn);
+    int native = pg->ops->kinds & DT_BACKEND_LAYOUTS;
+    blk_state *x = blk_new(W, dt_dtype_size(dt), native ? 0 : 2 * (size_t)W * count);
+    if (!x)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    memcpy(x->sb, sblocks, (size_t)W * sizeof *sblocks);
+    memcpy(x->rb, rblocks, (size_t)W * sizeof *rblocks);
+    x->user_send = send;
+    x->user_recv = recv;
+    x->count = count;
+    dt_coll c = coll_make(DT_COLL_ALLTOALL, native ? send : x->tmp,
+                          native ? recv : x->tmp + (size_t)W * count * x->es, count, dt);
+    if (native) {
+        c.sblocks = x->sb;
+        c.rblocks = x->rb;
+    }
+    return blk_post(pg, &c, native ? NULL : a2ab_pack, native ? NULL : a2ab_unpack, x, req);
+}
+dt_status dt_pg_alltoall_blocks_async(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                      void *recv, const dt_pg_block *rblocks, size_t count,
+                                      dt_dtype dt, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_alltoall_blocks_async: NULL req");
+    return alltoall_blocks(pg, send, sblocks, recv, rblocks, count, dt, req);
+}
+dt_status dt_pg_alltoall_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                void *recv, const dt_pg_block *rblocks, size_t count, dt_dtype dt)
+{
+    return alltoall_blocks(pg, send, sblocks, recv, rblocks, count, dt, NULL);
+}
+
+static dt_status rsb_pack(dt_req *r)
+{
+    blk_state *x = r->xf;
+    for (int j = 0; j < x->W; j++)
+        dt__blk_copy(x->tmp, NULL, (size_t)j * x->count, x->user_send, &x->sb[j], 0, x->count,
+                     x->es);
+    return DT_OK;
+}
+
+static dt_status reduce_scatter_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                       void *recv, size_t count, dt_dtype dt, dt_reduce_op op,
+                                       dt_req **req)
+{
+    const char *fn = "dt_pg_reduce_scatter_blocks";
+    CHK(check_common(pg, fn, dt, req));
+    CHK(check_op(fn, op));
+    int W = pg->size;
+    CHK(check_size(fn, count, (size_t)W, dt, recv, NULL));
+    CHK(check_blocks(fn, "sblocks", sblocks, W, dt, send, count, NULL));
+    CHK(need(recv, count, fn, "recv"));
+    if (count && send == recv)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: send and recv are the same buffer (not in "
+                        "place)", fn);
+    /* a hierarchical group runs the flat form on its packed copy */
+    int native = (pg->ops->kinds & DT_BACKEND_LAYOUTS) && !pg->hier;
+    blk_state *x = blk_new(W, dt_dtype_size(dt), native ? 0 : (size_t)W * count);
+    if (!x)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    memcpy(x->sb, sblocks, (size_t)W * sizeof *sblocks);
+    x->user_send = send;
+    x->count = count;
+    dt_coll c = coll_make(DT_COLL_REDUCE_SCATTER, native ? send : x->tmp, recv, count, dt);
+    c.op = op;
+    if (native)
+        c.sblocks = x->sb;
+    return blk_post(pg, &c, native ? NULL : rsb_pack, NULL, x, req);
+}
+dt_status dt_pg_reduce_scatter_blocks_async(dt_pg *pg, const void *send,
+                                            const dt_pg_block *sblocks, void *recv, size_t count,
+                                            dt_dtype dt, dt_reduce_op op, dt_req **req)
+{
+    if (!req)
+        return dt_error(DT_ERR_NULL, "dt_pg_reduce_scatter_blocks_async: NULL req");
+    return reduce_scatter_blocks(pg, send, sblocks, recv, count, dt, op, req);
+}
+dt_status dt_pg_reduce_scatter_blocks(dt_pg *pg, const void *send, const dt_pg_block *sblocks,
+                                      void *recv, size_t count, dt_dtype dt, dt_reduce_op op)
+{
+    return reduce_scatter_blocks(pg, send, sblocks, recv, count, dt, op, NULL);
+}
+
 /* ---- barrier ---- */
 static dt_status barrier(dt_pg *pg, dt_req **req)
 {

@@ -75,6 +75,14 @@ dt_status dt__reshard_data(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt_
                            const dt_placement *pt, int ndim, const int64_t *shape, dt_dtype dt,
                            const dt_tensor *in, int *rg, dt_tensor **out);
 
+/* The agreement check (reshard_check.c): the ranks of mf, then those of mt
+ * (when another mesh), compare placements, global shape, dtype and meshes
+ * with a small all-reduce per mesh dim; DT_ERR_MISMATCH naming what (the
+ * tensor) and both variants when they differ. Off with DT_RESHARD_CHECK=0. */
+dt_status dt__reshard_agree(dt_mesh *mf, const dt_placement *pf, dt_mesh *mt,
+                            const dt_placement *pt, int ndim, const int64_t *shape, dt_dtype dt,
+                            const char *what);
+
 /* Cross-mesh move of Partial-free data (reshard_cross.c): in is this rank's
  * piece on (mf, pf) (ignored outside mf), out its zeroed piece on (mt, pt)
  * (ignored outside mt). rg as in dt__reshard_data. */

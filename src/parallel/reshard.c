@@ -338,6 +338,8 @@ dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placeme
                  dt_placements_str(pt, mnt, b, sizeof b));
         return NULL;
     }
+    if (dt__reshard_agree(x->mesh, x->placements, mt, pt, x->ndim, x->shape, x->dtype, what) < 0)
+        return NULL;
     dt_tensor *out;
     if (dt__reshard_data(ctx, x->mesh, x->placements, mt, pt, x->ndim, x->shape, x->dtype, in,
                          &rg, &out) < 0)

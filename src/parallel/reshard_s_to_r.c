@@ -2,8 +2,9 @@
  *
  * The pieces are [A, len_r, B] (A: dims before d, B: dims after, len_r the
  * torch.chunk length of coordinate r, possibly 0). For d with A == 1 the
- * pieces land in place (displacement start_r * B); otherwise they are
- * gathered packed in coordinate order and then interleaved into [A, n, B].
+ * pieces land in place (displacement start_r * B); otherwise each lands as
+ * a strided block (dt_pg_allgather_blocks: A runs of len_r * B elements,
+ * n * B apart, at start_r * B), so no staging buffer and no interleave.
  * Backward (reshard.c): R -> S, a local slice. */
 #include "dtensor_impl.h"
 
@@ -29,19 +30,16 @@ dt_status dt__reshard_s_to_r(const dt__rs_step *s)
         return dt_pg_allgather(s->pg, s->in, s->out, counts[0], s->dtype);
     if (A == 1)
         return dt_pg_allgatherv(s->pg, s->in, s->out, counts, displs, s->dtype);
-    size_t esz = dt_dtype_size(s->dtype);
-    char *tmp = dt_ctx_alloc(s->ctx, packed * esz + 1);
-    if (!tmp)
+    /* an inner dim: each piece lands as A runs of len_r * B, n * B apart,
+     * straight from the backend's copy (no staging, no interleave pass) */
+    dt_pg_block *rb = dt_ctx_alloc(s->ctx, (size_t)k * sizeof *rb);
+    if (!rb)
         return dt_last_status();
-    dt_status rc = dt_pg_allgatherv(s->pg, s->in, tmp, counts, displs, s->dtype);
-    if (rc < 0)
-        return rc;
-    int64_t oshape[3] = {A, n, B}, zero[3] = {0, 0, 0};
     for (int r = 0; r < k; r++) {
         int64_t st, len;
         dt_chunk_range(n, k, r, &st, &len);
-        int64_t bshape[3] = {A, len, B}, off[3] = {0, st, 0};
-        dt__copy_box(s->out, oshape, off, tmp + displs[r] * esz, bshape, zero, bshape, 3, s->dtype);
+        rb[r] = (dt_pg_block){.off = (size_t)(st * B), .runs = (size_t)A,
+                              .run = (size_t)(len * B), .stride = (size_t)(n * B)};
     }
-    return DT_OK;
+    return dt_pg_allgather_blocks(s->pg, s->in, s->out, rb, s->dtype);
 }

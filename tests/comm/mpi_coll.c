@@ -247,6 +247,62 @@ static void test_movement(dt_pg *pg)
     CHECK_OK(dt_pg_barrier(pg));
 }
 
+/* The strided-layout collectives (the group layer's pack/unpack on this
+ * backend): a gather along the middle dim of [3, n, 5] with uneven chunks
+ * (rank q holds q + 1 rows of it), an all-to-all and a reduce-scatter whose
+ * blocks are the chunks of the middle dim of [3, W*2, 5]. f32 and u8. */
+static void test_blocks(dt_pg *pg)
+{
+    size_t W = (size_t)g_w, me = (size_t)g_rank, A = 3, B = 5, n = W * (W + 1) / 2;
+    dt_dtype dts[2] = {DT_F32, DT_U8};
+    for (int d = 0; d < 2; d++) {
+        dt_dtype dt = dts[d];
+        size_t es = dt_dtype_size(dt), st = me * (me + 1) / 2, len = me + 1;
+        dt_pg_block *rb = xalloc(W * sizeof *rb), *sb = xalloc(W * sizeof *sb);
+        for (size_t q = 0; q < W; q++)
+            rb[q] = (dt_pg_block){q * (q + 1) / 2 * B, A, (q + 1) * B, n * B};
+        char *s = xalloc(A * len * B * es + 1), *r = xalloc(A * n * B * es + 1);
+        for (size_t a = 0, i = 0; a < A; a++)
+            for (size_t x = 0; x < len * B; x++)
+                dt_dtype_store(dt, s, i++, (double)((a * n * B + st * B + x) % 97));
+        CHECK_OK(dt_pg_allgather_blocks(pg, s, r, rb, dt));
+        for (size_t g = 0; g < A * n * B; g++)
+            CHECK(dt_dtype_load(dt, r, g) == (double)(g % 97), "allgather_blocks %s [%zu]",
+                  dt_dtype_name(dt), g);
+        free(s);
+        free(r);
+        size_t L = 2, cnt = A * L * B, tot = W * cnt;
+        for (size_t q = 0; q < W; q++)
+            sb[q] = (dt_pg_block){q * L * B, A, L * B, W * L * B};
+        s = xalloc(tot * es + 1);
+        r = xalloc(tot * es + 1);
+        for (size_t q = 0; q < W; q++)
+            for (size_t i = 0; i < cnt; i++)
+                dt_dtype_store(dt, s, sb[q].off + i / sb[q].run * sb[q].stride + i % sb[q].run,
+                               (double)((me * 7 + q * 3 + i) % 11));
+        CHECK_OK(dt_pg_alltoall_blocks(pg, s, sb, r, sb, cnt, dt));
+        for (size_t q = 0; q < W; q++)
+            for (size_t i = 0; i < cnt; i++)
+                CHECK(dt_dtype_load(dt, r, sb[q].off + i / sb[q].run * sb[q].stride +
+                                               i % sb[q].run) == (double)((q * 7 + me * 3 + i) % 11),
+                      "alltoall_blocks %s block %zu [%zu]", dt_dtype_name(dt), q, i);
+        CHECK_OK(dt_pg_reduce_scatter_blocks(pg, s, sb, r, cnt, dt, DT_REDUCE_MAX));
+        for (size_t i = 0; i < cnt; i++) {
+            double want = 0;
+            for (size_t q = 0; q < W; q++) {
+                double v = (double)((q * 7 + me * 3 + i) % 11);
+                want = v > want ? v : want;
+            }
+            CHECK(dt_dtype_load(dt, r, i) == want, "reduce_scatter_blocks %s [%zu]",
+                  dt_dtype_name(dt), i);
+        }
+        free(s);
+        free(r);
+        free(rb);
+        free(sb);
+    }
+}
+
 /* Send around a ring, asynchronously, then a subgroup of the even ranks. */
 static void test_p2p_and_subgroup(dt_pg *pg)
 {
@@ -477,6 +533,7 @@ int main(void)
     }
     test_reductions(pg);
     test_movement(pg);
+    test_blocks(pg);
     test_p2p_and_subgroup(pg);
     test_batch_split_dup_v(pg);
     test_alltoallv(pg);

@@ -8,6 +8,11 @@
 #   netbed_test.sh run SRC DTRAIN PROG
 #       `dtrain run --nnodes 2 ... --hosts A,B -- PROG` (examples/example_allreduce)
 #       on a bed of 2 nodes x 2 ranks: started through Open MPI, 4 correct ranks.
+#   netbed_test.sh config SRC DTRAIN CFG STAGE
+#       seed 003's DeepSpeed config CFG (tests/config/data) trains the tiny
+#       GPT under `dtrain run --nnodes 2` on a bed of 2 nodes x 1 rank (so
+#       ZeRO stage STAGE's reductions cross the link): exit 0, the config's
+#       stage on 2 ranks, a validation loss below ln 40 - 0.3 (it learned).
 #   netbed_test.sh teardown SRC
 #       the bed is removed after a failing command (whose status comes
 #       back), after a command that leaves a process running in a node, and
@@ -58,6 +63,45 @@ run)
   grep -q "dtrain run: 2 nodes x 2 ranks through Open MPI: mpirun" "$tmp/out" || fail "no mpirun line"
   n=$(grep -c "of 4 (backend mpi): average = .*, ok" "$tmp/out")
   [ "$n" -eq 4 ] || fail "$n of 4 ranks reported a correct average"
+  ;;
+config)
+  cli=$3 cfg=$4 stage=$5
+  # llm.c token files (data.h): 256 int32 header words (magic 20240520,
+  # version 1, count), then uint16 tokens; the tokens repeat the period
+  # (i % 7) * 5 + (i / 7) % 2 of 14, as test_train_config.c's do.
+  mktok() { # mktok FILE BLOCKS
+    n=$(($2 * 14))
+    {
+      printf '\210\330\064\001\001\000\000\000'
+      printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $((n % 256)) $((n / 256 % 256)) 0 0)"
+      head -c 1012 /dev/zero
+      i=0
+      while [ $i -lt "$2" ]; do
+        printf '\000\000\005\000\012\000\017\000\024\000\031\000\036\000'
+        printf '\001\000\006\000\013\000\020\000\025\000\032\000\037\000'
+        i=$((i + 1))
+      done
+    } > "$1"
+  }
+  mktok "$tmp/train.bin" 215
+  mktok "$tmp/val.bin" 43
+  bash "$bed" --slots 1 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "A=\$(echo \$NETBED_ADDRS | tr ' ' ,); \
+    DT_MPIRUN_ARGS=\"\$NETBED_MPI_ARGS -x ASAN_OPTIONS\" $cli run --nnodes 2 --node-rank 0 \
+    --master-addr \${A%%,*} --master-port 29500 -n 1 --hosts \$A -- $cli train --config $cfg \
+    --model gpt-micro --vocab-size 40 --n-embd 32 --seq 16 --data tokens:$tmp/train.bin \
+    --val-data tokens:$tmp/val.bin --threads 1 --progress plain --max-steps 8 --batch 4 \
+    --optimizer adamw --lr 0.01" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "dtrain run --nnodes 2 ... train --config $cfg on the bed exited with $rc"
+  grep -Eq "dtrain run: 2 nodes x 1 ranks? through Open MPI: mpirun" "$tmp/out" || fail "no mpirun line"
+  grep -q "ZeRO stage $stage: 2 ranks" "$tmp/out" || fail "no 'ZeRO stage $stage: 2 ranks' line"
+  vl=$(sed -n 's/.*val loss: \([0-9.]*\).*/\1/p' "$tmp/out" | tail -1)
+  [ -n "$vl" ] || fail "no validation loss"
+  awk -v v="$vl" 'BEGIN { exit !(v < log(40) - 0.3) }' || fail "val loss $vl: not below ln 40 - 0.3"
+  echo "stage $stage across 2 nodes: val loss $vl"
   ;;
 teardown)
   bash "$bed" check

@@ -65,6 +65,16 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
                    ${PROJECT_BINARY_DIR}/dtrain ${PROJECT_BINARY_DIR}/examples/example_allreduce)
   set_tests_properties(comm/netbed_run_nnodes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  # seed 003's DeepSpeed configs across the bed's 2 nodes (issue 18)
+  foreach(seed "zero2_actckpt;2" "zero3_offload_fixed;3")
+    list(GET seed 0 cfg)
+    list(GET seed 1 stage)
+    add_test(NAME comm/netbed_config_${cfg}
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh config ${PROJECT_SOURCE_DIR}
+                     ${PROJECT_BINARY_DIR}/dtrain ${PROJECT_SOURCE_DIR}/tests/config/data/seed_${cfg}.json ${stage})
+    set_tests_properties(comm/netbed_config_${cfg} PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
+      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
   foreach(shape "2;1" "2;2")
     list(GET shape 0 nn)
     list(GET shape 1 pn)

@@ -362,6 +362,76 @@ TEST(cross_mesh_8)
     ASSERT_EQ_INT(th_run(8, 90.0, body_cross, NULL, NULL), 0);
 }
 
+/* Ranks that pass different placements (or shapes) to the same reshard
+ * get DT_ERR_MISMATCH on every rank, naming the tensor and both variants
+ * (the agreement check), and the group stays usable: a 2x2 mesh where rank
+ * 3 asks for another target; then rank 1 with another global shape; then
+ * across meshes (ranks {0,1} -> {2,3}, covering the world) with rank 2
+ * asking for another target; then a correct reshard. */
+static int body_agree(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *w;
+    TH_OK(th_pg(rank, size, NULL, &w));
+    dt_mesh *m, *ma, *mb;
+    TH_OK(dt_mesh_init(w, 2, (int[]){2, 2}, NULL, NULL, &m));
+    TH_OK(dt_mesh_init(w, 1, (int[]){2}, (int[]){0, 1}, NULL, &ma));
+    TH_OK(dt_mesh_init(w, 1, (int[]){2}, (int[]){2, 3}, NULL, &mb));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    int64_t shape[2] = {4, 6}, other[2] = {4, 7};
+    dt_placement pf[2] = {dt_shard(0), dt_replicate()};
+    dt_placement pt[2] = {rank == 3 ? dt_shard(1) : dt_replicate(), dt_replicate()};
+    dt_dtensor *x = mu_make(ctx, m, pf, 1, DT_F32, 2, shape);
+    TH_CHECK(x, "make: %s", dt_last_error());
+    x->name = "w0";
+    dt_dtensor *y = dt_reshard(ctx, x, NULL, pt);
+    TH_CHECK(!y && dt_last_status() == DT_ERR_MISMATCH, "placements: got %s",
+             y ? "a result" : dt_last_error());
+    const char *e = dt_last_error();
+    TH_CHECK(strstr(e, "w0") && strstr(e, "Shard(1)") && strstr(e, "Replicate") &&
+                 strstr(e, "disagree"),
+             "message: %s", e);
+    dt_ctx_reset(ctx);
+    x = mu_make(ctx, m, pf, 1, DT_F32, 2, rank == 1 ? other : shape);
+    TH_CHECK(x, "make: %s", dt_last_error());
+    x->name = "w1";
+    dt_placement r2[2] = {dt_replicate(), dt_replicate()};
+    y = dt_reshard(ctx, x, NULL, r2);
+    TH_CHECK(!y && dt_last_status() == DT_ERR_MISMATCH, "shape: got %s",
+             y ? "a result" : dt_last_error());
+    TH_CHECK(strstr(dt_last_error(), "w1") && strstr(dt_last_error(), "shape"), "message: %s",
+             dt_last_error());
+    dt_ctx_reset(ctx);
+    dt_placement s0 = dt_shard(0), tb = rank == 2 ? dt_shard(1) : dt_shard(0);
+    x = mu_make(ctx, ma, &s0, 2, DT_F32, 2, shape);
+    TH_CHECK(x, "make: %s", dt_last_error());
+    x->name = "y";
+    y = dt_reshard(ctx, x, mb, &tb);
+    TH_CHECK(!y && dt_last_status() == DT_ERR_MISMATCH, "cross: got %s",
+             y ? "a result" : dt_last_error());
+    TH_CHECK(strstr(dt_last_error(), "y") && strstr(dt_last_error(), "Shard(1)"), "message: %s",
+             dt_last_error());
+    dt_ctx_reset(ctx);
+    x = mu_make(ctx, m, pf, 1, DT_F32, 2, shape);
+    TH_CHECK(x, "make: %s", dt_last_error());
+    y = dt_reshard(ctx, x, NULL, r2);
+    TH_CHECK(y, "after the mismatches: %s", dt_last_error());
+    if (mu_check_box(y->local, m, r2, 1, 2, shape, "after the mismatches"))
+        return 1;
+    dt_ctx_free(ctx);
+    dt_mesh_free(mb);
+    dt_mesh_free(ma);
+    dt_mesh_free(m);
+    dt_pg_free(w);
+    return 0;
+}
+
+TEST(agreement_check_4)
+{
+    ASSERT_EQ_INT(th_run(4, 90.0, body_agree, NULL, NULL), 0);
+}
+
 int main(void)
 {
     RUN(pairs_1d);
@@ -369,6 +439,7 @@ int main(void)
     RUN(backward_1d);
     RUN(backward_2d);
     RUN(cross_mesh_8);
+    RUN(agreement_check_4);
     RUN(pairs_1d_8);
     RUN(pairs_2d_permuted_6);
     return TEST_REPORT();

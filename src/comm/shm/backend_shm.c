@@ -308,6 +308,11 @@ static void fill_desc(shm_ctx *s, const dt_coll *c, shm_desc *d)
     }
     d->send_off = in_b && c->send ? dt__shm_heap_offset(s, c->send, in_b) : SHM_NONE;
     d->recv_off = out_b && c->recv ? dt__shm_heap_offset(s, c->recv, out_b) : SHM_NONE;
+    /* a strided input is staged (peers read blocks as contiguous runs) */
+    if (c->sblocks)
+        d->send_off = SHM_NONE;
+    if (c->rblocks)
+        d->recv_off = SHM_NONE;
     /* an in-place all-to-all overwrites what peers read: stage it */
     if (c->kind == DT_COLL_ALLTOALL && c->in_place)
         d->send_off = SHM_NONE;
@@ -412,8 +417,12 @@ static void run_small(shm_ctx *s, const dt_coll *c)
         break;
     case DT_COLL_ALLGATHERV:
         for (int j = 0; j < W; j++)
-            memcpy((char *)c->recv + c->displs[j] * es, shm_slot_at(s, j, s->cur_seq),
-                   c->counts[j] * es);
+            if (c->rblocks)
+                dt__blk_copy(c->recv, &c->rblocks[j], 0, shm_slot_at(s, j, s->cur_seq), NULL, 0,
+                             c->counts[j], es);
+            else
+                memcpy((char *)c->recv + c->displs[j] * es, shm_slot_at(s, j, s->cur_seq),
+                       c->counts[j] * es);
         break;
     case DT_COLL_GATHER:
         if (me == c->root)
@@ -425,8 +434,8 @@ static void run_small(shm_ctx *s, const dt_coll *c)
         break;
     case DT_COLL_ALLTOALL:
         for (int j = 0; j < W; j++)
-            memcpy((char *)c->recv + (size_t)j * blk,
-                   shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk, blk);
+            dt__blk_copy(c->recv, c->rblocks ? &c->rblocks[j] : NULL, c->rblocks ? 0 : j * n,
+                         shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk, NULL, 0, n, es);
         break;
     default: break;
     }
@@ -438,7 +447,9 @@ static dt_status run_single(const dt_coll *c)
     size_t es = esz(c);
     if (c->in_place || !c->count || c->kind == DT_COLL_BARRIER || c->kind == DT_COLL_BROADCAST)
         return DT_OK;
-    if (c->kind == DT_COLL_ALLGATHERV)
+    if (c->sblocks || c->rblocks) /* layouts: allgatherv (rblocks) or alltoall */
+        dt__blk_copy(c->recv, c->rblocks, 0, c->send, c->sblocks, 0, c->count, es);
+    else if (c->kind == DT_COLL_ALLGATHERV)
         memmove((char *)c->recv + c->displs[0] * es, c->send, c->count * es);
     else
         memmove(c->recv, c->send, c->count * es);
@@ -473,7 +484,11 @@ static dt_status shm_run(void *ctx, const dt_coll *c)
         const void *src;
         size_t bytes;
         slot_input(s, c, &src, &bytes);
-        if (bytes)
+        if (bytes && c->sblocks) /* all-to-all from a layout: its blocks in order */
+            for (int j = 0; j < s->size; j++)
+                dt__blk_copy(shm_slot_at(s, s->rank, s->cur_seq), NULL, (size_t)j * c->count,
+                             c->send, &c->sblocks[j], 0, c->count, esz(c));
+        else if (bytes)
             memcpy(shm_slot_at(s, s->rank, s->cur_seq), src, bytes);
     }
     fill_desc(s, c, shm_desc_at(s, s->rank, s->cur_seq));
@@ -562,7 +577,7 @@ const dt_backend_ops dt__backend_shm = {
     .init = shm_init,
     .free = shm_free,
     .run = shm_run,
-    .kinds = 0,
+    .kinds = DT_BACKEND_ALL_KINDS | DT_BACKEND_LAYOUTS,
     .mem_alloc = dt__shm_mem_alloc,
     .mem_free = dt__shm_mem_free,
     .subgroup = shm_subgroup,

@@ -255,8 +255,12 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
             size_t mine_n = k == DT_COLL_ALLGATHERV ? c->counts[me] : n;
             size_t mm = a < mine_n ? (mine_n - a < m ? mine_n - a : m) : 0;
             for (int b = 0; b < nblk && mm; b++)
-                dt__copy(shm_stage_in(s, me) + (size_t)b * piece * es,
-                         (const char *)c->send + ((size_t)b * n + a) * es, mm * es);
+                if (c->sblocks) /* all-to-all from a layout */
+                    dt__blk_copy(shm_stage_in(s, me), NULL, (size_t)b * piece, c->send,
+                                 &c->sblocks[b], a, mm, es);
+                else
+                    dt__copy(shm_stage_in(s, me) + (size_t)b * piece * es,
+                             (const char *)c->send + ((size_t)b * n + a) * es, mm * es);
         }
         if (!all_zc && (st = dt__shm_barrier(s, step++)) < 0)
             return st;
@@ -269,8 +273,12 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                 if (a >= cj || (j == me && c->in_place))
                     continue;
                 size_t mm = cj - a < m ? cj - a : m;
-                dt__copy((char *)c->recv + (dj + a) * es, block_in(s, e, j, 0, cj, a, piece, es),
-                         mm * es);
+                if (c->rblocks) /* all-gather into a layout */
+                    dt__blk_copy(c->recv, &c->rblocks[j], a, block_in(s, e, j, 0, cj, a, piece, es),
+                                 NULL, 0, mm, es);
+                else
+                    dt__copy((char *)c->recv + (dj + a) * es,
+                             block_in(s, e, j, 0, cj, a, piece, es), mm * es);
             }
             break;
         case DT_COLL_GATHER:
@@ -289,8 +297,9 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
             break;
         case DT_COLL_ALLTOALL:
             for (int j = 0; j < W; j++)
-                dt__copy((char *)c->recv + ((size_t)j * n + a) * es,
-                         block_in(s, e, j, me, n, a, piece, es), m * es);
+                dt__blk_copy(c->recv, c->rblocks ? &c->rblocks[j] : NULL,
+                             c->rblocks ? a : (size_t)j * n + a,
+                             block_in(s, e, j, me, n, a, piece, es), NULL, 0, m, es);
             break;
         case DT_COLL_REDUCE_SCATTER:
             for (int j = 0; j < W; j++)
