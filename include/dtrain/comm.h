@@ -37,7 +37,9 @@
  * MPI and NCCL. Every collective is asynchronous: dt_pg_<coll>_async() posts
  * it and returns a request; dt_pg_<coll>() is the blocking wrapper (post +
  * wait forever + free). Supported dtypes: f32, f64, f16, bf16, i32, i64, u8;
- * f16 and bf16 reduce with f32 accumulation. Reductions: sum, avg, max, min,
+ * f16 and bf16 reduce with f32 accumulation and move as 16 bits on every
+ * backend (mpi: an all-to-all of 16-bit chunks, each rank's chunk summed in
+ * f32 in rank order and rounded once, an all-gather). Reductions: sum, avg, max, min,
  * prod (avg of integers truncates toward zero).
  *
  * Lifecycle rules (they hold for every request and every group):

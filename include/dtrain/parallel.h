@@ -202,7 +202,7 @@ DT_API dt_status dt_comm_hook_parse(const char *s, dt_comm_hook_kind *out);
 
 /* ---- PowerSGD (SEMANTICS 8; Vogels et al. 2019; PyTorch's powerSGD_hook) ------------
  *
- * Per bucket and step s (s = dt_grad_bucket.step):
+ * Per bucket and step s (s = the steps this hook reduced before, dt_powersgd_iter):
  *   s < start_iter: plain all-reduce (average) of the bucket.
  *   otherwise:
  *   1. error feedback: bucket += error[bucket] (zeros at first); keep G0.
@@ -269,6 +269,49 @@ DT_API dt_status dt_powersgd_set_q(dt_powersgd *s, int bucket, const float *q, s
 /* PyTorch's compression_stats: elements before and after compression,
  * summed over every compressed step and bucket. Either pointer may be NULL. */
 DT_API void dt_powersgd_stats(const dt_powersgd *s, uint64_t *numel_before, uint64_t *numel_after);
+/* Steps this hook has reduced (PyTorch's PowerSGDState.iter): the buckets of
+ * step s are compressed iff s >= start_iter. Counted by the hook itself
+ * (after the post of a step's last bucket), so it survives a checkpoint
+ * with the state below. 0 for NULL. */
+DT_API int64_t dt_powersgd_iter(const dt_powersgd *s);
+
+/* State for checkpoints (dt_trainer_save / dt_trainer_load hold it when the
+ * run's DDP hook is PowerSGD). A resumed run continues bit for bit when it
+ * gets back: the step count (iter), the Q seed generator's position, and per
+ * bucket the warm-start Q (identical on every rank; a preset not yet used
+ * counts as one) and the error-feedback memory (each rank's own). P is not
+ * state: every compressed step computes it from the gradients and Q.
+ *
+ *     char *js; dt_powersgd_state_save(ps, &js);      // scalars + array sizes, JSON
+ *     for each bucket k: dt_powersgd_state_array(ps, k, DT_POWERSGD_Q, &q, &n) ... store n floats
+ *     ...
+ *     dt_powersgd_state_load(ps2, js, numel_of_each_bucket, nbuckets);   // checks, sizes
+ *     for each bucket k: dt_powersgd_state_array(ps2, k, DT_POWERSGD_Q, &q, &n) ... fill n floats
+ *     dt_free(js);
+ */
+typedef enum dt_powersgd_array {
+    DT_POWERSGD_Q = 0,      /* the bucket's Qs (step 4's order), warm-start memory or preset */
+    DT_POWERSGD_ERROR,      /* the bucket's error feedback (its numel floats); per rank */
+} dt_powersgd_array;
+/* The state as JSON in *json (free with dt_free): the parameters that shape
+ * it, iter, the seed generator, and per bucket {"numel", "q" (floats), "error"
+ * (bool)}. DT_ERR_STATE between a step's post and its wait. */
+DT_API dt_status dt_powersgd_state_save(const dt_powersgd *s, char **json);
+/* Bucket `bucket`'s array `which`: *data (borrowed; NULL and *n 0 when the
+ * bucket has none) of *n floats, to read after state_save or to fill after
+ * state_load. DT_ERR_RANGE for a bucket the state does not have. */
+DT_API dt_status dt_powersgd_state_array(dt_powersgd *s, int bucket, dt_powersgd_array which, float **data,
+                                         size_t *n);
+/* Replace s's state by json's (arrays zeroed, sized; fill them with
+ * state_array). bucket_numel[nbuckets]: the sizes of the engine's buckets
+ * (dt_reducer_bucket), which the saved ones must equal. Errors:
+ * DT_ERR_MISMATCH naming what differs (matrix approximation rank, error
+ * feedback, warm start, min_compression_rate, epsilon, seed, the number or
+ * sizes of the buckets); DT_ERR_FORMAT (malformed, naming the field),
+ * DT_ERR_UNSUPPORTED (a newer version). s is unchanged on error. start_iter
+ * may differ (iter is restored; the new start_iter applies to it). */
+DT_API dt_status dt_powersgd_state_load(dt_powersgd *s, const char *json, const size_t *bucket_numel,
+                                        int nbuckets);
 
 /* AIAK's variables, read in one place (the config layer calls this after
  * the command line; the variables override it):

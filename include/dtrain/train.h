@@ -556,8 +556,14 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * master weights of bf16/f16 parameters as "master.<param>", the optimizer
  * state as "optim.<param>.exp_avg" (exp_avg_sq, momentum_buffer: f32, the
  * parameter's shape), and as metadata the run state ("dtrain.run":
- * dt_trainer_run_state) and user_json ("dtrain.user"). A checkpoint is
- * complete or absent (dt_ckpt_save renames it into place at the end).
+ * dt_trainer_run_state) and user_json ("dtrain.user"). A DDP run whose comm
+ * hook is PowerSGD adds the hook's state (dt_powersgd_state_save): its
+ * metadata "dtrain.powersgd", the Qs "powersgd.q" and every rank's error
+ * memory "powersgd.error" [W, E] (gathered to rank 0), so a resume at the
+ * same world size continues bit for bit; dt_trainer_load refuses another
+ * world size, matrix rank or bucket layout with DT_ERR_MISMATCH naming it. A
+ * checkpoint is complete or absent (dt_ckpt_save renames it into place at
+ * the end).
  * Collective: every rank calls it after the same step. With replicated
  * state (DDP, one process) rank 0 writes and the others wait without ever
  * sitting in one collective for the length of the write (the wait is a loop

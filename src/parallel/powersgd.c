@@ -23,6 +23,7 @@
 #include "dtrain/kernels.h"
 #include "dtrain/parallel.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
 
@@ -56,6 +57,8 @@ struct dt_powersgd {
     pbucket *b;
     int nb;
     dt_torch_rng seeder;  /* numpy's RandomState(random_seed) */
+    uint64_t draws;       /* seeds drawn from it (its position, for checkpoints) */
+    int64_t iter;         /* steps this hook reduced (PyTorch's state.iter): start_iter counts them */
     uint64_t before, after;
 };
 
@@ -134,8 +137,9 @@ static dt_status ensure_buckets(dt_powersgd *s, int n)
 }
 
 /* numpy RandomState.randint(1_000_000_000) on the legacy path. */
-static uint32_t np_randint_1e9(dt_torch_rng *g)
+static uint32_t np_randint_1e9(dt_torch_rng *g, uint64_t *draws)
 {
+    ++*draws;
     for (;;) {
         uint32_t x = dt_torch_rng_next(g) & 0x3fffffffu;
         if (x <= 999999999u)
@@ -238,7 +242,7 @@ static dt_status setup_q(dt_powersgd *s, pbucket *pb, int index)
         pb->preset = NULL;
     } else {
         dt_torch_rng g;
-        dt_torch_rng_seed(&g, np_randint_1e9(&s->seeder));
+        dt_torch_rng_seed(&g, np_randint_1e9(&s->seeder, &s->draws));
         for (int i = 0; i < pb->ncomp; i++)
             dt_torch_rng_normal(&g, pb->q + pb->comp[i].q_off, pb->comp[i].m * (size_t)pb->comp[i].r, 0.0, 1.0);
     }
@@ -247,9 +251,8 @@ static dt_status setup_q(dt_powersgd *s, pbucket *pb, int index)
     return DT_OK;
 }
 
-static dt_status psgd_post(void *state, dt_pg *pg, const dt_grad_bucket *gb, dt_req **req)
+static dt_status post_bucket(dt_powersgd *s, dt_pg *pg, const dt_grad_bucket *gb, dt_req **req)
 {
-    dt_powersgd *s = state;
     *req = NULL;
     if (gb->shard_numel > 0)
         return dt_error(DT_ERR_UNSUPPORTED,
@@ -258,7 +261,7 @@ static dt_status psgd_post(void *state, dt_pg *pg, const dt_grad_bucket *gb, dt_
     if (st < 0)
         return st;
     pbucket *pb = &s->b[gb->index];
-    if (gb->step < (uint64_t)s->p.start_iter) {
+    if (s->iter < s->p.start_iter) {
         pb->stage = ST_VANILLA;
         return dt_pg_allreduce_async(pg, DT_IN_PLACE, gb->data, gb->numel, DT_F32, DT_REDUCE_AVG, req);
     }
@@ -297,6 +300,17 @@ static dt_status psgd_post(void *state, dt_pg *pg, const dt_grad_bucket *gb, dt_
     s->after += pb->n_unc + pb->p_total + pb->q_total;
     pb->stage = ST_PQ;
     return dt_pg_allreduce_async(pg, DT_IN_PLACE, pb->comm, pb->n_unc + pb->p_total, DT_F32, DT_REDUCE_SUM, req);
+}
+
+/* Every bucket of a step decides with the same iter; the step is counted
+ * after the last bucket's post (the engine posts 0 .. nbuckets-1 each step). */
+static dt_status psgd_post(void *state, dt_pg *pg, const dt_grad_bucket *gb, dt_req **req)
+{
+    dt_powersgd *s = state;
+    dt_status st = post_bucket(s, pg, gb, req);
+    if (st >= 0 && gb->index == gb->nbuckets - 1)
+        s->iter++;
+    return st;
 }
 
 static void finish(dt_powersgd *s, pbucket *pb, const dt_grad_bucket *gb)
@@ -406,3 +420,274 @@ void dt_powersgd_stats(const dt_powersgd *s, uint64_t *numel_before, uint64_t *n
     if (numel_after)
         *numel_after = s ? s->after : 0;
 }
+
+/* ---- state for checkpoints ------------------------------------------------------------
+ * The JSON holds the scalars (the parameters that shape the state, for the
+ * mismatch checks; iter; the seed generator's MT19937 words) and
+ * per bucket the sizes of its two arrays; the arrays travel separately
+ * (dt_powersgd_state_array). A saved warm-start Q comes back as a preset
+ * (dt_powersgd_set_q): setup_q copies and re-orthogonalises it exactly as it
+ * re-orthogonalises the warm Q, so the next step is bit for bit the same. */
+
+static const float *bucket_q(const pbucket *pb, bool warm, size_t *n)
+{
+    if (warm && pb->have_q) {
+        *n = pb->q_total;
+        return pb->q;
+    }
+    *n = pb->preset ? pb->preset_n : 0;
+    return pb->preset;
+}
+
+dt_status dt_powersgd_state_save(const dt_powersgd *s, char **json)
+{
+    if (!s || !json)
+        return dt_error(DT_ERR_NULL, "dt_powersgd_state_save: NULL argument");
+    *json = NULL;
+    cJSON *o = cJSON_CreateObject(), *bs = cJSON_CreateArray();
+    if (!o || !bs) {
+        cJSON_Delete(o);
+        cJSON_Delete(bs);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_powersgd_state_save");
+    }
+    cJSON_AddItemToObject(o, "buckets", bs);
+    cJSON_AddNumberToObject(o, "version", 1);
+    cJSON_AddNumberToObject(o, "rank", s->p.rank);
+    cJSON_AddNumberToObject(o, "start_iter", (double)s->p.start_iter);
+    cJSON_AddNumberToObject(o, "min_compression_rate", s->p.min_compression_rate);
+    cJSON_AddBoolToObject(o, "use_error_feedback", s->p.use_error_feedback);
+    cJSON_AddBoolToObject(o, "warm_start", s->p.warm_start);
+    cJSON_AddNumberToObject(o, "orthogonalization_epsilon", (double)s->p.orthogonalization_epsilon);
+    cJSON_AddNumberToObject(o, "random_seed", (double)s->p.random_seed);
+    cJSON_AddNumberToObject(o, "iter", (double)s->iter);
+    cJSON_AddNumberToObject(o, "draws", (double)s->draws);
+    cJSON *g = cJSON_CreateArray(); /* the seed generator: its index, then its 624 words */
+    cJSON_AddItemToObject(o, "seeder", g);
+    cJSON_AddItemToArray(g, cJSON_CreateNumber(s->seeder.i));
+    for (int i = 0; i < 624; i++)
+        cJSON_AddItemToArray(g, cJSON_CreateNumber(s->seeder.s[i]));
+    cJSON_AddNumberToObject(o, "numel_before", (double)s->before);
+    cJSON_AddNumberToObject(o, "numel_after", (double)s->after);
+    dt_status st = DT_OK;
+    for (int k = 0; k < s->nb && st >= 0; k++) {
+        const pbucket *pb = &s->b[k];
+        if (pb->stage != ST_IDLE)
+            st = dt_error(DT_ERR_STATE, "dt_powersgd_state_save: bucket %d is being reduced (wait for the step first)",
+                          k);
+        size_t nq;
+        bucket_q(pb, s->p.warm_start, &nq);
+        cJSON *b = cJSON_CreateObject();
+        if (!b || !cJSON_AddItemToArray(bs, b)) {
+            cJSON_Delete(b);
+            st = dt_error(DT_ERR_NO_MEMORY, "dt_powersgd_state_save");
+            break;
+        }
+        cJSON_AddNumberToObject(b, "numel", (double)pb->numel);
+        cJSON_AddNumberToObject(b, "q", (double)nq);
+        cJSON_AddBoolToObject(b, "error", pb->err != NULL);
+    }
+    char *text = st >= 0 ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (st < 0)
+        return st;
+    if (!text || !(*json = dt_alloc(strlen(text) + 1))) {
+        cJSON_free(text);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_powersgd_state_save");
+    }
+    memcpy(*json, text, strlen(text) + 1);
+    cJSON_free(text);
+    return DT_OK;
+}
+
+dt_status dt_powersgd_state_array(dt_powersgd *s, int bucket, dt_powersgd_array which, float **data, size_t *n)
+{
+    if (!s || !data || !n)
+        return dt_error(DT_ERR_NULL, "dt_powersgd_state_array: NULL argument");
+    *data = NULL;
+    *n = 0;
+    if (bucket < 0 || bucket >= s->nb)
+        return dt_error(DT_ERR_RANGE, "dt_powersgd_state_array: bucket %d (the state has %d)", bucket, s->nb);
+    pbucket *pb = &s->b[bucket];
+    if (which == DT_POWERSGD_Q) {
+        *data = (float *)bucket_q(pb, s->p.warm_start, n);
+    } else if (which == DT_POWERSGD_ERROR) {
+        *data = pb->err;
+        *n = pb->err ? pb->numel : 0;
+    } else {
+        return dt_error(DT_ERR_INVALID_ARG, "dt_powersgd_state_array: unknown array %d", (int)which);
+    }
+    if (!*data)
+        *n = 0;
+    return DT_OK;
+}
+
+/* A non-negative integer member (exact in a double). */
+static dt_status json_count(const cJSON *o, const char *key, const char *what, uint64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 9007199254740992.0 ||
+        v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return dt_error(DT_ERR_FORMAT, "PowerSGD state: %s\"%s\" is missing or not a count", what, key);
+    *out = (uint64_t)v->valuedouble;
+    return DT_OK;
+}
+
+static dt_status json_flag(const cJSON *o, const char *key, bool *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsBool(v))
+        return dt_error(DT_ERR_FORMAT, "PowerSGD state: \"%s\" is missing or not true/false", key);
+    *out = cJSON_IsTrue(v);
+    return DT_OK;
+}
+
+static dt_status json_real(const cJSON *o, const char *key, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v))
+        return dt_error(DT_ERR_FORMAT, "PowerSGD state: \"%s\" is missing or not a number", key);
+    *out = v->valuedouble;
+    return DT_OK;
+}
+
+dt_status dt_powersgd_state_load(dt_powersgd *s, const char *json, const size_t *bucket_numel, int nbuckets)
+{
+    if (!s || !json || (nbuckets > 0 && !bucket_numel))
+        return dt_error(DT_ERR_NULL, "dt_powersgd_state_load: NULL argument");
+    if (nbuckets < 0 || nbuckets > 1 << 20)
+        return dt_error(DT_ERR_RANGE, "dt_powersgd_state_load: %d buckets", nbuckets);
+    for (int k = 0; k < s->nb; k++)
+        if (s->b[k].stage != ST_IDLE)
+            return dt_error(DT_ERR_STATE, "dt_powersgd_state_load: bucket %d is being reduced", k);
+    cJSON *o = cJSON_Parse(json);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return dt_error(DT_ERR_FORMAT, "PowerSGD state: not a JSON object");
+    }
+    dt_status st;
+    uint64_t version = 0, rank = 0, iter = 0, draws = 0, before = 0, after = 0, seed = 0;
+    bool ef = false, warm = false;
+    double rate = 0, eps = 0;
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(o, "buckets");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "seeder");
+    dt_torch_rng seeder;
+    memset(&seeder, 0, sizeof seeder);
+    if ((st = json_count(o, "version", "", &version)) < 0 || (st = json_count(o, "rank", "", &rank)) < 0 ||
+        (st = json_count(o, "iter", "", &iter)) < 0 || (st = json_count(o, "draws", "", &draws)) < 0 ||
+        (st = json_count(o, "numel_before", "", &before)) < 0 || (st = json_count(o, "numel_after", "", &after)) < 0 ||
+        (st = json_count(o, "random_seed", "", &seed)) < 0 || (st = json_flag(o, "use_error_feedback", &ef)) < 0 ||
+        (st = json_flag(o, "warm_start", &warm)) < 0 || (st = json_real(o, "min_compression_rate", &rate)) < 0 ||
+        (st = json_real(o, "orthogonalization_epsilon", &eps)) < 0)
+        goto out;
+    if (version != 1) {
+        st = dt_error(DT_ERR_UNSUPPORTED, "PowerSGD state version %llu (this build reads 1)",
+                      (unsigned long long)version);
+        goto out;
+    }
+    if (!cJSON_IsArray(bs)) {
+        st = dt_error(DT_ERR_FORMAT, "PowerSGD state: \"buckets\" is missing or not an array");
+        goto out;
+    }
+    if (!cJSON_IsArray(g) || cJSON_GetArraySize(g) != 625) {
+        st = dt_error(DT_ERR_FORMAT, "PowerSGD state: \"seeder\" is missing or not 625 numbers");
+        goto out;
+    }
+    for (int i = 0; i < 625; i++) {
+        const cJSON *v = cJSON_GetArrayItem(g, i);
+        const double lim = i == 0 ? 624.0 : 4294967295.0;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= lim) ||
+            v->valuedouble != (double)(uint32_t)v->valuedouble) {
+            st = dt_error(DT_ERR_FORMAT, "PowerSGD state: \"seeder\"[%d] is not %s", i,
+                          i == 0 ? "an index 0..624" : "a 32-bit word");
+            goto out;
+        }
+        if (i == 0)
+            seeder.i = (int)v->valuedouble;
+        else
+            seeder.s[i - 1] = (uint32_t)v->valuedouble;
+    }
+    /* what shapes the state must be this run's */
+    if (rank != (uint64_t)s->p.rank)
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: matrix approximation rank %llu in the checkpoint, %d in this "
+                      "run (its P and Q have other shapes; resume with the same rank)",
+                      (unsigned long long)rank, s->p.rank);
+    else if (ef != s->p.use_error_feedback || warm != s->p.warm_start)
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: %s %s in the checkpoint, %s in this run",
+                      ef != s->p.use_error_feedback ? "error feedback" : "warm start",
+                      (ef != s->p.use_error_feedback ? ef : warm) ? "on" : "off",
+                      (ef != s->p.use_error_feedback ? s->p.use_error_feedback : s->p.warm_start) ? "on" : "off");
+    else if (rate != s->p.min_compression_rate)
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: min_compression_rate %g in the checkpoint, %g in this run",
+                      rate, s->p.min_compression_rate);
+    else if ((float)eps != s->p.orthogonalization_epsilon)
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: orthogonalization_epsilon %g in the checkpoint, %g in this run",
+                      eps, (double)s->p.orthogonalization_epsilon);
+    else if (seed != s->p.random_seed)
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: random_seed %llu in the checkpoint, %llu in this run",
+                      (unsigned long long)seed, (unsigned long long)s->p.random_seed);
+    if (st < 0)
+        goto out;
+    const int nb = cJSON_GetArraySize(bs);
+    if (nb > 0 && nb != nbuckets) {
+        st = dt_error(DT_ERR_MISMATCH, "PowerSGD state of %d gradient buckets in the checkpoint, %d in this run "
+                      "(another model, or another bucket size: --bucket-mb / bucket_cap_mb)", nb, nbuckets);
+        goto out;
+    }
+    uint64_t *numel = dt_calloc((size_t)(nb + 1) * 3 * sizeof *numel);
+    if (!numel) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_powersgd_state_load");
+        goto out;
+    }
+    for (int k = 0; k < nb && st >= 0; k++) {
+        const cJSON *b = cJSON_GetArrayItem(bs, k);
+        bool err = false;
+        if (!cJSON_IsObject(b)) {
+            st = dt_error(DT_ERR_FORMAT, "PowerSGD state: bucket %d is not an object", k);
+        } else if ((st = json_count(b, "numel", "bucket ", &numel[3 * k])) >= 0 &&
+                   (st = json_count(b, "q", "bucket ", &numel[3 * k + 1])) >= 0 &&
+                   (st = json_flag(b, "error", &err)) >= 0) {
+            numel[3 * k + 2] = err;
+            if (numel[3 * k] != 0 && numel[3 * k] != bucket_numel[k])
+                st = dt_error(DT_ERR_MISMATCH, "PowerSGD state: gradient bucket %d has %llu elements in the "
+                              "checkpoint, %zu in this run (another model, or another bucket size)", k,
+                              (unsigned long long)numel[3 * k], bucket_numel[k]);
+            else if (err && (!ef || numel[3 * k] == 0))
+                st = dt_error(DT_ERR_FORMAT, "PowerSGD state: bucket %d has error memory but %s", k,
+                              ef ? "no size" : "error feedback is off");
+            else if (numel[3 * k + 1] > ((size_t)1 << 40))
+                st = dt_error(DT_ERR_FORMAT, "PowerSGD state: bucket %d: a Q of %llu elements", k,
+                              (unsigned long long)numel[3 * k + 1]);
+        }
+    }
+    /* a fresh state, then the saved sizes (the caller fills the arrays) */
+    if (st >= 0) {
+        for (int k = 0; k < s->nb; k++)
+            bucket_release(&s->b[k]);
+        dt_free(s->b);
+        s->b = NULL;
+        s->nb = 0;
+        st = ensure_buckets(s, nb);
+    }
+    for (int k = 0; k < nb && st >= 0; k++) {
+        pbucket *pb = &s->b[k];
+        if (numel[3 * k + 1] && !(pb->preset = dt_calloc((size_t)(numel[3 * k + 1] + 1) * sizeof(float))))
+            st = dt_error(DT_ERR_NO_MEMORY, "PowerSGD state: Q of bucket %d", k);
+        pb->preset_n = (size_t)numel[3 * k + 1];
+        pb->numel = (size_t)numel[3 * k];
+        if (st >= 0 && numel[3 * k + 2] && !(pb->err = dt_calloc((size_t)numel[3 * k] * sizeof(float))))
+            st = dt_error(DT_ERR_NO_MEMORY, "PowerSGD state: error memory of bucket %d", k);
+    }
+    dt_free(numel);
+    if (st >= 0) {
+        s->iter = (int64_t)iter;
+        s->before = before;
+        s->after = after;
+        s->seeder = seeder;
+        s->draws = draws;
+    }
+out:
+    cJSON_Delete(o);
+    return st;
+}
+
+int64_t dt_powersgd_iter(const dt_powersgd *s) { return s ? s->iter : 0; }

@@ -13,7 +13,8 @@
  * exp_avg_sq, momentum_buffer), so `dtrain ckpt` and dt_ckpt_load read and
  * reshard them like any checkpoint. The metadata holds the run state
  * ("dtrain.run": dt_trainer_run_state's JSON) and the caller's options
- * ("dtrain.user"). dt_ckpt_save writes the directory under a temporary name
+ * ("dtrain.user"); a DDP run compressing with PowerSGD adds the hook's state
+ * (trainer_ckpt_psgd.c: "powersgd.q", "powersgd.error", "dtrain.powersgd"). dt_ckpt_save writes the directory under a temporary name
  * and renames it when complete, so a step-N directory with index.json is a
  * complete checkpoint; loading verifies every file's CRC-32.
  *
@@ -59,6 +60,7 @@
  * any world size and strategy into any other (the pieces are element
  * ranges: dt_ckpt_read intersects them with the saved chunks). */
 #include "train/train_impl.h"
+#include "train/trainer_ckpt_psgd.h"
 
 #include "dtrain/ckpt.h"
 #include "dtrain/kernels.h"
@@ -97,6 +99,7 @@ typedef struct ckpt_job {
     size_t nbuf;
     dt_ckpt_list *list;          /* entries over the staging copies */
     char *run_state, *user;
+    dt__psgd_saved psgd;         /* PowerSGD's state (its arrays are staging copies) */
     /* outcome */
     pthread_t th;
     bool started;
@@ -120,6 +123,7 @@ static void job_free(ckpt_job *j)
     free(j->final);
     cJSON_free(j->run_state);
     free(j->user);
+    dt__psgd_saved_release(&j->psgd);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -263,10 +267,12 @@ static void prune(const char *dir, int keep)
 static dt_status job_write(ckpt_job *j)
 {
     remove_stale(j->dir);
-    dt_st_kv meta[2] = {{META_RUN, j->run_state}, {META_USER, j->user ? j->user : "null"}};
+    dt_st_kv meta[3] = {{META_RUN, j->run_state},
+                        {META_USER, j->user ? j->user : "null"},
+                        {DT__PSGD_META, j->psgd.meta}};
     dt_ckpt_save_params sp = dt_ckpt_save_params_default();
     sp.meta = meta;
-    sp.nmeta = 2;
+    sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true; /* a re-save of the same step (after a resume) replaces it */
     dt_status st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, NULL);
     if (st >= 0)
@@ -409,9 +415,11 @@ static dt_status add_piece_entry(ckpt_job *j, const tpiece *p, const char *name,
  * save): into one staging buffer, so training may change the originals
  * while it is written; else (synchronous: nothing changes them until the
  * save returns) the entries point at the model's and optimizer's own
- * memory, so a synchronous save needs no second copy of the state. */
+ * memory, so a synchronous save needs no second copy of the state.
+ * PowerSGD's state (psgd, may be NULL) is a copy gathered for this save
+ * either way; the job takes it. */
 static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, const tpiece *pc, bool copy,
-                       ckpt_job **out)
+                       dt__psgd_saved *psgd, ckpt_job **out)
 {
     *out = NULL;
     dt_model *m = dt_trainer_model(tr);
@@ -504,6 +512,13 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
             goto fail;
         st = DT_ERR_NO_MEMORY;
     }
+    /* PowerSGD's state: the arrays gathered for this save are its staging copies */
+    if (psgd) {
+        j->psgd = *psgd;
+        memset(psgd, 0, sizeof *psgd);
+        if ((st = dt__psgd_saved_entries(&j->psgd, j->list)) < 0)
+            goto fail;
+    }
     if ((st = dt_trainer_run_state(tr, &j->run_state)) < 0)
         goto fail;
     *out = j;
@@ -587,7 +602,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     tpiece *pc = NULL;
     bool sharded;
     if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
-        sst = stage(tr, dir, pp, pc, false, &j);
+        sst = stage(tr, dir, pp, pc, false, NULL, &j);
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
     char msg[1024];
@@ -601,10 +616,12 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
         return sst < 0 ? dt_error(sst, "%s", msg)
                        : dt_error(DT_ERR_IO, "another rank could not stage the checkpoint (its error says why)");
     }
-    dt_st_kv meta[2] = {{META_RUN, j->run_state}, {META_USER, j->user ? j->user : "null"}};
+    dt_st_kv meta[3] = {{META_RUN, j->run_state},
+                        {META_USER, j->user ? j->user : "null"},
+                        {DT__PSGD_META, j->psgd.meta}};
     dt_ckpt_save_params sp = dt_ckpt_save_params_default();
     sp.meta = meta;
-    sp.nmeta = 2;
+    sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true;
     const dt_strategy *strat = dt_trainer_strategy(tr);
     dt_zero *zs = dt_strategy_zero(strat);
@@ -643,6 +660,11 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         free(pc);
         return save_sharded(tr, dir, &pp);
     }
+    /* every rank: PowerSGD's per-rank state to rank 0 (a collective) */
+    dt__psgd_saved psgd;
+    dt_status pst = dt__psgd_ckpt_collect(tr, &psgd);
+    if (sst >= 0)
+        sst = pst;
     if (sst >= 0 && dt_trainer_rank(tr) == 0) {
         struct stat sb;
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -650,7 +672,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
         else
-            sst = stage(tr, dir, &pp, pc, pp.async, &j);
+            sst = stage(tr, dir, &pp, pc, pp.async, &psgd, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
             if (rc != 0) {
@@ -664,6 +686,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         }
     }
     free(pc);
+    dt__psgd_saved_release(&psgd);
     /* staging failed on rank 0: every rank hears of it now */
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
@@ -876,6 +899,8 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
             goto out;
     }
     if ((st = load_pieces(tr, ck, ckname, weights_only)) < 0)
+        goto out;
+    if (!weights_only && (st = dt__psgd_ckpt_load(tr, ck, ckname)) < 0)
         goto out;
     if (!weights_only)
         st = dt_trainer_apply_run_state(tr, run, info);

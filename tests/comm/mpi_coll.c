@@ -10,6 +10,7 @@
  * be that one. Each rank prints its failures; the exit code is non-zero on
  * any failure, and mpirun returns it. */
 #include "dtrain/comm.h"
+#include "dtrain/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -516,6 +517,85 @@ static void test_timeout(dt_pg *world)
     dt_pg_free(pg);
 }
 
+/* f16/bf16 reductions travel as 16 bits and are accumulated in f32 in rank
+ * order, divided by W for an average and rounded once: the same bits as a
+ * reference that does exactly that (the shm backend's direct all-reduce).
+ * Values spread over 2^20 so that, in bf16, the f32 sums round and the
+ * order shows; counts that split unevenly over the ranks. */
+static uint16_t half_value(dt_dtype dt, int r, size_t i)
+{
+    float v = (float)((double)((int)((i * 37 + (size_t)r * 101) % 1000) - 500) / 61.0 *
+                      ldexp(1.0, (int)((i + (size_t)r) % 21) - 10));
+    if (dt == DT_F16) /* keep within f16's range */
+        v = (float)((double)((int)((i * 37 + (size_t)r * 101) % 1000) - 500) / 61.0 *
+                    ldexp(1.0, (int)((i + (size_t)r) % 9) - 4));
+    uint16_t h;
+    dt_k_convert(&v, DT_F32, &h, dt, 1);
+    return h;
+}
+
+static uint16_t half_expect(dt_dtype dt, dt_reduce_op op, size_t i)
+{
+    float acc = 0;
+    for (int r = 0; r < g_w; r++) {
+        uint16_t h = half_value(dt, r, i);
+        float f;
+        dt_k_convert(&h, dt, &f, DT_F32, 1);
+        if (r == 0)
+            acc = f;
+        else if (op == DT_REDUCE_MAX)
+            acc = f > acc ? f : acc;
+        else
+            acc += f;
+    }
+    if (op == DT_REDUCE_AVG)
+        acc /= (float)g_w;
+    uint16_t h;
+    dt_k_convert(&acc, DT_F32, &h, dt, 1);
+    return h;
+}
+
+static void test_half_exact(dt_pg *pg)
+{
+    const dt_dtype dts[] = {DT_F16, DT_BF16};
+    const dt_reduce_op ops[] = {DT_REDUCE_SUM, DT_REDUCE_AVG, DT_REDUCE_MAX};
+    const size_t counts[] = {1, 5, 1001, 20001};
+    for (int d = 0; d < 2; d++)
+        for (int o = 0; o < 3; o++)
+            for (int ci = 0; ci < 4; ci++) {
+                const dt_dtype dt = dts[d];
+                const dt_reduce_op op = ops[o];
+                const size_t n = counts[ci];
+                uint16_t *s = xalloc(n * (size_t)g_w * 2), *r = xalloc(n * (size_t)g_w * 2);
+                for (int inpl = 0; inpl < 2; inpl++) {
+                    for (size_t i = 0; i < n; i++)
+                        s[i] = half_value(dt, g_rank, i);
+                    CHECK_OK(dt_pg_allreduce(pg, inpl ? DT_IN_PLACE : s, inpl ? s : r, n, dt, op));
+                    const uint16_t *out = inpl ? s : r;
+                    for (size_t i = 0; i < n; i++)
+                        CHECK(out[i] == half_expect(dt, op, i), "allreduce %s %s n=%zu inpl=%d [%zu]: 0x%04x, "
+                              "want 0x%04x", dt_dtype_name(dt), dt_reduce_op_name(op), n, inpl, i, out[i],
+                              half_expect(dt, op, i));
+                }
+                /* reduce to the last rank */
+                for (size_t i = 0; i < n; i++)
+                    s[i] = half_value(dt, g_rank, i);
+                memset(r, 0, n * 2);
+                CHECK_OK(dt_pg_reduce(pg, s, r, n, dt, op, g_w - 1));
+                for (size_t i = 0; g_rank == g_w - 1 && i < n; i++)
+                    CHECK(r[i] == half_expect(dt, op, i), "reduce %s n=%zu [%zu]", dt_dtype_name(dt), n, i);
+                /* reduce-scatter: n per rank, the input is W blocks */
+                for (size_t i = 0; i < n * (size_t)g_w; i++)
+                    s[i] = half_value(dt, g_rank, i);
+                CHECK_OK(dt_pg_reduce_scatter(pg, s, r, n, dt, op));
+                for (size_t i = 0; i < n; i++)
+                    CHECK(r[i] == half_expect(dt, op, (size_t)g_rank * n + i), "reduce_scatter %s n=%zu [%zu]",
+                          dt_dtype_name(dt), n, i);
+                free(s);
+                free(r);
+            }
+}
+
 int main(void)
 {
     dt_pg *pg;
@@ -532,6 +612,7 @@ int main(void)
         g_fail++;
     }
     test_reductions(pg);
+    test_half_exact(pg);
     test_movement(pg);
     test_blocks(pg);
     test_p2p_and_subgroup(pg);

@@ -13,6 +13,12 @@
 #       GPT under `dtrain run --nnodes 2` on a bed of 2 nodes x 1 rank (so
 #       ZeRO stage STAGE's reductions cross the link): exit 0, the config's
 #       stage on 2 ranks, a validation loss below ln 40 - 0.3 (it learned).
+#   netbed_test.sh bytes SRC DTRAIN
+#       what the hierarchical all-reduce sends across the links: on 2 nodes
+#       x 2 ranks, `dtrain bench coll --algo hier` (4 MiB, 8 all-reduces in
+#       512 KiB chunks) must put between 1.0 and 1.1 times 8 x 4 MiB on each
+#       link direction (tc's counters: a node's share, S per all-reduce,
+#       plus headers), not the 1.5 S of a flat ring, and get correct sums.
 #   netbed_test.sh teardown SRC
 #       the bed is removed after a failing command (whose status comes
 #       back), after a command that leaves a process running in a node, and
@@ -102,6 +108,26 @@ config)
   [ -n "$vl" ] || fail "no validation loss"
   awk -v v="$vl" 'BEGIN { exit !(v < log(40) - 0.3) }' || fail "val loss $vl: not below ln 40 - 0.3"
   echo "stage $stage across 2 nodes: val loss $vl"
+  ;;
+bytes)
+  cli=$3
+  bash "$bed" --slots 2 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "\$NETBED_BYTES > $tmp/b0 &&
+    \$NETBED_MPIRUN -np 4 -x DT_HIER_CHUNK_KB=512 -x ASAN_OPTIONS $cli bench coll --algo hier \
+      --mem plain --op allreduce --min 4M --max 4M --iters 1 --json > $tmp/json &&
+    \$NETBED_BYTES > $tmp/b1" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out" "$tmp/json" 2>/dev/null
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "the hierarchical bench on the bed exited with $rc"
+  n=$(grep -c '"algo":"hier".*"correct":true' "$tmp/json")
+  [ "$n" -eq 2 ] || fail "$n of 2 placements hierarchical and correct"
+  # 8 all-reduces (per placement: the check, 2 warm-ups, 1 timed) of S = 4 MiB
+  paste "$tmp/b0" "$tmp/b1" | awk -v s=$((8 * 4 * 1048576)) '
+    { out = $5 - $2; in_ = $6 - $3
+      printf "node %d: out %d in %d bytes = %.3f and %.3f x 8 S\n", $1, out, in_, out / s, in_ / s
+      if (out < s || out > 1.1 * s || in_ < s || in_ > 1.1 * s) bad = 1 }
+    END { exit bad }' || fail "the links did not carry 1.0-1.1 x 8 S each way"
   ;;
 teardown)
   bash "$bed" check

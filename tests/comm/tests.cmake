@@ -65,6 +65,11 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
                    ${PROJECT_BINARY_DIR}/dtrain ${PROJECT_BINARY_DIR}/examples/example_allreduce)
   set_tests_properties(comm/netbed_run_nnodes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  # the hierarchical all-reduce's bytes on the links (tc counters)
+  add_test(NAME comm/netbed_hier_bytes
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh bytes ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/dtrain)
+  set_tests_properties(comm/netbed_hier_bytes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
   # seed 003's DeepSpeed configs across the bed's 2 nodes (issue 18)
   foreach(seed "zero2_actckpt;2" "zero3_offload_fixed;3")
     list(GET seed 0 cfg)

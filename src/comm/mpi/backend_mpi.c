@@ -17,8 +17,9 @@
  * faster because Open MPI's tuned blocking algorithms differ from libnbc's).
  *
  * Reductions: MPI's own for f32, f64, i32, i64, u8; avg = sum, then divide.
- * f16 and bf16 are widened to f32, reduced in f32 and rounded once (the
- * "f32 accumulation" promise), at the cost of a conversion on each side.
+ * f16 and bf16 travel as 16 bits (an all-to-all, a local f32 reduction
+ * rounded once: the "f32 accumulation" promise, and an all-gather; see
+ * run_reduction_half), so 16-bit gradient compression halves the bytes.
  *
  * Mismatch check (info->check): before each collective the ranks allreduce
  * (MAX) a fingerprint of (kind, count, dtype, op, root, counts) together with
@@ -294,28 +295,6 @@ static dt_status check_same(mpi_ctx *m, const dt_coll *c)
                     (unsigned long long)c->seq, m->rank, a, other, b);
 }
 
-/* ---- f16 / bf16 through f32 ------------------------------------------- */
-
-static float *widen(dt_dtype dt, const void *src, size_t n)
-{
-    float *f = dt_alloc(n * sizeof(float) + 1);
-    if (f && n && dt_k_convert(src, dt, f, DT_F32, (int64_t)n) < 0) {
-        dt_free(f);
-        return NULL;
-    }
-    return f;
-}
-
-/* f (n floats, scratch) → dst in dt, dividing by avg_div first if set. */
-static void narrow(dt_dtype dt, float *f, void *dst, size_t n, int avg_div)
-{
-    if (avg_div)
-        for (size_t i = 0; i < n; i++)
-            f[i] /= (float)avg_div;
-    if (n)
-        dt_k_convert(f, DT_F32, dst, dt, (int64_t)n);
-}
-
 /* ---- the operations ------------------------------------------------------ */
 
 static int fits_int(size_t n)
@@ -408,30 +387,117 @@ static dt_status run_reduction(mpi_ctx *m, const dt_coll *c, const void *send, v
     return st;
 }
 
-/* f16/bf16 reductions: widen, reduce in f32, narrow once. */
+/* ---- f16 / bf16 reductions with 16-bit payloads -------------------------
+ *
+ * MPI cannot add 16-bit floats, and a user op would round at every step
+ * of MPI's algorithm. So the reduction is done as a reduce-scatter made of
+ * an all-to-all plus a local reduction, followed by an all-gather:
+ *   1. the n elements are split into W chunks (the first n % W one longer);
+ *      MPI_Ialltoallv deals rank r chunk r of every rank's input, as the
+ *      16-bit values themselves;
+ *   2. rank r combines its chunk's W contributions in rank order in f32
+ *      (dt__reduce: the average divided by W, one rounding to 16 bits);
+ *   3. all-reduce: MPI_Iallgatherv of the 16-bit chunks; reduce: MPI_Igatherv
+ *      to the root; reduce-scatter: nothing (the chunk is the rank's block).
+ * Bytes each rank sends for an all-reduce: 2 (W-1)/W n x 2 bytes, those of a
+ * ring all-reduce on 16-bit data (the f32 widening this replaced sent twice
+ * as many). Bits: sources in rank order, accumulated in f32 and rounded once,
+ * as the shm backend's direct all-reduce (its ring rounds at every step). An
+ * all-reduce or reduce of more than 2^30 elements runs in 2^30-element
+ * pieces (MPI counts and displacements are int). */
+
+/* Post (or run, blocking) one MPI collective and complete it. */
+#define MPI_DO(m, c, what, blocking_call, nonblocking_call)                                        \
+    do {                                                                                           \
+        MPI_Request rq_;                                                                           \
+        int rc_ = (m)->blocking ? (blocking_call) : (nonblocking_call);                            \
+        if (rc_ != MPI_SUCCESS)                                                                    \
+            return mpi_err(rc_, what, c);                                                          \
+        if (!(m)->blocking) {                                                                      \
+            dt_status st_ = wait_req((m), &rq_, (c), NULL);                                        \
+            if (st_ < 0)                                                                           \
+                return st_;                                                                        \
+        }                                                                                          \
+    } while (0)
+
+/* One piece: n elements of every rank at send (rank r's chunk at disp[r],
+ * cnt[r] long; for a reduce-scatter chunk r is block r), this rank's
+ * reduced chunk into out (all-reduce: recv[disp], the whole n; reduce: the
+ * root's recv; reduce-scatter: recv). tmp: W x cnt[me] 16-bit elements,
+ * mine: cnt[me]. */
+static dt_status half_piece(mpi_ctx *m, const dt_coll *c, const uint16_t *send, uint16_t *recv, int *cnt,
+                            int *disp, int *rcnt, int *rdisp, uint16_t *tmp, uint16_t *mine)
+{
+    const int W = m->size, me = m->rank;
+    const void *srcs_stack[64];
+    const void **srcs = W <= 64 ? srcs_stack : malloc((size_t)W * sizeof *srcs);
+    if (!srcs)
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: %d source pointers", W);
+    for (int r = 0; r < W; r++) {
+        rcnt[r] = cnt[me];
+        rdisp[r] = r * cnt[me];
+        srcs[r] = tmp + (size_t)r * (size_t)cnt[me];
+    }
+    dt_status st = DT_OK;
+    do {
+        MPI_DO(m, c, "MPI_Ialltoallv (16-bit reduction)",
+               MPI_Alltoallv(send, cnt, disp, MPI_UINT16_T, tmp, rcnt, rdisp, MPI_UINT16_T, m->comm),
+               MPI_Ialltoallv(send, cnt, disp, MPI_UINT16_T, tmp, rcnt, rdisp, MPI_UINT16_T, m->comm, &rq_));
+        uint16_t *dst = c->kind == DT_COLL_REDUCE_SCATTER ? recv : mine;
+        dt__reduce(c->dtype, c->op, dst, srcs, W, (size_t)cnt[me], W);
+        if (c->kind == DT_COLL_ALLREDUCE)
+            MPI_DO(m, c, "MPI_Iallgatherv (16-bit reduction)",
+                   MPI_Allgatherv(mine, cnt[me], MPI_UINT16_T, recv, cnt, disp, MPI_UINT16_T, m->comm),
+                   MPI_Iallgatherv(mine, cnt[me], MPI_UINT16_T, recv, cnt, disp, MPI_UINT16_T, m->comm, &rq_));
+        else if (c->kind == DT_COLL_REDUCE)
+            MPI_DO(m, c, "MPI_Igatherv (16-bit reduction)",
+                   MPI_Gatherv(mine, cnt[me], MPI_UINT16_T, recv, cnt, disp, MPI_UINT16_T, c->root, m->comm),
+                   MPI_Igatherv(mine, cnt[me], MPI_UINT16_T, recv, cnt, disp, MPI_UINT16_T, c->root, m->comm,
+                                &rq_));
+    } while (0);
+    if (srcs != srcs_stack)
+        free(srcs);
+    return st;
+}
+
 static dt_status run_reduction_half(mpi_ctx *m, const dt_coll *c)
 {
-    size_t n_in = c->kind == DT_COLL_REDUCE_SCATTER ? c->count * (size_t)m->size : c->count;
-    size_t n_out = c->count;
-    int gets_result = c->kind != DT_COLL_REDUCE || c->root == m->rank;
-    float *fin = widen(c->dtype, c->send, n_in);
-    float *fout = dt_alloc(n_out * sizeof(float) + 1);
-    if (!fin || !fout) {
-        dt_free(fin);
-        dt_free(fout);
-        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: f32 buffers for a %s reduction",
-                        dt_dtype_name(c->dtype));
+    const int W = m->size, me = m->rank;
+    const size_t piece_max = (size_t)1 << 30;
+    const bool rs = c->kind == DT_COLL_REDUCE_SCATTER;
+    if (rs && (c->count > (size_t)INT_MAX / (size_t)W))
+        return dt_error(DT_ERR_UNSUPPORTED, "mpi backend: reduce_scatter of %zu %s elements per rank over %d "
+                        "ranks exceeds MPI's int displacements", c->count, dt_dtype_name(c->dtype), W);
+    if (c->count == 0)
+        return DT_OK;
+    const size_t piece = rs ? c->count : (c->count < piece_max ? c->count : piece_max);
+    const size_t mine_n = rs ? c->count : (piece + (size_t)W - 1) / (size_t)W;
+    int *ints = malloc(4 * (size_t)W * sizeof *ints);
+    uint16_t *tmp = dt_alloc((size_t)W * mine_n * 2 + 2), *mine = dt_alloc(mine_n * 2 + 2);
+    dt_status st = DT_OK;
+    if (!ints || !tmp || !mine) {
+        st = dt_error(DT_ERR_NO_MEMORY, "mpi backend: buffers of a %s reduction (%zu elements)",
+                      dt_dtype_name(c->dtype), c->count);
+        goto out;
     }
-    dt_coll w = *c;
-    w.dtype = DT_F32;
-    w.in_place = 0;
-    w.send = fin;
-    w.recv = fout;
-    dt_status st = run_reduction(m, &w, fin, gets_result ? fout : NULL, MPI_FLOAT);
-    if (st == DT_OK && gets_result && c->recv)
-        narrow(c->dtype, fout, c->recv, n_out, c->op == DT_REDUCE_AVG ? m->size : 0);
-    dt_free(fin);
-    dt_free(fout);
+    int *cnt = ints, *disp = ints + W, *rcnt = ints + 2 * W, *rdisp = ints + 3 * W;
+    const uint16_t *send = c->send;
+    uint16_t *recv = c->recv;
+    const bool gets = c->kind != DT_COLL_REDUCE || c->root == me;
+    for (size_t off = 0; off < (rs ? 1 : c->count) && st >= 0; off += piece) {
+        const size_t n = rs ? c->count * (size_t)W : (c->count - off < piece ? c->count - off : piece);
+        for (int r = 0, at = 0; r < W; r++) {
+            cnt[r] = rs ? (int)c->count : (int)(n / (size_t)W + ((size_t)r < n % (size_t)W));
+            disp[r] = at;
+            at += cnt[r];
+        }
+        st = half_piece(m, c, send + (rs ? 0 : off), rs ? recv : (gets ? recv + off : NULL), cnt, disp, rcnt, rdisp,
+                        tmp, mine);
+    }
+out:
+    free(ints);
+    dt_free(tmp);
+    dt_free(mine);
     return st;
 }
 
