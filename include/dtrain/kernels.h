@@ -48,7 +48,9 @@ extern "C" {
 #endif
 
 /* ---- instruction-set dispatch ------------------------------------------- */
-/* Code paths of the vectorised kernels (dtype conversion). The CPU's
+/* Code paths of the vectorised kernels (dtype conversion; the AVX2 rows of
+ * the fused bias + GELU and of the softmax cross-entropy, which every path
+ * but SCALAR uses, with the same bits as the scalar rows). The CPU's
  * features come from dt_cpu_detect(), so DT_MAX_CPU_ISA=avx2 (or scalar)
  * keeps AUTO off the AVX-512 (or all vector) paths. */
 typedef enum {
