@@ -463,9 +463,6 @@ int dt__train_check(dt__train_opts *o)
     if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
                          : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
-                         : o->save || o->resume ? "--save/--resume (checkpoints of pipeline training are not "
-                                                  "written yet)"
-                         : o->init_from ? "--init-from"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"

@@ -43,7 +43,9 @@
  * "optim.<param>.<state>" (f32). Sharded state (ZeRO/FSDP: each rank holds
  * different ranges) is saved by every rank, collectively over all ranks
  * (dt_ckpt_save deals the replicas: buffers, stage 1/2 parameters across
- * hybrid groups); such a save is synchronous (each rank writes its part;
+ * hybrid groups; under the pipe strategy each pipeline rank holds the
+ * tensors of its stages, its range's segments, and all save over the
+ * world); such a save is synchronous (each rank writes its part;
  * the save's collectives wait for the slowest writer, within
  * DT_COMM_TIMEOUT), asynchronous only in that the call still returns when
  * the files are complete.
@@ -364,7 +366,13 @@ static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
             size_t a = p->e.offset, b = a + p->e.numel;
             a = a < rg[k].lo ? rg[k].lo : a;
             b = b > rg[k].hi ? rg[k].hi : b;
-            if (a < b) {
+            /* a range of segments (the pipe strategy's stages) holds only
+             * the tensors of its segments, not what lies between them */
+            bool in_seg = !rg[k].segs;
+            for (size_t g = 0; !in_seg && g < rg[k].nseg; g++)
+                in_seg = rg[k].segs[g].offset <= p->e.offset &&
+                         p->e.offset < rg[k].segs[g].offset + rg[k].segs[g].numel;
+            if (a < b && in_seg) {
                 p->lo = a - p->e.offset;
                 p->hi = b - p->e.offset;
                 p->val = dt_flat_ptr(rg[k].params, a);
@@ -615,8 +623,10 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     sp.meta = meta;
     sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true;
+    const dt_strategy *strat = dt_trainer_strategy(tr);
+    dt_zero *zs = dt_strategy_zero(strat);
     st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp,
-                      dt_zero_group(dt_strategy_zero(dt_trainer_strategy(tr))));
+                      zs ? dt_zero_group(zs) : dt__strategy_pipe_world(strat));
     if (st >= 0 && dt_trainer_rank(tr) == 0)
         prune(j->dir, j->keep);
     job_free(j);
@@ -936,6 +946,8 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
     if (st >= 0 && z) /* whole (stage 1/2) units: every rank loaded its shard; gather the rest */
         st = dt_zero_after_step(z);
+    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr))) /* its stages': the others' too */
+        st = dt__trainer_sync_buffers(tr);
     if (info)
         *info = ri;
     return st;
@@ -950,6 +962,8 @@ dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file)
     dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
     if (st >= 0 && z)
         st = dt_zero_after_step(z);
+    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
+        st = dt__trainer_sync_buffers(tr);
     return st;
 }
 
