@@ -139,6 +139,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.block_size = t->o.block_size, cfg.vocab_size = t->o.vocab_size, cfg.seq = t->o.seq;
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
+    cfg.sequence_parallel = t->o.sequence_parallel;
     return cfg;
 }
 
@@ -895,8 +896,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
-        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
-               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
+        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
+               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
+               t->o.sequence_parallel ? "; sequence parallel (each holds 1/N of the tokens between the blocks)" : "");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
     {
         char tpx[48] = "";

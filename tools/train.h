@@ -68,6 +68,7 @@ typedef struct dt__train_opts {
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
+    bool sequence_parallel;   /* --sequence-parallel (GPT with --tp) */
     int64_t dp;               /* data-parallel replicas, 0 = world / (tp x pp); checked against the world */
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;

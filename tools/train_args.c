@@ -130,6 +130,10 @@ static const opt_def opts[] = {
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
+    {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
+     "GPT models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
+     "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
+     "no dropout)"},
     {"dp", OPT_INT, OFF(dp), 1, 1 << 16, NULL, "N",
      "data-parallel replicas (default: the ranks divided by --tp x --pp; given, it must equal that); with --tp "
      "and --pp the ranks form one dp x tp x pp mesh, rank = (d x tp + t) x pp + stage"},
@@ -480,14 +484,19 @@ int dt__train_check(dt__train_opts *o)
             return 2;
         }
     }
+    if (o->sequence_parallel && (o->tp <= 1 || !strncmp(o->model, "mlp", 3) || !strcmp(o->model, "convnet"))) {
+        dt__cli_err("dtrain train: --sequence-parallel needs a GPT model and --tp N > 1\n");
+        return 2;
+    }
+    if (o->sequence_parallel && o->pp > 1) {
+        dt__cli_err("dtrain train: --sequence-parallel does not combine with --pp yet\n");
+        return 2;
+    }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
-                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
-                         : o->save || o->resume ? "--save/--resume (checkpoints of tensor-parallel training are "
-                                                  "not written yet)"
-                         : o->init_from ? "--init-from"
-                         : o->clip_grad_norm > 0 ? "--clip-grad-norm (the global norm over the slices is not "
-                                                   "computed yet)"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp
+                             ? "--zero/--fsdp (ZeRO over the data-parallel ranks of a tensor-parallel model is not "
+                               "composed yet; the data-parallel dimension runs DDP)"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload" : NULL;

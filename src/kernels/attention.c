@@ -75,6 +75,7 @@ static inline void axpy(float a, const float *restrict x, float *restrict y, int
 }
 
 /* Whether dropout keeps element (bh, i, j). */
+/* gbh: the head's index b Ht + h0 + h in the full layer (dt_k_attention_fwd_heads) */
 static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
 {
     return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
@@ -109,10 +110,11 @@ static inline void row_dots(const float *restrict q, const float *restrict xt, i
 /* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
  * AVX2: the loops along keys and along D vectorise; no sum is reordered,
  * so both clones give the same bits. */
-DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D, bool causal, float p,
-                               dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt, float *y,
-                               float *lse)
+DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                               float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt,
+                               float *y, float *lse)
 {
+    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, nq = i1 - i0, bh = b * H + h;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     const float *base = qkv + b * T * C3;
@@ -147,7 +149,7 @@ DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D
                 float e = expf(s[j - j0] - mx);
                 sum += e;
                 if (p > 0.0f)
-                    e = keep(key, p, bh, T, i, j) ? e * pscale : 0.0f;
+                    e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
                 axpy(e, base + j * C3 + 2 * C + h * D, a, D);
             }
             l[r] = l[r] * corr + sum;
@@ -164,11 +166,33 @@ DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D
     }
 }
 
+static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
+{
+    if (h0 < 0 || Ht < H || h0 > Ht - H)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not within %lld heads", fn, (long long)h0,
+                        (long long)(h0 + H), (long long)Ht);
+    return DT_OK;
+}
+
 dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                              dt_rng_key key, float *y, float *lse)
 {
+    return dt_k_attention_fwd_heads(qkv, B, T, H, D, 0, H, causal, p, key, y, lse);
+}
+
+dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+{
+    return dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 0, H, causal, p, key, dqkv);
+}
+
+dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                   int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+{
     const char *fn = "dt_k_attention_fwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
@@ -189,7 +213,8 @@ dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, 
         for (int64_t task = 0; task < ntask; task++) {
             int64_t bh = task / nqb, qb = task % nqb, i0 = qb * BQ;
             if (kt)
-                fwd_task(qkv, T, H, D, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y, lse);
+                fwd_task(qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y,
+                         lse);
         }
         dt_free(kt);
     }
@@ -201,9 +226,10 @@ dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones. */
 DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
-                               int64_t H, int64_t D, bool causal, float p, dt_rng_key key, int64_t b, int64_t h,
-                               float *kt, float *dqkv)
+                               int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
+                               int64_t b, int64_t h, float *kt, float *dqkv)
 {
+    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     const float *base = qkv + b * T * C3;
@@ -228,7 +254,7 @@ DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *ls
                 float P = expf(sc[jj] * scale - L);
                 float dP = dp[jj], Pd = P;
                 if (p > 0.0f) {
-                    bool kp = keep(key, p, bh, T, i, j0 + jj);
+                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
                     Pd = kp ? P * pscale : 0.0f;
                     dP = kp ? dP * pscale : 0.0f;
                 }
@@ -245,11 +271,14 @@ DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *ls
     }
 }
 
-dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
-                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
+                                   dt_rng_key key, float *dqkv)
 {
     const char *fn = "dt_k_attention_bwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
@@ -270,7 +299,7 @@ dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse,
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt)
-                bwd_task(qkv, y, lse, dy, T, H, D, causal, p, key, bh / H, bh % H, kt, dqkv);
+                bwd_task(qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
         dt_free(kt);
     }
     if (nomem)

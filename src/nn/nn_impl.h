@@ -50,6 +50,7 @@ struct dt_module {
     } *ties;
     dt_nn_forward_fn fwd;
     void *ud;
+    struct dt_pg *tp;       /* the tensor-parallel group of its sliced parameters (tp.h), or NULL */
     dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
     void *fwd_override_ud;
     bool training;
