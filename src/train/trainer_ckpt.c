@@ -789,6 +789,9 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     tpiece *pc = NULL;
     bool sharded = false;
     dt_pg *tp = tp_of(tr);
+    if (tp && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: checkpoints of --tp together with --pp are not written "
+                        "yet (tensor-parallel slices of pipeline stages)");
     if (tp)
         return save_tp(tr, tp, dir, &pp);
     dt_status sst = collect_pieces(tr, &pc, &sharded);
