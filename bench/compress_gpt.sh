@@ -60,6 +60,7 @@ if [ "$launcher" = netbed ]; then
   launch=($NETBED_MPIRUN -np "$np")
 elif [ -n "$launcher" ]; then launch=($launcher); else launch=("$cli" run -n "$np" --); fi
 
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for h in $hooks; do
   name=${h/:/-r}
   args=(--comm-hook "${h%%:*}")
@@ -77,9 +78,10 @@ for h in $hooks; do
   "${cmd[@]}" > "$OUT/$name.log" 2>&1 || { echo "$0: $name failed:" >&2; tail -5 "$OUT/$name.log" >&2; exit 1; }
 done
 
-python3 - "$OUT" "$every" $hooks <<'PY'
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+python3 - "$OUT" "$every" "$load0" "$load1" $hooks <<'PY'
 import json, re, sys
-out, every, hooks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, every, load0, load1, hooks = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 rows, steps = [], None
 for h in hooks:
     name = h.replace(":", "-r")
@@ -97,6 +99,7 @@ for h in hooks:
     rows.append((h, sps[-1] if sps else "?", wait[-1] if wait else "?", (comp[-1] + "x") if comp else "-",
                  [losses.get(s) for s in steps], val[-1] if val else "?"))
 print(f"\n# DDP step of gpt-mini, loss = mean of the last {every} steps (logs in {out})")
+print(f"# load average (1, 5, 15 min) before: {load0}; after: {load1}")
 hdr = f"{'hook':<12} {'samples/s':>9} {'wait ms':>8} {'compress':>9}  " + " ".join(f"{'@'+str(s):>7}" for s in steps) + f" {'val':>7}"
 print(hdr)
 for h, sps, wait, comp, ls, val in rows:

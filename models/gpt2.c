@@ -23,7 +23,12 @@
  * rank, padding zero) and the tied head gives the rank's logits for the
  * vocabulary-parallel cross-entropy. Layer norms, wpe and row-parallel
  * biases are whole on every rank. Names and the single-process values
- * (dt_model_init_tp) stay; only shapes are the rank's. */
+ * (dt_model_init_tp) stay; only shapes are the rank's. Dropout: the
+ * embedding, residual and MLP dropouts act on activations that are whole
+ * and equal on every rank (after g), with the same key: the same masks on
+ * every rank, the single-process ones; the attention dropout draws, for the
+ * rank's heads, their part of the single-process mask (dt_attention_heads).
+ * So a --tp run with dropout equals the single-process run within rounding. */
 #include "nn/nn_impl.h"
 #include "zoo.h"
 #include "dtrain/tp.h"
@@ -85,17 +90,64 @@ static dt_module *conv1d(int64_t in, int64_t out, float std)
     return dt_nn_custom("Conv1D", 2, s, conv1d_forward, NULL);
 }
 
-/* self->k = n_head */
+/* ---- sequence parallelism (Korthikanti et al.; tp.h, SEMANTICS.md 6) ----
+ * Modules built with sequence parallelism carry pad == 1 (custom modules
+ * use no padding). Between the blocks the residual stream holds the rank's
+ * chunk of the tokens, [B, T/t, C]; the layer norms and the residual adds
+ * run on the chunk. Entering attention and the MLP, dt_tp_sp_gather
+ * (all-gather of the tokens, backward reduce-scatter) replaces f; leaving,
+ * dt_tp_sp_reduce_scatter (backward all-gather) replaces g. The layer norms'
+ * parameters and the row-parallel biases, whole on every rank, see only the
+ * rank's tokens: they enter through f (dt_tp_copy_to_region), whose
+ * backward sums their gradients over the group, as Megatron's all-reduce of
+ * the sequence-parallel parameters' gradients does. The embedding output is
+ * split after the embedding (dt_tp_sp_scatter), and the final layer norm's
+ * output gathered for the vocabulary-parallel head, which then takes no f. */
+
+/* The group when m runs sequence-parallel: the group of tensor-parallel
+ * module `of`. */
+static dt_pg *sp_group(const dt_module *m, const dt_module *of)
+{
+    return m->pad == 1 ? dt_tp_module_group(of) : NULL;
+}
+
+/* Layer norm module ln on x; under sequence parallelism its parameters
+ * through f. */
+static dt_tensor *ln_forward(dt_ctx *ctx, dt_module *ln, dt_tensor *x, dt_pg *sp)
+{
+    if (!sp)
+        return dt_module_forward(ctx, ln, x);
+    return dt_layer_norm(ctx, x, dt_tp_copy_to_region(ctx, sp, dt_module_param(ln, 0)),
+                         dt_tp_copy_to_region(ctx, sp, dt_module_param(ln, 1)), ln->eps);
+}
+
+/* Row-parallel module m on the rank's columns x under sequence
+ * parallelism: the partial products reduce-scattered over the tokens,
+ * then the bias (through f). */
+static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
+{
+    dt_tensor *y = dt_tp_sp_reduce_scatter(ctx, sp, dt_addmm(ctx, x, dt_module_param(m, 0), NULL), 1);
+    return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
+}
+
+/* self->k = n_head (this rank's) */
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
     dt_module *drop = child(self, "attn_dropout");
-    dt_tensor *qkv = dt_module_forward(ctx, child(self, "c_attn"), x);
+    dt_pg *sp = sp_group(self, child(self, "c_attn"));
+    dt_module *ca = child(self, "c_attn");
+    dt_tensor *qkv = sp ? dt_addmm(ctx, dt_tp_sp_gather(ctx, sp, x, 1), dt_module_param(ca, 0), dt_module_param(ca, 1))
+                        : dt_module_forward(ctx, ca, x);
     if (!qkv)
         return NULL;
     dt_rng_key key = dt__module_dropout_key(drop);
-    dt_tensor *y = dt_attention(ctx, qkv, self->k, true, drop->p, drop->training, key);
-    y = dt_module_forward(ctx, child(self, "c_proj"), y);
+    /* tensor parallel: the rank's heads, with their part of the full layer's
+     * dropout mask (the key is the same on every rank: the same module) */
+    dt_pg *tp = dt_tp_module_group(child(self, "c_attn"));
+    const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * self->k : 0;
+    dt_tensor *y = dt_attention_heads(ctx, qkv, self->k, h0, self->k * t, true, drop->p, drop->training, key);
+    y = sp ? row_sp(ctx, child(self, "c_proj"), y, sp) : dt_module_forward(ctx, child(self, "c_proj"), y);
     return dt_module_forward(ctx, child(self, "resid_dropout"), y);
 }
 
@@ -103,7 +155,14 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 {
     (void)ud;
     dt_module *fc = child(self, "c_fc");
+    dt_pg *sp = sp_group(self, fc);
     dt_tensor *h;
+    if (sp) {
+        x = dt_tp_sp_gather(ctx, sp, x, 1);
+        h = dt_bias_gelu_tanh(ctx, dt_addmm(ctx, x, dt_module_param(fc, 0), NULL), dt_module_param(fc, 1));
+        h = row_sp(ctx, child(self, "c_proj"), h, sp);
+        return dt_module_forward(ctx, child(self, "dropout"), h);
+    }
     if (dt__module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
         dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
         if (tp)
@@ -118,9 +177,10 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
-    dt_tensor *a = dt_module_forward(ctx, child(self, "attn"), dt_module_forward(ctx, child(self, "ln_1"), x));
+    dt_pg *sp = sp_group(self, child(child(self, "attn"), "c_attn"));
+    dt_tensor *a = dt_module_forward(ctx, child(self, "attn"), ln_forward(ctx, child(self, "ln_1"), x, sp));
     x = dt_add(ctx, x, a);
-    dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"), dt_module_forward(ctx, child(self, "ln_2"), x));
+    dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"), ln_forward(ctx, child(self, "ln_2"), x, sp));
     return dt_add(ctx, x, m);
 }
 
@@ -155,9 +215,13 @@ dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
 static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
     (void)ud;
+    dt_pg *sp = sp_group(self, child(self, "wte"));
     dt_tensor *x = dt__gpt2_embed(ctx, self, idx);
+    if (sp)
+        x = dt_tp_sp_scatter(ctx, sp, x, 1);
     x = dt_module_forward(ctx, child(self, "h"), x);
-    return dt_module_forward(ctx, child(self, "ln_f"), x);
+    x = ln_forward(ctx, child(self, "ln_f"), x, sp);
+    return sp ? dt_tp_sp_gather(ctx, sp, x, 1) : x;
 }
 
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
@@ -199,7 +263,7 @@ static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, float std, int chunks
     return m;
 }
 
-static dt_module *block(const dt_gpt2_config *g, dt_pg *tp)
+static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp)
 {
     int64_t C = g->n_embd;
     float std = 0.02f, pstd = 0.02f / sqrtf(2.0f * (float)g->n_layer);
@@ -208,6 +272,8 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp)
     dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, NULL);
     if (attn) /* this rank's heads */
         attn->k = (int)(g->n_head / (tp ? dt_pg_size(tp) : 1));
+    if (sp && b && attn && mlp)
+        b->pad = attn->pad = mlp->pad = 1;
     bool ok = b && attn && mlp;
     ok = add(attn, "c_attn", proj(tp, C, 3 * C, std, 3), ok);
     ok = add(attn, "c_proj", proj(tp, C, C, pstd, 0), ok);
@@ -233,7 +299,8 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp)
  * f(x) @ W_r^T, W_r [ceil(V/t), C] (ud: the group). */
 static dt_tensor *vocab_head_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    return dt_linear(ctx, dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
+    /* sequence parallel: x came through dt_tp_sp_gather, whose backward sums */
+    return dt_linear(ctx, self->pad == 1 ? x : dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
 }
 
 static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
@@ -241,17 +308,21 @@ static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
     int64_t Vl;
     dt_tp_vocab_range(tp, V, NULL, NULL, &Vl);
     dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, C}, .init = DT_NN_INIT_KAIMING, .tp_dim = 1};
-    return dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+    dt_module *m = dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+    if (m) /* dt_tp_full_shape: V rows in full */
+        m->in = V, m->out = C;
+    return m;
 }
 
-static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp)
+static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp)
 {
+    if (sp && g->dropout > 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with sequence parallelism is not supported yet (the "
+                        "residual and MLP dropouts would draw their masks over the rank's tokens, not the "
+                        "single-process run's)", (double)g->dropout);
     if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
                         "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));
-    if (tp && g->dropout > 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with tensor parallelism is not supported yet (the "
-                        "attention dropout would need per-rank streams)", (double)g->dropout);
     if (g->n_layer < 1 || g->n_head < 1 || g->n_embd < 1 || g->block_size < 1 || g->vocab_size < 1)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_layer, n_head, n_embd, block_size and vocab_size must be >= 1 "
                         "(got %lld, %lld, %lld, %lld, %lld)", (long long)g->n_layer, (long long)g->n_head,
@@ -285,12 +356,16 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
         g.vocab_size = c->vocab_size;
     g.dropout = c->dropout;
     dt_pg *tp = c->tp && dt_pg_size(c->tp) > 1 ? c->tp : NULL;
-    if ((st = check_config(&g, tp)) < 0)
+    const bool sp = c->sequence_parallel && tp; /* without tensor parallelism (or a group of one): plain */
+    if ((st = check_config(&g, tp, sp)) < 0)
         return st;
     int64_t T = c->seq ? c->seq : g.block_size;
     if (T < 1 || T > g.block_size)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is outside [1, %lld] (the block size)",
                         (long long)T, (long long)g.block_size);
+    if (sp && T % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is not divisible by the tensor-parallel size "
+                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
     int64_t C = g.n_embd, V = g.vocab_size, L = g.n_layer;
     dt_module *root = dt_nn_custom("GPT2LMHeadModel", 0, NULL, lm_forward, NULL);
     dt_module *tr = dt_nn_custom("GPT2Model", 0, NULL, transformer_forward, NULL);
@@ -302,9 +377,11 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     }
     if (tr)
         tr->in = g.block_size;
+    if (sp && tr && head)
+        tr->pad = head->pad = 1;
     bool ok = root && tr && h;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(h, NULL, block(&g, tp), ok);
+        ok = add(h, NULL, block(&g, tp, sp), ok);
     ok = ok && wte && head && dt_module_tie(head, "weight", wte, "weight") == DT_OK;
     ok = add(tr, "wte", wte, ok);
     ok = add(tr, "wpe", embedding(g.block_size, C), ok);

@@ -47,7 +47,10 @@ dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out,
         {.name = "w1", .ndim = 2, .shape = {c->mlp_hidden / t, c->mlp_dim}, .init = DT_NN_INIT_XAVIER,
          .tp_dim = tp ? 1 : 0},
     };
-    dt_status st = dt_model_build(dt_nn_custom("MLP", 2, s, mlp_forward, tp), seed, &c->build, out);
+    dt_module *mlp = dt_nn_custom("MLP", 2, s, mlp_forward, tp);
+    if (mlp && tp)
+        dt_tp_module_set_group(mlp, tp); /* checkpoints and the gradient norm find the group */
+    dt_status st = dt_model_build(mlp, seed, &c->build, out);
     if (st < 0)
         return st;
     d->loss = DT_LOSS_MEAN;

@@ -20,6 +20,7 @@ int dt_bench_step(int argc, char **argv);
 int dt_bench_coll(int argc, char **argv);
 int dt_bench_matmul(int argc, char **argv);
 int dt_bench_ddp(int argc, char **argv);
+int dt_bench_zero(int argc, char **argv);
 int dt_bench_data(int argc, char **argv);
 
 /* Print one error line of the CLI's own to stderr, printf-style, with

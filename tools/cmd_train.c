@@ -113,7 +113,7 @@ static int fail(int code, const char *what)
     return code;
 }
 
-/* --precision, --reduce-dtype, --keep-bn-fp32 as a policy (train.h). */
+/* --precision, --reduce-dtype, --keep-bn-fp32, --buffer-dtype as a policy (train.h). */
 static int precision_policy(const dt__train_opts *o, dt_precision_policy *p)
 {
     if (dt_precision_policy_parse(o->precision, p) < 0)
@@ -125,6 +125,12 @@ static int precision_policy(const dt__train_opts *o, dt_precision_policy *p)
         p->reduce_dtype = r.param_dtype;
     }
     p->keep_batchnorm_fp32 = strcmp(o->keep_bn_fp32, "false") != 0;
+    if (o->buffer_dtype) {
+        dt_precision_policy r;
+        if (dt_precision_policy_parse(o->buffer_dtype, &r) < 0)
+            return fail(2, "--buffer-dtype");
+        p->buffer_dtype = r.param_dtype;
+    }
     return 0;
 }
 
@@ -139,6 +145,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.block_size = t->o.block_size, cfg.vocab_size = t->o.vocab_size, cfg.seq = t->o.seq;
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
+    cfg.sequence_parallel = t->o.sequence_parallel;
     return cfg;
 }
 
@@ -208,6 +215,7 @@ static int setup_model(trainer *t)
         return 2;
     cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
     cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
+    cfg.build.buffer_dtype = pol.buffer_dtype == DT_DTYPE_UNSET ? DT_F32 : pol.buffer_dtype;
     cfg.build.f32_modules = pol.f32_modules;
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
@@ -895,8 +903,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
-        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s\n",
-               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s");
+        printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
+               t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
+               t->o.sequence_parallel ? "; sequence parallel (each holds 1/N of the tokens between the blocks)" : "");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
     {
         char tpx[48] = "";

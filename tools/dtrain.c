@@ -15,7 +15,7 @@ static const dt_command commands[] = {
     {"train", dt_cmd_train, "train a model (dtrain train --help)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint: dtrain eval --ckpt DIR (dtrain eval --help)"},
     {"run", dt_cmd_run, "launch N local ranks: dtrain run -n N -- PROGRAM ARGS..."},
-    {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,ddp,matmul,data} ... (dtrain bench --help)"},
+    {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,ddp,zero,matmul,data} ... (dtrain bench --help)"},
     {"plot", dt_cmd_plot, "plot a metrics file: dtrain plot FILE.jsonl -o out.png"},
     {"generate", dt_cmd_generate, "continue a prompt with a GPT model (dtrain generate --help)"},
     {"tokenize", dt_cmd_tokenize, "byte-level BPE: train a vocab, text -> token file (dtrain tokenize --help)"},

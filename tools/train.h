@@ -68,6 +68,7 @@ typedef struct dt__train_opts {
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
+    bool sequence_parallel;   /* --sequence-parallel (GPT with --tp) */
     int64_t dp;               /* data-parallel replicas, 0 = world / (tp x pp); checked against the world */
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;
@@ -85,6 +86,7 @@ typedef struct dt__train_opts {
     const char *precision;    /* fp32 | bf16 | fp16, default fp32 */
     const char *reduce_dtype; /* fp32 | bf16 | fp16, NULL = the precision's */
     const char *keep_bn_fp32; /* true | false, default true */
+    const char *buffer_dtype; /* fp32 | bf16 | fp16, NULL = fp32 */
     double loss_scale;        /* 0 = dynamic, > 0 static, < 0 = unset (dynamic with fp16, none otherwise) */
     int64_t initial_scale_power; /* default 16 */
     int64_t loss_scale_window;   /* default 1000 */

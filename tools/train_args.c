@@ -130,6 +130,10 @@ static const opt_def opts[] = {
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
+    {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
+     "GPT models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
+     "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
+     "no dropout)"},
     {"dp", OPT_INT, OFF(dp), 1, 1 << 16, NULL, "N",
      "data-parallel replicas (default: the ranks divided by --tp x --pp; given, it must equal that); with --tp "
      "and --pp the ranks form one dp x tp x pp mesh, rank = (d x tp + t) x pp + stage"},
@@ -160,6 +164,9 @@ static const opt_def opts[] = {
      "dtype of the gradient all-reduce (default: the --precision's)"},
     {"keep-bn-fp32", OPT_CHOICE, OFF(keep_bn_fp32), 0, 0, "true|false", "BOOL",
      "with bf16/fp16: batch-norm parameters stay f32 (default true)"},
+    {"buffer-dtype", OPT_CHOICE, OFF(buffer_dtype), 0, 0, "fp32|bf16|fp16", "P",
+     "dtype of the buffers (batch-norm running statistics; FSDP's buffer_dtype), except batch norm's under "
+     "--keep-bn-fp32 true (default fp32)"},
     {"loss-scale", OPT_FLOAT, OFF(loss_scale), 0, 1e30, NULL, "X",
      "loss scale: 0 = dynamic (the default with fp16), X > 0 = static"},
     {"initial-scale-power", OPT_INT, OFF(initial_scale_power), 0, 127, NULL, "N",
@@ -463,9 +470,6 @@ int dt__train_check(dt__train_opts *o)
     if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
                          : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
-                         : o->save || o->resume ? "--save/--resume (checkpoints of pipeline training are not "
-                                                  "written yet)"
-                         : o->init_from ? "--init-from"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"
@@ -483,14 +487,19 @@ int dt__train_check(dt__train_opts *o)
             return 2;
         }
     }
+    if (o->sequence_parallel && (o->tp <= 1 || !strncmp(o->model, "mlp", 3) || !strcmp(o->model, "convnet"))) {
+        dt__cli_err("dtrain train: --sequence-parallel needs a GPT model and --tp N > 1\n");
+        return 2;
+    }
+    if (o->sequence_parallel && o->pp > 1) {
+        dt__cli_err("dtrain train: --sequence-parallel does not combine with --pp yet\n");
+        return 2;
+    }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
-                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
-                         : o->save || o->resume ? "--save/--resume (checkpoints of tensor-parallel training are "
-                                                  "not written yet)"
-                         : o->init_from ? "--init-from"
-                         : o->clip_grad_norm > 0 ? "--clip-grad-norm (the global norm over the slices is not "
-                                                   "computed yet)"
+                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp
+                             ? "--zero/--fsdp (ZeRO over the data-parallel ranks of a tensor-parallel model is not "
+                               "composed yet; the data-parallel dimension runs DDP)"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload" : NULL;

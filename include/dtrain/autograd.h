@@ -255,6 +255,13 @@ DT_API dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx);
  * C/n_head <= 256. */
 DT_API dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float dropout_p,
                                bool training, dt_rng_key key);
+/* dt_attention over heads [head0, head0 + n_head) of a layer of heads_total
+ * (tensor parallelism: qkv holds the rank's n_head heads; tp.h): the same
+ * result, with the full layer's dropout mask for those heads
+ * (dt_k_attention_fwd_heads), so the ranks' masks together are the
+ * single-process one. head0 0, heads_total n_head: dt_attention. */
+DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
+                                     float dropout_p, bool training, dt_rng_key key);
 /* gelu_tanh(x + bias), fused: x [..., N], bias [N] or NULL. */
 DT_API dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias);
 

@@ -48,7 +48,9 @@ extern "C" {
 #endif
 
 /* ---- instruction-set dispatch ------------------------------------------- */
-/* Code paths of the vectorised kernels (dtype conversion). The CPU's
+/* Code paths of the vectorised kernels (dtype conversion; the AVX2 rows of
+ * the fused bias + GELU and of the softmax cross-entropy, which every path
+ * but SCALAR uses, with the same bits as the scalar rows). The CPU's
  * features come from dt_cpu_detect(), so DT_MAX_CPU_ISA=avx2 (or scalar)
  * keeps AUTO off the AVX-512 (or all vector) paths. */
 typedef enum {
@@ -423,6 +425,16 @@ DT_API dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int6
 DT_API dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
                                     int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                                     dt_rng_key key, float *dqkv);
+/* The same for heads [h0, h0 + H) of a layer of Ht heads (tensor
+ * parallelism: the rank's heads; tp.h): qkv, y, lse hold the H local heads
+ * as above, and the dropout mask is the full layer's (element (b, h0 + h,
+ * i, j) of the Ht-head index above), so the ranks together draw exactly the
+ * single-process mask. h0 = 0, Ht = H: the functions above. */
+DT_API dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                          int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse);
+DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy,
+                                          int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                                          bool causal, float p, dt_rng_key key, float *dqkv);
 
 /* ---- embedding --------------------------------------------------------------- */
 /* out (n, dim) = rows idx[i] of table (num, dim); idx of DT_I64 or DT_I32.

@@ -124,6 +124,13 @@ typedef struct dt_model_config {
                                      by the group size; the vocabulary is padded). Parameters
                                      keep their global names with the rank's slice, initialised
                                      to the single-process model's values (dt_model_init_tp) */
+    bool sequence_parallel;       /* GPT-2 with tp: sequence parallelism (tp.h; Korthikanti et al.):
+                                     layer norms and residuals on the rank's T/t tokens, all-gather
+                                     and reduce-scatter in place of f and g; the same values as
+                                     without. Needs seq divisible by the group size and dropout 0
+                                     (else DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED); ignored
+                                     without tp (or a group of one) and by the MLP. Default
+                                     false */
 } dt_model_config;
 DT_API dt_model_config dt_model_config_default(void);
 

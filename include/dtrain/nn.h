@@ -321,13 +321,20 @@ typedef struct dt_model_build_params {
                                   (default: as the specs say), DT_BF16 or DT_F16. Values are
                                   initialised in f32 and rounded once (a bf16 model equals
                                   the f32 model cast to bf16); gradients live in the
-                                  DT_FLAT_GRADS flat of the same dtype. Buffers stay f32 */
+                                  DT_FLAT_GRADS flat of the same dtype. Buffers: buffer_dtype */
     bool keep_batchnorm_fp32;  /* with a low param_dtype: BatchNorm2d weight and bias stay f32
-                                  (apex's keep_batchnorm_fp32); default true */
+                                  (apex's keep_batchnorm_fp32), and with a low buffer_dtype its
+                                  running statistics too; default true */
     const char *const *f32_modules; /* with a low param_dtype: NULL-terminated module paths whose
                                   parameters (and those of the modules inside them) stay f32
                                   (the precision policy's per-module override, e.g. norms);
                                   borrowed during the build; default NULL */
+    dt_dtype buffer_dtype;     /* dtype of every buffer whose spec is f32 (FSDP MixedPrecision's
+                                  buffer_dtype: batch norm's running statistics): DT_F32 (default:
+                                  as the specs say), DT_BF16 or DT_F16; except the buffers of a
+                                  batch norm under keep_batchnorm_fp32 and of f32_modules.
+                                  Initialised in f32 and rounded once; dt_batch_norm updates
+                                  low-precision statistics in f32 and rounds them back */
 } dt_model_build_params;
 DT_API dt_model_build_params dt_model_build_params_default(void);
 

@@ -264,9 +264,14 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * over the tp x pp ranks of each replica, which hold the same values).
  * Evaluation (dt_trainer_evaluate) first gives every rank the current
  * parameters of all stages (an all-reduce over the pipeline), then runs
- * the whole model on every rank. Checkpoints are not written under it
- * yet (dtrain train refuses --save/--resume with --pp). DT_ERR_INVALID_ARG
- * when world is not a multiple
+ * the whole model on every rank. Checkpoints (dt_trainer_save / _load):
+ * each pipeline rank writes the tensors and optimizer state of its own
+ * stages under their global names, collectively over world (replicas
+ * dealt by dt_ckpt_save), so a checkpoint saved with any pp (or in one
+ * process) loads into any other; after a load the ranks exchange the
+ * other stages' parameters as for an evaluation (tensor-parallel slices:
+ * not yet, DT_ERR_UNSUPPORTED as without pp). DT_ERR_INVALID_ARG when
+ * world is not a multiple
  * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
  * schedule's limits fail. */
 DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out);

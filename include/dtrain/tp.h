@@ -15,7 +15,8 @@
  *   dt_tp_gather_last:  forward all-gather along the last dim, backward the rank's slice
  *   dt_tp_scatter_last: forward the rank's slice of the last dim, backward all-gather
  *   dt_tp_sp_*: sequence parallelism's versions along any dim (reduce-scatter
- *     and all-gather pairs; not yet wired into the zoo's GPT)
+ *     and all-gather pairs; the zoo's GPT uses them with
+ *     dt_model_config.sequence_parallel, see models/gpt2.c)
  *
  * Megatron's MLP is Z = g(gelu(f(X) A_r) B_r) with A split by columns
  * (ColumnParallelLinear) and B by rows (RowParallelLinear): one all-reduce
@@ -54,6 +55,32 @@
  * the rank's logits [.., Vl] = f(x) @ W_r^T, and the vocabulary-parallel
  * cross-entropy takes the loss from them with three small all-reduces
  * (max, sum of exp, target logit) without ever forming the full logits.
+ *
+ * Training state. The trainer (train.h) finds the group from the model
+ * (dt_tp_model_group: the tp.h modules carry it; a custom module with
+ * sliced specs declares it with dt_tp_module_set_group) and then:
+ *  - checkpoints (dt_trainer_save/load, `--save`/`--resume`/`--init-from`)
+ *    hold every tensor whole under its global name and shape: the
+ *    tensor-parallel group of data-parallel rank 0 saves collectively, each
+ *    rank the contiguous share r of ceil(N/t) elements of each full tensor
+ *    (gathered over the group with dt_tp_gather_full, one tensor at a
+ *    time); loading reads the full tensor and keeps the rank's slice
+ *    (dt_tp_slice_get). So a checkpoint is the single-process one: it
+ *    loads at any tensor-parallel size and in one process, optimizer state
+ *    and fp32 masters included, and resuming at the same size is exact;
+ *  - the global gradient norm (clip_grad_norm, measure_grad_norm) sums the
+ *    slices' squares over the group and counts whole tensors once: the
+ *    single-process model's norm up to rounding;
+ *  - a loss-scaler overflow in one rank's slice skips the step on all.
+ * Dropout (the zoo's GPT, Megatron's RNG-tracker semantics): dropouts on
+ * whole activations (after g) draw the same mask on every rank, the
+ * single-process one; the attention dropout, inside the split heads, draws
+ * for each rank its heads' part of the single-process mask
+ * (dt_attention_heads): the tp run equals the single-process run with
+ * dropout within rounding. Sequence parallelism in the GPT: dropout 0 only.
+ * Not composed: ZeRO/FSDP over the data-parallel ranks of a
+ * tensor-parallel model (dt_trainer_init refuses it, naming the slice; use
+ * DDP).
  *
  * Every op here is collective over tp: every rank of the group must call the
  * same ops in the same order with the same shapes (the group's mismatch
@@ -146,16 +173,40 @@ DT_API dt_module *dt_tp_row_linear(dt_pg *tp, int64_t in, int64_t out, bool bias
  * DT_ERR_RANGE); output [ids.shape..., dim], the same on every rank. Type
  * "VocabParallelEmbedding". */
 DT_API dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim);
-/* The group of a module made by the three constructors above (NULL for any
- * other module). */
+/* The group of a module made by the three constructors above, or the one
+ * given to dt_tp_module_set_group (NULL for any other module). */
 DT_API dt_pg *dt_tp_module_group(const dt_module *m);
+/* Declare that custom module m's sliced parameters (specs with tp_dim) are
+ * slices over tp (borrowed; must outlive the model). A model whose slices
+ * have no group cannot be checkpointed or clipped (the trainer says so).
+ * The three constructors above do it themselves. */
+DT_API dt_status dt_tp_module_set_group(dt_module *m, dt_pg *tp);
 /* The name of m's first parameter that is a tensor-parallel slice (tp_dim
- * set), or NULL when m holds whole tensors only. The trainer uses it to
- * refuse what does not handle slices yet: checkpoints (dt_trainer_save,
- * dt_trainer_load) and the global gradient norm (clip_grad_norm,
- * measure_grad_norm), which would be wrong over slices (DT_ERR_UNSUPPORTED
- * naming the parameter). */
+ * set), or NULL when m holds whole tensors only. */
 DT_API const char *dt_tp_model_slice(const dt_model *m);
+/* The tensor-parallel group of model m: the group of the module holding its
+ * first slice (NULL when m holds whole tensors only). The trainer uses it
+ * for checkpoints and the global gradient norm. */
+DT_API dt_pg *dt_tp_model_group(const dt_model *m);
+
+/* ---- slices and full tensors (checkpoints) ------------------------------------------ */
+
+/* The full (single-process) shape of entry p of a model sliced over t
+ * ranks into shape[DT_MAX_DIMS]: p's own shape when p->tp_dim is 0; else
+ * dim tp_dim - 1 times t, or the vocabulary V of a "VocabParallel*" module
+ * (its `in`; the local rows are ceil(V / t), the padding not counted).
+ * DT_ERR_SHAPE when the slicing does not fit p's shape. */
+DT_API dt_status dt_tp_full_shape(const dt_param_info *p, int t, int64_t *shape);
+/* Rank r's slice of p (of t) from the full tensor `full` into `slice`
+ * (p->numel elements of es bytes each; es need not be p's dtype's: f32
+ * masters and optimizer state move the same way). Padding rows become
+ * zero. _put is the reverse (padding rows skipped). */
+DT_API dt_status dt_tp_slice_get(const dt_param_info *p, int t, int r, const void *full, void *slice, size_t es);
+DT_API dt_status dt_tp_slice_put(const dt_param_info *p, int t, int r, const void *slice, void *full, size_t es);
+/* The full tensor from every rank's slice (an all-gather over tp, then
+ * _put per rank): full holds dt_tp_full_shape's elements. Collective over tp;
+ * memory t slices. */
+DT_API dt_status dt_tp_gather_full(dt_pg *tp, const dt_param_info *p, const void *slice, void *full, size_t es);
 
 /* ---- vocabulary-parallel loss ------------------------------------------------------ */
 

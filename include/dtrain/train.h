@@ -126,8 +126,11 @@ typedef struct dt_precision_policy {
                                   the model must hold its parameters in it; default UNSET */
     dt_dtype reduce_dtype;     /* dtype of the gradient reduction (DDP's all-reduce): f32, bf16,
                                   f16; UNSET inherits param_dtype (FSDP); default UNSET */
-    dt_dtype buffer_dtype;     /* dtype of buffers (running statistics); UNSET: not cast; default
-                                  UNSET */
+    dt_dtype buffer_dtype;     /* dtype of buffers (running statistics): f32, bf16, f16 or UNSET
+                                  (not checked); the model must hold its buffers so
+                                  (dt_model_build_params.buffer_dtype; batch norm's stay f32
+                                  under keep_batchnorm_fp32), else trainer init refuses;
+                                  default UNSET */
     bool keep_batchnorm_fp32;  /* batch-norm parameters and statistics stay f32 (apex O2's
                                   keep_batchnorm_fp32); default true */
     const char *const *f32_modules; /* per-module override: NULL-terminated list of module paths

@@ -18,15 +18,15 @@ typedef struct {
     bool causal;
 } attn_saved;
 
-/* i[0..3] = B, T, H, D */
+/* i[0..5] = B, T, H, D, h0, Ht */
 static dt_status attn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const attn_saved *s = n->saved[0];
     float *g = dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
-    dt_status st = dt_k_attention_bwd(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2], n->i[3], s->causal,
-                                      s->p, s->key, g);
+    dt_status st = dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2], n->i[3], n->i[4],
+                                            n->i[5], s->causal, s->p, s->key, g);
     if (st < 0)
         return st;
     return dt__grad_commit(ctx, n->in[0], g);
@@ -35,13 +35,20 @@ static dt_status attn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float dropout_p, bool training,
                         dt_rng_key key)
 {
+    return dt_attention_heads(ctx, qkv, n_head, 0, n_head, causal, dropout_p, training, key);
+}
+
+dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
+                              float dropout_p, bool training, dt_rng_key key)
+{
     const char *op = "dt_attention";
     DT__NEED(ctx, op, qkv);
     dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa); computed in f32 */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    DT__LP_RUN(ctx, 1, lp, qkv->dtype, dt_attention(ctx, lp[0], n_head, causal, dropout_p, training, key));
+    DT__LP_RUN(ctx, 1, lp, qkv->dtype,
+               dt_attention_heads(ctx, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key));
     DT__NEED_F32(ctx, op, qkv);
     if (qkv->ndim != 3 || n_head <= 0 || qkv->shape[2] % (3 * (int64_t)n_head) != 0) {
         char s[64];
@@ -60,7 +67,7 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
     if (!x || !out || !lse)
         return NULL;
-    if (dt_k_attention_fwd(x, B, T, H, D, causal, p, key, out->data, lse) < 0) {
+    if (dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, out->data, lse) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -71,7 +78,7 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
             return NULL;
         *s = (attn_saved){.qkv = x, .y = out->data, .lse = lse, .key = key, .p = p, .causal = causal};
         n->saved[0] = s;
-        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D;
+        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total;
     }
     return out;
 }

@@ -92,6 +92,30 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
 {
     const char *op = "dt_batch_norm";
     DT__NEED_ANY(ctx, op, x);
+    /* bf16/f16 running statistics (FSDP's buffer_dtype): used and updated in
+     * f32, the updated values rounded back (to nearest even) into the buffers */
+    if ((running_mean && running_mean->dtype != DT_F32) || (running_var && running_var->dtype != DT_F32)) {
+        dt_tensor *rs[2] = {running_mean, running_var}, *rf[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            dt_tensor *r = rs[k];
+            if (!r)
+                continue;
+            if ((r->dtype != DT_F32 && r->dtype != DT_BF16 && r->dtype != DT_F16) || r->ndim != 1 ||
+                !dt_tensor_is_contiguous(r)) {
+                dt_error(DT_ERR_DTYPE, "%s: %s must be a contiguous [C] tensor of f32, bf16 or f16 (it is %s)", op,
+                         k ? "running_var" : "running_mean", dt_dtype_name(r->dtype));
+                return NULL;
+            }
+            if (!(rf[k] = dt__out(ctx, 1, r->shape)) ||
+                dt_k_convert(r->data, r->dtype, rf[k]->data, DT_F32, r->shape[0]) < 0)
+                return NULL;
+        }
+        dt_tensor *y = dt_batch_norm(ctx, x, gamma, beta, rf[0], rf[1], training, momentum, eps);
+        for (int k = 0; y && training && k < 2; k++)
+            if (rs[k] && dt_k_convert(rf[k]->data, DT_F32, rs[k]->data, rs[k]->dtype, rs[k]->shape[0]) < 0)
+                return NULL;
+        return y;
+    }
     dt_tensor *lp[3] = {x, gamma, beta}; /* statistics in f32; the result in x's dtype */
     DT__LP_RUN(ctx, 3, lp, x->dtype,
                dt_batch_norm(ctx, lp[0], lp[1], lp[2], running_mean, running_var, training, momentum, eps));

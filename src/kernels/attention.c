@@ -26,9 +26,14 @@
  * backward regenerates the same mask. lse is that of the undropped scores,
  * and Di = dy_i . y_i still holds with dropout.
  *
- * The inner products run over D contiguous floats (vectorised); at GPT-2
- * sizes attention is a few percent of a step's FLOPs, the projections
- * around it are oneDNN matmuls. */
+ * Each key (and value) block is first copied transposed (D x BK, per-thread
+ * scratch), so a query row's BK scores are one loop over D of multiply-adds
+ * along contiguous keys (vectorised, no horizontal sums), and the updates
+ * of the output, dq, dk and dv are multiply-adds along D. Every sum runs in
+ * a fixed order (scores in d order, the rest in key or query order), so the
+ * AVX2 and baseline clones give the same bits. At GPT-2 sizes attention is
+ * a few percent of a step's FLOPs, the projections around it are oneDNN
+ * matmuls. */
 #include "kernels_impl.h"
 
 #include <math.h>
@@ -53,16 +58,16 @@ static dt_status attn_args(const char *fn, int64_t B, int64_t T, int64_t H, int6
     return DT_OK;
 }
 
-static inline float dot(const float *a, const float *b, int64_t n)
+/* a . b summed in index order (the same bits on every code path). */
+static inline float dot_seq(const float *a, const float *b, int64_t n)
 {
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
     for (int64_t d = 0; d < n; d++)
         s += a[d] * b[d];
     return s;
 }
 
-static inline void axpy(float a, const float *x, float *y, int64_t n)
+static inline void axpy(float a, const float *restrict x, float *restrict y, int64_t n)
 {
 #pragma omp simd
     for (int64_t d = 0; d < n; d++)
@@ -70,84 +75,210 @@ static inline void axpy(float a, const float *x, float *y, int64_t n)
 }
 
 /* Whether dropout keeps element (bh, i, j). */
+/* gbh: the head's index b Ht + h0 + h in the full layer (dt_k_attention_fwd_heads) */
 static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
 {
     return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
 }
 
+/* xt[d * BK + jj] = row j0 + jj of the (T, 3C) matrix at x (stride C3), columns [0, D): one key (or value)
+ * block transposed, so the products with it run along contiguous keys. */
+static void block_t(const float *restrict x, int64_t C3, int64_t nk, int64_t D, float *restrict xt)
+{
+    for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t d = 0; d < D; d++)
+            xt[d * BK + jj] = x[jj * C3 + d];
+}
+
+/* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys. */
+static inline void row_dots(const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
+                            float *restrict s)
+{
+    for (int64_t jj = 0; jj < nk; jj++)
+        s[jj] = 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+        const float qd = q[d], *restrict kr = xt + d * BK;
+#pragma omp simd
+        for (int64_t jj = 0; jj < nk; jj++)
+            s[jj] += qd * kr[jj];
+    }
+}
+
+/* Per-thread scratch: a transposed key block and a transposed value block. */
+#define SCRATCH_FLOATS (2 * DMAX * BK)
+
+/* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
+ * AVX2: the loops along keys and along D vectorise; no sum is reordered,
+ * so both clones give the same bits. */
+DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                               float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt,
+                               float *y, float *lse)
+{
+    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
+    const int64_t C = H * D, C3 = 3 * C, nq = i1 - i0, bh = b * H + h;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    const float *base = qkv + b * T * C3;
+    float m[BQ], l[BQ], s[BK];
+    float acc[BQ][DMAX];
+    for (int64_t r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(acc[r], 0, (size_t)D * sizeof(float));
+    }
+    int64_t kend = causal ? i1 : T;
+    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
+        block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
+        for (int64_t r = 0; r < nq; r++) {
+            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
+            if (je <= j0)
+                continue;
+            row_dots(base + i * C3 + h * D, kt, D, je - j0, s);
+            float mx = m[r];
+            for (int64_t j = j0; j < je; j++) {
+                float v = s[j - j0] * scale;
+                s[j - j0] = v;
+                mx = v > mx ? v : mx;
+            }
+            float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
+            float *a = acc[r];
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++)
+                a[d] *= corr;
+            for (int64_t j = j0; j < je; j++) {
+                float e = expf(s[j - j0] - mx);
+                sum += e;
+                if (p > 0.0f)
+                    e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
+                axpy(e, base + j * C3 + 2 * C + h * D, a, D);
+            }
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+        }
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t i = i0 + r;
+        float *yo = y + (b * T + i) * C + h * D;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < D; d++)
+            yo[d] = acc[r][d] * inv;
+        lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
+static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
+{
+    if (h0 < 0 || Ht < H || h0 > Ht - H)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: heads [%lld, %lld) are not within %lld heads", fn, (long long)h0,
+                        (long long)(h0 + H), (long long)Ht);
+    return DT_OK;
+}
+
 dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                              dt_rng_key key, float *y, float *lse)
 {
+    return dt_k_attention_fwd_heads(qkv, B, T, H, D, 0, H, causal, p, key, y, lse);
+}
+
+dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+{
+    return dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 0, H, causal, p, key, dqkv);
+}
+
+dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                   int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+{
     const char *fn = "dt_k_attention_fwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
     DT__CHECK_PTR(fn, qkv, B * T * C3);
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
-    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     int64_t nqb = (T + BQ - 1) / BQ, ntask = B * H * nqb;
     int nt = dt__threads_for(B * T * T * C);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t task = 0; task < ntask; task++) {
-        int64_t bh = task / nqb, qb = task % nqb, b = bh / H, h = bh % H;
-        int64_t i0 = qb * BQ, i1 = i0 + BQ < T ? i0 + BQ : T, nq = i1 - i0;
-        const float *base = qkv + b * T * C3;
-        float m[BQ], l[BQ], s[BK];
-        float acc[BQ][DMAX];
-        for (int64_t r = 0; r < nq; r++) {
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
-            memset(acc[r], 0, (size_t)D * sizeof(float));
+    bool nomem = false;
+#pragma omp parallel num_threads(nt)
+    {
+        float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
+        if (!kt) {
+#pragma omp atomic write
+            nomem = true;
         }
-        int64_t kend = causal ? i1 : T;
-        for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-            int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-            for (int64_t r = 0; r < nq; r++) {
-                int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
-                if (je <= j0)
-                    continue;
-                const float *q = base + i * C3 + h * D;
-                float mx = m[r];
-                for (int64_t j = j0; j < je; j++) {
-                    float v = dot(q, base + j * C3 + C + h * D, D) * scale;
-                    s[j - j0] = v;
-                    mx = v > mx ? v : mx;
-                }
-                float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
-                float *a = acc[r];
-#pragma omp simd
-                for (int64_t d = 0; d < D; d++)
-                    a[d] *= corr;
-                for (int64_t j = j0; j < je; j++) {
-                    float e = expf(s[j - j0] - mx);
-                    sum += e;
-                    if (p > 0.0f)
-                        e = keep(key, p, bh, T, i, j) ? e * pscale : 0.0f;
-                    axpy(e, base + j * C3 + 2 * C + h * D, a, D);
-                }
-                l[r] = l[r] * corr + sum;
-                m[r] = mx;
-            }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < ntask; task++) {
+            int64_t bh = task / nqb, qb = task % nqb, i0 = qb * BQ;
+            if (kt)
+                fwd_task(qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y,
+                         lse);
         }
-        for (int64_t r = 0; r < nq; r++) {
-            int64_t i = i0 + r;
-            float *yo = y + (b * T + i) * C + h * D;
-            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            for (int64_t d = 0; d < D; d++)
-                yo[d] = acc[r][d] * inv;
-            lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
-        }
+        dt_free(kt);
     }
+    if (nomem)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key blocks", fn);
     return DT_OK;
 }
 
-dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
-                             int64_t T, int64_t H, int64_t D, bool causal, float p, dt_rng_key key, float *dqkv)
+/* One backward task: head h of batch b, whose columns of dq, dk and dv it
+ * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones. */
+DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
+                               int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
+                               int64_t b, int64_t h, float *kt, float *dqkv)
+{
+    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
+    const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    const float *base = qkv + b * T * C3;
+    float *gbase = dqkv + b * T * C3, *vt = kt + DMAX * BK;
+    float sc[BK], dp[BK], pd[BK], ds[BK];
+    for (int64_t t = 0; t < T; t++) /* this head's columns of dq, dk, dv */
+        for (int k = 0; k < 3; k++)
+            memset(gbase + t * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
+    for (int64_t j0 = 0; j0 < T; j0 += BK) {
+        int64_t j1 = j0 + BK < T ? j0 + BK : T;
+        block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
+        block_t(base + j0 * C3 + 2 * C + h * D, C3, j1 - j0, D, vt);
+        for (int64_t i = causal ? j0 : 0; i < T; i++) {
+            int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
+            const float *q = base + i * C3 + h * D, *g = dy + (b * T + i) * C + h * D;
+            const float *yo = y + (b * T + i) * C + h * D;
+            float *gq = gbase + i * C3 + h * D;
+            float L = lse[bh * T + i], Di = dot_seq(g, yo, D);
+            row_dots(q, kt, D, ne, sc);
+            row_dots(g, vt, D, ne, dp);
+            for (int64_t jj = 0; jj < ne; jj++) {
+                float P = expf(sc[jj] * scale - L);
+                float dP = dp[jj], Pd = P;
+                if (p > 0.0f) {
+                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                    Pd = kp ? P * pscale : 0.0f;
+                    dP = kp ? dP * pscale : 0.0f;
+                }
+                pd[jj] = Pd;
+                ds[jj] = P * (dP - Di) * scale;
+            }
+            for (int64_t jj = 0; jj < ne; jj++) {
+                int64_t j = j0 + jj;
+                axpy(pd[jj], g, gbase + j * C3 + 2 * C + h * D, D);
+                axpy(ds[jj], base + j * C3 + C + h * D, gq, D);
+                axpy(ds[jj], q, gbase + j * C3 + C + h * D, D);
+            }
+        }
+    }
+}
+
+dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
+                                   dt_rng_key key, float *dqkv)
 {
     const char *fn = "dt_k_attention_bwd";
     dt_status st = attn_args(fn, B, T, H, D, p);
+    if (st >= 0)
+        st = heads_args(fn, H, h0, Ht);
     if (st < 0)
         return st;
     int64_t C = H * D, C3 = 3 * C;
@@ -156,40 +287,22 @@ dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse,
     DT__CHECK_PTR(fn, lse, B * H * T);
     DT__CHECK_PTR(fn, dy, B * T * C);
     DT__CHECK_PTR(fn, dqkv, B * T * C3);
-    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     int nt = dt__threads_for(B * T * T * C * 2);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        int64_t b = bh / H, h = bh % H;
-        const float *base = qkv + b * T * C3;
-        float *gbase = dqkv + b * T * C3;
-        for (int64_t t = 0; t < T; t++) /* this head's columns of dq, dk, dv */
-            for (int k = 0; k < 3; k++)
-                memset(gbase + t * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
-        for (int64_t j0 = 0; j0 < T; j0 += BK) {
-            int64_t j1 = j0 + BK < T ? j0 + BK : T;
-            for (int64_t i = causal ? j0 : 0; i < T; i++) {
-                int64_t je = causal && i + 1 < j1 ? i + 1 : j1;
-                const float *q = base + i * C3 + h * D, *g = dy + (b * T + i) * C + h * D;
-                const float *yo = y + (b * T + i) * C + h * D;
-                float *gq = gbase + i * C3 + h * D;
-                float L = lse[bh * T + i], Di = dot(g, yo, D);
-                for (int64_t j = j0; j < je; j++) {
-                    const float *k = base + j * C3 + C + h * D, *v = base + j * C3 + 2 * C + h * D;
-                    float P = expf(dot(q, k, D) * scale - L);
-                    float dP = dot(g, v, D), Pd = P;
-                    if (p > 0.0f) {
-                        bool kp = keep(key, p, bh, T, i, j);
-                        Pd = kp ? P * pscale : 0.0f;
-                        dP = kp ? dP * pscale : 0.0f;
-                    }
-                    axpy(Pd, g, gbase + j * C3 + 2 * C + h * D, D);
-                    float dS = P * (dP - Di) * scale;
-                    axpy(dS, k, gq, D);
-                    axpy(dS, q, gbase + j * C3 + C + h * D, D);
-                }
-            }
+    bool nomem = false;
+#pragma omp parallel num_threads(nt)
+    {
+        float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
+        if (!kt) {
+#pragma omp atomic write
+            nomem = true;
         }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; bh++)
+            if (kt)
+                bwd_task(qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
+        dt_free(kt);
     }
+    if (nomem)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks", fn);
     return DT_OK;
 }

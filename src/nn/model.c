@@ -92,6 +92,8 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                 keep = dt_module_path_within(m->path, *f); /* the policy's per-module f32 list */
             if (!s->is_buffer && s->dtype == DT_F32 && md->param_dtype != DT_F32 && !keep)
                 p->dtype = md->param_dtype;
+            if (s->is_buffer && s->dtype == DT_F32 && md->buffer_dtype != DT_F32 && !keep)
+                p->dtype = md->buffer_dtype; /* FSDP's buffer_dtype */
             p->module = m;
             p->tp_dim = s->tp_dim;
             p->tp_chunks = s->tp_chunks > 1 ? s->tp_chunks : 1;
@@ -343,7 +345,7 @@ static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)
 dt_model_build_params dt_model_build_params_default(void)
 {
     dt_model_build_params p = {.world = 1, .meta = false, .param_dtype = DT_F32, .keep_batchnorm_fp32 = true,
-                               .f32_modules = NULL};
+                               .f32_modules = NULL, .buffer_dtype = DT_F32};
     return p;
 }
 
@@ -371,6 +373,11 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         return dt_error(DT_ERR_DTYPE, "dt_model_build: param_dtype %s; want f32, bf16 or f16",
                         dt_dtype_name(bp->param_dtype));
     }
+    if (bp->buffer_dtype != DT_F32 && bp->buffer_dtype != DT_BF16 && bp->buffer_dtype != DT_F16) {
+        dt_module_free(root);
+        return dt_error(DT_ERR_DTYPE, "dt_model_build: buffer_dtype %s; want f32, bf16 or f16",
+                        dt_dtype_name(bp->buffer_dtype));
+    }
     dt_model *md = calloc(1, sizeof *md);
     if (!md) {
         dt_module_free(root);
@@ -381,6 +388,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->world = bp->world;
     md->meta = bp->meta;
     md->param_dtype = bp->param_dtype;
+    md->buffer_dtype = bp->buffer_dtype;
     md->keep_bn_fp32 = bp->keep_batchnorm_fp32;
     md->f32_modules = bp->f32_modules;
     int nmod = 0;
@@ -460,7 +468,7 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
                 (dt_tensor_set_grad(p->tensor, e->grad) < 0 || dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0))
                 goto fail;
         }
-        if (dt_dtype_is_float(p->dtype) && !p->is_buffer) {
+        if (dt_dtype_is_float(p->dtype) && (!p->is_buffer || p->dtype != DT_F32)) {
             float *t = init_target(p->dtype, base, p->numel);
             if (!t)
                 goto fail;

@@ -50,6 +50,7 @@ struct dt_module {
     } *ties;
     dt_nn_forward_fn fwd;
     void *ud;
+    struct dt_pg *tp;       /* the tensor-parallel group of its sliced parameters (tp.h), or NULL */
     dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
     void *fwd_override_ud;
     bool training;
@@ -80,6 +81,7 @@ struct dt_model {
     int world;              /* flats padded for this many ranks */
     bool meta;              /* no parameter / gradient storage */
     dt_dtype param_dtype;   /* dt_model_build_params.param_dtype */
+    dt_dtype buffer_dtype;  /* dt_model_build_params.buffer_dtype */
     bool keep_bn_fp32;      /* dt_model_build_params.keep_batchnorm_fp32 */
     const char *const *f32_modules; /* dt_model_build_params.f32_modules (borrowed during the build) */
     size_t nparams_f32;     /* float (f32, bf16, f16) parameters: what a meta model binds */

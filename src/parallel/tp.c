@@ -380,10 +380,18 @@ static bool is_tp_type(const dt_module *m)
 {
     const char *t = m && m->kind == DT_NN_CUSTOM ? m->type : NULL;
     return t && (!strcmp(t, "ColumnParallelLinear") || !strcmp(t, "RowParallelLinear") ||
-                 !strcmp(t, "VocabParallelEmbedding"));
+                 !strcmp(t, "VocabParallelEmbedding") || !strcmp(t, "VocabParallelLMHead"));
 }
 
-dt_pg *dt_tp_module_group(const dt_module *m) { return is_tp_type(m) ? m->ud : NULL; }
+dt_pg *dt_tp_module_group(const dt_module *m) { return !m ? NULL : m->tp ? m->tp : is_tp_type(m) ? m->ud : NULL; }
+
+dt_status dt_tp_module_set_group(dt_module *m, dt_pg *tp)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_tp_module_set_group: module is NULL");
+    m->tp = tp;
+    return DT_OK;
+}
 
 const char *dt_tp_model_slice(const dt_model *m)
 {
@@ -391,6 +399,17 @@ const char *dt_tp_model_slice(const dt_model *m)
         dt_param_info p;
         if (dt_model_entry(m, i, &p) >= 0 && !p.is_buffer && p.tp_dim)
             return p.name;
+    }
+    return NULL;
+}
+
+dt_pg *dt_tp_model_group(const dt_model *m)
+{
+    for (size_t i = 0; m && i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        dt_pg *g;
+        if (dt_model_entry(m, i, &p) >= 0 && !p.is_buffer && p.tp_dim && (g = dt_tp_module_group(p.module)))
+            return g;
     }
     return NULL;
 }
@@ -675,12 +694,13 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
 
 /* ---- initialisation from the single-process model --------------------------------------- */
 
-/* Copy the rank's slice of src (the full entry, shape fs) into dst (shape
- * ls): dims other than d equal; along d, `chunks` blocks of B = fs[d] /
- * chunks full rows each, the rank's Lb = ls[d] / chunks rows of each
- * starting at r Lb, rows past the block's end zero (vocabulary padding). */
-static void slice_copy(char *dst, const char *src, const int64_t *ls, const int64_t *fs, int ndim, int d, int chunks,
-                       int r, size_t es)
+/* Between the rank's slice (shape ls) and the full entry (shape fs): dims
+ * other than d equal; along d, `chunks` blocks of B = fs[d] / chunks full
+ * rows each, the rank's Lb = ls[d] / chunks rows of each starting at r Lb;
+ * rows past the block's end are padding (vocabulary): zero in the slice when
+ * taking it (to_slice), skipped when putting it back. */
+static void slice_move(char *slice, char *full, const int64_t *ls, const int64_t *fs, int ndim, int d, int chunks,
+                       int r, size_t es, bool to_slice)
 {
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < d; i++)
@@ -688,15 +708,100 @@ static void slice_copy(char *dst, const char *src, const int64_t *ls, const int6
     for (int i = d + 1; i < ndim; i++)
         inner *= ls[i];
     const int64_t B = fs[d] / chunks, Lb = ls[d] / chunks;
+    const size_t row = (size_t)inner * es;
     for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < ls[d]; k++) {
             const int64_t b = k / Lb, w = (int64_t)r * Lb + k % Lb;
-            char *to = dst + (size_t)((o * ls[d] + k) * inner) * es;
-            if (w >= B)
-                memset(to, 0, (size_t)inner * es);
-            else
-                memcpy(to, src + (size_t)((o * fs[d] + b * B + w) * inner) * es, (size_t)inner * es);
+            char *sl = slice + (size_t)((o * ls[d] + k) * inner) * es;
+            char *fl = full + (size_t)((o * fs[d] + b * B + w) * inner) * es;
+            if (w >= B) {
+                if (to_slice)
+                    memset(sl, 0, row);
+            } else if (to_slice) {
+                memcpy(sl, fl, row);
+            } else {
+                memcpy(fl, sl, row);
+            }
         }
+}
+
+dt_status dt_tp_full_shape(const dt_param_info *p, int t, int64_t *shape)
+{
+    if (!p || !shape)
+        return dt_error(DT_ERR_NULL, "dt_tp_full_shape: NULL argument");
+    memcpy(shape, p->shape, sizeof p->shape);
+    if (!p->tp_dim || t <= 1)
+        return DT_OK;
+    const int d = p->tp_dim - 1, c = p->tp_chunks > 1 ? p->tp_chunks : 1;
+    if (d < 0 || d >= p->ndim || p->shape[d] % c)
+        return dt_error(DT_ERR_SHAPE, "dt_tp_full_shape: '%s': slice dim %d (%d chunks) does not fit its %d dims",
+                        p->name, d, c, p->ndim);
+    const char *ty = p->module && p->module->kind == DT_NN_CUSTOM ? p->module->type : NULL;
+    if (ty && !strncmp(ty, "VocabParallel", 13)) { /* padded rows: the module knows V */
+        const int64_t V = p->module->in;
+        if (c != 1 || V < 1 || (V + t - 1) / t != p->shape[d])
+            return dt_error(DT_ERR_SHAPE, "dt_tp_full_shape: '%s': %lld local rows are not ceil(%lld / %d)", p->name,
+                            (long long)p->shape[d], (long long)V, t);
+        shape[d] = V;
+    } else {
+        shape[d] = p->shape[d] * t;
+    }
+    return DT_OK;
+}
+
+static dt_status full_of(const char *op, const dt_param_info *p, int t, int64_t *fs)
+{
+    dt_status st = dt_tp_full_shape(p, t, fs);
+    return st < 0 ? dt_error_wrap(st, "%s", op) : DT_OK;
+}
+
+dt_status dt_tp_slice_get(const dt_param_info *p, int t, int r, const void *full, void *slice, size_t es)
+{
+    int64_t fs[DT_MAX_DIMS];
+    dt_status st = full_of("dt_tp_slice_get", p, t, fs);
+    if (st < 0)
+        return st;
+    if (!p->tp_dim || t <= 1)
+        memcpy(slice, full, p->numel * es);
+    else
+        slice_move(slice, (char *)full, p->shape, fs, p->ndim, p->tp_dim - 1, p->tp_chunks > 1 ? p->tp_chunks : 1,
+                   r, es, true);
+    return DT_OK;
+}
+
+dt_status dt_tp_slice_put(const dt_param_info *p, int t, int r, const void *slice, void *full, size_t es)
+{
+    int64_t fs[DT_MAX_DIMS];
+    dt_status st = full_of("dt_tp_slice_put", p, t, fs);
+    if (st < 0)
+        return st;
+    if (!p->tp_dim || t <= 1)
+        memcpy(full, slice, p->numel * es);
+    else
+        slice_move((char *)slice, full, p->shape, fs, p->ndim, p->tp_dim - 1, p->tp_chunks > 1 ? p->tp_chunks : 1,
+                   r, es, false);
+    return DT_OK;
+}
+
+dt_status dt_tp_gather_full(dt_pg *tp, const dt_param_info *p, const void *slice, void *full, size_t es)
+{
+    if (!tp || !p || !slice || !full)
+        return dt_error(DT_ERR_NULL, "dt_tp_gather_full: NULL argument");
+    const int t = dt_pg_size(tp);
+    if (!p->tp_dim || t <= 1)
+        return dt_tp_slice_put(p, 1, 0, slice, full, es);
+    const size_t n = p->numel * es;
+    char *all = malloc(n * (size_t)t + 1);
+    if (!all)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_tp_gather_full: '%s': out of memory (%zu bytes)", p->name,
+                        n * (size_t)t);
+    dt_status st = dt_pg_allgather(tp, slice, all, n, DT_U8);
+    if (st < 0)
+        st = dt_error_wrap(st, "dt_tp_gather_full: '%s'", p->name);
+    for (int s = 0; s < t && st >= 0; s++)
+        st = dt_tp_slice_put(p, t, s, all + (size_t)s * n, full, es);
+    free(all);
+    return st;
 }
 
 static dt_status check_slice(const dt_param_info *p, const dt_param_info *f, int t)
@@ -770,8 +875,8 @@ dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_
         if (!p.tp_dim)
             memcpy(p.tensor->data, src, p.numel * es);
         else
-            slice_copy(p.tensor->data, src, p.shape, f.shape, p.ndim, p.tp_dim - 1,
-                       p.tp_chunks > 1 ? p.tp_chunks : 1, r, es);
+            slice_move(p.tensor->data, (char *)src, p.shape, f.shape, p.ndim, p.tp_dim - 1,
+                       p.tp_chunks > 1 ? p.tp_chunks : 1, r, es, true);
     }
     for (int dt = 0; dt < DT_DTYPE_COUNT; dt++)
         free(vals[dt]);

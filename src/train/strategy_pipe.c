@@ -448,3 +448,9 @@ dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out)
     dt__pipe_exec_stats(((pipe_strategy *)s->self)->ex, out);
     return DT_OK;
 }
+
+dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world
+                                                                          : NULL;
+}

@@ -48,6 +48,10 @@ int64_t dt__trainer_grad_accum(const dt_trainer *tr);
 /* With one replica a stop request needs no agreement: stop now. */
 bool dt__trainer_stop_now(const dt_trainer *tr);
 dt_status dt__trainer_sync_buffers(dt_trainer *tr);
+/* strategy_pipe.c: the world group of an attached "pipe" strategy (its
+ * sharded checkpoints are saved over it; after a load its sync_buffers
+ * gives every rank the other stages' parameters), NULL for any other. */
+dt_pg *dt__strategy_pipe_world(const dt_strategy *s);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

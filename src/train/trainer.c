@@ -45,6 +45,7 @@ struct dt_trainer {
     dt_dtype reduce_dtype;   /* the policy's, resolved (reported) */
     const dt_flat *P, *G;    /* the model's params and grads flats of the first range (G follows DDP's swap) */
     dt_ctx *ctx;
+    dt_pg *tp;               /* the model's tensor-parallel group (tp.h); NULL: none or of one rank */
     size_t lo, hi;           /* owned range of the flat buffers */
     int rank, world;
     int64_t opt_step;
@@ -283,6 +284,35 @@ static dt_status check_policy(dt_trainer *tr)
                     dt_dtype_name(want), dt_dtype_name(want), dt_dtype_name(tr->P->dtype), dt_dtype_name(want));
 }
 
+/* The buffers must be in the policy's buffer_dtype where the model casts
+ * them (dt_model_build_params.buffer_dtype; batch norm's stay f32 under
+ * keep_batchnorm_fp32, so only a policy without it is checked for a
+ * missing cast). */
+static dt_status check_buffer_policy(dt_trainer *tr)
+{
+    const dt_dtype want = tr->p.precision.buffer_dtype;
+    if (want == DT_DTYPE_UNSET)
+        return DT_OK;
+    size_t n[DT_DTYPE_COUNT] = {0};
+    static const dt_dtype fl[3] = {DT_F32, DT_BF16, DT_F16};
+    for (int d = 0; d < 3; d++) {
+        const dt_flat *b = dt_model_flat(tr->m, DT_FLAT_BUFFERS, fl[d]);
+        n[fl[d]] = b ? b->used : 0;
+    }
+    for (int d = 0; d < 3; d++)
+        if (fl[d] != want && fl[d] != DT_F32 && n[fl[d]])
+            goto bad;
+    if (want != DT_F32 && !n[want] && n[DT_F32] && !tr->p.precision.keep_batchnorm_fp32)
+        goto bad;
+    return DT_OK;
+bad:
+    return dt_error(DT_ERR_UNSUPPORTED,
+                    "dt_trainer_init: the precision policy keeps buffers in %s but the model holds them in %s%s%s: "
+                    "build the model with buffer_dtype %s",
+                    dt_dtype_name(want), n[DT_F32] ? "f32 " : "", n[DT_BF16] ? "bf16 " : "", n[DT_F16] ? "f16" : "",
+                    dt_dtype_name(want));
+}
+
 /* The loss scaler: params.scaler under use_scaler, a static one for
  * loss_scale != 1, else none. */
 static dt_status make_scaler(dt_trainer *tr)
@@ -329,11 +359,11 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
                         "dt_trainer_init: grad_accum %lld (need >= 1), loss_scale %g (need > 0, finite), loss %d",
                         (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss);
     }
-    const char *sl = p.clip_grad_norm > 0 || p.measure_grad_norm ? dt_tp_model_slice(m) : NULL;
-    if (sl) {
+    const char *sl = dt_tp_model_slice(m);
+    if (sl && !dt_tp_model_group(m) && (p.clip_grad_norm > 0 || p.measure_grad_norm)) {
         dt_strategy_free(s);
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): the global "
-                        "gradient norm (clip_grad_norm, measure_grad_norm) over slices is not supported yet", sl);
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice of a module with no "
+                        "group (dt_tp_module_set_group): the global gradient norm cannot be taken", sl);
     }
     dt_trainer *tr = dt_calloc(sizeof *tr);
     if (!tr) {
@@ -343,6 +373,9 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     tr->p = p;
     tr->p.sched.base_lr = optim_lr(&p);
     tr->m = m;
+    tr->tp = dt_tp_model_group(m);
+    if (tr->tp && dt_pg_size(tr->tp) <= 1)
+        tr->tp = NULL;
     tr->s = s;
     tr->reduce_dtype = dt_precision_reduce_dtype(&p.precision);
     if (s->ops.set_precision) {
@@ -360,6 +393,11 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         goto fail;
     }
     s->attached = true;
+    if (sl && dt_strategy_zero(s)) { /* known once attached */
+        st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO/FSDP over "
+                      "the data-parallel ranks of a tensor-parallel model is not supported yet (use DDP)", sl);
+        goto fail;
+    }
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
     tr->lo = 0;
@@ -385,7 +423,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         tr->rg = tr->ranges;
         tr->nrg = (size_t)tr->nrange;
     }
-    if ((st = make_scaler(tr)) < 0)
+    if ((st = check_buffer_policy(tr)) < 0 || (st = make_scaler(tr)) < 0)
         goto fail;
     if ((st = build_optimizer(tr)) < 0 || (st = reserve_micro(tr, (int)p.grad_accum)) < 0)
         goto fail;
@@ -545,6 +583,43 @@ static dt_status grads_f32(dt_trainer *tr, size_t k, float **g, size_t *n)
     return DT_OK;
 }
 
+/* Tensor parallel: the squared global gradient norm over the ranges (after
+ * unscaling). A slice's squares are summed over the tensor-parallel group
+ * (each element of the full tensor lives on one rank of it); a whole tensor
+ * (layer norms, row-parallel biases: the same gradient on every rank of the
+ * group) is counted once, from this rank. The result is the same on every
+ * rank of the group and equals the single-process model's norm up to
+ * rounding. Vocabulary padding rows have zero gradients. */
+static dt_status tp_sqnorm(dt_trainer *tr, double *sq)
+{
+    double part[2] = {0, 0}; /* slices, whole tensors */
+    const size_t ne = dt_model_num_entries(tr->m);
+    dt_status st;
+    for (size_t k = 0; k < tr->nrg; k++) {
+        float *g;
+        size_t ng;
+        if ((st = grads_f32(tr, k, &g, &ng)) < 0)
+            return st;
+        const dt_optim_range *rg = &tr->rg[k];
+        const dt_flat *f = rg->mirror ? rg->mirror : rg->params;
+        for (size_t i = 0; i < ne && ng; i++) {
+            dt_param_info e;
+            if ((st = dt_model_entry(tr->m, i, &e)) < 0)
+                return st;
+            if (e.is_buffer || e.tied_to >= 0 || e.dtype != f->dtype)
+                continue;
+            size_t a = e.offset > rg->lo ? e.offset : rg->lo, b = e.offset + e.numel;
+            b = b < rg->hi ? b : rg->hi;
+            if (a < b)
+                part[e.tp_dim ? 0 : 1] += dt_grad_sqnorm(g + (a - rg->lo), b - a);
+        }
+    }
+    if ((st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, part, 1, DT_F64, DT_REDUCE_SUM)) < 0)
+        return dt_error_wrap(st, "the tensor-parallel gradient norm");
+    *sq = part[0] + part[1];
+    return DT_OK;
+}
+
 /* Wait, unscale and check (one fused pass), agree, clip, step, gather;
  * fill *out. */
 dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
@@ -573,6 +648,9 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
         v[2 + i] = tr->micro_loss[i];
     if (agrees(tr) && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 2)) < 0)
         return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on losses, overflow and stopping"));
+    /* tensor parallel: an overflow in one rank's slice skips the step on all */
+    if (scaled && tr->tp && (st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, &v[1], 1, DT_F64, DT_REDUCE_MAX)) < 0)
+        return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on overflow over the tensor-parallel group"));
     double lsum = 0;
     for (int i = 0; i < n; i++) {
         tr->micro_loss[i] = tr->world > 1 ? v[2 + i] / tr->world : v[2 + i];
@@ -613,13 +691,15 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
         if (tr->p.clip_grad_norm > 0 || tr->p.measure_grad_norm) {
             /* the global norm: partial sums of squares over the owned ranges */
             double sq = 0;
-            for (size_t k = 0; k < tr->nrg; k++) {
+            for (size_t k = 0; k < tr->nrg && !tr->tp; k++) {
                 float *g;
                 size_t ng;
                 if ((st = grads_f32(tr, k, &g, &ng)) < 0)
                     return abandon(tr, st);
                 sq += dt_grad_sqnorm(g, ng);
             }
+            if (tr->tp && (st = tp_sqnorm(tr, &sq)) < 0)
+                return abandon(tr, st);
             if (sharded && agrees(tr) &&
                 (st = (s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum)(s->self, &sq, 1)) < 0)
                 return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));

@@ -43,7 +43,9 @@
  * "optim.<param>.<state>" (f32). Sharded state (ZeRO/FSDP: each rank holds
  * different ranges) is saved by every rank, collectively over all ranks
  * (dt_ckpt_save deals the replicas: buffers, stage 1/2 parameters across
- * hybrid groups); such a save is synchronous (each rank writes its part;
+ * hybrid groups; under the pipe strategy each pipeline rank holds the
+ * tensors of its stages, its range's segments, and all save over the
+ * world); such a save is synchronous (each rank writes its part;
  * the save's collectives wait for the slowest writer, within
  * DT_COMM_TIMEOUT), asynchronous only in that the call still returns when
  * the files are complete.
@@ -364,7 +366,13 @@ static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
             size_t a = p->e.offset, b = a + p->e.numel;
             a = a < rg[k].lo ? rg[k].lo : a;
             b = b > rg[k].hi ? rg[k].hi : b;
-            if (a < b) {
+            /* a range of segments (the pipe strategy's stages) holds only
+             * the tensors of its segments, not what lies between them */
+            bool in_seg = !rg[k].segs;
+            for (size_t g = 0; !in_seg && g < rg[k].nseg; g++)
+                in_seg = rg[k].segs[g].offset <= p->e.offset &&
+                         p->e.offset < rg[k].segs[g].offset + rg[k].segs[g].numel;
+            if (a < b && in_seg) {
                 p->lo = a - p->e.offset;
                 p->hi = b - p->e.offset;
                 p->val = dt_flat_ptr(rg[k].params, a);
@@ -403,15 +411,56 @@ static dt_status add_piece_entry(ckpt_job *j, const tpiece *p, const char *name,
     return dt_ckpt_list_add(j->list, &e);
 }
 
+/* A tensor-parallel slice's entry (tp non-NULL, p sliced): the full tensor
+ * gathered over tp from every rank's slice at `local` (p's local elements,
+ * es bytes each), of which this rank keeps the contiguous elements
+ * [r ceil(N/t), (r + 1) ceil(N/t)) (clamped at N) in a staging copy, under
+ * the full shape: the tp ranks together hold every element once, as ZeRO's
+ * shards do, so the checkpoint is the single-process one. Collective over
+ * tp: every rank stages the same entries in the same order. */
+static dt_status add_tp_entry(ckpt_job *j, dt_pg *tp, const tpiece *p, const char *name, dt_dtype dt,
+                              const void *local)
+{
+    const int t = dt_pg_size(tp), r = dt_pg_rank(tp);
+    const size_t es = dt_dtype_size(dt);
+    dt_ckpt_entry e = {.name = name, .dtype = dt, .ndim = p->e.ndim};
+    dt_status st = dt_tp_full_shape(&p->e, t, e.shape);
+    if (st < 0)
+        return st;
+    uint64_t N = 1;
+    for (int d = 0; d < e.ndim; d++)
+        N *= (uint64_t)e.shape[d];
+    const uint64_t per = (N + (uint64_t)t - 1) / (uint64_t)t;
+    e.lo = (uint64_t)r * per < N ? (uint64_t)r * per : N;
+    e.hi = e.lo + per < N ? e.lo + per : N;
+    char *full = dt_alloc(N * es + 64);
+    if (!full)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: '%s': out of memory gathering its slices", name);
+    if ((st = dt_tp_gather_full(tp, &p->e, local, full, es)) >= 0) {
+        e.data = stage_copy(j, full + e.lo * es, (size_t)(e.hi - e.lo) * es);
+        st = e.data ? dt_ckpt_list_add(j->list, &e) : DT_ERR_NO_MEMORY;
+    }
+    dt_free(full);
+    return st;
+}
+
+/* A piece's entry: its own elements, or (tensor parallel) its share of the
+ * full tensor. */
+static dt_status add_entry(ckpt_job *j, dt_pg *tp, const tpiece *p, const char *name, dt_dtype dt, void *data)
+{
+    return tp && p->e.tp_dim ? add_tp_entry(j, tp, p, name, dt, data) : add_piece_entry(j, p, name, dt, data);
+}
+
 /* List what this rank holds for the writer thread. copy (an asynchronous
  * save): into one staging buffer, so training may change the originals
  * while it is written; else (synchronous: nothing changes them until the
  * save returns) the entries point at the model's and optimizer's own
  * memory, so a synchronous save needs no second copy of the state.
  * PowerSGD's state (psgd, may be NULL) is a copy gathered for this save
- * either way; the job takes it. */
+ * either way; the job takes it. tp: the tensor-parallel group (NULL: none);
+ * its slices are staged by add_tp_entry. */
 static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p, const tpiece *pc, bool copy,
-                       dt__psgd_saved *psgd, ckpt_job **out)
+                       dt__psgd_saved *psgd, dt_pg *tp, ckpt_job **out)
 {
     *out = NULL;
     dt_model *m = dt_trainer_model(tr);
@@ -427,7 +476,10 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     j->dir = strdup(dir);
     j->final = dup_printf("%s/step-%08" PRId64, dir, dt_trainer_steps(tr));
     j->user = p->user_json ? strdup(p->user_json) : NULL;
-    j->bufs = calloc(1 + DT_DTYPE_COUNT, sizeof *j->bufs);
+    size_t nsliced = 0; /* staging copies of add_tp_entry */
+    for (size_t i = 0; tp && i < ne; i++)
+        nsliced += trained(&pc[i]) && pc[i].e.tp_dim ? 2 + (size_t)ns : 0;
+    j->bufs = calloc(1 + DT_DTYPE_COUNT + nsliced, sizeof *j->bufs);
     if (!j->dir || !j->final || (p->user_json && !j->user) || !j->bufs || dt_ckpt_list_init(&j->list) < 0)
         goto fail;
     /* the pieces: one buffer for all of them, [value][master][states...] each */
@@ -457,7 +509,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
             v = at;
             at += n * es;
         }
-        if ((st = add_piece_entry(j, q, q->e.name, q->e.dtype, v)) < 0)
+        if ((st = add_entry(j, tp, q, q->e.name, q->e.dtype, v)) < 0)
             goto fail;
         if (q->e.dtype != DT_F32) { /* the fp32 masters: what the optimizer steps */
             v = q->val;
@@ -468,7 +520,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
                 at += n * 4;
             }
             snprintf(name, sizeof name, "master.%s", q->e.name);
-            if ((st = add_piece_entry(j, q, name, DT_F32, v)) < 0)
+            if ((st = add_entry(j, tp, q, name, DT_F32, v)) < 0)
                 goto fail;
         }
         for (int s = 0; s < ns; s++) {
@@ -484,7 +536,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
                 at += n * 4;
             }
             snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
-            if ((st = add_piece_entry(j, q, name, DT_F32, v)) < 0)
+            if ((st = add_entry(j, tp, q, name, DT_F32, v)) < 0)
                 goto fail;
         }
         if (copy)
@@ -594,7 +646,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     tpiece *pc = NULL;
     bool sharded;
     if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
-        sst = stage(tr, dir, pp, pc, false, NULL, &j);
+        sst = stage(tr, dir, pp, pc, false, NULL, NULL, &j);
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
     char msg[1024];
@@ -615,12 +667,104 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     sp.meta = meta;
     sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true;
+    const dt_strategy *strat = dt_trainer_strategy(tr);
+    dt_zero *zs = dt_strategy_zero(strat);
     st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp,
-                      dt_zero_group(dt_strategy_zero(dt_trainer_strategy(tr))));
+                      zs ? dt_zero_group(zs) : dt__strategy_pipe_world(strat));
     if (st >= 0 && dt_trainer_rank(tr) == 0)
         prune(j->dir, j->keep);
     job_free(j);
     return st;
+}
+
+/* The model's tensor-parallel group when it has more than one rank, else NULL. */
+static dt_pg *tp_of(dt_trainer *tr)
+{
+    dt_pg *tp = dt_tp_model_group(dt_trainer_model(tr));
+    return tp && dt_pg_size(tp) > 1 ? tp : NULL;
+}
+
+/* Slices whose group is unknown cannot be saved or loaded (symmetric on all ranks). */
+static dt_status tp_known(dt_trainer *tr, const char *op)
+{
+    const dt_model *m = dt_trainer_model(tr);
+    const char *sl = dt_tp_model_slice(m);
+    if (sl && !dt_tp_model_group(m))
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: '%s' is a tensor-parallel slice of a module with no group "
+                        "(dt_tp_module_set_group)", op, sl);
+    return DT_OK;
+}
+
+/* Whether any rank of the group failed (st < 0 here): a SUM all-reduce of
+ * one flag. Returns the collective's error, else *any. */
+static dt_status any_failed(dt_pg *g, dt_status st, bool *any)
+{
+    double v = st < 0 ? 1.0 : 0.0;
+    dt_status cst = dt_pg_allreduce(g, DT_IN_PLACE, &v, 1, DT_F64, DT_REDUCE_SUM);
+    *any = v > 0;
+    return cst;
+}
+
+/* Tensor parallelism (DDP over the data-parallel group, which the trainer
+ * sees): the tensor-parallel group of data-parallel rank 0 (world ranks
+ * 0 .. t-1) saves collectively over that group, each rank its share of each
+ * slice (add_tp_entry) and the replicated tensors dealt among them by
+ * dt_ckpt_save; the other data-parallel ranks hold the same values and only
+ * hear the outcome. Synchronous, as save_sharded. */
+static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_trainer_save_params *pp)
+{
+    dt_status sst = DT_OK, st = DT_OK;
+    char msg[1024] = "";
+    if (dt_trainer_rank(tr) == 0) {
+        if (dt_pg_rank(tp) == 0) {
+            struct stat sb;
+            if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+                sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
+            else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+                sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
+            else
+                remove_stale(dir);
+        }
+        bool any;
+        ckpt_job *j = NULL;
+        tpiece *pc = NULL;
+        bool sharded;
+        if ((st = any_failed(tp, sst, &any)) >= 0 && !any) {
+            if ((sst = collect_pieces(tr, &pc, &sharded)) >= 0) /* the same on every rank: local shapes agree */
+                sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
+            free(pc);
+            snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
+            st = any_failed(tp, sst, &any);
+        } else {
+            snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
+        }
+        if (st >= 0 && any) {
+            st = sst < 0 ? dt_error(sst, "%s", msg)
+                         : dt_error(DT_ERR_IO, "another tensor-parallel rank could not stage the checkpoint (its "
+                                               "error says why)");
+        } else if (st >= 0) {
+            dt_st_kv meta[2] = {{META_RUN, j->run_state}, {META_USER, j->user ? j->user : "null"}};
+            dt_ckpt_save_params sp = dt_ckpt_save_params_default();
+            sp.meta = meta;
+            sp.nmeta = 2;
+            sp.overwrite = true;
+            st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, tp);
+            if (st >= 0 && dt_pg_rank(tp) == 0)
+                prune(j->dir, j->keep);
+        }
+        job_free(j);
+        snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");
+    }
+    /* the data-parallel group hears the outcome (the same on every rank of tp) */
+    double v = st < 0 ? 1.0 : 0.0;
+    dt_status ast = dt_trainer_world(tr) > 1 ? dt_trainer_allreduce_sum(tr, &v, 1) : DT_OK;
+    if (ast < 0)
+        return ast;
+    if (st < 0)
+        return dt_error(st, "%s", msg);
+    if (v > 0)
+        return dt_error(DT_ERR_IO, "data-parallel rank 0 could not write the checkpoint (its error says why)");
+    return DT_OK;
 }
 
 dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p)
@@ -630,10 +774,9 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (dt_trainer_offload(tr)) /* every rank has it or none: the refusal is symmetric */
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");
-    const char *sl = dt_tp_model_slice(dt_trainer_model(tr)); /* every rank of the group alike */
-    if (sl)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: '%s' is a tensor-parallel slice (tp.h): checkpoints of "
-                        "tensor-parallel models are not supported yet", sl);
+    dt_status kst = tp_known(tr, "dt_trainer_save");
+    if (kst < 0)
+        return kst;
     dt_trainer_save_params pp = p ? *p : dt_trainer_save_params_default();
     if (pp.keep < 0)
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_save: keep %d < 0", pp.keep);
@@ -645,6 +788,12 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
     bool sharded = false;
+    dt_pg *tp = tp_of(tr);
+    if (tp && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: checkpoints of --tp together with --pp are not written "
+                        "yet (tensor-parallel slices of pipeline stages)");
+    if (tp)
+        return save_tp(tr, tp, dir, &pp);
     dt_status sst = collect_pieces(tr, &pc, &sharded);
     if (sst >= 0 && sharded) {
         free(pc);
@@ -662,7 +811,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
             sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
         else
-            sst = stage(tr, dir, &pp, pc, pp.async, &psgd, &j);
+            sst = stage(tr, dir, &pp, pc, pp.async, &psgd, NULL, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
             if (rc != 0) {
@@ -798,8 +947,40 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
     return st;
 }
 
+/* read_as for piece q into dst (q's local elements [lo, hi) as `want`); a
+ * tensor-parallel slice (tp non-NULL) reads the full tensor and takes the
+ * rank's slice of it (memory: one full tensor). */
+static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, const tpiece *q, dt_pg *tp,
+                            dt_dtype want, void *dst, bool *found)
+{
+    if (!tp || !q->e.tp_dim)
+        return read_as(ck, ckname, name, &q->e, q->lo, q->hi, want, dst, found);
+    if (q->lo != 0 || q->hi != q->e.numel)
+        return dt_error(DT_ERR_UNSUPPORTED, "loading '%s': a tensor-parallel slice held in part (sharded further)",
+                        name);
+    const int t = dt_pg_size(tp);
+    dt_param_info fe = q->e;
+    dt_status st = dt_tp_full_shape(&q->e, t, fe.shape);
+    if (st < 0)
+        return st;
+    uint64_t N = 1;
+    for (int d = 0; d < fe.ndim; d++)
+        N *= (uint64_t)fe.shape[d];
+    const size_t es = dt_dtype_size(want);
+    void *full = dt_alloc(N * es + 64);
+    if (!full)
+        return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s: out of memory for the full tensor", name, ckname);
+    st = read_as(ck, ckname, name, &fe, 0, N, want, full, found);
+    if (st >= 0 && *found)
+        st = dt_tp_slice_get(&q->e, t, dt_pg_rank(tp), full, dst, es);
+    dt_free(full);
+    return st;
+}
+
 /* Load the pieces (the rule of the overview) and, unless weights_only, their
- * optimizer state; then the buffers. */
+ * optimizer state; then the buffers. Tensor parallel: each slice from the
+ * full tensor saved (read_piece), so any checkpoint of the model loads at
+ * any tensor-parallel size. */
 static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bool weights_only)
 {
     dt_model *m = dt_trainer_model(tr);
@@ -809,6 +990,7 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     dt_status st = collect_pieces(tr, &pc, &sharded);
     if (st < 0)
         return st;
+    dt_pg *tp = tp_of(tr);
     char name[1024];
     for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
         const tpiece *q = &pc[i];
@@ -816,9 +998,9 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             continue;
         bool found;
         snprintf(name, sizeof name, "master.%s", q->e.name);
-        if ((st = read_as(ck, ckname, name, &q->e, q->lo, q->hi, DT_F32, q->val, &found)) < 0)
+        if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found)) < 0)
             break;
-        if (!found && (st = read_as(ck, ckname, q->e.name, &q->e, q->lo, q->hi, DT_F32, q->val, &found)) < 0)
+        if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found)) < 0)
             break;
         if (!found) {
             st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s'", ckname, q->e.name);
@@ -833,7 +1015,7 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
                 break;
             snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
-            if ((st = read_as(ck, ckname, name, &q->e, q->lo, q->hi, DT_F32, data + q->roff, &found)) < 0)
+            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, data + q->roff, &found)) < 0)
                 break;
             if (!found) {
                 st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s' (optimizer state)", ckname, name);
@@ -865,7 +1047,10 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
 static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_info *info, bool weights_only,
                            char *ckname, size_t ckn)
 {
-    dt_status st = resolve(path, ckname, ckn);
+    dt_status st = tp_known(tr, "loading a checkpoint");
+    if (st < 0)
+        return st;
+    st = resolve(path, ckname, ckn);
     if (st < 0)
         return st;
     dt_ckpt *ck = NULL;
@@ -905,7 +1090,10 @@ static dt_status agree_load(dt_trainer *tr, dt_status st)
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");
     double v = st < 0 ? 1.0 : 0.0;
-    dt_status ast = dt_trainer_allreduce_sum(tr, &v, 1);
+    dt_pg *tp = tp_of(tr); /* tensor parallel: the group first, then the data-parallel ranks */
+    dt_status ast = tp ? dt_pg_allreduce(tp, DT_IN_PLACE, &v, 1, DT_F64, DT_REDUCE_SUM) : DT_OK;
+    if (ast >= 0)
+        ast = dt_trainer_allreduce_sum(tr, &v, 1);
     if (ast < 0)
         return ast;
     if (st < 0)
@@ -922,10 +1110,6 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     if (dt_trainer_offload(tr))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_load: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");
-    const char *sl = dt_tp_model_slice(dt_trainer_model(tr));
-    if (sl)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_load: '%s' is a tensor-parallel slice (tp.h): checkpoints of "
-                        "tensor-parallel models are not supported yet", sl);
     char ck[sizeof ((dt_trainer_resume_info *)0)->path];
     dt_trainer_resume_info ri;
     memset(&ri, 0, sizeof ri);
@@ -936,6 +1120,8 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
     if (st >= 0 && z) /* whole (stage 1/2) units: every rank loaded its shard; gather the rest */
         st = dt_zero_after_step(z);
+    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr))) /* its stages': the others' too */
+        st = dt__trainer_sync_buffers(tr);
     if (info)
         *info = ri;
     return st;
@@ -950,6 +1136,8 @@ dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file)
     dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
     if (st >= 0 && z)
         st = dt_zero_after_step(z);
+    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
+        st = dt__trainer_sync_buffers(tr);
     return st;
 }
 

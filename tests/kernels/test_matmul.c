@@ -148,6 +148,39 @@ TEST(primitive_cache)
     dt_free(C);
 }
 
+/* B's rows a multiple of 4 KiB apart and few rows of A: the product runs
+ * on a padded copy of B (src/kernels/matmul.c). Same values as the
+ * reference, with bias and beta, reused (the copy is refreshed on every
+ * call: B changes between calls), and beside a transposed B and a tall A,
+ * which are not padded. */
+TEST(matmul_padded_b)
+{
+    const int64_t M = 24, N = 1024, K = 40, Mt = 400;
+    float *A = dt_alloc(Mt * K * 4), *B = dt_alloc(K * N * 4), *C = dt_alloc(Mt * N * 4), *R = dt_alloc(Mt * N * 4),
+          *bias = dt_alloc(N * 4);
+    fill(A, Mt * K, 21);
+    fill(bias, N, 23);
+    for (int round = 0; round < 2; round++) {
+        fill(B, K * N, 22 + 10 * (uint64_t)round); /* new weights: the padded copy must follow */
+        for (int tb = 0; tb < 2; tb++)
+            for (int64_t m = M; m <= Mt; m += Mt - M) {
+                fill(C, m * N, 24);
+                memcpy(R, C, (size_t)(m * N) * 4);
+                ASSERT_OK(dt_k_matmul(false, tb, m, N, K, 1.0f, A, B, DT_F32, 0.5f, C, bias));
+                ref_mm(false, tb, m, N, K, 1.0f, A, B, 0.5f, R, bias);
+                for (int64_t i = 0; i < m * N; i++)
+                    if (!(fabsf(C[i] - R[i]) <= 1e-4f + 1e-4f * fabsf(R[i])))
+                        TEST_FAIL_("round %d tb=%d M=%lld: C[%lld] = %g, want %g", round, tb, (long long)m,
+                                   (long long)i, (double)C[i], (double)R[i]);
+            }
+    }
+    dt_free(A);
+    dt_free(B);
+    dt_free(C);
+    dt_free(R);
+    dt_free(bias);
+}
+
 TEST(matmul_edge_and_errors)
 {
     float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 1, 1, 1, 1, 1}, C[4] = {1, 2, 3, 4}, bias[2] = {10, 20};
@@ -239,6 +272,7 @@ int main(void)
     RUN(matmul_concurrent_threads);
     RUN(matmul_f32_all_flags);
     RUN(matmul_batched_broadcast);
+    RUN(matmul_padded_b);
     RUN(matmul_bf16);
     RUN(primitive_cache);
     RUN(matmul_edge_and_errors);

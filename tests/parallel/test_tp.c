@@ -12,8 +12,10 @@
  *     weights at step 0, and within the rounding bound after k SGD steps;
  *   - (the tensor-parallel GPT: test_tp_gpt.c);
  *   - clear errors: n_head or the MLP's hidden width not divisible by the
- *     group, dropout under tensor parallelism, convnet; the trainer refuses
- *     checkpoints and gradient clipping of a tensor-parallel model.
+ *     group, convnet; the trainer refuses ZeRO over a tensor-parallel model,
+ *     and the norm, saving and loading of slices with no known group
+ *     (checkpoints, clipping and dropout under --tp: test_train_tp_ckpt.c,
+ *     test_train_tp_cli.c).
  *
  * The rounding bound (test_tp_mlp_steps): tensor parallelism computes the
  * same products with the contraction of w1 (length K = hidden) summed as t
@@ -362,11 +364,16 @@ static int err_body(int rank, int size, void *arg)
     dt_status st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
     TH_CHECK(st == DT_ERR_INVALID_ARG && !m && strstr(dt_last_error(), "n_head 3"), "n_head 3 over 2: %s",
              dt_last_error());
-    gpt_config(&c);
-    c.tp = pg;
-    c.dropout = 0.1f;
+    gpt_config(&c); /* sequence parallelism: no dropout, tokens divisible by the group */
+    c.tp = pg, c.sequence_parallel = true, c.dropout = 0.1f;
     st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
-    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "dropout"), "dropout: %s", dt_last_error());
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && !m && strstr(dt_last_error(), "sequence parallelism"), "sp dropout: %s",
+             dt_last_error());
+    gpt_config(&c);
+    c.tp = pg, c.sequence_parallel = true, c.seq = 7;
+    st = dt_model_create("gpt-micro", 1, &c, &m, NULL);
+    TH_CHECK(st == DT_ERR_INVALID_ARG && !m && strstr(dt_last_error(), "sequence length 7"), "sp seq 7: %s",
+             dt_last_error());
     c = dt_model_config_default();
     c.tp = pg;
     c.mlp_hidden = 33;
@@ -378,24 +385,36 @@ static int err_body(int rank, int size, void *arg)
     TH_CHECK(!dt_tp_column_linear(pg, 8, 6, true, false, 2) && dt_last_status() == DT_ERR_INVALID_ARG,
              "column 6 outputs in 2 chunks over 2 ranks");
     TH_CHECK(!dt_tp_row_linear(NULL, 8, 6, true, true) && dt_last_status() == DT_ERR_NULL, "NULL group");
-    /* what the trainer does not do over slices yet is refused, naming the slice */
+    /* what the trainer does not do over slices is refused, naming the slice:
+     * ZeRO over a tensor-parallel model; the norm, saving and loading of
+     * slices whose group is unknown (dt_tp_module_set_group) */
     c = dt_model_config_default();
     c.tp = pg, c.mlp_seq = 2, c.mlp_dim = 4, c.mlp_hidden = 8;
     dt_model_desc d;
     TH_OK(dt_model_create("mlp", 1, &c, &m, &d));
     TH_CHECK(dt_tp_model_slice(m) && !strcmp(dt_tp_model_slice(m), "w0"), "first slice");
+    TH_CHECK(dt_tp_model_group(m) == pg, "the MLP's group");
     dt_strategy *s;
-    TH_OK(dt_strategy_none_init(&s));
     dt_trainer_params tp = dt_trainer_params_default();
-    tp.clip_grad_norm = 1.0;
     dt_trainer *tr = NULL;
+    dt_zero_params zp = dt_zero_params_default();
+    zp.stage = 1;
+    TH_OK(dt_strategy_zero_init(pg, &zp, &s));
+    st = dt_trainer_init(m, s, &tp, &tr);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "'w0'") && strstr(dt_last_error(), "ZeRO"),
+             "zero: %s", dt_last_error());
+    TH_OK(dt_tp_module_set_group(dt_model_root(m), NULL));
+    TH_CHECK(dt_tp_model_group(m) == NULL, "group cleared");
+    TH_OK(dt_strategy_none_init(&s));
+    tp.clip_grad_norm = 1.0;
     st = dt_trainer_init(m, s, &tp, &tr);
     TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "'w0'"), "clip: %s", dt_last_error());
     TH_OK(dt_strategy_none_init(&s));
     tp.clip_grad_norm = 0;
     TH_OK(dt_trainer_init(m, s, &tp, &tr));
     st = dt_trainer_save(tr, "/nonexistent-dir-tp", NULL);
-    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "tensor-parallel"), "save: %s", dt_last_error());
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "dt_tp_module_set_group"), "save: %s",
+             dt_last_error());
     st = dt_trainer_load(tr, "/nonexistent-dir-tp", NULL);
     TH_CHECK(st == DT_ERR_UNSUPPORTED, "load: %s", dt_last_error());
     dt_trainer_free(tr);

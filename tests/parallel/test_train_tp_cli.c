@@ -1,9 +1,10 @@
 /* `dtrain train --tp N` under `dtrain run`: the tensor-parallel MLP on 2
  * ranks gives the single-process run's step losses; 4 ranks as 2 x 2
  * (tensor x data parallel) give the 2-rank DDP run's; a tensor-parallel
- * GPT on 2 ranks gives the single-process validation loss; and the option
+ * GPT on 2 ranks gives the single-process step and validation losses, with
+ * dropout too (the same masks) and with --sequence-parallel; and the option
  * errors (no launcher, a --tp that does not divide the ranks, convnet,
- * checkpoints) are one line with exit 2. Losses are compared within float
+ * ZeRO) are one line with exit 2. Losses are compared within float
  * rounding (relative 1e-5: the runs add the same products in another
  * order, see test_tp.c). */
 // dt-test-timeout: 240
@@ -84,22 +85,25 @@ static double val_loss(const char *out)
     return p ? atof(p + 10) : NAN;
 }
 
-TEST(gpt_tp2_equals_one_process)
+/* The GPT on 2 tensor-parallel ranks against one process: the step losses
+ * (and the validation loss) within float rounding; with dropout > 0 too
+ * (the same masks: see models/gpt2.c). */
+static void gpt_tp2(const char *dropout, bool sp)
 {
     static cli_result r;
-    char train_bin[300], data[320], m1[300], m2[300];
+    char train_bin[300], data[320], m1[400], m2[400];
     uint16_t tok[2000];
     for (int i = 0; i < 2000; i++)
         tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
     snprintf(train_bin, sizeof train_bin, "%s/tok.bin", cli_tmpdir());
     ASSERT_EQ_INT(dt_tokens_write(train_bin, tok, 2000), DT_OK);
     snprintf(data, sizeof data, "tokens:%s", train_bin);
-    snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
-    snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
+    snprintf(m1, sizeof m1, "%s/g1_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
+    snprintf(m2, sizeof m2, "%s/g2_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
                    "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
-                   "--log-every", "1", "--metrics", m1, NULL};
+                   "--log-every", "1", "--metrics", m1, "--dropout", (char *)dropout, NULL};
     cli_runv(&r, 200, NULL, one);
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
@@ -109,11 +113,16 @@ TEST(gpt_tp2_equals_one_process)
     int n = 5;
     for (int i = 0; one[i]; i++)
         two[n++] = !strcmp(one[i], m1) ? m2 : one[i];
-    two[n++] = "--tp", two[n++] = "2", two[n] = NULL;
+    two[n++] = "--tp", two[n++] = "2";
+    if (sp)
+        two[n++] = "--sequence-parallel";
+    two[n] = NULL;
     cli_runv(&r, 200, NULL, two);
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
+    if (sp)
+        ASSERT_STR_CONTAINS(r.out, "; sequence parallel (each holds 1/N of the tokens between the blocks)");
     double v2 = val_loss(r.out);
     fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
@@ -121,6 +130,31 @@ TEST(gpt_tp2_equals_one_process)
     int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+}
+
+TEST(gpt_tp2_equals_one_process) { gpt_tp2("0", false); }
+
+/* --sequence-parallel: the same losses as one process (and so as --tp 2
+ * without it), the layer norms on half the tokens each */
+TEST(gpt_tp2_sequence_parallel_equals_one_process) { gpt_tp2("0", true); }
+
+/* dropout 0.2 in the embedding, attention, residual and MLP dropouts: the
+ * losses equal one process's with the same masks, and differ from the runs
+ * without dropout (the masks act; runs after gpt_tp2_equals_one_process) */
+TEST(gpt_tp2_dropout_equals_one_process)
+{
+    gpt_tp2("0.2", false);
+    char m0[300], m2[300];
+    snprintf(m0, sizeof m0, "%s/g1_0.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/g1_0.2.jsonl", cli_tmpdir());
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m0, b, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT_EQ_INT(nb, 6);
+    int differ = 0;
+    for (int i = 0; i < na; i++)
+        differ += fabs(a[i] - b[i]) > 1e-3;
+    ASSERT(differ > 0);
 }
 
 TEST(tp_option_errors)
@@ -132,9 +166,12 @@ TEST(tp_option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--tp", "2", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --model convnet");
-    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--save", "/tmp/x", NULL});
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--zero", "1", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--save/--resume");
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--sequence-parallel", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--sequence-parallel needs a GPT model and --tp N > 1");
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "0", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--tp");
@@ -151,6 +188,8 @@ int main(void)
     RUN(mlp_tp2_equals_one_process);
     RUN(mlp_tp2_dp2_equals_ddp);
     RUN(gpt_tp2_equals_one_process);
+    RUN(gpt_tp2_dropout_equals_one_process);
+    RUN(gpt_tp2_sequence_parallel_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }

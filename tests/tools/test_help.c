@@ -9,7 +9,7 @@ TEST(every_help_exits_0_with_usage)
     static char *const cmds[][4] = {
         {"--help"},         {"help"},           {"train", "--help"},  {"run", "--help"},
         {"bench", "--help"}, {"bench", "step", "--help"}, {"bench", "coll", "--help"},
-        {"bench", "ddp", "--help"}, {"bench", "matmul", "--help"}, {"bench", "data", "--help"},
+        {"bench", "ddp", "--help"}, {"bench", "zero", "--help"}, {"bench", "matmul", "--help"}, {"bench", "data", "--help"},
         {"plot", "--help"}, {"info", "--help"}, {"train", "-h"}, {"bench", "data", "-h"},
         {"tokenize", "--help"}, {"generate", "--help"}, {"eval", "--help"}, {"ckpt", "--help"}, {"ckpt", "info", "--help"},
         {"ckpt", "convert", "-h"}, {"pipeline", "--help"}, {"pipeline", "show", "--help"},
@@ -32,11 +32,11 @@ TEST(help_contents)
 {
     cli_result r;
     cli_runv(&r, 60, NULL, (char *[]){"--help", NULL});
-    const char *suites[] = {"step", "coll", "ddp", "matmul", "data"};
-    for (int i = 0; i < 5; i++)
+    const char *suites[] = {"step", "coll", "ddp", "zero", "matmul", "data"};
+    for (int i = 0; i < 6; i++)
         ASSERT_STR_CONTAINS(r.out, suites[i]);
     cli_runv(&r, 60, NULL, (char *[]){"bench", "--help", NULL});
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         ASSERT_STR_CONTAINS(r.out, suites[i]);
     cli_runv(&r, 60, NULL, (char *[]){"train", "--help", NULL});
     ASSERT_STR_CONTAINS(r.out, "dtrain run -n");
@@ -47,7 +47,7 @@ TEST(help_contents)
         ASSERT_STR_CONTAINS(r.out, ck[i]);
     /* mixed precision (issue 12) */
     const char *mp[] = {"--precision {fp32|bf16|fp16}", "--reduce-dtype {fp32|bf16|fp16}",
-                        "--keep-bn-fp32 {true|false}", "--loss-scale X", "--initial-scale-power N",
+                        "--keep-bn-fp32 {true|false}", "--buffer-dtype {fp32|bf16|fp16}", "--loss-scale X", "--initial-scale-power N",
                         "--loss-scale-window N", "--hysteresis N", "--min-loss-scale X",
                         "--scaler {deepspeed|torch}"};
     for (int i = 0; i < 9; i++)

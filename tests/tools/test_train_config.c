@@ -153,10 +153,11 @@ TEST(tensor_parallel_from_the_config)
     ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.tensor_parallel_size = 2  (file)\n");
     ASSERT_STR_CONTAINS(r.out, "steps/epoch of 4");
     /* the --tp refusals see the config's keys too */
-    write_cfg("tpc.json", "{\"gradient_clipping\": 1.0, \"dtrain\": {\"tensor_parallel_size\": 2}}", p, sizeof p);
+    write_cfg("tpc.json", "{\"zero_optimization\": {\"stage\": 1}, \"dtrain\": {\"tensor_parallel_size\": 2}}", p,
+              sizeof p);
     run_cfg(&r, 2, p, NULL, NULL);
     ASSERT(r.code != 0);
-    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --clip-grad-norm");
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
 }
 
 TEST(hierarchical_allreduce_from_the_config)

@@ -1,0 +1,91 @@
+/* `dtrain bench zero` end to end on a tiny MLP under `dtrain run -n 2`: one
+ * JSON line per mode; every mode trains the same model on the same data, so
+ * the last losses agree (stages 1-3 are bit-identical to DDP: test_zero);
+ * the bytes held follow the ZeRO formula for the model's one unit (Psi
+ * parameters, K = 2 Adam moments): DDP Psi / Psi / 2 Psi, stage 1
+ * Psi / Psi / Psi, stage 2 Psi / Psi/2 / Psi, stage 3 Psi/2 / Psi/2 / Psi,
+ * up to the units' padding; the volume per step is 2 Psi for every mode (a
+ * single root unit is gathered once per step). Bad options exit 2 naming
+ * the option. */
+// dt-test-timeout: 120
+#include "test.h"
+#include "train_cli.h"
+
+#include <stdlib.h>
+
+static double field(const char *line, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(line, k);
+    return p ? strtod(p + strlen(k), NULL) : -1;
+}
+
+TEST(six_modes_same_loss_formula_bytes)
+{
+    cli_result r;
+    cli_runv(&r, 100, NULL,
+             (char *[]){"run", "-n", "2", "--", getenv("DT_CLI"), "bench", "zero", "--model", "mlp", "--mlp-dim",
+                        "64", "--mlp-hidden", "256", "--batch", "2", "--steps", "5", "--json", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    const char *modes[] = {"ddp", "1", "2", "3", "3-post", "3-none"};
+    /* bytes per rank in units of Psi: params, grads, optimizer states */
+    const double want[6][3] = {{1, 1, 2}, {1, 1, 1}, {1, 0.5, 1}, {0.5, 0.5, 1}, {0.5, 0.5, 1}, {0.5, 0.5, 1}};
+    const double psi = 4.0 * 2 * 64 * 256;
+    double loss0 = 0;
+    for (int k = 0; k < 6; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"mode\":\"%s\"", modes[k]);
+        const char *line = strstr(r.out, key);
+        ASSERT(line);
+        const char *end = strchr(line, '\n');
+        ASSERT(end);
+        const double loss = field(line, "loss");
+        if (k == 0)
+            loss0 = loss;
+        if (loss != loss0)
+            fprintf(stderr, "mode %s: loss %.9g, ddp %.9g\n", modes[k], loss, loss0);
+        ASSERT(loss == loss0);
+        ASSERT(field(line, "step_ms") > 0 && field(line, "ratio") > 0);
+        const char *keys[3] = {"param_bytes", "grad_bytes", "optim_bytes"};
+        for (int j = 0; j < 3; j++) {
+            const double got = field(line, keys[j]) / psi;
+            if (got < want[k][j] || got > want[k][j] * 1.01)
+                fprintf(stderr, "mode %s %s: %.4f Psi, want %.2f\n", modes[k], keys[j], got, want[k][j]);
+            ASSERT(got >= want[k][j] && got <= want[k][j] * 1.01);
+        }
+        const double vol = field(line, "volume_psi");
+        if (vol < 2 || vol > 2.02)
+            fprintf(stderr, "mode %s: volume %.4f Psi per step, want 2\n", modes[k], vol);
+        ASSERT(vol >= 2 && vol <= 2.02);
+    }
+}
+
+TEST(bad_options)
+{
+    cli_result r;
+    cli_runv(&r, 30, NULL, (char *[]){"bench", "zero", "--modes", "ddp,4", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "unknown mode '4'");
+    cli_runv(&r, 30, NULL, (char *[]){"bench", "zero", "--steps", "x", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--steps 'x' is not an integer");
+    cli_runv(&r, 30, NULL, (char *[]){"bench", "zero", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain run -n 2");
+}
+
+int main(void)
+{
+    if (!getenv("DT_CLI")) {
+        fprintf(stderr, "DT_CLI is not set\n");
+        return 1;
+    }
+    RUN(six_modes_same_loss_formula_bytes);
+    RUN(bad_options);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}

@@ -1,0 +1,142 @@
+/* Checkpoints of pipeline training through the CLI: stages keep the
+ * model's global names, so a checkpoint saved by `--pp 2` (each pipeline
+ * rank writes the tensors and optimizer state of its own stages) resumes
+ * in one process, and one saved by one process resumes under `--pp 2`:
+ * the MLP stopped after 8 of 16 steps (--max-steps 8 --save) and resumed
+ * gives the uninterrupted single-process run's remaining step losses, both
+ * ways; the GPT (tied wte / lm_head on the first and last stage) saved by
+ * 2 replicas x 2 stages resumes in one process, and the single process's
+ * resumes under --pp 2, with the single-process losses and validation
+ * loss. Losses within 1e-5 relative plus the metrics
+ * file's printing step, as test_train_pp_cli.c (the pipeline adds the
+ * same products in another order; tests/pipeline/pipe_train.h has the
+ * bound); a missing optimizer state, a stale stage or a tied weight not
+ * restored on its second stage moves the losses far more. */
+// dt-test-timeout: 120
+// dt-test-labels: threads
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <math.h>
+
+static char *cli(void) { return getenv("DT_CLI"); }
+
+/* dtrain [run -n ranks --] train <common> extra... --metrics m */
+static void run(cli_result *r, int ranks, char *const *common, char *const *extra, const char *m)
+{
+    char *args[80];
+    int n = 0;
+    if (ranks > 1) {
+        static char nr[16];
+        snprintf(nr, sizeof nr, "%d", ranks);
+        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
+    }
+    for (char *const *e = common; *e; e++)
+        args[n++] = *e;
+    for (char *const *e = extra; e && *e; e++)
+        args[n++] = *e;
+    args[n++] = "--metrics", args[n++] = (char *)m, args[n] = NULL;
+    cli_runv(r, 100, NULL, args);
+    if (r->code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+}
+
+static char *path(const char *name)
+{
+    static char bufs[16][300];
+    static int k;
+    char *b = bufs[k++ % 16];
+    snprintf(b, 300, "%s/%s", cli_tmpdir(), name);
+    return b;
+}
+
+/* The resumed run's losses equal the reference's last ones. */
+static bool same_tail(const char *resumed, const char *ref, int expect)
+{
+    double a[64], b[64];
+    int na = cli_step_losses(resumed, a, 64), nb = cli_step_losses(ref, b, 64);
+    if (na != expect || nb < na) {
+        fprintf(stderr, "%d resumed step records (want %d), %d in the reference\n", na, expect, nb);
+        return false;
+    }
+    return cli_same_losses(a, na, b + (nb - na), na, 1.5e-6);
+}
+
+static double val_loss(const char *out)
+{
+    const char *p = strstr(out, "val loss: ");
+    return p ? atof(p + 10) : NAN;
+}
+
+TEST(mlp_pp2_checkpoint_resumes_in_one_process_and_back)
+{
+    static cli_result r;
+    char *mlp[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
+                   "--batch", "4", "--limit-test", "16", "--optimizer", "adamw", "--lr", "0.01", "--seed", "2",
+                   "--progress", "plain", "--log-every", "1", "--threads", "1", NULL};
+    char *ref = path("ref.jsonl"), *c1 = path("ck_pp"), *c2 = path("ck_one");
+    run(&r, 1, mlp, NULL, ref);
+    ASSERT_EQ_INT(r.code, 0);
+    /* --pp 2 saves, one process resumes */
+    run(&r, 2, mlp, (char *[]){"--pp", "2", "--max-steps", "8", "--save", c1, NULL}, path("a1.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    char f[400];
+    snprintf(f, sizeof f, "%s/step-00000008/rank-00001.safetensors", c1); /* the second stage wrote its part */
+    ASSERT(file_exists(f));
+    run(&r, 1, mlp, (char *[]){"--resume", c1, NULL}, path("a2.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    ASSERT(same_tail(path("a2.jsonl"), ref, 8));
+    /* one process saves, --pp 2 (zbh1) resumes */
+    run(&r, 1, mlp, (char *[]){"--max-steps", "8", "--save", c2, NULL}, path("b1.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    run(&r, 2, mlp, (char *[]){"--pp", "2", "--pp-schedule", "zbh1", "--resume", c2, NULL}, path("b2.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(same_tail(path("b2.jsonl"), ref, 8));
+}
+
+TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
+{
+    static cli_result r;
+    char *bin = path("tok.bin"), data[320];
+    uint16_t tok[2000];
+    for (int i = 0; i < 2000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
+    snprintf(data, sizeof data, "tokens:%s", bin);
+    char *gpt[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
+                   "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
+                   "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
+                   "1", NULL};
+    char *ref = path("gref.jsonl"), *ck = path("ck_gpt"), *ckr = path("ck_gref");
+    run(&r, 1, gpt, (char *[]){"--batch", "8", "--save", ckr, "--save-every", "2", NULL}, ref);
+    ASSERT_EQ_INT(r.code, 0);
+    double v1 = val_loss(r.out);
+    run(&r, 4, gpt, (char *[]){"--batch", "4", "--pp", "2", "--max-steps", "2", "--save", ck, NULL}, path("g1.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    run(&r, 1, gpt, (char *[]){"--batch", "8", "--resume", ck, NULL}, path("g2.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    double v2 = val_loss(r.out);
+    fprintf(stderr, "gpt val loss: one process %.6f, resumed from dp 2 x pp 2 %.6f\n", v1, v2);
+    ASSERT(fabs(v1 - v2) <= 2e-4);
+    ASSERT(same_tail(path("g2.jsonl"), ref, 2));
+    /* the single process's step-2 checkpoint under --pp 2: the last stage's
+       tied head takes wte from the first stage's load */
+    char from[400];
+    snprintf(from, sizeof from, "%s/step-00000002", ckr);
+    run(&r, 2, gpt, (char *[]){"--batch", "8", "--pp", "2", "--resume", from, NULL}, path("g3.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(fabs(val_loss(r.out) - v1) <= 2e-4);
+    ASSERT(same_tail(path("g3.jsonl"), ref, 2));
+}
+
+int main(void)
+{
+    if (!cli())
+        DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
+    RUN(mlp_pp2_checkpoint_resumes_in_one_process_and_back);
+    RUN(gpt_dp2_pp2_checkpoint_resumes_in_one_process);
+    cli_cleanup();
+    return TEST_REPORT();
+}
