@@ -40,7 +40,10 @@
  * cross-entropy rows use. */
 static inline float dt__expf(float x)
 {
-    float xc = x < -87.0f ? -87.0f : x > 88.7f ? 88.7f : x;
+    /* NaN fails both tests and takes -87 (a finite input for the exponent
+     * bits below: converting NaN to int is undefined), fixed at the end */
+    float xc = x > -87.0f ? x : -87.0f;
+    xc = xc > 88.7f ? 88.7f : xc;
     float n = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
