@@ -43,18 +43,6 @@
 
 enum { MODE_DDP, MODE_NOCOMM, MODE_LOCAL, MODE_ALONE, NMODES };
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
-
 int dt_bench_ddp(int argc, char **argv)
 {
     const char *model = "convnet";
@@ -208,10 +196,10 @@ int dt_bench_ddp(int argc, char **argv)
         memcpy(lmax, tm[2], (size_t)cnt[2] * sizeof(double));
         if (dt_pg_allreduce(pg, DT_IN_PLACE, lmax, (size_t)cnt[2], DT_F64, DT_REDUCE_MAX) < 0)
             goto fail;
-        floor_ms = 1e3 * median(lmax, cnt[2]);
+        floor_ms = 1e3 * dt__bench_median(lmax, cnt[2]);
     }
-    double med[NMODES] = {median(tm[0], cnt[0]), dist ? median(tm[1], cnt[1]) : 0,
-                          dist ? median(tm[2], cnt[2]) : 0, dist ? median(tm[3], cnt[3]) : 0};
+    double med[NMODES] = {dt__bench_median(tm[0], cnt[0]), dist ? dt__bench_median(tm[1], cnt[1]) : 0,
+                          dist ? dt__bench_median(tm[2], cnt[2]) : 0, dist ? dt__bench_median(tm[3], cnt[3]) : 0};
     if (pg && dt_metrics_allreduce(pg, med, NMODES, DT_REDUCE_MAX) < 0)
         goto fail;
     dt_ddp_stats st = ddp ? dt_ddp_get_stats(ddp) : s0;

@@ -48,18 +48,6 @@ static double cpu_seconds(void)
            1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain bench step --model {convnet,mlp,gpt2,gpt-mini,...}[,...] --batch N [options]\n"
@@ -155,7 +143,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
             if (k == 0 && v < mn)
                 mn = v;
         }
-        med[k] = median(col, steps);
+        med[k] = dt__bench_median(col, steps);
     }
     double train_flops = desc.train_flops_per_sample * (double)batch;
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;

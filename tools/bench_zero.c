@@ -43,18 +43,6 @@ typedef struct {
     uint64_t bytes0; /* collective volume counted before the timed steps */
 } zmode;
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
-
 /* Bytes moved so far, DeepSpeed's convention (see the top). */
 static uint64_t volume(const zmode *z)
 {
@@ -242,7 +230,7 @@ int dt_bench_zero(int argc, char **argv)
     }
     double med[MAXMODES];
     for (int k = 0; k < nm; k++)
-        med[k] = median(zm[k].t, zm[k].n);
+        med[k] = dt__bench_median(zm[k].t, zm[k].n);
     if (dt_metrics_allreduce(pg, med, nm, DT_REDUCE_MAX) < 0)
         goto fail;
     const double psi = 4.0 * (double)dt_model_param_count(zm[0].m), ddp_ms = 1e3 * med[0];
