@@ -230,6 +230,18 @@ static dt_status list_steps(const char *dir, int64_t **out, size_t *n)
  * and those of the writer before it): a save directory belongs to one run,
  * whose saves never overlap, so any temporary there when a save starts is
  * stale. */
+/* Create the checkpoint directory (or accept an existing one); never
+ * through a symlink. */
+static dt_status make_ckpt_dir(const char *dir)
+{
+    struct stat sb;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
+    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
+    return DT_OK;
+}
+
 static void remove_stale(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -633,15 +645,8 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
 static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp)
 {
     dt_status sst = DT_OK;
-    if (dt_trainer_rank(tr) == 0) {
-        struct stat sb;
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
-        else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
-        else
-            remove_stale(dir);
-    }
+    if (dt_trainer_rank(tr) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
+        remove_stale(dir);
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
     bool sharded;
@@ -716,15 +721,8 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
     dt_status sst = DT_OK, st = DT_OK;
     char msg[1024] = "";
     if (dt_trainer_rank(tr) == 0) {
-        if (dt_pg_rank(tp) == 0) {
-            struct stat sb;
-            if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-                sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
-            else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-                sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
-            else
-                remove_stale(dir);
-        }
+        if (dt_pg_rank(tp) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
+            remove_stale(dir);
         bool any;
         ckpt_job *j = NULL;
         tpiece *pc = NULL;
@@ -805,12 +803,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (sst >= 0)
         sst = pst;
     if (sst >= 0 && dt_trainer_rank(tr) == 0) {
-        struct stat sb;
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            sst = dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
-        else if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            sst = dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
-        else
+        if ((sst = make_ckpt_dir(dir)) >= 0)
             sst = stage(tr, dir, &pp, pc, pp.async, &psgd, NULL, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
