@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
     uint32_t crc;
-    if (dt_st_checksum(f, &crc) != DT_OK)
+    if (dt_st_checksum(f, DT_SUM_CRC32C, &crc) != DT_OK)
         abort();
     dt_st_close(f);
     return 0;

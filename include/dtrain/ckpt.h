@@ -21,8 +21,10 @@
  * for the same tensors the file is byte-identical to safetensors.torch's
  * save_file. The file goes through dt_file (base.h): created without following
  * symlinks, fsynced and renamed, so it is complete or absent. The writer
- * computes the CRC-32 (zlib's) of the whole file as it goes; checkpoints keep
- * it in their index and verify it on load.
+ * computes the CRC-32C (Castagnoli; dt_crc32c) of the whole file as it goes;
+ * checkpoints keep it in their index and verify it on load. Checkpoints
+ * written before CRC-32C recorded zlib's CRC-32 ("crc32" in the index); both
+ * are verified (dt_ckpt_sum).
  *
  * Reading (dt_st_file) validates the whole header before anything is
  * returned: header size against the file size, UTF-8 and JSON, known dtypes,
@@ -136,9 +138,10 @@ DT_API dt_status dt_st_writer_open(const char *path, const dt_st_desc *desc, siz
  * DT_ERR_RANGE when the tensor would get more bytes than its size. */
 DT_API dt_status dt_st_writer_write(dt_st_writer *w, size_t i, const void *data, size_t nbytes);
 /* Check every tensor got all its bytes (DT_ERR_STATE naming the first that
- * did not), fsync and rename the file into place. *crc32 (may be NULL)
- * receives the CRC-32 of the whole file. */
-DT_API dt_status dt_st_writer_commit(dt_st_writer *w, uint32_t *crc32);
+ * did not), fsync and rename the file into place. *crc32c (may be NULL)
+ * receives the CRC-32C of the whole file (computed as the bytes were
+ * written: no second pass). */
+DT_API dt_status dt_st_writer_commit(dt_st_writer *w, uint32_t *crc32c);
 /* The final file size in bytes (known from open on). */
 DT_API uint64_t dt_st_writer_size(const dt_st_writer *w);
 /* Free the writer; an uncommitted file's temporary is removed. NULL is a no-op. */
@@ -189,9 +192,31 @@ DT_API dt_status dt_st_meta_at(const dt_st_file *f, size_t i, const char **key, 
 DT_API const char *dt_st_path(const dt_st_file *f);
 /* File size in bytes. */
 DT_API uint64_t dt_st_file_size(const dt_st_file *f);
-/* Read the whole file and compute its CRC-32 into *crc32 (the value
- * dt_st_writer_commit reports). */
-DT_API dt_status dt_st_checksum(const dt_st_file *f, uint32_t *crc32);
+/* ---- checksums ------------------------------------------------------------------ */
+/* The checksums a checkpoint index records per file: CRC-32C (written since
+ * the checksum became hardware-assisted; index key "crc32c") and zlib's
+ * CRC-32 (index key "crc32", checkpoints written before; still verified). */
+typedef enum dt_ckpt_sum { DT_SUM_CRC32 = 0, DT_SUM_CRC32C = 1 } dt_ckpt_sum;
+/* "crc32" or "crc32c" (the index key); "?" for anything else. */
+DT_API const char *dt_ckpt_sum_name(dt_ckpt_sum kind);
+/* Continue checksum `crc` of kind over data[0..n) (start with 0). */
+DT_API uint32_t dt_ckpt_sum_update(dt_ckpt_sum kind, uint32_t crc, const void *data, size_t n);
+/* CRC-32C (Castagnoli, polynomial 0x1EDC6F41 reflected, init and final XOR
+ * ~0: the iSCSI/ext4 one; dt_crc32c(0, "123456789", 9) == 0xE3069283),
+ * continued from crc (0 to start): the SSE4.2 crc32 instruction in three
+ * interleaved streams where the CPU has it (and DT_MAX_CPU_ISA does not cap
+ * it to scalar), else a table version; both give the same value. */
+DT_API uint32_t dt_crc32c(uint32_t crc, const void *data, size_t n);
+/* The table version alone (for tests and comparisons). */
+DT_API uint32_t dt_crc32c_portable(uint32_t crc, const void *data, size_t n);
+/* "sse4.2" or "table": what dt_crc32c uses on this machine. */
+DT_API const char *dt_crc32c_impl(void);
+/* The CRC-32C of A || B from crc_a = CRC-32C(A), crc_b = CRC-32C(B) and len_b
+ * = |B| bytes (O(log len_b)): pieces checksummed apart, joined in order. */
+DT_API uint32_t dt_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+/* Read the whole file and compute its checksum of kind into *crc (for
+ * DT_SUM_CRC32C the value dt_st_writer_commit reports). */
+DT_API dt_status dt_st_checksum(const dt_st_file *f, dt_ckpt_sum kind, uint32_t *crc);
 
 /* ---- checkpoints: full and sharded state dicts ---------------------------------- */
 /* A checkpoint is a directory:
@@ -221,8 +246,9 @@ DT_API dt_status dt_st_checksum(const dt_st_file *f, uint32_t *crc32);
  *
  * Atomic: ranks write into DIR.tmp-XXXXXX (each file through dt_file),
  * rank 0 writes index.json last, fsyncs and renames the directory to DIR:
- * DIR is complete or absent. The index holds each file's size and CRC-32,
- * checked when the file is opened for a load (dt_ckpt_load_params.verify).
+ * DIR is complete or absent. The index holds each file's size and CRC-32C
+ * ("crc32c"; zlib's CRC-32, "crc32", in checkpoints written before), checked
+ * as the file is read for a load (dt_ckpt_load_params.verify).
  * All ranks must see the same filesystem path (one machine, or a shared
  * filesystem). The collectives of a save wait for the slowest rank's write,
  * so it must finish within the group's timeout (DT_COMM_TIMEOUT).
@@ -280,8 +306,11 @@ DT_API dt_status dt_ckpt_save_full(const char *path, const dt_ckpt_entry *e, siz
 
 /* Options of a load. */
 typedef struct dt_ckpt_load_params {
-    bool verify;          /* check each file's size and CRC-32 against the index before reading
-                             from it (reads the whole file once); default true */
+    bool verify;          /* check each file read from against the index: its size, and its
+                             checksum (CRC-32C, or CRC-32 in older checkpoints) computed as the
+                             bytes are read (dt_ckpt_read_batch: one pass over the file; on a
+                             mismatch the entries' data hold unverified bytes and the load
+                             fails); default true */
     bool allow_missing;   /* entries absent from the checkpoint are left as they are (their
                              count in dt_ckpt_load's *missing); default false: DT_ERR_NOT_FOUND */
 } dt_ckpt_load_params;
@@ -313,9 +342,28 @@ DT_API const char *dt_ckpt_meta(const dt_ckpt *ck, const char *key);
 DT_API size_t dt_ckpt_meta_count(const dt_ckpt *ck);
 DT_API dt_status dt_ckpt_meta_at(const dt_ckpt *ck, size_t i, const char **key, const char **value);
 /* Elements [lo, hi) of tensor i (global row-major) into dst, in the saved
- * dtype, from whichever chunks hold them. verify: see dt_ckpt_load_params. */
+ * dtype, from whichever chunks hold them. verify: each file read from is
+ * checked whole (size and checksum) before its first read (a file not yet
+ * verified is read twice: dt_ckpt_read_batch reads it once). */
 DT_API dt_status dt_ckpt_read(dt_ckpt *ck, size_t i, uint64_t lo, uint64_t hi, void *dst, bool verify);
-/* Check every file: size, CRC-32, and that the chunks of every tensor tile
+/* One read of dt_ckpt_read_batch: elements [lo, hi) of tensor `tensor`
+ * (global row-major) into dst, in the saved dtype. */
+typedef struct dt_ckpt_req {
+    size_t tensor;
+    uint64_t lo, hi;
+    void *dst;
+} dt_ckpt_req;
+/* The reads r[0..n), in file order whatever their order here. With verify,
+ * each file they touch that is not verified yet is checked in the same pass:
+ * its size first, then its bytes are checksummed as they arrive in the
+ * destinations (256 KiB at a time, while still in the cache), the bytes no
+ * request wants are read for the checksum only, and the sum is compared
+ * after the file's last byte: each file crosses the disk and the page cache
+ * once (dt_ckpt_read's verify reads it twice). DT_ERR_FORMAT naming the file
+ * on a mismatch; the destinations then hold unverified bytes. Files already
+ * verified (by dt_ckpt_verify or an earlier read) are read plainly. */
+DT_API dt_status dt_ckpt_read_batch(dt_ckpt *ck, const dt_ckpt_req *r, size_t n, bool verify);
+/* Check every file: size, checksum, and that the chunks of every tensor tile
  * it exactly. DT_ERR_FORMAT / DT_ERR_IO naming the file or tensor. */
 DT_API dt_status dt_ckpt_verify(dt_ckpt *ck);
 

@@ -10,7 +10,8 @@
  * error on every rank alike. For a full state dict rank 0 takes every
  * interval it holds itself (no transfer), the rest as above.
  *
- * The index (index.json) lists the files with their size and CRC-32, and
+ * The index (index.json) lists the files with their size and CRC-32C
+ * ("crc32c"; checkpoints written before it have zlib's CRC-32, "crc32"), and
  * each tensor's dtype, global shape and chunks {file, lo, hi, key}: the
  * element range and the 1-D tensor `key` in that file that holds it.
  * Chunks are flat (row-major) element ranges, which is what flat-buffer
@@ -18,8 +19,9 @@
  * tensor) adds a field to a chunk, and readers refuse fields they do not
  * know, so an old reader never misreads a new checkpoint.
  *
- * Reading opens files lazily, checks a file's size and CRC once before the
- * first read from it, and reads exactly the bytes of the intersection.
+ * Reading opens files lazily, checks a file's size and checksum once (before
+ * the first read from it, or as dt_ckpt_read_batch reads it), and reads
+ * exactly the bytes of the intersection.
  *
  * Agreement: every step that can fail on one rank is followed by a
  * collective that carries the status, so all ranks return the same status
@@ -309,7 +311,7 @@ static dt_status write_index(const char *dir, const plan *pl, const dt_ckpt_entr
         rank_file_name(r, fname, sizeof fname);
         cJSON *f = cJSON_CreateObject();
         ok = f && cJSON_AddItemToArray(files, f) && cJSON_AddStringToObject(f, "name", fname) &&
-             cJSON_AddNumberToObject(f, "bytes", (double)bytes[r]) && cJSON_AddNumberToObject(f, "crc32", crc[r]);
+             cJSON_AddNumberToObject(f, "bytes", (double)bytes[r]) && cJSON_AddNumberToObject(f, "crc32c", crc[r]);
     }
     cJSON *tens = ok ? cJSON_AddObjectToObject(root, "tensors") : NULL;
     ok = ok && tens;

@@ -5,9 +5,21 @@
  * names that are plain names inside the directory (never a path: a crafted
  * index cannot make us read elsewhere), and for every tensor chunks that
  * tile [0, numel) exactly. Files are opened on first use and checked once
- * against the size and CRC-32 the index gives; each chunk's key must be a
- * 1-D tensor of the right dtype and length in its file. A load then reads
- * exactly the intersection of each requested range with each chunk. */
+ * against the size and checksum the index gives (CRC-32C, or zlib's CRC-32
+ * in checkpoints written before it); each chunk's key must be a 1-D tensor
+ * of the right dtype and length in its file. A load then reads exactly the
+ * intersection of each requested range with each chunk.
+ *
+ * Two ways to verify. dt_ckpt_read with verify checksums a file whole
+ * before its first read (a pass over the file, then the reads: the data
+ * crosses the page cache twice). dt_ckpt_read_batch (and dt_ckpt_load, which
+ * uses it) sorts its reads into file order and checksums the bytes as they
+ * land in the destinations, in 256 KiB reads each checksummed while still in
+ * the cache; the bytes between two requested ranges (and after the last)
+ * are read for the checksum only. One pass; the file's sum is compared when
+ * its last byte has been seen, so on a mismatch the destinations already
+ * hold the damaged bytes (the call fails: the caller discards them). */
+#include "ckpt/st_impl.h"
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -48,6 +60,7 @@ typedef struct ctensor {
 typedef struct cfile {
     char *path;
     bool has_crc;
+    dt_ckpt_sum kind;    /* of crc */
     uint64_t bytes;
     uint32_t crc;
     dt_st_file *f;   /* opened on first use */
@@ -205,16 +218,23 @@ static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
     for (const cJSON *x = files->child; x; x = x->next) {
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
         const cJSON *by = cJSON_GetObjectItemCaseSensitive(x, "bytes");
-        const cJSON *cr = cJSON_GetObjectItemCaseSensitive(x, "crc32");
+        const cJSON *c32 = cJSON_GetObjectItemCaseSensitive(x, "crc32");
+        const cJSON *c32c = cJSON_GetObjectItemCaseSensitive(x, "crc32c");
+        const cJSON *cr = c32c ? c32c : c32;
         cfile *f = &ck->files[ck->nfiles];
         uint64_t c;
         if (!cJSON_IsString(nm) || !nm->valuestring[0] || strchr(nm->valuestring, '/') ||
             strcmp(nm->valuestring, ".") == 0 || strcmp(nm->valuestring, "..") == 0)
             return dt_error(DT_ERR_FORMAT, "%s: files[%zu]: \"name\" must be a file name inside the checkpoint", ipath,
                             ck->nfiles);
+        if (c32 && c32c)
+            return dt_error(DT_ERR_FORMAT, "%s: files[%zu] (%s): both \"crc32\" and \"crc32c\" (one checksum a file)",
+                            ipath, ck->nfiles, nm->valuestring);
         if (!json_u64(by, &f->bytes) || !json_u64(cr, &c) || c > UINT32_MAX)
-            return dt_error(DT_ERR_FORMAT, "%s: files[%zu] (%s): \"bytes\" and \"crc32\" must be integers", ipath,
+            return dt_error(DT_ERR_FORMAT,
+                            "%s: files[%zu] (%s): \"bytes\" and \"crc32c\" (or \"crc32\") must be integers", ipath,
                             ck->nfiles, nm->valuestring);
+        f->kind = c32c ? DT_SUM_CRC32C : DT_SUM_CRC32;
         f->crc = (uint32_t)c;
         f->has_crc = true;
         size_t pl = strlen(src) + strlen(nm->valuestring) + 2;
@@ -417,6 +437,14 @@ dt_status dt_ckpt_meta_at(const dt_ckpt *ck, size_t i, const char **key, const c
     return DT_OK;
 }
 
+static dt_status sum_check(const cfile *f, uint32_t crc)
+{
+    if (crc != f->crc)
+        return dt_error(DT_ERR_FORMAT, "%s: %s %08x, the index says %08x (the file is damaged)", f->path,
+                        f->kind == DT_SUM_CRC32C ? "CRC-32C" : "CRC-32", crc, f->crc);
+    return DT_OK;
+}
+
 /* File fi, opened (and with verify, checked against the index) on first use. */
 static dt_status file_get(dt_ckpt *ck, size_t fi, bool verify, const dt_st_file **out)
 {
@@ -430,11 +458,10 @@ static dt_status file_get(dt_ckpt *ck, size_t fi, bool verify, const dt_st_file 
                             (unsigned long long)dt_st_file_size(f->f), (unsigned long long)f->bytes);
         uint32_t crc;
         if (f->has_crc) {
-            if ((st = dt_st_checksum(f->f, &crc)) < 0)
+            if ((st = dt_st_checksum(f->f, f->kind, &crc)) < 0)
                 return st;
-            if (crc != f->crc)
-                return dt_error(DT_ERR_FORMAT, "%s: CRC-32 %08x, the index says %08x (the file is damaged)", f->path,
-                                crc, f->crc);
+            if ((st = sum_check(f, crc)) < 0)
+                return st;
         }
         f->verified = true;
     }
@@ -473,6 +500,135 @@ dt_status dt_ckpt_read(dt_ckpt *ck, size_t i, uint64_t lo, uint64_t hi, void *ds
     return DT_OK;
 }
 
+/* One contiguous run of file bytes a batch reads: file bytes [off, off + n)
+ * into dst. */
+typedef struct seg {
+    size_t file;
+    uint64_t off, n;
+    char *dst;
+} seg;
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const seg *x = a, *y = b;
+    if (x->file != y->file)
+        return x->file < y->file ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The segments of file fi (s[0..n), sorted by offset), reading each byte of
+ * the file once and checksumming it on the way (see the overview). */
+static dt_status read_verified(dt_ckpt *ck, size_t fi, const seg *s, size_t n)
+{
+    cfile *f = &ck->files[fi];
+    const dt_st_file *sf = f->f;
+    const uint64_t size = dt_st_file_size(sf);
+    if (size != f->bytes)
+        return dt_error(DT_ERR_FORMAT, "%s: %llu bytes, the index says %llu (truncated or replaced)", f->path,
+                        (unsigned long long)size, (unsigned long long)f->bytes);
+    const uint64_t step = (uint64_t)256 << 10;
+    uint32_t crc = 0;
+    uint64_t pos = 0; /* bytes [0, pos) are in crc */
+    dt_status st;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t a = s[i].off, b = s[i].off + s[i].n;
+        if (a > pos) { /* a gap: for the checksum only */
+            if ((st = dt__st_sum_range(sf, f->kind, pos, a, &crc)) < 0)
+                return st;
+            pos = a;
+        }
+        if (a < pos) { /* overlaps bytes already summed: a plain read */
+            uint64_t e = b < pos ? b : pos;
+            if ((st = dt__st_pread(sf, a, s[i].dst, e - a)) < 0)
+                return st;
+        }
+        for (uint64_t x = pos > a ? pos : a; x < b;) {
+            uint64_t k = b - x < step ? b - x : step;
+            char *d = s[i].dst + (x - a);
+            if ((st = dt__st_pread(sf, x, d, k)) < 0)
+                return st;
+            crc = dt_ckpt_sum_update(f->kind, crc, d, (size_t)k);
+            x += k;
+            pos = x;
+        }
+    }
+    if ((st = dt__st_sum_range(sf, f->kind, pos, size, &crc)) < 0)
+        return st;
+    if ((st = sum_check(f, crc)) < 0)
+        return st;
+    f->verified = true;
+    return DT_OK;
+}
+
+dt_status dt_ckpt_read_batch(dt_ckpt *ck, const dt_ckpt_req *r, size_t n, bool verify)
+{
+    if (!ck || (n && !r))
+        return dt_error(DT_ERR_NULL, "dt_ckpt_read_batch: NULL argument");
+    size_t ns = 0, cap = 0;
+    seg *s = NULL;
+    dt_status st = DT_OK;
+    for (size_t q = 0; q < n && st == DT_OK; q++) {
+        const dt_ckpt_req *x = &r[q];
+        if (x->tensor >= ck->nt) {
+            st = dt_error(DT_ERR_RANGE, "%s: tensor %zu of %zu", ck->src, x->tensor, ck->nt);
+            break;
+        }
+        const ctensor *t = &ck->t[x->tensor];
+        if (x->lo > x->hi || x->hi > t->numel || (x->hi > x->lo && !x->dst)) {
+            st = dt_error(x->hi > x->lo && !x->dst ? DT_ERR_NULL : DT_ERR_RANGE,
+                          "%s: tensor '%s': range [%llu, %llu) outside its %llu elements, or no destination", ck->src,
+                          t->name, (unsigned long long)x->lo, (unsigned long long)x->hi, (unsigned long long)t->numel);
+            break;
+        }
+        size_t es = dt_st_dtype_size(t->dtype);
+        for (size_t j = 0; j < t->nc; j++) {
+            const chunk *c = &t->c[j];
+            uint64_t a = x->lo > c->lo ? x->lo : c->lo, b = x->hi < c->hi ? x->hi : c->hi;
+            if (a >= b)
+                continue;
+            const dt_st_file *f;
+            if ((st = file_get(ck, c->file, false, &f)) < 0)
+                break;
+            const dt_st_tensor *so = dt_st_find(f, c->key);
+            if (!so || so->dtype != t->dtype || so->numel != c->hi - c->lo) {
+                st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': the piece '%s' for elements [%llu, %llu) is %s",
+                              dt_st_path(f), t->name, c->key, (unsigned long long)c->lo, (unsigned long long)c->hi,
+                              so ? "of another dtype or length than the index says" : "missing");
+                break;
+            }
+            if (ns == cap) {
+                size_t nc = cap ? 2 * cap : 64;
+                seg *g = realloc(s, nc * sizeof *g);
+                if (!g) {
+                    st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
+                    break;
+                }
+                s = g;
+                cap = nc;
+            }
+            s[ns++] = (seg){.file = c->file, .off = so->offset + (a - c->lo) * es, .n = (b - a) * es,
+                            .dst = (char *)x->dst + (a - x->lo) * es};
+        }
+    }
+    if (st == DT_OK && ns)
+        qsort(s, ns, sizeof *s, seg_cmp);
+    for (size_t i = 0; st == DT_OK && i < ns;) {
+        size_t j = i;
+        while (j < ns && s[j].file == s[i].file)
+            j++;
+        cfile *f = &ck->files[s[i].file];
+        if (verify && !f->verified && f->has_crc) {
+            st = read_verified(ck, s[i].file, s + i, j - i);
+        } else {
+            for (size_t k = i; st == DT_OK && k < j; k++)
+                st = dt__st_pread(f->f, s[k].off, s[k].dst, s[k].n);
+        }
+        i = j;
+    }
+    free(s);
+    return st;
+}
+
 dt_status dt_ckpt_verify(dt_ckpt *ck)
 {
     if (!ck)
@@ -507,6 +663,10 @@ dt_status dt_ckpt_load(const char *src, dt_ckpt_entry *e, size_t n, const dt_ckp
     dt_status st = dt_ckpt_open(src, &ck);
     if (st < 0)
         return st;
+    dt_ckpt_req *rq = calloc(n ? n : 1, sizeof *rq);
+    size_t nr = 0;
+    if (!rq)
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", src);
     for (size_t i = 0; i < n && st == DT_OK; i++) {
         const dt_ckpt_entry *x = &e[i];
         if (!x->name || (unsigned)x->dtype >= DT_DTYPE_COUNT || x->ndim < 0 || x->ndim > DT_MAX_DIMS) {
@@ -544,8 +704,11 @@ dt_status dt_ckpt_load(const char *src, dt_ckpt_entry *e, size_t n, const dt_ckp
                           x->name, (unsigned long long)x->lo, (unsigned long long)x->hi, (unsigned long long)t->numel);
             break;
         }
-        st = dt_ckpt_read(ck, (size_t)k, x->lo, x->hi, x->data, p->verify);
+        rq[nr++] = (dt_ckpt_req){.tensor = (size_t)k, .lo = x->lo, .hi = x->hi, .dst = x->data};
     }
+    if (st == DT_OK)
+        st = dt_ckpt_read_batch(ck, rq, nr, p->verify);
+    free(rq);
     dt_ckpt_close(ck);
     return st;
 }
