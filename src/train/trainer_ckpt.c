@@ -5,7 +5,7 @@
  * safetensors files it lists) per save, named step-<8 digits> after the
  * optimizer steps taken:
  *
- *     DIR/step-00000040/index.json            tensors, files, CRC-32s, metadata
+ *     DIR/step-00000040/index.json            tensors, files, CRC-32Cs, metadata
  *                       rank-00000.safetensors
  *
  * The tensors are the model's parameters and buffers under PyTorch's
@@ -16,7 +16,8 @@
  * ("dtrain.user"); a DDP run compressing with PowerSGD adds the hook's state
  * (trainer_ckpt_psgd.c: "powersgd.q", "powersgd.error", "dtrain.powersgd"). dt_ckpt_save writes the directory under a temporary name
  * and renames it when complete, so a step-N directory with index.json is a
- * complete checkpoint; loading verifies every file's CRC-32.
+ * complete checkpoint; loading verifies every file's checksum (CRC-32C;
+ * CRC-32 in older checkpoints) in the same pass that reads it.
  *
  * Who writes. Under DDP (and with one process) every rank holds the whole
  * model and optimizer state, so rank 0 writes and the others only agree on
@@ -899,11 +900,35 @@ static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
         snprintf(b + k, n - k, "]");
 }
 
+/* The reads of a load that need no conversion, done together at the end
+ * (dt_ckpt_read_batch: in file order, each file checksummed in the same
+ * pass). */
+typedef struct rbatch {
+    dt_ckpt_req *r;
+    size_t n, cap;
+} rbatch;
+
+static dt_status rbatch_add(rbatch *b, size_t i, uint64_t lo, uint64_t hi, void *dst)
+{
+    if (b->n == b->cap) {
+        size_t nc = b->cap ? 2 * b->cap : 64;
+        dt_ckpt_req *r = realloc(b->r, nc * sizeof *r);
+        if (!r)
+            return dt_error(DT_ERR_NO_MEMORY, "loading a checkpoint: out of memory");
+        b->r = r;
+        b->cap = nc;
+    }
+    b->r[b->n++] = (dt_ckpt_req){.tensor = i, .lo = lo, .hi = hi, .dst = dst};
+    return DT_OK;
+}
+
 /* Elements [lo, hi) of the saved tensor `name` as `want` into dst,
  * converted from the saved float dtype; *found false (nothing read) when
- * the checkpoint has no such tensor. The shape must be p's. */
+ * the checkpoint has no such tensor. The shape must be p's. With a batch b,
+ * a read that needs no conversion is queued there (dst is filled when the
+ * batch runs), others are read now. */
 static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, const dt_param_info *p, uint64_t lo,
-                         uint64_t hi, dt_dtype want, void *dst, bool *found)
+                         uint64_t hi, dt_dtype want, void *dst, bool *found, rbatch *b)
 {
     int64_t i = dt_ckpt_find(ck, name);
     *found = i >= 0;
@@ -917,10 +942,10 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
     for (int d = 0; same && d < p->ndim; d++)
         same = t.shape[d] == p->shape[d];
     if (!same) {
-        char a[256], b[256];
-        shape_str(a, sizeof a, t.ndim, t.shape);
-        shape_str(b, sizeof b, p->ndim, p->shape);
-        return dt_error(DT_ERR_SHAPE, "tensor '%s': shape %s in checkpoint %s, %s here", name, a, ckname, b);
+        char sa[256], sb[256];
+        shape_str(sa, sizeof sa, t.ndim, t.shape);
+        shape_str(sb, sizeof sb, p->ndim, p->shape);
+        return dt_error(DT_ERR_SHAPE, "tensor '%s': shape %s in checkpoint %s, %s here", name, sa, ckname, sb);
     }
     dt_dtype have;
     if (dt_st_dtype_to(t.dtype, &have) < 0 || (have != DT_F32 && have != DT_BF16 && have != DT_F16))
@@ -929,7 +954,7 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
     if (hi <= lo)
         return DT_OK;
     if (have == want)
-        return dt_ckpt_read(ck, (size_t)i, lo, hi, dst, false);
+        return b ? rbatch_add(b, (size_t)i, lo, hi, dst) : dt_ckpt_read(ck, (size_t)i, lo, hi, dst, false);
     void *tmp = dt_alloc((size_t)(hi - lo) * dt_dtype_size(have));
     if (!tmp)
         return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s", name, ckname);
@@ -944,10 +969,10 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
  * tensor-parallel slice (tp non-NULL) reads the full tensor and takes the
  * rank's slice of it (memory: one full tensor). */
 static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, const tpiece *q, dt_pg *tp,
-                            dt_dtype want, void *dst, bool *found)
+                            dt_dtype want, void *dst, bool *found, rbatch *b)
 {
     if (!tp || !q->e.tp_dim)
-        return read_as(ck, ckname, name, &q->e, q->lo, q->hi, want, dst, found);
+        return read_as(ck, ckname, name, &q->e, q->lo, q->hi, want, dst, found, b);
     if (q->lo != 0 || q->hi != q->e.numel)
         return dt_error(DT_ERR_UNSUPPORTED, "loading '%s': a tensor-parallel slice held in part (sharded further)",
                         name);
@@ -963,7 +988,7 @@ static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, c
     void *full = dt_alloc(N * es + 64);
     if (!full)
         return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s: out of memory for the full tensor", name, ckname);
-    st = read_as(ck, ckname, name, &fe, 0, N, want, full, found);
+    st = read_as(ck, ckname, name, &fe, 0, N, want, full, found, NULL);
     if (st >= 0 && *found)
         st = dt_tp_slice_get(&q->e, t, dt_pg_rank(tp), full, dst, es);
     dt_free(full);
@@ -985,30 +1010,33 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
         return st;
     dt_pg *tp = tp_of(tr);
     char name[1024];
+    rbatch rb = {0};
+    /* pieces whose compute copy is made from the loaded f32 values, once the batch has run */
+    bool *conv = calloc(dt_model_num_entries(m) + 1, sizeof *conv);
+    if (!conv)
+        st = dt_error(DT_ERR_NO_MEMORY, "loading %s: out of memory", ckname);
     for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
         const tpiece *q = &pc[i];
         if (!trained(q))
             continue;
         bool found;
         snprintf(name, sizeof name, "master.%s", q->e.name);
-        if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found)) < 0)
+        if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
-        if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found)) < 0)
+        if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
         if (!found) {
             st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s'", ckname, q->e.name);
             break;
         }
-        if (q->lowp && q->hi > q->lo &&
-            (st = dt_k_convert(q->val, DT_F32, q->lowp, q->e.dtype, (int64_t)(q->hi - q->lo))) < 0)
-            break;
+        conv[i] = q->lowp && q->hi > q->lo;
         for (int s = 0; !weights_only && s < dt_optim_num_states(o); s++) {
             const char *sname;
             float *data;
             if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
                 break;
             snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
-            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, data + q->roff, &found)) < 0)
+            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, data + q->roff, &found, &rb)) < 0)
                 break;
             if (!found) {
                 st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s' (optimizer state)", ckname, name);
@@ -1016,6 +1044,17 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
             }
         }
     }
+    /* the queued reads, then every file the batch did not read (a rank
+     * that loads part of a resharded checkpoint) is checked too */
+    if (st >= 0)
+        st = dt_ckpt_read_batch(ck, rb.r, rb.n, true);
+    if (st >= 0)
+        st = dt_ckpt_verify(ck);
+    for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++)
+        if (conv[i])
+            st = dt_k_convert(pc[i].val, DT_F32, pc[i].lowp, pc[i].e.dtype, (int64_t)(pc[i].hi - pc[i].lo));
+    free(rb.r);
+    free(conv);
     free(pc);
     if (st < 0)
         return st;
@@ -1030,7 +1069,7 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
                                        "", "");
     }
     dt_ckpt_load_params lp = dt_ckpt_load_params_default();
-    lp.verify = false; /* verified once when opened */
+    lp.verify = false; /* verified by load_pieces' batch and dt_ckpt_verify */
     if (st >= 0 && dt_ckpt_list_count(l) > 0)
         st = dt_ckpt_load(ckname, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL);
     dt_ckpt_list_free(l);
@@ -1050,8 +1089,7 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
     const char *run = NULL;
     if ((st = dt_ckpt_open(ckname, &ck)) < 0)
         return st;
-    if ((st = dt_ckpt_verify(ck)) < 0)
-        goto out;
+    /* the files are verified as load_pieces reads them (one pass each) */
     if (!weights_only) {
         if ((st = ckpt_meta(ck, ckname, META_RUN, &run)) < 0)
             goto out;
