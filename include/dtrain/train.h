@@ -542,7 +542,9 @@ DT_API dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt
 typedef struct dt_trainer_save_params {
     bool async;             /* return once rank 0 has copied the state into a staging buffer; a
                                background thread writes it while training goes on, and the next
-                               save, dt_trainer_save_wait or dt_trainer_free waits for it.
+                               save, dt_trainer_save_wait or dt_trainer_free waits for it. The
+                               buffer (the size of the state) is kept for the next asynchronous
+                               save and freed by dt_trainer_free.
                                Sharded state (ZeRO) is written by every rank together and
                                synchronously whatever this says; default false */
     int keep;               /* after a save, keep only the newest `keep` checkpoints in the

@@ -24,7 +24,8 @@
  * the outcome. A background thread of rank 0 writes (dt_ckpt_save of this
  * process alone). An asynchronous save first copies everything into a
  * staging buffer (one copy of the flats and the optimizer state: the
- * training goes on changing the originals) and returns at once (the next
+ * training goes on changing the originals; the buffer is the trainer's,
+ * kept from one save to the next: ckpt_slot) and returns at once (the next
  * save, dt_trainer_save_wait or dt_trainer_free waits for it); a
  * synchronous one writes from the model's and optimizer's own memory (no
  * second copy: rank 0's extra memory is the writer's, not the state's) and
@@ -109,6 +110,37 @@ typedef struct ckpt_job {
     dt_status st;
     char msg[1024];
 } ckpt_job;
+
+/* What the trainer keeps between saves (its checkpoint slot, train_impl.h):
+ * the save in flight and the staging buffer of asynchronous saves, kept for
+ * the next one (reused when large enough: no fresh pages to fault in on
+ * every save), freed by dt_trainer_free. Only one save is in flight at a
+ * time (each save first waits for the previous one), so the job that
+ * borrows the buffer is done with it before the next save stages. */
+typedef struct ckpt_slot {
+    ckpt_job *job;
+    char *stage;
+    size_t cap;
+} ckpt_slot;
+
+static ckpt_slot *slot_of(dt_trainer *tr)
+{
+    void **s = dt__trainer_ckpt_slot(tr);
+    if (!*s)
+        *s = calloc(1, sizeof(ckpt_slot));
+    return *s;
+}
+
+/* The slot's staging buffer, at least n bytes (grown when smaller). */
+static char *slot_stage(ckpt_slot *sl, size_t n)
+{
+    if (sl->cap < n) {
+        dt_free(sl->stage);
+        sl->stage = dt_alloc(n);
+        sl->cap = sl->stage ? n : 0;
+    }
+    return sl->stage;
+}
 
 static void job_free(ckpt_job *j)
 {
@@ -504,10 +536,10 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
             bytes = (bytes + 7) / 8 * 8;
         }
     char *buf = NULL;
-    if (copy) {
-        if (!(buf = dt_alloc(bytes ? bytes : 64)))
+    if (copy) { /* the trainer's staging buffer, kept across saves */
+        ckpt_slot *sl = slot_of(tr);
+        if (!sl || !(buf = slot_stage(sl, bytes ? bytes : 64)))
             goto fail;
-        j->bufs[j->nbuf++] = buf;
     }
     char *at = buf, name[1024];
     for (size_t i = 0; i < ne; i++) {
@@ -631,14 +663,22 @@ dt_status dt_trainer_save_wait(dt_trainer *tr)
 {
     if (!tr)
         return dt_error(DT_ERR_NULL, "dt_trainer_save_wait: trainer is NULL");
-    return agree_done(tr, (ckpt_job **)dt__trainer_ckpt_slot(tr));
+    ckpt_slot *sl = slot_of(tr);
+    if (!sl)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save_wait: out of memory");
+    return agree_done(tr, &sl->job);
 }
 
 void dt__trainer_ckpt_free(dt_trainer *tr)
 {
-    ckpt_job **jp = (ckpt_job **)dt__trainer_ckpt_slot(tr);
-    job_free(*jp); /* joins a write in flight */
-    *jp = NULL;
+    void **s = dt__trainer_ckpt_slot(tr);
+    ckpt_slot *sl = *s;
+    if (!sl)
+        return;
+    job_free(sl->job); /* joins a write in flight */
+    dt_free(sl->stage);
+    free(sl);
+    *s = NULL;
 }
 
 /* Sharded state: every rank lists its pieces (no copy) and all save together
@@ -779,7 +819,10 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     dt_trainer_save_params pp = p ? *p : dt_trainer_save_params_default();
     if (pp.keep < 0)
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_save: keep %d < 0", pp.keep);
-    ckpt_job **jp = (ckpt_job **)dt__trainer_ckpt_slot(tr);
+    ckpt_slot *sl = slot_of(tr);
+    if (!sl)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
+    ckpt_job **jp = &sl->job;
     /* the previous save (asynchronous) first: one at a time */
     dt_status st = agree_done(tr, jp);
     if (st < 0)

@@ -277,6 +277,52 @@ static void check_resume_files(dt_optim_kind kind, int64_t at, bool async)
 TEST(files_sgd_bit_identical) { check_resume_files(DT_OPTIM_SGD, 19, false); }
 TEST(files_adamw_async_bit_identical) { check_resume_files(DT_OPTIM_ADAMW, 14, true); }
 
+/* Asynchronous saves every 4 steps, each snapshotting the parameters it
+ * saves: the trainer's staging buffer is reused from one save to the next,
+ * so every checkpoint must still hold its own step's values (not a later
+ * save's) when loaded. */
+typedef struct {
+    save_cb c;
+    float *snap[4];
+    size_t n;
+} stage_cb;
+
+static dt_status save_snap(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
+{
+    stage_cb *s = ud;
+    if ((m->step + 1) % s->c.every == 0 && s->n < 4) {
+        dt_model *md = dt_trainer_model(tr);
+        s->snap[s->n] = malloc(t_numel(md) * sizeof(float));
+        memcpy(s->snap[s->n++], t_params(md), t_numel(md) * sizeof(float));
+    }
+    return save_at(&s->c, tr, m);
+}
+
+TEST(files_async_staging_reused)
+{
+    rig a, b;
+    char dir[400], p[700];
+    snprintf(dir, sizeof dir, "%s/stage", tmpdir());
+    ASSERT_OK(rig_init(&a, DT_OPTIM_ADAMW, 1, 2));
+    stage_cb cb = {.c = {.every = 4, .dir = dir, .sp = dt_trainer_save_params_default()}};
+    cb.c.sp.async = true;
+    ASSERT_OK(dt_trainer_fit(a.tr, a.ld, dt_dataset_get_info(a.ds), 1, save_snap, &cb, NULL));
+    ASSERT_OK(dt_trainer_save_wait(a.tr));
+    ASSERT(cb.n >= 3);
+    for (size_t k = 0; k < cb.n; k++) {
+        snprintf(p, sizeof p, "%s/step-%08d", dir, (int)(4 * (k + 1)));
+        ASSERT_OK(rig_init(&b, DT_OPTIM_ADAMW, 1, 2));
+        ASSERT_OK(dt_trainer_load(b.tr, p, NULL));
+        ASSERT(memcmp(t_params(b.m), cb.snap[k], t_numel(b.m) * sizeof(float)) == 0);
+        if (k > 0) /* the steps changed the weights: the comparison can fail */
+            ASSERT(memcmp(cb.snap[k - 1], cb.snap[k], t_numel(b.m) * sizeof(float)) != 0);
+        rig_free(&b);
+        free(cb.snap[k]);
+    }
+    rig_free(&a);
+    t_rm_rf(dir);
+}
+
 TEST(files_keep_and_bad_checkpoints)
 {
     rig a, b;
@@ -458,6 +504,7 @@ int main(void)
     RUN(adamw_grad_accum_bit_identical);
     RUN(files_sgd_bit_identical);
     RUN(files_adamw_async_bit_identical);
+    RUN(files_async_staging_reused);
     RUN(files_keep_and_bad_checkpoints);
     t_rm_rf(tmpdir());
     return TEST_REPORT();
