@@ -14,6 +14,7 @@
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
 #include "dtrain/ckpt.h"
+#include "ckpt_cmp.h"
 #include "test.h"
 #include "tmp_util.h"
 
@@ -70,34 +71,6 @@ static dt_status steps(dt_trainer *tr, int rank, int from, int to, double *loss)
     return DT_OK;
 }
 
-/* Every tensor of checkpoint a equals b's, byte for byte. */
-static int same_ckpt(const char *a, const char *b)
-{
-    dt_ckpt *ca, *cb;
-    TH_OK(dt_ckpt_open(a, &ca));
-    TH_OK(dt_ckpt_open(b, &cb));
-    TH_CHECK(dt_ckpt_num_tensors(ca) == dt_ckpt_num_tensors(cb), "%zu vs %zu tensors", dt_ckpt_num_tensors(ca),
-             dt_ckpt_num_tensors(cb));
-    for (size_t i = 0; i < dt_ckpt_num_tensors(ca); i++) {
-        dt_ckpt_tensor ta, tb;
-        TH_OK(dt_ckpt_tensor_at(ca, i, &ta));
-        int64_t j = dt_ckpt_find(cb, ta.name);
-        TH_CHECK(j >= 0, "'%s' missing from %s", ta.name, b);
-        TH_OK(dt_ckpt_tensor_at(cb, (size_t)j, &tb));
-        TH_CHECK(ta.dtype == tb.dtype && ta.numel == tb.numel, "'%s': dtype or size differs", ta.name);
-        size_t nb = ta.numel * dt_st_dtype_size(ta.dtype);
-        char *x = malloc(nb + 1), *y = malloc(nb + 1);
-        TH_OK(dt_ckpt_read(ca, i, 0, ta.numel, x, true));
-        TH_OK(dt_ckpt_read(cb, (size_t)j, 0, ta.numel, y, true));
-        TH_CHECK(!memcmp(x, y, nb), "'%s' differs between %s and %s", ta.name, a, b);
-        free(x);
-        free(y);
-    }
-    dt_ckpt_close(ca);
-    dt_ckpt_close(cb);
-    return 0;
-}
-
 typedef struct {
     cfg c;
     char dir[300];
@@ -145,7 +118,7 @@ static int body_resume(int rank, int W, void *arg)
             char pa[500], pb[500];
             snprintf(pa, sizeof pa, "%s/step-%08d", a, STEPS);
             snprintf(pb, sizeof pb, "%s/step-%08d", b, STEPS);
-            if (same_ckpt(pa, pb))
+            if (t_same_ckpt(pa, pb, true) < 0)
                 return 1;
         }
     }

@@ -23,6 +23,7 @@
 // dt-test-labels: threads
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
+#include "ckpt_cmp.h"
 #include "test.h"
 #include "tools/train_cli.h"
 
@@ -72,56 +73,6 @@ static const char *path(const char *fmt, const char *a)
     return b;
 }
 
-/* Every tensor of checkpoint a equals b's (same names and shapes, values
- * within the tolerance of the overview; exact: bitwise); returns the count
- * compared, -1 on a difference (said on stderr). */
-static int same_ckpt(const char *a, const char *b, bool exact)
-{
-    dt_ckpt *ca = NULL, *cb = NULL;
-    int count = -1;
-    if (dt_ckpt_open(a, &ca) < 0 || dt_ckpt_open(b, &cb) < 0) {
-        fprintf(stderr, "cannot open %s or %s: %s\n", a, b, dt_last_error());
-        goto out;
-    }
-    if (dt_ckpt_num_tensors(ca) != dt_ckpt_num_tensors(cb)) {
-        fprintf(stderr, "%zu vs %zu tensors\n", dt_ckpt_num_tensors(ca), dt_ckpt_num_tensors(cb));
-        goto out;
-    }
-    for (size_t i = 0; i < dt_ckpt_num_tensors(ca); i++) {
-        dt_ckpt_tensor ta, tb;
-        if (dt_ckpt_tensor_at(ca, i, &ta) < 0)
-            goto out;
-        int64_t j = dt_ckpt_find(cb, ta.name);
-        if (j < 0 || dt_ckpt_tensor_at(cb, (size_t)j, &tb) < 0 || ta.numel != tb.numel || ta.ndim != tb.ndim ||
-            ta.dtype != DT_ST_F32 || tb.dtype != DT_ST_F32) {
-            fprintf(stderr, "tensor '%s' differs in name, shape or dtype\n", ta.name);
-            goto out;
-        }
-        float *x = malloc(ta.numel * 4 + 4), *y = malloc(ta.numel * 4 + 4);
-        bool ok = x && y && dt_ckpt_read(ca, i, 0, ta.numel, x, true) >= 0 &&
-                  dt_ckpt_read(cb, (size_t)j, 0, tb.numel, y, true) >= 0;
-        double dmax = 0, ymax = 0;
-        for (uint64_t k = 0; ok && k < ta.numel; k++) {
-            dmax = fmax(dmax, fabs((double)x[k] - y[k]));
-            ymax = fmax(ymax, fabs((double)y[k]));
-            if (exact && memcmp(&x[k], &y[k], 4))
-                ok = false;
-        }
-        free(x);
-        free(y);
-        if (!ok || !(dmax <= 1e-5 * ymax + 1e-7)) {
-            fprintf(stderr, "tensor '%s': max |diff| %g (max |value| %g)%s\n", ta.name, dmax, ymax,
-                    exact ? " (exact wanted)" : "");
-            goto out;
-        }
-    }
-    count = (int)dt_ckpt_num_tensors(ca);
-out:
-    dt_ckpt_close(ca);
-    dt_ckpt_close(cb);
-    return count;
-}
-
 static int world_of(const char *ck)
 {
     dt_ckpt *c = NULL;
@@ -154,12 +105,12 @@ static void cross(const char *model, int total, int k, int ntensors)
     snprintf(c1, sizeof c1, "%s/%s", one, step_n);
     snprintf(c2, sizeof c2, "%s/%s", tp, step_n);
     ASSERT_EQ_INT(world_of(c2), 2);
-    ASSERT(same_ckpt(c2, c1, false) >= ntensors);
+    ASSERT(t_same_ckpt(c2, c1, false) >= ntensors);
     /* exact resume under --tp 2 */
     ASSERT_EQ_INT(train(model, true, WITH("--save", (char *)part, "--max-steps", ks)), 0);
     ASSERT_EQ_INT(train(model, true, WITH("--save", (char *)part, "--resume", (char *)part, "--metrics", m_part)), 0);
     snprintf(c3, sizeof c3, "%s/%s", part, step_n);
-    ASSERT(same_ckpt(c3, c2, true) >= ntensors);
+    ASSERT(t_same_ckpt(c3, c2, true) >= ntensors);
     for (int f = 0; f < 2; f++) {
         char a[700], b[700];
         snprintf(a, sizeof a, "%s/rank-%05d.safetensors", c3, f);
@@ -178,10 +129,10 @@ static void cross(const char *model, int total, int k, int ntensors)
     snprintf(c3, sizeof c3, "%s/%s", one, step_k);
     ASSERT_EQ_INT(train(model, true, WITH("--save", (char *)to2, "--resume", c3)), 0);
     snprintf(c3, sizeof c3, "%s/%s", to1, step_n);
-    ASSERT(same_ckpt(c3, c1, false) >= ntensors);
+    ASSERT(t_same_ckpt(c3, c1, false) >= ntensors);
     snprintf(c3, sizeof c3, "%s/%s", to2, step_n);
     ASSERT_EQ_INT(world_of(c3), 2);
-    ASSERT(same_ckpt(c3, c1, false) >= ntensors);
+    ASSERT(t_same_ckpt(c3, c1, false) >= ntensors);
     if (adam) { /* --init-from (weights only): across the two layouts, the same losses */
         char m1[600], m2[600];
         snprintf(m1, sizeof m1, "%s_init1.jsonl", one);
@@ -217,12 +168,12 @@ TEST(mlp_tp2_dp2_checkpoint)
     snprintf(a, sizeof a, "%s/step-00000008", tpdp);
     snprintf(b, sizeof b, "%s/step-00000008", ddp);
     ASSERT_EQ_INT(world_of(a), 2);
-    ASSERT(same_ckpt(a, b, false) >= 6);
+    ASSERT(t_same_ckpt(a, b, false) >= 6);
     snprintf(a, sizeof a, "%s/step-00000004", tpdp);
     char *r[] = {"--optimizer", "adamw", "--lr", "0.01", "--save", (char *)res, "--resume", a, NULL};
     ASSERT_EQ_INT(train_n(4, "mlp", true, r), 0);
     snprintf(a, sizeof a, "%s/step-00000008", res);
-    ASSERT(same_ckpt(a, b, false) >= 6);
+    ASSERT(t_same_ckpt(a, b, false) >= 6);
 }
 
 static void clip(const char *model, const char *max)
@@ -241,9 +192,9 @@ static void clip(const char *model, const char *max)
     snprintf(a, sizeof a, "%s/step-%08d", one, total);
     snprintf(b, sizeof b, "%s/step-%08d", tp, total);
     snprintf(c, sizeof c, "%s/step-%08d", free_, total);
-    ASSERT(same_ckpt(b, a, false) > 0);
+    ASSERT(t_same_ckpt(b, a, false) > 0);
     fprintf(stderr, "(a difference below is expected: the clip binds)\n");
-    ASSERT(same_ckpt(c, a, false) < 0);
+    ASSERT(t_same_ckpt(c, a, false) < 0);
 }
 
 TEST(mlp_tp2_clip_grad_norm) { clip("mlp", "0.02"); }
