@@ -356,7 +356,7 @@ typedef struct dt_ckpt_req {
 /* The reads r[0..n), in file order whatever their order here. With verify,
  * each file they touch that is not verified yet is checked in the same pass:
  * its size first, then its bytes are checksummed as they arrive in the
- * destinations (256 KiB at a time, while still in the cache), the bytes no
+ * destinations (4 MiB at a time, each right after its read), the bytes no
  * request wants are read for the checksum only, and the sum is compared
  * after the file's last byte: each file crosses the disk and the page cache
  * once (dt_ckpt_read's verify reads it twice). DT_ERR_FORMAT naming the file
