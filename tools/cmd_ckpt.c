@@ -17,7 +17,7 @@ static void usage(FILE *f)
             "  SRC is a checkpoint directory (index.json + rank-*.safetensors) or one .safetensors file\n"
             "  (written by dtrain, PyTorch or Hugging Face).\n"
             "  info      the metadata, and each tensor's name, dtype, shape and saved pieces\n"
-            "  verify    check every file's size and CRC-32 and that every tensor is complete\n"
+            "  verify    check every file's size and checksum (CRC-32C) and that every tensor is complete\n"
             "  convert   --full: one safetensors file with every tensor whole (what\n"
             "            safetensors.torch.load_file reads); --ranks N: a checkpoint directory as N\n"
             "            ranks would save it, each holding an equal range of all tensors laid end to\n"

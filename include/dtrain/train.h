@@ -592,7 +592,10 @@ DT_API dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n);
 /* Resume: load a checkpoint into tr, a trainer built like the saving one
  * (same model; same optimizer kind). path is one checkpoint or a save
  * directory (its newest complete checkpoint is used). Verifies every file's
- * CRC-32, checks every tensor's name and shape against the model
+ * checksum (CRC-32C, or CRC-32 in older checkpoints) in the pass that reads
+ * it (a damaged file fails the load after the tensors were read: the
+ * trainer's state is then unspecified), checks every tensor's name and shape
+ * against the model
  * (DT_ERR_NOT_FOUND / DT_ERR_SHAPE naming it; a non-float saved dtype is
  * DT_ERR_DTYPE; another optimizer kind is DT_ERR_MISMATCH), then restores
  * parameters, buffers, optimizer state and the run state
