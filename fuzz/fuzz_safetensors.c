@@ -2,7 +2,7 @@
  * give either a file whose tensors tile the data exactly and can all be read
  * back, or an error with a message and no object; never a crash, a leak or
  * a huge allocation. */
-// fuzz-sources: src/base/*.c src/ckpt/safetensors.c
+// fuzz-sources: src/base/*.c src/ckpt/safetensors.c src/ckpt/crc32c.c
 // fuzz-libs: -lcjson -lz
 #include "dtrain/ckpt.h"
 
