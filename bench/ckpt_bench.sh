@@ -8,7 +8,12 @@
 #    parameters, AdamW: weights + two moments, 12 bytes a parameter) and a
 #    dt_trainer_load of it, against dd writing the same number of bytes with
 #    conv=fsync and reading them back, on the same filesystem (CKPT_DIR).
-#    Fairness: both writes end with fsync (dtrain's files and directory are
+#    Fairness: both write the same bytes (dd copies dtrain's data file from
+#    the page cache, not /dev/zero: a virtual disk may store zero blocks
+#    more cheaply than data, and 400 MB of zeros wrote faster than random
+#    bytes in 3 of 4 interleaved pairs here; dd's read of its cached source
+#    costs it one memory copy);
+#    both writes end with fsync (dtrain's files and directory are
 #    fsynced before the rename); before each read the files' pages are
 #    dropped from the page cache (posix_fadvise DONTNEED: dtrain's files by
 #    ckpt_bench, dd's by `dd iflag=nocache count=0`), so both reads come
@@ -66,8 +71,12 @@ for r in $(seq "$REPS"); do
   field load_s <<<"$out" >> "$W/tl"
   field save_cpu_s <<<"$out" >> "$W/cs"
   field load_cpu_s <<<"$out" >> "$W/cl"
+  # dd writes the same bytes (dtrain's data file, in the page cache after the
+  # load: not /dev/zero, whose blocks the host's disk may store for nothing)
+  src=$(ls "$W"/io/step-*/rank-00000.safetensors)
+  cat "$src" > /dev/null
+  w=$(timed dd if="$src" of="$W/dd.bin" bs=4M conv=fsync status=none)
   rm -rf "$W/io"
-  w=$(timed dd if=/dev/zero of="$W/dd.bin" bs=4M count="$bytes" iflag=count_bytes conv=fsync status=none)
   dd if="$W/dd.bin" iflag=nocache count=0 status=none
   rd=$(timed dd if="$W/dd.bin" of=/dev/null bs=4M status=none)
   echo "${w% *}" >> "$W/ds"; echo "${w#* }" >> "$W/dcs"
