@@ -15,7 +15,8 @@
  * crosses the page cache twice). dt_ckpt_read_batch (and dt_ckpt_load, which
  * uses it) sorts its reads into file order and checksums the bytes as they
  * land in the destinations, in 4 MiB reads each checksummed right after it
- * (still in the CPU cache); the bytes between two requested ranges (and after the last)
+ * (still in the CPU cache) while the kernel reads the next 4 MiB ahead
+ * (POSIX_FADV_WILLNEED: the disk and the checksum overlap); the bytes between two requested ranges (and after the last)
  * are read for the checksum only. One pass; the file's sum is compared when
  * its last byte has been seen, so on a mismatch the destinations already
  * hold the damaged bytes (the call fails: the caller discards them). */
@@ -547,6 +548,12 @@ static dt_status read_verified(dt_ckpt *ck, size_t fi, const seg *s, size_t n)
             char *d = s[i].dst + (x - a);
             if ((st = dt__st_pread(sf, x, d, k)) < 0)
                 return st;
+            /* the next piece (of this segment, else of the next one) is read
+             * ahead while this one is summed */
+            if (x + k < b)
+                dt__st_prefetch(sf, x + k, b - x - k < step ? b - x - k : step);
+            else if (i + 1 < n)
+                dt__st_prefetch(sf, s[i + 1].off, s[i + 1].n < step ? s[i + 1].n : step);
             crc = dt_ckpt_sum_update(f->kind, crc, d, (size_t)k);
             x += k;
             pos = x;

@@ -917,6 +917,12 @@ dt_status dt__st_pread(const dt_st_file *f, uint64_t pos, void *dst, uint64_t n)
     return read_at(f, pos, dst, n);
 }
 
+void dt__st_prefetch(const dt_st_file *f, uint64_t pos, uint64_t n)
+{
+    if (f->fd >= 0 && pos < f->size && n)
+        (void)posix_fadvise(f->fd, (off_t)pos, (off_t)(n < f->size - pos ? n : f->size - pos), POSIX_FADV_WILLNEED);
+}
+
 dt_status dt__st_sum_range(const dt_st_file *f, dt_ckpt_sum kind, uint64_t pos, uint64_t end, uint32_t *crc)
 {
     if (pos > end || end > f->size)
@@ -939,6 +945,8 @@ dt_status dt__st_sum_range(const dt_st_file *f, dt_ckpt_sum kind, uint64_t pos, 
         uint64_t k = end - pos < cap ? end - pos : cap;
         if ((st = read_at(f, pos, buf, k)) < 0)
             break;
+        if (pos + k < end) /* the disk reads the next piece while this one is summed */
+            dt__st_prefetch(f, pos + k, end - pos - k < cap ? end - pos - k : cap);
         c = dt_ckpt_sum_update(kind, c, buf, (size_t)k);
         pos += k;
     }
