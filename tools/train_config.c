@@ -176,12 +176,14 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
     if (!rc && G("batch")) {
         int64_t m = o->micro_batches ? o->micro_batches : 4;
         if (dt_config_get_int(c, "gradient_accumulation_steps", &m) != DT_OK && !o->micro_batches) {
-            int64_t t, mb; /* the relation derives the micro-batches from the file's two others */
+            int64_t t, mb, tp = 1; /* the relation derives the micro-batches from the file's two others */
             int world = 1;
             (void)dt_pg_env_world_size(&world);
+            dt_config_get_int(c, "dtrain.tensor_parallel_size", &tp);
+            int64_t dp = world % (tp * pp) ? world : world / (tp * pp);
             if (dt_config_get_int(c, "train_batch_size", &t) == DT_OK &&
-                dt_config_get_int(c, "train_micro_batch_size_per_gpu", &mb) == DT_OK && mb > 0 && world > 0)
-                m = t / mb / world;
+                dt_config_get_int(c, "train_micro_batch_size_per_gpu", &mb) == DT_OK && mb > 0 && dp > 0)
+                m = t / mb / dp;
             m = m > 0 ? m : 4;
         }
         if (o->batch % m) {

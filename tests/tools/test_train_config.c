@@ -238,7 +238,15 @@ TEST(pipeline_flags_over_the_file)
     ASSERT_STR_CONTAINS(r.out, "[0]   gradient_accumulation_steps = 2  (--micro-batches)\n");
     ASSERT_STR_CONTAINS(r.out, "[0]   train_micro_batch_size_per_gpu = 4  (--batch)\n");
     ASSERT_STR_CONTAINS(r.out, "schedule interleaved, 2 micro-batches");
-    /* --pp over the file's stages: 2 ranks, 1 stage each... of a 2-rank pipeline named twice */
+    /* --batch with the micro-batches derived from the file's train and micro sizes over 1 replica: 16 / 2 = 8 */
+    write_cfg("ppt.json", "{\"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 2, \"pipeline\": "
+                          "{\"stages\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--batch", "16", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "schedule 1f1b, 8 micro-batches");
+    /* --pp over the file's stages */
     write_cfg("pps.json", "{\"pipeline\": {\"stages\": 4}}", p, sizeof p);
     run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--pp", "2", "--batch", "4", NULL});
     if (r.code != 0)
