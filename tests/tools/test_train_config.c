@@ -194,7 +194,7 @@ TEST(pipeline_config_equals_the_flags)
     double a[16], b[16];
     int na = losses(a);
     /* the same run from the flags alone: --batch is a step's batch per replica, cut into --micro-batches */
-    char *args[40];
+    char *args[64];
     int n = 0;
     const char *flags[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "gpt-micro",
                            "--vocab-size", "40", "--n-embd", "32", "--seq", "16", "--data", train_tok, "--val-data",
