@@ -317,8 +317,9 @@ TEST(files_async_staging_reused)
         if (k > 0) /* the steps changed the weights: the comparison can fail */
             ASSERT(memcmp(cb.snap[k - 1], cb.snap[k], t_numel(b.m) * sizeof(float)) != 0);
         rig_free(&b);
-        free(cb.snap[k]);
     }
+    for (size_t k = 0; k < cb.n; k++)
+        free(cb.snap[k]);
     rig_free(&a);
     t_rm_rf(dir);
 }
