@@ -344,22 +344,29 @@ DT_API dt_dtensor *dt_dtensor_cross_entropy(dt_ctx *ctx, dt_dtensor *logits, dt_
  *         dt_ctx_reset(ctx);
  *     } */
 
-/* An optimizer (kind SGD, Adam or AdamW; hparams points at the matching
- * dt_sgd_params / dt_adam_params) over the local pieces of n persistent f32
+/* An optimizer (kind SGD, Adam, AdamW or LAMB; hparams points at the matching
+ * dt_sgd_params / dt_adam_params / dt_lamb_params) over the local pieces of n persistent f32
  * dtensor parameters (borrowed; they must outlive it). Its state has each
  * piece's layout: it is placed like the parameter. zero_dim >= 0 (a mesh
  * dim): ZeRO-1 along it, each coordinate keeps state for and updates only
  * its torch.chunk range of the elements of a parameter Replicate on that
  * dim, and the step all-gathers the updated piece over the dim; -1: off.
  * A parameter without a gradient gets one attached (owned here, detached
- * by _free). Not collective. LAMB: DT_ERR_UNSUPPORTED. */
+ * by _free). Not collective. LAMB's trust ratio and clipping use the
+ * norms of each WHOLE parameter and the whole global grad norm: each step
+ * sums the pieces' squared norms over the mesh dims that split a parameter
+ * (its Shard dims and the ZeRO dim), counting replicas once (two small f64
+ * all-reduces per mesh dim, collective over the mesh), so the result equals
+ * a single-process LAMB up to the order of those sums. LAMB needs every
+ * parameter on one mesh and none Partial (DT_ERR_UNSUPPORTED naming it). */
 typedef struct dt_shard_optim dt_shard_optim;
 DT_API dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams,
                                     dt_dtensor *const *params, int n, int zero_dim,
                                     dt_shard_optim **out);
 /* One step on the gradients in the pieces' grads (they must be whole:
  * backward through the dtensor ops makes them so); with ZeRO-1 collective
- * over the zero dim's lines. */
+ * over the zero dim's lines, with LAMB over the mesh (every mesh rank calls
+ * it, also one holding no elements). */
 DT_API dt_status dt_shard_optimizer_step(dt_shard_optim *o);
 /* Zero the parameters' gradients. */
 DT_API dt_status dt_shard_optimizer_zero_grad(dt_shard_optim *o);
