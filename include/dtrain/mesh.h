@@ -58,8 +58,21 @@
  * gradient back (S->R backward is a local slice, R->S backward an
  * all-gather, P->R backward the identity, P->S backward an all-gather),
  * and dt_backward(ctx, loss->local) on every rank of the loss's mesh starts
- * it (a Replicate or Partial scalar loss both seed 1). Gradients are f32
- * (autograd.h).
+ * it (a Replicate or Partial(sum|avg) scalar loss both seed 1). Gradients
+ * are f32 (autograd.h).
+ *
+ * Partial(max|min) is not linear, so its pieces' gradients are their own:
+ * the local gradient of a P(max|min) piece is the gradient of that piece.
+ * A reshard that reduces a P(max|min) mesh dim (to Replicate, Shard or
+ * another op) sends the gradient of the reduced value to the pieces equal
+ * to it, split evenly among ties (torch.amax's rule: k pieces holding the
+ * maximum get g/k each), the others 0; backward recomputes the reduction
+ * from a copy of the input and counts the ties (one all-reduce each). A
+ * reshard TO P(max|min) sums its pieces' gradients over that dim (R ->
+ * P(max) keeps a copy on every coordinate: the copies' gradients add up).
+ * (PyTorch's DTensor gives every piece the whole gradient, as for sum; that
+ * is not the derivative of max.) Start backward from a reduced loss, not
+ * from a P(max|min) one.
  *
  * Lifetimes. A dtensor made with ctx == NULL is persistent (free it with
  * dt_dtensor_free; its local tensor is owned and may be a parameter: call
