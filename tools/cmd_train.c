@@ -146,6 +146,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
+    cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
     return cfg;
 }
 
