@@ -131,19 +131,57 @@ dt_status dt_fsdp_sharding_parse(const char *s, dt_fsdp_sharding *out)
 
 /* ---- memory ------------------------------------------------------------------------- */
 
+/* Regions of 2 MiB and more are mapped 2 MiB-aligned, their length rounded
+ * up to 2 MiB, and marked MADV_HUGEPAGE: a stage-3 unit is released and
+ * gathered again every step, and each release returns its pages, so the
+ * next gather (or backward) faults them in again; with 4 KiB pages that is
+ * one fault per 4 KiB (about half of stage 3's extra CPU time over DDP on
+ * gpt-mini), with transparent huge pages one per 2 MiB. Where THP is off,
+ * the advice does nothing. */
+#define HUGE_SZ ((size_t)2 << 20)
+
+static bool region_huge(size_t bytes) { return bytes >= HUGE_SZ && !getenv("DT_ZERO_NO_THP"); }
+
+static size_t region_len(size_t bytes)
+{
+    return region_huge(bytes) ? (bytes + HUGE_SZ - 1) / HUGE_SZ * HUGE_SZ : bytes;
+}
+
 static void *region_map(size_t bytes)
 {
     if (!bytes)
         return NULL;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    const int prot = PROT_READ | PROT_WRITE, fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    if (!region_huge(bytes)) {
+        void *p = mmap(NULL, bytes, prot, fl, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    const size_t len = region_len(bytes);
+    char *p = mmap(NULL, len + HUGE_SZ, prot, fl, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    char *a = (char *)(((uintptr_t)p + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1));
+    if (a > p)
+        munmap(p, (size_t)(a - p));
+    if (a + len < p + len + HUGE_SZ)
+        munmap(a + len, (size_t)(p + len + HUGE_SZ - (a + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE);
+#endif
+    return a;
+}
+
+static void region_unmap(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, region_len(bytes));
 }
 
 /* Give the pages back (they read as zero afterwards). */
 static void region_release(void *p, size_t bytes)
 {
     if (p && bytes)
-        madvise(p, bytes, MADV_DONTNEED);
+        madvise(p, region_len(bytes), MADV_DONTNEED);
 }
 
 static void live_add(dt_zero *z, size_t bytes)
@@ -1040,12 +1078,9 @@ void dt_zero_free(dt_zero *z)
 
 void dt__zero_unit_unmap(zunit *u)
 {
-    if (u->full)
-        munmap(u->full, unit_bytes(u));
-    if (u->gfull)
-        munmap(u->gfull, unit_bytes(u));
-    if (u->rfull)
-        munmap(u->rfull, unit_rbytes(u));
+    region_unmap(u->full, unit_bytes(u));
+    region_unmap(u->gfull, unit_bytes(u));
+    region_unmap(u->rfull, unit_rbytes(u));
     dt_free(u->pshard_own);
     dt_free(u->gshard_own);
     dt_free(u->master);
