@@ -140,7 +140,14 @@ dt_status dt_fsdp_sharding_parse(const char *s, dt_fsdp_sharding *out)
  * the advice does nothing. */
 #define HUGE_SZ ((size_t)2 << 20)
 
-static bool region_huge(size_t bytes) { return bytes >= HUGE_SZ && !getenv("DT_ZERO_NO_THP"); }
+static bool region_huge(size_t bytes)
+{
+    static _Atomic int thp = -1; /* read once: map, release and unmap must agree on the length */
+    int t = thp;
+    if (t < 0)
+        thp = t = !getenv("DT_ZERO_NO_THP");
+    return bytes >= HUGE_SZ && t;
+}
 
 static size_t region_len(size_t bytes)
 {
