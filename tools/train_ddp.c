@@ -226,6 +226,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         pp.pp = r->pp;
         pp.micro_batches = r->pp_micro;
         pp.mesh = r->mesh;
+        pp.zero = r->stage; /* 0 or 1 (train_args.c refuses the others) */
         if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
             dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
             dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
@@ -344,7 +345,7 @@ static void human(double b, char *buf, size_t n)
 
 int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
 {
-    if (r->stage == 0)
+    if (r->stage == 0 || r->pp > 1) /* --pp --zero 1: the pipe strategy's ranges (no ZeRO handle) */
         return 0;
     enum { K = 6 };
     double *v = calloc((size_t)r->world * K, sizeof *v);

@@ -378,11 +378,12 @@ static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
             size_t a = p->e.offset, b = a + p->e.numel;
             a = a < rg[k].lo ? rg[k].lo : a;
             b = b > rg[k].hi ? rg[k].hi : b;
-            /* a range of segments (the pipe strategy's stages) holds only
-             * the tensors of its segments, not what lies between them */
+            /* a range of segments (the pipe strategy's stages, a ZeRO-1 share
+             * of them) holds only the tensors its segments overlap, not what
+             * lies between them */
             bool in_seg = !rg[k].segs;
             for (size_t g = 0; !in_seg && g < rg[k].nseg; g++)
-                in_seg = rg[k].segs[g].offset <= p->e.offset &&
+                in_seg = rg[k].segs[g].offset < p->e.offset + p->e.numel &&
                          p->e.offset < rg[k].segs[g].offset + rg[k].segs[g].numel;
             if (a < b && in_seg) {
                 p->lo = a - p->e.offset;
