@@ -99,7 +99,11 @@ int dt_cmd_eval(int argc, char **argv)
     n = add_opt(targv, n, bufs, &nb, user, "data", "--data");
     n = add_opt(targv, n, bufs, &nb, user, "seed", "--seed");
     n = add_opt(targv, n, bufs, &nb, user, "rng", "--rng");
-    n = add_opt(targv, n, bufs, &nb, user, "random_items", "--random-items");
+    /* Runs before dtrain train refused --random-items with other data
+     * recorded its default 6000 for every data set: pass it for random only. */
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(user, "data");
+    if (cJSON_IsString(data) && !strcmp(data->valuestring, "random"))
+        n = add_opt(targv, n, bufs, &nb, user, "random_items", "--random-items");
     n = add_opt(targv, n, bufs, &nb, user, "limit_train", "--limit-train");
     n = add_opt(targv, n, bufs, &nb, user, "limit_test", "--limit-test");
     /* GPT models: their configuration and validation tokens */

@@ -35,7 +35,7 @@ typedef struct dt__train_opts {
     int64_t limit_test;       /* use only the first N test items (0 = all) */
     const char *progress;     /* auto | bar | plain | none, default auto */
     int64_t prefetch;         /* batches the loader prepares ahead, default 2 */
-    int64_t random_items;     /* items of the random train set, default 6000 */
+    int64_t random_items;     /* items of the random train set (--data random only), default 6000 */
     bool no_eval;             /* skip the final evaluation */
     /* DDP (tools/train_ddp.c) */
     bool sync_bn;             /* BatchNorm2d -> SyncBatchNorm when distributed */

@@ -65,7 +65,8 @@ static const opt_def opts[] = {
     {"limit-test", OPT_INT, OFF(limit_test), 0, 1e12, NULL, "N",
      "use only the first N test items (default 0 = all)"},
     {"random-items", OPT_INT, OFF(random_items), 1, 1e9, NULL, "N",
-     "training items of --data random (default 6000; test items: --limit-test, default 1000)"},
+     "training items of --data random only (default 6000; test items: --limit-test, default 1000; other data: "
+     "--limit-train)"},
     {"progress", OPT_CHOICE, OFF(progress), 0, 0, "auto|bar|plain|none", "MODE",
      "bar on a terminal, plain lines otherwise (default auto)"},
     {"sync-bn", OPT_FLAG, OFF(sync_bn), 0, 0, NULL, NULL,
@@ -205,7 +206,7 @@ static void set_defaults(dt__train_opts *o)
     o->grad_accum = 1;
     o->powersgd_start_iter = -1;
     o->prefetch = 2;
-    o->random_items = 6000;
+    o->random_items = 0; /* 6000 once --data random is known (dt__train_check) */
     o->sample_tokens = 64;
     o->backward_prefetch = "backward_pre";
     o->precision = "fp32";
@@ -405,6 +406,15 @@ int dt__train_check(dt__train_opts *o)
                 o->data);
         return 2;
     }
+    if (o->random_items && strcmp(o->data, "random")) {
+        /* It sizes the generated data set only: silently training on the whole
+         * of another data set would be a surprise (--limit-train does that). */
+        dt__cli_err("dtrain train: --random-items sizes --data random only (got --data %s); --limit-train N "
+                    "trains on the first N items of other data\n", o->data);
+        return 2;
+    }
+    if (!strcmp(o->data, "random") && !o->random_items)
+        o->random_items = 6000;
     if (!strcmp(o->model, "convnet") && !strcmp(o->data, "random")) {
         dt__cli_err("dtrain train: --data random works with --model mlp only\n");
         return 2;

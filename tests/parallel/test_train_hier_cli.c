@@ -15,7 +15,7 @@ static cli_result g_r;
 static void train(const char *env, const char *zero, int hier_flag)
 {
     char *cli = getenv("DT_CLI");
-    char *args[40] = {"run", "-n", "3", "--", cli, "train", "--model", "convnet", "--random-items", "30",
+    char *args[40] = {"run", "-n", "3", "--", cli, "train", "--model", "convnet", "--limit-train", "30",
                       "--limit-test", "3", "--batch", "5", "--epochs", "1", "--progress", "none",
                       "--threads", "1", "--seed", "3", "--zero", (char *)zero, "--max-steps", "2", NULL};
     int n = 26;

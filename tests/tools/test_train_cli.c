@@ -36,6 +36,8 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--lr-schedule", "linear", NULL}, "--lr-schedule", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
+    ASSERT(expect2((char *[]){"train", "--model", "convnet", "--random-items", "10", NULL}, "--random-items",
+                   "--limit-train"));
     ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
     /* Leading space: strtoull skipped it and wrapped " -1" to 2^64-1. */
     ASSERT(expect2((char *[]){"train", "--seed", " -1", NULL}, "--seed", "not a non-negative integer"));
