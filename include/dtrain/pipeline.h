@@ -287,8 +287,10 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * stages under their global names, collectively over world (replicas
  * dealt by dt_ckpt_save), so a checkpoint saved with any pp (or in one
  * process) loads into any other; after a load the ranks exchange the
- * other stages' parameters as for an evaluation (tensor-parallel slices:
- * not yet, DT_ERR_UNSUPPORTED as without pp). DT_ERR_INVALID_ARG when
+ * other stages' parameters as for an evaluation. With tensor parallelism
+ * each tp rank writes its share of its stages' full tensors (gathered over
+ * tp), so such a checkpoint too is the single-process one and loads at any
+ * dp, tp and pp. DT_ERR_INVALID_ARG when
  * world is not a multiple
  * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
  * schedule's limits fail. */

@@ -199,6 +199,9 @@ static dt_status s_attach(void *self, dt_model *m)
     }
     s->P = dt_mesh_size(s->mesh, 2), s->T = dt_mesh_size(s->mesh, 1), s->D = dt_mesh_size(s->mesh, 0);
     s->pr = dt_mesh_coord(s->mesh, 2);
+    if (s->p.zero == 1 && s->T > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: ZeRO-1 over the replicas of a tensor-parallel model is not "
+                        "supported yet (the data-parallel dimension runs DDP with tp > 1)");
     s->pp = dt_mesh_dim_group(s->mesh, 2);
     s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
