@@ -303,6 +303,9 @@ DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt
 typedef struct dt_pipe_stats {
     double busy_s;            /* forward/backward compute of the last step */
     double step_s;            /* wall time of the last step's schedule */
+    double start_s, end_s;    /* when it started and ended (dt_time_s: CLOCK_MONOTONIC, comparable
+                                 between the ranks of one machine: a step's makespan is the latest
+                                 end less the earliest start) */
     size_t peak_act_bytes;    /* peak arena bytes of micro-batches in flight */
     int peak_inflight;        /* most micro-batches in flight at once */
     int stage_first, stage_count; /* this rank's stages: stage_first + k p, k < stage_count */

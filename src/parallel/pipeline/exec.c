@@ -543,7 +543,9 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
         abandon(e);
         return st;
     }
-    e->stats.step_s = dt_time_s() - t0;
+    e->stats.end_s = dt_time_s();
+    e->stats.start_s = t0;
+    e->stats.step_s = e->stats.end_s - t0;
     fb->loss_value = dt_pipe_stage_rank(e->p, e->S - 1) == e->r ? lsum / e->mm : 0;
     return st;
 }
