@@ -3,7 +3,8 @@
  *   - 4 ranks as 2 replicas x 2 stages with --zero 1 (each replica of a
  *     stage steps half of its parameters, gradients reduce-scattered once
  *     per batch, the halves all-gathered; gradient clipping sums the norm
- *     over stages and halves) give the 2-rank DDP run's step losses and
+ *     over stages and halves; each rank's optimizer state is half of its
+ *     stage's, 4 KiB of 8) give the 2-rank DDP run's step losses and
  *     validation loss (within the float rounding of test_train_pp_cli.c:
  *     1e-5 relative plus the metrics file's 6 decimals); a half not
  *     gathered, a norm summed over the stages only or a gradient averaged
@@ -146,6 +147,8 @@ TEST(mlp_dp2_pp2_zero1_equals_ddp)
     run(&r, 4, mlp, (char *[]){"--pp", "2", "--micro-batches", "2", "--zero", "1", NULL}, path("z1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 stages x 2 data-parallel (ZeRO-1), schedule 1f1b, 2 micro-batches");
+    /* each rank holds AdamW's two states for half of its stage's 1024 weights */
+    ASSERT_STR_CONTAINS(r.out, "memory rank 3: parameters 8.0 KiB, gradients 8.0 KiB, optimizer states 4.0 KiB");
     double v2 = test_loss(r.out);
     fprintf(stderr, "mlp test loss: DDP %.6f, dp 2 x pp 2 ZeRO-1 %.6f\n", v1, v2);
     ASSERT(!isnan(v1) && fabs(v1 - v2) <= 2e-4);
