@@ -180,7 +180,7 @@ static const opt_def opts[] = {
      "dynamic loss scale: floor; an overflow there stops the run with an error (default 1)"},
     {"config", OPT_STR, OFF(config), 0, 0, NULL, "FILE",
      "a DeepSpeed-style JSON config (ds_config.json: batch sizes, fp16/bf16, zero_optimization, optimizer, "
-     "scheduler, activation_checkpointing, ...; # comments allowed); flags given here override its keys, "
+     "scheduler, activation_checkpointing, pipeline, ...; # comments allowed); flags given here override its keys, "
      "AIAK_* environment variables override both (docs/GUIDE.md)"},
     {"scaler", OPT_CHOICE, OFF(scaler), 0, 0, "deepspeed|torch", "RULE",
      "dynamic loss scaling rule: DeepSpeed's (hysteresis) or torch GradScaler's (default deepspeed)"},
@@ -369,7 +369,8 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
-    return dt__train_check(o);
+    /* with --config the flags combine with the file's keys first: dt__train_config checks the merge */
+    return o->config ? 0 : dt__train_check(o);
 }
 
 int dt__train_check(dt__train_opts *o)

@@ -14,6 +14,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 #include "dtrain/optim.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 
 #include <stdio.h>
@@ -56,14 +57,11 @@ static int set_str(dt_config *c, const char *key, const char *v, const char *fla
 }
 
 /* The flags that name a config key, given explicitly, into c. */
+#define G(f) (given(argc, argv, f))
+
 static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config *c)
 {
     int rc = 0;
-#define G(f) (given(argc, argv, f))
-    if (!rc && G("batch"))
-        rc = set_num(c, "train_micro_batch_size_per_gpu", (double)o->batch, "batch");
-    if (!rc && G("grad-accum"))
-        rc = set_num(c, "gradient_accumulation_steps", (double)o->grad_accum, "grad-accum");
     if (!rc && G("optimizer")) {
         const char *t = !strcmp(o->optimizer, "sgd") ? "SGD" : !strcmp(o->optimizer, "lamb") ? "Lamb"
                         : !strcmp(o->optimizer, "adamw") ? "AdamW" : "Adam";
@@ -126,6 +124,15 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         rc = set(c, "dtrain.hierarchical_allreduce", "true", "hierarchical-allreduce");
     if (!rc && G("tp"))
         rc = set_num(c, "dtrain.tensor_parallel_size", (double)o->tp, "tp");
+    if (!rc && G("dp"))
+        rc = set_num(c, "dtrain.data_parallel_size", (double)o->dp, "dp");
+    if (!rc && G("pp")) {
+        rc = set_num(c, "dtrain.pipeline_parallel_size", (double)o->pp, "pp");
+        if (!rc && dt_config_origin_of(c, "pipeline.stages") != DT_CONFIG_UNSET) /* the file's other name for it */
+            rc = set_num(c, "pipeline.stages", (double)o->pp, "pp");
+    }
+    if (!rc && G("pp-schedule"))
+        rc = set_str(c, "dtrain.pipeline_schedule", o->pp_schedule, "pp-schedule");
     if (!rc && G("comm-hook"))
         rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
     if (!rc && G("powersgd-rank"))
@@ -136,7 +143,6 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         rc = set(c, "dtrain.powersgd_error_feedback", "false", "powersgd-no-error-feedback");
     if (!rc && G("powersgd-no-warm-start"))
         rc = set(c, "dtrain.powersgd_warm_start", "false", "powersgd-no-warm-start");
-#undef G
     return rc;
 }
 
@@ -146,8 +152,79 @@ static int bad(void)
     return 2;
 }
 
+/* The batch flags into c, once the pipeline stages are known (from the file or --pp): --batch and
+ * --grad-accum are the micro-batch and the accumulation; with a pipeline, --batch is a step's batch per
+ * replica cut into --micro-batches M, and M is DeepSpeed's gradient_accumulation_steps there. */
+static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_config *c, int64_t pp)
+{
+    int rc = 0;
+    if (pp <= 1) {
+        if (!rc && G("batch"))
+            rc = set_num(c, "train_micro_batch_size_per_gpu", (double)o->batch, "batch");
+        if (!rc && G("grad-accum"))
+            rc = set_num(c, "gradient_accumulation_steps", (double)o->grad_accum, "grad-accum");
+        return rc;
+    }
+    if (G("grad-accum") && o->grad_accum != 1) {
+        dt__cli_err("dtrain train: --grad-accum %lld with a pipeline from --config: there "
+                    "gradient_accumulation_steps is the number of micro-batches (DeepSpeed's PipelineEngine): give "
+                    "--micro-batches\n", (long long)o->grad_accum);
+        return 2;
+    }
+    if (G("micro-batches"))
+        rc = set_num(c, "gradient_accumulation_steps", (double)o->micro_batches, "micro-batches");
+    if (!rc && G("batch")) {
+        int64_t m = o->micro_batches ? o->micro_batches : 4;
+        if (dt_config_get_int(c, "gradient_accumulation_steps", &m) != DT_OK && !o->micro_batches) {
+            int64_t t, mb, tp = 1; /* the relation derives the micro-batches from the file's two others */
+            int world = 1;
+            (void)dt_pg_env_world_size(&world);
+            dt_config_get_int(c, "dtrain.tensor_parallel_size", &tp);
+            int64_t dp = world % (tp * pp) ? world : world / (tp * pp);
+            if (dt_config_get_int(c, "train_batch_size", &t) == DT_OK &&
+                dt_config_get_int(c, "train_micro_batch_size_per_gpu", &mb) == DT_OK && mb > 0 && dp > 0)
+                m = t / mb / dp;
+            m = m > 0 ? m : 4;
+        }
+        if (o->batch % m) {
+            dt__cli_err("dtrain train: --batch %lld does not split into %lld micro-batches "
+                        "(gradient_accumulation_steps with a pipeline)\n", (long long)o->batch, (long long)m);
+            return 2;
+        }
+        rc = set_num(c, "train_micro_batch_size_per_gpu", (double)(o->batch / m), "batch");
+    }
+    return rc;
+}
+
+/* What dtrain's pipeline does not run yet, named by the keys that ask for it. */
+static int pipe_refusals(const dt_config *c, int64_t pp)
+{
+    static const char *const keys[][2] = {
+        {"zero_optimization.stage", "ZeRO stage > 0 (DeepSpeed refuses stages 2 and 3 with pipelines; dtrain's "
+                                    "pipeline runs its data parallelism as DDP)"},
+        {"fp16.enabled", "fp16 (dtrain's pipeline trains in fp32 so far)"},
+        {"bf16.enabled", "bf16 (dtrain's pipeline trains in fp32 so far)"},
+        {"zero_optimization.offload_optimizer.device", "optimizer offload"},
+        {"zero_optimization.cpu_offload", "optimizer offload"},
+        {"dtrain.hybrid_shard", "hybrid sharding"},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *k = keys[i][0], *s;
+        int64_t v = 0;
+        bool b = false;
+        bool on = (dt_config_get_int(c, k, &v) == DT_OK && v > 0) || (dt_config_get_bool(c, k, &b) == DT_OK && b) ||
+                  (dt_config_get_str(c, k, &s) == DT_OK && strcmp(s, "none"));
+        if (on) {
+            dt__cli_err("dtrain train: --config: key %s: not supported with pipeline parallelism (%lld stages): "
+                        "%s\n", k, (long long)pp, keys[i][1]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 /* The options the command acts on before the trainer exists, from c. */
-static int read_back(dt__train_opts *o, const dt_config *c)
+static int read_back(dt__train_opts *o, dt_config *c)
 {
     int world = 1;
     if (dt_pg_env_world_size(&world) < 0) {
@@ -157,12 +234,49 @@ static int read_back(dt__train_opts *o, const dt_config *c)
     int64_t tpn = o->tp;
     if (dt_config_get_int(c, "dtrain.tensor_parallel_size", &tpn) == DT_OK)
         o->tp = tpn;
-    int dp = tpn > 1 && world % tpn == 0 ? world / (int)tpn : world; /* the relation counts data-parallel ranks */
-    dt_config_batch b;
-    if (dt_config_batch_resolve(c, dp, o->batch, o->grad_accum, &b) < 0)
+    dt_config_get_int(c, "dtrain.data_parallel_size", &o->dp);
+    dt_pipe_params pq = dt_pipe_params_default();
+    pq.pp = o->pp > 1 ? (int)o->pp : 1;
+    if (dt_config_pipe_params(c, &pq) < 0)
         return bad();
-    o->batch = b.micro_batch;
-    o->grad_accum = b.grad_accum;
+    int64_t pp = pq.pp, per = (tpn > 1 ? tpn : 1) * pp;
+    if (pp > 1 && world % per) {
+        dt__cli_err("dtrain train: --config: key %s %lld x dtrain.tensor_parallel_size %lld (%lld ranks a pipeline) "
+                    "does not divide this job's %d ranks (start them with dtrain run -n N)\n",
+                    dt_config_origin_of(c, "dtrain.pipeline_parallel_size") ? "dtrain.pipeline_parallel_size"
+                                                                              : "pipeline.stages",
+                    (long long)pp, (long long)(tpn > 1 ? tpn : 1), (long long)per, world);
+        return 2;
+    }
+    if (o->dp > 0 && o->dp * per != world) {
+        dt__cli_err("dtrain train: --config: key dtrain.data_parallel_size %lld x tensor_parallel_size %lld x "
+                    "pipeline stages %lld is %lld ranks; this job has %d\n", (long long)o->dp,
+                    (long long)(tpn > 1 ? tpn : 1), (long long)pp, (long long)(o->dp * per), world);
+        return 2;
+    }
+    int dp = world % per == 0 ? world / (int)per : world; /* the relation counts data-parallel ranks */
+    dt_config_batch b;
+    if (pp > 1) { /* gradient_accumulation_steps = micro-batches: dtrain's defaults M = 4, --batch = micro x M */
+        int64_t m = o->micro_batches ? o->micro_batches : 4;
+        if (dt_config_batch_resolve(c, dp, o->batch / m > 0 ? o->batch / m : 1, m, &b) < 0)
+            return bad();
+        if (b.grad_accum > 4096) {
+            dt__cli_err("dtrain train: --config: gradient_accumulation_steps %lld: at most 4096 micro-batches with "
+                        "a pipeline\n", (long long)b.grad_accum);
+            return 2;
+        }
+        o->pp = pp;
+        o->micro_batches = b.grad_accum;
+        o->batch = b.micro_batch * b.grad_accum;
+        o->grad_accum = 1;
+    } else {
+        if (dt_config_batch_resolve(c, dp, o->batch, o->grad_accum, &b) < 0)
+            return bad();
+        o->batch = b.micro_batch;
+        o->grad_accum = b.grad_accum;
+    }
+    if (dt_config_origin_of(c, "dtrain.pipeline_schedule") != DT_CONFIG_UNSET)
+        o->pp_schedule = dt_pipe_kind_name(pq.schedule);
     dt_dtype dt = DT_F32;
     dt_status st = dt_config_precision(c, &dt);
     if (st < 0 && st != DT_ERR_NOT_FOUND)
@@ -241,6 +355,12 @@ int dt__train_config(int argc, char **argv, dt__train_opts *o)
             return bad();
         int rc = flags_into(argc, argv, o, c);
         if (rc)
+            return rc;
+        dt_pipe_params pq = dt_pipe_params_default();
+        pq.pp = 1;
+        if (dt_config_pipe_params(c, &pq) < 0)
+            return bad();
+        if ((rc = batch_flags_into(argc, argv, o, c, pq.pp)) || (pq.pp > 1 && (rc = pipe_refusals(c, pq.pp))))
             return rc;
     }
     if (dt_config_apply_env(c) < 0) {

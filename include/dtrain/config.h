@@ -50,6 +50,10 @@
  *     dt_zero_params zp = dt_zero_params_default();
  *     int stage = 0;
  *     dt_config_zero_params(c, &stage, &zp);
+ *     dt_pipe_params pp = dt_pipe_params_default();                 // pipeline.h
+ *     pp.pp = 1;
+ *     dt_config_pipe_params(c, &pp);        // stages, schedule; with pp.pp > 1 resolve the batch over
+ *                                           // world / pp ranks and take pp.micro_batches = b.grad_accum
  *     dt_trainer_params tp = dt_trainer_params_default();
  *     dt_trainer_params_apply_config(c, &tp);                        // train.h
  *     char *eff = dt_config_effective_json(c);  ...  free(eff);
@@ -72,6 +76,7 @@ extern "C" {
 #endif
 
 typedef struct dt_config dt_config;
+struct dt_pipe_params; /* pipeline.h (which includes this header through train.h) */
 
 /* Where a value came from, weakest first. */
 typedef enum {
@@ -165,10 +170,42 @@ DT_API dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_p
  * op's fields whose keys are set. */
 DT_API dt_status dt_config_offload_params(const dt_config *c, dt_offload_params *op);
 /* activation_checkpointing (SEMANTICS 10.2): *enabled is true when the block
- * is present (or dtrain.activation_checkpointing is true), false when
+ * is present, or pipeline.activation_checkpoint_interval > 0 with more than
+ * one pipeline stage (or dtrain.activation_checkpointing is true), false when
  * dtrain.activation_checkpointing is false, untouched otherwise; p's fields
  * from the block's keys. */
 DT_API dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_params *p);
+
+/* Pipeline parallelism: DeepSpeed's "pipeline" block (as its PipelineModule
+ * and PipelineEngine read it) and dtrain's keys, into p's fields whose keys
+ * are set (p keeps the others):
+ *   pipeline.stages / dtrain.pipeline_parallel_size  p->pp, the number of
+ *       stages (one per rank; "auto" = unset). The stronger origin wins; at
+ *       the same origin the two must agree (DT_ERR_INVALID_ARG naming both).
+ *   dtrain.pipeline_schedule  p->schedule (gpipe|1f1b|interleaved|zbh1);
+ *       DT_ERR_INVALID_ARG naming the key when the stages are not > 1.
+ *   gradient_accumulation_steps  with p->pp > 1 it is the number of
+ *       micro-batches of a step (DeepSpeed's PipelineEngine), and
+ *       train_micro_batch_size_per_gpu their size: resolve the batch
+ *       relation over world / (tensor-parallel x pp) data-parallel ranks
+ *       (dt_config_batch_resolve) and set p->micro_batches = grad_accum,
+ *       with no accumulation on top. Not set here.
+ *   pipeline.activation_checkpoint_interval  > 0 turns activation
+ *       checkpointing on with more than one stage (dt_config_act_ckpt); dtrain
+ *       checkpoints each block (interval 1); larger values give a note.
+ *   pipeline.partition  "parameters" (dtrain's balance by parameter count);
+ *       "best" (DeepSpeed's unread default) the same, with a note; "uniform",
+ *       "type:REGEX", "profile" DT_ERR_UNSUPPORTED at load.
+ *   pipeline.seed_layers true: DT_ERR_UNSUPPORTED at load (the model is
+ *       initialised whole from one seed). pipe_partitioned, grad_partitioned,
+ *       use_reentrant: accepted without effect, with a note at load.
+ * The pipeline block without more than one stage adds a note (no effect,
+ * as in DeepSpeed without a PipelineModule). Notes go to the warnings
+ * (dt_config_warning), each once; hence c is not const. */
+DT_API dt_status dt_config_pipe_params(dt_config *c, struct dt_pipe_params *p);
+/* The number of pipeline stages the keys above name: 1 when neither is set,
+ * a negative dt_status (DT_ERR_INVALID_ARG) when they disagree. */
+DT_API int dt_config_pipe_stages(const dt_config *c);
 
 /* The effective configuration as one JSON object (malloc'd, free with
  * free(); NULL on out of memory): {"values": {KEY: VALUE, ...},

@@ -339,7 +339,9 @@ DT_API dt_trainer_params dt_trainer_params_default(void);
  * from DeepSpeed's defaults: lr 1e-3, eps 1e-8, weight_decay 0), scheduler
  * (WarmupLR with linear warm-up -> constant with warm-up at warmup_max_lr;
  * dtrain's constant/step/cosine), gradient_clipping,
- * gradient_accumulation_steps, fp16/bf16 (precision and the loss scaler),
+ * gradient_accumulation_steps (grad_accum; 1 with more than one pipeline
+ * stage, where it is the pipeline's micro-batches: dt_config_pipe_params),
+ * fp16/bf16 (precision and the loss scaler),
  * communication_data_type (reduce dtype) and the optimizer offload. Keys
  * the config does not set leave tp's fields alone. DT_ERR_INVALID_ARG /
  * DT_ERR_UNSUPPORTED name the key that cannot be honoured. */

@@ -127,6 +127,16 @@ const dt__cfg_key dt__cfg_keys[] = {
     INT("activation_checkpointing.number_checkpoints", 0, 1e9, N),
     BOOL("activation_checkpointing.synchronize_checkpoint_boundary", 0),
     BOOL("activation_checkpointing.profile", 0),
+    /* pipeline parallelism: DeepSpeed's block as its PipelineModule / PipelineEngine read it (with
+       more than one stage, gradient_accumulation_steps is the number of micro-batches) */
+    OBJ("pipeline"),
+    INT("pipeline.stages", 1, 256, A),
+    STR("pipeline.partition", NULL, 0),
+    BOOL("pipeline.seed_layers", 0),
+    INT("pipeline.activation_checkpoint_interval", 0, 1e6, 0),
+    BOOL("pipeline.pipe_partitioned", 0),
+    BOOL("pipeline.grad_partitioned", 0),
+    BOOL("pipeline.use_reentrant", 0),
     /* dtrain's own block: what DeepSpeed's config does not say */
     OBJ("dtrain"),
     BOOL("dtrain.activation_checkpointing", 0),
@@ -139,7 +149,9 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("dtrain.hierarchical_allreduce", 0),
     BOOL("dtrain.fused_optimizer", 0),
     INT("dtrain.tensor_parallel_size", 1, 1e6, 0),
-    INT("dtrain.pipeline_parallel_size", 1, 1e6, 0),
+    INT("dtrain.data_parallel_size", 1, 65536, 0),
+    INT("dtrain.pipeline_parallel_size", 1, 256, 0),
+    STR("dtrain.pipeline_schedule", "gpipe|1f1b|interleaved|zbh1", 0),
     INT("dtrain.micro_batches", 1, 1e9, 0),
 };
 const size_t dt__cfg_nkeys = sizeof dt__cfg_keys / sizeof dt__cfg_keys[0];

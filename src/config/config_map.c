@@ -7,6 +7,8 @@
  * src/train/trainer_config.c), which may look at this layer. */
 #include "config_impl.h"
 
+#include "dtrain/pipeline.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,10 +53,32 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "dtrain's warm-up is linear: set \"warmup_type\": \"linear\"");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
-    if (!strcmp(p, "dtrain.pipeline_parallel_size") && v->v.i > 1)
-        return unsupported(p, "pipeline parallelism is not in dtrain train yet");
     if (!strcmp(p, "dtrain.micro_batches"))
-        return unsupported(p, "pipeline micro-batches need pipeline parallelism");
+        return dt_error(DT_ERR_INVALID_ARG, "key dtrain.micro_batches: with pipeline parallelism "
+                                            "gradient_accumulation_steps is the number of micro-batches "
+                                            "(DeepSpeed's PipelineEngine): set that");
+    if (!strcmp(p, "pipeline.partition")) {
+        const char *s = v->v.s;
+        if (!strcmp(s, "best"))
+            dt__cfg_warn(c, "pipeline.partition \"best\": DeepSpeed's config default, which its PipelineModule "
+                            "does not read; dtrain balances the stages by parameter count (\"parameters\")");
+        else if (!strcmp(s, "uniform") || !strncmp(s, "type:", 5) || !strcmp(s, "profile"))
+            return unsupported(p, "dtrain balances the stages by parameter count: \"parameters\"");
+        else if (strcmp(s, "parameters"))
+            return dt_error(DT_ERR_INVALID_ARG, "key pipeline.partition: expected \"parameters\", \"uniform\", "
+                                                "\"type:REGEX\" or \"profile\" (DeepSpeed's methods), got \"%s\" "
+                                                "(from %s)", s, v->source);
+    }
+    if (!strcmp(p, "pipeline.seed_layers") && t)
+        return unsupported(p, "dtrain initialises the whole model from --seed before cutting it into stages "
+                              "(the same weights for every cut), not each layer from its own seed");
+    if (!strcmp(p, "pipeline.pipe_partitioned") || !strcmp(p, "pipeline.grad_partitioned"))
+        dt__cfg_warn(c, "%s: no effect in dtrain: each tensor-parallel rank sends its whole activation (and "
+                        "gradient) to the next stage; DeepSpeed splits them over the tensor-parallel group, the "
+                        "same values", p);
+    if (!strcmp(p, "pipeline.use_reentrant"))
+        dt__cfg_warn(c, "pipeline.use_reentrant: no effect in dtrain: its recomputation is not "
+                        "torch.utils.checkpoint's (one kind, the same values)");
     if (!strcmp(p, "dtrain.fused_optimizer") || (!strcmp(p, "optimizer.params.torch_adam")))
         dt__cfg_warn(c, "%s: dtrain's optimizers are always fused (one pass over the flat buffers); nothing to "
                         "switch", v->source[0] == 'A' ? v->source : p);
@@ -121,6 +145,33 @@ dt_status dt_config_precision(const dt_config *c, dt_dtype *out)
     if (out)
         *out = f16 ? DT_F16 : bf16 ? DT_BF16 : DT_F32;
     return DT_OK;
+}
+
+/* ---- pipeline stages ---------------------------------------------------------------------- */
+
+/* The number of stages the keys name (pipeline.stages, dtrain.pipeline_parallel_size: the stronger
+ * origin wins; at the same origin they must agree): *out untouched when neither is set. */
+static dt_status pipe_stages(const dt_config *c, int64_t *out)
+{
+    if (!c)
+        return dt_error(DT_ERR_NULL, "dt_config_pipe_stages: NULL config");
+    const dt__cfg_val *st = dt__cfg_get(c, "pipeline.stages"), *sz = dt__cfg_get(c, "dtrain.pipeline_parallel_size");
+    if (st && sz && st->origin == sz->origin && st->v.i != sz->v.i)
+        return dt_error(DT_ERR_INVALID_ARG, "keys pipeline.stages %" PRId64 " (from %s) and "
+                                            "dtrain.pipeline_parallel_size %" PRId64 " (from %s) disagree: both name "
+                                            "the number of pipeline stages",
+                        st->v.i, st->source, sz->v.i, sz->source);
+    const dt__cfg_val *pick = st && sz ? (st->origin > sz->origin ? st : sz) : st ? st : sz;
+    if (pick)
+        *out = pick->v.i;
+    return DT_OK;
+}
+
+int dt_config_pipe_stages(const dt_config *c)
+{
+    int64_t pp = 1;
+    dt_status st = pipe_stages(c, &pp);
+    return st < 0 ? (int)st : (int)pp;
 }
 
 /* ---- ZeRO, offload, activation checkpointing ------------------------------------------------ */
@@ -195,6 +246,9 @@ dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_para
     bool on;
     if (dt_config_get_bool(c, "activation_checkpointing", &on) == DT_OK)
         *enabled = true;
+    int64_t pp = 1, iv = 0;
+    if (get_i(c, "pipeline.activation_checkpoint_interval", &iv) && iv > 0 && (pp = dt_config_pipe_stages(c)) > 1)
+        *enabled = true; /* DeepSpeed's PipelineEngine: checkpoint the stages' layers */
     if (dt_config_get_bool(c, "dtrain.activation_checkpointing", &on) == DT_OK)
         *enabled = on;
     int64_t tp = 1, n;
@@ -209,6 +263,37 @@ dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_para
     take_bool(c, "activation_checkpointing.profile", &p->profile);
     if (get_i(c, "activation_checkpointing.number_checkpoints", &n))
         p->number_checkpoints = (int)n;
+    return DT_OK;
+}
+
+/* ---- pipeline parallelism ------------------------------------------------------------------- */
+
+dt_status dt_config_pipe_params(dt_config *c, dt_pipe_params *p)
+{
+    if (!c || !p)
+        return dt_error(DT_ERR_NULL, "dt_config_pipe_params: NULL argument");
+    int64_t pp = p->pp;
+    dt_status st = pipe_stages(c, &pp);
+    if (st < 0)
+        return st;
+    const dt__cfg_val *sched = dt__cfg_get(c, "dtrain.pipeline_schedule");
+    dt_pipe_kind kind = p->schedule;
+    if (sched && pp <= 1)
+        return dt_error(DT_ERR_INVALID_ARG, "key dtrain.pipeline_schedule \"%s\" (from %s): a schedule needs pipeline "
+                                            "parallelism: set pipeline.stages or dtrain.pipeline_parallel_size > 1",
+                        sched->v.s, sched->source);
+    if (sched && (st = dt_pipe_kind_parse(sched->v.s, &kind)) < 0)
+        return st;
+    int64_t iv;
+    if (dt__cfg_get(c, "pipeline") && pp <= 1)
+        dt__cfg_warn(c, "the pipeline block: no effect without pipeline parallelism (pipeline.stages or "
+                        "dtrain.pipeline_parallel_size > 1; DeepSpeed reads the block only in its PipelineEngine)");
+    else if (get_i(c, "pipeline.activation_checkpoint_interval", &iv) && iv > 1)
+        dt__cfg_warn(c, "pipeline.activation_checkpoint_interval %" PRId64 ": dtrain checkpoints each transformer "
+                        "block on its own (interval 1): the same values, with more block inputs kept than %" PRId64
+                        "-layer regions would keep", iv, iv);
+    p->pp = (int)pp;
+    p->schedule = kind;
     return DT_OK;
 }
 

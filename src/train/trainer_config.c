@@ -185,7 +185,10 @@ dt_status dt_trainer_params_apply_config(const dt_config *c, dt_trainer_params *
     if (dt_config_get_double(c, "gradient_clipping", &clip) == DT_OK)
         tp->clip_grad_norm = clip;
     int64_t gas;
+    int stages = dt_config_pipe_stages(c);
+    if (stages < 0)
+        return (dt_status)stages;
     if (dt_config_get_int(c, "gradient_accumulation_steps", &gas) == DT_OK)
-        tp->grad_accum = gas;
+        tp->grad_accum = stages > 1 ? 1 : gas; /* a pipeline's micro-batches (dt_config_pipe_params) */
     return dt_config_offload_params(c, &tp->offload);
 }

@@ -10,9 +10,13 @@
 #       on a bed of 2 nodes x 2 ranks: started through Open MPI, 4 correct ranks.
 #   netbed_test.sh config SRC DTRAIN CFG STAGE
 #       seed 003's DeepSpeed config CFG (tests/config/data) trains the tiny
-#       GPT under `dtrain run --nnodes 2` on a bed of 2 nodes x 1 rank (so
-#       ZeRO stage STAGE's reductions cross the link): exit 0, the config's
-#       stage on 2 ranks, a validation loss below ln 40 - 0.3 (it learned).
+#       GPT on a bed of 2 nodes x 1 rank (so ZeRO stage STAGE's reductions
+#       cross the link) twice: under `dtrain run --nnodes 2`, and under
+#       Open MPI's mpirun started directly (the bed's line: --host, the rsh
+#       agent that enters a namespace, btl/oob tcp_if_include restricted to
+#       the bed's subnet) running `dtrain train --config CFG`. Each: exit 0,
+#       the config's stage on 2 ranks, a validation loss below ln 40 - 0.3
+#       (it learned); and the two forms' step losses equal (relative 1e-6).
 #   netbed_test.sh bytes SRC DTRAIN
 #       what the hierarchical all-reduce sends across the links: on 2 nodes
 #       x 2 ranks, `dtrain bench coll --algo hier` (4 MiB, 8 all-reduces in
@@ -91,23 +95,41 @@ config)
   }
   mktok "$tmp/train.bin" 215
   mktok "$tmp/val.bin" 43
+  train="$cli train --config $cfg --model gpt-micro --vocab-size 40 --n-embd 32 --seq 16 \
+    --data tokens:$tmp/train.bin --val-data tokens:$tmp/val.bin --threads 1 --progress plain --max-steps 8 \
+    --batch 4 --optimizer adamw --lr 0.01 --log-every 1"
+  # both forms in one bed; the second one's line is printed as run
   bash "$bed" --slots 1 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "A=\$(echo \$NETBED_ADDRS | tr ' ' ,); \
     DT_MPIRUN_ARGS=\"\$NETBED_MPI_ARGS -x ASAN_OPTIONS\" $cli run --nnodes 2 --node-rank 0 \
-    --master-addr \${A%%,*} --master-port 29500 -n 1 --hosts \$A -- $cli train --config $cfg \
-    --model gpt-micro --vocab-size 40 --n-embd 32 --seq 16 --data tokens:$tmp/train.bin \
-    --val-data tokens:$tmp/val.bin --threads 1 --progress plain --max-steps 8 --batch 4 \
-    --optimizer adamw --lr 0.01" > "$tmp/out" 2>&1
+    --master-addr \${A%%,*} --master-port 29500 -n 1 --hosts \$A -- $train --metrics $tmp/run.jsonl \
+    > $tmp/out.run 2>&1 || exit 11; \
+    set -x; \$NETBED_MPIRUN -np 2 -x ASAN_OPTIONS $train --metrics $tmp/mpi.jsonl > $tmp/out.mpi 2>&1 || exit 12" \
+    > "$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"
+  for form in run mpi; do echo "--- $form:"; cat "$tmp/out.$form" 2>/dev/null; done
   [ $rc -eq 77 ] && exit 77
   gone "$tmp/tag"
-  [ $rc -eq 0 ] || fail "dtrain run --nnodes 2 ... train --config $cfg on the bed exited with $rc"
-  grep -Eq "dtrain run: 2 nodes x 1 ranks? through Open MPI: mpirun" "$tmp/out" || fail "no mpirun line"
-  grep -q "ZeRO stage $stage: 2 ranks" "$tmp/out" || fail "no 'ZeRO stage $stage: 2 ranks' line"
-  vl=$(sed -n 's/.*val loss: \([0-9.]*\).*/\1/p' "$tmp/out" | tail -1)
-  [ -n "$vl" ] || fail "no validation loss"
-  awk -v v="$vl" 'BEGIN { exit !(v < log(40) - 0.3) }' || fail "val loss $vl: not below ln 40 - 0.3"
-  echo "stage $stage across 2 nodes: val loss $vl"
+  [ $rc -eq 11 ] && fail "dtrain run --nnodes 2 ... train --config $cfg on the bed failed"
+  [ $rc -eq 12 ] && fail "mpirun ... dtrain train --config $cfg on the bed failed"
+  [ $rc -eq 0 ] || fail "the bed exited with $rc"
+  grep -Eq "dtrain run: 2 nodes x 1 ranks? through Open MPI: mpirun" "$tmp/out.run" || fail "no mpirun line"
+  grep -q "mpirun .*--host [0-9.]*:1,[0-9.]*:1 .*plm_rsh_agent .*btl_tcp_if_include .*oob_tcp_if_include .* -np 2 " \
+    "$tmp/out" || fail "the direct mpirun line is not the bed's"
+  for form in run mpi; do
+    grep -q "ZeRO stage $stage: 2 ranks" "$tmp/out.$form" || fail "$form: no 'ZeRO stage $stage: 2 ranks' line"
+    vl=$(sed -n 's/.*val loss: \([0-9.]*\).*/\1/p' "$tmp/out.$form" | tail -1)
+    [ -n "$vl" ] || fail "$form: no validation loss"
+    awk -v v="$vl" 'BEGIN { exit !(v < log(40) - 0.3) }' || fail "$form: val loss $vl: not below ln 40 - 0.3"
+    echo "stage $stage across 2 nodes ($form): val loss $vl"
+    sed -n 's/.*"event":"step".*"loss":\([-0-9.e]*\).*/\1/p' "$tmp/$form.jsonl" > "$tmp/$form.loss"
+  done
+  n=$(wc -l < "$tmp/run.loss")
+  [ "$n" -eq 8 ] || fail "dtrain run: $n step losses, expected 8"
+  paste "$tmp/run.loss" "$tmp/mpi.loss" | awk '{ d = $1 - $2; if (d < 0) d = -d
+      if (NF != 2 || d > 1e-6 * ($1 < 0 ? -$1 : $1)) { print "step " NR ": " $1 " vs " $2; bad = 1 } }
+    END { exit bad }' || fail "the two forms' step losses differ"
+  echo "stage $stage: mpirun and dtrain run --nnodes give the same $n step losses"
   ;;
 bytes)
   cli=$3

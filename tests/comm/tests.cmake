@@ -70,7 +70,8 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
            COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh bytes ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/dtrain)
   set_tests_properties(comm/netbed_hier_bytes PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed"
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
-  # seed 003's DeepSpeed configs across the bed's 2 nodes (issue 18)
+  # seed 003's DeepSpeed configs across the bed's 2 nodes (issue 18): under dtrain run --nnodes 2 and under
+  # the bed's mpirun started directly, the same step losses
   foreach(seed "zero2_actckpt;2" "zero3_offload_fixed;3")
     list(GET seed 0 cfg)
     list(GET seed 1 stage)

@@ -5,6 +5,7 @@
  * line and column, wrong types, out-of-range values, unknown keys,
  * duplicate keys, values dtrain cannot honour yet. */
 #include "dtrain/config.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #include "test.h"
 
@@ -238,8 +239,27 @@ TEST(wrong_types_and_ranges_name_the_key)
          "key zero_optimization.offload_param.device: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
-        {"{\"dtrain\": {\"pipeline_parallel_size\": 2}}", "key dtrain.pipeline_parallel_size: not supported yet",
+        {"{\"dtrain\": {\"pipeline_parallel_size\": 0}}", "key dtrain.pipeline_parallel_size: expected an integer",
+         DT_ERR_INVALID_ARG},
+        {"{\"dtrain\": {\"pipeline_schedule\": \"pipedream\"}}", "key dtrain.pipeline_schedule: expected one of",
+         DT_ERR_INVALID_ARG},
+        {"{\"dtrain\": {\"micro_batches\": 4}}", "key dtrain.micro_batches: with pipeline parallelism "
+         "gradient_accumulation_steps is the number of micro-batches", DT_ERR_INVALID_ARG},
+        {"{\"pipeline\": {\"stages\": 0}}", "key pipeline.stages: expected an integer in [1, 256] or \"auto\"",
+         DT_ERR_INVALID_ARG},
+        {"{\"pipeline\": {\"partition\": \"uniform\"}}", "key pipeline.partition: not supported yet (dtrain "
+         "balances the stages by parameter count", DT_ERR_UNSUPPORTED},
+        {"{\"pipeline\": {\"partition\": \"type:Block\"}}", "key pipeline.partition: not supported yet",
          DT_ERR_UNSUPPORTED},
+        {"{\"pipeline\": {\"partition\": \"fastest\"}}", "key pipeline.partition: expected \"parameters\"",
+         DT_ERR_INVALID_ARG},
+        {"{\"pipeline\": {\"seed_layers\": true}}", "key pipeline.seed_layers: not supported yet",
+         DT_ERR_UNSUPPORTED},
+        {"{\"pipeline\": {\"activation_checkpoint_interval\": -1}}", "key pipeline.activation_checkpoint_interval",
+         DT_ERR_INVALID_ARG},
+        {"{\"pipeline\": {\"pipe_partitioned\": \"yes\"}}", "key pipeline.pipe_partitioned: expected true or false",
+         DT_ERR_INVALID_ARG},
+        {"{\"dtrain\": {\"data_parallel_size\": 0}}", "key dtrain.data_parallel_size", DT_ERR_INVALID_ARG},
         {"{\"dtrain\": {\"comm_hook\": \"topk\"}}", "key dtrain.comm_hook: expected one of", DT_ERR_INVALID_ARG},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -515,6 +535,92 @@ TEST(precision_clipping_accumulation)
     ASSERT_STR_CONTAINS(dt_last_error(), "nvme_path");
 }
 
+/* ---- pipeline parallelism ------------------------------------------------------------------ */
+
+static dt_status pipe(const char *text, dt_pipe_params *p, dt_config **keep)
+{
+    dt_status st;
+    dt_config *c = load_str(text, &st);
+    *p = dt_pipe_params_default();
+    p->pp = 1;
+    if (st == DT_OK)
+        st = dt_config_pipe_params(c, p);
+    if (keep)
+        *keep = c;
+    else
+        dt_config_free(c);
+    return st;
+}
+
+TEST(pipeline_keys)
+{
+    dt_pipe_params p;
+    dt_config *c;
+    /* DeepSpeed's block: stages; gradient_accumulation_steps is the micro-batches (not taken here) */
+    ASSERT_OK(pipe("{\"gradient_accumulation_steps\": 8, \"pipeline\": {\"stages\": 4, \"partition\": "
+                   "\"parameters\", \"activation_checkpoint_interval\": 1, \"seed_layers\": false}}", &p, &c));
+    ASSERT_EQ_INT(p.pp, 4);
+    ASSERT_EQ_INT(p.schedule, DT_PIPE_1F1B);
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    ASSERT_EQ_INT(dt_config_pipe_stages(c), 4);
+    bool on = false;
+    dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+    ASSERT_OK(dt_config_act_ckpt(c, &on, &ap)); /* the interval turns checkpointing on */
+    ASSERT(on);
+    dt_trainer_params tp = dt_trainer_params_default();
+    ASSERT_OK(dt_trainer_params_apply_config(c, &tp));
+    ASSERT_EQ_INT(tp.grad_accum, 1); /* the micro-batches are the pipeline's, no accumulation on top */
+    dt_config_free(c);
+    /* dtrain's keys */
+    ASSERT_OK(pipe("{\"dtrain\": {\"pipeline_parallel_size\": 2, \"pipeline_schedule\": \"ZBH1\"}}", &p, NULL));
+    ASSERT_EQ_INT(p.pp, 2);
+    ASSERT_EQ_INT(p.schedule, DT_PIPE_ZBH1);
+    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": \"auto\"}, \"dtrain\": {\"pipeline_parallel_size\": 2, "
+                   "\"pipeline_schedule\": \"gpipe\"}}", &p, NULL));
+    ASSERT_EQ_INT(p.pp, 2);
+    ASSERT_EQ_INT(p.schedule, DT_PIPE_GPIPE);
+    /* the two names of the stages must agree at the same origin; a flag's wins over the file's */
+    ASSERT_STATUS(pipe("{\"pipeline\": {\"stages\": 4}, \"dtrain\": {\"pipeline_parallel_size\": 2}}", &p, &c),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "keys pipeline.stages 4 (from file) and dtrain.pipeline_parallel_size 2 "
+                                         "(from file) disagree");
+    ASSERT(dt_config_pipe_stages(c) < 0);
+    ASSERT_OK(dt_config_set(c, "dtrain.pipeline_parallel_size", "4", DT_CONFIG_FROM_CLI, "--pp"));
+    p.pp = 1;
+    ASSERT_OK(dt_config_pipe_params(c, &p));
+    ASSERT_EQ_INT(p.pp, 4);
+    dt_config_free(c);
+    /* a schedule without stages names the key */
+    ASSERT_STATUS(pipe("{\"dtrain\": {\"pipeline_schedule\": \"1f1b\"}}", &p, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key dtrain.pipeline_schedule \"1f1b\" (from file): a schedule needs "
+                                         "pipeline parallelism");
+    /* accepted without effect, with a note each */
+    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": 2, \"pipe_partitioned\": true, \"grad_partitioned\": false, "
+                   "\"use_reentrant\": false, \"partition\": \"best\", \"activation_checkpoint_interval\": 3}}",
+                   &p, &c));
+    ASSERT_EQ_INT(p.pp, 2);
+    ASSERT(has_warning(c, "pipeline.pipe_partitioned: no effect in dtrain"));
+    ASSERT(has_warning(c, "pipeline.grad_partitioned: no effect in dtrain"));
+    ASSERT(has_warning(c, "pipeline.use_reentrant: no effect in dtrain"));
+    ASSERT(has_warning(c, "pipeline.partition \"best\": DeepSpeed's config default"));
+    ASSERT(has_warning(c, "pipeline.activation_checkpoint_interval 3: dtrain checkpoints each transformer block"));
+    size_t nw = dt_config_num_warnings(c);
+    ASSERT_OK(dt_config_pipe_params(c, &p)); /* said once */
+    ASSERT_EQ_INT(dt_config_num_warnings(c), nw);
+    dt_config_free(c);
+    /* the block without stages: no effect (as in DeepSpeed without a PipelineModule), said so */
+    ASSERT_OK(pipe("{\"pipeline\": {\"activation_checkpoint_interval\": 1}}", &p, &c));
+    ASSERT_EQ_INT(p.pp, 1);
+    ASSERT(has_warning(c, "the pipeline block: no effect without pipeline parallelism"));
+    on = false;
+    ASSERT_OK(dt_config_act_ckpt(c, &on, &ap));
+    ASSERT(!on);
+    tp = dt_trainer_params_default();
+    ASSERT_OK(apply("{\"gradient_accumulation_steps\": 3, \"pipeline\": {\"stages\": 1}}", &tp));
+    ASSERT_EQ_INT(tp.grad_accum, 3); /* one stage: accumulation as without the block */
+    dt_config_free(c);
+}
+
 TEST(every_key_is_listed_once)
 {
     size_t n = 0;
@@ -540,6 +646,7 @@ int main(void)
     RUN(optimizer_block);
     RUN(scheduler_block);
     RUN(precision_clipping_accumulation);
+    RUN(pipeline_keys);
     RUN(every_key_is_listed_once);
     return TEST_REPORT();
 }

@@ -5,7 +5,11 @@
  * seed with its missing comma is refused with the line and column; flags
  * override the file and AIAK_* variables override both; a batch relation
  * that does not hold and a key dtrain cannot honour yet are errors; an
- * unknown key is a warning naming it. */
+ * unknown key is a warning naming it. Pipeline keys (DeepSpeed's pipeline
+ * block, gradient_accumulation_steps as the micro-batches, dtrain's
+ * pipeline_parallel_size / pipeline_schedule / data_parallel_size) train
+ * the GPT under dtrain run -n 2 exactly as the --pp flags do; flags
+ * override them; bad values name the key. */
 // dt-test-timeout: 300
 #include "dtrain/data.h"
 #include "test.h"
@@ -160,6 +164,133 @@ TEST(tensor_parallel_from_the_config)
     ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
 }
 
+/* The step losses of a metrics file (--log-every 1) into out; their number. */
+static int losses(double *out)
+{
+    return cli_step_losses(metrics, out, 16);
+}
+
+TEST(pipeline_config_equals_the_flags)
+{
+    static cli_result r;
+    char p[400];
+    /* DeepSpeed's pipeline semantics: 4 micro-batches of 2 (gradient_accumulation_steps) per step on each of
+       world 2 / 2 stages = 1 data-parallel replica; the interval turns activation checkpointing on */
+    write_cfg("pp.json", "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 4,\n"
+                         " \"pipeline\": {\"stages\": 2, \"partition\": \"parameters\", \"seed_layers\": false,\n"
+                         "              \"activation_checkpoint_interval\": 1},\n"
+                         " \"dtrain\": {\"pipeline_schedule\": \"gpipe\"}}", p, sizeof p);
+    /* (--weight-decay: AdamW named with --config starts from DeepSpeed's default decay 0, torch's is 0.01) */
+    const char *common[] = {"--max-steps", "4", "--log-every", "1", "--optimizer", "adamw", "--lr", "0.01",
+                            "--weight-decay", "0.01", NULL};
+    run_cfg(&r, 2, p, NULL, common);
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   pipeline.stages = 2  (file)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule gpipe, 4 micro-batches");
+    ASSERT_STR_CONTAINS(r.out, "steps/epoch of 8");
+    ASSERT_STR_CONTAINS(r.out, "[0] activation checkpointing: 2 GPT2Block modules recompute");
+    double a[16], b[16];
+    int na = losses(a);
+    /* the same run from the flags alone: --batch is a step's batch per replica, cut into --micro-batches */
+    char *args[64];
+    int n = 0;
+    const char *flags[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "gpt-micro",
+                           "--vocab-size", "40", "--n-embd", "32", "--seq", "16", "--data", train_tok, "--val-data",
+                           val_tok, "--threads", "1", "--progress", "plain", "--metrics", metrics, "--pp", "2",
+                           "--pp-schedule", "gpipe", "--micro-batches", "4", "--batch", "8",
+                           "--activation-checkpointing", NULL};
+    for (int i = 0; flags[i]; i++)
+        args[n++] = (char *)flags[i];
+    for (int i = 0; common[i]; i++)
+        args[n++] = (char *)common[i];
+    args[n] = NULL;
+    cli_runv(&r, 200, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    int nb = losses(b);
+    fprintf(stderr, "pipeline: config %d losses, flags %d; first %.6f / %.6f, last %.6f / %.6f\n", na, nb, a[0],
+            b[0], a[na > 0 ? na - 1 : 0], b[nb > 0 ? nb - 1 : 0]);
+    ASSERT_EQ_INT(na, 4);
+    ASSERT(cli_same_losses(a, na, b, nb, 0)); /* the same run */
+    ASSERT(a[3] < a[0]);
+}
+
+TEST(pipeline_flags_over_the_file)
+{
+    static cli_result r;
+    char p[400];
+    /* train_batch_size 16 = micro 2 x 8 micro-batches x 1 replica; the flags replace the schedule and the
+       micro-batches (--batch 8 in 2 micro-batches of 4 then) */
+    write_cfg("ppf.json", "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": 2, "
+                          "\"gradient_accumulation_steps\": 8, \"dtrain\": {\"pipeline_parallel_size\": 2, "
+                          "\"pipeline_schedule\": \"interleaved\"}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--pp-schedule", "gpipe", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.pipeline_schedule = \"gpipe\"  (--pp-schedule)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule gpipe, 8 micro-batches");
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--micro-batches", "2", "--batch", "8", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   gradient_accumulation_steps = 2  (--micro-batches)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0]   train_micro_batch_size_per_gpu = 4  (--batch)\n");
+    ASSERT_STR_CONTAINS(r.out, "schedule interleaved, 2 micro-batches");
+    /* --batch with the micro-batches derived from the file's train and micro sizes over 1 replica: 16 / 2 = 8 */
+    write_cfg("ppt.json", "{\"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 2, \"pipeline\": "
+                          "{\"stages\": 2}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--batch", "16", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "schedule 1f1b, 8 micro-batches");
+    /* --pp over the file's stages */
+    write_cfg("pps.json", "{\"pipeline\": {\"stages\": 4}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--pp", "2", "--batch", "4", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0]   pipeline.stages = 2  (--pp)\n");
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule 1f1b, 4 micro-batches");
+}
+
+TEST(pipeline_bad_values_name_the_key)
+{
+    static cli_result r;
+    char p[400];
+    struct {
+        const char *cfg, *extra, *want;
+    } cases[] = {
+        {"{\"pipeline\": {\"stages\": 2}, \"zero_optimization\": {\"stage\": 1}}", NULL,
+         "key zero_optimization.stage: not supported with pipeline parallelism (2 stages)"},
+        {"{\"pipeline\": {\"stages\": 2}, \"fp16\": {\"enabled\": true}}", NULL,
+         "key fp16.enabled: not supported with pipeline parallelism"},
+        {"{\"pipeline\": {\"stages\": 2}, \"gradient_accumulation_steps\": 2}", "--grad-accum",
+         "--grad-accum 2 with a pipeline from --config"},
+        {"{\"pipeline\": {\"stages\": 3}}", NULL, "key pipeline.stages 3 x dtrain.tensor_parallel_size 1"},
+        {"{\"pipeline\": {\"stages\": 2}, \"dtrain\": {\"pipeline_parallel_size\": 4}}", NULL,
+         "keys pipeline.stages 2 (from file) and dtrain.pipeline_parallel_size 4 (from file) disagree"},
+        {"{\"pipeline\": {\"stages\": 2}, \"dtrain\": {\"data_parallel_size\": 2}}", NULL,
+         "key dtrain.data_parallel_size 2 x tensor_parallel_size 1 x pipeline stages 2 is 4 ranks; this job has 2"},
+        {"{\"dtrain\": {\"pipeline_schedule\": \"gpipe\"}}", NULL,
+         "key dtrain.pipeline_schedule \"gpipe\" (from file): a schedule needs pipeline parallelism"},
+        {"{\"pipeline\": {\"partition\": \"uniform\"}}", NULL, "key pipeline.partition: not supported yet"},
+        {"{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 3, \"pipeline\": {\"stages\": 2}, "
+         "\"dtrain\": {\"pipeline_schedule\": \"interleaved\"}}", NULL, "interleaved"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_cfg("bad.json", cases[i].cfg, p, sizeof p);
+        const char *extra[] = {"--max-steps", "1", cases[i].extra, cases[i].extra ? "2" : NULL, NULL};
+        run_cfg(&r, 2, p, NULL, extra);
+        if (r.code == 0 || !strstr(r.err, cases[i].want))
+            fprintf(stderr, "case %zu: %s -> %d\n%s\n", i, cases[i].cfg, r.code, r.err);
+        ASSERT(r.code != 0);
+        ASSERT_STR_CONTAINS(r.err, cases[i].want);
+    }
+}
+
 TEST(hierarchical_allreduce_from_the_config)
 {
     static cli_result r;
@@ -209,10 +340,10 @@ TEST(precedence_and_environment)
     ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
     ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
     /* a key whose behaviour is not in dtrain train: refused, never ignored */
-    write_cfg("pp.json", "{\"dtrain\": {\"pipeline_parallel_size\": 2}}", p, sizeof p);
+    write_cfg("zq.json", "{\"zero_optimization\": {\"zero_quantized_weights\": true}}", p, sizeof p);
     run_cfg(&r, 1, p, NULL, NULL);
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "key dtrain.pipeline_parallel_size: not supported yet");
+    ASSERT_STR_CONTAINS(r.err, "key zero_optimization.zero_quantized_weights: not supported yet");
     write_cfg("p.json", "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.5}}}", p, sizeof p);
     run_cfg(&r, 1, p, "AIAK_START_COMPRESS_ITER=soon", NULL);
     ASSERT_EQ_INT(r.code, 2);
@@ -238,6 +369,9 @@ int main(void)
     RUN(activation_checkpointing_keys);
     RUN(tensor_parallel_from_the_config);
     RUN(hierarchical_allreduce_from_the_config);
+    RUN(pipeline_config_equals_the_flags);
+    RUN(pipeline_flags_over_the_file);
+    RUN(pipeline_bad_values_name_the_key);
     RUN(precedence_and_environment);
     RUN(seed_stage2_activation_checkpointing_trains);
     RUN(seed_stage3_offload_trains);
