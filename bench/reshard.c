@@ -40,11 +40,16 @@ static double median(double *t, int n)
 int main(int argc, char **argv)
 {
     int64_t rows = 4096, cols = 256, reps = 20, warm = 3;
+    const char *only = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--case")) {
+            only = argv[i + 1];
+            continue;
+        }
         int64_t *t = !strcmp(argv[i], "--rows") ? &rows : !strcmp(argv[i], "--cols") ? &cols
                    : !strcmp(argv[i], "--reps") ? &reps : !strcmp(argv[i], "--warmup") ? &warm : NULL;
         if (!t || dt_parse_int(argv[i], argv[i + 1], 1, 1 << 26, t) < 0) {
-            fprintf(stderr, "usage: reshard [--rows R] [--cols C] [--reps N] [--warmup N]\n");
+            fprintf(stderr, "usage: reshard [--rows R] [--cols C] [--reps N] [--warmup N] [--case NAME]\n");
             return 2;
         }
     }
@@ -85,6 +90,8 @@ int main(int argc, char **argv)
     if (!tc)
         return 1;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (only && strcmp(only, cases[c].name) != 0)
+            continue;
         /* Interleaved: each repetition builds the input dtensor, then times
          * the reshard and the bare collective on that input's bytes (into a
          * buffer of the same context), in alternating order, so both see

@@ -58,8 +58,21 @@
  * gradient back (S->R backward is a local slice, R->S backward an
  * all-gather, P->R backward the identity, P->S backward an all-gather),
  * and dt_backward(ctx, loss->local) on every rank of the loss's mesh starts
- * it (a Replicate or Partial scalar loss both seed 1). Gradients are f32
- * (autograd.h).
+ * it (a Replicate or Partial(sum|avg) scalar loss both seed 1). Gradients
+ * are f32 (autograd.h).
+ *
+ * Partial(max|min) is not linear, so its pieces' gradients are their own:
+ * the local gradient of a P(max|min) piece is the gradient of that piece.
+ * A reshard that reduces a P(max|min) mesh dim (to Replicate, Shard or
+ * another op) sends the gradient of the reduced value to the pieces equal
+ * to it, split evenly among ties (torch.amax's rule: k pieces holding the
+ * maximum get g/k each), the others 0; backward recomputes the reduction
+ * from a copy of the input and counts the ties (one all-reduce each). A
+ * reshard TO P(max|min) sums its pieces' gradients over that dim (R ->
+ * P(max) keeps a copy on every coordinate: the copies' gradients add up).
+ * (PyTorch's DTensor gives every piece the whole gradient, as for sum; that
+ * is not the derivative of max.) Start backward from a reduced loss, not
+ * from a P(max|min) one.
  *
  * Lifetimes. A dtensor made with ctx == NULL is persistent (free it with
  * dt_dtensor_free; its local tensor is owned and may be a parameter: call
@@ -344,22 +357,29 @@ DT_API dt_dtensor *dt_dtensor_cross_entropy(dt_ctx *ctx, dt_dtensor *logits, dt_
  *         dt_ctx_reset(ctx);
  *     } */
 
-/* An optimizer (kind SGD, Adam or AdamW; hparams points at the matching
- * dt_sgd_params / dt_adam_params) over the local pieces of n persistent f32
+/* An optimizer (kind SGD, Adam, AdamW or LAMB; hparams points at the matching
+ * dt_sgd_params / dt_adam_params / dt_lamb_params) over the local pieces of n persistent f32
  * dtensor parameters (borrowed; they must outlive it). Its state has each
  * piece's layout: it is placed like the parameter. zero_dim >= 0 (a mesh
  * dim): ZeRO-1 along it, each coordinate keeps state for and updates only
  * its torch.chunk range of the elements of a parameter Replicate on that
  * dim, and the step all-gathers the updated piece over the dim; -1: off.
  * A parameter without a gradient gets one attached (owned here, detached
- * by _free). Not collective. LAMB: DT_ERR_UNSUPPORTED. */
+ * by _free). Not collective. LAMB's trust ratio and clipping use the
+ * norms of each WHOLE parameter and the whole global grad norm: each step
+ * sums the pieces' squared norms over the mesh dims that split a parameter
+ * (its Shard dims and the ZeRO dim), counting replicas once (two small f64
+ * all-reduces per mesh dim, collective over the mesh), so the result equals
+ * a single-process LAMB up to the order of those sums. LAMB needs every
+ * parameter on one mesh and none Partial (DT_ERR_UNSUPPORTED naming it). */
 typedef struct dt_shard_optim dt_shard_optim;
 DT_API dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams,
                                     dt_dtensor *const *params, int n, int zero_dim,
                                     dt_shard_optim **out);
 /* One step on the gradients in the pieces' grads (they must be whole:
  * backward through the dtensor ops makes them so); with ZeRO-1 collective
- * over the zero dim's lines. */
+ * over the zero dim's lines, with LAMB over the mesh (every mesh rank calls
+ * it, also one holding no elements). */
 DT_API dt_status dt_shard_optimizer_step(dt_shard_optim *o);
 /* Zero the parameters' gradients. */
 DT_API dt_status dt_shard_optimizer_zero_grad(dt_shard_optim *o);

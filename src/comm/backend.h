@@ -73,6 +73,16 @@ void dt__copy(void *dst, const void *src, size_t bytes);
 void dt__blk_copy(void *dst, const dt_pg_block *db, size_t da, const void *src,
                   const dt_pg_block *sb, size_t sa, size_t m, size_t es);
 
+/* W blocks at once, in lockstep (run i of block 0, run i of block 1, ...,
+ * then run i+1: interleaved blocks are walked in address order): scatter
+ * copies m[j] elements of contiguous srcs[j] to elements [a, a + m[j]) of
+ * layout db[j] of dst; gather copies elements [a, a + m[j]) of layout sb[j]
+ * of src to contiguous dsts[j]. */
+void dt__blk_scatter(void *dst, const dt_pg_block *db, const void *const *srcs, size_t a,
+                     const size_t *m, int W, size_t es);
+void dt__blk_gather(void *const *dsts, const void *src, const dt_pg_block *sb, size_t a,
+                    const size_t *m, int W, size_t es);
+
 /* A one-line description of an operation for messages:
  * "allreduce(count=10, f32, sum) #5". Returns buf. */
 char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);

@@ -37,3 +37,71 @@ void dt__blk_copy(void *dst, const dt_pg_block *db, size_t da, const void *src,
             sk = 0, si++;
     }
 }
+
+/* A cursor over elements [a, a + m) of one layout: run index i, offset k
+ * within the run, elements left. */
+typedef struct {
+    size_t i, k, left;
+} blk_cur;
+
+/* Lockstep copies between W layouts of one buffer and W contiguous
+ * buffers: step t copies, for each block j in turn, the rest of block j's
+ * current run. When the blocks interleave (a gather or scatter along an
+ * inner dim: block j's run i sits beside block j+1's run i), the layout
+ * side is then walked in address order, one pass, instead of W passes
+ * each touching every page with gaps. to_layout: contiguous -> layout
+ * (the copy-out of an all-gather into rblocks), else layout -> contiguous
+ * (the copy-in of sblocks). */
+static void blk_lockstep(char *lay, const dt_pg_block *b, char *const *con, size_t a,
+                         const size_t *m, int W, size_t es, int to_layout)
+{
+    enum { MAXW = 64 };
+    blk_cur cur[MAXW];
+    size_t done[MAXW];
+    if (W > MAXW) { /* more blocks than the cursors: one block after the other */
+        for (int j = 0; j < W; j++)
+            if (to_layout)
+                dt__blk_copy(lay, &b[j], a, con[j], NULL, 0, m[j], es);
+            else
+                dt__blk_copy(con[j], NULL, 0, lay, &b[j], a, m[j], es);
+        return;
+    }
+    int live = 0;
+    for (int j = 0; j < W; j++) {
+        size_t run = b[j].run ? b[j].run : 1;
+        cur[j] = (blk_cur){a / run, a % run, m[j]};
+        done[j] = 0;
+        live += m[j] > 0;
+    }
+    while (live) {
+        for (int j = 0; j < W; j++) {
+            blk_cur *c = &cur[j];
+            if (!c->left)
+                continue;
+            size_t n = b[j].run - c->k < c->left ? b[j].run - c->k : c->left;
+            char *lp = lay + (b[j].off + c->i * b[j].stride + c->k) * es;
+            char *cp = con[j] + done[j] * es;
+            if (to_layout)
+                memcpy(lp, cp, n * es);
+            else
+                memcpy(cp, lp, n * es);
+            done[j] += n;
+            c->left -= n;
+            c->k = 0;
+            c->i++;
+            live -= !c->left;
+        }
+    }
+}
+
+void dt__blk_scatter(void *dst, const dt_pg_block *db, const void *const *srcs, size_t a,
+                     const size_t *m, int W, size_t es)
+{
+    blk_lockstep(dst, db, (char *const *)srcs, a, m, W, es, 1);
+}
+
+void dt__blk_gather(void *const *dsts, const void *src, const dt_pg_block *sb, size_t a,
+                    const size_t *m, int W, size_t es)
+{
+    blk_lockstep((char *)src, sb, (char *const *)dsts, a, m, W, es, 0);
+}

@@ -27,13 +27,95 @@
 
 struct dt_shard_optim {
     dt_optim *opt;              /* NULL when this rank holds no elements */
+    dt_optim_kind kind;
     int n;
     dt_dtensor **params;
     dt_flat *pf, *gf;           /* per parameter */
     dt_tensor **own_grads;      /* gradients this optimizer attached */
     int zero_dim;
     size_t *lo, *hi;            /* per parameter: the range stepped */
+    int nr;                     /* ranges (parameters with hi > lo) */
+    int *rparam;                /* per range: its parameter */
+    double *red;                /* LAMB: 2 n doubles for the reductions */
 };
+
+/* ---- LAMB: whole-parameter norms over the pieces ----
+ * LAMB's trust ratio needs ‖w‖ and ‖u‖ of each WHOLE parameter and its
+ * clipping the global ‖g‖, but each rank holds pieces: a parameter Shard
+ * on some mesh dims (and, with ZeRO-1, cut into ranges along the zero dim)
+ * and Replicate on others. The reducer sums each parameter's squared norm
+ * over the mesh dims that split it and counts its replicas once: mesh dim
+ * by mesh dim, over that dim's line, a parameter not split by the dim
+ * contributes only from coordinate 0 (others add an exact 0). The vectors
+ * have one entry per parameter in parameter order on every rank, whatever
+ * pieces a rank holds, so every rank of the mesh makes the same calls. */
+
+/* Is parameter i split along mesh dim d (its pieces differ there)? */
+static bool lamb_split(const dt_shard_optim *o, int i, int d)
+{
+    const dt_placement *pl = o->params[i]->placements;
+    return pl[d].kind == DT_PLACE_SHARD ||
+           (d == o->zero_dim && pl[d].kind == DT_PLACE_REPLICATE);
+}
+
+/* v[i * per + j]: entries of parameter i; sum over the splitting dims. */
+static dt_status lamb_sum(dt_shard_optim *o, double *v, int per)
+{
+    dt_mesh *m = o->params[0]->mesh;
+    for (int d = 0; d < dt_mesh_ndim(m); d++) {
+        if (dt_mesh_size(m, d) == 1)
+            continue;
+        for (int i = 0; i < o->n; i++)
+            if (!lamb_split(o, i, d) && dt_mesh_coord(m, d) != 0)
+                for (int j = 0; j < per; j++)
+                    v[i * per + j] = 0;
+        dt_status st = dt_pg_allreduce(dt_mesh_dim_group(m, d), DT_IN_PLACE, v,
+                                       (size_t)(o->n * per), DT_F64, DT_REDUCE_SUM);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+static dt_status lamb_reduce(void *ctx, double *sums, size_t n)
+{
+    dt_shard_optim *o = ctx;
+    double *v = o->red;
+    if (n == 1) {
+        /* the global ‖g‖²: each parameter's own part, summed whole, then
+         * added in parameter order (the same bits on every rank) */
+        for (int i = 0; i < o->n; i++) {
+            const float *g = o->params[i]->local->grad ? o->params[i]->local->grad->data : NULL;
+            double a = 0;
+            for (size_t k = o->lo[i]; g && k < o->hi[i]; k++)
+                a += (double)g[k] * g[k];
+            v[i] = a;
+        }
+        dt_status st = lamb_sum(o, v, 1);
+        if (st < 0)
+            return st;
+        double t = 0;
+        for (int i = 0; i < o->n; i++)
+            t += v[i];
+        sums[0] = t;
+        return DT_OK;
+    }
+    /* [‖w‖² per range, ‖u‖² per range] -> per parameter (2 each), summed */
+    size_t ns = n / 2;
+    memset(v, 0, 2 * (size_t)o->n * sizeof *v);
+    for (size_t s = 0; s < ns && s < (size_t)o->nr; s++) {
+        v[2 * o->rparam[s]] = sums[s];
+        v[2 * o->rparam[s] + 1] = sums[ns + s];
+    }
+    dt_status st = lamb_sum(o, v, 2);
+    if (st < 0)
+        return st;
+    for (size_t s = 0; s < ns && s < (size_t)o->nr; s++) {
+        sums[s] = v[2 * o->rparam[s]];
+        sums[ns + s] = v[2 * o->rparam[s] + 1];
+    }
+    return DT_OK;
+}
 
 dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams, dt_dtensor *const *params,
                              int n, int zero_dim, dt_shard_optim **out)
@@ -57,10 +139,30 @@ dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams, dt_dtensor
             return dt_error(DT_ERR_INVALID_ARG, "%s: ZeRO mesh dim %d, but parameter %d's mesh has %d",
                             f, zero_dim, i, dt_mesh_ndim(params[i]->mesh));
     }
+    if (kind == DT_OPTIM_LAMB)
+        for (int i = 0; i < n; i++) {
+            char a[256], b[256];
+            const char *nm = params[i]->name ? params[i]->name : "?";
+            if (params[i]->mesh != params[0]->mesh)
+                return dt_error(DT_ERR_UNSUPPORTED,
+                                "%s: LAMB: parameter %d ('%s') is on mesh %s, parameter 0 on %s: "
+                                "its norms are reduced over one mesh",
+                                f, i, nm, dt_mesh_str(params[i]->mesh, a, sizeof a),
+                                dt_mesh_str(params[0]->mesh, b, sizeof b));
+            for (int d = 0; d < dt_mesh_ndim(params[i]->mesh); d++)
+                if (params[i]->placements[d].kind == DT_PLACE_PARTIAL)
+                    return dt_error(DT_ERR_UNSUPPORTED,
+                                    "%s: LAMB: parameter %d ('%s') is %s: a Partial parameter "
+                                    "has no norm of its own; reduce it first",
+                                    f, i, nm,
+                                    dt_placements_str(params[i]->placements,
+                                                      dt_mesh_ndim(params[i]->mesh), a, sizeof a));
+        }
     dt_shard_optim *o = dt_calloc(sizeof *o);
     if (!o)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", f);
     o->n = n;
+    o->kind = kind;
     o->zero_dim = zero_dim < 0 ? -1 : zero_dim;
     o->params = dt_calloc((size_t)n * sizeof *o->params);
     o->pf = dt_calloc((size_t)n * sizeof *o->pf);
@@ -68,9 +170,12 @@ dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams, dt_dtensor
     o->own_grads = dt_calloc((size_t)n * sizeof *o->own_grads);
     o->lo = dt_calloc((size_t)n * sizeof(size_t));
     o->hi = dt_calloc((size_t)n * sizeof(size_t));
+    o->rparam = dt_calloc((size_t)n * sizeof(int));
+    o->red = dt_calloc(2 * (size_t)n * sizeof(double));
     dt_optim_range *r = dt_calloc((size_t)n * sizeof *r);
     dt_status st = DT_OK;
-    if (!o->params || !o->pf || !o->gf || !o->own_grads || !o->lo || !o->hi || !r) {
+    if (!o->params || !o->pf || !o->gf || !o->own_grads || !o->lo || !o->hi || !o->rparam ||
+        !o->red || !r) {
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", f);
         goto done;
     }
@@ -105,17 +210,21 @@ dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams, dt_dtensor
         }
         o->lo[i] = lo;
         o->hi[i] = hi;
-        if (hi > lo)
+        if (hi > lo) {
+            o->rparam[nr] = i;
             r[nr++] = (dt_optim_range){.params = &o->pf[i], .grads = &o->gf[i], .lo = lo, .hi = hi};
+        }
     }
+    o->nr = nr;
     if (nr > 0) {
         switch (kind) {
         case DT_OPTIM_SGD: st = dt_optim_sgd_init(hparams, r, (size_t)nr, &o->opt); break;
         case DT_OPTIM_ADAM: st = dt_optim_adam_init(hparams, r, (size_t)nr, &o->opt); break;
         case DT_OPTIM_ADAMW: st = dt_optim_adamw_init(hparams, r, (size_t)nr, &o->opt); break;
         case DT_OPTIM_LAMB:
-            st = dt_error(DT_ERR_UNSUPPORTED, "%s: LAMB needs per-tensor norms across shards; "
-                          "not supported on dtensors yet", f);
+            st = dt_optim_lamb_init(hparams, r, (size_t)nr, &o->opt);
+            if (st == DT_OK)
+                dt_optim_set_reducer(o->opt, lamb_reduce, o);
             break;
         default: st = dt_error(DT_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", f, (int)kind);
         }
@@ -146,6 +255,8 @@ void dt_shard_optimizer_free(dt_shard_optim *o)
     dt_free(o->gf);
     dt_free(o->lo);
     dt_free(o->hi);
+    dt_free(o->rparam);
+    dt_free(o->red);
     dt_free(o);
 }
 
@@ -153,7 +264,17 @@ dt_status dt_shard_optimizer_step(dt_shard_optim *o)
 {
     if (!o)
         return dt_error(DT_ERR_NULL, "dt_shard_optimizer_step: NULL optimizer");
-    dt_status st = o->opt ? dt_optim_step(o->opt) : DT_OK;
+    dt_status st = DT_OK;
+    if (o->opt) {
+        st = dt_optim_step(o->opt);
+    } else if (o->kind == DT_OPTIM_LAMB && dt_mesh_contains_self(o->params[0]->mesh)) {
+        /* no elements here, but the mesh's norm reductions need this rank:
+         * the same two calls LAMB makes, with nothing to add */
+        double g = 0;
+        st = lamb_reduce(o, &g, 1);
+        if (st == DT_OK)
+            st = lamb_reduce(o, &g, 0);
+    }
     if (st < 0 || o->zero_dim < 0)
         return st;
     int z = o->zero_dim;

@@ -25,8 +25,18 @@
  * k for each Partial(avg) mesh dim of size k. The backward of a reshard
  * therefore multiplies by the output's avg factors, reshards G from the
  * output's Partial-free placements back to the input's, and divides by the
- * input's avg factors. Partial(max/min) has no such linear form: a reshard
- * that records with one is refused. */
+ * input's avg factors.
+ *
+ * Partial(max|min) (mesh.h states the rule): the local gradient of a
+ * max/min piece is the gradient of that piece itself. A mesh dim where the
+ * input is P(max|min) and the reshard reduces it (anything but the same
+ * Partial) sends the global gradient, resharded to Replicate there, to the
+ * coordinates whose piece equals the reduced value, split evenly among
+ * ties (torch.amax's rule): backward recomputes the reduction from a copy
+ * of the input, the tie count with one all-reduce(sum) per such dim, and
+ * scales. A dim where the output is P(max|min) carries the pieces'
+ * gradients as Partial(sum) back to the input's placement (so R -> P(max)
+ * sums them: every piece was a copy of the input). */
 #include "dtensor_impl.h"
 
 #include <string.h>
@@ -238,7 +248,79 @@ typedef struct {
     int ndim;
     int64_t shape[DT_MAX_DIMS];
     const char *name;
+    dt_tensor *xin; /* a copy of the input when it reduces a Partial(max|min) */
 } rs_save;
+
+static bool is_maxmin(dt_placement p)
+{
+    return p.kind == DT_PLACE_PARTIAL && (p.op == DT_REDUCE_MAX || p.op == DT_REDUCE_MIN);
+}
+
+/* Does the reshard from pf (on mf) to pt (on mt) reduce mesh dim i of the
+ * input, a Partial(max|min) dim? Across meshes every Partial is reduced. */
+static bool reduces_maxmin(const dt_mesh *mf, const dt_placement *pf, const dt_mesh *mt,
+                           const dt_placement *pt, int i)
+{
+    if (!is_maxmin(pf[i]))
+        return false;
+    return mf != mt || pt[i].kind != DT_PLACE_PARTIAL || pt[i].op != pf[i].op;
+}
+
+/* The gradient's placements: Partial(sum|avg) as Replicate; a
+ * Partial(max|min) output dim as Partial(sum) (its pieces' gradients add
+ * up); an input Partial(max|min) dim as Replicate where the reshard reduces
+ * it (the mask is applied after), else Partial(sum). */
+static void grad_placements(const dt_mesh *m, const dt_placement *p, const bool *reduced,
+                            dt_placement *out)
+{
+    for (int i = 0; i < dt_mesh_ndim(m); i++)
+        out[i] = !(p[i].kind == DT_PLACE_PARTIAL) ? p[i]
+               : is_maxmin(p[i]) && !(reduced && reduced[i]) ? dt_partial(DT_REDUCE_SUM)
+                                                            : dt_replicate();
+}
+
+/* g (f32, the input's box) *= [x == y] / (ties over the reduced dims):
+ * y is x reduced over those dims (max or min, in x's dtype), the tie count
+ * an all-reduce(sum) over the same dims. */
+static dt_status maxmin_mask(dt_ctx *ctx, const rs_save *s, const bool *red, float *g)
+{
+    dt_mesh *m = s->mf;
+    int mn = dt_mesh_ndim(m);
+    dt_placement from[DT_MESH_MAX_DIMS], to[DT_MESH_MAX_DIMS];
+    for (int i = 0; i < mn; i++) {
+        from[i] = red[i] ? s->pf[i] : s->pf[i].kind == DT_PLACE_PARTIAL ? dt_replicate() : s->pf[i];
+        to[i] = red[i] ? dt_replicate() : from[i];
+    }
+    dt_tensor *y;
+    dt_status st = dt__reshard_data(ctx, m, from, m, to, s->ndim, s->shape, s->xin->dtype, s->xin,
+                                    NULL, &y);
+    if (st < 0)
+        return st;
+    int64_t n = dt_tensor_numel(s->xin);
+    dt_tensor *mask = dt_tensor_empty(ctx, DT_F32, s->ndim, s->xin->shape);
+    if (!mask)
+        return dt_last_status();
+    float *mk = mask->data;
+    if (s->xin->dtype == DT_F32) {
+        const float *a = s->xin->data, *b = y->data;
+        for (int64_t e = 0; e < n; e++)
+            mk[e] = a[e] == b[e] ? 1.0f : 0.0f;
+    } else {
+        for (int64_t e = 0; e < n; e++)
+            mk[e] = dt_tensor_get(s->xin, e) == dt_tensor_get(y, e) ? 1.0f : 0.0f;
+    }
+    for (int i = 0; i < mn; i++)
+        if (red[i])
+            from[i] = dt_partial(DT_REDUCE_SUM);
+    dt_tensor *cnt;
+    st = dt__reshard_data(ctx, m, from, m, to, s->ndim, s->shape, DT_F32, mask, NULL, &cnt);
+    if (st < 0)
+        return st;
+    const float *c = cnt->data;
+    for (int64_t e = 0; e < n; e++)
+        g[e] = mk[e] != 0.0f && c[e] > 0.0f ? g[e] / c[e] : 0.0f;
+    return DT_OK;
+}
 
 /* Product of the sizes of the Partial(avg) mesh dims. */
 static double avg_factor(const dt_mesh *m, const dt_placement *p)
@@ -265,9 +347,12 @@ static dt_status rs_backward(dt_ctx *ctx, const dt_tensor *grad_out, int nin, dt
     rs_save *s = ud;
     if (!grad_in[0])
         return DT_OK;
+    bool red[DT_MESH_MAX_DIMS] = {false}, any_red = false;
+    for (int i = 0; i < dt_mesh_ndim(s->mf); i++)
+        any_red |= red[i] = reduces_maxmin(s->mf, s->pf, s->mt, s->pt, i);
     dt_placement rf[DT_MESH_MAX_DIMS], rt[DT_MESH_MAX_DIMS];
-    drop_partial(s->pf, dt_mesh_ndim(s->mf), rf);
-    drop_partial(s->pt, dt_mesh_ndim(s->mt), rt);
+    grad_placements(s->mf, s->pf, red, rf);
+    grad_placements(s->mt, s->pt, NULL, rt);
     dt_tensor *g = dt_tensor_clone(ctx, grad_out);
     if (!g)
         return dt_last_status();
@@ -281,17 +366,13 @@ static dt_status rs_backward(dt_ctx *ctx, const dt_tensor *grad_out, int nin, dt
         return dt_error(DT_ERR_INTERNAL, "backward of reshard of %s: gradient size %lld, input %lld",
                         s->name ? s->name : "tensor", (long long)dt_tensor_numel(gi),
                         (long long)dt_tensor_numel(grad_in[0]));
+    if (any_red && s->xin && dt_mesh_contains_self(s->mf) &&
+        (st = maxmin_mask(ctx, s, red, gi->data)) < 0)
+        return dt_error_wrap(st, "backward of reshard of %s: the Partial(max/min) mask",
+                             s->name ? s->name : "tensor");
     memcpy(grad_in[0]->data, gi->data, (size_t)dt_tensor_numel(gi) * sizeof(float));
     scale_f32(grad_in[0]->data, dt_tensor_numel(gi), 1.0 / avg_factor(s->mf, s->pf));
     return DT_OK;
-}
-
-static bool has_maxmin(const dt_placement *p, int mn)
-{
-    for (int i = 0; i < mn; i++)
-        if (p[i].kind == DT_PLACE_PARTIAL && (p[i].op == DT_REDUCE_MAX || p[i].op == DT_REDUCE_MIN))
-            return true;
-    return false;
 }
 
 dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placement *pl)
@@ -322,22 +403,13 @@ dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placeme
         if (!in)
             return NULL;
     }
-    int mnf = dt_mesh_ndim(x->mesh), mnt = dt_mesh_ndim(mt);
+    int mnf = dt_mesh_ndim(x->mesh);
     bool want = dt_ag_enabled(ctx) && dt_dtype_is_float(x->dtype) &&
                 (in->flags & DT_TENSOR_REQUIRES_GRAD);
     bool cross = mt != x->mesh;
     /* across meshes a rank only in the target mesh learns from its sources
      * whether they record (reshard_cross.c sends the flag with every box) */
     int rg = want;
-    if (want && (has_maxmin(x->placements, mnf) || has_maxmin(pt, mnt))) {
-        char a[256], b[256];
-        dt_error(DT_ERR_UNSUPPORTED,
-                 "%s: %s: %s -> %s: a Partial(max/min) reshard is not differentiable; detach "
-                 "the input or reduce it first",
-                 op, what, dt_placements_str(x->placements, mnf, a, sizeof a),
-                 dt_placements_str(pt, mnt, b, sizeof b));
-        return NULL;
-    }
     if (dt__reshard_agree(x->mesh, x->placements, mt, pt, x->ndim, x->shape, x->dtype, what) < 0)
         return NULL;
     dt_tensor *out;
@@ -367,6 +439,16 @@ dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placeme
         s->ndim = x->ndim;
         memcpy(s->shape, x->shape, sizeof s->shape);
         s->name = x->name;
+        bool red = false;
+        for (int i = 0; i < mnf; i++)
+            red |= reduces_maxmin(x->mesh, x->placements, mt, pt, i);
+        /* the mask needs the input as it was (a later in-place change must
+         * not move it) */
+        if (red && dt_mesh_contains_self(x->mesh)) {
+            if (!(s->xin = dt_tensor_empty(ctx, in->dtype, in->ndim, in->shape)))
+                return NULL;
+            memcpy(s->xin->data, in->data, dt_tensor_nbytes(in));
+        }
         if (!dt_ag_custom(ctx, 1, &in, out, rs_backward, s))
             return NULL;
     }

@@ -34,6 +34,12 @@ static inline void mu_fill_box(dt_tensor *t, int seed, int ndim, const int64_t *
     }
 }
 
+/* Is p Partial(max) or Partial(min)? */
+static inline bool mu_maxmin(dt_placement p)
+{
+    return p.kind == DT_PLACE_PARTIAL && (p.op == DT_REDUCE_MAX || p.op == DT_REDUCE_MIN);
+}
+
 /* Combined index and count of this rank over the Partial mesh dims. */
 static inline void mu_partial_index(const dt_mesh *m, const dt_placement *p, int *r, int *K)
 {

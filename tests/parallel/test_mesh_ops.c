@@ -316,15 +316,24 @@ static int body_errors(int rank, int size, void *arg)
     TH_CHECK(!dt_dtensor_matmul(ctx, x, y) && strstr(dt_last_error(), "dt_dtensor_matmul") &&
                  strstr(dt_last_error(), "different meshes"),
              "meshes: %s", dt_last_error());
-    /* a Partial(max) input that requires grad cannot be reduced differentiably */
-    TH_CHECK(dt_shard_tensor(ctx, m, a, (dt_placement[]){dt_partial(DT_REDUCE_MAX)}, &y) ==
-                     DT_ERR_UNSUPPORTED &&
-                 strstr(dt_last_error(), "Partial(max)") && strstr(dt_last_error(), "differentiable"),
-             "max: %s", dt_last_error());
-    /* without gradients it is fine: relu reduces it first */
-    dt_tensor_set_requires_grad(a, false);
+    /* a Partial(max) input is differentiable: R -> P(max) keeps a copy on
+     * both coordinates, relu reduces it first (the copies tie: g/2 each),
+     * and the copies' gradients add up to relu's derivative */
     TH_OK(dt_shard_tensor(ctx, m, a, (dt_placement[]){dt_partial(DT_REDUCE_MAX)}, &y));
     dt_dtensor *r = dt_dtensor_relu(ctx, y);
+    TH_CHECK(r && r->placements[0].kind != DT_PLACE_PARTIAL, "relu of max: %s", dt_last_error());
+    dt_dtensor *ls = dt_dtensor_sum(ctx, r);
+    TH_CHECK(ls, "sum: %s", dt_last_error());
+    TH_OK(dt_backward(ctx, ls->local));
+    TH_CHECK(a->grad, "max: no gradient");
+    for (int64_t e = 0; e < dt_tensor_numel(a); e++) {
+        float v = ((float *)a->data)[e], gv = ((float *)a->grad->data)[e];
+        TH_CHECK(gv == (v > 0 ? 1.0f : 0.0f), "max: d relu(x)/dx at %g is %g", v, gv);
+    }
+    /* without gradients too */
+    dt_tensor_set_requires_grad(a, false);
+    TH_OK(dt_shard_tensor(ctx, m, a, (dt_placement[]){dt_partial(DT_REDUCE_MAX)}, &y));
+    r = dt_dtensor_relu(ctx, y);
     TH_CHECK(r && r->placements[0].kind != DT_PLACE_PARTIAL, "relu of max: %s", dt_last_error());
     dt_tensor_free(a);
     dt_ctx_free(ctx);

@@ -8,8 +8,9 @@
  * exactly its box of the global tensor (Partial results: their reduction,
  * and the R -> P rule exactly). Backward: the input's gradient is exactly
  * the box of the seeded global gradient (the adjoint: <reshard(x), g> =
- * <x, reshard_bwd(g)> on the global tensors, checked elementwise), and a
- * Partial(max) reshard refuses to record. Cross-mesh: disjoint meshes (the
+ * <x, reshard_bwd(g)> on the global tensors, checked elementwise);
+ * Partial(max|min) sends the gradient to the piece holding the extreme,
+ * split evenly among ties. Cross-mesh: disjoint meshes (the
  * pipeline seed's mesh0 -> mesh1 with [S(0), S(2)]) and overlapping ones,
  * forward and backward. */
 // dt-test-timeout: 200
@@ -211,16 +212,26 @@ static int grad_one(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt_mesh *m
     TH_OK(dt_tensor_set_requires_grad(leaf, true));
     dt_dtensor *y = dt_reshard(ctx, x, mt, pt);
     TH_CHECK(y, "%s: %s", what, dt_last_error());
-    /* gradient seed: box of G (seed 9) in the output's placements */
+    /* gradient seed: box of G (seed 9) in the output's placements; on a
+     * Partial(max|min) output dim the pieces' gradients add up, so only
+     * coordinate 0 holds G there */
     dt_placement q[DT_MESH_MAX_DIMS];
-    for (int i = 0; i < dt_mesh_ndim(mt); i++)
+    bool seed_zero = false, want_zero = false;
+    for (int i = 0; i < dt_mesh_ndim(mt); i++) {
         q[i] = pt[i].kind == DT_PLACE_PARTIAL ? dt_replicate() : pt[i];
+        seed_zero |= mu_maxmin(pt[i]) && dt_mesh_coord(mt, i) != 0;
+    }
+    /* the input's gradient: G's box, except that on a Partial(max|min)
+     * input dim only the piece holding the extreme (mu_make: coordinate 0,
+     * no ties) gets it */
+    for (int i = 0; i < dt_mesh_ndim(mf); i++)
+        want_zero |= mu_maxmin(pf[i]) && dt_mesh_coord(mf, i) != 0;
     dt_dtensor *g = mu_make(ctx, mt, q, 9, DT_F32, ndim, shape);
     TH_CHECK(g, "%s: seed: %s", what, dt_last_error());
     double fo = avgf(mt, pt), fi = avgf(mf, pf);
     int64_t n = dt_tensor_numel(g->local);
     for (int64_t e = 0; e < n; e++)
-        ((float *)g->local->data)[e] /= (float)fo;
+        ((float *)g->local->data)[e] = seed_zero ? 0.0f : ((float *)g->local->data)[e] / (float)fo;
     if (y->local->node_ || dt_tensor_numel(y->local) > 0 || dt_mesh_contains_self(mf))
         TH_OK(dt_backward_with(ctx, y->local, g->local));
     if (!dt_mesh_contains_self(mf))
@@ -233,6 +244,12 @@ static int grad_one(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt_mesh *m
     dt_placement p2[DT_MESH_MAX_DIMS];
     for (int i = 0; i < dt_mesh_ndim(mf); i++)
         p2[i] = pf[i].kind == DT_PLACE_PARTIAL ? dt_replicate() : pf[i];
+    if (want_zero) {
+        for (int64_t e = 0; e < m; e++)
+            TH_CHECK(((float *)gx->data)[e] == 0.0f, "%s: element %lld is %g, not 0 (a piece "
+                     "that does not hold the extreme)", what, (long long)e, ((float *)gx->data)[e]);
+        return 0;
+    }
     return mu_check_box(gx, mf, p2, 9, ndim, shape, what);
 }
 
@@ -250,6 +267,9 @@ static int body_grad(int rank, int size, void *arg)
     dt_placement cand[8];
     int nc = candidates(2, cand, false);
     cand[nc++] = dt_partial(DT_REDUCE_AVG);
+    cand[nc++] = dt_partial(DT_REDUCE_MAX);
+    if (c->ndim_mesh == 1) /* 2-d: max stands for both (7 x 7 pairs per dim is slow) */
+        cand[nc++] = dt_partial(DT_REDUCE_MIN);
     int total = c->ndim_mesh == 1 ? nc : nc * nc;
     for (int fi = 0; fi < total; fi++)
         for (int ti = 0; ti < total; ti++) {
@@ -264,14 +284,6 @@ static int body_grad(int rank, int size, void *arg)
                 return 1;
             dt_ctx_reset(ctx);
         }
-    /* Partial(max) refuses to record */
-    dt_dtensor *x = mu_make(ctx, m, (dt_placement[]){dt_partial(DT_REDUCE_MAX), dt_replicate()}, 1,
-                            DT_F32, 2, shape);
-    TH_OK(dt_tensor_set_requires_grad(x->local, true));
-    dt_placement r[2] = {dt_replicate(), dt_replicate()};
-    TH_CHECK(!dt_reshard(ctx, x, NULL, r) && dt_last_status() == DT_ERR_UNSUPPORTED &&
-                 strstr(dt_last_error(), "not differentiable"),
-             "max: %s", dt_last_error());
     dt_ctx_free(ctx);
     dt_mesh_free(m);
     dt_pg_free(w);
@@ -291,6 +303,95 @@ TEST(backward_2d)
 {
     cfg c = {2, {2, 2}, NULL, false, 1};
     ASSERT_EQ_INT(th_run(4, 90.0, body_grad, &c, NULL), 0);
+}
+
+/* Partial(max|min) backward with ties: piece r of element e is 7 (max; -7
+ * for min) where bit r of e is set, else (e % 5) - 3 (the same on every
+ * piece, so an element with no bit set ties on all pieces). The input's
+ * gradient is G * [piece == extreme] / (number of pieces holding it), for
+ * P -> R and P -> S(0) on a 1-d mesh and [P, P] -> [R, R] (ties over the
+ * product of both dims) and [P, P] -> [S(0), P] (ties over dim 0 only) on a
+ * 2x2 mesh; f32 and bf16 inputs. */
+static float tie_piece(int64_t e, int r, int sign)
+{
+    return (e >> r) & 1 ? 7.0f * (float)sign : (float)(e % 5 - 3);
+}
+
+static int body_ties(int rank, int size, void *arg)
+{
+    const cfg *c = arg;
+    dt_pg *w;
+    TH_OK(th_pg(rank, size, NULL, &w));
+    dt_mesh *m;
+    TH_OK(dt_mesh_init(w, c->ndim_mesh, c->mshape, NULL, NULL, &m));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    int mn = c->ndim_mesh;
+    int64_t shape[1] = {1 << size};
+    int64_t n = shape[0];
+    dt_dtype dts[2] = {DT_F32, DT_BF16};
+    for (int op = 0; op < 2; op++)
+        for (int di = 0; di < 2; di++)
+            for (int tc = 0; tc < 2; tc++) {
+                dt_reduce_op rop = op ? DT_REDUCE_MIN : DT_REDUCE_MAX;
+                int sign = op ? -1 : 1;
+                dt_placement pf[2] = {dt_partial(rop), dt_partial(rop)}, pt[2];
+                /* tc 0: every dim reduced (Replicate); 1: dim 0 to Shard(0), the rest kept */
+                pt[0] = tc ? dt_shard(0) : dt_replicate();
+                pt[1] = tc ? dt_partial(rop) : dt_replicate();
+                /* the pieces reduced together: over dim 0 only (tc 1 on 2-d), else all */
+                int k0 = dt_mesh_size(m, 0), c0 = dt_mesh_coord(m, 0);
+                int grp = tc && mn == 2 ? k0 : size, me = tc && mn == 2 ? c0 : rank;
+                int stride = tc && mn == 2 ? dt_mesh_size(m, 1) : 1;
+                dt_tensor *loc = dt_tensor_empty(ctx, dts[di], 1, shape);
+                for (int64_t e = 0; e < n; e++)
+                    dt_tensor_set(loc, e, tie_piece(e, rank, sign));
+                dt_dtensor *x;
+                TH_OK(dt_dtensor_from_local(ctx, m, loc, pf, shape, &x));
+                TH_OK(dt_tensor_set_requires_grad(loc, true));
+                dt_dtensor *y = dt_reshard(ctx, x, NULL, pt);
+                TH_CHECK(y, "ties: %s", dt_last_error());
+                /* seed: G[e] = e + 1 in the output's box (a kept P dim: coordinate 0 only) */
+                int64_t st = 0, len = n;
+                if (tc)
+                    dt_chunk_range(n, k0, c0, &st, &len);
+                bool zero = tc && mn == 2 && dt_mesh_coord(m, 1) != 0;
+                dt_tensor *g = dt_tensor_empty(ctx, DT_F32, 1, (int64_t[]){len});
+                for (int64_t e = 0; e < len; e++)
+                    ((float *)g->data)[e] = zero ? 0.0f : (float)(st + e + 1);
+                TH_OK(dt_backward_with(ctx, y->local, g));
+                const float *gx = loc->grad->data;
+                for (int64_t e = 0; e < n; e++) {
+                    /* the group's pieces: ranks me' * stride + (rank - me * stride) */
+                    int other = rank - me * stride, cnt = 0;
+                    float ext = 0;
+                    for (int q = 0; q < grp; q++) {
+                        float v = tie_piece(e, other + q * stride, sign);
+                        if (q == 0 || (sign > 0 ? v > ext : v < ext))
+                            ext = v;
+                    }
+                    for (int q = 0; q < grp; q++)
+                        cnt += tie_piece(e, other + q * stride, sign) == ext;
+                    float mine = tie_piece(e, rank, sign);
+                    float want = zero || mine != ext ? 0.0f : (float)(e + 1) / (float)cnt;
+                    TH_CHECK(gx[e] == want, "ties %s %s tc %d: element %lld: gradient %g, want %g "
+                             "(%d pieces hold the extreme)", op ? "min" : "max",
+                             dt_dtype_name(dts[di]), tc, (long long)e, gx[e], want, cnt);
+                }
+                dt_ctx_reset(ctx);
+            }
+    dt_ctx_free(ctx);
+    dt_mesh_free(m);
+    dt_pg_free(w);
+    return 0;
+}
+
+TEST(backward_maxmin_ties)
+{
+    cfg c1 = {1, {3, 1}, NULL, false, 1};
+    ASSERT_EQ_INT(th_run(3, 60.0, body_ties, &c1, NULL), 0);
+    cfg c2 = {2, {2, 2}, NULL, false, 1};
+    ASSERT_EQ_INT(th_run(4, 60.0, body_ties, &c2, NULL), 0);
 }
 
 /* Cross-mesh, 8 ranks: the pipeline seed (mesh0 [[0,1],[2,3]], mesh1
@@ -321,6 +422,8 @@ static int body_cross(int rank, int size, void *arg)
         {ma, mb, {dt_shard(2)}, {dt_shard(1), dt_shard(0)}},
         {mb, ma, {dt_replicate(), dt_shard(2)}, {dt_shard(1)}},
         {ma, mb, {dt_partial(DT_REDUCE_AVG)}, {dt_replicate(), dt_partial(DT_REDUCE_AVG)}},
+        {ma, mb, {dt_partial(DT_REDUCE_MAX)}, {dt_replicate(), dt_partial(DT_REDUCE_MAX)}},
+        {mb, ma, {dt_shard(1), dt_partial(DT_REDUCE_MIN)}, {dt_shard(0)}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dt_dtype dts[] = {DT_F32, DT_BF16, DT_I32};
@@ -438,6 +541,7 @@ int main(void)
     RUN(pairs_2d);
     RUN(backward_1d);
     RUN(backward_2d);
+    RUN(backward_maxmin_ties);
     RUN(cross_mesh_8);
     RUN(agreement_check_4);
     RUN(pairs_1d_8);

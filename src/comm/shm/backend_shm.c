@@ -416,13 +416,15 @@ static void run_small(shm_ctx *s, const dt_coll *c)
             memcpy((char *)c->recv + (size_t)j * blk, shm_slot_at(s, j, s->cur_seq), blk);
         break;
     case DT_COLL_ALLGATHERV:
+        if (c->rblocks) { /* into a layout, in lockstep */
+            for (int j = 0; j < W; j++)
+                srcs[j] = shm_slot_at(s, j, s->cur_seq);
+            dt__blk_scatter(c->recv, c->rblocks, srcs, 0, c->counts, W, es);
+            break;
+        }
         for (int j = 0; j < W; j++)
-            if (c->rblocks)
-                dt__blk_copy(c->recv, &c->rblocks[j], 0, shm_slot_at(s, j, s->cur_seq), NULL, 0,
-                             c->counts[j], es);
-            else
-                memcpy((char *)c->recv + c->displs[j] * es, shm_slot_at(s, j, s->cur_seq),
-                       c->counts[j] * es);
+            memcpy((char *)c->recv + c->displs[j] * es, shm_slot_at(s, j, s->cur_seq),
+                   c->counts[j] * es);
         break;
     case DT_COLL_GATHER:
         if (me == c->root)
@@ -433,9 +435,18 @@ static void run_small(shm_ctx *s, const dt_coll *c)
         memcpy(c->recv, shm_slot_at(s, c->root, s->cur_seq) + (size_t)me * blk, blk);
         break;
     case DT_COLL_ALLTOALL:
+        if (c->rblocks) { /* into a layout, in lockstep */
+            size_t ms[SHM_MAX_RANKS];
+            for (int j = 0; j < W; j++) {
+                srcs[j] = shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk;
+                ms[j] = n;
+            }
+            dt__blk_scatter(c->recv, c->rblocks, srcs, 0, ms, W, es);
+            break;
+        }
         for (int j = 0; j < W; j++)
-            dt__blk_copy(c->recv, c->rblocks ? &c->rblocks[j] : NULL, c->rblocks ? 0 : j * n,
-                         shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk, NULL, 0, n, es);
+            memcpy((char *)c->recv + (size_t)j * blk, shm_slot_at(s, j, s->cur_seq) + (size_t)me * blk,
+                   blk);
         break;
     default: break;
     }
@@ -484,11 +495,15 @@ static dt_status shm_run(void *ctx, const dt_coll *c)
         const void *src;
         size_t bytes;
         slot_input(s, c, &src, &bytes);
-        if (bytes && c->sblocks) /* all-to-all from a layout: its blocks in order */
-            for (int j = 0; j < s->size; j++)
-                dt__blk_copy(shm_slot_at(s, s->rank, s->cur_seq), NULL, (size_t)j * c->count,
-                             c->send, &c->sblocks[j], 0, c->count, esz(c));
-        else if (bytes)
+        if (bytes && c->sblocks) { /* from a layout: its blocks in order, in lockstep */
+            void *dsts[SHM_MAX_RANKS];
+            size_t ms[SHM_MAX_RANKS];
+            for (int j = 0; j < s->size; j++) {
+                dsts[j] = shm_slot_at(s, s->rank, s->cur_seq) + (size_t)j * c->count * esz(c);
+                ms[j] = c->count;
+            }
+            dt__blk_gather(dsts, c->send, c->sblocks, 0, ms, s->size, esz(c));
+        } else if (bytes)
             memcpy(shm_slot_at(s, s->rank, s->cur_seq), src, bytes);
     }
     fill_desc(s, c, shm_desc_at(s, s->rank, s->cur_seq));

@@ -254,19 +254,35 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
         if (exposes[me] && !e->zc_in[me]) {
             size_t mine_n = k == DT_COLL_ALLGATHERV ? c->counts[me] : n;
             size_t mm = a < mine_n ? (mine_n - a < m ? mine_n - a : m) : 0;
-            for (int b = 0; b < nblk && mm; b++)
-                if (c->sblocks) /* all-to-all from a layout */
-                    dt__blk_copy(shm_stage_in(s, me), NULL, (size_t)b * piece, c->send,
-                                 &c->sblocks[b], a, mm, es);
-                else
+            if (c->sblocks && mm) { /* from a layout: its blocks in lockstep */
+                void *dsts[SHM_MAX_RANKS];
+                size_t ms[SHM_MAX_RANKS];
+                for (int b = 0; b < nblk; b++) {
+                    dsts[b] = shm_stage_in(s, me) + (size_t)b * piece * es;
+                    ms[b] = mm;
+                }
+                dt__blk_gather(dsts, c->send, c->sblocks, a, ms, nblk, es);
+            } else {
+                for (int b = 0; b < nblk && mm; b++)
                     dt__copy(shm_stage_in(s, me) + (size_t)b * piece * es,
                              (const char *)c->send + ((size_t)b * n + a) * es, mm * es);
+            }
         }
         if (!all_zc && (st = dt__shm_barrier(s, step++)) < 0)
             return st;
         switch (k) {
         case DT_COLL_ALLGATHER:
         case DT_COLL_ALLGATHERV:
+            if (c->rblocks && k == DT_COLL_ALLGATHERV) { /* into a layout, in lockstep */
+                size_t ms[SHM_MAX_RANKS];
+                for (int j = 0; j < W; j++) {
+                    size_t cj = c->counts[j];
+                    ms[j] = a >= cj || (j == me && c->in_place) ? 0 : (cj - a < m ? cj - a : m);
+                    srcs[j] = ms[j] ? block_in(s, e, j, 0, cj, a, piece, es) : NULL;
+                }
+                dt__blk_scatter(c->recv, c->rblocks, srcs, a, ms, W, es);
+                break;
+            }
             for (int j = 0; j < W; j++) {
                 size_t cj = k == DT_COLL_ALLGATHERV ? c->counts[j] : n;
                 size_t dj = k == DT_COLL_ALLGATHERV ? c->displs[j] : (size_t)j * n;
@@ -296,10 +312,18 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                          m * es);
             break;
         case DT_COLL_ALLTOALL:
-            for (int j = 0; j < W; j++)
-                dt__blk_copy(c->recv, c->rblocks ? &c->rblocks[j] : NULL,
-                             c->rblocks ? a : (size_t)j * n + a,
-                             block_in(s, e, j, me, n, a, piece, es), NULL, 0, m, es);
+            if (c->rblocks) { /* into a layout, in lockstep */
+                size_t ms[SHM_MAX_RANKS];
+                for (int j = 0; j < W; j++) {
+                    ms[j] = m;
+                    srcs[j] = block_in(s, e, j, me, n, a, piece, es);
+                }
+                dt__blk_scatter(c->recv, c->rblocks, srcs, a, ms, W, es);
+            } else {
+                for (int j = 0; j < W; j++)
+                    dt__copy((char *)c->recv + ((size_t)j * n + a) * es,
+                             block_in(s, e, j, me, n, a, piece, es), m * es);
+            }
             break;
         case DT_COLL_REDUCE_SCATTER:
             for (int j = 0; j < W; j++)
