@@ -224,10 +224,40 @@ static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *i
     return sp ? dt_tp_sp_gather(ctx, sp, x, 1) : x;
 }
 
+/* No hooks on m itself (its children may have some). */
+static bool no_hooks(const dt_module *m)
+{
+    for (int k = 0; k < DT__HOOK_KINDS; k++)
+        if (m->hooks[k].n)
+            return false;
+    return !m->fwd_override && !m->ckpt;
+}
+
+/* self->k = 1: built with fused_lm_loss. Then a training-mode forward
+ * whose head carries no hooks, and whose root carries none either (a ZeRO-3
+ * unit gathers the tied weight around the root's forward and releases it
+ * after: the loss, outside, must not read it), returns the hidden states
+ * and marks them as such in the root (self->ud: the GPT2LMHeadModel's
+ * forward takes no user data), which dt_model_desc_loss
+ * checks before it applies the head fused with the cross-entropy; every
+ * other forward clears the mark and returns the logits. */
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
     (void)ud;
-    return dt_module_forward(ctx, child(self, "lm_head"), dt_module_forward(ctx, child(self, "transformer"), idx));
+    dt_module *head = child(self, "lm_head");
+    self->ud = NULL;
+    dt_tensor *h = dt_module_forward(ctx, child(self, "transformer"), idx);
+    if (self->k == 1 && self->training && h && no_hooks(self) && dt__module_tree_plain(head)) {
+        self->ud = h;
+        return h;
+    }
+    return dt_module_forward(ctx, head, h);
+}
+
+bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out)
+{
+    return head && out && head->parent && head->parent->ud == out && out->ndim == 3 && head->nparam == 1 &&
+           head->params[0] && out->shape[2] == head->params[0]->shape[1];
 }
 
 static dt_module *embedding(int64_t n, int64_t dim)
@@ -398,8 +428,11 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
             dt_error(DT_ERR_NO_MEMORY, "gpt2: out of memory building the modules");
         return dt_last_status();
     }
+    if (c->fused_lm_loss && !tp)
+        root->k = 1; /* lm_forward: hidden states in training mode, the loss applies the head */
     if ((st = dt_model_build(root, seed, &c->build, out)) < 0)
         return st;
+    d->lm_head = c->fused_lm_loss && !tp ? head : NULL;
     d->loss = DT_LOSS_CROSS_ENTROPY;
     d->input_ndim = 1;
     d->input_shape[0] = T;

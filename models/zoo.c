@@ -140,6 +140,8 @@ dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *ou
     case DT_LOSS_CROSS_ENTROPY:
         if (d->tp) /* the rank's vocabulary columns */
             return dt_tp_vocab_cross_entropy(ctx, d->tp, output, target, d->num_classes);
+        if (dt__gpt2_is_hidden(d->lm_head, output)) /* fused_lm_loss: the head in chunks, no logits */
+            return dt_linear_cross_entropy(ctx, output, dt_module_param(d->lm_head, 0), target, 0);
         if (output->ndim > 2 && target->ndim == output->ndim - 1) { /* [B, T, V] vs [B, T]: every position */
             output = dt_reshape(ctx, output, 2, (int64_t[]){-1, output->shape[output->ndim - 1]});
             target = dt_reshape(ctx, target, 1, (int64_t[]){-1});

@@ -13,6 +13,9 @@ bool dt__model_is_gpt2(const char *name);
 /* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
  * (the first pipeline unit, pipe_units.c, and the model's own forward). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);
+/* Is out the hidden states that a fused_lm_loss GPT-2's training forward
+ * returned in place of the logits (head: dt_model_desc.lm_head)? */
+bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 #endif

@@ -17,6 +17,21 @@
  * machine a 1-thread run's cpu_ms is a steadier measure of the work than
  * wall time (bench/torch_step.py reports the same).
  *
+ * --precision bf16|fp16 trains as `dtrain train --precision` does: the
+ * model holds its parameters in that dtype (dt_precision_policy_build_params),
+ * the trainer keeps f32 master weights and the optimizer state in f32, the
+ * forward runs under autocast (precision.h), and fp16 scales the loss
+ * (dynamic). On a CPU without native bf16 matmul (dt_precision_native: AVX2)
+ * the bf16 operands are widened to f32 for oneDNN; the JSON's
+ * "native_lowp" says which path ran.
+ *
+ * GPT models compute their loss as `dtrain train` does: the tied head fused
+ * with the cross-entropy in chunks of rows (dt_model_config.fused_lm_loss,
+ * dt_linear_cross_entropy); --lm-loss unfused materialises the [B*T, V]
+ * logits instead (dt_linear then dt_cross_entropy), for comparison.
+ * peak_rss_mib is the process's peak resident set (getrusage) when the
+ * model's run ends: run one model per process to compare it.
+ *
  * --tp N (under `dtrain run -n N`): the model is tensor parallel over the N
  * ranks (tp.h; dt_model_config.tp), every rank steps the same batch, and
  * rank 0 reports (bench/tp_step.sh sets it against one process with N
@@ -27,6 +42,7 @@
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/precision.h"
 #include "dtrain/tp.h"
 #include "dtrain/train.h"
 
@@ -48,6 +64,14 @@ static double cpu_seconds(void)
            1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
+/* The process's peak resident set so far, MiB. */
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain bench step --model {convnet,mlp,gpt2,gpt-mini,...}[,...] --batch N [options]\n"
@@ -58,12 +82,14 @@ static void usage(FILE *f)
                "  --steps S       timed steps (default 20)\n"
                "  --warmup W      untimed steps first (default 3)\n"
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
+               "  --precision P   fp32 (default), bf16 or fp16: as dtrain train --precision (f32 master weights)\n"
+               "  --lm-loss L     GPT models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"
                "  --json          one JSON object per result on stdout\n");
 }
 
 static int run_one(const char *name, long batch, long seq, int steps, int warmup, double peak, double cpu_peak,
-                   bool json, dt_pg *tpg)
+                   bool json, dt_pg *tpg, const char *precision, bool fused)
 {
     int rc = 1;
     dt_model *m = NULL;
@@ -76,6 +102,14 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     dt_model_config cfg = dt_model_config_default();
     cfg.seq = seq;
     cfg.tp = tpg;
+    cfg.fused_lm_loss = fused;
+    dt_precision_policy pol;
+    if (dt_precision_policy_parse(precision, &pol) < 0 || dt_precision_policy_build_params(&pol, &cfg.build) < 0) {
+        dt__cli_err("dtrain bench step: --precision: %s\n", dt_last_error());
+        free(t);
+        free(col);
+        return 2;
+    }
     const bool quiet = tpg && dt_pg_rank(tpg) != 0;
     if (dt_model_create(name, 1234, &cfg, &m, &desc) < 0 || !t || !col) {
         dt__cli_err("dtrain bench step: %s\n", dt_last_error());
@@ -117,6 +151,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     }
     tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
     tp.loss_ud = &desc;
+    tp.precision = pol; /* bf16/f16: f32 master weights, forward under autocast */
+    tp.use_scaler = pol.param_dtype == DT_F16;
     if (dt_trainer_init(m, strat, &tp, &tr) < 0)
         goto fail;
     dt_trainer_batch b = dt_trainer_batch_make(x, desc.input_dtype, nd, shape, tnd ? y : NULL, tdt, tnd, tshape);
@@ -151,24 +187,27 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     int threads = dt_get_num_threads();
     if (quiet) {
     } else if (json) {
-        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,"
+        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"loss\":%.6g}\n",
-               name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), threads,
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g}\n",
+               name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), precision,
+               dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : desc.lm_head ? "fused" : "unfused",
+               threads,
                tpg ? dt_pg_size(tpg) : 1, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
-               cpu_pct, dt_model_param_count(m), (double)last_loss);
+               cpu_pct, dt_model_param_count(m), peak_rss_mib(), (double)last_loss);
     } else {
         if (tpg)
             printf("tp %d x ", dt_pg_size(tpg));
-        printf("%-8s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f; cpu %.2f)  "
+        printf("%-8s %s batch %-4ld threads %d: %8.2f ms/step (min %.2f; fwd %.2f, bwd %.2f, opt %.2f; cpu %.2f)  "
                "%9.1f samples/s  %6.1f GFLOP/s",
-               name, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, cpu_ms,
+               name, precision, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, cpu_ms,
                (double)batch / med[0], gflops);
         if (peak > 0)
             printf("  %5.1f%% of %.0f GFLOP/s matmul peak (CPU-time basis: %.1f%%)", pct, peak, cpu_pct);
+        printf("  peak RSS %.0f MiB", peak_rss_mib());
         printf("\n");
     }
     rc = 0;
@@ -187,7 +226,7 @@ done:
 
 int dt_bench_step(int argc, char **argv)
 {
-    const char *models = "convnet";
+    const char *models = "convnet", *precision = "fp32", *lm_loss = "fused";
     long batch = 0, seq = 0;
     int steps = 20, warmup = 3, threads = 0, peak_reps = 5, tpn = 0;
     bool json = false;
@@ -213,6 +252,10 @@ int dt_bench_step(int argc, char **argv)
             warmup = atoi(v), i++;
         } else if (v && !strcmp(a, "--peak-reps")) {
             peak_reps = atoi(v), i++;
+        } else if (v && !strcmp(a, "--precision")) {
+            precision = v, i++;
+        } else if (v && !strcmp(a, "--lm-loss")) {
+            lm_loss = v, i++;
         } else if (v && !strcmp(a, "--tp")) {
             tpn = atoi(v), i++;
         } else {
@@ -224,6 +267,15 @@ int dt_bench_step(int argc, char **argv)
     if (steps <= 0 || warmup < 0 || batch < 0 || seq < 0 || threads < 0 || peak_reps < 0 || tpn < 0) {
         dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --seq, --threads, --peak-reps, --tp "
                     ">= 0\n");
+        return 2;
+    }
+    if (strcmp(lm_loss, "fused") && strcmp(lm_loss, "unfused")) {
+        dt__cli_err("dtrain bench step: --lm-loss '%s': fused or unfused\n", lm_loss);
+        return 2;
+    }
+    dt_precision_policy pol;
+    if (dt_precision_policy_parse(precision, &pol) < 0) {
+        dt__cli_err("dtrain bench step: --precision: %s\n", dt_last_error());
         return 2;
     }
     dt_pg *world = NULL, *tpg = NULL, *dpg = NULL;
@@ -269,7 +321,7 @@ int dt_bench_step(int argc, char **argv)
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg);
+        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg, precision, !strcmp(lm_loss, "fused"));
         if (r)
             rc = r;
     }

@@ -146,6 +146,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
+    cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
     return cfg;
 }
 
@@ -213,10 +214,8 @@ static int setup_model(trainer *t)
     dt_precision_policy pol;
     if (precision_policy(&t->o, &pol))
         return 2;
-    cfg.build.param_dtype = pol.param_dtype; /* bf16/f16: the model holds its parameters so */
-    cfg.build.keep_batchnorm_fp32 = pol.keep_batchnorm_fp32;
-    cfg.build.buffer_dtype = pol.buffer_dtype == DT_DTYPE_UNSET ? DT_F32 : pol.buffer_dtype;
-    cfg.build.f32_modules = pol.f32_modules;
+    if (dt_precision_policy_build_params(&pol, &cfg.build) < 0) /* bf16/f16: the model holds its parameters so */
+        return fail(2, "--precision");
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");

@@ -280,6 +280,23 @@ DT_API dt_tensor *dt_log_softmax(dt_ctx *ctx, dt_tensor *x);
  * vocabulary-sized [N, V] costs no [N, V] buffer beyond the logits and
  * their gradient. -> scalar. */
 DT_API dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels);
+/* The LM head fused with the cross-entropy: the value (and gradients) of
+ * dt_cross_entropy(dt_linear(x, w, NULL) as [N, V], labels as [N]) without
+ * the [N, V] logits. x [..., C] (N rows), w [V, C] (a Linear's layout; a
+ * tied embedding), labels i64/i32 [...] with x's leading dims (or [N]),
+ * contiguous; DT_K_IGNORE_INDEX rows do not count. The rows go in chunks of
+ * chunk_rows (0: balanced chunks of at most 32 MiB of logits): the forward
+ * computes each chunk's logits, log-sum-exp and loss; the backward
+ * recomputes them (all chunks but the last, whose logits it keeps) and adds
+ * dx and dW chunk by chunk. Memory: one [chunk_rows, V] f32 buffer, against
+ * the unfused path's [N, V] logits and their [N, V] gradient; time: one more
+ * forward GEMM over all chunks but the last. Autocast treats it as
+ * dt_linear (x and w cast), bf16/f16 logits are rounded to that dtype
+ * before the f32 softmax as dt_linear's output would be; the loss is f32.
+ * Equal to the unfused ops within float rounding (per-chunk means and GEMM
+ * sums). Bad labels: DT_ERR_RANGE; shapes: DT_ERR_SHAPE. -> f32 scalar. */
+DT_API dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *labels,
+                                          int64_t chunk_rows);
 /* Mean of (a - b)^2 over all elements; same shape. -> scalar. */
 DT_API dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b);
 /* Sum / mean of every element -> scalar (ndim 0). Summation order is fixed

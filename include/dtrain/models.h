@@ -83,6 +83,10 @@ typedef struct dt_model_desc {
                                              borrowed): the output is this rank's share (GPT-2:
                                              logits [B, T, ceil(V/t)], the loss the
                                              vocabulary-parallel cross-entropy); NULL otherwise */
+    dt_module *lm_head;                   /* GPT-2 built with dt_model_config.fused_lm_loss: its
+                                             (tied) head, borrowed; the loss of a training-mode
+                                             output applies it fused with the cross-entropy
+                                             (dt_linear_cross_entropy). NULL otherwise */
 } dt_model_desc;
 
 /* A GPT-2 configuration. */
@@ -130,6 +134,16 @@ typedef struct dt_model_config {
                                      without. Needs seq divisible by the group size and dropout 0
                                      (else DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED); ignored
                                      without tp (or a group of one) and by the MLP. Default
+                                     false */
+    bool fused_lm_loss;           /* GPT-2 without tp: in training mode (dt_model_train) the
+                                     forward returns the final hidden states [B, T, C] (after
+                                     ln_f) instead of the logits, and dt_model_desc_loss applies
+                                     the tied head fused with the cross-entropy in chunks of rows
+                                     (dt_linear_cross_entropy): the [B*T, V] logits and their
+                                     gradient never exist. In eval mode (evaluation, generation)
+                                     the forward returns the logits as usual. Ignored when the
+                                     head carries hooks (ZeRO-3, user hooks) or under tensor
+                                     parallelism. Same values within float rounding. Default
                                      false */
 } dt_model_config;
 DT_API dt_model_config dt_model_config_default(void);

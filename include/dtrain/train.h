@@ -153,6 +153,14 @@ DT_API dt_dtype dt_precision_reduce_dtype(const dt_precision_policy *p);
  * keep_batchnorm_fp32, a batch norm; else param_dtype (f32 when UNSET).
  * This is the table a model is cast by. */
 DT_API dt_dtype dt_precision_param_dtype(const dt_precision_policy *p, const char *path, bool is_batchnorm);
+/* The model build options that make a model hold its parameters and
+ * buffers as policy p says (what `dtrain train --precision` and `dtrain
+ * bench step --precision` build with): b->param_dtype (f32 when UNSET),
+ * keep_batchnorm_fp32, f32_modules (borrowed from p), buffer_dtype (f32
+ * when UNSET). The trainer then keeps f32 master weights for a bf16/f16
+ * model and runs its forward under autocast in that dtype. Other fields of
+ * *b are left as they are. */
+DT_API dt_status dt_precision_policy_build_params(const dt_precision_policy *p, dt_model_build_params *b);
 
 /* ---- strategies --------------------------------------------------------------- */
 

@@ -10,6 +10,9 @@
  * Randomness is keyed (dropout takes an explicit Philox key), so the
  * recomputation sees the same masks without saving RNG state.
  *
+ * Split backward (dt_backward_input / dt_backward_weight): a region computes
+ * its parameters' gradients in the input pass, whole (see ckpt_backward).
+ *
  * Memory: the region's temporaries are given back (arena rewind) right
  * after the forward, its output copied into a fresh temporary; the
  * recomputation's temporaries and tape nodes as soon as its gradients are
@@ -38,7 +41,15 @@ static dt_status ckpt_backward(dt_ctx *ctx, dt__node *n, const float *gout)
             return dt_last_status();
     dt_arena_pos mark = dt_arena_mark(ctx->arena);
     size_t tape0 = ctx->tape_len;
+    /* Under a split backward (dt_backward_input, ZB-H1's B) the region's
+     * weight gradients are computed now, with its input gradients: deferring
+     * them would queue nodes of the recomputed tape, which is given back
+     * below (the weight pass would run freed nodes), and recomputing the
+     * region a second time in the weight pass costs a forward. */
+    bool split = ctx->split_input;
+    ctx->split_input = false;
     dt_status st = recompute(ctx, n, cs, gout, gin);
+    ctx->split_input = split;
     /* the recomputed nodes and their memory: given back (the outer walk is
      * below tape0 and never reads them) */
     ctx->tape_len = tape0;

@@ -69,3 +69,17 @@ dt_dtype dt_precision_param_dtype(const dt_precision_policy *p, const char *path
             return DT_F32;
     return p->param_dtype;
 }
+
+dt_status dt_precision_policy_build_params(const dt_precision_policy *p, dt_model_build_params *b)
+{
+    if (!p || !b)
+        return dt_error(DT_ERR_NULL, "dt_precision_policy_build_params: NULL argument");
+    dt_status st = dt_precision_policy_check(p);
+    if (st < 0)
+        return st;
+    b->param_dtype = p->param_dtype == DT_DTYPE_UNSET ? DT_F32 : p->param_dtype;
+    b->keep_batchnorm_fp32 = p->keep_batchnorm_fp32;
+    b->buffer_dtype = p->buffer_dtype == DT_DTYPE_UNSET ? DT_F32 : p->buffer_dtype;
+    b->f32_modules = p->f32_modules;
+    return DT_OK;
+}

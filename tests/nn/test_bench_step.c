@@ -4,6 +4,7 @@
 #include "dtrain/base.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,43 @@ TEST(gpt_tokens)
     ASSERT_STR_CONTAINS(out, "block size");
 }
 
+/* --precision bf16 / fp16: the run trains (a finite loss close to the f32
+ * run's from the same weights and batch) and says which precision ran. */
+static double json_num(const char *s, const char *key)
+{
+    const char *p = strstr(s, key);
+    return p ? atof(p + strlen(key)) : NAN;
+}
+
+TEST(precision)
+{
+    static char out[4096];
+    const char *base = "--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 0 --json";
+    char args[512];
+    ASSERT_EQ_INT(run(base, out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "\"precision\":\"fp32\",\"native_lowp\":true");
+    double l32 = json_num(out, "\"loss\":");
+    ASSERT(isfinite(l32) && l32 > 1.0);
+    const char *lp[2] = {"bf16", "fp16"};
+    const double tol[2] = {0.02, 0.005}; /* relative, bf16's 8-bit and fp16's 11-bit mantissa */
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "%s --precision %s", base, lp[k]);
+        ASSERT_EQ_INT(run(args, out, sizeof out), 0);
+        char want[64];
+        snprintf(want, sizeof want, "\"precision\":\"%s\"", lp[k]);
+        ASSERT_STR_CONTAINS(out, want);
+        double l = json_num(out, "\"loss\":");
+        ASSERT(isfinite(l));
+        ASSERT(fabs(l - l32) <= tol[k] * l32);
+    }
+    snprintf(args, sizeof args, "%s --precision bf16", "--model gpt-micro --batch 1 --seq 8 --steps 1 --warmup 0 "
+             "--threads 1 --peak-reps 0");
+    ASSERT_EQ_INT(run(args, out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "gpt-micro bf16 batch 1");
+    ASSERT_EQ_INT(run("--precision fp8 --steps 1 --peak-reps 0", out, sizeof out), 2);
+    ASSERT_STR_CONTAINS(out, "fp8");
+}
+
 TEST(bad_options)
 {
     static char out[4096];
@@ -70,6 +108,7 @@ int main(void)
 {
     RUN(json_per_model);
     RUN(gpt_tokens);
+    RUN(precision);
     RUN(bad_options);
     return TEST_REPORT();
 }

@@ -7,7 +7,7 @@
  * that the data order is not kept; dtrain eval --ckpt evaluates a
  * checkpoint with the model and data it was trained on; bad combinations
  * of the flags are refused with one line. */
-// dt-test-timeout: 120
+// dt-test-timeout: 300
 #include "data/data_util.h"
 #include "test.h"
 #include "train_cli.h"

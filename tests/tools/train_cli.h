@@ -58,9 +58,14 @@ static inline void slurp_(const char *path, char *buf, size_t n)
     buf[k] = 0;
 }
 
-/* argv without the program; NULL-terminated. extra_env: "K=V" or NULL. */
+/* argv without the program; NULL-terminated. extra_env: "K=V" or NULL.
+ * timeout_s is for a release build; sanitizer builds run the CLI 3-10x
+ * slower, so their limit is 4x (ctest's per-test TIMEOUT stays the bound). */
 static inline int cli_runv(cli_result *r, int timeout_s, const char *extra_env, char *const *args)
 {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    timeout_s *= 4;
+#endif
     const char *cli = getenv("DT_CLI");
     if (!cli) {
         fprintf(stderr, "DT_CLI is not set\n");
