@@ -56,13 +56,7 @@ typedef struct {
 } step_times;
 
 /* CPU seconds (user + system) of the whole process so far. */
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
-           1e-6 * (double)ru.ru_stime.tv_usec;
-}
+static double cpu_seconds(void) { return dt__bench_cpu_s(); }
 
 /* The process's peak resident set so far, MiB. */
 static double peak_rss_mib(void)

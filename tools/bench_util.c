@@ -2,6 +2,15 @@
 #include "cmd.h"
 
 #include <stdlib.h>
+#include <sys/resource.h>
+
+double dt__bench_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -2,7 +2,7 @@
  *
  *     dtrain run -n 2 -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64]
  *                         [--steps 20] [--threads 1] [--wrap-min-params N]
- *                         [--mlp-dim N] [--mlp-hidden N]
+ *                         [--wrap-module-type TYPE] [--mlp-dim N] [--mlp-hidden N]
  *                         [--modes ddp,1,2,3,3-post,3-none] [--json]
  *
  * Every mode trains its own copy of the model (same seed, same fixed
@@ -12,13 +12,20 @@
  * prefetch). After 2 untimed steps per mode, blocks of 5 steps cycle
  * through the modes, each block started on every rank together (an untimed
  * barrier), so machine noise hits all modes alike. Rank 0 prints per mode:
- * the median step time (slowest rank), its ratio to DDP's, the model-state
+ * the median step time (slowest rank), its ratio to DDP's, the median
+ * process CPU time per step (every thread of the rank: compute, copies and
+ * the collectives' progress; the slowest rank) and its ratio to DDP's (on a
+ * loaded machine the steadier measure; with DT_SHM_SPIN_US=0 a wait sleeps
+ * instead of spinning, so it counts work, not waiting), the model-state
  * bytes this rank holds and the peak of gathered parameters, and the
  * communication volume per step in units of Psi (the model's parameter
  * bytes), counted as DeepSpeed counts it: an all-reduce moves 2x its bytes,
  * a reduce-scatter or an all-gather 1x. The ZeRO paper's figures: 2 Psi for
  * DDP and stages 1-2, 3 Psi for stage 3. The last losses of all modes are
- * printed too: they train the same model on the same data. */
+ * printed too: they train the same model on the same data. For stage 3
+ * modes a line says how many unit all-gathers a step posts, how many a
+ * prefetch posted ahead of the hook that needed them and how many of those
+ * were complete by then (the gathers that overlapped compute). */
 #include "cmd.h"
 
 #include "dtrain/models.h"
@@ -37,10 +44,11 @@ typedef struct {
     dt_backward_prefetch bp;
     dt_model *m;
     dt_trainer *tr;
-    double *t;
+    double *t, *c; /* wall and CPU seconds per timed step */
     int n;
     double loss;
     uint64_t bytes0; /* collective volume counted before the timed steps */
+    dt_zero_stats zs0; /* stage 3 gather counters before the timed steps */
 } zmode;
 
 /* Bytes moved so far, DeepSpeed's convention (see the top). */
@@ -87,14 +95,15 @@ static int parse_modes(const char *spec, zmode *zm, int *nm)
 
 int dt_bench_zero(int argc, char **argv)
 {
-    const char *model = "mlp", *modes = "ddp,1,2,3,3-post,3-none";
+    const char *model = "mlp", *modes = "ddp,1,2,3,3-post,3-none", *wrap_type = NULL;
     long batch = 4, seq = 64, steps = 20, threads = 1, wrap = 0, mlp_dim = 0, mlp_hidden = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: dtrain run -n N -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64] [--steps 20]\n"
-                   "         [--threads 1] [--wrap-min-params N] [--mlp-dim N] [--mlp-hidden N]\n"
+                   "         [--threads 1] [--wrap-min-params N] [--wrap-module-type TYPE] [--mlp-dim N]\n"
+                   "         [--mlp-hidden N]\n"
                    "         [--modes ddp,1,2,3,3-post,3-none] [--json]\n"
                    "  ZeRO stages against DDP, interleaved: step time, bytes held, communication volume\n");
             return 0;
@@ -119,11 +128,14 @@ int dt_bench_zero(int argc, char **argv)
             model = v, i++;
         else if (!strcmp(a, "--modes") && v)
             modes = v, i++;
+        else if (!strcmp(a, "--wrap-module-type") && v)
+            wrap_type = v, i++;
         else if (!strcmp(a, "--json"))
             json = true;
         else {
             dt__cli_err("dtrain bench zero: unknown or incomplete option '%s' (--model, --batch, --seq, --steps, "
-                        "--threads, --wrap-min-params, --mlp-dim, --mlp-hidden, --modes, --json)\n", a);
+                        "--threads, --wrap-min-params, --wrap-module-type, --mlp-dim, --mlp-hidden, --modes, "
+                        "--json)\n", a);
             return 2;
         }
     }
@@ -159,7 +171,8 @@ int dt_bench_zero(int argc, char **argv)
         cfg.mlp_hidden = mlp_hidden;
     for (int k = 0; k < nm; k++) {
         zmode *z = &zm[k];
-        if (!(z->t = calloc((size_t)steps, sizeof(double))) || dt_model_create(model, 1234, &cfg, &z->m, &desc) < 0)
+        if (!(z->t = calloc((size_t)steps, sizeof(double))) || !(z->c = calloc((size_t)steps, sizeof(double))) ||
+            dt_model_create(model, 1234, &cfg, &z->m, &desc) < 0)
             goto fail;
         dt_strategy *s;
         if (z->stage == 0) {
@@ -170,6 +183,7 @@ int dt_bench_zero(int argc, char **argv)
             zp.stage = z->stage;
             zp.backward_prefetch = z->bp;
             zp.wrap_min_params = (size_t)wrap;
+            zp.wrap_module_type = wrap_type; /* e.g. "Block": one unit per transformer block */
             if (dt_strategy_zero_init(pg, &zp, &s) < 0)
                 goto fail;
         }
@@ -211,6 +225,7 @@ int dt_bench_zero(int argc, char **argv)
             if (dt_trainer_step(zm[k].tr, &b, 1, NULL) < 0)
                 goto fail;
         zm[k].bytes0 = volume(&zm[k]);
+        zm[k].zs0 = dt_zero_get_stats(dt_strategy_zero(dt_trainer_strategy(zm[k].tr)));
     }
     for (int done = 0, blk = 0; done < nm; blk++) {
         zmode *z = &zm[blk % nm];
@@ -220,49 +235,64 @@ int dt_bench_zero(int argc, char **argv)
             goto fail;
         for (int s = 0; s < BLOCK && z->n < steps; s++) {
             dt_trainer_metrics r;
-            double t = dt_time_s();
+            double t = dt_time_s(), c = dt__bench_cpu_s();
             if (dt_trainer_step(z->tr, &b, 1, &r) < 0)
                 goto fail;
+            z->c[z->n] = dt__bench_cpu_s() - c;
             z->t[z->n++] = dt_time_s() - t;
             z->loss = r.loss;
         }
         done += z->n >= steps;
     }
-    double med[MAXMODES];
-    for (int k = 0; k < nm; k++)
+    double med[2 * MAXMODES] = {0}, *cmed = med + MAXMODES;
+    for (int k = 0; k < nm; k++) {
         med[k] = dt__bench_median(zm[k].t, zm[k].n);
-    if (dt_metrics_allreduce(pg, med, nm, DT_REDUCE_MAX) < 0)
+        cmed[k] = dt__bench_median(zm[k].c, zm[k].n);
+    }
+    if (dt_metrics_allreduce(pg, med, 2 * MAXMODES, DT_REDUCE_MAX) < 0)
         goto fail;
     const double psi = 4.0 * (double)dt_model_param_count(zm[0].m), ddp_ms = 1e3 * med[0];
     if (rank == 0 && !json)
         printf("%s (%zu parameters, Psi = %.2f MiB), batch %ld per rank, %d ranks (%s), %ld thread%s each, AdamW;\n"
                "medians of %ld steps (slowest rank), blocks of %d steps interleaved:\n"
-               "%-8s %10s %8s %12s %12s %12s %12s %10s %12s\n",
+               "%-8s %10s %8s %8s %8s %12s %12s %12s %12s %10s %12s\n",
                model, dt_model_param_count(zm[0].m), psi / 1048576.0, batch, world, dt_pg_backend(pg), threads,
-               threads == 1 ? "" : "s", steps, BLOCK, "mode", "step ms", "x first", "params MiB", "grads MiB",
+               threads == 1 ? "" : "s", steps, BLOCK, "mode", "step ms", "x first", "cpu ms", "x first", "params MiB", "grads MiB",
                "optim MiB", "gathered MiB", "volume", "last loss");
     for (int k = 0; k < nm; k++) {
         dt_trainer_memory mem;
         if (dt_trainer_memory_get(zm[k].tr, &mem) < 0)
             goto fail;
         const double vol = (double)(volume(&zm[k]) - zm[k].bytes0) / (double)steps / psi;
-        const double ratio = med[0] > 0 ? med[k] / med[0] : 0;
+        const double ratio = med[0] > 0 ? med[k] / med[0] : 0, cratio = cmed[0] > 0 ? cmed[k] / cmed[0] : 0;
         if (rank != 0)
             continue;
         if (json)
             printf("{\"bench\":\"zero\",\"model\":\"%s\",\"mode\":\"%s\",\"world\":%d,\"batch\":%ld,\"threads\":%ld,"
-                   "\"step_ms\":%.3f,\"ratio\":%.4f,\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optim_bytes\":%zu,"
+                   "\"step_ms\":%.3f,\"ratio\":%.4f,\"cpu_ms\":%.3f,\"cpu_ratio\":%.4f,\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optim_bytes\":%zu,"
                    "\"gathered_peak\":%zu,\"volume_psi\":%.3f,\"loss\":%.7g}\n",
-                   model, zm[k].name, world, batch, threads, 1e3 * med[k], ratio, mem.param_bytes, mem.grad_bytes,
+                   model, zm[k].name, world, batch, threads, 1e3 * med[k], ratio, 1e3 * cmed[k], cratio,
+                   mem.param_bytes, mem.grad_bytes,
                    mem.optim_bytes, mem.gathered_peak, vol, zm[k].loss);
         else
-            printf("%-8s %10.2f %8.3f %12.2f %12.2f %12.2f %12.2f %8.2f Psi %12.7g\n", zm[k].name, 1e3 * med[k],
-                   ratio, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
+            printf("%-8s %10.2f %8.3f %8.1f %8.3f %12.2f %12.2f %12.2f %12.2f %8.2f Psi %12.7g\n", zm[k].name,
+                   1e3 * med[k], ratio, 1e3 * cmed[k], cratio, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
                    mem.gathered_peak / 1048576.0, vol, zm[k].loss);
     }
-    if (rank == 0 && !json)
-        printf("(x first: step time over the first mode's, %.2f ms; volume per step as DeepSpeed counts it: "
-               "2 Psi for DDP and stages 1-2, 3 Psi for stage 3)\n", ddp_ms);
+    if (rank == 0 && !json) {
+        printf("(x first: step time over the first mode's, %.2f ms; cpu ms: process CPU per step, every thread; "
+               "volume per step as DeepSpeed counts it: 2 Psi for DDP and stages 1-2, 3 Psi for stage 3)\n", ddp_ms);
+        for (int k = 0; k < nm; k++) {
+            dt_zero *zz = dt_strategy_zero(dt_trainer_strategy(zm[k].tr));
+            if (!zz || zm[k].stage != 3)
+                continue;
+            dt_zero_stats a = dt_zero_get_stats(zz), o = zm[k].zs0;
+            const double n = (double)steps;
+            printf("%-8s %d units; per step %.1f unit all-gathers, %.1f prefetched, %.1f of those complete when "
+                   "needed (rank 0)\n", zm[k].name, dt_zero_num_units(zz), (double)(a.gathers - o.gathers) / n,
+                   (double)(a.prefetched - o.prefetched) / n, (double)(a.ready_when_needed - o.ready_when_needed) / n);
+        }
+    }
     rc = 0;
 fail:
     if (rc)
@@ -271,6 +301,7 @@ fail:
         dt_trainer_free(zm[k].tr);
         dt_model_free(zm[k].m);
         free(zm[k].t);
+        free(zm[k].c);
     }
     dt_free(x);
     dt_free(y);

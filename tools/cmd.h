@@ -23,6 +23,8 @@ int dt_bench_ddp(int argc, char **argv);
 int dt_bench_zero(int argc, char **argv);
 /* The median of v[0..n) (sorts v in place); 0 for n <= 0. */
 double dt__bench_median(double *v, int n);
+/* CPU seconds this process used so far, every thread (user + system). */
+double dt__bench_cpu_s(void);
 int dt_bench_data(int argc, char **argv);
 
 /* Print one error line of the CLI's own to stderr, printf-style, with

@@ -187,6 +187,13 @@ static int check_memory(trainer *t)
                         .sgd_momentum = t->o.momentum > 0, .offload = op.device};
     if (dt_optim_kind_parse(t->o.optimizer, &mp.optimizer) < 0)
         return fail(2, "--optimizer");
+    const dt_offload_params *pp = &t->ddp.zp.offload_param;
+    if (t->ddp.stage == 3 && pp->device == DT_OFFLOAD_NVME) { /* at most buffer_count shards in memory */
+        size_t shard = (psi + (size_t)t->ddp.world - 1) / (size_t)t->ddp.world;
+        size_t cap = (size_t)pp->buffer_count * pp->buffer_size;
+        mp.param_offload = true;
+        mp.param_buffer_bytes = (shard < cap ? shard : cap) * sizeof(float);
+    }
     if (op.device == DT_OFFLOAD_NVME) { /* the driver's buffers: buffer_count sub-groups of each state */
         size_t sg = psi < op.sub_group_size ? psi : op.sub_group_size;
         int nstate = mp.optimizer == DT_OPTIM_SGD ? (mp.sgd_momentum ? 1 : 0) : 2;

@@ -47,6 +47,7 @@ typedef struct dt__train_opts {
     bool powersgd_no_error_feedback, powersgd_no_warm_start;
     /* optimizer-state offload (src/parallel/offload.c) */
     const char *offload;      /* NULL = none | "cpu" | "nvme:PATH" (checked here) */
+    const char *offload_param;/* stage 3 parameter offload: NULL = none | "cpu" | "nvme:PATH" */
     /* model size (the mlp; 0 = the zoo's default) */
     int64_t mlp_dim, mlp_hidden;
     /* language models (GPT-2 zoo models, cmd_train.c) */

@@ -91,6 +91,9 @@ static const opt_def opts[] = {
     {"offload", OPT_STR, OFF(offload), 0, 0, NULL, "SPEC",
      "optimizer states off this rank's memory: cpu (no-op on a CPU system, says so) | nvme:DIR "
      "(files in a per-run directory under DIR, streamed with asynchronous I/O)"},
+    {"offload-param", OPT_STR, OFF(offload_param), 0, 0, NULL, "SPEC",
+     "--zero 3 / --fsdp full_shard: parameter shards off this rank's memory: cpu (no-op on a CPU system) | "
+     "nvme:DIR (each unit's shard in a file under DIR, read ahead of its all-gather, written after the step)"},
     {"mlp-dim", OPT_INT, OFF(mlp_dim), 1, 1 << 20, NULL, "N", "--model mlp: input/output width (default 1024)"},
     {"mlp-hidden", OPT_INT, OFF(mlp_hidden), 1, 1 << 22, NULL, "N", "--model mlp: hidden width (default 4096)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 64, NULL, "N", "batches loaded ahead (default 2)"},
@@ -473,6 +476,17 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     bool stage3 = (o->zero && !strcmp(o->zero, "3")) || (o->fsdp && !strcmp(o->fsdp, "full_shard"));
+    if (o->offload_param && strcmp(o->offload_param, "cpu") &&
+        !(!strncmp(o->offload_param, "nvme:", 5) && o->offload_param[5])) {
+        dt__cli_err("dtrain train: --offload-param %s: expected cpu or nvme:DIR\n", o->offload_param);
+        return 2;
+    }
+    if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&
+        (!(stage3 || (o->fsdp && !strcmp(o->fsdp, "hybrid_shard"))) || o->save || o->resume)) {
+        dt__cli_err("dtrain train: --offload-param nvme: needs --zero 3 (or --fsdp full_shard) and does not combine "
+                    "with --save/--resume yet (the shards in files are not checkpointed)\n");
+        return 2;
+    }
     if (stage3 && o->init_from) {
         dt__cli_err("dtrain train: --init-from does not work with sharded parameters (--zero 3, --fsdp full_shard) "
                     "yet\n");

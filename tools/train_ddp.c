@@ -100,6 +100,8 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
         dt_config_zero_params(o->cfg, &unused, &r->zp);
         r->zp.stage = r->stage > 0 ? r->stage : 3;
     }
+    if (o->offload_param) /* the command line over the config's offload_param (checked by the parser) */
+        dt_offload_parse(o->offload_param, &r->zp.offload_param);
     /* Hierarchical reductions: AIAK's switch overrides the flag, which
      * overrides the config (environment > command line > file) */
     int64_t aiak;
@@ -383,6 +385,15 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
                    (unsigned long long)zs.gathers, (unsigned long long)zs.prefetched,
                    (unsigned long long)zs.ready_when_needed);
         printf("\n");
+        dt_nvme_store *ps = dt_zero_param_store(z);
+        if (ps) {
+            dt_nvme_stats ns;
+            dt_nvme_store_stats(ps, &ns);
+            printf("offload: parameter shards in %s (%s I/O), %d buffers; rank 0 read %.1f MiB, wrote %.1f MiB, "
+                   "%.2f s waiting for I/O\n", dt_nvme_store_dir(ps), dt_offload_io_name(dt_nvme_store_io(ps)),
+                   r->zp.offload_param.buffer_count, ns.bytes_read / 1048576.0, ns.bytes_written / 1048576.0,
+                   ns.wait_s);
+        }
         for (int k = 0; k < r->world; k++) {
             char b[K][32];
             for (int i = 0; i < K; i++)

@@ -16,6 +16,9 @@
  *     sub-group i is stepped while i+1 (and up to buffer_count - 1 ahead) is
  *     read and i-1 is written, so disk time overlaps the arithmetic. Only
  *     buffer_count sub-groups of state are in memory at any time.
+ *   - with ZeRO stage 3, `offload_param` `device: nvme` keeps each
+ *     rank's parameter shards in files of a store too: see "Parameter
+ *     offload" in parallel.h (dt_zero_params.offload_param, dt_zero_step).
  *
  * The store (dt_nvme_store) is the file layer: regions of bytes, each one
  * file in a per-run directory `nvme_path/dtrain-offload-PID-XXXXXX` made for
@@ -94,7 +97,10 @@ typedef enum dt_offload_io {
     DT_OFFLOAD_IO_COUNT
 } dt_offload_io;
 
-/* DeepSpeed's offload_optimizer keys (SEMANTICS 1.6) and the engine. */
+/* DeepSpeed's offload_optimizer / offload_param keys (SEMANTICS 1.6) and the
+ * engine. For offload_param, buffer_count is the number of parameter shards
+ * (units) that may be in memory at once, reads ahead included (DeepSpeed's
+ * default there is 5: dt_zero_params_default sets it). */
 typedef struct dt_offload_params {
     dt_offload_device device; /* default DT_OFFLOAD_NONE */
     const char *nvme_path;    /* NVME: an existing directory (borrowed); default NULL (required) */
@@ -105,6 +111,11 @@ typedef struct dt_offload_params {
     bool fast_init;           /* accepted; state files start as zeros without being written either
                                  way (posix_fallocate); default false */
     dt_offload_io io;         /* default DT_OFFLOAD_IO_AUTO */
+    /* offload_param only (parameter offload, dt_zero_params.offload_param, parallel.h): */
+    size_t buffer_size;       /* elements of one parameter buffer: a unit's shard must fit, else
+                                 dt_zero_init refuses naming the unit; default 1e8 (DeepSpeed's) */
+    size_t max_in_cpu;        /* accepted, no effect: shards not in flight always live in the
+                                 files; default 1e9 (DeepSpeed's) */
 } dt_offload_params;
 
 /* Defaults as listed above. */
@@ -179,6 +190,10 @@ DT_API void dt_offload_optim_free(dt_offload_optim *d);
  * error the step stops (the error names the file); a sub-group already
  * written keeps its update, so treat the state as lost. */
 DT_API dt_status dt_offload_optim_step(dt_offload_optim *d);
+/* One optimizer step of range r only (every sub-group of it), with o's
+ * learning rate and step count, which does not advance (the caller sets it
+ * after the last range: parameter offload steps unit by unit, dt_zero_step). */
+DT_API dt_status dt_offload_optim_step_range(dt_offload_optim *d, size_t r);
 /* Read n floats of state i (dt_optim_state order) of range r, starting at
  * element lo of the range (global index), into dst, synchronously (tests,
  * checkpoints). */
@@ -211,9 +226,14 @@ typedef struct dt_mem_policy {
     bool master_weights;         /* mixed precision: fp32 master copy (4 bytes) kept by the optimizer */
     dt_offload_device offload;   /* NVME: optimizer state (and master weights) in files */
     size_t offload_buffer_bytes; /* NVME: the driver's buffers (dt_offload_optim_buffer_bytes) */
+    bool param_offload;          /* stage 3 parameter offload (dt_zero_params.offload_param NVME):
+                                    the parameter shards are in files */
+    size_t param_buffer_bytes;   /* param_offload: the shards' buffers in memory (at most
+                                    buffer_count shards) */
 } dt_mem_policy;
 
-/* The ZeRO memory model per rank: parameters P = b*psi (stage 3: /world),
+/* The ZeRO memory model per rank: parameters P = b*psi (stage 3: /world;
+ * with param_offload: param_buffer_bytes),
  * gradients G = b*psi (stage >= 2: /world), optimizer state K*psi (stage >=
  * 1: /world) with K = 8 (Adam: exp_avg + exp_avg_sq), 4 (SGD momentum) or
  * 0, master weights 4*psi under mixed precision (stage >= 1: /world); shards

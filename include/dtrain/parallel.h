@@ -97,6 +97,7 @@
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
 #include "dtrain/nn.h"
+#include "dtrain/offload.h"
 #include "dtrain/optim.h"
 #include "dtrain/tensor.h"
 
@@ -613,6 +614,24 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * gives the bytes held: stage 3 parameters and stage 2/3 gradients are
  * Psi/N (padded), stage 1/2 parameters and stage 1 gradients Psi.
  *
+ * Parameter offload (ZeRO-Infinity's offload_param, stage 3 only):
+ * offload_param.device NVME keeps each non-resident unit's parameter shard
+ * in a file of an NVMe store (offload.h: a per-run directory under
+ * nvme_path, files created O_EXCL|O_NOFOLLOW and removed by dt_zero_free).
+ * A shard is read in asynchronously before the unit's all-gather and its
+ * buffer returned once the gather completed; reads run ahead along the
+ * recorded order (forward, then backward in reverse) so that up to
+ * buffer_count shards are in memory, the disk time overlapping the compute
+ * and the other gathers. The optimizer steps unit by unit (dt_zero_step:
+ * read ahead, step, write back), with its state in memory or in files
+ * (dt_offload_optim). A failed or short read or write is an error naming
+ * the file; in a hook it is held and reported by every rank at the step's
+ * dt_zero_wait (the per-step check carries it), after the step by every
+ * rank at once, at init by every rank before any other collective: never a
+ * hang. f32 units only (mixed precision: DT_ERR_UNSUPPORTED), SGD, Adam and
+ * AdamW (the step goes by parts, dt_optim_step_part). The parameters are
+ * bit-identical to stage 3 without offload.
+ *
  * Usage (the trainer does all of this through dt_strategy_zero_init, train.h):
  *     dt_model_build_params bp = {.world = 1, .meta = true};
  *     dt_model_build(net, seed, &bp, &m);          // no parameter memory
@@ -706,6 +725,11 @@ typedef struct dt_zero_params {
     bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
                                     reduce-scatter) over dt_pg_hierarchical of the shard group:
                                     two levels across nodes; default false */
+    dt_offload_params offload_param; /* DeepSpeed's offload_param (stage 3): device NVME keeps
+                                    this rank's parameter shards in files under nvme_path
+                                    (borrowed during init), see "Parameter offload" above; CPU
+                                    changes nothing on a CPU system. Default: device NONE,
+                                    buffer_count 5, buffer_size 1e8, max_in_cpu 1e9 */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 
@@ -731,6 +755,19 @@ DT_API dt_status dt_zero_wait(dt_zero *z);
 DT_API dt_status dt_zero_after_step(dt_zero *z);
 /* Error path: wait without reporting and zero every gradient. */
 DT_API void dt_zero_drain(dt_zero *z);
+/* Whether the parameter shards are offloaded (offload_param.device NVME). */
+DT_API bool dt_zero_params_offloaded(const dt_zero *z);
+/* The optimizer step under parameter offload (the trainer calls it instead
+ * of dt_optim_step): unit by unit, the shard read in (buffer_count - 1
+ * ahead), the unit's range stepped, the shard written back. o was made over
+ * dt_zero_ranges (state in memory) or, with d non-NULL, over no ranges with
+ * d stepping its state in files (dt_offload_optim_step_range). Advances o's
+ * step count. Collective: every rank learns whether any rank's I/O failed
+ * (the failing rank's error names the file). Without parameter offload:
+ * dt_optim_step(o) or dt_offload_optim_step(d). */
+DT_API dt_status dt_zero_step(dt_zero *z, dt_optim *o, dt_offload_optim *d);
+/* The parameter store (NULL without parameter offload; borrowed). */
+DT_API dt_nvme_store *dt_zero_param_store(const dt_zero *z);
 /* In-place SUM of n doubles over the shard group (the ranks whose ranges
  * are disjoint: all ranks, or the hybrid shard group). Collective there. */
 DT_API dt_status dt_zero_shard_sum(dt_zero *z, double *v, int n);
@@ -787,7 +824,9 @@ typedef struct dt_zero_piece {
  * gets the count (DT_ERR_RANGE when cap is smaller; out NULL only counts). */
 DT_API dt_status dt_zero_pieces(const dt_zero *z, dt_zero_piece *out, size_t cap, size_t *n);
 /* Bytes held between steps (parameters, gradients) and the peak of gathered
- * parameters plus unsharded gradients since init. Any pointer may be NULL. */
+ * parameters plus unsharded gradients since init. Any pointer may be NULL.
+ * Under parameter offload the offloaded shards count as the peak bytes of
+ * their buffers held at once since init (the files are not memory). */
 DT_API dt_status dt_zero_memory(const dt_zero *z, size_t *param_bytes, size_t *grad_bytes, size_t *gathered_peak);
 /* Counters since init: what moved, and whether stage 3's all-gathers
  * overlapped compute (a gather a prefetch posted before the unit's hook

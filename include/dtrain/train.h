@@ -336,7 +336,9 @@ typedef struct dt_trainer_params {
     dt_offload_params offload; /* optimizer-state offload (offload.h): NVME keeps the state of the
                                   owned range in files and steps it sub-group by sub-group
                                   (sgd/adam/adamw; bit-identical results); CPU changes nothing and
-                                  logs so; default dt_offload_params_default() (none) */
+                                  logs so; default dt_offload_params_default() (none). Parameter
+                                  offload is the zero strategy's (dt_zero_params.offload_param):
+                                  the trainer then steps through dt_zero_step, unit by unit */
 } dt_trainer_params;
 
 /* Defaults as listed above. */

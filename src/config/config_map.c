@@ -38,8 +38,6 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "ZeRO++ quantized communication");
     if (!strcmp(p, "zero_optimization.offload_optimizer.ratio") && v->v.d != 1.0)
         return unsupported(p, "partial optimizer offload: the whole optimizer state is offloaded or none");
-    if (!strcmp(p, "zero_optimization.offload_param.device") && !strcmp(v->v.s, "nvme"))
-        return unsupported(p, "parameters in NVMe files; optimizer state offload (offload_optimizer) works");
     if (!strcmp(p, "optimizer.params.max_coeff") || !strcmp(p, "optimizer.params.min_coeff"))
         return unsupported(p, "dtrain's LAMB is apex FusedLAMB, whose trust ratio has no clamp");
     if (!strcmp(p, "optimizer.type") && !strcmp(v->v.s, "Lamb"))
@@ -209,6 +207,24 @@ dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_params *
     take_size(c, "zero_optimization.stage3_max_reuse_distance", &zp->max_reuse_distance);
     if (*stage > 0)
         zp->stage = *stage;
+    /* offload_param (stage 3 parameter offload, parallel.h) */
+    dt_offload_params *op = &zp->offload_param;
+    const char *dev = NULL, *path = NULL;
+    dt_config_get_str(c, "zero_optimization.offload_param.device", &dev);
+    dt_config_get_str(c, "zero_optimization.offload_param.nvme_path", &path);
+    if (dev) {
+        if (!strcmp(dev, "nvme") && !path)
+            return dt_error(DT_ERR_INVALID_ARG, "key zero_optimization.offload_param.nvme_path: required with "
+                                                "\"device\": \"nvme\" (an existing directory on a fast disk)");
+        op->device = !strcmp(dev, "nvme") ? DT_OFFLOAD_NVME : !strcmp(dev, "cpu") ? DT_OFFLOAD_CPU : DT_OFFLOAD_NONE;
+        op->nvme_path = op->device == DT_OFFLOAD_NVME ? path : NULL;
+    }
+    int64_t bc;
+    if (get_i(c, "zero_optimization.offload_param.buffer_count", &bc))
+        op->buffer_count = (int)bc;
+    take_size(c, "zero_optimization.offload_param.buffer_size", &op->buffer_size);
+    take_size(c, "zero_optimization.offload_param.max_in_cpu", &op->max_in_cpu);
+    take_bool(c, "zero_optimization.offload_param.pin_memory", &op->pin_memory);
     return DT_OK;
 }
 

@@ -51,6 +51,8 @@ dt_status dt_mem_model_states(const dt_mem_policy *p, dt_mem_estimate *out)
         e.optim = (double)p->offload_buffer_bytes;
         /* master weights stay in memory: the driver keeps the optimizer's own state in files */
     }
+    if (p->param_offload && p->zero_stage >= 3) /* stage 3 parameter offload: the shards' buffers */
+        e.params = (double)p->param_buffer_bytes;
     e.total = e.params + e.grads + e.optim + e.master;
     *out = e;
     return DT_OK;

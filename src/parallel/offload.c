@@ -103,6 +103,8 @@ dt_offload_params dt_offload_params_default(void)
     p.pin_memory = false;
     p.fast_init = false;
     p.io = DT_OFFLOAD_IO_AUTO;
+    p.buffer_size = 100000000;
+    p.max_in_cpu = 1000000000;
     return p;
 }
 

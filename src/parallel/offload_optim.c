@@ -191,17 +191,18 @@ static dt_status post_reads(dt_offload_optim *d, size_t g, int b)
     return DT_OK;
 }
 
-static dt_status step_groups(dt_offload_optim *d)
+/* Step sub-groups [g0, G). */
+static dt_status step_groups(dt_offload_optim *d, size_t g0, size_t G)
 {
-    const size_t G = d->ngroup, ahead = (size_t)d->nbuf - 1;
-    size_t issued = 0;
+    const size_t ahead = (size_t)d->nbuf - 1;
+    size_t issued = g0;
     dt_status st;
     float *state[2] = {NULL, NULL};
-    for (size_t g = 0; g < G; g++) {
+    for (size_t g = g0; g < G; g++) {
         for (; issued < G && issued <= g + ahead; issued++)
-            if ((st = post_reads(d, issued, (int)(issued % (size_t)d->nbuf))) < 0)
+            if ((st = post_reads(d, issued, (int)((issued - g0) % (size_t)d->nbuf))) < 0)
                 return st;
-        const int b = (int)(g % (size_t)d->nbuf);
+        const int b = (int)((g - g0) % (size_t)d->nbuf);
         for (int i = 0; i < d->nstate; i++) {
             size_t j = (size_t)b * (size_t)d->nstate + (size_t)i;
             st = dt_nvme_store_wait(d->store, d->rt[j]);
@@ -236,11 +237,10 @@ static dt_status step_groups(dt_offload_optim *d)
     return DT_OK;
 }
 
-dt_status dt_offload_optim_step(dt_offload_optim *d)
+/* Step sub-groups [g0, g1); on an error nothing stays in flight. */
+static dt_status step_span(dt_offload_optim *d, size_t g0, size_t g1)
 {
-    if (!d)
-        return dt_error(DT_ERR_NULL, "dt_offload_optim_step: driver is NULL");
-    dt_status st = step_groups(d);
+    dt_status st = step_groups(d, g0, g1);
     if (st < 0) {
         /* nothing may stay in flight into the buffers; the first error stands */
         char msg[1024];
@@ -251,8 +251,33 @@ dt_status dt_offload_optim_step(dt_offload_optim *d)
         memset(d->wt, 0, nb * sizeof *d->wt);
         return dt_error(st, "%s", msg);
     }
+    return DT_OK;
+}
+
+dt_status dt_offload_optim_step(dt_offload_optim *d)
+{
+    if (!d)
+        return dt_error(DT_ERR_NULL, "dt_offload_optim_step: driver is NULL");
+    dt_status st = step_span(d, 0, d->ngroup);
+    if (st < 0)
+        return st;
     dt_optim_set_step(d->o, dt_optim_get_step(d->o) + 1);
     return DT_OK;
+}
+
+dt_status dt_offload_optim_step_range(dt_offload_optim *d, size_t r)
+{
+    if (!d)
+        return dt_error(DT_ERR_NULL, "dt_offload_optim_step_range: driver is NULL");
+    if (r >= d->nrange)
+        return dt_error(DT_ERR_RANGE, "dt_offload_optim_step_range: range %zu of %zu", r, d->nrange);
+    size_t g0 = 0;
+    while (g0 < d->ngroup && d->groups[g0].r < r)
+        g0++;
+    size_t g1 = g0;
+    while (g1 < d->ngroup && d->groups[g1].r == r)
+        g1++;
+    return step_span(d, g0, g1);
 }
 
 dt_status dt_offload_optim_read_state(dt_offload_optim *d, size_t r, int i, size_t lo, size_t n, float *dst)

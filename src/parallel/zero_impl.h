@@ -41,6 +41,11 @@ typedef struct zunit {
     uint64_t gathers;        /* all-gathers posted since the last check */
     bool prefetched;         /* its in-flight gather was posted by a prefetch */
     dt_hook_id hooks[4];
+    /* parameter offload (zero_offload.c): the shard's store region (-1: in
+     * memory as above); pshard is then a mapped buffer while the shard is
+     * in memory (read posted or done), NULL otherwise */
+    int preg;
+    uint64_t prd, pwr;       /* in-flight read / write of the shard (0: none) */
 } zunit;
 
 struct dt_zero {
@@ -70,6 +75,12 @@ struct dt_zero {
     size_t live, peak_live;  /* bytes of gathered parameters / unsharded gradients */
     dt_zero_stats stats;
     dt_hook_id ready_hook;
+    /* parameter offload */
+    dt_nvme_store *pstore;   /* NULL: parameters in memory */
+    size_t pheld, pheld_peak;/* bytes of offloaded shards in memory now / at most */
+    int nheld;               /* shards in memory */
+    dt_status perr;          /* the first I/O error held for the step's check (DT_OK: none) */
+    char *perr_msg;
 };
 
 /* zero_wrap.c: apply the wrap policy of p to z->m and fill z->u, z->nu,
@@ -78,5 +89,32 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p);
 void dt__zero_free_units(dt_zero *z);
 /* zero.c: unmap and free one unit's buffers. */
 void dt__zero_unit_unmap(zunit *u);
+dt_status dt__zero_unit_err(const zunit *u, dt_status st, const char *what);
+
+/* zero_offload.c: parameter offload. */
+/* Open the store and add a region per non-resident unit (init). */
+dt_status dt__zo_open(dt_zero *z);
+/* Close the store (files removed), after dropping every buffer. */
+void dt__zo_close(dt_zero *z);
+/* Post the read of u's shard into a new buffer unless it is in memory. */
+dt_status dt__zo_fetch(dt_zero *z, zunit *u);
+/* u's shard in memory and complete (fetch + wait). */
+dt_status dt__zo_ready(dt_zero *z, zunit *u);
+/* Return u's buffer (waits for its I/O first). */
+void dt__zo_drop(dt_zero *z, zunit *u);
+/* A fresh buffer for u's shard, no read (init fills it, then writes it). */
+dt_status dt__zo_buffer(dt_zero *z, zunit *u);
+/* Write u's shard (init: synchronous). */
+dt_status dt__zo_write_sync(dt_zero *z, zunit *u);
+/* Post reads for the units after position pos of the schedule (forward
+ * order, then backward), up to buffer_count shards in memory. */
+void dt__zo_readahead(dt_zero *z, int pos);
+/* Hold an I/O error of a hook for the step's check: on one rank it would
+ * leave the others waiting in a collective. Returns DT_OK, or st when
+ * there are no peers to wait (W == 1). */
+dt_status dt__zo_hold(dt_zero *z, dt_status st);
+/* Combine st over all ranks (MAX of failure): the failing rank's own
+ * error, or DT_ERR_IO naming `what` on the others. */
+dt_status dt__zo_agree(dt_zero *z, dt_status st, const char *what);
 
 #endif

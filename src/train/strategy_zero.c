@@ -13,6 +13,7 @@ typedef struct {
     dt_pg *pg;
     dt_zero_params p;
     char *wrap_type; /* owned copy of p.wrap_module_type */
+    char *nvme_path; /* owned copy of p.offload_param.nvme_path */
     dt_zero *z;
 } zero_strategy;
 
@@ -71,6 +72,7 @@ static void s_free(void *self)
     zero_strategy *s = self;
     dt_zero_free(s->z);
     dt_free(s->wrap_type);
+    dt_free(s->nvme_path);
     dt_free(s);
 }
 
@@ -122,8 +124,19 @@ dt_status dt_strategy_zero_init(dt_pg *pg, const dt_zero_params *p, dt_strategy 
         memcpy(s->wrap_type, s->p.wrap_module_type, n);
         s->p.wrap_module_type = s->wrap_type;
     }
+    if (s->p.offload_param.nvme_path) {
+        size_t n = strlen(s->p.offload_param.nvme_path) + 1;
+        if (!(s->nvme_path = dt_alloc(n))) {
+            dt_free(s->wrap_type);
+            dt_free(s);
+            return dt_error(DT_ERR_NO_MEMORY, "dt_strategy_zero_init");
+        }
+        memcpy(s->nvme_path, s->p.offload_param.nvme_path, n);
+        s->p.offload_param.nvme_path = s->nvme_path;
+    }
     dt_status st = dt_strategy_init(&k_zero_ops, s, out);
     if (st < 0) {
+        dt_free(s->nvme_path);
         dt_free(s->wrap_type);
         dt_free(s);
     }

@@ -30,6 +30,7 @@ struct dt_trainer {
     dt_strategy *s;
     dt_optim *opt;
     dt_offload_optim *off;   /* NVMe offload: steps opt over the ranges, state in files */
+    dt_zero *poff;           /* ZeRO-3 parameter offload: steps unit by unit (dt_zero_step); else NULL */
     /* the ranges stepped (rg[0..nrg)): the strategy's (optim_ranges), or
      * one per dtype of trained parameters (f32, bf16, f16): f32 params are
      * stepped in place; bf16/f16 ones through fp32 master weights
@@ -207,6 +208,12 @@ static dt_status build_optimizer(dt_trainer *tr)
     if (nvme && (tr->scaler || tr->lowp))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: NVMe offload steps f32 parameters and gradients "
                         "without loss scaling only (mixed precision and loss scaling are not offloaded yet)");
+    dt_zero *z = dt_strategy_zero(tr->s);
+    tr->poff = dt_zero_params_offloaded(z) ? z : NULL;
+    if (tr->poff && (tr->scaler || tr->lowp || tr->p.optimizer == DT_OPTIM_LAMB))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: ZeRO parameter offload (offload_param nvme) steps f32 "
+                        "parameters unit by unit with sgd, adam or adamw, without loss scaling (this run: %s%s)",
+                        dt_optim_kind_name(tr->p.optimizer), tr->scaler || tr->lowp ? ", mixed precision" : "");
     const dt_optim_range *rg = nvme ? NULL : tr->rg;
     const size_t nr = nvme ? 0 : tr->nrg;
     if (tr->rank == 0)
@@ -575,7 +582,7 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
  * range) the flat's own. */
 static dt_status grads_f32(dt_trainer *tr, size_t k, float **g, size_t *n)
 {
-    if (!tr->off)
+    if (!tr->off && !tr->poff) /* (parameter offload: f32 only, and the shards are not in memory) */
         return dt_optim_grads_f32(tr->opt, k, g, n);
     const dt_optim_range *r = &tr->rg[k];
     *n = r->hi - r->lo;
@@ -713,7 +720,9 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                 dt_grad_clip_apply(g, ng, norm, (float)tr->p.clip_grad_norm);
             }
         }
-        if ((st = tr->off ? dt_offload_optim_step(tr->off) : dt_optim_step(tr->opt)) < 0)
+        if ((st = tr->poff  ? dt_zero_step(tr->poff, tr->opt, tr->off)
+                  : tr->off ? dt_offload_optim_step(tr->off)
+                            : dt_optim_step(tr->opt)) < 0)
             return abandon(tr, st);
         if (s->ops.after_step && (st = s->ops.after_step(s->self)) < 0)
             return abandon(tr, dt_error_wrap(st, "dt_trainer_step: strategy '%s' after the step", s->ops.name));

@@ -235,8 +235,8 @@ TEST(wrong_types_and_ranges_name_the_key)
         {"{\"fp16\": {\"hysteresis\": 2, \"hysteresis\": 3}}", "key fp16.hysteresis appears twice", DT_ERR_FORMAT},
         {"{\"prescale_gradients\": true}", "key prescale_gradients: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"amp\": {\"enabled\": true}}", "key amp.enabled: not supported yet", DT_ERR_UNSUPPORTED},
-        {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\"}}}",
-         "key zero_optimization.offload_param.device: not supported yet", DT_ERR_UNSUPPORTED},
+        {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
+         "key zero_optimization.offload_param.device", DT_ERR_INVALID_ARG},
         {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
         {"{\"dtrain\": {\"pipeline_parallel_size\": 0}}", "key dtrain.pipeline_parallel_size: expected an integer",
@@ -272,6 +272,37 @@ TEST(wrong_types_and_ranges_name_the_key)
         ASSERT_STR_CONTAINS(dt_last_error(), cases[i].key);
         dt_config_free(c);
     }
+}
+
+/* offload_param (stage 3 parameter offload) maps into dt_zero_params.offload_param;
+ * nvme without nvme_path is an error naming the key. */
+TEST(offload_param_nvme)
+{
+    dt_status st = DT_ERR_INTERNAL;
+    dt_config *c = load_str("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\", "
+                            "\"nvme_path\": \"/mnt/nvme\", \"buffer_count\": 3, \"buffer_size\": 1000, "
+                            "\"max_in_cpu\": 77}}}", &st);
+    ASSERT(c);
+    ASSERT_OK(st);
+    int stage = -1;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_EQ_INT(zp.offload_param.device, DT_OFFLOAD_NONE);
+    ASSERT_EQ_INT(zp.offload_param.buffer_count, 5);
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(stage, 3);
+    ASSERT_EQ_INT(zp.offload_param.device, DT_OFFLOAD_NVME);
+    ASSERT_STR_CONTAINS(zp.offload_param.nvme_path, "/mnt/nvme");
+    ASSERT_EQ_INT(zp.offload_param.buffer_count, 3);
+    ASSERT_EQ_U64(zp.offload_param.buffer_size, 1000u);
+    ASSERT_EQ_U64(zp.offload_param.max_in_cpu, 77u);
+    dt_config_free(c);
+    c = load_str("{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\"}}}", &st);
+    ASSERT(c);
+    ASSERT_OK(st);
+    zp = dt_zero_params_default();
+    ASSERT_STATUS(dt_config_zero_params(c, &stage, &zp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "offload_param.nvme_path");
+    dt_config_free(c);
 }
 
 /* ---- batch relation (SEMANTICS 1.4) ------------------------------------------------------ */
@@ -640,6 +671,7 @@ int main(void)
     RUN(comments_and_trailing_commas);
     RUN(unknown_keys_warn_with_full_path);
     RUN(wrong_types_and_ranges_name_the_key);
+    RUN(offload_param_nvme);
     RUN(batch_relation);
     RUN(precedence);
     RUN(aiak_environment);

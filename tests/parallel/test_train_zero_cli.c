@@ -1,13 +1,17 @@
 /* `dtrain train --zero / --fsdp` under `dtrain run -n 2`: a sharded run ends
  * with the same losses as DDP's (stage 3 built lazily from a meta model with
- * PyTorch's init stream; stage 2 under FSDP's name with accumulation; bf16
+ * PyTorch's init stream, and with --offload-param nvme:DIR, its files gone
+ * at the end; stage 2 under FSDP's name with accumulation; bf16
  * stage 3 as bf16 stage 1), prints
  * the units line and each rank's model-state bytes; the flags are in --help
  * and bad combinations are one line and exit 2. */
 // dt-test-timeout: 240
 // dt-test-labels: threads
 #include "test.h"
+#include "tmp_util.h"
 #include "tools/train_cli.h"
+
+#include <dirent.h>
 
 static const char *k_cli(void) { return getenv("DT_CLI"); }
 
@@ -68,6 +72,43 @@ TEST(stage3_equals_ddp)
     ASSERT_STR_CONTAINS(b->out, "[0] memory rank 0: parameters ");
     ASSERT_STR_CONTAINS(b->out, "[0] memory rank 1: parameters ");
     ASSERT(strstr(b->out, "[1] ") == NULL); /* rank 0 prints for both */
+    /* the parameter shards in files: the same losses, fewer parameter bytes held */
+    const char *dir = t_tmpdir("zero_cli");
+    ASSERT(dir[0]);
+    char spec[300];
+    snprintf(spec, sizeof spec, "nvme:%s", dir);
+    cli_result *c = calloc(1, sizeof *c);
+    run2(c, (const char *[]){"--zero", "3", "--wrap-min-params", "1000", "--backward-prefetch", "backward_post",
+                             "--forward-prefetch", "--offload-param", spec, NULL});
+    ASSERT_EQ_INT(c->code, 0);
+    same_losses(b, c);
+    ASSERT_STR_CONTAINS(c->out, "[0] offload: parameter shards in ");
+    ASSERT_STR_CONTAINS(c->out, "5 buffers");
+    /* the same from a DeepSpeed config's offload_param, with one buffer */
+    char cfg[400], json[600];
+    snprintf(cfg, sizeof cfg, "%s/ds.json", dir);
+    snprintf(json, sizeof json, "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"%s\", \"buffer_count\": 1}}}", dir);
+    FILE *f = fopen(cfg, "w");
+    ASSERT(f);
+    fputs(json, f);
+    fclose(f);
+    run2(c, (const char *[]){"--zero", "3", "--config", cfg, "--wrap-min-params", "1000", "--backward-prefetch",
+                             "backward_post", "--forward-prefetch", NULL});
+    ASSERT_EQ_INT(c->code, 0);
+    same_losses(b, c);
+    ASSERT_STR_CONTAINS(c->out, "[0] offload: parameter shards in ");
+    ASSERT_STR_CONTAINS(c->out, "1 buffers");
+    unlink(cfg);
+    DIR *d = opendir(dir);
+    ASSERT(d);
+    int left = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        left += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    ASSERT_EQ_INT(left, 0); /* the run directories are removed */
+    t_rm_rf(dir);
+    free(c);
     free(a);
     free(b);
 }
@@ -113,6 +154,7 @@ TEST(help_and_bad_flags)
     ASSERT_STR_CONTAINS(r->out, "--wrap-min-params N");
     ASSERT_STR_CONTAINS(r->out, "--backward-prefetch {none|backward_pre|backward_post}");
     ASSERT_STR_CONTAINS(r->out, "--forward-prefetch");
+    ASSERT_STR_CONTAINS(r->out, "--offload-param SPEC");
     static const struct {
         const char *args[6];
         const char *want;
@@ -122,6 +164,8 @@ TEST(help_and_bad_flags)
         {{"train", "--wrap-min-params", "10", NULL}, "apply to --zero"},
         {{"train", "--zero", "2", "--backward-prefetch", "pre", NULL}, "--backward-prefetch: 'pre'"},
         {{"train", "--zero", "1", "--sync-bn", NULL}, "--sync-bn works with DDP only"},
+        {{"train", "--zero", "2", "--offload-param", "nvme:/tmp", NULL}, "--offload-param nvme: needs --zero 3"},
+        {{"train", "--zero", "3", "--offload-param", "disk", NULL}, "--offload-param disk: expected cpu or nvme:DIR"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(r, 60, NULL, (char *const *)cases[i].args);

@@ -49,6 +49,7 @@ TEST(six_modes_same_loss_formula_bytes)
             fprintf(stderr, "mode %s: loss %.9g, ddp %.9g\n", modes[k], loss, loss0);
         ASSERT(loss == loss0);
         ASSERT(field(line, "step_ms") > 0 && field(line, "ratio") > 0);
+        ASSERT(field(line, "cpu_ms") >= 0 && field(line, "cpu_ratio") >= 0); /* present: process CPU per step */
         const char *keys[3] = {"param_bytes", "grad_bytes", "optim_bytes"};
         for (int j = 0; j < 3; j++) {
             const double got = field(line, keys[j]) / psi;
