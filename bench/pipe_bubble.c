@@ -1,18 +1,39 @@
 /* Pipeline bubble and activation memory per schedule (pipeline.h), run
- * under the launcher:
+ * under the launcher, one compute thread per rank (pin each rank to a core
+ * of its own with taskset on a shared machine: the bubble is a per-rank
+ * time fraction):
  *
- *     dtrain run -n 4 -- build/bench/pipe_bubble [--layers L] [--dim D] [--batch B] [-m M] [--steps K]
+ *     dtrain run -n 2 -- build/bench/pipe_bubble [--layers L] [--dim D] [--batch B] [-m M] [--steps K]
+ *                                                [--threads T] [--pin 0|1]
+ *
+ * --pin 1 (the default) binds rank r to CPU r mod ncpu (taskset's
+ * sched_setaffinity), so the two ranks of p = 2 never share a core.
  *
  * A Sequential of L equal Linear(D, D) + ReLU blocks cut into p = world
- * equal stages (2 units per block); each schedule (gpipe, 1f1b,
- * interleaved with v = 2 when L allows, zbh1) trains K steps of a batch of
- * B rows as M micro-batches. Per rank: compute seconds (busy) and the
- * rest of the schedule's wall time (idle) of the last step, idle / busy
- * against the formula's bubble ((p-1)/m, (p-1)/(v m), (p-1)/(3m)), and
- * the peak bytes of micro-batch activations in flight. Rank 0 prints one
- * line per schedule and rank. bench/torch_pipeline.py is the peer. */
+ * equal stages (2 units per block; interleaved: 2 stages per rank); each
+ * schedule (gpipe, 1f1b, interleaved when L allows and M % p == 0, zbh1)
+ * trains K steps of a batch of B rows as M micro-batches (the default,
+ * 8 blocks of Linear(1024, 1024), B = 128, M = 8, is a size where a stage's
+ * compute per micro-batch, ~10 ms on one AVX2 core, dwarfs the 64 KiB
+ * handoffs). Of the K steps, the one with the smallest makespan is
+ * reported (minima hold best under load): each rank's compute seconds (busy: the forward and
+ * backward actions), the rest of the step's makespan (idle: the earliest
+ * rank's start of the schedule to the latest one's end, less busy; "own
+ * window" uses the rank's own start and end instead), idle / busy against
+ * the formula's bubble ((p-1)/m for
+ * gpipe and 1f1b, (p-1)/(v m) interleaved, (p-1)/(3m) zbh1) and against
+ * the table's own replay with unit costs (F = BI = BW = 1, B = 2: what
+ * this rank's list idles when every action costs what the formula
+ * assumes), whether idle/busy is within 20% of the formula, the step's
+ * wall time and the peak bytes of micro-batch activations in flight.
+ * Rank 0 prints one line per schedule and rank. bench/torch_pipeline.py
+ * is the peer (same model, batch and micro-batches). */
+#define _GNU_SOURCE
 #include "dtrain/dtrain.h"
 
+#include <math.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,19 +48,37 @@ static long arg(int argc, char **argv, const char *name, long def)
 
 int main(int argc, char **argv)
 {
-    int L = (int)arg(argc, argv, "--layers", 8), D = (int)arg(argc, argv, "--dim", 512);
-    int B = (int)arg(argc, argv, "--batch", 64), M = (int)arg(argc, argv, "-m", 8), K = (int)arg(argc, argv, "--steps", 3);
+    int L = (int)arg(argc, argv, "--layers", 8), D = (int)arg(argc, argv, "--dim", 1024);
+    int B = (int)arg(argc, argv, "--batch", 128), M = (int)arg(argc, argv, "-m", 8);
+    int K = (int)arg(argc, argv, "--steps", 5), T = (int)arg(argc, argv, "--threads", 1);
+    if (L < 1 || D < 1 || B < 1 || M < 1 || K < 1 || T < 1 || B % M) {
+        fprintf(stderr, "pipe_bubble: need positive sizes and a batch that splits into -m micro-batches\n");
+        return 2;
+    }
+    dt_set_num_threads(T);
     dt_pg *pg;
     if (dt_pg_init(NULL, &pg) < 0) {
         fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
         return 1;
     }
     int P = dt_pg_size(pg), r = dt_pg_rank(pg);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (arg(argc, argv, "--pin", 1) && ncpu > 0) {
+        cpu_set_t cs;
+        CPU_ZERO(&cs);
+        CPU_SET((int)(r % ncpu), &cs);
+        if (sched_setaffinity(0, sizeof cs, &cs) < 0)
+            perror("pipe_bubble: sched_setaffinity");
+    }
     float *x = malloc((size_t)B * D * sizeof *x);
+    if (!x)
+        return 1;
     for (long i = 0; i < (long)B * D; i++)
         x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
     if (r == 0)
-        printf("pipe_bubble: p %d, %d blocks of Linear(%d, %d)+ReLU, batch %d as m %d, %d steps\n", P, L, D, D, B, M, K);
+        printf("pipe_bubble: p %d, %d blocks of Linear(%d, %d)+ReLU, batch %d as m %d (micro-batch %d rows), %d "
+               "steps (the fastest reported), %d thread%s per rank\n",
+               P, L, D, D, B, M, B / M, K, T, T == 1 ? "" : "s");
     for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
         dt_pipe_kind kind = (dt_pipe_kind)k;
         int v = kind == DT_PIPE_INTERLEAVED ? 2 : 1;
@@ -63,24 +102,65 @@ int main(int argc, char **argv)
             return 1;
         }
         dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, 2, (int64_t[]){B, D}, NULL, DT_I64, 0, NULL);
-        for (int i = 0; i < K; i++)
+        dt_pipe_stats best;
+        memset(&best, 0, sizeof best);
+        double best_span = 0, *se = calloc((size_t)P * 2, sizeof *se);
+        for (int i = 0; i < K; i++) {
             if (dt_trainer_step(tr, &b, 1, NULL) < 0) {
                 fprintf(stderr, "pipe_bubble: %s: %s\n", dt_pipe_kind_name(kind), dt_last_error());
                 return 1;
             }
-        dt_pipe_stats st;
-        dt_strategy_pipe_stats(dt_trainer_strategy(tr), &st);
-        double v4[4] = {st.busy_s, st.step_s, (double)st.peak_act_bytes, (double)st.peak_inflight};
-        double *all = r == 0 ? calloc((size_t)P * 4, sizeof *all) : NULL;
-        dt_pg_gather(pg, v4, all, 4, DT_F64, 0);
-        if (r == 0) {
-            for (int q = 0; q < P; q++) {
-                double busy = all[q * 4], wall = all[q * 4 + 1];
-                printf("%-12s rank %d: busy %.4f s, idle %.4f s, idle/busy %.3f (formula %.3f), peak activations "
-                       "%.2f MiB (%d micro-batches)\n", dt_pipe_kind_name(kind), q, busy, wall - busy,
-                       busy > 0 ? (wall - busy) / busy : 0, dt_pipe_bubble_formula(kind, P, M, v),
-                       all[q * 4 + 2] / (1 << 20), (int)all[q * 4 + 3]);
+            dt_pipe_stats st;
+            dt_strategy_pipe_stats(dt_trainer_strategy(tr), &st);
+            /* the step with the smallest makespan, the same one on every rank */
+            double mine[2] = {st.start_s, st.end_s}, t0 = 0, t1 = 0;
+            if (!se || dt_pg_allgather(pg, mine, se, 2, DT_F64) < 0) {
+                fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
+                return 1;
             }
+            for (int q = 0; q < P; q++) {
+                t0 = q == 0 || se[2 * q] < t0 ? se[2 * q] : t0;
+                t1 = q == 0 || se[2 * q + 1] > t1 ? se[2 * q + 1] : t1;
+            }
+            if (i == 0 || t1 - t0 < best_span)
+                best = st, best_span = t1 - t0;
+        }
+        free(se);
+        /* the table's own per-rank idle with unit costs */
+        dt_pipe_schedule *sc = NULL;
+        dt_pipe_sim sim;
+        memset(&sim, 0, sizeof sim);
+        if (dt_pipe_schedule_build(kind, P, M, v, &sc) < 0 || dt_pipe_schedule_simulate(sc, 1, 1, 1, &sim) < 0) {
+            fprintf(stderr, "pipe_bubble: %s: %s\n", dt_pipe_kind_name(kind), dt_last_error());
+            return 1;
+        }
+        dt_pipe_schedule_free(sc);
+        double v6[6] = {best.busy_s, best.step_s, (double)best.peak_act_bytes, (double)best.peak_inflight,
+                        best.start_s, best.end_s};
+        double *all = r == 0 ? calloc((size_t)P * 6, sizeof *all) : NULL;
+        dt_pg_gather(pg, v6, all, 6, DT_F64, 0);
+        if (r == 0) {
+            /* the makespan of the step: the earliest start to the latest end
+             * (one monotonic clock on one machine); each rank's idle is the
+             * makespan less its compute, as in the formula */
+            double f = dt_pipe_bubble_formula(kind, P, M, v), t0 = all[4], t1 = all[5], ssum = 0, bsum = 0;
+            for (int q = 1; q < P; q++) {
+                t0 = all[q * 6 + 4] < t0 ? all[q * 6 + 4] : t0;
+                t1 = all[q * 6 + 5] > t1 ? all[q * 6 + 5] : t1;
+            }
+            for (int q = 0; q < P; q++) {
+                double busy = all[q * 6], own = all[q * 6 + 1], span = t1 - t0;
+                double ib = busy > 0 ? (span - busy) / busy : 0, ob = busy > 0 ? (own - busy) / busy : 0;
+                double tab = sim.busy[q] > 0 ? sim.makespan / sim.busy[q] - 1 : 0;
+                ssum += span - busy, bsum += busy;
+                printf("%-12s rank %d: busy %.4f s, idle %.4f s, idle/busy %.3f (own window %.3f) | formula %.3f "
+                       "(%s, %+.0f%%) | table %.3f | peak activations %.2f MiB (%d micro-batches)\n",
+                       dt_pipe_kind_name(kind), q, busy, span - busy, ib, ob, f,
+                       fabs(ib - f) <= 0.2 * f ? "within 20%" : "NOT within 20%", f > 0 ? 100 * (ib - f) / f : 0,
+                       tab, all[q * 6 + 2] / (1 << 20), (int)all[q * 6 + 3]);
+            }
+            printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f)\n", dt_pipe_kind_name(kind),
+                   t1 - t0, bsum > 0 ? ssum / bsum : 0, f);
             free(all);
         }
         dt_trainer_free(tr);

@@ -1,10 +1,14 @@
 """Peer of bench/pipe_bubble.c in torch.distributed.pipelining (CPU, gloo).
 
 The same model (L blocks of Linear(D, D) + ReLU, loss = mean of the output)
-cut into equal stages, the same batch and micro-batches; per schedule the
-seconds per step on each rank (the slowest rank's is the step time).
+cut into equal stages, the same batch and micro-batches (defaults as
+pipe_bubble.c: 8 blocks of Linear(1024, 1024), batch 128 as m = 8), one
+thread per rank, rank r pinned to CPU r (--pin 0: not); per schedule each
+rank's fastest step of K, and its bubble measured as pipe_bubble.c's
+idle/busy: busy = the same rank's stage(s) run forward + backward on the m
+micro-batches with no communication (fastest of K), bubble = step / busy - 1.
 
-    /work/venv/bin/python bench/torch_pipeline.py --ranks 2 --layers 4 --dim 128 --batch 32 -m 4 --steps 3
+    /work/venv/bin/python bench/torch_pipeline.py --ranks 2 --steps 5
 
 Schedules: GPipe, 1F1B, Interleaved1F1B (2 stages per rank) and
 InterleavedZeroBubble (2 stages per rank; torch has no single-chunk ZB-H1).
@@ -32,7 +36,25 @@ def loss_fn(out, target):
     return out.mean()
 
 
+def busy_time(stages, a, mb_x):
+    """Seconds of this rank's compute alone: forward + backward of its
+    stages on m micro-batches (the last stage from its loss)."""
+    best = None
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        for _ in range(a.m):
+            for st in stages:
+                inp = mb_x.clone().requires_grad_(True)
+                out = st.submod(inp)
+                out.mean().backward()
+        t = time.perf_counter() - t0
+        best = t if best is None else min(best, t)
+    return best
+
+
 def worker(rank, a):
+    if a.pin and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
     torch.set_num_threads(1)
@@ -63,12 +85,15 @@ def worker(rank, a):
             else:
                 sched.step()
             times.append(time.perf_counter() - t0)
-        t = torch.tensor([min(times)])
-        allt = [torch.zeros(1) for _ in range(a.ranks)]
+        busy = busy_time(stages, a, torch.randn(a.batch // a.m, a.dim))
+        t = torch.tensor([min(times), busy])
+        allt = [torch.zeros(2) for _ in range(a.ranks)]
         dist.all_gather(allt, t)
         if rank == 0:
-            print(f"{name:15s} step {max(float(v) for v in allt):.4f} s (per rank: "
-                  + ", ".join(f"{float(v):.4f}" for v in allt) + ")", flush=True)
+            print(f"{name:15s} step {max(float(v[0]) for v in allt):.4f} s; per rank: "
+                  + ", ".join(f"rank {q}: step {float(v[0]):.4f} s, busy {float(v[1]):.4f} s, "
+                              f"bubble {float(v[0]) / float(v[1]) - 1:.3f}" for q, v in enumerate(allt))
+                  + f" (formula {(a.ranks - 1) / (v * a.m * (3 if 'zb' in name else 1)):.3f})", flush=True)
     dist.destroy_process_group()
 
 
@@ -76,10 +101,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--dim", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=128)
     p.add_argument("-m", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--pin", type=int, default=1)
     p.add_argument("--port", type=int, default=29517)
     a = p.parse_args()
     print(f"torch {torch.__version__}: p {a.ranks}, {a.layers} blocks of Linear({a.dim}, {a.dim})+ReLU, "

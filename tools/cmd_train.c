@@ -917,8 +917,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         char tpx[48] = "";
         if (t->ddp.tp > 1)
             snprintf(tpx, sizeof tpx, "%d tensor-parallel x ", t->ddp.tp);
-        printf("pipeline parallel: %d stages x %s%d data-parallel, schedule %s, %d micro-batches per batch\n",
-               t->ddp.pp, tpx, t->ddp.world, t->ddp.pp_sched, t->ddp.pp_micro);
+        printf("pipeline parallel: %d stages x %s%d data-parallel%s, schedule %s, %d micro-batches per batch\n",
+               t->ddp.pp, tpx, t->ddp.world, t->ddp.stage == 1 ? " (ZeRO-1)" : "", t->ddp.pp_sched,
+               t->ddp.pp_micro);
     }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,

@@ -494,12 +494,11 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
-                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp ? "--zero/--fsdp"
+                         : (o->zero && strcmp(o->zero, "0") && strcmp(o->zero, "1")) || o->fsdp
+                             ? "--zero 2|3 or --fsdp (the data-parallel dimension runs DDP or --zero 1)"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"
-                         : o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "f32")
-                             ? "--precision other than fp32"
                              : NULL;
         if (no) {
             dt__cli_err("dtrain train: --pp/--pp-schedule/--micro-batches do not combine with %s\n", no);

@@ -228,6 +228,7 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         pp.pp = r->pp;
         pp.micro_batches = r->pp_micro;
         pp.mesh = r->mesh;
+        pp.zero = r->stage; /* 0 or 1 (train_args.c refuses the others) */
         if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
             dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
             dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
@@ -348,8 +349,11 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
 {
     if (r->stage == 0)
         return 0;
+    /* --pp --zero 1: every rank of the mesh (the pipe strategy's shares) */
+    dt_pg *g = r->pp > 1 ? r->world_pg : r->pg;
+    const int W = r->pp > 1 ? dt_pg_size(g) : r->world, me = r->pp > 1 ? dt_pg_rank(g) : r->rank;
     enum { K = 6 };
-    double *v = calloc((size_t)r->world * K, sizeof *v);
+    double *v = calloc((size_t)W * K, sizeof *v);
     if (!v) {
         dt__cli_err("dtrain train: out of memory\n");
         return 1;
@@ -360,20 +364,23 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
         dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 1;
     }
-    double *me = v + (size_t)r->rank * K;
-    me[0] = (double)mem.param_bytes;
-    me[1] = (double)mem.grad_bytes;
-    me[2] = (double)mem.optim_bytes;
-    me[3] = (double)mem.master_bytes;
-    me[4] = (double)mem.gathered_peak;
-    me[5] = (double)mem.peak_rss;
-    if (r->world > 1 && dt_metrics_allreduce(r->pg, v, r->world * K, DT_REDUCE_SUM) < 0) {
+    double *mine = v + (size_t)me * K;
+    mine[0] = (double)mem.param_bytes;
+    mine[1] = (double)mem.grad_bytes;
+    mine[2] = (double)mem.optim_bytes;
+    mine[3] = (double)mem.master_bytes;
+    mine[4] = (double)mem.gathered_peak;
+    mine[5] = (double)mem.peak_rss;
+    if (W > 1 && dt_metrics_allreduce(g, v, W * K, DT_REDUCE_SUM) < 0) {
         free(v);
         dt__cli_err("dtrain train: memory report: %s\n", dt_last_error());
         return 1;
     }
     dt_zero *z = dt_strategy_zero(r->used);
-    if (r->rank == 0 && z) {
+    if (me == 0 && r->pp > 1)
+        printf("ZeRO stage 1 on the data-parallel dimension: %d pipeline stages x %d replicas, each replica steps "
+               "1/%d of its stages' parameters\n", r->pp, r->world, r->world);
+    if (me == 0 && z) {
         dt_zero_stats zs = dt_zero_get_stats(z);
         printf("ZeRO stage %d: %d ranks, %d unit%s, backward prefetch %s%s; rank 0 reduced %.2f MiB of gradients, "
                "gathered %.2f MiB of parameters",
@@ -394,7 +401,9 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
                    r->zp.offload_param.buffer_count, ns.bytes_read / 1048576.0, ns.bytes_written / 1048576.0,
                    ns.wait_s);
         }
-        for (int k = 0; k < r->world; k++) {
+    }
+    if (me == 0 && (z || r->pp > 1)) {
+        for (int k = 0; k < W; k++) {
             char b[K][32];
             for (int i = 0; i < K; i++)
                 human(v[(size_t)k * K + (size_t)i], b[i], sizeof b[i]);

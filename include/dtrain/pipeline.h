@@ -67,10 +67,23 @@
  * (autograd.h): nodes with a parameter input are walked for their other
  * inputs first and queued; their weight-gradient kernels run at BW.
  *
+ * Data parallelism over the world / pp replicas: DDP (params.zero = 0:
+ * each replica steps its stages' parameters, gradients averaged once per
+ * batch after the last micro-batch) or ZeRO-1 (params.zero = 1: the
+ * replicas of a stage split its parameters evenly, gradients are
+ * reduce-scattered once per batch, each replica keeps optimizer state and
+ * fp32 masters of its share only and steps it, the shares are all-gathered
+ * after the step; the gradient norm is summed over stages and shares).
+ *
+ * Mixed precision: a model holding bf16/f16 parameters (the trainer's
+ * precision policy) runs every stage under autocast in that dtype, sends
+ * activations in their dtype and gradients in f32, keeps fp32 master
+ * weights for the parameters each rank steps and reduces gradients in the
+ * parameters' dtype; the loss scaler's overflow flag is agreed over every
+ * rank of every stage, so all skip the same steps.
+ *
  * Usage: train with the "pipe" strategy (each trainer micro-batch is split
- * into params.micro_batches micro-batches and runs the schedule; DDP-style
- * data parallelism over world / pp replicas, gradients averaged once per
- * batch after the last micro-batch):
+ * into params.micro_batches micro-batches and runs the schedule):
  *
  *     dt_pipe_params pp = dt_pipe_params_default();
  *     pp.pp = 2; pp.schedule = DT_PIPE_1F1B; pp.micro_batches = 8;
@@ -224,6 +237,11 @@ typedef struct dt_pipe_params {
                                  the first unit of stages 1..S-1 (S-1 increasing entries); borrowed
                                  until attach */
     int ncuts;
+    int zero;                 /* the data-parallel dimension: 0 DDP (each replica steps its stages'
+                                 parameters whole, gradients all-reduced), 1 ZeRO-1 (the replicas of a
+                                 stage split its parameters' optimizer state and fp32 masters evenly:
+                                 gradients reduce-scattered once per batch after the last micro-batch,
+                                 each steps its share, the shares all-gathered); default 0 */
     dt_mesh *mesh;            /* NULL: the world is placed as dp x pp (no tensor parallelism). Else
                                  the dp x tp x pp mesh of dt_pipe_mesh_init over the strategy's
                                  world, whose "tp" group the model's tensor-parallel layers use;
@@ -269,8 +287,10 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * stages under their global names, collectively over world (replicas
  * dealt by dt_ckpt_save), so a checkpoint saved with any pp (or in one
  * process) loads into any other; after a load the ranks exchange the
- * other stages' parameters as for an evaluation (tensor-parallel slices:
- * not yet, DT_ERR_UNSUPPORTED as without pp). DT_ERR_INVALID_ARG when
+ * other stages' parameters as for an evaluation. With tensor parallelism
+ * each tp rank writes its share of its stages' full tensors (gathered over
+ * tp), so such a checkpoint too is the single-process one and loads at any
+ * dp, tp and pp. DT_ERR_INVALID_ARG when
  * world is not a multiple
  * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
  * schedule's limits fail. */
@@ -283,6 +303,9 @@ DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt
 typedef struct dt_pipe_stats {
     double busy_s;            /* forward/backward compute of the last step */
     double step_s;            /* wall time of the last step's schedule */
+    double start_s, end_s;    /* when it started and ended (dt_time_s: CLOCK_MONOTONIC, comparable
+                                 between the ranks of one machine: a step's makespan is the latest
+                                 end less the earliest start) */
     size_t peak_act_bytes;    /* peak arena bytes of micro-batches in flight */
     int peak_inflight;        /* most micro-batches in flight at once */
     int stage_first, stage_count; /* this rank's stages: stage_first + k p, k < stage_count */

@@ -40,8 +40,26 @@
 typedef struct {
     dt_pg *g;          /* the ranks that use it */
     int root;          /* the owner's rank in g */
-    size_t off, numel; /* in the f32 flats */
+    int k;             /* its range (the dtype of its storage) */
+    size_t off, numel; /* in that dtype's flats */
 } tie;
+
+#define NDT 3
+static const dt_dtype k_dts[NDT] = {DT_F32, DT_BF16, DT_F16};
+
+/* This rank's parameters of one dtype: the entries of its stages (fsegs,
+ * spanning [lo, hi) of the model's flats of that dtype) and, under ZeRO-1,
+ * its share [a, b) of them over the replicas (segs: fsegs clipped to it). */
+typedef struct {
+    const dt_flat *P, *G;        /* the model's flats of this dtype (NULL: none) */
+    dt_flat master;              /* bf16/f16: f32 master weights of [a, b) */
+    bool has_master;
+    dt_optim_segment *fsegs, *segs;
+    size_t nfseg, nseg;
+    size_t lo, hi, a, b;
+    size_t *counts, *displs;     /* ZeRO-1: the replicas' shares of [lo, hi) (D each) */
+    void *rs;                    /* ZeRO-1: the reduce-scatter's output (b - a elements) */
+} prange;
 
 typedef struct {
     dt_pg *world, *pp, *dp; /* pp, dp: the mesh's groups (borrowed) */
@@ -55,12 +73,21 @@ typedef struct {
     int *starts;
     dt_pipe_schedule *sched;
     dt__pipe_exec *ex;
-    dt_optim_segment *segs;
-    size_t nseg;
-    dt_optim_range range;
+    prange rk[NDT];
+    dt_optim_range range[NDT];
+    size_t nrange;
+    dt_dtype amp;           /* autocast dtype of the stages' contexts (DT_F32: off) */
     tie *ties;
     int nties;
 } pipe_strategy;
+
+static int dt_index(dt_dtype t)
+{
+    for (int k = 0; k < NDT; k++)
+        if (k_dts[k] == t)
+            return k;
+    return -1;
+}
 
 static int cmp_seg(const void *a, const void *b)
 {
@@ -92,13 +119,74 @@ static dt_status ownership(pipe_strategy *s, int *owner, bool *users)
     return DT_OK;
 }
 
+/* Range k from its entries (fsegs): the span, this rank's ZeRO-1 share
+ * (the replicas split the stage's elements evenly, in offset order), the
+ * clipped segments and the optimizer's view. */
+static dt_status make_range(pipe_strategy *s, int k)
+{
+    prange *R = &s->rk[k];
+    R->P = dt_model_flat(s->m, DT_FLAT_PARAMS, k_dts[k]);
+    R->G = dt_model_flat(s->m, DT_FLAT_GRADS, k_dts[k]);
+    if (!R->P || R->P->used == 0)
+        return DT_OK;
+    if (!R->G || !R->P->base || !R->G->base)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: the model has no allocated %s parameters and gradients",
+                        dt_dtype_name(k_dts[k]));
+    qsort(R->fsegs, R->nfseg, sizeof *R->fsegs, cmp_seg);
+    size_t total = 0;
+    for (size_t i = 0; i < R->nfseg; i++)
+        total += R->fsegs[i].numel;
+    if (R->nfseg) {
+        R->lo = R->fsegs[0].offset;
+        R->hi = R->fsegs[R->nfseg - 1].offset + R->fsegs[R->nfseg - 1].numel;
+    }
+    R->a = R->lo, R->b = R->hi;
+    if (s->p.zero == 1 && s->dp) {
+        int D = s->D, d = dt_pg_rank(s->dp);
+        R->counts = dt_calloc((size_t)D * sizeof *R->counts);
+        R->displs = dt_calloc((size_t)D * sizeof *R->displs);
+        if (!R->counts || !R->displs)
+            return dt_error(DT_ERR_NO_MEMORY, "pipe: ZeRO-1 shares");
+        size_t prev = R->lo;
+        for (int j = 0; j < D; j++) {
+            /* the offset of owned element number (j + 1) total / D */
+            size_t want = (size_t)(((unsigned long long)total * (unsigned long long)(j + 1)) / (unsigned long long)D);
+            size_t end = R->hi, cum = 0;
+            for (size_t i = 0; i < R->nfseg && j + 1 < D; i++) {
+                if (cum + R->fsegs[i].numel >= want) {
+                    end = R->fsegs[i].offset + (want - cum);
+                    break;
+                }
+                cum += R->fsegs[i].numel;
+            }
+            end = end < prev ? prev : end;
+            R->displs[j] = prev - R->lo;
+            R->counts[j] = end - prev;
+            if (j == d)
+                R->a = prev, R->b = end;
+            prev = end;
+        }
+        if (R->b > R->a && !(R->rs = dt_alloc((R->b - R->a) * dt_dtype_size(R->G->dtype))))
+            return dt_error(DT_ERR_NO_MEMORY, "pipe: ZeRO-1 gradient share");
+    }
+    for (size_t i = 0; i < R->nfseg; i++) {
+        size_t x = R->fsegs[i].offset, y = x + R->fsegs[i].numel;
+        x = x < R->a ? R->a : x;
+        y = y > R->b ? R->b : y;
+        if (x < y)
+            R->segs[R->nseg++] = (dt_optim_segment){.offset = x, .numel = y - x, .no_decay = false};
+    }
+    R->has_master = k_dts[k] != DT_F32 && R->b > R->a;
+    s->range[s->nrange++] = (dt_optim_range){.params = R->has_master ? &R->master : R->P, .grads = R->G,
+                                             .mirror = R->has_master ? R->P : NULL, .lo = R->a, .hi = R->b,
+                                             .segs = R->segs, .nseg = R->nseg};
+    return DT_OK;
+}
+
 static dt_status s_attach(void *self, dt_model *m)
 {
     pipe_strategy *s = self;
     s->m = m;
-    const dt_flat *lp16 = dt_model_flat(m, DT_FLAT_PARAMS, DT_BF16), *lpf = dt_model_flat(m, DT_FLAT_PARAMS, DT_F16);
-    if ((lp16 && lp16->total) || (lpf && lpf->total))
-        return dt_error(DT_ERR_UNSUPPORTED, "pipe: f32 parameters only so far (the model holds bf16/f16 ones)");
     int W = dt_pg_size(s->world), r = dt_pg_rank(s->world);
     if (s->p.pp < 1 || W % s->p.pp)
         return dt_error(DT_ERR_INVALID_ARG, "pipe: %d ranks do not make pipelines of %d (the world must be dp x pp)",
@@ -111,6 +199,9 @@ static dt_status s_attach(void *self, dt_model *m)
     }
     s->P = dt_mesh_size(s->mesh, 2), s->T = dt_mesh_size(s->mesh, 1), s->D = dt_mesh_size(s->mesh, 0);
     s->pr = dt_mesh_coord(s->mesh, 2);
+    if (s->p.zero == 1 && s->T > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: ZeRO-1 over the replicas of a tensor-parallel model is not "
+                        "supported yet (the data-parallel dimension runs DDP with tp > 1)");
     s->pp = dt_mesh_dim_group(s->mesh, 2);
     s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
@@ -141,13 +232,20 @@ static dt_status s_attach(void *self, dt_model *m)
     s->starts[s->S] = s->nunits;
     if ((st = dt__pipe_exec_init(s->pp, m, s->units, s->starts, s->S, s->sched, &s->ex)) < 0)
         return st;
+    if (s->amp != DT_F32)
+        dt__pipe_exec_set_autocast(s->ex, s->amp);
     /* what this rank steps; shared parameters */
     size_t ne = dt_model_num_entries(m);
     int *owner = dt_calloc(ne * sizeof *owner);
     bool *users = dt_calloc(ne * (size_t)s->P * sizeof *users);
-    s->segs = dt_calloc((ne + 1) * sizeof *s->segs);
     s->ties = dt_calloc((ne + 1) * sizeof *s->ties);
-    if (!owner || !users || !s->segs || !s->ties) {
+    bool ok = owner && users && s->ties;
+    for (int k = 0; k < NDT && ok; k++) {
+        s->rk[k].fsegs = dt_calloc((ne + 1) * sizeof *s->rk[k].fsegs);
+        s->rk[k].segs = dt_calloc((ne + 1) * sizeof *s->rk[k].segs);
+        ok = s->rk[k].fsegs && s->rk[k].segs;
+    }
+    if (!ok) {
         st = dt_error(DT_ERR_NO_MEMORY, "pipe");
         goto done;
     }
@@ -157,12 +255,14 @@ static dt_status s_attach(void *self, dt_model *m)
         dt_param_info pi;
         if ((st = dt_model_entry(m, e, &pi)) < 0)
             break;
-        if (pi.is_buffer || pi.tied_to >= 0 || pi.dtype != DT_F32)
+        int k = dt_index(pi.dtype);
+        if (pi.is_buffer || pi.tied_to >= 0 || k < 0)
             continue;
+        prange *R = &s->rk[k];
         int own = owner[e] < 0 ? 0 : owner[e]; /* used by no unit: rank 0 steps it (it gets no gradient) */
         int orank = dt_pipe_stage_rank(s->P, own);
         if (orank == s->pr)
-            s->segs[s->nseg++] = (dt_optim_segment){.offset = pi.offset, .numel = pi.numel, .no_decay = false};
+            R->fsegs[R->nfseg++] = (dt_optim_segment){.offset = pi.offset, .numel = pi.numel, .no_decay = false};
         int nusers = 0, me = -1, root = -1;
         for (int q = 0; q < s->P; q++) {
             if (!users[e * (size_t)s->P + (size_t)q])
@@ -184,29 +284,34 @@ static dt_status s_attach(void *self, dt_model *m)
             t->g = NULL;
             continue;
         }
-        t->root = root, t->off = pi.offset, t->numel = pi.numel;
+        t->root = root, t->k = k, t->off = pi.offset, t->numel = pi.numel;
         s->nties++;
     }
+    for (int k = 0; k < NDT && st >= 0; k++)
+        st = make_range(s, k);
     if (st < 0)
         goto done;
-    qsort(s->segs, s->nseg, sizeof *s->segs, cmp_seg);
-    const dt_flat *pf = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *gf = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
-    if (!pf || !gf) {
-        st = dt_error(DT_ERR_UNSUPPORTED, "pipe: the model has no f32 parameters");
+    if (!s->nrange) {
+        st = dt_error(DT_ERR_UNSUPPORTED, "pipe: the model has no f32, bf16 or f16 parameters");
         goto done;
-    }
-    s->range = (dt_optim_range){.params = pf, .grads = gf, .mirror = NULL, .lo = 0, .hi = 0, .segs = s->segs,
-                                .nseg = s->nseg};
-    if (s->nseg) {
-        s->range.lo = s->segs[0].offset;
-        s->range.hi = s->segs[s->nseg - 1].offset + s->segs[s->nseg - 1].numel;
     }
     /* one starting point: the replicas take dp rank 0's values, the users
      * of a shared parameter its owner's */
-    if (s->dp && (st = dt_pg_broadcast(s->dp, pf->base, pf->total, DT_F32, 0)) < 0)
-        goto done;
-    for (int i = 0; i < s->nties && st >= 0; i++)
-        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, DT_F32, s->ties[i].root);
+    for (int k = 0; k < NDT && st >= 0; k++) {
+        const dt_flat *pf = s->rk[k].P;
+        if (s->dp && pf && pf->total)
+            st = dt_pg_broadcast(s->dp, pf->base, pf->total, pf->dtype, 0);
+    }
+    for (int i = 0; i < s->nties && st >= 0; i++) {
+        const dt_flat *pf = s->rk[s->ties[i].k].P;
+        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, pf->dtype,
+                             s->ties[i].root);
+    }
+    /* fp32 masters of the low-precision parameters, from the (now common) values */
+    for (int k = 0; k < NDT && st >= 0; k++)
+        if (s->rk[k].has_master && (st = dt_optim_master_alloc(s->rk[k].P, s->rk[k].a, s->rk[k].b,
+                                                                &s->rk[k].master)) < 0)
+            st = dt_error_wrap(st, "pipe: fp32 master weights of the %s parameters", dt_dtype_name(k_dts[k]));
 done:
     dt_free(owner);
     dt_free(users);
@@ -225,59 +330,94 @@ static dt_status s_forward_backward(void *self, dt_ctx *ctx, dt_model *m, dt_str
 }
 
 /* After the step's last micro-batch: shared parameters' gradients summed
- * between stages, then this rank's averaged over the replicas. */
+ * between stages, then this rank's averaged over the replicas (ZeRO-1:
+ * reduce-scattered, each replica keeping its share). */
 static dt_status s_wait(void *self)
 {
     pipe_strategy *s = self;
-    const dt_flat *gf = dt_model_flat(s->m, DT_FLAT_GRADS, DT_F32);
     dt_status st = DT_OK;
     for (int i = 0; i < s->nties && st >= 0; i++) {
-        float *g = dt_flat_ptr(gf, s->ties[i].off);
-        st = dt_pg_allreduce(s->ties[i].g, DT_IN_PLACE, g, s->ties[i].numel, DT_F32, DT_REDUCE_SUM);
+        const dt_flat *gf = s->rk[s->ties[i].k].G;
+        void *g = dt_flat_ptr(gf, s->ties[i].off);
+        st = dt_pg_allreduce(s->ties[i].g, DT_IN_PLACE, g, s->ties[i].numel, gf->dtype, DT_REDUCE_SUM);
         /* only the owner steps it (and its optimizer zeroes it): the other
          * users start the next step from zero themselves */
         if (st >= 0 && dt_pg_rank(s->ties[i].g) != s->ties[i].root)
-            memset(g, 0, s->ties[i].numel * sizeof *g);
+            memset(g, 0, s->ties[i].numel * dt_dtype_size(gf->dtype));
     }
-    if (st >= 0 && s->dp && s->range.hi > s->range.lo)
-        st = dt_pg_allreduce(s->dp, DT_IN_PLACE, dt_flat_ptr(gf, s->range.lo), s->range.hi - s->range.lo, DT_F32,
-                             DT_REDUCE_AVG);
+    for (int k = 0; k < NDT && st >= 0; k++) {
+        prange *R = &s->rk[k];
+        if (!s->dp || !R->P || R->hi <= R->lo)
+            continue;
+        const dt_dtype dt = R->G->dtype;
+        const size_t es = dt_dtype_size(dt);
+        char *g = dt_flat_ptr(R->G, R->lo);
+        if (!R->counts) {
+            st = dt_pg_allreduce(s->dp, DT_IN_PLACE, g, R->hi - R->lo, dt, DT_REDUCE_AVG);
+            continue;
+        }
+        char scratch[64];
+        if ((st = dt_pg_reduce_scatterv(s->dp, g, R->rs ? R->rs : scratch, R->counts, dt, DT_REDUCE_AVG)) < 0)
+            break;
+        /* this replica's share; the rest starts the next step from zero */
+        memset(g, 0, (R->a - R->lo) * es);
+        if (R->b > R->a)
+            memcpy(g + (R->a - R->lo) * es, R->rs, (R->b - R->a) * es);
+        memset(g + (R->b - R->lo) * es, 0, (R->hi - R->b) * es);
+    }
     return st < 0 ? dt_error_wrap(st, "pipe: reducing gradients") : st;
 }
 
 static dt_status s_optim_ranges(void *self, dt_model *m, bool no_decay_1d, const dt_optim_range **r, size_t *n)
 {
     pipe_strategy *s = self;
-    for (size_t i = 0; i < s->nseg; i++) {
-        bool one_d = false;
-        for (size_t e = 0; e < dt_model_num_entries(m); e++) {
-            dt_param_info pi;
-            if (dt_model_entry(m, e, &pi) >= 0 && !pi.is_buffer && pi.offset == s->segs[i].offset &&
-                pi.dtype == DT_F32) {
-                one_d = pi.ndim <= 1;
-                break;
+    for (int k = 0; k < NDT; k++)
+        for (size_t i = 0; i < s->rk[k].nseg; i++) {
+            dt_optim_segment *sg = &s->rk[k].segs[i];
+            bool one_d = false;
+            for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+                dt_param_info pi;
+                if (dt_model_entry(m, e, &pi) >= 0 && !pi.is_buffer && pi.tied_to < 0 && pi.dtype == k_dts[k] &&
+                    pi.offset <= sg->offset && sg->offset < pi.offset + pi.numel) {
+                    one_d = pi.ndim <= 1;
+                    break;
+                }
             }
+            sg->no_decay = no_decay_1d && one_d;
         }
-        s->segs[i].no_decay = no_decay_1d && one_d;
-    }
-    *r = &s->range;
-    *n = 1;
+    *r = s->range;
+    *n = s->nrange;
     return DT_OK;
+}
+
+/* ZeRO-1: every replica takes the others' shares of the stage's parameters. */
+static dt_status gather_shares(pipe_strategy *s)
+{
+    dt_status st = DT_OK;
+    for (int k = 0; k < NDT && st >= 0; k++) {
+        prange *R = &s->rk[k];
+        if (R->counts && R->hi > R->lo)
+            st = dt_pg_allgatherv(s->dp, NULL, dt_flat_ptr(R->P, R->lo), R->counts, R->displs, R->P->dtype);
+    }
+    return st < 0 ? dt_error_wrap(st, "pipe: gathering the replicas' ZeRO-1 shares") : st;
 }
 
 static dt_status s_after_step(void *self)
 {
     pipe_strategy *s = self;
-    const dt_flat *pf = dt_model_flat(s->m, DT_FLAT_PARAMS, DT_F32);
-    dt_status st = DT_OK;
-    for (int i = 0; i < s->nties && st >= 0; i++)
-        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, DT_F32, s->ties[i].root);
+    dt_status st = gather_shares(s);
+    for (int i = 0; i < s->nties && st >= 0; i++) {
+        const dt_flat *pf = s->rk[s->ties[i].k].P;
+        st = dt_pg_broadcast(s->ties[i].g, dt_flat_ptr(pf, s->ties[i].off), s->ties[i].numel, pf->dtype,
+                             s->ties[i].root);
+    }
     return st;
 }
 
 /* The sum over the replicas: every rank of a replica (tp x pp of them)
  * holds the replica's values (the loss, an evaluation's sums) or zeros
- * and a flag (stop, overflow: only "> 0" is read). */
+ * and a flag (stop, overflow: only "> 0" is read, so an overflow on any
+ * rank of any stage skips the step everywhere). */
 static dt_status s_allreduce_sum(void *self, double *v, int n)
 {
     pipe_strategy *s = self;
@@ -287,37 +427,48 @@ static dt_status s_allreduce_sum(void *self, double *v, int n)
     return st;
 }
 
+/* The ranks whose optimizer ranges partition the model: the pipeline
+ * (and, under ZeRO-1, the replicas' shares). */
 static dt_status s_shard_sum(void *self, double *v, int n)
 {
-    return dt_metrics_allreduce(((pipe_strategy *)self)->pp, v, n, DT_REDUCE_SUM);
+    pipe_strategy *s = self;
+    dt_status st = dt_metrics_allreduce(s->pp, v, n, DT_REDUCE_SUM);
+    if (st >= 0 && s->p.zero == 1 && s->dp)
+        st = dt_metrics_allreduce(s->dp, v, n, DT_REDUCE_SUM);
+    return st;
 }
 
-/* Before an evaluation (and a checkpoint): every rank takes the current
- * values of the parameters the other stages step. Each f32 storage is in
- * exactly one pipeline rank's segments, so the all-reduced sum of the
- * pipeline's copies with the others' entries zeroed is the owners' values
- * exactly (x + 0 = x). One all-reduce of the f32 flat over the pipeline. */
+/* Before an evaluation (and after a checkpoint load): every rank takes the
+ * current values of the parameters the other stages step (ZeRO-1: first
+ * the other replicas' shares of its own). Each storage is in exactly one
+ * pipeline rank's entries, so the all-reduced sum of the pipeline's copies
+ * with the others' entries zeroed is the owners' values exactly (x + 0 =
+ * x, in any float dtype). One all-reduce per dtype over the pipeline. */
 static dt_status s_sync_buffers(void *self)
 {
     pipe_strategy *s = self;
-    const dt_flat *pf = dt_model_flat(s->m, DT_FLAT_PARAMS, DT_F32);
-    if (s->P == 1 || !pf || !pf->total)
-        return DT_OK;
-    float *tmp = dt_calloc(pf->total * sizeof *tmp);
-    if (!tmp)
-        return dt_error(DT_ERR_NO_MEMORY, "pipe: gathering the stages' parameters (%zu floats)", pf->total);
-    const float *p = dt_flat_ptr(pf, 0);
-    for (size_t i = 0; i < s->nseg; i++)
-        memcpy(tmp + s->segs[i].offset, p + s->segs[i].offset, s->segs[i].numel * sizeof *tmp);
-    dt_status st = dt_pg_allreduce(s->pp, DT_IN_PLACE, tmp, pf->total, DT_F32, DT_REDUCE_SUM);
-    for (size_t e = 0; e < dt_model_num_entries(s->m) && st >= 0; e++) {
-        dt_param_info pi;
-        if ((st = dt_model_entry(s->m, e, &pi)) < 0)
-            break;
-        if (!pi.is_buffer && pi.tied_to < 0 && pi.dtype == DT_F32)
-            memcpy(dt_flat_ptr(pf, pi.offset), tmp + pi.offset, pi.numel * sizeof *tmp);
+    dt_status st = gather_shares(s);
+    for (int k = 0; k < NDT && st >= 0 && s->P > 1; k++) {
+        prange *R = &s->rk[k];
+        const dt_flat *pf = R->P;
+        if (!pf || !pf->total)
+            continue;
+        const size_t es = dt_dtype_size(pf->dtype);
+        char *tmp = dt_calloc(pf->total * es);
+        if (!tmp)
+            return dt_error(DT_ERR_NO_MEMORY, "pipe: gathering the stages' parameters (%zu elements)", pf->total);
+        for (size_t i = 0; i < R->nfseg; i++)
+            memcpy(tmp + R->fsegs[i].offset * es, dt_flat_ptr(pf, R->fsegs[i].offset), R->fsegs[i].numel * es);
+        st = dt_pg_allreduce(s->pp, DT_IN_PLACE, tmp, pf->total, pf->dtype, DT_REDUCE_SUM);
+        for (size_t e = 0; e < dt_model_num_entries(s->m) && st >= 0; e++) {
+            dt_param_info pi;
+            if ((st = dt_model_entry(s->m, e, &pi)) < 0)
+                break;
+            if (!pi.is_buffer && pi.tied_to < 0 && pi.dtype == k_dts[k])
+                memcpy(dt_flat_ptr(pf, pi.offset), tmp + pi.offset * es, pi.numel * es);
+        }
+        dt_free(tmp);
     }
-    dt_free(tmp);
     return st < 0 ? dt_error_wrap(st, "pipe: gathering the stages' parameters") : st;
 }
 
@@ -329,6 +480,21 @@ static int s_world(void *self)
     return s->D > 0 ? s->D : dt_pg_size(s->world) / (s->p.pp > 0 ? s->p.pp : 1);
 }
 
+/* The stages compute under autocast in the policy's parameter dtype (as
+ * the trainer's own context does); gradients are reduced in their flats'
+ * dtype, so a different reduce dtype is refused. */
+static dt_status s_set_precision(void *self, const struct dt_precision_policy *p)
+{
+    pipe_strategy *s = self;
+    dt_dtype pd = p && p->param_dtype != DT_DTYPE_UNSET ? p->param_dtype : DT_F32;
+    dt_dtype rd = dt_precision_reduce_dtype(p);
+    if (rd != DT_DTYPE_UNSET && rd != pd)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: gradients are reduced in the parameters' dtype (%s); a reduce "
+                        "dtype of %s is not supported", dt_dtype_name(pd), dt_dtype_name(rd));
+    s->amp = pd == DT_BF16 || pd == DT_F16 ? pd : DT_F32;
+    return DT_OK;
+}
+
 static void s_free(void *self)
 {
     pipe_strategy *s = self;
@@ -336,7 +502,16 @@ static void s_free(void *self)
     for (int i = 0; s->ties && i < s->nties; i++)
         dt_pg_free(s->ties[i].g);
     dt_free(s->ties);
-    dt_free(s->segs);
+    for (int k = 0; k < NDT; k++) {
+        prange *R = &s->rk[k];
+        dt_free(R->fsegs);
+        dt_free(R->segs);
+        dt_free(R->counts);
+        dt_free(R->displs);
+        dt_free(R->rs);
+        if (R->has_master)
+            dt_flat_free(&R->master);
+    }
     dt_mesh_free(s->own_mesh);
     dt_pipe_schedule_free(s->sched);
     dt_free(s->starts);
@@ -362,7 +537,7 @@ static const dt_strategy_ops k_pipe_ops = {
     .rank = s_rank,
     .world = s_world,
     .free = s_free,
-    .set_precision = NULL, /* reduces in f32 only: a reduce dtype is refused */
+    .set_precision = s_set_precision,
     .forward_backward = s_forward_backward,
 };
 
@@ -405,6 +580,7 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "dt_strategy_pipe_init");
     s->world = world;
+    s->amp = DT_F32;
     s->p = p ? *p : dt_pipe_params_default();
     s->mesh = s->p.mesh;
     dt_status st = DT_OK;
@@ -422,6 +598,9 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
                       "world must be dp x pp)", dt_pg_size(world), s->p.pp);
     else if ((unsigned)s->p.schedule >= DT_PIPE_KIND_COUNT)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown schedule %d", (int)s->p.schedule);
+    else if (s->p.zero < 0 || s->p.zero > 1)
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: zero = %d: the data-parallel dimension runs DDP (0) "
+                      "or ZeRO-1 (1); stages 2 and 3 do not combine with pipeline stages", s->p.zero);
     else if (s->p.ncuts < 0 || (s->p.ncuts > 0 && !s->p.cuts))
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: %d cuts without a list", s->p.ncuts);
     if (st >= 0 && s->p.cuts && s->p.ncuts > 0) {

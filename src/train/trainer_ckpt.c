@@ -378,11 +378,12 @@ static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
             size_t a = p->e.offset, b = a + p->e.numel;
             a = a < rg[k].lo ? rg[k].lo : a;
             b = b > rg[k].hi ? rg[k].hi : b;
-            /* a range of segments (the pipe strategy's stages) holds only
-             * the tensors of its segments, not what lies between them */
+            /* a range of segments (the pipe strategy's stages, a ZeRO-1 share
+             * of them) holds only the tensors its segments overlap, not what
+             * lies between them */
             bool in_seg = !rg[k].segs;
             for (size_t g = 0; !in_seg && g < rg[k].nseg; g++)
-                in_seg = rg[k].segs[g].offset <= p->e.offset &&
+                in_seg = rg[k].segs[g].offset < p->e.offset + p->e.numel &&
                          p->e.offset < rg[k].segs[g].offset + rg[k].segs[g].numel;
             if (a < b && in_seg) {
                 p->lo = a - p->e.offset;
@@ -460,7 +461,16 @@ static dt_status add_tp_entry(ckpt_job *j, dt_pg *tp, const tpiece *p, const cha
  * full tensor. */
 static dt_status add_entry(ckpt_job *j, dt_pg *tp, const tpiece *p, const char *name, dt_dtype dt, void *data)
 {
-    return tp && p->e.tp_dim ? add_tp_entry(j, tp, p, name, dt, data) : add_piece_entry(j, p, name, dt, data);
+    if (!tp || !p->e.tp_dim)
+        return add_piece_entry(j, p, name, dt, data);
+    if (p->hi > p->lo)
+        return add_tp_entry(j, tp, p, name, dt, data);
+    /* a slice this rank does not hold (another pipeline stage's: the same on
+     * every rank of tp) is not gathered: no elements, under the full shape
+     * as the ranks that hold it list it */
+    dt_ckpt_entry e = {.name = name, .dtype = dt, .ndim = p->e.ndim, .lo = 0, .hi = 0, .data = data};
+    dt_status st = dt_tp_full_shape(&p->e, dt_pg_size(tp), e.shape);
+    return st < 0 ? st : dt_ckpt_list_add(j->list, &e);
 }
 
 /* List what this rank holds for the writer thread. copy (an asynchronous
@@ -641,8 +651,10 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
 }
 
 /* Sharded state: every rank lists its pieces (no copy) and all save together
- * (synchronously: see the overview). */
-static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp)
+ * (synchronously: see the overview). tp (pipeline stages with tensor
+ * parallelism inside, NULL otherwise): the tensor-parallel group, whose
+ * ranks each write their share of their stages' full tensors (add_tp_entry). */
+static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp, dt_pg *tp)
 {
     dt_status sst = DT_OK;
     if (dt_trainer_rank(tr) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
@@ -651,7 +663,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     tpiece *pc = NULL;
     bool sharded;
     if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
-        sst = stage(tr, dir, pp, pc, false, NULL, NULL, &j);
+        sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
     char msg[1024];
@@ -787,15 +799,14 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     tpiece *pc = NULL;
     bool sharded = false;
     dt_pg *tp = tp_of(tr);
-    if (tp && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: checkpoints of --tp together with --pp are not written "
-                        "yet (tensor-parallel slices of pipeline stages)");
+    if (tp && dt__strategy_pipe_world(dt_trainer_strategy(tr))) /* every rank: its stages' share of each tensor */
+        return save_sharded(tr, dir, &pp, tp);
     if (tp)
         return save_tp(tr, tp, dir, &pp);
     dt_status sst = collect_pieces(tr, &pc, &sharded);
     if (sst >= 0 && sharded) {
         free(pc);
-        return save_sharded(tr, dir, &pp);
+        return save_sharded(tr, dir, &pp, NULL);
     }
     /* every rank: PowerSGD's per-rank state to rank 0 (a collective) */
     dt__psgd_saved psgd;
@@ -987,7 +998,7 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     char name[1024];
     for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
         const tpiece *q = &pc[i];
-        if (!trained(q))
+        if (!trained(q) || (tp && q->e.tp_dim && q->hi == q->lo)) /* another stage's slice */
             continue;
         bool found;
         snprintf(name, sizeof name, "master.%s", q->e.name);

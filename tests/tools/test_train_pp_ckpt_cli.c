@@ -11,7 +11,9 @@
  * file's printing step, as test_train_pp_cli.c (the pipeline adds the
  * same products in another order; tests/pipeline/pipe_train.h has the
  * bound); a missing optimizer state, a stale stage or a tied weight not
- * restored on its second stage moves the losses far more. */
+ * restored on its second stage moves the losses far more. The GPT under
+ * --tp 2 --pp 2 saves and loads likewise (each tensor-parallel rank its
+ * share of its stages' full tensors). */
 // dt-test-timeout: 120
 // dt-test-labels: threads
 #include "dtrain/data.h"
@@ -131,12 +133,62 @@ TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
     ASSERT(same_tail(path("g3.jsonl"), ref, 2));
 }
 
+/* --tp 2 --pp 2 (4 ranks): each tensor-parallel rank writes its share of
+ * its stages' full tensors, so the checkpoint is the single-process one:
+ * it resumes in one process and under tp 2 x pp 2 again with the
+ * uninterrupted run's losses, and the single process's loads under tp 2 x
+ * pp 2 (a slice written twice, a stage's share missing or another stage's
+ * stale slice taking its place would move the losses by far more). */
+TEST(gpt_tp2_pp2_checkpoint_resumes_in_one_process_and_back)
+{
+    static cli_result r;
+    char *bin = path("tok3.bin"), data[320];
+    uint16_t tok[2000];
+    for (int i = 0; i < 2000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
+    snprintf(data, sizeof data, "tokens:%s", bin);
+    char *gpt[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
+                   "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
+                   "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
+                   "1", "--batch", "8", NULL};
+    char *ref = path("tref.jsonl"), *ck = path("ck_tp_pp"), *ckr = path("ck_tref");
+    run(&r, 1, gpt, (char *[]){"--save", ckr, "--save-every", "2", NULL}, ref);
+    ASSERT_EQ_INT(r.code, 0);
+    double v1 = val_loss(r.out);
+    char *tpp[] = {"--tp", "2", "--pp", "2", "--micro-batches", "2", NULL};
+    run(&r, 4, gpt, (char *[]){"--tp", "2", "--pp", "2", "--micro-batches", "2", "--max-steps", "2", "--save", ck, NULL},
+        path("t1.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    char f[400];
+    snprintf(f, sizeof f, "%s/step-00000002/rank-00003.safetensors", ck);
+    ASSERT(file_exists(f));
+    run(&r, 1, gpt, (char *[]){"--resume", ck, NULL}, path("t2.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(fabs(val_loss(r.out) - v1) <= 2e-4);
+    ASSERT(same_tail(path("t2.jsonl"), ref, 2));
+    run(&r, 4, gpt, (char *[]){"--tp", "2", "--pp", "2", "--micro-batches", "2", "--resume", ck, NULL},
+        path("t3.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(same_tail(path("t3.jsonl"), ref, 2));
+    char from[400];
+    snprintf(from, sizeof from, "%s/step-00000002", ckr);
+    run(&r, 4, gpt, (char *[]){tpp[0], tpp[1], tpp[2], tpp[3], tpp[4], tpp[5], "--resume", from, NULL},
+        path("t4.jsonl"));
+    ASSERT_EQ_INT(r.code, 0);
+    double v4 = val_loss(r.out);
+    fprintf(stderr, "gpt val loss: one process %.6f, tp 2 x pp 2 resumed from its step 2 %.6f\n", v1, v4);
+    ASSERT(fabs(v4 - v1) <= 2e-4);
+    ASSERT(same_tail(path("t4.jsonl"), ref, 2));
+}
+
 int main(void)
 {
     if (!cli())
         DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
     RUN(mlp_pp2_checkpoint_resumes_in_one_process_and_back);
     RUN(gpt_dp2_pp2_checkpoint_resumes_in_one_process);
+    RUN(gpt_tp2_pp2_checkpoint_resumes_in_one_process_and_back);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -22,6 +22,7 @@
 #include "parallel/pipeline/pipe_impl.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/precision.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,7 @@ struct dt__pipe_exec {
     int64_t key[DT_MAX_DIMS + 2]; /* the x shape the shapes were learnt for */
     bool have_shapes;
     dt_pipe_stats stats;
+    dt_dtype amp;          /* autocast dtype of the contexts (DT_F32: off) */
     size_t live_bytes;
     int live;
 };
@@ -81,6 +83,7 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
     if (!e)
         return dt_error(DT_ERR_NO_MEMORY, "pipeline executor");
     e->pg = pg, e->m = m, e->units = units;
+    e->amp = DT_F32;
     dt_pipe_schedule_shape(sched, &e->p, &e->mm, &e->v, NULL);
     e->r = dt_pg_rank(pg);
     e->S = S;
@@ -140,6 +143,8 @@ void dt__pipe_exec_free(dt__pipe_exec *e)
     dt_free(e);
 }
 
+void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt) { e->amp = dt; }
+
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out) { *out = e->stats; }
 
 static dt_ctx *acquire(dt__pipe_exec *e)
@@ -156,6 +161,8 @@ static dt_ctx *acquire(dt__pipe_exec *e)
     if (dt_ctx_init(&cp, &c) < 0)
         return NULL;
     e->all[e->nctx++] = c;
+    if (e->amp != DT_F32 && dt_autocast_set(c, e->amp, NULL) < 0)
+        return NULL;
     return c;
 }
 
@@ -413,6 +420,9 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
                                 dt__pipe_action_str(a, d, sizeof d));
             /* the input gradient, copied out so that the context can go back
              * (the receiver takes it whenever its schedule says) */
+            if (q->in->grad->dtype != DT_F32 || !dt_tensor_is_contiguous(q->in->grad))
+                return dt_error(DT_ERR_STATE, "pipeline: %s: the input gradient is not contiguous f32",
+                                dt__pipe_action_str(a, d, sizeof d));
             size_t n = (size_t)dt_tensor_numel(q->in->grad);
             float *cp = dt_alloc(n * sizeof *cp);
             if (!cp)
@@ -533,7 +543,9 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
         abandon(e);
         return st;
     }
-    e->stats.step_s = dt_time_s() - t0;
+    e->stats.end_s = dt_time_s();
+    e->stats.start_s = t0;
+    e->stats.step_s = e->stats.end_s - t0;
     fb->loss_value = dt_pipe_stage_rank(e->p, e->S - 1) == e->r ? lsum / e->mm : 0;
     return st;
 }

@@ -38,6 +38,8 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
                              const dt_pipe_schedule *sched, dt__pipe_exec **out);
 /* Run the table on fb's micro-batch (split into m). */
 dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb);
+/* Contexts made from now on compute under autocast in dt (bf16/f16). */
+void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt);
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out);
 void dt__pipe_exec_free(dt__pipe_exec *e);
 
