@@ -285,7 +285,7 @@ DT_API dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *la
  * the [N, V] logits. x [..., C] (N rows), w [V, C] (a Linear's layout; a
  * tied embedding), labels i64/i32 [...] with x's leading dims (or [N]),
  * contiguous; DT_K_IGNORE_INDEX rows do not count. The rows go in chunks of
- * chunk_rows (0: balanced chunks of at most 32 MiB of logits): the forward
+ * chunk_rows (0: balanced chunks of at most 64 MiB of logits): the forward
  * computes each chunk's logits, log-sum-exp and loss; the backward
  * recomputes them (all chunks but the last, whose logits it keeps) and adds
  * dx and dW chunk by chunk. Memory: one [chunk_rows, V] f32 buffer, against
