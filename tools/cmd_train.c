@@ -281,6 +281,8 @@ static int setup_data(trainer *t)
     } else if (!strcmp(t->o.data, "random")) {
         dt_random_dataset_params rp = dt_random_dataset_params_default();
         int64_t ntest = t->o.limit_test > 0 ? t->o.limit_test : 1000;
+        if (!t->o.random_items) /* not given (the parser leaves it 0: it applies to random data only) */
+            t->o.random_items = 6000;
         rp.length = t->o.random_items + ntest;
         rp.x_ndim = t->in_ndim - 1;
         for (int d = 0; d < rp.x_ndim; d++)

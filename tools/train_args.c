@@ -209,7 +209,7 @@ static void set_defaults(dt__train_opts *o)
     o->grad_accum = 1;
     o->powersgd_start_iter = -1;
     o->prefetch = 2;
-    o->random_items = 0; /* 6000 once --data random is known (dt__train_check) */
+    o->random_items = 0; /* not given: 6000 items for --data random (cmd_train.c) */
     o->sample_tokens = 64;
     o->backward_prefetch = "backward_pre";
     o->precision = "fp32";
@@ -417,8 +417,6 @@ int dt__train_check(dt__train_opts *o)
                     "trains on the first N items of other data\n", o->data);
         return 2;
     }
-    if (!strcmp(o->data, "random") && !o->random_items)
-        o->random_items = 6000;
     if (!strcmp(o->model, "convnet") && !strcmp(o->data, "random")) {
         dt__cli_err("dtrain train: --data random works with --model mlp only\n");
         return 2;
