@@ -19,6 +19,8 @@
  *     P -> S(1)     reduce-scatter (plus the pack for a dim other than 0)
  *     S(0) -> S(1)  all-to-all of R*C/W^2 per pair
  *     R -> S(1)     local slice vs a memcpy of the slice's bytes
+ *     R -> R cross  (even world) from the mesh of the first half of the
+ *                   ranks to the second: a send/recv of R*C per pair
  * Its op differs from the plain one for S(1) -> R (dt_pg_allgather_blocks),
  * P -> S(1) (dt_pg_reduce_scatter_blocks), S(0) -> S(1)
  * (dt_pg_alltoall_blocks) and R -> S(1) (a memcpy per row); elsewhere it is
@@ -81,8 +83,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "setup: %s\n", dt_last_error());
         return 1;
     }
-    int W = dt_pg_size(w), rank = dt_pg_rank(w);
+    int W = dt_pg_size(w), rank = dt_pg_rank(w), h = W / 2;
     dt_pg *g = dt_mesh_dim_group(m, 0);
+    /* across meshes: the first half of the ranks to the second (even W) */
+    dt_mesh *ma = NULL, *mb = NULL;
+    int *hr = malloc((size_t)W * sizeof(int));
+    if (!hr)
+        return 1;
+    for (int r = 0; r < W; r++)
+        hr[r] = r;
+    if (W % 2 == 0 && (dt_mesh_init(w, 1, &h, hr, NULL, &ma) < 0 ||
+                       dt_mesh_init(w, 1, &h, hr + h, NULL, &mb) < 0)) {
+        fprintf(stderr, "setup: %s\n", dt_last_error());
+        return 1;
+    }
     int64_t n = rows * cols;
     dt_tensor *full = dt_tensor_new(DT_F32, 2, (int64_t[]){rows, cols});
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
@@ -102,6 +116,7 @@ int main(int argc, char **argv)
         {"P -> S(1)", dt_partial(DT_REDUCE_SUM), dt_shard(1)},
         {"S(0) -> S(1)", dt_shard(0), dt_shard(1)},
         {"R -> S(1)", dt_replicate(), dt_shard(1)},
+        {"R -> R cross", dt_replicate(), dt_replicate()},
     };
     if (rank == 0)
         printf("reshard vs collective: %d ranks, f32 [%lld, %lld] (%.2f MiB), median of %lld\n", W,
@@ -115,8 +130,9 @@ int main(int argc, char **argv)
     if (!tc || !te || !cr || !cc || !ce || !blk)
         return 1;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        if (only && strcmp(only, cases[c].name) != 0)
+        if ((only && strcmp(only, cases[c].name) != 0) || (c == 7 && !ma))
             continue;
+        dt_mesh *mf = c == 7 ? ma : m, *mt = c == 7 ? mb : NULL;
         /* Interleaved: each repetition builds the input dtensor, then times
          * three things on that input's bytes (outputs in the same context),
          * in an order that rotates between repetitions, so all see the same
@@ -148,7 +164,7 @@ int main(int argc, char **argv)
         }
         for (int64_t r = 0; r < reps + warm; r++) {
             dt_dtensor *x;
-            if (dt_shard_tensor(ctx, m, full, &cases[c].from, &x) < 0)
+            if (dt_shard_tensor(ctx, mf, full, &cases[c].from, &x) < 0)
                 return 1;
             const float *in = x->local->data;
             float *out = dt_ctx_alloc(ctx, (size_t)n * sizeof(float));
@@ -166,7 +182,7 @@ int main(int argc, char **argv)
                 double c0 = cpu_s(), t0 = dt_time_s();
                 dt_status st = DT_OK;
                 if (what == 0) {
-                    y = dt_reshard(ctx, x, NULL, &cases[c].to);
+                    y = dt_reshard(ctx, x, mt, &cases[c].to);
                     t[r] = dt_time_s() - t0;
                     cr[r] = cpu_s() - c0;
                     if (!y) {
@@ -192,6 +208,10 @@ int main(int argc, char **argv)
                     st = what == 1 ? dt_pg_alltoall_blocks(g, in, blk, o, blk + W, per / (size_t)W, DT_F32)
                                    : dt_pg_alltoall(g, in, o, per / (size_t)W, DT_F32);
                     break;
+                case 7:
+                    st = rank < h ? dt_pg_send(w, in, (size_t)n, DT_F32, rank + h)
+                                  : dt_pg_recv(w, o, (size_t)n, DT_F32, rank - h);
+                    break;
                 default:
                     if (what == 1)
                         for (int64_t i = 0; i < rows; i++)
@@ -210,7 +230,8 @@ int main(int argc, char **argv)
             if (even && r == reps + warm - 1) {
                 /* the op compared is the same work: its output is the reshard's */
                 size_t nb = dt_tensor_nbytes(y->local);
-                if ((int64_t)nb != (c == 0 || c == 1 || c == 2 ? n : (int64_t)per) * 4 ||
+                int64_t want = c == 7 ? (rank < h ? 0 : n) : c == 0 || c == 1 || c == 2 ? n : (int64_t)per;
+                if ((int64_t)nb != want * 4 ||
                     memcmp(y->local->data, oute, nb) != 0) {
                     fprintf(stderr, "%s: the op compared gives other bytes than the reshard\n",
                             cases[c].name);
@@ -243,6 +264,9 @@ int main(int argc, char **argv)
     free(cr);
     free(cc);
     free(ce);
+    free(hr);
+    dt_mesh_free(mb);
+    dt_mesh_free(ma);
     free(tc);
     free(a);
     free(b);
