@@ -37,28 +37,7 @@ static char *cli(void) { return getenv("DT_CLI"); }
 /* dtrain run -n ranks -- dtrain train <base> extra...; 0 on success. */
 static int run(cli_result *r, int ranks, char *const *base, char *const *extra)
 {
-    char nr[16];
-    snprintf(nr, sizeof nr, "%d", ranks);
-    char *args[96] = {"run", "-n", nr, "--", cli()};
-    int n = 5;
-    for (int i = 0; base[i]; i++)
-        args[n++] = base[i];
-    for (int i = 0; extra && extra[i] && n < 94; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    cli_runv(r, 150, NULL, args);
-    if (r->code != 0)
-        fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r->code, r->out, r->err);
-    return r->code;
-}
-
-static const char *path(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *b = buf[k++ % 8];
-    snprintf(b, 512, "%s/%s", cli_tmpdir(), name);
-    return b;
+    return cli_run_ranks(r, 150, NULL, ranks, 2, (char *const *const[]){base, extra});
 }
 
 /* The same step losses to the printed digits (at least 2). */
@@ -85,14 +64,14 @@ static char *k_mlp[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hid
 TEST(mlp_dp2_tp2_zero1_equals_ddp)
 {
     static cli_result r;
-    const char *ddp = path("ddp.jsonl"), *z = path("z1.jsonl"), *free_ = path("noclip.jsonl");
-    const char *ck = path("ddp_ck"), *res = path("res.jsonl");
+    const char *ddp = cli_path("ddp.jsonl"), *z = cli_path("z1.jsonl"), *free_ = cli_path("noclip.jsonl");
+    const char *ck = cli_path("ddp_ck"), *res = cli_path("res.jsonl");
     ASSERT_EQ_INT(run(&r, 4, k_mlp,
                       (char *[]){"--clip-grad-norm", "0.05", "--metrics", (char *)ddp, "--save", (char *)ck,
                                  "--save-every", "4", NULL}),
                   0);
     ASSERT_STR_CONTAINS(r.out, "[0] DDP: 2 ranks");
-    const char *zck = path("z_ck");
+    const char *zck = cli_path("z_ck");
     ASSERT_EQ_INT(run(&r, 4, k_mlp,
                       (char *[]){"--clip-grad-norm", "0.05", "--metrics", (char *)z, "--zero", "1", "--save",
                                  (char *)zck, NULL}),
@@ -134,24 +113,21 @@ TEST(gpt_dp2_tp2_pp2_zero1_equals_ddp)
     snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
     ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
     snprintf(data, sizeof data, "tokens:%s", bin);
-    const char *ddp = path("g_ddp.jsonl"), *z = path("g_z1.jsonl");
+    const char *ddp = cli_path("g_ddp.jsonl"), *z = cli_path("g_z1.jsonl");
     char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                     "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",
                     "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress",
                     "plain", "--log-every", "1", "--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2",
                     "--clip-grad-norm", "0.1", NULL};
-    const char *dck = path("g_ddp_ck"), *zck = path("g_z1_ck");
+    const char *dck = cli_path("g_ddp_ck"), *zck = cli_path("g_z1_ck");
     ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)ddp, "--save", (char *)dck, NULL}), 0);
-    const char *v = strstr(r.out, "val loss: ");
-    ASSERT(v != NULL);
-    double v1 = atof(v + 10);
+    double v1 = cli_out_value(r.out, "val loss: ");
     ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)z, "--zero", "1", "--save", (char *)zck, NULL}),
                   0);
     ASSERT_STR_CONTAINS(r.out, "2 stages x 2 tensor-parallel x 2 data-parallel (ZeRO-1)");
-    v = strstr(r.out, "val loss: ");
-    ASSERT(v != NULL);
-    fprintf(stderr, "gpt val loss: DDP %.6f, ZeRO-1 %.6f\n", v1, atof(v + 10));
-    ASSERT(v1 == atof(v + 10));
+    double v2 = cli_out_value(r.out, "val loss: ");
+    fprintf(stderr, "gpt val loss: DDP %.6f, ZeRO-1 %.6f\n", v1, v2);
+    ASSERT(!isnan(v1) && v1 == v2);
     ASSERT(equal_losses(z, ddp, 0));
     char ca[600], cb[600];
     snprintf(ca, sizeof ca, "%s/step-00000004", zck);
