@@ -802,7 +802,7 @@ static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **h
     for (size_t i = 0; i < ne && lh; i++) {
         lh[2 * i] = (double)pc[i].lo, lh[2 * i + 1] = (double)pc[i].hi;
         if (trained(&pc[i]))
-            bytes += pc[i].e.numel * (dt_dtype_size(pc[i].e.dtype) + 4 + 4 * (size_t)ns) + 3 * 64;
+            bytes += pc[i].e.numel * (dt_dtype_size(pc[i].e.dtype) + 4 + 4 * (size_t)ns) + (2 + (size_t)ns) * 64;
     }
     char *buf = st >= 0 ? dt_alloc(bytes + 64) : NULL;
     if (st >= 0 && !buf)
