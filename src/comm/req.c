@@ -22,6 +22,7 @@
  */
 #include "comm/pg.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,13 +324,26 @@ static void *progress_main(void *arg)
 {
     dt_pg *pg = arg;
     pthread_mutex_lock(&pg->mu);
+    int yielded = 0;
     for (;;) {
         /* waiters run the queue themselves */
-        while (!pg->stop && ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0))
+        while (!pg->stop && ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0)) {
             pthread_cond_wait(&pg->cv, &pg->mu);
+            yielded = 0;
+        }
         if ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0) {
             if (pg->stop)
                 break;
+            continue;
+        }
+        if (!yielded && (pg->bn > 0 || is_p2p(pg->head->c.kind))) {
+            /* woken by a post of a send/recv: the poster may be about to
+             * wait for it; let it come and run the batch itself (no
+             * hand-over) when it shares this core */
+            yielded = 1;
+            pthread_mutex_unlock(&pg->mu);
+            sched_yield();
+            pthread_mutex_lock(&pg->mu);
             continue;
         }
         run_head_locked(pg, NULL);
