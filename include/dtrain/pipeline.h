@@ -312,6 +312,9 @@ typedef struct dt_pipe_stats {
                                  end less the earliest start) */
     size_t peak_act_bytes;    /* peak arena bytes of micro-batches in flight */
     int peak_inflight;        /* most micro-batches in flight at once */
+    double wait_s;            /* of the last step: time blocked on received activations and
+                                 gradients (the part of the idle time spent in waits) */
+    int waits;                /* and the number of those waits */
     int stage_first, stage_count; /* this rank's stages: stage_first + k p, k < stage_count */
     int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
 } dt_pipe_stats;
