@@ -52,3 +52,10 @@ set_target_properties(bench_ckpt PROPERTIES OUTPUT_NAME ckpt_bench
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_ckpt PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_ckpt PRIVATE dtrain_static)
+# Point-to-point latency and CPU per transfer at the pipeline's message size
+# (issue 17: what a stage handoff costs).
+add_executable(bench_p2p_pingpong ${CMAKE_CURRENT_LIST_DIR}/p2p_pingpong.c)
+set_target_properties(bench_p2p_pingpong PROPERTIES OUTPUT_NAME p2p_pingpong
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_p2p_pingpong PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_p2p_pingpong PRIVATE dtrain_static)
