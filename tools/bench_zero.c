@@ -190,7 +190,7 @@ int dt_bench_zero(int argc, char **argv)
             zp.backward_prefetch = z->bp;
             zp.page_pool = !z->nopool;
             zp.wrap_min_params = (size_t)wrap;
-            zp.wrap_module_type = wrap_type; /* e.g. "Block": one unit per transformer block */
+            zp.wrap_module_type = wrap_type; /* e.g. "GPT2Block": one unit per transformer block */
             if (dt_strategy_zero_init(pg, &zp, &s) < 0)
                 goto fail;
         }

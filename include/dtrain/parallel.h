@@ -568,8 +568,9 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * wrap_min_params (a module whose not-yet-wrapped parameter elements reach
  * it, unless it would split a tie: GPT-2's wte stays with lm_head in the
  * parent's unit), wrap_module_type (every module of that type, e.g. each transformer
- * "Block"), or a predicate wrap_fn; the root is always a unit and takes the
- * rest. Each unit's parameters (its module's minus nested units') live in one
+ * block: "GPT2Block" in the built-in GPT-2; a type no module has is an error
+ * naming the types there are), or a predicate wrap_fn; the root is always a
+ * unit and takes the rest. Each unit's parameters (its module's minus nested units') live in one
  * flat buffer (FSDP's FlatParameter): model order, each tensor 64-byte
  * aligned, padded to a multiple of W * 64 bytes, so rank r owns the equal
  * range [r*c, (r+1)*c), c = total / W. Each rank's optimizer steps only its
@@ -681,8 +682,8 @@ typedef struct dt_zero_params {
     bool reshard_after_forward;  /* stage 3: free a unit after its forward (FULL_SHARD); false
                                     keeps it until its backward ends; default true */
     size_t wrap_min_params;      /* size-based wrap policy threshold in elements; 0 off; default 0 */
-    const char *wrap_module_type;/* wrap every module of this type ("Linear", "Block"); borrowed
-                                    during init; default NULL */
+    const char *wrap_module_type;/* wrap every module of this type ("Linear", "GPT2Block"); one
+                                    the model lacks is an error; borrowed during init; default NULL */
     dt_wrap_fn wrap_fn;          /* user predicate; default NULL */
     void *wrap_ud;               /* passed to wrap_fn; default NULL */
     dt_backward_prefetch backward_prefetch; /* default DT_PREFETCH_BACKWARD_PRE */

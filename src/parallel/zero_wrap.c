@@ -23,6 +23,7 @@ typedef struct {
     dt_module **mods;   /* candidate unit modules, pre-order */
     bool *wrap;
     int n, cap;
+    int type_hits;      /* modules whose type is p->wrap_module_type */
 } wrap_state;
 
 static size_t own_numel(const dt_model *m, const dt_module *mod)
@@ -87,6 +88,8 @@ static dt_status visit(const dt_model *m, dt_module *mod, const dt_zero_params *
         sum += c;
     }
     bool root = mod == dt_model_root(m), take = false;
+    if (p->wrap_module_type && !strcmp(dt_module_type(mod), p->wrap_module_type))
+        w->type_hits++;
     if (!root && sum > 0) {
         if (p->wrap_fn)
             take = p->wrap_fn(p->wrap_ud, mod, sum);
@@ -101,6 +104,30 @@ static dt_status visit(const dt_model *m, dt_module *mod, const dt_zero_params *
     w->wrap[slot] = root || take;
     *left = take ? 0 : sum;
     return DT_OK;
+}
+
+/* A type policy that names no module of the model is a typo, not "one
+ * unit": the error lists the types the model has. */
+static dt_status no_such_type(const char *type, const wrap_state *w)
+{
+    char have[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < w->n && len + 4 < sizeof have; i++) {
+        const char *t = dt_module_type(w->mods[i]);
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = !strcmp(dt_module_type(w->mods[j]), t);
+        if (seen)
+            continue;
+        int k = snprintf(have + len, sizeof have - len, "%s%s", len ? ", " : "", t);
+        if (k < 0 || (size_t)k >= sizeof have - len) {
+            snprintf(have + len, sizeof have - len, "%s...", len ? ", " : "");
+            break;
+        }
+        len += (size_t)k;
+    }
+    return dt_error(DT_ERR_INVALID_ARG, "ZeRO: wrap_module_type '%s' names no module of the model (its module types: %s)",
+                    type, have);
 }
 
 /* f32, bf16, f16 -> 0, 1, 2 (the order of a module's units). */
@@ -130,6 +157,8 @@ dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p)
     wrap_state w = {0};
     size_t left = 0;
     dt_status st = visit(m, dt_model_root(m), p, &w, &left);
+    if (st >= 0 && p->wrap_module_type && !w.type_hits)
+        st = no_such_type(p->wrap_module_type, &w);
     const size_t ne = dt_model_num_entries(m);
     /* per entry: its unit's key (candidate module k, dtype class d) as
      * 3 * (k + 1) + d, with k = -1 for the persistent unit; -1: none */

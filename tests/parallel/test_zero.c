@@ -578,6 +578,16 @@ TEST(names_and_bad_params)
     ASSERT(strstr(dt_last_error(), "hybrid_shard_size") != NULL);
     dt_model_free(bad);
     zp.hybrid_shard_size = 0;
+    /* a wrap type no module has is refused, naming it and the types there are */
+    zp.stage = 3;
+    zp.wrap_module_type = "Block";
+    ASSERT_OK(dt_strategy_zero_init(pg, &zp, &s));
+    bad = zmodel(9, true);
+    ASSERT(dt_trainer_init(bad, s, NULL, &tbad) == DT_ERR_INVALID_ARG);
+    if (!strstr(dt_last_error(), "'Block' names no module") || !strstr(dt_last_error(), "Linear"))
+        fprintf(stderr, "error: %s\n", dt_last_error());
+    ASSERT(strstr(dt_last_error(), "'Block' names no module") != NULL && strstr(dt_last_error(), "Linear") != NULL);
+    dt_model_free(bad);
     /* one rank: stage 3 equals the plain trainer */
     dt_model *a = zmodel(9, false), *b = zmodel(9, true);
     zp.stage = 3;
