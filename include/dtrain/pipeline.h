@@ -74,6 +74,10 @@
  * reduce-scattered once per batch, each replica keeps optimizer state and
  * fp32 masters of its share only and steps it, the shares are all-gathered
  * after the step; the gradient norm is summed over stages and shares).
+ * With tensor parallelism (a dp x tp x pp mesh) each tp rank's replicas
+ * split that rank's stage elements (its slices and the replicated
+ * tensors): ZeRO-1 over dp, tp inside a stage, pp across; its checkpoints
+ * gather the shares over dp first and are then DDP's (tp.h).
  *
  * Mixed precision: a model holding bf16/f16 parameters (the trainer's
  * precision policy) runs every stage under autocast in that dtype, sends

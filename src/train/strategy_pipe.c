@@ -26,7 +26,10 @@
  * hold different slices under the same names and offsets, run the same
  * table in step, and each pipeline (fixed d and t) moves its own copy of
  * the activations; a slice's gradient is averaged over its dp group like
- * any other parameter's. What tp changes is counting: the tp x pp ranks of
+ * any other parameter's (under ZeRO-1 each tp rank splits its own stage
+ * elements over its dp group: the shares of a slice and of a replicated
+ * tensor differ between the tp ranks, which the trainer's norm allows for).
+ * What tp changes is counting: the tp x pp ranks of
  * a replica all know the loss (sent along the pipeline from the last
  * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
@@ -200,9 +203,6 @@ static dt_status s_attach(void *self, dt_model *m)
     }
     s->P = dt_mesh_size(s->mesh, 2), s->T = dt_mesh_size(s->mesh, 1), s->D = dt_mesh_size(s->mesh, 0);
     s->pr = dt_mesh_coord(s->mesh, 2);
-    if (s->p.zero == 1 && s->T > 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "pipe: ZeRO-1 over the replicas of a tensor-parallel model is not "
-                        "supported yet (the data-parallel dimension runs DDP with tp > 1)");
     s->pp = dt_mesh_dim_group(s->mesh, 2);
     s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
@@ -660,4 +660,14 @@ dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world
                                                                           : NULL;
+}
+
+int dt__strategy_pipe_zero(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->p.zero : 0;
+}
+
+dt_pg *dt__strategy_pipe_dp(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->dp : NULL;
 }

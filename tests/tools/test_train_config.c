@@ -139,11 +139,11 @@ TEST(tensor_parallel_from_the_config)
     ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.tensor_parallel_size = 2  (file)\n");
     ASSERT_STR_CONTAINS(r.out, "steps/epoch of 4");
     /* the --tp refusals see the config's keys too */
-    write_cfg("tpc.json", "{\"zero_optimization\": {\"stage\": 1}, \"dtrain\": {\"tensor_parallel_size\": 2}}", p,
+    write_cfg("tpc.json", "{\"zero_optimization\": {\"stage\": 2}, \"dtrain\": {\"tensor_parallel_size\": 2}}", p,
               sizeof p);
     run_cfg(&r, 2, p, NULL, NULL);
     ASSERT(r.code != 0);
-    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero 2|3 or --fsdp");
 }
 
 /* The step losses of a metrics file (--log-every 1) into out; their number. */
