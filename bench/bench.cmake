@@ -22,6 +22,15 @@ set_target_properties(bench_reshard PROPERTIES OUTPUT_NAME reshard
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_reshard PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_reshard PRIVATE dtrain_static)
+if(DT_BUILD_TESTS)
+  # Tiny shapes: every transition runs, and each compared op's output must
+  # equal the reshard's bit for bit (the bench exits 1 otherwise).
+  enable_testing()
+  add_test(NAME parallel/mesh_bench_reshard
+           COMMAND dtrain_cli run -n 2 -- $<TARGET_FILE:bench_reshard> --rows 64 --cols 32 --reps 2 --warmup 1)
+  set_tests_properties(parallel/mesh_bench_reshard PROPERTIES TIMEOUT 120 LABELS "parallel;bench"
+    PASS_REGULAR_EXPRESSION "R -> S\\(1\\)[^\n]*\n[^\n]*its op")
+endif()
 # dtrain's side of bench/dtensor_torch.py (every transition and matmul case
 # against PyTorch's DTensor).
 add_executable(bench_dtensor_dump ${CMAKE_CURRENT_LIST_DIR}/dtensor_dump.c)
@@ -43,3 +52,10 @@ set_target_properties(bench_ckpt PROPERTIES OUTPUT_NAME ckpt_bench
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_ckpt PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_ckpt PRIVATE dtrain_static)
+# Point-to-point latency and CPU per transfer at the pipeline's message size
+# (issue 17: what a stage handoff costs).
+add_executable(bench_p2p_pingpong ${CMAKE_CURRENT_LIST_DIR}/p2p_pingpong.c)
+set_target_properties(bench_p2p_pingpong PROPERTIES OUTPUT_NAME p2p_pingpong
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_p2p_pingpong PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_p2p_pingpong PRIVATE dtrain_static)

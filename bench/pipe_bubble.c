@@ -25,7 +25,9 @@
  * the table's own replay with unit costs (F = BI = BW = 1, B = 2: what
  * this rank's list idles when every action costs what the formula
  * assumes), whether idle/busy is within 20% of the formula, the step's
- * wall time and the peak bytes of micro-batch activations in flight.
+ * wall time, the time the rank spent blocked in receive waits (the rest
+ * of its idle time is the executor's own work between actions) and the
+ * peak bytes of micro-batch activations in flight.
  * Rank 0 prints one line per schedule and rank. bench/torch_pipeline.py
  * is the peer (same model, batch and micro-batches). */
 #define _GNU_SOURCE
@@ -135,29 +137,31 @@ int main(int argc, char **argv)
             return 1;
         }
         dt_pipe_schedule_free(sc);
-        double v6[6] = {best.busy_s, best.step_s, (double)best.peak_act_bytes, (double)best.peak_inflight,
-                        best.start_s, best.end_s};
-        double *all = r == 0 ? calloc((size_t)P * 6, sizeof *all) : NULL;
-        dt_pg_gather(pg, v6, all, 6, DT_F64, 0);
+        enum { NV = 8 };
+        double v6[NV] = {best.busy_s, best.step_s, (double)best.peak_act_bytes, (double)best.peak_inflight,
+                         best.start_s, best.end_s, best.wait_s, (double)best.waits};
+        double *all = r == 0 ? calloc((size_t)P * NV, sizeof *all) : NULL;
+        dt_pg_gather(pg, v6, all, NV, DT_F64, 0);
         if (r == 0) {
             /* the makespan of the step: the earliest start to the latest end
              * (one monotonic clock on one machine); each rank's idle is the
              * makespan less its compute, as in the formula */
             double f = dt_pipe_bubble_formula(kind, P, M, v), t0 = all[4], t1 = all[5], ssum = 0, bsum = 0;
             for (int q = 1; q < P; q++) {
-                t0 = all[q * 6 + 4] < t0 ? all[q * 6 + 4] : t0;
-                t1 = all[q * 6 + 5] > t1 ? all[q * 6 + 5] : t1;
+                t0 = all[q * NV + 4] < t0 ? all[q * NV + 4] : t0;
+                t1 = all[q * NV + 5] > t1 ? all[q * NV + 5] : t1;
             }
             for (int q = 0; q < P; q++) {
-                double busy = all[q * 6], own = all[q * 6 + 1], span = t1 - t0;
+                double busy = all[q * NV], own = all[q * NV + 1], span = t1 - t0;
                 double ib = busy > 0 ? (span - busy) / busy : 0, ob = busy > 0 ? (own - busy) / busy : 0;
                 double tab = sim.busy[q] > 0 ? sim.makespan / sim.busy[q] - 1 : 0;
                 ssum += span - busy, bsum += busy;
                 printf("%-12s rank %d: busy %.4f s, idle %.4f s, idle/busy %.3f (own window %.3f) | formula %.3f "
-                       "(%s, %+.0f%%) | table %.3f | peak activations %.2f MiB (%d micro-batches)\n",
+                       "(%s, %+.0f%%) | table %.3f | waited %.4f s in %d receives | peak activations %.2f MiB "
+                       "(%d micro-batches)\n",
                        dt_pipe_kind_name(kind), q, busy, span - busy, ib, ob, f,
                        fabs(ib - f) <= 0.2 * f ? "within 20%" : "NOT within 20%", f > 0 ? 100 * (ib - f) / f : 0,
-                       tab, all[q * 6 + 2] / (1 << 20), (int)all[q * 6 + 3]);
+                       tab, all[q * NV + 6], (int)all[q * NV + 7], all[q * NV + 2] / (1 << 20), (int)all[q * NV + 3]);
             }
             printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f)\n", dt_pipe_kind_name(kind),
                    t1 - t0, bsum > 0 ? ssum / bsum : 0, f);

@@ -3,13 +3,14 @@
  *     dtrain run -n 2 -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64]
  *                         [--steps 20] [--threads 1] [--wrap-min-params N]
  *                         [--wrap-module-type TYPE] [--mlp-dim N] [--mlp-hidden N]
- *                         [--modes ddp,1,2,3,3-post,3-none] [--json]
+ *                         [--modes ddp,1,2,3,3-post,3-none,3-nopool] [--json]
  *
  * Every mode trains its own copy of the model (same seed, same fixed
  * synthetic batch per rank, AdamW) through the library's trainer: "ddp"
  * (dt_strategy_ddp_init), "1" and "2" (ZeRO stages 1 and 2), "3" (stage 3
- * with BACKWARD_PRE prefetch), "3-post" (BACKWARD_POST) and "3-none" (no
- * prefetch). After 2 untimed steps per mode, blocks of 5 steps cycle
+ * with BACKWARD_PRE prefetch), "3-post" (BACKWARD_POST), "3-none" (no
+ * prefetch) and "3-nopool" (BACKWARD_PRE, freed units' pages given back
+ * instead of kept in the page pool). After 2 untimed steps per mode, blocks of 5 steps cycle
  * through the modes, each block started on every rank together (an untimed
  * barrier), so machine noise hits all modes alike. Rank 0 prints per mode:
  * the median step time (slowest rank), its ratio to DDP's, the median
@@ -25,7 +26,9 @@
  * printed too: they train the same model on the same data. For stage 3
  * modes a line says how many unit all-gathers a step posts, how many a
  * prefetch posted ahead of the hook that needed them and how many of those
- * were complete by then (the gathers that overlapped compute). */
+ * were complete by then (the gathers that overlapped compute), and how many
+ * bytes a step gathered into pages the page pool kept (no page faults) and
+ * the most it kept, also in units of the largest unit. */
 #include "cmd.h"
 
 #include "dtrain/models.h"
@@ -42,6 +45,7 @@ typedef struct {
     char name[16];
     int stage; /* 0: DDP */
     dt_backward_prefetch bp;
+    bool nopool; /* stage 3 without the page pool */
     dt_model *m;
     dt_trainer *tr;
     double *t, *c; /* wall and CPU seconds per timed step */
@@ -85,8 +89,10 @@ static int parse_modes(const char *spec, zmode *zm, int *nm)
             z->stage = 3, z->bp = DT_PREFETCH_BACKWARD_POST;
         else if (!strcmp(tok, "3-none"))
             z->stage = 3, z->bp = DT_PREFETCH_NONE;
+        else if (!strcmp(tok, "3-nopool"))
+            z->stage = 3, z->nopool = true;
         else {
-            dt__cli_err("dtrain bench zero: unknown mode '%s' (ddp, 1, 2, 3, 3-post, 3-none)\n", tok);
+            dt__cli_err("dtrain bench zero: unknown mode '%s' (ddp, 1, 2, 3, 3-post, 3-none, 3-nopool)\n", tok);
             return 2;
         }
     }
@@ -104,7 +110,7 @@ int dt_bench_zero(int argc, char **argv)
             printf("usage: dtrain run -n N -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64] [--steps 20]\n"
                    "         [--threads 1] [--wrap-min-params N] [--wrap-module-type TYPE] [--mlp-dim N]\n"
                    "         [--mlp-hidden N]\n"
-                   "         [--modes ddp,1,2,3,3-post,3-none] [--json]\n"
+                   "         [--modes ddp,1,2,3,3-post,3-none,3-nopool] [--json]\n"
                    "  ZeRO stages against DDP, interleaved: step time, bytes held, communication volume\n");
             return 0;
         }
@@ -182,6 +188,7 @@ int dt_bench_zero(int argc, char **argv)
             dt_zero_params zp = dt_zero_params_default();
             zp.stage = z->stage;
             zp.backward_prefetch = z->bp;
+            zp.page_pool = !z->nopool;
             zp.wrap_min_params = (size_t)wrap;
             zp.wrap_module_type = wrap_type; /* e.g. "Block": one unit per transformer block */
             if (dt_strategy_zero_init(pg, &zp, &s) < 0)
@@ -267,13 +274,15 @@ int dt_bench_zero(int argc, char **argv)
         const double ratio = med[0] > 0 ? med[k] / med[0] : 0, cratio = cmed[0] > 0 ? cmed[k] / cmed[0] : 0;
         if (rank != 0)
             continue;
+        const dt_zero_stats zs = dt_zero_get_stats(dt_strategy_zero(dt_trainer_strategy(zm[k].tr)));
         if (json)
             printf("{\"bench\":\"zero\",\"model\":\"%s\",\"mode\":\"%s\",\"world\":%d,\"batch\":%ld,\"threads\":%ld,"
                    "\"step_ms\":%.3f,\"ratio\":%.4f,\"cpu_ms\":%.3f,\"cpu_ratio\":%.4f,\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optim_bytes\":%zu,"
-                   "\"gathered_peak\":%zu,\"volume_psi\":%.3f,\"loss\":%.7g}\n",
+                   "\"gathered_peak\":%zu,\"pooled_per_step\":%.1f,\"pool_peak\":%llu,\"volume_psi\":%.3f,\"loss\":%.7g}\n",
                    model, zm[k].name, world, batch, threads, 1e3 * med[k], ratio, 1e3 * cmed[k], cratio,
-                   mem.param_bytes, mem.grad_bytes,
-                   mem.optim_bytes, mem.gathered_peak, vol, zm[k].loss);
+                   mem.param_bytes, mem.grad_bytes, mem.optim_bytes, mem.gathered_peak,
+                   (double)(zs.bytes_pooled - zm[k].zs0.bytes_pooled) / (double)steps,
+                   (unsigned long long)zs.pool_peak, vol, zm[k].loss);
         else
             printf("%-8s %10.2f %8.3f %8.1f %8.3f %12.2f %12.2f %12.2f %12.2f %8.2f Psi %12.7g\n", zm[k].name,
                    1e3 * med[k], ratio, 1e3 * cmed[k], cratio, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
@@ -291,6 +300,15 @@ int dt_bench_zero(int argc, char **argv)
             printf("%-8s %d units; per step %.1f unit all-gathers, %.1f prefetched, %.1f of those complete when "
                    "needed (rank 0)\n", zm[k].name, dt_zero_num_units(zz), (double)(a.gathers - o.gathers) / n,
                    (double)(a.prefetched - o.prefetched) / n, (double)(a.ready_when_needed - o.ready_when_needed) / n);
+            size_t big = 0; /* the largest unit freed between gathers */
+            for (int i = 0; i < dt_zero_num_units(zz); i++) {
+                dt_zero_unit_info ui;
+                if (dt_zero_unit(zz, i, &ui) >= 0 && !ui.resident && ui.total * dt_dtype_size(ui.dtype) > big)
+                    big = ui.total * dt_dtype_size(ui.dtype);
+            }
+            printf("%-8s page pool: %.2f MiB per step gathered into kept pages, at most %.2f MiB kept (%.2f of the "
+                   "largest unit, %.2f MiB)\n", zm[k].name, (double)(a.bytes_pooled - o.bytes_pooled) / n / 1048576.0,
+                   a.pool_peak / 1048576.0, big ? (double)a.pool_peak / (double)big : 0.0, big / 1048576.0);
         }
     }
     rc = 0;

@@ -519,9 +519,9 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"
-                         : (o->zero && strcmp(o->zero, "0")) || o->fsdp
-                             ? "--zero/--fsdp (ZeRO over the data-parallel ranks of a tensor-parallel model is not "
-                               "composed yet; the data-parallel dimension runs DDP)"
+                         : (o->zero && strcmp(o->zero, "0") && strcmp(o->zero, "1")) || o->fsdp
+                             ? "--zero 2|3 or --fsdp (the data-parallel dimension of a tensor-parallel model runs DDP "
+                               "or --zero 1)"
                          : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload" : NULL;

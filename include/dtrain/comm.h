@@ -662,6 +662,10 @@ typedef struct dt_backend_ops {
     dt_status (*p2p_start)(void *ctx, const dt_coll *c, void **op);
     dt_status (*p2p_test)(void *ctx, void *op, int *progressed);
     void (*p2p_idle)(void *ctx, int round, double max_s);
+    /* Optional (only with the p2p slots). Called from another thread of
+     * this rank: make a p2p_idle that is waiting return soon (a thread
+     * waiting for one of the batch's requests takes the batch over). */
+    void (*p2p_wake)(void *ctx);
 } dt_backend_ops;
 
 /* Register a backend under ops->name (the table is copied; the name string

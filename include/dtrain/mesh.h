@@ -286,7 +286,13 @@ DT_API char *dt_dtensor_str(const dt_dtensor *x, char *buf, size_t n);
  * world): ranks that disagree all fail with DT_ERR_MISMATCH naming the
  * tensor and both variants ("some pass [Shard(0)] -> [Replicate()],
  * others [Shard(0)] -> [Shard(1)]"). DT_RESHARD_CHECK=0 turns the check
- * off (a disagreement is then left to the comm layer's mismatch check). */
+ * off (a disagreement is then left to the comm layer's mismatch check).
+ * Cost: the collective of each step (strided layouts in place, no pack or
+ * unpack), its output in ctx, and the check: about a microsecond on an
+ * idle machine, but a point where every rank must be running, the only
+ * one of a local transition such as R -> S (docs/BENCHMARKS.md). Across
+ * meshes, boxes that are one contiguous run are sent from the input and
+ * received into the output directly. The result never aliases x. */
 DT_API dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placement *pl);
 
 /* ---- ops on distributed tensors (sharding propagation) ------------------------------

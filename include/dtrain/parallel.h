@@ -586,6 +586,10 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * unit index on every rank: stage 1 all-reduces the unit (and steps its
  * range of it), stages 2/3 reduce-scatter into the owner's shard; the whole
  * gradients of stages 2/3 are released when the reduce-scatter completes.
+ * A freed unit's pages are not given back: up to two of the largest units'
+ * worth stay in a page pool, and the next gather moves them (mremap) under
+ * its own fixed addresses, so it writes already-faulted memory instead of
+ * faulting fresh zeroed pages (DT_ZERO_NO_POOL=1 turns the pool off).
  * Units must run the same forward on every rank: each step checks that
  * every rank gathered every unit as often, else an error naming the unit.
  *
@@ -685,6 +689,9 @@ typedef struct dt_zero_params {
     bool forward_prefetch;       /* gather the next unit of the recorded forward order in a unit's
                                     forward pre-hook; default false */
     bool limit_all_gathers;      /* at most two all-gathers in flight; default true */
+    bool page_pool;              /* stage 3: keep freed units' pages (up to two of the largest
+                                    units) for the next gathers; default true (false, or
+                                    DT_ZERO_NO_POOL=1 in the environment: give them back) */
     bool sync_module_states;     /* broadcast rank 0's parameters and buffers at init (non-meta
                                     model); default false */
     dt_init_rng init_rng;        /* meta model: the generator of its initial values; default PHILOX */
@@ -824,7 +831,9 @@ typedef struct dt_zero_piece {
  * gets the count (DT_ERR_RANGE when cap is smaller; out NULL only counts). */
 DT_API dt_status dt_zero_pieces(const dt_zero *z, dt_zero_piece *out, size_t cap, size_t *n);
 /* Bytes held between steps (parameters, gradients) and the peak of gathered
- * parameters plus unsharded gradients since init. Any pointer may be NULL.
+ * parameters plus unsharded gradients plus stage 3's page pool (the pages
+ * of released units kept for the next gathers: at most two of the largest
+ * units) since init. Any pointer may be NULL.
  * Under parameter offload the offloaded shards count as the peak bytes of
  * their buffers held at once since init (the files are not memory). */
 DT_API dt_status dt_zero_memory(const dt_zero *z, size_t *param_bytes, size_t *grad_bytes, size_t *gathered_peak);
@@ -837,6 +846,10 @@ typedef struct dt_zero_stats {
     uint64_t gathers;          /* stage 3 unit all-gathers posted */
     uint64_t prefetched;       /* ... of which posted by a prefetch, ahead of the hook that needed them */
     uint64_t ready_when_needed;/* ... of which complete when that hook came */
+    uint64_t bytes_pooled;     /* stage 3: bytes of gathers written into pages kept from released
+                                  units (the page pool) instead of freshly faulted ones */
+    uint64_t pool_peak;        /* the most bytes the page pool held at once (counted in
+                                  dt_zero_memory's gathered peak); 0 without the pool */
 } dt_zero_stats;
 DT_API dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 

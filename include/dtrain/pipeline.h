@@ -74,6 +74,10 @@
  * reduce-scattered once per batch, each replica keeps optimizer state and
  * fp32 masters of its share only and steps it, the shares are all-gathered
  * after the step; the gradient norm is summed over stages and shares).
+ * With tensor parallelism (a dp x tp x pp mesh) each tp rank's replicas
+ * split that rank's stage elements (its slices and the replicated
+ * tensors): ZeRO-1 over dp, tp inside a stage, pp across; its checkpoints
+ * gather the shares over dp first and are then DDP's (tp.h).
  *
  * Mixed precision: a model holding bf16/f16 parameters (the trainer's
  * precision policy) runs every stage under autocast in that dtype, sends
@@ -308,6 +312,9 @@ typedef struct dt_pipe_stats {
                                  end less the earliest start) */
     size_t peak_act_bytes;    /* peak arena bytes of micro-batches in flight */
     int peak_inflight;        /* most micro-batches in flight at once */
+    double wait_s;            /* of the last step: time blocked on received activations and
+                                 gradients (the part of the idle time spent in waits) */
+    int waits;                /* and the number of those waits */
     int stage_first, stage_count; /* this rank's stages: stage_first + k p, k < stage_count */
     int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
 } dt_pipe_stats;

@@ -44,8 +44,8 @@
  * so their gradients are equal on every rank without communication, as in
  * Megatron. Data parallelism composes outside: split the world into tp
  * groups of adjacent ranks and dp groups across them (dt_tp_groups) and run
- * DDP (parallel.h) over the dp group; every dp group holds one copy of each
- * slice.
+ * DDP or ZeRO-1 (parallel.h) over the dp group; every dp group holds one
+ * copy of each slice.
  *
  * Vocabulary parallelism: the embedding [V, C] is split over the vocabulary
  * (rows); rank r holds rows [r Vl, (r + 1) Vl) with Vl = ceil(V / t); rows
@@ -78,9 +78,18 @@
  * for each rank its heads' part of the single-process mask
  * (dt_attention_heads): the tp run equals the single-process run with
  * dropout within rounding. Sequence parallelism in the GPT: dropout 0 only.
- * Not composed: ZeRO/FSDP over the data-parallel ranks of a
- * tensor-parallel model (dt_trainer_init refuses it, naming the slice; use
- * DDP).
+ * ZeRO-1 composes (the "zero" strategy at stage 1 over the dp group, or
+ * the "pipe" strategy with params.zero = 1): each rank's optimizer steps a
+ * share of its own slices' elements; the global norm sums each share's
+ * squares over the ranks that partition them, then slices over tp and
+ * whole tensors from tp rank 0 only, so it is bitwise the same on every
+ * rank. Checkpoints are the single-process ones as under DDP: a save
+ * first gathers the data-parallel shares (values, masters, optimizer
+ * state) over dp, a load reads each rank's share of its slice of the full
+ * tensor. The ZeRO group must be a data-parallel one (each member the same
+ * tp rank; dt_trainer_init checks). ZeRO stages 2 and 3 over a
+ * tensor-parallel model: dt_trainer_init refuses them, naming the slice
+ * (use stage 1 or DDP).
  *
  * Every op here is collective over tp: every rank of the group must call the
  * same ops in the same order with the same shapes (the group's mismatch

@@ -258,7 +258,8 @@ DT_API dt_status dt_strategy_ddp_init(dt_pg *pg, const dt_ddp_params *p, dt_stra
  * p NULL: the defaults, stage 3). The dt_zero is created at attach, where
  * the model is sharded (build it meta for stage 3 so that no rank holds it
  * whole; set p->init_seed to the build's seed). p->wrap_module_type is
- * copied. */
+ * copied. A tensor-parallel model (tp.h) takes stage 1 only, pg its
+ * data-parallel group (dt_trainer_init refuses stages 2 and 3). */
 DT_API dt_status dt_strategy_zero_init(dt_pg *pg, const dt_zero_params *p, dt_strategy **out);
 /* FSDP's sharding strategies: NO_SHARD = the "ddp" strategy (default DDP
  * params), SHARD_GRAD_OP = ZeRO stage 2, FULL_SHARD = stage 3, with the
@@ -593,7 +594,9 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * (that save must finish within DT_COMM_TIMEOUT). dir is created when
  * missing (its parent must exist). p NULL: defaults. Errors (on every
  * rank): I/O naming the file, DT_ERR_UNSUPPORTED under NVMe offload, an
- * earlier asynchronous save's failure. */
+ * earlier asynchronous save's failure. ZeRO-1 over a tensor-parallel model
+ * (tp.h) gathers the data-parallel shares first and writes what DDP
+ * writes. */
 DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */
 DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);

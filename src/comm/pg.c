@@ -36,6 +36,7 @@ static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, i
     pg->size = size;
     pg->local_rank = lrank;
     pg->local_size = lsize;
+    pg->spin = -1;
     pg->timeout_s = timeout_s;
     pg->check = check;
     pthread_mutex_init(&pg->mu, NULL);
@@ -54,6 +55,7 @@ static void pg_delete(dt_pg *pg)
     pthread_mutex_destroy(&pg->mu);
     pthread_mutex_destroy(&pg->mem_mu);
     free(pg->p2p_seq);
+    free(pg->bv);
     free(pg);
 }
 

@@ -83,6 +83,13 @@ struct dt_pg {
     uint64_t seq;              /* next collective sequence number */
     uint64_t *p2p_seq;         /* [2*size]: next send seq to r, next recv seq from r */
     int pending;               /* posted and not completed */
+    struct dt__p2p_slot *bv;   /* the batch of send/recv in flight (req.c), touched only by the
+                                * executor that holds busy, so it outlives one executor */
+    int bn, bcap;
+    int drivers;               /* threads inside an unbounded dt_req_wait: they run the queue
+                                * themselves, the progress thread leaves it to them */
+    int spin;                  /* -1 unknown; 1: every thread of this machine's ranks has a core,
+                                * so a waiter that runs a batch polls instead of napping */
     dt_status fail_st;         /* DT_OK while healthy */
     char fail_msg[DT__MSG_CAP];
 

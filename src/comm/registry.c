@@ -116,6 +116,10 @@ static dt_status register_locked(const dt_backend_ops *ops)
                         "dt_backend_register: backend '%s' must set p2p_start, p2p_test and "
                         "p2p_idle together or none of them",
                         ops->name);
+    if (ops->p2p_wake && !ops->p2p_start)
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_backend_register: backend '%s' sets p2p_wake without the p2p slots",
+                        ops->name);
     for (int i = 0; i < g_n; i++)
         if (!strcmp(g_table[i].name, ops->name)) {
             g_table[i] = *ops;

@@ -22,10 +22,12 @@
  */
 #include "comm/pg.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void req_release(dt_req *r)
 {
@@ -80,47 +82,90 @@ static void backend_msg(dt_pg *pg, const dt_coll *c, dt_status st, char *msg, si
 /* ---- batched point to point ----
  * When the head of the queue is a send or recv and the backend has the
  * p2p_* slots, the executor takes every consecutive send/recv at the head
- * (and those posted while it runs) and keeps them in flight together:
- * each pass tests every started one; an op starts when no earlier op of the
- * same direction and peer is still open (messages of a pair stay in
- * order). The run ends when nothing is open and the head is not a send or
- * recv, so a later collective waits for them. An op that makes no progress
- * for the group's timeout fails with DT_ERR_TIMEOUT. */
-typedef struct {
+ * (and those posted while it runs) into the group's batch (pg->bv) and
+ * keeps them in flight together: each pass tests every started one; an op
+ * starts when no earlier op of the same direction and peer is still open
+ * (messages of a pair stay in order). The batch lives in the group, not in
+ * one executor, so it can change hands:
+ *
+ *  - posting a send or recv runs one pass at once on the poster's thread
+ *    when no executor is busy (a send that fits the backend's buffer is
+ *    out before the poster computes on, with no thread hand-off);
+ *  - a thread waiting for a request (dt_req_wait, unbounded) runs the
+ *    batch itself until its request is done; while a waiter exists the
+ *    progress thread hands the batch over (p2p_wake interrupts its nap);
+ *  - the progress thread runs what is left otherwise.
+ *
+ * A waiter that finds nothing to move polls, without napping, for up to
+ * DT__P2P_SPIN_S when every thread of this machine's ranks has a core of
+ * its own (it computes nothing meanwhile, and a nap costs a wake-up);
+ * otherwise, and after that, it naps as the progress thread does
+ * (p2p_idle), so 8 ranks on 2 cores leave the CPU to the ranks at work.
+ * The batch ends when nothing is open and the head is not a send or recv,
+ * so a later collective waits for it. An op that makes no progress for the
+ * group's timeout fails with DT_ERR_TIMEOUT. */
+#define DT__P2P_SPIN_S 0.02
+
+typedef struct dt__p2p_slot {
     dt_req *r;
     void *op;        /* backend state once started */
     int started;
     double last;     /* time of the last progress */
 } p2p_slot;
 
-/* Run a batch; mu held and busy set by the caller; returns with mu held. */
-static void run_p2p_locked(dt_pg *pg)
+/* May a waiting thread poll? (mu held) Counted over the ranks of the
+ * world group on this machine (a subgroup's own size says nothing about
+ * how many ranks share the cores). */
+static int spin_ok(dt_pg *pg)
 {
-    p2p_slot *v = NULL;
-    int n = 0, cap = 0, idle = 0;
+    if (pg->spin < 0) {
+        const dt_pg *w = pg;
+        while (w->parent)
+            w = w->parent;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        long want = (long)(w->local_size > 0 ? w->local_size : 1) * dt_get_num_threads();
+        pg->spin = ncpu > 0 && want <= ncpu;
+    }
+    return pg->spin;
+}
+
+/* Run the batch; mu held and busy set by the caller; returns with mu held.
+ * mine: the request the calling thread waits for (return once it is done),
+ * or NULL (the progress thread: return when a waiter wants the batch);
+ * once: one pass only (a post). */
+static void run_p2p_locked(dt_pg *pg, const dt_req *mine, int once)
+{
+    int idle = 0;
+    double spin_until = -1;
     for (;;) {
         /* take the send/recv requests at the head */
         while (pg->head && is_p2p(pg->head->c.kind)) {
-            if (n == cap) {
-                int nc = cap ? 2 * cap : 16;
-                p2p_slot *nv = realloc(v, (size_t)nc * sizeof *nv);
+            if (pg->bn == pg->bcap) {
+                int nc = pg->bcap ? 2 * pg->bcap : 16;
+                p2p_slot *nv = realloc(pg->bv, (size_t)nc * sizeof *nv);
                 if (!nv)
                     break; /* run what we have; the rest waits for the next pass */
-                v = nv;
-                cap = nc;
+                pg->bv = nv;
+                pg->bcap = nc;
             }
             dt_req *r = pg->head;
             pg->head = r->next;
             if (!pg->head)
                 pg->tail = NULL;
             r->next = NULL;
-            v[n++] = (p2p_slot){.r = r, .last = dt_time_s()};
+            pg->bv[pg->bn++] = (p2p_slot){.r = r, .last = dt_time_s()};
         }
-        if (n == 0)
+        if (pg->bn == 0)
             break;
+        if (mine && atomic_load_explicit(&((dt_req *)mine)->state, memory_order_acquire) != DT_INPROGRESS)
+            break;
+        if (!mine && !once && pg->drivers > 0)
+            break; /* a waiter takes the batch over */
         dt_status fst = pg->fail_st;
         char fmsg[DT__MSG_CAP];
         snprintf(fmsg, sizeof fmsg, "%s", pg->fail_msg);
+        p2p_slot *v = pg->bv; /* only the busy executor changes the batch */
+        int n = pg->bn;
         pthread_mutex_unlock(&pg->mu);
 
         int progressed = 0;
@@ -184,13 +229,30 @@ static void run_p2p_locked(dt_pg *pg)
             i--;
             progressed = 1;
         }
-        if (progressed)
+        pthread_mutex_lock(&pg->mu);
+        pg->bn = n;
+        if (once)
+            break;
+        if (progressed) {
             idle = 0;
-        else if (n > 0)
-            pg->ops->p2p_idle(pg->ctx, idle++, 0.05);
+            spin_until = -1;
+            continue;
+        }
+        if (n == 0 || (mine && atomic_load_explicit(&((dt_req *)mine)->state, memory_order_acquire) != DT_INPROGRESS))
+            continue; /* the loop's checks end it */
+        if (!mine && pg->drivers > 0)
+            continue;
+        if (mine && spin_ok(pg)) { /* a waiter with a core of its own: poll */
+            double now = dt_time_s();
+            if (spin_until < 0)
+                spin_until = now + DT__P2P_SPIN_S;
+            if (now < spin_until)
+                continue;
+        }
+        pthread_mutex_unlock(&pg->mu);
+        pg->ops->p2p_idle(pg->ctx, idle++, 0.05);
         pthread_mutex_lock(&pg->mu);
     }
-    free(v);
 }
 
 /* Run one request (called with busy set and mu released). */
@@ -234,13 +296,13 @@ static void exec_one(dt_pg *pg, dt_req *r)
     pthread_mutex_unlock(&pg->mu);
 }
 
-/* Pop the head and run it; called with mu held and busy clear, returns with
- * mu held. */
-static void run_head_locked(dt_pg *pg)
+/* Continue the batch or pop the head and run it; called with mu held and
+ * busy clear, returns with mu held. mine: see run_p2p_locked. */
+static void run_head_locked(dt_pg *pg, const dt_req *mine)
 {
-    if (is_p2p(pg->head->c.kind) && pg->ops->p2p_start) {
+    if (pg->bn > 0 || (is_p2p(pg->head->c.kind) && pg->ops->p2p_start)) {
         pg->busy = 1;
-        run_p2p_locked(pg);
+        run_p2p_locked(pg, mine, 0);
         pg->busy = 0;
         pthread_cond_broadcast(&pg->cv);
         return;
@@ -262,15 +324,29 @@ static void *progress_main(void *arg)
 {
     dt_pg *pg = arg;
     pthread_mutex_lock(&pg->mu);
+    int yielded = 0;
     for (;;) {
-        while (!pg->stop && (pg->head == NULL || pg->busy))
+        /* waiters run the queue themselves */
+        while (!pg->stop && ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0)) {
             pthread_cond_wait(&pg->cv, &pg->mu);
-        if (pg->head == NULL || pg->busy) {
+            yielded = 0;
+        }
+        if ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0) {
             if (pg->stop)
                 break;
             continue;
         }
-        run_head_locked(pg);
+        if (!yielded && (pg->bn > 0 || is_p2p(pg->head->c.kind))) {
+            /* woken by a post of a send/recv: the poster may be about to
+             * wait for it; let it come and run the batch itself (no
+             * hand-over) when it shares this core */
+            yielded = 1;
+            pthread_mutex_unlock(&pg->mu);
+            sched_yield();
+            pthread_mutex_lock(&pg->mu);
+            continue;
+        }
+        run_head_locked(pg, NULL);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
@@ -329,6 +405,12 @@ dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_sta
             pg->thread_on = 1;
         /* Without a thread, waits still drive the queue. */
     }
+    /* a send or recv at the head: one pass here and now (see run_p2p_locked) */
+    if (is_p2p(c->kind) && pg->ops->p2p_start && !pg->busy && pg->head && is_p2p(pg->head->c.kind)) {
+        pg->busy = 1;
+        run_p2p_locked(pg, NULL, 1);
+        pg->busy = 0;
+    }
     pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
     *out = r;
@@ -338,7 +420,7 @@ dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_sta
 dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
 {
     pthread_mutex_lock(&pg->mu);
-    if (pg->head || pg->busy) { /* others first: queue behind them */
+    if (pg->head || pg->busy || pg->bn) { /* others first: queue behind them */
         pthread_mutex_unlock(&pg->mu);
         dt_req *r;
         dt_status st = dt__pg_post(pg, c, NULL, 0, &r);
@@ -397,10 +479,10 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
 void dt__pg_drain_locked(dt_pg *pg)
 {
     for (;;) {
-        if (pg->head == NULL && !pg->busy)
+        if (pg->head == NULL && pg->bn == 0 && !pg->busy)
             return;
-        if (!pg->busy && pg->head)
-            run_head_locked(pg);
+        if (!pg->busy)
+            run_head_locked(pg, NULL);
         else
             pthread_cond_wait(&pg->cv, &pg->mu);
     }
@@ -445,13 +527,21 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
         dl.tv_nsec = (long)((s - (double)dl.tv_sec) * 1e9);
     }
     pthread_mutex_lock(&pg->mu);
+    int driver = 0;
     for (;;) {
         if (atomic_load_explicit(&req->state, memory_order_acquire) != DT_INPROGRESS)
             break;
-        /* Drive the queue ourselves when nobody else does; only for
-         * unbounded waits, since an operation cannot be left half-way. */
-        if (timeout_s < 0 && !pg->busy && pg->head) {
-            run_head_locked(pg);
+        /* Drive the queue ourselves; only for unbounded waits, since an
+         * operation cannot be left half-way. The progress thread leaves
+         * the queue to us and hands a batch over (woken from its nap). */
+        if (timeout_s < 0 && !driver) {
+            driver = 1;
+            pg->drivers++;
+            if (pg->busy && pg->bn > 0 && pg->ops->p2p_wake)
+                pg->ops->p2p_wake(pg->ctx);
+        }
+        if (timeout_s < 0 && !pg->busy && (pg->head || pg->bn)) {
+            run_head_locked(pg, req);
             continue;
         }
         if (timeout_s < 0) {
@@ -462,6 +552,10 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
                 return DT_INPROGRESS;
             }
         }
+    }
+    if (driver) {
+        pg->drivers--;
+        pthread_cond_broadcast(&pg->cv); /* the progress thread takes what is left */
     }
     pthread_mutex_unlock(&pg->mu);
     return dt_req_test(req);

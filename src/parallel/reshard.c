@@ -228,7 +228,9 @@ dt_status dt__reshard_data(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt_
             c[j] = dt_mesh_coord(mt, j);
         dt__box(mt, rt, ndim, shape, c, bst, lshape);
     }
-    dt_tensor *o = dt_tensor_zeros(ctx, dt, ndim, lshape);
+    /* not zero-filled: the source boxes cover the tensor, so the transfers
+     * write every element of this rank's box (reshard_cross.c) */
+    dt_tensor *o = dt_tensor_empty(ctx, dt, ndim, lshape);
     if (!o)
         return dt_last_status();
     st = dt__reshard_cross(ctx, mf, rf, mt, rt, ndim, shape, dt, src->data, o->data, rg);

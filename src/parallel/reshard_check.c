@@ -14,7 +14,9 @@
  * all-reduce over the world group; otherwise each mesh checks by itself (a
  * disagreement between the two meshes alone is then left to the comm
  * layer's checks and timeout). On by default (about one small all-reduce per mesh dim, a few
- * microseconds on shm); DT_RESHARD_CHECK=0 turns it off. */
+ * microseconds on shm, but a point where every rank of the line must be
+ * running: for a local transition such as R -> S the only one, so on a
+ * loaded machine it can cost more than the local copy); DT_RESHARD_CHECK=0 turns it off. */
 #include "dtensor_impl.h"
 
 #include <stdatomic.h>

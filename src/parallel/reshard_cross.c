@@ -9,7 +9,11 @@
  * destinations spread over the replicas. A rank that is both the sender
  * and the receiver copies locally. Each (sender, receiver) pair carries at
  * most one box, preceded by a one-int message with the sender's
- * requires-grad flag; all sends and receives of a rank are posted as one
+ * requires-grad flag. A box that is one contiguous run of the sender's
+ * piece is sent from the piece, one that is a run of the receiver's piece
+ * is received into it (else packed / unpacked through a buffer of ctx);
+ * the receiver's piece is not zero-filled first: the source boxes cover
+ * the tensor, so every element of it arrives. All sends and receives of a rank are posted as one
  * batch on the world group (comm.h: batched point to point), so the order
  * of posting cannot deadlock. */
 #include "dtensor_impl.h"
@@ -40,6 +44,28 @@ static bool box_meet(const box *a, const box *b, int nd, box *o)
         o->st[d] = lo;
         o->len[d] = hi - lo;
     }
+    return true;
+}
+
+/* Is the box (off, len) of a tensor of shape sh one contiguous run? (Dims
+ * before some dim d are 1 long, dims after it whole.) Its first element in
+ * *at. An empty box is not. */
+static bool box_run(const int64_t *sh, const int64_t *off, const int64_t *len, int nd, int64_t *at)
+{
+    int d = 0;
+    while (d < nd - 1 && len[d] == 1)
+        d++;
+    for (int e = d + 1; e < nd; e++)
+        if (len[e] != sh[e])
+            return false;
+    int64_t a = 0, str = 1;
+    for (int e = nd - 1; e >= 0; e--) {
+        if (len[e] <= 0)
+            return false;
+        a += off[e] * str;
+        str *= sh[e];
+    }
+    *at = a;
     return true;
 }
 
@@ -121,20 +147,31 @@ dt_status dt__reshard_cross(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt
                 dt__copy_box(out, mybox_t.len, toff, in, mybox_f.len, soff, x.len, ndim, dt);
                 continue;
             }
+            int64_t at;
             if (src == me) {
-                void *buf = dt_ctx_alloc(ctx, (size_t)n * esz + 1);
-                if (!buf)
-                    return dt_last_status();
-                dt__copy_box(buf, x.len, zero, in, mybox_f.len, soff, x.len, ndim, dt);
+                /* a box that is one run of the input is sent from there */
+                const void *buf;
+                if (!box_run(mybox_f.len, soff, x.len, ndim, &at)) {
+                    void *pk = dt_ctx_alloc(ctx, (size_t)n * esz + 1);
+                    if (!pk)
+                        return dt_last_status();
+                    dt__copy_box(pk, x.len, zero, in, mybox_f.len, soff, x.len, ndim, dt);
+                    buf = pk;
+                } else {
+                    buf = (const char *)in + (size_t)at * esz;
+                }
                 st = dt_pg_send_async(w, &myflag, 1, DT_I32, t, &rq[nr++]);
                 if (st >= 0)
                     st = dt_pg_send_async(w, buf, (size_t)n, dt, t, &rq[nr++]);
             } else {
-                void *buf = dt_ctx_alloc(ctx, (size_t)n * esz + 1);
+                /* one run of the output: received in place, no unpack */
+                bool direct = box_run(mybox_t.len, toff, x.len, ndim, &at);
+                void *buf = direct ? (char *)out + (size_t)at * esz
+                                   : dt_ctx_alloc(ctx, (size_t)n * esz + 1);
                 if (!buf)
                     return dt_last_status();
                 flags[np] = 0;
-                pend[np].buf = buf;
+                pend[np].buf = direct ? NULL : buf;
                 pend[np].b = x;
                 st = dt_pg_recv_async(w, &flags[np], 1, DT_I32, src, &rq[nr++]);
                 if (st >= 0)
@@ -154,12 +191,14 @@ dt_status dt__reshard_cross(dt_ctx *ctx, dt_mesh *mf, const dt_placement *pf, dt
     }
     int32_t any = 0;
     for (int i = 0; i < np; i++) {
+        any |= flags[i];
+        if (!pend[i].buf)
+            continue; /* received in place */
         int64_t toff[DT_MAX_DIMS];
         for (int d = 0; d < ndim; d++)
             toff[d] = pend[i].b.st[d] - mybox_t.st[d];
         dt__copy_box(out, mybox_t.len, toff, pend[i].buf, pend[i].b.len, zero, pend[i].b.len, ndim,
                      dt);
-        any |= flags[i];
     }
     if (rg && np > 0 && !in_f)
         *rg = any != 0;

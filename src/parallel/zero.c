@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 dt_zero_params dt_zero_params_default(void)
 {
@@ -63,6 +64,7 @@ dt_zero_params dt_zero_params_default(void)
     p.backward_prefetch = DT_PREFETCH_BACKWARD_PRE;
     p.forward_prefetch = false;
     p.limit_all_gathers = true;
+    p.page_pool = true;
     p.sync_module_states = false;
     p.init_rng = DT_INIT_PHILOX;
     p.init_seed = 0;
@@ -191,27 +193,202 @@ static void region_release(void *p, size_t bytes)
         madvise(p, region_len(bytes), MADV_DONTNEED);
 }
 
+static size_t unit_bytes(const zunit *u) { return u->total * u->es; }
+static size_t unit_rbytes(const zunit *u) { return u->total * u->res; }
+
+static void live_peak(dt_zero *z)
+{
+    if (z->live + z->pool_bytes > z->peak_live)
+        z->peak_live = z->live + z->pool_bytes;
+}
+
 static void live_add(dt_zero *z, size_t bytes)
 {
     z->live += bytes;
-    if (z->live > z->peak_live)
-        z->peak_live = z->live;
+    live_peak(z);
+}
+
+/* ---- the page pool ----------------------------------------------------------------------
+ *
+ * Freeing a stage-3 unit with MADV_DONTNEED returns its pages, and the next
+ * gather faults fresh zeroed pages back in (a fault per 4 KiB, or per 2 MiB
+ * with THP, plus the zeroing): most of stage 3's extra CPU over DDP. The
+ * pool keeps the pages instead and hands them to the next gather, as FSDP's
+ * caching allocator and DeepSpeed's parameter buffers do; since the units'
+ * addresses are fixed (the model is bound to them), pages move between
+ * addresses: mremap(MREMAP_FIXED | MREMAP_DONTUNMAP) moves a range's page
+ * tables to another address and leaves the source mapped and empty (it
+ * reads as zero, as after MADV_DONTNEED). Moves happen only while no
+ * all-gather writes the region. A gather takes pieces from the pool's slots
+ * (each slot one mapping) until its region is covered; the rest faults as
+ * before. A release moves each piece (a separate mapping: mremap moves
+ * within one) into an empty slot while the pool holds under two of the
+ * largest units, drops the rest, and remaps the region whole when it was
+ * split. Any failure turns the pool off (the pages are dropped): it saves
+ * time, never changes values. */
+
+static size_t page_len(size_t bytes)
+{
+    static size_t pg;
+    if (!pg) {
+        long v = sysconf(_SC_PAGESIZE);
+        pg = v > 0 ? (size_t)v : 4096;
+    }
+    return (region_len(bytes) + pg - 1) / pg * pg;
+}
+
+static void pool_init(dt_zero *z)
+{
+    size_t big = 0, ubig = 0;
+    for (int i = 0; i < z->nu; i++)
+        if (!z->u[i].resident && z->p.stage == 3 && unit_bytes(&z->u[i]) > ubig) {
+            ubig = unit_bytes(&z->u[i]);
+            big = page_len(ubig);
+        }
+    if (!big || !z->p.page_pool || getenv("DT_ZERO_NO_POOL"))
+        return;
+    z->pool_slot = big;
+    z->pool_cap = 2 * ubig; /* two of the largest units' buffers */
+    for (int k = 0; k < ZP_SLOTS; k++)
+        if (!(z->pool[k].base = region_map(big))) {
+            for (int j = 0; j < k; j++) {
+                region_unmap(z->pool[j].base, big);
+                z->pool[j].base = NULL;
+            }
+            return; /* no pool: gathers fault as without it */
+        }
+    z->pool_on = true;
+}
+
+static void pool_free(dt_zero *z)
+{
+    for (int k = 0; k < ZP_SLOTS; k++) {
+        region_unmap(z->pool[k].base, z->pool_slot);
+        z->pool[k].base = NULL;
+        z->pool[k].len = z->pool[k].bytes = 0;
+    }
+    z->pool_bytes = 0;
+    z->pool_on = false;
+}
+
+static bool move_pages(char *from, size_t len, char *to)
+{
+    return mremap(from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED;
+}
+
+/* Something failed: drop the pool's pages and stop using it. */
+static void pool_off(dt_zero *z)
+{
+    for (int k = 0; k < ZP_SLOTS; k++)
+        if (z->pool[k].len) {
+            madvise(z->pool[k].base + z->pool[k].off, z->pool[k].len, MADV_DONTNEED);
+            z->pool[k].len = z->pool[k].bytes = 0;
+        }
+    z->pool_bytes = 0;
+    z->pool_on = false;
+}
+
+/* Before u's gather: move pool pages under its region, from its start. */
+static void pool_take(dt_zero *z, zunit *u)
+{
+    u->npc = 0;
+    if (!z->pool_on)
+        return;
+    const size_t L = page_len(unit_bytes(u));
+    size_t at = 0;
+    while (at < L && u->npc < ZP_SLOTS) {
+        const size_t need = L - at;
+        int best = -1; /* the smallest piece that covers the rest, else the largest */
+        for (int k = 0; k < ZP_SLOTS; k++) {
+            const size_t n = z->pool[k].len;
+            if (!n)
+                continue;
+            if (best < 0)
+                best = k;
+            else {
+                const size_t b = z->pool[best].len;
+                if (b >= need ? n >= need && n < b : n > b)
+                    best = k;
+            }
+        }
+        if (best < 0)
+            break;
+        const size_t m = z->pool[best].len < need ? z->pool[best].len : need;
+        if (!move_pages(z->pool[best].base + z->pool[best].off, m, u->full + at)) {
+            pool_off(z);
+            break;
+        }
+        const size_t b = z->pool[best].bytes < m ? z->pool[best].bytes : m; /* the rounding is at the end */
+        z->pool[best].off += m;
+        z->pool[best].len -= m;
+        z->pool[best].bytes -= b;
+        z->pool_bytes -= b;
+        z->stats.bytes_pooled += m;
+        u->pc[u->npc++] = m;
+        at += m;
+    }
+    if (u->npc && at < L)
+        u->pc[u->npc++] = L - at; /* the region's own rest */
+}
+
+/* Release u's gathered pages: into the pool, or back to the system. */
+static void pool_put(dt_zero *z, zunit *u)
+{
+    const size_t L = page_len(unit_bytes(u)), ub = unit_bytes(u);
+    const size_t one = L;
+    const size_t *pc = u->npc ? u->pc : &one;
+    const int n = u->npc ? u->npc : 1;
+    size_t at = 0;
+    for (int i = 0; i < n; at += pc[i], i++) {
+        int k = 0;
+        while (k < ZP_SLOTS && z->pool[k].len)
+            k++;
+        /* the buffer bytes of [at, at + pc[i]) */
+        const size_t b = (at + pc[i] < ub ? at + pc[i] : ub) - (at < ub ? at : ub);
+        if (!z->pool_on || k == ZP_SLOTS || z->pool_bytes + b > z->pool_cap)
+            continue;
+        if (!move_pages(u->full + at, pc[i], z->pool[k].base)) {
+            pool_off(z);
+            continue;
+        }
+        z->pool[k].off = 0;
+        z->pool[k].len = pc[i];
+        z->pool[k].bytes = b;
+        z->pool_bytes += b;
+        if (z->pool_bytes > z->stats.pool_peak)
+            z->stats.pool_peak = z->pool_bytes;
+    }
+    /* what did not move goes back; a region split into pieces is mapped
+     * whole again, so that the next release moves it in one piece */
+    bool whole = false;
+    if (u->npc > 1) {
+        const int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
+        whole = mmap(u->full, region_len(unit_bytes(u)), PROT_READ | PROT_WRITE, fl, -1, 0) != MAP_FAILED;
+#ifdef MADV_HUGEPAGE
+        if (whole && region_huge(unit_bytes(u)))
+            madvise(u->full, region_len(unit_bytes(u)), MADV_HUGEPAGE);
+#endif
+    }
+    if (u->npc > 1 && !whole)
+        pool_off(z); /* the region stays split: mremap would refuse its next release */
+    if (!whole)
+        region_release(u->full, unit_bytes(u)); /* moved ranges are empty: nothing to do there */
+    u->npc = 0;
+    live_peak(z);
 }
 
 static void live_sub(dt_zero *z, size_t bytes) { z->live = bytes > z->live ? 0 : z->live - bytes; }
 
-static size_t unit_bytes(const zunit *u) { return u->total * u->es; }
-static size_t unit_rbytes(const zunit *u) { return u->total * u->res; }
 
 /* Free a stage-3 unit's gathered parameters. */
 static void unit_reshard(dt_zero *z, zunit *u)
 {
     if (u->resident || !u->gathered || u->ag)
         return;
-    region_release(u->full, unit_bytes(u));
+    live_sub(z, unit_bytes(u));
+    pool_put(z, u);
     u->gathered = false;
     u->prefetched = false;
-    live_sub(z, unit_bytes(u));
 }
 
 /* Release a unit's whole gradients (they were reduced, or are not needed). */
@@ -282,6 +459,7 @@ static dt_status post_gather(dt_zero *z, zunit *u)
         st = dt__zo_buffer(z, u); /* a held failure left no buffer: gather zeros */
     if (st < 0)
         return st;
+    pool_take(z, u);
     live_add(z, unit_bytes(u));
     u->gathered = true;
     u->gathers++;
@@ -1044,6 +1222,7 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
         u->gathered = true;
     }
     z->peak_live = z->live = 0;
+    pool_init(z);
     if ((st = install_hooks(z)) < 0)
         goto fail;
     dt_model_set_rank(m, z->rank);
@@ -1074,6 +1253,7 @@ void dt_zero_free(dt_zero *z)
     dt_pg_free(z->rpg);
     dt_pg_free(z->spg);
     dt__zo_close(z);
+    pool_free(z);
     dt__zero_free_units(z);
     dt_free(z->rg);
     dt_free(z->order);

@@ -6,6 +6,11 @@
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 
+/* The page pool (zero.c): at most this many pieces of pages kept from
+ * released stage-3 units; a unit's region holds at most one more piece
+ * (the part the pool did not cover) while it is gathered. */
+#define ZP_SLOTS 16
+
 /* One unit: a module's parameters of one dtype (minus nested units') in
  * one flat. A module whose parameters have two dtypes (bf16 weights, f32
  * norms kept by the precision policy) is two units. */
@@ -41,6 +46,11 @@ typedef struct zunit {
     uint64_t gathers;        /* all-gathers posted since the last check */
     bool prefetched;         /* its in-flight gather was posted by a prefetch */
     dt_hook_id hooks[4];
+    /* while gathered: the region's pieces in order from its start, each a
+     * separate mapping moved in from the pool (the last one may be the
+     * region's own, faulted in); npc 0: the region is one mapping */
+    size_t pc[ZP_SLOTS + 1];
+    int npc;
     /* parameter offload (zero_offload.c): the shard's store region (-1: in
      * memory as above); pshard is then a mapped buffer while the shard is
      * in memory (read posted or done), NULL otherwise */
@@ -75,6 +85,19 @@ struct dt_zero {
     size_t live, peak_live;  /* bytes of gathered parameters / unsharded gradients */
     dt_zero_stats stats;
     dt_hook_id ready_hook;
+    /* the page pool: pages of released stage-3 units kept for the next
+     * gathers (moved with mremap, so a gather writes already-faulted
+     * memory). Slot k's pages are [base + off, base + off + len), one
+     * mapping; len 0: empty. */
+    struct {
+        char *base;
+        size_t off, len;
+        size_t bytes;        /* of those, bytes of the released units' buffers (the rest: page rounding) */
+    } pool[ZP_SLOTS];
+    size_t pool_slot;        /* each slot's mapped length: the largest stage-3 unit region */
+    size_t pool_cap;         /* bytes the pool may hold: two of the largest units */
+    size_t pool_bytes;       /* unit buffer bytes it holds now (counted with live in peak_live) */
+    bool pool_on;
     /* parameter offload */
     dt_nvme_store *pstore;   /* NULL: parameters in memory */
     size_t pheld, pheld_peak;/* bytes of offloaded shards in memory now / at most */

@@ -26,7 +26,10 @@
  * hold different slices under the same names and offsets, run the same
  * table in step, and each pipeline (fixed d and t) moves its own copy of
  * the activations; a slice's gradient is averaged over its dp group like
- * any other parameter's. What tp changes is counting: the tp x pp ranks of
+ * any other parameter's (under ZeRO-1 each tp rank splits its own stage
+ * elements over its dp group: the shares of a slice and of a replicated
+ * tensor differ between the tp ranks, which the trainer's norm allows for).
+ * What tp changes is counting: the tp x pp ranks of
  * a replica all know the loss (sent along the pipeline from the last
  * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
@@ -79,6 +82,7 @@ typedef struct {
     dt_dtype amp;           /* autocast dtype of the stages' contexts (DT_F32: off) */
     tie *ties;
     int nties;
+    size_t stage_bytes;     /* bytes of the parameters this rank's stages use (shared ones included) */
 } pipe_strategy;
 
 static int dt_index(dt_dtype t)
@@ -199,9 +203,6 @@ static dt_status s_attach(void *self, dt_model *m)
     }
     s->P = dt_mesh_size(s->mesh, 2), s->T = dt_mesh_size(s->mesh, 1), s->D = dt_mesh_size(s->mesh, 0);
     s->pr = dt_mesh_coord(s->mesh, 2);
-    if (s->p.zero == 1 && s->T > 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "pipe: ZeRO-1 over the replicas of a tensor-parallel model is not "
-                        "supported yet (the data-parallel dimension runs DDP with tp > 1)");
     s->pp = dt_mesh_dim_group(s->mesh, 2);
     s->dp = s->D > 1 ? dt_mesh_dim_group(s->mesh, 0) : NULL;
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
@@ -261,6 +262,8 @@ static dt_status s_attach(void *self, dt_model *m)
         prange *R = &s->rk[k];
         int own = owner[e] < 0 ? 0 : owner[e]; /* used by no unit: rank 0 steps it (it gets no gradient) */
         int orank = dt_pipe_stage_rank(s->P, own);
+        if (orank == s->pr || users[e * (size_t)s->P + (size_t)s->pr])
+            s->stage_bytes += pi.numel * dt_dtype_size(pi.dtype);
         if (orank == s->pr)
             R->fsegs[R->nfseg++] = (dt_optim_segment){.offset = pi.offset, .numel = pi.numel, .no_decay = false};
         int nusers = 0, me = -1, root = -1;
@@ -520,6 +523,21 @@ static void s_free(void *self)
     dt_free(s);
 }
 
+/* What this rank holds for its stages: the parameters its units use (a
+ * shared one on each rank that uses it) and their gradients. Every rank
+ * builds the whole model (names, offsets and initial values do not depend
+ * on the cut), but the other stages' entries are never read or written
+ * after attach; the optimizer state is the trainer's count of this rank's
+ * ranges (optim_ranges). */
+static dt_status s_memory(void *self, dt_strategy_memory *out)
+{
+    const pipe_strategy *s = self;
+    memset(out, 0, sizeof *out);
+    out->param_bytes = s->stage_bytes;
+    out->grad_bytes = s->stage_bytes;
+    return DT_OK;
+}
+
 static const dt_strategy_ops k_pipe_ops = {
     .version = DT_STRATEGY_OPS_VERSION,
     .name = "pipe",
@@ -531,7 +549,7 @@ static const dt_strategy_ops k_pipe_ops = {
     .owned_range = NULL,
     .optim_ranges = s_optim_ranges,
     .shard_sum = s_shard_sum,
-    .memory = NULL,
+    .memory = s_memory,
     .after_step = s_after_step,
     .sync_buffers = s_sync_buffers,
     .rank = s_rank,
@@ -632,4 +650,14 @@ dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world
                                                                           : NULL;
+}
+
+int dt__strategy_pipe_zero(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->p.zero : 0;
+}
+
+dt_pg *dt__strategy_pipe_dp(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->dp : NULL;
 }

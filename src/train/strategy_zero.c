@@ -174,3 +174,8 @@ dt_zero *dt_strategy_zero(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach ? ((zero_strategy *)s->self)->z : NULL;
 }
+
+int dt__strategy_zero_stage(const dt_strategy *s)
+{
+    return s && s->ops.attach == s_attach ? ((zero_strategy *)s->self)->p.stage : 0;
+}

@@ -13,6 +13,8 @@ struct dt_strategy {
 
 /* The "ddp" strategy's handle, or NULL (strategy_ddp.c). */
 dt_ddp *dt__strategy_ddp_handle(const dt_strategy *s);
+/* The "zero" strategy's stage (1-3); 0 for any other strategy. */
+int dt__strategy_zero_stage(const dt_strategy *s);
 
 /* Where the epoch helper is (trainer_epoch.c keeps it; a checkpoint
  * records it, trainer_state.c). */
@@ -52,6 +54,10 @@ dt_status dt__trainer_sync_buffers(dt_trainer *tr);
  * sharded checkpoints are saved over it; after a load its sync_buffers
  * gives every rank the other stages' parameters), NULL for any other. */
 dt_pg *dt__strategy_pipe_world(const dt_strategy *s);
+/* The "pipe" strategy's data-parallel ZeRO stage (0 or 1); 0 for any other. */
+int dt__strategy_pipe_zero(const dt_strategy *s);
+/* Its data-parallel group (the mesh's; NULL: one replica or another strategy). */
+dt_pg *dt__strategy_pipe_dp(const dt_strategy *s);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

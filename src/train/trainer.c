@@ -47,6 +47,8 @@ struct dt_trainer {
     const dt_flat *P, *G;    /* the model's params and grads flats of the first range (G follows DDP's swap) */
     dt_ctx *ctx;
     dt_pg *tp;               /* the model's tensor-parallel group (tp.h); NULL: none or of one rank */
+    dt_zero_piece *zpc;      /* tp under ZeRO-1: this rank's shard pieces (which elements are slices) */
+    size_t nzpc;
     size_t lo, hi;           /* owned range of the flat buffers */
     int rank, world;
     int64_t opt_step;
@@ -337,6 +339,44 @@ static dt_status make_scaler(dt_trainer *tr)
     return st < 0 ? dt_error_wrap(st, "dt_trainer_init") : DT_OK;
 }
 
+/* ZeRO over the data-parallel ranks of a tensor-parallel model (sl names
+ * one of its slices): stage 1 only (2 and 3 shard gradients or parameters
+ * in ways not checked with tensor-parallel layers yet); keeps the shard
+ * pieces that tp_sqnorm reads. */
+static dt_status tp_zero_pieces(dt_trainer *tr, const char *sl)
+{
+    if (!tr->tp) /* a group of one: the plain model */
+        return DT_OK;
+    int stage = dt__strategy_zero_stage(tr->s);
+    if (stage != 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO stage %d "
+                        "over the data-parallel ranks of a tensor-parallel model is not supported (stage 1 or DDP)",
+                        sl, stage);
+    dt_zero *z = dt_strategy_zero(tr->s);
+    /* the ZeRO group must be a data-parallel one: every member the same tp
+     * rank (else it would average different slices) */
+    double v[2] = {dt_pg_rank(tr->tp), -dt_pg_rank(tr->tp)};
+    dt_status st = dt_pg_allreduce(dt_zero_group(z), DT_IN_PLACE, v, 2, DT_F64, DT_REDUCE_MAX);
+    if (st < 0)
+        return dt_error_wrap(st, "dt_trainer_init: checking the ZeRO group");
+    if (v[0] != -v[1])
+        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h) and the ZeRO "
+                        "group holds ranks of different tensor-parallel ranks (ZeRO runs over the data-parallel "
+                        "group: dt_tp_groups)", sl);
+    dt_zero_unit_info u;
+    if (dt_zero_num_units(z) > 0 && dt_zero_unit(z, 0, &u) >= 0 && u.shard_hi > u.shard_lo &&
+        u.total / (u.shard_hi - u.shard_lo) != (size_t)dt_pg_size(dt_zero_group(z)))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): hybrid "
+                        "sharding over its data-parallel ranks is not supported (ZeRO-1 over all of them)", sl);
+    size_t n = 0;
+    if ((st = dt_zero_pieces(z, NULL, 0, &n)) < 0)
+        return st;
+    if (!(tr->zpc = dt_calloc((n ? n : 1) * sizeof *tr->zpc)))
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init: ZeRO pieces");
+    tr->nzpc = n;
+    return dt_zero_pieces(z, tr->zpc, n, &n);
+}
+
 dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *pp, dt_trainer **out)
 {
     dt_status st;
@@ -400,11 +440,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         goto fail;
     }
     s->attached = true;
-    if (sl && dt_strategy_zero(s)) { /* known once attached */
-        st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO/FSDP over "
-                      "the data-parallel ranks of a tensor-parallel model is not supported yet (use DDP)", sl);
+    if (sl && dt_strategy_zero(s) && (st = tp_zero_pieces(tr, sl)) < 0) /* known once attached */
         goto fail;
-    }
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
     tr->lo = 0;
@@ -470,6 +507,7 @@ void dt_trainer_free(dt_trainer *tr)
     dt_free(tr->agree);
     dt_free(tr->micro_loss);
     dt_strategy_free(tr->s);
+    dt_free(tr->zpc);
     dt_free(tr);
 }
 
@@ -594,13 +632,20 @@ static dt_status grads_f32(dt_trainer *tr, size_t k, float **g, size_t *n)
  * unscaling). A slice's squares are summed over the tensor-parallel group
  * (each element of the full tensor lives on one rank of it); a whole tensor
  * (layer norms, row-parallel biases: the same gradient on every rank of the
- * group) is counted once, from this rank. The result is the same on every
- * rank of the group and equals the single-process model's norm up to
- * rounding. Vocabulary padding rows have zero gradients. */
-static dt_status tp_sqnorm(dt_trainer *tr, double *sq)
+ * group) is counted once, from tp rank 0. Under a sharded strategy the two
+ * partial sums are first summed over the ranks whose ranges partition this
+ * rank's tensors (shard_sum: ZeRO-1's data-parallel shards, the pipeline's
+ * stages and their replicas' shares), then over tp: every rank adds the
+ * same numbers in the same order, so the norm is bitwise the same on all
+ * ranks (the replicated tensors stay equal) and equals the single-process
+ * model's up to rounding. Vocabulary padding rows have zero gradients.
+ * ZeRO's ranges are its units' own flats: which elements are slices comes
+ * from its pieces (zpc). */
+static dt_status tp_sqnorm(dt_trainer *tr, bool sharded, double *sq)
 {
     double part[2] = {0, 0}; /* slices, whole tensors */
     const size_t ne = dt_model_num_entries(tr->m);
+    dt_strategy *s = tr->s;
     dt_status st;
     for (size_t k = 0; k < tr->nrg; k++) {
         float *g;
@@ -609,7 +654,16 @@ static dt_status tp_sqnorm(dt_trainer *tr, double *sq)
             return st;
         const dt_optim_range *rg = &tr->rg[k];
         const dt_flat *f = rg->mirror ? rg->mirror : rg->params;
-        for (size_t i = 0; i < ne && ng; i++) {
+        for (size_t i = 0; i < tr->nzpc && ng; i++) {
+            const dt_zero_piece *q = &tr->zpc[i];
+            dt_param_info e;
+            if (q->range != k)
+                continue;
+            if ((st = dt_model_entry(tr->m, q->entry, &e)) < 0)
+                return st;
+            part[e.tp_dim ? 0 : 1] += dt_grad_sqnorm(g + q->range_offset, q->hi - q->lo);
+        }
+        for (size_t i = 0; i < ne && ng && !tr->zpc; i++) {
             dt_param_info e;
             if ((st = dt_model_entry(tr->m, i, &e)) < 0)
                 return st;
@@ -621,7 +675,12 @@ static dt_status tp_sqnorm(dt_trainer *tr, double *sq)
                 part[e.tp_dim ? 0 : 1] += dt_grad_sqnorm(g + (a - rg->lo), b - a);
         }
     }
-    if ((st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, part, 1, DT_F64, DT_REDUCE_SUM)) < 0)
+    dt_status (*sum)(void *, double *, int) = s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum;
+    if (sharded && agrees(tr) && (st = sum(s->self, part, 2)) < 0)
+        return st;
+    if (dt_pg_rank(tr->tp) != 0)
+        part[1] = 0;
+    if ((st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, part, 2, DT_F64, DT_REDUCE_SUM)) < 0)
         return dt_error_wrap(st, "the tensor-parallel gradient norm");
     *sq = part[0] + part[1];
     return DT_OK;
@@ -705,9 +764,9 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                     return abandon(tr, st);
                 sq += dt_grad_sqnorm(g, ng);
             }
-            if (tr->tp && (st = tp_sqnorm(tr, &sq)) < 0)
-                return abandon(tr, st);
-            if (sharded && agrees(tr) &&
+            if (tr->tp && (st = tp_sqnorm(tr, sharded, &sq)) < 0)
+                return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));
+            if (!tr->tp && sharded && agrees(tr) &&
                 (st = (s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum)(s->self, &sq, 1)) < 0)
                 return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));
             float norm = (float)sqrt(sq);

@@ -357,6 +357,7 @@ typedef struct {
     float *val;          /* their f32 values: the parameter, or its fp32 masters */
     void *lowp;          /* bf16/f16 parameter: the compute copy (e.dtype); else NULL */
     size_t range, roff;  /* optimizer range and the first element's index in it */
+    float *sv[4];        /* completed over dp (complete_shares): the whole optimizer states; else NULL */
 } tpiece;
 
 /* The pieces, one per trained entry of the model in entry order (lo == hi:
@@ -583,7 +584,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
             float *data;
             if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
                 goto fail;
-            v = data + q->roff;
+            v = s < 4 && q->sv[s] ? q->sv[s] : data + q->roff;
             if (copy) {
                 if (n)
                     memcpy(at, v, n * 4);
@@ -691,6 +692,9 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
     *s = NULL;
 }
 
+static dt_status any_failed(dt_pg *g, dt_status st, bool *any);
+static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **hold);
+
 /* Sharded state: every rank lists its pieces (no copy) and all save together
  * (synchronously: see the overview). tp (pipeline stages with tensor
  * parallelism inside, NULL otherwise): the tensor-parallel group, whose
@@ -703,7 +707,16 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
     bool sharded;
-    if (sst >= 0 && (sst = collect_pieces(tr, &pc, &sharded)) >= 0)
+    void *hold = NULL;
+    dt_pg *dp = tp && dt__strategy_pipe_zero(dt_trainer_strategy(tr)) ? dt__strategy_pipe_dp(dt_trainer_strategy(tr))
+                                                                       : NULL;
+    if (sst >= 0)
+        sst = collect_pieces(tr, &pc, &sharded);
+    if (dp) { /* ZeRO-1 with tp: the replicas' shares first, each rank then lists what DDP's lists */
+        bool any;
+        sst = sst < 0 ? (any_failed(dp, sst, &any), sst) : complete_shares(tr, dp, pc, &hold);
+    }
+    if (sst >= 0)
         sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
@@ -713,6 +726,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     dt_status st = dt_trainer_allreduce_sum(tr, &v, 1);
     if (st < 0 || v > 0) {
         job_free(j);
+        dt_free(hold);
         if (st < 0)
             return st;
         return sst < 0 ? dt_error(sst, "%s", msg)
@@ -732,6 +746,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     if (st >= 0 && dt_trainer_rank(tr) == 0)
         prune(j->dir, j->keep);
     job_free(j);
+    dt_free(hold);
     return st;
 }
 
@@ -763,6 +778,104 @@ static dt_status any_failed(dt_pg *g, dt_status st, bool *any)
     return cst;
 }
 
+/* ZeRO-1 over the data-parallel ranks of a tensor-parallel model: a rank's
+ * pieces are its share (over dp) of its tensor-parallel slices and
+ * replicated tensors, which the tp save paths cannot list (a share of a
+ * slice is no contiguous range of the full tensor). Every rank of dp
+ * gathers the shares (values, fp32 masters, optimizer states) into whole
+ * local tensors (*hold: one buffer, dt_free it), after which each rank
+ * lists what a DDP rank of the same layout lists. Collective over dp: its
+ * ranks hold the same entries (the same model and stages). */
+static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **hold)
+{
+    *hold = NULL;
+    dt_model *m = dt_trainer_model(tr);
+    dt_optim *o = dt_trainer_optim(tr);
+    const size_t ne = dt_model_num_entries(m);
+    const int D = dt_pg_size(dp), ns = dt_optim_num_states(o);
+    if (ns > 4)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: %d optimizer states per parameter (at most 4)", ns);
+    double *lh = calloc(2 * ne * (size_t)(D + 1) + 1, sizeof *lh); /* mine, then every rank's [lo, hi) */
+    size_t *counts = calloc((size_t)D, sizeof *counts), *displs = calloc((size_t)D, sizeof *displs);
+    dt_status st = lh && counts && displs ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
+    size_t bytes = 0;
+    for (size_t i = 0; i < ne && lh; i++) {
+        lh[2 * i] = (double)pc[i].lo, lh[2 * i + 1] = (double)pc[i].hi;
+        if (trained(&pc[i]))
+            bytes += pc[i].e.numel * (dt_dtype_size(pc[i].e.dtype) + 4 + 4 * (size_t)ns) + (2 + (size_t)ns) * 64;
+    }
+    char *buf = st >= 0 ? dt_alloc(bytes + 64) : NULL;
+    if (st >= 0 && !buf)
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory gathering the ZeRO-1 shares (%zu bytes)",
+                      bytes);
+    bool any;
+    dt_status cst = any_failed(dp, st, &any);
+    if (cst >= 0 && !any)
+        cst = dt_pg_allgather(dp, lh, lh + 2 * ne, 2 * ne, DT_F64);
+    if (cst < 0 || any) {
+        free(lh), free(counts), free(displs), dt_free(buf);
+        return cst < 0 ? cst : st < 0 ? st : dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: another data-parallel rank "
+                                                                       "is out of memory");
+    }
+    char *at = buf;
+    for (size_t i = 0; i < ne && st >= 0; i++) {
+        tpiece *q = &pc[i];
+        if (!trained(q))
+            continue;
+        size_t have = 0;
+        for (int r = 0; r < D; r++) {
+            const double *x = lh + 2 * ne * (size_t)(r + 1) + 2 * i;
+            displs[r] = (size_t)x[0];
+            counts[r] = (size_t)x[1] - (size_t)x[0];
+            have += counts[r];
+        }
+        if (have == 0) /* another stage's tensor */
+            continue;
+        if (have != q->e.numel) {
+            st = dt_error(DT_ERR_INTERNAL, "dt_trainer_save: the data-parallel shares of '%s' hold %zu of its %zu "
+                          "elements", q->e.name, have, q->e.numel);
+            break;
+        }
+        const size_t n = q->hi - q->lo, N = q->e.numel;
+        /* (name, dtype, bytes per element, this rank's share) of each array */
+        void *whole[2 + 4];
+        const void *mine[2 + 4];
+        dt_dtype dts[2 + 4];
+        int na = 0;
+        if (q->e.dtype != DT_F32)
+            whole[na] = NULL, mine[na] = q->lowp, dts[na++] = q->e.dtype;
+        whole[na] = NULL, mine[na] = q->val, dts[na++] = DT_F32;
+        for (int k = 0; k < ns && st >= 0; k++) {
+            float *data;
+            st = dt_optim_state(o, q->range, k, NULL, &data, NULL);
+            whole[na] = NULL, mine[na] = n && st >= 0 ? data + q->roff : NULL, dts[na++] = DT_F32;
+        }
+        for (int a = 0; a < na && st >= 0; a++) {
+            const size_t e = dt_dtype_size(dts[a]);
+            whole[a] = at;
+            at += (N * e + 63) / 64 * 64;
+            if (n)
+                memcpy((char *)whole[a] + q->lo * e, mine[a], n * e);
+            if ((st = dt_pg_allgatherv(dp, NULL, whole[a], counts, displs, dts[a])) < 0)
+                st = dt_error_wrap(st, "dt_trainer_save: gathering the shares of '%s'", q->e.name);
+        }
+        if (st < 0)
+            break;
+        int a = 0;
+        q->lowp = q->e.dtype != DT_F32 ? whole[a++] : NULL;
+        q->val = whole[a++];
+        for (int k = 0; k < ns; k++)
+            q->sv[k] = whole[a++];
+        q->lo = 0, q->hi = N;
+    }
+    free(lh), free(counts), free(displs);
+    if (st < 0)
+        dt_free(buf);
+    else
+        *hold = buf;
+    return st;
+}
+
 /* Tensor parallelism (DDP over the data-parallel group, which the trainer
  * sees): the tensor-parallel group of data-parallel rank 0 (world ranks
  * 0 .. t-1) saves collectively over that group, each rank its share of each
@@ -773,17 +886,32 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
 {
     dt_status sst = DT_OK, st = DT_OK;
     char msg[1024] = "";
+    /* ZeRO-1: every data-parallel rank helps rank 0 gather the whole state */
+    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    tpiece *zpc = NULL;
+    void *hold = NULL;
+    if (z) {
+        bool sharded, any;
+        sst = collect_pieces(tr, &zpc, &sharded);
+        sst = sst < 0 ? (any_failed(dt_zero_group(z), sst, &any), sst) : complete_shares(tr, dt_zero_group(z), zpc,
+                                                                                          &hold);
+        if (sst < 0 && dt_trainer_rank(tr) != 0) {
+            st = sst;
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+        }
+    }
     if (dt_trainer_rank(tr) == 0) {
-        if (dt_pg_rank(tp) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
+        if (sst >= 0 && dt_pg_rank(tp) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
             remove_stale(dir);
         bool any;
         ckpt_job *j = NULL;
-        tpiece *pc = NULL;
+        tpiece *pc = zpc;
         bool sharded;
         if ((st = any_failed(tp, sst, &any)) >= 0 && !any) {
-            if ((sst = collect_pieces(tr, &pc, &sharded)) >= 0) /* the same on every rank: local shapes agree */
+            if (zpc || (sst = collect_pieces(tr, &pc, &sharded)) >= 0) /* the same on every rank: shapes agree */
                 sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
-            free(pc);
+            if (pc != zpc)
+                free(pc);
             snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
             st = any_failed(tp, sst, &any);
         } else {
@@ -806,6 +934,8 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
         job_free(j);
         snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");
     }
+    free(zpc);
+    dt_free(hold);
     /* the data-parallel group hears the outcome (the same on every rank of tp) */
     double v = st < 0 ? 1.0 : 0.0;
     dt_status ast = dt_trainer_world(tr) > 1 ? dt_trainer_allreduce_sum(tr, &v, 1) : DT_OK;
@@ -1021,15 +1151,15 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
 
 /* read_as for piece q into dst (q's local elements [lo, hi) as `want`); a
  * tensor-parallel slice (tp non-NULL) reads the full tensor and takes the
- * rank's slice of it (memory: one full tensor). */
+ * rank's slice of it, and of that the piece's elements (ZeRO-1 shares a
+ * slice over the data-parallel ranks; memory: one full tensor and one
+ * slice). */
 static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, const tpiece *q, dt_pg *tp,
                             dt_dtype want, void *dst, bool *found, rbatch *b)
 {
     if (!tp || !q->e.tp_dim)
         return read_as(ck, ckname, name, &q->e, q->lo, q->hi, want, dst, found, b);
-    if (q->lo != 0 || q->hi != q->e.numel)
-        return dt_error(DT_ERR_UNSUPPORTED, "loading '%s': a tensor-parallel slice held in part (sharded further)",
-                        name);
+    const bool part = q->lo != 0 || q->hi != q->e.numel;
     const int t = dt_pg_size(tp);
     dt_param_info fe = q->e;
     dt_status st = dt_tp_full_shape(&q->e, t, fe.shape);
@@ -1039,13 +1169,21 @@ static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, c
     for (int d = 0; d < fe.ndim; d++)
         N *= (uint64_t)fe.shape[d];
     const size_t es = dt_dtype_size(want);
-    void *full = dt_alloc(N * es + 64);
-    if (!full)
+    void *full = dt_alloc(N * es + 64), *slice = part ? dt_alloc(q->e.numel * es + 64) : dst;
+    if (!full || !slice) {
+        dt_free(full);
+        if (part)
+            dt_free(slice);
         return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s: out of memory for the full tensor", name, ckname);
+    }
     st = read_as(ck, ckname, name, &fe, 0, N, want, full, found, NULL);
     if (st >= 0 && *found)
-        st = dt_tp_slice_get(&q->e, t, dt_pg_rank(tp), full, dst, es);
+        st = dt_tp_slice_get(&q->e, t, dt_pg_rank(tp), full, slice, es);
+    if (st >= 0 && *found && part)
+        memcpy(dst, (char *)slice + q->lo * es, (q->hi - q->lo) * es);
     dt_free(full);
+    if (part)
+        dt_free(slice);
     return st;
 }
 

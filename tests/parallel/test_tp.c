@@ -386,8 +386,10 @@ static int err_body(int rank, int size, void *arg)
              "column 6 outputs in 2 chunks over 2 ranks");
     TH_CHECK(!dt_tp_row_linear(NULL, 8, 6, true, true) && dt_last_status() == DT_ERR_NULL, "NULL group");
     /* what the trainer does not do over slices is refused, naming the slice:
-     * ZeRO over a tensor-parallel model; the norm, saving and loading of
-     * slices whose group is unknown (dt_tp_module_set_group) */
+     * ZeRO whose group is not a data-parallel one (here the tp group itself:
+     * it would average different slices), ZeRO stages 2 and 3 over a
+     * tensor-parallel model; the norm, saving and loading of slices whose
+     * group is unknown (dt_tp_module_set_group) */
     c = dt_model_config_default();
     c.tp = pg, c.mlp_seq = 2, c.mlp_dim = 4, c.mlp_hidden = 8;
     dt_model_desc d;
@@ -401,8 +403,14 @@ static int err_body(int rank, int size, void *arg)
     zp.stage = 1;
     TH_OK(dt_strategy_zero_init(pg, &zp, &s));
     st = dt_trainer_init(m, s, &tp, &tr);
-    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "'w0'") && strstr(dt_last_error(), "ZeRO"),
-             "zero: %s", dt_last_error());
+    TH_CHECK(st == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "'w0'") &&
+                 strstr(dt_last_error(), "different tensor-parallel ranks"),
+             "zero over tp: %s", dt_last_error());
+    zp.stage = 2;
+    TH_OK(dt_strategy_zero_init(pg, &zp, &s));
+    st = dt_trainer_init(m, s, &tp, &tr);
+    TH_CHECK(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "'w0'") && strstr(dt_last_error(), "ZeRO stage 2"),
+             "zero 2: %s", dt_last_error());
     TH_OK(dt_tp_module_set_group(dt_model_root(m), NULL));
     TH_CHECK(dt_tp_model_group(m) == NULL, "group cleared");
     TH_OK(dt_strategy_none_init(&s));

@@ -4,7 +4,8 @@
  * GPT on 2 ranks gives the single-process step and validation losses, with
  * dropout too (the same masks) and with --sequence-parallel; and the option
  * errors (no launcher, a --tp that does not divide the ranks, convnet,
- * ZeRO) are one line with exit 2. Losses are compared within float
+ * ZeRO 2/3 and FSDP; --zero 1 composes: test_train_tp_zero_cli.c) are
+ * one line with exit 2. Losses are compared within float
  * rounding (relative 1e-5: the runs add the same products in another
  * order, see test_tp.c). */
 // dt-test-timeout: 240
@@ -166,9 +167,12 @@ TEST(tp_option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--tp", "2", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --model convnet");
-    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--zero", "1", NULL});
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--zero", "2", NULL});
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero 2|3 or --fsdp");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--fsdp", "full_shard", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero 2|3 or --fsdp");
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--tp", "2", "--sequence-parallel", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--sequence-parallel needs a GPT model and --tp N > 1");

@@ -5,7 +5,7 @@
  * shards; stage 3 with every prefetch mode, forward prefetch, a lazily
  * built (meta) model, and with resident small parameters). Also the model
  * state bytes against the ZeRO formula, the units a wrap policy makes, FSDP's
- * names, and a unit skipped on one rank. */
+ * names, a unit skipped on one rank, and stage 3's page pool. */
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
 #include "test.h"
@@ -443,6 +443,108 @@ TEST(stage3_prefetch_counts)
     ASSERT_EQ_INT(th_run(2, 60.0, body_prefetch_counts, NULL, NULL), 0);
 }
 
+/* Stage 3's page pool: units of 3, 33, 65 and 3 pages (one per Linear),
+ * so gathers take pieces of other units' pages (a part, or several pieces
+ * and the rest faulted). The parameters after 3 steps are bit-identical
+ * to the same run with the pool off; the pool kept at most two of the
+ * largest units, the gathers wrote into its pages, and without it nothing
+ * is kept. */
+static dt_model *zwide(uint64_t seed)
+{
+    dt_module *net = dt_nn_seq(0, NULL);
+    dt_nn_add(net, NULL, dt_nn_linear(8, 256, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(256, 128, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(128, 512, true));
+    dt_nn_add(net, NULL, dt_nn_relu());
+    dt_nn_add(net, NULL, dt_nn_linear(512, 4, true));
+    dt_model_build_params bp = dt_model_build_params_default();
+    bp.meta = true;
+    dt_model *m = NULL;
+    return dt_model_build(net, seed, &bp, &m) < 0 ? NULL : m;
+}
+
+static int body_page_pool(int rank, int W, void *arg)
+{
+    (void)arg;
+    dt_set_num_threads(1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    const struct {
+        dt_backward_prefetch bp;
+        bool fwd;
+    } cases[] = {{DT_PREFETCH_BACKWARD_PRE, false}, {DT_PREFETCH_BACKWARD_POST, true}, {DT_PREFETCH_NONE, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float *got[2] = {NULL, NULL};
+        size_t n = 0, peak[2] = {0, 0}, big = 0, psi = 0, kept = 0;
+        for (int pool = 0; pool < 2; pool++) {
+            dt_model *m = zwide(31);
+            TH_CHECK(m, "model");
+            dt_zero_params zp = dt_zero_params_default();
+            zp.wrap_module_type = "Linear";
+            zp.init_seed = 31;
+            zp.backward_prefetch = cases[i].bp;
+            zp.forward_prefetch = cases[i].fwd;
+            zp.page_pool = pool;
+            dt_strategy *s;
+            dt_trainer *tr;
+            TH_OK(dt_strategy_zero_init(pg, &zp, &s));
+            zcase c = {.opt = DT_OPTIM_ADAMW, .accum = 1};
+            dt_trainer_params tp = zparams(&c);
+            TH_OK(dt_trainer_init(m, s, &tp, &tr));
+            TH_OK(trainer_step_on(tr, &k_mlp_data, rank * MB, MB, 1, 0, NULL));
+            dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+            dt_zero_stats a = dt_zero_get_stats(z);
+            for (int st = 1; st <= 2; st++)
+                TH_OK(trainer_step_on(tr, &k_mlp_data, (st * W + rank) * MB, MB, 1, 0, NULL));
+            dt_zero_stats b = dt_zero_get_stats(z);
+            TH_CHECK(dt_zero_num_units(z) == 4, "%d units", dt_zero_num_units(z));
+            big = psi = 0;
+            for (int k = 0; k < 4; k++) {
+                dt_zero_unit_info ui;
+                TH_OK(dt_zero_unit(z, k, &ui));
+                big = ui.total * 4 > big ? ui.total * 4 : big;
+                psi += ui.total * 4;
+            }
+            if (pool)
+                kept = b.pool_peak;
+            const uint64_t pooled = b.bytes_pooled - a.bytes_pooled, gathered = b.bytes_gathered - a.bytes_gathered;
+            if (pool)
+                /* after the first step nearly every gather writes kept pages */
+                TH_CHECK(b.pool_peak > 0 && b.pool_peak <= 2 * big && pooled >= gathered / 2,
+                         "case %zu: pool kept at most %llu bytes (largest unit %zu), %llu of %llu gathered bytes "
+                         "into it", i, (unsigned long long)b.pool_peak, big, (unsigned long long)pooled,
+                         (unsigned long long)gathered);
+            else
+                TH_CHECK(b.pool_peak == 0 && b.bytes_pooled == 0, "case %zu: no pool, yet %llu bytes kept", i,
+                         (unsigned long long)b.pool_peak);
+            TH_OK(dt_zero_memory(z, NULL, NULL, &peak[pool]));
+            n = dt_model_param_count(m);
+            TH_CHECK((got[pool] = calloc(n, sizeof(float))), "alloc");
+            TH_OK(dt_zero_full_params(z, got[pool]));
+            dt_trainer_free(tr);
+            dt_model_free(m);
+        }
+        const bool same = !memcmp(got[0], got[1], n * sizeof(float));
+        free(got[0]);
+        free(got[1]);
+        TH_CHECK(same, "case %zu: the pool changed the parameters", i);
+        /* the pool counts in the gathered peak; at most two gathered units,
+         * every unsharded gradient (when the reduce-scatters complete is up
+         * to timing) and two units in the pool */
+        TH_CHECK(peak[1] >= kept && peak[1] <= 4 * big + psi, "case %zu: gathered peak %zu with the pool (%zu kept, "
+                 "%zu without), largest unit %zu, all %zu", i, peak[1], kept, peak[0], big, psi);
+    }
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(stage3_page_pool)
+{
+    ASSERT_EQ_INT(th_run(2, 60.0, body_page_pool, NULL, NULL), 0);
+}
+
 TEST(names_and_bad_params)
 {
     dt_fsdp_sharding sh;
@@ -511,5 +613,6 @@ int main(void)
     RUN(memory_formula_and_units);
     RUN(skipped_unit_is_an_error);
     RUN(stage3_prefetch_counts);
+    RUN(stage3_page_pool);
     return TEST_REPORT();
 }

@@ -185,6 +185,31 @@ static inline int body(int rank, int size, void *arg)
                 TH_CHECK(gmax > 0, "%s: no gradient", pi.name);
         }
     }
+    /* the memory report counts this rank's stages only: the parameters
+     * its units use (a shared one's storage on each rank using it) */
+    bool *held = calloc(ne, sizeof *held);
+    size_t expect = 0, model_bytes = 0;
+    for (size_t e = 0; e < ne; e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(m, e, &pi));
+        if (mine_e[e])
+            held[pi.tied_to >= 0 ? (size_t)pi.tied_to : e] = true;
+    }
+    for (size_t e = 0; e < ne; e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(m, e, &pi));
+        if (pi.is_buffer || pi.tied_to >= 0)
+            continue;
+        model_bytes += pi.numel * dt_dtype_size(pi.dtype);
+        expect += held[e] ? pi.numel * dt_dtype_size(pi.dtype) : 0;
+    }
+    dt_trainer_memory mem;
+    TH_OK(dt_trainer_memory_get(tr, &mem));
+    TH_CHECK(mem.param_bytes == expect && mem.grad_bytes == expect,
+             "rank %d: memory report: params %zu, grads %zu bytes; its stages use %zu (model_bytes model %zu)", rank,
+             mem.param_bytes, mem.grad_bytes, expect, model_bytes);
+    TH_CHECK(c->pp == 1 || expect < model_bytes, "rank %d: its stages use the model_bytes model (%zu bytes)", rank, model_bytes);
+    free(held);
     free(mine_e);
     dt_free(units);
     free(p0);

@@ -17,8 +17,66 @@ TEST(mlp_every_schedule)
     run_expect("gpt", DT_PIPE_INTERLEAVED, 2, 1, 3, "must be a multiple of the pipeline ranks");
 }
 
+/* The memory report of a 2-stage MLP under AdamW: each rank counts its
+ * own stage's parameters and gradients, and the optimizer's two states of
+ * them; the two ranks together hold the model once. */
+static int memory_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_model_config mc = small_cfg("mlp");
+    dt_model *m;
+    dt_model_desc d;
+    TH_OK(dt_model_create("mlp", 11, &mc, &m, &d));
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = 2, pp.schedule = DT_PIPE_1F1B, pp.micro_batches = 2;
+    dt_strategy *s;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.optimizer = DT_OPTIM_ADAMW;
+    tp.loss_fn = dt_model_desc_loss_fn;
+    tp.loss_ud = &d;
+    dt_trainer *tr;
+    TH_OK(dt_trainer_init(m, s, &tp, &tr));
+    float xf[B_GLOBAL * 32];
+    make_batch("mlp", 0, B_GLOBAL, xf, NULL, NULL);
+    dt_trainer_batch b = batch_of("mlp", B_GLOBAL, xf, NULL, NULL);
+    TH_OK(dt_trainer_step(tr, &b, 1, NULL));
+    dt_trainer_memory mem;
+    TH_OK(dt_trainer_memory_get(tr, &mem));
+    size_t whole = 0;
+    for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(m, e, &pi));
+        whole += pi.is_buffer || pi.tied_to >= 0 ? 0 : pi.numel * sizeof(float);
+    }
+    double mine[3] = {(double)mem.param_bytes, (double)mem.grad_bytes, (double)mem.optim_bytes}, sum[3];
+    TH_OK(dt_pg_allreduce(pg, mine, sum, 3, DT_F64, DT_REDUCE_SUM));
+    TH_CHECK(mem.param_bytes > 0 && mem.param_bytes < whole, "rank %d: params %zu of %zu bytes", rank,
+             mem.param_bytes, whole);
+    TH_CHECK(mem.grad_bytes == mem.param_bytes, "rank %d: grads %zu, params %zu", rank, mem.grad_bytes,
+             mem.param_bytes);
+    TH_CHECK(mem.optim_bytes == 2 * mem.param_bytes, "rank %d: AdamW state %zu bytes for %zu of parameters",
+             rank, mem.optim_bytes, mem.param_bytes);
+    TH_CHECK(sum[0] == (double)whole && sum[1] == (double)whole && sum[2] == 2.0 * (double)whole,
+             "over the ranks: params %.0f, grads %.0f, state %.0f bytes; the model %zu", sum[0], sum[1], sum[2],
+             whole);
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(mlp_memory_per_stage)
+{
+    int codes[2];
+    ASSERT_EQ_INT(th_run(2, 60.0, memory_body, NULL, codes), 0);
+}
+
 int main(void)
 {
     RUN(mlp_every_schedule);
+    RUN(mlp_memory_per_stage);
     return TEST_REPORT();
 }

@@ -31,12 +31,6 @@
 
 static char *cli(void) { return getenv("DT_CLI"); }
 
-static double val_loss(const char *out)
-{
-    const char *p = strstr(out, "val loss: ");
-    return p ? atof(p + 10) : NAN;
-}
-
 /* dtrain [run -n ranks --] train --model gpt-micro ... extra, metrics into m. */
 static void run_gpt(cli_result *r, int ranks, const char *batch, char *const *extra, const char *m)
 {
@@ -54,22 +48,8 @@ static void run_gpt(cli_result *r, int ranks, const char *batch, char *const *ex
     char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                     "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",
                     (char *)batch, "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1",
-                    "--progress", "plain", "--log-every", "1", "--metrics", (char *)m};
-    char *args[64];
-    int n = 0;
-    if (ranks > 1) {
-        static char nr[16];
-        snprintf(nr, sizeof nr, "%d", ranks);
-        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
-    }
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-        args[n++] = base[i];
-    for (char *const *e = extra; e && *e; e++)
-        args[n++] = *e;
-    args[n] = NULL;
-    cli_runv(r, 100, NULL, args);
-    if (r->code != 0)
-        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+                    "--progress", "plain", "--log-every", "1", "--metrics", (char *)m, NULL};
+    cli_run_ranks(r, 100, NULL, ranks, 2, (char *const *const[]){base, extra});
 }
 
 TEST(gpt_dp2_tp2_pp2_equals_one_process)
@@ -80,13 +60,13 @@ TEST(gpt_dp2_tp2_pp2_equals_one_process)
     snprintf(m2, sizeof m2, "%s/3d.jsonl", cli_tmpdir());
     run_gpt(&r, 1, "8", NULL, m1);
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = val_loss(r.out);
+    double v1 = cli_out_value(r.out, "val loss: ");
     run_gpt(&r, 8, "4", (char *[]){"--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2", NULL}, m2);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 2 tensor-parallel x 2 data-parallel, schedule "
                                "1f1b, 2 micro-batches per batch");
     ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
-    double v2 = val_loss(r.out);
+    double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, dp 2 x tp 2 x pp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4);
     double a[64], b[64];

@@ -39,28 +39,10 @@ static void write_data(void)
 /* dtrain [run -n ranks --] train --config cfg <the tiny GPT> extra... */
 static void run_cfg(cli_result *r, int ranks, const char *cfg, const char *env, const char *const *extra)
 {
-    char *args[64];
-    int n = 0;
-    if (ranks > 1) {
-        static char nr[16];
-        snprintf(nr, sizeof nr, "%d", ranks);
-        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = getenv("DT_CLI");
-    }
-    const char *base[] = {"train", "--config", cfg, "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "32",
-                          "--seq", "16", "--data", train_tok, "--val-data", val_tok, "--threads", "1",
-                          "--progress", "plain", "--metrics", metrics, "--max-steps", "8", NULL};
-    for (int i = 0; base[i]; i++)
-        args[n++] = (char *)base[i];
-    for (int i = 0; extra && extra[i]; i++)
-        args[n++] = (char *)extra[i];
-    args[n] = NULL;
-    cli_runv(r, 200, env, args);
-}
-
-static double val_loss(const char *out)
-{
-    const char *p = strstr(out, "val loss: ");
-    return p ? atof(p + 10) : NAN;
+    char *base[] = {"train", "--config", (char *)cfg, "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "32",
+                    "--seq", "16", "--data", train_tok, "--val-data", val_tok, "--threads", "1",
+                    "--progress", "plain", "--metrics", metrics, "--max-steps", "8", NULL};
+    cli_run_ranks(r, 200, env, ranks, 2, (char *const *const[]){base, (char *const *)extra});
 }
 
 TEST(seed_stage2_activation_checkpointing_trains)
@@ -79,7 +61,7 @@ TEST(seed_stage2_activation_checkpointing_trains)
     /* the activation_checkpointing block: every block (number_checkpoints null) */
     ASSERT_STR_CONTAINS(r.out, "[0] activation checkpointing: 2 GPT2Block modules recompute");
     ASSERT(strstr(r.out, "[1]   zero_optimization.stage") == NULL); /* printed once, by rank 0 */
-    double vl = val_loss(r.out);
+    double vl = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "stage 2: val loss %.4f after 8 steps (ln 40 = %.4f)\n", vl, log(40.0));
     ASSERT(vl < log(40.0) - 0.3); /* it learned something in 8 steps */
     char m[65536];
@@ -100,7 +82,7 @@ TEST(seed_stage3_offload_trains)
     ASSERT_STR_CONTAINS(r.out, "[0] ZeRO stage 3: 2 ranks");
     ASSERT_STR_CONTAINS(r.err, "offload device cpu: nothing changes");
     ASSERT_STR_CONTAINS(r.out, "adamw lr 0.01");
-    double vl = val_loss(r.out);
+    double vl = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "stage 3: val loss %.4f after 8 steps\n", vl);
     ASSERT(vl < log(40.0) - 0.3);
 }
@@ -157,11 +139,11 @@ TEST(tensor_parallel_from_the_config)
     ASSERT_STR_CONTAINS(r.out, "[0]   dtrain.tensor_parallel_size = 2  (file)\n");
     ASSERT_STR_CONTAINS(r.out, "steps/epoch of 4");
     /* the --tp refusals see the config's keys too */
-    write_cfg("tpc.json", "{\"zero_optimization\": {\"stage\": 1}, \"dtrain\": {\"tensor_parallel_size\": 2}}", p,
+    write_cfg("tpc.json", "{\"zero_optimization\": {\"stage\": 2}, \"dtrain\": {\"tensor_parallel_size\": 2}}", p,
               sizeof p);
     run_cfg(&r, 2, p, NULL, NULL);
     ASSERT(r.code != 0);
-    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero/--fsdp");
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --zero 2|3 or --fsdp");
 }
 
 /* The step losses of a metrics file (--log-every 1) into out; their number. */

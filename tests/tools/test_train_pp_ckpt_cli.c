@@ -27,30 +27,8 @@ static char *cli(void) { return getenv("DT_CLI"); }
 /* dtrain [run -n ranks --] train <common> extra... --metrics m */
 static void run(cli_result *r, int ranks, char *const *common, char *const *extra, const char *m)
 {
-    char *args[80];
-    int n = 0;
-    if (ranks > 1) {
-        static char nr[16];
-        snprintf(nr, sizeof nr, "%d", ranks);
-        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
-    }
-    for (char *const *e = common; *e; e++)
-        args[n++] = *e;
-    for (char *const *e = extra; e && *e; e++)
-        args[n++] = *e;
-    args[n++] = "--metrics", args[n++] = (char *)m, args[n] = NULL;
-    cli_runv(r, 100, NULL, args);
-    if (r->code != 0)
-        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
-}
-
-static char *path(const char *name)
-{
-    static char bufs[16][300];
-    static int k;
-    char *b = bufs[k++ % 16];
-    snprintf(b, 300, "%s/%s", cli_tmpdir(), name);
-    return b;
+    char *met[] = {"--metrics", (char *)m, NULL};
+    cli_run_ranks(r, 100, NULL, ranks, 3, (char *const *const[]){common, extra, met});
 }
 
 /* The resumed run's losses equal the reference's last ones. */
@@ -65,43 +43,37 @@ static bool same_tail(const char *resumed, const char *ref, int expect)
     return cli_same_losses(a, na, b + (nb - na), na, 1.5e-6);
 }
 
-static double val_loss(const char *out)
-{
-    const char *p = strstr(out, "val loss: ");
-    return p ? atof(p + 10) : NAN;
-}
-
 TEST(mlp_pp2_checkpoint_resumes_in_one_process_and_back)
 {
     static cli_result r;
     char *mlp[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
                    "--batch", "4", "--limit-test", "16", "--optimizer", "adamw", "--lr", "0.01", "--seed", "2",
                    "--progress", "plain", "--log-every", "1", "--threads", "1", NULL};
-    char *ref = path("ref.jsonl"), *c1 = path("ck_pp"), *c2 = path("ck_one");
+    char *ref = cli_path("ref.jsonl"), *c1 = cli_path("ck_pp"), *c2 = cli_path("ck_one");
     run(&r, 1, mlp, NULL, ref);
     ASSERT_EQ_INT(r.code, 0);
     /* --pp 2 saves, one process resumes */
-    run(&r, 2, mlp, (char *[]){"--pp", "2", "--max-steps", "8", "--save", c1, NULL}, path("a1.jsonl"));
+    run(&r, 2, mlp, (char *[]){"--pp", "2", "--max-steps", "8", "--save", c1, NULL}, cli_path("a1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     char f[400];
     snprintf(f, sizeof f, "%s/step-00000008/rank-00001.safetensors", c1); /* the second stage wrote its part */
     ASSERT(file_exists(f));
-    run(&r, 1, mlp, (char *[]){"--resume", c1, NULL}, path("a2.jsonl"));
+    run(&r, 1, mlp, (char *[]){"--resume", c1, NULL}, cli_path("a2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "resumed from");
-    ASSERT(same_tail(path("a2.jsonl"), ref, 8));
+    ASSERT(same_tail(cli_path("a2.jsonl"), ref, 8));
     /* one process saves, --pp 2 (zbh1) resumes */
-    run(&r, 1, mlp, (char *[]){"--max-steps", "8", "--save", c2, NULL}, path("b1.jsonl"));
+    run(&r, 1, mlp, (char *[]){"--max-steps", "8", "--save", c2, NULL}, cli_path("b1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    run(&r, 2, mlp, (char *[]){"--pp", "2", "--pp-schedule", "zbh1", "--resume", c2, NULL}, path("b2.jsonl"));
+    run(&r, 2, mlp, (char *[]){"--pp", "2", "--pp-schedule", "zbh1", "--resume", c2, NULL}, cli_path("b2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT(same_tail(path("b2.jsonl"), ref, 8));
+    ASSERT(same_tail(cli_path("b2.jsonl"), ref, 8));
 }
 
 TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
 {
     static cli_result r;
-    char *bin = path("tok.bin"), data[320];
+    char *bin = cli_path("tok.bin"), data[320];
     uint16_t tok[2000];
     for (int i = 0; i < 2000; i++)
         tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
@@ -111,26 +83,26 @@ TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
                    "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
                    "1", NULL};
-    char *ref = path("gref.jsonl"), *ck = path("ck_gpt"), *ckr = path("ck_gref");
+    char *ref = cli_path("gref.jsonl"), *ck = cli_path("ck_gpt"), *ckr = cli_path("ck_gref");
     run(&r, 1, gpt, (char *[]){"--batch", "8", "--save", ckr, "--save-every", "2", NULL}, ref);
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = val_loss(r.out);
-    run(&r, 4, gpt, (char *[]){"--batch", "4", "--pp", "2", "--max-steps", "2", "--save", ck, NULL}, path("g1.jsonl"));
+    double v1 = cli_out_value(r.out, "val loss: ");
+    run(&r, 4, gpt, (char *[]){"--batch", "4", "--pp", "2", "--max-steps", "2", "--save", ck, NULL}, cli_path("g1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    run(&r, 1, gpt, (char *[]){"--batch", "8", "--resume", ck, NULL}, path("g2.jsonl"));
+    run(&r, 1, gpt, (char *[]){"--batch", "8", "--resume", ck, NULL}, cli_path("g2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    double v2 = val_loss(r.out);
+    double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, resumed from dp 2 x pp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4);
-    ASSERT(same_tail(path("g2.jsonl"), ref, 2));
+    ASSERT(same_tail(cli_path("g2.jsonl"), ref, 2));
     /* the single process's step-2 checkpoint under --pp 2: the last stage's
        tied head takes wte from the first stage's load */
     char from[400];
     snprintf(from, sizeof from, "%s/step-00000002", ckr);
-    run(&r, 2, gpt, (char *[]){"--batch", "8", "--pp", "2", "--resume", from, NULL}, path("g3.jsonl"));
+    run(&r, 2, gpt, (char *[]){"--batch", "8", "--pp", "2", "--resume", from, NULL}, cli_path("g3.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT(fabs(val_loss(r.out) - v1) <= 2e-4);
-    ASSERT(same_tail(path("g3.jsonl"), ref, 2));
+    ASSERT(fabs(cli_out_value(r.out, "val loss: ") - v1) <= 2e-4);
+    ASSERT(same_tail(cli_path("g3.jsonl"), ref, 2));
 }
 
 /* --tp 2 --pp 2 (4 ranks): each tensor-parallel rank writes its share of
@@ -142,7 +114,7 @@ TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
 TEST(gpt_tp2_pp2_checkpoint_resumes_in_one_process_and_back)
 {
     static cli_result r;
-    char *bin = path("tok3.bin"), data[320];
+    char *bin = cli_path("tok3.bin"), data[320];
     uint16_t tok[2000];
     for (int i = 0; i < 2000; i++)
         tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
@@ -152,34 +124,34 @@ TEST(gpt_tp2_pp2_checkpoint_resumes_in_one_process_and_back)
                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
                    "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
                    "1", "--batch", "8", NULL};
-    char *ref = path("tref.jsonl"), *ck = path("ck_tp_pp"), *ckr = path("ck_tref");
+    char *ref = cli_path("tref.jsonl"), *ck = cli_path("ck_tp_pp"), *ckr = cli_path("ck_tref");
     run(&r, 1, gpt, (char *[]){"--save", ckr, "--save-every", "2", NULL}, ref);
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = val_loss(r.out);
+    double v1 = cli_out_value(r.out, "val loss: ");
     char *tpp[] = {"--tp", "2", "--pp", "2", "--micro-batches", "2", NULL};
     run(&r, 4, gpt, (char *[]){"--tp", "2", "--pp", "2", "--micro-batches", "2", "--max-steps", "2", "--save", ck, NULL},
-        path("t1.jsonl"));
+        cli_path("t1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     char f[400];
     snprintf(f, sizeof f, "%s/step-00000002/rank-00003.safetensors", ck);
     ASSERT(file_exists(f));
-    run(&r, 1, gpt, (char *[]){"--resume", ck, NULL}, path("t2.jsonl"));
+    run(&r, 1, gpt, (char *[]){"--resume", ck, NULL}, cli_path("t2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT(fabs(val_loss(r.out) - v1) <= 2e-4);
-    ASSERT(same_tail(path("t2.jsonl"), ref, 2));
+    ASSERT(fabs(cli_out_value(r.out, "val loss: ") - v1) <= 2e-4);
+    ASSERT(same_tail(cli_path("t2.jsonl"), ref, 2));
     run(&r, 4, gpt, (char *[]){"--tp", "2", "--pp", "2", "--micro-batches", "2", "--resume", ck, NULL},
-        path("t3.jsonl"));
+        cli_path("t3.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT(same_tail(path("t3.jsonl"), ref, 2));
+    ASSERT(same_tail(cli_path("t3.jsonl"), ref, 2));
     char from[400];
     snprintf(from, sizeof from, "%s/step-00000002", ckr);
     run(&r, 4, gpt, (char *[]){tpp[0], tpp[1], tpp[2], tpp[3], tpp[4], tpp[5], "--resume", from, NULL},
-        path("t4.jsonl"));
+        cli_path("t4.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    double v4 = val_loss(r.out);
+    double v4 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, tp 2 x pp 2 resumed from its step 2 %.6f\n", v1, v4);
     ASSERT(fabs(v4 - v1) <= 2e-4);
-    ASSERT(same_tail(path("t4.jsonl"), ref, 2));
+    ASSERT(same_tail(cli_path("t4.jsonl"), ref, 2));
 }
 
 int main(void)

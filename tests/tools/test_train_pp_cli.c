@@ -24,24 +24,8 @@ static void run_model(cli_result *r, int ranks, const char *model, char *const *
     char *mlp[] = {"--mlp-dim", "16", "--mlp-hidden", "64", NULL};
     char *base[] = {"train", "--model", (char *)model, "--random-items", "64", "--batch", "4", "--limit-test", "16",
                     "--optimizer", "adamw", "--lr", "0.01", "--seed", "2", "--progress", "plain", "--log-every", "1",
-                    "--threads", "1", "--metrics", (char *)m};
-    char *args[64];
-    int n = 0;
-    if (ranks > 1) {
-        static char nr[16];
-        snprintf(nr, sizeof nr, "%d", ranks);
-        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
-    }
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-        args[n++] = base[i];
-    for (char *const *e = mlp; *e; e++)
-        args[n++] = *e;
-    for (char *const *e = extra; e && *e; e++)
-        args[n++] = *e;
-    args[n] = NULL;
-    cli_runv(r, 200, NULL, args);
-    if (r->code != 0)
-        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+                    "--threads", "1", "--metrics", (char *)m, NULL};
+    cli_run_ranks(r, 200, NULL, ranks, 3, (char *const *const[]){base, mlp, extra});
 }
 
 static bool same_losses(const char *pa, const char *pb)
@@ -84,12 +68,6 @@ TEST(mlp_dp2_pp2_equals_ddp)
     ASSERT(same_losses(m2, m1));
 }
 
-static double val_loss(const char *out)
-{
-    const char *p = strstr(out, "val loss: ");
-    return p ? atof(p + 10) : NAN;
-}
-
 TEST(gpt_pp2_equals_one_process)
 {
     if (!cli())
@@ -112,7 +90,7 @@ TEST(gpt_pp2_equals_one_process)
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = val_loss(r.out);
+    double v1 = cli_out_value(r.out, "val loss: ");
     char *two[64] = {"run", "-n", "2", "--", cli()};
     int n = 5;
     for (int i = 0; one[i]; i++)
@@ -124,7 +102,7 @@ TEST(gpt_pp2_equals_one_process)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule interleaved");
-    double v2 = val_loss(r.out);
+    double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, --pp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
     double a[64], b[64];

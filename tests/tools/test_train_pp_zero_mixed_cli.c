@@ -40,42 +40,8 @@ static char *cli(void) { return getenv("DT_CLI"); }
 /* dtrain [run -n ranks --] train <common> extra... --metrics m */
 static void run(cli_result *r, int ranks, char *const *common, char *const *extra, const char *m)
 {
-    char *args[80];
-    int n = 0;
-    if (ranks > 1) {
-        static char nr[16];
-        snprintf(nr, sizeof nr, "%d", ranks);
-        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = cli();
-    }
-    for (char *const *e = common; *e; e++)
-        args[n++] = *e;
-    for (char *const *e = extra; e && *e; e++)
-        args[n++] = *e;
-    args[n++] = "--metrics", args[n++] = (char *)m, args[n] = NULL;
-    cli_runv(r, 120, NULL, args);
-    if (r->code != 0)
-        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
-}
-
-static char *path(const char *name)
-{
-    static char bufs[16][300];
-    static int k;
-    char *b = bufs[k++ % 16];
-    snprintf(b, 300, "%s/%s", cli_tmpdir(), name);
-    return b;
-}
-
-static double val_loss(const char *out)
-{
-    const char *p = strstr(out, "val loss: ");
-    return p ? atof(p + 10) : NAN;
-}
-
-static double test_loss(const char *out)
-{
-    const char *p = strstr(out, "test loss: ");
-    return p ? atof(p + 11) : NAN;
+    char *met[] = {"--metrics", (char *)m, NULL};
+    cli_run_ranks(r, 120, NULL, ranks, 3, (char *const *const[]){common, extra, met});
 }
 
 /* A number field of each step record: how many (at most cap). */
@@ -125,7 +91,7 @@ static bool near_losses(const char *fa, const char *fb, double rel, double abs_t
 static char *gpt_args(char *data)
 {
     static char *bin;
-    bin = path("tok.bin");
+    bin = cli_path("tok.bin");
     uint16_t tok[2000];
     for (int i = 0; i < 2000; i++)
         tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
@@ -141,18 +107,19 @@ TEST(mlp_dp2_pp2_zero1_equals_ddp)
     char *mlp[] = {"train", "--model", "mlp", "--mlp-dim", "16", "--mlp-hidden", "64", "--random-items", "64",
                    "--batch", "4", "--limit-test", "16", "--optimizer", "adamw", "--lr", "0.01", "--seed", "2",
                    "--progress", "plain", "--log-every", "1", "--threads", "1", "--clip-grad-norm", "0.05", NULL};
-    run(&r, 2, mlp, NULL, path("ddp.jsonl"));
+    run(&r, 2, mlp, NULL, cli_path("ddp.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = test_loss(r.out);
-    run(&r, 4, mlp, (char *[]){"--pp", "2", "--micro-batches", "2", "--zero", "1", NULL}, path("z1.jsonl"));
+    double v1 = cli_out_value(r.out, "test loss: ");
+    run(&r, 4, mlp, (char *[]){"--pp", "2", "--micro-batches", "2", "--zero", "1", NULL}, cli_path("z1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 stages x 2 data-parallel (ZeRO-1), schedule 1f1b, 2 micro-batches");
-    /* each rank holds AdamW's two states for half of its stage's 1024 weights */
-    ASSERT_STR_CONTAINS(r.out, "memory rank 3: parameters 8.0 KiB, gradients 8.0 KiB, optimizer states 4.0 KiB");
-    double v2 = test_loss(r.out);
+    /* each rank holds its stage's 1024 weights and their gradients (not the
+     * whole model's 2048), and AdamW's two states for half of them */
+    ASSERT_STR_CONTAINS(r.out, "memory rank 3: parameters 4.0 KiB, gradients 4.0 KiB, optimizer states 4.0 KiB");
+    double v2 = cli_out_value(r.out, "test loss: ");
     fprintf(stderr, "mlp test loss: DDP %.6f, dp 2 x pp 2 ZeRO-1 %.6f\n", v1, v2);
     ASSERT(!isnan(v1) && fabs(v1 - v2) <= 2e-4);
-    ASSERT(near_losses(path("z1.jsonl"), path("ddp.jsonl"), 1e-5, 1.5e-6));
+    ASSERT(near_losses(cli_path("z1.jsonl"), cli_path("ddp.jsonl"), 1e-5, 1.5e-6));
 }
 
 TEST(gpt_dp2_pp2_zero1_checkpoint_resumes_in_one_process)
@@ -164,23 +131,23 @@ TEST(gpt_dp2_pp2_zero1_checkpoint_resumes_in_one_process)
                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
                    "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
                    "1", NULL};
-    char *ck = path("ck_z1");
-    run(&r, 1, gpt, (char *[]){"--batch", "8", NULL}, path("gref.jsonl"));
+    char *ck = cli_path("ck_z1");
+    run(&r, 1, gpt, (char *[]){"--batch", "8", NULL}, cli_path("gref.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    double v1 = val_loss(r.out);
+    double v1 = cli_out_value(r.out, "val loss: ");
     run(&r, 4, gpt, (char *[]){"--batch", "4", "--pp", "2", "--zero", "1", "--max-steps", "2", "--save", ck, NULL},
-        path("g1.jsonl"));
+        cli_path("g1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     char f[400];
     snprintf(f, sizeof f, "%s/step-00000002/rank-00003.safetensors", ck); /* a second replica's half */
     ASSERT(file_exists(f));
-    run(&r, 1, gpt, (char *[]){"--batch", "8", "--resume", ck, NULL}, path("g2.jsonl"));
+    run(&r, 1, gpt, (char *[]){"--batch", "8", "--resume", ck, NULL}, cli_path("g2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    double v2 = val_loss(r.out);
+    double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, resumed from dp 2 x pp 2 ZeRO-1 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4);
     double a[64], b[64];
-    int na = cli_step_losses(path("g2.jsonl"), a, 64), nb = cli_step_losses(path("gref.jsonl"), b, 64);
+    int na = cli_step_losses(cli_path("g2.jsonl"), a, 64), nb = cli_step_losses(cli_path("gref.jsonl"), b, 64);
     ASSERT_EQ_INT(na, 2);
     ASSERT(nb == 4 && cli_same_losses(a, na, b + 2, 2, 1.5e-6));
 }
@@ -205,11 +172,11 @@ TEST(gpt_pp2_bf16_equals_one_process_bf16)
     char data[320];
     ASSERT(gpt_args(data));
     char **g = gpt_lowp(data, "bf16");
-    run(&r, 1, g, NULL, path("b1.jsonl"));
+    run(&r, 1, g, NULL, cli_path("b1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    run(&r, 2, g, (char *[]){"--pp", "2", "--micro-batches", "2", NULL}, path("b2.jsonl"));
+    run(&r, 2, g, (char *[]){"--pp", "2", "--micro-batches", "2", NULL}, cli_path("b2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT(near_losses(path("b2.jsonl"), path("b1.jsonl"), 5e-3, 5e-4));
+    ASSERT(near_losses(cli_path("b2.jsonl"), cli_path("b1.jsonl"), 5e-3, 5e-4));
 }
 
 TEST(gpt_pp2_fp16_skips_the_same_overflowed_steps)
@@ -219,24 +186,24 @@ TEST(gpt_pp2_fp16_skips_the_same_overflowed_steps)
     ASSERT(gpt_args(data));
     char **g = gpt_lowp(data, "fp16");
     char *sc[] = {"--initial-scale-power", "20", "--hysteresis", "1", "--limit-train", "40", NULL};
-    run(&r, 1, g, sc, path("h1.jsonl"));
+    run(&r, 1, g, sc, cli_path("h1.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     run(&r, 2, g, (char *[]){"--initial-scale-power", "20", "--hysteresis", "1", "--limit-train", "40", "--pp", "2", "--pp-schedule", "zbh1",
                              "--micro-batches", "2", NULL},
-        path("h2.jsonl"));
+        cli_path("h2.jsonl"));
     ASSERT_EQ_INT(r.code, 0);
     double s1[64], s2[64], k1[64], k2[64];
-    int n1 = step_field(path("h1.jsonl"), "loss_scale", s1, 64), n2 = step_field(path("h2.jsonl"), "loss_scale", s2, 64);
+    int n1 = step_field(cli_path("h1.jsonl"), "loss_scale", s1, 64), n2 = step_field(cli_path("h2.jsonl"), "loss_scale", s2, 64);
     ASSERT(n1 == 10 && n1 == n2);
-    ASSERT_EQ_INT(step_field(path("h1.jsonl"), "skipped_steps", k1, 64), n1);
-    ASSERT_EQ_INT(step_field(path("h2.jsonl"), "skipped_steps", k2, 64), n1);
+    ASSERT_EQ_INT(step_field(cli_path("h1.jsonl"), "skipped_steps", k1, 64), n1);
+    ASSERT_EQ_INT(step_field(cli_path("h2.jsonl"), "skipped_steps", k2, 64), n1);
     ASSERT(k1[n1 - 1] >= 2 && k1[n1 - 1] < n1); /* the start at 2^20 overflowed, later steps did not */
     for (int i = 0; i < n1; i++) {
         ASSERT(s1[i] == s2[i]);
         ASSERT(k1[i] == k2[i]);
     }
     fprintf(stderr, "fp16: %g steps skipped, final scale %g\n", k1[n1 - 1], s1[n1 - 1]);
-    ASSERT(near_losses(path("h2.jsonl"), path("h1.jsonl"), 5e-3, 5e-4));
+    ASSERT(near_losses(cli_path("h2.jsonl"), cli_path("h1.jsonl"), 5e-3, 5e-4));
 }
 
 int main(void)

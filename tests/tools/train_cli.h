@@ -184,4 +184,44 @@ static inline bool cli_same_losses(const double *a, int na, const double *b, int
     return true;
 }
 
+/* `dtrain [run -n ranks -- dtrain] <lists[0]> <lists[1]> ...`: the lists are
+ * NULL-terminated argument lists (a NULL list is empty) joined in order;
+ * one rank runs the CLI directly. Prints the output when the run fails. */
+static inline int cli_run_ranks(cli_result *r, int timeout_s, const char *extra_env, int ranks, int nlists,
+                                char *const *const *lists)
+{
+    char *args[96];
+    int n = 0;
+    static char nr[16];
+    if (ranks > 1) {
+        snprintf(nr, sizeof nr, "%d", ranks);
+        args[n++] = "run", args[n++] = "-n", args[n++] = nr, args[n++] = "--", args[n++] = getenv("DT_CLI");
+    }
+    for (int l = 0; l < nlists; l++)
+        for (char *const *e = lists[l]; e && *e && n < 95; e++)
+            args[n++] = *e;
+    args[n] = NULL;
+    int rc = cli_runv(r, timeout_s, extra_env, args);
+    if (r->code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
+    return rc;
+}
+
+/* The number printed after key in a run's output ("val loss: "), NAN when absent. */
+static inline double cli_out_value(const char *out, const char *key)
+{
+    const char *p = strstr(out, key);
+    return p ? atof(p + strlen(key)) : NAN;
+}
+
+/* name inside the test's scratch directory (16 rotating buffers). */
+static inline char *cli_path(const char *name)
+{
+    static char bufs[16][300];
+    static int k;
+    char *b = bufs[k++ % 16];
+    snprintf(b, 300, "%s/%s", cli_tmpdir(), name);
+    return b;
+}
+
 #endif

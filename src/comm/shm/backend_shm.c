@@ -600,4 +600,5 @@ const dt_backend_ops dt__backend_shm = {
     .p2p_start = dt__shm_p2p_start,
     .p2p_test = dt__shm_p2p_test,
     .p2p_idle = dt__shm_p2p_idle,
+    .p2p_wake = dt__shm_p2p_wake,
 };

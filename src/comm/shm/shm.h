@@ -253,6 +253,7 @@ dt_status dt__shm_p2p(shm_ctx *s, const dt_coll *c);
 dt_status dt__shm_p2p_start(void *ctx, const dt_coll *c, void **op);
 dt_status dt__shm_p2p_test(void *ctx, void *op, int *progressed);
 void dt__shm_p2p_idle(void *ctx, int round, double max_s);
+void dt__shm_p2p_wake(void *ctx);
 
 /* ---- selection (shm_select.c) ---- */
 dt_status dt__shm_table_init(shm_table *t, const char *env);

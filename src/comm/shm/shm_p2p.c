@@ -15,7 +15,9 @@
  * 256 KiB rings completes because every rank also drains its receives).
  * Every move rings the peer's bell (its rank block) as well as the
  * channel's futex word: a batch sleeps on its own bell, which any of its
- * channels can ring, while a blocking wait sleeps on the one channel. */
+ * channels can ring, while a blocking wait sleeps on the one channel.
+ * dt__shm_p2p_wake rings this rank's own bell: a batch napping on it on
+ * another thread returns (a waiter takes the batch over). */
 #include "comm/shm/shm.h"
 
 #include <sched.h>
@@ -261,4 +263,10 @@ void dt__shm_p2p_idle(void *ctx, int round, double max_s)
     if (s->bell_armed)
         dt__shm_bell_wait(s, s->bell_snap, max_s);
     s->bell_armed = 0;
+}
+
+void dt__shm_p2p_wake(void *ctx)
+{
+    shm_ctx *s = ctx;
+    dt__shm_bell_ring(s, s->rank);
 }

@@ -6,7 +6,12 @@
  * so the pool's arena bytes are the schedule's activation memory (stats).
  *
  * Messages: RECV posts an asynchronous receive into a buffer of the
- * (stage, micro-batch); the compute action that needs it waits for it.
+ * (stage, micro-batch), kept from step to step (no allocation, no page
+ * faults of fresh memory per message); the compute action that needs it
+ * waits for it. Before a compute action runs, the RECVs that come before
+ * the next compute action are posted (in table order, so each pair's
+ * messages still match in posting order): the next input arrives while
+ * this one computes.
  * SEND_F sends straight out of the forward's output (alive until the
  * micro-batch's backward, which cannot start before the next stage has
  * received it, so waiting on that send before the context goes back costs
@@ -31,9 +36,9 @@ typedef struct {
     dt_ctx *ctx;           /* in flight: forwarded, backward not finished */
     dt_tensor *in, *out;   /* stage input (a leaf for stage > 0) and output, on ctx */
     dt_tensor *bl;         /* last stage: the loss x scale / m */
-    void *act;             /* received activation (the input of stage > 0) */
+    void *act;             /* received activation (the input of stage > 0): e->actbuf's */
     dt_req *act_req;
-    void *grad;            /* received gradient of the output */
+    void *grad;            /* received gradient of the output: e->gradbuf's */
     dt_req *grad_req;
     dt_req *out_send;      /* SEND_F out of out->data */
 } mb_state;
@@ -58,6 +63,8 @@ struct dt__pipe_exec {
     const dt_pipe_action *acts;
     int nacts;
     mb_state *mb;          /* v * m */
+    void **actbuf, **gradbuf; /* v * m: receive buffers, kept between steps (sized by in / out) */
+    bool *posted;          /* nacts: a RECV posted ahead of its place this step */
     float **gin;           /* v * m: input gradients copied at B / BI, until SEND_B posts them */
     dt_ctx **pool;         /* free contexts */
     int npool, nctx;
@@ -90,12 +97,16 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
     dt_status st = dt_pipe_schedule_actions(sched, e->r, &e->acts, &e->nacts);
     e->starts = dt_calloc((size_t)(S + 1) * sizeof *e->starts);
     e->mb = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->mb);
+    e->actbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->actbuf);
+    e->gradbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gradbuf);
+    e->posted = dt_calloc((size_t)(e->nacts + 1) * sizeof *e->posted);
     e->gin = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gin);
     e->in = dt_calloc((size_t)e->v * sizeof *e->in);
     e->out = dt_calloc((size_t)e->v * sizeof *e->out);
     e->all = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->all);
     e->pool = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->pool);
-    if (st >= 0 && (!e->starts || !e->mb || !e->gin || !e->in || !e->out || !e->all || !e->pool))
+    if (st >= 0 && (!e->starts || !e->mb || !e->gin || !e->in || !e->out || !e->all || !e->pool || !e->actbuf ||
+                    !e->gradbuf || !e->posted))
         st = dt_error(DT_ERR_NO_MEMORY, "pipeline executor");
     if (st < 0) {
         dt__pipe_exec_free(e);
@@ -122,6 +133,16 @@ static void drop_send(pending_send *q)
     q->req = NULL, q->buf = NULL;
 }
 
+/* The receive buffers (their sizes follow the shapes). */
+static void drop_bufs(dt__pipe_exec *e)
+{
+    for (int i = 0; e->actbuf && e->gradbuf && i < e->v * e->mm; i++) {
+        dt_free(e->actbuf[i]);
+        dt_free(e->gradbuf[i]);
+        e->actbuf[i] = e->gradbuf[i] = NULL;
+    }
+}
+
 void dt__pipe_exec_free(dt__pipe_exec *e)
 {
     if (!e)
@@ -138,6 +159,10 @@ void dt__pipe_exec_free(dt__pipe_exec *e)
     for (int i = 0; e->gin && i < e->v * e->mm; i++)
         dt_free(e->gin[i]);
     dt_free(e->gin);
+    drop_bufs(e);
+    dt_free(e->actbuf);
+    dt_free(e->gradbuf);
+    dt_free(e->posted);
     dt_free(e->mb);
     dt_free(e->starts);
     dt_free(e);
@@ -185,13 +210,15 @@ static void release(dt__pipe_exec *e, mb_state *q)
         e->live--;
         give_back(e, q->ctx);
     }
-    dt_free(q->act);
     memset(q, 0, sizeof *q);
 }
 
-static dt_status wait_req(dt_req **rq, const char *what, int stage, int mb)
+static dt_status wait_req(dt__pipe_exec *e, dt_req **rq, const char *what, int stage, int mb)
 {
+    double t0 = dt_time_s();
     dt_status st = dt_req_wait(*rq, -1);
+    e->stats.wait_s += dt_time_s() - t0;
+    e->stats.waits++;
     if (st < 0)
         st = dt_error(st, "pipeline: receiving %s of stage %d, micro-batch %d: %s", what, stage, mb,
                       dt_req_message(*rq));
@@ -323,6 +350,9 @@ static dt_tensor *rows(dt_ctx *ctx, const dt_tensor *t, int mb, int64_t b)
     return dt_tensor_view_of(ctx, (char *)t->data + (size_t)mb * (size_t)b * row, t->dtype, t->ndim, shape);
 }
 
+static bool is_recv(dt_pipe_op op) { return op == DT_PIPE_RECV_F || op == DT_PIPE_RECV_B; }
+static bool is_send(dt_pipe_op op) { return op == DT_PIPE_SEND_F || op == DT_PIPE_SEND_B; }
+
 static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strategy_fb *fb, int64_t b,
                              double *lsum)
 {
@@ -334,18 +364,20 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
         int c = chunk(e, a->stage + 1);
         mb_state *q = &e->mb[c * m + a->mb];
         const bshape *bs = &e->in[c];
-        q->act = dt_alloc(numel_of(bs) * dt_dtype_size(bs->dtype));
-        if (!q->act)
+        void **buf = &e->actbuf[c * m + a->mb];
+        if (!*buf && !(*buf = dt_alloc(numel_of(bs) * dt_dtype_size(bs->dtype))))
             return dt_error(DT_ERR_NO_MEMORY, "pipeline: %s", dt__pipe_action_str(a, d, sizeof d));
+        q->act = *buf;
         return dt_pg_recv_async(e->pg, q->act, numel_of(bs), bs->dtype, a->peer, &q->act_req);
     }
     case DT_PIPE_RECV_B: {
         int c = chunk(e, a->stage - 1);
         mb_state *q = &e->mb[c * m + a->mb];
         size_t n = numel_of(&e->out[c]);
-        q->grad = dt_alloc(n * sizeof(float));
-        if (!q->grad)
+        void **buf = &e->gradbuf[c * m + a->mb];
+        if (!*buf && !(*buf = dt_alloc(n * sizeof(float))))
             return dt_error(DT_ERR_NO_MEMORY, "pipeline: %s", dt__pipe_action_str(a, d, sizeof d));
+        q->grad = *buf;
         return dt_pg_recv_async(e->pg, q->grad, n, DT_F32, a->peer, &q->grad_req);
     }
     case DT_PIPE_F: {
@@ -358,7 +390,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
         if (a->stage == 0) {
             q->in = rows(q->ctx, fb->x, a->mb, b);
         } else {
-            if ((st = wait_req(&q->act_req, "the activation", a->stage, a->mb)) < 0)
+            if ((st = wait_req(e, &q->act_req, "the activation", a->stage, a->mb)) < 0)
                 return st;
             t0 = dt_time_s();
             const bshape *bs = &e->in[c];
@@ -404,13 +436,12 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
             dt_tensor_init_contiguous(&g1, DT_F32, 0, NULL, &one);
             root = q->bl;
         } else {
-            if ((st = wait_req(&q->grad_req, "the gradient", a->stage, a->mb)) < 0)
+            if ((st = wait_req(e, &q->grad_req, "the gradient", a->stage, a->mb)) < 0)
                 return st;
             dt_tensor_init_contiguous(&g1, DT_F32, q->out->ndim, q->out->shape, q->grad);
         }
         double t0 = dt_time_s();
         st = a->op == DT_PIPE_B ? dt_backward_with(q->ctx, root, g) : dt_backward_input(q->ctx, root, g);
-        dt_free(q->grad);
         q->grad = NULL;
         if (st < 0)
             return dt_error_wrap(st, "pipeline: %s", dt__pipe_action_str(a, d, sizeof d));
@@ -477,14 +508,14 @@ static void abandon(dt__pipe_exec *e)
 {
     for (int i = 0; i < e->v * e->mm; i++) {
         mb_state *q = &e->mb[i];
-        if (q->act_req)
+        if (q->act_req) { /* the request keeps its buffer (leaked): no longer ours */
             dt_req_free(q->act_req);
-        else
-            dt_free(q->act);
-        if (q->grad_req)
+            e->actbuf[i] = NULL;
+        }
+        if (q->grad_req) {
             dt_req_free(q->grad_req);
-        else
-            dt_free(q->grad);
+            e->gradbuf[i] = NULL;
+        }
         dt_req_free(q->out_send);
         memset(q, 0, sizeof *q);
         dt_free(e->gin[i]);
@@ -513,17 +544,37 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     int64_t key[DT_MAX_DIMS + 2] = {x->ndim, x->dtype};
     memcpy(key + 2, x->shape, (size_t)x->ndim * sizeof(int64_t));
     dt_status st = DT_OK;
-    if (!e->have_shapes || memcmp(key, e->key, sizeof key))
+    if (!e->have_shapes || memcmp(key, e->key, sizeof key)) {
+        drop_bufs(e); /* sized for the old shapes */
         if ((st = learn_shapes(e, x, b)) < 0)
             return st;
+    }
     double t0 = dt_time_s(), lsum = 0;
     e->stats.busy_s = 0;
     e->stats.peak_act_bytes = 0;
     e->stats.peak_inflight = 0;
+    e->stats.wait_s = 0;
+    e->stats.waits = 0;
     e->live_bytes = 0;
     e->live = 0;
-    for (int i = 0; i < e->nacts && st >= 0; i++)
-        st = step_action(e, &e->acts[i], fb, b, &lsum);
+    memset(e->posted, 0, (size_t)e->nacts * sizeof *e->posted);
+    for (int i = 0; i < e->nacts && st >= 0; i++) {
+        const dt_pipe_action *a = &e->acts[i];
+        if (is_recv(a->op) && e->posted[i])
+            continue;
+        if (!is_recv(a->op) && !is_send(a->op)) /* a compute action: post the next one's receives first */
+            for (int j = i + 1; j < e->nacts && st >= 0; j++) {
+                const dt_pipe_action *n = &e->acts[j];
+                if (!is_recv(n->op) && !is_send(n->op))
+                    break;
+                if (is_recv(n->op) && !e->posted[j]) {
+                    st = step_action(e, n, fb, b, &lsum);
+                    e->posted[j] = true;
+                }
+            }
+        if (st >= 0)
+            st = step_action(e, a, fb, b, &lsum);
+    }
     if (st < 0) {
         abandon(e);
         return st;
