@@ -13,7 +13,7 @@
  *    full tensors) and continues with the uninterrupted DDP run's losses;
  *  - the GPT as dp 2 x tp 2 x pp 2 (8 ranks) with --zero 1 gives the DDP
  *    3-D run's step losses and validation loss, with clipping, and the
- *    same checkpoint byte for byte.
+ *    same checkpoint byte for byte; DDP's 3-D checkpoint resumes under it.
  * The bound. Both runs average the same two gradients (a + b is exact in
  * either order) and step the same elements with the same AdamW
  * arithmetic; only the squared norm's partial sums are added in another
@@ -120,7 +120,9 @@ TEST(gpt_dp2_tp2_pp2_zero1_equals_ddp)
                     "plain", "--log-every", "1", "--dp", "2", "--tp", "2", "--pp", "2", "--micro-batches", "2",
                     "--clip-grad-norm", "0.1", NULL};
     const char *dck = cli_path("g_ddp_ck"), *zck = cli_path("g_z1_ck");
-    ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)ddp, "--save", (char *)dck, NULL}), 0);
+    ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)ddp, "--save", (char *)dck, "--save-every", "2",
+                                              NULL}),
+                  0);
     double v1 = cli_out_value(r.out, "val loss: ");
     ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)z, "--zero", "1", "--save", (char *)zck, NULL}),
                   0);
@@ -133,6 +135,12 @@ TEST(gpt_dp2_tp2_pp2_zero1_equals_ddp)
     snprintf(ca, sizeof ca, "%s/step-00000004", zck);
     snprintf(cb, sizeof cb, "%s/step-00000004", dck);
     ASSERT(t_same_ckpt(ca, cb, true) >= 32);
+    /* DDP's step-2 checkpoint resumed by the 3-D ZeRO-1 run (each rank reads
+     * its share of its stages' slices): DDP's last two losses */
+    const char *res = cli_path("g_res.jsonl");
+    snprintf(cb, sizeof cb, "%s/step-00000002", dck);
+    ASSERT_EQ_INT(run(&r, 8, base, (char *[]){"--metrics", (char *)res, "--zero", "1", "--resume", cb, NULL}), 0);
+    ASSERT(equal_losses(res, ddp, 2));
 }
 
 int main(void)
