@@ -27,7 +27,12 @@
  * assumes), whether idle/busy is within 20% of the formula, the step's
  * wall time, the time the rank spent blocked in receive waits (the rest
  * of its idle time is the executor's own work between actions) and the
- * peak bytes of micro-batch activations in flight.
+ * peak bytes of micro-batch activations in flight; then, per schedule,
+ * the handoffs of that step (dt_strategy_pipe_msg_times): each message's
+ * delay = the end of the receiver's wait less the later of the wait's
+ * start and the sender's post (median, mean, max, total), and how many
+ * waits began before the send was posted (their delay is the transfer's
+ * own latency).
  * Rank 0 prints one line per schedule and rank. bench/torch_pipeline.py
  * is the peer (same model, batch and micro-batches). */
 #define _GNU_SOURCE
@@ -39,6 +44,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static long arg(int argc, char **argv, const char *name, long def)
 {
@@ -106,7 +117,11 @@ int main(int argc, char **argv)
         dt_trainer_batch b = dt_trainer_batch_make(x, DT_F32, 2, (int64_t[]){B, D}, NULL, DT_I64, 0, NULL);
         dt_pipe_stats best;
         memset(&best, 0, sizeof best);
-        double best_span = 0, *se = calloc((size_t)P * 2, sizeof *se);
+        size_t nmt = 6 * (size_t)P * (size_t)v * (size_t)M;
+        double best_span = 0, *se = calloc((size_t)P * 2, sizeof *se), *mt = calloc(nmt, sizeof *mt),
+               *best_mt = calloc(nmt, sizeof *best_mt);
+        if (!mt || !best_mt)
+            return 1;
         for (int i = 0; i < K; i++) {
             if (dt_trainer_step(tr, &b, 1, NULL) < 0) {
                 fprintf(stderr, "pipe_bubble: %s: %s\n", dt_pipe_kind_name(kind), dt_last_error());
@@ -124,10 +139,37 @@ int main(int argc, char **argv)
                 t0 = q == 0 || se[2 * q] < t0 ? se[2 * q] : t0;
                 t1 = q == 0 || se[2 * q + 1] > t1 ? se[2 * q + 1] : t1;
             }
-            if (i == 0 || t1 - t0 < best_span)
+            if (dt_strategy_pipe_msg_times(dt_trainer_strategy(tr), mt, nmt) < 0) {
+                fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
+                return 1;
+            }
+            if (i == 0 || t1 - t0 < best_span) {
                 best = st, best_span = t1 - t0;
+                memcpy(best_mt, mt, nmt * sizeof *mt);
+            }
         }
         free(se);
+        /* the handoffs of that step: each message's wait end less the later
+         * of the wait's start and the sender's post (every entry is set on
+         * one rank only: a sum gathers them) */
+        if (dt_pg_allreduce(pg, best_mt, mt, nmt, DT_F64, DT_REDUCE_SUM) < 0) {
+            fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
+            return 1;
+        }
+        size_t nmsg = nmt / 3, nd = 0, nlate = 0;
+        double *delay = calloc(nmsg + 1, sizeof *delay), dsum = 0, lsum = 0;
+        for (size_t j = 0; delay && j < nmsg; j++) {
+            double post = mt[j], w0 = mt[nmsg + j], w1 = mt[2 * nmsg + j];
+            if (post <= 0 || w1 <= 0)
+                continue;
+            double d = w1 - (w0 > post ? w0 : post);
+            delay[nd++] = d > 0 ? d : 0;
+            dsum += d > 0 ? d : 0;
+            if (w0 < post) /* the receiver waited for the send: the transfer's own latency */
+                nlate++, lsum += d > 0 ? d : 0;
+        }
+        if (delay && nd)
+            qsort(delay, nd, sizeof *delay, cmp_d);
         /* the table's own per-rank idle with unit costs */
         dt_pipe_schedule *sc = NULL;
         dt_pipe_sim sim;
@@ -165,8 +207,17 @@ int main(int argc, char **argv)
             }
             printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f)\n", dt_pipe_kind_name(kind),
                    t1 - t0, bsum > 0 ? ssum / bsum : 0, f);
+            if (nd)
+                printf("%-12s handoffs: %zu messages, delay (wait end less the later of its start and the send's "
+                       "post) median %.1f us, mean %.1f us, max %.1f us, total %.2f ms; %zu waits began before "
+                       "the send (mean %.1f us after it)\n", dt_pipe_kind_name(kind), nd, delay[nd / 2] * 1e6,
+                       dsum / (double)nd * 1e6, delay[nd - 1] * 1e6, dsum * 1e3, nlate,
+                       nlate ? lsum / (double)nlate * 1e6 : 0);
             free(all);
         }
+        free(delay);
+        free(mt);
+        free(best_mt);
         dt_trainer_free(tr);
         dt_model_free(m);
     }

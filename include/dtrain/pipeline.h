@@ -319,6 +319,18 @@ typedef struct dt_pipe_stats {
     int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
 } dt_pipe_stats;
 DT_API dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out);
+/* When each message between the stages moved in the last step, on this
+ * rank (dt_time_s, comparable between the ranks of one machine): t holds
+ * n = 3 x 2 S m doubles (S = pp x chunks stages, m micro-batches), three
+ * blocks of 2 S m indexed (dir S + stage) m + mb, where dir 0 is the
+ * activation `stage` sends to stage + 1 and dir 1 the input gradient it
+ * sends to stage - 1: block 0 the time this rank posted the send, block 1
+ * the time it began waiting for the receive, block 2 the time that wait
+ * ended; 0 where this rank did not send / receive it. The wait end less
+ * the later of the wait's start and the sender's post is what the handoff
+ * cost beyond the schedule (bench/pipe_bubble prints it). DT_ERR_INVALID_ARG
+ * when n is not that size or s is not an attached pipe strategy. */
+DT_API dt_status dt_strategy_pipe_msg_times(const dt_strategy *s, double *t, size_t n);
 
 #ifdef __cplusplus
 }

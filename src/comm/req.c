@@ -410,6 +410,11 @@ dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_sta
         pg->busy = 1;
         run_p2p_locked(pg, NULL, 1);
         pg->busy = 0;
+    } else if (is_p2p(c->kind) && pg->busy && pg->bn > 0 && pg->ops->p2p_wake) {
+        /* the executor may be napping on a batch that waits for a peer:
+         * wake it so that it takes this one in now (a send would otherwise
+         * wait for the peer's data or the end of the nap) */
+        pg->ops->p2p_wake(pg->ctx);
     }
     pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);

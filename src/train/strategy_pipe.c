@@ -646,6 +646,16 @@ dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out)
     return DT_OK;
 }
 
+dt_status dt_strategy_pipe_msg_times(const dt_strategy *s, double *t, size_t n)
+{
+    if (!s || !t)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_msg_times: an argument is NULL");
+    if (s->ops.attach != s_attach || !((pipe_strategy *)s->self)->ex)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_msg_times: strategy '%s' is not an attached \"pipe\" "
+                        "one", s->ops.name);
+    return dt__pipe_exec_msg_times(((pipe_strategy *)s->self)->ex, t, n);
+}
+
 dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world

@@ -19,7 +19,8 @@ TEST(mlp_every_schedule)
 
 /* The memory report of a 2-stage MLP under AdamW: each rank counts its
  * own stage's parameters and gradients, and the optimizer's two states of
- * them; the two ranks together hold the model once. */
+ * them; the two ranks together hold the model once. Also the message times
+ * (dt_strategy_pipe_msg_times) of the step. */
 static int memory_body(int rank, int size, void *arg)
 {
     (void)arg;
@@ -62,6 +63,22 @@ static int memory_body(int rank, int size, void *arg)
     TH_CHECK(sum[0] == (double)whole && sum[1] == (double)whole && sum[2] == 2.0 * (double)whole,
              "over the ranks: params %.0f, grads %.0f, state %.0f bytes; the model %zu", sum[0], sum[1], sum[2],
              whole);
+    /* the last step's message times: 2 stages x 2 micro-batches, both
+     * directions; a message ends its wait no earlier than its post */
+    double t[24], all[24];
+    TH_CHECK(dt_strategy_pipe_msg_times(s, t, 23) == DT_ERR_INVALID_ARG, "a wrong size was accepted");
+    TH_OK(dt_strategy_pipe_msg_times(s, t, 24));
+    for (int mb = 0; mb < 2; mb++) {
+        int act = 0 * 2 + mb, grad = (1 * 2 + 1) * 2 + mb; /* stage 0's activation, stage 1's gradient */
+        int sent = rank == 0 ? act : grad, got = rank == 0 ? grad : act;
+        TH_CHECK(t[sent] > 0 && t[8 + sent] == 0, "rank %d: mb %d: post %.6f", rank, mb, t[sent]);
+        TH_CHECK(t[8 + got] > 0 && t[16 + got] >= t[8 + got] && t[got] == 0, "rank %d: mb %d: wait %.6f..%.6f",
+                 rank, mb, t[8 + got], t[16 + got]);
+    }
+    TH_OK(dt_pg_allreduce(pg, t, all, 24, DT_F64, DT_REDUCE_SUM));
+    for (int k = 0; k < 8; k++)
+        TH_CHECK(all[k] == 0 || all[16 + k] >= all[k], "message %d: received at %.6f, posted at %.6f", k,
+                 all[16 + k], all[k]);
     dt_trainer_free(tr);
     dt_model_free(m);
     dt_pg_free(pg);

@@ -8,10 +8,11 @@
  * Messages: RECV posts an asynchronous receive into a buffer of the
  * (stage, micro-batch), kept from step to step (no allocation, no page
  * faults of fresh memory per message); the compute action that needs it
- * waits for it. Before a compute action runs, the RECVs that come before
- * the next compute action are posted (in table order, so each pair's
- * messages still match in posting order): the next input arrives while
- * this one computes.
+ * waits for it. (Posting the next compute action's receives ahead, before
+ * the current one computes, was tried and measured worse: an open receive
+ * leaves the batch to the progress thread, which naps on it, and the
+ * sends posted meanwhile wait for it to wake; posted just before its
+ * wait, a receive is run by the waiting thread itself, comm.h.)
  * SEND_F sends straight out of the forward's output (alive until the
  * micro-batch's backward, which cannot start before the next stage has
  * received it, so waiting on that send before the context goes back costs
@@ -64,7 +65,8 @@ struct dt__pipe_exec {
     int nacts;
     mb_state *mb;          /* v * m */
     void **actbuf, **gradbuf; /* v * m: receive buffers, kept between steps (sized by in / out) */
-    bool *posted;          /* nacts: a RECV posted ahead of its place this step */
+    double *mt;            /* 3 x 2 S m: per message of the last step, post / wait start / wait end
+                              (dt__pipe_exec_msg_times) */
     float **gin;           /* v * m: input gradients copied at B / BI, until SEND_B posts them */
     dt_ctx **pool;         /* free contexts */
     int npool, nctx;
@@ -99,14 +101,14 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
     e->mb = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->mb);
     e->actbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->actbuf);
     e->gradbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gradbuf);
-    e->posted = dt_calloc((size_t)(e->nacts + 1) * sizeof *e->posted);
+    e->mt = dt_calloc((size_t)6 * (size_t)S * (size_t)e->mm * sizeof *e->mt);
     e->gin = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gin);
     e->in = dt_calloc((size_t)e->v * sizeof *e->in);
     e->out = dt_calloc((size_t)e->v * sizeof *e->out);
     e->all = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->all);
     e->pool = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->pool);
     if (st >= 0 && (!e->starts || !e->mb || !e->gin || !e->in || !e->out || !e->all || !e->pool || !e->actbuf ||
-                    !e->gradbuf || !e->posted))
+                    !e->gradbuf || !e->mt))
         st = dt_error(DT_ERR_NO_MEMORY, "pipeline executor");
     if (st < 0) {
         dt__pipe_exec_free(e);
@@ -162,7 +164,7 @@ void dt__pipe_exec_free(dt__pipe_exec *e)
     drop_bufs(e);
     dt_free(e->actbuf);
     dt_free(e->gradbuf);
-    dt_free(e->posted);
+    dt_free(e->mt);
     dt_free(e->mb);
     dt_free(e->starts);
     dt_free(e);
@@ -171,6 +173,16 @@ void dt__pipe_exec_free(dt__pipe_exec *e)
 void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt) { e->amp = dt; }
 
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out) { *out = e->stats; }
+
+dt_status dt__pipe_exec_msg_times(const dt__pipe_exec *e, double *t, size_t n)
+{
+    size_t want = 6 * (size_t)e->S * (size_t)e->mm;
+    if (n != want)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_msg_times: n is %zu; 3 x 2 x %d stages x %d "
+                        "micro-batches = %zu", n, e->S, e->mm, want);
+    memcpy(t, e->mt, want * sizeof *t);
+    return DT_OK;
+}
 
 static dt_ctx *acquire(dt__pipe_exec *e)
 {
@@ -213,12 +225,30 @@ static void release(dt__pipe_exec *e, mb_state *q)
     memset(q, 0, sizeof *q);
 }
 
-static dt_status wait_req(dt__pipe_exec *e, dt_req **rq, const char *what, int stage, int mb)
+/* Message (dir 0: the activation stage sends on, 1: the gradient it sends
+ * back) of micro-batch mb: its index in a block of e->mt. */
+static size_t msg_at(const dt__pipe_exec *e, int dir, int stage, int mb)
 {
+    return ((size_t)dir * (size_t)e->S + (size_t)stage) * (size_t)e->mm + (size_t)mb;
+}
+
+static void mark_post(dt__pipe_exec *e, int dir, int stage, int mb)
+{
+    e->mt[msg_at(e, dir, stage, mb)] = dt_time_s();
+}
+
+/* Wait for the message (dir, sender's stage, mb). */
+static dt_status wait_req(dt__pipe_exec *e, dt_req **rq, const char *what, int stage, int mb, int dir,
+                          int from)
+{
+    size_t n = 2 * (size_t)e->S * (size_t)e->mm, k = msg_at(e, dir, from, mb);
     double t0 = dt_time_s();
     dt_status st = dt_req_wait(*rq, -1);
-    e->stats.wait_s += dt_time_s() - t0;
+    double t1 = dt_time_s();
+    e->stats.wait_s += t1 - t0;
     e->stats.waits++;
+    e->mt[n + k] = t0;
+    e->mt[2 * n + k] = t1;
     if (st < 0)
         st = dt_error(st, "pipeline: receiving %s of stage %d, micro-batch %d: %s", what, stage, mb,
                       dt_req_message(*rq));
@@ -350,9 +380,6 @@ static dt_tensor *rows(dt_ctx *ctx, const dt_tensor *t, int mb, int64_t b)
     return dt_tensor_view_of(ctx, (char *)t->data + (size_t)mb * (size_t)b * row, t->dtype, t->ndim, shape);
 }
 
-static bool is_recv(dt_pipe_op op) { return op == DT_PIPE_RECV_F || op == DT_PIPE_RECV_B; }
-static bool is_send(dt_pipe_op op) { return op == DT_PIPE_SEND_F || op == DT_PIPE_SEND_B; }
-
 static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strategy_fb *fb, int64_t b,
                              double *lsum)
 {
@@ -390,7 +417,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
         if (a->stage == 0) {
             q->in = rows(q->ctx, fb->x, a->mb, b);
         } else {
-            if ((st = wait_req(e, &q->act_req, "the activation", a->stage, a->mb)) < 0)
+            if ((st = wait_req(e, &q->act_req, "the activation", a->stage, a->mb, 0, a->stage - 1)) < 0)
                 return st;
             t0 = dt_time_s();
             const bshape *bs = &e->in[c];
@@ -423,6 +450,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
     }
     case DT_PIPE_SEND_F: {
         mb_state *q = &e->mb[chunk(e, a->stage) * m + a->mb];
+        mark_post(e, 0, a->stage, a->mb);
         return dt_pg_send_async(e->pg, q->out->data, (size_t)dt_tensor_numel(q->out), q->out->dtype, a->peer,
                                 &q->out_send);
     }
@@ -436,7 +464,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
             dt_tensor_init_contiguous(&g1, DT_F32, 0, NULL, &one);
             root = q->bl;
         } else {
-            if ((st = wait_req(e, &q->grad_req, "the gradient", a->stage, a->mb)) < 0)
+            if ((st = wait_req(e, &q->grad_req, "the gradient", a->stage, a->mb, 1, a->stage + 1)) < 0)
                 return st;
             dt_tensor_init_contiguous(&g1, DT_F32, q->out->ndim, q->out->shape, q->grad);
         }
@@ -487,6 +515,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
             return dt_error(DT_ERR_STATE, "pipeline: %s before its backward", dt__pipe_action_str(a, d, sizeof d));
         dt_req *rq = NULL;
         const bshape *bs = &e->in[chunk(e, a->stage)];
+        mark_post(e, 1, a->stage, a->mb);
         if ((st = dt_pg_send_async(e->pg, *slot, numel_of(bs), DT_F32, a->peer, &rq)) < 0)
             return st;
         if ((st = push_send(e, rq, *slot)) < 0)
@@ -555,26 +584,11 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     e->stats.peak_inflight = 0;
     e->stats.wait_s = 0;
     e->stats.waits = 0;
+    memset(e->mt, 0, (size_t)6 * (size_t)e->S * (size_t)e->mm * sizeof *e->mt);
     e->live_bytes = 0;
     e->live = 0;
-    memset(e->posted, 0, (size_t)e->nacts * sizeof *e->posted);
-    for (int i = 0; i < e->nacts && st >= 0; i++) {
-        const dt_pipe_action *a = &e->acts[i];
-        if (is_recv(a->op) && e->posted[i])
-            continue;
-        if (!is_recv(a->op) && !is_send(a->op)) /* a compute action: post the next one's receives first */
-            for (int j = i + 1; j < e->nacts && st >= 0; j++) {
-                const dt_pipe_action *n = &e->acts[j];
-                if (!is_recv(n->op) && !is_send(n->op))
-                    break;
-                if (is_recv(n->op) && !e->posted[j]) {
-                    st = step_action(e, n, fb, b, &lsum);
-                    e->posted[j] = true;
-                }
-            }
-        if (st >= 0)
-            st = step_action(e, a, fb, b, &lsum);
-    }
+    for (int i = 0; i < e->nacts && st >= 0; i++)
+        st = step_action(e, &e->acts[i], fb, b, &lsum);
     if (st < 0) {
         abandon(e);
         return st;

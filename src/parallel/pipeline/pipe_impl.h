@@ -41,6 +41,7 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb);
 /* Contexts made from now on compute under autocast in dt (bf16/f16). */
 void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt);
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out);
+dt_status dt__pipe_exec_msg_times(const dt__pipe_exec *e, double *t, size_t n);
 void dt__pipe_exec_free(dt__pipe_exec *e);
 
 #endif
