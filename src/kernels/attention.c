@@ -29,9 +29,13 @@
  * Each key (and value) block is first copied transposed (D x BK, per-thread
  * scratch), so a query row's BK scores are one loop over D of multiply-adds
  * along contiguous keys (vectorised, no horizontal sums), and the updates
- * of the output, dq, dk and dv are multiply-adds along D. Every sum runs in
- * a fixed order (scores in d order, the rest in key or query order), so the
- * AVX2 and baseline clones give the same bits. At GPT-2 sizes attention is
+ * of the output, dq, dk and dv are multiply-adds along D. All of them are
+ * rows_acc: the running sums of 32 or 64 columns stay in registers over the
+ * terms. The backward keeps the block's P and dS ([T, BK] each, per-thread
+ * scratch) so that dk_j and dv_j are each one such sum over the rows i, and
+ * dq_i one over the block's keys. Every sum runs in a fixed order (scores in
+ * d order, the rest in key or query order), so the AVX2 and baseline paths
+ * give the same bits. At GPT-2 sizes attention is
  * a few percent of a step's FLOPs, the projections around it are oneDNN
  * matmuls. */
 #include "kernels_impl.h"
@@ -67,11 +71,84 @@ static inline float dot_seq(const float *a, const float *b, int64_t n)
     return s;
 }
 
-static inline void axpy(float a, const float *restrict x, float *restrict y, int64_t n)
+/* out[d] += c[t cs] x[t xs + d] for t = 0, 1, ..., n-1 in that order, for
+ * d < D: each element's sum is the sequence of adds the scalar loop
+ * "for t: out[d] += c * x[d]" makes (product rounded, then the sum: the
+ * targets have no FMA), but the running sums stay in registers over t, 64
+ * or 32 columns at a time, instead of a load and a store of out per term.
+ * Written with GCC's vector extension: 8-float vectors (ymm) in the AVX2
+ * version, 4-float ones (xmm) in the baseline one; the same bits either way.
+ * Loads and stores go through memcpy, so no vector value crosses a call
+ * (GCC's -Wpsabi) and rows need not be aligned. */
+#define ROWS_ACC(name, attr, VT, VW)                                                                            \
+    attr static inline void name(float *restrict out, const float *restrict c, int64_t cs,                    \
+                                 const float *restrict x, int64_t xs, int64_t n, int64_t D)                   \
+    {                                                                                                          \
+        int64_t d0 = 0;                                                                                        \
+        for (; d0 + 64 <= D && VW == 8; d0 += 64) {                                                            \
+            VT a[64 / VW];                                                                                     \
+            memcpy(a, out + d0, sizeof a);                                                                     \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
+                _Pragma("GCC unroll 16") for (int k = 0; k < 64 / VW; k++)                                     \
+                {                                                                                              \
+                    VT v;                                                                                      \
+                    memcpy(&v, xr + k * VW, sizeof v);                                                         \
+                    a[k] += ct * v;                                                                            \
+                }                                                                                              \
+            }                                                                                                  \
+            memcpy(out + d0, a, sizeof a);                                                                     \
+        }                                                                                                      \
+        for (; d0 + 32 <= D; d0 += 32) {                                                                       \
+            VT a[32 / VW];                                                                                     \
+            memcpy(a, out + d0, sizeof a);                                                                     \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
+                _Pragma("GCC unroll 16") for (int k = 0; k < 32 / VW; k++)                                     \
+                {                                                                                              \
+                    VT v;                                                                                      \
+                    memcpy(&v, xr + k * VW, sizeof v);                                                         \
+                    a[k] += ct * v;                                                                            \
+                }                                                                                              \
+            }                                                                                                  \
+            memcpy(out + d0, a, sizeof a);                                                                     \
+        }                                                                                                      \
+        for (; d0 + VW <= D; d0 += VW) {                                                                       \
+            VT a, v;                                                                                           \
+            memcpy(&a, out + d0, sizeof a);                                                                    \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                memcpy(&v, x + t * xs + d0, sizeof v);                                                         \
+                a += c[t * cs] * v;                                                                            \
+            }                                                                                                  \
+            memcpy(out + d0, &a, sizeof a);                                                                    \
+        }                                                                                                      \
+        for (; d0 < D; d0++) {                                                                                 \
+            float a = out[d0];                                                                                 \
+            for (int64_t t = 0; t < n; t++)                                                                    \
+                a += c[t * cs] * x[t * xs + d0];                                                               \
+            out[d0] = a;                                                                                       \
+        }                                                                                                      \
+    }
+
+typedef float v4f __attribute__((vector_size(16)));
+ROWS_ACC(rows_acc_base, , v4f, 4)
+#if DT__X86_VEC
+typedef float v8f __attribute__((vector_size(32)));
+ROWS_ACC(rows_acc_avx2, DT__AVX2, v8f, 8)
+#endif
+
+/* rows_acc_avx2 where the kernels' AVX2 loops run (vec = dt__vec_avx2()), else the baseline. */
+static inline void rows_acc(bool vec, float *restrict out, const float *restrict c, int64_t cs,
+                            const float *restrict x, int64_t xs, int64_t n, int64_t D)
 {
-#pragma omp simd
-    for (int64_t d = 0; d < n; d++)
-        y[d] += a * x[d];
+#if DT__X86_VEC
+    if (vec) {
+        rows_acc_avx2(out, c, cs, x, xs, n, D);
+        return;
+    }
+#endif
+    (void)vec;
+    rows_acc_base(out, c, cs, x, xs, n, D);
 }
 
 /* Whether dropout keeps element (bh, i, j). */
@@ -88,20 +165,21 @@ static void block_t(const float *restrict x, int64_t C3, int64_t nk, int64_t D, 
     for (int64_t jj = 0; jj < nk; jj++)
         for (int64_t d = 0; d < D; d++)
             xt[d * BK + jj] = x[jj * C3 + d];
+    for (int64_t jj = nk; jj < ((nk + 7) & ~(int64_t)7); jj++) /* zero columns up to a multiple of 8 (row_dots) */
+        for (int64_t d = 0; d < D; d++)
+            xt[d * BK + jj] = 0.0f;
 }
 
-/* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys. */
-static inline void row_dots(const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
+/* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys: computed
+ * for nk rounded up to a multiple of 8 (block_t zeroes the columns past the block; s has BK
+ * entries), so no column takes the scalar path. */
+static inline void row_dots(bool vec, const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
                             float *restrict s)
 {
-    for (int64_t jj = 0; jj < nk; jj++)
+    int64_t w = (nk + 7) & ~(int64_t)7;
+    for (int64_t jj = 0; jj < w; jj++)
         s[jj] = 0.0f;
-    for (int64_t d = 0; d < D; d++) {
-        const float qd = q[d], *restrict kr = xt + d * BK;
-#pragma omp simd
-        for (int64_t jj = 0; jj < nk; jj++)
-            s[jj] += qd * kr[jj];
-    }
+    rows_acc(vec, s, q, 1, xt, BK, D, w);
 }
 
 /* Per-thread scratch: a transposed key block and a transposed value block. */
@@ -110,7 +188,7 @@ static inline void row_dots(const float *restrict q, const float *restrict xt, i
 /* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
  * AVX2: the loops along keys and along D vectorise; no sum is reordered,
  * so both clones give the same bits. */
-DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+DT_CLONES static void fwd_task(bool vec, const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt,
                                float *y, float *lse)
 {
@@ -133,7 +211,7 @@ DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(base + i * C3 + h * D, kt, D, je - j0, s);
+            row_dots(vec, base + i * C3 + h * D, kt, D, je - j0, s);
             float mx = m[r];
             for (int64_t j = j0; j < je; j++) {
                 float v = s[j - j0] * scale;
@@ -150,8 +228,9 @@ DT_CLONES static void fwd_task(const float *qkv, int64_t T, int64_t H, int64_t D
                 sum += e;
                 if (p > 0.0f)
                     e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
-                axpy(e, base + j * C3 + 2 * C + h * D, a, D);
+                s[j - j0] = e;
             }
+            rows_acc(vec, a, s, 1, base + j0 * C3 + 2 * C + h * D, C3, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -201,7 +280,7 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
     DT__CHECK_PTR(fn, lse, B * H * T);
     int64_t nqb = (T + BQ - 1) / BQ, ntask = B * H * nqb;
     int nt = dt__threads_for(B * T * T * C);
-    bool nomem = false;
+    bool nomem = false, vec = dt__vec_avx2();
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
@@ -213,7 +292,7 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
         for (int64_t task = 0; task < ntask; task++) {
             int64_t bh = task / nqb, qb = task % nqb, i0 = qb * BQ;
             if (kt)
-                fwd_task(qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y,
+                fwd_task(vec, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y,
                          lse);
         }
         dt_free(kt);
@@ -225,7 +304,7 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones. */
-DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
+DT_CLONES static void bwd_task(bool vec, const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
                                int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
                                int64_t b, int64_t h, float *kt, float *dqkv)
 {
@@ -234,22 +313,23 @@ DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *ls
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     const float *base = qkv + b * T * C3;
     float *gbase = dqkv + b * T * C3, *vt = kt + DMAX * BK;
-    float sc[BK], dp[BK], pd[BK], ds[BK];
+    float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
+    float sc[BK], dp[BK];
     for (int64_t t = 0; t < T; t++) /* this head's columns of dq, dk, dv */
         for (int k = 0; k < 3; k++)
             memset(gbase + t * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
-        int64_t j1 = j0 + BK < T ? j0 + BK : T;
+        int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
         block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
         block_t(base + j0 * C3 + 2 * C + h * D, C3, j1 - j0, D, vt);
-        for (int64_t i = causal ? j0 : 0; i < T; i++) {
+        for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
             int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
             const float *q = base + i * C3 + h * D, *g = dy + (b * T + i) * C + h * D;
             const float *yo = y + (b * T + i) * C + h * D;
-            float *gq = gbase + i * C3 + h * D;
+            float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             float L = lse[bh * T + i], Di = dot_seq(g, yo, D);
-            row_dots(q, kt, D, ne, sc);
-            row_dots(g, vt, D, ne, dp);
+            row_dots(vec, q, kt, D, ne, sc);
+            row_dots(vec, g, vt, D, ne, dp);
             for (int64_t jj = 0; jj < ne; jj++) {
                 float P = expf(sc[jj] * scale - L);
                 float dP = dp[jj], Pd = P;
@@ -261,12 +341,14 @@ DT_CLONES static void bwd_task(const float *qkv, const float *y, const float *ls
                 pd[jj] = Pd;
                 ds[jj] = P * (dP - Di) * scale;
             }
-            for (int64_t jj = 0; jj < ne; jj++) {
-                int64_t j = j0 + jj;
-                axpy(pd[jj], g, gbase + j * C3 + 2 * C + h * D, D);
-                axpy(ds[jj], base + j * C3 + C + h * D, gq, D);
-                axpy(ds[jj], q, gbase + j * C3 + C + h * D, D);
-            }
+            rows_acc(vec, gbase + i * C3 + h * D, ds, 1, base + j0 * C3 + C + h * D, C3, ne, D);
+        }
+        for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows i that see key j, in i order */
+            int64_t ia = causal ? j : i0, jj = j - j0;
+            rows_acc(vec, gbase + j * C3 + C + h * D, dsm + (ia - i0) * BK + jj, BK, base + ia * C3 + h * D, C3, T - ia,
+                     D);
+            rows_acc(vec, gbase + j * C3 + 2 * C + h * D, pdm + (ia - i0) * BK + jj, BK, dy + (b * T + ia) * C + h * D, C,
+                     T - ia, D);
         }
     }
 }
@@ -288,10 +370,10 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
     DT__CHECK_PTR(fn, dy, B * T * C);
     DT__CHECK_PTR(fn, dqkv, B * T * C3);
     int nt = dt__threads_for(B * T * T * C * 2);
-    bool nomem = false;
+    bool nomem = false, vec = dt__vec_avx2();
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
+        float *kt = dt_alloc((size_t)(SCRATCH_FLOATS + 2 * T * BK) * sizeof(float));
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
@@ -299,7 +381,7 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt)
-                bwd_task(qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
+                bwd_task(vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
         dt_free(kt);
     }
     if (nomem)

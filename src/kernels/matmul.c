@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
+typedef struct mm_entry {
     dnnl_primitive_t prim;
     dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
     bool emulate;               /* bf16 widened to f32 */
@@ -38,6 +38,8 @@ typedef struct {
     float *scratch;             /* a_elems + b_elems floats, emulation only */
     int64_t pad_rows, pad_cols; /* B copied into rows of pad_cols + PAD_EXTRA floats (0: not padded) */
     float *pad;                 /* that copy */
+    int64_t split;              /* columns per call of a split product (0: one call), see split_n */
+    struct mm_entry *tail;      /* the split product's last, narrower columns (NULL: none) */
     pthread_mutex_t lock;       /* guards scratch and pad */
 } mm_entry;
 
@@ -50,6 +52,7 @@ static void mm_entry_free(void *p)
         dnnl_primitive_destroy(e->prim);
     dt_free(e->scratch);
     dt_free(e->pad);
+    mm_entry_free(e->tail);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -102,6 +105,22 @@ static void copy_padded(const mm_entry *e, const float *B)
         memcpy(dst + r * ld, B + r * cols, (size_t)cols * sizeof(float));
 }
 
+/* Columns per call when an f32 2-D product A B^T with few rows and very many
+ * columns runs as several calls over column blocks (0: one call). oneDNN
+ * 2.6's gemm:jit runs GPT-2's LM head, [256, 768] x [768, 50257] with B
+ * transposed (the tied embedding [V, C]), at 76 GFLOP/s a core on this
+ * AVX2 machine; in blocks of 512 columns (contiguous rows of the
+ * embedding, each block's C columns at row stride N) at 84. Each output
+ * element is still one dot product over the whole K. Only for C = A B^T
+ * (alpha 1, beta 0, no bias): oneDNN's post-ops on the strided C blocks
+ * ran far slower. */
+#define SPLIT_COLS 512
+
+static int64_t split_n(bool ta, bool tb, int64_t M, int64_t N)
+{
+    return !ta && tb && M <= 384 && N >= 16 * SPLIT_COLS ? SPLIT_COLS : 0;
+}
+
 static dnnl_data_type_t dnnl_type(dt_dtype t)
 {
     return t == DT_BF16 ? dnnl_bf16 : t == DT_F16 ? dnnl_f16 : dnnl_f32;
@@ -109,7 +128,7 @@ static dnnl_data_type_t dnnl_type(dt_dtype t)
 
 static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
                           int64_t sa, int64_t sb, int64_t sc, dnnl_data_type_t t, float alpha, float beta,
-                          bool bias)
+                          bool bias, int64_t ldc)
 {
     const char *what = "dt_k_matmul";
     dnnl_engine_t eng = dt__dnnl_engine();
@@ -120,7 +139,7 @@ static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t 
         bd = 0;
     mat_md(&e->a_md, bd, batch, sa, M, K, ta, t, 0);
     mat_md(&e->b_md, bd, batch, sb, K, N, tb, t, e->pad_cols ? e->pad_cols + PAD_EXTRA : 0);
-    mat_md(&e->c_md, bd, batch, sc, M, N, false, dnnl_f32, 0);
+    mat_md(&e->c_md, bd, batch, sc, M, N, false, dnnl_f32, ldc);
     if (bd) {
         dnnl_dims_t d = {1, 1, N};
         dnnl_memory_desc_init_by_tag(&e->bias_md, 3, d, dnnl_f32, dnnl_abc);
@@ -195,6 +214,36 @@ static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64
     return DT_OK;
 }
 
+/* One run of e's primitive on a, b, C (and bias). */
+static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, float *C, const float *bias, float beta)
+{
+    const char *fn = "dt_k_matmul";
+    dt_status st;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
+    if ((st = dt__mem(&ma, &e->a_md, (void *)a, fn)) < 0 || (st = dt__mem(&mb, &e->b_md, (void *)b, fn)) < 0 ||
+        (st = dt__mem(&mc, &e->c_md, C, fn)) < 0 ||
+        (bias && (st = dt__mem(&mbias, &e->bias_md, (void *)bias, fn)) < 0))
+        goto out;
+    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {e->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
+                                             : DNNL_ARG_BIAS,
+                                mbias}};
+    st = dt__prim_exec(e->prim, bias ? 4 : 3, args, fn);
+out:
+    if (ma)
+        dnnl_memory_destroy(ma);
+    if (mb)
+        dnnl_memory_destroy(mb);
+    if (mc)
+        dnnl_memory_destroy(mc);
+    if (mbias)
+        dnnl_memory_destroy(mbias);
+    return st;
+}
+
 dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                               const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
                               float *C, int64_t sc, const float *bias)
@@ -248,7 +297,18 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
                 return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for a padded copy of B", fn);
             }
         }
-        st = mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, dnnl_type(t), alpha, beta, bias != NULL);
+        if (t == DT_F32 && batch == 1 && !e->pad && !bias && alpha == 1.0f && beta == 0.0f)
+            e->split = split_n(ta, tb, M, N); /* plain products only (post-ops on a strided C are slow) */
+        int64_t nc = e->split ? e->split : N, rest = e->split ? N % e->split : 0;
+        st = mm_build(e, ta, tb, batch, M, nc, K, sa, sb, sc, dnnl_type(t), alpha, beta, bias != NULL,
+                      e->split ? N : 0);
+        if (st >= 0 && rest) {
+            e->tail = calloc(1, sizeof *e->tail);
+            if (e->tail)
+                pthread_mutex_init(&e->tail->lock, NULL);
+            st = e->tail ? mm_build(e->tail, ta, tb, 1, M, rest, K, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, N)
+                         : DT_ERR_NO_MEMORY;
+        }
         if (st == DT_ERR_UNSUPPORTED && t != DT_F32) {
             /* No native bf16/f16 matmul here: widen to f32 (exact) and run f32. */
             e->emulate = true;
@@ -261,7 +321,7 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
             e->b_elems = nb;
             e->scratch = dt_alloc((size_t)(na + nb) * sizeof(float));
             st = e->scratch ? mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, dnnl_f32, alpha, beta,
-                                       bias != NULL)
+                                       bias != NULL, 0)
                             : DT_ERR_NO_MEMORY;
         }
         if (st < 0) {
@@ -289,30 +349,13 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
         a = e->scratch;
         b = e->scratch + e->a_elems;
     }
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
-    if ((st = dt__mem(&ma, &e->a_md, (void *)a, fn)) < 0 || (st = dt__mem(&mb, &e->b_md, (void *)b, fn)) < 0 ||
-        (st = dt__mem(&mc, &e->c_md, C, fn)) < 0 ||
-        (bias && (st = dt__mem(&mbias, &e->bias_md, (void *)bias, fn)) < 0))
-        goto out;
-    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                               {DNNL_ARG_WEIGHTS, mb},
-                               {DNNL_ARG_DST, mc},
-                               {e->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
-                                             : DNNL_ARG_BIAS,
-                                mbias}};
-    st = dt__prim_exec(e->prim, bias ? 4 : 3, args, fn);
-out:
+    if (!e->split)
+        st = mm_exec(e, a, b, C, bias, beta);
+    for (int64_t n0 = 0; e->split && n0 < N && st >= 0; n0 += e->split) /* B^T's rows n0.. are contiguous */
+        st = mm_exec(n0 + e->split <= N ? e : e->tail, a, (const float *)b + n0 * K, C + n0, bias ? bias + n0 : NULL,
+                     beta);
     if (locked)
         pthread_mutex_unlock(&e->lock);
-    if (ma)
-        dnnl_memory_destroy(ma);
-    if (mb)
-        dnnl_memory_destroy(mb);
-    if (mc)
-        dnnl_memory_destroy(mc);
-    if (mbias)
-        dnnl_memory_destroy(mbias);
     return st;
 }
 
@@ -332,7 +375,7 @@ bool dt_k_matmul_native(dt_dtype t)
     if (!cached[t]) {
         mm_entry e;
         memset(&e, 0, sizeof e);
-        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false);
+        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false, 0);
         if (e.prim)
             dnnl_primitive_destroy(e.prim);
         dt_error_clear();
