@@ -30,22 +30,26 @@ typedef struct {
 
 enum { STEPS = 3, MB = 3 };
 
-/* A model whose parameter count (212 + 4 * 16 + 4...) is not a multiple of
- * 3 or 4 after 64-byte alignment per tensor: Linear(8,16) ReLU Linear(16,5)
- * ReLU Linear(5,4). */
-static dt_model *zmodel(uint64_t seed, bool meta)
+/* Linear(dims[0], dims[1]) ReLU Linear(dims[1], dims[2]) ... Linear(.., dims[n-1]),
+ * biased, built by seed (meta: specs only). */
+static dt_model *zchain(uint64_t seed, bool meta, const int64_t *dims, int n)
 {
     dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_add(net, NULL, dt_nn_linear(8, 16, true));
-    dt_nn_add(net, NULL, dt_nn_relu());
-    dt_nn_add(net, NULL, dt_nn_linear(16, 5, true));
-    dt_nn_add(net, NULL, dt_nn_relu());
-    dt_nn_add(net, NULL, dt_nn_linear(5, 4, true));
+    for (int i = 0; i + 1 < n; i++) {
+        if (i)
+            dt_nn_add(net, NULL, dt_nn_relu());
+        dt_nn_add(net, NULL, dt_nn_linear(dims[i], dims[i + 1], true));
+    }
     dt_model_build_params bp = dt_model_build_params_default();
     bp.meta = meta;
     dt_model *m = NULL;
     return dt_model_build(net, seed, &bp, &m) < 0 ? NULL : m;
 }
+
+/* A model whose parameter count (212 + 4 * 16 + 4...) is not a multiple of
+ * 3 or 4 after 64-byte alignment per tensor: Linear(8,16) ReLU Linear(16,5)
+ * ReLU Linear(5,4). */
+static dt_model *zmodel(uint64_t seed, bool meta) { return zchain(seed, meta, (const int64_t[]){8, 16, 5, 4}, 4); }
 
 /* Linear(8,16) ReLU Linear(16,16) ReLU Linear(16,16) ReLU Linear(16,4), the
  * third Linear's weight tied to the second's: a size policy must not put
@@ -449,21 +453,7 @@ TEST(stage3_prefetch_counts)
  * to the same run with the pool off; the pool kept at most two of the
  * largest units, the gathers wrote into its pages, and without it nothing
  * is kept. */
-static dt_model *zwide(uint64_t seed)
-{
-    dt_module *net = dt_nn_seq(0, NULL);
-    dt_nn_add(net, NULL, dt_nn_linear(8, 256, true));
-    dt_nn_add(net, NULL, dt_nn_relu());
-    dt_nn_add(net, NULL, dt_nn_linear(256, 128, true));
-    dt_nn_add(net, NULL, dt_nn_relu());
-    dt_nn_add(net, NULL, dt_nn_linear(128, 512, true));
-    dt_nn_add(net, NULL, dt_nn_relu());
-    dt_nn_add(net, NULL, dt_nn_linear(512, 4, true));
-    dt_model_build_params bp = dt_model_build_params_default();
-    bp.meta = true;
-    dt_model *m = NULL;
-    return dt_model_build(net, seed, &bp, &m) < 0 ? NULL : m;
-}
+static dt_model *zwide(uint64_t seed) { return zchain(seed, true, (const int64_t[]){8, 256, 128, 512, 4}, 5); }
 
 static int body_page_pool(int rank, int W, void *arg)
 {
