@@ -278,6 +278,10 @@ typedef enum { DT_K_SUM = 0, DT_K_MEAN, DT_K_MAX, DT_K_MIN } dt_k_redop;
  * depend on the thread count). */
 DT_API dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64_t len, int64_t inner,
                              float *y, int64_t *arg);
+/* y[j] += the column sums of x (rows, cols), added row by row in order
+ * (y[j] first, then x[0][j], x[1][j], ...): a bias gradient accumulated
+ * into its buffer. The same bits as that serial loop, for any thread count. */
+DT_API dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y);
 /* *out = sum of x[0..n), accumulated in double in fixed blocks: independent
  * of the thread count. */
 DT_API dt_status dt_k_sum_all(const float *x, int64_t n, float *out);

@@ -238,9 +238,8 @@ static dt_status dense_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         float *gb = dt__grad(ctx, n->in[2]);
         if (!gb)
             return dt_last_status();
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < Out; j++)
-                gb[j] += gout[r * Out + j];
+        if ((st = dt_k_sum_rows_acc(gout, R, Out, gb)) < 0)
+            return st;
     }
     return DT_OK;
 }

@@ -100,6 +100,44 @@ dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64_t len,
     return DT_OK;
 }
 
+/* y[j] += x[0][j] + x[1][j] + ... in row order, one column block per task:
+ * the adds of the serial loop `for r, for j: y[j] += x[r][j]` in the same
+ * order (so the same bits), vectorised across the block's columns. */
+#define CB 64
+DT_CLONES static void sum_rows_block(const float *x, int64_t rows, int64_t cols, int64_t n, float *y)
+{
+    float acc[CB];
+    for (int64_t j = 0; j < n; j++)
+        acc[j] = y[j];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        for (int64_t j = 0; j < n; j++)
+            acc[j] += xr[j];
+    }
+    for (int64_t j = 0; j < n; j++)
+        y[j] = acc[j];
+}
+
+dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y)
+{
+    const char *fn = "dt_k_sum_rows_acc";
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    if (rows * cols == 0)
+        return DT_OK;
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, y, cols);
+    int64_t nb = (cols + CB - 1) / CB;
+    int nt = dt__threads_for(rows * cols);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t j0 = b * CB;
+        sum_rows_block(x + j0, rows, cols, cols - j0 < CB ? cols - j0 : CB, y + j0);
+    }
+    return DT_OK;
+}
+#undef CB
+
 /* ---- whole-array sums ---------------------------------------------------------------- */
 #define MAXBLK 1024
 

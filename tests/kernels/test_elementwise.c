@@ -3,6 +3,8 @@
 #include "dtrain/kernels.h"
 #include "test.h"
 
+#include <string.h>
+
 static void fill(float *x, int64_t n, uint64_t seed, float lo, float hi)
 {
     dt_rng_fill_uniform(dt_rng_key_make(seed, DT_RNG_USER, 9, 9), 0, x, (size_t)n, lo, hi);
@@ -121,6 +123,37 @@ TEST(reductions)
     ASSERT_OK(dt_k_reduce_to_shape(g, gs, 2, o, os2, 2));
     ASSERT_NEAR(o[1], 15, 0, 0);
     ASSERT_STATUS(dt_k_reduce_to_shape(g, gs, 2, o, os3, 1), DT_ERR_SHAPE);
+}
+
+/* dt_k_sum_rows_acc: the bits of the serial loop y[j] += x[r][j] (rows in
+ * order, onto a nonzero y), for 1 and 2 threads and a ragged last block. */
+TEST(sum_rows_acc_bits)
+{
+    const int64_t R = 257, C = 3077;
+    float *x = dt_alloc(R * C * 4), *y0 = dt_alloc(C * 4), *ref = dt_alloc(C * 4), *y = dt_alloc(C * 4);
+    fill(x, R * C, 21, -1, 1);
+    fill(y0, C, 22, -100, 100); /* large start: the order of the adds shows in the bits */
+    memcpy(ref, y0, C * 4);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < C; j++)
+            ref[j] += x[r * C + j];
+    int saved = dt_get_num_threads();
+    for (int t = 1; t <= 2; t++) {
+        dt_set_num_threads(t);
+        memcpy(y, y0, C * 4);
+        ASSERT_OK(dt_k_sum_rows_acc(x, R, C, y));
+        ASSERT(memcmp(y, ref, C * 4) == 0);
+    }
+    dt_set_num_threads(saved);
+    float one = 5.0f;
+    ASSERT_OK(dt_k_sum_rows_acc(x, 0, 1, &one)); /* no rows: y unchanged */
+    ASSERT_NEAR(one, 5.0f, 0, 0);
+    ASSERT_STATUS(dt_k_sum_rows_acc(x, -1, 4, y), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_sum_rows_acc(NULL, 2, 4, y), DT_ERR_NULL);
+    dt_free(x);
+    dt_free(y0);
+    dt_free(ref);
+    dt_free(y);
 }
 
 /* Thread-count independence of every reduction that feeds a gradient. */
@@ -461,6 +494,7 @@ int main(void)
     RUN(unary_values);
     RUN(reductions);
     RUN(reductions_thread_independent);
+    RUN(sum_rows_acc_bits);
     RUN(copy_strided_transpose);
     RUN(softmax_values);
     RUN(dropout_properties);
