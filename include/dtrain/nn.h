@@ -458,8 +458,20 @@ DT_API dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *
  * own flats are left as they are (unused for this entry from now on).
  * Errors: DT_ERR_RANGE, DT_ERR_INVALID_ARG (a buffer, a tied entry, not a float dtype). */
 DT_API dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad);
-/* Zero every gradient flat. */
+/* Zero every gradient flat (and clear the lazy marks below). */
 DT_API void dt_model_zero_grad(dt_model *m);
+/* Zero the gradients without writing them (PyTorch's set_to_none, as marks):
+ * each f32 parameter gradient is marked DT_TENSOR_GRAD_LAZY (tensor.h), so
+ * the next backward's first contribution overwrites it (a weight GEMM with
+ * beta = 0 instead of zero-fill + accumulate) and any other first access in
+ * autograd zero-fills it; other gradients are zeroed now. The flat grad
+ * buffer holds stale values until then: before reading it directly (a
+ * parameter backward never reached, a strategy's buckets), call
+ * dt_model_grads_materialize. The trainer does both (one process, f32). */
+DT_API void dt_model_zero_grad_lazy(dt_model *m);
+/* Zero-fill the gradients still marked by dt_model_zero_grad_lazy (after
+ * backward: the parameters it did not reach) and clear the marks. */
+DT_API void dt_model_grads_materialize(dt_model *m);
 
 /* Grad-ready callback: entry `index` (a parameter) has its final gradient
  * for this backward pass in the flat grad buffer. */

@@ -76,6 +76,12 @@ enum {
     DT_TENSOR_BLOCKED8 = 1u << 4,
     DT_TENSOR_BLOCKED16 = 1u << 5,
     DT_TENSOR_BLOCKED = DT_TENSOR_BLOCKED8 | DT_TENSOR_BLOCKED16, /* either */
+    /* A leaf whose f32 grad reads as zeros whatever its buffer holds (a
+     * lazy zero_grad, dt_model_zero_grad_lazy): backward's first
+     * contribution overwrites the buffer (a GEMM with beta = 0, a copy)
+     * instead of adding to it, and any other first access zero-fills it.
+     * dt_model_grads_materialize zero-fills what is still marked. */
+    DT_TENSOR_GRAD_LAZY = 1u << 6,
 };
 
 typedef struct dt_tensor dt_tensor;

@@ -23,7 +23,11 @@
  *      stopping;
  *   4. clip by the global norm (clip_grad_norm), the optimizer step on the
  *      ranges this rank owns (fp32 master weights for bf16/f16 parameters,
- *      the model's copy refreshed; gradients zeroed in the same pass), then
+ *      the model's copy refreshed; gradients zeroed in the same pass, or,
+ *      in one process with f32 gradients, marked zero without writing them:
+ *      dt_model_zero_grad_lazy, the next backward overwrites them and
+ *      zero-fills the ones it does not reach, so read a parameter's
+ *      gradient between steps only after dt_model_grads_materialize), then
  *      the strategy gathers what it must (ZeRO); the loss scaler's update;
  *   5. the learning rate of the next step from the schedule, and metrics
  *      (dt_trainer_metrics) handed back to the caller.

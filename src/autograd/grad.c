@@ -3,7 +3,14 @@
  * for temporaries, owned memory for persistent leaves), and the
  * begin/commit pair that lets a backward function write a temporary's
  * first contribution in place instead of adding it. Used by the tape and
- * the op files; calls nothing of either. */
+ * the op files; calls nothing of either.
+ *
+ * A leaf marked DT_TENSOR_GRAD_LAZY (tensor.h: its gradient is zero, its
+ * buffer not yet written) is unmarked by its first access here: a GEMM
+ * (dt__grad_gemm) or a commit writes the contribution over the buffer, every
+ * other access zero-fills the buffer first, and a leaf whose gradient is
+ * final without any contribution is zero-filled before its hooks
+ * (dt__grad_flush). */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -28,8 +35,18 @@ static float *lp_acc(dt_ctx *ctx, dt_tensor *t)
     return a;
 }
 
+/* A lazily zeroed leaf's buffer filled with zeros, the mark cleared. */
+static void lazy_fill(dt_tensor *t)
+{
+    t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
+    if (t->grad)
+        dt_tensor_zero(t->grad);
+}
+
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
 {
+    if (t->flags & DT_TENSOR_GRAD_LAZY) /* final without a contribution: zero */
+        lazy_fill(t);
     if (!t->grad || t->grad->dtype == DT_F32 || !t->gacc_ || t->gacc_epoch_ != ctx->epoch)
         return DT_OK;
     dt_dtype gt = t->grad->dtype;
@@ -51,6 +68,8 @@ dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
 
 float *dt__grad(dt_ctx *ctx, dt_tensor *t)
 {
+    if (t->flags & DT_TENSOR_GRAD_LAZY)
+        lazy_fill(t);
     if (t->grad)
         return t->grad->dtype == DT_F32 ? t->grad->data : lp_acc(ctx, t);
     dt_tensor *g;
@@ -97,6 +116,11 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
         *beta = 0.0f;
         return g->data;
     }
+    if ((t->flags & DT_TENSOR_GRAD_LAZY) && t->grad && t->grad->dtype == DT_F32) {
+        t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY; /* the GEMM overwrites the buffer */
+        *beta = 0.0f;
+        return t->grad->data;
+    }
     *beta = 1.0f;
     return dt__grad(ctx, t);
 }
@@ -105,6 +129,11 @@ dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
 {
     if (t->grad && t->grad->dtype == DT_F32 && t->grad->data == buf)
         return DT_OK;
+    if ((t->flags & DT_TENSOR_GRAD_LAZY) && t->grad && t->grad->dtype == DT_F32) {
+        t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
+        memcpy(t->grad->data, buf, (size_t)dt_tensor_numel(t) * sizeof(float));
+        return DT_OK;
+    }
     float *g = dt__grad(ctx, t);
     if (!g)
         return dt_last_status();

@@ -117,6 +117,7 @@ dt_status dt_ag_zero_grad(dt_tensor *t)
 {
     if (!t)
         return dt_error(DT_ERR_NULL, "dt_ag_zero_grad: tensor is NULL");
+    t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
     if (t->grad)
         return dt_tensor_zero(t->grad);
     return DT_OK;

@@ -698,9 +698,43 @@ dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad)
 
 void dt_model_zero_grad(dt_model *m)
 {
+    for (size_t i = 0; m && i < m->nentry; i++)
+        if (m->entries[i].info.tensor)
+            m->entries[i].info.tensor->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
     for (int d = 0; m && d < DT_DTYPE_COUNT; d++)
         if (m->flats[DT_FLAT_GRADS][d].base)
             memset(m->flats[DT_FLAT_GRADS][d].base, 0, dt_flat_nbytes(&m->flats[DT_FLAT_GRADS][d]));
+}
+
+/* The parameters whose gradient is the model's own f32 view (not rebound
+ * by a strategy to memory of its own): the ones a lazy zero may mark. */
+static bool lazy_ok(const dt__entry *e)
+{
+    const dt_tensor *t = e->info.tensor;
+    return !e->info.is_buffer && e->tied < 0 && t && e->grad && t->grad == e->grad && e->grad->dtype == DT_F32;
+}
+
+void dt_model_zero_grad_lazy(dt_model *m)
+{
+    for (size_t i = 0; m && i < m->nentry; i++) {
+        dt__entry *e = &m->entries[i];
+        if (lazy_ok(e))
+            e->info.tensor->flags |= DT_TENSOR_GRAD_LAZY;
+        else if (!e->info.is_buffer && e->tied < 0 && e->grad)
+            dt_tensor_zero(e->grad);
+    }
+}
+
+void dt_model_grads_materialize(dt_model *m)
+{
+    for (size_t i = 0; m && i < m->nentry; i++) {
+        dt_tensor *t = m->entries[i].info.tensor;
+        if (t && (t->flags & DT_TENSOR_GRAD_LAZY)) {
+            t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
+            if (t->grad)
+                dt_tensor_zero(t->grad);
+        }
+    }
 }
 
 dt_status dt_model_add_grad_ready_hook(dt_model *m, dt_grad_ready_fn fn, void *ud, dt_hook_id *id)

@@ -42,6 +42,7 @@ struct dt_trainer {
     dt_flat masters[3];
     dt_optim_segment *segs[3];
     bool lowp;               /* some range has low-precision grads */
+    bool lazy_grads;         /* zero_grad by marks (dt_model_zero_grad_lazy), see lazy_grads_ok */
     dt_loss_scaler *scaler;  /* NULL: no loss scaling */
     dt_dtype reduce_dtype;   /* the policy's, resolved (reported) */
     const dt_flat *P, *G;    /* the model's params and grads flats of the first range (G follows DDP's swap) */
@@ -242,6 +243,23 @@ static dt_status build_optimizer(dt_trainer *tr)
     if (nvme && (st = dt_offload_optim_init(&tr->p.offload, tr->opt, tr->rg, tr->nrg, &tr->off)) < 0)
         return dt_error_wrap(st, "dt_trainer_init: offload");
     return DT_OK;
+}
+
+/* Lazy zero_grad (dt_model_zero_grad_lazy): after the optimizer step the
+ * gradients are marked zero instead of written, backward's first
+ * contribution to each overwrites it (the weight GEMMs run with beta = 0),
+ * and after each backward the unreached ones are zero-filled
+ * (dt_model_grads_materialize) before anything reads the flat: clipping,
+ * the optimizer. Saves the zeros' writes in the optimizer's pass and the
+ * GEMMs' reads of the old values. Only where the trainer is the only
+ * reader of the gradients between backward and the step: one process (the
+ * "none" strategy: no buckets, shards or pipeline reading them during
+ * backward), one f32 range (no low-precision grads, no loss scaler, no
+ * offload, no tensor parallelism). Elsewhere the optimizer's pass zeroes. */
+static bool lazy_grads_ok(const dt_trainer *tr)
+{
+    return tr->s && tr->s->ops.name && !strcmp(tr->s->ops.name, "none") && !tr->s->ops.forward_backward &&
+           !tr->off && !tr->poff && !tr->tp && !tr->lowp && !tr->scaler && dt__trainer_whole_state(tr);
 }
 
 static dt_status reserve_micro(dt_trainer *tr, int n)
@@ -482,7 +500,10 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         dt_error_wrap(st, "dt_trainer_init: autocast");
         goto fail;
     }
-    dt_model_zero_grad(m); /* the optimizer's pass keeps them zeroed from here on */
+    dt_model_zero_grad(m); /* the optimizer's pass keeps them zeroed from here on (or the marks) */
+    tr->lazy_grads = lazy_grads_ok(tr);
+    if (tr->lazy_grads)
+        dt_optim_set_zero_grad(tr->opt, false);
     dt_model_train(m, true);
     *out = tr;
     return DT_OK;
@@ -607,6 +628,8 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         return abandon(tr, dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL);
     if ((st = dt_backward(tr->ctx, bl)) < 0)
         return abandon(tr, st);
+    if (tr->lazy_grads) /* the parameters backward did not reach: zeros in the flat */
+        dt_model_grads_materialize(tr->m);
     tr->micro_loss[tr->nmicro++] = dt_tensor_item(loss);
     tr->samples += b->x_shape[0];
     dt_ctx_reset(tr->ctx);
@@ -783,6 +806,8 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                   : tr->off ? dt_offload_optim_step(tr->off)
                             : dt_optim_step(tr->opt)) < 0)
             return abandon(tr, st);
+        if (tr->lazy_grads)
+            dt_model_zero_grad_lazy(tr->m);
         if (s->ops.after_step && (st = s->ops.after_step(s->self)) < 0)
             return abandon(tr, dt_error_wrap(st, "dt_trainer_step: strategy '%s' after the step", s->ops.name));
         tr->opt_step++;
