@@ -4,7 +4,7 @@
  * time fraction):
  *
  *     dtrain run -n 2 -- build/bench/pipe_bubble [--layers L] [--dim D] [--batch B] [-m M] [--steps K]
- *                                                [--threads T] [--pin 0|1]
+ *                                                [--threads T] [--pin 0|1] [--timeline 0|1]
  *
  * --pin 1 (the default) binds rank r to CPU r mod ncpu (taskset's
  * sched_setaffinity), so the two ranks of p = 2 never share a core.
@@ -27,12 +27,24 @@
  * assumes), whether idle/busy is within 20% of the formula, the step's
  * wall time, the time the rank spent blocked in receive waits (the rest
  * of its idle time is the executor's own work between actions) and the
- * peak bytes of micro-batch activations in flight; then, per schedule,
+ * peak bytes of micro-batch activations in flight; then, per rank, the
+ * costs measured in that step (dt_strategy_pipe_trace: each stage's median
+ * wall and CPU milliseconds per F, B, BI, BW), the table replayed with
+ * those costs (dt_pipe_schedule_simulate_costs: the idle/busy the
+ * schedule has when the stages cost what they cost and the handoffs are
+ * free; the gap from the formula to it is the cost model, the gap from it
+ * to the measured figure the waiting) and where the rank's idle time went
+ * (before its start, waiting for messages, posting sends and receives,
+ * giving contexts back, after its last compute); with --timeline 1 every
+ * compute action of that step on both ranks on one clock (when it began,
+ * how long it waited for its message, computed, and its CPU time), and
+ * sends or receives that took 0.1 ms or more to post; then, per schedule,
  * the handoffs of that step (dt_strategy_pipe_msg_times): each message's
  * delay = the end of the receiver's wait less the later of the wait's
  * start and the sender's post (median, mean, max, total), and how many
  * waits began before the send was posted (their delay is the transfer's
- * own latency).
+ * own latency). Under load, the CPU costs are the figures to compare (a
+ * preempted action's wall time is not its cost).
  * Rank 0 prints one line per schedule and rank. bench/torch_pipeline.py
  * is the peer (same model, batch and micro-batches). */
 #define _GNU_SOURCE
@@ -51,6 +63,39 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The median of x[0..n) (sorts x); 0 when n = 0. */
+static double median(double *x, int n)
+{
+    if (n < 1)
+        return 0;
+    qsort(x, (size_t)n, sizeof *x, cmp_d);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+enum { TR = 8 }; /* a gathered trace entry: op, stage, mb, then the DT_PIPE_TRACE_N fields */
+
+/* Each stage's median compute per action kind (cost[4 stage + op], op F,
+ * B, BI, BW) from a trace of rank r's list, wall (field DT_PIPE_TRACE_DONE
+ * less RUN) or CPU seconds; 0 where the rank has no such action. */
+static void stage_costs(const double *tr, int n, bool cpu, double *cost, int S)
+{
+    double *x = malloc((size_t)(n + 1) * sizeof *x);
+    for (int st = 0; x && st < S; st++)
+        for (int op = 0; op < 4; op++) {
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                if ((int)tr[TR * i] == op && (int)tr[TR * i + 1] == st)
+                    x[k++] = cpu ? tr[TR * i + 3 + DT_PIPE_TRACE_CPU]
+                                 : tr[TR * i + 3 + DT_PIPE_TRACE_DONE] - tr[TR * i + 3 + DT_PIPE_TRACE_RUN];
+            if (k)
+                cost[4 * st + op] = median(x, k);
+        }
+    free(x);
+}
+
+/* Rank q's busy seconds in the gathered stats (NV doubles per rank). */
+static double busy_of(const double *all, int q, int nv) { return all[q * nv]; }
+
 static long arg(int argc, char **argv, const char *name, long def)
 {
     for (int i = 1; i + 1 < argc; i++)
@@ -64,6 +109,7 @@ int main(int argc, char **argv)
     int L = (int)arg(argc, argv, "--layers", 8), D = (int)arg(argc, argv, "--dim", 1024);
     int B = (int)arg(argc, argv, "--batch", 128), M = (int)arg(argc, argv, "-m", 8);
     int K = (int)arg(argc, argv, "--steps", 5), T = (int)arg(argc, argv, "--threads", 1);
+    int timeline = (int)arg(argc, argv, "--timeline", 0);
     if (L < 1 || D < 1 || B < 1 || M < 1 || K < 1 || T < 1 || B % M) {
         fprintf(stderr, "pipe_bubble: need positive sizes and a batch that splits into -m micro-batches\n");
         return 2;
@@ -119,7 +165,8 @@ int main(int argc, char **argv)
         memset(&best, 0, sizeof best);
         size_t nmt = 6 * (size_t)P * (size_t)v * (size_t)M;
         double best_span = 0, *se = calloc((size_t)P * 2, sizeof *se), *mt = calloc(nmt, sizeof *mt),
-               *best_mt = calloc(nmt, sizeof *best_mt);
+               *best_mt = calloc(nmt, sizeof *best_mt), *best_tr = NULL;
+        int ntr = 0;
         if (!mt || !best_mt)
             return 1;
         for (int i = 0; i < K; i++) {
@@ -146,9 +193,42 @@ int main(int argc, char **argv)
             if (i == 0 || t1 - t0 < best_span) {
                 best = st, best_span = t1 - t0;
                 memcpy(best_mt, mt, nmt * sizeof *mt);
+                /* this rank's trace of that step: op, stage, mb, then its fields */
+                const dt_pipe_action *acts;
+                const double *tt;
+                if (dt_strategy_pipe_trace(dt_trainer_strategy(tr), &acts, &tt, &ntr) < 0 ||
+                    !(best_tr = best_tr ? best_tr : malloc((size_t)TR * (size_t)(ntr + 1) * sizeof *best_tr))) {
+                    fprintf(stderr, "pipe_bubble: the trace: %s\n", dt_last_error());
+                    return 1;
+                }
+                for (int a = 0; a < ntr; a++) {
+                    double *o = best_tr + (size_t)TR * (size_t)a;
+                    o[0] = acts[a].op, o[1] = acts[a].stage, o[2] = acts[a].mb;
+                    memcpy(o + 3, tt + (size_t)DT_PIPE_TRACE_N * (size_t)a, DT_PIPE_TRACE_N * sizeof *tt);
+                }
             }
         }
         free(se);
+        /* every rank's trace of that step at rank 0 (padded to the longest list) */
+        double nloc = ntr, nmax = 0;
+        if (dt_pg_allreduce(pg, &nloc, &nmax, 1, DT_F64, DT_REDUCE_MAX) < 0) {
+            fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
+            return 1;
+        }
+        size_t ntrm = (size_t)nmax;
+        double *mytr = malloc(TR * (ntrm + 1) * sizeof *mytr),
+               *alltr = r == 0 ? malloc(TR * (ntrm + 1) * (size_t)P * sizeof *alltr) : NULL;
+        if (!mytr || (r == 0 && !alltr))
+            return 1;
+        for (size_t a = 0; a < ntrm; a++)
+            for (int f = 0; f < TR; f++)
+                mytr[TR * a + (size_t)f] = a < (size_t)ntr ? best_tr[TR * a + (size_t)f] : -1;
+        if (dt_pg_gather(pg, mytr, alltr, TR * ntrm, DT_F64, 0) < 0) {
+            fprintf(stderr, "pipe_bubble: %s\n", dt_last_error());
+            return 1;
+        }
+        free(mytr);
+        free(best_tr);
         /* the handoffs of that step: each message's wait end less the later
          * of the wait's start and the sender's post (every entry is set on
          * one rank only: a sum gathers them) */
@@ -174,7 +254,19 @@ int main(int argc, char **argv)
         dt_pipe_schedule *sc = NULL;
         dt_pipe_sim sim;
         memset(&sim, 0, sizeof sim);
-        if (dt_pipe_schedule_build(kind, P, M, v, &sc) < 0 || dt_pipe_schedule_simulate(sc, 1, 1, 1, &sim) < 0) {
+        /* and replayed with the costs measured in that step: each stage's
+         * median wall and CPU seconds per action kind */
+        int S = P * v;
+        dt_pipe_sim simw, simc;
+        double *cw = calloc(4 * (size_t)S, sizeof *cw), *cc = calloc(4 * (size_t)S, sizeof *cc);
+        if (!cw || !cc)
+            return 1;
+        for (int q = 0; r == 0 && q < P; q++) {
+            stage_costs(alltr + TR * ntrm * (size_t)q, (int)ntrm, false, cw, S);
+            stage_costs(alltr + TR * ntrm * (size_t)q, (int)ntrm, true, cc, S);
+        }
+        if (dt_pipe_schedule_build(kind, P, M, v, &sc) < 0 || dt_pipe_schedule_simulate(sc, 1, 1, 1, &sim) < 0 ||
+            dt_pipe_schedule_simulate_costs(sc, cw, &simw) < 0 || dt_pipe_schedule_simulate_costs(sc, cc, &simc) < 0) {
             fprintf(stderr, "pipe_bubble: %s: %s\n", dt_pipe_kind_name(kind), dt_last_error());
             return 1;
         }
@@ -207,6 +299,79 @@ int main(int argc, char **argv)
             }
             printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f)\n", dt_pipe_kind_name(kind),
                    t1 - t0, bsum > 0 ? ssum / bsum : 0, f);
+            /* the measured costs, the table replayed with them, and where
+             * each rank's idle time went */
+            static const char *const opn[4] = {"F", "B", "BI", "BW"};
+            for (int q = 0; q < P; q++) {
+                char cs[512];
+                size_t o = 0;
+                for (int st = q; st < S && o < sizeof cs - 64; st += P)
+                    for (int op = 0; op < 4; op++)
+                        if (cw[4 * st + op] > 0)
+                            o += (size_t)snprintf(cs + o, sizeof cs - o, "%s%s%d %.2f/%.2f", o ? " " : "", opn[op],
+                                                  st, cw[4 * st + op] * 1e3, cc[4 * st + op] * 1e3);
+                const double *tq = alltr + TR * ntrm * (size_t)q;
+                /* idle inside the window: waits for messages, posting sends
+                 * and receives, the bookkeeping after a compute (giving a
+                 * context back), the executor between actions */
+                double last = 0, waits = 0, sends = 0, recvs = 0, after = 0, gaps = 0, prev = all[q * NV + 4];
+                for (size_t a = 0; a < ntrm; a++) {
+                    const double *e = tq + TR * a;
+                    if (e[0] < 0)
+                        break;
+                    double own = e[3 + DT_PIPE_TRACE_END] - e[3 + DT_PIPE_TRACE_BEGIN];
+                    gaps += e[3 + DT_PIPE_TRACE_BEGIN] - prev;
+                    prev = e[3 + DT_PIPE_TRACE_END];
+                    if (e[0] == DT_PIPE_SEND_F || e[0] == DT_PIPE_SEND_B) {
+                        sends += own;
+                    } else if (e[0] == DT_PIPE_RECV_F || e[0] == DT_PIPE_RECV_B) {
+                        recvs += own;
+                    } else {
+                        waits += e[3 + DT_PIPE_TRACE_RUN] - e[3 + DT_PIPE_TRACE_BEGIN];
+                        after += e[3 + DT_PIPE_TRACE_END] - e[3 + DT_PIPE_TRACE_DONE];
+                        last = e[3 + DT_PIPE_TRACE_DONE];
+                    }
+                }
+                gaps += all[q * NV + 5] - prev;
+                double rw = simw.busy[q] > 0 ? simw.makespan / simw.busy[q] - 1 : 0;
+                double rc = simc.busy[q] > 0 ? simc.makespan / simc.busy[q] - 1 : 0;
+                double ib = busy_of(all, q, NV) > 0 ? (t1 - t0 - busy_of(all, q, NV)) / busy_of(all, q, NV) : 0;
+                printf("%-12s rank %d: costs (ms per action, median wall/CPU) %s | table with these costs: idle/busy "
+                       "%.3f (CPU costs %.3f; measured %+.0f%% of it) | idle (ms): %.2f before its start, %.2f waiting for messages, %.2f "
+                       "posting sends, %.2f posting receives, %.2f after computes (contexts back), %.2f in the "
+                       "executor between actions, %.2f after its last compute\n",
+                       dt_pipe_kind_name(kind), q, cs, rw, rc, rw > 0 ? 100 * (ib - rw) / rw : 0, (all[q * NV + 4] - t0) * 1e3, waits * 1e3, sends * 1e3,
+                       recvs * 1e3, after * 1e3, gaps * 1e3, (t1 - last) * 1e3);
+            }
+            if (timeline) {
+                printf("%-12s timeline (ms from the step's start; compute actions: waited, computed (CPU), then "
+                       "bookkeeping):\n", dt_pipe_kind_name(kind));
+                for (int q = 0; q < P; q++) {
+                    const double *tq = alltr + TR * ntrm * (size_t)q;
+                    for (size_t a = 0; a < ntrm; a++) {
+                        const double *e = tq + TR * a;
+                        if (e[0] < 0)
+                            break;
+                        if (e[0] > DT_PIPE_BW) { /* a send or receive: shown when it took 0.1 ms or more */
+                            static const char *const mn[4] = {"SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+                            double own = e[3 + DT_PIPE_TRACE_END] - e[3 + DT_PIPE_TRACE_BEGIN];
+                            if (own >= 1e-4 && e[0] <= DT_PIPE_RECV_B)
+                                printf("  rank %d %-6s stage %d mb %d  %8.3f .. %8.3f  posting took %.3f\n", q,
+                                       mn[(int)e[0] - DT_PIPE_SEND_F], (int)e[1], (int)e[2],
+                                       (e[3 + DT_PIPE_TRACE_BEGIN] - t0) * 1e3, (e[3 + DT_PIPE_TRACE_END] - t0) * 1e3,
+                                       own * 1e3);
+                            continue;
+                        }
+                        printf("  rank %d %-2s stage %d mb %d  %8.3f .. %8.3f  waited %6.3f  computed %6.3f (CPU %6.3f)"
+                               "  then %5.3f\n", q, opn[(int)e[0]], (int)e[1], (int)e[2],
+                               (e[3 + DT_PIPE_TRACE_BEGIN] - t0) * 1e3, (e[3 + DT_PIPE_TRACE_END] - t0) * 1e3,
+                               (e[3 + DT_PIPE_TRACE_RUN] - e[3 + DT_PIPE_TRACE_BEGIN]) * 1e3,
+                               (e[3 + DT_PIPE_TRACE_DONE] - e[3 + DT_PIPE_TRACE_RUN]) * 1e3,
+                               e[3 + DT_PIPE_TRACE_CPU] * 1e3,
+                               (e[3 + DT_PIPE_TRACE_END] - e[3 + DT_PIPE_TRACE_DONE]) * 1e3);
+                    }
+                }
+            }
             if (nd)
                 printf("%-12s handoffs: %zu messages, delay (wait end less the later of its start and the send's "
                        "post) median %.1f us, mean %.1f us, max %.1f us, total %.2f ms; %zu waits began before "
@@ -216,6 +381,9 @@ int main(int argc, char **argv)
             free(all);
         }
         free(delay);
+        free(alltr);
+        free(cw);
+        free(cc);
         free(mt);
         free(best_mt);
         dt_trainer_free(tr);

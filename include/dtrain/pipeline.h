@@ -190,6 +190,15 @@ typedef struct dt_pipe_sim {
                                  yet fully backwarded at once: activations held */
 } dt_pipe_sim;
 DT_API dt_status dt_pipe_schedule_simulate(const dt_pipe_schedule *s, double tf, double tb, double tw, dt_pipe_sim *out);
+/* The same replay with a cost per stage and action: cost[4 stage + k] for
+ * k = DT_PIPE_F, DT_PIPE_B, DT_PIPE_BI, DT_PIPE_BW (p v stages; B is its own
+ * entry here, not BI + BW), e.g. the costs a run measured
+ * (dt_strategy_pipe_trace): what the table's bubble is when the stages
+ * cost what they cost and the handoffs are free. out->ideal is then the
+ * busiest rank's compute (with equal costs, m v (tf + tb + tw) as above)
+ * and out->bubble (makespan - ideal) / ideal. DT_ERR_INVALID_ARG for a
+ * negative or non-finite cost. */
+DT_API dt_status dt_pipe_schedule_simulate_costs(const dt_pipe_schedule *s, const double *cost, dt_pipe_sim *out);
 /* Print the table: a time grid (one row per rank, one column per unit
  * step: F3 / B3 / I3 (BI) / W3 (BW), ":c" the chunk when v > 1, "." idle)
  * then each rank's list with its sends and receives. */
@@ -331,6 +340,31 @@ DT_API dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out
  * cost beyond the schedule (bench/pipe_bubble prints it). DT_ERR_INVALID_ARG
  * when n is not that size or s is not an attached pipe strategy. */
 DT_API dt_status dt_strategy_pipe_msg_times(const dt_strategy *s, double *t, size_t n);
+
+/* The fields of one action's entry in a trace (dt_strategy_pipe_trace). */
+enum {
+    DT_PIPE_TRACE_BEGIN = 0, /* the executor reached the action (dt_time_s) */
+    DT_PIPE_TRACE_RUN,       /* compute actions: their computing began, after the wait for their
+                                message (F on stage > 0: the activation; B / BI below the last
+                                stage: the gradient); sends and receives: = BEGIN */
+    DT_PIPE_TRACE_DONE,      /* computing ended (busy_s sums DONE - RUN); sends and receives: = END */
+    DT_PIPE_TRACE_END,       /* the action ended (after giving a finished micro-batch's context back) */
+    DT_PIPE_TRACE_CPU,       /* compute actions: the thread's CPU seconds from RUN to DONE (the compute
+                                without the time other processes held the core); else 0 */
+    DT_PIPE_TRACE_N
+};
+/* This rank's actions in the last step and when each ran: *acts its list
+ * (the strategy's table, n actions, as dt_pipe_schedule_actions gives),
+ * *t DT_PIPE_TRACE_N x n doubles, action i's at t[DT_PIPE_TRACE_N i + field]
+ * (times dt_time_s, comparable with dt_pipe_stats.start_s and between the
+ * ranks of one machine). Both borrowed: valid until the strategy is freed,
+ * overwritten by the next step. Between two actions' END and BEGIN nothing
+ * runs; BEGIN to RUN is the wait for the message; DONE to END the
+ * bookkeeping after it. bench/pipe_bubble prints the timeline and replays
+ * the table with the measured costs (dt_pipe_schedule_simulate_costs).
+ * DT_ERR_INVALID_ARG when s is not an attached pipe strategy. */
+DT_API dt_status dt_strategy_pipe_trace(const dt_strategy *s, const dt_pipe_action **acts, const double **t,
+                                        int *n);
 
 #ifdef __cplusplus
 }

@@ -656,6 +656,17 @@ dt_status dt_strategy_pipe_msg_times(const dt_strategy *s, double *t, size_t n)
     return dt__pipe_exec_msg_times(((pipe_strategy *)s->self)->ex, t, n);
 }
 
+dt_status dt_strategy_pipe_trace(const dt_strategy *s, const dt_pipe_action **acts, const double **t, int *n)
+{
+    if (!s || !acts || !t || !n)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_trace: an argument is NULL");
+    if (s->ops.attach != s_attach || !((pipe_strategy *)s->self)->ex)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_trace: strategy '%s' is not an attached \"pipe\" one",
+                        s->ops.name);
+    dt__pipe_exec_trace(((pipe_strategy *)s->self)->ex, acts, t, n);
+    return DT_OK;
+}
+
 dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world

@@ -10,6 +10,7 @@
 
 #include "dtrain/pipeline.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +84,62 @@ TEST(all_schedules_build_and_check)
                     }
                     dt_pipe_schedule_free(s);
                 }
+}
+
+/* The replay with a cost per stage: equal costs give the unit-cost
+ * replay; a slower last stage sets 1F1B's makespan to the first stage's
+ * forward, the last stage's m (F + B) and the first stage's backward, and
+ * the ideal is the busiest rank's compute. */
+TEST(simulate_with_stage_costs)
+{
+    for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
+        int v = k == DT_PIPE_INTERLEAVED ? 2 : 1;
+        dt_pipe_schedule *s;
+        ASSERT_OK(dt_pipe_schedule_build((dt_pipe_kind)k, 2, 4, v, &s));
+        double c[4 * 4];
+        for (int st = 0; st < 2 * v; st++) {
+            c[4 * st + DT_PIPE_F] = 1.5, c[4 * st + DT_PIPE_B] = 2.5;
+            c[4 * st + DT_PIPE_BI] = 1.25, c[4 * st + DT_PIPE_BW] = 1.25;
+        }
+        dt_pipe_sim a, b;
+        ASSERT_OK(dt_pipe_schedule_simulate(s, 1.5, 1.25, 1.25, &a));
+        ASSERT_OK(dt_pipe_schedule_simulate_costs(s, c, &b));
+        ASSERT_NEAR(b.makespan, a.makespan, 1e-12, 0);
+        ASSERT_NEAR(b.ideal, a.ideal, 1e-12, 0);
+        ASSERT_NEAR(b.ideal, 4.0 * v * 4.0, 1e-12, 0);
+        ASSERT_NEAR(b.bubble, a.bubble, 1e-12, 0);
+        ASSERT_NEAR(b.busy[0], a.busy[0], 1e-12, 0);
+        ASSERT_NEAR(b.busy[1], a.busy[1], 1e-12, 0);
+        c[0] = -1;
+        ASSERT(dt_pipe_schedule_simulate_costs(s, c, &b) == DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "cost[0] (stage 0, F)");
+        c[0] = NAN;
+        ASSERT(dt_pipe_schedule_simulate_costs(s, c, &b) == DT_ERR_INVALID_ARG);
+        ASSERT(dt_pipe_schedule_simulate_costs(s, NULL, &b) == DT_ERR_NULL);
+        dt_pipe_schedule_free(s);
+    }
+    /* 1F1B, p 2, m 4: stage 0 F 1 B 2, stage 1 F 1 B 3 (BI / BW unused) */
+    dt_pipe_schedule *s;
+    ASSERT_OK(dt_pipe_schedule_build(DT_PIPE_1F1B, 2, 4, 1, &s));
+    double c[8] = {1, 2, 0, 0, 1, 3, 0, 0};
+    dt_pipe_sim r;
+    ASSERT_OK(dt_pipe_schedule_simulate_costs(s, c, &r));
+    ASSERT_NEAR(r.makespan, 1 + 4 * (1 + 3) + 2, 1e-12, 0);
+    ASSERT_NEAR(r.busy[0], 4 * 3, 1e-12, 0);
+    ASSERT_NEAR(r.busy[1], 4 * 4, 1e-12, 0);
+    ASSERT_NEAR(r.ideal, 16, 1e-12, 0);
+    ASSERT_NEAR(r.bubble, 3.0 / 16, 1e-12, 0);
+    /* ZB-H1 charges BI and BW, not B: a B cost changes nothing */
+    dt_pipe_schedule_free(s);
+    ASSERT_OK(dt_pipe_schedule_build(DT_PIPE_ZBH1, 2, 4, 1, &s));
+    double z[8] = {1, 0, 1, 1, 1, 0, 1, 1}, z2[8] = {1, 50, 1, 1, 1, 50, 1, 1};
+    dt_pipe_sim r1, r2, r3;
+    ASSERT_OK(dt_pipe_schedule_simulate_costs(s, z, &r1));
+    ASSERT_OK(dt_pipe_schedule_simulate_costs(s, z2, &r2));
+    ASSERT_OK(dt_pipe_schedule_simulate(s, 1, 1, 1, &r3));
+    ASSERT_NEAR(r1.makespan, r2.makespan, 1e-12, 0);
+    ASSERT_NEAR(r1.makespan, r3.makespan, 1e-12, 0);
+    dt_pipe_schedule_free(s);
 }
 
 TEST(limits_are_named)
@@ -242,6 +299,7 @@ TEST(print_shows_the_grid)
 int main(void)
 {
     RUN(all_schedules_build_and_check);
+    RUN(simulate_with_stage_costs);
     RUN(limits_are_named);
     RUN(checker_refuses_broken_tables);
     RUN(print_shows_the_grid);

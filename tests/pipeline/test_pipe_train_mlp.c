@@ -20,7 +20,8 @@ TEST(mlp_every_schedule)
 /* The memory report of a 2-stage MLP under AdamW: each rank counts its
  * own stage's parameters and gradients, and the optimizer's two states of
  * them; the two ranks together hold the model once. Also the message times
- * (dt_strategy_pipe_msg_times) of the step. */
+ * (dt_strategy_pipe_msg_times) and the trace (dt_strategy_pipe_trace) of
+ * the step. */
 static int memory_body(int rank, int size, void *arg)
 {
     (void)arg;
@@ -79,6 +80,57 @@ static int memory_body(int rank, int size, void *arg)
     for (int k = 0; k < 8; k++)
         TH_CHECK(all[k] == 0 || all[16 + k] >= all[k], "message %d: received at %.6f, posted at %.6f", k,
                  all[16 + k], all[k]);
+    /* the trace of the step: this rank's list of the table, each action's
+     * times in order, busy = the compute spans, a waiting action starts
+     * computing after its message's wait ended */
+    const dt_pipe_action *acts, *want;
+    const double *tt;
+    int n, nwant;
+    dt_pipe_stats stt;
+    TH_OK(dt_strategy_pipe_stats(s, &stt));
+    TH_CHECK(dt_strategy_pipe_trace(NULL, &acts, &tt, &n) == DT_ERR_NULL, "a NULL strategy was accepted");
+    TH_OK(dt_strategy_pipe_trace(s, &acts, &tt, &n));
+    dt_pipe_schedule *sc;
+    TH_OK(dt_pipe_schedule_build(DT_PIPE_1F1B, 2, 2, 1, &sc));
+    TH_OK(dt_pipe_schedule_actions(sc, rank, &want, &nwant));
+    TH_CHECK(n == nwant, "rank %d: %d actions traced, the table has %d", rank, n, nwant);
+    double busy = 0, prev = stt.start_s;
+    int ncomp = 0;
+    for (int i = 0; i < n; i++) {
+        const double *e = tt + DT_PIPE_TRACE_N * i;
+        TH_CHECK(acts[i].op == want[i].op && acts[i].stage == want[i].stage && acts[i].mb == want[i].mb,
+                 "rank %d: action %d differs from the table's", rank, i);
+        TH_CHECK(prev <= e[DT_PIPE_TRACE_BEGIN] && e[DT_PIPE_TRACE_BEGIN] <= e[DT_PIPE_TRACE_RUN] &&
+                     e[DT_PIPE_TRACE_RUN] <= e[DT_PIPE_TRACE_DONE] && e[DT_PIPE_TRACE_DONE] <= e[DT_PIPE_TRACE_END],
+                 "rank %d: action %d: times out of order (%.6f %.6f %.6f %.6f after %.6f)", rank, i,
+                 e[DT_PIPE_TRACE_BEGIN], e[DT_PIPE_TRACE_RUN], e[DT_PIPE_TRACE_DONE], e[DT_PIPE_TRACE_END], prev);
+        prev = e[DT_PIPE_TRACE_END];
+        bool comp = acts[i].op <= DT_PIPE_BW;
+        if (comp) {
+            ncomp++;
+            busy += e[DT_PIPE_TRACE_DONE] - e[DT_PIPE_TRACE_RUN];
+            TH_CHECK(e[DT_PIPE_TRACE_CPU] > 0 && e[DT_PIPE_TRACE_CPU] <= e[DT_PIPE_TRACE_DONE] - e[DT_PIPE_TRACE_RUN] + 1e-3,
+                     "rank %d: action %d: CPU %.6f s of %.6f s", rank, i, e[DT_PIPE_TRACE_CPU],
+                     e[DT_PIPE_TRACE_DONE] - e[DT_PIPE_TRACE_RUN]);
+            /* F on stage 1 waits for the activation, B on stage 0 for the gradient */
+            int dir = acts[i].op == DT_PIPE_F ? 0 : 1, from = rank == 1 ? 0 : 1;
+            if ((rank == 1) == (acts[i].op == DT_PIPE_F)) {
+                int k = (dir * 2 + from) * 2 + acts[i].mb;
+                TH_CHECK(t[16 + k] > 0 && e[DT_PIPE_TRACE_BEGIN] <= t[8 + k] && t[16 + k] <= e[DT_PIPE_TRACE_RUN],
+                         "rank %d: action %d: wait %.6f..%.6f outside %.6f..%.6f", rank, i, t[8 + k], t[16 + k],
+                         e[DT_PIPE_TRACE_BEGIN], e[DT_PIPE_TRACE_RUN]);
+            }
+        } else {
+            TH_CHECK(e[DT_PIPE_TRACE_CPU] == 0 && e[DT_PIPE_TRACE_RUN] == e[DT_PIPE_TRACE_BEGIN] &&
+                         e[DT_PIPE_TRACE_DONE] == e[DT_PIPE_TRACE_END],
+                     "rank %d: action %d (a message) has compute times", rank, i);
+        }
+    }
+    TH_CHECK(ncomp == 4, "rank %d: %d compute actions, want 4 (F, B of 2 micro-batches)", rank, ncomp);
+    TH_CHECK(prev <= stt.end_s, "rank %d: the last action ended after the step", rank);
+    TH_CHECK(busy > 0 && busy <= stt.busy_s * (1 + 1e-9) + 1e-12 && busy >= stt.busy_s * (1 - 1e-9) - 1e-12,
+             "rank %d: the trace's compute %.9f s, busy_s %.9f s", rank, busy, stt.busy_s);
+    dt_pipe_schedule_free(sc);
     dt_trainer_free(tr);
     dt_model_free(m);
     dt_pg_free(pg);

@@ -199,19 +199,19 @@ static dt_status check_pairs(const dt__pipe_sched *s)
 
 /* ---- replay -------------------------------------------------------------------------- */
 
-/* Replay with costs (tf, tb, tw; B = tb + tw). t[r][i] gets start times
- * when non-NULL (an array per rank); sim when non-NULL. Needs a table
- * that passed check_structure. */
-static dt_status replay(const dt__pipe_sched *s, double tf, double tb, double tw, double **t, dt_pipe_sim *sim)
+/* Replay with costs cost[4 stage + op] (op F, B, BI, BW). t[r][i] gets
+ * start times when non-NULL (an array per rank); sim when non-NULL. Needs
+ * a table that passed check_structure. */
+static dt_status replay(const dt__pipe_sched *s, const double *cost4, double **t, dt_pipe_sim *sim)
 {
     const int p = s->p, S = p * s->v;
     size_t nk = (size_t)S * s->m;
     double *fdone = malloc(nk * sizeof *fdone), *bdone = malloc(nk * sizeof *bdone);
     double *msg = malloc(2 * nk * sizeof *msg);
     int *pc = calloc((size_t)p, sizeof *pc), *inflight = calloc((size_t)p, sizeof *inflight);
-    double *clock = calloc((size_t)p, sizeof *clock);
+    double *clock = calloc((size_t)p, sizeof *clock), *busy = calloc((size_t)p, sizeof *busy);
     dt_status st = DT_OK;
-    if (!fdone || !bdone || !msg || !pc || !clock || !inflight) {
+    if (!fdone || !bdone || !msg || !pc || !clock || !inflight || !busy) {
         st = dt_error(DT_ERR_NO_MEMORY, "pipeline table replay");
         goto done;
     }
@@ -219,10 +219,8 @@ static dt_status replay(const dt__pipe_sched *s, double tf, double tb, double tw
         fdone[k] = bdone[k] = -1;
     for (size_t k = 0; k < 2 * nk; k++)
         msg[k] = -1;
-    if (sim) {
+    if (sim)
         memset(sim, 0, sizeof *sim);
-        sim->ideal = (double)s->m * s->v * (tf + tb + tw);
-    }
     for (;;) {
         bool moved = false, left = false;
         for (int r = 0; r < p; r++) {
@@ -246,9 +244,9 @@ static dt_status replay(const dt__pipe_sched *s, double tf, double tb, double tw
                         if (when > ready)
                             ready = when;
                     }
-                    cost = f ? tf : a->op == DT_PIPE_B ? tb + tw : tb;
+                    cost = cost4[4 * (size_t)a->stage + (size_t)a->op];
                 } else if (a->op == DT_PIPE_BW) {
-                    cost = tw;
+                    cost = cost4[4 * (size_t)a->stage + DT_PIPE_BW];
                 }
                 if (t)
                     t[r][pc[r]] = ready;
@@ -264,6 +262,7 @@ static dt_status replay(const dt__pipe_sched *s, double tf, double tb, double tw
                 }
                 if (a->op == DT_PIPE_B || a->op == DT_PIPE_BW)
                     inflight[r]--;
+                busy[r] += cost;
                 if (sim && r < 256)
                     sim->busy[r] += cost;
                 pc[r]++;
@@ -286,9 +285,12 @@ static dt_status replay(const dt__pipe_sched *s, double tf, double tb, double tw
         }
     }
     if (sim) {
-        for (int r = 0; r < p; r++)
+        for (int r = 0; r < p; r++) {
             if (clock[r] > sim->makespan)
                 sim->makespan = clock[r];
+            if (busy[r] > sim->ideal)
+                sim->ideal = busy[r];
+        }
         sim->bubble = sim->ideal > 0 ? (sim->makespan - sim->ideal) / sim->ideal : 0;
     }
 done:
@@ -297,8 +299,25 @@ done:
     free(msg);
     free(pc);
     free(clock);
+    free(busy);
     free(inflight);
     return st;
+}
+
+/* Costs (tf, tb, tw) for every stage of s (B = tb + tw), for replay. */
+static double *uniform_costs(const dt__pipe_sched *s, double tf, double tb, double tw)
+{
+    size_t S = (size_t)s->p * (size_t)s->v;
+    double *c = malloc(4 * S * sizeof *c);
+    for (size_t i = 0; c && i < S; i++) {
+        c[4 * i + DT_PIPE_F] = tf;
+        c[4 * i + DT_PIPE_B] = tb + tw;
+        c[4 * i + DT_PIPE_BI] = tb;
+        c[4 * i + DT_PIPE_BW] = tw;
+    }
+    if (!c)
+        dt_error(DT_ERR_NO_MEMORY, "pipeline table replay");
+    return c;
 }
 
 static dt_status check_all(const dt__pipe_sched *s, double **t)
@@ -316,8 +335,10 @@ static dt_status check_all(const dt__pipe_sched *s, double **t)
         st = check_structure(s, &ps);
         if (st >= 0)
             st = check_pairs(s);
+        double *c = st >= 0 ? uniform_costs(s, 1, 1, 1) : NULL;
         if (st >= 0)
-            st = replay(s, 1, 1, 1, t, NULL);
+            st = c ? replay(s, c, t, NULL) : dt_last_status();
+        free(c);
     }
     free(ps.f);
     free(ps.b);
@@ -357,7 +378,24 @@ dt_status dt_pipe_schedule_simulate(const dt_pipe_schedule *s, double tf, double
         return dt_error(DT_ERR_NULL, "dt_pipe_schedule_simulate: %s is NULL", s ? "out" : "schedule");
     if (!(tf >= 0 && tb >= 0 && tw >= 0))
         return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_schedule_simulate: costs must be >= 0");
-    return replay(s, tf, tb, tw, NULL, out);
+    double *c = uniform_costs(s, tf, tb, tw);
+    if (!c)
+        return dt_last_status();
+    dt_status st = replay(s, c, NULL, out);
+    free(c);
+    return st;
+}
+
+dt_status dt_pipe_schedule_simulate_costs(const dt_pipe_schedule *s, const double *cost, dt_pipe_sim *out)
+{
+    if (!s || !cost || !out)
+        return dt_error(DT_ERR_NULL, "dt_pipe_schedule_simulate_costs: %s is NULL",
+                        !s ? "schedule" : !cost ? "cost" : "out");
+    for (int i = 0; i < 4 * s->p * s->v; i++)
+        if (!(cost[i] >= 0 && cost[i] < 1e300))
+            return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_schedule_simulate_costs: cost[%d] (stage %d, %s) is %g; "
+                            "costs must be finite and >= 0", i, i / 4, k_op_names[i % 4], cost[i]);
+    return replay(s, cost, NULL, out);
 }
 
 /* ---- printing ---------------------------------------------------------------------------- */
@@ -367,7 +405,7 @@ dt_status dt_pipe_schedule_print(const dt_pipe_schedule *s, FILE *f)
     if (!s || !f)
         return dt_error(DT_ERR_NULL, "dt_pipe_schedule_print: %s is NULL", s ? "file" : "schedule");
     dt_pipe_sim sim;
-    dt_status st = replay(s, 1, 1, 1, NULL, &sim);
+    dt_status st = dt_pipe_schedule_simulate(s, 1, 1, 1, &sim);
     if (st < 0)
         return st;
     int T = (int)sim.makespan;

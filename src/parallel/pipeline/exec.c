@@ -16,8 +16,10 @@
  * SEND_F sends straight out of the forward's output (alive until the
  * micro-batch's backward, which cannot start before the next stage has
  * received it, so waiting on that send before the context goes back costs
- * nothing); SEND_B sends a copy of the input gradient, so the context can
- * go back at once and no action ever waits on its own send. Sends and
+ * nothing); SEND_B sends a copy of the input gradient (into a buffer of
+ * the (stage, micro-batch) kept from step to step, like the receive
+ * buffers), so the context can go back at once and no action ever waits
+ * on its own send. Sends and
  * receives are batched point to point (comm.h): all in flight together,
  * matched in posting order per pair, which the table's checker made
  * consistent.
@@ -32,6 +34,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     dt_ctx *ctx;           /* in flight: forwarded, backward not finished */
@@ -46,7 +49,7 @@ typedef struct {
 
 typedef struct {
     dt_req *req;
-    void *buf;
+    void *buf;             /* what it sends: one of ginbuf (not owned here) */
 } pending_send;
 
 typedef struct {
@@ -67,7 +70,10 @@ struct dt__pipe_exec {
     void **actbuf, **gradbuf; /* v * m: receive buffers, kept between steps (sized by in / out) */
     double *mt;            /* 3 x 2 S m: per message of the last step, post / wait start / wait end
                               (dt__pipe_exec_msg_times) */
-    float **gin;           /* v * m: input gradients copied at B / BI, until SEND_B posts them */
+    double *tr;            /* DT_PIPE_TRACE_N x nacts: per action of the last step (dt__pipe_exec_trace) */
+    double *cur;           /* the running action's entry of tr */
+    float **gin;           /* v * m: the input gradient copied at B / BI (ginbuf's), until SEND_B posts it */
+    float **ginbuf;        /* v * m: its buffers, kept between steps (sized by in) */
     dt_ctx **pool;         /* free contexts */
     int npool, nctx;
     dt_ctx **all;          /* every context made, to free */
@@ -102,13 +108,15 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
     e->actbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->actbuf);
     e->gradbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gradbuf);
     e->mt = dt_calloc((size_t)6 * (size_t)S * (size_t)e->mm * sizeof *e->mt);
+    e->tr = dt_calloc((size_t)DT_PIPE_TRACE_N * (size_t)(e->nacts + 1) * sizeof *e->tr);
     e->gin = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->gin);
+    e->ginbuf = dt_calloc((size_t)e->v * (size_t)e->mm * sizeof *e->ginbuf);
     e->in = dt_calloc((size_t)e->v * sizeof *e->in);
     e->out = dt_calloc((size_t)e->v * sizeof *e->out);
     e->all = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->all);
     e->pool = dt_calloc((size_t)(e->v * e->mm + 1) * sizeof *e->pool);
-    if (st >= 0 && (!e->starts || !e->mb || !e->gin || !e->in || !e->out || !e->all || !e->pool || !e->actbuf ||
-                    !e->gradbuf || !e->mt))
+    if (st >= 0 && (!e->starts || !e->mb || !e->gin || !e->ginbuf || !e->in || !e->out || !e->all || !e->pool || !e->actbuf ||
+                    !e->gradbuf || !e->mt || !e->tr))
         st = dt_error(DT_ERR_NO_MEMORY, "pipeline executor");
     if (st < 0) {
         dt__pipe_exec_free(e);
@@ -131,17 +139,18 @@ static void drop_send(pending_send *q)
         dt_req_wait(q->req, -1);
         dt_req_free(q->req);
     }
-    dt_free(q->buf);
     q->req = NULL, q->buf = NULL;
 }
 
 /* The receive buffers (their sizes follow the shapes). */
 static void drop_bufs(dt__pipe_exec *e)
 {
-    for (int i = 0; e->actbuf && e->gradbuf && i < e->v * e->mm; i++) {
+    for (int i = 0; e->actbuf && e->gradbuf && e->ginbuf && i < e->v * e->mm; i++) {
         dt_free(e->actbuf[i]);
         dt_free(e->gradbuf[i]);
+        dt_free(e->ginbuf[i]);
         e->actbuf[i] = e->gradbuf[i] = NULL;
+        e->ginbuf[i] = NULL;
     }
 }
 
@@ -158,13 +167,13 @@ void dt__pipe_exec_free(dt__pipe_exec *e)
     dt_free(e->pool);
     dt_free(e->in);
     dt_free(e->out);
-    for (int i = 0; e->gin && i < e->v * e->mm; i++)
-        dt_free(e->gin[i]);
     dt_free(e->gin);
     drop_bufs(e);
+    dt_free(e->ginbuf);
     dt_free(e->actbuf);
     dt_free(e->gradbuf);
     dt_free(e->mt);
+    dt_free(e->tr);
     dt_free(e->mb);
     dt_free(e->starts);
     dt_free(e);
@@ -182,6 +191,41 @@ dt_status dt__pipe_exec_msg_times(const dt__pipe_exec *e, double *t, size_t n)
                         "micro-batches = %zu", n, e->S, e->mm, want);
     memcpy(t, e->mt, want * sizeof *t);
     return DT_OK;
+}
+
+void dt__pipe_exec_trace(const dt__pipe_exec *e, const dt_pipe_action **acts, const double **t, int *n)
+{
+    *acts = e->acts, *t = e->tr, *n = e->nacts;
+}
+
+/* CPU seconds of the calling thread (what a compute action cost it, without
+ * the time other processes held its core). */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0)
+        return 0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A compute action begins computing (its message, if any, has arrived):
+ * the trace's compute start, and the thread's CPU clock to take the
+ * difference of at its end. */
+static double compute_begin(dt__pipe_exec *e)
+{
+    double t = dt_time_s();
+    e->cur[DT_PIPE_TRACE_RUN] = t;
+    e->cur[DT_PIPE_TRACE_CPU] = thread_cpu_s();
+    return t;
+}
+
+/* ... and ends: its wall seconds count as busy. */
+static void compute_end(dt__pipe_exec *e)
+{
+    double t = dt_time_s();
+    e->cur[DT_PIPE_TRACE_DONE] = t;
+    e->cur[DT_PIPE_TRACE_CPU] = thread_cpu_s() - e->cur[DT_PIPE_TRACE_CPU];
+    e->stats.busy_s += t - e->cur[DT_PIPE_TRACE_RUN];
 }
 
 static dt_ctx *acquire(dt__pipe_exec *e)
@@ -410,16 +454,16 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
     case DT_PIPE_F: {
         int c = chunk(e, a->stage);
         mb_state *q = &e->mb[c * m + a->mb];
-        double t0 = dt_time_s();
+        if (a->stage > 0 &&
+            (st = wait_req(e, &q->act_req, "the activation", a->stage, a->mb, 0, a->stage - 1)) < 0)
+            return st;
+        compute_begin(e);
         if (!(q->ctx = acquire(e)))
             return dt_last_status();
         e->live++;
         if (a->stage == 0) {
             q->in = rows(q->ctx, fb->x, a->mb, b);
         } else {
-            if ((st = wait_req(e, &q->act_req, "the activation", a->stage, a->mb, 0, a->stage - 1)) < 0)
-                return st;
-            t0 = dt_time_s();
             const bshape *bs = &e->in[c];
             q->in = dt_tensor_view_of(q->ctx, q->act, bs->dtype, bs->nd, bs->shape);
             if (q->in && (st = dt_tensor_set_requires_grad(q->in, true)) < 0)
@@ -440,7 +484,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
                                  dt__pipe_action_str(a, d, sizeof d));
         if (a->stage < e->S - 1 && !dt_tensor_is_contiguous(q->out) && !(q->out = dt_contiguous(q->ctx, q->out)))
             return dt_last_status();
-        e->stats.busy_s += dt_time_s() - t0;
+        compute_end(e);
         e->live_bytes += dt_arena_used(dt_ctx_arena(q->ctx));
         if (e->live_bytes > e->stats.peak_act_bytes)
             e->stats.peak_act_bytes = e->live_bytes;
@@ -468,7 +512,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
                 return st;
             dt_tensor_init_contiguous(&g1, DT_F32, q->out->ndim, q->out->shape, q->grad);
         }
-        double t0 = dt_time_s();
+        compute_begin(e);
         st = a->op == DT_PIPE_B ? dt_backward_with(q->ctx, root, g) : dt_backward_input(q->ctx, root, g);
         q->grad = NULL;
         if (st < 0)
@@ -483,15 +527,16 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
                 return dt_error(DT_ERR_STATE, "pipeline: %s: the input gradient is not contiguous f32",
                                 dt__pipe_action_str(a, d, sizeof d));
             size_t n = (size_t)dt_tensor_numel(q->in->grad);
-            float *cp = dt_alloc(n * sizeof *cp);
-            if (!cp)
+            int k = chunk(e, a->stage) * m + a->mb;
+            if (n != numel_of(&e->in[chunk(e, a->stage)]))
+                return dt_error(DT_ERR_STATE, "pipeline: %s: the input gradient has %zu elements, the input %zu",
+                                dt__pipe_action_str(a, d, sizeof d), n, numel_of(&e->in[chunk(e, a->stage)]));
+            if (!e->ginbuf[k] && !(e->ginbuf[k] = dt_alloc(n * sizeof(float))))
                 return dt_error(DT_ERR_NO_MEMORY, "pipeline: %s", dt__pipe_action_str(a, d, sizeof d));
-            memcpy(cp, q->in->grad->data, n * sizeof *cp);
-            float **slot = &e->gin[chunk(e, a->stage) * m + a->mb];
-            dt_free(*slot);
-            *slot = cp;
+            memcpy(e->ginbuf[k], q->in->grad->data, n * sizeof(float));
+            e->gin[k] = e->ginbuf[k];
         }
-        e->stats.busy_s += dt_time_s() - t0;
+        compute_end(e);
         size_t after = dt_arena_used(dt_ctx_arena(q->ctx));
         e->live_bytes += after - before;
         if (e->live_bytes > e->stats.peak_act_bytes)
@@ -502,10 +547,10 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
     }
     case DT_PIPE_BW: {
         mb_state *q = &e->mb[chunk(e, a->stage) * m + a->mb];
-        double t0 = dt_time_s();
+        compute_begin(e);
         if ((st = dt_backward_weight(q->ctx)) < 0)
             return dt_error_wrap(st, "pipeline: %s", dt__pipe_action_str(a, d, sizeof d));
-        e->stats.busy_s += dt_time_s() - t0;
+        compute_end(e);
         release(e, q);
         return DT_OK;
     }
@@ -518,8 +563,10 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
         mark_post(e, 1, a->stage, a->mb);
         if ((st = dt_pg_send_async(e->pg, *slot, numel_of(bs), DT_F32, a->peer, &rq)) < 0)
             return st;
-        if ((st = push_send(e, rq, *slot)) < 0)
-            return st; /* the buffer stays with the request (leaked) */
+        if ((st = push_send(e, rq, *slot)) < 0) {
+            e->ginbuf[chunk(e, a->stage) * m + a->mb] = NULL; /* the buffer stays with the request (leaked) */
+            return st;
+        }
         *slot = NULL;
         return DT_OK;
     }
@@ -547,11 +594,14 @@ static void abandon(dt__pipe_exec *e)
         }
         dt_req_free(q->out_send);
         memset(q, 0, sizeof *q);
-        dt_free(e->gin[i]);
         e->gin[i] = NULL;
     }
-    for (int i = 0; i < e->nps; i++)
+    for (int i = 0; i < e->nps; i++) {
         dt_req_free(e->ps[i].req);
+        for (int k = 0; k < e->v * e->mm; k++) /* the request keeps its buffer (leaked) */
+            if (e->ginbuf[k] == e->ps[i].buf)
+                e->ginbuf[k] = NULL;
+    }
     e->nps = 0;
     e->npool = 0;
     for (int i = 0; i < e->nctx; i++)
@@ -587,8 +637,17 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     memset(e->mt, 0, (size_t)6 * (size_t)e->S * (size_t)e->mm * sizeof *e->mt);
     e->live_bytes = 0;
     e->live = 0;
-    for (int i = 0; i < e->nacts && st >= 0; i++)
+    memset(e->tr, 0, (size_t)DT_PIPE_TRACE_N * (size_t)e->nacts * sizeof *e->tr);
+    for (int i = 0; i < e->nacts && st >= 0; i++) {
+        double *tr = e->cur = &e->tr[(size_t)DT_PIPE_TRACE_N * (size_t)i];
+        tr[DT_PIPE_TRACE_BEGIN] = dt_time_s();
         st = step_action(e, &e->acts[i], fb, b, &lsum);
+        tr[DT_PIPE_TRACE_END] = dt_time_s();
+        if (!tr[DT_PIPE_TRACE_RUN]) { /* no compute (a send, a receive): its own work is all of it */
+            tr[DT_PIPE_TRACE_RUN] = tr[DT_PIPE_TRACE_BEGIN];
+            tr[DT_PIPE_TRACE_DONE] = tr[DT_PIPE_TRACE_END];
+        }
+    }
     if (st < 0) {
         abandon(e);
         return st;
@@ -598,7 +657,6 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
         if (s2 < 0 && st >= 0)
             st = dt_error(s2, "pipeline: sending a gradient: %s", dt_req_message(e->ps[i].req));
         dt_req_free(e->ps[i].req);
-        dt_free(e->ps[i].buf);
     }
     e->nps = 0;
     for (int i = 0; i < e->v * e->mm; i++)

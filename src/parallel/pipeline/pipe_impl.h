@@ -42,6 +42,8 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb);
 void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt);
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out);
 dt_status dt__pipe_exec_msg_times(const dt__pipe_exec *e, double *t, size_t n);
+/* This rank's list and its trace of the last step (borrowed). */
+void dt__pipe_exec_trace(const dt__pipe_exec *e, const dt_pipe_action **acts, const double **t, int *n);
 void dt__pipe_exec_free(dt__pipe_exec *e);
 
 #endif
