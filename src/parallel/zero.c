@@ -21,8 +21,9 @@
  * parameters, stage 2/3 gradients) are ordinary allocations.
  *
  * Collectives. Gradients: a grad-ready hook counts each unit's parameters;
- * a complete unit's reduction (stage 1: all-reduce AVG of the whole unit,
- * stages 2/3: reduce-scatter AVG into the owner's shard) is posted on pg,
+ * a complete unit's reduction (a reduce-scatter AVG into the owner's shard,
+ * which for stage 1 is its range of the whole gradients; stage 1 with
+ * reduce_scatter off: an all-reduce AVG of the whole unit) is posted on pg,
  * strictly in descending unit index on every rank (a unit that completes
  * early waits for its predecessors, like the reducer's buckets); units not
  * complete when backward ends are posted at the wait (their missing
@@ -69,6 +70,7 @@ dt_zero_params dt_zero_params_default(void)
     p.init_rng = DT_INIT_PHILOX;
     p.init_seed = 0;
     p.overlap_comm = true;
+    p.reduce_scatter = true;
     p.contiguous_gradients = true;
     p.reduce_bucket_size = 500000000;
     p.allgather_bucket_size = 500000000;
@@ -391,17 +393,79 @@ static void unit_reshard(dt_zero *z, zunit *u)
     u->prefetched = false;
 }
 
+/* ---- shared buffers ----------------------------------------------------------------------
+ *
+ * The buffers the collectives of whole units read and write, stage 1's
+ * whole gradients (the reduce-scatter's input and output) and a resident
+ * unit's whole parameters (the after-step all-gather's), come from
+ * dt_pg_alloc when it has room: the shm backend then reduces and gathers
+ * straight out of the peers' buffers instead of copying each piece
+ * through its staging area (about 3% of a gpt-mini stage-1 step on 2
+ * ranks), as DDP's gradient buffer does. They are never released (stage 1
+ * zeroes its gradients instead, resident units stay whole), so the page
+ * games of the regions above do not apply to them. Not with hybrid
+ * sharding or hierarchical reductions (other groups); a full arena falls
+ * back to a region. */
+
+static void *buf_map(dt_zero *z, size_t bytes, bool want_shared, bool *shared)
+{
+    *shared = false;
+    if (want_shared && bytes && z->W > 1 && !z->spg && !z->p.hierarchical) {
+        void *p = dt_pg_alloc(z->pg, bytes);
+        if (p) {
+            memset(p, 0, bytes); /* its contents are undefined; a region reads as zero */
+            *shared = true;
+            return p;
+        }
+        dt_error_clear();
+    }
+    return region_map(bytes);
+}
+
+static void buf_unmap(dt_zero *z, void *p, size_t bytes, bool shared)
+{
+    if (shared)
+        dt_pg_dealloc(z->pg, p);
+    else
+        region_unmap(p, bytes);
+}
+
+static void buf_release(void *p, size_t bytes, bool shared)
+{
+    if (shared && p)
+        memset(p, 0, bytes);
+    else
+        region_release(p, bytes);
+}
+
 /* Release a unit's whole gradients (they were reduced, or are not needed). */
 static void unit_release_grads(dt_zero *z, zunit *u)
 {
     if (!u->grads_live)
         return;
-    region_release(u->gfull, unit_bytes(u));
+    buf_release(u->gfull, unit_bytes(u), u->gred_sh && !u->rfull);
     if (u->rfull && z->p.stage >= 2) /* stage 1 steps its slice of rfull */
-        region_release(u->rfull, unit_rbytes(u));
+        buf_release(u->rfull, unit_rbytes(u), u->gred_sh);
     u->grads_live = false;
     if (z->p.stage >= 2)
         live_sub(z, unit_bytes(u));
+}
+
+/* Stage 1, a new step: zero the last step's whole gradients but this
+ * rank's range, which the optimizer zeroed as it stepped it (the caller's
+ * contract, parallel.h; the trainer's fused pass does it). Releasing the
+ * region instead (as stages 2/3 do) would make backward fault every page
+ * back in and the kernel clear it: the whole buffer each step, about 4% of
+ * a gpt-mini step on 2 ranks, against (W-1)/W of it written here. With a
+ * reduce dtype the unit's own gradients are all zeroed (the optimizer
+ * zeroed its slice of rfull, which each reduction rewrites whole). */
+static void unit_clear_grads(zunit *u, int rank)
+{
+    if (!u->grads_live)
+        return;
+    const size_t lo = u->rfull ? 0 : (size_t)rank * u->c * u->es, hi = u->rfull ? 0 : lo + u->c * u->es;
+    memset(u->gfull, 0, lo);
+    memset(u->gfull + hi, 0, unit_bytes(u) - hi);
 }
 
 static void unit_grads_touch(dt_zero *z, zunit *u)
@@ -514,12 +578,16 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
         g = u->rfull;
     }
     dt_pg *rg = z->hpg ? z->hpg : z->pg;
-    if (z->p.stage == 1)
+    /* stage 1: gshard is this rank's range of g, so the reduce-scatter
+     * runs in place (recv == send + rank * c) and leaves the other ranges
+     * holding this rank's own gradients, which nothing reads */
+    const bool ar = z->p.stage == 1 && !z->p.reduce_scatter;
+    if (ar)
         st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
         st = dt_pg_reduce_scatter_async(rg, g, u->gshard, u->c, u->rdt, DT_REDUCE_AVG, &u->rs);
     if (st < 0)
-        return unit_err(u, st, z->p.stage == 1 ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
+        return unit_err(u, st, ar ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
     u->posted = true;
     z->stats.bytes_reduced += unit_rbytes(u);
     if (!z->p.overlap_comm)
@@ -662,7 +730,10 @@ void dt_zero_set_sync(dt_zero *z, bool sync)
         return;
     if (z->need_clear) { /* a new step: the last one's whole gradients (stage 1) go */
         for (int i = 0; i < z->nu; i++)
-            unit_release_grads(z, &z->u[i]);
+            if (z->p.stage == 1)
+                unit_clear_grads(&z->u[i], z->rank);
+            else
+                unit_release_grads(z, &z->u[i]);
         z->need_clear = false;
     }
     z->sync = sync;
@@ -1085,11 +1156,14 @@ static dt_status unit_alloc(dt_zero *z, zunit *u, bool lowp_model)
     size_t b = unit_bytes(u);
     u->rdt = unit_reduce_dtype(z, u, lowp_model);
     u->res = dt_dtype_size(u->rdt);
-    u->full = region_map(b);
-    u->gfull = region_map(b);
+    const bool s1 = z->p.stage == 1, rd = u->rdt != u->dtype;
+    bool sh = false;
+    u->full = buf_map(z, b, u->resident, &u->full_sh);
+    u->gfull = buf_map(z, b, s1 && !rd, &sh);
+    u->gred_sh = sh;
     if (!u->full || !u->gfull)
         return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping 2 x %zu bytes", u->name, b);
-    if (u->rdt != u->dtype && !(u->rfull = region_map(unit_rbytes(u))))
+    if (rd && !(u->rfull = buf_map(z, unit_rbytes(u), s1, &u->gred_sh)))
         return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping %zu bytes of %s gradients", u->name,
                         unit_rbytes(u), dt_dtype_name(u->rdt));
     if (u->resident) {
@@ -1265,9 +1339,9 @@ void dt_zero_free(dt_zero *z)
 
 void dt__zero_unit_unmap(zunit *u)
 {
-    region_unmap(u->full, unit_bytes(u));
-    region_unmap(u->gfull, unit_bytes(u));
-    region_unmap(u->rfull, unit_rbytes(u));
+    buf_unmap(u->z, u->full, unit_bytes(u), u->full_sh);
+    buf_unmap(u->z, u->gfull, unit_bytes(u), u->gred_sh && !u->rfull);
+    buf_unmap(u->z, u->rfull, unit_rbytes(u), u->gred_sh);
     dt_free(u->pshard_own);
     dt_free(u->gshard_own);
     dt_free(u->master);
