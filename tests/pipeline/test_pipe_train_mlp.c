@@ -143,9 +143,69 @@ TEST(mlp_memory_per_stage)
     ASSERT_EQ_INT(th_run(2, 60.0, memory_body, NULL, codes), 0);
 }
 
+/* A stage whose process dies between steps: the survivor's next step
+ * fails within seconds with an error naming the pipeline message it waited
+ * for (the shm backend notices the dead process), without a crash or a
+ * hang; a further step fails too, and everything frees cleanly (ASan: the
+ * executor's buffers of the abandoned schedule are not freed under
+ * requests still in flight, nor lost). */
+static int dead_peer_body(int rank, int size, void *arg)
+{
+    dt_pipe_kind kind = *(const dt_pipe_kind *)arg;
+    dt_model_config mc = small_cfg("mlp");
+    dt_model *m;
+    dt_model_desc d;
+    TH_OK(dt_model_create("mlp", 11, &mc, &m, &d));
+    dt_pg_params pgp = dt_pg_params_default();
+    pgp.rank = rank, pgp.world_size = size, pgp.job_id = th_job, pgp.backend = "shm", pgp.timeout_s = 20;
+    dt_pg *pg;
+    TH_OK(dt_pg_init(&pgp, &pg));
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = 2, pp.schedule = kind, pp.micro_batches = 4;
+    dt_strategy *s;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.loss_fn = dt_model_desc_loss_fn;
+    tp.loss_ud = &d;
+    dt_trainer *tr;
+    TH_OK(dt_trainer_init(m, s, &tp, &tr));
+    float xf[B_GLOBAL * 32];
+    make_batch("mlp", 0, B_GLOBAL, xf, NULL, NULL);
+    dt_trainer_batch b = batch_of("mlp", B_GLOBAL, xf, NULL, NULL);
+    TH_OK(dt_trainer_step(tr, &b, 1, NULL));
+    if (rank == 1) {
+        fflush(NULL);
+        _exit(0);
+    }
+    double t0 = dt_time_s();
+    dt_status st = dt_trainer_step(tr, &b, 1, NULL);
+    double took = dt_time_s() - t0;
+    TH_CHECK(st < 0, "a step with a dead pipeline peer succeeded");
+    TH_CHECK(strstr(dt_last_error(), "pipeline: receiving the gradient of stage 0") != NULL,
+             "the error does not name the message: %s", dt_last_error());
+    TH_CHECK(took < 15, "the step took %.1f s to notice the dead peer", took);
+    TH_CHECK(dt_trainer_step(tr, &b, 1, NULL) < 0, "a second step with a dead peer succeeded");
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(mlp_dead_stage)
+{
+    for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
+        if (k == DT_PIPE_INTERLEAVED)
+            continue;
+        dt_pipe_kind kind = (dt_pipe_kind)k;
+        int codes[2];
+        ASSERT_EQ_INT(th_run(2, 60.0, dead_peer_body, &kind, codes), 0);
+    }
+}
+
 int main(void)
 {
     RUN(mlp_every_schedule);
     RUN(mlp_memory_per_stage);
+    RUN(mlp_dead_stage);
     return TEST_REPORT();
 }
