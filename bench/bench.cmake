@@ -21,7 +21,15 @@ add_executable(bench_reshard ${CMAKE_CURRENT_LIST_DIR}/reshard.c)
 set_target_properties(bench_reshard PROPERTIES OUTPUT_NAME reshard
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_reshard PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_include_directories(bench_reshard PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(bench_reshard PRIVATE dtrain_static)
+# The strided row copy against memcpy of the same bytes (issue 16).
+add_executable(bench_copy_rows ${CMAKE_CURRENT_LIST_DIR}/copy_rows.c)
+set_target_properties(bench_copy_rows PROPERTIES OUTPUT_NAME copy_rows
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_copy_rows PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_include_directories(bench_copy_rows PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(bench_copy_rows PRIVATE dtrain_static)
 if(DT_BUILD_TESTS)
   # Tiny shapes: every transition runs, and each compared op's output must
   # equal the reshard's bit for bit (the bench exits 1 otherwise).

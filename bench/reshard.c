@@ -23,7 +23,8 @@
  *                   ranks to the second: a send/recv of R*C per pair
  * Its op differs from the plain one for S(1) -> R (dt_pg_allgather_blocks),
  * P -> S(1) (dt_pg_reduce_scatter_blocks), S(0) -> S(1)
- * (dt_pg_alltoall_blocks) and R -> S(1) (a memcpy per row); elsewhere it is
+ * (dt_pg_alltoall_blocks) and R -> S(1) (the strided row copy, dt__copy_rows
+ * of src/base/copy.h); elsewhere it is
  * the same call timed twice (its ratio is the noise). reshard/op is the
  * reshard layer's own cost, op/collective the strided layout's; the op's
  * output is checked bit-equal to the reshard's after the last repetition.
@@ -31,6 +32,8 @@
  * several times and compare medians (the minima show the unloaded cost).
  * Use rows and cols divisible by the world size (even shards) so the
  * collectives compared are the even ones. */
+#include "base/copy.h"
+
 #include <dtrain/dtrain.h>
 
 #include <stdio.h>
@@ -214,8 +217,9 @@ int main(int argc, char **argv)
                     break;
                 default:
                     if (what == 1)
-                        for (int64_t i = 0; i < rows; i++)
-                            memcpy(o + i * lc, in + i * cols + rank * lc, (size_t)lc * sizeof(float));
+                        dt__copy_rows(o, (size_t)lc * sizeof(float), in + rank * lc,
+                                      (size_t)cols * sizeof(float), (size_t)rows,
+                                      (size_t)lc * sizeof(float));
                     else
                         memcpy(o, in, per * sizeof(float));
                     break;

@@ -3,11 +3,12 @@
  *     dtrain run -n 2 -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64]
  *                         [--steps 20] [--threads 1] [--wrap-min-params N]
  *                         [--wrap-module-type TYPE] [--mlp-dim N] [--mlp-hidden N]
- *                         [--modes ddp,1,2,3,3-post,3-none,3-nopool] [--json]
+ *                         [--modes ddp,1,1-ar,2,3,3-post,3-none,3-nopool] [--json]
  *
  * Every mode trains its own copy of the model (same seed, same fixed
  * synthetic batch per rank, AdamW) through the library's trainer: "ddp"
- * (dt_strategy_ddp_init), "1" and "2" (ZeRO stages 1 and 2), "3" (stage 3
+ * (dt_strategy_ddp_init), "1" and "2" (ZeRO stages 1 and 2), "1-ar" (stage 1
+ * with reduce_scatter off: the whole gradients all-reduced), "3" (stage 3
  * with BACKWARD_PRE prefetch), "3-post" (BACKWARD_POST), "3-none" (no
  * prefetch) and "3-nopool" (BACKWARD_PRE, freed units' pages given back
  * instead of kept in the page pool). After 2 untimed steps per mode, blocks of 5 steps cycle
@@ -46,6 +47,7 @@ typedef struct {
     int stage; /* 0: DDP */
     dt_backward_prefetch bp;
     bool nopool; /* stage 3 without the page pool */
+    bool allreduce; /* stage 1 with reduce_scatter off: all-reduce the whole gradients */
     dt_model *m;
     dt_trainer *tr;
     double *t, *c; /* wall and CPU seconds per timed step */
@@ -64,7 +66,7 @@ static uint64_t volume(const zmode *z)
         return d ? 2 * dt_ddp_get_stats(d).bytes_reduced : 0;
     }
     dt_zero_stats st = dt_zero_get_stats(dt_strategy_zero(s));
-    return st.bytes_reduced + st.bytes_gathered;
+    return (z->allreduce ? 2 : 1) * st.bytes_reduced + st.bytes_gathered;
 }
 
 static int parse_modes(const char *spec, zmode *zm, int *nm)
@@ -85,6 +87,8 @@ static int parse_modes(const char *spec, zmode *zm, int *nm)
             z->stage = 0;
         else if (!strcmp(tok, "1") || !strcmp(tok, "2") || !strcmp(tok, "3"))
             z->stage = tok[0] - '0';
+        else if (!strcmp(tok, "1-ar"))
+            z->stage = 1, z->allreduce = true;
         else if (!strcmp(tok, "3-post"))
             z->stage = 3, z->bp = DT_PREFETCH_BACKWARD_POST;
         else if (!strcmp(tok, "3-none"))
@@ -92,7 +96,7 @@ static int parse_modes(const char *spec, zmode *zm, int *nm)
         else if (!strcmp(tok, "3-nopool"))
             z->stage = 3, z->nopool = true;
         else {
-            dt__cli_err("dtrain bench zero: unknown mode '%s' (ddp, 1, 2, 3, 3-post, 3-none, 3-nopool)\n", tok);
+            dt__cli_err("dtrain bench zero: unknown mode '%s' (ddp, 1, 1-ar, 2, 3, 3-post, 3-none, 3-nopool)\n", tok);
             return 2;
         }
     }
@@ -110,7 +114,7 @@ int dt_bench_zero(int argc, char **argv)
             printf("usage: dtrain run -n N -- dtrain bench zero [--model mlp] [--batch 4] [--seq 64] [--steps 20]\n"
                    "         [--threads 1] [--wrap-min-params N] [--wrap-module-type TYPE] [--mlp-dim N]\n"
                    "         [--mlp-hidden N]\n"
-                   "         [--modes ddp,1,2,3,3-post,3-none,3-nopool] [--json]\n"
+                   "         [--modes ddp,1,1-ar,2,3,3-post,3-none,3-nopool] [--json]\n"
                    "  ZeRO stages against DDP, interleaved: step time, bytes held, communication volume\n");
             return 0;
         }
@@ -189,6 +193,7 @@ int dt_bench_zero(int argc, char **argv)
             zp.stage = z->stage;
             zp.backward_prefetch = z->bp;
             zp.page_pool = !z->nopool;
+            zp.reduce_scatter = !z->allreduce;
             zp.wrap_min_params = (size_t)wrap;
             zp.wrap_module_type = wrap_type; /* e.g. "GPT2Block": one unit per transformer block */
             if (dt_strategy_zero_init(pg, &zp, &s) < 0)

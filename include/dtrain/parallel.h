@@ -558,7 +558,8 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  *
  *   DeepSpeed   FSDP            sharded                      moved by
  *   stage 0     NO_SHARD        nothing (DDP: use dt_ddp)    all-reduce
- *   stage 1     -               optimizer states             all-reduce, all-gather after the step
+ *   stage 1     -               optimizer states             reduce-scatter (or all-reduce: reduce_scatter
+ *                                                            false), all-gather after the step
  *   stage 2     SHARD_GRAD_OP   + gradients                  reduce-scatter, all-gather after the step
  *   stage 3     FULL_SHARD      + parameters                 all-gather per unit (prefetched), reduce-scatter
  *   -           HYBRID_SHARD    stage 3 (or 2) within groups of hybrid_shard_size ranks, replicated
@@ -584,9 +585,14 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * backward pre-hook, before its gradients are computed), BACKWARD_POST (in
  * its backward post-hook, after freeing it) or NONE. Gradients of a unit are
  * reduced as soon as all of them landed (grad-ready hooks), in descending
- * unit index on every rank: stage 1 all-reduces the unit (and steps its
- * range of it), stages 2/3 reduce-scatter into the owner's shard; the whole
- * gradients of stages 2/3 are released when the reduce-scatter completes.
+ * unit index on every rank: stage 1 reduce-scatters the unit into this
+ * rank's range of its whole gradients (reduce_scatter, the default; false
+ * all-reduces the whole unit) and steps that range, stages 2/3
+ * reduce-scatter into the owner's shard; the whole gradients of stages 2/3
+ * are released when the reduce-scatter completes, stage 1 keeps them (the
+ * next step's first dt_zero_set_sync zeroes all but the owned ranges, which
+ * the optimizer zeroes as it steps them: dt_optim_set_zero_grad, as the
+ * trainer sets it; a caller stepping otherwise zeroes them itself).
  * A freed unit's pages are not given back: up to two of the largest units'
  * worth stay in a page pool, and the next gather moves them (mremap) under
  * its own fixed addresses, so it writes already-faulted memory instead of
@@ -700,6 +706,12 @@ typedef struct dt_zero_params {
     /* DeepSpeed's knobs (zero_optimization), with their meaning here: */
     bool overlap_comm;           /* post reductions during backward (false: each waits at once);
                                     default true */
+    bool reduce_scatter;         /* stage 1: reduce-scatter each unit's gradients into this rank's
+                                    range of its whole gradient buffer (the only part the step
+                                    reads); false: all-reduce the whole unit (twice the work and
+                                    traffic), then step the slice. Stages 2/3 always
+                                    reduce-scatter. The owner's range is the same either way
+                                    (bit-identical on shm; see GUIDE). Default true (DeepSpeed's) */
     bool contiguous_gradients;   /* accepted, no effect: gradients always live in contiguous
                                     per-unit buffers; default true */
     size_t reduce_bucket_size;   /* elements; accepted, no effect: a unit is the reduction bucket
@@ -730,8 +742,8 @@ typedef struct dt_zero_params {
                                     each unit's parameter dtype. An f32 unit of a model that also
                                     has bf16/f16 units (norms the precision policy keeps f32)
                                     always reduces in f32. Default DT_DTYPE_COUNT */
-    bool hierarchical;           /* gradient reductions (stage 1 all-reduce, stage 2/3
-                                    reduce-scatter) over dt_pg_hierarchical of the shard group:
+    bool hierarchical;           /* gradient reductions (reduce-scatters; stage 1's all-reduce
+                                    with reduce_scatter false) over dt_pg_hierarchical of the shard group:
                                     two levels across nodes; default false */
     dt_offload_params offload_param; /* DeepSpeed's offload_param (stage 3): device NVME keeps
                                     this rank's parameter shards in files under nvme_path
@@ -753,13 +765,16 @@ DT_API dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *p, d
  * (dt_zero_full_params) and free the model after. NULL is a no-op. */
 DT_API void dt_zero_free(dt_zero *z);
 /* Whether the coming backward reduces (the step's last micro-batch); false
- * accumulates whole gradients locally (FSDP's no_sync). */
+ * accumulates whole gradients locally (FSDP's no_sync). The first call after
+ * dt_zero_wait starts a new step: the last step's whole gradients are
+ * released (stages 2/3) or zeroed outside this rank's ranges (stage 1: the
+ * ranges' own gradients are the optimizer's to zero, see above). */
 DT_API void dt_zero_set_sync(dt_zero *z, bool sync);
 /* After the last backward: post what is left, wait for every reduction and
  * run the per-step unit check. The shards' gradients are then averaged. */
 DT_API dt_status dt_zero_wait(dt_zero *z);
-/* After the optimizer step: release stage 1's whole gradients and gather the
- * updated parameters of whole units (collective). */
+/* After the optimizer step: gather the updated parameters of whole units
+ * (stages 1/2, and stage 3's persistent unit; collective). */
 DT_API dt_status dt_zero_after_step(dt_zero *z);
 /* Error path: wait without reporting and zero every gradient. */
 DT_API void dt_zero_drain(dt_zero *z);

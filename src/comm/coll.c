@@ -708,6 +708,11 @@ static dt_status blk_post(dt_pg *pg, const dt_coll *c, dt_status (*pre)(dt_req *
                           void (*post)(dt_req *), blk_state *x, dt_req **req)
 {
     dt_req *r;
+    if (!req && !pre && !post) { /* native and blocking: run it here like a plain one */
+        dt_status st = dt__pg_run_blocking(pg, c);
+        free(x);
+        return st;
+    }
     dt_status st = dt__pg_post_ex(pg, c, NULL, pre, post, x, req != NULL, &r);
     if (st < 0)
         return st;

@@ -196,6 +196,7 @@ dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_params *
     if (get_i(c, "zero_optimization.stage", &s))
         *stage = (int)s;
     take_bool(c, "zero_optimization.overlap_comm", &zp->overlap_comm);
+    take_bool(c, "zero_optimization.reduce_scatter", &zp->reduce_scatter);
     take_bool(c, "zero_optimization.contiguous_gradients", &zp->contiguous_gradients);
     take_size(c, "zero_optimization.reduce_bucket_size", &zp->reduce_bucket_size);
     take_size(c, "zero_optimization.allgather_bucket_size", &zp->allgather_bucket_size);

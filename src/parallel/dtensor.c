@@ -7,6 +7,7 @@
  * passes alike, so a bad placement is the same error everywhere. */
 #include "dtensor_impl.h"
 #include "tensor/tensor_impl.h"
+#include "base/copy.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -32,12 +33,18 @@ int64_t dt__numel(const int64_t *shape, int ndim)
     return dt__outer(shape, ndim);
 }
 
-/* Recursive box copy: the innermost dim is one memcpy. */
+/* Recursive box copy: the two innermost dims are one strided row copy
+ * (dt__copy_rows: the row loop inside one function). */
 static void copy_rec(char *dst, const int64_t *dstr, const char *src, const int64_t *sstr,
                      const int64_t *len, int ndim, int d, size_t esz)
 {
     if (d == ndim - 1) {
         memcpy(dst, src, (size_t)len[d] * esz);
+        return;
+    }
+    if (d == ndim - 2) {
+        dt__copy_rows(dst, (size_t)dstr[d] * esz, src, (size_t)sstr[d] * esz, (size_t)len[d],
+                      (size_t)len[d + 1] * esz);
         return;
     }
     for (int64_t i = 0; i < len[d]; i++)

@@ -21,8 +21,9 @@
  * parameters, stage 2/3 gradients) are ordinary allocations.
  *
  * Collectives. Gradients: a grad-ready hook counts each unit's parameters;
- * a complete unit's reduction (stage 1: all-reduce AVG of the whole unit,
- * stages 2/3: reduce-scatter AVG into the owner's shard) is posted on pg,
+ * a complete unit's reduction (a reduce-scatter AVG into the owner's shard,
+ * which for stage 1 is its range of the whole gradients; stage 1 with
+ * reduce_scatter off: an all-reduce AVG of the whole unit) is posted on pg,
  * strictly in descending unit index on every rank (a unit that completes
  * early waits for its predecessors, like the reducer's buckets); units not
  * complete when backward ends are posted at the wait (their missing
@@ -69,6 +70,7 @@ dt_zero_params dt_zero_params_default(void)
     p.init_rng = DT_INIT_PHILOX;
     p.init_seed = 0;
     p.overlap_comm = true;
+    p.reduce_scatter = true;
     p.contiguous_gradients = true;
     p.reduce_bucket_size = 500000000;
     p.allgather_bucket_size = 500000000;
@@ -404,6 +406,23 @@ static void unit_release_grads(dt_zero *z, zunit *u)
         live_sub(z, unit_bytes(u));
 }
 
+/* Stage 1, a new step: zero the last step's whole gradients but this
+ * rank's range, which the optimizer zeroed as it stepped it (the caller's
+ * contract, parallel.h; the trainer's fused pass does it). Releasing the
+ * region instead (as stages 2/3 do) would make backward fault every page
+ * back in and the kernel clear it: the whole buffer each step, about 4% of
+ * a gpt-mini step on 2 ranks, against (W-1)/W of it written here. With a
+ * reduce dtype the unit's own gradients are all zeroed (the optimizer
+ * zeroed its slice of rfull, which each reduction rewrites whole). */
+static void unit_clear_grads(zunit *u, int rank)
+{
+    if (!u->grads_live)
+        return;
+    const size_t lo = u->rfull ? 0 : (size_t)rank * u->c * u->es, hi = u->rfull ? 0 : lo + u->c * u->es;
+    memset(u->gfull, 0, lo);
+    memset(u->gfull + hi, 0, unit_bytes(u) - hi);
+}
+
 static void unit_grads_touch(dt_zero *z, zunit *u)
 {
     if (u->grads_live)
@@ -514,12 +533,16 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
         g = u->rfull;
     }
     dt_pg *rg = z->hpg ? z->hpg : z->pg;
-    if (z->p.stage == 1)
+    /* stage 1: gshard is this rank's range of g, so the reduce-scatter
+     * runs in place (recv == send + rank * c) and leaves the other ranges
+     * holding this rank's own gradients, which nothing reads */
+    const bool ar = z->p.stage == 1 && !z->p.reduce_scatter;
+    if (ar)
         st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
         st = dt_pg_reduce_scatter_async(rg, g, u->gshard, u->c, u->rdt, DT_REDUCE_AVG, &u->rs);
     if (st < 0)
-        return unit_err(u, st, z->p.stage == 1 ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
+        return unit_err(u, st, ar ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
     u->posted = true;
     z->stats.bytes_reduced += unit_rbytes(u);
     if (!z->p.overlap_comm)
@@ -662,7 +685,10 @@ void dt_zero_set_sync(dt_zero *z, bool sync)
         return;
     if (z->need_clear) { /* a new step: the last one's whole gradients (stage 1) go */
         for (int i = 0; i < z->nu; i++)
-            unit_release_grads(z, &z->u[i]);
+            if (z->p.stage == 1)
+                unit_clear_grads(&z->u[i], z->rank);
+            else
+                unit_release_grads(z, &z->u[i]);
         z->need_clear = false;
     }
     z->sync = sync;

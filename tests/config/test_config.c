@@ -307,6 +307,35 @@ TEST(offload_param_nvme)
 
 /* ---- batch relation (SEMANTICS 1.4) ------------------------------------------------------ */
 
+/* zero_optimization.reduce_scatter: absent, DeepSpeed's default (true:
+ * stage 1 reduce-scatters); false turns stage 1's all-reduce on (its effect
+ * on the ranges: test_zero's stage1_reduce_scatter_ranges); not "auto". */
+TEST(zero_reduce_scatter_key)
+{
+    const char *texts[3] = {"{\"zero_optimization\": {\"stage\": 1}}",
+                            "{\"zero_optimization\": {\"stage\": 1, \"reduce_scatter\": false}}",
+                            "{\"zero_optimization\": {\"stage\": 1, \"reduce_scatter\": true}}"};
+    for (int k = 0; k < 3; k++) {
+        dt_status st;
+        dt_config *c = load_str(texts[k], &st);
+        ASSERT_OK(st);
+        ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+        int stage = 0;
+        dt_zero_params zp = dt_zero_params_default();
+        zp.reduce_scatter = k != 0; /* absent: what the caller had stays */
+        ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+        ASSERT_EQ_INT(zp.stage, 1);
+        ASSERT_EQ_INT(zp.reduce_scatter, k == 0 ? 0 : k == 2);
+        dt_config_free(c);
+    }
+    ASSERT(dt_zero_params_default().reduce_scatter);
+    dt_status st;
+    dt_config *c = load_str("{\"zero_optimization\": {\"reduce_scatter\": \"auto\"}}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "zero_optimization.reduce_scatter");
+    dt_config_free(c);
+}
+
 TEST(batch_relation)
 {
     struct {
@@ -672,6 +701,7 @@ int main(void)
     RUN(unknown_keys_warn_with_full_path);
     RUN(wrong_types_and_ranges_name_the_key);
     RUN(offload_param_nvme);
+    RUN(zero_reduce_scatter_key);
     RUN(batch_relation);
     RUN(precedence);
     RUN(aiak_environment);

@@ -8,6 +8,7 @@
  * names, a unit skipped on one rank, and stage 3's page pool. */
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
+#include "dtrain/config.h"
 #include "test.h"
 
 typedef struct {
@@ -24,6 +25,7 @@ typedef struct {
     size_t persist;            /* param_persistence_threshold */
     int hybrid;                /* hybrid_shard_size */
     bool tie;                  /* the tied model (ztied) instead of zmodel */
+    bool allreduce;            /* stage 1 with reduce_scatter off (all-reduce, then slice) */
     bool exact;                /* expect bit-identical parameters */
     double tol;                /* else this relative bound */
 } zcase;
@@ -126,6 +128,7 @@ static int body_equiv(int rank, int W, void *arg)
     zp.param_persistence_threshold = c->persist;
     zp.hybrid_shard_size = c->hybrid;
     zp.init_seed = 21;
+    zp.reduce_scatter = !c->allreduce;
     if (c->stage == 0)
         TH_OK(dt_strategy_fsdp_init(pg, DT_FSDP_NO_SHARD, &zp, &s));
     else if (c->stage == 2 && rank >= 0 && !c->meta && c->bp == DT_PREFETCH_NONE)
@@ -172,21 +175,24 @@ static void run_case(zcase c, int W)
     int codes[8];
     int rc = th_run(W, 60.0, body_equiv, &c, codes);
     if (rc)
-        fprintf(stderr, "case stage %d opt %d accum %d clip %g wrap %s bp %d W %d failed\n", c.stage, (int)c.opt,
-                c.accum, c.clip, c.wrap ? c.wrap : "-", (int)c.bp, W);
+        fprintf(stderr, "case stage %d%s opt %d accum %d clip %g wrap %s bp %d W %d failed\n", c.stage,
+                c.allreduce ? " (all-reduce)" : "", (int)c.opt, c.accum, c.clip, c.wrap ? c.wrap : "-", (int)c.bp, W);
     ASSERT_EQ_INT(rc, 0);
 }
 
-/* Every stage, SGD and AdamW, world sizes 2, 3, 4, one unit per Linear. */
+/* Every stage, SGD and AdamW, world sizes 2, 3, 4, one unit per Linear;
+ * stage 1 both ways (reduce_scatter on, the default, and off). */
 TEST(equivalence_stages)
 {
     for (int W = 2; W <= 4; W++)
         for (int stage = W == 2 ? 0 : 1; stage <= 3; stage++) /* NO_SHARD (= DDP) once */
-            for (int o = 0; o < 2; o++) {
-                zcase c = {.stage = stage, .opt = o ? DT_OPTIM_ADAMW : DT_OPTIM_SGD, .accum = 1, .wrap = "Linear",
-                           .bp = DT_PREFETCH_BACKWARD_PRE, .reshard = true, .exact = true};
-                run_case(c, W);
-            }
+            for (int o = 0; o < 2; o++)
+                for (int ar = 0; ar <= (stage == 1 && W < 4); ar++) {
+                    zcase c = {.stage = stage, .opt = o ? DT_OPTIM_ADAMW : DT_OPTIM_SGD, .accum = 1,
+                               .wrap = "Linear", .bp = DT_PREFETCH_BACKWARD_PRE, .reshard = true, .exact = true,
+                               .allreduce = ar};
+                    run_case(c, W);
+                }
 }
 
 /* Gradient accumulation (whole gradients accumulate locally, reduced once)
@@ -195,9 +201,9 @@ TEST(equivalence_stages)
 TEST(accumulation_and_clipping)
 {
     for (int W = 2; W <= 3; W++)
-        for (int stage = 1; stage <= 3; stage++) {
-            zcase c = {.stage = stage, .opt = DT_OPTIM_SGD, .accum = 3, .wrap = "Linear",
-                       .bp = DT_PREFETCH_BACKWARD_PRE, .reshard = true, .exact = true};
+        for (int stage = 0; stage <= 3; stage++) { /* 0: stage 1 all-reducing */
+            zcase c = {.stage = stage ? stage : 1, .opt = DT_OPTIM_SGD, .accum = 3, .wrap = "Linear",
+                       .bp = DT_PREFETCH_BACKWARD_PRE, .reshard = true, .exact = true, .allreduce = !stage};
             run_case(c, W);
             c.accum = 1;
             c.clip = 0.05; /* small enough to clip every step */
@@ -336,6 +342,117 @@ TEST(memory_formula_and_units)
 {
     ASSERT_EQ_INT(th_run(2, 60.0, body_memory, NULL, NULL), 0);
     ASSERT_EQ_INT(th_run(4, 60.0, body_memory, NULL, NULL), 0);
+}
+
+/* zero_optimization.reduce_scatter (the config key, through
+ * dt_config_zero_params) on stage 1, driven by hand: after dt_zero_wait the
+ * range this rank owns holds the average over the ranks either way, the
+ * same bits; outside it, reduce-scatter leaves this rank's own gradients
+ * (exactly) and the all-reduce the average. The next step's
+ * dt_zero_set_sync zeroes everything outside the owned range (which the
+ * optimizer's pass zeroes; no optimizer runs here, so it stays). */
+static int body_rs_ranges(int rank, int W, void *arg)
+{
+    (void)arg;
+    dt_set_num_threads(1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    /* the references: this rank's gradients, and the average of every rank's */
+    dt_model *shape = zmodel(21, false);
+    TH_CHECK(shape, "model");
+    const size_t n = t_numel(shape), count = dt_model_param_count(shape); /* flat (aligned) / elements */
+    dt_model_free(shape);
+    float *mine = calloc(n, sizeof *mine), *avg = calloc(n, sizeof *avg), *owned[2] = {NULL, NULL};
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    for (int r = 0; r < W; r++) {
+        dt_model *ref = zmodel(21, false);
+        TH_CHECK(ref, "model");
+        dt_model_zero_grad(ref);
+        TH_OK(fwd_bwd(ctx, ref, NULL, &k_mlp_data, r * MB, MB, 1.0f));
+        const float *g = dt_model_flat(ref, DT_FLAT_GRADS, DT_F32)->base;
+        for (size_t i = 0; i < n; i++)
+            avg[i] += g[i] / (float)W;
+        if (r == rank)
+            memcpy(mine, g, n * sizeof *g);
+        dt_ctx_reset(ctx);
+        dt_model_free(ref);
+    }
+    for (int off = 0; off < 2; off++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"zero_optimization\": {\"stage\": 1%s}}", off ? ", \"reduce_scatter\": false" : "");
+        dt_config *cfg;
+        TH_OK(dt_config_init(&cfg));
+        TH_OK(dt_config_load_string(cfg, "rs.json", json, strlen(json)));
+        int stage = 0;
+        dt_zero_params zp = dt_zero_params_default();
+        TH_OK(dt_config_zero_params(cfg, &stage, &zp));
+        dt_config_free(cfg);
+        TH_CHECK(stage == 1 && zp.stage == 1 && zp.reduce_scatter == !off, "config: stage %d reduce_scatter %d",
+                 zp.stage, (int)zp.reduce_scatter);
+        zp.wrap_module_type = "Linear";
+        dt_model *m = zmodel(21, false);
+        dt_zero *z;
+        TH_OK(dt_zero_init(pg, m, &zp, &z));
+        dt_zero_set_sync(z, true);
+        TH_OK(fwd_bwd(ctx, m, NULL, &k_mlp_data, rank * MB, MB, 1.0f));
+        TH_OK(dt_zero_wait(z));
+        dt_zero_piece pc[16];
+        size_t np = 0;
+        TH_OK(dt_zero_pieces(z, pc, 16, &np));
+        owned[off] = calloc(n, sizeof(float));
+        /* every parameter element: owned (its piece) or not */
+        for (int pass = 0; pass < 2; pass++) {
+            size_t at = 0, nown = 0;
+            for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+                dt_param_info pi;
+                dt_model_entry(m, e, &pi);
+                if (pi.is_buffer || pi.tied_to >= 0)
+                    continue;
+                const float *g = pi.tensor->grad->data;
+                for (size_t i = 0; i < pi.numel; i++, at++) {
+                    const size_t x = pi.offset + i; /* the references' index: the same flat layout */
+                    bool own = false;
+                    for (size_t k = 0; k < np; k++)
+                        own |= pc[k].entry == e && i >= pc[k].lo && i < pc[k].hi;
+                    nown += own;
+                    if (pass == 1) { /* after the next step's set_sync */
+                        TH_CHECK(own ? g[i] == owned[off][x] : g[i] == 0.0f,
+                                 "%s reduce_scatter %d: %s[%zu] = %g after the next set_sync", off ? "off" : "on",
+                                 !off, pi.name, i, (double)g[i]);
+                        continue;
+                    }
+                    if (own)
+                        owned[off][x] = g[i];
+                    const float want = own || off ? avg[x] : mine[x];
+                    const bool ok = own || off ? fabsf(g[i] - want) <= 1e-6f * (1 + fabsf(want)) : g[i] == want;
+                    TH_CHECK(ok, "reduce_scatter %d: %s[%zu] (%s) = %.9g, want %.9g", !off, pi.name, i,
+                             own ? "owned" : "not owned", (double)g[i], (double)want);
+                }
+            }
+            TH_CHECK(at == count && nown > 0 && nown < count, "%zu elements, %zu owned", at, nown);
+            if (pass == 0)
+                dt_zero_set_sync(z, true); /* the next step begins */
+        }
+        dt_zero_free(z);
+        dt_model_free(m);
+        dt_ctx_reset(ctx);
+    }
+    TH_CHECK(!memcmp(owned[0], owned[1], n * sizeof(float)), "the owned range differs between reduce-scatter and "
+                                                              "all-reduce");
+    dt_ctx_free(ctx);
+    free(owned[0]);
+    free(owned[1]);
+    free(mine);
+    free(avg);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(stage1_reduce_scatter_ranges)
+{
+    ASSERT_EQ_INT(th_run(2, 60.0, body_rs_ranges, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 60.0, body_rs_ranges, NULL, NULL), 0);
 }
 
 /* Rank 1 skips the middle unit's forward in step 2: an error naming it on
@@ -611,6 +728,7 @@ int main(void)
     RUN(stage3_variants);
     RUN(hybrid_shard);
     RUN(memory_formula_and_units);
+    RUN(stage1_reduce_scatter_ranges);
     RUN(skipped_unit_is_an_error);
     RUN(stage3_prefetch_counts);
     RUN(stage3_page_pool);
