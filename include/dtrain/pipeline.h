@@ -303,7 +303,16 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * other stages' parameters as for an evaluation. With tensor parallelism
  * each tp rank writes its share of its stages' full tensors (gathered over
  * tp), so such a checkpoint too is the single-process one and loads at any
- * dp, tp and pp. DT_ERR_INVALID_ARG when
+ * dp, tp and pp.
+ *
+ * Failures: a rank that cannot finish its schedule (an error in its stage's
+ * forward, loss or backward, a dead or failed peer) fails the pipeline
+ * group, so the other ranks' steps fail at once with its message ("pipeline
+ * rank r broke off its schedule: ...") instead of waiting for the group's
+ * timeout (shm; over MPI at the timeout), and no later message can be
+ * matched with one of the abandoned schedule: every later step fails too.
+ * The strategy cannot resume; start again from a checkpoint.
+ * DT_ERR_INVALID_ARG when
  * world is not a multiple
  * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
  * schedule's limits fail. */

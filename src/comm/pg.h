@@ -99,6 +99,14 @@ struct dt_pg {
     dt_pg_topo topo;           /* dt_pg_hierarchical: the nodes; else zeros */
 };
 
+/* Fail the group on behalf of its user (a protocol above it, e.g. a
+ * pipeline schedule, broke off midway and its peers must not wait for the
+ * rest nor match later messages with the abandoned ones): the group's
+ * pending and later operations fail with st and msg, and the backend tells
+ * the other ranks (shm: the abort record their waits check). The first
+ * failure wins. Returns st. */
+dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg);
+
 /* Post a normalised operation (coll.c → req.c); takes ownership of
  * own_displs. start_thread: start the progress thread if not running. */
 dt_status dt__pg_post(dt_pg *pg, const dt_coll *c, size_t *own_displs, int start_thread,

@@ -54,6 +54,13 @@ static void pg_mark_failed(dt_pg *pg, dt_status st, const char *msg)
         pg->ops->abort(pg->ctx, st, msg);
 }
 
+dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg)
+{
+    if (pg && st < 0)
+        pg_mark_failed(pg, st, msg);
+    return st;
+}
+
 static int is_p2p(dt_coll_kind k) { return k == DT_COLL_SEND || k == DT_COLL_RECV; }
 
 /* Finish r with status st and message msg (mu held). */

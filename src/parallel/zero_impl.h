@@ -31,6 +31,8 @@ typedef struct zunit {
     size_t c;                /* total / W: each rank's shard */
     char *full, *gfull;      /* whole parameters / gradients (dtype): mmap'd, fixed addresses */
     char *rfull;             /* rdt != dtype: the whole gradients in rdt (mmap'd); else NULL */
+    bool full_sh, gred_sh;   /* full / the reduced whole gradients (rfull, else gfull) are
+                                dt_pg_alloc memory (zero.c: shared buffers) instead of regions */
     char *pshard, *gshard;   /* this rank's shard (dtype / rdt): inside full/gfull/rfull, or *_own */
     char *pshard_own, *gshard_own;
     float *master;           /* dtype != f32: the fp32 master weights of the shard; else NULL */

@@ -143,9 +143,97 @@ TEST(mlp_memory_per_stage)
     ASSERT_EQ_INT(th_run(2, 60.0, memory_body, NULL, codes), 0);
 }
 
+/* A failing stage (mode 0: its process dies between steps; mode 1: its
+ * loss fails on micro-batch 1 of step 2, mid-schedule): the other rank's
+ * step fails within seconds (not at the group's 60 s timeout) with an
+ * error naming what happened, without a crash or a hang; a further step
+ * fails on the ranks left (the pipeline group has failed: no later message
+ * can be matched with one of the abandoned schedule), and everything frees
+ * cleanly (ASan: the executor's buffers of the abandoned schedule are
+ * neither freed under requests in flight nor lost). */
+typedef struct {
+    dt_pipe_kind kind;
+    int mode;
+} fail_cfg;
+
+static int loss_calls;
+static dt_model_desc *loss_desc;
+
+static dt_tensor *failing_loss(void *ud, dt_ctx *ctx, dt_tensor *out, dt_tensor *y)
+{
+    (void)ud;
+    if (++loss_calls == 4 + 2) { /* step 2 (4 micro-batches a step), micro-batch 1 */
+        dt_error(DT_ERR_INVALID_ARG, "test loss: refusing micro-batch 1 of step 2");
+        return NULL;
+    }
+    return dt_model_desc_loss_fn(loss_desc, ctx, out, y);
+}
+
+static int fail_body(int rank, int size, void *arg)
+{
+    const fail_cfg *c = arg;
+    dt_model_config mc = small_cfg("mlp");
+    dt_model *m;
+    dt_model_desc d;
+    TH_OK(dt_model_create("mlp", 11, &mc, &m, &d));
+    dt_pg_params pgp = dt_pg_params_default();
+    pgp.rank = rank, pgp.world_size = size, pgp.job_id = th_job, pgp.backend = "shm", pgp.timeout_s = 60;
+    dt_pg *pg;
+    TH_OK(dt_pg_init(&pgp, &pg));
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = 2, pp.schedule = c->kind, pp.micro_batches = 4;
+    dt_strategy *s;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    loss_desc = &d, loss_calls = 0;
+    tp.loss_fn = c->mode == 1 ? failing_loss : dt_model_desc_loss_fn;
+    tp.loss_ud = &d;
+    dt_trainer *tr;
+    TH_OK(dt_trainer_init(m, s, &tp, &tr));
+    float xf[B_GLOBAL * 32];
+    make_batch("mlp", 0, B_GLOBAL, xf, NULL, NULL);
+    dt_trainer_batch b = batch_of("mlp", B_GLOBAL, xf, NULL, NULL);
+    TH_OK(dt_trainer_step(tr, &b, 1, NULL));
+    if (c->mode == 0 && rank == 1) {
+        fflush(NULL);
+        _exit(0);
+    }
+    double t0 = dt_time_s();
+    dt_status st = dt_trainer_step(tr, &b, 1, NULL);
+    double took = dt_time_s() - t0;
+    TH_CHECK(st < 0, "a step with a failing pipeline stage succeeded");
+    if (c->mode == 0) {
+        TH_CHECK(strstr(dt_last_error(), "pipeline: receiving the gradient of stage 0") != NULL,
+                 "the error does not name the message: %s", dt_last_error());
+    } else {
+        TH_CHECK(strstr(dt_last_error(), "pipeline rank 1 broke off its schedule") != NULL &&
+                     strstr(dt_last_error(), "test loss: refusing micro-batch 1 of step 2") != NULL,
+                 "rank %d: the error does not name the failing rank and its cause: %s", rank, dt_last_error());
+    }
+    TH_CHECK(took < 15, "the step took %.1f s to notice the failure", took);
+    TH_CHECK(dt_trainer_step(tr, &b, 1, NULL) < 0, "a later step after a failed schedule succeeded");
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(mlp_failing_stage)
+{
+    for (int mode = 0; mode < 2; mode++)
+        for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
+            if (k == DT_PIPE_INTERLEAVED)
+                continue;
+            fail_cfg c = {(dt_pipe_kind)k, mode};
+            int codes[2];
+            ASSERT_EQ_INT(th_run(2, 60.0, fail_body, &c, codes), 0);
+        }
+}
+
 int main(void)
 {
     RUN(mlp_every_schedule);
     RUN(mlp_memory_per_stage);
+    RUN(mlp_failing_stage);
     return TEST_REPORT();
 }

@@ -24,11 +24,16 @@
  * matched in posting order per pair, which the table's checker made
  * consistent.
  *
+ * A failure midway (break_off) fails the pipeline group before anything
+ * else: the peers' waits end at once with this rank's message, and no
+ * later message can pair with one of the abandoned schedule.
+ *
  * Shapes: what crosses a stage boundary is learnt once per input shape by
  * a handshake along the stages (a dry forward without gradients on zeros,
  * its output's dtype and shape sent to the next stage as 10 i64). */
 #include "parallel/pipeline/pipe_impl.h"
 
+#include "comm/pg.h"
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
 
@@ -577,37 +582,69 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
     return dt_error(DT_ERR_STATE, "pipeline: unknown action %d", (int)a->op);
 }
 
-/* After a failure mid-schedule: the peers fail by their timeout; requests
- * still in flight keep their buffers (left allocated rather than freed
- * under them); every context goes back to the pool. */
+/* Free a request of an abandoned schedule once it ended, waiting until
+ * deadline at most: true when it ended (its buffer is free again). */
+static bool settle(dt_req *rq, double deadline)
+{
+    if (!rq)
+        return true;
+    double left = deadline - dt_time_s();
+    bool done = dt_req_wait(rq, left > 0 ? left : 0) != DT_INPROGRESS;
+    dt_req_free(rq);
+    return done;
+}
+
+/* After a failure mid-schedule (the group already failed, break_off):
+ * each request still in flight gets up to a second in all to end (on a
+ * failed group they end at once); one that has not keeps its buffer (left
+ * allocated rather than freed under it; a forward's send keeps its
+ * context out of the pool); every other context goes back to the pool. */
 static void abandon(dt__pipe_exec *e)
 {
+    double deadline = dt_time_s() + 1.0;
+    int nkeep = 0;
+    dt_ctx **keep = dt_calloc((size_t)(e->nctx + 1) * sizeof *keep);
     for (int i = 0; i < e->v * e->mm; i++) {
         mb_state *q = &e->mb[i];
-        if (q->act_req) { /* the request keeps its buffer (leaked): no longer ours */
-            dt_req_free(q->act_req);
+        if (!settle(q->act_req, deadline)) /* the request keeps its buffer: no longer ours */
             e->actbuf[i] = NULL;
-        }
-        if (q->grad_req) {
-            dt_req_free(q->grad_req);
+        if (!settle(q->grad_req, deadline))
             e->gradbuf[i] = NULL;
-        }
-        dt_req_free(q->out_send);
+        if (!settle(q->out_send, deadline) && q->ctx && keep)
+            keep[nkeep++] = q->ctx;
         memset(q, 0, sizeof *q);
         e->gin[i] = NULL;
     }
-    for (int i = 0; i < e->nps; i++) {
-        dt_req_free(e->ps[i].req);
-        for (int k = 0; k < e->v * e->mm; k++) /* the request keeps its buffer (leaked) */
-            if (e->ginbuf[k] == e->ps[i].buf)
-                e->ginbuf[k] = NULL;
-    }
+    for (int i = 0; i < e->nps; i++)
+        if (!settle(e->ps[i].req, deadline))
+            for (int k = 0; k < e->v * e->mm; k++)
+                if (e->ginbuf[k] == e->ps[i].buf)
+                    e->ginbuf[k] = NULL;
     e->nps = 0;
     e->npool = 0;
-    for (int i = 0; i < e->nctx; i++)
-        give_back(e, e->all[i]);
+    for (int i = 0; i < e->nctx; i++) {
+        bool kept = !keep;
+        for (int k = 0; k < nkeep; k++)
+            kept = kept || keep[k] == e->all[i];
+        if (!kept)
+            give_back(e, e->all[i]);
+    }
+    dt_free(keep);
     e->live = 0;
     e->live_bytes = 0;
+}
+
+/* This rank cannot finish the schedule (st, dt_last_error()): fail the
+ * pipeline group first, so that the peers' waits end at once with the
+ * message (rather than at the group's timeout) and no later message can be
+ * matched with one of the abandoned schedule, then abandon the step. */
+static dt_status break_off(dt__pipe_exec *e, dt_status st)
+{
+    char msg[640];
+    snprintf(msg, sizeof msg, "pipeline rank %d broke off its schedule: %s", e->r, dt_last_error());
+    dt__pg_fail(e->pg, st, msg);
+    abandon(e);
+    return dt_error(st, "%s", msg);
 }
 
 dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
@@ -626,7 +663,7 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     if (!e->have_shapes || memcmp(key, e->key, sizeof key)) {
         drop_bufs(e); /* sized for the old shapes */
         if ((st = learn_shapes(e, x, b)) < 0)
-            return st;
+            return break_off(e, st);
     }
     double t0 = dt_time_s(), lsum = 0;
     e->stats.busy_s = 0;
@@ -648,10 +685,8 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
             tr[DT_PIPE_TRACE_DONE] = tr[DT_PIPE_TRACE_END];
         }
     }
-    if (st < 0) {
-        abandon(e);
-        return st;
-    }
+    if (st < 0)
+        return break_off(e, st);
     for (int i = 0; i < e->nps; i++) {
         dt_status s2 = dt_req_wait(e->ps[i].req, -1);
         if (s2 < 0 && st >= 0)
@@ -662,10 +697,8 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     for (int i = 0; i < e->v * e->mm; i++)
         if ((e->mb[i].ctx || e->gin[i]) && st >= 0)
             st = dt_error(DT_ERR_STATE, "pipeline: a micro-batch still in flight after the schedule");
-    if (st < 0) {
-        abandon(e);
-        return st;
-    }
+    if (st < 0)
+        return break_off(e, st);
     e->stats.end_s = dt_time_s();
     e->stats.start_s = t0;
     e->stats.step_s = e->stats.end_s - t0;
