@@ -621,7 +621,12 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  *
  * Memory: a unit's whole parameters and gradients are mapped regions at a
  * fixed address (the model's tensors view them); freeing returns their pages
- * (madvise), so resident memory follows what is gathered. dt_zero_memory
+ * (madvise), so resident memory follows what is gathered. Buffers that stay
+ * whole (stage 1's gradients, the parameters of stage 1/2 units and of the
+ * persistent unit) come from dt_pg_alloc while its arena has room
+ * ($DT_SHM_HEAP_MB), so the shm backend reduces and gathers them without
+ * copies, as DDP's gradient buffer; not with hybrid_shard_size or
+ * hierarchical. dt_zero_memory
  * gives the bytes held: stage 3 parameters and stage 2/3 gradients are
  * Psi/N (padded), stage 1/2 parameters and stage 1 gradients Psi.
  *

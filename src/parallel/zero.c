@@ -18,7 +18,9 @@
  * read as zero until the next all-gather writes them; a gradient region
  * released that way is also zeroed for free, and it takes physical memory
  * only from the first gradient written into it. Only the shards (stage 3
- * parameters, stage 2/3 gradients) are ordinary allocations.
+ * parameters, stage 2/3 gradients) are ordinary allocations. Buffers that
+ * are never freed (resident units' parameters, stage 1's gradients) come
+ * from dt_pg_alloc instead when it has room ("shared buffers" below).
  *
  * Collectives. Gradients: a grad-ready hook counts each unit's parameters;
  * a complete unit's reduction (a reduce-scatter AVG into the owner's shard,
