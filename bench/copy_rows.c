@@ -9,9 +9,14 @@
  * packed [rows, width] buffer three ways, interleaved repetition by
  * repetition (A B C A B C ...): dt__copy_rows, memcpy per row (what the
  * library did before), and one memcpy of the same number of bytes from a
- * contiguous source (the floor). Prints the minimum CPU time of each and
- * the ratios to the one memcpy; the copies are checked equal. */
+ * contiguous source (the floor). Then the shm backend's copy-in of a
+ * _blocks collective: all W column blocks into W packed buffers, by
+ * dt__blk_gather (lockstep row copy) against memcpy per run in the same
+ * order (what it did before) and one memcpy of the same bytes. Prints the
+ * minimum CPU time of each and the ratios to the one memcpy; the copies
+ * are checked equal. */
 #include "base/copy.h"
+#include "comm/backend.h"
 
 #include <dtrain/dtrain.h>
 
@@ -75,6 +80,44 @@ int main(int argc, char **argv)
             printf("  %6zu %2d %8zu  %8.1fus %8.1fus %8.1fus  %8.2f %8.2f  %8.2f\n", w, ws[wi], rows,
                    best[0] * 1e6, best[1] * 1e6, best[2] * 1e6, best[0] / best[2], best[1] / best[2],
                    (double)total / best[0] * 1e-9);
+        }
+    printf("  all W blocks (dt__blk_gather, lockstep):\n");
+    printf("  %6s %2s %8s  %10s %10s %10s  %8s %8s\n", "width", "W", "rows", "blk_gather",
+           "memcpy/run", "1 memcpy", "bg/1mc", "run/1mc");
+    for (size_t wi = 0; wi < sizeof ws / sizeof ws[0]; wi++)
+        for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+            int W = ws[wi];
+            size_t w = widths[k], rows = total / w / (size_t)W, stride = (size_t)W * w;
+            dt_pg_block b[8];
+            size_t m[8];
+            void *g1[8], *g2[8];
+            for (int j = 0; j < W; j++) {
+                b[j] = (dt_pg_block){.off = (size_t)j * w, .runs = rows, .run = w, .stride = stride};
+                m[j] = rows * w;
+                g1[j] = d1 + (size_t)j * rows * w;
+                g2[j] = d2 + (size_t)j * rows * w;
+            }
+            double best[3] = {1e30, 1e30, 1e30};
+            for (int64_t r = 0; r < reps; r++)
+                for (int v = 0; v < 3; v++) {
+                    double t0 = cpu_s();
+                    if (v == 0)
+                        dt__blk_gather(g1, src, b, 0, m, W, 1);
+                    else if (v == 1)
+                        for (size_t i = 0; i < rows; i++)
+                            for (int j = 0; j < W; j++)
+                                memcpy((char *)g2[j] + i * w, src + i * stride + (size_t)j * w, w);
+                    else
+                        memcpy(d3, src + (size_t)r % 4 * 64, rows * w * (size_t)W);
+                    double t = cpu_s() - t0;
+                    best[v] = t < best[v] ? t : best[v];
+                }
+            if (memcmp(d1, d2, rows * w * (size_t)W) != 0) {
+                fprintf(stderr, "width %zu: dt__blk_gather and memcpy differ\n", w);
+                return 1;
+            }
+            printf("  %6zu %2d %8zu  %8.1fus %8.1fus %8.1fus  %8.2f %8.2f\n", w, W, rows,
+                   best[0] * 1e6, best[1] * 1e6, best[2] * 1e6, best[0] / best[2], best[1] / best[2]);
         }
     free(src), free(d1), free(d2), free(d3);
     return 0;

@@ -24,4 +24,12 @@
 void dt__copy_rows(void *dst, size_t dstride, const void *src, size_t sstride, size_t rows,
                    size_t bytes);
 
+/* n copies of that shape at once, in lockstep: row 0 of pair 0, row 0 of
+ * pair 1, ..., then row 1 of each. Blocks that interleave (the W column
+ * blocks of a matrix: a gather or scatter along an inner dim) are then
+ * walked in address order, one pass, the row loop still inside. The n
+ * pairs share strides, row count and width; dt__copy_rows is n = 1. */
+void dt__copy_rows_multi(void *const *dst, size_t dstride, const void *const *src, size_t sstride,
+                         int n, size_t rows, size_t bytes);
+
 #endif

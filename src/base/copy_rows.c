@@ -43,36 +43,44 @@ static inline void small_row(char *d, const char *s, size_t n)
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-__attribute__((target("avx2"))) static void rows_avx2(char *dst, size_t dstride, const char *src,
-                                                      size_t sstride, size_t rows, size_t bytes)
+/* One row of at least 32 bytes. */
+__attribute__((target("avx2"))) static inline void row_avx2(char *dst, const char *src, size_t bytes)
 {
-    if (bytes < 32) {
-        for (size_t r = 0; r < rows; r++, dst += dstride, src += sstride)
-            small_row(dst, src, bytes);
-        return;
+    /* the first 32 bytes unaligned, then from the next 32-byte boundary of
+     * the destination: no store splits a cache line */
+    _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_loadu_si256((const __m256i *)(const void *)src));
+    size_t i = (32 - ((uintptr_t)dst & 31u)) & 31u;
+    for (; i + 128 <= bytes; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 64));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 96));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), a);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i + 32), b);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i + 64), c);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i + 96), e);
     }
-    for (size_t r = 0; r < rows; r++, dst += dstride, src += sstride) {
-        /* the first 32 bytes unaligned, then from the next 32-byte
-         * boundary of the destination: no store splits a cache line */
-        _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_loadu_si256((const __m256i *)(const void *)src));
-        size_t i = (32 - ((uintptr_t)dst & 31u)) & 31u;
-        for (; i + 128 <= bytes; i += 128) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src + i));
-            __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 32));
-            __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 64));
-            __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(src + i + 96));
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i), a);
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i + 32), b);
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i + 64), c);
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i + 96), e);
+    for (; i + 32 <= bytes; i += 32)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i),
+                            _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
+    if (i < bytes) /* the last 32 bytes of the row, overlapping what is done */
+        _mm256_storeu_si256((__m256i *)(void *)(dst + bytes - 32),
+                            _mm256_loadu_si256((const __m256i *)(const void *)(src + bytes - 32)));
+}
+
+__attribute__((target("avx2"))) static void rows_avx2(char *const *dst, size_t dstride,
+                                                      const char *const *src, size_t sstride, int n,
+                                                      size_t rows, size_t bytes)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            char *d = dst[j] + r * dstride;
+            const char *s = src[j] + r * sstride;
+            if (bytes < 32)
+                small_row(d, s, bytes);
+            else
+                row_avx2(d, s, bytes);
         }
-        for (; i + 32 <= bytes; i += 32)
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i),
-                                _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
-        if (i < bytes) /* the last 32 bytes of the row, overlapping what is done */
-            _mm256_storeu_si256((__m256i *)(void *)(dst + bytes - 32),
-                                _mm256_loadu_si256((const __m256i *)(const void *)(src + bytes - 32)));
-    }
 }
 
 static int have_avx2(void)
@@ -87,28 +95,34 @@ static int have_avx2(void)
 }
 #endif
 
-void dt__copy_rows(void *dst, size_t dstride, const void *src, size_t sstride, size_t rows,
-                   size_t bytes)
+void dt__copy_rows_multi(void *const *dst, size_t dstride, const void *const *src, size_t sstride,
+                         int n, size_t rows, size_t bytes)
 {
-    if (!rows || !bytes)
+    if (!rows || !bytes || n < 1)
         return;
-    if (rows == 1 || (dstride == bytes && sstride == bytes)) {
-        memcpy(dst, src, rows * bytes);
+    if (n == 1 && (rows == 1 || (dstride == bytes && sstride == bytes))) {
+        memcpy(dst[0], src[0], rows * bytes);
         return;
     }
-    char *d = dst;
-    const char *s = src;
 #if defined(__x86_64__)
     if (have_avx2()) {
-        rows_avx2(d, dstride, s, sstride, rows, bytes);
+        rows_avx2((char *const *)dst, dstride, (const char *const *)src, sstride, n, rows, bytes);
         return;
     }
 #endif
-    if (bytes < 32) {
-        for (size_t r = 0; r < rows; r++, d += dstride, s += sstride)
-            small_row(d, s, bytes);
-        return;
-    }
-    for (size_t r = 0; r < rows; r++, d += dstride, s += sstride)
-        memcpy(d, s, bytes);
+    for (size_t r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            char *d = (char *)dst[j] + r * dstride;
+            const char *s = (const char *)src[j] + r * sstride;
+            if (bytes < 32)
+                small_row(d, s, bytes);
+            else
+                memcpy(d, s, bytes);
+        }
+}
+
+void dt__copy_rows(void *dst, size_t dstride, const void *src, size_t sstride, size_t rows,
+                   size_t bytes)
+{
+    dt__copy_rows_multi(&dst, dstride, &src, sstride, 1, rows, bytes);
 }

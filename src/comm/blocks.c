@@ -5,6 +5,7 @@
 
 #include "base/copy.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* Copy m elements starting at element a of block sb of src (the block's
@@ -67,19 +68,20 @@ typedef struct {
 } blk_cur;
 
 /* Lockstep copies between W layouts of one buffer and W contiguous
- * buffers: step t copies, for each block j in turn, its next rows (up to
- * a tile of whole runs in one strided row copy, dt__copy_rows; a run
- * begun or left short by [a, a + m) alone). When the blocks interleave (a
- * gather or scatter along an inner dim: block j's run i sits beside block
- * j+1's run i), a tile of every block covers one stretch of the layout
- * (about 64 KiB, so it stays in cache between the blocks), walked in
- * address order, instead of W passes each touching every page with gaps.
+ * buffers: run i of block 0, run i of block 1, ..., then run i+1. When the
+ * blocks interleave (a gather or scatter along an inner dim: block j's run
+ * i sits beside block j+1's run i), the layout side is then walked in
+ * address order, one pass, instead of W passes each touching every page
+ * with gaps. While every block with elements left is at the start of a run
+ * of one common length and stride, their whole runs go in one lockstep row
+ * copy (dt__copy_rows_multi: the row loop inside, no call per run); a run
+ * begun or left short by [a, a + m) alone is a step of its own.
  * to_layout: contiguous -> layout (the copy-out of an all-gather into
  * rblocks), else layout -> contiguous (the copy-in of sblocks). */
 static void blk_lockstep(char *lay, const dt_pg_block *b, char *const *con, size_t a,
                          const size_t *m, int W, size_t es, int to_layout)
 {
-    enum { MAXW = 64, TILE_BYTES = 64 << 10 };
+    enum { MAXW = 64 };
     blk_cur cur[MAXW];
     size_t done[MAXW];
     if (W > MAXW) { /* more blocks than the cursors: one block after the other */
@@ -91,45 +93,64 @@ static void blk_lockstep(char *lay, const dt_pg_block *b, char *const *con, size
         return;
     }
     int live = 0;
-    size_t span = 1; /* the widest stride, bytes: a tile is TILE_BYTES of it */
     for (int j = 0; j < W; j++) {
         size_t run = b[j].run ? b[j].run : 1;
         cur[j] = (blk_cur){a / run, a % run, m[j]};
         done[j] = 0;
         live += m[j] > 0;
-        if (m[j] && b[j].stride * es > span)
-            span = b[j].stride * es;
     }
-    size_t tile = TILE_BYTES / span ? TILE_BYTES / span : 1;
     while (live) {
+        /* whole runs of one shape in every live block: one lockstep copy */
+        void *lp[MAXW], *cp[MAXW];
+        int nb = 0, j0 = -1;
+        size_t rows = SIZE_MAX;
         for (int j = 0; j < W; j++) {
+            if (!cur[j].left)
+                continue;
+            if (j0 < 0)
+                j0 = j;
+            if (cur[j].k || b[j].run != b[j0].run || b[j].stride != b[j0].stride ||
+                cur[j].left < b[j].run)
+                break;
+            size_t r = cur[j].left / b[j].run;
+            rows = r < rows ? r : rows;
+            lp[nb] = lay + (b[j].off + cur[j].i * b[j].stride) * es;
+            cp[nb] = con[j] + done[j] * es;
+            nb++;
+        }
+        if (nb == live) {
+            size_t run = b[j0].run, str = b[j0].stride;
+            if (to_layout)
+                dt__copy_rows_multi(lp, str * es, (const void *const *)cp, run * es, nb, rows,
+                                    run * es);
+            else
+                dt__copy_rows_multi(cp, run * es, (const void *const *)lp, str * es, nb, rows,
+                                    run * es);
+            for (int j = 0; j < W; j++) {
+                if (!cur[j].left)
+                    continue;
+                cur[j].i += rows;
+                done[j] += rows * run;
+                cur[j].left -= rows * run;
+                live -= !cur[j].left;
+            }
+            continue;
+        }
+        for (int j = 0; j < W; j++) { /* one run (or its rest) of each block */
             blk_cur *c = &cur[j];
             if (!c->left)
                 continue;
-            size_t run = b[j].run;
-            char *lp = lay + (b[j].off + c->i * b[j].stride + c->k) * es;
-            char *cp = con[j] + done[j] * es;
-            size_t rows = c->k == 0 ? c->left / run : 0, n;
-            if (rows > tile)
-                rows = tile;
-            if (rows) { /* whole runs */
-                if (to_layout)
-                    dt__copy_rows(lp, b[j].stride * es, cp, run * es, rows, run * es);
-                else
-                    dt__copy_rows(cp, run * es, lp, b[j].stride * es, rows, run * es);
-                n = rows * run;
-                c->i += rows;
-            } else { /* the rest of a begun run, or a short last one */
-                n = run - c->k < c->left ? run - c->k : c->left;
-                if (to_layout)
-                    memcpy(lp, cp, n * es);
-                else
-                    memcpy(cp, lp, n * es);
-                c->k = 0;
-                c->i++;
-            }
+            size_t n = b[j].run - c->k < c->left ? b[j].run - c->k : c->left;
+            char *l = lay + (b[j].off + c->i * b[j].stride + c->k) * es;
+            char *q = con[j] + done[j] * es;
+            if (to_layout)
+                memcpy(l, q, n * es);
+            else
+                memcpy(q, l, n * es);
             done[j] += n;
             c->left -= n;
+            c->k = 0;
+            c->i++;
             live -= !c->left;
         }
     }
