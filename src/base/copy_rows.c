@@ -10,10 +10,8 @@
  * instructions). A row of up to 32 bytes repeated 4096 times is a loop
  * of a few instructions, against a libc call per row before. */
 #include "base/copy.h"
+#include "base/cpu_cached.h"
 
-#include "dtrain/base.h"
-
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -82,17 +80,6 @@ __attribute__((target("avx2"))) static void rows_avx2(char *const *dst, size_t d
                 row_avx2(d, s, bytes);
         }
 }
-
-static int have_avx2(void)
-{
-    static _Atomic int h = -1;
-    int v = atomic_load_explicit(&h, memory_order_relaxed);
-    if (v < 0) {
-        v = dt_cpu_detect().avx2;
-        atomic_store_explicit(&h, v, memory_order_relaxed);
-    }
-    return v;
-}
 #endif
 
 void dt__copy_rows_multi(void *const *dst, size_t dstride, const void *const *src, size_t sstride,
@@ -105,7 +92,7 @@ void dt__copy_rows_multi(void *const *dst, size_t dstride, const void *const *sr
         return;
     }
 #if defined(__x86_64__)
-    if (have_avx2()) {
+    if (dt__cpu_avx2()) {
         rows_avx2((char *const *)dst, dstride, (const char *const *)src, sstride, n, rows, bytes);
         return;
     }

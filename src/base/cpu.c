@@ -3,6 +3,7 @@
  * DT_MAX_CPU_ISA so that a machine with AVX-512 can run the code paths of an
  * AVX2 (or a plain x86-64) machine: every SIMD path dtrain picks at run time
  * asks dt_cpu_detect(), so the cap reaches all of them. */
+#include "base/cpu_cached.h"
 #include "dtrain/base.h"
 
 #include <stdatomic.h>
@@ -46,6 +47,19 @@ dt_cpu_features dt_cpu_detect_hw(void)
         f.avx512_bf16 = zmm && ((a >> 5) & 1);
 #endif
     return f;
+}
+
+/* -1 = not probed yet (cpu_cached.h) */
+static _Atomic int g_avx2 = -1;
+
+int dt__cpu_avx2(void)
+{
+    int v = atomic_load_explicit(&g_avx2, memory_order_relaxed);
+    if (v < 0) {
+        v = dt_cpu_detect().avx2;
+        atomic_store_explicit(&g_avx2, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 /* -1 = not read yet; else a dt_cpu_isa_cap value */

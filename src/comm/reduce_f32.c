@@ -12,9 +12,9 @@
  * soon, and streaming avoids reading every destination line before writing
  * it), followed by an sfence so the stores are visible before the rank
  * signals its peers. AVX2 when the CPU has it, SSE otherwise. */
+#include "base/cpu_cached.h"
 #include "comm/backend.h"
 
-#include <stdatomic.h>
 #include <stdint.h>
 
 #if defined(__x86_64__)
@@ -104,13 +104,7 @@ void dt__reduce_f32_multi(float *const *dst, int nd, const float *const *src, in
                           int div, int nt)
 {
 #if defined(__x86_64__)
-    static _Atomic int have_avx2 = -1;
-    int h = atomic_load_explicit(&have_avx2, memory_order_relaxed);
-    if (h < 0) {
-        h = dt_cpu_detect().avx2;
-        atomic_store_explicit(&have_avx2, h, memory_order_relaxed);
-    }
-    if (h) {
+    if (dt__cpu_avx2()) {
         f32_avx2(dst, nd, src, ns, n, div, nt);
         return;
     }
