@@ -5,7 +5,12 @@
  * parameters (and so the optimizer ranges a pipeline rank steps) follow
  * from the cut without running anything. The GPT's first unit is its
  * embeddings (the same function the model's own forward calls,
- * dt__gpt2_embed), then one unit per block, ln_f, and the tied head. */
+ * dt__gpt2_embed), then two units per block (its attention half and its MLP
+ * half, dt__gpt2_block_half: the block's own forward is the two in turn),
+ * ln_f, and the tied head. Each unit carries its compute per token (cost),
+ * which dt_pipe_balance balances: by parameter count the embedding table,
+ * which does no GEMM, would weigh as much as the tied head, which does a
+ * V x C GEMM per token and the cross-entropy. */
 #include "nn/nn_impl.h"
 #include "parallel/pipeline/pipe_impl.h"
 #include "zoo.h"
