@@ -174,14 +174,17 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     return dt_module_forward(ctx, child(self, "dropout"), h);
 }
 
+dt_tensor *dt__gpt2_block_half(dt_ctx *ctx, dt_module *block, dt_tensor *x, int half)
+{
+    dt_pg *sp = sp_group(block, child(child(block, "attn"), "c_attn"));
+    const char *ln = half ? "ln_2" : "ln_1", *f = half ? "mlp" : "attn";
+    return dt_add(ctx, x, dt_module_forward(ctx, child(block, f), ln_forward(ctx, child(block, ln), x, sp)));
+}
+
 static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
-    dt_pg *sp = sp_group(self, child(child(self, "attn"), "c_attn"));
-    dt_tensor *a = dt_module_forward(ctx, child(self, "attn"), ln_forward(ctx, child(self, "ln_1"), x, sp));
-    x = dt_add(ctx, x, a);
-    dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"), ln_forward(ctx, child(self, "ln_2"), x, sp));
-    return dt_add(ctx, x, m);
+    return dt__gpt2_block_half(ctx, self, dt__gpt2_block_half(ctx, self, x, 0), 1);
 }
 
 /* self (the GPT2Model, self->in = block_size): drop(wte[idx] + wpe[0..T)). */
@@ -253,6 +256,8 @@ static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void 
     }
     return dt_module_forward(ctx, head, h);
 }
+
+bool dt__gpt2_block_hooked(const dt_module *block) { return !no_hooks(block); }
 
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out)
 {

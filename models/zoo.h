@@ -13,6 +13,13 @@ bool dt__model_is_gpt2(const char *name);
 /* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
  * (the first pipeline unit, pipe_units.c, and the model's own forward). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);
+/* Half of a GPT2Block: x + attn(ln_1(x)) (half 0) or x + mlp(ln_2(x))
+ * (half 1); the block's forward is the two in turn. The pipeline cuts a
+ * block between them (pipe_units.c) unless the block itself carries hooks,
+ * a forward override or activation checkpointing
+ * (dt__gpt2_block_hooked), which its whole forward runs. */
+dt_tensor *dt__gpt2_block_half(dt_ctx *ctx, dt_module *block, dt_tensor *x, int half);
+bool dt__gpt2_block_hooked(const dt_module *block);
 /* Is out the hidden states that a fused_lm_loss GPT-2's training forward
  * returned in place of the logits (head: dt_model_desc.lm_head)? */
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out);

@@ -142,10 +142,12 @@ static const opt_def opts[] = {
      "data-parallel replicas (default: the ranks divided by --tp x --pp; given, it must equal that); with --tp "
      "and --pp the ranks form one dp x tp x pp mesh, rank = (d x tp + t) x pp + stage"},
     {"pp", OPT_INT, OFF(pp), 1, 256, NULL, "N",
-     "pipeline parallelism over N adjacent ranks (--model mlp and GPT models: stages by layer, balanced by "
-     "parameter count); the world divided by N is the data-parallel size"},
+     "pipeline parallelism over N adjacent ranks (--model mlp and GPT models: stages by layer, GPT blocks cut "
+     "in halves, balanced by compute); the world divided by N is the data-parallel size"},
     {"pp-schedule", OPT_CHOICE, OFF(pp_schedule), 0, 0, "gpipe|1f1b|interleaved|zbh1", "NAME",
      "with --pp: the pipeline schedule (default 1f1b; interleaved: 2 stages per rank, M a multiple of N)"},
+    {"pp-balance", OPT_CHOICE, OFF(pp_balance), 0, 0, "compute|params", "BY",
+     "with --pp: balance the stages by the layers' compute (default) or by their parameter count"},
     {"micro-batches", OPT_INT, OFF(micro_batches), 1, 4096, NULL, "M",
      "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
@@ -490,7 +492,7 @@ int dt__train_check(dt__train_opts *o)
                     "yet\n");
         return 2;
     }
-    if (o->pp > 1 || o->micro_batches || o->pp_schedule) {
+    if (o->pp > 1 || o->micro_batches || o->pp_schedule || o->pp_balance) {
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
                          : (o->zero && strcmp(o->zero, "0") && strcmp(o->zero, "1")) || o->fsdp
                              ? "--zero 2|3 or --fsdp (the data-parallel dimension runs DDP or --zero 1)"
@@ -499,7 +501,7 @@ int dt__train_check(dt__train_opts *o)
                          : o->offload ? "--offload"
                              : NULL;
         if (no) {
-            dt__cli_err("dtrain train: --pp/--pp-schedule/--micro-batches do not combine with %s\n", no);
+            dt__cli_err("dtrain train: --pp/--pp-schedule/--pp-balance/--micro-batches do not combine with %s\n", no);
             return 2;
         }
         int64_t mb = o->micro_batches ? o->micro_batches : 4;

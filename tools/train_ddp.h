@@ -50,6 +50,7 @@ typedef struct dt__ddp_run {
     dt_mesh *mesh;    /* --pp: the dp x tp x pp mesh over world_pg (owned; its tp group is tp_pg) */
     int pp_rank;      /* this rank's place in its pipeline */
     const char *pp_sched; /* --pp-schedule (borrowed) */
+    bool pp_by_params;    /* --pp-balance params */
     int pp_micro;     /* --micro-batches */
     /* communication hook (--comm-hook, AIAK_* over it): DDP only */
     dt_comm_hook_kind hook;

@@ -193,8 +193,9 @@ DT_API dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ck
  *   pipeline.activation_checkpoint_interval  > 0 turns activation
  *       checkpointing on with more than one stage (dt_config_act_ckpt); dtrain
  *       checkpoints each block (interval 1); larger values give a note.
- *   pipeline.partition  "parameters" (dtrain's balance by parameter count);
- *       "best" (DeepSpeed's unread default) the same, with a note; "uniform",
+ *   pipeline.partition  "parameters": p->balance = DT_PIPE_BY_PARAMS (balance
+ *       by parameter count; without the key dtrain balances by compute);
+ *       "best" (DeepSpeed's unread default) leaves p->balance, with a note; "uniform",
  *       "type:REGEX", "profile" DT_ERR_UNSUPPORTED at load.
  *   pipeline.seed_layers true: DT_ERR_UNSUPPORTED at load (the model is
  *       initialised whole from one seed). pipe_partitioned, grad_partitioned,

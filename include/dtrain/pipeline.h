@@ -52,10 +52,11 @@
  * Limits are checked per schedule, with an error naming the limit.
  *
  * Stages. A model is a list of units (layers, dt_model_pipe_units): the
- * GPT is [embeddings, block 0, ..., block L-1, ln_f, lm_head], the MLP
+ * GPT is [embeddings, block 0's two halves, ..., block L-1's, ln_f, lm_head], the MLP
  * [w0, w1], a model whose root is a Sequential its children. Stages are
- * consecutive runs of units, cut where the caller says or balanced by
- * parameter count. Every rank builds the whole model (so names, offsets
+ * consecutive runs of units, cut where the caller says or balanced by the
+ * units' compute (the default; or by parameter count): the busiest rank's
+ * compute as small as possible. Every rank builds the whole model (so names, offsets
  * and checkpoints do not depend on the cut) and steps only the parameters
  * of its own stages (the strategy's optimizer ranges). A parameter stored
  * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
@@ -221,20 +222,52 @@ typedef struct dt_pipe_unit {
                                  ("transformer.wte" covers "transformer.wte.weight"); "" unused */
     dt_module *module;        /* forward by dt_module_forward(module) when fn is NULL; borrowed */
     dt_pipe_unit_fn fn;       /* or this */
+    double cost;              /* its compute per input row (token), in multiply-adds: what the stages are
+                                 balanced by (dt_pipe_unit_costs); >= 0 */
 } dt_pipe_unit;
 
 /* The units of model m, in forward order, into *units (malloc'd; free with
- * dt_free) and *n: the GPT zoo models [transformer.wte+wpe (embeddings),
- * transformer.h.0 .. h.{L-1}, transformer.ln_f, lm_head], the "mlp" zoo
- * model [w0, w1], a model whose root is a Sequential its children.
+ * dt_free) and *n, each with its cost:
+ *   - the GPT zoo models: [transformer.wte+wpe (embeddings),
+ *     transformer.h.0.ln_1+attn, transformer.h.0.ln_2+mlp, ..., h.{L-1}'s
+ *     two halves, transformer.ln_f, lm_head]: a block is cut between its
+ *     attention and its MLP (x + attn(ln_1(x)), then x + mlp(ln_2(x)))
+ *     unless the block itself carries hooks, a forward override or
+ *     activation checkpointing when the units are made (then it is one
+ *     unit: its whole forward runs them; hooks added to a cut block later
+ *     fail its forward with an error). Costs per token: the weights' elements
+ *     (multiply-adds), attention's T C (causal QK^T and AV, T the block
+ *     size, C this rank's width), the tied head's GEMM V C (its parameter
+ *     is stored as the embeddings' wte, but the head does the work) plus the
+ *     cross-entropy, and the element-wise work of norms, residuals, GELU and
+ *     the embedding gather;
+ *   - the "mlp" zoo model: [w0, w1]; a model whose root is a Sequential: its
+ *     children. Cost: the parameter count (a Linear's multiply-adds per row).
  * DT_ERR_UNSUPPORTED for other models. */
 DT_API dt_status dt_model_pipe_units(dt_model *m, dt_pipe_unit **units, int *n);
 
-/* Cut n units into S stages: starts[0..S) (starts[0] = 0, increasing, each
- * stage at least one unit) balancing the parameter count (elements of the
- * units' entries; a tied entry counts in each unit naming it): the
- * largest stage is as small as possible. DT_ERR_INVALID_ARG when n < S. */
-DT_API dt_status dt_pipe_balance(const dt_model *m, const dt_pipe_unit *units, int n, int S, int *starts);
+/* What stages are balanced by. */
+typedef enum dt_pipe_balance_by {
+    DT_PIPE_BY_COMPUTE = 0, /* the units' cost (dt_pipe_unit.cost): their compute */
+    DT_PIPE_BY_PARAMS       /* their parameter elements (a tied entry counts in each unit naming it) */
+} dt_pipe_balance_by;
+
+/* cost[0..n) of the n units by `by`. DT_ERR_INVALID_ARG for a negative or
+ * non-finite cost. */
+DT_API dt_status dt_pipe_unit_costs(const dt_model *m, const dt_pipe_unit *units, int n, dt_pipe_balance_by by,
+                                    double *cost);
+
+/* Cut n units of costs cost[0..n) into S = p v stages, stage s on rank
+ * s % p (v stages per rank: the interleaved schedule's chunks):
+ * starts[0..S) (starts[0] = 0, increasing, each stage at least one unit).
+ * The busiest RANK (the sum of its v stages) is as small as possible, then
+ * the largest stage. v = 1: exact (dynamic programming). v > 1: the
+ * per-stage optimum improved by a pruned search over the cuts (exact up to
+ * 4 Mi search nodes, past which the best cut found stands; deterministic,
+ * so every rank cuts alike). DT_ERR_INVALID_ARG when n < S, p or v are out
+ * of range (1 <= p <= 256, p v <= 1024) or a cost is negative or not
+ * finite. */
+DT_API dt_status dt_pipe_balance(const double *cost, int n, int p, int v, int *starts);
 
 /* ---- the strategy --------------------------------------------------------------- */
 
@@ -246,7 +279,9 @@ typedef struct dt_pipe_params {
     int micro_batches;        /* m: each trainer micro-batch (its batch dim) is split into m equal
                                  parts; the batch must divide; default 4 */
     int chunks;               /* v, stages per rank; interleaved only (0: 2 there, 1 elsewhere) */
-    const int *cuts;          /* NULL: stages balanced by parameter count (dt_pipe_balance); else
+    dt_pipe_balance_by balance; /* without cuts: what dt_pipe_balance balances (default
+                                 DT_PIPE_BY_COMPUTE) */
+    const int *cuts;          /* NULL: stages balanced by `balance` (dt_pipe_balance); else
                                  the first unit of stages 1..S-1 (S-1 increasing entries); borrowed
                                  until attach */
     int ncuts;

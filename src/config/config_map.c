@@ -59,9 +59,11 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         const char *s = v->v.s;
         if (!strcmp(s, "best"))
             dt__cfg_warn(c, "pipeline.partition \"best\": DeepSpeed's config default, which its PipelineModule "
-                            "does not read; dtrain balances the stages by parameter count (\"parameters\")");
+                            "does not read; dtrain balances the stages by compute (its default; \"parameters\": by "
+                            "parameter count)");
         else if (!strcmp(s, "uniform") || !strncmp(s, "type:", 5) || !strcmp(s, "profile"))
-            return unsupported(p, "dtrain balances the stages by parameter count: \"parameters\"");
+            return unsupported(p, "dtrain balances the stages by parameter count (\"parameters\") or, without "
+                                  "the key, by compute");
         else if (strcmp(s, "parameters"))
             return dt_error(DT_ERR_INVALID_ARG, "key pipeline.partition: expected \"parameters\", \"uniform\", "
                                                 "\"type:REGEX\" or \"profile\" (DeepSpeed's methods), got \"%s\" "
@@ -309,6 +311,9 @@ dt_status dt_config_pipe_params(dt_config *c, dt_pipe_params *p)
         dt__cfg_warn(c, "pipeline.activation_checkpoint_interval %" PRId64 ": dtrain checkpoints each transformer "
                         "block on its own (interval 1): the same values, with more block inputs kept than %" PRId64
                         "-layer regions would keep", iv, iv);
+    const dt__cfg_val *part = dt__cfg_get(c, "pipeline.partition");
+    if (part && !strcmp(part->v.s, "parameters"))
+        p->balance = DT_PIPE_BY_PARAMS;
     p->pp = (int)pp;
     p->schedule = kind;
     return DT_OK;

@@ -227,8 +227,16 @@ static dt_status s_attach(void *self, dt_model *m)
                                 "model has %d units)", i, s->cuts[i], s->nunits, s->nunits);
             s->starts[i + 1] = s->cuts[i];
         }
-    } else if ((st = dt_pipe_balance(m, s->units, s->nunits, s->S, s->starts)) < 0) {
-        return dt_error_wrap(st, "pipe: %d stages (pp %d x v %d)", s->S, s->P, s->v);
+    } else {
+        double *cost = dt_calloc((size_t)s->nunits * sizeof *cost);
+        if (!cost)
+            return dt_error(DT_ERR_NO_MEMORY, "pipe");
+        st = dt_pipe_unit_costs(m, s->units, s->nunits, s->p.balance, cost);
+        if (st >= 0)
+            st = dt_pipe_balance(cost, s->nunits, s->P, s->v, s->starts);
+        dt_free(cost);
+        if (st < 0)
+            return dt_error_wrap(st, "pipe: %d stages (pp %d x v %d)", s->S, s->P, s->v);
     }
     s->starts[s->S] = s->nunits;
     if ((st = dt__pipe_exec_init(s->pp, m, s->units, s->starts, s->S, s->sched, &s->ex)) < 0)
@@ -567,6 +575,7 @@ dt_pipe_params dt_pipe_params_default(void)
     p.schedule = DT_PIPE_1F1B;
     p.micro_batches = 4;
     p.chunks = 0;
+    p.balance = DT_PIPE_BY_COMPUTE;
     p.cuts = NULL;
     p.ncuts = 0;
     p.mesh = NULL;
@@ -616,6 +625,8 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
                       "world must be dp x pp)", dt_pg_size(world), s->p.pp);
     else if ((unsigned)s->p.schedule >= DT_PIPE_KIND_COUNT)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown schedule %d", (int)s->p.schedule);
+    else if ((unsigned)s->p.balance > DT_PIPE_BY_PARAMS)
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown balance %d", (int)s->p.balance);
     else if (s->p.zero < 0 || s->p.zero > 1)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: zero = %d: the data-parallel dimension runs DDP (0) "
                       "or ZeRO-1 (1); stages 2 and 3 do not combine with pipeline stages", s->p.zero);

@@ -667,6 +667,11 @@ TEST(pipeline_keys)
     size_t nw = dt_config_num_warnings(c);
     ASSERT_OK(dt_config_pipe_params(c, &p)); /* said once */
     ASSERT_EQ_INT(dt_config_num_warnings(c), nw);
+    ASSERT_EQ_INT(p.balance, DT_PIPE_BY_COMPUTE); /* "best": dtrain's default, by compute */
+    dt_config_free(c);
+    /* "parameters": DeepSpeed's balance by parameter count */
+    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": 2, \"partition\": \"parameters\"}}", &p, &c));
+    ASSERT_EQ_INT(p.balance, DT_PIPE_BY_PARAMS);
     dt_config_free(c);
     /* the block without stages: no effect (as in DeepSpeed without a PipelineModule), said so */
     ASSERT_OK(pipe("{\"pipeline\": {\"activation_checkpoint_interval\": 1}}", &p, &c));

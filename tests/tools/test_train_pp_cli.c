@@ -109,6 +109,17 @@ TEST(gpt_pp2_equals_one_process)
     int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    /* the stages balanced by parameter count (--pp-balance params): the same training */
+    n -= 4; /* keeps --pp 2 */
+    two[n++] = "--pp-schedule", two[n++] = "1f1b", two[n++] = "--pp-balance", two[n++] = "params";
+    two[n++] = "--micro-batches", two[n++] = "2", two[n] = NULL;
+    cli_runv(&r, 200, NULL, two);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    na = cli_step_losses(m2, a, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
 }
 
 TEST(option_errors)
@@ -119,6 +130,12 @@ TEST(option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--micro-batches", "4", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "no --pp");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--pp-balance", "params", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "no --pp");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--pp", "2", "--pp-balance", "flops", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--pp-balance");
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--pp", "2", "--batch", "6", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "does not split into --micro-batches 4");
