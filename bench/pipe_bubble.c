@@ -4,7 +4,7 @@
  * time fraction):
  *
  *     dtrain run -n 2 -- build/bench/pipe_bubble [--layers L] [--dim D] [--batch B] [-m M] [--steps K]
- *                                                [--threads T] [--pin 0|1] [--timeline 0|1]
+ *                                                [--threads T] [--pin 0|1] [--timeline 0|1|2]
  *                                                [--front-norm 0|1]
  *
  * --pin 1 (the default) binds rank r to CPU r mod ncpu (taskset's
@@ -45,7 +45,8 @@
  * giving contexts back, after its last compute); with --timeline 1 every
  * compute action of that step on both ranks on one clock (when it began,
  * how long it waited for its message, computed, and its CPU time), and
- * sends or receives that took 0.1 ms or more to post; then, per schedule,
+ * sends or receives that took 0.1 ms or more to post (--timeline 2: every
+ * one), with the thread's CPU time of the post; then, per schedule,
  * the handoffs of that step (dt_strategy_pipe_msg_times): each message's
  * delay = the end of the receiver's wait less the later of the wait's
  * start and the sender's post (median, mean, max, total), and how many
@@ -362,14 +363,15 @@ int main(int argc, char **argv)
                         const double *e = tq + TR * a;
                         if (e[0] < 0)
                             break;
-                        if (e[0] > DT_PIPE_BW) { /* a send or receive: shown when it took 0.1 ms or more */
+                        if (e[0] > DT_PIPE_BW) { /* a send or receive: shown when it took 0.1 ms or more
+                                                  * (every one with --timeline 2) */
                             static const char *const mn[4] = {"SEND_F", "RECV_F", "SEND_B", "RECV_B"};
                             double own = e[3 + DT_PIPE_TRACE_END] - e[3 + DT_PIPE_TRACE_BEGIN];
-                            if (own >= 1e-4 && e[0] <= DT_PIPE_RECV_B)
-                                printf("  rank %d %-6s stage %d mb %d  %8.3f .. %8.3f  posting took %.3f\n", q,
+                            if ((timeline > 1 || own >= 1e-4) && e[0] <= DT_PIPE_RECV_B)
+                                printf("  rank %d %-6s stage %d mb %d  %8.3f .. %8.3f  posting took %.3f (CPU %.3f)\n", q,
                                        mn[(int)e[0] - DT_PIPE_SEND_F], (int)e[1], (int)e[2],
                                        (e[3 + DT_PIPE_TRACE_BEGIN] - t0) * 1e3, (e[3 + DT_PIPE_TRACE_END] - t0) * 1e3,
-                                       own * 1e3);
+                                       own * 1e3, e[3 + DT_PIPE_TRACE_CPU] * 1e3);
                             continue;
                         }
                         printf("  rank %d %-2s stage %d mb %d  %8.3f .. %8.3f  waited %6.3f  computed %6.3f (CPU %6.3f)"

@@ -394,7 +394,9 @@ enum {
     DT_PIPE_TRACE_DONE,      /* computing ended (busy_s sums DONE - RUN); sends and receives: = END */
     DT_PIPE_TRACE_END,       /* the action ended (after giving a finished micro-batch's context back) */
     DT_PIPE_TRACE_CPU,       /* compute actions: the thread's CPU seconds from RUN to DONE (the compute
-                                without the time other processes held the core); else 0 */
+                                without the time other processes held the core); sends and receives:
+                                from BEGIN to END (posting; less than the wall time when another thread
+                                or process held the core meanwhile) */
     DT_PIPE_TRACE_N
 };
 /* This rank's actions in the last step and when each ran: *acts its list

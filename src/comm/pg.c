@@ -45,6 +45,7 @@ static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, i
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&pg->cv, &ca);
+    pthread_cond_init(&pg->pcv, &ca);
     pthread_condattr_destroy(&ca);
     return pg;
 }
@@ -52,6 +53,7 @@ static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, i
 static void pg_delete(dt_pg *pg)
 {
     pthread_cond_destroy(&pg->cv);
+    pthread_cond_destroy(&pg->pcv);
     pthread_mutex_destroy(&pg->mu);
     pthread_mutex_destroy(&pg->mem_mu);
     free(pg->p2p_seq);
@@ -223,6 +225,7 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
     pthread_mutex_lock(&parent->mu);
     parent->busy = 0;
     pthread_cond_broadcast(&parent->cv);
+    dt__pg_kick_locked(parent);
     pthread_mutex_unlock(&parent->mu);
     if (st < 0)
         return st;

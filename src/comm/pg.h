@@ -75,7 +75,9 @@ struct dt_pg {
     int children;              /* live subgroups */
 
     pthread_mutex_t mu;        /* guards everything below */
-    pthread_cond_t cv;         /* any request completed / queue changed */
+    pthread_cond_t cv;         /* any request completed / queue changed (waiters of requests) */
+    pthread_cond_t pcv;        /* the progress thread's own: work it may take (dt__pg_kick_locked);
+                                * a completion does not wake it */
     dt_req *head, *tail;       /* posted, not yet started */
     int busy;                  /* an executor is inside ops->run */
     int thread_on, stop;
@@ -121,6 +123,10 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c);
 /* Run queued requests on this thread until the queue is empty and no
  * executor is busy (mu held). */
 void dt__pg_drain_locked(dt_pg *pg);
+/* Wake the progress thread when there is work it may take now (queued or
+ * batched requests, no executor busy, no waiter driving) or it must stop
+ * (mu held). */
+void dt__pg_kick_locked(dt_pg *pg);
 /* Drain, then stop and join the progress thread. */
 void dt__pg_engine_stop(dt_pg *pg);
 

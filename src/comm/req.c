@@ -63,6 +63,12 @@ dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg)
 
 static int is_p2p(dt_coll_kind k) { return k == DT_COLL_SEND || k == DT_COLL_RECV; }
 
+void dt__pg_kick_locked(dt_pg *pg)
+{
+    if (pg->thread_on && (pg->stop || ((pg->head || pg->bn > 0) && !pg->busy && pg->drivers == 0)))
+        pthread_cond_signal(&pg->pcv);
+}
+
 /* Finish r with status st and message msg (mu held). */
 static void complete_locked(dt_pg *pg, dt_req *r, dt_status st, const char *msg)
 {
@@ -312,6 +318,7 @@ static void run_head_locked(dt_pg *pg, const dt_req *mine)
         run_p2p_locked(pg, mine, 0);
         pg->busy = 0;
         pthread_cond_broadcast(&pg->cv);
+        dt__pg_kick_locked(pg);
         return;
     }
     dt_req *r = pg->head;
@@ -325,6 +332,7 @@ static void run_head_locked(dt_pg *pg, const dt_req *mine)
     pthread_mutex_lock(&pg->mu);
     pg->busy = 0;
     pthread_cond_broadcast(&pg->cv);
+    dt__pg_kick_locked(pg);
 }
 
 static void *progress_main(void *arg)
@@ -335,7 +343,7 @@ static void *progress_main(void *arg)
     for (;;) {
         /* waiters run the queue themselves */
         while (!pg->stop && ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0)) {
-            pthread_cond_wait(&pg->cv, &pg->mu);
+            pthread_cond_wait(&pg->pcv, &pg->mu);
             yielded = 0;
         }
         if ((pg->head == NULL && pg->bn == 0) || pg->busy || pg->drivers > 0) {
@@ -424,6 +432,7 @@ dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_sta
         pg->ops->p2p_wake(pg->ctx);
     }
     pthread_cond_broadcast(&pg->cv);
+    dt__pg_kick_locked(pg);
     pthread_mutex_unlock(&pg->mu);
     *out = r;
     return DT_OK;
@@ -483,6 +492,7 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
     pthread_mutex_lock(&pg->mu);
     pg->busy = 0;
     pthread_cond_broadcast(&pg->cv);
+    dt__pg_kick_locked(pg);
     pthread_mutex_unlock(&pg->mu);
     return st;
 }
@@ -567,7 +577,8 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
     }
     if (driver) {
         pg->drivers--;
-        pthread_cond_broadcast(&pg->cv); /* the progress thread takes what is left */
+        pthread_cond_broadcast(&pg->cv);
+        dt__pg_kick_locked(pg); /* the progress thread takes what is left */
     }
     pthread_mutex_unlock(&pg->mu);
     return dt_req_test(req);
@@ -626,6 +637,7 @@ void dt__pg_engine_stop(dt_pg *pg)
     dt__pg_drain_locked(pg);
     pg->stop = 1;
     pthread_cond_broadcast(&pg->cv);
+    dt__pg_kick_locked(pg);
     int on = pg->thread_on;
     pthread_mutex_unlock(&pg->mu);
     if (on)

@@ -677,12 +677,15 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
     memset(e->tr, 0, (size_t)DT_PIPE_TRACE_N * (size_t)e->nacts * sizeof *e->tr);
     for (int i = 0; i < e->nacts && st >= 0; i++) {
         double *tr = e->cur = &e->tr[(size_t)DT_PIPE_TRACE_N * (size_t)i];
+        bool comm = e->acts[i].op > DT_PIPE_BW; /* a send or receive: its CPU time is all of it */
+        double c0 = comm ? thread_cpu_s() : 0;
         tr[DT_PIPE_TRACE_BEGIN] = dt_time_s();
         st = step_action(e, &e->acts[i], fb, b, &lsum);
         tr[DT_PIPE_TRACE_END] = dt_time_s();
         if (!tr[DT_PIPE_TRACE_RUN]) { /* no compute (a send, a receive): its own work is all of it */
             tr[DT_PIPE_TRACE_RUN] = tr[DT_PIPE_TRACE_BEGIN];
             tr[DT_PIPE_TRACE_DONE] = tr[DT_PIPE_TRACE_END];
+            tr[DT_PIPE_TRACE_CPU] = comm ? thread_cpu_s() - c0 : 0;
         }
     }
     if (st < 0)
