@@ -137,10 +137,26 @@ out:
     return rc;
 }
 
+/* --gpt2's shape options and their ranges (dt_parse_int: at least 1). */
+static const struct {
+    const char *name;
+    int64_t hi;
+} k_gpt2_dims[4] = {{"--rows", 1LL << 24}, {"--n-layer", 1024}, {"--n-embd", 1LL << 16}, {"--vocab", 1LL << 24}};
+
+/* Which of k_gpt2_dims option a is, or -1. */
+static int gpt2_dim(const char *a)
+{
+    for (int d = 0; d < 4; d++)
+        if (!strcmp(a, k_gpt2_dims[d].name))
+            return d;
+    return -1;
+}
+
 int dt_bench_matmul(int argc, char **argv)
 {
-    long long n = 2048, rows = 256, layers = 12, embd = 768, vocab = 50257;
-    int reps = 5, threads = 0;
+    long long n = 2048;
+    int64_t dims[4] = {256, 12, 768, 50257}; /* the order of k_gpt2_dims */
+    int reps = 5, threads = 0, d;
     bool json = false, gpt2 = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -148,15 +164,12 @@ int dt_bench_matmul(int argc, char **argv)
             json = true;
         else if (!strcmp(a, "--gpt2"))
             gpt2 = true;
-        else if (i + 1 < argc && !strcmp(a, "--rows"))
-            rows = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(a, "--n-layer"))
-            layers = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(a, "--n-embd"))
-            embd = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(a, "--vocab"))
-            vocab = atoll(argv[++i]);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        else if (i + 1 < argc && (d = gpt2_dim(a)) >= 0) {
+            if (dt_parse_int(k_gpt2_dims[d].name, argv[++i], 1, k_gpt2_dims[d].hi, &dims[d]) < 0) {
+                dt__cli_err("dtrain bench matmul: %s\n", dt_last_error());
+                return 2;
+            }
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (i + 1 < argc && !strcmp(a, "--size"))
@@ -175,16 +188,10 @@ int dt_bench_matmul(int argc, char **argv)
         dt__cli_err("dtrain bench matmul: --size, --reps must be positive, --threads >= 0\n");
         return 2;
     }
-    if (rows <= 0 || layers <= 0 || embd <= 0 || vocab <= 0 || rows > (1LL << 24) || layers > 1024 ||
-        embd > (1LL << 16) || vocab > (1LL << 24)) {
-        dt__cli_err("dtrain bench matmul: --rows (1..2^24), --n-layer (1..1024), --n-embd (1..65536) and --vocab "
-                    "(1..2^24) must be in range\n");
-        return 2;
-    }
     if (threads)
         dt_set_num_threads(threads);
     if (gpt2)
-        return bench_gpt2(rows, layers, embd, vocab, n, reps, json);
+        return bench_gpt2(dims[0], dims[1], dims[2], dims[3], n, reps, json);
     const dt_dtype types[2] = {DT_F32, DT_BF16};
     int rc = 0;
     for (int t = 0; t < 2; t++) {
