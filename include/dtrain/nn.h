@@ -461,10 +461,11 @@ DT_API dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *gr
 /* Zero every gradient flat (and clear the lazy marks below). */
 DT_API void dt_model_zero_grad(dt_model *m);
 /* Zero the gradients without writing them (PyTorch's set_to_none, as marks):
- * each f32 parameter gradient is marked DT_TENSOR_GRAD_LAZY (tensor.h), so
- * the next backward's first contribution overwrites it (a weight GEMM with
- * beta = 0 instead of zero-fill + accumulate) and any other first access in
- * autograd zero-fills it; other gradients are zeroed now. The flat grad
+ * each parameter gradient (f32, bf16, f16) is marked DT_TENSOR_GRAD_LAZY
+ * (tensor.h), so the next backward's first contribution overwrites it (a
+ * weight GEMM with beta = 0 instead of zero-fill + accumulate; a bf16/f16
+ * gradient: its rounded sum written at the flush) and any other first
+ * access in autograd zero-fills it; other gradients are zeroed now. The flat grad
  * buffer holds stale values until then: before reading it directly (a
  * parameter backward never reached, a strategy's buckets), call
  * dt_model_grads_materialize. The trainer does both (one process, f32). */

@@ -76,10 +76,11 @@ enum {
     DT_TENSOR_BLOCKED8 = 1u << 4,
     DT_TENSOR_BLOCKED16 = 1u << 5,
     DT_TENSOR_BLOCKED = DT_TENSOR_BLOCKED8 | DT_TENSOR_BLOCKED16, /* either */
-    /* A leaf whose f32 grad reads as zeros whatever its buffer holds (a
+    /* A leaf whose grad reads as zeros whatever its buffer holds (a
      * lazy zero_grad, dt_model_zero_grad_lazy): backward's first
      * contribution overwrites the buffer (a GEMM with beta = 0, a copy)
-     * instead of adding to it, and any other first access zero-fills it.
+     * instead of adding to it, and any other first access zero-fills it
+     * (a bf16/f16 grad: the pass's f32 sum is written over it, rounded).
      * dt_model_grads_materialize zero-fills what is still marked. */
     DT_TENSOR_GRAD_LAZY = 1u << 6,
 };

@@ -10,7 +10,7 @@
  * (dt__grad_gemm) or a commit writes the contribution over the buffer, every
  * other access zero-fills the buffer first, and a leaf whose gradient is
  * final without any contribution is zero-filled before its hooks
- * (dt__grad_flush). */
+ * (dt__grad_flush). A low-precision leaf is unmarked by its flush (below). */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -20,16 +20,31 @@
  * the contributions of one backward pass add up in an f32 arena buffer
  * (gacc_, tagged with the pass's epoch) and dt__grad_flush adds that sum to
  * the gradient tensor once, rounding once, when the leaf's gradient is
- * final (just before its grad-ready hooks). */
-static float *lp_acc(dt_ctx *ctx, dt_tensor *t)
+ * final (just before its grad-ready hooks). The buffer is zero-filled only
+ * where the first contribution adds (zero = true); a GEMM's first
+ * contribution writes it with beta = 0 instead. A lazily zeroed leaf
+ * (DT_TENSOR_GRAD_LAZY) keeps its mark until the flush, which then writes
+ * the rounded sum over the stale buffer instead of adding to it. */
+static bool lp_leaf(const dt_tensor *t)
 {
-    if (t->gacc_ && t->gacc_epoch_ == ctx->epoch)
+    return t->grad ? t->grad->dtype != DT_F32 : !(t->flags & DT_TENSOR_TEMP) && t->dtype != DT_F32;
+}
+
+static bool lp_acc_live(const dt_ctx *ctx, const dt_tensor *t)
+{
+    return t->gacc_ && t->gacc_epoch_ == ctx->epoch;
+}
+
+static float *lp_acc(dt_ctx *ctx, dt_tensor *t, bool zero)
+{
+    if (lp_acc_live(ctx, t))
         return t->gacc_;
     size_t nb = (size_t)dt_tensor_numel(t) * sizeof(float);
     float *a = dt_arena_alloc(ctx->arena, nb ? nb : sizeof(float));
     if (!a)
         return NULL;
-    memset(a, 0, nb);
+    if (zero)
+        memset(a, 0, nb);
     t->gacc_ = a;
     t->gacc_epoch_ = ctx->epoch;
     return a;
@@ -43,35 +58,58 @@ static void lazy_fill(dt_tensor *t)
         dt_tensor_zero(t->grad);
 }
 
+/* g[0..n) (dtype gt) += acc, rounded once, in blocks on every thread. */
+static dt_status lp_add(uint16_t *g, dt_dtype gt, const float *acc, int64_t n)
+{
+    enum { BLK = 4096 };
+    const int64_t nb = (n + BLK - 1) / BLK;
+    int bad = 0;
+#pragma omp parallel for schedule(static) if (nb > 16) reduction(| : bad)
+    for (int64_t b = 0; b < nb; b++) {
+        float tmp[BLK];
+        int64_t i = b * BLK, c = n - i < BLK ? n - i : BLK;
+        if (dt_k_convert(g + i, gt, tmp, DT_F32, c) < 0) {
+            bad = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < c; j++)
+            tmp[j] += acc[i + j];
+        bad |= dt_k_convert(tmp, DT_F32, g + i, gt, c) < 0;
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "lp_add") : DT_OK;
+}
+
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
 {
-    if (t->flags & DT_TENSOR_GRAD_LAZY) /* final without a contribution: zero */
-        lazy_fill(t);
-    if (!t->grad || t->grad->dtype == DT_F32 || !t->gacc_ || t->gacc_epoch_ != ctx->epoch)
+    const bool lazy = (t->flags & DT_TENSOR_GRAD_LAZY) != 0;
+    if (!t->grad || t->grad->dtype == DT_F32 || !lp_acc_live(ctx, t)) {
+        if (lazy) /* final without a contribution: zero */
+            lazy_fill(t);
         return DT_OK;
+    }
     dt_dtype gt = t->grad->dtype;
     int64_t n = dt_tensor_numel(t);
-    const float *acc = t->gacc_;
-    uint16_t *g = t->grad->data;
-    float tmp[1024];
-    for (int64_t i = 0; i < n; i += 1024) {
-        int64_t c = n - i < 1024 ? n - i : 1024;
-        dt_status st = dt_k_convert(g + i, gt, tmp, DT_F32, c);
-        for (int64_t j = 0; st >= 0 && j < c; j++)
-            tmp[j] += acc[i + j];
-        if (st < 0 || (st = dt_k_convert(tmp, DT_F32, g + i, gt, c)) < 0)
-            return st;
+    dt_status st;
+    if (lazy) { /* the stale buffer reads as zero: the sum rounded over it */
+        t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
+        st = dt_k_convert(t->gacc_, DT_F32, t->grad->data, gt, n);
+    } else {
+        st = lp_add(t->grad->data, gt, t->gacc_, n);
     }
+    if (st < 0)
+        return st;
     t->gacc_ = NULL;
     return DT_OK;
 }
 
 float *dt__grad(dt_ctx *ctx, dt_tensor *t)
 {
+    if (t->grad && t->grad->dtype != DT_F32) /* a lazy mark stays until the flush */
+        return lp_acc(ctx, t, true);
     if (t->flags & DT_TENSOR_GRAD_LAZY)
         lazy_fill(t);
     if (t->grad)
-        return t->grad->dtype == DT_F32 ? t->grad->data : lp_acc(ctx, t);
+        return t->grad->data;
     dt_tensor *g;
     if (t->flags & DT_TENSOR_TEMP) {
         g = dt_tensor_zeros(ctx, DT_F32, t->ndim, t->shape);
@@ -86,7 +124,7 @@ float *dt__grad(dt_ctx *ctx, dt_tensor *t)
         t->grad = g;
         t->flags |= DT_TENSOR_OWNS_GRAD;
         if (g->dtype != DT_F32)
-            return lp_acc(ctx, t);
+            return lp_acc(ctx, t, true);
     }
     return g->data;
 }
@@ -120,6 +158,12 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
         t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY; /* the GEMM overwrites the buffer */
         *beta = 0.0f;
         return t->grad->data;
+    }
+    if (lp_leaf(t) && !lp_acc_live(ctx, t)) { /* the pass's first contribution writes the accumulator */
+        if (!t->grad && !dt__grad(ctx, t)) /* creates the gradient tensor (and a zeroed accumulator) */
+            return NULL;
+        *beta = lp_acc_live(ctx, t) ? 1.0f : 0.0f;
+        return lp_acc(ctx, t, false);
     }
     *beta = 1.0f;
     return dt__grad(ctx, t);

@@ -165,14 +165,16 @@ const float *dt__cdata_f32(dt_ctx *ctx, const dt_tensor *x)
 
 dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n)
 {
-    uint16_t tmp[1024];
-    for (int64_t i = 0; i < n; i += 1024) {
-        int64_t c = n - i < 1024 ? n - i : 1024;
-        dt_status st = dt_k_convert(x + i, DT_F32, tmp, dtype, c);
-        if (st < 0 || (st = dt_k_convert(tmp, dtype, y + i, DT_F32, c)) < 0)
-            return st;
+    enum { BLK = 4096 };
+    const int64_t nb = (n + BLK - 1) / BLK;
+    int bad = 0;
+#pragma omp parallel for schedule(static) if (nb > 16) reduction(| : bad)
+    for (int64_t b = 0; b < nb; b++) {
+        uint16_t tmp[BLK];
+        int64_t i = b * BLK, c = n - i < BLK ? n - i : BLK;
+        bad |= dt_k_convert(x + i, DT_F32, tmp, dtype, c) < 0 || dt_k_convert(tmp, dtype, y + i, DT_F32, c) < 0;
     }
-    return DT_OK;
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "dt__round_to") : DT_OK;
 }
 
 /* ---- dt_cast ------------------------------------------------------------------------ */

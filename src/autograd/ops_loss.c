@@ -269,13 +269,79 @@ static dt_status embedding_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
+/* A bf16/f16 weight: the same arithmetic as widening the table, the f32
+ * embedding and rounding its result (DT__LP_RUN), without widening the
+ * table. Forward: the rows are copied as they are (widening then rounding
+ * is exact). Backward: the output's gradient rows rounded to the dtype
+ * (the gradient of the low-precision result), summed per index in position
+ * order from zero, each sum rounded (the gradient of the widened table is
+ * rounded to the table's dtype by the cast) and added to the weight's
+ * gradient: only the rows the indices touch, where the widening path
+ * rounded and added a dense [V, D] table.
+ * saved[0] = indices, saved[1] = positions sorted by (index, position). */
+static dt_status embedding_backward_lp(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *w = n->in[0];
+    const int64_t *ids = n->saved[0], *ord = n->saved[1];
+    int64_t m = n->i[0], D = n->i[1];
+    dt_dtype t = w->dtype;
+    float *gw = dt__grad(ctx, w);
+    float *s = dt_arena_alloc(ctx->arena, 2 * (size_t)D * sizeof(float) + 4);
+    if (!gw || !s)
+        return dt_last_status();
+    float *r = s + D;
+    dt_status st = DT_OK;
+    for (int64_t k = 0; k < m && st >= 0;) {
+        int64_t id = ids[ord[k]];
+        memset(s, 0, (size_t)D * sizeof(float));
+        for (; k < m && ids[ord[k]] == id && st >= 0; k++) {
+            st = dt__round_to(t, gout + ord[k] * D, r, D);
+            for (int64_t d = 0; d < D; d++)
+                s[d] += r[d];
+        }
+        if (st >= 0)
+            st = dt__round_to(t, s, s, D);
+        float *row = gw + id * D;
+        for (int64_t d = 0; st >= 0 && d < D; d++)
+            row[d] += s[d];
+    }
+    return st;
+}
+
+/* Positions 0..m-1 sorted by (ids[i], i): a stable merge sort. */
+static int64_t *sort_positions(dt_ctx *ctx, const int64_t *ids, int64_t m)
+{
+    int64_t *a = dt_arena_alloc(ctx->arena, 2 * (size_t)m * sizeof(int64_t) + 8);
+    if (!a)
+        return NULL;
+    int64_t *b = a + m;
+    for (int64_t i = 0; i < m; i++)
+        a[i] = i;
+    for (int64_t w = 1; w < m; w *= 2) {
+        for (int64_t lo = 0; lo < m; lo += 2 * w) {
+            int64_t mid = lo + w < m ? lo + w : m, hi = lo + 2 * w < m ? lo + 2 * w : m;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                b[k++] = ids[a[j]] < ids[a[i]] ? a[j++] : a[i++];
+            while (i < mid)
+                b[k++] = a[i++];
+            while (j < hi)
+                b[k++] = a[j++];
+        }
+        int64_t *x = a;
+        a = b;
+        b = x;
+    }
+    return a;
+}
+
 dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
 {
     const char *op = "dt_embedding";
     DT__NEED(ctx, op, weight);
-    dt_tensor *lp[1] = {weight};
-    DT__LP_RUN(ctx, 1, lp, weight->dtype, dt_embedding(ctx, lp[0], idx));
-    DT__NEED_F32(ctx, op, weight);
+    const bool lp = dt__is_lp(weight);
+    if (!lp)
+        DT__NEED_F32(ctx, op, weight);
     DT__NEED(ctx, op, idx);
     if (idx->dtype != DT_I32 && idx->dtype != DT_I64) {
         char s[64];
@@ -292,7 +358,7 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
     for (int i = 0; i < idx->ndim; i++)
         sh[i] = idx->shape[i];
     sh[idx->ndim] = D;
-    dt_tensor *out = dt__out(ctx, idx->ndim + 1, sh); /* first: checks the size */
+    dt_tensor *out = dt_tensor_empty(ctx, lp ? weight->dtype : DT_F32, idx->ndim + 1, sh); /* first: checks the size */
     if (!out)
         return NULL;
     int64_t *ids = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(int64_t) + 1);
@@ -307,18 +373,21 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
             return NULL;
         }
     }
-    const float *W = dt__cdata(ctx, weight);
+    const char *W = (const char *)dt__cdata(ctx, weight);
     if (!W)
         return NULL;
-    float *y = out->data;
+    const size_t row = (size_t)D * dt_dtype_size(weight->dtype);
+    char *y = out->data;
     for (int64_t i = 0; i < m; i++)
-        memcpy(y + i * D, W + ids[i] * D, (size_t)D * sizeof(float));
+        memcpy(y + (size_t)i * row, W + (size_t)ids[i] * row, row);
     if (dt__ag_wants(ctx, 1, &weight)) {
         dt_tensor *in[2] = {weight, idx};
-        dt__node *n = dt__ag_record(ctx, op, embedding_backward, out, 2, in);
+        int64_t *ord = lp ? sort_positions(ctx, ids, m) : NULL;
+        dt__node *n = lp && !ord ? NULL : dt__ag_record(ctx, op, lp ? embedding_backward_lp : embedding_backward, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = ids;
+        n->saved[1] = ord;
         n->i[0] = m;
         n->i[1] = D;
     }

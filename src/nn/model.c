@@ -706,12 +706,13 @@ void dt_model_zero_grad(dt_model *m)
             memset(m->flats[DT_FLAT_GRADS][d].base, 0, dt_flat_nbytes(&m->flats[DT_FLAT_GRADS][d]));
 }
 
-/* The parameters whose gradient is the model's own f32 view (not rebound
- * by a strategy to memory of its own): the ones a lazy zero may mark. */
+/* The parameters whose gradient is the model's own view (f32, bf16 or f16;
+ * not rebound by a strategy to memory of its own): the ones a lazy zero may
+ * mark. */
 static bool lazy_ok(const dt__entry *e)
 {
     const dt_tensor *t = e->info.tensor;
-    return !e->info.is_buffer && e->tied < 0 && t && e->grad && t->grad == e->grad && e->grad->dtype == DT_F32;
+    return !e->info.is_buffer && e->tied < 0 && t && e->grad && t->grad == e->grad && dt_dtype_is_float(e->grad->dtype);
 }
 
 void dt_model_zero_grad_lazy(dt_model *m)

@@ -267,7 +267,7 @@ static dt_status build_items(dt_optim *o, const dt_optim_range *rs, size_t nr)
                                          .lo = rs[r].lo, .hi = rs[r].hi};
     for (size_t r = 0; r < nr; r++) /* before build_units, which must not merge across these */
         if (rs[r].grads->dtype != DT_F32 && rs[r].hi > rs[r].lo &&
-            !(o->ranges[r].g32 = dt_calloc((rs[r].hi - rs[r].lo) * sizeof(float)))) {
+            !(o->ranges[r].g32 = dt_alloc((rs[r].hi - rs[r].lo) * sizeof(float)))) {
             st = dt_error_wrap(DT_ERR_NO_MEMORY, "optimizer: f32 copy of the %s gradients of range %zu (%zu floats)",
                                dt_dtype_name(rs[r].grads->dtype), r, rs[r].hi - rs[r].lo);
             goto done;
@@ -822,6 +822,49 @@ dt_status dt_optim_master_alloc(const dt_flat *lp, size_t lo, size_t hi, dt_flat
     return DT_OK;
 }
 
+/* SGD and Adam(W) over ranges with low-precision grads, when no unscale
+ * pass ran (no loss scaler, no clipping): one parallel loop in which each
+ * work item widens its grads into a buffer on the stack (zeroing the
+ * source when the optimizer zeroes grads), steps, and rounds its masters
+ * into the mirror, while the item is in cache. The same operations per
+ * element as unscale_pass + step + refresh_mirrors, so the same bits; the
+ * f32 gradient copy (g32) is not touched. */
+static void step_fused_lowp(dt_optim *o)
+{
+    dt__sgd_k sk, sk_nd;
+    dt__adam_k ak, ak_nd;
+    const bool sgd = o->kind == DT_OPTIM_SGD;
+    if (sgd)
+        dt__optim_sgd_k_make(o, &sk, &sk_nd);
+    else
+        dt__optim_adam_k_make(o, &ak, &ak_nd);
+    const size_t ni = o->nitem;
+#pragma omp parallel for schedule(static) if (ni > 1)
+    for (size_t i = 0; i < ni; i++) {
+        float tmp[DT__OPTIM_CHUNK];
+        const dt__optim_item *it = &o->items[i];
+        const dt__optim_range *rg = &o->ranges[it->range];
+        const size_t s = it->start;
+        float *g = o->gbase[it->range] + s;
+        if (rg->g32) {
+            void *src = dt_flat_ptr(rg->grads, rg->lo + s);
+            dt_k_convert(src, rg->grads->dtype, tmp, DT_F32, (int64_t)it->len);
+            if (o->zero_grad)
+                memset(src, 0, it->len * dt_dtype_size(rg->grads->dtype));
+            g = tmp;
+        }
+        float *p = o->pbase[it->range] + s;
+        float *const *st = rg->state;
+        if (sgd)
+            dt__optim_sgd(p, g, st[0] ? st[0] + s : NULL, it->len, it->no_decay ? &sk_nd : &sk);
+        else
+            dt__optim_adam(p, g, st[0] + s, st[1] + s, it->len, it->no_decay ? &ak_nd : &ak);
+        if (rg->mirror)
+            dt_k_convert(p, DT_F32, (char *)o->mbase[it->range] + s * dt_dtype_size(rg->mirror->dtype),
+                         rg->mirror->dtype, (int64_t)it->len);
+    }
+}
+
 dt_status dt_optim_step(dt_optim *o)
 {
     if (!o)
@@ -832,6 +875,11 @@ dt_status dt_optim_step(dt_optim *o)
     bool widen = false;
     for (size_t r = 0; r < o->nrange; r++)
         widen |= o->ranges[r].g32 != NULL;
+    if (widen && !o->grads_ready && o->kind != DT_OPTIM_LAMB) {
+        step_fused_lowp(o);
+        o->step++;
+        return DT_OK;
+    }
     if (widen && !o->grads_ready)
         unscale_pass(o, 1.0f, NULL);
     o->grads_ready = false;

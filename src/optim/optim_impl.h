@@ -47,7 +47,9 @@ typedef struct dt__optim_range {
     const dt_flat *mirror;         /* borrowed; NULL: none */
     size_t lo, hi;
     float *state[2];               /* hi - lo floats each */
-    float *g32;                    /* f32 copy of low-precision grads (hi - lo floats); NULL for f32 grads */
+    float *g32;                    /* f32 copy of low-precision grads (hi - lo floats; written by unscale_pass
+                                      before any read, untouched by the fused step: no pages until then);
+                                      NULL for f32 grads */
 } dt__optim_range;
 
 struct dt_optim {

@@ -254,12 +254,14 @@ static dt_status build_optimizer(dt_trainer *tr)
  * GEMMs' reads of the old values. Only where the trainer is the only
  * reader of the gradients between backward and the step: one process (the
  * "none" strategy: no buckets, shards or pipeline reading them during
- * backward), one f32 range (no low-precision grads, no loss scaler, no
- * offload, no tensor parallelism). Elsewhere the optimizer's pass zeroes. */
+ * backward), the whole flats stepped here (f32, and bf16/f16 ones through
+ * their masters; no loss scaler, no offload, no tensor parallelism).
+ * Elsewhere the optimizer's pass zeroes. */
 static bool lazy_grads_ok(const dt_trainer *tr)
 {
     return tr->s && tr->s->ops.name && !strcmp(tr->s->ops.name, "none") && !tr->s->ops.forward_backward &&
-           !tr->off && !tr->poff && !tr->tp && !tr->lowp && !tr->scaler && dt__trainer_whole_state(tr);
+           !tr->off && !tr->poff && !tr->tp && !tr->scaler && !tr->s->ops.optim_ranges && tr->P && tr->lo == 0 &&
+           tr->hi == tr->P->total;
 }
 
 static dt_status reserve_micro(dt_trainer *tr, int n)
@@ -727,8 +729,11 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     const double scale = dt_loss_scaler_scale(tr->scaler);
     bool inf = false;
     /* GradScaler's unscale_: multiply by 1/scale and look for inf/NaN in
-     * one pass (low-precision grads are widened into f32 in the same pass) */
-    if ((scaled || tr->lowp) && (st = dt_optim_unscale_grads(tr->opt, (float)(1.0 / scale), &inf)) < 0)
+     * one pass (low-precision grads are widened into f32 in the same pass;
+     * without a scaler that pass is needed only where the norm reads the f32
+     * grads: otherwise the optimizer's step widens each piece as it steps) */
+    const bool need_norm = tr->p.clip_grad_norm > 0 || tr->p.measure_grad_norm;
+    if ((scaled || (tr->lowp && need_norm)) && (st = dt_optim_unscale_grads(tr->opt, (float)(1.0 / scale), &inf)) < 0)
         return abandon(tr, st);
     double *v = tr->agree;
     v[0] = tr->stop_req ? 1.0 : 0.0;

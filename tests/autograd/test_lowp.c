@@ -357,6 +357,65 @@ TEST(bf16_leaf_grad_accumulates_in_f32)
     dt_tensor_free(gf);
 }
 
+/* A bf16/f16 embedding table is read as it is (no widened copy) and its
+ * gradient touches only the looked-up rows: output and gradient equal,
+ * bit for bit, the composition it replaces (widen the table, f32
+ * embedding, round the result), with repeated indices (summed per row in
+ * position order, rounded once per backward), a row looked up only once,
+ * rows never looked up, and a second backward adding to the first. */
+static void embedding_lp_case(dt_dtype dt)
+{
+    enum { V = 9, D = 37, M = 10 };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    float wv[V * D], gv[2][M * D];
+    dt_rng_fill_uniform(dt_rng_key_make(7, DT_RNG_DATA, 0, 0), 0, wv, V * D, -1.0f, 1.0f);
+    for (int k = 0; k < 2; k++) /* the second pass's gradient differs: its per-row rounding shows */
+        dt_rng_fill_uniform(dt_rng_key_make(7, DT_RNG_DATA, 1 + (uint64_t)k, 0), 0, gv[k], M * D, -1.0f, 1.0f);
+    const int64_t ids[M] = {3, 1, 3, 3, 0, 8, 1, 3, 5, 1};
+    dt_tensor *w[2], *g[2];
+    for (int k = 0; k < 2; k++) {
+        w[k] = dt_tensor_new(dt, 2, SH(V, D));
+        g[k] = dt_tensor_new(dt, 2, SH(V, D));
+        ASSERT_OK(dt_k_convert(wv, DT_F32, w[k]->data, dt, V * D));
+        ASSERT_OK(dt_tensor_zero(g[k]));
+        ASSERT_OK(dt_tensor_set_grad(w[k], g[k]));
+    }
+    for (int pass = 0; pass < 2; pass++) { /* (arena tensors: made again after each reset) */
+        dt_tensor *idx = dt_tensor_view_of(ctx, (void *)(uintptr_t)ids, DT_I64, 2, SH(2, 5));
+        dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(2, 5, D), gv[pass]);
+        dt_tensor *y = dt_embedding(ctx, w[0], idx);
+        dt_tensor *yr = dt_cast(ctx, dt_embedding(ctx, dt_cast(ctx, w[1], DT_F32), idx), dt);
+        ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
+        ASSERT(!memcmp(y->data, yr->data, (size_t)M * D * 2));
+        ASSERT_OK(dt_backward_with(ctx, y, R));
+        ASSERT_OK(dt_backward_with(ctx, yr, R));
+        ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)V * D * 2));
+        dt_ctx_reset(ctx);
+    }
+    int zero_rows = 0, nonzero = 0;
+    for (int64_t v = 0; v < V; v++) {
+        bool z = true;
+        for (int64_t d = 0; d < D; d++)
+            z &= dt_tensor_get(g[0], v * D + d) == 0.0;
+        zero_rows += z;
+        nonzero += !z;
+    }
+    ASSERT_EQ_INT(zero_rows, 4); /* 2, 4, 6, 7 */
+    ASSERT_EQ_INT(nonzero, 5);
+    for (int k = 0; k < 2; k++) {
+        dt_tensor_free(w[k]);
+        dt_tensor_free(g[k]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(embedding_lp_equals_widened)
+{
+    embedding_lp_case(DT_BF16);
+    embedding_lp_case(DT_F16);
+}
+
 TEST(autocast_table_and_linear)
 {
     ASSERT_EQ_INT(dt_autocast_class(DT_OP_LINEAR), DT_AMP_LOWER);
@@ -573,6 +632,7 @@ int main(void)
     RUN(ops_f16_vs_f32);
     RUN(cast_forward_and_backward);
     RUN(bf16_leaf_grad_accumulates_in_f32);
+    RUN(embedding_lp_equals_widened);
     RUN(autocast_table_and_linear);
     RUN(promotion);
     RUN(convnet_bf16_keep_bn);

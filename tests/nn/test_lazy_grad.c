@@ -6,9 +6,13 @@
  * them as it does there; the marks are set by the lazy zero and cleared by
  * the first write; dt_model_grads_materialize zero-fills what backward did
  * not reach (here: everything, with no backward), and dt_model_zero_grad
- * clears the marks. */
+ * clears the marks. The same with bf16 parameters under bf16 autocast (the
+ * lazy mark of a bf16 gradient stays until its flush, which writes the
+ * rounded f32 sum over the garbage; the tied table gets the head's GEMM
+ * and the embedding's rows). */
 #include "dtrain/autograd.h"
 #include "dtrain/models.h"
+#include "dtrain/precision.h"
 #include "test.h"
 
 #include <math.h>
@@ -23,11 +27,16 @@ typedef struct {
     dt_ctx *ctx;
 } net;
 
+static dt_dtype g_dt = DT_F32; /* the parameters' dtype of the nets made */
+
 static int net_make(net *n)
 {
     dt_model_config cfg = dt_model_config_default();
     cfg.seq = T;
+    cfg.build.param_dtype = g_dt;
     if (dt_model_create("gpt-micro", 77, &cfg, &n->m, &n->d) < 0 || dt_ctx_init(NULL, &n->ctx) < 0)
+        return -1;
+    if (g_dt != DT_F32 && dt_autocast_set(n->ctx, g_dt, NULL) < 0)
         return -1;
     dt_model_train(n->m, true);
     return 0;
@@ -56,14 +65,34 @@ static int fwd_bwd(net *n)
     return rc;
 }
 
-static const dt_flat *grads(const net *n) { return dt_model_flat(n->m, DT_FLAT_GRADS, DT_F32); }
+static const dt_flat *grads_of(const net *n, dt_dtype t) { return dt_model_flat(n->m, DT_FLAT_GRADS, t); }
+
+/* Every gradient flat's bytes, f32 then the low dtype, into buf (NULL:
+ * only the count). */
+static size_t grad_bytes(const net *n, unsigned char *buf)
+{
+    size_t k = 0;
+    const dt_dtype ts[2] = {DT_F32, g_dt};
+    for (int i = 0; i < (g_dt == DT_F32 ? 1 : 2); i++) {
+        const dt_flat *g = grads_of(n, ts[i]);
+        size_t nb = g && g->base ? g->used * dt_dtype_size(ts[i]) : 0;
+        if (buf && nb)
+            memcpy(buf + k, g->base, nb);
+        k += nb;
+    }
+    return k;
+}
 
 static void fill_nan(const net *n)
 {
-    const dt_flat *g = grads(n);
-    float *p = g->base;
-    for (size_t i = 0; i < g->used; i++)
+    const dt_flat *g = grads_of(n, DT_F32);
+    float *p = g && g->base ? g->base : NULL;
+    for (size_t i = 0; p && i < g->used; i++)
         p[i] = NAN;
+    const dt_flat *l = g_dt != DT_F32 ? grads_of(n, g_dt) : NULL;
+    uint16_t *q = l && l->base ? l->base : NULL;
+    for (size_t i = 0; q && i < l->used; i++)
+        q[i] = 0x7fc1; /* a NaN in bf16 and f16 */
 }
 
 /* How many parameters carry the lazy mark. */
@@ -79,19 +108,22 @@ static size_t marked(const net *n)
     return k;
 }
 
-TEST(lazy_equals_eager_bits)
+static void lazy_equals_eager(void)
 {
     net e, z;
     ASSERT_EQ_INT(net_make(&e), 0);
     ASSERT_EQ_INT(net_make(&z), 0);
-    const size_t n = grads(&e)->used;
-    ASSERT(n > 0 && grads(&z)->used == n);
-    float *g1 = malloc(n * 4), *g2 = malloc(n * 4);
+    const size_t n = grad_bytes(&e, NULL);
+    ASSERT(n > 0 && grad_bytes(&z, NULL) == n);
+    if (g_dt != DT_F32)
+        ASSERT(grads_of(&e, g_dt) && grads_of(&e, g_dt)->used > 0);
+    unsigned char *g1 = malloc(n), *g2 = malloc(n), *got = malloc(n);
     dt_model_zero_grad(e.m);
     ASSERT_EQ_INT(fwd_bwd(&e), 0);
-    memcpy(g1, grads(&e)->base, n * 4);
+    grad_bytes(&e, g1);
     ASSERT_EQ_INT(fwd_bwd(&e), 0);
-    memcpy(g2, grads(&e)->base, n * 4);
+    grad_bytes(&e, g2);
+    ASSERT(memcmp(g1, g2, n) != 0);
 
     fill_nan(&z);
     dt_model_zero_grad_lazy(z.m);
@@ -99,9 +131,11 @@ TEST(lazy_equals_eager_bits)
     ASSERT_EQ_INT(fwd_bwd(&z), 0);
     ASSERT_EQ_INT((int)marked(&z), 0); /* every parameter is reached in gpt-micro */
     dt_model_grads_materialize(z.m);
-    ASSERT(memcmp(grads(&z)->base, g1, n * 4) == 0);
+    grad_bytes(&z, got);
+    ASSERT(memcmp(got, g1, n) == 0);
     ASSERT_EQ_INT(fwd_bwd(&z), 0);
-    ASSERT(memcmp(grads(&z)->base, g2, n * 4) == 0);
+    grad_bytes(&z, got);
+    ASSERT(memcmp(got, g2, n) == 0);
 
     /* dt_model_zero_grad after a lazy zero: real zeros, no marks */
     fill_nan(&z);
@@ -109,11 +143,22 @@ TEST(lazy_equals_eager_bits)
     dt_model_zero_grad(z.m);
     ASSERT_EQ_INT((int)marked(&z), 0);
     ASSERT_EQ_INT(fwd_bwd(&z), 0);
-    ASSERT(memcmp(grads(&z)->base, g1, n * 4) == 0);
+    grad_bytes(&z, got);
+    ASSERT(memcmp(got, g1, n) == 0);
     free(g1);
     free(g2);
+    free(got);
     net_free(&e);
     net_free(&z);
+}
+
+TEST(lazy_equals_eager_bits) { lazy_equals_eager(); }
+
+TEST(lazy_equals_eager_bits_bf16)
+{
+    g_dt = DT_BF16;
+    lazy_equals_eager();
+    g_dt = DT_F32;
 }
 
 TEST(materialize_unreached_is_zero)
@@ -124,7 +169,7 @@ TEST(materialize_unreached_is_zero)
     dt_model_zero_grad_lazy(z.m);
     dt_model_grads_materialize(z.m); /* no backward: nothing was reached */
     ASSERT_EQ_INT((int)marked(&z), 0);
-    const dt_flat *g = grads(&z);
+    const dt_flat *g = grads_of(&z, DT_F32);
     const float *p = g->base;
     size_t nonzero = 0;
     for (size_t i = 0; i < g->used; i++)
@@ -136,6 +181,7 @@ TEST(materialize_unreached_is_zero)
 int main(void)
 {
     RUN(lazy_equals_eager_bits);
+    RUN(lazy_equals_eager_bits_bf16);
     RUN(materialize_unreached_is_zero);
     return TEST_REPORT();
 }

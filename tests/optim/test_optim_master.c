@@ -65,7 +65,8 @@ static size_t ranges(dt_optim_range *r, const dt_flat *P, const dt_flat *Gf, con
     return 2;
 }
 
-/* kind, low dtype (grads and mirror), split, scale (1: no unscale call). */
+/* kind, low dtype (grads and mirror), split, scale (1: no unscale call: SGD and Adam(W) widen, step and
+ * round the mirror piece by piece in one pass, LAMB widens first). */
 static void check_master(dt_optim_kind kind, dt_dtype lowt, bool split, float scale)
 {
     float ref_p[N], ref_g[N];
