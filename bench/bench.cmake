@@ -67,3 +67,11 @@ set_target_properties(bench_p2p_pingpong PROPERTIES OUTPUT_NAME p2p_pingpong
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_p2p_pingpong PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_p2p_pingpong PRIVATE dtrain_static)
+# Each direction of the ConvNet's convolutions in f32 against bf16 (issue 12;
+# needs a CPU with bf16 convolutions: AVX-512).
+add_executable(bench_conv_bf16 ${CMAKE_CURRENT_LIST_DIR}/conv_bf16.c)
+set_target_properties(bench_conv_bf16 PROPERTIES OUTPUT_NAME conv_bf16
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_conv_bf16 PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_compile_definitions(bench_conv_bf16 PRIVATE _GNU_SOURCE)
+target_link_libraries(bench_conv_bf16 PRIVATE dtrain_static)

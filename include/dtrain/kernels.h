@@ -179,6 +179,27 @@ DT_API dt_status dt_k_conv2d_bwd_data_l(const dt_k_conv2d_shape *s, const float 
                                         float *dx, unsigned layout);
 DT_API dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, const float *dy,
                                            float *dw, float *dbias, unsigned layout);
+/* Low-precision convolution: the operands a direction reads are uint16_t
+ * arrays of dtype t (x and w forward, dy and w backward data, x and dy
+ * backward weights), products accumulate in f32. The forward writes y in
+ * dtype yt (t: the f32 sum rounded once; or DT_F32); the backward
+ * directions write f32 dx, dw and dbias; the bias is f32. Layout bits as the
+ * _l functions (a blocked side holds elements of that side's dtype in the
+ * block's order). t = DT_F32 (and yt = DT_F32) is the _l functions. A low
+ * t where dt_k_conv2d_native(t) is false: DT_ERR_UNSUPPORTED (callers widen
+ * the operands to f32 instead: same values, f32 speed). */
+DT_API dt_status dt_k_conv2d_fwd_t(const dt_k_conv2d_shape *s, const void *x, const void *w,
+                                   const float *bias, void *y, dt_dtype t, dt_dtype yt, unsigned layout);
+DT_API dt_status dt_k_conv2d_bwd_data_t(const dt_k_conv2d_shape *s, const void *dy, const void *w,
+                                        float *dx, dt_dtype t, unsigned layout);
+DT_API dt_status dt_k_conv2d_bwd_weights_t(const dt_k_conv2d_shape *s, const void *x, const void *dy,
+                                           float *dw, float *dbias, dt_dtype t, unsigned layout);
+/* Whether the convolutions of dtype t run natively here: true for DT_F32;
+ * for DT_BF16 when oneDNN builds bf16 convolutions on this CPU (AVX-512
+ * machines; oneDNN 2.6 has none for AVX2) and DT_MAX_CPU_ISA leaves
+ * AVX-512 on (ONEDNN_MAX_CPU_ISA=AVX2 turns it off too); DT_F16: oneDNN 2.6
+ * has no f16 convolution for x86, so false. Asked once, cached. */
+DT_API bool dt_k_conv2d_native(dt_dtype t);
 /* False when DT_CONV_LAYOUT=plain: callers should then keep everything plain. */
 DT_API bool dt_k_conv2d_blocked_enabled(void);
 

@@ -18,8 +18,11 @@
  * operands are widened to f32 first, exactly, so the numbers are the same
  * and the speed is f32's minus the conversion (docs/BENCHMARKS.md).
  * dt_precision_native() says which path this CPU takes. conv2d in bf16
- * widens its operands to f32 on every CPU for now (same numbers as a
- * native bf16 convolution with f32 accumulation).
+ * runs oneDNN's bf16 convolutions (f32 accumulation, bf16 output rounded
+ * once, f32 gradients) where the CPU has them (dt_k_conv2d_native(DT_BF16)
+ * in kernels.h: AVX-512 machines) and widens its operands to f32 elsewhere
+ * and for fp16 (oneDNN 2.6 has no fp16 convolution): the same numbers up
+ * to the f32 summation order.
  *
  * Result dtypes (PyTorch's rules):
  *   - an op whose floating inputs are all of one low dtype returns that
@@ -118,7 +121,7 @@ DT_API bool dt_dtype_is_float(dt_dtype t);
  * has kernels for it: bf16 on AVX-512 machines, f16 on AVX512_FP16 ones);
  * false means the operands are widened to f32 (same values, f32 speed).
  * DT_F32: true. Asked of oneDNN at run time once and cached; follows
- * ONEDNN_MAX_CPU_ISA. conv2d in bf16/f16 always widens to f32 today. */
+ * ONEDNN_MAX_CPU_ISA. conv2d has its own answer: dt_k_conv2d_native (kernels.h). */
 DT_API bool dt_precision_native(dt_dtype t);
 
 #ifdef __cplusplus

@@ -207,7 +207,7 @@ static dt_status cast_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 dt_tensor *dt_cast(dt_ctx *ctx, dt_tensor *x, dt_dtype dtype)
 {
     const char *op = "dt_cast";
-    DT__NEED(ctx, op, x);
+    DT__NEED_ANY(ctx, op, x); /* element by element: a blocked layout is kept */
     if (!dt_dtype_is_float(x->dtype) || !dt_dtype_is_float(dtype)) {
         char s[96];
         dt_error(DT_ERR_DTYPE, "%s: %s %s to %s; casts go between f32, bf16 and f16", op,
@@ -231,6 +231,7 @@ dt_tensor *dt_cast(dt_ctx *ctx, dt_tensor *x, dt_dtype dtype)
         return NULL;
     }
     out->name = x->name;
+    out->flags |= dt__block_flag(dt_tensor_block(x));
     if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, op, cast_backward, out, 1, &x))
         return NULL;
     return out;

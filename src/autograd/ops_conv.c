@@ -1,5 +1,15 @@
-/* conv2d, max_pool2d, avg_pool2d — NCHW, f32, on the kernels layer
+/* conv2d, max_pool2d, avg_pool2d — NCHW, on the kernels layer
  * (oneDNN convolution with cached primitives; plain C pooling).
+ *
+ * Low precision (precision.h): conv2d with x, w (and bias) all bf16 runs
+ * oneDNN's bf16 convolution where the CPU has one (dt_k_conv2d_native:
+ * AVX-512): products accumulate in f32, the bf16 output is rounded once,
+ * the bias is read as f32. Backward rounds the incoming gradient to bf16
+ * (the gradient of a bf16 tensor is bf16, as PyTorch's) and writes f32
+ * gradients (a bf16 leaf's contributions are summed in f32 and rounded
+ * once, grad.c). Elsewhere (AVX2, fp16, mixed dtypes) the operands are
+ * widened to f32 exactly and the result rounded once: the same values up
+ * to the f32 summation order.
  *
  * The kernels overwrite their outputs while gradients accumulate, so each
  * backward writes into dt__grad_begin's buffer (the gradient itself when it
@@ -10,28 +20,39 @@
 
 #include <string.h>
 
-/* saved[0] = x data, saved[1] = w data, saved[2] = kernel shape;
- * i[0] = the kernels' layout bits (x and/or out stored nChw8c / nChw16c) */
+/* saved[0] = x data, saved[1] = w data (both of dtype i[1]), saved[2] =
+ * kernel shape; i[0] = the kernels' layout bits (x and/or out stored
+ * nChw8c / nChw16c), i[1] = the operands' dtype (f32, or bf16 native) */
 static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
-    const float *x = n->saved[0], *w = n->saved[1];
+    const void *x = n->saved[0], *w = n->saved[1];
     const dt_k_conv2d_shape *s = n->saved[2];
     dt_tensor *X = n->in[0], *Wt = n->in[1], *B = n->nin > 2 ? n->in[2] : NULL;
+    unsigned lay = (unsigned)n->i[0];
+    dt_dtype t = (dt_dtype)n->i[1];
+    const void *g = gout;
+    if (t != DT_F32) { /* the gradient rounded to the operands' dtype */
+        int64_t m = dt_tensor_numel(n->out);
+        void *gl = dt_arena_alloc(ctx->arena, (size_t)m * dt_dtype_size(t) + 2);
+        if (!gl || dt_k_convert(gout, DT_F32, gl, t, m) < 0)
+            return dt_last_status();
+        g = gl;
+    }
     dt_status st = DT_OK;
     if (dt__rg(X)) {
         float *gx = dt__grad_begin(ctx, X);
         if (!gx)
             return dt_last_status();
-        st = dt_k_conv2d_bwd_data_l(s, gout, w, gx, (unsigned)n->i[0]);
+        st = dt_k_conv2d_bwd_data_t(s, g, w, gx, t, lay);
         if (st < 0 || (st = dt__grad_commit(ctx, X, gx)) < 0)
             return st;
     }
     if (dt__rg(Wt) || dt__rg(B)) {
-        float *gw = dt_arena_alloc(ctx->arena, dt_tensor_nbytes(Wt));
-        float *gb = B ? dt_arena_alloc(ctx->arena, dt_tensor_nbytes(B)) : NULL;
+        float *gw = dt_arena_alloc(ctx->arena, (size_t)dt_tensor_numel(Wt) * sizeof(float));
+        float *gb = B ? dt_arena_alloc(ctx->arena, (size_t)dt_tensor_numel(B) * sizeof(float)) : NULL;
         if (!gw || (B && !gb))
             return dt_last_status();
-        st = dt_k_conv2d_bwd_weights_l(s, x, gout, gw, gb, (unsigned)n->i[0]);
+        st = dt_k_conv2d_bwd_weights_t(s, x, g, gw, gb, t, lay);
         if (st < 0)
             return st;
         if (dt__rg(Wt) && (st = dt__grad_commit(ctx, Wt, gw)) < 0)
@@ -52,11 +73,16 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
     if (!dt__autocast(ctx, DT_OP_CONV2D, 3, lp))
         return NULL;
     x = lp[0], w = lp[1], bias = lp[2];
-    DT__LP_RUN(ctx, 3, lp, dt__lp_result(3, lp), dt_conv2d(ctx, lp[0], lp[1], lp[2], stride, pad));
-    DT__NEED_F32_ANY(ctx, op, x);
-    DT__NEED_F32(ctx, op, w);
-    if (bias && !dt__check_f32(op, "bias", bias))
-        return NULL;
+    /* all operands bf16 and a bf16 convolution here: native; else widened */
+    dt_dtype t = dt__lp_result(3, lp);
+    if (t == DT_F32 || !dt_k_conv2d_native(t)) {
+        DT__LP_RUN(ctx, 3, lp, t, dt_conv2d(ctx, lp[0], lp[1], lp[2], stride, pad));
+        t = DT_F32;
+        DT__NEED_F32_ANY(ctx, op, x);
+        DT__NEED_F32(ctx, op, w);
+        if (bias && !dt__check_f32(op, "bias", bias))
+            return NULL;
+    }
     if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1]) {
         dt__shape_error(op, "want x [N,C,H,W] and weight [O,C,kh,kw]", x, w);
         return NULL;
@@ -93,16 +119,16 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
     bool out_b = ob != 0;
     unsigned lay = (xb == 8 ? DT_K_SRC_BLOCKED8 : xb == 16 ? DT_K_SRC_BLOCKED16 : 0u) |
                    (ob == 8 ? DT_K_DST_BLOCKED8 : ob == 16 ? DT_K_DST_BLOCKED16 : 0u);
-    const float *xd = dt__cdata(ctx, x), *wd = dt__cdata(ctx, w);
-    const float *bd = bias ? dt__cdata(ctx, bias) : NULL;
-    dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.K, P, Q});
+    const float *xd = dt__cdata(ctx, x), *wd = dt__cdata(ctx, w); /* of dtype t */
+    const float *bd = bias ? dt__cdata_f32(ctx, bias) : NULL;
+    dt_tensor *out = dt_tensor_empty(ctx, t, 4, (const int64_t[]){s.N, s.K, P, Q});
     dt_k_conv2d_shape *ss = dt_arena_alloc(ctx->arena, sizeof *ss);
     if (!xd || !wd || (bias && !bd) || !out || !ss)
         return NULL;
     *ss = s;
     if (out_b)
         out->flags |= dt__block_flag(ob);
-    if (dt_k_conv2d_fwd_l(&s, xd, wd, bd, out->data, lay) < 0) {
+    if (dt_k_conv2d_fwd_t(&s, xd, wd, bd, out->data, t, t, lay) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -116,6 +142,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
         n->saved[1] = (void *)(uintptr_t)wd;
         n->saved[2] = ss;
         n->i[0] = lay;
+        n->i[1] = t;
     }
     return out;
 }

@@ -21,6 +21,11 @@ dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
     dt_tensor *x = (dt_tensor *)(uintptr_t)t;
     if (!dt__blocked(x))
         return x;
+    if (x->dtype != DT_F32) { /* bf16/f16 (a native bf16 conv2d's output): through f32, exactly */
+        dt_tensor *f = dt_cast(ctx, x, DT_F32); /* keeps the block */
+        dt_tensor *p = f ? dt__plain(ctx, f) : NULL;
+        return p ? dt_cast(ctx, p, x->dtype) : NULL;
+    }
     dt_tensor *out = dt__out(ctx, 4, x->shape);
     if (!out)
         return NULL;

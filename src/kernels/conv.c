@@ -2,7 +2,8 @@
  *
  * The caller's layout is plain NCHW / OIHW, or for the activation and/or
  * the output nChw8c / nChw16c (the _l entry points, DT_K_SRC/DST_BLOCKED8
- * and _BLOCKED16; weights stay OIHW). Each (direction, shape, bias?, layouts) key gets one cached primitive plus,
+ * and _BLOCKED16; weights stay OIHW). Each (direction, shape, bias?,
+ * layouts, dtypes) key gets one cached primitive plus,
  * when the primitive wants another layout, cached reorder primitives and
  * buffers: a call reorders its inputs in, runs, reorders its outputs out,
  * and allocates nothing.
@@ -48,7 +49,20 @@
  * reorder count changes).
  *
  * Backward primitives need the forward primitive descriptor as a hint; it is
- * rebuilt (not executed, not counted) when a backward key is first seen. */
+ * rebuilt (not executed, not counted) when a backward key is first seen.
+ *
+ * bf16 (the _t entry points): the same primitives with bf16 source,
+ * weights and diff_dst, f32 accumulation inside oneDNN; the forward writes
+ * bf16 (or f32), the backward directions f32 diff_src / diff_weights /
+ * diff_bias, the bias is f32. oneDNN 2.6 builds them on AVX-512 only
+ * (jit:avx512_core_bf16 with AVX512_BF16, emulated bf16 dot products on
+ * plain avx512_core); on AVX2 primitive creation fails, so
+ * dt_k_conv2d_native asks once with a small convolution of each direction
+ * and callers widen to f32 where it says no. The blocked layouts are the
+ * same (nChw16c on AVX-512), so a bf16 ConvNet keeps its activations
+ * blocked as the f32 one does. The C = 1 backward-weights kernel of
+ * blocked.c reads f32: bf16 operands are widened into a cached scratch for
+ * it (c1_bwd_weights_lp), 5-10x faster than oneDNN's bf16 primitive there. */
 #include "kernels_impl.h"
 
 #include <pthread.h>
@@ -239,7 +253,8 @@ const char *dt_k_block_name(int block)
     return block == 8 ? "nChw8c" : block == 16 ? "nChw16c" : "plain";
 }
 
-static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
+static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay, dt_dtype t,
+                     dt_dtype yt)
 {
     memset(key, 0, sizeof *key);
     int64_t *k = key->v;
@@ -248,6 +263,12 @@ static void conv_key(dt__key *key, int dir, const dt_k_conv2d_shape *s, bool bia
     k[2] = s->N, k[3] = s->C, k[4] = s->H, k[5] = s->W, k[6] = s->K, k[7] = s->R, k[8] = s->S;
     k[9] = s->stride_h, k[10] = s->stride_w, k[11] = s->pad_h, k[12] = s->pad_w;
     k[13] = s->dil_h, k[14] = s->dil_w, k[15] = bias, k[17] = (int64_t)lay;
+    k[18] = t, k[19] = yt; /* the operands' dtype, the forward output's */
+}
+
+static dnnl_data_type_t conv_dnnl_type(dt_dtype t)
+{
+    return t == DT_BF16 ? dnnl_bf16 : t == DT_F16 ? dnnl_f16 : dnnl_f32;
 }
 
 /* Fill e->io[i] for arg: user layout md, the primitive's layout from pd,
@@ -279,7 +300,10 @@ static dt_status conv_io_init(conv_entry *e, const_dnnl_primitive_desc_t pd, int
     return io->buf ? DT_OK : dt_last_status();
 }
 
-static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
+/* t: the dtype of the operands the direction reads (x, w, dy); yt: the
+ * forward output's. The backward outputs (dx, dw, dbias) and the bias are f32. */
+static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay,
+                            dt_dtype t, dt_dtype yt)
 {
     const char *what = dir == CONV_FWD ? "dt_k_conv2d_fwd" : dir == CONV_BWD_DATA ? "dt_k_conv2d_bwd_data"
                                                                                   : "dt_k_conv2d_bwd_weights";
@@ -303,21 +327,32 @@ static dt_status conv_build(conv_entry *e, int dir, const dt_k_conv2d_shape *s, 
                                                                                                     : dnnl_nchw;
     dnnl_format_tag_t dst_tag = (lay & DT_K_DST_BLOCKED8) ? dnnl_nChw8c : (lay & DT_K_DST_BLOCKED16) ? dnnl_nChw16c
                                                                                                     : dnnl_nchw;
-    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, src_tag);
-    dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw);
+    /* Data types per direction: what it reads is t, what it writes is yt
+     * (forward) or f32 (backward: the gradient buffers); the forward
+     * descriptor that hints a backward one reads and writes t. */
+    dnnl_data_type_t dt = conv_dnnl_type(t);
+    dnnl_data_type_t src_t = dir == CONV_BWD_DATA ? dnnl_f32 : dt;
+    dnnl_data_type_t wei_t = dir == CONV_BWD_WEI ? dnnl_f32 : dt;
+    dnnl_data_type_t dst_t = dir == CONV_FWD ? conv_dnnl_type(yt) : dt;
+    dnnl_memory_desc_init_by_tag(&src_u, 4, sd, src_t, src_tag);
+    dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, wei_t, dnnl_oihw);
     dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a);
-    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dst_tag);
+    dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dst_t, dst_tag);
     bool blk = use_blocked(dir, s);
     dnnl_format_tag_t any = dnnl_format_tag_any;
-    dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, blk ? any : dnnl_nchw);
-    dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, blk ? any : dnnl_oihw);
-    dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, blk ? any : dnnl_nchw);
+    dnnl_memory_desc_t src_h, wei_h, dst_h; /* the forward hint's */
+    dnnl_memory_desc_init_by_tag(&src_a, 4, sd, src_t, blk ? any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, wei_t, blk ? any : dnnl_oihw);
+    dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dst_t, blk ? any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&src_h, 4, sd, dt, blk ? any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&wei_h, 4, wd, dt, blk ? any : dnnl_oihw);
+    dnnl_memory_desc_init_by_tag(&dst_h, 4, dd, dir == CONV_FWD ? dst_t : dt, blk ? any : dnnl_nchw);
 
     dnnl_convolution_desc_t fd, cd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     dnnl_status_t ds = dnnl_dilated_convolution_forward_desc_init(
-        &fd, dnnl_forward_training, dnnl_convolution_direct, &src_a, &wei_a,
-        (dir == CONV_FWD && bias) ? &bias_u : NULL, &dst_a, strides, dil, pl, pr);
+        &fd, dnnl_forward_training, dnnl_convolution_direct, &src_h, &wei_h,
+        (dir == CONV_FWD && bias) ? &bias_u : NULL, &dst_h, strides, dil, pl, pr);
     if (ds != dnnl_success)
         goto fail;
     if ((ds = dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL)) != dnnl_success)
@@ -369,10 +404,11 @@ out:
     return st;
 }
 
-static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay)
+static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s, bool bias, unsigned lay,
+                         dt_dtype t, dt_dtype yt)
 {
     dt__key key;
-    conv_key(&key, dir, s, bias, lay);
+    conv_key(&key, dir, s, bias, lay, t, yt);
     key.v[16] = use_blocked(dir, s);
     conv_entry *e = dt__cache_get(&key);
     if (!e) {
@@ -380,7 +416,7 @@ static dt_status conv_get(conv_entry **out, int dir, const dt_k_conv2d_shape *s,
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "conv2d: out of memory");
         pthread_mutex_init(&e->lock, NULL);
-        dt_status st = conv_build(e, dir, s, bias, lay);
+        dt_status st = conv_build(e, dir, s, bias, lay, t, yt);
         if (st < 0) {
             conv_entry_free(e);
             return st;
@@ -478,10 +514,32 @@ dt_status dt_k_conv2d_fwd(const dt_k_conv2d_shape *s, const float *x, const floa
 dt_status dt_k_conv2d_fwd_l(const dt_k_conv2d_shape *s, const float *x, const float *w, const float *bias, float *y,
                            unsigned lay)
 {
+    return dt_k_conv2d_fwd_t(s, x, w, bias, y, DT_F32, DT_F32, lay);
+}
+
+/* The dtype checks of the _t entry points: t f32, or a low dtype this
+ * machine convolves natively (dt_k_conv2d_native). */
+static dt_status conv_dtype_check(const char *fn, dt_dtype t, dt_dtype yt)
+{
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: operand dtype %s (f32, bf16 or f16)", fn, dt_dtype_name(t));
+    if (yt != DT_F32 && yt != t)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: output dtype %s with operands of dtype %s (f32 or the operands')",
+                        fn, dt_dtype_name(yt), dt_dtype_name(t));
+    if (!dt_k_conv2d_native(t))
+        return dt_error(DT_ERR_UNSUPPORTED,
+                        "%s: no %s convolution on this CPU (oneDNN isa %s); widen the operands to f32 instead", fn,
+                        dt_dtype_name(t), dt_k_onednn_isa());
+    return DT_OK;
+}
+
+dt_status dt_k_conv2d_fwd_t(const dt_k_conv2d_shape *s, const void *x, const void *w, const float *bias, void *y,
+                            dt_dtype t, dt_dtype yt, unsigned lay)
+{
     const char *fn = "dt_k_conv2d_fwd";
     int64_t P, Q;
     dt_status st = conv_check(fn, s, &P, &Q, lay);
-    if (st < 0)
+    if (st < 0 || (st = conv_dtype_check(fn, t, yt)) < 0)
         return st;
     if (s->N == 0)
         return DT_OK;
@@ -489,7 +547,7 @@ dt_status dt_k_conv2d_fwd_l(const dt_k_conv2d_shape *s, const float *x, const fl
     DT__CHECK_PTR(fn, w, 1);
     DT__CHECK_PTR(fn, y, 1);
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_FWD, s, bias != NULL, lay)) < 0)
+    if ((st = conv_get(&e, CONV_FWD, s, bias != NULL, lay, t, yt)) < 0)
         return st;
     const void *p[4] = {x, w, y, bias};
     return conv_run(e, fn, p);
@@ -502,10 +560,16 @@ dt_status dt_k_conv2d_bwd_data(const dt_k_conv2d_shape *s, const float *dy, cons
 
 dt_status dt_k_conv2d_bwd_data_l(const dt_k_conv2d_shape *s, const float *dy, const float *w, float *dx, unsigned lay)
 {
+    return dt_k_conv2d_bwd_data_t(s, dy, w, dx, DT_F32, lay);
+}
+
+dt_status dt_k_conv2d_bwd_data_t(const dt_k_conv2d_shape *s, const void *dy, const void *w, float *dx, dt_dtype t,
+                                 unsigned lay)
+{
     const char *fn = "dt_k_conv2d_bwd_data";
     int64_t P, Q;
     dt_status st = conv_check(fn, s, &P, &Q, lay);
-    if (st < 0)
+    if (st < 0 || (st = conv_dtype_check(fn, t, t)) < 0)
         return st;
     if (s->N == 0)
         return DT_OK;
@@ -513,10 +577,50 @@ dt_status dt_k_conv2d_bwd_data_l(const dt_k_conv2d_shape *s, const float *dy, co
     DT__CHECK_PTR(fn, w, 1);
     DT__CHECK_PTR(fn, dx, 1);
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_BWD_DATA, s, false, lay)) < 0)
+    if ((st = conv_get(&e, CONV_BWD_DATA, s, false, lay, t, t)) < 0)
         return st;
     const void *p[3] = {dy, w, dx};
     return conv_run(e, fn, p);
+}
+
+/* bf16 backward weights with C = 1 (the ConvNet's conv1): x and dy widened
+ * exactly into a cached f32 scratch (one per shape), then blocked.c's C = 1
+ * kernel, as the f32 path. oneDNN's bf16 primitive for C = 1 pads the
+ * channels to the block or runs its gemm-based convolution on plain layouts:
+ * 22 ms against this path's 2-4 ms at batch 100 (bench/conv_bf16). Same
+ * contract: bf16 operands, products and sums in f32. */
+static dt_status c1_bwd_weights_lp(const dt_k_conv2d_shape *s, int db, int64_t P, int64_t Q, const void *x,
+                                   const void *dy, float *dw, float *dbias, dt_dtype t)
+{
+    const char *fn = "dt_k_conv2d_bwd_weights";
+    int64_t nx = s->N * s->C * s->H * s->W, ny = s->N * s->K * P * Q;
+    dt__key key;
+    conv_key(&key, CONV_BWD_WEI, s, dbias != NULL, (unsigned)db, t, DT_F32);
+    key.v[16] = 0x43315343; /* 'C1SC': the scratch, not a primitive */
+    conv_entry *e = dt__cache_get(&key);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+        pthread_mutex_init(&e->lock, NULL);
+        e->nio = 1;
+        e->io[0].buf = dt_alloc((size_t)(nx + ny) * sizeof(float));
+        if (!e->io[0].buf) {
+            conv_entry_free(e);
+            return dt_last_status();
+        }
+        if (!(e = dt__cache_put(&key, e, conv_entry_free)))
+            return dt_last_status();
+    }
+    pthread_mutex_lock(&e->lock);
+    float *xf = e->io[0].buf, *dyf = xf + nx;
+    dt_status st = dt_k_convert(x, t, xf, DT_F32, nx);
+    if (st >= 0)
+        st = dt_k_convert(dy, t, dyf, DT_F32, ny);
+    if (st >= 0)
+        dt__conv_c1_bwd_weights_blk(s, db, P, Q, xf, dyf, dw, dbias);
+    pthread_mutex_unlock(&e->lock);
+    return st < 0 ? st : DT_OK;
 }
 
 dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
@@ -528,10 +632,16 @@ dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, co
 dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
                                     float *dbias, unsigned lay)
 {
+    return dt_k_conv2d_bwd_weights_t(s, x, dy, dw, dbias, DT_F32, lay);
+}
+
+dt_status dt_k_conv2d_bwd_weights_t(const dt_k_conv2d_shape *s, const void *x, const void *dy, float *dw,
+                                    float *dbias, dt_dtype t, unsigned lay)
+{
     const char *fn = "dt_k_conv2d_bwd_weights";
     int64_t P, Q;
     dt_status st = conv_check(fn, s, &P, &Q, lay);
-    if (st < 0)
+    if (st < 0 || (st = conv_dtype_check(fn, t, t)) < 0)
         return st;
     DT__CHECK_PTR(fn, dw, 1);
     if (s->N == 0) { /* no samples: zero gradients */
@@ -544,12 +654,51 @@ dt_status dt_k_conv2d_bwd_weights_l(const dt_k_conv2d_shape *s, const float *x, 
     DT__CHECK_PTR(fn, dy, 1);
     int db = lay_dst_block(lay);
     if (layout_mode() == 2 && lay_src_block(lay) == 0 && dt__conv_c1_bwd_weights_blk_ok(s, db)) {
-        dt__conv_c1_bwd_weights_blk(s, db, P, Q, x, dy, dw, dbias); /* C = 1: see blocked.c */
-        return DT_OK;
+        if (t == DT_F32) {
+            dt__conv_c1_bwd_weights_blk(s, db, P, Q, x, dy, dw, dbias); /* C = 1: see blocked.c */
+            return DT_OK;
+        }
+        return c1_bwd_weights_lp(s, db, P, Q, x, dy, dw, dbias, t);
     }
     conv_entry *e;
-    if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL, lay)) < 0)
+    if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL, lay, t, t)) < 0)
         return st;
     const void *p[4] = {x, dy, dw, dbias};
     return conv_run(e, fn, p);
+}
+
+/* Whether oneDNN builds all three directions of a small convolution of
+ * dtype t (operands t, forward output t, backward outputs f32) on this CPU,
+ * both layout policies' way, and DT_MAX_CPU_ISA leaves AVX-512 on (oneDNN's
+ * bf16 convolutions need it; ONEDNN_MAX_CPU_ISA=AVX2 makes the creation
+ * fail). Asked once per dtype, cached. */
+static bool probe_native(dt_dtype t)
+{
+    if (!dt_cpu_detect().avx512f)
+        return false;
+    dt_k_conv2d_shape s = dt_k_conv2d_shape_make(2, 16, 8, 8, 16, 3, 3);
+    s.pad_h = s.pad_w = 1;
+    bool ok = true;
+    for (int dir = CONV_FWD; dir <= CONV_BWD_WEI && ok; dir++) {
+        conv_entry *e = calloc(1, sizeof *e);
+        if (!e)
+            return false;
+        pthread_mutex_init(&e->lock, NULL);
+        ok = conv_build(e, dir, &s, true, 0, t, t) == DT_OK;
+        conv_entry_free(e);
+    }
+    dt_error_clear();
+    return ok;
+}
+
+bool dt_k_conv2d_native(dt_dtype t)
+{
+    static _Atomic int cached[DT_DTYPE_COUNT]; /* 0 unknown, 1 no, 2 yes; every thread computes the same */
+    if (t == DT_F32)
+        return true;
+    if (t != DT_BF16 && t != DT_F16)
+        return false;
+    if (!atomic_load(&cached[t]))
+        atomic_store(&cached[t], probe_native(t) ? 2 : 1);
+    return atomic_load(&cached[t]) == 2;
 }

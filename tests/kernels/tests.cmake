@@ -38,3 +38,14 @@ foreach(t ${DT_ISA_AVX2_TESTS})
       ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2;OPENBLAS_CORETYPE=SkylakeX;DT_BINARY_DIR=${PROJECT_BINARY_DIR};DT_CLI=${PROJECT_BINARY_DIR}/dtrain")
   endif()
 endforeach()
+
+# The bf16 convolution test's fallback part (dt_conv2d on bf16 tensors
+# widened to f32) once more with the native path capped off, as on an AVX2
+# machine; the default registration runs the native part where the CPU has
+# bf16 convolutions and reports it skipped where it has none.
+if(TARGET test_conv_bf16)
+  add_test(NAME isa_avx2/test_conv_bf16
+    COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the fallback'; exit 77; }; exec \"$0\" fallback" $<TARGET_FILE:test_conv_bf16>)
+  set_tests_properties(isa_avx2/test_conv_bf16 PROPERTIES TIMEOUT 300 LABELS "kernels;isa" SKIP_RETURN_CODE 77
+    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+endif()
