@@ -4,11 +4,13 @@
  * time fraction):
  *
  *     dtrain run -n 2 -- build/bench/pipe_bubble [--layers L] [--dim D] [--batch B] [-m M] [--steps K]
- *                                                [--threads T] [--pin 0|1] [--timeline 0|1|2]
- *                                                [--front-norm 0|1]
+ *                                                [--threads T] [--pin 0|1] [--cpu-offset C]
+ *                                                [--timeline 0|1|2] [--front-norm 0|1]
  *
- * --pin 1 (the default) binds rank r to CPU r mod ncpu (taskset's
- * sched_setaffinity), so the two ranks of p = 2 never share a core.
+ * --pin 1 (the default) binds rank r to CPU (r + C) mod ncpu (taskset's
+ * sched_setaffinity; C = --cpu-offset, default 0: swapping the CPUs tells
+ * a rank's cost from its core's), so the two ranks of p = 2 never share a
+ * core.
  *
  * A Sequential of L equal Linear(D, D) + ReLU blocks cut into p = world
  * equal stages (2 units per block; interleaved: 2 stages per rank), with
@@ -17,14 +19,20 @@
  * backward runs the same GEMMs as every other stage's (without it the first
  * Linear computes no input gradient: one GEMM fewer per micro-batch, about
  * 0.7 ms of a 6 ms backward here, and the stages are not equal; the
- * LayerNorm itself costs tens of microseconds per micro-batch); each
+ * LayerNorm itself costs tens of microseconds per micro-batch: each
+ * rank's units are printed, and the last stage's loss is a mean); each
  * schedule (gpipe, 1f1b, interleaved when L allows and M % p == 0, zbh1)
  * trains K steps of a batch of B rows as M micro-batches (the default,
  * 8 blocks of Linear(1024, 1024), B = 128, M = 8, is a size where a stage's
  * compute per micro-batch, ~10 ms on one AVX2 core, dwarfs the 64 KiB
- * handoffs). Of the K steps, the one with the smallest makespan is
- * reported (minima hold best under load): each rank's compute seconds (busy: the forward and
- * backward actions), the rest of the step's makespan (idle: the earliest
+ * handoffs; on an AVX-512 core ~2.4 ms). Of the K steps (default 20), the
+ * one with the smallest makespan is reported (minima hold best under load:
+ * a rank preempted by another process in the middle of an action makes
+ * the other idle): each rank's compute seconds (busy: the forward and
+ * backward actions; and against the ranks' mean: every rank's idle is
+ * the same makespan less its busy, so at p = 2, m = 8 a rank 1% busier
+ * than the other moves the other's idle/busy by about 0.02, half of
+ * ZB-H1's formula), the rest of the step's makespan (idle: the earliest
  * rank's start of the schedule to the latest one's end, less busy; "own
  * window" uses the rank's own start and end instead), idle / busy against
  * the formula's bubble ((p-1)/m for
@@ -34,8 +42,10 @@
  * assumes), whether idle/busy is within 20% of the formula, the step's
  * wall time, the time the rank spent blocked in receive waits (the rest
  * of its idle time is the executor's own work between actions) and the
- * peak bytes of micro-batch activations in flight; then, per rank, the
- * costs measured in that step (dt_strategy_pipe_trace: each stage's median
+ * peak bytes of micro-batch activations in flight; the step's mean over
+ * the ranks and its makespan over the busiest rank's busy, less 1 (the
+ * bubble without the load imbalance); then, per rank, its
+ * units (the cut: [first, end) per stage), the costs measured in that step (dt_strategy_pipe_trace: each stage's median
  * wall and CPU milliseconds per F, B, BI, BW), the table replayed with
  * those costs (dt_pipe_schedule_simulate_costs: the idle/busy the
  * schedule has when the stages cost what they cost and the handoffs are
@@ -116,7 +126,7 @@ int main(int argc, char **argv)
 {
     int L = (int)arg(argc, argv, "--layers", 8), D = (int)arg(argc, argv, "--dim", 1024);
     int B = (int)arg(argc, argv, "--batch", 128), M = (int)arg(argc, argv, "-m", 8);
-    int K = (int)arg(argc, argv, "--steps", 5), T = (int)arg(argc, argv, "--threads", 1);
+    int K = (int)arg(argc, argv, "--steps", 20), T = (int)arg(argc, argv, "--threads", 1);
     int timeline = (int)arg(argc, argv, "--timeline", 0);
     int front_norm = (int)arg(argc, argv, "--front-norm", 1);
     if (L < 1 || D < 1 || B < 1 || M < 1 || K < 1 || T < 1 || B % M) {
@@ -134,7 +144,7 @@ int main(int argc, char **argv)
     if (arg(argc, argv, "--pin", 1) && ncpu > 0) {
         cpu_set_t cs;
         CPU_ZERO(&cs);
-        CPU_SET((int)(r % ncpu), &cs);
+        CPU_SET((int)((r + arg(argc, argv, "--cpu-offset", 0)) % ncpu), &cs);
         if (sched_setaffinity(0, sizeof cs, &cs) < 0)
             perror("pipe_bubble: sched_setaffinity");
     }
@@ -282,16 +292,21 @@ int main(int argc, char **argv)
             return 1;
         }
         dt_pipe_schedule_free(sc);
-        enum { NV = 8 };
+        enum { NV = 12 };
         double v6[NV] = {best.busy_s, best.step_s, (double)best.peak_act_bytes, (double)best.peak_inflight,
-                         best.start_s, best.end_s, best.wait_s, (double)best.waits};
+                         best.start_s, best.end_s, best.wait_s, (double)best.waits,
+                         best.unit_lo[0], best.unit_hi[0], best.stage_count > 1 ? best.unit_lo[1] : -1,
+                         best.stage_count > 1 ? best.unit_hi[1] : -1};
         double *all = r == 0 ? calloc((size_t)P * NV, sizeof *all) : NULL;
         dt_pg_gather(pg, v6, all, NV, DT_F64, 0);
         if (r == 0) {
             /* the makespan of the step: the earliest start to the latest end
              * (one monotonic clock on one machine); each rank's idle is the
              * makespan less its compute, as in the formula */
-            double f = dt_pipe_bubble_formula(kind, P, M, v), t0 = all[4], t1 = all[5], ssum = 0, bsum = 0;
+            double f = dt_pipe_bubble_formula(kind, P, M, v), t0 = all[4], t1 = all[5], ssum = 0, bsum = 0,
+                   bmean = 0;
+            for (int q = 0; q < P; q++)
+                bmean += all[q * NV] / P;
             for (int q = 1; q < P; q++) {
                 t0 = all[q * NV + 4] < t0 ? all[q * NV + 4] : t0;
                 t1 = all[q * NV + 5] > t1 ? all[q * NV + 5] : t1;
@@ -301,15 +316,24 @@ int main(int argc, char **argv)
                 double ib = busy > 0 ? (span - busy) / busy : 0, ob = busy > 0 ? (own - busy) / busy : 0;
                 double tab = sim.busy[q] > 0 ? sim.makespan / sim.busy[q] - 1 : 0;
                 ssum += span - busy, bsum += busy;
-                printf("%-12s rank %d: busy %.4f s, idle %.4f s, idle/busy %.3f (own window %.3f) | formula %.3f "
-                       "(%s, %+.0f%%) | table %.3f | waited %.4f s in %d receives | peak activations %.2f MiB "
-                       "(%d micro-batches)\n",
-                       dt_pipe_kind_name(kind), q, busy, span - busy, ib, ob, f,
+                printf("%-12s rank %d: busy %.4f s (%+.1f%% of the ranks' mean), idle %.4f s, idle/busy %.3f (own "
+                       "window %.3f) | formula %.3f (%s, %+.0f%%) | table %.3f | waited %.4f s in %d receives | peak "
+                       "activations %.2f MiB (%d micro-batches)\n",
+                       dt_pipe_kind_name(kind), q, busy, bmean > 0 ? 100 * (busy - bmean) / bmean : 0, span - busy, ib,
+                       ob, f,
                        fabs(ib - f) <= 0.2 * f ? "within 20%" : "NOT within 20%", f > 0 ? 100 * (ib - f) / f : 0,
                        tab, all[q * NV + 6], (int)all[q * NV + 7], all[q * NV + 2] / (1 << 20), (int)all[q * NV + 3]);
             }
-            printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f)\n", dt_pipe_kind_name(kind),
-                   t1 - t0, bsum > 0 ? ssum / bsum : 0, f);
+            /* the step's bubble over the busiest rank's compute (what
+             * dt_pipe_schedule_simulate_costs calls the bubble when the
+             * ranks' costs differ): the schedule's idle without the load
+             * imbalance; the per-rank figures above are the target's */
+            double bmax = 0;
+            for (int q = 0; q < P; q++)
+                bmax = all[q * NV] > bmax ? all[q * NV] : bmax;
+            printf("%-12s step (makespan) %.4f s, mean idle/busy %.3f (formula %.3f), makespan over the busiest rank's "
+                   "busy %.3f\n", dt_pipe_kind_name(kind), t1 - t0, bsum > 0 ? ssum / bsum : 0, f,
+                   bmax > 0 ? (t1 - t0 - bmax) / bmax : 0);
             /* the measured costs, the table replayed with them, and where
              * each rank's idle time went */
             static const char *const opn[4] = {"F", "B", "BI", "BW"};
@@ -347,11 +371,16 @@ int main(int argc, char **argv)
                 double rw = simw.busy[q] > 0 ? simw.makespan / simw.busy[q] - 1 : 0;
                 double rc = simc.busy[q] > 0 ? simc.makespan / simc.busy[q] - 1 : 0;
                 double ib = busy_of(all, q, NV) > 0 ? (t1 - t0 - busy_of(all, q, NV)) / busy_of(all, q, NV) : 0;
-                printf("%-12s rank %d: costs (ms per action, median wall/CPU) %s | table with these costs: idle/busy "
+                char un[64];
+                snprintf(un, sizeof un, "[%d, %d)", (int)all[q * NV + 8], (int)all[q * NV + 9]);
+                if (all[q * NV + 10] >= 0)
+                    snprintf(un + strlen(un), sizeof un - strlen(un), " [%d, %d)", (int)all[q * NV + 10],
+                             (int)all[q * NV + 11]);
+                printf("%-12s rank %d: units %s | costs (ms per action, median wall/CPU) %s | table with these costs: idle/busy "
                        "%.3f (CPU costs %.3f; measured %+.0f%% of it) | idle (ms): %.2f before its start, %.2f waiting for messages, %.2f "
                        "posting sends, %.2f posting receives, %.2f after computes (contexts back), %.2f in the "
                        "executor between actions, %.2f after its last compute\n",
-                       dt_pipe_kind_name(kind), q, cs, rw, rc, rw > 0 ? 100 * (ib - rw) / rw : 0, (all[q * NV + 4] - t0) * 1e3, waits * 1e3, sends * 1e3,
+                       dt_pipe_kind_name(kind), q, un, cs, rw, rc, rw > 0 ? 100 * (ib - rw) / rw : 0, (all[q * NV + 4] - t0) * 1e3, waits * 1e3, sends * 1e3,
                        recvs * 1e3, after * 1e3, gaps * 1e3, (t1 - last) * 1e3);
             }
             if (timeline) {
