@@ -22,6 +22,15 @@
  * offsets and initial values do not depend on the cut; replicas start from
  * dp rank 0's values.
  *
+ * A rank that breaks off its schedule fails the pipeline group (exec.c),
+ * so its pipeline's other ranks break off too; each of them then also
+ * fails its data-parallel and tensor-parallel groups and the world
+ * (fail_replicas), so that the other pipelines, waiting on those groups for
+ * this replica's gradients, activations or agreement, fail at once with the
+ * cause instead of at the group's timeout (on backends whose groups can
+ * tell their ranks: shm; under MPI the launcher ends the job when the
+ * failing rank exits).
+ *
  * Tensor parallelism composes without code here: the tp ranks of a stage
  * hold different slices under the same names and offsets, run the same
  * table in step, and each pipeline (fixed d and t) moves its own copy of
@@ -34,9 +43,11 @@
  * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
 
+#include "comm/pg.h"
 #include "dtrain/pipeline.h"
 #include "parallel/pipeline/pipe_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -329,11 +340,33 @@ done:
     return st;
 }
 
+/* This rank's pipeline broke off its schedule (the pipeline group has
+ * failed): fail the groups that join it to the other pipelines, data
+ * parallel and tensor parallel, and the world (the trainer's agreement on
+ * losses and stopping), with this rank's error (st, dt_last_error()), which
+ * stays this rank's error. */
+static void fail_replicas(pipe_strategy *s, dt_status st)
+{
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    if (dt_pg_status(s->pp) >= 0) { /* an error before the schedule ran: nothing was abandoned */
+        dt_error(st, "%s", msg);
+        return;
+    }
+    dt_pg *other[3] = {s->dp, s->T > 1 ? dt_mesh_dim_group(s->mesh, 1) : NULL, s->world};
+    for (int i = 0; i < 3; i++)
+        if (other[i])
+            dt__pg_fail(other[i], st, msg);
+    dt_error(st, "%s", msg);
+}
+
 static dt_status s_forward_backward(void *self, dt_ctx *ctx, dt_model *m, dt_strategy_fb *fb)
 {
     (void)ctx, (void)m;
     pipe_strategy *s = self;
     dt_status st = dt__pipe_exec_run(s->ex, fb);
+    if (st < 0)
+        fail_replicas(s, st);
     /* the last stage's loss to the whole pipeline (its tp ranks have it) */
     if (st >= 0 && s->P > 1 && (st = dt_pg_broadcast(s->pp, &fb->loss_value, 1, DT_F64, s->P - 1)) < 0)
         st = dt_error_wrap(st, "pipe: sending the loss along the pipeline");

@@ -153,19 +153,25 @@ TEST(mlp_memory_per_stage)
  * fails on the ranks left (the pipeline group has failed: no later message
  * can be matched with one of the abandoned schedule), and everything frees
  * cleanly (ASan: the executor's buffers of the abandoned schedule are
- * neither freed under requests in flight nor lost). */
+ * neither freed under requests in flight nor lost).
+ * world 4 (two replicas of a 2-stage pipeline, mode 1): only pipeline 0's
+ * last stage (rank 1) fails; the other pipeline (ranks 2, 3), which waits
+ * for pipeline 0's gradients in the data-parallel average, must fail as
+ * fast, with the cause, while ranks 0 and 1 stay alive (they wait on the
+ * shared page until 2 and 3 have seen the failure), so no dead-peer check
+ * can stand in for the failure reaching the replicas. */
 typedef struct {
     dt_pipe_kind kind;
-    int mode;
+    int mode, world;
 } fail_cfg;
 
-static int loss_calls;
+static int loss_calls, loss_rank;
 static dt_model_desc *loss_desc;
 
 static dt_tensor *failing_loss(void *ud, dt_ctx *ctx, dt_tensor *out, dt_tensor *y)
 {
     (void)ud;
-    if (++loss_calls == 4 + 2) { /* step 2 (4 micro-batches a step), micro-batch 1 */
+    if (loss_rank == 1 && ++loss_calls == 4 + 2) { /* step 2 (4 micro-batches a step), micro-batch 1 */
         dt_error(DT_ERR_INVALID_ARG, "test loss: refusing micro-batch 1 of step 2");
         return NULL;
     }
@@ -188,7 +194,7 @@ static int fail_body(int rank, int size, void *arg)
     dt_strategy *s;
     TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
     dt_trainer_params tp = dt_trainer_params_default();
-    loss_desc = &d, loss_calls = 0;
+    loss_desc = &d, loss_calls = 0, loss_rank = rank;
     tp.loss_fn = c->mode == 1 ? failing_loss : dt_model_desc_loss_fn;
     tp.loss_ud = &d;
     dt_trainer *tr;
@@ -214,6 +220,10 @@ static int fail_body(int rank, int size, void *arg)
                  "rank %d: the error does not name the failing rank and its cause: %s", rank, dt_last_error());
     }
     TH_CHECK(took < 15, "the step took %.1f s to notice the failure", took);
+    if (size > 2 && rank >= 2)
+        th_shared[rank] = 1.0; /* the other pipeline has seen it */
+    for (double t1 = dt_time_s(); size > 2 && rank < 2 && !(th_shared[2] && th_shared[3]) && dt_time_s() - t1 < 40;)
+        usleep(10000);
     TH_CHECK(dt_trainer_step(tr, &b, 1, NULL) < 0, "a later step after a failed schedule succeeded");
     dt_trainer_free(tr);
     dt_model_free(m);
@@ -227,10 +237,17 @@ TEST(mlp_failing_stage)
         for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
             if (k == DT_PIPE_INTERLEAVED)
                 continue;
-            fail_cfg c = {(dt_pipe_kind)k, mode};
+            fail_cfg c = {(dt_pipe_kind)k, mode, 2};
             int codes[2];
             ASSERT_EQ_INT(th_run(2, 60.0, fail_body, &c, codes), 0);
         }
+    for (int k = 0; k < DT_PIPE_KIND_COUNT; k++) {
+        if (k == DT_PIPE_INTERLEAVED)
+            continue;
+        fail_cfg c = {(dt_pipe_kind)k, 1, 4};
+        int codes[4];
+        ASSERT_EQ_INT(th_run(4, 90.0, fail_body, &c, codes), 0);
+    }
 }
 
 int main(void)
