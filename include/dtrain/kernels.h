@@ -407,6 +407,14 @@ DT_API dt_status dt_k_relu_fwd(const float *x, float *y, int64_t n);
 /* dx = dy where x > 0, else 0 (x: the forward input; passing the output y
  * works too). dx may alias dy. */
 DT_API dt_status dt_k_relu_bwd(const float *x, const float *dy, float *dx, int64_t n);
+/* ReLU on bf16/f16 data (dtype t) in one pass: each element widened to f32
+ * and rounded back with dt_k_convert, block by block, so the results are
+ * bit-identical to dt_k_convert + dt_k_relu_fwd + dt_k_convert. y may alias x. */
+DT_API dt_status dt_k_relu_fwd_lp(dt_dtype t, const void *x, void *y, int64_t n);
+/* Its backward: dx = dy rounded to t (dt_k_convert, the gradient of a t
+ * tensor holds values of t) where the forward output y (of dtype t) > 0,
+ * else 0; dx is f32, as every gradient. dx may alias dy. */
+DT_API dt_status dt_k_relu_bwd_lp(dt_dtype t, const void *y, const float *dy, float *dx, int64_t n);
 typedef enum { DT_K_GELU_ERF = 0, DT_K_GELU_TANH } dt_k_gelu_approx;
 /* GELU as PyTorch (approximate='none' or 'tanh'). y may alias x. */
 DT_API dt_status dt_k_gelu_fwd(const float *x, float *y, int64_t n, dt_k_gelu_approx approx);

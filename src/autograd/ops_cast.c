@@ -8,6 +8,9 @@
  * of its own: the casts are nodes on the tape. The price is one extra pass
  * over the data per cast (the conversion kernels are vectorised,
  * src/kernels/convert.c), cheap next to the GEMMs that dominate a step.
+ * Where those passes showed in the ConvNet's bf16 step, ops compute the same
+ * numbers without them: relu (dt_k_relu_*_lp, converting block by block in
+ * cache) and max_pool2d (no cast nodes, pool_backward rounds).
  *
  * Gradients stay f32 buffers; dt_cast's backward rounds the gradient to the
  * input's dtype when that is bf16/f16, so the gradient of a low-precision

@@ -157,9 +157,26 @@ static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
         return dt_last_status();
+    /* a bf16/f16 max pool (pool's lp path): the gradient rounded to the
+     * dtype first and gx after, as the casts' backwards round them; without
+     * overlapping windows every gx element is 0 or one rounded gradient
+     * element, which the second rounding leaves as it is */
+    dt_dtype lp = n->out->dtype;
+    if (lp != DT_F32) {
+        int64_t m = dt_tensor_numel(n->out);
+        float *g = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float));
+        if (!g)
+            return dt_last_status();
+        dt_status st = dt__round_to(lp, gout, g, m);
+        if (st < 0)
+            return st;
+        gout = g;
+    }
     dt_status st = arg && dt__blocked(n->in[0]) ? dt_k_maxpool2d_bwd_blocked(s, dt_tensor_block(n->in[0]), gout, arg, gx)
                    : arg ? dt_k_maxpool2d_bwd(s, gout, arg, gx)
                        : dt_k_avgpool2d_bwd(s, gout, gx, true);
+    if (st >= 0 && lp != DT_F32 && (s->sh < s->kh || s->sw < s->kw))
+        st = dt__round_to(lp, gx, gx, dt_tensor_numel(n->in[0]));
     if (st < 0)
         return st;
     return dt__grad_commit(ctx, n->in[0], gx);
@@ -169,9 +186,15 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
                        bool is_max)
 {
     DT__NEED_ANY(ctx, op, x);
-    dt_tensor *lp[1] = {x};
-    DT__LP_RUN(ctx, 1, lp, x->dtype, pool(ctx, op, lp[0], k, stride, pad, is_max));
-    DT__NEED_F32_ANY(ctx, op, x);
+    /* max pooling of a bf16/f16 x: read widened (exact), pool in f32 and
+     * round the result once, as DT__LP_RUN would, but with no cast passes
+     * over the whole gradient in the backward (pool_backward) */
+    dt_dtype lpt = is_max && dt__is_lp(x) ? x->dtype : DT_F32;
+    if (lpt == DT_F32) {
+        dt_tensor *lp[1] = {x};
+        DT__LP_RUN(ctx, 1, lp, x->dtype, pool(ctx, op, lp[0], k, stride, pad, is_max));
+        DT__NEED_F32_ANY(ctx, op, x);
+    }
     if (!is_max && dt__blocked(x) && !(x = dt__plain(ctx, x)))
         return NULL; /* average pooling reads plain NCHW only */
     if (x->ndim != 4) {
@@ -200,18 +223,23 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
-    const float *xd = dt__cdata(ctx, x);
-    dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){s.N, s.C, P, Q});
+    const float *xd = lpt != DT_F32 ? dt__cdata_f32(ctx, x) : dt__cdata(ctx, x);
+    dt_tensor *out = lpt != DT_F32 ? dt_tensor_empty(ctx, lpt, 4, (const int64_t[]){s.N, s.C, P, Q})
+                                   : dt__out(ctx, 4, (const int64_t[]){s.N, s.C, P, Q});
+    float *yd = lpt != DT_F32 && out ? dt_arena_alloc(ctx->arena, (size_t)(s.N * s.C * P * Q) * 4)
+                                     : out ? out->data : NULL;
     int32_t *arg = is_max ? dt_arena_alloc(ctx->arena, (size_t)(s.N * s.C * P * Q) * 4) : NULL;
     dt_k_pool2d_shape *ss = dt_arena_alloc(ctx->arena, sizeof *ss);
-    if (!xd || !out || (is_max && !arg) || !ss)
+    if (!xd || !out || !yd || (is_max && !arg) || !ss)
         return NULL;
     *ss = s;
     int blk = dt_tensor_block(x);
     out->flags |= dt__block_flag(blk);
-    dt_status st = blk      ? dt_k_maxpool2d_fwd_blocked(&s, blk, xd, out->data, arg)
-                   : is_max ? dt_k_maxpool2d_fwd(&s, xd, out->data, arg)
-                          : dt_k_avgpool2d_fwd(&s, xd, out->data, true);
+    dt_status st = blk      ? dt_k_maxpool2d_fwd_blocked(&s, blk, xd, yd, arg)
+                   : is_max ? dt_k_maxpool2d_fwd(&s, xd, yd, arg)
+                          : dt_k_avgpool2d_fwd(&s, xd, yd, true);
+    if (st >= 0 && yd != out->data)
+        st = dt_k_convert(yd, DT_F32, out->data, lpt, dt_tensor_numel(out));
     if (st < 0) {
         dt_error_wrap(st, "%s", op);
         return NULL;

@@ -256,9 +256,43 @@ dt_tensor *dt_scale(dt_ctx *ctx, dt_tensor *x, float s)
     return unary(ctx, "dt_scale", U_SCALE, x, s, NULL);
 }
 
+/* ReLU on a bf16/f16 x in one pass each way (dt_k_relu_*_lp): the same
+ * numbers as widening, dt_relu in f32 and rounding (DT__LP_RUN), without
+ * the two casts' passes. */
+static dt_status relu_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *x = n->in[0];
+    float *gx = dt__grad_begin(ctx, x);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = dt_k_relu_bwd_lp(n->out->dtype, n->out->data, gout, gx, dt_tensor_numel(x));
+    if (st < 0)
+        return st;
+    return dt__grad_commit(ctx, x, gx);
+}
+
+static dt_tensor *relu_lp(dt_ctx *ctx, dt_tensor *x)
+{
+    const char *op = "dt_relu";
+    const void *xd = dt__cdata(ctx, x); /* of x's dtype */
+    dt_tensor *out = dt_tensor_empty(ctx, x->dtype, x->ndim, x->shape);
+    if (!xd || !out)
+        return NULL;
+    if (dt_k_relu_fwd_lp(x->dtype, xd, out->data, dt_tensor_numel(x)) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    out->flags |= x->flags & DT_TENSOR_BLOCKED;
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, op, relu_lp_backward, out, 1, &x))
+        return NULL;
+    return out;
+}
+
 dt_tensor *dt_relu(dt_ctx *ctx, dt_tensor *x)
 {
     DT__NEED_ANY(ctx, "dt_relu", x);
+    if (dt__is_lp(x))
+        return relu_lp(ctx, x);
     dt_tensor *lp[1] = {x};
     DT__LP_RUN(ctx, 1, lp, x->dtype, dt_relu(ctx, lp[0]));
     DT__NEED_F32_ANY(ctx, "dt_relu", x); /* elementwise: any layout */

@@ -39,6 +39,56 @@ dt_status dt_k_relu_bwd(const float *x, const float *dy, float *dx, int64_t n)
     return DT_OK;
 }
 
+/* Blocks of LP_BLK elements, widened into a stack buffer: every pass of
+ * the op stays in L1 and the conversions are dt_k_convert's own. */
+enum { LP_BLK = 2048 };
+
+static bool lp_dtype(dt_dtype t) { return t == DT_BF16 || t == DT_F16; }
+
+dt_status dt_k_relu_fwd_lp(dt_dtype t, const void *x, void *y, int64_t n)
+{
+    DT__CHECK_N("dt_k_relu_fwd_lp", n);
+    DT__CHECK_PTR("dt_k_relu_fwd_lp", x, n);
+    DT__CHECK_PTR("dt_k_relu_fwd_lp", y, n);
+    if (!lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "dt_k_relu_fwd_lp: dtype %s; want bf16 or f16", dt_dtype_name(t));
+    const int64_t nb = (n + LP_BLK - 1) / LP_BLK;
+    int nt = dt__threads_for(n), bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t b = 0; b < nb; b++) {
+        float v[LP_BLK];
+        int64_t lo = b * LP_BLK, c = n - lo < LP_BLK ? n - lo : LP_BLK;
+        bad |= dt_k_convert((const uint16_t *)x + lo, t, v, DT_F32, c) < 0;
+        for (int64_t i = 0; i < c; i++)
+            v[i] = v[i] > 0.0f || v[i] != v[i] ? v[i] : 0.0f; /* as dt_k_relu_fwd */
+        bad |= dt_k_convert(v, DT_F32, (uint16_t *)y + lo, t, c) < 0;
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "dt_k_relu_fwd_lp: a conversion failed") : DT_OK;
+}
+
+dt_status dt_k_relu_bwd_lp(dt_dtype t, const void *y, const float *dy, float *dx, int64_t n)
+{
+    DT__CHECK_N("dt_k_relu_bwd_lp", n);
+    DT__CHECK_PTR("dt_k_relu_bwd_lp", y, n);
+    DT__CHECK_PTR("dt_k_relu_bwd_lp", dy, n);
+    DT__CHECK_PTR("dt_k_relu_bwd_lp", dx, n);
+    if (!lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "dt_k_relu_bwd_lp: dtype %s; want bf16 or f16", dt_dtype_name(t));
+    const int64_t nb = (n + LP_BLK - 1) / LP_BLK;
+    int nt = dt__threads_for(n), bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t b = 0; b < nb; b++) {
+        float v[LP_BLK], g[LP_BLK];
+        uint16_t h[LP_BLK];
+        int64_t lo = b * LP_BLK, c = n - lo < LP_BLK ? n - lo : LP_BLK;
+        bad |= dt_k_convert((const uint16_t *)y + lo, t, v, DT_F32, c) < 0;
+        bad |= dt_k_convert(dy + lo, DT_F32, h, t, c) < 0 || dt_k_convert(h, t, g, DT_F32, c) < 0;
+        for (int64_t i = 0; i < c; i++)
+            dx[lo + i] = v[i] > 0.0f ? g[i] : 0.0f; /* as dt_k_relu_bwd */
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "dt_k_relu_bwd_lp: a conversion failed") : DT_OK;
+}
+
 #define SQRT1_2 0.70710678118654752440f
 #define SQRT2_PI 0.79788456080286535588f  /* sqrt(2/pi) */
 #define INV_SQRT_2PI 0.39894228040143267794f

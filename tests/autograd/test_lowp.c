@@ -416,6 +416,132 @@ TEST(embedding_lp_equals_widened)
     embedding_lp_case(DT_F16);
 }
 
+/* ReLU on a bf16/f16 tensor reads and writes its dtype in one pass
+ * (dt_k_relu_*_lp): output and gradient equal, bit for bit, the
+ * composition it replaces (widen, f32 relu, round), on plain and nChw16c
+ * (flag kept) layouts, with zeros, -0, NaN and an upstream gradient that is
+ * not representable in the dtype (its rounding shows). */
+static void relu_lp_case(dt_dtype dt, bool blocked)
+{
+    enum { N = 2, C = 16, H = 3, W = 5, M = N * C * H * W };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    float xv[M], gv[M];
+    dt_rng_fill_uniform(dt_rng_key_make(9, DT_RNG_DATA, 0, 0), 0, xv, M, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(9, DT_RNG_DATA, 1, 0), 0, gv, M, -1.0f, 1.0f);
+    xv[3] = 0.0f;
+    xv[4] = -0.0f;
+    xv[5] = NAN;
+    dt_tensor *x[2], *g[2];
+    for (int k = 0; k < 2; k++) {
+        x[k] = dt_tensor_new(dt, 4, SH(N, C, H, W));
+        g[k] = dt_tensor_new(dt, 4, SH(N, C, H, W));
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[k]->data, dt, M));
+        if (blocked)
+            x[k]->flags |= DT_TENSOR_BLOCKED16;
+        ASSERT_OK(dt_tensor_zero(g[k]));
+        ASSERT_OK(dt_tensor_set_grad(x[k], g[k]));
+    }
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 4, SH(N, C, H, W), gv);
+    dt_tensor *y = dt_relu(ctx, x[0]);
+    dt_tensor *yr = dt_cast(ctx, dt_relu(ctx, dt_cast(ctx, x[1], DT_F32)), dt);
+    ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
+    ASSERT_EQ_INT((int)(y->flags & DT_TENSOR_BLOCKED), blocked ? (int)DT_TENSOR_BLOCKED16 : 0);
+    ASSERT_EQ_INT((int)(yr->flags & DT_TENSOR_BLOCKED), (int)(y->flags & DT_TENSOR_BLOCKED));
+    ASSERT(!memcmp(y->data, yr->data, (size_t)M * 2));
+    /* a backward is seeded on a plain tensor: through dt_contiguous */
+    ASSERT_OK(dt_backward_with(ctx, blocked ? dt_contiguous(ctx, y) : y, R));
+    ASSERT_OK(dt_backward_with(ctx, blocked ? dt_contiguous(ctx, yr) : yr, R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)M * 2));
+    int nz = 0;
+    for (int64_t i = 0; i < M; i++)
+        nz += dt_tensor_get(g[0], i) != 0.0;
+    ASSERT(nz > M / 4 && nz < M); /* some pass, some are masked */
+    /* the backward kernel itself rounds dy to the dtype first, as the
+     * round's cast backward does (in a graph every gradient that reaches a
+     * bf16/f16 tensor is rounded already, so only the kernel shows it) */
+    static float dx[M], dxr[M], yw[M];
+    uint16_t h[M];
+    ASSERT_OK(dt_k_relu_bwd_lp(dt, y->data, gv, dx, M));
+    ASSERT_OK(dt_k_convert(gv, DT_F32, h, dt, M));
+    ASSERT_OK(dt_k_convert(h, dt, dxr, DT_F32, M));
+    ASSERT_OK(dt_k_convert(y->data, dt, yw, DT_F32, M));
+    ASSERT_OK(dt_k_relu_bwd(yw, dxr, dxr, M));
+    ASSERT(!memcmp(dx, dxr, sizeof dx));
+    for (int k = 0; k < 2; k++) {
+        dt_tensor_free(x[k]);
+        dt_tensor_free(g[k]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(relu_lp_equals_widened)
+{
+    for (int b = 0; b < 2; b++) {
+        relu_lp_case(DT_BF16, b);
+        relu_lp_case(DT_F16, b);
+    }
+}
+
+/* Max pooling of a bf16/f16 tensor (pool's low-precision path: no cast
+ * passes in the backward) equals, bit for bit, widen + f32 max pool +
+ * round: output and gradient, plain and nChw16c, windows 2/2 (disjoint:
+ * the second rounding of the gradient skipped) and 3/2 pad 1 (overlapping:
+ * the upstream gradient, not representable in the dtype, must be rounded
+ * before the windows' contributions add up), with ties, -0 and NaN. */
+static void maxpool_lp_case(dt_dtype dt, bool blocked, int k, int stride, int pad)
+{
+    enum { N = 2, C = 16, H = 6, W = 7, M = N * C * H * W };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    float xv[M];
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 0, 0), 0, xv, M, -1.0f, 1.0f);
+    xv[0] = xv[1] = 0.5f; /* a tie */
+    xv[8] = -0.0f;
+    xv[9] = NAN;
+    dt_tensor *x[2], *g[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = dt_tensor_new(dt, 4, SH(N, C, H, W));
+        g[i] = dt_tensor_new(dt, 4, SH(N, C, H, W));
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[i]->data, dt, M));
+        if (blocked)
+            x[i]->flags |= DT_TENSOR_BLOCKED16;
+        ASSERT_OK(dt_tensor_zero(g[i]));
+        ASSERT_OK(dt_tensor_set_grad(x[i], g[i]));
+    }
+    y[0] = dt_max_pool2d(ctx, x[0], k, stride, pad);
+    y[1] = dt_cast(ctx, dt_max_pool2d(ctx, dt_cast(ctx, x[1], DT_F32), k, stride, pad), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT_EQ_INT((int)dt_tensor_block(y[0]), blocked ? 16 : 0);
+    ASSERT_EQ_INT((int)dt_tensor_block(y[1]), (int)dt_tensor_block(y[0]));
+    int64_t m = dt_tensor_numel(y[0]);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)m * 2));
+    static float gv[M]; /* (m <= M) */
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 1, 0), 0, gv, m, -1.0f, 1.0f);
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 4, y[0]->shape, gv);
+    for (int i = 0; i < 2; i++) /* a backward is seeded on a plain tensor */
+        ASSERT_OK(dt_backward_with(ctx, blocked ? dt_contiguous(ctx, y[i]) : y[i], R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)M * 2));
+    int nz = 0;
+    for (int64_t i = 0; i < M; i++)
+        nz += dt_tensor_get(g[0], i) != 0.0;
+    ASSERT(nz > 0 && nz < M);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(x[i]);
+        dt_tensor_free(g[i]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(maxpool_lp_equals_widened)
+{
+    for (int b = 0; b < 2; b++)
+        for (int d = 0; d < 2; d++) {
+            maxpool_lp_case(d ? DT_F16 : DT_BF16, b, 2, 2, 0);
+            maxpool_lp_case(d ? DT_F16 : DT_BF16, b, 3, 2, 1);
+        }
+}
+
 TEST(autocast_table_and_linear)
 {
     ASSERT_EQ_INT(dt_autocast_class(DT_OP_LINEAR), DT_AMP_LOWER);
@@ -633,6 +759,8 @@ int main(void)
     RUN(cast_forward_and_backward);
     RUN(bf16_leaf_grad_accumulates_in_f32);
     RUN(embedding_lp_equals_widened);
+    RUN(relu_lp_equals_widened);
+    RUN(maxpool_lp_equals_widened);
     RUN(autocast_table_and_linear);
     RUN(promotion);
     RUN(convnet_bf16_keep_bn);
