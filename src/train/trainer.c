@@ -245,6 +245,14 @@ static dt_status build_optimizer(dt_trainer *tr)
     return DT_OK;
 }
 
+/* This rank steps every element of the model's flats itself: the strategy
+ * gives no ranges of its own (ZeRO, pipeline shares) and the owned range is
+ * the whole flat. */
+static bool steps_whole_flats(const dt_trainer *tr)
+{
+    return !tr->s->ops.optim_ranges && tr->P && tr->lo == 0 && tr->hi == tr->P->total;
+}
+
 /* Lazy zero_grad (dt_model_zero_grad_lazy): after the optimizer step the
  * gradients are marked zero instead of written, backward's first
  * contribution to each overwrites it (the weight GEMMs run with beta = 0),
@@ -260,8 +268,7 @@ static dt_status build_optimizer(dt_trainer *tr)
 static bool lazy_grads_ok(const dt_trainer *tr)
 {
     return tr->s && tr->s->ops.name && !strcmp(tr->s->ops.name, "none") && !tr->s->ops.forward_backward &&
-           !tr->off && !tr->poff && !tr->tp && !tr->scaler && !tr->s->ops.optim_ranges && tr->P && tr->lo == 0 &&
-           tr->hi == tr->P->total;
+           !tr->off && !tr->poff && !tr->tp && !tr->scaler && steps_whole_flats(tr);
 }
 
 static dt_status reserve_micro(dt_trainer *tr, int n)
@@ -885,8 +892,7 @@ void dt__trainer_ranges(const dt_trainer *tr, const dt_optim_range **r, size_t *
 bool dt__trainer_whole_state(const dt_trainer *tr)
 {
     /* one range over the whole f32 flat: not sharded, no low-precision masters */
-    return !tr->s->ops.optim_ranges && tr->P && tr->lo == 0 && tr->hi == tr->P->total &&
-           dt_optim_num_ranges(tr->opt) == 1;
+    return steps_whole_flats(tr) && dt_optim_num_ranges(tr->opt) == 1;
 }
 
 dt_status dt_trainer_allreduce_sum(dt_trainer *tr, double *v, int n)
