@@ -205,7 +205,10 @@ dt_status dt_pipe_unit_costs(const dt_model *m, const dt_pipe_unit *units, int n
 {
     if (!m || !units || !cost)
         return dt_error(DT_ERR_NULL, "dt_pipe_unit_costs: an argument is NULL");
-    if ((unsigned)by > DT_PIPE_BY_PARAMS)
+    if (by == DT_PIPE_BY_TIME)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_unit_costs: DT_PIPE_BY_TIME costs are measured on an input: "
+                        "dt_pipe_unit_times");
+    if ((unsigned)by > DT_PIPE_BY_TIME)
         return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_unit_costs: unknown balance %d", (int)by);
     for (int i = 0; i < n; i++) {
         cost[i] = by == DT_PIPE_BY_PARAMS ? unit_params(m, &units[i]) : units[i].cost;

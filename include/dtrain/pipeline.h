@@ -55,8 +55,17 @@
  * GPT is [embeddings, block 0's two halves, ..., block L-1's, ln_f, lm_head], the MLP
  * [w0, w1], a model whose root is a Sequential its children. Stages are
  * consecutive runs of units, cut where the caller says or balanced by the
- * units' compute (the default; or by parameter count): the busiest rank's
- * compute as small as possible. Every rank builds the whole model (so names, offsets
+ * units' compute (the default: estimated per unit; or by parameter count;
+ * or by measured time): the busiest rank's compute as small as possible.
+ * Measured time (DT_PIPE_BY_TIME, dt_pipe_unit_times): at attach every rank
+ * runs every unit's forward and backward on a sample micro-batch the
+ * caller gives (params.sample), one warm-up then 3 repetitions, keeping
+ * each unit's least; the world then takes the mean of the ranks' times
+ * (rank 0's copy of it), so every replica of a stage cuts alike. With
+ * tensor parallelism the tp ranks time in step (their layers' collectives
+ * match: the sample's shape is checked to be the same on every rank
+ * first). The loss is not timed (the last unit is timed on its output).
+ * Every rank builds the whole model (so names, offsets
  * and checkpoints do not depend on the cut) and steps only the parameters
  * of its own stages (the strategy's optimizer ranges). A parameter stored
  * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
@@ -85,7 +94,8 @@
  * activations in their dtype and gradients in f32, keeps fp32 master
  * weights for the parameters each rank steps and reduces gradients in the
  * parameters' dtype; the loss scaler's overflow flag is agreed over every
- * rank of every stage, so all skip the same steps.
+ * rank of every stage, so all skip the same steps. DT_PIPE_BY_TIME times
+ * the units under that autocast too.
  *
  * Usage: train with the "pipe" strategy (each trainer micro-batch is split
  * into params.micro_batches micro-batches and runs the schedule):
@@ -249,13 +259,34 @@ DT_API dt_status dt_model_pipe_units(dt_model *m, dt_pipe_unit **units, int *n);
 /* What stages are balanced by. */
 typedef enum dt_pipe_balance_by {
     DT_PIPE_BY_COMPUTE = 0, /* the units' cost (dt_pipe_unit.cost): their compute */
-    DT_PIPE_BY_PARAMS       /* their parameter elements (a tied entry counts in each unit naming it) */
+    DT_PIPE_BY_PARAMS,      /* their parameter elements (a tied entry counts in each unit naming it) */
+    DT_PIPE_BY_TIME         /* their forward + backward wall time measured on a sample input
+                               (dt_pipe_unit_times; the strategy: dt_pipe_params.sample) */
 } dt_pipe_balance_by;
 
 /* cost[0..n) of the n units by `by`. DT_ERR_INVALID_ARG for a negative or
- * non-finite cost. */
+ * non-finite cost, and for DT_PIPE_BY_TIME (measured: dt_pipe_unit_times). */
 DT_API dt_status dt_pipe_unit_costs(const dt_model *m, const dt_pipe_unit *units, int n, dt_pipe_balance_by by,
                                     double *cost);
+
+/* cost[0..n): the seconds each of the n units of m takes, forward plus
+ * backward, run as a pipeline stage runs it: on input x for the first unit
+ * (the model's input: contiguous, batch first; one micro-batch, e.g. the
+ * trainer batch / micro_batches rows) and unit i's output for unit i + 1,
+ * each unit's input (but the first's) a leaf that requires grad, its
+ * backward from its output with a gradient of ones (the last unit is timed
+ * without the loss), under autocast in `autocast` (DT_F32: off; bf16, f16).
+ * One warm-up pass, then `reps` (1..1000) passes over all the units in
+ * turn; each unit's least time is kept. Wall time on this rank only (no
+ * collective of its own): under tensor parallelism every rank of the tp
+ * group must call it together with the same x shape (the units' layers
+ * communicate). The model's gradients, buffers and dropout counters are
+ * restored afterwards (lazy gradient marks become zeros); its hooks run.
+ * Errors: DT_ERR_INVALID_ARG (reps, an empty or non-contiguous x), a unit's
+ * failure on its input (e.g. x of the wrong shape) wrapped with the unit's
+ * index, name and input shape. */
+DT_API dt_status dt_pipe_unit_times(dt_model *m, const dt_pipe_unit *units, int n, const dt_tensor *x,
+                                    dt_dtype autocast, int reps, double *cost);
 
 /* Cut n units of costs cost[0..n) into S = p v stages, stage s on rank
  * s % p (v stages per rank: the interleaved schedule's chunks):
@@ -281,6 +312,14 @@ typedef struct dt_pipe_params {
     int chunks;               /* v, stages per rank; interleaved only (0: 2 there, 1 elsewhere) */
     dt_pipe_balance_by balance; /* without cuts: what dt_pipe_balance balances (default
                                  DT_PIPE_BY_COMPUTE) */
+    const dt_trainer_batch *sample; /* DT_PIPE_BY_TIME (and no cuts): a batch of the model's input
+                                 to time the units on (only x is read: x, x_dtype, x_ndim,
+                                 x_shape, contiguous, batch first), e.g. one micro-batch of the
+                                 training data (the trainer batch / micro_batches rows): the
+                                 times are for that many rows. The same shape on every rank
+                                 (checked at attach); copied by dt_strategy_pipe_init. Required
+                                 by DT_PIPE_BY_TIME (DT_ERR_INVALID_ARG naming it), unused
+                                 otherwise; default NULL */
     const int *cuts;          /* NULL: stages balanced by `balance` (dt_pipe_balance); else
                                  the first unit of stages 1..S-1 (S-1 increasing entries); borrowed
                                  until attach */
@@ -353,8 +392,9 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * The strategy cannot resume; start again from a checkpoint.
  * DT_ERR_INVALID_ARG when
  * world is not a multiple
- * of pp, the mesh is not one of dt_pipe_mesh_init over world, or the
- * schedule's limits fail. */
+ * of pp, the mesh is not one of dt_pipe_mesh_init over world, the
+ * schedule's limits fail, or DT_PIPE_BY_TIME has no sample (at init) or
+ * samples of different shapes on the ranks (at attach). */
 DT_API dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out);
 
 /* What the strategy measured in its last step on this rank (after attach;

@@ -94,6 +94,10 @@ typedef struct {
     tie *ties;
     int nties;
     size_t stage_bytes;     /* bytes of the parameters this rank's stages use (shared ones included) */
+    void *sample;           /* DT_PIPE_BY_TIME: a copy of params.sample's x */
+    dt_dtype sample_dt;
+    int sample_nd;
+    int64_t sample_shape[DT_MAX_DIMS];
 } pipe_strategy;
 
 static int dt_index(dt_dtype t)
@@ -198,6 +202,65 @@ static dt_status make_range(pipe_strategy *s, int k)
     return DT_OK;
 }
 
+/* DT_PIPE_BY_TIME: every rank times every unit on the sample (the ranks of
+ * a tp group in step, their layers' collectives matching: hence the shape
+ * check first, over the world, before anything runs); the world takes the
+ * mean of the ranks' times and rank 0's copy of it, so that every rank
+ * (every replica of a stage) cuts alike. A rank whose timing fails says so
+ * in the same all-reduce (and, with tp, fails its tp group first, so that
+ * its tp peers cannot wait in a collective it will not join): every rank
+ * then fails. */
+#define PIPE_TIME_REPS 3
+
+static dt_status timed_costs(pipe_strategy *s, dt_model *m, double *cost)
+{
+    const int n = s->nunits, W = dt_pg_size(s->world);
+    double hi[2 + DT_MAX_DIMS] = {s->sample_nd, (double)s->sample_dt}, lo[2 + DT_MAX_DIMS];
+    for (int d = 0; d < s->sample_nd; d++)
+        hi[2 + d] = (double)s->sample_shape[d];
+    memcpy(lo, hi, sizeof lo);
+    dt_status st = dt_metrics_allreduce(s->world, hi, 2 + DT_MAX_DIMS, DT_REDUCE_MAX);
+    if (st >= 0)
+        st = dt_metrics_allreduce(s->world, lo, 2 + DT_MAX_DIMS, DT_REDUCE_MIN);
+    if (st < 0)
+        return dt_error_wrap(st, "pipe: agreeing on the sample's shape (DT_PIPE_BY_TIME)");
+    if (memcmp(hi, lo, sizeof hi))
+        return dt_error(DT_ERR_INVALID_ARG, "pipe: DT_PIPE_BY_TIME: the ranks' samples differ in shape or dtype (this "
+                        "rank's: %d dims, batch %lld, %s); give every rank a sample of the same shape",
+                        s->sample_nd, (long long)s->sample_shape[0], dt_dtype_name(s->sample_dt));
+    double *t = dt_calloc((size_t)(n + 1) * sizeof *t);
+    if (!t)
+        return dt_error(DT_ERR_NO_MEMORY, "pipe: unit times");
+    dt_tensor x;
+    char msg[512] = "";
+    st = dt_tensor_init_contiguous(&x, s->sample_dt, s->sample_nd, s->sample_shape, s->sample);
+    if (st >= 0)
+        st = dt_pipe_unit_times(m, s->units, n, &x, s->amp, PIPE_TIME_REPS, t);
+    if (st < 0) {
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        for (int i = 0; i < n; i++)
+            t[i] = 0;
+        t[n] = 1; /* failed here */
+        if (s->T > 1)
+            dt__pg_fail(dt_mesh_dim_group(s->mesh, 1), st, msg);
+    }
+    dt_status st2 = dt_metrics_allreduce(s->world, t, n + 1, DT_REDUCE_SUM);
+    for (int i = 0; i < n; i++)
+        t[i] /= W;
+    if (st2 >= 0 && t[n] == 0)
+        st2 = dt_pg_broadcast(s->world, t, (size_t)n, DT_F64, 0);
+    if (st < 0)
+        st = dt_error(st, "pipe: timing the units (DT_PIPE_BY_TIME): %s", msg);
+    else if (st2 < 0)
+        st = dt_error_wrap(st2, "pipe: agreeing on the units' times (DT_PIPE_BY_TIME)");
+    else if (t[n] > 0)
+        st = dt_error(DT_ERR_STATE, "pipe: timing the units (DT_PIPE_BY_TIME) failed on %g other rank(s)", t[n]);
+    if (st >= 0)
+        memcpy(cost, t, (size_t)n * sizeof *cost);
+    dt_free(t);
+    return st;
+}
+
 static dt_status s_attach(void *self, dt_model *m)
 {
     pipe_strategy *s = self;
@@ -242,7 +305,8 @@ static dt_status s_attach(void *self, dt_model *m)
         double *cost = dt_calloc((size_t)s->nunits * sizeof *cost);
         if (!cost)
             return dt_error(DT_ERR_NO_MEMORY, "pipe");
-        st = dt_pipe_unit_costs(m, s->units, s->nunits, s->p.balance, cost);
+        st = s->p.balance == DT_PIPE_BY_TIME ? timed_costs(s, m, cost)
+                                              : dt_pipe_unit_costs(m, s->units, s->nunits, s->p.balance, cost);
         if (st >= 0)
             st = dt_pipe_balance(cost, s->nunits, s->P, s->v, s->starts);
         dt_free(cost);
@@ -561,6 +625,7 @@ static void s_free(void *self)
     dt_free(s->starts);
     dt_free(s->units);
     dt_free(s->cuts);
+    dt_free(s->sample);
     dt_free(s);
 }
 
@@ -611,6 +676,7 @@ dt_pipe_params dt_pipe_params_default(void)
     p.balance = DT_PIPE_BY_COMPUTE;
     p.cuts = NULL;
     p.ncuts = 0;
+    p.sample = NULL;
     p.mesh = NULL;
     return p;
 }
@@ -627,6 +693,34 @@ dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out)
         return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_mesh_init: %d ranks do not make dp x tp %d x pp %d (tp x pp "
                         "must divide the world size)", W, tp, pp);
     return dt_mesh_init(world, 3, (int[]){W / (tp * pp), tp, pp}, NULL, (const char *[]){"dp", "tp", "pp"}, out);
+}
+
+/* DT_PIPE_BY_TIME: keep params.sample's x (the caller's batch is borrowed
+ * until init returns). */
+static dt_status copy_sample(pipe_strategy *s)
+{
+    const dt_trainer_batch *b = s->p.sample;
+    if (!b || !b->x)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: balance DT_PIPE_BY_TIME needs params.sample (a "
+                        "micro-batch of the model's input to time the units on)%s", b ? ": its x is NULL" : "");
+    if (b->x_ndim < 1 || b->x_ndim > DT_MAX_DIMS || (unsigned)b->x_dtype >= DT_DTYPE_COUNT)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: params.sample has %d dims (1..%d) or an unknown "
+                        "dtype", b->x_ndim, DT_MAX_DIMS);
+    size_t numel = 1;
+    for (int d = 0; d < b->x_ndim; d++) {
+        if (b->x_shape[d] < 1 || b->x_shape[d] > ((int64_t)1 << 40))
+            return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: params.sample's dim %d is %lld", d,
+                            (long long)b->x_shape[d]);
+        numel *= (size_t)b->x_shape[d];
+    }
+    size_t bytes = numel * dt_dtype_size(b->x_dtype);
+    if (!(s->sample = dt_alloc(bytes ? bytes : 1)))
+        return dt_error(DT_ERR_NO_MEMORY, "dt_strategy_pipe_init: a copy of params.sample (%zu bytes)", bytes);
+    memcpy(s->sample, b->x, bytes);
+    s->sample_dt = b->x_dtype;
+    s->sample_nd = b->x_ndim;
+    memcpy(s->sample_shape, b->x_shape, (size_t)b->x_ndim * sizeof *s->sample_shape);
+    return DT_OK;
 }
 
 dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strategy **out)
@@ -658,7 +752,7 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
                       "world must be dp x pp)", dt_pg_size(world), s->p.pp);
     else if ((unsigned)s->p.schedule >= DT_PIPE_KIND_COUNT)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown schedule %d", (int)s->p.schedule);
-    else if ((unsigned)s->p.balance > DT_PIPE_BY_PARAMS)
+    else if ((unsigned)s->p.balance > DT_PIPE_BY_TIME)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown balance %d", (int)s->p.balance);
     else if (s->p.zero < 0 || s->p.zero > 1)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: zero = %d: the data-parallel dimension runs DDP (0) "
@@ -672,6 +766,9 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
             memcpy(s->cuts, s->p.cuts, (size_t)s->p.ncuts * sizeof *s->cuts);
     }
     s->p.cuts = NULL;
+    if (st >= 0 && s->p.balance == DT_PIPE_BY_TIME && !s->cuts)
+        st = copy_sample(s);
+    s->p.sample = NULL;
     if (st >= 0)
         st = dt_strategy_init(&k_pipe_ops, s, out);
     if (st < 0)

@@ -39,6 +39,7 @@ typedef struct {
     dt_pipe_kind kind;
     int pp, dp, m;
     const char *expect_err; /* the trainer must refuse with this (NULL: must train) */
+    dt_pipe_balance_by balance; /* default DT_PIPE_BY_COMPUTE; DT_PIPE_BY_TIME: timed on one micro-batch */
 } run_cfg;
 
 #define B_GLOBAL 8 /* rows over all replicas */
@@ -110,6 +111,13 @@ static inline int body(int rank, int size, void *arg)
     pp.pp = c->pp;
     pp.schedule = c->kind;
     pp.micro_batches = c->m;
+    pp.balance = c->balance;
+    float sxf[B_GLOBAL * 32];
+    int64_t sxi[B_GLOBAL * T_GPT], sy[B_GLOBAL * T_GPT], srows = B_GLOBAL / c->dp / c->m;
+    srows = srows > 0 ? srows : 1;
+    make_batch(c->model, 0, srows, sxf, sxi, sy);
+    dt_trainer_batch sample = batch_of(c->model, srows, sxf, sxi, sy);
+    pp.sample = &sample;
     dt_strategy *s;
     TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
     dt_trainer *tr, *trr;
@@ -225,14 +233,27 @@ static inline int body(int rank, int size, void *arg)
     return 0;
 }
 
+static inline void run_cfg_expect(const run_cfg *c)
+{
+    int codes[8];
+    int rc = th_run(c->pp * c->dp, 60.0, body, (void *)c, codes);
+    if (rc != 0)
+        fprintf(stderr, "%s %s pp %d dp %d m %d%s: failed\n", c->model, dt_pipe_kind_name(c->kind), c->pp, c->dp, c->m,
+                c->balance == DT_PIPE_BY_TIME ? " balanced by time" : "");
+    ASSERT_EQ_INT(rc, 0);
+}
+
 static inline void run_expect(const char *model, dt_pipe_kind kind, int pp, int dp, int m, const char *err)
 {
-    run_cfg c = {model, kind, pp, dp, m, err};
-    int codes[8];
-    int rc = th_run(pp * dp, 60.0, body, &c, codes);
-    if (rc != 0)
-        fprintf(stderr, "%s %s pp %d dp %d m %d: failed\n", model, dt_pipe_kind_name(kind), pp, dp, m);
-    ASSERT_EQ_INT(rc, 0);
+    run_cfg c = {model, kind, pp, dp, m, err, DT_PIPE_BY_COMPUTE};
+    run_cfg_expect(&c);
+}
+
+/* Stages balanced by the units' measured time (DT_PIPE_BY_TIME). */
+static inline void run_time(const char *model, dt_pipe_kind kind, int pp, int dp, int m)
+{
+    run_cfg c = {model, kind, pp, dp, m, NULL, DT_PIPE_BY_TIME};
+    run_cfg_expect(&c);
 }
 
 static inline void run(const char *model, dt_pipe_kind kind, int pp, int dp, int m)
