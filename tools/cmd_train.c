@@ -363,6 +363,50 @@ static int setup_data(trainer *t)
     return 0;
 }
 
+/* The strategy (train_ddp.c). --pp-balance time: the stages are balanced
+ * by the units' times on the first micro-batch of the training data (its
+ * first batch / micro-batches items in the dataset's order: the same rows,
+ * so the same shape, on every rank), viewed as the trainer views a batch. */
+static int wrap(trainer *t)
+{
+    if (t->ddp.pp <= 1 || t->ddp.pp_balance != DT_PIPE_BY_TIME)
+        return dt__ddp_wrap(&t->ddp, t->model);
+    const dt_dataset_info *info = dt_dataset_get_info(t->train);
+    int64_t n = t->o.batch / t->ddp.pp_micro, len = dt_dataset_length(t->train);
+    n = n < len ? n : len;
+    n = n > 0 ? n : 1;
+    size_t xb = dt_dataset_x_bytes(t->train), yb = dt_dataset_y_bytes(t->train);
+    int64_t *idx = calloc((size_t)n, sizeof *idx);
+    void *x = calloc((size_t)n, xb ? xb : 1), *y = calloc((size_t)n, yb ? yb : 1);
+    int rc = 0;
+    if (info->x_ndim + 1 > DT_MAX_DIMS) {
+        dt__cli_err("dtrain train: --pp-balance time: items of %d dims (at most %d)\n", info->x_ndim,
+                    DT_MAX_DIMS - 1);
+        rc = 2;
+    } else if (!idx || !x || !y) {
+        dt__cli_err("dtrain train: --pp-balance time: out of memory for the sample micro-batch\n");
+        rc = 1;
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            idx[i] = i;
+        int64_t shape[DT_MAX_DIMS] = {n};
+        for (int d = 0; d < info->x_ndim; d++)
+            shape[d + 1] = info->x_shape[d];
+        dt_trainer_batch b = dt_trainer_batch_make(x, info->x_dtype, info->x_ndim + 1, shape, NULL, DT_F32, 0, NULL);
+        if (dt_dataset_get_batch(t->train, idx, n, x, y) < 0) {
+            rc = fail(2, "--pp-balance time: reading the sample micro-batch");
+        } else {
+            t->ddp.pp_sample = &b;
+            rc = dt__ddp_wrap(&t->ddp, t->model); /* the strategy keeps a copy */
+            t->ddp.pp_sample = NULL;
+        }
+    }
+    free(idx);
+    free(x);
+    free(y);
+    return rc;
+}
+
 /* The trainer: strategy (train_ddp.c), optimizer and schedule from the
  * options. */
 static int setup_trainer(trainer *t)
@@ -831,8 +875,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         goto out;
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
-    if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = dt__ddp_wrap(&t->ddp, t->model)) ||
-        (rc = setup_data(t)) || (rc = setup_trainer(t)) || (rc = make_user_json(t)))
+    if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+        (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
     if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
         if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
@@ -922,6 +966,13 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("pipeline parallel: %d stages x %s%d data-parallel%s, schedule %s, %d micro-batches per batch\n",
                t->ddp.pp, tpx, t->ddp.world, t->ddp.stage == 1 ? " (ZeRO-1)" : "", t->ddp.pp_sched,
                t->ddp.pp_micro);
+        dt_pipe_stats ps; /* this rank's (the first stage's) cut */
+        if (dt_strategy_pipe_stats(dt_trainer_strategy(t->tr), &ps) == DT_OK)
+            printf("pipeline stages balanced by %s: stage 0 has units [%d, %d)\n",
+                   t->ddp.pp_balance == DT_PIPE_BY_TIME     ? "measured time"
+                   : t->ddp.pp_balance == DT_PIPE_BY_PARAMS ? "parameter count"
+                                                            : "compute",
+                   ps.unit_lo[0], ps.unit_hi[0]);
     }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,

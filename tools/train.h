@@ -74,7 +74,7 @@ typedef struct dt__train_opts {
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;
     const char *pp_schedule;  /* gpipe | 1f1b | interleaved | zbh1, default 1f1b */
-    const char *pp_balance;   /* compute | params: what the stages are balanced by, default compute */
+    const char *pp_balance;   /* compute | params | time: what the stages are balanced by, default compute */
     int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */

@@ -146,8 +146,9 @@ static const opt_def opts[] = {
      "in halves, balanced by compute); the world divided by N is the data-parallel size"},
     {"pp-schedule", OPT_CHOICE, OFF(pp_schedule), 0, 0, "gpipe|1f1b|interleaved|zbh1", "NAME",
      "with --pp: the pipeline schedule (default 1f1b; interleaved: 2 stages per rank, M a multiple of N)"},
-    {"pp-balance", OPT_CHOICE, OFF(pp_balance), 0, 0, "compute|params", "BY",
-     "with --pp: balance the stages by the layers' compute (default) or by their parameter count"},
+    {"pp-balance", OPT_CHOICE, OFF(pp_balance), 0, 0, "compute|params|time", "BY",
+     "with --pp: balance the stages by the layers' estimated compute (default), by their parameter count, or "
+     "by their forward + backward time measured at the start on the first micro-batch of the training data"},
     {"micro-batches", OPT_INT, OFF(micro_batches), 1, 4096, NULL, "M",
      "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",

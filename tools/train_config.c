@@ -277,8 +277,8 @@ static int read_back(dt__train_opts *o, dt_config *c)
     }
     if (dt_config_origin_of(c, "dtrain.pipeline_schedule") != DT_CONFIG_UNSET)
         o->pp_schedule = dt_pipe_kind_name(pq.schedule);
-    if (pq.balance == DT_PIPE_BY_PARAMS && !o->pp_balance)
-        o->pp_balance = "params";
+    if (pq.balance != DT_PIPE_BY_COMPUTE && !o->pp_balance) /* "parameters" / "profile" */
+        o->pp_balance = pq.balance == DT_PIPE_BY_PARAMS ? "params" : "time";
     dt_dtype dt = DT_F32;
     dt_status st = dt_config_precision(c, &dt);
     if (st < 0 && st != DT_ERR_NOT_FOUND)

@@ -177,7 +177,9 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
         r->tp_pg = r->tp > 1 ? dt_mesh_dim_group(r->mesh, 1) : NULL; /* the model's slices */
         r->pp_rank = dt_mesh_coord(r->mesh, 2);
         r->pp_sched = o->pp_schedule ? o->pp_schedule : "1f1b";
-        r->pp_by_params = o->pp_balance && !strcmp(o->pp_balance, "params");
+        r->pp_balance = !o->pp_balance || !strcmp(o->pp_balance, "compute") ? DT_PIPE_BY_COMPUTE
+                        : !strcmp(o->pp_balance, "params")                  ? DT_PIPE_BY_PARAMS
+                                                                            : DT_PIPE_BY_TIME;
         r->pp_micro = o->micro_batches ? (int)o->micro_batches : 4;
         return 0;
     }
@@ -230,7 +232,8 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         pp.micro_batches = r->pp_micro;
         pp.mesh = r->mesh;
         pp.zero = r->stage; /* 0 or 1 (train_args.c refuses the others) */
-        pp.balance = r->pp_by_params ? DT_PIPE_BY_PARAMS : DT_PIPE_BY_COMPUTE;
+        pp.balance = r->pp_balance;
+        pp.sample = r->pp_sample;
         if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
             dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
             dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());

@@ -18,6 +18,7 @@
 #include "dtrain/mesh.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 
 #include <stdbool.h>
@@ -50,7 +51,9 @@ typedef struct dt__ddp_run {
     dt_mesh *mesh;    /* --pp: the dp x tp x pp mesh over world_pg (owned; its tp group is tp_pg) */
     int pp_rank;      /* this rank's place in its pipeline */
     const char *pp_sched; /* --pp-schedule (borrowed) */
-    bool pp_by_params;    /* --pp-balance params */
+    dt_pipe_balance_by pp_balance; /* --pp-balance */
+    const dt_trainer_batch *pp_sample; /* --pp-balance time: the first micro-batch of the training data
+                                          (borrowed until dt__ddp_wrap) */
     int pp_micro;     /* --micro-batches */
     /* communication hook (--comm-hook, AIAK_* over it): DDP only */
     dt_comm_hook_kind hook;

@@ -195,8 +195,12 @@ DT_API dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ck
  *       checkpoints each block (interval 1); larger values give a note.
  *   pipeline.partition  "parameters": p->balance = DT_PIPE_BY_PARAMS (balance
  *       by parameter count; without the key dtrain balances by compute);
+ *       "profile": p->balance = DT_PIPE_BY_TIME (the units' measured
+ *       forward + backward time: the name DeepSpeed reserves for it, whose
+ *       PipelineModule raises NotImplementedError for it; the caller must
+ *       then set p->sample, dtrain train passes its first micro-batch);
  *       "best" (DeepSpeed's unread default) leaves p->balance, with a note; "uniform",
- *       "type:REGEX", "profile" DT_ERR_UNSUPPORTED at load.
+ *       "type:REGEX" DT_ERR_UNSUPPORTED at load.
  *   pipeline.seed_layers true: DT_ERR_UNSUPPORTED at load (the model is
  *       initialised whole from one seed). pipe_partitioned, grad_partitioned,
  *       use_reentrant: accepted without effect, with a note at load.

@@ -60,11 +60,11 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         if (!strcmp(s, "best"))
             dt__cfg_warn(c, "pipeline.partition \"best\": DeepSpeed's config default, which its PipelineModule "
                             "does not read; dtrain balances the stages by compute (its default; \"parameters\": by "
-                            "parameter count)");
-        else if (!strcmp(s, "uniform") || !strncmp(s, "type:", 5) || !strcmp(s, "profile"))
-            return unsupported(p, "dtrain balances the stages by parameter count (\"parameters\") or, without "
-                                  "the key, by compute");
-        else if (strcmp(s, "parameters"))
+                            "parameter count; \"profile\": by measured time)");
+        else if (!strcmp(s, "uniform") || !strncmp(s, "type:", 5))
+            return unsupported(p, "dtrain balances the stages by parameter count (\"parameters\"), by measured time "
+                                  "(\"profile\") or, without the key, by compute");
+        else if (strcmp(s, "parameters") && strcmp(s, "profile"))
             return dt_error(DT_ERR_INVALID_ARG, "key pipeline.partition: expected \"parameters\", \"uniform\", "
                                                 "\"type:REGEX\" or \"profile\" (DeepSpeed's methods), got \"%s\" "
                                                 "(from %s)", s, v->source);
@@ -314,6 +314,8 @@ dt_status dt_config_pipe_params(dt_config *c, dt_pipe_params *p)
     const dt__cfg_val *part = dt__cfg_get(c, "pipeline.partition");
     if (part && !strcmp(part->v.s, "parameters"))
         p->balance = DT_PIPE_BY_PARAMS;
+    else if (part && !strcmp(part->v.s, "profile"))
+        p->balance = DT_PIPE_BY_TIME; /* the caller gives p->sample (dtrain train: its first micro-batch) */
     p->pp = (int)pp;
     p->schedule = kind;
     return DT_OK;

@@ -198,6 +198,20 @@ TEST(pipeline_config_equals_the_flags)
     ASSERT(a[3] < a[0]);
 }
 
+/* "partition": "profile" (DeepSpeed's name for balancing by measured
+ * time, which it does not implement) is --pp-balance time. */
+TEST(pipeline_partition_profile_is_time)
+{
+    static cli_result r;
+    char p[400];
+    write_cfg("prof.json", "{\"pipeline\": {\"stages\": 2, \"partition\": \"profile\"}}", p, sizeof p);
+    run_cfg(&r, 2, p, NULL, (const char *[]){"--max-steps", "1", "--batch", "4", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "[0] pipeline stages balanced by measured time: stage 0 has units [0, ");
+}
+
 TEST(pipeline_flags_over_the_file)
 {
     static cli_result r;
@@ -352,6 +366,7 @@ int main(void)
     RUN(tensor_parallel_from_the_config);
     RUN(hierarchical_allreduce_from_the_config);
     RUN(pipeline_config_equals_the_flags);
+    RUN(pipeline_partition_profile_is_time);
     RUN(pipeline_flags_over_the_file);
     RUN(pipeline_bad_values_name_the_key);
     RUN(precedence_and_environment);

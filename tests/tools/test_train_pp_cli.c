@@ -8,7 +8,9 @@
  * in 2 stages under the interleaved schedule (4 chunks of its 5 units
  * over 2 ranks) gives the single-process step losses and validation loss
  * (evaluation under --pp: every rank takes the other stages' parameters,
- * then runs the whole model); test_train_3d_cli.c adds --tp and --dp. */
+ * then runs the whole model); test_train_3d_cli.c adds --tp and --dp.
+ * --pp-balance params and time train the same (the MLP dp 2 x pp 2 and the
+ * GPT balanced by time: the units timed on the data's first micro-batch). */
 // dt-test-timeout: 240
 // dt-test-labels: threads
 #include "dtrain/data.h"
@@ -62,9 +64,12 @@ TEST(mlp_dp2_pp2_equals_ddp)
     snprintf(m2, sizeof m2, "%s/pp2dp2.jsonl", cli_tmpdir());
     run_model(&r, 2, "mlp", NULL, m1);
     ASSERT_EQ_INT(r.code, 0);
-    run_model(&r, 4, "mlp", (char *[]){"--pp", "2", "--micro-batches", "2", NULL}, m2);
+    /* balanced by measured time (the MLP's two units make the only cut: the
+     * replicas' timing and agreement on it run, from the data's first rows) */
+    run_model(&r, 4, "mlp", (char *[]){"--pp", "2", "--micro-batches", "2", "--pp-balance", "time", NULL}, m2);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 stages x 2 data-parallel, schedule 1f1b, 2 micro-batches");
+    ASSERT_STR_CONTAINS(r.out, "pipeline stages balanced by measured time: stage 0 has units [0, 1)");
     ASSERT(same_losses(m2, m1));
 }
 
@@ -117,6 +122,16 @@ TEST(gpt_pp2_equals_one_process)
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
+    na = cli_step_losses(m2, a, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    /* ... by measured time (--pp-balance time: timed on the first micro-batch of the data) */
+    two[n - 3] = "time";
+    cli_runv(&r, 200, NULL, two);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "pipeline stages balanced by measured time: stage 0 has units [0, ");
     na = cli_step_losses(m2, a, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
