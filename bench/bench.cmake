@@ -75,3 +75,10 @@ set_target_properties(bench_conv_bf16 PROPERTIES OUTPUT_NAME conv_bf16
 target_compile_options(bench_conv_bf16 PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_compile_definitions(bench_conv_bf16 PRIVATE _GNU_SOURCE)
 target_link_libraries(bench_conv_bf16 PRIVATE dtrain_static)
+# The pipeline units' estimated compute against their measured time, and
+# the cut each gives (DT_PIPE_BY_TIME, issue 17).
+add_executable(bench_pipe_unit_times ${CMAKE_CURRENT_LIST_DIR}/pipe_unit_times.c)
+set_target_properties(bench_pipe_unit_times PROPERTIES OUTPUT_NAME pipe_unit_times
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_pipe_unit_times PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_pipe_unit_times PRIVATE dtrain_static)
