@@ -14,7 +14,8 @@
  * The model must come out as it went in: the backward passes accumulate
  * into its gradients and a training forward moves its buffers (running
  * statistics) and its dropout counters, so the three are saved before and
- * put back after. */
+ * put back after (gradients that are all zero, as at a strategy's attach,
+ * are zeroed again instead of copied). */
 #include "parallel/pipeline/pipe_impl.h"
 
 #include "dtrain/autograd.h"
@@ -26,9 +27,19 @@
 /* Copies of the model's state that a forward and backward can change. */
 typedef struct {
     void *grads[DT_DTYPE_COUNT], *bufs[DT_DTYPE_COUNT];
+    bool zero[DT_DTYPE_COUNT]; /* the gradients were all zero bytes: restored by zeroing, no copy kept */
     uint64_t *rng;
     size_t nrng;
 } saved_state;
+
+static bool all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return false;
+    return true;
+}
 
 static dt_status save_state(dt_model *m, saved_state *sv)
 {
@@ -37,7 +48,9 @@ static dt_status save_state(dt_model *m, saved_state *sv)
     for (int d = 0; d < DT_DTYPE_COUNT; d++) {
         const dt_flat *g = dt_model_flat(m, DT_FLAT_GRADS, (dt_dtype)d), *b = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
         size_t es = dt_dtype_size((dt_dtype)d);
-        if (g && g->base && g->total && !(sv->grads[d] = dt_alloc(g->total * es)))
+        if (g && g->base && g->total && all_zero(g->base, g->total * es))
+            sv->zero[d] = true; /* (the usual case at attach: the copy would double the gradients' memory) */
+        else if (g && g->base && g->total && !(sv->grads[d] = dt_alloc(g->total * es)))
             return dt_error(DT_ERR_NO_MEMORY, "dt_pipe_unit_times: a copy of the %s gradients", dt_dtype_name((dt_dtype)d));
         if (sv->grads[d])
             memcpy(sv->grads[d], g->base, g->total * es);
@@ -59,6 +72,8 @@ static void restore_state(dt_model *m, saved_state *sv)
         size_t es = dt_dtype_size((dt_dtype)d);
         if (sv->grads[d])
             memcpy(g->base, sv->grads[d], g->total * es);
+        else if (sv->zero[d])
+            memset(g->base, 0, g->total * es);
         if (sv->bufs[d])
             memcpy(b->base, sv->bufs[d], b->total * es);
         dt_free(sv->grads[d]);
