@@ -27,25 +27,43 @@
  * gathers all descriptions and fails with DT_ERR_MISMATCH naming both sides.
  * This costs one small allreduce per collective.
  *
- * Failures: by default Open MPI's mpirun kills the whole job when one rank
- * dies, so peers end rather than hang; this backend does not report
- * DT_ERR_PEER_FAILED itself. Errors from MPI calls come back as values (the
- * communicator uses MPI_ERRORS_RETURN) and carry MPI's error string.
+ * Failures: when the group layer marks a group failed on this rank (an
+ * operation failed here, or dt__pg_fail: the pipeline breaking off its
+ * schedule), abort sends each other rank of the group a notice (status and
+ * message; see "failure notices" below); their waiting loops (collectives
+ * and send/recv) poll for notices beside their own request, so their
+ * pending and later operations on that group fail within milliseconds with
+ * the same status and message as on this rank, as the shm backend's abort
+ * record makes them, not at the timeout. Two limits: a blocking collective
+ * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI (a notice that
+ * arrived before keeps it from starting; send/recv are always nonblocking),
+ * and an operation left by a failure cannot be cancelled if it is a
+ * collective or a send: its communicator is then never freed, and MPI may
+ * still read or write its buffers (as after a timeout). A dead rank is not
+ * noticed by this backend: by default Open MPI's mpirun kills the whole job
+ * when one rank dies, so peers end rather than hang; this backend does not
+ * report DT_ERR_PEER_FAILED for it. Errors from MPI calls come back as
+ * values (the communicator uses MPI_ERRORS_RETURN) and carry MPI's error
+ * string.
  *
  * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
  * progress thread calls MPI, and groups run concurrently), at least
  * MPI_THREAD_SERIALIZED (then a process-wide lock serialises the groups) unless
  * the program initialised it already; MPI_Finalize then runs at exit.
  *
- * Ending the job after a timeout: a collective abandoned by a timeout can
- * never complete, and MPI_Finalize (a collective over the world) would then
- * block for ever waiting for the rank that stopped. So when a request this
+ * Ending the job after a timeout: a collective abandoned by a timeout may
+ * never complete (a rank stopped), and MPI_Finalize (a collective over the
+ * world) would then block for ever waiting for the rank that stopped. So when a request this
  * process abandoned is still incomplete at exit (after up to 1 s more: a
  * late peer may have completed it), the exit handler calls MPI_Abort on
  * MPI_COMM_WORLD instead: mpirun/srun then kill every rank (a stopped one
  * included) and the job ends right after the rank that saw the timeout
  * exits. A program that initialised MPI itself must do the same: after a
- * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize. */
+ * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize.
+ * Requests left because of a failure notice do not count: the rank that
+ * sent it is alive, and MPI_Finalize does not wait for incomplete requests
+ * when every rank reaches it (Open MPI 4.1.4), so a program that catches
+ * the error, saves a checkpoint and exits ends normally. */
 #include "comm/backend.h"
 #include "dtrain/kernels.h"
 
@@ -143,9 +161,11 @@ static int abandoned_all_done(double wait_s)
 /* Several groups (dt_pg_split, dt_pg_dup) have their own progress threads
  * and may call MPI at the same time. With MPI_THREAD_MULTIPLE (asked for
  * when dtrain initialises MPI) that is allowed; below it, one process-wide
- * lock serialises whole operations, so groups no longer overlap (and an
- * operation on one group that needs another group's to finish first on a
- * peer waits for the timeout). */
+ * lock serialises MPI calls: an operation holds it from its start to its
+ * end except while its waiting loop naps (after ~2 ms), and a blocking
+ * call (DT_MPI_BLOCKING=1) holds it throughout, so groups overlap only in
+ * those naps (an operation on one group that needs another group's to
+ * finish first on a peer may wait for the timeout). */
 static int thread_multiple;
 static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
 
