@@ -593,6 +593,11 @@ static int print_sample(trainer *t)
                (long long)t->global_step);
         return 0;
     }
+    if (t->ddp.pp > 1) { /* each rank holds its own stages' parameters only (pipeline.h) */
+        printf("sample at step %lld: not available with --pp (each rank holds its own stages' parameters)\n",
+               (long long)t->global_step);
+        return 0;
+    }
     int64_t np = dt_tokens_count(t->sample_src) < 8 ? dt_tokens_count(t->sample_src) : 8, n = 0;
     int64_t cap = np + t->o.sample_tokens, *buf = malloc((size_t)cap * sizeof *buf);
     if (!buf || np < 1) {

@@ -349,9 +349,9 @@ static void human(double b, char *buf, size_t n)
 
 int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
 {
-    if (r->stage == 0)
+    if (r->stage == 0 && r->pp <= 1)
         return 0;
-    /* --pp --zero 1: every rank of the mesh (the pipe strategy's shares) */
+    /* --pp: every rank of the mesh (its stages; under --zero 1 its shares) */
     dt_pg *g = r->pp > 1 ? r->world_pg : r->pg;
     const int W = r->pp > 1 ? dt_pg_size(g) : r->world, me = r->pp > 1 ? dt_pg_rank(g) : r->rank;
     enum { K = 6 };
@@ -379,7 +379,7 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
         return 1;
     }
     dt_zero *z = dt_strategy_zero(r->used);
-    if (me == 0 && r->pp > 1)
+    if (me == 0 && r->pp > 1 && r->stage == 1)
         printf("ZeRO stage 1 on the data-parallel dimension: %d pipeline stages x %d replicas, each replica steps "
                "1/%d of its stages' parameters\n", r->pp, r->world, r->world);
     if (me == 0 && z) {

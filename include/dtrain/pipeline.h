@@ -56,9 +56,18 @@
  * [w0, w1], a model whose root is a Sequential its children. Stages are
  * consecutive runs of units, cut where the caller says or balanced by the
  * units' compute (the default; or by parameter count): the busiest rank's
- * compute as small as possible. Every rank builds the whole model (so names, offsets
- * and checkpoints do not depend on the cut) and steps only the parameters
- * of its own stages (the strategy's optimizer ranges). A parameter stored
+ * compute as small as possible. Every rank builds the whole model's layout
+ * (so names, offsets and checkpoints do not depend on the cut) but holds
+ * only its own stages' parameters: at attach the pages of the parameter and
+ * gradient flats that no stage of the rank uses go back to the system
+ * (flats of DT_FLAT_MAP_MIN bytes or more are anonymous mappings,
+ * dt_flat.mapped: what is never written is never resident), and from then on nothing reads or writes them
+ * (their contents are undefined). So a rank's parameters, gradients,
+ * optimizer state and fp32 masters are those of its stages: about 1/p of
+ * the model's with balanced stages (the model is initialised whole once, at
+ * build, before attach gives the rest back). Each rank steps only the
+ * parameters of its own stages (the strategy's optimizer ranges). A
+ * parameter stored
  * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
  * on the first and the last stage) has its gradient summed between them,
  * as Megatron does; the first of them steps it and sends the new values to
@@ -328,14 +337,20 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * pipeline (the trainer's reported loss is the same everywhere); the
  * strategy's allreduce_sum is the sum over the replicas (the world sum
  * over the tp x pp ranks of each replica, which hold the same values).
- * Evaluation (dt_trainer_evaluate) first gives every rank the current
- * parameters of all stages (an all-reduce over the pipeline), then runs
- * the whole model on every rank. Checkpoints (dt_trainer_save / _load):
+ * Evaluation (dt_trainer_evaluate) runs each batch through the stages,
+ * forward only and whole (not split into micro-batches), in stage order:
+ * each rank its own stages with its own parameters, activations sent on
+ * by point to point; the last stage computes the loss and accuracy and
+ * sends its sums to every rank of its pipeline. No rank needs another
+ * stage's parameters (and the model is on no rank whole: a model's own
+ * forward, dt_model_forward, on a pipeline rank reads undefined values for
+ * the other stages). Checkpoints (dt_trainer_save / _load):
  * each pipeline rank writes the tensors and optimizer state of its own
  * stages under their global names, collectively over world (replicas
  * dealt by dt_ckpt_save), so a checkpoint saved with any pp (or in one
- * process) loads into any other; after a load the ranks exchange the
- * other stages' parameters as for an evaluation. With tensor parallelism
+ * process) loads into any other; a load reads each rank's own stages
+ * (ZeRO-1: its share), then the shares are gathered and the shared
+ * parameters sent from their owners, as after a step. With tensor parallelism
  * each tp rank writes its share of its stages' full tensors (gathered over
  * tp), so such a checkpoint too is the single-process one and loads at any
  * dp, tp and pp.

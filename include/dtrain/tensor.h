@@ -221,14 +221,24 @@ typedef struct dt_flat {
     int world;           /* total is a multiple of world (>= 1) */
     struct dt_pg *pg;    /* allocated with dt_pg_alloc from this group; NULL otherwise */
     bool owned;          /* dt_flat_free releases base */
+    bool mapped;         /* base is an anonymous mapping of its own (dt_flat_alloc of
+                            DT_FLAT_MAP_MIN bytes or more, no group): its pages are committed
+                            when first written, and dt_flat_free unmaps it */
 } dt_flat;
+
+/* dt_flat_alloc maps flats of this many bytes or more (without a group)
+ * instead of taking them from the heap: zeros that cost no memory until
+ * written, so a rank that only ever touches part of a model's flats (a
+ * pipeline stage) holds only that part. */
+#define DT_FLAT_MAP_MIN ((size_t)256 << 10)
 
 /* The padded size of a flat holding `used` elements of dtype for `world`
  * ranks: the next multiple of world * max(1, 64 / element size). */
 DT_API size_t dt_flat_padded(dt_dtype dtype, size_t used, int world);
 /* Allocate a zeroed flat of dt_flat_padded(dtype, used, world) elements into
  * *f (64-byte aligned). pg non-NULL: from dt_pg_alloc(pg) (shared with the
- * group's ranks on this machine), else dt_calloc. world >= 1. */
+ * group's ranks on this machine), else dt_calloc, or an anonymous mapping
+ * (f->mapped) from DT_FLAT_MAP_MIN bytes on. world >= 1. */
 DT_API dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, struct dt_pg *pg);
 /* Allocate only rank `rank`'s shard of `full` (which may be a meta flat
  * with no memory: the layout is what counts) into *f: offset and numel of

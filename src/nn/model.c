@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static void count_tree(dt_module *m, int *nmod, size_t *nent)
 {
@@ -516,6 +518,8 @@ void dt_model_free(dt_model *md)
         for (int d = 0; d < DT_DTYPE_COUNT; d++)
             dt_flat_free(&md->flats[r][d]);
     dt__hooks_free(&md->ready);
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+        free(md->keep[d]);
     free(md);
 }
 
@@ -701,9 +705,80 @@ void dt_model_zero_grad(dt_model *m)
     for (size_t i = 0; m && i < m->nentry; i++)
         if (m->entries[i].info.tensor)
             m->entries[i].info.tensor->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
-    for (int d = 0; m && d < DT_DTYPE_COUNT; d++)
-        if (m->flats[DT_FLAT_GRADS][d].base)
-            memset(m->flats[DT_FLAT_GRADS][d].base, 0, dt_flat_nbytes(&m->flats[DT_FLAT_GRADS][d]));
+    for (int d = 0; m && d < DT_DTYPE_COUNT; d++) {
+        const dt_flat *g = &m->flats[DT_FLAT_GRADS][d];
+        if (!g->base)
+            continue;
+        if (!m->keep[d]) {
+            memset(g->base, 0, dt_flat_nbytes(g));
+            continue;
+        }
+        /* only the spans this rank holds: a write elsewhere would commit the
+         * pages dt__model_release gave back */
+        const size_t es = dt_dtype_size(g->dtype);
+        for (size_t i = 0; i < m->nkeep[d]; i++)
+            memset((char *)g->base + m->keep[d][2 * i] * es, 0, (m->keep[d][2 * i + 1] - m->keep[d][2 * i]) * es);
+    }
+}
+
+/* ---- resident spans (pipeline stages) ------------------------------------------------------ */
+
+/* Give back the whole pages inside elements [lo, hi) of mapped flat f. */
+static size_t release_span(const dt_flat *f, size_t lo, size_t hi)
+{
+    if (!f->mapped || !f->base || hi <= lo)
+        return 0;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const size_t es = dt_dtype_size(f->dtype);
+    uintptr_t a = (uintptr_t)f->base + lo * es, b = (uintptr_t)f->base + hi * es;
+    a = (a + pg - 1) / pg * pg;
+    b = b / pg * pg;
+    if (b <= a)
+        return 0;
+    /* no huge page may later cover (and commit) what is given back */
+    madvise((void *)a, b - a, MADV_NOHUGEPAGE);
+    return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? b - a : 0;
+}
+
+size_t dt__model_release(dt_model *m)
+{
+    size_t n = 0;
+    for (int d = 0; m && d < DT_DTYPE_COUNT; d++) {
+        if (!m->keep[d])
+            continue;
+        for (int r = 0; r < 2; r++) {
+            const dt_flat *f = &m->flats[r ? DT_FLAT_GRADS : DT_FLAT_PARAMS][d];
+            size_t prev = 0;
+            for (size_t i = 0; i < m->nkeep[d]; i++) {
+                n += release_span(f, prev, m->keep[d][2 * i]);
+                prev = m->keep[d][2 * i + 1];
+            }
+            n += release_span(f, prev, f->total);
+        }
+    }
+    return n;
+}
+
+dt_status dt__model_keep_only(dt_model *m, dt_dtype dtype, const size_t *spans, size_t nspan)
+{
+    if (!m || (unsigned)dtype >= DT_DTYPE_COUNT || (nspan && !spans))
+        return dt_error(DT_ERR_INVALID_ARG, "dt__model_keep_only: bad arguments");
+    const dt_flat *P = &m->flats[DT_FLAT_PARAMS][dtype];
+    for (size_t i = 0; i < nspan; i++)
+        if (spans[2 * i] > spans[2 * i + 1] || spans[2 * i + 1] > P->total || (i && spans[2 * i] < spans[2 * i - 1]))
+            return dt_error(DT_ERR_INVALID_ARG, "dt__model_keep_only: span %zu [%zu, %zu) is not sorted inside the "
+                            "%s flat of %zu elements", i, spans[2 * i], spans[2 * i + 1], dt_dtype_name(dtype),
+                            P->total);
+    size_t *k = malloc((2 * nspan + 1) * sizeof *k);
+    if (!k)
+        return dt_error(DT_ERR_NO_MEMORY, "dt__model_keep_only: %zu spans", nspan);
+    if (nspan)
+        memcpy(k, spans, 2 * nspan * sizeof *k);
+    free(m->keep[dtype]);
+    m->keep[dtype] = k;
+    m->nkeep[dtype] = nspan;
+    dt__model_release(m);
+    return DT_OK;
 }
 
 /* The parameters whose gradient is the model's own view (f32, bf16 or f16;

@@ -90,7 +90,25 @@ struct dt_model {
     dt_flat flats[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT];
     dt__hooks ready;        /* grad-ready hooks */
     dt_hook_id next_hook_id;
+    /* per dtype: the spans [keep[2i], keep[2i+1]) of the parameter and
+     * gradient flats this rank holds (dt__model_keep_only); NULL: all */
+    size_t *keep[DT_DTYPE_COUNT];
+    size_t nkeep[DT_DTYPE_COUNT];
 };
+
+/* This rank reads and writes only the spans [spans[2i], spans[2i+1])
+ * (sorted, disjoint, in elements) of the model's parameter and gradient
+ * flats of `dtype` from now on (a pipeline rank: the entries of its
+ * stages). The whole pages outside them are given back to the system
+ * (dt__model_release) and dt_model_zero_grad writes only the spans. What
+ * lies outside holds garbage from the caller's point of view (zeros on
+ * Linux): names, offsets and the layout stay the whole model's. A copy of
+ * spans is kept. */
+dt_status dt__model_keep_only(dt_model *m, dt_dtype dtype, const size_t *spans, size_t nspan);
+/* Give back again the pages outside the kept spans (after something may
+ * have written there: a checkpoint load); returns the bytes given back. A no-op for a dtype without
+ * kept spans or a flat that is not mapped (dt_flat.mapped). */
+size_t dt__model_release(dt_model *m);
 
 /* True when neither m nor any module under it has a hook or a replaced
  * forward: a model's own forward may then take shortcuts no hook could

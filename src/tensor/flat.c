@@ -4,11 +4,17 @@
  * aligned: the padded length is a multiple of world * (64 / element size)
  * (for dtypes of 64 bytes or more, of world). Views carry the global index
  * of their first element, so index arithmetic never changes between a full
- * buffer and a shard of it. */
+ * buffer and a shard of it.
+ *
+ * Large flats of no group are anonymous mappings rather than dt_calloc's
+ * memset heap block: their zeros are the kernel's, committed page by page
+ * when written, so the parts of a model's flats a rank never writes (other
+ * pipeline stages' parameters and gradients) take no memory. */
 #include "dtrain/comm.h"
 #include "dtrain/tensor.h"
 
 #include <string.h>
+#include <sys/mman.h>
 
 size_t dt_flat_padded(dt_dtype dtype, size_t used, int world)
 {
@@ -31,7 +37,13 @@ dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, stru
     if (total > SIZE_MAX / esz)
         return dt_error(DT_ERR_RANGE, "dt_flat_alloc: %zu elements of %zu bytes overflow", total, esz);
     void *base = NULL;
-    if (total) {
+    bool mapped = false;
+    if (total && !pg && total * esz >= DT_FLAT_MAP_MIN) {
+        base = mmap(NULL, total * esz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+            return dt_error(DT_ERR_NO_MEMORY, "dt_flat_alloc: mapping %zu bytes failed", total * esz);
+        mapped = true;
+    } else if (total) {
         base = pg ? dt_pg_alloc(pg, total * esz) : dt_calloc(total * esz);
         if (!base)
             return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_flat_alloc: %zu bytes%s", total * esz,
@@ -40,7 +52,7 @@ dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, stru
             memset(base, 0, total * esz);
     }
     *f = (dt_flat){.dtype = dtype, .base = base, .offset = 0, .numel = total, .total = total, .used = used,
-                   .world = world, .pg = pg, .owned = true};
+                   .world = world, .pg = pg, .owned = true, .mapped = mapped};
     return DT_OK;
 }
 
@@ -68,6 +80,7 @@ dt_status dt_flat_alloc_shard(dt_flat *f, const dt_flat *full, int rank, int wor
     f->base = base;
     f->pg = pg;
     f->owned = true;
+    f->mapped = false;
     return DT_OK;
 }
 
@@ -88,7 +101,9 @@ void dt_flat_free(dt_flat *f)
     if (!f)
         return;
     if (f->owned && f->base) {
-        if (f->pg)
+        if (f->mapped)
+            munmap(f->base, f->total * dt_dtype_size(f->dtype));
+        else if (f->pg)
             dt_pg_dealloc(f->pg, f->base);
         else
             dt_free(f->base);

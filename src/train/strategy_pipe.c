@@ -20,7 +20,10 @@
  * gradient norm is a sum over the pipeline ranks (each parameter is in
  * exactly one rank's range). Every rank builds the whole model, so names,
  * offsets and initial values do not depend on the cut; replicas start from
- * dp rank 0's values.
+ * dp rank 0's values. Then each rank gives back the pages of the flats
+ * outside its stages' entries (keep_stages): it holds its stages only.
+ * An evaluation runs through the stages (exec.c), so no rank needs the
+ * others' parameters, ever.
  *
  * A rank that breaks off its schedule fails the pipeline group (exec.c),
  * so its pipeline's other ranks break off too; each of them then also
@@ -44,6 +47,7 @@
 
 #include "comm/pg.h"
 #include "dtrain/pipeline.h"
+#include "nn/nn_impl.h"
 #include "parallel/pipeline/pipe_impl.h"
 
 #include <stdio.h>
@@ -93,6 +97,8 @@ typedef struct {
     tie *ties;
     int nties;
     size_t stage_bytes;     /* bytes of the parameters this rank's stages use (shared ones included) */
+    int *eown;              /* per entry: the pipeline rank that steps its storage (-1: a buffer, a tied
+                               entry or a dtype not trained) */
 } pipe_strategy;
 
 static int dt_index(dt_dtype t)
@@ -197,6 +203,41 @@ static dt_status make_range(pipe_strategy *s, int k)
     return DT_OK;
 }
 
+/* From here on this rank holds only the parameters (and gradients) its
+ * stages use, its own and the shared ones: the pages of the model's flats
+ * outside them go back to the system (dt__model_keep_only), so a rank's
+ * parameters and gradients take about 1/p of the model's. Called at the
+ * end of attach, after the broadcasts that wrote the whole flats. */
+static dt_status keep_stages(pipe_strategy *s, const bool *users)
+{
+    const size_t ne = dt_model_num_entries(s->m);
+    size_t *spans = dt_calloc(2 * (ne + 1) * sizeof *spans);
+    if (!spans)
+        return dt_error(DT_ERR_NO_MEMORY, "pipe: the stages' spans");
+    dt_status st = DT_OK;
+    for (int k = 0; k < NDT && st >= 0; k++) {
+        if (!s->rk[k].P || !s->rk[k].P->used)
+            continue;
+        size_t n = 0;
+        /* within a dtype, entries come in offset order (model.c) */
+        for (size_t e = 0; e < ne && st >= 0; e++) {
+            dt_param_info pi;
+            if ((st = dt_model_entry(s->m, e, &pi)) < 0 || s->eown[e] < 0 || pi.dtype != k_dts[k])
+                continue;
+            if (s->eown[e] != s->pr && !users[e * (size_t)s->P + (size_t)s->pr])
+                continue;
+            if (n && spans[2 * n - 1] >= pi.offset) /* touching: one span */
+                spans[2 * n - 1] = pi.offset + pi.numel;
+            else
+                spans[2 * n] = pi.offset, spans[2 * n + 1] = pi.offset + pi.numel, n++;
+        }
+        if (st >= 0)
+            st = dt__model_keep_only(s->m, k_dts[k], spans, n);
+    }
+    dt_free(spans);
+    return st;
+}
+
 static dt_status s_attach(void *self, dt_model *m)
 {
     pipe_strategy *s = self;
@@ -258,7 +299,10 @@ static dt_status s_attach(void *self, dt_model *m)
     int *owner = dt_calloc(ne * sizeof *owner);
     bool *users = dt_calloc(ne * (size_t)s->P * sizeof *users);
     s->ties = dt_calloc((ne + 1) * sizeof *s->ties);
-    bool ok = owner && users && s->ties;
+    s->eown = dt_calloc((ne + 1) * sizeof *s->eown);
+    bool ok = owner && users && s->ties && s->eown;
+    for (size_t e = 0; ok && e < ne; e++)
+        s->eown[e] = -1;
     for (int k = 0; k < NDT && ok; k++) {
         s->rk[k].fsegs = dt_calloc((ne + 1) * sizeof *s->rk[k].fsegs);
         s->rk[k].segs = dt_calloc((ne + 1) * sizeof *s->rk[k].segs);
@@ -280,6 +324,7 @@ static dt_status s_attach(void *self, dt_model *m)
         prange *R = &s->rk[k];
         int own = owner[e] < 0 ? 0 : owner[e]; /* used by no unit: rank 0 steps it (it gets no gradient) */
         int orank = dt_pipe_stage_rank(s->P, own);
+        s->eown[e] = orank;
         if (orank == s->pr || users[e * (size_t)s->P + (size_t)s->pr])
             s->stage_bytes += pi.numel * dt_dtype_size(pi.dtype);
         if (orank == s->pr)
@@ -333,6 +378,8 @@ static dt_status s_attach(void *self, dt_model *m)
         if (s->rk[k].has_master && (st = dt_optim_master_alloc(s->rk[k].P, s->rk[k].a, s->rk[k].b,
                                                                 &s->rk[k].master)) < 0)
             st = dt_error_wrap(st, "pipe: fp32 master weights of the %s parameters", dt_dtype_name(k_dts[k]));
+    if (st >= 0 && s->P > 1)
+        st = keep_stages(s, users);
 done:
     dt_free(owner);
     dt_free(users);
@@ -481,38 +528,17 @@ static dt_status s_shard_sum(void *self, double *v, int n)
     return st;
 }
 
-/* Before an evaluation (and after a checkpoint load): every rank takes the
- * current values of the parameters the other stages step (ZeRO-1: first
- * the other replicas' shares of its own). Each storage is in exactly one
- * pipeline rank's entries, so the all-reduced sum of the pipeline's copies
- * with the others' entries zeroed is the owners' values exactly (x + 0 =
- * x, in any float dtype). One all-reduce per dtype over the pipeline. */
+/* After a checkpoint load (each rank loaded what it steps): the other
+ * replicas' ZeRO-1 shares and the shared parameters from their owners, as
+ * after a step; the other stages' pages are given back again, should
+ * anything have written them. An evaluation needs nothing: it runs through
+ * the stages (dt__strategy_pipe_eval_forward). */
 static dt_status s_sync_buffers(void *self)
 {
     pipe_strategy *s = self;
-    dt_status st = gather_shares(s);
-    for (int k = 0; k < NDT && st >= 0 && s->P > 1; k++) {
-        prange *R = &s->rk[k];
-        const dt_flat *pf = R->P;
-        if (!pf || !pf->total)
-            continue;
-        const size_t es = dt_dtype_size(pf->dtype);
-        char *tmp = dt_calloc(pf->total * es);
-        if (!tmp)
-            return dt_error(DT_ERR_NO_MEMORY, "pipe: gathering the stages' parameters (%zu elements)", pf->total);
-        for (size_t i = 0; i < R->nfseg; i++)
-            memcpy(tmp + R->fsegs[i].offset * es, dt_flat_ptr(pf, R->fsegs[i].offset), R->fsegs[i].numel * es);
-        st = dt_pg_allreduce(s->pp, DT_IN_PLACE, tmp, pf->total, pf->dtype, DT_REDUCE_SUM);
-        for (size_t e = 0; e < dt_model_num_entries(s->m) && st >= 0; e++) {
-            dt_param_info pi;
-            if ((st = dt_model_entry(s->m, e, &pi)) < 0)
-                break;
-            if (!pi.is_buffer && pi.tied_to < 0 && pi.dtype == k_dts[k])
-                memcpy(dt_flat_ptr(pf, pi.offset), tmp + pi.offset * es, pi.numel * es);
-        }
-        dt_free(tmp);
-    }
-    return st < 0 ? dt_error_wrap(st, "pipe: gathering the stages' parameters") : st;
+    dt_status st = s_after_step(s);
+    dt__model_release(s->m);
+    return st < 0 ? dt_error_wrap(st, "pipe: completing the stages' parameters") : st;
 }
 
 static int s_rank(void *self) { return dt_pg_rank(((pipe_strategy *)self)->world); }
@@ -545,6 +571,7 @@ static void s_free(void *self)
     for (int i = 0; s->ties && i < s->nties; i++)
         dt_pg_free(s->ties[i].g);
     dt_free(s->ties);
+    dt_free(s->eown);
     for (int k = 0; k < NDT; k++) {
         prange *R = &s->rk[k];
         dt_free(R->fsegs);
@@ -567,8 +594,9 @@ static void s_free(void *self)
  * shared one on each rank that uses it) and their gradients. Every rank
  * builds the whole model (names, offsets and initial values do not depend
  * on the cut), but the other stages' entries are never read or written
- * after attach; the optimizer state is the trainer's count of this rank's
- * ranges (optim_ranges). */
+ * after attach, and their pages were given back (keep_stages); the
+ * optimizer state is the trainer's count of this rank's ranges
+ * (optim_ranges). */
 static dt_status s_memory(void *self, dt_strategy_memory *out)
 {
     const pipe_strategy *s = self;
@@ -724,4 +752,34 @@ int dt__strategy_pipe_zero(const dt_strategy *s)
 dt_pg *dt__strategy_pipe_dp(const dt_strategy *s)
 {
     return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->dp : NULL;
+}
+
+dt_status dt__strategy_pipe_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out)
+{
+    *out = NULL;
+    if (!dt__strategy_pipe_world(s))
+        return dt_error(DT_ERR_INVALID_ARG, "pipe: evaluation on a strategy that is not an attached \"pipe\" one");
+    pipe_strategy *p = s->self;
+    dt_status st = dt__pipe_exec_forward(p->ex, ctx, x, out);
+    if (st < 0)
+        fail_replicas(p, st);
+    return st;
+}
+
+dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_status failed)
+{
+    if (!dt__strategy_pipe_world(s))
+        return dt_error(DT_ERR_INVALID_ARG, "pipe: evaluation on a strategy that is not an attached \"pipe\" one");
+    pipe_strategy *p = s->self;
+    if (failed < 0) { /* this rank cannot finish: the others must not wait for its sums */
+        char msg[DT__MSG_CAP];
+        snprintf(msg, sizeof msg, "pipeline rank %d broke off its evaluation: %s", p->pr, dt_last_error());
+        if (dt_pg_status(p->pp) >= 0)
+            dt__pg_fail(p->pp, failed, msg);
+        dt_error(failed, "%s", msg);
+        fail_replicas(p, failed);
+        return failed;
+    }
+    dt_status st = p->P > 1 ? dt_pg_broadcast(p->pp, v, (size_t)n, DT_F64, p->P - 1) : DT_OK;
+    return st < 0 ? dt_error_wrap(st, "pipe: sending the evaluation's sums along the pipeline") : st;
 }

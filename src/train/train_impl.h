@@ -52,12 +52,23 @@ bool dt__trainer_stop_now(const dt_trainer *tr);
 dt_status dt__trainer_sync_buffers(dt_trainer *tr);
 /* strategy_pipe.c: the world group of an attached "pipe" strategy (its
  * sharded checkpoints are saved over it; after a load its sync_buffers
- * gives every rank the other stages' parameters), NULL for any other. */
+ * completes what each rank holds: its replicas' shares, the shared
+ * parameters from their owners), NULL for any other. */
 dt_pg *dt__strategy_pipe_world(const dt_strategy *s);
 /* The "pipe" strategy's data-parallel ZeRO stage (0 or 1); 0 for any other. */
 int dt__strategy_pipe_zero(const dt_strategy *s);
 /* Its data-parallel group (the mesh's; NULL: one replica or another strategy). */
 dt_pg *dt__strategy_pipe_dp(const dt_strategy *s);
+/* Evaluation under the "pipe" strategy: x forward through the stages on
+ * ctx (collective over the pipeline); *out the model's output on the last
+ * stage's ranks, NULL on the others. */
+dt_status dt__strategy_pipe_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
+/* The last stage's n values (an evaluation's sums) to every rank of its
+ * pipeline (collective over the pipeline). failed < 0: this rank's
+ * evaluation failed (dt_last_error() says why): instead it fails the
+ * pipeline (and the groups joining it to the other replicas), so that the
+ * other ranks' evaluations fail at once with its message; returns failed. */
+dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_status failed);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

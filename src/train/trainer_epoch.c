@@ -142,7 +142,11 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
     double loss_sum = 0;
     int64_t correct = 0, seen = 0;
     bool scored = info->y_ndim == 0 && (info->y_dtype == DT_I64 || info->y_dtype == DT_I32);
-    dt_status st = dt__trainer_sync_buffers(tr); /* DDP: evaluate rank 0's running statistics */
+    /* pipeline stages: the batch runs through them, each rank with its own
+     * stages' parameters; the last stage's sums go to its pipeline */
+    dt_strategy *piped = dt__strategy_pipe_world(dt_trainer_strategy(tr)) ? dt_trainer_strategy(tr) : NULL;
+    bool shared = false;
+    dt_status st = piped ? DT_OK : dt__trainer_sync_buffers(tr); /* DDP: evaluate rank 0's running statistics */
     if (st < 0)
         goto out;
     if ((st = dt_loader_start_epoch(ld, 0)) < 0)
@@ -152,8 +156,18 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
         dt_trainer_batch tb = from_loader(b, info);
         dt_tensor *x = dt_tensor_view_of(ctx, tb.x, tb.x_dtype, tb.x_ndim, tb.x_shape);
         dt_tensor *y = dt_tensor_view_of(ctx, tb.y, tb.y_dtype, tb.y_ndim, tb.y_shape);
-        /* the plain forward: evaluation is local, no strategy bookkeeping */
-        dt_tensor *o = dt_model_forward(ctx, m, x);
+        /* the plain forward (evaluation is local, no strategy bookkeeping),
+         * or through the pipeline's stages */
+        dt_tensor *o = NULL;
+        if (!piped) {
+            o = dt_model_forward(ctx, m, x);
+        } else if ((st = dt__strategy_pipe_eval_forward(piped, ctx, x, &o)) < 0) {
+            shared = true; /* it failed the pipeline already */
+            goto out;
+        } else if (!o) { /* not the last stage: it gets the sums at the end */
+            dt_ctx_reset(ctx);
+            continue;
+        }
         dt_tensor *loss = o ? dt__trainer_loss(tr, o, y) : NULL;
         if (!loss) {
             st = dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
@@ -187,12 +201,17 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
     if (st < 0)
         goto out;
     double sums[4] = {loss_sum, (double)correct, (double)seen, scored ? 0.0 : 1.0};
+    shared = true; /* from here on the pipeline's ranks fail or succeed together */
+    if (piped && (st = dt__strategy_pipe_eval_share(piped, sums, 4, DT_OK)) < 0)
+        goto out;
     if ((st = dt_trainer_allreduce_sum(tr, sums, 4)) < 0)
         goto out;
     out->loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
     out->accuracy = sums[3] == 0 && sums[2] > 0 ? sums[1] / sums[2] : NAN;
     out->items = (int64_t)sums[2];
 out:
+    if (piped && st < 0 && !shared)
+        st = dt__strategy_pipe_eval_share(piped, NULL, 0, st);
     dt_ctx_reset(ctx);
     dt_ag_set_enabled(ctx, was);
     dt_model_train(m, true);

@@ -30,7 +30,14 @@
  *
  * Shapes: what crosses a stage boundary is learnt once per input shape by
  * a handshake along the stages (a dry forward without gradients on zeros,
- * its output's dtype and shape sent to the next stage as 10 i64). */
+ * its output's dtype and shape sent to the next stage as 10 i64).
+ *
+ * Evaluation (dt__pipe_exec_forward) does not use the table: the whole
+ * batch goes through the stages in order, each rank running its stages as
+ * their input arrives (its dtype and shape first, as in the handshake, then
+ * the values) and sending the output on; only the last stage has the
+ * model's output. Each rank computes with its own stages' parameters only,
+ * so no rank needs the others'. */
 #include "parallel/pipeline/pipe_impl.h"
 
 #include "comm/pg.h"
@@ -645,6 +652,57 @@ static dt_status break_off(dt__pipe_exec *e, dt_status st)
     dt__pg_fail(e->pg, st, msg);
     abandon(e);
     return dt_error(st, "%s", msg);
+}
+
+dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_tensor **out)
+{
+    *out = NULL;
+    dt_status st = DT_OK;
+    dt_tensor *cur = x;
+    for (int s = 0; s < e->S && st >= 0; s++) {
+        if (dt_pipe_stage_rank(e->p, s) != e->r)
+            continue;
+        int q = s ? dt_pipe_stage_rank(e->p, s - 1) : e->r;
+        if (q != e->r) { /* the previous stage's output: dtype and shape, then the values */
+            int64_t h[DT_MAX_DIMS + 2];
+            if ((st = dt_pg_recv(e->pg, h, DT_MAX_DIMS + 2, DT_I64, q)) < 0)
+                break;
+            if (h[1] < 1 || h[1] > DT_MAX_DIMS || h[0] < 0 || h[0] >= DT_DTYPE_COUNT) {
+                st = dt_error(DT_ERR_MISMATCH, "pipeline: evaluation: stage %d got a malformed shape from rank %d",
+                              s, q);
+                break;
+            }
+            cur = dt_tensor_empty(ctx, (dt_dtype)h[0], (int)h[1], h + 2);
+            if (!cur || (st = dt_pg_recv(e->pg, cur->data, (size_t)dt_tensor_numel(cur), cur->dtype, q)) < 0) {
+                st = st < 0 ? st : dt_last_status() < 0 ? dt_last_status() : DT_ERR_NO_MEMORY;
+                break;
+            }
+        }
+        dt_tensor *o = run_units(e, ctx, s, cur);
+        if (o && s < e->S - 1 && !dt_tensor_is_contiguous(o))
+            o = dt_contiguous(ctx, o);
+        if (!o) {
+            st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL,
+                               "pipeline: evaluation: stage %d (units %d..%d)", s, e->starts[s], e->starts[s + 1] - 1);
+            break;
+        }
+        int nx = s < e->S - 1 ? dt_pipe_stage_rank(e->p, s + 1) : e->r;
+        if (nx != e->r) {
+            int64_t h[DT_MAX_DIMS + 2] = {o->dtype, o->ndim};
+            memcpy(h + 2, o->shape, (size_t)o->ndim * sizeof(int64_t));
+            if ((st = dt_pg_send(e->pg, h, DT_MAX_DIMS + 2, DT_I64, nx)) < 0 ||
+                (st = dt_pg_send(e->pg, o->data, (size_t)dt_tensor_numel(o), o->dtype, nx)) < 0)
+                break;
+        }
+        cur = o;
+        if (s == e->S - 1)
+            *out = o;
+    }
+    if (st < 0) {
+        *out = NULL;
+        return break_off(e, st);
+    }
+    return DT_OK;
 }
 
 dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)

@@ -38,6 +38,12 @@ dt_status dt__pipe_exec_init(dt_pg *pg, dt_model *m, const dt_pipe_unit *units, 
                              const dt_pipe_schedule *sched, dt__pipe_exec **out);
 /* Run the table on fb's micro-batch (split into m). */
 dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb);
+/* Evaluation: x (the whole batch) forward through the stages on ctx
+ * (gradients as ctx has them: the caller disables them), in stage order,
+ * activations sent on between the ranks. *out: the last stage's output on
+ * its rank, NULL on the others. A failure fails the pipeline group (as a
+ * broken schedule does). */
+dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
 /* Contexts made from now on compute under autocast in dt (bf16/f16). */
 void dt__pipe_exec_set_autocast(dt__pipe_exec *e, dt_dtype dt);
 void dt__pipe_exec_stats(const dt__pipe_exec *e, dt_pipe_stats *out);

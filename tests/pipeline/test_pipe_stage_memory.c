@@ -1,0 +1,353 @@
+/* A pipeline rank holds only its own stages' parameters and gradients
+ * (pipeline.h), checked on real processes by asking the kernel which pages
+ * of the model's flats are resident (mincore): a GPT of 4 blocks (flats
+ * large enough to be mapped, DT_FLAT_MAP_MIN) cut into 2 stages (and 4
+ * stages on 2 ranks, interleaved), with its wte shared by the first and
+ * the last stage. At each point below, on every rank, no whole page inside
+ * an entry that none of its stages uses is resident, in the parameter or
+ * the gradient flat, and every page of the entries it uses is:
+ *
+ *   - after dt_trainer_init (the model was built whole, then given back);
+ *   - after two steps (losses equal the single-process run's);
+ *   - after an evaluation (run through the stages: the loss equals the
+ *     single process's, yet no rank took the other stages' parameters);
+ *   - after loading a checkpoint saved at pp 2 (which a single-process
+ *     trainer loads too, to the same values bit for bit: the tied wte
+ *     included) and after loading one saved by a single process.
+ *
+ * The equalities are those of pipe_train.h (rounding only); a rank that
+ * computed with the other stages' given-back pages would read zeros and be
+ * far off. Last, an evaluation whose loss fails on the last stage fails on
+ * every rank at once, with its message (not after the group's timeout of
+ * 300 s: the harness would kill the ranks first). */
+// dt-test-timeout: 120
+// dt-test-labels: threads
+#include "comm/harness.h"
+#include "model_util.h"
+#include "test.h"
+#include "tmp_util.h"
+
+#include "dtrain/data.h"
+#include "dtrain/pipeline.h"
+#include "dtrain/train.h"
+#include "parallel/pipeline/pipe_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define T_SEQ 8
+#define B_ROWS 8
+#define N_EVAL 8
+
+static dt_model_config cfg(void)
+{
+    dt_model_config c = dt_model_config_default();
+    c.n_layer = 4, c.n_head = 2, c.n_embd = 64, c.block_size = 16, c.vocab_size = 512, c.seq = T_SEQ;
+    return c;
+}
+
+static void tokens(int64_t first, int64_t n, int64_t *x, int64_t *y)
+{
+    for (int64_t i = 0; i < n * T_SEQ; i++) {
+        x[i] = ((first * T_SEQ + i) * 7 + 3) % 512;
+        y[i] = ((first * T_SEQ + i) * 5 + 1) % 512;
+    }
+}
+
+/* The evaluation set: N_EVAL windows of T_SEQ tokens. */
+static int64_t ev_len(void *self) { return (void)self, N_EVAL; }
+static dt_status ev_item(void *self, int64_t i, void *x, void *y)
+{
+    (void)self;
+    tokens(100 + i, 1, x, y);
+    return DT_OK;
+}
+static const dt_dataset_vtable k_ev = {.version = DT_DATASET_VTABLE_VERSION, .name = "tokens", .length = ev_len,
+                                       .get_item = ev_item};
+
+typedef struct {
+    const char *dir;
+    dt_pipe_kind kind;
+} cfg_arg;
+
+/* Whole pages inside elements [lo, hi) of flat f: how many, and resident. */
+static void pages(const dt_flat *f, size_t lo, size_t hi, size_t *whole, size_t *res)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)f->base + lo * 4, b = (uintptr_t)f->base + hi * 4;
+    a = (a + pg - 1) / pg * pg;
+    b = b / pg * pg;
+    *whole = *res = 0;
+    if (b <= a)
+        return;
+    size_t n = (b - a) / pg;
+    unsigned char *v = malloc(n);
+    if (v && mincore((void *)a, b - a, v) == 0)
+        for (size_t i = 0; i < n; i++)
+            *res += v[i] & 1;
+    *whole = n;
+    free(v);
+}
+
+/* The residency rule of the overview; held[e]: this rank's stages use e. */
+static int check_resident(const dt_model *m, const bool *held, int rank, const char *when)
+{
+    const dt_flat *F[2] = {dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), dt_model_flat(m, DT_FLAT_GRADS, DT_F32)};
+    TH_CHECK(F[0] && F[1] && F[0]->mapped && F[1]->mapped, "rank %d: the flats are not mapped", rank);
+    size_t other = 0, other_res = 0, own = 0, own_res = 0;
+    for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(m, e, &pi));
+        if (pi.is_buffer || pi.tied_to >= 0)
+            continue;
+        for (int r = 0; r < 2; r++) {
+            size_t w, res;
+            pages(F[r], pi.offset, pi.offset + pi.numel, &w, &res);
+            if (held[e])
+                own += r == 0 ? w : 0, own_res += r == 0 ? res : 0;
+            else
+                other += w, other_res += res;
+            TH_CHECK(held[e] || res == 0, "rank %d, %s: %zu of the %zu pages of %s's %s are resident", rank, when,
+                     res, w, pi.name, r ? "gradient" : "parameters");
+        }
+    }
+    TH_CHECK(other > 0 && own > 0, "rank %d: %zu pages of other stages, %zu of its own: nothing to check", rank, other,
+             own);
+    TH_CHECK(own_res == own, "rank %d, %s: %zu of its %zu parameter pages resident", rank, when, own_res, own);
+    fprintf(stderr, "rank %d, %s: other stages' pages resident %zu of %zu, its own parameters' %zu of %zu\n", rank,
+            when, other_res, other, own_res, own);
+    return 0;
+}
+
+static bool fail_loss; /* set: the loss fails (in each rank's own copy of this variable) */
+
+static dt_tensor *loss_fn(void *ud, dt_ctx *ctx, dt_tensor *out, dt_tensor *y)
+{
+    if (fail_loss) {
+        dt_error(DT_ERR_INVALID_ARG, "an injected loss failure");
+        return NULL;
+    }
+    return dt_model_desc_loss_fn(ud, ctx, out, y);
+}
+
+static dt_status trainer_for(dt_model *m, dt_model_desc *d, dt_strategy *s, dt_trainer **tr)
+{
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.optimizer = DT_OPTIM_ADAMW;
+    tp.adamw.lr = 1e-3;
+    tp.loss_fn = loss_fn;
+    tp.loss_ud = d;
+    return dt_trainer_init(m, s, &tp, tr);
+}
+
+/* The entries this rank's held[] says it holds are equal in a and b, bit for bit. */
+static int same_held(const dt_model *a, const dt_model *b, const bool *held, int rank, const char *when)
+{
+    const float *pa = t_params(a), *pb = t_params(b);
+    for (size_t e = 0; e < dt_model_num_entries(a); e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(a, e, &pi));
+        if (pi.is_buffer || pi.tied_to >= 0 || !held[e])
+            continue;
+        TH_CHECK(memcmp(pa + pi.offset, pb + pi.offset, pi.numel * sizeof *pa) == 0,
+                 "rank %d, %s: %s differs from the single-process trainer's", rank, when, pi.name);
+    }
+    return 0;
+}
+
+static int eval_equal(dt_trainer *tr, dt_trainer *trr, int rank, const char *when)
+{
+    dt_dataset *ds;
+    dt_dataset_info info = {.x_dtype = DT_I64, .x_ndim = 1, .x_shape = {T_SEQ}, .y_dtype = DT_I64, .y_ndim = 1,
+                            .y_shape = {T_SEQ}};
+    TH_OK(dt_dataset_init(&k_ev, NULL, &info, &ds));
+    dt_sampler *sa, *sb;
+    TH_OK(dt_sampler_sequential_init(N_EVAL, &sa));
+    TH_OK(dt_sampler_sequential_init(N_EVAL, &sb));
+    dt_loader_params lp = dt_loader_params_default();
+    lp.batch_size = 4;
+    lp.background = false;
+    dt_loader *la, *lb;
+    TH_OK(dt_loader_init(ds, sa, &lp, &la));
+    TH_OK(dt_loader_init(ds, sb, &lp, &lb));
+    dt_trainer_eval_result ra, rb;
+    TH_OK(dt_trainer_evaluate(tr, la, &info, &ra));
+    TH_OK(dt_trainer_evaluate(trr, lb, &info, &rb));
+    TH_CHECK(ra.items == N_EVAL && rb.items == N_EVAL, "rank %d: %lld and %lld items", rank, (long long)ra.items,
+             (long long)rb.items);
+    TH_CHECK(fabs(ra.loss - rb.loss) <= 1e-5 * fabs(rb.loss), "rank %d, %s: evaluation loss %.9g, one process %.9g",
+             rank, when, ra.loss, rb.loss);
+    dt_loader_free(la);
+    dt_loader_free(lb);
+    dt_sampler_free(sa);
+    dt_sampler_free(sb);
+    dt_dataset_free(ds);
+    return 0;
+}
+
+static int body(int rank, int size, void *arg)
+{
+    const cfg_arg *a = arg;
+    dt_model_config mc = cfg();
+    dt_model *m, *ref;
+    dt_model_desc dm, dref;
+    TH_OK(dt_model_create("gpt-micro", 11, &mc, &m, &dm));
+    TH_OK(dt_model_create("gpt-micro", 11, &mc, &ref, &dref));
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = size;
+    pp.schedule = a->kind;
+    pp.micro_batches = 2;
+    dt_strategy *s, *none;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    TH_OK(dt_strategy_none_init(&none));
+    dt_trainer *tr, *trr;
+    TH_OK(trainer_for(m, &dm, s, &tr));
+    TH_OK(trainer_for(ref, &dref, none, &trr));
+
+    /* which entries this rank's stages use (a tied one: its storage) */
+    dt_pipe_stats stt;
+    TH_OK(dt_strategy_pipe_stats(s, &stt));
+    dt_pipe_unit *units;
+    int nunits;
+    TH_OK(dt_model_pipe_units(m, &units, &nunits));
+    size_t ne = dt_model_num_entries(m);
+    bool *held = calloc(ne, sizeof *held);
+    for (size_t e = 0; e < ne; e++) {
+        dt_param_info pi;
+        TH_OK(dt_model_entry(m, e, &pi));
+        for (int k = 0; k < stt.stage_count && !pi.is_buffer; k++)
+            for (int u = stt.unit_lo[k]; u < stt.unit_hi[k]; u++)
+                if (dt__pipe_unit_uses(&units[u], pi.name))
+                    held[pi.tied_to >= 0 ? (size_t)pi.tied_to : e] = true;
+    }
+    TH_CHECK(held[0], "rank %d: the shared wte (entry 0) is not held by the first and the last stage", rank);
+    if (check_resident(m, held, rank, "after init"))
+        return 1;
+
+    int64_t x[B_ROWS * T_SEQ], y[B_ROWS * T_SEQ];
+    tokens(0, B_ROWS, x, y);
+    dt_trainer_batch b = dt_trainer_batch_make(x, DT_I64, 2, (int64_t[]){B_ROWS, T_SEQ}, y, DT_I64, 2,
+                                               (int64_t[]){B_ROWS, T_SEQ});
+    for (int step = 0; step < 2; step++) {
+        dt_trainer_metrics mp, mr;
+        TH_OK(dt_trainer_step(tr, &b, 1, &mp));
+        TH_OK(dt_trainer_step(trr, &b, 1, &mr));
+        TH_CHECK(fabs(mp.loss - mr.loss) <= 1e-5 * fabs(mr.loss), "rank %d, step %d: loss %.9g, one process %.9g",
+                 rank, step, mp.loss, mr.loss);
+    }
+    if (check_resident(m, held, rank, "after two steps") || eval_equal(tr, trr, rank, "after two steps") ||
+        check_resident(m, held, rank, "after an evaluation"))
+        return 1;
+
+    /* pp 2 -> one process: the pipeline's checkpoint into the reference */
+    char d1[400], d2[400];
+    snprintf(d1, sizeof d1, "%s/pp%d_%s", a->dir, size, dt_pipe_kind_name(a->kind));
+    snprintf(d2, sizeof d2, "%s/one_%s", a->dir, dt_pipe_kind_name(a->kind));
+    dt_trainer_save_params sp = dt_trainer_save_params_default();
+    TH_OK(dt_trainer_save(tr, d1, &sp));
+    TH_OK(dt_trainer_load(trr, d1, NULL));
+    if (same_held(m, ref, held, rank, "the single process after loading the pipeline's checkpoint") ||
+        eval_equal(tr, trr, rank, "after the single process loaded the pipeline's checkpoint"))
+        return 1;
+    /* one process -> pp 2: the reference steps on, saves (rank 0), the pipeline loads it */
+    dt_trainer_metrics mr;
+    TH_OK(dt_trainer_step(trr, &b, 1, &mr));
+    if (rank == 0)
+        TH_OK(dt_trainer_save(trr, d2, &sp));
+    TH_OK(dt_pg_barrier(pg));
+    TH_OK(dt_trainer_load(tr, d2, NULL));
+    if (same_held(m, ref, held, rank, "the pipeline after loading the single process's checkpoint") ||
+        check_resident(m, held, rank, "after a load") || eval_equal(tr, trr, rank, "after loading"))
+        return 1;
+    dt_trainer_metrics mp;
+    TH_OK(dt_trainer_step(tr, &b, 1, &mp));
+    TH_OK(dt_trainer_step(trr, &b, 1, &mr));
+    TH_CHECK(fabs(mp.loss - mr.loss) <= 1e-5 * fabs(mr.loss), "rank %d, after the load: loss %.9g, one process %.9g",
+             rank, mp.loss, mr.loss);
+    if (check_resident(m, held, rank, "after a step from the load"))
+        return 1;
+    free(held);
+    dt_free(units);
+    dt_trainer_free(tr);
+    dt_trainer_free(trr);
+    dt_model_free(m);
+    dt_model_free(ref);
+    dt_pg_free(pg);
+    return 0;
+}
+
+/* The last stage's loss fails during an evaluation: every rank's fails. */
+static int body_fail(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_model_config mc = cfg();
+    dt_model *m;
+    dt_model_desc dm;
+    TH_OK(dt_model_create("gpt-micro", 11, &mc, &m, &dm));
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = size;
+    pp.micro_batches = 2;
+    dt_strategy *s;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    dt_trainer *tr;
+    TH_OK(trainer_for(m, &dm, s, &tr));
+    dt_dataset *ds;
+    dt_dataset_info info = {.x_dtype = DT_I64, .x_ndim = 1, .x_shape = {T_SEQ}, .y_dtype = DT_I64, .y_ndim = 1,
+                            .y_shape = {T_SEQ}};
+    TH_OK(dt_dataset_init(&k_ev, NULL, &info, &ds));
+    dt_sampler *sa;
+    TH_OK(dt_sampler_sequential_init(N_EVAL, &sa));
+    dt_loader_params lp = dt_loader_params_default();
+    lp.batch_size = 4;
+    lp.background = false;
+    dt_loader *la;
+    TH_OK(dt_loader_init(ds, sa, &lp, &la));
+    fail_loss = true;
+    dt_trainer_eval_result r;
+    dt_status st = dt_trainer_evaluate(tr, la, &info, &r);
+    TH_CHECK(st < 0, "rank %d: the evaluation succeeded", rank);
+    TH_CHECK(strstr(dt_last_error(), "an injected loss failure"), "rank %d: error '%s'", rank, dt_last_error());
+    fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+    dt_loader_free(la);
+    dt_sampler_free(sa);
+    dt_dataset_free(ds);
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+static void run_kind(dt_pipe_kind kind)
+{
+    cfg_arg a = {t_tmpdir("pipe_stage_memory"), kind};
+    ASSERT_NE_INT(a.dir[0], 0);
+    int codes[2];
+    ASSERT_EQ_INT(th_run(2, 90.0, body, &a, codes), 0);
+}
+
+TEST(two_stages_hold_their_own_parameters) { run_kind(DT_PIPE_1F1B); }
+
+TEST(interleaved_four_stages_on_two_ranks) { run_kind(DT_PIPE_INTERLEAVED); }
+
+TEST(a_failed_evaluation_fails_every_rank_at_once)
+{
+    unsetenv("DT_COMM_TIMEOUT"); /* 300 s: a rank left waiting outlives the harness's 60 */
+    int codes[2];
+    ASSERT_EQ_INT(th_run(2, 60.0, body_fail, NULL, codes), 0);
+}
+
+int main(void)
+{
+    RUN(two_stages_hold_their_own_parameters);
+    RUN(interleaved_four_stages_on_two_ranks);
+    RUN(a_failed_evaluation_fails_every_rank_at_once);
+    t_rm_rf(t_tmpdir("pipe_stage_memory"));
+    return TEST_REPORT();
+}
