@@ -80,7 +80,15 @@
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
  *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
  *  - a rank that dies makes every peer's pending and later collectives fail
- *    with DT_ERR_PEER_FAILED naming it, within a few seconds.
+ *    with DT_ERR_PEER_FAILED naming it, within a few seconds (shm; under
+ *    mpirun the launcher ends the job when a rank dies);
+ *  - a failure on one rank fails the group on the others too: their pending
+ *    and later operations on it fail at once with that rank's status and
+ *    message (shm: the shared abort record; mpi: a notice to each rank,
+ *    which their waits poll for; a blocking collective of $DT_MPI_BLOCKING=1
+ *    already inside MPI cannot be interrupted). This is how a protocol above
+ *    the group that breaks off midway (a pipeline schedule) stops its peers
+ *    without a wait for the timeout.
  *
  * In-place operation: pass send = NULL (DT_IN_PLACE), or the aliasing that
  * MPI/NCCL use: send == recv for allreduce/reduce/broadcast, send == recv +

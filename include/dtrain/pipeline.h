@@ -361,12 +361,13 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * forward, loss or backward, a dead or failed peer) fails the pipeline
  * group, so the other ranks' steps fail at once with its message ("pipeline
  * rank r broke off its schedule: ...") instead of waiting for the group's
- * timeout (shm; over MPI at the timeout), and no later message can be
+ * timeout (shm and mpi backends alike), and no later message can be
  * matched with one of the abandoned schedule: every later step fails too.
  * Each rank of that pipeline also fails its data-parallel and
  * tensor-parallel groups and the world, so the other replicas' steps (which
  * wait for this one's gradients, activations or agreement) fail at once
- * with the same cause too.
+ * with the same cause too (over MPI with DT_MPI_BLOCKING=1, a blocking
+ * collective already under way waits until mpirun ends the job).
  * The strategy cannot resume; start again from a checkpoint.
  * DT_ERR_INVALID_ARG when
  * world is not a multiple

@@ -105,8 +105,8 @@ struct dt_pg {
  * pipeline schedule, broke off midway and its peers must not wait for the
  * rest nor match later messages with the abandoned ones): the group's
  * pending and later operations fail with st and msg, and the backend tells
- * the other ranks (shm: the abort record their waits check). The first
- * failure wins. Returns st. */
+ * the other ranks (shm: the abort record their waits check; mpi: a notice
+ * message their waits poll for). The first failure wins. Returns st. */
 dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg);
 
 /* Post a normalised operation (coll.c → req.c); takes ownership of

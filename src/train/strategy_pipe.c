@@ -31,8 +31,7 @@
  * (fail_replicas), so that the other pipelines, waiting on those groups for
  * this replica's gradients, activations or agreement, fail at once with the
  * cause instead of at the group's timeout (on backends whose groups can
- * tell their ranks: shm; under MPI the launcher ends the job when the
- * failing rank exits).
+ * tell their ranks: shm and mpi).
  *
  * Tensor parallelism composes without code here: the tp ranks of a stage
  * hold different slices under the same names and offsets, run the same

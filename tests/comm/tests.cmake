@@ -26,6 +26,35 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
     set_tests_properties(comm/mpi_coll_blocking_np${np} PROPERTIES TIMEOUT 240 LABELS "comm;mpi"
       ENVIRONMENT "DT_EXPECT_BACKEND=mpi;DT_MPI_BLOCKING=1;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
   endforeach()
+  # Failing a group on purpose (dt__pg_fail, what the pipeline does when a
+  # rank breaks off its schedule) reaches the other ranks at once, with the
+  # failing rank's status and message (tests/comm/mpi_fail.c): over MPI
+  # (nonblocking, DT_MPI_BLOCKING=1, and MPI initialised by the program at
+  # MPI_THREAD_SERIALIZED) and over shm under `dtrain run`, the same strings.
+  # The group timeout is 30 s: a failure that is not passed on shows as a
+  # wait of 30 s (the test allows 10).
+  add_executable(mpi_fail ${CMAKE_CURRENT_LIST_DIR}/mpi_fail.c)
+  set_target_properties(mpi_fail PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_fail PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_fail PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_fail PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(mpi_fail PRIVATE dtrain_static)
+  foreach(v "np3;" "blocking_np3;DT_MPI_BLOCKING=1" "serialized_np3;DT_MPI_BLOCKING=0")
+    list(GET v 0 name)
+    list(GET v 1 extra)
+    set(args "")
+    if(name MATCHES "serialized")
+      set(args serialized)
+    endif()
+    add_test(NAME comm/mpi_fail_${name}
+             COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 $<TARGET_FILE:mpi_fail> ${args})
+    set_tests_properties(comm/mpi_fail_${name} PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+      ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=30;${extra};ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+  add_test(NAME comm/mpi_fail_shm_run
+           COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 3 -- $<TARGET_FILE:mpi_fail>)
+  set_tests_properties(comm/mpi_fail_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    ENVIRONMENT "DT_BACKEND=shm;DT_EXPECT_BACKEND=shm;DT_COMM_TIMEOUT=30;ASAN_OPTIONS=detect_leaks=0")
   # The example programs run unchanged under mpirun.
   add_test(NAME comm/mpi_example_allreduce
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 ${PROJECT_BINARY_DIR}/examples/example_allreduce)

@@ -27,43 +27,94 @@
  * gathers all descriptions and fails with DT_ERR_MISMATCH naming both sides.
  * This costs one small allreduce per collective.
  *
- * Failures: by default Open MPI's mpirun kills the whole job when one rank
- * dies, so peers end rather than hang; this backend does not report
- * DT_ERR_PEER_FAILED itself. Errors from MPI calls come back as values (the
- * communicator uses MPI_ERRORS_RETURN) and carry MPI's error string.
+ * Failures: when the group layer marks a group failed on this rank (an
+ * operation failed here, or dt__pg_fail: the pipeline breaking off its
+ * schedule), abort sends each other rank of the group a notice (status and
+ * message; see "failure notices" below); their waiting loops (collectives
+ * and send/recv) poll for notices beside their own request, so their
+ * pending and later operations on that group fail within milliseconds with
+ * the same status and message as on this rank, as the shm backend's abort
+ * record makes them, not at the timeout. Two limits: a blocking collective
+ * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI (a notice that
+ * arrived before keeps it from starting; send/recv are always nonblocking),
+ * and an operation left by a failure cannot be cancelled if it is a
+ * collective or a send: its communicator is then never freed, and MPI may
+ * still read or write its buffers (as after a timeout). A dead rank is not
+ * noticed by this backend: by default Open MPI's mpirun kills the whole job
+ * when one rank dies, so peers end rather than hang; this backend does not
+ * report DT_ERR_PEER_FAILED for it. Errors from MPI calls come back as
+ * values (the communicator uses MPI_ERRORS_RETURN) and carry MPI's error
+ * string.
  *
  * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
  * progress thread calls MPI, and groups run concurrently), at least
  * MPI_THREAD_SERIALIZED (then a process-wide lock serialises the groups) unless
  * the program initialised it already; MPI_Finalize then runs at exit.
  *
- * Ending the job after a timeout: a collective abandoned by a timeout can
- * never complete, and MPI_Finalize (a collective over the world) would then
- * block for ever waiting for the rank that stopped. So when a request this
+ * Ending the job after a timeout: a collective abandoned by a timeout may
+ * never complete (a rank stopped), and MPI_Finalize (a collective over the
+ * world) would then block for ever waiting for the rank that stopped. So when a request this
  * process abandoned is still incomplete at exit (after up to 1 s more: a
  * late peer may have completed it), the exit handler calls MPI_Abort on
  * MPI_COMM_WORLD instead: mpirun/srun then kill every rank (a stopped one
  * included) and the job ends right after the rank that saw the timeout
  * exits. A program that initialised MPI itself must do the same: after a
- * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize. */
+ * DT_ERR_TIMEOUT from this backend, call MPI_Abort, not MPI_Finalize.
+ * Requests left because of a failure notice do not count: the rank that
+ * sent it is alive, and MPI_Finalize does not wait for incomplete requests
+ * when every rank reaches it (Open MPI 4.1.4), so a program that catches
+ * the error, saves a checkpoint and exits ends normally. */
 #include "comm/backend.h"
 #include "dtrain/kernels.h"
 
 #include <mpi.h>
 #include <pthread.h>
 #include <limits.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+/* A failure notice: rank `rank` of group `gid` failed it (status, message). */
+#define NOTE_TAG 1
+#define NOTE_MSG_CAP 768
 typedef struct {
+    uint64_t gid;
+    int32_t st, rank;
+    char msg[NOTE_MSG_CAP];
+} mpi_note;
+#define NOTE_HEAD ((int)offsetof(mpi_note, msg))
+
+typedef struct mpi_ctx {
     MPI_Comm comm;
     int rank, size;
     int check;
     int blocking;
     int failed;        /* a posted MPI request was abandoned (timeout) */
+    int abandoned;     /* a request on comm was left incomplete: comm is not freed */
+    /* The group is down on this rank: a peer's notice arrived, or this rank
+     * failed the group (abort). down_st/down_msg are written once, before
+     * down is set (release). */
+    _Atomic int down;
+    dt_status down_st;
+    char down_msg[NOTE_MSG_CAP];
+    pthread_mutex_t down_mu;
+    uint64_t gid;      /* the group's id, the same on its ranks (notices name it) */
+    int *world;        /* [size]: each rank's rank in MPI_COMM_WORLD (notices go there) */
+    struct mpi_ctx *reg_next; /* the registry of live groups (g_note_mu) */
+    /* This rank's own notice: sent by abort, or, under MPI_THREAD_SERIALIZED
+     * when another thread holds the MPI lock, by the next thread to release
+     * it (the unsent list). note_out and note_sends outlive the group when
+     * a send is still incomplete at free (see note_sends_done). */
+    mpi_note *note_out;
+    MPI_Request *note_sends; /* [size] */
+    int note_queued;         /* on the unsent list (g_unsent_mu) */
+    struct mpi_ctx *unsent_next;
 } mpi_ctx;
 
 static int we_initialised;
@@ -110,11 +161,133 @@ static int abandoned_all_done(double wait_s)
 /* Several groups (dt_pg_split, dt_pg_dup) have their own progress threads
  * and may call MPI at the same time. With MPI_THREAD_MULTIPLE (asked for
  * when dtrain initialises MPI) that is allowed; below it, one process-wide
- * lock serialises whole operations, so groups no longer overlap (and an
- * operation on one group that needs another group's to finish first on a
- * peer waits for the timeout). */
+ * lock serialises MPI calls: an operation holds it from its start to its
+ * end except while its waiting loop naps (after ~2 ms), and a blocking
+ * call (DT_MPI_BLOCKING=1) holds it throughout, so groups overlap only in
+ * those naps (an operation on one group that needs another group's to
+ * finish first on a peer may wait for the timeout). */
 static int thread_multiple;
 static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- failure notices ------------------------------------------------------
+ * abort (the group layer marks the group failed on this rank) sends every
+ * other rank of the group one small message (group id, status, rank,
+ * message) with MPI_Isend and never waits for it. All groups share one
+ * notice communicator, g_ctl (a duplicate of MPI_COMM_WORLD made with the
+ * first group and never freed: a notice still in flight when its group is
+ * freed must not land in a later communicator that reuses the freed one's
+ * context id, which Open MPI's matching would then confuse with that
+ * communicator's own messages). While any group lives, one MPI_Irecv from
+ * any source is posted on g_ctl; the waiting loops test it beside their own
+ * request (one thread at a time, g_note_mu) and hand a notice to the live
+ * group it names (one already freed: dropped). Notices are far below every
+ * eager limit, so a send completes locally whether or not (or when) the
+ * peer receives it; one still incomplete when its group is freed is kept
+ * (note_sends_done) and released before MPI_Finalize, which does not wait
+ * for a send nobody receives. */
+static MPI_Comm g_ctl = MPI_COMM_NULL;
+static MPI_Request g_note_rq = MPI_REQUEST_NULL;
+static mpi_note g_note_in;
+static mpi_ctx *g_groups;              /* live groups */
+#define NOTE_ORPHANS 8                 /* the last notices that named no live group */
+static mpi_note g_orphan[NOTE_ORPHANS];
+static unsigned g_norphan;
+static pthread_mutex_t g_note_mu = PTHREAD_MUTEX_INITIALIZER; /* the four above */
+static int set_down(mpi_ctx *m, dt_status st, const char *msg);
+
+static void send_note(mpi_ctx *m)
+{
+    for (int r = 0; r < m->size; r++)
+        if (r != m->rank && MPI_Isend(m->note_out, NOTE_HEAD + (int)strlen(m->note_out->msg) + 1, MPI_BYTE,
+                                      m->world[r], NOTE_TAG, g_ctl, &m->note_sends[r]) != MPI_SUCCESS)
+            m->note_sends[r] = MPI_REQUEST_NULL; /* a dead peer: nothing to tell */
+}
+
+/* Receive what notices have arrived and mark their groups down (MPI access
+ * and g_note_mu held). */
+static void note_take_locked(void)
+{
+    while (g_note_rq != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status s;
+        if (MPI_Test(&g_note_rq, &flag, &s) != MPI_SUCCESS || !flag)
+            return;
+        int n = 0;
+        MPI_Get_count(&s, MPI_BYTE, &n);
+        if (n > NOTE_HEAD) {
+            g_note_in.msg[NOTE_MSG_CAP - 1] = '\0';
+            int found = 0;
+            for (mpi_ctx *m = g_groups; m; m = m->reg_next)
+                if (m->gid == g_note_in.gid)
+                    found = 1, set_down(m, (dt_status)g_note_in.st, g_note_in.msg);
+            if (!found) /* freed already, or (rarely) not registered yet here */
+                g_orphan[g_norphan++ % NOTE_ORPHANS] = g_note_in;
+        }
+        if (MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl,
+                      &g_note_rq) != MPI_SUCCESS)
+            g_note_rq = MPI_REQUEST_NULL;
+    }
+}
+
+/* Enter m into the registry, posting the receive if it is the first group
+ * (MPI access held). */
+static void note_register(mpi_ctx *m)
+{
+    pthread_mutex_lock(&g_note_mu);
+    m->reg_next = g_groups;
+    g_groups = m;
+    /* a peer may have failed the group before this rank registered it */
+    for (unsigned i = 0; i < NOTE_ORPHANS && i < g_norphan; i++)
+        if (g_orphan[i].gid == m->gid)
+            set_down(m, (dt_status)g_orphan[i].st, g_orphan[i].msg);
+    if (g_note_rq == MPI_REQUEST_NULL &&
+        MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl, &g_note_rq) !=
+            MPI_SUCCESS)
+        g_note_rq = MPI_REQUEST_NULL;
+    pthread_mutex_unlock(&g_note_mu);
+}
+
+/* Take m out of the registry; after the last group the receive is cancelled
+ * (a local operation), so that nothing is pending at MPI_Finalize; notices
+ * that arrive later wait unread on g_ctl (MPI access held). */
+static void note_unregister(mpi_ctx *m, int finalized)
+{
+    pthread_mutex_lock(&g_note_mu);
+    for (mpi_ctx **p = &g_groups; *p; p = &(*p)->reg_next)
+        if (*p == m) {
+            *p = m->reg_next;
+            break;
+        }
+    if (!g_groups && g_note_rq != MPI_REQUEST_NULL && !finalized) {
+        note_take_locked();
+        if (g_note_rq != MPI_REQUEST_NULL) {
+            MPI_Cancel(&g_note_rq);
+            MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
+        }
+        g_note_rq = MPI_REQUEST_NULL;
+    }
+    pthread_mutex_unlock(&g_note_mu);
+}
+
+/* Notices abort could not send because another thread held the MPI lock
+ * (MPI_THREAD_SERIALIZED only); whoever releases the lock sends them. */
+static mpi_ctx *g_unsent;
+static _Atomic int g_nunsent;
+static pthread_mutex_t g_unsent_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void flush_unsent(void) /* MPI lock held */
+{
+    pthread_mutex_lock(&g_unsent_mu);
+    while (g_unsent) {
+        mpi_ctx *m = g_unsent;
+        g_unsent = m->unsent_next;
+        m->note_queued = 0;
+        atomic_fetch_sub(&g_nunsent, 1);
+        send_note(m);
+    }
+    pthread_mutex_unlock(&g_unsent_mu);
+}
+
 static void mpi_lock(void)
 {
     if (!thread_multiple)
@@ -122,8 +295,78 @@ static void mpi_lock(void)
 }
 static void mpi_unlock(void)
 {
-    if (!thread_multiple)
+    if (thread_multiple)
+        return;
+    for (;;) { /* a notice queued meanwhile goes out now, not at the next operation */
+        if (atomic_load(&g_nunsent))
+            flush_unsent();
         pthread_mutex_unlock(&mpi_mu);
+        if (!atomic_load(&g_nunsent) || pthread_mutex_trylock(&mpi_mu) != 0)
+            return;
+    }
+}
+
+/* Notice sends still incomplete when their group was freed, with their
+ * buffers (MPI may still read them). */
+typedef struct leftover {
+    MPI_Request *rq;
+    int n;
+    mpi_note *buf;
+    struct leftover *next;
+} leftover;
+static leftover *g_leftover;
+static pthread_mutex_t g_leftover_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Whether every send of m's notice completed (MPI access held); if not,
+ * the sends and the buffer move to the leftover list (1 returned either
+ * way only when nothing is left). */
+static int note_sends_done(mpi_ctx *m)
+{
+    if (!m->note_sends)
+        return 1;
+    int done = 0;
+    if (MPI_Testall(m->size, m->note_sends, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
+        free(m->note_sends);
+        m->note_sends = NULL;
+        return 1;
+    }
+    leftover *l = malloc(sizeof *l);
+    if (!l) { /* cannot keep them: let MPI finish them on its own */
+        for (int r = 0; r < m->size; r++)
+            if (m->note_sends[r] != MPI_REQUEST_NULL)
+                MPI_Request_free(&m->note_sends[r]);
+        free(m->note_sends);
+        m->note_sends = NULL;
+        m->note_out = NULL; /* MPI may still read it: never freed */
+        return 0;
+    }
+    *l = (leftover){m->note_sends, m->size, m->note_out, NULL};
+    pthread_mutex_lock(&g_leftover_mu);
+    l->next = g_leftover;
+    g_leftover = l;
+    pthread_mutex_unlock(&g_leftover_mu);
+    m->note_sends = NULL;
+    m->note_out = NULL;
+    return 0;
+}
+
+/* At exit, before MPI_Finalize: give leftover notice sends up to wait_s to
+ * complete, then free them (MPI completes them on its own, or drops them at
+ * MPI_Finalize; their buffers stay allocated). */
+static void leftover_release(double wait_s)
+{
+    double t0 = dt_time_s();
+    for (leftover *l = g_leftover; l; l = l->next) {
+        int done = 0;
+        while (MPI_Testall(l->n, l->rq, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done &&
+               dt_time_s() - t0 < wait_s) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        for (int r = 0; r < l->n; r++)
+            if (l->rq[r] != MPI_REQUEST_NULL)
+                MPI_Request_free(&l->rq[r]);
+    }
 }
 
 static void finalize_at_exit(void)
@@ -132,6 +375,11 @@ static void finalize_at_exit(void)
     MPI_Finalized(&fin);
     if (fin)
         return;
+    leftover_release(1.0);
+    if (g_note_rq != MPI_REQUEST_NULL) { /* groups left unfreed: their notice receive */
+        MPI_Cancel(&g_note_rq);
+        MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
+    }
     if (g_nabandoned && !abandoned_all_done(1.0)) {
         fprintf(stderr, "mpi backend: a collective abandoned after a timeout never completed; "
                         "aborting the job (MPI_Finalize would wait for ever)\n");
@@ -186,7 +434,48 @@ static void nap(long ns)
     nanosleep(&ts, NULL);
 }
 
-/* Complete a posted request within the operation's timeout. */
+/* Mark the group down on this rank with (st, msg); the first call wins.
+ * Returns whether this call did. */
+static int set_down(mpi_ctx *m, dt_status st, const char *msg)
+{
+    int first = 0;
+    pthread_mutex_lock(&m->down_mu);
+    if (!atomic_load_explicit(&m->down, memory_order_relaxed)) {
+        m->down_st = st < 0 ? st : DT_ERR_PEER_FAILED;
+        snprintf(m->down_msg, sizeof m->down_msg, "%s", msg);
+        atomic_store_explicit(&m->down, 1, memory_order_release);
+        first = 1;
+    }
+    pthread_mutex_unlock(&m->down_mu);
+    return first;
+}
+
+/* The group's failure as this rank's error (the group must be down). */
+static dt_status down_error(mpi_ctx *m)
+{
+    return dt_error(m->down_st, "%s", m->down_msg);
+}
+
+/* Whether the group is down: this rank failed it, or (poll: receive the
+ * notices that have arrived; MPI access held) a peer's notice names it. A
+ * peer's status and message become this rank's, as the shm backend's shared
+ * abort record makes them. */
+static int group_down(mpi_ctx *m, int poll)
+{
+    if (atomic_load_explicit(&m->down, memory_order_acquire))
+        return 1;
+    if (!poll || pthread_mutex_trylock(&g_note_mu) != 0) /* another thread is receiving them */
+        return 0;
+    note_take_locked();
+    pthread_mutex_unlock(&g_note_mu);
+    return atomic_load_explicit(&m->down, memory_order_acquire);
+}
+
+/* Complete a posted request within the operation's timeout, or until the
+ * group is down (a peer's notice, or this rank failed it): then the request
+ * is left incomplete (MPI cannot cancel a collective) and the group's
+ * failure is returned. Under MPI_THREAD_SERIALIZED the MPI lock is released
+ * while napping, so that abort and other groups can reach MPI. */
 static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Status *st)
 {
     double t0 = 0;
@@ -197,6 +486,10 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
             return mpi_err(rc, "MPI_Test", c);
         if (flag)
             return DT_OK;
+        if (group_down(m, spins % 64 == 0 || spins >= 2000)) {
+            m->abandoned = 1;
+            return down_error(m);
+        }
         if (spins < 2000)
             continue;
         double now = dt_time_s();
@@ -205,16 +498,20 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
         if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
             m->failed = 1;
+            m->abandoned = 1;
             abandon(*rq);
             return dt_error(DT_ERR_TIMEOUT,
                             "mpi backend: %s did not complete within %.3g s on rank %d of %d "
                             "(MPI does not say which ranks are missing; the group is now unusable)",
                             dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
         }
-        if (now - t0 < 0.002)
+        if (now - t0 < 0.002) {
             sched_yield();
-        else
+        } else {
+            mpi_unlock();
             nap(now - t0 < 0.1 ? 20000 : 200000);
+            mpi_lock();
+        }
     }
 }
 
@@ -615,6 +912,15 @@ static dt_status mpi_run(void *ctx, const dt_coll *c)
 static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
 {
     mpi_ctx *m = ctx;
+    /* Blocking calls cannot be interrupted: a notice that has arrived keeps
+     * the operation from starting. Nonblocking ones are posted even when
+     * the group is known to be down, and fail in wait_req unless complete
+     * at once: a rank late into a collective that timed out on the others
+     * (their timeout's notice has reached it) thus still completes their
+     * abandoned requests, so that their MPI_Finalize can (see
+     * finalize_at_exit). The group layer posts nothing after that failure. */
+    if (m->blocking && group_down(m, 1))
+        return down_error(m);
     if (m->failed)
         return dt_error(DT_ERR_STATE, "mpi backend: an earlier operation timed out; the "
                                       "communicator is unusable");
@@ -638,6 +944,72 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
     default:
         return run_other(m, c, t);
     }
+}
+
+/* A group's context on comm (taken over; freed on error): its id, chosen by
+ * its rank 0 and broadcast (collective over comm), its ranks' world ranks
+ * (where notices go), and its entry in the notice registry. */
+static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
+{
+    *out = NULL;
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    mpi_ctx *m = calloc(1, sizeof *m);
+    mpi_note *note = calloc(1, sizeof *note);
+    MPI_Request *sends = malloc(sizeof *sends * (size_t)size);
+    int *world = malloc(sizeof *world * (size_t)size), *mine = malloc(sizeof *mine * (size_t)size);
+    dt_status st = DT_OK;
+    mpi_lock();
+    if (!m || !note || !sends || !world || !mine) {
+        st = dt_error(DT_ERR_NO_MEMORY, "mpi backend: context");
+    } else {
+        m->comm = comm;
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(comm, &m->rank);
+        m->size = size;
+        static _Atomic uint64_t made;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t seed[3] = {(uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, (uint64_t)getpid(),
+                            atomic_fetch_add(&made, 1)};
+        m->gid = dt_hash64(seed, sizeof seed, 0x6e6f7465);
+        MPI_Group g, gw;
+        int rc = MPI_Bcast(&m->gid, 1, MPI_UINT64_T, 0, comm);
+        if (rc == MPI_SUCCESS && (rc = MPI_Comm_group(comm, &g)) == MPI_SUCCESS) {
+            MPI_Comm_group(MPI_COMM_WORLD, &gw);
+            for (int r = 0; r < size; r++)
+                mine[r] = r;
+            rc = MPI_Group_translate_ranks(g, size, mine, gw, world);
+            MPI_Group_free(&g);
+            MPI_Group_free(&gw);
+        }
+        if (rc != MPI_SUCCESS)
+            st = mpi_err(rc, "MPI_Bcast (the group's id)", NULL);
+    }
+    if (st < 0) {
+        MPI_Comm_free(&comm);
+        mpi_unlock();
+        free(m);
+        free(note);
+        free(sends);
+        free(world);
+        free(mine);
+        return st;
+    }
+    free(mine);
+    for (int r = 0; r < size; r++)
+        sends[r] = MPI_REQUEST_NULL;
+    m->world = world;
+    m->note_out = note;
+    m->note_sends = sends;
+    m->check = check;
+    m->blocking = blocking;
+    atomic_init(&m->down, 0);
+    pthread_mutex_init(&m->down_mu, NULL);
+    note_register(m);
+    mpi_unlock();
+    *out = m;
+    return DT_OK;
 }
 
 static dt_status mpi_init(const dt_backend_info *info, void **out)
@@ -670,32 +1042,33 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
                             "initialise MPI)", level);
         thread_multiple = level >= MPI_THREAD_MULTIPLE;
     }
-    mpi_ctx *m = calloc(1, sizeof *m);
-    if (!m)
-        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: context");
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
-    if (rc != MPI_SUCCESS) {
-        free(m);
+    MPI_Comm comm;
+    mpi_lock();
+    int rc = MPI_SUCCESS;
+    if (g_ctl == MPI_COMM_NULL && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_ctl)) == MPI_SUCCESS)
+        MPI_Comm_set_errhandler(g_ctl, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    mpi_unlock();
+    if (rc != MPI_SUCCESS)
         return mpi_err(rc, "MPI_Comm_dup", NULL);
-    }
-    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(m->comm, &m->rank);
-    MPI_Comm_size(m->comm, &m->size);
-    if (m->rank != info->rank || m->size != info->world_size) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    if (rank != info->rank || size != info->world_size) {
         dt_status st = dt_error(DT_ERR_INVALID_ARG,
                                 "mpi backend: MPI says rank %d of %d but the group was set up as "
                                 "rank %d of %d (start the program with mpirun/srun, or choose "
                                 "another backend, e.g. DT_BACKEND=shm under dtrain run)",
-                                m->rank, m->size, info->rank, info->world_size);
-        MPI_Comm_free(&m->comm);
-        free(m);
+                                rank, size, info->rank, info->world_size);
+        mpi_lock();
+        MPI_Comm_free(&comm);
+        mpi_unlock();
         return st;
     }
-    m->check = info->check;
     const char *b = getenv("DT_MPI_BLOCKING");
-    m->blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
-    *out = m;
-    return DT_OK;
+    int blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
+    return ctx_make(comm, info->check, blocking, (mpi_ctx **)out);
 }
 
 static void mpi_free(void *ctx)
@@ -705,9 +1078,63 @@ static void mpi_free(void *ctx)
         return;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin && !m->failed)
-        MPI_Comm_free(&m->comm);
+    mpi_lock();
+    pthread_mutex_lock(&g_unsent_mu); /* a notice still waiting for the lock goes out now */
+    if (m->note_queued) {
+        for (mpi_ctx **p = &g_unsent; *p; p = &(*p)->unsent_next)
+            if (*p == m) {
+                *p = m->unsent_next;
+                break;
+            }
+        m->note_queued = 0;
+        atomic_fetch_sub(&g_nunsent, 1);
+        if (!fin)
+            send_note(m);
+    }
+    pthread_mutex_unlock(&g_unsent_mu);
+    note_unregister(m, fin);
+    if (!fin) {
+        /* The notice sends stay with MPI if incomplete; g_ctl is never freed. */
+        note_sends_done(m);
+        /* A communicator with a request left incomplete is not freed. */
+        if (!m->abandoned)
+            MPI_Comm_free(&m->comm);
+    }
+    mpi_unlock();
+    pthread_mutex_destroy(&m->down_mu);
+    free(m->world);
+    free(m->note_sends);
+    free(m->note_out);
     free(m);
+}
+
+/* Tell the group's other ranks that this rank failed the group (st, msg),
+ * and end this rank's own waits on it. Never waits: the sends are
+ * nonblocking, and under MPI_THREAD_SERIALIZED a thread that holds the MPI
+ * lock sends them when it releases it (a nonblocking wait releases it
+ * while it naps). Nothing is sent when the failure came from a peer's
+ * notice (every rank got that one from its sender). */
+static void mpi_abort(void *ctx, dt_status st, const char *msg)
+{
+    mpi_ctx *m = ctx;
+    if (!m || !set_down(m, st, msg) || m->size < 2 || !m->note_out)
+        return;
+    m->note_out->gid = m->gid;
+    m->note_out->st = (int32_t)m->down_st;
+    m->note_out->rank = m->rank;
+    snprintf(m->note_out->msg, sizeof m->note_out->msg, "%s", m->down_msg);
+    if (thread_multiple) {
+        send_note(m);
+        return;
+    }
+    pthread_mutex_lock(&g_unsent_mu);
+    m->note_queued = 1;
+    m->unsent_next = g_unsent;
+    g_unsent = m;
+    atomic_fetch_add(&g_nunsent, 1);
+    pthread_mutex_unlock(&g_unsent_mu);
+    if (pthread_mutex_trylock(&mpi_mu) == 0)
+        mpi_unlock(); /* sends what is queued */
 }
 
 static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, void **child)
@@ -724,19 +1151,7 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
         return mpi_err(rc, "MPI_Comm_split", NULL);
     if (new_rank < 0)
         return DT_OK;
-    mpi_ctx *s = calloc(1, sizeof *s);
-    if (!s) {
-        MPI_Comm_free(&sub);
-        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: subgroup context");
-    }
-    s->comm = sub;
-    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(sub, &s->rank);
-    MPI_Comm_size(sub, &s->size);
-    s->check = m->check;
-    s->blocking = m->blocking;
-    *child = s;
-    return DT_OK;
+    return ctx_make(sub, m->check, m->blocking, (mpi_ctx **)child);
 }
 
 /* ---- nonblocking send/recv (the group layer batches them) ---- */
@@ -750,6 +1165,8 @@ static dt_status mpi_p2p_start(void *ctx, const dt_coll *c, void **op)
 {
     mpi_ctx *m = ctx;
     *op = NULL;
+    if (group_down(m, 0))
+        return down_error(m);
     if (m->failed)
         return dt_error(DT_ERR_STATE, "mpi backend: an earlier operation timed out; the "
                                       "communicator is unusable");
@@ -774,13 +1191,36 @@ static dt_status mpi_p2p_start(void *ctx, const dt_coll *c, void **op)
     return DT_OK;
 }
 
+/* Give up an incomplete send or receive and release op (MPI access held).
+ * A receive is cancelled (local: MPI_Wait returns at once); a send MPI may
+ * not cancel, so it is left to complete (or not) and the communicator is not
+ * freed; its buffer is the caller's to keep (the pipeline keeps those of
+ * sends it could not settle). */
+static void p2p_drop(mpi_ctx *m, mpi_p2p_op *o)
+{
+    int flag = 0;
+    if (MPI_Test(&o->rq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && o->c.kind == DT_COLL_RECV &&
+        MPI_Cancel(&o->rq) == MPI_SUCCESS) {
+        /* A receive already matched with a large message cannot be
+         * cancelled and completes only with its sender: wait for that up to
+         * a second, not for ever. */
+        double t0 = dt_time_s();
+        while (MPI_Test(&o->rq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && dt_time_s() - t0 < 1.0)
+            nap(100000);
+    }
+    if (!flag)
+        m->abandoned = 1;
+    free(o);
+}
+
 static dt_status mpi_p2p_test(void *ctx, void *op, int *progressed)
 {
     mpi_ctx *m = ctx;
     mpi_p2p_op *o = op;
-    if (!progressed) { /* abandoned: MPI cannot cancel a send; the group is failed */
-        m->failed = 1;
-        free(o);
+    if (!progressed) { /* abandoned (the group failed or it timed out) */
+        mpi_lock();
+        p2p_drop(m, o);
+        mpi_unlock();
         return DT_OK;
     }
     *progressed = 0;
@@ -788,7 +1228,12 @@ static dt_status mpi_p2p_test(void *ctx, void *op, int *progressed)
     MPI_Status status;
     mpi_lock();
     int rc = MPI_Test(&o->rq, &flag, &status);
+    int down = rc == MPI_SUCCESS && !flag && group_down(m, 1);
+    if (down)
+        p2p_drop(m, o);
     mpi_unlock();
+    if (down)
+        return down_error(m);
     dt_status st = DT_INPROGRESS;
     if (rc != MPI_SUCCESS) {
         st = mpi_err(rc, "MPI_Test", &o->c);
@@ -836,7 +1281,7 @@ const dt_backend_ops dt__backend_mpi = {
     .mem_alloc = NULL,
     .mem_free = NULL,
     .subgroup = mpi_subgroup,
-    .abort = NULL,
+    .abort = mpi_abort,
     .p2p_start = mpi_p2p_start,
     .p2p_test = mpi_p2p_test,
     .p2p_idle = mpi_p2p_idle,
