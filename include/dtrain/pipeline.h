@@ -75,7 +75,9 @@
  * (their contents are undefined). So a rank's parameters, gradients,
  * optimizer state and fp32 masters are those of its stages: about 1/p of
  * the model's with balanced stages (the model is initialised whole once, at
- * build, before attach gives the rest back). Each rank steps only the
+ * build, before attach gives the rest back; one exception: under ZeRO-1
+ * with interleaved chunks, the replicas' reduce-scatter and all-gather
+ * span a rank's chunks and write the stages between them). Each rank steps only the
  * parameters of its own stages (the strategy's optimizer ranges). A
  * parameter stored
  * once but used on two ranks' stages (the GPT's wte and its tied lm_head,

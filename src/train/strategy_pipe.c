@@ -507,7 +507,17 @@ static dt_status s_wait(void *self)
         const size_t es = dt_dtype_size(dt);
         char *g = dt_flat_ptr(R->G, R->lo);
         if (!R->counts) {
-            st = dt_pg_allreduce(s->dp, DT_IN_PLACE, g, R->hi - R->lo, dt, DT_REDUCE_AVG);
+            /* one all-reduce per run of this rank's entries (separated by
+             * padding only): not over the other stages' between its chunks
+             * (interleaved), whose pages it does not hold (keep_stages) */
+            for (size_t i = 0, a = R->fsegs[0].offset; i < R->nfseg && st >= 0; i++) {
+                size_t b = R->fsegs[i].offset + R->fsegs[i].numel;
+                if (i + 1 < R->nfseg && R->fsegs[i + 1].offset <= b + DT_ALIGN / es)
+                    continue;
+                st = dt_pg_allreduce(s->dp, DT_IN_PLACE, dt_flat_ptr(R->G, a), b - a, dt, DT_REDUCE_AVG);
+                if (i + 1 < R->nfseg)
+                    a = R->fsegs[i + 1].offset;
+            }
             continue;
         }
         char scratch[64];

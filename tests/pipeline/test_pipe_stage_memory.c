@@ -2,8 +2,8 @@
  * (pipeline.h), checked on real processes by asking the kernel which pages
  * of the model's flats are resident (mincore): a GPT of 4 blocks (flats
  * large enough to be mapped, DT_FLAT_MAP_MIN) cut into 2 stages (and 4
- * stages on 2 ranks, interleaved), with its wte shared by the first and
- * the last stage. At each point below, on every rank, no whole page inside
+ * stages on 2 ranks, interleaved, also with 2 replicas: DDP x pp), with
+ * its wte shared by the first and the last stage. At each point below, on every rank, no whole page inside
  * an entry that none of its stages uses is resident, in the parameter or
  * the gradient flat, and every page of the entries it uses is:
  *
@@ -71,6 +71,7 @@ static const dt_dataset_vtable k_ev = {.version = DT_DATASET_VTABLE_VERSION, .na
 typedef struct {
     const char *dir;
     dt_pipe_kind kind;
+    int dp; /* replicas (world = 2 dp) */
 } cfg_arg;
 
 /* Whole pages inside elements [lo, hi) of flat f: how many, and resident. */
@@ -158,7 +159,7 @@ static int same_held(const dt_model *a, const dt_model *b, const bool *held, int
     return 0;
 }
 
-static int eval_equal(dt_trainer *tr, dt_trainer *trr, int rank, const char *when)
+static int eval_equal(dt_trainer *tr, dt_trainer *trr, int dp, int rank, const char *when)
 {
     dt_dataset *ds;
     dt_dataset_info info = {.x_dtype = DT_I64, .x_ndim = 1, .x_shape = {T_SEQ}, .y_dtype = DT_I64, .y_ndim = 1,
@@ -176,8 +177,8 @@ static int eval_equal(dt_trainer *tr, dt_trainer *trr, int rank, const char *whe
     dt_trainer_eval_result ra, rb;
     TH_OK(dt_trainer_evaluate(tr, la, &info, &ra));
     TH_OK(dt_trainer_evaluate(trr, lb, &info, &rb));
-    TH_CHECK(ra.items == N_EVAL && rb.items == N_EVAL, "rank %d: %lld and %lld items", rank, (long long)ra.items,
-             (long long)rb.items);
+    TH_CHECK(ra.items == dp * N_EVAL && rb.items == N_EVAL, "rank %d: %lld and %lld items", rank,
+             (long long)ra.items, (long long)rb.items);
     TH_CHECK(fabs(ra.loss - rb.loss) <= 1e-5 * fabs(rb.loss), "rank %d, %s: evaluation loss %.9g, one process %.9g",
              rank, when, ra.loss, rb.loss);
     dt_loader_free(la);
@@ -199,7 +200,7 @@ static int body(int rank, int size, void *arg)
     dt_pg *pg;
     TH_OK(th_pg(rank, size, NULL, &pg));
     dt_pipe_params pp = dt_pipe_params_default();
-    pp.pp = size;
+    pp.pp = size / a->dp;
     pp.schedule = a->kind;
     pp.micro_batches = 2;
     dt_strategy *s, *none;
@@ -240,19 +241,19 @@ static int body(int rank, int size, void *arg)
         TH_CHECK(fabs(mp.loss - mr.loss) <= 1e-5 * fabs(mr.loss), "rank %d, step %d: loss %.9g, one process %.9g",
                  rank, step, mp.loss, mr.loss);
     }
-    if (check_resident(m, held, rank, "after two steps") || eval_equal(tr, trr, rank, "after two steps") ||
+    if (check_resident(m, held, rank, "after two steps") || eval_equal(tr, trr, a->dp, rank, "after two steps") ||
         check_resident(m, held, rank, "after an evaluation"))
         return 1;
 
     /* pp 2 -> one process: the pipeline's checkpoint into the reference */
     char d1[400], d2[400];
-    snprintf(d1, sizeof d1, "%s/pp%d_%s", a->dir, size, dt_pipe_kind_name(a->kind));
-    snprintf(d2, sizeof d2, "%s/one_%s", a->dir, dt_pipe_kind_name(a->kind));
+    snprintf(d1, sizeof d1, "%s/dp%d_%s", a->dir, a->dp, dt_pipe_kind_name(a->kind));
+    snprintf(d2, sizeof d2, "%s/one_dp%d_%s", a->dir, a->dp, dt_pipe_kind_name(a->kind));
     dt_trainer_save_params sp = dt_trainer_save_params_default();
     TH_OK(dt_trainer_save(tr, d1, &sp));
     TH_OK(dt_trainer_load(trr, d1, NULL));
     if (same_held(m, ref, held, rank, "the single process after loading the pipeline's checkpoint") ||
-        eval_equal(tr, trr, rank, "after the single process loaded the pipeline's checkpoint"))
+        eval_equal(tr, trr, a->dp, rank, "after the single process loaded the pipeline's checkpoint"))
         return 1;
     /* one process -> pp 2: the reference steps on, saves (rank 0), the pipeline loads it */
     dt_trainer_metrics mr;
@@ -262,7 +263,7 @@ static int body(int rank, int size, void *arg)
     TH_OK(dt_pg_barrier(pg));
     TH_OK(dt_trainer_load(tr, d2, NULL));
     if (same_held(m, ref, held, rank, "the pipeline after loading the single process's checkpoint") ||
-        check_resident(m, held, rank, "after a load") || eval_equal(tr, trr, rank, "after loading"))
+        check_resident(m, held, rank, "after a load") || eval_equal(tr, trr, a->dp, rank, "after loading"))
         return 1;
     dt_trainer_metrics mp;
     TH_OK(dt_trainer_step(tr, &b, 1, &mp));
@@ -324,17 +325,20 @@ static int body_fail(int rank, int size, void *arg)
     return 0;
 }
 
-static void run_kind(dt_pipe_kind kind)
+static void run_kind(dt_pipe_kind kind, int dp)
 {
-    cfg_arg a = {t_tmpdir("pipe_stage_memory"), kind};
+    cfg_arg a = {t_tmpdir("pipe_stage_memory"), kind, dp};
     ASSERT_NE_INT(a.dir[0], 0);
-    int codes[2];
-    ASSERT_EQ_INT(th_run(2, 90.0, body, &a, codes), 0);
+    int codes[4];
+    ASSERT_EQ_INT(th_run(2 * dp, 90.0, body, &a, codes), 0);
 }
 
-TEST(two_stages_hold_their_own_parameters) { run_kind(DT_PIPE_1F1B); }
+TEST(two_stages_hold_their_own_parameters) { run_kind(DT_PIPE_1F1B, 1); }
 
-TEST(interleaved_four_stages_on_two_ranks) { run_kind(DT_PIPE_INTERLEAVED); }
+TEST(interleaved_four_stages_on_two_ranks) { run_kind(DT_PIPE_INTERLEAVED, 1); }
+
+/* the replicas' gradient average does not touch the stage between a rank's chunks */
+TEST(interleaved_two_replicas) { run_kind(DT_PIPE_INTERLEAVED, 2); }
 
 TEST(a_failed_evaluation_fails_every_rank_at_once)
 {
@@ -347,6 +351,7 @@ int main(void)
 {
     RUN(two_stages_hold_their_own_parameters);
     RUN(interleaved_four_stages_on_two_ranks);
+    RUN(interleaved_two_replicas);
     RUN(a_failed_evaluation_fails_every_rank_at_once);
     t_rm_rf(t_tmpdir("pipe_stage_memory"));
     return TEST_REPORT();
