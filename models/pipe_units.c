@@ -69,11 +69,16 @@ static void set_unit(dt_pipe_unit *u, const char *name, dt_module *mod, dt_pipe_
         snprintf(u->params[1], sizeof u->params[1], "%s", p1);
 }
 
-/* Elements of a module's parameter i (0 if absent). */
+/* Elements of a module's parameter i (0 if absent), from its spec: a
+ * meta model's parameters have no tensors yet. */
 static double pnumel(dt_module *mod, int i)
 {
-    dt_tensor *t = mod ? dt_module_param(mod, i) : NULL;
-    return t ? (double)dt_tensor_numel(t) : 0;
+    if (!mod || i < 0 || i >= mod->nparam)
+        return 0;
+    double n = 1;
+    for (int d = 0; d < mod->specs[i].ndim; d++)
+        n *= (double)mod->specs[i].shape[d];
+    return n;
 }
 
 /* Elements of the weights (parameter 0) of children a and b of parent's child `name`. */

@@ -223,7 +223,7 @@ static int setup_model(trainer *t)
         return 2;
     if (dt_precision_policy_build_params(&pol, &cfg.build) < 0) /* bf16/f16: the model holds its parameters so */
         return fail(2, "--precision");
-    cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3: each rank initialises its shards */
+    cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3, --pp: each rank initialises what it holds */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
     t->lm = t->desc.input_dtype == DT_I64;

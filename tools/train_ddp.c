@@ -234,6 +234,8 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m)
         pp.zero = r->stage; /* 0 or 1 (train_args.c refuses the others) */
         pp.balance = r->pp_balance;
         pp.sample = r->pp_sample;
+        pp.init_rng = r->zp.init_rng; /* a meta model (dt__ddp_lazy_model): --rng and --seed */
+        pp.init_seed = r->zp.init_seed;
         if (dt_pipe_kind_parse(r->pp_sched, &pp.schedule) < 0 ||
             dt_strategy_pipe_init(r->world_pg, &pp, &r->strategy) < 0) {
             dt__cli_err("dtrain train: --pp: %s\n", dt_last_error());
@@ -336,7 +338,14 @@ void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
                  after ? (double)before / (double)after : 1.0);
 }
 
-bool dt__ddp_lazy_model(const dt__ddp_run *r) { return r->stage == 3; }
+/* --pp: each rank maps the flats and initialises only its stages (the
+ * strategy, pipeline.h), unless the stages are balanced by time (every
+ * rank times every unit on the whole model at attach) or tensor parallel
+ * (a slice's values are not a range of a whole build's). */
+bool dt__ddp_lazy_model(const dt__ddp_run *r)
+{
+    return r->stage == 3 || (r->pp > 1 && r->tp <= 1 && r->pp_balance != DT_PIPE_BY_TIME);
+}
 
 static void human(double b, char *buf, size_t n)
 {

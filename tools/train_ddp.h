@@ -70,7 +70,8 @@ int dt__ddp_setup(dt__ddp_run *r, const struct dt__train_opts *o);
  * Returns 0 or an exit code. */
 int dt__ddp_hook_precision(const dt__ddp_run *r, dt_precision_policy *p);
 /* Whether the model is to be built meta (stage 3: each rank initialises
- * only its shards), and with which generator the strategy fills them. */
+ * only its shards; --pp without tp or time balancing: each rank only its
+ * stages), and with which generator the strategy fills them. */
 bool dt__ddp_lazy_model(const dt__ddp_run *r);
 
 /* After the model exists: SyncBatchNorm conversion and the strategy for

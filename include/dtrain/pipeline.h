@@ -74,10 +74,25 @@
  * dt_flat.mapped: what is never written is never resident), and from then on nothing reads or writes them
  * (their contents are undefined). So a rank's parameters, gradients,
  * optimizer state and fp32 masters are those of its stages: about 1/p of
- * the model's with balanced stages (the model is initialised whole once, at
- * build, before attach gives the rest back; one exception: under ZeRO-1
- * with interleaved chunks, the replicas' reduce-scatter and all-gather
- * span a rank's chunks and write the stages between them). Each rank steps only the
+ * the model's with balanced stages. The replicas' collectives (DDP's
+ * all-reduce, ZeRO-1's reduce-scatter and all-gather) go over each run of
+ * a rank's entries, not over the stages between its interleaved chunks.
+ *
+ * Lazy construction: a model built whole is initialised whole on every
+ * rank (4 bytes per parameter, at build) before attach gives the rest
+ * back. Build it meta instead (dt_model_build_params.meta) and attach maps
+ * the flats (nothing resident), then initialises only the entries its
+ * stages use (its own and the shared ones: the GPT's wte on the first and
+ * last stage) with dt_model_init_range (params.init_rng, params.init_seed
+ * = the build's seed): bit for bit a whole build's values (DT_INIT_PHILOX:
+ * dt_model_build's; DT_INIT_TORCH: dt_model_init_torch's, which draws the
+ * whole stream once per run of entries, time of the whole model), and the
+ * other stages' pages are never written at any point; the replicas then
+ * take dp rank 0's values of those entries only. After attach the model
+ * is no longer meta. Not with tensor parallelism (a slice's values are not
+ * a range of a whole build's) nor DT_PIPE_BY_TIME without cuts (which times
+ * every unit on the whole model at attach): DT_ERR_UNSUPPORTED, build it
+ * whole. `dtrain train --pp` builds meta except in those two cases. Each rank steps only the
  * parameters of its own stages (the strategy's optimizer ranges). A
  * parameter stored
  * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
@@ -345,6 +360,9 @@ typedef struct dt_pipe_params {
                                  the dp x tp x pp mesh of dt_pipe_mesh_init over the strategy's
                                  world, whose "tp" group the model's tensor-parallel layers use;
                                  borrowed, must outlive the strategy. Default NULL */
+    dt_init_rng init_rng;     /* a meta model (dt_model_build_params.meta): the generator of its
+                                 initial values (dt_model_init_range); default DT_INIT_PHILOX */
+    uint64_t init_seed;       /* a meta model: the build's seed; default 0 */
 } dt_pipe_params;
 DT_API dt_pipe_params dt_pipe_params_default(void);
 

@@ -700,6 +700,49 @@ dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad)
     return DT_OK;
 }
 
+dt_status dt__model_materialize(dt_model *m)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt__model_materialize: model is NULL");
+    if (!m->meta)
+        return DT_OK;
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+        for (int r = 0; r < 2; r++) {
+            dt_flat *f = &m->flats[r ? DT_FLAT_GRADS : DT_FLAT_PARAMS][d];
+            dt_flat g;
+            if (!f->used || f->base)
+                continue;
+            if (dt_flat_alloc(&g, (dt_dtype)d, f->used, m->world, NULL) < 0)
+                return dt_error_wrap(dt_last_status(), "dt__model_materialize: %s %s flat", dt_dtype_name((dt_dtype)d),
+                                     r ? "gradient" : "parameter");
+            *f = g;
+        }
+    for (size_t i = 0; i < m->nentry; i++) {
+        dt__entry *e = &m->entries[i];
+        dt_param_info *p = &e->info;
+        if (p->is_buffer || e->tied >= 0 || p->tensor)
+            continue;
+        void *data = dt_flat_ptr(&m->flats[DT_FLAT_PARAMS][p->dtype], p->offset);
+        void *grad = dt_flat_ptr(&m->flats[DT_FLAT_GRADS][p->dtype], p->offset);
+        if (dt_dtype_is_float(p->dtype)) {
+            dt_status st = dt_model_bind_param(m, i, data, grad);
+            if (st < 0)
+                return dt_error_wrap(st, "dt__model_materialize");
+            continue;
+        }
+        /* as dt_model_build: a view and an unattached gradient view (the mirror layout) */
+        p->tensor = dt_tensor_wrap(data, p->dtype, p->ndim, p->shape);
+        e->grad = dt_tensor_wrap(grad, p->dtype, p->ndim, p->shape);
+        if (!p->tensor || !e->grad)
+            return dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_NO_MEMORY,
+                                 "dt__model_materialize '%s'", e->name);
+        p->tensor->name = e->name;
+        p->module->params[e->spec] = p->tensor;
+    }
+    m->meta = false;
+    return DT_OK;
+}
+
 void dt_model_zero_grad(dt_model *m)
 {
     for (size_t i = 0; m && i < m->nentry; i++)

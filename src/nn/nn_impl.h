@@ -96,6 +96,14 @@ struct dt_model {
     size_t nkeep[DT_DTYPE_COUNT];
 };
 
+/* A meta model (dt_model_build_params.meta) gets its parameter and
+ * gradient flats after all, whole-sized but lazy (dt_flat_alloc: flats of
+ * DT_FLAT_MAP_MIN bytes or more are anonymous mappings, so what is never
+ * written takes no memory), and its entries' views, as a whole build's; the
+ * values are zeros: the caller initialises what it holds
+ * (dt_model_init_range) and nothing else. A no-op on a model that is not
+ * meta. After a failure the model is only fit to be freed. */
+dt_status dt__model_materialize(dt_model *m);
 /* This rank reads and writes only the spans [spans[2i], spans[2i+1])
  * (sorted, disjoint, in elements) of the model's parameter and gradient
  * flats of `dtype` from now on (a pipeline rank: the entries of its

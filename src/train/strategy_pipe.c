@@ -18,10 +18,12 @@
  * micro-batch; the optimizer steps this rank's range; after_step sends the
  * shared parameters from their owner to the other users. The global
  * gradient norm is a sum over the pipeline ranks (each parameter is in
- * exactly one rank's range). Every rank builds the whole model, so names,
- * offsets and initial values do not depend on the cut; replicas start from
- * dp rank 0's values. Then each rank gives back the pages of the flats
- * outside its stages' entries (keep_stages): it holds its stages only.
+ * exactly one rank's range). Every rank builds the whole model's layout, so
+ * names, offsets and initial values do not depend on the cut; replicas
+ * start from dp rank 0's values. Then each rank gives back the pages of the
+ * flats outside its stages' entries (keep_stages): it holds its stages
+ * only. A meta model is never whole: the flats are mapped at attach and
+ * only the stages' entries initialised (init_stages).
  * An evaluation runs through the stages (exec.c), so no rank needs the
  * others' parameters, ever.
  *
@@ -75,6 +77,10 @@ typedef struct {
     size_t nfseg, nseg;
     size_t lo, hi, a, b;
     size_t *counts, *displs;     /* ZeRO-1: the replicas' shares of [lo, hi) (D each) */
+    size_t *runs, nrun;          /* the runs [runs[2i], runs[2i+1]) of fsegs separated by padding only:
+                                    the replicas' collectives go over each (interleaved: not over the
+                                    other stages between this rank's chunks, which it does not hold) */
+    size_t *rcounts, *rdispls;   /* ZeRO-1: per run, the replicas' shares clipped to it (D each) */
     void *rs;                    /* ZeRO-1: the reduce-scatter's output (b - a elements) */
 } prange;
 
@@ -193,6 +199,35 @@ static dt_status make_range(pipe_strategy *s, int k)
         if (R->b > R->a && !(R->rs = dt_alloc((R->b - R->a) * dt_dtype_size(R->G->dtype))))
             return dt_error(DT_ERR_NO_MEMORY, "pipe: ZeRO-1 gradient share");
     }
+    /* the runs: fsegs no further apart than a 64-byte entry alignment's padding */
+    const size_t es = dt_dtype_size(R->G->dtype);
+    if (R->nfseg && !(R->runs = dt_calloc(2 * R->nfseg * sizeof *R->runs)))
+        return dt_error(DT_ERR_NO_MEMORY, "pipe: runs of the stages' entries");
+    for (size_t i = 0, x = R->nfseg ? R->fsegs[0].offset : 0; i < R->nfseg; i++) {
+        size_t y = R->fsegs[i].offset + R->fsegs[i].numel;
+        if (i + 1 < R->nfseg && R->fsegs[i + 1].offset <= y + DT_ALIGN / es)
+            continue;
+        R->runs[2 * R->nrun] = x, R->runs[2 * R->nrun + 1] = y, R->nrun++;
+        if (i + 1 < R->nfseg)
+            x = R->fsegs[i + 1].offset;
+    }
+    if (R->counts && R->nrun) { /* the shares partition [lo, hi), so their pieces of a run partition it */
+        const size_t D = (size_t)s->D;
+        R->rcounts = dt_calloc(R->nrun * D * sizeof *R->rcounts);
+        R->rdispls = dt_calloc(R->nrun * D * sizeof *R->rdispls);
+        if (!R->rcounts || !R->rdispls)
+            return dt_error(DT_ERR_NO_MEMORY, "pipe: ZeRO-1 shares of the runs");
+        for (size_t r = 0; r < R->nrun; r++)
+            for (size_t j = 0, at = 0; j < D; j++) {
+                size_t x = R->runs[2 * r], y = R->runs[2 * r + 1];
+                size_t s0 = R->lo + R->displs[j], s1 = s0 + R->counts[j];
+                s0 = s0 < x ? x : s0 > y ? y : s0;
+                s1 = s1 < x ? x : s1 > y ? y : s1;
+                R->rcounts[r * D + j] = s1 - s0;
+                R->rdispls[r * D + j] = at;
+                at += s1 - s0;
+            }
+    }
     for (size_t i = 0; i < R->nfseg; i++) {
         size_t x = R->fsegs[i].offset, y = x + R->fsegs[i].numel;
         x = x < R->a ? R->a : x;
@@ -279,7 +314,8 @@ static dt_status keep_stages(pipe_strategy *s, const bool *users)
         return dt_error(DT_ERR_NO_MEMORY, "pipe: the stages' spans");
     dt_status st = DT_OK;
     for (int k = 0; k < NDT && st >= 0; k++) {
-        if (!s->rk[k].P || !s->rk[k].P->used)
+        const dt_flat *P = dt_model_flat(s->m, DT_FLAT_PARAMS, k_dts[k]);
+        if (!P || !P->used)
             continue;
         size_t n = 0;
         /* within a dtype, entries come in offset order (model.c) */
@@ -299,6 +335,29 @@ static dt_status keep_stages(pipe_strategy *s, const bool *users)
     }
     dt_free(spans);
     return st;
+}
+
+/* A meta model (dt_model_build_params.meta): this rank's stages' entries
+ * are recorded as what it holds (keep_stages: nothing is mapped yet, so
+ * nothing is given back), the flats are mapped (dt__model_materialize:
+ * nothing resident) and only those entries are initialised, to a whole
+ * build's values (dt_model_init_range with params.init_rng and
+ * init_seed). The other stages' pages are never written, at any point. */
+static dt_status init_stages(pipe_strategy *s, const bool *users)
+{
+    dt_status st = keep_stages(s, users);
+    if (st >= 0)
+        st = dt__model_materialize(s->m);
+    for (int k = 0; k < NDT && st >= 0; k++) {
+        const dt_flat *P = dt_model_flat(s->m, DT_FLAT_PARAMS, k_dts[k]);
+        const size_t *sp = s->m->keep[k_dts[k]];
+        for (size_t i = 0; sp && i < s->m->nkeep[k_dts[k]] && st >= 0; i++) {
+            dt_flat v;
+            if ((st = dt_flat_range(P, sp[2 * i], sp[2 * i + 1], &v)) >= 0)
+                st = dt_model_init_range(s->m, s->p.init_rng, s->p.init_seed, &v);
+        }
+    }
+    return st < 0 ? dt_error_wrap(st, "pipe: initialising the stages of a meta model") : st;
 }
 
 static dt_status s_attach(void *self, dt_model *m)
@@ -322,6 +381,13 @@ static dt_status s_attach(void *self, dt_model *m)
     s->v = s->p.chunks > 0 ? s->p.chunks : s->p.schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
     s->S = s->P * s->v;
     dt_model_set_rank(m, r);
+    const bool meta = dt_model_is_meta(m);
+    if (meta && s->T > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: a meta model with tensor parallelism (tp %d): a slice's initial "
+                        "values are not a range of a whole build's; build the model whole", s->T);
+    if (meta && s->p.balance == DT_PIPE_BY_TIME && !s->cuts)
+        return dt_error(DT_ERR_UNSUPPORTED, "pipe: DT_PIPE_BY_TIME times every unit at attach, which needs the whole "
+                        "model: build it whole (not meta), or balance by compute or parameters");
     /* the schedule first: its limits fail before any collective */
     st = dt_pipe_schedule_build(s->p.schedule, s->P, s->p.micro_batches, s->v, &s->sched);
     if (st < 0)
@@ -417,6 +483,8 @@ static dt_status s_attach(void *self, dt_model *m)
         t->root = root, t->k = k, t->off = pi.offset, t->numel = pi.numel;
         s->nties++;
     }
+    if (st >= 0 && meta)
+        st = init_stages(s, users);
     for (int k = 0; k < NDT && st >= 0; k++)
         st = make_range(s, k);
     if (st < 0)
@@ -429,8 +497,15 @@ static dt_status s_attach(void *self, dt_model *m)
      * of a shared parameter its owner's */
     for (int k = 0; k < NDT && st >= 0; k++) {
         const dt_flat *pf = s->rk[k].P;
-        if (s->dp && pf && pf->total)
+        const size_t *sp = m->keep[k_dts[k]];
+        if (!s->dp || !pf || !pf->total)
+            continue;
+        if (!meta) {
             st = dt_pg_broadcast(s->dp, pf->base, pf->total, pf->dtype, 0);
+            continue;
+        }
+        for (size_t i = 0; sp && i < m->nkeep[k_dts[k]] && st >= 0; i++) /* a meta model: what it holds */
+            st = dt_pg_broadcast(s->dp, dt_flat_ptr(pf, sp[2 * i]), sp[2 * i + 1] - sp[2 * i], pf->dtype, 0);
     }
     for (int i = 0; i < s->nties && st >= 0; i++) {
         const dt_flat *pf = s->rk[s->ties[i].k].P;
@@ -442,7 +517,7 @@ static dt_status s_attach(void *self, dt_model *m)
         if (s->rk[k].has_master && (st = dt_optim_master_alloc(s->rk[k].P, s->rk[k].a, s->rk[k].b,
                                                                 &s->rk[k].master)) < 0)
             st = dt_error_wrap(st, "pipe: fp32 master weights of the %s parameters", dt_dtype_name(k_dts[k]));
-    if (st >= 0 && s->P > 1)
+    if (st >= 0 && s->P > 1 && !meta) /* a meta model's were never written */
         st = keep_stages(s, users);
 done:
     dt_free(owner);
@@ -505,29 +580,27 @@ static dt_status s_wait(void *self)
             continue;
         const dt_dtype dt = R->G->dtype;
         const size_t es = dt_dtype_size(dt);
-        char *g = dt_flat_ptr(R->G, R->lo);
-        if (!R->counts) {
-            /* one all-reduce per run of this rank's entries (separated by
-             * padding only): not over the other stages' between its chunks
-             * (interleaved), whose pages it does not hold (keep_stages) */
-            for (size_t i = 0, a = R->fsegs[0].offset; i < R->nfseg && st >= 0; i++) {
-                size_t b = R->fsegs[i].offset + R->fsegs[i].numel;
-                if (i + 1 < R->nfseg && R->fsegs[i + 1].offset <= b + DT_ALIGN / es)
-                    continue;
-                st = dt_pg_allreduce(s->dp, DT_IN_PLACE, dt_flat_ptr(R->G, a), b - a, dt, DT_REDUCE_AVG);
-                if (i + 1 < R->nfseg)
-                    a = R->fsegs[i + 1].offset;
+        /* run by run (R->runs): not over the other stages' entries between
+         * this rank's chunks (interleaved), whose pages it does not hold
+         * (keep_stages) */
+        for (size_t r = 0; r < R->nrun && st >= 0; r++) {
+            const size_t x = R->runs[2 * r], y = R->runs[2 * r + 1];
+            char *g = dt_flat_ptr(R->G, x);
+            if (!R->counts) {
+                st = dt_pg_allreduce(s->dp, DT_IN_PLACE, g, y - x, dt, DT_REDUCE_AVG);
+                continue;
             }
-            continue;
+            /* ZeRO-1: this replica's share of the run [ca, cb) lands in rs at
+             * ca - a; the rest of the run starts the next step from zero */
+            const size_t ca = R->a < x ? x : R->a > y ? y : R->a, cb = R->b < x ? x : R->b > y ? y : R->b;
+            char scratch[64], *out = cb > ca ? (char *)R->rs + (ca - R->a) * es : scratch;
+            if ((st = dt_pg_reduce_scatterv(s->dp, g, out, R->rcounts + r * (size_t)s->D, dt, DT_REDUCE_AVG)) < 0)
+                break;
+            memset(g, 0, (ca - x) * es);
+            if (cb > ca)
+                memcpy(g + (ca - x) * es, out, (cb - ca) * es);
+            memset(g + (cb - x) * es, 0, (y - cb) * es);
         }
-        char scratch[64];
-        if ((st = dt_pg_reduce_scatterv(s->dp, g, R->rs ? R->rs : scratch, R->counts, dt, DT_REDUCE_AVG)) < 0)
-            break;
-        /* this replica's share; the rest starts the next step from zero */
-        memset(g, 0, (R->a - R->lo) * es);
-        if (R->b > R->a)
-            memcpy(g + (R->a - R->lo) * es, R->rs, (R->b - R->a) * es);
-        memset(g + (R->b - R->lo) * es, 0, (R->hi - R->b) * es);
     }
     return st < 0 ? dt_error_wrap(st, "pipe: reducing gradients") : st;
 }
@@ -560,8 +633,9 @@ static dt_status gather_shares(pipe_strategy *s)
     dt_status st = DT_OK;
     for (int k = 0; k < NDT && st >= 0; k++) {
         prange *R = &s->rk[k];
-        if (R->counts && R->hi > R->lo)
-            st = dt_pg_allgatherv(s->dp, NULL, dt_flat_ptr(R->P, R->lo), R->counts, R->displs, R->P->dtype);
+        for (size_t r = 0; R->counts && r < R->nrun && st >= 0; r++) /* run by run, as s_wait */
+            st = dt_pg_allgatherv(s->dp, NULL, dt_flat_ptr(R->P, R->runs[2 * r]), R->rcounts + r * (size_t)s->D,
+                                  R->rdispls + r * (size_t)s->D, R->P->dtype);
     }
     return st < 0 ? dt_error_wrap(st, "pipe: gathering the replicas' ZeRO-1 shares") : st;
 }
@@ -653,6 +727,9 @@ static void s_free(void *self)
         dt_free(R->counts);
         dt_free(R->displs);
         dt_free(R->rs);
+        dt_free(R->runs);
+        dt_free(R->rcounts);
+        dt_free(R->rdispls);
         if (R->has_master)
             dt_flat_free(&R->master);
     }
@@ -715,6 +792,8 @@ dt_pipe_params dt_pipe_params_default(void)
     p.ncuts = 0;
     p.sample = NULL;
     p.mesh = NULL;
+    p.init_rng = DT_INIT_PHILOX;
+    p.init_seed = 0;
     return p;
 }
 
@@ -794,6 +873,8 @@ dt_status dt_strategy_pipe_init(dt_pg *world, const dt_pipe_params *p, dt_strate
     else if (s->p.zero < 0 || s->p.zero > 1)
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: zero = %d: the data-parallel dimension runs DDP (0) "
                       "or ZeRO-1 (1); stages 2 and 3 do not combine with pipeline stages", s->p.zero);
+    else if ((unsigned)s->p.init_rng >= DT_INIT_RNG_COUNT)
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: unknown init_rng %d", (int)s->p.init_rng);
     else if (s->p.ncuts < 0 || (s->p.ncuts > 0 && !s->p.cuts))
         st = dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_init: %d cuts without a list", s->p.ncuts);
     if (st >= 0 && s->p.cuts && s->p.ncuts > 0) {

@@ -72,6 +72,9 @@ typedef struct {
     const char *dir;
     dt_pipe_kind kind;
     int dp; /* replicas (world = 2 dp) */
+    bool meta;        /* the pipeline's model is built meta: each rank initialises its stages */
+    dt_init_rng rng;  /* the reference's (and the meta model's) initial values */
+    int zero;         /* the replicas: DDP (0) or ZeRO-1 */
 } cfg_arg;
 
 /* Whole pages inside elements [lo, hi) of flat f: how many, and resident. */
@@ -195,14 +198,24 @@ static int body(int rank, int size, void *arg)
     dt_model_config mc = cfg();
     dt_model *m, *ref;
     dt_model_desc dm, dref;
-    TH_OK(dt_model_create("gpt-micro", 11, &mc, &m, &dm));
     TH_OK(dt_model_create("gpt-micro", 11, &mc, &ref, &dref));
+    if (a->rng == DT_INIT_TORCH)
+        TH_OK(dt_model_init_torch(ref, 11));
+    mc.build.meta = a->meta;
+    TH_OK(dt_model_create("gpt-micro", 11, &mc, &m, &dm));
+    if (!a->meta && a->rng == DT_INIT_TORCH)
+        TH_OK(dt_model_init_torch(m, 11));
+    TH_CHECK(!a->meta || !dt_model_flat(m, DT_FLAT_PARAMS, DT_F32)->base, "rank %d: a meta build has parameters",
+             rank);
     dt_pg *pg;
     TH_OK(th_pg(rank, size, NULL, &pg));
     dt_pipe_params pp = dt_pipe_params_default();
     pp.pp = size / a->dp;
     pp.schedule = a->kind;
     pp.micro_batches = 2;
+    pp.init_rng = a->rng;
+    pp.init_seed = 11;
+    pp.zero = a->zero;
     dt_strategy *s, *none;
     TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
     TH_OK(dt_strategy_none_init(&none));
@@ -227,7 +240,9 @@ static int body(int rank, int size, void *arg)
                     held[pi.tied_to >= 0 ? (size_t)pi.tied_to : e] = true;
     }
     TH_CHECK(held[0], "rank %d: the shared wte (entry 0) is not held by the first and the last stage", rank);
-    if (check_resident(m, held, rank, "after init"))
+    /* a meta model: nothing gave pages back (init_stages), so none outside was ever written */
+    if (check_resident(m, held, rank, "after init") ||
+        same_held(m, ref, held, rank, "the pipeline's initial values (a whole build's)"))
         return 1;
 
     int64_t x[B_ROWS * T_SEQ], y[B_ROWS * T_SEQ];
@@ -325,12 +340,45 @@ static int body_fail(int rank, int size, void *arg)
     return 0;
 }
 
-static void run_kind(dt_pipe_kind kind, int dp)
+static void run_cfg(dt_pipe_kind kind, int dp, bool meta, dt_init_rng rng, int zero)
 {
-    cfg_arg a = {t_tmpdir("pipe_stage_memory"), kind, dp};
+    cfg_arg a = {t_tmpdir("pipe_stage_memory"), kind, dp, meta, rng, zero};
     ASSERT_NE_INT(a.dir[0], 0);
     int codes[4];
     ASSERT_EQ_INT(th_run(2 * dp, 90.0, body, &a, codes), 0);
+}
+
+static void run_kind(dt_pipe_kind kind, int dp) { run_cfg(kind, dp, false, DT_INIT_PHILOX, 0); }
+
+/* A meta model cannot be timed whole at attach (DT_PIPE_BY_TIME): a clear
+ * error on every rank, before any collective. */
+static int body_meta_time(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_model_config mc = cfg();
+    mc.build.meta = true;
+    dt_model *m;
+    dt_model_desc dm;
+    TH_OK(dt_model_create("gpt-micro", 11, &mc, &m, &dm));
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    int64_t x[2 * T_SEQ] = {0};
+    dt_trainer_batch b = dt_trainer_batch_make(x, DT_I64, 2, (int64_t[]){2, T_SEQ}, x, DT_I64, 2,
+                                               (int64_t[]){2, T_SEQ});
+    dt_pipe_params pp = dt_pipe_params_default();
+    pp.pp = size;
+    pp.micro_batches = 2;
+    pp.balance = DT_PIPE_BY_TIME;
+    pp.sample = &b;
+    dt_strategy *s;
+    TH_OK(dt_strategy_pipe_init(pg, &pp, &s));
+    dt_trainer *tr;
+    TH_CHECK(trainer_for(m, &dm, s, &tr) < 0, "rank %d: a meta model was timed", rank);
+    TH_CHECK(strstr(dt_last_error(), "DT_PIPE_BY_TIME") && strstr(dt_last_error(), "whole"), "rank %d: error '%s'",
+             rank, dt_last_error());
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
 }
 
 TEST(two_stages_hold_their_own_parameters) { run_kind(DT_PIPE_1F1B, 1); }
@@ -339,6 +387,25 @@ TEST(interleaved_four_stages_on_two_ranks) { run_kind(DT_PIPE_INTERLEAVED, 1); }
 
 /* the replicas' gradient average does not touch the stage between a rank's chunks */
 TEST(interleaved_two_replicas) { run_kind(DT_PIPE_INTERLEAVED, 2); }
+
+/* built meta: each rank maps its flats and initialises its stages only */
+TEST(meta_two_stages_philox) { run_cfg(DT_PIPE_1F1B, 1, true, DT_INIT_PHILOX, 0); }
+
+TEST(meta_two_stages_torch_order) { run_cfg(DT_PIPE_1F1B, 1, true, DT_INIT_TORCH, 0); }
+
+TEST(meta_interleaved_two_replicas) { run_cfg(DT_PIPE_INTERLEAVED, 2, true, DT_INIT_PHILOX, 0); }
+
+/* ZeRO-1's reduce-scatter and all-gather go run by run too: not over the
+ * stage between a rank's chunks */
+TEST(interleaved_two_replicas_zero1) { run_cfg(DT_PIPE_INTERLEAVED, 2, false, DT_INIT_PHILOX, 1); }
+
+TEST(meta_interleaved_two_replicas_zero1) { run_cfg(DT_PIPE_INTERLEAVED, 2, true, DT_INIT_TORCH, 1); }
+
+TEST(meta_by_time_is_refused)
+{
+    int codes[2];
+    ASSERT_EQ_INT(th_run(2, 60.0, body_meta_time, NULL, codes), 0);
+}
 
 TEST(a_failed_evaluation_fails_every_rank_at_once)
 {
@@ -352,6 +419,12 @@ int main(void)
     RUN(two_stages_hold_their_own_parameters);
     RUN(interleaved_four_stages_on_two_ranks);
     RUN(interleaved_two_replicas);
+    RUN(meta_two_stages_philox);
+    RUN(meta_two_stages_torch_order);
+    RUN(meta_interleaved_two_replicas);
+    RUN(interleaved_two_replicas_zero1);
+    RUN(meta_interleaved_two_replicas_zero1);
+    RUN(meta_by_time_is_refused);
     RUN(a_failed_evaluation_fails_every_rank_at_once);
     t_rm_rf(t_tmpdir("pipe_stage_memory"));
     return TEST_REPORT();
