@@ -33,17 +33,9 @@
 #include <string.h>
 #include <time.h>
 
-static int g_rank, g_w, g_fail;
+#include "comm/rank_check.h"
 
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
-        }                                                                                 \
-    } while (0)
+static int g_w;
 
 #define LIMIT_S 10.0 /* far under the 30 s timeout */
 

@@ -15,17 +15,7 @@
 
 #include <stdio.h>
 
-static int g_rank, g_fail;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
-        }                                                                                 \
-    } while (0)
+#include "comm/rank_check.h"
 
 static int loss_calls;
 static dt_model_desc *loss_desc;
