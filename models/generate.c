@@ -5,9 +5,20 @@
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. No key/value cache: each token
- * costs one forward over the context (fine for samples during training). */
+ * costs one forward over the context (fine for samples during training).
+ *
+ * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
+ * on every rank of the pipeline with the forward through the stages
+ * (the evaluation's, dt__strategy_pipe_eval_forward): the last stage has
+ * the logits and picks the token with the same pick and draw, then sends it
+ * to every rank of its pipeline (dt__strategy_pipe_eval_share), so all of
+ * them extend the same sequence. Still no cache: each token is a forward of
+ * the whole window through the stages. */
 #include "nn/nn_impl.h"
+#include "train/train_impl.h"
 #include "zoo.h"
+
+#include "dtrain/pipeline.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -62,63 +73,155 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
     return best;
 }
 
-dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int64_t *prompt, int64_t nprompt,
-                            int64_t *out, int64_t cap, int64_t *nout)
+/* How the loop runs the model: forward gives the logits [1, T, V] on the
+ * rank that picks (NULL on the others, which get the token from share);
+ * share (NULL: one process) sends the picking rank's token to every rank,
+ * failed < 0 saying that this rank cannot go on (it must fail the others). */
+typedef struct {
+    const char *who; /* the function, for messages */
+    dt_status (*forward)(void *ud, dt_ctx *ctx, dt_tensor *x, dt_tensor **y);
+    dt_status (*share)(void *ud, int64_t *token, dt_status failed);
+    void *ud;
+} gen_ops;
+
+/* The arguments' checks; *P, *V: the model's positions and vocabulary. */
+static dt_status check(dt_model *m, const char *who, const dt_generate_params *p, const int64_t *prompt,
+                       int64_t nprompt, const int64_t *out, int64_t cap, const int64_t *nout, int64_t *P, int64_t *V)
 {
-    if (nout)
-        *nout = 0;
     if (!m || !prompt || !out || !nout)
-        return dt_error(DT_ERR_NULL, "dt_model_generate: NULL argument");
-    dt_generate_params p = gp ? *gp : dt_generate_params_default();
+        return dt_error(DT_ERR_NULL, "%s: NULL argument", who);
     int64_t wpe = dt_model_find_entry(m, "transformer.wpe.weight"), wte = dt_model_find_entry(m, "transformer.wte.weight");
     if (wpe < 0 || wte < 0)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_generate: not a GPT-2 model (no transformer.wpe.weight)");
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: not a GPT-2 model (no transformer.wpe.weight)", who);
     if (dt_model_is_meta(m))
-        return dt_error(DT_ERR_STATE, "dt_model_generate: the model is meta (no weights)");
+        return dt_error(DT_ERR_STATE, "%s: the model is meta (no weights)", who);
     dt_param_info pi, ti;
     dt_model_entry(m, (size_t)wpe, &pi);
     dt_model_entry(m, (size_t)wte, &ti);
-    int64_t P = pi.shape[0], V = ti.shape[0];
+    *P = pi.shape[0], *V = ti.shape[0];
     if (nprompt < 1)
-        return dt_error(DT_ERR_INVALID_ARG, "dt_model_generate: the prompt needs at least one token");
-    if (p.max_new_tokens < 0 || p.top_k < 0 || !(p.temperature >= 0.0f) || isinf(p.temperature))
-        return dt_error(DT_ERR_INVALID_ARG, "dt_model_generate: max_new_tokens %lld, top_k %lld >= 0 and a finite "
-                        "temperature >= 0 (got %g) please", (long long)p.max_new_tokens, (long long)p.top_k,
-                        (double)p.temperature);
-    if (cap < nprompt + p.max_new_tokens)
-        return dt_error(DT_ERR_RANGE, "dt_model_generate: room for %lld tokens, need %lld", (long long)cap,
-                        (long long)(nprompt + p.max_new_tokens));
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the prompt needs at least one token", who);
+    if (p->max_new_tokens < 0 || p->top_k < 0 || !(p->temperature >= 0.0f) || isinf(p->temperature))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: max_new_tokens %lld, top_k %lld >= 0 and a finite "
+                        "temperature >= 0 (got %g) please", who, (long long)p->max_new_tokens, (long long)p->top_k,
+                        (double)p->temperature);
+    if (cap < nprompt + p->max_new_tokens)
+        return dt_error(DT_ERR_RANGE, "%s: room for %lld tokens, need %lld", who, (long long)cap,
+                        (long long)(nprompt + p->max_new_tokens));
     for (int64_t i = 0; i < nprompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return dt_error(DT_ERR_RANGE, "dt_model_generate: prompt token %lld at %lld is outside [0, %lld)",
-                            (long long)prompt[i], (long long)i, (long long)V);
+        if (prompt[i] < 0 || prompt[i] >= *V)
+            return dt_error(DT_ERR_RANGE, "%s: prompt token %lld at %lld is outside [0, %lld)", who,
+                            (long long)prompt[i], (long long)i, (long long)*V);
+    return DT_OK;
+}
+
+static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_params *gp, const int64_t *prompt,
+                          int64_t nprompt, int64_t *out, int64_t cap, int64_t *nout)
+{
+    const char *who = ops->who;
+    if (nout)
+        *nout = 0;
+    dt_generate_params p = gp ? *gp : dt_generate_params_default();
+    int64_t P = 0, V = 0;
+    dt_status st = check(m, who, &p, prompt, nprompt, out, cap, nout, &P, &V);
+    if (st < 0) /* a pipeline's ranks must not wait for this one */
+        return ops->share ? ops->share(ops->ud, &(int64_t){-1}, st) : st;
     memmove(out, prompt, (size_t)nprompt * sizeof *out);
     int64_t n = nprompt;
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
-    dt_status st = dt_ctx_init(NULL, &ctx);
+    st = dt_ctx_init(NULL, &ctx);
     if (st == DT_OK && !prob)
-        st = dt_error(DT_ERR_NO_MEMORY, "dt_model_generate: out of memory");
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", who);
     dt_module *root = dt_model_root(m);
     bool was_training = dt_module_is_training(root);
     dt_model_train(m, false);
+    bool shared = !ops->share; /* one process: nobody to tell */
     for (int64_t k = 0; st == DT_OK && k < p.max_new_tokens; k++) {
         dt_ag_set_enabled(ctx, false);
         int64_t T = n < P ? n : P;
         dt_tensor *x = dt_tensor_view_of(ctx, out + n - T, DT_I64, 2, (int64_t[]){1, T});
-        dt_tensor *y = dt_model_forward(ctx, m, x);
-        if (!y) {
-            st = dt_error_wrap(dt_last_status(), "dt_model_generate: forward");
+        dt_tensor *y = NULL;
+        if (!x) {
+            st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NO_MEMORY, "%s: the input", who);
             break;
         }
-        const float *last = (const float *)y->data + (T - 1) * V;
-        out[n] = pick(last, V, &p, k, prob);
-        n++;
+        if ((st = ops->forward(ops->ud, ctx, x, &y)) < 0) {
+            shared = true; /* a failed forward through the stages failed the pipeline already */
+            st = dt_error_wrap(st, "%s: forward", who);
+            break;
+        }
+        int64_t tok = -1;
+        if (y) { /* the picking rank: f32 logits of the last position */
+            if (y->dtype != DT_F32)
+                y = dt_cast(ctx, y, DT_F32);
+            if (y && !dt_tensor_is_contiguous(y))
+                y = dt_contiguous(ctx, y);
+            if (!y)
+                st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: the logits", who);
+            else if (y->ndim != 3 || y->shape[1] != T || y->shape[2] != V)
+                st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [1, %lld, %lld]", who, (long long)T,
+                              (long long)V);
+            else
+                tok = pick((const float *)y->data + (T - 1) * V, V, &p, k, prob);
+        }
+        if (ops->share && (st = ops->share(ops->ud, &tok, st)) < 0) {
+            shared = true; /* share failed the pipeline, or was told of the failure */
+            break;
+        }
+        if (st < 0)
+            break;
+        out[n++] = tok;
         dt_ctx_reset(ctx);
     }
+    if (st < 0 && !shared) /* failed outside the forward (no memory): the pipeline must not wait */
+        st = ops->share(ops->ud, &(int64_t){-1}, st);
     dt_model_train(m, was_training);
     free(prob);
     dt_ctx_free(ctx);
     *nout = n;
     return st;
+}
+
+static dt_status model_forward(void *ud, dt_ctx *ctx, dt_tensor *x, dt_tensor **y)
+{
+    *y = dt_model_forward(ctx, ud, x);
+    return *y ? DT_OK : dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL;
+}
+
+dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int64_t *prompt, int64_t nprompt,
+                            int64_t *out, int64_t cap, int64_t *nout)
+{
+    gen_ops ops = {.who = "dt_model_generate", .forward = model_forward, .ud = m};
+    return generate(m, &ops, gp, prompt, nprompt, out, cap, nout);
+}
+
+static dt_status pipe_forward(void *ud, dt_ctx *ctx, dt_tensor *x, dt_tensor **y)
+{
+    return dt__strategy_pipe_eval_forward(ud, ctx, x, y);
+}
+
+static dt_status pipe_share(void *ud, int64_t *token, dt_status failed)
+{
+    double v = (double)*token; /* token ids are exact in a double */
+    dt_status st = dt__strategy_pipe_eval_share(ud, &v, 1, failed);
+    *token = (int64_t)v;
+    return st;
+}
+
+dt_status dt_strategy_pipe_generate(dt_strategy *s, const dt_generate_params *gp, const int64_t *prompt,
+                                    int64_t nprompt, int64_t *out, int64_t cap, int64_t *nout)
+{
+    if (nout)
+        *nout = 0;
+    dt_model *m = dt__strategy_pipe_model(s);
+    if (!m)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_generate: strategy '%s' is not an attached \"pipe\" "
+                        "one", s ? dt_strategy_name(s) : "(NULL)");
+    if (dt__strategy_pipe_tp(s) > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_strategy_pipe_generate: not with tensor parallelism (tp %d) yet: the "
+                        "head is vocabulary-parallel, each tp rank of the last stage holds a slice of the logits",
+                        dt__strategy_pipe_tp(s));
+    gen_ops ops = {.who = "dt_strategy_pipe_generate", .forward = pipe_forward, .share = pipe_share, .ud = s};
+    return generate(m, &ops, gp, prompt, nprompt, out, cap, nout);
 }

@@ -37,6 +37,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/offload.h"
 #include "dtrain/optim.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 
@@ -627,18 +628,15 @@ static const char *lm_rates(const trainer *t, double sps, char *buf, size_t cap)
 }
 
 /* A generated sample from the model's weights now: the prompt is the first
- * 8 tokens of the validation file; prints the token ids (rank 0). */
+ * 8 tokens of the validation file; prints the token ids (rank 0). --pp:
+ * every rank generates through its pipeline's stages (collective). */
 static int print_sample(trainer *t)
 {
-    if (!t->sample_src || !dt__ddp_is_main(&t->ddp))
+    const bool piped = t->ddp.pp > 1;
+    if (!t->sample_src || (!piped && !dt__ddp_is_main(&t->ddp)))
         return 0;
     if (dt_model_is_meta(t->model)) { /* ZeRO-3: no rank holds the whole model */
         printf("sample at step %lld: not available with --zero 3 (the parameters are sharded)\n",
-               (long long)t->global_step);
-        return 0;
-    }
-    if (t->ddp.pp > 1) { /* each rank holds its own stages' parameters only (pipeline.h) */
-        printf("sample at step %lld: not available with --pp (each rank holds its own stages' parameters)\n",
                (long long)t->global_step);
         return 0;
     }
@@ -655,9 +653,14 @@ static int print_sample(trainer *t)
     gp.max_new_tokens = t->o.sample_tokens;
     gp.top_k = 40;
     gp.seed = t->o.seed + (uint64_t)t->global_step;
-    if (dt_model_generate(t->model, &gp, buf, np, buf, cap, &n) < 0) {
+    if ((piped ? dt_strategy_pipe_generate(dt_trainer_strategy(t->tr), &gp, buf, np, buf, cap, &n)
+               : dt_model_generate(t->model, &gp, buf, np, buf, cap, &n)) < 0) {
         free(buf);
         return fail(1, "sample");
+    }
+    if (!dt__ddp_is_main(&t->ddp)) {
+        free(buf);
+        return 0;
     }
     char *text = NULL;
     size_t len = 0;

@@ -109,7 +109,8 @@ static const opt_def opts[] = {
     {"activation-checkpointing", OPT_FLAG, OFF(act_ckpt), 0, 0, NULL, NULL,
      "GPT models: recompute each transformer block in backward instead of keeping its activations"},
     {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "STEPS",
-     "GPT models: print a generated sample every N steps and at the end (default 0 = never)"},
+     "GPT models: print a generated sample every N steps and at the end (default 0 = never; --pp: generated "
+     "through the stages, the same sample; not with --tp)"},
     {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "GPT models: sample length (default 64)"},
     {"vocab", OPT_STR, OFF(vocab), 0, 0, NULL, "FILE",
      "GPT models: the token files' BPE vocabulary (dtrain tokenize): samples are printed as text"},
@@ -497,7 +498,6 @@ int dt__train_check(dt__train_opts *o)
         const char *no = o->pp <= 1 ? "no --pp (they are pipeline options)"
                          : (o->zero && strcmp(o->zero, "0") && strcmp(o->zero, "1")) || o->fsdp
                              ? "--zero 2|3 or --fsdp (the data-parallel dimension runs DDP or --zero 1)"
-                         : o->sample_every ? "--sample-every"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"
                              : NULL;
@@ -525,7 +525,8 @@ int dt__train_check(dt__train_opts *o)
                          : (o->zero && strcmp(o->zero, "0") && strcmp(o->zero, "1")) || o->fsdp
                              ? "--zero 2|3 or --fsdp (the data-parallel dimension of a tensor-parallel model runs DDP "
                                "or --zero 1)"
-                         : o->sample_every ? "--sample-every"
+                         : o->sample_every ? "--sample-every (the vocabulary-parallel head leaves each tp rank a "
+                                             "slice of the logits; sampling needs them whole)"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload" : NULL;
         if (no) {

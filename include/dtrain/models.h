@@ -201,7 +201,10 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * gradients (the model's train/eval mode is restored after). cap: room in
  * out (>= nprompt + max_new_tokens). gp NULL: defaults. Same seed and
  * weights give the same tokens. DT_ERR_UNSUPPORTED for a model without
- * GPT-2's embeddings; DT_ERR_RANGE for a prompt token outside [0, V). */
+ * GPT-2's embeddings; DT_ERR_RANGE for a prompt token outside [0, V).
+ * Under the "pipe" strategy no rank holds the whole model: generate with
+ * dt_strategy_pipe_generate (pipeline.h), the same loop through the
+ * pipeline's stages, on every rank of the pipeline (the same tokens). */
 DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int64_t *prompt, int64_t nprompt,
                                    int64_t *out, int64_t cap, int64_t *nout);
 

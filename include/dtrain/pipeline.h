@@ -404,7 +404,9 @@ DT_API dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out);
  * sends its sums to every rank of its pipeline. No rank needs another
  * stage's parameters (and the model is on no rank whole: a model's own
  * forward, dt_model_forward, on a pipeline rank reads undefined values for
- * the other stages). Checkpoints (dt_trainer_save / _load):
+ * the other stages). Generation likewise (dt_strategy_pipe_generate: each
+ * token's window through the stages, the last stage picks it with
+ * dt_model_generate's sampler and sends it along the pipeline). Checkpoints (dt_trainer_save / _load):
  * each pipeline rank writes the tensors and optimizer state of its own
  * stages under their global names, collectively over world (replicas
  * dealt by dt_ckpt_save), so a checkpoint saved with any pp (or in one
@@ -453,6 +455,26 @@ typedef struct dt_pipe_stats {
     int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
 } dt_pipe_stats;
 DT_API dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out);
+/* dt_model_generate (models.h) under the "pipe" strategy, for a GPT-2 zoo
+ * model: on every rank of the pipeline with the same arguments (collective
+ * over the pipeline; each replica's pipeline generates on its own, to the
+ * same tokens). Each new token is a forward of the last block_size tokens
+ * through the stages, as an evaluation runs (each rank its own stages'
+ * parameters, eval mode, no gradients; no key/value cache: the window is
+ * run again for every token); the last stage picks it from its logits
+ * exactly as dt_model_generate does (same temperature, top-k and Philox
+ * draw for the seed), then sends it to every rank of its pipeline, so
+ * every rank returns the same out, equal to dt_model_generate's on the
+ * whole model with the same weights. A rank that fails (bad arguments
+ * included) fails its pipeline, so the others fail at once with its
+ * message. s: an attached "pipe" strategy (dt_trainer_strategy),
+ * DT_ERR_INVALID_ARG otherwise; DT_ERR_UNSUPPORTED with tensor parallelism
+ * (tp > 1: the vocabulary-parallel head leaves each tp rank a slice of the
+ * logits). */
+struct dt_generate_params;
+DT_API dt_status dt_strategy_pipe_generate(dt_strategy *s, const struct dt_generate_params *gp,
+                                           const int64_t *prompt, int64_t nprompt, int64_t *out, int64_t cap,
+                                           int64_t *nout);
 /* When each message between the stages moved in the last step, on this
  * rank (dt_time_s, comparable between the ranks of one machine): t holds
  * n = 3 x 2 S m doubles (S = pp x chunks stages, m micro-batches), three

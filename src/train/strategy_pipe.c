@@ -961,7 +961,8 @@ dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_stat
     pipe_strategy *p = s->self;
     if (failed < 0) { /* this rank cannot finish: the others must not wait for its sums */
         char msg[DT__MSG_CAP];
-        snprintf(msg, sizeof msg, "pipeline rank %d broke off its evaluation: %s", p->pr, dt_last_error());
+        snprintf(msg, sizeof msg, "pipeline rank %d broke off its forward through the stages (an evaluation or "
+                 "a generation): %s", p->pr, dt_last_error());
         if (dt_pg_status(p->pp) >= 0)
             dt__pg_fail(p->pp, failed, msg);
         dt_error(failed, "%s", msg);
@@ -969,5 +970,17 @@ dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_stat
         return failed;
     }
     dt_status st = p->P > 1 ? dt_pg_broadcast(p->pp, v, (size_t)n, DT_F64, p->P - 1) : DT_OK;
-    return st < 0 ? dt_error_wrap(st, "pipe: sending the evaluation's sums along the pipeline") : st;
+    return st < 0 ? dt_error_wrap(st, "pipe: sending the last stage's values (an evaluation's sums, a generated "
+                                  "token) along the pipeline")
+                  : st;
+}
+
+dt_model *dt__strategy_pipe_model(const dt_strategy *s)
+{
+    return dt__strategy_pipe_world(s) ? ((pipe_strategy *)s->self)->m : NULL;
+}
+
+int dt__strategy_pipe_tp(const dt_strategy *s)
+{
+    return dt__strategy_pipe_world(s) ? ((pipe_strategy *)s->self)->T : 0;
 }

@@ -63,12 +63,19 @@ dt_pg *dt__strategy_pipe_dp(const dt_strategy *s);
  * ctx (collective over the pipeline); *out the model's output on the last
  * stage's ranks, NULL on the others. */
 dt_status dt__strategy_pipe_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
-/* The last stage's n values (an evaluation's sums) to every rank of its
+/* The last stage's n values (an evaluation's sums, a generated token) to every rank of its
  * pipeline (collective over the pipeline). failed < 0: this rank's
  * evaluation failed (dt_last_error() says why): instead it fails the
  * pipeline (and the groups joining it to the other replicas), so that the
  * other ranks' evaluations fail at once with its message; returns failed. */
 dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_status failed);
+/* An attached "pipe" strategy's model (NULL for any other strategy) and
+ * its tensor-parallel size (0 for any other); dt_strategy_pipe_generate
+ * (models/generate.c) runs the generator through the stages with
+ * dt__strategy_pipe_eval_forward and sends each token along the pipeline
+ * with dt__strategy_pipe_eval_share. */
+dt_model *dt__strategy_pipe_model(const dt_strategy *s);
+int dt__strategy_pipe_tp(const dt_strategy *s);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

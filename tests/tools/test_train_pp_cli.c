@@ -7,10 +7,15 @@
  * plus the metrics file's printing step (6 decimals). The GPT (token files)
  * in 2 stages under the interleaved schedule (4 chunks of its 5 units
  * over 2 ranks) gives the single-process step losses and validation loss
- * (evaluation under --pp: every rank takes the other stages' parameters,
- * then runs the whole model); test_train_3d_cli.c adds --tp and --dp.
+ * (evaluation under --pp runs through the stages) and prints the same
+ * --sample-every samples (generated through the stages, the last stage
+ * picking each token with the single process's sampler and seed: the
+ * weights differ from the single process's by rounding only, far below
+ * what would move a top-40 draw or an argmax of this learnt stream);
+ * test_train_3d_cli.c adds --tp and --dp.
  * --pp-balance params and time train the same (the MLP dp 2 x pp 2 and the
- * GPT balanced by time: the units timed on the data's first micro-batch). */
+ * GPT balanced by time: the units timed on the data's first micro-batch).
+ * The GPT at dp 2 x pp 2 prints the 2-rank DDP run's samples. */
 // dt-test-timeout: 240
 // dt-test-labels: threads
 #include "dtrain/data.h"
@@ -28,6 +33,27 @@ static void run_model(cli_result *r, int ranks, const char *model, char *const *
                     "--optimizer", "adamw", "--lr", "0.01", "--seed", "2", "--progress", "plain", "--log-every", "1",
                     "--threads", "1", "--metrics", (char *)m, NULL};
     cli_run_ranks(r, 200, NULL, ranks, 3, (char *const *const[]){base, mlp, extra});
+}
+
+/* The "sample at step N: ..." lines of a run's output, one after the
+ * other (rank 0's: the runner's "[0] " prefix is not part of them). */
+static int samples(const char *out, char *buf, size_t cap)
+{
+    int n = 0;
+    size_t len = 0;
+    buf[0] = 0;
+    for (const char *p = strstr(out, "sample at step "); p; p = strstr(p + 1, "sample at step ")) {
+        const char *e = strchr(p, '\n');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (len + l + 2 > cap)
+            break;
+        memcpy(buf + len, p, l);
+        len += l;
+        buf[len++] = '\n';
+        buf[len] = 0;
+        n++;
+    }
+    return n;
 }
 
 static bool same_losses(const char *pa, const char *pb)
@@ -90,12 +116,17 @@ TEST(gpt_pp2_equals_one_process)
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "24", "--limit-test", "8", "--batch",
                    "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain",
-                   "--log-every", "1", "--metrics", m1, NULL};
+                   "--log-every", "1", "--metrics", m1, "--sample-every", "4", "--sample-tokens", "12", NULL};
     cli_runv(&r, 200, NULL, one);
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     double v1 = cli_out_value(r.out, "val loss: ");
+    /* at step 4 and at the end (step 6): 8 prompt tokens | 12 new ones */
+    static char s1[4096], s2[4096];
+    ASSERT_EQ_INT(samples(r.out, s1, sizeof s1), 2);
+    ASSERT_STR_CONTAINS(s1, "sample at step 4: ");
+    ASSERT_STR_CONTAINS(s1, "sample at step 6: ");
     char *two[64] = {"run", "-n", "2", "--", cli()};
     int n = 5;
     for (int i = 0; one[i]; i++)
@@ -109,6 +140,9 @@ TEST(gpt_pp2_equals_one_process)
     ASSERT_STR_CONTAINS(r.out, "[0] pipeline parallel: 2 stages x 1 data-parallel, schedule interleaved");
     double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, --pp 2 %.6f\n", v1, v2);
+    ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
+    fprintf(stderr, "one process:\n%s--pp 2 interleaved:\n%s", s1, s2);
+    ASSERT_STR_EQ(s2, s1);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
     double a[64], b[64];
     int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
@@ -125,6 +159,8 @@ TEST(gpt_pp2_equals_one_process)
     na = cli_step_losses(m2, a, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
+    ASSERT_STR_EQ(s2, s1);
     /* ... by measured time (--pp-balance time: timed on the first micro-batch of the data) */
     two[n - 3] = "time";
     cli_runv(&r, 200, NULL, two);
@@ -135,6 +171,48 @@ TEST(gpt_pp2_equals_one_process)
     na = cli_step_losses(m2, a, 64);
     ASSERT_EQ_INT(na, 6);
     ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
+    ASSERT_STR_EQ(s2, s1);
+}
+
+/* dp 2 x pp 2: each replica's pipeline generates; rank 0 prints the
+ * 2-rank DDP run's sample */
+TEST(gpt_dp2_pp2_samples_equal_ddp)
+{
+    if (!cli())
+        DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
+    static cli_result r;
+    static char s1[4096], s2[4096];
+    char bin[300], data[320];
+    uint16_t tok[2000];
+    for (int i = 0; i < 2000; i++)
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
+    snprintf(bin, sizeof bin, "%s/tok_dp.bin", cli_tmpdir());
+    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
+    snprintf(data, sizeof data, "tokens:%s", bin);
+    char *args[64] = {"run", "-n", "2", "--", cli(), "train", "--model", "gpt-micro", "--vocab-size", "41",
+                      "--n-embd", "32", "--n-head", "4", "--seq", "16", "--data", data, "--val-data", data,
+                      "--limit-train", "48", "--limit-test", "8", "--batch", "4", "--optimizer", "adamw", "--lr",
+                      "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--sample-every", "3",
+                      "--sample-tokens", "10", NULL};
+    int n = 0;
+    while (args[n])
+        n++;
+    cli_runv(&r, 200, NULL, args);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_EQ_INT(samples(r.out, s1, sizeof s1), 2); /* steps 3 and 6 */
+    args[2] = "4";
+    args[n++] = "--pp", args[n++] = "2", args[n++] = "--micro-batches", args[n++] = "2", args[n] = NULL;
+    cli_runv(&r, 200, NULL, args);
+    if (r.code != 0)
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 stages x 2 data-parallel");
+    ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
+    fprintf(stderr, "DDP 2:\n%s--dp 2 x --pp 2:\n%s", s1, s2);
+    ASSERT_STR_EQ(s2, s1);
 }
 
 TEST(option_errors)
@@ -163,6 +241,11 @@ TEST(option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--pp", "2", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--pp 2 needs a multiple of 2 ranks");
+    /* --sample-every works with --pp, not with --tp (refused with the reason) */
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--tp", "2", "--pp", "2", "--sample-every", "2",
+                                     "--data", "tokens:/nonexistent", "--val-data", "tokens:/nonexistent", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tp 2 does not combine with --sample-every (the vocabulary-parallel head");
 }
 
 int main(void)
@@ -171,6 +254,7 @@ int main(void)
     RUN(mlp_pp2_equals_one_process);
     RUN(mlp_dp2_pp2_equals_ddp);
     RUN(gpt_pp2_equals_one_process);
+    RUN(gpt_dp2_pp2_samples_equal_ddp);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -668,7 +668,7 @@ dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_
             if ((st = dt_pg_recv(e->pg, h, DT_MAX_DIMS + 2, DT_I64, q)) < 0)
                 break;
             if (h[1] < 1 || h[1] > DT_MAX_DIMS || h[0] < 0 || h[0] >= DT_DTYPE_COUNT) {
-                st = dt_error(DT_ERR_MISMATCH, "pipeline: evaluation: stage %d got a malformed shape from rank %d",
+                st = dt_error(DT_ERR_MISMATCH, "pipeline: forward only: stage %d got a malformed shape from rank %d",
                               s, q);
                 break;
             }
@@ -683,7 +683,7 @@ dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_
             o = dt_contiguous(ctx, o);
         if (!o) {
             st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL,
-                               "pipeline: evaluation: stage %d (units %d..%d)", s, e->starts[s], e->starts[s + 1] - 1);
+                               "pipeline: forward only: stage %d (units %d..%d)", s, e->starts[s], e->starts[s + 1] - 1);
             break;
         }
         int nx = s < e->S - 1 ? dt_pipe_stage_rank(e->p, s + 1) : e->r;
