@@ -235,7 +235,7 @@ static dt_status make_range(pipe_strategy *s, int k)
         if (x < y)
             R->segs[R->nseg++] = (dt_optim_segment){.offset = x, .numel = y - x, .no_decay = false};
     }
-    R->has_master = k_dts[k] != DT_F32 && R->b > R->a;
+    R->has_master = k_dts[k] != DT_F32; /* an empty range too: the optimizer steps f32 masters */
     s->range[s->nrange++] = (dt_optim_range){.params = R->has_master ? &R->master : R->P, .grads = R->G,
                                              .mirror = R->has_master ? R->P : NULL, .lo = R->a, .hi = R->b,
                                              .segs = R->segs, .nseg = R->nseg};
