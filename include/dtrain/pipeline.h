@@ -66,13 +66,13 @@
  * the tp ranks time in step (their layers' collectives match: the
  * sample's shape is checked to be the same on every rank first). The loss
  * is not timed (the last unit is timed on its output).
- * Every rank builds the whole model's layout
- * (so names, offsets and checkpoints do not depend on the cut) but holds
- * only its own stages' parameters: at attach the pages of the parameter and
- * gradient flats that no stage of the rank uses go back to the system
- * (flats of DT_FLAT_MAP_MIN bytes or more are anonymous mappings,
- * dt_flat.mapped: what is never written is never resident), and from then on nothing reads or writes them
- * (their contents are undefined). So a rank's parameters, gradients,
+ * Every rank builds the whole model's layout (so names, offsets and
+ * checkpoints do not depend on the cut) but holds only its own stages'
+ * parameters: at attach the pages of the parameter and gradient flats that
+ * no stage of the rank uses go back to the system (flats of
+ * DT_FLAT_MAP_MIN bytes or more are anonymous mappings, dt_flat.mapped:
+ * what is never written is never resident), and from then on nothing reads
+ * or writes them (their contents are undefined). So a rank's parameters, gradients,
  * optimizer state and fp32 masters are those of its stages: about 1/p of
  * the model's with balanced stages. The replicas' collectives (DDP's
  * all-reduce, ZeRO-1's reduce-scatter and all-gather) go over each run of
@@ -92,13 +92,14 @@
  * is no longer meta. Not with tensor parallelism (a slice's values are not
  * a range of a whole build's) nor DT_PIPE_BY_TIME without cuts (which times
  * every unit on the whole model at attach): DT_ERR_UNSUPPORTED, build it
- * whole. `dtrain train --pp` builds meta except in those two cases. Each rank steps only the
- * parameters of its own stages (the strategy's optimizer ranges). A
- * parameter stored
- * once but used on two ranks' stages (the GPT's wte and its tied lm_head,
- * on the first and the last stage) has its gradient summed between them,
- * as Megatron does; the first of them steps it and sends the new values to
- * the others after the optimizer step.
+ * whole. `dtrain train --pp` builds meta except in those two cases.
+ *
+ * Each rank steps only the parameters of its own stages (the strategy's
+ * optimizer ranges). A parameter stored once but used on two ranks' stages
+ * (the GPT's wte and its tied lm_head, on the first and the last stage) has
+ * its gradient summed between them, as Megatron does; the first of them
+ * steps it and sends the new values to the others after the optimizer
+ * step.
  *
  * Split backward (zbh1): BI is dt_backward_input and BW dt_backward_weight
  * (autograd.h): nodes with a parameter input are walked for their other
