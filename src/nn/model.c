@@ -344,6 +344,30 @@ static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)
     return DT_OK;
 }
 
+/* Entry e's views as dt_model_build makes them: its tensor on data (named,
+ * in its module's slot) and, for a parameter, its gradient view on grad,
+ * attached with the grad-ready hook when the dtype is f32, bf16 or f16
+ * (differentiable, precision.h); other dtypes keep theirs unattached (the
+ * mirror layout). On failure what was made stays for the caller to free;
+ * dt_last_error() says why. */
+static dt_status entry_views(dt__entry *e, void *data, void *grad)
+{
+    dt_param_info *p = &e->info;
+    if (!(p->tensor = dt_tensor_wrap(data, p->dtype, p->ndim, p->shape)))
+        return dt_last_status() ? dt_last_status() : DT_ERR_NO_MEMORY;
+    p->tensor->name = e->name;
+    p->module->params[e->spec] = p->tensor;
+    if (p->is_buffer)
+        return DT_OK;
+    if (!(e->grad = dt_tensor_wrap(grad, p->dtype, p->ndim, p->shape)))
+        return dt_last_status() ? dt_last_status() : DT_ERR_NO_MEMORY;
+    dt_status st = DT_OK;
+    if (dt_dtype_is_float(p->dtype) && ((st = dt_tensor_set_grad(p->tensor, e->grad)) < 0 ||
+                                        (st = dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e)) < 0))
+        return st;
+    return DT_OK;
+}
+
 dt_model_build_params dt_model_build_params_default(void)
 {
     dt_model_build_params p = {.world = 1, .meta = false, .param_dtype = DT_F32, .keep_batchnorm_fp32 = true,
@@ -454,22 +478,8 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         void *base = dt_flat_ptr(&md->flats[p->is_buffer ? DT_FLAT_BUFFERS : DT_FLAT_PARAMS][p->dtype], p->offset);
         if (!base)
             continue; /* meta parameter (or an empty buffer) */
-        p->tensor = dt_tensor_wrap(base, p->dtype, p->ndim, p->shape);
-        if (!p->tensor)
+        if (entry_views(e, base, p->is_buffer ? NULL : dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset)) < 0)
             goto fail;
-        p->tensor->name = e->name;
-        m->params[e->spec] = p->tensor;
-        if (!p->is_buffer) {
-            e->grad = dt_tensor_wrap(dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset), p->dtype, p->ndim,
-                                     p->shape);
-            if (!e->grad)
-                goto fail;
-            /* f32, bf16 and f16 parameters are differentiable (precision.h);
-             * others keep their gradient view (the mirror layout) unattached */
-            if (dt_dtype_is_float(p->dtype) &&
-                (dt_tensor_set_grad(p->tensor, e->grad) < 0 || dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0))
-                goto fail;
-        }
         if (dt_dtype_is_float(p->dtype) && (!p->is_buffer || p->dtype != DT_F32)) {
             float *t = init_target(p->dtype, base, p->numel);
             if (!t)
@@ -677,20 +687,17 @@ dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad)
         return DT_OK;
     }
     /* a meta model's entry: create the views as dt_model_build would */
-    p->tensor = dt_tensor_wrap(data, p->dtype, p->ndim, p->shape);
-    e->grad = p->tensor ? dt_tensor_wrap(grad, p->dtype, p->ndim, p->shape) : NULL;
-    if (!p->tensor || !e->grad || dt_tensor_set_grad(p->tensor, e->grad) < 0 ||
-        dt_ag_add_grad_hook(p->tensor, grad_ready_tramp, e) < 0) {
+    dt_tensor *slot = p->module->params[e->spec];
+    dt_status st = entry_views(e, data, grad);
+    if (st < 0) {
         if (p->tensor)
             dt_tensor_set_grad(p->tensor, NULL);
+        p->module->params[e->spec] = slot;
         dt_tensor_free(p->tensor);
         dt_tensor_free(e->grad);
         p->tensor = e->grad = NULL;
-        return dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_NO_MEMORY, "dt_model_bind_param '%s'",
-                             e->name);
+        return dt_error_wrap(st, "dt_model_bind_param '%s'", e->name);
     }
-    p->tensor->name = e->name;
-    p->module->params[e->spec] = p->tensor;
     for (size_t j = 0; j < m->nentry; j++) /* entries tied to this one share its tensor */
         if (m->entries[j].tied == (int64_t)i) {
             m->entries[j].info.tensor = p->tensor;
@@ -731,13 +738,9 @@ dt_status dt__model_materialize(dt_model *m)
             continue;
         }
         /* as dt_model_build: a view and an unattached gradient view (the mirror layout) */
-        p->tensor = dt_tensor_wrap(data, p->dtype, p->ndim, p->shape);
-        e->grad = dt_tensor_wrap(grad, p->dtype, p->ndim, p->shape);
-        if (!p->tensor || !e->grad)
-            return dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_NO_MEMORY,
-                                 "dt__model_materialize '%s'", e->name);
-        p->tensor->name = e->name;
-        p->module->params[e->spec] = p->tensor;
+        dt_status st = entry_views(e, data, grad);
+        if (st < 0)
+            return dt_error_wrap(st, "dt__model_materialize '%s'", e->name);
     }
     m->meta = false;
     return DT_OK;
