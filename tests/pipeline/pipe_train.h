@@ -29,6 +29,7 @@
 #include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
+#include "pipeline/pipe_entries.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -143,23 +144,12 @@ static inline int body(int rank, int size, void *arg)
     dt_trainer_batch mine = batch_of(c->model, Bl, xf + first * (int64_t)per_x, xi + first * T_GPT, y + first * T_GPT);
 
     /* which entries this rank's stages use */
-    dt_pipe_stats stt;
-    TH_OK(dt_strategy_pipe_stats(dt_trainer_strategy(tr), &stt));
-    dt_pipe_unit *units;
-    int nunits;
-    TH_OK(dt_model_pipe_units(m, &units, &nunits));
     size_t ne = dt_model_num_entries(m);
-    bool *mine_e = calloc(ne, sizeof *mine_e);
+    bool *mine_e = pipe_rank_entries(dt_trainer_strategy(tr), m, false);
+    TH_CHECK(mine_e, "rank %d: the stages' entries: %s", rank, dt_last_error());
     int nmine = 0;
-    for (size_t e = 0; e < ne; e++) {
-        dt_param_info pi;
-        TH_OK(dt_model_entry(m, e, &pi));
-        for (int k = 0; k < stt.stage_count && !pi.is_buffer; k++)
-            for (int u = stt.unit_lo[k]; u < stt.unit_hi[k]; u++)
-                if (dt__pipe_unit_uses(&units[u], pi.name))
-                    mine_e[e] = true;
+    for (size_t e = 0; e < ne; e++)
         nmine += mine_e[e];
-    }
     TH_CHECK(nmine > 0, "rank %d uses no parameter", rank);
 
     float *p0 = snapshot(m), *r0 = snapshot(ref);
@@ -219,7 +209,6 @@ static inline int body(int rank, int size, void *arg)
     TH_CHECK(c->pp == 1 || expect < model_bytes, "rank %d: its stages use the model_bytes model (%zu bytes)", rank, model_bytes);
     free(held);
     free(mine_e);
-    dt_free(units);
     free(p0);
     free(r0);
     free(xf);

@@ -31,6 +31,7 @@
 #include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
+#include "pipeline/pipe_entries.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -224,21 +225,8 @@ static int body(int rank, int size, void *arg)
     TH_OK(trainer_for(ref, &dref, none, &trr));
 
     /* which entries this rank's stages use (a tied one: its storage) */
-    dt_pipe_stats stt;
-    TH_OK(dt_strategy_pipe_stats(s, &stt));
-    dt_pipe_unit *units;
-    int nunits;
-    TH_OK(dt_model_pipe_units(m, &units, &nunits));
-    size_t ne = dt_model_num_entries(m);
-    bool *held = calloc(ne, sizeof *held);
-    for (size_t e = 0; e < ne; e++) {
-        dt_param_info pi;
-        TH_OK(dt_model_entry(m, e, &pi));
-        for (int k = 0; k < stt.stage_count && !pi.is_buffer; k++)
-            for (int u = stt.unit_lo[k]; u < stt.unit_hi[k]; u++)
-                if (dt__pipe_unit_uses(&units[u], pi.name))
-                    held[pi.tied_to >= 0 ? (size_t)pi.tied_to : e] = true;
-    }
+    bool *held = pipe_rank_entries(s, m, true);
+    TH_CHECK(held, "rank %d: the stages' entries: %s", rank, dt_last_error());
     TH_CHECK(held[0], "rank %d: the shared wte (entry 0) is not held by the first and the last stage", rank);
     /* a meta model: nothing gave pages back (init_stages), so none outside was ever written */
     if (check_resident(m, held, rank, "after init") ||
@@ -288,7 +276,6 @@ static int body(int rank, int size, void *arg)
     if (check_resident(m, held, rank, "after a step from the load"))
         return 1;
     free(held);
-    dt_free(units);
     dt_trainer_free(tr);
     dt_trainer_free(trr);
     dt_model_free(m);
