@@ -128,6 +128,14 @@ DT_API bool dt_k_matmul_bf16_native(void);
  * oneDNN builds a matmul of that dtype here (asked once, cached); false
  * for other dtypes. */
 DT_API bool dt_k_matmul_native(dt_dtype t);
+/* Whether bf16 matmuls (dt_k_matmul, dt_k_matmul_batched with DT_BF16) run
+ * on dtrain's own AMX GEMM in this process instead of oneDNN: true where
+ * the CPU has AMX-TILE and AMX-BF16, the OS saves the tile state, Linux
+ * grants the process the tile data (asked on the first call) and
+ * DT_MAX_CPU_ISA is not avx512 or lower. *why (if not NULL) gets "active"
+ * or the reason it is not (a static string). Products are the same
+ * bf16 x bf16 -> f32 ones as oneDNN's, summed in another order. */
+DT_API bool dt_k_matmul_amx(const char **why);
 
 /* Measure matmul throughput: n x n x n, `reps` timed runs after one warm-up,
  * returns the best GFLOP/s (2 n^3 / time) in *gflops. dt is DT_F32 or
