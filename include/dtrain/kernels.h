@@ -21,7 +21,8 @@
  *    dt_k_reduce_to_shape, dt_k_sum_all) use a fixed summation order that
  *    does not depend on the thread count at all; oneDNN's weight gradients
  *    may change in the last bits when the thread count changes.
- *  - Matmul and convolution go through oneDNN. Their primitives are created
+ *  - Matmul and convolution go through oneDNN (bf16 matmul on a CPU with AMX
+ *    excepted: dtrain's own AMX GEMM, dt_k_matmul_amx). Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none
  *    (dt_k_stats_get() proves it). The cache is thread-safe.
