@@ -17,7 +17,12 @@
  * DT_TEST_SKIP_CODE (77), which CTest counts as "Skipped" (SKIP_RETURN_CODE,
  * set for every test by the root CMakeLists.txt); a failure still wins. A
  * whole program that cannot run returns DT_TEST_SKIP_CODE from main after
- * printing why (DT_TEST_SKIP_ALL). */
+ * printing why (DT_TEST_SKIP_ALL).
+ *
+ * Processes: fork, forkpty, kill and waitpid only through the checked
+ * wrappers of tests/proc.h (dt_test_fork, dt_test_kill, ...), which refuse
+ * a pid <= 0; a test whose fork failed and that then fails is reported
+ * skipped ("could not fork"). */
 #ifndef DT_TEST_H
 #define DT_TEST_H
 
@@ -25,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "proc.h"
 
 /* The exit code CTest reads as "skipped" (SKIP_RETURN_CODE). */
 #define DT_TEST_SKIP_CODE 77
@@ -38,8 +45,12 @@ static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
     do {                                                                    \
         dt_test_failed_ = 0;                                                \
         dt_test_skipped_ = 0;                                               \
+        dt_test_cannot_fork_ = 0;                                           \
         test_##name();                                                      \
-        if (dt_test_failed_) {                                              \
+        if (dt_test_failed_ && dt_test_cannot_fork_) {                      \
+            dt_test_nskip_++;                                               \
+            fprintf(stderr, "SKIP %s (could not fork)\n", #name);           \
+        } else if (dt_test_failed_) {                                              \
             dt_test_nfail_++;                                               \
             fprintf(stderr, "FAIL %s\n", #name);                            \
         } else if (dt_test_skipped_) {                                      \
