@@ -77,6 +77,51 @@ static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
         return;                                                             \
     } while (0)
 
+/* `make test` installs what its tests need (scripts/deps.sh test) and lists
+ * it in DT_TEST_REQUIRE (words: numpy gnuplot mpi fashion-mnist bible
+ * iproute2). A test that lacks such a thing fails instead of skipping:
+ *
+ *     if (!have_numpy()) DT_TEST_SKIP_NEED("numpy", "/usr/bin/python3 has no numpy");
+ *
+ * Outside `make test` (a bare ctest, a machine without the packages) it is
+ * an ordinary skip. */
+static inline int dt_test_required(const char *what)
+{
+    const char *r = getenv("DT_TEST_REQUIRE");
+    size_t n = strlen(what);
+    for (const char *p = r ? strstr(r, what) : NULL; p; p = strstr(p + 1, what))
+        if ((p == r || p[-1] == ' ' || p[-1] == ',') && (p[n] == 0 || p[n] == ' ' || p[n] == ','))
+            return 1;
+    return 0;
+}
+
+#define DT_TEST_SKIP_NEED(what, ...)                                        \
+    do {                                                                    \
+        if (dt_test_required(what)) {                                       \
+            fprintf(stderr, "%s:%d: make test installed %s "                \
+                    "(DT_TEST_REQUIRE), yet: ", __FILE__, __LINE__, what);  \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            dt_test_failed_ = 1;                                            \
+            return;                                                         \
+        }                                                                   \
+        DT_TEST_SKIP(__VA_ARGS__);                                          \
+    } while (0)
+
+/* The same for a whole program, in main before any RUN. */
+#define DT_TEST_SKIP_ALL_NEED(what, ...)                                    \
+    do {                                                                    \
+        if (dt_test_required(what)) {                                       \
+            fprintf(stderr, "make test installed %s (DT_TEST_REQUIRE), "    \
+                    "yet: ", what);                                         \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            printf("0 passed, 1 failed\n");                                 \
+            return 1;                                                       \
+        }                                                                   \
+        DT_TEST_SKIP_ALL(__VA_ARGS__);                                      \
+    } while (0)
+
 /* In main, before any RUN: the whole program cannot run here. */
 #define DT_TEST_SKIP_ALL(...)                                               \
     do {                                                                    \

@@ -58,7 +58,12 @@ static int in_small_shm(const char *size, th_fn fn, const char *staging_kb)
     if (pid < 0)
         return 1;
     if (pid == 0) {
-        if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        /* private propagation, so the tmpfs below stays in this namespace; in
+         * a chroot "/" is not a mount point (EINVAL): then the mount the
+         * tmpfs goes over is enough */
+        if (unshare(CLONE_NEWNS) != 0 || (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 &&
+                                          mount(NULL, "/dev/shm", NULL, MS_REC | MS_PRIVATE, NULL) != 0 &&
+                                          mount(NULL, "/dev", NULL, MS_REC | MS_PRIVATE, NULL) != 0)) {
             fprintf(stderr, "skip: no private mount namespace here (%s)\n", strerror(errno));
             _exit(DT_TEST_SKIP_CODE);
         }

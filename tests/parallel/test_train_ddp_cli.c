@@ -175,7 +175,7 @@ int main(void)
     }
     /* every run here trains on Fashion-MNIST */
     if (!file_exists(dt_data_fashion_mnist_dir()))
-        DT_TEST_SKIP_ALL("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
+        DT_TEST_SKIP_ALL_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(two_rank_run);
     RUN(flags_sync_bn_accum_buckets);
     RUN(rank_killed_mid_epoch);

@@ -247,7 +247,7 @@ TEST(mpi_under_mpirun)
 #ifdef DT_MPIEXEC
     matrix("mpi");
 #else
-    DT_TEST_SKIP("MPI was not found at configure time");
+    DT_TEST_SKIP_NEED("mpi", "MPI was not found at configure time");
 #endif
 }
 
