@@ -788,7 +788,7 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     t->epoch_loss += sum;
     t->epoch_micro += m->nmicro;
     const bool advanced = t->global_step != before;
-    dt__progress_step(&t->prog, t->step, window_mean(t), m->lr, t->samples);
+    dt__progress_step(&t->prog, t->step, t->global_step, window_mean(t), m->lr, t->samples);
     /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
        checkpoint names): its record repeats the number, with skipped_steps one higher */
     if (t->global_step % t->o.log_every == 0 || t->step == t->spe) {

@@ -151,8 +151,9 @@ void dt__progress_set_rates(dt__progress *p, int64_t tokens_per_sample, double f
 void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs,
                        int64_t log_every);
 void dt__progress_epoch_begin(dt__progress *p, int64_t epoch, int64_t total_steps);
-/* After step `step` (1-based within the epoch) with the running loss. */
-void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, int64_t samples);
+/* After optimizer step `step` (1-based within the epoch; global_step counting
+ * across epochs, which --log-every's plain lines go by) with the running loss. */
+void dt__progress_step(dt__progress *p, int64_t step, int64_t global_step, double loss, double lr, int64_t samples);
 /* Leave seconds (an evaluation) out of the epoch's clock: the samples/s and
  * the ETA shown count training time only, as the epoch line does. */
 void dt__progress_exclude(dt__progress *p, double seconds);

@@ -215,19 +215,26 @@ static int pipe_refusals(const dt_config *c, int64_t pp)
         {"zero_optimization.cpu_offload", "optimizer offload"},
         {"dtrain.hybrid_shard", "hybrid sharding"},
     };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    char why[1024] = "";
+    size_t len = 0;
+    int n = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) { /* every such key in one message */
         const char *k = keys[i][0], *s;
         int64_t v = 0;
         bool b = false;
         bool on = (dt_config_get_int(c, k, &v) == DT_OK && v > 0) || (dt_config_get_bool(c, k, &b) == DT_OK && b) ||
                   (dt_config_get_str(c, k, &s) == DT_OK && strcmp(s, "none"));
-        if (on) {
-            dt__cli_err("dtrain train: --config: key %s: not supported with pipeline parallelism (%lld stages): "
-                        "%s\n", k, (long long)pp, keys[i][1]);
-            return 2;
-        }
+        if (on && len < sizeof why)
+            len += (size_t)snprintf(why + len, sizeof why - len,
+                                    "%skey %s: not supported with pipeline parallelism (%lld stages): %s", n ? "; " : "",
+                                    k, (long long)pp, keys[i][1]);
+        n += on;
     }
-    return 0;
+    if (n > 1)
+        dt__cli_err("dtrain train: --config: %d keys refused: %s\n", n, why);
+    else if (n)
+        dt__cli_err("dtrain train: --config: %s\n", why);
+    return n ? 2 : 0;
 }
 
 /* WarmupLR's keys that the file left out or wrote "auto", filled with what
