@@ -939,6 +939,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         dt__cli_err("dtrain train: out of memory\n");
         return 1;
     }
+    t->resumed_step = -1; /* a fresh run until setup_resume loads a checkpoint */
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */
