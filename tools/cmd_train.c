@@ -757,7 +757,7 @@ static int print_sample(trainer *t)
 static int64_t epoch_step(const trainer *t)
 {
     const dt_trainer_position pos = dt_trainer_get_position(t->tr);
-    const int64_t accum = t->spe > 0 ? (t->nb + t->spe - 1) / t->spe : 1;
+    const int64_t accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1; /* the trainer's (a pipeline's is 1) */
     const int64_t done = pos.epoch > t->epoch ? t->nb : pos.batch; /* batches of the epoch behind us */
     const int64_t left = (t->nb - done + accum - 1) / accum;
     return t->spe - left;

@@ -73,6 +73,18 @@ TEST(max_steps_sets_the_run_past_epochs)
     ASSERT_NEAR(field("start", 0, "total_steps"), 20, 0, 0);
     ASSERT_STR_CONTAINS(r.out, "total_steps 20");
     ASSERT_NEAR(field("step", 19, "lr"), 0.01 * 0.5 * (1 + cos(M_PI * 19 / 20)), 1e-6, 1e-3);
+    /* the epochs past --epochs are the same epochs (reshuffled by seed + epoch, as DistributedSampler.set_epoch)
+       as a run given --epochs 3: the same losses step for step */
+    char *e3 = cli_path("e3.jsonl"), *m20 = cli_path("m20.jsonl");
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--epochs", "3", "--log-every", "1", "--no-eval", "--metrics", e3, NULL}),
+                  0);
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--max-steps", "20", "--log-every", "1", "--no-eval", "--metrics", m20,
+                                            NULL}), 0);
+    double l3[64], l20[64];
+    int n3 = cli_step_losses(e3, l3, 64), n20 = cli_step_losses(m20, l20, 64);
+    ASSERT_EQ_INT(n3, 24);
+    ASSERT(cli_same_losses(l3, 20, l20, n20, 0));
+    ASSERT(l3[3] != l3[11]); /* epoch 2's batches are not epoch 1's */
     /* and below one epoch it still stops at --max-steps, with the schedule's end there */
     ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--max-steps", "4", "--epochs", "3", "--lr-schedule", "linear",
                                             "--log-every", "1", "--no-eval", "--metrics", m, NULL}), 0);
