@@ -56,11 +56,11 @@ static const opt_def opts[] = {
      "clip the global gradient L2 norm (default 0 = off)"},
     {"threads", OPT_INT, OFF(threads), 0, 1024, NULL, "N", "compute threads (default: all cores)"},
     {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "STEPS",
-     "also evaluate every N steps (default 0: at the end of each epoch)"},
+     "also evaluate every N optimizer steps (default 0: at the end of each epoch)"},
     {"no-eval", OPT_FLAG, OFF(no_eval), 0, 0, NULL, NULL, "skip evaluation on the test split"},
     {"metrics", OPT_STR, OFF(metrics), 0, 0, NULL, "FILE", "write JSON-lines metrics to FILE"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
-     "steps between plain progress lines and metrics records (default 100)"},
+     "optimizer steps between plain progress lines and metrics records, counted across epochs (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
     {"rng", OPT_CHOICE, OFF(rng), 0, 0, "torch|philox", "NAME",
      "how --seed draws the initial weights and the data order: torch = PyTorch's numbers "
