@@ -13,3 +13,10 @@ if(TARGET test_fault_matrix)
   endif()
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
+
+# The library used from the build tree (no install): examples/quickstart.c
+# compiled against build/ through build/dtrain.pc and through
+# build/dtrainConfig.cmake + the exported dtrainTargets.cmake.
+add_test(NAME tools/build_tree_consumer
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/build_tree_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/build_tree_consumer PROPERTIES TIMEOUT 240 LABELS "tools;install")
