@@ -41,6 +41,8 @@
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 
+#include <cjson/cJSON.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -171,6 +173,46 @@ static int offload_params(const trainer *t, dt_offload_params *p)
  * run that cannot fit fails here with the bytes it needs (exit 1), not
  * later by the OOM killer. The parameter count comes from a meta build
  * (layout only, nothing allocated). */
+/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
+ * is the BPE vocabulary's size (said at start), so its ids fit. */
+static int vocab_size_from_vocab(trainer *t)
+{
+    if (!t->o.vocab || t->o.vocab_size)
+        return 0;
+    if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        return fail(2, "--vocab");
+    t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+    if (dt__ddp_is_main(&t->ddp))
+        printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n", (long long)t->o.vocab_size,
+               t->o.vocab);
+    return 0;
+}
+
+/* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
+ * message on error): a checkpoint keeps it, so dtrain generate --ckpt
+ * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
+static char *vocab_quoted(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL, *q = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    if (f && n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+        cJSON *j = cJSON_CreateString(buf);
+        q = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+    }
+    if (f)
+        fclose(f);
+    free(buf);
+    if (!q)
+        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+    return q;
+}
+
 static int check_memory(trainer *t)
 {
     dt_model_config cfg = model_config(t);
@@ -260,16 +302,24 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
-        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) < 0)
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         const char *val = t->o.val_data ? t->o.val_data + 7 : t->o.data + 7;
-        if ((st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0) {
-            snprintf(what, sizeof what, "--val-data %s", t->o.val_data);
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
+        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) >= 0 &&
+            (st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0)
+            snprintf(what, sizeof what, "--val-data %s", t->o.val_data ? t->o.val_data : t->o.data);
+        if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
+            /* a token the model's vocabulary does not have: say which option sizes it */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it, --vocab FILE "
+                        "takes the size of a dtrain tokenize vocabulary)\n", what, msg,
+                        t->o.vocab_size ? "--vocab-size" : "the model's default");
+            return 2;
         }
+        if (st < 0)
+            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         if (t->o.sample_every > 0 && dt_tokens_open(val, 0, &t->sample_src) < 0)
             return fail(2, what);
-        if (t->o.vocab && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        if (t->o.vocab && !t->bpe && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
             return fail(2, "--vocab");
         int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
         if (t->o.limit_train > 0 && t->o.limit_train < ntr)
@@ -487,15 +537,25 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
     }
-    size_t n = strlen(data_q) + strlen(lm) + 512;
-    if (!(t->user_json = malloc(n)))
+    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+        return 2;
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (!(t->user_json = malloc(n))) {
+        cJSON_free(vq);
         return fail(1, "out of memory");
+    }
     snprintf(t->user_json, n,
              "{\"model\":\"%s\",\"data\":%s,\"seed\":%llu,\"rng\":\"%s\",\"batch\":%lld,"
              "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d%s}",
              t->o.model, data_q, (unsigned long long)t->o.seed, t->o.rng, (long long)t->o.batch,
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
              lm);
+    if (vq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
+        cJSON_free(vq);
+    }
     return 0;
 }
 
@@ -883,7 +943,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         goto out;
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
-    if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
     if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */

@@ -635,7 +635,12 @@ DT_API dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_re
  * or from a checkpoint (a step-N directory or a save directory; CRC-checked):
  * every tensor of the model must be there with its shape, in f32, bf16 or
  * f16 (converted by dt_trainer_load's dtype rule; extra tensors, the
- * optimizer state, are ignored); fp32 masters are set too. Any strategy
+ * optimizer state, are ignored); fp32 masters are set too. A parameter
+ * missing under its own name is taken under the other spellings files
+ * written elsewhere use: the name of a parameter tied to it (safetensors'
+ * save_model keeps "lm_head.weight" and drops the tied
+ * "transformer.wte.weight") and either name without the base-model prefix
+ * "transformer." (a Hugging Face base model's file). Any strategy
  * (ZeRO: each rank reads its ranges). Collective like dt_trainer_load. */
 DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
 /* The "user" object (user_json) saved with the checkpoint at path (a checkpoint or a
