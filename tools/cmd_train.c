@@ -173,6 +173,42 @@ static int offload_params(const trainer *t, dt_offload_params *p)
  * run that cannot fit fails here with the bytes it needs (exit 1), not
  * later by the OOM killer. The parameter count comes from a meta build
  * (layout only, nothing allocated). */
+/* Shared CPUs: when this machine's ranks x compute threads exceed the cores
+ * other processes leave free (the cores less the 1-minute load average;
+ * DT_LOADAVG=X stands in for the load, for tests), say so once with the
+ * fix. Only for the default thread count (--threads not given; under dtrain
+ * run the launcher's share of the cores): a count the user chose is theirs. */
+static void warn_oversubscribed(const trainer *t)
+{
+    if (t->o.threads)
+        return;
+    double load = -1;
+    const char *e = getenv("DT_LOADAVG");
+    if (e && *e) {
+        if (dt_parse_double("DT_LOADAVG", e, 0, 1e6, &load) < 0)
+            load = -1;
+    } else {
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f && fscanf(f, "%lf", &load) != 1)
+            load = -1;
+        if (f)
+            fclose(f);
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    int64_t ranks = 1;
+    if (lw && *lw && dt_parse_int("LOCAL_WORLD_SIZE", lw, 1, 1 << 20, &ranks) < 0)
+        ranks = 1;
+    const int threads = dt_get_num_threads();
+    const double free_cores = (double)cores - load;
+    if (load < 0 || cores < 1 || (double)(ranks * threads) <= free_cores + 0.5)
+        return;
+    dt__cli_err("dtrain train: warning: %lld rank%s x %d compute threads on %ld cores, of which about %.0f are free "
+                "(load average %.1f): the threads wait for each other; --threads N with ranks x N <= the free "
+                "cores runs faster here (docs/TRAINING.md, \"Shared CPUs\")\n",
+                (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
+}
+
 /* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
  * is the BPE vocabulary's size (said at start), so its ids fit. */
 static int vocab_size_from_vocab(trainer *t)
@@ -941,11 +977,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         g_kill_step = 0;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
-    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
+    }
     if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) /* once the setup's errors had their say */
+        warn_oversubscribed(t);
     if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
         if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
             rc = fail(2, NULL);

@@ -63,6 +63,12 @@ static void write_data(void)
 
 static cli_result r, r2;
 
+static const char *cli_bin(void)
+{
+    const char *p = getenv("DT_CLI");
+    return p && *p ? p : DT_BINARY_DIR "/dtrain";
+}
+
 #define GPT_ARGS "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16"
 
 TEST(vocab_size_from_vocab_and_kept_in_ckpt)
@@ -215,12 +221,99 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
     ASSERT_STR_EQ(strstr(r.out, "val loss: "), strstr(ref.out, "val loss: "));
 }
 
+/* Shared CPUs: OpenMP waits passively unless the user chose otherwise
+ * (libgomp's spinning made a run many times slower beside one busy
+ * process), and the default thread count warns when the load leaves fewer
+ * free cores than ranks x threads (DT_LOADAVG stands in for the load). */
+TEST(shared_cpus)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
+        fprintf(stderr, "  (OpenMP's waiting is set in this environment: the default is not checked)\n");
+    } else {
+        cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default");
+        cli_runv(&r, 60, "OMP_WAIT_POLICY=active", (char *[]){"info", NULL});
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: OMP_WAIT_POLICY=active (from the environment)");
+        cli_runv(&r, 60, "GOMP_SPINCOUNT=1000", (char *[]){"info", NULL});
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=1000 (from the environment)");
+        /* the ranks of dtrain run inherit the policy */
+        cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive");
+    }
+    char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "50",
+                    "--limit-test", "10", "--no-eval", "--progress", "none", NULL};
+    cli_runv(&r, 60, "DT_LOADAVG=1000", args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: 1 rank x ");
+    ASSERT_STR_CONTAINS(r.err, "--threads N");
+    cli_runv(&r, 60, "DT_LOADAVG=0", args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strstr(r.err, "compute threads on"));
+}
+
+/* "12.5 KiB" after `key ` in the line of out starting with `line`, in bytes; -1 when absent. */
+static double mem_field(const char *out, const char *line, const char *key)
+{
+    const char *l = strstr(out, line), *k = l ? strstr(l, key) : NULL, *nl = l ? strchr(l, '\n') : NULL;
+    if (!k || (nl && k > nl))
+        return -1;
+    char *end;
+    double v = strtod(k + strlen(key), &end);
+    while (*end == ' ')
+        end++;
+    return v * (!strncmp(end, "MiB", 3) ? 1048576.0 : !strncmp(end, "KiB", 3) ? 1024.0 : 1.0);
+}
+
+/* Issue 32 item 11: every multi-rank run ends with the memory lines (DDP
+ * and --tp had none), and an interleaved pipeline rank's optimizer states
+ * are those of the parameters it steps (Adam: two per element), not of the
+ * span between its two chunks. */
+TEST(memory_report_ddp_tp_interleaved)
+{
+    char *mlp[] = {"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "mlp", "--mlp-dim", "16",
+                   "--mlp-hidden", "64", "--random-items", "64", "--limit-test", "8", "--batch", "8", "--no-eval",
+                   "--progress", "none", "--threads", "1", "--optimizer", "adam", NULL, NULL, NULL};
+    cli_runv(&r, 120, NULL, mlp);
+    ASSERT_EQ_INT(r.code, 0);
+    double ddp0 = mem_field(r.out, "memory rank 0:", "parameters ");
+    ASSERT(ddp0 > 0);
+    ASSERT(mem_field(r.out, "memory rank 1:", "parameters ") == ddp0);
+    ASSERT(mem_field(r.out, "memory rank 1:", "optimizer states ") == 2 * ddp0);
+    mlp[25] = "--tp", mlp[26] = "2";
+    cli_runv(&r, 120, NULL, mlp);
+    ASSERT_EQ_INT(r.code, 0);
+    double tp0 = mem_field(r.out, "memory rank 0:", "parameters ");
+    ASSERT(tp0 > 0 && tp0 < 0.75 * ddp0); /* each rank holds about half of the weights */
+    ASSERT(mem_field(r.out, "memory rank 1:", "parameters ") > 0);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro", GPT_ARGS,
+                        "--n-layer", "4", "--vocab-size", "800", "--seq", "16", "--data", data, "--no-eval",
+                        "--max-steps", "1", "--batch", "4", "--micro-batches", "4", "--pp", "2", "--pp-schedule",
+                        "interleaved", "--optimizer", "adamw", "--threads", "1", "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    for (int k = 0; k < 2; k++) {
+        char line[32];
+        snprintf(line, sizeof line, "memory rank %d:", k);
+        double p = mem_field(r.out, line, "parameters "), o = mem_field(r.out, line, "optimizer states ");
+        if (!(p > 0 && o > 0 && o <= 2 * p * 1.001))
+            fprintf(stderr, "  rank %d: parameters %.0f B, optimizer states %.0f B\n", k, p, o);
+        ASSERT(p > 0 && o > 0);
+        ASSERT(o <= 2 * p * 1.001);
+    }
+}
+
 int main(void)
 {
     write_data();
     RUN(vocab_size_from_vocab_and_kept_in_ckpt);
     RUN(ckpt_commands_take_the_save_directory);
     RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
+    RUN(shared_cpus);
+    RUN(memory_report_ddp_tp_interleaved);
     cli_cleanup();
     return TEST_REPORT();
 }
