@@ -152,11 +152,16 @@ static int read_metrics(const char *in, dt__metrics_points *pts)
     return 0;
 }
 
-/* The legend's name of input k: its file name without the folders. */
-static const char *label_of(const char *in)
+/* The legend's name of a file: its name without the folders, a '"',
+ * backslash or control character replaced by '?' (gnuplot's string). */
+static const char *label_of(const char *in, char *buf, size_t n)
 {
     const char *b = strrchr(in, '/');
-    return b && b[1] ? b + 1 : in;
+    snprintf(buf, n, "%s", b && b[1] ? b + 1 : in);
+    for (char *c = buf; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    return buf;
 }
 
 int dt_cmd_plot(int argc, char **argv)
@@ -202,11 +207,8 @@ int dt_cmd_plot(int argc, char **argv)
         strncat(defout, ".png", sizeof defout - strlen(defout) - 1);
         out = defout;
     }
-    bool bad_name = strchr(out, '"') || strchr(out, '\n') || (title && (strchr(title, '"') || strchr(title, '\n')));
-    for (int k = 0; k < nin; k++) /* the names become legend entries */
-        bad_name |= strchr(ins[k], '"') || strchr(ins[k], '\n');
-    if (bad_name) {
-        dt__cli_err("dtrain plot: file names, the output name and the title may not contain '\"' or newlines\n");
+    if (strchr(out, '"') || strchr(out, '\n') || (title && (strchr(title, '"') || strchr(title, '\n')))) {
+        dt__cli_err("dtrain plot: output name and title may not contain '\"' or newlines\n");
         return 2;
     }
     dt__metrics_points pts[DT_PLOT_MAX_FILES];
@@ -295,9 +297,9 @@ int dt_cmd_plot(int argc, char **argv)
      * several files: each entry names its file */
     const char *sep = "";
     for (int k = 0; k < nin; k++) {
-        char name[4200] = "";
+        char name[4200] = "", lb[4096];
         if (nin > 1)
-            snprintf(name, sizeof name, "%s: ", label_of(ins[k]));
+            snprintf(name, sizeof name, "%s: ", label_of(ins[k], lb, sizeof lb));
         /* A short run has a handful of step records: a line alone would show
          * one point as nothing, so mark the points while there are few. */
         const char *train_style =
@@ -323,8 +325,9 @@ int dt_cmd_plot(int argc, char **argv)
         for (int k = 0; k < nin; k++) {
             if (!pts[k].nacc)
                 continue;
+            char lb[4096];
             fprintf(g, "%s\"%s/evals%d.dat\" using 1:3 with linespoints lc %d title \"%s%stest accuracy\"", sep, dir,
-                    k, k + 1, nin > 1 ? label_of(ins[k]) : "", nin > 1 ? ": " : "");
+                    k, k + 1, nin > 1 ? label_of(ins[k], lb, sizeof lb) : "", nin > 1 ? ": " : "");
             sep = ", ";
         }
         fprintf(g, "\nunset multiplot\n");

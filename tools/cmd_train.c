@@ -983,8 +983,6 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
-    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) /* once the setup's errors had their say */
-        warn_oversubscribed(t);
     if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
         if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
             rc = fail(2, NULL);
@@ -1033,6 +1031,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, NULL);
         goto out;
     }
+    if (dt__ddp_is_main(&t->ddp)) /* after the setup's and the files' errors, as training starts */
+        warn_oversubscribed(t);
     if (t->o.cfg) { /* the effective config: with --config, or when AIAK_* set a key */
         char *eff = dt_config_effective_json(t->o.cfg), file_q[1200];
         dt__json_quote(t->o.config ? t->o.config : "", file_q, sizeof file_q);
