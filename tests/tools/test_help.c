@@ -137,7 +137,7 @@ TEST(training_md_option_tables_match_help)
     b += strlen(open);
     if ((size_t)(e - b) != strlen(r.out) || strncmp(b, r.out, (size_t)(e - b)))
         fprintf(stderr, "  docs/TRAINING.md's option table differs from `dtrain train --help-markdown`: "
-                        "regenerate the block between the <!-- options --> markers with it\n");
+                        "regenerate it: scripts/update_options_doc.sh\n");
     ASSERT_EQ_INT((int)(e - b), (int)strlen(r.out));
     ASSERT(!strncmp(b, r.out, (size_t)(e - b)));
     /* every `--flag ...` in the first cell of a table row of the document */
