@@ -941,28 +941,17 @@ dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out)
     out->param_bytes = sm.param_bytes;
     out->grad_bytes = sm.grad_bytes;
     out->gathered_peak = sm.gathered_peak;
-    /* A state buffer spans its range [lo, hi); a range of segments (an
-     * interleaved pipeline rank's chunks, with the other ranks' stages
-     * between them) has only its segments' elements stepped and written,
-     * the gap's pages never touched: those are the bytes held. */
     const int ns = dt_optim_num_states(tr->opt);
     for (size_t k = 0; k < dt_optim_num_ranges(tr->opt); k++)
         for (int i = 0; i < ns; i++) {
             size_t n = 0;
-            if (dt_optim_state(tr->opt, k, i, NULL, NULL, &n) < 0)
-                continue;
-            const dt_optim_range *r = k < tr->nrg ? &tr->rg[k] : NULL;
-            if (r && r->nseg && r->hi - r->lo == n) {
-                n = 0;
-                for (size_t g = 0; g < r->nseg; g++) {
-                    const size_t a = r->segs[g].offset > r->lo ? r->segs[g].offset : r->lo;
-                    const size_t b = r->segs[g].offset + r->segs[g].numel < r->hi ? r->segs[g].offset + r->segs[g].numel
-                                                                                   : r->hi;
-                    n += b > a ? b - a : 0;
-                }
-            }
-            out->optim_bytes += n * sizeof(float);
+            if (dt_optim_state(tr->opt, k, i, NULL, NULL, &n) >= 0)
+                out->optim_bytes += n * sizeof(float);
         }
+    /* the state of the elements between the pieces a rank steps (an
+     * interleaved pipeline rank's chunks) is never touched: not held */
+    const size_t gap = sm.optim_gap_elems * (size_t)ns * sizeof(float);
+    out->optim_bytes -= gap < out->optim_bytes ? gap : out->optim_bytes;
     /* fp32 masters of low-precision parameters (f32 ones are their own
      * master), and the optimizer's f32 copies of low-precision gradients */
     for (size_t k = 0; k < tr->nrg; k++) {
