@@ -27,6 +27,14 @@ int dt_cmd_info(int argc, char **argv)
            DT_SANITIZE_STR, DT_HAVE_MPI ? "yes" : "no");
     printf("compute: oneDNN %d.%d.%d (cpu runtime %s), OpenMP threads %d\n", v->major, v->minor,
            v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", dt_get_num_threads());
+    const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT"), *dw = getenv("DT_OMP_WAIT");
+    if (dw && !strcmp(dw, "default") && wp && !sc)
+        printf("OpenMP waiting: %s (dtrain's default; OMP_WAIT_POLICY or GOMP_SPINCOUNT set choose another)\n", wp);
+    else if (wp || sc)
+        printf("OpenMP waiting: %s%s%s%s%s (from the environment)\n", wp ? "OMP_WAIT_POLICY=" : "", wp ? wp : "",
+               wp && sc ? ", " : "", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : "");
+    else
+        printf("OpenMP waiting: the runtime's default (spins before sleeping)\n");
     printf("cpu features: %s\n", dt_cpu_features_str(dt_cpu_detect_hw(), feat, sizeof feat));
     dt_cpu_isa_cap cap = dt_cpu_max_isa();
     printf("dtrain isa: %s (DT_MAX_CPU_ISA=%s; features used: %s), conversions %s\n",

@@ -41,6 +41,8 @@
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 
+#include <cjson/cJSON.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -177,6 +179,82 @@ static int offload_params(const trainer *t, dt_offload_params *p)
  * run that cannot fit fails here with the bytes it needs (exit 1), not
  * later by the OOM killer. The parameter count comes from a meta build
  * (layout only, nothing allocated). */
+/* Shared CPUs: when this machine's ranks x compute threads exceed the cores
+ * other processes leave free (the cores less the 1-minute load average;
+ * DT_LOADAVG=X stands in for the load, for tests), say so once with the
+ * fix. Only for the default thread count (--threads not given; under dtrain
+ * run the launcher's share of the cores): a count the user chose is theirs. */
+static void warn_oversubscribed(const trainer *t)
+{
+    if (t->o.threads)
+        return;
+    double load = -1;
+    const char *e = getenv("DT_LOADAVG");
+    if (e && *e) {
+        if (dt_parse_double("DT_LOADAVG", e, 0, 1e6, &load) < 0)
+            load = -1;
+    } else {
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f && fscanf(f, "%lf", &load) != 1)
+            load = -1;
+        if (f)
+            fclose(f);
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    int64_t ranks = 1;
+    if (lw && *lw && dt_parse_int("LOCAL_WORLD_SIZE", lw, 1, 1 << 20, &ranks) < 0)
+        ranks = 1;
+    const int threads = dt_get_num_threads();
+    const double free_cores = (double)cores - load;
+    if (load < 0 || cores < 1 || (double)(ranks * threads) <= free_cores + 0.5)
+        return;
+    dt__cli_err("dtrain train: warning: %lld rank%s x %d compute threads on %ld cores, of which about %.0f are free "
+                "(load average %.1f): the threads wait for each other; --threads N with ranks x N <= the free "
+                "cores runs faster here (docs/TRAINING.md, \"Shared CPUs\")\n",
+                (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
+}
+
+/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
+ * is the BPE vocabulary's size (said at start), so its ids fit. */
+static int vocab_size_from_vocab(trainer *t)
+{
+    if (!t->o.vocab || t->o.vocab_size)
+        return 0;
+    if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        return fail(2, "--vocab");
+    t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+    if (dt__ddp_is_main(&t->ddp))
+        printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n", (long long)t->o.vocab_size,
+               t->o.vocab);
+    return 0;
+}
+
+/* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
+ * message on error): a checkpoint keeps it, so dtrain generate --ckpt
+ * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
+static char *vocab_quoted(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL, *q = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    if (f && n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+        cJSON *j = cJSON_CreateString(buf);
+        q = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+    }
+    if (f)
+        fclose(f);
+    free(buf);
+    if (!q)
+        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+    return q;
+}
+
 static int check_memory(trainer *t)
 {
     dt_model_config cfg = model_config(t);
@@ -266,16 +344,24 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
-        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) < 0)
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         const char *val = t->o.val_data ? t->o.val_data + 7 : t->o.data + 7;
-        if ((st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0) {
-            snprintf(what, sizeof what, "--val-data %s", t->o.val_data);
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
+        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) >= 0 &&
+            (st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0)
+            snprintf(what, sizeof what, "--val-data %s", t->o.val_data ? t->o.val_data : t->o.data);
+        if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
+            /* a token the model's vocabulary does not have: say which option sizes it */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it, --vocab FILE "
+                        "takes the size of a dtrain tokenize vocabulary)\n", what, msg,
+                        t->o.vocab_size ? "--vocab-size" : "the model's default");
+            return 2;
         }
+        if (st < 0)
+            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         if (t->o.sample_every > 0 && dt_tokens_open(val, 0, &t->sample_src) < 0)
             return fail(2, what);
-        if (t->o.vocab && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        if (t->o.vocab && !t->bpe && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
             return fail(2, "--vocab");
         int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
         if (t->o.limit_train > 0 && t->o.limit_train < ntr)
@@ -503,15 +589,25 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
     }
-    size_t n = strlen(data_q) + strlen(lm) + 512;
-    if (!(t->user_json = malloc(n)))
+    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+        return 2;
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (!(t->user_json = malloc(n))) {
+        cJSON_free(vq);
         return fail(1, "out of memory");
+    }
     snprintf(t->user_json, n,
              "{\"model\":\"%s\",\"data\":%s,\"seed\":%llu,\"rng\":\"%s\",\"batch\":%lld,"
              "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d%s}",
              t->o.model, data_q, (unsigned long long)t->o.seed, t->o.rng, (long long)t->o.batch,
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
              lm);
+    if (vq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
+        cJSON_free(vq);
+    }
     return 0;
 }
 
@@ -969,9 +1065,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         g_kill_step = 0;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
-    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
-    if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    }
+    if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
     if (eval_ckpt) {
@@ -1024,6 +1121,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, NULL);
         goto out;
     }
+    if (dt__ddp_is_main(&t->ddp)) /* after the setup's and the files' errors, as training starts */
+        warn_oversubscribed(t);
     if (t->o.cfg) { /* the effective config: with --config, or when AIAK_* set a key */
         char *eff = dt_config_effective_json(t->o.cfg), file_q[1200];
         dt__json_quote(t->o.config ? t->o.config : "", file_q, sizeof file_q);

@@ -122,6 +122,9 @@ int dt__train_config(int argc, char **argv, dt__train_opts *o);
  * on stdout, once (nothing when no config key is set). */
 void dt__train_config_print(const dt__train_opts *o);
 void dt__train_usage(FILE *f);
+/* The options of dt__train_usage as a Markdown table ("| option | meaning |"),
+ * the table docs/TRAINING.md carries (dtrain train --help-markdown). */
+void dt__train_options_markdown(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
  * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */
 int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt);

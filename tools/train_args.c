@@ -235,26 +235,51 @@ static void set_defaults(dt__train_opts *o)
     o->scaler = "deepspeed";
 }
 
+/* The option as --help and docs/TRAINING.md write it: "--name {a|b}",
+ * "--name ARG" or "--name" (choices separated by sep). */
+static void opt_lhs(const opt_def *d, char sep, char *out, size_t cap)
+{
+    if (d->type == OPT_CHOICE) {
+        int n = snprintf(out, cap, "--%s {", d->name);
+        for (const char *c = d->choices; *c && (size_t)n + 2 < cap; c++)
+            out[n++] = *c == '|' ? sep : *c;
+        snprintf(out + n, cap - (size_t)n, "}");
+    } else if (d->arg) {
+        snprintf(out, cap, "--%s %s", d->name, d->arg);
+    } else {
+        snprintf(out, cap, "--%s", d->name);
+    }
+}
+
+void dt__train_options_markdown(FILE *f)
+{
+    fprintf(f, "| option | meaning |\n|---|---|\n");
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        char lhs[256];
+        opt_lhs(&opts[i], ',', lhs, sizeof lhs);
+        fprintf(f, "| `%s` | ", lhs);
+        for (const char *h = opts[i].help; *h; h++) /* a '|' in the text would end the cell */
+            fputs(*h == '|' ? "\\|" : (char[2]){*h, 0}, f);
+        fprintf(f, " |\n");
+    }
+}
+
 void dt__train_usage(FILE *f)
 {
     fprintf(f, "usage: dtrain train [options]\n"
                "  e.g. dtrain train --model convnet --data fashion-mnist --epochs 1 --batch 100 \\\n"
                "         --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0\n\noptions:\n");
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        char lhs[64];
-        const opt_def *d = &opts[i];
-        if (d->type == OPT_CHOICE)
-            snprintf(lhs, sizeof lhs, "--%s {%s}", d->name, d->choices);
-        else if (d->arg)
-            snprintf(lhs, sizeof lhs, "--%s %s", d->name, d->arg);
-        else
-            snprintf(lhs, sizeof lhs, "--%s", d->name);
+        char lhs[256];
+        opt_lhs(&opts[i], '|', lhs, sizeof lhs);
         if (strlen(lhs) > 28)
-            fprintf(f, "  %s\n  %-28s %s\n", lhs, "", d->help);
+            fprintf(f, "  %s\n  %-28s %s\n", lhs, "", opts[i].help);
         else
-            fprintf(f, "  %-28s %s\n", lhs, d->help);
+            fprintf(f, "  %-28s %s\n", lhs, opts[i].help);
     }
     fprintf(f, "  %-28s %s\n", "-h, --help", "this text");
+    fprintf(f, "  %-28s %s\n", "--help-markdown", "the options above as a Markdown table (docs/TRAINING.md)");
+    fprintf(f, "(an option spelled with underscores, --grad_accum, is the same option)\n");
     fprintf(f, "\nsharded (ZeRO / FSDP): add --zero 1|2|3 (or --fsdp shard_grad_op|full_shard), e.g.\n"
                "  dtrain run -n 2 -- dtrain train --model mlp --zero 3 --wrap-min-params 100000\n"
                "(the run ends with each rank's bytes of parameters, gradients and optimizer states)\n");
@@ -340,6 +365,70 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
     return 2;
 }
 
+/* Other tools' names for dtrain train's options (HF Trainer, DeepSpeed,
+ * torchrun, Megatron), for the hint of an unknown option. */
+static const struct {
+    const char *theirs, *ours;
+} k_synonyms[] = {
+    {"deepspeed-config", "--config FILE (a DeepSpeed JSON config)"},
+    {"deepspeed", "--config FILE (a DeepSpeed JSON config)"},
+    {"bf16", "--precision bf16"},
+    {"fp16", "--precision fp16"},
+    {"gradient-accumulation-steps", "--grad-accum N"},
+    {"learning-rate", "--lr X"},
+    {"num-train-epochs", "--epochs N"},
+    {"per-device-train-batch-size", "--batch N (per rank)"},
+    {"micro-batch-size", "--batch N (per rank)"},
+    {"batch-size", "--batch N (per rank)"},
+    {"max-grad-norm", "--clip-grad-norm X"},
+    {"clip-grad", "--clip-grad-norm X"},
+    {"warmup-steps", "--warmup STEPS"},
+    {"lr-scheduler-type", "--lr-schedule NAME"},
+    {"lr-decay-style", "--lr-schedule NAME"},
+    {"logging-steps", "--log-every STEPS"},
+    {"log-interval", "--log-every STEPS"},
+    {"save-steps", "--save-every N"},
+    {"save-interval", "--save-every N"},
+    {"save-total-limit", "--keep K"},
+    {"output-dir", "--save DIR"},
+    {"resume-from-checkpoint", "--resume DIR|auto"},
+    {"max-train-steps", "--max-steps N"},
+    {"train-iters", "--max-steps N"},
+    {"tensor-model-parallel-size", "--tp N"},
+    {"pipeline-model-parallel-size", "--pp N"},
+    {"gradient-checkpointing", "--activation-checkpointing"},
+    {"nproc-per-node", "dtrain run -n N -- dtrain train ... (the launcher starts the ranks)"},
+};
+
+/* An unknown option: one line naming it, with the nearest known option or
+ * the synonym other tools use for it. name: arg's name, '_' mapped to '-'. */
+static int unknown_option(const char *arg, const char *name)
+{
+    const char *hint = NULL;
+    char buf[96];
+    for (size_t k = 0; k < sizeof k_synonyms / sizeof k_synonyms[0] && !hint; k++)
+        if (!strcmp(k_synonyms[k].theirs, name))
+            hint = k_synonyms[k].ours;
+    if (!hint) {
+        const char *names[sizeof opts / sizeof opts[0]];
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+            names[k] = opts[k].name;
+        const char *near = dt__cli_suggest(name, names, sizeof opts / sizeof opts[0]);
+        if (near) {
+            snprintf(buf, sizeof buf, "--%s", near);
+            hint = buf;
+        }
+    }
+    const char *eq = strchr(arg, '=');
+    int alen = eq ? (int)(eq - arg) : (int)strlen(arg);
+    if (hint)
+        dt__cli_err("dtrain train: unknown option '%.*s' (did you mean %s? see dtrain train --help)\n", alen, arg,
+                    hint);
+    else
+        dt__cli_err("dtrain train: unknown option '%.*s' (see dtrain train --help)\n", alen, arg);
+    return 2;
+}
+
 int dt__train_parse(int argc, char **argv, dt__train_opts *o)
 {
     set_defaults(o);
@@ -354,17 +443,24 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
                             "dtrain train --help)\n", a);
             return 2;
         }
-        const char *name = a + 2, *eq = strchr(name, '=');
-        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const char *eq = strchr(a + 2, '=');
+        size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        char name[64]; /* torchrun's habit: --grad_accum is --grad-accum */
+        if (nlen >= sizeof name)
+            nlen = sizeof name - 1;
+        for (size_t k = 0; k < nlen; k++)
+            name[k] = a[2 + k] == '_' ? '-' : a[2 + k];
+        name[nlen] = '\0';
         const opt_def *d = NULL;
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-            if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
+            if (!strcmp(opts[k].name, name))
                 d = &opts[k];
-        if (!d) {
-            dt__cli_err("dtrain train: unknown option '--%.*s' (see dtrain train --help)\n",
-                    (int)nlen, name);
-            return 2;
+        if (!strcmp(name, "help-markdown")) {
+            dt__train_options_markdown(stdout);
+            return 1;
         }
+        if (!d)
+            return unknown_option(a, name);
         const char *val;
         if (d->type == OPT_FLAG) {
             if (eq) {
