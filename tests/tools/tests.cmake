@@ -13,3 +13,11 @@ if(TARGET test_fault_matrix)
   endif()
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
+
+# bench/compare.sh (the regression guard) in its quick mode, HEAD against
+# HEAD: builds HEAD's CLI once into the build tree (ccache makes it quick)
+# and checks the output's format; skipped without git history.
+add_test(NAME tools/compare_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/compare_quick.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/compare-quick)
+set_tests_properties(tools/compare_quick PROPERTIES TIMEOUT 900 LABELS "tools;slow" SKIP_RETURN_CODE 77
+  ENVIRONMENT "OPENBLAS_CORETYPE=SkylakeX")
