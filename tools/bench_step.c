@@ -102,7 +102,7 @@ static void usage(FILE *f)
                "  --warmup W      untimed steps first (default auto: until a step takes no page fault and is\n"
                "                  within 10%% of the one before, 2 to 10 steps)\n"
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
-               "  --precision P   fp32 (default), bf16 or fp16: as dtrain train --precision (f32 master weights)\n"
+               "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
                "  --lm-loss L     GPT models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"
                "  --json          one JSON object per result on stdout\n");
@@ -325,6 +325,12 @@ int dt_bench_step(int argc, char **argv)
     if (dt_precision_policy_parse(precision, &pol) < 0) {
         dt__cli_err("dtrain bench step: --precision: %s\n", dt_last_error());
         return 2;
+    }
+    if (!strcmp(precision, "auto")) { /* the results name the precision that ran */
+        const char *why;
+        precision = dt_precision_auto(&why) == DT_BF16 ? "bf16" : "fp32";
+        if (!json)
+            printf("precision auto: %s (%s)\n", precision, why);
     }
     dt_pg *world = NULL, *tpg = NULL, *dpg = NULL;
     if (tpn > 1) {

@@ -962,6 +962,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                t->ddp.tp > 1 ? " in this rank's slice" : "", t->o.data,
                (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
                dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->o.precision_auto)
+        printf("precision auto: %s (%s)\n", t->o.precision, t->o.precision_auto);
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",

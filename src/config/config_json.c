@@ -104,6 +104,12 @@ dt_config_origin dt_config_origin_of(const dt_config *c, const char *key)
     return v ? v->origin : DT_CONFIG_UNSET;
 }
 
+bool dt_config_is_auto(const dt_config *c, const char *key)
+{
+    int k = c && key ? dt__cfg_find(key) : -1;
+    return k >= 0 && c->vals[k].is_auto && c->vals[k].origin == DT_CONFIG_UNSET;
+}
+
 static dt_status get_typed(const dt_config *c, const char *key, dt__kt want, const dt__cfg_val **out)
 {
     int k = c ? dt__cfg_find(key) : -1;
