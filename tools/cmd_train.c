@@ -104,6 +104,8 @@ typedef struct {
     double log_loss, epoch_loss, t0;
     int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
+    double start_s;               /* when the command started (time to the first step) */
+    bool first_shown;             /* "first step ..." printed */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -692,6 +694,14 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     if (m->stop && !g_stop)
         g_stop = SIGTERM;
     const int64_t per = t->o.batch * t->ddp.world;
+    if (!t->first_shown && t->prog.mode != DT__PROGRESS_NONE) { /* the time a user waits for training to start */
+        const double now = dt_time_s();
+        dt__progress_clear(&t->prog);
+        printf("first step done %.2f s after start (the step, data loading included: %.2f s)\n", now - t->start_s, now - t->t0);
+        fflush(stdout);
+        dt__progress_exclude(&t->prog, dt_time_s() - now);
+    }
+    t->first_shown = true;
     for (int i = 0; i < m->nmicro; i++) {
         const double l = m->micro_loss[i];
         t->step++;
@@ -852,6 +862,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         dt__cli_err("dtrain train: out of memory\n");
         return 1;
     }
+    t->start_s = dt_time_s();
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */

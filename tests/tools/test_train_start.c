@@ -1,4 +1,5 @@
-/* --precision auto and the config's "bf16": {"enabled": "auto"}: bf16 where
+/* What dtrain train says at start: the time to the first step, and
+ * --precision auto and the config's "bf16": {"enabled": "auto"}: bf16 where
  * the CPU has AVX512_BF16 (and oneDNN runs bf16 natively), fp32 elsewhere,
  * printed at start. Each ISA path is forced with the caps: DT_MAX_CPU_ISA
  * (dtrain's kernels) and ONEDNN_MAX_CPU_ISA (oneDNN's); the bf16 path
@@ -91,8 +92,29 @@ TEST(config_auto)
     dt_config_free(c);
 }
 
+/* "first step done X s after start (the step, data loading included: Y s)",
+ * once, before the epoch's summary, with 0 < Y <= X; not with --progress none. */
+TEST(first_step_time)
+{
+    train(NULL, (char *[]){"--progress", "plain", NULL});
+    ASSERT_EQ_INT(g_r.code, 0);
+    const char *p = strstr(g_r.out, "first step done ");
+    ASSERT(p);
+    ASSERT(!strstr(p + 1, "first step done"));
+    double x = atof(p + strlen("first step done "));
+    const char *q = strstr(p, "data loading included: ");
+    ASSERT(q);
+    double y = atof(q + strlen("data loading included: "));
+    ASSERT(y > 0 && y <= x + 0.01);
+    ASSERT(strstr(g_r.out, "epoch 1/1 done") > p);
+    train(NULL, (char *[]){"--progress", "none", NULL});
+    ASSERT_EQ_INT(g_r.code, 0);
+    ASSERT(!strstr(g_r.out, "first step done"));
+}
+
 int main(void)
 {
+    RUN(first_step_time);
     RUN(cli_caps_choose_each_path);
     RUN(config_auto);
     cli_cleanup();
