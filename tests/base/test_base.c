@@ -9,6 +9,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+/* Under AddressSanitizer every access also touches lazily mapped shadow
+ * memory, whose faults are counted too: the fault counts are checked in
+ * plain builds only. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define COUNTS_FAULTS 0
+#else
+#define COUNTS_FAULTS 1
+#endif
+
 static long minor_faults(void)
 {
     struct rusage ru;
@@ -49,7 +58,8 @@ TEST(prefault_commits_pages)
     ASSERT_EQ_INT(m[9 * pg], 0);
     long f0 = minor_faults();
     memset(m, 1, len);
-    ASSERT_EQ_INT(minor_faults() - f0, 0);
+    if (COUNTS_FAULTS)
+        ASSERT_EQ_INT(minor_faults() - f0, 0);
     /* only whole pages inside the range; empty ranges */
     ASSERT_EQ_INT((long long)dt_prefault(m + 1, pg), 0);
     ASSERT_EQ_INT((long long)dt_prefault(m + 1, 2 * pg), (long long)pg);
@@ -73,7 +83,7 @@ TEST(arena_second_step_takes_no_fault)
             memset(p, step + 1, (size_t)3 << 20);
         }
         long faults = minor_faults() - f0;
-        if (step > 0)
+        if (step > 0 && COUNTS_FAULTS)
             ASSERT_EQ_INT(faults, 0);
         dt_arena_reset(a);
     }
