@@ -35,6 +35,11 @@ int dt_cmd_info(int argc, char **argv)
     const char *one = getenv("ONEDNN_MAX_CPU_ISA");
     printf("oneDNN isa: %s%s%s%s\n", dt_k_onednn_isa(), one ? " (ONEDNN_MAX_CPU_ISA=" : "", one ? one : "",
            one ? ")" : "");
+    const char *amx_why = NULL;
+    bool amx = dt_k_matmul_amx(&amx_why);
+    printf("bf16 matmul: %s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)" : "oneDNN");
+    if (!amx)
+        printf("dtrain AMX GEMM: off (%s)\n", amx_why);
     const char *blk = getenv("DT_BLOCKED");
     int pref = dt_k_onednn_block(), use = dt_k_act_block();
     printf("activation layout: %s (oneDNN prefers %s%s%s%s)\n", dt_k_block_name(use), dt_k_block_name(pref),

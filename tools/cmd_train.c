@@ -92,14 +92,20 @@ typedef struct {
     dt__metrics metrics;
     bool metrics_open;
     dt__progress prog;
-    int64_t global_step;          /* batches (micro-batches with --grad-accum) */
-    double loss_window[LOSS_WINDOW];
+    int64_t global_step;          /* optimizer steps (DeepSpeed's global_steps; the metrics' "step") */
+    int64_t micro_step;           /* micro-batches (the metrics' "micro_step"; = steps without --grad-accum) */
+    int64_t spe;                  /* optimizer steps per epoch: ceil(batches / grad_accum) */
+    int64_t epochs;               /* epochs the run spans: --epochs, or as many as --max-steps takes */
+    dt_sched_params sched;        /* the schedule the trainer runs (flags, then the config) */
+    double loss_window[LOSS_WINDOW]; /* the last optimizer steps' losses (each the mean of its micro-batches) */
     int64_t nloss;
-    /* the epoch under way (train_epoch and its per-step callback) */
-    int64_t epoch, nb, step, samples, log_n;
+    /* the epoch under way (train_epoch and its per-step callback); step: its optimizer step */
+    int64_t epoch, nb, step, samples, log_n, epoch_micro;
     int cb_rc;                    /* exit code of a failure the callback reported */
     bool max_reached;             /* --max-steps reached: the epoch ended on purpose */
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
+    int64_t resumed_step;         /* the checkpoint's step when resumed (-1: a fresh run) */
+    dt_trainer_resume_info ri;    /* what the resume loaded (resumed_step >= 0) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;
     int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
@@ -424,6 +430,12 @@ static int setup_trainer(trainer *t)
     tp.sgd.momentum = t->o.momentum;
     if (wd >= 0)
         tp.sgd.weight_decay = tp.adam.weight_decay = tp.adamw.weight_decay = tp.lamb.weight_decay = wd;
+    if (t->o.beta_set) {
+        tp.adam.beta1 = tp.adamw.beta1 = tp.lamb.beta1 = t->o.beta[0];
+        tp.adam.beta2 = tp.adamw.beta2 = tp.lamb.beta2 = t->o.beta[1];
+    }
+    if (t->o.eps > 0)
+        tp.adam.eps = tp.adamw.eps = tp.lamb.eps = t->o.eps;
     /* the schedule counts optimizer steps: with --grad-accum N one per N
      * batches, plus one for an epoch's last, partial accumulation */
     int64_t nb = dt_loader_num_batches(t->train_loader), accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1;
@@ -433,7 +445,10 @@ static int setup_trainer(trainer *t)
     tp.sched.step_size = t->o.step_size > 0 ? t->o.step_size : spe;
     tp.sched.gamma = t->o.gamma;
     tp.sched.warmup_steps = t->o.warmup;
-    tp.sched.total_steps = spe * t->o.epochs;
+    /* the run's length: --max-steps when given (HF Trainer: max_steps overrides num_train_epochs) */
+    tp.sched.total_steps = t->o.max_steps > 0 ? t->o.max_steps : spe * t->o.epochs;
+    t->spe = spe > 0 ? spe : 1;
+    t->epochs = t->o.max_steps > 0 ? (t->o.max_steps + t->spe - 1) / t->spe : t->o.epochs;
     tp.sched.min_lr = 0;
     tp.grad_accum = accum;
     tp.clip_grad_norm = t->o.clip_grad_norm;
@@ -458,6 +473,7 @@ static int setup_trainer(trainer *t)
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
     if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
         return fail(2, "--config");
+    t->sched = tp.sched;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return 0;
@@ -510,8 +526,9 @@ static int save_ckpt(trainer *t)
     if (dt_trainer_save(t->tr, t->o.save, &sp) < 0)
         return fail(1, "checkpoint");
     t->saved_step = dt_trainer_steps(t->tr);
-    if (dt__metrics_write(&t->metrics, "\"event\":\"checkpoint\",\"step\":%lld,\"optimizer_step\":%lld,\"async\":%s",
-                          (long long)t->global_step, (long long)t->saved_step,
+    if (dt__metrics_write(&t->metrics,
+                          "\"event\":\"checkpoint\",\"step\":%lld,\"optimizer_step\":%lld,\"micro_step\":%lld,"
+                          "\"async\":%s", (long long)t->saved_step, (long long)t->saved_step, (long long)t->micro_step,
                           t->o.async_save ? "true" : "false") < 0)
         return fail(1, NULL);
     return 0;
@@ -522,6 +539,7 @@ static int save_ckpt(trainer *t)
 static int setup_resume(trainer *t)
 {
     t->saved_step = -1;
+    t->resumed_step = -1;
     if (t->o.init_from) {
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return fail(bad_input_status(dt_last_status()) ? 2 : 1,
@@ -553,25 +571,74 @@ static int setup_resume(trainer *t)
         }
         from = latest;
     }
-    dt_trainer_resume_info ri;
-    if (dt_trainer_load(t->tr, from, &ri) < 0)
+    dt_trainer_resume_info *ri = &t->ri;
+    if (dt_trainer_load(t->tr, from, ri) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
-    t->saved_step = ri.step;
+    t->saved_step = t->resumed_step = ri->step;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
-    t->global_step = pos.batches;
+    t->global_step = ri->step;
+    t->micro_step = pos.batches;
     if (dt__ddp_is_main(&t->ddp)) {
-        printf("resumed from %s: step %lld (epoch %lld, batch %lld)\n", ri.path, (long long)ri.step,
-               (long long)ri.epoch + 1, (long long)ri.batch);
-        if (!ri.data_order_kept)
-            dt__cli_err("dtrain train: warning: %s\n", ri.note);
+        printf("resumed from %s: step %lld (epoch %lld, batch %lld)\n", ri->path, (long long)ri->step,
+               (long long)ri->epoch + 1, (long long)ri->batch);
+        if (!ri->data_order_kept)
+            dt__cli_err("dtrain train: warning: %s\n", ri->note);
     }
+    return 0;
+}
+
+/* A resumed run with nothing left to do (its checkpoint is at --max-steps,
+ * or past the last epoch): true after saying so. Nothing is trained,
+ * evaluated or written (the restart-safe `--resume auto` re-run of a
+ * finished command leaves its files as they are). */
+static bool nothing_left(trainer *t)
+{
+    if (t->resumed_step < 0)
+        return false;
+    const dt_trainer_position pos = dt_trainer_get_position(t->tr);
+    const bool by_steps = t->o.max_steps > 0 && t->resumed_step >= t->o.max_steps;
+    if (!by_steps && !(t->o.max_steps == 0 && pos.epoch >= t->o.epochs))
+        return false;
+    if (dt__ddp_is_main(&t->ddp)) {
+        char end[96];
+        if (by_steps)
+            snprintf(end, sizeof end, "--max-steps %lld", (long long)t->o.max_steps);
+        else
+            snprintf(end, sizeof end, "the end of --epochs %lld", (long long)t->o.epochs);
+        printf("nothing to do: the checkpoint %s is at step %lld, %s; no training, evaluation or save, %s left "
+               "as it is\n", t->ri.path, (long long)t->resumed_step, end,
+               t->o.metrics ? "--metrics file" : "every file");
+        fflush(stdout);
+    }
+    return true;
+}
+
+/* --metrics (rank 0 writes): a fresh history, or a resumed run's continued
+ * (train_metrics.c), then the resume record. */
+static int open_metrics(trainer *t)
+{
+    if (!t->o.metrics || !dt__ddp_is_main(&t->ddp))
+        return 0;
+    if (dt__metrics_open(&t->metrics, t->o.metrics, t->resumed_step) < 0)
+        return fail(2, NULL);
+    t->metrics_open = true;
+    const dt__metrics *m = &t->metrics;
+    if (t->resumed_step < 0)
+        return 0;
+    if (m->from && strcmp(t->o.progress, "none"))
+        printf("--metrics: continuing %s%s: %lld records up to step %lld kept, %lld after it dropped%s\n",
+               t->o.metrics, m->from, (long long)m->kept, (long long)t->resumed_step, (long long)m->dropped,
+               m->bad ? " (and lines that were not records)" : "");
+    const dt_trainer_resume_info *ri = &t->ri;
     char path_q[1200];
-    dt__json_quote(ri.path, path_q, sizeof path_q);
+    dt__json_quote(ri->path, path_q, sizeof path_q);
     if (dt__metrics_write(&t->metrics,
                           "\"event\":\"resume\",\"from\":%s,\"step\":%lld,\"optimizer_step\":%lld,"
-                          "\"epoch\":%lld,\"epoch_step\":%lld,\"saved_world_size\":%d,\"data_order_kept\":%s",
-                          path_q, (long long)t->global_step, (long long)ri.step, (long long)ri.epoch + 1,
-                          (long long)ri.batch, ri.saved_world, ri.data_order_kept ? "true" : "false") < 0)
+                          "\"micro_step\":%lld,\"epoch\":%lld,\"epoch_batch\":%lld,\"saved_world_size\":%d,"
+                          "\"data_order_kept\":%s,\"records_kept\":%lld,\"records_dropped\":%lld",
+                          path_q, (long long)ri->step, (long long)ri->step, (long long)t->micro_step,
+                          (long long)ri->epoch + 1, (long long)ri->batch, ri->saved_world,
+                          ri->data_order_kept ? "true" : "false", (long long)m->kept, (long long)m->dropped) < 0)
         return fail(1, NULL);
     return 0;
 }
@@ -684,8 +751,24 @@ static int print_sample(trainer *t)
     return 0;
 }
 
-/* After every optimizer step: the records of its micro-batches (one per
- * batch, as before the trainer), progress, mid-epoch evaluation. */
+/* The optimizer step within the epoch that the position after a step
+ * shows: its batches grouped by grad_accum from the epoch's end backwards,
+ * so that a run resumed at another world size (which continues at the same
+ * fraction of the epoch, dt_trainer_epoch) shows where it is in the epoch
+ * and ends it at spe. */
+static int64_t epoch_step(const trainer *t)
+{
+    const dt_trainer_position pos = dt_trainer_get_position(t->tr);
+    const int64_t accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1; /* the trainer's (a pipeline's is 1) */
+    const int64_t done = pos.epoch > t->epoch ? t->nb : pos.batch; /* batches of the epoch behind us */
+    const int64_t left = (t->nb - done + accum - 1) / accum;
+    return t->spe - left;
+}
+
+/* After every optimizer step: its record (every --log-every steps and at
+ * the epoch's end), progress, mid-epoch evaluation. "step" everywhere is the
+ * optimizer step (DeepSpeed's global_steps, HF Trainer's global_step); the
+ * micro-batches are "micro_step". */
 static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
 {
     trainer *t = ud;
@@ -693,45 +776,53 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         dt_trainer_request_stop(tr);
     if (m->stop && !g_stop)
         g_stop = SIGTERM;
-    const int64_t per = t->o.batch * t->ddp.world;
     if (!t->first_shown && t->prog.mode != DT__PROGRESS_NONE) { /* the time a user waits for training to start */
         const double now = dt_time_s();
         dt__progress_clear(&t->prog);
-        printf("first step done %.2f s after start (the step, data loading included: %.2f s)\n", now - t->start_s, now - t->t0);
+        printf("first step done %.2f s after start (the step, data loading included: %.2f s)\n", now - t->start_s,
+               now - t->t0);
         fflush(stdout);
         dt__progress_exclude(&t->prog, dt_time_s() - now);
     }
     t->first_shown = true;
-    for (int i = 0; i < m->nmicro; i++) {
-        const double l = m->micro_loss[i];
-        t->step++;
-        t->global_step++;
-        /* every batch but the epoch's last is full; the last ends its step */
-        t->samples += i + 1 < m->nmicro ? per : m->samples - (int64_t)(m->nmicro - 1) * per;
-        t->loss_window[t->nloss++ % LOSS_WINDOW] = l;
-        t->log_loss += l;
-        t->log_n++;
-        t->epoch_loss += l;
-        dt__progress_step(&t->prog, t->step, window_mean(t), m->lr, t->samples);
-        if (t->step % t->o.log_every == 0 || t->step == t->nb) {
-            double el = dt_time_s() - t->t0;
-            char lmr[96];
-            if (dt__metrics_write(&t->metrics,
-                                  "\"event\":\"step\",\"epoch\":%lld,\"step\":%lld,\"epoch_step\":%lld,"
-                                  "\"loss\":%.6f,\"lr\":%.6g,\"samples_per_s\":%.1f%s,\"loss_scale\":%g,"
-                                  "\"skipped_steps\":%lld",
-                                  (long long)t->epoch + 1, (long long)t->global_step, (long long)t->step,
-                                  t->log_loss / (double)t->log_n, m->lr, el > 0 ? (double)t->samples / el : 0,
-                                  lm_rates(t, el > 0 ? (double)t->samples / el : 0, lmr, sizeof lmr),
-                                  m->loss_scale, (long long)m->skipped_steps) < 0) {
-                dt__progress_clear(&t->prog);
-                t->cb_rc = fail(1, NULL);
-                return DT_ERR_CANCELED; /* reported */
-            }
-            t->log_loss = 0;
-            t->log_n = 0;
+    double sum = 0;
+    for (int i = 0; i < m->nmicro; i++)
+        sum += m->micro_loss[i];
+    const int64_t before = t->global_step;
+    t->global_step = dt_trainer_steps(tr); /* a step skipped by the loss scaler does not count (as for the schedule) */
+    t->micro_step += m->nmicro;
+    t->step = epoch_step(t);
+    t->samples += m->samples;
+    t->loss_window[t->nloss++ % LOSS_WINDOW] = m->nmicro ? sum / m->nmicro : NAN;
+    t->log_loss += sum;
+    t->log_n += m->nmicro;
+    t->epoch_loss += sum;
+    t->epoch_micro += m->nmicro;
+    const bool advanced = t->global_step != before;
+    dt__progress_step(&t->prog, t->step, t->global_step, window_mean(t), m->lr, t->samples);
+    /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
+       checkpoint names): its record repeats the number, with skipped_steps one higher */
+    if (t->global_step % t->o.log_every == 0 || t->step == t->spe) {
+        double el = dt_time_s() - t->t0;
+        char lmr[96];
+        if (dt__metrics_write(&t->metrics,
+                              "\"event\":\"step\",\"epoch\":%lld,\"step\":%lld,\"epoch_step\":%lld,"
+                              "\"micro_step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"samples_per_s\":%.1f%s,"
+                              "\"loss_scale\":%g,\"skipped_steps\":%lld",
+                              (long long)t->epoch + 1, (long long)t->global_step, (long long)t->step,
+                              (long long)t->micro_step, t->log_n ? t->log_loss / (double)t->log_n : NAN, m->lr,
+                              el > 0 ? (double)t->samples / el : 0,
+                              lm_rates(t, el > 0 ? (double)t->samples / el : 0, lmr, sizeof lmr), m->loss_scale,
+                              (long long)m->skipped_steps) < 0) {
+            dt__progress_clear(&t->prog);
+            t->cb_rc = fail(1, NULL);
+            return DT_ERR_CANCELED; /* reported */
         }
-        if (t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0 && t->step != t->nb) {
+        t->log_loss = 0;
+        t->log_n = 0;
+    }
+    if (advanced) {
+        if (t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0 && t->step != t->spe) {
             /* Evaluation time is not training time: keep it out of the clock. */
             double e0 = dt_time_s(), tl, ta;
             dt__progress_clear(&t->prog);
@@ -777,12 +868,9 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
 {
     t->epoch = epoch;
     t->nb = dt_loader_num_batches(t->train_loader);
-    t->step = t->samples = t->log_n = 0;
-    dt_trainer_position pos = dt_trainer_get_position(t->tr);
-    if (pos.epoch == epoch && pos.batch < t->nb)
-        t->step = pos.batch; /* resumed mid-epoch: the epoch's step counter goes on from there */
+    t->step = t->samples = t->log_n = t->epoch_micro = 0; /* resumed mid-epoch: the first step says where (epoch_step) */
     t->log_loss = t->epoch_loss = 0;
-    dt__progress_epoch_begin(&t->prog, epoch, t->nb);
+    dt__progress_epoch_begin(&t->prog, epoch, t->spe);
     t->t0 = dt_time_s();
     dt_trainer_epoch_result res;
     dt_status st = dt_trainer_epoch(t->tr, t->train_loader, dt_dataset_get_info(t->train), epoch, on_step, t, &res);
@@ -823,7 +911,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
                           "\"event\":\"epoch\",\"epoch\":%lld,\"step\":%lld,\"wall_s\":%.4f,"
                           "\"samples_per_s\":%.1f,\"train_loss\":%.6f,\"train_loss_last100\":%.6f",
                           (long long)epoch + 1, (long long)t->global_step, *wall_s, *sps_out,
-                          t->step ? t->epoch_loss / (double)t->step : NAN, window_mean(t)) < 0)
+                          t->epoch_micro ? t->epoch_loss / (double)t->epoch_micro : NAN, window_mean(t)) < 0)
         return fail(1, NULL);
     return 0;
 }
@@ -863,6 +951,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         return 1;
     }
     t->start_s = dt_time_s();
+    t->resumed_step = -1; /* a fresh run until setup_resume loads a checkpoint */
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */
@@ -897,14 +986,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = make_user_json(t)))
         goto out;
-    if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
-        if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
-            rc = fail(2, NULL);
-            goto out;
-        }
-        t->metrics_open = true;
-    }
     if (eval_ckpt) {
+        if ((rc = open_metrics(t)))
+            goto out;
         double el, ea;
         if (dt_trainer_load_weights(t->tr, eval_ckpt) < 0) {
             rc = fail(bad_input_status(dt_last_status()) ? 2 : 1, "--ckpt");
@@ -922,6 +1006,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     }
     if ((rc = setup_resume(t)))
         goto out;
+    if (nothing_left(t)) /* says so; touches nothing */
+        goto out;
+    if ((rc = open_metrics(t)))
+        goto out;
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);
     char data_q[1200], scaler_json[256] = "null";
@@ -931,14 +1019,17 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         snprintf(scaler_json, sizeof scaler_json, "{\"rule\":\"%s\",\"dynamic\":%s,\"initial_scale\":%g}",
                  t->o.scaler, dt_loss_scaler_is_dynamic(ls) ? "true" : "false", dt_loss_scaler_scale(ls));
     if (dt__metrics_write(&t->metrics,
-                          "\"event\":\"start\",\"model\":\"%s\",\"data\":%s,\"epochs\":%lld,"
-                          "\"batch\":%lld,\"world_size\":%d,\"optimizer\":\"%s\",\"lr\":%g,"
+                          "\"event\":\"start\",\"model\":\"%s\",\"data\":%s,\"epochs\":%lld,\"max_steps\":%lld,"
+                          "\"batch\":%lld,\"grad_accum\":%lld,\"world_size\":%d,\"optimizer\":\"%s\",\"lr\":%g,"
+                          "\"lr_schedule\":\"%s\",\"warmup_steps\":%lld,\"total_steps\":%lld,"
                           "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
-                          "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"params\":%zu,"
+                          "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"batches_per_epoch\":%lld,\"params\":%zu,"
                           "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s",
-                          t->o.model, data_q, (long long)t->o.epochs, (long long)t->o.batch,
-                          t->ddp.world, t->o.optimizer, t->o.lr, (unsigned long long)t->o.seed, t->o.rng,
-                          dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)spe,
+                          t->o.model, data_q, (long long)t->epochs, (long long)t->o.max_steps, (long long)t->o.batch,
+                          (long long)t->o.grad_accum, t->ddp.world, t->o.optimizer, t->o.lr,
+                          dt_sched_kind_name(t->sched.kind), (long long)t->sched.warmup_steps,
+                          (long long)t->sched.total_steps, (unsigned long long)t->o.seed, t->o.rng,
+                          dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)t->spe, (long long)spe,
                           dt_model_param_count(t->model), t->o.precision,
                           t->o.reduce_dtype ? t->o.reduce_dtype : t->o.precision, t->o.keep_bn_fp32,
                           scaler_json) < 0) {
@@ -957,7 +1048,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         }
         free(eff);
     }
-    dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
+    const dt_trainer_position pos0 = dt_trainer_get_position(t->tr);
+    if (t->o.max_steps > 0 && t->epochs < pos0.epoch + 1)
+        t->epochs = pos0.epoch + 1; /* resumed at another world size: at least the epoch it is in */
+    dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->epochs,
                       t->o.log_every);
     if (t->lm) {
         /* the MFU of the step's model FLOPs (forward + backward, per rank) */
@@ -971,10 +1065,27 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("training %s (%zu parameters%s) on %s: %lld items, %lld steps/epoch of %lld, %s lr %g, "
                "%d threads\n", t->o.model, dt_model_param_count(t->model),
                t->ddp.tp > 1 ? " in this rank's slice" : "", t->o.data,
-               (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
-               dt_get_num_threads());
+               (long long)ntrain, (long long)t->spe, (long long)t->o.batch * t->o.grad_accum, t->o.optimizer,
+               t->o.lr, dt_get_num_threads());
     if (t->prog.mode != DT__PROGRESS_NONE && t->o.precision_auto)
         printf("precision auto: %s (%s)\n", t->o.precision, t->o.precision_auto);
+    if (t->prog.mode != DT__PROGRESS_NONE) {
+        char len[160], warm[64] = "";
+        if (t->o.max_steps > 0)
+            snprintf(len, sizeof len, "%lld optimizer steps (--max-steps; %lld epoch%s of %lld steps; it overrides "
+                     "--epochs, as HF Trainer's max_steps)", (long long)t->o.max_steps, (long long)t->epochs,
+                     t->epochs == 1 ? "" : "s", (long long)t->spe);
+        else
+            snprintf(len, sizeof len, "%lld epoch%s of %lld optimizer steps (%lld)", (long long)t->epochs,
+                     t->epochs == 1 ? "" : "s", (long long)t->spe, (long long)(t->epochs * t->spe));
+        if (t->sched.warmup_steps > 0)
+            snprintf(warm, sizeof warm, ", %s warm-up over %lld steps",
+                     t->sched.warmup == DT_WARMUP_LOG ? "log" : "linear", (long long)t->sched.warmup_steps);
+        printf("run: %s; lr schedule %s%s", len, dt_sched_kind_name(t->sched.kind), warm);
+        if (t->sched.kind == DT_SCHED_COSINE || t->sched.kind == DT_SCHED_LINEAR)
+            printf(", total_steps %lld (to %g)", (long long)t->sched.total_steps, t->sched.min_lr);
+        printf("\n");
+    }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
@@ -1004,11 +1115,26 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                t->ckpt_modules);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
-    for (int64_t e = dt_trainer_get_position(t->tr).epoch; e < t->o.epochs && !t->max_reached; e++) {
-        if (t->o.max_steps > 0 && dt_trainer_steps(t->tr) >= t->o.max_steps)
-            break; /* a resumed run that had already reached --max-steps */
+    /* --max-steps sets the run's length: the loader wraps into as many epochs as it takes (each reshuffled:
+       the sampler's order is a function of the seed and the epoch, as DistributedSampler.set_epoch) */
+    int idle = 0; /* epochs in a row without an optimizer step */
+    for (int64_t e = pos0.epoch; (t->o.max_steps > 0 || e < t->o.epochs) && !t->max_reached; e++) {
+        const int64_t s0 = dt_trainer_steps(t->tr);
+        if (t->o.max_steps > 0 && s0 >= t->o.max_steps)
+            break;
+        if (e >= t->epochs)
+            t->prog.epochs = t->epochs = e + 1;
         if ((rc = train_epoch(t, e, &wall, &sps)))
             goto out;
+        if (dt_trainer_steps(t->tr) != s0) {
+            idle = 0;
+        } else if (t->o.max_steps > 0 && ++idle >= 2) { /* no end in sight: say so rather than loop */
+            dt__cli_err("dtrain train: epochs %lld and %lld took no optimizer step (every step skipped by the loss "
+                        "scaler?): stopping short of --max-steps %lld\n", (long long)e, (long long)e + 1,
+                        (long long)t->o.max_steps);
+            rc = 1;
+            goto out;
+        }
         wall_sum += wall;
         if (!t->o.no_eval && (rc = eval_and_record(t, e, &tl, &ta)))
             goto out;
@@ -1047,8 +1173,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         if (t->ckpt_profile && dt_model_checkpoint_profile(t->model, &cf, &cr, &cn) == DT_OK)
             printf("activation checkpointing profile: %llu regions, %.3f s in first runs, %.3f s recomputing\n",
                    (unsigned long long)cn, cf, cr);
-        if (t->o.epochs > 1)
-            printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
+        if (t->epochs > 1)
+            printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->epochs);
         char ddp_line[400];
         dt__ddp_summary(&t->ddp, t->global_step, ddp_line, sizeof ddp_line);
         if (ddp_line[0])

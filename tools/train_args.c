@@ -7,6 +7,7 @@
 
 #include "dtrain/train.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -41,8 +42,13 @@ static const opt_def opts[] = {
     {"momentum", OPT_FLOAT, OFF(momentum), 0, 0.999999, NULL, "X", "SGD momentum (default 0)"},
     {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "X",
      "weight decay (default: 0; 0.01 for adamw and lamb)"},
-    {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine", "NAME",
-     "learning-rate schedule (default constant)"},
+    {"betas", OPT_STR, OFF(betas), 0, 0, NULL, "B1,B2",
+     "adam/adamw/lamb: the moment decays (default 0.9,0.999; torch's betas, HF's --adam_beta1/--adam_beta2)"},
+    {"eps", OPT_FLOAT, OFF(eps), 1e-30, 1, NULL, "X",
+     "adam/adamw/lamb: added to the denominator (default 1e-8; lamb 1e-6)"},
+    {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine|linear", "NAME",
+     "learning-rate schedule (default constant); cosine and linear decay to 0 over the run (--max-steps when "
+     "given, else the epochs)"},
     {"warmup", OPT_INT, OFF(warmup), 0, 1e9, NULL, "STEPS",
      "linear warm-up steps (default 0; schedule steps are optimizer steps: with --grad-accum N, one per N batches)"},
     {"step-size", OPT_INT, OFF(step_size), 1, 1e9, NULL, "STEPS",
@@ -52,11 +58,11 @@ static const opt_def opts[] = {
      "clip the global gradient L2 norm (default 0 = off)"},
     {"threads", OPT_INT, OFF(threads), 0, 1024, NULL, "N", "compute threads (default: all cores)"},
     {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "STEPS",
-     "also evaluate every N steps (default 0: at the end of each epoch)"},
+     "also evaluate every N optimizer steps (default 0: at the end of each epoch)"},
     {"no-eval", OPT_FLAG, OFF(no_eval), 0, 0, NULL, NULL, "skip evaluation on the test split"},
     {"metrics", OPT_STR, OFF(metrics), 0, 0, NULL, "FILE", "write JSON-lines metrics to FILE"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
-     "steps between plain progress lines and metrics records (default 100)"},
+     "optimizer steps between plain progress lines and metrics records, counted across epochs (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
     {"rng", OPT_CHOICE, OFF(rng), 0, 0, "torch|philox", "NAME",
      "how --seed draws the initial weights and the data order: torch = PyTorch's numbers "
@@ -161,7 +167,9 @@ static const opt_def opts[] = {
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,
      "with --save: write checkpoints on a background thread while training goes on"},
     {"max-steps", OPT_INT, OFF(max_steps), 0, 1e12, NULL, "N",
-     "stop after N optimizer steps in all (a resumed run counts the saved ones; default 0 = no limit)"},
+     "the run's length: N optimizer steps in all, over as many epochs as they take (it overrides --epochs, as "
+     "HF Trainer's max_steps does; the cosine/linear schedule spans N; a resumed run counts the saved steps; "
+     "default 0 = --epochs)"},
     {"resume", OPT_STR, OFF(resume), 0, 0, NULL, "DIR|auto",
      "continue from a checkpoint: DIR is a --save directory (its newest) or one checkpoint; auto: the "
      "--save directory's newest if it has one, else start fresh"},
@@ -208,6 +216,7 @@ static void set_defaults(dt__train_opts *o)
     o->lr = 0.01;
     o->momentum = 0;
     o->weight_decay = -1;
+    o->eps = -1;
     o->lr_schedule = "constant";
     o->gamma = 0.1;
     o->log_every = 100;
@@ -379,6 +388,17 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
+    if (o->betas) { /* "B1,B2", each in [0, 1) (torch's betas) */
+        char *e1 = NULL, *e2 = NULL;
+        double b1 = strtod(o->betas, &e1), b2 = e1 && *e1 == ',' ? strtod(e1 + 1, &e2) : NAN;
+        if (e1 == o->betas || isspace((unsigned char)o->betas[0]) || !e2 || e2 == e1 + 1 ||
+            isspace((unsigned char)e1[1]) || *e2 || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
+            dt__cli_err("dtrain train: --betas %s: expected two numbers in [0, 1) separated by a comma, e.g. "
+                        "0.9,0.95\n", o->betas);
+            return 2;
+        }
+        o->beta[0] = b1, o->beta[1] = b2, o->beta_set = true;
+    }
     if (!strcmp(o->precision, "auto")) /* resolved here: everything after sees fp32 or bf16 */
         o->precision = dt_precision_auto(&o->precision_auto) == DT_BF16 ? "bf16" : "fp32";
     /* with --config the flags combine with the file's keys first: dt__train_config checks the merge */
@@ -433,6 +453,11 @@ int dt__train_check(dt__train_opts *o)
     if (o->loss_scale >= 0 && !strcmp(o->precision, "bf16")) {
         dt__cli_err("dtrain train: --loss-scale with --precision bf16: bf16 has fp32's range and needs no "
                     "loss scaling (DeepSpeed forces scale 1)\n");
+        return 2;
+    }
+    if ((o->betas || o->eps >= 0) && !strcmp(o->optimizer, "sgd")) {
+        dt__cli_err("dtrain train: --%s applies to --optimizer adam, adamw and lamb (got sgd)\n",
+                    o->betas ? "betas" : "eps");
         return 2;
     }
     if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {
