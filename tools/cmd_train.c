@@ -112,6 +112,8 @@ typedef struct {
     double log_loss, epoch_loss, t0;
     int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
+    double start_s;               /* when the command started (time to the first step) */
+    bool first_shown;             /* "first step ..." printed */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -870,6 +872,15 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         dt_trainer_request_stop(tr);
     if (m->stop && !g_stop)
         g_stop = SIGTERM;
+    if (!t->first_shown && t->prog.mode != DT__PROGRESS_NONE) { /* the time a user waits for training to start */
+        const double now = dt_time_s();
+        dt__progress_clear(&t->prog);
+        printf("first step done %.2f s after start (the step, data loading included: %.2f s)\n", now - t->start_s,
+               now - t->t0);
+        fflush(stdout);
+        dt__progress_exclude(&t->prog, dt_time_s() - now);
+    }
+    t->first_shown = true;
     double sum = 0;
     for (int i = 0; i < m->nmicro; i++)
         sum += m->micro_loss[i];
@@ -1035,6 +1046,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         dt__cli_err("dtrain train: out of memory\n");
         return 1;
     }
+    t->start_s = dt_time_s();
     t->resumed_step = -1; /* a fresh run until setup_resume loads a checkpoint */
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
@@ -1154,6 +1166,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                t->ddp.tp > 1 ? " in this rank's slice" : "", t->o.data,
                (long long)ntrain, (long long)t->spe, (long long)t->o.batch * t->o.grad_accum, t->o.optimizer,
                t->o.lr, dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->o.precision_auto)
+        printf("precision auto: %s (%s)\n", t->o.precision, t->o.precision_auto);
     if (t->prog.mode != DT__PROGRESS_NONE) {
         char len[160], warm[64] = "";
         if (t->o.max_steps > 0)

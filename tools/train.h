@@ -89,7 +89,8 @@ typedef struct dt__train_opts {
     const char *resume;       /* DIR (a save directory or one checkpoint) | auto, NULL = none */
     const char *init_from;    /* initial weights from a safetensors file, NULL = none */
     /* mixed precision (issue 12) */
-    const char *precision;    /* fp32 | bf16 | fp16, default fp32 */
+    const char *precision;    /* fp32 | bf16 | fp16, default fp32 ("auto" is resolved at parse) */
+    const char *precision_auto; /* NULL, or why "auto" chose precision (dt_precision_auto) */
     const char *reduce_dtype; /* fp32 | bf16 | fp16, NULL = the precision's */
     const char *keep_bn_fp32; /* true | false, default true */
     const char *buffer_dtype; /* fp32 | bf16 | fp16, NULL = fp32 */

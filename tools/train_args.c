@@ -5,6 +5,8 @@
 #include "cmd.h"
 #include "train.h"
 
+#include "dtrain/train.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <float.h>
@@ -173,9 +175,10 @@ static const opt_def opts[] = {
      "--save directory's newest if it has one, else start fresh"},
     {"init-from", OPT_STR, OFF(init_from), 0, 0, NULL, "FILE",
      "initial weights from a safetensors file with PyTorch's names (e.g. written by PyTorch)"},
-    {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16", "P",
+    {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16|auto", "P",
      "parameters, activations and gradient reduction in P; bf16/fp16 keep fp32 master weights and f32 "
-     "optimizer states; fp16 scales the loss dynamically (default fp32)"},
+     "optimizer states; fp16 scales the loss dynamically; auto: bf16 where the CPU has AVX512_BF16 (or AMX), "
+     "fp32 elsewhere, printed at start (default fp32)"},
     {"reduce-dtype", OPT_CHOICE, OFF(reduce_dtype), 0, 0, "fp32|bf16|fp16", "P",
      "dtype of the gradient all-reduce (default: the --precision's)"},
     {"keep-bn-fp32", OPT_CHOICE, OFF(keep_bn_fp32), 0, 0, "true|false", "BOOL",
@@ -492,6 +495,8 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         }
         o->beta[0] = b1, o->beta[1] = b2, o->beta_set = true;
     }
+    if (!strcmp(o->precision, "auto")) /* resolved here: everything after sees fp32 or bf16 */
+        o->precision = dt_precision_auto(&o->precision_auto) == DT_BF16 ? "bf16" : "fp32";
     /* with --config the flags combine with the file's keys first: dt__train_config checks the merge */
     return o->config ? 0 : dt__train_check(o);
 }

@@ -289,6 +289,8 @@ static int read_back(dt__train_opts *o, dt_config *c)
         return bad();
     if (st == DT_OK)
         o->precision = dt == DT_F16 ? "fp16" : dt == DT_BF16 ? "bf16" : "fp32";
+    if (st == DT_OK && dt != DT_F16 && dt_config_is_auto(c, "bf16.enabled"))
+        dt_precision_auto(&o->precision_auto); /* bf16.enabled "auto": say why at start */
     const char *s;
     if (dt_config_get_str(c, "communication_data_type", &s) == DT_OK)
         o->reduce_dtype = s;

@@ -46,7 +46,7 @@ TEST(help_contents)
     for (int i = 0; i < 7; i++)
         ASSERT_STR_CONTAINS(r.out, ck[i]);
     /* mixed precision (issue 12) */
-    const char *mp[] = {"--precision {fp32|bf16|fp16}", "--reduce-dtype {fp32|bf16|fp16}",
+    const char *mp[] = {"--precision {fp32|bf16|fp16|auto}", "--reduce-dtype {fp32|bf16|fp16}",
                         "--keep-bn-fp32 {true|false}", "--buffer-dtype {fp32|bf16|fp16}", "--loss-scale X", "--initial-scale-power N",
                         "--loss-scale-window N", "--hysteresis N", "--min-loss-scale X",
                         "--scaler {deepspeed|torch}"};

@@ -14,6 +14,14 @@ if(TARGET test_fault_matrix)
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
 
+# bench/compare.sh (the regression guard) in its quick mode, HEAD against
+# HEAD: builds HEAD's CLI once into the build tree (ccache makes it quick)
+# and checks the output's format; skipped without git history.
+add_test(NAME tools/compare_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/compare_quick.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/compare-quick)
+set_tests_properties(tools/compare_quick PROPERTIES TIMEOUT 900 LABELS "tools;slow" SKIP_RETURN_CODE 77
+  ENVIRONMENT "OPENBLAS_CORETYPE=SkylakeX")
+
 # signal_shim.so: preloaded by test_proc_safety into other test programs, it
 # makes fork/forkpty fail and refuses (and logs) any signal sent outside the
 # program's own process tree.
