@@ -90,6 +90,23 @@ typedef struct {
 } mpi_note;
 #define NOTE_HEAD ((int)offsetof(mpi_note, msg))
 
+/* Status queries of the flight recorder: a rank that timed out asks every
+ * peer for its status block in the group gid (QUERY_TAG); the answer comes
+ * back with tag reply_tag(gid). */
+#define QUERY_TAG 2
+#define FLIGHT_BYTES 256
+typedef struct {
+    uint64_t gid;
+    int32_t rank;
+    int32_t pad;
+} mpi_query;
+typedef struct {
+    uint64_t gid;
+    int32_t rank, pad;
+    unsigned char board[FLIGHT_BYTES];
+} mpi_reply;
+static int reply_tag(uint64_t gid) { return 1000 + (int)(gid % 30000u); }
+
 typedef struct mpi_ctx {
     MPI_Comm comm;
     int rank, size;
@@ -115,6 +132,10 @@ typedef struct mpi_ctx {
     MPI_Request *note_sends; /* [size] */
     int note_queued;         /* on the unsent list (g_unsent_mu) */
     struct mpi_ctx *unsent_next;
+    /* The flight recorder's status block of this rank (flight_board),
+     * served to peers that ask (see "status queries"). */
+    unsigned char board[FLIGHT_BYTES];
+    uint64_t *chk;           /* [2]: the collective check's buffer (see check_same) */
 } mpi_ctx;
 
 static int we_initialised;
@@ -203,10 +224,37 @@ static void send_note(mpi_ctx *m)
             m->note_sends[r] = MPI_REQUEST_NULL; /* a dead peer: nothing to tell */
 }
 
-/* Receive what notices have arrived and mark their groups down (MPI access
- * and g_note_mu held). */
+static MPI_Request g_query_rq = MPI_REQUEST_NULL;
+static mpi_query g_query_in;
+
+/* Answer the status queries that have arrived (MPI access and g_note_mu
+ * held): the block of the named group, if it lives here. */
+static void query_take_locked(void)
+{
+    while (g_query_rq != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status s;
+        if (MPI_Test(&g_query_rq, &flag, &s) != MPI_SUCCESS || !flag)
+            return;
+        for (mpi_ctx *m = g_groups; m; m = m->reg_next)
+            if (m->gid == g_query_in.gid) {
+                mpi_reply rep = {.gid = m->gid, .rank = m->rank};
+                dt_flight_board_read(rep.board, m->board, sizeof rep.board);
+                /* small: sent eagerly, never waits for the asker */
+                MPI_Send(&rep, (int)sizeof rep, MPI_BYTE, s.MPI_SOURCE, reply_tag(m->gid), g_ctl);
+                break;
+            }
+        if (MPI_Irecv(&g_query_in, (int)sizeof g_query_in, MPI_BYTE, MPI_ANY_SOURCE, QUERY_TAG, g_ctl,
+                      &g_query_rq) != MPI_SUCCESS)
+            g_query_rq = MPI_REQUEST_NULL;
+    }
+}
+
+/* Receive what notices have arrived and mark their groups down, and answer
+ * status queries (MPI access and g_note_mu held). */
 static void note_take_locked(void)
 {
+    query_take_locked();
     while (g_note_rq != MPI_REQUEST_NULL) {
         int flag = 0;
         MPI_Status s;
@@ -244,6 +292,10 @@ static void note_register(mpi_ctx *m)
         MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl, &g_note_rq) !=
             MPI_SUCCESS)
         g_note_rq = MPI_REQUEST_NULL;
+    if (g_query_rq == MPI_REQUEST_NULL &&
+        MPI_Irecv(&g_query_in, (int)sizeof g_query_in, MPI_BYTE, MPI_ANY_SOURCE, QUERY_TAG, g_ctl,
+                  &g_query_rq) != MPI_SUCCESS)
+        g_query_rq = MPI_REQUEST_NULL;
     pthread_mutex_unlock(&g_note_mu);
 }
 
@@ -265,6 +317,11 @@ static void note_unregister(mpi_ctx *m, int finalized)
             MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
         }
         g_note_rq = MPI_REQUEST_NULL;
+    }
+    if (!g_groups && g_query_rq != MPI_REQUEST_NULL && !finalized) {
+        MPI_Cancel(&g_query_rq);
+        MPI_Wait(&g_query_rq, MPI_STATUS_IGNORE);
+        g_query_rq = MPI_REQUEST_NULL;
     }
     pthread_mutex_unlock(&g_note_mu);
 }
@@ -379,6 +436,10 @@ static void finalize_at_exit(void)
     if (g_note_rq != MPI_REQUEST_NULL) { /* groups left unfreed: their notice receive */
         MPI_Cancel(&g_note_rq);
         MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
+    }
+    if (g_query_rq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&g_query_rq);
+        MPI_Wait(&g_query_rq, MPI_STATUS_IGNORE);
     }
     if (g_nabandoned && !abandoned_all_done(1.0)) {
         fprintf(stderr, "mpi backend: a collective abandoned after a timeout never completed; "
@@ -501,8 +562,8 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
             m->abandoned = 1;
             abandon(*rq);
             return dt_error(DT_ERR_TIMEOUT,
-                            "mpi backend: %s did not complete within %.3g s on rank %d of %d "
-                            "(MPI does not say which ranks are missing; the group is now unusable)",
+                            "mpi backend: %s timed out after %.3g s on rank %d of %d (the group is now "
+                            "unusable)",
                             dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
         }
         if (now - t0 < 0.002) {
@@ -551,7 +612,12 @@ static dt_status check_same(mpi_ctx *m, const dt_coll *c)
     default: break;
     }
     uint64_t fp = dt_hash64(&me, sizeof me, 0x6d7069);
-    uint64_t v[2] = {fp, ~fp};
+    /* in the context, not on the stack: a request abandoned by a timeout
+     * may still be completed by a late rank and write it (mpi_free keeps it
+     * then) */
+    uint64_t *v = m->chk;
+    v[0] = fp;
+    v[1] = ~fp;
     MPI_Request rq;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, m->comm, &rq);
     if (rc != MPI_SUCCESS)
@@ -958,9 +1024,10 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     mpi_note *note = calloc(1, sizeof *note);
     MPI_Request *sends = malloc(sizeof *sends * (size_t)size);
     int *world = malloc(sizeof *world * (size_t)size), *mine = malloc(sizeof *mine * (size_t)size);
+    uint64_t *chk = malloc(2 * sizeof *chk);
     dt_status st = DT_OK;
     mpi_lock();
-    if (!m || !note || !sends || !world || !mine) {
+    if (!m || !note || !sends || !world || !mine || !chk) {
         st = dt_error(DT_ERR_NO_MEMORY, "mpi backend: context");
     } else {
         m->comm = comm;
@@ -994,9 +1061,11 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
         free(sends);
         free(world);
         free(mine);
+        free(chk);
         return st;
     }
     free(mine);
+    m->chk = chk;
     for (int r = 0; r < size; r++)
         sends[r] = MPI_REQUEST_NULL;
     m->world = world;
@@ -1102,6 +1171,8 @@ static void mpi_free(void *ctx)
     }
     mpi_unlock();
     pthread_mutex_destroy(&m->down_mu);
+    if (!m->abandoned) /* else MPI may still write it */
+        free(m->chk);
     free(m->world);
     free(m->note_sends);
     free(m->note_out);
@@ -1152,6 +1223,93 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     if (new_rank < 0)
         return DT_OK;
     return ctx_make(sub, m->check, m->blocking, (mpi_ctx **)child);
+}
+
+/* ---- the flight recorder's status blocks ---- */
+
+static void *mpi_flight_board(void *ctx, size_t bytes)
+{
+    mpi_ctx *m = ctx;
+    return m && bytes <= sizeof m->board ? m->board : NULL;
+}
+
+/* Ask every peer for its block and wait up to wait_s for the answers,
+ * answering the queries of others meanwhile (a peer that timed out at the
+ * same moment asks this rank). A stopped, dead or busy peer does not
+ * answer: got stays 0 for it. */
+static dt_status mpi_flight_gather(void *ctx, void *all, unsigned char *got, size_t bytes, double wait_s)
+{
+    mpi_ctx *m = ctx;
+    int W = m->size;
+    mpi_reply *rep = calloc((size_t)W, sizeof *rep);
+    MPI_Request *rq = malloc(sizeof *rq * (size_t)W), *sq = malloc(sizeof *sq * (size_t)W);
+    mpi_query *q = malloc(sizeof *q);
+    if (!rep || !rq || !sq || !q || bytes > FLIGHT_BYTES) {
+        free(rep);
+        free(rq);
+        free(sq);
+        free(q);
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: flight recorder query");
+    }
+    *q = (mpi_query){.gid = m->gid, .rank = m->rank};
+    mpi_lock();
+    for (int r = 0; r < W; r++) {
+        rq[r] = sq[r] = MPI_REQUEST_NULL;
+        if (r == m->rank)
+            continue;
+        if (MPI_Irecv(&rep[r], (int)sizeof rep[r], MPI_BYTE, m->world[r], reply_tag(m->gid), g_ctl, &rq[r]) !=
+            MPI_SUCCESS)
+            rq[r] = MPI_REQUEST_NULL;
+        else if (MPI_Isend(q, (int)sizeof *q, MPI_BYTE, m->world[r], QUERY_TAG, g_ctl, &sq[r]) != MPI_SUCCESS)
+            sq[r] = MPI_REQUEST_NULL; /* a dead peer */
+    }
+    double t0 = dt_time_s();
+    for (;;) {
+        int open = 0;
+        for (int r = 0; r < W; r++) {
+            if (rq[r] == MPI_REQUEST_NULL)
+                continue;
+            int flag = 0;
+            if (MPI_Test(&rq[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                rq[r] = MPI_REQUEST_NULL;
+            } else if (flag) {
+                if (rep[r].gid == m->gid && rep[r].rank == r) {
+                    memcpy((char *)all + (size_t)r * bytes, rep[r].board, bytes);
+                    got[r] = 1;
+                }
+            } else {
+                open++;
+            }
+        }
+        if (pthread_mutex_trylock(&g_note_mu) == 0) {
+            note_take_locked();
+            pthread_mutex_unlock(&g_note_mu);
+        }
+        if (!open || dt_time_s() - t0 > wait_s)
+            break;
+        mpi_unlock();
+        nap(1000000);
+        mpi_lock();
+    }
+    int sent = 1;
+    for (int r = 0; r < W; r++) {
+        if (rq[r] != MPI_REQUEST_NULL) { /* no answer: a receive cancels locally */
+            MPI_Cancel(&rq[r]);
+            MPI_Wait(&rq[r], MPI_STATUS_IGNORE);
+        }
+        int flag = 1;
+        if (sq[r] != MPI_REQUEST_NULL && (MPI_Test(&sq[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)) {
+            MPI_Request_free(&sq[r]); /* MPI finishes it on its own; q stays allocated */
+            sent = 0;
+        }
+    }
+    mpi_unlock();
+    if (sent)
+        free(q);
+    free(rep);
+    free(rq);
+    free(sq);
+    return DT_OK;
 }
 
 /* ---- nonblocking send/recv (the group layer batches them) ---- */
@@ -1285,4 +1443,6 @@ const dt_backend_ops dt__backend_mpi = {
     .p2p_start = mpi_p2p_start,
     .p2p_test = mpi_p2p_test,
     .p2p_idle = mpi_p2p_idle,
+    .flight_board = mpi_flight_board,
+    .flight_gather = mpi_flight_gather,
 };
