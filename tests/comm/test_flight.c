@@ -9,6 +9,7 @@
 // dt-test-timeout: 120
 // dt-test-labels: threads
 #include "harness.h"
+#include "parallel/ddp_util.h"
 #include "test.h"
 
 #include <errno.h>
@@ -99,6 +100,11 @@ TEST(environment_checked)
 static int body_stop(int rank, int size, void *arg)
 {
     (void)arg;
+    char log[512];
+    snprintf(log, sizeof log, "%s/rank%d.log", getenv("DT_FLIGHT_DIR"), rank);
+    if (!freopen(log, "w", stderr))
+        return 3;
+    setvbuf(stderr, NULL, _IONBF, 0);
     dt_pg *pg;
     TH_OK(th_pg(rank, size, NULL, &pg));
     th_shared[8 + rank] = (double)getpid();
@@ -161,7 +167,33 @@ TEST(stopped_rank_named_shm)
     int rc = th_run(3, 40.0, body_stop, NULL, codes);
     unsetenv("DT_COMM_TIMEOUT");
     unsetenv("DT_FLIGHT_DIR");
+    /* the logs: one rank (the lowest that timed out) printed the whole
+     * analysis; every rank logged its last operations */
+    int reports = 0, rings = 0;
+    for (int r = 0; r < 3; r++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/rank%d.log", dir, r);
+        if (rc != 0 || !file_has(path, "its last 3 of 3 operations")) { /* show what happened */
+            FILE *f = fopen(path, "r");
+            char line[2048];
+            while (f && fgets(line, sizeof line, f))
+                fprintf(stderr, "  rank %d: %s", r, line);
+            if (f)
+                fclose(f);
+        }
+        rings += file_has(path, "its last 3 of 3 operations");
+        if (file_has(path, "timed out on rank")) {
+            reports++;
+            ASSERT(r == 0);
+            ASSERT(file_has(path, "rank 1: posted 2 collectives, completed 2 (last reduce_scatter #1 (ZeRO unit 7, "
+                                  "step 811) at "));
+            ASSERT(file_has(path, "; has NOT posted #2"));
+            ASSERT(file_has(path, "rank 2: posted 3 collectives, completed 2"));
+        }
+        unlink(path);
+    }
     ASSERT(rc == 0);
+    ASSERT(reports == 1 && rings == 3);
     /* every rank wrote its ring (rank 1 once continued), named by rank and
      * group (the group's name counts this process's groups) */
     int seen[3] = {0, 0, 0};
@@ -182,11 +214,49 @@ TEST(stopped_rank_named_shm)
     ASSERT(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
 }
 
+/* The DDP reducer labels its bucket posts, and the step is recorded. */
+static int body_ddp(int rank, int W, void *arg)
+{
+    (void)arg;
+    dt_set_num_threads(1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    dt_model *m = mlp_model(1);
+    dt_ddp *ddp;
+    TH_OK(dt_ddp_init(pg, m, NULL, &ddp));
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
+    for (int s = 0; s < 2; s++) {
+        dt_comm_set_step(41 + s);
+        dt_model_zero_grad(m);
+        TH_OK(fwd_bwd(ctx, m, ddp, &k_mlp_data, (s * W + rank) * 4, 4, 1.0f));
+        TH_OK(dt_ddp_wait(ddp));
+        dt_ctx_reset(ctx);
+    }
+    dt_flight_entry e[64];
+    int n = dt_pg_flight(pg, e, 64), buckets = 0;
+    for (int i = 0; i < n; i++)
+        if (!strncmp(e[i].label, "DDP bucket ", 11) && e[i].step == 42 && e[i].status == DT_OK)
+            buckets++;
+    TH_CHECK(buckets >= 1, "no entry of step 42 labelled 'DDP bucket N' among %d", n);
+    dt_ctx_free(ctx);
+    dt_ddp_free(ddp);
+    dt_model_free(m);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(ddp_labels)
+{
+    ASSERT(th_run(2, 30.0, body_ddp, NULL, NULL) == 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     RUN(ring_contents_and_wrap);
     RUN(environment_checked);
     RUN(stopped_rank_named_shm);
+    RUN(ddp_labels);
     return TEST_REPORT();
 }
