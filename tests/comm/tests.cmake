@@ -74,6 +74,22 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   set_tests_properties(comm/mpi_flight_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
     PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend shm: ok" FAIL_REGULAR_EXPRESSION "FAILED"
     ENVIRONMENT "DT_BACKEND=shm;DT_EXPECT_BACKEND=shm;DT_COMM_TIMEOUT=3;ASAN_OPTIONS=detect_leaks=0")
+  # MPI_Init and group creation under the timeout (tests/comm/mpi_timeouts.c).
+  add_executable(mpi_timeouts ${CMAKE_CURRENT_LIST_DIR}/mpi_timeouts.c)
+  set_target_properties(mpi_timeouts PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_timeouts PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_timeouts PRIVATE _GNU_SOURCE)
+  target_link_libraries(mpi_timeouts PRIVATE dtrain_static)
+  foreach(v "init;2;init: rank 0 ok" "split;3;split: rank 0 ok")
+    list(GET v 0 mode)
+    list(GET v 1 np)
+    list(GET v 2 pass)
+    add_test(NAME comm/mpi_timeout_${mode}
+             COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:mpi_timeouts> ${mode})
+    set_tests_properties(comm/mpi_timeout_${mode} PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+      PASS_REGULAR_EXPRESSION "${pass}" FAIL_REGULAR_EXPRESSION "FAILED"
+      ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
   # The example programs run unchanged under mpirun.
   add_test(NAME comm/mpi_example_allreduce
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 ${PROJECT_BINARY_DIR}/examples/example_allreduce)

@@ -112,6 +112,7 @@ typedef struct mpi_ctx {
     int rank, size;
     int check;
     int blocking;
+    double timeout_s;  /* the group's timeout (its creation's subgroups) */
     int failed;        /* a posted MPI request was abandoned (timeout) */
     int abandoned;     /* a request on comm was left incomplete: comm is not freed */
     /* The group is down on this rank: a peer's notice arrived, or this rank
@@ -1015,7 +1016,7 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
 /* A group's context on comm (taken over; freed on error): its id, chosen by
  * its rank 0 and broadcast (collective over comm), its ranks' world ranks
  * (where notices go), and its entry in the notice registry. */
-static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
+static dt_status ctx_make(MPI_Comm comm, int check, int blocking, double timeout_s, mpi_ctx **out)
 {
     *out = NULL;
     int size = 0;
@@ -1073,6 +1074,7 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     m->note_sends = sends;
     m->check = check;
     m->blocking = blocking;
+    m->timeout_s = timeout_s;
     atomic_init(&m->down, 0);
     pthread_mutex_init(&m->down_mu, NULL);
     note_register(m);
@@ -1081,15 +1083,85 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     return DT_OK;
 }
 
+/* MPI_Init_thread under the group's timeout: it waits for every process of
+ * the job, and one that never starts (or hangs before dt_pg_init) would
+ * keep it waiting for ever. It runs on a helper thread; when it has not
+ * returned within timeout_s, dt_pg_init fails with DT_ERR_TIMEOUT and the
+ * helper is left inside MPI (the process should end: it cannot use MPI).
+ * g_init: 0 not started, 1 running, 2 returned (g_init_rc, g_init_level). */
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_init_cv = PTHREAD_COND_INITIALIZER;
+static int g_init, g_init_rc, g_init_level;
+
+static void *init_main(void *arg)
+{
+    (void)arg;
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    pthread_mutex_lock(&g_init_mu);
+    g_init_rc = rc;
+    g_init_level = provided;
+    g_init = 2;
+    pthread_cond_broadcast(&g_init_cv);
+    pthread_mutex_unlock(&g_init_mu);
+    return NULL;
+}
+
+static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
+{
+    pthread_mutex_lock(&g_init_mu);
+    if (g_init == 0) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int e = pthread_create(&t, &a, init_main, NULL);
+        pthread_attr_destroy(&a);
+        if (e != 0) {
+            pthread_mutex_unlock(&g_init_mu);
+            return dt_error(DT_ERR_IO, "mpi backend: cannot start a thread for MPI_Init_thread");
+        }
+        g_init = 1;
+    }
+    double until = dt_time_s() + info->timeout_s;
+    while (g_init == 1) {
+        double left = until - dt_time_s();
+        if (left <= 0)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double w = left < 0.5 ? left : 0.5;
+        ts.tv_sec += (time_t)w;
+        ts.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g_init_cv, &g_init_mu, &ts);
+    }
+    int state = g_init, rc = g_init_rc;
+    *provided = g_init_level;
+    pthread_mutex_unlock(&g_init_mu);
+    if (state != 2)
+        return dt_error(DT_ERR_TIMEOUT,
+                        "mpi backend: MPI_Init did not complete within %.3g s on rank %d of %d: a process of "
+                        "the job did not start or did not reach dt_pg_init (DT_COMM_TIMEOUT sets the limit)",
+                        info->timeout_s, info->rank, info->world_size);
+    if (rc != MPI_SUCCESS)
+        return mpi_err(rc, "MPI_Init_thread", NULL);
+    return DT_OK;
+}
+
 static dt_status mpi_init(const dt_backend_info *info, void **out)
 {
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) {
+    if (!inited || g_init == 1) {
         int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-        if (rc != MPI_SUCCESS)
-            return mpi_err(rc, "MPI_Init_thread", NULL);
+        dt_status ist = init_with_timeout(info, &provided);
+        if (ist < 0)
+            return ist;
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         if (!we_initialised) {
             we_initialised = 1;
             atexit(finalize_at_exit);
@@ -1137,7 +1209,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
     }
     const char *b = getenv("DT_MPI_BLOCKING");
     int blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
-    return ctx_make(comm, info->check, blocking, (mpi_ctx **)out);
+    return ctx_make(comm, info->check, blocking, info->timeout_s, (mpi_ctx **)out);
 }
 
 static void mpi_free(void *ctx)
@@ -1215,14 +1287,26 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     mpi_ctx *m = ctx;
     *child = NULL;
     MPI_Comm sub;
+    /* MPI_Comm_split blocks until every rank calls it: first a nonblocking
+     * barrier under the group's timeout, so that a rank that never comes
+     * is an error, not a hang (the split itself then finds everyone) */
+    dt_coll bc = {.kind = DT_COLL_BARRIER, .root = -1, .timeout_s = m->timeout_s};
+    MPI_Request brq;
     mpi_lock();
-    int rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
+    int rc = MPI_Ibarrier(m->comm, &brq);
+    dt_status bst = rc == MPI_SUCCESS ? wait_req(m, &brq, &bc, NULL) : mpi_err(rc, "MPI_Ibarrier", NULL);
+    if (bst < 0) {
+        mpi_unlock();
+        return dt_error(bst, "mpi backend: creating a subgroup (MPI_Comm_split) of rank %d of %d: %s", m->rank,
+                        m->size, dt_last_error());
+    }
+    rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
     mpi_unlock();
     if (rc != MPI_SUCCESS)
         return mpi_err(rc, "MPI_Comm_split", NULL);
     if (new_rank < 0)
         return DT_OK;
-    return ctx_make(sub, m->check, m->blocking, (mpi_ctx **)child);
+    return ctx_make(sub, m->check, m->blocking, m->timeout_s, (mpi_ctx **)child);
 }
 
 /* ---- the flight recorder's status blocks ---- */

@@ -1,0 +1,73 @@
+/* MPI start-up and group creation under the group's timeout (issue 30
+ * item 6), each a separate mpirun job with DT_COMM_TIMEOUT=2:
+ *
+ *   init   rank 1 never calls dt_pg_init (it sleeps, then exits without
+ *          MPI); rank 0's dt_pg_init must fail with DT_ERR_TIMEOUT naming
+ *          MPI_Init within the timeout + 5 s instead of waiting in MPI_Init
+ *          for ever;
+ *   split  3 ranks; rank 2 never joins dt_pg_subgroup; ranks 0 and 1 must
+ *          get DT_ERR_TIMEOUT naming the subgroup's creation within the
+ *          timeout + 5 s instead of waiting in MPI_Comm_split for ever.
+ *
+ * A rank prints "<mode>: rank R ok" or "FAILED" lines; mpirun may end the
+ * job with an error afterwards (a rank that cannot use MPI exits), so the
+ * registration (tests/comm/tests.cmake) matches the output. */
+#include "dtrain/comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TIMEOUT_S 2.0
+
+static int env_rank(void)
+{
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    return r ? atoi(r) : -1;
+}
+
+static int verdict(const char *mode, int rank, dt_status st, double took, const char *want)
+{
+    const char *msg = dt_last_error();
+    int ok = st == DT_ERR_TIMEOUT && took < TIMEOUT_S + 5 && strstr(msg, want);
+    printf("%s: rank %d %s after %.2f s (%s): %s\n", mode, rank, ok ? "ok" : "FAILED", took, dt_status_name(st),
+           msg);
+    fflush(stdout);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    int rank = env_rank();
+    if (!strcmp(mode, "init")) {
+        if (rank != 0) {
+            sleep(15); /* never starts MPI; mpirun ends it when rank 0 gives up */
+            return 0;
+        }
+        dt_pg *pg = NULL;
+        double t0 = dt_time_s();
+        dt_status st = dt_pg_init(NULL, &pg);
+        return verdict(mode, rank, st, dt_time_s() - t0, "MPI_Init did not complete within 2 s on rank 0 of 2");
+    }
+    if (!strcmp(mode, "split")) {
+        dt_pg *world;
+        if (dt_pg_init(NULL, &world) < 0) {
+            printf("split: rank %d FAILED: dt_pg_init: %s\n", rank, dt_last_error());
+            return 1;
+        }
+        rank = dt_pg_rank(world);
+        if (rank == 2) {
+            sleep(15); /* never joins; ended with the job */
+            return 0;
+        }
+        int ranks[2] = {0, 1};
+        dt_pg *sub = NULL;
+        double t0 = dt_time_s();
+        dt_status st = dt_pg_subgroup(world, ranks, 2, &sub);
+        return verdict(mode, rank, st, dt_time_s() - t0, "creating a subgroup");
+    }
+    fprintf(stderr, "usage: mpi_timeouts init|split\n");
+    return 2;
+}
