@@ -75,7 +75,9 @@
  * Failures are errors, never hangs:
  *  - every operation has a timeout (params.timeout_s, else $DT_COMM_TIMEOUT
  *    in seconds, finite and > 0, default 300): DT_ERR_TIMEOUT names the operation, its
- *    sequence number and the ranks that did not arrive;
+ *    sequence number, the ranks that did not arrive (the flight recorder's
+ *    verdict, below) and the timeout and where it came from; under mpi,
+ *    MPI_Init and a subgroup's creation are bounded by it too;
  *  - ranks that post different collectives at the same sequence number
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
  *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
@@ -86,7 +88,8 @@
  *    and later operations on it fail at once with that rank's status and
  *    message (shm: the shared abort record; mpi: a notice to each rank,
  *    which their waits poll for; a blocking collective of $DT_MPI_BLOCKING=1
- *    already inside MPI cannot be interrupted). This is how a protocol above
+ *    runs on a worker thread and is interrupted too, except when MPI gives
+ *    only MPI_THREAD_SERIALIZED). This is how a protocol above
  *    the group that breaks off midway (a pipeline schedule) stops its peers
  *    without a wait for the timeout.
  *

@@ -7,7 +7,11 @@
  *          for ever;
  *   split  3 ranks; rank 2 never joins dt_pg_subgroup; ranks 0 and 1 must
  *          get DT_ERR_TIMEOUT naming the subgroup's creation within the
- *          timeout + 5 s instead of waiting in MPI_Comm_split for ever.
+ *          timeout + 5 s instead of waiting in MPI_Comm_split for ever;
+ *   blocking  3 ranks under DT_MPI_BLOCKING=1; rank 1 never joins an
+ *          all-reduce; ranks 0 and 2 must get DT_ERR_TIMEOUT (with the
+ *          flight recorder's verdict naming rank 1) within the timeout + 5 s
+ *          instead of waiting inside the blocking MPI_Allreduce for ever.
  *
  * A rank prints "<mode>: rank R ok" or "FAILED" lines; mpirun may end the
  * job with an error afterwards (a rank that cannot use MPI exits), so the
@@ -68,6 +72,22 @@ int main(int argc, char **argv)
         dt_status st = dt_pg_subgroup(world, ranks, 2, &sub);
         return verdict(mode, rank, st, dt_time_s() - t0, "creating a subgroup");
     }
-    fprintf(stderr, "usage: mpi_timeouts init|split\n");
+    if (!strcmp(mode, "blocking")) { /* DT_MPI_BLOCKING=1 */
+        dt_pg *world;
+        if (dt_pg_init(NULL, &world) < 0) {
+            printf("blocking: rank %d FAILED: dt_pg_init: %s\n", rank, dt_last_error());
+            return 1;
+        }
+        rank = dt_pg_rank(world);
+        if (rank == 1) {
+            sleep(15); /* never joins; ended with the job */
+            return 0;
+        }
+        float x[16] = {0};
+        double t0 = dt_time_s();
+        dt_status st = dt_pg_allreduce(world, DT_IN_PLACE, x, 16, DT_F32, DT_REDUCE_SUM);
+        return verdict(mode, rank, st, dt_time_s() - t0, "flight recorder: rank 1 did not answer");
+    }
+    fprintf(stderr, "usage: mpi_timeouts init|split|blocking\n");
     return 2;
 }

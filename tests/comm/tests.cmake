@@ -80,15 +80,22 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   target_compile_options(mpi_timeouts PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
   target_compile_definitions(mpi_timeouts PRIVATE _GNU_SOURCE)
   target_link_libraries(mpi_timeouts PRIVATE dtrain_static)
-  foreach(v "init;2;init: rank 0 ok" "split;3;split: rank 0 ok")
+  # (blocking: without the collective check, whose nonblocking all-reduce
+  # would time out before the blocking call is reached)
+  foreach(v "init;2;init: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
+            "split;3;split: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
+            "blocking;3;blocking: rank 0 ok;DT_MPI_BLOCKING=1;DT_COMM_CHECK=0")
     list(GET v 0 mode)
     list(GET v 1 np)
     list(GET v 2 pass)
+    list(GET v 3 e1)
+    list(GET v 4 e2)
+    set(extra "${e1};${e2}")
     add_test(NAME comm/mpi_timeout_${mode}
              COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:mpi_timeouts> ${mode})
     set_tests_properties(comm/mpi_timeout_${mode} PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
       PASS_REGULAR_EXPRESSION "${pass}" FAIL_REGULAR_EXPRESSION "FAILED"
-      ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;ASAN_OPTIONS=detect_leaks=0")
+      ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;${extra};ASAN_OPTIONS=detect_leaks=0")
   endforeach()
   # The example programs run unchanged under mpirun.
   add_test(NAME comm/mpi_example_allreduce

@@ -13,8 +13,15 @@
  * marks it failed anyway) and its buffers may still be written by MPI: end
  * the job. The waiting loop spins on MPI_Test briefly, then yields, then
  * sleeps in short naps, so that 8 ranks on 2 cores still make progress.
- * $DT_MPI_BLOCKING=1 uses the blocking calls instead (no timeout, sometimes
- * faster because Open MPI's tuned blocking algorithms differ from libnbc's).
+ * $DT_MPI_BLOCKING=1 uses the blocking calls instead (sometimes faster
+ * because Open MPI's tuned blocking algorithms differ from libnbc's); with
+ * MPI_THREAD_MULTIPLE they run on a worker thread of the group while the
+ * caller waits under the timeout (see run_on_worker), so they too time out
+ * and are interrupted by a peer's failure notice. MPI_Init (on a helper
+ * thread) and a subgroup's creation (a nonblocking barrier first) are
+ * bounded by the timeout as well. After a timeout the rank asks its peers
+ * point to point for their flight recorder status (see "status queries"):
+ * the error names the ranks that did not answer.
  *
  * Reductions: MPI's own for f32, f64, i32, i64, u8; avg = sum, then divide.
  * f16 and bf16 travel as 16 bits (an all-to-all, a local f32 reduction
@@ -35,8 +42,9 @@
  * pending and later operations on that group fail within milliseconds with
  * the same status and message as on this rank, as the shm backend's abort
  * record makes them, not at the timeout. Two limits: a blocking collective
- * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI (a notice that
- * arrived before keeps it from starting; send/recv are always nonblocking),
+ * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI when MPI gives
+ * only MPI_THREAD_SERIALIZED (a notice that arrived before keeps it from
+ * starting; send/recv are always nonblocking),
  * and an operation left by a failure cannot be cancelled if it is a
  * collective or a send: its communicator is then never freed, and MPI may
  * still read or write its buffers (as after a timeout). A dead rank is not
@@ -137,6 +145,8 @@ typedef struct mpi_ctx {
      * served to peers that ask (see "status queries"). */
     unsigned char board[FLIGHT_BYTES];
     uint64_t *chk;           /* [2]: the collective check's buffer (see check_same) */
+    struct mpi_worker *worker; /* DT_MPI_BLOCKING=1: runs the blocking calls (run_on_worker) */
+    int stuck;               /* the worker never came back: m is never freed */
 } mpi_ctx;
 
 static int we_initialised;
@@ -146,6 +156,7 @@ static int we_initialised;
 static MPI_Request g_abandoned_rq[MPI_MAX_ABANDONED];
 static int g_nabandoned;
 static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_stuck; /* a blocking call's worker never came back from MPI: abort at exit */
 
 static void abandon(MPI_Request rq)
 {
@@ -442,7 +453,7 @@ static void finalize_at_exit(void)
         MPI_Cancel(&g_query_rq);
         MPI_Wait(&g_query_rq, MPI_STATUS_IGNORE);
     }
-    if (g_nabandoned && !abandoned_all_done(1.0)) {
+    if (g_stuck || (g_nabandoned && !abandoned_all_done(1.0))) {
         fprintf(stderr, "mpi backend: a collective abandoned after a timeout never completed; "
                         "aborting the job (MPI_Finalize would wait for ever)\n");
         fflush(stdout);
@@ -968,8 +979,128 @@ static dt_status run_other(mpi_ctx *m, const dt_coll *c, MPI_Datatype t)
 
 static dt_status mpi_run_locked(void *ctx, const dt_coll *c);
 
+/* ---- blocking calls under the timeout ----
+ * With DT_MPI_BLOCKING=1 and MPI_THREAD_MULTIPLE, a blocking call runs on
+ * the group's worker thread while the caller waits for it with the
+ * operation's timeout, polling failure notices and answering the flight
+ * recorder's queries: a peer's failure or the timeout ends the wait (the
+ * worker stays inside MPI; the group is unusable, its context and
+ * communicator are never freed and the process aborts the job at exit, as
+ * after any timeout). Under MPI_THREAD_SERIALIZED the call runs on the
+ * caller's thread and cannot be interrupted. */
+typedef struct mpi_worker {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const dt_coll *job; /* posted, not yet taken */
+    int busy;           /* a job is running or done but not collected */
+    int done;
+    int stop;           /* mpi_free: end the thread */
+    dt_status st;
+    char msg[NOTE_MSG_CAP];
+} mpi_worker;
+
+
+static void *worker_main(void *arg)
+{
+    mpi_ctx *m = arg;
+    mpi_worker *w = m->worker;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->job && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop)
+            break;
+        const dt_coll *c = w->job;
+        w->job = NULL;
+        pthread_mutex_unlock(&w->mu);
+        dt_error_clear();
+        dt_status st = mpi_run_locked(m, c);
+        pthread_mutex_lock(&w->mu);
+        w->st = st;
+        snprintf(w->msg, sizeof w->msg, "%s", st < 0 ? dt_last_error() : "");
+        w->done = 1;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
+{
+    mpi_worker *w = m->worker;
+    if (!w) {
+        w = calloc(1, sizeof *w);
+        if (!w)
+            return dt_error(DT_ERR_NO_MEMORY, "mpi backend: worker");
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        m->worker = w;
+        if (pthread_create(&w->thread, NULL, worker_main, m) != 0) {
+            m->worker = NULL;
+            free(w);
+            return mpi_run_locked(m, c); /* no thread: uninterruptible, as under SERIALIZED */
+        }
+    }
+    if (group_down(m, 1)) /* known down: the call would not start anyway */
+        return down_error(m);
+    pthread_mutex_lock(&w->mu);
+    w->job = c;
+    w->busy = 1;
+    w->done = 0;
+    pthread_cond_broadcast(&w->cv);
+    double t0 = dt_time_s();
+    for (unsigned long spins = 0; !w->done; spins++) {
+        pthread_mutex_unlock(&w->mu);
+        double now = dt_time_s();
+        dt_status st = DT_OK;
+        if (group_down(m, spins % 64 == 0))
+            st = down_error(m);
+        else if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+            char d[160];
+            m->failed = 1;
+            st = dt_error(DT_ERR_TIMEOUT, "mpi backend: %s timed out after %.3g s on rank %d of %d (a blocking "
+                                          "call, DT_MPI_BLOCKING=1; the group is now unusable)",
+                          dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
+        }
+        if (st < 0) {
+            /* a short grace: a call that was about to end need not be left */
+            for (int i = 0; i < 100; i++) {
+                pthread_mutex_lock(&w->mu);
+                int d = w->done;
+                pthread_mutex_unlock(&w->mu);
+                if (d)
+                    break;
+                nap(1000000);
+            }
+            pthread_mutex_lock(&w->mu);
+            if (w->done)
+                break; /* it came back meanwhile */
+            pthread_mutex_unlock(&w->mu);
+            m->abandoned = 1; /* the worker still uses m and its communicator */
+            m->stuck = 1;
+            g_stuck = 1;
+            return st;
+        }
+        if (spins < 1000)
+            sched_yield();
+        else
+            nap(now - t0 < 0.1 ? 20000 : 200000);
+        pthread_mutex_lock(&w->mu);
+    }
+    w->busy = 0;
+    dt_status st = w->st;
+    if (st < 0)
+        dt_error(st, "%s", w->msg);
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
 static dt_status mpi_run(void *ctx, const dt_coll *c)
 {
+    mpi_ctx *m = ctx;
+    if (m->blocking && thread_multiple && c->kind != DT_COLL_SEND && c->kind != DT_COLL_RECV)
+        return run_on_worker(m, c);
     mpi_lock();
     dt_status st = mpi_run_locked(ctx, c);
     mpi_unlock();
@@ -1217,6 +1348,12 @@ static void mpi_free(void *ctx)
     mpi_ctx *m = ctx;
     if (!m)
         return;
+    if (m->stuck) { /* its worker is still inside MPI with m: keep it all */
+        mpi_lock();
+        note_unregister(m, 0);
+        mpi_unlock();
+        return;
+    }
     int fin = 0;
     MPI_Finalized(&fin);
     mpi_lock();
@@ -1243,6 +1380,17 @@ static void mpi_free(void *ctx)
     }
     mpi_unlock();
     pthread_mutex_destroy(&m->down_mu);
+    if (m->worker) { /* idle */
+        mpi_worker *w = m->worker;
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+    }
     if (!m->abandoned) /* else MPI may still write it */
         free(m->chk);
     free(m->world);
