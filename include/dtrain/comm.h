@@ -624,10 +624,14 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
  * with the _async forms are all in flight together, so any pattern of
  * posted sends and receives completes whatever its size, e.g. every rank
  * posting its send to rank+1 before its receive from rank-1. A blocking
- * dt_pg_send waits for its receiver to take the data (beyond a small
- * buffer), so two ranks that both call dt_pg_send first deadlock (then
- * time out); use the _async forms or dt_pg_sendrecv. A collective posted
- * after send/recv requests starts when they have completed. */
+ * dt_pg_send of up to $DT_P2P_EAGER_KB KiB (default 1024) is buffered: a
+ * copy goes out as an asynchronous send and the call returns at once, so
+ * two ranks that both send (up to that size) before they receive do not
+ * deadlock; a failure of a buffered send fails the group, and a later
+ * operation reports it. Larger sends wait for their receiver to take the
+ * data, so two ranks that both send them first deadlock (then time out);
+ * use the _async forms or dt_pg_sendrecv. A collective posted after
+ * send/recv requests starts when they have completed. */
 DT_API dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt,
                                   int peer, dt_req **req);
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer);

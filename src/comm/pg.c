@@ -107,6 +107,9 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
     double fr_wait;
     if (dt__flight_env(&fr_cap, &fr_wait) < 0)
         return DT_ERR_INVALID_ARG;
+    int64_t eager_kb;
+    if (dt_env_int("DT_P2P_EAGER_KB", 1024, 0, (int64_t)1 << 30, &eager_kb) < 0)
+        return DT_ERR_INVALID_ARG;
     int check = p.check;
     if (check < 0) {
         int64_t c;
@@ -165,6 +168,7 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
     }
     dt__flight_attach(pg);
     pg->timeout_src = timeout_src;
+    pg->eager_bytes = (size_t)eager_kb * 1024;
     *out = pg;
     return DT_OK;
 }
@@ -265,6 +269,7 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
     }
     pg->ctx = child;
     pg->timeout_src = parent->timeout_src;
+    pg->eager_bytes = parent->eager_bytes;
     dt__flight_attach(pg);
     pg->parent = parent;
     pthread_mutex_lock(&parent->mu);

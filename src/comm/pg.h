@@ -73,6 +73,7 @@ struct dt_pg {
     char backend[64];
     double timeout_s;
     int timeout_src;           /* where timeout_s came from: 0 the default, 1 $DT_COMM_TIMEOUT, 2 params */
+    size_t eager_bytes;        /* blocking sends up to this size are buffered ($DT_P2P_EAGER_KB) */
     int check;
     dt_pg *parent;
     int children;              /* live subgroups */

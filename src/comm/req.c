@@ -65,8 +65,9 @@ static void coll_failed(dt_pg *pg, dt_status st, char *msg, size_t n)
 {
     /* a timeout of this rank's (one passed on from a peer carries the
      * peer's verdict already) */
-    if (st == DT_ERR_TIMEOUT && !strstr(msg, "; flight recorder:")) {
-        dt__flight_timeout(pg, msg, n);
+    if (st == DT_ERR_TIMEOUT && !strstr(msg, "(DT_COMM_TIMEOUT=") && !strstr(msg, "timeout is ")) {
+        if (!strstr(msg, "; flight recorder:"))
+            dt__flight_timeout(pg, msg, n);
         size_t l = strlen(msg);
         if (l < n)
             snprintf(msg + l, n - l, "%s%.3g s%s", pg->timeout_src == 2 ? " (the group's timeout is "

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "comm/rank_check.h"
+#include "proc.h"
 
 #define TIMEOUT_S 3.0
 
@@ -78,8 +79,10 @@ int main(void)
         CHECK(strstr(msg, "ranks 0, 2 wait since "), "the waiting ranks are not named: %s", msg);
         CHECK(strstr(msg, "(DT_COMM_TIMEOUT=3 s)"), "the timeout's source is not named: %s", msg);
         CHECK(!strstr(msg, "MPI does not say"), "%s", msg);
-        if (g_rank == 0 && pids[1] > 0)
-            kill((pid_t)pids[1], SIGCONT);
+        if (g_rank == 0) {
+            sleep(2); /* until rank 2 has its verdict too: continued, rank 1 posts #2 */
+            dt_test_kill((pid_t)pids[1], SIGCONT); /* refuses a pid <= 0 */
+        }
     }
     dt_pg_free(pg);
     int64_t bad = g_fail;

@@ -11,7 +11,10 @@
  *   blocking  3 ranks under DT_MPI_BLOCKING=1; rank 1 never joins an
  *          all-reduce; ranks 0 and 2 must get DT_ERR_TIMEOUT (with the
  *          flight recorder's verdict naming rank 1) within the timeout + 5 s
- *          instead of waiting inside the blocking MPI_Allreduce for ever.
+ *          instead of waiting inside the blocking MPI_Allreduce for ever;
+ *   h2h    2 ranks each call dt_pg_send (1 MiB) to the other, then
+ *          dt_pg_recv: both complete at once with the right data (a
+ *          buffered send), not at the timeout; also under `dtrain run`.
  *
  * A rank prints "<mode>: rank R ok" or "FAILED" lines; mpirun may end the
  * job with an error afterwards (a rank that cannot use MPI exits), so the
@@ -38,6 +41,9 @@ static int verdict(const char *mode, int rank, dt_status st, double took, const 
     printf("%s: rank %d %s after %.2f s (%s): %s\n", mode, rank, ok ? "ok" : "FAILED", took, dt_status_name(st),
            msg);
     fflush(stdout);
+    /* a rank that exits after a timeout aborts the job (MPI cannot finish
+     * with a request left): give the other ranks time to print theirs */
+    sleep(2);
     return ok ? 0 : 1;
 }
 
@@ -88,6 +94,41 @@ int main(int argc, char **argv)
         dt_status st = dt_pg_allreduce(world, DT_IN_PLACE, x, 16, DT_F32, DT_REDUCE_SUM);
         return verdict(mode, rank, st, dt_time_s() - t0, "flight recorder: rank 1 did not answer");
     }
-    fprintf(stderr, "usage: mpi_timeouts init|split|blocking\n");
+    if (!strcmp(mode, "h2h")) { /* two blocking sends facing each other */
+        dt_pg *pg;
+        if (dt_pg_init(NULL, &pg) < 0) {
+            printf("h2h: rank %d FAILED: dt_pg_init: %s\n", rank, dt_last_error());
+            return 1;
+        }
+        rank = dt_pg_rank(pg);
+        int peer = 1 - rank;
+        size_t n = (size_t)1 << 18; /* 1 MiB of f32: past MPI's and shm's eager sizes */
+        float *out = malloc(n * sizeof *out), *in = calloc(n, sizeof *in);
+        if (!out || !in || dt_pg_size(pg) != 2) {
+            printf("h2h: rank %d FAILED: needs 2 ranks and memory\n", rank);
+            return 1;
+        }
+        for (size_t i = 0; i < n; i++)
+            out[i] = (float)(rank * 1000003 + (int)i);
+        double t0 = dt_time_s();
+        dt_status st = dt_pg_send(pg, out, n, DT_F32, peer);
+        for (size_t i = 0; i < n; i++)
+            out[i] = -1; /* the send's buffer is free again: the peer still gets the values sent */
+        if (st >= 0)
+            st = dt_pg_recv(pg, in, n, DT_F32, peer);
+        double took = dt_time_s() - t0;
+        size_t bad = 0;
+        for (size_t i = 0; i < n && st >= 0; i++)
+            bad += in[i] != (float)(peer * 1000003 + (int)i);
+        int ok = st == DT_OK && bad == 0 && took < TIMEOUT_S;
+        printf("h2h: rank %d %s after %.2f s (%s, %zu wrong values, backend %s): %s\n", rank, ok ? "ok" : "FAILED",
+               took, dt_status_name(st), bad, dt_pg_backend(pg), st < 0 ? dt_last_error() : "");
+        fflush(stdout);
+        dt_pg_free(pg);
+        free(out);
+        free(in);
+        return ok ? 0 : 1;
+    }
+    fprintf(stderr, "usage: mpi_timeouts init|split|blocking|h2h\n");
     return 2;
 }

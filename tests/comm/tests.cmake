@@ -84,7 +84,8 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   # would time out before the blocking call is reached)
   foreach(v "init;2;init: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
             "split;3;split: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
-            "blocking;3;blocking: rank 0 ok;DT_MPI_BLOCKING=1;DT_COMM_CHECK=0")
+            "blocking;3;blocking: rank 0 ok;DT_MPI_BLOCKING=1;DT_COMM_CHECK=0"
+            "h2h;2;h2h: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1")
     list(GET v 0 mode)
     list(GET v 1 np)
     list(GET v 2 pass)
@@ -97,6 +98,11 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
       PASS_REGULAR_EXPRESSION "${pass}" FAIL_REGULAR_EXPRESSION "FAILED"
       ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;${extra};ASAN_OPTIONS=detect_leaks=0")
   endforeach()
+  add_test(NAME comm/mpi_timeout_h2h_shm_run
+           COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 2 -- $<TARGET_FILE:mpi_timeouts> h2h)
+  set_tests_properties(comm/mpi_timeout_h2h_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "h2h: rank 0 ok" FAIL_REGULAR_EXPRESSION "FAILED"
+    ENVIRONMENT "DT_BACKEND=shm;DT_COMM_TIMEOUT=2;ASAN_OPTIONS=detect_leaks=0")
   # The example programs run unchanged under mpirun.
   add_test(NAME comm/mpi_example_allreduce
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 ${PROJECT_BINARY_DIR}/examples/example_allreduce)
