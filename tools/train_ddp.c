@@ -153,6 +153,7 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
         pp.world_size = 1;
         pp.backend = "self";
     }
+    dt_flight_set_dir(o->save); /* a failing group writes its flight recorder there */
     dt_status st = dt_pg_init(&pp, &r->pg);
     if (st < 0) {
         dt__cli_err("dtrain train: process group: %s\n", dt_last_error());

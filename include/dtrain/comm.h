@@ -75,7 +75,9 @@
  * Failures are errors, never hangs:
  *  - every operation has a timeout (params.timeout_s, else $DT_COMM_TIMEOUT
  *    in seconds, finite and > 0, default 300): DT_ERR_TIMEOUT names the operation, its
- *    sequence number and the ranks that did not arrive;
+ *    sequence number, the ranks that did not arrive (the flight recorder's
+ *    verdict, below) and the timeout and where it came from; under mpi,
+ *    MPI_Init and a subgroup's creation are bounded by it too;
  *  - ranks that post different collectives at the same sequence number
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
  *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
@@ -86,9 +88,27 @@
  *    and later operations on it fail at once with that rank's status and
  *    message (shm: the shared abort record; mpi: a notice to each rank,
  *    which their waits poll for; a blocking collective of $DT_MPI_BLOCKING=1
- *    already inside MPI cannot be interrupted). This is how a protocol above
+ *    runs on a worker thread and is interrupted too, except when MPI gives
+ *    only MPI_THREAD_SERIALIZED). This is how a protocol above
  *    the group that breaks off midway (a pipeline schedule) stops its peers
  *    without a wait for the timeout.
+ *
+ * The flight recorder (always on; see "flight recorder" below): every group
+ * keeps a ring of its last operations on each rank (sequence number, kind,
+ * bytes, dtype, peer, posted/started/completed times and the caller's
+ * label, set with dt_pg_set_label). When an operation times out, the rank
+ * reads the other ranks' state (shm: from the shared segment, so a stopped
+ * rank is read too; mpi: it asks each peer point to point, waiting at most
+ * $DT_FLIGHT_WAIT seconds, default 2) and appends the verdict to the error:
+ *     allreduce(count=29034, f32, avg) #4711 timed out after 10 s on rank 0:
+ *     rank 1 did not arrive; flight recorder: rank 1 has not posted
+ *     allreduce #4711 (DDP bucket 3, step 812); it last completed
+ *     reduce_scatter #4710 at 12.31 s; ranks 0, 2 wait since 12.35 s
+ * (times: seconds since the first group of the reporting process was
+ * created). One rank logs the whole analysis, one line per rank; on any
+ * failure of a group every rank that can still run logs the group's last
+ * operations and, with dt_flight_set_dir (the CLI passes --save) or
+ * $DT_FLIGHT_DIR, writes its whole ring to DIR/flight-rank<R>-g<ID>.json.
  *
  * In-place operation: pass send = NULL (DT_IN_PLACE), or the aliasing that
  * MPI/NCCL use: send == recv for allreduce/reduce/broadcast, send == recv +
@@ -370,6 +390,55 @@ DT_API dt_status dt_pg_status(const dt_pg *pg);
  * number). send/recv are not counted. */
 DT_API uint64_t dt_pg_seq(const dt_pg *pg);
 
+/* ---- flight recorder ------------------------------------------------------
+ * Each group records its last $DT_FLIGHT_ENTRIES operations (default 256,
+ * 16 to 65536) on each rank in a ring that is written in place: O(1) and no
+ * allocation per operation. What it is for: see the overview. Usage:
+ *
+ *     dt_pg_set_label(pg, "DDP bucket 3");   // later posts on pg carry it
+ *     dt_comm_set_step(812);                 // and this step number
+ *     ...
+ *     dt_flight_entry e[16];
+ *     int n = dt_pg_flight(pg, e, 16);       // the last n, oldest first
+ */
+
+/* One recorded operation. Times are seconds since the first group of this
+ * process was created; 0 = not yet. */
+typedef struct dt_flight_entry {
+    uint64_t id;          /* record number in this group, from 0 */
+    uint64_t seq;         /* sequence number (collectives: per group; send/recv: per peer and direction) */
+    int kind;             /* a dt_coll_kind, or DT_FLIGHT_SUBGROUP (a subgroup creation) */
+    dt_dtype dtype;
+    int peer;             /* root or send/recv peer; -1 */
+    dt_status status;     /* DT_INPROGRESS until it completed */
+    size_t bytes;         /* count x element size (allgatherv: this rank's part) */
+    double t_posted, t_started, t_done;
+    int64_t step;         /* dt_comm_set_step when posted; -1 if never set */
+    char label[48];       /* dt_pg_set_label when posted; "" if none */
+} dt_flight_entry;
+#define DT_FLIGHT_SUBGROUP DT_COLL_KIND_COUNT
+
+/* The caller's label for the operations posted next on pg (truncated to 47
+ * bytes; NULL or "" clears it): the DDP bucket, ZeRO unit, pipeline action
+ * or checkpoint phase a hang report names. Cheap (a copy under the group's
+ * lock); NULL pg is a no-op. */
+DT_API void dt_pg_set_label(dt_pg *pg, const char *label);
+/* The same with a printf format. */
+DT_API void dt_pg_set_labelf(dt_pg *pg, const char *fmt, ...) DT_PRINTF(2, 3);
+/* The training step that operations posted from now on record (process-wide;
+ * < 0: none). */
+DT_API void dt_comm_set_step(int64_t step);
+/* Where failing groups write their whole ring (process-wide; NULL or "":
+ * only $DT_FLIGHT_DIR, else the log only). The directory must exist. */
+DT_API void dt_flight_set_dir(const char *dir);
+/* Copy the last min(max, recorded) entries of pg's ring into out, oldest
+ * first; returns how many (0 for NULL). */
+DT_API int dt_pg_flight(dt_pg *pg, dt_flight_entry *out, int max);
+/* Log pg's last n entries (n <= 0: all) with a heading naming why, and
+ * write the whole ring to the flight directory if one is set. Done on every
+ * failure of a group; callable at any time. */
+DT_API void dt_pg_flight_dump(dt_pg *pg, const char *why, int n);
+
 /* Memory that every rank of the group on this machine can read and write
  * (the zero-copy path). 64-byte aligned; not collective; contents undefined.
  * Backends without shared memory return ordinary memory. Returns NULL and
@@ -555,10 +624,14 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
  * with the _async forms are all in flight together, so any pattern of
  * posted sends and receives completes whatever its size, e.g. every rank
  * posting its send to rank+1 before its receive from rank-1. A blocking
- * dt_pg_send waits for its receiver to take the data (beyond a small
- * buffer), so two ranks that both call dt_pg_send first deadlock (then
- * time out); use the _async forms or dt_pg_sendrecv. A collective posted
- * after send/recv requests starts when they have completed. */
+ * dt_pg_send of up to $DT_P2P_EAGER_KB KiB (default 1024) is buffered: a
+ * copy goes out as an asynchronous send and the call returns at once, so
+ * two ranks that both send (up to that size) before they receive do not
+ * deadlock; a failure of a buffered send fails the group, and a later
+ * operation reports it. Larger sends wait for their receiver to take the
+ * data, so two ranks that both send them first deadlock (then time out);
+ * use the _async forms or dt_pg_sendrecv. A collective posted after
+ * send/recv requests starts when they have completed. */
 DT_API dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt,
                                   int peer, dt_req **req);
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer);
@@ -581,7 +654,7 @@ DT_API dt_status dt_pg_sendrecv(dt_pg *pg, const void *sendbuf, size_t scount, i
  * backend therefore only implements blocking operations. See examples/ for
  * a complete backend and src/comm/backend_self.c for the smallest one. */
 
-#define DT_BACKEND_VERSION 1
+#define DT_BACKEND_VERSION 2
 
 /* One operation, as the group layer hands it to a backend. Arguments are
  * already checked and in-place forms normalised: `send` always points at
@@ -674,7 +747,24 @@ typedef struct dt_backend_ops {
      * this rank: make a p2p_idle that is waiting return soon (a thread
      * waiting for one of the batch's requests takes the batch over). */
     void (*p2p_wake)(void *ctx);
+    /* Optional, both or none (default: the flight recorder's analysis of a
+     * timeout sees this rank only). flight_board: where this rank's status
+     * block of `bytes` bytes lives; the group layer rewrites it on every
+     * post and completion under a sequence lock. Return memory the peers
+     * read themselves (shm: the segment, so a stopped rank is still read),
+     * or memory of ctx that flight_gather serves to peers that ask (mpi).
+     * flight_gather: after a timeout, copy rank r's block into
+     * all + r * bytes (read it with dt_flight_board_read) and set got[r] = 1,
+     * for every rank that could be read within wait_s seconds (this rank's
+     * own included); meanwhile answer the same request of peers. Called
+     * when no operation of the group runs on this rank. */
+    void *(*flight_board)(void *ctx, size_t bytes);
+    dt_status (*flight_gather)(void *ctx, void *all, unsigned char *got, size_t bytes, double wait_s);
 } dt_backend_ops;
+
+/* Copy a consistent snapshot of a status block (flight_board) into dst,
+ * whatever thread or process is rewriting it. */
+DT_API void dt_flight_board_read(void *dst, const void *board, size_t bytes);
 
 /* Register a backend under ops->name (the table is copied; the name string
  * must outlive the program, e.g. a literal). Re-registering a name

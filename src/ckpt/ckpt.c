@@ -479,6 +479,7 @@ out:
 static dt_status gather_plan(const char *where, const dt_ckpt_entry *e, size_t n, dt_pg *pg, bool prefer0, plan *pl)
 {
     int world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
+    dt_pg_set_label(pg, "checkpoint save"); /* the flight recorder's label */
     dt_status own = entries_check(where, e, n);
     int64_t hdr[3] = {(int64_t)n, own == DT_OK ? (int64_t)(entries_sig(e, n) >> 1) : 0, own};
     int64_t *all = calloc((size_t)world * 3, sizeof *all);

@@ -929,6 +929,24 @@ static dt_status p2p(dt_pg *pg, dt_coll_kind k, void *buf, size_t count, dt_dtyp
     dt_coll c = coll_make(k, k == DT_COLL_SEND ? buf : NULL, k == DT_COLL_RECV ? buf : NULL, count,
                           dt);
     c.root = peer;
+    size_t bytes = count * dt_dtype_size(dt);
+    if (k == DT_COLL_SEND && !req && pg->ops->p2p_start && bytes <= pg->eager_bytes) {
+        /* A buffered blocking send: a copy travels as an asynchronous send
+         * and the call returns, so two ranks that send to each other before
+         * receiving do not wait for each other (a failure of the send fails
+         * the group: a later operation reports it). */
+        void *copy = malloc(bytes ? bytes : 1);
+        if (copy) {
+            memcpy(copy, buf, bytes);
+            c.send = copy;
+            dt_req *r;
+            dt_status st = dt__pg_post_ex(pg, &c, NULL, NULL, NULL, copy, 1, &r);
+            if (st < 0)
+                return st;
+            dt_req_free(r);
+            return DT_OK;
+        }
+    }
     return finish(pg, &c, NULL, req);
 }
 dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dt, int peer,

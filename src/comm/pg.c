@@ -19,13 +19,16 @@ dt_pg_params dt_pg_params_default(void)
 }
 
 static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, int lsize,
-                     double timeout_s, int check)
+                     double timeout_s, int check, uint32_t fr_cap, double fr_wait, const char *name)
 {
     dt_pg *pg = calloc(1, sizeof *pg);
     if (!pg)
         return NULL;
+    pg->rank = rank;
+    pg->size = size;
     pg->p2p_seq = calloc(2 * (size_t)size, sizeof *pg->p2p_seq);
-    if (!pg->p2p_seq) {
+    if (!pg->p2p_seq || !dt__flight_init(pg, fr_cap, fr_wait, name)) {
+        free(pg->p2p_seq);
         free(pg);
         return NULL;
     }
@@ -58,6 +61,7 @@ static void pg_delete(dt_pg *pg)
     pthread_mutex_destroy(&pg->mem_mu);
     free(pg->p2p_seq);
     free(pg->bv);
+    dt__flight_free(pg);
     free(pg);
 }
 
@@ -89,6 +93,7 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
         return st;
 
     double timeout = p.timeout_s;
+    int timeout_src = timeout > 0 ? 2 : getenv("DT_COMM_TIMEOUT") ? 1 : 0;
     if (timeout <= 0) {
         /* Finite and positive: NaN would compare false against every
          * deadline and disable the timeout. */
@@ -98,6 +103,13 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
             return dt_error(DT_ERR_INVALID_ARG, "DT_COMM_TIMEOUT=%g must be > 0 seconds",
                             timeout);
     }
+    uint32_t fr_cap;
+    double fr_wait;
+    if (dt__flight_env(&fr_cap, &fr_wait) < 0)
+        return DT_ERR_INVALID_ARG;
+    int64_t eager_kb;
+    if (dt_env_int("DT_P2P_EAGER_KB", 1024, 0, (int64_t)1 << 30, &eager_kb) < 0)
+        return DT_ERR_INVALID_ARG;
     int check = p.check;
     if (check < 0) {
         int64_t c;
@@ -128,7 +140,10 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
                         dt_backend_list(list, sizeof list));
     }
 
-    dt_pg *pg = pg_new(ops, e.rank, e.size, e.local_rank, e.local_size, timeout, check);
+    static _Atomic unsigned worlds; /* groups made by dt_pg_init: their flight recorder names */
+    char fname[16];
+    snprintf(fname, sizeof fname, "%u", atomic_fetch_add(&worlds, 1));
+    dt_pg *pg = pg_new(ops, e.rank, e.size, e.local_rank, e.local_size, timeout, check, fr_cap, fr_wait, fname);
     if (!pg)
         return dt_error(DT_ERR_NO_MEMORY, "dt_pg_init: out of memory");
     dt_backend_info info = {
@@ -151,6 +166,9 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
         pg_delete(pg);
         return st;
     }
+    dt__flight_attach(pg);
+    pg->timeout_src = timeout_src;
+    pg->eager_bytes = (size_t)eager_kb * 1024;
     *out = pg;
     return DT_OK;
 }
@@ -215,7 +233,12 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
         return fst;
     }
     parent->busy = 1;
-    parent->seq++; /* creation counts as one collective of the parent */
+    /* creation counts as one collective of the parent */
+    dt_coll cc = {.kind = (dt_coll_kind)DT_FLIGHT_SUBGROUP, .root = -1, .count = (size_t)n, .seq = parent->seq++};
+    uint64_t fr_id = dt__flight_post(parent, &cc);
+    dt__flight_start(parent, fr_id);
+    char fname[40];
+    snprintf(fname, sizeof fname, "%.24s.%d", parent->fr.name, parent->fr.subgroups++);
     pthread_mutex_unlock(&parent->mu);
 
     void *child = NULL;
@@ -223,6 +246,7 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
     dt_status st = parent->ops->subgroup(parent->ctx, ranks, n, me, &child);
 
     pthread_mutex_lock(&parent->mu);
+    dt__flight_done(parent, fr_id, st < 0 ? st : DT_OK);
     parent->busy = 0;
     pthread_cond_broadcast(&parent->cv);
     dt__pg_kick_locked(parent);
@@ -237,12 +261,16 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
      * the parent is entirely local. */
     int lsize = parent->local_size == parent->size ? n : 1;
     int lrank = parent->local_size == parent->size ? me : 0;
-    dt_pg *pg = pg_new(parent->ops, me, n, lrank, lsize, parent->timeout_s, parent->check);
+    dt_pg *pg = pg_new(parent->ops, me, n, lrank, lsize, parent->timeout_s, parent->check, parent->fr.cap,
+                       parent->fr.wait_s, fname);
     if (!pg) {
         parent->ops->free(child);
         return dt_error(DT_ERR_NO_MEMORY, "dt_pg_subgroup: out of memory");
     }
     pg->ctx = child;
+    pg->timeout_src = parent->timeout_src;
+    pg->eager_bytes = parent->eager_bytes;
+    dt__flight_attach(pg);
     pg->parent = parent;
     pthread_mutex_lock(&parent->mu);
     parent->children++;

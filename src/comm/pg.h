@@ -4,6 +4,7 @@
 #define DT_COMM_PG_H
 
 #include "comm/backend.h"
+#include "comm/flight.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,6 +49,7 @@ struct dt_req {
     int freed;            /* user called dt_req_free (under pg->mu) */
     dt_req *next;         /* queue link */
     size_t *own_displs;   /* allgatherv displacements we computed */
+    uint64_t fr_id;       /* its flight recorder entry */
     /* Forms the group layer builds from a backend operation (the padded
      * reduce_scatterv and alltoallv): pre runs on the executor before the
      * backend's run (it may run backend operations itself and rewrite c;
@@ -70,6 +72,8 @@ struct dt_pg {
     void *ctx;
     char backend[64];
     double timeout_s;
+    int timeout_src;           /* where timeout_s came from: 0 the default, 1 $DT_COMM_TIMEOUT, 2 params */
+    size_t eager_bytes;        /* blocking sends up to this size are buffered ($DT_P2P_EAGER_KB) */
     int check;
     dt_pg *parent;
     int children;              /* live subgroups */
@@ -96,6 +100,8 @@ struct dt_pg {
     char fail_msg[DT__MSG_CAP];
 
     pthread_mutex_t mem_mu;    /* serialises mem_alloc/mem_free */
+
+    dt__flight fr;             /* the flight recorder (flight.c; ring and labels under mu) */
 
     struct dt__hier *hier;     /* dt_pg_hierarchical: the two levels; else NULL */
     dt_pg_topo topo;           /* dt_pg_hierarchical: the nodes; else zeros */

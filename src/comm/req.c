@@ -52,6 +52,30 @@ static void pg_mark_failed(dt_pg *pg, dt_status st, const char *msg)
     pthread_mutex_unlock(&pg->mu);
     if (first && pg->ops->abort)
         pg->ops->abort(pg->ctx, st, msg);
+    if (first) {
+        char why[DT__MSG_CAP + 32];
+        snprintf(why, sizeof why, "failed: %s", msg);
+        dt_pg_flight_dump(pg, why, 16);
+    }
+}
+
+/* A collective failed on this rank with st and msg: a timeout gets the
+ * flight recorder's verdict appended; then the group is marked failed. */
+static void coll_failed(dt_pg *pg, dt_status st, char *msg, size_t n)
+{
+    /* a timeout of this rank's (one passed on from a peer carries the
+     * peer's verdict already) */
+    if (st == DT_ERR_TIMEOUT && !strstr(msg, "(DT_COMM_TIMEOUT=") && !strstr(msg, "timeout is ")) {
+        if (!strstr(msg, "; flight recorder:"))
+            dt__flight_timeout(pg, msg, n);
+        size_t l = strlen(msg);
+        if (l < n)
+            snprintf(msg + l, n - l, "%s%.3g s%s", pg->timeout_src == 2 ? " (the group's timeout is "
+                                                    : pg->timeout_src == 1 ? " (DT_COMM_TIMEOUT="
+                                                                           : " (the timeout is the default ",
+                     pg->timeout_s, pg->timeout_src == 0 ? "; set DT_COMM_TIMEOUT=SECONDS to change it)" : ")");
+    }
+    pg_mark_failed(pg, st, msg);
 }
 
 dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg)
@@ -72,6 +96,7 @@ void dt__pg_kick_locked(dt_pg *pg)
 /* Finish r with status st and message msg (mu held). */
 static void complete_locked(dt_pg *pg, dt_req *r, dt_status st, const char *msg)
 {
+    dt__flight_done(pg, r->fr_id, st);
     snprintf(r->msg, sizeof r->msg, "%s", st < 0 ? msg : "");
     atomic_store_explicit(&r->state, (int)st, memory_order_release);
     pg->pending--;
@@ -167,6 +192,7 @@ static void run_p2p_locked(dt_pg *pg, const dt_req *mine, int once)
                 pg->tail = NULL;
             r->next = NULL;
             pg->bv[pg->bn++] = (p2p_slot){.r = r, .last = dt_time_s()};
+            dt__flight_start(pg, r->fr_id);
         }
         if (pg->bn == 0)
             break;
@@ -298,7 +324,7 @@ static void exec_one(dt_pg *pg, dt_req *r)
             backend_msg(pg, &r->c, st, msg, sizeof msg);
             /* Unsupported operations do not break the group. */
             if (st != DT_ERR_UNSUPPORTED)
-                pg_mark_failed(pg, st, msg);
+                coll_failed(pg, st, msg, sizeof msg);
         } else {
             st = DT_OK;
         }
@@ -327,6 +353,7 @@ static void run_head_locked(dt_pg *pg, const dt_req *mine)
         pg->tail = NULL;
     r->next = NULL;
     pg->busy = 1;
+    dt__flight_start(pg, r->fr_id);
     pthread_mutex_unlock(&pg->mu);
     exec_one(pg, r);
     pthread_mutex_lock(&pg->mu);
@@ -409,6 +436,7 @@ dt_status dt__pg_post_ex(dt_pg *pg, const dt_coll *c, size_t *own_displs, dt_sta
     else
         r->c.seq = pg->seq++;
     r->c.timeout_s = pg->timeout_s;
+    r->fr_id = dt__flight_post(pg, &r->c);
     if (pg->tail)
         pg->tail->next = r;
     else
@@ -465,6 +493,8 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
     else
         cc.seq = pg->seq++;
     cc.timeout_s = pg->timeout_s;
+    uint64_t fr_id = dt__flight_post(pg, &cc);
+    dt__flight_start(pg, fr_id);
     pg->busy = 1;
     pthread_mutex_unlock(&pg->mu);
 
@@ -483,13 +513,14 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
                 snprintf(msg, sizeof msg, "%s failed in backend '%s': %s",
                          dt__coll_describe(&cc, d, sizeof d), pg->ops->name, dt_status_str(st));
             if (st != DT_ERR_UNSUPPORTED)
-                pg_mark_failed(pg, st, msg);
+                coll_failed(pg, st, msg, sizeof msg);
             dt_error(st, "%s", msg);
         } else {
             st = DT_OK;
         }
     }
     pthread_mutex_lock(&pg->mu);
+    dt__flight_done(pg, fr_id, st);
     pg->busy = 0;
     pthread_cond_broadcast(&pg->cv);
     dt__pg_kick_locked(pg);

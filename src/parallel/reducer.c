@@ -431,6 +431,7 @@ static dt_status post_bucket(dt_reducer *r, int k)
         r->inflight = true;
     }
     b->gb.step = r->step;
+    dt_pg_set_labelf(r->pg, "DDP bucket %d", k); /* the flight recorder's label */
     dt_status st = r->hook ? r->hookv.post(r->hook_state, r->pg, &b->gb, &b->req[0]) : post_default(r, &b->gb, b);
     if (st < 0)
         return dt_error_wrap(st, "posting the reduction of gradient bucket %d (%zu floats)%s%s", k, b->numel,

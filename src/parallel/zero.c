@@ -532,6 +532,7 @@ static dt_status post_gather(dt_zero *z, zunit *u)
     u->prefetched = false;
     z->stats.gathers++;
     z->stats.bytes_gathered += unit_bytes(u);
+    dt_pg_set_labelf(z->gpg, "ZeRO unit %d gather", u->index); /* the flight recorder's label */
     st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
     if (st < 0)
         return unit_err(u, st, "posting the all-gather");
@@ -584,6 +585,7 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
      * runs in place (recv == send + rank * c) and leaves the other ranges
      * holding this rank's own gradients, which nothing reads */
     const bool ar = z->p.stage == 1 && !z->p.reduce_scatter;
+    dt_pg_set_labelf(rg, "ZeRO unit %d reduce", u->index); /* the flight recorder's label */
     if (ar)
         st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else

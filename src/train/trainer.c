@@ -848,6 +848,7 @@ dt_status dt_trainer_step(dt_trainer *tr, const dt_trainer_batch *micro, int n, 
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_step: %d micro-batches (need >= 1)", n);
     if (tr->nmicro)
         return dt_error(DT_ERR_STATE, "dt_trainer_step: a step is already under way");
+    dt_comm_set_step(tr->opt_step + 1); /* the flight recorder's step */
     for (int i = 0; i < n; i++) {
         dt_status st = dt__trainer_micro(tr, &micro[i], i == n - 1);
         if (st < 0)

@@ -55,6 +55,54 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
            COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 3 -- $<TARGET_FILE:mpi_fail>)
   set_tests_properties(comm/mpi_fail_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
     ENVIRONMENT "DT_BACKEND=shm;DT_EXPECT_BACKEND=shm;DT_COMM_TIMEOUT=30;ASAN_OPTIONS=detect_leaks=0")
+  # The flight recorder names a stopped rank (tests/comm/mpi_flight.c):
+  # under mpirun (the peers ask each other point to point) and under
+  # `dtrain run` (shm: the stopped rank's state is read from the segment).
+  add_executable(mpi_flight ${CMAKE_CURRENT_LIST_DIR}/mpi_flight.c)
+  set_target_properties(mpi_flight PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_flight PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_flight PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_flight PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(mpi_flight PRIVATE dtrain_static)
+  add_test(NAME comm/mpi_flight_np3
+           COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 $<TARGET_FILE:mpi_flight>)
+  set_tests_properties(comm/mpi_flight_np3 PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend mpi: ok" FAIL_REGULAR_EXPRESSION "FAILED"
+    ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=3;ASAN_OPTIONS=detect_leaks=0")
+  add_test(NAME comm/mpi_flight_shm_run
+           COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 3 -- $<TARGET_FILE:mpi_flight>)
+  set_tests_properties(comm/mpi_flight_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend shm: ok" FAIL_REGULAR_EXPRESSION "FAILED"
+    ENVIRONMENT "DT_BACKEND=shm;DT_EXPECT_BACKEND=shm;DT_COMM_TIMEOUT=3;ASAN_OPTIONS=detect_leaks=0")
+  # MPI_Init and group creation under the timeout (tests/comm/mpi_timeouts.c).
+  add_executable(mpi_timeouts ${CMAKE_CURRENT_LIST_DIR}/mpi_timeouts.c)
+  set_target_properties(mpi_timeouts PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_timeouts PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_timeouts PRIVATE _GNU_SOURCE)
+  target_link_libraries(mpi_timeouts PRIVATE dtrain_static)
+  # (blocking: without the collective check, whose nonblocking all-reduce
+  # would time out before the blocking call is reached)
+  foreach(v "init;2;init: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
+            "split;3;split: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1"
+            "blocking;3;blocking: rank 0 ok;DT_MPI_BLOCKING=1;DT_COMM_CHECK=0"
+            "h2h;2;h2h: rank 0 ok;DT_MPI_BLOCKING=0;DT_COMM_CHECK=1")
+    list(GET v 0 mode)
+    list(GET v 1 np)
+    list(GET v 2 pass)
+    list(GET v 3 e1)
+    list(GET v 4 e2)
+    set(extra "${e1};${e2}")
+    add_test(NAME comm/mpi_timeout_${mode}
+             COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:mpi_timeouts> ${mode})
+    set_tests_properties(comm/mpi_timeout_${mode} PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+      PASS_REGULAR_EXPRESSION "${pass}" FAIL_REGULAR_EXPRESSION "FAILED"
+      ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;${extra};ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+  add_test(NAME comm/mpi_timeout_h2h_shm_run
+           COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 2 -- $<TARGET_FILE:mpi_timeouts> h2h)
+  set_tests_properties(comm/mpi_timeout_h2h_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "h2h: rank 0 ok" FAIL_REGULAR_EXPRESSION "FAILED"
+    ENVIRONMENT "DT_BACKEND=shm;DT_COMM_TIMEOUT=2;ASAN_OPTIONS=detect_leaks=0")
   # The example programs run unchanged under mpirun.
   add_test(NAME comm/mpi_example_allreduce
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 ${PROJECT_BINARY_DIR}/examples/example_allreduce)

@@ -13,8 +13,15 @@
  * marks it failed anyway) and its buffers may still be written by MPI: end
  * the job. The waiting loop spins on MPI_Test briefly, then yields, then
  * sleeps in short naps, so that 8 ranks on 2 cores still make progress.
- * $DT_MPI_BLOCKING=1 uses the blocking calls instead (no timeout, sometimes
- * faster because Open MPI's tuned blocking algorithms differ from libnbc's).
+ * $DT_MPI_BLOCKING=1 uses the blocking calls instead (sometimes faster
+ * because Open MPI's tuned blocking algorithms differ from libnbc's); with
+ * MPI_THREAD_MULTIPLE they run on a worker thread of the group while the
+ * caller waits under the timeout (see run_on_worker), so they too time out
+ * and are interrupted by a peer's failure notice. MPI_Init (on a helper
+ * thread) and a subgroup's creation (a nonblocking barrier first) are
+ * bounded by the timeout as well. After a timeout the rank asks its peers
+ * point to point for their flight recorder status (see "status queries"):
+ * the error names the ranks that did not answer.
  *
  * Reductions: MPI's own for f32, f64, i32, i64, u8; avg = sum, then divide.
  * f16 and bf16 travel as 16 bits (an all-to-all, a local f32 reduction
@@ -35,8 +42,9 @@
  * pending and later operations on that group fail within milliseconds with
  * the same status and message as on this rank, as the shm backend's abort
  * record makes them, not at the timeout. Two limits: a blocking collective
- * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI (a notice that
- * arrived before keeps it from starting; send/recv are always nonblocking),
+ * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI when MPI gives
+ * only MPI_THREAD_SERIALIZED (a notice that arrived before keeps it from
+ * starting; send/recv are always nonblocking),
  * and an operation left by a failure cannot be cancelled if it is a
  * collective or a send: its communicator is then never freed, and MPI may
  * still read or write its buffers (as after a timeout). A dead rank is not
@@ -90,11 +98,29 @@ typedef struct {
 } mpi_note;
 #define NOTE_HEAD ((int)offsetof(mpi_note, msg))
 
+/* Status queries of the flight recorder: a rank that timed out asks every
+ * peer for its status block in the group gid (QUERY_TAG); the answer comes
+ * back with tag reply_tag(gid). */
+#define QUERY_TAG 2
+#define FLIGHT_BYTES 256
+typedef struct {
+    uint64_t gid;
+    int32_t rank;
+    int32_t pad;
+} mpi_query;
+typedef struct {
+    uint64_t gid;
+    int32_t rank, pad;
+    unsigned char board[FLIGHT_BYTES];
+} mpi_reply;
+static int reply_tag(uint64_t gid) { return 1000 + (int)(gid % 30000u); }
+
 typedef struct mpi_ctx {
     MPI_Comm comm;
     int rank, size;
     int check;
     int blocking;
+    double timeout_s;  /* the group's timeout (its creation's subgroups) */
     int failed;        /* a posted MPI request was abandoned (timeout) */
     int abandoned;     /* a request on comm was left incomplete: comm is not freed */
     /* The group is down on this rank: a peer's notice arrived, or this rank
@@ -115,6 +141,12 @@ typedef struct mpi_ctx {
     MPI_Request *note_sends; /* [size] */
     int note_queued;         /* on the unsent list (g_unsent_mu) */
     struct mpi_ctx *unsent_next;
+    /* The flight recorder's status block of this rank (flight_board),
+     * served to peers that ask (see "status queries"). */
+    unsigned char board[FLIGHT_BYTES];
+    uint64_t *chk;           /* [2]: the collective check's buffer (see check_same) */
+    struct mpi_worker *worker; /* DT_MPI_BLOCKING=1: runs the blocking calls (run_on_worker) */
+    int stuck;               /* the worker never came back: m is never freed */
 } mpi_ctx;
 
 static int we_initialised;
@@ -124,6 +156,7 @@ static int we_initialised;
 static MPI_Request g_abandoned_rq[MPI_MAX_ABANDONED];
 static int g_nabandoned;
 static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_stuck; /* a blocking call's worker never came back from MPI: abort at exit */
 
 static void abandon(MPI_Request rq)
 {
@@ -203,10 +236,37 @@ static void send_note(mpi_ctx *m)
             m->note_sends[r] = MPI_REQUEST_NULL; /* a dead peer: nothing to tell */
 }
 
-/* Receive what notices have arrived and mark their groups down (MPI access
- * and g_note_mu held). */
+static MPI_Request g_query_rq = MPI_REQUEST_NULL;
+static mpi_query g_query_in;
+
+/* Answer the status queries that have arrived (MPI access and g_note_mu
+ * held): the block of the named group, if it lives here. */
+static void query_take_locked(void)
+{
+    while (g_query_rq != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status s;
+        if (MPI_Test(&g_query_rq, &flag, &s) != MPI_SUCCESS || !flag)
+            return;
+        for (mpi_ctx *m = g_groups; m; m = m->reg_next)
+            if (m->gid == g_query_in.gid) {
+                mpi_reply rep = {.gid = m->gid, .rank = m->rank};
+                dt_flight_board_read(rep.board, m->board, sizeof rep.board);
+                /* small: sent eagerly, never waits for the asker */
+                MPI_Send(&rep, (int)sizeof rep, MPI_BYTE, s.MPI_SOURCE, reply_tag(m->gid), g_ctl);
+                break;
+            }
+        if (MPI_Irecv(&g_query_in, (int)sizeof g_query_in, MPI_BYTE, MPI_ANY_SOURCE, QUERY_TAG, g_ctl,
+                      &g_query_rq) != MPI_SUCCESS)
+            g_query_rq = MPI_REQUEST_NULL;
+    }
+}
+
+/* Receive what notices have arrived and mark their groups down, and answer
+ * status queries (MPI access and g_note_mu held). */
 static void note_take_locked(void)
 {
+    query_take_locked();
     while (g_note_rq != MPI_REQUEST_NULL) {
         int flag = 0;
         MPI_Status s;
@@ -244,6 +304,10 @@ static void note_register(mpi_ctx *m)
         MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl, &g_note_rq) !=
             MPI_SUCCESS)
         g_note_rq = MPI_REQUEST_NULL;
+    if (g_query_rq == MPI_REQUEST_NULL &&
+        MPI_Irecv(&g_query_in, (int)sizeof g_query_in, MPI_BYTE, MPI_ANY_SOURCE, QUERY_TAG, g_ctl,
+                  &g_query_rq) != MPI_SUCCESS)
+        g_query_rq = MPI_REQUEST_NULL;
     pthread_mutex_unlock(&g_note_mu);
 }
 
@@ -265,6 +329,11 @@ static void note_unregister(mpi_ctx *m, int finalized)
             MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
         }
         g_note_rq = MPI_REQUEST_NULL;
+    }
+    if (!g_groups && g_query_rq != MPI_REQUEST_NULL && !finalized) {
+        MPI_Cancel(&g_query_rq);
+        MPI_Wait(&g_query_rq, MPI_STATUS_IGNORE);
+        g_query_rq = MPI_REQUEST_NULL;
     }
     pthread_mutex_unlock(&g_note_mu);
 }
@@ -380,7 +449,11 @@ static void finalize_at_exit(void)
         MPI_Cancel(&g_note_rq);
         MPI_Wait(&g_note_rq, MPI_STATUS_IGNORE);
     }
-    if (g_nabandoned && !abandoned_all_done(1.0)) {
+    if (g_query_rq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&g_query_rq);
+        MPI_Wait(&g_query_rq, MPI_STATUS_IGNORE);
+    }
+    if (g_stuck || (g_nabandoned && !abandoned_all_done(1.0))) {
         fprintf(stderr, "mpi backend: a collective abandoned after a timeout never completed; "
                         "aborting the job (MPI_Finalize would wait for ever)\n");
         fflush(stdout);
@@ -501,8 +574,8 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
             m->abandoned = 1;
             abandon(*rq);
             return dt_error(DT_ERR_TIMEOUT,
-                            "mpi backend: %s did not complete within %.3g s on rank %d of %d "
-                            "(MPI does not say which ranks are missing; the group is now unusable)",
+                            "mpi backend: %s timed out after %.3g s on rank %d of %d (the group is now "
+                            "unusable)",
                             dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
         }
         if (now - t0 < 0.002) {
@@ -551,7 +624,12 @@ static dt_status check_same(mpi_ctx *m, const dt_coll *c)
     default: break;
     }
     uint64_t fp = dt_hash64(&me, sizeof me, 0x6d7069);
-    uint64_t v[2] = {fp, ~fp};
+    /* in the context, not on the stack: a request abandoned by a timeout
+     * may still be completed by a late rank and write it (mpi_free keeps it
+     * then) */
+    uint64_t *v = m->chk;
+    v[0] = fp;
+    v[1] = ~fp;
     MPI_Request rq;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, m->comm, &rq);
     if (rc != MPI_SUCCESS)
@@ -901,8 +979,128 @@ static dt_status run_other(mpi_ctx *m, const dt_coll *c, MPI_Datatype t)
 
 static dt_status mpi_run_locked(void *ctx, const dt_coll *c);
 
+/* ---- blocking calls under the timeout ----
+ * With DT_MPI_BLOCKING=1 and MPI_THREAD_MULTIPLE, a blocking call runs on
+ * the group's worker thread while the caller waits for it with the
+ * operation's timeout, polling failure notices and answering the flight
+ * recorder's queries: a peer's failure or the timeout ends the wait (the
+ * worker stays inside MPI; the group is unusable, its context and
+ * communicator are never freed and the process aborts the job at exit, as
+ * after any timeout). Under MPI_THREAD_SERIALIZED the call runs on the
+ * caller's thread and cannot be interrupted. */
+typedef struct mpi_worker {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const dt_coll *job; /* posted, not yet taken */
+    int busy;           /* a job is running or done but not collected */
+    int done;
+    int stop;           /* mpi_free: end the thread */
+    dt_status st;
+    char msg[NOTE_MSG_CAP];
+} mpi_worker;
+
+
+static void *worker_main(void *arg)
+{
+    mpi_ctx *m = arg;
+    mpi_worker *w = m->worker;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->job && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop)
+            break;
+        const dt_coll *c = w->job;
+        w->job = NULL;
+        pthread_mutex_unlock(&w->mu);
+        dt_error_clear();
+        dt_status st = mpi_run_locked(m, c);
+        pthread_mutex_lock(&w->mu);
+        w->st = st;
+        snprintf(w->msg, sizeof w->msg, "%s", st < 0 ? dt_last_error() : "");
+        w->done = 1;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
+{
+    mpi_worker *w = m->worker;
+    if (!w) {
+        w = calloc(1, sizeof *w);
+        if (!w)
+            return dt_error(DT_ERR_NO_MEMORY, "mpi backend: worker");
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        m->worker = w;
+        if (pthread_create(&w->thread, NULL, worker_main, m) != 0) {
+            m->worker = NULL;
+            free(w);
+            return mpi_run_locked(m, c); /* no thread: uninterruptible, as under SERIALIZED */
+        }
+    }
+    if (group_down(m, 1)) /* known down: the call would not start anyway */
+        return down_error(m);
+    pthread_mutex_lock(&w->mu);
+    w->job = c;
+    w->busy = 1;
+    w->done = 0;
+    pthread_cond_broadcast(&w->cv);
+    double t0 = dt_time_s();
+    for (unsigned long spins = 0; !w->done; spins++) {
+        pthread_mutex_unlock(&w->mu);
+        double now = dt_time_s();
+        dt_status st = DT_OK;
+        if (group_down(m, spins % 64 == 0))
+            st = down_error(m);
+        else if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
+            char d[160];
+            m->failed = 1;
+            st = dt_error(DT_ERR_TIMEOUT, "mpi backend: %s timed out after %.3g s on rank %d of %d (a blocking "
+                                          "call, DT_MPI_BLOCKING=1; the group is now unusable)",
+                          dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
+        }
+        if (st < 0) {
+            /* a short grace: a call that was about to end need not be left */
+            for (int i = 0; i < 100; i++) {
+                pthread_mutex_lock(&w->mu);
+                int d = w->done;
+                pthread_mutex_unlock(&w->mu);
+                if (d)
+                    break;
+                nap(1000000);
+            }
+            pthread_mutex_lock(&w->mu);
+            if (w->done)
+                break; /* it came back meanwhile */
+            pthread_mutex_unlock(&w->mu);
+            m->abandoned = 1; /* the worker still uses m and its communicator */
+            m->stuck = 1;
+            g_stuck = 1;
+            return st;
+        }
+        if (spins < 1000)
+            sched_yield();
+        else
+            nap(now - t0 < 0.1 ? 20000 : 200000);
+        pthread_mutex_lock(&w->mu);
+    }
+    w->busy = 0;
+    dt_status st = w->st;
+    if (st < 0)
+        dt_error(st, "%s", w->msg);
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
 static dt_status mpi_run(void *ctx, const dt_coll *c)
 {
+    mpi_ctx *m = ctx;
+    if (m->blocking && thread_multiple && c->kind != DT_COLL_SEND && c->kind != DT_COLL_RECV)
+        return run_on_worker(m, c);
     mpi_lock();
     dt_status st = mpi_run_locked(ctx, c);
     mpi_unlock();
@@ -949,7 +1147,7 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
 /* A group's context on comm (taken over; freed on error): its id, chosen by
  * its rank 0 and broadcast (collective over comm), its ranks' world ranks
  * (where notices go), and its entry in the notice registry. */
-static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
+static dt_status ctx_make(MPI_Comm comm, int check, int blocking, double timeout_s, mpi_ctx **out)
 {
     *out = NULL;
     int size = 0;
@@ -958,9 +1156,10 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     mpi_note *note = calloc(1, sizeof *note);
     MPI_Request *sends = malloc(sizeof *sends * (size_t)size);
     int *world = malloc(sizeof *world * (size_t)size), *mine = malloc(sizeof *mine * (size_t)size);
+    uint64_t *chk = malloc(2 * sizeof *chk);
     dt_status st = DT_OK;
     mpi_lock();
-    if (!m || !note || !sends || !world || !mine) {
+    if (!m || !note || !sends || !world || !mine || !chk) {
         st = dt_error(DT_ERR_NO_MEMORY, "mpi backend: context");
     } else {
         m->comm = comm;
@@ -994,9 +1193,11 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
         free(sends);
         free(world);
         free(mine);
+        free(chk);
         return st;
     }
     free(mine);
+    m->chk = chk;
     for (int r = 0; r < size; r++)
         sends[r] = MPI_REQUEST_NULL;
     m->world = world;
@@ -1004,6 +1205,7 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     m->note_sends = sends;
     m->check = check;
     m->blocking = blocking;
+    m->timeout_s = timeout_s;
     atomic_init(&m->down, 0);
     pthread_mutex_init(&m->down_mu, NULL);
     note_register(m);
@@ -1012,15 +1214,85 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, mpi_ctx **out)
     return DT_OK;
 }
 
+/* MPI_Init_thread under the group's timeout: it waits for every process of
+ * the job, and one that never starts (or hangs before dt_pg_init) would
+ * keep it waiting for ever. It runs on a helper thread; when it has not
+ * returned within timeout_s, dt_pg_init fails with DT_ERR_TIMEOUT and the
+ * helper is left inside MPI (the process should end: it cannot use MPI).
+ * g_init: 0 not started, 1 running, 2 returned (g_init_rc, g_init_level). */
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_init_cv = PTHREAD_COND_INITIALIZER;
+static int g_init, g_init_rc, g_init_level;
+
+static void *init_main(void *arg)
+{
+    (void)arg;
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    pthread_mutex_lock(&g_init_mu);
+    g_init_rc = rc;
+    g_init_level = provided;
+    g_init = 2;
+    pthread_cond_broadcast(&g_init_cv);
+    pthread_mutex_unlock(&g_init_mu);
+    return NULL;
+}
+
+static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
+{
+    pthread_mutex_lock(&g_init_mu);
+    if (g_init == 0) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int e = pthread_create(&t, &a, init_main, NULL);
+        pthread_attr_destroy(&a);
+        if (e != 0) {
+            pthread_mutex_unlock(&g_init_mu);
+            return dt_error(DT_ERR_IO, "mpi backend: cannot start a thread for MPI_Init_thread");
+        }
+        g_init = 1;
+    }
+    double until = dt_time_s() + info->timeout_s;
+    while (g_init == 1) {
+        double left = until - dt_time_s();
+        if (left <= 0)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double w = left < 0.5 ? left : 0.5;
+        ts.tv_sec += (time_t)w;
+        ts.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g_init_cv, &g_init_mu, &ts);
+    }
+    int state = g_init, rc = g_init_rc;
+    *provided = g_init_level;
+    pthread_mutex_unlock(&g_init_mu);
+    if (state != 2)
+        return dt_error(DT_ERR_TIMEOUT,
+                        "mpi backend: MPI_Init did not complete within %.3g s on rank %d of %d: a process of "
+                        "the job did not start or did not reach dt_pg_init (DT_COMM_TIMEOUT sets the limit)",
+                        info->timeout_s, info->rank, info->world_size);
+    if (rc != MPI_SUCCESS)
+        return mpi_err(rc, "MPI_Init_thread", NULL);
+    return DT_OK;
+}
+
 static dt_status mpi_init(const dt_backend_info *info, void **out)
 {
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) {
+    if (!inited || g_init == 1) {
         int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-        if (rc != MPI_SUCCESS)
-            return mpi_err(rc, "MPI_Init_thread", NULL);
+        dt_status ist = init_with_timeout(info, &provided);
+        if (ist < 0)
+            return ist;
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         if (!we_initialised) {
             we_initialised = 1;
             atexit(finalize_at_exit);
@@ -1068,7 +1340,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
     }
     const char *b = getenv("DT_MPI_BLOCKING");
     int blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
-    return ctx_make(comm, info->check, blocking, (mpi_ctx **)out);
+    return ctx_make(comm, info->check, blocking, info->timeout_s, (mpi_ctx **)out);
 }
 
 static void mpi_free(void *ctx)
@@ -1076,6 +1348,12 @@ static void mpi_free(void *ctx)
     mpi_ctx *m = ctx;
     if (!m)
         return;
+    if (m->stuck) { /* its worker is still inside MPI with m: keep it all */
+        mpi_lock();
+        note_unregister(m, 0);
+        mpi_unlock();
+        return;
+    }
     int fin = 0;
     MPI_Finalized(&fin);
     mpi_lock();
@@ -1102,6 +1380,19 @@ static void mpi_free(void *ctx)
     }
     mpi_unlock();
     pthread_mutex_destroy(&m->down_mu);
+    if (m->worker) { /* idle */
+        mpi_worker *w = m->worker;
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+    }
+    if (!m->abandoned) /* else MPI may still write it */
+        free(m->chk);
     free(m->world);
     free(m->note_sends);
     free(m->note_out);
@@ -1144,14 +1435,113 @@ static dt_status mpi_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     mpi_ctx *m = ctx;
     *child = NULL;
     MPI_Comm sub;
+    /* MPI_Comm_split blocks until every rank calls it: first a nonblocking
+     * barrier under the group's timeout, so that a rank that never comes
+     * is an error, not a hang (the split itself then finds everyone) */
+    dt_coll bc = {.kind = DT_COLL_BARRIER, .root = -1, .timeout_s = m->timeout_s};
+    MPI_Request brq;
     mpi_lock();
-    int rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
+    int rc = MPI_Ibarrier(m->comm, &brq);
+    dt_status bst = rc == MPI_SUCCESS ? wait_req(m, &brq, &bc, NULL) : mpi_err(rc, "MPI_Ibarrier", NULL);
+    if (bst < 0) {
+        mpi_unlock();
+        return dt_error(bst, "mpi backend: creating a subgroup (MPI_Comm_split) of rank %d of %d: %s", m->rank,
+                        m->size, dt_last_error());
+    }
+    rc = MPI_Comm_split(m->comm, new_rank >= 0 ? 0 : MPI_UNDEFINED, new_rank, &sub);
     mpi_unlock();
     if (rc != MPI_SUCCESS)
         return mpi_err(rc, "MPI_Comm_split", NULL);
     if (new_rank < 0)
         return DT_OK;
-    return ctx_make(sub, m->check, m->blocking, (mpi_ctx **)child);
+    return ctx_make(sub, m->check, m->blocking, m->timeout_s, (mpi_ctx **)child);
+}
+
+/* ---- the flight recorder's status blocks ---- */
+
+static void *mpi_flight_board(void *ctx, size_t bytes)
+{
+    mpi_ctx *m = ctx;
+    return m && bytes <= sizeof m->board ? m->board : NULL;
+}
+
+/* Ask every peer for its block and wait up to wait_s for the answers,
+ * answering the queries of others meanwhile (a peer that timed out at the
+ * same moment asks this rank). A stopped, dead or busy peer does not
+ * answer: got stays 0 for it. */
+static dt_status mpi_flight_gather(void *ctx, void *all, unsigned char *got, size_t bytes, double wait_s)
+{
+    mpi_ctx *m = ctx;
+    int W = m->size;
+    mpi_reply *rep = calloc((size_t)W, sizeof *rep);
+    MPI_Request *rq = malloc(sizeof *rq * (size_t)W), *sq = malloc(sizeof *sq * (size_t)W);
+    mpi_query *q = malloc(sizeof *q);
+    if (!rep || !rq || !sq || !q || bytes > FLIGHT_BYTES) {
+        free(rep);
+        free(rq);
+        free(sq);
+        free(q);
+        return dt_error(DT_ERR_NO_MEMORY, "mpi backend: flight recorder query");
+    }
+    *q = (mpi_query){.gid = m->gid, .rank = m->rank};
+    mpi_lock();
+    for (int r = 0; r < W; r++) {
+        rq[r] = sq[r] = MPI_REQUEST_NULL;
+        if (r == m->rank)
+            continue;
+        if (MPI_Irecv(&rep[r], (int)sizeof rep[r], MPI_BYTE, m->world[r], reply_tag(m->gid), g_ctl, &rq[r]) !=
+            MPI_SUCCESS)
+            rq[r] = MPI_REQUEST_NULL;
+        else if (MPI_Isend(q, (int)sizeof *q, MPI_BYTE, m->world[r], QUERY_TAG, g_ctl, &sq[r]) != MPI_SUCCESS)
+            sq[r] = MPI_REQUEST_NULL; /* a dead peer */
+    }
+    double t0 = dt_time_s();
+    for (;;) {
+        int open = 0;
+        for (int r = 0; r < W; r++) {
+            if (rq[r] == MPI_REQUEST_NULL)
+                continue;
+            int flag = 0;
+            if (MPI_Test(&rq[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                rq[r] = MPI_REQUEST_NULL;
+            } else if (flag) {
+                if (rep[r].gid == m->gid && rep[r].rank == r) {
+                    memcpy((char *)all + (size_t)r * bytes, rep[r].board, bytes);
+                    got[r] = 1;
+                }
+            } else {
+                open++;
+            }
+        }
+        if (pthread_mutex_trylock(&g_note_mu) == 0) {
+            note_take_locked();
+            pthread_mutex_unlock(&g_note_mu);
+        }
+        if (!open || dt_time_s() - t0 > wait_s)
+            break;
+        mpi_unlock();
+        nap(1000000);
+        mpi_lock();
+    }
+    int sent = 1;
+    for (int r = 0; r < W; r++) {
+        if (rq[r] != MPI_REQUEST_NULL) { /* no answer: a receive cancels locally */
+            MPI_Cancel(&rq[r]);
+            MPI_Wait(&rq[r], MPI_STATUS_IGNORE);
+        }
+        int flag = 1;
+        if (sq[r] != MPI_REQUEST_NULL && (MPI_Test(&sq[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)) {
+            MPI_Request_free(&sq[r]); /* MPI finishes it on its own; q stays allocated */
+            sent = 0;
+        }
+    }
+    mpi_unlock();
+    if (sent)
+        free(q);
+    free(rep);
+    free(rq);
+    free(sq);
+    return DT_OK;
 }
 
 /* ---- nonblocking send/recv (the group layer batches them) ---- */
@@ -1285,4 +1675,6 @@ const dt_backend_ops dt__backend_mpi = {
     .p2p_start = mpi_p2p_start,
     .p2p_test = mpi_p2p_test,
     .p2p_idle = mpi_p2p_idle,
+    .flight_board = mpi_flight_board,
+    .flight_gather = mpi_flight_gather,
 };

@@ -207,6 +207,27 @@ static void shm_abort_cb(void *ctx, dt_status st, const char *msg)
         dt__shm_abort(s, st, msg);
 }
 
+/* The flight recorder's status blocks live in the rank blocks of the
+ * segment: a stopped or hung rank's is read as it left it. */
+static void *shm_flight_board(void *ctx, size_t bytes)
+{
+    shm_ctx *s = ctx;
+    if (!s || !s->base || bytes > sizeof shm_rank_at(s, 0)->flight)
+        return NULL;
+    return shm_rank_at(s, s->rank)->flight;
+}
+
+static dt_status shm_flight_gather(void *ctx, void *all, unsigned char *got, size_t bytes, double wait_s)
+{
+    (void)wait_s;
+    shm_ctx *s = ctx;
+    for (int r = 0; r < s->size; r++) {
+        dt_flight_board_read((char *)all + (size_t)r * bytes, shm_rank_at(s, r)->flight, bytes);
+        got[r] = 1;
+    }
+    return DT_OK;
+}
+
 /* ---- descriptors and the mismatch check ---- */
 
 static size_t esz(const dt_coll *c) { return dt_dtype_size(c->dtype); }
@@ -601,4 +622,6 @@ const dt_backend_ops dt__backend_shm = {
     .p2p_test = dt__shm_p2p_test,
     .p2p_idle = dt__shm_p2p_idle,
     .p2p_wake = dt__shm_p2p_wake,
+    .flight_board = shm_flight_board,
+    .flight_gather = shm_flight_gather,
 };

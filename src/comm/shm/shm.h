@@ -4,7 +4,8 @@
  * unlinked as soon as every rank has attached):
  *
  *   header      | magic, sizes, attach count, the group's abort record
- *   rank blocks | per rank: tick (progress counter), futex word, pid, state
+ *   rank blocks | per rank: tick (progress counter), futex word, pid, state,
+ *               | the flight recorder's status block
  *   descriptors | per rank x 2 (sequence parity): the posted operation
  *   slots       | per rank x 2 (parity): small-message payloads
  *   channels    | per ordered pair (src, dst): a byte ring for send/recv
@@ -45,7 +46,7 @@
 #include <stdatomic.h>
 
 #define SHM_MAGIC 0x6474736du /* "dtsm" */
-#define SHM_VERSION 2
+#define SHM_VERSION 3
 #define SHM_OWNER_TAG 0x6f776e72u /* "ownr": owner[] is written */
 #define SHM_NONE UINT64_MAX
 #define SHM_ALIGN 64
@@ -84,6 +85,9 @@ typedef struct {
     _Atomic uint32_t bell;         /* bumped when a peer moved data on a channel to or from us */
     _Atomic uint32_t bell_waiters; /* batched send/recv sleeping on bell */
     char pad[SHM_ALIGN * 2 - 32];
+    /* the flight recorder's status block of this rank (flight_board):
+     * peers read it after a timeout even while this rank is stopped */
+    _Alignas(SHM_ALIGN) unsigned char flight[256];
 } shm_rank;
 
 /* The operation a rank posted (the fingerprint plus where its buffers are). */

@@ -241,6 +241,10 @@ static dt_status wait_loop(shm_ctx *s, _Atomic uint64_t *v, uint64_t target, _At
             late(s, target, peer, who, sizeof who);
             snprintf(msg, sizeof msg, "%s timed out after %.3g s on rank %d: %s", op_name(s, d, sizeof d),
                      s->timeout_s, s->rank, who);
+            /* Inside an operation the group layer appends the flight
+             * recorder's verdict and then fails the group (abort). */
+            if (s->cur)
+                return dt_error(DT_ERR_TIMEOUT, "%s", msg);
             return dt__shm_abort(s, DT_ERR_TIMEOUT, msg);
         }
         if (now >= s->next_live_check) {

@@ -442,6 +442,7 @@ static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strat
     const int p = e->p, m = e->mm;
     dt_status st = DT_OK;
     char d[96];
+    dt_pg_set_label(e->pg, dt__pipe_action_str(a, d, sizeof d)); /* the flight recorder's label */
     switch (a->op) {
     case DT_PIPE_RECV_F: {
         int c = chunk(e, a->stage + 1);
