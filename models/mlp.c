@@ -14,6 +14,8 @@
  * two all-reduces (Megatron's MLP without the GELU). */
 #include "nn/nn_impl.h"
 #include "zoo.h"
+
+#include <stdio.h>
 #include "dtrain/tp.h"
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -54,6 +56,7 @@ dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out,
     if (st < 0)
         return st;
     d->loss = DT_LOSS_MEAN;
+    snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "MLP"); /* activation-checkpointing units */
     d->input_ndim = 2;
     d->input_shape[0] = c->mlp_seq, d->input_shape[1] = c->mlp_dim;
     d->input_dtype = DT_F32;
