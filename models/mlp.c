@@ -11,7 +11,12 @@
  * Tensor parallel (dt_model_config.tp, the seed's w0 Shard(1), w1
  * Shard(0)): w0 holds the rank's hidden/t columns, w1 the same rows, and
  * z = g(f(x) @ w0_r @ w1_r): f's backward and g's forward are the layer's
- * two all-reduces (Megatron's MLP without the GELU). */
+ * two all-reduces (Megatron's MLP without the GELU).
+ *
+ * Activation checkpointing: the one module is the unit (ckpt_unit "MLP"):
+ * both matmuls recompute in backward and only x and z are kept; a region
+ * per matmul would keep its output, the very hidden activation it means to
+ * drop. */
 #include "nn/nn_impl.h"
 #include "zoo.h"
 

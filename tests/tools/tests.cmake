@@ -13,3 +13,8 @@ if(TARGET test_fault_matrix)
   endif()
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
+# The seed configs on every zoo model (test_train_seed_models.c) also run
+# under mpirun when it was found.
+if(TARGET test_train_seed_models AND DT_HAVE_MPI AND DT_MPIEXEC)
+  target_compile_definitions(test_train_seed_models PRIVATE DT_MPIEXEC="${DT_MPIEXEC}")
+endif()
