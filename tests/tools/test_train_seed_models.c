@@ -130,7 +130,7 @@ static int run_mpirun(cli_result *r, char **train)
     for (int i = 0; train[i]; i++)
         argv[n++] = train[i];
     argv[n] = NULL;
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
@@ -144,13 +144,13 @@ static int run_mpirun(cli_result *r, char **train)
     }
     int status = 0;
     for (int t = 0; t < 200 * 50; t++) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
+        if (dt_test_waitpid(pid, &status, WNOHANG) == pid)
             goto done;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    kill(pid, SIGTERM); /* mpirun ends its ranks */
-    waitpid(pid, &status, 0);
+    dt_test_kill(pid, SIGTERM); /* mpirun ends its ranks */
+    dt_test_waitpid(pid, &status, 0);
     status = -1;
 done:
     r->code = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
