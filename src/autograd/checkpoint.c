@@ -125,6 +125,7 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
     const bool blocked = ctx->blocked_ok;
     dt_arena_pos mark = dt_arena_mark(ctx->arena);
     dt_tensor *y = fn(ctx, nin, in, ud);
+    dt_ctx_set_blocked(ctx, blocked); /* as the caller had it, whatever fn did */
     if (y && dt__blocked(y))
         y = dt__plain(ctx, y);
     dt_ag_set_enabled(ctx, record);
