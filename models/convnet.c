@@ -8,12 +8,18 @@
  *
  * Our root is a container ("ConvNet") with children layer1, layer2,
  * flatten, fc; the Flatten child has no tensors, so the keys are exactly
- * PyTorch's. Its own forward takes two shortcuts while no module of the
- * model has a hook or a replaced forward (nothing could observe them):
+ * PyTorch's. Its own forward takes two shortcuts:
  *   - conv activations stay channel-blocked (dt_ctx_set_blocked; nChw8c or
  *     nChw16c, the layout oneDNN prefers: dt_k_act_block) through batch norm,
- *     ReLU and max pooling until the flatten converts them;
- *   - ReLU then max pooling runs as max pooling then ReLU: equal values and
+ *     ReLU and max pooling until the flatten converts them, while no module
+ *     under the root has a hook other than a blind one or a replaced forward
+ *     (nothing could observe the layout). Blind hooks (ZeRO-3's parameter
+ *     gathers) and activation checkpointing of the layers (the model's
+ *     checkpoint units, dt_model_desc.ckpt_unit) keep it: the values are the
+ *     same with them as without, bit for bit (batch norm over plain
+ *     activations sums in another order: a few ulps);
+ *   - ReLU then max pooling runs as max pooling then ReLU (only while no
+ *     module of a layer carries a hook or a checkpoint): equal values and
  *     gradients (max(relu(a), relu(b)) = relu(max(a, b)); the gradient
  *     reaches the window's argmax exactly when that maximum is > 0 either
  *     way; NaN propagates either way), and the ReLU sees a quarter of the
@@ -21,21 +27,38 @@
 #include "nn/nn_impl.h"
 #include "zoo.h"
 
+#include <stdio.h>
+
+/* layer l's conv, batch norm, max pooling then ReLU on blocked activations */
+static dt_tensor *layer_fused(dt_ctx *ctx, dt_module *layer, dt_tensor *x)
+{
+    x = dt_module_forward(ctx, dt_module_child(layer, 0), x);
+    x = dt_module_forward(ctx, dt_module_child(layer, 1), x);
+    x = dt_module_forward(ctx, dt_module_child(layer, 3), x);
+    return x ? dt_relu(ctx, x) : NULL;
+}
+
 static dt_tensor *convnet_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
-    if (!dt__module_tree_plain(self)) { /* hooks may look: run each module as written */
+    if (!dt__module_subtree_unobserved(self)) { /* hooks may look: run each module as written */
         for (int i = 0; i < dt_module_num_children(self) && x; i++)
             x = dt_module_forward(ctx, dt_module_child(self, i), x);
         return x;
     }
+    /* Blocked activations whatever blind hooks (ZeRO-3's gathers) or
+     * checkpoints the modules carry, so those never change a value: the
+     * layers then run through their own forward (each module as written,
+     * hooks and checkpointing where they are; a checkpointed layer hands
+     * its output on plain, an exact reorder). Self's own hooks fire outside
+     * this function. */
+    bool fused = true;
+    for (int l = 0; l < 2; l++)
+        fused &= dt__module_tree_plain(dt_module_child(self, l));
     bool old = dt_ctx_set_blocked(ctx, true);
     for (int l = 0; l < 2 && x; l++) {
         dt_module *layer = dt_module_child(self, l); /* conv, bn, relu, pool */
-        x = dt_module_forward(ctx, dt_module_child(layer, 0), x);
-        x = dt_module_forward(ctx, dt_module_child(layer, 1), x);
-        x = dt_module_forward(ctx, dt_module_child(layer, 3), x);
-        x = x ? dt_relu(ctx, x) : NULL;
+        x = fused ? layer_fused(ctx, layer, x) : dt_module_forward(ctx, layer, x);
     }
     dt_ctx_set_blocked(ctx, old);
     x = dt_module_forward(ctx, dt_module_child(self, 2), x); /* flatten: back to plain */
@@ -69,6 +92,7 @@ dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **
     if ((st = dt_model_build(root, seed, &c->build, &m)) < 0)
         return st;
     d->loss = DT_LOSS_CROSS_ENTROPY;
+    snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "Sequential"); /* activation-checkpointing units */
     d->input_ndim = 3;
     d->input_shape[0] = 1, d->input_shape[1] = 28, d->input_shape[2] = 28;
     d->input_dtype = DT_F32;

@@ -439,6 +439,7 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
         return st;
     d->lm_head = c->fused_lm_loss && !tp ? head : NULL;
     d->loss = DT_LOSS_CROSS_ENTROPY;
+    snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "GPT2Block"); /* activation-checkpointing units */
     d->input_ndim = 1;
     d->input_shape[0] = T;
     d->input_dtype = DT_I64;

@@ -11,9 +11,16 @@
  * Tensor parallel (dt_model_config.tp, the seed's w0 Shard(1), w1
  * Shard(0)): w0 holds the rank's hidden/t columns, w1 the same rows, and
  * z = g(f(x) @ w0_r @ w1_r): f's backward and g's forward are the layer's
- * two all-reduces (Megatron's MLP without the GELU). */
+ * two all-reduces (Megatron's MLP without the GELU).
+ *
+ * Activation checkpointing: the one module is the unit (ckpt_unit "MLP"):
+ * both matmuls recompute in backward and only x and z are kept; a region
+ * per matmul would keep its output, the very hidden activation it means to
+ * drop. */
 #include "nn/nn_impl.h"
 #include "zoo.h"
+
+#include <stdio.h>
 #include "dtrain/tp.h"
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -54,6 +61,7 @@ dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out,
     if (st < 0)
         return st;
     d->loss = DT_LOSS_MEAN;
+    snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "MLP"); /* activation-checkpointing units */
     d->input_ndim = 2;
     d->input_shape[0] = c->mlp_seq, d->input_shape[1] = c->mlp_dim;
     d->input_dtype = DT_F32;

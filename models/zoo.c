@@ -161,3 +161,15 @@ dt_tensor *dt_model_desc_loss_fn(void *desc, dt_ctx *ctx, dt_tensor *output, dt_
 {
     return dt_model_desc_loss(ctx, desc, output, target);
 }
+
+dt_status dt_model_desc_checkpoint(dt_model *m, const dt_model_desc *d, const dt_act_ckpt_params *p, int *count)
+{
+    if (count)
+        *count = 0;
+    if (!m || !d)
+        return dt_error(DT_ERR_NULL, "dt_model_desc_checkpoint: %s is NULL", m ? "descriptor" : "model");
+    if (!d->ckpt_unit[0])
+        return dt_error(DT_ERR_UNSUPPORTED, "activation checkpointing: model '%s' names no checkpoint units "
+                        "(dt_model_desc.ckpt_unit)", d->name[0] ? d->name : "?");
+    return dt_model_checkpoint_type(m, d->ckpt_unit, p, count);
+}

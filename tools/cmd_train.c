@@ -319,8 +319,9 @@ static int setup_model(trainer *t)
         bool on = true;
         if (t->o.cfg && dt_config_act_ckpt(t->o.cfg, &on, &ap) < 0) /* the config's activation_checkpointing */
             return fail(2, "--config");
-        if (dt_model_checkpoint_type(t->model, "GPT2Block", &ap, &t->ckpt_modules) < 0)
-            return fail(1, "--activation-checkpointing");
+        dt_status st = dt_model_desc_checkpoint(t->model, &t->desc, &ap, &t->ckpt_modules);
+        if (st < 0)
+            return fail(st == DT_ERR_UNSUPPORTED || st == DT_ERR_INVALID_ARG ? 2 : 1, "--activation-checkpointing");
         t->ckpt_profile = ap.profile;
     }
     if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
@@ -1210,8 +1211,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                (long long)t->o.batch, (long long)t->o.batch * t->ddp.world,
                t->ddp.nconverted ? ", SyncBatchNorm" : "");
     if (t->prog.mode != DT__PROGRESS_NONE && t->ckpt_modules > 0)
-        printf("activation checkpointing: %d GPT2Block modules recompute their forward in backward\n",
-               t->ckpt_modules);
+        printf("activation checkpointing: %d %s modules recompute their forward in backward\n",
+               t->ckpt_modules, t->desc.ckpt_unit);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
     /* --max-steps sets the run's length: the loader wraps into as many epochs as it takes (each reshuffled:

@@ -115,7 +115,8 @@ static const opt_def opts[] = {
     {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N", "GPT models: tokens (default: the model's)"},
     {"dropout", OPT_FLOAT, OFF(dropout), 0, 0.99, NULL, "P", "GPT models: dropout probability (default 0)"},
     {"activation-checkpointing", OPT_FLAG, OFF(act_ckpt), 0, 0, NULL, NULL,
-     "GPT models: recompute each transformer block in backward instead of keeping its activations"},
+     "recompute the model's checkpoint units in backward instead of keeping their activations (the ConvNet's "
+     "conv blocks, the MLP's layers, GPT blocks; the same losses)"},
     {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "STEPS",
      "GPT models: print a generated sample every N steps and at the end (default 0 = never; --pp: generated "
      "through the stages, the same sample; not with --tp)"},
@@ -511,9 +512,9 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if (!lm && (o->val_data || o->seq || o->n_layer || o->n_head || o->n_embd || o->block_size || o->vocab_size ||
-                o->dropout > 0 || o->act_ckpt || o->sample_every || o->vocab)) {
+                o->dropout > 0 || o->sample_every || o->vocab)) {
         dt__cli_err("dtrain train: --val-data, --seq, --n-layer, --n-head, --n-embd, --block-size, --vocab-size, "
-                    "--dropout, --activation-checkpointing, --sample-every and --vocab apply to GPT models only\n");
+                    "--dropout, --sample-every and --vocab apply to GPT models only\n");
         return 2;
     }
     if (lm && o->val_data && (strncmp(o->val_data, "tokens:", 7) || !o->val_data[7])) {

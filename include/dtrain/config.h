@@ -189,12 +189,17 @@ DT_API dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_p
 /* zero_optimization.offload_optimizer (and the deprecated cpu_offload) into
  * op's fields whose keys are set. */
 DT_API dt_status dt_config_offload_params(const dt_config *c, dt_offload_params *op);
-/* activation_checkpointing (SEMANTICS 10.2): *enabled is true when the block
- * is present, or pipeline.activation_checkpoint_interval > 0 with more than
- * one pipeline stage (or dtrain.activation_checkpointing is true), false when
+/* activation_checkpointing: *enabled is true when the block is present, or
+ * pipeline.activation_checkpoint_interval > 0 with more than one pipeline
+ * stage (or dtrain.activation_checkpointing is true), false when
  * dtrain.activation_checkpointing is false, untouched otherwise; p's fields
- * from the block's keys. */
-DT_API dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_params *p);
+ * from the block's keys. number_checkpoints (null: all) and profile have
+ * their effect; partition_activations, cpu_checkpointing,
+ * contiguous_memory_optimization and synchronize_checkpoint_boundary, when
+ * true, add a note "KEY: no effect here: WHY" to c's warnings (said once;
+ * the values are those without them) and set their fields but
+ * partition_activations, which stays false (dtrain keeps whole inputs). */
+DT_API dt_status dt_config_act_ckpt(dt_config *c, bool *enabled, dt_act_ckpt_params *p);
 
 /* Pipeline parallelism: DeepSpeed's "pipeline" block (as its PipelineModule
  * and PipelineEngine read it) and dtrain's keys, into p's fields whose keys

@@ -27,7 +27,7 @@
  *     eps 1e-5, no bias on the head; nanoGPT's init (N(0, 0.02), biases 0,
  *     c_proj weights N(0, 0.02/sqrt(2 n_layer))) from the Philox stream.
  *     Blocks are modules of type "GPT2Block" (wrap policies and
- *     dt_model_checkpoint_type select them). Input [B, T] i64 token ids
+ *     dt_model_checkpoint_type select them; its checkpoint units). Input [B, T] i64 token ids
  *     (T <= block_size), output logits [B, T, V]; target [B, T] i64, the
  *     next tokens; loss: mean cross-entropy over all B*T positions.
  *
@@ -65,6 +65,10 @@ typedef enum {
 /* What a model consumes and costs, per sample. */
 typedef struct dt_model_desc {
     char name[32];                        /* zoo name ("convnet"); "" for others */
+    char ckpt_unit[32];                   /* the module type of its activation-checkpointing units
+                                             (dt_model_desc_checkpoint): "Sequential" (the ConvNet's
+                                             conv blocks layer1, layer2), "MLP" (the MLP's one module,
+                                             both its layers), "GPT2Block"; "" none */
     dt_loss_kind loss;                    /* the training loss */
     int input_ndim;                       /* dims of one sample (the batch dim excluded) */
     int64_t input_shape[DT_MAX_DIMS];     /* one sample's input shape */
@@ -176,6 +180,13 @@ DT_API dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int
  * and both shapes ("/d/t10k-images-idx3-ubyte: items are (1, 14, 14) f32,
  * model 'convnet' takes (1, 28, 28) f32"). Call it for every split. */
 DT_API dt_status dt_model_desc_check_dataset(const dt_model_desc *d, const dt_dataset *ds);
+/* Activation checkpointing of the model's own units (d->ckpt_unit: every
+ * module of that type, the first p->number_checkpoints of them when > 0;
+ * dt_model_checkpoint_type) with options p; p NULL turns them off. *count
+ * (may be NULL): modules checkpointed. DT_ERR_UNSUPPORTED when d names no
+ * unit. Losses are bit for bit those without checkpointing. */
+DT_API dt_status dt_model_desc_checkpoint(dt_model *m, const dt_model_desc *d, const dt_act_ckpt_params *p,
+                                          int *count);
 /* The descriptor's loss of output against target (NULL when has_target is
  * false). DT_ERR_UNSUPPORTED for DT_LOSS_NONE. NULL inputs propagate. */
 DT_API dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target);

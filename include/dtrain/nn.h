@@ -272,9 +272,18 @@ DT_API dt_act_ckpt_params dt_act_ckpt_params_default(void);
  * turns it off. The module's forward must be a function of its input and
  * parameters (its input is its only tensor argument, as for every module). */
 DT_API dt_status dt_module_set_checkpoint(dt_module *m, const dt_act_ckpt_params *p);
-/* Checkpoint every module whose dt_module_type is `type` ("GPT2Block"), the
- * first p->number_checkpoints of them when that is > 0 (the rest off); p
- * NULL turns them all off. *count (may be NULL): how many are on. */
+/* A checkpoint-unit policy (PyTorch's apply_activation_checkpointing
+ * check_fn): true when module m is to be checkpointed. */
+typedef bool (*dt_ckpt_check_fn)(const dt_module *m, void *ud);
+/* Checkpoint every module of the model (in pre-order) for which check(m,
+ * ud) is true, the first p->number_checkpoints of them when that is > 0
+ * (the rest off); p NULL turns them all off. *count (may be NULL): how many
+ * are on. A unit nested in another unit is recomputed inside it (nothing
+ * wrong, only work twice): policies pick disjoint subtrees. */
+DT_API dt_status dt_model_checkpoint_fn(dt_model *m, dt_ckpt_check_fn check, void *ud, const dt_act_ckpt_params *p,
+                                        int *count);
+/* dt_model_checkpoint_fn with the policy "dt_module_type(m) is `type`"
+ * ("GPT2Block"; a zoo model names its units in dt_model_desc.ckpt_unit). */
 DT_API dt_status dt_model_checkpoint_type(dt_model *m, const char *type, const dt_act_ckpt_params *p,
                                           int *count);
 /* Profile totals over the model's checkpointed modules (with profile set):
@@ -303,6 +312,13 @@ DT_API dt_status dt_module_add_backward_post_hook(dt_module *m, dt_bwd_hook fn, 
 /* Remove the hook `id` of any kind from m; DT_ERR_NOT_FOUND when m has none
  * with that id (removed already, or another module's). */
 DT_API dt_status dt_module_remove_hook(dt_module *m, dt_hook_id id);
+/* Mark m's hook `id` blind: it reads no tensor it is given and replaces
+ * none (ZeRO-3's parameter gathers and frees). A model's own forward may
+ * keep activations in an internal layout (the ConvNet's channel-blocked
+ * path) around blind hooks, which still fire at their modules; any other
+ * hook makes it run its modules as written. DT_ERR_NOT_FOUND when m has no
+ * hook `id`. */
+DT_API dt_status dt_module_hook_set_blind(dt_module *m, dt_hook_id id);
 /* Remove every hook of every kind from m (not its children). */
 DT_API void dt_module_clear_hooks(dt_module *m);
 

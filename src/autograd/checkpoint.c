@@ -26,6 +26,7 @@
 typedef struct {
     dt_ckpt_fn fn;
     void *ud;
+    bool blocked; /* the context's dt_ctx_set_blocked at the first run */
 } ckpt_state;
 
 static dt_status recompute(dt_ctx *ctx, dt__node *n, const ckpt_state *cs, const float *gout, float **gin);
@@ -68,8 +69,9 @@ static dt_status recompute(dt_ctx *ctx, dt__node *n, const ckpt_state *cs, const
             a[i]->flags |= DT_TENSOR_REQUIRES_GRAD;
     }
     bool old = dt_ag_set_enabled(ctx, true);
-    bool oldb = dt_ctx_set_blocked(ctx, false); /* the region's output must be plain */
+    bool oldb = dt_ctx_set_blocked(ctx, cs->blocked); /* the first run's layouts: the same values */
     dt_tensor *out = cs->fn(ctx, n->nin, a, cs->ud);
+    /* the region's output must be plain (ckpt_backward seeds it) */
     if (out && dt__blocked(out)) /* a blocked input passed through (relu) */
         out = dt__plain(ctx, out);
     dt_ctx_set_blocked(ctx, oldb);
@@ -116,12 +118,16 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
             return dt__null_input(op, "an input");
     bool record = ctx->grad_enabled;
     dt_ag_set_enabled(ctx, false);
-    bool oldb = dt_ctx_set_blocked(ctx, false); /* region output plain (ckpt_backward seeds it) */
+    /* The region runs with the caller's layouts (a ConvNet layer keeps its
+     * channel-blocked activations), the recomputation with the same; its
+     * output is handed on plain (an exact reorder), as ckpt_backward seeds
+     * it with a plain gradient. */
+    const bool blocked = ctx->blocked_ok;
     dt_arena_pos mark = dt_arena_mark(ctx->arena);
     dt_tensor *y = fn(ctx, nin, in, ud);
+    dt_ctx_set_blocked(ctx, blocked); /* as the caller had it, whatever fn did */
     if (y && dt__blocked(y))
         y = dt__plain(ctx, y);
-    dt_ctx_set_blocked(ctx, oldb);
     dt_ag_set_enabled(ctx, record);
     if (!y || !record)
         return y;
@@ -152,6 +158,7 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
         return NULL;
     cs->fn = fn;
     cs->ud = ud;
+    cs->blocked = blocked;
     dt__node *n = dt__ag_record(ctx, op, ckpt_backward, out, nin, in);
     if (!n)
         return NULL;

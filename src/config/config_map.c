@@ -263,7 +263,17 @@ dt_status dt_config_offload_params(const dt_config *c, dt_offload_params *op)
     return DT_OK;
 }
 
-dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_params *p)
+/* a key of the activation_checkpointing block that is true and does nothing here: the note */
+static void act_noop(dt_config *c, const char *key, bool *field, const char *why)
+{
+    bool on = false;
+    if (dt_config_get_bool(c, key, &on) != DT_OK || !on)
+        return;
+    *field = true;
+    dt__cfg_warn(c, "%s: no effect here: %s", key, why);
+}
+
+dt_status dt_config_act_ckpt(dt_config *c, bool *enabled, dt_act_ckpt_params *p)
 {
     if (!c || !enabled || !p)
         return dt_error(DT_ERR_NULL, "dt_config_act_ckpt: NULL argument");
@@ -277,13 +287,22 @@ dt_status dt_config_act_ckpt(const dt_config *c, bool *enabled, dt_act_ckpt_para
         *enabled = on;
     int64_t tp = 1, n;
     get_i(c, "dtrain.tensor_parallel_size", &tp);
+    /* DeepSpeed's keys that change where a checkpointed input is kept, never
+     * a value: each true one is said once (dt_act_ckpt_params documents the
+     * fields) */
     bool part = false;
-    if (dt_config_get_bool(c, "activation_checkpointing.partition_activations", &part) == DT_OK)
-        p->partition_activations = part && tp > 1; /* over a model-parallel group of 1 DeepSpeed keeps the whole
-                                                      input: the same as not partitioning */
-    take_bool(c, "activation_checkpointing.cpu_checkpointing", &p->cpu_checkpointing);
-    take_bool(c, "activation_checkpointing.contiguous_memory_optimization", &p->contiguous_memory_optimization);
-    take_bool(c, "activation_checkpointing.synchronize_checkpoint_boundary", &p->synchronize_checkpoint_boundary);
+    act_noop(c, "activation_checkpointing.partition_activations", &part,
+             tp > 1 ? "each tensor-parallel rank keeps its whole checkpointed inputs (the same values; DeepSpeed "
+                      "keeps 1/tp of each and all-gathers it before the recomputation)"
+                    : "no model-parallel group to split the checkpointed inputs over (tensor_parallel_size 1: "
+                      "DeepSpeed keeps the whole input then too)");
+    p->partition_activations = false;
+    act_noop(c, "activation_checkpointing.cpu_checkpointing", &p->cpu_checkpointing,
+             "checkpointed inputs already live in host memory (no device to move them off)");
+    act_noop(c, "activation_checkpointing.contiguous_memory_optimization", &p->contiguous_memory_optimization,
+             "checkpointed inputs already live in one buffer (the step's arena)");
+    act_noop(c, "activation_checkpointing.synchronize_checkpoint_boundary", &p->synchronize_checkpoint_boundary,
+             "no device stream to synchronise at a boundary (CPU kernels finish before the next starts)");
     take_bool(c, "activation_checkpointing.profile", &p->profile);
     if (get_i(c, "activation_checkpointing.number_checkpoints", &n))
         p->number_checkpoints = (int)n;

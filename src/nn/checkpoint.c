@@ -114,16 +114,17 @@ dt_status dt_module_set_checkpoint(dt_module *m, const dt_act_ckpt_params *p)
     return DT_OK;
 }
 
-dt_status dt_model_checkpoint_type(dt_model *md, const char *type, const dt_act_ckpt_params *p, int *count)
+dt_status dt_model_checkpoint_fn(dt_model *md, dt_ckpt_check_fn check, void *ud, const dt_act_ckpt_params *p,
+                                 int *count)
 {
     if (count)
         *count = 0;
-    if (!md || !type)
-        return dt_error(DT_ERR_NULL, "dt_model_checkpoint_type: %s is NULL", md ? "type" : "model");
+    if (!md || !check)
+        return dt_error(DT_ERR_NULL, "dt_model_checkpoint_fn: %s is NULL", md ? "check" : "model");
     int limit = p ? p->number_checkpoints : 0, k = 0;
     for (int i = 0; i < md->nmodules; i++) {
         dt_module *m = md->modules[i];
-        if (strcmp(dt_module_type(m), type))
+        if (!check(m, ud))
             continue;
         bool on = p && (limit == 0 || k < limit);
         dt_status st = dt_module_set_checkpoint(m, on ? p : NULL);
@@ -134,6 +135,17 @@ dt_status dt_model_checkpoint_type(dt_model *md, const char *type, const dt_act_
     if (count)
         *count = k;
     return DT_OK;
+}
+
+static bool type_is(const dt_module *m, void *ud) { return !strcmp(dt_module_type(m), ud); }
+
+dt_status dt_model_checkpoint_type(dt_model *md, const char *type, const dt_act_ckpt_params *p, int *count)
+{
+    if (count)
+        *count = 0;
+    if (!md || !type)
+        return dt_error(DT_ERR_NULL, "dt_model_checkpoint_type: %s is NULL", md ? "type" : "model");
+    return dt_model_checkpoint_fn(md, type_is, (void *)(uintptr_t)type, p, count);
 }
 
 dt_status dt_model_checkpoint_profile(const dt_model *md, double *forward_s, double *recompute_s,

@@ -467,6 +467,20 @@ dt_status dt_module_remove_hook(dt_module *m, dt_hook_id id)
                     (unsigned long long)id);
 }
 
+dt_status dt_module_hook_set_blind(dt_module *m, dt_hook_id id)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_hook_set_blind: module is NULL");
+    for (int k = 0; k < DT__HOOK_KINDS; k++)
+        for (int i = 0; i < m->hooks[k].n; i++)
+            if (m->hooks[k].h[i].id == id) {
+                m->hooks[k].h[i].blind = true;
+                return DT_OK;
+            }
+    return dt_error(DT_ERR_NOT_FOUND, "dt_module_hook_set_blind: module '%s' has no hook %llu", dt_module_path(m),
+                    (unsigned long long)id);
+}
+
 void dt_module_clear_hooks(dt_module *m)
 {
     for (int k = 0; m && k < DT__HOOK_KINDS; k++)
@@ -505,6 +519,28 @@ bool dt__module_tree_plain(const dt_module *m)
         return false;
     for (int i = 0; i < m->nchild; i++)
         if (!dt__module_tree_plain(m->children[i]))
+            return false;
+    return true;
+}
+
+static bool tree_unobserved(const dt_module *m)
+{
+    for (int k = 0; k < DT__HOOK_KINDS; k++)
+        for (int i = 0; i < m->hooks[k].n; i++)
+            if (!m->hooks[k].h[i].blind)
+                return false;
+    if (m->fwd_override)
+        return false;
+    for (int i = 0; i < m->nchild; i++)
+        if (!tree_unobserved(m->children[i]))
+            return false;
+    return true;
+}
+
+bool dt__module_subtree_unobserved(const dt_module *m)
+{
+    for (int i = 0; i < m->nchild; i++)
+        if (!tree_unobserved(m->children[i]))
             return false;
     return true;
 }

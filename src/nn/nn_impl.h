@@ -10,6 +10,7 @@ typedef struct dt__hook {
     void (*fn)(void); /* cast to the kind's type */
     void *ud;
     dt_hook_id id;
+    bool blind; /* reads no tensor, replaces none (dt_module_hook_set_blind) */
 } dt__hook;
 
 /* A growable list of hooks (module hooks of one kind, a model's grad-ready
@@ -122,6 +123,13 @@ size_t dt__model_release(dt_model *m);
  * forward: a model's own forward may then take shortcuts no hook could
  * observe (the ConvNet's blocked activations and pool-before-ReLU). */
 bool dt__module_tree_plain(const dt_module *m);
+/* True when no module strictly under m has a hook other than a blind one
+ * (dt_module_hook_set_blind) or a replaced forward (checkpointing allowed):
+ * m's own forward may then keep activations in an internal layout (the
+ * ConvNet's channel blocks) as long as it runs each child through
+ * dt_module_forward, so the blind hooks and checkpoints still fire where
+ * they are. m's own hooks fire outside its forward and are not looked at. */
+bool dt__module_subtree_unobserved(const dt_module *m);
 
 /* The Philox key of dropout module m's next forward: (model seed,
  * DT_RNG_DROPOUT, rank << 32 | m's index, m's forward count); the count

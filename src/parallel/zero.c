@@ -1085,6 +1085,12 @@ static dt_status install_hooks(dt_zero *z)
             (st = dt_module_add_backward_pre_hook(u->mod, bwd_pre, u, &u->hooks[2])) < 0 ||
             (st = dt_module_add_backward_post_hook(u->mod, bwd_post, u, &u->hooks[3])) < 0)
             return st;
+        /* they gather and free parameters and never look at an activation:
+         * the model's forward computes exactly what it computes without
+         * them (DDP's), e.g. the ConvNet keeps its channel-blocked path */
+        for (int k = 0; k < 4; k++)
+            if ((st = dt_module_hook_set_blind(u->mod, u->hooks[k])) < 0)
+                return st;
     }
     return DT_OK;
 }

@@ -143,6 +143,15 @@ TEST(seed_zero2_activation_checkpointing)
     ASSERT(ap.cpu_checkpointing && ap.contiguous_memory_optimization && ap.synchronize_checkpoint_boundary);
     ASSERT(!ap.profile);
     ASSERT_EQ_INT(ap.number_checkpoints, 0); /* null: all */
+    /* the four keys that do nothing on a CPU: one note each, with the reason */
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 4);
+    ASSERT_STR_CONTAINS(dt_config_warning(c, 0), "activation_checkpointing.partition_activations: no effect here: "
+                                                 "no model-parallel group");
+    ASSERT_STR_CONTAINS(dt_config_warning(c, 1), "activation_checkpointing.cpu_checkpointing: no effect here: ");
+    ASSERT_STR_CONTAINS(dt_config_warning(c, 2), "contiguous_memory_optimization: no effect here: ");
+    ASSERT_STR_CONTAINS(dt_config_warning(c, 3), "synchronize_checkpoint_boundary: no effect here: ");
+    ASSERT_OK(dt_config_act_ckpt(c, &on, &ap)); /* said once */
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 4);
     dt_config_free(c);
 }
 

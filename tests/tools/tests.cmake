@@ -46,3 +46,9 @@ set_tests_properties(tools/proc_rules PROPERTIES LABELS tools)
 add_test(NAME tools/build_tree_consumer
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/build_tree_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools/build_tree_consumer PROPERTIES TIMEOUT 240 LABELS "tools;install")
+
+# The seed configs on every zoo model (test_train_seed_models.c) also run
+# under mpirun when it was found.
+if(TARGET test_train_seed_models AND DT_HAVE_MPI AND DT_MPIEXEC)
+  target_compile_definitions(test_train_seed_models PRIVATE DT_MPIEXEC="${DT_MPIEXEC}")
+endif()
