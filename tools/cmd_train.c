@@ -14,12 +14,12 @@
  * Output: progress on stdout (train_progress.c), the final figures on
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
- * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
+ * run succeeds. SIGINT/SIGTERM/SIGHUP stop the run between steps (exit 130; the
  * records and an end record saying "interrupted" stay in FILE.partial):
  * the step under way finishes, and with --save its checkpoint is written
  * before the exit (the message names it).
  *
- * The two signals are blocked in every thread for the whole command (before
+ * The three signals are blocked in every thread for the whole command (before
  * any thread starts, so the loader's and OpenMP's inherit the mask) and
  * taken synchronously between steps with sigtimedwait: no handler ever runs.
  * A handler interrupting oneDNN's JIT sgemm (2.6.3, Debian bookworm)
@@ -59,7 +59,7 @@ static int g_stop; /* the stopping signal taken, or 0 (main thread only) */
 static int64_t g_kill_step, g_kill_rank;
 static sigset_t g_stop_set;
 
-/* Take a pending SIGINT/SIGTERM, if any (they are blocked: see the top). */
+/* Take a pending SIGINT/SIGTERM/SIGHUP, if any (they are blocked: see the top). */
 static int poll_stop(void)
 {
     if (!g_stop) {
@@ -515,6 +515,19 @@ static int save_ckpt(trainer *t)
     return 0;
 }
 
+/* --save DIR before any training: created when missing and locked for this
+ * job (dt_trainer_save_prepare), so that an unusable directory or one
+ * another job saves into is bad input now (exit 2), not a lost checkpoint
+ * after the training. */
+static int setup_save(trainer *t)
+{
+    if (!t->o.save)
+        return 0;
+    if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)
+        return fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--save");
+    return 0;
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
@@ -867,6 +880,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     sigemptyset(&g_stop_set);
     sigaddset(&g_stop_set, SIGINT);
     sigaddset(&g_stop_set, SIGTERM);
+    sigaddset(&g_stop_set, SIGHUP); /* a closed terminal or dropped SSH session: save and stop, as SIGTERM */
     pthread_sigmask(SIG_BLOCK, &g_stop_set, NULL);
     if (t->o.threads > 0)
         dt_set_num_threads((int)t->o.threads);
@@ -909,7 +923,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = 0;
         goto out;
     }
-    if ((rc = setup_resume(t)))
+    if ((rc = setup_save(t)) || (rc = setup_resume(t)))
         goto out;
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);

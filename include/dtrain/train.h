@@ -596,12 +596,25 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * owns (its fp32 masters and optimizer state included) in one collective
  * dt_ckpt_save over all ranks; the index says which file holds which range
  * (that save must finish within DT_COMM_TIMEOUT). dir is created when
- * missing (its parent must exist). p NULL: defaults. Errors (on every
+ * missing (its parent must exist) and locked for this trainer
+ * (dt_trainer_save_prepare). p NULL: defaults. Errors (on every
  * rank): I/O naming the file, DT_ERR_UNSUPPORTED under NVMe offload, an
  * earlier asynchronous save's failure. ZeRO-1 over a tensor-parallel model
  * (tp.h) gathers the data-parallel shares first and writes what DDP
  * writes. */
 DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p);
+/* Take the save directory before training (collective): the rank that
+ * writes and prunes it creates it when missing (its parent must exist) and
+ * locks it (dt_ckpt_dir_lock, ckpt.h) for the trainer's life, so that a
+ * directory that cannot be used, or one another job saves into, fails now
+ * rather than at the first save, and two jobs never delete each other's
+ * checkpoints (stale temporaries and --keep pruning touch only the
+ * owner's). dt_trainer_save does the same at its first save into a
+ * directory when this was not called. Every rank returns the owner's
+ * status: DT_ERR_STATE (held by another job, naming it and the holder's pid
+ * and host), DT_ERR_IO (missing parent, not a directory, a symlink,
+ * read-only), naming the directory. */
+DT_API dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */
 DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);
 /* The newest complete checkpoint in dir (a step-N directory holding
