@@ -250,8 +250,10 @@ DT_API dt_status dt_st_checksum(const dt_st_file *f, dt_ckpt_sum kind, uint32_t 
  * ("crc32c"; zlib's CRC-32, "crc32", in checkpoints written before), checked
  * as the file is read for a load (dt_ckpt_load_params.verify).
  * All ranks must see the same filesystem path (one machine, or a shared
- * filesystem). The collectives of a save wait for the slowest rank's write,
- * so it must finish within the group's timeout (DT_COMM_TIMEOUT).
+ * filesystem). The disk work runs on a helper thread while the ranks poll
+ * each other with short all-reduces, so a write slower than the group's
+ * timeout (DT_COMM_TIMEOUT) on any rank does not fail the save; the save
+ * takes as long as the slowest rank's disk.
  *
  *     dt_ckpt_entry e[2] = {
  *         {.name = "fc.weight", .dtype = DT_F32, .ndim = 2, .shape = {10, 1568},

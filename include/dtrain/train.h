@@ -595,7 +595,8 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * copy. With sharded state (ZeRO/FSDP) every rank writes the ranges it
  * owns (its fp32 masters and optimizer state included) in one collective
  * dt_ckpt_save over all ranks; the index says which file holds which range
- * (that save must finish within DT_COMM_TIMEOUT). dir is created when
+ * (a slow disk on any rank does not run into DT_COMM_TIMEOUT: the ranks
+ * poll each other while they write). dir is created when
  * missing (its parent must exist) and locked for this trainer
  * (dt_trainer_save_prepare). p NULL: defaults. Errors (on every
  * rank): I/O naming the file, DT_ERR_UNSUPPORTED under NVMe offload, an

@@ -47,10 +47,11 @@
  * (dt_ckpt_save deals the replicas: buffers, stage 1/2 parameters across
  * hybrid groups; under the pipe strategy each pipeline rank holds the
  * tensors of its stages, its range's segments, and all save over the
- * world); such a save is synchronous (each rank writes its part;
- * the save's collectives wait for the slowest writer, within
- * DT_COMM_TIMEOUT), asynchronous only in that the call still returns when
- * the files are complete.
+ * world); such a save is synchronous (each rank writes its part on a
+ * helper thread while the ranks poll each other: dt_ckpt_save's "slow
+ * disks", so the slowest writer never runs into DT_COMM_TIMEOUT),
+ * asynchronous only in that the call still returns when the files are
+ * complete.
  *
  * Loading gives every piece its f32 value by one rule: the checkpoint's
  * fp32 master weights ("master.<param>") when it has them, else the saved
