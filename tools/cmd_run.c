@@ -108,7 +108,8 @@ static void usage(FILE *f)
             "  -n, --nproc N         number of ranks (1..%d)\n"
             "  --max-restarts K      restart all ranks up to K times after a failure (0);\n"
             "                        with dtrain train --save DIR --save-every N --resume auto\n"
-            "                        they continue from the newest complete checkpoint\n"
+            "                        they continue from the newest complete checkpoint;\n"
+            "                        a rank that exits 2 (bad input) is not restarted\n"
             "  --tee DIR             also write rank r's output to DIR/rank<r>.log\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (3)\n"
             "  --master-port P       MASTER_PORT (default: a free port per attempt; 29500 with\n"
@@ -612,13 +613,18 @@ int dt_cmd_run(int argc, char **argv)
         }
         char how[128];
         describe_status(res.status, how, sizeof how);
-        if (attempt < o.max_restarts) {
+        /* exit 2 is bad input (a flag, a file, the environment): it fails
+         * the same way on every attempt, so it ends the job at once */
+        const bool bad_input = WIFEXITED(res.status) && WEXITSTATUS(res.status) == 2;
+        if (attempt < o.max_restarts && !bad_input) {
             dt__cli_err("dtrain run: restarting all %d ranks (restart %d of %d) after rank %d %s\n",
                     o.nranks, attempt + 1, o.max_restarts, res.failed_rank, how);
             continue;
         }
         dt__cli_err("dtrain run: job failed: rank %d %s%s\n", res.failed_rank, how,
-                o.max_restarts ? " (no restarts left)" : "");
+                    bad_input && attempt < o.max_restarts ? " (bad input: not restarted)"
+                    : o.max_restarts                      ? " (no restarts left)"
+                                                          : "");
         if (WIFEXITED(res.status))
             rc = WEXITSTATUS(res.status);
         else if (WIFSIGNALED(res.status))

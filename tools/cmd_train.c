@@ -41,6 +41,7 @@
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -528,12 +529,25 @@ static int setup_save(trainer *t)
     return 0;
 }
 
+/* A --resume / --init-from path that does not exist is bad input (exit 2),
+ * named, before the loader tries it. */
+static int check_exists(const char *flag, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        return 0;
+    dt__cli_err("dtrain train: %s %s: %s\n", flag, path, strerror(errno));
+    return 2;
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
 {
     t->saved_step = -1;
     if (t->o.init_from) {
+        if (check_exists("--init-from", t->o.init_from))
+            return 2;
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return fail(bad_input_status(dt_last_status()) ? 2 : 1,
                         "--init-from");
@@ -564,6 +578,8 @@ static int setup_resume(trainer *t)
         }
         from = latest;
     }
+    if (from != latest && check_exists("--resume", from))
+        return 2;
     dt_trainer_resume_info ri;
     if (dt_trainer_load(t->tr, from, &ri) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
@@ -854,7 +870,13 @@ static int train_main(int argc, char **argv, const char *eval_ckpt);
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL); }
 
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt) { return train_main(argc, argv, ckpt); }
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt)
+{
+    dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
+    int rc = train_main(argc, argv, ckpt);
+    dt__cli_err_command(NULL);
+    return rc;
+}
 
 /* The whole command; with eval_ckpt (dtrain eval --ckpt): build the same
  * model and data, load the checkpoint's weights, evaluate, print. */

@@ -331,6 +331,22 @@ TEST(restarts_exhausted)
     cli_result_free(&r);
 }
 
+/* A rank that exits 2 (bad input) is not restarted: the job ends at once
+ * with code 2, whatever --max-restarts says. */
+TEST(bad_input_is_not_restarted)
+{
+    const char *args[] = {"-n", "2", "--max-restarts", "3", "--", "sh", "-c",
+                          "echo try $DT_RESTART_COUNT; if [ $RANK = 1 ]; then exit 2; fi; sleep 60", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 2);
+    ASSERT_STR_CONTAINS(r.out, "[1] try 0\n");
+    ASSERT(!strstr(r.out, "try 1"));
+    ASSERT(!strstr(r.err, "restarting"));
+    ASSERT_STR_CONTAINS(r.err, "bad input: not restarted");
+    ASSERT(r.secs < 20.0);
+    cli_result_free(&r);
+}
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -842,6 +858,7 @@ int main(int argc, char **argv)
     RUN(rank_ignoring_sigterm_is_killed_after_grace);
     RUN(restarts_until_success);
     RUN(restarts_exhausted);
+    RUN(bad_input_is_not_restarted);
     RUN(tee_writes_one_file_per_rank);
     RUN(tee_refuses_planted_symlink);
     RUN(tee_refusal_keeps_previous_logs);
