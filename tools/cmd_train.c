@@ -355,8 +355,9 @@ static int setup_data(trainer *t)
     /* evaluation: bigger batches, no grads (language models: the logits of a
      * batch are B T V floats, so the training batch) */
     lp.batch_size = t->lm || t->o.batch > 500 ? t->o.batch : 500;
-    if (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
-        dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0)
+    if (!t->o.no_eval && /* --no-eval: no test loader, no memory for its batches */
+        (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
+         dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0))
         return fail(1, "test data loader");
     if (dt_loader_num_batches(t->train_loader) == 0) {
         dt__cli_err("dtrain train: --data %s: the training set is empty\n", t->o.data);
@@ -609,6 +610,10 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
 {
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
     dt_trainer_eval_result r;
+    if (!t->test_loader) {
+        dt__cli_err("dtrain train: evaluation: there is no test loader (--no-eval)\n");
+        return 2;
+    }
     if (dt_trainer_evaluate(t->tr, t->test_loader, dt_dataset_get_info(test_set), &r) < 0)
         return fail(1, "evaluation");
     *loss_out = r.loss;

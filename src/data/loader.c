@@ -136,17 +136,24 @@ dt_status dt_loader_init(dt_dataset *ds, dt_sampler *s, const dt_loader_params *
     if (st < 0)
         goto fail;
     ld->nb = dt_batch_sampler_length(ld->bs);
+    /* Slots as large as a batch can be: no batch holds more items than the
+     * sampler gives (a 16-item test set with batch 500 needs 16 rows, not
+     * 500), and no more slots than an epoch has batches. */
+    int64_t rows = pp.batch_size < dt_sampler_length(s) ? pp.batch_size : dt_sampler_length(s);
+    rows = rows > 0 ? rows : 1;
+    if (ld->nb >= 1 && ld->nb < ld->nslots)
+        ld->nslots = (int)ld->nb;
     ld->slots = calloc((size_t)ld->nslots, sizeof *ld->slots);
     if (!ld->slots) {
         st = dt_error(DT_ERR_NO_MEMORY, "loader: out of memory");
         goto fail;
     }
     for (int i = 0; i < ld->nslots; i++) {
-        ld->slots[i].x = dt_alloc((size_t)pp.batch_size * ld->xb);
-        ld->slots[i].y = dt_alloc((size_t)pp.batch_size * ld->yb);
+        ld->slots[i].x = dt_alloc((size_t)rows * ld->xb);
+        ld->slots[i].y = dt_alloc((size_t)rows * ld->yb);
         if (!ld->slots[i].x || !ld->slots[i].y) {
-            st = dt_error(DT_ERR_NO_MEMORY, "loader: cannot allocate %d batches of %lld samples",
-                          ld->nslots, (long long)pp.batch_size);
+            st = dt_error(DT_ERR_NO_MEMORY, "loader: cannot allocate %d batches of %lld samples (%zu bytes)",
+                          ld->nslots, (long long)rows, (size_t)ld->nslots * (size_t)rows * (ld->xb + ld->yb));
             goto fail;
         }
     }

@@ -3,7 +3,10 @@
  * DT_BACKEND=foo exits 2 (the launcher passes the rank's code on) naming
  * the variable. Under an address-space limit too small for the
  * shared-memory segment, the error names the limit (ulimit -v), the size
- * needed and DT_SHM_HEAP_MB. */
+ * needed and DT_SHM_HEAP_MB; with a heap that fits, a small MLP trains
+ * under the same limit, on one rank and two, with and without --no-eval
+ * (the loaders size their batches to the data, and --no-eval makes no test
+ * loader). */
 // dt-test-timeout: 240
 #include "test.h"
 #include "tools/train_cli.h"
@@ -55,12 +58,42 @@ TEST(address_space_limit_named)
     free(r);
 }
 
+TEST(small_mlp_trains_under_address_space_limit)
+{
+    struct rlimit old;
+    ASSERT(getrlimit(RLIMIT_AS, &old) == 0);
+    if (old.rlim_max != RLIM_INFINITY && old.rlim_max < (rlim_t)800000 * 1024)
+        DT_TEST_SKIP("the hard address-space limit is already below 800000 KiB");
+    struct rlimit lim = {(rlim_t)800000 * 1024, old.rlim_max};
+    cli_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 4; k++) {
+        char *args[40];
+        int n = 0;
+        if (k & 1) {
+            args[n++] = "run", args[n++] = "-n", args[n++] = "2", args[n++] = "--", args[n++] = getenv("DT_CLI");
+        }
+        for (int i = 5; g_args[i]; i++)
+            if (strcmp(g_args[i], "--no-eval") || k >= 2)
+                args[n++] = g_args[i];
+        args[n] = NULL;
+        ASSERT(setrlimit(RLIMIT_AS, &lim) == 0);
+        cli_runv(r, 120, "DT_SHM_HEAP_MB=64", args);
+        setrlimit(RLIMIT_AS, &old);
+        if (r->code)
+            fprintf(stderr, "case %d (%s, %s): exit %d\n%s", k, k & 1 ? "2 ranks" : "1 rank",
+                    k >= 2 ? "--no-eval" : "eval", r->code, r->err);
+        ASSERT_EQ_INT(r->code, 0);
+    }
+    free(r);
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI"))
         return DT_TEST_SKIP_CODE;
     RUN(bad_dt_variables_exit_2);
     RUN(address_space_limit_named);
+    RUN(small_mlp_trains_under_address_space_limit);
     cli_cleanup();
     return TEST_REPORT();
 }
