@@ -541,6 +541,36 @@ static int check_exists(const char *flag, const char *path)
     return 2;
 }
 
+/* --resume auto: load the newest checkpoint (path, cap bytes), or, when it
+ * is damaged (a file that cannot be read, fails its checksum or does not
+ * parse), the next older complete one, with a warning naming what was
+ * skipped. Every rank takes the same decision: they agree (one sum) on
+ * whether any rank's failure is other than damage (a mismatch with this
+ * run, out of memory), which no older checkpoint would cure. */
+static dt_status load_auto(trainer *t, char *path, size_t cap, dt_trainer_resume_info *ri)
+{
+    const char *dash = strrchr(path, '-');
+    int64_t step = dash ? atoll(dash + 1) : 0;
+    for (;;) {
+        dt_status st = dt_trainer_load(t->tr, path, ri);
+        if (st >= 0)
+            return st;
+        char msg[1024], older[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        const bool damage = st == DT_ERR_FORMAT || st == DT_ERR_IO || st == DT_ERR_NOT_FOUND;
+        double v[1] = {damage ? 0.0 : 1.0};
+        int64_t ostep = -1;
+        if (dt_trainer_allreduce_sum(t->tr, v, 1) < 0 || v[0] > 0 ||
+            dt_trainer_ckpt_before(t->o.save, step, older, sizeof older, &ostep) < 0 || !older[0])
+            return dt_error(st, "%s", msg); /* nothing older to try: the newest one's error */
+        if (dt__ddp_is_main(&t->ddp))
+            dt__cli_err("dtrain train: warning: --resume auto: %s is damaged (%s); trying the older %s\n", path, msg,
+                        older);
+        snprintf(path, cap, "%s", older);
+        step = ostep;
+    }
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
@@ -582,7 +612,7 @@ static int setup_resume(trainer *t)
     if (from != latest && check_exists("--resume", from))
         return 2;
     dt_trainer_resume_info ri;
-    if (dt_trainer_load(t->tr, from, &ri) < 0)
+    if ((from == latest ? load_auto(t, latest, sizeof latest, &ri) : dt_trainer_load(t->tr, from, &ri)) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
     t->saved_step = ri.step;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);

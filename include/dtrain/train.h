@@ -622,6 +622,11 @@ DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);
  * index.json) into out ("" when there is none). DT_ERR_IO when dir cannot
  * be read. */
 DT_API dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n);
+/* The newest complete checkpoint in dir whose step is below `below` into
+ * out ("" and *step -1 when there is none; step may be NULL): the next one
+ * to try when a newer one turns out damaged. DT_ERR_IO when dir cannot be
+ * read. */
+DT_API dt_status dt_trainer_ckpt_before(const char *dir, int64_t below, char *out, size_t n, int64_t *step);
 /* Resume: load a checkpoint into tr, a trainer built like the saving one
  * (same model; same optimizer kind). path is one checkpoint or a save
  * directory (its newest complete checkpoint is used). Verifies every file's

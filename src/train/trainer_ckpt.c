@@ -1061,20 +1061,34 @@ dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir)
 
 /* ---- finding and loading ----------------------------------------------------------------------- */
 
-dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n)
+dt_status dt_trainer_ckpt_before(const char *dir, int64_t below, char *out, size_t n, int64_t *step)
 {
     if (!dir || !out || n == 0)
-        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_latest: NULL argument");
+        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_before: NULL argument");
     out[0] = 0;
+    if (step)
+        *step = -1;
     int64_t *steps;
     size_t k;
     dt_status st = list_steps(dir, &steps, &k);
     if (st < 0)
         return st;
-    if (k > 0)
-        snprintf(out, n, "%s/step-%08" PRId64, dir, steps[0]);
+    for (size_t i = 0; i < k; i++) /* newest first */
+        if (steps[i] < below) {
+            snprintf(out, n, "%s/step-%08" PRId64, dir, steps[i]);
+            if (step)
+                *step = steps[i];
+            break;
+        }
     free(steps);
     return DT_OK;
+}
+
+dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n)
+{
+    if (!dir || !out || n == 0)
+        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_latest: NULL argument");
+    return dt_trainer_ckpt_before(dir, INT64_MAX, out, n, NULL);
 }
 
 /* path: a checkpoint (holds trainer.json) or a save directory (its newest). */

@@ -6,7 +6,8 @@
  * missing parent, a symlink) is refused before the first step (exit 2),
  * not after the training it was meant to keep. Two real jobs on one
  * directory: the second is refused while the first trains, and the first
- * still saves. */
+ * still saves. --resume auto past a damaged newest checkpoint resumes from
+ * the next older one with a warning naming what it skipped. */
 // dt-test-timeout: 240
 #include "test.h"
 #include "tools/train_cli.h"
@@ -182,6 +183,48 @@ TEST(second_job_refused_first_saves)
     free(r);
 }
 
+/* Damage the newest checkpoint's last byte: --resume auto takes the older one. */
+static void resume_past_damage(int ranks)
+{
+    char dir[400], p[700];
+    snprintf(dir, sizeof dir, "%s/damaged%d", cli_tmpdir(), ranks);
+    char *base[] = {"train", "--model", "mlp", "--mlp-hidden", "16", "--data", "random", "--random-items", "64",
+                    "--batch", "8", "--limit-test", "8", "--progress", "none", "--threads", "1", "--save", dir,
+                    "--save-every", "2", "--max-steps", "4", NULL};
+    char *args[64];
+    int n = 0;
+    if (ranks > 1)
+        args[n++] = "run", args[n++] = "-n", args[n++] = "2", args[n++] = "--", args[n++] = getenv("DT_CLI");
+    for (int i = 0; base[i]; i++)
+        args[n++] = base[i];
+    args[n] = NULL;
+    cli_result *r = calloc(1, sizeof *r);
+    cli_runv(r, 120, NULL, args);
+    ASSERT_EQ_INT(r->code, 0);
+    snprintf(p, sizeof p, "%s/step-00000004/rank-00000.safetensors", dir);
+    FILE *f = fopen(p, "r+b");
+    ASSERT(f != NULL);
+    fseek(f, -1, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -1, SEEK_END);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+    args[n - 1] = "6"; /* --max-steps 6 */
+    args[n++] = "--resume", args[n++] = "auto", args[n] = NULL;
+    cli_runv(r, 120, NULL, args);
+    if (r->code)
+        fprintf(stderr, "%s%s", r->out, r->err);
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "step-00000004 is damaged");
+    snprintf(p, sizeof p, "resumed from %s/step-00000002: step 2", dir);
+    ASSERT_STR_CONTAINS(r->out, p);
+    free(r);
+}
+
+TEST(resume_auto_skips_damaged_newest) { resume_past_damage(1); }
+
+TEST(resume_auto_skips_damaged_newest_two_ranks) { resume_past_damage(2); }
+
 int main(void)
 {
     if (!getenv("DT_CLI"))
@@ -189,6 +232,8 @@ int main(void)
     RUN(held_directory_is_refused_untouched);
     RUN(unusable_directory_refused_before_training);
     RUN(second_job_refused_first_saves);
+    RUN(resume_auto_skips_damaged_newest);
+    RUN(resume_auto_skips_damaged_newest_two_ranks);
     cli_cleanup();
     return TEST_REPORT();
 }
