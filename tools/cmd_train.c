@@ -847,7 +847,10 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         if (st == DT_ERR_CANCELED && t->cb_rc)
             return t->cb_rc; /* the callback reported it */
         const bool data = st == DT_ERR_FORMAT || st == DT_ERR_IO;
-        return fail(data ? 2 : 1, data ? "training data" : "training step");
+        char where[64] = "training data"; /* the data is this rank's share: name the rank */
+        if (data && t->ddp.world > 1)
+            snprintf(where, sizeof where, "training data on rank %d", t->ddp.rank);
+        return fail(data ? 2 : 1, data ? where : "training step");
     }
     if (g_stop || res.stopped) {
         /* the step under way finished (every rank stopped after the same

@@ -13,6 +13,7 @@
  * and under every wait, then joins it. */
 #include "dtrain/data.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,32 @@ dt_loader_params dt_loader_params_default(void)
 
 int64_t dt_loader_num_batches(const dt_loader *ld) { return ld ? ld->nb : 0; }
 
+/* A NaN or infinity in a batch's f32 inputs or targets is bad data, not a
+ * learning rate too large: fail naming the data set, the epoch's batch and
+ * the item (its index in the data set) and where in it, before the step
+ * turns it into a non-finite loss. One pass over the batch (memory-bound,
+ * small beside the step it feeds). */
+static dt_status check_finite(const dt_loader *ld, const void *buf, dt_dtype dt, size_t per_item, int64_t n,
+                              const int64_t *idx, int64_t b, const char *what)
+{
+    if (dt != DT_F32 || per_item == 0)
+        return DT_OK;
+    const float *v = buf;
+    const size_t total = per_item * (size_t)n;
+    for (size_t k = 0; k < total; k++)
+        if (!isfinite(v[k])) {
+            char src[300];
+            const char *name = dt_dataset_source(ld->ds);
+            dt_escape(name ? name : "the data set", src, sizeof src);
+            const size_t item = k / per_item;
+            return dt_error(DT_ERR_FORMAT, "%s: item %lld (batch %lld of epoch %lld) has %s %s at element %zu: the "
+                            "data holds non-finite values; clean it (or leave the item out) and rerun", src,
+                            (long long)idx[item], (long long)b + 1, (long long)ld->epoch + 1,
+                            isnan(v[k]) ? "a NaN" : "an infinite", what, k % per_item);
+        }
+    return DT_OK;
+}
+
 /* Fill batch b into its slot (no lock held: the slot is the producer's). */
 static dt_status load_batch(dt_loader *ld, int64_t b)
 {
@@ -64,6 +91,10 @@ static dt_status load_batch(dt_loader *ld, int64_t b)
         return st;
     st = dt_dataset_get_batch(ld->ds, idx, n, s->x, s->y);
     if (st < 0)
+        return st;
+    const dt_dataset_info *info = dt_dataset_get_info(ld->ds);
+    if ((st = check_finite(ld, s->x, info->x_dtype, ld->xb / dt_dtype_size(info->x_dtype), n, idx, b, "input")) < 0 ||
+        (st = check_finite(ld, s->y, info->y_dtype, ld->yb / dt_dtype_size(info->y_dtype), n, idx, b, "target")) < 0)
         return st;
     s->b = (dt_batch){.epoch = ld->epoch, .index = b, .size = n, .x = s->x, .y = s->y, .indices = idx};
     return DT_OK;
