@@ -118,7 +118,8 @@ TEST(rank_killed_mid_epoch)
     snprintf(po, sizeof po, "%s/kill.out", cli_tmpdir());
     snprintf(pe, sizeof pe, "%s/kill.err", cli_tmpdir());
     char *cli = (char *)k_cli();
-    pid_t launcher = fork();
+    pid_t launcher = dt_test_fork();
+    ASSERT(launcher >= 0);
     if (launcher == 0) {
         int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fo, 1);
@@ -128,7 +129,6 @@ TEST(rank_killed_mid_epoch)
         execv(cli, argv);
         _exit(127);
     }
-    ASSERT(launcher > 0);
     /* wait until rank 0 has trained a few steps */
     static char out[65536], err[16384];
     double t0 = dt_time_s();
@@ -141,21 +141,21 @@ TEST(rank_killed_mid_epoch)
     }
     pid_t victim = find_rank(launcher, 1);
     if (!strstr(out, "step 3/") || victim <= 0) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, NULL, 0);
+        dt_test_kill(launcher, SIGKILL);
+        dt_test_waitpid(launcher, NULL, 0);
         TEST_FAIL_("no progress or no rank 1 (pid %d); out: %s", (int)victim, out);
     }
-    kill(victim, SIGKILL);
+    dt_test_kill(victim, SIGKILL);
     double t_kill = dt_time_s();
     int status = 0;
-    while (waitpid(launcher, &status, WNOHANG) == 0 && dt_time_s() - t_kill < 30) {
+    while (dt_test_waitpid(launcher, &status, WNOHANG) == 0 && dt_time_s() - t_kill < 30) {
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
     double took = dt_time_s() - t_kill;
     if (took >= 30) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, &status, 0);
+        dt_test_kill(launcher, SIGKILL);
+        dt_test_waitpid(launcher, &status, 0);
     }
     slurp_(po, out, sizeof out);
     slurp_(pe, err, sizeof err);
@@ -175,7 +175,7 @@ int main(void)
     }
     /* every run here trains on Fashion-MNIST */
     if (!file_exists(dt_data_fashion_mnist_dir()))
-        DT_TEST_SKIP_ALL("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
+        DT_TEST_SKIP_ALL_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(two_rank_run);
     RUN(flags_sync_bn_accum_buckets);
     RUN(rank_killed_mid_epoch);

@@ -142,7 +142,7 @@ TEST(second_job_refused_first_saves)
     snprintf(out, sizeof out, "%s/a.out", cli_tmpdir());
     snprintf(err, sizeof err, "%s/a.err", cli_tmpdir());
     const char *cli = getenv("DT_CLI");
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
         int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -167,9 +167,9 @@ TEST(second_job_refused_first_saves)
     char *extra[] = {"--save", dir, "--keep", "1", NULL};
     if (seen)
         run_train(r, extra);
-    kill(pid, SIGTERM);
+    dt_test_kill(pid, SIGTERM);
     int status;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     ASSERT(seen);
     ASSERT_EQ_INT(r->code, 2);
     ASSERT_STR_CONTAINS(r->err, "in use by another job");
