@@ -4,6 +4,8 @@
 #ifndef DT_TOOLS_CMD_H
 #define DT_TOOLS_CMD_H
 
+#include <stddef.h>
+
 int dt_cmd_info(int argc, char **argv);
 int dt_cmd_train(int argc, char **argv);
 int dt_cmd_run(int argc, char **argv);
@@ -35,5 +37,11 @@ void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * with cmd set ("dtrain eval"), a line dt__cli_err prints that starts with
  * "dtrain train:" starts with "cmd:" instead. NULL: as written. */
 void dt__cli_err_command(const char *cmd);
+
+/* The name among names[0..n) (without dashes) closest to given, an
+ * unknown option's name without its dashes, for a "did you mean" hint:
+ * within a small edit distance ('_' and '-' equal) or one that starts with
+ * given; NULL when none is close. */
+const char *dt__cli_suggest(const char *given, const char *const *names, size_t n);
 
 #endif

@@ -347,6 +347,7 @@ DT_API int dt_get_num_threads(void);
 /* ---- CPU features ----------------------------------------------------- */
 typedef struct {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_fp16;
+    bool amx_tile, amx_bf16; /* AMX tiles and tdpbf16ps, with the OS saving the tile state */
 } dt_cpu_features;
 /* What the CPU and the OS support, less what DT_MAX_CPU_ISA switches off.
  * Every SIMD path dtrain chooses at run time (dtype conversion, optimizer
@@ -357,11 +358,17 @@ DT_API dt_cpu_features dt_cpu_detect(void);
 /* What the CPU and the OS support, ignoring DT_MAX_CPU_ISA. */
 DT_API dt_cpu_features dt_cpu_detect_hw(void);
 /* The cap from DT_MAX_CPU_ISA (read once): scalar (no AVX at all), avx2 (no
- * AVX-512), or all (unset, "avx512" or "all": no cap). An unknown value logs
- * a warning and means no cap. */
-typedef enum { DT_CPU_ISA_SCALAR = 0, DT_CPU_ISA_AVX2 = 1, DT_CPU_ISA_ALL = 2 } dt_cpu_isa_cap;
+ * AVX-512), avx512 (AVX-512 but no AMX: dtrain's AMX GEMM off), or all
+ * (unset, "amx" or "all": no cap). An unknown value logs a warning and means
+ * no cap. */
+typedef enum {
+    DT_CPU_ISA_SCALAR = 0,
+    DT_CPU_ISA_AVX2 = 1,
+    DT_CPU_ISA_AVX512 = 2,
+    DT_CPU_ISA_ALL = 3
+} dt_cpu_isa_cap;
 DT_API dt_cpu_isa_cap dt_cpu_max_isa(void);
-/* "scalar", "avx2", "all". */
+/* "scalar", "avx2", "avx512", "all". */
 DT_API const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap);
 /* "avx2 fma f16c ..." into buf; returns buf. */
 DT_API char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n);

@@ -46,9 +46,7 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
     if (!strcmp(p, "scheduler.type") &&
         (!strcmp(v->v.s, "WarmupDecayLR") || !strcmp(v->v.s, "WarmupCosineLR") || !strcmp(v->v.s, "OneCycle") ||
          !strcmp(v->v.s, "LRRangeTest")))
-        return unsupported(p, "dtrain's schedules are WarmupLR (linear), constant, step and cosine");
-    if (!strcmp(p, "scheduler.params.warmup_type") && !strcmp(v->v.s, "log"))
-        return unsupported(p, "dtrain's warm-up is linear: set \"warmup_type\": \"linear\"");
+        return unsupported(p, "dtrain's schedules are WarmupLR, constant, step, cosine and linear");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
     if (!strcmp(p, "dtrain.micro_batches"))

@@ -49,6 +49,29 @@ TEST(two_rank_run)
     free(r);
 }
 
+/* The ConvNet in bf16 and fp16 under DDP: its BatchNorm parameters stay
+ * f32 (keep_batchnorm_fp32) beside the bf16/f16 convolutions, and DDP
+ * reduces each dtype in its own buckets (it refused the model before). */
+TEST(two_rank_mixed_precision_convnet)
+{
+    cli_result *r = calloc(1, sizeof *r);
+    char *cli = (char *)k_cli();
+    const char *precs[] = {"bf16", "fp16"};
+    for (int i = 0; i < 2; i++) {
+        cli_runv(r, 120, NULL,
+                 (char *[]){"run", "-n", "2", "--", cli, "train", "--model", "convnet", "--data", "fashion-mnist",
+                            "--limit-train", "400", "--limit-test", "200", "--batch", "50", "--epochs", "1",
+                            "--lr", "0.05", "--momentum", "0.9", "--progress", "plain", "--threads", "1",
+                            "--seed", "1", "--precision", (char *)precs[i], NULL});
+        if (r->code != 0)
+            fprintf(stderr, "%s: stdout:\n%s\nstderr:\n%s\n", precs[i], r->out, r->err);
+        ASSERT_EQ_INT(r->code, 0);
+        ASSERT_STR_CONTAINS(r->out, "[0] test accuracy: ");
+        ASSERT_STR_CONTAINS(r->out, "[0] DDP: 2 ranks (shm), 2 buckets"); /* one per parameter dtype */
+    }
+    free(r);
+}
+
 TEST(flags_sync_bn_accum_buckets)
 {
     cli_result *r = calloc(1, sizeof *r);
@@ -61,9 +84,9 @@ TEST(flags_sync_bn_accum_buckets)
     if (r->code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
     ASSERT_EQ_INT(r->code, 0);
-    /* 8 micro-batches per rank, a reduction every 2: 4 iterations of several buckets */
+    /* 8 micro-batches per rank, a reduction every 2: 4 iterations (optimizer steps) of several buckets */
     ASSERT_STR_CONTAINS(r->out, "SyncBatchNorm");
-    ASSERT_STR_CONTAINS(r->out, "(8 steps)");
+    ASSERT_STR_CONTAINS(r->out, "(4 steps)");
     ASSERT(strstr(r->out, "buckets, SyncBatchNorm") != NULL);
     ASSERT_STR_CONTAINS(r->out, "[0] test accuracy: ");
     /* a bad value is one line and exit 2 */
@@ -177,6 +200,7 @@ int main(void)
     if (!file_exists(dt_data_fashion_mnist_dir()))
         DT_TEST_SKIP_ALL_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(two_rank_run);
+    RUN(two_rank_mixed_precision_convnet);
     RUN(flags_sync_bn_accum_buckets);
     RUN(rank_killed_mid_epoch);
     cli_cleanup();

@@ -31,3 +31,10 @@ add_test(NAME tools/proc_rules COMMAND sh -c
   "hits=$(grep -rnE '(^|[^_a-zA-Z0-9.>])(fork|forkpty|kill|killpg|waitpid)[(]' --include=*.c --include=*.h tests | grep -v -e '^tests/proc.h:' -e '^tests/tools/signal_shim.c:' -e 'dt-proc-ok'); if [ -n \"$hits\" ]; then echo 'raw process calls in tests (use tests/proc.h):'; echo \"$hits\"; exit 1; fi; echo '1 passed, 0 failed'"
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools/proc_rules PROPERTIES LABELS tools)
+
+# The library used from the build tree (no install): examples/quickstart.c
+# compiled against build/ through build/dtrain.pc and through
+# build/dtrainConfig.cmake + the exported dtrainTargets.cmake.
+add_test(NAME tools/build_tree_consumer
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/build_tree_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/build_tree_consumer PROPERTIES TIMEOUT 240 LABELS "tools;install")
