@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *g_train_as; /* dt__cli_err_command */
+
+void dt__cli_err_command(const char *cmd) { g_train_as = cmd; }
+
 void dt__cli_err(const char *fmt, ...)
 {
     char small[1024], *msg = small;
@@ -29,6 +33,12 @@ void dt__cli_err(const char *fmt, ...)
             va_end(ap);
             msg = big;
         } /* else print the truncated message */
+    }
+    static const char train[] = "dtrain train:";
+    if (g_train_as && !strncmp(msg, train, sizeof train - 1)) {
+        fputs(g_train_as, stderr); /* the command the user ran */
+        fputc(':', stderr);
+        memmove(msg, msg + sizeof train - 1, strlen(msg + sizeof train - 1) + 1);
     }
     size_t len = strlen(msg);
     int nl = len && msg[len - 1] == '\n'; /* the line's own end stays a newline */

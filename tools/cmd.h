@@ -33,6 +33,10 @@ int dt_bench_data(int argc, char **argv);
  * control characters in it escaped (dt_escape): every message that can
  * echo a user-supplied string goes through here (tools/cli_msg.c). */
 void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The train command's code also runs `dtrain eval` (dt__train_eval_ckpt):
+ * with cmd set ("dtrain eval"), a line dt__cli_err prints that starts with
+ * "dtrain train:" starts with "cmd:" instead. NULL: as written. */
+void dt__cli_err_command(const char *cmd);
 
 /* The name among names[0..n) (without dashes) closest to given, an
  * unknown option's name without its dashes, for a "did you mean" hint:

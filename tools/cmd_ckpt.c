@@ -5,6 +5,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/train.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,15 +29,45 @@ static void usage(FILE *f)
             "            --ranks N: a checkpoint directory as N ranks would save it, each holding\n"
             "            an equal range of all tensors laid end to end (as ZeRO shards a flat buffer). Any checkpoint loads at any world size\n"
             "            as it is; convert changes only the files. DST is written atomically and\n"
-            "            must not exist.\n"
+            "            must not exist (an existing DST is refused, exit 2).\n"
+            "  exit 2: a missing, unreadable or damaged SRC, an existing DST, bad usage; exit 1: out of\n"
+            "  memory or a failed write.\n"
             "  e.g. dtrain ckpt info run/step-00000100\n"
             "       dtrain ckpt convert run/step-00000100 -o model.safetensors --full\n");
 }
 
+/* The source cannot be read or is damaged, or the destination exists: bad
+ * input (exit 2). Out of memory, an internal error and a write that failed
+ * (I/O on the destination: fail_write) are runtime failures (exit 1). */
 static int fail(const char *what)
 {
     dt__cli_err("dtrain ckpt %s: %s\n", what, dt_last_error());
-    return dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1;
+    const dt_status st = dt_last_status();
+    return st == DT_ERR_NO_MEMORY || st == DT_ERR_INTERNAL ? 1 : 2;
+}
+
+/* A write into the destination failed (convert): exit 1 for I/O (a full
+ * disk), 2 for everything about the input. */
+static int fail_write(const char *what)
+{
+    const dt_status st = dt_last_status();
+    const int rc = fail(what);
+    return st == DT_ERR_IO ? 1 : rc;
+}
+
+/* convert never replaces anything: DST must not exist (nor be a symlink). */
+static int check_dst(const char *dst)
+{
+    struct stat sb;
+    errno = 0;
+    const int r = lstat(dst, &sb), e = errno;
+    if (r == 0 || e != ENOENT) {
+        char esc[512];
+        dt__cli_err("dtrain ckpt convert: -o %s: %s (remove it first, or choose another name)\n",
+                    dt_escape(dst, esc, sizeof esc), r == 0 ? "already exists" : strerror(e));
+        return 2;
+    }
+    return 0;
 }
 
 static void print_shape(const int64_t *s, int nd)
@@ -101,6 +132,7 @@ static int convert_full(dt_ckpt *ck, const char *dst, bool all)
     dt_st_kv *meta = calloc(nm + 1, sizeof *meta);
     dt_st_writer *w = NULL;
     int rc = 1;
+    bool wr = false; /* the failure is the destination's */
     if (!d || !meta || !src) {
         dt_error(DT_ERR_NO_MEMORY, "out of memory");
         goto out;
@@ -133,8 +165,10 @@ static int convert_full(dt_ckpt *ck, const char *dst, bool all)
         d[no] = (dt_st_desc){.name = k_tied[k].alias, .dtype = t.dtype, .ndim = t.ndim};
         memcpy(d[no++].shape, t.shape, sizeof d[0].shape);
     }
-    if (dt_st_writer_open(dst, d, no, meta, nm, &w) < 0)
+    if (dt_st_writer_open(dst, d, no, meta, nm, &w) < 0) {
+        wr = true;
         goto out;
+    }
     for (size_t o = 0; o < no; o++) {
         dt_ckpt_tensor t;
         dt_ckpt_tensor_at(ck, src[o], &t);
@@ -145,14 +179,18 @@ static int convert_full(dt_ckpt *ck, const char *dst, bool all)
             goto out;
         }
         dt_status st = dt_ckpt_read(ck, src[o], 0, t.numel, buf, true);
-        if (st == DT_OK)
+        if (st == DT_OK) {
             st = dt_st_writer_write(w, o, buf, nb);
+            wr = st < 0;
+        }
         free(buf);
         if (st < 0)
             goto out;
     }
-    if (dt_st_writer_commit(w, NULL) < 0)
+    if (dt_st_writer_commit(w, NULL) < 0) {
+        wr = true;
         goto out;
+    }
     char esc[512];
     printf("wrote %s: %zu tensors", dt_escape(dst, esc, sizeof esc), no);
     if (skipped)
@@ -164,7 +202,7 @@ out:
     free(d);
     free(src);
     free(meta);
-    return rc ? fail("convert") : 0;
+    return rc ? (wr ? fail_write("convert") : fail("convert")) : 0;
 }
 
 /* A checkpoint directory as `world` ranks with equal ranges of all tensors end to end. */
@@ -175,6 +213,7 @@ static int convert_ranks(dt_ckpt *ck, const char *dst, int world)
     size_t nm = dt_ckpt_meta_count(ck);
     dt_st_kv *meta = calloc(nm ? nm : 1, sizeof *meta);
     int rc = 1;
+    bool wr = false; /* the failure is the destination's */
     if (!ranks || !meta) {
         dt_error(DT_ERR_NO_MEMORY, "out of memory");
         goto out;
@@ -222,8 +261,10 @@ static int convert_ranks(dt_ckpt *ck, const char *dst, int world)
     dt_ckpt_save_params p = dt_ckpt_save_params_default();
     p.meta = meta;
     p.nmeta = nm;
-    if (dt_ckpt_save_ranks(dst, (const dt_ckpt_entry *const *)ranks, world, nt, &p) < 0)
+    if (dt_ckpt_save_ranks(dst, (const dt_ckpt_entry *const *)ranks, world, nt, &p) < 0) {
+        wr = true;
         goto out;
+    }
     char esc[512];
     printf("wrote %s: %zu tensors, %d ranks\n", dt_escape(dst, esc, sizeof esc), nt, world);
     rc = 0;
@@ -235,7 +276,7 @@ out:
     }
     free(ranks);
     free(meta);
-    return rc ? fail("convert") : 0;
+    return rc ? (wr ? fail_write("convert") : fail("convert")) : 0;
 }
 
 /* A directory without index.json (a checkpoint has one). */
@@ -278,6 +319,7 @@ int dt_cmd_ckpt(int argc, char **argv)
             src = argv[i];
     }
     bool conv = !strcmp(verb, "convert");
+    int rc;
     if (strcmp(verb, "info") && strcmp(verb, "verify") && !conv) {
         dt__cli_err("dtrain ckpt: unknown command '%s' (info, verify or convert)\n", verb);
         return 2;
@@ -291,6 +333,8 @@ int dt_cmd_ckpt(int argc, char **argv)
                     conv ? "needs -o DST and one of --full [--with-optimizer] or --ranks N" : "takes only SRC");
         return 2;
     }
+    if (conv && (rc = check_dst(dst)))
+        return rc; /* before reading anything */
     /* a `dtrain train --save` directory: its newest checkpoint, as eval and --resume take it */
     char newest[4096];
     if (is_save_dir(src) && dt_trainer_ckpt_latest(src, newest, sizeof newest) >= 0 && newest[0]) {
@@ -302,7 +346,6 @@ int dt_cmd_ckpt(int argc, char **argv)
     dt_ckpt *ck;
     if (dt_ckpt_open(src, &ck) < 0)
         return fail(verb);
-    int rc;
     if (!strcmp(verb, "info"))
         rc = info(ck, src);
     else if (!strcmp(verb, "verify")) {

@@ -108,7 +108,8 @@ static void usage(FILE *f)
             "  -n, --nproc N         number of ranks (1..%d); also --nproc-per-node N\n"
             "  --max-restarts K      restart all ranks up to K times after a failure (0);\n"
             "                        with dtrain train --save DIR --save-every N --resume auto\n"
-            "                        they continue from the newest complete checkpoint\n"
+            "                        they continue from the newest complete checkpoint;\n"
+            "                        a rank that exits 2 (bad input) is not restarted\n"
             "  --tee DIR             also write rank r's output to DIR/rank<r>.log\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (3)\n"
             "  --master-port P       MASTER_PORT (default: a free port per attempt; 29500 with\n"
@@ -512,29 +513,61 @@ static int run_attempt(const run_opts *o, const dt__run_env *env, rank_proc *rk,
     return 0;
 }
 
+/* --tee DIR: DIR/rank<R>.log for every rank. Everything is checked and
+ * every new log created (beside its name: dt_file) before any is renamed
+ * into place, so a refused --tee (a planted symlink, a directory in the
+ * way, an unwritable DIR) leaves the previous job's logs as they were.
+ * DIR itself must be a directory, not a symlink. Bad input: exit 2. */
 static int open_tee(const run_opts *o, rank_proc *rk)
 {
     for (int r = 0; r < o->nranks; r++)
         rk[r].tee = -1;
     if (!o->tee_dir)
         return 0;
+    struct stat sb;
+    memset(&sb, 0, sizeof sb);
     if (mkdir(o->tee_dir, 0755) < 0 && errno != EEXIST) {
-        dt__cli_err("dtrain run: cannot create --tee directory '%s': %s\n", o->tee_dir,
-                strerror(errno));
+        dt__cli_err("dtrain run: cannot create --tee directory '%s': %s\n", o->tee_dir, strerror(errno));
         return -1;
     }
-    for (int r = 0; r < o->nranks; r++) {
+    if (lstat(o->tee_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        dt__cli_err("dtrain run: --tee '%s' is %s\n", o->tee_dir,
+                    S_ISLNK(sb.st_mode) ? "a symbolic link (not followed: give the directory itself)"
+                                        : "not a directory");
+        return -1;
+    }
+    int r = 0;
+    for (; r < o->nranks; r++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/rank%d.log", o->tee_dir, r);
-        /* created beside its name and renamed into place at once, so the log
-         * is visible while the job runs and a planted symlink is refused */
-        if (dt_file_open(path, 0644, &rk[r].tee_file) < 0 || dt_file_commit(rk[r].tee_file) < 0) {
-            dt__cli_err("dtrain run: --tee: %s\n", dt_last_error());
-            return -1;
+        if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+            dt__cli_err("dtrain run: --tee: %s %s\n", path,
+                        S_ISLNK(sb.st_mode) ? "is a symbolic link (not followed)"
+                                            : "exists and is not a regular file");
+            break;
         }
-        rk[r].tee = dt_file_fd(rk[r].tee_file);
+        if (dt_file_open(path, 0644, &rk[r].tee_file) < 0) {
+            dt__cli_err("dtrain run: --tee: %s\n", dt_last_error());
+            break;
+        }
     }
-    return 0;
+    /* all created: now replace the old logs (visible while the job runs) */
+    for (int k = 0; r == o->nranks && k < o->nranks; k++) {
+        if (dt_file_commit(rk[k].tee_file) < 0) {
+            dt__cli_err("dtrain run: --tee: %s\n", dt_last_error());
+            r = k; /* the committed ones are the new (empty) logs; the rest unchanged */
+            break;
+        }
+        rk[k].tee = dt_file_fd(rk[k].tee_file);
+    }
+    if (r == o->nranks)
+        return 0;
+    for (int k = 0; k < o->nranks; k++) {
+        dt_file_close(rk[k].tee_file); /* an uncommitted one removes its temporary */
+        rk[k].tee_file = NULL;
+        rk[k].tee = -1;
+    }
+    return -1;
 }
 
 int dt_cmd_run(int argc, char **argv)
@@ -560,7 +593,11 @@ int dt_cmd_run(int argc, char **argv)
         return 1;
     }
     int rc = 1;
-    if (open_tee(&o, rk) < 0 || install_signals() < 0)
+    if (open_tee(&o, rk) < 0) {
+        rc = 2; /* --tee problems are bad input */
+        goto out;
+    }
+    if (install_signals() < 0)
         goto out;
     dt__run_env env = {
         .world = o.nranks,
@@ -602,13 +639,18 @@ int dt_cmd_run(int argc, char **argv)
         }
         char how[128];
         describe_status(res.status, how, sizeof how);
-        if (attempt < o.max_restarts) {
+        /* exit 2 is bad input (a flag, a file, the environment): it fails
+         * the same way on every attempt, so it ends the job at once */
+        const bool bad_input = WIFEXITED(res.status) && WEXITSTATUS(res.status) == 2;
+        if (attempt < o.max_restarts && !bad_input) {
             dt__cli_err("dtrain run: restarting all %d ranks (restart %d of %d) after rank %d %s\n",
                     o.nranks, attempt + 1, o.max_restarts, res.failed_rank, how);
             continue;
         }
         dt__cli_err("dtrain run: job failed: rank %d %s%s\n", res.failed_rank, how,
-                o.max_restarts ? " (no restarts left)" : "");
+                    bad_input && attempt < o.max_restarts ? " (bad input: not restarted)"
+                    : o.max_restarts                      ? " (no restarts left)"
+                                                          : "");
         if (WIFEXITED(res.status))
             rc = WEXITSTATUS(res.status);
         else if (WIFSIGNALED(res.status))

@@ -14,12 +14,12 @@
  * Output: progress on stdout (train_progress.c), the final figures on
  * stdout, errors on stderr as one line. --metrics FILE gets JSON lines
  * (train_metrics.c) in FILE.partial as they happen, renamed to FILE when the
- * run succeeds. SIGINT/SIGTERM stop the run between steps (exit 130; the
+ * run succeeds. SIGINT/SIGTERM/SIGHUP stop the run between steps (exit 130; the
  * records and an end record saying "interrupted" stay in FILE.partial):
  * the step under way finishes, and with --save its checkpoint is written
  * before the exit (the message names it).
  *
- * The two signals are blocked in every thread for the whole command (before
+ * The three signals are blocked in every thread for the whole command (before
  * any thread starts, so the loader's and OpenMP's inherit the mask) and
  * taken synchronously between steps with sigtimedwait: no handler ever runs.
  * A handler interrupting oneDNN's JIT sgemm (2.6.3, Debian bookworm)
@@ -43,6 +43,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -61,7 +62,7 @@ static int g_stop; /* the stopping signal taken, or 0 (main thread only) */
 static int64_t g_kill_step, g_kill_rank;
 static sigset_t g_stop_set;
 
-/* Take a pending SIGINT/SIGTERM, if any (they are blocked: see the top). */
+/* Take a pending SIGINT/SIGTERM/SIGHUP, if any (they are blocked: see the top). */
 static int poll_stop(void)
 {
     if (!g_stop) {
@@ -449,8 +450,9 @@ static int setup_data(trainer *t)
     /* evaluation: bigger batches, no grads (language models: the logits of a
      * batch are B T V floats, so the training batch) */
     lp.batch_size = t->lm || t->o.batch > 500 ? t->o.batch : 500;
-    if (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
-        dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0)
+    if (!t->o.no_eval && /* --no-eval: no test loader, no memory for its batches */
+        (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
+         dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0))
         return fail(1, "test data loader");
     if (dt_loader_num_batches(t->train_loader) == 0) {
         dt__cli_err("dtrain train: --data %s: the training set is empty\n", t->o.data);
@@ -631,6 +633,60 @@ static int save_ckpt(trainer *t)
     return 0;
 }
 
+/* --save DIR before any training: created when missing and locked for this
+ * job (dt_trainer_save_prepare), so that an unusable directory or one
+ * another job saves into is bad input now (exit 2), not a lost checkpoint
+ * after the training. */
+static int setup_save(trainer *t)
+{
+    if (!t->o.save)
+        return 0;
+    if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)
+        return fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--save");
+    return 0;
+}
+
+/* A --resume / --init-from path that does not exist is bad input (exit 2),
+ * named, before the loader tries it. */
+static int check_exists(const char *flag, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        return 0;
+    dt__cli_err("dtrain train: %s %s: %s\n", flag, path, strerror(errno));
+    return 2;
+}
+
+/* --resume auto: load the newest checkpoint (path, cap bytes), or, when it
+ * is damaged (a file that cannot be read, fails its checksum or does not
+ * parse), the next older complete one, with a warning naming what was
+ * skipped. Every rank takes the same decision: they agree (one sum) on
+ * whether any rank's failure is other than damage (a mismatch with this
+ * run, out of memory), which no older checkpoint would cure. */
+static dt_status load_auto(trainer *t, char *path, size_t cap, dt_trainer_resume_info *ri)
+{
+    const char *dash = strrchr(path, '-');
+    int64_t step = dash ? atoll(dash + 1) : 0;
+    for (;;) {
+        dt_status st = dt_trainer_load(t->tr, path, ri);
+        if (st >= 0)
+            return st;
+        char msg[1024], older[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        const bool damage = st == DT_ERR_FORMAT || st == DT_ERR_IO || st == DT_ERR_NOT_FOUND;
+        double v[1] = {damage ? 0.0 : 1.0};
+        int64_t ostep = -1;
+        if (dt_trainer_allreduce_sum(t->tr, v, 1) < 0 || v[0] > 0 ||
+            dt_trainer_ckpt_before(t->o.save, step, older, sizeof older, &ostep) < 0 || !older[0])
+            return dt_error(st, "%s", msg); /* nothing older to try: the newest one's error */
+        if (dt__ddp_is_main(&t->ddp))
+            dt__cli_err("dtrain train: warning: --resume auto: %s is damaged (%s); trying the older %s\n", path, msg,
+                        older);
+        snprintf(path, cap, "%s", older);
+        step = ostep;
+    }
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
@@ -638,6 +694,8 @@ static int setup_resume(trainer *t)
     t->saved_step = -1;
     t->resumed_step = -1;
     if (t->o.init_from) {
+        if (check_exists("--init-from", t->o.init_from))
+            return 2;
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return fail(bad_input_status(dt_last_status()) ? 2 : 1,
                         "--init-from");
@@ -668,8 +726,10 @@ static int setup_resume(trainer *t)
         }
         from = latest;
     }
+    if (from != latest && check_exists("--resume", from))
+        return 2;
     dt_trainer_resume_info *ri = &t->ri;
-    if (dt_trainer_load(t->tr, from, ri) < 0)
+    if ((from == latest ? load_auto(t, latest, sizeof latest, ri) : dt_trainer_load(t->tr, from, ri)) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
     t->saved_step = t->resumed_step = ri->step;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
@@ -746,6 +806,10 @@ static int evaluate(trainer *t, double *loss_out, double *acc_out)
 {
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
     dt_trainer_eval_result r;
+    if (!t->test_loader) {
+        dt__cli_err("dtrain train: evaluation: there is no test loader (--no-eval)\n");
+        return 2;
+    }
     if (dt_trainer_evaluate(t->tr, t->test_loader, dt_dataset_get_info(test_set), &r) < 0)
         return fail(1, "evaluation");
     *loss_out = r.loss;
@@ -978,7 +1042,10 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
         if (st == DT_ERR_CANCELED && t->cb_rc)
             return t->cb_rc; /* the callback reported it */
         const bool data = st == DT_ERR_FORMAT || st == DT_ERR_IO;
-        return fail(data ? 2 : 1, data ? "training data" : "training step");
+        char where[64] = "training data"; /* the data is this rank's share: name the rank */
+        if (data && t->ddp.world > 1)
+            snprintf(where, sizeof where, "training data on rank %d", t->ddp.rank);
+        return fail(data ? 2 : 1, data ? where : "training step");
     }
     if (g_stop || res.stopped) {
         /* the step under way finished (every rank stopped after the same
@@ -1036,7 +1103,13 @@ static int train_main(int argc, char **argv, const char *eval_ckpt);
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL); }
 
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt) { return train_main(argc, argv, ckpt); }
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt)
+{
+    dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
+    int rc = train_main(argc, argv, ckpt);
+    dt__cli_err_command(NULL);
+    return rc;
+}
 
 /* The whole command; with eval_ckpt (dtrain eval --ckpt): build the same
  * model and data, load the checkpoint's weights, evaluate, print. */
@@ -1064,6 +1137,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     sigemptyset(&g_stop_set);
     sigaddset(&g_stop_set, SIGINT);
     sigaddset(&g_stop_set, SIGTERM);
+    sigaddset(&g_stop_set, SIGHUP); /* a closed terminal or dropped SSH session: save and stop, as SIGTERM */
     pthread_sigmask(SIG_BLOCK, &g_stop_set, NULL);
     if (t->o.threads > 0)
         dt_set_num_threads((int)t->o.threads);
@@ -1102,7 +1176,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = 0;
         goto out;
     }
-    if ((rc = setup_resume(t)))
+    if ((rc = setup_save(t)) || (rc = setup_resume(t)))
         goto out;
     if (nothing_left(t)) /* says so; touches nothing */
         goto out;

@@ -250,8 +250,10 @@ DT_API dt_status dt_st_checksum(const dt_st_file *f, dt_ckpt_sum kind, uint32_t 
  * ("crc32c"; zlib's CRC-32, "crc32", in checkpoints written before), checked
  * as the file is read for a load (dt_ckpt_load_params.verify).
  * All ranks must see the same filesystem path (one machine, or a shared
- * filesystem). The collectives of a save wait for the slowest rank's write,
- * so it must finish within the group's timeout (DT_COMM_TIMEOUT).
+ * filesystem). The disk work runs on a helper thread while the ranks poll
+ * each other with short all-reduces, so a write slower than the group's
+ * timeout (DT_COMM_TIMEOUT) on any rank does not fail the save; the save
+ * takes as long as the slowest rank's disk.
  *
  *     dt_ckpt_entry e[2] = {
  *         {.name = "fc.weight", .dtype = DT_F32, .ndim = 2, .shape = {10, 1568},
@@ -296,6 +298,24 @@ DT_API dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n,
  * rank r's n entries. Used by `dtrain ckpt convert` and by tests. */
 DT_API dt_status dt_ckpt_save_ranks(const char *dir, const dt_ckpt_entry *const *ranks, int world, size_t n,
                                     const dt_ckpt_save_params *p);
+/* A save directory's lock. A directory of checkpoints belongs to one job:
+ * its owner removes the temporaries of killed saves and prunes old
+ * checkpoints, which would delete another job's files. The owner holds an
+ * exclusive flock on DIR/.dtrain-lock (opened with O_NOFOLLOW; it holds
+ * "pid P host H") until dt_ckpt_dir_lock_close or its exit, kill -9
+ * included. dt_ckpt_dir_lock_open creates dir when missing (its parent
+ * must exist; a symlink or a non-directory is refused) and checks that it
+ * is writable. Errors: DT_ERR_STATE when another job (or another lock of
+ * this process) holds it, naming the directory and the holder, with nothing
+ * in the directory changed; DT_ERR_IO for a directory that cannot be used
+ * (missing parent, a file, read-only), naming it. */
+typedef struct dt_ckpt_dir_lock dt_ckpt_dir_lock;
+DT_API dt_status dt_ckpt_dir_lock_open(const char *dir, dt_ckpt_dir_lock **out);
+/* The directory a lock holds, as given to open. Borrowed; NULL for NULL. */
+DT_API const char *dt_ckpt_dir_lock_dir(const dt_ckpt_dir_lock *l);
+/* Release the lock (the lock file stays). NULL: no-op. */
+DT_API void dt_ckpt_dir_lock_close(dt_ckpt_dir_lock *l);
+
 /* Full state dict (FSDP FULL_STATE_DICT, rank0_only): rank 0 writes ONE
  * safetensors file at path with every tensor whole, gathering one piece at
  * a time from the rank that holds it (point to point), so its extra memory

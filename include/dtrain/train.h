@@ -607,19 +607,38 @@ DT_API dt_trainer_save_params dt_trainer_save_params_default(void);
  * copy. With sharded state (ZeRO/FSDP) every rank writes the ranges it
  * owns (its fp32 masters and optimizer state included) in one collective
  * dt_ckpt_save over all ranks; the index says which file holds which range
- * (that save must finish within DT_COMM_TIMEOUT). dir is created when
- * missing (its parent must exist). p NULL: defaults. Errors (on every
+ * (a slow disk on any rank does not run into DT_COMM_TIMEOUT: the ranks
+ * poll each other while they write). dir is created when
+ * missing (its parent must exist) and locked for this trainer
+ * (dt_trainer_save_prepare). p NULL: defaults. Errors (on every
  * rank): I/O naming the file, DT_ERR_UNSUPPORTED under NVMe offload, an
  * earlier asynchronous save's failure. ZeRO-1 over a tensor-parallel model
  * (tp.h) gathers the data-parallel shares first and writes what DDP
  * writes. */
 DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p);
+/* Take the save directory before training (collective): the rank that
+ * writes and prunes it creates it when missing (its parent must exist) and
+ * locks it (dt_ckpt_dir_lock, ckpt.h) for the trainer's life, so that a
+ * directory that cannot be used, or one another job saves into, fails now
+ * rather than at the first save, and two jobs never delete each other's
+ * checkpoints (stale temporaries and --keep pruning touch only the
+ * owner's). dt_trainer_save does the same at its first save into a
+ * directory when this was not called. Every rank returns the owner's
+ * status: DT_ERR_STATE (held by another job, naming it and the holder's pid
+ * and host), DT_ERR_IO (missing parent, not a directory, a symlink,
+ * read-only), naming the directory. */
+DT_API dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */
 DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);
 /* The newest complete checkpoint in dir (a step-N directory holding
  * index.json) into out ("" when there is none). DT_ERR_IO when dir cannot
  * be read. */
 DT_API dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n);
+/* The newest complete checkpoint in dir whose step is below `below` into
+ * out ("" and *step -1 when there is none; step may be NULL): the next one
+ * to try when a newer one turns out damaged. DT_ERR_IO when dir cannot be
+ * read. */
+DT_API dt_status dt_trainer_ckpt_before(const char *dir, int64_t below, char *out, size_t n, int64_t *step);
 /* Resume: load a checkpoint into tr, a trainer built like the saving one
  * (same model; same optimizer kind). path is one checkpoint or a save
  * directory (its newest complete checkpoint is used). Verifies every file's

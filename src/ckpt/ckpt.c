@@ -25,7 +25,15 @@
  *
  * Agreement: every step that can fail on one rank is followed by a
  * collective that carries the status, so all ranks return the same status
- * and none waits for a rank that gave up. */
+ * and none waits for a rank that gave up.
+ *
+ * Slow disks. The disk work of a collective save (each rank's file, rank
+ * 0's index and rename) runs on a helper thread while the calling thread
+ * joins a loop of one-number all-reduces with the group until every rank's
+ * part is done (run_polled). No rank ever sits in one collective for as
+ * long as another rank's disk takes, so a write slower than the collective
+ * timeout ($DT_COMM_TIMEOUT) does not fail the save or the job (the trainer's
+ * replicated saves wait the same way). */
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -34,7 +42,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define INDEX_NAME "index.json"
@@ -410,6 +420,129 @@ static dt_status commit_dir(const char *tmp, const char *dir, bool overwrite)
 
 /* ---- saving ----------------------------------------------------------------------- */
 
+/* Test hook: DT_FAULT_CKPT_SLOW_MS=ms makes each rank file's write on rank
+ * DT_FAULT_CKPT_SLOW_RANK (default: every rank) take that much longer, as a
+ * slow disk would (the slow-save tests). */
+static void fault_slow_write(int rank)
+{
+    int64_t ms = 0, who = -1;
+    if (dt_env_int("DT_FAULT_CKPT_SLOW_MS", 0, 0, 3600000, &ms) < 0 || ms == 0 ||
+        dt_env_int("DT_FAULT_CKPT_SLOW_RANK", -1, -1, 1 << 20, &who) < 0 || (who >= 0 && who != rank))
+        return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* One rank's disk work in a collective save, run by run_polled. */
+typedef struct disk_job {
+    dt_status (*fn)(void *);
+    void *arg;
+    dt_status st;
+    char msg[1024];          /* the thread's error message (dt_last_error is per thread) */
+    int done;                /* under mu */
+    pthread_mutex_t mu;
+} disk_job;
+
+static void *disk_thread(void *a)
+{
+    disk_job *j = a;
+    dt_status st = j->fn(j->arg);
+    pthread_mutex_lock(&j->mu);
+    j->st = st;
+    snprintf(j->msg, sizeof j->msg, "%s", st < 0 ? dt_last_error() : "");
+    j->done = 1;
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* fn(arg) (NULL: nothing to do on this rank) while every rank of pg joins
+ * one-number all-reduces until all are done: see "Slow disks" at the top.
+ * Returns fn's status (its message set on this thread), or the poll's
+ * collective failure in *cst. Without pg (or without a thread) fn runs
+ * here. */
+static dt_status run_polled(dt_pg *pg, dt_status (*fn)(void *), void *arg, dt_status *cst)
+{
+    *cst = DT_OK;
+    disk_job j = {.fn = fn, .arg = arg, .st = DT_OK};
+    pthread_t th;
+    bool threaded = false;
+    if (fn && pg) {
+        pthread_mutex_init(&j.mu, NULL);
+        threaded = pthread_create(&th, NULL, disk_thread, &j) == 0;
+        if (!threaded)
+            pthread_mutex_destroy(&j.mu);
+    }
+    if (fn && !threaded)
+        j.st = fn(arg);
+    if (!pg)
+        return j.st;
+    long wait_ns = 1000 * 1000; /* 1 ms, growing to 20 ms */
+    for (;;) {
+        int done = 1;
+        if (threaded) {
+            pthread_mutex_lock(&j.mu);
+            done = j.done;
+            pthread_mutex_unlock(&j.mu);
+        }
+        double v = done ? 1.0 : 0.0;
+        dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, &v, 1, DT_F64, DT_REDUCE_SUM);
+        if (st < 0) {
+            if (threaded) { /* the write still finishes (or fails) on its own */
+                pthread_join(th, NULL);
+                pthread_mutex_destroy(&j.mu);
+            }
+            *cst = dt_error(st, "%s", dt_last_error());
+            return st;
+        }
+        if (v >= (double)dt_pg_size(pg))
+            break;
+        struct timespec ts = {0, wait_ns};
+        nanosleep(&ts, NULL);
+        wait_ns = wait_ns < 20 * 1000 * 1000 ? 2 * wait_ns : 20 * 1000 * 1000;
+    }
+    if (threaded) {
+        pthread_join(th, NULL);
+        pthread_mutex_destroy(&j.mu);
+        if (j.st < 0)
+            dt_error(j.st, "%s", j.msg);
+    }
+    return j.st;
+}
+
+typedef struct rank_write {
+    const char *dir;
+    const plan *pl;
+    int rank;
+    const dt_ckpt_entry *e;
+    uint64_t bytes;
+    uint32_t crc;
+} rank_write;
+
+static dt_status rank_write_fn(void *a)
+{
+    rank_write *w = a;
+    fault_slow_write(w->rank);
+    return write_rank_file(w->dir, w->pl, w->rank, w->e, &w->bytes, &w->crc);
+}
+
+typedef struct rank0_finish {
+    const char *tmp, *dir;
+    const plan *pl;
+    const dt_ckpt_entry *e;
+    const dt_ckpt_save_params *p;
+    const uint64_t *bytes;
+    const uint32_t *crc;
+} rank0_finish;
+
+static dt_status rank0_finish_fn(void *a)
+{
+    rank0_finish *f = a;
+    dt_status st = write_index(f->tmp, f->pl, f->e, f->p, f->bytes, f->crc);
+    return st == DT_OK ? commit_dir(f->tmp, f->dir, f->p->overwrite) : st;
+}
+
+
 static dt_status all_i64(dt_pg *pg, int64_t *send, int64_t *recv, size_t count)
 {
     if (!pg) {
@@ -560,11 +693,17 @@ dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n, const 
         goto out;
     }
     /* every rank writes its file, then all learn every size, CRC and status */
-    uint64_t bytes = 0;
-    uint32_t crc = 0;
-    dt_status wst = write_rank_file(tmp.name, &pl, rank, e, &bytes, &crc);
+    rank_write rw = {.dir = tmp.name, .pl = &pl, .rank = rank, .e = e};
+    dt_status cst;
+    dt_status wst = run_polled(pg, rank_write_fn, &rw, &cst);
+    if (cst < 0) {
+        st = cst;
+        goto out;
+    }
     if (wst < 0)
         snprintf(msg, sizeof msg, "%s", dt_last_error());
+    uint64_t bytes = rw.bytes;
+    uint32_t crc = rw.crc;
     int64_t mine[3] = {wst, (int64_t)bytes, crc}, *all = calloc((size_t)world * 3, sizeof *all);
     uint64_t *ab = calloc((size_t)world, sizeof *ab);
     uint32_t *ac = calloc((size_t)world, sizeof *ac);
@@ -582,16 +721,19 @@ dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n, const 
         if (all[3 * r] < 0 && bad < 0)
             bad = r;
     }
-    if (st == DT_OK && rank == 0) {
-        if (bad >= 0)
-            fin = all[3 * bad];
-        else {
-            fin = write_index(tmp.name, &pl, e, p, ab, ac);
-            if (fin == DT_OK)
-                fin = commit_dir(tmp.name, dir, p->overwrite);
+    /* rank 0 writes the index and renames the directory (polled: its disk may be slow too) */
+    rank0_finish rf = {.tmp = tmp.name, .dir = dir, .pl = &pl, .e = e, .p = p, .bytes = ab, .crc = ac};
+    if (st == DT_OK && bad < 0) {
+        dt_status f = run_polled(pg, rank == 0 ? rank0_finish_fn : NULL, &rf, &st);
+        if (rank == 0 && st == DT_OK) {
+            fin = f;
             if (fin < 0)
                 snprintf(msg, sizeof msg, "%s", dt_last_error());
         }
+    }
+    if (st == DT_OK && rank == 0) {
+        if (bad >= 0)
+            fin = all[3 * bad];
         if (fin < 0)
             remove_tree(tmp.name);
     }

@@ -78,6 +78,9 @@ static int64_t rowset_length(void *self) { return ((rowset *)self)->n; }
 static dt_status rowset_get_item(void *self, int64_t i, void *x, void *y)
 {
     rowset *r = self;
+    dt_status st; /* a mapped .npy truncated since it was opened: an error, not SIGBUS */
+    if ((st = dt__map_check(&r->x.map)) < 0 || (r->has_y && (st = dt__map_check(&r->y.map)) < 0))
+        return st;
     float *xf = x;
     for (size_t k = 0; k < r->xnum; k++)
         xf[k] = (float)dt__array_get(&r->x, (size_t)i * r->xnum + k);

@@ -13,6 +13,7 @@
  * and under every wait, then joins it. */
 #include "dtrain/data.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,32 @@ dt_loader_params dt_loader_params_default(void)
 
 int64_t dt_loader_num_batches(const dt_loader *ld) { return ld ? ld->nb : 0; }
 
+/* A NaN or infinity in a batch's f32 inputs or targets is bad data, not a
+ * learning rate too large: fail naming the data set, the epoch's batch and
+ * the item (its index in the data set) and where in it, before the step
+ * turns it into a non-finite loss. One pass over the batch (memory-bound,
+ * small beside the step it feeds). */
+static dt_status check_finite(const dt_loader *ld, const void *buf, dt_dtype dt, size_t per_item, int64_t n,
+                              const int64_t *idx, int64_t b, const char *what)
+{
+    if (dt != DT_F32 || per_item == 0)
+        return DT_OK;
+    const float *v = buf;
+    const size_t total = per_item * (size_t)n;
+    for (size_t k = 0; k < total; k++)
+        if (!isfinite(v[k])) {
+            char src[300];
+            const char *name = dt_dataset_source(ld->ds);
+            dt_escape(name ? name : "the data set", src, sizeof src);
+            const size_t item = k / per_item;
+            return dt_error(DT_ERR_FORMAT, "%s: item %lld (batch %lld of epoch %lld) has %s %s at element %zu: the "
+                            "data holds non-finite values; clean it (or leave the item out) and rerun", src,
+                            (long long)idx[item], (long long)b + 1, (long long)ld->epoch + 1,
+                            isnan(v[k]) ? "a NaN" : "an infinite", what, k % per_item);
+        }
+    return DT_OK;
+}
+
 /* Fill batch b into its slot (no lock held: the slot is the producer's). */
 static dt_status load_batch(dt_loader *ld, int64_t b)
 {
@@ -64,6 +91,10 @@ static dt_status load_batch(dt_loader *ld, int64_t b)
         return st;
     st = dt_dataset_get_batch(ld->ds, idx, n, s->x, s->y);
     if (st < 0)
+        return st;
+    const dt_dataset_info *info = dt_dataset_get_info(ld->ds);
+    if ((st = check_finite(ld, s->x, info->x_dtype, ld->xb / dt_dtype_size(info->x_dtype), n, idx, b, "input")) < 0 ||
+        (st = check_finite(ld, s->y, info->y_dtype, ld->yb / dt_dtype_size(info->y_dtype), n, idx, b, "target")) < 0)
         return st;
     s->b = (dt_batch){.epoch = ld->epoch, .index = b, .size = n, .x = s->x, .y = s->y, .indices = idx};
     return DT_OK;
@@ -136,17 +167,24 @@ dt_status dt_loader_init(dt_dataset *ds, dt_sampler *s, const dt_loader_params *
     if (st < 0)
         goto fail;
     ld->nb = dt_batch_sampler_length(ld->bs);
+    /* Slots as large as a batch can be: no batch holds more items than the
+     * sampler gives (a 16-item test set with batch 500 needs 16 rows, not
+     * 500), and no more slots than an epoch has batches. */
+    int64_t rows = pp.batch_size < dt_sampler_length(s) ? pp.batch_size : dt_sampler_length(s);
+    rows = rows > 0 ? rows : 1;
+    if (ld->nb >= 1 && ld->nb < ld->nslots)
+        ld->nslots = (int)ld->nb;
     ld->slots = calloc((size_t)ld->nslots, sizeof *ld->slots);
     if (!ld->slots) {
         st = dt_error(DT_ERR_NO_MEMORY, "loader: out of memory");
         goto fail;
     }
     for (int i = 0; i < ld->nslots; i++) {
-        ld->slots[i].x = dt_alloc((size_t)pp.batch_size * ld->xb);
-        ld->slots[i].y = dt_alloc((size_t)pp.batch_size * ld->yb);
+        ld->slots[i].x = dt_alloc((size_t)rows * ld->xb);
+        ld->slots[i].y = dt_alloc((size_t)rows * ld->yb);
         if (!ld->slots[i].x || !ld->slots[i].y) {
-            st = dt_error(DT_ERR_NO_MEMORY, "loader: cannot allocate %d batches of %lld samples",
-                          ld->nslots, (long long)pp.batch_size);
+            st = dt_error(DT_ERR_NO_MEMORY, "loader: cannot allocate %d batches of %lld samples (%zu bytes)",
+                          ld->nslots, (long long)rows, (size_t)ld->nslots * (size_t)rows * (ld->xb + ld->yb));
             goto fail;
         }
     }

@@ -212,6 +212,9 @@ static void window(const tokset *s, int64_t i, int64_t *x, int64_t *y)
 
 static dt_status tokset_get_item(void *self, int64_t i, void *x, void *y)
 {
+    dt_status st = dt__map_check(&((tokset *)self)->t->map); /* truncated: an error, not SIGBUS */
+    if (st < 0)
+        return st;
     window(self, i, x, y);
     return DT_OK;
 }
@@ -219,6 +222,9 @@ static dt_status tokset_get_item(void *self, int64_t i, void *x, void *y)
 static dt_status tokset_get_batch(void *self, const int64_t *idx, int64_t n, void *x, void *y)
 {
     tokset *s = self;
+    dt_status st = dt__map_check(&s->t->map); /* truncated: an error, not SIGBUS */
+    if (st < 0)
+        return st;
     for (int64_t b = 0; b < n; b++)
         window(s, idx[b], (int64_t *)x + b * s->T, (int64_t *)y + b * s->T);
     return DT_OK;

@@ -47,10 +47,11 @@
  * (dt_ckpt_save deals the replicas: buffers, stage 1/2 parameters across
  * hybrid groups; under the pipe strategy each pipeline rank holds the
  * tensors of its stages, its range's segments, and all save over the
- * world); such a save is synchronous (each rank writes its part;
- * the save's collectives wait for the slowest writer, within
- * DT_COMM_TIMEOUT), asynchronous only in that the call still returns when
- * the files are complete.
+ * world); such a save is synchronous (each rank writes its part on a
+ * helper thread while the ranks poll each other: dt_ckpt_save's "slow
+ * disks", so the slowest writer never runs into DT_COMM_TIMEOUT),
+ * asynchronous only in that the call still returns when the files are
+ * complete.
  *
  * Loading gives every piece its f32 value by one rule: the checkpoint's
  * fp32 master weights ("master.<param>") when it has them, else the saved
@@ -121,6 +122,7 @@ typedef struct ckpt_slot {
     ckpt_job *job;
     char *stage;
     size_t cap;
+    dt_ckpt_dir_lock *lock;      /* the save directory's (the rank that owns it: own_dir) */
 } ckpt_slot;
 
 static ckpt_slot *slot_of(dt_trainer *tr)
@@ -259,22 +261,32 @@ static dt_status list_steps(const char *dir, int64_t **out, size_t *n)
     return DT_OK;
 }
 
-/* Temporaries a killed save left behind (dt_ckpt_save's "step-N.tmp-XXXXXX",
- * and those of the writer before it): a save directory belongs to one run,
- * whose saves never overlap, so any temporary there when a save starts is
- * stale. */
-/* Create the checkpoint directory (or accept an existing one); never
- * through a symlink. */
-static dt_status make_ckpt_dir(const char *dir)
+/* The rank that creates, cleans and prunes the save directory (and holds
+ * its lock) takes it: created when missing, locked (dt_ckpt_dir_lock: a
+ * second job saving there is refused before it touches anything), kept
+ * locked until dt_trainer_free or a save into another directory. Only then
+ * may it remove stale temporaries and old checkpoints: nobody else saves
+ * there. */
+static dt_status own_dir(dt_trainer *tr, const char *dir)
 {
-    struct stat sb;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
-    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_error(DT_ERR_IO, "the checkpoint directory %s is not a directory", dir);
+    ckpt_slot *sl = slot_of(tr);
+    if (!sl)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
+    if (sl->lock && !strcmp(dt_ckpt_dir_lock_dir(sl->lock), dir))
+        return DT_OK;
+    dt_ckpt_dir_lock *l;
+    dt_status st = dt_ckpt_dir_lock_open(dir, &l);
+    if (st < 0)
+        return st;
+    dt_ckpt_dir_lock_close(sl->lock);
+    sl->lock = l;
     return DT_OK;
 }
 
+/* Temporaries a killed save left behind (dt_ckpt_save's "step-N.tmp-XXXXXX",
+ * and those of the writer before it). Called by the directory's owner only
+ * (own_dir: it holds the lock, so no live job saves there), whose saves
+ * never overlap, so any temporary there when a save starts is stale. */
 static void remove_stale(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -687,6 +699,7 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
     if (!sl)
         return;
     job_free(sl->job); /* joins a write in flight */
+    dt_ckpt_dir_lock_close(sl->lock);
     dt_free(sl->stage);
     free(sl);
     *s = NULL;
@@ -702,7 +715,7 @@ static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **h
 static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_save_params *pp, dt_pg *tp)
 {
     dt_status sst = DT_OK;
-    if (dt_trainer_rank(tr) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
+    if (dt_trainer_rank(tr) == 0 && (sst = own_dir(tr, dir)) >= 0)
         remove_stale(dir);
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
@@ -901,7 +914,7 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
         }
     }
     if (dt_trainer_rank(tr) == 0) {
-        if (sst >= 0 && dt_pg_rank(tp) == 0 && (sst = make_ckpt_dir(dir)) >= 0)
+        if (sst >= 0 && dt_pg_rank(tp) == 0 && (sst = own_dir(tr, dir)) >= 0)
             remove_stale(dir);
         bool any;
         ckpt_job *j = NULL;
@@ -988,7 +1001,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (sst >= 0)
         sst = pst;
     if (sst >= 0 && dt_trainer_rank(tr) == 0) {
-        if ((sst = make_ckpt_dir(dir)) >= 0)
+        if ((sst = own_dir(tr, dir)) >= 0)
             sst = stage(tr, dir, &pp, pc, pp.async, &psgd, NULL, &j);
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
@@ -1021,22 +1034,61 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     return agree_done(tr, jp);
 }
 
+dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir)
+{
+    if (!tr || !dir || !*dir)
+        return dt_error(DT_ERR_NULL, "dt_trainer_save_prepare: %s", tr ? "no directory" : "trainer is NULL");
+    dt_pg *tp = tp_of(tr);
+    /* the owner: the rank that creates and prunes the directory in every save path */
+    const bool owner = dt_trainer_rank(tr) == 0 && (!tp || dt_pg_rank(tp) == 0);
+    dt_status ost = owner ? own_dir(tr, dir) : DT_OK;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ost < 0 ? dt_last_error() : "");
+    /* one owner in the world: the sum is its status (negated), 0 when it succeeded */
+    double v = ost < 0 ? -(double)ost : 0.0;
+    dt_status st = tp ? dt_pg_allreduce(tp, DT_IN_PLACE, &v, 1, DT_F64, DT_REDUCE_SUM) : DT_OK;
+    if (st >= 0 && dt_trainer_world(tr) > 1)
+        st = dt_trainer_allreduce_sum(tr, &v, 1);
+    if (st < 0)
+        return st;
+    if (ost < 0)
+        return dt_error(ost, "%s", msg);
+    if (v > 0)
+        return dt_error((dt_status)(-(int)v), "rank 0 cannot use the checkpoint directory %s (its error says why)",
+                        dir);
+    return DT_OK;
+}
+
 /* ---- finding and loading ----------------------------------------------------------------------- */
 
-dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n)
+dt_status dt_trainer_ckpt_before(const char *dir, int64_t below, char *out, size_t n, int64_t *step)
 {
     if (!dir || !out || n == 0)
-        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_latest: NULL argument");
+        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_before: NULL argument");
     out[0] = 0;
+    if (step)
+        *step = -1;
     int64_t *steps;
     size_t k;
     dt_status st = list_steps(dir, &steps, &k);
     if (st < 0)
         return st;
-    if (k > 0)
-        snprintf(out, n, "%s/step-%08" PRId64, dir, steps[0]);
+    for (size_t i = 0; i < k; i++) /* newest first */
+        if (steps[i] < below) {
+            snprintf(out, n, "%s/step-%08" PRId64, dir, steps[i]);
+            if (step)
+                *step = steps[i];
+            break;
+        }
     free(steps);
     return DT_OK;
+}
+
+dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n)
+{
+    if (!dir || !out || n == 0)
+        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_latest: NULL argument");
+    return dt_trainer_ckpt_before(dir, INT64_MAX, out, n, NULL);
 }
 
 /* path: a checkpoint (holds trainer.json) or a save directory (its newest). */

@@ -73,12 +73,37 @@ TEST(info_verify_convert)
     fputc(0x7f, f);
     fclose(f);
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "verify", three, NULL});
-    ASSERT_EQ_INT(r.code, 1);
+    ASSERT_EQ_INT(r.code, 2); /* a damaged input */
     ASSERT_STR_CONTAINS(r.err, "rank-00001.safetensors");
     /* an existing destination is refused */
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", three, "--ranks", "2", NULL});
-    ASSERT_EQ_INT(r.code, 1);
+    ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "already exists");
+    /* --full onto an existing file: refused (exit 2), the file unchanged */
+    char keep[300];
+    snprintf(keep, sizeof keep, "%s/keep.txt", g_dir);
+    f = fopen(keep, "w");
+    ASSERT(f != NULL);
+    fputs("precious\n", f);
+    fclose(f);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", keep, "--full", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "already exists");
+    ASSERT_STR_CONTAINS(r.err, keep);
+    char txt[64] = "";
+    f = fopen(keep, "r");
+    ASSERT(f != NULL);
+    ASSERT(fgets(txt, sizeof txt, f) != NULL);
+    fclose(f);
+    ASSERT_STR_EQ(txt, "precious\n");
+    /* a dangling symlink as DST: refused, its target not created */
+    char link[300], target[300];
+    snprintf(link, sizeof link, "%s/link.safetensors", g_dir);
+    snprintf(target, sizeof target, "%s/target.safetensors", g_dir);
+    ASSERT(symlink(target, link) == 0);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", link, "--full", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!file_exists(target));
 }
 
 TEST(bad_usage)
@@ -101,9 +126,21 @@ TEST(bad_usage)
             ASSERT(0);
         }
     }
-    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "info", "/nonexistent-dtrain-ckpt", NULL});
-    ASSERT_EQ_INT(r.code, 1);
-    ASSERT_STR_CONTAINS(r.err, "/nonexistent-dtrain-ckpt");
+    /* a missing or damaged SRC is bad input (exit 2) for every command */
+    char *const bad_src[][8] = {
+        {"ckpt", "info", "/nonexistent-dtrain-ckpt", NULL},
+        {"ckpt", "verify", "/nonexistent-dtrain-ckpt", NULL},
+        {"ckpt", "convert", "/nonexistent-dtrain-ckpt", "-o", "/nonexistent-dtrain-out", "--full", NULL},
+        {"ckpt", "info", "/dev/null", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad_src / sizeof bad_src[0]; i++) {
+        cli_runv(&r, 60, NULL, bad_src[i]);
+        if (r.code != 2) {
+            fprintf(stderr, "bad source %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
+            ASSERT(0);
+        }
+        ASSERT_STR_CONTAINS(r.err, bad_src[i][2]);
+    }
 }
 
 int main(void)

@@ -336,6 +336,22 @@ TEST(restarts_exhausted)
     cli_result_free(&r);
 }
 
+/* A rank that exits 2 (bad input) is not restarted: the job ends at once
+ * with code 2, whatever --max-restarts says. */
+TEST(bad_input_is_not_restarted)
+{
+    const char *args[] = {"-n", "2", "--max-restarts", "3", "--", "sh", "-c",
+                          "echo try $DT_RESTART_COUNT; if [ $RANK = 1 ]; then exit 2; fi; sleep 60", NULL};
+    cli_result r = run_cli(args, 30);
+    ASSERT_EQ_INT(exit_code(&r), 2);
+    ASSERT_STR_CONTAINS(r.out, "[1] try 0\n");
+    ASSERT(!strstr(r.out, "try 1"));
+    ASSERT(!strstr(r.err, "restarting"));
+    ASSERT_STR_CONTAINS(r.err, "bad input: not restarted");
+    ASSERT(r.secs < 20.0);
+    cli_result_free(&r);
+}
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -377,8 +393,65 @@ TEST(tee_writes_one_file_per_rank)
     cli_result_free(&r);
 }
 
+static bool file_exists_(const char *p)
+{
+    struct stat sb;
+    return lstat(p, &sb) == 0;
+}
+
+/* A refused --tee touches nothing: with the previous job's rank0.log in
+ * place and a symlink planted at rank1.log (or a directory in the way), the
+ * launcher exits 2 and rank0.log still holds the old log; a --tee that is a
+ * symlink to a directory is refused too. */
+TEST(tee_refusal_keeps_previous_logs)
+{
+    char dir[] = "/tmp/dtrain-tee-XXXXXX";
+    ASSERT(mkdtemp(dir));
+    char log0[128], log1[128], victim[128], ldir[128];
+    snprintf(log0, sizeof log0, "%s/rank0.log", dir);
+    snprintf(log1, sizeof log1, "%s/rank1.log", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(ldir, sizeof ldir, "%s/linkdir", dir);
+    FILE *f = fopen(log0, "w");
+    ASSERT(f != NULL);
+    fputs("previous job\n", f);
+    fclose(f);
+    ASSERT_EQ_INT(symlink(victim, log1), 0);
+    const char *args[] = {"-n", "2", "--tee", dir, "--", "sh", "-c", "echo hello from $RANK", NULL};
+    for (int round = 0; round < 2; round++) {
+        cli_result r = run_cli(args, 30);
+        ASSERT_EQ_INT(exit_code(&r), 2);
+        ASSERT_STR_CONTAINS(r.err, log1);
+        ASSERT(!strstr(r.out, "hello"));
+        char *s = slurp(log0);
+        ASSERT(s);
+        ASSERT_STR_EQ(s, "previous job\n");
+        free(s);
+        ASSERT(!file_exists_(victim));
+        cli_result_free(&r);
+        if (round == 0) { /* round 1: a directory in the way */
+            ASSERT_EQ_INT(unlink(log1), 0);
+            ASSERT_EQ_INT(mkdir(log1, 0755), 0);
+        }
+    }
+    rmdir(log1);
+    ASSERT_EQ_INT(symlink(dir, ldir), 0);
+    const char *args2[] = {"-n", "2", "--tee", ldir, "--", "sh", "-c", "echo hello from $RANK", NULL};
+    cli_result r = run_cli(args2, 30);
+    ASSERT_EQ_INT(exit_code(&r), 2);
+    ASSERT_STR_CONTAINS(r.err, "symbolic link");
+    char *s = slurp(log0);
+    ASSERT(s);
+    ASSERT_STR_EQ(s, "previous job\n");
+    free(s);
+    cli_result_free(&r);
+    unlink(ldir);
+    unlink(log0);
+    rmdir(dir);
+}
+
 /* A symlink planted at DIR/rank0.log is not followed: the launcher refuses
- * to start (exit 1, a message naming it) and the link's target is unchanged.
+ * to start (exit 2, a message naming it) and the link's target is unchanged.
  * An older regular rank1.log is replaced, not appended to. */
 TEST(tee_refuses_planted_symlink)
 {
@@ -393,7 +466,7 @@ TEST(tee_refuses_planted_symlink)
     ASSERT_EQ_INT(symlink(victim, link), 0);
     const char *args[] = {"-n", "2", "--tee", dir, "--", "sh", "-c", "echo hello from $RANK", NULL};
     cli_result r = run_cli(args, 30);
-    ASSERT_EQ_INT(exit_code(&r), 1);
+    ASSERT_EQ_INT(exit_code(&r), 2);
     ASSERT_STR_CONTAINS(r.err, "symbolic link");
     ASSERT_STR_CONTAINS(r.err, link);
     ASSERT(!strstr(r.out, "hello"));
@@ -790,8 +863,10 @@ int main(int argc, char **argv)
     RUN(rank_ignoring_sigterm_is_killed_after_grace);
     RUN(restarts_until_success);
     RUN(restarts_exhausted);
+    RUN(bad_input_is_not_restarted);
     RUN(tee_writes_one_file_per_rank);
     RUN(tee_refuses_planted_symlink);
+    RUN(tee_refusal_keeps_previous_logs);
     RUN(json_lines_unprefixed);
     RUN(bench_json_parses_through_launcher);
     RUN(sigterm_is_forwarded_to_every_rank);

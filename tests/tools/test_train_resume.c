@@ -157,6 +157,14 @@ TEST(eval_ckpt)
     cli_runv(&r, 60, NULL, (char *[]){"eval", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--ckpt");
+    /* dtrain eval's errors (from the train code it shares) say dtrain eval */
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", ref, "--limit-test", "-5", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!strncmp(r.err, "dtrain eval: --limit-test", 25));
+    ASSERT(strstr(r.err, "dtrain train") == NULL);
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", ref, "--data", "/nonexistent-dtrain-data", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!strncmp(r.err, "dtrain eval: --data", 19));
 }
 
 TEST(bad_flags)
@@ -169,8 +177,10 @@ TEST(bad_flags)
     ASSERT_EQ_INT(train(&r, 1, "sgd", (char *[]){"--resume", "auto", NULL}), 2);
     ASSERT_STR_CONTAINS(r.err, "--resume auto needs --save");
     ASSERT_EQ_INT(cli_lines(r.err), 1);
-    ASSERT_EQ_INT(train(&r, 1, "sgd", (char *[]){"--resume", dir, NULL}), 1);
+    ASSERT_EQ_INT(train(&r, 1, "sgd", (char *[]){"--resume", dir, NULL}), 2); /* a missing path: bad input */
     ASSERT_STR_CONTAINS(r.err, "--resume");
+    ASSERT_STR_CONTAINS(r.err, "nothing");
+    ASSERT_EQ_INT(train(&r, 1, "sgd", (char *[]){"--init-from", dir, NULL}), 2);
     ASSERT_STR_CONTAINS(r.err, "nothing");
     /* resuming adamw state into sgd: refused, naming both */
     char ck[600];

@@ -2,7 +2,9 @@
  * finishes, the checkpoint of that step is written, and the run exits 130
  * with a message naming it; a run resumed from DIR continues from that step.
  * One process with SIGINT, and two ZeRO-2 ranks under `dtrain run` with
- * SIGTERM to the launcher (which forwards it). */
+ * SIGTERM to the launcher (which forwards it); SIGHUP (a closed terminal, a
+ * dropped SSH session) alike, to one process and through the launcher, with
+ * the metrics' end record saying "interrupted". */
 // dt-test-timeout: 240
 #include "test.h"
 #include "tools/train_cli.h"
@@ -33,6 +35,8 @@ static void sleep_ms(long ms)
 static pid_t start(const char *dir, const char *out, const char *err, bool two)
 {
     const char *cli = getenv("DT_CLI");
+    char metrics[700];
+    snprintf(metrics, sizeof metrics, "%s.jsonl", dir);
     pid_t pid = dt_test_fork();
     if (pid == 0) {
         int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -51,7 +55,7 @@ static pid_t start(const char *dir, const char *out, const char *err, bool two)
         const char *rest[] = {"train", "--model", "mlp", "--mlp-hidden", "64", "--data", "random", "--random-items",
                               "2000", "--batch", "2", "--limit-test", "2", "--log-every", "1", "--progress", "plain",
                               "--threads", "1", "--optimizer", "adamw", "--save", dir, "--save-every", "100000",
-                              NULL};
+                              "--metrics", metrics, NULL};
         for (int i = 0; rest[i]; i++)
             args[n++] = (char *)rest[i];
         if (two) {
@@ -97,12 +101,20 @@ static int run_and_stop(bool two, int sig, const char *dir, char *saved, size_t 
     int status;
     dt_test_waitpid(pid, &status, 0);
     TH_CHECK(seen, "the run never reached step 3: %s", slurp(err));
-    /* the ranks exit 130; the launcher, itself signalled, 128 + SIGTERM */
-    TH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == (two ? 128 + SIGTERM : 130), "exit status %d: %s", status,
+    /* the ranks exit 130; the launcher, itself signalled, 128 + the signal */
+    TH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == (two ? 128 + sig : 130), "exit status %d: %s", status,
              slurp(err));
+    char metrics[700];
+    snprintf(metrics, sizeof metrics, "%s.jsonl", dir);
+    const char *m = slurp(metrics);
+    if (!m[0]) { /* FILE.partial: the run did not succeed */
+        snprintf(metrics, sizeof metrics, "%s.jsonl.partial", dir);
+        m = slurp(metrics);
+    }
+    TH_CHECK(strstr(m, "\"event\":\"end\",\"status\":\"interrupted\"") != NULL, "no end record: %s", m);
     const char *e = slurp(err);
     char want[64];
-    snprintf(want, sizeof want, "interrupted by signal %d at step ", two ? SIGTERM : sig);
+    snprintf(want, sizeof want, "interrupted by signal %d at step ", sig);
     TH_CHECK(strstr(e, want) != NULL, "stderr: %s", e);
     const char *c = strstr(e, "; checkpoint ");
     TH_CHECK(c != NULL, "no checkpoint named: %s", e);
@@ -162,12 +174,18 @@ TEST(sigint_saves_one_process) { check(false, SIGINT, "one"); }
 
 TEST(sigterm_saves_zero2_two_ranks) { check(true, SIGTERM, "two"); }
 
+TEST(sighup_saves_one_process) { check(false, SIGHUP, "hup-one"); }
+
+TEST(sighup_saves_zero2_two_ranks) { check(true, SIGHUP, "hup-two"); }
+
 int main(void)
 {
     if (!getenv("DT_CLI"))
         return DT_TEST_SKIP_CODE;
     RUN(sigint_saves_one_process);
     RUN(sigterm_saves_zero2_two_ranks);
+    RUN(sighup_saves_one_process);
+    RUN(sighup_saves_zero2_two_ranks);
     cli_cleanup();
     return TEST_REPORT();
 }

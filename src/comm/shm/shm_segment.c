@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -270,7 +271,17 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
         close(fd);
         if (create)
             shm_unlink(name);
-        return dt_error(DT_ERR_IO, "shm: cannot map %zu bytes: %s", s->total, strerror(e));
+        /* the usual cause is the address-space limit (ulimit -v): say it,
+         * and what the segment is made of (its heap is DT_SHM_HEAP_MB) */
+        struct rlimit rl;
+        char lim[160] = "";
+        if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            snprintf(lim, sizeof lim, "; the address-space limit (ulimit -v) is %llu MiB",
+                     (unsigned long long)(rl.rlim_cur >> 20));
+        return dt_error(e == ENOMEM ? DT_ERR_NO_MEMORY : DT_ERR_IO,
+                        "shm: cannot map the job's shared-memory segment, %zu bytes (%.0f MiB, with a heap of %zu MiB "
+                        "per rank: DT_SHM_HEAP_MB): %s%s; raise the limit or lower DT_SHM_HEAP_MB", s->total,
+                        (double)s->total / 1048576.0, s->heap_bytes >> 20, strerror(e), lim);
     }
     s->fd = fd;
     s->have_fd = 1;

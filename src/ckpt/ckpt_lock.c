@@ -1,0 +1,129 @@
+/* The save directory's lock (ckpt.h: dt_ckpt_dir_lock).
+ *
+ * A save directory belongs to one job at a time: the job that saves there
+ * also removes the temporaries a killed save left behind and prunes old
+ * checkpoints (--keep), and both would delete a second job's files. The
+ * owner holds flock(LOCK_EX) on DIR/.dtrain-lock for as long as it saves
+ * there; the kernel drops the lock when the process dies (kill -9
+ * included), so a dead job never blocks the next one, and the file's
+ * content ("pid P host H") only says who holds it. The lock file is opened
+ * with O_NOFOLLOW (a planted symlink is refused, never followed) and is
+ * written only once the lock is held: a job that is refused changes
+ * nothing in the directory. flock is advisory and per open file: two
+ * dt_ckpt_dir_lock_open in one process on the same directory refuse each
+ * other too. */
+#include "dtrain/ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LOCK_NAME ".dtrain-lock"
+
+struct dt_ckpt_dir_lock {
+    int fd;
+    char *dir;
+};
+
+/* Create dir when missing (its parent must exist), never through a symlink;
+ * refuse anything but a directory. */
+static dt_status make_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        const int e = errno;
+        return dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s%s", dir, strerror(e),
+                        e == ENOENT ? " (its parent directory does not exist)" : "");
+    }
+    struct stat sb;
+    if (lstat(dir, &sb) != 0)
+        return dt_error(DT_ERR_IO, "the checkpoint directory %s: %s", dir, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return dt_error(DT_ERR_IO, "the checkpoint directory %s is a symlink (not followed: give the directory "
+                        "itself)", dir);
+    if (!S_ISDIR(sb.st_mode))
+        return dt_error(DT_ERR_IO, "the checkpoint directory %s exists and is not a directory", dir);
+    return DT_OK;
+}
+
+/* The holder's line from the lock file ("pid P host H"), or "another process". */
+static void holder_of(int fd, char *out, size_t cap)
+{
+    char buf[256];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    size_t k = 0;
+    for (ssize_t i = 0; i < n && buf[i] != '\n' && k + 1 < sizeof buf; i++)
+        if (buf[i] >= 0x20 && buf[i] < 0x7f) /* printable only: it is read back from a file */
+            buf[k++] = buf[i];
+    buf[k] = 0;
+    snprintf(out, cap, "%s", k ? buf : "another process");
+}
+
+dt_status dt_ckpt_dir_lock_open(const char *dir, dt_ckpt_dir_lock **out)
+{
+    if (!dir || !*dir || !out)
+        return dt_error(DT_ERR_NULL, "dt_ckpt_dir_lock_open: NULL argument");
+    *out = NULL;
+    dt_status st = make_dir(dir);
+    if (st < 0)
+        return st;
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, LOCK_NAME) >= sizeof path)
+        return dt_error(DT_ERR_INVALID_ARG, "checkpoint directory path too long: %s", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        const int e = errno;
+        return dt_error(DT_ERR_IO, "cannot use the checkpoint directory %s: %s: %s%s", dir, path, strerror(e),
+                        e == ELOOP ? " (a symlink: not followed)" : "");
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return dt_error(DT_ERR_IO, "cannot use the checkpoint directory %s: %s is not a regular file", dir, path);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        char who[256];
+        holder_of(fd, who, sizeof who);
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return dt_error(DT_ERR_STATE, "the checkpoint directory %s is in use by another job (%s holds %s); give "
+                            "each job its own save directory", dir, who, path);
+        return dt_error(DT_ERR_IO, "cannot lock the checkpoint directory %s (%s): %s", dir, path, strerror(e));
+    }
+    /* held: say who holds it (also proves the directory is writable now) */
+    char host[256] = "?", line[400];
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = 0;
+    int n = snprintf(line, sizeof line, "pid %ld host %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != (ssize_t)n) {
+        const int e = errno;
+        close(fd);
+        return dt_error(DT_ERR_IO, "cannot write to the checkpoint directory %s (%s): %s", dir, path, strerror(e));
+    }
+    dt_ckpt_dir_lock *l = calloc(1, sizeof *l);
+    if (!l || !(l->dir = strdup(dir))) {
+        free(l);
+        close(fd);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_ckpt_dir_lock_open: out of memory");
+    }
+    l->fd = fd;
+    *out = l;
+    return DT_OK;
+}
+
+const char *dt_ckpt_dir_lock_dir(const dt_ckpt_dir_lock *l) { return l ? l->dir : NULL; }
+
+void dt_ckpt_dir_lock_close(dt_ckpt_dir_lock *l)
+{
+    if (!l)
+        return;
+    close(l->fd); /* drops the lock; the file stays (removing it would race a job about to lock it) */
+    free(l->dir);
+    free(l);
+}
