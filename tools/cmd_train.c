@@ -41,6 +41,7 @@
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -515,6 +516,31 @@ static int save_ckpt(trainer *t)
     return 0;
 }
 
+/* Whether the checkpoint at path was trained with this run's --seed and
+ * --rng (they draw the data order); if not, note says so. A checkpoint
+ * whose options cannot be read (another program's) is taken as kept. */
+static bool seed_kept(trainer *t, const char *path, char *note, size_t n)
+{
+    char *js = NULL;
+    if (dt_trainer_ckpt_user(path, &js) < 0)
+        return true;
+    cJSON *u = cJSON_Parse(js);
+    dt_trainer_run_state_free(js);
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(u, "seed"), *rng = cJSON_GetObjectItemCaseSensitive(u, "rng");
+    bool kept = true;
+    if (cJSON_IsNumber(seed) && cJSON_IsString(rng) &&
+        (seed->valuedouble != (double)t->o.seed || strcmp(rng->valuestring, t->o.rng))) {
+        snprintf(note, n,
+                 "the checkpoint was trained with --seed %.0f --rng %s, this run has --seed %llu --rng %s: weights, "
+                 "optimizer state and the schedule are resumed, the data order is not kept (the rest of the epoch "
+                 "and the epochs after it draw other samples in another order)",
+                 seed->valuedouble, rng->valuestring, (unsigned long long)t->o.seed, t->o.rng);
+        kept = false;
+    }
+    cJSON_Delete(u);
+    return kept;
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
@@ -555,6 +581,8 @@ static int setup_resume(trainer *t)
     if (dt_trainer_load(t->tr, from, &ri) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
     t->saved_step = ri.step;
+    if (ri.data_order_kept && !seed_kept(t, ri.path, ri.note, sizeof ri.note))
+        ri.data_order_kept = false;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
     t->global_step = pos.batches;
     if (dt__ddp_is_main(&t->ddp)) {
@@ -818,6 +846,23 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     return 0;
 }
 
+/* A run whose every optimizer step overflowed and was skipped trained
+ * nothing: an error (exit 1), never a success. */
+static int check_all_skipped(trainer *t)
+{
+    dt_loss_scaler_state ls;
+    const dt_loss_scaler *sc = dt_trainer_loss_scaler(t->tr);
+    if (!sc)
+        return 0;
+    dt_loss_scaler_get_state(sc, &ls);
+    if (ls.iter == 0 || ls.skipped < ls.iter)
+        return 0;
+    dt__cli_err("dtrain train: every one of the %lld optimizer steps overflowed at loss scale %g and was skipped: "
+                "nothing was trained (lower --loss-scale or use dynamic loss scaling, check the data for "
+                "inf/NaN)\n", (long long)ls.iter, ls.scale);
+    return 1;
+}
+
 static void cleanup(trainer *t)
 {
     dt_loader_free(t->train_loader);
@@ -991,6 +1036,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                t->ckpt_modules);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
+    bool evaluated = false; /* (a NaN test loss is a result, not "not evaluated") */
     for (int64_t e = dt_trainer_get_position(t->tr).epoch; e < t->o.epochs && !t->max_reached; e++) {
         if (t->o.max_steps > 0 && dt_trainer_steps(t->tr) >= t->o.max_steps)
             break; /* a resumed run that had already reached --max-steps */
@@ -999,9 +1045,12 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         wall_sum += wall;
         if (!t->o.no_eval && (rc = eval_and_record(t, e, &tl, &ta)))
             goto out;
+        evaluated = !t->o.no_eval;
     }
-    if (!t->o.no_eval && isnan(tl) && (rc = eval_and_record(t, t->epoch, &tl, &ta)))
-        goto out; /* ended inside an epoch (--max-steps) or had nothing left to train */
+    if (!t->o.no_eval && !evaluated && (rc = eval_and_record(t, t->epoch, &tl, &ta)))
+        goto out; /* had nothing left to train (a resumed run at its end) */
+    if ((rc = check_all_skipped(t)))
+        goto out;
     if (t->o.save && dt_trainer_steps(t->tr) != t->saved_step && (rc = save_ckpt(t)))
         goto out;
     if (t->o.save && dt_trainer_save_wait(t->tr) < 0) { /* an asynchronous save still being written */
