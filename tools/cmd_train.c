@@ -103,6 +103,7 @@ typedef struct {
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;
+    int64_t epoch_n;              /* the epoch's finite losses (a step the loss scaler skipped has none) */
     int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
 } trainer;
@@ -726,10 +727,13 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         t->global_step++;
         /* every batch but the epoch's last is full; the last ends its step */
         t->samples += i + 1 < m->nmicro ? per : m->samples - (int64_t)(m->nmicro - 1) * per;
-        t->loss_window[t->nloss++ % LOSS_WINDOW] = l;
-        t->log_loss += l;
+        if (isfinite(l)) { /* a skipped step's (fp16 overflow) is left out of the means */
+            t->loss_window[t->nloss++ % LOSS_WINDOW] = l;
+            t->epoch_loss += l;
+            t->epoch_n++;
+        }
+        t->log_loss += l; /* the step's own record shows it (null) */
         t->log_n++;
-        t->epoch_loss += l;
         dt__progress_step(&t->prog, t->step, window_mean(t), m->lr, t->samples);
         if (t->step % t->o.log_every == 0 || t->step == t->nb) {
             double el = dt_time_s() - t->t0;
@@ -800,6 +804,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     if (pos.epoch == epoch && pos.batch < t->nb)
         t->step = pos.batch; /* resumed mid-epoch: the epoch's step counter goes on from there */
     t->log_loss = t->epoch_loss = 0;
+    t->epoch_n = 0;
     dt__progress_epoch_begin(&t->prog, epoch, t->nb);
     t->t0 = dt_time_s();
     dt_trainer_epoch_result res;
@@ -841,7 +846,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
                           "\"event\":\"epoch\",\"epoch\":%lld,\"step\":%lld,\"wall_s\":%.4f,"
                           "\"samples_per_s\":%.1f,\"train_loss\":%.6f,\"train_loss_last100\":%.6f",
                           (long long)epoch + 1, (long long)t->global_step, *wall_s, *sps_out,
-                          t->step ? t->epoch_loss / (double)t->step : NAN, window_mean(t)) < 0)
+                          t->epoch_n ? t->epoch_loss / (double)t->epoch_n : NAN, window_mean(t)) < 0)
         return fail(1, NULL);
     return 0;
 }
@@ -861,6 +866,36 @@ static int check_all_skipped(trainer *t)
                 "nothing was trained (lower --loss-scale or use dynamic loss scaling, check the data for "
                 "inf/NaN)\n", (long long)ls.iter, ls.scale);
     return 1;
+}
+
+/* Every rank was given the same training options (a rank with another
+ * optimizer, learning rate, seed or clipping would train apart and still
+ * exit 0): compared once at start, exit 2 naming the options and ranks. */
+static int check_same(trainer *t)
+{
+    enum { CAP = 160 };
+    const char *names[CAP];
+    char(*vals)[512] = malloc(CAP * sizeof *vals);
+    char(*flags)[40] = malloc(CAP * sizeof *flags);
+    dt_trainer_field f[CAP];
+    if (!vals || !flags) {
+        free(vals);
+        free(flags);
+        return fail(1, "out of memory");
+    }
+    int n = dt__train_shared_opts(&t->o, names, vals, CAP);
+    for (int i = 0; i < n; i++) {
+        snprintf(flags[i], sizeof flags[i], "--%s", names[i]);
+        f[i] = (dt_trainer_field){flags[i], vals[i]};
+    }
+    dt_status st = dt_trainer_check_same(t->tr, f, n);
+    free(vals);
+    free(flags);
+    if (st == DT_ERR_MISMATCH) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    return st < 0 ? fail(1, "comparing the ranks' options") : 0;
 }
 
 static void cleanup(trainer *t)
@@ -929,7 +964,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
-        (rc = setup_trainer(t)) || (rc = make_user_json(t)))
+        (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
     if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
         if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
