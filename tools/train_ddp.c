@@ -156,7 +156,7 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     dt_status st = dt_pg_init(&pp, &r->pg);
     if (st < 0) {
         dt__cli_err("dtrain train: process group: %s\n", dt_last_error());
-        return 1;
+        return st == DT_ERR_MISMATCH ? 2 : 1; /* a foreign job at the rendezvous: refused */
     }
     r->rank = dt_pg_rank(r->pg);
     r->world = dt_pg_size(r->pg);
