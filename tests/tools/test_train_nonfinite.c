@@ -138,6 +138,21 @@ TEST(fp16_skipped_step_keeps_batchnorm)
     ASSERT_EQ_INT(metrics_json(metrics, &evals, &nulls), 0);
     ASSERT_EQ_INT(evals, 1);
     ASSERT(nulls >= 1); /* the skipped step's loss, written as null */
+    /* and dtrain plot reads dtrain's own file (a stand-in gnuplot: only the parse matters) */
+    char gp[600], png[600];
+    snprintf(gp, sizeof gp, "%s/gnuplot-ok", cli_tmpdir());
+    FILE *f = fopen(gp, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "#!/bin/sh\nout=$(sed -n 's/^set output \"\\(.*\\)\"$/\\1/p' \"$1\")\nprintf 'PNG' > \"$out\"\n");
+    fclose(f);
+    chmod(gp, 0755);
+    char env[700];
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", gp);
+    snprintf(png, sizeof png, "%s/fp16.png", cli_tmpdir());
+    cli_runv(&r, 60, env, (char *[]){"plot", metrics, "-o", png, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "plot: exit %d\n%s%s", r.code, r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
 }
 
 TEST(static_loss_scale_overflowing_fails)
