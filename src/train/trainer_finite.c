@@ -45,13 +45,11 @@ static bool any_nonfinite(const void *p, dt_dtype dt, size_t n)
     unsigned acc = 0;
     if (dt == DT_F32) {
         const uint32_t *u = p;
-#pragma omp parallel for reduction(| : acc) schedule(static) if (n > (1u << 18))
         for (size_t i = 0; i < n; i++)
             acc |= (u[i] & 0x7f800000u) == 0x7f800000u;
     } else if (dt == DT_BF16 || dt == DT_F16) {
         const uint16_t *u = p;
         const unsigned e = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
-#pragma omp parallel for reduction(| : acc) schedule(static) if (n > (1u << 18))
         for (size_t i = 0; i < n; i++)
             acc |= (u[i] & e) == e;
     }
@@ -116,7 +114,7 @@ static int64_t locate(dt_strategy *s, dt_model *m, const dt_optim_range *rg, siz
 #define W 5 /* numbers per rank: loss micro-batch, loss kind, gradient flag, entry + 1, element */
 
 /* "1, 3, 4" (at most 8, then "and N more") of the ranks r with v[W * r + f] != 0. */
-static void rank_list(const double *v, int world, int f, char *buf, size_t n, int *count)
+static void rank_list(const double *v, int world, int f, char *buf, size_t n, int *count, int base)
 {
     size_t k = 0;
     int c = 0;
@@ -125,7 +123,7 @@ static void rank_list(const double *v, int world, int f, char *buf, size_t n, in
         if (v[W * r + f] == 0)
             continue;
         if (c < 8 && k < n)
-            k += (size_t)snprintf(buf + k, n - k, "%s%d", c ? ", " : "", r);
+            k += (size_t)snprintf(buf + k, n - k, "%s%d", c ? ", " : "", r + base);
         c++;
     }
     if (c > 8 && k < n)
@@ -137,7 +135,10 @@ dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, 
 {
     dt_strategy *s = dt_trainer_strategy(tr);
     dt_model *m = dt_trainer_model(tr);
-    const int world = dt_trainer_world(tr), rank = dt_trainer_rank(tr);
+    /* one slot per replica: a strategy whose sum runs over more ranks than
+     * its replicas (a pipeline's stages) reports this rank's findings alone */
+    const bool slots = !s->ops.forward_backward && dt_trainer_rank(tr) < dt_trainer_world(tr);
+    const int world = slots ? dt_trainer_world(tr) : 1, rank = slots ? dt_trainer_rank(tr) : 0;
     double *v = calloc((size_t)W * (size_t)world, sizeof *v);
     if (!v)
         return dt_error(DT_ERR_NO_MEMORY, "the loss or the gradients are not finite at optimizer step %lld",
@@ -157,7 +158,7 @@ dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, 
     }
     /* every rank is here (the agreed flag): one more all-reduce names them,
      * and every rank writes the same message from the same numbers */
-    dt_status st = dt_trainer_allreduce_sum(tr, v, W * world);
+    dt_status st = slots ? dt_trainer_allreduce_sum(tr, v, W * world) : DT_OK;
     if (st < 0) {
         free(v);
         return dt_error_wrap(st, "the loss or the gradients are not finite at optimizer step %lld; naming the "
@@ -168,7 +169,7 @@ dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, 
     int nl = 0, ng = 0;
     k += (size_t)snprintf(msg, sizeof msg, "non-finite values at optimizer step %lld, training stopped on every rank "
                           "(no update applied)", (long long)step);
-    rank_list(v, world, 0, ranks, sizeof ranks, &nl);
+    rank_list(v, world, 0, ranks, sizeof ranks, &nl, slots ? 0 : dt_trainer_rank(tr));
     if (nl > 0) {
         int r0 = 0;
         while (v[W * r0] == 0)
@@ -176,12 +177,12 @@ dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, 
         const int kind = (int)v[W * r0 + 1];
         char on[48] = "";
         if (nl > 1)
-            snprintf(on, sizeof on, " on rank %d", r0);
+            snprintf(on, sizeof on, " on rank %d", r0 + (slots ? 0 : dt_trainer_rank(tr)));
         k += (size_t)snprintf(msg + k, sizeof msg - k, ": the loss is %s on rank%s %s (micro-batch %d of %d%s)",
                               kind == 1 ? "NaN" : kind == 2 ? "+inf" : "-inf", nl > 1 ? "s" : "", ranks,
                               (int)v[W * r0], nmicro, on);
     }
-    rank_list(v, world, 2, ranks, sizeof ranks, &ng);
+    rank_list(v, world, 2, ranks, sizeof ranks, &ng, slots ? 0 : dt_trainer_rank(tr));
     if (ng > 0 && k < sizeof msg) {
         int r0 = 0;
         while (v[W * r0 + 2] == 0)
@@ -198,7 +199,8 @@ dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, 
                               nl && ng > nl ? " (the reduction carries one rank's non-finite gradients to all)" : "");
     }
     if (nl == 0 && ng == 0 && k < sizeof msg)
-        k += (size_t)snprintf(msg + k, sizeof msg - k, ": on a tensor-parallel peer");
+        k += (size_t)snprintf(msg + k, sizeof msg - k, ": on another rank (%s)",
+                              slots ? "a tensor-parallel peer" : "another stage or replica of the pipeline");
     if (k < sizeof msg)
         snprintf(msg + k, sizeof msg - k, ". Training diverged or the data holds inf/NaN: check the data, "
                                           "or try a smaller learning rate or gradient clipping");
@@ -316,7 +318,9 @@ dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n
     if (!tr || (!f && n > 0) || n < 0)
         return dt_error(DT_ERR_NULL, "dt_trainer_check_same: NULL argument");
     const int world = dt_trainer_world(tr), rank = dt_trainer_rank(tr);
-    if (world <= 1)
+    /* one slot per replica; a pipeline's sum spans its stages too (and
+     * scales): its settings are not compared here yet */
+    if (world <= 1 || dt_trainer_strategy(tr)->ops.forward_backward || rank >= world)
         return DT_OK;
     const size_t w = (size_t)n + 1; /* [names, field 0 .. n-1] per rank */
     double *v = calloc(w * (size_t)world, sizeof *v);
