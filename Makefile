@@ -35,6 +35,10 @@ FUZZ ?= 1
 DEMO_LIMIT ?= 0
 export OPENBLAS_CORETYPE ?= SkylakeX
 
+# What scripts/deps.sh test installs for the tests: a test that finds one of
+# these missing fails instead of skipping (DT_TEST_SKIP_NEED in tests/test.h).
+TEST_REQUIRE := numpy gnuplot mpi fashion-mnist bible iproute2
+
 # The passes of `make test` and the build trees whose CTest results the
 # closing summary reports. A new pass adds itself to both lists.
 TEST_STAGES := test-fast test-install
@@ -76,11 +80,11 @@ build-asan/CMakeCache.txt:
 	  -DDT_SANITIZE=address,undefined $(CMAKE_FLAGS)
 
 test-fast: deps-test build
-	cd build && ctest --output-on-failure -j $(JOBS) -O ctest.log
+	cd build && DT_TEST_REQUIRE="$(TEST_REQUIRE)" ctest --output-on-failure -j $(JOBS) -O ctest.log
 
 test-asan: deps-test build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	cd build-asan && DT_TEST_REQUIRE="$(TEST_REQUIRE)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -O ctest.log
 
@@ -103,7 +107,7 @@ build-tsan/CMakeCache.txt:
 test-tsan: deps-test build-tsan/CMakeCache.txt
 	cmake --build build-tsan -j $(JOBS) --target dtrain_cli \
 	  $$(cd build-tsan && ctest -N -L threads | sed -n 's|^ *Test *#[0-9]*: [a-z]*/||p')
-	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	cd build-tsan && DT_TEST_REQUIRE="$(TEST_REQUIRE)" OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest -L threads --output-on-failure -j $(JOBS) -O ctest.log
 
 fuzz: deps-fuzz

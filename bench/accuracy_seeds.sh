@@ -3,22 +3,28 @@
 # PyTorch side by side, seed by seed (PyTorch only as a reference; skipped when
 # /usr/bin/python3 has no torch).
 #
-#   bash bench/accuracy_seeds.sh [--ranks 2] [--batch 100] [--rng torch] [--threads 1] SEED...
+#   bash bench/accuracy_seeds.sh [--ranks 2] [--batch 100] [--rng torch] [--threads 1]
+#                                [--precision fp32|bf16|fp16] [--no-torch] SEED...
 #
 # --ranks 2: `dtrain run -n 2 -- dtrain train ...` against
 #            bench/train_convnet_ddp_pytorch.py (DDP gloo, DistributedSampler(seed=SEED));
 # --ranks 1: `dtrain train ...` against bench/train_convnet_pytorch.py.
 # With --rng torch (the default) both start from the same weights and see the
 # batches in the same order, so the two columns differ only by float rounding.
+# --precision fp16 trains dtrain with dynamic loss scaling (the torch column
+# stays f32: the band it gives is what fp16 must land in); --no-torch leaves
+# the PyTorch column out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ranks=2 batch=100 rng=torch threads=1 seeds=()
+ranks=2 batch=100 rng=torch threads=1 precision=fp32 notorch=0 seeds=()
 while [ $# -gt 0 ]; do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --rng) rng=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --precision) precision=$2; shift 2 ;;
+    --no-torch) notorch=1; shift ;;
     *) seeds+=("$1"); shift ;;
   esac
 done
@@ -26,11 +32,11 @@ done
 cli=${DT_CLI:-build/dtrain}
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}
 have_torch=0
-/usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1
+[ $notorch = 1 ] || { /usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1; }
 printf '%-6s %-14s %-14s %-10s %-10s\n' seed dtrain_acc% torch_acc% dtrain_s torch_s
 for s in "${seeds[@]}"; do
   args=(train --model convnet --data fashion-mnist --epochs 1 --batch "$batch" --lr 0.01 --momentum 0.9
-        --seed "$s" --rng "$rng" --progress none)
+        --seed "$s" --rng "$rng" --progress none --precision "$precision")
   if [ "$ranks" -gt 1 ]; then
     out=$("$cli" run -n "$ranks" -- "$cli" "${args[@]}" 2>&1)
   else

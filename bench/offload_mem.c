@@ -141,6 +141,10 @@ int main(int argc, char **argv)
         for (int c = 0; c < 2; c++) { /* separate processes: separate peak RSS */
             fflush(NULL);
             pid_t pid = fork();
+            if (pid < 0) {
+                perror("offload_mem: fork");
+                return 1;
+            }
             if (pid == 0) {
                 int r = measure_one(atoll(argv[2]), atoll(argv[3]), c ? argv[4] : NULL);
                 fflush(NULL);

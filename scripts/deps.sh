@@ -5,8 +5,11 @@
 # Usage: scripts/deps.sh [build|test|fuzz|demo|bench|fresh-check]...
 #   build        compilers, CMake, oneDNN (+ OpenCL headers, which oneDNN's
 #                CMake package looks for), zlib, cJSON, liburing, Open MPI
-#   test         build + gnuplot, the data sets the tests train on, and
+#   test         build + gnuplot, the data sets the tests train on,
 #                iproute2 (ip, tc: the multi-node test bed, scripts/netbed.sh)
+#                and python3-numpy (data/test_arrays reads numpy's own files);
+#                the Makefile's TEST_REQUIRE names them, and a test that
+#                finds one missing under `make test` fails, never skips
 #   fuzz         build + clang and its libFuzzer/sanitizer runtimes
 #   demo         build + gnuplot and the Fashion-MNIST data set
 #   bench        build (the PyTorch comparisons under bench/ are run by hand)
@@ -23,7 +26,7 @@ for what in "$@"; do
   case "$what" in
     build)       pkgs+=("${build[@]}") ;;
     bench)       pkgs+=("${build[@]}" iproute2) ;;
-    test)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox iproute2) ;;
+    test)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox iproute2 python3-numpy) ;;
     fuzz)        pkgs+=("${build[@]}" clang libclang-rt-dev) ;;
     demo)        pkgs+=("${build[@]}" "${data[@]}" gnuplot-nox) ;;
     fresh-check) pkgs+=(debootstrap git ca-certificates) ;;

@@ -8,7 +8,8 @@
 #     make test SANITIZE=0 FUZZ=0      (the plain suite and the install check)
 # Both start with scripts/deps.sh, so a package it forgets fails here. The root
 # has nothing but debootstrap's minbase and `make`, the one tool the README
-# assumes. /proc, /sys, /dev, /dev/pts and /dev/shm are bind-mounted in.
+# assumes. The root is bind-mounted on itself (so "/" is a mount point inside
+# it), and /proc, /sys, /dev, /dev/pts and /dev/shm are bind-mounted in.
 #
 # Needs root (debootstrap, chroot, mount) and the network to the mirror; when
 # the mirror cannot be reached it fails and says so, it never skips. Works
@@ -160,6 +161,12 @@ bind() {  # bind SRC: mounts SRC at the same path in the root
   mount --bind "$1" "$root$1"
   mounted+=("$root$1")
 }
+# The root itself a mount point, as a real root is: in a chroot whose "/" is
+# a plain directory, mount-namespace work fails with EINVAL (`ip netns exec`
+# remounts "/" as a slave, test_shm_small makes "/" private), and the tests
+# that need it would skip here.
+mount --bind "$root" "$root"
+mounted+=("$root")
 bind /proc
 bind /sys
 bind /dev

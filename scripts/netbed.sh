@@ -64,6 +64,14 @@ LEFT_TAG=
 
 die() { echo "netbed: $*" >&2; exit 2; }
 skip() { echo "netbed: skip: $*" >&2; exit 77; }
+# need WHAT REASON: skip, unless `make test` installed WHAT (DT_TEST_REQUIRE):
+# then a missing piece is a failure, not a skip
+need() {
+  case " ${DT_TEST_REQUIRE:-} " in
+    *" $1 "*) echo "netbed: make test installed $1 (DT_TEST_REQUIRE), yet: $2" >&2; exit 1 ;;
+  esac
+  skip "$2"
+}
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -94,9 +102,9 @@ fi
 
 # ---- can a bed be built here? ------------------------------------------------
 [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces and tc)"
-command -v ip >/dev/null 2>&1 || skip "needs 'ip' (iproute2; scripts/deps.sh test)"
-command -v tc >/dev/null 2>&1 || skip "needs 'tc' (iproute2; scripts/deps.sh test)"
-[ "$MODE" = check ] || command -v mpirun >/dev/null 2>&1 || skip "needs mpirun (openmpi-bin)"
+command -v ip >/dev/null 2>&1 || need iproute2 "needs 'ip' (iproute2; scripts/deps.sh test)"
+command -v tc >/dev/null 2>&1 || need iproute2 "needs 'tc' (iproute2; scripts/deps.sh test)"
+[ "$MODE" = check ] || command -v mpirun >/dev/null 2>&1 || need mpi "needs mpirun (openmpi-bin)"
 
 TAG=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 [ ${#TAG} -eq 8 ] || TAG=$(printf '%08x' $(( ($$ * 2654435761) & 0xffffffff )))

@@ -17,7 +17,12 @@
  * DT_TEST_SKIP_CODE (77), which CTest counts as "Skipped" (SKIP_RETURN_CODE,
  * set for every test by the root CMakeLists.txt); a failure still wins. A
  * whole program that cannot run returns DT_TEST_SKIP_CODE from main after
- * printing why (DT_TEST_SKIP_ALL). */
+ * printing why (DT_TEST_SKIP_ALL).
+ *
+ * Processes: fork, forkpty, kill and waitpid only through the checked
+ * wrappers of tests/proc.h (dt_test_fork, dt_test_kill, ...), which refuse
+ * a pid <= 0; a test whose fork failed and that then fails is reported
+ * skipped ("could not fork"). */
 #ifndef DT_TEST_H
 #define DT_TEST_H
 
@@ -25,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "proc.h"
 
 /* The exit code CTest reads as "skipped" (SKIP_RETURN_CODE). */
 #define DT_TEST_SKIP_CODE 77
@@ -38,8 +45,12 @@ static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
     do {                                                                    \
         dt_test_failed_ = 0;                                                \
         dt_test_skipped_ = 0;                                               \
+        dt_test_cannot_fork_ = 0;                                           \
         test_##name();                                                      \
-        if (dt_test_failed_) {                                              \
+        if (dt_test_failed_ && dt_test_cannot_fork_) {                      \
+            dt_test_nskip_++;                                               \
+            fprintf(stderr, "SKIP %s (could not fork)\n", #name);           \
+        } else if (dt_test_failed_) {                                              \
             dt_test_nfail_++;                                               \
             fprintf(stderr, "FAIL %s\n", #name);                            \
         } else if (dt_test_skipped_) {                                      \
@@ -64,6 +75,51 @@ static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
         fprintf(stderr, "\n");                                              \
         dt_test_skipped_ = 1;                                               \
         return;                                                             \
+    } while (0)
+
+/* `make test` installs what its tests need (scripts/deps.sh test) and lists
+ * it in DT_TEST_REQUIRE (words: numpy gnuplot mpi fashion-mnist bible
+ * iproute2). A test that lacks such a thing fails instead of skipping:
+ *
+ *     if (!have_numpy()) DT_TEST_SKIP_NEED("numpy", "/usr/bin/python3 has no numpy");
+ *
+ * Outside `make test` (a bare ctest, a machine without the packages) it is
+ * an ordinary skip. */
+static inline int dt_test_required(const char *what)
+{
+    const char *r = getenv("DT_TEST_REQUIRE");
+    size_t n = strlen(what);
+    for (const char *p = r ? strstr(r, what) : NULL; p; p = strstr(p + 1, what))
+        if ((p == r || p[-1] == ' ' || p[-1] == ',') && (p[n] == 0 || p[n] == ' ' || p[n] == ','))
+            return 1;
+    return 0;
+}
+
+#define DT_TEST_SKIP_NEED(what, ...)                                        \
+    do {                                                                    \
+        if (dt_test_required(what)) {                                       \
+            fprintf(stderr, "%s:%d: make test installed %s "                \
+                    "(DT_TEST_REQUIRE), yet: ", __FILE__, __LINE__, what);  \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            dt_test_failed_ = 1;                                            \
+            return;                                                         \
+        }                                                                   \
+        DT_TEST_SKIP(__VA_ARGS__);                                          \
+    } while (0)
+
+/* The same for a whole program, in main before any RUN. */
+#define DT_TEST_SKIP_ALL_NEED(what, ...)                                    \
+    do {                                                                    \
+        if (dt_test_required(what)) {                                       \
+            fprintf(stderr, "make test installed %s (DT_TEST_REQUIRE), "    \
+                    "yet: ", what);                                         \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+            printf("0 passed, 1 failed\n");                                 \
+            return 1;                                                       \
+        }                                                                   \
+        DT_TEST_SKIP_ALL(__VA_ARGS__);                                      \
     } while (0)
 
 /* In main, before any RUN: the whole program cannot run here. */

@@ -255,7 +255,7 @@ static int status_failed(int status)
 static void signal_ranks(rank_proc *rk, int n, int signo)
 {
     for (int r = 0; r < n; r++)
-        if (rk[r].alive)
+        if (rk[r].alive && rk[r].pid > 1) /* never kill(-1) or kill(0): every process */
             kill(-rk[r].pid, signo);
 }
 

@@ -196,33 +196,6 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
     return rc;
 }
 
-/* What dtrain's pipeline does not run yet, named by the keys that ask for it. */
-static int pipe_refusals(const dt_config *c, int64_t pp)
-{
-    static const char *const keys[][2] = {
-        {"zero_optimization.stage", "ZeRO stage > 0 (DeepSpeed refuses stages 2 and 3 with pipelines; dtrain's "
-                                    "pipeline runs its data parallelism as DDP)"},
-        {"fp16.enabled", "fp16 (dtrain's pipeline trains in fp32 so far)"},
-        {"bf16.enabled", "bf16 (dtrain's pipeline trains in fp32 so far)"},
-        {"zero_optimization.offload_optimizer.device", "optimizer offload"},
-        {"zero_optimization.cpu_offload", "optimizer offload"},
-        {"dtrain.hybrid_shard", "hybrid sharding"},
-    };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const char *k = keys[i][0], *s;
-        int64_t v = 0;
-        bool b = false;
-        bool on = (dt_config_get_int(c, k, &v) == DT_OK && v > 0) || (dt_config_get_bool(c, k, &b) == DT_OK && b) ||
-                  (dt_config_get_str(c, k, &s) == DT_OK && strcmp(s, "none"));
-        if (on) {
-            dt__cli_err("dtrain train: --config: key %s: not supported with pipeline parallelism (%lld stages): "
-                        "%s\n", k, (long long)pp, keys[i][1]);
-            return 2;
-        }
-    }
-    return 0;
-}
-
 /* The options the command acts on before the trainer exists, from c. */
 static int read_back(dt__train_opts *o, dt_config *c)
 {
@@ -298,6 +271,9 @@ static int read_back(dt__train_opts *o, dt_config *c)
         static const char *const names[] = {"0", "1", "2", "3"};
         o->zero = hybrid ? NULL : names[stage];
         o->fsdp = hybrid ? "hybrid_shard" : NULL;
+    } else if (hybrid) { /* the key alone asks for it, as --fsdp hybrid_shard does */
+        o->zero = NULL;
+        o->fsdp = "hybrid_shard";
     }
     dt_act_ckpt_params ap = dt_act_ckpt_params_default();
     if (dt_config_act_ckpt(c, &o->act_ckpt, &ap) < 0)
@@ -362,7 +338,7 @@ int dt__train_config(int argc, char **argv, dt__train_opts *o)
         pq.pp = 1;
         if (dt_config_pipe_params(c, &pq) < 0)
             return bad();
-        if ((rc = batch_flags_into(argc, argv, o, c, pq.pp)) || (pq.pp > 1 && (rc = pipe_refusals(c, pq.pp))))
+        if ((rc = batch_flags_into(argc, argv, o, c, pq.pp)))
             return rc;
     }
     if (dt_config_apply_env(c) < 0) {

@@ -340,9 +340,13 @@ typedef struct dt_ddp_params {
     dt_dtype reduce_dtype;       /* dtype of the all-reduce: DT_F32, or DT_BF16 / DT_F16 (the
                                     bucket is rounded to it, reduced with f32 accumulation, and
                                     widened back: PyTorch's bf16/fp16 compress hooks, FSDP's
-                                    reduce_dtype); default DT_F32. A model whose parameters are
-                                    bf16/f16 (one dtype for all of them) reduces its gradients in
-                                    place in that dtype, which reduce_dtype must name */
+                                    reduce_dtype); default DT_F32. bf16/f16 parameters reduce their
+                                    gradients in place in their own dtype, which reduce_dtype must
+                                    name when every parameter has that dtype. A model of several
+                                    parameter dtypes (a bf16 model whose batch norms stay f32:
+                                    keep_batchnorm_fp32) gets one reducer per dtype, each
+                                    reducing in its own dtype (f32 ones in f32, or in the
+                                    FP16/BF16 comm hook's dtype), as PyTorch buckets per dtype */
     bool hierarchical;           /* hierarchical all-reduce of the buckets (Horovod's
                                     HOROVOD_HIERARCHICAL_ALLREDUCE, AIAK_HIERARCHICAL_ALLREDUCE;
                                     dt_pg_hierarchical in comm.h); default false */
@@ -401,7 +405,8 @@ DT_API dt_pg *dt_ddp_pg(const dt_ddp *d);
 DT_API bool dt_ddp_param_used(const dt_ddp *d, size_t index);
 
 /* The reduction engine DDP drives (borrowed; for a user communication hook:
- * dt_reducer_register_comm_hook(dt_ddp_reducer(d), &hook, state)). */
+ * dt_reducer_register_comm_hook(dt_ddp_reducer(d), &hook, state)). With
+ * several parameter dtypes, the one of the first trained parameter's dtype. */
 DT_API dt_reducer *dt_ddp_reducer(const dt_ddp *d);
 /* The PowerSGD state DDP created for comm_hook POWERSGD (borrowed), else NULL. */
 DT_API dt_powersgd *dt_ddp_powersgd(const dt_ddp *d);
@@ -493,8 +498,10 @@ typedef struct dt_reducer_params {
 DT_API dt_reducer_params dt_reducer_params_default(void);
 
 /* Buckets over the parameters of m, whose gradients live in grads (a whole
- * f32 flat laid out as the model's, e.g. dt_model_flat(m, DT_FLAT_GRADS,
- * DT_F32); its base is read here and must not move). f32 parameters only.
+ * flat laid out as the model's, e.g. dt_model_flat(m, DT_FLAT_GRADS,
+ * DT_F32); its base is read here and must not move): the trained parameters
+ * of the flat's dtype (f32, bf16 or f16); parameters of other dtypes belong
+ * to another reducer over their own flat.
  * pg, m and the flat's memory are borrowed and must outlive the engine.
  * p NULL: defaults. */
 DT_API dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt_reducer_params *p,

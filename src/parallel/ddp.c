@@ -9,7 +9,9 @@
  * 0 (a mismatch would make the broadcast sizes differ).
  *
  * The gradient buffer is moved into dt_pg_alloc memory: the shm backend
- * then reduces the buckets straight out of the peers' buffers. The buckets,
+ * then reduces the buckets straight out of the peers' buffers; a model with
+ * several parameter dtypes has one gradient flat and one reducer per dtype,
+ * as PyTorch's DDP buckets per dtype. The buckets,
  * their ordered posting and the wait are the reduction engine's (reducer.c);
  * DDP adds the iteration state, unused parameters and buffer broadcasts. */
 #include "parallel/ddp_impl.h"
@@ -212,27 +214,38 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         return dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: unknown comm hook %d", (int)p.comm_hook);
     }
 
-    /* the dtype of the trained parameters: f32, or bf16/f16 for a model
-     * that holds them so (reduced in that dtype); one dtype per model */
-    dt_dtype pdt = DT_F32;
-    const char *first = NULL;
+    /* the dtypes of the trained parameters, in the order they first appear:
+     * f32, or bf16/f16 for a model that holds them so (reduced in that dtype),
+     * or both (a bf16 model whose batch norms stay f32): one reducer each */
+    dt_dtype dts[DT__DDP_MAX_DTYPES] = {DT_F32, DT_F32, DT_F32};
+    int ndt = 0;
     for (size_t i = 0; i < dt_model_num_entries(m); i++) {
         dt_param_info e;
         if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.tied_to >= 0)
             continue;
-        if (!first) {
-            first = e.name;
-            pdt = e.dtype;
-        } else if (e.dtype != pdt) {
-            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: parameter '%s' is %s and '%s' is %s: DDP reduces one "
-                            "parameter dtype (build the model with keep_batchnorm_fp32 false, or shard it: "
-                            "ZeRO/FSDP units take one dtype each)", first, dt_dtype_name(pdt), e.name,
-                            dt_dtype_name(e.dtype));
+        int k = 0;
+        while (k < ndt && dts[k] != e.dtype)
+            k++;
+        if (k == ndt) {
+            if (e.dtype != DT_F32 && e.dtype != DT_BF16 && e.dtype != DT_F16)
+                return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: parameter '%s' is %s (DDP reduces f32, bf16 and "
+                                "f16 gradients)", e.name, dt_dtype_name(e.dtype));
+            dts[ndt++] = e.dtype;
         }
     }
-    if (pdt != DT_F32 && p.reduce_dtype != pdt)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: %s parameters reduce their gradients in %s (reduce_dtype "
-                        "is %s)", dt_dtype_name(pdt), dt_dtype_name(pdt), dt_dtype_name(p.reduce_dtype));
+    for (int k = 0; k < ndt; k++) {
+        if (dts[k] == DT_F32)
+            continue;
+        /* every parameter low: reduce_dtype names their dtype (the policy's default); a mix: the
+           low ones reduce in their own dtype, and reduce_dtype may name it or stay f32 */
+        if (p.reduce_dtype != dts[k] && (ndt == 1 || p.reduce_dtype != DT_F32))
+            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: %s parameters reduce their gradients in %s "
+                            "(reduce_dtype is %s)", dt_dtype_name(dts[k]), dt_dtype_name(dts[k]),
+                            dt_dtype_name(p.reduce_dtype));
+        if (p.comm_hook == DT_COMM_HOOK_POWERSGD)
+            return dt_error(DT_ERR_UNSUPPORTED, "dt_ddp_init: comm hook powersgd compresses f32 gradients; this "
+                            "model has %s parameters", dt_dtype_name(dts[k]));
+    }
 
     dt_ddp *d = dt_calloc(sizeof *d);
     if (!d)
@@ -242,15 +255,26 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     d->p = p;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    d->dtype = pdt;
-    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, d->dtype), *G = dt_model_flat(m, DT_FLAT_GRADS, d->dtype);
-    d->flat_numel = P ? P->total : 0;
+    d->nred = ndt;
+    memcpy(d->dtype, dts, sizeof dts);
     d->nentry = dt_model_num_entries(m);
     d->np = (int)dt_model_num_params(m);
     dt_status st = DT_ERR_NO_MEMORY;
-    if (d->np <= 0 || !P || !P->base) {
-        st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no %s", d->np <= 0 ? "parameters" :
-                      P ? "parameter memory (a meta model)" : "f32 parameters");
+    for (int k = 0; k < ndt; k++) {
+        const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, dts[k]);
+        if (!P || !P->base) {
+            st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no %s parameter memory (a meta model?)",
+                          dt_dtype_name(dts[k]));
+            goto fail;
+        }
+    }
+    if (d->np <= 0 || ndt == 0) {
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_ddp_init: the model has no parameters");
+        goto fail;
+    }
+    d->red_of_entry = dt_calloc(d->nentry);
+    if (!d->red_of_entry) {
+        dt_error(DT_ERR_NO_MEMORY, "dt_ddp_init: out of memory");
         goto fail;
     }
     d->slot_of_entry = dt_calloc(d->nentry * sizeof *d->slot_of_entry);
@@ -268,13 +292,20 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
             goto fail;
         const bool trained = !e.is_buffer && e.tied_to < 0; /* a tied entry is its source's tensor */
         d->slot_of_entry[i] = trained ? np++ : -1;
+        int k = 0;
+        while (trained && dts[k] != e.dtype)
+            k++;
+        d->red_of_entry[i] = (int8_t)(trained ? k : -1);
     }
     d->np = np;
 
     if (d->world > 1) {
         if ((st = verify_across_ranks(pg, m)) < 0)
             goto fail;
-        st = dt_pg_broadcast(pg, P->base, d->flat_numel, d->dtype, 0);
+        for (int k = 0; k < ndt && st >= 0; k++) {
+            const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, dts[k]);
+            st = dt_pg_broadcast(pg, P->base, P->total, dts[k], 0);
+        }
         if (st >= 0)
             st = bcast_buffers(pg, m);
         if (st < 0) {
@@ -283,36 +314,48 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
         }
     }
 
-    if ((st = dt_flat_alloc(&d->gflat, d->dtype, G->used, G->world, pg)) < 0) {
-        st = dt_error_wrap(st, "dt_ddp_init: group memory for the gradient flat");
-        goto fail;
-    }
-    d->grads = d->gflat.base;
-    dt_reducer_params rp = dt_reducer_params_default();
-    rp.bucket_cap_mb = p.bucket_cap_mb;
-    rp.first_bucket_mb = p.first_bucket_mb;
-    rp.predivide = p.predivide;
-    rp.reduce_dtype = p.reduce_dtype;
-    rp.collective = DT_REDUCER_ALLREDUCE;
-    rp.hierarchical = p.hierarchical;
-    rp.wait_hint = "DDP's gradient all-reduces are still in flight: call dt_ddp_wait(ddp) after "
-                   "dt_backward and before the optimizer step (or train with dt_trainer), else the "
-                   "replicas drift apart";
-    if ((st = dt_reducer_init(pg, m, &d->gflat, &rp, &d->red)) < 0) {
-        dt_error_wrap(st, "dt_ddp_init");
-        goto fail;
-    }
-    if (p.comm_hook == DT_COMM_HOOK_POWERSGD) {
-        if ((st = dt_powersgd_init(&p.powersgd, &d->psgd)) < 0 ||
-            (st = dt_reducer_register_comm_hook(d->red, dt_powersgd_hook(), d->psgd)) < 0) {
+    for (int k = 0; k < ndt; k++) {
+        const dt_flat *G = dt_model_flat(m, DT_FLAT_GRADS, dts[k]);
+        if ((st = dt_flat_alloc(&d->gflat[k], dts[k], G->used, G->world, pg)) < 0) {
+            st = dt_error_wrap(st, "dt_ddp_init: group memory for the %s gradient flat", dt_dtype_name(dts[k]));
+            goto fail;
+        }
+        dt_reducer_params rp = dt_reducer_params_default();
+        rp.bucket_cap_mb = p.bucket_cap_mb;
+        rp.first_bucket_mb = p.first_bucket_mb;
+        rp.predivide = p.predivide;
+        /* low gradients reduce in their own dtype; f32 ones in reduce_dtype, which with a mix of dtypes
+           is the policy's low dtype: there they stay f32 unless a compression hook asks for less */
+        rp.reduce_dtype = dts[k] != DT_F32 ? dts[k]
+                          : ndt == 1 || p.comm_hook == DT_COMM_HOOK_FP16 || p.comm_hook == DT_COMM_HOOK_BF16
+                              ? p.reduce_dtype
+                              : DT_F32;
+        rp.collective = DT_REDUCER_ALLREDUCE;
+        rp.hierarchical = p.hierarchical;
+        rp.wait_hint = "DDP's gradient all-reduces are still in flight: call dt_ddp_wait(ddp) after "
+                       "dt_backward and before the optimizer step (or train with dt_trainer), else the "
+                       "replicas drift apart";
+        if ((st = dt_reducer_init(pg, m, &d->gflat[k], &rp, &d->red[k])) < 0) {
             dt_error_wrap(st, "dt_ddp_init");
             goto fail;
         }
     }
-    if ((st = dt_model_set_grads(m, d->dtype, &d->gflat)) < 0)
-        goto fail;
+    if (p.comm_hook == DT_COMM_HOOK_POWERSGD) {
+        if ((st = dt_powersgd_init(&p.powersgd, &d->psgd)) < 0 ||
+            (st = dt_reducer_register_comm_hook(d->red[0], dt_powersgd_hook(), d->psgd)) < 0) {
+            dt_error_wrap(st, "dt_ddp_init");
+            goto fail;
+        }
+    }
+    for (int k = 0; k < ndt; k++)
+        if ((st = dt_model_set_grads(m, dts[k], &d->gflat[k])) < 0) {
+            while (k-- > 0)
+                dt_model_set_grads(m, dts[k], NULL);
+            goto fail;
+        }
     if ((st = dt_model_add_grad_ready_hook(m, dt__ddp_grad_ready, d, &d->hook)) < 0) {
-        dt_model_set_grads(m, d->dtype, NULL);
+        for (int k = 0; k < ndt; k++)
+            dt_model_set_grads(m, dts[k], NULL);
         goto fail;
     }
     d->hooked = true;
@@ -320,9 +363,12 @@ dt_status dt_ddp_init(dt_pg *pg, dt_model *m, const dt_ddp_params *pp, dt_ddp **
     *out = d;
     return DT_OK;
 fail:
-    dt_reducer_free(d->red);
+    for (int k = 0; k < DT__DDP_MAX_DTYPES; k++) {
+        dt_reducer_free(d->red[k]);
+        dt_flat_free(&d->gflat[k]);
+    }
     dt_powersgd_free(d->psgd);
-    dt_flat_free(&d->gflat);
+    dt_free(d->red_of_entry);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -337,11 +383,15 @@ void dt_ddp_free(dt_ddp *d)
     dt__ddp_drain(d);
     if (d->hooked) {
         dt_model_remove_hook(d->m, d->hook);
-        dt_model_set_grads(d->m, d->dtype, NULL);
+        for (int k = 0; k < d->nred; k++)
+            dt_model_set_grads(d->m, d->dtype[k], NULL);
     }
-    dt_reducer_free(d->red);
+    for (int k = 0; k < d->nred; k++) {
+        dt_reducer_free(d->red[k]);
+        dt_flat_free(&d->gflat[k]);
+    }
     dt_powersgd_free(d->psgd);
-    dt_flat_free(&d->gflat);
+    dt_free(d->red_of_entry);
     dt_free(d->slot_of_entry);
     dt_free(d->used_local);
     dt_free(d->used_global);
@@ -363,11 +413,11 @@ dt_tensor *dt_ddp_forward(dt_ctx *ctx, dt_ddp *d, dt_tensor *x)
             dt_error(d->fail_st, "%s", d->fail_msg);
             return NULL;
         }
-        if (d->state == DT__DDP_PREPARED && dt_reducer_num_ready(d->red) > 0) {
+        if (d->state == DT__DDP_PREPARED && dt__ddp_num_ready(d) > 0) {
             dt_error(DT_ERR_STATE,
                      "DDP: the previous iteration's backward did not finish its reduction (%d of %d "
                      "gradients arrived); every synchronised forward needs a backward and dt_ddp_wait",
-                     dt_reducer_num_ready(d->red), d->np);
+                     dt__ddp_num_ready(d), d->np);
             return NULL;
         }
         /* A second forward on the same tape (no backward yet) joins the
@@ -417,6 +467,6 @@ dt_model *dt_ddp_model(const dt_ddp *d) { return d ? d->m : NULL; }
 
 dt_pg *dt_ddp_pg(const dt_ddp *d) { return d ? d->pg : NULL; }
 
-dt_reducer *dt_ddp_reducer(const dt_ddp *d) { return d ? d->red : NULL; }
+dt_reducer *dt_ddp_reducer(const dt_ddp *d) { return d ? d->red[0] : NULL; }
 
 dt_powersgd *dt_ddp_powersgd(const dt_ddp *d) { return d ? d->psgd : NULL; }

@@ -9,7 +9,9 @@
  * without gradient (error, or with find_unused_parameters mark them ready
  * and all-reduce the used-bitmap), post what is left, and count how many
  * all-reduces were posted, and already done, while backward ran.
- * dt_ddp_wait then waits only for what is outstanding. */
+ * dt_ddp_wait then waits only for what is outstanding. A model of several
+ * parameter dtypes has a reducer per dtype: each call here goes to the
+ * reducer of the parameter's dtype, or to each reducer in turn. */
 #include "parallel/ddp_impl.h"
 
 #include <stdio.h>
@@ -25,9 +27,20 @@ static dt_status fail(dt_ddp *d, dt_status st)
     return st;
 }
 
+int dt__ddp_num_ready(const dt_ddp *d)
+{
+    int n = 0;
+    for (int k = 0; k < d->nred; k++)
+        n += dt_reducer_num_ready(d->red[k]);
+    return n;
+}
+
+static dt_reducer *red_of(const dt_ddp *d, size_t entry) { return d->red[d->red_of_entry[entry]]; }
+
 void dt__ddp_begin_iteration(dt_ddp *d)
 {
-    dt_reducer_begin(d->red);
+    for (int k = 0; k < d->nred; k++)
+        dt_reducer_begin(d->red[k]);
     if (d->used_local)
         memset(d->used_local, 1, (size_t)d->np);
     d->marks_live = 0;
@@ -51,7 +64,7 @@ dt_status dt__ddp_grad_ready(dt_model *m, size_t index, const dt_param_info *inf
                         "DDP: gradient of '%s' arrived outside a DDP iteration: run the forward with "
                         "dt_ddp_forward (not dt_model_forward) in grad mode before backward",
                         info ? info->name : "?");
-    dt_status st = dt_reducer_grad_ready(d->red, index);
+    dt_status st = dt_reducer_grad_ready(red_of(d, index), index);
     return st < 0 ? fail(d, dt_error_wrap(st, "DDP")) : DT_OK;
 }
 
@@ -62,7 +75,7 @@ static void unready_names(const dt_ddp *d, char *buf, size_t cap, int *count)
     int n = 0;
     buf[0] = 0;
     for (size_t i = 0; i < d->nentry; i++) {
-        if (d->slot_of_entry[i] < 0 || dt_reducer_is_ready(d->red, i))
+        if (d->slot_of_entry[i] < 0 || dt_reducer_is_ready(red_of(d, i), i))
             continue;
         dt_param_info e;
         if (dt_model_entry(d->m, i, &e) < 0)
@@ -96,8 +109,13 @@ dt_status dt__ddp_end_mark(dt_ctx *ctx, void *ud)
     }
     /* overlap accounting: everything posted so far was posted during backward */
     int posted = 0, done = 0;
-    dt_reducer_progress(d->red, &posted, &done);
-    if (dt_reducer_num_ready(d->red) < d->np) {
+    for (int k = 0; k < d->nred; k++) {
+        int pk = 0, dk = 0;
+        dt_reducer_progress(d->red[k], &pk, &dk);
+        posted += pk;
+        done += dk;
+    }
+    if (dt__ddp_num_ready(d) < d->np) {
         if (!d->p.find_unused_parameters) {
             char names[400];
             int n;
@@ -109,16 +127,18 @@ dt_status dt__ddp_end_mark(dt_ctx *ctx, void *ud)
                                     d->rank, n, n == 1 ? "" : "s", names));
         }
         for (size_t i = 0; i < d->nentry; i++)
-            if (d->slot_of_entry[i] >= 0 && !dt_reducer_is_ready(d->red, i)) {
+            if (d->slot_of_entry[i] >= 0 && !dt_reducer_is_ready(red_of(d, i), i)) {
                 d->used_local[d->slot_of_entry[i]] = 0;
-                dt_status st = dt_reducer_grad_ready(d->red, i);
+                dt_status st = dt_reducer_grad_ready(red_of(d, i), i);
                 if (st < 0)
                     return fail(d, dt_error_wrap(st, "DDP"));
             }
     }
     d->st.posted_in_backward += (uint64_t)posted;
     d->st.done_in_backward += (uint64_t)done;
-    dt_status st = dt_reducer_finish(d->red);
+    dt_status st = DT_OK;
+    for (int k = 0; k < d->nred && st >= 0; k++)
+        st = dt_reducer_finish(d->red[k]);
     if (st < 0)
         return fail(d, dt_error_wrap(st, "DDP"));
     if (d->p.find_unused_parameters) {
@@ -136,7 +156,8 @@ dt_status dt__ddp_end_mark(dt_ctx *ctx, void *ud)
 /* Wait for (and free) everything posted; used on the error and free paths. */
 void dt__ddp_drain(dt_ddp *d)
 {
-    dt_reducer_drain(d->red);
+    for (int k = 0; k < d->nred; k++)
+        dt_reducer_drain(d->red[k]);
     if (d->used_req) {
         dt_req_wait(d->used_req, -1);
         dt_req_free(d->used_req);
@@ -151,18 +172,22 @@ dt_status dt_ddp_wait(dt_ddp *d)
     if (d->state == DT__DDP_FAILED)
         return dt_error(d->fail_st, "%s", d->fail_msg);
     if (d->state == DT__DDP_PREPARED) {
-        if (dt_reducer_num_ready(d->red) == 0) { /* forward without backward (or no_sync): nothing to do */
+        if (dt__ddp_num_ready(d) == 0) { /* forward without backward (or no_sync): nothing to do */
             d->state = DT__DDP_IDLE;
             return DT_OK;
         }
         return fail(d, dt_error(DT_ERR_STATE, "DDP: dt_ddp_wait before backward finished (%d of %d "
                                               "gradients arrived); did backward fail?",
-                                dt_reducer_num_ready(d->red), d->np));
+                                dt__ddp_num_ready(d), d->np));
     }
     if (d->state != DT__DDP_REDUCING)
         return DT_OK;
     double t = dt_time_s();
-    dt_status st = dt_reducer_wait(d->red);
+    dt_status st = DT_OK;
+    for (int k = 0; k < d->nred; k++) { /* every reducer, also after one failed: none left in flight */
+        dt_status sk = dt_reducer_wait(d->red[k]);
+        st = st < 0 ? st : sk;
+    }
     if (st < 0) {
         dt_error_wrap(st, "DDP");
         fail(d, st);
@@ -187,14 +212,44 @@ dt_status dt_ddp_wait(dt_ddp *d)
     return DT_OK;
 }
 
-int dt_ddp_num_buckets(const dt_ddp *d) { return d ? dt_reducer_num_buckets(d->red) : 0; }
+int dt_ddp_num_buckets(const dt_ddp *d)
+{
+    int n = 0;
+    for (int k = 0; d && k < d->nred; k++)
+        n += dt_reducer_num_buckets(d->red[k]);
+    return n;
+}
+
+/* Bucket k of dt_ddp_bucket counts through red[0]'s buckets, then red[1]'s. */
+static dt_status bucket_of(const dt_ddp *d, int k, dt_reducer_bucket_info *b)
+{
+    for (int r = 0; r < d->nred; r++) {
+        int n = dt_reducer_num_buckets(d->red[r]);
+        if (k >= 0 && k < n)
+            return dt_reducer_bucket(d->red[r], k, b);
+        k -= n;
+    }
+    return DT_ERR_RANGE;
+}
+
+/* Buckets posted and bytes reduced, over every reducer. */
+static void counters(const dt_ddp *d, uint64_t *posted, uint64_t *bytes)
+{
+    *posted = *bytes = 0;
+    for (int k = 0; k < d->nred; k++) {
+        uint64_t p = 0, b = 0;
+        dt_reducer_counters(d->red[k], &p, &b);
+        *posted += p;
+        *bytes += b;
+    }
+}
 
 dt_status dt_ddp_bucket(const dt_ddp *d, int k, dt_ddp_bucket_info *out)
 {
     if (!d || !out)
         return dt_error(DT_ERR_NULL, "dt_ddp_bucket: NULL argument");
     dt_reducer_bucket_info b;
-    dt_status st = dt_reducer_bucket(d->red, k, &b);
+    dt_status st = bucket_of(d, k, &b);
     if (st < 0)
         return dt_error(st, "dt_ddp_bucket: bucket %d of %d", k, dt_ddp_num_buckets(d));
     *out = (dt_ddp_bucket_info){.offset = b.offset,
@@ -216,7 +271,7 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d)
     if (!d)
         return z;
     dt_ddp_stats s = d->st;
-    dt_reducer_counters(d->red, &s.buckets_posted, &s.bytes_reduced);
+    counters(d, &s.buckets_posted, &s.bytes_reduced);
     s.buckets_posted -= d->st.buckets_posted; /* counters since the last reset (stored as offsets) */
     s.bytes_reduced -= d->st.bytes_reduced;
     return s;
@@ -228,7 +283,7 @@ void dt_ddp_reset_stats(dt_ddp *d)
         return;
     memset(&d->st, 0, sizeof d->st);
     /* the engine's counters run on; remember where they stood */
-    dt_reducer_counters(d->red, &d->st.buckets_posted, &d->st.bytes_reduced);
+    counters(d, &d->st.buckets_posted, &d->st.bytes_reduced);
 }
 
 bool dt_ddp_param_used(const dt_ddp *d, size_t index)

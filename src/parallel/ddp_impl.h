@@ -5,6 +5,8 @@
 
 #include "dtrain/parallel.h"
 
+#define DT__DDP_MAX_DTYPES 3 /* f32, bf16, f16 */
+
 typedef enum {
     DT__DDP_IDLE = 0,    /* no iteration under way */
     DT__DDP_PREPARED,    /* forward ran; backward not finished */
@@ -17,12 +19,15 @@ struct dt_ddp {
     dt_model *m;
     dt_ddp_params p;
     int rank, world;
-    dt_dtype dtype;      /* the trained parameters' dtype: f32, bf16 or f16 */
-    dt_flat gflat;       /* the gradient flat of that dtype, dt_pg_alloc'd (handed to the model) */
-    void *grads;         /* gflat.base */
+    /* One reducer per dtype of trained parameters (f32, bf16, f16), in the
+     * order the dtypes first appear in the model: red[0] is dt_ddp_reducer's.
+     * A reducer's gradient flat is dt_pg_alloc'd and handed to the model. */
+    int nred;
+    dt_dtype dtype[DT__DDP_MAX_DTYPES];
+    dt_flat gflat[DT__DDP_MAX_DTYPES];
+    dt_reducer *red[DT__DDP_MAX_DTYPES]; /* buckets, ordered posting, waiting (reducer.c) */
+    int8_t *red_of_entry; /* entry index -> index into red[], -1 for buffers */
     dt_hook_id hook;     /* the model's grad-ready hook */
-    size_t flat_numel;
-    dt_reducer *red;     /* buckets, ordered posting, waiting (reducer.c) */
     dt_powersgd *psgd;   /* comm_hook POWERSGD: the hook's state (powersgd.c), else NULL */
     int np;
     int marks_live;      /* end-of-backward marks recorded and not yet reached */
@@ -38,6 +43,9 @@ struct dt_ddp {
     double t0, t_bwd_end;
     dt_ddp_stats st;
 };
+
+/* Over every reducer (ddp_hooks.c): parameters whose gradient arrived. */
+int dt__ddp_num_ready(const dt_ddp *d);
 
 /* ddp_hooks.c */
 dt_status dt__ddp_grad_ready(dt_model *m, size_t index, const dt_param_info *p, void *ud);

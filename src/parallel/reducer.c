@@ -217,10 +217,17 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
     r->ges = dt_dtype_size(grads->dtype);
     r->flat_numel = grads->numel;
     r->nentry = dt_model_num_entries(m);
-    r->np = (int)dt_model_num_params(m);
+    /* the trained parameters of this flat's dtype (a model with several
+     * parameter dtypes has one reducer per dtype) */
+    r->np = 0;
+    for (size_t i = 0; i < r->nentry; i++) {
+        dt_param_info e;
+        if (dt_model_entry(m, i, &e) == DT_OK && !e.is_buffer && e.tied_to < 0 && e.dtype == r->gdt)
+            r->np++;
+    }
     dt_status st = DT_ERR_NO_MEMORY;
     if (r->np <= 0) {
-        st = dt_error(DT_ERR_INVALID_ARG, "dt_reducer_init: the model has no parameters");
+        st = dt_error(DT_ERR_INVALID_ARG, "dt_reducer_init: the model has no %s parameters", dt_dtype_name(r->gdt));
         goto fail;
     }
     r->params = dt_calloc((size_t)r->np * sizeof *r->params);
@@ -237,11 +244,11 @@ dt_status dt_reducer_init(dt_pg *pg, dt_model *m, const dt_flat *grads, const dt
         if ((st = dt_model_entry(m, i, &e)) < 0)
             goto fail;
         r->slot_of_entry[i] = -1;
-        if (e.is_buffer || e.tied_to >= 0) /* a tied entry is its source's tensor */
+        /* a tied entry is its source's tensor; another dtype, another reducer's */
+        if (e.is_buffer || e.tied_to >= 0 || e.dtype != r->gdt)
             continue;
-        if (e.dtype != r->gdt || np >= r->np) {
-            st = dt_error(DT_ERR_DTYPE, "dt_reducer_init: parameter '%s' is %s; this gradient flat is %s (one "
-                          "dtype of parameters per reducer)", e.name, dt_dtype_name(e.dtype), dt_dtype_name(r->gdt));
+        if (np >= r->np) {
+            st = dt_error(DT_ERR_INTERNAL, "dt_reducer_init: parameter '%s': more parameters than counted", e.name);
             goto fail;
         }
         if (e.offset < end || e.offset + e.numel > r->flat_numel) { /* buckets are ranges: the flat layout must follow model order */

@@ -7,11 +7,14 @@
  * Every child gets a fresh job id (th_job), so th_pg() builds a group whose
  * shm segment no other test shares. A child that does not finish within
  * the timeout is killed: th_run returns TH_HANG and the test fails instead
- * of hanging CI. codes[r] is the child's exit status, or 128 + signal. */
+ * of hanging CI. codes[r] is the child's exit status, or 128 + signal.
+ * When a rank cannot be forked, the ranks already started are killed and
+ * reaped and th_run returns -1 (the calling test is then reported skipped). */
 #ifndef DT_TEST_HARNESS_H
 #define DT_TEST_HARNESS_H
 
 #include "dtrain/comm.h"
+#include "proc.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -84,7 +87,14 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
         memset((void *)th_shared, 0, 4096);
     fflush(NULL);
     for (int r = 0; r < n; r++) {
-        pid_t p = fork();
+        pid_t p = dt_test_fork();
+        if (p < 0) {
+            for (int q = 0; q < r; q++) {
+                dt_test_kill(pids[q], SIGKILL);
+                dt_test_waitpid(pids[q], NULL, 0);
+            }
+            return -1;
+        }
         if (p == 0) {
             th_rank_ = r;
             alarm((unsigned)(timeout_s + 5)); /* belt and braces */
@@ -95,22 +105,21 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
         pids[r] = p;
         codes[r] = -1;
     }
-    double t0 = (double)time(NULL);
     int left = n, hang = 0;
     struct timespec t_start;
     clock_gettime(CLOCK_MONOTONIC, &t_start);
-    (void)t0;
     while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (int r = 0; r < n; r++)
-                if (pids[r] == p) {
-                    codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-                    left--;
-                }
-            continue;
+        int reaped = 0;
+        for (int r = 0; r < n; r++) {
+            int status;
+            if (codes[r] != -1 || dt_test_waitpid(pids[r], &status, WNOHANG) != pids[r])
+                continue;
+            codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            left--;
+            reaped = 1;
         }
+        if (reaped)
+            continue;
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
         double el = (double)(now.tv_sec - t_start.tv_sec) + (now.tv_nsec - t_start.tv_nsec) * 1e-9;
@@ -120,19 +129,10 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
                 if (codes[r] == -1) {
                     fprintf(stderr, "th_run: rank %d did not finish within %.1f s: killed\n", r,
                             timeout_s);
-                    kill(pids[r], SIGKILL);
+                    dt_test_kill(pids[r], SIGKILL);
+                    dt_test_waitpid(pids[r], NULL, 0);
+                    codes[r] = 128 + SIGKILL;
                 }
-            while (left > 0) {
-                int st2;
-                pid_t q = waitpid(-1, &st2, 0);
-                if (q <= 0)
-                    break;
-                for (int r = 0; r < n; r++)
-                    if (pids[r] == q && codes[r] == -1) {
-                        codes[r] = 128 + SIGKILL;
-                        left--;
-                    }
-            }
             break;
         }
         struct timespec nap = {0, 2000000};

@@ -176,7 +176,7 @@ static int body_death(int rank, int size, void *arg)
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
         th_shared[0] = dt_time_s();
-        kill(getpid(), SIGKILL);
+        dt_test_kill(getpid(), SIGKILL);
     }
     if (rank == d->victim) /* how 0 and 2 returned above */
         return 1;

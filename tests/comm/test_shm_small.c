@@ -54,9 +54,16 @@ static int body_alloc_fails(int rank, int size, void *arg)
 /* In a child: a private mount namespace with a tmpfs of `size` on /dev/shm. */
 static int in_small_shm(const char *size, th_fn fn, const char *staging_kb)
 {
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
+    if (pid < 0)
+        return 1;
     if (pid == 0) {
-        if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        /* private propagation, so the tmpfs below stays in this namespace; in
+         * a chroot "/" is not a mount point (EINVAL): then the mount the
+         * tmpfs goes over is enough */
+        if (unshare(CLONE_NEWNS) != 0 || (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 &&
+                                          mount(NULL, "/dev/shm", NULL, MS_REC | MS_PRIVATE, NULL) != 0 &&
+                                          mount(NULL, "/dev", NULL, MS_REC | MS_PRIVATE, NULL) != 0)) {
             fprintf(stderr, "skip: no private mount namespace here (%s)\n", strerror(errno));
             _exit(DT_TEST_SKIP_CODE);
         }
@@ -72,7 +79,7 @@ static int in_small_shm(const char *size, th_fn fn, const char *staging_kb)
         _exit(th_run(2, 30.0, fn, NULL, NULL) == 0 ? 0 : 1);
     }
     int status = 0;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

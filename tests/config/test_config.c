@@ -597,7 +597,7 @@ TEST(precision_clipping_accumulation)
 
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
 
-static dt_status pipe(const char *text, dt_pipe_params *p, dt_config **keep)
+static dt_status pipe_cfg(const char *text, dt_pipe_params *p, dt_config **keep)
 {
     dt_status st;
     dt_config *c = load_str(text, &st);
@@ -617,7 +617,7 @@ TEST(pipeline_keys)
     dt_pipe_params p;
     dt_config *c;
     /* DeepSpeed's block: stages; gradient_accumulation_steps is the micro-batches (not taken here) */
-    ASSERT_OK(pipe("{\"gradient_accumulation_steps\": 8, \"pipeline\": {\"stages\": 4, \"partition\": "
+    ASSERT_OK(pipe_cfg("{\"gradient_accumulation_steps\": 8, \"pipeline\": {\"stages\": 4, \"partition\": "
                    "\"parameters\", \"activation_checkpoint_interval\": 1, \"seed_layers\": false}}", &p, &c));
     ASSERT_EQ_INT(p.pp, 4);
     ASSERT_EQ_INT(p.schedule, DT_PIPE_1F1B);
@@ -632,15 +632,15 @@ TEST(pipeline_keys)
     ASSERT_EQ_INT(tp.grad_accum, 1); /* the micro-batches are the pipeline's, no accumulation on top */
     dt_config_free(c);
     /* dtrain's keys */
-    ASSERT_OK(pipe("{\"dtrain\": {\"pipeline_parallel_size\": 2, \"pipeline_schedule\": \"ZBH1\"}}", &p, NULL));
+    ASSERT_OK(pipe_cfg("{\"dtrain\": {\"pipeline_parallel_size\": 2, \"pipeline_schedule\": \"ZBH1\"}}", &p, NULL));
     ASSERT_EQ_INT(p.pp, 2);
     ASSERT_EQ_INT(p.schedule, DT_PIPE_ZBH1);
-    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": \"auto\"}, \"dtrain\": {\"pipeline_parallel_size\": 2, "
+    ASSERT_OK(pipe_cfg("{\"pipeline\": {\"stages\": \"auto\"}, \"dtrain\": {\"pipeline_parallel_size\": 2, "
                    "\"pipeline_schedule\": \"gpipe\"}}", &p, NULL));
     ASSERT_EQ_INT(p.pp, 2);
     ASSERT_EQ_INT(p.schedule, DT_PIPE_GPIPE);
     /* the two names of the stages must agree at the same origin; a flag's wins over the file's */
-    ASSERT_STATUS(pipe("{\"pipeline\": {\"stages\": 4}, \"dtrain\": {\"pipeline_parallel_size\": 2}}", &p, &c),
+    ASSERT_STATUS(pipe_cfg("{\"pipeline\": {\"stages\": 4}, \"dtrain\": {\"pipeline_parallel_size\": 2}}", &p, &c),
                   DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "keys pipeline.stages 4 (from file) and dtrain.pipeline_parallel_size 2 "
                                          "(from file) disagree");
@@ -651,11 +651,11 @@ TEST(pipeline_keys)
     ASSERT_EQ_INT(p.pp, 4);
     dt_config_free(c);
     /* a schedule without stages names the key */
-    ASSERT_STATUS(pipe("{\"dtrain\": {\"pipeline_schedule\": \"1f1b\"}}", &p, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(pipe_cfg("{\"dtrain\": {\"pipeline_schedule\": \"1f1b\"}}", &p, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "key dtrain.pipeline_schedule \"1f1b\" (from file): a schedule needs "
                                          "pipeline parallelism");
     /* accepted without effect, with a note each */
-    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": 2, \"pipe_partitioned\": true, \"grad_partitioned\": false, "
+    ASSERT_OK(pipe_cfg("{\"pipeline\": {\"stages\": 2, \"pipe_partitioned\": true, \"grad_partitioned\": false, "
                    "\"use_reentrant\": false, \"partition\": \"best\", \"activation_checkpoint_interval\": 3}}",
                    &p, &c));
     ASSERT_EQ_INT(p.pp, 2);
@@ -670,11 +670,11 @@ TEST(pipeline_keys)
     ASSERT_EQ_INT(p.balance, DT_PIPE_BY_COMPUTE); /* "best": dtrain's default, by compute */
     dt_config_free(c);
     /* "parameters": DeepSpeed's balance by parameter count */
-    ASSERT_OK(pipe("{\"pipeline\": {\"stages\": 2, \"partition\": \"parameters\"}}", &p, &c));
+    ASSERT_OK(pipe_cfg("{\"pipeline\": {\"stages\": 2, \"partition\": \"parameters\"}}", &p, &c));
     ASSERT_EQ_INT(p.balance, DT_PIPE_BY_PARAMS);
     dt_config_free(c);
     /* the block without stages: no effect (as in DeepSpeed without a PipelineModule), said so */
-    ASSERT_OK(pipe("{\"pipeline\": {\"activation_checkpoint_interval\": 1}}", &p, &c));
+    ASSERT_OK(pipe_cfg("{\"pipeline\": {\"activation_checkpoint_interval\": 1}}", &p, &c));
     ASSERT_EQ_INT(p.pp, 1);
     ASSERT(has_warning(c, "the pipeline block: no effect without pipeline parallelism"));
     on = false;

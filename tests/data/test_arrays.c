@@ -233,7 +233,7 @@ TEST(numpy_written)
     ASSERT_EQ_INT(dt_dataset_get_info(ds)->num_classes, 4);
     dt_dataset_free(ds);
     if (access("/usr/bin/python3", X_OK) != 0)
-        DT_TEST_SKIP("no /usr/bin/python3 for the numpy-written files");
+        DT_TEST_SKIP_NEED("numpy", "no /usr/bin/python3 for the numpy-written files");
     char *t = tu_tmpdir(), cmd[2000];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 -c \"import numpy as np; "
@@ -243,7 +243,7 @@ TEST(numpy_written)
              t, t, t);
     if (system(cmd) != 0) {
         tu_rmdir(t);
-        DT_TEST_SKIP("/usr/bin/python3 has no numpy");
+        DT_TEST_SKIP_NEED("numpy", "/usr/bin/python3 has no numpy");
     }
     ASSERT_OK(dt_dataset_npy_open(tp(0, t, "a.npy"), tp(1, t, "b.npy"), &ds));
     const dt_dataset_info *info = dt_dataset_get_info(ds);

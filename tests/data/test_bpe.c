@@ -407,7 +407,7 @@ TEST(bible)
 {
     FILE *p = popen("bible Gen1:1-Rev22:21 2>/dev/null", "r");
     if (!p)
-        DT_TEST_SKIP("cannot run bible");
+        DT_TEST_SKIP_NEED("bible", "cannot run bible");
     size_t cap = 5u << 20, n = 0, r;
     char *t = malloc(cap);
     while ((r = fread(t + n, 1, cap - n, p)) > 0)
@@ -415,7 +415,7 @@ TEST(bible)
     int rc = pclose(p);
     if (rc != 0 || n < 4000000) {
         free(t);
-        DT_TEST_SKIP("the King James Bible is not installed (bible-kjv, bible-kjv-text)");
+        DT_TEST_SKIP_NEED("bible", "the King James Bible is not installed (bible-kjv, bible-kjv-text)");
     }
     dt_bpe_train_params tp = dt_bpe_train_params_default();
     tp.vocab_size = 4096;

@@ -304,7 +304,7 @@ TEST(fashion_mnist_real)
     struct stat sb;
     const char *dir = dt_data_fashion_mnist_dir();
     if (stat(dir, &sb) != 0)
-        DT_TEST_SKIP("Fashion-MNIST not installed at %s", dir);
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dir);
     dt_dataset *tr = NULL, *te = NULL;
     ASSERT_OK(dt_dataset_open_spec("fashion-mnist", DT_SPLIT_TRAIN, &tr));
     ASSERT_OK(dt_dataset_open_spec("fashion-mnist", DT_SPLIT_TEST, &te));

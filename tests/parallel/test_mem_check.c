@@ -106,12 +106,12 @@ static int rlimit_child(void)
 TEST(check_against_rlimit_as)
 {
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     ASSERT(pid >= 0);
     if (pid == 0)
         _exit(rlimit_child());
     int status;
-    ASSERT(waitpid(pid, &status, 0) == pid);
+    ASSERT(dt_test_waitpid(pid, &status, 0) == pid);
     ASSERT(WIFEXITED(status));
     ASSERT_EQ_INT(WEXITSTATUS(status), 0);
 }
@@ -128,7 +128,7 @@ TEST(cli_fails_at_start_naming_the_bytes)
     ASSERT(pipe(pe) == 0);
     double t0 = dt_time_s();
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
         struct rlimit rl = {(rlim_t)2 << 30, (rlim_t)2 << 30};
@@ -148,7 +148,7 @@ TEST(cli_fails_at_start_naming_the_bytes)
     err[got] = '\0';
     close(pe[0]);
     int status;
-    ASSERT(waitpid(pid, &status, 0) == pid);
+    ASSERT(dt_test_waitpid(pid, &status, 0) == pid);
     double dt = dt_time_s() - t0;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
         fprintf(stderr, "  status %d, stderr: %s", status, err);

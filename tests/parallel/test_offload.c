@@ -459,7 +459,7 @@ TEST(file_size_limit_is_a_clear_error)
         dt_nvme_store_close(s);
         fflush(NULL);
         /* a fresh process (exec): glibc's AIO threads do not survive a fork */
-        pid_t pid = fork();
+        pid_t pid = dt_test_fork();
         ASSERT(pid >= 0);
         if (pid == 0) {
             execl("/proc/self/exe", "test_offload", "--fsize-child", dt_offload_io_name(engines[e]), g_root,
@@ -467,7 +467,7 @@ TEST(file_size_limit_is_a_clear_error)
             _exit(127);
         }
         int status;
-        ASSERT(waitpid(pid, &status, 0) == pid);
+        ASSERT(dt_test_waitpid(pid, &status, 0) == pid);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
             TEST_FAIL_("engine %s: child status %d (exit %d, signal %d)", dt_offload_io_name(engines[e]), status,
                        WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);

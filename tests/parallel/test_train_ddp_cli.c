@@ -49,6 +49,29 @@ TEST(two_rank_run)
     free(r);
 }
 
+/* The ConvNet in bf16 and fp16 under DDP: its BatchNorm parameters stay
+ * f32 (keep_batchnorm_fp32) beside the bf16/f16 convolutions, and DDP
+ * reduces each dtype in its own buckets (it refused the model before). */
+TEST(two_rank_mixed_precision_convnet)
+{
+    cli_result *r = calloc(1, sizeof *r);
+    char *cli = (char *)k_cli();
+    const char *precs[] = {"bf16", "fp16"};
+    for (int i = 0; i < 2; i++) {
+        cli_runv(r, 120, NULL,
+                 (char *[]){"run", "-n", "2", "--", cli, "train", "--model", "convnet", "--data", "fashion-mnist",
+                            "--limit-train", "400", "--limit-test", "200", "--batch", "50", "--epochs", "1",
+                            "--lr", "0.05", "--momentum", "0.9", "--progress", "plain", "--threads", "1",
+                            "--seed", "1", "--precision", (char *)precs[i], NULL});
+        if (r->code != 0)
+            fprintf(stderr, "%s: stdout:\n%s\nstderr:\n%s\n", precs[i], r->out, r->err);
+        ASSERT_EQ_INT(r->code, 0);
+        ASSERT_STR_CONTAINS(r->out, "[0] test accuracy: ");
+        ASSERT_STR_CONTAINS(r->out, "[0] DDP: 2 ranks (shm), 2 buckets"); /* one per parameter dtype */
+    }
+    free(r);
+}
+
 TEST(flags_sync_bn_accum_buckets)
 {
     cli_result *r = calloc(1, sizeof *r);
@@ -118,7 +141,8 @@ TEST(rank_killed_mid_epoch)
     snprintf(po, sizeof po, "%s/kill.out", cli_tmpdir());
     snprintf(pe, sizeof pe, "%s/kill.err", cli_tmpdir());
     char *cli = (char *)k_cli();
-    pid_t launcher = fork();
+    pid_t launcher = dt_test_fork();
+    ASSERT(launcher >= 0);
     if (launcher == 0) {
         int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fo, 1);
@@ -128,7 +152,6 @@ TEST(rank_killed_mid_epoch)
         execv(cli, argv);
         _exit(127);
     }
-    ASSERT(launcher > 0);
     /* wait until rank 0 has trained a few steps */
     static char out[65536], err[16384];
     double t0 = dt_time_s();
@@ -141,21 +164,21 @@ TEST(rank_killed_mid_epoch)
     }
     pid_t victim = find_rank(launcher, 1);
     if (!strstr(out, "step 3/") || victim <= 0) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, NULL, 0);
+        dt_test_kill(launcher, SIGKILL);
+        dt_test_waitpid(launcher, NULL, 0);
         TEST_FAIL_("no progress or no rank 1 (pid %d); out: %s", (int)victim, out);
     }
-    kill(victim, SIGKILL);
+    dt_test_kill(victim, SIGKILL);
     double t_kill = dt_time_s();
     int status = 0;
-    while (waitpid(launcher, &status, WNOHANG) == 0 && dt_time_s() - t_kill < 30) {
+    while (dt_test_waitpid(launcher, &status, WNOHANG) == 0 && dt_time_s() - t_kill < 30) {
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
     double took = dt_time_s() - t_kill;
     if (took >= 30) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, &status, 0);
+        dt_test_kill(launcher, SIGKILL);
+        dt_test_waitpid(launcher, &status, 0);
     }
     slurp_(po, out, sizeof out);
     slurp_(pe, err, sizeof err);
@@ -175,8 +198,9 @@ int main(void)
     }
     /* every run here trains on Fashion-MNIST */
     if (!file_exists(dt_data_fashion_mnist_dir()))
-        DT_TEST_SKIP_ALL("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
+        DT_TEST_SKIP_ALL_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(two_rank_run);
+    RUN(two_rank_mixed_precision_convnet);
     RUN(flags_sync_bn_accum_buckets);
     RUN(rank_killed_mid_epoch);
     cli_cleanup();

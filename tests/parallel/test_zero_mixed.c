@@ -81,8 +81,8 @@ static int train(dt_trainer *tr, int rank, int W, double *losses)
 }
 
 /* The reference: DDP with the same bf16/f16 parameters, reducing in that
- * dtype; for f32_mid (DDP takes one parameter dtype) ZeRO stage 1 with the
- * root units. */
+ * dtype; for f32_mid (two parameter dtypes) DDP's two reducers: the bf16
+ * gradients in bf16, the f32 ones in f32, as ZeRO's two root units. */
 static int body_equiv(int rank, int W, void *arg)
 {
     const mcase *c = arg;
@@ -95,7 +95,7 @@ static int body_equiv(int rank, int W, void *arg)
     TH_CHECK(ref, "model");
     dt_strategy *s;
     dt_trainer *tr;
-    if (!c->f32_mid) {
+    {
         dt_ddp_params dp = dt_ddp_params_default();
         dp.reduce_dtype = c->dt;
         dt_trainer_params tr_ref = tp;
@@ -104,14 +104,9 @@ static int body_equiv(int rank, int W, void *arg)
         TH_OK(dt_trainer_init(ref, s, &tr_ref, &tr));
         if (train(tr, rank, W, lref))
             return 1;
-    } else { /* DDP takes one parameter dtype: stage 1 with the root unit is the reference */
-        dt_zero_params zp = dt_zero_params_default();
-        zp.stage = 1;
-        TH_OK(dt_strategy_zero_init(pg, &zp, &s));
-        TH_OK(dt_trainer_init(ref, s, &tp, &tr));
-        if (train(tr, rank, W, lref))
-            return 1;
-        TH_OK(dt_zero_full_params(dt_strategy_zero(dt_trainer_strategy(tr)), NULL));
+        if (c->f32_mid) /* one reducer per parameter dtype */
+            TH_CHECK(dt_ddp_num_buckets(dt_strategy_ddp(dt_trainer_strategy(tr))) == 2, "DDP buckets: %d",
+                     dt_ddp_num_buckets(dt_strategy_ddp(dt_trainer_strategy(tr))));
     }
     dt_trainer_free(tr);
     dt_model *m = lp_model(21, c->dt, c->f32_mid);
@@ -309,7 +304,9 @@ TEST(fp16_overflow_skips_on_every_rank)
     ASSERT_EQ_INT(th_run(2, 60.0, body_overflow, NULL, NULL), 0);
 }
 
-/* DDP refuses what it cannot reduce, with a message naming it. */
+/* DDP refuses what it cannot reduce, with a message naming it; a model of
+ * bf16 and f32 parameters it takes (a reducer per dtype), unless PowerSGD
+ * would compress its bf16 gradients. */
 static int body_ddp_refusals(int rank, int W, void *arg)
 {
     (void)arg;
@@ -317,8 +314,16 @@ static int body_ddp_refusals(int rank, int W, void *arg)
     TH_OK(th_pg(rank, W, NULL, &pg));
     dt_model *m = lp_model(3, DT_BF16, true);
     dt_ddp *d = NULL;
-    TH_CHECK(dt_ddp_init(pg, m, NULL, &d) == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "one parameter dtype"),
-             "mixed dtypes: %s", dt_last_error());
+    dt_ddp_params mp = dt_ddp_params_default();
+    mp.reduce_dtype = DT_BF16;
+    TH_OK(dt_ddp_init(pg, m, &mp, &d));
+    TH_CHECK(dt_ddp_num_buckets(d) == 2, "buckets %d (one per dtype)", dt_ddp_num_buckets(d));
+    dt_ddp_free(d);
+    d = NULL;
+    mp = dt_ddp_params_default();
+    mp.comm_hook = DT_COMM_HOOK_POWERSGD;
+    TH_CHECK(dt_ddp_init(pg, m, &mp, &d) == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "powersgd"),
+             "powersgd over bf16: %s", dt_last_error());
     dt_model_free(m);
     m = lp_model(3, DT_BF16, false);
     dt_ddp_params dp = dt_ddp_params_default(); /* reduce_dtype f32 */

@@ -85,7 +85,9 @@ static int run_case(const fcase *c)
     char victim[16];
     snprintf(victim, sizeof victim, "%d", c->victim);
     double t0 = now_s();
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
+    if (pid < 0)
+        return 0;
     if (pid == 0) {
         setpgid(0, 0);
         setenv("DT_FAULT_RANK", victim, 1);
@@ -112,13 +114,13 @@ static int run_case(const fcase *c)
     int status = 0, done = 0;
     double elapsed = 0;
     while (!done) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
+        pid_t w = dt_test_waitpid(pid, &status, WNOHANG);
         elapsed = now_s() - t0;
         if (w == pid)
             done = 1;
         else if (elapsed > 60) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &status, 0);
+            dt_test_killpg(pid, SIGKILL);
+            dt_test_waitpid(pid, &status, 0);
             break;
         } else
             usleep(20000);
@@ -190,7 +192,7 @@ static int run_case(const fcase *c)
             if (ok)
                 snprintf(why, sizeof why, "rank %d (pid %d) is still running", r, rp);
             ok = 0;
-            kill(rp, SIGKILL);
+            dt_test_kill(rp, SIGKILL);
         }
         if (strcmp(job, "-")) {
             char name[128], path[160];
@@ -245,7 +247,7 @@ TEST(mpi_under_mpirun)
 #ifdef DT_MPIEXEC
     matrix("mpi");
 #else
-    DT_TEST_SKIP("MPI was not found at configure time");
+    DT_TEST_SKIP_NEED("mpi", "MPI was not found at configure time");
 #endif
 }
 

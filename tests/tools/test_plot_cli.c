@@ -24,7 +24,7 @@ static const char *good =
 TEST(good_file)
 {
     if (access("/usr/bin/gnuplot", X_OK) != 0 && !getenv("DT_GNUPLOT"))
-        DT_TEST_SKIP("gnuplot is not installed (Debian package gnuplot-nox)");
+        DT_TEST_SKIP_NEED("gnuplot", "gnuplot is not installed (Debian package gnuplot-nox)");
     char in[512], out[512];
     snprintf(in, sizeof in, "%s", tmpfile_("m.jsonl", good));
     snprintf(out, sizeof out, "%s/m.png", cli_tmpdir());

@@ -64,7 +64,12 @@ static cli_result run_cli_sig(const char *const *args, double deadline_s, int si
     if (pipe(po) || pipe(pe))
         abort();
     double t0 = dt_time_s();
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
+    if (pid < 0) {
+        close(po[0]), close(pe[0]), close(po[1]), close(pe[1]);
+        r.status = -1; /* the test fails, and RUN() reports it skipped */
+        return r;
+    }
     if (pid == 0) {
         dup2(po[1], 1);
         dup2(pe[1], 2);
@@ -86,7 +91,7 @@ static cli_result run_cli_sig(const char *const *args, double deadline_s, int si
     while (fds[0] >= 0 || fds[1] >= 0) {
         double left = deadline_s - (dt_time_s() - t0);
         if (left <= 0) {
-            kill(pid, SIGKILL);
+            dt_test_kill(pid, SIGKILL);
             r.timed_out = 1;
             break;
         }
@@ -109,14 +114,14 @@ static cli_result run_cli_sig(const char *const *args, double deadline_s, int si
             }
         }
         if (sig_after_ready && !sent && (int)count_substr(r.out, "ready") >= ready_count) {
-            kill(pid, sig_after_ready);
+            dt_test_kill(pid, sig_after_ready);
             sent = 1;
         }
     }
     for (int j = 0; j < 2; j++)
         if (fds[j] >= 0)
             close(fds[j]);
-    waitpid(pid, &r.status, 0);
+    dt_test_waitpid(pid, &r.status, 0);
     r.secs = dt_time_s() - t0;
     return r;
 }
@@ -683,7 +688,8 @@ TEST(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run)
     snprintf(live_job, sizeof live_job, "orphan-test-live-%d", (int)getpid());
     dt__shm_segment_name(live_job, live_seg, sizeof live_seg);
     snprintf(live, sizeof live, "/dev/shm%s", live_seg);
-    pid_t c = fork();
+    pid_t c = dt_test_fork();
+    ASSERT(c >= 0);
     if (c == 0) {
         setenv("DT_JOB_ID", live_job, 1);
         setenv("DT_RANK", "0", 1);
@@ -691,7 +697,6 @@ TEST(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run)
         execl(self, self, "--stall-rank", (char *)NULL);
         _exit(126);
     }
-    ASSERT(c > 0);
     for (int i = 0; i < 3000 && access(live, F_OK) != 0; i++)
         usleep(10000);
     ASSERT(access(live, F_OK) == 0);
@@ -704,9 +709,9 @@ TEST(orphan_segment_of_a_killed_launcher_is_removed_by_the_next_run)
     cli_result_free(&r);
 
     /* The creator dead but its parent (this test) alive: still kept. */
-    kill(c, SIGKILL);
+    dt_test_kill(c, SIGKILL);
     int st;
-    waitpid(c, &st, 0);
+    dt_test_waitpid(c, &st, 0);
     r = run_cli(next, 30);
     ASSERT_EQ_INT(exit_code(&r), 0);
     ASSERT(access(live, F_OK) == 0);

@@ -190,7 +190,8 @@ TEST(out_of_memory_loading_data_exits_1)
     snprintf(spec, sizeof spec, "idx:%s", dir);
     int pe[2];
     ASSERT(pipe(pe) == 0);
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
+    ASSERT(pid >= 0);
     if (pid == 0) {
         struct rlimit rl = {1u << 30, 1u << 30};
         setrlimit(RLIMIT_AS, &rl);
@@ -211,7 +212,7 @@ TEST(out_of_memory_loading_data_exits_1)
     err[got] = '\0';
     close(pe[0]);
     int status;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     ASSERT(WIFEXITED(status));
     if (WEXITSTATUS(status) != 1)
         fprintf(stderr, "  exit %d, stderr: %s", WEXITSTATUS(status), err);

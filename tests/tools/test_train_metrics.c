@@ -102,7 +102,7 @@ TEST(finished_run)
 static pid_t start_run(const char *metrics, const char *items, long limit_bytes)
 {
     const char *cli = getenv("DT_CLI");
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     if (pid == 0) {
         char ep[600];
         snprintf(ep, sizeof ep, "%s.stderr", metrics);
@@ -147,10 +147,11 @@ TEST(interrupted_run_keeps_records)
     snprintf(part, sizeof part, "%s.partial", m);
     write_text(m, "{\"event\":\"older run\"}\n");
     pid_t pid = start_run(m, "400", 0);
+    ASSERT(pid > 0);
     int seen = wait_first_step(part);
-    kill(pid, SIGTERM);
+    dt_test_kill(pid, SIGTERM);
     int status;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     ASSERT(seen);
     if (WIFSIGNALED(status)) {
         char ep[620];
@@ -188,13 +189,14 @@ TEST(signals_mid_step_never_crash)
     for (int run = 0; run < 8; run++) {
         remove(part);
         pid_t pid = start_run(m, "400", 0);
+        ASSERT(pid > 0);
         int seen = wait_first_step(part);
         for (int k = 0; k < 6; k++) { /* spread over the next step's matmuls */
-            kill(pid, k % 2 ? SIGINT : SIGTERM);
+            dt_test_kill(pid, k % 2 ? SIGINT : SIGTERM);
             sleep_ms(7 + 5 * run);
         }
         int status;
-        waitpid(pid, &status, 0);
+        dt_test_waitpid(pid, &status, 0);
         ASSERT(seen);
         if (!WIFEXITED(status))
             fprintf(stderr, "run %d: killed by signal %d\n", run, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -213,8 +215,9 @@ TEST(failed_run_keeps_older_file)
     write_text(m, "{\"event\":\"older run\"}\n");
     /* room for the start record only: the first step record's write fails */
     pid_t pid = start_run(m, "8", 450);
+    ASSERT(pid > 0);
     int status;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     ASSERT(WIFEXITED(status));
     ASSERT_EQ_INT(WEXITSTATUS(status), 1);
     ASSERT(read_text(m));

@@ -59,7 +59,7 @@ static bool read_text(const char *path, char *buf, size_t cap)
 TEST(short_real_run)
 {
     if (!have_fashion())
-        DT_TEST_SKIP("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     char metrics[600], partial[620], png[600];
     snprintf(metrics, sizeof metrics, "%s/run.jsonl", cli_tmpdir());
     snprintf(partial, sizeof partial, "%s.partial", metrics);
@@ -111,7 +111,7 @@ TEST(short_real_run)
 TEST(reproducible)
 {
     if (!have_fashion())
-        DT_TEST_SKIP("Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     static char text[4][16384];
     for (int k = 0; k < 4; k++) {
         char metrics[600];

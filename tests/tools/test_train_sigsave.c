@@ -33,7 +33,7 @@ static void sleep_ms(long ms)
 static pid_t start(const char *dir, const char *out, const char *err, bool two)
 {
     const char *cli = getenv("DT_CLI");
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
     if (pid == 0) {
         int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fo, 1);
@@ -86,15 +86,16 @@ static int run_and_stop(bool two, int sig, const char *dir, char *saved, size_t 
     snprintf(out, sizeof out, "%s.out", dir);
     snprintf(err, sizeof err, "%s.err", dir);
     pid_t pid = start(dir, out, err, two);
+    TH_CHECK(pid > 0, "cannot start the run");
     int seen = 0;
     for (int i = 0; i < 6000 && !seen; i++) { /* at most 120 s */
         seen = strstr(slurp(out), "step 3/") != NULL;
         if (!seen)
             sleep_ms(20);
     }
-    kill(pid, sig);
+    dt_test_kill(pid, sig);
     int status;
-    waitpid(pid, &status, 0);
+    dt_test_waitpid(pid, &status, 0);
     TH_CHECK(seen, "the run never reached step 3: %s", slurp(err));
     /* the ranks exit 130; the launcher, itself signalled, 128 + SIGTERM */
     TH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == (two ? 128 + SIGTERM : 130), "exit status %d: %s", status,

@@ -13,3 +13,21 @@ if(TARGET test_fault_matrix)
   endif()
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
+
+# signal_shim.so: preloaded by test_proc_safety into other test programs, it
+# makes fork/forkpty fail and refuses (and logs) any signal sent outside the
+# program's own process tree.
+add_library(dt_signal_shim MODULE ${CMAKE_CURRENT_LIST_DIR}/signal_shim.c)
+set_target_properties(dt_signal_shim PROPERTIES PREFIX "lib" LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+target_compile_options(dt_signal_shim PRIVATE ${DT_WARNINGS})
+target_link_libraries(dt_signal_shim PRIVATE ${CMAKE_DL_LIBS})
+if(TARGET test_proc_safety)
+  add_dependencies(test_proc_safety dt_signal_shim test_progress_tty test_help test_comm_fail)
+endif()
+
+# The rule of tests/proc.h, checked on the tree: no test calls fork, forkpty,
+# kill, killpg or waitpid directly (a line may opt out with "dt-proc-ok").
+add_test(NAME tools/proc_rules COMMAND sh -c
+  "hits=$(grep -rnE '(^|[^_a-zA-Z0-9.>])(fork|forkpty|kill|killpg|waitpid)[(]' --include=*.c --include=*.h tests | grep -v -e '^tests/proc.h:' -e '^tests/tools/signal_shim.c:' -e 'dt-proc-ok'); if [ -n \"$hits\" ]; then echo 'raw process calls in tests (use tests/proc.h):'; echo \"$hits\"; exit 1; fi; echo '1 passed, 0 failed'"
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/proc_rules PROPERTIES LABELS tools)

@@ -80,7 +80,12 @@ static inline int cli_runv(cli_result *r, int timeout_s, const char *extra_env, 
     for (int i = 0; args[i] && n < 63; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    pid_t pid = fork();
+    pid_t pid = dt_test_fork();
+    if (pid < 0) {
+        r->code = -1;
+        r->out[0] = r->err[0] = 0;
+        return -1;
+    }
     if (pid == 0) {
         int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -94,12 +99,12 @@ static inline int cli_runv(cli_result *r, int timeout_s, const char *extra_env, 
     int status = 0;
     double t0 = (double)time(NULL);
     for (;;) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
+        pid_t w = dt_test_waitpid(pid, &status, WNOHANG);
         if (w == pid)
             break;
         if ((double)time(NULL) - t0 > timeout_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
+            dt_test_kill(pid, SIGKILL);
+            dt_test_waitpid(pid, &status, 0);
             r->code = -1;
             slurp_(po, r->out, sizeof r->out);
             slurp_(pe, r->err, sizeof r->err);
