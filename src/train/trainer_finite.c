@@ -56,19 +56,41 @@ static bool any_nonfinite(const void *p, dt_dtype dt, size_t n)
     return acc != 0;
 }
 
+/* The pieces of range r the optimizer steps: its segments clipped to
+ * [lo, hi) (the elements between them, e.g. another stage's tensors in a
+ * pipeline's range, are not this rank's and are not read), or [lo, hi). */
+static bool range_piece(const dt_optim_range *r, size_t j, size_t *a, size_t *b)
+{
+    if (!r->segs || !r->nseg) {
+        *a = r->lo, *b = r->hi;
+        return j == 0;
+    }
+    if (j >= r->nseg)
+        return false;
+    *a = r->segs[j].offset > r->lo ? r->segs[j].offset : r->lo;
+    *b = r->segs[j].offset + r->segs[j].numel;
+    *b = *b < r->hi ? *b : r->hi;
+    *b = *b > *a ? *b : *a;
+    return true;
+}
+
 bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, size_t *index)
 {
     for (size_t k = 0; k < nrg; k++) {
         const dt_flat *g = rg[k].grads;
         if (!g || !g->base || rg[k].hi <= rg[k].lo)
             continue;
-        const void *p = dt_flat_ptr(g, rg[k].lo);
-        const size_t n = rg[k].hi - rg[k].lo;
-        if (!any_nonfinite(p, g->dtype, n))
-            continue;
-        *range = k;
-        *index = scan_block(p, g->dtype, n);
-        return true;
+        size_t a, b;
+        for (size_t j = 0; range_piece(&rg[k], j, &a, &b); j++) {
+            if (b <= a)
+                continue;
+            const void *p = dt_flat_ptr(g, a);
+            if (!any_nonfinite(p, g->dtype, b - a))
+                continue;
+            *range = k;
+            *index = (a - rg[k].lo) + scan_block(p, g->dtype, b - a);
+            return true;
+        }
     }
     return false;
 }
@@ -276,9 +298,10 @@ void dt__fault_grad(const dt_optim_range *rg, size_t nrg)
 {
     for (size_t k = 0; k < nrg; k++) {
         const dt_flat *g = rg[k].grads;
-        if (!g || !g->base || rg[k].hi <= rg[k].lo)
+        size_t a, b;
+        if (!g || !g->base || !range_piece(&rg[k], 0, &a, &b) || b <= a)
             continue;
-        void *p = dt_flat_ptr(g, rg[k].lo);
+        void *p = dt_flat_ptr(g, a);
         if (g->dtype == DT_F32)
             *(float *)p = NAN;
         else if (g->dtype == DT_BF16)
