@@ -7,8 +7,8 @@
  * AdamW instead (lr 1e-4, torch's other defaults), the optimizer of the
  * GPT-2 comparisons (issue 15), over --seq tokens per sample (default 64).
  * Inputs are synthetic (Philox uniform [-1, 1), labels i mod classes; token
- * ids i * 7919 mod vocabulary) and fixed across steps. After --warmup untimed steps, --steps steps are timed
- * one by one; we report the median (and min) per step, the median of each
+ * ids i * 7919 mod vocabulary) and fixed across steps. After the warm-up
+ * steps, --steps steps are timed one by one; we report the median (and min) per step, the median of each
  * phase, samples/s, GFLOP/s of the step's matmul/conv work
  * (dt_model_flops), and that rate as a percentage of the machine's f32
  * matmul peak, measured in the same run with dt_k_bench_matmul (2048^3,
@@ -16,6 +16,17 @@
  * process CPU time (user + system) per timed step: on a shared, overloaded
  * machine a 1-thread run's cpu_ms is a steadier measure of the work than
  * wall time (bench/torch_step.py reports the same).
+ *
+ * The first step is reported apart (first_step_ms: the very first
+ * dt_trainer_step of the run, whatever it had to allocate, fault in or
+ * create) beside the steady state, and page_faults_per_step is the process's
+ * minor page faults (getrusage) over the timed steps, per step: 0 when a step
+ * reuses memory it has already touched (first_step_page_faults: the first
+ * step's; first_step_cpu_ms its process CPU time, to set against cpu_ms on a busy
+ * machine). --warmup W runs W untimed steps;
+ * the default (auto) runs them until the steady state: at least 2, then
+ * until a step takes no page fault and is within 10% of the one before it,
+ * at most 10; the JSON's "warmup" is the number run.
  *
  * --precision bf16|fp16 trains as `dtrain train --precision` does: the
  * model holds its parameters in that dtype (dt_precision_policy_build_params),
@@ -55,6 +66,20 @@ typedef struct {
     double step, fwd, bwd, opt;
 } step_times;
 
+/* --warmup auto: at least WARMUP_MIN steps, then until the steady state, at
+ * most WARMUP_MAX. */
+#define WARMUP_AUTO (-1)
+#define WARMUP_MIN 2
+#define WARMUP_MAX 10
+
+/* The process's minor page faults so far. */
+static long minor_faults(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
 /* CPU seconds (user + system) of the whole process so far. */
 static double cpu_seconds(void) { return dt__bench_cpu_s(); }
 
@@ -74,9 +99,10 @@ static void usage(FILE *f)
                "  --batch N       samples per step (default: 100 for convnet, 4 for mlp)\n"
                "  --threads T     compute threads (default: OMP_NUM_THREADS or all cores)\n"
                "  --steps S       timed steps (default 20)\n"
-               "  --warmup W      untimed steps first (default 3)\n"
+               "  --warmup W      untimed steps first (default auto: until a step takes no page fault and is\n"
+               "                  within 10%% of the one before, 2 to 10 steps)\n"
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
-               "  --precision P   fp32 (default), bf16 or fp16: as dtrain train --precision (f32 master weights)\n"
+               "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
                "  --lm-loss L     GPT models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"
                "  --json          one JSON object per result on stdout\n");
@@ -151,19 +177,45 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         goto fail;
     dt_trainer_batch b = dt_trainer_batch_make(x, desc.input_dtype, nd, shape, tnd ? y : NULL, tdt, tnd, tshape);
     float last_loss = 0;
-    double cpu0 = 0;
-    for (int s = 0; s < warmup + steps; s++) {
-        if (s == warmup)
-            cpu0 = cpu_seconds();
+    double first_s = 0, prev_s = 0;
+    long first_faults = 0;
+    double first_cpu = 0;
+    /* warm-up: W steps, or (auto) until a step faults no page in and takes
+     * within 10% of the step before it */
+    int w = 0;
+    for (;; w++) {
+        if (warmup != WARMUP_AUTO ? w >= warmup : w >= WARMUP_MAX)
+            break;
+        long f0 = minor_faults();
+        double c0 = cpu_seconds(), t0 = dt_time_s();
+        dt_trainer_metrics r;
+        if (dt_trainer_step(tr, &b, 1, &r) < 0)
+            goto fail;
+        double dt = dt_time_s() - t0;
+        if (w == 0)
+            first_s = dt, first_faults = minor_faults() - f0, first_cpu = cpu_seconds() - c0;
+        bool steady = w > 0 && minor_faults() == f0 && dt <= 1.1 * prev_s;
+        prev_s = dt;
+        if (warmup == WARMUP_AUTO && w + 1 >= WARMUP_MIN && steady) {
+            w++;
+            break;
+        }
+    }
+    warmup = w;
+    double cpu0 = cpu_seconds();
+    long faults0 = minor_faults();
+    for (int s = 0; s < steps; s++) {
         double t0 = dt_time_s();
         dt_trainer_metrics r;
         if (dt_trainer_step(tr, &b, 1, &r) < 0)
             goto fail;
         double t3 = dt_time_s();
         last_loss = (float)r.loss;
-        if (s >= warmup)
-            t[s - warmup] = (step_times){t3 - t0, r.forward_s, r.backward_s + r.wait_s, r.optim_s};
+        t[s] = (step_times){t3 - t0, r.forward_s, r.backward_s + r.wait_s, r.optim_s};
+        if (warmup == 0 && s == 0)
+            first_s = t3 - t0, first_faults = minor_faults() - faults0, first_cpu = cpu_seconds() - cpu0;
     }
+    double faults = (double)(minor_faults() - faults0) / steps;
     double cpu_ms = (cpu_seconds() - cpu0) / steps * 1e3;
     double med[4], mn = 1e30;
     for (int k = 0; k < 4; k++) {
@@ -182,13 +234,14 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     if (quiet) {
     } else if (json) {
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,"
-               "\"median_ms\":%.3f,\"min_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
+               "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g}\n",
                name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : desc.lm_head ? "fused" : "unfused",
                threads,
-               tpg ? dt_pg_size(tpg) : 1, steps, warmup, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3,
+               tpg ? dt_pg_size(tpg) : 1, steps, warmup, med[0] * 1e3, mn * 1e3, first_s * 1e3,
+               med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
                cpu_pct, dt_model_param_count(m), peak_rss_mib(), (double)last_loss);
@@ -201,7 +254,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                (double)batch / med[0], gflops);
         if (peak > 0)
             printf("  %5.1f%% of %.0f GFLOP/s matmul peak (CPU-time basis: %.1f%%)", pct, peak, cpu_pct);
-        printf("  peak RSS %.0f MiB", peak_rss_mib());
+        printf("  peak RSS %.0f MiB; first step %.2f ms (%.2fx), %.1f page faults/step", peak_rss_mib(), first_s * 1e3,
+               med[0] > 0 ? first_s / med[0] : 0.0, faults);
         printf("\n");
     }
     rc = 0;
@@ -222,7 +276,7 @@ int dt_bench_step(int argc, char **argv)
 {
     const char *models = "convnet", *precision = "fp32", *lm_loss = "fused";
     long batch = 0, seq = 0;
-    int steps = 20, warmup = 3, threads = 0, peak_reps = 5, tpn = 0;
+    int steps = 20, warmup = WARMUP_AUTO, threads = 0, peak_reps = 5, tpn = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -243,7 +297,7 @@ int dt_bench_step(int argc, char **argv)
         } else if (v && !strcmp(a, "--steps")) {
             steps = atoi(v), i++;
         } else if (v && !strcmp(a, "--warmup")) {
-            warmup = atoi(v), i++;
+            warmup = !strcmp(v, "auto") ? WARMUP_AUTO : atoi(v) >= 0 ? atoi(v) : WARMUP_AUTO - 1, i++;
         } else if (v && !strcmp(a, "--peak-reps")) {
             peak_reps = atoi(v), i++;
         } else if (v && !strcmp(a, "--precision")) {
@@ -258,8 +312,8 @@ int dt_bench_step(int argc, char **argv)
             return 2;
         }
     }
-    if (steps <= 0 || warmup < 0 || batch < 0 || seq < 0 || threads < 0 || peak_reps < 0 || tpn < 0) {
-        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup, --batch, --seq, --threads, --peak-reps, --tp "
+    if (steps <= 0 || warmup < WARMUP_AUTO || batch < 0 || seq < 0 || threads < 0 || peak_reps < 0 || tpn < 0) {
+        dt__cli_err("dtrain bench step: --steps must be > 0; --warmup auto or >= 0; --batch, --seq, --threads, --peak-reps, --tp "
                     ">= 0\n");
         return 2;
     }
@@ -271,6 +325,12 @@ int dt_bench_step(int argc, char **argv)
     if (dt_precision_policy_parse(precision, &pol) < 0) {
         dt__cli_err("dtrain bench step: --precision: %s\n", dt_last_error());
         return 2;
+    }
+    if (!strcmp(precision, "auto")) { /* the results name the precision that ran */
+        const char *why;
+        precision = dt_precision_auto(&why) == DT_BF16 ? "bf16" : "fp32";
+        if (!json)
+            printf("precision auto: %s (%s)\n", precision, why);
     }
     dt_pg *world = NULL, *tpg = NULL, *dpg = NULL;
     if (tpn > 1) {

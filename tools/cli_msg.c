@@ -48,3 +48,51 @@ void dt__cli_err(const char *fmt, ...)
     if (msg != small)
         free(msg);
 }
+
+/* Levenshtein distance of a and b, '_' and '-' counted equal; 99 when
+ * either is longer than 63 bytes. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return 99;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            char ca = a[i - 1] == '_' ? '-' : a[i - 1], cb = b[j - 1] == '_' ? '-' : b[j - 1];
+            int best = diag + (ca != cb);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = row[j];
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+const char *dt__cli_suggest(const char *given, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    size_t len = strlen(given);
+    int bd = len <= 4 ? 1 : len <= 8 ? 2 : 3; /* the farthest a typo may be */
+    for (size_t i = 0; i < n; i++) {
+        int d = edit_distance(given, names[i]);
+        if (d <= bd && (!best || d < bd)) {
+            best = names[i];
+            bd = d;
+        }
+    }
+    if (!best) /* a prefix of an option ("--grad" for --grad-accum) */
+        for (size_t i = 0; i < n && len >= 3; i++)
+            if (!strncmp(names[i], given, len)) {
+                best = names[i];
+                break;
+            }
+    return best;
+}

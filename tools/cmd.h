@@ -4,6 +4,8 @@
 #ifndef DT_TOOLS_CMD_H
 #define DT_TOOLS_CMD_H
 
+#include <stddef.h>
+
 int dt_cmd_info(int argc, char **argv);
 int dt_cmd_train(int argc, char **argv);
 int dt_cmd_run(int argc, char **argv);
@@ -31,5 +33,11 @@ int dt_bench_data(int argc, char **argv);
  * control characters in it escaped (dt_escape): every message that can
  * echo a user-supplied string goes through here (tools/cli_msg.c). */
 void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The name among names[0..n) (without dashes) closest to given, an
+ * unknown option's name without its dashes, for a "did you mean" hint:
+ * within a small edit distance ('_' and '-' equal) or one that starts with
+ * given; NULL when none is close. */
+const char *dt__cli_suggest(const char *given, const char *const *names, size_t n);
 
 #endif

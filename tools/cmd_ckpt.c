@@ -3,25 +3,30 @@
  * formats and the resharding are ckpt.h's. */
 #include "cmd.h"
 #include "dtrain/ckpt.h"
+#include "dtrain/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dtrain ckpt info SRC\n"
             "       dtrain ckpt verify SRC\n"
-            "       dtrain ckpt convert SRC -o DST (--full | --ranks N)\n"
-            "  SRC is a checkpoint directory (index.json + rank-*.safetensors) or one .safetensors file\n"
-            "  (written by dtrain, PyTorch or Hugging Face).\n"
+            "       dtrain ckpt convert SRC -o DST (--full [--with-optimizer] | --ranks N)\n"
+            "  SRC is a checkpoint directory (index.json + rank-*.safetensors), a dtrain train --save\n"
+            "  directory (its newest checkpoint) or one .safetensors file (written by dtrain, PyTorch or\n"
+            "  Hugging Face).\n"
             "  info      the metadata, and each tensor's name, dtype, shape and saved pieces\n"
             "  verify    check every file's size and checksum (CRC-32C) and that every tensor is complete\n"
-            "  convert   --full: one safetensors file with every tensor whole (what\n"
-            "            safetensors.torch.load_file reads); --ranks N: a checkpoint directory as N\n"
-            "            ranks would save it, each holding an equal range of all tensors laid end to\n"
-            "            end (as ZeRO shards a flat buffer). Any checkpoint loads at any world size\n"
+            "  convert   --full: one safetensors file with the model's state_dict, every tensor whole:\n"
+            "            model.load_state_dict(safetensors.torch.load_file(DST), strict=True) takes it\n"
+            "            (a tied head under both its names, lm_head.weight and transformer.wte.weight);\n"
+            "            --with-optimizer also keeps the run state (optim.*, master.*).\n"
+            "            --ranks N: a checkpoint directory as N ranks would save it, each holding\n"
+            "            an equal range of all tensors laid end to end (as ZeRO shards a flat buffer). Any checkpoint loads at any world size\n"
             "            as it is; convert changes only the files. DST is written atomically and\n"
             "            must not exist.\n"
             "  e.g. dtrain ckpt info run/step-00000100\n"
@@ -70,41 +75,78 @@ static int info(dt_ckpt *ck, const char *src)
     return 0;
 }
 
-/* One safetensors file with every tensor whole, one tensor in memory at a time. */
-static int convert_full(dt_ckpt *ck, const char *dst)
+/* Run state beside the weights in a dtrain checkpoint: the optimizer's
+ * moments, the fp32 masters of low-precision parameters, PowerSGD's state. */
+static bool run_state_tensor(const char *name)
 {
-    size_t nt = dt_ckpt_num_tensors(ck);
-    dt_st_desc *d = calloc(nt ? nt : 1, sizeof *d);
+    return !strncmp(name, "optim.", 6) || !strncmp(name, "master.", 7) || !strncmp(name, "powersgd.", 9);
+}
+
+/* The names a tied tensor has in model.state_dict() but a dtrain checkpoint
+ * stores once (GPT-2's head shares the token embedding). */
+static const struct {
+    const char *stored, *alias;
+} k_tied[] = {{"transformer.wte.weight", "lm_head.weight"}};
+
+/* One safetensors file with every tensor whole, one tensor in memory at a
+ * time: the model's state_dict (parameters under every name they have in
+ * PyTorch, tied ones included, and buffers), or with all also the run state
+ * (optimizer moments, masters). */
+static int convert_full(dt_ckpt *ck, const char *dst, bool all)
+{
+    size_t nt = dt_ckpt_num_tensors(ck), cap = nt + sizeof k_tied / sizeof k_tied[0];
+    dt_st_desc *d = calloc(cap ? cap : 1, sizeof *d);
+    size_t *src = calloc(cap ? cap : 1, sizeof *src), no = 0, skipped = 0;
     size_t nm = dt_ckpt_meta_count(ck);
-    dt_st_kv *meta = calloc(nm ? nm : 1, sizeof *meta);
+    dt_st_kv *meta = calloc(nm + 1, sizeof *meta);
     dt_st_writer *w = NULL;
     int rc = 1;
-    if (!d || !meta) {
+    if (!d || !meta || !src) {
         dt_error(DT_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < nm; i++)
+    bool has_format = false;
+    for (size_t i = 0; i < nm; i++) {
         dt_ckpt_meta_at(ck, i, &meta[i].key, &meta[i].value);
-    for (size_t i = 0; i < nt; i++) {
-        dt_ckpt_tensor t;
-        dt_ckpt_tensor_at(ck, i, &t);
-        d[i] = (dt_st_desc){.name = t.name, .dtype = t.dtype, .ndim = t.ndim};
-        memcpy(d[i].shape, t.shape, sizeof d[i].shape);
+        has_format |= !strcmp(meta[i].key, "format");
     }
-    if (dt_st_writer_open(dst, d, nt, meta, nm, &w) < 0)
-        goto out;
+    if (!has_format) /* what safetensors.torch.save_file/save_model write; transformers checks it */
+        meta[nm++] = (dt_st_kv){.key = "format", .value = "pt"};
     for (size_t i = 0; i < nt; i++) {
         dt_ckpt_tensor t;
         dt_ckpt_tensor_at(ck, i, &t);
+        if (!all && run_state_tensor(t.name)) {
+            skipped++;
+            continue;
+        }
+        src[no] = i;
+        d[no] = (dt_st_desc){.name = t.name, .dtype = t.dtype, .ndim = t.ndim};
+        memcpy(d[no++].shape, t.shape, sizeof d[0].shape);
+    }
+    for (size_t k = 0; k < sizeof k_tied / sizeof k_tied[0]; k++) {
+        int64_t i = dt_ckpt_find(ck, k_tied[k].stored);
+        if (i < 0 || dt_ckpt_find(ck, k_tied[k].alias) >= 0)
+            continue;
+        dt_ckpt_tensor t;
+        dt_ckpt_tensor_at(ck, (size_t)i, &t);
+        src[no] = (size_t)i;
+        d[no] = (dt_st_desc){.name = k_tied[k].alias, .dtype = t.dtype, .ndim = t.ndim};
+        memcpy(d[no++].shape, t.shape, sizeof d[0].shape);
+    }
+    if (dt_st_writer_open(dst, d, no, meta, nm, &w) < 0)
+        goto out;
+    for (size_t o = 0; o < no; o++) {
+        dt_ckpt_tensor t;
+        dt_ckpt_tensor_at(ck, src[o], &t);
         size_t nb = (size_t)(t.numel * dt_st_dtype_size(t.dtype));
         void *buf = malloc(nb ? nb : 1);
         if (!buf) {
             dt_error(DT_ERR_NO_MEMORY, "tensor '%s': out of memory for %zu bytes", t.name, nb);
             goto out;
         }
-        dt_status st = dt_ckpt_read(ck, i, 0, t.numel, buf, true);
+        dt_status st = dt_ckpt_read(ck, src[o], 0, t.numel, buf, true);
         if (st == DT_OK)
-            st = dt_st_writer_write(w, i, buf, nb);
+            st = dt_st_writer_write(w, o, buf, nb);
         free(buf);
         if (st < 0)
             goto out;
@@ -112,11 +154,15 @@ static int convert_full(dt_ckpt *ck, const char *dst)
     if (dt_st_writer_commit(w, NULL) < 0)
         goto out;
     char esc[512];
-    printf("wrote %s: %zu tensors\n", dt_escape(dst, esc, sizeof esc), nt);
+    printf("wrote %s: %zu tensors", dt_escape(dst, esc, sizeof esc), no);
+    if (skipped)
+        printf(" (the model's state_dict; %zu tensors of run state left out: --with-optimizer keeps them)", skipped);
+    printf("\n");
     rc = 0;
 out:
     dt_st_writer_close(w);
     free(d);
+    free(src);
     free(meta);
     return rc ? fail("convert") : 0;
 }
@@ -192,6 +238,15 @@ out:
     return rc ? fail("convert") : 0;
 }
 
+/* A directory without index.json (a checkpoint has one). */
+static bool is_save_dir(const char *path)
+{
+    struct stat sb;
+    char idx[4200];
+    snprintf(idx, sizeof idx, "%s/index.json", path);
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && lstat(idx, &sb) != 0;
+}
+
 int dt_cmd_ckpt(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -199,7 +254,7 @@ int dt_cmd_ckpt(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *verb = argv[1], *src = NULL, *dst = NULL;
-    bool full = false;
+    bool full = false, with_optim = false;
     int64_t nranks = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -209,6 +264,8 @@ int dt_cmd_ckpt(int argc, char **argv)
             dst = argv[++i];
         else if (!strcmp(argv[i], "--full"))
             full = true;
+        else if (!strcmp(argv[i], "--with-optimizer"))
+            with_optim = true;
         else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
             if (dt_parse_int("--ranks", argv[++i], 1, 4096, &nranks) < 0) {
                 dt__cli_err("dtrain ckpt: %s\n", dt_last_error());
@@ -229,10 +286,18 @@ int dt_cmd_ckpt(int argc, char **argv)
         dt__cli_err("dtrain ckpt %s: no checkpoint given (dtrain ckpt --help)\n", verb);
         return 2;
     }
-    if (conv ? (!dst || full == (nranks > 0)) : (dst || full || nranks)) {
+    if (conv ? (!dst || full == (nranks > 0) || (with_optim && !full)) : (dst || full || nranks || with_optim)) {
         dt__cli_err("dtrain ckpt %s: %s\n", verb,
-                    conv ? "needs -o DST and one of --full or --ranks N" : "takes only SRC");
+                    conv ? "needs -o DST and one of --full [--with-optimizer] or --ranks N" : "takes only SRC");
         return 2;
+    }
+    /* a `dtrain train --save` directory: its newest checkpoint, as eval and --resume take it */
+    char newest[4096];
+    if (is_save_dir(src) && dt_trainer_ckpt_latest(src, newest, sizeof newest) >= 0 && newest[0]) {
+        char esc[512];
+        fprintf(stderr, "dtrain ckpt %s: %s is a save directory: its newest checkpoint, %s\n", verb,
+                dt_escape(src, esc, sizeof esc), dt_escape(newest, esc + 256, 256));
+        src = newest;
     }
     dt_ckpt *ck;
     if (dt_ckpt_open(src, &ck) < 0)
@@ -251,7 +316,7 @@ int dt_cmd_ckpt(int argc, char **argv)
             rc = 0;
         }
     } else
-        rc = full ? convert_full(ck, dst) : convert_ranks(ck, dst, (int)nranks);
+        rc = full ? convert_full(ck, dst, with_optim) : convert_ranks(ck, dst, (int)nranks);
     dt_ckpt_close(ck);
     return rc;
 }

@@ -21,13 +21,18 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain eval --ckpt DIR [options]\n"
+               "       dtrain eval --weights FILE --model NAME --data SPEC [options]\n"
                "\n"
                "Evaluate the weights of a checkpoint on the test split and print the test loss (and\n"
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
                "with; any `dtrain train` option given here overrides them (--data SPEC,\n"
                "--limit-test N, --batch N, --threads N, --metrics FILE).\n"
-               "  e.g. dtrain eval --ckpt runs/a --limit-test 1000\n");
+               "--weights FILE: the weights of a safetensors file with PyTorch's names (a `dtrain ckpt\n"
+               "convert --full` export, or one written by PyTorch or Hugging Face: every spelling of a\n"
+               "tied head is taken); the model and data are then given as dtrain train's options.\n"
+               "  e.g. dtrain eval --ckpt runs/a --limit-test 1000\n"
+               "       dtrain eval --weights model.safetensors --model convnet --data fashion-mnist\n");
 }
 
 /* Append "--flag value" from user[key] when it is a string or a positive number. */
@@ -47,7 +52,7 @@ static int add_opt(char **argv, int n, char bufs[][64], int *nb, const cJSON *us
 
 int dt_cmd_eval(int argc, char **argv)
 {
-    const char *ckpt = NULL;
+    const char *ckpt = NULL, *weights = NULL;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) {
@@ -69,12 +74,41 @@ int dt_cmd_eval(int argc, char **argv)
             }
             continue;
         }
+        if (!strcmp(argv[i], "--weights") || !strncmp(argv[i], "--weights=", 10)) {
+            weights = argv[i][9] == '=' ? argv[i] + 10 : i + 1 < argc ? argv[++i] : NULL;
+            if (!weights || !*weights) {
+                dt__cli_err("dtrain eval: --weights needs a safetensors file\n");
+                free(rest);
+                return 2;
+            }
+            continue;
+        }
         rest[nrest++] = argv[i];
     }
-    if (!ckpt) {
-        dt__cli_err("dtrain eval: missing --ckpt DIR (see dtrain eval --help)\n");
+    if (!ckpt == !weights) {
+        dt__cli_err("dtrain eval: %s (see dtrain eval --help)\n",
+                    ckpt ? "give --ckpt DIR or --weights FILE, not both" : "missing --ckpt DIR or --weights FILE");
         free(rest);
         return 2;
+    }
+    if (weights) { /* no saved options: the command line names the model and the data */
+        char **targv = calloc((size_t)nrest + 4, sizeof *targv);
+        if (!targv) {
+            free(rest);
+            dt__cli_err("dtrain eval: out of memory\n");
+            return 1;
+        }
+        int n = 0;
+        targv[n++] = "train";
+        targv[n++] = "--progress";
+        targv[n++] = "none";
+        for (int i = 0; i < nrest; i++)
+            targv[n++] = rest[i];
+        targv[n] = NULL;
+        int rc = dt__train_eval_ckpt(n, targv, weights);
+        free(targv);
+        free(rest);
+        return rc;
     }
     char *js = NULL;
     if (dt_trainer_ckpt_user(ckpt, &js) < 0) {

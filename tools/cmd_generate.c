@@ -27,10 +27,12 @@ static void usage(FILE *f)
                "  --ckpt PATH           weights of a dtrain train --save checkpoint (its model options\n"
                "                        are the defaults)\n"
                "  --weights FILE        weights from a safetensors file with the model's names\n"
-               "  --seed N              without those: the model's initialisation from N (default 0)\n"
+               "  --seed N              without those: the model's initialisation from N (default 0;\n"
+               "                        refused with them: --sample-seed seeds the sampling)\n"
                "  --prompt-ids LIST     comma-separated token ids in [0, vocab size)\n"
                "  --vocab FILE --prompt TEXT   a BPE vocabulary (dtrain tokenize) and a text prompt;\n"
-               "                        the output is then text\n"
+               "                        the output is then text (with --ckpt of a run trained with\n"
+               "                        --vocab: the checkpoint keeps it, --prompt alone is enough)\n"
                "  --max-new-tokens N    tokens to generate (default 64)\n"
                "  --temperature X       0 = greedy (default 1)\n"
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
@@ -41,7 +43,7 @@ static void usage(FILE *f)
 
 /* The model name and GPT configuration saved with checkpoint `path`; the
  * command line's overrides (already in *cfg) win. */
-static dt_status user_config(const char *path, char **model, dt_model_config *cfg)
+static dt_status user_config(const char *path, char **model, dt_model_config *cfg, char **vocab_text)
 {
     char *js = NULL;
     dt_status st = dt_trainer_ckpt_user(path, &js);
@@ -53,6 +55,11 @@ static dt_status user_config(const char *path, char **model, dt_model_config *cf
         return dt_error(DT_ERR_FORMAT, "%s: its saved options are not JSON", path);
     const cJSON *mv = cJSON_GetObjectItemCaseSensitive(u, "model");
     if (cJSON_IsString(mv) && !(*model = strdup(mv->valuestring))) {
+        cJSON_Delete(u);
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    }
+    const cJSON *vb = cJSON_GetObjectItemCaseSensitive(u, "vocab_bpe"); /* kept by dtrain train --vocab */
+    if (cJSON_IsString(vb) && !(*vocab_text = strdup(vb->valuestring))) {
         cJSON_Delete(u);
         return dt_error(DT_ERR_NO_MEMORY, "out of memory");
     }
@@ -95,6 +102,7 @@ int dt_cmd_generate(int argc, char **argv)
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
+    bool seed_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -123,6 +131,7 @@ int dt_cmd_generate(int argc, char **argv)
         else if (!strcmp(a, "--seed")) {
             if (dt_parse_uint(a, v, 0, UINT64_MAX, &seed) < 0)
                 return bad();
+            seed_given = true;
         } else if (!strcmp(a, "--sample-seed")) {
             if (dt_parse_uint(a, v, 0, UINT64_MAX, &gp.seed) < 0)
                 return bad();
@@ -148,19 +157,27 @@ int dt_cmd_generate(int argc, char **argv)
             return 2;
         }
     }
-    char *mname = NULL;
+    char *mname = NULL, *vtext = NULL;
     if (ckpt && weights) {
         dt__cli_err("dtrain generate: give --ckpt or --weights, not both\n");
         return 2;
     }
-    if (ckpt && user_config(ckpt, &mname, &cfg) < 0) {
+    if (seed_given && (ckpt || weights)) { /* it would be silently ignored */
+        dt__cli_err("dtrain generate: --seed draws the initial weights, which %s replaces: --sample-seed N seeds "
+                    "the sampling\n", ckpt ? "--ckpt" : "--weights");
+        return 2;
+    }
+    if (ckpt && user_config(ckpt, &mname, &cfg, &vtext) < 0) {
         dt__cli_err("dtrain generate: --ckpt: %s\n", dt_last_error());
+        free(mname);
+        free(vtext);
         return 2;
     }
     if (!model)
         model = mname;
-    if (!model || !(ids || ptext) || (ids && ptext) || (!ptext != !vocab)) {
+    if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !vtext) || (vocab && !ptext)) {
         free(mname);
+        free(vtext);
         dt__cli_err("dtrain generate: give --model and either --prompt-ids or --vocab with --prompt (see dtrain "
                     "generate --help)\n");
         return 2;
@@ -171,9 +188,10 @@ int dt_cmd_generate(int argc, char **argv)
     dt_bpe *bpe = NULL;
     int64_t *out = NULL, *prompt = NULL;
     char *copy = NULL;
-    if (vocab) { /* the prompt: text through the vocabulary */
+    if (ptext) { /* the prompt: text through the vocabulary (--vocab, or the checkpoint's) */
         uint16_t *enc = NULL;
-        if (dt_bpe_load(vocab, &bpe) < 0 || dt_bpe_encode(bpe, ptext, strlen(ptext), &enc, &np) < 0) {
+        if ((vocab ? dt_bpe_load(vocab, &bpe) : dt_bpe_load_mem(vtext, strlen(vtext), "--ckpt's vocabulary", &bpe)) <
+                0 || dt_bpe_encode(bpe, ptext, strlen(ptext), &enc, &np) < 0) {
             rc = bad();
             goto done;
         }
@@ -249,6 +267,7 @@ int dt_cmd_generate(int argc, char **argv)
     rc = 0;
 done:
     free(mname);
+    free(vtext);
     dt_bpe_free(bpe);
     free(out);
     dt_model_free(m);

@@ -27,6 +27,14 @@ int dt_cmd_info(int argc, char **argv)
            DT_SANITIZE_STR, DT_HAVE_MPI ? "yes" : "no");
     printf("compute: oneDNN %d.%d.%d (cpu runtime %s), OpenMP threads %d\n", v->major, v->minor,
            v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", dt_get_num_threads());
+    const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT"), *dw = getenv("DT_OMP_WAIT");
+    if (dw && !strcmp(dw, "default") && wp && !sc)
+        printf("OpenMP waiting: %s (dtrain's default; OMP_WAIT_POLICY or GOMP_SPINCOUNT set choose another)\n", wp);
+    else if (wp || sc)
+        printf("OpenMP waiting: %s%s%s%s%s (from the environment)\n", wp ? "OMP_WAIT_POLICY=" : "", wp ? wp : "",
+               wp && sc ? ", " : "", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : "");
+    else
+        printf("OpenMP waiting: the runtime's default (spins before sleeping)\n");
     printf("cpu features: %s\n", dt_cpu_features_str(dt_cpu_detect_hw(), feat, sizeof feat));
     dt_cpu_isa_cap cap = dt_cpu_max_isa();
     printf("dtrain isa: %s (DT_MAX_CPU_ISA=%s; features used: %s), conversions %s\n",
@@ -35,6 +43,11 @@ int dt_cmd_info(int argc, char **argv)
     const char *one = getenv("ONEDNN_MAX_CPU_ISA");
     printf("oneDNN isa: %s%s%s%s\n", dt_k_onednn_isa(), one ? " (ONEDNN_MAX_CPU_ISA=" : "", one ? one : "",
            one ? ")" : "");
+    const char *amx_why = NULL;
+    bool amx = dt_k_matmul_amx(&amx_why);
+    printf("bf16 matmul: %s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)" : "oneDNN");
+    if (!amx)
+        printf("dtrain AMX GEMM: off (%s)\n", amx_why);
     const char *blk = getenv("DT_BLOCKED");
     int pref = dt_k_onednn_block(), use = dt_k_act_block();
     printf("activation layout: %s (oneDNN prefers %s%s%s%s)\n", dt_k_block_name(use), dt_k_block_name(pref),

@@ -105,7 +105,7 @@ static void usage(FILE *f)
             "Start N ranks of PROGRAM on this machine and supervise them.\n"
             "\n"
             "options:\n"
-            "  -n, --nproc N         number of ranks (1..%d)\n"
+            "  -n, --nproc N         number of ranks (1..%d); also --nproc-per-node N\n"
             "  --max-restarts K      restart all ranks up to K times after a failure (0);\n"
             "                        with dtrain train --save DIR --save-every N --resume auto\n"
             "                        they continue from the newest complete checkpoint\n"
@@ -123,6 +123,7 @@ static void usage(FILE *f)
             "                        and srun commands are printed instead (exit 2)\n"
             "  --dry-run             print the mpirun and srun commands, run nothing\n"
             "  $DT_MPIRUN_ARGS       extra mpirun options (an rsh agent, btl_tcp_if_include)\n"
+            "torchrun's spellings work too: --nproc_per_node=2, --node_rank 1, --master_addr=A.\n"
             "\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
             "MASTER_PORT (torchrun's names), DT_RANK, DT_WORLD_SIZE, DT_LOCAL_RANK,\n"
@@ -154,6 +155,20 @@ static int parse_args(int argc, char **argv, run_opts *o)
     for (; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        /* torchrun's spellings: --nproc_per_node=2 is --nproc-per-node 2 */
+        char norm[64];
+        int inl = 0; /* the value came with the flag: consume no argument */
+        if (a[0] == '-' && a[1] == '-' && a[2] && strlen(a) < sizeof norm) {
+            size_t k = 0;
+            for (; a[k] && a[k] != '='; k++)
+                norm[k] = a[k] == '_' && k > 2 ? '-' : a[k];
+            norm[k] = '\0';
+            if (a[k] == '=') {
+                v = a + k + 1;
+                inl = 1;
+            }
+            a = norm;
+        }
         if (!strcmp(a, "--")) {
             i++;
             break;
@@ -165,50 +180,61 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 dt__cli_err("dtrain run: %s needs a rank count in 1..%d\n", a, DT_RUN_MAX_RANKS);
                 return 2;
             }
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--max-restarts")) {
             if (!v || parse_int(v, 0, 1000000, &o->max_restarts) < 0) {
                 dt__cli_err("dtrain run: --max-restarts needs a count >= 0\n");
                 return 2;
             }
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--tee")) {
             if (!v || !*v) {
                 dt__cli_err("dtrain run: --tee needs a directory\n");
                 return 2;
             }
             o->tee_dir = v;
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--grace")) {
             if (!v || dt_parse_double("--grace", v, 0, 3600, &o->grace_s) < 0) {
                 dt__cli_err("dtrain run: --grace needs seconds in 0..3600\n");
                 return 2;
             }
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--nnodes") || !strcmp(a, "--node-rank") || !strcmp(a, "--node_rank")) {
             int lo = a[2] == 'n' && a[3] == 'n' ? 1 : 0;
             if (!v || parse_int(v, lo, 100000, lo ? &o->nnodes : &o->node_rank) < 0) {
                 dt__cli_err("dtrain run: %s needs a %s\n", a, lo ? "node count >= 1" : "node rank >= 0");
                 return 2;
             }
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--master-addr") || !strcmp(a, "--master_addr") || !strcmp(a, "--hosts")) {
             if (!v || !*v) {
                 dt__cli_err("dtrain run: %s needs a value\n", a);
                 return 2;
             }
             *(a[2] == 'h' ? &o->hosts : &o->master_addr) = v;
-            i++;
+            i += !inl;
         } else if (!strcmp(a, "--dry-run")) {
+            if (inl) {
+                dt__cli_err("dtrain run: --dry-run takes no value\n");
+                return 2;
+            }
             o->dry_run = 1;
         } else if (!strcmp(a, "--master-port") || !strcmp(a, "--master_port")) {
             if (!v || parse_int(v, 1, 65535, &o->master_port) < 0) {
                 dt__cli_err("dtrain run: --master-port needs a port in 1..65535\n");
                 return 2;
             }
-            i++;
+            i += !inl;
         } else if (a[0] == '-') {
-            dt__cli_err("dtrain run: unknown option '%s' (see dtrain run --help)\n", a);
+            static const char *const names[] = {"nproc", "nproc-per-node", "max-restarts", "tee", "grace",
+                                                "nnodes", "node-rank", "master-addr", "hosts", "dry-run",
+                                                "master-port", "help"};
+            const char *near = a[1] == '-' ? dt__cli_suggest(a + 2, names, sizeof names / sizeof names[0]) : NULL;
+            if (near)
+                dt__cli_err("dtrain run: unknown option '%s' (did you mean --%s? see dtrain run --help)\n", a, near);
+            else
+                dt__cli_err("dtrain run: unknown option '%s' (see dtrain run --help)\n", a);
             return 2;
         } else {
             break; /* the program, without a "--" before it */

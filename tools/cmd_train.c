@@ -42,6 +42,7 @@
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -93,19 +94,26 @@ typedef struct {
     dt__metrics metrics;
     bool metrics_open;
     dt__progress prog;
-    int64_t global_step;          /* batches (micro-batches with --grad-accum) */
-    double loss_window[LOSS_WINDOW];
+    int64_t global_step;          /* optimizer steps (DeepSpeed's global_steps; the metrics' "step") */
+    int64_t micro_step;           /* micro-batches (the metrics' "micro_step"; = steps without --grad-accum) */
+    int64_t spe;                  /* optimizer steps per epoch: ceil(batches / grad_accum) */
+    int64_t epochs;               /* epochs the run spans: --epochs, or as many as --max-steps takes */
+    dt_sched_params sched;        /* the schedule the trainer runs (flags, then the config) */
+    double loss_window[LOSS_WINDOW]; /* the last optimizer steps' losses (each the mean of its micro-batches) */
     int64_t nloss;
-    /* the epoch under way (train_epoch and its per-step callback) */
-    int64_t epoch, nb, step, samples, log_n;
+    /* the epoch under way (train_epoch and its per-step callback); step: its optimizer step */
+    int64_t epoch, nb, step, samples, log_n, epoch_micro;
     int cb_rc;                    /* exit code of a failure the callback reported */
     bool max_reached;             /* --max-steps reached: the epoch ended on purpose */
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
+    int64_t resumed_step;         /* the checkpoint's step when resumed (-1: a fresh run) */
+    dt_trainer_resume_info ri;    /* what the resume loaded (resumed_step >= 0) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;
-    int64_t epoch_n;              /* the epoch's finite losses (a step the loss scaler skipped has none) */
     int ckpt_modules;             /* modules checkpointed (--activation-checkpointing, the config's block) */
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
+    double start_s;               /* when the command started (time to the first step) */
+    bool first_shown;             /* "first step ..." printed */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -173,6 +181,82 @@ static int offload_params(const trainer *t, dt_offload_params *p)
  * run that cannot fit fails here with the bytes it needs (exit 1), not
  * later by the OOM killer. The parameter count comes from a meta build
  * (layout only, nothing allocated). */
+/* Shared CPUs: when this machine's ranks x compute threads exceed the cores
+ * other processes leave free (the cores less the 1-minute load average;
+ * DT_LOADAVG=X stands in for the load, for tests), say so once with the
+ * fix. Only for the default thread count (--threads not given; under dtrain
+ * run the launcher's share of the cores): a count the user chose is theirs. */
+static void warn_oversubscribed(const trainer *t)
+{
+    if (t->o.threads)
+        return;
+    double load = -1;
+    const char *e = getenv("DT_LOADAVG");
+    if (e && *e) {
+        if (dt_parse_double("DT_LOADAVG", e, 0, 1e6, &load) < 0)
+            load = -1;
+    } else {
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f && fscanf(f, "%lf", &load) != 1)
+            load = -1;
+        if (f)
+            fclose(f);
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    int64_t ranks = 1;
+    if (lw && *lw && dt_parse_int("LOCAL_WORLD_SIZE", lw, 1, 1 << 20, &ranks) < 0)
+        ranks = 1;
+    const int threads = dt_get_num_threads();
+    const double free_cores = (double)cores - load;
+    if (load < 0 || cores < 1 || (double)(ranks * threads) <= free_cores + 0.5)
+        return;
+    dt__cli_err("dtrain train: warning: %lld rank%s x %d compute threads on %ld cores, of which about %.0f are free "
+                "(load average %.1f): the threads wait for each other; --threads N with ranks x N <= the free "
+                "cores runs faster here (docs/TRAINING.md, \"Shared CPUs\")\n",
+                (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
+}
+
+/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
+ * is the BPE vocabulary's size (said at start), so its ids fit. */
+static int vocab_size_from_vocab(trainer *t)
+{
+    if (!t->o.vocab || t->o.vocab_size)
+        return 0;
+    if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        return fail(2, "--vocab");
+    t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+    if (dt__ddp_is_main(&t->ddp))
+        printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n", (long long)t->o.vocab_size,
+               t->o.vocab);
+    return 0;
+}
+
+/* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
+ * message on error): a checkpoint keeps it, so dtrain generate --ckpt
+ * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
+static char *vocab_quoted(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL, *q = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    if (f && n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+        cJSON *j = cJSON_CreateString(buf);
+        q = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+    }
+    if (f)
+        fclose(f);
+    free(buf);
+    if (!q)
+        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+    return q;
+}
+
 static int check_memory(trainer *t)
 {
     dt_model_config cfg = model_config(t);
@@ -262,16 +346,24 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
-        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) < 0)
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         const char *val = t->o.val_data ? t->o.val_data + 7 : t->o.data + 7;
-        if ((st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0) {
-            snprintf(what, sizeof what, "--val-data %s", t->o.val_data);
-            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
+        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) >= 0 &&
+            (st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0)
+            snprintf(what, sizeof what, "--val-data %s", t->o.val_data ? t->o.val_data : t->o.data);
+        if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
+            /* a token the model's vocabulary does not have: say which option sizes it */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it, --vocab FILE "
+                        "takes the size of a dtrain tokenize vocabulary)\n", what, msg,
+                        t->o.vocab_size ? "--vocab-size" : "the model's default");
+            return 2;
         }
+        if (st < 0)
+            return fail(st == DT_ERR_NO_MEMORY ? 1 : 2, what);
         if (t->o.sample_every > 0 && dt_tokens_open(val, 0, &t->sample_src) < 0)
             return fail(2, what);
-        if (t->o.vocab && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+        if (t->o.vocab && !t->bpe && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
             return fail(2, "--vocab");
         int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
         if (t->o.limit_train > 0 && t->o.limit_train < ntr)
@@ -424,6 +516,12 @@ static int setup_trainer(trainer *t)
     tp.sgd.momentum = t->o.momentum;
     if (wd >= 0)
         tp.sgd.weight_decay = tp.adam.weight_decay = tp.adamw.weight_decay = tp.lamb.weight_decay = wd;
+    if (t->o.beta_set) {
+        tp.adam.beta1 = tp.adamw.beta1 = tp.lamb.beta1 = t->o.beta[0];
+        tp.adam.beta2 = tp.adamw.beta2 = tp.lamb.beta2 = t->o.beta[1];
+    }
+    if (t->o.eps > 0)
+        tp.adam.eps = tp.adamw.eps = tp.lamb.eps = t->o.eps;
     /* the schedule counts optimizer steps: with --grad-accum N one per N
      * batches, plus one for an epoch's last, partial accumulation */
     int64_t nb = dt_loader_num_batches(t->train_loader), accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1;
@@ -433,7 +531,10 @@ static int setup_trainer(trainer *t)
     tp.sched.step_size = t->o.step_size > 0 ? t->o.step_size : spe;
     tp.sched.gamma = t->o.gamma;
     tp.sched.warmup_steps = t->o.warmup;
-    tp.sched.total_steps = spe * t->o.epochs;
+    /* the run's length: --max-steps when given (HF Trainer: max_steps overrides num_train_epochs) */
+    tp.sched.total_steps = t->o.max_steps > 0 ? t->o.max_steps : spe * t->o.epochs;
+    t->spe = spe > 0 ? spe : 1;
+    t->epochs = t->o.max_steps > 0 ? (t->o.max_steps + t->spe - 1) / t->spe : t->o.epochs;
     tp.sched.min_lr = 0;
     tp.grad_accum = accum;
     tp.clip_grad_norm = t->o.clip_grad_norm;
@@ -458,6 +559,7 @@ static int setup_trainer(trainer *t)
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
     if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
         return fail(2, "--config");
+    t->sched = tp.sched;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return 0;
@@ -489,15 +591,25 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
     }
-    size_t n = strlen(data_q) + strlen(lm) + 512;
-    if (!(t->user_json = malloc(n)))
+    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+        return 2;
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (!(t->user_json = malloc(n))) {
+        cJSON_free(vq);
         return fail(1, "out of memory");
+    }
     snprintf(t->user_json, n,
              "{\"model\":\"%s\",\"data\":%s,\"seed\":%llu,\"rng\":\"%s\",\"batch\":%lld,"
              "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d%s}",
              t->o.model, data_q, (unsigned long long)t->o.seed, t->o.rng, (long long)t->o.batch,
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
              lm);
+    if (vq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
+        cJSON_free(vq);
+    }
     return 0;
 }
 
@@ -510,8 +622,9 @@ static int save_ckpt(trainer *t)
     if (dt_trainer_save(t->tr, t->o.save, &sp) < 0)
         return fail(1, "checkpoint");
     t->saved_step = dt_trainer_steps(t->tr);
-    if (dt__metrics_write(&t->metrics, "\"event\":\"checkpoint\",\"step\":%lld,\"optimizer_step\":%lld,\"async\":%s",
-                          (long long)t->global_step, (long long)t->saved_step,
+    if (dt__metrics_write(&t->metrics,
+                          "\"event\":\"checkpoint\",\"step\":%lld,\"optimizer_step\":%lld,\"micro_step\":%lld,"
+                          "\"async\":%s", (long long)t->saved_step, (long long)t->saved_step, (long long)t->micro_step,
                           t->o.async_save ? "true" : "false") < 0)
         return fail(1, NULL);
     return 0;
@@ -547,6 +660,7 @@ static bool seed_kept(trainer *t, const char *path, char *note, size_t n)
 static int setup_resume(trainer *t)
 {
     t->saved_step = -1;
+    t->resumed_step = -1;
     if (t->o.init_from) {
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return fail(bad_input_status(dt_last_status()) ? 2 : 1,
@@ -578,27 +692,76 @@ static int setup_resume(trainer *t)
         }
         from = latest;
     }
-    dt_trainer_resume_info ri;
-    if (dt_trainer_load(t->tr, from, &ri) < 0)
+    dt_trainer_resume_info *ri = &t->ri;
+    if (dt_trainer_load(t->tr, from, ri) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
-    t->saved_step = ri.step;
-    if (ri.data_order_kept && !seed_kept(t, ri.path, ri.note, sizeof ri.note))
-        ri.data_order_kept = false;
+    t->saved_step = t->resumed_step = ri->step;
+    if (ri->data_order_kept && !seed_kept(t, ri->path, ri->note, sizeof ri->note))
+        ri->data_order_kept = false;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
-    t->global_step = pos.batches;
+    t->global_step = ri->step;
+    t->micro_step = pos.batches;
     if (dt__ddp_is_main(&t->ddp)) {
-        printf("resumed from %s: step %lld (epoch %lld, batch %lld)\n", ri.path, (long long)ri.step,
-               (long long)ri.epoch + 1, (long long)ri.batch);
-        if (!ri.data_order_kept)
-            dt__cli_err("dtrain train: warning: %s\n", ri.note);
+        printf("resumed from %s: step %lld (epoch %lld, batch %lld)\n", ri->path, (long long)ri->step,
+               (long long)ri->epoch + 1, (long long)ri->batch);
+        if (!ri->data_order_kept)
+            dt__cli_err("dtrain train: warning: %s\n", ri->note);
     }
+    return 0;
+}
+
+/* A resumed run with nothing left to do (its checkpoint is at --max-steps,
+ * or past the last epoch): true after saying so. Nothing is trained,
+ * evaluated or written (the restart-safe `--resume auto` re-run of a
+ * finished command leaves its files as they are). */
+static bool nothing_left(trainer *t)
+{
+    if (t->resumed_step < 0)
+        return false;
+    const dt_trainer_position pos = dt_trainer_get_position(t->tr);
+    const bool by_steps = t->o.max_steps > 0 && t->resumed_step >= t->o.max_steps;
+    if (!by_steps && !(t->o.max_steps == 0 && pos.epoch >= t->o.epochs))
+        return false;
+    if (dt__ddp_is_main(&t->ddp)) {
+        char end[96];
+        if (by_steps)
+            snprintf(end, sizeof end, "--max-steps %lld", (long long)t->o.max_steps);
+        else
+            snprintf(end, sizeof end, "the end of --epochs %lld", (long long)t->o.epochs);
+        printf("nothing to do: the checkpoint %s is at step %lld, %s; no training, evaluation or save, %s left "
+               "as it is\n", t->ri.path, (long long)t->resumed_step, end,
+               t->o.metrics ? "--metrics file" : "every file");
+        fflush(stdout);
+    }
+    return true;
+}
+
+/* --metrics (rank 0 writes): a fresh history, or a resumed run's continued
+ * (train_metrics.c), then the resume record. */
+static int open_metrics(trainer *t)
+{
+    if (!t->o.metrics || !dt__ddp_is_main(&t->ddp))
+        return 0;
+    if (dt__metrics_open(&t->metrics, t->o.metrics, t->resumed_step) < 0)
+        return fail(2, NULL);
+    t->metrics_open = true;
+    const dt__metrics *m = &t->metrics;
+    if (t->resumed_step < 0)
+        return 0;
+    if (m->from && strcmp(t->o.progress, "none"))
+        printf("--metrics: continuing %s%s: %lld records up to step %lld kept, %lld after it dropped%s\n",
+               t->o.metrics, m->from, (long long)m->kept, (long long)t->resumed_step, (long long)m->dropped,
+               m->bad ? " (and lines that were not records)" : "");
+    const dt_trainer_resume_info *ri = &t->ri;
     char path_q[1200];
-    dt__json_quote(ri.path, path_q, sizeof path_q);
+    dt__json_quote(ri->path, path_q, sizeof path_q);
     if (dt__metrics_write(&t->metrics,
                           "\"event\":\"resume\",\"from\":%s,\"step\":%lld,\"optimizer_step\":%lld,"
-                          "\"epoch\":%lld,\"epoch_step\":%lld,\"saved_world_size\":%d,\"data_order_kept\":%s",
-                          path_q, (long long)t->global_step, (long long)ri.step, (long long)ri.epoch + 1,
-                          (long long)ri.batch, ri.saved_world, ri.data_order_kept ? "true" : "false") < 0)
+                          "\"micro_step\":%lld,\"epoch\":%lld,\"epoch_batch\":%lld,\"saved_world_size\":%d,"
+                          "\"data_order_kept\":%s,\"records_kept\":%lld,\"records_dropped\":%lld",
+                          path_q, (long long)ri->step, (long long)ri->step, (long long)t->micro_step,
+                          (long long)ri->epoch + 1, (long long)ri->batch, ri->saved_world,
+                          ri->data_order_kept ? "true" : "false", (long long)m->kept, (long long)m->dropped) < 0)
         return fail(1, NULL);
     return 0;
 }
@@ -711,8 +874,24 @@ static int print_sample(trainer *t)
     return 0;
 }
 
-/* After every optimizer step: the records of its micro-batches (one per
- * batch, as before the trainer), progress, mid-epoch evaluation. */
+/* The optimizer step within the epoch that the position after a step
+ * shows: its batches grouped by grad_accum from the epoch's end backwards,
+ * so that a run resumed at another world size (which continues at the same
+ * fraction of the epoch, dt_trainer_epoch) shows where it is in the epoch
+ * and ends it at spe. */
+static int64_t epoch_step(const trainer *t)
+{
+    const dt_trainer_position pos = dt_trainer_get_position(t->tr);
+    const int64_t accum = t->o.grad_accum > 0 ? t->o.grad_accum : 1; /* the trainer's (a pipeline's is 1) */
+    const int64_t done = pos.epoch > t->epoch ? t->nb : pos.batch; /* batches of the epoch behind us */
+    const int64_t left = (t->nb - done + accum - 1) / accum;
+    return t->spe - left;
+}
+
+/* After every optimizer step: its record (every --log-every steps and at
+ * the epoch's end), progress, mid-epoch evaluation. "step" everywhere is the
+ * optimizer step (DeepSpeed's global_steps, HF Trainer's global_step); the
+ * micro-batches are "micro_step". */
 static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
 {
     trainer *t = ud;
@@ -720,40 +899,55 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         dt_trainer_request_stop(tr);
     if (m->stop && !g_stop)
         g_stop = SIGTERM;
-    const int64_t per = t->o.batch * t->ddp.world;
-    for (int i = 0; i < m->nmicro; i++) {
-        const double l = m->micro_loss[i];
-        t->step++;
-        t->global_step++;
-        /* every batch but the epoch's last is full; the last ends its step */
-        t->samples += i + 1 < m->nmicro ? per : m->samples - (int64_t)(m->nmicro - 1) * per;
-        if (isfinite(l)) { /* a skipped step's (fp16 overflow) is left out of the means */
-            t->loss_window[t->nloss++ % LOSS_WINDOW] = l;
-            t->epoch_loss += l;
-            t->epoch_n++;
+    if (!t->first_shown && t->prog.mode != DT__PROGRESS_NONE) { /* the time a user waits for training to start */
+        const double now = dt_time_s();
+        dt__progress_clear(&t->prog);
+        printf("first step done %.2f s after start (the step, data loading included: %.2f s)\n", now - t->start_s,
+               now - t->t0);
+        fflush(stdout);
+        dt__progress_exclude(&t->prog, dt_time_s() - now);
+    }
+    t->first_shown = true;
+    double sum = 0;
+    for (int i = 0; i < m->nmicro; i++)
+        sum += m->micro_loss[i];
+    const int64_t before = t->global_step;
+    t->global_step = dt_trainer_steps(tr); /* a step skipped by the loss scaler does not count (as for the schedule) */
+    t->micro_step += m->nmicro;
+    t->step = epoch_step(t);
+    t->samples += m->samples;
+    if (isfinite(sum)) { /* a step the fp16 loss scaler skipped is left out of the means */
+        t->loss_window[t->nloss++ % LOSS_WINDOW] = m->nmicro ? sum / m->nmicro : NAN;
+        t->epoch_loss += sum;
+        t->epoch_micro += m->nmicro;
+    }
+    t->log_loss += sum; /* the step's own record shows it (null) */
+    t->log_n += m->nmicro;
+    const bool advanced = t->global_step != before;
+    dt__progress_step(&t->prog, t->step, t->global_step, window_mean(t), m->lr, t->samples);
+    /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
+       checkpoint names): its record repeats the number, with skipped_steps one higher */
+    if (t->global_step % t->o.log_every == 0 || t->step == t->spe) {
+        double el = dt_time_s() - t->t0;
+        char lmr[96];
+        if (dt__metrics_write(&t->metrics,
+                              "\"event\":\"step\",\"epoch\":%lld,\"step\":%lld,\"epoch_step\":%lld,"
+                              "\"micro_step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"samples_per_s\":%.1f%s,"
+                              "\"loss_scale\":%g,\"skipped_steps\":%lld",
+                              (long long)t->epoch + 1, (long long)t->global_step, (long long)t->step,
+                              (long long)t->micro_step, t->log_n ? t->log_loss / (double)t->log_n : NAN, m->lr,
+                              el > 0 ? (double)t->samples / el : 0,
+                              lm_rates(t, el > 0 ? (double)t->samples / el : 0, lmr, sizeof lmr), m->loss_scale,
+                              (long long)m->skipped_steps) < 0) {
+            dt__progress_clear(&t->prog);
+            t->cb_rc = fail(1, NULL);
+            return DT_ERR_CANCELED; /* reported */
         }
-        t->log_loss += l; /* the step's own record shows it (null) */
-        t->log_n++;
-        dt__progress_step(&t->prog, t->step, window_mean(t), m->lr, t->samples);
-        if (t->step % t->o.log_every == 0 || t->step == t->nb) {
-            double el = dt_time_s() - t->t0;
-            char lmr[96];
-            if (dt__metrics_write(&t->metrics,
-                                  "\"event\":\"step\",\"epoch\":%lld,\"step\":%lld,\"epoch_step\":%lld,"
-                                  "\"loss\":%.6f,\"lr\":%.6g,\"samples_per_s\":%.1f%s,\"loss_scale\":%g,"
-                                  "\"skipped_steps\":%lld",
-                                  (long long)t->epoch + 1, (long long)t->global_step, (long long)t->step,
-                                  t->log_loss / (double)t->log_n, m->lr, el > 0 ? (double)t->samples / el : 0,
-                                  lm_rates(t, el > 0 ? (double)t->samples / el : 0, lmr, sizeof lmr),
-                                  m->loss_scale, (long long)m->skipped_steps) < 0) {
-                dt__progress_clear(&t->prog);
-                t->cb_rc = fail(1, NULL);
-                return DT_ERR_CANCELED; /* reported */
-            }
-            t->log_loss = 0;
-            t->log_n = 0;
-        }
-        if (t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0 && t->step != t->nb) {
+        t->log_loss = 0;
+        t->log_n = 0;
+    }
+    if (advanced) {
+        if (t->o.eval_every > 0 && t->global_step % t->o.eval_every == 0 && t->step != t->spe) {
             /* Evaluation time is not training time: keep it out of the clock. */
             double e0 = dt_time_s(), tl, ta;
             dt__progress_clear(&t->prog);
@@ -799,13 +993,9 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
 {
     t->epoch = epoch;
     t->nb = dt_loader_num_batches(t->train_loader);
-    t->step = t->samples = t->log_n = 0;
-    dt_trainer_position pos = dt_trainer_get_position(t->tr);
-    if (pos.epoch == epoch && pos.batch < t->nb)
-        t->step = pos.batch; /* resumed mid-epoch: the epoch's step counter goes on from there */
+    t->step = t->samples = t->log_n = t->epoch_micro = 0; /* resumed mid-epoch: the first step says where (epoch_step) */
     t->log_loss = t->epoch_loss = 0;
-    t->epoch_n = 0;
-    dt__progress_epoch_begin(&t->prog, epoch, t->nb);
+    dt__progress_epoch_begin(&t->prog, epoch, t->spe);
     t->t0 = dt_time_s();
     dt_trainer_epoch_result res;
     dt_status st = dt_trainer_epoch(t->tr, t->train_loader, dt_dataset_get_info(t->train), epoch, on_step, t, &res);
@@ -846,7 +1036,7 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
                           "\"event\":\"epoch\",\"epoch\":%lld,\"step\":%lld,\"wall_s\":%.4f,"
                           "\"samples_per_s\":%.1f,\"train_loss\":%.6f,\"train_loss_last100\":%.6f",
                           (long long)epoch + 1, (long long)t->global_step, *wall_s, *sps_out,
-                          t->epoch_n ? t->epoch_loss / (double)t->epoch_n : NAN, window_mean(t)) < 0)
+                          t->epoch_micro ? t->epoch_loss / (double)t->epoch_micro : NAN, window_mean(t)) < 0)
         return fail(1, NULL);
     return 0;
 }
@@ -932,6 +1122,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         dt__cli_err("dtrain train: out of memory\n");
         return 1;
     }
+    t->start_s = dt_time_s();
+    t->resumed_step = -1; /* a fresh run until setup_resume loads a checkpoint */
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */
@@ -961,19 +1153,15 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         g_kill_step = 0;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
-    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt)
+    if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
-    if ((rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    }
+    if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
-    if (t->o.metrics && dt__ddp_is_main(&t->ddp)) { /* DDP: rank 0 writes */
-        if (dt__metrics_open(&t->metrics, t->o.metrics) < 0) {
-            rc = fail(2, NULL);
-            goto out;
-        }
-        t->metrics_open = true;
-    }
     if (eval_ckpt) {
+        if ((rc = open_metrics(t)))
+            goto out;
         double el, ea;
         if (dt_trainer_load_weights(t->tr, eval_ckpt) < 0) {
             rc = fail(bad_input_status(dt_last_status()) ? 2 : 1, "--ckpt");
@@ -991,6 +1179,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     }
     if ((rc = setup_resume(t)))
         goto out;
+    if (nothing_left(t)) /* says so; touches nothing */
+        goto out;
+    if ((rc = open_metrics(t)))
+        goto out;
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);
     char data_q[1200], scaler_json[256] = "null";
@@ -1000,20 +1192,25 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         snprintf(scaler_json, sizeof scaler_json, "{\"rule\":\"%s\",\"dynamic\":%s,\"initial_scale\":%g}",
                  t->o.scaler, dt_loss_scaler_is_dynamic(ls) ? "true" : "false", dt_loss_scaler_scale(ls));
     if (dt__metrics_write(&t->metrics,
-                          "\"event\":\"start\",\"model\":\"%s\",\"data\":%s,\"epochs\":%lld,"
-                          "\"batch\":%lld,\"world_size\":%d,\"optimizer\":\"%s\",\"lr\":%g,"
+                          "\"event\":\"start\",\"model\":\"%s\",\"data\":%s,\"epochs\":%lld,\"max_steps\":%lld,"
+                          "\"batch\":%lld,\"grad_accum\":%lld,\"world_size\":%d,\"optimizer\":\"%s\",\"lr\":%g,"
+                          "\"lr_schedule\":\"%s\",\"warmup_steps\":%lld,\"total_steps\":%lld,"
                           "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
-                          "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"params\":%zu,"
+                          "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"batches_per_epoch\":%lld,\"params\":%zu,"
                           "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s",
-                          t->o.model, data_q, (long long)t->o.epochs, (long long)t->o.batch,
-                          t->ddp.world, t->o.optimizer, t->o.lr, (unsigned long long)t->o.seed, t->o.rng,
-                          dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)spe,
+                          t->o.model, data_q, (long long)t->epochs, (long long)t->o.max_steps, (long long)t->o.batch,
+                          (long long)t->o.grad_accum, t->ddp.world, t->o.optimizer, t->o.lr,
+                          dt_sched_kind_name(t->sched.kind), (long long)t->sched.warmup_steps,
+                          (long long)t->sched.total_steps, (unsigned long long)t->o.seed, t->o.rng,
+                          dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)t->spe, (long long)spe,
                           dt_model_param_count(t->model), t->o.precision,
                           t->o.reduce_dtype ? t->o.reduce_dtype : t->o.precision, t->o.keep_bn_fp32,
                           scaler_json) < 0) {
         rc = fail(1, NULL);
         goto out;
     }
+    if (dt__ddp_is_main(&t->ddp)) /* after the setup's and the files' errors, as training starts */
+        warn_oversubscribed(t);
     if (t->o.cfg) { /* the effective config: with --config, or when AIAK_* set a key */
         char *eff = dt_config_effective_json(t->o.cfg), file_q[1200];
         dt__json_quote(t->o.config ? t->o.config : "", file_q, sizeof file_q);
@@ -1026,7 +1223,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         }
         free(eff);
     }
-    dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->o.epochs,
+    const dt_trainer_position pos0 = dt_trainer_get_position(t->tr);
+    if (t->o.max_steps > 0 && t->epochs < pos0.epoch + 1)
+        t->epochs = pos0.epoch + 1; /* resumed at another world size: at least the epoch it is in */
+    dt__progress_init(&t->prog, dt__ddp_is_main(&t->ddp) ? t->o.progress : "none", stdout, t->epochs,
                       t->o.log_every);
     if (t->lm) {
         /* the MFU of the step's model FLOPs (forward + backward, per rank) */
@@ -1040,8 +1240,27 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("training %s (%zu parameters%s) on %s: %lld items, %lld steps/epoch of %lld, %s lr %g, "
                "%d threads\n", t->o.model, dt_model_param_count(t->model),
                t->ddp.tp > 1 ? " in this rank's slice" : "", t->o.data,
-               (long long)ntrain, (long long)spe, (long long)t->o.batch, t->o.optimizer, t->o.lr,
-               dt_get_num_threads());
+               (long long)ntrain, (long long)t->spe, (long long)t->o.batch * t->o.grad_accum, t->o.optimizer,
+               t->o.lr, dt_get_num_threads());
+    if (t->prog.mode != DT__PROGRESS_NONE && t->o.precision_auto)
+        printf("precision auto: %s (%s)\n", t->o.precision, t->o.precision_auto);
+    if (t->prog.mode != DT__PROGRESS_NONE) {
+        char len[160], warm[64] = "";
+        if (t->o.max_steps > 0)
+            snprintf(len, sizeof len, "%lld optimizer steps (--max-steps; %lld epoch%s of %lld steps; it overrides "
+                     "--epochs, as HF Trainer's max_steps)", (long long)t->o.max_steps, (long long)t->epochs,
+                     t->epochs == 1 ? "" : "s", (long long)t->spe);
+        else
+            snprintf(len, sizeof len, "%lld epoch%s of %lld optimizer steps (%lld)", (long long)t->epochs,
+                     t->epochs == 1 ? "" : "s", (long long)t->spe, (long long)(t->epochs * t->spe));
+        if (t->sched.warmup_steps > 0)
+            snprintf(warm, sizeof warm, ", %s warm-up over %lld steps",
+                     t->sched.warmup == DT_WARMUP_LOG ? "log" : "linear", (long long)t->sched.warmup_steps);
+        printf("run: %s; lr schedule %s%s", len, dt_sched_kind_name(t->sched.kind), warm);
+        if (t->sched.kind == DT_SCHED_COSINE || t->sched.kind == DT_SCHED_LINEAR)
+            printf(", total_steps %lld (to %g)", (long long)t->sched.total_steps, t->sched.min_lr);
+        printf("\n");
+    }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.tp > 1)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
@@ -1072,11 +1291,26 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
     bool evaluated = false; /* (a NaN test loss is a result, not "not evaluated") */
-    for (int64_t e = dt_trainer_get_position(t->tr).epoch; e < t->o.epochs && !t->max_reached; e++) {
-        if (t->o.max_steps > 0 && dt_trainer_steps(t->tr) >= t->o.max_steps)
-            break; /* a resumed run that had already reached --max-steps */
+    /* --max-steps sets the run's length: the loader wraps into as many epochs as it takes (each reshuffled:
+       the sampler's order is a function of the seed and the epoch, as DistributedSampler.set_epoch) */
+    int idle = 0; /* epochs in a row without an optimizer step */
+    for (int64_t e = pos0.epoch; (t->o.max_steps > 0 || e < t->o.epochs) && !t->max_reached; e++) {
+        const int64_t s0 = dt_trainer_steps(t->tr);
+        if (t->o.max_steps > 0 && s0 >= t->o.max_steps)
+            break;
+        if (e >= t->epochs)
+            t->prog.epochs = t->epochs = e + 1;
         if ((rc = train_epoch(t, e, &wall, &sps)))
             goto out;
+        if (dt_trainer_steps(t->tr) != s0) {
+            idle = 0;
+        } else if (t->o.max_steps > 0 && ++idle >= 2) { /* no end in sight: say so rather than loop */
+            dt__cli_err("dtrain train: epochs %lld and %lld took no optimizer step (every step skipped by the loss "
+                        "scaler?): stopping short of --max-steps %lld\n", (long long)e, (long long)e + 1,
+                        (long long)t->o.max_steps);
+            rc = 1;
+            goto out;
+        }
         wall_sum += wall;
         if (!t->o.no_eval && (rc = eval_and_record(t, e, &tl, &ta)))
             goto out;
@@ -1118,8 +1352,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         if (t->ckpt_profile && dt_model_checkpoint_profile(t->model, &cf, &cr, &cn) == DT_OK)
             printf("activation checkpointing profile: %llu regions, %.3f s in first runs, %.3f s recomputing\n",
                    (unsigned long long)cn, cf, cr);
-        if (t->o.epochs > 1)
-            printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->o.epochs);
+        if (t->epochs > 1)
+            printf("total training time: %.2f s over %lld epochs\n", wall_sum, (long long)t->epochs);
         char ddp_line[400];
         dt__ddp_summary(&t->ddp, t->global_step, ddp_line, sizeof ddp_line);
         if (ddp_line[0])

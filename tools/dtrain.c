@@ -3,7 +3,9 @@
 #include "dtrain/base.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -16,7 +18,7 @@ static const dt_command commands[] = {
     {"eval", dt_cmd_eval, "evaluate a checkpoint: dtrain eval --ckpt DIR (dtrain eval --help)"},
     {"run", dt_cmd_run, "launch N local ranks: dtrain run -n N -- PROGRAM ARGS..."},
     {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,ddp,zero,matmul,data} ... (dtrain bench --help)"},
-    {"plot", dt_cmd_plot, "plot a metrics file: dtrain plot FILE.jsonl -o out.png"},
+    {"plot", dt_cmd_plot, "plot metrics files: dtrain plot FILE.jsonl [FILE2.jsonl ...] -o out.png"},
     {"generate", dt_cmd_generate, "continue a prompt with a GPT model (dtrain generate --help)"},
     {"tokenize", dt_cmd_tokenize, "byte-level BPE: train a vocab, text -> token file (dtrain tokenize --help)"},
     {"ckpt", dt_cmd_ckpt, "checkpoints: dtrain ckpt {info,verify,convert} SRC (dtrain ckpt --help)"},
@@ -31,8 +33,30 @@ static void usage(FILE *f)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
 }
 
+/* OpenMP's waiting policy on shared CPUs. libgomp's default spins ~300000
+ * iterations at each barrier before sleeping; while another process holds
+ * a core, the spinning threads take the CPU from the one still computing
+ * and a run gets many times slower (docs/BENCHMARKS.md, "Shared CPUs").
+ * Passive waiting costs little on an idle machine (dtrain's parallel
+ * regions are large) and does not collapse. libgomp reads OMP_WAIT_POLICY
+ * and GOMP_SPINCOUNT once, when it is loaded, before main: so when the user
+ * set neither, the command sets OMP_WAIT_POLICY=passive (and DT_OMP_WAIT,
+ * saying it was dtrain's choice and stopping a second round) and executes
+ * itself again; the ranks of dtrain run inherit both. A failed exec runs
+ * on with the runtime's own policy. */
+static void omp_wait_default(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
+        return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0 && setenv("DT_OMP_WAIT", "default", 1) == 0)
+        execv("/proc/self/exe", argv);
+    unsetenv("OMP_WAIT_POLICY");
+    setenv("DT_OMP_WAIT", "exec failed", 1);
+}
+
 int main(int argc, char **argv)
 {
+    omp_wait_default(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

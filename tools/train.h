@@ -20,7 +20,11 @@ typedef struct dt__train_opts {
     double lr;                /* default 0.01 */
     double momentum;          /* SGD momentum, default 0 */
     double weight_decay;      /* default: the optimizer's own (-1 = unset) */
-    const char *lr_schedule;  /* constant | step | cosine, default constant */
+    const char *betas;        /* --betas B1,B2 as given (NULL = the optimizer's) */
+    double beta[2];           /* parsed by dt__train_check when beta_set */
+    bool beta_set;
+    double eps;               /* adam/adamw/lamb epsilon (-1 = the optimizer's) */
+    const char *lr_schedule;  /* constant | step | cosine | linear, default constant */
     int64_t warmup;           /* linear warm-up steps, default 0 */
     int64_t step_size;        /* step schedule: steps per decay (default: one epoch) */
     double gamma;             /* step schedule factor, default 0.1 */
@@ -81,11 +85,12 @@ typedef struct dt__train_opts {
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */
     int64_t keep;             /* keep the newest K checkpoints (0 = all) */
     bool async_save;          /* write checkpoints on a background thread */
-    int64_t max_steps;        /* stop after N optimizer steps in all (0 = no limit) */
+    int64_t max_steps;        /* the run's length in optimizer steps, over as many epochs as it takes (0 = --epochs) */
     const char *resume;       /* DIR (a save directory or one checkpoint) | auto, NULL = none */
     const char *init_from;    /* initial weights from a safetensors file, NULL = none */
     /* mixed precision (issue 12) */
-    const char *precision;    /* fp32 | bf16 | fp16, default fp32 */
+    const char *precision;    /* fp32 | bf16 | fp16, default fp32 ("auto" is resolved at parse) */
+    const char *precision_auto; /* NULL, or why "auto" chose precision (dt_precision_auto) */
     const char *reduce_dtype; /* fp32 | bf16 | fp16, NULL = the precision's */
     const char *keep_bn_fp32; /* true | false, default true */
     const char *buffer_dtype; /* fp32 | bf16 | fp16, NULL = fp32 */
@@ -123,6 +128,9 @@ void dt__train_usage(FILE *f);
  * whose values land in the others), as "--name" and its value as text, into
  * names[i] and vals[i] (at most cap). Returns the count. */
 int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*vals)[512], int cap);
+/* The options of dt__train_usage as a Markdown table ("| option | meaning |"),
+ * the table docs/TRAINING.md carries (dtrain train --help-markdown). */
+void dt__train_options_markdown(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
  * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */
 int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt);
@@ -152,8 +160,9 @@ void dt__progress_set_rates(dt__progress *p, int64_t tokens_per_sample, double f
 void dt__progress_init(dt__progress *p, const char *mode, FILE *out, int64_t epochs,
                        int64_t log_every);
 void dt__progress_epoch_begin(dt__progress *p, int64_t epoch, int64_t total_steps);
-/* After step `step` (1-based within the epoch) with the running loss. */
-void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, int64_t samples);
+/* After optimizer step `step` (1-based within the epoch; global_step counting
+ * across epochs, which --log-every's plain lines go by) with the running loss. */
+void dt__progress_step(dt__progress *p, int64_t step, int64_t global_step, double loss, double lr, int64_t samples);
 /* Leave seconds (an evaluation) out of the epoch's clock: the samples/s and
  * the ETA shown count training time only, as the epoch line does. */
 void dt__progress_exclude(dt__progress *p, double seconds);
@@ -173,9 +182,16 @@ char *dt__fmt_duration(double s, char *buf, size_t n);
 typedef struct dt__metrics {
     dt_file *f;
     char *path, *partial;
+    const char *from;     /* resumed: the history continued: ".partial" (PATH.partial), "" (PATH), NULL (none) */
+    int64_t kept, dropped, bad; /* its records kept, dropped (after the resumed step), not JSON objects */
 } dt__metrics;
 
-dt_status dt__metrics_open(dt__metrics *m, const char *path);
+/* resume_step < 0: a fresh history (an older PATH.partial is replaced).
+ * resume_step >= 0 (a resumed run): the history continues the newer of
+ * PATH.partial and PATH, keeping its records up to that step (records
+ * without a "step" too) and dropping those after it; the counts and the
+ * source are in m. */
+dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step);
 /* One JSON object on one line: fmt is the body without braces, e.g.
  * "\"event\":\"step\",\"step\":%lld"; a "time" field (Unix seconds) is
  * appended. Does nothing when the file is not open. */

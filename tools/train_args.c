@@ -5,6 +5,9 @@
 #include "cmd.h"
 #include "train.h"
 
+#include "dtrain/train.h"
+
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -39,8 +42,13 @@ static const opt_def opts[] = {
     {"momentum", OPT_FLOAT, OFF(momentum), 0, 0.999999, NULL, "X", "SGD momentum (default 0)"},
     {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "X",
      "weight decay (default: 0; 0.01 for adamw and lamb)"},
-    {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine", "NAME",
-     "learning-rate schedule (default constant)"},
+    {"betas", OPT_STR, OFF(betas), 0, 0, NULL, "B1,B2",
+     "adam/adamw/lamb: the moment decays (default 0.9,0.999; torch's betas, HF's --adam_beta1/--adam_beta2)"},
+    {"eps", OPT_FLOAT, OFF(eps), 1e-30, 1, NULL, "X",
+     "adam/adamw/lamb: added to the denominator (default 1e-8; lamb 1e-6)"},
+    {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine|linear", "NAME",
+     "learning-rate schedule (default constant); cosine and linear decay to 0 over the run (--max-steps when "
+     "given, else the epochs)"},
     {"warmup", OPT_INT, OFF(warmup), 0, 1e9, NULL, "STEPS",
      "linear warm-up steps (default 0; schedule steps are optimizer steps: with --grad-accum N, one per N batches)"},
     {"step-size", OPT_INT, OFF(step_size), 1, 1e9, NULL, "STEPS",
@@ -50,11 +58,11 @@ static const opt_def opts[] = {
      "clip the global gradient L2 norm (default 0 = off)"},
     {"threads", OPT_INT, OFF(threads), 0, 1024, NULL, "N", "compute threads (default: all cores)"},
     {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "STEPS",
-     "also evaluate every N steps (default 0: at the end of each epoch)"},
+     "also evaluate every N optimizer steps (default 0: at the end of each epoch)"},
     {"no-eval", OPT_FLAG, OFF(no_eval), 0, 0, NULL, NULL, "skip evaluation on the test split"},
     {"metrics", OPT_STR, OFF(metrics), 0, 0, NULL, "FILE", "write JSON-lines metrics to FILE"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
-     "steps between plain progress lines and metrics records (default 100)"},
+     "optimizer steps between plain progress lines and metrics records, counted across epochs (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
     {"rng", OPT_CHOICE, OFF(rng), 0, 0, "torch|philox", "NAME",
      "how --seed draws the initial weights and the data order: torch = PyTorch's numbers "
@@ -159,15 +167,18 @@ static const opt_def opts[] = {
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,
      "with --save: write checkpoints on a background thread while training goes on"},
     {"max-steps", OPT_INT, OFF(max_steps), 0, 1e12, NULL, "N",
-     "stop after N optimizer steps in all (a resumed run counts the saved ones; default 0 = no limit)"},
+     "the run's length: N optimizer steps in all, over as many epochs as they take (it overrides --epochs, as "
+     "HF Trainer's max_steps does; the cosine/linear schedule spans N; a resumed run counts the saved steps; "
+     "default 0 = --epochs)"},
     {"resume", OPT_STR, OFF(resume), 0, 0, NULL, "DIR|auto",
      "continue from a checkpoint: DIR is a --save directory (its newest) or one checkpoint; auto: the "
      "--save directory's newest if it has one, else start fresh"},
     {"init-from", OPT_STR, OFF(init_from), 0, 0, NULL, "FILE",
      "initial weights from a safetensors file with PyTorch's names (e.g. written by PyTorch)"},
-    {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16", "P",
+    {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16|auto", "P",
      "parameters, activations and gradient reduction in P; bf16/fp16 keep fp32 master weights and f32 "
-     "optimizer states; fp16 scales the loss dynamically (default fp32)"},
+     "optimizer states; fp16 scales the loss dynamically; auto: bf16 where the CPU has AVX512_BF16 (or AMX), "
+     "fp32 elsewhere, printed at start (default fp32)"},
     {"reduce-dtype", OPT_CHOICE, OFF(reduce_dtype), 0, 0, "fp32|bf16|fp16", "P",
      "dtype of the gradient all-reduce (default: the --precision's)"},
     {"keep-bn-fp32", OPT_CHOICE, OFF(keep_bn_fp32), 0, 0, "true|false", "BOOL",
@@ -205,6 +216,7 @@ static void set_defaults(dt__train_opts *o)
     o->lr = 0.01;
     o->momentum = 0;
     o->weight_decay = -1;
+    o->eps = -1;
     o->lr_schedule = "constant";
     o->gamma = 0.1;
     o->log_every = 100;
@@ -265,26 +277,51 @@ int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*va
     return n;
 }
 
+/* The option as --help and docs/TRAINING.md write it: "--name {a|b}",
+ * "--name ARG" or "--name" (choices separated by sep). */
+static void opt_lhs(const opt_def *d, char sep, char *out, size_t cap)
+{
+    if (d->type == OPT_CHOICE) {
+        int n = snprintf(out, cap, "--%s {", d->name);
+        for (const char *c = d->choices; *c && (size_t)n + 2 < cap; c++)
+            out[n++] = *c == '|' ? sep : *c;
+        snprintf(out + n, cap - (size_t)n, "}");
+    } else if (d->arg) {
+        snprintf(out, cap, "--%s %s", d->name, d->arg);
+    } else {
+        snprintf(out, cap, "--%s", d->name);
+    }
+}
+
+void dt__train_options_markdown(FILE *f)
+{
+    fprintf(f, "| option | meaning |\n|---|---|\n");
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        char lhs[256];
+        opt_lhs(&opts[i], ',', lhs, sizeof lhs);
+        fprintf(f, "| `%s` | ", lhs);
+        for (const char *h = opts[i].help; *h; h++) /* a '|' in the text would end the cell */
+            fputs(*h == '|' ? "\\|" : (char[2]){*h, 0}, f);
+        fprintf(f, " |\n");
+    }
+}
+
 void dt__train_usage(FILE *f)
 {
     fprintf(f, "usage: dtrain train [options]\n"
                "  e.g. dtrain train --model convnet --data fashion-mnist --epochs 1 --batch 100 \\\n"
                "         --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0\n\noptions:\n");
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        char lhs[64];
-        const opt_def *d = &opts[i];
-        if (d->type == OPT_CHOICE)
-            snprintf(lhs, sizeof lhs, "--%s {%s}", d->name, d->choices);
-        else if (d->arg)
-            snprintf(lhs, sizeof lhs, "--%s %s", d->name, d->arg);
-        else
-            snprintf(lhs, sizeof lhs, "--%s", d->name);
+        char lhs[256];
+        opt_lhs(&opts[i], '|', lhs, sizeof lhs);
         if (strlen(lhs) > 28)
-            fprintf(f, "  %s\n  %-28s %s\n", lhs, "", d->help);
+            fprintf(f, "  %s\n  %-28s %s\n", lhs, "", opts[i].help);
         else
-            fprintf(f, "  %-28s %s\n", lhs, d->help);
+            fprintf(f, "  %-28s %s\n", lhs, opts[i].help);
     }
     fprintf(f, "  %-28s %s\n", "-h, --help", "this text");
+    fprintf(f, "  %-28s %s\n", "--help-markdown", "the options above as a Markdown table (docs/TRAINING.md)");
+    fprintf(f, "(an option spelled with underscores, --grad_accum, is the same option)\n");
     fprintf(f, "\nsharded (ZeRO / FSDP): add --zero 1|2|3 (or --fsdp shard_grad_op|full_shard), e.g.\n"
                "  dtrain run -n 2 -- dtrain train --model mlp --zero 3 --wrap-min-params 100000\n"
                "(the run ends with each rank's bytes of parameters, gradients and optimizer states)\n");
@@ -370,6 +407,70 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
     return 2;
 }
 
+/* Other tools' names for dtrain train's options (HF Trainer, DeepSpeed,
+ * torchrun, Megatron), for the hint of an unknown option. */
+static const struct {
+    const char *theirs, *ours;
+} k_synonyms[] = {
+    {"deepspeed-config", "--config FILE (a DeepSpeed JSON config)"},
+    {"deepspeed", "--config FILE (a DeepSpeed JSON config)"},
+    {"bf16", "--precision bf16"},
+    {"fp16", "--precision fp16"},
+    {"gradient-accumulation-steps", "--grad-accum N"},
+    {"learning-rate", "--lr X"},
+    {"num-train-epochs", "--epochs N"},
+    {"per-device-train-batch-size", "--batch N (per rank)"},
+    {"micro-batch-size", "--batch N (per rank)"},
+    {"batch-size", "--batch N (per rank)"},
+    {"max-grad-norm", "--clip-grad-norm X"},
+    {"clip-grad", "--clip-grad-norm X"},
+    {"warmup-steps", "--warmup STEPS"},
+    {"lr-scheduler-type", "--lr-schedule NAME"},
+    {"lr-decay-style", "--lr-schedule NAME"},
+    {"logging-steps", "--log-every STEPS"},
+    {"log-interval", "--log-every STEPS"},
+    {"save-steps", "--save-every N"},
+    {"save-interval", "--save-every N"},
+    {"save-total-limit", "--keep K"},
+    {"output-dir", "--save DIR"},
+    {"resume-from-checkpoint", "--resume DIR|auto"},
+    {"max-train-steps", "--max-steps N"},
+    {"train-iters", "--max-steps N"},
+    {"tensor-model-parallel-size", "--tp N"},
+    {"pipeline-model-parallel-size", "--pp N"},
+    {"gradient-checkpointing", "--activation-checkpointing"},
+    {"nproc-per-node", "dtrain run -n N -- dtrain train ... (the launcher starts the ranks)"},
+};
+
+/* An unknown option: one line naming it, with the nearest known option or
+ * the synonym other tools use for it. name: arg's name, '_' mapped to '-'. */
+static int unknown_option(const char *arg, const char *name)
+{
+    const char *hint = NULL;
+    char buf[96];
+    for (size_t k = 0; k < sizeof k_synonyms / sizeof k_synonyms[0] && !hint; k++)
+        if (!strcmp(k_synonyms[k].theirs, name))
+            hint = k_synonyms[k].ours;
+    if (!hint) {
+        const char *names[sizeof opts / sizeof opts[0]];
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+            names[k] = opts[k].name;
+        const char *near = dt__cli_suggest(name, names, sizeof opts / sizeof opts[0]);
+        if (near) {
+            snprintf(buf, sizeof buf, "--%s", near);
+            hint = buf;
+        }
+    }
+    const char *eq = strchr(arg, '=');
+    int alen = eq ? (int)(eq - arg) : (int)strlen(arg);
+    if (hint)
+        dt__cli_err("dtrain train: unknown option '%.*s' (did you mean %s? see dtrain train --help)\n", alen, arg,
+                    hint);
+    else
+        dt__cli_err("dtrain train: unknown option '%.*s' (see dtrain train --help)\n", alen, arg);
+    return 2;
+}
+
 int dt__train_parse(int argc, char **argv, dt__train_opts *o)
 {
     set_defaults(o);
@@ -384,17 +485,24 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
                             "dtrain train --help)\n", a);
             return 2;
         }
-        const char *name = a + 2, *eq = strchr(name, '=');
-        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const char *eq = strchr(a + 2, '=');
+        size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        char name[64]; /* torchrun's habit: --grad_accum is --grad-accum */
+        if (nlen >= sizeof name)
+            nlen = sizeof name - 1;
+        for (size_t k = 0; k < nlen; k++)
+            name[k] = a[2 + k] == '_' ? '-' : a[2 + k];
+        name[nlen] = '\0';
         const opt_def *d = NULL;
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
-            if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
+            if (!strcmp(opts[k].name, name))
                 d = &opts[k];
-        if (!d) {
-            dt__cli_err("dtrain train: unknown option '--%.*s' (see dtrain train --help)\n",
-                    (int)nlen, name);
-            return 2;
+        if (!strcmp(name, "help-markdown")) {
+            dt__train_options_markdown(stdout);
+            return 1;
         }
+        if (!d)
+            return unknown_option(a, name);
         const char *val;
         if (d->type == OPT_FLAG) {
             if (eq) {
@@ -415,6 +523,19 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         if (rc)
             return rc;
     }
+    if (o->betas) { /* "B1,B2", each in [0, 1) (torch's betas) */
+        char *e1 = NULL, *e2 = NULL;
+        double b1 = strtod(o->betas, &e1), b2 = e1 && *e1 == ',' ? strtod(e1 + 1, &e2) : NAN;
+        if (e1 == o->betas || isspace((unsigned char)o->betas[0]) || !e2 || e2 == e1 + 1 ||
+            isspace((unsigned char)e1[1]) || *e2 || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
+            dt__cli_err("dtrain train: --betas %s: expected two numbers in [0, 1) separated by a comma, e.g. "
+                        "0.9,0.95\n", o->betas);
+            return 2;
+        }
+        o->beta[0] = b1, o->beta[1] = b2, o->beta_set = true;
+    }
+    if (!strcmp(o->precision, "auto")) /* resolved here: everything after sees fp32 or bf16 */
+        o->precision = dt_precision_auto(&o->precision_auto) == DT_BF16 ? "bf16" : "fp32";
     /* with --config the flags combine with the file's keys first: dt__train_config checks the merge */
     return o->config ? 0 : dt__train_check(o);
 }
@@ -467,6 +588,11 @@ int dt__train_check(dt__train_opts *o)
     if (o->loss_scale >= 0 && !strcmp(o->precision, "bf16")) {
         dt__cli_err("dtrain train: --loss-scale with --precision bf16: bf16 has fp32's range and needs no "
                     "loss scaling (DeepSpeed forces scale 1)\n");
+        return 2;
+    }
+    if ((o->betas || o->eps >= 0) && !strcmp(o->optimizer, "sgd")) {
+        dt__cli_err("dtrain train: --%s applies to --optimizer adam, adamw and lamb (got sgd)\n",
+                    o->betas ? "betas" : "eps");
         return 2;
     }
     if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {

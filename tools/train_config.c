@@ -71,6 +71,13 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
     }
     if (!rc && G("lr"))
         rc = set_num(c, "optimizer.params.lr", o->lr, "lr");
+    if (!rc && G("betas") && o->beta_set) {
+        char b[80];
+        snprintf(b, sizeof b, "[%.17g, %.17g]", o->beta[0], o->beta[1]);
+        rc = set(c, "optimizer.params.betas", b, "betas");
+    }
+    if (!rc && G("eps"))
+        rc = set_num(c, "optimizer.params.eps", o->eps, "eps");
     if (!rc && G("weight-decay"))
         rc = set_num(c, "optimizer.params.weight_decay", o->weight_decay, "weight-decay");
     if (!rc && G("momentum"))
@@ -196,6 +203,30 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
     return rc;
 }
 
+/* WarmupLR's keys that the file left out or wrote "auto", filled with what
+ * the trainer will use (dt_trainer_params_apply_config), so that the
+ * effective configuration shows them: warmup_num_steps = --warmup (default
+ * 0, no warm-up; DeepSpeed's own default 1000 is not taken silently),
+ * warmup_type = "log" (DeepSpeed's default), warmup_max_lr = the optimizer's
+ * lr for "auto" (as the HF Trainer fills it), DeepSpeed's 1e-3 when left out. */
+static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
+{
+    const char *type;
+    if (dt_config_get_str(c, "scheduler.type", &type) != DT_OK || strcmp(type, "WarmupLR"))
+        return DT_OK;
+    char b[40];
+    snprintf(b, sizeof b, "%lld", (long long)o->warmup);
+    dt_status st = dt_config_resolve(c, "scheduler.params.warmup_num_steps", b, "--warmup");
+    if (st == DT_OK)
+        st = dt_config_resolve(c, "scheduler.params.warmup_type", "\"log\"", "DeepSpeed WarmupLR's");
+    bool lr_auto = dt_config_is_auto(c, "scheduler.params.warmup_max_lr");
+    snprintf(b, sizeof b, "%.17g", lr_auto ? o->lr : 1e-3);
+    if (st == DT_OK)
+        st = dt_config_resolve(c, "scheduler.params.warmup_max_lr", b,
+                               lr_auto ? "the optimizer's lr" : "DeepSpeed WarmupLR's");
+    return st;
+}
+
 /* The options the command acts on before the trainer exists, from c. */
 static int read_back(dt__train_opts *o, dt_config *c)
 {
@@ -258,6 +289,8 @@ static int read_back(dt__train_opts *o, dt_config *c)
         return bad();
     if (st == DT_OK)
         o->precision = dt == DT_F16 ? "fp16" : dt == DT_BF16 ? "bf16" : "fp32";
+    if (st == DT_OK && dt != DT_F16 && dt_config_is_auto(c, "bf16.enabled"))
+        dt_precision_auto(&o->precision_auto); /* bf16.enabled "auto": say why at start */
     const char *s;
     if (dt_config_get_str(c, "communication_data_type", &s) == DT_OK)
         o->reduce_dtype = s;
@@ -313,6 +346,8 @@ static int read_back(dt__train_opts *o, dt_config *c)
     o->optimizer = dt_optim_kind_name(tp.optimizer);
     o->lr = tp.optimizer == DT_OPTIM_SGD ? tp.sgd.lr : tp.optimizer == DT_OPTIM_ADAM ? tp.adam.lr
             : tp.optimizer == DT_OPTIM_ADAMW ? tp.adamw.lr : tp.lamb.lr;
+    if (resolve_warmup(o, c) < 0)
+        return bad();
     if (dt_config_get_double(c, "optimizer.params.momentum", &o->momentum) != DT_OK && tp.optimizer != DT_OPTIM_SGD)
         o->momentum = 0;
     if (st == DT_OK && dt == DT_BF16 && o->loss_scale >= 0)

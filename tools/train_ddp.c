@@ -361,11 +361,13 @@ static void human(double b, char *buf, size_t n)
 
 int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
 {
-    if (r->stage == 0 && r->pp <= 1)
+    /* every rank of the world: --pp/--tp ranks hold their stages' or slices'
+     * parameters, ZeRO ranks their shares, DDP replicas the whole model; one
+     * process: nothing to compare */
+    dt_pg *g = r->world_pg ? r->world_pg : r->pg;
+    const int W = r->world_pg ? dt_pg_size(g) : r->world, me = r->world_pg ? dt_pg_rank(g) : r->rank;
+    if (W <= 1 && r->stage == 0)
         return 0;
-    /* --pp: every rank of the mesh (its stages; under --zero 1 its shares) */
-    dt_pg *g = r->pp > 1 ? r->world_pg : r->pg;
-    const int W = r->pp > 1 ? dt_pg_size(g) : r->world, me = r->pp > 1 ? dt_pg_rank(g) : r->rank;
     enum { K = 6 };
     double *v = calloc((size_t)W * K, sizeof *v);
     if (!v) {
@@ -416,7 +418,7 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
                    ns.wait_s);
         }
     }
-    if (me == 0 && (z || r->pp > 1)) {
+    if (me == 0) {
         for (int k = 0; k < W; k++) {
             char b[K][32];
             for (int i = 0; i < K; i++)

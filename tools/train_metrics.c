@@ -9,15 +9,26 @@
  * leaves PATH untouched and its records, end record included, in
  * PATH.partial. So PATH only ever holds a finished run, and a run's records
  * are never deleted. Neither name is written through a symlink
- * (dt_file, base.h). */
+ * (dt_file, base.h).
+ *
+ * A resumed run continues the history it resumes (dt__metrics_open with
+ * resume_step >= 0): the newer of PATH.partial (an interrupted attempt) and
+ * PATH (a finished one) is read, its records up to the checkpoint's step
+ * are kept and those after it dropped (the earlier attempt went on past the
+ * checkpoint; TensorBoard's purge_step does the same), and the new
+ * PATH.partial starts with them (written whole, then renamed over the old
+ * one: a crash leaves the old or the new, never a mix). */
 #include "train.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static double unix_time(void)
 {
@@ -26,7 +37,71 @@ static double unix_time(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-dt_status dt__metrics_open(dt__metrics *m, const char *path)
+/* The whole of a regular file (not through a symlink) into *buf (malloc'd). */
+static dt_status slurp(const char *path, char **buf, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "cannot read %s: %s", path,
+                        errno == ELOOP ? "a symbolic link (dtrain does not follow them)" : strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return dt_error(DT_ERR_IO, "cannot read %s: not a regular file", path);
+    }
+    size_t cap = (size_t)st.st_size, got = 0;
+    char *b = malloc(cap + 1);
+    if (!b) {
+        close(fd);
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory reading %s", path);
+    }
+    while (got < cap) {
+        ssize_t r = read(fd, b + got, cap - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break; /* shorter than fstat said: take what is there */
+        got += (size_t)r;
+    }
+    close(fd);
+    b[got] = 0;
+    *buf = b;
+    *n = got;
+    return DT_OK;
+}
+
+/* The records of buf to keep when resuming at step: every JSON-object line
+ * whose "step" (when it has one) is <= step, appended to the open file. */
+static dt_status keep_history(dt__metrics *m, const char *buf, size_t n, int64_t step)
+{
+    for (size_t i = 0; i < n;) {
+        const char *e = memchr(buf + i, '\n', n - i);
+        size_t len = e ? (size_t)(e - (buf + i)) : n - i;
+        cJSON *j = len ? cJSON_ParseWithLength(buf + i, len) : NULL;
+        if (len && !(j && cJSON_IsObject(j))) {
+            m->bad++; /* e.g. a line cut short by a crash */
+        } else if (len) {
+            const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+            if (cJSON_IsNumber(s) && s->valuedouble > (double)step) {
+                m->dropped++;
+            } else {
+                dt_status st = dt_file_write(m->f, buf + i, len);
+                if (st == DT_OK)
+                    st = dt_file_write(m->f, "\n", 1);
+                if (st < 0) {
+                    cJSON_Delete(j);
+                    return st;
+                }
+                m->kept++;
+            }
+        }
+        cJSON_Delete(j);
+        i += len + 1;
+    }
+    return DT_OK;
+}
+
+dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step)
 {
     memset(m, 0, sizeof *m);
     size_t n = strlen(path);
@@ -46,7 +121,25 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path)
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
         s = dt_error(DT_ERR_IO, "--metrics %s is a symbolic link; dtrain does not write through "
                                 "symlinks (remove it or choose another name)", path);
-    else if ((s = dt_file_open(m->partial, 0644, &m->f)) < 0 || (s = dt_file_commit(m->f)) < 0)
+    else if ((s = dt_file_open(m->partial, 0644, &m->f)) < 0)
+        dt_error_wrap(s, "--metrics %s", path);
+    if (s == DT_OK && resume_step >= 0) { /* continue the newer of PATH.partial and PATH */
+        struct stat sp, sf;
+        bool hp = lstat(m->partial, &sp) == 0, hf = lstat(path, &sf) == 0;
+        bool newer = hp && (!hf || sp.st_mtim.tv_sec > sf.st_mtim.tv_sec ||
+                            (sp.st_mtim.tv_sec == sf.st_mtim.tv_sec && sp.st_mtim.tv_nsec >= sf.st_mtim.tv_nsec));
+        const char *from = newer ? m->partial : hf ? path : NULL;
+        char *buf = NULL;
+        size_t len = 0;
+        if (from && (s = slurp(from, &buf, &len)) == DT_OK) {
+            m->from = newer ? ".partial" : "";
+            s = keep_history(m, buf, len, resume_step);
+        }
+        free(buf);
+        if (s < 0)
+            dt_error_wrap(s, "--metrics %s", path);
+    }
+    if (s == DT_OK && (s = dt_file_commit(m->f)) < 0)
         dt_error_wrap(s, "--metrics %s", path);
     if (s < 0) {
         dt_file_close(m->f);

@@ -3,7 +3,8 @@
  * On a terminal: one line per epoch redrawn in place (carriage return, at
  * most 10 times a second): epoch, a bar, step/total, loss, samples/s, ETA.
  * The finished epoch's line stays. Not a terminal: a plain line every
- * log_every steps and at the end of the epoch, which reads well in logs and
+ * log_every optimizer steps (counted across epochs, as DeepSpeed's
+ * steps_per_print) and at the end of the epoch, which reads well in logs and
  * CI output. "Terminal" is dt__progress_terminal's answer: under a launcher
  * only its DT_STDOUT_TTY hint counts, so no \r or escape code ever reaches a
  * file or a pipe (--progress bar there prints plain lines too). */
@@ -128,14 +129,14 @@ static void draw_bar(dt__progress *p, int64_t step, double loss, double sps, dou
     p->drawn = true;
 }
 
-void dt__progress_step(dt__progress *p, int64_t step, double loss, double lr, int64_t samples)
+void dt__progress_step(dt__progress *p, int64_t step, int64_t global_step, double loss, double lr, int64_t samples)
 {
     if (p->mode == DT__PROGRESS_NONE)
         return;
     double now = dt_time_s(), el = now - p->t0;
     double sps = el > 0 ? (double)samples / el : 0;
     if (p->mode == DT__PROGRESS_PLAIN) {
-        if (step % p->log_every == 0 && step != p->total) {
+        if (global_step % p->log_every == 0 && step != p->total) {
             char etas[32];
             double eta = step > 0 ? el * (double)(p->total - step) / (double)step : -1;
             char rate[32], lm[64];

@@ -188,6 +188,14 @@ DT_API void *dt_alloc(size_t size);
 /* Same, zero-filled. */
 DT_API void *dt_calloc(size_t size);
 DT_API void dt_free(void *p);
+/* Commits the pages of [p, p + bytes) now, without changing what they hold,
+ * so that the first writes later take no page fault: madvise
+ * MADV_POPULATE_WRITE where the kernel has it (Linux 5.14), else one byte
+ * per page read and written back, on the compute threads (the pages' first
+ * toucher is the thread that will use them under a static split). Only
+ * whole pages inside the range are committed. Returns the bytes committed
+ * (0 for an empty range or a NULL p). Thread-safe for disjoint ranges. */
+DT_API size_t dt_prefault(void *p, size_t bytes);
 
 typedef struct dt_arena dt_arena;
 /* An arena whose blocks are at least block_size bytes (0 = 4 MiB). */
@@ -195,8 +203,11 @@ DT_API dt_arena *dt_arena_init(size_t block_size);
 DT_API void dt_arena_free(dt_arena *a);
 /* 64-byte aligned memory valid until the next dt_arena_reset(). */
 DT_API void *dt_arena_alloc(dt_arena *a, size_t size);
-/* Release every allocation at once. After the first few steps the arena
- * coalesces into one block large enough for a whole step. */
+/* Release every allocation at once. After a step that spilled into more
+ * than one block the arena coalesces into one block as large as the peak,
+ * committed at once (dt_prefault), so the next step takes no page fault.
+ * Blocks of 2 MiB and more are mappings advised MADV_HUGEPAGE where the
+ * kernel offers transparent huge pages. */
 DT_API void dt_arena_reset(dt_arena *a);
 /* A position in an arena (dt_arena_mark), to give back everything allocated
  * after it (dt_arena_rewind): a region whose temporaries are dead once it
@@ -347,6 +358,7 @@ DT_API int dt_get_num_threads(void);
 /* ---- CPU features ----------------------------------------------------- */
 typedef struct {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_fp16;
+    bool amx_tile, amx_bf16; /* AMX tiles and tdpbf16ps, with the OS saving the tile state */
 } dt_cpu_features;
 /* What the CPU and the OS support, less what DT_MAX_CPU_ISA switches off.
  * Every SIMD path dtrain chooses at run time (dtype conversion, optimizer
@@ -357,11 +369,17 @@ DT_API dt_cpu_features dt_cpu_detect(void);
 /* What the CPU and the OS support, ignoring DT_MAX_CPU_ISA. */
 DT_API dt_cpu_features dt_cpu_detect_hw(void);
 /* The cap from DT_MAX_CPU_ISA (read once): scalar (no AVX at all), avx2 (no
- * AVX-512), or all (unset, "avx512" or "all": no cap). An unknown value logs
- * a warning and means no cap. */
-typedef enum { DT_CPU_ISA_SCALAR = 0, DT_CPU_ISA_AVX2 = 1, DT_CPU_ISA_ALL = 2 } dt_cpu_isa_cap;
+ * AVX-512), avx512 (AVX-512 but no AMX: dtrain's AMX GEMM off), or all
+ * (unset, "amx" or "all": no cap). An unknown value logs a warning and means
+ * no cap. */
+typedef enum {
+    DT_CPU_ISA_SCALAR = 0,
+    DT_CPU_ISA_AVX2 = 1,
+    DT_CPU_ISA_AVX512 = 2,
+    DT_CPU_ISA_ALL = 3
+} dt_cpu_isa_cap;
 DT_API dt_cpu_isa_cap dt_cpu_max_isa(void);
-/* "scalar", "avx2", "all". */
+/* "scalar", "avx2", "avx512", "all". */
 DT_API const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap);
 /* "avx2 fma f16c ..." into buf; returns buf. */
 DT_API char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n);

@@ -30,8 +30,11 @@
  * wrong type or a value out of range is DT_ERR_INVALID_ARG naming the key;
  * a key whose behaviour dtrain does not have yet, set to a value that would
  * change training, is DT_ERR_UNSUPPORTED ("key X: not supported yet
- * (reason)"). Keys that are pure performance knobs of DeepSpeed's GPU
- * implementation are accepted and have no effect (the guide says which).
+ * (reason)"). Every refused key of a file is named in the one error
+ * ("ds.json: 3 keys refused: key A: ...; key B: ...; key C: ..."; the
+ * status is the first refusal's), not one per attempt. Keys that are pure
+ * performance knobs of DeepSpeed's GPU implementation are accepted and have
+ * no effect (dt_config_key_no_effect; the effective configuration marks them).
  *
  * Lifecycle: dt_config_init / dt_config_free. Strings returned by getters
  * are borrowed from the config and valid until it is freed or the key is
@@ -131,6 +134,19 @@ DT_API const char *dt_config_warning(const dt_config *c, size_t i);
 
 /* Where key's value came from (DT_CONFIG_UNSET also for unknown keys). */
 DT_API dt_config_origin dt_config_origin_of(const dt_config *c, const char *key);
+/* Whether key holds "auto" from a file (and nothing stronger set it). */
+DT_API bool dt_config_is_auto(const dt_config *c, const char *key);
+/* Whether key is accepted without effect in dtrain (a knob of DeepSpeed's GPU
+ * implementation, a debugging switch): the effective configuration marks it. */
+DT_API bool dt_config_key_no_effect(const char *key);
+/* Fill a key that nothing set (or that holds "auto") with the value its
+ * consumer will use, so that the effective configuration shows it: origin
+ * FILE (the weakest, so any flag or variable still wins), source "default:
+ * WHY" or "auto: WHY" (why names where the value comes from, e.g.
+ * "--warmup"). A no-op (DT_OK) when the key is set; value errors as
+ * dt_config_set. dtrain train resolves WarmupLR's warmup_num_steps,
+ * warmup_type and warmup_max_lr this way. */
+DT_API dt_status dt_config_resolve(dt_config *c, const char *key, const char *json_value, const char *why);
 /* A set key's value. DT_ERR_NOT_FOUND when the key is unset (out untouched),
  * DT_ERR_DTYPE when it is not of that type (ints read as doubles too).
  * get_str's string is borrowed. */
@@ -159,8 +175,12 @@ DT_API dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64
                                          int64_t default_gas, dt_config_batch *out);
 
 /* The precision the config asks for: DT_F16 (fp16.enabled), DT_BF16
- * (bf16.enabled), DT_F32 (either key false and the other not true).
- * DT_ERR_NOT_FOUND when neither key is set (the caller's default applies). */
+ * (bf16.enabled), DT_F32 (either key false and the other not true);
+ * bf16.enabled "auto" with fp16.enabled absent or false: what
+ * dt_precision_auto (train.h) chooses on this CPU, bf16 or f32.
+ * DT_ERR_NOT_FOUND when neither key is set (the caller's default applies),
+ * and when both are "auto" (a Hugging Face Trainer config: both follow the
+ * command line). */
 DT_API dt_status dt_config_precision(const dt_config *c, dt_dtype *out);
 
 /* zero_optimization into *stage (0..3; untouched when unset) and the fields
@@ -214,10 +234,13 @@ DT_API int dt_config_pipe_stages(const dt_config *c);
 
 /* The effective configuration as one JSON object (malloc'd, free with
  * free(); NULL on out of memory): {"values": {KEY: VALUE, ...},
- * "from": {KEY: "file" | "--flag" | "AIAK_X", ...}} with every set key. */
+ * "from": {KEY: "file" | "--flag" | "AIAK_X" | "default: ..." | "auto: ...", ...}}
+ * with every set key, and "no_effect": [KEY, ...] naming the set keys that
+ * have no effect in dtrain (only when there is one). */
 DT_API char *dt_config_effective_json(const dt_config *c);
-/* The same as text, one "  KEY = VALUE  (from)" line per set key
- * (malloc'd; "" when nothing is set). */
+/* The same as text, one "  KEY = VALUE  (from)" line per set key, "(from;
+ * no effect in dtrain)" for a key without effect (malloc'd; "" when nothing
+ * is set). */
 DT_API char *dt_config_effective_text(const dt_config *c);
 
 /* Every known key in table order (for documentation and tests): the key

@@ -413,32 +413,47 @@ DT_API void dt_grad_clip_apply(float *g, size_t n, float total_norm, float max_n
 typedef enum {
     DT_SCHED_CONSTANT = 0,  /* lr = base_lr */
     DT_SCHED_STEP,          /* torch StepLR: base_lr * gamma^(step / step_size) */
-    DT_SCHED_COSINE,        /* linear warm-up then cosine decay to min_lr */
+    DT_SCHED_COSINE,        /* warm-up then cosine decay to min_lr */
+    DT_SCHED_LINEAR,        /* warm-up then linear decay to min_lr (HF get_linear_schedule_with_warmup) */
     DT_SCHED_KIND_COUNT
 } dt_sched_kind;
+
+/* How the warm-up ramps (DeepSpeed WarmupLR's warmup_type). */
+typedef enum {
+    DT_WARMUP_LINEAR = 0,   /* factor step / warmup (step 0 has lr 0) */
+    DT_WARMUP_LOG           /* factor ln(step + 1) / ln(max(2, warmup)) (DeepSpeed's default) */
+} dt_warmup_kind;
 
 typedef struct dt_sched_params {
     dt_sched_kind kind;     /* default DT_SCHED_CONSTANT */
     double base_lr;         /* peak learning rate; default 1e-3 */
     int64_t step_size;      /* STEP: steps per decay; default 1 */
     double gamma;           /* STEP: decay factor; default 0.1 */
-    int64_t warmup_steps;   /* linear warm-up length (every kind); default 0 */
-    int64_t total_steps;    /* COSINE: steps until min_lr is reached; default 1000 */
-    double min_lr;          /* COSINE: floor; default 0 */
+    int64_t warmup_steps;   /* warm-up length (every kind); default 0 (none) */
+    int64_t total_steps;    /* COSINE, LINEAR: steps until min_lr is reached; default 1000 */
+    double min_lr;          /* COSINE, LINEAR: floor; default 0 */
+    dt_warmup_kind warmup;  /* the warm-up's ramp; default DT_WARMUP_LINEAR */
 } dt_sched_params;
 DT_API dt_sched_params dt_sched_params_default(void);
 
 /* The learning rate for optimizer step `step` (0-based: the first step is 0),
- * a pure function so a resumed run gets the same values.
+ * a pure function so a resumed run gets the same values. The warm-up
+ * factor w(step), for step < warmup (1 afterwards, and always with warmup 0):
+ *   DT_WARMUP_LINEAR:  step / warmup                   (step 0 has lr 0)
+ *   DT_WARMUP_LOG:     ln(step + 1) / ln(max(2, warmup)) (DeepSpeed WarmupLR's
+ *                      "log" warmup_type; step 0 has lr 0)
  * COSINE (HF get_cosine_schedule_with_warmup, with a floor):
- *   step < warmup:  base_lr * step / warmup            (step 0 has lr 0)
+ *   step < warmup:  base_lr * w(step)
  *   else:           p = min(1, (step - warmup) / max(1, total - warmup))
  *                   min_lr + (base_lr - min_lr) * 0.5 * (1 + cos(pi * p))
+ * LINEAR (HF get_linear_schedule_with_warmup, with a floor):
+ *   step < warmup:  base_lr * w(step)
+ *   else:           min_lr + (base_lr - min_lr) * max(0, (total - step) / max(1, total - warmup))
  * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
- * With warmup_steps > 0, STEP and CONSTANT are multiplied by step / warmup
- * while step < warmup (the same linear ramp; step 0 has lr 0). */
+ * With warmup_steps > 0, STEP and CONSTANT are multiplied by w(step) while
+ * step < warmup. */
 DT_API double dt_sched_lr(const dt_sched_params *p, int64_t step);
-/* "constant", "step", "cosine" <-> kind; parse returns DT_ERR_INVALID_ARG. */
+/* "constant", "step", "cosine", "linear" <-> kind; parse returns DT_ERR_INVALID_ARG. */
 DT_API const char *dt_sched_kind_name(dt_sched_kind k);
 DT_API dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out);
 

@@ -145,8 +145,16 @@ typedef struct dt_precision_policy {
 /* All UNSET, keep_batchnorm_fp32 true, no overrides: plain f32 training. */
 DT_API dt_precision_policy dt_precision_policy_default(void);
 /* The policy of a --precision name: "fp32"/"f32" (all f32), "bf16", "fp16"/"f16"
- * (param and reduce dtype; buffers f32). DT_ERR_INVALID_ARG otherwise. */
+ * (param and reduce dtype; buffers f32), "auto" (bf16 or fp32 as
+ * dt_precision_auto chooses). DT_ERR_INVALID_ARG otherwise. */
 DT_API dt_status dt_precision_policy_parse(const char *name, dt_precision_policy *out);
+/* The precision "auto" trains in on this CPU: DT_BF16 where it has bf16
+ * arithmetic (AVX512_BF16; every CPU with AMX has it too) and oneDNN runs
+ * bf16 matmuls natively (dt_precision_native), DT_F32 elsewhere. Follows
+ * the caps (DT_MAX_CPU_ISA for dtrain's kernels, ONEDNN_MAX_CPU_ISA for
+ * oneDNN's). *why (may be NULL) receives a static phrase saying why, for
+ * printing: "this CPU has AVX512_BF16", "no AVX512_BF16 on this CPU", ... */
+DT_API dt_dtype dt_precision_auto(const char **why);
 /* DT_ERR_INVALID_ARG naming the field when a dtype is neither a float type
  * nor UNSET. */
 DT_API dt_status dt_precision_policy_check(const dt_precision_policy *p);
@@ -177,6 +185,10 @@ typedef struct dt_strategy_memory {
     size_t grad_bytes;        /* gradients held between steps (whole, or this rank's shards) */
     size_t gathered_peak;     /* peak bytes of gathered (unsharded) parameters and gradients
                                  that existed at once beyond the above, since init */
+    size_t optim_gap_elems;   /* elements inside this rank's optimizer ranges that it never steps
+                                 (an interleaved pipeline rank's range spans the other ranks'
+                                 stages between its chunks): their optimizer-state pages are never
+                                 touched, so dt_trainer_memory_get leaves them out; 0 otherwise */
 } dt_strategy_memory;
 
 struct dt_strategy_fb;
@@ -651,7 +663,12 @@ DT_API dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_re
  * or from a checkpoint (a step-N directory or a save directory; CRC-checked):
  * every tensor of the model must be there with its shape, in f32, bf16 or
  * f16 (converted by dt_trainer_load's dtype rule; extra tensors, the
- * optimizer state, are ignored); fp32 masters are set too. Any strategy
+ * optimizer state, are ignored); fp32 masters are set too. A parameter
+ * missing under its own name is taken under the other spellings files
+ * written elsewhere use: the name of a parameter tied to it (safetensors'
+ * save_model keeps "lm_head.weight" and drops the tied
+ * "transformer.wte.weight") and either name without the base-model prefix
+ * "transformer." (a Hugging Face base model's file). Any strategy
  * (ZeRO: each rank reads its ranges). Collective like dt_trainer_load. */
 DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
 /* The "user" object (user_json) saved with the checkpoint at path (a checkpoint or a

@@ -1,7 +1,7 @@
 /* CPU feature detection through cpuid and xgetbv (the OS must have enabled
  * the AVX and AVX-512 register state for the features to count), capped by
- * DT_MAX_CPU_ISA so that a machine with AVX-512 can run the code paths of an
- * AVX2 (or a plain x86-64) machine: every SIMD path dtrain picks at run time
+ * DT_MAX_CPU_ISA so that a machine with AMX can run the code paths of an
+ * AVX-512 one, and one with AVX-512 those of an AVX2 (or a plain x86-64) machine: every SIMD path dtrain picks at run time
  * asks dt_cpu_detect(), so the cap reaches all of them. */
 #include "base/cpu_cached.h"
 #include "dtrain/base.h"
@@ -42,6 +42,10 @@ dt_cpu_features dt_cpu_detect_hw(void)
         f.avx512bw = zmm && ((b >> 30) & 1);
         f.avx512vl = zmm && ((b >> 31) & 1);
         f.avx512_fp16 = zmm && ((d >> 23) & 1);
+        /* AMX: XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA) say the OS saves the tiles */
+        bool tiles = (xcr0 & 0x60000) == 0x60000;
+        f.amx_tile = tiles && ((d >> 24) & 1);
+        f.amx_bf16 = tiles && ((d >> 22) & 1);
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512_bf16 = zmm && ((a >> 5) & 1);
@@ -78,10 +82,13 @@ dt_cpu_isa_cap dt_cpu_max_isa(void)
             c = DT_CPU_ISA_SCALAR;
         else if (!strcasecmp(e, "avx2"))
             c = DT_CPU_ISA_AVX2;
-        else if (!strcasecmp(e, "avx512") || !strcasecmp(e, "all"))
+        else if (!strcasecmp(e, "avx512"))
+            c = DT_CPU_ISA_AVX512;
+        else if (!strcasecmp(e, "amx") || !strcasecmp(e, "all"))
             c = DT_CPU_ISA_ALL;
         else
-            dt_log(DT_LOG_WARN, "DT_MAX_CPU_ISA=%s is not one of scalar, avx2, avx512, all; ignored (no cap)", e);
+            dt_log(DT_LOG_WARN, "DT_MAX_CPU_ISA=%s is not one of scalar, avx2, avx512, amx, all; ignored (no cap)",
+                   e);
     }
     atomic_store(&g_cap, c);
     return (dt_cpu_isa_cap)c;
@@ -92,6 +99,7 @@ const char *dt_cpu_isa_cap_name(dt_cpu_isa_cap cap)
     switch (cap) {
     case DT_CPU_ISA_SCALAR: return "scalar";
     case DT_CPU_ISA_AVX2: return "avx2";
+    case DT_CPU_ISA_AVX512: return "avx512";
     case DT_CPU_ISA_ALL: return "all";
     }
     return "?";
@@ -101,6 +109,8 @@ dt_cpu_features dt_cpu_detect(void)
 {
     dt_cpu_features f = dt_cpu_detect_hw();
     dt_cpu_isa_cap cap = dt_cpu_max_isa();
+    if (cap <= DT_CPU_ISA_AVX512)
+        f.amx_tile = f.amx_bf16 = false;
     if (cap <= DT_CPU_ISA_AVX2)
         f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_fp16 = false;
     if (cap <= DT_CPU_ISA_SCALAR)
@@ -125,6 +135,8 @@ char *dt_cpu_features_str(dt_cpu_features f, char *buf, size_t n)
     ADD(avx512vl, "avx512vl")
     ADD(avx512_bf16, "avx512_bf16")
     ADD(avx512_fp16, "avx512_fp16")
+    ADD(amx_tile, "amx_tile")
+    ADD(amx_bf16, "amx_bf16")
 #undef ADD
     if (len == 0)
         snprintf(buf, n, "(none)");

@@ -22,6 +22,7 @@ typedef enum {
 enum {
     DT__KF_AUTO = 1,  /* "auto" accepted: left unset */
     DT__KF_NULL = 2,  /* null accepted: left unset */
+    DT__KF_NOOP = 4,  /* accepted without effect in dtrain (the effective configuration marks it) */
 };
 
 typedef struct dt__cfg_key {
@@ -38,6 +39,7 @@ extern const size_t dt__cfg_nkeys;
 typedef struct dt__cfg_val {
     dt_config_origin origin;
     bool is_auto;        /* "auto" in the file (still unset) */
+    bool resolved;       /* filled by dt_config_resolve: the value the consumer uses for an unset key */
     char source[64];     /* "file", "--lr", "AIAK_FP16_COMPRESSION" */
     union {
         bool b;

@@ -104,6 +104,18 @@ dt_config_origin dt_config_origin_of(const dt_config *c, const char *key)
     return v ? v->origin : DT_CONFIG_UNSET;
 }
 
+bool dt_config_is_auto(const dt_config *c, const char *key)
+{
+    int k = c ? dt__cfg_find(key) : -1;
+    return k >= 0 && c->vals[k].origin == DT_CONFIG_UNSET && c->vals[k].is_auto;
+}
+
+bool dt_config_key_no_effect(const char *key)
+{
+    int k = dt__cfg_find(key);
+    return k >= 0 && (dt__cfg_keys[k].flags & DT__KF_NOOP);
+}
+
 static dt_status get_typed(const dt_config *c, const char *key, dt__kt want, const dt__cfg_val **out)
 {
     int k = c ? dt__cfg_find(key) : -1;
@@ -317,6 +329,24 @@ dt_status dt_config_set(dt_config *c, const char *key, const char *json_value, d
     return st;
 }
 
+dt_status dt_config_resolve(dt_config *c, const char *key, const char *json_value, const char *why)
+{
+    if (!c || !key || !json_value || !why)
+        return dt_error(DT_ERR_NULL, "dt_config_resolve: NULL argument");
+    int k = dt__cfg_find(key);
+    if (k < 0)
+        return dt_error(DT_ERR_NOT_FOUND, "unknown config key '%s'", key);
+    dt__cfg_val *cur = &c->vals[k];
+    if (cur->origin != DT_CONFIG_UNSET)
+        return DT_OK; /* set: nothing to resolve */
+    char src[64];
+    snprintf(src, sizeof src, "%s: %s", cur->is_auto ? "auto" : "default", why);
+    dt_status st = dt_config_set(c, key, json_value, DT_CONFIG_FROM_FILE, src);
+    if (st == DT_OK)
+        cur->resolved = true;
+    return st;
+}
+
 /* ---- positions and parse errors ------------------------------------------------ */
 
 static void line_col(const char *buf, size_t off, int *line, int *col)
@@ -524,7 +554,33 @@ typedef struct walker {
     dt_config *tmp;
     const char *name;
     dt_config *warn_to;
+    dt_status refused;  /* the first refusal's status (0: none) */
+    int nrefused;
+    char *why;          /* the refusals' messages, "; "-separated (malloc'd) */
+    size_t len, cap;
 } walker;
+
+/* A key the walk refused (its type, range or support): the message is kept so
+ * that every refused key of a file is reported in one error, not one per run. */
+static dt_status refuse(walker *w, dt_status st)
+{
+    const char *msg = dt_last_error();
+    size_t n = strlen(msg) + 3;
+    if (w->len + n >= w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 512;
+        while (w->len + n >= cap)
+            cap *= 2;
+        char *b = realloc(w->why, cap);
+        if (!b)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", w->name);
+        w->why = b;
+        w->cap = cap;
+    }
+    w->len += (size_t)snprintf(w->why + w->len, w->cap - w->len, "%s%s", w->nrefused ? "; " : "", msg);
+    if (!w->nrefused++)
+        w->refused = st;
+    return DT_OK;
+}
 
 static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
 {
@@ -547,6 +603,11 @@ static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
             continue;
         }
         dt_status st = set_item(w->tmp, k, m, DT_CONFIG_FROM_FILE, "file");
+        if (st == DT_ERR_INVALID_ARG || st == DT_ERR_UNSUPPORTED) { /* refused: note it, go on to the others */
+            if ((st = refuse(w, st)) < 0)
+                return st;
+            continue;
+        }
         if (st < 0)
             return dt_error_wrap(st, "%s", w->name);
         if (dt__cfg_keys[k].type == DT__KT_OBJECT && (st = walk(w, m, path)) < 0)
@@ -633,6 +694,11 @@ dt_status dt_config_load_string(dt_config *c, const char *name, const char *text
         goto out_root;
     walker w = {.tmp = tmp, .name = name, .warn_to = tmp};
     st = walk(&w, root, "");
+    if (st == DT_OK && w.nrefused == 1)
+        st = dt_error(w.refused, "%s: %s", name, w.why);
+    else if (st == DT_OK && w.nrefused > 1)
+        st = dt_error(w.refused, "%s: %d keys refused: %s", name, w.nrefused, w.why);
+    free(w.why);
     if (st == DT_OK) {
         merge(c, tmp);
         for (size_t i = 0; i < tmp->nwarn; i++)
@@ -711,6 +777,7 @@ char *dt_config_effective_json(const dt_config *c)
         cJSON_Delete(vals);
         cJSON_Delete(from);
     }
+    cJSON *noop = NULL;
     for (size_t k = 0; ok && c && k < dt__cfg_nkeys; k++) {
         const dt__cfg_val *v = &c->vals[k];
         if (v->origin == DT_CONFIG_UNSET || dt__cfg_keys[k].type == DT__KT_OBJECT)
@@ -718,6 +785,11 @@ char *dt_config_effective_json(const dt_config *c)
         cJSON *j = val_json((int)k, v), *s = cJSON_CreateString(v->source);
         ok = j && s && cJSON_AddItemToObject(vals, dt__cfg_keys[k].path, j) &&
              cJSON_AddItemToObject(from, dt__cfg_keys[k].path, s);
+        if (ok && (dt__cfg_keys[k].flags & DT__KF_NOOP)) { /* "no_effect": [KEY, ...], only when there is one */
+            cJSON *name = cJSON_CreateString(dt__cfg_keys[k].path);
+            ok = name && (noop || (noop = cJSON_AddArrayToObject(root, "no_effect"))) &&
+                 cJSON_AddItemToArray(noop, name);
+        }
     }
     char *out = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
@@ -742,7 +814,8 @@ char *dt_config_effective_text(const dt_config *c)
             free(out);
             return NULL;
         }
-        size_t need = strlen(dt__cfg_keys[k].path) + strlen(js) + strlen(v->source) + 16;
+        const char *mark = dt__cfg_keys[k].flags & DT__KF_NOOP ? "; no effect in dtrain" : "";
+        size_t need = strlen(dt__cfg_keys[k].path) + strlen(js) + strlen(v->source) + strlen(mark) + 16;
         if (len + need >= cap) {
             while (len + need >= cap)
                 cap *= 2;
@@ -754,7 +827,8 @@ char *dt_config_effective_text(const dt_config *c)
             }
             out = t;
         }
-        len += (size_t)snprintf(out + len, cap - len, "  %s = %s  (%s)\n", dt__cfg_keys[k].path, js, v->source);
+        len += (size_t)snprintf(out + len, cap - len, "  %s = %s  (%s%s)\n", dt__cfg_keys[k].path, js, v->source,
+                                mark);
         free(js);
     }
     return out;

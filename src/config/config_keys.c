@@ -15,6 +15,7 @@
 #define STR(p, ch, f) {p, DT__KT_STR, 0, 0, f, ch}
 #define A DT__KF_AUTO
 #define N DT__KF_NULL
+#define X DT__KF_NOOP /* no effect in dtrain */
 
 const dt__cfg_key dt__cfg_keys[] = {
     /* batch (SEMANTICS 1.4) */
@@ -24,16 +25,16 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* clipping, logging */
     FLT("gradient_clipping", 0, 1e30, A),
     INT("steps_per_print", 1, BIG, A),
-    BOOL("wall_clock_breakdown", A),
-    BOOL("memory_breakdown", A),
-    BOOL("dump_state", 0),
+    BOOL("wall_clock_breakdown", A | X),
+    BOOL("memory_breakdown", A | X),
+    BOOL("dump_state", X),
     /* gradient reduction */
     STR("communication_data_type", "fp32|fp16|bf16", A | N),
     BOOL("prescale_gradients", 0),
     FLT("gradient_predivide_factor", 1e-30, 1e30, 0),
     BOOL("sparse_gradients", 0),
-    BOOL("zero_allow_untested_optimizer", 0),
-    BOOL("zero_force_ds_cpu_optimizer", 0),
+    BOOL("zero_allow_untested_optimizer", X),
+    BOOL("zero_force_ds_cpu_optimizer", X),
     /* fp16 (SEMANTICS 1.1) */
     OBJ("fp16"),
     BOOL("fp16.enabled", A),
@@ -53,23 +54,23 @@ const dt__cfg_key dt__cfg_keys[] = {
     OBJ("zero_optimization"),
     INT("zero_optimization.stage", 0, 3, 0),
     BOOL("zero_optimization.overlap_comm", A),
-    BOOL("zero_optimization.contiguous_gradients", 0),
-    INT("zero_optimization.reduce_bucket_size", 1, BIG, A),
+    BOOL("zero_optimization.contiguous_gradients", X),
+    INT("zero_optimization.reduce_bucket_size", 1, BIG, A | X),
     INT("zero_optimization.allgather_bucket_size", 1, BIG, A),
-    BOOL("zero_optimization.allgather_partitions", 0),
+    BOOL("zero_optimization.allgather_partitions", X),
     BOOL("zero_optimization.reduce_scatter", 0),
     INT("zero_optimization.sub_group_size", 1, BIG, A),
-    BOOL("zero_optimization.round_robin_gradients", 0),
+    BOOL("zero_optimization.round_robin_gradients", X),
     INT("zero_optimization.stage3_prefetch_bucket_size", 0, BIG, A),
     INT("zero_optimization.stage3_param_persistence_threshold", 0, BIG, A),
-    INT("zero_optimization.stage3_model_persistence_threshold", 0, 9.3e18, A),
+    INT("zero_optimization.stage3_model_persistence_threshold", 0, 9.3e18, A | X),
     INT("zero_optimization.stage3_max_live_parameters", 0, BIG, A),
     INT("zero_optimization.stage3_max_reuse_distance", 0, BIG, A),
-    BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", A),
-    BOOL("zero_optimization.gather_16bit_weights_on_model_save", A),
+    BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", A | X),
+    BOOL("zero_optimization.gather_16bit_weights_on_model_save", A | X),
     BOOL("zero_optimization.cpu_offload", 0),
-    BOOL("zero_optimization.ignore_unused_parameters", 0),
-    BOOL("zero_optimization.elastic_checkpoint", 0),
+    BOOL("zero_optimization.ignore_unused_parameters", X),
+    BOOL("zero_optimization.elastic_checkpoint", X),
     INT("zero_optimization.zero_hpz_partition_size", 1, 1e6, 0),
     BOOL("zero_optimization.zero_quantized_weights", 0),
     BOOL("zero_optimization.zero_quantized_gradients", 0),
@@ -83,10 +84,10 @@ const dt__cfg_key dt__cfg_keys[] = {
     OBJ("zero_optimization.offload_param"),
     STR("zero_optimization.offload_param.device", "none|cpu|nvme", N),
     STR("zero_optimization.offload_param.nvme_path", NULL, N),
-    BOOL("zero_optimization.offload_param.pin_memory", 0),
+    BOOL("zero_optimization.offload_param.pin_memory", X),
     INT("zero_optimization.offload_param.buffer_count", 1, 1e6, 0),
     INT("zero_optimization.offload_param.buffer_size", 1, BIG, 0),
-    INT("zero_optimization.offload_param.max_in_cpu", 0, BIG, 0),
+    INT("zero_optimization.offload_param.max_in_cpu", 0, BIG, X),
     /* optimizer */
     OBJ("optimizer"),
     STR("optimizer.type", "Adam|AdamW|SGD|Lamb", 0),
@@ -97,7 +98,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("optimizer.params.weight_decay", 0, 1e6, A),
     BOOL("optimizer.params.adam_w_mode", 0),
     BOOL("optimizer.params.torch_adam", 0),
-    BOOL("optimizer.params.fp32_optimizer_states", 0),
+    BOOL("optimizer.params.fp32_optimizer_states", X),
     FLT("optimizer.params.momentum", 0, 0.999999, 0),
     FLT("optimizer.params.dampening", 0, 1, 0),
     BOOL("optimizer.params.nesterov", 0),
@@ -106,9 +107,10 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("optimizer.params.grad_averaging", 0),
     FLT("optimizer.params.max_coeff", 0, 1e30, 0),
     FLT("optimizer.params.min_coeff", 0, 1e30, 0),
-    /* scheduler: DeepSpeed's names and dtrain's own (constant, step, cosine) */
+    /* scheduler: DeepSpeed's names and dtrain's own (constant, step, cosine, linear) */
     OBJ("scheduler"),
-    STR("scheduler.type", "WarmupLR|WarmupDecayLR|WarmupCosineLR|OneCycle|LRRangeTest|constant|step|cosine", 0),
+    STR("scheduler.type", "WarmupLR|WarmupDecayLR|WarmupCosineLR|OneCycle|LRRangeTest|constant|step|cosine|linear",
+        0),
     OBJ("scheduler.params"),
     FLT("scheduler.params.warmup_min_lr", 0, 1e6, A),
     FLT("scheduler.params.warmup_max_lr", 0, 1e6, A),
@@ -122,10 +124,10 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* activation checkpointing (SEMANTICS 10.2) */
     OBJ("activation_checkpointing"),
     BOOL("activation_checkpointing.partition_activations", 0),
-    BOOL("activation_checkpointing.cpu_checkpointing", 0),
-    BOOL("activation_checkpointing.contiguous_memory_optimization", 0),
+    BOOL("activation_checkpointing.cpu_checkpointing", X),
+    BOOL("activation_checkpointing.contiguous_memory_optimization", X),
     INT("activation_checkpointing.number_checkpoints", 0, 1e9, N),
-    BOOL("activation_checkpointing.synchronize_checkpoint_boundary", 0),
+    BOOL("activation_checkpointing.synchronize_checkpoint_boundary", X),
     BOOL("activation_checkpointing.profile", 0),
     /* pipeline parallelism: DeepSpeed's block as its PipelineModule / PipelineEngine read it (with
        more than one stage, gradient_accumulation_steps is the number of micro-batches) */
@@ -134,9 +136,9 @@ const dt__cfg_key dt__cfg_keys[] = {
     STR("pipeline.partition", NULL, 0),
     BOOL("pipeline.seed_layers", 0),
     INT("pipeline.activation_checkpoint_interval", 0, 1e6, 0),
-    BOOL("pipeline.pipe_partitioned", 0),
-    BOOL("pipeline.grad_partitioned", 0),
-    BOOL("pipeline.use_reentrant", 0),
+    BOOL("pipeline.pipe_partitioned", X),
+    BOOL("pipeline.grad_partitioned", X),
+    BOOL("pipeline.use_reentrant", X),
     /* dtrain's own block: what DeepSpeed's config does not say */
     OBJ("dtrain"),
     BOOL("dtrain.activation_checkpointing", 0),
@@ -147,7 +149,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("dtrain.powersgd_error_feedback", 0),
     BOOL("dtrain.powersgd_warm_start", 0),
     BOOL("dtrain.hierarchical_allreduce", 0),
-    BOOL("dtrain.fused_optimizer", 0),
+    BOOL("dtrain.fused_optimizer", X),
     INT("dtrain.tensor_parallel_size", 1, 1e6, 0),
     INT("dtrain.data_parallel_size", 1, 65536, 0),
     INT("dtrain.pipeline_parallel_size", 1, 256, 0),

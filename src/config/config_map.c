@@ -8,6 +8,7 @@
 #include "config_impl.h"
 
 #include "dtrain/pipeline.h"
+#include "dtrain/train.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -46,9 +47,7 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
     if (!strcmp(p, "scheduler.type") &&
         (!strcmp(v->v.s, "WarmupDecayLR") || !strcmp(v->v.s, "WarmupCosineLR") || !strcmp(v->v.s, "OneCycle") ||
          !strcmp(v->v.s, "LRRangeTest")))
-        return unsupported(p, "dtrain's schedules are WarmupLR (linear), constant, step and cosine");
-    if (!strcmp(p, "scheduler.params.warmup_type") && !strcmp(v->v.s, "log"))
-        return unsupported(p, "dtrain's warm-up is linear: set \"warmup_type\": \"linear\"");
+        return unsupported(p, "dtrain's schedules are WarmupLR, constant, step, cosine and linear");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
     if (!strcmp(p, "dtrain.micro_batches"))
@@ -138,6 +137,12 @@ dt_status dt_config_precision(const dt_config *c, dt_dtype *out)
     bool f16 = false, bf16 = false;
     bool hf = dt_config_get_bool(c, "fp16.enabled", &f16) == DT_OK;
     bool hb = dt_config_get_bool(c, "bf16.enabled", &bf16) == DT_OK;
+    /* bf16.enabled "auto": bf16 where the CPU has it; with fp16.enabled "auto" as well (a Hugging Face
+     * Trainer config: both follow the trainer's arguments) the caller's precision applies */
+    if (!hb && !hf && dt_config_is_auto(c, "bf16.enabled") && !dt_config_is_auto(c, "fp16.enabled")) {
+        hb = true;
+        bf16 = dt_precision_auto(NULL) == DT_BF16;
+    }
     if (!hf && !hb)
         return DT_ERR_NOT_FOUND;
     if (f16 && bf16)

@@ -14,6 +14,9 @@
  * matmul with f32 accumulation, at f32 speed. dt_k_bench_matmul reports
  * which path ran.
  *
+ * bf16 on a CPU with AMX: dtrain's own AMX GEMM (gemm_amx.c) runs instead,
+ * unless DT_MAX_CPU_ISA is avx512 or lower; dt_k_matmul_amx() says which.
+ *
  * Leading dimensions that are multiples of 4 KiB: oneDNN 2.6's f32 GEMM
  * (gemm:jit) runs at half speed on AVX2 when B's rows are a multiple of
  * 1024 floats apart and M is small, e.g. GPT-2's c_fc forward, [256, 768] x
@@ -22,6 +25,7 @@
  * Such a 2-D f32 product copies B into rows PAD_EXTRA floats longer (kept with
  * the cached primitive, whose B descriptor has that stride) and multiplies
  * the copy: the same products in the same order, so the same result. */
+#include "kernels/gemm_amx.h"
 #include "kernels_impl.h"
 
 #include <math.h>
@@ -256,6 +260,8 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
         return DT_OK;
     if (batch == 1)
         sa = sb = sc = 0;
+    if (t == DT_BF16 && dt__amx_active(NULL)) /* dtrain's AMX GEMM (gemm_amx.c) */
+        return dt__amx_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, beta, C, sc, bias);
     if (K == 0) { /* C = beta C + bias */
         for (int64_t b = 0; b < batch; b++)
             for (int64_t i = 0; i < M; i++) {

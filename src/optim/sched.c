@@ -1,7 +1,9 @@
 /* Learning-rate schedules as pure functions of the step index, so a run
  * resumed from a checkpoint at step s gets exactly the rates it would have
  * had. Cosine follows Hugging Face's get_cosine_schedule_with_warmup
- * (num_cycles 0.5), with a floor min_lr like torch's CosineAnnealingLR eta_min. */
+ * (num_cycles 0.5), linear its get_linear_schedule_with_warmup, both with a
+ * floor min_lr like torch's CosineAnnealingLR eta_min. The "log" warm-up is
+ * DeepSpeed WarmupLR's default ramp (its warmup_num_steps raised to 2). */
 #include "dtrain/optim.h"
 
 #include <math.h>
@@ -10,8 +12,18 @@
 dt_sched_params dt_sched_params_default(void)
 {
     dt_sched_params p = {.kind = DT_SCHED_CONSTANT, .base_lr = 1e-3, .step_size = 1, .gamma = 0.1,
-                         .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0};
+                         .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0, .warmup = DT_WARMUP_LINEAR};
     return p;
+}
+
+/* The warm-up factor for step < warmup_steps (callers check). */
+static double warm(const dt_sched_params *p, int64_t step)
+{
+    if (p->warmup == DT_WARMUP_LOG) {
+        int64_t n = p->warmup_steps > 2 ? p->warmup_steps : 2;
+        return log((double)step + 1.0) / log((double)n);
+    }
+    return (double)step / (double)p->warmup_steps;
 }
 
 static double sched_base(const dt_sched_params *p, int64_t step)
@@ -25,9 +37,16 @@ static double sched_base(const dt_sched_params *p, int64_t step)
         int64_t ss = p->step_size > 0 ? p->step_size : 1;
         return p->base_lr * pow(p->gamma, (double)(step / ss));
     }
+    case DT_SCHED_LINEAR: {
+        if (step < p->warmup_steps)
+            return p->base_lr * warm(p, step);
+        int64_t span = p->total_steps - p->warmup_steps;
+        double left = (double)(p->total_steps - step) / (double)(span > 1 ? span : 1);
+        return p->min_lr + (p->base_lr - p->min_lr) * (left > 0 ? left : 0.0);
+    }
     case DT_SCHED_COSINE: {
         if (step < p->warmup_steps)
-            return p->base_lr * (double)step / (double)p->warmup_steps;
+            return p->base_lr * warm(p, step);
         int64_t span = p->total_steps - p->warmup_steps;
         double prog = (double)(step - p->warmup_steps) / (double)(span > 1 ? span : 1);
         if (prog > 1.0)
@@ -47,15 +66,15 @@ double dt_sched_lr(const dt_sched_params *p, int64_t step)
     if (step < 0)
         step = 0;
     double lr = sched_base(p, step);
-    /* cosine has its own warm-up (above); the others ramp linearly the same
-     * way, on top of their value (this was the CLI's rule) */
-    if (p->kind != DT_SCHED_COSINE && p->warmup_steps > 0 && step < p->warmup_steps)
-        lr *= (double)step / (double)p->warmup_steps;
+    /* cosine and linear have their own warm-up (above); the others ramp the
+     * same way, on top of their value (this was the CLI's rule) */
+    if (p->kind != DT_SCHED_COSINE && p->kind != DT_SCHED_LINEAR && p->warmup_steps > 0 && step < p->warmup_steps)
+        lr *= warm(p, step);
     return lr;
 }
 
-static const char *const g_sched_names[] = {"constant", "step", "cosine"};
-_Static_assert(DT_SCHED_KIND_COUNT == 3, "schedule names");
+static const char *const g_sched_names[] = {"constant", "step", "cosine", "linear"};
+_Static_assert(DT_SCHED_KIND_COUNT == 4, "schedule names");
 
 const char *dt_sched_kind_name(dt_sched_kind k)
 {
@@ -70,5 +89,5 @@ dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out)
                 *out = (dt_sched_kind)k;
             return DT_OK;
         }
-    return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine)", s ? s : "(null)");
+    return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine, linear)", s ? s : "(null)");
 }

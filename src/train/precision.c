@@ -1,6 +1,7 @@
 /* The precision policy (train.h): FSDP's MixedPrecision fields plus apex
  * O2's keep_batchnorm_fp32 and a per-module f32 override, and the rules
  * that resolve them (reduce inherits param, overrides by path prefix). */
+#include "dtrain/precision.h"
 #include "dtrain/train.h"
 
 #include <string.h>
@@ -17,11 +18,30 @@ dt_precision_policy dt_precision_policy_default(void)
     return p;
 }
 
+dt_dtype dt_precision_auto(const char **why)
+{
+    const char *w;
+    dt_dtype t = DT_F32;
+    if (!dt_cpu_detect_hw().avx512_bf16)
+        w = "no AVX512_BF16 on this CPU";
+    else if (!dt_cpu_detect().avx512_bf16)
+        w = "AVX512_BF16 switched off by DT_MAX_CPU_ISA";
+    else if (!dt_precision_native(DT_BF16))
+        w = "oneDNN runs no native bf16 matmul here: ONEDNN_MAX_CPU_ISA caps it";
+    else
+        w = "this CPU has AVX512_BF16", t = DT_BF16;
+    if (why)
+        *why = w;
+    return t;
+}
+
 dt_status dt_precision_policy_parse(const char *name, dt_precision_policy *out)
 {
     if (!name || !out)
         return dt_error(DT_ERR_NULL, "dt_precision_policy_parse: NULL argument");
     dt_precision_policy p = dt_precision_policy_default();
+    if (!strcmp(name, "auto"))
+        name = dt_precision_auto(NULL) == DT_BF16 ? "bf16" : "fp32";
     if (!strcmp(name, "fp32") || !strcmp(name, "f32"))
         p.param_dtype = DT_F32;
     else if (!strcmp(name, "bf16"))
@@ -29,7 +49,7 @@ dt_status dt_precision_policy_parse(const char *name, dt_precision_policy *out)
     else if (!strcmp(name, "fp16") || !strcmp(name, "f16"))
         p.param_dtype = DT_F16;
     else
-        return dt_error(DT_ERR_INVALID_ARG, "unknown precision '%s' (fp32, bf16, fp16)", name);
+        return dt_error(DT_ERR_INVALID_ARG, "unknown precision '%s' (fp32, bf16, fp16, auto)", name);
     p.reduce_dtype = p.param_dtype;
     p.buffer_dtype = DT_F32;
     *out = p;

@@ -755,6 +755,19 @@ static dt_status s_memory(void *self, dt_strategy_memory *out)
     memset(out, 0, sizeof *out);
     out->param_bytes = s->stage_bytes;
     out->grad_bytes = s->stage_bytes;
+    /* the optimizer range [a, b) of each dtype, less the runs this rank steps */
+    for (int k = 0; k < NDT; k++) {
+        const prange *R = &s->rk[k];
+        if (!R->P || R->b <= R->a)
+            continue;
+        size_t held = 0;
+        for (size_t r = 0; r < R->nrun; r++) {
+            const size_t x = R->runs[2 * r] > R->a ? R->runs[2 * r] : R->a;
+            const size_t y = R->runs[2 * r + 1] < R->b ? R->runs[2 * r + 1] : R->b;
+            held += y > x ? y - x : 0;
+        }
+        out->optim_gap_elems += R->b - R->a > held ? R->b - R->a - held : 0;
+    }
     return DT_OK;
 }
 

@@ -995,6 +995,10 @@ dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out)
             if (dt_optim_state(tr->opt, k, i, NULL, NULL, &n) >= 0)
                 out->optim_bytes += n * sizeof(float);
         }
+    /* the state of the elements between the pieces a rank steps (an
+     * interleaved pipeline rank's chunks) is never touched: not held */
+    const size_t gap = sm.optim_gap_elems * (size_t)ns * sizeof(float);
+    out->optim_bytes -= gap < out->optim_bytes ? gap : out->optim_bytes;
     /* fp32 masters of low-precision parameters (f32 ones are their own
      * master), and the optimizer's f32 copies of low-precision gradients */
     for (size_t k = 0; k < tr->nrg; k++) {

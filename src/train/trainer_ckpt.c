@@ -1187,6 +1187,32 @@ static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, c
     return st;
 }
 
+/* The k-th other spelling (k = 0, 1, ...) of parameter entry i in a weights
+ * file written elsewhere, into out; false when there is none left. The
+ * spellings: the name of an entry tied to it (safetensors' save_model keeps
+ * "lm_head.weight" and drops the tied "transformer.wte.weight"), and each of
+ * these names without the base-model prefix "transformer." (a Hugging Face
+ * base-model file: "h.0.attn.c_attn.weight", "wte.weight"). */
+static bool alt_name(const dt_model *m, size_t i, int k, char *out, size_t n)
+{
+    static const char prefix[] = "transformer.";
+    const size_t pl = sizeof prefix - 1;
+    dt_param_info e;
+    for (size_t j = 0, ne = dt_model_num_entries(m); j < ne; j++) {
+        if (dt_model_entry(m, j, &e) < 0 || (j != i && e.tied_to != (int64_t)i))
+            continue;
+        if (j != i && k-- == 0) {
+            snprintf(out, n, "%s", e.name);
+            return true;
+        }
+        if (!strncmp(e.name, prefix, pl) && k-- == 0) {
+            snprintf(out, n, "%s", e.name + pl);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Load the pieces (the rule of the overview) and, unless weights_only, their
  * optimizer state; then the buffers. Tensor parallel: each slice from the
  * full tensor saved (read_piece), so any checkpoint of the model loads at
@@ -1216,6 +1242,11 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
         if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
         if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
+            break;
+        for (int k = 0; !found && weights_only && alt_name(m, i, k, name, sizeof name); k++)
+            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
+                break;
+        if (st < 0)
             break;
         if (!found) {
             st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s'", ckname, q->e.name);

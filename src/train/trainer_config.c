@@ -8,9 +8,13 @@
  *   - a type given in the config takes FusedAdam's / FusedLamb's defaults
  *     for what its params do not give (lr 1e-3, betas 0.9/0.999, eps 1e-8,
  *     weight_decay 0), not torch's AdamW default decay of 1e-2;
- *   - WarmupLR's rate is warmup_max_lr (default 1e-3), ramped linearly
- *     from 0 over warmup_num_steps (default 1000): it replaces the
- *     optimizer's lr, as DeepSpeed's scheduler overwrites the param groups'. */
+ *   - WarmupLR's rate is warmup_max_lr (default 1e-3; "auto": the
+ *     optimizer's lr, as the HF Trainer fills it), ramped from 0 over
+ *     warmup_num_steps by warmup_type ("log", DeepSpeed's default, or
+ *     "linear"): it replaces the optimizer's lr, as DeepSpeed's scheduler
+ *     overwrites the param groups'. warmup_num_steps left out or "auto"
+ *     keeps the caller's warmup_steps (dtrain train's --warmup, default 0:
+ *     no warm-up), not DeepSpeed's silent 1000. */
 #include "dtrain/config.h"
 #include "dtrain/train.h"
 
@@ -61,10 +65,10 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
     take_d(c, "optimizer.params.dampening", &damp);
     take_d(c, "optimizer.params.max_grad_norm", &mgn);
     const char *stype = NULL;
-    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK && !strcmp(stype, "WarmupLR")) {
-        lr = 1e-3; /* WarmupLR's warmup_max_lr default */
-        take_d(c, "scheduler.params.warmup_max_lr", &lr);
-    }
+    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK && !strcmp(stype, "WarmupLR") &&
+        dt_config_get_double(c, "scheduler.params.warmup_max_lr", &lr) != DT_OK &&
+        !dt_config_is_auto(c, "scheduler.params.warmup_max_lr"))
+        lr = 1e-3; /* WarmupLR's warmup_max_lr default ("auto": the optimizer's lr, taken above) */
     dt_config_get_pair(c, "optimizer.params.betas", betas);
     bool nesterov = false, bc = true, ga = true;
     switch (tp->optimizer) {
@@ -115,17 +119,16 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
     double d;
     if (dt_config_get_str(c, "scheduler.type", &type) == DT_OK) {
         if (!strcmp(type, "WarmupLR")) {
-            const char *wt = NULL;
-            if (dt_config_get_str(c, "scheduler.params.warmup_type", &wt) != DT_OK)
-                return dt_error(DT_ERR_UNSUPPORTED, "key scheduler.params.warmup_type: not supported yet (WarmupLR's "
-                                                    "default is \"log\"; dtrain's warm-up is linear: set "
-                                                    "\"warmup_type\": \"linear\")");
             tp->sched.kind = DT_SCHED_CONSTANT;
-            tp->sched.warmup_steps = 1000; /* WarmupLR's default */
+            tp->sched.warmup = DT_WARMUP_LOG; /* WarmupLR's default warmup_type (the key, below, overrides) */
+            /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
         } else if (dt_sched_kind_parse(type, &tp->sched.kind) < 0) {
             return dt_error(DT_ERR_INVALID_ARG, "key scheduler.type: '%s' is not a schedule", type);
         }
     }
+    const char *wt = NULL;
+    if (dt_config_get_str(c, "scheduler.params.warmup_type", &wt) == DT_OK)
+        tp->sched.warmup = !strcmp(wt, "log") ? DT_WARMUP_LOG : DT_WARMUP_LINEAR;
     if (dt_config_get_int(c, "scheduler.params.warmup_num_steps", &v) == DT_OK)
         tp->sched.warmup_steps = v;
     if (dt_config_get_int(c, "scheduler.params.step_size", &v) == DT_OK)

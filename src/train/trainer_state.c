@@ -75,7 +75,8 @@ dt_status dt_trainer_run_state(const dt_trainer *tr, char **json)
              add_num(sched, "warmup_steps", (double)p->sched.warmup_steps) &&
              add_num(sched, "total_steps", (double)p->sched.total_steps) &&
              add_num(sched, "step_size", (double)p->sched.step_size) && add_num(sched, "gamma", p->sched.gamma) &&
-             add_num(sched, "min_lr", p->sched.min_lr);
+             add_num(sched, "min_lr", p->sched.min_lr) &&
+             cJSON_AddStringToObject(sched, "warmup_type", p->sched.warmup == DT_WARMUP_LOG ? "log" : "linear");
     else
         ok = false;
     if (ok && (rng = cJSON_AddObjectToObject(root, "rng")) && (arr = cJSON_AddArrayToObject(rng, "module_counters"))) {
@@ -243,8 +244,8 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
     ri.data_order_kept = pos->order_kept;
     if (!ri.data_order_kept)
         snprintf(ri.note, sizeof ri.note,
-                 "the checkpoint was saved by %lld ranks, this run has %d: weights, optimizer state and the "
-                 "schedule are resumed, the data order is not kept (epoch %lld continues at the same fraction of "
+                 "the checkpoint was saved by %lld data-parallel replicas, this run has %d: weights, optimizer "
+                 "state and the schedule are resumed, the data order is not kept (epoch %lld continues at the same fraction of "
                  "its batches, with other samples in another order; dropout masks differ)",
                  (long long)world, dt_trainer_world(tr), (long long)epoch + 1);
 out:

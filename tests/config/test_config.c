@@ -546,9 +546,29 @@ TEST(scheduler_block)
     tp.sched.base_lr = tp.adamw.lr;
     ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.0015, 1e-15, 0);
     ASSERT_NEAR(dt_sched_lr(&tp.sched, 25), 0.003, 0, 0);
-    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 5}}}", &tp),
-                  DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "warmup_type");
+    /* WarmupLR without warmup_type: DeepSpeed's default "log" ramp, ln(step + 1) / ln(warmup) (issue 32: it
+       was refused, naming a key the user never wrote) */
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 5}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.warmup, DT_WARMUP_LOG);
+    ASSERT_EQ_INT(tp.sched.warmup_steps, 5);
+    tp.sched.base_lr = 0.001;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 2), 0.001 * log(3.0) / log(5.0), 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 5), 0.001, 0, 0);
+    /* warmup_num_steps left out or "auto": the caller's warm-up (dtrain train's --warmup, default 0), not
+       DeepSpeed's silent 1000; warmup_max_lr "auto": the optimizer's lr (as the HF Trainer fills it) */
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\", "
+                    "\"warmup_type\": \"linear\"}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.warmup_steps, 0);
+    ASSERT_EQ_INT(tp.sched.warmup, DT_WARMUP_LINEAR);
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupLR\"}}", &tp));
+    ASSERT_EQ_INT(tp.sched.warmup_steps, 0);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.25}}, \"scheduler\": {\"type\": "
+                    "\"WarmupLR\", \"params\": {\"warmup_max_lr\": \"auto\"}}}", &tp));
+    ASSERT_NEAR(tp.adamw.lr, 0.25, 0, 0);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.25}}, \"scheduler\": {\"type\": "
+                    "\"WarmupLR\"}}", &tp));
+    ASSERT_NEAR(tp.adamw.lr, 0.001, 0, 0); /* left out: DeepSpeed's default replaces the optimizer's */
     ASSERT_STATUS(apply("{\"scheduler\": {\"params\": {\"warmup_min_lr\": 0.001}}}", &tp), DT_ERR_UNSUPPORTED);
     ASSERT_OK(apply("{\"scheduler\": {\"type\": \"cosine\", \"params\": {\"warmup_num_steps\": 10, "
                     "\"total_num_steps\": 500, \"min_lr\": 1e-5}}}", &tp));
@@ -695,6 +715,52 @@ TEST(every_key_is_listed_once)
     ASSERT(n > 100);
 }
 
+/* issue 32: every refused key of a file in one error (not one per run); keys without effect marked in the
+ * effective configuration; dt_config_resolve shows what an unset or "auto" key resolves to. */
+TEST(refusals_at_once_and_marks)
+{
+    dt_status st;
+    dt_config *c = load_str("{\"zero_optimization\": {\"stage\": 7, \"zero_hpz_partition_size\": 2},\n"
+                            " \"optimizer\": {\"type\": \"Lamb\", \"params\": {\"max_coeff\": 3}},\n"
+                            " \"gradient_clipping\": \"x\"}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG); /* the first refusal's status */
+    dt_config_free(c);
+    ASSERT_STR_CONTAINS(dt_last_error(), "4 keys refused");
+    ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.stage: expected an integer in [0, 3], got 7");
+    ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.zero_hpz_partition_size: not supported yet");
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.max_coeff: not supported yet");
+    ASSERT_STR_CONTAINS(dt_last_error(), "key gradient_clipping: expected a number");
+    /* one refusal keeps the message it always had */
+    c = load_str("{\"zero_optimization\": {\"stage\": 7}}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    ASSERT(strstr(dt_last_error(), "keys refused") == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.stage: expected an integer in [0, 3], got 7");
+    dt_config_free(c);
+    c = load_str("{\"wall_clock_breakdown\": true, \"gradient_clipping\": 1.0, \"scheduler\": {\"type\": "
+                 "\"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\"}}}", &st);
+    ASSERT_OK(st);
+    ASSERT(dt_config_key_no_effect("wall_clock_breakdown"));
+    ASSERT(!dt_config_key_no_effect("gradient_clipping"));
+    ASSERT(dt_config_is_auto(c, "scheduler.params.warmup_num_steps"));
+    ASSERT(!dt_config_is_auto(c, "scheduler.params.warmup_type"));
+    ASSERT_OK(dt_config_resolve(c, "scheduler.params.warmup_num_steps", "0", "--warmup"));
+    ASSERT_OK(dt_config_resolve(c, "scheduler.params.warmup_type", "\"log\"", "DeepSpeed WarmupLR's"));
+    ASSERT_OK(dt_config_resolve(c, "gradient_clipping", "5", "nothing")); /* set: untouched */
+    int64_t w = -1;
+    ASSERT_OK(dt_config_get_int(c, "scheduler.params.warmup_num_steps", &w));
+    ASSERT_EQ_INT(w, 0);
+    char *tx = dt_config_effective_text(c), *js = dt_config_effective_json(c);
+    ASSERT(tx && js);
+    ASSERT_STR_CONTAINS(tx, "  wall_clock_breakdown = true  (file; no effect in dtrain)\n");
+    ASSERT_STR_CONTAINS(tx, "  gradient_clipping = 1  (file)\n");
+    ASSERT_STR_CONTAINS(tx, "  scheduler.params.warmup_num_steps = 0  (auto: --warmup)\n");
+    ASSERT_STR_CONTAINS(tx, "  scheduler.params.warmup_type = \"log\"  (default: DeepSpeed WarmupLR's)\n");
+    ASSERT_STR_CONTAINS(js, "\"no_effect\":[\"wall_clock_breakdown\"]");
+    free(tx);
+    free(js);
+    dt_config_free(c);
+}
+
 int main(void)
 {
     RUN(seed_pasted_unchanged_names_line_and_column);
@@ -712,6 +778,7 @@ int main(void)
     RUN(aiak_environment);
     RUN(optimizer_block);
     RUN(scheduler_block);
+    RUN(refusals_at_once_and_marks);
     RUN(precision_clipping_accumulation);
     RUN(pipeline_keys);
     RUN(every_key_is_listed_once);

@@ -49,3 +49,12 @@ if(TARGET test_conv_bf16)
   set_tests_properties(isa_avx2/test_conv_bf16 PROPERTIES TIMEOUT 300 LABELS "kernels;isa" SKIP_RETURN_CODE 77
     ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
 endif()
+
+# dtrain's AMX GEMM on the real tile instructions: the default registration
+# runs its driver over the portable model of the tiles; this one runs the
+# same shapes on the hardware, and reports skipped where the CPU, the OS or
+# DT_MAX_CPU_ISA leave AMX off.
+if(TARGET test_amx_gemm)
+  add_test(NAME kernels/test_amx_gemm_hw COMMAND test_amx_gemm hw)
+  set_tests_properties(kernels/test_amx_gemm_hw PROPERTIES TIMEOUT 600 LABELS "kernels;threads" SKIP_RETURN_CODE 77)
+endif()

@@ -31,7 +31,9 @@ TEST(json_per_model)
     const char *c = strstr(out, "\"model\":\"convnet\""), *m = strstr(out, "\"model\":\"mlp\"");
     ASSERT(c && m);
     const char *keys[] = {"\"median_ms\":", "\"samples_per_s\":", "\"gflops\":", "\"pct_of_peak\":",
-                          "\"forward_ms\":", "\"backward_ms\":", "\"optimizer_ms\":", "\"threads\":1"};
+                          "\"forward_ms\":", "\"backward_ms\":", "\"optimizer_ms\":", "\"threads\":1",
+                          "\"first_step_ms\":", "\"first_over_median\":", "\"page_faults_per_step\":",
+                          "\"first_step_page_faults\":", "\"first_step_cpu_ms\":", "\"warmup\":0,"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         ASSERT_STR_CONTAINS(c, keys[i]);
     /* one line per result */
@@ -93,6 +95,26 @@ TEST(precision)
     ASSERT_STR_CONTAINS(out, "fp8");
 }
 
+/* The default warm-up (auto) runs 2 to 10 steps, reports how many, and the
+ * first step apart from the steady state; an explicit count is kept. */
+TEST(warmup_auto)
+{
+    static char out[4096];
+    ASSERT_EQ_INT(run("--model mlp --batch 1 --steps 2 --threads 1 --peak-reps 0 --json", out, sizeof out), 0);
+    double w = json_num(out, "\"warmup\":"), f = json_num(out, "\"first_step_ms\":");
+    ASSERT(w >= 2 && w <= 10);
+    ASSERT(f > 0);
+    ASSERT(json_num(out, "\"page_faults_per_step\":") >= 0);
+    ASSERT_EQ_INT(run("--model mlp --batch 1 --steps 1 --warmup auto --threads 1 --peak-reps 0 --json", out,
+                      sizeof out), 0);
+    ASSERT(json_num(out, "\"warmup\":") >= 2);
+    ASSERT_EQ_INT(run("--model mlp --batch 1 --steps 1 --warmup 1 --threads 1 --peak-reps 0 --json", out,
+                      sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "\"warmup\":1,");
+    ASSERT_EQ_INT(run("--model mlp --batch 1 --steps 1 --warmup 0 --threads 1 --peak-reps 0", out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "first step");
+}
+
 TEST(bad_options)
 {
     static char out[4096];
@@ -100,6 +122,7 @@ TEST(bad_options)
     ASSERT_STR_CONTAINS(out, "resnet");
     ASSERT_EQ_INT(run("--bogus", out, sizeof out), 2);
     ASSERT_EQ_INT(run("--steps 0", out, sizeof out), 2);
+    ASSERT_EQ_INT(run("--warmup -2 --steps 1 --peak-reps 0", out, sizeof out), 2);
     ASSERT_EQ_INT(run("--help", out, sizeof out), 0);
     ASSERT_STR_CONTAINS(out, "--model");
 }
@@ -109,6 +132,7 @@ int main(void)
     RUN(json_per_model);
     RUN(gpt_tokens);
     RUN(precision);
+    RUN(warmup_auto);
     RUN(bad_options);
     return TEST_REPORT();
 }

@@ -749,7 +749,28 @@ TEST(schedules)
     dt_sched_kind k;
     ASSERT_OK(dt_sched_kind_parse("cosine", &k));
     ASSERT_EQ_INT(k, DT_SCHED_COSINE);
-    ASSERT_STATUS(dt_sched_kind_parse("linear", &k), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_sched_kind_parse("polynomial", &k), DT_ERR_INVALID_ARG);
+    /* linear (HF get_linear_schedule_with_warmup), warmup 10, total 110, min 0.01: step 5 -> 0.05, step 10 ->
+     * 0.1, step 60 -> 0.01 + 0.09 * 50/100 = 0.055, step 110+ -> 0.01 */
+    ASSERT_OK(dt_sched_kind_parse("linear", &k));
+    ASSERT_EQ_INT(k, DT_SCHED_LINEAR);
+    s.kind = DT_SCHED_LINEAR;
+    ASSERT_NEAR(dt_sched_lr(&s, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 5), 0.05, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 10), 0.1, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 60), 0.055, 1e-12, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 85), 0.01 + 0.09 * 0.25, 1e-12, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 500), 0.01, 1e-15, 0);
+    /* DeepSpeed WarmupLR's "log" ramp: ln(step + 1) / ln(warmup), warmup raised to 2 */
+    s.kind = DT_SCHED_CONSTANT;
+    s.warmup = DT_WARMUP_LOG;
+    ASSERT_NEAR(dt_sched_lr(&s, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 4), 0.1 * log(5.0) / log(10.0), 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 10), 0.1, 0, 0);
+    s.warmup_steps = 1;
+    ASSERT_NEAR(dt_sched_lr(&s, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&s, 1), 0.1, 0, 0);
+    ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_LINEAR), "linear");
     ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_STEP), "step");
 }
 

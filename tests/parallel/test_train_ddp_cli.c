@@ -84,9 +84,9 @@ TEST(flags_sync_bn_accum_buckets)
     if (r->code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r->out, r->err);
     ASSERT_EQ_INT(r->code, 0);
-    /* 8 micro-batches per rank, a reduction every 2: 4 iterations of several buckets */
+    /* 8 micro-batches per rank, a reduction every 2: 4 iterations (optimizer steps) of several buckets */
     ASSERT_STR_CONTAINS(r->out, "SyncBatchNorm");
-    ASSERT_STR_CONTAINS(r->out, "(8 steps)");
+    ASSERT_STR_CONTAINS(r->out, "(4 steps)");
     ASSERT(strstr(r->out, "buckets, SyncBatchNorm") != NULL);
     ASSERT_STR_CONTAINS(r->out, "[0] test accuracy: ");
     /* a bad value is one line and exit 2 */

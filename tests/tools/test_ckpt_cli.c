@@ -41,11 +41,12 @@ TEST(info_verify_convert)
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "verify", src, NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "ok:");
-    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", full, "--full", NULL});
+    /* --with-optimizer: every tensor (plain --full is the model's state_dict only) */
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", full, "--full", "--with-optimizer", NULL});
     ASSERT_EQ_INT(r.code, 0);
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", full, "-o", three, "--ranks", "3", NULL});
     ASSERT_EQ_INT(r.code, 0);
-    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", three, "-o", back, "--full", NULL});
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", three, "-o", back, "--full", "--with-optimizer", NULL});
     ASSERT_EQ_INT(r.code, 0);
     dt_ckpt *ck;
     ASSERT_OK(dt_ckpt_open(three, &ck));

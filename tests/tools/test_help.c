@@ -46,7 +46,7 @@ TEST(help_contents)
     for (int i = 0; i < 7; i++)
         ASSERT_STR_CONTAINS(r.out, ck[i]);
     /* mixed precision (issue 12) */
-    const char *mp[] = {"--precision {fp32|bf16|fp16}", "--reduce-dtype {fp32|bf16|fp16}",
+    const char *mp[] = {"--precision {fp32|bf16|fp16|auto}", "--reduce-dtype {fp32|bf16|fp16}",
                         "--keep-bn-fp32 {true|false}", "--buffer-dtype {fp32|bf16|fp16}", "--loss-scale X", "--initial-scale-power N",
                         "--loss-scale-window N", "--hysteresis N", "--min-loss-scale X",
                         "--scaler {deepspeed|torch}"};
@@ -109,6 +109,117 @@ TEST(control_characters_in_paths_are_escaped)
     }
 }
 
+/* Issue 32 item 8: the model list is whole in --help (it was cut at
+ * "gpt-mi"), and docs/TRAINING.md's option tables agree with the one option
+ * table --help prints: the generated "Every option" block is exactly
+ * `dtrain train --help-markdown`, and every option a table row of the
+ * document names exists, with the same choices. */
+TEST(train_help_lists_every_model)
+{
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--help", NULL});
+    ASSERT_STR_CONTAINS(r.out, "--model {convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro}");
+}
+
+static char doc_[1 << 17];
+
+TEST(training_md_option_tables_match_help)
+{
+    slurp_(DT_SOURCE_DIR "/docs/TRAINING.md", doc_, sizeof doc_);
+    ASSERT(strlen(doc_) > 1000);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--help-markdown", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strncmp(r.out, "| option | meaning |", 20));
+    const char *open = "<!-- options: dtrain train --help-markdown -->\n", *close = "<!-- /options -->";
+    const char *b = strstr(doc_, open), *e = b ? strstr(b, close) : NULL;
+    ASSERT(b && e);
+    b += strlen(open);
+    if ((size_t)(e - b) != strlen(r.out) || strncmp(b, r.out, (size_t)(e - b)))
+        fprintf(stderr, "  docs/TRAINING.md's option table differs from `dtrain train --help-markdown`: "
+                        "regenerate it: scripts/update_options_doc.sh\n");
+    ASSERT_EQ_INT((int)(e - b), (int)strlen(r.out));
+    ASSERT(!strncmp(b, r.out, (size_t)(e - b)));
+    /* every `--flag ...` in the first cell of a table row of the document */
+    int rows = 0, bad = 0;
+    for (const char *l = doc_; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "| `--", 5))
+            continue;
+        const char *cell_end = strstr(l + 2, " | ");
+        for (const char *t = l + 2; t && cell_end && t < cell_end; ) {
+            const char *bt = strstr(t, "`--");
+            if (!bt || bt >= cell_end)
+                break;
+            const char *et = strchr(bt + 1, '`');
+            if (!et)
+                break;
+            char flag[256];
+            snprintf(flag, sizeof flag, "%.*s", (int)(et - bt - 1), bt + 1);
+            /* the name, and the choices when the doc gives them */
+            char name[128], want[300];
+            size_t nl = strcspn(flag, " =");
+            snprintf(name, sizeof name, "`%.*s", (int)nl, flag);
+            const char *brace = strchr(flag, '{');
+            if (brace)
+                snprintf(want, sizeof want, "`%s`", flag);
+            const char *hit = strstr(r.out, name);
+            while (hit && hit[strlen(name)] != ' ' && hit[strlen(name)] != '`')
+                hit = strstr(hit + 1, name);
+            if (!hit || (brace && !strstr(r.out, want))) {
+                fprintf(stderr, "  docs/TRAINING.md names %s, which --help %s\n", flag,
+                        hit ? "gives other choices" : "does not have");
+                bad++;
+            }
+            rows++;
+            t = et + 1;
+        }
+    }
+    ASSERT(rows > 40);
+    ASSERT_EQ_INT(bad, 0);
+}
+
+/* Unknown options: the nearest option or another tool's synonym; the
+ * underscore spellings of torchrun/DeepSpeed scripts are the same options. */
+TEST(unknown_options_suggest)
+{
+    static const struct {
+        const char *flag, *want;
+    } cases[] = {
+        {"--deepspeed_config", "did you mean --config FILE"},
+        {"--bf16", "did you mean --precision bf16"},
+        {"--gradient-accumulation-steps", "did you mean --grad-accum"},
+        {"--gradient_accumulation_steps", "did you mean --grad-accum"},
+        {"--epoch", "did you mean --epochs"},
+        {"--lr-shedule", "did you mean --lr-schedule"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 60, NULL, (char *[]){"train", (char *)cases[i].flag, "1", NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_EQ_INT(cli_lines(r.err), 1);
+        ASSERT_STR_CONTAINS(r.err, cases[i].flag);
+        ASSERT_STR_CONTAINS(r.err, cases[i].want);
+    }
+    cli_result r;
+    /* --grad_accum is --grad-accum: its value is checked as that option's */
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--grad_accum", "0", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--grad-accum");
+    ASSERT(!strstr(r.err, "unknown option"));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--clip_grad_norm=-1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--clip-grad-norm");
+    ASSERT(!strstr(r.err, "unknown option"));
+    /* torchrun's spellings of the launcher's flags */
+    cli_runv(&r, 60, NULL, (char *[]){"run", "--nproc_per_node", "1", "--", "true", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"run", "--nproc_per_node=1", "--", "true", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"run", "--nproc-per-nod", "1", "--", "true", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "did you mean --nproc-per-node");
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI")) {
@@ -119,6 +230,9 @@ int main(void)
     RUN(help_contents);
     RUN(bad_data_names_every_spec);
     RUN(control_characters_in_paths_are_escaped);
+    RUN(train_help_lists_every_model);
+    RUN(training_md_option_tables_match_help);
+    RUN(unknown_options_suggest);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

@@ -184,6 +184,51 @@ TEST(output_symlink_refused)
     ASSERT_STR_EQ(buf, "precious");
 }
 
+/* Issue 32: runs compared in one plot: several files, one colour and
+ * legend entry each, the two panels on one x range with fixed margins (so
+ * their axes line up); with real gnuplot, a PNG too. */
+TEST(several_files_one_legend_entry_each)
+{
+    char a[512], b[512], out[512], env[700], script[600];
+    snprintf(a, sizeof a, "%s", tmpfile_("a.jsonl", good));
+    snprintf(b, sizeof b, "%s",
+             tmpfile_("b.jsonl", "{\"event\":\"step\",\"step\":50,\"loss\":1.2}\n"
+                                 "{\"event\":\"step\",\"step\":400,\"loss\":0.4}\n"
+                                 "{\"event\":\"eval\",\"step\":400,\"test_loss\":0.45,\"test_accuracy\":0.86}\n"));
+    snprintf(out, sizeof out, "%s/ab.png", cli_tmpdir());
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
+    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 30, env, (char *[]){"plot", a, b, "-o", out, NULL});
+    if (r.code)
+        fprintf(stderr, "%s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 runs: 4 step records, 2 evaluations");
+    FILE *g = fopen(script, "r");
+    ASSERT(g != NULL);
+    static char text[16384];
+    size_t k = fread(text, 1, sizeof text - 1, g);
+    text[k] = 0;
+    fclose(g);
+    const char *want[] = {"title \"a.jsonl: train loss\"", "title \"a.jsonl: test loss\"",
+                          "title \"b.jsonl: train loss\"", "title \"b.jsonl: test loss\"",
+                          "title \"a.jsonl: test accuracy\"", "title \"b.jsonl: test accuracy\"",
+                          "set xrange [50:400]", "set lmargin at screen", "set rmargin at screen",
+                          "set multiplot layout 2,1 title \"2 runs\""};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ASSERT_STR_CONTAINS(text, want[i]);
+    /* each file once per panel's legend, not more */
+    int n = 0;
+    for (const char *q = strstr(text, "a.jsonl: train loss"); q; q = strstr(q + 1, "a.jsonl: train loss"))
+        n++;
+    ASSERT_EQ_INT(n, 1);
+    if (access("/usr/bin/gnuplot", X_OK) == 0) { /* the real thing renders it */
+        cli_runv(&r, 60, NULL, (char *[]){"plot", a, b, "-o", out, NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(file_exists(out));
+    }
+}
+
 int main(void)
 {
     RUN(good_file);
@@ -192,6 +237,7 @@ int main(void)
     RUN(gnuplot_missing);
     RUN(nested_values_and_few_points);
     RUN(output_symlink_refused);
+    RUN(several_files_one_legend_entry_each);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

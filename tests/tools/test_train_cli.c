@@ -33,7 +33,11 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--epochs", "1.5", NULL}, "--epochs", "not an integer"));
     ASSERT(expect2((char *[]){"train", "--optimizer", "rmsprop", NULL}, "--optimizer", "sgd|adam|adamw|lamb"));
     ASSERT(expect2((char *[]){"train", "--model", "resnet", NULL}, "--model", "'resnet'"));
-    ASSERT(expect2((char *[]){"train", "--lr-schedule", "linear", NULL}, "--lr-schedule", NULL));
+    ASSERT(expect2((char *[]){"train", "--lr-schedule", "polynomial", NULL}, "--lr-schedule", NULL));
+    ASSERT(expect2((char *[]){"train", "--betas", "0.9", NULL}, "--betas", "two numbers"));
+    ASSERT(expect2((char *[]){"train", "--betas", "0.9,1.5", "--optimizer", "adam", NULL}, "--betas", "[0, 1)"));
+    ASSERT(expect2((char *[]){"train", "--betas", "0.9,0.95", NULL}, "--betas", "adam, adamw and lamb"));
+    ASSERT(expect2((char *[]){"train", "--eps", "0", "--optimizer", "adam", NULL}, "--eps", "out of range"));
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
     ASSERT(expect2((char *[]){"train", "--model", "convnet", "--random-items", "10", NULL}, "--random-items",

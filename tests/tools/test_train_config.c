@@ -385,7 +385,7 @@ TEST(precedence_and_environment)
     ASSERT_STR_CONTAINS(r.err, "warning: " );
     ASSERT_STR_CONTAINS(r.err, "unknown key zero_optimization.foo");
     ASSERT_STR_CONTAINS(r.err, "AIAK_FUSED_OPTIMIZER: dtrain's optimizers are always fused");
-    ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER)\n");
+    ASSERT_STR_CONTAINS(r.out, "  dtrain.fused_optimizer = true  (AIAK_FUSED_OPTIMIZER; no effect in dtrain)\n");
     /* a key whose behaviour is not in dtrain train: refused, never ignored */
     write_cfg("zq.json", "{\"zero_optimization\": {\"zero_quantized_weights\": true}}", p, sizeof p);
     run_cfg(&r, 1, p, NULL, NULL);

@@ -112,9 +112,16 @@ TEST(other_world_size_says_what_it_drops)
     char out[400];
     snprintf(out, sizeof out, "%s/ws", cli_tmpdir());
     cli_result r;
-    ASSERT_EQ_INT(train(&r, 1, "adamw", (char *[]){"--save", out, "--resume", ck, "--metrics", met, NULL}), 0);
+    ASSERT_EQ_INT(train(&r, 1, "adamw", (char *[]){"--save", out, "--resume", ck, "--metrics", met, "--progress",
+                                                   "plain", "--log-every", "1", NULL}), 0);
     ASSERT_STR_CONTAINS(r.err, "the data order is not kept");
-    ASSERT_STR_CONTAINS(r.err, "saved by 2 ranks");
+    /* the world size of the message is the data-parallel one (issue 32: under --tp/--pp "ranks" misled) */
+    ASSERT_STR_CONTAINS(r.err, "saved by 2 data-parallel replicas, this run has 1");
+    /* the progress shows where in the epoch the run went on: batch 7 of 10 on 2 ranks is batch 14 of 20 on
+       one, so its first step is 15/20 and the epoch ends at 20/20 (issue 32: it showed 8/20 and "done: 13") */
+    ASSERT_STR_CONTAINS(r.out, "epoch 1/2 step 15/20 loss");
+    ASSERT(strstr(r.out, "epoch 1/2 step 8/20 ") == NULL);
+    ASSERT_STR_CONTAINS(r.out, "epoch 1/2 done: 20 steps");
     slurp_(met, text, sizeof text);
     ASSERT_STR_CONTAINS(text, "\"data_order_kept\":false");
     ASSERT_STR_CONTAINS(text, "\"saved_world_size\":2");

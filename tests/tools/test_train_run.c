@@ -156,8 +156,8 @@ TEST(mlp_random)
 /* --grad-accum: the LR schedule counts optimizer steps, not batches. Five
  * batches of 2 with --grad-accum 2 make optimizer steps after batches 2, 4
  * and 5 (the epoch's last, partial accumulation); a step schedule halving
- * the rate every optimizer step gives batches 1..5 the rates
- * 0.01, 0.01, 0.005, 0.005, 0.0025. */
+ * the rate every optimizer step gives steps 1..3 the rates 0.01, 0.005,
+ * 0.0025, and the records count optimizer steps (micro_step the batches). */
 TEST(grad_accum_schedule_counts_optimizer_steps)
 {
     char metrics[600];
@@ -173,16 +173,23 @@ TEST(grad_accum_schedule_counts_optimizer_steps)
     ASSERT_EQ_INT(r.code, 0);
     static char text[16384];
     ASSERT(read_text(metrics, text, sizeof text));
-    const double want[5] = {0.01, 0.01, 0.005, 0.005, 0.0025};
+    /* one record per optimizer step (issue 32: "step" is the optimizer step; the batches are "micro_step") */
+    const double want[3] = {0.01, 0.005, 0.0025};
     const char *p = text;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 3; i++) {
         p = strstr(p, "\"event\":\"step\"");
         ASSERT(p != NULL);
+        char head[64];
+        snprintf(head, sizeof head, "\"step\":%d,\"epoch_step\":%d,\"micro_step\":%d,", i + 1, i + 1,
+                 i < 2 ? 2 * (i + 1) : 5);
+        ASSERT_STR_CONTAINS(p, head);
         const char *lr = strstr(p, "\"lr\":");
         ASSERT(lr != NULL);
         ASSERT_NEAR(strtod(lr + 5, NULL), want[i], 1e-12, 1e-9);
         p++;
     }
+    ASSERT(strstr(p, "\"event\":\"step\"") == NULL);
+    ASSERT_STR_CONTAINS(text, "\"event\":\"end\",\"status\":\"ok\",\"step\":3,");
 }
 
 int main(void)

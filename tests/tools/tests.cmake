@@ -14,6 +14,14 @@ if(TARGET test_fault_matrix)
   set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
 endif()
 
+# bench/compare.sh (the regression guard) in its quick mode, HEAD against
+# HEAD: builds HEAD's CLI once into the build tree (ccache makes it quick)
+# and checks the output's format; skipped without git history.
+add_test(NAME tools/compare_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/compare_quick.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/compare-quick)
+set_tests_properties(tools/compare_quick PROPERTIES TIMEOUT 900 LABELS "tools;slow" SKIP_RETURN_CODE 77
+  ENVIRONMENT "OPENBLAS_CORETYPE=SkylakeX")
+
 # signal_shim.so: preloaded by test_proc_safety into other test programs, it
 # makes fork/forkpty fail and refuses (and logs) any signal sent outside the
 # program's own process tree.
@@ -31,3 +39,10 @@ add_test(NAME tools/proc_rules COMMAND sh -c
   "hits=$(grep -rnE '(^|[^_a-zA-Z0-9.>])(fork|forkpty|kill|killpg|waitpid)[(]' --include=*.c --include=*.h tests | grep -v -e '^tests/proc.h:' -e '^tests/tools/signal_shim.c:' -e 'dt-proc-ok'); if [ -n \"$hits\" ]; then echo 'raw process calls in tests (use tests/proc.h):'; echo \"$hits\"; exit 1; fi; echo '1 passed, 0 failed'"
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools/proc_rules PROPERTIES LABELS tools)
+
+# The library used from the build tree (no install): examples/quickstart.c
+# compiled against build/ through build/dtrain.pc and through
+# build/dtrainConfig.cmake + the exported dtrainTargets.cmake.
+add_test(NAME tools/build_tree_consumer
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/build_tree_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools/build_tree_consumer PROPERTIES TIMEOUT 240 LABELS "tools;install")

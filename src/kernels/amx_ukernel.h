@@ -1,0 +1,66 @@
+/* src/kernels/amx_ukernel.h — the AMX micro-kernel, one source text for
+ * both tile implementations (amx_tiles.h). Not a normal header: a file
+ * defines the tile macros and the names below, then includes it once.
+ *
+ *   DT__T_ZERO(t)            tilezero tmm<t>
+ *   DT__T_LOAD(t, p, ld)     tileloadd tmm<t> from p, ld bytes between rows
+ *   DT__T_DP(c, a, b)        tdpbf16ps tmm<c> += tmm<a> . tmm<b>
+ *   DT__T_STORE(t, p, ld)    tilestored tmm<t> to p
+ *   DT__UK_ATTR              function attributes (target for the hardware)
+ *   DT__UK_NAME              the function's name
+ *
+ * Tile numbers are constants (the instructions encode them). The block is
+ * 2 x 2 C tiles at most; two_m / two_n leave out tile row / column 1 at the
+ * matrix edges (the driver's configuration gives those tiles no rows). The
+ * four shapes are separate loops so no branch runs per K step. */
+
+#define DT__UK_STEP(M2, N2)                                                        \
+    do {                                                                           \
+        if (1)                                                                     \
+            DT__T_ZERO(0);                                                         \
+        if (N2)                                                                    \
+            DT__T_ZERO(1);                                                         \
+        if (M2)                                                                    \
+            DT__T_ZERO(2);                                                         \
+        if ((M2) && (N2))                                                          \
+            DT__T_ZERO(3);                                                         \
+        for (int64_t k = 0; k < kb; k++) {                                         \
+            const uint16_t *a = pa + k * 2 * DT__AMX_TILE_ELEMS;                   \
+            const uint16_t *b = pb + k * 2 * DT__AMX_TILE_ELEMS;                   \
+            DT__T_LOAD(4, a, 64);                                                  \
+            DT__T_LOAD(6, b, 64);                                                  \
+            if (N2)                                                                \
+                DT__T_LOAD(7, b + DT__AMX_TILE_ELEMS, 64);                         \
+            DT__T_DP(0, 4, 6);                                                     \
+            if (N2)                                                                \
+                DT__T_DP(1, 4, 7);                                                 \
+            if (M2) {                                                              \
+                DT__T_LOAD(5, a + DT__AMX_TILE_ELEMS, 64);                         \
+                DT__T_DP(2, 5, 6);                                                 \
+                if (N2)                                                            \
+                    DT__T_DP(3, 5, 7);                                             \
+            }                                                                      \
+        }                                                                          \
+        DT__T_STORE(0, c, 64);                                                     \
+        if (N2)                                                                    \
+            DT__T_STORE(1, c + 256, 64);                                           \
+        if (M2)                                                                    \
+            DT__T_STORE(2, c + 512, 64);                                           \
+        if ((M2) && (N2))                                                          \
+            DT__T_STORE(3, c + 768, 64);                                           \
+    } while (0)
+
+DT__UK_ATTR static void DT__UK_NAME(const uint16_t *pa, const uint16_t *pb, int64_t kb, bool two_m, bool two_n,
+                                    float *c)
+{
+    if (two_m && two_n)
+        DT__UK_STEP(1, 1);
+    else if (two_m)
+        DT__UK_STEP(1, 0);
+    else if (two_n)
+        DT__UK_STEP(0, 1);
+    else
+        DT__UK_STEP(0, 0);
+}
+
+#undef DT__UK_STEP

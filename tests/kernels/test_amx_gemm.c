@@ -1,0 +1,579 @@
+// dt-test-timeout: 600
+// dt-test-labels: threads
+/* dtrain's AMX bf16 GEMM (src/kernels/gemm_amx.c) on the portable model of
+ * the tile instructions (amx_emul.c), so the driver's blocking, packing,
+ * edge tiles, epilogue, packed-B cache and per-thread tile configuration
+ * are tested on every CPU; with the argument "hw" the same shapes run on
+ * the real instructions (skipped where the CPU, the OS or DT_MAX_CPU_ISA
+ * leave AMX off; tests.cmake registers that run).
+ *
+ * The bound. Inputs are bf16; each product of two bf16 values is exact in
+ * f32, so the only error is the f32 summation: K products summed one at a
+ * time (tdpbf16ps adds a pair's two products in turn, each sum rounded),
+ * then alpha, beta C and the bias, each rounded once. Against the sum in
+ * double of the same bf16 products:
+ *     |C - ref| <= (K + 3) u (|alpha| sum_k |a_ik b_kj| + |beta C_ij| + |bias_j|),  u = 2^-24
+ * (the textbook bound of recursive summation; no input here is near the
+ * denormal range, where the tiles flush to zero). With GELU after it the
+ * bound grows by GELU's slope (at most 1.13, 1.2 taken) plus 1e-6 (1 + |y|)
+ * for tanhf. On the model the result must moreover be bit-identical to a
+ * scalar loop that adds the products in the tiles' order (k increasing,
+ * pairs as tdpbf16ps adds them) and applies the epilogue in its order. */
+#include "kernels/amx_tiles.h"
+#include "kernels/gemm_amx.h"
+#include "test.h"
+
+#include "dtrain/base.h"
+#include "dtrain/kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+
+static const dt__amx_tiles *g_tiles; /* what the GEMM runs on: the model, or the hardware with "hw" */
+static bool g_exact;                 /* bit-identical to the model's order expected (the model only) */
+
+static _Thread_local uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) /* [-1, 1) */
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static uint16_t *bf16_rand(int64_t n)
+{
+    uint16_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = dt_f32_to_bf16(urand());
+    return p;
+}
+
+static float *f32_rand(int64_t n)
+{
+    float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = urand();
+    return p;
+}
+
+static float bf(uint16_t h) { return dt_bf16_to_f32(h); }
+
+static double gelu_d(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+typedef struct {
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    bool bias, gelu;
+} shape;
+
+/* Run one case on g_tiles (B packed per call, pre-packed, or through the
+ * cache with `version`); check against the references. Returns 0 if good. */
+enum { VIA_CALL, VIA_PACKED, VIA_CACHE };
+static int run_case(shape s, int via)
+{
+    int64_t arows = s.ta ? s.K : s.M, brows = s.tb ? s.N : s.K;
+    if (!s.lda)
+        s.lda = s.ta ? s.M : s.K;
+    if (!s.ldb)
+        s.ldb = s.tb ? s.K : s.N;
+    if (!s.ldc)
+        s.ldc = s.N;
+    uint16_t *A = bf16_rand(arows * s.lda), *B = bf16_rand(brows * s.ldb);
+    float *C0 = f32_rand(s.M * s.ldc), *C = malloc((size_t)(s.M * s.ldc + 1) * sizeof(float));
+    float *bias = s.bias ? f32_rand(s.N) : NULL;
+    memcpy(C, C0, (size_t)(s.M * s.ldc) * sizeof(float));
+    if (s.beta == 0.0f) /* beta 0: C must not be read */
+        for (int64_t i = 0; i < s.M * s.ldc; i++)
+            C[i] = NAN;
+    dt__amx_gemm_args g = {.ta = s.ta, .tb = s.tb, .M = s.M, .N = s.N, .K = s.K, .A = A, .lda = s.lda,
+                           .B = B, .ldb = s.ldb, .alpha = s.alpha, .beta = s.beta, .C = C, .ldc = s.ldc,
+                           .bias = bias, .act = s.gelu ? DT__AMX_ACT_GELU_TANH : DT__AMX_ACT_NONE};
+    dt__amx_packed_b pb = {0};
+    dt_status st;
+    if (via == VIA_PACKED) {
+        st = dt__amx_pack_b(&pb, s.tb, s.K, s.N, B, s.ldb);
+        g.B = NULL;
+        g.pb = &pb;
+        if (st == DT_OK)
+            st = dt__amx_gemm(g_tiles, &g);
+    } else if (via == VIA_CACHE) {
+        st = dt__amx_gemm_cached_b(g_tiles, &g, 1);
+    } else {
+        st = dt__amx_gemm(g_tiles, &g);
+    }
+    int bad = 0;
+    if (st != DT_OK) {
+        fprintf(stderr, "  gemm failed: %s\n", dt_last_error());
+        bad = 1;
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < s.M && !bad; i++)
+        for (int64_t j = 0; j < s.N; j++) {
+            double sum = 0, mag = 0;
+            float acc = 0.0f; /* the tiles' order */
+            for (int64_t k = 0; k < s.K; k += 2) {
+                uint16_t a0 = s.ta ? A[k * s.lda + i] : A[i * s.lda + k];
+                uint16_t b0 = s.tb ? B[j * s.ldb + k] : B[k * s.ldb + j];
+                uint16_t a1 = 0, b1 = 0;
+                if (k + 1 < s.K) {
+                    a1 = s.ta ? A[(k + 1) * s.lda + i] : A[i * s.lda + k + 1];
+                    b1 = s.tb ? B[j * s.ldb + k + 1] : B[(k + 1) * s.ldb + j];
+                }
+                acc = dt__amx_emul_dp_pair(acc, a0, b0, a1, b1);
+                sum += (double)bf(a0) * bf(b0) + (double)bf(a1) * bf(b1);
+                mag += fabs((double)bf(a0) * bf(b0)) + fabs((double)bf(a1) * bf(b1));
+            }
+            float c0 = C0[i * s.ldc + j], bj = bias ? bias[j] : 0.0f;
+            float e = s.alpha * acc;
+            if (s.beta != 0.0f)
+                e += s.beta * c0;
+            if (bias)
+                e += bj;
+            double ref = s.alpha * sum + (s.beta != 0.0f ? (double)s.beta * c0 : 0.0) + bj;
+            double bound = (double)(s.K + 3) * 0x1p-24 *
+                           (fabs(s.alpha) * mag + fabs((double)s.beta * c0) + fabs((double)bj));
+            float got = C[i * s.ldc + j];
+            if (s.gelu) {
+                ref = gelu_d(ref);
+                bound = 1.2 * bound + 1e-6 * (1.0 + fabs(ref));
+            }
+            double err = fabs(got - ref);
+            if (!(err <= bound)) {
+                fprintf(stderr, "  C[%lld][%lld] = %.9g, reference %.9g, error %.3g > bound %.3g\n", (long long)i,
+                        (long long)j, got, ref, err, bound);
+                bad = 1;
+                break;
+            }
+            if (bound > 0 && err / bound > worst)
+                worst = err / bound;
+            if (g_exact && !s.gelu && memcmp(&got, &e, 4) != 0) {
+                fprintf(stderr, "  C[%lld][%lld] = %.9g, the tiles' order gives %.9g (not bit-identical)\n",
+                        (long long)i, (long long)j, got, e);
+                bad = 1;
+                break;
+            }
+        }
+    for (int64_t i = 0; i < s.M && !bad; i++) /* columns past N of a wider ldc untouched */
+        for (int64_t j = s.N; j < s.ldc; j++)
+            if (memcmp(&C[i * s.ldc + j], &C0[i * s.ldc + j], 4) != 0 && !(s.beta == 0.0f && isnan(C[i * s.ldc + j]))) {
+                fprintf(stderr, "  C[%lld][%lld] beyond N was written\n", (long long)i, (long long)j);
+                bad = 1;
+                break;
+            }
+    if (bad)
+        fprintf(stderr, "  case %s%s M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld alpha=%g beta=%g%s%s via %d\n",
+                s.ta ? "A^T" : "A", s.tb ? "B^T" : "B", (long long)s.M, (long long)s.N, (long long)s.K,
+                (long long)s.lda, (long long)s.ldb, (long long)s.ldc, s.alpha, s.beta, s.bias ? " bias" : "",
+                s.gelu ? " gelu" : "", via);
+    dt__amx_packed_b_free(&pb);
+    free(A);
+    free(B);
+    free(C0);
+    free(C);
+    free(bias);
+    return bad;
+}
+
+/* The shapes: tails in every dimension (1, odd, one past a tile, one short
+ * of a block), whole blocks, and a GPT-2 layer's width. */
+static const int64_t g_shapes[][3] = {
+    {1, 1, 1},   {17, 33, 65}, {64, 64, 64}, {16, 16, 32}, {32, 32, 32}, {33, 17, 31}, {15, 47, 2},
+    {31, 1, 100}, {1, 100, 1},  {48, 80, 96}, {2, 3, 33},   {47, 49, 63},
+};
+
+TEST(shapes_all_transposes)
+{
+    int fails = 0;
+    for (size_t i = 0; i < sizeof g_shapes / sizeof g_shapes[0]; i++)
+        for (int t = 0; t < 4; t++) {
+            shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = g_shapes[i][0], .N = g_shapes[i][1],
+                       .K = g_shapes[i][2], .alpha = 1.0f};
+            fails += run_case(s, VIA_CALL);
+        }
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(beta_alpha_bias_gelu)
+{
+    int fails = 0;
+    for (size_t i = 0; i < sizeof g_shapes / sizeof g_shapes[0]; i++)
+        for (int t = 0; t < 4; t++) {
+            shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = g_shapes[i][0], .N = g_shapes[i][1],
+                       .K = g_shapes[i][2], .alpha = 1.0f, .beta = 1.0f};
+            fails += run_case(s, VIA_CALL); /* gradient accumulation */
+            s.alpha = 0.5f;
+            s.beta = 0.25f;
+            s.bias = true;
+            fails += run_case(s, VIA_CALL);
+            s.alpha = 1.0f;
+            s.beta = 0.0f;
+            s.gelu = true;
+            fails += run_case(s, VIA_CALL); /* linear + bias + GELU */
+        }
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(leading_dimensions)
+{
+    /* sub-matrices: rows longer than the product uses, C columns past N kept */
+    int fails = 0;
+    for (int t = 0; t < 4; t++) {
+        shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = 37, .N = 41, .K = 45, .alpha = 1.0f,
+                   .beta = (t & 1) ? 1.0f : 0.0f};
+        s.lda = (s.ta ? s.M : s.K) + 7;
+        s.ldb = (s.tb ? s.K : s.N) + 5;
+        s.ldc = s.N + 3;
+        fails += run_case(s, VIA_CALL);
+    }
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(gpt2_layer_shape)
+{
+    /* 100 rows through GPT-2's c_attn (768 -> 2304), forward and both gradients */
+    int fails = 0;
+    shape fwd = {.tb = false, .M = 100, .N = 2304, .K = 768, .alpha = 1.0f, .bias = true};
+    fails += run_case(fwd, VIA_CALL);
+    shape dx = {.tb = true, .M = 100, .N = 768, .K = 2304, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(dx, VIA_CALL);
+    shape dw = {.ta = true, .M = 768, .N = 2304, .K = 100, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(dw, VIA_CALL);
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(k_zero_and_empty)
+{
+    /* K = 0: C = beta C + bias; M or N = 0: nothing written, no error */
+    float C[6] = {1, 2, 3, 4, 5, 6}, bias[3] = {10, 20, 30};
+    uint16_t a = 0, b = 0;
+    dt__amx_gemm_args g = {.M = 2, .N = 3, .K = 0, .A = &a, .lda = 0, .B = &b, .ldb = 3, .alpha = 1.0f,
+                           .beta = 1.0f, .C = C, .ldc = 3, .bias = bias};
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    ASSERT_NEAR(C[0], 11.0, 0.0, 0.0);
+    ASSERT_NEAR(C[5], 36.0, 0.0, 0.0);
+    g.M = 0;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    g.M = 2;
+    g.ldc = 2; /* shorter than N */
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    g.ldc = 3;
+    g.C = NULL;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_NULL);
+}
+
+TEST(packed_b_reused)
+{
+    /* one packing, many products: the same bits as packing per call */
+    int fails = 0;
+    for (int t = 0; t < 4; t++) {
+        shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = 45, .N = 70, .K = 77, .alpha = 1.0f, .beta = 1.0f};
+        fails += run_case(s, VIA_PACKED);
+    }
+    uint16_t *B = bf16_rand(50 * 40), *A1 = bf16_rand(9 * 50), *A2 = bf16_rand(40 * 50);
+    float *c1 = calloc(9 * 40, 4), *c2 = calloc(40 * 40, 4), *r1 = calloc(9 * 40, 4), *r2 = calloc(40 * 40, 4);
+    dt__amx_packed_b pb = {0};
+    ASSERT_EQ_INT(dt__amx_pack_b(&pb, false, 50, 40, B, 40), DT_OK);
+    dt__amx_gemm_args g = {.M = 9, .N = 40, .K = 50, .A = A1, .lda = 50, .pb = &pb, .alpha = 1.0f, .C = c1,
+                           .ldc = 40};
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    g.M = 40;
+    g.A = A2;
+    g.C = c2;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    g.pb = NULL;
+    g.B = B;
+    g.ldb = 40;
+    g.C = r2;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    g.M = 9;
+    g.A = A1;
+    g.C = r1;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_OK);
+    ASSERT(!memcmp(c1, r1, 9 * 40 * 4) && !memcmp(c2, r2, 40 * 40 * 4));
+    g.pb = &pb; /* a packed B of another shape is refused */
+    g.B = NULL;
+    g.K = 49;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    dt__amx_packed_b_free(&pb);
+    free(B), free(A1), free(A2), free(c1), free(c2), free(r1), free(r2);
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(packed_b_cache_versions)
+{
+    enum { M = 20, N = 36, K = 40 };
+    dt__amx_cache_clear();
+    uint16_t *A = bf16_rand(M * K), *W = bf16_rand(N * K), *W0 = malloc(N * K * 2);
+    memcpy(W0, W, N * K * 2);
+    float *C = calloc(M * N, 4), *R = calloc(M * N, 4);
+    dt__amx_gemm_args g = {.tb = true, .M = M, .N = N, .K = K, .A = A, .lda = K, .B = W, .ldb = K,
+                           .alpha = 1.0f, .C = C, .ldc = N};
+    dt__amx_gemm_args r = g;
+    r.C = R;
+    dt__amx_cache_stats s0, s1;
+    dt__amx_cache_stats_get(&s0);
+    ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 7), DT_OK); /* first use: packs */
+    ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 7), DT_OK); /* same version: reused */
+    dt__amx_cache_stats_get(&s1);
+    ASSERT_EQ_INT((int)(s1.packs - s0.packs), 1);
+    ASSERT_EQ_INT((int)(s1.hits - s0.hits), 1);
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &r), DT_OK);
+    ASSERT(!memcmp(C, R, sizeof(float) * M * N));
+    /* the weights change (an optimizer step) and the version moves on: repacked, new result */
+    for (int i = 0; i < N * K; i++)
+        W[i] = dt_f32_to_bf16(urand());
+    ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 8), DT_OK);
+    dt__amx_cache_stats_get(&s1);
+    ASSERT_EQ_INT((int)(s1.packs - s0.packs), 2);
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &r), DT_OK);
+    ASSERT(!memcmp(C, R, sizeof(float) * M * N));
+    /* the contract: contents changed without a new version are not seen (the
+     * cache never reads B to check), so the result is the old weights' */
+    float *old = malloc(sizeof(float) * M * N);
+    memcpy(old, C, sizeof(float) * M * N);
+    memcpy(W, W0, N * K * 2);
+    ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 8), DT_OK);
+    ASSERT(!memcmp(C, old, sizeof(float) * M * N));
+    /* another buffer (same shape) is its own entry */
+    uint16_t *W2 = bf16_rand(N * K);
+    g.B = W2;
+    r.B = W2;
+    ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 8), DT_OK);
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &r), DT_OK);
+    ASSERT(!memcmp(C, R, sizeof(float) * M * N));
+    dt__amx_cache_stats_get(&s1);
+    ASSERT_EQ_INT((int)(s1.packs - s0.packs), 3);
+    /* more weights than slots: the least recently used are evicted, results
+     * stay right (a freed buffer's address may come back from malloc: each
+     * new buffer gets a new version, as a step counter gives) */
+    for (int i = 0; i < 70; i++) {
+        uint16_t *w = bf16_rand(N * K);
+        g.B = r.B = w;
+        ASSERT_EQ_INT(dt__amx_gemm_cached_b(g_tiles, &g, 100 + (uint64_t)i), DT_OK);
+        ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &r), DT_OK);
+        int same = !memcmp(C, R, sizeof(float) * M * N);
+        free(w);
+        ASSERT(same);
+    }
+    dt__amx_cache_clear();
+    free(A), free(W), free(W0), free(W2), free(C), free(R), free(old);
+}
+
+/* ---- tile configuration lifecycle ---------------------------------------------------- */
+
+TEST(config_once_per_shape_and_released)
+{
+    dt_set_num_threads(1);
+    dt__amx_emul_stats e0, e1;
+    dt__amx_emul_stats_get(&e0);
+    uint64_t faults0 = e0.faults;
+    shape s = {.M = 64, .N = 64, .K = 64, .alpha = 1.0f}; /* 4 whole blocks: one configuration */
+    ASSERT_EQ_INT(run_case(s, VIA_CALL), 0);
+    dt__amx_emul_stats_get(&e1);
+    ASSERT_EQ_INT((int)(e1.loads - e0.loads), 1);
+    ASSERT(!dt__amx_thread_configured() && !dt__amx_emul_thread_configured());
+    shape t = {.M = 33, .N = 33, .K = 8, .alpha = 1.0f}; /* 4 blocks, 4 shapes: whole, N tail, M tail, both */
+    ASSERT_EQ_INT(run_case(t, VIA_CALL), 0);
+    dt__amx_emul_stats_get(&e0);
+    ASSERT_EQ_INT((int)(e0.loads - e1.loads), 4);
+    ASSERT_EQ_INT((int)e0.live, 0);
+    ASSERT_EQ_INT((int)(e0.faults - faults0), 0);
+    dt_set_num_threads(0);
+}
+
+static long ncpu(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? n : 1;
+}
+
+TEST(more_threads_than_cores)
+{
+    /* the kernels' threads: many more than cores, each configures and releases */
+    int nt = (int)(2 * ncpu() + 3);
+    dt_set_num_threads(nt);
+    dt__amx_emul_stats e0, e1;
+    dt__amx_emul_stats_get(&e0);
+    shape s = {.M = 200, .N = 130, .K = 70, .alpha = 1.0f, .beta = 1.0f, .bias = true};
+    ASSERT_EQ_INT(run_case(s, VIA_CALL), 0);
+    dt__amx_emul_stats_get(&e1);
+    ASSERT(e1.loads - e0.loads >= 2); /* several threads configured */
+    ASSERT_EQ_INT((int)e1.live, 0);        /* and every one released */
+    ASSERT_EQ_INT((int)(e1.faults - e0.faults), 0);
+    dt_set_num_threads(0);
+}
+
+typedef struct {
+    int bad;
+    int id;
+} worker;
+
+static void *worker_main(void *p)
+{
+    worker *w = p;
+    for (int r = 0; r < 3 && !w->bad; r++) {
+        shape s = {.ta = w->id & 1, .tb = (w->id >> 1) & 1, .M = 33 + w->id, .N = 40 + r, .K = 50,
+                   .alpha = 1.0f, .beta = r ? 1.0f : 0.0f};
+        w->bad |= run_case(s, w->id % 3 == 2 ? VIA_PACKED : VIA_CALL);
+        /* between calls a thread holds no tile state */
+        w->bad |= dt__amx_thread_configured() || dt__amx_emul_thread_configured();
+    }
+    return NULL;
+}
+
+TEST(concurrent_callers_more_than_cores)
+{
+    /* callers on their own threads at once (more than the cores), each call
+     * on 2 kernel threads: the tile state is per thread, so none disturbs
+     * another; the model counts a fault for any tile used unconfigured */
+    dt_set_num_threads(2);
+    enum { MAXW = 64 };
+    int n = (int)(2 * ncpu() + 1);
+    n = n > MAXW ? MAXW : n;
+    pthread_t th[MAXW];
+    worker w[MAXW];
+    dt__amx_emul_stats e0, e1;
+    dt__amx_emul_stats_get(&e0);
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        w[i] = (worker){.id = i};
+        if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0)
+            break;
+        started++;
+    }
+    int bad = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        bad |= w[i].bad;
+    }
+    dt__amx_emul_stats_get(&e1);
+    dt_set_num_threads(0);
+    ASSERT_EQ_INT(started, n);
+    ASSERT_EQ_INT(bad, 0);
+    ASSERT_EQ_INT((int)e1.live, 0);
+    ASSERT_EQ_INT((int)(e1.faults - e0.faults), 0);
+}
+
+/* ---- the model's own semantics ------------------------------------------------------- */
+
+static uint16_t bits_of(float f) { return dt_f32_to_bf16(f); }
+
+TEST(tdpbf16ps_numerics)
+{
+    /* pair order: acc + a0 b0, rounded, + a1 b1, rounded: 1 + 2^-24 + 2^-24 stays 1
+     * (ties to even twice); one rounding of both would give 1 + 2^-23 */
+    uint16_t t = bits_of(0x1p-12f);
+    float r = dt__amx_emul_dp_pair(1.0f, t, t, t, t);
+    ASSERT_NEAR(r, 1.0, 0.0, 0.0);
+    /* products are exact: (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 */
+    uint16_t u = bits_of(1.0f + 0x1p-7f);
+    r = dt__amx_emul_dp_pair(0.0f, u, u, 0, 0);
+    ASSERT_NEAR(r, 1.0 + 0x1p-6 + 0x1p-14, 0.0, 0.0);
+    /* DAZ: a denormal bf16 input reads as zero */
+    uint16_t den = 0x0001, one = bits_of(1.0f), big = bits_of(0x1p100f);
+    r = dt__amx_emul_dp_pair(0.0f, den, big, 0, 0);
+    ASSERT_NEAR(r, 0.0, 0.0, 0.0);
+    /* FTZ: a denormal sum flushes to zero (2^-120 x 2^-10 = 2^-130) */
+    r = dt__amx_emul_dp_pair(0.0f, bits_of(0x1p-120f), bits_of(0x1p-10f), 0, 0);
+    ASSERT_NEAR(r, 0.0, 0.0, 0.0);
+    r = dt__amx_emul_dp_pair(0.0f, one, one, one, one);
+    ASSERT_NEAR(r, 2.0, 0.0, 0.0);
+}
+
+TEST(model_checks_fault)
+{
+    /* the model reports what the hardware refuses, so the lifecycle tests above can fail */
+    const dt__amx_tiles *em = dt__amx_tiles_emul();
+    dt__amx_emul_stats e0, e1;
+    dt__amx_emul_stats_get(&e0);
+    dt__amx_emul_tile_zero(0); /* unconfigured: #UD */
+    dt__amx_emul_stats_get(&e1);
+    ASSERT_EQ_INT((int)(e1.faults - e0.faults), 1);
+    dt__amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = 17; /* more rows than a tile has: #GP, state unchanged */
+    c.colsb[0] = 64;
+    em->load_config(&c);
+    ASSERT(!dt__amx_emul_thread_configured());
+    c.rows[0] = 16;
+    c.rows[1] = 8, c.colsb[1] = 64;  /* A: 8 rows */
+    c.rows[2] = 16, c.colsb[2] = 64; /* B */
+    em->load_config(&c);
+    ASSERT(dt__amx_emul_thread_configured());
+    dt__amx_emul_tile_dp(0, 1, 2); /* C has 16 rows, A 8: #UD */
+    dt__amx_emul_tile_dp(3, 1, 2); /* tile 3 not configured: #UD */
+    dt__amx_emul_stats_get(&e0);
+    ASSERT_EQ_INT((int)(e0.faults - e1.faults), 3); /* the bad config, the two dp */
+    em->release();
+    ASSERT(!dt__amx_emul_thread_configured());
+    dt__amx_emul_stats_get(&e1);
+    ASSERT_EQ_INT((int)e1.live, 0);
+}
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+
+TEST(dispatch_never_emulated)
+{
+    /* dt_k_matmul's bf16 path takes the AMX GEMM only on the real
+     * instructions: where the CPU (as capped) has no AMX it stays on oneDNN */
+    const char *why = NULL;
+    bool on = dt_k_matmul_amx(&why);
+    dt_cpu_features f = dt_cpu_detect();
+    ASSERT(why != NULL);
+    if (!f.amx_tile || !f.amx_bf16)
+        ASSERT(!on);
+    printf("dtrain AMX GEMM: %s (%s)\n", on ? "on" : "off", why);
+    /* either way a bf16 product through dt_k_matmul is right */
+    uint16_t *A = bf16_rand(19 * 23), *B = bf16_rand(23 * 29);
+    float *C = calloc(19 * 29, 4);
+    ASSERT_EQ_INT(dt_k_matmul(false, false, 19, 29, 23, 1.0f, A, B, DT_BF16, 0.0f, C, NULL), DT_OK);
+    double err = 0;
+    for (int i = 0; i < 19; i++)
+        for (int j = 0; j < 29; j++) {
+            double s = 0;
+            for (int k = 0; k < 23; k++)
+                s += (double)bf(A[i * 23 + k]) * bf(B[k * 29 + j]);
+            err = fmax(err, fabs(s - C[i * 29 + j]));
+        }
+    free(A), free(B), free(C);
+    ASSERT(err < 1e-5);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "hw")) {
+        const char *why = NULL;
+        g_tiles = dt__amx_tiles_hw(&why);
+        if (!g_tiles)
+            DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
+        g_exact = false;
+        RUN(shapes_all_transposes);
+        RUN(beta_alpha_bias_gelu);
+        RUN(leading_dimensions);
+        RUN(gpt2_layer_shape);
+        RUN(k_zero_and_empty);
+        RUN(packed_b_reused);
+        RUN(packed_b_cache_versions);
+        RUN(dispatch_never_emulated);
+        return TEST_REPORT();
+    }
+    g_tiles = dt__amx_tiles_emul();
+    g_exact = true;
+    RUN(tdpbf16ps_numerics);
+    RUN(model_checks_fault);
+    RUN(shapes_all_transposes);
+    RUN(beta_alpha_bias_gelu);
+    RUN(leading_dimensions);
+    RUN(gpt2_layer_shape);
+    RUN(k_zero_and_empty);
+    RUN(packed_b_reused);
+    RUN(packed_b_cache_versions);
+    RUN(config_once_per_shape_and_released);
+    RUN(more_threads_than_cores);
+    RUN(concurrent_callers_more_than_cores);
+    RUN(dispatch_never_emulated);
+    return TEST_REPORT();
+}

@@ -1,0 +1,319 @@
+/* A PyTorch/DeepSpeed user's first day (issue 32): a GPT trained with a
+ * dtrain tokenize vocabulary larger than the model's default (the size is
+ * taken from the vocabulary), the checkpoint keeping that vocabulary
+ * (dtrain generate --ckpt with a text prompt and no --vocab), `dtrain ckpt`
+ * taking the --save directory as eval and --resume do, `ckpt convert
+ * --full` writing the model's state_dict only (tied head under both names;
+ * --with-optimizer keeps the rest), weights loaded back in the spellings
+ * other tools write (safetensors' save_model: lm_head.weight without
+ * transformer.wte.weight; a Hugging Face base model: no "transformer."
+ * prefix), `dtrain eval --weights`, and generate --seed refused with
+ * --ckpt instead of silently ignored. */
+// dt-test-timeout: 300
+#include "dtrain/ckpt.h"
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+static char vocab[300], train_bin[300], val_bin[300], save_dir[300], data[320], val[320];
+static int64_t V, max_id;
+
+/* Words of random letters: enough distinct pairs for a vocabulary of more
+ * than 512 ids (gpt-micro's default vocabulary). */
+static void write_data(void)
+{
+    enum { N = 60000 };
+    static char text[N + 1];
+    uint32_t x = 12345;
+    int n = 0;
+    while (n < N - 12) {
+        x = x * 1103515245u + 12345u;
+        int len = 2 + (int)((x >> 16) % 6);
+        for (int i = 0; i < len; i++) {
+            x = x * 1103515245u + 12345u;
+            text[n++] = (char)('a' + (x >> 16) % 20);
+        }
+        text[n++] = ' ';
+    }
+    text[n] = 0;
+    dt_bpe_train_params tp = dt_bpe_train_params_default();
+    tp.vocab_size = 700;
+    dt_bpe *bpe = NULL;
+    if (dt_bpe_train(text, (size_t)n, &tp, &bpe) < 0)
+        return;
+    snprintf(vocab, sizeof vocab, "%s/v.bpe", cli_tmpdir());
+    dt_bpe_save(bpe, vocab);
+    V = dt_bpe_vocab_size(bpe);
+    uint16_t *ids = NULL;
+    int64_t nt = 0;
+    dt_bpe_encode(bpe, text, (size_t)n, &ids, &nt);
+    for (int64_t i = 0; i < nt; i++)
+        if (ids[i] > max_id)
+            max_id = ids[i];
+    snprintf(train_bin, sizeof train_bin, "%s/train.bin", cli_tmpdir());
+    snprintf(val_bin, sizeof val_bin, "%s/val.bin", cli_tmpdir());
+    snprintf(save_dir, sizeof save_dir, "%s/run", cli_tmpdir());
+    snprintf(data, sizeof data, "tokens:%s", train_bin);
+    snprintf(val, sizeof val, "tokens:%s", val_bin);
+    dt_tokens_write(train_bin, ids, nt - 2000);
+    dt_tokens_write(val_bin, ids + nt - 2000, 2000);
+    free(ids);
+    dt_bpe_free(bpe);
+}
+
+static cli_result r, r2;
+
+static const char *cli_bin(void)
+{
+    const char *p = getenv("DT_CLI");
+    return p && *p ? p : DT_BINARY_DIR "/dtrain";
+}
+
+#define GPT_ARGS "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16"
+
+TEST(vocab_size_from_vocab_and_kept_in_ckpt)
+{
+    ASSERT(V > 512 && max_id >= 512); /* the issue's case: ids the default vocabulary does not have */
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps",
+                        "3", "--data", data, "--val-data", val, "--limit-test", "8", "--threads", "1", "--vocab",
+                        vocab, "--save", save_dir, "--progress", "none", "--optimizer", "adamw", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    char want[96];
+    snprintf(want, sizeof want, "vocab size %lld (the size of --vocab", (long long)V);
+    ASSERT_STR_CONTAINS(r.out, want);
+    /* an explicit size too small: the error names --vocab-size */
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--vocab-size", "300", "--data", data,
+                        "--no-eval", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r2.code, 2);
+    ASSERT_EQ_INT(cli_lines(r2.err), 1);
+    ASSERT_STR_CONTAINS(r2.err, ">= vocab size 300");
+    ASSERT_STR_CONTAINS(r2.err, "--vocab-size N sets it");
+    /* generate --ckpt with a text prompt: the checkpoint's vocabulary */
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--ckpt", save_dir, "--prompt", "abc de", "--max-new-tokens", "5",
+                        "--temperature", "0", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strncmp(r.out, "abc de", 6));
+    /* the same with --vocab given */
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"generate", "--ckpt", save_dir, "--vocab", vocab, "--prompt", "abc de", "--max-new-tokens",
+                        "5", "--temperature", "0", NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_EQ(r.out, r2.out);
+    /* --seed with --ckpt would be ignored: refused, naming --sample-seed */
+    cli_runv(&r2, 60, NULL, (char *[]){"generate", "--ckpt", save_dir, "--prompt", "abc", "--seed", "1", NULL});
+    ASSERT_EQ_INT(r2.code, 2);
+    ASSERT_STR_CONTAINS(r2.err, "--sample-seed");
+}
+
+TEST(ckpt_commands_take_the_save_directory)
+{
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "info", save_dir, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "step-00000003");
+    ASSERT_STR_CONTAINS(r.err, "newest checkpoint");
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "verify", save_dir, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "ok: ");
+}
+
+/* Every tensor of src into dst except `drop`, names without `strip` (when
+ * they start with it). */
+static void rewrite(const char *src, const char *dst, const char *drop, const char *strip)
+{
+    dt_ckpt *ck = NULL;
+    ASSERT_OK(dt_ckpt_open(src, &ck));
+    size_t nt = dt_ckpt_num_tensors(ck), no = 0, idx[256];
+    static dt_st_desc d[256];
+    ASSERT(nt < 256);
+    for (size_t i = 0; i < nt; i++) {
+        dt_ckpt_tensor t;
+        dt_ckpt_tensor_at(ck, i, &t);
+        if (drop && !strcmp(t.name, drop))
+            continue;
+        const char *name = strip && !strncmp(t.name, strip, strlen(strip)) ? t.name + strlen(strip) : t.name;
+        d[no] = (dt_st_desc){.name = name, .dtype = t.dtype, .ndim = t.ndim};
+        memcpy(d[no].shape, t.shape, sizeof d[no].shape);
+        idx[no++] = i;
+    }
+    dt_st_writer *w = NULL;
+    ASSERT_OK(dt_st_writer_open(dst, d, no, NULL, 0, &w));
+    for (size_t o = 0; o < no; o++) {
+        dt_ckpt_tensor t;
+        dt_ckpt_tensor_at(ck, idx[o], &t);
+        size_t nb = (size_t)t.numel * dt_st_dtype_size(t.dtype);
+        void *buf = malloc(nb);
+        ASSERT_OK(dt_ckpt_read(ck, idx[o], 0, t.numel, buf, true));
+        ASSERT_OK(dt_st_writer_write(w, o, buf, nb));
+        free(buf);
+    }
+    ASSERT_OK(dt_st_writer_commit(w, NULL));
+    dt_st_writer_close(w);
+    dt_ckpt_close(ck);
+}
+
+TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
+{
+    char full[320], all[320], sm[320], hf[320], vs[32];
+    snprintf(full, sizeof full, "%s/model.safetensors", cli_tmpdir());
+    snprintf(all, sizeof all, "%s/all.safetensors", cli_tmpdir());
+    snprintf(sm, sizeof sm, "%s/save_model.safetensors", cli_tmpdir());
+    snprintf(hf, sizeof hf, "%s/hf_base.safetensors", cli_tmpdir());
+    snprintf(vs, sizeof vs, "%lld", (long long)V);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", save_dir, "-o", full, "--full", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", save_dir, "-o", all, "--full", "--with-optimizer", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    dt_ckpt *ck = NULL;
+    ASSERT_OK(dt_ckpt_open(full, &ck));
+    ASSERT(dt_ckpt_find(ck, "lm_head.weight") >= 0);
+    ASSERT(dt_ckpt_find(ck, "transformer.wte.weight") >= 0);
+    for (size_t i = 0; i < dt_ckpt_num_tensors(ck); i++) {
+        dt_ckpt_tensor t;
+        dt_ckpt_tensor_at(ck, i, &t);
+        ASSERT(strncmp(t.name, "optim.", 6) && strncmp(t.name, "master.", 7));
+    }
+    ASSERT_STR_EQ(dt_ckpt_meta(ck, "format"), "pt");
+    dt_ckpt_close(ck);
+    ASSERT_OK(dt_ckpt_open(all, &ck));
+    ASSERT(dt_ckpt_find(ck, "optim.transformer.wte.weight.exp_avg") >= 0);
+    dt_ckpt_close(ck);
+    /* save_model's spelling and a Hugging Face base model's */
+    rewrite(full, sm, "transformer.wte.weight", NULL);
+    rewrite(full, hf, "lm_head.weight", "transformer.");
+    /* every spelling generates what the checkpoint generates */
+    static cli_result ref;
+    cli_runv(&ref, 60, NULL,
+             (char *[]){"generate", "--ckpt", save_dir, "--prompt-ids", "1,2,3", "--max-new-tokens", "6",
+                        "--temperature", "0", NULL});
+    ASSERT_EQ_INT(ref.code, 0);
+    const char *files[] = {full, sm, hf};
+    for (int k = 0; k < 3; k++) {
+        cli_runv(&r, 60, NULL,
+                 (char *[]){"generate", "--model", "gpt-micro", GPT_ARGS, "--vocab-size", vs, "--weights",
+                            (char *)files[k], "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--temperature", "0",
+                            NULL});
+        if (r.code)
+            fprintf(stderr, "%s: %s\n", files[k], r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_EQ(r.out, ref.out);
+    }
+    /* dtrain eval --weights: the checkpoint's validation loss */
+    cli_runv(&ref, 120, NULL, (char *[]){"eval", "--ckpt", save_dir, "--threads", "1", NULL});
+    if (ref.code)
+        fprintf(stderr, "%s\n", ref.err);
+    ASSERT_EQ_INT(ref.code, 0);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"eval", "--weights", sm, "--model", "gpt-micro", GPT_ARGS, "--vocab-size", vs, "--seq", "16",
+                        "--data", data, "--val-data", val, "--limit-test", "8", "--threads", "1", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(ref.out, "val loss: ");
+    ASSERT_STR_EQ(strstr(r.out, "val loss: "), strstr(ref.out, "val loss: "));
+}
+
+/* Shared CPUs: OpenMP waits passively unless the user chose otherwise
+ * (libgomp's spinning made a run many times slower beside one busy
+ * process), and the default thread count warns when the load leaves fewer
+ * free cores than ranks x threads (DT_LOADAVG stands in for the load). */
+TEST(shared_cpus)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
+        fprintf(stderr, "  (OpenMP's waiting is set in this environment: the default is not checked)\n");
+    } else {
+        cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default");
+        cli_runv(&r, 60, "OMP_WAIT_POLICY=active", (char *[]){"info", NULL});
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: OMP_WAIT_POLICY=active (from the environment)");
+        cli_runv(&r, 60, "GOMP_SPINCOUNT=1000", (char *[]){"info", NULL});
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=1000 (from the environment)");
+        /* the ranks of dtrain run inherit the policy */
+        cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive");
+    }
+    char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "50",
+                    "--limit-test", "10", "--no-eval", "--progress", "none", NULL};
+    cli_runv(&r, 60, "DT_LOADAVG=1000", args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: 1 rank x ");
+    ASSERT_STR_CONTAINS(r.err, "--threads N");
+    cli_runv(&r, 60, "DT_LOADAVG=0", args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strstr(r.err, "compute threads on"));
+}
+
+/* "12.5 KiB" after `key ` in the line of out starting with `line`, in bytes; -1 when absent. */
+static double mem_field(const char *out, const char *line, const char *key)
+{
+    const char *l = strstr(out, line), *k = l ? strstr(l, key) : NULL, *nl = l ? strchr(l, '\n') : NULL;
+    if (!k || (nl && k > nl))
+        return -1;
+    char *end;
+    double v = strtod(k + strlen(key), &end);
+    while (*end == ' ')
+        end++;
+    return v * (!strncmp(end, "MiB", 3) ? 1048576.0 : !strncmp(end, "KiB", 3) ? 1024.0 : 1.0);
+}
+
+/* Issue 32 item 11: every multi-rank run ends with the memory lines (DDP
+ * and --tp had none), and an interleaved pipeline rank's optimizer states
+ * are those of the parameters it steps (Adam: two per element), not of the
+ * span between its two chunks. */
+TEST(memory_report_ddp_tp_interleaved)
+{
+    char *mlp[] = {"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "mlp", "--mlp-dim", "16",
+                   "--mlp-hidden", "64", "--random-items", "64", "--limit-test", "8", "--batch", "8", "--no-eval",
+                   "--progress", "none", "--threads", "1", "--optimizer", "adam", NULL, NULL, NULL};
+    cli_runv(&r, 120, NULL, mlp);
+    ASSERT_EQ_INT(r.code, 0);
+    double ddp0 = mem_field(r.out, "memory rank 0:", "parameters ");
+    ASSERT(ddp0 > 0);
+    ASSERT(mem_field(r.out, "memory rank 1:", "parameters ") == ddp0);
+    ASSERT(mem_field(r.out, "memory rank 1:", "optimizer states ") == 2 * ddp0);
+    mlp[25] = "--tp", mlp[26] = "2";
+    cli_runv(&r, 120, NULL, mlp);
+    ASSERT_EQ_INT(r.code, 0);
+    double tp0 = mem_field(r.out, "memory rank 0:", "parameters ");
+    ASSERT(tp0 > 0 && tp0 < 0.75 * ddp0); /* each rank holds about half of the weights */
+    ASSERT(mem_field(r.out, "memory rank 1:", "parameters ") > 0);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro", GPT_ARGS,
+                        "--n-layer", "4", "--vocab-size", "800", "--seq", "16", "--data", data, "--no-eval",
+                        "--max-steps", "1", "--batch", "4", "--micro-batches", "4", "--pp", "2", "--pp-schedule",
+                        "interleaved", "--optimizer", "adamw", "--threads", "1", "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    for (int k = 0; k < 2; k++) {
+        char line[32];
+        snprintf(line, sizeof line, "memory rank %d:", k);
+        double p = mem_field(r.out, line, "parameters "), o = mem_field(r.out, line, "optimizer states ");
+        if (!(p > 0 && o > 0 && o <= 2 * p * 1.001))
+            fprintf(stderr, "  rank %d: parameters %.0f B, optimizer states %.0f B\n", k, p, o);
+        ASSERT(p > 0 && o > 0);
+        ASSERT(o <= 2 * p * 1.001);
+    }
+}
+
+int main(void)
+{
+    write_data();
+    RUN(vocab_size_from_vocab_and_kept_in_ckpt);
+    RUN(ckpt_commands_take_the_save_directory);
+    RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
+    RUN(shared_cpus);
+    RUN(memory_report_ddp_tp_interleaved);
+    cli_cleanup();
+    return TEST_REPORT();
+}
