@@ -4,7 +4,8 @@
  * The file is read and validated first (dt__metrics_parse, metrics_read.c:
  * every line a JSON object with an "event"; step records need "step" and
  * "loss"; eval records need "test_loss", and "test_accuracy" if present is a
- * number or null), so a malformed file gets one line naming the file, the
+ * number or null; a null loss (a non-finite one, as dtrain train writes it)
+ * is a point left out), so a malformed file gets one line naming the file, the
  * line and the problem (exit 2) instead of a gnuplot error. The data go to
  * a private temporary directory as whitespace-separated columns; gnuplot
  * ($DT_GNUPLOT, else `gnuplot` on PATH) renders a PNG there: training and

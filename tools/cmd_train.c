@@ -687,6 +687,31 @@ static dt_status load_auto(trainer *t, char *path, size_t cap, dt_trainer_resume
     }
 }
 
+/* Whether the checkpoint at path was trained with this run's --seed and
+ * --rng (they draw the data order); if not, note says so. A checkpoint
+ * whose options cannot be read (another program's) is taken as kept. */
+static bool seed_kept(trainer *t, const char *path, char *note, size_t n)
+{
+    char *js = NULL;
+    if (dt_trainer_ckpt_user(path, &js) < 0)
+        return true;
+    cJSON *u = cJSON_Parse(js);
+    dt_trainer_run_state_free(js);
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(u, "seed"), *rng = cJSON_GetObjectItemCaseSensitive(u, "rng");
+    bool kept = true;
+    if (cJSON_IsNumber(seed) && cJSON_IsString(rng) &&
+        (seed->valuedouble != (double)t->o.seed || strcmp(rng->valuestring, t->o.rng))) {
+        snprintf(note, n,
+                 "the checkpoint was trained with --seed %.0f --rng %s, this run has --seed %llu --rng %s: weights, "
+                 "optimizer state and the schedule are resumed, the data order is not kept (the rest of the epoch "
+                 "and the epochs after it draw other samples in another order)",
+                 seed->valuedouble, rng->valuestring, (unsigned long long)t->o.seed, t->o.rng);
+        kept = false;
+    }
+    cJSON_Delete(u);
+    return kept;
+}
+
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
 static int setup_resume(trainer *t)
@@ -732,6 +757,8 @@ static int setup_resume(trainer *t)
     if ((from == latest ? load_auto(t, latest, sizeof latest, ri) : dt_trainer_load(t->tr, from, ri)) < 0)
         return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--resume");
     t->saved_step = t->resumed_step = ri->step;
+    if (ri->data_order_kept && !seed_kept(t, ri->path, ri->note, sizeof ri->note))
+        ri->data_order_kept = false;
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
     t->global_step = ri->step;
     t->micro_step = pos.batches;
@@ -954,11 +981,13 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     t->micro_step += m->nmicro;
     t->step = epoch_step(t);
     t->samples += m->samples;
-    t->loss_window[t->nloss++ % LOSS_WINDOW] = m->nmicro ? sum / m->nmicro : NAN;
-    t->log_loss += sum;
+    if (isfinite(sum)) { /* a step the fp16 loss scaler skipped is left out of the means */
+        t->loss_window[t->nloss++ % LOSS_WINDOW] = m->nmicro ? sum / m->nmicro : NAN;
+        t->epoch_loss += sum;
+        t->epoch_micro += m->nmicro;
+    }
+    t->log_loss += sum; /* the step's own record shows it (null) */
     t->log_n += m->nmicro;
-    t->epoch_loss += sum;
-    t->epoch_micro += m->nmicro;
     const bool advanced = t->global_step != before;
     dt__progress_step(&t->prog, t->step, t->global_step, window_mean(t), m->lr, t->samples);
     /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
@@ -1080,6 +1109,53 @@ static int train_epoch(trainer *t, int64_t epoch, double *wall_s, double *sps_ou
     return 0;
 }
 
+/* A run whose every optimizer step overflowed and was skipped trained
+ * nothing: an error (exit 1), never a success. */
+static int check_all_skipped(trainer *t)
+{
+    dt_loss_scaler_state ls;
+    const dt_loss_scaler *sc = dt_trainer_loss_scaler(t->tr);
+    if (!sc)
+        return 0;
+    dt_loss_scaler_get_state(sc, &ls);
+    if (ls.iter == 0 || ls.skipped < ls.iter)
+        return 0;
+    dt__cli_err("dtrain train: every one of the %lld optimizer steps overflowed at loss scale %g and was skipped: "
+                "nothing was trained (lower --loss-scale or use dynamic loss scaling, check the data for "
+                "inf/NaN)\n", (long long)ls.iter, ls.scale);
+    return 1;
+}
+
+/* Every rank was given the same training options (a rank with another
+ * optimizer, learning rate, seed or clipping would train apart and still
+ * exit 0): compared once at start, exit 2 naming the options and ranks. */
+static int check_same(trainer *t)
+{
+    enum { CAP = 160 };
+    const char *names[CAP];
+    char(*vals)[512] = malloc(CAP * sizeof *vals);
+    char(*flags)[40] = malloc(CAP * sizeof *flags);
+    dt_trainer_field f[CAP];
+    if (!vals || !flags) {
+        free(vals);
+        free(flags);
+        return fail(1, "out of memory");
+    }
+    int n = dt__train_shared_opts(&t->o, names, vals, CAP);
+    for (int i = 0; i < n; i++) {
+        snprintf(flags[i], sizeof flags[i], "--%s", names[i]);
+        f[i] = (dt_trainer_field){flags[i], vals[i]};
+    }
+    dt_status st = dt_trainer_check_same(t->tr, f, n);
+    free(vals);
+    free(flags);
+    if (st == DT_ERR_MISMATCH) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 2;
+    }
+    return st < 0 ? fail(1, "comparing the ranks' options") : 0;
+}
+
 static void cleanup(trainer *t)
 {
     dt_loader_free(t->train_loader);
@@ -1156,7 +1232,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     }
     if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
-        (rc = setup_trainer(t)) || (rc = make_user_json(t)))
+        (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
     if (eval_ckpt) {
         if ((rc = open_metrics(t)))
@@ -1289,6 +1365,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                t->ckpt_modules, t->desc.ckpt_unit);
     fflush(stdout);
     double wall = 0, sps = 0, tl = NAN, ta = NAN, wall_sum = 0;
+    bool evaluated = false; /* (a NaN test loss is a result, not "not evaluated") */
     /* --max-steps sets the run's length: the loader wraps into as many epochs as it takes (each reshuffled:
        the sampler's order is a function of the seed and the epoch, as DistributedSampler.set_epoch) */
     int idle = 0; /* epochs in a row without an optimizer step */
@@ -1312,9 +1389,12 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         wall_sum += wall;
         if (!t->o.no_eval && (rc = eval_and_record(t, e, &tl, &ta)))
             goto out;
+        evaluated = !t->o.no_eval;
     }
-    if (!t->o.no_eval && isnan(tl) && (rc = eval_and_record(t, t->epoch, &tl, &ta)))
-        goto out; /* ended inside an epoch (--max-steps) or had nothing left to train */
+    if (!t->o.no_eval && !evaluated && (rc = eval_and_record(t, t->epoch, &tl, &ta)))
+        goto out; /* had nothing left to train (a resumed run at its end) */
+    if ((rc = check_all_skipped(t)))
+        goto out;
     if (t->o.save && dt_trainer_steps(t->tr) != t->saved_step && (rc = save_ckpt(t)))
         goto out;
     if (t->o.save && dt_trainer_save_wait(t->tr) < 0) { /* an asynchronous save still being written */

@@ -82,9 +82,10 @@ int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *
         }
         if (!why && !strcmp(ev->valuestring, "step")) {
             const cJSON *st = num_field(o, "step"), *lo = num_field(o, "loss");
-            if (!st || !lo) {
-                why = "malformed step record: needs numeric \"step\" and \"loss\"";
-            } else {
+            const bool gap = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "loss")); /* non-finite: not drawn */
+            if (!st || (!lo && !gap)) {
+                why = "malformed step record: needs numeric \"step\" and \"loss\" (a number or null)";
+            } else if (lo) {
                 cap_tmp = scap;
                 if (push(&out->step_x, &cap_tmp, out->nstep, st->valuedouble) < 0 ||
                     push(&out->step_loss, &scap, out->nstep, lo->valuedouble) < 0)
@@ -95,10 +96,11 @@ int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *
         } else if (!why && !strcmp(ev->valuestring, "eval")) {
             const cJSON *tl = num_field(o, "test_loss"), *st = num_field(o, "step");
             const cJSON *ac = cJSON_GetObjectItemCaseSensitive(o, "test_accuracy");
-            if (!tl || (ac && !cJSON_IsNumber(ac) && !cJSON_IsNull(ac))) {
-                why = "malformed eval record: needs a numeric \"test_loss\" (and \"test_accuracy\" "
+            const bool gap = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "test_loss"));
+            if ((!tl && !gap) || (ac && !cJSON_IsNumber(ac) && !cJSON_IsNull(ac))) {
+                why = "malformed eval record: needs a \"test_loss\" (a number or null; and \"test_accuracy\" "
                       "a number or null)";
-            } else {
+            } else if (tl) {
                 double acc = ac && cJSON_IsNumber(ac) ? ac->valuedouble : NAN;
                 size_t c1 = ecap, c2 = ecap;
                 if (push(&out->eval_x, &c1, out->neval, st ? st->valuedouble : last_step) < 0 ||

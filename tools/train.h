@@ -123,6 +123,11 @@ int dt__train_config(int argc, char **argv, dt__train_opts *o);
  * on stdout, once (nothing when no config key is set). */
 void dt__train_config_print(const dt__train_opts *o);
 void dt__train_usage(FILE *f);
+/* The options every rank of a job must share (all but --threads,
+ * --progress, --metrics, --log-every, --prefetch, --mfu-peak and --config,
+ * whose values land in the others), as "--name" and its value as text, into
+ * names[i] and vals[i] (at most cap). Returns the count. */
+int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*vals)[512], int cap);
 /* The options of dt__train_usage as a Markdown table ("| option | meaning |"),
  * the table docs/TRAINING.md carries (dtrain train --help-markdown). */
 void dt__train_options_markdown(FILE *f);

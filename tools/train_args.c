@@ -239,6 +239,45 @@ static void set_defaults(dt__train_opts *o)
     o->scaler = "deepspeed";
 }
 
+int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*vals)[512], int cap)
+{
+    static const char *const local[] = {"threads", "progress", "metrics", "log-every", "prefetch", "mfu-peak",
+                                        "config", NULL};
+    int n = 0;
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0] && n < cap; i++) {
+        const opt_def *d = &opts[i];
+        bool skip = false;
+        for (int j = 0; local[j] && !skip; j++)
+            skip = !strcmp(d->name, local[j]);
+        if (skip)
+            continue;
+        const char *base = (const char *)o + d->off;
+        char *v = vals[n];
+        switch (d->type) {
+        case OPT_INT:
+            snprintf(v, 512, "%lld", (long long)*(const int64_t *)base);
+            break;
+        case OPT_U64:
+            snprintf(v, 512, "%llu", (unsigned long long)*(const uint64_t *)base);
+            break;
+        case OPT_FLOAT:
+            snprintf(v, 512, "%.17g", *(const double *)base);
+            break;
+        case OPT_STR:
+        case OPT_CHOICE: {
+            const char *sv = *(const char *const *)base;
+            snprintf(v, 512, "%s", sv ? sv : "(unset)");
+            break;
+        }
+        case OPT_FLAG:
+            snprintf(v, 512, "%s", *(const bool *)base ? "true" : "false");
+            break;
+        }
+        names[n++] = d->name;
+    }
+    return n;
+}
+
 /* The option as --help and docs/TRAINING.md write it: "--name {a|b}",
  * "--name ARG" or "--name" (choices separated by sep). */
 static void opt_lhs(const opt_def *d, char sep, char *out, size_t cap)

@@ -157,9 +157,11 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     dt_status st = dt_pg_init(&pp, &r->pg);
     if (st < 0) {
         dt__cli_err("dtrain train: process group: %s\n", dt_last_error());
-        /* a bad DT_* variable or backend name is bad input; a peer that
-         * never came, a timeout or no memory is a runtime failure */
-        return st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND || st == DT_ERR_RANGE ? 2 : 1;
+        /* a bad DT_* variable or backend name is bad input, and so is a
+         * foreign job at the rendezvous (refused); a peer that never came,
+         * a timeout or no memory is a runtime failure */
+        return st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND || st == DT_ERR_RANGE || st == DT_ERR_MISMATCH ? 2
+                                                                                                              : 1;
     }
     r->rank = dt_pg_rank(r->pg);
     r->world = dt_pg_size(r->pg);

@@ -150,6 +150,43 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step
     return s;
 }
 
+/* printf writes a non-finite double as nan, -nan, inf or -inf: not JSON.
+ * Outside strings each such bare value becomes null, so every record stays
+ * one JSON object that any parser (and dtrain plot) reads. out has room for
+ * 2n + 1 bytes; returns the new length. */
+static size_t json_nonfinite(const char *in, size_t n, char *out)
+{
+    bool str = false;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = in[i];
+        if (str) {
+            out[k++] = c;
+            if (c == '\\' && i + 1 < n)
+                out[k++] = in[++i];
+            else if (c == '"')
+                str = false;
+            continue;
+        }
+        if (c == '"')
+            str = true;
+        const bool at_value = k == 0 || out[k - 1] == ':' || out[k - 1] == ',' || out[k - 1] == '[';
+        if (at_value && (c == 'n' || c == 'i' || c == '-')) {
+            size_t j = i + (c == '-'), w = 0;
+            if (j + 3 <= n && (!strncmp(in + j, "nan", 3) || !strncmp(in + j, "inf", 3)))
+                w = j + 8 <= n && !strncmp(in + j, "infinity", 8) ? 8 : 3;
+            if (w && (j + w == n || in[j + w] == ',' || in[j + w] == '}' || in[j + w] == ']')) {
+                memcpy(out + k, "null", 4);
+                k += 4;
+                i = j + w - 1;
+                continue;
+            }
+        }
+        out[k++] = c;
+    }
+    return k;
+}
+
 dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...)
 {
     if (!m->f)
@@ -177,6 +214,19 @@ dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...)
     vsnprintf(buf + 1, cap - 1, fmt, ap2);
     va_end(ap2);
     int k = 1 + n;
+    if (strstr(buf + 1, "nan") || strstr(buf + 1, "inf")) {
+        char *fixed = malloc(2 * (size_t)k + 48);
+        if (!fixed) {
+            if (buf != small)
+                free(buf);
+            return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+        }
+        k = (int)json_nonfinite(buf, (size_t)k, fixed);
+        if (buf != small)
+            free(buf);
+        buf = fixed;
+        cap = 2 * (size_t)(1 + n) + 48;
+    }
     k += snprintf(buf + k, cap - (size_t)k, "%s\"time\":%.3f}\n", n ? "," : "", unix_time());
     dt_status st = dt_file_write(m->f, buf, (size_t)k);
     if (buf != small)

@@ -305,8 +305,11 @@ DT_API dt_status dt_optim_grads_f32(dt_optim *o, size_t r, float **g, size_t *n)
  * hysteresis is left) returns DT_ERR_RANGE naming the scale and the count
  * of overflowing steps instead of skipping forever (DeepSpeed raises there
  * too). loss_scale > 0 is a static scale: it never changes (overflowed
- * steps are still skipped and counted). bf16 needs no scaler (DeepSpeed
- * forces scale 1 there).
+ * steps are still skipped and counted); DT_LOSS_SCALER_STATIC_MAX_RUN
+ * overflowing steps in a row under it return DT_ERR_RANGE (the scale is too
+ * large: DeepSpeed would apply those non-finite gradients; skipping them for
+ * ever would end a run that never stepped as a success). bf16 needs no
+ * scaler (DeepSpeed forces scale 1 there).
  *
  *     dt_loss_scaler_params sp = dt_loss_scaler_params_default();  // DeepSpeed's fp16 defaults
  *     dt_loss_scaler *ls;  dt_loss_scaler_init(&sp, &ls);
@@ -320,6 +323,9 @@ DT_API dt_status dt_optim_grads_f32(dt_optim *o, size_t r, float **g, size_t *n)
  *     dt_loss_scaler_free(ls);
  */
 typedef struct dt_loss_scaler dt_loss_scaler;
+
+/* Overflowing steps in a row after which a static scale is an error. */
+#define DT_LOSS_SCALER_STATIC_MAX_RUN 10
 
 typedef enum dt_loss_scaler_kind {
     DT_LOSS_SCALER_DEEPSPEED = 0, /* DeepSpeed's fp16 dynamic scaler */
@@ -364,7 +370,8 @@ DT_API double dt_loss_scaler_scale(const dt_loss_scaler *s);
 DT_API bool dt_loss_scaler_is_dynamic(const dt_loss_scaler *s);
 /* Record one step's agreed overflow flag (call once per optimizer step,
  * with the same flag on every rank). DT_ERR_RANGE when an overflow hits the
- * floor (see above; the step counts as skipped). */
+ * floor, or the DT_LOSS_SCALER_STATIC_MAX_RUN-th overflow in a row of a
+ * static scale (see above; the step counts as skipped). */
 DT_API dt_status dt_loss_scaler_update(dt_loss_scaler *s, bool overflow);
 /* Copy the state out / restore it (DT_ERR_FORMAT for an inconsistent one). */
 DT_API void dt_loss_scaler_get_state(const dt_loss_scaler *s, dt_loss_scaler_state *out);

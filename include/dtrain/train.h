@@ -508,6 +508,22 @@ typedef struct dt_trainer_memory {
 DT_API dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out);
 /* SUM of n doubles over the replicas (collective; identity with one). */
 DT_API dt_status dt_trainer_allreduce_sum(dt_trainer *tr, double *v, int n);
+
+/* One setting of a run, by name and value as text, for dt_trainer_check_same. */
+typedef struct dt_trainer_field {
+    const char *name;  /* "lr", "--optimizer", ... */
+    const char *value; /* its value as text; NULL is "(unset)" */
+} dt_trainer_field;
+/* Whether every replica runs with the same settings (collective: every
+ * rank passes its own values of the same n fields in the same order).
+ * Ranks that disagree on the optimizer, the learning rate, the seed or
+ * clipping would train apart and still end "successfully"; called once at
+ * start, like the collectives' check of their arguments. One all-reduce of
+ * n + 1 hashes per rank. DT_ERR_MISMATCH, the same message on every rank,
+ * naming each differing field and the ranks whose value differs from rank
+ * 0's (the field list itself is compared too). One replica, or a pipeline
+ * strategy (not compared yet): DT_OK. */
+DT_API dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n);
 /* The loss scaler (use_scaler, or a static loss_scale != 1), else NULL.
  * Borrowed; its state (dt_loss_scaler_get_state) is what a checkpoint saves. */
 DT_API dt_loss_scaler *dt_trainer_loss_scaler(const dt_trainer *tr);

@@ -20,6 +20,7 @@
  * are read for the checksum only. One pass; the file's sum is compared when
  * its last byte has been seen, so on a mismatch the destinations already
  * hold the damaged bytes (the call fails: the caller discards them). */
+#include "base/json_strict.h"
 #include "ckpt/st_impl.h"
 #include "dtrain/ckpt.h"
 
@@ -244,6 +245,12 @@ static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
         snprintf(f->path, pl, "%s/%s", src, nm->valuestring);
         ck->nfiles++;
     }
+    /* "world": the ranks that wrote it, one file each (an old index may lack it) */
+    const cJSON *wd = cJSON_GetObjectItemCaseSensitive(root, "world");
+    uint64_t w = 0;
+    if (wd && (!json_u64(wd, &w) || w != ck->nfiles))
+        return dt_error(DT_ERR_FORMAT, "%s: \"world\" must be the number of files (%zu), an integer >= 1", ipath,
+                        ck->nfiles);
     const cJSON *tens = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsObject(tens))
         return dt_error(DT_ERR_FORMAT, "%s: \"tensors\" must be an object", ipath);
@@ -358,8 +365,10 @@ dt_status dt_ckpt_open(const char *src, dt_ckpt **out)
             st = dt_error(DT_ERR_IO, "%s: read failed", ipath);
         else {
             txt[len] = 0;
-            cJSON *root = cJSON_ParseWithLength(txt, (size_t)len);
-            st = root ? parse_index(ck, ipath, root) : dt_error(DT_ERR_FORMAT, "%s: not valid JSON", ipath);
+            cJSON *root = NULL;
+            st = dt__json_parse_strict(txt, (size_t)len, ipath, &root);
+            if (st >= 0)
+                st = parse_index(ck, ipath, root);
             cJSON_Delete(root);
         }
         if (fp)

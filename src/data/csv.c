@@ -99,6 +99,10 @@ dt_status dt_dataset_csv_from_mem(const void *buf, size_t n, const char *name, c
     if (!p)
         p = &def;
     const char *s = buf;
+    if (n >= 3 && !memcmp(s, "\xef\xbb\xbf", 3)) { /* a UTF-8 byte order mark: not part of the first cell */
+        s += 3;
+        n -= 3;
+    }
     char cell[MAX_CELL];
     bool too_long;
     /* pass 1: the first non-blank line decides the columns and the header */

@@ -21,7 +21,9 @@
  * Both kinds: an overflow while the scale already sits at its floor is an
  * error (DeepSpeed raises there too) instead of an endless run of skipped
  * steps; the step is still counted as skipped. A static scale (loss_scale >
- * 0) never changes and never errors. */
+ * 0) never changes; DT_LOSS_SCALER_STATIC_MAX_RUN overflowing steps in a
+ * row under it are an error (a scale that overflows every step would
+ * otherwise skip the whole run and report success). */
 #include "dtrain/optim.h"
 
 #include <math.h>
@@ -158,6 +160,13 @@ dt_status dt_loss_scaler_update(dt_loss_scaler *s, bool overflow)
     }
     if (p->loss_scale > 0) { /* static */
         x->iter++;
+        if (x->overflow_run >= DT_LOSS_SCALER_STATIC_MAX_RUN)
+            return dt_error(DT_ERR_RANGE,
+                            "loss scaler: the gradients overflowed at the static loss scale %g in %lld optimizer "
+                            "steps in a row (%lld skipped in all, none applied since): the scale is too large "
+                            "for these gradients; lower --loss-scale (fp16.loss_scale) or use dynamic loss "
+                            "scaling (loss_scale 0)",
+                            x->scale, (long long)x->overflow_run, (long long)x->skipped);
         return DT_OK;
     }
     if (p->kind == DT_LOSS_SCALER_DEEPSPEED) {

@@ -79,4 +79,34 @@ int dt__strategy_pipe_tp(const dt_strategy *s);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 
+/* trainer_finite.c: non-finite values in a step without loss scaling. */
+typedef struct dt__nonfinite {
+    int loss_micro;    /* 1-based micro-batch whose local loss is not finite; 0: all finite */
+    double loss_value; /* that loss */
+    bool grad;         /* some owned gradient is not finite (after the reduction) */
+    size_t range, index; /* the first: element `index` of range `range` (relative to its lo) */
+} dt__nonfinite;
+/* Whether some gradient of the ranges' [lo, hi) is not finite; the first one's range and index. */
+bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, size_t *index);
+/* Collective over the replicas, called by every rank once the agreed flag
+ * says some rank saw a non-finite loss or gradient: the error naming the
+ * step, the ranks, the loss and the first parameter (DT_ERR_INVALID_ARG). */
+dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, int64_t step, int nmicro);
+/* A copy of the model's buffers into *save (grown to *cap bytes), and back. */
+dt_status dt__buffers_snapshot(dt_model *m, void **save, size_t *cap);
+void dt__buffers_restore(dt_model *m, const void *save);
+/* DT_FAULT_NONFINITE=RANK:STEP:WHAT (tests): at optimizer step STEP (1-based)
+ * rank RANK makes its loss NaN (loss), its first owned gradient NaN after
+ * the reduction (grad), or its input's first element +inf (input). */
+typedef enum { DT__FAULT_NONE, DT__FAULT_LOSS, DT__FAULT_GRAD, DT__FAULT_INPUT } dt__fault_what;
+typedef struct dt__fault {
+    int rank;
+    int64_t step;
+    dt__fault_what what;
+} dt__fault;
+dt_status dt__fault_parse(dt__fault *f);
+void dt__fault_grad(const dt_optim_range *rg, size_t nrg);
+/* A malloc'd copy of x (n elements) with its first element +inf; NULL for another dtype. */
+void *dt__fault_input(const void *x, dt_dtype dt, size_t n);
+
 #endif

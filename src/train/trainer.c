@@ -56,12 +56,16 @@ struct dt_trainer {
     dt__trainer_pos pos;     /* where the epoch helper is in the data (checkpoints) */
     void *ckpt;              /* a checkpoint write in flight (trainer_ckpt.c) */
     volatile sig_atomic_t stop_req;
-    double *agree;           /* [stop, inf, losses...], capacity 2 + cap_micro */
+    double *agree;           /* [stop, overflow, non-finite, losses...], capacity 3 + cap_micro */
     double *micro_loss;      /* per micro-batch, mean over replicas */
     int cap_micro;
     /* the step under way (dt_trainer_step or the epoch helper) */
     int nmicro;
     int64_t samples;
+    void *bufsave;           /* the buffers before a step that a scaler may skip (running statistics) */
+    size_t bufcap;
+    dt__fault fault;         /* DT_FAULT_NONFINITE (tests) */
+    void *fault_x;           /* the poisoned input copy of the injection */
     double lr, t_fwd, t_bwd, t0;
 };
 
@@ -278,7 +282,7 @@ static dt_status reserve_micro(dt_trainer *tr, int n)
     int cap = tr->cap_micro ? tr->cap_micro : 4;
     while (cap < n)
         cap *= 2;
-    double *a = dt_calloc((size_t)(cap + 2) * sizeof *a), *l = dt_calloc((size_t)cap * sizeof *l);
+    double *a = dt_calloc((size_t)(cap + 3) * sizeof *a), *l = dt_calloc((size_t)cap * sizeof *l);
     if (!a || !l) {
         dt_free(a);
         dt_free(l);
@@ -509,6 +513,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         dt_error_wrap(st, "dt_trainer_init: autocast");
         goto fail;
     }
+    if ((st = dt__fault_parse(&tr->fault)) < 0)
+        goto fail;
     dt_model_zero_grad(m); /* the optimizer's pass keeps them zeroed from here on (or the marks) */
     tr->lazy_grads = lazy_grads_ok(tr);
     if (tr->lazy_grads)
@@ -536,6 +542,8 @@ void dt_trainer_free(dt_trainer *tr)
     dt_loss_scaler_free(tr->scaler);
     dt_free(tr->agree);
     dt_free(tr->micro_loss);
+    free(tr->bufsave);
+    free(tr->fault_x);
     dt_strategy_free(tr->s);
     dt_free(tr->zpc);
     dt_free(tr);
@@ -607,18 +615,37 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         dt_optim_set_lr(tr->opt, tr->lr);
         tr->samples = 0;
         tr->t_fwd = tr->t_bwd = 0;
+        /* a step the scaler skips leaves the buffers (running statistics)
+         * as they were: forward updated them from a non-finite batch */
+        if (tr->scaler && (st = dt__buffers_snapshot(tr->m, &tr->bufsave, &tr->bufcap)) < 0)
+            return st;
     }
+    free(tr->fault_x);
+    tr->fault_x = NULL;
+    const bool inject = tr->fault.what != DT__FAULT_NONE && tr->fault.rank == tr->rank &&
+                        tr->fault.step == tr->opt_step + 1 && tr->nmicro == 0;
+    const dt__fault_what fw = inject ? tr->fault.what : DT__FAULT_NONE;
     dt_strategy *s = tr->s;
     if (s->ops.begin_micro && (st = s->ops.begin_micro(s->self, sync)) < 0)
         return abandon(tr, st);
     double t = dt_time_s();
-    dt_tensor *x = dt_tensor_view_of(tr->ctx, b->x, b->x_dtype, b->x_ndim, b->x_shape);
+    void *xd = b->x;
+    if (fw == DT__FAULT_INPUT) {
+        size_t ne = 1;
+        for (int d = 0; d < b->x_ndim; d++)
+            ne *= (size_t)b->x_shape[d];
+        if ((tr->fault_x = dt__fault_input(b->x, b->x_dtype, ne)))
+            xd = tr->fault_x;
+    }
+    if (fw != DT__FAULT_NONE && fw != DT__FAULT_GRAD) /* once */
+        tr->fault.what = DT__FAULT_NONE;
+    dt_tensor *x = dt_tensor_view_of(tr->ctx, xd, b->x_dtype, b->x_ndim, b->x_shape);
     dt_tensor *y = b->y ? dt_tensor_view_of(tr->ctx, b->y, b->y_dtype, b->y_ndim, b->y_shape) : NULL;
     if (s->ops.forward_backward) {
         double lv = 0;
         if ((st = strategy_micro(tr, x, y, &lv)) < 0)
             return abandon(tr, st);
-        tr->micro_loss[tr->nmicro++] = lv;
+        tr->micro_loss[tr->nmicro++] = fw == DT__FAULT_LOSS ? NAN : lv;
         tr->samples += b->x_shape[0];
         dt_ctx_reset(tr->ctx);
         tr->t_fwd += dt_time_s() - t; /* forward and backward interleave: all counted as forward */
@@ -639,7 +666,7 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         return abandon(tr, st);
     if (tr->lazy_grads) /* the parameters backward did not reach: zeros in the flat */
         dt_model_grads_materialize(tr->m);
-    tr->micro_loss[tr->nmicro++] = dt_tensor_item(loss);
+    tr->micro_loss[tr->nmicro++] = fw == DT__FAULT_LOSS ? NAN : dt_tensor_item(loss);
     tr->samples += b->x_shape[0];
     dt_ctx_reset(tr->ctx);
     tr->t_fwd += t1 - t;
@@ -740,21 +767,49 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
      * without a scaler that pass is needed only where the norm reads the f32
      * grads: otherwise the optimizer's step widens each piece as it steps) */
     const bool need_norm = tr->p.clip_grad_norm > 0 || tr->p.measure_grad_norm;
+    const bool inject = tr->fault.what == DT__FAULT_GRAD && tr->fault.rank == tr->rank &&
+                        tr->fault.step == tr->opt_step + 1;
+    if (inject) { /* DT_FAULT_NONFINITE: this rank's own gradient, after the reduction (once) */
+        dt__fault_grad(tr->rg, tr->nrg);
+        tr->fault.what = DT__FAULT_NONE;
+    }
     if ((scaled || (tr->lowp && need_norm)) && (st = dt_optim_unscale_grads(tr->opt, (float)(1.0 / scale), &inf)) < 0)
         return abandon(tr, st);
+    /* without a scaler every rank checks its own losses and the gradients
+     * it steps (one read pass); the flag rides in the agreement below */
+    dt__nonfinite nf = {0};
+    if (!scaled) {
+        for (int i = 0; i < n && !nf.loss_micro; i++)
+            if (!isfinite(tr->micro_loss[i])) {
+                nf.loss_micro = i + 1;
+                nf.loss_value = tr->micro_loss[i];
+            }
+        nf.grad = dt__grads_nonfinite(tr->rg, tr->nrg, &nf.range, &nf.index);
+    }
     double *v = tr->agree;
     v[0] = tr->stop_req ? 1.0 : 0.0;
     v[1] = scaled && inf ? 1.0 : 0.0;
+    v[2] = nf.loss_micro || nf.grad ? 1.0 : 0.0;
     for (int i = 0; i < n; i++)
-        v[2 + i] = tr->micro_loss[i];
-    if (agrees(tr) && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 2)) < 0)
+        v[3 + i] = tr->micro_loss[i];
+    if (agrees(tr) && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 3)) < 0)
         return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on losses, overflow and stopping"));
-    /* tensor parallel: an overflow in one rank's slice skips the step on all */
-    if (scaled && tr->tp && (st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, &v[1], 1, DT_F64, DT_REDUCE_MAX)) < 0)
+    /* tensor parallel: an overflow (or a non-finite value) in one rank's
+     * slice skips (stops) the step on all */
+    if (tr->tp && (st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, &v[1], 2, DT_F64, DT_REDUCE_MAX)) < 0)
         return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on overflow over the tensor-parallel group"));
+    if (v[2] > 0) { /* every rank stops here, after the same step */
+        const int64_t step = tr->opt_step + 1;
+        tr->nmicro = 0;
+        st = dt__trainer_nonfinite_error(tr, &nf, step, n);
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_model_zero_grad(tr->m);
+        return dt_error(st, "%s", msg);
+    }
     double lsum = 0;
     for (int i = 0; i < n; i++) {
-        tr->micro_loss[i] = tr->world > 1 ? v[2 + i] / tr->world : v[2 + i];
+        tr->micro_loss[i] = tr->world > 1 ? v[3 + i] / tr->world : v[3 + i];
         lsum += tr->micro_loss[i];
     }
     dt_trainer_metrics r;
@@ -773,21 +828,13 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     r.backward_s = tr->t_bwd;
     r.wait_s = tw;
     tr->nmicro = 0;
-    if (!scaled) {
-        for (int i = 0; i < n; i++)
-            if (!isfinite(tr->micro_loss[i])) {
-                dt_model_zero_grad(tr->m);
-                return dt_error(DT_ERR_INVALID_ARG,
-                                "the loss is %g at optimizer step %lld (micro-batch %d of %d): training "
-                                "diverged (try a smaller learning rate or gradient clipping)",
-                                tr->micro_loss[i], (long long)tr->opt_step + 1, i + 1, n);
-            }
-    }
     double to = dt_time_s();
     if (r.skipped) {
         /* an overflowed step changes nothing: parameters, optimizer state and
-         * step count, schedule (DeepSpeed: the LR scheduler is not stepped) */
+         * step count, schedule (DeepSpeed: the LR scheduler is not stepped),
+         * buffers (the running statistics its forward wrote) */
         dt_model_zero_grad(tr->m);
+        dt__buffers_restore(tr->m, tr->bufsave);
     } else {
         if (tr->p.clip_grad_norm > 0 || tr->p.measure_grad_norm) {
             /* the global norm: partial sums of squares over the owned ranges */

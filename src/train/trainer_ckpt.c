@@ -1383,8 +1383,8 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
         goto out;
     if (!weights_only && (st = dt__psgd_ckpt_load(tr, ck, ckname)) < 0)
         goto out;
-    if (!weights_only)
-        st = dt_trainer_apply_run_state(tr, run, info);
+    if (!weights_only && (st = dt_trainer_apply_run_state(tr, run, info)) < 0)
+        dt_error_wrap(st, "checkpoint %s/index.json, metadata \"%s\"", ckname, META_RUN);
 out:
     dt_ckpt_close(ck);
     return st;

@@ -19,6 +19,8 @@
  * at the same fraction of the saved epoch and says so. */
 #include "train/train_impl.h"
 
+#include "base/json_strict.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -129,7 +131,9 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
     memset(&ri, 0, sizeof ri);
     dt_status st = DT_OK;
     uint64_t *ctr = NULL;
-    cJSON *root = cJSON_Parse(json);
+    cJSON *root = NULL;
+    if ((st = dt__json_parse_strict(json, strlen(json), "trainer run state", &root)) < 0)
+        goto out;
     if (!cJSON_IsObject(root)) {
         st = dt_error(DT_ERR_FORMAT, "trainer run state: not a JSON object");
         goto out;
@@ -153,6 +157,16 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
         (st = get_int(root, "epoch_batches", &nb)) < 0 || (st = get_int(root, "batches", &batches)) < 0 ||
         (st = get_int(root, "samples", &samples)) < 0 || (st = get_int(root, "world_size", &world)) < 0)
         goto out;
+    if (world < 1 || world > (1 << 24)) {
+        st = dt_error(DT_ERR_FORMAT, "trainer run state: \"world_size\" is %lld (want 1 or more ranks)",
+                      (long long)world);
+        goto out;
+    }
+    if (nb > 0 && batch > nb) {
+        st = dt_error(DT_ERR_FORMAT, "trainer run state: \"batch\" is %lld but \"epoch_batches\" is %lld (the "
+                      "position must lie inside its epoch)", (long long)batch, (long long)nb);
+        goto out;
+    }
     dt_optim *o = dt_trainer_optim(tr);
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
     const char *have = dt_optim_kind_name(dt_optim_get_kind(o));

@@ -312,6 +312,22 @@ TEST(load_refusals)
         {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
          "\"tensors\":{\"w\":{\"dtype\":\"X9\",\"shape\":[4],\"chunks\":[]}}}",
          "tensor 'w': unknown dtype"},
+        /* an edited index: trailing garbage, a key twice, a world that is not its files */
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
+         "\"tensors\":{}} garbage",
+         "text after the end of the JSON value"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"metadata\":{\"k\":\"1\",\"k\":\"2\"},"
+         "\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],\"tensors\":{}}",
+         "the key \"metadata\".\"k\" appears twice"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,"
+         "\"crc32\":1}],\"tensors\":{}}",
+         "the key \"version\" appears twice"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"world\":0,\"files\":[{\"name\":\"a\",\"bytes\":1,"
+         "\"crc32\":1}],\"tensors\":{}}",
+         "\"world\" must be the number of files (1)"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"world\":-3,\"files\":[{\"name\":\"a\",\"bytes\":1,"
+         "\"crc32\":1}],\"tensors\":{}}",
+         "\"world\" must be the number of files (1)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_text(p, bad[i].json);

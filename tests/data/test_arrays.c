@@ -293,6 +293,22 @@ TEST(csv_good)
     ASSERT_EQ_INT(y, 6);
     ASSERT_NEAR(x[1], 5, 0, 0);
     dt_dataset_free(ds);
+    /* a UTF-8 byte order mark is skipped: a header-less file keeps its first
+     * row, a header keeps its first column's name */
+    const char *bom = "\xef\xbb\xbf" "1,2,3\n0,5,6\n";
+    ASSERT_OK(dt_dataset_csv_from_mem(bom, strlen(bom), "bom.csv", NULL, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 2);
+    ASSERT_OK(dt_dataset_get_item(ds, 0, x, &y));
+    ASSERT_EQ_INT(y, 3);
+    ASSERT_NEAR(x[0], 1, 0, 0);
+    dt_dataset_free(ds);
+    const char *bomh = "\xef\xbb\xbf" "label,b\n1,2\n0,5\n";
+    p.label = "label";
+    ASSERT_OK(dt_dataset_csv_from_mem(bomh, strlen(bomh), "bomh.csv", &p, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 2);
+    ASSERT_OK(dt_dataset_get_item(ds, 1, x, &y));
+    ASSERT_EQ_INT(y, 0);
+    dt_dataset_free(ds);
 }
 
 TEST(csv_bad)

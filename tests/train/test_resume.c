@@ -450,6 +450,28 @@ TEST(run_state_bad_input)
     ASSERT(!ri.data_order_kept);
     ASSERT_EQ_INT(ri.saved_world, 2);
     ASSERT_STR_CONTAINS(ri.note, "data order is not kept");
+    /* an edited state: world size 0, a batch past its epoch's end, trailing
+     * text, a key twice: refused, naming the key */
+    snprintf(bad, strlen(js) + 16, "%.*s\"world_size\":0%s", (int)(p - js), js, p + strlen("\"world_size\":1"));
+    ASSERT_STATUS(dt_trainer_apply_run_state(r.tr, bad, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "\"world_size\" is 0");
+    size_t cap = strlen(js) + 64;
+    char *ed = malloc(cap);
+    const char *b0 = strstr(js, "\"batch\":0,"), *e0 = strstr(js, "\"epoch_batches\":0,");
+    ASSERT(b0 != NULL && e0 != NULL && b0 < e0);
+    snprintf(ed, cap, "%.*s\"batch\":999,%.*s\"epoch_batches\":20,%s", (int)(b0 - js), js,
+             (int)(e0 - (b0 + strlen("\"batch\":0,"))), b0 + strlen("\"batch\":0,"),
+             e0 + strlen("\"epoch_batches\":0,"));
+    ASSERT_STATUS(dt_trainer_apply_run_state(r.tr, ed, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "\"batch\" is 999 but \"epoch_batches\" is 20");
+    snprintf(ed, cap, "%s x", js);
+    ASSERT_STATUS(dt_trainer_apply_run_state(r.tr, ed, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "text after the end");
+    snprintf(ed, cap, "{\"step\":5,%s", js + 1);
+    ASSERT_STATUS(dt_trainer_apply_run_state(r.tr, ed, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "the key \"step\" appears twice");
+    ASSERT_EQ_INT(dt_trainer_steps(r.tr), 0);
+    free(ed);
     free(bad);
     dt_trainer_run_state_free(js);
     rig_free(&r);

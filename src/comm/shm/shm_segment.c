@@ -411,6 +411,122 @@ static int tcp_connect(const char *addr, int port)
     return fd;
 }
 
+/* The launch's own identity, when the launcher gives one: torchrun's
+ * rendezvous id (random under --standalone); "" otherwise. */
+static void launch_id(char *buf, size_t n)
+{
+    const char *e = getenv("TORCHELASTIC_RUN_ID");
+    snprintf(buf, n, "%s", e && *e && strcmp(e, "none") ? e : "");
+}
+
+/* A client's 64-byte hello: "DTRV2 <rank> <world> <launch id hash>". */
+static void hello_make(char *msg, size_t n, int rank, int world)
+{
+    char id[256];
+    launch_id(id, sizeof id);
+    memset(msg, 0, n);
+    snprintf(msg, n, "DTRV2 %d %d %016llx", rank, world,
+             (unsigned long long)(id[0] ? dt_hash64(id, strlen(id), 0x2545f4914f6cdd1dull) : 0));
+}
+
+/* Read exactly n bytes (the socket has a receive timeout); false on a short read. */
+static bool read_full(int fd, char *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r <= 0)
+            return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static void reply(int fd, const char *text)
+{
+    char msg[64];
+    memset(msg, 0, sizeof msg);
+    snprintf(msg, sizeof msg, "%s", text);
+    ssize_t w = write(fd, msg, sizeof msg);
+    (void)w;
+}
+
+/* Rank 0: collect one hello from each other rank, keep the connections,
+ * then hand every one the name. A second process claiming a rank (a
+ * second job without DT_JOB_ID on the same MASTER_PORT) is refused and so
+ * is the whole job, on every rank that connected, before anyone trains; a
+ * hello of another world size or launch id is a foreign job's rank and is
+ * turned away alone. After the last rank joined, rank 0 still listens for
+ * LINGER_S for such a duplicate. */
+#define LINGER_S 0.3
+static dt_status serve_name(const dt_backend_info *info, int lfd, const char *addr, int port, double t0,
+                            const char *name)
+{
+    const int world = info->world_size;
+    int *fds = malloc((size_t)world * sizeof *fds);
+    if (!fds)
+        return dt_error(DT_ERR_NO_MEMORY, "shm: rendezvous: out of memory");
+    for (int r = 0; r < world; r++)
+        fds[r] = -1;
+    char mine[64];
+    hello_make(mine, sizeof mine, 0, world);
+    const char *my_id = mine + strlen(mine) - 16;
+    int joined = 0, dup = -1, refused = 0;
+    double full_at = world == 1 ? dt_time_s() : 0;
+    dt_status st = DT_OK;
+    while (world > 1 && dup < 0 && (joined < world - 1 || dt_time_s() - full_at < LINGER_S)) {
+        struct timeval tv = {0, joined < world - 1 ? 500000 : 50000};
+        setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        int c = accept(lfd, NULL, NULL);
+        if (c >= 0) {
+            struct timeval ht = {2, 0};
+            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &ht, sizeof ht);
+            char h[64];
+            int r = -1, w = -1, used = 0;
+            char id[20] = "";
+            if (!read_full(c, h, sizeof h) || (h[63] = '\0', sscanf(h, "DTRV2 %d %d %16s%n", &r, &w, id, &used) != 3)) {
+                close(c); /* not a dtrain rank (or an older one): ignored */
+            } else if (w != world || strcmp(id, my_id) || r < 1 || r >= world) {
+                char why[64];
+                snprintf(why, sizeof why, "!another job: world size %d, rank %d", world, r);
+                reply(c, why);
+                close(c);
+                refused++;
+            } else if (fds[r] >= 0) {
+                reply(c, "!two processes claim this rank");
+                close(c);
+                dup = r;
+            } else {
+                fds[r] = c;
+                if (++joined == world - 1)
+                    full_at = dt_time_s();
+            }
+        }
+        if (dup < 0 && joined < world - 1 && dt_time_s() - t0 > info->timeout_s) {
+            char missing[256];
+            size_t k = 0;
+            for (int r = 1; r < world && k < sizeof missing; r++)
+                if (fds[r] < 0)
+                    k += (size_t)snprintf(missing + k, sizeof missing - k, "%s%d", k ? ", " : "", r);
+            st = dt_error(DT_ERR_TIMEOUT, "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s "
+                          "(missing: %s)%s", addr, port, joined + 1, world, info->timeout_s, missing,
+                          refused ? "; ranks of another job were turned away (two jobs share MASTER_PORT?)" : "");
+            break;
+        }
+    }
+    if (dup >= 0)
+        st = dt_error(DT_ERR_MISMATCH, "shm: rendezvous on %s:%d: two processes claim rank %d: another job without "
+                      "DT_JOB_ID uses the same MASTER_ADDR:MASTER_PORT; nothing was trained (give each job its own "
+                      "MASTER_PORT or DT_JOB_ID)", addr, port, dup);
+    for (int r = 1; r < world; r++)
+        if (fds[r] >= 0) {
+            reply(fds[r], st == DT_OK ? name : dup >= 0 ? "!two processes claim one rank" : "!rank 0 gave up");
+            close(fds[r]);
+        }
+    free(fds);
+    return st;
+}
+
 dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_t n)
 {
     const char *addr = info->master_addr[0] ? info->master_addr : "127.0.0.1";
@@ -433,47 +549,34 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
                  (unsigned long long)(rnd[1] & 0xffffffffull));
         int lfd = tcp_listen(addr, port);
         if (lfd < 0)
-            return dt_error(DT_ERR_IO, "shm: rank 0 cannot listen on %s:%d: %s", addr, port,
-                            strerror(errno));
-        memset(msg, 0, sizeof msg);
-        snprintf(msg, sizeof msg, "%s", name);
-        for (int served = 1; served < info->world_size;) {
-            struct timeval tv = {1, 0};
-            setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-            int c = accept(lfd, NULL, NULL);
-            if (c >= 0) {
-                ssize_t w = write(c, msg, sizeof msg);
-                close(c);
-                if (w == (ssize_t)sizeof msg)
-                    served++;
-            }
-            if (dt_time_s() - t0 > tmo) {
-                close(lfd);
-                return dt_error(DT_ERR_TIMEOUT,
-                                "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s",
-                                addr, port, served, info->world_size, tmo);
-            }
-        }
+            return errno == EADDRINUSE
+                       ? dt_error(DT_ERR_MISMATCH, "shm: rank 0 cannot listen on %s:%d: the port is in use (another "
+                                  "job's rank 0 without DT_JOB_ID? give each job its own MASTER_PORT or DT_JOB_ID)",
+                                  addr, port)
+                       : dt_error(DT_ERR_IO, "shm: rank 0 cannot listen on %s:%d: %s", addr, port, strerror(errno));
+        dt_status st = serve_name(info, lfd, addr, port, t0, name);
         close(lfd);
-        return DT_OK;
+        return st;
     }
     int ms = 5;
+    char hello[64];
+    hello_make(hello, sizeof hello, info->rank, info->world_size);
     for (;;) {
         int fd = tcp_connect(addr, port);
         if (fd >= 0) {
-            size_t got = 0;
-            while (got < sizeof msg) {
-                ssize_t r = read(fd, msg + got, sizeof msg - got);
-                if (r <= 0)
-                    break;
-                got += (size_t)r;
-            }
+            struct timeval tv = {tmo > 1 ? (time_t)tmo : 1, 0}; /* rank 0 answers once every rank joined */
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            bool got = write(fd, hello, sizeof hello) == (ssize_t)sizeof hello && read_full(fd, msg, sizeof msg);
             close(fd);
-            if (got == sizeof msg && !strncmp(msg, "/dtrain-", 8)) {
-                msg[sizeof msg - 1] = '\0';
+            msg[sizeof msg - 1] = '\0';
+            if (got && !strncmp(msg, "/dtrain-", 8)) {
                 snprintf(name, n, "%s", msg);
                 return DT_OK;
             }
+            if (got && msg[0] == '!')
+                return dt_error(DT_ERR_MISMATCH, "shm: rank %d was refused by the rank 0 at %s:%d (%s): another job "
+                                "without DT_JOB_ID uses the same MASTER_ADDR:MASTER_PORT; nothing was trained (give "
+                                "each job its own MASTER_PORT or DT_JOB_ID)", info->rank, addr, port, msg + 1);
         }
         if (dt_time_s() - t0 > tmo)
             return dt_error(DT_ERR_TIMEOUT,

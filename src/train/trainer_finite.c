@@ -1,0 +1,401 @@
+/* Non-finite values in a step without loss scaling (train.h): the scan of
+ * the gradients each rank steps, the error every rank returns together when
+ * some rank saw a non-finite loss or gradient, the buffer snapshot that a
+ * skipped step restores, the cross-rank configuration check, and the
+ * test-only fault injection (DT_FAULT_NONFINITE).
+ *
+ * The scan is one read pass over the owned gradients in their own dtype:
+ * an element is non-finite when its exponent bits are all ones, tested with
+ * integer operations (no floating-point compare, so it vectorises); the
+ * flag travels in the step's existing agreement all-reduce (trainer.c).
+ * Only when some rank raised it does every rank take the slow path here: one
+ * more all-reduce of four numbers per rank, after which every rank knows
+ * which ranks saw what and returns the same message. */
+#include "train/train_impl.h"
+
+#include "dtrain/parallel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Index of the first non-finite element of p[0, n) of dtype dt (f32, bf16,
+ * f16), or n when all are finite. */
+static size_t scan_block(const void *p, dt_dtype dt, size_t n)
+{
+    if (dt == DT_F32) {
+        const uint32_t *u = p;
+        for (size_t i = 0; i < n; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u)
+                return i;
+    } else if (dt == DT_BF16 || dt == DT_F16) {
+        const uint16_t *u = p;
+        const uint16_t e = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
+        for (size_t i = 0; i < n; i++)
+            if ((u[i] & e) == e)
+                return i;
+    }
+    return n;
+}
+
+/* Whether p[0, n) holds a non-finite element: branch-free, vectorisable. */
+static bool any_nonfinite(const void *p, dt_dtype dt, size_t n)
+{
+    unsigned acc = 0;
+    if (dt == DT_F32) {
+        const uint32_t *u = p;
+        for (size_t i = 0; i < n; i++)
+            acc |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    } else if (dt == DT_BF16 || dt == DT_F16) {
+        const uint16_t *u = p;
+        const unsigned e = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
+        for (size_t i = 0; i < n; i++)
+            acc |= (u[i] & e) == e;
+    }
+    return acc != 0;
+}
+
+/* The pieces of range r the optimizer steps: its segments clipped to
+ * [lo, hi) (the elements between them, e.g. another stage's tensors in a
+ * pipeline's range, are not this rank's and are not read), or [lo, hi). */
+static bool range_piece(const dt_optim_range *r, size_t j, size_t *a, size_t *b)
+{
+    if (!r->segs || !r->nseg) {
+        *a = r->lo, *b = r->hi;
+        return j == 0;
+    }
+    if (j >= r->nseg)
+        return false;
+    *a = r->segs[j].offset > r->lo ? r->segs[j].offset : r->lo;
+    *b = r->segs[j].offset + r->segs[j].numel;
+    *b = *b < r->hi ? *b : r->hi;
+    *b = *b > *a ? *b : *a;
+    return true;
+}
+
+bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, size_t *index)
+{
+    for (size_t k = 0; k < nrg; k++) {
+        const dt_flat *g = rg[k].grads;
+        if (!g || !g->base || rg[k].hi <= rg[k].lo)
+            continue;
+        size_t a, b;
+        for (size_t j = 0; range_piece(&rg[k], j, &a, &b); j++) {
+            if (b <= a)
+                continue;
+            const void *p = dt_flat_ptr(g, a);
+            if (!any_nonfinite(p, g->dtype, b - a))
+                continue;
+            *range = k;
+            *index = (a - rg[k].lo) + scan_block(p, g->dtype, b - a);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The model entry holding element `index` of range k (relative to its lo),
+ * and the element within that tensor; -1 when it cannot be told (a
+ * strategy's ranges other than ZeRO's). */
+static int64_t locate(dt_strategy *s, dt_model *m, const dt_optim_range *rg, size_t k, size_t index,
+                      size_t *elem)
+{
+    dt_zero *z = dt_strategy_zero(s);
+    if (z) {
+        size_t n = 0;
+        if (dt_zero_pieces(z, NULL, 0, &n) < 0 || n == 0)
+            return -1;
+        dt_zero_piece *q = calloc(n, sizeof *q);
+        int64_t found = -1;
+        if (q && dt_zero_pieces(z, q, n, &n) >= 0)
+            for (size_t i = 0; i < n && found < 0; i++)
+                if (q[i].range == k && index >= q[i].range_offset &&
+                    index < q[i].range_offset + (q[i].hi - q[i].lo)) {
+                    found = (int64_t)q[i].entry;
+                    *elem = q[i].lo + (index - q[i].range_offset);
+                }
+        free(q);
+        return found;
+    }
+    if (s->ops.optim_ranges) /* a pipeline's shares: no map kept here */
+        return -1;
+    const size_t gi = rg[k].lo + index, ne = dt_model_num_entries(m);
+    for (size_t i = 0; i < ne; i++) {
+        dt_param_info e;
+        if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.tied_to >= 0 || e.dtype != rg[k].grads->dtype)
+            continue;
+        if (gi >= e.offset && gi < e.offset + e.numel) {
+            *elem = gi - e.offset;
+            return (int64_t)i;
+        }
+    }
+    return -1;
+}
+
+#define W 5 /* numbers per rank: loss micro-batch, loss kind, gradient flag, entry + 1, element */
+
+/* "1, 3, 4" (at most 8, then "and N more") of the ranks r with v[W * r + f] != 0. */
+static void rank_list(const double *v, int world, int f, char *buf, size_t n, int *count, int base)
+{
+    size_t k = 0;
+    int c = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < world; r++) {
+        if (v[W * r + f] == 0)
+            continue;
+        if (c < 8 && k < n)
+            k += (size_t)snprintf(buf + k, n - k, "%s%d", c ? ", " : "", r + base);
+        c++;
+    }
+    if (c > 8 && k < n)
+        snprintf(buf + k, n - k, " and %d more", c - 8);
+    *count = c;
+}
+
+dt_status dt__trainer_nonfinite_error(dt_trainer *tr, const dt__nonfinite *loc, int64_t step, int nmicro)
+{
+    dt_strategy *s = dt_trainer_strategy(tr);
+    dt_model *m = dt_trainer_model(tr);
+    /* one slot per replica: a strategy whose sum runs over more ranks than
+     * its replicas (a pipeline's stages) reports this rank's findings alone */
+    const bool slots = !s->ops.forward_backward && dt_trainer_rank(tr) < dt_trainer_world(tr);
+    const int world = slots ? dt_trainer_world(tr) : 1, rank = slots ? dt_trainer_rank(tr) : 0;
+    double *v = calloc((size_t)W * (size_t)world, sizeof *v);
+    if (!v)
+        return dt_error(DT_ERR_NO_MEMORY, "the loss or the gradients are not finite at optimizer step %lld",
+                        (long long)step);
+    double *mine = v + W * rank;
+    mine[0] = loc->loss_micro; /* 1-based micro-batch, 0: finite */
+    mine[1] = !loc->loss_micro ? 0 : isnan(loc->loss_value) ? 1 : loc->loss_value > 0 ? 2 : 3;
+    mine[2] = loc->grad ? 1 : 0;
+    size_t elem = 0;
+    if (loc->grad) {
+        const dt_optim_range *rg;
+        size_t nrg;
+        dt__trainer_ranges(tr, &rg, &nrg);
+        int64_t e = locate(s, m, rg, loc->range, loc->index, &elem);
+        mine[3] = (double)(e + 1);
+        mine[4] = (double)(e >= 0 ? elem : loc->index);
+    }
+    /* every rank is here (the agreed flag): one more all-reduce names them,
+     * and every rank writes the same message from the same numbers */
+    dt_status st = slots ? dt_trainer_allreduce_sum(tr, v, W * world) : DT_OK;
+    if (st < 0) {
+        free(v);
+        return dt_error_wrap(st, "the loss or the gradients are not finite at optimizer step %lld; naming the "
+                                 "ranks", (long long)step);
+    }
+    char msg[1536], ranks[160];
+    size_t k = 0;
+    int nl = 0, ng = 0;
+    k += (size_t)snprintf(msg, sizeof msg, "non-finite values at optimizer step %lld, training stopped on every rank "
+                          "(no update applied)", (long long)step);
+    rank_list(v, world, 0, ranks, sizeof ranks, &nl, slots ? 0 : dt_trainer_rank(tr));
+    if (nl > 0) {
+        int r0 = 0;
+        while (v[W * r0] == 0)
+            r0++;
+        const int kind = (int)v[W * r0 + 1];
+        char on[48] = "";
+        if (nl > 1)
+            snprintf(on, sizeof on, " on rank %d", r0 + (slots ? 0 : dt_trainer_rank(tr)));
+        k += (size_t)snprintf(msg + k, sizeof msg - k, ": the loss is %s on rank%s %s (micro-batch %d of %d%s)",
+                              kind == 1 ? "NaN" : kind == 2 ? "+inf" : "-inf", nl > 1 ? "s" : "", ranks,
+                              (int)v[W * r0], nmicro, on);
+    }
+    rank_list(v, world, 2, ranks, sizeof ranks, &ng, slots ? 0 : dt_trainer_rank(tr));
+    if (ng > 0 && k < sizeof msg) {
+        int r0 = 0;
+        while (v[W * r0 + 2] == 0)
+            r0++;
+        const int64_t e = (int64_t)v[W * r0 + 3] - 1;
+        dt_param_info pi;
+        char what[400];
+        if (e >= 0 && dt_model_entry(m, (size_t)e, &pi) >= 0)
+            snprintf(what, sizeof what, "the gradient of '%s' (element %.0f)", pi.name, v[W * r0 + 4]);
+        else
+            snprintf(what, sizeof what, "a gradient (element %.0f of the optimizer's range)", v[W * r0 + 4]);
+        k += (size_t)snprintf(msg + k, sizeof msg - k, "%s %s is not finite on rank%s %s%s", nl ? ";" : ":", what,
+                              ng > 1 ? "s" : "", ranks,
+                              nl && ng > nl ? " (the reduction carries one rank's non-finite gradients to all)" : "");
+    }
+    if (nl == 0 && ng == 0 && k < sizeof msg)
+        k += (size_t)snprintf(msg + k, sizeof msg - k, ": on another rank (%s)",
+                              slots ? "a tensor-parallel peer" : "another stage or replica of the pipeline");
+    if (k < sizeof msg)
+        snprintf(msg + k, sizeof msg - k, ". Training diverged or the data holds inf/NaN: check the data, "
+                                          "or try a smaller learning rate or gradient clipping");
+    free(v);
+    return dt_error(DT_ERR_INVALID_ARG, "%s", msg);
+}
+#undef W
+
+/* ---- buffers (running statistics) kept across a step that may be skipped ---- */
+
+dt_status dt__buffers_snapshot(dt_model *m, void **save, size_t *cap)
+{
+    size_t need = 0;
+    for (int d = 0; d < DT_DTYPE_COUNT; d++) {
+        const dt_flat *b = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
+        if (b && b->base)
+            need += dt_flat_nbytes(b);
+    }
+    if (need == 0)
+        return DT_OK;
+    if (need > *cap) {
+        void *p = realloc(*save, need);
+        if (!p)
+            return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_step: a copy of the model's buffers (%zu bytes)", need);
+        *save = p;
+        *cap = need;
+    }
+    size_t off = 0;
+    for (int d = 0; d < DT_DTYPE_COUNT; d++) {
+        const dt_flat *b = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
+        if (b && b->base) {
+            memcpy((char *)*save + off, b->base, dt_flat_nbytes(b));
+            off += dt_flat_nbytes(b);
+        }
+    }
+    return DT_OK;
+}
+
+void dt__buffers_restore(dt_model *m, const void *save)
+{
+    size_t off = 0;
+    for (int d = 0; d < DT_DTYPE_COUNT && save; d++) {
+        const dt_flat *b = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
+        if (b && b->base) {
+            memcpy(b->base, (const char *)save + off, dt_flat_nbytes(b));
+            off += dt_flat_nbytes(b);
+        }
+    }
+}
+
+/* ---- DT_FAULT_NONFINITE=RANK:STEP:WHAT (tests) ---- */
+
+dt_status dt__fault_parse(dt__fault *f)
+{
+    memset(f, 0, sizeof *f);
+    const char *e = getenv("DT_FAULT_NONFINITE");
+    if (!e || !*e)
+        return DT_OK;
+    char what[16] = "";
+    long long r = -1, s = -1;
+    int used = 0;
+    if (sscanf(e, "%lld:%lld:%15[a-z]%n", &r, &s, what, &used) != 3 || e[used] || r < 0 || s < 1 ||
+        (strcmp(what, "loss") && strcmp(what, "grad") && strcmp(what, "input")))
+        return dt_error(DT_ERR_INVALID_ARG, "DT_FAULT_NONFINITE='%s': expected RANK:STEP:WHAT with RANK >= 0, "
+                        "STEP >= 1 (an optimizer step) and WHAT loss, grad or input", e);
+    f->rank = (int)r;
+    f->step = s;
+    f->what = what[0] == 'l' ? DT__FAULT_LOSS : what[0] == 'g' ? DT__FAULT_GRAD : DT__FAULT_INPUT;
+    return DT_OK;
+}
+
+void dt__fault_grad(const dt_optim_range *rg, size_t nrg)
+{
+    for (size_t k = 0; k < nrg; k++) {
+        const dt_flat *g = rg[k].grads;
+        size_t a, b;
+        if (!g || !g->base || !range_piece(&rg[k], 0, &a, &b) || b <= a)
+            continue;
+        void *p = dt_flat_ptr(g, a);
+        if (g->dtype == DT_F32)
+            *(float *)p = NAN;
+        else if (g->dtype == DT_BF16)
+            *(uint16_t *)p = 0x7fc0u;
+        else if (g->dtype == DT_F16)
+            *(uint16_t *)p = 0x7e00u;
+        else
+            continue;
+        return;
+    }
+}
+
+void *dt__fault_input(const void *x, dt_dtype dt, size_t n)
+{
+    const size_t es = dt_dtype_size(dt);
+    void *c = x && n && (dt == DT_F32 || dt == DT_BF16 || dt == DT_F16) ? malloc(n * es) : NULL;
+    if (!c)
+        return NULL;
+    memcpy(c, x, n * es);
+    if (dt == DT_F32)
+        *(float *)c = INFINITY;
+    else
+        *(uint16_t *)c = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
+    return c;
+}
+
+/* ---- the same settings on every replica ---- */
+
+static double hash32(const char *s, uint64_t salt)
+{
+    const char *t = s ? s : "\x01(unset)";
+    return (double)(dt_hash64(t, strlen(t), salt) & 0xffffffffu);
+}
+
+dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n)
+{
+    if (!tr || (!f && n > 0) || n < 0)
+        return dt_error(DT_ERR_NULL, "dt_trainer_check_same: NULL argument");
+    const int world = dt_trainer_world(tr), rank = dt_trainer_rank(tr);
+    /* one slot per replica; a pipeline's sum spans its stages too (and
+     * scales): its settings are not compared here yet */
+    if (world <= 1 || dt_trainer_strategy(tr)->ops.forward_backward || rank >= world)
+        return DT_OK;
+    const size_t w = (size_t)n + 1; /* [names, field 0 .. n-1] per rank */
+    double *v = calloc(w * (size_t)world, sizeof *v);
+    if (!v)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_check_same: %d fields x %d ranks", n, world);
+    double *mine = v + w * (size_t)rank;
+    uint64_t names = 0x5bd1e995u;
+    for (int i = 0; i < n; i++) {
+        const char *nm = f[i].name ? f[i].name : "";
+        names = dt_hash64(nm, strlen(nm), names);
+        mine[1 + i] = hash32(f[i].value, 0x9e3779b97f4a7c15ull);
+    }
+    mine[0] = (double)(names & 0xffffffffu);
+    dt_status st = dt_trainer_allreduce_sum(tr, v, (int)(w * (size_t)world));
+    if (st < 0) {
+        free(v);
+        return dt_error_wrap(st, "dt_trainer_check_same: comparing the run settings");
+    }
+    char msg[1536];
+    size_t k = 0;
+    int nbad = 0;
+    for (int r = 1; r < world; r++)
+        if (v[w * (size_t)r] != v[0]) {
+            k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, "%srank %d passes other settings "
+                                  "than rank 0 (another dtrain version?)", nbad++ ? "; " : "", r);
+            break;
+        }
+    const bool other_names = nbad > 0;
+    for (int i = 0; i < n && !other_names; i++) {
+        char ranks[128];
+        size_t rk = 0;
+        int c = 0;
+        for (int r = 1; r < world; r++)
+            if (v[w * (size_t)r + 1 + (size_t)i] != v[1 + (size_t)i]) {
+                if (c < 8 && rk < sizeof ranks)
+                    rk += (size_t)snprintf(ranks + rk, sizeof ranks - rk, "%s%d", c ? ", " : "", r);
+                c++;
+            }
+        if (!c)
+            continue;
+        if (c > 8 && rk < sizeof ranks)
+            snprintf(ranks + rk, sizeof ranks - rk, " and %d more", c - 8);
+        if (k < sizeof msg)
+            k += (size_t)snprintf(msg + k, sizeof msg - k, "%s%s differs on rank%s %s", nbad ? "; " : "",
+                                  f[i].name ? f[i].name : "?", c > 1 ? "s" : "", ranks);
+        nbad++;
+    }
+    free(v);
+    if (!nbad)
+        return DT_OK;
+    if (k >= sizeof msg)
+        k = sizeof msg - 1;
+    return dt_error(DT_ERR_MISMATCH, "the ranks were given different settings: %s (from rank 0's; every rank must "
+                    "run with the same ones)", msg);
+}
