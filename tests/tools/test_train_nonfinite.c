@@ -235,12 +235,22 @@ TEST(resume_with_another_seed_warns_and_edited_index_refused)
     ASSERT(f != NULL);
     fputs(out, f);
     fclose(f);
-    train(&r, NULL, false, same);
+    /* named explicitly: refused (exit 2) */
+    char ck4[600];
+    snprintf(ck4, sizeof ck4, "%s/step-00000004", dir);
+    const char *named[] = {"--no-eval", "--save", dir, "--resume", ck4, "--max-steps", "4", NULL};
+    train(&r, NULL, false, named);
     if (r.code != 2)
         fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r.code, r.out, r.err);
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "index.json, metadata \"dtrain.run\"");
     ASSERT_STR_CONTAINS(r.err, "\"batch\" is 999 but \"epoch_batches\" is 20");
+    /* under --resume auto the damaged newest one is skipped, with that reason, for the older step 3 */
+    train(&r, NULL, false, same);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "\"batch\" is 999 but \"epoch_batches\" is 20");
+    ASSERT_STR_CONTAINS(r.err, "trying the older");
+    ASSERT_STR_CONTAINS(r.out, "step-00000003");
 }
 
 int main(void)
