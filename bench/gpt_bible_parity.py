@@ -53,7 +53,7 @@ def read_tokens(path):
 
 
 def write_safetensors(path, tensors):
-    """safetensors (SEMANTICS 12): u64 header size, JSON header, data."""
+    """safetensors: u64 header size, JSON header, data."""
     header, blobs, off = {}, [], 0
     for name, t in tensors:
         b = t.detach().contiguous().numpy().astype("<f4").tobytes()

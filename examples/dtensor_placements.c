@@ -8,7 +8,7 @@
  *  2. mesh [0,1] (x): the 2x3 tensor [[1,2,3],[4,5,6]] with Shard(0)
  *     ([1,2,3] | [4,5,6]), Shard(1) ([[1,2],[4,5]] | [[3],[6]], torch.chunk
  *     semantics) and Shard(2): a clear error on both ranks (Paddle hangs
- *     here, SEMANTICS 4.5), with ranks 2-5 outside the mesh;
+ *     here), with ranks 2-5 outside the mesh;
  *  3. Partial(sum) -> Replicate: shard_tensor(a, [Partial()]) keeps a on
  *     coordinate 0 and zeros on 1, the all-reduce gives a back;
  *  4. Shard(0) -> Replicate: the all-gather gives a back.

@@ -1,4 +1,4 @@
-/* GPT-2 (Radford et al. 2019; SEMANTICS.md 15) as Hugging Face's
+/* GPT-2 (Radford et al. 2019) as Hugging Face's
  * GPT2LMHeadModel names it:
  *
  *   x = drop(wte[idx] + wpe[arange(T)])                        (B, T, C)
@@ -90,7 +90,7 @@ static dt_module *conv1d(int64_t in, int64_t out, float std)
     return dt_nn_custom("Conv1D", 2, s, conv1d_forward, NULL);
 }
 
-/* ---- sequence parallelism (Korthikanti et al.; tp.h, SEMANTICS.md 6) ----
+/* ---- sequence parallelism (Korthikanti et al.; tp.h) ----
  * Modules built with sequence parallelism carry pad == 1 (custom modules
  * use no padding). Between the blocks the residual stream holds the rank's
  * chunk of the tokens, [B, T/t, C]; the layer norms and the residual adds

@@ -3,8 +3,8 @@
  * on top of Open MPI.
  *
  * torchrun starts one agent per node and the agents meet at MASTER_ADDR.
- * dtrain's ranks across machines talk through MPI (DESIGN.md: Open MPI is
- * the engine across machines, not a home-made transport), and an MPI job is
+ * dtrain's ranks across machines talk through MPI (Open MPI is the engine
+ * across machines, not a home-made transport), and an MPI job is
  * started once, by one mpirun that reaches every node (ssh, or the launcher's
  * agent set in Open MPI's MCA parameters). So:
  *   - node rank 0 (the master) with the nodes' hosts known (--hosts) and

@@ -331,7 +331,7 @@ typedef struct dt_pg_topo {
 DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
 
 /* A group over pg's ranks (like dt_pg_dup) whose all-reduce is hierarchical
- * (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, SEMANTICS.md 7.1): intra-node
+ * (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE): intra-node
  * reduce-scatter, all-reduce of each local shard among the ranks of the
  * other nodes that hold the same shard (the "cross" group: one rank per
  * node, same local rank), intra-node all-gather. Per node only the data

@@ -157,7 +157,7 @@ DT_API dt_status dt_config_get_str(const dt_config *c, const char *key, const ch
 /* A two-number key (optimizer.params.betas) into out[0], out[1]. */
 DT_API dt_status dt_config_get_pair(const dt_config *c, const char *key, double out[2]);
 
-/* DeepSpeed's batch relation (SEMANTICS 1.4):
+/* DeepSpeed's batch relation:
  *     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp_world
  * The values the config holds are taken; default_micro and default_gas
  * stand in for unset micro / accumulation only when neither train_batch_size

@@ -362,7 +362,7 @@ DT_API dt_tokens_params dt_tokens_params_default(void);
 DT_API dt_status dt_dataset_tokens_open(const char *path, const dt_tokens_params *p, dt_dataset **out);
 
 /* ---- byte-level BPE tokenizer -------------------------------------------- */
-/* A byte-level BPE tokenizer (GPT-2's scheme, SEMANTICS.md section 17):
+/* A byte-level BPE tokenizer (GPT-2's scheme):
  * ids 0..255 are the bytes themselves (minbpe's convention, not GPT-2's
  * permuted byte order), merge k makes id 256 + k from two earlier ids. It
  * works on bytes, so any input (not only UTF-8) encodes, and decoding the

@@ -13,7 +13,7 @@
  * dt_pg_split; it is collective over the world group.
  *
  * A distributed tensor (dt_dtensor) is a local tensor plus a mesh and one
- * placement per mesh dimension (SEMANTICS 4.1):
+ * placement per mesh dimension:
  *   dt_shard(d)      tensor dim d is split over that mesh dim (torch.chunk
  *                    semantics: chunk c = ceil(n/k), coordinate i holds
  *                    [i c, min((i+1) c, n)), so the last coordinates may hold
@@ -296,8 +296,9 @@ DT_API char *dt_dtensor_str(const dt_dtensor *x, char *buf, size_t n);
 DT_API dt_dtensor *dt_reshard(dt_ctx *ctx, dt_dtensor *x, dt_mesh *to, const dt_placement *pl);
 
 /* ---- ops on distributed tensors (sharding propagation) ------------------------------
- * Each op picks, per mesh dim, a strategy its local op can run (SEMANTICS
- * 4.4), choosing the combination whose input reshards move the fewest bytes,
+ * Each op picks, per mesh dim, a strategy its local op can run (PyTorch
+ * DTensor's sharding propagation), choosing the combination whose input
+ * reshards move the fewest bytes,
  * reshards the inputs (differentiably), and runs the autograd op of
  * autograd.h on the local pieces. Inputs must be on the same mesh. Results
  * are temporaries of ctx; NULL on error (a NULL input gives NULL and keeps

@@ -17,7 +17,7 @@
  *     w1[4096,1024], loss = mean of the output (no bias, no activation;
  *     Xavier-uniform init as Paddle's create_parameter). No target.
  *   "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-mini", "gpt-micro":
- *     GPT-2 (SEMANTICS.md 15) with Hugging Face's names and shapes:
+ *     GPT-2 with Hugging Face's names and shapes:
  *     transformer.wte.weight [V, C], transformer.wpe.weight [P, C],
  *     transformer.h.{i}.ln_1.{weight,bias}, .attn.c_attn.{weight [C, 3C],
  *     bias}, .attn.c_proj.{weight [C, C], bias}, .ln_2.*, .mlp.c_fc.{weight

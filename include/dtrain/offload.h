@@ -66,7 +66,7 @@
  *
  * Memory planning: dt_mem_model_states() estimates the bytes of parameters,
  * gradients and optimizer state a rank holds (the ZeRO paper's 2+2+K model,
- * SEMANTICS 1.7, in dtrain's f32 terms), and dt_mem_check() compares what
+ * in dtrain's f32 terms), and dt_mem_check() compares what
  * the ranks on this machine need with MemAvailable (/proc/meminfo) and
  * RLIMIT_AS, so a run that cannot fit fails at start with DT_ERR_NO_MEMORY
  * naming the bytes, before it allocates anything large.
@@ -97,7 +97,7 @@ typedef enum dt_offload_io {
     DT_OFFLOAD_IO_COUNT
 } dt_offload_io;
 
-/* DeepSpeed's offload_optimizer / offload_param keys (SEMANTICS 1.6) and the
+/* DeepSpeed's offload_optimizer / offload_param keys and the
  * engine. For offload_param, buffer_count is the number of parameter shards
  * (units) that may be in memory at once, reads ahead included (DeepSpeed's
  * default there is 5: dt_zero_params_default sets it). */

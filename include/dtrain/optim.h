@@ -290,13 +290,13 @@ DT_API dt_status dt_optim_grads_f32(dt_optim *o, size_t r, float **g, size_t *n)
  * sharded), skips the step when it is set, and calls
  * dt_loss_scaler_update(flag) once per step. Two rules are offered:
  *
- *   DEEPSPEED (the default): DeepSpeed's DynamicLossScaler (ZeRO path;
- *     SEMANTICS.md 1.2). Start at 2^initial_scale_power; an overflow uses up
+ *   DEEPSPEED (the default): DeepSpeed's DynamicLossScaler (ZeRO path).
+ *     Start at 2^initial_scale_power; an overflow uses up
  *     one unit of hysteresis, and once it is used up halves the scale (not
  *     below min_loss_scale); after loss_scale_window clean steps in a row
  *     the scale doubles and the hysteresis refills (consecutive_hysteresis:
  *     every clean step refills it). No upper cap.
- *   TORCH: torch.amp.GradScaler (SEMANTICS.md 14.1): start at init_scale;
+ *   TORCH: torch.amp.GradScaler: start at init_scale;
  *     an overflow multiplies by backoff_factor, growth_interval clean steps
  *     in a row multiply by growth_factor; the scale is kept in f32.
  *     GradScaler has no floor; here min_loss_scale applies too.

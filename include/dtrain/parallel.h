@@ -131,7 +131,7 @@ typedef struct dt_reducer dt_reducer; /* the gradient-reduction engine (below) *
  * Built-in hooks (dt_comm_hook_kind; DDP's dt_ddp_params.comm_hook, the CLI's
  * --comm-hook, AIAK_FP16_COMPRESSION / AIAK_POWERSGD_COMPRESSION):
  *   allreduce  the engine's default: all-reduce AVG of the f32 bucket.
- *   fp16/bf16  Horovod's Compression.fp16 (SEMANTICS 7.2), PyTorch's
+ *   fp16/bf16  Horovod's Compression.fp16, PyTorch's
  *              fp16_compress_hook / bf16_compress_hook: cast the bucket to
  *              the 16-bit dtype, all-reduce it in that dtype with averaging,
  *              cast back. This IS the engine's low-precision reduction
@@ -143,7 +143,7 @@ typedef struct dt_reducer dt_reducer; /* the gradient-reduction engine (below) *
  *              (so the sum cannot overflow 16 bits as Horovod's can; the
  *              result differs from PyTorch's divide-first fp16 hook in the
  *              last bit at most in one rounding).
- *   powersgd   PowerSGD (SEMANTICS 8; dt_powersgd below).
+ *   powersgd   PowerSGD (dt_powersgd below).
  *
  * A user hook (state is the user's, borrowed):
  *     static dt_status my_post(void *st, dt_pg *pg, const dt_grad_bucket *b, dt_req **req) {
@@ -201,7 +201,7 @@ typedef enum dt_comm_hook_kind {
 DT_API const char *dt_comm_hook_name(dt_comm_hook_kind k);
 DT_API dt_status dt_comm_hook_parse(const char *s, dt_comm_hook_kind *out);
 
-/* ---- PowerSGD (SEMANTICS 8; Vogels et al. 2019; PyTorch's powerSGD_hook) ------------
+/* ---- PowerSGD (Vogels et al. 2019; PyTorch's powerSGD_hook) ------------
  *
  * Per bucket and step s (s = the steps this hook reduced before, dt_powersgd_iter):
  *   s < start_iter: plain all-reduce (average) of the bucket.
@@ -560,7 +560,7 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
 
 /* ---- ZeRO stages 1-3 / FSDP --------------------------------------------------------
  *
- * Sharded data parallelism (DeepSpeed ZeRO, PyTorch FSDP; SEMANTICS 1.6-1.7,
+ * Sharded data parallelism (DeepSpeed ZeRO, PyTorch FSDP,
  * 2.1-2.6). Both vocabularies mean the same thing:
  *
  *   DeepSpeed   FSDP            sharded                      moved by

@@ -34,7 +34,7 @@
  * per-rank logic that could drift from what its neighbours do (the cause
  * of PyTorch's interleaved-schedule hangs).
  *
- * Schedules (SEMANTICS.md 5; bubble as a fraction of the ideal time):
+ * Schedules (bubble as a fraction of the ideal time):
  *   gpipe        all m forwards, then all m backwards. Bubble (p-1)/m;
  *                holds m micro-batches' activations.
  *   1f1b         stage s: min(p-s-1, m) warm-up forwards, then one forward

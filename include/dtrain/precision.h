@@ -42,7 +42,7 @@
  * added to the gradient tensor once, rounded once, just before its
  * grad-ready hooks fire.
  *
- * Autocast (PyTorch's CPU torch.autocast, SEMANTICS 14.3): while a context's
+ * Autocast (PyTorch's CPU torch.autocast): while a context's
  * autocast dtype is bf16 or f16, ops of class DT_AMP_LOWER (matmul, linear,
  * addmm, conv2d, attention) cast their f32 floating inputs to it, ops of class DT_AMP_FP32
  * (the losses) cast low-precision inputs to f32, and every other op runs in

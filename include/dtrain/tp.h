@@ -6,7 +6,7 @@
  * --------
  * Tensor parallelism splits single layers over the ranks of a
  * tensor-parallel group `tp` (any dt_pg: a mesh dimension's group, or one
- * made with dt_pg_split; SEMANTICS.md 6). Each rank holds a slice of the
+ * made with dt_pg_split). Each rank holds a slice of the
  * weights and computes its part of the layer; collectives inside forward
  * and backward keep the activations consistent:
  *
@@ -145,7 +145,7 @@ DT_API dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
  * (N divisible by t); backward: all-gather of the gradients. */
 DT_API dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
 
-/* Sequence parallelism (Korthikanti et al.; SEMANTICS.md 6): layer norm and
+/* Sequence parallelism (Korthikanti et al.): layer norm and
  * dropout regions hold the rank's chunk of the sequence dimension `dim`
  * (any dim; negative counts from the end), and f/g become these (the same
  * bytes moved: all-reduce = reduce-scatter + all-gather). The chunks are

@@ -118,7 +118,7 @@ extern "C" {
 #define DT_DTYPE_UNSET DT_DTYPE_COUNT
 
 /* Which dtype each kind of data computes and travels in (FSDP's
- * MixedPrecision, SEMANTICS.md 2.2; apex O2's cast model with f32 batch
+ * MixedPrecision; apex O2's cast model with f32 batch
  * norm, 14.2; DeepSpeed's fp16/bf16 blocks, 1.1-1.3). Parameters in
  * param_dtype are stepped through fp32 master weights that the trainer
  * keeps for the range each rank owns (optim.h), and optimizer states stay
@@ -487,8 +487,8 @@ DT_API double dt_trainer_next_lr(const dt_trainer *tr);
 DT_API int dt_trainer_rank(const dt_trainer *tr);
 DT_API int dt_trainer_world(const dt_trainer *tr);
 /* Model-state bytes this rank holds, the ZeRO memory model's terms
- * (SEMANTICS 1.7: parameters, gradients, optimizer states, fp32 master
- * weights), the peak of gathered parameters, and the process's peak RSS. */
+ * (parameters, gradients, optimizer states, fp32 master weights), the peak
+ * of gathered parameters, and the process's peak RSS. */
 typedef struct dt_trainer_memory {
     size_t param_bytes;       /* parameters held between steps */
     size_t grad_bytes;        /* gradients held between steps */

@@ -1,5 +1,5 @@
-/* Hierarchical all-reduce: a composition over two subgroups (SEMANTICS.md
- * 7.1, Horovod's NCCLHierarchicalAllreduce with MPI across nodes).
+/* Hierarchical all-reduce: a composition over two subgroups (Horovod's
+ * NCCLHierarchicalAllreduce with MPI across nodes).
  *
  * A group made by dt_pg_hierarchical holds two subgroups split from it:
  * intra (the ranks of this node, in group order) and inter (homogeneous

@@ -18,7 +18,7 @@
 #define X DT__KF_NOOP /* no effect in dtrain */
 
 const dt__cfg_key dt__cfg_keys[] = {
-    /* batch (SEMANTICS 1.4) */
+    /* batch */
     INT("train_batch_size", 1, BIG, A),
     INT("train_micro_batch_size_per_gpu", 1, BIG, A),
     INT("gradient_accumulation_steps", 1, 1e9, A),
@@ -35,7 +35,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("sparse_gradients", 0),
     BOOL("zero_allow_untested_optimizer", X),
     BOOL("zero_force_ds_cpu_optimizer", X),
-    /* fp16 (SEMANTICS 1.1) */
+    /* fp16 */
     OBJ("fp16"),
     BOOL("fp16.enabled", A),
     FLT("fp16.loss_scale", 0, 1e38, 0),
@@ -45,12 +45,12 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("fp16.consecutive_hysteresis", 0),
     FLT("fp16.min_loss_scale", 1e-38, 1e38, 0),
     BOOL("fp16.auto_cast", 0),
-    /* bf16 (SEMANTICS 1.3) */
+    /* bf16 */
     OBJ("bf16"),
     BOOL("bf16.enabled", A),
     OBJ("amp"),
     BOOL("amp.enabled", 0),
-    /* ZeRO (SEMANTICS 1.6) */
+    /* ZeRO */
     OBJ("zero_optimization"),
     INT("zero_optimization.stage", 0, 3, 0),
     BOOL("zero_optimization.overlap_comm", A),
@@ -121,7 +121,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("scheduler.params.gamma", 0, 1, 0),
     FLT("scheduler.params.min_lr", 0, 1e6, 0),
     INT("scheduler.params.last_batch_iteration", -1, -1, 0),
-    /* activation checkpointing (SEMANTICS 10.2) */
+    /* activation checkpointing */
     OBJ("activation_checkpointing"),
     BOOL("activation_checkpointing.partition_activations", 0),
     BOOL("activation_checkpointing.cpu_checkpointing", X),

@@ -84,7 +84,7 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
     return DT_OK;
 }
 
-/* ---- batch (SEMANTICS 1.4) ----------------------------------------------------------- */
+/* ---- batch ---------------------------------------------------------------------------- */
 
 static bool get_i(const dt_config *c, const char *key, int64_t *out)
 {

@@ -1,5 +1,5 @@
 /* llm.c token files: the checker, the memory-mapped reader, the writer and
- * the window dataset (data.h, SEMANTICS.md section 16).
+ * the window dataset (data.h).
  *
  * The checks are llm.c's (magic, version, size == 1024 + 2 * count,
  * count > 0) plus the vocabulary bound, done once at open over the whole

@@ -1,7 +1,7 @@
 /* The loss scaler (optim.h): a small state machine called once per
  * optimizer step with the overflow flag every rank agreed on.
  *
- * DEEPSPEED (SEMANTICS.md 1.2, runtime/fp16/loss_scaler.py's
+ * DEEPSPEED (runtime/fp16/loss_scaler.py's
  * DynamicLossScaler, the ZeRO path):
  *   overflow: if hysteresis == 1 or the hysteresis left is 1: at the floor
  *             -> error, else scale = max(scale / 2, min); otherwise the
@@ -12,7 +12,7 @@
  *   iter += 1.
  * So the scale doubles after exactly `window` clean steps in a row.
  *
- * TORCH (SEMANTICS.md 14.1, GradScaler.update's kernel): overflow:
+ * TORCH (GradScaler.update's kernel): overflow:
  * scale *= backoff, tracker = 0; clean: tracker + 1 == interval -> scale *=
  * growth (kept only if finite), tracker = 0, else tracker + 1. The scale is
  * an fp32 value there, so ours is rounded to float after each change.

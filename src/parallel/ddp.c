@@ -1,6 +1,6 @@
 /* DDP construction, forward and teardown (the reducer is ddp_reducer.c).
  *
- * Construction (SEMANTICS.md 3.1): every rank describes its model as text,
+ * Construction: every rank describes its model as text,
  * one line per entry ("P f32 layer1.0.weight [16,1,5,5]"), and the lines are
  * all-gathered (lengths, then an allgatherv of the bytes). Every rank then
  * runs the same comparison against rank 0's description, so all ranks agree

@@ -1,4 +1,4 @@
-/* Ops on distributed tensors with sharding propagation (SEMANTICS 4.4).
+/* Ops on distributed tensors with sharding propagation.
  *
  * Each op lists, per mesh dim, the strategies it can run locally: the
  * placements its inputs must have and the placement the output then has

@@ -1,4 +1,4 @@
-/* PowerSGD as a communication hook (SEMANTICS.md 8; PyTorch's
+/* PowerSGD as a communication hook (PyTorch's
  * powerSGD_hook; the algorithm is written down in parallel.h).
  *
  * Stages per bucket (the engine's rounds call them in bucket order on every

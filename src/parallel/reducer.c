@@ -3,7 +3,7 @@
  * outstanding. DDP drives it today; ZeRO-2/3 will drive it with the
  * reduce-scatter collective.
  *
- * Buckets (SEMANTICS.md 3.1): walk the parameters in model order, adding
+ * Buckets: walk the parameters in model order, adding
  * each to the open bucket; close the bucket as soon as its size (the sum of
  * its tensors' bytes) reaches its limit: first_bucket_mb for the first
  * bucket, the cap for every later one. Then reverse the list (bucket 0 holds

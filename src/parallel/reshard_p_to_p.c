@@ -1,6 +1,6 @@
 /* Partial(a) -> Partial(b): the same op is nothing to do; a different one
  * goes through Replicate (all-reduce(a), then R -> P(b)) instead of the
- * silent relabel that SEMANTICS 4.3 records as a quirk. */
+ * silent relabel that PyTorch DTensor does (a quirk, not followed). */
 #include "dtensor_impl.h"
 
 dt_status dt__reshard_p_to_p(const dt__rs_step *s)

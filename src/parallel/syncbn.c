@@ -1,4 +1,4 @@
-/* SyncBatchNorm (SEMANTICS.md 3.3) as an autograd custom op.
+/* SyncBatchNorm as an autograd custom op.
  *
  * Forward (training): each rank computes per-channel mean and M2 (sum of
  * squared deviations) of its local N x HW elements in double, packs

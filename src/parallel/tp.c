@@ -1,4 +1,4 @@
-/* Tensor parallelism (Megatron-LM, SEMANTICS.md 6): the conjugate
+/* Tensor parallelism (Megatron-LM): the conjugate
  * operators f and g, all-gather / split along the last dim, column- and
  * row-parallel linear layers, the vocabulary-parallel embedding and
  * cross-entropy, and the initialisation of a tensor-parallel model from the

@@ -1,4 +1,4 @@
-/* ZeRO / FSDP units: the auto-wrap policy (SEMANTICS 2.5) and each unit's
+/* ZeRO / FSDP units: the auto-wrap policy and each unit's
  * flat layout (2.6).
  *
  * Wrapping is bottom-up: a module (never the root) becomes a unit when the
