@@ -152,6 +152,23 @@ static int losses(double *out)
     return cli_step_losses(metrics, out, 16);
 }
 
+/* The same tiny GPT from the flags alone (no --config) under dtrain run -n 2:
+ * extra, then common. */
+static void run_flags(cli_result *r, const char *const *extra, const char *const *common)
+{
+    const char *base[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "gpt-micro", "--vocab-size",
+                          "40", "--n-embd", "32", "--seq", "16", "--data", train_tok, "--val-data", val_tok,
+                          "--threads", "1", "--progress", "plain", "--metrics", metrics, NULL};
+    const char *const *parts[] = {base, extra, common};
+    char *args[64];
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; parts[k][i] && n < 63; i++)
+            args[n++] = (char *)parts[k][i];
+    args[n] = NULL;
+    cli_runv(r, 200, NULL, args);
+}
+
 TEST(pipeline_config_equals_the_flags)
 {
     static cli_result r;
@@ -176,19 +193,9 @@ TEST(pipeline_config_equals_the_flags)
     double a[16], b[16];
     int na = losses(a);
     /* the same run from the flags alone: --batch is a step's batch per replica, cut into --micro-batches */
-    char *args[64];
-    int n = 0;
-    const char *flags[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "gpt-micro",
-                           "--vocab-size", "40", "--n-embd", "32", "--seq", "16", "--data", train_tok, "--val-data",
-                           val_tok, "--threads", "1", "--progress", "plain", "--metrics", metrics, "--pp", "2",
-                           "--pp-schedule", "gpipe", "--micro-batches", "4", "--batch", "8",
-                           "--activation-checkpointing", NULL};
-    for (int i = 0; flags[i]; i++)
-        args[n++] = (char *)flags[i];
-    for (int i = 0; common[i]; i++)
-        args[n++] = (char *)common[i];
-    args[n] = NULL;
-    cli_runv(&r, 200, NULL, args);
+    run_flags(&r, (const char *[]){"--pp", "2", "--pp-schedule", "gpipe", "--micro-batches", "4", "--batch", "8",
+                                   "--activation-checkpointing", NULL},
+              common);
     ASSERT_EQ_INT(r.code, 0);
     int nb = losses(b);
     fprintf(stderr, "pipeline: config %d losses, flags %d; first %.6f / %.6f, last %.6f / %.6f\n", na, nb, a[0],
@@ -217,18 +224,9 @@ TEST(pipeline_config_with_zero1_and_mixed_precision_equals_the_flags)
     ASSERT_STR_CONTAINS(r.out, "[0]   zero_optimization.stage = 1  (file)\n");
     double a[16], b[16];
     int na = losses(a);
-    char *args[64];
-    int n = 0;
-    const char *flags[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "gpt-micro",
-                           "--vocab-size", "40", "--n-embd", "32", "--seq", "16", "--data", train_tok, "--val-data",
-                           val_tok, "--threads", "1", "--progress", "plain", "--metrics", metrics, "--pp", "2",
-                           "--micro-batches", "2", "--batch", "4", "--zero", "1", "--precision", "bf16", NULL};
-    for (int i = 0; flags[i]; i++)
-        args[n++] = (char *)flags[i];
-    for (int i = 0; common[i]; i++)
-        args[n++] = (char *)common[i];
-    args[n] = NULL;
-    cli_runv(&r, 200, NULL, args);
+    run_flags(&r, (const char *[]){"--pp", "2", "--micro-batches", "2", "--batch", "4", "--zero", "1", "--precision",
+                                   "bf16", NULL},
+              common);
     if (r.code != 0)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
