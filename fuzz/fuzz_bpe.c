@@ -4,7 +4,7 @@
  * (encode then decode gives the same bytes) and save/reload to the same
  * merges. */
 // fuzz-sources: src/base/*.c src/data/*.c
-// fuzz-libs: -lz
+// fuzz-libs: -lcjson -lz
 #include "dtrain/data.h"
 
 #include <stdint.h>

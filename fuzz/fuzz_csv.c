@@ -2,7 +2,7 @@
  * rows can all be read (labels >= 0, finite features), or an error with a
  * message; never a crash. The first byte picks the label option. */
 // fuzz-sources: src/base/*.c src/data/*.c
-// fuzz-libs: -lz
+// fuzz-libs: -lcjson -lz
 #include "dtrain/data.h"
 
 #include <math.h>

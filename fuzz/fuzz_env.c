@@ -9,6 +9,7 @@
  * 0 <= local rank < local size <= size, a TCP port) or an error with a
  * message; never a crash or undefined behaviour. */
 // fuzz-sources: src/base/*.c src/comm/env.c
+// fuzz-libs: -lcjson
 #include "comm/pg.h"
 
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * whose payload size matches its dimensions, or an error with a message;
  * never a crash, a leak or a huge allocation. */
 // fuzz-sources: src/base/*.c src/data/*.c
-// fuzz-libs: -lz
+// fuzz-libs: -lcjson -lz
 #include "dtrain/data.h"
 
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * header whose data exactly fill the file, or an error with a message;
  * never a crash or an out-of-bounds read. */
 // fuzz-sources: src/base/*.c src/data/*.c
-// fuzz-libs: -lz
+// fuzz-libs: -lcjson -lz
 #include "dtrain/data.h"
 
 #include <stdint.h>

@@ -12,6 +12,7 @@
  * one leaves *out untouched and sets a message. dt_escape's output fits
  * its buffer and holds no control character. */
 // fuzz-sources: src/base/*.c
+// fuzz-libs: -lcjson
 #include "dtrain/base.h"
 
 #include <ctype.h>

@@ -4,7 +4,7 @@
  * never a crash or an out-of-bounds read. The first input byte picks the
  * vocabulary bound (0: none). */
 // fuzz-sources: src/base/*.c src/data/*.c
-// fuzz-libs: -lz
+// fuzz-libs: -lcjson -lz
 #include "dtrain/data.h"
 
 #include <stdint.h>

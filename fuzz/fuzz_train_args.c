@@ -9,6 +9,7 @@
  * 2^64-1), reals as a finite decimal. And the accepted options, written
  * back as --name=value, must parse to the same values. */
 // fuzz-sources: src/base/*.c tools/cli_msg.c
+// fuzz-libs: -lcjson
 #include "train_args.c" /* the option table, opts[], is static */
 
 #include <ctype.h>
@@ -19,6 +20,15 @@
 #include "plain_number.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* --precision auto asks the library which precision this CPU trains in
+ * (src/autograd, not linked here): the parser needs only an answer. */
+dt_dtype dt_precision_auto(const char **why)
+{
+    if (why)
+        *why = "fuzzing: fixed answer";
+    return DT_F32;
+}
 
 #define NOPTS (sizeof opts / sizeof opts[0])
 #define MAXARGS 64

@@ -5,6 +5,7 @@
 #include "cmd.h"
 #include "train.h"
 
+#include "dtrain/precision.h"
 #include "dtrain/train.h"
 
 #include <ctype.h>

@@ -15,6 +15,7 @@
 #include "dtrain/config.h"
 #include "dtrain/optim.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/precision.h"
 #include "dtrain/train.h"
 
 #include <stdio.h>
@@ -287,10 +288,10 @@ static int read_back(dt__train_opts *o, dt_config *c)
     dt_status st = dt_config_precision(c, &dt);
     if (st < 0 && st != DT_ERR_NOT_FOUND)
         return bad();
+    if (st == DT_OK && dt == DT_DTYPE_UNSET) /* bf16.enabled "auto": chosen here, and why said at start */
+        dt = dt_precision_auto(&o->precision_auto);
     if (st == DT_OK)
         o->precision = dt == DT_F16 ? "fp16" : dt == DT_BF16 ? "bf16" : "fp32";
-    if (st == DT_OK && dt != DT_F16 && dt_config_is_auto(c, "bf16.enabled"))
-        dt_precision_auto(&o->precision_auto); /* bf16.enabled "auto": say why at start */
     const char *s;
     if (dt_config_get_str(c, "communication_data_type", &s) == DT_OK)
         o->reduce_dtype = s;

@@ -176,8 +176,9 @@ DT_API dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64
 
 /* The precision the config asks for: DT_F16 (fp16.enabled), DT_BF16
  * (bf16.enabled), DT_F32 (either key false and the other not true);
- * bf16.enabled "auto" with fp16.enabled absent or false: what
- * dt_precision_auto (train.h) chooses on this CPU, bf16 or f32.
+ * bf16.enabled "auto" with fp16.enabled absent or false: DT_DTYPE_UNSET,
+ * which the caller resolves with dt_precision_auto (precision.h: bf16 or
+ * f32 on this CPU).
  * DT_ERR_NOT_FOUND when neither key is set (the caller's default applies),
  * and when both are "auto" (a Hugging Face Trainer config: both follow the
  * command line). */

@@ -124,6 +124,13 @@ DT_API bool dt_dtype_is_float(dt_dtype t);
  * DT_F32: true. Asked of oneDNN at run time once and cached; follows
  * ONEDNN_MAX_CPU_ISA. conv2d has its own answer: dt_k_conv2d_native (kernels.h). */
 DT_API bool dt_precision_native(dt_dtype t);
+/* The precision "auto" trains in on this CPU: DT_BF16 where it has bf16
+ * arithmetic (AVX512_BF16; every CPU with AMX has it too) and oneDNN runs
+ * bf16 matmuls natively (dt_precision_native), DT_F32 elsewhere. Follows
+ * the caps (DT_MAX_CPU_ISA for dtrain's kernels, ONEDNN_MAX_CPU_ISA for
+ * oneDNN's). *why (may be NULL) receives a static phrase saying why, for
+ * printing: "this CPU has AVX512_BF16", "no AVX512_BF16 on this CPU", ... */
+DT_API dt_dtype dt_precision_auto(const char **why);
 
 #ifdef __cplusplus
 }

@@ -148,13 +148,6 @@ DT_API dt_precision_policy dt_precision_policy_default(void);
  * (param and reduce dtype; buffers f32), "auto" (bf16 or fp32 as
  * dt_precision_auto chooses). DT_ERR_INVALID_ARG otherwise. */
 DT_API dt_status dt_precision_policy_parse(const char *name, dt_precision_policy *out);
-/* The precision "auto" trains in on this CPU: DT_BF16 where it has bf16
- * arithmetic (AVX512_BF16; every CPU with AMX has it too) and oneDNN runs
- * bf16 matmuls natively (dt_precision_native), DT_F32 elsewhere. Follows
- * the caps (DT_MAX_CPU_ISA for dtrain's kernels, ONEDNN_MAX_CPU_ISA for
- * oneDNN's). *why (may be NULL) receives a static phrase saying why, for
- * printing: "this CPU has AVX512_BF16", "no AVX512_BF16 on this CPU", ... */
-DT_API dt_dtype dt_precision_auto(const char **why);
 /* DT_ERR_INVALID_ARG naming the field when a dtype is neither a float type
  * nor UNSET. */
 DT_API dt_status dt_precision_policy_check(const dt_precision_policy *p);

@@ -137,11 +137,13 @@ dt_status dt_config_precision(const dt_config *c, dt_dtype *out)
     bool f16 = false, bf16 = false;
     bool hf = dt_config_get_bool(c, "fp16.enabled", &f16) == DT_OK;
     bool hb = dt_config_get_bool(c, "bf16.enabled", &bf16) == DT_OK;
-    /* bf16.enabled "auto": bf16 where the CPU has it; with fp16.enabled "auto" as well (a Hugging Face
-     * Trainer config: both follow the trainer's arguments) the caller's precision applies */
+    /* bf16.enabled "auto": bf16 where the CPU has it, which the caller decides (dt_precision_auto, a layer
+     * above this one); with fp16.enabled "auto" as well (a Hugging Face Trainer config: both follow the
+     * trainer's arguments) the caller's precision applies */
     if (!hb && !hf && dt_config_is_auto(c, "bf16.enabled") && !dt_config_is_auto(c, "fp16.enabled")) {
-        hb = true;
-        bf16 = dt_precision_auto(NULL) == DT_BF16;
+        if (out)
+            *out = DT_DTYPE_UNSET;
+        return DT_OK;
     }
     if (!hf && !hb)
         return DT_ERR_NOT_FOUND;

@@ -18,23 +18,6 @@ dt_precision_policy dt_precision_policy_default(void)
     return p;
 }
 
-dt_dtype dt_precision_auto(const char **why)
-{
-    const char *w;
-    dt_dtype t = DT_F32;
-    if (!dt_cpu_detect_hw().avx512_bf16)
-        w = "no AVX512_BF16 on this CPU";
-    else if (!dt_cpu_detect().avx512_bf16)
-        w = "AVX512_BF16 switched off by DT_MAX_CPU_ISA";
-    else if (!dt_precision_native(DT_BF16))
-        w = "oneDNN runs no native bf16 matmul here: ONEDNN_MAX_CPU_ISA caps it";
-    else
-        w = "this CPU has AVX512_BF16", t = DT_BF16;
-    if (why)
-        *why = w;
-    return t;
-}
-
 dt_status dt_precision_policy_parse(const char *name, dt_precision_policy *out)
 {
     if (!name || !out)

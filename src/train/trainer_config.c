@@ -16,6 +16,7 @@
  *     keeps the caller's warmup_steps (dtrain train's --warmup, default 0:
  *     no warm-up), not DeepSpeed's silent 1000. */
 #include "dtrain/config.h"
+#include "dtrain/precision.h"
 #include "dtrain/train.h"
 
 #include <math.h>
@@ -149,6 +150,8 @@ static dt_status apply_precision(const dt_config *c, dt_trainer_params *tp)
     if (st < 0 && st != DT_ERR_NOT_FOUND)
         return st;
     if (st == DT_OK) {
+        if (dt == DT_DTYPE_UNSET) /* bf16.enabled "auto" */
+            dt = dt_precision_auto(NULL);
         tp->precision.param_dtype = dt;
         tp->use_scaler = dt == DT_F16;
     }

@@ -8,6 +8,7 @@
 #include "dtrain/base.h"
 #include "dtrain/config.h"
 #include "dtrain/train.h"
+#include "dtrain/precision.h"
 #include "test.h"
 #include "train_cli.h"
 
@@ -77,7 +78,8 @@ TEST(config_auto)
         ASSERT_EQ_INT(g_r.code, 0);
         ASSERT(!strstr(g_r.out, "precision auto"));
     }
-    /* in the library: the config resolves "auto" as dt_precision_auto does */
+    /* in the library: the config layer says "auto" (DT_DTYPE_UNSET), the trainer's config resolves it as
+       dt_precision_auto does */
     dt_config *c = NULL;
     ASSERT_OK(dt_config_init(&c));
     ASSERT_OK(dt_config_load_file(c, path));
@@ -85,7 +87,10 @@ TEST(config_auto)
     ASSERT(!dt_config_is_auto(c, "fp16.enabled"));
     dt_dtype dt = DT_F16;
     ASSERT_OK(dt_config_precision(c, &dt));
-    ASSERT_EQ_INT(dt, dt_precision_auto(NULL));
+    ASSERT_EQ_INT(dt, DT_DTYPE_UNSET);
+    dt_trainer_params tp = dt_trainer_params_default();
+    ASSERT_OK(dt_trainer_params_apply_config(c, &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, dt_precision_auto(NULL));
     dt_precision_policy p;
     ASSERT_OK(dt_precision_policy_parse("auto", &p));
     ASSERT_EQ_INT(p.param_dtype, dt_precision_auto(NULL));
