@@ -4,7 +4,7 @@ load_state_dict(strict=True): the names, shapes and dtypes dtrain writes are
 PyTorch's. Reference only, never a build or test dependency.
 
     dtrain train --model convnet --max-steps 3 --save run
-    /work/venv/bin/python bench/ckpt_torch_load.py run/step-00000003/model.safetensors
+    "$PEER_PYTHON" bench/ckpt_torch_load.py run/step-00000003/model.safetensors
     # a sharded checkpoint directory (index.json) first becomes one file:
     dtrain ckpt convert CKPT_DIR -o convnet.safetensors --full
 

@@ -4,7 +4,7 @@ PyTorch's DTensor (torch >= 2.4: torch.distributed.tensor) on a CPU
 DeviceMesh with gloo.
 
     dtrain run -n 4 -- build/bench/dtensor_dump /tmp/dump4
-    /work/venv/bin/python bench/dtensor_torch.py /tmp/dump4 4
+    "$PEER_PYTHON" bench/dtensor_torch.py /tmp/dump4 4
 
 For each case dtensor_dump wrote (one line per rank), this script builds the
 same source in DTensor (DTensor.from_local with the same local pieces,

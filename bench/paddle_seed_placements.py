@@ -2,9 +2,9 @@
 """The seed 001 placement programs in PaddlePaddle (CPU build from PyPI), to
 set beside examples/dtensor_placements.c:
 
-    /work/venv/bin/python -m paddle.distributed.launch --nproc_per_node 2 \
+    "$PEER_PYTHON" -m paddle.distributed.launch --nproc_per_node 2 \
         bench/paddle_seed_placements.py            # Shard(0), Shard(1), P->R, S(0)->R
-    /work/venv/bin/python -m paddle.distributed.launch --nproc_per_node 2 \
+    "$PEER_PYTHON" -m paddle.distributed.launch --nproc_per_node 2 \
         bench/paddle_seed_placements.py shard2     # Shard(2) of a 2-d tensor
 
 Each rank prints its local values (in the launcher's workerlog.<rank>).

@@ -11,7 +11,7 @@ rank 0's peak RSS over all modes.
 
 Run (newest torch from PyPI in the venv; reference only, never a build or
 test dependency):
-    /work/venv/bin/python bench/torch_fsdp2.py --world 2 --steps 20
+    "$PEER_PYTHON" bench/torch_fsdp2.py --world 2 --steps 20
 and beside it:
     dtrain run -n 2 -- dtrain bench zero --model mlp --steps 20
 Options: --batch 4 --dim 1024 --hidden 4096 --seq 128 --modes ddp,fsdp2,fsdp2-keep,ds1,ds2,ds3 --json

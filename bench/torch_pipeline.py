@@ -8,7 +8,7 @@ rank's fastest step of K, and its bubble measured as pipe_bubble.c's
 idle/busy: busy = the same rank's stage(s) run forward + backward on the m
 micro-batches with no communication (fastest of K), bubble = step / busy - 1.
 
-    /work/venv/bin/python bench/torch_pipeline.py --ranks 2 --steps 5
+    "$PEER_PYTHON" bench/torch_pipeline.py --ranks 2 --steps 5
 
 Schedules: GPipe, 1F1B, Interleaved1F1B (2 stages per rank) and
 InterleavedZeroBubble (2 stages per rank; torch has no single-chunk ZB-H1).

@@ -187,7 +187,7 @@ inside() {  # inside TITLE COMMAND: run COMMAND in the clone, in the root, with 
   timeout --kill-after=30 "${FRESH_CHECK_TIMEOUT:-1500}" \
     chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      /bin/bash -c "cd /root/dtrain && $cmd" >> "$log" 2>&1 || rc=$?
+      /bin/bash -c "cd ~/dtrain && $cmd" >> "$log" 2>&1 || rc=$?
   if [ $rc -ne 0 ]; then
     tail -n 40 "$log" | sed 's/^/    /'
     [ $rc -eq 124 ] && die "$title: timed out after ${FRESH_CHECK_TIMEOUT:-1500} s"
