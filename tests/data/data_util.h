@@ -125,4 +125,26 @@ static inline void tu_write_mnist(const char *dir, const char *prefix, uint32_t 
     free(lab);
 }
 
+/* A little-endian float32 .npy of shape (rows, cols) holding v (header
+ * padded to 64 bytes, as numpy writes it); 0 on success, -1 if the file
+ * cannot be written. */
+static inline int du_write_npy_f32(const char *p, int rows, int cols, const float *v)
+{
+    char hdr[128];
+    int hl = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+    int pad = (64 - (10 + hl + 1) % 64) % 64;
+    FILE *f = fopen(p, "wb");
+    if (!f)
+        return -1;
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    uint16_t len = (uint16_t)(hl + pad + 1);
+    fwrite(&len, 2, 1, f);
+    fwrite(hdr, 1, (size_t)hl, f);
+    for (int i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    fwrite(v, 4, (size_t)rows * (size_t)cols, f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 #endif

@@ -11,20 +11,7 @@
 /* A little-endian float32 .npy of shape (rows, cols) holding v. */
 static void write_npy(const char *p, int rows, int cols, const float *v)
 {
-    char hdr[128];
-    int hl = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
-    int pad = (64 - (10 + hl + 1) % 64) % 64;
-    FILE *f = fopen(p, "wb");
-    ASSERT(f != NULL);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    uint16_t len = (uint16_t)(hl + pad + 1);
-    fwrite(&len, 2, 1, f);
-    fwrite(hdr, 1, (size_t)hl, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(v, 4, (size_t)rows * (size_t)cols, f);
-    fclose(f);
+    ASSERT(du_write_npy_f32(p, rows, cols, v) == 0);
 }
 
 /* Every batch of x/y through a loader of batch 4: the first failure. */

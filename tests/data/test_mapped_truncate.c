@@ -74,24 +74,13 @@ TEST(token_file_truncated_while_open)
 /* A little-endian float32 .npy of shape (rows, cols), values i. */
 static void write_npy(const char *p, int rows, int cols)
 {
-    char hdr[128];
-    int hl = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
-    int total = 10 + hl + 1;
-    int pad = (64 - total % 64) % 64;
-    FILE *f = fopen(p, "wb");
-    ASSERT(f != NULL);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    uint16_t len = (uint16_t)(hl + pad + 1);
-    fwrite(&len, 2, 1, f);
-    fwrite(hdr, 1, (size_t)hl, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    for (int i = 0; i < rows * cols; i++) {
-        float v = (float)i;
-        fwrite(&v, 4, 1, f);
-    }
-    fclose(f);
+    float *v = malloc((size_t)rows * (size_t)cols * sizeof *v);
+    ASSERT(v != NULL);
+    for (int i = 0; i < rows * cols; i++)
+        v[i] = (float)i;
+    int rc = du_write_npy_f32(p, rows, cols, v);
+    free(v);
+    ASSERT(rc == 0);
 }
 
 TEST(npy_truncated_while_open)
