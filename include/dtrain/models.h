@@ -152,6 +152,71 @@ typedef struct dt_model_config {
 } dt_model_config;
 DT_API dt_model_config dt_model_config_default(void);
 
+/* ---- Llama-family decoders ------------------------------------------------------- */
+
+/* Rotary-embedding frequency scaling (config.json "rope_scaling"). */
+typedef enum {
+    DT_ROPE_DEFAULT = 0, /* none: inv_freq[i] = theta^(-2i/hd) */
+    DT_ROPE_LINEAR,      /* inv_freq / factor */
+    DT_ROPE_LLAMA3,      /* Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between */
+    DT_ROPE_KIND_COUNT
+} dt_rope_kind;
+
+/* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral and
+ * Qwen2 are the same block: Qwen2 with attention_bias). */
+typedef struct dt_llama_config {
+    int64_t vocab_size;               /* V */
+    int64_t hidden_size;              /* C */
+    int64_t intermediate_size;        /* I, the SwiGLU width */
+    int64_t num_hidden_layers;        /* L */
+    int64_t num_attention_heads;      /* H */
+    int64_t num_key_value_heads;      /* KV (grouped-query attention); divides H */
+    int64_t head_dim;                 /* hd, independent of C / H (q_proj out = H hd) */
+    int64_t max_position_embeddings;  /* the longest sequence the descriptor and generation use */
+    float rms_norm_eps;               /* RMSNorm eps (1e-6 in LlamaConfig, 1e-5 in Llama 3) */
+    float initializer_range;          /* init std of every Linear and the embedding (0.02) */
+    double rope_theta;                /* RoPE base (10000; Llama 3: 500000) */
+    dt_rope_kind rope_type;           /* rope_scaling's rope_type */
+    double rope_factor;               /* linear and llama3: factor */
+    double rope_low_freq_factor;      /* llama3 */
+    double rope_high_freq_factor;     /* llama3 */
+    int64_t rope_original_max_position_embeddings; /* llama3 */
+    bool attention_bias;              /* q/k/v/o biases (Qwen2: q/k/v only, qkv_bias_only) */
+    bool qkv_bias_only;               /* with attention_bias: o_proj has none (Qwen2) */
+    bool mlp_bias;                    /* gate/up/down biases */
+    bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
+    int64_t bos_token_id, eos_token_id; /* -1: none */
+} dt_llama_config;
+
+/* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
+ * I 176, L 2, H 4, KV 2, hd 16, 128 positions, untied head, eps 1e-5) and
+ * "llama-100m" (V 32000, C 768, I 2048, L 12, H 12, KV 4, hd 64, 1024
+ * positions, tied head: 100,092,672 parameters); theta 10000, no rope scaling, no
+ * biases, init std 0.02. DT_ERR_NOT_FOUND for another name. */
+DT_API dt_status dt_llama_config_by_name(const char *name, dt_llama_config *out);
+/* Check a configuration: sizes >= 1, KV divides H, hd even and <= 256 (the
+ * attention kernel), eps > 0, theta > 0, the scaling's factors. A message
+ * naming the key on failure (DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED). */
+DT_API dt_status dt_llama_config_check(const dt_llama_config *lc);
+/* The hd/2 rotary inverse frequencies of lc with its scaling into out, in
+ * f32 as transformers computes them. */
+DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
+/* Build a Llama decoder with Hugging Face's names (model.embed_tokens,
+ * model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
+ * post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head;
+ * Linear weights [out, in]) and init (every Linear and the embedding
+ * N(0, initializer_range), biases 0, norms 1; no residual rescaling) from
+ * the Philox stream of seed. Blocks are modules of type
+ * "LlamaDecoderLayer" (activation-checkpoint units). c supplies the build
+ * options and seq (tokens per sample in the descriptor; 0 =
+ * max_position_embeddings); c's GPT-2 fields are not read (NULL:
+ * defaults). Input [B, T] i64 ids, output logits [B, T, V], loss the mean
+ * next-token cross-entropy. No tensor parallelism, dropout or pipeline
+ * units yet (DT_ERR_UNSUPPORTED with c->tp). */
+DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
+                                 dt_model_desc *desc);
+
+
 /* Build zoo model `name` (initialised from seed as dt_model_build does) into
  * *model and its descriptor into *desc (may be NULL). cfg NULL: defaults.
  * DT_ERR_NOT_FOUND for an unknown name, DT_ERR_INVALID_ARG for a bad cfg. */
