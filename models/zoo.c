@@ -39,6 +39,8 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         st = dt__model_mlp(seed, &c, model, &d);
     else if (dt__model_is_gpt2(name))
         st = dt__model_gpt2(name, seed, &c, model, &d);
+    else if (name && !strncmp(name, "hf:", 3))
+        st = dt__model_hf(name + 3, seed, &c, model, &d);
     else if (dt__model_is_llama(name)) {
         dt_llama_config lc;
         dt_llama_config_by_name(name, &lc);
@@ -61,7 +63,7 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         st = dt_llama_create(&lc, seed, &c, model, &d);
     } else
         return dt_error(DT_ERR_NOT_FOUND, "unknown model '%s' (known: convnet, mlp, gpt2, gpt2-medium, gpt2-large, "
-                        "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m)", name ? name : "(null)");
+                        "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m, hf:DIR)", name ? name : "(null)");
     if (st < 0)
         return st;
     if (c.tp && dt_pg_size(c.tp) > 1 && !c.build.meta &&

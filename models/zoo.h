@@ -28,6 +28,8 @@ bool dt__model_is_llama(const char *name);
 /* A Llama model's positions (max_position_embeddings) and vocabulary, for
  * generation; false for another model. */
 bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V);
+/* The model DIR/config.json describes (hf.c; dt_model_create("hf:DIR")). */
+dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 #endif

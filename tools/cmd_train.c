@@ -585,7 +585,9 @@ static int make_user_json(trainer *t)
     if (t->lm) { /* the GPT configuration and the validation data (dtrain eval, dtrain generate --ckpt) */
         dt__json_quote(t->o.val_data ? t->o.val_data : "", val_q, sizeof val_q);
         dt_gpt2_config g;
+        memset(&g, 0, sizeof g); /* a Llama or hf:DIR model: its own configuration (0: not saved) */
         dt_gpt2_config_by_name(t->o.model, &g);
+        dt_error_clear();
         snprintf(lm, sizeof lm,
                  ",\"val_data\":%s,\"seq\":%lld,\"n_layer\":%lld,\"n_head\":%lld,\"n_embd\":%lld,"
                  "\"block_size\":%lld,\"vocab_size\":%lld",
@@ -718,6 +720,12 @@ static int setup_resume(trainer *t)
 {
     t->saved_step = -1;
     t->resumed_step = -1;
+    if (!strncmp(t->o.model, "hf:", 3) && !t->o.init_from && !t->o.resume) {
+        /* a Hugging Face model directory starts from its own weights (any strategy: each rank reads its ranges) */
+        if (dt_trainer_load_weights(t->tr, t->o.model + 3) < 0)
+            return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--model");
+        return 0;
+    }
     if (t->o.init_from) {
         if (check_exists("--init-from", t->o.init_from))
             return 2;
@@ -1175,13 +1183,17 @@ static void cleanup(trainer *t)
     dt__ddp_free_group(&t->ddp);
 }
 
+/* dtrain eval --json: the result as one JSON object. */
+static bool g_eval_json;
+
 static int train_main(int argc, char **argv, const char *eval_ckpt);
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL); }
 
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt)
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json)
 {
     dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
+    g_eval_json = json;
     int rc = train_main(argc, argv, ckpt);
     dt__cli_err_command(NULL);
     return rc;
@@ -1244,7 +1256,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         }
         if ((rc = eval_and_record(t, 0, &el, &ea)))
             goto out;
-        if (dt__ddp_is_main(&t->ddp)) {
+        if (dt__ddp_is_main(&t->ddp) && g_eval_json) {
+            char ms[1200], acc[32] = "null";
+            dt__json_quote(t->o.model, ms, sizeof ms);
+            if (!isnan(ea))
+                snprintf(acc, sizeof acc, "%.9g", ea);
+            printf("{\"loss\":%.9g,\"accuracy\":%s,\"items\":%lld,\"seq\":%lld,\"model\":%s}\n", el, acc,
+                   (long long)dt_dataset_length(t->test), t->lm ? (long long)t->desc.input_shape[0] : 0LL, ms);
+        } else if (dt__ddp_is_main(&t->ddp)) {
             printf("%s loss: %.4f\n", t->lm ? "val" : "test", el);
             if (!isnan(ea))
                 printf("test accuracy: %.2f%% (%lld items)\n", 100 * ea, (long long)dt_dataset_length(t->test));

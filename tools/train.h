@@ -133,7 +133,7 @@ int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*va
 void dt__train_options_markdown(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
  * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt);
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json);
 
 /* ---- progress display (train_progress.c) -------------------------------------- */
 typedef enum { DT__PROGRESS_NONE, DT__PROGRESS_PLAIN, DT__PROGRESS_BAR } dt__progress_mode;

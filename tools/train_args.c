@@ -30,8 +30,9 @@ typedef struct {
 
 #define OFF(f) offsetof(dt__train_opts, f)
 static const opt_def opts[] = {
-    {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro",
-     "NAME", "model to train (default convnet)"},
+    {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro|llama-tiny|llama-100m|hf:DIR",
+     "NAME", "model to train (default convnet); hf:DIR: the Hugging Face model directory DIR (config.json and its "
+     "safetensors weights; Llama, Mistral, Qwen2 or GPT-2), starting from its weights"},
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
      "| tokens:FILE (default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the "
@@ -390,6 +391,10 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
         return 0;
     case OPT_CHOICE: {
         size_t n = strlen(v);
+        if (strstr(d->choices, "|hf:DIR") && !strncmp(v, "hf:", 3) && v[3]) { /* a model directory */
+            *(const char **)base = v;
+            return 0;
+        }
         for (const char *c = d->choices; *c;) {
             const char *e = strchr(c, '|');
             size_t len = e ? (size_t)(e - c) : strlen(c);

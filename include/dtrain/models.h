@@ -216,6 +216,29 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 
+/* ---- Hugging Face model directories ------------------------------------------------- */
+
+/* What DIR/config.json describes. */
+typedef struct dt_hf_config {
+    char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
+                               "Qwen2ForCausalLM" or "GPT2LMHeadModel" */
+    bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
+    dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
+                               transformers 5's rope_parameters */
+    dt_gpt2_config gpt2;    /* n_layer, n_head, n_embd, n_positions, vocab_size, the (equal) pdrops */
+} dt_hf_config;
+/* Read and check DIR/config.json. Errors name the file and the key:
+ * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
+ * implement (a rope_scaling type other than default/linear/llama3,
+ * hidden_act other than silu, a sliding window, attention dropout, ...),
+ * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
+ * dt_model_create("hf:DIR", ...) builds the model it describes (after
+ * checking the weights' embedding rows against vocab_size: DT_ERR_MISMATCH);
+ * the weights are then loaded with dt_trainer_load_weights(tr, DIR) (train.h),
+ * which reads model.safetensors or the shards of
+ * model.safetensors.index.json (ckpt.h dt_ckpt_open) in f32, bf16 or f16. */
+DT_API dt_status dt_hf_config_read(const char *dir, dt_hf_config *out);
+
 
 /* Build zoo model `name` (initialised from seed as dt_model_build does) into
  * *model and its descriptor into *desc (may be NULL). cfg NULL: defaults.
