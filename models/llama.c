@@ -61,6 +61,30 @@ bool dt__model_is_llama(const char *name)
     return false;
 }
 
+dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc)
+{
+    dt_status st = dt_llama_config_by_name(name, lc);
+    if (st < 0)
+        return st;
+    /* the zoo's GPT-style size overrides apply to the Llama sizes too */
+    if (c->n_layer)
+        lc->num_hidden_layers = c->n_layer;
+    if (c->n_embd)
+        lc->hidden_size = c->n_embd;
+    if (c->n_head) {
+        lc->num_attention_heads = c->n_head;
+        if (lc->num_key_value_heads > c->n_head || c->n_head % lc->num_key_value_heads)
+            lc->num_key_value_heads = c->n_head;
+    }
+    if (c->n_embd || c->n_head)
+        lc->head_dim = lc->hidden_size / lc->num_attention_heads;
+    if (c->block_size)
+        lc->max_position_embeddings = c->block_size;
+    if (c->vocab_size)
+        lc->vocab_size = c->vocab_size;
+    return DT_OK;
+}
+
 dt_status dt_llama_config_check(const dt_llama_config *lc)
 {
     if (!lc)

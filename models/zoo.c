@@ -43,24 +43,9 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         st = dt__model_hf(name + 3, seed, &c, model, &d);
     else if (dt__model_is_llama(name)) {
         dt_llama_config lc;
-        dt_llama_config_by_name(name, &lc);
-        /* the zoo's GPT-style size overrides apply to the Llama sizes too */
-        if (c.n_layer)
-            lc.num_hidden_layers = c.n_layer;
-        if (c.n_embd)
-            lc.hidden_size = c.n_embd;
-        if (c.n_head) {
-            lc.num_attention_heads = c.n_head;
-            if (lc.num_key_value_heads > c.n_head || c.n_head % lc.num_key_value_heads)
-                lc.num_key_value_heads = c.n_head;
-        }
-        if (c.n_embd || c.n_head)
-            lc.head_dim = lc.hidden_size / lc.num_attention_heads;
-        if (c.block_size)
-            lc.max_position_embeddings = c.block_size;
-        if (c.vocab_size)
-            lc.vocab_size = c.vocab_size;
-        st = dt_llama_create(&lc, seed, &c, model, &d);
+        st = dt__llama_config_for(name, &c, &lc);
+        if (st >= 0)
+            st = dt_llama_create(&lc, seed, &c, model, &d);
     } else
         return dt_error(DT_ERR_NOT_FOUND, "unknown model '%s' (known: convnet, mlp, gpt2, gpt2-medium, gpt2-large, "
                         "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m, hf:DIR)", name ? name : "(null)");

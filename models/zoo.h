@@ -25,6 +25,9 @@ bool dt__gpt2_block_hooked(const dt_module *block);
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out);
 /* Is name a named Llama configuration (llama.c)? */
 bool dt__model_is_llama(const char *name);
+/* The named Llama configuration with the zoo config's size overrides
+ * (n_layer, n_head, n_embd, block_size, vocab_size). */
+dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc);
 /* A Llama model's positions (max_position_embeddings) and vocabulary, for
  * generation; false for another model. */
 bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V);

@@ -44,6 +44,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -635,12 +636,63 @@ static int save_ckpt(trainer *t)
     return 0;
 }
 
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) != 0 && errno != ENOENT;
+}
+
+/* --save-hf OUT: the run's weights as a Hugging Face model directory, under
+ * every strategy: they are taken from a checkpoint (the final --save one, or
+ * one written for this into OUT.ckpt-tmp and removed after), which rank 0
+ * converts (dt_hf_save: OUT appears complete or not at all). */
+static int save_hf(trainer *t)
+{
+    const char *ck = t->o.save;
+    char tmp[1200] = "";
+    if (!ck) {
+        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf);
+        dt_trainer_save_params sp = dt_trainer_save_params_default();
+        sp.user_json = t->user_json;
+        if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
+            return fail(1, "--save-hf");
+        ck = tmp;
+    }
+    int rc = 0;
+    if (dt__ddp_is_main(&t->ddp)) {
+        char latest[4096];
+        dt_hf_config h;
+        dt_model_config cfg = model_config(t);
+        dt_hf_save_params p = dt_hf_save_params_default();
+        if (t->o.hf_shard_size)
+            p.max_shard_bytes = t->o.hf_shard_size;
+        dt_status st = dt_trainer_ckpt_latest(ck, latest, sizeof latest);
+        if (st >= 0 && (st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
+            st = dt_hf_save(latest, &h, t->o.save_hf, &p);
+        if (st < 0)
+            rc = fail(st == DT_ERR_IO || st == DT_ERR_NO_MEMORY ? 1 : 2, "--save-hf");
+        else {
+            char esc[512];
+            printf("saved %s (a Hugging Face model directory)\n", dt_escape(t->o.save_hf, esc, sizeof esc));
+        }
+        if (tmp[0] && nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+            dt__cli_err("dtrain train: --save-hf: could not remove the temporary checkpoint %s\n", tmp);
+    }
+    return rc;
+}
+
 /* --save DIR before any training: created when missing and locked for this
  * job (dt_trainer_save_prepare), so that an unusable directory or one
  * another job saves into is bad input now (exit 2), not a lost checkpoint
  * after the training. */
 static int setup_save(trainer *t)
 {
+    if (t->o.save_hf) { /* before any training: a model without a Hugging Face form, an OUT in the way */
+        dt_hf_config h;
+        dt_model_config cfg = model_config(t);
+        if (dt_model_hf_config(t->o.model, &cfg, &h) < 0 || dt_hf_save_check_out(t->o.save_hf) < 0)
+            return fail(2, "--save-hf");
+    }
     if (!t->o.save)
         return 0;
     if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)
@@ -1420,6 +1472,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, "checkpoint");
         goto out;
     }
+    if (t->o.save_hf && (rc = save_hf(t)))
+        goto out;
     if (t->o.sample_every > 0 && t->global_step % t->o.sample_every != 0 && (rc = print_sample(t)))
         goto out;
     if ((rc = dt__ddp_memory_report(&t->ddp, t->tr))) /* ZeRO: collective */

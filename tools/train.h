@@ -82,6 +82,8 @@ typedef struct dt__train_opts {
     int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
+    const char *save_hf;      /* --save-hf OUT: a Hugging Face model directory at the end, NULL = none */
+    uint64_t hf_shard_size;   /* --hf-shard-size BYTES: its shards' size; 0 = 5,000,000,000 */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */
     int64_t keep;             /* keep the newest K checkpoints (0 = all) */
     bool async_save;          /* write checkpoints on a background thread */

@@ -165,6 +165,13 @@ static const opt_def opts[] = {
      "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
+    {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
+     "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
+     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
+     "(or be empty)"},
+    {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
+     "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
+     "model.safetensors.index.json)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
     {"keep", OPT_INT, OFF(keep), 0, 1e9, NULL, "K", "with --save: keep the newest K checkpoints (default 0 = all)"},
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,

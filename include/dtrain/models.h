@@ -238,6 +238,39 @@ typedef struct dt_hf_config {
  * which reads model.safetensors or the shards of
  * model.safetensors.index.json (ckpt.h dt_ckpt_open) in f32, bf16 or f16. */
 DT_API dt_status dt_hf_config_read(const char *dir, dt_hf_config *out);
+/* The configuration of zoo model `name` built with c (NULL: defaults), as
+ * a Hugging Face config: GPT-2 sizes -> GPT2LMHeadModel, Llama sizes ->
+ * LlamaForCausalLM (c's size overrides applied as dt_model_create does),
+ * "hf:DIR" -> DIR/config.json. DT_ERR_UNSUPPORTED for the ConvNet and the
+ * MLP. */
+DT_API dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_config *out);
+
+/* Options of dt_hf_save. */
+typedef struct dt_hf_save_params {
+    uint64_t max_shard_bytes; /* a shard's tensor bytes at most (one larger tensor gets a shard of its
+                                 own); one shard is model.safetensors, more are
+                                 model-0000i-of-0000n.safetensors with model.safetensors.index.json;
+                                 default 5,000,000,000 (save_pretrained's "5GB") */
+    dt_dtype dtype;           /* the weights' dtype: DT_F32 (default), DT_BF16 or DT_F16 */
+} dt_hf_save_params;
+DT_API dt_hf_save_params dt_hf_save_params_default(void);
+/* Write the Hugging Face model directory `out` (config.json from h,
+ * generation_config.json, the weights) from src, anything dt_ckpt_open
+ * reads: a dtrain checkpoint of any strategy (each parameter whole; its
+ * fp32 master when it has one), a safetensors file, a model directory.
+ * The tensors are h's model's parameters under transformers' names (a tied
+ * head left out, as save_pretrained does), so
+ * AutoModelForCausalLM.from_pretrained(out) finds no missing or unexpected
+ * key. out must not exist or be an empty directory (dt_hf_save_check_out);
+ * everything is written into a temporary directory beside it and renamed:
+ * out appears complete or not at all. Errors: a tensor src lacks or holds
+ * in another shape (DT_ERR_NOT_FOUND / DT_ERR_SHAPE, naming it), I/O. p
+ * NULL: defaults. */
+DT_API dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *p);
+/* DT_OK when out can be written by dt_hf_save: it does not exist, or is an
+ * empty directory; else DT_ERR_INVALID_ARG naming it (a file, a symlink, a
+ * directory with something in it). */
+DT_API dt_status dt_hf_save_check_out(const char *out);
 
 
 /* Build zoo model `name` (initialised from seed as dt_model_build does) into
