@@ -211,8 +211,9 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
  * options and seq (tokens per sample in the descriptor; 0 =
  * max_position_embeddings); c's GPT-2 fields are not read (NULL:
  * defaults). Input [B, T] i64 ids, output logits [B, T, V], loss the mean
- * next-token cross-entropy. No tensor parallelism, dropout or pipeline
- * units yet (DT_ERR_UNSUPPORTED with c->tp). */
+ * next-token cross-entropy. Pipeline units: dt_model_pipe_units
+ * (pipeline.h). No tensor parallelism or dropout yet (DT_ERR_UNSUPPORTED
+ * with c->tp). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 
