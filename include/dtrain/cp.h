@@ -28,7 +28,8 @@
  *     ...
  *     dt_cp_attention_bwd(cp, &L, qkv, y, lse, dy, B, H, D, true, dqkv);
  *
- * Both calls are collective over the group (every rank, the same B, H, D,
+ * dt_cp_ulysses_fwd/bwd (below) are the all-to-all variant with the same
+ * arguments. Both calls are collective over the group (every rank, the same B, H, D,
  * T, balance and causal). f32, no dropout on the probabilities. */
 #ifndef DTRAIN_CP_H
 #define DTRAIN_CP_H
@@ -69,6 +70,20 @@ DT_API dt_status dt_cp_attention_fwd(dt_pg *cp, const dt_cp_layout *l, const flo
 DT_API dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                      const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                      float *dqkv);
+
+/* DeepSpeed-Ulysses' variant, the same contract: one all-to-all turns the
+ * rank's rows of every head into the whole sequence of H/P heads, attention
+ * runs there locally, and the inverse all-to-all brings y (and lse) back to
+ * the rank's rows; the backward exchanges qkv, y, lse and dy the same way
+ * and dqkv back. Fewer, larger messages than the ring (4 all-to-alls of
+ * T/P rows per layer), but the heads must divide by P (DT_ERR_INVALID_ARG
+ * naming both otherwise) and a rank holds the whole sequence of its heads
+ * during attention. */
+DT_API dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H,
+                                   int64_t D, bool causal, float *y, float *lse);
+DT_API dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
+                                   const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
+                                   float *dqkv);
 
 #ifdef __cplusplus
 }

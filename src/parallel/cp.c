@@ -206,3 +206,170 @@ dt_status dt_cp_attention_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv
     free(nxt);
     return st;
 }
+
+/* ---- DeepSpeed-Ulysses: all-to-all from sequence chunks to head groups ---- */
+
+/* Rank r's rows of x (B, Tl, parts * H * D) (parts of H heads each, q | k | v
+ * for 3) go out as P segments, segment j holding heads [j Hp, (j+1) Hp) of
+ * every part of every row; the segments received (rank i's rows, in i's
+ * layout order) land at their global positions in xg (B, T, parts * Hp D).
+ * back = true runs it the other way (xg to x). */
+static dt_status heads_exchange(dt_pg *cp, const dt_cp_layout *l, float *x, int64_t B, int parts, int64_t H,
+                                int64_t D, float *xg, bool back)
+{
+    const int P = l->size;
+    const int64_t Tl = l->local_len, T = l->T, Hp = H / P, C = H * D, Cp = Hp * D;
+    const size_t seg = (size_t)(B * Tl * parts * Cp);
+    /* calloc: every element is written below, but gcc cannot see it through the loops */
+    float *sb = calloc(seg * (size_t)P, sizeof *sb), *rb = malloc(seg * (size_t)P * sizeof *rb);
+    if (!sb || !rb) {
+        free(sb);
+        free(rb);
+        return dt_error(DT_ERR_NO_MEMORY, "Ulysses attention: no memory for the all-to-all (%zu floats)",
+                        seg * (size_t)P);
+    }
+    dt_status st = DT_OK;
+    for (int j = 0; j < P && st >= 0; j++) {
+        dt_cp_layout lj;
+        st = dt_cp_layout_make(j, P, T, l->balance, &lj);
+        for (int64_t b = 0; b < B && st >= 0; b++)
+            for (int64_t i = 0; i < Tl; i++)
+                for (int p = 0; p < parts; p++) {
+                    /* forward: my row i, heads of rank j -> segment j; back: rank j's row i of my heads -> segment j */
+                    float *s = sb + (size_t)j * seg + (size_t)(((b * Tl + i) * parts + p) * Cp);
+                    if (!back)
+                        memcpy(s, x + (b * Tl + i) * parts * C + p * C + j * Cp, (size_t)Cp * sizeof *s);
+                    else
+                        memcpy(s, xg + (b * T + dt_cp_position(&lj, i)) * parts * Cp + p * Cp,
+                               (size_t)Cp * sizeof *s);
+                }
+    }
+    if (st >= 0)
+        st = dt_pg_alltoall(cp, sb, rb, seg, DT_F32);
+    for (int j = 0; j < P && st >= 0; j++) {
+        dt_cp_layout lj;
+        st = dt_cp_layout_make(j, P, T, l->balance, &lj);
+        for (int64_t b = 0; b < B && st >= 0; b++)
+            for (int64_t i = 0; i < Tl; i++)
+                for (int p = 0; p < parts; p++) {
+                    const float *s = rb + (size_t)j * seg + (size_t)(((b * Tl + i) * parts + p) * Cp);
+                    if (!back) /* rank j's row i, my heads */
+                        memcpy(xg + (b * T + dt_cp_position(&lj, i)) * parts * Cp + p * Cp, s,
+                               (size_t)Cp * sizeof *s);
+                    else /* my row i, rank j's heads */
+                        memcpy(x + (b * Tl + i) * parts * C + p * C + j * Cp, s, (size_t)Cp * sizeof *s);
+                }
+    }
+    free(sb);
+    free(rb);
+    return st;
+}
+
+/* lse (B, H, Tl) of my rows <-> lseg (B, Hp, T) of my heads: the same
+ * exchange with one value per (row, head) (the rows made head-minor). */
+static dt_status lse_exchange(dt_pg *cp, const dt_cp_layout *l, float *lse, int64_t B, int64_t H, float *lseg,
+                              bool back)
+{
+    const int64_t Tl = l->local_len, T = l->T, Hp = H / l->size;
+    float *x = malloc(sizeof *x * (size_t)(B * Tl * H)), *xg = malloc(sizeof *xg * (size_t)(B * T * Hp));
+    dt_status st = x && xg ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "Ulysses attention: no memory for lse");
+    if (st >= 0 && !back)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Tl; i++)
+                    x[(b * Tl + i) * H + h] = lse[(b * H + h) * Tl + i];
+    if (st >= 0 && back)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hp; h++)
+                for (int64_t t = 0; t < T; t++)
+                    xg[(b * T + t) * Hp + h] = lseg[(b * Hp + h) * T + t];
+    if (st >= 0)
+        st = heads_exchange(cp, l, x, B, 1, H, 1, xg, back);
+    if (st >= 0 && !back)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hp; h++)
+                for (int64_t t = 0; t < T; t++)
+                    lseg[(b * Hp + h) * T + t] = xg[(b * T + t) * Hp + h];
+    if (st >= 0 && back)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Tl; i++)
+                    lse[(b * H + h) * Tl + i] = x[(b * Tl + i) * H + h];
+    free(x);
+    free(xg);
+    return st;
+}
+
+static dt_status ulysses_args(const char *fn, dt_pg *cp, const dt_cp_layout *l, int64_t B, int64_t H, int64_t D)
+{
+    dt_status st = cp_args(fn, cp, l, B, H, D);
+    if (st >= 0 && H % l->size != 0)
+        st = dt_error(DT_ERR_INVALID_ARG,
+                      "Ulysses attention: %lld heads do not divide over a cp degree of %d (each rank takes H/cp "
+                      "heads); use ring attention or a degree that divides the heads",
+                      (long long)H, l->size);
+    return st;
+}
+
+dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, int64_t B, int64_t H, int64_t D,
+                            bool causal, float *y, float *lse)
+{
+    const char *fn = "dt_cp_ulysses_fwd";
+    dt_status st = ulysses_args(fn, cp, l, B, H, D);
+    if (st < 0)
+        return st;
+    if (!qkv || !y || !lse)
+        return dt_error(DT_ERR_NULL, "%s: NULL qkv, y or lse", fn);
+    const int64_t T = l->T, Hp = H / l->size, Cp = Hp * D;
+    float *qg = malloc(sizeof *qg * (size_t)(B * T * 3 * Cp)), *yg = malloc(sizeof *yg * (size_t)(B * T * Cp));
+    float *lg = malloc(sizeof *lg * (size_t)(B * Hp * T));
+    if (!qg || !yg || !lg)
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: no memory for the whole sequence of %lld heads", fn, (long long)Hp);
+    if (st >= 0)
+        st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
+    if (st >= 0)
+        st = dt_k_attention_fwd(qg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, yg, lg);
+    if (st >= 0)
+        st = heads_exchange(cp, l, y, B, 1, H, D, yg, true);
+    if (st >= 0)
+        st = lse_exchange(cp, l, lse, B, H, lg, true);
+    free(qg);
+    free(yg);
+    free(lg);
+    return st;
+}
+
+dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y, const float *lse,
+                            const float *dy, int64_t B, int64_t H, int64_t D, bool causal, float *dqkv)
+{
+    const char *fn = "dt_cp_ulysses_bwd";
+    dt_status st = ulysses_args(fn, cp, l, B, H, D);
+    if (st < 0)
+        return st;
+    if (!qkv || !y || !lse || !dy || !dqkv)
+        return dt_error(DT_ERR_NULL, "%s: NULL qkv, y, lse, dy or dqkv", fn);
+    const int64_t T = l->T, Hp = H / l->size, Cp = Hp * D;
+    float *qg = malloc(sizeof *qg * (size_t)(B * T * 3 * Cp)), *dq = malloc(sizeof *dq * (size_t)(B * T * 3 * Cp));
+    float *yg = malloc(sizeof *yg * (size_t)(B * T * Cp)), *dg = malloc(sizeof *dg * (size_t)(B * T * Cp));
+    float *lg = malloc(sizeof *lg * (size_t)(B * Hp * T));
+    if (!qg || !dq || !yg || !dg || !lg)
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: no memory for the whole sequence of %lld heads", fn, (long long)Hp);
+    if (st >= 0)
+        st = heads_exchange(cp, l, (float *)qkv, B, 3, H, D, qg, false);
+    if (st >= 0)
+        st = heads_exchange(cp, l, (float *)y, B, 1, H, D, yg, false);
+    if (st >= 0)
+        st = heads_exchange(cp, l, (float *)dy, B, 1, H, D, dg, false);
+    if (st >= 0)
+        st = lse_exchange(cp, l, (float *)lse, B, H, lg, false);
+    if (st >= 0)
+        st = dt_k_attention_bwd(qg, yg, lg, dg, B, T, Hp, D, causal, 0.0f, (dt_rng_key){{0, 0}, 0}, dq);
+    if (st >= 0)
+        st = heads_exchange(cp, l, dqkv, B, 3, H, D, dq, true);
+    free(qg);
+    free(dq);
+    free(yg);
+    free(dg);
+    free(lg);
+    return st;
+}

@@ -8,6 +8,8 @@
  *     the causal load balancing, causal and not: every rank's y, lse and
  *     dqkv rows equal the single-process rows at the same global positions
  *     (within 1e-5; the sums run in another order);
+ *   - DeepSpeed-Ulysses' all-to-all variant, the same cases, and a head
+ *     count that does not divide over the degree refused by name;
  *   - the layout: rank r of P holds chunks r and 2P-1-r when balanced
  *     (P = 2, T = 8: positions 0,1,6,7 and 2,3,4,5), and a length that does
  *     not divide into equal chunks is refused by name. */
@@ -115,15 +117,26 @@ TEST(layout_positions_and_uneven_refused)
 
 typedef struct {
     int64_t T;
-    bool balance, causal;
+    bool balance, causal, ulysses;
+    int64_t H; /* 0: 4 */
 } ring_case;
 
 static int body_ring(int rank, int P, void *arg)
 {
     const ring_case *rc = arg;
-    const int64_t B = 2, T = rc->T, H = 2, D = 16, C = H * D;
+    const int64_t B = 2, T = rc->T, H = rc->H ? rc->H : 4, D = 8, C = H * D;
     dt_pg *pg;
     TH_OK(th_pg(rank, P, NULL, &pg));
+    if (rc->ulysses && H % P != 0) { /* refused by name, on every rank */
+        dt_cp_layout L;
+        float x[1];
+        TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
+        TH_CHECK(dt_cp_ulysses_fwd(pg, &L, x, 1, H, D, true, x, x) == DT_ERR_INVALID_ARG &&
+                     strstr(dt_last_error(), "heads do not divide"),
+                 "Ulysses with %lld heads on cp %d: %s", (long long)H, P, dt_last_error());
+        dt_pg_free(pg);
+        return 0;
+    }
     /* the whole problem, the same on every rank, and its single-process answer */
     float *qkv = rand_buf((size_t)(B * T * 3 * C), 3), *dy = rand_buf((size_t)(B * T * C), 5);
     float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
@@ -144,8 +157,13 @@ static int body_ring(int rank, int P, void *arg)
             memcpy(lq + (b * Tl + i) * 3 * C, qkv + (b * T + g) * 3 * C, sizeof(float) * (size_t)(3 * C));
             memcpy(ldy + (b * Tl + i) * C, dy + (b * T + g) * C, sizeof(float) * (size_t)C);
         }
-    TH_OK(dt_cp_attention_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
-    TH_OK(dt_cp_attention_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
+    if (rc->ulysses) {
+        TH_OK(dt_cp_ulysses_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
+        TH_OK(dt_cp_ulysses_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
+    } else {
+        TH_OK(dt_cp_attention_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
+        TH_OK(dt_cp_attention_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
+    }
     double worst = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < Tl; i++) {
@@ -163,8 +181,8 @@ static int body_ring(int rank, int P, void *arg)
                 worst = e > worst ? e : worst;
             }
         }
-    TH_CHECK(worst <= TOL, "cp %d, T %lld, balance %d, causal %d: largest difference %.3g", P, (long long)T,
-             rc->balance, rc->causal, worst);
+    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d: largest difference %.3g",
+             rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal, worst);
     free(qkv), free(dy), free(y), free(lse), free(dq), free(lq), free(ldy), free(ly), free(ll), free(ld);
     dt_pg_free(pg);
     return 0;
@@ -172,7 +190,13 @@ static int body_ring(int rank, int P, void *arg)
 
 static void ring(int P, int64_t T, bool balance, bool causal)
 {
-    ring_case rc = {T, balance, causal};
+    ring_case rc = {T, balance, causal, false, 0};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+static void ulysses(int P, int64_t T, bool balance, bool causal, int64_t H)
+{
+    ring_case rc = {T, balance, causal, true, H};
     ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
 }
 
@@ -182,6 +206,10 @@ TEST(ring_cp2_full) { ring(2, 20, false, false); }
 TEST(ring_cp4_balanced_causal) { ring(4, 40, true, true); }
 TEST(ring_cp4_plain_causal) { ring(4, 36, false, true); }
 TEST(ring_cp4_balanced_full) { ring(4, 24, true, false); }
+TEST(ulysses_cp2_balanced_causal) { ulysses(2, 24, true, true, 4); }
+TEST(ulysses_cp4_plain_causal) { ulysses(4, 20, false, true, 4); }
+TEST(ulysses_cp4_balanced_full) { ulysses(4, 16, true, false, 4); }
+TEST(ulysses_heads_must_divide) { ulysses(4, 16, true, true, 2); }
 
 /* The forked ranks first: a child of a process whose OpenMP pool has
  * started can hang in its first parallel region (libgomp is not fork-safe),
@@ -195,6 +223,10 @@ int main(void)
     RUN(ring_cp4_balanced_causal);
     RUN(ring_cp4_plain_causal);
     RUN(ring_cp4_balanced_full);
+    RUN(ulysses_cp2_balanced_causal);
+    RUN(ulysses_cp4_plain_causal);
+    RUN(ulysses_cp4_balanced_full);
+    RUN(ulysses_heads_must_divide);
     RUN(part_blocks_equal_whole_causal);
     RUN(part_blocks_equal_whole_full);
     RUN(part_bad_arguments);
