@@ -506,6 +506,25 @@ DT_API dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const floa
                                          int64_t qpos0, int64_t kpos0, bool causal, float *dq, int64_t lddq,
                                          float *dk, int64_t lddk, float *dv, int64_t lddv);
 
+/* ---- block quantization ------------------------------------------------------------- */
+/* Symmetric block quantization for communication that carries fewer bytes
+ * (ZeRO++'s quantized weights and gradients). x (n) in blocks of `block`
+ * elements (the last may be shorter), one scale per block: scales[b] =
+ * max |x_i| / qmax (qmax 127 for bits = 8, 7 for bits = 4), q_i =
+ * round-half-even(x_i / scales[b]) in [-qmax, qmax], so the dequantized
+ * value is within scales[b] / 2 of x_i (a block of zeros is exact). q holds
+ * dt_k_quant_bytes(n, bits) bytes: int8 one per element; int4 two per byte,
+ * element 2k in the low nibble, two's complement. scales holds
+ * ceil(n / block) floats. A block holding a NaN or an infinity gets a NaN
+ * scale and dequantizes to NaN throughout: an overflow is never hidden by
+ * the quantization. */
+DT_API dt_status dt_k_quantize_blocks(const float *x, int64_t n, int64_t block, int bits, void *q, float *scales);
+/* out (n) = (accumulate ? out + : ) q_i scales[i / block]. */
+DT_API dt_status dt_k_dequantize_blocks(const void *q, const float *scales, int64_t n, int64_t block, int bits,
+                                        float *out, bool accumulate);
+/* Bytes of q for n elements at `bits` (8: n, 4: ceil(n / 2)); -1 for a bad argument. */
+DT_API int64_t dt_k_quant_bytes(int64_t n, int bits);
+
 /* ---- embedding --------------------------------------------------------------- */
 /* out (n, dim) = rows idx[i] of table (num, dim); idx of DT_I64 or DT_I32.
  * An index outside [0, num) is DT_ERR_RANGE. */
