@@ -32,6 +32,8 @@
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tp.h"
+#include "dtrain/cp.h"
+#include "dtrain/zeropp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/config.h"
