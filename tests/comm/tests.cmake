@@ -170,3 +170,26 @@ endif()
 add_test(NAME comm/netbed_teardown
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh teardown ${PROJECT_SOURCE_DIR})
 set_tests_properties(comm/netbed_teardown PROPERTIES TIMEOUT 60 LABELS "comm;netbed")
+
+# A rank SIGKILLed under mpirun (the documented line: mpirun --mca
+# odls_base_sigkill_timeout 10) is named by the survivors as
+# DT_ERR_PEER_FAILED (tests/comm/deadrank_test.sh): inside an all-reduce
+# (tests/comm/mpi_deadrank.c; also with DT_MPI_BLOCKING=1, the blocking call
+# on its worker thread) and between two steps of `dtrain train`.
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_deadrank ${CMAKE_CURRENT_LIST_DIR}/mpi_deadrank.c)
+  set_target_properties(mpi_deadrank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_deadrank PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_deadrank PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_deadrank PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(mpi_deadrank PRIVATE dtrain_static)
+  add_test(NAME comm/mpi_deadrank_coll
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh coll ${DT_MPIEXEC} $<TARGET_FILE:mpi_deadrank>)
+  add_test(NAME comm/mpi_deadrank_coll_blocking
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh coll ${DT_MPIEXEC} $<TARGET_FILE:mpi_deadrank>)
+  add_test(NAME comm/mpi_deadrank_train
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh train ${DT_MPIEXEC} ${PROJECT_BINARY_DIR}/dtrain)
+  set_tests_properties(comm/mpi_deadrank_coll comm/mpi_deadrank_coll_blocking comm/mpi_deadrank_train
+    PROPERTIES TIMEOUT 120 LABELS "comm;mpi" SKIP_RETURN_CODE 77)
+  set_tests_properties(comm/mpi_deadrank_coll_blocking PROPERTIES ENVIRONMENT "DT_MPI_BLOCKING=1")
+endif()

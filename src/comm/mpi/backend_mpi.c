@@ -47,12 +47,19 @@
  * starting; send/recv are always nonblocking),
  * and an operation left by a failure cannot be cancelled if it is a
  * collective or a send: its communicator is then never freed, and MPI may
- * still read or write its buffers (as after a timeout). A dead rank is not
- * noticed by this backend: by default Open MPI's mpirun kills the whole job
- * when one rank dies, so peers end rather than hang; this backend does not
- * report DT_ERR_PEER_FAILED for it. Errors from MPI calls come back as
- * values (the communicator uses MPI_ERRORS_RETURN) and carry MPI's error
- * string.
+ * still read or write its buffers (as after a timeout). A dead rank: MPI
+ * never says (a receive from it just never completes), so each rank learns
+ * its peers' process identities when the first group is made, and its
+ * waiting loops check the peers that run on its own machine (see "dead
+ * peers"): a rank that died there fails the group with DT_ERR_PEER_FAILED
+ * naming it, within milliseconds, and the notice carries that to the ranks
+ * on other machines. Open MPI's mpirun meanwhile ends the job (SIGTERM to
+ * every rank at once, SIGKILL odls_base_sigkill_timeout = 1 s later): a
+ * survivor that handles SIGTERM (dtrain train does) reports in that time;
+ * `mpirun --mca odls_base_sigkill_timeout 10` makes it certain, and without
+ * that setting the first group's rank 0 says so once (dt_log, warn).
+ * Errors from MPI calls come back as values (the communicator uses
+ * MPI_ERRORS_RETURN) and carry MPI's error string.
  *
  * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
  * progress thread calls MPI, and groups run concurrently), at least
@@ -73,6 +80,7 @@
  * when every rank reaches it (Open MPI 4.1.4), so a program that catches
  * the error, saves a checkpoint and exits ends normally. */
 #include "comm/backend.h"
+#include "comm/proc_alive.h"
 #include "dtrain/kernels.h"
 
 #include <mpi.h>
@@ -88,12 +96,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A failure notice: rank `rank` of group `gid` failed it (status, message). */
+/* A failure notice: rank `rank` of group `gid` failed it (status, message);
+ * dead: the world rank whose death it reports (-1: none; see "dead peers"). */
 #define NOTE_TAG 1
 #define NOTE_MSG_CAP 768
 typedef struct {
     uint64_t gid;
     int32_t st, rank;
+    int32_t dead, pad;
     char msg[NOTE_MSG_CAP];
 } mpi_note;
 #define NOTE_HEAD ((int)offsetof(mpi_note, msg))
@@ -147,6 +157,7 @@ typedef struct mpi_ctx {
     uint64_t *chk;           /* [2]: the collective check's buffer (see check_same) */
     struct mpi_worker *worker; /* DT_MPI_BLOCKING=1: runs the blocking calls (run_on_worker) */
     int stuck;               /* the worker never came back: m is never freed */
+    int dead_world;          /* the dead peer this rank found (world rank; -1: none), for the notice */
 } mpi_ctx;
 
 static int we_initialised;
@@ -157,6 +168,7 @@ static MPI_Request g_abandoned_rq[MPI_MAX_ABANDONED];
 static int g_nabandoned;
 static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_stuck; /* a blocking call's worker never came back from MPI: abort at exit */
+static _Atomic int g_dead_seen; /* a peer process died (see "dead peers"): no MPI_Finalize at exit */
 
 static void abandon(MPI_Request rq)
 {
@@ -228,12 +240,19 @@ static unsigned g_norphan;
 static pthread_mutex_t g_note_mu = PTHREAD_MUTEX_INITIALIZER; /* the four above */
 static int set_down(mpi_ctx *m, dt_status st, const char *msg);
 
+static int peer_dead_known(int world_rank);
+static void note_dead(int world_rank);
+
 static void send_note(mpi_ctx *m)
 {
-    for (int r = 0; r < m->size; r++)
-        if (r != m->rank && MPI_Isend(m->note_out, NOTE_HEAD + (int)strlen(m->note_out->msg) + 1, MPI_BYTE,
-                                      m->world[r], NOTE_TAG, g_ctl, &m->note_sends[r]) != MPI_SUCCESS)
-            m->note_sends[r] = MPI_REQUEST_NULL; /* a dead peer: nothing to tell */
+    for (int r = 0; r < m->size; r++) {
+        m->note_sends[r] = MPI_REQUEST_NULL;
+        if (r == m->rank || peer_dead_known(m->world[r]))
+            continue; /* a dead peer: nothing to tell */
+        if (MPI_Isend(m->note_out, NOTE_HEAD + (int)strlen(m->note_out->msg) + 1, MPI_BYTE, m->world[r], NOTE_TAG,
+                      g_ctl, &m->note_sends[r]) != MPI_SUCCESS)
+            m->note_sends[r] = MPI_REQUEST_NULL;
+    }
 }
 
 static MPI_Request g_query_rq = MPI_REQUEST_NULL;
@@ -276,6 +295,7 @@ static void note_take_locked(void)
         MPI_Get_count(&s, MPI_BYTE, &n);
         if (n > NOTE_HEAD) {
             g_note_in.msg[NOTE_MSG_CAP - 1] = '\0';
+            note_dead(g_note_in.dead);
             int found = 0;
             for (mpi_ctx *m = g_groups; m; m = m->reg_next)
                 if (m->gid == g_note_in.gid)
@@ -442,7 +462,7 @@ static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (fin)
+    if (fin || g_dead_seen) /* a peer died: MPI_Finalize would wait for it for ever; leave without */
         return;
     leftover_release(1.0);
     if (g_note_rq != MPI_REQUEST_NULL) { /* groups left unfreed: their notice receive */
@@ -544,6 +564,99 @@ static int group_down(mpi_ctx *m, int poll)
     return atomic_load_explicit(&m->down, memory_order_acquire);
 }
 
+/* ---- dead peers ------------------------------------------------------------
+ * Every process's identity (dt__proc_id: machine, pid, start time) is
+ * gathered over MPI_COMM_WORLD when the first group is made (g_procs,
+ * indexed by world rank). The waiting loops call peer_died every few
+ * milliseconds: a peer of the group on this machine whose process has ended
+ * fails the group here with DT_ERR_PEER_FAILED naming it (mpi_abort: the
+ * other ranks get the same status and message as a notice). */
+static dt__proc_id *g_procs;
+static int *g_pidfd; /* [world size]: dt__proc_gone's cached pidfds */
+static _Atomic int *g_dead; /* [world size]: seen dead */
+static int g_nprocs;
+static _Atomic long long g_alive_ns; /* when the last check ran */
+static pthread_mutex_t g_alive_mu = PTHREAD_MUTEX_INITIALIZER;
+static void mpi_abort(void *ctx, dt_status st, const char *msg);
+
+static int peer_dead_known(int w)
+{
+    return g_dead && w >= 0 && w < g_nprocs && atomic_load(&g_dead[w]);
+}
+
+/* World rank w died (seen here or reported by a notice): no MPI_Finalize. */
+static void note_dead(int w)
+{
+    if (w < 0)
+        return;
+    atomic_store(&g_dead_seen, 1);
+    if (g_dead && w < g_nprocs)
+        atomic_store(&g_dead[w], 1);
+}
+
+/* Gather the identities (collective over MPI_COMM_WORLD; MPI access held). */
+static void procs_gather(void)
+{
+    int n = 0, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    dt__proc_id *all = calloc((size_t)n, sizeof *all);
+    int *fd = malloc(sizeof *fd * (size_t)n);
+    _Atomic int *dead = calloc((size_t)n, sizeof *dead);
+    dt__proc_id self;
+    dt__proc_id_self(&self);
+    if (!all || !fd || !dead ||
+        MPI_Allgather(&self, (int)sizeof self, MPI_BYTE, all, (int)sizeof self, MPI_BYTE, g_ctl) != MPI_SUCCESS) {
+        free(all); /* no check: a death is then found by the timeout only */
+        free(fd);
+        free((void *)dead);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        fd[i] = -2;
+    g_pidfd = fd;
+    g_dead = dead;
+    g_procs = all;
+    g_nprocs = n;
+}
+
+/* Whether a peer of m on this machine has died; if so the group is failed
+ * here with DT_ERR_PEER_FAILED naming it (c: what this rank waited in) and
+ * 1 returned. At most one check every 2 ms per process. */
+static int peer_died(mpi_ctx *m, const dt_coll *c)
+{
+    if (!g_procs)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, last = atomic_load(&g_alive_ns);
+    if (now - last < 2000000 || !atomic_compare_exchange_strong(&g_alive_ns, &last, now) ||
+        pthread_mutex_trylock(&g_alive_mu) != 0)
+        return atomic_load_explicit(&m->down, memory_order_acquire);
+    int me = m->world[m->rank], dead = -1;
+    for (int r = 0; r < m->size && dead < 0; r++) {
+        int w = m->world[r];
+        if (r != m->rank && w >= 0 && w < g_nprocs &&
+            (atomic_load(&g_dead[w]) || dt__proc_gone(&g_procs[me], &g_procs[w], &g_pidfd[w]))) {
+            note_dead(w);
+            dead = r;
+        }
+    }
+    pthread_mutex_unlock(&g_alive_mu);
+    if (dead < 0)
+        return 0;
+    char d[160] = "group set-up", msg[NOTE_MSG_CAP];
+    if (c)
+        dt__coll_describe(c, d, sizeof d);
+    snprintf(msg, sizeof msg,
+             "mpi backend: rank %d (pid %d, on rank %d's machine) died (exited or was killed) while rank %d was "
+             "in %s; the group is failed",
+             dead, (int)g_procs[m->world[dead]].pid, m->rank, m->rank, d);
+    m->dead_world = m->world[dead];
+    mpi_abort(m, DT_ERR_PEER_FAILED, msg);
+    return 1;
+}
+
 /* Complete a posted request within the operation's timeout, or until the
  * group is down (a peer's notice, or this rank failed it): then the request
  * is left incomplete (MPI cannot cancel a collective) and the group's
@@ -568,6 +681,10 @@ static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Sta
         double now = dt_time_s();
         if (t0 == 0)
             t0 = now;
+        if (peer_died(m, c)) {
+            m->abandoned = 1;
+            return down_error(m);
+        }
         if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
             m->failed = 1;
@@ -1054,7 +1171,7 @@ static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
         pthread_mutex_unlock(&w->mu);
         double now = dt_time_s();
         dt_status st = DT_OK;
-        if (group_down(m, spins % 64 == 0))
+        if (group_down(m, spins % 64 == 0) || (spins >= 1000 && peer_died(m, c)))
             st = down_error(m);
         else if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
@@ -1206,6 +1323,7 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, double timeout
     m->check = check;
     m->blocking = blocking;
     m->timeout_s = timeout_s;
+    m->dead_world = -1;
     atomic_init(&m->down, 0);
     pthread_mutex_init(&m->down_mu, NULL);
     note_register(m);
@@ -1283,6 +1401,22 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
     return DT_OK;
 }
 
+/* Under Open MPI's mpirun, a rank's death makes the launcher SIGTERM every
+ * other rank at once and SIGKILL them odls_base_sigkill_timeout seconds
+ * later (1 by default): too short, on a loaded machine, for a survivor to
+ * be sure to report which rank died. Say so once (rank 0) unless the job
+ * was started with at least 10 s. */
+static void warn_sigkill(int rank)
+{
+    const char *w = getenv("OMPI_COMM_WORLD_SIZE"), *t = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    if (rank != 0 || !w || atoi(w) < 2 || (t && atoi(t) >= 10))
+        return;
+    dt_log(DT_LOG_WARN, "mpi backend: when a rank dies, mpirun kills the others %s s later, maybe before they "
+                        "can say which rank died; start the job with `mpirun --mca odls_base_sigkill_timeout 10 "
+                        "...` to give them the time",
+           t ? t : "1");
+}
+
 static dt_status mpi_init(const dt_backend_info *info, void **out)
 {
     int inited = 0;
@@ -1317,8 +1451,11 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
     MPI_Comm comm;
     mpi_lock();
     int rc = MPI_SUCCESS;
-    if (g_ctl == MPI_COMM_NULL && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_ctl)) == MPI_SUCCESS)
+    if (g_ctl == MPI_COMM_NULL && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_ctl)) == MPI_SUCCESS) {
         MPI_Comm_set_errhandler(g_ctl, MPI_ERRORS_RETURN);
+        procs_gather();
+        warn_sigkill(info->rank);
+    }
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     mpi_unlock();
@@ -1413,6 +1550,7 @@ static void mpi_abort(void *ctx, dt_status st, const char *msg)
     m->note_out->gid = m->gid;
     m->note_out->st = (int32_t)m->down_st;
     m->note_out->rank = m->rank;
+    m->note_out->dead = m->dead_world;
     snprintf(m->note_out->msg, sizeof m->note_out->msg, "%s", m->down_msg);
     if (thread_multiple) {
         send_note(m);
@@ -1618,7 +1756,7 @@ static dt_status mpi_p2p_test(void *ctx, void *op, int *progressed)
     MPI_Status status;
     mpi_lock();
     int rc = MPI_Test(&o->rq, &flag, &status);
-    int down = rc == MPI_SUCCESS && !flag && group_down(m, 1);
+    int down = rc == MPI_SUCCESS && !flag && (group_down(m, 1) || peer_died(m, &o->c));
     if (down)
         p2p_drop(m, o);
     mpi_unlock();
