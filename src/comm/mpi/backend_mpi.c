@@ -41,7 +41,9 @@
  * and send/recv) poll for notices beside their own request, so their
  * pending and later operations on that group fail within milliseconds with
  * the same status and message as on this rank, as the shm backend's abort
- * record makes them, not at the timeout. Two limits: a blocking collective
+ * record makes them, not at the timeout (a notice names how many
+ * collectives its sender had completed: one of those still pending here
+ * completes rather than fails, see colls_done). Two limits: a blocking collective
  * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI when MPI gives
  * only MPI_THREAD_SERIALIZED (a notice that arrived before keeps it from
  * starting; send/recv are always nonblocking),
@@ -104,6 +106,7 @@ typedef struct {
     uint64_t gid;
     int32_t st, rank;
     int32_t dead, pad;
+    uint64_t done; /* the collectives its sender had completed on the group */
     char msg[NOTE_MSG_CAP];
 } mpi_note;
 #define NOTE_HEAD ((int)offsetof(mpi_note, msg))
@@ -139,6 +142,15 @@ typedef struct mpi_ctx {
     _Atomic int down;
     dt_status down_st;
     char down_msg[NOTE_MSG_CAP];
+    /* Collectives completed on this rank (colls_done), and by the rank
+     * whose notice put the group down when it failed it (down_done; 0 for
+     * this rank's own failure). A notice may overtake the last messages of
+     * a collective its sender completed (another communicator): this
+     * rank's posted collective number colls_done then still completes, and
+     * is waited for, not failed (bounded by the timeout), so that no rank
+     * fails an operation that succeeded on the others. */
+    _Atomic uint64_t colls_done;
+    uint64_t down_done;
     pthread_mutex_t down_mu;
     uint64_t gid;      /* the group's id, the same on its ranks (notices name it) */
     int *world;        /* [size]: each rank's rank in MPI_COMM_WORLD (notices go there) */
@@ -238,7 +250,7 @@ static mpi_ctx *g_groups;              /* live groups */
 static mpi_note g_orphan[NOTE_ORPHANS];
 static unsigned g_norphan;
 static pthread_mutex_t g_note_mu = PTHREAD_MUTEX_INITIALIZER; /* the four above */
-static int set_down(mpi_ctx *m, dt_status st, const char *msg);
+static int set_down(mpi_ctx *m, dt_status st, const char *msg, uint64_t done);
 
 static int peer_dead_known(int world_rank);
 static void note_dead(int world_rank);
@@ -299,7 +311,8 @@ static void note_take_locked(void)
             int found = 0;
             for (mpi_ctx *m = g_groups; m; m = m->reg_next)
                 if (m->gid == g_note_in.gid)
-                    found = 1, set_down(m, (dt_status)g_note_in.st, g_note_in.msg);
+                    found = 1, set_down(m, (dt_status)g_note_in.st, g_note_in.msg,
+                                        g_note_in.dead >= 0 ? 0 : g_note_in.done);
             if (!found) /* freed already, or (rarely) not registered yet here */
                 g_orphan[g_norphan++ % NOTE_ORPHANS] = g_note_in;
         }
@@ -319,7 +332,7 @@ static void note_register(mpi_ctx *m)
     /* a peer may have failed the group before this rank registered it */
     for (unsigned i = 0; i < NOTE_ORPHANS && i < g_norphan; i++)
         if (g_orphan[i].gid == m->gid)
-            set_down(m, (dt_status)g_orphan[i].st, g_orphan[i].msg);
+            set_down(m, (dt_status)g_orphan[i].st, g_orphan[i].msg, g_orphan[i].dead >= 0 ? 0 : g_orphan[i].done);
     if (g_note_rq == MPI_REQUEST_NULL &&
         MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl, &g_note_rq) !=
             MPI_SUCCESS)
@@ -529,12 +542,13 @@ static void nap(long ns)
 
 /* Mark the group down on this rank with (st, msg); the first call wins.
  * Returns whether this call did. */
-static int set_down(mpi_ctx *m, dt_status st, const char *msg)
+static int set_down(mpi_ctx *m, dt_status st, const char *msg, uint64_t done)
 {
     int first = 0;
     pthread_mutex_lock(&m->down_mu);
     if (!atomic_load_explicit(&m->down, memory_order_relaxed)) {
         m->down_st = st < 0 ? st : DT_ERR_PEER_FAILED;
+        m->down_done = done;
         snprintf(m->down_msg, sizeof m->down_msg, "%s", msg);
         atomic_store_explicit(&m->down, 1, memory_order_release);
         first = 1;
@@ -632,7 +646,7 @@ static int peer_died(mpi_ctx *m, const dt_coll *c)
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, last = atomic_load(&g_alive_ns);
     if (now - last < 2000000 || !atomic_compare_exchange_strong(&g_alive_ns, &last, now) ||
         pthread_mutex_trylock(&g_alive_mu) != 0)
-        return atomic_load_explicit(&m->down, memory_order_acquire);
+        return 0;
     int me = m->world[m->rank], dead = -1;
     for (int r = 0; r < m->size && dead < 0; r++) {
         int w = m->world[r];
@@ -657,24 +671,55 @@ static int peer_died(mpi_ctx *m, const dt_coll *c)
     return 1;
 }
 
+/* Whether the posted operation c must end because the group is down: not
+ * when it is a collective that the rank whose notice put the group down
+ * had completed (it completes here too; see colls_done). */
+static int down_ends(mpi_ctx *m, const dt_coll *c, int poll)
+{
+    return group_down(m, poll) && (c->kind == DT_COLL_SEND || c->kind == DT_COLL_RECV ||
+                                   m->down_done <= atomic_load(&m->colls_done));
+}
+
 /* Complete a posted request within the operation's timeout, or until the
  * group is down (a peer's notice, or this rank failed it): then the request
  * is left incomplete (MPI cannot cancel a collective) and the group's
  * failure is returned. Under MPI_THREAD_SERIALIZED the MPI lock is released
  * while napping, so that abort and other groups can reach MPI. */
+/* Test hook (tests/comm/mpi_note_overtake.c): DT_FAULT_MPI_LATE_RANK=R and
+ * DT_FAULT_MPI_LATE_SEQ=S make world rank R treat its all-reduce #S (any
+ * group) as not yet complete until the group is down (or for 10 s), as a
+ * rank that a failure notice reaches before it has seen its last
+ * collective complete. */
+static int64_t g_late_rank = -2, g_late_seq = -1;
+
+static int late_look(mpi_ctx *m, const dt_coll *c, double t0)
+{
+    if (g_late_rank == -2 && (dt_env_int("DT_FAULT_MPI_LATE_RANK", -1, -1, INT32_MAX, &g_late_rank) < 0 ||
+                              dt_env_int("DT_FAULT_MPI_LATE_SEQ", -1, -1, INT64_MAX, &g_late_seq) < 0))
+        g_late_rank = -1;
+    return g_late_rank >= 0 && m->world[m->rank] == g_late_rank && c->kind == DT_COLL_ALLREDUCE &&
+           (int64_t)c->seq == g_late_seq && !group_down(m, 1) && dt_time_s() - t0 < 10.0;
+}
+
 static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Status *st)
 {
-    double t0 = 0;
+    double t0 = 0, tl = dt_time_s();
     for (unsigned long spins = 0;; spins++) {
         int flag = 0;
         int rc = MPI_Test(rq, &flag, st ? st : MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return mpi_err(rc, "MPI_Test", c);
-        if (flag)
+        if (flag && !late_look(m, c, tl))
             return DT_OK;
-        if (group_down(m, spins % 64 == 0 || spins >= 2000)) {
+        if (down_ends(m, c, spins % 64 == 0 || spins >= 2000)) {
             m->abandoned = 1;
             return down_error(m);
+        }
+        if (flag) { /* the test hook: complete, seen as not yet */
+            mpi_unlock();
+            nap(1000000);
+            mpi_lock();
+            continue;
         }
         if (spins < 2000)
             continue;
@@ -1171,7 +1216,7 @@ static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
         pthread_mutex_unlock(&w->mu);
         double now = dt_time_s();
         dt_status st = DT_OK;
-        if (group_down(m, spins % 64 == 0) || (spins >= 1000 && peer_died(m, c)))
+        if (down_ends(m, c, spins % 64 == 0) || (spins >= 1000 && peer_died(m, c)))
             st = down_error(m);
         else if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
@@ -1247,6 +1292,7 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
         if (st < 0)
             return st;
     }
+    dt_status st;
     switch (c->kind) {
     case DT_COLL_ALLREDUCE:
     case DT_COLL_REDUCE:
@@ -1254,11 +1300,16 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
         if (mpi_op(c->op) == MPI_OP_NULL)
             return dt_error(DT_ERR_INVALID_ARG, "mpi backend: reduction %d", (int)c->op);
         if (c->dtype == DT_F16 || c->dtype == DT_BF16)
-            return run_reduction_half(m, c);
-        return run_avg_finish(m, c, run_reduction(m, c, c->send, c->recv, t));
+            st = run_reduction_half(m, c);
+        else
+            st = run_avg_finish(m, c, run_reduction(m, c, c->send, c->recv, t));
+        break;
     default:
-        return run_other(m, c, t);
+        st = run_other(m, c, t);
     }
+    if (st >= 0 && c->kind != DT_COLL_SEND && c->kind != DT_COLL_RECV)
+        atomic_fetch_add(&m->colls_done, 1); /* see down_done */
+    return st;
 }
 
 /* A group's context on comm (taken over; freed on error): its id, chosen by
@@ -1545,12 +1596,13 @@ static void mpi_free(void *ctx)
 static void mpi_abort(void *ctx, dt_status st, const char *msg)
 {
     mpi_ctx *m = ctx;
-    if (!m || !set_down(m, st, msg) || m->size < 2 || !m->note_out)
+    if (!m || !set_down(m, st, msg, 0) || m->size < 2 || !m->note_out)
         return;
     m->note_out->gid = m->gid;
     m->note_out->st = (int32_t)m->down_st;
     m->note_out->rank = m->rank;
     m->note_out->dead = m->dead_world;
+    m->note_out->done = atomic_load(&m->colls_done);
     snprintf(m->note_out->msg, sizeof m->note_out->msg, "%s", m->down_msg);
     if (thread_multiple) {
         send_note(m);
