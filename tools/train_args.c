@@ -679,6 +679,10 @@ int dt__train_check(dt__train_opts *o)
                              ? "--zero 2|3 or --fsdp (the data-parallel dimension runs DDP or --zero 1)"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"
+                         : !strcmp(o->model, "convnet")
+                             ? "--model convnet (the ConvNet cannot be cut into pipeline stages: it is one module "
+                               "with its own forward, not a Sequential of layers; --pp works with mlp and the GPT "
+                               "models)"
                              : NULL;
         if (no) {
             dt__cli_err("dtrain train: --pp/--pp-schedule/--pp-balance/--micro-batches do not combine with %s\n", no);
