@@ -1,0 +1,68 @@
+#!/bin/sh
+# The include graph of dtrain's folders: which folder includes which, and
+# every private header reached from outside its folder.
+#
+#   scripts/include_graph.sh [REV]     (run from the repository root)
+#
+# Reads the tracked files of the work tree, or of git revision REV. A folder
+# is a layer of the library (src/<layer>, its subfolders belong to it), the
+# public headers (include), models, tools, examples, bench, fuzz and tests.
+# A quoted include is resolved as the build does: beside the including file,
+# then under src/, models/ and include/. Output, sorted:
+#   edge FROM -> TO  N       N includes from files of FROM of headers of TO
+#   cross FILE -> HEADER     a header under src/ (private to its layer)
+#                            included from outside that layer
+# System headers (<...>) are left out.
+set -eu
+
+rev=${1:-}
+if [ -n "$rev" ]; then
+    files=$(git ls-tree -r --name-only "$rev" -- src models tools include examples bench fuzz tests)
+    show() { git show "$rev:$1"; }
+    exists() { git cat-file -e "$rev:$1" 2>/dev/null; }
+else
+    files=$(git ls-files -- src models tools include examples bench fuzz tests)
+    show() { cat "$1"; }
+    exists() { [ -f "$1" ]; }
+fi
+
+# the folder (layer) of a path
+folder() {
+    case $1 in
+    src/*) echo "$1" | cut -d/ -f1-2 ;;
+    include/*) echo include ;;
+    *) echo "$1" | cut -d/ -f1 ;;
+    esac
+}
+
+# normalise a/b/../c to a/c
+norm() {
+    echo "$1" | awk -F/ '{ n = 0; for (i = 1; i <= NF; i++) { if ($i == "..") n--; else if ($i != "." && $i != "") p[++n] = $i }
+                           s = p[1]; for (i = 2; i <= n; i++) s = s "/" p[i]; print s }'
+}
+
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+for f in $files; do
+    case $f in *.c | *.h) ;; *) continue ;; esac
+    dir=$(dirname "$f")
+    show "$f" | sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' | while read -r inc; do
+        hit=
+        for base in "$dir" src models include; do
+            p=$(norm "$base/$inc")
+            if exists "$p"; then
+                hit=$p
+                break
+            fi
+        done
+        [ -n "$hit" ] || continue
+        from=$(folder "$f")
+        to=$(folder "$hit")
+        [ "$from" = "$to" ] || echo "edge $from -> $to" >>"$tmp"
+        case $hit in
+        src/*) [ "$from" = "$to" ] || echo "cross $f -> $hit" >>"$tmp" ;;
+        esac
+    done
+done
+grep '^edge' "$tmp" | sort | uniq -c | awk '{ print $2, $3, $4, $5, $1 }'
+grep '^cross' "$tmp" | sort -u || true
