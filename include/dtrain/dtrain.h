@@ -27,6 +27,7 @@
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
 #include "dtrain/nn.h"
+#include "dtrain/generate.h"
 #include "dtrain/models.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"

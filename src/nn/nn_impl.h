@@ -119,24 +119,6 @@ dt_status dt__model_keep_only(dt_model *m, dt_dtype dtype, const size_t *spans, 
  * kept spans or a flat that is not mapped (dt_flat.mapped). */
 size_t dt__model_release(dt_model *m);
 
-/* True when neither m nor any module under it has a hook or a replaced
- * forward: a model's own forward may then take shortcuts no hook could
- * observe (the ConvNet's blocked activations and pool-before-ReLU). */
-bool dt__module_tree_plain(const dt_module *m);
-/* True when no module strictly under m has a hook other than a blind one
- * (dt_module_hook_set_blind) or a replaced forward (checkpointing allowed):
- * m's own forward may then keep activations in an internal layout (the
- * ConvNet's channel blocks) as long as it runs each child through
- * dt_module_forward, so the blind hooks and checkpoints still fire where
- * they are. m's own hooks fire outside its forward and are not looked at. */
-bool dt__module_subtree_unobserved(const dt_module *m);
-
-/* The Philox key of dropout module m's next forward: (model seed,
- * DT_RNG_DROPOUT, rank << 32 | m's index, m's forward count); the count
- * advances in training mode. For fused ops that apply a dropout child's
- * mask themselves (GPT-2's attention). */
-dt_rng_key dt__module_dropout_key(dt_module *m);
-
 /* m's own forward (its replaced forward or its kind's), without hooks or
  * checkpointing: what dt_module_forward runs between the hooks. */
 dt_tensor *dt__module_body(dt_ctx *ctx, dt_module *m, dt_tensor *x);

@@ -14,10 +14,9 @@
  * to every rank of its pipeline (dt__strategy_pipe_eval_share), so all of
  * them extend the same sequence. Still no cache: each token is a forward of
  * the whole window through the stages. */
-#include "nn/nn_impl.h"
 #include "train/train_impl.h"
-#include "zoo.h"
 
+#include "dtrain/generate.h"
 #include "dtrain/pipeline.h"
 
 #include <math.h>
