@@ -10,6 +10,10 @@
 # A quoted include is resolved as the build does: beside the including file,
 # then under src/, models/ and include/. Output, sorted:
 #   edge FROM -> TO  N       N includes from files of FROM of headers of TO
+#   up FROM -> TO            an edge against the layer order (base, kernels,
+#                            comm, tensor, autograd, nn, optim, data,
+#                            parallel, ckpt, config, train, models, tools):
+#                            a layer that reaches up
 #   internal FILE -> HEADER  a documented layer-internal header under src/
 #                            (its top comment says "Layer-internal:" and who
 #                            may include it) included from another layer
@@ -36,6 +40,20 @@ fi
 folder() {
     case $1 in
     src/*) echo "$1" | cut -d/ -f1-2 ;;
+    include/dtrain/base.h) echo src/base ;;
+    include/dtrain/kernels.h) echo src/kernels ;;
+    include/dtrain/comm.h) echo src/comm ;;
+    include/dtrain/tensor.h) echo src/tensor ;;
+    include/dtrain/autograd.h | include/dtrain/precision.h) echo src/autograd ;;
+    include/dtrain/nn.h) echo src/nn ;;
+    include/dtrain/optim.h) echo src/optim ;;
+    include/dtrain/data.h) echo src/data ;;
+    include/dtrain/parallel.h | include/dtrain/tp.h | include/dtrain/mesh.h | include/dtrain/offload.h | \
+        include/dtrain/pipeline.h) echo src/parallel ;;
+    include/dtrain/ckpt.h) echo src/ckpt ;;
+    include/dtrain/config.h) echo src/config ;;
+    include/dtrain/train.h | include/dtrain/generate.h) echo src/train ;;
+    include/dtrain/models.h) echo models ;;
     include/*) echo include ;;
     *) echo "$1" | cut -d/ -f1 ;;
     esac
@@ -79,6 +97,11 @@ for f in $files; do
     done
 done
 grep '^edge' "$tmp" | sort | uniq -c | awk '{ print $2, $3, $4, $5, $1 }'
+grep '^edge' "$tmp" | sort -u | awk '
+    BEGIN { n = split("src/base src/kernels src/comm src/tensor src/autograd src/nn src/optim src/data " \
+                      "src/parallel src/ckpt src/config src/train models tools", o, " ")
+            for (i = 1; i <= n; i++) rank[o[i]] = i }
+    ($2 in rank) && ($4 in rank) && rank[$4] > rank[$2] { print "up", $2, "->", $4 }'
 for kind in internal whitebox cross; do
     grep "^$kind " "$tmp" | sort -u || true
 done
