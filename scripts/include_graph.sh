@@ -48,8 +48,8 @@ folder() {
     include/dtrain/nn.h) echo src/nn ;;
     include/dtrain/optim.h) echo src/optim ;;
     include/dtrain/data.h) echo src/data ;;
-    include/dtrain/parallel.h | include/dtrain/tp.h | include/dtrain/mesh.h | include/dtrain/offload.h | \
-        include/dtrain/pipeline.h) echo src/parallel ;;
+    include/dtrain/parallel.h | include/dtrain/tp.h | include/dtrain/mesh.h | include/dtrain/offload.h | include/dtrain/cp.h | \
+        include/dtrain/zeropp.h | include/dtrain/pipeline.h) echo src/parallel ;;
     include/dtrain/ckpt.h) echo src/ckpt ;;
     include/dtrain/config.h) echo src/config ;;
     include/dtrain/train.h | include/dtrain/generate.h) echo src/train ;;
