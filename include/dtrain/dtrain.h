@@ -17,6 +17,7 @@
  *   cp.h        context parallelism: ring and Ulysses attention over a split sequence
  *   zeropp.h    ZeRO++'s quantized all-gather and two-hop reduce-scatter
  *   train.h     the trainer: one call per step, strategies (none, ddp)
+ *   generate.h  autoregressive generation from a GPT-2 model (models.h includes it)
  *   ckpt.h      safetensors files, full and sharded checkpoints
  *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
  */
