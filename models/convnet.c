@@ -24,7 +24,6 @@
  *     reaches the window's argmax exactly when that maximum is > 0 either
  *     way; NaN propagates either way), and the ReLU sees a quarter of the
  *     elements. */
-#include "nn/nn_impl.h"
 #include "zoo.h"
 
 #include <stdio.h>
@@ -41,7 +40,7 @@ static dt_tensor *layer_fused(dt_ctx *ctx, dt_module *layer, dt_tensor *x)
 static dt_tensor *convnet_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
-    if (!dt__module_subtree_unobserved(self)) { /* hooks may look: run each module as written */
+    if (!dt_module_subtree_unobserved(self)) { /* hooks may look: run each module as written */
         for (int i = 0; i < dt_module_num_children(self) && x; i++)
             x = dt_module_forward(ctx, dt_module_child(self, i), x);
         return x;
@@ -54,7 +53,7 @@ static dt_tensor *convnet_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, vo
      * this function. */
     bool fused = true;
     for (int l = 0; l < 2; l++)
-        fused &= dt__module_tree_plain(dt_module_child(self, l));
+        fused &= dt_module_tree_plain(dt_module_child(self, l));
     bool old = dt_ctx_set_blocked(ctx, true);
     for (int l = 0; l < 2 && x; l++) {
         dt_module *layer = dt_module_child(self, l); /* conv, bn, relu, pool */

@@ -29,8 +29,8 @@
  * every rank, the single-process ones; the attention dropout draws, for the
  * rank's heads, their part of the single-process mask (dt_attention_heads).
  * So a --tp run with dropout equals the single-process run within rounding. */
-#include "nn/nn_impl.h"
 #include "zoo.h"
+
 #include "dtrain/tp.h"
 
 #include <math.h>
@@ -73,6 +73,27 @@ bool dt__model_is_gpt2(const char *name)
 
 static dt_module *child(dt_module *m, const char *name) { return dt_module_find_child(m, name); }
 
+/* m's configuration (dt_module_config): the custom modules below keep their
+ * settings there (the attention its heads in k, the GPT2Model its block
+ * size in in, sequence parallelism as pad 1, fused_lm_loss as the root's
+ * k 1). */
+static dt_module_config cfg(const dt_module *m)
+{
+    dt_module_config c = {0};
+    if (m)
+        dt_module_get_config(m, &c);
+    return c;
+}
+
+/* Set field `f` of custom module m's configuration to v (m may be NULL). */
+#define SET_CFG(m, f, v)                                                                                               \
+    do {                                                                                                               \
+        dt_module_config c_ = cfg(m);                                                                                  \
+        c_.f = (v);                                                                                                    \
+        if (m)                                                                                                         \
+            dt_module_set_config((m), &c_);                                                                            \
+    } while (0)
+
 /* ---- modules ------------------------------------------------------------------------ */
 
 static dt_tensor *conv1d_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -108,7 +129,7 @@ static dt_module *conv1d(int64_t in, int64_t out, float std)
  * module `of`. */
 static dt_pg *sp_group(const dt_module *m, const dt_module *of)
 {
-    return m->pad == 1 ? dt_tp_module_group(of) : NULL;
+    return cfg(m).pad == 1 ? dt_tp_module_group(of) : NULL;
 }
 
 /* Layer norm module ln on x; under sequence parallelism its parameters
@@ -118,7 +139,7 @@ static dt_tensor *ln_forward(dt_ctx *ctx, dt_module *ln, dt_tensor *x, dt_pg *sp
     if (!sp)
         return dt_module_forward(ctx, ln, x);
     return dt_layer_norm(ctx, x, dt_tp_copy_to_region(ctx, sp, dt_module_param(ln, 0)),
-                         dt_tp_copy_to_region(ctx, sp, dt_module_param(ln, 1)), ln->eps);
+                         dt_tp_copy_to_region(ctx, sp, dt_module_param(ln, 1)), cfg(ln).eps);
 }
 
 /* Row-parallel module m on the rank's columns x under sequence
@@ -130,7 +151,7 @@ static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
     return dt_add(ctx, y, dt_tp_copy_to_region(ctx, sp, dt_module_param(m, 1)));
 }
 
-/* self->k = n_head (this rank's) */
+/* self's config k = n_head (this rank's) */
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
@@ -141,12 +162,14 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                         : dt_module_forward(ctx, ca, x);
     if (!qkv)
         return NULL;
-    dt_rng_key key = dt__module_dropout_key(drop);
+    dt_rng_key key = dt_module_dropout_key(drop);
+    const int heads = cfg(self).k;
     /* tensor parallel: the rank's heads, with their part of the full layer's
      * dropout mask (the key is the same on every rank: the same module) */
     dt_pg *tp = dt_tp_module_group(child(self, "c_attn"));
-    const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * self->k : 0;
-    dt_tensor *y = dt_attention_heads(ctx, qkv, self->k, h0, self->k * t, true, drop->p, drop->training, key);
+    const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * heads : 0;
+    dt_tensor *y = dt_attention_heads(ctx, qkv, heads, h0, heads * t, true, cfg(drop).p, dt_module_is_training(drop),
+                                      key);
     y = sp ? row_sp(ctx, child(self, "c_proj"), y, sp) : dt_module_forward(ctx, child(self, "c_proj"), y);
     return dt_module_forward(ctx, child(self, "resid_dropout"), y);
 }
@@ -163,7 +186,7 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
         h = row_sp(ctx, child(self, "c_proj"), h, sp);
         return dt_module_forward(ctx, child(self, "dropout"), h);
     }
-    if (dt__module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
+    if (dt_module_tree_plain(fc)) { /* nothing observes c_fc alone: fuse its bias into the GELU */
         dt_pg *tp = dt_tp_module_group(fc); /* column-parallel: its input goes through f */
         if (tp)
             x = dt_tp_copy_to_region(ctx, tp, x);
@@ -187,7 +210,7 @@ static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
     return dt__gpt2_block_half(ctx, self, dt__gpt2_block_half(ctx, self, x, 0), 1);
 }
 
-/* self (the GPT2Model, self->in = block_size): drop(wte[idx] + wpe[0..T)). */
+/* self (the GPT2Model, its config in = block_size): drop(wte[idx] + wpe[0..T)). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
 {
     char s[64];
@@ -198,10 +221,10 @@ dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
                  dt_dtype_name(idx->dtype));
         return NULL;
     }
-    int64_t T = idx->shape[1];
-    if (T < 1 || T > self->in) {
+    int64_t T = idx->shape[1], block_size = cfg(self).in;
+    if (T < 1 || T > block_size) {
         dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (the block size)", (long long)T,
-                 (long long)self->in);
+                 (long long)block_size);
         return NULL;
     }
     int64_t *pos = dt_ctx_alloc(ctx, (size_t)T * sizeof *pos);
@@ -227,52 +250,51 @@ static dt_tensor *transformer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *i
     return sp ? dt_tp_sp_gather(ctx, sp, x, 1) : x;
 }
 
-/* No hooks on m itself (its children may have some). */
-static bool no_hooks(const dt_module *m)
-{
-    for (int k = 0; k < DT__HOOK_KINDS; k++)
-        if (m->hooks[k].n)
-            return false;
-    return !m->fwd_override && !m->ckpt;
-}
-
-/* self->k = 1: built with fused_lm_loss. Then a training-mode forward
+/* self's config k = 1: built with fused_lm_loss. Then a training-mode forward
  * whose head carries no hooks, and whose root carries none either (a ZeRO-3
  * unit gathers the tied weight around the root's forward and releases it
  * after: the loss, outside, must not read it), returns the hidden states
- * and marks them as such in the root (self->ud: the GPT2LMHeadModel's
- * forward takes no user data), which dt_model_desc_loss
+ * and marks them as such in the root (its user data,
+ * dt_module_set_user_data: the GPT2LMHeadModel's forward takes none), which dt_model_desc_loss
  * checks before it applies the head fused with the cross-entropy; every
  * other forward clears the mark and returns the logits. */
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
     (void)ud;
     dt_module *head = child(self, "lm_head");
-    self->ud = NULL;
+    dt_module_set_user_data(self, NULL);
     dt_tensor *h = dt_module_forward(ctx, child(self, "transformer"), idx);
-    if (self->k == 1 && self->training && h && no_hooks(self) && dt__module_tree_plain(head)) {
-        self->ud = h;
+    if (cfg(self).k == 1 && dt_module_is_training(self) && h && dt_module_is_plain(self) &&
+        dt_module_tree_plain(head)) {
+        dt_module_set_user_data(self, h);
         return h;
     }
     return dt_module_forward(ctx, head, h);
 }
 
-bool dt__gpt2_block_hooked(const dt_module *block) { return !no_hooks(block); }
+bool dt__gpt2_block_hooked(const dt_module *block) { return !dt_module_is_plain(block); }
 
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out)
 {
-    return head && out && head->parent && head->parent->ud == out && out->ndim == 3 && head->nparam == 1 &&
-           head->params[0] && out->shape[2] == head->params[0]->shape[1];
+    const dt_tensor *w = dt_module_param(head, 0);
+    return head && out && dt_module_parent(head) && dt_module_user_data(dt_module_parent(head)) == out &&
+           out->ndim == 3 && dt_module_num_params(head) == 1 && w && out->shape[2] == w->shape[1];
 }
 
 static dt_module *embedding(int64_t n, int64_t dim)
 {
     dt_module *e = dt_nn_embedding(n, dim);
-    if (e) {
-        e->specs[0].init = DT_NN_INIT_NORMAL;
-        e->specs[0].a = 0.02f;
-    }
+    if (e)
+        dt_module_set_param_init(e, 0, DT_NN_INIT_NORMAL, 0.02f);
     return e;
+}
+
+/* Weight std of parameter 0 of m (NULL: nothing), keeping its kind of init. */
+static void set_std(dt_module *m, float std)
+{
+    dt_nn_param_spec s;
+    if (m && dt_module_param_spec(m, 0, &s) == DT_OK)
+        dt_module_set_param_init(m, 0, s.init, std);
 }
 
 /* Adds child under name to parent; on any failure (earlier too) frees what it
@@ -293,8 +315,8 @@ static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, float std, int chunks
     dt_module *m = !tp ? conv1d(in, out, std)
                    : chunks ? dt_tp_column_linear(tp, in, out, true, false, chunks)
                             : dt_tp_row_linear(tp, in, out, true, true);
-    if (m && tp)
-        m->specs[0].a = std;
+    if (tp)
+        set_std(m, std);
     return m;
 }
 
@@ -305,10 +327,12 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp)
     dt_module *b = dt_nn_custom("GPT2Block", 0, NULL, block_forward, NULL);
     dt_module *attn = dt_nn_custom("GPT2Attention", 0, NULL, attn_forward, NULL);
     dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, NULL);
-    if (attn) /* this rank's heads */
-        attn->k = (int)(g->n_head / (tp ? dt_pg_size(tp) : 1));
-    if (sp && b && attn && mlp)
-        b->pad = attn->pad = mlp->pad = 1;
+    SET_CFG(attn, k, (int)(g->n_head / (tp ? dt_pg_size(tp) : 1))); /* this rank's heads */
+    if (sp && b && attn && mlp) {
+        SET_CFG(b, pad, 1);
+        SET_CFG(attn, pad, 1);
+        SET_CFG(mlp, pad, 1);
+    }
     bool ok = b && attn && mlp;
     ok = add(attn, "c_attn", proj(tp, C, 3 * C, std, 3), ok);
     ok = add(attn, "c_proj", proj(tp, C, C, pstd, 0), ok);
@@ -335,7 +359,7 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp)
 static dt_tensor *vocab_head_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     /* sequence parallel: x came through dt_tp_sp_gather, whose backward sums */
-    return dt_linear(ctx, self->pad == 1 ? x : dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
+    return dt_linear(ctx, cfg(self).pad == 1 ? x : dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
 }
 
 static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
@@ -344,8 +368,10 @@ static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
     dt_tp_vocab_range(tp, V, NULL, NULL, &Vl);
     dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, C}, .init = DT_NN_INIT_KAIMING, .tp_dim = 1};
     dt_module *m = dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
-    if (m) /* dt_tp_full_shape: V rows in full */
-        m->in = V, m->out = C;
+    if (m) { /* dt_tp_full_shape: V rows in full */
+        SET_CFG(m, in, V);
+        SET_CFG(m, out, C);
+    }
     return m;
 }
 
@@ -407,13 +433,13 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     dt_module *h = dt_nn_seq(0, NULL);
     dt_module *wte = tp ? dt_tp_vocab_embedding(tp, V, C) : embedding(V, C);
     dt_module *head = tp ? vocab_head(tp, V, C) : dt_nn_linear(C, V, false);
-    if (tp && wte) {
-        wte->specs[0].a = 0.02f;
+    if (tp)
+        set_std(wte, 0.02f);
+    SET_CFG(tr, in, g.block_size);
+    if (sp && tr && head) {
+        SET_CFG(tr, pad, 1);
+        SET_CFG(head, pad, 1);
     }
-    if (tr)
-        tr->in = g.block_size;
-    if (sp && tr && head)
-        tr->pad = head->pad = 1;
     bool ok = root && tr && h;
     for (int64_t i = 0; i < L && ok; i++)
         ok = add(h, NULL, block(&g, tp, sp), ok);
@@ -434,7 +460,7 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
         return dt_last_status();
     }
     if (c->fused_lm_loss && !tp)
-        root->k = 1; /* lm_forward: hidden states in training mode, the loss applies the head */
+        SET_CFG(root, k, 1); /* lm_forward: hidden states in training mode, the loss applies the head */
     if ((st = dt_model_build(root, seed, &c->build, out)) < 0)
         return st;
     d->lm_head = c->fused_lm_loss && !tp ? head : NULL;

@@ -245,8 +245,9 @@ static bool add(dt_module *parent, const char *name, dt_module *c, bool ok)
 static dt_module *linear(int64_t in, int64_t out, bool bias, float std)
 {
     dt_module *m = dt_nn_linear(in, out, bias);
-    if (m && (dt_module_set_init(m, "weight", DT_NN_INIT_NORMAL, std) < 0 ||
-              (bias && dt_module_set_init(m, "bias", DT_NN_INIT_ZEROS, 0.0f) < 0))) {
+    /* a Linear's specs: 0 weight, 1 bias */
+    if (m && (dt_module_set_param_init(m, 0, DT_NN_INIT_NORMAL, std) < 0 ||
+              (bias && dt_module_set_param_init(m, 1, DT_NN_INIT_ZEROS, 0.0f) < 0))) {
         dt_module_free(m);
         return NULL;
     }
@@ -285,7 +286,7 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt)
     return b;
 }
 
-bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V)
+bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
 {
     dt_module *root = m ? dt_model_root(m) : NULL;
     if (!root || strcmp(dt_module_type(root), "LlamaForCausalLM") || !dt_module_user_data(root))
@@ -327,7 +328,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_module *emb = dt_nn_embedding(V, C);
     dt_module *head = linear(C, V, false, lc->initializer_range);
     bool ok = root && inner && layers && emb && head &&
-              dt_module_set_init(emb, "weight", DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
+              dt_module_set_param_init(emb, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
         ok = add(layers, NULL, layer(lc, rt), ok);
     if (ok && lc->tie_word_embeddings)

@@ -17,7 +17,6 @@
  * both matmuls recompute in backward and only x and z are kept; a region
  * per matmul would keep its output, the very hidden activation it means to
  * drop. */
-#include "nn/nn_impl.h"
 #include "zoo.h"
 
 #include <stdio.h>

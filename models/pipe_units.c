@@ -148,7 +148,7 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
     dt_module *norm = dt_model_find_module(m, "model.norm"), *head = dt_model_find_module(m, "lm_head");
     int64_t T = 0, V = 0;
-    if (!emb || !ls || !norm || !head || !dt__llama_positions(m, &T, &V))
+    if (!emb || !ls || !norm || !head || !dt_llama_positions(m, &T, &V))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
                         "model.layers, model.norm or lm_head");
     int L = dt_module_num_children(ls), k = 0;

@@ -30,7 +30,6 @@ bool dt__model_is_llama(const char *name);
 dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc);
 /* A Llama model's positions (max_position_embeddings) and vocabulary, for
  * generation; false for another model. */
-bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 /* The model DIR/config.json describes (hf.c; dt_model_create("hf:DIR")). */
 dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);

@@ -3,8 +3,11 @@
 #ifndef DT_TEST_TMP_UTIL_H
 #define DT_TEST_TMP_UTIL_H
 
+#include <dirent.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* $TMPDIR (or /tmp)/dt_<name>_XXXXXX, made on the first call and the same
  * path after it; "" when it cannot be made. */
@@ -27,6 +30,22 @@ static inline void t_rm_rf(const char *p)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
     if (system(cmd) != 0)
         fprintf(stderr, "warning: could not remove %s\n", p);
+}
+
+/* Entries of dir other than "." and ".." (skip_hidden: also none starting
+ * with "."); -1 when dir cannot be opened. */
+static inline int t_count_entries(const char *dir, bool skip_hidden)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (skip_hidden ? e->d_name[0] != '.' : strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
 }
 
 #endif

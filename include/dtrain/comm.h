@@ -275,16 +275,24 @@ DT_API void dt_pg_free(dt_pg *pg);
  * parent's backend; free it before the parent. */
 DT_API dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out);
 
-/* For launchers, after a job's processes have ended: remove the shared
- * memory its groups left behind. The shm backend unlinks its segment as soon
- * as every rank has attached, so only a rank that crashed during start-up
- * leaves one. *removed gets the number of objects removed (0 or 1).
- * Errors: DT_ERR_INVALID_ARG (NULL argument), DT_ERR_IO. */
+/* For launchers, after a job's processes have ended: remove what its
+ * groups left behind, through every registered backend's job_cleanup slot
+ * (dt_backend_ops; backends without one leave nothing). The shm backend
+ * removes the job's shared memory: it unlinks its segment as soon as every
+ * rank has attached, so only a rank that crashed during start-up leaves
+ * one. *removed gets the number of objects removed over all backends (0
+ * or 1 with the built-in ones). Errors: DT_ERR_INVALID_ARG (NULL
+ * argument), DT_ERR_IO, or a backend's error (the backends after it are
+ * not asked). */
 DT_API dt_status dt_pg_job_cleanup(const char *job_id, int *removed);
 
-/* For launchers, before and after a job: remove shm segments of any job
- * whose owners are all dead (a launcher killed by SIGKILL while its ranks
- * were still rendezvousing leaves one). Only regular files in /dev/shm named
+/* For launchers, before and after a job: through every registered
+ * backend's orphan_cleanup slot (dt_backend_ops), remove what jobs whose
+ * processes are all dead left behind; *removed gets the number removed over
+ * all backends, a backend's error stops the walk and is returned. The shm
+ * backend removes the segments of any job whose owners are all dead (a
+ * launcher killed by SIGKILL while its ranks were still rendezvousing
+ * leaves one). Only regular files in /dev/shm named
  * like the backend's segments, owned by this user, are considered, never
  * through a symlink; a segment is removed only if its creator and the
  * creator's parent (the launcher) have both exited (pid and start time are
@@ -392,6 +400,18 @@ DT_API const char *dt_pg_backend(const dt_pg *pg);
 /* DT_OK while healthy; after a failure its status (and dt_last_error()
  * gets the message). */
 DT_API dt_status dt_pg_status(const dt_pg *pg);
+/* The longest message a group keeps for its failure (dt_pg_fail, a failed
+ * operation's), with the terminating NUL; longer ones are cut. */
+#define DT_PG_MSG_CAP 768
+/* Fail the group on behalf of its user: a protocol above it (a pipeline
+ * schedule) broke off midway, and its peers must neither wait for the rest
+ * nor match later messages with the abandoned ones. The group's pending and
+ * later operations fail with st and msg (copied, at most DT_PG_MSG_CAP - 1 bytes) on this rank, and the
+ * backend tells the other ranks (its abort slot: shm writes the abort
+ * record their waits check; mpi sends a notice their waits poll for), so
+ * their operations fail too instead of hanging. The first failure wins.
+ * A no-op for pg NULL or st >= 0. Returns st. */
+DT_API dt_status dt_pg_fail(dt_pg *pg, dt_status st, const char *msg);
 /* Number of collectives posted so far (the next one gets this sequence
  * number). send/recv are not counted. */
 DT_API uint64_t dt_pg_seq(const dt_pg *pg);
@@ -768,6 +788,17 @@ typedef struct dt_backend_ops {
      * when no operation of the group runs on this rank. */
     void *(*flight_board)(void *ctx, size_t bytes);
     dt_status (*flight_gather)(void *ctx, void *all, unsigned char *got, size_t bytes, double wait_s);
+    /* Optional (default: the backend leaves nothing behind; 0 removed).
+     * Called without a group, from a launcher, by dt_pg_job_cleanup and
+     * dt_pg_orphan_cleanup (which validate the arguments and call the slot
+     * of every registered backend, adding up *removed): remove what this
+     * backend's groups of job job_id left on the machine after the job's
+     * processes ended (job_cleanup), or what any job whose processes are
+     * all dead left (orphan_cleanup). Set *removed to the number of objects
+     * removed; return DT_OK or an error with dt_error() set. The shm
+     * backend removes its shared-memory segments here. */
+    dt_status (*job_cleanup)(const char *job_id, int *removed);
+    dt_status (*orphan_cleanup)(int *removed);
 } dt_backend_ops;
 
 /* Copy a consistent snapshot of a status block (flight_board) into dst,

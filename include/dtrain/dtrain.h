@@ -17,6 +17,7 @@
  *   cp.h        context parallelism: ring and Ulysses attention over a split sequence
  *   zeropp.h    ZeRO++'s quantized all-gather and two-hop reduce-scatter
  *   train.h     the trainer: one call per step, strategies (none, ddp)
+ *   generate.h  autoregressive generation from a GPT-2 model (models.h includes it)
  *   ckpt.h      safetensors files, full and sharded checkpoints
  *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
  */
@@ -29,6 +30,7 @@
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
 #include "dtrain/nn.h"
+#include "dtrain/generate.h"
 #include "dtrain/models.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"

@@ -46,6 +46,7 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/data.h"
+#include "dtrain/generate.h"
 #include "dtrain/nn.h"
 
 #ifdef __cplusplus
@@ -216,6 +217,10 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
  * with c->tp). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
+/* True when m is a Llama-family model of dt_llama_create; then *P = its
+ * positions (max_position_embeddings) and *V = its vocabulary. Generation
+ * and the pipeline units read them. */
+DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 
 /* ---- Hugging Face model directories ------------------------------------------------- */
 
@@ -317,29 +322,7 @@ DT_API dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_ten
  * dt_model_desc_loss_fn, tp.loss_ud = &desc trains a zoo model with its loss. */
 DT_API dt_tensor *dt_model_desc_loss_fn(void *desc, dt_ctx *ctx, dt_tensor *output, dt_tensor *target);
 
-/* ---- generation (GPT-2 models) ---------------------------------------------------- */
-
-/* Options of dt_model_generate (nanoGPT's generate). */
-typedef struct dt_generate_params {
-    int64_t max_new_tokens; /* tokens to add; default 64 */
-    float temperature;      /* logits are divided by it; 0 = greedy (argmax); default 1 */
-    int64_t top_k;          /* sample among the k most likely tokens (ties at the k-th kept); 0 = all;
-                               default 0 */
-    uint64_t seed;          /* sampling draws: Philox (seed, DT_RNG_USER, "gen", token index); default 0 */
-} dt_generate_params;
-DT_API dt_generate_params dt_generate_params_default(void);
-/* Continue prompt[0..nprompt) (token ids in [0, V)) with a GPT-2 zoo model:
- * out[0..*nout) = the prompt then up to max_new_tokens new tokens, each
- * from the model run on the last block_size tokens in eval mode without
- * gradients (the model's train/eval mode is restored after). cap: room in
- * out (>= nprompt + max_new_tokens). gp NULL: defaults. Same seed and
- * weights give the same tokens. DT_ERR_UNSUPPORTED for a model without
- * GPT-2's embeddings; DT_ERR_RANGE for a prompt token outside [0, V).
- * Under the "pipe" strategy no rank holds the whole model: generate with
- * dt_strategy_pipe_generate (pipeline.h), the same loop through the
- * pipeline's stages, on every rank of the pipeline (the same tokens). */
-DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int64_t *prompt, int64_t nprompt,
-                                   int64_t *out, int64_t cap, int64_t *nout);
+/* Generation from a GPT-2 model (dt_model_generate): generate.h, included here. */
 
 #ifdef __cplusplus
 }

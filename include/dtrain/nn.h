@@ -210,15 +210,6 @@ DT_API dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_
  * Llama attention's head counts and rotary frequencies). */
 DT_API dt_module *dt_nn_custom_owned(const char *type, int nparams, const dt_nn_param_spec *params,
                                      dt_nn_forward_fn forward, void *ud, void (*free_ud)(void *));
-/* The ud a custom module was made with (dt_nn_custom, dt_nn_custom_owned);
- * NULL for other kinds. Borrowed. */
-DT_API void *dt_module_user_data(const dt_module *m);
-/* How dt_model_build initialises parameter `param` of m (unbuilt): init
- * and its bound or std a (dt_nn_param_spec). E.g. Hugging Face's
- * N(0, initializer_range) for a Linear or Embedding in place of PyTorch's
- * default. DT_ERR_NOT_FOUND for a name m does not have, DT_ERR_STATE once
- * built. */
-DT_API dt_status dt_module_set_init(dt_module *m, const char *param, dt_nn_init init, float a);
 /* RMSNorm over the last dim (torch.nn.RMSNorm, Llama's LlamaRMSNorm):
  * weight [dim] initialised to 1, y = x / sqrt(mean(x^2) + eps) * weight
  * (dt_rms_norm). A module of type "RMSNorm"; eps > 0. */
@@ -264,6 +255,100 @@ DT_API dt_status dt_module_set_forward(dt_module *m, dt_nn_forward_fn fn, void *
 /* eps and momentum (0 for LayerNorm) of a BatchNorm2d or LayerNorm module;
  * either pointer may be NULL. DT_ERR_INVALID_ARG for other kinds. */
 DT_API dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum);
+
+/* ---- writing models: what a custom module's forward may read ------------------------- */
+
+/* The zoo's models (models.h: the ConvNet, the MLP, GPT-2) are written with
+ * this API and the ops of autograd.h only, as a user's own model is. The
+ * pattern: a tree of custom modules (dt_nn_custom) whose forwards run their
+ * children (dt_module_forward) or apply ops to their parameters directly
+ * (dt_module_param), keep their own settings in their configuration
+ * (dt_module_set_config: GPT-2's attention keeps its number of heads in k),
+ * and take a fused shortcut only where nothing can observe it
+ * (dt_module_tree_plain: no hook, replaced forward or checkpoint under the
+ * module). A residual block is `dt_add(ctx, x, dt_module_forward(ctx,
+ * child, x))` in its forward; an attention block is dt_attention_heads
+ * (autograd.h) over its c_attn child's output with its dropout child's key
+ * (dt_module_dropout_key). Example, a pre-norm residual block:
+ *
+ *     static dt_tensor *res_fwd(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud) {
+ *         dt_module_config c;
+ *         dt_module_get_config(dt_module_find_child(self, "ln"), &c);     // c.eps
+ *         dt_tensor *h = dt_module_forward(ctx, dt_module_find_child(self, "ln"), x);
+ *         return dt_add(ctx, x, dt_module_forward(ctx, dt_module_find_child(self, "fc"), h));
+ *     }
+ */
+
+/* A module's configuration: what its constructor was given. Built-in kinds
+ * fill the fields they use and leave the others 0: Linear in, out, bias;
+ * Conv2d in, out (channels), k, stride, pad, bias; BatchNorm2d in
+ * (channels), eps, momentum; LayerNorm in (dim), eps; MaxPool2d and
+ * AvgPool2d k, stride, pad; Flatten start_dim, end_dim; Dropout p;
+ * Embedding in (num_embeddings), out (dim). A custom module's configuration
+ * belongs to it (all 0 from dt_nn_custom): its forward keeps its own
+ * settings there (dt_module_set_config). The tensor-parallel layers of
+ * tp.h are custom modules whose in and out are the full layer's features
+ * (dt_tp_full_shape reads them). */
+typedef struct dt_module_config {
+    int64_t in;          /* input features / channels / norm dim / embedding rows; default 0 */
+    int64_t out;         /* output features / channels / embedding dim; default 0 */
+    int k;               /* kernel size (conv, pooling); a custom module's own; default 0 */
+    int stride;          /* stride (conv, pooling); default 0 */
+    int pad;             /* padding (conv, pooling); default 0 */
+    bool bias;           /* Linear, Conv2d: has a bias; default false */
+    float eps;           /* norms: added to the variance; default 0 */
+    float momentum;      /* BatchNorm2d: running-stat momentum; default 0 */
+    float p;             /* Dropout: drop probability in [0, 1); default 0 */
+    int start_dim;       /* Flatten: first merged dim; default 0 */
+    int end_dim;         /* Flatten: last merged dim (negative from the end); default 0 */
+} dt_module_config;
+/* m's configuration into *out. DT_ERR_NULL on NULL. */
+DT_API dt_status dt_module_get_config(const dt_module *m, dt_module_config *out);
+/* Replace a custom module's configuration (its forward's settings). Any
+ * time, built or not; what the forward reads takes effect at its next
+ * call. DT_ERR_INVALID_ARG for a built-in kind (whose configuration is its
+ * constructor's arguments). */
+DT_API dt_status dt_module_set_config(dt_module *m, const dt_module_config *c);
+/* The user data a custom module's forward gets (dt_nn_custom's ud), and a
+ * way to replace it (borrowed, as dt_nn_custom's). A forward may use it to
+ * leave a mark for code that runs after it (GPT-2's training forward marks
+ * the hidden states it returns in place of the logits). NULL / DT_ERR_NULL
+ * on a NULL module; DT_ERR_INVALID_ARG when setting on a built-in kind. */
+DT_API void *dt_module_user_data(const dt_module *m);
+DT_API dt_status dt_module_set_user_data(dt_module *m, void *ud);
+/* The module m was added to (NULL for a root or NULL). Borrowed. */
+DT_API dt_module *dt_module_parent(const dt_module *m);
+/* The number of parameters and buffers of m itself (its specs), 0 on NULL. */
+DT_API int dt_module_num_params(const dt_module *m);
+/* Spec i of m (as given to the constructor, name borrowed from m) into *out;
+ * DT_ERR_RANGE when i is out of range. */
+DT_API dt_status dt_module_param_spec(const dt_module *m, int i, dt_nn_param_spec *out);
+/* How dt_model_build initialises parameter i of m (dt_nn_param_spec.init
+ * and .a): GPT-2 draws its embeddings from N(0, 0.02^2) instead of the
+ * Embedding default N(0, 1). Before dt_model_build (DT_ERR_STATE after);
+ * DT_ERR_RANGE when i is out of range. */
+DT_API dt_status dt_module_set_param_init(dt_module *m, int i, dt_nn_init init, float a);
+/* True when m itself carries no hook, no replaced forward
+ * (dt_module_set_forward) and no activation checkpointing: its forward
+ * runs as written with nobody looking at its input or output. */
+DT_API bool dt_module_is_plain(const dt_module *m);
+/* True when m and every module under it is plain (dt_module_is_plain): a
+ * forward may then fuse m's work with its neighbours' (GPT-2 fuses c_fc's
+ * bias into the GELU) since no hook could see the difference. */
+DT_API bool dt_module_tree_plain(const dt_module *m);
+/* True when no module strictly under m has a hook other than a blind one
+ * (dt_module_hook_set_blind) or a replaced forward (checkpointing allowed):
+ * m's own forward may then keep activations in an internal layout (the
+ * ConvNet's channel blocks) as long as it runs each child through
+ * dt_module_forward, so the blind hooks and checkpoints still fire where
+ * they are. m's own hooks fire outside its forward and are not looked at. */
+DT_API bool dt_module_subtree_unobserved(const dt_module *m);
+/* The Philox key of Dropout module m's next forward: (model seed,
+ * DT_RNG_DROPOUT, rank << 32 | m's index in the model, m's forward count);
+ * the count advances when m is in training mode. For fused ops that apply
+ * a dropout child's mask themselves (GPT-2's attention passes it to
+ * dt_attention_heads). m built (dt_model_build). */
+DT_API dt_rng_key dt_module_dropout_key(dt_module *m);
 
 /* ---- activation checkpointing ---------------------------------------------------- */
 

@@ -9,7 +9,10 @@
  *
  *     // column block [0, 64) of a [4096, 256] f32 matrix into a packed [4096, 64]
  *     dt__copy_rows(out, 64 * 4, in, 256 * 4, 4096, 64 * 4);
- */
+ *
+ * Layer-internal: base's strided copy for every layer that moves boxes of
+ * memory (comm: block layouts; parallel: reshard). Not installed, not for
+ * users. */
 #ifndef DT_BASE_COPY_H
 #define DT_BASE_COPY_H
 

@@ -6,7 +6,12 @@
  * apart. The poster (the reduction engine) marks the range in flight with a
  * message that names the fix; readers check their range and fail with that
  * message. A process-wide table: the poster and the reader need not share a
- * handle (dt_optim_step only sees raw pointers). */
+ * handle (dt_optim_step only sees raw pointers).
+ *
+ * Layer-internal: base owns the table; the layer that posts reductions marks
+ * (parallel: the reducer) and the layer that reads gradients checks (optim:
+ * the step and clipping), without sharing a handle. Not installed, not for
+ * users. */
 #ifndef DT_BASE_INFLIGHT_H
 #define DT_BASE_INFLIGHT_H
 

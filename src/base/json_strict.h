@@ -2,7 +2,11 @@
  * (a checkpoint's index.json, the trainer's run state), parsed strictly: one
  * value and nothing but blanks after it, and no key twice in one object
  * (cJSON keeps both and a lookup returns the first, so an edited file could
- * say one thing to one reader and another to the next). */
+ * say one thing to one reader and another to the next).
+ *
+ * Layer-internal: base's strict JSON reader for every layer that reads its
+ * own files back (ckpt: index.json; train: the run state). Not installed, not
+ * for users. */
 #ifndef DT_BASE_JSON_STRICT_H
 #define DT_BASE_JSON_STRICT_H
 

@@ -4,7 +4,10 @@
  * Start from `dt__sbuf b = {0};`, append with dt__sbuf_put, free(b.p) at the
  * end. The text stays NUL-terminated. An allocation failure sets b.oom and
  * makes every later append a no-op, so a writer appends freely and checks
- * oom once before using the text. */
+ * oom once before using the text.
+ *
+ * Layer-internal: base's byte string for every layer that writes text (ckpt:
+ * safetensors headers; data: vocabulary files). Not installed, not for users. */
 #ifndef DT_BASE_SBUF_H
 #define DT_BASE_SBUF_H
 

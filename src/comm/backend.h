@@ -16,6 +16,8 @@
  *   mem_free    no         dt_free
  *   subgroup    no         DT_ERR_UNSUPPORTED
  *   abort       no         nothing
+ *   job_cleanup, orphan_cleanup
+ *               no         nothing to remove (0 removed)
  *
  * Threading: run/subgroup/mem_* of one ctx are never called concurrently
  * (the group's executor lock is held), but successive calls may come from

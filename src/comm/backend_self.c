@@ -83,4 +83,6 @@ const dt_backend_ops dt__backend_self = {
     .mem_free = NULL,
     .subgroup = self_subgroup,
     .abort = NULL,
+    .job_cleanup = NULL,    /* self leaves nothing behind */
+    .orphan_cleanup = NULL,
 };

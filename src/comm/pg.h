@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define DT__MSG_CAP 768
+#define DT__MSG_CAP DT_PG_MSG_CAP
 
 /* Where the ranks came from (decides the default backend). */
 typedef enum {
@@ -106,14 +106,6 @@ struct dt_pg {
     struct dt__hier *hier;     /* dt_pg_hierarchical: the two levels; else NULL */
     dt_pg_topo topo;           /* dt_pg_hierarchical: the nodes; else zeros */
 };
-
-/* Fail the group on behalf of its user (a protocol above it, e.g. a
- * pipeline schedule, broke off midway and its peers must not wait for the
- * rest nor match later messages with the abandoned ones): the group's
- * pending and later operations fail with st and msg, and the backend tells
- * the other ranks (shm: the abort record their waits check; mpi: a notice
- * message their waits poll for). The first failure wins. Returns st. */
-dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg);
 
 /* Post a normalised operation (coll.c → req.c); takes ownership of
  * own_displs. start_thread: start the progress thread if not running. */

@@ -144,6 +144,45 @@ static void init_locked(void)
 #endif
 }
 
+/* The cleanup slots (job_cleanup when job_id, else orphan_cleanup) of the
+ * registered backends, copied under the lock and called outside it. */
+static dt_status cleanup_all(const char *job_id, int *removed)
+{
+    dt_status (*job[DT__MAX_BACKENDS])(const char *, int *);
+    dt_status (*orphan[DT__MAX_BACKENDS])(int *);
+    pthread_mutex_lock(&g_mu);
+    init_locked();
+    int n = g_n;
+    for (int i = 0; i < n; i++)
+        job[i] = g_table[i].job_cleanup, orphan[i] = g_table[i].orphan_cleanup;
+    pthread_mutex_unlock(&g_mu);
+    for (int i = 0; i < n; i++) {
+        int r = 0;
+        dt_status st = job_id ? (job[i] ? job[i](job_id, &r) : DT_OK) : (orphan[i] ? orphan[i](&r) : DT_OK);
+        if (st < 0)
+            return st;
+        *removed += r > 0 ? r : 0;
+    }
+    return DT_OK;
+}
+
+dt_status dt_pg_job_cleanup(const char *job_id, int *removed)
+{
+    if (removed)
+        *removed = 0;
+    if (!job_id || !removed)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pg_job_cleanup: job_id and removed must not be NULL");
+    return cleanup_all(job_id, removed);
+}
+
+dt_status dt_pg_orphan_cleanup(int *removed)
+{
+    if (!removed)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_pg_orphan_cleanup: removed must not be NULL");
+    *removed = 0;
+    return cleanup_all(NULL, removed);
+}
+
 void dt__registry_init(void)
 {
     pthread_mutex_lock(&g_mu);

@@ -78,7 +78,7 @@ static void coll_failed(dt_pg *pg, dt_status st, char *msg, size_t n)
     pg_mark_failed(pg, st, msg);
 }
 
-dt_status dt__pg_fail(dt_pg *pg, dt_status st, const char *msg)
+dt_status dt_pg_fail(dt_pg *pg, dt_status st, const char *msg)
 {
     if (pg && st < 0)
         pg_mark_failed(pg, st, msg);

@@ -396,6 +396,83 @@ dt_status dt_module_norm_config(const dt_module *m, float *eps, float *momentum)
     return DT_OK;
 }
 
+/* ---- writing models -------------------------------------------------------------------- */
+
+dt_status dt_module_get_config(const dt_module *m, dt_module_config *out)
+{
+    if (!m || !out)
+        return dt_error(DT_ERR_NULL, "dt_module_get_config: %s is NULL", m ? "out" : "module");
+    *out = (dt_module_config){.in = m->in, .out = m->out, .k = m->k, .stride = m->stride, .pad = m->pad,
+                              .bias = m->bias, .eps = m->eps, .momentum = m->momentum, .p = m->p,
+                              .start_dim = m->start_dim, .end_dim = m->end_dim};
+    return DT_OK;
+}
+
+/* A custom module, or the error naming what m is (who: the function). */
+static dt_status need_custom(const dt_module *m, const char *who)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "%s: module is NULL", who);
+    if (m->kind != DT_NN_CUSTOM)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: module '%s' is a built-in %s; only a custom module's (dt_nn_custom) "
+                        "can be set", who, m->path ? m->path : "", dt_module_type(m));
+    return DT_OK;
+}
+
+dt_status dt_module_set_config(dt_module *m, const dt_module_config *c)
+{
+    dt_status st = need_custom(m, "dt_module_set_config");
+    if (st < 0)
+        return st;
+    if (!c)
+        return dt_error(DT_ERR_NULL, "dt_module_set_config: config is NULL");
+    m->in = c->in, m->out = c->out, m->k = c->k, m->stride = c->stride, m->pad = c->pad, m->bias = c->bias;
+    m->eps = c->eps, m->momentum = c->momentum, m->p = c->p, m->start_dim = c->start_dim, m->end_dim = c->end_dim;
+    return DT_OK;
+}
+
+void *dt_module_user_data(const dt_module *m) { return m ? m->ud : NULL; }
+
+dt_status dt_module_set_user_data(dt_module *m, void *ud)
+{
+    dt_status st = need_custom(m, "dt_module_set_user_data");
+    if (st < 0)
+        return st;
+    m->ud = ud;
+    return DT_OK;
+}
+
+dt_module *dt_module_parent(const dt_module *m) { return m ? m->parent : NULL; }
+int dt_module_num_params(const dt_module *m) { return m ? m->nparam : 0; }
+
+dt_status dt_module_param_spec(const dt_module *m, int i, dt_nn_param_spec *out)
+{
+    if (!m || !out)
+        return dt_error(DT_ERR_NULL, "dt_module_param_spec: %s is NULL", m ? "out" : "module");
+    if (i < 0 || i >= m->nparam)
+        return dt_error(DT_ERR_RANGE, "dt_module_param_spec: %s '%s' has %d parameters, not %d", dt_module_type(m),
+                        m->path ? m->path : "", m->nparam, i + 1);
+    *out = m->specs[i];
+    return DT_OK;
+}
+
+dt_status dt_module_set_param_init(dt_module *m, int i, dt_nn_init init, float a)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_set_param_init: module is NULL");
+    if (m->model)
+        return dt_error(DT_ERR_STATE, "dt_module_set_param_init: %s '%s' is built already; set the init before "
+                        "dt_model_build", dt_module_type(m), m->path ? m->path : "");
+    if (i < 0 || i >= m->nparam)
+        return dt_error(DT_ERR_RANGE, "dt_module_set_param_init: %s has %d parameters, not %d", dt_module_type(m),
+                        m->nparam, i + 1);
+    if ((unsigned)init > DT_NN_INIT_XAVIER)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_module_set_param_init: unknown init %d", (int)init);
+    m->specs[i].init = init;
+    m->specs[i].a = a;
+    return DT_OK;
+}
+
 /* ---- hooks ---------------------------------------------------------------------------- */
 
 dt_status dt__hooks_add(dt__hooks *l, void (*fn)(void), void *ud, dt_hook_id *next_id, dt_hook_id *id)
@@ -512,15 +589,22 @@ static dt_tensor *shape_error(const dt_module *m, const dt_tensor *x, const char
     return NULL;
 }
 
-bool dt__module_tree_plain(const dt_module *m)
+bool dt_module_is_plain(const dt_module *m)
 {
+    if (!m)
+        return true;
     for (int k = 0; k < DT__HOOK_KINDS; k++)
         if (m->hooks[k].n)
             return false;
-    if (m->fwd_override || m->ckpt)
+    return !m->fwd_override && !m->ckpt;
+}
+
+bool dt_module_tree_plain(const dt_module *m)
+{
+    if (!dt_module_is_plain(m))
         return false;
-    for (int i = 0; i < m->nchild; i++)
-        if (!dt__module_tree_plain(m->children[i]))
+    for (int i = 0; m && i < m->nchild; i++)
+        if (!dt_module_tree_plain(m->children[i]))
             return false;
     return true;
 }
@@ -539,15 +623,15 @@ static bool tree_unobserved(const dt_module *m)
     return true;
 }
 
-bool dt__module_subtree_unobserved(const dt_module *m)
+bool dt_module_subtree_unobserved(const dt_module *m)
 {
-    for (int i = 0; i < m->nchild; i++)
+    for (int i = 0; m && i < m->nchild; i++)
         if (!tree_unobserved(m->children[i]))
             return false;
     return true;
 }
 
-dt_rng_key dt__module_dropout_key(dt_module *m)
+dt_rng_key dt_module_dropout_key(dt_module *m)
 {
     int rank = m->model ? m->model->rank : 0;
     uint64_t seed = m->model ? m->model->seed : 0;
@@ -608,7 +692,7 @@ static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
     case DT_NN_FLATTEN:
         return dt_flatten(ctx, x, m->start_dim, m->end_dim);
     case DT_NN_DROPOUT:
-        return dt_dropout(ctx, x, m->p, m->training, dt__module_dropout_key(m));
+        return dt_dropout(ctx, x, m->p, m->training, dt_module_dropout_key(m));
     case DT_NN_EMBEDDING:
         return dt_embedding(ctx, m->params[0], x);
     case DT_NN_CUSTOM:

@@ -20,25 +20,6 @@ dt_module *dt_nn_custom_owned(const char *type, int nparams, const dt_nn_param_s
     return m;
 }
 
-void *dt_module_user_data(const dt_module *m) { return m && m->kind == DT_NN_CUSTOM ? m->ud : NULL; }
-
-dt_status dt_module_set_init(dt_module *m, const char *param, dt_nn_init init, float a)
-{
-    if (!m || !param)
-        return dt_error(DT_ERR_NULL, "dt_module_set_init: %s is NULL", m ? "param" : "module");
-    if (m->model)
-        return dt_error(DT_ERR_STATE, "dt_module_set_init: the module is built already (set inits before "
-                        "dt_model_build)");
-    for (int i = 0; i < m->nparam; i++)
-        if (m->specs[i].name && !strcmp(m->specs[i].name, param)) {
-            m->specs[i].init = init;
-            m->specs[i].a = a;
-            return DT_OK;
-        }
-    return dt_error(DT_ERR_NOT_FOUND, "dt_module_set_init: module of type '%s' has no parameter '%s'",
-                    dt_module_type(m), param);
-}
-
 static dt_tensor *rmsnorm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;

@@ -20,7 +20,6 @@
  * that still record (their backward is empty), so a pipeline's backward
  * passes through them. */
 #include "dtensor_impl.h"
-#include "tensor/tensor_impl.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -16,7 +16,7 @@
  * all-reduce of [sum exp, target logit] in double), so no rank forms the
  * full [N, V] logits; the backward softmax(l) - onehot is local. */
 #include "dtrain/tp.h"
-#include "nn/nn_impl.h"
+#include "nn/nn_layer.h"
 
 #include <math.h>
 #include <stdlib.h>

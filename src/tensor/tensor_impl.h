@@ -1,5 +1,10 @@
 /* Internals shared by src/tensor and src/autograd: the context struct and a
- * strided N-d loop. Not a public header. */
+ * strided N-d loop. Not a public header.
+ *
+ * Layer-internal: tensor and autograd share it (the context owns the tape,
+ * which autograd records and walks); other layers that write ops on tensors
+ * use its helpers (parallel: dt__null_input in the distributed ops). Not
+ * installed, not for users. */
 #ifndef DT_TENSOR_IMPL_H
 #define DT_TENSOR_IMPL_H
 

@@ -47,9 +47,8 @@
  * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
 
-#include "comm/pg.h"
 #include "dtrain/pipeline.h"
-#include "nn/nn_impl.h"
+#include "nn/nn_layer.h"
 #include "parallel/pipeline/pipe_impl.h"
 
 #include <stdio.h>
@@ -282,7 +281,7 @@ static dt_status timed_costs(pipe_strategy *s, dt_model *m, double *cost)
             t[i] = 0;
         t[n] = 1; /* failed here */
         if (s->T > 1)
-            dt__pg_fail(dt_mesh_dim_group(s->mesh, 1), st, msg);
+            dt_pg_fail(dt_mesh_dim_group(s->mesh, 1), st, msg);
     }
     dt_status st2 = dt_metrics_allreduce(s->world, t, n + 1, DT_REDUCE_SUM);
     for (int i = 0; i < n; i++)
@@ -532,7 +531,7 @@ done:
  * stays this rank's error. */
 static void fail_replicas(pipe_strategy *s, dt_status st)
 {
-    char msg[DT__MSG_CAP];
+    char msg[DT_PG_MSG_CAP];
     snprintf(msg, sizeof msg, "%s", dt_last_error());
     if (dt_pg_status(s->pp) >= 0) { /* an error before the schedule ran: nothing was abandoned */
         dt_error(st, "%s", msg);
@@ -541,7 +540,7 @@ static void fail_replicas(pipe_strategy *s, dt_status st)
     dt_pg *other[3] = {s->dp, s->T > 1 ? dt_mesh_dim_group(s->mesh, 1) : NULL, s->world};
     for (int i = 0; i < 3; i++)
         if (other[i])
-            dt__pg_fail(other[i], st, msg);
+            dt_pg_fail(other[i], st, msg);
     dt_error(st, "%s", msg);
 }
 
@@ -973,11 +972,11 @@ dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_stat
         return dt_error(DT_ERR_INVALID_ARG, "pipe: evaluation on a strategy that is not an attached \"pipe\" one");
     pipe_strategy *p = s->self;
     if (failed < 0) { /* this rank cannot finish: the others must not wait for its sums */
-        char msg[DT__MSG_CAP];
+        char msg[DT_PG_MSG_CAP];
         snprintf(msg, sizeof msg, "pipeline rank %d broke off its forward through the stages (an evaluation or "
                  "a generation): %s", p->pr, dt_last_error());
         if (dt_pg_status(p->pp) >= 0)
-            dt__pg_fail(p->pp, failed, msg);
+            dt_pg_fail(p->pp, failed, msg);
         dt_error(failed, "%s", msg);
         fail_replicas(p, failed);
         return failed;

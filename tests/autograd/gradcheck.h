@@ -132,4 +132,27 @@ static int gradcheck(const char *name, int nin, dt_tensor **in, gc_fn f, void *u
     return bad;
 }
 
+/* Shapes and random inputs in one line: T(seed, 2, 3) is a [2, 3] input
+ * (requires grad) from Philox stream seed; SH(2, 3) the shape array. */
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+#define NARG(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define T(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, true)
+
+/* Free the n inputs of a check. */
+static inline void gc_free_all(int n, dt_tensor **t)
+{
+    for (int i = 0; i < n; i++)
+        dt_tensor_free(t[i]);
+}
+
+/* The finite-difference check of f at inputs in[0..nin) with step h and the
+ * suite's tolerances (atol 2e-3, rtol 2e-2); frees the inputs; fails the
+ * test when any element's analytic and numeric gradients differ. */
+#define GRADCHECK(name, nin, in, fn, ud, h)                                             \
+    do {                                                                                \
+        int bad_ = gradcheck(name, nin, in, fn, ud, h, 2e-3, 2e-2);                     \
+        gc_free_all(nin, in);                                                           \
+        ASSERT_EQ_INT(bad_, 0);                                                         \
+    } while (0)
+
 #endif

@@ -17,9 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SH(...) ((const int64_t[]){__VA_ARGS__})
-#define NARG(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-#define T(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, true)
 #define TC(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, false)
 
 static bool g_blocked;      /* region on for the net below */

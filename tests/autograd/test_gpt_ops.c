@@ -4,24 +4,6 @@
  * chunk), and their bad-input errors. Same tolerances as test_gradcheck. */
 #include "gradcheck.h"
 
-
-#define SH(...) ((const int64_t[]){__VA_ARGS__})
-#define NARG(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-#define T(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, true)
-
-static void free_all(int n, dt_tensor **t)
-{
-    for (int i = 0; i < n; i++)
-        dt_tensor_free(t[i]);
-}
-
-#define CHECK(name, nin, in, fn, ud, h)                                                 \
-    do {                                                                                \
-        int bad_ = gradcheck(name, nin, in, fn, ud, h, 2e-3, 2e-2);                     \
-        free_all(nin, in);                                                              \
-        ASSERT_EQ_INT(bad_, 0);                                                         \
-    } while (0)
-
 typedef struct {
     bool causal;
     float p;
@@ -37,21 +19,21 @@ TEST(attention_causal)
 {
     attn_ud u = {true, 0};
     dt_tensor *in[1] = {T(1, 2, 5, 18)};
-    CHECK("attention causal", 1, in, f_attn, &u, 1e-2);
+    GRADCHECK("attention causal", 1, in, f_attn, &u, 1e-2);
 }
 
 TEST(attention_full_odd)
 {
     attn_ud u = {false, 0};
     dt_tensor *in[1] = {T(2, 1, 7, 12)};
-    CHECK("attention", 1, in, f_attn, &u, 1e-2);
+    GRADCHECK("attention", 1, in, f_attn, &u, 1e-2);
 }
 
 TEST(attention_dropout)
 {
     attn_ud u = {true, 0.25f};
     dt_tensor *in[1] = {T(3, 2, 6, 12)};
-    CHECK("attention dropout", 1, in, f_attn, &u, 1e-2);
+    GRADCHECK("attention dropout", 1, in, f_attn, &u, 1e-2);
 }
 
 static dt_tensor *f_bias_gelu(dt_ctx *c, dt_tensor **in, void *u)
@@ -63,7 +45,7 @@ static dt_tensor *f_bias_gelu(dt_ctx *c, dt_tensor **in, void *u)
 TEST(bias_gelu_tanh)
 {
     dt_tensor *in[2] = {T(4, 3, 4, 9), T(5, 9)};
-    CHECK("bias_gelu_tanh", 2, in, f_bias_gelu, NULL, 1e-2);
+    GRADCHECK("bias_gelu_tanh", 2, in, f_bias_gelu, NULL, 1e-2);
 }
 
 static dt_tensor *f_addmm(dt_ctx *c, dt_tensor **in, void *u)
@@ -75,7 +57,7 @@ static dt_tensor *f_addmm(dt_ctx *c, dt_tensor **in, void *u)
 TEST(addmm)
 {
     dt_tensor *in[3] = {T(6, 2, 3, 5), T(7, 5, 4), T(8, 4)};
-    CHECK("addmm", 3, in, f_addmm, NULL, 1e-2);
+    GRADCHECK("addmm", 3, in, f_addmm, NULL, 1e-2);
 }
 
 static dt_tensor *f_xent(dt_ctx *c, dt_tensor **in, void *u)
@@ -89,7 +71,7 @@ TEST(cross_entropy_wide)
     int64_t *l = lab->data;
     l[0] = 4000, l[1] = 17, l[2] = 2999;
     dt_tensor *in[1] = {T(9, 3, 4100)};
-    CHECK("cross_entropy wide", 1, in, f_xent, lab, 1e-2);
+    GRADCHECK("cross_entropy wide", 1, in, f_xent, lab, 1e-2);
     dt_tensor_free(lab);
 }
 

@@ -3,23 +3,7 @@
  * Random inputs come from the Philox RNG (gradcheck.h). */
 #include "gradcheck.h"
 
-#define SH(...) ((const int64_t[]){__VA_ARGS__})
-#define NARG(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-#define T(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, true)
 #define TC(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, false)
-
-static void free_all(int n, dt_tensor **t)
-{
-    for (int i = 0; i < n; i++)
-        dt_tensor_free(t[i]);
-}
-
-#define CHECK(name, nin, in, fn, ud, h)                                                 \
-    do {                                                                                \
-        int bad_ = gradcheck(name, nin, in, fn, ud, h, 2e-3, 2e-2);                     \
-        free_all(nin, in);                                                              \
-        ASSERT_EQ_INT(bad_, 0);                                                         \
-    } while (0)
 
 /* ---- elementwise ---- */
 static dt_tensor *f_add(dt_ctx *c, dt_tensor **in, void *u) { (void)u; return dt_add(c, in[0], in[1]); }
@@ -39,22 +23,22 @@ static dt_tensor *f_dropout(dt_ctx *c, dt_tensor **in, void *u)
 TEST(add_broadcast)
 {
     dt_tensor *in[2] = {T(1, 2, 3, 4), T(2, 3, 1)};
-    CHECK("add", 2, in, f_add, NULL, 1e-2);
+    GRADCHECK("add", 2, in, f_add, NULL, 1e-2);
 }
 TEST(add_same_shape_one_const)
 {
     dt_tensor *in[2] = {T(1, 5, 7), TC(2, 5, 7)};
-    CHECK("add_const", 2, in, f_add, NULL, 1e-2);
+    GRADCHECK("add_const", 2, in, f_add, NULL, 1e-2);
 }
 TEST(sub_broadcast)
 {
     dt_tensor *in[2] = {T(3, 4), T(4, 2, 3, 4)};
-    CHECK("sub", 2, in, f_sub, NULL, 1e-2);
+    GRADCHECK("sub", 2, in, f_sub, NULL, 1e-2);
 }
 TEST(mul_broadcast)
 {
     dt_tensor *in[2] = {T(5, 2, 3), T(6, 1, 3)};
-    CHECK("mul", 2, in, f_mul, NULL, 1e-2);
+    GRADCHECK("mul", 2, in, f_mul, NULL, 1e-2);
 }
 TEST(div_broadcast)
 {
@@ -62,33 +46,33 @@ TEST(div_broadcast)
     float *b = in[1]->data;
     for (int i = 0; i < 4; i++)
         b[i] = 1.5f + fabsf(b[i]);
-    CHECK("div", 2, in, f_div, NULL, 1e-2);
+    GRADCHECK("div", 2, in, f_div, NULL, 1e-2);
 }
 TEST(scale)
 {
     dt_tensor *in[1] = {T(9, 3, 5)};
-    CHECK("scale", 1, in, f_scale, NULL, 1e-2);
+    GRADCHECK("scale", 1, in, f_scale, NULL, 1e-2);
 }
 TEST(relu)
 {
     dt_tensor *in[1] = {T(10, 4, 6)};
     gc_away_from_zero(in[0], 0.05f);
-    CHECK("relu", 1, in, f_relu, NULL, 1e-2);
+    GRADCHECK("relu", 1, in, f_relu, NULL, 1e-2);
 }
 TEST(gelu)
 {
     dt_tensor *in[1] = {T(11, 4, 6)};
-    CHECK("gelu", 1, in, f_gelu, NULL, 1e-2);
+    GRADCHECK("gelu", 1, in, f_gelu, NULL, 1e-2);
 }
 TEST(gelu_tanh)
 {
     dt_tensor *in[1] = {T(13, 4, 6)};
-    CHECK("gelu_tanh", 1, in, f_gelu_tanh, NULL, 1e-2);
+    GRADCHECK("gelu_tanh", 1, in, f_gelu_tanh, NULL, 1e-2);
 }
 TEST(dropout)
 {
     dt_tensor *in[1] = {T(12, 8, 8)};
-    CHECK("dropout", 1, in, f_dropout, NULL, 1e-2);
+    GRADCHECK("dropout", 1, in, f_dropout, NULL, 1e-2);
 }
 
 /* ---- matmul / linear ---- */
@@ -103,32 +87,32 @@ static dt_tensor *f_matmul_t(dt_ctx *c, dt_tensor **in, void *u)
 TEST(matmul_2d)
 {
     dt_tensor *in[2] = {T(20, 3, 4), T(21, 4, 5)};
-    CHECK("matmul2d", 2, in, f_matmul, NULL, 1e-2);
+    GRADCHECK("matmul2d", 2, in, f_matmul, NULL, 1e-2);
 }
 TEST(matmul_nd_2d)
 {
     dt_tensor *in[2] = {T(22, 2, 3, 4), T(23, 4, 5)};
-    CHECK("matmul_nd", 2, in, f_matmul, NULL, 1e-2);
+    GRADCHECK("matmul_nd", 2, in, f_matmul, NULL, 1e-2);
 }
 TEST(matmul_batched)
 {
     dt_tensor *in[2] = {T(24, 2, 3, 4), T(25, 2, 4, 5)};
-    CHECK("matmul_batched", 2, in, f_matmul, NULL, 1e-2);
+    GRADCHECK("matmul_batched", 2, in, f_matmul, NULL, 1e-2);
 }
 TEST(matmul_transposed_view)
 {
     dt_tensor *in[2] = {T(26, 3, 4), T(27, 5, 4)};
-    CHECK("matmul_t", 2, in, f_matmul_t, NULL, 1e-2);
+    GRADCHECK("matmul_t", 2, in, f_matmul_t, NULL, 1e-2);
 }
 TEST(linear_bias)
 {
     dt_tensor *in[3] = {T(28, 2, 3, 4), T(29, 5, 4), T(30, 5)};
-    CHECK("linear", 3, in, f_linear, NULL, 1e-2);
+    GRADCHECK("linear", 3, in, f_linear, NULL, 1e-2);
 }
 TEST(linear_nobias)
 {
     dt_tensor *in[3] = {T(31, 3, 4), T(32, 2, 4), NULL};
-    CHECK("linear_nobias", 2, in, f_linear, NULL, 1e-2);
+    GRADCHECK("linear_nobias", 2, in, f_linear, NULL, 1e-2);
 }
 
 /* ---- conv / pool ---- */
@@ -153,33 +137,33 @@ TEST(conv2d_pad1)
 {
     cv_ud u = {1, 1, 0};
     dt_tensor *in[3] = {T(40, 2, 3, 5, 5), T(41, 4, 3, 3, 3), T(42, 4)};
-    CHECK("conv2d", 3, in, f_conv, &u, 1e-2);
+    GRADCHECK("conv2d", 3, in, f_conv, &u, 1e-2);
 }
 TEST(conv2d_stride2_nobias)
 {
     cv_ud u = {2, 0, 0};
     dt_tensor *in[3] = {T(43, 2, 2, 7, 6), T(44, 3, 2, 3, 2), NULL};
-    CHECK("conv2d_s2", 2, in, f_conv, &u, 1e-2);
+    GRADCHECK("conv2d_s2", 2, in, f_conv, &u, 1e-2);
 }
 TEST(max_pool2d)
 {
     cv_ud u = {0, 0, 2};
     dt_tensor *in[1] = {T(45, 2, 3, 6, 6)};
     gc_distinct(in[0], 45, 0.05f);
-    CHECK("max_pool2d", 1, in, f_maxpool, &u, 1e-2);
+    GRADCHECK("max_pool2d", 1, in, f_maxpool, &u, 1e-2);
 }
 TEST(max_pool2d_overlap_pad)
 {
     cv_ud u = {2, 1, 3};
     dt_tensor *in[1] = {T(46, 1, 2, 7, 7)};
     gc_distinct(in[0], 46, 0.05f);
-    CHECK("max_pool2d_pad", 1, in, f_maxpool, &u, 1e-2);
+    GRADCHECK("max_pool2d_pad", 1, in, f_maxpool, &u, 1e-2);
 }
 TEST(avg_pool2d)
 {
     cv_ud u = {2, 1, 3};
     dt_tensor *in[1] = {T(47, 2, 2, 6, 5)};
-    CHECK("avg_pool2d", 1, in, f_avgpool, &u, 1e-2);
+    GRADCHECK("avg_pool2d", 1, in, f_avgpool, &u, 1e-2);
 }
 
 /* ---- norms ---- */
@@ -196,7 +180,7 @@ TEST(batch_norm_train_4d)
     /* momentum 0 keeps the running stats fixed across the checker's calls */
     bn_ud u = {TC(50, 3), TC(51, 3), true};
     dt_tensor *in[3] = {T(52, 4, 3, 2, 2), T(53, 3), T(54, 3)};
-    CHECK("batch_norm_train", 3, in, f_bn, &u, 1e-2);
+    GRADCHECK("batch_norm_train", 3, in, f_bn, &u, 1e-2);
     dt_tensor_free(u.rm);
     dt_tensor_free(u.rv);
 }
@@ -204,7 +188,7 @@ TEST(batch_norm_train_2d_noaffine)
 {
     bn_ud u = {NULL, NULL, true};
     dt_tensor *in[3] = {T(55, 6, 4), NULL, NULL};
-    CHECK("batch_norm_2d", 1, in, f_bn, &u, 1e-2);
+    GRADCHECK("batch_norm_2d", 1, in, f_bn, &u, 1e-2);
 }
 TEST(batch_norm_eval)
 {
@@ -213,14 +197,14 @@ TEST(batch_norm_eval)
     for (int i = 0; i < 3; i++)
         rv[i] = 0.5f + fabsf(rv[i]);
     dt_tensor *in[3] = {T(58, 2, 3, 3, 2), T(59, 3), T(60, 3)};
-    CHECK("batch_norm_eval", 3, in, f_bn, &u, 1e-2);
+    GRADCHECK("batch_norm_eval", 3, in, f_bn, &u, 1e-2);
     dt_tensor_free(u.rm);
     dt_tensor_free(u.rv);
 }
 TEST(layer_norm)
 {
     dt_tensor *in[3] = {T(61, 2, 3, 8), T(62, 8), T(63, 8)};
-    CHECK("layer_norm", 3, in, f_ln, NULL, 1e-2);
+    GRADCHECK("layer_norm", 3, in, f_ln, NULL, 1e-2);
 }
 
 /* ---- embedding, softmax, losses, reductions ---- */
@@ -240,25 +224,25 @@ TEST(embedding_repeated_indices)
     int64_t ids[6] = {1, 3, 1, 0, 4, 1};
     dt_tensor *idx = dt_tensor_wrap(ids, DT_I64, 2, SH(2, 3));
     dt_tensor *in[1] = {T(70, 5, 4)};
-    CHECK("embedding", 1, in, f_embedding, idx, 1e-2);
+    GRADCHECK("embedding", 1, in, f_embedding, idx, 1e-2);
     dt_tensor_free(idx);
 }
 TEST(softmax)
 {
     dt_tensor *in[1] = {T(71, 3, 2, 5)};
-    CHECK("softmax", 1, in, f_softmax, NULL, 1e-2);
+    GRADCHECK("softmax", 1, in, f_softmax, NULL, 1e-2);
 }
 TEST(log_softmax)
 {
     dt_tensor *in[1] = {T(72, 4, 6)};
-    CHECK("log_softmax", 1, in, f_log_softmax, NULL, 1e-2);
+    GRADCHECK("log_softmax", 1, in, f_log_softmax, NULL, 1e-2);
 }
 TEST(cross_entropy_i64)
 {
     int64_t y[5] = {0, 3, 2, 3, 1};
     dt_tensor *lab = dt_tensor_wrap(y, DT_I64, 1, SH(5));
     dt_tensor *in[1] = {T(73, 5, 4)};
-    CHECK("cross_entropy_i64", 1, in, f_ce, lab, 1e-2);
+    GRADCHECK("cross_entropy_i64", 1, in, f_ce, lab, 1e-2);
     dt_tensor_free(lab);
 }
 TEST(cross_entropy_i32)
@@ -266,7 +250,7 @@ TEST(cross_entropy_i32)
     int32_t y[3] = {6, 0, 2};
     dt_tensor *lab = dt_tensor_wrap(y, DT_I32, 1, SH(3));
     dt_tensor *in[1] = {T(74, 3, 7)};
-    CHECK("cross_entropy_i32", 1, in, f_ce, lab, 1e-2);
+    GRADCHECK("cross_entropy_i32", 1, in, f_ce, lab, 1e-2);
     dt_tensor_free(lab);
 }
 TEST(cross_entropy_ignore_index)
@@ -274,20 +258,20 @@ TEST(cross_entropy_ignore_index)
     int64_t y[4] = {2, -100, 0, 1};
     dt_tensor *lab = dt_tensor_wrap(y, DT_I64, 1, SH(4));
     dt_tensor *in[1] = {T(79, 4, 3)};
-    CHECK("cross_entropy_ignore", 1, in, f_ce, lab, 1e-2);
+    GRADCHECK("cross_entropy_ignore", 1, in, f_ce, lab, 1e-2);
     dt_tensor_free(lab);
 }
 TEST(mse_loss)
 {
     dt_tensor *in[2] = {T(75, 3, 4), T(76, 3, 4)};
-    CHECK("mse_loss", 2, in, f_mse, NULL, 1e-2);
+    GRADCHECK("mse_loss", 2, in, f_mse, NULL, 1e-2);
 }
 TEST(sum_mean)
 {
     dt_tensor *a[1] = {T(77, 3, 4)};
-    CHECK("sum", 1, a, f_sum, NULL, 1e-2);
+    GRADCHECK("sum", 1, a, f_sum, NULL, 1e-2);
     dt_tensor *b[1] = {T(78, 2, 5)};
-    CHECK("mean", 1, b, f_mean, NULL, 1e-2);
+    GRADCHECK("mean", 1, b, f_mean, NULL, 1e-2);
 }
 
 /* ---- views ---- */
@@ -304,7 +288,7 @@ static dt_tensor *f_views(dt_ctx *c, dt_tensor **in, void *u)
 TEST(views_chain)
 {
     dt_tensor *in[1] = {T(80, 2, 3, 4)};
-    CHECK("views", 1, in, f_views, NULL, 1e-2);
+    GRADCHECK("views", 1, in, f_views, NULL, 1e-2);
 }
 
 /* ---- a small network end to end ---- */
@@ -325,7 +309,7 @@ TEST(small_convnet)
     dt_tensor *x = TC(90, 2, 1, 6, 6);
     dt_tensor *in[4] = {T(91, 2, 1, 3, 3), T(92, 2), T(93, 3, 18), T(94, 3)};
     int bad = gradcheck("convnet", 4, in, f_net, x, 1e-3, 3e-3, 3e-2);
-    free_all(4, in);
+    gc_free_all(4, in);
     dt_tensor_free(x);
     ASSERT_EQ_INT(bad, 0);
 }

@@ -12,7 +12,6 @@
 
 #include <math.h>
 
-#define SH(...) ((const int64_t[]){__VA_ARGS__})
 
 enum { B = 2, T = 5, C = 8, V = 37 };
 

@@ -18,23 +18,14 @@
 #include <string.h>
 #include <time.h>
 
-static int g_rank, g_w, g_fail;
+#include "rank_check.h" /* g_rank, g_fail, CHECK_RET: a failed check returns from the test */
 
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
-            return;                                                                       \
-        }                                                                                 \
-    } while (0)
+static int g_w;
 
 #define CHECK_OK(expr)                                                                    \
     do {                                                                                  \
         dt_status st_ = (expr);                                                           \
-        CHECK(st_ == DT_OK, "%s: %s", dt_status_name(st_), dt_last_error());              \
+        CHECK_RET(st_ == DT_OK, "%s: %s", dt_status_name(st_), dt_last_error());              \
     } while (0)
 
 static const dt_dtype k_dtypes[] = {DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8};
@@ -110,7 +101,7 @@ static void test_reductions(dt_pg *pg)
                     const char *out = inpl ? s : r;
                     for (size_t i = 0; i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, i);
-                        CHECK(close_enough(dt, dt_dtype_load(dt, out, i), want),
+                        CHECK_RET(close_enough(dt, dt_dtype_load(dt, out, i), want),
                               "allreduce %s %s n=%zu inpl=%d [%zu]: %g != %g", dt_dtype_name(dt),
                               dt_reduce_op_name((dt_reduce_op)op), n, inpl, i, dt_dtype_load(dt, out, i), want);
                     }
@@ -124,7 +115,7 @@ static void test_reductions(dt_pg *pg)
                                           (dt_reduce_op)op, root));
                     for (size_t i = 0; g_rank == root && i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, i);
-                        CHECK(close_enough(dt, dt_dtype_load(dt, out, i), want),
+                        CHECK_RET(close_enough(dt, dt_dtype_load(dt, out, i), want),
                               "reduce %s %s n=%zu root=%d [%zu]: %g != %g", dt_dtype_name(dt),
                               dt_reduce_op_name((dt_reduce_op)op), n, root, i, dt_dtype_load(dt, out, i),
                               want);
@@ -141,7 +132,7 @@ static void test_reductions(dt_pg *pg)
                     CHECK_OK(dt_pg_reduce_scatter(pg, s, rs_out, n, dt, (dt_reduce_op)op));
                     for (size_t i = 0; i < n; i++) {
                         double want = expect_reduce(dt, (dt_reduce_op)op, (size_t)g_rank * n + i);
-                        CHECK(close_enough(dt, dt_dtype_load(dt, rs_out, i), want),
+                        CHECK_RET(close_enough(dt, dt_dtype_load(dt, rs_out, i), want),
                               "reduce_scatter %s %s n=%zu inpl=%d [%zu]: %g != %g",
                               dt_dtype_name(dt), dt_reduce_op_name((dt_reduce_op)op), n, inpl, i,
                               dt_dtype_load(dt, rs_out, i), want);
@@ -173,7 +164,7 @@ static void test_movement(dt_pg *pg)
                     dt_dtype_store(dt, b, i, g_rank == root ? value(root, i, DT_REDUCE_SUM) : 0);
                 CHECK_OK(dt_pg_broadcast(pg, b, n, dt, root));
                 for (size_t i = 0; i < n; i++)
-                    CHECK(dt_dtype_load(dt, b, i) == value(root, i, DT_REDUCE_SUM), "broadcast n=%zu [%zu]",
+                    CHECK_RET(dt_dtype_load(dt, b, i) == value(root, i, DT_REDUCE_SUM), "broadcast n=%zu [%zu]",
                           n, i);
                 free(b);
                 /* allgather */
@@ -184,7 +175,7 @@ static void test_movement(dt_pg *pg)
                 }
                 CHECK_OK(dt_pg_allgather(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
                 for (size_t i = 0; i < W * n; i++)
-                    CHECK(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                    CHECK_RET(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
                           "allgather %s n=%zu inpl=%d [%zu]", dt_dtype_name(dt), n, inpl, i);
                 /* gather at root */
                 memset(r, 0, W * n * es);
@@ -194,7 +185,7 @@ static void test_movement(dt_pg *pg)
                 CHECK_OK(dt_pg_gather(pg, inpl && g_rank == root ? DT_IN_PLACE : s,
                                       g_rank == root ? r : NULL, n, dt, root));
                 for (size_t i = 0; g_rank == root && i < W * n; i++)
-                    CHECK(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
+                    CHECK_RET(dt_dtype_load(dt, r, i) == value((int)(i / n), i % n, DT_REDUCE_SUM),
                           "gather n=%zu inpl=%d [%zu]", n, inpl, i);
                 /* scatter from root: block j of root's buffer goes to rank j */
                 for (size_t i = 0; i < W * n; i++)
@@ -202,7 +193,7 @@ static void test_movement(dt_pg *pg)
                 memset(s, 0, n * es);
                 CHECK_OK(dt_pg_scatter(pg, g_rank == root ? r : NULL, s, n, dt, root));
                 for (size_t i = 0; i < n; i++)
-                    CHECK(dt_dtype_load(dt, s, i) == value(root, me * n + i, DT_REDUCE_SUM),
+                    CHECK_RET(dt_dtype_load(dt, s, i) == value(root, me * n + i, DT_REDUCE_SUM),
                           "scatter n=%zu [%zu]", n, i);
                 free(s);
                 free(r);
@@ -215,7 +206,7 @@ static void test_movement(dt_pg *pg)
                 CHECK_OK(dt_pg_alltoall(pg, inpl ? DT_IN_PLACE : s, r, n, dt));
                 for (size_t j = 0; j < W; j++)
                     for (size_t i = 0; i < n; i++)
-                        CHECK(dt_dtype_load(dt, r, j * n + i) == (double)((j * 3 + me + i) % 11),
+                        CHECK_RET(dt_dtype_load(dt, r, j * n + i) == (double)((j * 3 + me + i) % 11),
                               "alltoall n=%zu inpl=%d block %zu [%zu]", n, inpl, j, i);
                 free(s);
                 free(r);
@@ -235,7 +226,7 @@ static void test_movement(dt_pg *pg)
                 off = 0;
                 for (size_t q = 0; q < W; q++) {
                     for (size_t i = 0; i < counts[q]; i++)
-                        CHECK(dt_dtype_load(dt, r, off + i) == value((int)q, i, DT_REDUCE_SUM),
+                        CHECK_RET(dt_dtype_load(dt, r, off + i) == value((int)q, i, DT_REDUCE_SUM),
                               "allgatherv n=%zu inpl=%d rank %zu [%zu]", n, inpl, q, i);
                     off += counts[q];
                 }
@@ -268,7 +259,7 @@ static void test_blocks(dt_pg *pg)
                 dt_dtype_store(dt, s, i++, (double)((a * n * B + st * B + x) % 97));
         CHECK_OK(dt_pg_allgather_blocks(pg, s, r, rb, dt));
         for (size_t g = 0; g < A * n * B; g++)
-            CHECK(dt_dtype_load(dt, r, g) == (double)(g % 97), "allgather_blocks %s [%zu]",
+            CHECK_RET(dt_dtype_load(dt, r, g) == (double)(g % 97), "allgather_blocks %s [%zu]",
                   dt_dtype_name(dt), g);
         free(s);
         free(r);
@@ -284,7 +275,7 @@ static void test_blocks(dt_pg *pg)
         CHECK_OK(dt_pg_alltoall_blocks(pg, s, sb, r, sb, cnt, dt));
         for (size_t q = 0; q < W; q++)
             for (size_t i = 0; i < cnt; i++)
-                CHECK(dt_dtype_load(dt, r, sb[q].off + i / sb[q].run * sb[q].stride +
+                CHECK_RET(dt_dtype_load(dt, r, sb[q].off + i / sb[q].run * sb[q].stride +
                                                i % sb[q].run) == (double)((q * 7 + me * 3 + i) % 11),
                       "alltoall_blocks %s block %zu [%zu]", dt_dtype_name(dt), q, i);
         CHECK_OK(dt_pg_reduce_scatter_blocks(pg, s, sb, r, cnt, dt, DT_REDUCE_MAX));
@@ -294,7 +285,7 @@ static void test_blocks(dt_pg *pg)
                 double v = (double)((q * 7 + me * 3 + i) % 11);
                 want = v > want ? v : want;
             }
-            CHECK(dt_dtype_load(dt, r, i) == want, "reduce_scatter_blocks %s [%zu]",
+            CHECK_RET(dt_dtype_load(dt, r, i) == want, "reduce_scatter_blocks %s [%zu]",
                   dt_dtype_name(dt), i);
         }
         free(s);
@@ -327,27 +318,27 @@ static void test_p2p_and_subgroup(dt_pg *pg)
         dt_req_free(rs);
         dt_req_free(rr);
         for (int i = 0; i < 5; i++)
-            CHECK(in[i] == from * 100 + i, "recv [%d] = %d", i, in[i]);
+            CHECK_RET(in[i] == from * 100 + i, "recv [%d] = %d", i, in[i]);
     }
     int ranks[8], n = 0;
     for (int r = 0; r < g_w; r += 2)
         ranks[n++] = r;
     dt_pg *sub = NULL;
     dt_status st = dt_pg_subgroup(pg, ranks, n, &sub);
-    CHECK(st == DT_OK, "subgroup: %s", dt_last_error());
+    CHECK_RET(st == DT_OK, "subgroup: %s", dt_last_error());
     if (g_rank % 2 == 0) {
-        CHECK(sub != NULL, "member without a subgroup");
-        CHECK(dt_pg_size(sub) == n && dt_pg_rank(sub) == g_rank / 2, "sub rank %d size %d",
+        CHECK_RET(sub != NULL, "member without a subgroup");
+        CHECK_RET(dt_pg_size(sub) == n && dt_pg_rank(sub) == g_rank / 2, "sub rank %d size %d",
               dt_pg_rank(sub), dt_pg_size(sub));
         int64_t v = g_rank;
         CHECK_OK(dt_pg_allreduce(sub, DT_IN_PLACE, &v, 1, DT_I64, DT_REDUCE_SUM));
         int64_t want = 0;
         for (int i = 0; i < n; i++)
             want += ranks[i];
-        CHECK(v == want, "subgroup sum %lld != %lld", (long long)v, (long long)want);
+        CHECK_RET(v == want, "subgroup sum %lld != %lld", (long long)v, (long long)want);
         dt_pg_free(sub);
     } else {
-        CHECK(sub == NULL, "non-member got a subgroup");
+        CHECK_RET(sub == NULL, "non-member got a subgroup");
     }
     CHECK_OK(dt_pg_barrier(pg));
 }
@@ -376,9 +367,9 @@ static void test_batch_split_dup_v(dt_pg *pg)
         dt_req_free(rq[0]);
         dt_req_free(rq[1]);
         for (size_t i = 0; i < n; i += 4097)
-            CHECK(r[i] == prev * 7 + (int32_t)i, "ring [%zu] = %d", i, r[i]);
+            CHECK_RET(r[i] == prev * 7 + (int32_t)i, "ring [%zu] = %d", i, r[i]);
         CHECK_OK(dt_pg_sendrecv(pg, s, n, prev, r, n, next, DT_I32));
-        CHECK(r[n - 1] == next * 7 + (int32_t)(n - 1), "sendrecv last = %d", r[n - 1]);
+        CHECK_RET(r[n - 1] == next * 7 + (int32_t)(n - 1), "sendrecv last = %d", r[n - 1]);
         free(s);
         free(r);
     }
@@ -386,16 +377,16 @@ static void test_batch_split_dup_v(dt_pg *pg)
     CHECK_OK(dt_pg_split(pg, me % 2, -me, &half));
     if (half) {
         int hs = (W - me % 2 + 1) / 2; /* ranks of my parity */
-        CHECK(dt_pg_size(half) == hs, "split size %d want %d", dt_pg_size(half), hs);
-        CHECK(dt_pg_rank(half) == hs - 1 - me / 2, "split rank %d", dt_pg_rank(half));
+        CHECK_RET(dt_pg_size(half) == hs, "split size %d want %d", dt_pg_size(half), hs);
+        CHECK_RET(dt_pg_rank(half) == hs - 1 - me / 2, "split rank %d", dt_pg_rank(half));
         int64_t v = me, sum = 0, want = 0;
         for (int k = me % 2; k < W; k += 2)
             want += k;
         CHECK_OK(dt_pg_allreduce(half, &v, &sum, 1, DT_I64, DT_REDUCE_SUM));
-        CHECK(sum == want, "split sum %lld want %lld", (long long)sum, (long long)want);
+        CHECK_RET(sum == want, "split sum %lld want %lld", (long long)sum, (long long)want);
         dt_pg_free(half);
     } else {
-        CHECK(0, "no split group");
+        CHECK_RET(0, "no split group");
     }
     dt_pg *dup = NULL;
     CHECK_OK(dt_pg_dup(pg, &dup));
@@ -408,16 +399,16 @@ static void test_batch_split_dup_v(dt_pg *pg)
         CHECK_OK(dt_req_wait(ag, 60));
         dt_req_free(ag);
         for (int k = 0; k < W; k++)
-            CHECK(bg[k] == (float)k, "dup allgather [%d]", k);
+            CHECK_RET(bg[k] == (float)k, "dup allgather [%d]", k);
         if (me != 0)
-            CHECK(dt_req_test(ar) == DT_INPROGRESS, "parent allreduce finished without rank 0");
+            CHECK_RET(dt_req_test(ar) == DT_INPROGRESS, "parent allreduce finished without rank 0");
         /* Tell rank 0 (through the dup) that everyone has looked. */
         CHECK_OK(dt_pg_barrier(dup));
         if (me == 0)
             CHECK_OK(dt_pg_allreduce_async(pg, &a, &asum, 1, DT_F32, DT_REDUCE_SUM, &ar));
         CHECK_OK(dt_req_wait(ar, -1));
         dt_req_free(ar);
-        CHECK(asum == (float)W, "parent allreduce %g", asum);
+        CHECK_RET(asum == (float)W, "parent allreduce %g", asum);
     }
     dt_pg_free(dup);
     size_t counts[8], total = 0;
@@ -436,7 +427,7 @@ static void test_batch_split_dup_v(dt_pg *pg)
             double want = 0;
             for (int q = 0; q < W; q++)
                 want += (double)((q + (int)(off + i)) % 3 + 1);
-            CHECK(dt_dtype_load(dt, r, i) == want, "reduce_scatterv %s [%zu] = %g want %g",
+            CHECK_RET(dt_dtype_load(dt, r, i) == want, "reduce_scatterv %s [%zu] = %g want %g",
                   dt_dtype_name(dt), i, dt_dtype_load(dt, r, i), want);
         }
         free(s);
@@ -464,7 +455,7 @@ static void test_alltoallv(dt_pg *pg)
         k = 0;
         for (int j = 0; j < W; j++)
             for (size_t i = 0; i < rc[j]; i++, k++)
-                CHECK(dt_dtype_load(dt, r, k) == (double)((j * 5 + me * 3 + (int)i) % 9),
+                CHECK_RET(dt_dtype_load(dt, r, k) == (double)((j * 5 + me * 3 + (int)i) % 9),
                       "alltoallv %s from %d [%zu]", dt_dtype_name(dt), j, i);
         free(s);
         free(r);
@@ -481,8 +472,8 @@ static void test_mismatch(void)
     CHECK_OK(dt_pg_init(&p, &pg));
     float x[8] = {0};
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, g_rank == 0 ? 5 : 6, DT_F32, DT_REDUCE_SUM);
-    CHECK(st == DT_ERR_MISMATCH, "got %s: %s", dt_status_name(st), dt_last_error());
-    CHECK(strstr(dt_last_error(), "count=5") && strstr(dt_last_error(), "count=6"),
+    CHECK_RET(st == DT_ERR_MISMATCH, "got %s: %s", dt_status_name(st), dt_last_error());
+    CHECK_RET(strstr(dt_last_error(), "count=5") && strstr(dt_last_error(), "count=6"),
           "message names both sides: %s", dt_last_error());
     dt_pg_free(pg);
 }
@@ -510,12 +501,12 @@ static void test_timeout(dt_pg *world)
         CHECK_OK(dt_pg_barrier(world));
     dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, x, 4, DT_F32, DT_REDUCE_SUM);
     if (g_rank == 0) {
-        CHECK(st == DT_OK || (st == DT_ERR_TIMEOUT && strstr(dt_last_error(), "allreduce") &&
+        CHECK_RET(st == DT_OK || (st == DT_ERR_TIMEOUT && strstr(dt_last_error(), "allreduce") &&
                               strstr(dt_last_error(), "timed out after 0.3 s on rank ")),
               "late rank: %s: %s", dt_status_name(st), dt_last_error());
     } else {
-        CHECK(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
-        CHECK(strstr(dt_last_error(), "allreduce"), "message names the operation: %s",
+        CHECK_RET(st == DT_ERR_TIMEOUT, "got %s: %s", dt_status_name(st), dt_last_error());
+        CHECK_RET(strstr(dt_last_error(), "allreduce"), "message names the operation: %s",
               dt_last_error());
         CHECK_OK(dt_pg_barrier(world));
     }
@@ -578,7 +569,7 @@ static void test_half_exact(dt_pg *pg)
                     CHECK_OK(dt_pg_allreduce(pg, inpl ? DT_IN_PLACE : s, inpl ? s : r, n, dt, op));
                     const uint16_t *out = inpl ? s : r;
                     for (size_t i = 0; i < n; i++)
-                        CHECK(out[i] == half_expect(dt, op, i), "allreduce %s %s n=%zu inpl=%d [%zu]: 0x%04x, "
+                        CHECK_RET(out[i] == half_expect(dt, op, i), "allreduce %s %s n=%zu inpl=%d [%zu]: 0x%04x, "
                               "want 0x%04x", dt_dtype_name(dt), dt_reduce_op_name(op), n, inpl, i, out[i],
                               half_expect(dt, op, i));
                 }
@@ -588,13 +579,13 @@ static void test_half_exact(dt_pg *pg)
                 memset(r, 0, n * 2);
                 CHECK_OK(dt_pg_reduce(pg, s, r, n, dt, op, g_w - 1));
                 for (size_t i = 0; g_rank == g_w - 1 && i < n; i++)
-                    CHECK(r[i] == half_expect(dt, op, i), "reduce %s n=%zu [%zu]", dt_dtype_name(dt), n, i);
+                    CHECK_RET(r[i] == half_expect(dt, op, i), "reduce %s n=%zu [%zu]", dt_dtype_name(dt), n, i);
                 /* reduce-scatter: n per rank, the input is W blocks */
                 for (size_t i = 0; i < n * (size_t)g_w; i++)
                     s[i] = half_value(dt, g_rank, i);
                 CHECK_OK(dt_pg_reduce_scatter(pg, s, r, n, dt, op));
                 for (size_t i = 0; i < n; i++)
-                    CHECK(r[i] == half_expect(dt, op, (size_t)g_rank * n + i), "reduce_scatter %s n=%zu [%zu]",
+                    CHECK_RET(r[i] == half_expect(dt, op, (size_t)g_rank * n + i), "reduce_scatter %s n=%zu [%zu]",
                           dt_dtype_name(dt), n, i);
                 free(s);
                 free(r);

@@ -1,5 +1,5 @@
 /* Failing a group on purpose reaches its other ranks at once (issue 17,
- * "never a hang"): one rank fails a group (dt__pg_fail, as the pipeline
+ * "never a hang"): one rank fails a group (dt_pg_fail, as the pipeline
  * does when a rank breaks off its schedule) while the others wait on it,
  * and their waits end within seconds with that rank's status and exactly
  * its message, not at the group's timeout (DT_COMM_TIMEOUT=30 in the
@@ -24,7 +24,6 @@
  * DT_MPI_BLOCKING=1, and with "serialized": the program initialises MPI at
  * MPI_THREAD_SERIALIZED and finalises it) and under `dtrain run -n 3`
  * (shm): the expected messages are the same strings on both backends. */
-#include "comm/pg.h"
 #include "dtrain/comm.h"
 
 #include <mpi.h>
@@ -70,7 +69,7 @@ static void test_collective(dt_pg *world, int blocking)
               dt_last_error());
         if (!blocking)
             nap_s(0.3); /* the others are in their all-reduce */
-        dt_status st = dt__pg_fail(pg, DT_ERR_INVALID_ARG, msg);
+        dt_status st = dt_pg_fail(pg, DT_ERR_INVALID_ARG, msg);
         CHECK(st == DT_ERR_INVALID_ARG && dt_pg_status(pg) == DT_ERR_INVALID_ARG, "failing rank: %s",
               dt_status_name(dt_pg_status(pg)));
         if (blocking)
@@ -115,7 +114,7 @@ static void test_p2p(dt_pg *world)
         CHECK(dt_pg_recv_async(pg, buf, 4, DT_F32, 1, &r) == DT_OK, "%s", dt_last_error());
         nap_s(0.3); /* the others are in their receive and send */
         double t0 = dt_time_s();
-        dt__pg_fail(pg, DT_ERR_PEER_FAILED, msg);
+        dt_pg_fail(pg, DT_ERR_PEER_FAILED, msg);
         check_failure("own receive", dt_req_wait(r, -1), dt_time_s() - t0, DT_ERR_PEER_FAILED, msg);
         dt_req_free(r);
     } else {

@@ -11,10 +11,9 @@
  * 3 ranks under mpirun; the race is made certain by the backend's test hook
  * (DT_FAULT_MPI_LATE_RANK=2, DT_FAULT_MPI_LATE_SEQ=1 in the registration):
  * rank 2 looks at its all-reduce #1 only once the group is down. Rank 1
- * completes that all-reduce and fails the group (dt__pg_fail); rank 2's
+ * completes that all-reduce and fails the group (dt_pg_fail); rank 2's
  * all-reduce must succeed with the right sum, and its next one fail with
  * rank 1's message. */
-#include "comm/pg.h"
 #include "dtrain/comm.h"
 
 #include <stdio.h>
@@ -44,7 +43,7 @@ int main(void)
     CHECK(st == DT_OK, "all-reduce #1 failed here though rank 1 completed it: %s", dt_last_error());
     CHECK(st < 0 || x[0] == W * (W + 1) / 2, "all-reduce #1: sum %g", x[0]);
     if (g_rank == 1)
-        dt__pg_fail(w, DT_ERR_PEER_FAILED, msg);
+        dt_pg_fail(w, DT_ERR_PEER_FAILED, msg);
     st = dt_pg_allreduce(w, DT_IN_PLACE, x, 64, DT_F64, DT_REDUCE_SUM);
     CHECK(st == DT_ERR_PEER_FAILED && strstr(dt_last_error(), msg), "all-reduce #2: %s: %s", dt_status_name(st),
           dt_last_error());

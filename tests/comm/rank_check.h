@@ -11,13 +11,29 @@
 
 static int g_rank, g_fail;
 
+/* Print the failed condition `text` with the rank, the place and the
+ * message, and count it. */
+#define RANK_CHECK_FAILED_(text, ...)                                                     \
+    do {                                                                                  \
+        fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, text);       \
+        fprintf(stderr, __VA_ARGS__);                                                     \
+        fprintf(stderr, "\n");                                                            \
+        g_fail++;                                                                         \
+    } while (0)
+
 #define CHECK(cond, ...)                                                                  \
     do {                                                                                  \
+        if (!(cond))                                                                      \
+            RANK_CHECK_FAILED_(#cond, __VA_ARGS__);                                       \
+    } while (0)
+
+/* The same, then returns from the calling (void) function: for checks
+ * after which the function's later steps would read what failed. */
+#define CHECK_RET(cond, ...)                                                              \
+    do {                                                                                  \
         if (!(cond)) {                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
+            RANK_CHECK_FAILED_(#cond, __VA_ARGS__);                                       \
+            return;                                                                       \
         }                                                                                 \
     } while (0)
 

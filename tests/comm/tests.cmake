@@ -26,7 +26,7 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
     set_tests_properties(comm/mpi_coll_blocking_np${np} PROPERTIES TIMEOUT 240 LABELS "comm;mpi"
       ENVIRONMENT "DT_EXPECT_BACKEND=mpi;DT_MPI_BLOCKING=1;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
   endforeach()
-  # Failing a group on purpose (dt__pg_fail, what the pipeline does when a
+  # Failing a group on purpose (dt_pg_fail, what the pipeline does when a
   # rank breaks off its schedule) reaches the other ranks at once, with the
   # failing rank's status and message (tests/comm/mpi_fail.c): over MPI
   # (nonblocking, DT_MPI_BLOCKING=1, and MPI initialised by the program at

@@ -8,8 +8,8 @@
 // dt-test-labels: threads
 #include "dtrain/dtrain.h"
 #include "test.h"
+#include "tmp_util.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -39,21 +39,6 @@ static dt_offload_params nvme_params(dt_offload_io io)
     p.nvme_path = g_root;
     p.io = io;
     return p;
-}
-
-/* Entries in the test root (the store's run directories). */
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 /* Open a store on engine io; false (and a note) when the engine is not
@@ -174,7 +159,7 @@ TEST(store_round_trip_every_engine)
         dt_nvme_store_close(s);
         /* the run directory and its files are gone */
         ASSERT(lstat(dir, &sb) < 0 && errno == ENOENT);
-        ASSERT_EQ_INT(count_entries(g_root), 0);
+        ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
     }
 }
 
@@ -339,7 +324,7 @@ TEST(pipelined_equals_synchronous_every_engine)
             if (compare_with_memory(DT_OPTIM_ADAMW, engines[e], 500, nbufs[b], 3))
                 TEST_FAIL_("adamw, engine %s, %d buffers", dt_offload_io_name(engines[e]), nbufs[b]);
     }
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 TEST(driver_memory_and_errors)
@@ -375,7 +360,7 @@ TEST(driver_memory_and_errors)
     ASSERT_STATUS(dt_offload_optim_init(&p, o, f.r, 2, &d), DT_ERR_INVALID_ARG);
     dt_optim_free(o);
     fixture_free(&f);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 TEST(bad_paths_are_clear_errors)
@@ -407,7 +392,7 @@ TEST(bad_paths_are_clear_errors)
     p = nvme_params(DT_OFFLOAD_IO_AUTO);
     p.device = DT_OFFLOAD_CPU;
     ASSERT_STATUS(dt_nvme_store_open(&p, &s), DT_ERR_INVALID_ARG);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 /* In a child (the limit must not outlive it): under RLIMIT_FSIZE of 1 MiB,
@@ -472,7 +457,7 @@ TEST(file_size_limit_is_a_clear_error)
             TEST_FAIL_("engine %s: child status %d (exit %d, signal %d)", dt_offload_io_name(engines[e]), status,
                        WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     }
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 TEST(truncated_file_is_a_clear_error)

@@ -12,6 +12,7 @@
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
 #include "test.h"
+#include "tmp_util.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -36,20 +37,6 @@ static dt_model *deep_model(bool meta)
     bp.meta = meta;
     dt_model *m = NULL;
     return dt_model_build(net, 21, &bp, &m) < 0 ? NULL : m;
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 typedef struct run_cfg {
@@ -301,7 +288,7 @@ TEST(offloaded_equals_in_memory)
     ASSERT(stat(victim, &sb) == 0 && sb.st_size == 4);
     unlink(link);
     unlink(victim);
-    ASSERT_EQ_INT(count_entries(g_root), 0); /* every run directory removed */
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0); /* every run directory removed */
 }
 
 TEST(io_failures_fail_every_rank)
@@ -310,7 +297,7 @@ TEST(io_failures_fail_every_rank)
     ASSERT_EQ_INT(th_run(2, 60.0, body_bad_path, NULL, codes), 0);
     ASSERT_EQ_INT(th_run(2, 60.0, body_fsize, NULL, codes), 0);
     ASSERT_EQ_INT(th_run(2, 60.0, body_truncated, NULL, codes), 0);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 TEST(refused_by_name)
@@ -356,7 +343,7 @@ TEST(refused_by_name)
     ASSERT_STR_CONTAINS(dt_last_error(), "bf16");
     dt_model_free(m);
     dt_pg_free(pg);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 int main(void)

@@ -5,6 +5,7 @@
  * in-place forms, verification) as much as the collectives. */
 // dt-test-timeout: 180
 #include "dtrain/base.h"
+#include "cli_util.h"
 #include "test.h"
 
 #include <math.h>
@@ -13,11 +14,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static const char *cli(void)
-{
-    const char *p = getenv("DT_CLI");
-    return p && *p ? p : DT_BINARY_DIR "/dtrain";
-}
 
 static char out[1 << 18];
 
@@ -27,23 +23,11 @@ static int run_bench(int n, const char *op, const char *dtype, const char *extra
     snprintf(cmd, sizeof cmd,
              "timeout -s KILL 90 %s run -n %d -- %s bench coll --op %s --dtype %s --min 8 "
              "--max 4K --iters 2 --json %s 2>&1",
-             cli(), n, cli(), op, dtype, extra);
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t k = fread(out, 1, sizeof out - 1, f);
-    out[k] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+             t_cli(), n, t_cli(), op, dtype, extra);
+    return t_run_capture(cmd, out, sizeof out);
 }
 
-static int count(const char *needle)
-{
-    int c = 0;
-    for (const char *p = out; (p = strstr(p, needle)) != NULL; p++)
-        c++;
-    return c;
-}
+static int count(const char *needle) { return t_count(out, needle); }
 
 TEST(every_op_is_correct_two_ranks)
 {
@@ -136,22 +120,12 @@ TEST(table_output_and_bad_options)
     ASSERT_EQ_INT(rc, 0);
     ASSERT_EQ_INT(count("\"correct\":true"), 40);
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s bench coll --op frobnicate 2>&1", cli());
-    FILE *f = popen(cmd, "r");
-    ASSERT(f);
-    size_t k = fread(out, 1, sizeof out - 1, f);
-    out[k] = '\0';
-    int st = pclose(f);
-    ASSERT_EQ_INT(WEXITSTATUS(st), 2);
+    snprintf(cmd, sizeof cmd, "%s bench coll --op frobnicate 2>&1", t_cli());
+    ASSERT_EQ_INT(t_run_capture(cmd, out, sizeof out), 2);
     ASSERT_STR_CONTAINS(out, "unknown --op 'frobnicate'");
     /* One rank, no launcher: the self backend, table format. */
-    snprintf(cmd, sizeof cmd, "%s bench coll --op allreduce --max 64 --iters 2 2>&1", cli());
-    f = popen(cmd, "r");
-    ASSERT(f);
-    k = fread(out, 1, sizeof out - 1, f);
-    out[k] = '\0';
-    st = pclose(f);
-    ASSERT_EQ_INT(WEXITSTATUS(st), 0);
+    snprintf(cmd, sizeof cmd, "%s bench coll --op allreduce --max 64 --iters 2 2>&1", t_cli());
+    ASSERT_EQ_INT(t_run_capture(cmd, out, sizeof out), 0);
     ASSERT_STR_CONTAINS(out, "1 ranks, backend self");
     /* nccl-tests' table: 8..64 = 4 sizes x 2 memories */
     ASSERT_EQ_INT(parse_nccl_table(out, "float", "sum", -1, 4), 8);
@@ -167,15 +141,11 @@ TEST(hierarchical_table)
     snprintf(cmd, sizeof cmd,
              "timeout -s KILL 90 %s run -n 4 -- %s bench coll --op allreduce --algo hier --min 8 --max 64K "
              "--iters 2 --mem plain 2>&1",
-             cli(), cli());
-    FILE *f = popen(cmd, "r");
-    ASSERT(f);
-    size_t k = fread(out, 1, sizeof out - 1, f);
-    out[k] = '\0';
-    int st = pclose(f);
-    if (WEXITSTATUS(st))
+             t_cli(), t_cli());
+    int st = t_run_capture(cmd, out, sizeof out);
+    if (st)
         fprintf(stderr, "%s\n", out);
-    ASSERT_EQ_INT(WEXITSTATUS(st), 0);
+    ASSERT_EQ_INT(st, 0);
     ASSERT_STR_CONTAINS(out, "4 ranks, backend shm, algorithm hierarchical (2 nodes, simulated)");
     ASSERT_EQ_INT(parse_nccl_table(out, "float", "sum", -1, 4), 14); /* 8 B .. 64 KiB */
     int rc = run_bench(4, "reduce_scatter", "f32", "--algo hier --mem plain");

@@ -5,6 +5,7 @@
  * the exact sum of count x 2 M N K, and the out-of-range options refused
  * with a message naming them. */
 #include "dtrain/base.h"
+#include "cli_util.h"
 #include "test.h"
 
 #include <math.h>
@@ -13,34 +14,17 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static const char *cli(void)
-{
-    const char *p = getenv("DT_CLI");
-    return p && *p ? p : DT_BINARY_DIR "/dtrain";
-}
 
 static char out[1 << 16];
 
 static int run(const char *args)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "timeout -s KILL 60 %s bench matmul %s 2>&1", cli(), args);
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t k = fread(out, 1, sizeof out - 1, f);
-    out[k] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(cmd, sizeof cmd, "timeout -s KILL 60 %s bench matmul %s 2>&1", t_cli(), args);
+    return t_run_capture(cmd, out, sizeof out);
 }
 
-static int count(const char *needle)
-{
-    int c = 0;
-    for (const char *p = out; (p = strstr(p, needle)) != NULL; p++)
-        c++;
-    return c;
-}
+static int count(const char *needle) { return t_count(out, needle); }
 
 /* The number after "key": in the first line of out containing tag, or NAN. */
 static double field(const char *tag, const char *key)

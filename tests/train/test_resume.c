@@ -13,7 +13,6 @@
 #include "dtrain/data.h"
 #include "dtrain/train.h"
 
-#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,19 +20,6 @@
 #include <unistd.h>
 
 static const char *tmpdir(void) { return t_tmpdir("resume"); }
-
-/* Entries of dir not starting with "." */
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
 
 #define N_ITEMS 90
 #define BATCH 8 /* 12 batches per epoch, the last of 2 */
@@ -336,7 +322,7 @@ TEST(files_keep_and_bad_checkpoints)
     ASSERT_OK(dt_trainer_fit(a.tr, a.ld, dt_dataset_get_info(a.ds), 1, save_at, &cb, NULL));
     ASSERT_OK(dt_trainer_save_wait(a.tr));
     /* 12 steps, saves at 4, 8, 12: the newest two are kept */
-    ASSERT_EQ_INT(count_entries(dir), 2);
+    ASSERT_EQ_INT(t_count_entries(dir, true), 2);
     snprintf(p, sizeof p, "%s/step-00000008/index.json", dir);
     ASSERT(access(p, F_OK) == 0);
     snprintf(p, sizeof p, "%s/step-00000004", dir);
@@ -348,7 +334,7 @@ TEST(files_keep_and_bad_checkpoints)
     cb2.sp.keep = 2;
     ASSERT_OK(dt_trainer_epoch(a.tr, a.ld, dt_dataset_get_info(a.ds), 1, save_at, &cb2, NULL));
     ASSERT(access(p, F_OK) != 0);
-    ASSERT_EQ_INT(count_entries(dir), 2); /* 12 and 13 */
+    ASSERT_EQ_INT(t_count_entries(dir, true), 2); /* 12 and 13 */
     /* a half-written checkpoint (no index.json) is not a checkpoint */
     snprintf(p, sizeof p, "%s/step-00000099", dir);
     ASSERT(mkdir(p, 0755) == 0);

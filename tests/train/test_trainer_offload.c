@@ -8,8 +8,8 @@
 // dt-test-timeout: 120
 #include "parallel/ddp_util.h"
 #include "test.h"
+#include "tmp_util.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 static char g_root[256];
@@ -30,20 +30,6 @@ static dt_trainer_params params(dt_optim_kind kind, dt_offload_device dev)
     tp.offload.sub_group_size = 50; /* the MLP's 212 elements in 5 sub-groups */
     tp.offload.buffer_count = 3;
     return tp;
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 /* Train a fresh MLP (seed 5) for `steps` steps with strategy s on samples
@@ -103,7 +89,7 @@ TEST(nvme_equals_in_memory_alone)
         if (memcmp(a, c, n * sizeof(float)))
             TEST_FAIL_("%s: cpu offload differs from in memory", dt_optim_kind_name(kinds[k]));
     }
-    ASSERT_EQ_INT(count_entries(g_root), 0); /* files removed with the trainer */
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0); /* files removed with the trainer */
 }
 
 TEST(lamb_with_nvme_is_refused)
@@ -162,7 +148,7 @@ static int body_ddp(int rank, int W, void *arg)
 TEST(nvme_equals_in_memory_under_ddp)
 {
     ASSERT_EQ_INT(th_run(2, 60.0, body_ddp, NULL, NULL), 0);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 /* ZeRO stage 1/2/3: the same strategy with and without offload, after 3
@@ -244,7 +230,7 @@ TEST(nvme_equals_in_memory_under_zero)
 {
     for (int W = 2; W <= 3; W++)
         ASSERT_EQ_INT(th_run(W, 90.0, body_zero, NULL, NULL), 0);
-    ASSERT_EQ_INT(count_entries(g_root), 0);
+    ASSERT_EQ_INT(t_count_entries(g_root, false), 0);
 }
 
 int main(void)

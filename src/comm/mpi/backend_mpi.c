@@ -35,7 +35,7 @@
  * This costs one small allreduce per collective.
  *
  * Failures: when the group layer marks a group failed on this rank (an
- * operation failed here, or dt__pg_fail: the pipeline breaking off its
+ * operation failed here, or dt_pg_fail: the pipeline breaking off its
  * schedule), abort sends each other rank of the group a notice (status and
  * message; see "failure notices" below); their waiting loops (collectives
  * and send/recv) poll for notices beside their own request, so their

@@ -627,4 +627,6 @@ const dt_backend_ops dt__backend_shm = {
     .p2p_wake = dt__shm_p2p_wake,
     .flight_board = shm_flight_board,
     .flight_gather = shm_flight_gather,
+    .job_cleanup = dt__shm_job_cleanup,
+    .orphan_cleanup = dt__shm_orphan_cleanup,
 };

@@ -210,6 +210,11 @@ uint64_t dt__shm_heap_offset(shm_ctx *s, const void *p, size_t bytes);
 /* ---- segment (shm_segment.c) ---- */
 /* Deterministic segment name for a job id ("/dtrain-<hash>"). */
 void dt__shm_segment_name(const char *job_id, char *buf, size_t n);
+/* The backend's job_cleanup and orphan_cleanup slots (dt_backend_ops):
+ * unlink job_id's segment; unlink the segments whose creator and its
+ * parent are both dead (dt_pg_job_cleanup, dt_pg_orphan_cleanup). */
+dt_status dt__shm_job_cleanup(const char *job_id, int *removed);
+dt_status dt__shm_orphan_cleanup(int *removed);
 /* Create or open the segment, map it, register this rank; the last rank
  * to register unlinks the name. */
 dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeout_s);

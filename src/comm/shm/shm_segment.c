@@ -124,7 +124,7 @@ static int is_segment_name(const char *n)
     return 1;
 }
 
-dt_status dt_pg_orphan_cleanup(int *removed)
+dt_status dt__shm_orphan_cleanup(int *removed)
 {
     if (!removed)
         return dt_error(DT_ERR_INVALID_ARG, "dt_pg_orphan_cleanup: removed must not be NULL");
@@ -682,7 +682,7 @@ void dt__shm_mem_free(void *ctx, void *p)
     *pp = b;
 }
 
-dt_status dt_pg_job_cleanup(const char *job_id, int *removed)
+dt_status dt__shm_job_cleanup(const char *job_id, int *removed)
 {
     if (removed)
         *removed = 0;

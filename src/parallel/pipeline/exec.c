@@ -40,7 +40,6 @@
  * so no rank needs the others'. */
 #include "parallel/pipeline/pipe_impl.h"
 
-#include "comm/pg.h"
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
 
@@ -650,7 +649,7 @@ static dt_status break_off(dt__pipe_exec *e, dt_status st)
 {
     char msg[640];
     snprintf(msg, sizeof msg, "pipeline rank %d broke off its schedule: %s", e->r, dt_last_error());
-    dt__pg_fail(e->pg, st, msg);
+    dt_pg_fail(e->pg, st, msg);
     abandon(e);
     return dt_error(st, "%s", msg);
 }

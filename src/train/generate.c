@@ -14,10 +14,10 @@
  * to every rank of its pipeline (dt__strategy_pipe_eval_share), so all of
  * them extend the same sequence. Still no cache: each token is a forward of
  * the whole window through the stages. */
-#include "nn/nn_impl.h"
 #include "train/train_impl.h"
-#include "zoo.h"
 
+#include "dtrain/generate.h"
+#include "dtrain/models.h"
 #include "dtrain/pipeline.h"
 
 #include <math.h>
@@ -91,7 +91,7 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     if (!m || !prompt || !out || !nout)
         return dt_error(DT_ERR_NULL, "%s: NULL argument", who);
     int64_t wpe = dt_model_find_entry(m, "transformer.wpe.weight"), wte = dt_model_find_entry(m, "transformer.wte.weight");
-    bool llama = dt__llama_positions(m, P, V);
+    bool llama = dt_llama_positions(m, P, V);
     if (!llama && (wpe < 0 || wte < 0))
         return dt_error(DT_ERR_UNSUPPORTED, "%s: not a GPT-2 or Llama model (no transformer.wpe.weight)", who);
     if (dt_model_is_meta(m))
