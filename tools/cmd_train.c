@@ -40,6 +40,7 @@
 #include "dtrain/pipeline.h"
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
+#include "dtrain/trace.h"
 
 #include <cjson/cJSON.h>
 
@@ -115,6 +116,7 @@ typedef struct {
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
     double start_s;               /* when the command started (time to the first step) */
     bool first_shown;             /* "first step ..." printed */
+    char trace[4096];             /* --trace DIR ("" = off): merged at the end */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -505,6 +507,69 @@ static int wrap(trainer *t)
     return rc;
 }
 
+/* The whole world's group (NULL: one process). */
+static dt_pg *world_of(const trainer *t) { return t->ddp.world_pg ? t->ddp.world_pg : t->ddp.pg; }
+
+/* --trace DIR: create DIR (one level, not through a symlink), open the
+ * tracer and remember DIR for the merge at the end. */
+static int trace_dir(trainer *t, const dt_trace_params *tp)
+{
+    const char *dir = tp->dir;
+    if (!dir)
+        return 0;
+    struct stat sb;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        dt__cli_err("dtrain train: --trace %s: %s\n", dir, strerror(errno));
+        return 2;
+    }
+    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        dt__cli_err("dtrain train: --trace %s: not a directory\n", dir);
+        return 2;
+    }
+    snprintf(t->trace, sizeof t->trace, "%s", dir);
+    /* opened here, with this process's rank in the world (a pipeline
+     * trainer's own rank is its data-parallel one); the trainer records
+     * into it */
+    dt_trace_params p = *tp;
+    dt_pg *w = world_of(t);
+    if (dt_trace_open(&p, w ? dt_pg_rank(w) : 0, w ? dt_pg_size(w) : 1) < 0)
+        return fail(2, "--trace");
+    return 0;
+}
+
+/* The ranks' timelines on one clock: rank 0's (collective over the world). */
+static int trace_align(trainer *t)
+{
+    double off = 0, base = 0;
+    dt_pg *w = world_of(t);
+    if (!t->trace[0] || !w)
+        return 0;
+    if (dt_pg_clock_offset(w, &off, &base) < 0)
+        return fail(1, "--trace");
+    dt_trace_set_offset(off, base);
+    return 0;
+}
+
+/* After the trainer ended: this rank's file (closing the tracer), every
+ * rank's (a barrier), then rank 0 merges them into DIR/trace.json. */
+static int trace_merge(trainer *t)
+{
+    dt_pg *w = world_of(t);
+    if (!t->trace[0])
+        return 0;
+    if (dt_trace_close() < 0)
+        return fail(1, "--trace");
+    if (w && dt_pg_barrier(w) < 0)
+        return fail(1, "--trace");
+    if (w && dt_pg_rank(w) != 0)
+        return 0;
+    if (dt_trace_merge(t->trace, w ? dt_pg_size(w) : 1, NULL) < 0)
+        return fail(1, "--trace");
+    if (t->prog.mode != DT__PROGRESS_NONE)
+        printf("trace: %s/trace.json (steps %s)\n", t->trace, t->o.trace_steps ? t->o.trace_steps : "3:5");
+    return 0;
+}
+
 /* The trainer: strategy (train_ddp.c), optimizer and schedule from the
  * options. */
 static int setup_trainer(trainer *t)
@@ -560,12 +625,17 @@ static int setup_trainer(trainer *t)
         tp.scaler.loss_scale_window = tp.scaler.growth_interval = t->o.loss_scale_window;
     tp.scaler.hysteresis = (int)t->o.hysteresis;
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
+    tp.trace.dir = t->o.trace;
+    if (t->o.trace_steps && dt_trace_parse_steps(t->o.trace_steps, &tp.trace) < 0)
+        return fail(2, "--trace-steps");
     if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
         return fail(2, "--config");
     t->sched = tp.sched;
+    if ((rc = trace_dir(t, &tp.trace)))
+        return rc;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
-    return 0;
+    return trace_align(t);
 }
 
 /* A checkpoint that does not fit this run or is damaged: bad input (exit 2). */
@@ -1170,6 +1240,7 @@ static void cleanup(trainer *t)
     dt_tokens_close(t->sample_src);
     dt_bpe_free(t->bpe);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
+    dt_trace_close(); /* a run that failed still leaves this rank's timeline */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
     dt__ddp_free_group(&t->ddp);
@@ -1444,6 +1515,10 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                    ns.bytes_read / 1048576.0, ns.bytes_written / 1048576.0, ns.wait_s);
         }
     }
+    dt_trainer_free(t->tr); /* writes this rank's timeline (--trace) */
+    t->tr = NULL;
+    if ((rc = trace_merge(t)))
+        goto out;
     fflush(stdout);
     rc = 0;
 out:

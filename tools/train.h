@@ -78,6 +78,8 @@ typedef struct dt__train_opts {
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;
     const char *pp_schedule;  /* gpipe | 1f1b | interleaved | zbh1, default 1f1b */
+    const char *trace;        /* --trace DIR: the timeline (trace.h), NULL = off */
+    const char *trace_steps;  /* --trace-steps A:B, NULL = the default */
     const char *pp_balance;   /* compute | params | time: what the stages are balanced by, default compute */
     int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
