@@ -70,7 +70,8 @@ static struct {
     int rank, world;
     double offset_us, base_us;
     pthread_t main;
-    int64_t step;
+    _Atomic int64_t step, last_step; /* the step now; the last one recorded (read by any thread) */
+    _Atomic double t_on, t_off;      /* when recording last began / ended (µs) */
     group_ent groups[MAX_GROUPS];
     int ngroups;
 } T;
@@ -126,7 +127,7 @@ dt_status dt_trace_open(const dt_trace_params *p, int rank, int world)
     ev *ring = calloc(p->capacity, sizeof *ring);
     if (!ring)
         return dt_error(DT_ERR_NO_MEMORY, "dt_trace_open: %zu events", p->capacity);
-    memset(&T, 0, sizeof T);
+    memset(&T, 0, sizeof T); /* (before any writer: g_open is 0) */
     T.ring = ring;
     T.cap = p->capacity;
     T.p = *p;
@@ -155,8 +156,17 @@ void dt_trace_step(int64_t step)
 {
     if (!dt_trace_is_open())
         return;
-    T.step = step;
     bool in = step >= T.p.step_begin && (T.p.step_end <= 0 || step < T.p.step_end);
+    bool was = atomic_load_explicit(&g_rec, memory_order_relaxed) != 0;
+    if (in && !was) {
+        atomic_store(&T.t_off, 1e300);
+        atomic_store(&T.t_on, now_us());
+    } else if (!in && was) {
+        atomic_store(&T.t_off, now_us());
+    }
+    if (was)
+        atomic_store(&T.last_step, atomic_load(&T.step));
+    atomic_store(&T.step, step);
     atomic_store_explicit(&g_rec, in ? 1 : 0, memory_order_release);
 }
 
@@ -179,13 +189,14 @@ static int my_tid(void)
     return t_tid;
 }
 
-/* A slot to fill, or NULL (off); on non-NULL call put() after filling. */
-static ev *take(void)
+/* A slot to fill, or NULL (off; outside the window unless `open` is
+ * enough); on non-NULL call put() after filling. */
+static ev *take_if(_Atomic int *flag)
 {
-    if (!atomic_load_explicit(&g_rec, memory_order_relaxed))
+    if (!atomic_load_explicit(flag, memory_order_relaxed))
         return NULL;
     atomic_fetch_add_explicit(&g_writers, 1, memory_order_acq_rel);
-    if (!atomic_load_explicit(&g_rec, memory_order_acquire)) {
+    if (!atomic_load_explicit(flag, memory_order_acquire) || !atomic_load_explicit(&g_open, memory_order_acquire)) {
         atomic_fetch_sub_explicit(&g_writers, 1, memory_order_release);
         return NULL;
     }
@@ -197,11 +208,13 @@ static ev *take(void)
     e->mb = -1;
     e->grp = -1;
     e->ph = 'X';
-    e->step = T.step;
+    e->step = atomic_load_explicit(&T.step, memory_order_relaxed);
     e->tid = my_tid();
     e->seq = i; /* reused below: callers overwrite for comm */
     return e;
 }
+
+static ev *take(void) { return take_if(&g_rec); }
 
 static void put(ev *e, uint64_t slot)
 {
@@ -261,13 +274,22 @@ static int group_index(const char *group, int lead, int size)
 void dt_trace_comm(const char *kind, const char *group, int group_lead, int group_size, uint64_t seq,
                    size_t bytes, int peer, double ago_posted, double ago_started, double ago_done)
 {
-    if (!atomic_load_explicit(&g_rec, memory_order_relaxed))
+    /* a collective counts when it was posted inside the window, wherever it
+     * ends: posting is in program order, the same on every rank, so every
+     * rank keeps the same ones */
+    if (!atomic_load_explicit(&g_open, memory_order_relaxed))
         return;
-    double now = now_us();
-    ev *e = take();
+    const double now = now_us(), posted = now - ago_posted * 1e6;
+    const double on = atomic_load(&T.t_on), off = atomic_load(&T.t_off);
+    if (on <= 0 || posted < on || posted >= off)
+        return;
+    const bool rec = atomic_load_explicit(&g_rec, memory_order_acquire);
+    ev *e = take_if(&g_open);
     if (!e)
         return;
     uint64_t slot = e->seq;
+    if (!rec)
+        e->step = atomic_load(&T.last_step);
     int g = group_index(group ? group : "?", group_lead, group_size);
     e->ts = now - ago_started * 1e6;
     e->dur = (ago_started - ago_done) * 1e6;

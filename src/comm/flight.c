@@ -251,7 +251,7 @@ void dt__flight_done(dt_pg *pg, uint64_t id, dt_status st)
     if (e->t_started == 0)
         e->t_started = e->t_done;
     e->status = st;
-    if (st >= 0 && e->kind != DT_FLIGHT_SUBGROUP && dt_trace_now() > 0) { /* the timeline (trace.h) */
+    if (st >= 0 && e->kind != DT_FLIGHT_SUBGROUP && dt_trace_is_open()) { /* the timeline (trace.h) */
         double t = now - g_epoch;
         bool p2p = e->kind == DT_COLL_SEND || e->kind == DT_COLL_RECV;
         dt_trace_comm(kind_name(e->kind), f->name, f->world ? f->world[0] : 0, pg->size, e->seq, e->bytes,
