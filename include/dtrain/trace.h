@@ -127,6 +127,59 @@ DT_API dt_status dt_trace_close(void);
  * args. DT_ERR_IO / DT_ERR_FORMAT name the file that is missing or wrong. */
 DT_API dt_status dt_trace_merge(const char *dir, int world, const char *out);
 
+/* ---- reading a merged trace back (dtrain trace summary) ---------------- */
+
+#define DT_TRACE_MAX_RANKS 4096
+
+/* One step of one rank: its step span split into compute, the
+ * communication it waited for (exposed) and idle (neither), all in ms;
+ * data loading before it. Pipeline runs: the bubble over the step's
+ * pipeline window, (window - this rank's compute) / its compute, beside
+ * the formula (p - 1) / (v m) of GPipe / 1F1B / interleaved for p ranks
+ * per pipeline, v stages per rank and m micro-batches; -1 when the rank
+ * ran no pipeline action. */
+typedef struct dt_trace_step_row {
+    int64_t step;
+    int rank;
+    double step_ms, compute_ms, comm_ms, idle_ms, data_ms;
+    double bubble, bubble_formula;
+    int stages, chunks, micro; /* p, v, m of the formula */
+} dt_trace_step_row;
+
+/* One collective matched across the ranks of its group: the rank that
+ * started it last (the one the others waited for) and the longest wait. */
+typedef struct dt_trace_coll_row {
+    char kind[32], group[40];
+    uint64_t seq, bytes;
+    int64_t step;
+    int last_rank, ranks;
+    double max_wait_ms, max_ms;
+} dt_trace_coll_row;
+
+/* Time spent per (category, name), summed over ranks and steps. */
+typedef struct dt_trace_op_row {
+    char cat[16], name[40];
+    int count;
+    double total_ms, max_ms;
+} dt_trace_op_row;
+
+typedef struct dt_trace_summary {
+    int world;                      /* processes (ranks) in the file */
+    dt_trace_step_row *steps;       /* [nsteps], by step then rank */
+    size_t nsteps;
+    dt_trace_coll_row *colls;       /* [ncolls], longest wait first */
+    size_t ncolls;
+    dt_trace_op_row *ops;           /* [nops], most time first */
+    size_t nops;
+    double made_wait_ms[DT_TRACE_MAX_RANKS]; /* per rank: the others' waits for it, summed */
+} dt_trace_summary;
+
+/* Read a merged trace (dt_trace_merge) into *out (free with
+ * dt_trace_summary_free). DT_ERR_IO / DT_ERR_FORMAT name the file and
+ * what is wrong. */
+DT_API dt_status dt_trace_summarize(const char *path, dt_trace_summary **out);
+DT_API void dt_trace_summary_free(dt_trace_summary *s);
+
 #ifdef __cplusplus
 }
 #endif

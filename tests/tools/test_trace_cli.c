@@ -240,6 +240,49 @@ TEST(pipeline_1f1b)
     ASSERT_EQ_INT(nc.got[0][5] + nc.got[1][4], 0);
 }
 
+/* dtrain trace summary / plot of the runs above (their directories). */
+TEST(summary_and_plot)
+{
+    static cli_result r;
+    char in[340], out[340];
+    snprintf(in, sizeof in, "%s/pp/trace.json", cli_tmpdir());
+    if (!file_exists(in))
+        DT_TEST_SKIP("the pipeline run above did not leave its trace");
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "summary", in, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "2 ranks, 4 step spans");
+    ASSERT_STR_CONTAINS(r.out, "per step and rank");
+    ASSERT_STR_CONTAINS(r.out, "(0.250: p 2, v 1, m 4)"); /* 1F1B, 2 stages, 4 micro-batches: (p-1)/m */
+    ASSERT_STR_CONTAINS(r.out, "slowest rank per collective");
+    ASSERT_STR_CONTAINS(r.out, "top ops by time");
+    snprintf(in, sizeof in, "%s/zero3/trace.json", cli_tmpdir());
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "summary", in, "--top", "3", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.out, "(formula") != NULL && strstr(r.out, ": p ") == NULL); /* no pipeline: no bubble */
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "summary", "/nonexistent/trace.json", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "/nonexistent/trace.json");
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "nonsense", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    if (access("/usr/bin/gnuplot", X_OK) != 0 && !getenv("DT_GNUPLOT"))
+        DT_TEST_SKIP_NEED("gnuplot", "gnuplot is not installed (Debian package gnuplot-nox)");
+    snprintf(out, sizeof out, "%s/zero3.png", cli_tmpdir());
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "plot", in, "-o", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "wrote ");
+    ASSERT_STR_CONTAINS(r.out, "(step 3, ");
+    char head[9] = {0};
+    FILE *f = fopen(out, "rb");
+    ASSERT(f != NULL);
+    ASSERT(fread(head, 1, 8, f) == 8);
+    fclose(f);
+    ASSERT(!memcmp(head, "\x89PNG\r\n\x1a\n", 8));
+    cli_runv(&r, 60, NULL, (char *[]){"trace", "plot", in, "--step", "99", "-o", out, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "no step 99");
+}
+
 TEST(bad_steps_exit_2)
 {
     static cli_result r;
@@ -264,6 +307,7 @@ int main(void)
     RUN(ddp);
     RUN(zero3);
     RUN(pipeline_1f1b);
+    RUN(summary_and_plot);
     RUN(bad_steps_exit_2);
     cli_cleanup();
     return TEST_REPORT();

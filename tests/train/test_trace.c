@@ -7,11 +7,13 @@
  * collectives across ranks (wait_peers_us, last_rank); bad parameters are
  * errors. */
 #include "base/trace_impl.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #include "model_util.h"
 #include "test.h"
 #include "tmp_util.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,6 +351,117 @@ TEST(bad_parameters)
     ASSERT_OK(dt_trace_close()); /* closing when off: a no-op */
 }
 
+/* A synthetic pipeline step: every rank's actions of a built schedule at
+ * their unit-cost start times (F 1 ms, B 2 ms, BI and BW 1 ms; sends and
+ * receives instant), one step span over the whole. Each rank's measured
+ * bubble (window - compute) / compute equals the schedule's formula
+ * (p - 1) / (v m) and the table's own simulation; compute is the rank's
+ * busy time, nothing is communication, the rest idle. */
+static void synthetic_bubble(dt_pipe_kind kind, int p, int m, int v)
+{
+    char dir[400], path[500];
+    snprintf(dir, sizeof dir, "%s/bubble-%d-%d-%d-%d", t_tmpdir("trace"), (int)kind, p, m, v);
+    ASSERT(mkdir(dir, 0755) == 0);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    dt_pipe_schedule *sc = NULL;
+    ASSERT_OK(dt_pipe_schedule_build(kind, p, m, v, &sc));
+    dt_pipe_sim sim;
+    ASSERT_OK(dt_pipe_schedule_simulate(sc, 1, 1, 1, &sim));
+    static const char *const op[] = {"F", "B", "BI", "BW", "send F", "recv F", "send B", "recv B"};
+    static const double cost[] = {1, 2, 1, 1, 0, 0, 0, 0};
+    FILE *f = fopen(path, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"traceEvents\":[\n");
+    for (int r = 0; r < p; r++) {
+        const dt_pipe_action *a;
+        int n;
+        ASSERT_OK(dt_pipe_schedule_actions(sc, r, &a, &n));
+        fprintf(f, "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":1,\"ts\":0,\"dur\":%.3f,\"cat\":\"step\",\"name\":\"step\","
+                   "\"args\":{\"step\":1}}",
+                r ? ",\n" : "", r, sim.makespan * 1000);
+        for (int i = 0; i < n; i++)
+            fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":1,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"pipeline\","
+                       "\"name\":\"%s%d s%d\",\"args\":{\"step\":1,\"mb\":%d}}",
+                    r, a[i].t * 1000.0, cost[a[i].op] * 1000.0, op[a[i].op], a[i].mb, a[i].stage, a[i].mb);
+    }
+    fprintf(f, "\n]}\n");
+    ASSERT(fclose(f) == 0);
+    dt_trace_summary *s;
+    ASSERT_OK(dt_trace_summarize(path, &s));
+    ASSERT_EQ_INT((int)s->nsteps, p);
+    const double formula = (double)(p - 1) / ((double)v * m);
+    for (size_t i = 0; i < s->nsteps; i++) {
+        const dt_trace_step_row *r = &s->steps[i];
+        ASSERT_EQ_INT(r->stages, p);
+        ASSERT_EQ_INT(r->chunks, v);
+        ASSERT_EQ_INT(r->micro, m);
+        ASSERT_NEAR(r->bubble_formula, formula, 1e-12, 0);
+        ASSERT_NEAR(r->bubble, formula, 1e-9, 0);
+        ASSERT_NEAR(r->bubble, sim.bubble, 1e-9, 0);
+        ASSERT_NEAR(r->compute_ms, 3.0 * m * v, 1e-6, 0);
+        ASSERT_NEAR(r->comm_ms, 0, 1e-9, 0);
+        ASSERT_NEAR(r->idle_ms, sim.makespan - 3.0 * m * v, 1e-6, 0);
+    }
+    dt_trace_summary_free(s);
+    dt_pipe_schedule_free(sc);
+}
+
+TEST(summary_bubble_equals_formula)
+{
+    synthetic_bubble(DT_PIPE_1F1B, 4, 8, 1);
+    synthetic_bubble(DT_PIPE_GPIPE, 2, 4, 1);
+    synthetic_bubble(DT_PIPE_1F1B, 3, 5, 1);
+    synthetic_bubble(DT_PIPE_INTERLEAVED, 2, 4, 2);
+}
+
+/* Exposed communication and the slowest rank: rank 0 waits 30 µs inside
+ * its optimizer for an all-reduce that rank 1 started 30 µs after it. */
+TEST(summary_exposed_comm_and_slowest_rank)
+{
+    char dir[400], path[500];
+    snprintf(dir, sizeof dir, "%s/expose", t_tmpdir("trace"));
+    ASSERT(mkdir(dir, 0755) == 0);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    const char *txt =
+        "{\"traceEvents\":["
+        "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":100,\"cat\":\"step\",\"name\":\"step\",\"args\":{\"step\":2}},"
+        "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":40,\"cat\":\"forward\",\"name\":\"forward\",\"args\":{\"step\":2}},"
+        "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":50,\"dur\":50,\"cat\":\"optimizer\",\"name\":\"optimizer\",\"args\":{\"step\":2}},"
+        "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":55,\"dur\":35,\"cat\":\"wait\",\"name\":\"allreduce\",\"args\":{\"step\":2}},"
+        "{\"ph\":\"X\",\"pid\":0,\"tid\":1000,\"ts\":55,\"dur\":35,\"cat\":\"comm\",\"name\":\"allreduce\",\"args\":{\"step\":2,"
+        "\"seq\":9,\"bytes\":64,\"group\":\"0\",\"group_lead\":0,\"group_size\":2,\"wait_peers_us\":30,\"last_rank\":1}},"
+        "{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":100,\"cat\":\"step\",\"name\":\"step\",\"args\":{\"step\":2}},"
+        "{\"ph\":\"X\",\"pid\":1,\"tid\":1000,\"ts\":85,\"dur\":5,\"cat\":\"comm\",\"name\":\"allreduce\",\"args\":{\"step\":2,"
+        "\"seq\":9,\"bytes\":64,\"group\":\"0\",\"group_lead\":0,\"group_size\":2,\"wait_peers_us\":0,\"last_rank\":1}}"
+        "]}";
+    ASSERT_OK(dt_file_write_atomic(path, txt, strlen(txt), 0644));
+    dt_trace_summary *s;
+    ASSERT_OK(dt_trace_summarize(path, &s));
+    ASSERT_EQ_INT((int)s->nsteps, 2);
+    const dt_trace_step_row *r = &s->steps[0];
+    ASSERT(r->rank == 0 && r->step == 2);
+    ASSERT_NEAR(r->compute_ms, 0.055, 1e-9, 0); /* forward 40 + optimizer 50 - its 35 of waiting */
+    ASSERT_NEAR(r->comm_ms, 0.035, 1e-9, 0);
+    ASSERT_NEAR(r->idle_ms, 0.010, 1e-9, 0);
+    ASSERT(r->bubble < 0);
+    ASSERT_EQ_INT((int)s->ncolls, 1);
+    ASSERT_EQ_INT(s->colls[0].last_rank, 1);
+    ASSERT_EQ_INT(s->colls[0].ranks, 2);
+    ASSERT_NEAR(s->colls[0].max_wait_ms, 0.030, 1e-9, 0);
+    ASSERT_NEAR(s->made_wait_ms[1], 0.030, 1e-9, 0);
+    ASSERT_NEAR(s->made_wait_ms[0], 0, 1e-12, 0);
+    ASSERT(s->nops >= 3);
+    ASSERT_STR_EQ(s->ops[0].name, "optimizer"); /* 50 µs, then forward and comm's allreduce (35 + 5) at 40 */
+    ASSERT_NEAR(s->ops[0].total_ms, 0.050, 1e-9, 0);
+    for (size_t i = 0; i < s->nops; i++)
+        if (!strcmp(s->ops[i].cat, "comm"))
+            ASSERT(s->ops[i].count == 2 && fabs(s->ops[i].total_ms - 0.040) < 1e-9);
+    dt_trace_summary_free(s);
+    /* a file that is not a trace */
+    ASSERT_OK(dt_file_write_atomic(path, "[1,2]", 5, 0644));
+    ASSERT_STATUS(dt_trace_summarize(path, &s), DT_ERR_FORMAT);
+}
+
 int main(void)
 {
     RUN(off_records_and_allocates_nothing);
@@ -356,6 +469,8 @@ int main(void)
     RUN(ring_keeps_the_newest);
     RUN(merge_matches_collectives);
     RUN(bad_parameters);
+    RUN(summary_bubble_equals_formula);
+    RUN(summary_exposed_comm_and_slowest_rank);
     t_rm_rf(t_tmpdir("trace"));
     return TEST_REPORT();
 }
