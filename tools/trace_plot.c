@@ -106,6 +106,19 @@ static int kind_of(const char *cat, const char *name)
     return -1;
 }
 
+/* A unit's short name: its last two path components ("transformer.h.3" ->
+ * "h.3"), or the whole when shorter. */
+static const char *unit_name(const char *path)
+{
+    const char *last = strrchr(path, '.');
+    if (!last || last == path)
+        return path;
+    const char *p = last - 1;
+    while (p > path && p[-1] != '.')
+        p--;
+    return p;
+}
+
 static char *read_all(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
@@ -127,7 +140,7 @@ static char *read_all(const char *path, size_t *n)
 
 static void rmtree(const char *dir)
 {
-    static const char *const f[] = {"plot.gp", "gnuplot.err", "out.png", "spans.dat", "rows.dat"};
+    static const char *const f[] = {"plot.gp", "gnuplot.err", "out.png", "spans.dat", "rows.dat", "labels.dat"};
     char p[4096];
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, f[i]);
@@ -136,9 +149,12 @@ static void rmtree(const char *dir)
     rmdir(dir);
 }
 
-/* Write the boxes of step `step` to fd (x0 x1 row kind per line) and the
- * rows; returns the number of boxes, -1 on a write error. */
-static long write_spans(FILE *fd, const cJSON *evs, int64_t step, double t0, rows_t *R, double *tmax)
+/* Write the boxes of step `step` to fd (x0 x1 row kind per line), the
+ * pipeline actions' names to lab (x row "name") and the rows; span: the
+ * step's length (µs, for the room a name needs). Returns the number of
+ * boxes, -1 on a write error. */
+static long write_spans(FILE *fd, FILE *lab, const cJSON *evs, int64_t step, double t0, double span, rows_t *R,
+                        double *tmax)
 {
     long nb = 0;
     for (int k = 0; k < K_N; k++) { /* drawing order: kinds in order, so later kinds lie on top */
@@ -168,6 +184,16 @@ static long write_spans(FILE *fd, const cJSON *evs, int64_t step, double t0, row
             if (fprintf(fd, "%.6f %.6f %d %d\n", x0 * 1e-3, x1 * 1e-3, r, draw) < 0)
                 return -1;
             nb++;
+            /* a pipeline action's name on its box ("F3", "B0"), where there is room */
+            const bool unit = (kd == K_FWD || kd == K_BWD || kd == K_RECOMP) && strcmp(name, cat);
+            if (lab && draw == kd && (kd == K_PF || kd == K_PB || unit) && dur >= 0.025 * span) {
+                char nm[16];
+                snprintf(nm, sizeof nm, "%s", unit ? unit_name(name) : name);
+                char *sp = strchr(nm, ' ');
+                if (sp)
+                    *sp = 0;
+                fprintf(lab, "%.6f %d \"%s\"\n", (x0 + x1) * 0.5e-3, r, nm);
+            }
         }
     }
     return nb;
@@ -300,10 +326,22 @@ int dt__trace_plot(int argc, char **argv)
                         *c = '?';
             }
     }
+    double span = 0; /* the step's length over the ranks */
+    cJSON_ArrayForEach(e, evs)
+    {
+        const char *ph = str(e, "ph");
+        if (ph && !strcmp(ph, "X") && (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step &&
+            num(e, "ts", 0) + num(e, "dur", 0) - t0 > span)
+            span = num(e, "ts", 0) + num(e, "dur", 0) - t0;
+    }
     snprintf(p, sizeof p, "%s/spans.dat", dir);
     FILE *fd = fopen(p, "w");
-    long nb = fd ? write_spans(fd, evs, step, t0, R, &tmax) : -1;
+    snprintf(p, sizeof p, "%s/labels.dat", dir);
+    FILE *lab = fopen(p, "w");
+    long nb = fd && lab ? write_spans(fd, lab, evs, step, t0, span, R, &tmax) : -1;
     if (fd && fclose(fd) != 0)
+        nb = -1;
+    if (lab && fclose(lab) != 0)
         nb = -1;
     if (nb < 0) {
         dt__cli_err("dtrain trace plot: cannot write temporary files in %s\n", dir);
@@ -336,7 +374,7 @@ int dt__trace_plot(int argc, char **argv)
     fprintf(g, "set ytics (");
     for (int i = 0; i < R->nrows; i++)
         fprintf(g, "%s\"%s\" %d", i ? ", " : "", R->rows[i].name, i);
-    fprintf(g, ")\nset grid xtics\nset key outside below horizontal\nset style fill solid 1.0 noborder\n");
+    fprintf(g, ")\nset grid xtics\nset key outside below horizontal\nset style fill solid 1.0 border lc rgb \"#FFFFFF\"\n");
     fprintf(g, "set lmargin 22\n");
     /* the rows' grey bands (idle where nothing covers them), then the spans, then the legend's entries */
     const double half = tmax * 1e-3 * 0.5;
@@ -344,6 +382,7 @@ int dt__trace_plot(int argc, char **argv)
             half, half);
     fprintf(g, ", \"%s/spans.dat\" using (($1+$2)/2):3:(($2-$1)/2):(0.32):($4+1) with boxxyerror lc variable notitle",
             dir);
+    fprintf(g, ", \"%s/labels.dat\" using 1:2:3 with labels font \",8\" tc rgb \"#202020\" notitle", dir);
     for (int k = 0; k < K_N; k++)
         fprintf(g, ", NaN with boxes lc rgb \"#%06X\" title \"%s\"", kinds[k].rgb, kinds[k].label);
     fprintf(g, ", NaN with boxes lc rgb \"#E8E8E8\" title \"idle\"\n");

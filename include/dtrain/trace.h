@@ -124,7 +124,8 @@ DT_API dt_status dt_trace_close(void);
  * dir/trace.json): one trace with every rank's process, each collective's
  * `wait_peers_us` (how long this rank waited for the last rank of the group
  * to start it) and `last_rank` (the rank that started it last) added to its
- * args. DT_ERR_IO / DT_ERR_FORMAT name the file that is missing or wrong. */
+ * args; a send and its receive likewise (matched by group, direction and
+ * the pair's sequence number). DT_ERR_IO / DT_ERR_FORMAT name the file that is missing or wrong. */
 DT_API dt_status dt_trace_merge(const char *dir, int world, const char *out);
 
 /* ---- reading a merged trace back (dtrain trace summary) ---------------- */

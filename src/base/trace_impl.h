@@ -18,5 +18,9 @@ const char *dt__trace_str(const cJSON *o, const char *key);
 /* When e is a collective's span (cat "comm", args group and seq, no peer):
  * its cross-rank identity "group@lead#seq" in key (capacity n). */
 bool dt__trace_coll_key(const cJSON *e, char *key, size_t n);
+/* When e is a send or receive of rank `rank` (args peer: the other world
+ * rank, seq: the pair's message number): "group@lead:src>dst#seq", the
+ * same for the send and the receive of one message. */
+bool dt__trace_p2p_key(const cJSON *e, int rank, char *key, size_t n);
 
 #endif

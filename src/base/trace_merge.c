@@ -5,7 +5,9 @@
  * event of any rank, and matches each collective across the ranks of its
  * group by (group, group_lead, seq): the last rank to start it is the one
  * the others waited for, and each rank's wait for it (`wait_peers_us`) is
- * the last start less its own. The start of a collective on a rank is when
+ * the last start less its own (a send and its receive are matched the same
+ * way, by group, direction and the pair's sequence number). The start of
+ * a collective on a rank is when
  * its executor began running it (queued time excluded), so that wait is
  * the part of the span spent for the peers, the rest moving data. */
 #define _POSIX_C_SOURCE 200809L
@@ -92,6 +94,21 @@ bool dt__trace_coll_key(const cJSON *e, char *key, size_t n)
     return true;
 }
 
+bool dt__trace_p2p_key(const cJSON *e, int rank, char *key, size_t n)
+{
+    const char *cat = dt__trace_str(e, "cat"), *ph = dt__trace_str(e, "ph"), *name = dt__trace_str(e, "name");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+    if (!cat || !ph || !name || strcmp(cat, "comm") || strcmp(ph, "X") || !cJSON_IsObject(a))
+        return false;
+    const char *g = dt__trace_str(a, "group");
+    const int peer = (int)dt__trace_num(a, "peer", -1), send = !strcmp(name, "send");
+    if (!g || peer < 0 || (!send && strcmp(name, "recv")))
+        return false;
+    snprintf(key, n, "%s@%d:%d>%d#%020.0f", g, (int)dt__trace_num(a, "group_lead", 0), send ? rank : peer,
+             send ? peer : rank, dt__trace_num(a, "seq", 0));
+    return true;
+}
+
 typedef struct coll_ref {
     char key[96];
     cJSON *e;
@@ -149,7 +166,7 @@ dt_status dt_trace_merge(const char *dir, int world, const char *out)
             if (ph && strcmp(ph, "M") && dt__trace_num(e, "ts", 1e300) < tmin)
                 tmin = dt__trace_num(e, "ts", 1e300);
             char key[96];
-            if (dt__trace_coll_key(e, key, sizeof key)) {
+            if (dt__trace_coll_key(e, key, sizeof key) || dt__trace_p2p_key(e, r, key, sizeof key)) {
                 if (nref == capref) {
                     size_t nc = capref ? 2 * capref : 1024;
                     coll_ref *nr = realloc(refs, nc * sizeof *nr);
