@@ -117,6 +117,9 @@ typedef struct {
     double start_s;               /* when the command started (time to the first step) */
     bool first_shown;             /* "first step ..." printed */
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
+    double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
+    int64_t nstep_s, cap_step_s;
+    dt__metrics_measured measured; /* the end record's measured figures (0: none) */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -509,6 +512,31 @@ static int wrap(trainer *t)
 
 /* The whole world's group (NULL: one process). */
 static dt_pg *world_of(const trainer *t) { return t->ddp.world_pg ? t->ddp.world_pg : t->ddp.pg; }
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The end record's measured figures: the largest peak RSS of the ranks (a
+ * MAX over the world, collective) and the median step time. */
+static int measure(trainer *t)
+{
+    dt_trainer_memory mem;
+    double rss = dt_trainer_memory_get(t->tr, &mem) == DT_OK ? (double)mem.peak_rss : 0;
+    dt_pg *w = world_of(t);
+    if (w && dt_pg_allreduce(w, DT_IN_PLACE, &rss, 1, DT_F64, DT_REDUCE_MAX) < 0)
+        return fail(1, "the peak memory of the ranks");
+    t->measured.peak_rss_bytes = rss;
+    if (t->nstep_s > 0) {
+        qsort(t->step_s, (size_t)t->nstep_s, sizeof *t->step_s, dbl_cmp);
+        const int64_t n = t->nstep_s;
+        t->measured.step_ms = 1e3 * (n % 2 ? t->step_s[n / 2] : 0.5 * (t->step_s[n / 2 - 1] + t->step_s[n / 2]));
+    }
+    return 0;
+}
+
 
 /* --trace DIR: create DIR (one level, not through a symlink), open the
  * tracer and remember DIR for the merge at the end. */
@@ -1043,6 +1071,14 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         dt__progress_exclude(&t->prog, dt_time_s() - now);
     }
     t->first_shown = true;
+    if (t->nstep_s == t->cap_step_s) { /* the step times, for the end record's median */
+        int64_t c = t->cap_step_s ? 2 * t->cap_step_s : 256;
+        double *q = realloc(t->step_s, (size_t)c * sizeof *q);
+        if (q)
+            t->step_s = q, t->cap_step_s = c;
+    }
+    if (t->nstep_s < t->cap_step_s)
+        t->step_s[t->nstep_s++] = m->step_s;
     double sum = 0;
     for (int i = 0; i < m->nmicro; i++)
         sum += m->micro_loss[i];
@@ -1515,6 +1551,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                    ns.bytes_read / 1048576.0, ns.bytes_written / 1048576.0, ns.wait_s);
         }
     }
+    if ((rc = measure(t)))
+        goto out;
     dt_trainer_free(t->tr); /* writes this rank's timeline (--trace) */
     t->tr = NULL;
     if ((rc = trace_merge(t)))
@@ -1525,11 +1563,12 @@ out:
     /* the end record says how the run ended; only "ok" publishes FILE */
     if (t->metrics_open &&
         dt__metrics_close(&t->metrics, rc == 0 ? "ok" : rc == 130 ? "interrupted" : "failed",
-                          t->global_step, rc) < 0 && rc == 0)
+                          t->global_step, rc, rc == 0 ? &t->measured : NULL) < 0 && rc == 0)
         rc = fail(1, NULL);
     cleanup(t);
     dt_config_free(t->o.cfg);
     free(t->user_json);
+    free(t->step_s);
     free(t);
     return rc;
 }
