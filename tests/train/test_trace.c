@@ -158,8 +158,8 @@ static bool well_formed(const cJSON *j)
 
 TEST(off_records_and_allocates_nothing)
 {
-    if (!COUNTING)
-        DT_TEST_SKIP("the sanitizers own malloc: allocations are counted in the release build");
+    if (!COUNTING) /* the rest still runs: nothing recorded, nothing held */
+        fprintf(stderr, "note: the sanitizers own malloc: allocations are counted in the release build only\n");
     ASSERT(!dt_trace_is_open());
     ASSERT(dt_trace_now() == 0);
     count(true);
