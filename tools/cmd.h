@@ -16,6 +16,16 @@ int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_tokenize(int argc, char **argv);
 int dt_cmd_ckpt(int argc, char **argv);
 int dt_cmd_pipeline(int argc, char **argv);
+int dt_cmd_trace(int argc, char **argv);
+/* dtrain trace plot (tools/trace_plot.c). */
+int dt__trace_plot(int argc, char **argv);
+
+/* gnuplot for the plots (tools/gnuplot.c): the program ($DT_GNUPLOT, else
+ * on PATH; malloc'd, NULL when absent), and running dir/plot.gp, which
+ * writes dir/out.png, then moving the image to out (no symlink followed;
+ * complete or absent). Returns 0, or 1 after one line naming `who`. */
+char *dt__gnuplot_find(void);
+int dt__gnuplot_run(const char *who, const char *dir, const char *out);
 
 /* Benchmark suites under `dtrain bench`, one file each (tools/bench_*.c). */
 int dt_bench_step(int argc, char **argv);

@@ -25,29 +25,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char *find_gnuplot(void)
-{
-    const char *env = getenv("DT_GNUPLOT");
-    if (env && *env)
-        return access(env, X_OK) == 0 ? strdup(env) : NULL;
-    const char *path = getenv("PATH");
-    if (!path)
-        path = "/usr/bin:/bin";
-    char *copy = strdup(path), *save = NULL;
-    for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-        size_t n = strlen(d) + 16;
-        char *p = malloc(n);
-        snprintf(p, n, "%s/gnuplot", d);
-        if (access(p, X_OK) == 0) {
-            free(copy);
-            return p;
-        }
-        free(p);
-    }
-    free(copy);
-    return NULL;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain plot FILE.jsonl [FILE2.jsonl ...] [-o OUT.png] [--title TEXT]\n"
@@ -58,28 +35,6 @@ static void usage(FILE *f)
 
 /* Points below which the training curve is drawn with markers. */
 #define DT_PLOT_MARK_BELOW 50
-
-/* Copy the image gnuplot wrote in dir to out through dt_file. */
-static int publish(const char *dir, const char *out)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s/out.png", dir);
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        return dt_error(DT_ERR_IO, "gnuplot wrote no image");
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        fclose(f);
-        dt_status st = dt_file_write_atomic(out, buf, (size_t)n, 0644);
-        free(buf);
-        return st < 0 ? -1 : 0;
-    }
-    fclose(f);
-    free(buf);
-    return dt_error(DT_ERR_IO, "cannot read the image gnuplot wrote");
-}
 
 #define DT_PLOT_MAX_FILES 16
 
@@ -261,17 +216,9 @@ int dt_cmd_plot(int argc, char **argv)
     }
     if (rc)
         goto done;
-    char *gp = find_gnuplot();
-    if (!gp) {
-        dt__cli_err("dtrain plot: gnuplot not found (install Debian's gnuplot-nox, or set "
-                        "DT_GNUPLOT)\n");
-        rc = 1;
-        goto done;
-    }
     snprintf(p, sizeof p, "%s/plot.gp", dir);
     FILE *g = fopen(p, "w");
     if (!g) {
-        free(gp);
         rc = 1;
         goto done;
     }
@@ -334,35 +281,8 @@ int dt_cmd_plot(int argc, char **argv)
         fprintf(g, "\nunset multiplot\n");
     }
     fclose(g);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' '%s/plot.gp' 2> '%s/gnuplot.err'", gp, dir, dir);
-    free(gp);
-    int ws = system(cmd);
-    if (ws != 0) {
-        snprintf(p, sizeof p, "%s/gnuplot.err", dir);
-        FILE *ef = fopen(p, "r");
-        char msg[512] = "";
-        if (ef) {
-            size_t k = fread(msg, 1, sizeof msg - 1, ef);
-            msg[k] = 0;
-            fclose(ef);
-        }
-        char *nl = strchr(msg, '\n');
-        while (nl && nl[1]) { /* keep the message on one line */
-            *nl = ' ';
-            nl = strchr(nl, '\n');
-        }
-        if (nl)
-            *nl = 0;
-        dt__cli_err("dtrain plot: gnuplot failed writing %s: %s\n", out, msg[0] ? msg : "(no message)");
-        rc = 1;
+    if ((rc = dt__gnuplot_run("dtrain plot", dir, out)))
         goto done;
-    }
-    if (publish(dir, out) < 0) {
-        dt__cli_err("dtrain plot: %s\n", dt_last_error());
-        rc = 1;
-        goto done;
-    }
     if (nin == 1)
         printf("wrote %s (%ld step records, %ld evaluations)\n", out, nstep, neval);
     else

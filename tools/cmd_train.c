@@ -40,6 +40,7 @@
 #include "dtrain/pipeline.h"
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
+#include "dtrain/trace.h"
 
 #include <cjson/cJSON.h>
 
@@ -116,6 +117,10 @@ typedef struct {
     bool ckpt_profile;            /* activation_checkpointing.profile: print the totals at the end */
     double start_s;               /* when the command started (time to the first step) */
     bool first_shown;             /* "first step ..." printed */
+    char trace[4096];             /* --trace DIR ("" = off): merged at the end */
+    double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
+    int64_t nstep_s, cap_step_s;
+    dt__metrics_measured measured; /* the end record's measured figures (0: none) */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -506,6 +511,94 @@ static int wrap(trainer *t)
     return rc;
 }
 
+/* The whole world's group (NULL: one process). */
+static dt_pg *world_of(const trainer *t) { return t->ddp.world_pg ? t->ddp.world_pg : t->ddp.pg; }
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The end record's measured figures: the largest peak RSS of the ranks (a
+ * MAX over the world, collective) and the median step time. */
+static int measure(trainer *t)
+{
+    dt_trainer_memory mem;
+    double rss = dt_trainer_memory_get(t->tr, &mem) == DT_OK ? (double)mem.peak_rss : 0;
+    dt_pg *w = world_of(t);
+    if (w && dt_pg_allreduce(w, DT_IN_PLACE, &rss, 1, DT_F64, DT_REDUCE_MAX) < 0)
+        return fail(1, "the peak memory of the ranks");
+    t->measured.peak_rss_bytes = rss;
+    if (t->nstep_s > 0) {
+        qsort(t->step_s, (size_t)t->nstep_s, sizeof *t->step_s, dbl_cmp);
+        const int64_t n = t->nstep_s;
+        t->measured.step_ms = 1e3 * (n % 2 ? t->step_s[n / 2] : 0.5 * (t->step_s[n / 2 - 1] + t->step_s[n / 2]));
+    }
+    return 0;
+}
+
+
+/* --trace DIR: create DIR (one level, not through a symlink), open the
+ * tracer and remember DIR for the merge at the end. */
+static int trace_dir(trainer *t, const dt_trace_params *tp)
+{
+    const char *dir = tp->dir;
+    if (!dir)
+        return 0;
+    struct stat sb;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        dt__cli_err("dtrain train: --trace %s: %s\n", dir, strerror(errno));
+        return 2;
+    }
+    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        dt__cli_err("dtrain train: --trace %s: not a directory\n", dir);
+        return 2;
+    }
+    snprintf(t->trace, sizeof t->trace, "%s", dir);
+    /* opened here, with this process's rank in the world (a pipeline
+     * trainer's own rank is its data-parallel one); the trainer records
+     * into it */
+    dt_trace_params p = *tp;
+    dt_pg *w = world_of(t);
+    if (dt_trace_open(&p, w ? dt_pg_rank(w) : 0, w ? dt_pg_size(w) : 1) < 0)
+        return fail(2, "--trace");
+    return 0;
+}
+
+/* The ranks' timelines on one clock: rank 0's (collective over the world). */
+static int trace_align(trainer *t)
+{
+    double off = 0, base = 0;
+    dt_pg *w = world_of(t);
+    if (!t->trace[0] || !w)
+        return 0;
+    if (dt_pg_clock_offset(w, &off, &base) < 0)
+        return fail(1, "--trace");
+    dt_trace_set_offset(off, base);
+    return 0;
+}
+
+/* After the trainer ended: this rank's file (closing the tracer), every
+ * rank's (a barrier), then rank 0 merges them into DIR/trace.json. */
+static int trace_merge(trainer *t)
+{
+    dt_pg *w = world_of(t);
+    if (!t->trace[0])
+        return 0;
+    if (dt_trace_close() < 0)
+        return fail(1, "--trace");
+    if (w && dt_pg_barrier(w) < 0)
+        return fail(1, "--trace");
+    if (w && dt_pg_rank(w) != 0)
+        return 0;
+    if (dt_trace_merge(t->trace, w ? dt_pg_size(w) : 1, NULL) < 0)
+        return fail(1, "--trace");
+    if (t->prog.mode != DT__PROGRESS_NONE)
+        printf("trace: %s/trace.json (steps %s)\n", t->trace, t->o.trace_steps ? t->o.trace_steps : "3:5");
+    return 0;
+}
+
 /* The trainer: strategy (train_ddp.c), optimizer and schedule from the
  * options. */
 static int setup_trainer(trainer *t)
@@ -561,12 +654,17 @@ static int setup_trainer(trainer *t)
         tp.scaler.loss_scale_window = tp.scaler.growth_interval = t->o.loss_scale_window;
     tp.scaler.hysteresis = (int)t->o.hysteresis;
     tp.scaler.min_loss_scale = t->o.min_loss_scale;
+    tp.trace.dir = t->o.trace;
+    if (t->o.trace_steps && dt_trace_parse_steps(t->o.trace_steps, &tp.trace) < 0)
+        return fail(2, "--trace-steps");
     if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
         return fail(2, "--config");
     t->sched = tp.sched;
+    if ((rc = trace_dir(t, &tp.trace)))
+        return rc;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
-    return 0;
+    return trace_align(t);
 }
 
 /* A checkpoint that does not fit this run or is damaged: bad input (exit 2). */
@@ -1033,6 +1131,14 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
         dt__progress_exclude(&t->prog, dt_time_s() - now);
     }
     t->first_shown = true;
+    if (t->nstep_s == t->cap_step_s) { /* the step times, for the end record's median */
+        int64_t c = t->cap_step_s ? 2 * t->cap_step_s : 256;
+        double *q = realloc(t->step_s, (size_t)c * sizeof *q);
+        if (q)
+            t->step_s = q, t->cap_step_s = c;
+    }
+    if (t->nstep_s < t->cap_step_s)
+        t->step_s[t->nstep_s++] = m->step_s;
     double sum = 0;
     for (int i = 0; i < m->nmicro; i++)
         sum += m->micro_loss[i];
@@ -1230,6 +1336,7 @@ static void cleanup(trainer *t)
     dt_tokens_close(t->sample_src);
     dt_bpe_free(t->bpe);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
+    dt_trace_close(); /* a run that failed still leaves this rank's timeline */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
     dt__ddp_free_group(&t->ddp);
@@ -1517,17 +1624,24 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                    ns.bytes_read / 1048576.0, ns.bytes_written / 1048576.0, ns.wait_s);
         }
     }
+    if ((rc = measure(t)))
+        goto out;
+    dt_trainer_free(t->tr); /* writes this rank's timeline (--trace) */
+    t->tr = NULL;
+    if ((rc = trace_merge(t)))
+        goto out;
     fflush(stdout);
     rc = 0;
 out:
     /* the end record says how the run ended; only "ok" publishes FILE */
     if (t->metrics_open &&
         dt__metrics_close(&t->metrics, rc == 0 ? "ok" : rc == 130 ? "interrupted" : "failed",
-                          t->global_step, rc) < 0 && rc == 0)
+                          t->global_step, rc, rc == 0 ? &t->measured : NULL) < 0 && rc == 0)
         rc = fail(1, NULL);
     cleanup(t);
     dt_config_free(t->o.cfg);
     free(t->user_json);
+    free(t->step_s);
     free(t);
     return rc;
 }

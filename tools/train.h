@@ -78,6 +78,8 @@ typedef struct dt__train_opts {
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;
     const char *pp_schedule;  /* gpipe | 1f1b | interleaved | zbh1, default 1f1b */
+    const char *trace;        /* --trace DIR: the timeline (trace.h), NULL = off */
+    const char *trace_steps;  /* --trace-steps A:B, NULL = the default */
     const char *pp_balance;   /* compute | params | time: what the stages are balanced by, default compute */
     int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
@@ -198,8 +200,17 @@ dt_status dt__metrics_open(dt__metrics *m, const char *path, int64_t resume_step
  * "\"event\":\"step\",\"step\":%lld"; a "time" field (Unix seconds) is
  * appended. Does nothing when the file is not open. */
 dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3);
-/* status: "ok" | "interrupted" | "failed"; step: the global step reached. */
-dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code);
+/* What a run measured, for the end record (the planner's error shows
+ * beside it): the largest peak resident set of any rank (VmHWM, bytes) and
+ * the median optimizer-step time (ms, rank 0's clock; data loading not
+ * included). */
+typedef struct dt__metrics_measured {
+    double peak_rss_bytes, step_ms;
+} dt__metrics_measured;
+/* status: "ok" | "interrupted" | "failed"; step: the global step reached;
+ * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms". */
+dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
+                            const dt__metrics_measured *me);
 /* s as a JSON string literal with its quotes ("null" if it does not fit in n). */
 void dt__json_quote(const char *s, char *buf, size_t n);
 

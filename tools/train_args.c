@@ -176,6 +176,12 @@ static const opt_def opts[] = {
     {"keep", OPT_INT, OFF(keep), 0, 1e9, NULL, "K", "with --save: keep the newest K checkpoints (default 0 = all)"},
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,
      "with --save: write checkpoints on a background thread while training goes on"},
+    {"trace", OPT_STR, OFF(trace), 0, 0, NULL, "DIR",
+     "record a timeline of --trace-steps (every rank's steps, units, collectives, pipeline actions): "
+     "DIR/rank-N.json per rank, merged into DIR/trace.json (Chrome trace: Perfetto, chrome://tracing; "
+     "dtrain trace summary|plot)"},
+    {"trace-steps", OPT_STR, OFF(trace_steps), 0, 0, NULL, "A:B",
+     "with --trace: the optimizer steps A to B-1 (default 3:5, after warm-up)"},
     {"max-steps", OPT_INT, OFF(max_steps), 0, 1e12, NULL, "N",
      "the run's length: N optimizer steps in all, over as many epochs as they take (it overrides --epochs, as "
      "HF Trainer's max_steps does; the cosine/linear schedule spans N; a resumed run counts the saved steps; "
@@ -630,6 +636,21 @@ int dt__train_check(dt__train_opts *o)
     if (!o->save && (o->save_every || o->keep || o->async_save)) {
         dt__cli_err("dtrain train: --%s needs --save DIR\n",
                     o->save_every ? "save-every" : o->keep ? "keep" : "async-save");
+        return 2;
+    }
+    if (o->trace_steps) {
+        dt_trace_params tp = dt_trace_params_default();
+        if (!o->trace && !o->config) {
+            dt__cli_err("dtrain train: --trace-steps needs --trace DIR (or dtrain.trace in --config)\n");
+            return 2;
+        }
+        if (dt_trace_parse_steps(o->trace_steps, &tp) < 0) {
+            dt__cli_err("dtrain train: --trace-steps: %s\n", dt_last_error());
+            return 2;
+        }
+    }
+    if (o->trace && !o->trace[0]) {
+        dt__cli_err("dtrain train: --trace: give a directory\n");
         return 2;
     }
     if (o->resume && !strcmp(o->resume, "auto") && !o->save) {

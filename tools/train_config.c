@@ -141,6 +141,10 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
     }
     if (!rc && G("pp-schedule"))
         rc = set_str(c, "dtrain.pipeline_schedule", o->pp_schedule, "pp-schedule");
+    if (!rc && G("trace"))
+        rc = set_str(c, "dtrain.trace", o->trace, "trace");
+    if (!rc && G("trace-steps"))
+        rc = set_str(c, "dtrain.trace_steps", o->trace_steps, "trace-steps");
     if (!rc && G("comm-hook"))
         rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
     if (!rc && G("powersgd-rank"))

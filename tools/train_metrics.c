@@ -246,12 +246,16 @@ void dt__json_quote(const char *s, char *buf, size_t n)
     cJSON_Delete(j);
 }
 
-dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code)
+dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
+                            const dt__metrics_measured *me)
 {
     dt_status st = DT_OK;
     if (m->f) {
-        st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d",
-                               status, (long long)step, exit_code);
+        char extra[128] = "";
+        if (me && me->peak_rss_bytes > 0 && me->step_ms > 0)
+            snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f", me->peak_rss_bytes, me->step_ms);
+        st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d%s",
+                               status, (long long)step, exit_code, extra);
         dt_status cs = dt_file_close(m->f);
         m->f = NULL;
         if (st == DT_OK)

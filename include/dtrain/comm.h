@@ -416,6 +416,13 @@ DT_API dt_status dt_pg_fail(dt_pg *pg, dt_status st, const char *msg);
  * number). send/recv are not counted. */
 DT_API uint64_t dt_pg_seq(const dt_pg *pg);
 
+/* This rank's monotonic clock (dt_time_ns) less rank 0's, in µs
+ * (*offset_us; 0 on rank 0), and one reading of rank 0's clock that every
+ * rank receives alike (*base_us): the alignment of the ranks' timelines
+ * (dt_trace_set_offset, trace.h). Collective over pg (a few barriers and
+ * small all-reduces); accurate to about a barrier's latency. */
+DT_API dt_status dt_pg_clock_offset(dt_pg *pg, double *offset_us, double *base_us);
+
 /* ---- flight recorder ------------------------------------------------------
  * Each group records its last $DT_FLIGHT_ENTRIES operations (default 256,
  * 16 to 65536) on each rank in a ring that is written in place: O(1) and no

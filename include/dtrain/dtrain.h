@@ -27,6 +27,7 @@
 #include "dtrain/kernels.h"
 #include "dtrain/comm.h"
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
 #include "dtrain/nn.h"

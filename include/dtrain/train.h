@@ -107,6 +107,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -349,6 +350,10 @@ typedef struct dt_trainer_params {
                                   logs so; default dt_offload_params_default() (none). Parameter
                                   offload is the zero strategy's (dt_zero_params.offload_param):
                                   the trainer then steps through dt_zero_step, unit by unit */
+    dt_trace_params trace;    /* the timeline (trace.h): with trace.dir set and no tracer open,
+                                 the trainer opens one at init and writes DIR/rank-N.json at
+                                 free; with a tracer open (the caller's), it records into it.
+                                 Default dt_trace_params_default() (off) */
 } dt_trainer_params;
 
 /* Defaults as listed above. */

@@ -9,6 +9,7 @@
  * no allocation. Failure paths allocate freely. */
 #include "comm/flight.h"
 #include "comm/pg.h"
+#include "dtrain/trace.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -156,6 +157,20 @@ void dt__flight_free(dt_pg *pg)
 {
     free(pg->fr.ring);
     pg->fr.ring = NULL;
+    free(pg->fr.world);
+    pg->fr.world = NULL;
+}
+
+int dt__flight_members(dt_pg *pg, const dt_pg *parent, const int *ranks, int n)
+{
+    int *w = malloc((size_t)n * sizeof *w);
+    if (!w)
+        return 0;
+    for (int i = 0; i < n; i++)
+        w[i] = parent->fr.world ? parent->fr.world[ranks[i]] : ranks[i];
+    free(pg->fr.world);
+    pg->fr.world = w;
+    return 1;
 }
 
 void dt__flight_attach(dt_pg *pg)
@@ -236,6 +251,12 @@ void dt__flight_done(dt_pg *pg, uint64_t id, dt_status st)
     if (e->t_started == 0)
         e->t_started = e->t_done;
     e->status = st;
+    if (st >= 0 && e->kind != DT_FLIGHT_SUBGROUP && dt_trace_is_open()) { /* the timeline (trace.h) */
+        double t = now - g_epoch;
+        bool p2p = e->kind == DT_COLL_SEND || e->kind == DT_COLL_RECV;
+        dt_trace_comm(kind_name(e->kind), f->name, f->world ? f->world[0] : 0, pg->size, e->seq, e->bytes,
+                      p2p ? (f->world ? f->world[e->peer] : e->peer) : -1, t - e->t_posted, t - e->t_started, 0);
+    }
     dt__flight_board *b = f->board;
     if (st < 0 || !is_coll(e->kind) || e->seq != b->done)
         return;

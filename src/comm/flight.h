@@ -48,6 +48,7 @@ typedef struct dt__flight {
     dt__flight_board own;
     double wait_s;             /* how long to wait for peers' blocks ($DT_FLIGHT_WAIT) */
     int subgroups;             /* subgroups made of this group (their names) */
+    int *world;                /* [size] the members' ranks in the first group; NULL: the identity */
 } dt__flight;
 
 struct dt_pg;
@@ -57,6 +58,9 @@ dt_status dt__flight_env(uint32_t *cap, double *wait_s);
 /* Set up pg->fr (ring of cap entries; 0 = failed to allocate). */
 int dt__flight_init(struct dt_pg *pg, uint32_t cap, double wait_s, const char *name);
 void dt__flight_free(struct dt_pg *pg);
+/* A subgroup's members (ranks[i]: member i's rank in parent) in the first
+ * group's numbering, for the trace's group identity; 0 = out of memory. */
+int dt__flight_members(struct dt_pg *pg, const struct dt_pg *parent, const int *ranks, int n);
 /* After the backend's init: where the status block lives. */
 void dt__flight_attach(struct dt_pg *pg);
 /* Record c (its seq assigned) as posted; returns its record id (mu held). */

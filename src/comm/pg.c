@@ -272,6 +272,10 @@ dt_status dt_pg_subgroup(dt_pg *parent, const int *ranks, int n, dt_pg **out)
     int lrank = parent->local_size == parent->size ? me : 0;
     dt_pg *pg = pg_new(parent->ops, me, n, lrank, lsize, parent->timeout_s, parent->check, parent->fr.cap,
                        parent->fr.wait_s, fname);
+    if (pg && !dt__flight_members(pg, parent, ranks, n)) {
+        pg_delete(pg);
+        pg = NULL;
+    }
     if (!pg) {
         parent->ops->free(child);
         return dt_error(DT_ERR_NO_MEMORY, "dt_pg_subgroup: out of memory");

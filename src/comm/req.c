@@ -21,6 +21,7 @@
  * requests then fail at once with the same status and message.
  */
 #include "comm/pg.h"
+#include "dtrain/trace.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -499,6 +500,7 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
     pthread_mutex_unlock(&pg->mu);
 
     dt_status st;
+    const double tw = dt_trace_now(); /* the caller is blocked for all of it */
     if (pg->ops->kinds && !(pg->ops->kinds & (1u << cc.kind))) {
         st = dt_error(DT_ERR_UNSUPPORTED, "backend '%s' does not implement %s", pg->ops->name,
                       dt_coll_kind_name(cc.kind));
@@ -525,6 +527,7 @@ dt_status dt__pg_run_blocking(dt_pg *pg, const dt_coll *c)
     pthread_cond_broadcast(&pg->cv);
     dt__pg_kick_locked(pg);
     pthread_mutex_unlock(&pg->mu);
+    dt_trace_span(DT_TRACE_WAIT, dt_coll_kind_name(cc.kind), tw);
     return st;
 }
 
@@ -579,6 +582,10 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
         dl.tv_sec = (time_t)s;
         dl.tv_nsec = (long)((s - (double)dl.tv_sec) * 1e9);
     }
+    /* the timeline: this thread blocked on the request (not a poll) */
+    const double tw = timeout_s != 0 && atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS
+                          ? dt_trace_now()
+                          : 0;
     pthread_mutex_lock(&pg->mu);
     int driver = 0;
     for (;;) {
@@ -612,6 +619,7 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
         dt__pg_kick_locked(pg); /* the progress thread takes what is left */
     }
     pthread_mutex_unlock(&pg->mu);
+    dt_trace_span(DT_TRACE_WAIT, dt_coll_kind_name(req->c.kind), tw);
     return dt_req_test(req);
 }
 

@@ -154,6 +154,8 @@ const dt__cfg_key dt__cfg_keys[] = {
     INT("dtrain.data_parallel_size", 1, 65536, 0),
     INT("dtrain.pipeline_parallel_size", 1, 256, 0),
     STR("dtrain.pipeline_schedule", "gpipe|1f1b|interleaved|zbh1", 0),
+    STR("dtrain.trace", NULL, 0),
+    STR("dtrain.trace_steps", NULL, 0),
     INT("dtrain.micro_batches", 1, 1e9, 0),
 };
 const size_t dt__cfg_nkeys = sizeof dt__cfg_keys / sizeof dt__cfg_keys[0];

@@ -14,6 +14,7 @@
  * and restores the counts the rest of the model has reached since (PyTorch's
  * fork_rng: the surrounding stream is left untouched). */
 #include "nn/nn_impl.h"
+#include "dtrain/trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,9 @@ static dt_tensor *region_fn(dt_ctx *ctx, int nin, dt_tensor **in, void *ud)
         now[i] = mods[i]->fwd_count;
         mods[i]->fwd_count = r->counts[i];
     }
+    const double tt = dt_trace_now();
     y = dt__module_body(ctx, r->m, in[0]);
+    dt_trace_span(DT_TRACE_RECOMPUTE, r->m->path, tt);
     for (int i = 0; i < r->n; i++)
         mods[i]->fwd_count = now[i];
     if (r->m->ckpt->p.profile)

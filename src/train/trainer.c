@@ -14,6 +14,7 @@
  * mean losses, skips the same overflowed steps and stops after the same
  * step. With one replica nothing is communicated. */
 #include "train/train_impl.h"
+#include "train/trainer_trace.h"
 
 #include "dtrain/precision.h"
 #include "dtrain/tp.h"
@@ -26,6 +27,8 @@
 
 struct dt_trainer {
     dt_trainer_params p;
+    dt__trainer_trace *trace; /* the timeline's unit hooks; NULL when off */
+    double t_trace;           /* the step's start on the timeline (dt_trace_now) */
     dt_model *m;
     dt_strategy *s;
     dt_optim *opt;
@@ -91,6 +94,7 @@ dt_trainer_params dt_trainer_params_default(void)
     p.loss_fn = NULL;
     p.loss_ud = NULL;
     p.offload = dt_offload_params_default();
+    p.trace = dt_trace_params_default();
     return p;
 }
 
@@ -520,6 +524,10 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     if (tr->lazy_grads)
         dt_optim_set_zero_grad(tr->opt, false);
     dt_model_train(m, true);
+    dt_pg *pw = dt__strategy_pipe_world(s); /* a pipeline: the trainer's rank is its replica's */
+    if ((st = dt__trainer_trace_init(m, !s->ops.forward_backward, &p.trace, pw ? dt_pg_rank(pw) : tr->rank,
+                                     pw ? dt_pg_size(pw) : tr->world, &tr->trace)) < 0)
+        goto fail;
     *out = tr;
     return DT_OK;
 fail:
@@ -532,6 +540,7 @@ void dt_trainer_free(dt_trainer *tr)
     if (!tr)
         return;
     dt__trainer_ckpt_free(tr); /* waits for a checkpoint still being written */
+    dt__trainer_trace_free(tr->trace, tr->m);
     dt_ctx_free(tr->ctx);
     dt_offload_optim_free(tr->off);
     dt_optim_free(tr->opt);
@@ -610,6 +619,8 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
     if (st < 0)
         return st;
     if (tr->nmicro == 0) {
+        dt_trace_step(tr->opt_step + 1);
+        tr->t_trace = dt_trace_now();
         tr->t0 = dt_time_s();
         tr->lr = dt_sched_lr(&tr->p.sched, tr->opt_step);
         dt_optim_set_lr(tr->opt, tr->lr);
@@ -628,7 +639,7 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
     dt_strategy *s = tr->s;
     if (s->ops.begin_micro && (st = s->ops.begin_micro(s->self, sync)) < 0)
         return abandon(tr, st);
-    double t = dt_time_s();
+    double t = dt_time_s(), t_tr = dt_trace_now();
     void *xd = b->x;
     if (fw == DT__FAULT_INPUT) {
         size_t ne = 1;
@@ -659,13 +670,15 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         bl = dt_scale(tr->ctx, bl, 1.0f / (float)tr->p.grad_accum);
     if (bl && tr->scaler)
         bl = dt_scale(tr->ctx, bl, (float)dt_loss_scaler_scale(tr->scaler));
-    double t1 = dt_time_s();
+    double t1 = dt_time_s(), tb = dt_trace_now();
+    dt_trace_span(DT_TRACE_FORWARD, "forward", t_tr);
     if (!bl)
         return abandon(tr, dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL);
     if ((st = dt_backward(tr->ctx, bl)) < 0)
         return abandon(tr, st);
     if (tr->lazy_grads) /* the parameters backward did not reach: zeros in the flat */
         dt_model_grads_materialize(tr->m);
+    dt_trace_span(DT_TRACE_BACKWARD, "backward", tb);
     tr->micro_loss[tr->nmicro++] = fw == DT__FAULT_LOSS ? NAN : dt_tensor_item(loss);
     tr->samples += b->x_shape[0];
     dt_ctx_reset(tr->ctx);
@@ -754,7 +767,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     if (n == 0)
         return dt_error(DT_ERR_STATE, "dt_trainer_step: no micro-batch ran");
     dt_status st;
-    double tw = dt_time_s();
+    double tw = dt_time_s(), to_tr = dt_trace_now();
     if (s->ops.wait && (st = s->ops.wait(s->self)) < 0)
         return abandon(tr, st);
     tw = dt_time_s() - tw;
@@ -882,6 +895,9 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     }
     r.optim_s = dt_time_s() - to;
     r.step_s = dt_time_s() - tr->t0;
+    dt_trace_span(DT_TRACE_OPTIM, "optimizer", to_tr);
+    dt__trainer_trace_counters(tr->scaler);
+    dt_trace_span(DT_TRACE_STEP, "step", tr->t_trace);
     if (out)
         *out = r;
     return DT_OK;

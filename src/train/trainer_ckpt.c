@@ -64,6 +64,7 @@
  * ranges: dt_ckpt_read intersects them with the saved chunks). */
 #include "train/train_impl.h"
 #include "train/trainer_ckpt_psgd.h"
+#include "dtrain/trace.h"
 
 #include "dtrain/ckpt.h"
 #include "dtrain/kernels.h"
@@ -331,9 +332,11 @@ static dt_status job_write(ckpt_job *j)
     sp.meta = meta;
     sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true; /* a re-save of the same step (after a resume) replaces it */
+    const double tt = dt_trace_now();
     dt_status st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, NULL);
     if (st >= 0)
         prune(j->dir, j->keep);
+    dt_trace_span(DT_TRACE_CKPT, "checkpoint write", tt);
     return st;
 }
 
@@ -729,8 +732,11 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
         bool any;
         sst = sst < 0 ? (any_failed(dp, sst, &any), sst) : complete_shares(tr, dp, pc, &hold);
     }
-    if (sst >= 0)
+    if (sst >= 0) {
+        const double tst = dt_trace_now();
         sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
+        dt_trace_span(DT_TRACE_CKPT, "checkpoint staging", tst);
+    }
     free(pc);
     /* a rank that could not stage: all hear of it before the collective save */
     char msg[1024];
@@ -921,8 +927,11 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
         tpiece *pc = zpc;
         bool sharded;
         if ((st = any_failed(tp, sst, &any)) >= 0 && !any) {
-            if (zpc || (sst = collect_pieces(tr, &pc, &sharded)) >= 0) /* the same on every rank: shapes agree */
+            if (zpc || (sst = collect_pieces(tr, &pc, &sharded)) >= 0) { /* the same on every rank: shapes agree */
+                const double tst = dt_trace_now();
                 sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
+                dt_trace_span(DT_TRACE_CKPT, "checkpoint staging", tst);
+            }
             if (pc != zpc)
                 free(pc);
             snprintf(msg, sizeof msg, "%s", sst < 0 ? dt_last_error() : "");
@@ -1001,8 +1010,11 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (sst >= 0)
         sst = pst;
     if (sst >= 0 && dt_trainer_rank(tr) == 0) {
-        if ((sst = own_dir(tr, dir)) >= 0)
+        if ((sst = own_dir(tr, dir)) >= 0) {
+            const double tst = dt_trace_now();
             sst = stage(tr, dir, &pp, pc, pp.async, &psgd, NULL, &j);
+            dt_trace_span(DT_TRACE_CKPT, "checkpoint staging", tst);
+        }
         if (sst >= 0) {
             int rc = pthread_create(&j->th, NULL, job_thread, j);
             if (rc != 0) {

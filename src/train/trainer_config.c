@@ -196,5 +196,11 @@ dt_status dt_trainer_params_apply_config(const dt_config *c, dt_trainer_params *
         return (dt_status)stages;
     if (dt_config_get_int(c, "gradient_accumulation_steps", &gas) == DT_OK)
         tp->grad_accum = stages > 1 ? 1 : gas; /* a pipeline's micro-batches (dt_config_pipe_params) */
+    /* the timeline: "dtrain": {"trace": DIR, "trace_steps": "A:B"} */
+    const char *tr = NULL;
+    if (dt_config_get_str(c, "dtrain.trace", &tr) == DT_OK)
+        tp->trace.dir = tr[0] ? tr : NULL;
+    if (dt_config_get_str(c, "dtrain.trace_steps", &tr) == DT_OK && (st = dt_trace_parse_steps(tr, &tp->trace)) < 0)
+        return dt_error(st, "config key dtrain.trace_steps: %s", dt_last_error());
     return dt_config_offload_params(c, &tp->offload);
 }

@@ -77,7 +77,13 @@ dt_status dt_trainer_epoch(dt_trainer *tr, dt_loader *ld, const dt_dataset_info 
     pos->epoch_batches = nb;
     int64_t micro = 0;
     const dt_batch *b;
-    while ((st = dt_loader_next(ld, &b)) == DT_OK && b) {
+    for (;;) {
+        if (micro == 0)
+            dt_trace_step(dt_trainer_steps(tr) + 1);
+        const double td = dt_trace_now();
+        if ((st = dt_loader_next(ld, &b)) != DT_OK || !b)
+            break;
+        dt_trace_span(DT_TRACE_DATA, "data", td);
         const bool sync = ++micro >= accum || first + res.batches + 1 == nb;
         dt_trainer_batch tb = from_loader(b, info);
         if ((st = dt__trainer_micro(tr, &tb, sync)) < 0)

@@ -13,6 +13,7 @@ TEST(every_help_exits_0_with_usage)
         {"plot", "--help"}, {"info", "--help"}, {"train", "-h"}, {"bench", "data", "-h"},
         {"tokenize", "--help"}, {"generate", "--help"}, {"eval", "--help"}, {"ckpt", "--help"}, {"ckpt", "info", "--help"},
         {"ckpt", "convert", "-h"}, {"pipeline", "--help"}, {"pipeline", "show", "--help"},
+        {"trace", "--help"}, {"trace", "summary", "--help"}, {"trace", "plot", "--help"},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {

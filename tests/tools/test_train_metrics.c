@@ -1,7 +1,8 @@
 /* dtrain train --metrics FILE: records are kept whatever happens.
  *   - a finished run: FILE holds every record, each a JSON object with a
  *     "time", the start record names the data spec and the world size, the
- *     last record is {"event":"end","status":"ok"}; no FILE.partial left;
+ *     last record is {"event":"end","status":"ok"} with the measured
+ *     peak_rss_bytes and step_ms; no FILE.partial left;
  *   - SIGTERM mid-run: exit 130, an older FILE untouched, FILE.partial holds
  *     the records written so far and an end record "interrupted";
  *   - a run that fails mid-way (a write refused by RLIMIT_FSIZE): an older
@@ -91,6 +92,11 @@ TEST(finished_run)
     ASSERT_STR_EQ(str_of(last, "event"), "end");
     ASSERT_STR_EQ(str_of(last, "status"), "ok");
     ASSERT_EQ_INT((int)cJSON_GetObjectItem(last, "step")->valuedouble, 2);
+    /* what the run measured: the peak resident set (the MLP's 8M parameters,
+     * gradients and optimizer alone are tens of MB) and the median step time */
+    const cJSON *rss = cJSON_GetObjectItem(last, "peak_rss_bytes"), *sm = cJSON_GetObjectItem(last, "step_ms");
+    ASSERT(cJSON_IsNumber(rss) && rss->valuedouble > 32e6 && rss->valuedouble < 64e9);
+    ASSERT(cJSON_IsNumber(sm) && sm->valuedouble > 0 && sm->valuedouble < 300e3);
     cJSON_Delete(last);
     ASSERT_STR_CONTAINS(g_text, "\"data\":\"random\"");
     ASSERT_STR_CONTAINS(g_text, "\"world_size\":1,");
@@ -171,6 +177,7 @@ TEST(interrupted_run_keeps_records)
     ASSERT_STR_EQ(str_of(last, "status"), "interrupted");
     ASSERT_EQ_INT((int)cJSON_GetObjectItem(last, "exit_code")->valuedouble, 130);
     ASSERT((int)cJSON_GetObjectItem(last, "step")->valuedouble >= 1);
+    ASSERT(!cJSON_GetObjectItem(last, "peak_rss_bytes")); /* measured figures: a finished run's only */
     cJSON_Delete(last);
     ASSERT_STR_CONTAINS(g_text, "\"event\":\"start\"");
     ASSERT_STR_CONTAINS(g_text, "\"event\":\"step\"");

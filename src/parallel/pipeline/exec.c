@@ -42,7 +42,9 @@
 
 #include "dtrain/autograd.h"
 #include "dtrain/precision.h"
+#include "dtrain/trace.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -654,6 +656,20 @@ static dt_status break_off(dt__pipe_exec *e, dt_status st)
     return dt_error(st, "%s", msg);
 }
 
+/* The action as a span of the timeline (trace.h): "F3" is the forward of
+ * micro-batch 3; its args say how long it waited for its message. The
+ * executor's times are dt_time_s, the timeline's clock in seconds. */
+static void trace_action(const dt_pipe_action *a, const double *tr)
+{
+    if (dt_trace_now() <= 0)
+        return;
+    static const char *const op[] = {"F", "B", "BI", "BW", "send F", "recv F", "send B", "recv B"};
+    char name[32];
+    snprintf(name, sizeof name, "%s%d s%d", (unsigned)a->op < 8 ? op[a->op] : "?", a->mb, a->stage);
+    dt_trace_span_ex(DT_TRACE_PIPE, name, tr[DT_PIPE_TRACE_BEGIN] * 1e6, tr[DT_PIPE_TRACE_END] * 1e6, a->mb,
+                     tr[DT_PIPE_TRACE_RUN] * 1e6);
+}
+
 dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_tensor **out)
 {
     *out = NULL;
@@ -745,6 +761,7 @@ dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
             tr[DT_PIPE_TRACE_DONE] = tr[DT_PIPE_TRACE_END];
             tr[DT_PIPE_TRACE_CPU] = comm ? thread_cpu_s() - c0 : 0;
         }
+        trace_action(&e->acts[i], tr);
     }
     if (st < 0)
         return break_off(e, st);
