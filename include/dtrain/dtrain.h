@@ -30,6 +30,7 @@
 #include "dtrain/models.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tp.h"
 #include "dtrain/mesh.h"
