@@ -32,6 +32,7 @@
 #include "dtrain/autograd.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
@@ -86,6 +87,7 @@ typedef struct {
     double peak_gflops;           /* the MFU's denominator (language models) */
     dt_tokens *sample_src;        /* the validation (or training) tokens: the samples' prompt */
     dt_bpe *bpe;                  /* --vocab: samples as text */
+    dt_tokenizer *tok;            /* --tokenizer: text data */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -218,10 +220,22 @@ static void warn_oversubscribed(const trainer *t)
                 (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
 }
 
-/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
- * is the BPE vocabulary's size (said at start), so its ids fit. */
+/* GPT models with --vocab FILE (or --tokenizer FILE) and no --vocab-size:
+ * the model's vocabulary is the BPE vocabulary's size (said at start), so
+ * its ids fit. */
 static int vocab_size_from_vocab(trainer *t)
 {
+    if (t->o.tokenizer) {
+        if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
+            return fail(2, "--tokenizer");
+        if (t->o.vocab_size)
+            return 0;
+        t->o.vocab_size = dt_tokenizer_vocab_size(t->tok);
+        if (dt__ddp_is_main(&t->ddp))
+            printf("vocab size %lld (the size of --tokenizer %s; --vocab-size N overrides)\n",
+                   (long long)t->o.vocab_size, t->o.tokenizer);
+        return 0;
+    }
     if (!t->o.vocab || t->o.vocab_size)
         return 0;
     if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
@@ -337,6 +351,14 @@ static int setup_model(trainer *t)
     return 0;
 }
 
+/* tokens:FILE, or text:/jsonl: encoded with --tokenizer (dt_dataset_text_open). */
+static dt_status lm_data_open(trainer *t, const char *spec, const dt_tokens_params *kp, dt_dataset **out)
+{
+    if (!strncmp(spec, "tokens:", 7))
+        return dt_dataset_tokens_open(spec + 7, kp, out);
+    return dt_dataset_text_open(spec, t->tok, kp, out);
+}
+
 static int setup_data(trainer *t)
 {
     dt_status st;
@@ -348,10 +370,10 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
-        const char *val = t->o.val_data ? t->o.val_data + 7 : t->o.data + 7;
-        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) >= 0 &&
-            (st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0)
-            snprintf(what, sizeof what, "--val-data %s", t->o.val_data ? t->o.val_data : t->o.data);
+        const char *vspec = t->o.val_data ? t->o.val_data : t->o.data, *val = vspec + 7;
+        if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
+            (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)
+            snprintf(what, sizeof what, "--val-data %s", vspec);
         if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
             /* a token the model's vocabulary does not have: say which option sizes it */
             char msg[1024];
@@ -1169,6 +1191,7 @@ static void cleanup(trainer *t)
     dt_dataset_free(t->base_test);
     dt_tokens_close(t->sample_src);
     dt_bpe_free(t->bpe);
+    dt_tokenizer_free(t->tok);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);

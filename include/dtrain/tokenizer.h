@@ -116,6 +116,22 @@ DT_API dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, si
 DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
                                      char **text, size_t *len);
 
+/* Text corpora as language-model data: spec is "text:FILE[,FILE...]" (each
+ * file one document) or "jsonl:FILE[,FILE...][,field=NAME]" (each non-blank
+ * line one JSON object, its string NAME (default "text") one document;
+ * file names cannot hold commas). Every document is encoded with t (no
+ * special tokens added) and followed by the end-of-document token
+ * (dt_tokenizer_eos; Megatron's append-eod), all at open, and the ids are
+ * kept in memory. Items are windows of seq_len + 1 tokens as in
+ * dt_dataset_tokens_open (p: seq_len, stride; vocab_size 0 = the
+ * tokenizer's, else every id must be below it). t is only used while
+ * opening. Errors name the spec, the file (and line for jsonl):
+ * DT_ERR_INVALID_ARG (bad spec), DT_ERR_IO, DT_ERR_FORMAT (bad JSON, no
+ * such field, an id >= vocab_size, text that is not UTF-8), DT_ERR_NOT_FOUND
+ * (the tokenizer has no end-of-document token). */
+DT_API dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
+                                      dt_dataset **out);
+
 /* Write bpe (data.h) as a tokenizer.json that the `tokenizers` library and
  * transformers' PreTrainedTokenizerFast load and that encodes every text
  * exactly as dt_bpe_encode does: vocab ids 0..255 are the bytes (as GPT-2's

@@ -121,6 +121,44 @@ TEST(tokenizer_json)
     free(corpus);
 }
 
+/* dtrain train on text: a text: file and a jsonl: file encoded with a
+ * tokenizer.json at start; the model's vocabulary is the tokenizer's. */
+TEST(train_on_text)
+{
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    size_t n;
+    char *corpus = make_corpus(&n);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)corpus[i] < 0x20 && corpus[i] != '\n')
+            corpus[i] = ' ';
+    char *c = tp(0, "corpus.txt"), *j = tp(1, "val.jsonl");
+    write_file(c, corpus, n);
+    const char *jl = "{\"text\": \"And God said, Let there be light: and there was light.\"}\n"
+                     "{\"text\": \"And God saw the light, that it was good: and God divided the light.\"}\n";
+    write_file(j, jl, strlen(jl));
+    char data[700], val[700];
+    snprintf(data, sizeof data, "text:%s", c);
+    snprintf(val, sizeof val, "jsonl:%s", j);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", val, "--tokenizer", tok,
+                        "--batch", "2", "--seq", "16", "--max-steps", "3", "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "vocab size 701");
+    ASSERT_STR_CONTAINS(r.out, "val loss");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", data, "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tokenizer");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--tokenizer", c, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "tokenizer.json");
+    free(corpus);
+}
+
 TEST(bad_usage_and_input)
 {
     cli_result r;
@@ -166,6 +204,7 @@ int main(void)
 {
     RUN(train_encode_split_decode);
     RUN(tokenizer_json);
+    RUN(train_on_text);
     RUN(bad_usage_and_input);
     cli_cleanup();
     return TEST_REPORT();
