@@ -45,6 +45,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -88,6 +89,8 @@ typedef struct {
     dt_tokens *sample_src;        /* the validation (or training) tokens: the samples' prompt */
     dt_bpe *bpe;                  /* --vocab: samples as text */
     dt_tokenizer *tok;            /* --tokenizer: text data */
+    char *freeze_buf;             /* --freeze split at its commas */
+    const char **freeze;          /* NULL-terminated patterns into freeze_buf (NULL: none) */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -161,7 +164,68 @@ static dt_model_config model_config(const trainer *t)
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
     cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
+    cfg.build.frozen = t->freeze;
     return cfg;
+}
+
+/* --freeze: the patterns, each of which must match a parameter of the
+ * model (a typo would otherwise train everything); says what it froze. */
+static int freeze_patterns(trainer *t)
+{
+    if (!t->o.freeze)
+        return 0;
+    size_t n = 1;
+    for (const char *c = t->o.freeze; *c; c++)
+        n += *c == ',';
+    t->freeze_buf = strdup(t->o.freeze);
+    t->freeze = calloc(n + 1, sizeof *t->freeze);
+    if (!t->freeze_buf || !t->freeze)
+        return fail(1, "--freeze");
+    size_t k = 0;
+    for (char *s = t->freeze_buf, *c; s; s = c) {
+        if ((c = strchr(s, ',')))
+            *c++ = 0;
+        if (!*s) {
+            dt__cli_err("dtrain train: --freeze %s: an empty pattern\n", t->o.freeze);
+            return 2;
+        }
+        t->freeze[k++] = s;
+    }
+    return 0;
+}
+
+static int freeze_report(trainer *t)
+{
+    if (!t->freeze)
+        return 0;
+    size_t nfrozen = 0, efrozen = 0;
+    for (const char **f = t->freeze; *f; f++) {
+        bool hit = false;
+        for (size_t i = 0; i < dt_model_num_entries(t->model); i++) {
+            dt_param_info p;
+            dt_model_entry(t->model, i, &p);
+            hit |= p.frozen && fnmatch(*f, p.name, 0) == 0;
+        }
+        if (!hit) {
+            dt__cli_err("dtrain train: --freeze '%s' matches no parameter of --model %s (names as in its "
+                        "checkpoints: dtrain ckpt info)\n", *f, t->o.model);
+            return 2;
+        }
+    }
+    for (size_t i = 0; i < dt_model_num_entries(t->model); i++) {
+        dt_param_info p;
+        dt_model_entry(t->model, i, &p);
+        if (p.frozen && p.tied_to < 0)
+            nfrozen++, efrozen += p.numel;
+    }
+    if (dt_model_param_count(t->model) == 0) {
+        dt__cli_err("dtrain train: --freeze %s freezes every parameter: nothing left to train\n", t->o.freeze);
+        return 2;
+    }
+    if (dt__ddp_is_main(&t->ddp))
+        printf("frozen: %zu parameters (%zu elements) by --freeze %s; %zu elements train\n", nfrozen, efrozen,
+               t->o.freeze, dt_model_param_count(t->model));
+    return 0;
 }
 
 /* --offload into the trainer's parameters. The CLI's sub-groups are 2^23
@@ -328,6 +392,9 @@ static int setup_model(trainer *t)
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3, --pp: each rank initialises what it holds */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
+    int frc = freeze_report(t);
+    if (frc)
+        return frc;
     t->lm = t->desc.input_dtype == DT_I64;
     if (t->o.act_ckpt) {
         dt_act_ckpt_params ap = dt_act_ckpt_params_default();
@@ -342,6 +409,9 @@ static int setup_model(trainer *t)
     if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
         (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
                 : dt_model_init_torch(t->model, t->o.seed)) < 0)
+        return fail(1, "--rng torch");
+    if (cfg.build.meta && t->freeze && !strcmp(t->o.rng, "torch") &&
+        dt_model_init_frozen(t->model, DT_INIT_TORCH, t->o.seed) < 0) /* the shards get torch's by init_range */
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
@@ -1192,6 +1262,8 @@ static void cleanup(trainer *t)
     dt_tokens_close(t->sample_src);
     dt_bpe_free(t->bpe);
     dt_tokenizer_free(t->tok);
+    free(t->freeze);
+    free(t->freeze_buf);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
@@ -1254,7 +1326,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     }
-    if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    if ((rc = freeze_patterns(t)) || (rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
     if (eval_ckpt) {

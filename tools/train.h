@@ -65,6 +65,7 @@ typedef struct dt__train_opts {
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
     const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
+    const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     /* ZeRO / FSDP (tools/train_ddp.c) */
     const char *zero;         /* 0 | 1 | 2 | 3, NULL = unset (DDP) */
     const char *fsdp;         /* no_shard | shard_grad_op | full_shard | hybrid_shard, NULL = unset */

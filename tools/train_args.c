@@ -126,6 +126,11 @@ static const opt_def opts[] = {
     {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "GPT models: sample length (default 64)"},
     {"vocab", OPT_STR, OFF(vocab), 0, 0, NULL, "FILE",
      "GPT models: the token files' BPE vocabulary (dtrain tokenize): samples are printed as text"},
+    {"freeze", OPT_STR, OFF(freeze), 0, 0, NULL, "PATTERN[,PATTERN...]",
+     "freeze the parameters whose names match a pattern ('*' and '?' as in the shell, '*' crossing dots: "
+     "'transformer.h.0.*', '*.wte.weight'): they keep their values, have no gradient, no optimizer state and no "
+     "gradient reduction under any strategy, and are whole on every rank (a pattern matching no parameter is "
+     "an error)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data); the model's vocabulary is its size unless --vocab-size"},

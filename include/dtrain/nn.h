@@ -341,6 +341,15 @@ typedef struct dt_model_build_params {
     bool keep_batchnorm_fp32;  /* with a low param_dtype: BatchNorm2d weight and bias stay f32
                                   (apex's keep_batchnorm_fp32), and with a low buffer_dtype its
                                   running statistics too; default true */
+    const char *const *frozen; /* NULL-terminated fnmatch(3) patterns of entry names ('*' matches
+                                  dots too: "transformer.h.0.*", "*.wte.weight"); a parameter whose
+                                  name matches one is frozen: named, ordered, initialised and
+                                  saved as a parameter, but stored with the buffers (the
+                                  DT_FLAT_BUFFERS flat of its dtype) with no gradient, so
+                                  optimizers, gradient reductions and ZeRO sharding never see
+                                  it (no optimizer state, no gradient memory; every rank holds
+                                  it whole). An entry tied to another follows its source.
+                                  Borrowed during the build; default NULL (none) */
     const char *const *f32_modules; /* with a low param_dtype: NULL-terminated module paths whose
                                   parameters (and those of the modules inside them) stay f32
                                   (the precision policy's per-module override, e.g. norms);
@@ -389,6 +398,14 @@ typedef enum {
  * whole model) but keeps only the range (memory of the range). Works on meta
  * and allocated models alike (the model's own flats are not touched). */
 DT_API dt_status dt_model_init_range(const dt_model *m, dt_init_rng rng, uint64_t seed, dt_flat *dst);
+/* Redraw the frozen parameters (dt_model_build_params.frozen: they live
+ * with the buffers, which a meta build allocates and fills with
+ * DT_INIT_PHILOX values) as generator rng would give them in a full build:
+ * with DT_INIT_TORCH the values dt_model_init_torch(m, seed) puts there, so
+ * a meta model whose shards come from dt_model_init_range(m, DT_INIT_TORCH,
+ * seed, ...) holds frozen parameters equal to the full model's. A no-op for
+ * DT_INIT_PHILOX and for models without frozen parameters. */
+DT_API dt_status dt_model_init_frozen(dt_model *m, dt_init_rng rng, uint64_t seed);
 /* The world size the model's flats are padded for, and whether it is meta. */
 DT_API int dt_model_world(const dt_model *m);
 DT_API bool dt_model_is_meta(const dt_model *m);
@@ -426,6 +443,8 @@ typedef struct dt_param_info {
     dt_dtype dtype;                /* from its spec (num_batches_tracked is i64) */
     bool is_buffer;                /* false: in the DT_FLAT_PARAMS / DT_FLAT_GRADS flats;
                                       true: in the DT_FLAT_BUFFERS flat of dtype */
+    bool frozen;                   /* a parameter frozen by dt_model_build_params.frozen (then
+                                      is_buffer is true too: not trained, no gradient) */
     dt_tensor *tensor;             /* the view; borrowed; NULL in a meta model */
     int64_t tied_to;               /* -1; or the entry whose storage (and gradient) this one
                                       shares (dt_module_tie): listed under both names, as in
@@ -442,7 +461,8 @@ DT_API int64_t dt_model_find_entry(const dt_model *m, const char *name);
 /* Number of parameter tensors (entries with is_buffer false, tied ones not
  * counted). */
 DT_API size_t dt_model_num_params(const dt_model *m);
-/* Trainable elements, without padding (the "parameter count"). */
+/* Trainable elements, without padding (the "parameter count"; frozen
+ * parameters are not counted). */
 DT_API size_t dt_model_param_count(const dt_model *m);
 
 /* The three families of flats a model holds, one flat per dtype in each. */
