@@ -30,6 +30,7 @@
 #include "train_ddp.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
 #include "dtrain/tokenizer.h"
@@ -91,6 +92,9 @@ typedef struct {
     dt_tokenizer *tok;            /* --tokenizer: text data */
     char *freeze_buf;             /* --freeze split at its commas */
     const char **freeze;          /* NULL-terminated patterns into freeze_buf (NULL: none) */
+    char *lora_buf;               /* --lora-targets split at its commas */
+    const char **lora_targets;    /* NULL-terminated */
+    dt_lora_params lora;          /* with lora_targets set: the build's adapters */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -165,41 +169,67 @@ static dt_model_config model_config(const trainer *t)
     cfg.sequence_parallel = t->o.sequence_parallel;
     cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
     cfg.build.frozen = t->freeze;
+    cfg.build.lora = t->lora_targets ? &t->lora : NULL;
     return cfg;
 }
 
-/* --freeze: the patterns, each of which must match a parameter of the
- * model (a typo would otherwise train everything); says what it froze. */
-static int freeze_patterns(trainer *t)
+/* A comma-separated list into a NULL-terminated array (*buf holds the strings). */
+static int split_list(const char *opt, const char *list, char **buf, const char ***out)
 {
-    if (!t->o.freeze)
-        return 0;
     size_t n = 1;
-    for (const char *c = t->o.freeze; *c; c++)
+    for (const char *c = list; *c; c++)
         n += *c == ',';
-    t->freeze_buf = strdup(t->o.freeze);
-    t->freeze = calloc(n + 1, sizeof *t->freeze);
-    if (!t->freeze_buf || !t->freeze)
-        return fail(1, "--freeze");
+    *buf = strdup(list);
+    *out = calloc(n + 1, sizeof **out);
+    if (!*buf || !*out)
+        return fail(1, opt);
     size_t k = 0;
-    for (char *s = t->freeze_buf, *c; s; s = c) {
+    for (char *s = *buf, *c; s; s = c) {
         if ((c = strchr(s, ',')))
             *c++ = 0;
         if (!*s) {
-            dt__cli_err("dtrain train: --freeze %s: an empty pattern\n", t->o.freeze);
+            dt__cli_err("dtrain train: %s %s: an empty name\n", opt, list);
             return 2;
         }
-        t->freeze[k++] = s;
+        (*out)[k++] = s;
     }
+    return 0;
+}
+
+/* --freeze and --lora-*: the patterns and targets (each --freeze pattern
+ * must match a parameter of the model: a typo would otherwise train
+ * everything; freeze_report checks after the build). */
+static int freeze_patterns(trainer *t)
+{
+    int rc;
+    if (t->o.freeze && (rc = split_list("--freeze", t->o.freeze, &t->freeze_buf, &t->freeze)))
+        return rc;
+    if (!t->o.lora_targets)
+        return 0;
+    if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
+        return rc;
+    if (t->o.save_lora && (t->ddp.stage == 3 || t->ddp.pp > 1 || t->ddp.tp > 1)) {
+        dt__cli_err("dtrain train: --save-lora needs the adapters whole on rank 0: not with --zero 3, --pp or "
+                    "--tp (save a checkpoint with --save instead)\n");
+        return 2;
+    }
+    t->lora = dt_lora_params_default();
+    if (t->o.lora_r)
+        t->lora.r = t->o.lora_r;
+    if (t->o.lora_alpha > 0)
+        t->lora.alpha = (float)t->o.lora_alpha;
+    t->lora.dropout = (float)t->o.lora_dropout;
+    t->lora.rslora = t->o.lora_rslora;
+    t->lora.targets = t->lora_targets;
     return 0;
 }
 
 static int freeze_report(trainer *t)
 {
-    if (!t->freeze)
+    if (!t->freeze && !t->lora_targets)
         return 0;
     size_t nfrozen = 0, efrozen = 0;
-    for (const char **f = t->freeze; *f; f++) {
+    for (const char **f = t->freeze; f && *f; f++) {
         bool hit = false;
         for (size_t i = 0; i < dt_model_num_entries(t->model); i++) {
             dt_param_info p;
@@ -223,8 +253,14 @@ static int freeze_report(trainer *t)
         return 2;
     }
     if (dt__ddp_is_main(&t->ddp))
-        printf("frozen: %zu parameters (%zu elements) by --freeze %s; %zu elements train\n", nfrozen, efrozen,
-               t->o.freeze, dt_model_param_count(t->model));
+        printf("frozen: %zu parameters (%zu elements) by %s%s%s; %zu elements train\n", nfrozen, efrozen,
+               t->lora_targets ? "LoRA (adapters on " : "--freeze ", t->lora_targets ? t->o.lora_targets : t->o.freeze,
+               t->lora_targets ? ")" : "", dt_model_param_count(t->model));
+    if (dt__ddp_is_main(&t->ddp) && t->lora_targets)
+        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s\n", (long long)t->lora.r, (double)t->lora.alpha,
+               (double)t->lora.dropout,
+               t->lora.rslora ? (double)t->lora.alpha / sqrt((double)t->lora.r) : (double)t->lora.alpha / (double)t->lora.r,
+               t->lora.rslora ? " (rsLoRA)" : "");
     return 0;
 }
 
@@ -1264,6 +1300,8 @@ static void cleanup(trainer *t)
     dt_tokenizer_free(t->tok);
     free(t->freeze);
     free(t->freeze_buf);
+    free(t->lora_targets);
+    free(t->lora_buf);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
@@ -1495,6 +1533,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (t->o.save && dt_trainer_save_wait(t->tr) < 0) { /* an asynchronous save still being written */
         rc = fail(1, "checkpoint");
         goto out;
+    }
+    if (t->o.save_lora && dt__ddp_is_main(&t->ddp)) {
+        if (dt_lora_save_peft(t->model, &t->lora, NULL, t->o.save_lora) < 0) {
+            rc = fail(1, "--save-lora");
+            goto out;
+        }
+        printf("LoRA adapters written to %s (PEFT's adapter_config.json, adapter_model.safetensors)\n",
+               t->o.save_lora);
     }
     if (t->o.sample_every > 0 && t->global_step % t->o.sample_every != 0 && (rc = print_sample(t)))
         goto out;

@@ -131,6 +131,16 @@ static const opt_def opts[] = {
      "'transformer.h.0.*', '*.wte.weight'): they keep their values, have no gradient, no optimizer state and no "
      "gradient reduction under any strategy, and are whole on every rank (a pattern matching no parameter is "
      "an error)"},
+    {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
+     "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
+     "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x)))"},
+    {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
+    {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
+    {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
+    {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
+     "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
+     "PeftModel.from_pretrained loads them); not with --zero 3, --pp or --tp"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data); the model's vocabulary is its size unless --vocab-size"},
@@ -571,6 +581,12 @@ int dt__train_check(dt__train_opts *o)
     }
     if (lm && !o->tokenizer && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data)))) {
         dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
+        return 2;
+    }
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->save_lora) &&
+        !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --save-lora go with "
+                    "--lora-targets NAME[,NAME...]\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

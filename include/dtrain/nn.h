@@ -324,6 +324,25 @@ DT_API void dt_module_clear_hooks(dt_module *m);
 
 /* ---- models --------------------------------------------------------------------- */
 
+/* LoRA adapters (Hu et al. 2021, as Hugging Face PEFT's LoraConfig), for
+ * dt_model_build_params.lora. Every layer whose path is a target or ends
+ * in "." + a target (PEFT's list matching: "c_attn" matches
+ * "transformer.h.0.attn.c_attn") and is a Linear or a Conv1D custom layer
+ * (weight [in, out], GPT-2's) gets lora_A.weight [r, in] (U(+-1/sqrt(in)):
+ * kaiming_uniform with a = sqrt(5)) and lora_B.weight [out, r] (zeros, so
+ * the model starts as the base), and computes base(x) + scaling *
+ * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora).
+ * Every other parameter of the model is frozen (dt_model_build_params.frozen
+ * semantics): only the adapters train. */
+typedef struct dt_lora_params {
+    int64_t r;                   /* rank, 1..65536 (default 8) */
+    float alpha;                 /* lora_alpha (default 8) */
+    float dropout;               /* lora_dropout on the adapters' input, [0, 1) (default 0) */
+    const char *const *targets;  /* NULL-terminated layer names (required; borrowed during the build) */
+    bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
+} dt_lora_params;
+DT_API dt_lora_params dt_lora_params_default(void);
+
 /* Options of dt_model_build. */
 typedef struct dt_model_build_params {
     int world;   /* pad every flat to a multiple of world * (64 B / element) elements so rank r's
@@ -350,6 +369,8 @@ typedef struct dt_model_build_params {
                                   it (no optimizer state, no gradient memory; every rank holds
                                   it whole). An entry tied to another follows its source.
                                   Borrowed during the build; default NULL (none) */
+    const dt_lora_params *lora; /* LoRA adapters on the target layers, every other parameter
+                                  frozen (dt_lora_params); borrowed during the build; default NULL */
     const char *const *f32_modules; /* with a low param_dtype: NULL-terminated module paths whose
                                   parameters (and those of the modules inside them) stay f32
                                   (the precision policy's per-module override, e.g. norms);

@@ -83,6 +83,7 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                     p->numel *= (size_t)s->shape[d];
                 }
             }
+            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m);
             for (const char *const *f = md->frozen; f && *f && !s->is_buffer && !p->frozen; f++)
                 p->frozen = fnmatch(*f, e->name, 0) == 0;
             p->is_buffer = s->is_buffer || p->frozen; /* frozen: stored and kept like a buffer */
@@ -458,6 +459,13 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->keep_bn_fp32 = bp->keep_batchnorm_fp32;
     md->f32_modules = bp->f32_modules;
     md->frozen = bp->frozen;
+    md->lora = bp->lora != NULL;
+    if (bp->lora && dt__lora_apply(root, bp->lora) < 0) {
+        dt_status st = dt_last_status();
+        dt_module_free(root);
+        free(md);
+        return st;
+    }
     int nmod = 0;
     size_t nent = 0;
     count_tree(root, &nmod, &nent);

@@ -71,6 +71,11 @@ typedef struct dt__entry {
     int64_t tied;           /* source entry, or -1 */
 } dt__entry;
 
+/* LoRA (lora.c): add the adapters of p to the unbuilt tree under root;
+ * whether m is an adapter module (its parameters train under LoRA). */
+dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p);
+bool dt__lora_param(const dt_module *m);
+
 struct dt_model {
     dt_module *root;
     uint64_t seed;
@@ -86,6 +91,7 @@ struct dt_model {
     bool keep_bn_fp32;      /* dt_model_build_params.keep_batchnorm_fp32 */
     const char *const *f32_modules; /* dt_model_build_params.f32_modules (borrowed during the build) */
     const char *const *frozen; /* dt_model_build_params.frozen (borrowed during the build) */
+    bool lora;                 /* dt_model_build_params.lora: parameters outside the adapters frozen */
     size_t nparams_f32;     /* float (f32, bf16, f16) parameters: what a meta model binds */
     size_t nbound;          /* of them, bound by dt_model_bind_param on a meta model */
     /* one flat per role and dtype (total 0 and base NULL when unused) */
