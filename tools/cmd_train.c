@@ -208,9 +208,13 @@ static int freeze_patterns(trainer *t)
         return 0;
     if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
         return rc;
-    if (t->o.save_lora && (t->ddp.stage == 3 || t->ddp.pp > 1 || t->ddp.tp > 1)) {
-        dt__cli_err("dtrain train: --save-lora needs the adapters whole on rank 0: not with --zero 3, --pp or "
-                    "--tp (save a checkpoint with --save instead)\n");
+    if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
+        dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
+        return 2;
+    }
+    if (t->o.save_lora && t->ddp.stage == 3) {
+        dt__cli_err("dtrain train: --save-lora needs the adapters whole on rank 0: not with --zero 3 (save a "
+                    "checkpoint with --save instead)\n");
         return 2;
     }
     t->lora = dt_lora_params_default();

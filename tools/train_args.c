@@ -133,14 +133,15 @@ static const opt_def opts[] = {
      "an error)"},
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
-     "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x)))"},
+     "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
+     "with DDP and ZeRO, not yet with --tp or --pp"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
     {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
-     "PeftModel.from_pretrained loads them); not with --zero 3, --pp or --tp"},
+     "PeftModel.from_pretrained loads them); not with --zero 3"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data); the model's vocabulary is its size unless --vocab-size"},

@@ -146,9 +146,11 @@ static uint32_t lookup_affixed(enc *e, const char *pre, const char *s, size_t n,
     size_t pl = pre ? strlen(pre) : 0, sl = suf ? strlen(suf) : 0;
     if (grow((void **)&e->tmp, &e->tmpcap, pl + n + sl + 1, 1) < 0)
         return TOK_NONE - 1; /* out of memory: the caller reports it */
-    memcpy(e->tmp, pre, pl);
+    if (pl)
+        memcpy(e->tmp, pre, pl);
     memcpy(e->tmp + pl, s, n);
-    memcpy(e->tmp + pl + n, suf, sl);
+    if (sl)
+        memcpy(e->tmp + pl + n, suf, sl);
     return dt__tok_strmap_get(&t->vocab, &t->pool, e->tmp, pl + n + sl);
 }
 

@@ -365,7 +365,7 @@ static dt_status read_merges(rd *r, const cJSON *model)
                       (int)(ia == TOK_NONE ? (al > 64 ? 64 : al) : (bl > 64 ? 64 : bl)), ia == TOK_NONE ? a : b);
             break;
         }
-        if (bl < plen || memcmp(b, t->prefix, plen)) {
+        if (bl < plen || (plen && memcmp(b, t->prefix, plen))) {
             st = kerr(r, DT_ERR_FORMAT, key, "the right token does not start with continuing_subword_prefix");
             break;
         }

@@ -162,6 +162,34 @@ TEST(lora)
     ASSERT_STR_CONTAINS(r.err, "no layer matches");
 }
 
+/* LoRA under ZeRO-3 on 2 ranks: the adapters are sharded and trained, the
+ * frozen base whole and unchanged. */
+TEST(lora_zero3)
+{
+    char data[800];
+    snprintf(data, sizeof data, "tokens:%s", tokens_);
+    const char *save = cli_path("lora_z3");
+    char *base[] = {"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--vocab-size", "701", "--seq", "32",
+                    "--batch", "4", "--max-steps", "3", "--threads", "1", "--seed", "7", "--optimizer", "adamw",
+                    "--lr", "0.01", "--lora-targets", "c_attn,c_fc", "--lora-r", "2", "--zero", "3", "--save",
+                    (char *)save, NULL};
+    cli_result r;
+    cli_run_ranks(&r, 300, NULL, 2, 1, (char *const *const[]){base});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *tg[] = {"c_attn", "c_fc", NULL};
+    dt_lora_params lp = dt_lora_params_default();
+    lp.r = 2;
+    lp.targets = tg;
+    char step[900];
+    snprintf(step, sizeof step, "%s/step-00000003", save);
+    ASSERT_EQ_INT(check_ckpt_lora(step, &lp, "*.lora_[AB].weight", 28), 0);
+    char *tp2[] = {"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--vocab-size", "701",
+                   "--lora-targets", "c_attn", "--tp", "2", NULL};
+    cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp2});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not available yet");
+}
+
 TEST(bad_patterns)
 {
     char data[800];
@@ -187,6 +215,7 @@ int main(void)
     RUN(zero1_2);
     RUN(zero3_2);
     RUN(lora);
+    RUN(lora_zero3);
     RUN(bad_patterns);
     cli_cleanup();
     return TEST_REPORT();
