@@ -450,7 +450,7 @@ static int setup_model(trainer *t)
         (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
                 : dt_model_init_torch(t->model, t->o.seed)) < 0)
         return fail(1, "--rng torch");
-    if (cfg.build.meta && t->freeze && !strcmp(t->o.rng, "torch") &&
+    if (cfg.build.meta && (t->freeze || t->lora_targets) && !strcmp(t->o.rng, "torch") &&
         dt_model_init_frozen(t->model, DT_INIT_TORCH, t->o.seed) < 0) /* the shards get torch's by init_range */
         return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
