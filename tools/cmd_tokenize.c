@@ -4,6 +4,7 @@
  * printing only: the tokenizer and the token files are data.h's. */
 #include "cmd.h"
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -17,10 +18,18 @@ static void usage(FILE *f)
             "       dtrain tokenize --vocab VOCAB CORPUS -o TOKENS.bin [--val-fraction F --val-out VAL.bin]\n"
             "       dtrain tokenize --vocab VOCAB --decode TOKENS.bin -o TEXT\n"
             "       dtrain tokenize --unigram TRAIN.bin [EVAL.bin] [--vocab VOCAB]\n"
+            "       (--tokenizer TOKENIZER.json in place of --vocab VOCAB everywhere)\n"
             "  --train-vocab N    learn a byte-level BPE of N ids (256..65536: the 256 bytes and N-256\n"
-            "                     merges) from CORPUS and write the vocab file VOCAB\n"
+            "                     merges) from CORPUS and write the vocab file VOCAB; a VOCAB named\n"
+            "                     *.json is written as a Hugging Face tokenizer.json instead (what\n"
+            "                     transformers and tokenizers load: the same ids for every text, plus\n"
+            "                     the special token <|endoftext|> as id N)\n"
             "  --min-count C      stop merging when the best pair occurs fewer than C times (default 2)\n"
             "  --vocab VOCAB      encode CORPUS with VOCAB into an llm.c token file (uint16 tokens)\n"
+            "  --tokenizer FILE   a Hugging Face tokenizer.json (or a model directory holding one) with a\n"
+            "                     byte-level BPE model (GPT-2, Llama-3, Qwen2 style): the ids the\n"
+            "                     tokenizers library gives (encode(text, add_special_tokens=False)); added\n"
+            "                     tokens written in the text (<|endoftext|>) are their ids\n"
             "  --val-fraction F   put the last F of the text (0 < F < 1, cut at a line end) in VAL.bin\n"
             "                     and the rest in TOKENS.bin, each encoded on its own\n"
             "  --decode FILE      write the text of token file FILE\n"
@@ -32,7 +41,8 @@ static void usage(FILE *f)
             "                     through a symlink\n"
             "  e.g. bible Gen1:1-Rev22:21 > kjv.txt\n"
             "       dtrain tokenize --train-vocab 4096 kjv.txt -o kjv.bpe\n"
-            "       dtrain tokenize --vocab kjv.bpe kjv.txt -o train.bin --val-fraction 0.1 --val-out val.bin\n");
+            "       dtrain tokenize --vocab kjv.bpe kjv.txt -o train.bin --val-fraction 0.1 --val-out val.bin\n"
+            "       dtrain tokenize --tokenizer gpt2/tokenizer.json kjv.txt -o train.bin\n");
 }
 
 /* The whole of path (size in *n). NULL with a message on failure. */
@@ -69,14 +79,90 @@ static char *read_all(const char *path, size_t *n)
     return buf;
 }
 
-static int encode_to(const dt_bpe *bpe, const char *text, size_t n, const char *out)
+/* The vocabulary in use: dtrain's BPE or a tokenizer.json. */
+typedef struct vocab_src {
+    dt_bpe *bpe;
+    dt_tokenizer *tok;
+} vocab_src;
+
+static dt_status vocab_open(const char *vocab, const char *tokenizer, vocab_src *v)
+{
+    v->bpe = NULL;
+    v->tok = NULL;
+    return tokenizer ? dt_tokenizer_load(tokenizer, &v->tok) : dt_bpe_load(vocab, &v->bpe);
+}
+
+static void vocab_close(vocab_src *v)
+{
+    dt_bpe_free(v->bpe);
+    dt_tokenizer_free(v->tok);
+}
+
+static int64_t vocab_size(const vocab_src *v)
+{
+    return v->tok ? dt_tokenizer_vocab_size(v->tok) : dt_bpe_vocab_size(v->bpe);
+}
+
+/* Encode into uint16 ids (token files hold uint16): 1 with a message on failure, 2 for bad input. */
+static int vocab_encode(const vocab_src *v, const char *text, size_t n, uint16_t **out, int64_t *nout)
+{
+    if (v->bpe) {
+        if (dt_bpe_encode(v->bpe, text, n, out, nout) < 0) {
+            dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
+            return 1;
+        }
+        return 0;
+    }
+    uint32_t *ids;
+    int64_t ni;
+    dt_status st = dt_tokenizer_encode(v->tok, text, n, false, &ids, &ni);
+    if (st < 0) {
+        dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
+        return st == DT_ERR_INVALID_ARG ? 2 : 1;
+    }
+    uint16_t *o = malloc((size_t)(ni ? ni : 1) * sizeof *o);
+    for (int64_t i = 0; o && i < ni; i++) {
+        if (ids[i] > UINT16_MAX) {
+            dt__cli_err("dtrain tokenize: token id %u at position %lld does not fit a token file's uint16 (the "
+                        "tokenizer has %lld ids; token files hold up to 65536)\n",
+                        ids[i], (long long)i, (long long)dt_tokenizer_vocab_size(v->tok));
+            free(ids);
+            free(o);
+            return 2;
+        }
+        o[i] = (uint16_t)ids[i];
+    }
+    free(ids);
+    if (!o) {
+        dt__cli_err("dtrain tokenize: out of memory\n");
+        return 1;
+    }
+    *out = o;
+    *nout = ni;
+    return 0;
+}
+
+static dt_status vocab_decode(const vocab_src *v, const uint16_t *ids, int64_t n, char **text, size_t *len)
+{
+    if (v->bpe)
+        return dt_bpe_decode(v->bpe, ids, n, text, len);
+    uint32_t *w = malloc((size_t)(n ? n : 1) * sizeof *w);
+    if (!w)
+        return dt_error(DT_ERR_NO_MEMORY, "decode: out of memory");
+    for (int64_t i = 0; i < n; i++)
+        w[i] = ids[i];
+    dt_status st = dt_tokenizer_decode(v->tok, w, n, false, text, len);
+    free(w);
+    return st;
+}
+
+static int encode_to(const vocab_src *v, const char *text, size_t n, const char *out)
 {
     uint16_t *ids;
     int64_t ni;
-    if (dt_bpe_encode(bpe, text, n, &ids, &ni) < 0) {
-        dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
-        return 1;
-    }
+    int erc = vocab_encode(v, text, n, &ids, &ni);
+    if (erc)
+        return erc;
     dt_status st = dt_tokens_write(out, ids, ni);
     free(ids);
     if (st < 0) {
@@ -89,21 +175,22 @@ static int encode_to(const dt_bpe *bpe, const char *text, size_t n, const char *
     return 0;
 }
 
-static int unigram_baseline(const char *train, const char *eval, const char *vocab, bool extra)
+static int unigram_baseline(const char *train, const char *eval, const char *vocab, const char *tokenizer,
+                            bool extra)
 {
     if (extra) {
-        dt__cli_err("dtrain tokenize: --unigram takes one or two token files and --vocab only\n");
+        dt__cli_err("dtrain tokenize: --unigram takes one or two token files and --vocab or --tokenizer only\n");
         return 2;
     }
     int64_t V = 0;
-    if (vocab) {
-        dt_bpe *bpe;
-        if (dt_bpe_load(vocab, &bpe) < 0) {
+    if (vocab || tokenizer) {
+        vocab_src v;
+        if (vocab_open(vocab, tokenizer, &v) < 0) {
             dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
             return 2;
         }
-        V = dt_bpe_vocab_size(bpe);
-        dt_bpe_free(bpe);
+        V = vocab_size(&v);
+        vocab_close(&v);
     }
     dt_tokens *a = NULL, *b = NULL;
     double h = 0;
@@ -125,7 +212,7 @@ static int unigram_baseline(const char *train, const char *eval, const char *voc
 int dt_cmd_tokenize(int argc, char **argv)
 {
     const char *train_vocab = NULL, *vocab = NULL, *decode = NULL, *out = NULL, *val_out = NULL,
-               *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL;
+               *corpus = NULL, *val_frac_s = NULL, *min_count_s = NULL, *unigram = NULL, *tokenizer = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **dst = NULL;
@@ -136,6 +223,8 @@ int dt_cmd_tokenize(int argc, char **argv)
             dst = &train_vocab;
         else if (!strcmp(a, "--vocab"))
             dst = &vocab;
+        else if (!strcmp(a, "--tokenizer"))
+            dst = &tokenizer;
         else if (!strcmp(a, "--decode"))
             dst = &decode;
         else if (!strcmp(a, "-o"))
@@ -164,12 +253,18 @@ int dt_cmd_tokenize(int argc, char **argv)
         }
         *dst = argv[++i];
     }
+    if (vocab && tokenizer) {
+        dt__cli_err("dtrain tokenize: give --vocab VOCAB or --tokenizer FILE, not both\n");
+        return 2;
+    }
     if (unigram)
-        return unigram_baseline(unigram, corpus, vocab, out || train_vocab || decode || val_out || val_frac_s);
-    int modes = !!train_vocab + (vocab && !decode) + !!decode;
-    if (modes != 1 || (decode && !vocab)) {
-        dt__cli_err("dtrain tokenize: give one of --train-vocab N, --vocab VOCAB, or --vocab VOCAB --decode FILE "
-                    "(dtrain tokenize --help)\n");
+        return unigram_baseline(unigram, corpus, vocab, tokenizer,
+                                out || train_vocab || decode || val_out || val_frac_s);
+    bool have_vocab = vocab || tokenizer;
+    int modes = !!train_vocab + (have_vocab && !decode) + !!decode;
+    if (modes != 1 || (decode && !have_vocab)) {
+        dt__cli_err("dtrain tokenize: give one of --train-vocab N, --vocab VOCAB (or --tokenizer FILE), or "
+                    "--vocab VOCAB --decode FILE (dtrain tokenize --help)\n");
         return 2;
     }
     if (!out) {
@@ -210,35 +305,41 @@ int dt_cmd_tokenize(int argc, char **argv)
             return st == DT_ERR_NO_MEMORY ? 1 : 2;
         }
         double secs = dt_time_s() - t0;
-        st = dt_bpe_save(bpe, out);
+        size_t ol = strlen(out);
+        bool json = ol >= 5 && !strcmp(out + ol - 5, ".json");
+        st = json ? dt_bpe_save_tokenizer_json(bpe, "<|endoftext|>", out) : dt_bpe_save(bpe, out);
         int64_t V = dt_bpe_vocab_size(bpe);
         dt_bpe_free(bpe);
         if (st < 0) {
             dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
-            return 1;
+            return st == DT_ERR_UNSUPPORTED ? 2 : 1;
         }
         char esc[300];
+        if (json)
+            printf("%s: tokenizer.json, special token <|endoftext|> = id %lld\n", dt_escape(out, esc, sizeof esc),
+                   (long long)V);
         printf("%s: vocab of %lld ids (256 bytes + %lld merges) learned from %zu bytes in %.2f s%s\n",
                dt_escape(out, esc, sizeof esc), (long long)V, (long long)(V - 256), n, secs,
                V < tp.vocab_size ? " (the text ran out of pairs before the size asked)" : "");
         return 0;
     }
 
-    dt_bpe *bpe;
-    if (dt_bpe_load(vocab, &bpe) < 0) {
+    vocab_src vs;
+    if (vocab_open(vocab, tokenizer, &vs) < 0) {
         dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
         return 2;
     }
+    const vocab_src *bpe = &vs;
     int rc = 0;
     if (decode) {
         dt_tokens *t;
         char *text = NULL;
         size_t len = 0;
-        if (dt_tokens_open(decode, dt_bpe_vocab_size(bpe), &t) < 0) {
-            dt__cli_err("dtrain tokenize: %s (vocab %s)\n", dt_last_error(), vocab);
+        if (dt_tokens_open(decode, vocab_size(bpe), &t) < 0) {
+            dt__cli_err("dtrain tokenize: %s (vocab %s)\n", dt_last_error(), vocab ? vocab : tokenizer);
             rc = 2;
         } else {
-            if (dt_bpe_decode(bpe, dt_tokens_data(t), dt_tokens_count(t), &text, &len) < 0 ||
+            if (vocab_decode(bpe, dt_tokens_data(t), dt_tokens_count(t), &text, &len) < 0 ||
                 dt_file_write_atomic(out, text, len, 0644) < 0) {
                 dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
                 rc = 1;
@@ -250,24 +351,24 @@ int dt_cmd_tokenize(int argc, char **argv)
             free(text);
             dt_tokens_close(t);
         }
-        dt_bpe_free(bpe);
+        vocab_close(&vs);
         return rc;
     }
     double frac = 0;
     if (val_frac_s && dt_parse_double("--val-fraction", val_frac_s, 0, 1, &frac) < 0) {
         dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
-        dt_bpe_free(bpe);
+        vocab_close(&vs);
         return 2;
     }
     if (val_frac_s && (frac <= 0 || frac >= 1)) {
         dt__cli_err("dtrain tokenize: --val-fraction %s: want a fraction strictly between 0 and 1\n", val_frac_s);
-        dt_bpe_free(bpe);
+        vocab_close(&vs);
         return 2;
     }
     size_t n;
     char *text = read_all(corpus, &n);
     if (!text) {
-        dt_bpe_free(bpe);
+        vocab_close(&vs);
         return 2;
     }
     size_t cut = n;
@@ -280,7 +381,7 @@ int dt_cmd_tokenize(int argc, char **argv)
             dt__cli_err("dtrain tokenize: %s: cannot split %zu bytes at a line end for --val-fraction %s\n",
                         corpus, n, val_frac_s);
             free(text);
-            dt_bpe_free(bpe);
+            vocab_close(&vs);
             return 2;
         }
     }
@@ -293,6 +394,6 @@ int dt_cmd_tokenize(int argc, char **argv)
     if (rc == 0 && val_frac_s)
         rc = encode_to(bpe, text + cut, n - cut, val_out);
     free(text);
-    dt_bpe_free(bpe);
+    vocab_close(&vs);
     return rc;
 }

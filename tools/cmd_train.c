@@ -30,8 +30,10 @@
 #include "train_ddp.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
@@ -45,6 +47,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fnmatch.h>
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
@@ -88,6 +91,12 @@ typedef struct {
     double peak_gflops;           /* the MFU's denominator (language models) */
     dt_tokens *sample_src;        /* the validation (or training) tokens: the samples' prompt */
     dt_bpe *bpe;                  /* --vocab: samples as text */
+    dt_tokenizer *tok;            /* --tokenizer: text data */
+    char *freeze_buf;             /* --freeze split at its commas */
+    const char **freeze;          /* NULL-terminated patterns into freeze_buf (NULL: none) */
+    char *lora_buf;               /* --lora-targets split at its commas */
+    const char **lora_targets;    /* NULL-terminated */
+    dt_lora_params lora;          /* with lora_targets set: the build's adapters */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -165,7 +174,104 @@ static dt_model_config model_config(const trainer *t)
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
     cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
+    cfg.build.frozen = t->freeze;
+    cfg.build.lora = t->lora_targets ? &t->lora : NULL;
     return cfg;
+}
+
+/* A comma-separated list into a NULL-terminated array (*buf holds the strings). */
+static int split_list(const char *opt, const char *list, char **buf, const char ***out)
+{
+    size_t n = 1;
+    for (const char *c = list; *c; c++)
+        n += *c == ',';
+    *buf = strdup(list);
+    *out = calloc(n + 1, sizeof **out);
+    if (!*buf || !*out)
+        return fail(1, opt);
+    size_t k = 0;
+    for (char *s = *buf, *c; s; s = c) {
+        if ((c = strchr(s, ',')))
+            *c++ = 0;
+        if (!*s) {
+            dt__cli_err("dtrain train: %s %s: an empty name\n", opt, list);
+            return 2;
+        }
+        (*out)[k++] = s;
+    }
+    return 0;
+}
+
+/* --freeze and --lora-*: the patterns and targets (each --freeze pattern
+ * must match a parameter of the model: a typo would otherwise train
+ * everything; freeze_report checks after the build). */
+static int freeze_patterns(trainer *t)
+{
+    int rc;
+    if (t->o.freeze && (rc = split_list("--freeze", t->o.freeze, &t->freeze_buf, &t->freeze)))
+        return rc;
+    if (!t->o.lora_targets)
+        return 0;
+    if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
+        return rc;
+    if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
+        dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
+        return 2;
+    }
+    if (t->o.save_lora && t->ddp.stage == 3) {
+        dt__cli_err("dtrain train: --save-lora needs the adapters whole on rank 0: not with --zero 3 (save a "
+                    "checkpoint with --save instead)\n");
+        return 2;
+    }
+    t->lora = dt_lora_params_default();
+    if (t->o.lora_r)
+        t->lora.r = t->o.lora_r;
+    if (t->o.lora_alpha > 0)
+        t->lora.alpha = (float)t->o.lora_alpha;
+    t->lora.dropout = (float)t->o.lora_dropout;
+    t->lora.rslora = t->o.lora_rslora;
+    t->lora.targets = t->lora_targets;
+    return 0;
+}
+
+static int freeze_report(trainer *t)
+{
+    if (!t->freeze && !t->lora_targets)
+        return 0;
+    size_t nfrozen = 0, efrozen = 0;
+    for (const char **f = t->freeze; f && *f; f++) {
+        bool hit = false;
+        for (size_t i = 0; i < dt_model_num_entries(t->model); i++) {
+            dt_param_info p;
+            dt_model_entry(t->model, i, &p);
+            hit |= p.frozen && fnmatch(*f, p.name, 0) == 0;
+        }
+        if (!hit) {
+            dt__cli_err("dtrain train: --freeze '%s' matches no parameter of --model %s (names as in its "
+                        "checkpoints: dtrain ckpt info)\n", *f, t->o.model);
+            return 2;
+        }
+    }
+    for (size_t i = 0; i < dt_model_num_entries(t->model); i++) {
+        dt_param_info p;
+        dt_model_entry(t->model, i, &p);
+        if (p.frozen && p.tied_to < 0)
+            nfrozen++, efrozen += p.numel;
+    }
+    if (dt_model_param_count(t->model) == 0) {
+        dt__cli_err("dtrain train: --freeze %s freezes every parameter: nothing left to train\n", t->o.freeze);
+        return 2;
+    }
+    if (dt__ddp_is_main(&t->ddp))
+        printf("frozen: %zu parameters (%zu elements) by %s%s%s; %zu elements train\n", nfrozen, efrozen,
+               t->lora_targets ? "LoRA (adapters on " : "--freeze ", t->lora_targets ? t->o.lora_targets : t->o.freeze,
+               t->lora_targets ? ")" : "", dt_model_param_count(t->model));
+    if (dt__ddp_is_main(&t->ddp) && t->lora_targets)
+        printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s\n", (long long)t->lora.r, (double)t->lora.alpha,
+               (double)t->lora.dropout,
+               t->lora.rslora ? (double)t->lora.alpha / sqrt((double)t->lora.r) : (double)t->lora.alpha / (double)t->lora.r,
+               t->lora.rslora ? " (rsLoRA)" : "");
+    return 0;
 }
 
 /* --offload into the trainer's parameters. The CLI's sub-groups are 2^23
@@ -224,10 +330,22 @@ static void warn_oversubscribed(const trainer *t)
                 (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
 }
 
-/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
- * is the BPE vocabulary's size (said at start), so its ids fit. */
+/* GPT models with --vocab FILE (or --tokenizer FILE) and no --vocab-size:
+ * the model's vocabulary is the BPE vocabulary's size (said at start), so
+ * its ids fit. */
 static int vocab_size_from_vocab(trainer *t)
 {
+    if (t->o.tokenizer) {
+        if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
+            return fail(2, "--tokenizer");
+        if (t->o.vocab_size)
+            return 0;
+        t->o.vocab_size = dt_tokenizer_vocab_size(t->tok);
+        if (dt__ddp_is_main(&t->ddp))
+            printf("vocab size %lld (the size of --tokenizer %s; --vocab-size N overrides)\n",
+                   (long long)t->o.vocab_size, t->o.tokenizer);
+        return 0;
+    }
     if (!t->o.vocab || t->o.vocab_size)
         return 0;
     if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
@@ -320,6 +438,9 @@ static int setup_model(trainer *t)
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3, --pp: each rank initialises what it holds */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return fail(2, "--model");
+    int frc = freeze_report(t);
+    if (frc)
+        return frc;
     t->lm = t->desc.input_dtype == DT_I64;
     if (t->o.act_ckpt) {
         dt_act_ckpt_params ap = dt_act_ckpt_params_default();
@@ -335,12 +456,23 @@ static int setup_model(trainer *t)
         (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
                 : dt_model_init_torch(t->model, t->o.seed)) < 0)
         return fail(1, "--rng torch");
+    if (cfg.build.meta && (t->freeze || t->lora_targets) && !strcmp(t->o.rng, "torch") &&
+        dt_model_init_frozen(t->model, DT_INIT_TORCH, t->o.seed) < 0) /* the shards get torch's by init_range */
+        return fail(1, "--rng torch");
     int64_t tshape[DT_MAX_DIMS];
     dt_dtype tdt;
     if (dt_model_desc_shapes(&t->desc, 1, &t->in_ndim, t->in_shape, &t->tgt_ndim, tshape, &tdt) < 0)
         return fail(1, "model input shape");
     t->classifier = !strcmp(t->o.model, "convnet");
     return 0;
+}
+
+/* tokens:FILE, or text:/jsonl: encoded with --tokenizer (dt_dataset_text_open). */
+static dt_status lm_data_open(trainer *t, const char *spec, const dt_tokens_params *kp, dt_dataset **out)
+{
+    if (!strncmp(spec, "tokens:", 7))
+        return dt_dataset_tokens_open(spec + 7, kp, out);
+    return dt_dataset_text_open(spec, t->tok, kp, out);
 }
 
 static int setup_data(trainer *t)
@@ -354,10 +486,10 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
-        const char *val = t->o.val_data ? t->o.val_data + 7 : t->o.data + 7;
-        if ((st = dt_dataset_tokens_open(t->o.data + 7, &kp, &t->base_train)) >= 0 &&
-            (st = dt_dataset_tokens_open(val, &kp, &t->base_test)) < 0)
-            snprintf(what, sizeof what, "--val-data %s", t->o.val_data ? t->o.val_data : t->o.data);
+        const char *vspec = t->o.val_data ? t->o.val_data : t->o.data, *val = vspec + 7;
+        if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
+            (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)
+            snprintf(what, sizeof what, "--val-data %s", vspec);
         if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
             /* a token the model's vocabulary does not have: say which option sizes it */
             char msg[1024];
@@ -1335,6 +1467,11 @@ static void cleanup(trainer *t)
     dt_dataset_free(t->base_test);
     dt_tokens_close(t->sample_src);
     dt_bpe_free(t->bpe);
+    dt_tokenizer_free(t->tok);
+    free(t->freeze);
+    free(t->freeze_buf);
+    free(t->lora_targets);
+    free(t->lora_buf);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
     dt_trace_close(); /* a run that failed still leaves this rank's timeline */
     dt__ddp_free_ddp(&t->ddp);
@@ -1402,7 +1539,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     }
-    if ((rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    if ((rc = freeze_patterns(t)) || (rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
     if (eval_ckpt) {
@@ -1581,6 +1718,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     }
     if (t->o.save_hf && (rc = save_hf(t)))
         goto out;
+    if (t->o.save_lora && dt__ddp_is_main(&t->ddp)) {
+        if (dt_lora_save_peft(t->model, &t->lora, NULL, t->o.save_lora) < 0) {
+            rc = fail(1, "--save-lora");
+            goto out;
+        }
+        printf("LoRA adapters written to %s (PEFT's adapter_config.json, adapter_model.safetensors)\n",
+               t->o.save_lora);
+    }
     if (t->o.sample_every > 0 && t->global_step % t->o.sample_every != 0 && (rc = print_sample(t)))
         goto out;
     if ((rc = dt__ddp_memory_report(&t->ddp, t->tr))) /* ZeRO: collective */

@@ -64,6 +64,14 @@ typedef struct dt__train_opts {
     int64_t sample_tokens;    /* its length, default 64 */
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
+    const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
+    const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
+    const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */
+    int64_t lora_r;           /* 0 = 8 */
+    double lora_alpha;        /* 0 = 8 */
+    double lora_dropout;
+    bool lora_rslora;
+    const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
     /* ZeRO / FSDP (tools/train_ddp.c) */
     const char *zero;         /* 0 | 1 | 2 | 3, NULL = unset (DDP) */
     const char *fsdp;         /* no_shard | shard_grad_op | full_shard | hybrid_shard, NULL = unset */

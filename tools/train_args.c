@@ -35,8 +35,10 @@ static const opt_def opts[] = {
      "safetensors weights; Llama, Mistral, Qwen2 or GPT-2), starting from its weights"},
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
-     "| tokens:FILE (default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the "
-     "test set; GPT models need tokens:FILE, an llm.c token file"},
+     "| tokens:FILE | text:FILE[,FILE...] | jsonl:FILE[,FILE...][,field=KEY] (default fashion-mnist; random for "
+     "mlp). npy/csv: a held-out fraction F (default 0.1) is the test set; GPT models need tokens:FILE (an llm.c "
+     "token file) or text (each text: file, each jsonl: line's KEY, default text, one document, followed by the "
+     "end-of-document token; encoded with --tokenizer at start)"},
     {"epochs", OPT_INT, OFF(epochs), 1, 1e6, NULL, "N", "passes over the training set (default 1)"},
     {"batch", OPT_INT, OFF(batch), 1, 1e6, NULL, "N", "samples per step (default 100)"},
     {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb", "NAME", "default sgd"},
@@ -125,6 +127,25 @@ static const opt_def opts[] = {
     {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "GPT models: sample length (default 64)"},
     {"vocab", OPT_STR, OFF(vocab), 0, 0, NULL, "FILE",
      "GPT models: the token files' BPE vocabulary (dtrain tokenize): samples are printed as text"},
+    {"freeze", OPT_STR, OFF(freeze), 0, 0, NULL, "PATTERN[,PATTERN...]",
+     "freeze the parameters whose names match a pattern ('*' and '?' as in the shell, '*' crossing dots: "
+     "'transformer.h.0.*', '*.wte.weight'): they keep their values, have no gradient, no optimizer state and no "
+     "gradient reduction under any strategy, and are whole on every rank (a pattern matching no parameter is "
+     "an error)"},
+    {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
+     "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
+     "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
+     "with DDP and ZeRO, not yet with --tp or --pp"},
+    {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
+    {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
+    {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
+    {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
+     "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
+     "PeftModel.from_pretrained loads them); not with --zero 3"},
+    {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
+     "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
+     "--val-data); the model's vocabulary is its size unless --vocab-size"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
@@ -560,13 +581,40 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
     return o->config ? 0 : dt__train_check(o);
 }
 
+/* Language-model data: text:/jsonl: (encoded with --tokenizer) and tokens:FILE. */
+static bool lm_text_spec(const char *d)
+{
+    return (!strncmp(d, "text:", 5) && d[5]) || (!strncmp(d, "jsonl:", 6) && d[6]);
+}
+
+static bool lm_data_spec(const char *d) { return (!strncmp(d, "tokens:", 7) && d[7]) || lm_text_spec(d); }
+
 int dt__train_check(dt__train_opts *o)
 {
     /* Cross-field checks. */
     const bool lm = strcmp(o->model, "convnet") && strcmp(o->model, "mlp");
-    if (lm && (!o->data || strncmp(o->data, "tokens:", 7) || !o->data[7])) {
-        dt__cli_err("dtrain train: --model %s trains on token files: give --data tokens:FILE (an llm.c token "
-                    "file; dtrain tokenize makes one)\n", o->model);
+    if (lm && (!o->data || !lm_data_spec(o->data))) {
+        dt__cli_err("dtrain train: --model %s trains on token files or text: give --data tokens:FILE (an llm.c "
+                    "token file; dtrain tokenize makes one), text:FILE or jsonl:FILE with --tokenizer\n", o->model);
+        return 2;
+    }
+    if (lm && !o->tokenizer && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data)))) {
+        dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
+        return 2;
+    }
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->save_lora) &&
+        !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --save-lora go with "
+                    "--lora-targets NAME[,NAME...]\n");
+        return 2;
+    }
+    if (o->tokenizer && (!lm || o->vocab)) {
+        dt__cli_err("dtrain train: --tokenizer goes with GPT models and text data, not with --vocab\n");
+        return 2;
+    }
+    if (lm && o->sample_every && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data)))) {
+        dt__cli_err("dtrain train: --sample-every takes its prompt from a token file: give --val-data "
+                    "tokens:FILE, or leave --sample-every out with text data\n");
         return 2;
     }
     if (!lm && (o->val_data || o->seq || o->n_layer || o->n_head || o->n_embd || o->block_size || o->vocab_size ||
@@ -575,8 +623,8 @@ int dt__train_check(dt__train_opts *o)
                     "--dropout, --sample-every and --vocab apply to GPT models only\n");
         return 2;
     }
-    if (lm && o->val_data && (strncmp(o->val_data, "tokens:", 7) || !o->val_data[7])) {
-        dt__cli_err("dtrain train: --val-data %s: expected tokens:FILE\n", o->val_data);
+    if (lm && o->val_data && !lm_data_spec(o->val_data)) {
+        dt__cli_err("dtrain train: --val-data %s: expected tokens:FILE, text:FILE or jsonl:FILE\n", o->val_data);
         return 2;
     }
     if (lm && !o->val_data && !o->no_eval) {
@@ -588,7 +636,7 @@ int dt__train_check(dt__train_opts *o)
     if (strcmp(o->data, "fashion-mnist") && strcmp(o->data, "random") &&
         !(!strncmp(o->data, "mnist:", 6) && o->data[6]) && !(!strncmp(o->data, "idx:", 4) && o->data[4]) &&
         !(!strncmp(o->data, "npy:", 4) && o->data[4]) && !(!strncmp(o->data, "csv:", 4) && o->data[4]) &&
-        !(lm && !strncmp(o->data, "tokens:", 7))) {
+        !(lm && lm_data_spec(o->data))) {
         dt__cli_err("dtrain train: --data %s: unknown data (expected fashion-mnist, mnist:DIR, idx:DIR, "
                     "npy:X.npy[,Y.npy], csv:FILE or random; tokens:FILE for GPT models)\n",
                 o->data);

@@ -432,6 +432,22 @@ DT_API size_t dt_ckpt_list_count(const dt_ckpt_list *l);
 /* The entries (borrowed; valid until the next add or free). */
 DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
 
+/* ---- LoRA adapters as PEFT saves them ---------------------------------------- */
+/* Write the LoRA adapters of m (built with dt_model_build_params.lora = p)
+ * into directory dir (made if missing) as Hugging Face PEFT's
+ * save_pretrained does: adapter_model.safetensors holding every
+ * "NAME.lora_A.weight" / "NAME.lora_B.weight" under the key
+ * "base_model.model.NAME.lora_A.weight" (metadata format = pt, the
+ * parameters' dtype), and adapter_config.json (peft_type LORA, task_type
+ * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules, use_rslora,
+ * fan_in_fan_out true for Conv1D targets, base_model_name_or_path =
+ * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
+ * sorted). Both files atomic. The adapters must be in this process's
+ * memory (not a ZeRO-3 shard or another pipeline stage's): DT_ERR_STATE.
+ * DT_ERR_NOT_FOUND when m has no adapters, DT_ERR_IO naming the path. */
+DT_API dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const char *base_model,
+                                   const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

@@ -429,6 +429,25 @@ DT_API void dt_module_clear_hooks(dt_module *m);
 
 /* ---- models --------------------------------------------------------------------- */
 
+/* LoRA adapters (Hu et al. 2021, as Hugging Face PEFT's LoraConfig), for
+ * dt_model_build_params.lora. Every layer whose path is a target or ends
+ * in "." + a target (PEFT's list matching: "c_attn" matches
+ * "transformer.h.0.attn.c_attn") and is a Linear or a Conv1D custom layer
+ * (weight [in, out], GPT-2's) gets lora_A.weight [r, in] (U(+-1/sqrt(in)):
+ * kaiming_uniform with a = sqrt(5)) and lora_B.weight [out, r] (zeros, so
+ * the model starts as the base), and computes base(x) + scaling *
+ * B(A(dropout(x))), scaling = alpha / r (alpha / sqrt(r) with rslora).
+ * Every other parameter of the model is frozen (dt_model_build_params.frozen
+ * semantics): only the adapters train. */
+typedef struct dt_lora_params {
+    int64_t r;                   /* rank, 1..65536 (default 8) */
+    float alpha;                 /* lora_alpha (default 8) */
+    float dropout;               /* lora_dropout on the adapters' input, [0, 1) (default 0) */
+    const char *const *targets;  /* NULL-terminated layer names (required; borrowed during the build) */
+    bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
+} dt_lora_params;
+DT_API dt_lora_params dt_lora_params_default(void);
+
 /* Options of dt_model_build. */
 typedef struct dt_model_build_params {
     int world;   /* pad every flat to a multiple of world * (64 B / element) elements so rank r's
@@ -446,6 +465,17 @@ typedef struct dt_model_build_params {
     bool keep_batchnorm_fp32;  /* with a low param_dtype: BatchNorm2d weight and bias stay f32
                                   (apex's keep_batchnorm_fp32), and with a low buffer_dtype its
                                   running statistics too; default true */
+    const char *const *frozen; /* NULL-terminated fnmatch(3) patterns of entry names ('*' matches
+                                  dots too: "transformer.h.0.*", "*.wte.weight"); a parameter whose
+                                  name matches one is frozen: named, ordered, initialised and
+                                  saved as a parameter, but stored with the buffers (the
+                                  DT_FLAT_BUFFERS flat of its dtype) with no gradient, so
+                                  optimizers, gradient reductions and ZeRO sharding never see
+                                  it (no optimizer state, no gradient memory; every rank holds
+                                  it whole). An entry tied to another follows its source.
+                                  Borrowed during the build; default NULL (none) */
+    const dt_lora_params *lora; /* LoRA adapters on the target layers, every other parameter
+                                  frozen (dt_lora_params); borrowed during the build; default NULL */
     const char *const *f32_modules; /* with a low param_dtype: NULL-terminated module paths whose
                                   parameters (and those of the modules inside them) stay f32
                                   (the precision policy's per-module override, e.g. norms);
@@ -494,6 +524,14 @@ typedef enum {
  * whole model) but keeps only the range (memory of the range). Works on meta
  * and allocated models alike (the model's own flats are not touched). */
 DT_API dt_status dt_model_init_range(const dt_model *m, dt_init_rng rng, uint64_t seed, dt_flat *dst);
+/* Redraw the frozen parameters (dt_model_build_params.frozen: they live
+ * with the buffers, which a meta build allocates and fills with
+ * DT_INIT_PHILOX values) as generator rng would give them in a full build:
+ * with DT_INIT_TORCH the values dt_model_init_torch(m, seed) puts there, so
+ * a meta model whose shards come from dt_model_init_range(m, DT_INIT_TORCH,
+ * seed, ...) holds frozen parameters equal to the full model's. A no-op for
+ * DT_INIT_PHILOX and for models without frozen parameters. */
+DT_API dt_status dt_model_init_frozen(dt_model *m, dt_init_rng rng, uint64_t seed);
 /* The world size the model's flats are padded for, and whether it is meta. */
 DT_API int dt_model_world(const dt_model *m);
 DT_API bool dt_model_is_meta(const dt_model *m);
@@ -531,6 +569,8 @@ typedef struct dt_param_info {
     dt_dtype dtype;                /* from its spec (num_batches_tracked is i64) */
     bool is_buffer;                /* false: in the DT_FLAT_PARAMS / DT_FLAT_GRADS flats;
                                       true: in the DT_FLAT_BUFFERS flat of dtype */
+    bool frozen;                   /* a parameter frozen by dt_model_build_params.frozen (then
+                                      is_buffer is true too: not trained, no gradient) */
     dt_tensor *tensor;             /* the view; borrowed; NULL in a meta model */
     int64_t tied_to;               /* -1; or the entry whose storage (and gradient) this one
                                       shares (dt_module_tie): listed under both names, as in
@@ -547,7 +587,8 @@ DT_API int64_t dt_model_find_entry(const dt_model *m, const char *name);
 /* Number of parameter tensors (entries with is_buffer false, tied ones not
  * counted). */
 DT_API size_t dt_model_num_params(const dt_model *m);
-/* Trainable elements, without padding (the "parameter count"). */
+/* Trainable elements, without padding (the "parameter count"; frozen
+ * parameters are not counted). */
 DT_API size_t dt_model_param_count(const dt_model *m);
 
 /* The three families of flats a model holds, one flat per dtype in each. */

@@ -15,6 +15,7 @@
 #include "dtrain/kernels.h"
 #include "dtrain/precision.h"
 
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,10 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
                     p->numel *= (size_t)s->shape[d];
                 }
             }
-            p->is_buffer = s->is_buffer;
+            p->frozen = !s->is_buffer && md->lora && !dt__lora_param(m);
+            for (const char *const *f = md->frozen; f && *f && !s->is_buffer && !p->frozen; f++)
+                p->frozen = fnmatch(*f, e->name, 0) == 0;
+            p->is_buffer = s->is_buffer || p->frozen; /* frozen: stored and kept like a buffer */
             if ((unsigned)s->dtype >= DT_DTYPE_COUNT)
                 return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: '%s' has an unknown dtype %d", e->name,
                                 (int)s->dtype);
@@ -248,7 +252,7 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
     for (size_t i = 0; i < md->nentry; i++) {
         dt__entry *e = &md->entries[i];
         const dt_param_info *p = &e->info;
-        if (p->is_buffer || !dt_dtype_is_float(p->dtype))
+        if ((p->is_buffer && !p->frozen) || !dt_dtype_is_float(p->dtype))
             continue;
         /* a tied entry draws its numbers and drops them, as torch's module
          * initialises its own weight before the assignment ties it */
@@ -259,6 +263,39 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
             return dt_last_status();
         /* constant inits draw nothing from torch's stream; they are written
          * here too (t is a scratch of unset values for bf16/f16 entries) */
+        if (random_init(entry_spec(e)->init))
+            torch_part(&g, e, entry_spec(e), 0, n, t);
+        else if (n)
+            philox_part(md, e, entry_spec(e), seed, 0, n, t);
+        if (t != dst) {
+            store_init(p->dtype, t, dst, n);
+            free(t);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_init_frozen(dt_model *md, dt_init_rng rng, uint64_t seed)
+{
+    if (!md)
+        return dt_error(DT_ERR_NULL, "dt_model_init_frozen: model is NULL");
+    if ((unsigned)rng >= DT_INIT_RNG_COUNT)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_init_frozen: unknown generator %d", (int)rng);
+    if (rng == DT_INIT_PHILOX)
+        return DT_OK; /* the build drew them so */
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (size_t i = 0; i < md->nentry; i++) {
+        dt__entry *e = &md->entries[i];
+        const dt_param_info *p = &e->info;
+        if ((p->is_buffer && !p->frozen) || !dt_dtype_is_float(p->dtype))
+            continue;
+        bool keep = p->frozen && e->tied < 0 && p->tensor;
+        size_t n = keep ? p->numel : 0;
+        void *dst = keep ? p->tensor->data : NULL;
+        float *t = init_target(p->dtype, dst, n);
+        if (dst && !t)
+            return dt_last_status();
         if (random_init(entry_spec(e)->init))
             torch_part(&g, e, entry_spec(e), 0, n, t);
         else if (n)
@@ -294,6 +331,10 @@ dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed
     for (size_t i = 0; i < md->nentry; i++) {
         const dt__entry *e = &md->entries[i];
         const dt_param_info *p = &e->info;
+        if (p->frozen && rng == DT_INIT_TORCH && dt_dtype_is_float(p->dtype)) { /* in the buffers: drawn, skipped */
+            torch_part(&g, e, entry_spec(e), 0, 0, NULL);
+            continue;
+        }
         if (p->is_buffer || !dt_dtype_is_float(p->dtype))
             continue;
         if (p->dtype != dst->dtype) { /* another flat; torch's stream still draws it */
@@ -417,6 +458,14 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     md->buffer_dtype = bp->buffer_dtype;
     md->keep_bn_fp32 = bp->keep_batchnorm_fp32;
     md->f32_modules = bp->f32_modules;
+    md->frozen = bp->frozen;
+    md->lora = bp->lora != NULL;
+    if (bp->lora && dt__lora_apply(root, bp->lora) < 0) {
+        dt_status st = dt_last_status();
+        dt_module_free(root);
+        free(md);
+        return st;
+    }
     int nmod = 0;
     size_t nent = 0;
     count_tree(root, &nmod, &nent);
@@ -430,6 +479,13 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
         goto fail;
     if (resolve_ties(md) < 0)
         goto fail;
+    for (size_t i = 0; i < md->nentry; i++) { /* a tied entry is stored (and frozen or not) as its source */
+        dt__entry *e = &md->entries[i];
+        if (e->tied >= 0) {
+            e->info.frozen = md->entries[e->tied].info.frozen;
+            e->info.is_buffer = md->entries[e->tied].info.is_buffer;
+        }
+    }
     /* offsets: per role and dtype, each entry on a 64-byte boundary */
     size_t used[DT_FLAT_ROLE_COUNT][DT_DTYPE_COUNT] = {{0}};
     for (size_t i = 0; i < md->nentry; i++) {

@@ -11,6 +11,11 @@ dt_status dt__hooks_add(dt__hooks *l, void (*fn)(void), void *ud, dt_hook_id *ne
 bool dt__hooks_remove(dt__hooks *l, dt_hook_id id);
 void dt__hooks_free(dt__hooks *l);
 
+/* LoRA (lora.c): add the adapters of p to the unbuilt tree under root;
+ * whether m is an adapter module (its parameters train under LoRA). */
+dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p);
+bool dt__lora_param(const dt_module *m);
+
 /* m's own forward (its replaced forward or its kind's), without hooks or
  * checkpointing: what dt_module_forward runs between the hooks. */
 dt_tensor *dt__module_body(dt_ctx *ctx, dt_module *m, dt_tensor *x);

@@ -1,6 +1,8 @@
 /* dtrain tokenize: train a vocab, encode with a validation split, decode
- * back (the two parts together are the corpus, byte for byte), and bad
- * usage / bad input (exit 2, one line naming the problem). */
+ * back (the two parts together are the corpus, byte for byte), the same
+ * through a tokenizer.json (written by --train-vocab, read by --tokenizer:
+ * the same ids as the vocab file), and bad usage / bad input (exit 2, one
+ * line naming the problem, no output file). */
 #include "dtrain/data.h"
 #include "test.h"
 #include "train_cli.h"
@@ -90,10 +92,82 @@ TEST(train_encode_split_decode)
     free(corpus);
 }
 
+TEST(tokenizer_json)
+{
+    size_t n;
+    char *corpus = make_corpus(&n);
+    for (size_t i = 0; i < n; i++) /* keep it printable */
+        if ((unsigned char)corpus[i] == 0x01)
+            corpus[i] = ' ';
+    char *c = tp(0, "corpus.txt"), *v = tp(1, "v.bpe"), *j = tp(2, "tok.json"), *a = tp(3, "a.bin"),
+         *b = tp(4, "b.bin"), *d = tp(5, "back.txt");
+    write_file(c, corpus, n);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "300", c, "-o", v, "--min-count", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "300", c, "-o", j, "--min-count", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "<|endoftext|> = id 300");
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--vocab", v, c, "-o", a, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", j, c, "-o", b, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(same_file(a, b));
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", j, "--decode", b, "-o", d, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(same_file(c, d));
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--unigram", b, "--tokenizer", j, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    free(corpus);
+}
+
+/* dtrain train on text: a text: file and a jsonl: file encoded with a
+ * tokenizer.json at start; the model's vocabulary is the tokenizer's. */
+TEST(train_on_text)
+{
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    size_t n;
+    char *corpus = make_corpus(&n);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)corpus[i] < 0x20 && corpus[i] != '\n')
+            corpus[i] = ' ';
+    char *c = tp(0, "corpus.txt"), *j = tp(1, "val.jsonl");
+    write_file(c, corpus, n);
+    const char *jl = "{\"text\": \"And God said, Let there be light: and there was light.\"}\n"
+                     "{\"text\": \"And God saw the light, that it was good: and God divided the light.\"}\n";
+    write_file(j, jl, strlen(jl));
+    char data[700], val[700];
+    snprintf(data, sizeof data, "text:%s", c);
+    snprintf(val, sizeof val, "jsonl:%s", j);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", val, "--tokenizer", tok,
+                        "--batch", "2", "--seq", "16", "--max-steps", "3", "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "vocab size 701");
+    ASSERT_STR_CONTAINS(r.out, "val loss");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", data, "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tokenizer");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--tokenizer", c, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "tokenizer.json");
+    free(corpus);
+}
+
 TEST(bad_usage_and_input)
 {
     cli_result r;
-    char *v = tp(1, "v.bpe"), *c = tp(0, "corpus.txt");
+    char *v = tp(1, "v.bpe"), *c = tp(0, "corpus.txt"), *j = tp(2, "tok.json"), *bad = tp(3, "wordpiece.json"),
+         *out = tp(4, "never.bin"), *bin = tp(5, "bytes.txt");
+    const char *wp = "{\"version\":\"1.0\",\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}";
+    write_file(bad, wp, strlen(wp));
+    write_file(bin, "ab\xff\xfe", 4);
+    remove(out);
     struct {
         char *args[12];
         const char *msg;
@@ -110,6 +184,11 @@ TEST(bad_usage_and_input)
         {{"tokenize", "--bogus", NULL}, "unknown option '--bogus'"},
         {{"tokenize", "--unigram", c, NULL}, "bad magic"},
         {{"tokenize", "--unigram", c, "-o", "x", NULL}, "--unigram takes"},
+        {{"tokenize", "--tokenizer", bad, c, "-o", out, NULL}, "model.type"},
+        {{"tokenize", "--tokenizer", bad, "--decode", c, "-o", out, NULL}, bad},
+        {{"tokenize", "--tokenizer", c, c, "-o", out, NULL}, "tokenizer.json"},
+        {{"tokenize", "--tokenizer", j, "--vocab", v, c, "-o", out, NULL}, "not both"},
+        {{"tokenize", "--tokenizer", j, bin, "-o", out, NULL}, "not valid UTF-8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);
@@ -117,12 +196,15 @@ TEST(bad_usage_and_input)
             fprintf(stderr, "  case %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
             ASSERT(0);
         }
+        ASSERT(access(out, F_OK) != 0); /* nothing written */
     }
 }
 
 int main(void)
 {
     RUN(train_encode_split_decode);
+    RUN(tokenizer_json);
+    RUN(train_on_text);
     RUN(bad_usage_and_input);
     cli_cleanup();
     return TEST_REPORT();

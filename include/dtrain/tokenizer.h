@@ -1,0 +1,149 @@
+/* dtrain/tokenizer.h — Hugging Face tokenizer.json files with a byte-level
+ * BPE model (GPT-2, RoBERTa, Llama-3, Qwen2 and dtrain's own vocabularies).
+ *
+ * Overview
+ * --------
+ * dt_tokenizer reads a tokenizer.json and encodes text to ids and ids back
+ * to text as the `tokenizers` library does (Tokenizer.encode(text,
+ * add_special_tokens).ids and Tokenizer.decode): the same ids for the same
+ * text, id for id.
+ *
+ * The pipeline, in the library's order:
+ *   1. added tokens: the tokens of "added_tokens" with normalized = false
+ *      are found in the raw text (leftmost, then longest), then those with
+ *      normalized = true in the pieces between them (single_word, lstrip
+ *      and rstrip as the library has them). A found token is its id and
+ *      never reaches the steps below.
+ *   2. the normalizer: none ("normalizer": null) is the only one read.
+ *   3. the pre-tokenizer: ByteLevel (its GPT-2 regex when use_regex,
+ *      add_prefix_space on every piece that does not start with a space,
+ *      then every UTF-8 byte becomes one of GPT-2's 256 byte characters),
+ *      Split (a Regex or String pattern, any behavior, invert) and Sequence
+ *      of them. Regex patterns run on a built-in engine with Oniguruma's
+ *      semantics for what tokenizer files use (Unicode general categories
+ *      \p{L} \p{N} ..., \s, lookahead, (?i:...), counted repeats); a
+ *      pattern with anything else is refused when the file is read.
+ *   4. the BPE model on each piece: characters looked up in "vocab", then
+ *      merges applied lowest rank first, leftmost among equals;
+ *      continuing_subword_prefix, end_of_word_suffix, unk_token, fuse_unk,
+ *      byte_fallback and ignore_merges as the library has them. "merges"
+ *      may be ["a b", ...] (the legacy form) or [["a", "b"], ...].
+ *   5. with add_special: the post-processor's tokens for one sequence
+ *      (TemplateProcessing "single", RobertaProcessing/BertProcessing
+ *      cls/sep, ByteLevel adds none, Sequence of them).
+ * Decoding maps ids to their tokens (added tokens first), drops special
+ * tokens when asked, and applies the decoder: ByteLevel (characters back to
+ * bytes) or none (tokens joined by spaces). It returns the bytes exactly;
+ * the library then replaces invalid UTF-8 by U+FFFD (only arbitrary id runs
+ * produce it: decode(encode(s)) == s for every valid s without
+ * add_prefix_space).
+ *
+ * Not read (an error naming the key when present and not null): other
+ * models (WordPiece, Unigram, WordLevel), normalizers, other pre-tokenizers
+ * and decoders, BPE dropout above 0 (random). "truncation" and "padding"
+ * are ignored: they shape batches of model inputs, not a corpus.
+ *
+ * Text must be valid UTF-8 (what Python's str holds): anything else is
+ * DT_ERR_INVALID_ARG naming the byte offset.
+ *
+ * Lifecycle: dt_tokenizer_load / _load_mem create, dt_tokenizer_free
+ * releases (NULL is a no-op). A loaded tokenizer is immutable: any number
+ * of threads may encode and decode with it at once.
+ *
+ * Usage
+ * -----
+ *     dt_tokenizer *tok;
+ *     if (dt_tokenizer_load("llama3/tokenizer.json", &tok) < 0) { ... dt_last_error() ... }
+ *     uint32_t *ids; int64_t n;
+ *     dt_tokenizer_encode(tok, "Hello world", 11, false, &ids, &n);
+ *     char *text; size_t len;
+ *     dt_tokenizer_decode(tok, ids, n, false, &text, &len);
+ *     free(ids); free(text); dt_tokenizer_free(tok);
+ */
+#ifndef DTRAIN_TOKENIZER_H
+#define DTRAIN_TOKENIZER_H
+
+#include "dtrain/base.h"
+#include "dtrain/data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_tokenizer dt_tokenizer;
+
+#define DT_TOKENIZER_MAX_FILE ((size_t)256 << 20) /* larger tokenizer.json files are refused */
+
+/* Read path: a tokenizer.json, or a directory holding one (a Hugging Face
+ * model directory). Errors name the file and, for content, the key:
+ * DT_ERR_IO (missing, unreadable, too large), DT_ERR_FORMAT (not JSON, a
+ * key of the wrong type, "version" not "1.0", a merge naming a token not
+ * in the vocab, ...), DT_ERR_UNSUPPORTED (model.type other than BPE, an
+ * unsupported normalizer, pre-tokenizer, decoder or regex construct). */
+DT_API dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out);
+/* The same from JSON text held in memory; name is used in messages (NULL:
+ * "<memory>"). */
+DT_API dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt_tokenizer **out);
+DT_API void dt_tokenizer_free(dt_tokenizer *t);
+
+/* The number of ids: the largest id of the vocab and added tokens + 1
+ * (transformers' len(tokenizer)); a model's embedding needs at least this
+ * many rows. 0 for NULL. */
+DT_API int64_t dt_tokenizer_vocab_size(const dt_tokenizer *t);
+
+/* The id of token string s (an added token's content, or a vocab entry as
+ * written in the file: byte-level characters, "Ġthe"). DT_ERR_NOT_FOUND
+ * naming s otherwise. */
+DT_API dt_status dt_tokenizer_token_id(const dt_tokenizer *t, const char *s, uint32_t *id);
+
+/* The token that ends a document, for corpora made of several: the first
+ * special added token among "<|endoftext|>", "<|end_of_text|>", "</s>",
+ * "<eos>", "<|im_end|>" (in that order), as GPT-2, Llama-3, Llama-2/
+ * Mistral, Gemma and Qwen name it. DT_ERR_NOT_FOUND when none is there
+ * (name the token: dt_tokenizer_token_id). */
+DT_API dt_status dt_tokenizer_eos(const dt_tokenizer *t, uint32_t *id);
+
+/* Encode text[0, n) (valid UTF-8): *ids malloc'd (free() it; NULL when
+ * *n_ids is 0). add_special adds the post-processor's special tokens (the
+ * library's add_special_tokens=True). Errors: DT_ERR_INVALID_ARG (invalid
+ * UTF-8, naming the offset), DT_ERR_NO_MEMORY. */
+DT_API dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t n, bool add_special,
+                                     uint32_t **ids, int64_t *n_ids);
+
+/* Decode ids[0, n): *text malloc'd and NUL-terminated (*len excludes the
+ * NUL); the caller frees it. skip_special drops special added tokens.
+ * DT_ERR_RANGE naming the position of an id with no token. */
+DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
+                                     char **text, size_t *len);
+
+/* Text corpora as language-model data: spec is "text:FILE[,FILE...]" (each
+ * file one document) or "jsonl:FILE[,FILE...][,field=NAME]" (each non-blank
+ * line one JSON object, its string NAME (default "text") one document;
+ * file names cannot hold commas). Every document is encoded with t (no
+ * special tokens added) and followed by the end-of-document token
+ * (dt_tokenizer_eos; Megatron's append-eod), all at open, and the ids are
+ * kept in memory. Items are windows of seq_len + 1 tokens as in
+ * dt_dataset_tokens_open (p: seq_len, stride; vocab_size 0 = the
+ * tokenizer's, else every id must be below it). t is only used while
+ * opening. Errors name the spec, the file (and line for jsonl):
+ * DT_ERR_INVALID_ARG (bad spec), DT_ERR_IO, DT_ERR_FORMAT (bad JSON, no
+ * such field, an id >= vocab_size, text that is not UTF-8), DT_ERR_NOT_FOUND
+ * (the tokenizer has no end-of-document token). */
+DT_API dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
+                                      dt_dataset **out);
+
+/* Write bpe (data.h) as a tokenizer.json that the `tokenizers` library and
+ * transformers' PreTrainedTokenizerFast load and that encodes every text
+ * exactly as dt_bpe_encode does: vocab ids 0..255 are the bytes (as GPT-2's
+ * byte characters), merge k is id 256 + k, a Split pre-tokenizer whose
+ * regex is dt_bpe's chunker, ByteLevel without its own regex, and eos (for
+ * example "<|endoftext|>"; NULL: none) a special added token with id
+ * dt_bpe_vocab_size(bpe). Atomic, no symlink followed. Errors:
+ * DT_ERR_UNSUPPORTED when two ids have the same bytes (a JSON vocab maps
+ * each string to one id), DT_ERR_IO naming path. */
+DT_API dt_status dt_bpe_save_tokenizer_json(const dt_bpe *bpe, const char *eos, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TOKENIZER_H */

@@ -1,0 +1,261 @@
+/* Text corpora as language-model data (tokenizer.h: dt_dataset_text_open).
+ *
+ * The documents are tokenized once, when the set is opened (every rank
+ * does the same work and gets the same ids: encoding is deterministic),
+ * each followed by the end-of-document token, and kept in memory as uint32
+ * ids (4 bytes a token: the Bible's 4.3 MB become about 1.2 M tokens, 5 MB).
+ * Items are then windows of T + 1 tokens exactly as a token file's
+ * (dt_dataset_tokens_open): x the first T, y the last T. */
+#include "base/json_strict.h"
+#include "tok_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TEXT_FILE ((size_t)4 << 30)
+
+typedef struct textset {
+    uint32_t *tok;
+    int64_t count, T, stride, n;
+} textset;
+
+static int64_t ts_length(void *self) { return ((textset *)self)->n; }
+
+static void ts_window(const textset *s, int64_t i, int64_t *x, int64_t *y)
+{
+    const uint32_t *w = s->tok + i * s->stride;
+    for (int64_t k = 0; k < s->T; k++) {
+        x[k] = w[k];
+        y[k] = w[k + 1];
+    }
+}
+
+static dt_status ts_get_item(void *self, int64_t i, void *x, void *y)
+{
+    ts_window(self, i, x, y);
+    return DT_OK;
+}
+
+static dt_status ts_get_batch(void *self, const int64_t *idx, int64_t n, void *x, void *y)
+{
+    textset *s = self;
+    for (int64_t b = 0; b < n; b++)
+        ts_window(s, idx[b], (int64_t *)x + b * s->T, (int64_t *)y + b * s->T);
+    return DT_OK;
+}
+
+static void ts_free(void *self)
+{
+    textset *s = self;
+    if (!s)
+        return;
+    free(s->tok);
+    free(s);
+}
+
+static const dt_dataset_vtable textset_vt = {
+    .version = DT_DATASET_VTABLE_VERSION,
+    .name = "text",
+    .length = ts_length,
+    .get_item = ts_get_item,
+    .get_batch = ts_get_batch,
+    .free = ts_free,
+};
+
+static dt_status read_file(const char *path, char **buf, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return dt_error(DT_ERR_IO, "text data %s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0, got;
+    char *b = malloc(cap + 1);
+    while (b && (got = fread(b + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *nb = cap < MAX_TEXT_FILE ? realloc(b, cap * 2 + 1) : NULL;
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!b || err) {
+        free(b);
+        return dt_error(err ? DT_ERR_IO : DT_ERR_NO_MEMORY, "text data %s: %s", path,
+                        err ? "read error (a directory?)" : "larger than 4 GiB or out of memory");
+    }
+    b[len] = 0;
+    *buf = b;
+    *n = len;
+    return DT_OK;
+}
+
+typedef struct acc {
+    uint32_t *tok;
+    int64_t n, cap;
+} acc;
+
+/* Encode one document and append it and the end-of-document id. */
+static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char *text, size_t n, const char *where)
+{
+    uint32_t *ids;
+    int64_t ni;
+    dt_status st = dt_tokenizer_encode(t, text, n, false, &ids, &ni);
+    if (st < 0)
+        return dt_error(st, "%s: %s", where, dt_last_error());
+    if (a->n + ni + 1 > a->cap) {
+        int64_t cap = a->cap ? a->cap : 1 << 16;
+        while (cap < a->n + ni + 1)
+            cap *= 2;
+        uint32_t *nw = realloc(a->tok, (size_t)cap * sizeof *nw);
+        if (!nw) {
+            free(ids);
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory (%lld tokens)", where, (long long)cap);
+        }
+        a->tok = nw;
+        a->cap = cap;
+    }
+    if (ni)
+        memcpy(a->tok + a->n, ids, (size_t)ni * sizeof *ids);
+    a->n += ni;
+    a->tok[a->n++] = eos;
+    free(ids);
+    return DT_OK;
+}
+
+/* Every line of a JSON-lines file is one document: the string `field` of
+ * its object. Blank lines are skipped. */
+static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const char *path, char *buf, size_t n,
+                           const char *field)
+{
+    size_t line = 0;
+    for (char *p = buf, *end = buf + n; p < end;) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        line++;
+        size_t k = 0;
+        while (k < len && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r'))
+            k++;
+        if (k < len) {
+            char where[600];
+            snprintf(where, sizeof where, "jsonl %s:%zu", path, line);
+            cJSON *o;
+            dt_status st = dt__json_parse_strict(p, len, where, &o);
+            if (st < 0)
+                return st;
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+            if (!cJSON_IsObject(o) || !cJSON_IsString(v)) {
+                cJSON_Delete(o);
+                return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\" (field=NAME picks another key)",
+                                where, field);
+            }
+            st = add_doc(a, t, eos, v->valuestring, strlen(v->valuestring), where);
+            cJSON_Delete(o);
+            if (st < 0)
+                return st;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    return DT_OK;
+}
+
+dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
+                               dt_dataset **out)
+{
+    if (!out)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_text_open: out is NULL");
+    *out = NULL;
+    if (!spec || !t || !p)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_text_open: NULL argument");
+    bool jsonl = !strncmp(spec, "jsonl:", 6);
+    if (!jsonl && strncmp(spec, "text:", 5))
+        return dt_error(DT_ERR_INVALID_ARG, "data %s: want text:FILE[,FILE...] or jsonl:FILE[,FILE...][,field=NAME]",
+                        spec);
+    if (p->seq_len < 1 || p->seq_len > (1 << 24) || p->stride < 0 || p->vocab_size < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "data %s: need 1 <= seq_len <= 2^24, stride >= 0, vocab_size >= 0", spec);
+    if (p->vocab_size && dt_tokenizer_vocab_size(t) > p->vocab_size)
+        return dt_error(DT_ERR_FORMAT, "data %s: the tokenizer has %lld ids, more than the vocab size %lld", spec,
+                        (long long)dt_tokenizer_vocab_size(t), (long long)p->vocab_size);
+    uint32_t eos;
+    dt_status st = dt_tokenizer_eos(t, &eos);
+    if (st < 0)
+        return dt_error(st, "data %s: documents are separated by the end-of-document token: %s", spec, dt_last_error());
+    char *list = strdup(spec + (jsonl ? 6 : 5));
+    if (!list)
+        return dt_error(DT_ERR_NO_MEMORY, "data %s: out of memory", spec);
+    const char *field = "text";
+    int nfiles = 0;
+    for (char *s = list, *c; s; s = c) { /* options first: field=NAME anywhere in the list */
+        c = strchr(s, ',');
+        if (c)
+            *c++ = 0;
+        if (!strncmp(s, "field=", 6)) {
+            if (!jsonl || !s[6]) {
+                free(list);
+                return dt_error(DT_ERR_INVALID_ARG, "data %s: field=NAME goes with jsonl: and names a key", spec);
+            }
+            field = s + 6;
+        } else if (!*s) {
+            free(list);
+            return dt_error(DT_ERR_INVALID_ARG, "data %s: an empty file name", spec);
+        } else {
+            nfiles++;
+        }
+    }
+    if (!nfiles) {
+        free(list);
+        return dt_error(DT_ERR_INVALID_ARG, "data %s: no file", spec);
+    }
+    acc a = {0};
+    size_t left = strlen(spec + (jsonl ? 6 : 5)) + 1;
+    for (char *s = list; st == DT_OK && s < list + left; s += strlen(s) + 1) {
+        if (!strncmp(s, "field=", 6))
+            continue;
+        char *buf = NULL;
+        size_t n = 0;
+        if ((st = read_file(s, &buf, &n)) < 0)
+            break;
+        char where[600];
+        snprintf(where, sizeof where, "text data %s", s);
+        st = jsonl ? add_jsonl(&a, t, eos, s, buf, n, field) : add_doc(&a, t, eos, buf, n, where);
+        free(buf);
+    }
+    free(list);
+    for (int64_t i = 0; st == DT_OK && p->vocab_size && i < a.n; i++)
+        if (a.tok[i] >= (uint64_t)p->vocab_size)
+            st = dt_error(DT_ERR_FORMAT, "data %s: token %u at position %lld >= vocab size %lld", spec, a.tok[i],
+                          (long long)i, (long long)p->vocab_size);
+    textset *s = st == DT_OK ? calloc(1, sizeof *s) : NULL;
+    if (st == DT_OK && !s)
+        st = dt_error(DT_ERR_NO_MEMORY, "data %s: out of memory", spec);
+    if (st < 0) {
+        free(a.tok);
+        return st;
+    }
+    s->tok = a.tok;
+    s->count = a.n;
+    s->T = p->seq_len;
+    s->stride = p->stride ? p->stride : p->seq_len;
+    s->n = a.n >= s->T + 1 ? (a.n - s->T - 1) / s->stride + 1 : 0;
+    dt_dataset_info info = {.x_dtype = DT_I64,
+                            .x_ndim = 1,
+                            .x_shape = {s->T},
+                            .y_dtype = DT_I64,
+                            .y_ndim = 1,
+                            .y_shape = {s->T},
+                            .num_classes = p->vocab_size ? p->vocab_size : dt_tokenizer_vocab_size(t)};
+    st = dt_dataset_init(&textset_vt, s, &info, out);
+    if (st < 0) {
+        ts_free(s);
+        return st;
+    }
+    dt_dataset_set_source(*out, spec);
+    return DT_OK;
+}

@@ -1,0 +1,143 @@
+/* dtrain's byte-level BPE (data.h) written as a tokenizer.json
+ * (tokenizer.h: dt_bpe_save_tokenizer_json).
+ *
+ * The file must make the `tokenizers` library give dt_bpe_encode's ids for
+ * every text. dt_bpe's ids 0..255 are the bytes, so the vocab maps GPT-2's
+ * byte character of b to b and merge k's token (the byte characters of
+ * its bytes) to 256 + k. dt_bpe's chunker is GPT-2's regex over byte
+ * classes (letters: A-Z, a-z and every byte >= 0x80; digits 0-9; spaces
+ * \t..\r and ' '): over the characters of valid UTF-8 text the same classes
+ * are [A-Za-z\x{80}-\x{10FFFF}], [0-9] and [\t-\r ], so a Split with that
+ * regex cuts exactly where dt_bpe does, and ByteLevel without its own regex
+ * maps the pieces to byte characters. Merging by rank, leftmost among
+ * equals, is the same in both. */
+#include "tok_impl.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char chunk_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z\\x{80}-\\x{10FFFF}]+| ?[0-9]+"
+                                    "| ?[^A-Za-z0-9\\t-\\r \\x{80}-\\x{10FFFF}]+"
+                                    "|[\\t-\\r ]+(?![^\\t-\\r ])|[\\t-\\r ]+";
+
+/* The byte characters of bytes[0, n) as a NUL-terminated string (malloc'd). */
+static char *byte_chars(const unsigned char *bytes, size_t n)
+{
+    char *s = malloc(2 * n + 1);
+    if (!s)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        o += dt__utf8_put(dt__tok_byte_char(bytes[i]), (unsigned char *)s + o);
+    s[o] = 0;
+    return s;
+}
+
+static cJSON *bytelevel(bool add_prefix_space, bool trim_offsets, bool use_regex)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "ByteLevel");
+    cJSON_AddBoolToObject(o, "add_prefix_space", add_prefix_space);
+    cJSON_AddBoolToObject(o, "trim_offsets", trim_offsets);
+    cJSON_AddBoolToObject(o, "use_regex", use_regex);
+    return o;
+}
+
+dt_status dt_bpe_save_tokenizer_json(const dt_bpe *bpe, const char *eos, const char *path)
+{
+    if (!bpe || !path)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_bpe_save_tokenizer_json: NULL argument");
+    int64_t V = dt_bpe_vocab_size(bpe);
+    char **tok = calloc((size_t)V, sizeof *tok);
+    tok_pool pool = {0};
+    tok_strmap seen = {0};
+    cJSON *root = cJSON_CreateObject();
+    dt_status st = tok && root ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", path);
+    for (int64_t id = 0; st == DT_OK && id < V; id++) {
+        const unsigned char *b;
+        size_t n;
+        uint32_t off;
+        bool had;
+        if ((st = dt_bpe_token_bytes(bpe, id, &b, &n)) < 0)
+            break;
+        if (!(tok[id] = byte_chars(b, n))) {
+            st = dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", path);
+            break;
+        }
+        size_t l = strlen(tok[id]);
+        if ((st = dt__tok_pool_add(&pool, tok[id], l, &off)) < 0 ||
+            (st = dt__tok_strmap_put(&seen, &pool, off, (uint32_t)l, (uint32_t)id, &had)) < 0)
+            break;
+        if (had)
+            st = dt_error(DT_ERR_UNSUPPORTED,
+                          "tokenizer.json %s: ids %u and %lld have the same bytes; a tokenizer.json vocab maps each "
+                          "token to one id (keep the dtrain vocab file)",
+                          path, dt__tok_strmap_get(&seen, &pool, tok[id], l), (long long)id);
+    }
+    char *text = NULL;
+    if (st == DT_OK) {
+        cJSON_AddStringToObject(root, "version", "1.0");
+        cJSON_AddNullToObject(root, "truncation");
+        cJSON_AddNullToObject(root, "padding");
+        cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+        if (eos) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", (double)V);
+            cJSON_AddStringToObject(a, "content", eos);
+            cJSON_AddBoolToObject(a, "single_word", false);
+            cJSON_AddBoolToObject(a, "lstrip", false);
+            cJSON_AddBoolToObject(a, "rstrip", false);
+            cJSON_AddBoolToObject(a, "normalized", false);
+            cJSON_AddBoolToObject(a, "special", true);
+            cJSON_AddItemToArray(added, a);
+        }
+        cJSON_AddNullToObject(root, "normalizer");
+        cJSON *pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
+        cJSON_AddStringToObject(pre, "type", "Sequence");
+        cJSON *list = cJSON_AddArrayToObject(pre, "pretokenizers");
+        cJSON *split = cJSON_CreateObject();
+        cJSON_AddStringToObject(split, "type", "Split");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(split, "pattern"), "Regex", chunk_pattern);
+        cJSON_AddStringToObject(split, "behavior", "Isolated");
+        cJSON_AddBoolToObject(split, "invert", false);
+        cJSON_AddItemToArray(list, split);
+        cJSON_AddItemToArray(list, bytelevel(false, true, false));
+        cJSON_AddNullToObject(root, "post_processor");
+        cJSON_AddItemToObject(root, "decoder", bytelevel(true, true, true));
+        cJSON *model = cJSON_AddObjectToObject(root, "model");
+        cJSON_AddStringToObject(model, "type", "BPE");
+        cJSON_AddNullToObject(model, "dropout");
+        cJSON_AddNullToObject(model, "unk_token");
+        cJSON_AddNullToObject(model, "continuing_subword_prefix");
+        cJSON_AddNullToObject(model, "end_of_word_suffix");
+        cJSON_AddBoolToObject(model, "fuse_unk", false);
+        cJSON_AddBoolToObject(model, "byte_fallback", false);
+        cJSON_AddBoolToObject(model, "ignore_merges", false);
+        cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+        for (int64_t id = 0; id < V; id++)
+            cJSON_AddNumberToObject(vocab, tok[id], (double)id);
+        cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+        for (int64_t k = 0; k + 256 < V; k++) {
+            uint32_t l, r;
+            dt_bpe_merge(bpe, k, &l, &r);
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateString(tok[l]));
+            cJSON_AddItemToArray(pair, cJSON_CreateString(tok[r]));
+            cJSON_AddItemToArray(merges, pair);
+        }
+        text = cJSON_Print(root);
+        if (!text)
+            st = dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", path);
+    }
+    if (st == DT_OK)
+        st = dt_file_write_atomic(path, text, strlen(text), 0644);
+    cJSON_free(text);
+    cJSON_Delete(root);
+    for (int64_t id = 0; tok && id < V; id++)
+        free(tok[id]);
+    free(tok);
+    free(pool.p);
+    dt__tok_strmap_free(&seen);
+    return st;
+}

@@ -1,0 +1,100 @@
+/* tokenizer.json internals shared by the reader (tok_json.c) and the
+ * encoder/decoder (tok_encode.c). */
+#ifndef DT_DATA_TOK_IMPL_H
+#define DT_DATA_TOK_IMPL_H
+
+#include "bpe_impl.h"
+#include "dtrain/tokenizer.h"
+#include "tok_regex.h"
+
+#define TOK_NONE UINT32_MAX
+
+/* A string -> uint32 map over strings kept in a pool (open addressing;
+ * the pool only grows, entries refer to it by offset). */
+typedef struct tok_strmap {
+    uint32_t *off, *len, *val; /* (cap); len UINT32_MAX = free slot */
+    size_t cap, n;
+} tok_strmap;
+
+typedef struct tok_pool {
+    char *p;
+    size_t n, cap;
+} tok_pool;
+
+/* Added tokens (tokenizer.json "added_tokens"). */
+typedef struct tok_added {
+    uint32_t id;
+    uint32_t off, len; /* content in the pool */
+    bool special, single_word, lstrip, rstrip, normalized;
+} tok_added;
+
+/* A set of added tokens to find in text: per first byte, token indices by
+ * length, longest first. */
+typedef struct tok_addset {
+    uint32_t *idx;        /* (n) indices into added[] */
+    uint32_t start[257];  /* idx[start[b], start[b+1]) begin with byte b */
+    uint32_t n;
+} tok_addset;
+
+enum { PT_BYTELEVEL, PT_SPLIT };
+enum { SB_REMOVED, SB_ISOLATED, SB_MERGED_PREV, SB_MERGED_NEXT, SB_CONTIGUOUS };
+
+typedef struct tok_pretok {
+    int kind;
+    bool add_prefix_space; /* ByteLevel */
+    dt__re *re;            /* ByteLevel with use_regex, or Split with a Regex pattern */
+    char *literal;         /* Split with a String pattern (NULL for a Regex) */
+    size_t literal_len;
+    int behavior;          /* Split */
+    bool invert;           /* Split */
+} tok_pretok;
+
+#define TOK_MAX_PRETOK 8
+
+struct dt_tokenizer {
+    tok_pool pool;
+    /* the BPE model */
+    tok_strmap vocab;       /* token -> id */
+    uint32_t *id_off, *id_len; /* (nid) the token of each id; id_len TOK_NONE: no token */
+    uint32_t nid;           /* largest id (model or added) + 1 */
+    uint32_t model_vocab_len; /* entries in "vocab" (the library's model vocab size) */
+    dt__pairmap merges;     /* (left id, right id) -> rank */
+    uint32_t *merge_new;    /* (nmerges) rank -> the id it makes */
+    uint32_t nmerges;
+    char *prefix, *suffix;  /* continuing_subword_prefix, end_of_word_suffix (NULL: none) */
+    uint32_t unk;           /* TOK_NONE: no unk_token */
+    bool fuse_unk, byte_fallback, ignore_merges;
+    /* added tokens */
+    tok_added *added;
+    uint32_t nadded;
+    tok_strmap added_map;   /* content -> index into added */
+    uint32_t *added_by_id;  /* (nid) index into added, TOK_NONE if the id is not an added token */
+    tok_addset raw_set, norm_set;
+    /* pipeline */
+    tok_pretok pretok[TOK_MAX_PRETOK];
+    int npretok;
+    bool byte_decoder;      /* decoder ByteLevel (else none: tokens joined by ' ') */
+    uint32_t *pre_ids, *post_ids; /* add_special: ids before and after the sequence */
+    uint32_t npre, npost;
+};
+
+/* Pool and map helpers (tok_json.c). */
+dt_status dt__tok_pool_add(tok_pool *p, const char *s, size_t n, uint32_t *off);
+uint32_t dt__tok_strmap_get(const tok_strmap *m, const tok_pool *p, const char *s, size_t n);
+/* Insert (off,len) -> val; when the string is there already, its value is
+ * kept and *had set (if had is non-NULL). */
+dt_status dt__tok_strmap_put(tok_strmap *m, const tok_pool *p, uint32_t off, uint32_t len, uint32_t val, bool *had);
+void dt__tok_strmap_free(tok_strmap *m);
+
+/* GPT-2's byte characters (bytes_to_unicode): byte b is the code point
+ * dt__tok_byte_char(b); dt__tok_char_byte(cp) is its inverse (-1 when cp
+ * is not one of them). */
+uint32_t dt__tok_byte_char(unsigned char b);
+int dt__tok_char_byte(uint32_t cp);
+/* Write code point cp as UTF-8 to out (room for 4): its length. */
+size_t dt__utf8_put(uint32_t cp, unsigned char *out);
+
+/* GPT-2's pre-tokenizer regex (ByteLevel use_regex). */
+extern const char dt__tok_gpt2_pattern[];
+
+#endif

@@ -1,0 +1,145 @@
+/* LoRA adapters (nn.h: dt_lora_params), PEFT's LoraLayer for Linear and
+ * GPT-2's Conv1D.
+ *
+ * Before the layout, every target layer gets the children lora_A (weight
+ * [r, in], kaiming_uniform with a = sqrt(5): U(+-1/sqrt(in))), lora_B
+ * (weight [out, r], zeros) and, with dropout, lora_dropout; its forward is
+ * replaced (dt_module_set_forward) by base(x) + scaling * B(A(dropout(x))),
+ * scaling = alpha / r (alpha / sqrt(r) with rslora), kept in lora_A's eps
+ * field. The base layer is untouched: its parameters keep their names
+ * ("h.0.attn.c_attn.weight") and the adapters are named as PEFT names them
+ * in memory without the adapter name ("h.0.attn.c_attn.lora_A.weight"). The
+ * build then freezes every parameter outside the adapters (nn_impl.h:
+ * dt__lora_param), as PEFT with bias = "none" does. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_lora_params dt_lora_params_default(void)
+{
+    return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false};
+}
+
+static dt_tensor *none_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ctx, (void)self, (void)ud;
+    return x;
+}
+
+static dt_tensor *lora_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    dt_module *a = dt_module_find_child(m, "lora_A"), *b = dt_module_find_child(m, "lora_B");
+    dt_module *drop = dt_module_find_child(m, "lora_dropout");
+    dt_tensor *y = m->kind == DT_NN_CUSTOM ? m->fwd(ctx, m, x, m->ud)
+                                           : dt_linear(ctx, x, m->params[0], m->bias ? m->params[1] : NULL);
+    dt_tensor *xd = drop ? dt_module_forward(ctx, drop, x) : x;
+    dt_tensor *d = dt_linear(ctx, dt_linear(ctx, xd, a->params[0], NULL), b->params[0], NULL);
+    return dt_add(ctx, y, dt_scale(ctx, d, a->eps));
+}
+
+static bool is_target(const char *path, const char *const *targets)
+{
+    size_t pl = strlen(path);
+    for (const char *const *t = targets; *t; t++) {
+        size_t tl = strlen(*t);
+        if (!strcmp(path, *t) || (pl > tl && path[pl - tl - 1] == '.' && !strcmp(path + pl - tl, *t)))
+            return true;
+    }
+    return false;
+}
+
+bool dt__lora_param(const dt_module *m)
+{
+    return m->kind == DT_NN_CUSTOM && m->type && (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB"));
+}
+
+static dt_status add_child(dt_module *m, const char *name, dt_module *c)
+{
+    dt_nn_kind k = m->kind;
+    m->kind = DT_NN_CUSTOM; /* dt_nn_add takes containers; a Linear holds the adapters all the same */
+    dt_status st = dt_nn_add(m, name, c);
+    m->kind = k;
+    return st;
+}
+
+static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
+{
+    int64_t in, out;
+    if (m->kind == DT_NN_LINEAR) {
+        in = m->in, out = m->out;
+    } else if (m->kind == DT_NN_CUSTOM && m->type && !strcmp(m->type, "Conv1D") && m->nparam >= 1 &&
+               m->specs[0].ndim == 2) {
+        in = m->specs[0].shape[0], out = m->specs[0].shape[1]; /* [in, out]: PEFT's fan_in_fan_out */
+    } else {
+        return dt_error(DT_ERR_UNSUPPORTED, "LoRA target '%s' is a %s, not a Linear or Conv1D layer", path,
+                        dt_module_type(m));
+    }
+    if (dt_module_find_child(m, "lora_A"))
+        return dt_error(DT_ERR_STATE, "LoRA target '%s' has adapters already", path);
+    dt_nn_param_spec sa = {.name = "weight", .ndim = 2, .shape = {p->r, in}, .init = DT_NN_INIT_UNIFORM,
+                           .a = 1.0f / sqrtf((float)in)};
+    dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {out, p->r}, .init = DT_NN_INIT_ZEROS};
+    dt_module *a = dt_nn_custom("LoraA", 1, &sa, none_forward, NULL);
+    dt_module *b = dt_nn_custom("LoraB", 1, &sb, none_forward, NULL);
+    dt_status st = !a || !b ? DT_ERR_NO_MEMORY : DT_OK;
+    if (st < 0) {
+        dt_module_free(a);
+        dt_module_free(b);
+        return dt_error(st, "LoRA target '%s': out of memory", path);
+    }
+    a->eps = p->rslora ? p->alpha / sqrtf((float)p->r) : p->alpha / (float)p->r;
+    if ((st = add_child(m, "lora_A", a)) < 0) {
+        dt_module_free(b);
+        return st;
+    }
+    if ((st = add_child(m, "lora_B", b)) < 0)
+        return st;
+    if (p->dropout > 0 && (st = add_child(m, "lora_dropout", dt_nn_dropout(p->dropout))) < 0)
+        return st;
+    return dt_module_set_forward(m, lora_forward, NULL);
+}
+
+static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, int *n)
+{
+    int nchild = m->nchild; /* adapters added below are not walked */
+    for (int i = 0; i < nchild; i++) {
+        dt_module *c = m->children[i];
+        size_t l = strlen(path) + strlen(c->name) + 2;
+        char *cp = malloc(l);
+        if (!cp)
+            return dt_error(DT_ERR_NO_MEMORY, "LoRA: out of memory");
+        snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
+        dt_status st = DT_OK;
+        if (is_target(cp, p->targets)) {
+            st = adapt(c, cp, p);
+            (*n)++;
+        } else {
+            st = walk(c, cp, p, n);
+        }
+        free(cp);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+dt_status dt__lora_apply(dt_module *root, const dt_lora_params *p)
+{
+    if (p->r < 1 || p->r > (1 << 16) || !(p->alpha > 0) || !(p->dropout >= 0 && p->dropout < 1))
+        return dt_error(DT_ERR_INVALID_ARG, "LoRA: r %lld must be in 1..65536, alpha %g > 0, dropout %g in [0, 1)",
+                        (long long)p->r, (double)p->alpha, (double)p->dropout);
+    if (!p->targets || !p->targets[0])
+        return dt_error(DT_ERR_INVALID_ARG, "LoRA: no target layers (names such as c_attn or q_proj)");
+    int n = 0;
+    dt_status st = walk(root, "", p, &n);
+    if (st < 0)
+        return st;
+    if (n == 0)
+        return dt_error(DT_ERR_NOT_FOUND, "LoRA: no layer matches the targets (%s%s): layer names end in them, "
+                        "as c_attn, c_proj, c_fc in GPT-2", p->targets[0], p->targets[1] ? ", ..." : "");
+    return DT_OK;
+}

@@ -1,0 +1,169 @@
+/* Text and JSON-lines corpora as language-model data
+ * (dt_dataset_text_open): the windows are the documents' ids, each
+ * followed by the end-of-document token, in file order; bad specs and
+ * files name the spec, the file and the line. */
+#include "dtrain/tokenizer.h"
+#include "test.h"
+#include "tmp_util.h"
+
+static char p_[8][600];
+static const char *tp(int slot, const char *name)
+{
+    snprintf(p_[slot], sizeof p_[slot], "%s/%s", t_tmpdir("text_dataset"), name);
+    return p_[slot];
+}
+
+static void write_file(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "wb");
+    fputs(s, f);
+    fclose(f);
+}
+
+static dt_tokenizer *load(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer/llama3.json", DT_SOURCE_DIR);
+    dt_tokenizer *t = NULL;
+    if (dt_tokenizer_load(path, &t) < 0)
+        fprintf(stderr, "%s\n", dt_last_error());
+    return t;
+}
+
+/* ids of the concatenated documents, each followed by eos */
+static int64_t expect(const dt_tokenizer *t, const char **docs, int n, uint32_t eos, int64_t *out)
+{
+    int64_t k = 0;
+    for (int d = 0; d < n; d++) {
+        uint32_t *ids;
+        int64_t ni;
+        if (dt_tokenizer_encode(t, docs[d], strlen(docs[d]), false, &ids, &ni) < 0)
+            return -1;
+        for (int64_t i = 0; i < ni; i++)
+            out[k++] = ids[i];
+        out[k++] = eos;
+        free(ids);
+    }
+    return k;
+}
+
+static int check_windows(dt_dataset *ds, const int64_t *want, int64_t nwant, int64_t T)
+{
+    int64_t n = dt_dataset_length(ds), x[64], y[64];
+    if (n != (nwant - T - 1) / T + 1) {
+        fprintf(stderr, "%lld windows, want %lld\n", (long long)n, (long long)((nwant - T - 1) / T + 1));
+        return 1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (dt_dataset_get_item(ds, i, x, y) < 0)
+            return 1;
+        for (int64_t k = 0; k < T; k++)
+            if (x[k] != want[i * T + k] || y[k] != want[i * T + k + 1]) {
+                fprintf(stderr, "window %lld position %lld: %lld/%lld, want %lld/%lld\n", (long long)i,
+                        (long long)k, (long long)x[k], (long long)y[k], (long long)want[i * T + k],
+                        (long long)want[i * T + k + 1]);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+TEST(text_and_jsonl)
+{
+    dt_tokenizer *t = load();
+    ASSERT(t != NULL);
+    uint32_t eos;
+    ASSERT_OK(dt_tokenizer_eos(t, &eos));
+    const char *docs[] = {"In the beginning God created the heaven and the earth.\n",
+                          "And the earth was without form, and void; 12345 \xce\xb1\xce\xb2 <|eot_id|>\n",
+                          "And God said, Let there be light: and there was light."};
+    write_file(tp(0, "a.txt"), docs[0]);
+    write_file(tp(1, "b.txt"), docs[1]);
+    int64_t want[512];
+    int64_t nw = expect(t, docs, 2, eos, want);
+    ASSERT(nw > 20);
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 4;
+    char spec[1400];
+    snprintf(spec, sizeof spec, "text:%s,%s", p_[0], p_[1]);
+    dt_dataset *ds;
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    ASSERT_EQ_INT(dt_dataset_get_info(ds)->num_classes, dt_tokenizer_vocab_size(t));
+    ASSERT_EQ_INT(check_windows(ds, want, nw, 4), 0);
+    dt_dataset_free(ds);
+    /* jsonl: one document a line, blank lines skipped, another key */
+    char line[2048];
+    snprintf(line, sizeof line,
+             "{\"body\": \"In the beginning God created the heaven and the earth.\\n\", \"n\": 1}\n\n"
+             "  {\"body\": \"And the earth was without form, and void; 12345 \\u03b1\\u03b2 <|eot_id|>\\n\"}\r\n"
+             "{\"body\": \"And God said, Let there be light: and there was light.\"}");
+    write_file(tp(2, "c.jsonl"), line);
+    nw = expect(t, docs, 3, eos, want);
+    snprintf(spec, sizeof spec, "jsonl:%s,field=body", p_[2]);
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    ASSERT_EQ_INT(check_windows(ds, want, nw, 4), 0);
+    dt_dataset_free(ds);
+    dt_tokenizer_free(t);
+}
+
+TEST(bad_specs_and_files)
+{
+    dt_tokenizer *t = load();
+    ASSERT(t != NULL);
+    write_file(tp(3, "bad.jsonl"), "{\"text\": \"fine\"}\n{\"txt\": \"no text key\"}\n");
+    write_file(tp(4, "broken.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \n");
+    write_file(tp(5, "latin1.txt"), "caf\xe9\n");
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 4;
+    char s[8][1400];
+    snprintf(s[0], sizeof s[0], "jsonl:%s", p_[3]);
+    snprintf(s[1], sizeof s[1], "jsonl:%s", p_[4]);
+    snprintf(s[2], sizeof s[2], "text:%s", p_[5]);
+    snprintf(s[3], sizeof s[3], "text:%s,field=x", p_[5]);
+    snprintf(s[4], sizeof s[4], "text:/nonexistent/x.txt");
+    snprintf(s[5], sizeof s[5], "text:");
+    snprintf(s[6], sizeof s[6], "tokens:%s", p_[5]);
+    struct {
+        const char *spec, *msg;
+        dt_status st;
+    } cases[] = {
+        {s[0], ":2: want an object with a string \"text\"", DT_ERR_FORMAT},
+        {s[1], ":2", DT_ERR_FORMAT},
+        {s[2], "UTF-8", DT_ERR_INVALID_ARG},
+        {s[3], "field=NAME", DT_ERR_INVALID_ARG},
+        {s[4], "/nonexistent/x.txt", DT_ERR_IO},
+        {s[5], "empty file name", DT_ERR_INVALID_ARG},
+        {s[6], "want text:", DT_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_dataset *ds = NULL;
+        dt_status st = dt_dataset_text_open(cases[i].spec, t, &kp, &ds);
+        if (st != cases[i].st)
+            fprintf(stderr, "case %zu: %s\n", i, dt_last_error());
+        ASSERT_EQ_INT(st, cases[i].st);
+        ASSERT_STR_CONTAINS(dt_last_error(), cases[i].msg);
+        ASSERT(ds == NULL);
+    }
+    kp.vocab_size = 100; /* smaller than the tokenizer */
+    dt_dataset *ds = NULL;
+    ASSERT_EQ_INT(dt_dataset_text_open(s[2], t, &kp, &ds), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "vocab size 100");
+    dt_tokenizer_free(t);
+    /* no end-of-document token */
+    const char *noeos = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}";
+    ASSERT_OK(dt_tokenizer_load_mem(noeos, strlen(noeos), "noeos.json", &t));
+    write_file(tp(6, "a.txt"), "aaa");
+    snprintf(s[7], sizeof s[7], "text:%s", p_[6]);
+    kp.vocab_size = 0;
+    ASSERT_EQ_INT(dt_dataset_text_open(s[7], t, &kp, &ds), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "end-of-document");
+    dt_tokenizer_free(t);
+}
+
+int main(void)
+{
+    RUN(text_and_jsonl);
+    RUN(bad_specs_and_files);
+    t_rm_rf(t_tmpdir("text_dataset"));
+    return TEST_REPORT();
+}
