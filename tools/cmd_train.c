@@ -86,6 +86,7 @@ typedef struct {
     double peak_gflops;           /* the MFU's denominator (language models) */
     dt_tokens *sample_src;        /* the validation (or training) tokens: the samples' prompt */
     dt_bpe *bpe;                  /* --vocab: samples as text */
+    const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -218,18 +219,59 @@ static void warn_oversubscribed(const trainer *t)
                 (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
 }
 
-/* GPT models with --vocab FILE and no --vocab-size: the model's vocabulary
- * is the BPE vocabulary's size (said at start), so its ids fit. */
+/* The largest token id + 1 of the token file spec ("tokens:FILE"), 0 when
+ * it cannot be read (setup_data then reports why). */
+static int64_t tokens_max_plus_one(const char *spec)
+{
+    dt_tokens *tk = NULL;
+    if (!spec || strncmp(spec, "tokens:", 7) || dt_tokens_open(spec + 7, 0, &tk) < 0)
+        return 0;
+    int64_t m = dt_tokens_max_plus_one(tk);
+    dt_tokens_close(tk);
+    return m;
+}
+
+/* GPT models without --vocab-size: the vocabulary is taken from where it is
+ * known (said at start). With --vocab FILE it is the BPE vocabulary's size,
+ * so its ids fit. Without, from the token files: an llm.c token file's
+ * header holds no vocabulary size (words 3-255 are zero), so the largest id
+ * of the training and validation files + 1 is what they tell; the model's
+ * default (gpt2: GPT-2's 50257) is kept when every id fits it, so that a
+ * model named for a tokenizer keeps that tokenizer's shape, and grown to
+ * the largest id + 1 when it does not (the ids beyond it were an error
+ * naming --vocab-size before). A resumed run reads the same files, so it
+ * builds the same size. */
 static int vocab_size_from_vocab(trainer *t)
 {
-    if (!t->o.vocab || t->o.vocab_size)
+    t->vocab_from = "the model's default";
+    if (t->o.vocab_size) {
+        t->vocab_from = "set by --vocab-size";
         return 0;
-    if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
-        return fail(2, "--vocab");
-    t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+    }
+    if (t->o.vocab) {
+        t->vocab_from = "the size of --vocab";
+        if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+            return fail(2, "--vocab");
+        t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+        if (dt__ddp_is_main(&t->ddp))
+            printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n",
+                   (long long)t->o.vocab_size, t->o.vocab);
+        return 0;
+    }
+    dt_gpt2_config g;
+    if (dt_gpt2_config_by_name(t->o.model, &g) < 0)
+        return 0; /* not a GPT model */
+    int64_t m = tokens_max_plus_one(t->o.data), mv = tokens_max_plus_one(t->o.val_data);
+    if (mv > m)
+        m = mv;
+    if (m <= g.vocab_size)
+        return 0; /* every id fits the model's default */
+    t->o.vocab_size = m;
+    t->vocab_from = "the token files' largest id + 1";
     if (dt__ddp_is_main(&t->ddp))
-        printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n", (long long)t->o.vocab_size,
-               t->o.vocab);
+        printf("vocab size %lld (the largest token id of the token files + 1; --model %s's default is %lld; "
+               "--vocab-size N overrides)\n",
+               (long long)m, t->o.model, (long long)g.vocab_size);
     return 0;
 }
 
@@ -356,9 +398,8 @@ static int setup_data(trainer *t)
             /* a token the model's vocabulary does not have: say which option sizes it */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", dt_last_error());
-            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it, --vocab FILE "
-                        "takes the size of a dtrain tokenize vocabulary)\n", what, msg,
-                        t->o.vocab_size ? "--vocab-size" : "the model's default");
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it)\n", what, msg,
+                        t->vocab_from ? t->vocab_from : "the model's default");
             return 2;
         }
         if (st < 0)

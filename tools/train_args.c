@@ -113,7 +113,9 @@ static const opt_def opts[] = {
     {"n-head", OPT_INT, OFF(n_head), 1, 1e4, NULL, "N", "GPT models: attention heads (default: the model's)"},
     {"n-embd", OPT_INT, OFF(n_embd), 1, 1e6, NULL, "N", "GPT models: width (default: the model's)"},
     {"block-size", OPT_INT, OFF(block_size), 1, 1e7, NULL, "N", "GPT models: positions (default: the model's)"},
-    {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N", "GPT models: tokens (default: the model's)"},
+    {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N",
+     "GPT models: tokens (default: the size of --vocab when given; else the model's, or the token files' "
+     "largest id + 1 when that is larger; said at start)"},
     {"dropout", OPT_FLOAT, OFF(dropout), 0, 0.99, NULL, "P", "GPT models: dropout probability (default 0)"},
     {"activation-checkpointing", OPT_FLAG, OFF(act_ckpt), 0, 0, NULL, NULL,
      "recompute the model's checkpoint units in backward instead of keeping their activations (the ConvNet's "

@@ -112,6 +112,84 @@ TEST(vocab_size_from_vocab_and_kept_in_ckpt)
     ASSERT_STR_CONTAINS(r2.err, "--sample-seed");
 }
 
+/* Item 5 with a token file only (no --vocab, no --vocab-size): the ids
+ * beyond gpt-micro's 512 were refused naming --vocab-size; the vocabulary
+ * is now the token files' largest id + 1 (their llm.c header holds no
+ * size), said at start, kept in the checkpoint for eval and generate, the
+ * same on every rank; files whose ids all fit keep the model's default. */
+TEST(vocab_size_from_token_files)
+{
+    char dir2[320], want[128], small_bin[320], small[340];
+    snprintf(dir2, sizeof dir2, "%s/run_tokens", cli_tmpdir());
+    snprintf(want, sizeof want, "vocab size %lld (the largest token id of the token files + 1",
+             (long long)max_id + 1);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "2",
+                        "--data", data, "--val-data", val, "--limit-test", "8", "--threads", "1", "--save", dir2,
+                        "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, want);
+    ASSERT_STR_CONTAINS(r.out, "val loss: ");
+    char shape[64];
+    snprintf(shape, sizeof shape, "[%lld,16]", (long long)max_id + 1);
+    cli_runv(&r2, 60, NULL, (char *[]){"ckpt", "info", dir2, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(strstr(r2.out, "transformer.wte.weight"), shape);
+    /* the checkpoint remembers the size: eval and generate rebuild the model without being told */
+    cli_runv(&r2, 60, NULL, (char *[]){"eval", "--ckpt", dir2, NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n", r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    char line_eval[64] = "", line_train[64] = "";
+    if (strstr(r2.out, "val loss: "))
+        sscanf(strstr(r2.out, "val loss: "), "%63[^\n]", line_eval);
+    if (strstr(r.out, "val loss: "))
+        sscanf(strstr(r.out, "val loss: "), "%63[^\n]", line_train);
+    ASSERT(line_train[0]);
+    ASSERT_STR_EQ(line_eval, line_train);
+    char last_id[32];
+    snprintf(last_id, sizeof last_id, "%lld", (long long)max_id);
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"generate", "--ckpt", dir2, "--prompt-ids", last_id, "--max-new-tokens", "3", "--temperature",
+                        "0", NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n", r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    /* two ranks read the same files: the same size, no disagreement */
+    cli_runv(&r2, 240, NULL,
+             (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro", GPT_ARGS, "--seq",
+                        "16", "--batch", "4", "--max-steps", "1", "--data", data, "--no-eval", "--threads", "1",
+                        "--progress", "none", NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n%s\n", r2.out, r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(r2.out, "vocab size ");
+    /* ids that all fit the model's default: the default is kept, nothing said */
+    uint16_t ids[400];
+    for (int i = 0; i < 400; i++)
+        ids[i] = (uint16_t)(i * 7 % 300);
+    snprintf(small_bin, sizeof small_bin, "%s/small.bin", cli_tmpdir());
+    snprintf(small, sizeof small, "tokens:%s", small_bin);
+    ASSERT_OK(dt_tokens_write(small_bin, ids, 400));
+    cli_runv(&r2, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "1",
+                        "--data", small, "--no-eval", "--threads", "1", "--progress", "none", "--vocab-size", "300",
+                        NULL});
+    ASSERT_EQ_INT(r2.code, 0); /* 300 is enough for these ids */
+    char dir3[320];
+    snprintf(dir3, sizeof dir3, "%s/run_small", cli_tmpdir());
+    cli_runv(&r2, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "1",
+                        "--data", small, "--no-eval", "--threads", "1", "--progress", "none", "--save", dir3, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT(!strstr(r2.out, "vocab size "));
+    cli_runv(&r2, 60, NULL, (char *[]){"ckpt", "info", dir3, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(strstr(r2.out, "transformer.wte.weight"), "[512,16]");
+}
+
 TEST(ckpt_commands_take_the_save_directory)
 {
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "info", save_dir, NULL});
@@ -310,6 +388,7 @@ int main(void)
 {
     write_data();
     RUN(vocab_size_from_vocab_and_kept_in_ckpt);
+    RUN(vocab_size_from_token_files);
     RUN(ckpt_commands_take_the_save_directory);
     RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
     RUN(shared_cpus);
