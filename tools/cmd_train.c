@@ -219,6 +219,30 @@ static void warn_oversubscribed(const trainer *t)
                 (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
 }
 
+/* --pp: every stage's units, rank and parameters, so that two cuts (and
+ * the memory lines at the end) can be told apart. */
+static void print_pipe_cut(const trainer *t)
+{
+    int starts[129], S = 0;
+    size_t bytes[128];
+    if (dt_strategy_pipe_cut(dt_trainer_strategy(t->tr), starts, bytes, 129, &S) < 0)
+        return;
+    printf("pipeline stages balanced by %s: stage 0 has units [%d, %d)",
+           t->ddp.pp_balance == DT_PIPE_BY_TIME     ? "measured time"
+           : t->ddp.pp_balance == DT_PIPE_BY_PARAMS ? "parameter count"
+                                                    : "compute",
+           starts[0], starts[1]);
+    for (int i = 1; i < S; i++)
+        printf(", stage %d [%d, %d)", i, starts[i], starts[i + 1]);
+    printf(" (stage i on pipeline rank i %% %d); parameters per stage:", t->ddp.pp);
+    for (int i = 0; i < S; i++) {
+        char b[32];
+        dt__human_bytes((double)bytes[i], b, sizeof b);
+        printf("%s %s", i ? "," : "", b);
+    }
+    printf(" (a shared one in each stage using it)\n");
+}
+
 /* The largest token id + 1 of the token file spec ("tokens:FILE"), 0 when
  * it cannot be read (setup_data then reports why). */
 static int64_t tokens_max_plus_one(const char *spec)
@@ -1389,13 +1413,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("pipeline parallel: %d stages x %s%d data-parallel%s, schedule %s, %d micro-batches per batch\n",
                t->ddp.pp, tpx, t->ddp.world, t->ddp.stage == 1 ? " (ZeRO-1)" : "", t->ddp.pp_sched,
                t->ddp.pp_micro);
-        dt_pipe_stats ps; /* this rank's (the first stage's) cut */
-        if (dt_strategy_pipe_stats(dt_trainer_strategy(t->tr), &ps) == DT_OK)
-            printf("pipeline stages balanced by %s: stage 0 has units [%d, %d)\n",
-                   t->ddp.pp_balance == DT_PIPE_BY_TIME     ? "measured time"
-                   : t->ddp.pp_balance == DT_PIPE_BY_PARAMS ? "parameter count"
-                                                            : "compute",
-                   ps.unit_lo[0], ps.unit_hi[0]);
+        print_pipe_cut(t);
     }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,
