@@ -329,6 +329,22 @@ TEST(shared_cpus)
     cli_runv(&r, 60, "DT_LOADAVG=0", args);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(!strstr(r.err, "compute threads on"));
+    /* under dtrain run: the ranks on this machine count (LOCAL_WORLD_SIZE), said once, by rank 0 */
+    char *ranks[32] = {"run", "-n", "2", "--", (char *)cli_bin()};
+    int n = 5;
+    for (int i = 0; args[i] && n < 31; i++)
+        ranks[n++] = args[i];
+    ranks[n] = NULL;
+    cli_runv(&r, 120, "DT_LOADAVG=1000", ranks);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: 2 ranks x ");
+    const char *w = strstr(r.err, "warning: 2 ranks x ");
+    ASSERT(w && !strstr(w + 1, "warning: 2 ranks x "));
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) { /* the launcher's split: 2 x (cores / 2) fit an idle machine */
+        cli_runv(&r, 120, "DT_LOADAVG=0", ranks);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(!strstr(r.err, "compute threads on"));
+    }
 }
 
 /* "12.5 KiB" after `key ` in the line of out starting with `line`, in bytes; -1 when absent. */
