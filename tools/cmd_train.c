@@ -1337,7 +1337,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                           "\"lr_schedule\":\"%s\",\"warmup_steps\":%lld,\"total_steps\":%lld,"
                           "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
                           "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"batches_per_epoch\":%lld,\"params\":%zu,"
-                          "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s",
+                          "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s,"
+                          "\"omp_wait\":\"%s%s\"",
                           t->o.model, data_q, (long long)t->epochs, (long long)t->o.max_steps, (long long)t->o.batch,
                           (long long)t->o.grad_accum, t->ddp.world, t->o.optimizer, t->o.lr,
                           dt_sched_kind_name(t->sched.kind), (long long)t->sched.warmup_steps,
@@ -1345,7 +1346,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                           dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)t->spe, (long long)spe,
                           dt_model_param_count(t->model), t->o.precision,
                           t->o.reduce_dtype ? t->o.reduce_dtype : t->o.precision, t->o.keep_bn_fp32,
-                          scaler_json) < 0) {
+                          scaler_json, getenv("GOMP_SPINCOUNT") ? "GOMP_SPINCOUNT=" : "",
+                          getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT")
+                          : getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "runtime default") < 0) {
         rc = fail(1, NULL);
         goto out;
     }

@@ -299,26 +299,37 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
     ASSERT_STR_EQ(strstr(r.out, "val loss: "), strstr(ref.out, "val loss: "));
 }
 
-/* Shared CPUs: OpenMP waits passively unless the user chose otherwise
- * (libgomp's spinning made a run many times slower beside one busy
- * process), and the default thread count warns when the load leaves fewer
- * free cores than ranks x threads (DT_LOADAVG stands in for the load). */
+/* Shared CPUs: unless the user chose, OpenMP waits passively on a machine
+ * busy at start (libgomp's spinning made a run many times slower beside one
+ * busy process) and spins briefly on an idle one (passive waiting cost
+ * 11-22% there), and the default thread count warns when the load leaves
+ * fewer free cores than ranks x threads (DT_LOADAVG stands in for the
+ * load). */
 TEST(shared_cpus)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
         fprintf(stderr, "  (OpenMP's waiting is set in this environment: the default is not checked)\n");
     } else {
-        cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+        /* a busy machine at start: passive; an idle one: a short spin (DT_LOADAVG stands in for the load) */
+        cli_runv(&r, 60, "DT_LOADAVG=5", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default");
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine at start (load 5.00)");
+        cli_runv(&r, 60, "DT_LOADAVG=0.2", (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out,
+                            "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start (load 0.20)");
         cli_runv(&r, 60, "OMP_WAIT_POLICY=active", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: OMP_WAIT_POLICY=active (from the environment)");
         cli_runv(&r, 60, "GOMP_SPINCOUNT=1000", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=1000 (from the environment)");
-        /* the ranks of dtrain run inherit the policy */
-        cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY", NULL});
+        /* the ranks of dtrain run inherit the launcher's choice */
+        char *echo[] = {"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY spin=$GOMP_SPINCOUNT", NULL};
+        cli_runv(&r, 60, "DT_LOADAVG=5", echo);
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive");
+        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive spin=\n");
+        cli_runv(&r, 60, "DT_LOADAVG=0", echo);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "[1] policy= spin=3000\n");
     }
     char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "50",
                     "--limit-test", "10", "--no-eval", "--progress", "none", NULL};
