@@ -28,8 +28,11 @@ int dt_cmd_info(int argc, char **argv)
     printf("compute: oneDNN %d.%d.%d (cpu runtime %s), OpenMP threads %d\n", v->major, v->minor,
            v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", dt_get_num_threads());
     const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT"), *dw = getenv("DT_OMP_WAIT");
-    if (dw && !strcmp(dw, "default") && wp && !sc)
-        printf("OpenMP waiting: %s (dtrain's default; OMP_WAIT_POLICY or GOMP_SPINCOUNT set choose another)\n", wp);
+    if (dw && !strncmp(dw, "default", 7) && (!wp != !sc))
+        printf("OpenMP waiting: %s%s (dtrain's default for %s machine at start (%s): %s; OMP_WAIT_POLICY or "
+               "GOMP_SPINCOUNT set choose another)\n", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : wp,
+               sc ? "an idle" : "a busy", dw[7] == ',' ? dw + 9 : "load unknown",
+               sc ? "a short spin before sleeping" : "threads sleep at once, no spinning on shared cores");
     else if (wp || sc)
         printf("OpenMP waiting: %s%s%s%s%s (from the environment)\n", wp ? "OMP_WAIT_POLICY=" : "", wp ? wp : "",
                wp && sc ? ", " : "", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : "");

@@ -97,6 +97,7 @@ typedef struct {
     char *lora_buf;               /* --lora-targets split at its commas */
     const char **lora_targets;    /* NULL-terminated */
     dt_lora_params lora;          /* with lora_targets set: the build's adapters */
+    const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
     dt__ddp_run ddp;              /* DDP (train_ddp.c): no-op at world size 1 */
@@ -330,30 +331,98 @@ static void warn_oversubscribed(const trainer *t)
                 (long long)ranks, ranks == 1 ? "" : "s", threads, cores, free_cores > 0 ? free_cores : 0.0, load);
 }
 
-/* GPT models with --vocab FILE (or --tokenizer FILE) and no --vocab-size:
- * the model's vocabulary is the BPE vocabulary's size (said at start), so
- * its ids fit. */
+/* --pp: every stage's units, rank and parameters, so that two cuts (and
+ * the memory lines at the end) can be told apart. */
+static void print_pipe_cut(const trainer *t)
+{
+    int starts[129], S = 0;
+    size_t bytes[128];
+    if (dt_strategy_pipe_cut(dt_trainer_strategy(t->tr), starts, bytes, 129, &S) < 0)
+        return;
+    printf("pipeline stages balanced by %s: stage 0 has units [%d, %d)",
+           t->ddp.pp_balance == DT_PIPE_BY_TIME     ? "measured time"
+           : t->ddp.pp_balance == DT_PIPE_BY_PARAMS ? "parameter count"
+                                                    : "compute",
+           starts[0], starts[1]);
+    for (int i = 1; i < S; i++)
+        printf(", stage %d [%d, %d)", i, starts[i], starts[i + 1]);
+    printf(" (stage i on pipeline rank i %% %d); parameters per stage:", t->ddp.pp);
+    for (int i = 0; i < S; i++) {
+        char b[32];
+        dt__human_bytes((double)bytes[i], b, sizeof b);
+        printf("%s %s", i ? "," : "", b);
+    }
+    printf(" (a shared one in each stage using it)\n");
+}
+
+/* The largest token id + 1 of the token file spec ("tokens:FILE"), 0 when
+ * it cannot be read (setup_data then reports why). */
+static int64_t tokens_max_plus_one(const char *spec)
+{
+    dt_tokens *tk = NULL;
+    if (!spec || strncmp(spec, "tokens:", 7) || dt_tokens_open(spec + 7, 0, &tk) < 0)
+        return 0;
+    int64_t m = dt_tokens_max_plus_one(tk);
+    dt_tokens_close(tk);
+    return m;
+}
+
+/* GPT models without --vocab-size: the vocabulary is taken from where it is
+ * known (said at start). With --vocab FILE it is the BPE vocabulary's size,
+ * so its ids fit. Without, from the token files: an llm.c token file's
+ * header holds no vocabulary size (words 3-255 are zero), so the largest id
+ * of the training and validation files + 1 is what they tell; the model's
+ * default (gpt2: GPT-2's 50257) is kept when every id fits it, so that a
+ * model named for a tokenizer keeps that tokenizer's shape, and grown to
+ * the largest id + 1 when it does not (the ids beyond it were an error
+ * naming --vocab-size before). A resumed run reads the same files, so it
+ * builds the same size. With --tokenizer FILE (text data) the tokenizer is
+ * loaded here and its size is the vocabulary's. */
 static int vocab_size_from_vocab(trainer *t)
 {
+    t->vocab_from = "the model's default";
     if (t->o.tokenizer) {
         if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
             return fail(2, "--tokenizer");
-        if (t->o.vocab_size)
+        if (t->o.vocab_size) {
+            t->vocab_from = "set by --vocab-size";
             return 0;
+        }
         t->o.vocab_size = dt_tokenizer_vocab_size(t->tok);
+        t->vocab_from = "the size of --tokenizer";
         if (dt__ddp_is_main(&t->ddp))
             printf("vocab size %lld (the size of --tokenizer %s; --vocab-size N overrides)\n",
                    (long long)t->o.vocab_size, t->o.tokenizer);
         return 0;
     }
-    if (!t->o.vocab || t->o.vocab_size)
+    if (t->o.vocab_size) {
+        t->vocab_from = "set by --vocab-size";
         return 0;
-    if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
-        return fail(2, "--vocab");
-    t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+    }
+    if (t->o.vocab) {
+        t->vocab_from = "the size of --vocab";
+        if (dt_bpe_load(t->o.vocab, &t->bpe) < 0)
+            return fail(2, "--vocab");
+        t->o.vocab_size = dt_bpe_vocab_size(t->bpe);
+        if (dt__ddp_is_main(&t->ddp))
+            printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n",
+                   (long long)t->o.vocab_size, t->o.vocab);
+        return 0;
+    }
+    dt_gpt2_config g;
+    if (dt_gpt2_config_by_name(t->o.model, &g) < 0)
+        return 0; /* not a GPT model */
+    int64_t m = tokens_max_plus_one(t->o.data), mv = tokens_max_plus_one(t->o.val_data);
+    if (mv > m)
+        m = mv;
+    if (m <= g.vocab_size)
+        return 0; /* every id fits the model's default */
+    t->o.vocab_size = m;
+    t->vocab_from = "the token files' largest id + 1";
     if (dt__ddp_is_main(&t->ddp))
-        printf("vocab size %lld (the size of --vocab %s; --vocab-size N overrides)\n", (long long)t->o.vocab_size,
-               t->o.vocab);
+        printf("vocab size %lld (the largest token id of the token files + 1; --model %s's default is %lld; "
+               "--vocab-size N overrides)\n",
+               (long long)m, t->o.model, (long long)g.vocab_size);
     return 0;
 }
 
@@ -494,9 +563,8 @@ static int setup_data(trainer *t)
             /* a token the model's vocabulary does not have: say which option sizes it */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", dt_last_error());
-            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it, --vocab FILE "
-                        "takes the size of a dtrain tokenize vocabulary)\n", what, msg,
-                        t->o.vocab_size ? "--vocab-size" : "the model's default");
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it)\n", what, msg,
+                        t->vocab_from ? t->vocab_from : "the model's default");
             return 2;
         }
         if (st < 0)
@@ -1587,7 +1655,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                           "\"lr_schedule\":\"%s\",\"warmup_steps\":%lld,\"total_steps\":%lld,"
                           "\"seed\":%llu,\"rng\":\"%s\",\"threads\":%d,\"train_items\":%lld,"
                           "\"test_items\":%lld,\"steps_per_epoch\":%lld,\"batches_per_epoch\":%lld,\"params\":%zu,"
-                          "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s",
+                          "\"precision\":\"%s\",\"reduce_dtype\":\"%s\",\"keep_bn_fp32\":%s,\"loss_scaler\":%s,"
+                          "\"omp_wait\":\"%s%s\"",
                           t->o.model, data_q, (long long)t->epochs, (long long)t->o.max_steps, (long long)t->o.batch,
                           (long long)t->o.grad_accum, t->ddp.world, t->o.optimizer, t->o.lr,
                           dt_sched_kind_name(t->sched.kind), (long long)t->sched.warmup_steps,
@@ -1595,7 +1664,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
                           dt_get_num_threads(), (long long)ntrain, (long long)ntest, (long long)t->spe, (long long)spe,
                           dt_model_param_count(t->model), t->o.precision,
                           t->o.reduce_dtype ? t->o.reduce_dtype : t->o.precision, t->o.keep_bn_fp32,
-                          scaler_json) < 0) {
+                          scaler_json, getenv("GOMP_SPINCOUNT") ? "GOMP_SPINCOUNT=" : "",
+                          getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT")
+                          : getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "runtime default") < 0) {
         rc = fail(1, NULL);
         goto out;
     }
@@ -1663,13 +1734,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("pipeline parallel: %d stages x %s%d data-parallel%s, schedule %s, %d micro-batches per batch\n",
                t->ddp.pp, tpx, t->ddp.world, t->ddp.stage == 1 ? " (ZeRO-1)" : "", t->ddp.pp_sched,
                t->ddp.pp_micro);
-        dt_pipe_stats ps; /* this rank's (the first stage's) cut */
-        if (dt_strategy_pipe_stats(dt_trainer_strategy(t->tr), &ps) == DT_OK)
-            printf("pipeline stages balanced by %s: stage 0 has units [%d, %d)\n",
-                   t->ddp.pp_balance == DT_PIPE_BY_TIME     ? "measured time"
-                   : t->ddp.pp_balance == DT_PIPE_BY_PARAMS ? "parameter count"
-                                                            : "compute",
-                   ps.unit_lo[0], ps.unit_hi[0]);
+        print_pipe_cut(t);
     }
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank (%lld per step)%s\n", t->ddp.world,

@@ -37,21 +37,53 @@ static void usage(FILE *f)
 /* OpenMP's waiting policy on shared CPUs. libgomp's default spins ~300000
  * iterations at each barrier before sleeping; while another process holds
  * a core, the spinning threads take the CPU from the one still computing
- * and a run gets many times slower (docs/BENCHMARKS.md, "Shared CPUs").
- * Passive waiting costs little on an idle machine (dtrain's parallel
- * regions are large) and does not collapse. libgomp reads OMP_WAIT_POLICY
- * and GOMP_SPINCOUNT once, when it is loaded, before main: so when the user
- * set neither, the command sets OMP_WAIT_POLICY=passive (and DT_OMP_WAIT,
- * saying it was dtrain's choice and stopping a second round) and executes
- * itself again; the ranks of dtrain run inherit both. A failed exec runs
- * on with the runtime's own policy. */
+ * and a run gets many times slower (20-30x on the 2-core machine of
+ * docs/BENCHMARKS.md, "Shared CPUs"). Passive waiting never collapses, but
+ * on an idle machine each parallel region pays a wake-up: 11-22% of the
+ * ConvNet's speed there. So the default follows the machine at start: idle
+ * (1-minute load average <= 0.5: nothing else runs) -> a short spin,
+ * GOMP_SPINCOUNT=3000 (idle speed within 3-5% of the full spin; if work
+ * arrives later, at most ~2x slower, not 30x); busy -> OMP_WAIT_POLICY=
+ * passive. DT_LOADAVG=X stands in for the load (tests). libgomp reads
+ * both variables once, when it is loaded, before main: so when the user
+ * set neither, the command sets one (and DT_OMP_WAIT, saying it was
+ * dtrain's choice and at which load, and stopping a second round) and
+ * executes itself again; the ranks of dtrain run inherit the launcher's
+ * choice. A failed exec runs on with the runtime's own policy. */
+#define DT_IDLE_SPINCOUNT "3000"
+
+static double load_average(void)
+{
+    double load = -1;
+    const char *e = getenv("DT_LOADAVG");
+    if (e && *e) {
+        char *end;
+        load = strtod(e, &end);
+        return *end || !(load >= 0) ? -1 : load;
+    }
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf", &load) != 1)
+        load = -1;
+    if (f)
+        fclose(f);
+    return load;
+}
+
 static void omp_wait_default(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
         return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0 && setenv("DT_OMP_WAIT", "default", 1) == 0)
+    const double load = load_average();
+    const bool idle = load >= 0 && load <= 0.5; /* unknown: passive, which never collapses */
+    char why[64];
+    snprintf(why, sizeof why, "default, load %.2f", load < 0 ? 0.0 : load);
+    if (load < 0)
+        snprintf(why, sizeof why, "default, load unknown");
+    if ((idle ? setenv("GOMP_SPINCOUNT", DT_IDLE_SPINCOUNT, 1) : setenv("OMP_WAIT_POLICY", "passive", 1)) == 0 &&
+        setenv("DT_OMP_WAIT", why, 1) == 0)
         execv("/proc/self/exe", argv);
     unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
     setenv("DT_OMP_WAIT", "exec failed", 1);
 }
 

@@ -116,7 +116,9 @@ static const opt_def opts[] = {
     {"n-head", OPT_INT, OFF(n_head), 1, 1e4, NULL, "N", "GPT models: attention heads (default: the model's)"},
     {"n-embd", OPT_INT, OFF(n_embd), 1, 1e6, NULL, "N", "GPT models: width (default: the model's)"},
     {"block-size", OPT_INT, OFF(block_size), 1, 1e7, NULL, "N", "GPT models: positions (default: the model's)"},
-    {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N", "GPT models: tokens (default: the model's)"},
+    {"vocab-size", OPT_INT, OFF(vocab_size), 1, 1e7, NULL, "N",
+     "GPT models: tokens (default: the size of --vocab when given; else the model's, or the token files' "
+     "largest id + 1 when that is larger; said at start)"},
     {"dropout", OPT_FLOAT, OFF(dropout), 0, 0.99, NULL, "P", "GPT models: dropout probability (default 0)"},
     {"activation-checkpointing", OPT_FLAG, OFF(act_ckpt), 0, 0, NULL, NULL,
      "recompute the model's checkpoint units in backward instead of keeping their activations (the ConvNet's "
@@ -208,8 +210,11 @@ static const opt_def opts[] = {
      "HF Trainer's max_steps does; the cosine/linear schedule spans N; a resumed run counts the saved steps; "
      "default 0 = --epochs)"},
     {"resume", OPT_STR, OFF(resume), 0, 0, NULL, "DIR|auto",
-     "continue from a checkpoint: DIR is a --save directory (its newest) or one checkpoint; auto: the "
-     "--save directory's newest if it has one, else start fresh"},
+     "continue from a checkpoint: DIR is a --save directory (its newest) or one checkpoint; auto (needs --save "
+     "DIR): DIR's newest complete checkpoint; when DIR does not exist yet or holds no checkpoint, the run starts "
+     "fresh from --seed and says so (one command to launch and to relaunch after any stop); a damaged newest "
+     "checkpoint falls back to the next older one with a warning (none left: exit 2); a run whose checkpoint is "
+     "already at its end trains nothing and leaves its files as they are"},
     {"init-from", OPT_STR, OFF(init_from), 0, 0, NULL, "FILE",
      "initial weights from a safetensors file with PyTorch's names (e.g. written by PyTorch)"},
     {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16|auto", "P",

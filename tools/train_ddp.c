@@ -352,7 +352,7 @@ bool dt__ddp_lazy_model(const dt__ddp_run *r)
     return r->stage == 3 || (r->pp > 1 && r->tp <= 1 && r->pp_balance != DT_PIPE_BY_TIME);
 }
 
-static void human(double b, char *buf, size_t n)
+void dt__human_bytes(double b, char *buf, size_t n)
 {
     if (b >= 1 << 30)
         snprintf(buf, n, "%.2f GiB", b / (1 << 30));
@@ -427,7 +427,7 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
         for (int k = 0; k < W; k++) {
             char b[K][32];
             for (int i = 0; i < K; i++)
-                human(v[(size_t)k * K + (size_t)i], b[i], sizeof b[i]);
+                dt__human_bytes(v[(size_t)k * K + (size_t)i], b[i], sizeof b[i]);
             printf("memory rank %d: parameters %s, gradients %s, optimizer states %s, master weights %s, "
                    "peak gathered %s, peak RSS %s\n",
                    k, b[0], b[1], b[2], b[3], b[4], b[5]);

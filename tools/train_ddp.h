@@ -97,6 +97,8 @@ void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n);
  * the model-state bytes it holds and its peak RSS (collective; nothing for
  * DDP). */
 int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr);
+/* Bytes for people: "12.5 KiB", "1.31 MiB", "2.00 GiB", "512 B". */
+void dt__human_bytes(double b, char *buf, size_t n);
 
 /* Release the DDP handle (before the model) and the group (last). */
 void dt__ddp_free_ddp(dt__ddp_run *r);

@@ -196,6 +196,16 @@ DT_API void dt_free(void *p);
  * whole pages inside the range are committed. Returns the bytes committed
  * (0 for an empty range or a NULL p). Thread-safe for disjoint ranges. */
 DT_API size_t dt_prefault(void *p, size_t bytes);
+/* The opposite: zeroes [p, p + bytes) without holding memory for it. The
+ * whole pages inside the range are given back to the system (madvise
+ * MADV_DONTNEED, after MADV_NOHUGEPAGE so that no huge page commits them
+ * again): they read as zero and take memory only when written; the partial
+ * pages at the ends are written with zeros. p must be private anonymous
+ * memory (dt_alloc, malloc, an anonymous mapping). Returns the bytes given
+ * back (0 for an empty range or a NULL p). For buffers that span regions
+ * nobody touches (an interleaved pipeline rank's optimizer state between
+ * its stages). */
+DT_API size_t dt_decommit(void *p, size_t bytes);
 
 typedef struct dt_arena dt_arena;
 /* An arena whose blocks are at least block_size bytes (0 = 4 MiB). */

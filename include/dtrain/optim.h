@@ -11,7 +11,10 @@
  * with parameters of two dtypes has one range per flat. All ranges are
  * updated in one fused pass per step (two or three for LAMB, which needs
  * norms first). The optimizer allocates and owns its state (momentum,
- * exp_avg, exp_avg_sq) for exactly hi - lo elements per range.
+ * exp_avg, exp_avg_sq) for exactly hi - lo elements per range; the whole
+ * pages of it outside every segment are never written and hold no memory
+ * (a range that spans other ranks' tensors between its own, as an
+ * interleaved pipeline rank's, pays only for its own).
  *
  * Ranges hold POINTERS to the flats and read their base at every step, so
  * a flat whose memory moves (dt_model_set_grads: DDP's shared memory) is
@@ -239,6 +242,14 @@ DT_API double dt_optim_last_grad_norm(const dt_optim *o);
  * writable (to restore a checkpoint). */
 DT_API int dt_optim_num_states(const dt_optim *o);
 DT_API size_t dt_optim_num_ranges(const dt_optim *o);
+/* Elements of range `range` whose state the optimizer holds in memory:
+ * hi - lo less the gaps between its segments longer than an entry's
+ * alignment padding (DT_ALIGN elements), which it never touches and whose
+ * whole pages hold no memory (an interleaved pipeline rank's range spans
+ * the other ranks' stages between its own). 0 for a NULL o or a range out
+ * of bounds. dt_trainer_memory_get counts states, fp32 masters and f32
+ * gradient copies by it. */
+DT_API size_t dt_optim_range_held(const dt_optim *o, size_t range);
 DT_API dt_status dt_optim_state(dt_optim *o, size_t range, int i, const char **name, float **data, size_t *n);
 /* State i by name ("exp_avg"): its index, or -1 when this kind has none. */
 DT_API int dt_optim_state_find(const dt_optim *o, const char *name);
@@ -262,6 +273,13 @@ DT_API dt_status dt_optim_state_write(dt_optim *o, const dt_flat *params, int i,
  * Free with dt_flat_free. Errors: DT_ERR_NULL, DT_ERR_RANGE (lp does not
  * hold the range), DT_ERR_DTYPE (not a float dtype), DT_ERR_NO_MEMORY. */
 DT_API dt_status dt_optim_master_alloc(const dt_flat *lp, size_t lo, size_t hi, dt_flat *master);
+/* The same for a range whose segments (sorted, disjoint; clipped to
+ * [lo, hi)) are all it steps: only their elements are widened; the rest of
+ * [lo, hi) reads as zero and holds no memory (dt_decommit), as the
+ * optimizer's state there. nseg 0: the whole range (dt_optim_master_alloc).
+ * DT_ERR_INVALID_ARG for unsorted or overlapping segments, else as above. */
+DT_API dt_status dt_optim_master_alloc_segments(const dt_flat *lp, size_t lo, size_t hi, const dt_optim_segment *segs,
+                                                size_t nseg, dt_flat *master);
 
 /* One fused pass over the gradients of every range (GradScaler's
  * unscale_): each element is read as f32 (bf16/f16 grads are widened),

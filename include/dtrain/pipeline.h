@@ -458,6 +458,15 @@ typedef struct dt_pipe_stats {
     int unit_lo[64], unit_hi[64]; /* units [lo, hi) of each of its stages */
 } dt_pipe_stats;
 DT_API dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out);
+/* The cut of an attached "pipe" strategy s (the same on every rank):
+ * *nstages = S = pp x v, starts[0..S] the stages' first units (starts[S]:
+ * the number of units; stage i runs on pipeline rank i % pp), and, when
+ * param_bytes is not NULL, param_bytes[0..S) the bytes of the parameters
+ * each stage's units use (a shared one, such as a tied embedding, in every
+ * stage that uses it). cap: room in starts (S + 1; param_bytes: S), else
+ * DT_ERR_RANGE naming S (*nstages set); DT_ERR_INVALID_ARG when s is not an
+ * attached pipe strategy. */
+DT_API dt_status dt_strategy_pipe_cut(const dt_strategy *s, int *starts, size_t *param_bytes, int cap, int *nstages);
 /* dt_model_generate (models.h) under the "pipe" strategy, for a GPT-2 zoo
  * model: on every rank of the pipeline with the same arguments (collective
  * over the pipeline; each replica's pipeline generates on its own, to the

@@ -179,10 +179,6 @@ typedef struct dt_strategy_memory {
     size_t grad_bytes;        /* gradients held between steps (whole, or this rank's shards) */
     size_t gathered_peak;     /* peak bytes of gathered (unsharded) parameters and gradients
                                  that existed at once beyond the above, since init */
-    size_t optim_gap_elems;   /* elements inside this rank's optimizer ranges that it never steps
-                                 (an interleaved pipeline rank's range spans the other ranks'
-                                 stages between its chunks): their optimizer-state pages are never
-                                 touched, so dt_trainer_memory_get leaves them out; 0 otherwise */
 } dt_strategy_memory;
 
 struct dt_strategy_fb;

@@ -40,6 +40,26 @@ size_t dt_prefault(void *p, size_t bytes)
     return b - a;
 }
 
+size_t dt_decommit(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return 0;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    uintptr_t a = (lo + pg - 1) / pg * pg, b = hi / pg * pg;
+    if (b <= a) { /* no whole page inside */
+        memset(p, 0, bytes);
+        return 0;
+    }
+    memset(p, 0, a - lo);
+    memset((void *)b, 0, hi - b);
+    madvise((void *)a, b - a, MADV_NOHUGEPAGE);
+    if (madvise((void *)a, b - a, MADV_DONTNEED) == 0)
+        return b - a;
+    memset((void *)a, 0, b - a); /* not given back: zeroed all the same */
+    return 0;
+}
+
 void *dt_alloc(size_t size)
 {
     size_t n = (size + DT_ALIGN - 1) & ~(size_t)(DT_ALIGN - 1);

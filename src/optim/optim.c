@@ -287,6 +287,29 @@ done:
     return st;
 }
 
+/* Zero state buffer st of range r (n floats): the elements its items step
+ * are written (committed now, so the first step takes no page fault); the
+ * elements no item covers are zeroed by giving their whole pages back
+ * (dt_decommit). Within a range that is alignment padding (no whole page),
+ * but an interleaved pipeline rank's range spans the other ranks' stages
+ * between its chunks: their state is never touched and holds no memory. */
+static void zero_state(const dt_optim *o, size_t r, float *st, size_t n)
+{
+    size_t prev = 0;
+    for (size_t i = 0; i < o->nitem; i++) {
+        const dt__optim_item *it = &o->items[i];
+        if (it->range != r)
+            continue;
+        if (it->start > prev)
+            dt_decommit(st + prev, (it->start - prev) * sizeof *st);
+        memset(st + it->start, 0, it->len * sizeof *st);
+        if (it->start + it->len > prev)
+            prev = it->start + it->len;
+    }
+    if (n > prev)
+        dt_decommit(st + prev, (n - prev) * sizeof *st);
+}
+
 static dt_status optim_new(dt_optim_kind kind, const dt_optim_range *rs, size_t nr, int nstate, const char *n0,
                            const char *n1, dt_optim **out)
 {
@@ -303,11 +326,13 @@ static dt_status optim_new(dt_optim_kind kind, const dt_optim_range *rs, size_t 
     for (size_t r = 0; r < o->nrange; r++)
         for (int i = 0; i < nstate; i++) {
             dt__optim_range *rg = &o->ranges[r];
-            rg->state[i] = dt_calloc((rg->hi - rg->lo) * sizeof(float));
+            rg->state[i] = dt_alloc((rg->hi - rg->lo) * sizeof(float));
             if (!rg->state[i] && rg->hi > rg->lo) {
                 st = dt_error_wrap(DT_ERR_NO_MEMORY, "optimizer state '%s' (%zu floats)", i ? n1 : n0, rg->hi - rg->lo);
                 goto fail;
             }
+            if (rg->state[i])
+                zero_state(o, r, rg->state[i], rg->hi - rg->lo);
         }
     *out = o;
     return DT_OK;
@@ -442,6 +467,26 @@ double dt_optim_last_grad_norm(const dt_optim *o) { return o ? o->last_gnorm : 0
 int dt_optim_num_states(const dt_optim *o) { return o ? o->nstate : 0; }
 
 size_t dt_optim_num_ranges(const dt_optim *o) { return o ? o->nrange : 0; }
+
+size_t dt_optim_range_held(const dt_optim *o, size_t range)
+{
+    if (!o || range >= o->nrange)
+        return 0;
+    const dt__optim_range *rg = &o->ranges[range];
+    size_t idle = 0, end = 0;
+    bool first = true;
+    for (size_t i = 0; i < o->nitem; i++) { /* a range's items are in offset order */
+        const dt__optim_item *it = &o->items[i];
+        if (it->range != range)
+            continue;
+        if (!first && it->start > end + DT_ALIGN) /* more than an entry's alignment padding */
+            idle += it->start - end;
+        first = false;
+        if (it->start + it->len > end)
+            end = it->start + it->len;
+    }
+    return rg->hi - rg->lo - idle;
+}
 
 dt_status dt_optim_state(dt_optim *o, size_t range, int i, const char **name, float **data, size_t *n)
 {
@@ -801,6 +846,12 @@ static void refresh_mirrors(dt_optim *o)
 
 dt_status dt_optim_master_alloc(const dt_flat *lp, size_t lo, size_t hi, dt_flat *master)
 {
+    return dt_optim_master_alloc_segments(lp, lo, hi, NULL, 0, master);
+}
+
+dt_status dt_optim_master_alloc_segments(const dt_flat *lp, size_t lo, size_t hi, const dt_optim_segment *segs,
+                                         size_t nseg, dt_flat *master)
+{
     if (!lp || !master)
         return dt_error(DT_ERR_NULL, "dt_optim_master_alloc: %s is NULL", lp ? "master" : "flat");
     memset(master, 0, sizeof *master);
@@ -813,9 +864,30 @@ dt_status dt_optim_master_alloc(const dt_flat *lp, size_t lo, size_t hi, dt_flat
                         lp->offset, lp->offset + lp->numel, lp->base ? "" : ", no memory");
     float *base = NULL;
     if (hi > lo) {
-        if (!(base = dt_calloc((hi - lo) * sizeof(float))))
+        for (size_t i = 0; i < nseg; i++)
+            if (!segs || (i > 0 && segs[i].offset < segs[i - 1].offset + segs[i - 1].numel))
+                return dt_error(DT_ERR_INVALID_ARG, "dt_optim_master_alloc_segments: segment %zu [%zu, +%zu) is not "
+                                "sorted and disjoint after the one before", i, segs ? segs[i].offset : 0,
+                                segs ? segs[i].numel : 0);
+        if (!(base = dt_alloc((hi - lo) * sizeof(float))))
             return dt_error_wrap(DT_ERR_NO_MEMORY, "dt_optim_master_alloc: %zu f32 master weights", hi - lo);
-        dt_k_convert(dt_flat_ptr(lp, lo), lp->dtype, base, DT_F32, (int64_t)(hi - lo));
+        if (!nseg) {
+            dt_k_convert(dt_flat_ptr(lp, lo), lp->dtype, base, DT_F32, (int64_t)(hi - lo));
+        } else { /* the segments' values; what lies between them reads as zero and holds no memory */
+            size_t prev = lo;
+            for (size_t i = 0; i < nseg; i++) {
+                size_t a = segs[i].offset < lo ? lo : segs[i].offset, b = segs[i].offset + segs[i].numel;
+                b = b > hi ? hi : b;
+                if (b <= a)
+                    continue;
+                if (a > prev)
+                    dt_decommit(base + (prev - lo), (a - prev) * sizeof(float));
+                dt_k_convert(dt_flat_ptr(lp, a), lp->dtype, base + (a - lo), DT_F32, (int64_t)(b - a));
+                prev = b;
+            }
+            if (hi > prev)
+                dt_decommit(base + (prev - lo), (hi - prev) * sizeof(float));
+        }
     }
     *master = (dt_flat){.dtype = DT_F32, .base = base, .offset = lo, .numel = hi - lo, .total = lp->total,
                         .used = lp->used, .world = lp->world, .pg = NULL, .owned = true};

@@ -513,8 +513,9 @@ static dt_status s_attach(void *self, dt_model *m)
     }
     /* fp32 masters of the low-precision parameters, from the (now common) values */
     for (int k = 0; k < NDT && st >= 0; k++)
-        if (s->rk[k].has_master && (st = dt_optim_master_alloc(s->rk[k].P, s->rk[k].a, s->rk[k].b,
-                                                                &s->rk[k].master)) < 0)
+        if (s->rk[k].has_master && (st = dt_optim_master_alloc_segments(s->rk[k].P, s->rk[k].a, s->rk[k].b,
+                                                                         s->rk[k].segs, s->rk[k].nseg,
+                                                                         &s->rk[k].master)) < 0)
             st = dt_error_wrap(st, "pipe: fp32 master weights of the %s parameters", dt_dtype_name(k_dts[k]));
     if (st >= 0 && s->P > 1 && !meta) /* a meta model's were never written */
         st = keep_stages(s, users);
@@ -745,28 +746,16 @@ static void s_free(void *self)
  * shared one on each rank that uses it) and their gradients. Every rank
  * builds the whole model (names, offsets and initial values do not depend
  * on the cut), but the other stages' entries are never read or written
- * after attach, and their pages were given back (keep_stages); the
- * optimizer state is the trainer's count of this rank's ranges
- * (optim_ranges). */
+ * after attach, and their pages were given back (keep_stages). The
+ * optimizer state and fp32 masters are the trainer's count of what this
+ * rank's ranges step (optim_ranges: an interleaved rank's range spans the
+ * other ranks' stages between its chunks, which hold no memory). */
 static dt_status s_memory(void *self, dt_strategy_memory *out)
 {
     const pipe_strategy *s = self;
     memset(out, 0, sizeof *out);
     out->param_bytes = s->stage_bytes;
     out->grad_bytes = s->stage_bytes;
-    /* the optimizer range [a, b) of each dtype, less the runs this rank steps */
-    for (int k = 0; k < NDT; k++) {
-        const prange *R = &s->rk[k];
-        if (!R->P || R->b <= R->a)
-            continue;
-        size_t held = 0;
-        for (size_t r = 0; r < R->nrun; r++) {
-            const size_t x = R->runs[2 * r] > R->a ? R->runs[2 * r] : R->a;
-            const size_t y = R->runs[2 * r + 1] < R->b ? R->runs[2 * r + 1] : R->b;
-            held += y > x ? y - x : 0;
-        }
-        out->optim_gap_elems += R->b - R->a > held ? R->b - R->a - held : 0;
-    }
     return DT_OK;
 }
 
@@ -914,6 +903,42 @@ dt_status dt_strategy_pipe_stats(const dt_strategy *s, dt_pipe_stats *out)
         return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_stats: strategy '%s' is not an attached \"pipe\" one",
                         s->ops.name);
     dt__pipe_exec_stats(((pipe_strategy *)s->self)->ex, out);
+    return DT_OK;
+}
+
+dt_status dt_strategy_pipe_cut(const dt_strategy *s, int *starts, size_t *param_bytes, int cap, int *nstages)
+{
+    if (!s || !starts || !nstages)
+        return dt_error(DT_ERR_NULL, "dt_strategy_pipe_cut: an argument is NULL");
+    const pipe_strategy *p = s->ops.attach == s_attach ? s->self : NULL;
+    if (!p || !p->ex)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_cut: strategy '%s' is not an attached \"pipe\" one",
+                        s->ops.name);
+    *nstages = p->S;
+    if (cap < p->S + 1)
+        return dt_error(DT_ERR_RANGE, "dt_strategy_pipe_cut: %d stages need room for %d starts, not %d", p->S,
+                        p->S + 1, cap);
+    memcpy(starts, p->starts, (size_t)(p->S + 1) * sizeof *starts);
+    for (int st = 0; param_bytes && st < p->S; st++) { /* the entries (their storage) its units use */
+        param_bytes[st] = 0;
+        for (size_t e = 0; e < dt_model_num_entries(p->m); e++) {
+            dt_param_info pi;
+            dt_status rc = dt_model_entry(p->m, e, &pi);
+            if (rc < 0)
+                return rc;
+            bool used = false;
+            for (int u = p->starts[st]; u < p->starts[st + 1] && !used && !pi.is_buffer && pi.tied_to < 0; u++)
+                used = dt__pipe_unit_uses(&p->units[u], pi.name);
+            for (size_t t = 0; t < dt_model_num_entries(p->m) && !used && !pi.is_buffer && pi.tied_to < 0; t++) {
+                dt_param_info ti; /* a tied entry's unit uses this storage */
+                if (dt_model_entry(p->m, t, &ti) < 0 || ti.tied_to != (int64_t)e)
+                    continue;
+                for (int u = p->starts[st]; u < p->starts[st + 1] && !used; u++)
+                    used = dt__pipe_unit_uses(&p->units[u], ti.name);
+            }
+            param_bytes[st] += used ? pi.numel * dt_dtype_size(pi.dtype) : 0;
+        }
+    }
     return DT_OK;
 }
 

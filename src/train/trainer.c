@@ -1005,25 +1005,20 @@ dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out)
     out->param_bytes = sm.param_bytes;
     out->grad_bytes = sm.grad_bytes;
     out->gathered_peak = sm.gathered_peak;
+    /* what each range steps (dt_optim_range_held: not the other stages an
+     * interleaved pipeline rank's range spans): its states, fp32 masters of
+     * low-precision parameters (f32 ones are their own master), and the
+     * optimizer's f32 copies of low-precision gradients */
     const int ns = dt_optim_num_states(tr->opt);
-    for (size_t k = 0; k < dt_optim_num_ranges(tr->opt); k++)
-        for (int i = 0; i < ns; i++) {
-            size_t n = 0;
-            if (dt_optim_state(tr->opt, k, i, NULL, NULL, &n) >= 0)
-                out->optim_bytes += n * sizeof(float);
-        }
-    /* the state of the elements between the pieces a rank steps (an
-     * interleaved pipeline rank's chunks) is never touched: not held */
-    const size_t gap = sm.optim_gap_elems * (size_t)ns * sizeof(float);
-    out->optim_bytes -= gap < out->optim_bytes ? gap : out->optim_bytes;
-    /* fp32 masters of low-precision parameters (f32 ones are their own
-     * master), and the optimizer's f32 copies of low-precision gradients */
+    const bool ranged = !tr->off; /* NVMe offload: the optimizer has no ranges in memory */
     for (size_t k = 0; k < tr->nrg; k++) {
         const dt_optim_range *r = &tr->rg[k];
+        const size_t held = ranged ? dt_optim_range_held(tr->opt, k) : r->hi - r->lo;
+        out->optim_bytes += held * (size_t)ns * sizeof(float);
         if (r->mirror)
-            out->master_bytes += (r->hi - r->lo) * sizeof(float);
+            out->master_bytes += held * sizeof(float);
         if (r->grads && r->grads->dtype != DT_F32)
-            out->grad_f32_bytes += (r->hi - r->lo) * sizeof(float);
+            out->grad_f32_bytes += held * sizeof(float);
     }
     if (tr->off) /* NVMe offload: the state is in files; only the driver's buffers are held */
         out->optim_bytes = dt_offload_optim_buffer_bytes(tr->off);

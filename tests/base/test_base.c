@@ -68,6 +68,45 @@ TEST(prefault_commits_pages)
     munmap(m, len);
 }
 
+/* dt_decommit zeroes a range: its whole pages given back (not resident,
+ * reading zero), the partial pages at its ends written with zeros, the
+ * bytes around it untouched; also on dt_alloc memory. */
+TEST(decommit_zeroes_and_gives_back)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 64 * pg;
+    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT(m != MAP_FAILED);
+#ifdef MADV_NOHUGEPAGE
+    madvise(m, len, MADV_NOHUGEPAGE);
+#endif
+    memset(m, 7, len);
+    ASSERT_EQ_INT((long long)resident_pages(m, len), 64);
+    /* from the middle of page 3 to the middle of page 40: pages 4..39 go back */
+    ASSERT_EQ_INT((long long)dt_decommit(m + 3 * pg + 100, 37 * pg), (long long)(36 * pg));
+    ASSERT_EQ_INT((long long)resident_pages(m + 4 * pg, 36 * pg), 0);
+    ASSERT_EQ_INT((long long)resident_pages(m, len), 64 - 36);
+    for (size_t i = 3 * pg + 100; i < 40 * pg + 100; i += 61)
+        ASSERT_EQ_INT(m[i], 0);
+    ASSERT_EQ_INT(m[40 * pg + 99], 0);
+    ASSERT_EQ_INT(m[3 * pg + 99], 7);
+    ASSERT_EQ_INT(m[40 * pg + 100], 7);
+    /* less than a page: written, nothing given back; empty and NULL */
+    ASSERT_EQ_INT((long long)dt_decommit(m + 50 * pg + 10, 100), 0);
+    ASSERT_EQ_INT(m[50 * pg + 10], 0);
+    ASSERT_EQ_INT(m[50 * pg + 109], 0);
+    ASSERT_EQ_INT(m[50 * pg + 110], 7);
+    ASSERT_EQ_INT((long long)dt_decommit(NULL, pg), 0);
+    ASSERT_EQ_INT((long long)dt_decommit(m, 0), 0);
+    munmap(m, len);
+    unsigned char *h = dt_alloc(16 * pg);
+    ASSERT(h);
+    memset(h, 9, 16 * pg);
+    dt_decommit(h, 16 * pg);
+    for (size_t i = 0; i < 16 * pg; i += 97)
+        ASSERT_EQ_INT(h[i], 0);
+    dt_free(h);
+}
+
 /* A "step" that spills over several blocks: after the reset that coalesces
  * them, the next step (the same allocations, every byte written) takes no
  * page fault. */
@@ -207,6 +246,7 @@ int main(void)
     RUN(error_messages);
     RUN(arena_alignment_and_reuse);
     RUN(prefault_commits_pages);
+    RUN(decommit_zeroes_and_gives_back);
     RUN(arena_second_step_takes_no_fault);
     RUN(philox_known_answer);
     RUN(rng_streams_are_pure);

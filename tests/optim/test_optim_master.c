@@ -11,7 +11,10 @@
 #include "test.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 enum { N = 64 * 3 + 17, SPLIT = 100 };
 
@@ -244,10 +247,71 @@ TEST(master_alloc_ranges_and_errors)
     dt_flat_free(&m);
 }
 
+/* A range whose segments leave a long stretch between them (an
+ * interleaved pipeline rank's): the masters widen the segments only, the
+ * stretch reads as zero and none of its whole pages is resident, nor of
+ * the optimizer's states there; dt_optim_range_held counts the segments
+ * and the padding between them, not the stretch. */
+TEST(master_and_state_hold_only_the_segments)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), NE = 64 * pg / 4; /* 64 pages of f32 */
+    uint16_t *lp = malloc(NE * sizeof *lp), *lg = calloc(NE, sizeof *lg);
+    ASSERT(lp && lg);
+    for (size_t i = 0; i < NE; i++)
+        lp[i] = dt_f32_to_bf16((float)(i % 200));
+    dt_flat LP, LG, M;
+    ASSERT_OK(dt_flat_wrap(&LP, DT_BF16, lp, NE));
+    ASSERT_OK(dt_flat_wrap(&LG, DT_BF16, lg, NE));
+    /* [16, 1000) and [1010, 2000) (10 elements of padding), then [NE - 3000, NE - 16) */
+    const dt_optim_segment segs[3] = {{16, 984, false}, {1010, 990, false}, {NE - 3000, 2984, false}};
+    ASSERT_OK(dt_optim_master_alloc_segments(&LP, 16, NE - 16, segs, 3, &M));
+    const float *mv = M.base;
+    ASSERT_NEAR(mv[0], 16, 0, 0);
+    ASSERT_NEAR(mv[1999 - 16], 1999 % 200, 0, 0);
+    ASSERT_NEAR(mv[NE - 17 - 16], (NE - 17) % 200, 0, 0);
+    const size_t gap_lo = (2000 - 16) * 4, gap_hi = (NE - 3000 - 16) * 4; /* bytes into M.base */
+    const uintptr_t a = ((uintptr_t)mv + gap_lo + pg - 1) / pg * pg, b = ((uintptr_t)mv + gap_hi) / pg * pg;
+    ASSERT(b > a + 8 * pg);
+    unsigned char v[128];
+    ASSERT((b - a) / pg <= sizeof v && mincore((void *)a, b - a, v) == 0);
+    for (size_t i = 0; i < (b - a) / pg; i++)
+        ASSERT_EQ_INT(v[i] & 1, 0);
+    for (size_t i = 2000; i < NE - 3000; i += 101) /* (after mincore: a read maps the zero page) */
+        ASSERT_NEAR(mv[i - 16], 0, 0, 0);
+    dt_optim_range r = {.params = &M, .grads = &LG, .mirror = &LP, .lo = 16, .hi = NE - 16, .segs = segs, .nseg = 3};
+    dt_optim *o;
+    ASSERT_OK(make(DT_OPTIM_ADAMW, &r, 1, &o));
+    ASSERT_EQ_INT((long long)dt_optim_range_held(o, 0), 984 + 10 + 990 + 2984);
+    ASSERT_EQ_INT((long long)dt_optim_range_held(o, 1), 0);
+    ASSERT_EQ_INT((long long)dt_optim_range_held(NULL, 0), 0);
+    for (int st = 0; st < 2; st++) {
+        float *sv;
+        size_t n;
+        ASSERT_OK(dt_optim_state(o, 0, st, NULL, &sv, &n));
+        ASSERT_EQ_INT((long long)n, (long long)(NE - 32));
+        const uintptr_t sa = ((uintptr_t)sv + gap_lo + pg - 1) / pg * pg, sb = ((uintptr_t)sv + gap_hi) / pg * pg;
+        ASSERT((sb - sa) / pg <= sizeof v && mincore((void *)sa, sb - sa, v) == 0);
+        for (size_t i = 0; i < (sb - sa) / pg; i++)
+            ASSERT_EQ_INT(v[i] & 1, 0);
+        ASSERT_NEAR(sv[5000], 0, 0, 0);
+    }
+    ASSERT_OK(dt_optim_step(o));
+    ASSERT_NEAR(mv[5000], 0, 0, 0); /* the stretch was not stepped */
+    dt_optim_free(o);
+    dt_flat_free(&M);
+    /* unsorted or overlapping segments */
+    const dt_optim_segment bad[2] = {{100, 50, false}, {120, 10, false}};
+    ASSERT_STATUS(dt_optim_master_alloc_segments(&LP, 0, NE, bad, 2, &M), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "segment 1");
+    free(lp);
+    free(lg);
+}
+
 int main(void)
 {
     RUN(master_equals_f32_optimizer);
     RUN(unscale_finds_inf_and_nan);
     RUN(master_alloc_ranges_and_errors);
+    RUN(master_and_state_hold_only_the_segments);
     return TEST_REPORT();
 }

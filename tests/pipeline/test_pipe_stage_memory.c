@@ -32,6 +32,7 @@
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
 #include "pipeline/pipe_entries.h"
+#include "train/train_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -124,6 +125,64 @@ static int check_resident(const dt_model *m, const bool *held, int rank, const c
     TH_CHECK(own_res == own, "rank %d, %s: %zu of its %zu parameter pages resident", rank, when, own_res, own);
     fprintf(stderr, "rank %d, %s: other stages' pages resident %zu of %zu, its own parameters' %zu of %zu\n", rank,
             when, other_res, other, own_res, own);
+    return 0;
+}
+
+/* The optimizer's state (AdamW: two per element) between the segments a
+ * rank steps holds no memory: an interleaved rank's range spans the other
+ * ranks' stages between its chunks, and no whole page of that stretch of
+ * a state is resident (it was, with the state zero-filled over the whole
+ * range); dt_trainer_memory_get counts the segments' elements (and the
+ * padding between them), not the span. gaps: each rank's range must have
+ * such a stretch (interleaved, no ZeRO-1 share cutting it away). */
+static int check_optim_resident(dt_trainer *tr, int rank, const char *when, bool gaps)
+{
+    const dt_optim_range *rg;
+    size_t nr;
+    dt__trainer_ranges(tr, &rg, &nr);
+    dt_optim *o = dt_trainer_optim(tr);
+    TH_CHECK(o && dt_optim_num_states(o) == 2, "rank %d: not AdamW's two states", rank);
+    size_t gap_pages = 0, gap_res = 0, seg_elems = 0, nseg = 0;
+    for (size_t k = 0; k < nr; k++) {
+        const dt_optim_range *r = &rg[k];
+        const dt_optim_segment whole = {r->lo, r->hi - r->lo, false};
+        const dt_optim_segment *sg = r->segs ? r->segs : &whole;
+        const size_t ns = r->segs ? r->nseg : 1;
+        for (size_t i = 0; i < ns; i++) {
+            size_t a = sg[i].offset < r->lo ? r->lo : sg[i].offset, b = sg[i].offset + sg[i].numel;
+            b = b > r->hi ? r->hi : b;
+            seg_elems += b > a ? b - a : 0;
+        }
+        nseg += ns;
+        for (int st = 0; st < 2; st++) {
+            float *data;
+            TH_OK(dt_optim_state(o, k, st, NULL, &data, NULL));
+            const dt_flat view = {.dtype = DT_F32, .base = data};
+            size_t prev = r->lo;
+            for (size_t i = 0; i <= ns; i++) {
+                size_t a = i < ns ? (sg[i].offset < r->lo ? r->lo : sg[i].offset) : r->hi;
+                if (a > prev + DT_ALIGN) { /* not padding: elements this range never steps */
+                    size_t w, res;
+                    pages(&view, prev - r->lo, a - r->lo, &w, &res);
+                    gap_pages += w, gap_res += res;
+                }
+                if (i < ns && sg[i].offset + sg[i].numel > prev)
+                    prev = sg[i].offset + sg[i].numel;
+            }
+        }
+    }
+    TH_CHECK(gap_res == 0, "rank %d, %s: %zu of the %zu optimizer-state pages between its stages are resident", rank,
+             when, gap_res, gap_pages);
+    TH_CHECK(!gaps || gap_pages > 0, "rank %d: no optimizer-state pages between its stages: nothing to check", rank);
+    dt_trainer_memory mem;
+    TH_OK(dt_trainer_memory_get(tr, &mem));
+    const size_t lo_b = 2 * 4 * seg_elems, hi_b = 2 * 4 * (seg_elems + (size_t)DT_ALIGN * nseg);
+    TH_CHECK(mem.optim_bytes >= lo_b && mem.optim_bytes <= hi_b,
+             "rank %d, %s: optimizer states %zu bytes reported, its segments hold %zu elements (2 x 4 bytes each)",
+             rank, when, mem.optim_bytes, seg_elems);
+    if (gaps)
+        fprintf(stderr, "rank %d, %s: optimizer-state pages between its stages resident 0 of %zu; %zu bytes of "
+                "states reported for %zu elements\n", rank, when, gap_pages, mem.optim_bytes, seg_elems);
     return 0;
 }
 
@@ -229,7 +288,8 @@ static int body(int rank, int size, void *arg)
     TH_CHECK(held, "rank %d: the stages' entries: %s", rank, dt_last_error());
     TH_CHECK(held[0], "rank %d: the shared wte (entry 0) is not held by the first and the last stage", rank);
     /* a meta model: nothing gave pages back (init_stages), so none outside was ever written */
-    if (check_resident(m, held, rank, "after init") ||
+    const bool gaps = a->kind == DT_PIPE_INTERLEAVED && !a->zero;
+    if (check_resident(m, held, rank, "after init") || check_optim_resident(tr, rank, "after init", gaps) ||
         same_held(m, ref, held, rank, "the pipeline's initial values (a whole build's)"))
         return 1;
 
@@ -244,7 +304,8 @@ static int body(int rank, int size, void *arg)
         TH_CHECK(fabs(mp.loss - mr.loss) <= 1e-5 * fabs(mr.loss), "rank %d, step %d: loss %.9g, one process %.9g",
                  rank, step, mp.loss, mr.loss);
     }
-    if (check_resident(m, held, rank, "after two steps") || eval_equal(tr, trr, a->dp, rank, "after two steps") ||
+    if (check_resident(m, held, rank, "after two steps") || check_optim_resident(tr, rank, "after two steps", gaps) ||
+        eval_equal(tr, trr, a->dp, rank, "after two steps") ||
         check_resident(m, held, rank, "after an evaluation"))
         return 1;
 
@@ -273,7 +334,8 @@ static int body(int rank, int size, void *arg)
     TH_OK(dt_trainer_step(trr, &b, 1, &mr));
     TH_CHECK(fabs(mp.loss - mr.loss) <= 1e-5 * fabs(mr.loss), "rank %d, after the load: loss %.9g, one process %.9g",
              rank, mp.loss, mr.loss);
-    if (check_resident(m, held, rank, "after a step from the load"))
+    if (check_resident(m, held, rank, "after a step from the load") ||
+        check_optim_resident(tr, rank, "after a step from the load", gaps))
         return 1;
     free(held);
     dt_trainer_free(tr);

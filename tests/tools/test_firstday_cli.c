@@ -112,6 +112,84 @@ TEST(vocab_size_from_vocab_and_kept_in_ckpt)
     ASSERT_STR_CONTAINS(r2.err, "--sample-seed");
 }
 
+/* Item 5 with a token file only (no --vocab, no --vocab-size): the ids
+ * beyond gpt-micro's 512 were refused naming --vocab-size; the vocabulary
+ * is now the token files' largest id + 1 (their llm.c header holds no
+ * size), said at start, kept in the checkpoint for eval and generate, the
+ * same on every rank; files whose ids all fit keep the model's default. */
+TEST(vocab_size_from_token_files)
+{
+    char dir2[320], want[128], small_bin[320], small[340];
+    snprintf(dir2, sizeof dir2, "%s/run_tokens", cli_tmpdir());
+    snprintf(want, sizeof want, "vocab size %lld (the largest token id of the token files + 1",
+             (long long)max_id + 1);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "2",
+                        "--data", data, "--val-data", val, "--limit-test", "8", "--threads", "1", "--save", dir2,
+                        "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, want);
+    ASSERT_STR_CONTAINS(r.out, "val loss: ");
+    char shape[64];
+    snprintf(shape, sizeof shape, "[%lld,16]", (long long)max_id + 1);
+    cli_runv(&r2, 60, NULL, (char *[]){"ckpt", "info", dir2, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(strstr(r2.out, "transformer.wte.weight"), shape);
+    /* the checkpoint remembers the size: eval and generate rebuild the model without being told */
+    cli_runv(&r2, 60, NULL, (char *[]){"eval", "--ckpt", dir2, NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n", r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    char line_eval[64] = "", line_train[64] = "";
+    if (strstr(r2.out, "val loss: "))
+        sscanf(strstr(r2.out, "val loss: "), "%63[^\n]", line_eval);
+    if (strstr(r.out, "val loss: "))
+        sscanf(strstr(r.out, "val loss: "), "%63[^\n]", line_train);
+    ASSERT(line_train[0]);
+    ASSERT_STR_EQ(line_eval, line_train);
+    char last_id[32];
+    snprintf(last_id, sizeof last_id, "%lld", (long long)max_id);
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"generate", "--ckpt", dir2, "--prompt-ids", last_id, "--max-new-tokens", "3", "--temperature",
+                        "0", NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n", r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    /* two ranks read the same files: the same size, no disagreement */
+    cli_runv(&r2, 240, NULL,
+             (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro", GPT_ARGS, "--seq",
+                        "16", "--batch", "4", "--max-steps", "1", "--data", data, "--no-eval", "--threads", "1",
+                        "--progress", "none", NULL});
+    if (r2.code)
+        fprintf(stderr, "%s\n%s\n", r2.out, r2.err);
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(r2.out, "vocab size ");
+    /* ids that all fit the model's default: the default is kept, nothing said */
+    uint16_t ids[400];
+    for (int i = 0; i < 400; i++)
+        ids[i] = (uint16_t)(i * 7 % 300);
+    snprintf(small_bin, sizeof small_bin, "%s/small.bin", cli_tmpdir());
+    snprintf(small, sizeof small, "tokens:%s", small_bin);
+    ASSERT_OK(dt_tokens_write(small_bin, ids, 400));
+    cli_runv(&r2, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "1",
+                        "--data", small, "--no-eval", "--threads", "1", "--progress", "none", "--vocab-size", "300",
+                        NULL});
+    ASSERT_EQ_INT(r2.code, 0); /* 300 is enough for these ids */
+    char dir3[320];
+    snprintf(dir3, sizeof dir3, "%s/run_small", cli_tmpdir());
+    cli_runv(&r2, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "1",
+                        "--data", small, "--no-eval", "--threads", "1", "--progress", "none", "--save", dir3, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT(!strstr(r2.out, "vocab size "));
+    cli_runv(&r2, 60, NULL, (char *[]){"ckpt", "info", dir3, NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT_STR_CONTAINS(strstr(r2.out, "transformer.wte.weight"), "[512,16]");
+}
+
 TEST(ckpt_commands_take_the_save_directory)
 {
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "info", save_dir, NULL});
@@ -221,26 +299,37 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
     ASSERT_STR_EQ(strstr(r.out, "val loss: "), strstr(ref.out, "val loss: "));
 }
 
-/* Shared CPUs: OpenMP waits passively unless the user chose otherwise
- * (libgomp's spinning made a run many times slower beside one busy
- * process), and the default thread count warns when the load leaves fewer
- * free cores than ranks x threads (DT_LOADAVG stands in for the load). */
+/* Shared CPUs: unless the user chose, OpenMP waits passively on a machine
+ * busy at start (libgomp's spinning made a run many times slower beside one
+ * busy process) and spins briefly on an idle one (passive waiting cost
+ * 11-22% there), and the default thread count warns when the load leaves
+ * fewer free cores than ranks x threads (DT_LOADAVG stands in for the
+ * load). */
 TEST(shared_cpus)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
         fprintf(stderr, "  (OpenMP's waiting is set in this environment: the default is not checked)\n");
     } else {
-        cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+        /* a busy machine at start: passive; an idle one: a short spin (DT_LOADAVG stands in for the load) */
+        cli_runv(&r, 60, "DT_LOADAVG=5", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default");
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine at start (load 5.00)");
+        cli_runv(&r, 60, "DT_LOADAVG=0.2", (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out,
+                            "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start (load 0.20)");
         cli_runv(&r, 60, "OMP_WAIT_POLICY=active", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: OMP_WAIT_POLICY=active (from the environment)");
         cli_runv(&r, 60, "GOMP_SPINCOUNT=1000", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=1000 (from the environment)");
-        /* the ranks of dtrain run inherit the policy */
-        cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY", NULL});
+        /* the ranks of dtrain run inherit the launcher's choice */
+        char *echo[] = {"run", "-n", "2", "--", "sh", "-c", "echo policy=$OMP_WAIT_POLICY spin=$GOMP_SPINCOUNT", NULL};
+        cli_runv(&r, 60, "DT_LOADAVG=5", echo);
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive");
+        ASSERT_STR_CONTAINS(r.out, "[1] policy=passive spin=\n");
+        cli_runv(&r, 60, "DT_LOADAVG=0", echo);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "[1] policy= spin=3000\n");
     }
     char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "50",
                     "--limit-test", "10", "--no-eval", "--progress", "none", NULL};
@@ -251,6 +340,22 @@ TEST(shared_cpus)
     cli_runv(&r, 60, "DT_LOADAVG=0", args);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(!strstr(r.err, "compute threads on"));
+    /* under dtrain run: the ranks on this machine count (LOCAL_WORLD_SIZE), said once, by rank 0 */
+    char *ranks[32] = {"run", "-n", "2", "--", (char *)cli_bin()};
+    int n = 5;
+    for (int i = 0; args[i] && n < 31; i++)
+        ranks[n++] = args[i];
+    ranks[n] = NULL;
+    cli_runv(&r, 120, "DT_LOADAVG=1000", ranks);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: 2 ranks x ");
+    const char *w = strstr(r.err, "warning: 2 ranks x ");
+    ASSERT(w && !strstr(w + 1, "warning: 2 ranks x "));
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) { /* the launcher's split: 2 x (cores / 2) fit an idle machine */
+        cli_runv(&r, 120, "DT_LOADAVG=0", ranks);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(!strstr(r.err, "compute threads on"));
+    }
 }
 
 /* "12.5 KiB" after `key ` in the line of out starting with `line`, in bytes; -1 when absent. */
@@ -291,10 +396,31 @@ TEST(memory_report_ddp_tp_interleaved)
              (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro", GPT_ARGS,
                         "--n-layer", "4", "--vocab-size", "800", "--seq", "16", "--data", data, "--no-eval",
                         "--max-steps", "1", "--batch", "4", "--micro-batches", "4", "--pp", "2", "--pp-schedule",
-                        "interleaved", "--optimizer", "adamw", "--threads", "1", "--progress", "none", NULL});
+                        "interleaved", "--optimizer", "adamw", "--threads", "1", "--progress", "plain", NULL, NULL,
+                        NULL});
     if (r.code)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
+    /* the cut: every stage's units and parameters; a rank's memory line is its stages' sum (no
+       parameter is shared by the two stages of one rank here: the tied wte is on stages 0 and 3) */
+    const char *cut = strstr(r.out, "pipeline stages balanced by compute: stage 0 has units [0, ");
+    ASSERT(cut != NULL);
+    ASSERT_STR_CONTAINS(cut, ", stage 3 [");
+    const char *per = cut ? strstr(cut, "parameters per stage: ") : NULL;
+    ASSERT(per != NULL);
+    double sb[4] = {0};
+    for (int i = 0; i < 4 && per; i++) {
+        char field[32];
+        snprintf(field, sizeof field, "%s", i ? ", " : "parameters per stage: ");
+        per = strstr(per, field);
+        ASSERT(per != NULL);
+        if (!per)
+            break;
+        char *end;
+        sb[i] = strtod(per + strlen(field), &end);
+        sb[i] *= !strncmp(end, " MiB", 4) ? 1048576.0 : !strncmp(end, " KiB", 4) ? 1024.0 : 1.0;
+        per = end;
+    }
     for (int k = 0; k < 2; k++) {
         char line[32];
         snprintf(line, sizeof line, "memory rank %d:", k);
@@ -303,6 +429,33 @@ TEST(memory_report_ddp_tp_interleaved)
             fprintf(stderr, "  rank %d: parameters %.0f B, optimizer states %.0f B\n", k, p, o);
         ASSERT(p > 0 && o > 0);
         ASSERT(o <= 2 * p * 1.001);
+        ASSERT_NEAR(sb[k] + sb[k + 2], p, 0, 200); /* the printed figures' rounding (0.1 KiB each) */
+    }
+    /* bf16: the fp32 master weights of what a rank steps, not of the span between its chunks (rank 0's
+       span holds stage 1: its masters were 997.5 KiB for 672.5 KiB of stepped elements) */
+    char *bf[64];
+    int nb = 0;
+    for (char **a = (char *[]){"run", "-n", "2", "--", (char *)cli_bin(), "train", "--model", "gpt-micro",
+                              "--block-size", "16", "--n-layer", "4", "--vocab-size", "800", "--seq", "16", "--data", data, "--no-eval",
+                              "--max-steps", "1", "--batch", "4", "--micro-batches", "4", "--pp", "2",
+                              "--pp-schedule", "interleaved", "--optimizer", "adamw", "--threads", "1", "--progress",
+                              "none", "--precision", "bf16", NULL};
+         *a; a++)
+        bf[nb++] = *a;
+    bf[nb] = NULL;
+    cli_runv(&r, 240, NULL, bf);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    for (int k = 0; k < 2; k++) {
+        char line[32];
+        snprintf(line, sizeof line, "memory rank %d:", k);
+        double p = mem_field(r.out, line, "parameters "), m = mem_field(r.out, line, "master weights ");
+        /* bf16 parameters: 2 bytes, masters 4; 5%: the 64-byte alignment padding between the bf16
+           tensors, which the masters span (a few hundred elements) */
+        if (!(p > 0 && m > 0 && m <= 2 * p * 1.05))
+            fprintf(stderr, "  rank %d: parameters %.0f B, master weights %.0f B\n", k, p, m);
+        ASSERT(p > 0 && m > 0 && m <= 2 * p * 1.05);
     }
 }
 
@@ -310,6 +463,7 @@ int main(void)
 {
     write_data();
     RUN(vocab_size_from_vocab_and_kept_in_ckpt);
+    RUN(vocab_size_from_token_files);
     RUN(ckpt_commands_take_the_save_directory);
     RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
     RUN(shared_cpus);

@@ -122,6 +122,31 @@ TEST(train_help_lists_every_model)
     ASSERT_STR_CONTAINS(r.out, "--model {convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro|llama-tiny|llama-100m|hf:DIR}");
 }
 
+/* --resume auto's fallback is in its help and is what a run does: with no
+ * checkpoint yet (the --save directory missing or empty) the run starts
+ * fresh and says so; relaunched after it finished, it does nothing. */
+TEST(resume_auto_fallback_in_help_and_run)
+{
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--help", NULL});
+    const char *row = strstr(r.out, "--resume DIR|auto");
+    ASSERT(row != NULL);
+    ASSERT_STR_CONTAINS(row, "when DIR does not exist yet or holds no checkpoint, the run starts fresh");
+    ASSERT_STR_CONTAINS(row, "falls back to the next older one");
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/resume_auto", cli_tmpdir());
+    char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "32",
+                    "--limit-test", "8", "--batch", "8", "--max-steps", "2", "--no-eval", "--progress", "none",
+                    "--threads", "1", "--save", dir, "--resume", "auto", NULL};
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "--resume auto: no checkpoint in ");
+    ASSERT_STR_CONTAINS(r.out, "yet, starting fresh");
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "nothing to do: the checkpoint ");
+}
+
 static char doc_[1 << 17];
 
 TEST(training_md_option_tables_match_help)
@@ -232,6 +257,7 @@ int main(void)
     RUN(bad_data_names_every_spec);
     RUN(control_characters_in_paths_are_escaped);
     RUN(train_help_lists_every_model);
+    RUN(resume_auto_fallback_in_help_and_run);
     RUN(training_md_option_tables_match_help);
     RUN(unknown_options_suggest);
     int rc = TEST_REPORT();
