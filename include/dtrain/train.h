@@ -35,9 +35,16 @@
  * Strategies: a parallel strategy plugs in as a small vtable
  * (dt_strategy_ops) that the trainer calls at fixed points: attach to the
  * model, begin a micro-batch, forward, wait, all-reduce metrics, the owned
- * range, after the step, synchronise buffers. "none" runs one process;
- * "ddp" is DistributedDataParallel (parallel.h). A strategy is never a
- * special case inside the trainer.
+ * range, after the step, synchronise buffers; and the work that depends on
+ * where state lives: the optimizer step over what the rank owns, the
+ * gradient norm's partial sums and their reductions (tensor parallel
+ * included), the agreement on overflow, the checkpoint layout and what
+ * completes a load, evaluation's forward and result sharing (generation
+ * too), a compression hook's state. "none" runs one process; "ddp" is
+ * DistributedDataParallel (parallel.h), "zero" ZeRO/FSDP, "pipe" the
+ * pipeline (pipeline.h). A strategy is never a special case inside the
+ * trainer: a new one is a file that fills a dt_strategy_ops. A plan
+ * (plan.h) builds the strategy of a dp x tp x pp layout.
  *
  * Lifecycle: dt_trainer_init() takes ownership of the strategy (also on
  * failure) and borrows the model, which must outlive the trainer; it builds

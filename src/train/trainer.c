@@ -261,10 +261,11 @@ static bool steps_whole_flats(const dt_trainer *tr)
  * (dt_model_grads_materialize) before anything reads the flat: clipping,
  * the optimizer. Saves the zeros' writes in the optimizer's pass and the
  * GEMMs' reads of the old values. Only where the trainer is the only
- * reader of the gradients between backward and the step: one process (the
- * "none" strategy: no buckets, shards or pipeline reading them during
- * backward), the whole flats stepped here (f32, and bf16/f16 ones through
- * their masters; no loss scaler, no offload, no tensor parallelism).
+ * reader of the gradients between backward and the step: the strategy
+ * says so (its grads_private slot: no buckets, shards or pipeline reading
+ * them during backward, no tensor parallelism), the whole flats stepped
+ * here (f32, and bf16/f16 ones through their masters; no loss scaler, no
+ * offload).
  * Elsewhere the optimizer's pass zeroes. */
 static bool lazy_grads_ok(const dt_trainer *tr)
 {
