@@ -91,14 +91,17 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     if (!m || !prompt || !out || !nout)
         return dt_error(DT_ERR_NULL, "%s: NULL argument", who);
     int64_t wpe = dt_model_find_entry(m, "transformer.wpe.weight"), wte = dt_model_find_entry(m, "transformer.wte.weight");
-    if (wpe < 0 || wte < 0)
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: not a GPT-2 model (no transformer.wpe.weight)", who);
+    bool llama = dt__llama_positions(m, P, V);
+    if (!llama && (wpe < 0 || wte < 0))
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: not a GPT-2 or Llama model (no transformer.wpe.weight)", who);
     if (dt_model_is_meta(m))
         return dt_error(DT_ERR_STATE, "%s: the model is meta (no weights)", who);
-    dt_param_info pi, ti;
-    dt_model_entry(m, (size_t)wpe, &pi);
-    dt_model_entry(m, (size_t)wte, &ti);
-    *P = pi.shape[0], *V = ti.shape[0];
+    if (!llama) {
+        dt_param_info pi, ti;
+        dt_model_entry(m, (size_t)wpe, &pi);
+        dt_model_entry(m, (size_t)wte, &ti);
+        *P = pi.shape[0], *V = ti.shape[0];
+    }
     if (nprompt < 1)
         return dt_error(DT_ERR_INVALID_ARG, "%s: the prompt needs at least one token", who);
     if (p->max_new_tokens < 0 || p->top_k < 0 || !(p->temperature >= 0.0f) || isinf(p->temperature))

@@ -138,6 +138,45 @@ static dt_status gpt_units(dt_model *m, dt_pipe_unit **units, int *n)
     return DT_OK;
 }
 
+/* The Llama decoder: [model.embed_tokens, model.layers.0, ..., model.norm,
+ * lm_head], each by its module's own forward (a decoder layer whole).
+ * Costs per token as the GPT's: the weights' elements, attention's
+ * T H hd (T the longest sequence), a few per element for the norms and
+ * residuals, the head's GEMM and the cross-entropy. */
+static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
+{
+    dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
+    dt_module *norm = dt_model_find_module(m, "model.norm"), *head = dt_model_find_module(m, "lm_head");
+    int64_t T = 0, V = 0;
+    if (!emb || !ls || !norm || !head || !dt__llama_positions(m, &T, &V))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
+                        "model.layers, model.norm or lm_head");
+    int L = dt_module_num_children(ls), k = 0;
+    dt_pipe_unit *u = dt_calloc((size_t)(L + 3) * sizeof *u);
+    if (!u)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
+    const double C = pnumel(norm, 0);
+    set_unit(&u[k], "model.embed_tokens", emb, NULL, "model.embed_tokens", NULL);
+    u[k++].cost = 2 * C;
+    for (int i = 0; i < L; i++) {
+        dt_module *b = dt_module_child(ls, i);
+        dt_module *at = dt_module_find_child(b, "self_attn");
+        double w = weights(b, "self_attn", "q_proj", "k_proj") + weights(b, "self_attn", "v_proj", "o_proj") +
+                   weights(b, "mlp", "gate_proj", "up_proj") +
+                   pnumel(dt_module_find_child(dt_module_find_child(b, "mlp"), "down_proj"), 0);
+        double qw = at ? pnumel(dt_module_find_child(at, "q_proj"), 0) / (C > 0 ? C : 1) : 0; /* H hd */
+        set_unit(&u[k], dt_module_path(b), b, NULL, dt_module_path(b), NULL);
+        u[k++].cost = w + (double)T * qw + 16 * C;
+    }
+    set_unit(&u[k], "model.norm", norm, NULL, "model.norm", NULL);
+    u[k++].cost = 4 * C;
+    set_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
+    u[k++].cost = pnumel(head, 0) + 4 * (double)V;
+    *units = u;
+    *n = k;
+    return DT_OK;
+}
+
 /* A unit's parameter elements (a tied entry counts in each unit naming it). */
 static double unit_params(const dt_model *m, const dt_pipe_unit *u)
 {
@@ -162,6 +201,8 @@ dt_status dt_model_pipe_units(dt_model *m, dt_pipe_unit **units, int *n)
     int k = 0;
     if (!strcmp(type, "GPT2LMHeadModel"))
         return gpt_units(m, units, n);
+    if (!strcmp(type, "LlamaForCausalLM"))
+        return llama_units(m, units, n);
     if (!strcmp(type, "MLP") && dt_module_num_children(root) == 0) {
         if (!(u = dt_calloc(2 * sizeof *u)))
             return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
@@ -179,7 +220,7 @@ dt_status dt_model_pipe_units(dt_model *m, dt_pipe_unit **units, int *n)
         }
     } else {
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a model of type '%s' has no pipeline units (the GPT "
-                        "zoo models, \"mlp\" and models whose root is a Sequential have)", type);
+                        "and Llama zoo models, \"mlp\" and models whose root is a Sequential have)", type);
     }
     /* a Linear's (an MLP weight's) multiply-adds per row are its parameter
      * elements: the compute of these units is their parameter count */

@@ -16,7 +16,7 @@ dt_model_config dt_model_config_default(void)
 }
 
 static const char *const g_names[] = {"convnet", "mlp", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-                                      "gpt-mini", "gpt-micro", NULL};
+                                      "gpt-mini", "gpt-micro", "llama-tiny", "llama-100m", NULL};
 
 const char *const *dt_model_zoo_names(void) { return g_names; }
 
@@ -39,9 +39,16 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         st = dt__model_mlp(seed, &c, model, &d);
     else if (dt__model_is_gpt2(name))
         st = dt__model_gpt2(name, seed, &c, model, &d);
-    else
+    else if (name && !strncmp(name, "hf:", 3))
+        st = dt__model_hf(name + 3, seed, &c, model, &d);
+    else if (dt__model_is_llama(name)) {
+        dt_llama_config lc;
+        st = dt__llama_config_for(name, &c, &lc);
+        if (st >= 0)
+            st = dt_llama_create(&lc, seed, &c, model, &d);
+    } else
         return dt_error(DT_ERR_NOT_FOUND, "unknown model '%s' (known: convnet, mlp, gpt2, gpt2-medium, gpt2-large, "
-                        "gpt2-xl, gpt-mini, gpt-micro)", name ? name : "(null)");
+                        "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m, hf:DIR)", name ? name : "(null)");
     if (st < 0)
         return st;
     if (c.tp && dt_pg_size(c.tp) > 1 && !c.build.meta &&

@@ -23,6 +23,16 @@ bool dt__gpt2_block_hooked(const dt_module *block);
 /* Is out the hidden states that a fused_lm_loss GPT-2's training forward
  * returned in place of the logits (head: dt_model_desc.lm_head)? */
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out);
+/* Is name a named Llama configuration (llama.c)? */
+bool dt__model_is_llama(const char *name);
+/* The named Llama configuration with the zoo config's size overrides
+ * (n_layer, n_head, n_embd, block_size, vocab_size). */
+dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc);
+/* A Llama model's positions (max_position_embeddings) and vocabulary, for
+ * generation; false for another model. */
+bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V);
+/* The model DIR/config.json describes (hf.c; dt_model_create("hf:DIR")). */
+dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 #endif

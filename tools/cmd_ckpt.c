@@ -3,7 +3,10 @@
  * formats and the resharding are ckpt.h's. */
 #include "cmd.h"
 #include "dtrain/ckpt.h"
+#include "dtrain/models.h"
 #include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <stdio.h>
@@ -17,6 +20,8 @@ static void usage(FILE *f)
             "usage: dtrain ckpt info SRC\n"
             "       dtrain ckpt verify SRC\n"
             "       dtrain ckpt convert SRC -o DST (--full [--with-optimizer] | --ranks N)\n"
+            "       dtrain ckpt convert --hf OUT SRC [--hf-shard-size BYTES] [--hf-dtype f32|bf16|f16]\n"
+            "                           [--model NAME]\n"
             "  SRC is a checkpoint directory (index.json + rank-*.safetensors), a dtrain train --save\n"
             "  directory (its newest checkpoint) or one .safetensors file (written by dtrain, PyTorch or\n"
             "  Hugging Face).\n"
@@ -30,10 +35,17 @@ static void usage(FILE *f)
             "            an equal range of all tensors laid end to end (as ZeRO shards a flat buffer). Any checkpoint loads at any world size\n"
             "            as it is; convert changes only the files. DST is written atomically and\n"
             "            must not exist (an existing DST is refused, exit 2).\n"
+            "            --hf OUT: a Hugging Face model directory (config.json, generation_config.json,\n"
+            "            model.safetensors, or shards of --hf-shard-size bytes (default 5000000000) with\n"
+            "            model.safetensors.index.json) that transformers' AutoModelForCausalLM.from_pretrained\n"
+            "            loads: the model (GPT-2, Llama, hf:DIR) is the one the checkpoint was trained with\n"
+            "            (--model NAME for a file without dtrain's options); OUT must not exist (or be\n"
+            "            empty) and appears complete or not at all.\n"
             "  exit 2: a missing, unreadable or damaged SRC, an existing DST, bad usage; exit 1: out of\n"
             "  memory or a failed write.\n"
             "  e.g. dtrain ckpt info run/step-00000100\n"
-            "       dtrain ckpt convert run/step-00000100 -o model.safetensors --full\n");
+            "       dtrain ckpt convert run/step-00000100 -o model.safetensors --full\n"
+            "       dtrain ckpt convert --hf llama-hf runs/llama\n");
 }
 
 /* The source cannot be read or is damaged, or the destination exists: bad
@@ -279,6 +291,46 @@ out:
     return rc ? (wr ? fail_write("convert") : fail("convert")) : 0;
 }
 
+/* --hf OUT: the model the checkpoint was trained with (its saved options,
+ * or --model) as a Hugging Face model directory. */
+static int convert_hf(const char *src, const char *out, const char *model, uint64_t shard, dt_dtype dtype)
+{
+    dt_model_config cfg = dt_model_config_default();
+    char *js = NULL, name[1100] = "";
+    if (model)
+        snprintf(name, sizeof name, "%s", model);
+    if (dt_trainer_ckpt_user(src, &js) >= 0) {
+        cJSON *u = cJSON_Parse(js);
+        dt_trainer_run_state_free(js);
+        const cJSON *mv = cJSON_GetObjectItemCaseSensitive(u, "model");
+        if (!name[0] && cJSON_IsString(mv))
+            snprintf(name, sizeof name, "%s", mv->valuestring);
+        const char *keys[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+        int64_t *dstv[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.block_size, &cfg.vocab_size};
+        for (int i = 0; i < 5; i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, keys[i]);
+            if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e9)
+                *dstv[i] = (int64_t)v->valuedouble;
+        }
+        cJSON_Delete(u);
+    }
+    if (!name[0]) {
+        dt__cli_err("dtrain ckpt convert: --hf: %s keeps no model name (not saved by dtrain train): give --model "
+                    "NAME\n", src);
+        return 2;
+    }
+    dt_hf_config h;
+    dt_hf_save_params p = dt_hf_save_params_default();
+    if (shard)
+        p.max_shard_bytes = shard;
+    p.dtype = dtype;
+    if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)
+        return dt_last_status() == DT_ERR_IO ? fail_write("convert --hf") : fail("convert --hf");
+    char esc[512];
+    printf("wrote %s: a Hugging Face %s directory\n", dt_escape(out, esc, sizeof esc), h.architecture);
+    return 0;
+}
+
 /* A directory without index.json (a checkpoint has one). */
 static bool is_save_dir(const char *path)
 {
@@ -294,15 +346,35 @@ int dt_cmd_ckpt(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    const char *verb = argv[1], *src = NULL, *dst = NULL;
+    const char *verb = argv[1], *src = NULL, *dst = NULL, *hf = NULL, *model = NULL;
     bool full = false, with_optim = false;
     int64_t nranks = 0;
+    uint64_t shard = 0;
+    dt_dtype hf_dtype = DT_F32;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "-o") && i + 1 < argc)
             dst = argv[++i];
+        else if (!strcmp(argv[i], "--hf") && i + 1 < argc)
+            hf = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--hf-shard-size") && i + 1 < argc) {
+            if (dt_parse_uint("--hf-shard-size", argv[++i], 1, UINT64_MAX, &shard) < 0) {
+                dt__cli_err("dtrain ckpt: %s\n", dt_last_error());
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--hf-dtype") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))
+                hf_dtype = !strcmp(v, "bf16") ? DT_BF16 : !strcmp(v, "f16") ? DT_F16 : DT_F32;
+            else {
+                dt__cli_err("dtrain ckpt: --hf-dtype %s: expected f32, bf16 or f16\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--full"))
             full = true;
         else if (!strcmp(argv[i], "--with-optimizer"))
@@ -328,12 +400,22 @@ int dt_cmd_ckpt(int argc, char **argv)
         dt__cli_err("dtrain ckpt %s: no checkpoint given (dtrain ckpt --help)\n", verb);
         return 2;
     }
-    if (conv ? (!dst || full == (nranks > 0) || (with_optim && !full)) : (dst || full || nranks || with_optim)) {
+    if (hf && (!conv || dst || full || nranks || with_optim)) {
+        dt__cli_err("dtrain ckpt %s: --hf OUT goes with convert alone (not -o, --full, --ranks)\n", verb);
+        return 2;
+    }
+    if ((model || shard) && !hf) {
+        dt__cli_err("dtrain ckpt %s: --model and --hf-shard-size go with --hf OUT\n", verb);
+        return 2;
+    }
+    if (hf && dt_hf_save_check_out(hf) < 0) /* before reading anything */
+        return fail("convert --hf");
+    if (!hf && (conv ? (!dst || full == (nranks > 0) || (with_optim && !full)) : (dst || full || nranks || with_optim))) {
         dt__cli_err("dtrain ckpt %s: %s\n", verb,
                     conv ? "needs -o DST and one of --full [--with-optimizer] or --ranks N" : "takes only SRC");
         return 2;
     }
-    if (conv && (rc = check_dst(dst)))
+    if (conv && !hf && (rc = check_dst(dst)))
         return rc; /* before reading anything */
     /* a `dtrain train --save` directory: its newest checkpoint, as eval and --resume take it */
     char newest[4096];
@@ -343,6 +425,8 @@ int dt_cmd_ckpt(int argc, char **argv)
                 dt_escape(src, esc, sizeof esc), dt_escape(newest, esc + 256, 256));
         src = newest;
     }
+    if (hf)
+        return convert_hf(src, hf, model, shard, hf_dtype);
     dt_ckpt *ck;
     if (dt_ckpt_open(src, &ck) < 0)
         return fail(verb);

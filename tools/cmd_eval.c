@@ -22,6 +22,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain eval --ckpt DIR [options]\n"
                "       dtrain eval --weights FILE --model NAME --data SPEC [options]\n"
+               "       dtrain eval --model hf:DIR --data tokens:FILE [--batch B] [--seq T] [--json]\n"
                "\n"
                "Evaluate the weights of a checkpoint on the test split and print the test loss (and\n"
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
@@ -31,7 +32,12 @@ static void usage(FILE *f)
                "--weights FILE: the weights of a safetensors file with PyTorch's names (a `dtrain ckpt\n"
                "convert --full` export, or one written by PyTorch or Hugging Face: every spelling of a\n"
                "tied head is taken); the model and data are then given as dtrain train's options.\n"
+               "--model hf:DIR: a Hugging Face model directory (config.json + safetensors), its weights\n"
+               "evaluated; with --data tokens:FILE the loss is the mean next-token loss over FILE's\n"
+               "(T+1)-token windows (T = --seq).\n"
+               "--json: print one JSON object {\"loss\": L, \"items\": N, ...} instead of the text lines.\n"
                "  e.g. dtrain eval --ckpt runs/a --limit-test 1000\n"
+               "       dtrain eval --model hf:llama-dir --data tokens:val.bin --batch 8 --seq 256 --json\n"
                "       dtrain eval --weights model.safetensors --model convnet --data fashion-mnist\n");
 }
 
@@ -52,7 +58,8 @@ static int add_opt(char **argv, int n, char bufs[][64], int *nb, const cJSON *us
 
 int dt_cmd_eval(int argc, char **argv)
 {
-    const char *ckpt = NULL, *weights = NULL;
+    const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL;
+    bool json = false, val_given = false;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) {
@@ -83,8 +90,20 @@ int dt_cmd_eval(int argc, char **argv)
             }
             continue;
         }
+        if (!strcmp(argv[i], "--json")) {
+            json = true;
+            continue;
+        }
+        /* --model hf:DIR names its weights too; --data tokens:FILE is the evaluation's data */
+        if (!strcmp(argv[i], "--model") && i + 1 < argc && !strncmp(argv[i + 1], "hf:", 3))
+            hf = argv[i + 1] + 3;
+        if (!strcmp(argv[i], "--data") && i + 1 < argc)
+            data_arg = argv[i + 1];
+        val_given |= !strcmp(argv[i], "--val-data");
         rest[nrest++] = argv[i];
     }
+    if (!ckpt && !weights && hf && *hf)
+        weights = hf;
     if (!ckpt == !weights) {
         dt__cli_err("dtrain eval: %s (see dtrain eval --help)\n",
                     ckpt ? "give --ckpt DIR or --weights FILE, not both" : "missing --ckpt DIR or --weights FILE");
@@ -92,7 +111,7 @@ int dt_cmd_eval(int argc, char **argv)
         return 2;
     }
     if (weights) { /* no saved options: the command line names the model and the data */
-        char **targv = calloc((size_t)nrest + 4, sizeof *targv);
+        char **targv = calloc((size_t)nrest + 6, sizeof *targv);
         if (!targv) {
             free(rest);
             dt__cli_err("dtrain eval: out of memory\n");
@@ -104,8 +123,12 @@ int dt_cmd_eval(int argc, char **argv)
         targv[n++] = "none";
         for (int i = 0; i < nrest; i++)
             targv[n++] = rest[i];
+        if (data_arg && !strncmp(data_arg, "tokens:", 7) && !val_given) { /* evaluate on the token file itself */
+            targv[n++] = "--val-data";
+            targv[n++] = (char *)data_arg;
+        }
         targv[n] = NULL;
-        int rc = dt__train_eval_ckpt(n, targv, weights);
+        int rc = dt__train_eval_ckpt(n, targv, weights, json);
         free(targv);
         free(rest);
         return rc;
@@ -153,7 +176,7 @@ int dt_cmd_eval(int argc, char **argv)
     for (int i = 0; i < nrest; i++)
         targv[n++] = rest[i];
     targv[n] = NULL;
-    int rc = dt__train_eval_ckpt(n, targv, ckpt);
+    int rc = dt__train_eval_ckpt(n, targv, ckpt, json);
     cJSON_Delete(user);
     free(targv);
     free(rest);

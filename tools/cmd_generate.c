@@ -22,7 +22,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dtrain generate --model NAME --prompt-ids ID[,ID...] [options]\n"
-               "  --model NAME          gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro\n"
+               "  --model NAME          gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro | llama-tiny |\n"
+               "                        llama-100m | hf:DIR (a Hugging Face model directory, with its weights)\n"
                "  --n-layer/--n-head/--n-embd/--block-size/--vocab-size N   override the configuration\n"
                "  --ckpt PATH           weights of a dtrain train --save checkpoint (its model options\n"
                "                        are the defaults)\n"
@@ -225,8 +226,10 @@ int dt_cmd_generate(int argc, char **argv)
         dt__cli_err("dtrain generate: --model %s: %s\n", model, dt_last_error());
         goto done;
     }
-    if ((ckpt || weights) && load(m, ckpt ? ckpt : weights) < 0) {
-        dt__cli_err("dtrain generate: %s: %s\n", ckpt ? "--ckpt" : "--weights", dt_last_error());
+    const char *from = ckpt ? ckpt : weights ? weights : !strncmp(model, "hf:", 3) ? model + 3 : NULL;
+    if (from && load(m, from) < 0) { /* hf:DIR: the directory's own weights unless others are given */
+        dt__cli_err("dtrain generate: %s: %s\n", ckpt ? "--ckpt" : weights ? "--weights" : "--model",
+                    dt_last_error());
         rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
         goto done;
     }

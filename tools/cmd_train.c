@@ -44,6 +44,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -573,7 +574,9 @@ static int make_user_json(trainer *t)
     if (t->lm) { /* the GPT configuration and the validation data (dtrain eval, dtrain generate --ckpt) */
         dt__json_quote(t->o.val_data ? t->o.val_data : "", val_q, sizeof val_q);
         dt_gpt2_config g;
+        memset(&g, 0, sizeof g); /* a Llama or hf:DIR model: its own configuration (0: not saved) */
         dt_gpt2_config_by_name(t->o.model, &g);
+        dt_error_clear();
         snprintf(lm, sizeof lm,
                  ",\"val_data\":%s,\"seq\":%lld,\"n_layer\":%lld,\"n_head\":%lld,\"n_embd\":%lld,"
                  "\"block_size\":%lld,\"vocab_size\":%lld",
@@ -621,12 +624,63 @@ static int save_ckpt(trainer *t)
     return 0;
 }
 
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) != 0 && errno != ENOENT;
+}
+
+/* --save-hf OUT: the run's weights as a Hugging Face model directory, under
+ * every strategy: they are taken from a checkpoint (the final --save one, or
+ * one written for this into OUT.ckpt-tmp and removed after), which rank 0
+ * converts (dt_hf_save: OUT appears complete or not at all). */
+static int save_hf(trainer *t)
+{
+    const char *ck = t->o.save;
+    char tmp[1200] = "";
+    if (!ck) {
+        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf);
+        dt_trainer_save_params sp = dt_trainer_save_params_default();
+        sp.user_json = t->user_json;
+        if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
+            return fail(1, "--save-hf");
+        ck = tmp;
+    }
+    int rc = 0;
+    if (dt__ddp_is_main(&t->ddp)) {
+        char latest[4096];
+        dt_hf_config h;
+        dt_model_config cfg = model_config(t);
+        dt_hf_save_params p = dt_hf_save_params_default();
+        if (t->o.hf_shard_size)
+            p.max_shard_bytes = t->o.hf_shard_size;
+        dt_status st = dt_trainer_ckpt_latest(ck, latest, sizeof latest);
+        if (st >= 0 && (st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
+            st = dt_hf_save(latest, &h, t->o.save_hf, &p);
+        if (st < 0)
+            rc = fail(st == DT_ERR_IO || st == DT_ERR_NO_MEMORY ? 1 : 2, "--save-hf");
+        else {
+            char esc[512];
+            printf("saved %s (a Hugging Face model directory)\n", dt_escape(t->o.save_hf, esc, sizeof esc));
+        }
+        if (tmp[0] && nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+            dt__cli_err("dtrain train: --save-hf: could not remove the temporary checkpoint %s\n", tmp);
+    }
+    return rc;
+}
+
 /* --save DIR before any training: created when missing and locked for this
  * job (dt_trainer_save_prepare), so that an unusable directory or one
  * another job saves into is bad input now (exit 2), not a lost checkpoint
  * after the training. */
 static int setup_save(trainer *t)
 {
+    if (t->o.save_hf) { /* before any training: a model without a Hugging Face form, an OUT in the way */
+        dt_hf_config h;
+        dt_model_config cfg = model_config(t);
+        if (dt_model_hf_config(t->o.model, &cfg, &h) < 0 || dt_hf_save_check_out(t->o.save_hf) < 0)
+            return fail(2, "--save-hf");
+    }
     if (!t->o.save)
         return 0;
     if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)
@@ -706,6 +760,12 @@ static int setup_resume(trainer *t)
 {
     t->saved_step = -1;
     t->resumed_step = -1;
+    if (!strncmp(t->o.model, "hf:", 3) && !t->o.init_from && !t->o.resume) {
+        /* a Hugging Face model directory starts from its own weights (any strategy: each rank reads its ranges) */
+        if (dt_trainer_load_weights(t->tr, t->o.model + 3) < 0)
+            return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--model");
+        return 0;
+    }
     if (t->o.init_from) {
         if (check_exists("--init-from", t->o.init_from))
             return 2;
@@ -1163,13 +1223,17 @@ static void cleanup(trainer *t)
     dt__ddp_free_group(&t->ddp);
 }
 
+/* dtrain eval --json: the result as one JSON object. */
+static bool g_eval_json;
+
 static int train_main(int argc, char **argv, const char *eval_ckpt);
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL); }
 
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt)
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json)
 {
     dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
+    g_eval_json = json;
     int rc = train_main(argc, argv, ckpt);
     dt__cli_err_command(NULL);
     return rc;
@@ -1232,7 +1296,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         }
         if ((rc = eval_and_record(t, 0, &el, &ea)))
             goto out;
-        if (dt__ddp_is_main(&t->ddp)) {
+        if (dt__ddp_is_main(&t->ddp) && g_eval_json) {
+            char ms[1200], acc[32] = "null";
+            dt__json_quote(t->o.model, ms, sizeof ms);
+            if (!isnan(ea))
+                snprintf(acc, sizeof acc, "%.9g", ea);
+            printf("{\"loss\":%.9g,\"accuracy\":%s,\"items\":%lld,\"seq\":%lld,\"model\":%s}\n", el, acc,
+                   (long long)dt_dataset_length(t->test), t->lm ? (long long)t->desc.input_shape[0] : 0LL, ms);
+        } else if (dt__ddp_is_main(&t->ddp)) {
             printf("%s loss: %.4f\n", t->lm ? "val" : "test", el);
             if (!isnan(ea))
                 printf("test accuracy: %.2f%% (%lld items)\n", 100 * ea, (long long)dt_dataset_length(t->test));
@@ -1389,6 +1460,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, "checkpoint");
         goto out;
     }
+    if (t->o.save_hf && (rc = save_hf(t)))
+        goto out;
     if (t->o.sample_every > 0 && t->global_step % t->o.sample_every != 0 && (rc = print_sample(t)))
         goto out;
     if ((rc = dt__ddp_memory_report(&t->ddp, t->tr))) /* ZeRO: collective */

@@ -9,7 +9,9 @@
  * agent set in Open MPI's MCA parameters). So:
  *   - node rank 0 (the master) with the nodes' hosts known (--hosts) and
  *     mpirun installed: exec mpirun -np N*K --host H1:K,...,HN:K --map-by
- *     ppr:K:node, passing MASTER_ADDR/MASTER_PORT, plus the words of
+ *     ppr:K:node --mca odls_base_sigkill_timeout 10 (the ranks that outlive
+ *     a dead one get the time to name it), passing MASTER_ADDR/MASTER_PORT,
+ *     plus the words of
  *     $DT_MPIRUN_ARGS (site options: an rsh agent, btl_tcp_if_include);
  *     its exit status is the job's;
  *   - node rank R > 0: mpirun on node 0 starts this node's ranks; say so and
@@ -124,6 +126,12 @@ int dt__run_nodes_main(const dt__run_nodes *n)
     words[k++] = opt;
     words[k++] = "--bind-to";
     words[k++] = "none";
+    /* when a rank dies, mpirun SIGTERMs the others and SIGKILLs them this
+     * many seconds later (1 by default): time for them to say which rank
+     * died (DT_ERR_PEER_FAILED) */
+    words[k++] = "--mca";
+    words[k++] = "odls_base_sigkill_timeout";
+    words[k++] = "10";
     if (n->master_addr)
         snprintf(env_a, sizeof env_a, "MASTER_ADDR=%s", n->master_addr);
     else if (nh) /* the first host */

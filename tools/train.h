@@ -82,6 +82,8 @@ typedef struct dt__train_opts {
     int64_t micro_batches;    /* pipeline micro-batches per batch, 0 = 4 */
     /* checkpoints (issue 14) */
     const char *save;         /* save directory (DIR/step-N checkpoints), NULL = none */
+    const char *save_hf;      /* --save-hf OUT: a Hugging Face model directory at the end, NULL = none */
+    uint64_t hf_shard_size;   /* --hf-shard-size BYTES: its shards' size; 0 = 5,000,000,000 */
     int64_t save_every;       /* save every N optimizer steps (0 = only at the end) */
     int64_t keep;             /* keep the newest K checkpoints (0 = all) */
     bool async_save;          /* write checkpoints on a background thread */
@@ -133,7 +135,7 @@ int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*va
 void dt__train_options_markdown(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
  * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt);
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json);
 
 /* ---- progress display (train_progress.c) -------------------------------------- */
 typedef enum { DT__PROGRESS_NONE, DT__PROGRESS_PLAIN, DT__PROGRESS_BAR } dt__progress_mode;

@@ -30,8 +30,9 @@ typedef struct {
 
 #define OFF(f) offsetof(dt__train_opts, f)
 static const opt_def opts[] = {
-    {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro",
-     "NAME", "model to train (default convnet)"},
+    {"model", OPT_CHOICE, OFF(model), 0, 0, "convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro|llama-tiny|llama-100m|hf:DIR",
+     "NAME", "model to train (default convnet); hf:DIR: the Hugging Face model directory DIR (config.json and its "
+     "safetensors weights; Llama, Mistral, Qwen2 or GPT-2), starting from its weights"},
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
      "| tokens:FILE (default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the "
@@ -164,6 +165,13 @@ static const opt_def opts[] = {
      "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
+    {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
+     "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
+     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
+     "(or be empty)"},
+    {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
+     "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
+     "model.safetensors.index.json)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
     {"keep", OPT_INT, OFF(keep), 0, 1e9, NULL, "K", "with --save: keep the newest K checkpoints (default 0 = all)"},
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,
@@ -390,6 +398,10 @@ static int set_value(const opt_def *d, const char *v, dt__train_opts *o)
         return 0;
     case OPT_CHOICE: {
         size_t n = strlen(v);
+        if (strstr(d->choices, "|hf:DIR") && !strncmp(v, "hf:", 3) && v[3]) { /* a model directory */
+            *(const char **)base = v;
+            return 0;
+        }
         for (const char *c = d->choices; *c;) {
             const char *e = strchr(c, '|');
             size_t len = e ? (size_t)(e - c) : strlen(c);
@@ -667,6 +679,10 @@ int dt__train_check(dt__train_opts *o)
                              ? "--zero 2|3 or --fsdp (the data-parallel dimension runs DDP or --zero 1)"
                          : o->sync_bn ? "--sync-bn"
                          : o->offload ? "--offload"
+                         : !strcmp(o->model, "convnet")
+                             ? "--model convnet (the ConvNet cannot be cut into pipeline stages: it is one module "
+                               "with its own forward, not a Sequential of layers; --pp works with mlp and the GPT "
+                               "models)"
                              : NULL;
         if (no) {
             dt__cli_err("dtrain train: --pp/--pp-schedule/--pp-balance/--micro-batches do not combine with %s\n", no);

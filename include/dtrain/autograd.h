@@ -265,6 +265,30 @@ DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, in
 /* gelu_tanh(x + bias), fused: x [..., N], bias [N] or NULL. */
 DT_API dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias);
 
+/* ---- Llama-family ops (Hugging Face LlamaForCausalLM's numerics) --------------- */
+
+/* RMSNorm over the last dim D of x: x / sqrt(mean(x^2) + eps) * weight
+ * (weight [D], or NULL for none), the statistics in f32 (LlamaRMSNorm).
+ * bf16/f16 inputs are computed in f32 and the result rounded once to x's
+ * dtype. eps > 0. */
+DT_API dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps);
+/* Rotary position embedding in the rotate-half layout (transformers'
+ * apply_rotary_pos_emb) on x [B, T, n_head * hd]: in every head the pair
+ * (j, j + hd/2) is rotated by the angle (pos0 + t) * inv_freq[j] (computed
+ * in f32, as transformers does), j < hd/2. inv_freq: hd/2 inverse
+ * frequencies (borrowed for the call; rope scaling is already in them). hd
+ * even. Differentiable in x. */
+DT_API dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0);
+/* SwiGLU: silu(gate) * up = gate * sigmoid(gate) * up, fused; gate and up
+ * of one shape. */
+DT_API dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up);
+/* Grouped-query attention's input for dt_attention: q [B, T, n_head * hd],
+ * k and v [B, T, n_kv_head * hd] -> qkv [B, T, 3 * n_head * hd] (q | k | v)
+ * where query head h reads kv head h / (n_head / n_kv_head) (transformers'
+ * repeat_kv). n_kv_head divides n_head; n_kv_head == n_head is plain
+ * multi-head attention. The backward sums each kv head's copies. */
+DT_API dt_tensor *dt_gqa_pack(dt_ctx *ctx, dt_tensor *q, dt_tensor *k, dt_tensor *v, int n_head, int n_kv_head);
+
 /* ---- softmax, losses, reductions --------------------------------------------- */
 
 /* Softmax / log-softmax over the last dim. */

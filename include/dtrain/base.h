@@ -348,6 +348,12 @@ DT_API dt_status dt_file_write_atomic(const char *path, const void *data, size_t
 DT_API dt_status dt_file_create_excl(const char *path, int mode, int *fd);
 /* rename(from, to), refusing a symlink at to, then fsync to's directory. */
 DT_API dt_status dt_file_rename(const char *from, const char *to);
+/* Read the whole regular file at path (not followed through a symlink) into
+ * a fresh NUL-terminated buffer *out (free with free) of *len bytes.
+ * DT_ERR_NOT_FOUND when it does not exist, DT_ERR_FORMAT when it is larger
+ * than max bytes or not a regular file, DT_ERR_IO on a read error; each
+ * message names the path. */
+DT_API dt_status dt_file_read_all(const char *path, size_t max, char **out, size_t *len);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

@@ -336,9 +336,20 @@ typedef struct dt_ckpt_load_params {
 } dt_ckpt_load_params;
 DT_API dt_ckpt_load_params dt_ckpt_load_params_default(void);
 
-/* An open checkpoint: a directory with index.json, or one safetensors file
- * (each tensor one chunk). */
+/* An open checkpoint: a directory with index.json, one safetensors file
+ * (each tensor one chunk), or a Hugging Face model directory
+ * (dt_ckpt_is_hf_dir: model.safetensors, or the shards that
+ * model.safetensors.index.json's "weight_map" names; each tensor one chunk
+ * of its shard, the shards validated as they are opened; a shard the map
+ * names that is missing, a tensor in two shards or not where the map says
+ * are errors naming the file and the key). */
 typedef struct dt_ckpt dt_ckpt;
+/* File names of a Hugging Face model directory's weights. */
+#define DT_HF_WEIGHTS_NAME "model.safetensors"
+#define DT_HF_INDEX_NAME "model.safetensors.index.json"
+/* Is dir a Hugging Face model directory (no dtrain index.json; a
+ * model.safetensors.index.json or a model.safetensors)? */
+DT_API bool dt_ckpt_is_hf_dir(const char *dir);
 DT_API dt_status dt_ckpt_open(const char *src, dt_ckpt **out);
 DT_API void dt_ckpt_close(dt_ckpt *ck);
 

@@ -86,8 +86,10 @@
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
  *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
  *  - a rank that dies makes every peer's pending and later collectives fail
- *    with DT_ERR_PEER_FAILED naming it, within a few seconds (shm; under
- *    mpirun the launcher ends the job when a rank dies);
+ *    with DT_ERR_PEER_FAILED naming it, within a few seconds (shm; mpi: the
+ *    ranks on the dead one's machine see its process gone and tell the
+ *    others; start mpirun with `--mca odls_base_sigkill_timeout 10`, or its
+ *    SIGKILL of the survivors may come first);
  *  - a failure on one rank fails the group on the others too: their pending
  *    and later operations on it fail at once with that rank's status and
  *    message (shm: the shared abort record; mpi: a notice to each rank,

@@ -535,6 +535,29 @@ DT_API dt_status dt_k_embedding_fwd(const float *table, int64_t num, int64_t dim
 DT_API dt_status dt_k_embedding_bwd(const float *dout, const void *idx, dt_dtype idx_type, int64_t n,
                                     int64_t num, int64_t dim, float *dtable);
 
+/* ---- Llama-family blocks: RMSNorm, rotary embeddings, SwiGLU -------------------- */
+/* RMSNorm over each row of x (rows, cols): y = x * rstd * w (w [cols] or
+ * NULL for 1), rstd = 1/sqrt(mean(x^2) + eps), the mean summed in double;
+ * save_rstd (rows, may be NULL) keeps rstd for the backward. eps > 0. */
+DT_API dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, const float *w, float eps, float *y,
+                                  float *save_rstd);
+/* dx (may be NULL) and dw (cols, may be NULL; a column sum over rows in row
+ * order, independent of the thread count) of dt_k_rmsnorm_fwd. */
+DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *w,
+                                  const float *save_rstd, float *dx, float *dw);
+/* Rotary position embedding in the rotate-half layout on x (B, T, H * hd):
+ * within each head the pairs (j, j + hd/2), j < hd/2, are rotated by the
+ * angle of position t and frequency j: y_j = x_j cos - x_{j+hd/2} sin,
+ * y_{j+hd/2} = x_{j+hd/2} cos + x_j sin, with cos, sin (T, hd/2) the tables
+ * of the angles. inverse: rotate by minus the angle (the backward). hd even.
+ * y may alias x. */
+DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
+                           const float *sin_t, bool inverse, float *y);
+/* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
+DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
+/* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */
+DT_API dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du);
+
 #ifdef __cplusplus
 }
 #endif

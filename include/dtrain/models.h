@@ -152,6 +152,128 @@ typedef struct dt_model_config {
 } dt_model_config;
 DT_API dt_model_config dt_model_config_default(void);
 
+/* ---- Llama-family decoders ------------------------------------------------------- */
+
+/* Rotary-embedding frequency scaling (config.json "rope_scaling"). */
+typedef enum {
+    DT_ROPE_DEFAULT = 0, /* none: inv_freq[i] = theta^(-2i/hd) */
+    DT_ROPE_LINEAR,      /* inv_freq / factor */
+    DT_ROPE_LLAMA3,      /* Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between */
+    DT_ROPE_KIND_COUNT
+} dt_rope_kind;
+
+/* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral and
+ * Qwen2 are the same block: Qwen2 with attention_bias). */
+typedef struct dt_llama_config {
+    int64_t vocab_size;               /* V */
+    int64_t hidden_size;              /* C */
+    int64_t intermediate_size;        /* I, the SwiGLU width */
+    int64_t num_hidden_layers;        /* L */
+    int64_t num_attention_heads;      /* H */
+    int64_t num_key_value_heads;      /* KV (grouped-query attention); divides H */
+    int64_t head_dim;                 /* hd, independent of C / H (q_proj out = H hd) */
+    int64_t max_position_embeddings;  /* the longest sequence the descriptor and generation use */
+    float rms_norm_eps;               /* RMSNorm eps (1e-6 in LlamaConfig, 1e-5 in Llama 3) */
+    float initializer_range;          /* init std of every Linear and the embedding (0.02) */
+    double rope_theta;                /* RoPE base (10000; Llama 3: 500000) */
+    dt_rope_kind rope_type;           /* rope_scaling's rope_type */
+    double rope_factor;               /* linear and llama3: factor */
+    double rope_low_freq_factor;      /* llama3 */
+    double rope_high_freq_factor;     /* llama3 */
+    int64_t rope_original_max_position_embeddings; /* llama3 */
+    bool attention_bias;              /* q/k/v/o biases (Qwen2: q/k/v only, qkv_bias_only) */
+    bool qkv_bias_only;               /* with attention_bias: o_proj has none (Qwen2) */
+    bool mlp_bias;                    /* gate/up/down biases */
+    bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
+    int64_t bos_token_id, eos_token_id; /* -1: none */
+} dt_llama_config;
+
+/* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
+ * I 176, L 2, H 4, KV 2, hd 16, 128 positions, untied head, eps 1e-5) and
+ * "llama-100m" (V 32000, C 768, I 2048, L 12, H 12, KV 4, hd 64, 1024
+ * positions, tied head: 100,092,672 parameters); theta 10000, no rope scaling, no
+ * biases, init std 0.02. DT_ERR_NOT_FOUND for another name. */
+DT_API dt_status dt_llama_config_by_name(const char *name, dt_llama_config *out);
+/* Check a configuration: sizes >= 1, KV divides H, hd even and <= 256 (the
+ * attention kernel), eps > 0, theta > 0, the scaling's factors. A message
+ * naming the key on failure (DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED). */
+DT_API dt_status dt_llama_config_check(const dt_llama_config *lc);
+/* The hd/2 rotary inverse frequencies of lc with its scaling into out, in
+ * f32 as transformers computes them. */
+DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
+/* Build a Llama decoder with Hugging Face's names (model.embed_tokens,
+ * model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
+ * post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head;
+ * Linear weights [out, in]) and init (every Linear and the embedding
+ * N(0, initializer_range), biases 0, norms 1; no residual rescaling) from
+ * the Philox stream of seed. Blocks are modules of type
+ * "LlamaDecoderLayer" (activation-checkpoint units). c supplies the build
+ * options and seq (tokens per sample in the descriptor; 0 =
+ * max_position_embeddings); c's GPT-2 fields are not read (NULL:
+ * defaults). Input [B, T] i64 ids, output logits [B, T, V], loss the mean
+ * next-token cross-entropy. Pipeline units: dt_model_pipe_units
+ * (pipeline.h). No tensor parallelism or dropout yet (DT_ERR_UNSUPPORTED
+ * with c->tp). */
+DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
+                                 dt_model_desc *desc);
+
+/* ---- Hugging Face model directories ------------------------------------------------- */
+
+/* What DIR/config.json describes. */
+typedef struct dt_hf_config {
+    char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
+                               "Qwen2ForCausalLM" or "GPT2LMHeadModel" */
+    bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
+    dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
+                               transformers 5's rope_parameters */
+    dt_gpt2_config gpt2;    /* n_layer, n_head, n_embd, n_positions, vocab_size, the (equal) pdrops */
+} dt_hf_config;
+/* Read and check DIR/config.json. Errors name the file and the key:
+ * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
+ * implement (a rope_scaling type other than default/linear/llama3,
+ * hidden_act other than silu, a sliding window, attention dropout, ...),
+ * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
+ * dt_model_create("hf:DIR", ...) builds the model it describes (after
+ * checking the weights' embedding rows against vocab_size: DT_ERR_MISMATCH);
+ * the weights are then loaded with dt_trainer_load_weights(tr, DIR) (train.h),
+ * which reads model.safetensors or the shards of
+ * model.safetensors.index.json (ckpt.h dt_ckpt_open) in f32, bf16 or f16. */
+DT_API dt_status dt_hf_config_read(const char *dir, dt_hf_config *out);
+/* The configuration of zoo model `name` built with c (NULL: defaults), as
+ * a Hugging Face config: GPT-2 sizes -> GPT2LMHeadModel, Llama sizes ->
+ * LlamaForCausalLM (c's size overrides applied as dt_model_create does),
+ * "hf:DIR" -> DIR/config.json. DT_ERR_UNSUPPORTED for the ConvNet and the
+ * MLP. */
+DT_API dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_config *out);
+
+/* Options of dt_hf_save. */
+typedef struct dt_hf_save_params {
+    uint64_t max_shard_bytes; /* a shard's tensor bytes at most (one larger tensor gets a shard of its
+                                 own); one shard is model.safetensors, more are
+                                 model-0000i-of-0000n.safetensors with model.safetensors.index.json;
+                                 default 5,000,000,000 (save_pretrained's "5GB") */
+    dt_dtype dtype;           /* the weights' dtype: DT_F32 (default), DT_BF16 or DT_F16 */
+} dt_hf_save_params;
+DT_API dt_hf_save_params dt_hf_save_params_default(void);
+/* Write the Hugging Face model directory `out` (config.json from h,
+ * generation_config.json, the weights) from src, anything dt_ckpt_open
+ * reads: a dtrain checkpoint of any strategy (each parameter whole; its
+ * fp32 master when it has one), a safetensors file, a model directory.
+ * The tensors are h's model's parameters under transformers' names (a tied
+ * head left out, as save_pretrained does), so
+ * AutoModelForCausalLM.from_pretrained(out) finds no missing or unexpected
+ * key. out must not exist or be an empty directory (dt_hf_save_check_out);
+ * everything is written into a temporary directory beside it and renamed:
+ * out appears complete or not at all. Errors: a tensor src lacks or holds
+ * in another shape (DT_ERR_NOT_FOUND / DT_ERR_SHAPE, naming it), I/O. p
+ * NULL: defaults. */
+DT_API dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *p);
+/* DT_OK when out can be written by dt_hf_save: it does not exist, or is an
+ * empty directory; else DT_ERR_INVALID_ARG naming it (a file, a symlink, a
+ * directory with something in it). */
+DT_API dt_status dt_hf_save_check_out(const char *out);
+
+
 /* Build zoo model `name` (initialised from seed as dt_model_build does) into
  * *model and its descriptor into *desc (may be NULL). cfg NULL: defaults.
  * DT_ERR_NOT_FOUND for an unknown name, DT_ERR_INVALID_ARG for a bad cfg. */

@@ -204,6 +204,26 @@ typedef dt_tensor *(*dt_nn_forward_fn)(dt_ctx *ctx, dt_module *self, dt_tensor *
 DT_API dt_module *dt_nn_custom(const char *type, int nparams, const dt_nn_param_spec *params,
                                dt_nn_forward_fn forward, void *ud);
 
+/* dt_nn_custom whose ud the module owns: free_ud(ud) runs when the module
+ * is freed (with its model, by dt_module_free, or here when the module
+ * cannot be made). For per-module configuration a forward reads (a
+ * Llama attention's head counts and rotary frequencies). */
+DT_API dt_module *dt_nn_custom_owned(const char *type, int nparams, const dt_nn_param_spec *params,
+                                     dt_nn_forward_fn forward, void *ud, void (*free_ud)(void *));
+/* The ud a custom module was made with (dt_nn_custom, dt_nn_custom_owned);
+ * NULL for other kinds. Borrowed. */
+DT_API void *dt_module_user_data(const dt_module *m);
+/* How dt_model_build initialises parameter `param` of m (unbuilt): init
+ * and its bound or std a (dt_nn_param_spec). E.g. Hugging Face's
+ * N(0, initializer_range) for a Linear or Embedding in place of PyTorch's
+ * default. DT_ERR_NOT_FOUND for a name m does not have, DT_ERR_STATE once
+ * built. */
+DT_API dt_status dt_module_set_init(dt_module *m, const char *param, dt_nn_init init, float a);
+/* RMSNorm over the last dim (torch.nn.RMSNorm, Llama's LlamaRMSNorm):
+ * weight [dim] initialised to 1, y = x / sqrt(mean(x^2) + eps) * weight
+ * (dt_rms_norm). A module of type "RMSNorm"; eps > 0. */
+DT_API dt_module *dt_nn_rmsnorm(int64_t dim, float eps);
+
 /* Free a module tree that was never passed to dt_model_build. */
 DT_API void dt_module_free(dt_module *m);
 

@@ -266,6 +266,8 @@ typedef struct dt_pipe_unit {
 
 /* The units of model m, in forward order, into *units (malloc'd; free with
  * dt_free) and *n, each with its cost:
+ *   - the Llama zoo models: [model.embed_tokens, model.layers.0, ...,
+ *     model.layers.{L-1} (each decoder layer whole), model.norm, lm_head];
  *   - the GPT zoo models: [transformer.wte+wpe (embeddings),
  *     transformer.h.0.ln_1+attn, transformer.h.0.ln_2+mlp, ..., h.{L-1}'s
  *     two halves, transformer.ln_f, lm_head]: a block is cut between its

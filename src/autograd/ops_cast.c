@@ -61,6 +61,10 @@ static const struct {
     [DT_OP_ATTENTION] = {"scaled_dot_product_attention", DT_AMP_LOWER},
     [DT_OP_BIAS_GELU_TANH] = {"bias_gelu_tanh", DT_AMP_PROMOTE},
     [DT_OP_ADDMM] = {"addmm", DT_AMP_LOWER},
+    [DT_OP_RMS_NORM] = {"rms_norm", DT_AMP_PROMOTE},
+    [DT_OP_ROPE] = {"rotary_embedding", DT_AMP_PROMOTE},
+    [DT_OP_SWIGLU] = {"swiglu", DT_AMP_PROMOTE},
+    [DT_OP_GQA_PACK] = {"gqa_pack", DT_AMP_PROMOTE},
 };
 _Static_assert(sizeof op_table / sizeof op_table[0] == DT_OP_COUNT, "one autocast entry per op");
 

@@ -35,6 +35,22 @@
 #define INDEX_VERSION 1
 #define MAX_INDEX_BYTES (1u << 30)
 
+bool dt_ckpt_is_hf_dir(const char *dir)
+{
+    char p[4200];
+    struct stat sb;
+    if (!dir)
+        return false;
+    snprintf(p, sizeof p, "%s/%s", dir, INDEX_NAME);
+    if (stat(p, &sb) == 0) /* a dtrain checkpoint */
+        return false;
+    snprintf(p, sizeof p, "%s/%s", dir, DT_HF_INDEX_NAME);
+    if (stat(p, &sb) == 0)
+        return true;
+    snprintf(p, sizeof p, "%s/%s", dir, DT_HF_WEIGHTS_NAME);
+    return stat(p, &sb) == 0;
+}
+
 dt_ckpt_load_params dt_ckpt_load_params_default(void)
 {
     dt_ckpt_load_params p;
@@ -128,35 +144,54 @@ static int chunk_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-static dt_status open_single(dt_ckpt *ck)
+/* Append the safetensors file at path (opened and validated now) and its
+ * tensors, each one chunk, to ck; its __metadata__ becomes ck's when ck has
+ * none yet. */
+static dt_status add_st_file(dt_ckpt *ck, const char *path)
 {
-    ck->files = calloc(1, sizeof *ck->files);
-    if (!ck->files || !(ck->files[0].path = strdup(ck->src)))
-        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
-    ck->nfiles = 1;
-    dt_status st = dt_st_open(ck->src, &ck->files[0].f);
+    cfile *nf = realloc(ck->files, (ck->nfiles + 1) * sizeof *nf);
+    if (!nf)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+    ck->files = nf;
+    cfile *cf = &ck->files[ck->nfiles];
+    memset(cf, 0, sizeof *cf);
+    if (!(cf->path = strdup(path)))
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+    size_t fi = ck->nfiles++;
+    dt_status st = dt_st_open(path, &cf->f);
     if (st < 0)
         return st;
-    ck->files[0].verified = true; /* a plain file has no checksum to compare with */
-    const dt_st_file *f = ck->files[0].f;
+    cf->verified = true; /* a plain file has no checksum to compare with */
+    const dt_st_file *f = cf->f;
     size_t n = dt_st_count(f);
-    ck->t = calloc(n ? n : 1, sizeof *ck->t);
-    size_t nm = dt_st_meta_count(f);
-    ck->meta = calloc(2 * nm + 1, sizeof *ck->meta);
-    if (!ck->t || !ck->meta)
-        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
-    for (size_t i = 0; i < nm; i++) {
-        const char *k, *v;
-        dt_st_meta_at(f, i, &k, &v);
-        ck->meta[2 * i] = strdup(k);
-        ck->meta[2 * i + 1] = strdup(v);
-        ck->nmeta++;
-        if (!ck->meta[2 * i] || !ck->meta[2 * i + 1])
-            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
+    ctensor *nt = realloc(ck->t, (ck->nt + n + 1) * sizeof *nt);
+    if (!nt)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+    ck->t = nt;
+    if (!ck->nmeta) {
+        size_t nm = dt_st_meta_count(f);
+        free(ck->meta);
+        ck->meta = calloc(2 * nm + 1, sizeof *ck->meta);
+        if (!ck->meta)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+        for (size_t i = 0; i < nm; i++) {
+            const char *k, *v;
+            dt_st_meta_at(f, i, &k, &v);
+            ck->meta[2 * i] = strdup(k);
+            ck->meta[2 * i + 1] = strdup(v);
+            ck->nmeta++;
+            if (!ck->meta[2 * i] || !ck->meta[2 * i + 1])
+                return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+        }
     }
     for (size_t i = 0; i < n; i++) {
         const dt_st_tensor *s = dt_st_tensor_at(f, i);
+        for (size_t k = 0; fi > 0 && k < ck->nt; k++)
+            if (!strcmp(ck->t[k].name, s->name))
+                return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is also in %s", path, s->name,
+                                ck->files[ck->t[k].c[0].file].path);
         ctensor *t = &ck->t[ck->nt++];
+        memset(t, 0, sizeof *t);
         t->name = strdup(s->name);
         t->dtype = s->dtype;
         t->ndim = s->ndim;
@@ -164,16 +199,76 @@ static dt_status open_single(dt_ckpt *ck)
         t->numel = s->numel;
         t->c = calloc(1, sizeof *t->c);
         if (!t->name || !t->c)
-            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
-        if (s->numel) { /* an empty tensor has no chunk */
+            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+        t->c[0].file = fi; /* an empty tensor has no chunk, but remembers its file */
+        if (s->numel) {
             if (!(t->c[0].key = strdup(s->name)))
-                return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ck->src);
+                return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
             t->nc = 1;
             t->c[0].lo = 0;
             t->c[0].hi = s->numel;
         }
     }
     return DT_OK;
+}
+
+static dt_status open_single(dt_ckpt *ck)
+{
+    return add_st_file(ck, ck->src);
+}
+
+/* A Hugging Face model directory: model.safetensors, or the shards that
+ * model.safetensors.index.json's weight_map names (each a plain file name
+ * inside the directory; every tensor it names must be in that file). */
+static dt_status open_hf(dt_ckpt *ck, const char *ipath)
+{
+    char p[4200];
+    if (!ipath) {
+        snprintf(p, sizeof p, "%s/%s", ck->src, DT_HF_WEIGHTS_NAME);
+        return add_st_file(ck, p);
+    }
+    char *txt = NULL;
+    size_t len = 0;
+    dt_status st = dt_file_read_all(ipath, MAX_INDEX_BYTES, &txt, &len);
+    if (st < 0)
+        return st;
+    cJSON *root = NULL;
+    st = dt__json_parse_strict(txt, len, ipath, &root);
+    free(txt);
+    if (st < 0)
+        return st;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        cJSON_Delete(root);
+        return dt_error(DT_ERR_FORMAT, "%s: key \"weight_map\" must be a non-empty object {tensor: file}", ipath);
+    }
+    for (const cJSON *x = wm->child; x && st >= 0; x = x->next) {
+        const char *fn = cJSON_IsString(x) ? x->valuestring : NULL;
+        if (!fn || !fn[0] || strchr(fn, '/') || !strcmp(fn, ".") || !strcmp(fn, "..")) {
+            st = dt_error(DT_ERR_FORMAT, "%s: key \"weight_map\".\"%s\": the value must be a file name inside the "
+                          "directory", ipath, x->string);
+            break;
+        }
+        snprintf(p, sizeof p, "%s/%s", ck->src, fn);
+        bool have = false;
+        for (size_t f = 0; f < ck->nfiles && !have; f++)
+            have = !strcmp(ck->files[f].path, p);
+        struct stat sb;
+        if (!have && stat(p, &sb) != 0)
+            st = dt_error(DT_ERR_NOT_FOUND, "%s: key \"weight_map\".\"%s\" names %s, which does not exist", ipath,
+                          x->string, fn);
+        else if (!have)
+            st = add_st_file(ck, p);
+    }
+    for (const cJSON *x = wm->child; x && st >= 0; x = x->next) {
+        int64_t i = dt_ckpt_find(ck, x->string);
+        snprintf(p, sizeof p, "%s/%s", ck->src, x->valuestring);
+        if (i < 0 || strcmp(ck->files[ck->t[i].c[0].file].path, p))
+            st = dt_error(DT_ERR_FORMAT, "%s: key \"weight_map\".\"%s\" says %s holds it; %s", ipath, x->string,
+                          x->valuestring, i < 0 ? "no shard does" : "another shard does");
+    }
+    cJSON_Delete(root);
+    return st;
 }
 
 static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
@@ -347,6 +442,11 @@ dt_status dt_ckpt_open(const char *src, dt_ckpt **out)
         st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s does not exist", src);
     } else if (!S_ISDIR(sb.st_mode)) {
         st = open_single(ck);
+    } else if (dt_ckpt_is_hf_dir(src)) {
+        char ip[4200];
+        snprintf(ip, sizeof ip, "%s/%s", src, DT_HF_INDEX_NAME);
+        struct stat ib;
+        st = open_hf(ck, stat(ip, &ib) == 0 ? ip : NULL);
     } else {
         char ipath[4096];
         snprintf(ipath, sizeof ipath, "%s/%s", src, INDEX_NAME);

@@ -26,8 +26,9 @@
  * copies the message into the request, marks the group failed and fails
  * every later request with the same status. A backend should honour
  * c->timeout_s (DT_ERR_TIMEOUT naming kind, seq and the missing ranks) and
- * report dead peers as DT_ERR_PEER_FAILED; backends that cannot (MPI aborts
- * the job on a dead peer by default) should say so in their file's header.
+ * report dead peers as DT_ERR_PEER_FAILED (the mpi backend checks the
+ * processes of its peers on the same machine: comm/proc_alive.h); backends
+ * that cannot should say so in their file's header.
  *
  * The MPI backend: src/comm/mpi/backend_mpi.c (built only when MPI is found)
  * defines `const dt_backend_ops dt__backend_mpi` with name "mpi". The

@@ -71,6 +71,8 @@ void dt_module_free(dt_module *m)
     free(m->ckpt);
     for (int k = 0; k < DT__HOOK_KINDS; k++)
         dt__hooks_free(&m->hooks[k]);
+    if (m->ud_free)
+        m->ud_free(m->ud);
     free(m->type);
     free(m->name);
     free(m->path);

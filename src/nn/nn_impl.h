@@ -51,6 +51,7 @@ struct dt_module {
     } *ties;
     dt_nn_forward_fn fwd;
     void *ud;
+    void (*ud_free)(void *); /* dt_nn_custom_owned: frees ud with the module */
     struct dt_pg *tp;       /* the tensor-parallel group of its sliced parameters (tp.h), or NULL */
     dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
     void *fwd_override_ud;

@@ -1105,7 +1105,8 @@ static dt_status resolve(const char *path, char *ck, size_t n)
     }
     if (stat(path, &sb) != 0)
         return dt_error(DT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode)) { /* one safetensors file (PyTorch's names) */
+    if (S_ISREG(sb.st_mode) || dt_ckpt_is_hf_dir(path)) { /* one safetensors file (PyTorch's names), or a
+                                                              Hugging Face model directory */
         snprintf(ck, n, "%s", path);
         return DT_OK;
     }

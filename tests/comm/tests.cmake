@@ -174,3 +174,48 @@ endif()
 add_test(NAME comm/netbed_teardown
          COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh teardown ${PROJECT_SOURCE_DIR})
 set_tests_properties(comm/netbed_teardown PROPERTIES TIMEOUT 60 LABELS "comm;netbed")
+
+# A rank SIGKILLed under mpirun (the documented line: mpirun --mca
+# odls_base_sigkill_timeout 10) is named by the survivors as
+# DT_ERR_PEER_FAILED (tests/comm/deadrank_test.sh): inside an all-reduce
+# (tests/comm/mpi_deadrank.c; also with DT_MPI_BLOCKING=1, the blocking call
+# on its worker thread) and between two steps of `dtrain train`.
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_deadrank ${CMAKE_CURRENT_LIST_DIR}/mpi_deadrank.c)
+  set_target_properties(mpi_deadrank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_deadrank PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_deadrank PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_deadrank PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(mpi_deadrank PRIVATE dtrain_static)
+  add_test(NAME comm/mpi_deadrank_coll
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh coll ${DT_MPIEXEC} $<TARGET_FILE:mpi_deadrank>)
+  add_test(NAME comm/mpi_deadrank_coll_blocking
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh coll ${DT_MPIEXEC} $<TARGET_FILE:mpi_deadrank>)
+  add_test(NAME comm/mpi_deadrank_train
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh train ${DT_MPIEXEC} ${PROJECT_BINARY_DIR}/dtrain)
+  set_tests_properties(comm/mpi_deadrank_coll comm/mpi_deadrank_coll_blocking comm/mpi_deadrank_train
+    PROPERTIES TIMEOUT 120 LABELS "comm;mpi" SKIP_RETURN_CODE 77)
+  set_tests_properties(comm/mpi_deadrank_coll_blocking PROPERTIES ENVIRONMENT "DT_MPI_BLOCKING=1")
+endif()
+
+# A failure notice that overtakes the last messages of a collective its
+# sender completed does not fail that collective where it arrives
+# (tests/comm/mpi_note_overtake.c; the backend's test hook makes rank 2 look
+# late at its all-reduce #1, which pipeline/mpi_pipe_fail_np4 hit by chance
+# under load).
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_note_overtake ${CMAKE_CURRENT_LIST_DIR}/mpi_note_overtake.c)
+  set_target_properties(mpi_note_overtake PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_note_overtake PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_note_overtake PRIVATE _GNU_SOURCE)
+  target_include_directories(mpi_note_overtake PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(mpi_note_overtake PRIVATE dtrain_static)
+  # (nonblocking collectives only, the hook sits in their waiting loop;
+  # without the collective check, whose all-reduce the hook would hold)
+  add_test(NAME comm/mpi_note_overtake_np3
+           COMMAND ${DT_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none -np 3
+                   $<TARGET_FILE:mpi_note_overtake>)
+  set_tests_properties(comm/mpi_note_overtake_np3 PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+    PASS_REGULAR_EXPRESSION "mpi_note_overtake: 3 ranks: ok" FAIL_REGULAR_EXPRESSION "FAILED"
+    ENVIRONMENT "DT_BACKEND=mpi;DT_MPI_BLOCKING=0;DT_COMM_CHECK=0;DT_COMM_TIMEOUT=30;DT_FAULT_MPI_LATE_RANK=2;DT_FAULT_MPI_LATE_SEQ=1;ASAN_OPTIONS=detect_leaks=0")
+endif()

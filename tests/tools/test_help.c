@@ -118,7 +118,7 @@ TEST(train_help_lists_every_model)
 {
     cli_result r;
     cli_runv(&r, 60, NULL, (char *[]){"train", "--help", NULL});
-    ASSERT_STR_CONTAINS(r.out, "--model {convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro}");
+    ASSERT_STR_CONTAINS(r.out, "--model {convnet|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt-mini|gpt-micro|llama-tiny|llama-100m|hf:DIR}");
 }
 
 static char doc_[1 << 17];

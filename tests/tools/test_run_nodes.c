@@ -19,7 +19,8 @@ TEST(dry_run_prints_mpirun_and_srun)
     ASSERT_EQ_INT(g_r.code, 0);
     char want[512];
     snprintf(want, sizeof want,
-             "mpirun %s-np 6 --host h0:3,h1:3 --map-by ppr:3:node --bind-to none -x MASTER_ADDR=h0 "
+             "mpirun %s-np 6 --host h0:3,h1:3 --map-by ppr:3:node --bind-to none --mca odls_base_sigkill_timeout 10 "
+             "-x MASTER_ADDR=h0 "
              "-x MASTER_PORT=1234 --mca btl tcp,self prog 'a b'\n"
              "srun --nodes=2 --ntasks-per-node=3 --export=ALL,MASTER_ADDR=h0,MASTER_PORT=1234 prog 'a b'\n",
              geteuid() == 0 ? "--allow-run-as-root " : "");

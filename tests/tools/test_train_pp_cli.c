@@ -241,6 +241,12 @@ TEST(option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--pp", "2", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "--pp 2 needs a multiple of 2 ranks");
+    /* the ConvNet has no pipeline stages: refused with the options, before the ranks are counted (on
+     * 2 ranks it exited 1 from the trainer's set-up) */
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--pp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "do not combine with --model convnet (the ConvNet cannot be cut into pipeline stages");
+
     /* --sample-every works with --pp, not with --tp (refused with the reason) */
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--tp", "2", "--pp", "2", "--sample-every", "2",
                                      "--data", "tokens:/nonexistent", "--val-data", "tokens:/nonexistent", NULL});

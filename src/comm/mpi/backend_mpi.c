@@ -41,18 +41,27 @@
  * and send/recv) poll for notices beside their own request, so their
  * pending and later operations on that group fail within milliseconds with
  * the same status and message as on this rank, as the shm backend's abort
- * record makes them, not at the timeout. Two limits: a blocking collective
+ * record makes them, not at the timeout (a notice names how many
+ * collectives its sender had completed: one of those still pending here
+ * completes rather than fails, see colls_done). Two limits: a blocking collective
  * (DT_MPI_BLOCKING=1) cannot be interrupted once inside MPI when MPI gives
  * only MPI_THREAD_SERIALIZED (a notice that arrived before keeps it from
  * starting; send/recv are always nonblocking),
  * and an operation left by a failure cannot be cancelled if it is a
  * collective or a send: its communicator is then never freed, and MPI may
- * still read or write its buffers (as after a timeout). A dead rank is not
- * noticed by this backend: by default Open MPI's mpirun kills the whole job
- * when one rank dies, so peers end rather than hang; this backend does not
- * report DT_ERR_PEER_FAILED for it. Errors from MPI calls come back as
- * values (the communicator uses MPI_ERRORS_RETURN) and carry MPI's error
- * string.
+ * still read or write its buffers (as after a timeout). A dead rank: MPI
+ * never says (a receive from it just never completes), so each rank learns
+ * its peers' process identities when the first group is made, and its
+ * waiting loops check the peers that run on its own machine (see "dead
+ * peers"): a rank that died there fails the group with DT_ERR_PEER_FAILED
+ * naming it, within milliseconds, and the notice carries that to the ranks
+ * on other machines. Open MPI's mpirun meanwhile ends the job (SIGTERM to
+ * every rank at once, SIGKILL odls_base_sigkill_timeout = 1 s later): a
+ * survivor that handles SIGTERM (dtrain train does) reports in that time;
+ * `mpirun --mca odls_base_sigkill_timeout 10` makes it certain, and without
+ * that setting the first group's rank 0 says so once (dt_log, warn).
+ * Errors from MPI calls come back as values (the communicator uses
+ * MPI_ERRORS_RETURN) and carry MPI's error string.
  *
  * MPI is initialised with MPI_THREAD_MULTIPLE when available (each group's
  * progress thread calls MPI, and groups run concurrently), at least
@@ -73,6 +82,7 @@
  * when every rank reaches it (Open MPI 4.1.4), so a program that catches
  * the error, saves a checkpoint and exits ends normally. */
 #include "comm/backend.h"
+#include "comm/proc_alive.h"
 #include "dtrain/kernels.h"
 
 #include <mpi.h>
@@ -88,12 +98,15 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A failure notice: rank `rank` of group `gid` failed it (status, message). */
+/* A failure notice: rank `rank` of group `gid` failed it (status, message);
+ * dead: the world rank whose death it reports (-1: none; see "dead peers"). */
 #define NOTE_TAG 1
 #define NOTE_MSG_CAP 768
 typedef struct {
     uint64_t gid;
     int32_t st, rank;
+    int32_t dead, pad;
+    uint64_t done; /* the collectives its sender had completed on the group */
     char msg[NOTE_MSG_CAP];
 } mpi_note;
 #define NOTE_HEAD ((int)offsetof(mpi_note, msg))
@@ -129,6 +142,15 @@ typedef struct mpi_ctx {
     _Atomic int down;
     dt_status down_st;
     char down_msg[NOTE_MSG_CAP];
+    /* Collectives completed on this rank (colls_done), and by the rank
+     * whose notice put the group down when it failed it (down_done; 0 for
+     * this rank's own failure). A notice may overtake the last messages of
+     * a collective its sender completed (another communicator): this
+     * rank's posted collective number colls_done then still completes, and
+     * is waited for, not failed (bounded by the timeout), so that no rank
+     * fails an operation that succeeded on the others. */
+    _Atomic uint64_t colls_done;
+    uint64_t down_done;
     pthread_mutex_t down_mu;
     uint64_t gid;      /* the group's id, the same on its ranks (notices name it) */
     int *world;        /* [size]: each rank's rank in MPI_COMM_WORLD (notices go there) */
@@ -147,6 +169,7 @@ typedef struct mpi_ctx {
     uint64_t *chk;           /* [2]: the collective check's buffer (see check_same) */
     struct mpi_worker *worker; /* DT_MPI_BLOCKING=1: runs the blocking calls (run_on_worker) */
     int stuck;               /* the worker never came back: m is never freed */
+    int dead_world;          /* the dead peer this rank found (world rank; -1: none), for the notice */
 } mpi_ctx;
 
 static int we_initialised;
@@ -157,6 +180,7 @@ static MPI_Request g_abandoned_rq[MPI_MAX_ABANDONED];
 static int g_nabandoned;
 static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_stuck; /* a blocking call's worker never came back from MPI: abort at exit */
+static _Atomic int g_dead_seen; /* a peer process died (see "dead peers"): no MPI_Finalize at exit */
 
 static void abandon(MPI_Request rq)
 {
@@ -226,14 +250,21 @@ static mpi_ctx *g_groups;              /* live groups */
 static mpi_note g_orphan[NOTE_ORPHANS];
 static unsigned g_norphan;
 static pthread_mutex_t g_note_mu = PTHREAD_MUTEX_INITIALIZER; /* the four above */
-static int set_down(mpi_ctx *m, dt_status st, const char *msg);
+static int set_down(mpi_ctx *m, dt_status st, const char *msg, uint64_t done);
+
+static int peer_dead_known(int world_rank);
+static void note_dead(int world_rank);
 
 static void send_note(mpi_ctx *m)
 {
-    for (int r = 0; r < m->size; r++)
-        if (r != m->rank && MPI_Isend(m->note_out, NOTE_HEAD + (int)strlen(m->note_out->msg) + 1, MPI_BYTE,
-                                      m->world[r], NOTE_TAG, g_ctl, &m->note_sends[r]) != MPI_SUCCESS)
-            m->note_sends[r] = MPI_REQUEST_NULL; /* a dead peer: nothing to tell */
+    for (int r = 0; r < m->size; r++) {
+        m->note_sends[r] = MPI_REQUEST_NULL;
+        if (r == m->rank || peer_dead_known(m->world[r]))
+            continue; /* a dead peer: nothing to tell */
+        if (MPI_Isend(m->note_out, NOTE_HEAD + (int)strlen(m->note_out->msg) + 1, MPI_BYTE, m->world[r], NOTE_TAG,
+                      g_ctl, &m->note_sends[r]) != MPI_SUCCESS)
+            m->note_sends[r] = MPI_REQUEST_NULL;
+    }
 }
 
 static MPI_Request g_query_rq = MPI_REQUEST_NULL;
@@ -276,10 +307,12 @@ static void note_take_locked(void)
         MPI_Get_count(&s, MPI_BYTE, &n);
         if (n > NOTE_HEAD) {
             g_note_in.msg[NOTE_MSG_CAP - 1] = '\0';
+            note_dead(g_note_in.dead);
             int found = 0;
             for (mpi_ctx *m = g_groups; m; m = m->reg_next)
                 if (m->gid == g_note_in.gid)
-                    found = 1, set_down(m, (dt_status)g_note_in.st, g_note_in.msg);
+                    found = 1, set_down(m, (dt_status)g_note_in.st, g_note_in.msg,
+                                        g_note_in.dead >= 0 ? 0 : g_note_in.done);
             if (!found) /* freed already, or (rarely) not registered yet here */
                 g_orphan[g_norphan++ % NOTE_ORPHANS] = g_note_in;
         }
@@ -299,7 +332,7 @@ static void note_register(mpi_ctx *m)
     /* a peer may have failed the group before this rank registered it */
     for (unsigned i = 0; i < NOTE_ORPHANS && i < g_norphan; i++)
         if (g_orphan[i].gid == m->gid)
-            set_down(m, (dt_status)g_orphan[i].st, g_orphan[i].msg);
+            set_down(m, (dt_status)g_orphan[i].st, g_orphan[i].msg, g_orphan[i].dead >= 0 ? 0 : g_orphan[i].done);
     if (g_note_rq == MPI_REQUEST_NULL &&
         MPI_Irecv(&g_note_in, (int)sizeof g_note_in, MPI_BYTE, MPI_ANY_SOURCE, NOTE_TAG, g_ctl, &g_note_rq) !=
             MPI_SUCCESS)
@@ -442,7 +475,7 @@ static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (fin)
+    if (fin || g_dead_seen) /* a peer died: MPI_Finalize would wait for it for ever; leave without */
         return;
     leftover_release(1.0);
     if (g_note_rq != MPI_REQUEST_NULL) { /* groups left unfreed: their notice receive */
@@ -509,12 +542,13 @@ static void nap(long ns)
 
 /* Mark the group down on this rank with (st, msg); the first call wins.
  * Returns whether this call did. */
-static int set_down(mpi_ctx *m, dt_status st, const char *msg)
+static int set_down(mpi_ctx *m, dt_status st, const char *msg, uint64_t done)
 {
     int first = 0;
     pthread_mutex_lock(&m->down_mu);
     if (!atomic_load_explicit(&m->down, memory_order_relaxed)) {
         m->down_st = st < 0 ? st : DT_ERR_PEER_FAILED;
+        m->down_done = done;
         snprintf(m->down_msg, sizeof m->down_msg, "%s", msg);
         atomic_store_explicit(&m->down, 1, memory_order_release);
         first = 1;
@@ -544,30 +578,158 @@ static int group_down(mpi_ctx *m, int poll)
     return atomic_load_explicit(&m->down, memory_order_acquire);
 }
 
+/* ---- dead peers ------------------------------------------------------------
+ * Every process's identity (dt__proc_id: machine, pid, start time) is
+ * gathered over MPI_COMM_WORLD when the first group is made (g_procs,
+ * indexed by world rank). The waiting loops call peer_died every few
+ * milliseconds: a peer of the group on this machine whose process has ended
+ * fails the group here with DT_ERR_PEER_FAILED naming it (mpi_abort: the
+ * other ranks get the same status and message as a notice). */
+static dt__proc_id *g_procs;
+static int *g_pidfd; /* [world size]: dt__proc_gone's cached pidfds */
+static _Atomic int *g_dead; /* [world size]: seen dead */
+static int g_nprocs;
+static _Atomic long long g_alive_ns; /* when the last check ran */
+static pthread_mutex_t g_alive_mu = PTHREAD_MUTEX_INITIALIZER;
+static void mpi_abort(void *ctx, dt_status st, const char *msg);
+
+static int peer_dead_known(int w)
+{
+    return g_dead && w >= 0 && w < g_nprocs && atomic_load(&g_dead[w]);
+}
+
+/* World rank w died (seen here or reported by a notice): no MPI_Finalize. */
+static void note_dead(int w)
+{
+    if (w < 0)
+        return;
+    atomic_store(&g_dead_seen, 1);
+    if (g_dead && w < g_nprocs)
+        atomic_store(&g_dead[w], 1);
+}
+
+/* Gather the identities (collective over MPI_COMM_WORLD; MPI access held). */
+static void procs_gather(void)
+{
+    int n = 0, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    dt__proc_id *all = calloc((size_t)n, sizeof *all);
+    int *fd = malloc(sizeof *fd * (size_t)n);
+    _Atomic int *dead = calloc((size_t)n, sizeof *dead);
+    dt__proc_id self;
+    dt__proc_id_self(&self);
+    if (!all || !fd || !dead ||
+        MPI_Allgather(&self, (int)sizeof self, MPI_BYTE, all, (int)sizeof self, MPI_BYTE, g_ctl) != MPI_SUCCESS) {
+        free(all); /* no check: a death is then found by the timeout only */
+        free(fd);
+        free((void *)dead);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        fd[i] = -2;
+    g_pidfd = fd;
+    g_dead = dead;
+    g_procs = all;
+    g_nprocs = n;
+}
+
+/* Whether a peer of m on this machine has died; if so the group is failed
+ * here with DT_ERR_PEER_FAILED naming it (c: what this rank waited in) and
+ * 1 returned. At most one check every 2 ms per process. */
+static int peer_died(mpi_ctx *m, const dt_coll *c)
+{
+    if (!g_procs)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, last = atomic_load(&g_alive_ns);
+    if (now - last < 2000000 || !atomic_compare_exchange_strong(&g_alive_ns, &last, now) ||
+        pthread_mutex_trylock(&g_alive_mu) != 0)
+        return 0;
+    int me = m->world[m->rank], dead = -1;
+    for (int r = 0; r < m->size && dead < 0; r++) {
+        int w = m->world[r];
+        if (r != m->rank && w >= 0 && w < g_nprocs &&
+            (atomic_load(&g_dead[w]) || dt__proc_gone(&g_procs[me], &g_procs[w], &g_pidfd[w]))) {
+            note_dead(w);
+            dead = r;
+        }
+    }
+    pthread_mutex_unlock(&g_alive_mu);
+    if (dead < 0)
+        return 0;
+    char d[160] = "group set-up", msg[NOTE_MSG_CAP];
+    if (c)
+        dt__coll_describe(c, d, sizeof d);
+    snprintf(msg, sizeof msg,
+             "mpi backend: rank %d (pid %d, on rank %d's machine) died (exited or was killed) while rank %d was "
+             "in %s; the group is failed",
+             dead, (int)g_procs[m->world[dead]].pid, m->rank, m->rank, d);
+    m->dead_world = m->world[dead];
+    mpi_abort(m, DT_ERR_PEER_FAILED, msg);
+    return 1;
+}
+
+/* Whether the posted operation c must end because the group is down: not
+ * when it is a collective that the rank whose notice put the group down
+ * had completed (it completes here too; see colls_done). */
+static int down_ends(mpi_ctx *m, const dt_coll *c, int poll)
+{
+    return group_down(m, poll) && (c->kind == DT_COLL_SEND || c->kind == DT_COLL_RECV ||
+                                   m->down_done <= atomic_load(&m->colls_done));
+}
+
 /* Complete a posted request within the operation's timeout, or until the
  * group is down (a peer's notice, or this rank failed it): then the request
  * is left incomplete (MPI cannot cancel a collective) and the group's
  * failure is returned. Under MPI_THREAD_SERIALIZED the MPI lock is released
  * while napping, so that abort and other groups can reach MPI. */
+/* Test hook (tests/comm/mpi_note_overtake.c): DT_FAULT_MPI_LATE_RANK=R and
+ * DT_FAULT_MPI_LATE_SEQ=S make world rank R treat its all-reduce #S (any
+ * group) as not yet complete until the group is down (or for 10 s), as a
+ * rank that a failure notice reaches before it has seen its last
+ * collective complete. */
+static int64_t g_late_rank = -2, g_late_seq = -1;
+
+static int late_look(mpi_ctx *m, const dt_coll *c, double t0)
+{
+    if (g_late_rank == -2 && (dt_env_int("DT_FAULT_MPI_LATE_RANK", -1, -1, INT32_MAX, &g_late_rank) < 0 ||
+                              dt_env_int("DT_FAULT_MPI_LATE_SEQ", -1, -1, INT64_MAX, &g_late_seq) < 0))
+        g_late_rank = -1;
+    return g_late_rank >= 0 && m->world[m->rank] == g_late_rank && c->kind == DT_COLL_ALLREDUCE &&
+           (int64_t)c->seq == g_late_seq && !group_down(m, 1) && dt_time_s() - t0 < 10.0;
+}
+
 static dt_status wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_Status *st)
 {
-    double t0 = 0;
+    double t0 = 0, tl = dt_time_s();
     for (unsigned long spins = 0;; spins++) {
         int flag = 0;
         int rc = MPI_Test(rq, &flag, st ? st : MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return mpi_err(rc, "MPI_Test", c);
-        if (flag)
+        if (flag && !late_look(m, c, tl))
             return DT_OK;
-        if (group_down(m, spins % 64 == 0 || spins >= 2000)) {
+        if (down_ends(m, c, spins % 64 == 0 || spins >= 2000)) {
             m->abandoned = 1;
             return down_error(m);
+        }
+        if (flag) { /* the test hook: complete, seen as not yet */
+            mpi_unlock();
+            nap(1000000);
+            mpi_lock();
+            continue;
         }
         if (spins < 2000)
             continue;
         double now = dt_time_s();
         if (t0 == 0)
             t0 = now;
+        if (peer_died(m, c)) {
+            m->abandoned = 1;
+            return down_error(m);
+        }
         if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
             m->failed = 1;
@@ -1054,7 +1216,7 @@ static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
         pthread_mutex_unlock(&w->mu);
         double now = dt_time_s();
         dt_status st = DT_OK;
-        if (group_down(m, spins % 64 == 0))
+        if (down_ends(m, c, spins % 64 == 0) || (spins >= 1000 && peer_died(m, c)))
             st = down_error(m);
         else if (c->timeout_s > 0 && now - t0 > c->timeout_s) {
             char d[160];
@@ -1130,6 +1292,7 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
         if (st < 0)
             return st;
     }
+    dt_status st;
     switch (c->kind) {
     case DT_COLL_ALLREDUCE:
     case DT_COLL_REDUCE:
@@ -1137,11 +1300,16 @@ static dt_status mpi_run_locked(void *ctx, const dt_coll *c)
         if (mpi_op(c->op) == MPI_OP_NULL)
             return dt_error(DT_ERR_INVALID_ARG, "mpi backend: reduction %d", (int)c->op);
         if (c->dtype == DT_F16 || c->dtype == DT_BF16)
-            return run_reduction_half(m, c);
-        return run_avg_finish(m, c, run_reduction(m, c, c->send, c->recv, t));
+            st = run_reduction_half(m, c);
+        else
+            st = run_avg_finish(m, c, run_reduction(m, c, c->send, c->recv, t));
+        break;
     default:
-        return run_other(m, c, t);
+        st = run_other(m, c, t);
     }
+    if (st >= 0 && c->kind != DT_COLL_SEND && c->kind != DT_COLL_RECV)
+        atomic_fetch_add(&m->colls_done, 1); /* see down_done */
+    return st;
 }
 
 /* A group's context on comm (taken over; freed on error): its id, chosen by
@@ -1206,6 +1374,7 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, double timeout
     m->check = check;
     m->blocking = blocking;
     m->timeout_s = timeout_s;
+    m->dead_world = -1;
     atomic_init(&m->down, 0);
     pthread_mutex_init(&m->down_mu, NULL);
     note_register(m);
@@ -1285,6 +1454,22 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
     return DT_OK;
 }
 
+/* Under Open MPI's mpirun, a rank's death makes the launcher SIGTERM every
+ * other rank at once and SIGKILL them odls_base_sigkill_timeout seconds
+ * later (1 by default): too short, on a loaded machine, for a survivor to
+ * be sure to report which rank died. Say so once (rank 0) unless the job
+ * was started with at least 10 s. */
+static void warn_sigkill(int rank)
+{
+    const char *w = getenv("OMPI_COMM_WORLD_SIZE"), *t = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    if (rank != 0 || !w || atoi(w) < 2 || (t && atoi(t) >= 10))
+        return;
+    dt_log(DT_LOG_WARN, "mpi backend: when a rank dies, mpirun kills the others %s s later, maybe before they "
+                        "can say which rank died; start the job with `mpirun --mca odls_base_sigkill_timeout 10 "
+                        "...` to give them the time",
+           t ? t : "1");
+}
+
 static dt_status mpi_init(const dt_backend_info *info, void **out)
 {
     int inited = 0;
@@ -1319,8 +1504,11 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
     MPI_Comm comm;
     mpi_lock();
     int rc = MPI_SUCCESS;
-    if (g_ctl == MPI_COMM_NULL && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_ctl)) == MPI_SUCCESS)
+    if (g_ctl == MPI_COMM_NULL && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_ctl)) == MPI_SUCCESS) {
         MPI_Comm_set_errhandler(g_ctl, MPI_ERRORS_RETURN);
+        procs_gather();
+        warn_sigkill(info->rank);
+    }
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     mpi_unlock();
@@ -1410,11 +1598,13 @@ static void mpi_free(void *ctx)
 static void mpi_abort(void *ctx, dt_status st, const char *msg)
 {
     mpi_ctx *m = ctx;
-    if (!m || !set_down(m, st, msg) || m->size < 2 || !m->note_out)
+    if (!m || !set_down(m, st, msg, 0) || m->size < 2 || !m->note_out)
         return;
     m->note_out->gid = m->gid;
     m->note_out->st = (int32_t)m->down_st;
     m->note_out->rank = m->rank;
+    m->note_out->dead = m->dead_world;
+    m->note_out->done = atomic_load(&m->colls_done);
     snprintf(m->note_out->msg, sizeof m->note_out->msg, "%s", m->down_msg);
     if (thread_multiple) {
         send_note(m);
@@ -1620,7 +1810,7 @@ static dt_status mpi_p2p_test(void *ctx, void *op, int *progressed)
     MPI_Status status;
     mpi_lock();
     int rc = MPI_Test(&o->rq, &flag, &status);
-    int down = rc == MPI_SUCCESS && !flag && group_down(m, 1);
+    int down = rc == MPI_SUCCESS && !flag && (group_down(m, 1) || peer_died(m, &o->c));
     if (down)
         p2p_drop(m, o);
     mpi_unlock();

@@ -1,0 +1,460 @@
+/* Hugging Face model directories out: dt_hf_save writes what
+ * transformers' save_pretrained writes (config.json,
+ * generation_config.json, model.safetensors or, above the shard size, the
+ * shards model-0000i-of-0000n.safetensors with model.safetensors.index.json)
+ * from any checkpoint dtrain reads (a dtrain checkpoint of any strategy, a
+ * safetensors file, a model directory), so AutoModelForCausalLM.from_pretrained
+ * loads it with no missing or unexpected keys.
+ *
+ * The tensors are the model's parameters in model order, each read whole
+ * (its fp32 master when the checkpoint has one), converted to the output
+ * dtype; a tied head is left out, as safetensors' shared-tensor rule makes
+ * transformers do. Sharding is huggingface_hub's: greedy in that order, a
+ * new shard when the next tensor would pass the size. Everything is written
+ * into a fresh temporary directory beside OUT, then renamed to OUT: the
+ * directory appears complete or not at all. */
+#include "zoo.h"
+
+#include "dtrain/ckpt.h"
+#include "dtrain/kernels.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+dt_hf_save_params dt_hf_save_params_default(void)
+{
+    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32};
+    return p;
+}
+
+dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_config *out)
+{
+    if (!name || !out)
+        return dt_error(DT_ERR_NULL, "dt_model_hf_config: %s is NULL", name ? "out" : "name");
+    memset(out, 0, sizeof *out);
+    dt_model_config mc = c ? *c : dt_model_config_default();
+    if (!strncmp(name, "hf:", 3))
+        return dt_hf_config_read(name + 3, out);
+    if (dt__model_is_llama(name)) {
+        snprintf(out->architecture, sizeof out->architecture, "LlamaForCausalLM");
+        return dt__llama_config_for(name, &mc, &out->llama);
+    }
+    dt_status st = dt_gpt2_config_by_name(name, &out->gpt2);
+    if (st < 0)
+        return dt_error(DT_ERR_UNSUPPORTED, "model '%s' has no Hugging Face form (GPT-2, Llama and hf:DIR models "
+                        "have)", name);
+    dt_gpt2_config *g = &out->gpt2;
+    if (mc.n_layer)
+        g->n_layer = mc.n_layer;
+    if (mc.n_head)
+        g->n_head = mc.n_head;
+    if (mc.n_embd)
+        g->n_embd = mc.n_embd;
+    if (mc.block_size)
+        g->block_size = mc.block_size;
+    if (mc.vocab_size)
+        g->vocab_size = mc.vocab_size;
+    g->dropout = mc.dropout;
+    out->is_gpt2 = true;
+    snprintf(out->architecture, sizeof out->architecture, "GPT2LMHeadModel");
+    return DT_OK;
+}
+
+/* A float config value as the double whose shortest decimal form gives the
+ * float back (1e-05, not 9.99999974737875e-06). */
+static double fnum(float f)
+{
+    char b[48];
+    for (int p = 6; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)f);
+        double v = strtod(b, NULL);
+        if ((float)v == f)
+            return v;
+    }
+    return (double)f;
+}
+
+static const char *torch_dtype(dt_dtype t)
+{
+    return t == DT_BF16 ? "bfloat16" : t == DT_F16 ? "float16" : "float32";
+}
+
+static void add_token(cJSON *o, const char *key, int64_t id)
+{
+    if (id >= 0)
+        cJSON_AddNumberToObject(o, key, (double)id);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+/* config.json and generation_config.json as text (cJSON_Print; free both). */
+static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, char **gen)
+{
+    cJSON *o = cJSON_CreateObject(), *g = cJSON_CreateObject();
+    cJSON *ar = cJSON_CreateArray();
+    if (!o || !g || !ar) {
+        cJSON_Delete(o);
+        cJSON_Delete(g);
+        cJSON_Delete(ar);
+        return dt_error(DT_ERR_NO_MEMORY, "config.json: out of memory");
+    }
+    cJSON_AddItemToArray(ar, cJSON_CreateString(h->architecture));
+    cJSON_AddItemToObject(o, "architectures", ar);
+    int64_t bos, eos;
+    if (h->is_gpt2) {
+        const dt_gpt2_config *c = &h->gpt2;
+        cJSON_AddStringToObject(o, "model_type", "gpt2");
+        cJSON_AddStringToObject(o, "activation_function", "gelu_new");
+        cJSON_AddNumberToObject(o, "n_embd", (double)c->n_embd);
+        cJSON_AddNumberToObject(o, "n_layer", (double)c->n_layer);
+        cJSON_AddNumberToObject(o, "n_head", (double)c->n_head);
+        cJSON_AddNumberToObject(o, "n_positions", (double)c->block_size);
+        cJSON_AddNumberToObject(o, "n_ctx", (double)c->block_size);
+        cJSON_AddNullToObject(o, "n_inner");
+        cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", 1e-5);
+        cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+        cJSON_AddNumberToObject(o, "embd_pdrop", fnum(c->dropout));
+        cJSON_AddNumberToObject(o, "resid_pdrop", fnum(c->dropout));
+        cJSON_AddNumberToObject(o, "attn_pdrop", fnum(c->dropout));
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", 1);
+        bos = eos = c->vocab_size == 50257 ? 50256 : -1;
+    } else {
+        const dt_llama_config *c = &h->llama;
+        const char *mt = !strcmp(h->architecture, "MistralForCausalLM") ? "mistral"
+                       : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2" : "llama";
+        cJSON_AddStringToObject(o, "model_type", mt);
+        cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+        cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
+        cJSON_AddNumberToObject(o, "intermediate_size", (double)c->intermediate_size);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->num_hidden_layers);
+        cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->num_attention_heads);
+        cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
+        cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
+        cJSON_AddStringToObject(o, "hidden_act", "silu");
+        cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
+        cJSON_AddNumberToObject(o, "initializer_range", fnum(c->initializer_range));
+        cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->rms_norm_eps));
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        if (c->rope_type == DT_ROPE_DEFAULT) {
+            cJSON_AddNullToObject(o, "rope_scaling");
+        } else {
+            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            if (rs) {
+                cJSON_AddStringToObject(rs, "rope_type", c->rope_type == DT_ROPE_LINEAR ? "linear" : "llama3");
+                cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+                if (c->rope_type == DT_ROPE_LLAMA3) {
+                    cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
+                    cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
+                    cJSON_AddNumberToObject(rs, "original_max_position_embeddings",
+                                            (double)c->rope_original_max_position_embeddings);
+                }
+            }
+        }
+        if (strcmp(mt, "qwen2")) {
+            cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+            cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
+        }
+        if (!strcmp(mt, "mistral"))
+            cJSON_AddNullToObject(o, "sliding_window");
+        cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+        bos = c->bos_token_id, eos = c->eos_token_id;
+    }
+    add_token(o, "bos_token_id", bos);
+    add_token(o, "eos_token_id", eos);
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dt));
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    add_token(g, "bos_token_id", bos);
+    add_token(g, "eos_token_id", eos);
+    cJSON_AddBoolToObject(g, "_from_model_config", 1);
+    *cfg = cJSON_Print(o);
+    *gen = cJSON_Print(g);
+    cJSON_Delete(o);
+    cJSON_Delete(g);
+    if (!*cfg || !*gen) {
+        cJSON_free(*cfg);
+        cJSON_free(*gen);
+        *cfg = *gen = NULL;
+        return dt_error(DT_ERR_NO_MEMORY, "config.json: out of memory");
+    }
+    return DT_OK;
+}
+
+/* The parameters to export: a meta build of the configuration's model. */
+static dt_status meta_model(const dt_hf_config *h, dt_model **m)
+{
+    dt_model_config mc = dt_model_config_default();
+    mc.build.meta = true;
+    if (h->is_gpt2) {
+        mc.n_layer = h->gpt2.n_layer, mc.n_head = h->gpt2.n_head, mc.n_embd = h->gpt2.n_embd;
+        mc.block_size = h->gpt2.block_size, mc.vocab_size = h->gpt2.vocab_size;
+        dt_model_desc d;
+        return dt__model_gpt2("gpt2", 0, &mc, m, &d);
+    }
+    return dt_llama_create(&h->llama, 0, &mc, m, NULL);
+}
+
+typedef struct item {
+    const char *name;  /* the model's entry name (borrowed from the model) */
+    int64_t src;       /* the checkpoint tensor it is read from */
+    size_t numel;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    int shard;
+} item;
+
+/* Read tensor src of ck whole into f32 at dst (n elements). */
+static dt_status read_f32(dt_ckpt *ck, int64_t src, float *dst, size_t n, void *tmp)
+{
+    dt_ckpt_tensor t;
+    dt_status st = dt_ckpt_tensor_at(ck, (size_t)src, &t);
+    dt_dtype sd;
+    if (st >= 0 && (st = dt_st_dtype_to(t.dtype, &sd)) >= 0 && sd != DT_F32 && sd != DT_BF16 && sd != DT_F16)
+        st = dt_error(DT_ERR_DTYPE, "tensor '%s' is %s, not a float dtype", t.name, dt_st_dtype_name(t.dtype));
+    if (st >= 0)
+        st = dt_ckpt_read(ck, (size_t)src, 0, n, sd == DT_F32 ? (void *)dst : tmp, true);
+    if (st >= 0 && sd != DT_F32)
+        st = dt_k_convert(tmp, sd, dst, DT_F32, (int64_t)n);
+    return st;
+}
+
+static dt_status write_text(const char *dir, const char *name, const char *text)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    size_t n = strlen(text);
+    char *t = malloc(n + 2);
+    if (!t)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", p);
+    memcpy(t, text, n);
+    t[n] = '\n';
+    dt_status st = dt_file_write_atomic(p, t, n + 1, 0644);
+    free(t);
+    return st;
+}
+
+/* rmdir tmp after unlinking the names we may have written in it. */
+static void remove_tmp(const char *tmp, int nshard)
+{
+    char p[4200];
+    const char *fixed[] = {"config.json", "generation_config.json", DT_HF_WEIGHTS_NAME, DT_HF_INDEX_NAME};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmp, fixed[i]);
+        unlink(p);
+    }
+    for (int s = 0; s < nshard; s++) {
+        snprintf(p, sizeof p, "%s/model-%05d-of-%05d.safetensors", tmp, s + 1, nshard);
+        unlink(p);
+    }
+    rmdir(tmp);
+}
+
+static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, int nshard, dt_dtype odt,
+                              const char *what)
+{
+    dt_status st = DT_OK;
+    size_t maxn = 0;
+    for (size_t i = 0; i < n; i++)
+        maxn = it[i].numel > maxn ? it[i].numel : maxn;
+    float *f = malloc((maxn ? maxn : 1) * sizeof(float));
+    void *tmpb = malloc((maxn ? maxn : 1) * sizeof(float));
+    dt_st_desc *d = calloc(n ? n : 1, sizeof *d);
+    size_t *ix = calloc(n ? n : 1, sizeof *ix);
+    if (!f || !tmpb || !d || !ix)
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", what);
+    const dt_st_kv meta = {.key = "format", .value = "pt"};
+    for (int s = 0; s < nshard && st >= 0; s++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (it[i].shard == s) {
+                d[k] = (dt_st_desc){.name = it[i].name, .dtype = dt_st_dtype_from(odt), .ndim = it[i].ndim};
+                memcpy(d[k].shape, it[i].shape, sizeof d[k].shape);
+                ix[k++] = i;
+            }
+        char p[4200];
+        if (nshard == 1)
+            snprintf(p, sizeof p, "%s/%s", tmp, DT_HF_WEIGHTS_NAME);
+        else
+            snprintf(p, sizeof p, "%s/model-%05d-of-%05d.safetensors", tmp, s + 1, nshard);
+        dt_st_writer *w = NULL;
+        st = dt_st_writer_open(p, d, k, &meta, 1, &w);
+        for (size_t j = 0; j < k && st >= 0; j++) {
+            const item *t = &it[ix[j]];
+            if ((st = read_f32(ck, t->src, f, t->numel, tmpb)) < 0)
+                break;
+            if (odt != DT_F32 && (st = dt_k_convert(f, DT_F32, tmpb, odt, (int64_t)t->numel)) < 0)
+                break;
+            st = dt_st_writer_write(w, j, odt == DT_F32 ? (void *)f : tmpb, t->numel * dt_dtype_size(odt));
+        }
+        if (st >= 0)
+            st = dt_st_writer_commit(w, NULL);
+        dt_st_writer_close(w);
+    }
+    free(f);
+    free(tmpb);
+    free(d);
+    free(ix);
+    return st;
+}
+
+static dt_status write_index(const char *tmp, const item *it, size_t n, int nshard, uint64_t total)
+{
+    cJSON *o = cJSON_CreateObject(), *md = o ? cJSON_AddObjectToObject(o, "metadata") : NULL;
+    cJSON *wm = o ? cJSON_AddObjectToObject(o, "weight_map") : NULL;
+    if (!md || !wm) {
+        cJSON_Delete(o);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", DT_HF_INDEX_NAME);
+    }
+    cJSON_AddNumberToObject(md, "total_size", (double)total);
+    /* sorted keys, as save_pretrained writes them (json.dumps(sort_keys=True)) */
+    const item **s = malloc((n ? n : 1) * sizeof *s);
+    if (!s) {
+        cJSON_Delete(o);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", DT_HF_INDEX_NAME);
+    }
+    for (size_t i = 0; i < n; i++)
+        s[i] = &it[i];
+    for (size_t i = 1; i < n; i++) /* insertion sort: a few hundred names */
+        for (size_t j = i; j > 0 && strcmp(s[j - 1]->name, s[j]->name) > 0; j--) {
+            const item *x = s[j];
+            s[j] = s[j - 1], s[j - 1] = x;
+        }
+    char fn[64];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", s[i]->shard + 1, nshard);
+        cJSON_AddStringToObject(wm, s[i]->name, fn);
+    }
+    free(s);
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!txt)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", DT_HF_INDEX_NAME);
+    dt_status st = write_text(tmp, DT_HF_INDEX_NAME, txt);
+    cJSON_free(txt);
+    return st;
+}
+
+dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *pp)
+{
+    if (!src || !h || !out)
+        return dt_error(DT_ERR_NULL, "dt_hf_save: %s is NULL", !src ? "src" : !h ? "config" : "out");
+    dt_hf_save_params p = pp ? *pp : dt_hf_save_params_default();
+    if (p.dtype != DT_F32 && p.dtype != DT_BF16 && p.dtype != DT_F16)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: dtype %s (f32, bf16 or f16)", dt_dtype_name(p.dtype));
+    if (p.max_shard_bytes < 1)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: max_shard_bytes must be >= 1");
+    dt_status st = dt_hf_save_check_out(out);
+    if (st < 0)
+        return st;
+    dt_model *m = NULL;
+    dt_ckpt *ck = NULL;
+    item *it = NULL;
+    char *cfg = NULL, *gen = NULL;
+    char tmp[4200] = "";
+    int nshard = 0;
+    if ((st = meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
+        goto out;
+    size_t ne = dt_model_num_entries(m), n = 0;
+    if (!(it = calloc(ne ? ne : 1, sizeof *it))) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_hf_save: out of memory");
+        goto out;
+    }
+    uint64_t cur = 0, total = 0;
+    const size_t esz = dt_dtype_size(p.dtype);
+    for (size_t i = 0; i < ne; i++) {
+        dt_param_info pi;
+        dt_model_entry(m, i, &pi);
+        if (pi.is_buffer || pi.tied_to >= 0) /* a tied head is stored once, under its source's name */
+            continue;
+        char mname[600];
+        snprintf(mname, sizeof mname, "master.%s", pi.name);
+        int64_t k = dt_ckpt_find(ck, mname);
+        if (k < 0)
+            k = dt_ckpt_find(ck, pi.name);
+        if (k < 0 && !strncmp(pi.name, "transformer.", 12)) /* a base model's file */
+            k = dt_ckpt_find(ck, pi.name + 12);
+        dt_ckpt_tensor t;
+        if (k < 0 || dt_ckpt_tensor_at(ck, (size_t)k, &t) < 0) {
+            st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the %s's parameter)", src, pi.name,
+                          h->architecture);
+            goto out;
+        }
+        bool same = t.ndim == pi.ndim && t.numel == pi.numel;
+        for (int d = 0; same && d < pi.ndim; d++)
+            same = t.shape[d] == pi.shape[d];
+        if (!same) {
+            st = dt_error(DT_ERR_SHAPE, "%s: tensor '%s' has %llu elements in another shape than the configuration's",
+                          src, pi.name, (unsigned long long)t.numel);
+            goto out;
+        }
+        item *x = &it[n++];
+        x->name = pi.name, x->src = k, x->numel = pi.numel, x->ndim = pi.ndim;
+        memcpy(x->shape, pi.shape, sizeof x->shape);
+        uint64_t b = (uint64_t)pi.numel * esz;
+        if (cur > 0 && cur + b > p.max_shard_bytes) { /* huggingface_hub: greedy, in order */
+            nshard++;
+            cur = 0;
+        }
+        x->shard = nshard;
+        cur += b;
+        total += b;
+    }
+    nshard++;
+    if ((st = config_json(h, p.dtype, &cfg, &gen)) < 0)
+        goto out;
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out);
+    if (!mkdtemp(tmp)) {
+        st = dt_error(DT_ERR_IO, "%s: cannot create a temporary directory beside it: %s", out, strerror(errno));
+        tmp[0] = 0;
+        goto out;
+    }
+    chmod(tmp, 0755);
+    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, out)) < 0 ||
+        (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
+        (st = write_text(tmp, "config.json", cfg)) < 0 || (st = write_text(tmp, "generation_config.json", gen)) < 0)
+        goto out;
+    rmdir(out); /* an empty directory is replaced (dt_hf_save_check_out allowed it) */
+    if ((st = dt_file_rename(tmp, out)) >= 0)
+        tmp[0] = 0;
+out:
+    if (tmp[0])
+        remove_tmp(tmp, nshard);
+    cJSON_free(cfg);
+    cJSON_free(gen);
+    free(it);
+    dt_ckpt_close(ck);
+    dt_model_free(m);
+    return st;
+}
+
+dt_status dt_hf_save_check_out(const char *out)
+{
+    if (!out || !out[0])
+        return dt_error(DT_ERR_INVALID_ARG, "the output directory name is empty");
+    struct stat sb;
+    if (lstat(out, &sb) != 0)
+        return errno == ENOENT ? DT_OK : dt_error(DT_ERR_IO, "%s: %s", out, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return dt_error(DT_ERR_INVALID_ARG, "%s is a symlink (not followed; name a new directory)", out);
+    if (!S_ISDIR(sb.st_mode))
+        return dt_error(DT_ERR_INVALID_ARG, "%s exists and is not a directory (name a new directory)", out);
+    DIR *d = opendir(out);
+    if (!d)
+        return dt_error(DT_ERR_IO, "%s: %s", out, strerror(errno));
+    bool empty = true;
+    for (struct dirent *e; empty && (e = readdir(d));)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    if (!empty)
+        return dt_error(DT_ERR_INVALID_ARG, "%s exists and is not empty (remove it, or name a new directory: nothing "
+                        "is replaced)", out);
+    return DT_OK;
+}

@@ -1,0 +1,379 @@
+/* Llama-family decoders (Touvron et al. 2023) as Hugging Face's
+ * LlamaForCausalLM names them, built on the public API only:
+ *
+ *   x = embed_tokens[idx]                                        (B, T, C)
+ *   per layer:  h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))),
+ *                   n = input_layernorm(x)                        (RMSNorm)
+ *               y = h + down_proj(silu(gate_proj(m)) * up_proj(m)),
+ *                   m = post_attention_layernorm(h)
+ *   logits = lm_head(norm(x))                                    (B, T, V)
+ *
+ * Attention: q has H heads of hd, k and v KV heads (grouped-query
+ * attention: query head h reads kv head h / (H / KV)); RoPE in the
+ * rotate-half layout with the configuration's inverse frequencies
+ * (dt_llama_inv_freq: theta, linear or llama3 scaling); dt_gqa_pack lays
+ * q | k | v out for the blocked causal attention kernel, whose scale is
+ * 1/sqrt(hd). Linear weights are [out, in] (dt_linear). Init is
+ * transformers' _init_weights: every Linear and the embedding N(0,
+ * initializer_range), biases 0, norms 1, no residual rescaling. */
+#include "zoo.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    dt_llama_config c;
+} named_config;
+
+#define LLAMA_DEFAULTS                                                                                               \
+    .rms_norm_eps = 1e-5f, .initializer_range = 0.02f, .rope_theta = 10000.0, .rope_type = DT_ROPE_DEFAULT,          \
+    .rope_factor = 1.0, .bos_token_id = -1, .eos_token_id = -1
+
+static const named_config g_configs[] = {
+    {"llama-tiny", {.vocab_size = 512, .hidden_size = 64, .intermediate_size = 176, .num_hidden_layers = 2,
+                    .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
+                    .max_position_embeddings = 128, LLAMA_DEFAULTS}},
+    {"llama-100m", {.vocab_size = 32000, .hidden_size = 768, .intermediate_size = 2048, .num_hidden_layers = 12,
+                    .num_attention_heads = 12, .num_key_value_heads = 4, .head_dim = 64,
+                    .max_position_embeddings = 1024, .tie_word_embeddings = true, LLAMA_DEFAULTS}},
+};
+
+dt_status dt_llama_config_by_name(const char *name, dt_llama_config *out)
+{
+    if (!name || !out)
+        return dt_error(DT_ERR_NULL, "dt_llama_config_by_name: %s is NULL", name ? "out" : "name");
+    for (size_t i = 0; i < sizeof g_configs / sizeof g_configs[0]; i++)
+        if (!strcmp(name, g_configs[i].name)) {
+            *out = g_configs[i].c;
+            return DT_OK;
+        }
+    return dt_error(DT_ERR_NOT_FOUND, "unknown Llama configuration '%s' (known: llama-tiny, llama-100m)", name);
+}
+
+bool dt__model_is_llama(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof g_configs / sizeof g_configs[0]; i++)
+        if (!strcmp(name, g_configs[i].name))
+            return true;
+    return false;
+}
+
+dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc)
+{
+    dt_status st = dt_llama_config_by_name(name, lc);
+    if (st < 0)
+        return st;
+    /* the zoo's GPT-style size overrides apply to the Llama sizes too */
+    if (c->n_layer)
+        lc->num_hidden_layers = c->n_layer;
+    if (c->n_embd)
+        lc->hidden_size = c->n_embd;
+    if (c->n_head) {
+        lc->num_attention_heads = c->n_head;
+        if (lc->num_key_value_heads > c->n_head || c->n_head % lc->num_key_value_heads)
+            lc->num_key_value_heads = c->n_head;
+    }
+    if (c->n_embd || c->n_head)
+        lc->head_dim = lc->hidden_size / lc->num_attention_heads;
+    if (c->block_size)
+        lc->max_position_embeddings = c->block_size;
+    if (c->vocab_size)
+        lc->vocab_size = c->vocab_size;
+    return DT_OK;
+}
+
+dt_status dt_llama_config_check(const dt_llama_config *lc)
+{
+    if (!lc)
+        return dt_error(DT_ERR_NULL, "dt_llama_config_check: config is NULL");
+    const struct {
+        const char *key;
+        int64_t v;
+    } sizes[] = {{"vocab_size", lc->vocab_size},
+                 {"hidden_size", lc->hidden_size},
+                 {"intermediate_size", lc->intermediate_size},
+                 {"num_hidden_layers", lc->num_hidden_layers},
+                 {"num_attention_heads", lc->num_attention_heads},
+                 {"num_key_value_heads", lc->num_key_value_heads},
+                 {"head_dim", lc->head_dim},
+                 {"max_position_embeddings", lc->max_position_embeddings}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].v < 1 || sizes[i].v > (1ll << 31))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: %s %lld is outside [1, 2^31]", sizes[i].key,
+                            (long long)sizes[i].v);
+    if (lc->num_attention_heads % lc->num_key_value_heads)
+        return dt_error(DT_ERR_INVALID_ARG, "llama: num_key_value_heads %lld does not divide num_attention_heads %lld",
+                        (long long)lc->num_key_value_heads, (long long)lc->num_attention_heads);
+    if (lc->head_dim % 2 || lc->head_dim > 256)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: head_dim %lld must be even and at most 256 (the attention "
+                        "kernel's limit)", (long long)lc->head_dim);
+    if (!(lc->rms_norm_eps > 0.0f) || !(lc->rope_theta > 0.0) || !(lc->initializer_range >= 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rms_norm_eps %g and rope_theta %g must be > 0, initializer_range "
+                        "%g >= 0", (double)lc->rms_norm_eps, lc->rope_theta, (double)lc->initializer_range);
+    if ((unsigned)lc->rope_type >= DT_ROPE_KIND_COUNT)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: rope_scaling type %d is unknown", (int)lc->rope_type);
+    if (lc->rope_type != DT_ROPE_DEFAULT && !(lc->rope_factor > 0.0))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling.factor %g must be > 0", lc->rope_factor);
+    if (lc->rope_type == DT_ROPE_LLAMA3 &&
+        (!(lc->rope_low_freq_factor > 0.0) || !(lc->rope_high_freq_factor > lc->rope_low_freq_factor) ||
+         lc->rope_original_max_position_embeddings < 1))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling llama3 needs low_freq_factor > 0, high_freq_factor > "
+                        "low_freq_factor and original_max_position_embeddings >= 1 (got %g, %g, %lld)",
+                        lc->rope_low_freq_factor, lc->rope_high_freq_factor,
+                        (long long)lc->rope_original_max_position_embeddings);
+    return DT_OK;
+}
+
+dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out)
+{
+    if (!lc || !out)
+        return dt_error(DT_ERR_NULL, "dt_llama_inv_freq: %s is NULL", lc ? "out" : "config");
+    const int64_t d = lc->head_dim, half = d / 2;
+    const float base = (float)lc->rope_theta, factor = (float)lc->rope_factor;
+    for (int64_t i = 0; i < half; i++) {
+        /* 1 / (base ** (arange(0, d, 2).float() / d)), all f32 */
+        float inv = 1.0f / powf(base, (float)(2 * i) / (float)d);
+        if (lc->rope_type == DT_ROPE_LINEAR) {
+            inv = inv / factor;
+        } else if (lc->rope_type == DT_ROPE_LLAMA3) {
+            const float orig = (float)lc->rope_original_max_position_embeddings;
+            const float lo = (float)lc->rope_low_freq_factor, hi = (float)lc->rope_high_freq_factor;
+            const float lo_wl = orig / lo, hi_wl = orig / hi;
+            const float wl = (float)(2.0 * M_PI) / inv;
+            if (wl > lo_wl) {
+                inv = inv / factor;
+            } else if (!(wl < hi_wl)) { /* hi_wl <= wl <= lo_wl: the smooth ramp */
+                const float s = (orig / wl - lo) / (hi - lo);
+                inv = (1.0f - s) * inv / factor + s * inv;
+            }
+        }
+        out[i] = inv;
+    }
+    return DT_OK;
+}
+
+/* What the forwards read: the root owns it (dt_nn_custom_owned), the
+ * attention modules borrow it. */
+typedef struct llama_rt {
+    dt_llama_config c;
+    float *inv_freq; /* hd / 2 */
+} llama_rt;
+
+static void rt_free(void *p)
+{
+    llama_rt *rt = p;
+    if (rt)
+        free(rt->inv_freq);
+    free(rt);
+}
+
+static dt_module *child(dt_module *m, const char *name) { return dt_module_find_child(m, name); }
+
+static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    const llama_rt *rt = ud;
+    const int H = (int)rt->c.num_attention_heads, KV = (int)rt->c.num_key_value_heads;
+    dt_tensor *q = dt_module_forward(ctx, child(self, "q_proj"), x);
+    dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
+    dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
+    q = dt_rope(ctx, q, H, rt->inv_freq, 0);
+    k = dt_rope(ctx, k, KV, rt->inv_freq, 0);
+    dt_tensor *y = dt_attention(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, true, 0.0f, false, (dt_rng_key){0});
+    return dt_module_forward(ctx, child(self, "o_proj"), y);
+}
+
+static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    dt_tensor *g = dt_module_forward(ctx, child(self, "gate_proj"), x);
+    dt_tensor *u = dt_module_forward(ctx, child(self, "up_proj"), x);
+    return dt_module_forward(ctx, child(self, "down_proj"), dt_swiglu(ctx, g, u));
+}
+
+static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "self_attn"),
+                                                    dt_module_forward(ctx, child(self, "input_layernorm"), x)));
+    return dt_add(ctx, h, dt_module_forward(ctx, child(self, "mlp"),
+                                            dt_module_forward(ctx, child(self, "post_attention_layernorm"), h)));
+}
+
+/* self->ud: the runtime config (borrowed from the root) */
+static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
+{
+    const llama_rt *rt = ud;
+    char s[64];
+    if (!idx)
+        return NULL;
+    if ((idx->dtype != DT_I64 && idx->dtype != DT_I32) || idx->ndim != 2) {
+        dt_error(DT_ERR_SHAPE, "input %s %s: want token ids [B, T] of i64 or i32", dt_tensor_shape_str(idx, s, sizeof s),
+                 dt_dtype_name(idx->dtype));
+        return NULL;
+    }
+    if (idx->shape[1] < 1 || idx->shape[1] > rt->c.max_position_embeddings) {
+        dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (max_position_embeddings)",
+                 (long long)idx->shape[1], (long long)rt->c.max_position_embeddings);
+        return NULL;
+    }
+    dt_tensor *x = dt_module_forward(ctx, child(self, "embed_tokens"), idx);
+    x = dt_module_forward(ctx, child(self, "layers"), x);
+    return dt_module_forward(ctx, child(self, "norm"), x);
+}
+
+static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
+{
+    (void)ud;
+    return dt_module_forward(ctx, child(self, "lm_head"), dt_module_forward(ctx, child(self, "model"), idx));
+}
+
+/* Adds child under name to parent; on any failure (earlier too) frees what it
+ * was given and returns false. */
+static bool add(dt_module *parent, const char *name, dt_module *c, bool ok)
+{
+    if (!ok || !parent || !c) {
+        dt_module_free(c);
+        return false;
+    }
+    return dt_nn_add(parent, name, c) == DT_OK;
+}
+
+/* nn.Linear with transformers' init: weight N(0, std), bias 0. */
+static dt_module *linear(int64_t in, int64_t out, bool bias, float std)
+{
+    dt_module *m = dt_nn_linear(in, out, bias);
+    if (m && (dt_module_set_init(m, "weight", DT_NN_INIT_NORMAL, std) < 0 ||
+              (bias && dt_module_set_init(m, "bias", DT_NN_INIT_ZEROS, 0.0f) < 0))) {
+        dt_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static dt_module *layer(const dt_llama_config *c, llama_rt *rt)
+{
+    const int64_t C = c->hidden_size, hd = c->head_dim, H = c->num_attention_heads, KV = c->num_key_value_heads;
+    const int64_t I = c->intermediate_size;
+    const float std = c->initializer_range;
+    const bool ab = c->attention_bias, ob = c->attention_bias && !c->qkv_bias_only, mb = c->mlp_bias;
+    dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, NULL);
+    dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
+    dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, NULL);
+    bool ok = b && attn && mlp;
+    ok = add(attn, "q_proj", linear(C, H * hd, ab, std), ok);
+    ok = add(attn, "k_proj", linear(C, KV * hd, ab, std), ok);
+    ok = add(attn, "v_proj", linear(C, KV * hd, ab, std), ok);
+    ok = add(attn, "o_proj", linear(H * hd, C, ob, std), ok);
+    ok = add(mlp, "gate_proj", linear(C, I, mb, std), ok);
+    ok = add(mlp, "up_proj", linear(C, I, mb, std), ok);
+    ok = add(mlp, "down_proj", linear(I, C, mb, std), ok);
+    ok = add(b, "self_attn", attn, ok);
+    attn = NULL;
+    ok = add(b, "mlp", mlp, ok);
+    mlp = NULL;
+    ok = add(b, "input_layernorm", dt_nn_rmsnorm(C, c->rms_norm_eps), ok);
+    ok = add(b, "post_attention_layernorm", dt_nn_rmsnorm(C, c->rms_norm_eps), ok);
+    if (!ok) {
+        dt_module_free(attn);
+        dt_module_free(mlp);
+        dt_module_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+bool dt__llama_positions(const dt_model *m, int64_t *P, int64_t *V)
+{
+    dt_module *root = m ? dt_model_root(m) : NULL;
+    if (!root || strcmp(dt_module_type(root), "LlamaForCausalLM") || !dt_module_user_data(root))
+        return false;
+    const llama_rt *rt = dt_module_user_data(root);
+    *P = rt->c.max_position_embeddings;
+    *V = rt->c.vocab_size;
+    return true;
+}
+
+dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *cfg, dt_model **out,
+                          dt_model_desc *d)
+{
+    if (!lc || !out)
+        return dt_error(DT_ERR_NULL, "dt_llama_create: %s is NULL", lc ? "model" : "config");
+    *out = NULL;
+    dt_model_config c = cfg ? *cfg : dt_model_config_default();
+    dt_status st = dt_llama_config_check(lc);
+    if (st < 0)
+        return st;
+    if (c.tp && dt_pg_size(c.tp) > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: tensor parallelism is not supported for Llama models yet");
+    int64_t T = c.seq ? c.seq : lc->max_position_embeddings;
+    if (T < 1 || T > lc->max_position_embeddings)
+        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
+                        "(max_position_embeddings)", (long long)T, (long long)lc->max_position_embeddings);
+    llama_rt *rt = calloc(1, sizeof *rt);
+    if (!rt || !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float)))) {
+        rt_free(rt);
+        return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
+    }
+    rt->c = *lc;
+    dt_llama_inv_freq(lc, rt->inv_freq);
+    const int64_t C = lc->hidden_size, V = lc->vocab_size, L = lc->num_hidden_layers;
+    /* the root owns rt; every module under it borrows it (freed after them) */
+    dt_module *root = dt_nn_custom_owned("LlamaForCausalLM", 0, NULL, lm_forward, rt, rt_free);
+    dt_module *inner = dt_nn_custom("LlamaModel", 0, NULL, model_forward, rt);
+    dt_module *layers = dt_nn_seq(0, NULL);
+    dt_module *emb = dt_nn_embedding(V, C);
+    dt_module *head = linear(C, V, false, lc->initializer_range);
+    bool ok = root && inner && layers && emb && head &&
+              dt_module_set_init(emb, "weight", DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
+    for (int64_t i = 0; i < L && ok; i++)
+        ok = add(layers, NULL, layer(lc, rt), ok);
+    if (ok && lc->tie_word_embeddings)
+        ok = dt_module_tie(head, "weight", emb, "weight") == DT_OK;
+    ok = add(inner, "embed_tokens", emb, ok);
+    emb = NULL;
+    ok = add(inner, "layers", layers, ok);
+    layers = NULL;
+    ok = add(inner, "norm", dt_nn_rmsnorm(C, lc->rms_norm_eps), ok);
+    ok = add(root, "model", inner, ok);
+    inner = NULL;
+    ok = add(root, "lm_head", head, ok);
+    head = NULL;
+    if (!ok) {
+        dt_module_free(emb);
+        dt_module_free(layers);
+        dt_module_free(inner);
+        dt_module_free(head);
+        dt_module_free(root);
+        if (dt_last_status() == DT_OK)
+            dt_error(DT_ERR_NO_MEMORY, "llama: out of memory building the modules");
+        return dt_last_status();
+    }
+    if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
+        return st;
+    if (!d)
+        return DT_OK;
+    memset(d, 0, sizeof *d);
+    d->loss = DT_LOSS_CROSS_ENTROPY;
+    snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "LlamaDecoderLayer");
+    d->input_ndim = 1;
+    d->input_shape[0] = T;
+    d->input_dtype = DT_I64;
+    d->input_classes = V;
+    d->has_target = true;
+    d->target_ndim = 1;
+    d->target_shape[0] = T;
+    d->target_dtype = DT_I64;
+    d->num_classes = V;
+    /* matmul FLOPs per sample (2 per multiply-add): q/k/v/o, the three MLP
+     * projections and the head per token, attention's q k^T and p v in full */
+    const double tok = (double)T, hd = (double)lc->head_dim, H = (double)lc->num_attention_heads;
+    const double KVd = (double)lc->num_key_value_heads, I = (double)lc->intermediate_size;
+    const double per_tok = (double)L * (2.0 * (double)C * H * hd + 2.0 * (double)C * KVd * hd + 3.0 * (double)C * I) +
+                           (double)V * (double)C;
+    d->fwd_flops_per_sample = 2.0 * tok * per_tok + 4.0 * (double)L * tok * tok * H * hd;
+    d->train_flops_per_sample = 3.0 * d->fwd_flops_per_sample;
+    return DT_OK;
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Golden files for dtrain's Hugging Face parity tests (tests/nn/test_hf.c).
+
+Makes, with transformers (5.x) and PyTorch, small random-init models saved
+with save_pretrained, and what transformers computes on fixed tokens:
+
+  llama/       LlamaForCausalLM: GQA (4 heads over 2 kv heads), head_dim 12
+               != hidden/heads, untied head, llama3 rope scaling, f32,
+               sharded (model.safetensors.index.json + 2 shards)
+  llama_bf16/  the same weights saved in bf16, one file
+  gpt2/        GPT2LMHeadModel, f32, one file
+  llama_ref.safetensors, gpt2_ref.safetensors:
+               input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
+               (F32, eval mode), loss [] (F32): mean next-token
+               cross-entropy of those logits against input_ids[:, 1:];
+               logits_bf16 for the bf16 weights (llama only);
+               adamw_loss [10]: the losses of 10 AdamW steps (lr 1e-2,
+               betas 0.9/0.999, eps 1e-8, weight decay 0.1) on that batch,
+               each before its step (llama only)
+  tokens.bin   llm.c token file (magic 20240520, version 1, uint16) of 161
+               tokens, and eval_ref.safetensors: its mean next-token loss
+               over the 10 disjoint 17-token windows (T = 16) for each model
+
+Usage: $PEER_PYTHON scripts/make_hf_goldens.py tests/data/hf
+"""
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(1234)
+V = 128
+T = 16
+
+
+def loss_of(logits, ids):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+
+def windows_loss(model, toks):
+    n = (len(toks) - 1) // T
+    tot = 0.0
+    with torch.no_grad():
+        for w in range(n):
+            x = torch.tensor(toks[w * T:w * T + T + 1]).unsqueeze(0)
+            tot += loss_of(model(x[:, :T]).logits, x[:, 1:]).item()
+    return tot / n
+
+
+lc = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+                 rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                 bos_token_id=1, eos_token_id=2)
+llama = LlamaForCausalLM(lc).eval()
+gc = GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
+gpt2 = GPT2LMHeadModel(gc).eval()
+
+ids = torch.randint(0, V, (2, T + 1), generator=torch.Generator().manual_seed(7))
+toks = torch.randint(0, V, (10 * T + 1,), generator=torch.Generator().manual_seed(8)).tolist()
+with open(os.path.join(out, "tokens.bin"), "wb") as f:
+    hdr = [20240520, 1, len(toks)] + [0] * 253
+    f.write(struct.pack("<256i", *hdr))
+    f.write(np.array(toks, dtype=np.uint16).tobytes())
+
+llama.save_pretrained(os.path.join(out, "llama"), max_shard_size="60KB")
+gpt2.save_pretrained(os.path.join(out, "gpt2"))
+
+refs = {}
+for name, m in (("llama", llama), ("gpt2", gpt2)):
+    with torch.no_grad():
+        lg = m(ids[:, :T]).logits
+    refs[name] = {"input_ids": ids.clone(), "logits": lg.contiguous(),
+                  "loss": loss_of(lg, ids[:, 1:]).reshape([])}
+
+# bf16 weights: saved in bf16, the reference runs them widened to f32
+lb = LlamaForCausalLM(lc).eval()
+lb.load_state_dict(llama.state_dict())
+lb = lb.to(torch.bfloat16)
+lb.save_pretrained(os.path.join(out, "llama_bf16"))
+lb = lb.to(torch.float32)
+with torch.no_grad():
+    refs["llama"]["logits_bf16"] = lb(ids[:, :T]).logits.contiguous()
+
+# 10 AdamW steps on the fixed batch (f32), the loss before each step
+tw = LlamaForCausalLM(lc)
+tw.load_state_dict(llama.state_dict())
+tw.train()
+opt = torch.optim.AdamW(tw.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+losses = []
+for _ in range(10):
+    opt.zero_grad()
+    l = loss_of(tw(ids[:, :T]).logits, ids[:, 1:])
+    losses.append(l.item())
+    l.backward()
+    opt.step()
+refs["llama"]["adamw_loss"] = torch.tensor(losses, dtype=torch.float32)
+
+for name in refs:
+    save_file(refs[name], os.path.join(out, name + "_ref.safetensors"))
+save_file({"llama": torch.tensor(windows_loss(llama, toks), dtype=torch.float32).reshape([]),
+           "gpt2": torch.tensor(windows_loss(gpt2, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "eval_ref.safetensors"))
+print("wrote", out)

@@ -1,0 +1,273 @@
+/* The ops of a Llama-family block: RMSNorm, rotary embeddings, SwiGLU and
+ * the grouped-query packing of q, k, v for the attention kernel.
+ *
+ * Each is one node over a kernel of src/kernels/llm_ops.c (the packing is a
+ * copy). Low precision follows the common rule (ops_cast.c): bf16/f16
+ * inputs are widened, computed in f32 and the result rounded once. */
+#include "autograd/ag_impl.h"
+#include "dtrain/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- RMSNorm ------------------------------------------------------------------- */
+
+/* i[0] = R, i[1] = D; saved: x, rstd, w (contiguous) */
+static dt_status rms_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    int64_t R = n->i[0], D = n->i[1];
+    dt_tensor *X = n->in[0], *W = n->nin > 1 ? n->in[1] : NULL;
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gw = dt__rg(W) ? dt__grad_begin(ctx, W) : NULL;
+    if ((dt__rg(X) && !gx) || (dt__rg(W) && !gw))
+        return dt_last_status();
+    dt_status st = dt_k_rmsnorm_bwd(n->saved[0], gout, R, D, n->saved[2], n->saved[1], gx, gw);
+    if (st >= 0 && gx)
+        st = dt__grad_commit(ctx, X, gx);
+    if (st >= 0 && gw)
+        st = dt__grad_commit(ctx, W, gw);
+    return st;
+}
+
+dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
+{
+    const char *op = "dt_rms_norm";
+    DT__NEED(ctx, op, x);
+    dt_tensor *lp[2] = {x, weight}; /* statistics in f32; the result in x's dtype */
+    DT__LP_RUN(ctx, 2, lp, x->dtype, dt_rms_norm(ctx, lp[0], lp[1], eps));
+    DT__NEED_F32(ctx, op, x);
+    if (weight && (!dt__check_f32(op, "weight", weight) || dt__blocked(weight)))
+        return NULL;
+    if (x->ndim < 1 || (weight && (weight->ndim != 1 || weight->shape[0] != x->shape[x->ndim - 1]))) {
+        dt__shape_error(op, "want x [..., D] and weight [D]", x, weight ? weight : x);
+        return NULL;
+    }
+    int64_t D = x->shape[x->ndim - 1], R = D ? dt_tensor_numel(x) / D : 0;
+    const float *xd = dt__cdata(ctx, x), *wd = weight ? dt__cdata(ctx, weight) : NULL;
+    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    float *rstd = dt_arena_alloc(ctx->arena, (size_t)(R ? R : 1) * 4);
+    if (!xd || (weight && !wd) || !out || !rstd)
+        return NULL;
+    if (dt_k_rmsnorm_fwd(xd, R, D, wd, eps, out->data, rstd) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[2] = {x, weight};
+    int nin = weight ? 2 : 1;
+    if (dt__ag_wants(ctx, nin, in)) {
+        dt__node *n = dt__ag_record(ctx, op, rms_backward, out, nin, in);
+        if (!n)
+            return NULL;
+        n->i[0] = R, n->i[1] = D;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = rstd;
+        n->saved[2] = (void *)(uintptr_t)wd;
+    }
+    return out;
+}
+
+/* ---- rotary embeddings ---------------------------------------------------------- */
+
+/* i[0..3] = B, T, H, hd; saved: cos, sin tables */
+static dt_status rope_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *X = n->in[0];
+    float *gx = dt__grad_begin(ctx, X);
+    if (!gx)
+        return dt_last_status();
+    dt_status st = dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], true, gx);
+    return st < 0 ? st : dt__grad_commit(ctx, X, gx);
+}
+
+dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0)
+{
+    const char *op = "dt_rope";
+    DT__NEED(ctx, op, x);
+    dt_tensor *lp[1] = {x};
+    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope(ctx, lp[0], n_head, inv_freq, pos0));
+    DT__NEED_F32(ctx, op, x);
+    if (x->ndim != 3 || n_head < 1 || x->shape[2] % n_head || (x->shape[2] / n_head) % 2) {
+        dt_error(DT_ERR_SHAPE, "%s: want x [B, T, n_head * hd] with an even head size hd, got %dD x (last dim %lld) "
+                 "and n_head %d", op, x->ndim, (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), n_head);
+        return NULL;
+    }
+    if (!inv_freq || pos0 < 0) {
+        dt_error(inv_freq ? DT_ERR_INVALID_ARG : DT_ERR_NULL, "%s: %s", op,
+                 inv_freq ? "the first position is negative" : "inv_freq is NULL");
+        return NULL;
+    }
+    int64_t B = x->shape[0], T = x->shape[1], hd = x->shape[2] / n_head, half = hd / 2;
+    float *ct = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
+    float *sn = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
+    const float *xd = dt__cdata(ctx, x);
+    dt_tensor *out = dt__out(ctx, 3, x->shape);
+    if (!ct || !sn || !xd || !out)
+        return NULL;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < half; j++) {
+            float a = (float)(pos0 + t) * inv_freq[j]; /* f32, as position_ids.float() * inv_freq */
+            ct[t * half + j] = cosf(a);
+            sn[t * half + j] = sinf(a);
+        }
+    if (dt_k_rope(xd, B, T, n_head, hd, ct, sn, false, out->data) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[1] = {x};
+    if (dt__ag_wants(ctx, 1, in)) {
+        dt__node *n = dt__ag_record(ctx, op, rope_backward, out, 1, in);
+        if (!n)
+            return NULL;
+        n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd;
+        n->saved[0] = ct;
+        n->saved[1] = sn;
+    }
+    return out;
+}
+
+/* ---- SwiGLU -------------------------------------------------------------------- */
+
+/* i[0] = n; saved: gate, up */
+static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *G = n->in[0], *U = n->in[1];
+    float *gg = dt__rg(G) ? dt__grad_begin(ctx, G) : NULL;
+    float *gu = dt__rg(U) ? dt__grad_begin(ctx, U) : NULL;
+    if ((dt__rg(G) && !gg) || (dt__rg(U) && !gu))
+        return dt_last_status();
+    dt_status st = dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu);
+    if (st >= 0 && gg)
+        st = dt__grad_commit(ctx, G, gg);
+    if (st >= 0 && gu)
+        st = dt__grad_commit(ctx, U, gu);
+    return st;
+}
+
+dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
+{
+    const char *op = "dt_swiglu";
+    DT__NEED(ctx, op, gate);
+    DT__NEED(ctx, op, up);
+    dt_tensor *lp[2] = {gate, up};
+    DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_swiglu(ctx, lp[0], lp[1]));
+    DT__NEED_F32(ctx, op, gate);
+    DT__NEED_F32(ctx, op, up);
+    bool same = gate->ndim == up->ndim;
+    for (int d = 0; same && d < gate->ndim; d++)
+        same = gate->shape[d] == up->shape[d];
+    if (!same) {
+        dt__shape_error(op, "gate and up must have one shape", gate, up);
+        return NULL;
+    }
+    int64_t n = dt_tensor_numel(gate);
+    const float *gd = dt__cdata(ctx, gate), *ud = dt__cdata(ctx, up);
+    dt_tensor *out = dt__out(ctx, gate->ndim, gate->shape);
+    if (!gd || !ud || !out)
+        return NULL;
+    if (dt_k_swiglu_fwd(gd, ud, n, out->data) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[2] = {gate, up};
+    if (dt__ag_wants(ctx, 2, in)) {
+        dt__node *nd = dt__ag_record(ctx, op, swiglu_backward, out, 2, in);
+        if (!nd)
+            return NULL;
+        nd->i[0] = n;
+        nd->saved[0] = (void *)(uintptr_t)gd;
+        nd->saved[1] = (void *)(uintptr_t)ud;
+    }
+    return out;
+}
+
+/* ---- grouped-query packing ----------------------------------------------------------- */
+
+/* Copy (dir 0: q, k, v -> qkv) or gather back (dir 1: qkv gradient -> q, k,
+ * v gradients, the kv ones summed over their copies; k, v zeroed first).
+ * rows = B T, H heads of q, KV of k and v, hd each. */
+static void pack_rows(float *q, float *k, float *v, float *qkv, int64_t rows, int64_t H, int64_t KV, int64_t hd,
+                      int dir)
+{
+    const int64_t C = H * hd, Ck = KV * hd, rep = H / KV;
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = qkv + r * 3 * C, *qr = q ? q + r * C : NULL, *kr = k ? k + r * Ck : NULL,
+              *vr = v ? v + r * Ck : NULL;
+        if (dir == 0) {
+            memcpy(o, qr, (size_t)C * 4);
+            for (int64_t h = 0; h < H; h++) {
+                memcpy(o + C + h * hd, kr + (h / rep) * hd, (size_t)hd * 4);
+                memcpy(o + 2 * C + h * hd, vr + (h / rep) * hd, (size_t)hd * 4);
+            }
+            continue;
+        }
+        if (qr)
+            memcpy(qr, o, (size_t)C * 4);
+        if (kr)
+            memset(kr, 0, (size_t)Ck * 4);
+        if (vr)
+            memset(vr, 0, (size_t)Ck * 4);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < hd; j++) {
+                if (kr)
+                    kr[(h / rep) * hd + j] += o[C + h * hd + j];
+                if (vr)
+                    vr[(h / rep) * hd + j] += o[2 * C + h * hd + j];
+            }
+    }
+}
+
+/* i[0..3] = rows, H, KV, hd */
+static dt_status pack_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    float *g[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        if (dt__rg(n->in[i]) && !(g[i] = dt__grad_begin(ctx, n->in[i])))
+            return dt_last_status();
+    pack_rows(g[0], g[1], g[2], (float *)(uintptr_t)gout, n->i[0], n->i[1], n->i[2], n->i[3], 1);
+    dt_status st = DT_OK;
+    for (int i = 0; i < 3 && st >= 0; i++)
+        if (g[i])
+            st = dt__grad_commit(ctx, n->in[i], g[i]);
+    return st;
+}
+
+dt_tensor *dt_gqa_pack(dt_ctx *ctx, dt_tensor *q, dt_tensor *k, dt_tensor *v, int n_head, int n_kv_head)
+{
+    const char *op = "dt_gqa_pack";
+    DT__NEED(ctx, op, q);
+    DT__NEED(ctx, op, k);
+    DT__NEED(ctx, op, v);
+    dt_tensor *lp[3] = {q, k, v};
+    DT__LP_RUN(ctx, 3, lp, dt__lp_result(3, lp), dt_gqa_pack(ctx, lp[0], lp[1], lp[2], n_head, n_kv_head));
+    DT__NEED_F32(ctx, op, q);
+    DT__NEED_F32(ctx, op, k);
+    DT__NEED_F32(ctx, op, v);
+    if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: n_kv_head %d must divide n_head %d (both >= 1)", op, n_kv_head, n_head);
+        return NULL;
+    }
+    bool ok = q->ndim == 3 && k->ndim == 3 && v->ndim == 3 && q->shape[2] % n_head == 0;
+    int64_t hd = ok ? q->shape[2] / n_head : 0;
+    for (int d = 0; ok && d < 2; d++)
+        ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
+    ok = ok && k->shape[2] == n_kv_head * hd && v->shape[2] == n_kv_head * hd;
+    if (!ok) {
+        dt__shape_error(op, "want q [B, T, n_head * hd], k and v [B, T, n_kv_head * hd]", q, k);
+        return NULL;
+    }
+    int64_t rows = q->shape[0] * q->shape[1];
+    const float *qd = dt__cdata(ctx, q), *kd = dt__cdata(ctx, k), *vd = dt__cdata(ctx, v);
+    dt_tensor *out = dt__out(ctx, 3, (int64_t[]){q->shape[0], q->shape[1], 3 * q->shape[2]});
+    if (!qd || !kd || !vd || !out)
+        return NULL;
+    pack_rows((float *)(uintptr_t)qd, (float *)(uintptr_t)kd, (float *)(uintptr_t)vd, out->data, rows, n_head,
+              n_kv_head, hd, 0);
+    dt_tensor *in[3] = {q, k, v};
+    if (dt__ag_wants(ctx, 3, in)) {
+        dt__node *n = dt__ag_record(ctx, op, pack_backward, out, 3, in);
+        if (!n)
+            return NULL;
+        n->i[0] = rows, n->i[1] = n_head, n->i[2] = n_kv_head, n->i[3] = hd;
+    }
+    return out;
+}

@@ -1,0 +1,53 @@
+/* dt_file_read_all: small text files (JSON configs, indexes) read whole. */
+#include "dtrain/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+dt_status dt_file_read_all(const char *path, size_t max, char **out, size_t *len)
+{
+    if (!path || !out)
+        return dt_error(DT_ERR_NULL, "dt_file_read_all: %s is NULL", path ? "out" : "path");
+    *out = NULL;
+    if (len)
+        *len = 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s: %s", path,
+                        errno == ELOOP ? "is a symlink (not followed)" : strerror(errno));
+    struct stat sb;
+    dt_status st = DT_OK;
+    char *buf = NULL;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = dt_error(DT_ERR_FORMAT, "%s: not a regular file", path);
+    else if ((uint64_t)sb.st_size > max)
+        st = dt_error(DT_ERR_FORMAT, "%s: %lld bytes, more than the %zu this reader takes", path,
+                      (long long)sb.st_size, max);
+    else if (!(buf = malloc((size_t)sb.st_size + 1)))
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", path);
+    size_t got = 0;
+    while (st >= 0 && got < (size_t)sb.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            st = dt_error(DT_ERR_IO, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "short file");
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (st < 0) {
+        free(buf);
+        return st;
+    }
+    buf[got] = 0;
+    *out = buf;
+    if (len)
+        *len = got;
+    return DT_OK;
+}

@@ -1,0 +1,241 @@
+/* The Llama-family ops: RMSNorm, rotary embeddings (rotate-half layout),
+ * SwiGLU and the grouped-query packing. Finite-difference gradients of
+ * each (test_gradcheck's tolerances), forward values against plain
+ * double-precision references written from transformers' formulas, the
+ * rope scalings' inverse frequencies against the same formulas
+ * (modeling_rope_utils: linear, llama3) in double, and bad inputs. */
+#include "gradcheck.h"
+
+#include "dtrain/models.h"
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+#define NARG(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define T(seed, ...) gc_tensor(NARG(__VA_ARGS__), SH(__VA_ARGS__), seed, true)
+
+static void free_all(int n, dt_tensor **t)
+{
+    for (int i = 0; i < n; i++)
+        dt_tensor_free(t[i]);
+}
+
+#define CHECK(name, nin, in, fn, ud, h)                                                 \
+    do {                                                                                \
+        int bad_ = gradcheck(name, nin, in, fn, ud, h, 2e-3, 2e-2);                     \
+        free_all(nin, in);                                                              \
+        ASSERT_EQ_INT(bad_, 0);                                                         \
+    } while (0)
+
+static dt_tensor *f_rms(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    return dt_rms_norm(c, in[0], in[1], 1e-5f);
+}
+
+TEST(rms_norm_grad)
+{
+    dt_tensor *in[2] = {T(1, 2, 3, 10), T(2, 10)};
+    CHECK("rms_norm", 2, in, f_rms, NULL, 1e-2);
+}
+
+static const float g_inv[4] = {1.0f, 0.3f, 0.05f, 0.001f};
+
+static dt_tensor *f_rope(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    return dt_rope(c, in[0], 2, g_inv, 3);
+}
+
+TEST(rope_grad)
+{
+    dt_tensor *in[1] = {T(3, 2, 5, 16)};
+    CHECK("rope", 1, in, f_rope, NULL, 1e-2);
+}
+
+static dt_tensor *f_swiglu(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    return dt_swiglu(c, in[0], in[1]);
+}
+
+TEST(swiglu_grad)
+{
+    dt_tensor *in[2] = {T(4, 3, 7), T(5, 3, 7)};
+    CHECK("swiglu", 2, in, f_swiglu, NULL, 1e-2);
+}
+
+static dt_tensor *f_pack(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u; /* 4 query heads over 2 kv heads, hd 3 */
+    return dt_gqa_pack(c, in[0], in[1], in[2], 4, 2);
+}
+
+TEST(gqa_pack_grad)
+{
+    dt_tensor *in[3] = {T(6, 2, 3, 12), T(7, 2, 3, 6), T(8, 2, 3, 6)};
+    CHECK("gqa_pack", 3, in, f_pack, NULL, 1e-2);
+}
+
+/* attention over a GQA pack, the whole path of a Llama attention */
+static dt_tensor *f_gqa_attn(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    dt_tensor *q = dt_rope(c, in[0], 4, g_inv, 0), *k = dt_rope(c, in[1], 2, g_inv, 0);
+    return dt_attention(c, dt_gqa_pack(c, q, k, in[2], 4, 2), 4, true, 0, false, (dt_rng_key){0});
+}
+
+TEST(gqa_attention_grad)
+{
+    dt_tensor *in[3] = {T(9, 1, 5, 32), T(10, 1, 5, 16), T(11, 1, 5, 16)};
+    CHECK("gqa attention", 3, in, f_gqa_attn, NULL, 1e-2);
+}
+
+/* forward values against double references */
+TEST(forward_reference)
+{
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *x = gc_tensor(3, SH(2, 3, 8), 21, false), *w = gc_tensor(1, SH(8), 22, false);
+    dt_tensor *u = gc_tensor(3, SH(2, 3, 8), 23, false);
+    const float *xd = x->data, *wd = w->data, *ud = u->data;
+    /* RMSNorm */
+    dt_tensor *y = dt_rms_norm(ctx, x, w, 1e-6f);
+    ASSERT(y != NULL);
+    for (int r = 0; r < 6; r++) {
+        double s = 0;
+        for (int j = 0; j < 8; j++)
+            s += (double)xd[r * 8 + j] * xd[r * 8 + j];
+        double rs = 1.0 / sqrt(s / 8 + 1e-6);
+        for (int j = 0; j < 8; j++)
+            ASSERT_NEAR(dt_tensor_get(y, r * 8 + j), wd[j] * xd[r * 8 + j] * rs, 1e-6, 1e-5);
+    }
+    /* RoPE: 2 heads of 4, positions 5.., pairs (j, j + 2) */
+    const float inv[2] = {0.7f, 0.01f};
+    y = dt_rope(ctx, x, 2, inv, 5);
+    ASSERT(y != NULL);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 3; t++)
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 2; j++) {
+                    int o = (b * 3 + t) * 8 + h * 4;
+                    double a = (double)(float)((float)(5 + t) * inv[j]);
+                    double x1 = xd[o + j], x2 = xd[o + j + 2];
+                    ASSERT_NEAR(dt_tensor_get(y, o + j), x1 * cos(a) - x2 * sin(a), 1e-6, 1e-5);
+                    ASSERT_NEAR(dt_tensor_get(y, o + j + 2), x2 * cos(a) + x1 * sin(a), 1e-6, 1e-5);
+                }
+    /* SwiGLU */
+    y = dt_swiglu(ctx, x, u);
+    ASSERT(y != NULL);
+    for (int i = 0; i < 48; i++)
+        ASSERT_NEAR(dt_tensor_get(y, i), xd[i] / (1 + exp(-(double)xd[i])) * ud[i], 1e-6, 1e-5);
+    /* GQA: q 2 heads of 2, kv 1 head: both query heads read kv head 0 */
+    dt_tensor *q4 = dt_reshape(ctx, x, 3, SH(2, 6, 4)), *k2 = dt_narrow(ctx, dt_reshape(ctx, u, 3, SH(2, 6, 4)), 2, 0, 2);
+    y = dt_gqa_pack(ctx, q4, dt_contiguous(ctx, k2), dt_contiguous(ctx, k2), 2, 1);
+    ASSERT(y != NULL);
+    ASSERT_EQ_INT((int)y->shape[2], 12);
+    for (int r = 0; r < 12; r++)
+        for (int j = 0; j < 2; j++) {
+            double kv = ud[r * 4 + j];
+            ASSERT_NEAR(dt_tensor_get(y, r * 12 + 4 + j), kv, 0, 0);
+            ASSERT_NEAR(dt_tensor_get(y, r * 12 + 6 + j), kv, 0, 0);
+            ASSERT_NEAR(dt_tensor_get(y, r * 12 + 8 + j), kv, 0, 0);
+            ASSERT_NEAR(dt_tensor_get(y, r * 12 + 10 + j), kv, 0, 0);
+        }
+    dt_tensor_free(x);
+    dt_tensor_free(w);
+    dt_tensor_free(u);
+    dt_ctx_free(ctx);
+}
+
+/* Low precision: bf16 inputs give bf16 results equal to the f32 op rounded
+ * once (computed in f32 inside). */
+TEST(bf16_inputs)
+{
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *x = gc_tensor(3, SH(1, 4, 8), 31, false);
+    dt_tensor *xb = dt_cast(ctx, x, DT_BF16), *xr = dt_cast(ctx, xb, DT_F32);
+    dt_tensor *y = dt_rms_norm(ctx, xb, NULL, 1e-5f), *yr = dt_rms_norm(ctx, xr, NULL, 1e-5f);
+    ASSERT(y && yr);
+    ASSERT_EQ_INT(y->dtype, DT_BF16);
+    for (int i = 0; i < 32; i++)
+        ASSERT_NEAR(dt_tensor_get(y, i), dt_tensor_get(yr, i), 0, 8e-3);
+    dt_tensor_free(x);
+    dt_ctx_free(ctx);
+}
+
+/* Rope scalings (head_dim 16, theta 10000): none; linear factor 4; llama3
+ * factor 8, low 1, high 4, original 32 (some frequencies kept, some
+ * divided, one on the ramp). */
+TEST(rope_scaling_freqs)
+{
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    float inv[8];
+    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    for (int i = 0; i < 8; i++)
+        ASSERT_NEAR(inv[i], pow(10000.0, -(double)(2 * i) / 16), 0, 2e-6);
+    c.rope_type = DT_ROPE_LINEAR;
+    c.rope_factor = 4;
+    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    for (int i = 0; i < 8; i++)
+        ASSERT_NEAR(inv[i], pow(10000.0, -(double)(2 * i) / 16) / 4, 0, 2e-6);
+    c.rope_type = DT_ROPE_LLAMA3;
+    c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+    c.rope_original_max_position_embeddings = 32;
+    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    for (int i = 0; i < 8; i++) {
+        double f = pow(10000.0, -(double)(2 * i) / 16), wl = 2 * M_PI / f, want;
+        if (wl < 8)
+            want = f;
+        else if (wl > 32)
+            want = f / 8;
+        else {
+            double s = (32 / wl - 1) / 3;
+            want = (1 - s) * f / 8 + s * f;
+        }
+        ASSERT_NEAR(inv[i], want, 0, 2e-6);
+    }
+    c.rope_low_freq_factor = 5; /* high must exceed low */
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+}
+
+TEST(bad_inputs)
+{
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *x = dt_tensor_new(DT_F32, 3, SH(1, 4, 12)), *w = dt_tensor_new(DT_F32, 1, SH(5));
+    ASSERT(dt_rms_norm(ctx, x, w, 1e-5f) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
+    ASSERT(dt_rope(ctx, x, 5, g_inv, 0) == NULL); /* 12 is not 5 heads */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
+    ASSERT(dt_rope(ctx, x, 4, g_inv, 0) == NULL); /* head size 3 is odd */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
+    ASSERT(dt_rope(ctx, x, 2, NULL, 0) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT(dt_swiglu(ctx, x, w) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
+    ASSERT(dt_gqa_pack(ctx, x, x, x, 4, 3) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    ASSERT(dt_gqa_pack(ctx, x, x, x, 4, 2) == NULL); /* k is as wide as q: not 2 kv heads */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
+    ASSERT(dt_rms_norm(ctx, NULL, w, 1e-5f) == NULL);
+    dt_tensor_free(x);
+    dt_tensor_free(w);
+    dt_ctx_free(ctx);
+}
+
+int main(void)
+{
+    (void)gc_distinct;
+    (void)gc_away_from_zero;
+    RUN(rms_norm_grad);
+    RUN(rope_grad);
+    RUN(swiglu_grad);
+    RUN(gqa_pack_grad);
+    RUN(gqa_attention_grad);
+    RUN(forward_reference);
+    RUN(bf16_inputs);
+    RUN(rope_scaling_freqs);
+    RUN(bad_inputs);
+    return TEST_REPORT();
+}

@@ -1,0 +1,127 @@
+/* `dtrain eval|train|generate --model hf:DIR` on the Hugging Face golden
+ * directories (tests/data/hf, scripts/make_hf_goldens.py): eval --json
+ * prints the mean next-token loss over the token file's 17-token windows,
+ * equal to transformers' within 1e-5; a short training run from the
+ * directory's weights lowers the loss; generation runs; and each bad
+ * directory (a truncated shard, an index naming a missing shard, an
+ * unknown rope_scaling type, an unknown architecture, a vocab_size that
+ * disagrees with the embedding) is an error naming the file and the key,
+ * exit 2, with nothing written. */
+// dt-test-timeout: 300
+#include "dtrain/ckpt.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#define HF DT_SOURCE_DIR "/tests/data/hf/"
+
+static double ref_loss(const char *key)
+{
+    dt_st_file *f = NULL;
+    float v = NAN;
+    if (dt_st_open(HF "eval_ref.safetensors", &f) < 0)
+        return NAN;
+    const dt_st_tensor *t = dt_st_find(f, key);
+    if (!t || dt_st_read(f, t, 0, 4, &v) < 0)
+        v = NAN;
+    dt_st_close(f);
+    return v;
+}
+
+static double json_loss(const char *out)
+{
+    const char *p = strstr(out, "{\"loss\":");
+    return p ? atof(p + 8) : NAN;
+}
+
+static void eval_case(const char *model, const char *key, const char *batch)
+{
+    cli_result r;
+    char m[400];
+    snprintf(m, sizeof m, "hf:%s%s", HF, model);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--batch", (char *)batch, "--seq",
+                        "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    double got = json_loss(r.out), want = ref_loss(key);
+    fprintf(stderr, "  %s: dtrain %.9g, transformers %.9g\n", model, got, want);
+    ASSERT_NEAR(got, want, 0, 1e-5);
+    ASSERT_STR_CONTAINS(r.out, "\"items\":10");
+}
+
+TEST(eval_json)
+{
+    eval_case("llama", "llama", "4"); /* 10 windows: batches of 4, 4, 2 */
+    eval_case("gpt2", "gpt2", "10");
+    eval_case("llama_bf16", "llama", "3"); /* bf16 weights: the f32 model's loss within bf16 rounding */
+}
+
+TEST(train_and_generate)
+{
+    cli_result r;
+    char *save = cli_path("run");
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin", "--val-data",
+                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--optimizer", "adamw", "--lr",
+                        "0.01", "--epochs", "3", "--progress", "none", "--save", save, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    double v = cli_out_value(r.out, "val loss: ");
+    fprintf(stderr, "  val loss after 3 epochs: %.4f (from %.4f)\n", v, ref_loss("llama"));
+    ASSERT(v < ref_loss("llama") - 0.3);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", "hf:" HF "llama", "--prompt-ids", "5,6,7", "--max-new-tokens", "5",
+                        "--temperature", "0", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "5 6 7 | ");
+}
+
+/* dir = a copy of the golden llama directory, then `edit` applied. */
+static char *bad_dir(const char *name, const char *edit)
+{
+    char *d = cli_path(name), cmd[2000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && cd '%s' && %s", d, HF "llama", d, d, edit);
+    if (system(cmd) != 0)
+        fprintf(stderr, "  could not make %s\n", d);
+    return d;
+}
+
+static void bad_case(const char *name, const char *edit, const char *want1, const char *want2)
+{
+    char *d = bad_dir(name, edit), m[400], *out = cli_path("out_bad");
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq", "16",
+                        "--batch", "2", "--max-steps", "1", "--progress", "none", "--save", out, NULL});
+    if (r.code != 2 || !strstr(r.err, want1) || !strstr(r.err, want2))
+        fprintf(stderr, "  case %s: code %d, stderr: %s", name, r.code, r.err);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, want1);
+    ASSERT_STR_CONTAINS(r.err, want2);
+    ASSERT(!file_exists(out));
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, want2);
+    ASSERT(!strstr(r.out, "loss"));
+}
+
+TEST(bad_directories)
+{
+    bad_case("truncated", "truncate -s -8 model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors",
+             "model-00002-of-00002.safetensors");
+    bad_case("missing", "rm model-00002-of-00002.safetensors", "model.safetensors.index.json",
+             "\"weight_map\"");
+    bad_case("rope", "sed -i 's/\"llama3\"/\"yarn\"/' config.json", "config.json", "rope_parameters.rope_type");
+    bad_case("arch", "sed -i 's/LlamaForCausalLM/FooForCausalLM/' config.json", "config.json", "\"architectures\"");
+    bad_case("vocab", "sed -i 's/\"vocab_size\": 128/\"vocab_size\": 100/' config.json", "config.json",
+             "\"vocab_size\"");
+}
+
+int main(void)
+{
+    RUN(eval_json);
+    RUN(train_and_generate);
+    RUN(bad_directories);
+    cli_cleanup();
+    return TEST_REPORT();
+}

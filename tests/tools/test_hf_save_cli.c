@@ -1,0 +1,150 @@
+/* Hugging Face model directories out: `dtrain train --save-hf OUT` and
+ * `dtrain ckpt convert --hf OUT SRC`. The directory holds config.json,
+ * generation_config.json and the weights (sharded with
+ * model.safetensors.index.json above --hf-shard-size), names as
+ * transformers writes them (a tied GPT-2 head left out), and dtrain reads
+ * it back to the same loss as the run's own checkpoint; an existing OUT is
+ * refused (exit 2, left as it was) and no temporary is left behind.
+ * (transformers itself loading these directories is checked outside the
+ * test suite: scripts/check_hf_export.py.) */
+// dt-test-timeout: 300
+#include "dtrain/ckpt.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <dirent.h>
+
+#define HF DT_SOURCE_DIR "/tests/data/hf/"
+
+static double json_loss(const char *out)
+{
+    const char *p = strstr(out, "{\"loss\":");
+    return p ? atof(p + 8) : NAN;
+}
+
+static double eval_loss(char **args)
+{
+    cli_result r;
+    cli_runv(&r, 120, NULL, args);
+    if (r.code != 0)
+        fprintf(stderr, "  eval: code %d: %s", r.code, r.err);
+    return r.code == 0 ? json_loss(r.out) : NAN;
+}
+
+/* Entries of dir whose name starts with prefix. */
+static int count_prefix(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static bool has_tensor(const char *path, const char *name)
+{
+    dt_st_file *f = NULL;
+    if (dt_st_open(path, &f) < 0)
+        return false;
+    bool h = dt_st_find(f, name) != NULL;
+    dt_st_close(f);
+    return h;
+}
+
+TEST(train_save_hf_llama)
+{
+    char *run = cli_path("run_llama"), *out = cli_path("llama_hf");
+    cli_result r;
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "3", "--progress", "none",
+                        "--save", run, "--save-hf", out, "--hf-shard-size", "100000", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "saved ");
+    char p[600], cfg[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", out);
+    ASSERT(file_exists(p));
+    snprintf(p, sizeof p, "%s/model-00001-of-00005.safetensors", out);
+    ASSERT(file_exists(p));
+    ASSERT(has_tensor(p, "model.embed_tokens.weight"));
+    snprintf(p, sizeof p, "%s/generation_config.json", out);
+    ASSERT(file_exists(p));
+    snprintf(p, sizeof p, "%s/config.json", out);
+    slurp_(p, cfg, sizeof cfg);
+    ASSERT_STR_CONTAINS(cfg, "\"LlamaForCausalLM\"");
+    ASSERT_STR_CONTAINS(cfg, "\"num_key_value_heads\":\t2");
+    ASSERT_STR_CONTAINS(cfg, "\"rms_norm_eps\":\t1e-05");
+    ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "llama_hf."), 0); /* no temporaries left */
+    /* the directory reads back to the run's own loss */
+    char m[600];
+    snprintf(m, sizeof m, "hf:%s", out);
+    double a = eval_loss((char *[]){"eval", "--ckpt", run, "--data", "tokens:" HF "tokens.bin", "--val-data",
+                                    "tokens:" HF "tokens.bin", "--json", NULL});
+    double b = eval_loss((char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16",
+                                    "--json", NULL});
+    fprintf(stderr, "  run %.9g, exported %.9g\n", a, b);
+    ASSERT(isfinite(a));
+    ASSERT_NEAR(b, a, 0, 1e-6);
+    /* convert --hf from the checkpoint: the same directory; OUT in the way: refused, untouched */
+    char *out2 = cli_path("llama_hf2");
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out2, run, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", out2);
+    ASSERT(file_exists(p)); /* under 5 GB: one file, no index */
+    snprintf(m, sizeof m, "hf:%s", out2);
+    double c = eval_loss((char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16",
+                                    "--json", NULL});
+    ASSERT_NEAR(c, a, 0, 1e-6);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out, run, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not empty");
+    snprintf(p, sizeof p, "%s/model-00005-of-00005.safetensors", out);
+    ASSERT(file_exists(p));
+    /* train refuses it before training */
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--max-steps", "1", "--progress", "none", "--save-hf", out,
+                        NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--save-hf");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "convnet", "--data", "random", "--max-steps", "1", "--progress", "none",
+                        "--save-hf", cli_path("convnet_hf"), NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(!file_exists(cli_path("convnet_hf")));
+}
+
+/* GPT-2 from a Hugging Face directory, trained in bf16, exported without a
+ * temporary checkpoint left: the tied head is stored once, under
+ * transformer.wte.weight, as transformers writes it. */
+TEST(train_save_hf_gpt2)
+{
+    char *out = cli_path("gpt2_hf");
+    cli_result r;
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gpt2", "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq",
+                        "16", "--batch", "2", "--max-steps", "2", "--precision", "bf16", "--progress", "none",
+                        "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    ASSERT(has_tensor(p, "transformer.wte.weight"));
+    ASSERT(!has_tensor(p, "lm_head.weight"));
+    ASSERT(has_tensor(p, "transformer.h.1.attn.c_attn.weight"));
+    ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "gpt2_hf."), 0);
+    char m[600];
+    snprintf(m, sizeof m, "hf:%s", out);
+    double b = eval_loss((char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16",
+                                    "--json", NULL});
+    ASSERT(isfinite(b) && b < 6);
+}
+
+int main(void)
+{
+    RUN(train_save_hf_llama);
+    RUN(train_save_hf_gpt2);
+    cli_cleanup();
+    return TEST_REPORT();
+}

@@ -1,0 +1,83 @@
+/* The Llama decoder under dtrain's strategies: from the Hugging Face golden
+ * directory (tests/data/hf/llama: GQA, head_dim 12, untied, llama3 rope),
+ * DDP, ZeRO-3 and the pipeline (2 stages, 2 micro-batches) on 2 ranks
+ * follow the one-process run's per-step losses (global batch 8, AdamW) within
+ * 1e-5 relative; a checkpoint saved under ZeRO-3 resumes in one process;
+ * tensor parallelism is refused (exit 2). */
+// dt-test-timeout: 300
+#include "test.h"
+#include "tools/train_cli.h"
+
+#define HF DT_SOURCE_DIR "/tests/data/hf/"
+
+static void run(cli_result *r, int ranks, const char *batch, const char *m, char *const *extra)
+{
+    char *base[] = {"train", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin", "--val-data",
+                    "tokens:" HF "tokens.bin", "--seq", "16", "--batch", (char *)batch, "--epochs", "2",
+                    "--optimizer", "adamw", "--lr", "0.01", "--threads", "1", "--progress", "plain", "--log-every",
+                    "1", "--metrics", (char *)m, NULL};
+    cli_run_ranks(r, 120, NULL, ranks, 2, (char *const *const[]){base, extra});
+}
+
+TEST(strategies_follow_one_process)
+{
+    static cli_result r;
+    double a[64], b[64];
+    char *m1 = cli_path("one.jsonl");
+    run(&r, 1, "8", m1, NULL);
+    ASSERT_EQ_INT(r.code, 0);
+    int na = cli_step_losses(m1, a, 64);
+    ASSERT(na >= 2);
+    const struct {
+        const char *name, *batch;
+        char *extra[6];
+    } cases[] = {
+        {"ddp", "4", {NULL}},
+        {"zero3", "4", {"--zero", "3", NULL}},
+        {"pp2", "8", {"--pp", "2", "--micro-batches", "2", NULL}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *m2 = cli_path(cases[c].name);
+        run(&r, 2, cases[c].batch, m2, (char *const *)cases[c].extra);
+        ASSERT_EQ_INT(r.code, 0);
+        int nb = cli_step_losses(m2, b, 64);
+        bool same = cli_same_losses(a, na, b, nb, 0.0);
+        if (!same)
+            fprintf(stderr, "  %s differs from one process\n", cases[c].name);
+        ASSERT(same);
+    }
+}
+
+TEST(zero3_checkpoint_resumes_in_one_process)
+{
+    static cli_result r;
+    char *save = cli_path("z3run"), *m = cli_path("z3.jsonl"), *m2 = cli_path("resumed.jsonl");
+    run(&r, 2, "4", m, (char *[]){"--zero", "3", "--save", save, "--max-steps", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    run(&r, 1, "8", m2, (char *[]){"--resume", save, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    double a[64], b[64];
+    char *m1 = cli_path("one2.jsonl");
+    run(&r, 1, "8", m1, NULL);
+    int na = cli_step_losses(m1, a, 64), nb = cli_step_losses(m2, b, 64);
+    ASSERT(na == nb + 2 && nb >= 2);
+    bool same = cli_same_losses(a + 2, na - 2, b, nb, 0.0);
+    ASSERT(same);
+}
+
+TEST(tensor_parallel_refused)
+{
+    static cli_result r;
+    run(&r, 2, "4", cli_path("tp.jsonl"), (char *[]){"--tp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "tensor parallelism is not supported for Llama");
+}
+
+int main(void)
+{
+    RUN(strategies_follow_one_process);
+    RUN(zero3_checkpoint_resumes_in_one_process);
+    RUN(tensor_parallel_refused);
+    cli_cleanup();
+    return TEST_REPORT();
+}
