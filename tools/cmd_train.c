@@ -464,24 +464,11 @@ static int check_memory(trainer *t)
     int rc = offload_params(t, &op);
     if (rc)
         return rc;
-    dt_mem_policy mp = {.numel = psi, .world = t->ddp.world, .zero_stage = t->ddp.stage, .param_bytes = 4,
-                        .sgd_momentum = t->o.momentum > 0, .offload = op.device};
-    if (dt_optim_kind_parse(t->o.optimizer, &mp.optimizer) < 0)
+    dt_optim_kind kind;
+    if (dt_optim_kind_parse(t->o.optimizer, &kind) < 0)
         return fail(2, "--optimizer");
-    const dt_offload_params *pp = &t->ddp.zp.offload_param;
-    if (t->ddp.stage == 3 && pp->device == DT_OFFLOAD_NVME) { /* at most buffer_count shards in memory */
-        size_t shard = (psi + (size_t)t->ddp.world - 1) / (size_t)t->ddp.world;
-        size_t cap = (size_t)pp->buffer_count * pp->buffer_size;
-        mp.param_offload = true;
-        mp.param_buffer_bytes = (shard < cap ? shard : cap) * sizeof(float);
-    }
-    if (op.device == DT_OFFLOAD_NVME) { /* the driver's buffers: buffer_count sub-groups of each state */
-        size_t sg = psi < op.sub_group_size ? psi : op.sub_group_size;
-        int nstate = mp.optimizer == DT_OPTIM_SGD ? (mp.sgd_momentum ? 1 : 0) : 2;
-        mp.offload_buffer_bytes = (size_t)op.buffer_count * (size_t)nstate * sg * sizeof(float);
-    }
-    dt_mem_estimate e;
-    if (dt_mem_model_states(&mp, &e) < 0)
+    dt_mem_estimate e; /* the plan's per-rank model state (parameters f32 here, as the estimate always took them) */
+    if (dt_plan_memory(t->ddp.plan, psi, 4, kind, t->o.momentum > 0, &op, &e) < 0)
         return fail(1, "memory estimate");
     char what[256], ranks[48] = "training";
     if (t->ddp.world > 1 && t->ddp.stage > 0)
@@ -643,12 +630,12 @@ static int setup_data(trainer *t)
     /* DDP: every rank evaluates its own contiguous share of the test set */
     if (t->ddp.world > 1) {
         int64_t lo, hi;
-        dt__ddp_eval_range(&t->ddp, dt_dataset_length(t->test), &lo, &hi);
+        dt_plan_eval_range(t->ddp.plan, dt_dataset_length(t->test), &lo, &hi);
         if (dt_dataset_subset_init(t->test, lo, hi - lo, &t->test_shard) < 0)
             return fail(1, what);
     }
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
-    if (dt__ddp_train_sampler(&t->ddp, dt_dataset_length(t->train), t->o.seed,
+    if (dt_plan_sampler(t->ddp.plan, dt_dataset_length(t->train), t->o.seed,
                               !strcmp(t->o.rng, "torch") ? DT_SHUFFLE_TORCH : DT_SHUFFLE_PHILOX,
                               &t->train_sampler) < 0 ||
         dt_loader_init(t->train, t->train_sampler, &lp, &t->train_loader) < 0)
@@ -840,8 +827,9 @@ static int setup_trainer(trainer *t)
     int rc = offload_params(t, &tp.offload);
     if (rc)
         return rc;
-    if (precision_policy(&t->o, &tp.precision) || dt__ddp_hook_precision(&t->ddp, &tp.precision))
+    if (precision_policy(&t->o, &tp.precision))
         return 2;
+    dt_plan_precision(t->ddp.plan, &tp.precision); /* a DDP compression hook's reduce dtype */
     /* fp16 scales the loss (dynamic unless --loss-scale X > 0); any
      * precision may ask for a scale with --loss-scale */
     tp.use_scaler = tp.precision.param_dtype == DT_F16 || t->o.loss_scale >= 0;

@@ -19,12 +19,14 @@
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/plan.h"
 #include "dtrain/train.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 
 typedef struct dt__ddp_run {
+    dt_plan *plan;    /* the layout (plan.h): owns the groups and the mesh below */
     dt_pg *pg;        /* NULL at world size 1 */
     dt_strategy *strategy; /* "ddp" or "none"; owned here until handed to the trainer */
     const dt_strategy *used; /* the strategy the trainer owns (borrowed, for the summary) */
@@ -43,12 +45,11 @@ typedef struct dt__ddp_run {
     int tp;           /* ranks per tensor-parallel group (1 = none) */
     int tp_rank;      /* this rank in its tensor-parallel group */
     dt_pg *tp_pg;     /* NULL without --tp */
-    dt_pg *dp_pg, *world_pg; /* owned; NULL without --tp (--pp: world_pg only) */
+    dt_pg *world_pg;  /* every rank (the plan's; NULL on one rank without ZeRO) */
     /* pipeline parallelism (--pp): world = dp x pp, pipelines of adjacent
        ranks; rank and world above are the data-parallel index and count,
        the strategy splits world_pg itself */
     int pp;           /* ranks per pipeline (1 = none) */
-    dt_mesh *mesh;    /* --pp: the dp x tp x pp mesh over world_pg (owned; its tp group is tp_pg) */
     int pp_rank;      /* this rank's place in its pipeline */
     const char *pp_sched; /* --pp-schedule (borrowed) */
     dt_pipe_balance_by pp_balance; /* --pp-balance */
@@ -65,10 +66,6 @@ struct dt__train_opts;
  * (or a ZeRO stage is asked for), create the process group (collective).
  * Returns 0 or an exit code after printing one line. */
 int dt__ddp_setup(dt__ddp_run *r, const struct dt__train_opts *o);
-/* The reduce dtype the hook implies (fp16/bf16: the hook IS the reduce
- * dtype; powersgd: f32), over the --precision/--reduce-dtype policy.
- * Returns 0 or an exit code. */
-int dt__ddp_hook_precision(const dt__ddp_run *r, dt_precision_policy *p);
 /* Whether the model is to be built meta (stage 3: each rank initialises
  * only its shards; --pp without tp or time balancing: each rank only its
  * stages), and with which generator the strategy fills them. */
@@ -80,18 +77,15 @@ int dt__ddp_wrap(dt__ddp_run *r, dt_model *m);
 /* Hand the strategy to dt_trainer_init (which owns it from then on). */
 dt_strategy *dt__ddp_take_strategy(dt__ddp_run *r);
 
-/* The training sampler: distributed at world size > 1, else the random one. */
-dt_status dt__ddp_train_sampler(const dt__ddp_run *r, int64_t n, uint64_t seed, dt_shuffle_rng rng,
-                                dt_sampler **out);
-
-/* This rank's range [lo, hi) of n evaluation items. */
-void dt__ddp_eval_range(const dt__ddp_run *r, int64_t n, int64_t *lo, int64_t *hi);
-
 /* Whether this rank prints and writes files (rank 0). */
 bool dt__ddp_is_main(const dt__ddp_run *r);
 
 /* One line about DDP for the final report ("" at world size 1). */
 void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n);
+
+/* --hierarchical-allreduce: say once (rank 0) what the topology found.
+ * Returns 0 or an exit code. */
+int dt__ddp_say_hierarchy(const dt__ddp_run *r);
 
 /* ZeRO / FSDP: print (rank 0) one line about the units and one per rank with
  * the model-state bytes it holds and its peak RSS (collective; nothing for

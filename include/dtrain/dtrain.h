@@ -46,5 +46,6 @@
 #include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/plan.h"
 #include "dtrain/ckpt.h"
 #endif

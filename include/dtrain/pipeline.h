@@ -479,8 +479,10 @@ DT_API dt_status dt_strategy_pipe_cut(const dt_strategy *s, int *starts, size_t 
  * every rank returns the same out, equal to dt_model_generate's on the
  * whole model with the same weights. A rank that fails (bad arguments
  * included) fails its pipeline, so the others fail at once with its
- * message. s: an attached "pipe" strategy (dt_trainer_strategy),
- * DT_ERR_INVALID_ARG otherwise; DT_ERR_UNSUPPORTED with tensor parallelism
+ * message. s: an attached strategy (dt_trainer_strategy; a "pipe" one
+ * runs through its stages, any other generates on each rank as
+ * dt_model_generate), DT_ERR_INVALID_ARG when it is not attached;
+ * DT_ERR_UNSUPPORTED with tensor parallelism
  * (tp > 1: the vocabulary-parallel head leaves each tp rank a slice of the
  * logits). */
 struct dt_generate_params;

@@ -35,9 +35,16 @@
  * Strategies: a parallel strategy plugs in as a small vtable
  * (dt_strategy_ops) that the trainer calls at fixed points: attach to the
  * model, begin a micro-batch, forward, wait, all-reduce metrics, the owned
- * range, after the step, synchronise buffers. "none" runs one process;
- * "ddp" is DistributedDataParallel (parallel.h). A strategy is never a
- * special case inside the trainer.
+ * range, after the step, synchronise buffers; and the work that depends on
+ * where state lives: the optimizer step over what the rank owns, the
+ * gradient norm's partial sums and their reductions (tensor parallel
+ * included), the agreement on overflow, the checkpoint layout and what
+ * completes a load, evaluation's forward and result sharing (generation
+ * too), a compression hook's state. "none" runs one process; "ddp" is
+ * DistributedDataParallel (parallel.h), "zero" ZeRO/FSDP, "pipe" the
+ * pipeline (pipeline.h). A strategy is never a special case inside the
+ * trainer: a new one is a file that fills a dt_strategy_ops. A plan
+ * (plan.h) builds the strategy of a dp x tp x pp layout.
  *
  * Lifecycle: dt_trainer_init() takes ownership of the strategy (also on
  * failure) and borrows the model, which must outlive the trainer; it builds
@@ -182,8 +189,11 @@ typedef struct dt_strategy_memory {
 } dt_strategy_memory;
 
 struct dt_strategy_fb;
+struct dt_strategy_optim;
+struct dt_strategy_grads;
+struct dt_strategy_ckpt;
 
-#define DT_STRATEGY_OPS_VERSION 3
+#define DT_STRATEGY_OPS_VERSION 4
 
 /* The points where the trainer calls a strategy. `self` is the pointer
  * given to dt_strategy_init. Optional slots may be NULL (the default said). */
@@ -250,7 +260,97 @@ typedef struct dt_strategy_ops {
      * even when world is 1: the strategy's ranks are more than its
      * replicas. */
     dt_status (*forward_backward)(void *self, dt_ctx *ctx, dt_model *m, struct dt_strategy_fb *fb);
+
+    /* ---- version 4: the work a strategy owns (every "which strategy is
+     * this?" the trainer used to ask is one of these slots) ---- */
+
+    /* Optional (default: the trainer steps the optimizer itself). Called by
+     * dt_trainer_init once the optimizer exists: *o says what it will run;
+     * refuse (DT_ERR_UNSUPPORTED naming what does not combine) or set
+     * o->steps when the strategy steps the optimizer itself in optim_step
+     * (ZeRO-3 with parameter offload: unit by unit; its gradients are then
+     * not in memory between steps and the trainer reads them from the
+     * ranges' flats). */
+    dt_status (*optim_setup)(void *self, struct dt_strategy_optim *o);
+    /* Optional (default: dt_offload_optim_step(off) under NVMe offload, else
+     * dt_optim_step(opt)). The optimizer step over the ranges this rank
+     * owns; called only when optim_setup set steps. */
+    dt_status (*optim_step)(void *self, dt_optim *opt, dt_offload_optim *off);
+    /* Optional (default: the sum of g->g's squares over the ranges, summed
+     * with shard_sum, else allreduce_sum, when g->sharded and g->agree; for a
+     * tensor-parallel model (tp.h) the slices' squares are also summed over
+     * the tensor-parallel group and a whole tensor counted once). The
+     * squared global gradient norm, bitwise the same on every rank. */
+    dt_status (*grad_sqnorm)(void *self, const struct dt_strategy_grads *g, double *sq);
+    /* Optional (default: a tensor-parallel model's group takes the MAX;
+     * else nothing). The step's flags (overflow, non-finite) after the sum
+     * over the replicas: any rank's flag to every rank that holds a part
+     * of the same replica. */
+    dt_status (*agree_flags)(void *self, double *flags, int n);
+    /* Optional (default: false). Whether the trainer is the only reader of
+     * the gradients between backward and the step (no bucket, shard or
+     * stage reads them during backward: "none"): it may then zero them by
+     * marks (dt_model_zero_grad_lazy) when it steps the whole flats itself
+     * and the model has no tensor parallelism. */
+    bool (*grads_private)(void *self);
+    /* Optional (default: *n = 0, no map). Which elements of which model
+     * entries this rank's optimizer ranges hold (ZeRO's shard pieces):
+     * called with out NULL for the count, then with cap >= *n. A strategy
+     * with this slot saves checkpoints sharded. */
+    dt_status (*pieces)(void *self, dt_zero_piece *out, size_t cap, size_t *n);
+    /* Optional (default: a replicated layout, all NULL and false). How a
+     * checkpoint is saved under this strategy (struct dt_strategy_ckpt). */
+    dt_status (*ckpt_layout)(void *self, struct dt_strategy_ckpt *out);
+    /* Optional (default: nothing). After a checkpoint load, in which every
+     * rank loaded the ranges it steps: complete the rest (ZeRO: gather the
+     * whole units; a pipeline: the replicas' shares and shared parameters). */
+    dt_status (*after_load)(void *self);
+    /* Optional (default: dt_model_forward on ctx). Evaluation's forward
+     * (no grad) of x; collective when the model is split over ranks: *out
+     * the model's output where it is computed, NULL on the other ranks. */
+    dt_status (*eval_forward)(void *self, dt_ctx *ctx, dt_model *m, dt_tensor *x, dt_tensor **out);
+    /* Optional (default: nothing to share). n values computed where the
+     * output is (an evaluation's sums, a generated token) to every rank of
+     * the replica (collective). failed < 0: this rank's evaluation failed
+     * (dt_last_error() says why): instead make the other ranks' waits fail
+     * with its message; returns failed. */
+    dt_status (*eval_share)(void *self, double *v, int n, dt_status failed);
+    /* Optional (default: NULL). A compression hook whose state checkpoints
+     * carry (PowerSGD's step, seeds, warm-start Qs and error memories), the
+     * group it runs over and the reducer whose buckets it compresses, after
+     * attach. */
+    dt_powersgd *(*compress_state)(void *self, dt_pg **group, dt_reducer **buckets);
 } dt_strategy_ops;
+
+/* What dt_trainer_init tells a strategy's optim_setup slot. */
+typedef struct dt_strategy_optim {
+    dt_optim_kind kind;   /* the optimizer */
+    bool mixed;           /* low-precision parameters or gradients (fp32 masters) */
+    bool scaled;          /* loss scaling */
+    bool steps;           /* out: the strategy steps the optimizer (optim_step); default false */
+} dt_strategy_optim;
+
+/* What the trainer hands a strategy's grad_sqnorm slot. */
+typedef struct dt_strategy_grads {
+    dt_model *m;                 /* the model */
+    const dt_optim_range *rg;    /* the ranges the optimizer steps */
+    size_t nrg;
+    float *const *g;             /* g[k]: range k's f32 gradients, unscaled (n[k] of them) */
+    const size_t *n;
+    bool sharded;                /* the ranges are this rank's share (owned_range or optim_ranges) */
+    bool agree;                  /* the ranks agree each step (more than one rank) */
+} dt_strategy_grads;
+
+/* How a checkpoint is saved under a strategy (its ckpt_layout slot). */
+typedef struct dt_strategy_ckpt {
+    dt_pg *save_group;    /* sharded state: every rank of it saves its pieces collectively
+                             (ZeRO's group, a pipeline's world); NULL: replicated, rank 0 writes */
+    bool tp_shares;       /* with tensor parallelism too, every rank saves its share over
+                             save_group (a pipeline); false: the tensor-parallel group of
+                             data-parallel rank 0 saves */
+    dt_pg *share_group;   /* under tensor parallelism: the group whose ranks' optimizer shares
+                             complete each other before the save (ZeRO-1's); NULL: none */
+} dt_strategy_ckpt;
 
 /* A strategy from a vtable (for your own strategy). ops is copied; self is
  * owned by the strategy when ops->free is set. */
@@ -282,6 +382,19 @@ DT_API const char *dt_strategy_name(const dt_strategy *s);
 /* The DDP handle of a "ddp" strategy after attach (stats, buckets, comm
  * hooks), else NULL. Borrowed. */
 DT_API dt_ddp *dt_strategy_ddp(const dt_strategy *s);
+/* The model a strategy is attached to (by dt_trainer_init), else NULL. Borrowed. */
+DT_API dt_model *dt_strategy_model(const dt_strategy *s);
+/* Evaluation's forward (no grad) of x through an attached strategy: its
+ * eval_forward slot (a pipeline: through the stages, collective over the
+ * pipeline), else dt_model_forward on ctx. *out: the model's output on the
+ * ranks that compute it, NULL on the others. DT_ERR_STATE before attach. */
+DT_API dt_status dt_strategy_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
+/* n values from the ranks that computed the output (an evaluation's sums, a
+ * generated token) to every rank of the replica (eval_share; default:
+ * nothing to share). failed < 0: this rank failed (dt_last_error() says
+ * why): make the other ranks' waits fail with its message; returns failed.
+ * DT_ERR_STATE before attach. */
+DT_API dt_status dt_strategy_eval_share(dt_strategy *s, double *v, int n, dt_status failed);
 
 /* ---- the trainer ---------------------------------------------------------------- */
 

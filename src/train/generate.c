@@ -9,9 +9,9 @@
  *
  * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
  * on every rank of the pipeline with the forward through the stages
- * (the evaluation's, dt__strategy_pipe_eval_forward): the last stage has
+ * (the evaluation's, dt_strategy_eval_forward): the last stage has
  * the logits and picks the token with the same pick and draw, then sends it
- * to every rank of its pipeline (dt__strategy_pipe_eval_share), so all of
+ * to every rank of its pipeline (dt_strategy_eval_share), so all of
  * them extend the same sequence. Still no cache: each token is a forward of
  * the whole window through the stages. */
 #include "train/train_impl.h"
@@ -19,6 +19,7 @@
 #include "dtrain/generate.h"
 #include "dtrain/models.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/tp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -201,13 +202,13 @@ dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, const int
 
 static dt_status pipe_forward(void *ud, dt_ctx *ctx, dt_tensor *x, dt_tensor **y)
 {
-    return dt__strategy_pipe_eval_forward(ud, ctx, x, y);
+    return dt_strategy_eval_forward(ud, ctx, x, y);
 }
 
 static dt_status pipe_share(void *ud, int64_t *token, dt_status failed)
 {
     double v = (double)*token; /* token ids are exact in a double */
-    dt_status st = dt__strategy_pipe_eval_share(ud, &v, 1, failed);
+    dt_status st = dt_strategy_eval_share(ud, &v, 1, failed);
     *token = (int64_t)v;
     return st;
 }
@@ -217,14 +218,15 @@ dt_status dt_strategy_pipe_generate(dt_strategy *s, const dt_generate_params *gp
 {
     if (nout)
         *nout = 0;
-    dt_model *m = dt__strategy_pipe_model(s);
+    dt_model *m = dt_strategy_model(s);
     if (!m)
-        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_generate: strategy '%s' is not an attached \"pipe\" "
-                        "one", s ? dt_strategy_name(s) : "(NULL)");
-    if (dt__strategy_pipe_tp(s) > 1)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_strategy_pipe_generate: strategy '%s' is not attached to a model "
+                        "(dt_trainer_init)", s ? dt_strategy_name(s) : "(NULL)");
+    const dt_pg *tp = dt_tp_model_group(m);
+    if (tp && dt_pg_size(tp) > 1)
         return dt_error(DT_ERR_UNSUPPORTED, "dt_strategy_pipe_generate: not with tensor parallelism (tp %d) yet: the "
                         "head is vocabulary-parallel, each tp rank of the last stage holds a slice of the logits",
-                        dt__strategy_pipe_tp(s));
+                        dt_pg_size(tp));
     gen_ops ops = {.who = "dt_strategy_pipe_generate", .forward = pipe_forward, .share = pipe_share, .ud = s};
     return generate(m, &ops, gp, prompt, nprompt, out, cap, nout);
 }

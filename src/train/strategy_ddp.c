@@ -57,6 +57,15 @@ static int s_rank(void *self) { return dt_pg_rank(((ddp_strategy *)self)->pg); }
 
 static int s_world(void *self) { return dt_pg_size(((ddp_strategy *)self)->pg); }
 
+/* A PowerSGD hook's state rides in checkpoints. */
+static dt_powersgd *s_compress_state(void *self, dt_pg **group, dt_reducer **buckets)
+{
+    ddp_strategy *s = self;
+    *group = s->ddp ? dt_ddp_pg(s->ddp) : NULL;
+    *buckets = s->ddp ? dt_ddp_reducer(s->ddp) : NULL;
+    return s->ddp ? dt_ddp_powersgd(s->ddp) : NULL;
+}
+
 static void s_free(void *self)
 {
     ddp_strategy *s = self;
@@ -83,6 +92,7 @@ static const dt_strategy_ops k_ddp_ops = {
     .free = s_free,
     .set_precision = s_set_precision,
     .forward_backward = NULL,
+    .compress_state = s_compress_state,
 };
 
 dt_status dt_strategy_ddp_init(dt_pg *pg, const dt_ddp_params *p, dt_strategy **out)

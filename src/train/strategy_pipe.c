@@ -679,9 +679,9 @@ static dt_status s_shard_sum(void *self, double *v, int n)
 /* After a checkpoint load (each rank loaded what it steps): the other
  * replicas' ZeRO-1 shares and the shared parameters from their owners, as
  * after a step; the other stages' pages are given back again, should
- * anything have written them. An evaluation needs nothing: it runs through
- * the stages (dt__strategy_pipe_eval_forward). */
-static dt_status s_sync_buffers(void *self)
+ * anything have written them. An evaluation needs nothing before it
+ * (no sync_buffers slot): it runs through the stages (s_eval_forward). */
+static dt_status s_after_load(void *self)
 {
     pipe_strategy *s = self;
     dt_status st = s_after_step(s);
@@ -759,6 +759,52 @@ static dt_status s_memory(void *self, dt_strategy_memory *out)
     return DT_OK;
 }
 
+/* Every rank saves its stages' share of each tensor over the world
+ * (with tensor parallelism too); under ZeRO-1 with tensor parallelism the
+ * replicas first complete each other's shares over the data-parallel group. */
+static dt_status s_ckpt_layout(void *self, dt_strategy_ckpt *out)
+{
+    pipe_strategy *s = self;
+    out->save_group = s->world;
+    out->tp_shares = true;
+    out->share_group = s->p.zero ? s->dp : NULL;
+    return DT_OK;
+}
+
+static dt_status s_eval_forward(void *self, dt_ctx *ctx, dt_model *m, dt_tensor *x, dt_tensor **out)
+{
+    (void)m;
+    pipe_strategy *p = self;
+    *out = NULL;
+    dt_status st = dt__pipe_exec_forward(p->ex, ctx, x, out);
+    if (st < 0)
+        fail_replicas(p, st);
+    return st;
+}
+
+/* The last stage's n values to every rank of its pipeline (collective over
+ * the pipeline); failed < 0: fail the pipeline (and the groups joining it
+ * to the other replicas) instead, so that the other ranks' waits fail at
+ * once with this rank's message. */
+static dt_status s_eval_share(void *self, double *v, int n, dt_status failed)
+{
+    pipe_strategy *p = self;
+    if (failed < 0) { /* this rank cannot finish: the others must not wait for its sums */
+        char msg[DT_PG_MSG_CAP];
+        snprintf(msg, sizeof msg, "pipeline rank %d broke off its forward through the stages (an evaluation or "
+                 "a generation): %s", p->pr, dt_last_error());
+        if (dt_pg_status(p->pp) >= 0)
+            dt_pg_fail(p->pp, failed, msg);
+        dt_error(failed, "%s", msg);
+        fail_replicas(p, failed);
+        return failed;
+    }
+    dt_status st = p->P > 1 ? dt_pg_broadcast(p->pp, v, (size_t)n, DT_F64, p->P - 1) : DT_OK;
+    return st < 0 ? dt_error_wrap(st, "pipe: sending the last stage's values (an evaluation's sums, a generated "
+                                  "token) along the pipeline")
+                  : st;
+}
+
 static const dt_strategy_ops k_pipe_ops = {
     .version = DT_STRATEGY_OPS_VERSION,
     .name = "pipe",
@@ -772,12 +818,23 @@ static const dt_strategy_ops k_pipe_ops = {
     .shard_sum = s_shard_sum,
     .memory = s_memory,
     .after_step = s_after_step,
-    .sync_buffers = s_sync_buffers,
+    .sync_buffers = NULL,
     .rank = s_rank,
     .world = s_world,
     .free = s_free,
     .set_precision = s_set_precision,
     .forward_backward = s_forward_backward,
+    .optim_setup = NULL,
+    .optim_step = NULL,
+    .grad_sqnorm = NULL, /* the default over the shares, shard_sum and tensor parallelism */
+    .agree_flags = NULL,
+    .grads_private = NULL,
+    .pieces = NULL,
+    .ckpt_layout = s_ckpt_layout,
+    .after_load = s_after_load,
+    .eval_forward = s_eval_forward,
+    .eval_share = s_eval_share,
+    .compress_state = NULL,
 };
 
 dt_pipe_params dt_pipe_params_default(void)
@@ -961,63 +1018,4 @@ dt_status dt_strategy_pipe_trace(const dt_strategy *s, const dt_pipe_action **ac
                         s->ops.name);
     dt__pipe_exec_trace(((pipe_strategy *)s->self)->ex, acts, t, n);
     return DT_OK;
-}
-
-dt_pg *dt__strategy_pipe_world(const dt_strategy *s)
-{
-    return s && s->ops.attach == s_attach && ((pipe_strategy *)s->self)->ex ? ((pipe_strategy *)s->self)->world
-                                                                          : NULL;
-}
-
-int dt__strategy_pipe_zero(const dt_strategy *s)
-{
-    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->p.zero : 0;
-}
-
-dt_pg *dt__strategy_pipe_dp(const dt_strategy *s)
-{
-    return s && s->ops.attach == s_attach ? ((pipe_strategy *)s->self)->dp : NULL;
-}
-
-dt_status dt__strategy_pipe_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out)
-{
-    *out = NULL;
-    if (!dt__strategy_pipe_world(s))
-        return dt_error(DT_ERR_INVALID_ARG, "pipe: evaluation on a strategy that is not an attached \"pipe\" one");
-    pipe_strategy *p = s->self;
-    dt_status st = dt__pipe_exec_forward(p->ex, ctx, x, out);
-    if (st < 0)
-        fail_replicas(p, st);
-    return st;
-}
-
-dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_status failed)
-{
-    if (!dt__strategy_pipe_world(s))
-        return dt_error(DT_ERR_INVALID_ARG, "pipe: evaluation on a strategy that is not an attached \"pipe\" one");
-    pipe_strategy *p = s->self;
-    if (failed < 0) { /* this rank cannot finish: the others must not wait for its sums */
-        char msg[DT_PG_MSG_CAP];
-        snprintf(msg, sizeof msg, "pipeline rank %d broke off its forward through the stages (an evaluation or "
-                 "a generation): %s", p->pr, dt_last_error());
-        if (dt_pg_status(p->pp) >= 0)
-            dt_pg_fail(p->pp, failed, msg);
-        dt_error(failed, "%s", msg);
-        fail_replicas(p, failed);
-        return failed;
-    }
-    dt_status st = p->P > 1 ? dt_pg_broadcast(p->pp, v, (size_t)n, DT_F64, p->P - 1) : DT_OK;
-    return st < 0 ? dt_error_wrap(st, "pipe: sending the last stage's values (an evaluation's sums, a generated "
-                                  "token) along the pipeline")
-                  : st;
-}
-
-dt_model *dt__strategy_pipe_model(const dt_strategy *s)
-{
-    return dt__strategy_pipe_world(s) ? ((pipe_strategy *)s->self)->m : NULL;
-}
-
-int dt__strategy_pipe_tp(const dt_strategy *s)
-{
-    return dt__strategy_pipe_world(s) ? ((pipe_strategy *)s->self)->T : 0;
 }

@@ -9,12 +9,35 @@ struct dt_strategy {
     dt_strategy_ops ops;
     void *self;
     bool attached;
+    dt_model *m;  /* the model attached */
+    dt_pg *tp;    /* its tensor-parallel group (tp.h) when of more than one rank, else NULL */
 };
 
 /* The "ddp" strategy's handle, or NULL (strategy_ddp.c). */
 dt_ddp *dt__strategy_ddp_handle(const dt_strategy *s);
-/* The "zero" strategy's stage (1-3); 0 for any other strategy. */
-int dt__strategy_zero_stage(const dt_strategy *s);
+
+/* strategy.c: the trainer's calls into its strategy. Each runs the slot,
+ * or the default train.h gives for a NULL slot; the trainer never asks
+ * which strategy it holds. */
+/* set_precision (or the refusal of a reduce dtype the strategy cannot
+ * honour; model_dtype: the model's first trained dtype), then attach. */
+dt_status dt__strategy_attach(dt_strategy *s, dt_model *m, const dt_precision_policy *p, dt_dtype model_dtype);
+dt_status dt__strategy_optim_setup(dt_strategy *s, dt_strategy_optim *o);
+dt_status dt__strategy_optim_step(dt_strategy *s, bool steps, dt_optim *opt, dt_offload_optim *off);
+dt_status dt__strategy_grad_sqnorm(dt_strategy *s, const dt_strategy_grads *g, double *sq);
+/* The default grad_sqnorm with a map of pieces (ZeRO's; pc NULL: the
+ * ranges are the model's flats). */
+dt_status dt__strategy_grad_sqnorm_pieces(dt_strategy *s, const dt_strategy_grads *g, const dt_zero_piece *pc,
+                                          size_t npc, double *sq);
+dt_status dt__strategy_agree_flags(dt_strategy *s, double *flags, int n);
+bool dt__strategy_grads_private(const dt_strategy *s);
+/* The pieces in a new array (free()), *n of them; NULL and 0 without the slot. */
+dt_status dt__strategy_pieces(dt_strategy *s, dt_zero_piece **out, size_t *n);
+dt_status dt__strategy_ckpt_layout(dt_strategy *s, dt_strategy_ckpt *out);
+dt_status dt__strategy_after_load(dt_strategy *s);
+dt_status dt__strategy_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
+dt_status dt__strategy_eval_share(dt_strategy *s, double *v, int n, dt_status failed);
+dt_powersgd *dt__strategy_compress_state(dt_strategy *s, dt_pg **group, dt_reducer **buckets);
 
 /* Where the epoch helper is (trainer_epoch.c keeps it; a checkpoint
  * records it, trainer_state.c). */
@@ -50,32 +73,6 @@ int64_t dt__trainer_grad_accum(const dt_trainer *tr);
 /* With one replica a stop request needs no agreement: stop now. */
 bool dt__trainer_stop_now(const dt_trainer *tr);
 dt_status dt__trainer_sync_buffers(dt_trainer *tr);
-/* strategy_pipe.c: the world group of an attached "pipe" strategy (its
- * sharded checkpoints are saved over it; after a load its sync_buffers
- * completes what each rank holds: its replicas' shares, the shared
- * parameters from their owners), NULL for any other. */
-dt_pg *dt__strategy_pipe_world(const dt_strategy *s);
-/* The "pipe" strategy's data-parallel ZeRO stage (0 or 1); 0 for any other. */
-int dt__strategy_pipe_zero(const dt_strategy *s);
-/* Its data-parallel group (the mesh's; NULL: one replica or another strategy). */
-dt_pg *dt__strategy_pipe_dp(const dt_strategy *s);
-/* Evaluation under the "pipe" strategy: x forward through the stages on
- * ctx (collective over the pipeline); *out the model's output on the last
- * stage's ranks, NULL on the others. */
-dt_status dt__strategy_pipe_eval_forward(dt_strategy *s, dt_ctx *ctx, dt_tensor *x, dt_tensor **out);
-/* The last stage's n values (an evaluation's sums, a generated token) to every rank of its
- * pipeline (collective over the pipeline). failed < 0: this rank's
- * evaluation failed (dt_last_error() says why): instead it fails the
- * pipeline (and the groups joining it to the other replicas), so that the
- * other ranks' evaluations fail at once with its message; returns failed. */
-dt_status dt__strategy_pipe_eval_share(dt_strategy *s, double *v, int n, dt_status failed);
-/* An attached "pipe" strategy's model (NULL for any other strategy) and
- * its tensor-parallel size (0 for any other); dt_strategy_pipe_generate
- * (models/generate.c) runs the generator through the stages with
- * dt__strategy_pipe_eval_forward and sends each token along the pipeline
- * with dt__strategy_pipe_eval_share. */
-dt_model *dt__strategy_pipe_model(const dt_strategy *s);
-int dt__strategy_pipe_tp(const dt_strategy *s);
 /* The trainer's loss (params.loss / loss_fn) on its context. */
 dt_tensor *dt__trainer_loss(dt_trainer *tr, dt_tensor *out, dt_tensor *y);
 

@@ -33,7 +33,7 @@ struct dt_trainer {
     dt_strategy *s;
     dt_optim *opt;
     dt_offload_optim *off;   /* NVMe offload: steps opt over the ranges, state in files */
-    dt_zero *poff;           /* ZeRO-3 parameter offload: steps unit by unit (dt_zero_step); else NULL */
+    bool ssteps;             /* the strategy steps the optimizer (optim_setup: ZeRO-3 parameter offload) */
     /* the ranges stepped (rg[0..nrg)): the strategy's (optim_ranges), or
      * one per dtype of trained parameters (f32, bf16, f16): f32 params are
      * stepped in place; bf16/f16 ones through fp32 master weights
@@ -50,9 +50,8 @@ struct dt_trainer {
     dt_dtype reduce_dtype;   /* the policy's, resolved (reported) */
     const dt_flat *P, *G;    /* the model's params and grads flats of the first range (G follows DDP's swap) */
     dt_ctx *ctx;
-    dt_pg *tp;               /* the model's tensor-parallel group (tp.h); NULL: none or of one rank */
-    dt_zero_piece *zpc;      /* tp under ZeRO-1: this rank's shard pieces (which elements are slices) */
-    size_t nzpc;
+    float **gk;              /* the gradient norm's view of each range's f32 gradients (nrg of them) */
+    size_t *gn;
     size_t lo, hi;           /* owned range of the flat buffers */
     int rank, world;
     int64_t opt_step;
@@ -219,12 +218,10 @@ static dt_status build_optimizer(dt_trainer *tr)
     if (nvme && (tr->scaler || tr->lowp))
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: NVMe offload steps f32 parameters and gradients "
                         "without loss scaling only (mixed precision and loss scaling are not offloaded yet)");
-    dt_zero *z = dt_strategy_zero(tr->s);
-    tr->poff = dt_zero_params_offloaded(z) ? z : NULL;
-    if (tr->poff && (tr->scaler || tr->lowp || tr->p.optimizer == DT_OPTIM_LAMB))
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: ZeRO parameter offload (offload_param nvme) steps f32 "
-                        "parameters unit by unit with sgd, adam or adamw, without loss scaling (this run: %s%s)",
-                        dt_optim_kind_name(tr->p.optimizer), tr->scaler || tr->lowp ? ", mixed precision" : "");
+    dt_strategy_optim so = {.kind = tr->p.optimizer, .mixed = tr->lowp, .scaled = tr->scaler != NULL};
+    if ((st = dt__strategy_optim_setup(tr->s, &so)) < 0)
+        return st;
+    tr->ssteps = so.steps;
     const dt_optim_range *rg = nvme ? NULL : tr->rg;
     const size_t nr = nvme ? 0 : tr->nrg;
     if (tr->rank == 0)
@@ -268,15 +265,15 @@ static bool steps_whole_flats(const dt_trainer *tr)
  * (dt_model_grads_materialize) before anything reads the flat: clipping,
  * the optimizer. Saves the zeros' writes in the optimizer's pass and the
  * GEMMs' reads of the old values. Only where the trainer is the only
- * reader of the gradients between backward and the step: one process (the
- * "none" strategy: no buckets, shards or pipeline reading them during
- * backward), the whole flats stepped here (f32, and bf16/f16 ones through
- * their masters; no loss scaler, no offload, no tensor parallelism).
+ * reader of the gradients between backward and the step: the strategy
+ * says so (its grads_private slot: no buckets, shards or pipeline reading
+ * them during backward, no tensor parallelism), the whole flats stepped
+ * here (f32, and bf16/f16 ones through their masters; no loss scaler, no
+ * offload).
  * Elsewhere the optimizer's pass zeroes. */
 static bool lazy_grads_ok(const dt_trainer *tr)
 {
-    return tr->s && tr->s->ops.name && !strcmp(tr->s->ops.name, "none") && !tr->s->ops.forward_backward &&
-           !tr->off && !tr->poff && !tr->tp && !tr->scaler && steps_whole_flats(tr);
+    return dt__strategy_grads_private(tr->s) && !tr->off && !tr->ssteps && !tr->scaler && steps_whole_flats(tr);
 }
 
 static dt_status reserve_micro(dt_trainer *tr, int n)
@@ -374,44 +371,6 @@ static dt_status make_scaler(dt_trainer *tr)
     return st < 0 ? dt_error_wrap(st, "dt_trainer_init") : DT_OK;
 }
 
-/* ZeRO over the data-parallel ranks of a tensor-parallel model (sl names
- * one of its slices): stage 1 only (2 and 3 shard gradients or parameters
- * in ways not checked with tensor-parallel layers yet); keeps the shard
- * pieces that tp_sqnorm reads. */
-static dt_status tp_zero_pieces(dt_trainer *tr, const char *sl)
-{
-    if (!tr->tp) /* a group of one: the plain model */
-        return DT_OK;
-    int stage = dt__strategy_zero_stage(tr->s);
-    if (stage != 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): ZeRO stage %d "
-                        "over the data-parallel ranks of a tensor-parallel model is not supported (stage 1 or DDP)",
-                        sl, stage);
-    dt_zero *z = dt_strategy_zero(tr->s);
-    /* the ZeRO group must be a data-parallel one: every member the same tp
-     * rank (else it would average different slices) */
-    double v[2] = {dt_pg_rank(tr->tp), -dt_pg_rank(tr->tp)};
-    dt_status st = dt_pg_allreduce(dt_zero_group(z), DT_IN_PLACE, v, 2, DT_F64, DT_REDUCE_MAX);
-    if (st < 0)
-        return dt_error_wrap(st, "dt_trainer_init: checking the ZeRO group");
-    if (v[0] != -v[1])
-        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h) and the ZeRO "
-                        "group holds ranks of different tensor-parallel ranks (ZeRO runs over the data-parallel "
-                        "group: dt_tp_groups)", sl);
-    dt_zero_unit_info u;
-    if (dt_zero_num_units(z) > 0 && dt_zero_unit(z, 0, &u) >= 0 && u.shard_hi > u.shard_lo &&
-        u.total / (u.shard_hi - u.shard_lo) != (size_t)dt_pg_size(dt_zero_group(z)))
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: '%s' is a tensor-parallel slice (tp.h): hybrid "
-                        "sharding over its data-parallel ranks is not supported (ZeRO-1 over all of them)", sl);
-    size_t n = 0;
-    if ((st = dt_zero_pieces(z, NULL, 0, &n)) < 0)
-        return st;
-    if (!(tr->zpc = dt_calloc((n ? n : 1) * sizeof *tr->zpc)))
-        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init: ZeRO pieces");
-    tr->nzpc = n;
-    return dt_zero_pieces(z, tr->zpc, n, &n);
-}
-
 dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *pp, dt_trainer **out)
 {
     dt_status st;
@@ -455,27 +414,9 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     tr->p = p;
     tr->p.sched.base_lr = optim_lr(&p);
     tr->m = m;
-    tr->tp = dt_tp_model_group(m);
-    if (tr->tp && dt_pg_size(tr->tp) <= 1)
-        tr->tp = NULL;
     tr->s = s;
     tr->reduce_dtype = dt_precision_reduce_dtype(&p.precision);
-    if (s->ops.set_precision) {
-        if ((st = s->ops.set_precision(s->self, &p.precision)) < 0) {
-            dt_error_wrap(st, "dt_trainer_init: strategy '%s'", s->ops.name);
-            goto fail;
-        }
-    } else if (tr->reduce_dtype != DT_DTYPE_UNSET && tr->reduce_dtype != model_dtype(m) && s->ops.allreduce_sum) {
-        st = dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: strategy '%s' cannot reduce gradients in %s (it has no "
-                                          "set_precision slot)", s->ops.name, dt_dtype_name(tr->reduce_dtype));
-        goto fail;
-    }
-    if ((st = s->ops.attach(s->self, m)) < 0) {
-        dt_error_wrap(st, "dt_trainer_init: strategy '%s'", s->ops.name);
-        goto fail;
-    }
-    s->attached = true;
-    if (sl && dt_strategy_zero(s) && (st = tp_zero_pieces(tr, sl)) < 0) /* known once attached */
+    if ((st = dt__strategy_attach(s, m, &p.precision, model_dtype(m))) < 0)
         goto fail;
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
@@ -504,6 +445,12 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     }
     if ((st = check_buffer_policy(tr)) < 0 || (st = make_scaler(tr)) < 0)
         goto fail;
+    tr->gk = dt_calloc((tr->nrg ? tr->nrg : 1) * sizeof *tr->gk);
+    tr->gn = dt_calloc((tr->nrg ? tr->nrg : 1) * sizeof *tr->gn);
+    if (!tr->gk || !tr->gn) {
+        st = dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init: %zu ranges", tr->nrg);
+        goto fail;
+    }
     if ((st = build_optimizer(tr)) < 0 || (st = reserve_micro(tr, (int)p.grad_accum)) < 0)
         goto fail;
     if ((st = dt_ctx_init(NULL, &tr->ctx)) < 0) {
@@ -524,7 +471,15 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     if (tr->lazy_grads)
         dt_optim_set_zero_grad(tr->opt, false);
     dt_model_train(m, true);
-    dt_pg *pw = dt__strategy_pipe_world(s); /* a pipeline: the trainer's rank is its replica's */
+    /* a strategy that runs its own schedule (a pipeline) numbers the trace
+     * by the ranks of its whole group (the one its checkpoints are saved
+     * over), not by the replica's rank the trainer has */
+    dt_pg *pw = NULL;
+    if (s->ops.forward_backward) {
+        dt_strategy_ckpt lay = {0};
+        if (dt__strategy_ckpt_layout(s, &lay) >= 0)
+            pw = lay.save_group;
+    }
     if ((st = dt__trainer_trace_init(m, !s->ops.forward_backward, &p.trace, pw ? dt_pg_rank(pw) : tr->rank,
                                      pw ? dt_pg_size(pw) : tr->world, &tr->trace)) < 0)
         goto fail;
@@ -554,7 +509,8 @@ void dt_trainer_free(dt_trainer *tr)
     free(tr->bufsave);
     free(tr->fault_x);
     dt_strategy_free(tr->s);
-    dt_free(tr->zpc);
+    dt_free(tr->gk);
+    dt_free(tr->gn);
     dt_free(tr);
 }
 
@@ -692,69 +648,11 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
  * range) the flat's own. */
 static dt_status grads_f32(dt_trainer *tr, size_t k, float **g, size_t *n)
 {
-    if (!tr->off && !tr->poff) /* (parameter offload: f32 only, and the shards are not in memory) */
+    if (!tr->off && !tr->ssteps) /* (parameter offload: f32 only, and the shards are not in memory) */
         return dt_optim_grads_f32(tr->opt, k, g, n);
     const dt_optim_range *r = &tr->rg[k];
     *n = r->hi - r->lo;
     *g = *n ? dt_flat_ptr(r->grads, r->lo) : NULL;
-    return DT_OK;
-}
-
-/* Tensor parallel: the squared global gradient norm over the ranges (after
- * unscaling). A slice's squares are summed over the tensor-parallel group
- * (each element of the full tensor lives on one rank of it); a whole tensor
- * (layer norms, row-parallel biases: the same gradient on every rank of the
- * group) is counted once, from tp rank 0. Under a sharded strategy the two
- * partial sums are first summed over the ranks whose ranges partition this
- * rank's tensors (shard_sum: ZeRO-1's data-parallel shards, the pipeline's
- * stages and their replicas' shares), then over tp: every rank adds the
- * same numbers in the same order, so the norm is bitwise the same on all
- * ranks (the replicated tensors stay equal) and equals the single-process
- * model's up to rounding. Vocabulary padding rows have zero gradients.
- * ZeRO's ranges are its units' own flats: which elements are slices comes
- * from its pieces (zpc). */
-static dt_status tp_sqnorm(dt_trainer *tr, bool sharded, double *sq)
-{
-    double part[2] = {0, 0}; /* slices, whole tensors */
-    const size_t ne = dt_model_num_entries(tr->m);
-    dt_strategy *s = tr->s;
-    dt_status st;
-    for (size_t k = 0; k < tr->nrg; k++) {
-        float *g;
-        size_t ng;
-        if ((st = grads_f32(tr, k, &g, &ng)) < 0)
-            return st;
-        const dt_optim_range *rg = &tr->rg[k];
-        const dt_flat *f = rg->mirror ? rg->mirror : rg->params;
-        for (size_t i = 0; i < tr->nzpc && ng; i++) {
-            const dt_zero_piece *q = &tr->zpc[i];
-            dt_param_info e;
-            if (q->range != k)
-                continue;
-            if ((st = dt_model_entry(tr->m, q->entry, &e)) < 0)
-                return st;
-            part[e.tp_dim ? 0 : 1] += dt_grad_sqnorm(g + q->range_offset, q->hi - q->lo);
-        }
-        for (size_t i = 0; i < ne && ng && !tr->zpc; i++) {
-            dt_param_info e;
-            if ((st = dt_model_entry(tr->m, i, &e)) < 0)
-                return st;
-            if (e.is_buffer || e.tied_to >= 0 || e.dtype != f->dtype)
-                continue;
-            size_t a = e.offset > rg->lo ? e.offset : rg->lo, b = e.offset + e.numel;
-            b = b < rg->hi ? b : rg->hi;
-            if (a < b)
-                part[e.tp_dim ? 0 : 1] += dt_grad_sqnorm(g + (a - rg->lo), b - a);
-        }
-    }
-    dt_status (*sum)(void *, double *, int) = s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum;
-    if (sharded && agrees(tr) && (st = sum(s->self, part, 2)) < 0)
-        return st;
-    if (dt_pg_rank(tr->tp) != 0)
-        part[1] = 0;
-    if ((st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, part, 2, DT_F64, DT_REDUCE_SUM)) < 0)
-        return dt_error_wrap(st, "the tensor-parallel gradient norm");
-    *sq = part[0] + part[1];
     return DT_OK;
 }
 
@@ -807,10 +705,10 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
         v[3 + i] = tr->micro_loss[i];
     if (agrees(tr) && s->ops.allreduce_sum && (st = s->ops.allreduce_sum(s->self, v, n + 3)) < 0)
         return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on losses, overflow and stopping"));
-    /* tensor parallel: an overflow (or a non-finite value) in one rank's
-     * slice skips (stops) the step on all */
-    if (tr->tp && (st = dt_pg_allreduce(tr->tp, DT_IN_PLACE, &v[1], 2, DT_F64, DT_REDUCE_MAX)) < 0)
-        return abandon(tr, dt_error_wrap(st, "dt_trainer_step: agreeing on overflow over the tensor-parallel group"));
+    /* an overflow (or a non-finite value) in one rank's part of a replica
+     * (tensor parallel: its slice) skips (stops) the step on all */
+    if ((st = dt__strategy_agree_flags(s, &v[1], 2)) < 0)
+        return abandon(tr, dt_error_wrap(st, "dt_trainer_step"));
     if (v[2] > 0) { /* every rank stops here, after the same step */
         const int64_t step = tr->opt_step + 1;
         tr->nmicro = 0;
@@ -850,19 +748,14 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
         dt__buffers_restore(tr->m, tr->bufsave);
     } else {
         if (tr->p.clip_grad_norm > 0 || tr->p.measure_grad_norm) {
-            /* the global norm: partial sums of squares over the owned ranges */
+            /* the global norm: the strategy sums the squares of the owned ranges */
             double sq = 0;
-            for (size_t k = 0; k < tr->nrg && !tr->tp; k++) {
-                float *g;
-                size_t ng;
-                if ((st = grads_f32(tr, k, &g, &ng)) < 0)
+            for (size_t k = 0; k < tr->nrg; k++)
+                if ((st = grads_f32(tr, k, &tr->gk[k], &tr->gn[k])) < 0)
                     return abandon(tr, st);
-                sq += dt_grad_sqnorm(g, ng);
-            }
-            if (tr->tp && (st = tp_sqnorm(tr, sharded, &sq)) < 0)
-                return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));
-            if (!tr->tp && sharded && agrees(tr) &&
-                (st = (s->ops.shard_sum ? s->ops.shard_sum : s->ops.allreduce_sum)(s->self, &sq, 1)) < 0)
+            const dt_strategy_grads sg = {.m = tr->m, .rg = tr->rg, .nrg = tr->nrg, .g = tr->gk, .n = tr->gn,
+                                          .sharded = sharded, .agree = agrees(tr)};
+            if ((st = dt__strategy_grad_sqnorm(s, &sg, &sq)) < 0)
                 return abandon(tr, dt_error_wrap(st, "dt_trainer_step: the global gradient norm"));
             float norm = (float)sqrt(sq);
             r.grad_norm = norm;
@@ -874,9 +767,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                 dt_grad_clip_apply(g, ng, norm, (float)tr->p.clip_grad_norm);
             }
         }
-        if ((st = tr->poff  ? dt_zero_step(tr->poff, tr->opt, tr->off)
-                  : tr->off ? dt_offload_optim_step(tr->off)
-                            : dt_optim_step(tr->opt)) < 0)
+        if ((st = dt__strategy_optim_step(s, tr->ssteps, tr->opt, tr->off)) < 0)
             return abandon(tr, st);
         if (tr->lazy_grads)
             dt_model_zero_grad_lazy(tr->m);

@@ -386,16 +386,12 @@ static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
         return dt_error(DT_ERR_NO_MEMORY, "checkpoint: out of memory");
     for (size_t i = 0; i < ne; i++)
         dt_model_entry(m, i, &pc[i].e);
-    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
-    *sharded = z != NULL;
-    if (z) {
-        size_t n = 0;
-        dt_status st = dt_zero_pieces(z, NULL, 0, &n);
-        dt_zero_piece *zp = st >= 0 ? calloc(n ? n : 1, sizeof *zp) : NULL;
-        if (st >= 0 && !zp)
-            st = dt_error(DT_ERR_NO_MEMORY, "checkpoint: out of memory");
-        if (st >= 0)
-            st = dt_zero_pieces(z, zp, n, &n);
+    /* the strategy's map of pieces (ZeRO's shards), else the ranges */
+    size_t n = 0;
+    dt_zero_piece *zp = NULL;
+    dt_status st = dt__strategy_pieces(dt_trainer_strategy(tr), &zp, &n);
+    *sharded = zp != NULL;
+    if (st < 0 || zp) {
         for (size_t k = 0; st >= 0 && k < n; k++) { /* a rank's shard cuts a tensor once at most */
             tpiece *p = &pc[zp[k].entry];
             p->lo = zp[k].lo;
@@ -724,8 +720,11 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     tpiece *pc = NULL;
     bool sharded;
     void *hold = NULL;
-    dt_pg *dp = tp && dt__strategy_pipe_zero(dt_trainer_strategy(tr)) ? dt__strategy_pipe_dp(dt_trainer_strategy(tr))
-                                                                       : NULL;
+    dt_strategy_ckpt lay;
+    dt_status lst = dt__strategy_ckpt_layout(dt_trainer_strategy(tr), &lay);
+    if (sst >= 0)
+        sst = lst;
+    dt_pg *dp = tp ? lay.share_group : NULL;
     if (sst >= 0)
         sst = collect_pieces(tr, &pc, &sharded);
     if (dp) { /* ZeRO-1 with tp: the replicas' shares first, each rank then lists what DDP's lists */
@@ -758,10 +757,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     sp.meta = meta;
     sp.nmeta = j->psgd.meta ? 3 : 2;
     sp.overwrite = true;
-    const dt_strategy *strat = dt_trainer_strategy(tr);
-    dt_zero *zs = dt_strategy_zero(strat);
-    st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp,
-                      zs ? dt_zero_group(zs) : dt__strategy_pipe_world(strat));
+    st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, lay.save_group);
     if (st >= 0 && dt_trainer_rank(tr) == 0)
         prune(j->dir, j->keep);
     job_free(j);
@@ -906,14 +902,17 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
     dt_status sst = DT_OK, st = DT_OK;
     char msg[1024] = "";
     /* ZeRO-1: every data-parallel rank helps rank 0 gather the whole state */
-    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
+    dt_strategy_ckpt lay;
+    dt_status lst = dt__strategy_ckpt_layout(dt_trainer_strategy(tr), &lay);
+    if (lst < 0)
+        return lst;
+    dt_pg *share = lay.share_group;
     tpiece *zpc = NULL;
     void *hold = NULL;
-    if (z) {
+    if (share) {
         bool sharded, any;
         sst = collect_pieces(tr, &zpc, &sharded);
-        sst = sst < 0 ? (any_failed(dt_zero_group(z), sst, &any), sst) : complete_shares(tr, dt_zero_group(z), zpc,
-                                                                                          &hold);
+        sst = sst < 0 ? (any_failed(share, sst, &any), sst) : complete_shares(tr, share, zpc, &hold);
         if (sst < 0 && dt_trainer_rank(tr) != 0) {
             st = sst;
             snprintf(msg, sizeof msg, "%s", dt_last_error());
@@ -995,7 +994,10 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     tpiece *pc = NULL;
     bool sharded = false;
     dt_pg *tp = tp_of(tr);
-    if (tp && dt__strategy_pipe_world(dt_trainer_strategy(tr))) /* every rank: its stages' share of each tensor */
+    dt_strategy_ckpt lay;
+    if ((st = dt__strategy_ckpt_layout(dt_trainer_strategy(tr), &lay)) < 0)
+        return st;
+    if (tp && lay.tp_shares) /* every rank: its stages' share of each tensor */
         return save_sharded(tr, dir, &pp, tp);
     if (tp)
         return save_tp(tr, tp, dir, &pp);
@@ -1436,11 +1438,8 @@ dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_in
     if (st >= 0)
         snprintf(ri.path, sizeof ri.path, "%s", ck);
     st = agree_load(tr, st);
-    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
-    if (st >= 0 && z) /* whole (stage 1/2) units: every rank loaded its shard; gather the rest */
-        st = dt_zero_after_step(z);
-    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr))) /* its stages': the others' too */
-        st = dt__trainer_sync_buffers(tr);
+    if (st >= 0) /* every rank loaded what it steps (ZeRO: its shards; a pipeline: its stages'): the rest */
+        st = dt__strategy_after_load(dt_trainer_strategy(tr));
     if (info)
         *info = ri;
     return st;
@@ -1452,11 +1451,8 @@ dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file)
         return dt_error(DT_ERR_NULL, "dt_trainer_load_weights: NULL %s", tr ? "file" : "trainer");
     char ck[4096]; /* a checkpoint, a save directory, or one safetensors file (PyTorch's names) */
     dt_status st = agree_load(tr, load_impl(tr, file, NULL, true, ck, sizeof ck));
-    dt_zero *z = dt_strategy_zero(dt_trainer_strategy(tr));
-    if (st >= 0 && z)
-        st = dt_zero_after_step(z);
-    else if (st >= 0 && dt__strategy_pipe_world(dt_trainer_strategy(tr)))
-        st = dt__trainer_sync_buffers(tr);
+    if (st >= 0)
+        st = dt__strategy_after_load(dt_trainer_strategy(tr));
     return st;
 }
 

@@ -26,11 +26,11 @@
 
 #include "train/trainer_ckpt_psgd.h"
 
-/* The run's PowerSGD hook and its group, or NULL. */
-static dt_powersgd *run_psgd(dt_trainer *tr, dt_ddp **d)
+/* The run's PowerSGD hook and its group, or NULL (the strategy's
+ * compress_state slot). */
+static dt_powersgd *run_psgd(dt_trainer *tr, dt_pg **pg, dt_reducer **r)
 {
-    *d = dt_strategy_ddp(dt_trainer_strategy(tr));
-    return *d ? dt_ddp_powersgd(*d) : NULL;
+    return dt__strategy_compress_state(dt_trainer_strategy(tr), pg, r);
 }
 
 /* Buckets the state has (the length of its JSON's "buckets"). */
@@ -83,11 +83,11 @@ void dt__psgd_saved_release(dt__psgd_saved *c)
 dt_status dt__psgd_ckpt_collect(dt_trainer *tr, dt__psgd_saved *out)
 {
     memset(out, 0, sizeof *out);
-    dt_ddp *d;
-    dt_powersgd *ps = run_psgd(tr, &d);
+    dt_pg *pg;
+    dt_reducer *r;
+    dt_powersgd *ps = run_psgd(tr, &pg, &r);
     if (!ps)
         return DT_OK;
-    dt_pg *pg = dt_ddp_pg(d);
     const int W = dt_pg_size(pg), rank = dt_pg_rank(pg);
     char *js = NULL;
     cJSON *state = NULL, *meta = NULL;
@@ -168,14 +168,13 @@ static dt_status saved_tensor(dt_ckpt *ck, const char *ckname, const char *name,
 
 dt_status dt__psgd_ckpt_load(dt_trainer *tr, dt_ckpt *ck, const char *ckname)
 {
-    dt_ddp *d;
-    dt_powersgd *ps = run_psgd(tr, &d);
+    dt_pg *pg;
+    dt_reducer *r;
+    dt_powersgd *ps = run_psgd(tr, &pg, &r);
     const char *text = dt_ckpt_meta(ck, DT__PSGD_META);
     if (!ps || !text)
         return DT_OK;
-    dt_pg *pg = dt_ddp_pg(d);
     const int W = dt_pg_size(pg), rank = dt_pg_rank(pg);
-    dt_reducer *r = dt_ddp_reducer(d);
     const int nb = dt_reducer_num_buckets(r);
     size_t *numel = dt_calloc((size_t)(nb + 1) * sizeof *numel);
     cJSON *meta = cJSON_Parse(text);

@@ -148,11 +148,12 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
     double loss_sum = 0;
     int64_t correct = 0, seen = 0;
     bool scored = info->y_ndim == 0 && (info->y_dtype == DT_I64 || info->y_dtype == DT_I32);
-    /* pipeline stages: the batch runs through them, each rank with its own
-     * stages' parameters; the last stage's sums go to its pipeline */
-    dt_strategy *piped = dt__strategy_pipe_world(dt_trainer_strategy(tr)) ? dt_trainer_strategy(tr) : NULL;
+    /* the strategy's forward (pipeline stages: the batch runs through them,
+     * each rank with its own stages' parameters; the last stage's sums go
+     * to its pipeline: eval_share) */
+    dt_strategy *s = dt_trainer_strategy(tr);
     bool shared = false;
-    dt_status st = piped ? DT_OK : dt__trainer_sync_buffers(tr); /* DDP: evaluate rank 0's running statistics */
+    dt_status st = dt__trainer_sync_buffers(tr); /* DDP: evaluate rank 0's running statistics */
     if (st < 0)
         goto out;
     if ((st = dt_loader_start_epoch(ld, 0)) < 0)
@@ -165,10 +166,8 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
         /* the plain forward (evaluation is local, no strategy bookkeeping),
          * or through the pipeline's stages */
         dt_tensor *o = NULL;
-        if (!piped) {
-            o = dt_model_forward(ctx, m, x);
-        } else if ((st = dt__strategy_pipe_eval_forward(piped, ctx, x, &o)) < 0) {
-            shared = true; /* it failed the pipeline already */
+        if ((st = dt__strategy_eval_forward(s, ctx, x, &o)) < 0) {
+            shared = true; /* it told the other ranks already (a pipeline's) */
             goto out;
         } else if (!o) { /* not the last stage: it gets the sums at the end */
             dt_ctx_reset(ctx);
@@ -208,7 +207,7 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
         goto out;
     double sums[4] = {loss_sum, (double)correct, (double)seen, scored ? 0.0 : 1.0};
     shared = true; /* from here on the pipeline's ranks fail or succeed together */
-    if (piped && (st = dt__strategy_pipe_eval_share(piped, sums, 4, DT_OK)) < 0)
+    if ((st = dt__strategy_eval_share(s, sums, 4, DT_OK)) < 0)
         goto out;
     if ((st = dt_trainer_allreduce_sum(tr, sums, 4)) < 0)
         goto out;
@@ -216,8 +215,8 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
     out->accuracy = sums[3] == 0 && sums[2] > 0 ? sums[1] / sums[2] : NAN;
     out->items = (int64_t)sums[2];
 out:
-    if (piped && st < 0 && !shared)
-        st = dt__strategy_pipe_eval_share(piped, NULL, 0, st);
+    if (st < 0 && !shared)
+        st = dt__strategy_eval_share(s, NULL, 0, st);
     dt_ctx_reset(ctx);
     dt_ag_set_enabled(ctx, was);
     dt_model_train(m, true);

@@ -101,20 +101,17 @@ bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, si
 static int64_t locate(dt_strategy *s, dt_model *m, const dt_optim_range *rg, size_t k, size_t index,
                       size_t *elem)
 {
-    dt_zero *z = dt_strategy_zero(s);
-    if (z) {
-        size_t n = 0;
-        if (dt_zero_pieces(z, NULL, 0, &n) < 0 || n == 0)
-            return -1;
-        dt_zero_piece *q = calloc(n, sizeof *q);
+    size_t n = 0;
+    dt_zero_piece *q = NULL;
+    if (dt__strategy_pieces(s, &q, &n) < 0)
+        return -1;
+    if (q) { /* the strategy's map (ZeRO's shards) */
         int64_t found = -1;
-        if (q && dt_zero_pieces(z, q, n, &n) >= 0)
-            for (size_t i = 0; i < n && found < 0; i++)
-                if (q[i].range == k && index >= q[i].range_offset &&
-                    index < q[i].range_offset + (q[i].hi - q[i].lo)) {
-                    found = (int64_t)q[i].entry;
-                    *elem = q[i].lo + (index - q[i].range_offset);
-                }
+        for (size_t i = 0; i < n && found < 0; i++)
+            if (q[i].range == k && index >= q[i].range_offset && index < q[i].range_offset + (q[i].hi - q[i].lo)) {
+                found = (int64_t)q[i].entry;
+                *elem = q[i].lo + (index - q[i].range_offset);
+            }
         free(q);
         return found;
     }

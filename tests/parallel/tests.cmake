@@ -29,3 +29,12 @@ if(TARGET example_dtensor_placements AND TARGET example_dtensor_mlp)
                        examples/dtensor_mlp_dp_tp examples/dtensor_mlp_dp_zero examples/dtensor_mlp_pp
                        PROPERTIES TIMEOUT 120 LABELS "examples;parallel")
 endif()
+
+# The README's plan example: GPT-2 over dp 2 x tp 2 x pp 2 ranks with ZeRO-1,
+# built by dt_plan (a few seconds), and one process.
+if(TARGET example_plan)
+  add_test(NAME examples/plan_dp2_tp2_pp2 COMMAND dtrain_cli run -n 8 -- $<TARGET_FILE:example_plan> 2 2 2)
+  add_test(NAME examples/plan_one_process COMMAND example_plan)
+  set_tests_properties(examples/plan_dp2_tp2_pp2 examples/plan_one_process
+                       PROPERTIES TIMEOUT 120 LABELS "examples;parallel")
+endif()

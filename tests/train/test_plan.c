@@ -1,0 +1,123 @@
+/* dt_plan (plan.h): the degrees checked against the world with named
+ * errors, the layout's groups and strategy, the memory estimate from one
+ * function, and the degrees of a DeepSpeed-style config. */
+// dt-test-timeout: 120
+// dt-test-labels: threads
+#include "comm/harness.h"
+#include "test.h"
+
+#include "dtrain/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static dt_plan_params degrees(int dp, int tp, int pp, int stage)
+{
+    dt_plan_params p = dt_plan_params_default();
+    p.dp = dp, p.tp = tp, p.pp = pp, p.zero_stage = stage;
+    return p;
+}
+
+TEST(bad_degrees_are_named)
+{
+    dt_plan_params p = degrees(0, 2, 1, 0);
+    ASSERT_STATUS(dt_plan_check(&p, 3), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "tp 2 needs a multiple of 2 ranks; this job has 3");
+    p = degrees(2, 2, 2, 1);
+    p.names[0] = "--dp", p.names[1] = "--tp", p.names[2] = "--pp";
+    ASSERT_STATUS(dt_plan_check(&p, 4), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "--dp 2 x --tp 2 x --pp 2 is 8 ranks; this job has 4");
+    ASSERT_OK(dt_plan_check(&p, 8));
+    p = degrees(0, 2, 1, 2); /* ZeRO-2 does not combine with tensor parallelism */
+    ASSERT_STATUS(dt_plan_check(&p, 4), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "ZeRO stage 2 with tp 2");
+    p = degrees(0, 1, 1, 0);
+    p.fsdp = DT_FSDP_FULL_SHARD; /* FSDP's name sets the stage */
+    p.ddp.comm_hook = DT_COMM_HOOK_FP16;
+    ASSERT_STATUS(dt_plan_check(&p, 2), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "ZeRO stage 3");
+    p = degrees(0, 1, 1, 0);
+    p.cp = 2;
+    ASSERT_STATUS(dt_plan_check(&p, 2), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "cp 2");
+}
+
+/* dp 2 x tp 2 (Megatron order: tp ranks adjacent) and dp 2 x pp 2. */
+static int body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *world;
+    TH_OK(th_pg(rank, size, NULL, &world));
+    dt_plan_params p = degrees(0, 2, 1, 1);
+    dt_plan *pl;
+    TH_OK(dt_plan_init(world, &p, &pl));
+    TH_CHECK(dt_plan_world(pl) == 2 && dt_plan_rank(pl) == rank / 2 && dt_plan_tp_rank(pl) == rank % 2,
+             "rank %d: dp %d of %d, tp rank %d", rank, dt_plan_rank(pl), dt_plan_world(pl), dt_plan_tp_rank(pl));
+    TH_CHECK(dt_pg_size(dt_plan_tp_group(pl)) == 2 && dt_pg_size(dt_plan_dp_group(pl)) == 2, "rank %d: groups",
+             rank);
+    /* the memory of the layout: ZeRO-1 over the 2 replicas, as offload.h's model says */
+    dt_mem_estimate got, want;
+    TH_OK(dt_plan_memory(pl, 1000, 4, DT_OPTIM_ADAMW, false, NULL, &got));
+    dt_mem_policy mp = {.numel = 1000, .world = 2, .zero_stage = 1, .param_bytes = 4, .optimizer = DT_OPTIM_ADAMW};
+    TH_OK(dt_mem_model_states(&mp, &want));
+    TH_CHECK(got.total == want.total && got.optim == want.optim, "rank %d: %g vs %g bytes", rank,
+             (double)got.total, (double)want.total);
+    TH_CHECK(!dt_plan_meta_model(pl) && dt_plan_is_main(pl) == (rank == 0), "rank %d: meta, main", rank);
+    dt_plan_free(pl);
+    p = degrees(2, 1, 2, 0);
+    TH_OK(dt_plan_init(world, &p, &pl));
+    TH_CHECK(dt_plan_mesh(pl) && dt_plan_world(pl) == 2 && dt_plan_pp_rank(pl) == rank % 2 && !dt_plan_tp_group(pl),
+             "rank %d: pipeline layout", rank);
+    TH_CHECK(dt_plan_meta_model(pl), "rank %d: a pipeline fills only its stages", rank);
+    dt_plan_free(pl);
+    dt_pg_free(world);
+    return 0;
+}
+
+TEST(layouts_over_four_ranks)
+{
+    int codes[4];
+    ASSERT_EQ_INT(th_run(4, 60.0, body, NULL, codes), 0);
+}
+
+TEST(one_process)
+{
+    unsetenv("WORLD_SIZE");
+    dt_plan_params p = degrees(0, 1, 1, 0);
+    dt_plan *pl;
+    ASSERT_OK(dt_plan_init(NULL, &p, &pl));
+    ASSERT(dt_plan_world_group(pl) == NULL); /* DDP on one rank: no group at all */
+    ASSERT_EQ_INT(dt_plan_world(pl), 1);
+    dt_mem_estimate e;
+    ASSERT_OK(dt_plan_memory(pl, 100, 4, DT_OPTIM_SGD, true, NULL, &e));
+    ASSERT(e.total == 100 * (4 + 4 + 4)); /* parameters, gradients, momentum */
+    dt_plan_free(pl);
+}
+
+TEST(from_config)
+{
+    dt_config *c;
+    ASSERT_OK(dt_config_init(&c));
+    const char *text = "{\"zero_optimization\": {\"stage\": 1}, \"pipeline\": {\"stages\": 2}, "
+                       "\"dtrain\": {\"tensor_parallel_size\": 2, \"data_parallel_size\": 2, "
+                       "\"hierarchical_allreduce\": true}}";
+    ASSERT_OK(dt_config_load_string(c, "p.json", text, strlen(text)));
+    dt_plan_params p = dt_plan_params_default();
+    ASSERT_OK(dt_plan_from_config(c, &p));
+    ASSERT_EQ_INT(p.dp, 2);
+    ASSERT_EQ_INT(p.tp, 2);
+    ASSERT_EQ_INT(p.pp, 2);
+    ASSERT_EQ_INT(p.zero_stage, 1);
+    ASSERT(p.hierarchical);
+    ASSERT_OK(dt_plan_check(&p, 8));
+    dt_config_free(c);
+}
+
+int main(void)
+{
+    RUN(bad_degrees_are_named);
+    RUN(layouts_over_four_ranks);
+    RUN(one_process);
+    RUN(from_config);
+    return TEST_REPORT();
+}
