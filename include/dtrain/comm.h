@@ -77,7 +77,11 @@
  *    in seconds, finite and > 0, default 300): DT_ERR_TIMEOUT names the operation, its
  *    sequence number, the ranks that did not arrive (the flight recorder's
  *    verdict, below) and the timeout and where it came from; under mpi,
- *    MPI_Init and a subgroup's creation are bounded by it too;
+ *    a subgroup's creation is bounded by it too. The start-up (every rank
+ *    joining: MPI_Init under mpirun, the shared segment or the rendezvous
+ *    under shm) is bounded by $DT_INIT_TIMEOUT (seconds, finite and > 0),
+ *    else by the same timeout (a slow start on a loaded or containerised
+ *    machine need not share the collectives' short limit);
  *  - ranks that post different collectives at the same sequence number
  *    (operation, count, dtype, reduction or root) all get DT_ERR_MISMATCH
  *    describing both sides (on by default; $DT_COMM_CHECK=0 turns it off);
@@ -166,7 +170,7 @@
  *     dt_pg_allreduce(h, DT_IN_PLACE, g, n, DT_F32, DT_REDUCE_AVG);
  *     dt_pg_free(h);                    // before pg
  *
- * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT,
+ * Environment variables read here: DT_BACKEND, DT_COMM_TIMEOUT, DT_INIT_TIMEOUT,
  * DT_COMM_CHECK, DT_SIM_LOCAL_SIZE (dt_pg_topology), DT_HIER_CHUNK_KB
  * (dt_pg_hierarchical), and those of rank
  * discovery above. The shm backend's own
@@ -691,6 +695,8 @@ typedef struct dt_backend_info {
     double timeout_s;        /* per-operation timeout */
     int check;               /* 1: fingerprint collectives across ranks */
     const char *options;     /* text after the name in the backend string ("shm?x=1" → "x=1"), "" if none */
+    double init_timeout_s;   /* bound on the start-up (every rank of the job joining the group):
+                                $DT_INIT_TIMEOUT, else timeout_s */
 } dt_backend_info;
 
 /* Bits of dt_backend_ops.kinds beyond the kinds: every kind, and "run

@@ -14,6 +14,8 @@
  *   data.h      datasets, samplers, the prefetching loader
  *   parallel.h  DDP, the gradient-reduction engine, SyncBatchNorm, metrics
  *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
+ *   cp.h        context parallelism: ring and Ulysses attention over a split sequence
+ *   zeropp.h    ZeRO++'s quantized all-gather and two-hop reduce-scatter
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   ckpt.h      safetensors files, full and sharded checkpoints
  *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
@@ -32,6 +34,8 @@
 #include "dtrain/data.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tp.h"
+#include "dtrain/cp.h"
+#include "dtrain/zeropp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/config.h"

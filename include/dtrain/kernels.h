@@ -478,6 +478,53 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
                                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                                           bool causal, float p, dt_rng_key key, float *dqkv);
 
+/* Attention of a block of queries against one block of keys and values, the
+ * result merged into a running one: the kernel of attention split along
+ * the sequence (context parallelism, cp.h). q (B, Tq) rows, k and v (B, Tk)
+ * rows, each row H heads of D side by side, with row strides ldq, ldk, ldv
+ * (views into a packed (T, 3C) qkv work: stride 3C); lse's rows of head h
+ * of batch b start at (b H + h) ldlse (ldlse >= Tq). Query row i is at
+ * global position qpos0 + i, key j at kpos0 + j; causal: key j is visible
+ * to row i iff kpos0 + j <= qpos0 + i. y (B, Tq, stride ldy) and lse (B, H,
+ * Tq) are the running result: start with lse = -INFINITY (y is then
+ * ignored) and add each block; the log-sum-exp rule
+ *     lse' = log(e^lse + e^lse_b),  y' = y e^(lse - lse') + y_b e^(lse_b - lse')
+ * makes the end result softmax(q k^T / sqrt(D)) v over all the blocks, in
+ * any order. Rows that see no key of the block are left unchanged. No
+ * dropout. D <= 256. */
+DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
+                                         int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                                         int64_t qpos0, int64_t kpos0, bool causal, float *y, int64_t ldy,
+                                         float *lse, int64_t ldlse);
+/* The backward of one block: with the FINAL y and lse (after every block)
+ * and dy, ADDS this block's terms into dq (B, Tq), dk and dv (B, Tk) (row
+ * strides as named); summed over all the blocks, the gradient of the whole
+ * attention. Deterministic for any thread count. */
+DT_API dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
+                                         int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
+                                         const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                                         int64_t qpos0, int64_t kpos0, bool causal, float *dq, int64_t lddq,
+                                         float *dk, int64_t lddk, float *dv, int64_t lddv);
+
+/* ---- block quantization ------------------------------------------------------------- */
+/* Symmetric block quantization for communication that carries fewer bytes
+ * (ZeRO++'s quantized weights and gradients). x (n) in blocks of `block`
+ * elements (the last may be shorter), one scale per block: scales[b] =
+ * max |x_i| / qmax (qmax 127 for bits = 8, 7 for bits = 4), q_i =
+ * round-half-even(x_i / scales[b]) in [-qmax, qmax], so the dequantized
+ * value is within scales[b] / 2 of x_i (a block of zeros is exact). q holds
+ * dt_k_quant_bytes(n, bits) bytes: int8 one per element; int4 two per byte,
+ * element 2k in the low nibble, two's complement. scales holds
+ * ceil(n / block) floats. A block holding a NaN or an infinity gets a NaN
+ * scale and dequantizes to NaN throughout: an overflow is never hidden by
+ * the quantization. */
+DT_API dt_status dt_k_quantize_blocks(const float *x, int64_t n, int64_t block, int bits, void *q, float *scales);
+/* out (n) = (accumulate ? out + : ) q_i scales[i / block]. */
+DT_API dt_status dt_k_dequantize_blocks(const void *q, const float *scales, int64_t n, int64_t block, int bits,
+                                        float *out, bool accumulate);
+/* Bytes of q for n elements at `bits` (8: n, 4: ceil(n / 2)); -1 for a bad argument. */
+DT_API int64_t dt_k_quant_bytes(int64_t n, int bits);
+
 /* ---- embedding --------------------------------------------------------------- */
 /* out (n, dim) = rows idx[i] of table (num, dim); idx of DT_I64 or DT_I32.
  * An index outside [0, num) is DT_ERR_RANGE. */

@@ -103,6 +103,14 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
             return dt_error(DT_ERR_INVALID_ARG, "DT_COMM_TIMEOUT=%g must be > 0 seconds",
                             timeout);
     }
+    /* The start-up bound: $DT_INIT_TIMEOUT, else the operations' timeout. */
+    double init_timeout = timeout;
+    if (getenv("DT_INIT_TIMEOUT")) {
+        if (dt_env_double("DT_INIT_TIMEOUT", timeout, 0.0, 1e9, &init_timeout) < 0)
+            return DT_ERR_INVALID_ARG;
+        if (!(init_timeout > 0))
+            return dt_error(DT_ERR_INVALID_ARG, "DT_INIT_TIMEOUT=%g must be > 0 seconds", init_timeout);
+    }
     uint32_t fr_cap;
     double fr_wait;
     if (dt__flight_env(&fr_cap, &fr_wait) < 0)
@@ -157,6 +165,7 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
         .timeout_s = timeout,
         .check = check,
         .options = opts,
+        .init_timeout_s = init_timeout,
     };
     dt_error_clear();
     st = pg->ops->init(&info, &pg->ctx);

@@ -18,7 +18,7 @@ static const char *k_vars[] = {
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
     "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
     "SLURM_STEP_ID", "SLURM_NODEID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID", "DT_BACKEND",
-    "DT_COMM_TIMEOUT", "DT_COMM_CHECK", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
+    "DT_COMM_TIMEOUT", "DT_INIT_TIMEOUT", "DT_COMM_CHECK", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
 };
 
 static void clear_env(void)
@@ -234,9 +234,21 @@ TEST(discovery_errors)
     setenv("DT_COMM_TIMEOUT", "2.5", 1);
     ASSERT_OK(discover(NULL));
     ASSERT_NEAR(g_seen.timeout_s, 2.5, 0, 0);
+    ASSERT_NEAR(g_seen.init_timeout_s, 2.5, 0, 0); /* the start-up bound defaults to it */
+    /* the start-up's own bound, checked the same way */
+    for (size_t i = 0; i < sizeof bad_t / sizeof bad_t[0]; i++) {
+        setenv("DT_INIT_TIMEOUT", bad_t[i], 1);
+        ASSERT_STATUS(discover(NULL), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "DT_INIT_TIMEOUT");
+    }
+    setenv("DT_INIT_TIMEOUT", "40", 1);
+    ASSERT_OK(discover(NULL));
+    ASSERT_NEAR(g_seen.timeout_s, 2.5, 0, 0);
+    ASSERT_NEAR(g_seen.init_timeout_s, 40, 0, 0);
     clear_env();
     ASSERT_OK(discover(NULL));
     ASSERT_NEAR(g_seen.timeout_s, 300, 0, 0);
+    ASSERT_NEAR(g_seen.init_timeout_s, 300, 0, 0);
     ASSERT_EQ_INT(g_seen.check, 1);
     setenv("DT_COMM_CHECK", "0", 1);
     ASSERT_OK(discover(NULL));

@@ -13,7 +13,7 @@
  * fails on the 4th token) and a rank given bad arguments fail every rank
  * at once with its message (the group's timeout is 300 s, past the
  * harness's limit). */
-// dt-test-timeout: 120
+// dt-test-timeout: 300
 // dt-test-labels: threads
 #include "comm/harness.h"
 #include "model_util.h"

@@ -20,7 +20,7 @@
  * far off. Last, an evaluation whose loss fails on the last stage fails on
  * every rank at once, with its message (not after the group's timeout of
  * 300 s: the harness would kill the ranks first). */
-// dt-test-timeout: 120
+// dt-test-timeout: 300
 // dt-test-labels: threads
 #include "comm/harness.h"
 #include "model_util.h"

@@ -14,6 +14,7 @@ static void slow_save(const char *name, const char *strategy, const char *slow_r
     char dir[400], p[600];
     snprintf(dir, sizeof dir, "%s/%s", cli_tmpdir(), name);
     setenv("DT_COMM_TIMEOUT", "2", 1);
+    setenv("DT_INIT_TIMEOUT", "60", 1); /* the start-up of a loaded machine is not the subject */
     setenv("DT_FAULT_CKPT_SLOW_MS", "4500", 1);
     setenv("DT_FAULT_CKPT_SLOW_RANK", slow_rank, 1);
     char *args[] = {"run", "-n", "2", "--", getenv("DT_CLI"), "train", "--model", "mlp", "--mlp-hidden", "16",

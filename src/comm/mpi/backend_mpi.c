@@ -1219,6 +1219,7 @@ static dt_status ctx_make(MPI_Comm comm, int check, int blocking, double timeout
  * keep it waiting for ever. It runs on a helper thread; when it has not
  * returned within timeout_s, dt_pg_init fails with DT_ERR_TIMEOUT and the
  * helper is left inside MPI (the process should end: it cannot use MPI).
+ * The bound is info->init_timeout_s ($DT_INIT_TIMEOUT, else the group's timeout).
  * g_init: 0 not started, 1 running, 2 returned (g_init_rc, g_init_level). */
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_init_cv = PTHREAD_COND_INITIALIZER;
@@ -1254,7 +1255,7 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
         }
         g_init = 1;
     }
-    double until = dt_time_s() + info->timeout_s;
+    double until = dt_time_s() + info->init_timeout_s;
     while (g_init == 1) {
         double left = until - dt_time_s();
         if (left <= 0)
@@ -1276,8 +1277,9 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
     if (state != 2)
         return dt_error(DT_ERR_TIMEOUT,
                         "mpi backend: MPI_Init did not complete within %.3g s on rank %d of %d: a process of "
-                        "the job did not start or did not reach dt_pg_init (DT_COMM_TIMEOUT sets the limit)",
-                        info->timeout_s, info->rank, info->world_size);
+                        "the job did not start or did not reach dt_pg_init (DT_INIT_TIMEOUT sets the limit, "
+                        "else DT_COMM_TIMEOUT)",
+                        info->init_timeout_s, info->rank, info->world_size);
     if (rc != MPI_SUCCESS)
         return mpi_err(rc, "MPI_Init_thread", NULL);
     return DT_OK;

@@ -163,7 +163,9 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
                         "shm: unknown backend option \"%s\" (shm is configured with DT_SHM_* "
                         "environment variables)",
                         info->options);
-    shm_ctx *s = ctx_new(info->rank, info->world_size, info->timeout_s, info->check);
+    /* the start-up runs under the start-up bound, the operations after it
+     * under the group's timeout */
+    shm_ctx *s = ctx_new(info->rank, info->world_size, info->init_timeout_s, info->check);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
     dt_status st = configure(s, info->world_size, info->local_world_size);
@@ -185,6 +187,7 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
         ctx_delete(s);
         return st;
     }
+    s->timeout_s = info->timeout_s;
     *ctx = s;
     return DT_OK;
 }

@@ -502,14 +502,14 @@ static dt_status serve_name(const dt_backend_info *info, int lfd, const char *ad
                     full_at = dt_time_s();
             }
         }
-        if (dup < 0 && joined < world - 1 && dt_time_s() - t0 > info->timeout_s) {
+        if (dup < 0 && joined < world - 1 && dt_time_s() - t0 > info->init_timeout_s) {
             char missing[256];
             size_t k = 0;
             for (int r = 1; r < world && k < sizeof missing; r++)
                 if (fds[r] < 0)
                     k += (size_t)snprintf(missing + k, sizeof missing - k, "%s%d", k ? ", " : "", r);
             st = dt_error(DT_ERR_TIMEOUT, "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s "
-                          "(missing: %s)%s", addr, port, joined + 1, world, info->timeout_s, missing,
+                          "(missing: %s)%s", addr, port, joined + 1, world, info->init_timeout_s, missing,
                           refused ? "; ranks of another job were turned away (two jobs share MASTER_PORT?)" : "");
             break;
         }
@@ -531,7 +531,7 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
 {
     const char *addr = info->master_addr[0] ? info->master_addr : "127.0.0.1";
     int port = info->master_port;
-    double t0 = dt_time_s(), tmo = info->timeout_s;
+    double t0 = dt_time_s(), tmo = info->init_timeout_s;
     char msg[64];
     /* An address that does not resolve is named now, on every rank, rather
      * than seen as ranks that never connected. */

@@ -1,0 +1,234 @@
+/* Context parallelism's attention (cp.h, dt_k_attention_part_* in
+ * kernels.h) against the single-process kernel dt_k_attention_fwd/bwd on
+ * the whole sequence:
+ *   - the partial kernel: the keys cut into blocks of odd, uneven lengths,
+ *     added in a scrambled order, give the whole attention's y and lse, and
+ *     the blocks' backward terms sum to its dqkv (causal and not);
+ *   - ring attention on real processes (shm), cp 2 and 4, with and without
+ *     the causal load balancing, causal and not: every rank's y, lse and
+ *     dqkv rows equal the single-process rows at the same global positions
+ *     (within 1e-5; the sums run in another order);
+ *   - DeepSpeed-Ulysses' all-to-all variant, the same cases, and a head
+ *     count that does not divide over the degree refused by name;
+ *   - the layout: rank r of P holds chunks r and 2P-1-r when balanced
+ *     (P = 2, T = 8: positions 0,1,6,7 and 2,3,4,5), and a length that does
+ *     not divide into equal chunks is refused by name. */
+// dt-test-labels: threads
+#include "comm/harness.h"
+#include "test.h"
+
+#include "dtrain/cp.h"
+#include "dtrain/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL 1e-5
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+static float *rand_buf(size_t n, uint64_t seed)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; x && i < n; i++)
+        x[i] = frand(&seed);
+    return x;
+}
+
+/* The blocks of keys [0, 5), [5, 6), [6, 13), [13, 19) of T = 19, added in the order 2, 0, 3, 1. */
+static void part_vs_whole(bool causal)
+{
+    const int64_t B = 2, T = 19, H = 3, D = 8, C = H * D;
+    float *qkv = rand_buf((size_t)(B * T * 3 * C), 7), *dy = rand_buf((size_t)(B * T * C), 11);
+    float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
+    float *yp = malloc(sizeof(float) * (size_t)(B * T * C)), *lp = malloc(sizeof(float) * (size_t)(B * H * T));
+    float *dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C)), *dp = calloc((size_t)(B * T * 3 * C), sizeof(float));
+    ASSERT(qkv && dy && y && lse && yp && lp && dq && dp);
+    ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, y, lse));
+    ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, dq));
+    const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
+    const int order[4] = {2, 0, 3, 1};
+    for (int64_t i = 0; i < B * H * T; i++)
+        lp[i] = -INFINITY;
+    for (int o = 0; o < 4; o++) {
+        int c = order[o];
+        for (int64_t b = 0; b < B; b++) { /* one batch row per call: the batch strides are the caller's */
+            const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
+            ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, kn[c], H, D,
+                                              0, k0[c], causal, yp + b * T * C, C, lp + b * H * T, T));
+        }
+    }
+    for (int64_t i = 0; i < B * T * C; i++)
+        ASSERT_NEAR(yp[i], y[i], TOL, TOL);
+    for (int64_t i = 0; i < B * H * T; i++)
+        ASSERT_NEAR(lp[i], lse[i], TOL, TOL);
+    for (int o = 0; o < 4; o++) {
+        int c = order[o];
+        for (int64_t b = 0; b < B; b++) {
+            const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
+            float *dk = dp + (b * T + k0[c]) * 3 * C + C;
+            ASSERT_OK(dt_k_attention_part_bwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, y + b * T * C, C,
+                                              lse + b * H * T, T, dy + b * T * C, C, 1, T, kn[c], H, D, 0, k0[c],
+                                              causal, dp + b * T * 3 * C, 3 * C, dk, 3 * C, dk + C, 3 * C));
+        }
+    }
+    for (int64_t i = 0; i < B * T * 3 * C; i++)
+        ASSERT_NEAR(dp[i], dq[i], TOL, TOL);
+    free(qkv), free(dy), free(y), free(lse), free(yp), free(lp), free(dq), free(dp);
+}
+
+TEST(part_blocks_equal_whole_causal) { part_vs_whole(true); }
+TEST(part_blocks_equal_whole_full) { part_vs_whole(false); }
+
+TEST(part_bad_arguments)
+{
+    float x[64] = {0}, l[4];
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 2, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, x, 4, l, 2),
+                  DT_ERR_INVALID_ARG); /* ldq below H D */
+    ASSERT_STATUS(dt_k_attention_part_fwd(x, 4, x, 4, x, 4, 1, 2, 2, 1, 4, 0, 0, true, x, 4, l, 1),
+                  DT_ERR_INVALID_ARG); /* lse stride below Tq */
+    ASSERT_STR_CONTAINS(dt_last_error(), "lse");
+}
+
+TEST(layout_positions_and_uneven_refused)
+{
+    dt_cp_layout L;
+    const int64_t want[2][4] = {{0, 1, 6, 7}, {2, 3, 4, 5}};
+    for (int r = 0; r < 2; r++) {
+        ASSERT_OK(dt_cp_layout_make(r, 2, 8, true, &L));
+        ASSERT_EQ_INT(L.local_len, 4);
+        for (int64_t i = 0; i < 4; i++)
+            ASSERT_EQ_INT(dt_cp_position(&L, i), want[r][i]);
+        ASSERT_EQ_INT(dt_cp_position(&L, 4), -1);
+    }
+    ASSERT_OK(dt_cp_layout_make(1, 2, 8, false, &L));
+    ASSERT_EQ_INT(dt_cp_position(&L, 0), 4);
+    ASSERT_STATUS(dt_cp_layout_make(0, 2, 6, true, &L), DT_ERR_INVALID_ARG); /* 6 % 4 != 0 */
+    ASSERT_STR_CONTAINS(dt_last_error(), "sequence length 6");
+    ASSERT_STATUS(dt_cp_layout_make(0, 4, 10, false, &L), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "uneven chunks");
+    ASSERT_STATUS(dt_cp_layout_make(2, 2, 8, false, &L), DT_ERR_INVALID_ARG);
+}
+
+typedef struct {
+    int64_t T;
+    bool balance, causal, ulysses;
+    int64_t H; /* 0: 4 */
+} ring_case;
+
+static int body_ring(int rank, int P, void *arg)
+{
+    const ring_case *rc = arg;
+    const int64_t B = 2, T = rc->T, H = rc->H ? rc->H : 4, D = 8, C = H * D;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, P, NULL, &pg));
+    if (rc->ulysses && H % P != 0) { /* refused by name, on every rank */
+        dt_cp_layout L;
+        float x[1];
+        TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
+        TH_CHECK(dt_cp_ulysses_fwd(pg, &L, x, 1, H, D, true, x, x) == DT_ERR_INVALID_ARG &&
+                     strstr(dt_last_error(), "heads do not divide"),
+                 "Ulysses with %lld heads on cp %d: %s", (long long)H, P, dt_last_error());
+        dt_pg_free(pg);
+        return 0;
+    }
+    /* the whole problem, the same on every rank, and its single-process answer */
+    float *qkv = rand_buf((size_t)(B * T * 3 * C), 3), *dy = rand_buf((size_t)(B * T * C), 5);
+    float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
+    float *dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C));
+    TH_CHECK(qkv && dy && y && lse && dq, "out of memory");
+    TH_OK(dt_k_attention_fwd(qkv, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, y, lse));
+    TH_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, rc->causal, 0.0f, (dt_rng_key){0}, dq));
+    dt_cp_layout L;
+    TH_OK(dt_cp_layout_make(rank, P, T, rc->balance, &L));
+    const int64_t Tl = L.local_len;
+    float *lq = malloc(sizeof(float) * (size_t)(B * Tl * 3 * C)), *ldy = malloc(sizeof(float) * (size_t)(B * Tl * C));
+    float *ly = malloc(sizeof(float) * (size_t)(B * Tl * C)), *ll = malloc(sizeof(float) * (size_t)(B * H * Tl));
+    float *ld = malloc(sizeof(float) * (size_t)(B * Tl * 3 * C));
+    TH_CHECK(lq && ldy && ly && ll && ld, "out of memory");
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t g = dt_cp_position(&L, i);
+            memcpy(lq + (b * Tl + i) * 3 * C, qkv + (b * T + g) * 3 * C, sizeof(float) * (size_t)(3 * C));
+            memcpy(ldy + (b * Tl + i) * C, dy + (b * T + g) * C, sizeof(float) * (size_t)C);
+        }
+    if (rc->ulysses) {
+        TH_OK(dt_cp_ulysses_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
+        TH_OK(dt_cp_ulysses_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
+    } else {
+        TH_OK(dt_cp_attention_fwd(pg, &L, lq, B, H, D, rc->causal, ly, ll));
+        TH_OK(dt_cp_attention_bwd(pg, &L, lq, ly, ll, ldy, B, H, D, rc->causal, ld));
+    }
+    double worst = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tl; i++) {
+            int64_t g = dt_cp_position(&L, i);
+            for (int64_t c = 0; c < C; c++) {
+                double e = fabs(ly[(b * Tl + i) * C + c] - y[(b * T + g) * C + c]);
+                worst = e > worst ? e : worst;
+            }
+            for (int64_t c = 0; c < 3 * C; c++) {
+                double e = fabs(ld[(b * Tl + i) * 3 * C + c] - dq[(b * T + g) * 3 * C + c]);
+                worst = e > worst ? e : worst;
+            }
+            for (int64_t h = 0; h < H; h++) {
+                double e = fabs(ll[(b * H + h) * Tl + i] - lse[(b * H + h) * T + g]);
+                worst = e > worst ? e : worst;
+            }
+        }
+    TH_CHECK(worst <= TOL, "%s cp %d, T %lld, balance %d, causal %d: largest difference %.3g",
+             rc->ulysses ? "Ulysses" : "ring", P, (long long)T, rc->balance, rc->causal, worst);
+    free(qkv), free(dy), free(y), free(lse), free(dq), free(lq), free(ldy), free(ly), free(ll), free(ld);
+    dt_pg_free(pg);
+    return 0;
+}
+
+static void ring(int P, int64_t T, bool balance, bool causal)
+{
+    ring_case rc = {T, balance, causal, false, 0};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+static void ulysses(int P, int64_t T, bool balance, bool causal, int64_t H)
+{
+    ring_case rc = {T, balance, causal, true, H};
+    ASSERT_EQ_INT(th_run(P, 120.0, body_ring, &rc, NULL), 0);
+}
+
+TEST(ring_cp2_balanced_causal) { ring(2, 24, true, true); }
+TEST(ring_cp2_plain_causal) { ring(2, 22, false, true); }
+TEST(ring_cp2_full) { ring(2, 20, false, false); }
+TEST(ring_cp4_balanced_causal) { ring(4, 40, true, true); }
+TEST(ring_cp4_plain_causal) { ring(4, 36, false, true); }
+TEST(ring_cp4_balanced_full) { ring(4, 24, true, false); }
+TEST(ulysses_cp2_balanced_causal) { ulysses(2, 24, true, true, 4); }
+TEST(ulysses_cp4_plain_causal) { ulysses(4, 20, false, true, 4); }
+TEST(ulysses_cp4_balanced_full) { ulysses(4, 16, true, false, 4); }
+TEST(ulysses_heads_must_divide) { ulysses(4, 16, true, true, 2); }
+
+/* The forked ranks first: a child of a process whose OpenMP pool has
+ * started can hang in its first parallel region (libgomp is not fork-safe),
+ * so the parent runs no kernel until the ring tests are done. */
+int main(void)
+{
+    RUN(layout_positions_and_uneven_refused);
+    RUN(ring_cp2_balanced_causal);
+    RUN(ring_cp2_plain_causal);
+    RUN(ring_cp2_full);
+    RUN(ring_cp4_balanced_causal);
+    RUN(ring_cp4_plain_causal);
+    RUN(ring_cp4_balanced_full);
+    RUN(ulysses_cp2_balanced_causal);
+    RUN(ulysses_cp4_plain_causal);
+    RUN(ulysses_cp4_balanced_full);
+    RUN(ulysses_heads_must_divide);
+    RUN(part_blocks_equal_whole_causal);
+    RUN(part_blocks_equal_whole_full);
+    RUN(part_bad_arguments);
+    return TEST_REPORT();
+}
