@@ -82,3 +82,9 @@ set_target_properties(bench_pipe_unit_times PROPERTIES OUTPUT_NAME pipe_unit_tim
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_pipe_unit_times PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_pipe_unit_times PRIVATE dtrain_static)
+# dt_model_generate's tokens/s with and without the key/value cache (issue 31).
+add_executable(bench_generate_tps ${CMAKE_CURRENT_LIST_DIR}/generate_tps.c)
+set_target_properties(bench_generate_tps PROPERTIES OUTPUT_NAME generate_tps
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_generate_tps PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_generate_tps PRIVATE dtrain_static)

@@ -34,4 +34,16 @@ dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_ll
 dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
+/* The key/value cache of dt_model_generate (generate_kv.c). init: *out a
+ * cache of cap positions for model m, or NULL (DT_OK) where the model is
+ * not a plain one-process GPT-2 zoo tree. forward: the logits [1, 1, V]
+ * (f32) of the last of the n tokens tok[0..n), run at the positions after
+ * the ones cached, whose keys and values it adds (no-grad context, eval
+ * mode: the caller's). len: positions cached so far. */
+typedef struct dt__gen_kv dt__gen_kv;
+dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out);
+void dt__gen_kv_free(dt__gen_kv *kv);
+int64_t dt__gen_kv_len(const dt__gen_kv *kv);
+dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
+
 #endif

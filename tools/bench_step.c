@@ -17,7 +17,12 @@
  * machine a 1-thread run's cpu_ms is a steadier measure of the work than
  * wall time (bench/torch_step.py reports the same).
  *
- * The first step is reported apart (first_step_ms: the very first
+ * Before the first step the trainer is prepared (dt_trainer_prepare,
+ * train.h: one forward and backward on the batch that is not a step and
+ * leaves no trace, sizing and committing the step's memory and creating
+ * its kernels, as a compiled framework's first call does); prepare_ms is
+ * its time (0 with --prepare off, which leaves all of that to the first
+ * step). The first step is reported apart (first_step_ms: the very first
  * dt_trainer_step of the run, whatever it had to allocate, fault in or
  * create) beside the steady state, and page_faults_per_step is the process's
  * minor page faults (getrusage) over the timed steps, per step: 0 when a step
@@ -104,12 +109,14 @@ static void usage(FILE *f)
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
                "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
                "  --lm-loss L     GPT models: fused (default: head + cross-entropy in row chunks) or unfused\n"
+               "  --prepare P     on (default): dt_trainer_prepare before the first step (prepare_ms); off: the first\n"
+               "                  step sizes its memory and creates its kernels itself\n"
                "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"
                "  --json          one JSON object per result on stdout\n");
 }
 
 static int run_one(const char *name, long batch, long seq, int steps, int warmup, double peak, double cpu_peak,
-                   bool json, dt_pg *tpg, const char *precision, bool fused)
+                   bool json, dt_pg *tpg, const char *precision, bool fused, bool prepare)
 {
     int rc = 1;
     dt_model *m = NULL;
@@ -176,6 +183,13 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     if (dt_trainer_init(m, strat, &tp, &tr) < 0)
         goto fail;
     dt_trainer_batch b = dt_trainer_batch_make(x, desc.input_dtype, nd, shape, tnd ? y : NULL, tdt, tnd, tshape);
+    double prep_s = 0;
+    if (prepare) {
+        double t0 = dt_time_s();
+        if (dt_trainer_prepare(tr, &b, NULL) < 0)
+            goto fail;
+        prep_s = dt_time_s() - t0;
+    }
     float last_loss = 0;
     double first_s = 0, prev_s = 0;
     long first_faults = 0;
@@ -233,14 +247,14 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     int threads = dt_get_num_threads();
     if (quiet) {
     } else if (json) {
-        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,"
+        printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g}\n",
                name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : desc.lm_head ? "fused" : "unfused",
                threads,
-               tpg ? dt_pg_size(tpg) : 1, steps, warmup, med[0] * 1e3, mn * 1e3, first_s * 1e3,
+               tpg ? dt_pg_size(tpg) : 1, steps, warmup, prep_s * 1e3, med[0] * 1e3, mn * 1e3, first_s * 1e3,
                med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
@@ -277,7 +291,7 @@ int dt_bench_step(int argc, char **argv)
     const char *models = "convnet", *precision = "fp32", *lm_loss = "fused";
     long batch = 0, seq = 0;
     int steps = 20, warmup = WARMUP_AUTO, threads = 0, peak_reps = 5, tpn = 0;
-    bool json = false;
+    bool json = false, prepare = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -304,6 +318,8 @@ int dt_bench_step(int argc, char **argv)
             precision = v, i++;
         } else if (v && !strcmp(a, "--lm-loss")) {
             lm_loss = v, i++;
+        } else if (v && !strcmp(a, "--prepare") && (!strcmp(v, "on") || !strcmp(v, "off"))) {
+            prepare = !strcmp(v, "on"), i++;
         } else if (v && !strcmp(a, "--tp")) {
             tpn = atoi(v), i++;
         } else {
@@ -375,7 +391,7 @@ int dt_bench_step(int argc, char **argv)
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg, precision, !strcmp(lm_loss, "fused"));
+        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg, precision, !strcmp(lm_loss, "fused"), prepare);
         if (r)
             rc = r;
     }

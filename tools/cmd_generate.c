@@ -38,6 +38,8 @@ static void usage(FILE *f)
                "  --temperature X       0 = greedy (default 1)\n"
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
+               "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
+               "                        token alone (default on; off: a forward over the window per token)\n"
                "prints the prompt and the new tokens as ids, \"p1 ... pn | t1 ... tk\".\n"
                "e.g. dtrain generate --ckpt runs/gpt --vocab kjv.bpe --prompt \"In the beginning\" --top-k 40\n");
 }
@@ -139,6 +141,12 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--max-new-tokens")) {
             if (dt_parse_int(a, v, 0, 1000000, &gp.max_new_tokens) < 0)
                 return bad();
+        } else if (!strcmp(a, "--kv-cache")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                dt__cli_err("dtrain generate: --kv-cache: '%s' is neither on nor off\n", v);
+                return 2;
+            }
+            gp.kv_cache = !strcmp(v, "on");
         } else if (!strcmp(a, "--top-k")) {
             if (dt_parse_int(a, v, 0, 100000000, &gp.top_k) < 0)
                 return bad();

@@ -234,6 +234,9 @@ DT_API void dt_arena_rewind(dt_arena *a, dt_arena_pos p);
 /* Bytes handed out since the last reset, and the high-water mark. */
 DT_API size_t dt_arena_used(const dt_arena *a);
 DT_API size_t dt_arena_peak(const dt_arena *a);
+/* Bytes the arena holds in blocks now (used or not); changes only when a
+ * block is added or the blocks are coalesced at a reset. 0 for NULL. */
+DT_API size_t dt_arena_capacity(const dt_arena *a);
 
 /* ---- clocks ----------------------------------------------------------- */
 /* Monotonic time in seconds / nanoseconds. */

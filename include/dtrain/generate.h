@@ -40,6 +40,13 @@ typedef struct dt_generate_params {
     int64_t top_k;          /* sample among the k most likely tokens (ties at the k-th kept); 0 = all;
                                default 0 */
     uint64_t seed;          /* sampling draws: Philox (seed, DT_RNG_USER, "gen", token index); default 0 */
+    bool kv_cache;          /* true (default): dt_model_generate keeps each block's keys and values,
+                               runs the prompt once and then each new token alone while the
+                               sequence fits block_size (past it, the window moves: a forward
+                               over it per token); false: a forward over the window per token.
+                               The tokens are the same; the logits agree to rounding (the
+                               cached path's matmuls have other shapes). Not under the pipe
+                               strategy (dt_strategy_pipe_generate: always the window) */
 } dt_generate_params;
 DT_API dt_generate_params dt_generate_params_default(void);
 /* Continue prompt[0..nprompt) (token ids in [0, V)) with a GPT-2 zoo model:

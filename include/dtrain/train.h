@@ -537,6 +537,22 @@ DT_API void dt_trainer_free(dt_trainer *tr);
  * (DT_ERR_RANGE from the scaler: the step is skipped, *out not filled). */
 DT_API dt_status dt_trainer_step(dt_trainer *tr, const dt_trainer_batch *micro, int n, dt_trainer_metrics *out);
 
+/* Prepare for the steps (a warm-up that is not a step, like a compiled
+ * framework's first call): one forward and backward on micro-batch b that sizes and
+ * commits the step's memory (the context's arena, page-faulted once) and
+ * creates the matmul/convolution kernels, so that the first
+ * dt_trainer_step runs as fast as the later ones (no page fault, no kernel
+ * created). It leaves no trace: parameters, optimizer state, step count,
+ * schedule, the model's buffers (running statistics) and random streams
+ * (dropout) are as before, the gradients zero. Call it with a batch of the
+ * shapes the steps will use (another shape's first step pays for itself).
+ * It costs about one step's forward and backward. Local: no communication
+ * (DDP: the backward runs without reduction), so it may be called on some
+ * ranks only. Where the strategy keeps sharded, offloaded or pipelined
+ * gradients (ZeRO, pipeline, offload, tensor parallelism) it does nothing
+ * and *ran (may be NULL) says false; true when it ran. */
+DT_API dt_status dt_trainer_prepare(dt_trainer *tr, const dt_trainer_batch *b, bool *ran);
+
 /* Ask every rank to stop: the next step's agreement reports stop = true on
  * all ranks (dt_trainer_epoch returns after that step). Only sets a flag:
  * safe to call from a signal handler. */

@@ -256,3 +256,11 @@ void dt_arena_rewind(dt_arena *a, dt_arena_pos p)
 
 size_t dt_arena_used(const dt_arena *a) { return a ? a->used : 0; }
 size_t dt_arena_peak(const dt_arena *a) { return a ? a->peak : 0; }
+
+size_t dt_arena_capacity(const dt_arena *a)
+{
+    size_t n = 0;
+    for (const dt_arena_block *b = a ? a->head : NULL; b; b = b->next)
+        n += b->cap;
+    return n;
+}

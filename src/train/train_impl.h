@@ -68,6 +68,12 @@ void dt__trainer_ckpt_free(dt_trainer *tr);
 /* trainer.c, for the epoch helpers (trainer_epoch.c) */
 /* One micro-batch (sync: the step's last); then the rest of the step. */
 dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync);
+/* dt_trainer_prepare's pieces (trainer.c): whether the strategy and options
+ * let a micro-batch run without a trace (no collective, no sharded or
+ * offloaded gradients), and that micro-batch (forward and backward without
+ * reduction, no fault injected) followed by the gradients' zeroing. */
+bool dt__trainer_can_prepare(const dt_trainer *tr);
+dt_status dt__trainer_prepare_micro(dt_trainer *tr, const dt_trainer_batch *b);
 dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out);
 int64_t dt__trainer_grad_accum(const dt_trainer *tr);
 /* With one replica a stop request needs no agreement: stop now. */

@@ -68,6 +68,7 @@ struct dt_trainer {
     size_t bufcap;
     dt__fault fault;         /* DT_FAULT_NONFINITE (tests) */
     void *fault_x;           /* the poisoned input copy of the injection */
+    bool preparing;           /* dt_trainer_prepare's micro-batch: no fault injected */
     double lr, t_fwd, t_bwd, t0;
 };
 
@@ -468,8 +469,10 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         goto fail;
     dt_model_zero_grad(m); /* the optimizer's pass keeps them zeroed from here on (or the marks) */
     tr->lazy_grads = lazy_grads_ok(tr);
-    if (tr->lazy_grads)
+    if (tr->lazy_grads) { /* the first step's backward as every later one's: overwriting (beta = 0 GEMMs) */
         dt_optim_set_zero_grad(tr->opt, false);
+        dt_model_zero_grad_lazy(m);
+    }
     dt_model_train(m, true);
     /* a strategy that runs its own schedule (a pipeline) numbers the trace
      * by the ranks of its whole group (the one its checkpoints are saved
@@ -589,7 +592,7 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
     }
     free(tr->fault_x);
     tr->fault_x = NULL;
-    const bool inject = tr->fault.what != DT__FAULT_NONE && tr->fault.rank == tr->rank &&
+    const bool inject = !tr->preparing && tr->fault.what != DT__FAULT_NONE && tr->fault.rank == tr->rank &&
                         tr->fault.step == tr->opt_step + 1 && tr->nmicro == 0;
     const dt__fault_what fw = inject ? tr->fault.what : DT__FAULT_NONE;
     dt_strategy *s = tr->s;
@@ -792,6 +795,30 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     if (out)
         *out = r;
     return DT_OK;
+}
+
+/* dt_trainer_prepare (trainer_prepare.c): whether its micro-batch can run
+ * here without a trace, and running it then dropping what it left. */
+bool dt__trainer_can_prepare(const dt_trainer *tr)
+{
+    dt_pg *tp = dt_tp_model_group(tr->m); /* a tensor-parallel model: the strategy reduces over its group */
+    return !tr->s->ops.forward_backward && !tr->s->ops.optim_ranges && !tr->s->ops.owned_range &&
+           !(tp && dt_pg_size(tp) > 1) && !tr->off && !tr->ssteps;
+}
+
+dt_status dt__trainer_prepare_micro(dt_trainer *tr, const dt_trainer_batch *b)
+{
+    tr->preparing = true;
+    dt_status st = dt__trainer_micro(tr, b, false);
+    tr->preparing = false;
+    tr->nmicro = 0;
+    if (tr->s->ops.wait)
+        tr->s->ops.wait(tr->s->self);
+    if (tr->lazy_grads) /* as after a step: marked zero, the next backward overwrites */
+        dt_model_zero_grad_lazy(tr->m);
+    else
+        dt_model_zero_grad(tr->m);
+    return st;
 }
 
 dt_status dt_trainer_step(dt_trainer *tr, const dt_trainer_batch *micro, int n, dt_trainer_metrics *out)

@@ -4,8 +4,11 @@
  * position's logits, divide by the temperature, keep the top k, and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
- * same text on any machine and thread count. No key/value cache: each token
- * costs one forward over the context (fine for samples during training).
+ * same text on any machine and thread count. In one process a key/value
+ * cache (generate_kv.c; dt_generate_params.kv_cache, on by default) runs the
+ * prompt once and then each new token alone, while the sequence fits the
+ * window; past it, and without the cache, each token costs one forward over
+ * the window.
  *
  * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
  * on every rank of the pipeline with the forward through the stages
@@ -14,7 +17,7 @@
  * to every rank of its pipeline (dt_strategy_eval_share), so all of
  * them extend the same sequence. Still no cache: each token is a forward of
  * the whole window through the stages. */
-#include "train/train_impl.h"
+#include "zoo.h"
 
 #include "dtrain/generate.h"
 #include "dtrain/models.h"
@@ -27,7 +30,7 @@
 
 dt_generate_params dt_generate_params_default(void)
 {
-    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .seed = 0};
+    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .seed = 0, .kv_cache = true};
     return p;
 }
 
@@ -141,8 +144,23 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     bool was_training = dt_module_is_training(root);
     dt_model_train(m, false);
     bool shared = !ops->share; /* one process: nobody to tell */
+    dt__gen_kv *kv = NULL;
+    if (st == DT_OK && p.kv_cache && !ops->share && nprompt <= P && p.max_new_tokens > 0)
+        st = dt__gen_kv_init(m, nprompt + p.max_new_tokens < P ? nprompt + p.max_new_tokens : P, &kv);
     for (int64_t k = 0; st == DT_OK && k < p.max_new_tokens; k++) {
         dt_ag_set_enabled(ctx, false);
+        if (kv && n <= P) { /* positions fixed: the tokens not cached yet, alone */
+            int64_t c = dt__gen_kv_len(kv);
+            dt_tensor *y = dt__gen_kv_forward(kv, ctx, out + c, n - c);
+            if (!y) {
+                st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: cached forward", who);
+                break;
+            }
+            out[n] = pick((const float *)y->data, V, &p, k, prob);
+            n++;
+            dt_ctx_reset(ctx);
+            continue;
+        }
         int64_t T = n < P ? n : P;
         dt_tensor *x = dt_tensor_view_of(ctx, out + n - T, DT_I64, 2, (int64_t[]){1, T});
         dt_tensor *y = NULL;
@@ -181,6 +199,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     if (st < 0 && !shared) /* failed outside the forward (no memory): the pipeline must not wait */
         st = ops->share(ops->ud, &(int64_t){-1}, st);
     dt_model_train(m, was_training);
+    dt__gen_kv_free(kv);
     free(prob);
     dt_ctx_free(ctx);
     *nout = n;
