@@ -106,9 +106,10 @@ build-tsan/CMakeCache.txt:
 
 # (a test registered in a tests.cmake under a name that is no target, such as
 # kernels/test_amx_gemm_hw running test_amx_gemm, is left out of the target
-# list; its program is built under its own test's name)
+# list; its program is built under its own test's name. `cmake .` first: in a
+# tree configured before new tests were added, the target list would lack them)
 test-tsan: deps-test build-tsan/CMakeCache.txt
-	cd build-tsan && targets=$$(cmake --build . --target help | sed -n 's/^\.\.\. \([A-Za-z0-9_]*\)$$/\1/p') && \
+	cd build-tsan && cmake . > /dev/null && targets=$$(cmake --build . --target help | sed -n 's/^\.\.\. \([A-Za-z0-9_]*\)$$/\1/p') && \
 	  cmake --build . -j $(JOBS) --target dtrain_cli \
 	    $$(ctest -N -L threads | sed -n 's|^ *Test *#[0-9]*: [a-z]*/||p' | \
 	       while read -r t; do printf '%s\n' "$$targets" | grep -qx "$$t" && echo "$$t"; done)
