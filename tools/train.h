@@ -49,7 +49,7 @@ typedef struct dt__train_opts {
     int64_t powersgd_rank;    /* 0 = unset (1) */
     int64_t powersgd_start_iter; /* -1 = unset (1000) */
     bool powersgd_no_error_feedback, powersgd_no_warm_start;
-    /* optimizer-state offload (src/parallel/offload.c) */
+    /* optimizer-state offload (src/parallel/zero/offload.c) */
     const char *offload;      /* NULL = none | "cpu" | "nvme:PATH" (checked here) */
     const char *offload_param;/* stage 3 parameter offload: NULL = none | "cpu" | "nvme:PATH" */
     /* model size (the mlp; 0 = the zoo's default) */

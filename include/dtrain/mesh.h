@@ -39,7 +39,7 @@
  *   S -> P        S -> R, then R -> P
  *   P(a) -> P(b)  a == b: nothing; else P(a) -> R -> P(b)
  * Each transition is one function in src/parallel/reshard_<from>_<to>.c,
- * registered in a table (src/parallel/reshard_table.c). On an N-d mesh the
+ * registered in a table (src/parallel/dtensor/reshard_table.c). On an N-d mesh the
  * mesh dims are done in an order that moves the fewest bytes: local slices
  * first, then reduce-scatters, all-to-alls, all-reduces, all-gathers last
  * (an S(i)->S(j) pair that would cross nests through Replicate). To another

@@ -3,7 +3,7 @@
  *
  * Not installed and not for users (they have nn.h: the zoo's models are
  * written on it alone). Included from outside src/nn by:
- *   - src/parallel/tp.c: the tensor-parallel layers (dt_tp_column_linear,
+ *   - src/parallel/tp/tp.c: the tensor-parallel layers (dt_tp_column_linear,
  *     dt_tp_row_linear, dt_tp_vocab_embedding) are modules whose forwards
  *     read their configuration and parameters as nn's own kinds do, and
  *     tag a module with its tensor-parallel group (dt_module.tp);

@@ -13,7 +13,7 @@
  * gets one unit per dtype (f32, bf16, f16 in that order), each with its own
  * flat: FSDP likewise wraps the modules it keeps in f32 separately. */
 #include "dtrain/precision.h"
-#include "parallel/zero_impl.h"
+#include "parallel/zero/zero_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

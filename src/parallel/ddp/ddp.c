@@ -14,7 +14,7 @@
  * as PyTorch's DDP buckets per dtype. The buckets,
  * their ordered posting and the wait are the reduction engine's (reducer.c);
  * DDP adds the iteration state, unused parameters and buffer broadcasts. */
-#include "parallel/ddp_impl.h"
+#include "parallel/ddp/ddp_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  * dt_ddp_wait then waits only for what is outstanding. A model of several
  * parameter dtypes has a reducer per dtype: each call here goes to the
  * reducer of the parameter's dtype, or to each reducer in turn. */
-#include "parallel/ddp_impl.h"
+#include "parallel/ddp/ddp_impl.h"
 
 #include <stdio.h>
 #include <string.h>

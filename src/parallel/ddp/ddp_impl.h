@@ -1,4 +1,4 @@
-/* src/parallel/ddp_impl.h — DDP internals shared by ddp.c (construction,
+/* src/parallel/ddp/ddp_impl.h — DDP internals shared by ddp.c (construction,
  * forward) and ddp_hooks.c (the iteration around the reduction engine). */
 #ifndef DT_DDP_IMPL_H
 #define DT_DDP_IMPL_H

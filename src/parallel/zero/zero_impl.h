@@ -1,4 +1,4 @@
-/* src/parallel/zero_impl.h — ZeRO internals shared by zero.c (the engine)
+/* src/parallel/zero/zero_impl.h — ZeRO internals shared by zero.c (the engine)
  * and zero_wrap.c (the wrap policy that makes the units). */
 #ifndef DT_ZERO_IMPL_H
 #define DT_ZERO_IMPL_H

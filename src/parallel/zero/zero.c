@@ -46,7 +46,7 @@
 #include "dtrain/parallel.h"
 #include "dtrain/kernels.h"
 #include "dtrain/precision.h"
-#include "parallel/zero_impl.h"
+#include "parallel/zero/zero_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

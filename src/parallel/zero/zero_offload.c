@@ -28,7 +28,7 @@
  * agree the same way. */
 #include "dtrain/offload.h"
 #include "dtrain/parallel.h"
-#include "parallel/zero_impl.h"
+#include "parallel/zero/zero_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
