@@ -122,6 +122,10 @@ void dt__optim_lamb_stage2(float *p, float *u, size_t n, float ratio, bool zero_
 
 /* Tests: force the scalar kernels (true) or pick by CPU again (false). */
 void dt__optim_force_scalar(bool on);
+/* Tests: use the kernels of level 0 (scalar), 1 (AVX2+FMA) or 2 (AVX-512);
+ * -1 picks by CPU again. False (nothing changed) when the CPU, as
+ * dt_cpu_detect() reports it, lacks that level. */
+bool dt__optim_force_level(int level);
 /* True when the AVX2+FMA kernels are in use. */
 bool dt__optim_simd_active(void);
 
