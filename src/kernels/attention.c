@@ -34,8 +34,8 @@
  * terms. The backward keeps the block's P and dS ([T, BK] each, per-thread
  * scratch) so that dk_j and dv_j are each one such sum over the rows i, and
  * dq_i one over the block's keys. Every sum runs in a fixed order (scores in
- * d order, the rest in key or query order), so the AVX2 and baseline paths
- * give the same bits. At GPT-2 sizes attention is
+ * d order, the rest in key or query order), so the AVX-512 (16 lanes), AVX2
+ * and baseline paths give the same bits. At GPT-2 sizes attention is
  * a few percent of a step's FLOPs, the projections around it are oneDNN
  * matmuls. */
 #include "kernels_impl.h"

@@ -84,9 +84,9 @@ struct dt_optim {
     bool zero_grad;
 };
 
-/* Element kernels (optim_kernels.c): AVX2+FMA when the CPU has it, otherwise
- * scalar code that computes bit-identical results (fmaf, same summation
- * pattern). */
+/* Element kernels (optim_kernels.c): AVX-512 (16 lanes) or AVX2+FMA when the
+ * CPU has it, otherwise scalar code; all three compute bit-identical results
+ * (fmaf, same summation pattern). */
 typedef struct dt__sgd_k {
     float wd, momentum, one_minus_damp, neg_lr;
     bool has_wd, has_momentum, nesterov, first, zero_grad;
