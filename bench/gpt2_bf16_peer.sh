@@ -50,7 +50,8 @@ cli=${DT_CLI:-build/dtrain}
 base=${DT_BASE_CLI:-}
 [ -z "$base" ] || [ -x "$base" ] || { echo "gpt2_bf16_peer.sh: DT_BASE_CLI '$base' is not a program" >&2; exit 2; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dt-gpt2peer.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT INT TERM
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 [ -z "$logs" ] || mkdir -p "$logs"
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
 
