@@ -1,5 +1,6 @@
-/* src/parallel/zero/zero_impl.h — ZeRO internals shared by zero.c (the engine)
- * and zero_wrap.c (the wrap policy that makes the units). */
+/* src/parallel/zero/zero_impl.h — ZeRO internals shared by zero.c (the engine),
+ * zero_mem.c (its memory), zero_info.c (introspection), zero_wrap.c (the
+ * wrap policy that makes the units) and zero_offload.c (parameter offload). */
 #ifndef DT_ZERO_IMPL_H
 #define DT_ZERO_IMPL_H
 
@@ -112,6 +113,33 @@ struct dt_zero {
  * z->entry_unit, z->nentry (layout only; no memory for the flats). */
 dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p);
 void dt__zero_free_units(dt_zero *z);
+/* Bytes of u's whole parameters (dtype) / whole reduced gradients (rdt). */
+static inline size_t dt__zero_unit_bytes(const zunit *u) { return u->total * u->es; }
+static inline size_t dt__zero_unit_rbytes(const zunit *u) { return u->total * u->res; }
+
+/* zero_mem.c: the memory of the units. */
+/* Give a region's pages back (they read as zero afterwards). */
+void dt__zero_region_release(void *p, size_t bytes);
+/* Count bytes gathered (or unsharded gradients) as live; keeps the peak. */
+void dt__zero_live_add(dt_zero *z, size_t bytes);
+/* The page pool: set up after the units (sized by the largest stage-3
+ * unit), free, and move pool pages under u's region before its gather. */
+void dt__zero_pool_init(dt_zero *z);
+void dt__zero_pool_free(dt_zero *z);
+void dt__zero_pool_take(dt_zero *z, zunit *u);
+/* Free a stage-3 unit's gathered parameters (into the pool or to the system). */
+void dt__zero_unit_reshard(dt_zero *z, zunit *u);
+/* A whole-unit buffer: from dt_pg_alloc when want_shared and it has room
+ * (*shared true), else a mapped region; and its release. */
+void *dt__zero_buf_map(dt_zero *z, size_t bytes, bool want_shared, bool *shared);
+void dt__zero_buf_unmap(dt_zero *z, void *p, size_t bytes, bool shared);
+/* Release a unit's whole gradients (reduced, or not needed). */
+void dt__zero_release_grads(dt_zero *z, zunit *u);
+/* Stage 1, a new step: zero the last step's whole gradients outside rank's range. */
+void dt__zero_clear_grads(zunit *u, int rank);
+/* A gradient is about to be written into u's whole gradients: count them live. */
+void dt__zero_grads_touch(dt_zero *z, zunit *u);
+
 /* zero.c: unmap and free one unit's buffers. */
 void dt__zero_unit_unmap(zunit *u);
 dt_status dt__zero_unit_err(const zunit *u, dt_status st, const char *what);
