@@ -86,6 +86,11 @@ dt_zero_params dt_zero_params_default(void)
     p.reduce_dtype = DT_DTYPE_COUNT;
     p.offload_param = dt_offload_params_default();
     p.offload_param.buffer_count = 5; /* DeepSpeed's offload_param default */
+    p.quantized_weights = false;
+    p.quantized_gradients = false;
+    p.hpz_partition_size = 1;
+    p.quant_block = 2048;
+    p.quant_grad_bits = 4;
     return p;
 }
 
@@ -151,6 +156,7 @@ static dt_status wait_gather(dt_zero *z, zunit *u)
     dt_status st = dt_req_wait(u->ag, -1);
     char msg[512];
     snprintf(msg, sizeof msg, "all-gather: %s", st < 0 ? dt_req_message(u->ag) : "");
+    dt_status st2 = dt__zpp_finish_gather(z, u, st); /* ZeRO++: dequantize, drop the secondary shard */
     dt_req_free(u->ag);
     u->ag = NULL;
     for (int i = 0; i < z->ninflight; i++)
@@ -160,11 +166,14 @@ static dt_status wait_gather(dt_zero *z, zunit *u)
             break;
         }
     dt__zo_drop(z, u); /* parameter offload: the shard's buffer is no longer needed */
-    return st < 0 ? dt_error(st, "ZeRO unit '%s' (%d): %s", u->name, u->index, msg) : DT_OK;
+    if (st < 0)
+        return dt_error(st, "ZeRO unit '%s' (%d): %s", u->name, u->index, msg);
+    return st2 < 0 ? unit_err(u, st2, "dequantizing the gathered parameters (qwZ)") : DT_OK;
 }
 
-/* Post unit u's all-gather (stage 3) unless it is whole or on its way. */
-static dt_status post_gather(dt_zero *z, zunit *u)
+/* Post unit u's all-gather (stage 3) unless it is whole or on its way;
+ * bwd: for its backward (hpZ gathers those in the secondary group). */
+static dt_status post_gather(dt_zero *z, zunit *u, bool bwd)
 {
     if (u->gathered || u->ag)
         return DT_OK;
@@ -189,14 +198,17 @@ static dt_status post_gather(dt_zero *z, zunit *u)
     z->stats.gathers++;
     z->stats.bytes_gathered += dt__zero_unit_bytes(u);
     dt_pg_set_labelf(z->gpg, "ZeRO unit %d gather", u->index); /* the flight recorder's label */
-    st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
+    bool posted;
+    st = dt__zpp_post_gather(z, u, bwd, &posted); /* ZeRO++: in the hpZ group, or quantized */
+    if (st >= 0 && !posted)
+        st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
     if (st < 0)
         return unit_err(u, st, "posting the all-gather");
     z->inflight[z->ninflight++] = u->index;
     return DT_OK;
 }
 
-static dt_status ensure_gathered(dt_zero *z, zunit *u)
+static dt_status ensure_gathered(dt_zero *z, zunit *u, bool bwd)
 {
     if (u->prefetched) { /* a prefetch got here first */
         z->stats.prefetched++;
@@ -204,13 +216,13 @@ static dt_status ensure_gathered(dt_zero *z, zunit *u)
             z->stats.ready_when_needed++;
         u->prefetched = false;
     }
-    dt_status st = post_gather(z, u);
+    dt_status st = post_gather(z, u, bwd);
     return st < 0 ? st : wait_gather(z, u);
 }
 
 /* Prefetch unit k (an index into the recorded forward order) when the knobs
  * allow it. */
-static dt_status prefetch(dt_zero *z, int k)
+static dt_status prefetch(dt_zero *z, int k, bool bwd)
 {
     if (!z->order_done || k < 0 || k >= z->norder)
         return DT_OK;
@@ -219,7 +231,7 @@ static dt_status prefetch(dt_zero *z, int k)
         return DT_OK;
     if (n->total > z->p.prefetch_bucket_size || (z->live + dt__zero_unit_bytes(n)) / sizeof(float) > z->p.max_live_parameters)
         return DT_OK;
-    dt_status st = post_gather(z, n);
+    dt_status st = post_gather(z, n, bwd);
     n->prefetched = st >= 0;
     return st;
 }
@@ -242,6 +254,15 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
      * holding this rank's own gradients, which nothing reads */
     const bool ar = z->p.stage == 1 && !z->p.reduce_scatter;
     dt_pg_set_labelf(rg, "ZeRO unit %d reduce", u->index); /* the flight recorder's label */
+    if (z->zpp) { /* qgZ: the quantized two-hop reduce-scatter, now (no request to wait for) */
+        st = dt__zpp_reduce(z, u, g);
+        if (st < 0)
+            return unit_err(u, st, "the quantized gradient reduce-scatter (qgZ)");
+        u->posted = true;
+        z->stats.bytes_reduced += dt__zero_unit_rbytes(u);
+        dt__zero_release_grads(z, u);
+        return DT_OK;
+    }
     if (ar)
         st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
@@ -324,10 +345,10 @@ static dt_status fwd_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
             z->order[z->norder++] = k;
         }
     }
-    dt_status st = ensure_gathered(z, u);
+    dt_status st = ensure_gathered(z, u, false);
     dt__zo_readahead(z, u->fwd_pos);
     if (st >= 0 && z->p.forward_prefetch)
-        st = prefetch(z, u->fwd_pos + 1);
+        st = prefetch(z, u->fwd_pos + 1, false);
     reap_reduces(z);
     return st;
 }
@@ -349,6 +370,7 @@ static dt_status fwd_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y,
         if (dist < z->p.max_reuse_distance)
             return DT_OK;
     }
+    dt__zpp_keep_secondary(z, u); /* hpZ: this rank's slice for the backward gather */
     dt__zero_unit_reshard(z, u);
     dt__zo_readahead(z, u->fwd_pos); /* the last units' backward comes next */
     return DT_OK;
@@ -360,10 +382,10 @@ static dt_status bwd_pre(dt_ctx *ctx, dt_module *m, void *ud)
     (void)m;
     zunit *u = ud;
     dt_zero *z = u->z;
-    dt_status st = ensure_gathered(z, u);
+    dt_status st = ensure_gathered(z, u, true);
     dt__zo_readahead(z, 2 * z->norder - 1 - u->fwd_pos);
     if (st >= 0 && z->p.backward_prefetch == DT_PREFETCH_BACKWARD_PRE)
-        st = prefetch(z, u->fwd_pos - 1);
+        st = prefetch(z, u->fwd_pos - 1, true);
     reap_reduces(z);
     return st;
 }
@@ -377,7 +399,7 @@ static dt_status bwd_post(dt_ctx *ctx, dt_module *m, void *ud)
     dt__zero_unit_reshard(z, u);
     dt_status st = DT_OK;
     if (z->p.backward_prefetch == DT_PREFETCH_BACKWARD_POST)
-        st = prefetch(z, u->fwd_pos - 1);
+        st = prefetch(z, u->fwd_pos - 1, true);
     reap_reduces(z);
     return st;
 }
@@ -497,6 +519,7 @@ dt_status dt_zero_after_step(dt_zero *z)
         zunit *u = &z->u[i];
         if (!u->resident) {
             dt__zero_unit_reshard(z, u);
+            dt__zpp_drop_secondary(z, u); /* hpZ: the parameters changed */
             continue;
         }
         if (z->W == 1)
@@ -749,12 +772,15 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
     if (!pg || !m)
         return dt_error(DT_ERR_NULL, "dt_zero_init: %s is NULL", pg ? "model" : "process group");
     dt_zero_params p = pp ? *pp : dt_zero_params_default();
+    dt_status st0;
     if (p.stage < 1 || p.stage > 3)
         return dt_error(DT_ERR_INVALID_ARG, "dt_zero_init: stage %d (ZeRO stages are 1, 2 and 3; stage 0 is DDP)",
                         p.stage);
     if ((unsigned)p.backward_prefetch > DT_PREFETCH_BACKWARD_POST || (unsigned)p.init_rng >= DT_INIT_RNG_COUNT)
         return dt_error(DT_ERR_INVALID_ARG, "dt_zero_init: backward_prefetch %d or init_rng %d unknown",
                         (int)p.backward_prefetch, (int)p.init_rng);
+    if ((st0 = dt_zero_pp_check(&p, dt_pg_size(pg))) < 0)
+        return st0;
     if (p.stage < 3)
         p.reshard_after_forward = false;
     dt_zero *z = dt_calloc(sizeof *z);
@@ -824,6 +850,8 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
     }
     if (!z->gpg)
         z->gpg = z->pg;
+    if ((st = dt__zpp_setup(z)) < 0)
+        goto fail;
     if (p.hierarchical && z->W > 1 && (st = dt_pg_hierarchical(z->pg, &z->hpg)) < 0) {
         dt_error_wrap(st, "dt_zero_init: the hierarchical reduction group");
         goto fail;
@@ -867,6 +895,7 @@ void dt_zero_free(dt_zero *z)
             if (u->hooks[k])
                 dt_module_remove_hook(u->mod, u->hooks[k]);
     }
+    dt__zpp_teardown(z);
     if (z->gpg && z->gpg != z->pg)
         dt_pg_free(z->gpg);
     dt_pg_free(z->hpg);

@@ -254,7 +254,7 @@ static void pool_put(dt_zero *z, zunit *u)
     live_peak(z);
 }
 
-static void live_sub(dt_zero *z, size_t bytes) { z->live = bytes > z->live ? 0 : z->live - bytes; }
+void dt__zero_live_sub(dt_zero *z, size_t bytes) { z->live = bytes > z->live ? 0 : z->live - bytes; }
 
 
 /* Free a stage-3 unit's gathered parameters. */
@@ -262,7 +262,7 @@ void dt__zero_unit_reshard(dt_zero *z, zunit *u)
 {
     if (u->resident || !u->gathered || u->ag)
         return;
-    live_sub(z, dt__zero_unit_bytes(u));
+    dt__zero_live_sub(z, dt__zero_unit_bytes(u));
     pool_put(z, u);
     u->gathered = false;
     u->prefetched = false;
@@ -323,7 +323,7 @@ void dt__zero_release_grads(dt_zero *z, zunit *u)
         buf_release(u->rfull, dt__zero_unit_rbytes(u), u->gred_sh);
     u->grads_live = false;
     if (z->p.stage >= 2)
-        live_sub(z, dt__zero_unit_bytes(u));
+        dt__zero_live_sub(z, dt__zero_unit_bytes(u));
 }
 
 /* Stage 1, a new step: zero the last step's whole gradients but this
