@@ -179,9 +179,11 @@ static const opt_def opts[] = {
      "all-gather runs among N ranks (the ranks of one machine); N = ranks per machine (DeepSpeed's "
      "zero_hpz_partition_size, FSDP2's reshard_after_forward=N; default 1: off)"},
     {"zero-quant-block", OPT_INT, OFF(zero_quant_block), 1, 1073741824, NULL, "N",
-     "ZeRO++: elements per scale of the quantized all-gather and reduce-scatter (default 2048)"},
+     "ZeRO++ qwZ: elements per scale of the quantized parameter all-gathers (default 2048)"},
     {"zero-grad-bits", OPT_CHOICE, OFF(zero_grad_bits), 0, 0, "4|8", "BITS",
      "ZeRO++ qgZ: bits per gradient value on the wire (default 4, DeepSpeed's)"},
+    {"zero-grad-block", OPT_INT, OFF(zero_grad_block), 1, 1073741824, NULL, "N",
+     "ZeRO++ qgZ: elements per scale of the quantized gradients (default 64)"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},

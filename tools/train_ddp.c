@@ -72,6 +72,8 @@ static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *
         pp->zero.hpz_partition_size = (int)o->zero_hpz;
     if (o->zero_quant_block > 0)
         pp->zero.quant_block = o->zero_quant_block;
+    if (o->zero_grad_block > 0)
+        pp->zero.quant_grad_block = o->zero_grad_block;
     if (o->zero_grad_bits)
         pp->zero.quant_grad_bits = atoi(o->zero_grad_bits);
     if (o->offload_param) /* the command line over the config's offload_param (checked by the parser) */

@@ -673,7 +673,7 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * (dt_zero_stats.secondary_peak, counted in dt_zero_memory's peak).
  * quantized_gradients (qgZ) replaces each unit's reduce-scatter by
  * dt_zpp_reduce_scatter_q: quant_grad_bits (4 or 8) blocks exchanged within
- * each machine, summed in f32, requantized and exchanged across machines,
+ * each machine (blocks of quant_grad_block), summed in f32, requantized and exchanged across machines,
  * summed in f32 and averaged; it runs when the unit's gradients are
  * complete (no overlap with the rest of backward). No error feedback (as
  * DeepSpeed's). A NaN or infinity in a block makes the block NaN: the
@@ -804,8 +804,10 @@ typedef struct dt_zero_params {
                                     its backward all-gather runs among those H ranks only; 1: off.
                                     DeepSpeed's zero_hpz_partition_size, FSDP2's
                                     reshard_after_forward=H; default 1 */
-    int64_t quant_block;         /* elements per scale of qwZ and qgZ; default 2048 */
+    int64_t quant_block;         /* qwZ: elements per scale; default 2048 */
     int quant_grad_bits;         /* qgZ: 4 (DeepSpeed's) or 8; default 4 */
+    int64_t quant_grad_block;    /* qgZ: elements per scale; default 64 (int4 over larger blocks
+                                    rounds small gradients to zero: see GUIDE's ZeRO++) */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 
@@ -817,11 +819,11 @@ DT_API dt_zero_params dt_zero_params_default(void);
  * different units), DT_ERR_NO_MEMORY, the collectives' errors. */
 DT_API dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *p, dt_zero **out);
 /* Check p's ZeRO++ fields (quantized_weights, quantized_gradients,
- * hpz_partition_size, quant_block, quant_grad_bits) against a world of
+ * hpz_partition_size, quant_block, quant_grad_bits, quant_grad_block) against a world of
  * `world` ranks, without collectives: DT_ERR_INVALID_ARG naming the
  * DeepSpeed key (ZeRO++ on a stage other than 3, with hybrid sharding or
  * parameter offload to NVMe, hpZ not dividing the world or without
- * reshard_after_forward, a block < 1, bits not 4 or 8). dt_zero_init runs
+ * reshard_after_forward, a block outside 1..2^30, bits not 4 or 8). dt_zero_init runs
  * it; the machines are checked there too (zeropp.h's dt_zpp_hpz_check). */
 DT_API dt_status dt_zero_pp_check(const dt_zero_params *p, int world);
 /* Wait for everything outstanding, remove the hooks, free. The model's

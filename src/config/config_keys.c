@@ -151,6 +151,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("dtrain.hierarchical_allreduce", 0),
     INT("dtrain.zero_quant_block", 1, 1073741824, 0),
     INT("dtrain.zero_quant_grad_bits", 4, 8, 0),
+    INT("dtrain.zero_quant_grad_block", 1, 1073741824, 0),
     BOOL("dtrain.fused_optimizer", X),
     INT("dtrain.tensor_parallel_size", 1, 1e6, 0),
     INT("dtrain.data_parallel_size", 1, 65536, 0),

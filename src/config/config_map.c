@@ -218,6 +218,8 @@ dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_params *
         zp->hpz_partition_size = (int)q;
     if (get_i(c, "dtrain.zero_quant_block", &q))
         zp->quant_block = q;
+    if (get_i(c, "dtrain.zero_quant_grad_block", &q))
+        zp->quant_grad_block = q;
     if (get_i(c, "dtrain.zero_quant_grad_bits", &q))
         zp->quant_grad_bits = (int)q;
     if (*stage > 0)

@@ -91,6 +91,7 @@ dt_zero_params dt_zero_params_default(void)
     p.hpz_partition_size = 1;
     p.quant_block = 2048;
     p.quant_grad_bits = 4;
+    p.quant_grad_block = 64;
     return p;
 }
 

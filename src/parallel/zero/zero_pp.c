@@ -37,9 +37,10 @@ dt_status dt_zero_pp_check(const dt_zero_params *p, int world)
     if (p->hpz_partition_size < 1)
         return dt_error(DT_ERR_INVALID_ARG, "ZeRO++ zero_hpz_partition_size %d: a number of ranks >= 1 (1: off)",
                         p->hpz_partition_size);
-    if (p->quant_block < 1 || p->quant_block > (int64_t)1 << 30)
-        return dt_error(DT_ERR_INVALID_ARG, "ZeRO++ quant_block %lld: elements per scale, 1 to 2^30",
-                        (long long)p->quant_block);
+    if (p->quant_block < 1 || p->quant_block > (int64_t)1 << 30 || p->quant_grad_block < 1 ||
+        p->quant_grad_block > (int64_t)1 << 30)
+        return dt_error(DT_ERR_INVALID_ARG, "ZeRO++ quant_block %lld, quant_grad_block %lld: elements per scale, "
+                        "1 to 2^30", (long long)p->quant_block, (long long)p->quant_grad_block);
     if (p->quant_grad_bits != 4 && p->quant_grad_bits != 8)
         return dt_error(DT_ERR_INVALID_ARG, "ZeRO++ quant_grad_bits %d: 4 or 8", p->quant_grad_bits);
     if (!on)
@@ -232,7 +233,7 @@ dt_status dt__zpp_reduce(dt_zero *z, zunit *u, const void *g)
     if (st >= 0 && !f32)
         st = dt_k_convert(g, u->rdt, in, DT_F32, (int64_t)u->total);
     if (st >= 0)
-        st = dt_zpp_reduce_scatter_q(z->zpp, in, out, u->c, z->p.quant_block, z->p.quant_grad_bits, true);
+        st = dt_zpp_reduce_scatter_q(z->zpp, in, out, u->c, z->p.quant_grad_block, z->p.quant_grad_bits, true);
     if (st >= 0 && !f32)
         st = dt_k_convert(out, DT_F32, u->gshard, u->rdt, (int64_t)u->c);
     if (!f32) {
