@@ -9,7 +9,9 @@
 #
 # Each mode trains --model (GPT-2 124M by default: vocabulary 50257, the
 # Bible token files of scripts/gpt_data.sh fit it) for 1 and for --steps
-# SGD steps, batch 1 per rank, --seq tokens, on a fresh bed per rate:
+# SGD steps, batch 1 per rank, --seq tokens, philox initial values (each
+# rank draws only its shards: torch's stream would make every ZeRO-3 rank
+# draw the whole model's values at start), on a fresh bed per rate:
 #   ddp     --zero 0
 #   zero3   --zero 3 --wrap-min-params 5000000 (a unit per block)
 #   zeropp  zero3 + --zero-quantized-weights --zero-quantized-gradients --zero-hpz 2
@@ -59,7 +61,7 @@ for rate in $rates; do
         out=$O/$m.$R.$s
         $NETBED_BYTES > $out.b0
         $NETBED_MPIRUN -np 4 -x DT_COMM_TIMEOUT=600 -x DT_INIT_TIMEOUT=600 '"$cli"' train --model '"$model"' \
-          --seq '"$seq"' --batch 1 --optimizer sgd --lr 1e-4 --seed 0 --max-steps $s --threads 1 \
+          --seq '"$seq"' --batch 1 --optimizer sgd --lr 1e-4 --seed 0 --rng philox --max-steps $s --threads 1 \
           --data tokens:'"$data"'/train.bin --no-eval --progress none --log-every 1 --metrics $out.jsonl $f \
           > $out.log 2>&1 || { echo "$m $s failed"; tail -5 $out.log; exit 1; }
         $NETBED_BYTES > $out.b1
