@@ -116,6 +116,20 @@ DT_API dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, si
 DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
                                      char **text, size_t *len);
 
+/* The two files transformers reads beside a tokenizer.json in a model
+ * directory, as JSON text (each malloc'd; free() them):
+ * tokenizer_config.json (added_tokens_decoder with every added token by id,
+ * bos_token, eos_token (unk_token when the model has one: the first special
+ * added token among "<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>" is
+ * the bos, dt_tokenizer_eos's list names the eos; null when absent),
+ * clean_up_tokenization_spaces false, model_max_length when > 0,
+ * tokenizer_class "PreTrainedTokenizerFast") and special_tokens_map.json
+ * (the bos/eos/unk tokens there are). With them and the tokenizer.json,
+ * AutoTokenizer.from_pretrained(DIR) loads the tokenizer. dt_hf_save
+ * (models.h) writes all three. */
+DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length, char **config_json,
+                                       char **special_map_json);
+
 /* Text corpora as language-model data: spec is "text:FILE[,FILE...]" (each
  * file one document) or "jsonl:FILE[,FILE...][,field=NAME]" (each non-blank
  * line one JSON object, its string NAME (default "text") one document;
