@@ -1266,9 +1266,10 @@ static int print_sample(trainer *t)
         free(buf);
         return 0;
     }
-    const uint16_t *src = dt_tokens_data(t->sample_src);
-    for (int64_t i = 0; i < np; i++)
-        buf[i] = src[i] < t->desc.input_classes ? src[i] : 0;
+    for (int64_t i = 0; i < np; i++) {
+        uint32_t id = dt_tokens_at(t->sample_src, i);
+        buf[i] = id < t->desc.input_classes ? id : 0;
+    }
     dt_generate_params gp = dt_generate_params_default();
     gp.max_new_tokens = t->o.sample_tokens;
     gp.top_k = 40;
