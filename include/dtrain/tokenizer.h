@@ -14,7 +14,11 @@
  *      normalized = true in the pieces between them (single_word, lstrip
  *      and rstrip as the library has them). A found token is its id and
  *      never reaches the steps below.
- *   2. the normalizer: none ("normalizer": null) is the only one read.
+ *   2. the normalizer, on each piece between the raw added tokens: NFC,
+ *      NFD, NFKC, NFKD (Qwen2's NFC), Lowercase (Rust's per-character
+ *      to_lowercase), Prepend, Replace (String or Regex pattern), Strip
+ *      and Sequence of them (Llama-2's Prepend "\u2581" + Replace " " ->
+ *      "\u2581"), with the library's Unicode tables.
  *   3. the pre-tokenizer: ByteLevel (its GPT-2 regex when use_regex,
  *      add_prefix_space on every piece that does not start with a space,
  *      then every UTF-8 byte becomes one of GPT-2's 256 byte characters),
@@ -33,14 +37,17 @@
  *      cls/sep, ByteLevel adds none, Sequence of them).
  * Decoding maps ids to their tokens (added tokens first), drops special
  * tokens when asked, and applies the decoder: ByteLevel (characters back to
- * bytes) or none (tokens joined by spaces). It returns the bytes exactly;
+ * bytes), none (tokens joined by spaces), or a Sequence of Replace (String
+ * pattern), ByteFallback (<0xXX> tokens to their bytes), Fuse and Strip
+ * (Llama-2's). It returns the bytes exactly;
  * the library then replaces invalid UTF-8 by U+FFFD (only arbitrary id runs
  * produce it: decode(encode(s)) == s for every valid s without
  * add_prefix_space).
  *
  * Not read (an error naming the key when present and not null): other
- * models (WordPiece, Unigram, WordLevel), normalizers, other pre-tokenizers
- * and decoders, BPE dropout above 0 (random). "truncation" and "padding"
+ * models (WordPiece, Unigram, WordLevel), other normalizers (Precompiled,
+ * BertNormalizer, StripAccents, ...), pre-tokenizers (Metaspace,
+ * Whitespace, ...) and decoders, BPE dropout above 0 (random). "truncation" and "padding"
  * are ignored: they shape batches of model inputs, not a corpus.
  *
  * Text must be valid UTF-8 (what Python's str holds): anything else is
