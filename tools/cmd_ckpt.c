@@ -2,6 +2,7 @@
  * directory or a single safetensors file). Parsing and printing only: the
  * formats and the resharding are ckpt.h's. */
 #include "cmd.h"
+#include "train.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/models.h"
 #include "dtrain/train.h"
@@ -324,6 +325,12 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
     if (shard)
         p.max_shard_bytes = shard;
     p.dtype = dtype;
+    dt__tuning tu; /* a LoRA run's adapters are merged into their layers (PEFT's merge_and_unload) */
+    dt_lora_params lp;
+    if (dt__tuning_read(src, &tu) >= 0 && tu.lora_targets && dt__tuning_lora(&tu, &lp) >= 0)
+        p.lora_scaling = dt_lora_scaling(&lp);
+    dt__tuning_free(&tu);
+    dt_error_clear();
     if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)
         return dt_last_status() == DT_ERR_IO ? fail_write("convert --hf") : fail("convert --hf");
     char esc[512];

@@ -142,9 +142,13 @@ static const opt_def opts[] = {
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
     {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
+     "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
+     "dropout and rsLoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
+     "on the --model's own (hf:DIR) or --init-from's"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
-     "PeftModel.from_pretrained loads them); not with --zero 3"},
+     "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data); the model's vocabulary is its size unless --vocab-size"},
@@ -607,10 +611,18 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
         return 2;
     }
-    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->save_lora) &&
-        !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --save-lora go with "
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora) && !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout and --lora-rslora go with "
                     "--lora-targets NAME[,NAME...]\n");
+        return 2;
+    }
+    if (o->lora_from && o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
+                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout or --lora-rslora\n");
+        return 2;
+    }
+    if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {
+        dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

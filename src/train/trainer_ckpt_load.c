@@ -293,10 +293,14 @@ static bool alt_name(const dt_model *m, size_t i, int k, char *out, size_t n)
 }
 
 /* Load the pieces (the rule of the overview) and, unless weights_only, their
- * optimizer state; then the buffers. Tensor parallel: each slice from the
+ * optimizer state; then the buffers. With adapters (a key prefix, PEFT's
+ * "base_model.model."): the LoRA adapters only, each under prefix + name,
+ * and no buffers. Weights only, a LoRA adapter the file lacks keeps its
+ * initial value (a base model's file: the adapters start as LoRA's init). Tensor parallel: each slice from the
  * full tensor saved (read_piece), so any checkpoint of the model loads at
  * any tensor-parallel size. */
-static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bool weights_only)
+static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bool weights_only,
+                             const char *adapters)
 {
     dt_model *m = dt_trainer_model(tr);
     dt_optim *o = dt_trainer_optim(tr);
@@ -317,11 +321,28 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
         if (!dt__ckpt_trained(q) || (tp && q->e.tp_dim && q->hi == q->lo)) /* another stage's slice */
             continue;
         bool found;
+        const bool adapter = dt_lora_is_adapter(q->e.name);
+        if (adapters) {
+            if (!adapter)
+                continue;
+            snprintf(name, sizeof name, "%s%s", adapters, q->e.name);
+            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
+                break;
+            if (!found) {
+                st = dt_error(DT_ERR_NOT_FOUND, "%s has no tensor '%s' (the model's adapter %s: adapters saved for "
+                              "other target layers?)", ckname, name, q->e.name);
+                break;
+            }
+            conv[i] = q->lowp && q->hi > q->lo;
+            continue;
+        }
         snprintf(name, sizeof name, "master.%s", q->e.name);
         if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
         if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
             break;
+        if (!found && weights_only && adapter) /* a base model's weights: the adapter keeps its init */
+            continue;
         for (int k = 0; !found && weights_only && alt_name(m, i, k, name, sizeof name); k++)
             if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
                 break;
@@ -358,7 +379,7 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     free(rb.r);
     free(conv);
     free(pc);
-    if (st < 0)
+    if (st < 0 || adapters)
         return st;
     /* buffers: whole on every rank, in their own dtype */
     dt_ckpt_list *l = NULL;
@@ -406,7 +427,7 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
         if (st < 0)
             goto out;
     }
-    if ((st = load_pieces(tr, ck, ckname, weights_only)) < 0)
+    if ((st = load_pieces(tr, ck, ckname, weights_only, NULL)) < 0)
         goto out;
     if (!weights_only && (st = dt__psgd_ckpt_load(tr, ck, ckname)) < 0)
         goto out;
@@ -490,5 +511,56 @@ dt_status dt_trainer_ckpt_user(const char *path, char **json)
         cJSON_Delete(o);
     }
     dt_ckpt_close(c);
+    return st;
+}
+
+#define PEFT_PREFIX "base_model.model."
+
+/* Every tensor of PEFT's file must be an adapter of m under PEFT's prefix. */
+static dt_status peft_keys(const dt_model *m, const dt_ckpt *ck, const char *file)
+{
+    for (size_t i = 0, n = dt_ckpt_num_tensors(ck); i < n; i++) {
+        dt_ckpt_tensor t;
+        dt_status st = dt_ckpt_tensor_at(ck, i, &t);
+        if (st < 0)
+            return st;
+        const size_t pl = sizeof PEFT_PREFIX - 1;
+        if (strncmp(t.name, PEFT_PREFIX, pl) || !dt_lora_is_adapter(t.name))
+            return dt_error(DT_ERR_FORMAT, "%s: key '%s' is not a LoRA adapter as PEFT saves them ("
+                            PEFT_PREFIX "<layer>.lora_A.weight / .lora_B.weight; only LoRA without bias, DoRA "
+                            "or modules_to_save loads)", file, t.name);
+        if (dt_model_find_entry(m, t.name + pl) < 0)
+            return dt_error(DT_ERR_NOT_FOUND, "%s: key '%s': the model has no adapter '%s' (its layer is not a "
+                            "target here, or not in this model)", file, t.name, t.name + pl);
+    }
+    return DT_OK;
+}
+
+dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir)
+{
+    if (!tr || !dir)
+        return dt_error(DT_ERR_NULL, "dt_trainer_load_peft: NULL %s", tr ? "dir" : "trainer");
+    char file[4200];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    dt_ckpt *ck = NULL;
+    struct stat sb;
+    dt_status st = dt__ckpt_tp_known(tr, "loading LoRA adapters");
+    if (st >= 0 && lstat(file, &sb) != 0)
+        st = dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "LoRA adapters %s: %s: %s (PEFT's "
+                      "save_pretrained writes adapter_config.json and adapter_model.safetensors)", dir, file,
+                      strerror(errno));
+    else if (st >= 0 && !S_ISREG(sb.st_mode))
+        st = dt_error(DT_ERR_FORMAT, "LoRA adapters %s: %s is not a regular file (symlinks are not followed)", dir,
+                      file);
+    if (st >= 0)
+        st = dt_ckpt_open(file, &ck);
+    if (st >= 0)
+        st = peft_keys(dt_trainer_model(tr), ck, file);
+    if (st >= 0)
+        st = load_pieces(tr, ck, file, true, PEFT_PREFIX);
+    dt_ckpt_close(ck);
+    st = agree_load(tr, st);
+    if (st >= 0)
+        st = dt__strategy_after_load(dt_trainer_strategy(tr));
     return st;
 }
