@@ -543,7 +543,13 @@ static int check_memory(trainer *t)
     dt_model *m;
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &m, NULL) < 0)
         return fail(2, "--model");
-    const size_t psi = dt_model_param_count(m);
+    const size_t psi = dt_model_param_count(m); /* trained: frozen parameters have no gradient or state */
+    double frozen = 0;                          /* held whole on every rank all the same */
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        if (dt_model_entry(m, i, &p) >= 0 && p.frozen && p.tied_to < 0)
+            frozen += (double)p.numel * (double)dt_dtype_size(p.dtype);
+    }
     dt_model_free(m);
     dt_offload_params op;
     int rc = offload_params(t, &op);
@@ -555,6 +561,8 @@ static int check_memory(trainer *t)
     dt_mem_estimate e; /* the plan's per-rank model state (parameters f32 here, as the estimate always took them) */
     if (dt_plan_memory(t->ddp.plan, psi, 4, kind, t->o.momentum > 0, &op, &e) < 0)
         return fail(1, "memory estimate");
+    e.params += frozen;
+    e.total += frozen;
     char what[256], ranks[48] = "training";
     if (t->ddp.world > 1 && t->ddp.stage > 0)
         snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, t->ddp.world);

@@ -622,6 +622,9 @@ typedef struct dt_trainer_memory {
     size_t gathered_peak;     /* peak bytes of gathered parameters / unsharded gradients beyond
                                  the above (ZeRO-2/3 units), 0 for DDP */
     size_t peak_rss;          /* the process's peak resident set (VmHWM), bytes; 0 if unknown */
+    size_t frozen_bytes;      /* frozen parameters (dt_model_build_params.frozen, LoRA's base): whole
+                                 on every rank, with no gradient, optimizer state or master (none of
+                                 the above counts them) */
 } dt_trainer_memory;
 /* Without a strategy memory slot, what a precision policy implies, with P
  * the padded element count of a parameter flat: f32: params 4P, grads 4P,
