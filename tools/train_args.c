@@ -137,7 +137,8 @@ static const opt_def opts[] = {
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP and ZeRO, not yet with --tp or --pp"},
+     "with DDP and ZeRO, not yet with --tp or --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
@@ -194,7 +195,8 @@ static const opt_def opts[] = {
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
-     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
+     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; a LoRA run's adapters "
+     "are merged into their layers (PEFT's merge_and_unload: W + alpha/r * B A); OUT must not exist "
      "(or be empty)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
