@@ -943,7 +943,7 @@ dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out)
     out->peak_rss = peak_rss_bytes();
     for (size_t i = 0, ne = dt_model_num_entries(tr->m); i < ne; i++) {
         dt_param_info p;
-        if (dt_model_entry(tr->m, i, &p) >= 0 && p.frozen && p.tied_to < 0)
+        if (dt_model_entry(tr->m, i, &p) >= 0 && p.frozen && p.tied_to < 0 && p.tensor) /* held here */
             out->frozen_bytes += p.numel * dt_dtype_size(p.dtype);
     }
     return DT_OK;
