@@ -1032,10 +1032,11 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path) != 0 && errno != ENOENT;
 }
 
-/* The base model's name for adapter_config.json (an hf:DIR model's DIR). */
+/* The base model's name for adapter_config.json: an hf:DIR model's DIR
+ * (AutoPeftModel loads it from there); a zoo model has none (null). */
 static const char *base_model_name(const trainer *t)
 {
-    return !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : t->o.model;
+    return !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : NULL;
 }
 
 /* --save-hf OUT and --save-lora DIR at the end, under every strategy.
