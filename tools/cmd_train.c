@@ -1032,6 +1032,15 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path) != 0 && errno != ENOENT;
 }
 
+/* The tokenizer --save-hf writes: --tokenizer, else hf:DIR's tokenizer.json
+ * (NULL: none known). */
+static const char *save_hf_tokenizer(const trainer *t, char *buf, size_t n)
+{
+    if (t->o.tokenizer)
+        return t->o.tokenizer;
+    return dt_hf_dir_tokenizer(t->o.model, buf, n) ? buf : NULL;
+}
+
 /* The base model's name for adapter_config.json: an hf:DIR model's DIR
  * (AutoPeftModel loads it from there); a zoo model has none (null). */
 static const char *base_model_name(const trainer *t)
@@ -1075,6 +1084,8 @@ static int save_outputs(trainer *t)
                 p.max_shard_bytes = t->o.hf_shard_size;
             if (t->lora_targets)
                 p.lora_scaling = dt_lora_scaling(&t->lora);
+            char tokp[4200];
+            p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
             if ((st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
                 st = dt_hf_save(latest, &h, t->o.save_hf, &p);
             if (st < 0)
@@ -1109,6 +1120,12 @@ static int setup_save(trainer *t)
         dt_model_config cfg = model_config(t);
         if (dt_model_hf_config(t->o.model, &cfg, &h) < 0 || dt_hf_save_check_out(t->o.save_hf) < 0)
             return fail(2, "--save-hf");
+        char tokp[4200];
+        const char *tp = save_hf_tokenizer(t, tokp, sizeof tokp);
+        dt_tokenizer *tk = NULL; /* a tokenizer the end would fail on is bad input now */
+        if (tp && dt_tokenizer_load(tp, &tk) < 0)
+            return fail(2, "--save-hf");
+        dt_tokenizer_free(tk);
     }
     if (!t->o.save)
         return 0;
@@ -1390,9 +1407,10 @@ static int print_sample(trainer *t)
         free(buf);
         return 0;
     }
-    const uint16_t *src = dt_tokens_data(t->sample_src);
-    for (int64_t i = 0; i < np; i++)
-        buf[i] = src[i] < t->desc.input_classes ? src[i] : 0;
+    for (int64_t i = 0; i < np; i++) {
+        uint32_t id = dt_tokens_at(t->sample_src, i);
+        buf[i] = id < t->desc.input_classes ? id : 0;
+    }
     dt_generate_params gp = dt_generate_params_default();
     gp.max_new_tokens = t->o.sample_tokens;
     gp.top_k = 40;

@@ -152,7 +152,7 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
@@ -197,7 +197,8 @@ static const opt_def opts[] = {
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
      "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; a LoRA run's adapters "
      "are merged into their layers (PEFT's merge_and_unload: W + alpha/r * B A); OUT must not exist "
-     "(or be empty)"},
+     "(or be empty); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
+     "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
      "model.safetensors.index.json)"},
