@@ -33,7 +33,7 @@
 
 dt_hf_save_params dt_hf_save_params_default(void)
 {
-    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32};
+    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f};
     return p;
 }
 
@@ -213,6 +213,9 @@ typedef struct item {
     int ndim;
     int64_t shape[DT_MAX_DIMS];
     int shard;
+    int64_t lora_a, lora_b; /* LoRA adapters merged into it (checkpoint tensors), else -1 */
+    int64_t r;              /* their rank */
+    bool fan_in_fan_out;    /* a Conv1D ([in, out]): the update is transposed */
 } item;
 
 /* Read tensor src of ck whole into f32 at dst (n elements). */
@@ -262,8 +265,36 @@ static void remove_tmp(const char *tmp, int nshard)
     rmdir(tmp);
 }
 
+/* PEFT's merge_and_unload: w += scaling * (B @ A) (transposed for a
+ * Conv1D), B @ A summed in double and rounded to f32 as torch's f32 matmul
+ * gives it to within its rounding. */
+static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
+{
+    const int64_t out = t->fan_in_fan_out ? t->shape[1] : t->shape[0];
+    const int64_t in = t->fan_in_fan_out ? t->shape[0] : t->shape[1], r = t->r;
+    float *a = malloc((size_t)(r * in) * sizeof *a), *b = malloc((size_t)(out * r) * sizeof *b);
+    void *tmp = malloc((size_t)(r * (in > out ? in : out)) * sizeof(float));
+    dt_status st = a && b && tmp ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "merging LoRA adapters: out of memory");
+    if (st >= 0)
+        st = read_f32(ck, t->lora_a, a, (size_t)(r * in), tmp);
+    if (st >= 0)
+        st = read_f32(ck, t->lora_b, b, (size_t)(out * r), tmp);
+    for (int64_t o = 0; st >= 0 && o < out; o++)
+        for (int64_t i = 0; i < in; i++) {
+            double s = 0;
+            for (int64_t k = 0; k < r; k++)
+                s += (double)b[o * r + k] * (double)a[k * in + i];
+            float d = (float)s * scaling;
+            w[t->fan_in_fan_out ? i * out + o : o * in + i] += d;
+        }
+    free(a);
+    free(b);
+    free(tmp);
+    return st;
+}
+
 static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, int nshard, dt_dtype odt,
-                              const char *what)
+                              float scaling, const char *what)
 {
     dt_status st = DT_OK;
     size_t maxn = 0;
@@ -294,6 +325,8 @@ static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, 
         for (size_t j = 0; j < k && st >= 0; j++) {
             const item *t = &it[ix[j]];
             if ((st = read_f32(ck, t->src, f, t->numel, tmpb)) < 0)
+                break;
+            if (t->lora_a >= 0 && (st = merge_lora(ck, t, scaling, f)) < 0)
                 break;
             if (odt != DT_F32 && (st = dt_k_convert(f, DT_F32, tmpb, odt, (int64_t)t->numel)) < 0)
                 break;
@@ -345,6 +378,76 @@ static dt_status write_index(const char *tmp, const item *it, size_t n, int nsha
     dt_status st = write_text(tmp, DT_HF_INDEX_NAME, txt);
     cJSON_free(txt);
     return st;
+}
+
+/* Checkpoint tensor `name` ("master." first), else -1. */
+static int64_t find_either(dt_ckpt *ck, const char *name)
+{
+    char mname[800];
+    snprintf(mname, sizeof mname, "master.%s", name);
+    int64_t k = dt_ckpt_find(ck, mname);
+    return k >= 0 ? k : dt_ckpt_find(ck, name);
+}
+
+/* The LoRA adapters of parameter x ("L.weight": "L.lora_A.weight" [r, in],
+ * "L.lora_B.weight" [out, r]) in ck, to merge; *nmerged counts them. */
+static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, const dt_hf_save_params *p, item *x,
+                           size_t *nmerged)
+{
+    x->lora_a = x->lora_b = -1;
+    size_t l = strlen(x->name);
+    if (l < 8 || strcmp(x->name + l - 7, ".weight") || x->ndim != 2)
+        return DT_OK;
+    char an[720], bn[720], layer[600];
+    snprintf(layer, sizeof layer, "%.*s", (int)(l - 7), x->name);
+    snprintf(an, sizeof an, "%s.lora_A.weight", layer);
+    snprintf(bn, sizeof bn, "%s.lora_B.weight", layer);
+    int64_t a = find_either(ck, an), b = find_either(ck, bn);
+    if (a < 0 && b < 0)
+        return DT_OK;
+    if (a < 0 || b < 0)
+        return dt_error(DT_ERR_NOT_FOUND, "%s has '%s' but not '%s' (LoRA adapters come in pairs)", src,
+                        a < 0 ? bn : an, a < 0 ? an : bn);
+    if (!(p->lora_scaling > 0))
+        return dt_error(DT_ERR_INVALID_ARG, "%s holds LoRA adapters ('%s'): merging them needs their scaling "
+                        "(alpha / r; dt_hf_save_params.lora_scaling), and leaving them out would write the "
+                        "base model", src, an);
+    const dt_module *lm = dt_model_find_module(m, layer);
+    x->fan_in_fan_out = lm && !strcmp(dt_module_type(lm), "Conv1D");
+    const int64_t out = x->fan_in_fan_out ? x->shape[1] : x->shape[0];
+    const int64_t in = x->fan_in_fan_out ? x->shape[0] : x->shape[1];
+    dt_ckpt_tensor ta, tb;
+    dt_status st = dt_ckpt_tensor_at(ck, (size_t)a, &ta);
+    if (st >= 0)
+        st = dt_ckpt_tensor_at(ck, (size_t)b, &tb);
+    if (st < 0)
+        return st;
+    if (ta.ndim != 2 || tb.ndim != 2 || ta.shape[1] != in || tb.shape[0] != out || tb.shape[1] != ta.shape[0])
+        return dt_error(DT_ERR_SHAPE, "%s: LoRA adapters '%s' [%lld, %lld] and '%s' [%lld, %lld] do not fit '%s' "
+                        "(in %lld, out %lld)", src, an, (long long)ta.shape[0], (long long)(ta.ndim > 1 ? ta.shape[1] : 0),
+                        bn, (long long)tb.shape[0], (long long)(tb.ndim > 1 ? tb.shape[1] : 0), x->name,
+                        (long long)in, (long long)out);
+    x->lora_a = a, x->lora_b = b, x->r = ta.shape[0];
+    *nmerged += 1;
+    return DT_OK;
+}
+
+/* Every LoRA adapter pair of ck was merged into a parameter written. */
+static dt_status all_merged(dt_ckpt *ck, const char *src, size_t nmerged)
+{
+    size_t n = 0;
+    const char *one = NULL;
+    for (size_t i = 0; i < dt_ckpt_num_tensors(ck); i++) {
+        dt_ckpt_tensor t;
+        if (dt_ckpt_tensor_at(ck, i, &t) < 0 || !strncmp(t.name, "optim.", 6) || !strncmp(t.name, "master.", 7) || !dt_lora_is_adapter(t.name))
+            continue;
+        n++;
+        one = t.name;
+    }
+    if (n != 2 * nmerged)
+        return dt_error(DT_ERR_NOT_FOUND, "%s holds %zu LoRA adapter tensors (e.g. '%s') of which %zu belong to no "
+                        "parameter of the model: not merged", src, n, one ? one : "?", n - 2 * nmerged);
+    return DT_OK;
 }
 
 /* The tokenizer files: path (a tokenizer.json or a directory holding one)
@@ -423,6 +526,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         goto out;
     }
     uint64_t cur = 0, total = 0;
+    size_t nmerged = 0;
     const size_t esz = dt_dtype_size(p.dtype);
     for (size_t i = 0; i < ne; i++) {
         dt_param_info pi;
@@ -453,6 +557,8 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         item *x = &it[n++];
         x->name = pi.name, x->src = k, x->numel = pi.numel, x->ndim = pi.ndim;
         memcpy(x->shape, pi.shape, sizeof x->shape);
+        if ((st = find_lora(ck, m, src, &p, x, &nmerged)) < 0)
+            goto out;
         uint64_t b = (uint64_t)pi.numel * esz;
         if (cur > 0 && cur + b > p.max_shard_bytes) { /* huggingface_hub: greedy, in order */
             nshard++;
@@ -463,6 +569,8 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         total += b;
     }
     nshard++;
+    if ((st = all_merged(ck, src, nmerged)) < 0)
+        goto out;
     if ((st = config_json(h, p.dtype, &cfg, &gen)) < 0)
         goto out;
     snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out);
@@ -472,7 +580,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         goto out;
     }
     chmod(tmp, 0755);
-    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, out)) < 0 ||
+    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, p.lora_scaling, out)) < 0 ||
         (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
         (st = write_text(tmp, "config.json", cfg)) < 0 || (st = write_text(tmp, "generation_config.json", gen)) < 0)
         goto out;

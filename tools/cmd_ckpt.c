@@ -2,6 +2,7 @@
  * directory or a single safetensors file). Parsing and printing only: the
  * formats and the resharding are ckpt.h's. */
 #include "cmd.h"
+#include "train.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/models.h"
 #include "dtrain/train.h"
@@ -39,7 +40,8 @@ static void usage(FILE *f)
             "            model.safetensors, or shards of --hf-shard-size bytes (default 5000000000) with\n"
             "            model.safetensors.index.json) that transformers' AutoModelForCausalLM.from_pretrained\n"
             "            loads: the model (GPT-2, Llama, hf:DIR) is the one the checkpoint was trained with\n"
-            "            (--model NAME for a file without dtrain's options); OUT must not exist (or be\n"
+            "            (--model NAME for a file without dtrain's options); a LoRA run's adapters are\n"
+            "            merged into their layers (PEFT's merge_and_unload); OUT must not exist (or be\n"
             "            empty) and appears complete or not at all. --tokenizer FILE (a tokenizer.json;\n"
             "            for an hf:DIR model DIR's tokenizer.json when there is one) adds tokenizer.json,\n"
             "            tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them).\n"
@@ -327,6 +329,12 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
     if (shard)
         p.max_shard_bytes = shard;
     p.dtype = dtype;
+    dt__tuning tu; /* a LoRA run's adapters are merged into their layers (PEFT's merge_and_unload) */
+    dt_lora_params lp;
+    if (dt__tuning_read(src, &tu) >= 0 && tu.lora_targets && dt__tuning_lora(&tu, &lp) >= 0)
+        p.lora_scaling = dt_lora_scaling(&lp);
+    dt__tuning_free(&tu);
+    dt_error_clear();
     char tokp[4200];
     p.tokenizer = tokenizer ? tokenizer : dt_hf_dir_tokenizer(name, tokp, sizeof tokp) ? tokp : NULL;
     if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)

@@ -137,14 +137,19 @@ static const opt_def opts[] = {
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP and ZeRO, not yet with --tp or --pp"},
+     "with DDP and ZeRO, not yet with --tp or --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
     {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
+     "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
+     "dropout and rsLoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
+     "on the --model's own (hf:DIR) or --init-from's"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
-     "PeftModel.from_pretrained loads them); not with --zero 3"},
+     "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
      "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
@@ -208,7 +213,8 @@ static const opt_def opts[] = {
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
-     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
+     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; a LoRA run's adapters "
+     "are merged into their layers (PEFT's merge_and_unload: W + alpha/r * B A); OUT must not exist "
      "(or be empty); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
      "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
@@ -626,10 +632,18 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
         return 2;
     }
-    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->save_lora) &&
-        !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --save-lora go with "
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora) && !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout and --lora-rslora go with "
                     "--lora-targets NAME[,NAME...]\n");
+        return 2;
+    }
+    if (o->lora_from && o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
+                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout or --lora-rslora\n");
+        return 2;
+    }
+    if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {
+        dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

@@ -258,6 +258,12 @@ typedef struct dt_hf_save_params {
                                  model-0000i-of-0000n.safetensors with model.safetensors.index.json;
                                  default 5,000,000,000 (save_pretrained's "5GB") */
     dt_dtype dtype;           /* the weights' dtype: DT_F32 (default), DT_BF16 or DT_F16 */
+    float lora_scaling;       /* a source holding LoRA adapters ("L.lora_A.weight" [r, in],
+                                 "L.lora_B.weight" [out, r] beside "L.weight"): each is merged as
+                                 PEFT's merge_and_unload does, L.weight += lora_scaling * B @ A
+                                 (transposed for a GPT-2 Conv1D), in f32; lora_scaling is alpha / r
+                                 (alpha / sqrt(r) with rsLoRA). Default 0: a source with adapters
+                                 is refused (DT_ERR_INVALID_ARG), never exported as its base */
     const char *tokenizer;    /* a tokenizer.json (or a directory holding one) to write with the model:
                                  copied byte for byte, with tokenizer_config.json and
                                  special_tokens_map.json (tokenizer.h dt_tokenizer_hf_files), so
