@@ -174,6 +174,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
+    cfg.cp = t->ddp.cpp; /* --cp: the rank's positions of each sequence */
     cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
     cfg.build.frozen = t->freeze;
     cfg.build.lora = t->lora_targets ? &t->lora : NULL;
@@ -471,10 +472,11 @@ static int check_memory(trainer *t)
     if (dt_plan_memory(t->ddp.plan, psi, 4, kind, t->o.momentum > 0, &op, &e) < 0)
         return fail(1, "memory estimate");
     char what[256], ranks[48] = "training";
-    if (t->ddp.world > 1 && t->ddp.stage > 0)
-        snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, t->ddp.world);
-    else if (t->ddp.world > 1)
-        snprintf(ranks, sizeof ranks, "DDP on %d ranks:", t->ddp.world);
+    const int red = dt__ddp_reduce_size(&t->ddp);
+    if (red > 1 && t->ddp.stage > 0)
+        snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, red);
+    else if (red > 1)
+        snprintf(ranks, sizeof ranks, "DDP on %d ranks:", red);
     snprintf(what, sizeof what, "%s %s (%zu parameters) with %s%s", ranks, t->o.model, psi, t->o.optimizer,
              op.device == DT_OFFLOAD_NVME ? ", state offloaded to nvme" : "");
     int local = t->ddp.pg ? dt_pg_local_size(t->ddp.pg) : 1;
@@ -1714,6 +1716,11 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
                t->o.sequence_parallel ? "; sequence parallel (each holds 1/N of the tokens between the blocks)" : "");
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.cp > 1)
+        printf("context parallel: %d ranks per sequence (each holds 1/%d of the positions%s), %s attention; "
+               "gradients reduced over %d data-parallel x %d context-parallel ranks\n",
+               t->ddp.cp, t->ddp.cp, t->ddp.cpp.balance ? ": chunks r and 2N-1-r of 2N" : "",
+               dt_cp_impl_name(t->ddp.cpp.impl), t->ddp.world, t->ddp.cp);
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
     {
         char tpx[48] = "";
