@@ -826,6 +826,7 @@ static int setup_trainer(trainer *t)
     tp.clip_grad_norm = t->o.clip_grad_norm;
     tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
     tp.loss_ud = &t->desc;
+    tp.same_batch = t->ddp.cp; /* --cp: a replica's cp ranks share its batch */
     int rc = offload_params(t, &tp.offload);
     if (rc)
         return rc;
@@ -1227,8 +1228,9 @@ static const char *lm_rates(const trainer *t, double sps, char *buf, size_t cap)
     buf[0] = 0;
     if (t->lm)
         snprintf(buf, cap, ",\"tokens_per_s\":%.1f,\"mfu\":%.4f", sps * (double)t->desc.input_shape[0],
-                 t->peak_gflops > 0 ? sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops
-                                    : 0.0);
+                 t->peak_gflops > 0
+                     ? sps / (t->ddp.world * t->ddp.cp) * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops
+                     : 0.0);
     return buf;
 }
 
@@ -1684,7 +1686,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         t->peak_gflops = t->o.mfu_peak;
         if (t->peak_gflops <= 0 && dt_k_bench_matmul(1024, DT_F32, 3, &t->peak_gflops) < 0)
             t->peak_gflops = 0;
-        dt__progress_set_rates(&t->prog, t->desc.input_shape[0], t->desc.train_flops_per_sample / t->ddp.world,
+        dt__progress_set_rates(&t->prog, t->desc.input_shape[0],
+                               t->desc.train_flops_per_sample / (t->ddp.world * t->ddp.cp),
                                t->peak_gflops);
     }
     if (t->prog.mode != DT__PROGRESS_NONE)
@@ -1804,7 +1807,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
             printf("tokens/s: %.0f\n", sps * (double)t->desc.input_shape[0]);
             if (t->peak_gflops > 0)
                 printf("MFU: %.1f%% of %.1f GFLOP/s (f32 matmul peak, per rank)\n",
-                       100.0 * sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
+                       100.0 * sps / (t->ddp.world * t->ddp.cp) * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
                        t->peak_gflops);
         }
         double cf, cr;

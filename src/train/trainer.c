@@ -95,6 +95,7 @@ dt_trainer_params dt_trainer_params_default(void)
     p.loss_ud = NULL;
     p.offload = dt_offload_params_default();
     p.trace = dt_trace_params_default();
+    p.same_batch = 1;
     return p;
 }
 
@@ -734,7 +735,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     r.nmicro = n;
     r.lr = tr->lr;
     r.grad_norm = NAN;
-    r.samples = tr->samples * tr->world;
+    r.samples = tr->samples * tr->world / (tr->p.same_batch > 1 ? tr->p.same_batch : 1);
     r.stop = v[0] > 0;
     r.skipped = v[1] > 0;
     r.loss_scale = scale;
