@@ -19,7 +19,7 @@
  *
  * Layout: the world is dp x cp x tp x pp ranks. With cp > 1 (not with pp),
  * Megatron's order: rank = (d cp + c) tp + t; the tp ranks of a sequence
- * chunk are adjacent (dt_tp_groups), the cp group (dt_plan_cp_group) holds
+ * chunk are adjacent (dt_tp_groups), the cp group (dt_plan_cp_params) holds
  * the cp ranks of one replica that share a tp rank, and the gradients
  * (DDP, ZeRO 1-3 without tp, ZeRO-1 with it) reduce over the dp x cp ranks
  * of that tp rank (dt_plan_dp_group): the cp ranks hold replicas of the

@@ -1,9 +1,9 @@
 /* `dtrain train --cp N` (context parallelism) under `dtrain run`: the GPT
  * and the Llama give the single-process run's step losses over 20 steps
  * (relative 1e-5, f32): ring attention and Ulysses, with and without the
- * causal load balance, cp 2 and cp 4; dp 2 x cp 2 gives the 2-rank DDP
- * run's losses; cp 2 x tp 2, and cp 2 under ZeRO-3, the single-process
- * ones; DeepSpeed's sequence_parallel_size in a --config turns on Ulysses;
+ * causal load balance, cp 2 and cp 4; dp 2 x cp 2 (DDP and ZeRO-2) gives
+ * the 2-rank DDP run's losses; cp 2 x tp 2, cp 2 with activation
+ * checkpointing and cp 2 under ZeRO-3 the single-process ones; DeepSpeed's sequence_parallel_size in a --config turns on Ulysses;
  * and the bad flags, degrees and keys exit 2 with one line naming the
  * problem. Every run reads the same token file; the data of a replica is
  * the same on each of its cp ranks (each keeps its positions). */
@@ -121,7 +121,9 @@ TEST(gpt_cp_equals_one_process) { model_cases("gpt-micro"); }
 TEST(llama_cp_equals_one_process) { model_cases("llama-tiny"); }
 
 /* dp 2 x cp 2 against DDP on 2 ranks (the same replicas' batches); cp 2 x
- * tp 2, ring and Ulysses (2 heads a tp rank), against one process */
+ * tp 2, ring and Ulysses (2 heads a tp rank), and cp 2 with activation
+ * checkpointing (the blocks' forwards, ring attention included, run again
+ * in backward), against one process */
 TEST(gpt_cp_composes_with_dp_and_tp)
 {
     double ddp[64], one[64];
@@ -133,6 +135,8 @@ TEST(gpt_cp_composes_with_dp_and_tp)
             "gradients reduced over 2 data-parallel x 2 context-parallel ranks");
     same_as("gpt-micro", 4, "gpt_dp2cp2_z2", (char *[]){"--cp", "2", "--zero", "2", NULL}, ddp, nd,
             "ZeRO stage 2: 4 ranks");
+    same_as("gpt-micro", 2, "gpt_cp2_ckpt", (char *[]){"--cp", "2", "--activation-checkpointing", NULL}, one, n1,
+            "[0] activation checkpointing: 2 GPT2Block modules recompute their forward in backward");
     same_as("gpt-micro", 4, "gpt_cp2tp2", (char *[]){"--cp", "2", "--tp", "2", NULL}, one, n1,
             "[0] tensor parallel: 2 ranks per group");
     same_as("gpt-micro", 4, "gpt_cp2tp2_u", (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", NULL}, one,
