@@ -857,6 +857,10 @@ int64_t dt_trainer_steps(const dt_trainer *tr) { return tr ? tr->opt_step : 0; }
 double dt_trainer_next_lr(const dt_trainer *tr) { return tr ? dt_sched_lr(&tr->p.sched, tr->opt_step) : 0; }
 int dt_trainer_rank(const dt_trainer *tr) { return tr ? tr->rank : 0; }
 int dt_trainer_world(const dt_trainer *tr) { return tr ? tr->world : 1; }
+int dt__trainer_replicas(const dt_trainer *tr)
+{
+    return !tr ? 1 : tr->p.same_batch > 1 ? tr->world / tr->p.same_batch : tr->world;
+}
 int64_t dt__trainer_grad_accum(const dt_trainer *tr) { return tr->p.grad_accum; }
 dt__trainer_pos *dt__trainer_position(dt_trainer *tr) { return &tr->pos; }
 const dt_trainer_params *dt__trainer_params(const dt_trainer *tr) { return &tr->p; }

@@ -191,6 +191,30 @@ TEST(config_sequence_parallel_size)
             "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ring attention");
 }
 
+/* A checkpoint saved by cp 2 at step 10 is the single-process one: a run
+ * of one process resumes it with the data order kept (one replica saved
+ * it, one replica resumes: no warning) and gives one process's last 10
+ * losses */
+TEST(cp_checkpoint_resumes_in_one_process)
+{
+    double one[64], b[64];
+    int n;
+    reference("gpt-micro", 1, "gpt_one_e", one, &n);
+    ASSERT_EQ_INT(n, 20);
+    static cli_result r;
+    char m[400], dir[400], step10[440];
+    snprintf(dir, sizeof dir, "%s/cp_ckpt", cli_tmpdir());
+    snprintf(step10, sizeof step10, "%s/step-00000010", dir);
+    ASSERT_EQ_INT(run(&r, 2, "gpt-micro", "gpt_cp2_save", m, sizeof m,
+                      (char *[]){"--cp", "2", "--save", dir, "--save-every", "10", NULL}), 0);
+    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_resume1", m, sizeof m, (char *[]){"--resume", step10, NULL}), 0);
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    ASSERT(strstr(r.err, "data order is not kept") == NULL);
+    int nb = cli_step_losses(m, b, 64);
+    ASSERT_EQ_INT(nb, 10);
+    ASSERT(cli_same_losses(b, nb, one + 10, 10, 0.0));
+}
+
 /* One line naming the problem and exit 2. */
 static void bad(int ranks, char *const *extra, const char *want)
 {
@@ -255,6 +279,7 @@ int main(void)
     RUN(gpt_cp_composes_with_dp_and_tp);
     RUN(cp_with_zero3);
     RUN(config_sequence_parallel_size);
+    RUN(cp_checkpoint_resumes_in_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }
