@@ -468,13 +468,13 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
                         (long long)T, (long long)g.block_size);
     if (cp && (st = dt_cp_check(cp, T, g.n_head / (tp ? dt_pg_size(tp) : 1))) < 0)
         return dt_error_wrap(st, "gpt2");
+    if (sp && T % dt_pg_size(tp))
+        return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is not divisible by the tensor-parallel size "
+                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
     gpt_rt *rt = calloc(1, sizeof *rt);
     if (!rt)
         return dt_error(DT_ERR_NO_MEMORY, "gpt2: out of memory");
     rt->cp = c->cp;
-    if (sp && T % dt_pg_size(tp))
-        return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is not divisible by the tensor-parallel size "
-                        "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
     int64_t C = g.n_embd, V = g.vocab_size, L = g.n_layer;
     dt_module *root = dt_nn_custom("GPT2LMHeadModel", 0, NULL, lm_forward, NULL);
     dt_module *tr = dt_nn_custom_owned("GPT2Model", 0, NULL, transformer_forward, rt, free); /* frees rt on failure */
