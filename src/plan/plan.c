@@ -4,6 +4,7 @@
 
 #include "dtrain/tp.h"
 
+#include <stdio.h>
 #include <string.h>
 
 struct dt_plan {
@@ -149,12 +150,15 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
         return dt_error(DT_ERR_INVALID_ARG, "%s %d needs a multiple of %d ranks; this job has %d", nc, p->cp, p->cp,
                         ws);
     const int per = p->cp * p->tp * p->pp;
+    char cps[48] = ""; /* the cp degree in the messages, when there is one */
+    if (p->cp > 1)
+        snprintf(cps, sizeof cps, "%s %d x ", nc, p->cp);
     if (ws % per)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s %d x %s %d (%d ranks per replica) does not divide this job's "
-                        "%d ranks", nc, p->cp, nt, p->tp, np, p->pp, per, ws);
+        return dt_error(DT_ERR_INVALID_ARG, "%s%s %d x %s %d (%d ranks per replica) does not divide this job's %d "
+                        "ranks", cps, nt, p->tp, np, p->pp, per, ws);
     if (p->dp && p->dp * per != ws)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s %d x %s %d x %s %d is %d ranks; this job has %d", nd, p->dp,
-                        nc, p->cp, nt, p->tp, np, p->pp, p->dp * per, ws);
+        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s%s %d x %s %d is %d ranks; this job has %d", nd, p->dp, cps, nt,
+                        p->tp, np, p->pp, p->dp * per, ws);
     return DT_OK;
 }
 
