@@ -79,6 +79,11 @@ typedef struct dt__train_opts {
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
+    bool zero_qw, zero_qg;    /* ZeRO++ qwZ / qgZ (--zero-quantized-weights / -gradients) */
+    int64_t zero_hpz;         /* ZeRO++ hpZ partition size, 0 = unset (the config's, else off) */
+    int64_t zero_quant_block; /* 0 = unset */
+    int64_t zero_grad_block;  /* 0 = unset */
+    const char *zero_grad_bits; /* "4" | "8", NULL = unset */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
     bool sequence_parallel;   /* --sequence-parallel (GPT with --tp) */

@@ -147,7 +147,7 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them); not with --zero 3"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
@@ -166,6 +166,24 @@ static const opt_def opts[] = {
      "machine and shard (Horovod's; DDP and ZeRO; AIAK_HIERARCHICAL_ALLREDUCE=1|0 overrides)"},
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
+    {"zero-quantized-weights", OPT_FLAG, OFF(zero_qw), 0, 0, NULL, NULL,
+     "ZeRO++ qwZ (stage 3 / full_shard): the parameter all-gathers carry int8 blocks (one scale per "
+     "--zero-quant-block elements); the shards and the optimizer stay exact (DeepSpeed's "
+     "zero_quantized_weights)"},
+    {"zero-quantized-gradients", OPT_FLAG, OFF(zero_qg), 0, 0, NULL, NULL,
+     "ZeRO++ qgZ (stage 3 / full_shard): the gradient reduce-scatter runs quantized (--zero-grad-bits) in two "
+     "hops, within each machine then across, summed in f32; no error feedback (DeepSpeed's "
+     "zero_quantized_gradients)"},
+    {"zero-hpz", OPT_INT, OFF(zero_hpz), 1, 1e6, NULL, "N",
+     "ZeRO++ hpZ (stage 3 / full_shard): keep 1/N of each unit's forward-gathered parameters so its backward "
+     "all-gather runs among N ranks (the ranks of one machine); N = ranks per machine (DeepSpeed's "
+     "zero_hpz_partition_size, FSDP2's reshard_after_forward=N; default 1: off)"},
+    {"zero-quant-block", OPT_INT, OFF(zero_quant_block), 1, 1073741824, NULL, "N",
+     "ZeRO++ qwZ: elements per scale of the quantized parameter all-gathers (default 2048)"},
+    {"zero-grad-bits", OPT_CHOICE, OFF(zero_grad_bits), 0, 0, "4|8", "BITS",
+     "ZeRO++ qgZ: bits per gradient value on the wire (default 4, DeepSpeed's)"},
+    {"zero-grad-block", OPT_INT, OFF(zero_grad_block), 1, 1073741824, NULL, "N",
+     "ZeRO++ qgZ: elements per scale of the quantized gradients (default 64)"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
@@ -202,7 +220,8 @@ static const opt_def opts[] = {
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
      "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
-     "(or be empty)"},
+     "(or be empty); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
+     "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
      "model.safetensors.index.json)"},

@@ -120,6 +120,15 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
                    (unsigned long long)zs.gathers, (unsigned long long)zs.prefetched,
                    (unsigned long long)zs.ready_when_needed);
         printf("\n");
+        if (r->zp.quantized_weights || r->zp.quantized_gradients || r->zp.hpz_partition_size > 1)
+            printf("ZeRO++: qwZ %s, qgZ %s, hpZ %d: rank 0 ran %llu int8 all-gathers (blocks of %lld), %llu "
+                   "backward all-gathers within its hpZ group, %llu int%d reduce-scatters (blocks of %lld); secondary "
+                   "shards held "
+                   "at most %.2f MiB\n",
+                   r->zp.quantized_weights ? "on" : "off", r->zp.quantized_gradients ? "on" : "off",
+                   r->zp.hpz_partition_size, (unsigned long long)zs.gathers_quantized, (long long)r->zp.quant_block,
+                   (unsigned long long)zs.gathers_secondary, (unsigned long long)zs.reduces_quantized,
+                   r->zp.quant_grad_bits, (long long)r->zp.quant_grad_block, (double)zs.secondary_peak / (1 << 20));
         dt_nvme_store *ps = dt_zero_param_store(z);
         if (ps) {
             dt_nvme_stats ns;
