@@ -28,13 +28,23 @@
  * and equal on every rank (after g), with the same key: the same masks on
  * every rank, the single-process ones; the attention dropout draws, for the
  * rank's heads, their part of the single-process mask (dt_attention_heads).
- * So a --tp run with dropout equals the single-process run within rounding. */
+ * So a --tp run with dropout equals the single-process run within rounding.
+ *
+ * Context parallel (dt_model_config.cp over P ranks; cp.h): the forward
+ * takes the whole [B, T] ids on every rank, the embedding keeps the
+ * rank's rows (chunks r and 2P-1-r under the causal balance) and looks up
+ * wpe at their global positions; each attention is dt_cp_attention (ring
+ * or Ulysses) over the rank's heads (with tp: the heads split first, then
+ * the sequence); layer norms, MLP and head run on the rows; the loss
+ * (dt_model_desc_loss) takes the target's same rows and the whole
+ * sequence's mean. Dropout 0; not with sequence parallelism. */
 #include "zoo.h"
 
 #include "dtrain/tp.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -72,6 +82,21 @@ bool dt__model_is_gpt2(const char *name)
 }
 
 static dt_module *child(dt_module *m, const char *name) { return dt_module_find_child(m, name); }
+
+/* Context parallelism (cp.h): the GPT2Model owns it (its user data), the
+ * attention modules borrow it. With a group of more than one rank the
+ * embedding keeps the rank's rows of the whole sequence at their global
+ * positions (wpe follows the chunks), every attention is dt_cp_attention,
+ * and the rest runs on the rows as it is. */
+typedef struct {
+    dt_cp_params cp;
+} gpt_rt;
+
+static const dt_cp_params *cp_of(const void *ud)
+{
+    const gpt_rt *rt = ud;
+    return rt && rt->cp.group && dt_pg_size(rt->cp.group) > 1 ? &rt->cp : NULL;
+}
 
 /* m's configuration (dt_module_config): the custom modules below keep their
  * settings there (the attention its heads in k, the GPT2Model its block
@@ -154,7 +179,7 @@ static dt_tensor *row_sp(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_pg *sp)
 /* self's config k = n_head (this rank's) */
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    (void)ud;
+    const dt_cp_params *cp = cp_of(ud);
     dt_module *drop = child(self, "attn_dropout");
     dt_pg *sp = sp_group(self, child(self, "c_attn"));
     dt_module *ca = child(self, "c_attn");
@@ -168,8 +193,9 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
      * dropout mask (the key is the same on every rank: the same module) */
     dt_pg *tp = dt_tp_module_group(child(self, "c_attn"));
     const int t = tp ? dt_pg_size(tp) : 1, h0 = tp ? dt_pg_rank(tp) * heads : 0;
-    dt_tensor *y = dt_attention_heads(ctx, qkv, heads, h0, heads * t, true, cfg(drop).p, dt_module_is_training(drop),
-                                      key);
+    dt_tensor *y = cp ? dt_cp_attention(ctx, cp, qkv, heads, true) /* dropout 0 (check_config) */
+                      : dt_attention_heads(ctx, qkv, heads, h0, heads * t, true, cfg(drop).p,
+                                           dt_module_is_training(drop), key);
     y = sp ? row_sp(ctx, child(self, "c_proj"), y, sp) : dt_module_forward(ctx, child(self, "c_proj"), y);
     return dt_module_forward(ctx, child(self, "resid_dropout"), y);
 }
@@ -227,11 +253,19 @@ dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *self, dt_tensor *idx)
                  (long long)block_size);
         return NULL;
     }
+    const dt_cp_params *cp = cp_of(dt_module_user_data(self));
+    dt_cp_layout l;
+    if (cp) { /* the rank's rows of the whole sequence, at their global positions */
+        if (dt_cp_layout_of(cp, T, &l) < 0)
+            return NULL;
+        idx = dt_cp_local_rows(ctx, &l, idx);
+        T = l.local_len;
+    }
     int64_t *pos = dt_ctx_alloc(ctx, (size_t)T * sizeof *pos);
-    if (!pos)
+    if (!pos || !idx)
         return NULL;
     for (int64_t t = 0; t < T; t++)
-        pos[t] = t;
+        pos[t] = cp ? dt_cp_position(&l, t) : t;
     dt_tensor *pt = dt_tensor_view_of(ctx, pos, DT_I64, 1, &T);
     dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, child(self, "wte"), idx),
                           dt_module_forward(ctx, child(self, "wpe"), pt));
@@ -320,12 +354,12 @@ static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, float std, int chunks
     return m;
 }
 
-static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp)
+static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
 {
     int64_t C = g->n_embd;
     float std = 0.02f, pstd = 0.02f / sqrtf(2.0f * (float)g->n_layer);
     dt_module *b = dt_nn_custom("GPT2Block", 0, NULL, block_forward, NULL);
-    dt_module *attn = dt_nn_custom("GPT2Attention", 0, NULL, attn_forward, NULL);
+    dt_module *attn = dt_nn_custom("GPT2Attention", 0, NULL, attn_forward, rt);
     dt_module *mlp = dt_nn_custom("GPT2MLP", 0, NULL, mlp_forward, NULL);
     SET_CFG(attn, k, (int)(g->n_head / (tp ? dt_pg_size(tp) : 1))); /* this rank's heads */
     if (sp && b && attn && mlp) {
@@ -375,8 +409,15 @@ static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
     return m;
 }
 
-static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp)
+static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const dt_cp_params *cp)
 {
+    if (cp && g->dropout > 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with context parallelism is not supported (the "
+                        "masks would be drawn over the rank's rows, not the single-process run's); use dropout 0",
+                        (double)g->dropout);
+    if (cp && sp)
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: context parallelism with tensor parallelism's sequence "
+                        "parallelism is not supported yet (use one of the two)");
     if (sp && g->dropout > 0.0f)
         return dt_error(DT_ERR_UNSUPPORTED, "gpt2: dropout %g with sequence parallelism is not supported yet (the "
                         "residual and MLP dropouts would draw their masks over the rank's tokens, not the "
@@ -418,18 +459,25 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     g.dropout = c->dropout;
     dt_pg *tp = c->tp && dt_pg_size(c->tp) > 1 ? c->tp : NULL;
     const bool sp = c->sequence_parallel && tp; /* without tensor parallelism (or a group of one): plain */
-    if ((st = check_config(&g, tp, sp)) < 0)
+    const dt_cp_params *cp = cp_of(&c->cp);
+    if ((st = check_config(&g, tp, sp, cp)) < 0)
         return st;
     int64_t T = c->seq ? c->seq : g.block_size;
     if (T < 1 || T > g.block_size)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is outside [1, %lld] (the block size)",
                         (long long)T, (long long)g.block_size);
+    if (cp && (st = dt_cp_check(cp, T, g.n_head / (tp ? dt_pg_size(tp) : 1))) < 0)
+        return dt_error_wrap(st, "gpt2");
     if (sp && T % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is not divisible by the tensor-parallel size "
                         "%d (sequence parallelism splits the tokens)", (long long)T, dt_pg_size(tp));
+    gpt_rt *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return dt_error(DT_ERR_NO_MEMORY, "gpt2: out of memory");
+    rt->cp = c->cp;
     int64_t C = g.n_embd, V = g.vocab_size, L = g.n_layer;
     dt_module *root = dt_nn_custom("GPT2LMHeadModel", 0, NULL, lm_forward, NULL);
-    dt_module *tr = dt_nn_custom("GPT2Model", 0, NULL, transformer_forward, NULL);
+    dt_module *tr = dt_nn_custom_owned("GPT2Model", 0, NULL, transformer_forward, rt, free); /* frees rt on failure */
     dt_module *h = dt_nn_seq(0, NULL);
     dt_module *wte = tp ? dt_tp_vocab_embedding(tp, V, C) : embedding(V, C);
     dt_module *head = tp ? vocab_head(tp, V, C) : dt_nn_linear(C, V, false);
@@ -442,7 +490,7 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     }
     bool ok = root && tr && h;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(h, NULL, block(&g, tp, sp), ok);
+        ok = add(h, NULL, block(&g, tp, sp, rt), ok);
     ok = ok && wte && head && dt_module_tie(head, "weight", wte, "weight") == DT_OK;
     ok = add(tr, "wte", wte, ok);
     ok = add(tr, "wpe", embedding(g.block_size, C), ok);

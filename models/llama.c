@@ -15,7 +15,12 @@
  * q | k | v out for the blocked causal attention kernel, whose scale is
  * 1/sqrt(hd). Linear weights are [out, in] (dt_linear). Init is
  * transformers' _init_weights: every Linear and the embedding N(0,
- * initializer_range), biases 0, norms 1, no residual rescaling. */
+ * initializer_range), biases 0, norms 1, no residual rescaling.
+ *
+ * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
+ * rows of the whole [B, T] ids, RoPE rotates them at their global
+ * positions (dt_rope_at), attention is dt_cp_attention over the packed
+ * q | k | v (GQA's kv heads repeated first), the rest runs on the rows. */
 #include "zoo.h"
 
 #include <math.h>
@@ -28,6 +33,7 @@
 typedef struct llama_rt {
     dt_llama_config c;
     float *inv_freq; /* hd / 2 */
+    dt_cp_params cp; /* context parallelism: group NULL for none */
 } llama_rt;
 
 static void rt_free(void *p)
@@ -47,9 +53,23 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_tensor *q = dt_module_forward(ctx, child(self, "q_proj"), x);
     dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
     dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
-    q = dt_rope(ctx, q, H, rt->inv_freq, 0);
-    k = dt_rope(ctx, k, KV, rt->inv_freq, 0);
-    dt_tensor *y = dt_attention(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, true, 0.0f, false, (dt_rng_key){0});
+    const int64_t *pos = NULL;
+    if (rt->cp.group && x) { /* the rank's rows: RoPE at their global positions */
+        dt_cp_layout l;
+        if (dt_cp_layout_of(&rt->cp, x->shape[1] * dt_pg_size(rt->cp.group), &l) < 0)
+            return NULL;
+        int64_t *p = dt_ctx_alloc(ctx, (size_t)l.local_len * sizeof *p);
+        if (!p)
+            return NULL;
+        for (int64_t t = 0; t < l.local_len; t++)
+            p[t] = dt_cp_position(&l, t);
+        pos = p;
+    }
+    q = dt_rope_at(ctx, q, H, rt->inv_freq, 0, pos);
+    k = dt_rope_at(ctx, k, KV, rt->inv_freq, 0, pos);
+    dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
+    dt_tensor *y = rt->cp.group ? dt_cp_attention(ctx, &rt->cp, qkv, H, true)
+                                : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
 
@@ -86,6 +106,12 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
         dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (max_position_embeddings)",
                  (long long)idx->shape[1], (long long)rt->c.max_position_embeddings);
         return NULL;
+    }
+    if (rt->cp.group) { /* the rank's rows of the whole sequence */
+        dt_cp_layout l;
+        if (dt_cp_layout_of(&rt->cp, idx->shape[1], &l) < 0)
+            return NULL;
+        idx = dt_cp_local_rows(ctx, &l, idx);
     }
     dt_tensor *x = dt_module_forward(ctx, child(self, "embed_tokens"), idx);
     x = dt_module_forward(ctx, child(self, "layers"), x);
@@ -181,12 +207,16 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (T < 1 || T > lc->max_position_embeddings)
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
                         "(max_position_embeddings)", (long long)T, (long long)lc->max_position_embeddings);
+    const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
+    if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
+        return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
     if (!rt || !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float)))) {
         rt_free(rt);
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     }
     rt->c = *lc;
+    rt->cp = cp ? c.cp : dt_cp_params_default();
     dt_llama_inv_freq(lc, rt->inv_freq);
     const int64_t C = lc->hidden_size, V = lc->vocab_size, L = lc->num_hidden_layers;
     /* the root owns rt; every module under it borrows it (freed after them) */

@@ -2,6 +2,7 @@
  * target shapes, loss, FLOPs) that `dtrain train` and `dtrain bench step`
  * use. The descriptor is plain data beside the model, not part of it. */
 #include "zoo.h"
+#include "dtrain/kernels.h"
 #include "dtrain/tp.h"
 
 #include <stdio.h>
@@ -11,7 +12,8 @@ dt_model_config dt_model_config_default(void)
 {
     dt_model_config c = {.num_classes = 10, .mlp_seq = 128, .mlp_dim = 1024, .mlp_hidden = 4096,
                          .n_layer = 0, .n_head = 0, .n_embd = 0, .block_size = 0, .vocab_size = 0, .seq = 0,
-                         .dropout = 0.0f, .build = dt_model_build_params_default()};
+                         .dropout = 0.0f, .build = dt_model_build_params_default(),
+                         .cp = dt_cp_params_default()};
     return c;
 }
 
@@ -33,6 +35,12 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
     if (name && !strcmp(name, "convnet") && c.tp && dt_pg_size(c.tp) > 1)
         return dt_error(DT_ERR_UNSUPPORTED, "model 'convnet' has no tensor-parallel form (mlp and the GPT-2 models "
                         "have)");
+    const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
+    if (cp && (!name || !strcmp(name, "convnet") || !strcmp(name, "mlp")))
+        return dt_error(DT_ERR_UNSUPPORTED, "model '%s' has no context-parallel form (it has no sequence to split; "
+                        "the GPT-2 and Llama models have)", name ? name : "(null)");
+    if (!cp)
+        c.cp = dt_cp_params_default();
     if (name && !strcmp(name, "convnet"))
         st = dt__model_convnet(seed, &c, model, &d);
     else if (name && !strcmp(name, "mlp"))
@@ -58,6 +66,7 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
         return st;
     }
     d.tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    d.cp = c.cp;
     snprintf(d.name, sizeof d.name, "%s", name);
     if (desc)
         *desc = d;
@@ -72,6 +81,7 @@ dt_status dt_model_init_tp(dt_model *m, const char *name, const dt_model_config 
         return dt_error(DT_ERR_INVALID_ARG, "dt_model_init_tp: the config has no tensor-parallel group");
     dt_model_config fc = *cfg;
     fc.tp = NULL;
+    fc.cp = dt_cp_params_default(); /* the parameters do not depend on it */
     fc.build.meta = true; /* only the layout: dt_model_init_range draws the values */
     dt_model *full;
     dt_status st = dt_model_create(name, seed, &fc, &full, NULL);
@@ -127,6 +137,26 @@ dt_status dt_model_desc_check_dataset(const dt_model_desc *d, const dt_dataset *
     return DT_OK;
 }
 
+/* A context-parallel language model: output [B, T/P, V] holds the rank's
+ * rows; the target [B, T] is the whole sequence. The loss of the target's
+ * same rows, taken over the whole sequence (dt_cp_loss: sum and count over
+ * the group). */
+static dt_tensor *cp_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target)
+{
+    dt_cp_layout l;
+    if (dt_cp_layout_of(&d->cp, target->shape[1], &l) < 0)
+        return NULL;
+    dt_tensor *t = dt_cp_local_rows(ctx, &l, target);
+    if (!t)
+        return NULL;
+    int64_t count = 0, n = dt_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++)
+        count += dt_tensor_get(t, i) != DT_K_IGNORE_INDEX;
+    dt_model_desc local = *d;
+    local.cp.group = NULL;
+    return dt_cp_loss(ctx, d->cp.group, dt_model_desc_loss(ctx, &local, output, t), count);
+}
+
 dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *output, dt_tensor *target)
 {
     if (!d) {
@@ -143,6 +173,8 @@ dt_tensor *dt_model_desc_loss(dt_ctx *ctx, const dt_model_desc *d, dt_tensor *ou
             dt_error(DT_ERR_NULL, "dt_model_desc_loss (%s): the loss needs a target", d->name);
         return NULL;
     }
+    if (d->cp.group && d->loss == DT_LOSS_CROSS_ENTROPY && target && target->ndim == 2 && output->ndim == 3)
+        return cp_loss(ctx, d, output, target);
     switch (d->loss) {
     case DT_LOSS_CROSS_ENTROPY:
         if (d->tp) /* the rank's vocabulary columns */

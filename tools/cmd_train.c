@@ -178,6 +178,7 @@ static dt_model_config model_config(const trainer *t)
     cfg.dropout = (float)t->o.dropout;
     cfg.tp = t->ddp.tp_pg; /* --tp: the rank's slices */
     cfg.sequence_parallel = t->o.sequence_parallel;
+    cfg.cp = t->ddp.cpp; /* --cp: the rank's positions of each sequence */
     cfg.fused_lm_loss = true; /* GPT-2: the head fused with the loss in row chunks, no [B*T, V] logits */
     cfg.build.frozen = t->freeze;
     cfg.build.lora = t->lora_targets ? &t->lora : NULL;
@@ -564,10 +565,11 @@ static int check_memory(trainer *t)
     e.params += frozen;
     e.total += frozen;
     char what[256], ranks[48] = "training";
-    if (t->ddp.world > 1 && t->ddp.stage > 0)
-        snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, t->ddp.world);
-    else if (t->ddp.world > 1)
-        snprintf(ranks, sizeof ranks, "DDP on %d ranks:", t->ddp.world);
+    const int red = dt__ddp_reduce_size(&t->ddp);
+    if (red > 1 && t->ddp.stage > 0)
+        snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, red);
+    else if (red > 1)
+        snprintf(ranks, sizeof ranks, "DDP on %d ranks:", red);
     snprintf(what, sizeof what, "%s %s (%zu parameters) with %s%s", ranks, t->o.model, psi, t->o.optimizer,
              op.device == DT_OFFLOAD_NVME ? ", state offloaded to nvme" : "");
     int local = t->ddp.pg ? dt_pg_local_size(t->ddp.pg) : 1;
@@ -917,6 +919,7 @@ static int setup_trainer(trainer *t)
     tp.clip_grad_norm = t->o.clip_grad_norm;
     tp.loss_fn = dt_model_desc_loss_fn; /* the zoo model's own loss */
     tp.loss_ud = &t->desc;
+    tp.same_batch = t->ddp.cp; /* --cp: a replica's cp ranks share its batch */
     int rc = offload_params(t, &tp.offload);
     if (rc)
         return rc;
@@ -1383,8 +1386,9 @@ static const char *lm_rates(const trainer *t, double sps, char *buf, size_t cap)
     buf[0] = 0;
     if (t->lm)
         snprintf(buf, cap, ",\"tokens_per_s\":%.1f,\"mfu\":%.4f", sps * (double)t->desc.input_shape[0],
-                 t->peak_gflops > 0 ? sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops
-                                    : 0.0);
+                 t->peak_gflops > 0
+                     ? sps / (t->ddp.world * t->ddp.cp) * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops
+                     : 0.0);
     return buf;
 }
 
@@ -1842,7 +1846,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         t->peak_gflops = t->o.mfu_peak;
         if (t->peak_gflops <= 0 && dt_k_bench_matmul(1024, DT_F32, 3, &t->peak_gflops) < 0)
             t->peak_gflops = 0;
-        dt__progress_set_rates(&t->prog, t->desc.input_shape[0], t->desc.train_flops_per_sample / t->ddp.world,
+        dt__progress_set_rates(&t->prog, t->desc.input_shape[0],
+                               t->desc.train_flops_per_sample / (t->ddp.world * t->ddp.cp),
                                t->peak_gflops);
     }
     if (t->prog.mode != DT__PROGRESS_NONE)
@@ -1874,6 +1879,11 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         printf("tensor parallel: %d ranks per group (each holds 1/%d of the weights), %d data-parallel group%s%s\n",
                t->ddp.tp, t->ddp.tp, t->ddp.world, t->ddp.world == 1 ? "" : "s",
                t->o.sequence_parallel ? "; sequence parallel (each holds 1/N of the tokens between the blocks)" : "");
+    if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.cp > 1)
+        printf("context parallel: %d ranks per sequence (each holds 1/%d of the positions%s), %s attention; "
+               "gradients reduced over %d data-parallel x %d context-parallel ranks\n",
+               t->ddp.cp, t->ddp.cp, t->ddp.cpp.balance ? ": chunks r and 2N-1-r of 2N" : "",
+               dt_cp_impl_name(t->ddp.cpp.impl), t->ddp.world, t->ddp.cp);
     if (t->prog.mode != DT__PROGRESS_NONE && t->ddp.pp > 1)
     {
         char tpx[48] = "";
@@ -1949,7 +1959,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
             printf("tokens/s: %.0f\n", sps * (double)t->desc.input_shape[0]);
             if (t->peak_gflops > 0)
                 printf("MFU: %.1f%% of %.1f GFLOP/s (f32 matmul peak, per rank)\n",
-                       100.0 * sps / t->ddp.world * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
+                       100.0 * sps / (t->ddp.world * t->ddp.cp) * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
                        t->peak_gflops);
         }
         double cf, cr;

@@ -89,6 +89,10 @@ typedef struct dt__train_opts {
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
     bool sequence_parallel;   /* --sequence-parallel (GPT with --tp) */
+    /* context parallelism (cp.h, plan.h): ranks per sequence, 0/1 = none */
+    int64_t cp;
+    const char *cp_impl;      /* --cp-impl ring|ulysses (NULL: ring; a config's sequence_parallel_size: ulysses) */
+    const char *cp_balance;   /* --cp-balance on|off (NULL: on for ring, off for ulysses) */
     int64_t dp;               /* data-parallel replicas, 0 = world / (tp x pp); checked against the world */
     /* pipeline parallelism (tools/train_ddp.c, pipeline.h): ranks per pipeline, 0/1 = none */
     int64_t pp;

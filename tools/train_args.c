@@ -196,6 +196,17 @@ static const opt_def opts[] = {
      "GPT models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
      "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
      "no dropout)"},
+    {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",
+     "context parallelism (GPT and Llama models): each sequence split over N ranks of a replica, which all read "
+     "the same batch and keep their part of the positions; attention runs over the group (--cp-impl), the rest "
+     "on the rank's positions; gradients reduce over dp x cp; composes with --dp, --zero/--fsdp and --tp (rank = "
+     "(d x cp + c) x tp + t); not with --pp; f32, no dropout"},
+    {"cp-impl", OPT_CHOICE, OFF(cp_impl), 0, 0, "ring|ulysses", "NAME",
+     "with --cp: ring attention (default; keys and values go around the group, any head count) or "
+     "DeepSpeed-Ulysses' all-to-all (the heads, after --tp's split, divisible by N)"},
+    {"cp-balance", OPT_CHOICE, OFF(cp_balance), 0, 0, "on|off", "ON",
+     "with --cp: the causal load balance (the sequence in 2N chunks, rank r holds chunks r and 2N-1-r; --seq "
+     "divisible by 2N); default on for ring, off for ulysses (then --seq divisible by N)"},
     {"dp", OPT_INT, OFF(dp), 1, 1 << 16, NULL, "N",
      "data-parallel replicas (default: the ranks divided by --tp x --pp; given, it must equal that); with --tp "
      "and --pp the ranks form one dp x tp x pp mesh, rank = (d x tp + t) x pp + stage"},
@@ -508,6 +519,9 @@ static const struct {
     {"max-train-steps", "--max-steps N"},
     {"train-iters", "--max-steps N"},
     {"tensor-model-parallel-size", "--tp N"},
+    {"context-parallel-size", "--cp N"},
+    {"sequence-parallel-size", "--cp N --cp-impl ulysses"},
+    {"ulysses-degree", "--cp N --cp-impl ulysses"},
     {"pipeline-model-parallel-size", "--pp N"},
     {"gradient-checkpointing", "--activation-checkpointing"},
     {"nproc-per-node", "dtrain run -n N -- dtrain train ... (the launcher starts the ranks)"},
@@ -809,6 +823,26 @@ int dt__train_check(dt__train_opts *o)
     if (o->sequence_parallel && o->pp > 1) {
         dt__cli_err("dtrain train: --sequence-parallel does not combine with --pp yet\n");
         return 2;
+    }
+    if ((o->cp_impl || o->cp_balance) && o->cp <= 1) {
+        dt__cli_err("dtrain train: --cp-impl and --cp-balance need --cp N > 1\n");
+        return 2;
+    }
+    if (o->cp > 1) {
+        const char *no = !strcmp(o->model, "convnet") || !strncmp(o->model, "mlp", 3)
+                             ? "this --model (it has no sequence to split: GPT and Llama models have)"
+                         : o->pp > 1 ? "--pp (not yet: it composes with --dp, --zero/--fsdp and --tp)"
+                         : o->sequence_parallel ? "--sequence-parallel (use one of the two)"
+                         : o->sample_every ? "--sample-every (generation runs on one rank; the ranks of a "
+                                             "context-parallel model run the forward together)"
+                         : o->precision && strcmp(o->precision, "fp32") ? "--precision bf16/fp16 (the "
+                                                                            "context-parallel attention runs in f32)"
+                         : o->dropout > 0 ? "--dropout > 0 (the masks would not be the single-process run's)"
+                         : o->offload ? "--offload" : NULL;
+        if (no) {
+            dt__cli_err("dtrain train: --cp %lld does not combine with %s\n", (long long)o->cp, no);
+            return 2;
+        }
     }
     if (o->tp > 1) {
         const char *no = !strcmp(o->model, "convnet") ? "--model convnet"

@@ -132,6 +132,13 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         rc = set(c, "dtrain.hierarchical_allreduce", "true", "hierarchical-allreduce");
     if (!rc && G("tp"))
         rc = set_num(c, "dtrain.tensor_parallel_size", (double)o->tp, "tp");
+    if (!rc && G("cp"))
+        rc = set_num(c, "dtrain.context_parallel_size", (double)o->cp, "cp");
+    if (!rc && G("cp-impl"))
+        rc = set_str(c, "dtrain.context_parallel_impl", o->cp_impl, "cp-impl");
+    if (!rc && G("cp-balance"))
+        rc = set(c, "dtrain.context_parallel_balance", !strcmp(o->cp_balance, "on") ? "true" : "false",
+                 "cp-balance");
     if (!rc && G("dp"))
         rc = set_num(c, "dtrain.data_parallel_size", (double)o->dp, "dp");
     if (!rc && G("pp")) {
@@ -244,11 +251,23 @@ static int read_back(dt__train_opts *o, dt_config *c)
     if (dt_config_get_int(c, "dtrain.tensor_parallel_size", &tpn) == DT_OK)
         o->tp = tpn;
     dt_config_get_int(c, "dtrain.data_parallel_size", &o->dp);
+    /* context parallelism: DeepSpeed's sequence_parallel_size is its Ulysses degree, dtrain's own key (and
+       --cp) ring attention unless dtrain.context_parallel_impl says otherwise */
+    const char *cs;
+    bool cb;
+    if (dt_config_get_int(c, "sequence_parallel_size", &o->cp) == DT_OK)
+        o->cp_impl = "ulysses";
+    if (dt_config_get_int(c, "dtrain.context_parallel_size", &o->cp) == DT_OK)
+        o->cp_impl = NULL;
+    if (dt_config_get_str(c, "dtrain.context_parallel_impl", &cs) == DT_OK)
+        o->cp_impl = !strcmp(cs, "ulysses") ? "ulysses" : "ring";
+    if (dt_config_get_bool(c, "dtrain.context_parallel_balance", &cb) == DT_OK)
+        o->cp_balance = cb ? "on" : "off";
     dt_pipe_params pq = dt_pipe_params_default();
     pq.pp = o->pp > 1 ? (int)o->pp : 1;
     if (dt_config_pipe_params(c, &pq) < 0)
         return bad();
-    int64_t pp = pq.pp, per = (tpn > 1 ? tpn : 1) * pp;
+    int64_t pp = pq.pp, per = (tpn > 1 ? tpn : 1) * pp * (o->cp > 1 ? o->cp : 1);
     if (pp > 1 && world % per) {
         dt__cli_err("dtrain train: --config: key %s %lld x dtrain.tensor_parallel_size %lld (%lld ranks a pipeline) "
                     "does not divide this job's %d ranks (start them with dtrain run -n N)\n",

@@ -49,10 +49,14 @@ static int resolve_hook(dt__ddp_run *r, const dt__train_opts *o, int ws)
 static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *pp)
 {
     *pp = dt_plan_params_default();
-    const char *names[5] = {"--dp", "--tp", "--pp", "--comm-hook", "--zero/--fsdp"};
+    const char *names[6] = {"--dp", "--tp", "--pp", "--comm-hook", "--zero/--fsdp", "--cp"};
     memcpy(pp->names, names, sizeof names);
     pp->dp = (int)o->dp, pp->tp = o->tp > 1 ? (int)o->tp : 1, pp->pp = o->pp > 1 ? (int)o->pp : 1;
     pp->zero_stage = o->zero ? o->zero[0] - '0' : 0;
+    pp->cp = o->cp > 1 ? (int)o->cp : 1;
+    if (o->cp_impl) /* checked by the parser */
+        dt_cp_impl_parse(o->cp_impl, &pp->cp_impl);
+    pp->cp_balance = !o->cp_balance ? -1 : !strcmp(o->cp_balance, "on");
     dt_fsdp_sharding sh;
     if (o->fsdp && dt_fsdp_sharding_parse(o->fsdp, &sh) >= 0) /* checked by the parser */
         pp->fsdp = (int)sh;
@@ -120,6 +124,7 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     r->rank = dt_plan_rank(r->plan), r->world = dt_plan_world(r->plan);
     r->tp = dt_plan_tp(r->plan), r->tp_rank = dt_plan_tp_rank(r->plan);
     r->pp = dt_plan_pp(r->plan), r->pp_rank = dt_plan_pp_rank(r->plan);
+    r->cp = dt_plan_cp(r->plan), r->cp_rank = dt_plan_cp_rank(r->plan), r->cpp = dt_plan_cp_params(r->plan);
     return 0;
 }
 
@@ -143,6 +148,8 @@ dt_strategy *dt__ddp_take_strategy(dt__ddp_run *r)
 }
 
 bool dt__ddp_is_main(const dt__ddp_run *r) { return dt_plan_is_main(r->plan); }
+
+int dt__ddp_reduce_size(const dt__ddp_run *r) { return r->pg && r->pp <= 1 ? dt_pg_size(r->pg) : r->world; }
 
 bool dt__ddp_lazy_model(const dt__ddp_run *r) { return dt_plan_meta_model(r->plan); }
 

@@ -46,6 +46,11 @@ typedef struct dt__ddp_run {
     int tp_rank;      /* this rank in its tensor-parallel group */
     dt_pg *tp_pg;     /* NULL without --tp */
     dt_pg *world_pg;  /* every rank (the plan's; NULL on one rank without ZeRO) */
+    /* context parallelism (--cp): each replica's sequence over cp ranks; pg above is then the
+       dp x cp gradient group, rank and world the replica's index and count */
+    int cp;           /* ranks per sequence (1 = none) */
+    int cp_rank;      /* this rank's place in its cp group */
+    dt_cp_params cpp; /* the model's (dt_model_config.cp; group borrowed from the plan) */
     /* pipeline parallelism (--pp): world = dp x pp, pipelines of adjacent
        ranks; rank and world above are the data-parallel index and count,
        the strategy splits world_pg itself */
@@ -76,6 +81,10 @@ bool dt__ddp_lazy_model(const dt__ddp_run *r);
 int dt__ddp_wrap(dt__ddp_run *r, dt_model *m);
 /* Hand the strategy to dt_trainer_init (which owns it from then on). */
 dt_strategy *dt__ddp_take_strategy(dt__ddp_run *r);
+
+/* The ranks the gradients reduce over: the data-parallel ones, times cp
+ * with --cp (1 without a group). */
+int dt__ddp_reduce_size(const dt__ddp_run *r);
 
 /* Whether this rank prints and writes files (rank 0). */
 bool dt__ddp_is_main(const dt__ddp_run *r);

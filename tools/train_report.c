@@ -40,7 +40,7 @@ void dt__ddp_summary(const dt__ddp_run *r, int64_t steps, char *buf, size_t n)
     snprintf(buf, n,
              "DDP: %d ranks (%s), %d bucket%s, %s%llu gradient all-reduces: %llu posted during backward, "
              "%llu already done when backward ended; %.2f ms/step waiting for gradients (%lld steps)",
-             r->world, dt_pg_backend(r->pg), dt_ddp_num_buckets(ddp), dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
+             dt__ddp_reduce_size(r), dt_pg_backend(r->pg), dt_ddp_num_buckets(ddp), dt_ddp_num_buckets(ddp) == 1 ? "" : "s",
              r->nconverted ? "SyncBatchNorm, " : "", (unsigned long long)s.buckets_posted,
              (unsigned long long)s.posted_in_backward, (unsigned long long)s.done_in_backward, per,
              (long long)steps);
@@ -113,7 +113,7 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
         dt_zero_stats zs = dt_zero_get_stats(z);
         printf("ZeRO stage %d: %d ranks, %d unit%s, backward prefetch %s%s; rank 0 reduced %.2f MiB of gradients, "
                "gathered %.2f MiB of parameters",
-               r->stage, r->world, dt_zero_num_units(z), dt_zero_num_units(z) == 1 ? "" : "s",
+               r->stage, dt__ddp_reduce_size(r), dt_zero_num_units(z), dt_zero_num_units(z) == 1 ? "" : "s",
                dt_prefetch_name(r->zp.backward_prefetch), r->zp.forward_prefetch ? ", forward prefetch" : "",
                (double)zs.bytes_reduced / (1 << 20), (double)zs.bytes_gathered / (1 << 20));
         if (r->stage == 3)

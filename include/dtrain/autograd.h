@@ -279,6 +279,11 @@ DT_API dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, floa
  * frequencies (borrowed for the call; rope scaling is already in them). hd
  * even. Differentiable in x. */
 DT_API dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0);
+/* dt_rope with row t of every sequence at position pos[t] (T entries, read
+ * during the call; NULL: pos0 + t), for rows that are not consecutive
+ * positions (context parallelism's chunks, cp.h). Positions >= 0. */
+DT_API dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0,
+                             const int64_t *pos);
 /* SwiGLU: silu(gate) * up = gate * sigmoid(gate) * up, fused; gate and up
  * of one shape. */
 DT_API dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up);

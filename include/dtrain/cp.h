@@ -34,7 +34,9 @@
 #ifndef DTRAIN_CP_H
 #define DTRAIN_CP_H
 
+#include "dtrain/autograd.h"
 #include "dtrain/comm.h"
+#include "dtrain/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -84,6 +86,64 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_pg *cp, const dt_cp_layout *l, const float
 DT_API dt_status dt_cp_ulysses_bwd(dt_pg *cp, const dt_cp_layout *l, const float *qkv, const float *y,
                                    const float *lse, const float *dy, int64_t B, int64_t H, int64_t D, bool causal,
                                    float *dqkv);
+
+/* ---- context parallelism in a model -------------------------------------------------
+ *
+ * A model trained with context parallelism (dt_model_config.cp, models.h;
+ * `dtrain train --cp N`) takes the whole sequence [B, T] on every rank of
+ * the group, keeps the rank's rows (dt_cp_local_rows: chunks r and 2P-1-r
+ * balanced, chunk r plain), gives its position embeddings / rotary
+ * tables the global positions of those rows (dt_cp_position), runs every
+ * attention through dt_cp_attention and everything else on the local rows,
+ * and takes the loss over the whole sequence (dt_cp_loss). The ranks of a
+ * cp group hold replicas of the parameters: the gradient reduction runs
+ * over dp x cp ranks (plan.h). */
+
+/* Which attention runs over the group. */
+typedef enum {
+    DT_CP_RING = 0, /* ring attention (dt_cp_attention_fwd), any head count */
+    DT_CP_ULYSSES,  /* DeepSpeed-Ulysses' all-to-all (dt_cp_ulysses_fwd); heads % cp == 0 */
+    DT_CP_IMPL_COUNT
+} dt_cp_impl;
+/* "ring", "ulysses" ("?" outside the enum). */
+DT_API const char *dt_cp_impl_name(dt_cp_impl impl);
+/* The name into *out; DT_ERR_INVALID_ARG naming it otherwise. */
+DT_API dt_status dt_cp_impl_parse(const char *s, dt_cp_impl *out);
+
+/* A model's context parallelism. */
+typedef struct dt_cp_params {
+    dt_pg *group;     /* the cp group (borrowed; outlives the model); NULL or one rank: none. Default NULL */
+    dt_cp_impl impl;  /* ring or Ulysses; default DT_CP_RING */
+    bool balance;     /* the 2 x cp chunks of the causal load balance (rank r: chunks r and 2P-1-r);
+                         default true */
+} dt_cp_params;
+DT_API dt_cp_params dt_cp_params_default(void);
+
+/* Whether a sequence of T positions and n_head heads (of this rank: after
+ * tensor parallelism's split) runs under p: T a multiple of cp (2 cp when
+ * balanced), heads a multiple of cp for Ulysses. DT_ERR_INVALID_ARG naming
+ * the numbers and the fix; DT_OK without a group. */
+DT_API dt_status dt_cp_check(const dt_cp_params *p, int64_t T, int64_t n_head);
+/* This rank's layout of T positions under p (dt_cp_layout_make). */
+DT_API dt_status dt_cp_layout_of(const dt_cp_params *p, int64_t T, dt_cp_layout *out);
+/* The rank's rows of x [B, T, ...] (dim 1 the sequence, T = l->T), in the
+ * layout's order: a contiguous temporary [B, local_len, ...] of x's dtype,
+ * cut from the tape (token ids, labels). NULL and an error on a shape that
+ * does not match. */
+DT_API dt_tensor *dt_cp_local_rows(dt_ctx *ctx, const dt_cp_layout *l, dt_tensor *x);
+/* Causal (or not) attention of the rank's rows qkv [B, T/cp, 3 n_head hd]
+ * (q | k | v per row, as dt_attention takes) over the whole sequence,
+ * differentiable: y [B, T/cp, n_head hd] of the same rows. f32 (another
+ * dtype: DT_ERR_UNSUPPORTED), no dropout. Collective over p->group in
+ * forward and backward. */
+DT_API dt_tensor *dt_cp_attention(dt_ctx *ctx, const dt_cp_params *p, dt_tensor *qkv, int n_head, bool causal);
+/* The whole sequence's mean loss from this rank's mean `loss` (a scalar f32)
+ * over its `count` counted rows: sum_r loss_r count_r / sum_r count_r over
+ * the group (0 when nothing counts), the same value on every rank. Its
+ * backward gives this rank's loss cp x count / N, the gradient share that a
+ * gradient AVERAGE over the dp x cp ranks turns into the whole sequence's
+ * (see cp_ops.c). Collective over cp. */
+DT_API dt_tensor *dt_cp_loss(dt_ctx *ctx, dt_pg *cp, dt_tensor *loss, int64_t count);
 
 #ifdef __cplusplus
 }

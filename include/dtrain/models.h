@@ -45,6 +45,7 @@
 #define DTRAIN_MODELS_H
 
 #include "dtrain/comm.h"
+#include "dtrain/cp.h"
 #include "dtrain/data.h"
 #include "dtrain/generate.h"
 #include "dtrain/nn.h"
@@ -88,6 +89,10 @@ typedef struct dt_model_desc {
                                              borrowed): the output is this rank's share (GPT-2:
                                              logits [B, T, ceil(V/t)], the loss the
                                              vocabulary-parallel cross-entropy); NULL otherwise */
+    dt_cp_params cp;                      /* a context-parallel model's (dt_model_config.cp; group
+                                             NULL otherwise): the output holds the rank's rows of
+                                             the sequence, the loss takes the target's same rows and
+                                             is the whole sequence's mean (dt_cp_loss) */
     dt_module *lm_head;                   /* GPT-2 built with dt_model_config.fused_lm_loss: its
                                              (tied) head, borrowed; the loss of a training-mode
                                              output applies it fused with the cross-entropy
@@ -140,6 +145,20 @@ typedef struct dt_model_config {
                                      (else DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED); ignored
                                      without tp (or a group of one) and by the MLP. Default
                                      false */
+    dt_cp_params cp;              /* context parallelism (cp.h) over cp.group (borrowed; must outlive
+                                     the model; NULL or one rank: none), GPT-2 and Llama: the
+                                     forward takes the whole sequence [B, T] on every rank of
+                                     the group, keeps the rank's rows (chunks r and 2P-1-r with
+                                     cp.balance), embeds them at their global positions
+                                     (learned positions, RoPE), runs ring (cp.impl DT_CP_RING)
+                                     or Ulysses attention over the group and everything else on
+                                     its rows; the output is [B, T/P, V] of those rows and the
+                                     loss the whole sequence's mean (dt_model_desc_loss). Needs
+                                     seq a multiple of P (2P balanced), for Ulysses the heads a
+                                     multiple of P (after tp's split), dropout 0 and f32
+                                     (DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED naming them); with
+                                     tp, the heads split first. Default dt_cp_params_default()
+                                     (none) */
     bool fused_lm_loss;           /* GPT-2 without tp: in training mode (dt_model_train) the
                                      forward returns the final hidden states [B, T, C] (after
                                      ln_f) instead of the logits, and dt_model_desc_loss applies

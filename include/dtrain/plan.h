@@ -1,10 +1,10 @@
-/* dtrain/plan.h — a parallel layout from a few numbers: dp x tp x pp, ZeRO.
+/* dtrain/plan.h — a parallel layout from a few numbers: dp x cp x tp x pp, ZeRO.
  *
  * Overview
  * --------
  * A dt_plan turns the degrees of a run (data-parallel replicas dp,
- * tensor-parallel ranks tp and pipeline stages pp per replica; context
- * parallelism is reserved: cp must be 1), the sharding (ZeRO stage 0-3 or
+ * context-parallel ranks cp, tensor-parallel ranks tp and pipeline stages
+ * pp per replica), the sharding (ZeRO stage 0-3 or
  * an FSDP sharding strategy), the hierarchical/hybrid choices, the
  * communication hook and the precision policy into what the trainer runs:
  * the process group, the mesh and its groups, and the composed strategy.
@@ -17,7 +17,16 @@
  * its runs this way, from flags or from a DeepSpeed-style config
  * (dt_plan_from_config).
  *
- * Layout: the world is dp x tp x pp ranks. With pp > 1 it is one mesh
+ * Layout: the world is dp x cp x tp x pp ranks. With cp > 1 (not with pp),
+ * Megatron's order: rank = (d cp + c) tp + t; the tp ranks of a sequence
+ * chunk are adjacent (dt_tp_groups), the cp group (dt_plan_cp_params) holds
+ * the cp ranks of one replica that share a tp rank, and the gradients
+ * (DDP, ZeRO 1-3 without tp, ZeRO-1 with it) reduce over the dp x cp ranks
+ * of that tp rank (dt_plan_dp_group): the cp ranks hold replicas of the
+ * parameters and each computed the gradient of its part of the sequence.
+ * The data: dt_plan_rank / dt_plan_world are the replica's index and the
+ * number of replicas dp, so every cp rank of a replica reads the same
+ * batch (the model keeps its rows: models.h dt_model_config.cp). With pp > 1 it is one mesh
  * ("dp", "tp", "pp": dt_pipe_mesh_init) and the "pipe" strategy takes its
  * pipelines and replicas (ZeRO-1 over the replicas with zero_stage 1).
  * With tp > 1 alone, Megatron's order: tp ranks adjacent (dt_tp_groups),
@@ -49,6 +58,7 @@
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "dtrain/cp.h"
 #include "dtrain/data.h"
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
@@ -66,7 +76,11 @@ typedef struct dt_plan_params {
     int dp;                   /* data-parallel replicas; 0: the world / (tp x pp); default 0 */
     int tp;                   /* tensor-parallel ranks per replica; default 1 */
     int pp;                   /* pipeline stages (ranks) per replica; default 1 */
-    int cp;                   /* context parallelism: reserved, must be 1; default 1 */
+    int cp;                   /* context-parallel ranks per replica (the sequence split over them; not with
+                                 pp > 1); default 1 */
+    dt_cp_impl cp_impl;       /* cp > 1: ring attention or Ulysses (cp.h); default DT_CP_RING */
+    int cp_balance;           /* cp > 1: the causal load balance (2 cp chunks, rank r: r and 2cp-1-r):
+                                 1 on, 0 off, -1 auto (on for ring, off for Ulysses); default -1 */
     int zero_stage;           /* 0 DDP, 1-3 ZeRO (parallel.h); with tp or pp > 1: 0 or 1; default 0 */
     int fsdp;                 /* -1: unset; else a dt_fsdp_sharding, which sets the stage (NO_SHARD 0,
                                  SHARD_GRAD_OP 2, FULL_SHARD 3, HYBRID_SHARD 3 sharded within each
@@ -81,10 +95,10 @@ typedef struct dt_plan_params {
     dt_pipe_params pipe;      /* pp > 1: schedule, micro_batches, balance, sample, cuts (pp, zero,
                                  mesh, init_rng and init_seed are the plan's); default
                                  dt_pipe_params_default() */
-    const char *names[5];     /* how messages name dp, tp, pp, the communication hook and the ZeRO
-                                 stage (a CLI: "--dp", "--tp", "--pp", "--comm-hook",
-                                 "--zero/--fsdp"); default "dp", "tp", "pp", "comm hook",
-                                 "zero_stage/fsdp" */
+    const char *names[6];     /* how messages name dp, tp, pp, the communication hook, the ZeRO
+                                 stage and cp (a CLI: "--dp", "--tp", "--pp", "--comm-hook",
+                                 "--zero/--fsdp", "--cp"); default "dp", "tp", "pp", "comm hook",
+                                 "zero_stage/fsdp", "cp" */
 } dt_plan_params;
 
 /* dp from the world, tp = pp = cp = 1, DDP, the defaults of each part. */
@@ -92,6 +106,10 @@ DT_API dt_plan_params dt_plan_params_default(void);
 
 /* The degrees and the sharding of a DeepSpeed-style config (config.h) into
  * *p (other fields kept): dtrain.data_parallel_size, dtrain.tensor_parallel_size,
+ * dtrain.context_parallel_size (ring attention, Megatron's
+ * --context-parallel-size) or DeepSpeed's sequence_parallel_size (its
+ * Ulysses degree: cp with Ulysses attention), dtrain.context_parallel_impl
+ * ("ring" | "ulysses", over both), dtrain.context_parallel_balance,
  * pipeline.stages / dtrain.pipeline_parallel_size and the pipeline's keys
  * (dt_config_pipe_params), zero_optimization (dt_config_zero_params),
  * dtrain.hierarchical_allreduce, dtrain.comm_hook. A bad value is the config
@@ -133,7 +151,8 @@ DT_API void dt_plan_set_sample(dt_plan *pl, const dt_trainer_batch *sample);
  * trained with optimizer kind (sgd_momentum: SGD keeps one state),
  * optimizer state offloaded as *optim_offload says (NULL: in memory; NVMe:
  * its sub-group buffers) and parameters as the plan's ZeRO-3 offload_param.
- * Sharded over the plan's data-parallel ranks. */
+ * Sharded over the plan's data-parallel ranks (times cp: the cp ranks shard
+ * too). */
 DT_API dt_status dt_plan_memory(const dt_plan *pl, size_t numel, int param_bytes, dt_optim_kind kind,
                                 bool sgd_momentum, const dt_offload_params *optim_offload, dt_mem_estimate *out);
 
@@ -156,11 +175,19 @@ DT_API int dt_plan_pp(const dt_plan *pl);
 /* This rank's tensor-parallel rank and pipeline rank (0 without them). */
 DT_API int dt_plan_tp_rank(const dt_plan *pl);
 DT_API int dt_plan_pp_rank(const dt_plan *pl);
+/* The context-parallel degree, this rank's place in its cp group, and the
+ * model's context parallelism (dt_model_config.cp: the group, borrowed,
+ * with the attention kind and the balance in effect; group NULL with cp 1). */
+DT_API int dt_plan_cp(const dt_plan *pl);
+DT_API int dt_plan_cp_rank(const dt_plan *pl);
+DT_API dt_cp_params dt_plan_cp_params(const dt_plan *pl);
 /* The tensor-parallel group for the model's slices (dt_model_config.tp),
  * NULL with tp 1. Borrowed. */
 DT_API dt_pg *dt_plan_tp_group(const dt_plan *pl);
-/* The data-parallel group (NULL: one replica and no ZeRO, or a pipeline,
- * which splits the world itself); the world group (every rank). Borrowed. */
+/* The group the gradients reduce over: the data-parallel ranks, times the
+ * context-parallel ones with cp > 1 (NULL: one replica and no ZeRO, or a
+ * pipeline, which splits the world itself); the world group (every rank).
+ * Borrowed. */
 DT_API dt_pg *dt_plan_dp_group(const dt_plan *pl);
 DT_API dt_pg *dt_plan_world_group(const dt_plan *pl);
 /* The dp x tp x pp mesh (pp > 1), else NULL. Borrowed. */

@@ -463,6 +463,10 @@ typedef struct dt_trainer_params {
                                  the trainer opens one at init and writes DIR/rank-N.json at
                                  free; with a tracer open (the caller's), it records into it.
                                  Default dt_trace_params_default() (off) */
+    int same_batch;           /* ranks of the strategy's group that train on one batch together
+                                 (context parallelism: the cp ranks of a replica split its
+                                 sequences, plan.h dt_plan_cp); the metrics count its samples
+                                 once; default 1 */
 } dt_trainer_params;
 
 /* Defaults as listed above. */

@@ -81,16 +81,27 @@ static dt_status rope_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 
 dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0)
 {
+    return dt_rope_at(ctx, x, n_head, inv_freq, pos0, NULL);
+}
+
+dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0, const int64_t *pos)
+{
     const char *op = "dt_rope";
     DT__NEED(ctx, op, x);
     dt_tensor *lp[1] = {x};
-    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope(ctx, lp[0], n_head, inv_freq, pos0));
+    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope_at(ctx, lp[0], n_head, inv_freq, pos0, pos));
     DT__NEED_F32(ctx, op, x);
     if (x->ndim != 3 || n_head < 1 || x->shape[2] % n_head || (x->shape[2] / n_head) % 2) {
         dt_error(DT_ERR_SHAPE, "%s: want x [B, T, n_head * hd] with an even head size hd, got %dD x (last dim %lld) "
                  "and n_head %d", op, x->ndim, (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), n_head);
         return NULL;
     }
+    for (int64_t t = 0; pos && x->ndim == 3 && t < x->shape[1]; t++)
+        if (pos[t] < 0) {
+            dt_error(DT_ERR_INVALID_ARG, "%s: position %lld of row %lld is negative", op, (long long)pos[t],
+                     (long long)t);
+            return NULL;
+        }
     if (!inv_freq || pos0 < 0) {
         dt_error(inv_freq ? DT_ERR_INVALID_ARG : DT_ERR_NULL, "%s: %s", op,
                  inv_freq ? "the first position is negative" : "inv_freq is NULL");
@@ -105,7 +116,7 @@ dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq,
         return NULL;
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < half; j++) {
-            float a = (float)(pos0 + t) * inv_freq[j]; /* f32, as position_ids.float() * inv_freq */
+            float a = (float)(pos ? pos[t] : pos0 + t) * inv_freq[j]; /* f32, as position_ids.float() * inv_freq */
             ct[t * half + j] = cosf(a);
             sn[t * half + j] = sinf(a);
         }

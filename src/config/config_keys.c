@@ -34,6 +34,9 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("gradient_predivide_factor", 1e-30, 1e30, 0),
     BOOL("sparse_gradients", 0),
     BOOL("zero_allow_untested_optimizer", X),
+    /* DeepSpeed-Ulysses' degree (DeepSpeed reads it at the top level): context parallelism with
+       all-to-all attention */
+    INT("sequence_parallel_size", 1, 65536, 0),
     BOOL("zero_force_ds_cpu_optimizer", X),
     /* fp16 */
     OBJ("fp16"),
@@ -154,6 +157,9 @@ const dt__cfg_key dt__cfg_keys[] = {
     INT("dtrain.zero_quant_grad_block", 1, 1073741824, 0),
     BOOL("dtrain.fused_optimizer", X),
     INT("dtrain.tensor_parallel_size", 1, 1e6, 0),
+    INT("dtrain.context_parallel_size", 1, 65536, 0),
+    STR("dtrain.context_parallel_impl", "ring|ulysses", 0),
+    BOOL("dtrain.context_parallel_balance", 0),
     INT("dtrain.data_parallel_size", 1, 65536, 0),
     INT("dtrain.pipeline_parallel_size", 1, 256, 0),
     STR("dtrain.pipeline_schedule", "gpipe|1f1b|interleaved|zbh1", 0),

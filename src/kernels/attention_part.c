@@ -28,11 +28,17 @@
  * attention. One task per (b, h) owns that head's columns of dq, dk, dv, so
  * the sums run in a fixed order (the same bits for any thread count).
  *
+ * Both run blocked as the whole-sequence kernel does (attention.c; the
+ * shared pieces in attention_impl.h): a block of BK keys (and values) is
+ * copied transposed, a query row's scores against it are one vectorised
+ * sum along the keys, the weighted sums of values and the gradients are
+ * rows_acc along D; a forward task is 16 query rows of one head.
+ *
  * Rows are of H heads side by side (head h at columns [h D, (h+1) D)), with
  * a row stride per operand, so q, k and v can be views into a packed
  * (T, 3C) qkv. No dropout (the ring's steps would need the full layer's
  * mask indices; callers refuse p > 0 by name). */
-#include "kernels_impl.h"
+#include "attention_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -76,39 +82,71 @@ static inline float dotf(const float *restrict a, const float *restrict b, int64
     return s;
 }
 
-DT_CLONES static void part_fwd_row(const float *restrict q, const float *restrict k, const float *restrict v,
-                                   int64_t ldk, int64_t ldv, int64_t n, int64_t D, float scale, float *restrict s,
-                                   float *restrict y, float *restrict lse)
+#define PBQ 16               /* query rows per forward task */
+#define BK DT__ATT_BK        /* keys per block */
+
+/* One forward task: query rows [0, nq) (at positions qpos0 + r) of one head
+ * against the block's Tk keys: the key block's scores from its transposed
+ * copy (row_dots, vectorised along the keys), an online softmax over the
+ * key blocks, the values' weighted sum by rows_acc (along D), then the
+ * log-sum-exp merge into the running (y, lse). kt: DMAX x BK scratch. */
+DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk,
+                                    const float *v, int64_t ldv, int64_t nq, int64_t Tk, int64_t D, int64_t qpos0,
+                                    int64_t kpos0, bool causal, float scale, float *kt, float *y, int64_t ldy,
+                                    float *lse)
 {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = scale * dotf(q, k + j * ldk, D);
-        m = s[j] > m ? s[j] : m;
+    float m[PBQ], l[PBQ], s[BK];
+    float acc[PBQ][PART_DMAX];
+    for (int64_t r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(acc[r], 0, (size_t)D * sizeof(float));
     }
-    float l = 0.0f, o[PART_DMAX];
-    for (int64_t d = 0; d < D; d++)
-        o[d] = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        float e = expf(s[j] - m);
-        l += e;
-        const float *vr = v + j * ldv;
+    const int64_t kend = visible(causal, qpos0 + nq - 1, kpos0, Tk); /* the last row sees the most */
+    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
+        block_t(k + j0 * ldk, ldk, j1 - j0, D, kt);
+        for (int64_t r = 0; r < nq; r++) {
+            int64_t n = visible(causal, qpos0 + r, kpos0, Tk), je = n < j1 ? n : j1;
+            if (je <= j0)
+                continue;
+            row_dots(vec, q + r * ldq, kt, D, je - j0, s);
+            float mx = m[r];
+            for (int64_t j = 0; j < je - j0; j++) {
+                s[j] *= scale;
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
+            float *a = acc[r];
+            for (int64_t d = 0; d < D; d++)
+                a[d] *= corr;
+            for (int64_t j = 0; j < je - j0; j++) {
+                s[j] = expf(s[j] - mx);
+                sum += s[j];
+            }
+            rows_acc(vec, a, s, 1, v + j0 * ldv, ldv, je - j0, D);
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+        }
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        if (!(l[r] > 0.0f))
+            continue; /* no visible key in the block: the row stays as it was */
+        float *yr = y + r * ldy, lb = m[r] + logf(l[r]), la = lse[r];
+        if (la == -INFINITY) { /* nothing yet */
+            float inv = 1.0f / l[r];
+            for (int64_t d = 0; d < D; d++)
+                yr[d] = acc[r][d] * inv;
+            lse[r] = lb;
+            continue;
+        }
+        float mx = la > lb ? la : lb;
+        float ln = mx + logf(expf(la - mx) + expf(lb - mx));
+        float wa = expf(la - ln), wb = expf(lb - ln) / l[r];
         for (int64_t d = 0; d < D; d++)
-            o[d] += e * vr[d];
+            yr[d] = yr[d] * wa + acc[r][d] * wb;
+        lse[r] = ln;
     }
-    float lb = m + logf(l), la = *lse;
-    if (la == -INFINITY) { /* nothing yet */
-        float inv = 1.0f / l;
-        for (int64_t d = 0; d < D; d++)
-            y[d] = o[d] * inv;
-        *lse = lb;
-        return;
-    }
-    float mx = la > lb ? la : lb;
-    float ln = mx + logf(expf(la - mx) + expf(lb - mx));
-    float wa = expf(la - ln), wb = expf(lb - ln) / l;
-    for (int64_t d = 0; d < D; d++)
-        y[d] = y[d] * wa + o[d] * wb;
-    *lse = ln;
 }
 
 dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
@@ -131,56 +169,77 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
     if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1))
         return DT_OK; /* nothing visible: every key after every query */
     const float scale = 1.0f / sqrtf((float)D);
+    const int64_t nqb = (Tq + PBQ - 1) / PBQ, ntask = B * H * nqb;
     int nt = dt__threads_for(B * Tq * Tk * H * D);
     bool nomem = false;
+    int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
-        float *s = malloc((size_t)Tk * sizeof *s);
-        if (!s) {
+        float *kt = dt_alloc((size_t)PART_DMAX * BK * sizeof *kt);
+        if (!kt) {
 #pragma omp atomic write
             nomem = true;
         }
-#pragma omp for schedule(static) collapse(2)
-        for (int64_t bh = 0; bh < B * H; bh++)
-            for (int64_t i = 0; i < Tq; i++) {
-                int64_t b = bh / H, h = bh % H;
-                int64_t n = visible(causal, qpos0 + i, kpos0, Tk);
-                if (!s || n == 0)
-                    continue;
-                part_fwd_row(q + (b * Tq + i) * ldq + h * D, k + b * Tk * ldk + h * D, v + b * Tk * ldv + h * D,
-                             ldk, ldv, n, D, scale, s, y + (b * Tq + i) * ldy + h * D, lse + bh * ldlse + i);
-            }
-        free(s);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntask; t++) {
+            int64_t bh = t / nqb, i0 = (t % nqb) * PBQ, b = bh / H, h = bh % H;
+            int64_t nq = i0 + PBQ < Tq ? PBQ : Tq - i0;
+            if (kt)
+                part_fwd_task(vec, q + (b * Tq + i0) * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
+                              v + b * Tk * ldv + h * D, ldv, nq, Tk, D, qpos0 + i0, kpos0, causal, scale, kt,
+                              y + (b * Tq + i0) * ldy + h * D, ldy, lse + bh * ldlse + i0);
+        }
+        dt_free(kt);
     }
     if (nomem)
-        return dt_error(DT_ERR_NO_MEMORY, "%s: no memory for a row of %lld scores", fn, (long long)Tk);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: no memory for a key block", fn);
     return DT_OK;
 }
 
-DT_CLONES static void part_bwd_head(const float *restrict q, int64_t ldq, const float *restrict k, int64_t ldk,
-                                    const float *restrict v, int64_t ldv, const float *restrict y, int64_t ldy,
-                                    const float *restrict lse, const float *restrict dy, int64_t lddy, int64_t Tq,
-                                    int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal, float scale,
-                                    float *restrict dq, int64_t lddq, float *restrict dk, int64_t lddk,
-                                    float *restrict dv, int64_t lddv)
+/* One backward task: head h of batch b, whose columns of dq, dk and dv it
+ * owns (so the sums run in a fixed order). Per key block: its keys and
+ * values transposed (kt, vt), every row that sees a key of it gets the
+ * block's P and dS (pdm, dsm: [Tq, BK] scratch) and its dq, then each key's
+ * dk and dv are one rows_acc over the rows that see it, in row order. */
+DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ldq, const float *restrict k,
+                                    int64_t ldk, const float *restrict v, int64_t ldv, const float *restrict y,
+                                    int64_t ldy, const float *restrict lse, const float *restrict dy, int64_t lddy,
+                                    int64_t Tq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
+                                    float scale, float *kt, float *restrict dq, int64_t lddq, float *restrict dk,
+                                    int64_t lddk, float *restrict dv, int64_t lddv)
 {
-    for (int64_t i = 0; i < Tq; i++) {
-        int64_t n = visible(causal, qpos0 + i, kpos0, Tk);
-        if (n == 0)
-            continue;
-        const float *qi = q + i * ldq, *dyi = dy + i * lddy;
-        float Di = dotf(dyi, y + i * ldy, D), li = lse[i];
-        float *dqi = dq + i * lddq;
-        for (int64_t j = 0; j < n; j++) {
-            float P = expf(scale * dotf(qi, k + j * ldk, D) - li);
-            float dS = P * (dotf(dyi, v + j * ldv, D) - Di) * scale;
-            float *dvj = dv + j * lddv, *dkj = dk + j * lddk;
-            const float *kj = k + j * ldk;
-            for (int64_t d = 0; d < D; d++) {
-                dvj[d] += P * dyi[d];
-                dqi[d] += dS * kj[d];
-                dkj[d] += dS * qi[d];
+    float *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
+    float sc[BK], dp[BK];
+    for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+        int64_t j1 = j0 + BK < Tk ? j0 + BK : Tk;
+        /* the first row that sees key j0 (every row without the mask) */
+        int64_t i0 = causal ? kpos0 + j0 - qpos0 : 0;
+        i0 = i0 < 0 ? 0 : i0;
+        if (i0 >= Tq)
+            break; /* later keys are later still */
+        block_t(k + j0 * ldk, ldk, j1 - j0, D, kt);
+        block_t(v + j0 * ldv, ldv, j1 - j0, D, vt);
+        for (int64_t i = i0; i < Tq; i++) {
+            int64_t n = visible(causal, qpos0 + i, kpos0, Tk), je = n < j1 ? n : j1, ne = je - j0;
+            const float *qi = q + i * ldq, *g = dy + i * lddy;
+            float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
+            float L = lse[i], Di = dotf(g, y + i * ldy, D);
+            row_dots(vec, qi, kt, D, ne, sc);
+            row_dots(vec, g, vt, D, ne, dp);
+            for (int64_t jj = 0; jj < ne; jj++) {
+                float P = expf(sc[jj] * scale - L);
+                pd[jj] = P;
+                ds[jj] = P * (dp[jj] - Di) * scale;
             }
+            rows_acc(vec, dq + i * lddq, ds, 1, k + j0 * ldk, ldk, ne, D);
+        }
+        for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows that see key j, in row order */
+            int64_t ia = causal ? kpos0 + j - qpos0 : 0, jj = j - j0;
+            ia = ia < i0 ? i0 : ia;
+            if (ia >= Tq)
+                continue;
+            rows_acc(vec, dk + j * lddk, dsm + (ia - i0) * BK + jj, BK, q + ia * ldq, ldq, Tq - ia, D);
+            rows_acc(vec, dv + j * lddv, pdm + (ia - i0) * BK + jj, BK, dy + ia * lddy, lddy, Tq - ia, D);
         }
     }
 }
@@ -214,13 +273,28 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
         return DT_OK;
     const float scale = 1.0f / sqrtf((float)D);
     int nt = dt__threads_for(2 * B * Tq * Tk * H * D);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        int64_t b = bh / H, h = bh % H, o = h * D;
-        part_bwd_head(q + b * Tq * ldq + o, ldq, k + b * Tk * ldk + o, ldk, v + b * Tk * ldv + o, ldv,
-                      y + b * Tq * ldy + o, ldy, lse + bh * ldlse, dy + b * Tq * lddy + o, lddy, Tq, Tk, D, qpos0,
-                      kpos0, causal, scale, dq + b * Tq * lddq + o, lddq, dk + b * Tk * lddk + o, lddk,
-                      dv + b * Tk * lddv + o, lddv);
+    bool nomem = false;
+    int vec = dt__vec_level();
+    const size_t scratch = (size_t)(2 * PART_DMAX * BK + 2 * Tq * BK) * sizeof(float);
+#pragma omp parallel num_threads(nt)
+    {
+        float *kt = dt_alloc(scratch);
+        if (!kt) {
+#pragma omp atomic write
+            nomem = true;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            int64_t b = bh / H, h = bh % H, o = h * D;
+            if (kt)
+                part_bwd_head(vec, q + b * Tq * ldq + o, ldq, k + b * Tk * ldk + o, ldk, v + b * Tk * ldv + o, ldv,
+                              y + b * Tq * ldy + o, ldy, lse + bh * ldlse, dy + b * Tq * lddy + o, lddy, Tq, Tk, D,
+                              qpos0, kpos0, causal, scale, kt, dq + b * Tq * lddq + o, lddq, dk + b * Tk * lddk + o,
+                              lddk, dv + b * Tk * lddv + o, lddv);
+        }
+        dt_free(kt);
     }
+    if (nomem)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: no memory for the key blocks (%zu bytes a thread)", fn, scratch);
     return DT_OK;
 }

@@ -5,6 +5,7 @@
 
 #include "dtrain/tp.h"
 
+#include <stdio.h>
 #include <string.h>
 
 struct dt_plan {
@@ -16,8 +17,10 @@ struct dt_plan {
     dt_pg *pg;          /* the data-parallel group the strategy reduces over (NULL: one replica
                            without ZeRO, or a pipeline) */
     dt_pg *tp_pg, *dp_pg; /* tp > 1 without pp: dt_tp_groups' (owned) */
+    dt_pg *cp_pg;       /* cp > 1: the ranks of one replica's sequence (owned) */
     dt_mesh *mesh;      /* pp > 1 (owned; its "tp" group is tp_pg then) */
-    int rank, world_size, tp_rank, pp_rank;
+    int rank, world_size, tp_rank, pp_rank, cp_rank;
+    int shard_world;    /* the ranks that hold replicas of (or shard) the same parameters: dp x cp */
     int nconverted;     /* batch norms that became SyncBatchNorm */
 };
 
@@ -29,6 +32,8 @@ dt_plan_params dt_plan_params_default(void)
     p.tp = 1;
     p.pp = 1;
     p.cp = 1;
+    p.cp_impl = DT_CP_RING;
+    p.cp_balance = -1;
     p.zero_stage = 0;
     p.fsdp = -1;
     p.ddp = dt_ddp_params_default();
@@ -39,6 +44,7 @@ dt_plan_params dt_plan_params_default(void)
     p.names[2] = "pp";
     p.names[3] = "comm hook";
     p.names[4] = "zero_stage/fsdp";
+    p.names[5] = "cp";
     return p;
 }
 
@@ -51,9 +57,27 @@ dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p)
         p->dp = (int)v;
     if (dt_config_get_int(c, "dtrain.tensor_parallel_size", &v) == DT_OK)
         p->tp = (int)v;
+    const char *s;
+    dt_status st;
+    /* DeepSpeed's sequence_parallel_size is its Ulysses degree; Megatron's context parallelism
+       (ring attention) is dtrain.context_parallel_size; the impl key decides where both are given */
+    if (dt_config_get_int(c, "sequence_parallel_size", &v) == DT_OK) {
+        p->cp = (int)v;
+        p->cp_impl = DT_CP_ULYSSES;
+    }
+    if (dt_config_get_int(c, "dtrain.context_parallel_size", &v) == DT_OK) {
+        p->cp = (int)v;
+        p->cp_impl = DT_CP_RING;
+    }
+    if (dt_config_get_str(c, "dtrain.context_parallel_impl", &s) == DT_OK &&
+        (st = dt_cp_impl_parse(s, &p->cp_impl)) < 0)
+        return dt_error_wrap(st, "key dtrain.context_parallel_impl");
+    bool bal;
+    if (dt_config_get_bool(c, "dtrain.context_parallel_balance", &bal) == DT_OK)
+        p->cp_balance = bal ? 1 : 0;
     dt_pipe_params pq = p->pipe;
     pq.pp = p->pp > 1 ? p->pp : 1;
-    dt_status st = dt_config_pipe_params((dt_config *)c, &pq);
+    st = dt_config_pipe_params((dt_config *)c, &pq);
     if (st < 0)
         return st;
     p->pipe = pq;
@@ -67,7 +91,6 @@ dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p)
     bool b;
     if (dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &b) == DT_OK)
         p->hierarchical = b;
-    const char *s;
     if (dt_config_get_str(c, "dtrain.comm_hook", &s) == DT_OK && (st = dt_comm_hook_parse(s, &p->ddp.comm_hook)) < 0)
         return dt_error_wrap(st, "key dtrain.comm_hook");
     return DT_OK;
@@ -91,11 +114,16 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
         return dt_error(DT_ERR_NULL, "dt_plan_check: params is NULL");
     const char *const *N = p->names;
     const char *nd = N[0] ? N[0] : "dp", *nt = N[1] ? N[1] : "tp", *np = N[2] ? N[2] : "pp";
-    if (p->cp != 1)
-        return dt_error(DT_ERR_INVALID_ARG, "cp %d: context parallelism is not built yet (cp 1)", p->cp);
-    if (p->tp < 1 || p->pp < 1 || p->dp < 0)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d, %s %d, %s %d: degrees are >= 1 (dp 0: what the world leaves)",
-                        nd, p->dp, nt, p->tp, np, p->pp);
+    const char *nc = N[5] ? N[5] : "cp";
+    if (p->tp < 1 || p->pp < 1 || p->dp < 0 || p->cp < 1)
+        return dt_error(DT_ERR_INVALID_ARG, "%s %d, %s %d, %s %d, %s %d: degrees are >= 1 (dp 0: what the world "
+                        "leaves)", nd, p->dp, nc, p->cp, nt, p->tp, np, p->pp);
+    if ((unsigned)p->cp_impl >= DT_CP_IMPL_COUNT || p->cp_balance < -1 || p->cp_balance > 1)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: attention kind %d (ring 0, ulysses 1) or balance %d (-1 auto, 0, 1) "
+                        "out of range", nc, (int)p->cp_impl, p->cp_balance);
+    if (p->cp > 1 && p->pp > 1)
+        return dt_error(DT_ERR_INVALID_ARG, "%s %d with %s %d: context parallelism does not combine with pipeline "
+                        "parallelism yet (it does with data, ZeRO and tensor parallelism)", nc, p->cp, np, p->pp);
     if (p->fsdp > DT_FSDP_HYBRID_SHARD)
         return dt_error(DT_ERR_INVALID_ARG, "fsdp %d: not an FSDP sharding strategy", p->fsdp);
     int stage;
@@ -131,12 +159,18 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
     if (p->pp > 1 && ws % p->pp)
         return dt_error(DT_ERR_INVALID_ARG, "%s %d needs a multiple of %d ranks; this job has %d", np, p->pp, p->pp,
                         ws);
-    const int per = p->tp * p->pp;
+    if (p->cp > 1 && ws % p->cp)
+        return dt_error(DT_ERR_INVALID_ARG, "%s %d needs a multiple of %d ranks; this job has %d", nc, p->cp, p->cp,
+                        ws);
+    const int per = p->cp * p->tp * p->pp;
+    char cps[48] = ""; /* the cp degree in the messages, when there is one */
+    if (p->cp > 1)
+        snprintf(cps, sizeof cps, "%s %d x ", nc, p->cp);
     if (ws % per)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s %d (%d ranks per replica) does not divide this job's %d ranks",
-                        nt, p->tp, np, p->pp, per, ws);
+        return dt_error(DT_ERR_INVALID_ARG, "%s%s %d x %s %d (%d ranks per replica) does not divide this job's %d "
+                        "ranks", cps, nt, p->tp, np, p->pp, per, ws);
     if (p->dp && p->dp * per != ws)
-        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s %d x %s %d is %d ranks; this job has %d", nd, p->dp, nt,
+        return dt_error(DT_ERR_INVALID_ARG, "%s %d x %s%s %d x %s %d is %d ranks; this job has %d", nd, p->dp, cps, nt,
                         p->tp, np, p->pp, p->dp * per, ws);
     return DT_OK;
 }
@@ -148,6 +182,21 @@ static dt_status build_groups(dt_plan *pl)
     const dt_plan_params *p = &pl->p;
     pl->rank = dt_pg_rank(pl->world);
     pl->world_size = dt_pg_size(pl->world);
+    if (p->cp > 1) { /* Megatron's order: tp ranks adjacent, then cp, then dp (rank = (d cp + c) tp + t) */
+        if (p->tp > 1 && (st = dt_tp_groups(pl->world, p->tp, &pl->tp_pg, &pl->dp_pg)) < 0)
+            return st;
+        dt_pg *dc = p->tp > 1 ? pl->dp_pg : pl->world; /* the same tp rank: replicas of the same slices */
+        const int r = dt_pg_rank(dc);
+        if ((st = dt_pg_split(dc, r / p->cp, r, &pl->cp_pg)) < 0)
+            return dt_error_wrap(st, "context-parallel groups");
+        pl->tp_rank = pl->tp_pg ? dt_pg_rank(pl->tp_pg) : 0;
+        pl->cp_rank = r % p->cp;
+        pl->rank = r / p->cp;
+        pl->world_size = dt_pg_size(dc) / p->cp;
+        pl->shard_world = dt_pg_size(dc);
+        pl->pg = dc; /* gradients reduce over dp x cp */
+        return DT_OK;
+    }
     if (p->pp > 1) { /* one dp x tp x pp mesh: the pipe strategy takes its pipelines and replicas */
         if ((st = dt_pipe_mesh_init(pl->world, p->tp, p->pp, &pl->mesh)) < 0)
             return st;
@@ -191,6 +240,7 @@ dt_status dt_plan_init(dt_pg *world, const dt_plan_params *p, dt_plan **out)
     sharding(p, &pl->stage, &pl->hybrid);
     pl->world_size = 1;
     pl->world = world;
+    pl->shard_world = 0;
     if (!world && (ws > 1 || pl->stage > 0)) {
         dt_pg_params pp = dt_pg_params_default();
         if (ws <= 1) { /* ZeRO on one rank: a group of one */
@@ -208,6 +258,8 @@ dt_status dt_plan_init(dt_pg *world, const dt_plan_params *p, dt_plan **out)
         dt_plan_free(pl);
         return st;
     }
+    if (!pl->shard_world)
+        pl->shard_world = pl->world_size;
     /* hpZ's groups must be machines: checked here, where a bad number is the user's input */
     if (pl->pg && pl->stage == 3 && (st = dt_zpp_hpz_check(pl->pg, p->zero.hpz_partition_size)) < 0) {
         dt_plan_free(pl);
@@ -261,12 +313,12 @@ dt_status dt_plan_memory(const dt_plan *pl, size_t psi, int param_bytes, dt_opti
     if (!pl || !out)
         return dt_error(DT_ERR_NULL, "dt_plan_memory: NULL argument");
     const dt_offload_device dev = op ? op->device : DT_OFFLOAD_NONE;
-    dt_mem_policy mp = {.numel = psi, .world = pl->world_size, .zero_stage = pl->stage, .param_bytes = param_bytes,
+    dt_mem_policy mp = {.numel = psi, .world = pl->shard_world, .zero_stage = pl->stage, .param_bytes = param_bytes,
                         .master_weights = param_bytes < 4, .sgd_momentum = sgd_momentum, .optimizer = kind,
                         .offload = dev};
     const dt_offload_params *pp = &pl->p.zero.offload_param;
     if (pl->stage == 3 && pp->device == DT_OFFLOAD_NVME) { /* at most buffer_count shards in memory */
-        size_t shard = (psi + (size_t)pl->world_size - 1) / (size_t)pl->world_size;
+        size_t shard = (psi + (size_t)pl->shard_world - 1) / (size_t)pl->shard_world;
         size_t cap = (size_t)pp->buffer_count * pp->buffer_size;
         mp.param_offload = true;
         mp.param_buffer_bytes = (shard < cap ? shard : cap) * sizeof(float);
@@ -321,6 +373,19 @@ int dt_plan_tp(const dt_plan *pl) { return pl ? pl->p.tp : 1; }
 int dt_plan_pp(const dt_plan *pl) { return pl ? pl->p.pp : 1; }
 int dt_plan_tp_rank(const dt_plan *pl) { return pl ? pl->tp_rank : 0; }
 int dt_plan_pp_rank(const dt_plan *pl) { return pl ? pl->pp_rank : 0; }
+int dt_plan_cp(const dt_plan *pl) { return pl ? pl->p.cp : 1; }
+int dt_plan_cp_rank(const dt_plan *pl) { return pl ? pl->cp_rank : 0; }
+
+dt_cp_params dt_plan_cp_params(const dt_plan *pl)
+{
+    dt_cp_params c = dt_cp_params_default();
+    if (!pl || pl->p.cp <= 1)
+        return c;
+    c.group = pl->cp_pg;
+    c.impl = pl->p.cp_impl;
+    c.balance = pl->p.cp_balance < 0 ? pl->p.cp_impl == DT_CP_RING : pl->p.cp_balance == 1;
+    return c;
+}
 dt_pg *dt_plan_tp_group(const dt_plan *pl) { return pl ? pl->tp_pg : NULL; }
 dt_pg *dt_plan_dp_group(const dt_plan *pl) { return pl ? pl->pg : NULL; }
 dt_pg *dt_plan_world_group(const dt_plan *pl) { return pl ? pl->world : NULL; }
@@ -332,7 +397,10 @@ bool dt_plan_meta_model(const dt_plan *pl)
     return pl && (pl->stage == 3 || (pl->p.pp > 1 && pl->p.tp <= 1 && pl->p.pipe.balance != DT_PIPE_BY_TIME));
 }
 
-bool dt_plan_is_main(const dt_plan *pl) { return !pl || (pl->rank == 0 && pl->tp_rank == 0 && pl->pp_rank == 0); }
+bool dt_plan_is_main(const dt_plan *pl)
+{
+    return !pl || (pl->rank == 0 && pl->tp_rank == 0 && pl->pp_rank == 0 && pl->cp_rank == 0);
+}
 
 void dt_plan_free(dt_plan *pl)
 {
@@ -342,6 +410,7 @@ void dt_plan_free(dt_plan *pl)
         dt_mesh_free(pl->mesh);
     else
         dt_pg_free(pl->tp_pg);
+    dt_pg_free(pl->cp_pg);
     dt_pg_free(pl->dp_pg);
     if (pl->own_world)
         dt_pg_free(pl->world);

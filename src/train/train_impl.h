@@ -52,6 +52,9 @@ typedef struct dt__trainer_pos {
     bool resume;         /* a loaded checkpoint: the next dt_trainer_epoch(epoch) starts at batch */
 } dt__trainer_pos;
 dt__trainer_pos *dt__trainer_position(dt_trainer *tr);
+/* The data-parallel replicas: the strategy's ranks over those that share a
+ * batch (dt_trainer_params.same_batch). */
+int dt__trainer_replicas(const dt_trainer *tr);
 const dt_trainer_params *dt__trainer_params(const dt_trainer *tr);
 void dt__trainer_set_steps(dt_trainer *tr, int64_t steps);
 /* The owned range of the f32 flats. */

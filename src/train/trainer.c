@@ -95,6 +95,7 @@ dt_trainer_params dt_trainer_params_default(void)
     p.loss_ud = NULL;
     p.offload = dt_offload_params_default();
     p.trace = dt_trace_params_default();
+    p.same_batch = 1;
     return p;
 }
 
@@ -734,7 +735,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     r.nmicro = n;
     r.lr = tr->lr;
     r.grad_norm = NAN;
-    r.samples = tr->samples * tr->world;
+    r.samples = tr->samples * tr->world / (tr->p.same_batch > 1 ? tr->p.same_batch : 1);
     r.stop = v[0] > 0;
     r.skipped = v[1] > 0;
     r.loss_scale = scale;
@@ -856,6 +857,10 @@ int64_t dt_trainer_steps(const dt_trainer *tr) { return tr ? tr->opt_step : 0; }
 double dt_trainer_next_lr(const dt_trainer *tr) { return tr ? dt_sched_lr(&tr->p.sched, tr->opt_step) : 0; }
 int dt_trainer_rank(const dt_trainer *tr) { return tr ? tr->rank : 0; }
 int dt_trainer_world(const dt_trainer *tr) { return tr ? tr->world : 1; }
+int dt__trainer_replicas(const dt_trainer *tr)
+{
+    return !tr ? 1 : tr->p.same_batch > 1 ? tr->world / tr->p.same_batch : tr->world;
+}
 int64_t dt__trainer_grad_accum(const dt_trainer *tr) { return tr->p.grad_accum; }
 dt__trainer_pos *dt__trainer_position(dt_trainer *tr) { return &tr->pos; }
 const dt_trainer_params *dt__trainer_params(const dt_trainer *tr) { return &tr->p; }

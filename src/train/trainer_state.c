@@ -65,7 +65,7 @@ dt_status dt_trainer_run_state(const dt_trainer *tr, char **json)
          add_num(root, "optim_step", (double)dt_optim_get_step(o)) && add_num(root, "epoch", (double)pos->epoch) &&
          add_num(root, "batch", (double)pos->batch) && add_num(root, "epoch_batches", (double)pos->epoch_batches) &&
          add_num(root, "batches", (double)pos->batches) && add_num(root, "samples", (double)pos->samples) &&
-         add_num(root, "world_size", dt_trainer_world(tr)) &&
+         add_num(root, "world_size", dt__trainer_replicas(tr)) &&
          cJSON_AddStringToObject(root, "optimizer", dt_optim_kind_name(dt_optim_get_kind(o))) &&
          add_num(root, "grad_accum", (double)p->grad_accum) && add_num(root, "loss_scale", p->loss_scale) &&
          add_num(root, "next_lr", dt_trainer_next_lr(tr));
@@ -236,7 +236,7 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
     pos->batches = batches;
     pos->samples = samples;
     pos->resume = true;
-    pos->order_kept = world == dt_trainer_world(tr);
+    pos->order_kept = world == dt__trainer_replicas(tr);
     ri.step = step;
     ri.epoch = epoch;
     ri.batch = batch;
@@ -247,7 +247,7 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
                  "the checkpoint was saved by %lld data-parallel replicas, this run has %d: weights, optimizer "
                  "state and the schedule are resumed, the data order is not kept (epoch %lld continues at the same fraction of "
                  "its batches, with other samples in another order; dropout masks differ)",
-                 (long long)world, dt_trainer_world(tr), (long long)epoch + 1);
+                 (long long)world, dt__trainer_replicas(tr), (long long)epoch + 1);
 out:
     free(ctr);
     cJSON_Delete(root);

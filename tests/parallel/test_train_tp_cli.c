@@ -135,9 +135,21 @@ static void gpt_tp2(const char *dropout, bool sp)
 
 TEST(gpt_tp2_equals_one_process) { gpt_tp2("0", false); }
 
-/* --sequence-parallel: the same losses as one process (and so as --tp 2
- * without it), the layer norms on half the tokens each */
-TEST(gpt_tp2_sequence_parallel_equals_one_process) { gpt_tp2("0", true); }
+/* --sequence-parallel: the same losses as one process and as --tp 2
+ * without it (that run's metrics, from gpt_tp2_equals_one_process, compared
+ * directly), the layer norms on half the tokens each */
+TEST(gpt_tp2_sequence_parallel_equals_one_process)
+{
+    gpt_tp2("0", true);
+    char tp[300], sp[300];
+    snprintf(tp, sizeof tp, "%s/g2_0.jsonl", cli_tmpdir());
+    snprintf(sp, sizeof sp, "%s/g2_0_sp.jsonl", cli_tmpdir());
+    double a[64], b[64];
+    int na = cli_step_losses(sp, a, 64), nb = cli_step_losses(tp, b, 64);
+    ASSERT_EQ_INT(na, 6);
+    ASSERT_EQ_INT(nb, 6);
+    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+}
 
 /* dropout 0.2 in the embedding, attention, residual and MLP dropouts: the
  * losses equal one process's with the same masks, and differ from the runs

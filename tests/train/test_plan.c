@@ -1,6 +1,7 @@
 /* dt_plan (plan.h): the degrees checked against the world with named
  * errors, the layout's groups and strategy, the memory estimate from one
- * function, and the degrees of a DeepSpeed-style config. */
+ * function, and the degrees of a DeepSpeed-style config; context
+ * parallelism's layouts (dp x cp, cp x tp), degrees and keys. */
 // dt-test-timeout: 120
 // dt-test-labels: threads
 #include "comm/harness.h"
@@ -36,10 +37,74 @@ TEST(bad_degrees_are_named)
     p.ddp.comm_hook = DT_COMM_HOOK_FP16;
     ASSERT_STATUS(dt_plan_check(&p, 2), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "ZeRO stage 3");
-    p = degrees(0, 1, 1, 0);
+    p = degrees(0, 1, 1, 0); /* context parallelism: the degrees against the world, and not with a pipeline */
     p.cp = 2;
-    ASSERT_STATUS(dt_plan_check(&p, 2), DT_ERR_INVALID_ARG);
-    ASSERT_STR_CONTAINS(dt_last_error(), "cp 2");
+    ASSERT_OK(dt_plan_check(&p, 2));
+    ASSERT_STATUS(dt_plan_check(&p, 3), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "cp 2 needs a multiple of 2 ranks; this job has 3");
+    p.dp = 1;
+    ASSERT_STATUS(dt_plan_check(&p, 4), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "dp 1 x cp 2 x tp 1 x pp 1 is 2 ranks; this job has 4");
+    p = degrees(0, 2, 1, 0);
+    p.cp = 2;
+    ASSERT_STATUS(dt_plan_check(&p, 6), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "cp 2 x tp 2 x pp 1 (4 ranks per replica) does not divide this job's 6");
+    p = degrees(0, 1, 2, 0);
+    p.cp = 2;
+    ASSERT_STATUS(dt_plan_check(&p, 4), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "context parallelism does not combine with pipeline parallelism");
+    p = degrees(0, 1, 1, 0);
+    p.cp = 0;
+    ASSERT_STATUS(dt_plan_check(&p, 1), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "cp 0");
+}
+
+/* dp 2 x cp 2 (rank = d cp + c) with ZeRO-1, and cp 2 x tp 2 (rank = c tp + t): the replica's index and
+ * count, the cp group, the gradient group (dp x cp), the memory sharded over dp x cp. */
+static int body_cp(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *world;
+    TH_OK(th_pg(rank, size, NULL, &world));
+    dt_plan_params p = degrees(0, 1, 1, 1);
+    p.cp = 2;
+    dt_plan *pl;
+    TH_OK(dt_plan_init(world, &p, &pl));
+    dt_cp_params c = dt_plan_cp_params(pl);
+    TH_CHECK(dt_plan_world(pl) == 2 && dt_plan_rank(pl) == rank / 2 && dt_plan_cp_rank(pl) == rank % 2 &&
+                 dt_plan_cp(pl) == 2, "rank %d: replica %d of %d, cp rank %d", rank, dt_plan_rank(pl),
+             dt_plan_world(pl), dt_plan_cp_rank(pl));
+    TH_CHECK(c.group && dt_pg_size(c.group) == 2 && dt_pg_rank(c.group) == rank % 2 && c.impl == DT_CP_RING &&
+                 c.balance, "rank %d: the cp group and its defaults", rank);
+    TH_CHECK(dt_pg_size(dt_plan_dp_group(pl)) == 4 && !dt_plan_tp_group(pl), "rank %d: gradients over dp x cp",
+             rank);
+    dt_mem_estimate got, want;
+    TH_OK(dt_plan_memory(pl, 1000, 4, DT_OPTIM_ADAMW, false, NULL, &got));
+    dt_mem_policy mp = {.numel = 1000, .world = 4, .zero_stage = 1, .param_bytes = 4, .optimizer = DT_OPTIM_ADAMW};
+    TH_OK(dt_mem_model_states(&mp, &want));
+    TH_CHECK(got.total == want.total, "rank %d: %g vs %g bytes (ZeRO-1 over 4)", rank, (double)got.total,
+             (double)want.total);
+    TH_CHECK(dt_plan_is_main(pl) == (rank == 0), "rank %d: main", rank);
+    dt_plan_free(pl);
+    p = degrees(0, 2, 1, 0);
+    p.cp = 2;
+    p.cp_impl = DT_CP_ULYSSES;
+    TH_OK(dt_plan_init(world, &p, &pl));
+    c = dt_plan_cp_params(pl);
+    TH_CHECK(dt_plan_world(pl) == 1 && dt_plan_tp_rank(pl) == rank % 2 && dt_plan_cp_rank(pl) == rank / 2 &&
+                 c.impl == DT_CP_ULYSSES && !c.balance, "rank %d: cp 2 x tp 2 (tp %d, cp %d)", rank,
+             dt_plan_tp_rank(pl), dt_plan_cp_rank(pl));
+    TH_CHECK(dt_pg_size(dt_plan_dp_group(pl)) == 2 && dt_pg_size(dt_plan_tp_group(pl)) == 2 &&
+                 dt_pg_size(c.group) == 2, "rank %d: groups", rank);
+    dt_plan_free(pl);
+    dt_pg_free(world);
+    return 0;
+}
+
+TEST(cp_layouts_over_four_ranks)
+{
+    int codes[4];
+    ASSERT_EQ_INT(th_run(4, 60.0, body_cp, NULL, codes), 0);
 }
 
 /* dp 2 x tp 2 (Megatron order: tp ranks adjacent) and dp 2 x pp 2. */
@@ -111,12 +176,37 @@ TEST(from_config)
     ASSERT(p.hierarchical);
     ASSERT_OK(dt_plan_check(&p, 8));
     dt_config_free(c);
+    /* context parallelism: DeepSpeed's Ulysses degree; dtrain's keys; the impl key over the size keys */
+    const struct {
+        const char *text;
+        int cp, impl, balance;
+    } cases[] = {{"{\"sequence_parallel_size\": 2}", 2, DT_CP_ULYSSES, -1},
+                 {"{\"dtrain\": {\"context_parallel_size\": 4, \"context_parallel_balance\": false}}", 4, DT_CP_RING,
+                  0},
+                 {"{\"sequence_parallel_size\": 2, \"dtrain\": {\"context_parallel_impl\": \"ring\"}}", 2, DT_CP_RING,
+                  -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ASSERT_OK(dt_config_init(&c));
+        ASSERT_OK(dt_config_load_string(c, "cp.json", cases[i].text, strlen(cases[i].text)));
+        p = dt_plan_params_default();
+        ASSERT_OK(dt_plan_from_config(c, &p));
+        ASSERT_EQ_INT(p.cp, cases[i].cp);
+        ASSERT_EQ_INT((int)p.cp_impl, cases[i].impl);
+        ASSERT_EQ_INT(p.cp_balance, cases[i].balance);
+        dt_config_free(c);
+    }
+    const char *bad = "{\"dtrain\": {\"context_parallel_impl\": \"tree\"}}";
+    ASSERT_OK(dt_config_init(&c));
+    ASSERT(dt_config_load_string(c, "bad.json", bad, strlen(bad)) < 0); /* the key's choices */
+    ASSERT_STR_CONTAINS(dt_last_error(), "context_parallel_impl");
+    dt_config_free(c);
 }
 
 int main(void)
 {
     RUN(bad_degrees_are_named);
     RUN(layouts_over_four_ranks);
+    RUN(cp_layouts_over_four_ranks);
     RUN(one_process);
     RUN(from_config);
     return TEST_REPORT();

@@ -1,0 +1,171 @@
+/* src/kernels/attention_impl.h — the vectorised pieces of the blocked
+ * attention kernels (attention.c, the whole sequence; attention_part.c, a
+ * block of queries against a block of keys for context parallelism):
+ * rows_acc (running sums along D kept in registers), block_t (a key or
+ * value block transposed) and row_dots (a query row's scores against it).
+ * Private to src/kernels. */
+#ifndef DT_KERNELS_ATTENTION_IMPL_H
+#define DT_KERNELS_ATTENTION_IMPL_H
+
+#include "kernels_impl.h"
+
+#include <string.h>
+
+#define DT__ATT_BK 64 /* keys per block */
+
+/* out[d] += c[t cs] x[t xs + d] for t = 0, 1, ..., n-1 in that order, for
+ * d < D: each element's sum is the sequence of adds the scalar loop
+ * "for t: out[d] += c * x[d]" makes (product rounded, then the sum: the
+ * targets have no FMA), but the running sums stay in registers over t, 64
+ * or 32 columns at a time, instead of a load and a store of out per term.
+ * Written with GCC's vector extension: 8-float vectors (ymm) in the AVX2
+ * version, 4-float ones (xmm) in the baseline one; the same bits either way.
+ * Loads and stores go through memcpy, so no vector value crosses a call
+ * (GCC's -Wpsabi) and rows need not be aligned. */
+#define ROWS_ACC(name, attr, VT, VW)                                                                            \
+    attr static inline void name(float *restrict out, const float *restrict c, int64_t cs,                    \
+                                 const float *restrict x, int64_t xs, int64_t n, int64_t D)                   \
+    {                                                                                                          \
+        int64_t d0 = 0;                                                                                        \
+        for (; d0 + 64 <= D && VW == 8; d0 += 64) {                                                            \
+            VT a[64 / VW];                                                                                     \
+            memcpy(a, out + d0, sizeof a);                                                                     \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
+                _Pragma("GCC unroll 16") for (int k = 0; k < 64 / VW; k++)                                     \
+                {                                                                                              \
+                    VT v;                                                                                      \
+                    memcpy(&v, xr + k * VW, sizeof v);                                                         \
+                    a[k] += ct * v;                                                                            \
+                }                                                                                              \
+            }                                                                                                  \
+            memcpy(out + d0, a, sizeof a);                                                                     \
+        }                                                                                                      \
+        for (; d0 + 32 <= D; d0 += 32) {                                                                       \
+            VT a[32 / VW];                                                                                     \
+            memcpy(a, out + d0, sizeof a);                                                                     \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
+                _Pragma("GCC unroll 16") for (int k = 0; k < 32 / VW; k++)                                     \
+                {                                                                                              \
+                    VT v;                                                                                      \
+                    memcpy(&v, xr + k * VW, sizeof v);                                                         \
+                    a[k] += ct * v;                                                                            \
+                }                                                                                              \
+            }                                                                                                  \
+            memcpy(out + d0, a, sizeof a);                                                                     \
+        }                                                                                                      \
+        for (; d0 + VW <= D; d0 += VW) {                                                                       \
+            VT a, v;                                                                                           \
+            memcpy(&a, out + d0, sizeof a);                                                                    \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                memcpy(&v, x + t * xs + d0, sizeof v);                                                         \
+                a += c[t * cs] * v;                                                                            \
+            }                                                                                                  \
+            memcpy(out + d0, &a, sizeof a);                                                                    \
+        }                                                                                                      \
+        for (; d0 < D; d0++) {                                                                                 \
+            float a = out[d0];                                                                                 \
+            for (int64_t t = 0; t < n; t++)                                                                    \
+                a += c[t * cs] * x[t * xs + d0];                                                               \
+            out[d0] = a;                                                                                       \
+        }                                                                                                      \
+    }
+
+typedef float v4f __attribute__((vector_size(16)));
+ROWS_ACC(rows_acc_base, , v4f, 4)
+#if DT__X86_VEC
+typedef float v8f __attribute__((vector_size(32)));
+ROWS_ACC(rows_acc_avx2, DT__AVX2, v8f, 8)
+typedef float v16f __attribute__((vector_size(64)));
+
+/* rows_acc on 16 lanes (zmm): 128 columns at a time in 8 registers, then
+ * 64, 32, 16, one 8-lane step and the scalar tail. Each element's sum is the
+ * same sequence of rounded products and adds as in the other versions. */
+DT__AVX512 static inline void rows_acc_avx512(float *restrict out, const float *restrict c, int64_t cs,
+                                              const float *restrict x, int64_t xs, int64_t n, int64_t D)
+{
+    int64_t d0 = 0;
+#define RA16_BLOCK(W)                                                                                          \
+    for (; d0 + (W) <= D; d0 += (W)) {                                                                         \
+        v16f a[(W) / 16];                                                                                      \
+        memcpy(a, out + d0, sizeof a);                                                                         \
+        for (int64_t t = 0; t < n; t++) {                                                                      \
+            const float ct = c[t * cs], *xr = x + t * xs + d0;                                                 \
+            _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++)                                         \
+            {                                                                                                  \
+                v16f v;                                                                                        \
+                memcpy(&v, xr + k * 16, sizeof v);                                                             \
+                a[k] += ct * v;                                                                                \
+            }                                                                                                  \
+        }                                                                                                      \
+        memcpy(out + d0, a, sizeof a);                                                                         \
+    }
+    RA16_BLOCK(128)
+    RA16_BLOCK(64)
+    RA16_BLOCK(32)
+    RA16_BLOCK(16)
+#undef RA16_BLOCK
+    if (d0 + 8 <= D) {
+        v8f a, v;
+        memcpy(&a, out + d0, sizeof a);
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(&v, x + t * xs + d0, sizeof v);
+            a += c[t * cs] * v;
+        }
+        memcpy(out + d0, &a, sizeof a);
+        d0 += 8;
+    }
+    for (; d0 < D; d0++) {
+        float a = out[d0];
+        for (int64_t t = 0; t < n; t++)
+            a += c[t * cs] * x[t * xs + d0];
+        out[d0] = a;
+    }
+}
+#endif
+
+/* The widest row loop vec (dt__vec_level()) allows: rows_acc_avx512,
+ * rows_acc_avx2 or the baseline; the same bits on every one. */
+static inline void rows_acc(int vec, float *restrict out, const float *restrict c, int64_t cs,
+                            const float *restrict x, int64_t xs, int64_t n, int64_t D)
+{
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        rows_acc_avx512(out, c, cs, x, xs, n, D);
+        return;
+    }
+    if (vec) {
+        rows_acc_avx2(out, c, cs, x, xs, n, D);
+        return;
+    }
+#endif
+    (void)vec;
+    rows_acc_base(out, c, cs, x, xs, n, D);
+}
+
+/* xt[d * DT__ATT_BK + jj] = row j0 + jj of the (T, 3C) matrix at x (stride C3), columns [0, D): one key (or value)
+ * block transposed, so the products with it run along contiguous keys. */
+static inline void block_t(const float *restrict x, int64_t C3, int64_t nk, int64_t D, float *restrict xt)
+{
+    for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t d = 0; d < D; d++)
+            xt[d * DT__ATT_BK + jj] = x[jj * C3 + d];
+    for (int64_t jj = nk; jj < ((nk + 7) & ~(int64_t)7); jj++) /* zero columns up to a multiple of 8 (row_dots) */
+        for (int64_t d = 0; d < D; d++)
+            xt[d * DT__ATT_BK + jj] = 0.0f;
+}
+
+/* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys: computed
+ * for nk rounded up to a multiple of 8 (block_t zeroes the columns past the block; s has DT__ATT_BK
+ * entries), so no column takes the scalar path. */
+static inline void row_dots(int vec, const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
+                            float *restrict s)
+{
+    int64_t w = (nk + 7) & ~(int64_t)7;
+    for (int64_t jj = 0; jj < w; jj++)
+        s[jj] = 0.0f;
+    rows_acc(vec, s, q, 1, xt, DT__ATT_BK, D, w);
+}
+
+#endif

@@ -1,0 +1,285 @@
+/* `dtrain train --cp N` (context parallelism) under `dtrain run`: the GPT
+ * and the Llama give the single-process run's step losses over 20 steps
+ * (relative 1e-5, f32): ring attention and Ulysses, with and without the
+ * causal load balance, cp 2 and cp 4; dp 2 x cp 2 (DDP and ZeRO-2) gives
+ * the 2-rank DDP run's losses; cp 2 x tp 2, cp 2 with activation
+ * checkpointing and cp 2 under ZeRO-3 the single-process ones; DeepSpeed's sequence_parallel_size in a --config turns on Ulysses;
+ * and the bad flags, degrees and keys exit 2 with one line naming the
+ * problem. Every run reads the same token file; the data of a replica is
+ * the same on each of its cp ranks (each keeps its positions). */
+// dt-test-timeout: 900
+// dt-test-labels: threads slow
+#include "dtrain/data.h"
+#include "test.h"
+#include "tools/train_cli.h"
+
+#include <math.h>
+
+static char *cli(void) { return getenv("DT_CLI"); }
+
+static char g_data[400];
+
+/* The token file: 4000 tokens in 41 ids with some structure to learn. */
+static void make_data(void)
+{
+    if (g_data[0])
+        return;
+    static uint16_t tok[4000];
+    uint64_t s = 7;
+    for (int i = 0; i < 4000; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2 + (int)((s >> 60) & 3));
+    }
+    char path[320];
+    snprintf(path, sizeof path, "%s/cp_tok.bin", cli_tmpdir());
+    ASSERT_EQ_INT(dt_tokens_write(path, tok, 4000), DT_OK);
+    snprintf(g_data, sizeof g_data, "tokens:%s", path);
+}
+
+/* `dtrain [run -n ranks --] train --model model ...` for 20 steps of 4
+ * sequences of 16 tokens, metrics into tmp/<tag>.jsonl (path in m), with
+ * the extra flags; returns the exit code (output in r). */
+static int run(cli_result *r, int ranks, const char *model, const char *tag, char *m, size_t mn, char *const *extra)
+{
+    make_data();
+    snprintf(m, mn, "%s/%s.jsonl", cli_tmpdir(), tag);
+    char *base[] = {"train", "--model", (char *)model, "--vocab-size", "41", "--n-embd", "32", "--n-head", "4",
+                    "--seq", "16", "--data", g_data, "--val-data", g_data, "--limit-train", "80", "--limit-test",
+                    "8", "--batch", "4", "--optimizer", "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1",
+                    "--progress", "plain", "--log-every", "1", "--max-steps", "20", "--metrics", m, NULL};
+    char *const *lists[2] = {base, extra};
+    return cli_run_ranks(r, 300, "DT_INIT_TIMEOUT=60", ranks, 2, lists);
+}
+
+/* The single-process (or reference) losses of model, computed once per tag. */
+static void reference(const char *model, int ranks, const char *tag, double *out, int *n)
+{
+    static cli_result r;
+    char m[400];
+    *n = 0;
+    ASSERT_EQ_INT(run(&r, ranks, model, tag, m, sizeof m, NULL), 0);
+    *n = cli_step_losses(m, out, 64);
+}
+
+/* model on ranks ranks with extra flags against the reference losses ref (n):
+ * the same 20 step losses within 1e-5 relative; the output names the
+ * layout (want, when not NULL). */
+static void same_as(const char *model, int ranks, const char *tag, char *const *extra, const double *ref, int n,
+                    const char *want)
+{
+    static cli_result r;
+    char m[400];
+    ASSERT_EQ_INT(run(&r, ranks, model, tag, m, sizeof m, extra), 0);
+    if (want)
+        ASSERT_STR_CONTAINS(r.out, want);
+    double a[64];
+    int na = cli_step_losses(m, a, 64);
+    ASSERT_EQ_INT(na, 20);
+    fprintf(stderr, "%s %s: step 20 loss %.6f (reference %.6f)\n", model, tag, a[19], ref[19]);
+    ASSERT(cli_same_losses(a, na, ref, n, 0.0));
+}
+
+static void model_cases(const char *model)
+{
+    double ref[64];
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s_one", model);
+    int n;
+    reference(model, 1, tag, ref, &n);
+    ASSERT_EQ_INT(n, 20);
+    static const struct {
+        int ranks;
+        const char *name;
+        char *flags[8];
+        const char *want;
+    } cases[] = {
+        {2, "ring2", {"--cp", "2", NULL},
+         "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions: chunks r and 2N-1-r of 2N), "
+         "ring attention; gradients reduced over 1 data-parallel x 2 context-parallel ranks"},
+        {2, "ring2_plain", {"--cp", "2", "--cp-balance", "off", NULL},
+         "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ring attention"},
+        {2, "ulysses2", {"--cp", "2", "--cp-impl", "ulysses", NULL},
+         "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ulysses attention"},
+        {2, "ulysses2_bal", {"--cp", "2", "--cp-impl", "ulysses", "--cp-balance", "on", NULL},
+         "chunks r and 2N-1-r of 2N), ulysses attention"},
+        {4, "ring4", {"--cp", "4", NULL}, "[0] context parallel: 4 ranks per sequence"},
+        {4, "ring4_plain", {"--cp", "4", "--cp-balance", "off", NULL}, "[0] context parallel: 4 ranks per sequence"},
+        {4, "ulysses4", {"--cp", "4", "--cp-impl", "ulysses", NULL}, "ulysses attention"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "%s_%s", model, cases[i].name);
+        same_as(model, cases[i].ranks, tag, cases[i].flags, ref, n, cases[i].want);
+    }
+}
+
+/* GPT-2 (learned positions follow the chunks): ring and Ulysses, balanced
+ * and not, cp 2 and 4 */
+TEST(gpt_cp_equals_one_process) { model_cases("gpt-micro"); }
+
+/* Llama (RoPE at the global positions, grouped-query attention: 4 query
+ * heads over 2 kv heads): the same cases */
+TEST(llama_cp_equals_one_process) { model_cases("llama-tiny"); }
+
+/* dp 2 x cp 2 against DDP on 2 ranks (the same replicas' batches); cp 2 x
+ * tp 2, ring and Ulysses (2 heads a tp rank), and cp 2 with activation
+ * checkpointing (the blocks' forwards, ring attention included, run again
+ * in backward), against one process */
+TEST(gpt_cp_composes_with_dp_and_tp)
+{
+    double ddp[64], one[64];
+    int nd, n1;
+    reference("gpt-micro", 2, "gpt_ddp2", ddp, &nd);
+    reference("gpt-micro", 1, "gpt_one_b", one, &n1);
+    ASSERT_EQ_INT(nd, 20);
+    same_as("gpt-micro", 4, "gpt_dp2cp2", (char *[]){"--cp", "2", NULL}, ddp, nd,
+            "gradients reduced over 2 data-parallel x 2 context-parallel ranks");
+    same_as("gpt-micro", 4, "gpt_dp2cp2_z2", (char *[]){"--cp", "2", "--zero", "2", NULL}, ddp, nd,
+            "ZeRO stage 2: 4 ranks");
+    same_as("gpt-micro", 2, "gpt_cp2_ckpt", (char *[]){"--cp", "2", "--activation-checkpointing", NULL}, one, n1,
+            "[0] activation checkpointing: 2 GPT2Block modules recompute their forward in backward");
+    same_as("gpt-micro", 4, "gpt_cp2tp2", (char *[]){"--cp", "2", "--tp", "2", NULL}, one, n1,
+            "[0] tensor parallel: 2 ranks per group");
+    same_as("gpt-micro", 4, "gpt_cp2tp2_u", (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", NULL}, one,
+            n1, "ulysses attention");
+}
+
+/* ZeRO-3 over the cp ranks (they shard the parameters as replicas do):
+ * the GPT and the Llama equal one process */
+TEST(cp_with_zero3)
+{
+    double one[64];
+    int n;
+    reference("gpt-micro", 1, "gpt_one_c", one, &n);
+    same_as("gpt-micro", 2, "gpt_cp2_z3", (char *[]){"--cp", "2", "--zero", "3", NULL}, one, n,
+            "ZeRO stage 3: 2 ranks");
+    reference("llama-tiny", 1, "llama_one_c", one, &n);
+    same_as("llama-tiny", 2, "llama_cp2_z3", (char *[]){"--cp", "2", "--zero", "3", "--cp-impl", "ulysses", NULL},
+            one, n, "ZeRO stage 3: 2 ranks");
+}
+
+/* DeepSpeed's sequence_parallel_size is its Ulysses degree: a config with
+ * it runs Ulysses cp 2 and equals one process; dtrain.context_parallel_impl
+ * overrides the kind */
+TEST(config_sequence_parallel_size)
+{
+    double one[64];
+    int n;
+    char cfg[400], cfg2[400], cfg0[400];
+    snprintf(cfg0, sizeof cfg0, "%s/ds_one.json", cli_tmpdir());
+    snprintf(cfg, sizeof cfg, "%s/ds_sp.json", cli_tmpdir());
+    snprintf(cfg2, sizeof cfg2, "%s/ds_cp.json", cli_tmpdir());
+    FILE *f = fopen(cfg0, "w"); /* the reference: the same config without the degree (a config's defaults) */
+    ASSERT(f != NULL);
+    fprintf(f, "{\"train_micro_batch_size_per_gpu\": 4}\n");
+    fclose(f);
+    static cli_result r;
+    char m[400];
+    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_one_cfg", m, sizeof m, (char *[]){"--config", cfg0, NULL}), 0);
+    n = cli_step_losses(m, one, 64);
+    f = fopen(cfg, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"train_micro_batch_size_per_gpu\": 4, \"sequence_parallel_size\": 2}\n");
+    fclose(f);
+    same_as("gpt-micro", 2, "gpt_cfg_sp", (char *[]){"--config", cfg, NULL}, one, n,
+            "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ulysses attention");
+    f = fopen(cfg2, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"train_micro_batch_size_per_gpu\": 4, \"dtrain\": {\"context_parallel_size\": 2, "
+               "\"context_parallel_impl\": \"ring\", \"context_parallel_balance\": false}}\n");
+    fclose(f);
+    same_as("gpt-micro", 2, "gpt_cfg_cp", (char *[]){"--config", cfg2, NULL}, one, n,
+            "[0] context parallel: 2 ranks per sequence (each holds 1/2 of the positions), ring attention");
+}
+
+/* A checkpoint saved by cp 2 at step 10 is the single-process one: a run
+ * of one process resumes it with the data order kept (one replica saved
+ * it, one replica resumes: no warning) and gives one process's last 10
+ * losses */
+TEST(cp_checkpoint_resumes_in_one_process)
+{
+    double one[64], b[64];
+    int n;
+    reference("gpt-micro", 1, "gpt_one_e", one, &n);
+    ASSERT_EQ_INT(n, 20);
+    static cli_result r;
+    char m[400], dir[400], step10[440];
+    snprintf(dir, sizeof dir, "%s/cp_ckpt", cli_tmpdir());
+    snprintf(step10, sizeof step10, "%s/step-00000010", dir);
+    ASSERT_EQ_INT(run(&r, 2, "gpt-micro", "gpt_cp2_save", m, sizeof m,
+                      (char *[]){"--cp", "2", "--save", dir, "--save-every", "10", NULL}), 0);
+    ASSERT_EQ_INT(run(&r, 1, "gpt-micro", "gpt_resume1", m, sizeof m, (char *[]){"--resume", step10, NULL}), 0);
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    ASSERT(strstr(r.err, "data order is not kept") == NULL);
+    int nb = cli_step_losses(m, b, 64);
+    ASSERT_EQ_INT(nb, 10);
+    ASSERT(cli_same_losses(b, nb, one + 10, 10, 0.0));
+}
+
+/* One line naming the problem and exit 2. */
+static void bad(int ranks, char *const *extra, const char *want)
+{
+    static cli_result r;
+    char m[400];
+    make_data();
+    run(&r, ranks, "gpt-micro", "bad", m, sizeof m, extra);
+    if (r.code != 2 && !(ranks > 1 && r.code != 0))
+        fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r.code, r.out, r.err);
+    ASSERT(ranks > 1 ? r.code != 0 : r.code == 2); /* the launcher reports a rank's exit 2 as its own failure */
+    ASSERT_STR_CONTAINS(r.err, want);
+    if (ranks > 1)
+        ASSERT_STR_CONTAINS(r.err, "exited with code 2");
+}
+
+TEST(cp_option_errors)
+{
+    bad(1, (char *[]){"--cp", "2", NULL}, "--cp 2 needs a multiple of 2 ranks; this job has 1");
+    bad(1, (char *[]){"--cp-impl", "ulysses", NULL}, "--cp-impl and --cp-balance need --cp N > 1");
+    bad(1, (char *[]){"--cp", "2", "--cp-impl", "tree", NULL}, "--cp-impl: 'tree' is not one of {ring|ulysses}");
+    bad(1, (char *[]){"--cp", "2", "--cp-balance", "maybe", NULL}, "--cp-balance");
+    bad(1, (char *[]){"--cp", "0", NULL}, "--cp");
+    bad(1, (char *[]){"--cp", "2", "--dropout", "0.1", NULL}, "--cp 2 does not combine with --dropout > 0");
+    bad(1, (char *[]){"--cp", "2", "--precision", "bf16", NULL}, "--cp 2 does not combine with --precision bf16");
+    bad(2, (char *[]){"--cp", "2", "--seq", "14", NULL},
+        "sequence length 14 is not a multiple of 4 (cp 2 x 2 chunks a rank for the causal load balance)");
+    bad(2, (char *[]){"--cp", "2", "--seq", "15", "--cp-balance", "off", NULL},
+        "sequence length 15 is not a multiple of 2 (cp 2)");
+    bad(2, (char *[]){"--cp", "2", "--cp-impl", "ulysses", "--n-head", "1", NULL},
+        "Ulysses attention needs the heads (1 on this rank) divisible by cp 2");
+    bad(4, (char *[]){"--cp", "2", "--pp", "2", NULL}, "--cp 2 does not combine with --pp");
+    bad(4, (char *[]){"--cp", "3", NULL}, "--cp 3 needs a multiple of 3 ranks; this job has 4");
+    bad(4, (char *[]){"--cp", "2", "--dp", "1", NULL}, "--dp 1 x --cp 2 x --tp 1 x --pp 1 is 2 ranks; this job has 4");
+    static cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "mlp", "--cp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--cp 2 does not combine with this --model");
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--context-parallel-size", "2", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--cp N");
+    char cfg[400];
+    snprintf(cfg, sizeof cfg, "%s/ds_bad.json", cli_tmpdir());
+    FILE *f = fopen(cfg, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"dtrain\": {\"context_parallel_size\": 2, \"context_parallel_impl\": \"tree\"}}\n");
+    fclose(f);
+    bad(2, (char *[]){"--config", cfg, NULL}, "dtrain.context_parallel_impl");
+    f = fopen(cfg, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"sequence_parallel_size\": 0}\n");
+    fclose(f);
+    bad(1, (char *[]){"--config", cfg, NULL}, "sequence_parallel_size");
+}
+
+int main(void)
+{
+    if (!cli())
+        DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
+    RUN(cp_option_errors);
+    RUN(gpt_cp_equals_one_process);
+    RUN(llama_cp_equals_one_process);
+    RUN(gpt_cp_composes_with_dp_and_tp);
+    RUN(cp_with_zero3);
+    RUN(config_sequence_parallel_size);
+    RUN(cp_checkpoint_resumes_in_one_process);
+    cli_cleanup();
+    return TEST_REPORT();
+}
