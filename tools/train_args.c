@@ -167,10 +167,10 @@ static const opt_def opts[] = {
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
-     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
+     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp, GPT and Llama models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
-     "GPT models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
+     "GPT-2 models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
      "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
      "no dropout)"},
     {"dp", OPT_INT, OFF(dp), 1, 1 << 16, NULL, "N",
