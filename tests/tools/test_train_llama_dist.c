@@ -4,11 +4,14 @@
  * follow the one-process run's per-step losses (global batch 8, AdamW) within
  * 1e-5 relative, as does tensor parallelism (--tp 2: one kv head and its
  * two query heads a rank, the weights sliced from the directory's); a
- * checkpoint saved under ZeRO-3 resumes in one process. The named sizes
+ * checkpoint saved under ZeRO-3 resumes in one process; --save-hf under
+ * --tp 2 writes the one-process export. The named sizes
  * under --tp and its compositions: test_train_llama_par.c. */
 // dt-test-timeout: 300
 #include "test.h"
 #include "tools/train_cli.h"
+
+#include <math.h>
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
@@ -68,10 +71,33 @@ TEST(zero3_checkpoint_resumes_in_one_process)
     ASSERT(same);
 }
 
+/* --save-hf under --tp 2: the directory holds the whole tensors (gathered
+ * from the slices) and evaluates as the one-process run's export does */
+TEST(tp2_save_hf_equals_one_process)
+{
+    static cli_result r;
+    double loss[2];
+    for (int tp = 0; tp < 2; tp++) {
+        char *out = cli_path(tp ? "hf_tp2" : "hf_one");
+        run(&r, tp ? 2 : 1, "8", cli_path("hf.jsonl"),
+            tp ? (char *[]){"--tp", "2", "--save-hf", out, NULL} : (char *[]){"--save-hf", out, NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        char model[400];
+        snprintf(model, sizeof model, "hf:%s", out);
+        cli_runv(&r, 120, NULL, (char *[]){"eval", "--model", model, "--data", "tokens:" HF "tokens.bin", "--batch",
+                                           "4", "--seq", "16", "--json", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        loss[tp] = cli_out_value(r.out, "\"loss\":");
+    }
+    fprintf(stderr, "exported model's loss: one process %.8f, --tp 2 %.8f\n", loss[0], loss[1]);
+    ASSERT(isfinite(loss[0]) && fabs(loss[1] - loss[0]) <= 1e-5 * loss[0]);
+}
+
 int main(void)
 {
     RUN(strategies_follow_one_process);
     RUN(zero3_checkpoint_resumes_in_one_process);
+    RUN(tp2_save_hf_equals_one_process);
     cli_cleanup();
     return TEST_REPORT();
 }
