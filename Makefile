@@ -18,6 +18,12 @@
 #   make demo-gpt     train a small GPT on the Bible for a few minutes, print
 #                     its validation loss against the unigram baseline and a
 #                     generated sample (DT_DEMO_GPT_STEPS=N steps, default 400)
+#   make demo-llama   train the small Llama (llama-tiny) from scratch on the
+#                     Bible for a short run (about a minute), write it as a
+#                     Hugging Face model directory and generate from it
+#                     (DT_DEMO_LLAMA_STEPS=N steps, default 300; with
+#                     PEER_PYTHON set to a python with transformers, also
+#                     shows transformers continuing with the same tokens)
 #   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
 #   make install      headers, library, dtrain.pc, CMake package, the dtrain
 #                     program (PREFIX=/usr/local)
@@ -55,7 +61,7 @@ ifneq ($(FUZZ),0)
 TEST_STAGES += fuzz
 endif
 
-.PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-tsan test-fast fuzz demo demo-gpt-data demo-gpt bench \
+.PHONY: all build deps deps-test deps-fuzz deps-demo test test-asan test-tsan test-fast fuzz demo demo-gpt-data demo-gpt demo-llama bench \
         install clean test-install fresh-check
 
 all: build
@@ -133,6 +139,9 @@ demo-gpt-data: deps-demo build
 
 demo-gpt: deps-demo build
 	scripts/demo_gpt.sh
+
+demo-llama: deps-demo build
+	scripts/demo_llama.sh
 
 bench: build
 	scripts/bench.sh

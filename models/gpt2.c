@@ -388,27 +388,6 @@ static dt_module *block(const dt_gpt2_config *g, dt_pg *tp, bool sp, gpt_rt *rt)
     return b;
 }
 
-/* The tied head of a vocabulary-parallel model: the rank's logits
- * f(x) @ W_r^T, W_r [ceil(V/t), C] (ud: the group). */
-static dt_tensor *vocab_head_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
-{
-    /* sequence parallel: x came through dt_tp_sp_gather, whose backward sums */
-    return dt_linear(ctx, cfg(self).pad == 1 ? x : dt_tp_copy_to_region(ctx, ud, x), dt_module_param(self, 0), NULL);
-}
-
-static dt_module *vocab_head(dt_pg *tp, int64_t V, int64_t C)
-{
-    int64_t Vl;
-    dt_tp_vocab_range(tp, V, NULL, NULL, &Vl);
-    dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, C}, .init = DT_NN_INIT_KAIMING, .tp_dim = 1};
-    dt_module *m = dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
-    if (m) { /* dt_tp_full_shape: V rows in full */
-        SET_CFG(m, in, V);
-        SET_CFG(m, out, C);
-    }
-    return m;
-}
-
 static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const dt_cp_params *cp)
 {
     if (cp && g->dropout > 0.0f)
@@ -480,14 +459,12 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     dt_module *tr = dt_nn_custom_owned("GPT2Model", 0, NULL, transformer_forward, rt, free); /* frees rt on failure */
     dt_module *h = dt_nn_seq(0, NULL);
     dt_module *wte = tp ? dt_tp_vocab_embedding(tp, V, C) : embedding(V, C);
-    dt_module *head = tp ? vocab_head(tp, V, C) : dt_nn_linear(C, V, false);
+    dt_module *head = tp ? dt_tp_vocab_head(tp, V, C, sp) : dt_nn_linear(C, V, false);
     if (tp)
         set_std(wte, 0.02f);
     SET_CFG(tr, in, g.block_size);
-    if (sp && tr && head) {
+    if (sp && tr)
         SET_CFG(tr, pad, 1);
-        SET_CFG(head, pad, 1);
-    }
     bool ok = root && tr && h;
     for (int64_t i = 0; i < L && ok; i++)
         ok = add(h, NULL, block(&g, tp, sp, rt), ok);

@@ -20,8 +20,26 @@
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
  * positions (dt_rope_at), attention is dt_cp_attention over the packed
- * q | k | v (GQA's kv heads repeated first), the rest runs on the rows. */
+ * q | k | v (GQA's kv heads repeated first), the rest runs on the rows.
+ *
+ * Tensor parallel (dt_model_config.tp over t ranks, Megatron's split in
+ * the [out, in] layout of the Linear weights; tp.h): q_proj, k_proj,
+ * v_proj, gate_proj and up_proj are column-parallel (the rank's out/t
+ * rows of the weight and of the bias), o_proj and down_proj
+ * row-parallel (the rank's in/t columns; a bias whole, added once after
+ * the reduction). The attention's input goes through f once, its output
+ * through g once (o_proj), the MLP's alike: one all-reduce each way per
+ * half-block. Rank r computes query heads [r H/t, (r + 1) H/t) and
+ * key/value heads [r KV/t, (r + 1) KV/t): query head h reads kv head
+ * h / (H / KV), which is the rank's, so GQA and RoPE run per local head
+ * unchanged (H and KV divisible by t, else DT_ERR_INVALID_ARG naming the
+ * key). The embedding and the head split the vocabulary
+ * (dt_tp_vocab_embedding, dt_tp_vocab_head; the loss is the
+ * vocabulary-parallel cross-entropy). The parameters keep their global
+ * names with the rank's shapes, so checkpoints are the one-process ones. */
 #include "zoo.h"
+
+#include "dtrain/tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,10 +64,61 @@ static void rt_free(void *p)
 
 static dt_module *child(dt_module *m, const char *name) { return dt_module_find_child(m, name); }
 
+/* ---- tensor-parallel Linears ([out, in] weights; tp.h's are [in, out]) ----
+ * The column form computes x W_r^T + b_r on x that already went through f
+ * (the attention's or the MLP's forward applies f once for its
+ * projections); the row form g(x_r W_r^T) + b. ud: the group. */
+static dt_tensor *col_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    (void)ud;
+    return dt_linear(ctx, x, dt_module_param(self, 0), dt_module_num_params(self) > 1 ? dt_module_param(self, 1) : NULL);
+}
+
+static dt_tensor *row_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    dt_tensor *y = dt_tp_reduce_from_region(ctx, ud, dt_linear(ctx, x, dt_module_param(self, 0), NULL));
+    return dt_module_num_params(self) > 1 ? dt_add(ctx, y, dt_module_param(self, 1)) : y;
+}
+
+/* A Linear [out, in] split over tp along out (column) or in (row), init
+ * N(0, std), biases 0. */
+static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float std, bool column)
+{
+    const int64_t t = dt_pg_size(tp);
+    dt_nn_param_spec s[2] = {
+        {.name = "weight", .ndim = 2, .shape = {column ? out / t : out, column ? in : in / t},
+         .init = DT_NN_INIT_NORMAL, .a = std, .tp_dim = column ? 1 : 2},
+        {.name = "bias", .ndim = 1, .shape = {column ? out / t : out}, .init = DT_NN_INIT_ZEROS,
+         .tp_dim = column ? 1 : 0},
+    };
+    dt_module *m = dt_nn_custom(column ? "LlamaColumnParallelLinear" : "LlamaRowParallelLinear", bias ? 2 : 1, s,
+                                column ? col_forward : row_forward, tp);
+    if (m && dt_tp_module_set_group(m, tp) < 0) {
+        dt_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* f on x when the block's projections are column-parallel (their group) */
+static dt_tensor *enter(dt_ctx *ctx, dt_module *proj, dt_tensor *x)
+{
+    dt_pg *tp = dt_tp_module_group(proj);
+    return tp ? dt_tp_copy_to_region(ctx, tp, x) : x;
+}
+
+static int tp_size_of(const dt_module *proj)
+{
+    const dt_pg *tp = dt_tp_module_group(proj);
+    return tp ? dt_pg_size(tp) : 1;
+}
+
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
-    const int H = (int)rt->c.num_attention_heads, KV = (int)rt->c.num_key_value_heads;
+    const int t = tp_size_of(child(self, "q_proj")); /* the rank's heads */
+    const int H = (int)rt->c.num_attention_heads / t, KV = (int)rt->c.num_key_value_heads / t;
+    x = enter(ctx, child(self, "q_proj"), x);
     dt_tensor *q = dt_module_forward(ctx, child(self, "q_proj"), x);
     dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
     dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
@@ -61,8 +130,8 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         int64_t *p = dt_ctx_alloc(ctx, (size_t)l.local_len * sizeof *p);
         if (!p)
             return NULL;
-        for (int64_t t = 0; t < l.local_len; t++)
-            p[t] = dt_cp_position(&l, t);
+        for (int64_t i = 0; i < l.local_len; i++)
+            p[i] = dt_cp_position(&l, i);
         pos = p;
     }
     q = dt_rope_at(ctx, q, H, rt->inv_freq, 0, pos);
@@ -76,6 +145,7 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ud;
+    x = enter(ctx, child(self, "gate_proj"), x);
     dt_tensor *g = dt_module_forward(ctx, child(self, "gate_proj"), x);
     dt_tensor *u = dt_module_forward(ctx, child(self, "up_proj"), x);
     return dt_module_forward(ctx, child(self, "down_proj"), dt_swiglu(ctx, g, u));
@@ -148,7 +218,13 @@ static dt_module *linear(int64_t in, int64_t out, bool bias, float std)
     return m;
 }
 
-static dt_module *layer(const dt_llama_config *c, llama_rt *rt)
+/* A Linear of the block: plain, or column-/row-parallel over tp. */
+static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, bool bias, float std, bool column)
+{
+    return tp ? tp_linear(tp, in, out, bias, std, column) : linear(in, out, bias, std);
+}
+
+static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
 {
     const int64_t C = c->hidden_size, hd = c->head_dim, H = c->num_attention_heads, KV = c->num_key_value_heads;
     const int64_t I = c->intermediate_size;
@@ -158,13 +234,13 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt)
     dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
     dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, NULL);
     bool ok = b && attn && mlp;
-    ok = add(attn, "q_proj", linear(C, H * hd, ab, std), ok);
-    ok = add(attn, "k_proj", linear(C, KV * hd, ab, std), ok);
-    ok = add(attn, "v_proj", linear(C, KV * hd, ab, std), ok);
-    ok = add(attn, "o_proj", linear(H * hd, C, ob, std), ok);
-    ok = add(mlp, "gate_proj", linear(C, I, mb, std), ok);
-    ok = add(mlp, "up_proj", linear(C, I, mb, std), ok);
-    ok = add(mlp, "down_proj", linear(I, C, mb, std), ok);
+    ok = add(attn, "q_proj", proj(tp, C, H * hd, ab, std, true), ok);
+    ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
+    ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
+    ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
+    ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
+    ok = add(mlp, "up_proj", proj(tp, C, I, mb, std, true), ok);
+    ok = add(mlp, "down_proj", proj(tp, I, C, mb, std, false), ok);
     ok = add(b, "self_attn", attn, ok);
     attn = NULL;
     ok = add(b, "mlp", mlp, ok);
@@ -201,8 +277,24 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_status st = dt_llama_config_check(lc);
     if (st < 0)
         return st;
-    if (c.tp && dt_pg_size(c.tp) > 1)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: tensor parallelism is not supported for Llama models yet");
+    dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    if (tp && c.sequence_parallel)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
+                        "GPT models have it; tensor parallelism without it works)");
+    if (tp) {
+        const int t = dt_pg_size(tp);
+        const struct {
+            const char *key;
+            int64_t v;
+        } split[] = {{"num_attention_heads", lc->num_attention_heads},
+                     {"num_key_value_heads", lc->num_key_value_heads},
+                     {"intermediate_size", lc->intermediate_size}};
+        for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+            if (split[i].v % t)
+                return dt_error(DT_ERR_INVALID_ARG, "llama: %s %lld is not divisible by the tensor-parallel size %d "
+                                "(each rank computes whole heads and an equal share of the MLP)", split[i].key,
+                                (long long)split[i].v, t);
+    }
     int64_t T = c.seq ? c.seq : lc->max_position_embeddings;
     if (T < 1 || T > lc->max_position_embeddings)
         return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
@@ -223,12 +315,13 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_module *root = dt_nn_custom_owned("LlamaForCausalLM", 0, NULL, lm_forward, rt, rt_free);
     dt_module *inner = dt_nn_custom("LlamaModel", 0, NULL, model_forward, rt);
     dt_module *layers = dt_nn_seq(0, NULL);
-    dt_module *emb = dt_nn_embedding(V, C);
-    dt_module *head = linear(C, V, false, lc->initializer_range);
+    dt_module *emb = tp ? dt_tp_vocab_embedding(tp, V, C) : dt_nn_embedding(V, C);
+    dt_module *head = tp ? dt_tp_vocab_head(tp, V, C, false) : linear(C, V, false, lc->initializer_range);
     bool ok = root && inner && layers && emb && head &&
-              dt_module_set_param_init(emb, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
+              dt_module_set_param_init(emb, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK &&
+              dt_module_set_param_init(head, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(layers, NULL, layer(lc, rt), ok);
+        ok = add(layers, NULL, layer(lc, rt, tp), ok);
     if (ok && lc->tie_word_embeddings)
         ok = dt_module_tie(head, "weight", emb, "weight") == DT_OK;
     ok = add(inner, "embed_tokens", emb, ok);

@@ -3,9 +3,10 @@
  * One step = dt_trainer_step (train.h) with the "none" strategy: forward,
  * loss, backward, SGD (lr 0.01, no momentum: torch.optim.SGD's defaults
  * besides lr) over the flat buffers with the gradient zeroing fused into the
- * SGD pass, context reset: the step `dtrain train` runs. GPT models step
- * AdamW instead (lr 1e-4, torch's other defaults), the optimizer of the
- * GPT-2 comparisons (issue 15), over --seq tokens per sample (default 64).
+ * SGD pass, context reset: the step `dtrain train` runs. Language models
+ * (GPT-2 and Llama) step AdamW instead (lr 1e-4, torch's other defaults),
+ * the optimizer of the GPT-2 and Llama comparisons (bench/torch_gpt2_step.py,
+ * bench/torch_llama_step.py), over --seq tokens per sample (default 64).
  * Inputs are synthetic (Philox uniform [-1, 1), labels i mod classes; token
  * ids i * 7919 mod vocabulary) and fixed across steps. After the warm-up
  * steps, --steps steps are timed one by one; we report the median (and min) per step, the median of each
@@ -98,9 +99,9 @@ static double peak_rss_mib(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dtrain bench step --model {convnet,mlp,gpt2,gpt-mini,...}[,...] --batch N [options]\n"
+    fprintf(f, "usage: dtrain bench step --model {convnet,mlp,gpt2,gpt-mini,llama-100m,...}[,...] --batch N [options]\n"
                "  --model M       zoo model(s), comma-separated (default convnet)\n"
-               "  --seq T         tokens per sample of GPT models (default 64)\n"
+               "  --seq T         tokens per sample of GPT and Llama models (default 64)\n"
                "  --batch N       samples per step (default: 100 for convnet, 4 for mlp)\n"
                "  --threads T     compute threads (default: OMP_NUM_THREADS or all cores)\n"
                "  --steps S       timed steps (default 20)\n"
@@ -108,7 +109,8 @@ static void usage(FILE *f)
                "                  within 10%% of the one before, 2 to 10 steps)\n"
                "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
                "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
-               "  --lm-loss L     GPT models: fused (default: head + cross-entropy in row chunks) or unfused\n"
+               "  --lm-loss L     GPT-2 models: fused (default: head + cross-entropy in row chunks) or unfused\n"
+               "                  (Llama models: unfused)\n"
                "  --prepare P     on (default): dt_trainer_prepare before the first step (prepare_ms); off: the first\n"
                "                  step sizes its memory and creates its kernels itself\n"
                "  --tp N          tensor parallel over N ranks (start them with dtrain run -n N); rank 0 reports\n"

@@ -190,10 +190,10 @@ static const opt_def opts[] = {
     {"zero-grad-block", OPT_INT, OFF(zero_grad_block), 1, 1073741824, NULL, "N",
      "ZeRO++ qgZ: elements per scale of the quantized gradients (default 64)"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
-     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
+     "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp, GPT and Llama models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
     {"sequence-parallel", OPT_FLAG, OFF(sequence_parallel), 0, 0, NULL, NULL,
-     "GPT models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
+     "GPT-2 models with --tp: sequence parallelism (Megatron): layer norms and residuals on each rank's 1/N of the "
      "tokens, all-gather and reduce-scatter in place of the all-reduces (the same values; --seq divisible by N, "
      "no dropout)"},
     {"cp", OPT_INT, OFF(cp), 1, 1 << 16, NULL, "N",

@@ -232,8 +232,14 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
  * max_position_embeddings); c's GPT-2 fields are not read (NULL:
  * defaults). Input [B, T] i64 ids, output logits [B, T, V], loss the mean
  * next-token cross-entropy. Pipeline units: dt_model_pipe_units
- * (pipeline.h). No tensor parallelism or dropout yet (DT_ERR_UNSUPPORTED
- * with c->tp). */
+ * (pipeline.h). Tensor parallelism with c->tp (Megatron's split of
+ * q/k/v/o and gate/up/down, the key/value heads divided over the ranks,
+ * the vocabulary split; the parameters keep their global names with the
+ * rank's shapes): num_attention_heads, num_key_value_heads and
+ * intermediate_size must be divisible by the group's size
+ * (DT_ERR_INVALID_ARG naming the key); dt_model_create fills the slices
+ * from the one-process init (dt_model_init_tp). No sequence parallelism
+ * or dropout yet (DT_ERR_UNSUPPORTED). */
 DT_API dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *c, dt_model **model,
                                  dt_model_desc *desc);
 /* True when m is a Llama-family model of dt_llama_create; then *P = its

@@ -182,13 +182,21 @@ DT_API dt_module *dt_tp_row_linear(dt_pg *tp, int64_t in, int64_t out, bool bias
  * DT_ERR_RANGE); output [ids.shape..., dim], the same on every rank. Type
  * "VocabParallelEmbedding". */
 DT_API dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim);
-/* The group of a module made by the three constructors above, or the one
+/* The LM head over a vocabulary split by rows: logits [.., ceil(V/t)] =
+ * f(X) @ W_r^T, W_r "weight" [ceil(V/t), dim] the rank's rows (padding as
+ * the embedding's: zero rows, logits the vocabulary-parallel
+ * cross-entropy leaves out). Tie it to a dt_tp_vocab_embedding of the same
+ * V (dt_module_tie) for a tied head. input_is_gathered: X comes through
+ * dt_tp_sp_gather (sequence parallelism), whose backward already sums over
+ * the group, so no f. Type "VocabParallelLMHead"; init N(0, 0.02). */
+DT_API dt_module *dt_tp_vocab_head(dt_pg *tp, int64_t num_embeddings, int64_t dim, bool input_is_gathered);
+/* The group of a module made by the four constructors above, or the one
  * given to dt_tp_module_set_group (NULL for any other module). */
 DT_API dt_pg *dt_tp_module_group(const dt_module *m);
 /* Declare that custom module m's sliced parameters (specs with tp_dim) are
  * slices over tp (borrowed; must outlive the model). A model whose slices
  * have no group cannot be checkpointed or clipped (the trainer says so).
- * The three constructors above do it themselves. */
+ * The four constructors above do it themselves. */
 DT_API dt_status dt_tp_module_set_group(dt_module *m, dt_pg *tp);
 /* The name of m's first parameter that is a tensor-parallel slice (tp_dim
  * set), or NULL when m holds whole tensors only. */

@@ -143,6 +143,21 @@ TEST(gpt_cp_composes_with_dp_and_tp)
             n1, "ulysses attention");
 }
 
+/* cp 2 x tp 2 for the Llama (tp 2: 2 query heads and 1 kv head a rank;
+ * RoPE at the global positions of the rank's rows), ring and Ulysses,
+ * against one process */
+TEST(llama_cp_composes_with_tp)
+{
+    double one[64];
+    int n;
+    reference("llama-tiny", 1, "llama_one_d", one, &n);
+    ASSERT_EQ_INT(n, 20);
+    same_as("llama-tiny", 4, "llama_cp2tp2", (char *[]){"--cp", "2", "--tp", "2", NULL}, one, n,
+            "[0] tensor parallel: 2 ranks per group");
+    same_as("llama-tiny", 4, "llama_cp2tp2_u", (char *[]){"--cp", "2", "--tp", "2", "--cp-impl", "ulysses", NULL},
+            one, n, "ulysses attention");
+}
+
 /* ZeRO-3 over the cp ranks (they shard the parameters as replicas do):
  * the GPT and the Llama equal one process */
 TEST(cp_with_zero3)
@@ -277,6 +292,7 @@ int main(void)
     RUN(gpt_cp_equals_one_process);
     RUN(llama_cp_equals_one_process);
     RUN(gpt_cp_composes_with_dp_and_tp);
+    RUN(llama_cp_composes_with_tp);
     RUN(cp_with_zero3);
     RUN(config_sequence_parallel_size);
     RUN(cp_checkpoint_resumes_in_one_process);

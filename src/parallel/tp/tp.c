@@ -583,6 +583,34 @@ dt_module *dt_tp_vocab_embedding(dt_pg *tp, int64_t num_embeddings, int64_t dim)
     return m;
 }
 
+/* self->in = V, self->k = input_is_gathered */
+static dt_tensor *vocab_head_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    if (!check_in(self, x, self->out))
+        return NULL;
+    return dt_linear(ctx, self->k ? x : dt_tp_copy_to_region(ctx, ud, x), self->params[0], NULL);
+}
+
+dt_module *dt_tp_vocab_head(dt_pg *tp, int64_t num_embeddings, int64_t dim, bool input_is_gathered)
+{
+    if (!check_group("dt_tp_vocab_head", tp))
+        return NULL;
+    if (num_embeddings < 1 || dim < 1) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_tp_vocab_head: [%lld, %lld]: sizes must be >= 1", (long long)num_embeddings,
+                 (long long)dim);
+        return NULL;
+    }
+    int64_t Vl;
+    dt_tp_vocab_range(tp, num_embeddings, NULL, NULL, &Vl);
+    dt_nn_param_spec s = {.name = "weight", .ndim = 2, .shape = {Vl, dim}, .init = DT_NN_INIT_NORMAL, .a = 0.02f,
+                          .tp_dim = 1};
+    dt_module *m = dt_nn_custom("VocabParallelLMHead", 1, &s, vocab_head_forward, tp);
+    if (m) {
+        m->in = num_embeddings, m->out = dim, m->k = input_is_gathered;
+    }
+    return m;
+}
+
 /* ---- vocabulary-parallel cross-entropy -------------------------------------------------- */
 
 typedef struct {

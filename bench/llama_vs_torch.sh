@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# bench/llama_vs_torch.sh — the ~100M Llama's bf16 training step, dtrain
+# against transformers' LlamaForCausalLM (bench/torch_llama_step.py, with
+# the peers' python from $PEER_PYTHON), eager and torch.compile, on the same
+# batch, sequence length and threads. The three run interleaved, ROUNDS
+# times (dtrain, compile, eager in each round); each prints its median step
+# (wall) and its median process CPU time per step (cpu_ms: the steadier
+# measure on a shared machine). Prints every round, then the medians over
+# the rounds and the ratios dtrain / torch (issue 34's target against
+# torch.compile: at most 0.6).
+#
+#   PEER_PYTHON=... bench/llama_vs_torch.sh [--rounds 3] [--threads 1] [--batch 4] [--seq 64] [--steps 5]
+#
+# torch.compile compiles in its warm-up steps (minutes on 2 cores the first
+# time; the inductor cache keeps the kernels for later runs). Set BUILD=dir
+# for another build directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+rounds=3 threads=1 batch=4 seq=64 steps=5
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --seq) seq=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) echo "usage: $0 [--rounds N] [--threads T] [--batch B] [--seq T] [--steps S]" >&2; exit 2 ;;
+  esac
+done
+dt=$BUILD/dtrain
+[ -x "$dt" ] || { echo "$0: $dt not built" >&2; exit 1; }
+[ -n "${PEER_PYTHON:-}" ] || { echo "$0: set PEER_PYTHON to a python with torch and transformers" >&2; exit 1; }
+py=("$PEER_PYTHON" bench/torch_llama_step.py --threads "$threads" --batch "$batch" --seq "$seq" --bf16 --steps "$steps")
+med() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+field() { sed -n "s/.*$1[\": ]*\([0-9.]*\).*/\1/p" | head -1; }
+declare -A wall cpu
+for r in $(seq 1 "$rounds"); do
+  out=$("$dt" bench step --model llama-100m --precision bf16 --batch "$batch" --seq "$seq" --threads "$threads" \
+        --steps "$steps" --peak-reps 0 --json)
+  wall[dtrain]+="$(echo "$out" | field median_ms) " cpu[dtrain]+="$(echo "$out" | field '"cpu_ms') "
+  out=$("${py[@]}" --warmup 2 --compile 2>/dev/null | tail -1)
+  wall[compile]+="$(echo "$out" | field median_ms) " cpu[compile]+="$(echo "$out" | field cpu_ms) "
+  out=$("${py[@]}" --warmup 1 2>/dev/null | tail -1)
+  wall[eager]+="$(echo "$out" | field median_ms) " cpu[eager]+="$(echo "$out" | field cpu_ms) "
+  last() { local a=($1); echo "${a[-1]}"; }
+  echo "round $r (load $(cut -d' ' -f1 /proc/loadavg)): median_ms / cpu_ms  dtrain $(last "${wall[dtrain]}") /" \
+       "$(last "${cpu[dtrain]}")  compile $(last "${wall[compile]}") / $(last "${cpu[compile]}")  eager" \
+       "$(last "${wall[eager]}") / $(last "${cpu[eager]}")"
+done
+for k in dtrain compile eager; do
+  w=$(echo "${wall[$k]}" | tr ' ' '\n' | grep . | med) c=$(echo "${cpu[$k]}" | tr ' ' '\n' | grep . | med)
+  eval "W_$k=$w C_$k=$c"
+  echo "$k: median over $rounds rounds: ${w} ms/step, ${c} CPU ms/step"
+done
+awk -v dw="$W_dtrain" -v dc="$C_dtrain" -v cw="$W_compile" -v cc="$C_compile" -v ew="$W_eager" -v ec="$C_eager" \
+  'BEGIN {printf "dtrain / torch.compile: %.2f (wall), %.2f (CPU); dtrain / eager: %.2f (wall), %.2f (CPU)\n", dw / cw, dc / cc, dw / ew, dc / ec}'
