@@ -10,9 +10,12 @@
 # layouts that fit 24 GiB (ZeRO-3 on 2 and 4 ranks, 2 pipeline stages), plus
 # --plan auto on 2 and 4 ranks of GPT-2; each run's --metrics end record
 # carries the measured peak RSS (the largest rank's) and median step time
-# beside the planner's prediction for that layout. Prints one line per run
-# and, per world, where the planner's first choice (--plan auto) landed
-# against the fastest measured layout. Random tokens (vocabulary 50257) in
+# beside the planner's prediction for that layout. Prints one Markdown row
+# per run: the measured and predicted memory, the measured step and the
+# prediction (which assumes the machine's cores to itself), and, since the
+# machine may be shared, the cores the run's processes got on average
+# ((user + system CPU seconds) / wall, /usr/bin/time) and the prediction
+# scaled to that share. The --plan auto runs' choice lines follow. Random tokens (vocabulary 50257) in
 # OUTDIR (default a temporary directory); the calibration is cached in
 # OUTDIR/cache (DT_CACHE_DIR), measured once before the runs (dtrain plan).
 # The machine may be shared: say so when quoting figures.
@@ -42,23 +45,31 @@ run() { # NAME MODEL N BATCH STEPS FLAGS...
     shift 5
     local m="$OUT/$name.jsonl"
     rm -f "$m"
-    if "$DT" run -n "$n" -- "$DT" train --model "$model" --seq 32 --data "tokens:$OUT/tok.bin" --batch "$batch" \
-        --optimizer adamw --lr 1e-4 --max-steps "$steps" --no-eval --metrics "$m" "$@" >"$OUT/$name.log" 2>&1; then
-        "$PY" - "$m" "$name" "$model" "$n" "$*" <<'PYEOF'
+    if /usr/bin/time -f "%e %U %S" -o "$OUT/$name.time" "$DT" run -n "$n" -- "$DT" train --model "$model" --seq 32 \
+        --data "tokens:$OUT/tok.bin" --batch "$batch" --optimizer adamw --lr 1e-4 --max-steps "$steps" --no-eval \
+        --mfu-peak 1 --metrics "$m" "$@" >"$OUT/$name.log" 2>&1; then
+        "$PY" - "$m" "$name" "$model" "$n" "$*" "$OUT/$name.time" "$(nproc)" <<'PYEOF'
 import json, sys
 end = [json.loads(l) for l in open(sys.argv[1]) if '"end"' in l][-1]
 pr, mr = end.get("predicted_peak_rss_bytes", 0), end.get("peak_rss_bytes", 0)
 pt, mt = end.get("predicted_step_ms", 0), end.get("step_ms", 0)
+e, u, s = map(float, open(sys.argv[6]).read().split()[-3:])
+cores = int(sys.argv[7])
+got = (u + s) / e if e > 0 else cores  # cores the run's processes had on average
+pl = pt * max(1.0, cores / got) if got > 0 else pt  # the prediction at the share the run got
 e1 = 100 * (pr / mr - 1) if mr else float("nan")
 e2 = 100 * (pt / mt - 1) if mt else float("nan")
-print("%-16s %-10s %d  %-44s rss %7.0f MiB pred %7.0f (%+5.1f%%)  step %8.0f ms pred %8.0f (%+5.1f%%)" % (
-    sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], mr / 2**20, pr / 2**20, e1, mt, pt, e2))
+e3 = 100 * (pl / mt - 1) if mt else float("nan")
+print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.0f | %+.1f%% | %.2f | %.0f | %+.1f%% |" % (
+    sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] or "(DDP)", mr / 2**20, pr / 2**20, e1, mt, pt, e2,
+    got, pl, e3), flush=True)
 PYEOF
     else
         echo "$name: failed (see $OUT/$name.log)"
     fi
 }
-B=4
+echo "| run | model | ranks | flags | peak RSS MiB | predicted | error | step ms | predicted (idle) | error | cores got | predicted at that share | error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 run g2-dp2-z0 gpt2 2 2 "$STEPS"
 run g2-dp2-z1 gpt2 2 2 "$STEPS" --zero 1
 run g2-dp2-z2 gpt2 2 2 "$STEPS" --zero 2

@@ -243,6 +243,10 @@ static int cmp_rows(const void *a, const void *b)
     double kx = x->feasible ? x->step_s : x->mem_bytes, ky = y->feasible ? y->step_s : y->mem_bytes;
     if (kx != ky)
         return kx < ky ? -1 : 1;
+    /* equal times: fewer forwards per step (each has costs the model leaves out), then less memory */
+    const int fx = x->layout.grad_accum * x->layout.micro_batches, fy = y->layout.grad_accum * y->layout.micro_batches;
+    if (fx != fy)
+        return fx < fy ? -1 : 1;
     if (x->mem_bytes != y->mem_bytes)
         return x->mem_bytes < y->mem_bytes ? -1 : 1;
     char bx[128], by[128]; /* a total order: every rank sorts alike */
