@@ -162,6 +162,7 @@ int dt__train_plan_auto(dt__train_opts *o)
     o->micro_batches = l->pp > 1 ? l->micro_batches : 0;
     o->grad_accum = l->grad_accum;
     o->act_ckpt = l->act_ckpt;
+    o->wrap_min_params = l->wrap_min_params; /* ZeRO-2/3: a unit per block, as predicted */
     int feasible = 0;
     while (feasible < n && rows[feasible].feasible)
         feasible++;
@@ -199,7 +200,8 @@ int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_
                         .hybrid = o->fsdp && !strcmp(o->fsdp, "hybrid_shard"), .batch = o->batch,
                         .micro_batches = pp > 1 ? (int)(o->micro_batches ? o->micro_batches : 4) : 1,
                         .grad_accum = (int)(o->grad_accum > 0 ? o->grad_accum : 1), .act_ckpt = o->act_ckpt,
-                        .offload = o->offload && !strncmp(o->offload, "nvme:", 5)};
+                        .offload = o->offload && !strncmp(o->offload, "nvme:", 5),
+                        .wrap_min_params = o->wrap_min_params};
     sp.offload_dir = l.offload;
     dt_plan_prediction pr;
     if (dt_plan_predict(&sp, &c, &l, &pr) < 0)

@@ -204,9 +204,12 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * Memory per rank = baseline + model state (dt_mem_model_states over the
  * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
- * the largest gathered unit (ZeRO-2/3) + activations of the micro-batches
- * in flight (1F1B: up to pp on the first stage; GPipe: all m) from the
- * measured bytes per token. Step time = compute (per-token core-seconds x
+ * two gathered units (ZeRO-2/3: one computing, one in flight) + what the
+ * strategies hold beyond the formula (buffer_bytes below: the peers'
+ * shared-memory pages a rank reads, and ZeRO-1/2's whole parameter and
+ * gradient buffers kept beside the model's own) + activations of the
+ * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
+ * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
  * tokens, split over tp and pp, the pipeline bubble (pp - 1) / m, ranks
  * sharing the machine's cores when there are more ranks than cores) +
  * collectives (ring volumes over the measured bandwidth plus a latency per
@@ -285,6 +288,10 @@ typedef struct dt_plan_layout {
     int grad_accum;           /* forwards per optimizer step (--grad-accum) */
     bool act_ckpt;            /* activation checkpointing of every block */
     bool offload;             /* optimizer state offloaded to NVMe (ZeRO >= 1, no tp/pp) */
+    int64_t wrap_min_params;  /* ZeRO-2/3 units (dt_zero_params.wrap_min_params): a module reaching this
+                                 many parameters is its own unit; 0: the whole model is one unit (then
+                                 the gathered unit is the whole model). The search sets one block's
+                                 parameters */
 } dt_plan_layout;
 
 /* What dt_plan_search is asked. */
@@ -311,6 +318,11 @@ typedef struct dt_plan_prediction {
     double mem_bytes;         /* peak resident bytes of the busiest rank */
     double state_bytes;       /* of which model state (parameters, gradients, optimizer, masters) */
     double gathered_bytes;    /* of which ZeRO-2/3's largest gathered unit */
+    double buffer_bytes;      /* of which the strategies' buffers beyond the formula: with the
+                                 shared-memory transport a rank's resident set also counts the pages of
+                                 the peers' buffers it reads ((dp - 1)/dp of them: DDP's gradients,
+                                 ZeRO-1's parameters and gradients, ZeRO-2's parameters), and ZeRO-1/2
+                                 keep the units' whole parameters and gradients beside the model's own */
     double act_bytes;         /* of which activations */
     double base_bytes;        /* of which the process baseline */
     double step_s;            /* predicted seconds per optimizer step */

@@ -139,8 +139,16 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     out->state_bytes = e.total + (c->dtype == DT_BF16 ? 4.0 * e.master / 4.0 : 0); /* bf16: f32 gradient copies */
     const double pb = mp.param_bytes;
     if (l->zero_stage >= 2 && shard_dp > 1) {
-        double largest = c->numel_block > c->numel_fixed ? c->numel_block : c->numel_fixed;
-        out->gathered_bytes = (l->zero_stage == 3 ? 2 : 1) * pb * largest;
+        /* units: blocks grouped until they reach wrap_min_params; the embeddings (and the rest) one more */
+        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : L;
+        if (per_unit > L)
+            per_unit = L;
+        double largest = per_unit * c->numel_block;
+        if (l->wrap_min_params <= 0)
+            largest = numel_rank; /* one unit: the whole model */
+        else if (c->numel_fixed > largest)
+            largest = c->numel_fixed;
+        out->gathered_bytes = 2 * pb * largest; /* two units at once: one computing, one in flight */
     }
     const double mb = (double)l->batch / m; /* samples per micro-batch */
     const double blk = (l->act_ckpt ? c->act_block_ckpt : c->act_block) / tp;
@@ -150,7 +158,18 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     double act = (act_first > act_last ? act_first : act_last) + mb * T * one_blk;
     out->act_bytes = act;
     out->base_bytes = c->base_rss;
-    out->mem_bytes = out->base_bytes + out->state_bytes + out->gathered_bytes + out->act_bytes;
+    /* What dtrain's strategies hold beyond the state (measured on GPT-2 124M, 2 ranks; see plan.h):
+       DDP reads the peers' shared gradient buffers (their pages count in this rank's resident set);
+       ZeRO-1 and -2 keep the model's own parameter and gradient flats beside the units' whole
+       parameters (ZeRO-1: and whole gradients, both shared), and read the peers' pages of those. */
+    const double whole_p = pb * numel_rank, whole_g = pb * numel_rank, peers = (double)(dp - 1) / dp;
+    if (dp > 1 && l->zero_stage == 0)
+        out->buffer_bytes = peers * e.grads;
+    else if (dp > 1 && l->zero_stage == 1)
+        out->buffer_bytes = whole_p + whole_g + peers * (whole_p + whole_g);
+    else if (dp > 1 && l->zero_stage == 2)
+        out->buffer_bytes = whole_p + whole_g + peers * whole_p;
+    out->mem_bytes = out->base_bytes + out->state_bytes + out->gathered_bytes + out->buffer_bytes + out->act_bytes;
     if (p->mem_per_rank > 0 && out->mem_bytes > (double)p->mem_per_rank)
         infeasible(out, "needs %.2f GiB per rank (state %.2f, activations %.2f), over --mem-per-rank %.2f GiB",
                    gib(out->mem_bytes), gib(out->state_bytes + out->gathered_bytes), gib(out->act_bytes),
@@ -281,7 +300,8 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
                     for (int ck = 0; ck <= 1 && st >= 0; ck++) {
                         for (int off = 0; off <= (zero >= 1) && st >= 0; off++) {
                             dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero_stage = zero, .hybrid = hy,
-                                                .act_ckpt = ck, .offload = off, .micro_batches = 1, .grad_accum = 1};
+                                                .act_ckpt = ck, .offload = off, .micro_batches = 1, .grad_accum = 1,
+                                                .wrap_min_params = zero >= 2 ? (int64_t)c->numel_block : 0};
                             if (q.global_batch % dp) { /* the batch does not split over the replicas */
                                 l.batch = per_replica > 0 ? per_replica : 1;
                                 st = push(&r, &q, c, &l);

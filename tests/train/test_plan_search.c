@@ -7,8 +7,9 @@
  *     every infeasible one with a reason and every feasible one without;
  *   - reasons by name: ZeRO-2 with tp, tp not dividing the heads, hybrid on
  *     one machine, offload without a directory, a batch that does not split;
- *   - the memory model: DDP's state is 16 bytes per parameter (AdamW, f32),
- *     ZeRO-3 over 4 ranks a quarter of it; a --mem-per-rank between the two
+ *   - the memory model: DDP's state is 16 bytes per parameter (AdamW, f32)
+ *     plus 3/4 of the gradients (the peers' shared pages), ZeRO-3 over 4
+ *     ranks a quarter of the state; a --mem-per-rank between the two
  *     refuses DDP by the limit's name and keeps ZeRO-3;
  *   - checkpointing trades activations for compute; a pipeline's bubble is
  *     (pp - 1) / m of its compute;
@@ -134,7 +135,8 @@ TEST(memory_model_and_limit)
     ASSERT_NEAR(a.state_bytes, 16 * psi, 64, 0);                    /* 4 params + 4 grads + 8 AdamW */
     ASSERT_NEAR(b.state_bytes, 16 * ((size_t)psi + 3) / 4 * 1.0, 64, 1e-9); /* sharded over 4 */
     ASSERT(b.gathered_bytes > 0 && a.gathered_bytes == 0);
-    ASSERT_NEAR(a.mem_bytes, a.base_bytes + a.state_bytes + a.act_bytes, 1, 0);
+    ASSERT_NEAR(a.buffer_bytes, 0.75 * 4 * psi, 64, 0); /* the 3 peers' gradient pages this rank reads */
+    ASSERT_NEAR(a.mem_bytes, a.base_bytes + a.state_bytes + a.buffer_bytes + a.act_bytes, 1, 0);
     ASSERT_NEAR(a.act_bytes, 2 * 64 * (12 * c.act_block + c.act_fixed), 1, 0);
     /* a limit between the two: DDP refused by the limit's name, ZeRO-3 kept */
     sp.mem_per_rank = (size_t)((a.mem_bytes + b.mem_bytes) / 2);
