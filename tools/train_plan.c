@@ -124,8 +124,15 @@ int dt__train_plan_auto(dt__train_opts *o)
     int world = 1;
     if (dt_pg_env_world_size(&world) < 0)
         return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;
-    int64_t rank = 0;
-    dt_env_int("RANK", 0, 0, 1 << 30, &rank);
+    int64_t rank = 0; /* the launchers' names for it (dt_pg_init reads the same) */
+    static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++) {
+        const char *v = getenv(rank_vars[i]);
+        if (v && *v) {
+            rank = atoll(v);
+            break;
+        }
+    }
     const bool main_rank = rank == 0;
     dt_plan_calib c;
     int rc = calib_for(o, seq, !main_rank, true, &c);

@@ -204,7 +204,8 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * Memory per rank = baseline + model state (dt_mem_model_states over the
  * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
- * two gathered units (ZeRO-2/3: one computing, one in flight) + what the
+ * the gathered units (ZeRO-2: two units' gradients; ZeRO-3: a unit's
+ * parameters and gradients and the next one's parameters) + what the
  * strategies hold beyond the formula (buffer_bytes below: the peers'
  * shared-memory pages a rank reads, and ZeRO-1/2's whole parameter and
  * gradient buffers kept beside the model's own) + activations of the

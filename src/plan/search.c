@@ -148,7 +148,9 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
             largest = numel_rank; /* one unit: the whole model */
         else if (c->numel_fixed > largest)
             largest = c->numel_fixed;
-        out->gathered_bytes = 2 * pb * largest; /* two units at once: one computing, one in flight */
+        /* ZeRO-2: the whole gradients of two units (one being reduced, one being written); ZeRO-3 in
+           backward: a unit's whole parameters and gradients and the next unit's parameters (prefetch) */
+        out->gathered_bytes = (l->zero_stage == 3 ? 3 : 2) * pb * largest;
     }
     const double mb = (double)l->batch / m; /* samples per micro-batch */
     const double blk = (l->act_ckpt ? c->act_block_ckpt : c->act_block) / tp;
