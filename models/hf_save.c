@@ -12,15 +12,19 @@
  * transformers do. Sharding is huggingface_hub's: greedy in that order, a
  * new shard when the next tensor would pass the size. Everything is written
  * into a fresh temporary directory beside OUT, then renamed to OUT: the
- * directory appears complete or not at all. */
+ * directory appears complete or not at all. With a tokenizer, its
+ * tokenizer.json is copied byte for byte and tokenizer_config.json and
+ * special_tokens_map.json are written beside it (dt_tokenizer_hf_files). */
 #include "zoo.h"
 
 #include "dtrain/ckpt.h"
 #include "dtrain/kernels.h"
+#include "dtrain/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,7 +249,8 @@ static dt_status write_text(const char *dir, const char *name, const char *text)
 static void remove_tmp(const char *tmp, int nshard)
 {
     char p[4200];
-    const char *fixed[] = {"config.json", "generation_config.json", DT_HF_WEIGHTS_NAME, DT_HF_INDEX_NAME};
+    const char *fixed[] = {"config.json",    "generation_config.json", DT_HF_WEIGHTS_NAME,       DT_HF_INDEX_NAME,
+                           "tokenizer.json", "tokenizer_config.json",  "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", tmp, fixed[i]);
         unlink(p);
@@ -342,6 +347,51 @@ static dt_status write_index(const char *tmp, const item *it, size_t n, int nsha
     return st;
 }
 
+/* The tokenizer files: path (a tokenizer.json or a directory holding one)
+ * read whole into *json (its bytes, to copy) and checked by loading it;
+ * *cfg and *map are tokenizer_config.json and special_tokens_map.json. */
+static dt_status read_tokenizer(const char *path, int64_t max_len, char **json, size_t *n, char **cfg, char **map)
+{
+    char full[4200];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(full, sizeof full, "%s/tokenizer.json", path);
+        path = full;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "tokenizer.json %s: cannot open: %s", path, strerror(errno));
+    dt_status st = DT_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > DT_TOKENIZER_MAX_FILE)
+        st = dt_error(DT_ERR_IO, "tokenizer.json %s: not a regular file of at most %zu MiB", path,
+                      DT_TOKENIZER_MAX_FILE >> 20);
+    size_t len = st == DT_OK ? (size_t)sb.st_size : 0, got = 0;
+    char *buf = st == DT_OK ? malloc(len + 1) : NULL;
+    if (st == DT_OK && !buf)
+        st = dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", path);
+    while (st == DT_OK && got < len) {
+        ssize_t r = read(fd, buf + got, len - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            st = dt_error(DT_ERR_IO, "tokenizer.json %s: read error%s", path, r == 0 ? " (the file shrank)" : "");
+        else
+            got += (size_t)r;
+    }
+    close(fd);
+    dt_tokenizer *t = NULL;
+    if (st == DT_OK && (st = dt_tokenizer_load_mem(buf, len, path, &t)) == DT_OK)
+        st = dt_tokenizer_hf_files(t, max_len, cfg, map);
+    dt_tokenizer_free(t);
+    if (st < 0) {
+        free(buf);
+        return st;
+    }
+    *json = buf;
+    *n = len;
+    return DT_OK;
+}
+
 dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *pp)
 {
     if (!src || !h || !out)
@@ -357,9 +407,14 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     dt_model *m = NULL;
     dt_ckpt *ck = NULL;
     item *it = NULL;
-    char *cfg = NULL, *gen = NULL;
+    char *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL, *tok_map = NULL;
+    size_t tok_n = 0;
     char tmp[4200] = "";
     int nshard = 0;
+    if (p.tokenizer && (st = read_tokenizer(p.tokenizer, h->is_gpt2 ? h->gpt2.block_size
+                                                                      : h->llama.max_position_embeddings,
+                                            &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
+        goto out;
     if ((st = meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
         goto out;
     size_t ne = dt_model_num_entries(m), n = 0;
@@ -421,6 +476,14 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
         (st = write_text(tmp, "config.json", cfg)) < 0 || (st = write_text(tmp, "generation_config.json", gen)) < 0)
         goto out;
+    if (tok) {
+        char tp[4300];
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", tmp);
+        if ((st = dt_file_write_atomic(tp, tok, tok_n, 0644)) < 0 ||
+            (st = write_text(tmp, "tokenizer_config.json", tok_cfg)) < 0 ||
+            (st = write_text(tmp, "special_tokens_map.json", tok_map)) < 0)
+            goto out;
+    }
     rmdir(out); /* an empty directory is replaced (dt_hf_save_check_out allowed it) */
     if ((st = dt_file_rename(tmp, out)) >= 0)
         tmp[0] = 0;
@@ -429,10 +492,21 @@ out:
         remove_tmp(tmp, nshard);
     cJSON_free(cfg);
     cJSON_free(gen);
+    free(tok);
+    free(tok_cfg);
+    free(tok_map);
     free(it);
     dt_ckpt_close(ck);
     dt_model_free(m);
     return st;
+}
+
+bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n)
+{
+    struct stat sb;
+    if (!name || !path || strncmp(name, "hf:", 3) || snprintf(path, n, "%s/tokenizer.json", name + 3) >= (int)n)
+        return false;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 dt_status dt_hf_save_check_out(const char *out)

@@ -932,6 +932,15 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
  * every strategy: they are taken from a checkpoint (the final --save one, or
  * one written for this into OUT.ckpt-tmp and removed after), which rank 0
  * converts (dt_hf_save: OUT appears complete or not at all). */
+/* The tokenizer --save-hf writes: --tokenizer, else hf:DIR's tokenizer.json
+ * (NULL: none known). */
+static const char *save_hf_tokenizer(const trainer *t, char *buf, size_t n)
+{
+    if (t->o.tokenizer)
+        return t->o.tokenizer;
+    return dt_hf_dir_tokenizer(t->o.model, buf, n) ? buf : NULL;
+}
+
 static int save_hf(trainer *t)
 {
     const char *ck = t->o.save;
@@ -952,6 +961,8 @@ static int save_hf(trainer *t)
         dt_hf_save_params p = dt_hf_save_params_default();
         if (t->o.hf_shard_size)
             p.max_shard_bytes = t->o.hf_shard_size;
+        char tokp[4200];
+        p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
         dt_status st = dt_trainer_ckpt_latest(ck, latest, sizeof latest);
         if (st >= 0 && (st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
             st = dt_hf_save(latest, &h, t->o.save_hf, &p);
@@ -978,6 +989,12 @@ static int setup_save(trainer *t)
         dt_model_config cfg = model_config(t);
         if (dt_model_hf_config(t->o.model, &cfg, &h) < 0 || dt_hf_save_check_out(t->o.save_hf) < 0)
             return fail(2, "--save-hf");
+        char tokp[4200];
+        const char *tp = save_hf_tokenizer(t, tokp, sizeof tokp);
+        dt_tokenizer *tk = NULL; /* a tokenizer the end would fail on is bad input now */
+        if (tp && dt_tokenizer_load(tp, &tk) < 0)
+            return fail(2, "--save-hf");
+        dt_tokenizer_free(tk);
     }
     if (!t->o.save)
         return 0;
@@ -1249,9 +1266,10 @@ static int print_sample(trainer *t)
         free(buf);
         return 0;
     }
-    const uint16_t *src = dt_tokens_data(t->sample_src);
-    for (int64_t i = 0; i < np; i++)
-        buf[i] = src[i] < t->desc.input_classes ? src[i] : 0;
+    for (int64_t i = 0; i < np; i++) {
+        uint32_t id = dt_tokens_at(t->sample_src, i);
+        buf[i] = id < t->desc.input_classes ? id : 0;
+    }
     dt_generate_params gp = dt_generate_params_default();
     gp.max_new_tokens = t->o.sample_tokens;
     gp.top_k = 40;

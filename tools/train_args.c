@@ -147,7 +147,7 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them); not with --zero 3"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
@@ -197,7 +197,8 @@ static const opt_def opts[] = {
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
      "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
-     "(or be empty)"},
+     "(or be empty); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
+     "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
      "model.safetensors.index.json)"},
