@@ -4,7 +4,12 @@
 #ifndef DT_TOOLS_CMD_H
 #define DT_TOOLS_CMD_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dtrain/plan.h"
 
 int dt_cmd_info(int argc, char **argv);
 int dt_cmd_train(int argc, char **argv);
@@ -17,6 +22,7 @@ int dt_cmd_tokenize(int argc, char **argv);
 int dt_cmd_ckpt(int argc, char **argv);
 int dt_cmd_pipeline(int argc, char **argv);
 int dt_cmd_trace(int argc, char **argv);
+int dt_cmd_plan(int argc, char **argv);
 /* dtrain trace plot (tools/trace_plot.c). */
 int dt__trace_plot(int argc, char **argv);
 
@@ -26,6 +32,21 @@ int dt__trace_plot(int argc, char **argv);
  * complete or absent). Returns 0, or 1 after one line naming `who`. */
 char *dt__gnuplot_find(void);
 int dt__gnuplot_run(const char *who, const char *dir, const char *out);
+
+/* The planner's CLI pieces (tools/cmd_plan.c), shared by dtrain plan and
+ * dtrain train --plan auto: "4G"-style bytes (0 when malformed); the
+ * calibration for (model, seq, dtype) from the cache file (file, else the
+ * cache directory), measured and cached when absent or fresh (progress on
+ * stderr unless quiet; returns 0, or the exit code after one line naming
+ * who); one row of the ranking as JSON or a table line, and the table's
+ * header. */
+double dt__plan_parse_bytes(const char *s);
+int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
+                       bool quiet, dt_plan_calib *c);
+void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n);
+void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank);
+void dt__plan_row_text(FILE *f, const dt_plan_prediction *r, int rank);
+void dt__plan_table_head(FILE *f);
 
 /* Benchmark suites under `dtrain bench`, one file each (tools/bench_*.c). */
 int dt_bench_step(int argc, char **argv);

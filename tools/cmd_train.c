@@ -1754,6 +1754,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     }
     if (restart > 0)
         g_kill_step = 0;
+    if (t->o.plan && !eval_ckpt && (rc = dt__train_plan_auto(&t->o)))
+        goto out;
     if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
         goto out;
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
@@ -1986,6 +1988,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     }
     if ((rc = measure(t)))
         goto out;
+    if (t->metrics_open) /* the planner's prediction for this layout, beside the measured figures */
+        dt__train_predict(&t->o, t->ddp.world, t->ddp.tp > 1 ? t->ddp.tp : 1, t->ddp.pp > 1 ? t->ddp.pp : 1,
+                          t->ddp.stage, &t->measured.predicted_peak_rss_bytes, &t->measured.predicted_step_ms);
     dt_trainer_free(t->tr); /* writes this rank's timeline (--trace) */
     t->tr = NULL;
     if ((rc = trace_merge(t)))

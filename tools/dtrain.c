@@ -23,6 +23,7 @@ static const dt_command commands[] = {
     {"tokenize", dt_cmd_tokenize, "byte-level BPE: train a vocab, text -> token file (dtrain tokenize --help)"},
     {"ckpt", dt_cmd_ckpt, "checkpoints: dtrain ckpt {info,verify,convert} SRC (dtrain ckpt --help)"},
     {"trace", dt_cmd_trace, "read a timeline of dtrain train --trace: dtrain trace {summary,plot} FILE"},
+    {"plan", dt_cmd_plan, "rank the layouts of a model on N ranks by predicted time within memory (dtrain plan --help)"},
     {"pipeline", dt_cmd_pipeline, "print a pipeline schedule's action table: dtrain pipeline show --schedule 1f1b -p 4 -m 8"},
     {"info", dt_cmd_info, "version, build options, compute library, CPU features"},
 };

@@ -61,6 +61,8 @@ typedef struct dt__train_opts {
     int64_t n_layer, n_head, n_embd, block_size, vocab_size; /* 0 = the named configuration's */
     double dropout;           /* default 0 */
     bool act_ckpt;            /* activation checkpointing of every GPT2Block */
+    const char *plan;         /* NULL | "auto": the planner picks the layout (dt_plan_search) */
+    const char *layout_flag;  /* the first layout flag given on the command line ("--tp"), NULL none */
     int64_t sample_every;     /* print a generated sample every N steps (0 = never) */
     int64_t sample_tokens;    /* its length, default 64 */
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
@@ -136,6 +138,18 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o);
 /* The cross-option checks of dt__train_parse (again after a config filled
  * the options). Returns 0 or 2 after printing one line. */
 int dt__train_check(dt__train_opts *o);
+/* --plan auto (tools/train_plan.c): the planner's layout for the ranks the
+ * environment gives, into o's layout fields (dp, tp, pp, zero, batch,
+ * micro_batches, grad_accum, act_ckpt), checked again; rank 0 prints the
+ * choice and the runner-up. Before the process group and before any
+ * parallel region (the calibration may run in a child). Returns 0 or the
+ * exit code (2: no layout fits, bad input). */
+int dt__train_plan_auto(dt__train_opts *o);
+/* The planner's prediction for a run of o with these degrees: *rss (peak
+ * resident bytes per rank) and *step_ms, both 0 when the planner does not
+ * know the model (not a GPT-2 zoo model as named) or DT_PLAN_PREDICT=0.
+ * Calibrates in this process when the cache has no figures. Returns 0. */
+int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_stage, double *rss, double *step_ms);
 /* train_config.c: the config of --config FILE (if any), the flags given
  * on the command line over it, AIAK_* over both (src/config/); then the
  * options the command reads (batch, accumulation, stage, precision, ...)
@@ -222,12 +236,16 @@ dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3
 /* What a run measured, for the end record (the planner's error shows
  * beside it): the largest peak resident set of any rank (VmHWM, bytes) and
  * the median optimizer-step time (ms, rank 0's clock; data loading not
- * included). */
+ * included); and what the planner predicted for the run's layout
+ * (dt_plan_predict; 0: no prediction, e.g. a model the planner does not
+ * know). */
 typedef struct dt__metrics_measured {
     double peak_rss_bytes, step_ms;
+    double predicted_peak_rss_bytes, predicted_step_ms;
 } dt__metrics_measured;
 /* status: "ok" | "interrupted" | "failed"; step: the global step reached;
- * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms". */
+ * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms",
+ * then "predicted_peak_rss_bytes" and "predicted_step_ms". */
 dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
                             const dt__metrics_measured *me);
 /* s as a JSON string literal with its quotes ("null" if it does not fit in n). */

@@ -155,6 +155,12 @@ static const opt_def opts[] = {
      "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
+    {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
+     "GPT-2 zoo models: the planner (dtrain plan) picks dp x tp x pp, the ZeRO stage, micro-batches, gradient "
+     "accumulation and activation checkpointing for the ranks started, keeping the global batch of --batch x "
+     "ranks, within MemTotal / ranks (DT_PLAN_MEM_PER_RANK=BYTES for less); prints the chosen layout and the "
+     "runner-up. Not with a layout flag (--dp --tp --pp --zero --fsdp --micro-batches --grad-accum "
+     "--activation-checkpointing --offload)"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
      "ZeRO stage: 0 = DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters (built lazily: "
      "no rank holds the whole model); default 0"},
@@ -607,6 +613,11 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         int rc = set_value(d, val, o);
         if (rc)
             return rc;
+        static const char *const layout[] = {"dp", "tp", "pp", "zero", "fsdp", "micro-batches", "grad-accum",
+                                             "activation-checkpointing", "offload"};
+        for (size_t k = 0; k < sizeof layout / sizeof layout[0] && !o->layout_flag; k++)
+            if (!strcmp(d->name, layout[k]))
+                o->layout_flag = layout[k];
     }
     if (o->betas) { /* "B1,B2", each in [0, 1) (torch's betas) */
         char *e1 = NULL, *e2 = NULL;
@@ -637,6 +648,21 @@ int dt__train_check(dt__train_opts *o)
 {
     /* Cross-field checks. */
     const bool lm = strcmp(o->model, "convnet") && strcmp(o->model, "mlp");
+    if (o->plan && o->layout_flag) {
+        dt__cli_err("dtrain train: --plan auto and --%s: the planner chooses the layout; give one of the two\n",
+                    o->layout_flag);
+        return 2;
+    }
+    if (o->plan && o->config) {
+        dt__cli_err("dtrain train: --plan auto and --config: a config sets the layout itself (its zero_optimization, "
+                    "pipeline and dtrain degrees); give one of the two\n");
+        return 2;
+    }
+    if (o->plan && (strncmp(o->model, "gpt2", 4) && strcmp(o->model, "gpt-mini") && strcmp(o->model, "gpt-micro"))) {
+        dt__cli_err("dtrain train: --plan auto plans GPT-2 zoo models (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                    "gpt-mini, gpt-micro), not --model %s\n", o->model);
+        return 2;
+    }
     if (lm && (!o->data || !lm_data_spec(o->data))) {
         dt__cli_err("dtrain train: --model %s trains on token files or text: give --data tokens:FILE (an llm.c "
                     "token file; dtrain tokenize makes one), text:FILE or jsonl:FILE with --tokenizer\n", o->model);

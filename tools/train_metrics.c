@@ -251,9 +251,14 @@ dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, in
 {
     dt_status st = DT_OK;
     if (m->f) {
-        char extra[128] = "";
+        char extra[256] = "";
+        size_t k = 0;
         if (me && me->peak_rss_bytes > 0 && me->step_ms > 0)
-            snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f", me->peak_rss_bytes, me->step_ms);
+            k = (size_t)snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f",
+                                 me->peak_rss_bytes, me->step_ms);
+        if (me && me->predicted_peak_rss_bytes > 0 && me->predicted_step_ms > 0 && k < sizeof extra)
+            snprintf(extra + k, sizeof extra - k, ",\"predicted_peak_rss_bytes\":%.0f,\"predicted_step_ms\":%.3f",
+                     me->predicted_peak_rss_bytes, me->predicted_step_ms);
         st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d%s",
                                status, (long long)step, exit_code, extra);
         dt_status cs = dt_file_close(m->f);

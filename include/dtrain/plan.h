@@ -204,6 +204,182 @@ DT_API bool dt_plan_is_main(const dt_plan *pl);
  * when it made it. NULL is a no-op. */
 DT_API void dt_plan_free(dt_plan *pl);
 
+/* ---- prediction: which layout to run (src/plan/predict.c, search.c) -------------
+ *
+ * dt_plan_search answers "which dp x tp x pp x ZeRO x micro-batches x
+ * recomputation should I run on N ranks within M bytes per rank": it
+ * enumerates the layouts of a GPT-2 zoo model for a global batch, predicts
+ * each one's peak resident memory per rank and its step time, ranks the
+ * feasible ones by time and gives each infeasible one its reason.
+ *
+ * The prediction rests on a calibration of this machine (dt_plan_calibrate:
+ * a few seconds, cacheable with dt_plan_calib_save/load):
+ *   - the model's own units, run for real: a 1-block and a 2-block copy of
+ *     the model (same width, heads, vocabulary, sequence) each take a
+ *     training forward + loss + backward on one sample, with and without
+ *     activation checkpointing; the difference of the two is one block, the
+ *     rest the embeddings, head and loss. Per token: core-seconds of compute
+ *     (the process's CPU time) and activation bytes (the autograd arena's
+ *     peak), and the parameter count of a block and of the rest;
+ *   - an AdamW step over the 1-block model's parameters (core-seconds per
+ *     parameter), a GEMM's rate (flop/s, reported), memcpy bandwidth, and
+ *     the process's resident set before any model (the baseline: the
+ *     program, its libraries, oneDNN's and OpenMP's state);
+ *   - the collective bus bandwidth and latency of a group, measured with
+ *     dt_plan_calibrate_comm over a group when one is given (else the
+ *     shared-memory estimate: half the memcpy bandwidth, 20 us a call).
+ *
+ * Memory per rank = baseline + model state (dt_mem_model_states over the
+ * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
+ * the gathered units (ZeRO-2: two units' gradients; ZeRO-3: a unit's
+ * parameters and gradients and the next one's parameters) + what the
+ * strategies hold beyond the formula (buffer_bytes below: the peers'
+ * shared-memory pages a rank reads, and ZeRO-1/2's whole parameter and
+ * gradient buffers kept beside the model's own) + activations of the
+ * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
+ * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
+ * tokens, split over tp and pp, the pipeline bubble (pp - 1) / m, ranks
+ * sharing the machine's cores when there are more ranks than cores) +
+ * collectives (ring volumes over the measured bandwidth plus a latency per
+ * call) + the optimizer step over the rank's shard.
+ *
+ * Usage:
+ *     dt_plan_calib c;
+ *     if (dt_plan_calib_load(path, "gpt2", 128, DT_F32, &c) < 0) {   // not cached yet
+ *         dt_plan_calibrate("gpt2", 128, DT_F32, &c);                // seconds
+ *         dt_plan_calib_save(&c, path);
+ *     }
+ *     dt_plan_search_params sp = dt_plan_search_params_default();
+ *     sp.world = 4; sp.global_batch = 16; sp.mem_per_rank = 4ull << 30;
+ *     dt_plan_prediction *rows; int n;
+ *     dt_plan_search(&sp, &c, &rows, &n);       // feasible first, fastest first
+ *     ... rows[0].layout is the choice ...
+ *     dt_free(rows);
+ */
+
+/* What the calibration measured (per token: one position of one sample). */
+typedef struct dt_plan_calib {
+    char model[32];           /* the zoo model ("gpt2") */
+    int64_t seq;              /* tokens per sample it was measured at */
+    dt_dtype dtype;           /* parameter dtype it ran in (DT_F32, DT_BF16) */
+    int threads;              /* threads the calibration ran with */
+    int cores;                /* cores of the machine (online CPUs this process may use) */
+    int64_t n_layer, n_head, n_embd, vocab; /* the full model's shape */
+    double numel_block;       /* parameters of one block */
+    double numel_fixed;       /* the rest (embeddings, final norm; the head is tied) */
+    double fb_block_s;        /* core-seconds per token of one block's forward + backward */
+    double fb_fixed_s;        /* the same for the embeddings, head and loss */
+    double fb_block_ckpt_s;   /* one block with activation checkpointing (forward run twice) */
+    double act_block;         /* activation bytes per token kept by one block */
+    double act_fixed;         /* the embeddings, head and loss (the logits) */
+    double act_block_ckpt;    /* one checkpointed block (its input only) */
+    double optim_s;           /* core-seconds of an AdamW step per parameter */
+    double matmul_flops;      /* a GEMM's rate on this process's threads, flop/s */
+    double copy_bw;           /* memcpy bandwidth, bytes/s (one thread) */
+    double coll_bw;           /* collective bus bandwidth, bytes/s */
+    double coll_lat_s;        /* seconds per collective call */
+    int coll_measured;        /* ranks of the group coll_bw was measured on; 0: the memcpy estimate */
+    double base_rss;          /* resident bytes of the process before any model */
+} dt_plan_calib;
+
+/* Measure this machine for zoo model `model` (a GPT-2 zoo name: "gpt2",
+ * "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-mini", "gpt-micro") at seq
+ * tokens per sample (0: 128, at most the model's positions) in parameter
+ * dtype dtype (DT_F32 or DT_BF16): builds and runs small copies of the model
+ * (one and two blocks), so it allocates about 12 bytes per embedding
+ * parameter for a moment and takes seconds. Not collective. Errors:
+ * DT_ERR_UNSUPPORTED for a model that is not a GPT-2 zoo model (named),
+ * DT_ERR_INVALID_ARG for seq or dtype, a model's own errors. */
+DT_API dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out);
+/* Measure the collective bandwidth and latency of group g into c (all-
+ * reduce of 4 bytes for the latency, of 8 MiB for the bus bandwidth: the
+ * slowest rank's time, agreed by every rank). Collective over g. */
+DT_API dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c);
+/* Write c to path as "key value" lines (temp file + rename: complete or
+ * absent; a symlink at path is an error). DT_ERR_IO naming the path. */
+DT_API dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path);
+/* Read a calibration saved by dt_plan_calib_save that matches model, seq,
+ * dtype and this machine's cores: DT_ERR_NOT_FOUND when the file is absent
+ * or was measured for something else (then calibrate), DT_ERR_FORMAT for a
+ * damaged file (named). */
+DT_API dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, dt_dtype dtype,
+                                    dt_plan_calib *out);
+
+/* One layout of a run. */
+typedef struct dt_plan_layout {
+    int dp, tp, pp;           /* degrees; dp x tp x pp = the world */
+    int zero_stage;           /* 0 (DDP) .. 3; with tp or pp > 1: 0 or 1 */
+    bool hybrid;              /* ZeRO-3 sharded within each machine only (FSDP HYBRID_SHARD) */
+    int64_t batch;            /* samples per rank per forward (--batch; with pp: the whole batch a
+                                 replica splits into micro_batches) */
+    int micro_batches;        /* pipeline micro-batches (pp > 1), else 1 */
+    int grad_accum;           /* forwards per optimizer step (--grad-accum) */
+    bool act_ckpt;            /* activation checkpointing of every block */
+    bool offload;             /* optimizer state offloaded to NVMe (ZeRO >= 1, no tp/pp) */
+    int64_t wrap_min_params;  /* ZeRO-2/3 units (dt_zero_params.wrap_min_params): a module reaching this
+                                 many parameters is its own unit; 0: the whole model is one unit (then
+                                 the gathered unit is the whole model). The search sets one block's
+                                 parameters */
+} dt_plan_layout;
+
+/* What dt_plan_search is asked. */
+typedef struct dt_plan_search_params {
+    int world;                /* ranks (>= 1) */
+    int ranks_per_machine;    /* 0: all on one machine (= world) */
+    int cores;                /* cores the ranks of one machine share; 0: the calibration's */
+    int64_t global_batch;     /* samples per optimizer step over all replicas; 0: world x 2 */
+    size_t mem_per_rank;      /* bytes one rank may use; 0: no limit */
+    bool offload_dir;         /* an NVMe directory is available for offload (else those layouts are
+                                 infeasible, with that reason); default false */
+    int max_grad_accum;       /* largest gradient accumulation tried; default 8 */
+    dt_optim_kind optimizer;  /* the optimizer's state (offload.h's model) and its step's time, scaled
+                                 from the measured AdamW step by the bytes it streams (SGD 3 of
+                                 AdamW's 7 streams, with momentum 5); default DT_OPTIM_ADAMW */
+    bool sgd_momentum;        /* DT_OPTIM_SGD with momentum */
+} dt_plan_search_params;
+/* world 1, one machine, no memory limit, global batch 0 (world x 2), AdamW. */
+DT_API dt_plan_search_params dt_plan_search_params_default(void);
+
+/* One layout and what it is predicted to cost. */
+typedef struct dt_plan_prediction {
+    dt_plan_layout layout;
+    double mem_bytes;         /* peak resident bytes of the busiest rank */
+    double state_bytes;       /* of which model state (parameters, gradients, optimizer, masters) */
+    double gathered_bytes;    /* of which ZeRO-2/3's largest gathered unit */
+    double buffer_bytes;      /* of which the strategies' buffers beyond the formula: with the
+                                 shared-memory transport a rank's resident set also counts the pages of
+                                 the peers' buffers it reads ((dp - 1)/dp of them: DDP's gradients,
+                                 ZeRO-1's parameters and gradients, ZeRO-2's parameters), and ZeRO-1/2
+                                 keep the units' whole parameters and gradients beside the model's own */
+    double act_bytes;         /* of which activations */
+    double base_bytes;        /* of which the process baseline */
+    double step_s;            /* predicted seconds per optimizer step */
+    double compute_s, bubble_s, comm_s, optim_s; /* its parts (bubble: idle in the pipeline) */
+    bool feasible;
+    char reason[200];         /* why not (feasible: "") */
+} dt_plan_prediction;
+
+/* The prediction for layout l of p's world with calibration c into *out
+ * (out->feasible false with the reason for a layout that breaks a rule or
+ * exceeds p->mem_per_rank; DT_ERR_INVALID_ARG only for arguments that make
+ * no prediction possible: NULLs, world < 1). */
+DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c, const dt_plan_layout *l,
+                                 dt_plan_prediction *out);
+
+/* Every layout of p (dp x tp x pp = world, tp dividing the heads, pp at
+ * most the blocks; ZeRO 0-3 and hybrid; batch split into gradient
+ * accumulation (1, 2, 4, ... up to max_grad_accum) or pipeline micro-
+ * batches (pp .. 4 pp, dividing the replica's samples); checkpointing off
+ * and on; offload off and on), predicted: *out (malloc'd; dt_free) holds *n
+ * rows, the feasible ones first by step time (ties: less memory), then the
+ * infeasible ones by memory. DT_ERR_INVALID_ARG when the global batch is
+ * not a multiple of... nothing: a batch no layout divides only yields
+ * infeasible rows. */
+DT_API dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c, dt_plan_prediction **out,
+                                int *n);
+/* A layout as text: "dp2 tp1 pp2 zero1 mb4x2 ga1 ckpt" (buf of n bytes). */
+DT_API const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,435 @@
+/* The planner's calibration (plan.h, dt_plan_calibrate): what this machine
+ * costs for one model, measured in a few seconds.
+ *
+ * Why small copies of the model: the full model (a 774M-parameter GPT-2
+ * needs 12 GB of model state) may not fit in one process, and its blocks
+ * are all alike. A copy with one block and one with two blocks, each of the
+ * full width, heads, vocabulary and sequence, run a training forward + loss
+ * + backward on one sample; the difference is one block, the one-block run
+ * less that block is the rest (embeddings, final norm, tied head and the
+ * cross-entropy). The activation bytes are the autograd arena's peak (what
+ * the trainer's context keeps resident); the compute is the process's CPU
+ * time (core-seconds: a rank with fewer cores scales, and load from other
+ * processes on shared cores stays out of the cached figures). Each run is
+ * taken twice after a warm-up and the faster kept. The predicted step is
+ * therefore the step of a machine this run has to itself.
+ *
+ * The collective model without a group is a guess stated as one: the
+ * shared-memory transport copies a byte into and out of the shared
+ * segment, so half the memcpy bandwidth, and 20 us per call. A group
+ * measures its own (dt_plan_calibrate_comm). */
+#include "dtrain/plan.h"
+
+#include "dtrain/autograd.h"
+#include "dtrain/models.h"
+#include "dtrain/optim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* VmRSS of this process in bytes (0 if unknown). */
+static double rss_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    double v = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) {
+            v = (double)kb * 1024;
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+static int online_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* The threads a kernel of this process uses: OMP_NUM_THREADS, else the cores. */
+static int process_threads(int cores)
+{
+    const char *e = getenv("OMP_NUM_THREADS");
+    int t = e && *e ? atoi(e) : 0;
+    return t >= 1 && t <= cores ? t : cores;
+}
+
+/* One run's measurements. */
+typedef struct {
+    double fb_s, act, fb_ckpt_s, act_ckpt, numel;
+} run_meas;
+
+/* CPU seconds this process has used, every thread: core-seconds, which
+ * other processes' load on shared cores does not inflate (wall time would:
+ * a calibration taken at a busy moment would be cached as this machine's
+ * speed for good). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec : 0;
+}
+
+/* forward + loss + backward of one sample on a fresh context: core-seconds and the arena's peak. */
+static dt_status fwd_bwd(dt_model *m, const dt_model_desc *d, const int64_t *tok, int64_t T, double *sec,
+                         double *peak)
+{
+    dt_ctx_params cp = dt_ctx_params_default();
+    dt_ctx *ctx = NULL;
+    dt_status st = dt_ctx_init(&cp, &ctx);
+    if (st < 0)
+        return st;
+    int64_t shape[2] = {1, T};
+    double t0 = cpu_s();
+    dt_tensor *x = dt_tensor_from(ctx, DT_I64, 2, shape, tok);
+    dt_tensor *y = dt_tensor_from(ctx, DT_I64, 2, shape, tok + 1);
+    dt_tensor *out = x && y ? dt_model_forward(ctx, m, x) : NULL;
+    dt_tensor *loss = out ? dt_model_desc_loss(ctx, d, out, y) : NULL;
+    st = loss ? dt_backward(ctx, loss) : dt_error(DT_ERR_NO_MEMORY, "dt_plan_calibrate: a forward of %s failed: %s",
+                                                     d->name, dt_last_error());
+    *sec = cpu_s() - t0;
+    *peak = (double)dt_arena_peak(dt_ctx_arena(ctx));
+    dt_ctx_free(ctx);
+    return st;
+}
+
+/* The best of two timed runs after a warm-up; the arena peak of the last. */
+static dt_status measure(dt_model *m, const dt_model_desc *d, const int64_t *tok, int64_t T, double *sec, double *act)
+{
+    double best = INFINITY, s, pk = 0;
+    for (int r = 0; r < 3; r++) {
+        dt_status st = fwd_bwd(m, d, tok, T, &s, &pk);
+        if (st < 0)
+            return st;
+        if (r > 0 && s < best)
+            best = s;
+    }
+    *sec = best, *act = pk;
+    return DT_OK;
+}
+
+static dt_status run_copy(const char *model, int64_t layers, int64_t T, dt_dtype dtype, const int64_t *tok,
+                          run_meas *out)
+{
+    dt_model_config mc = dt_model_config_default();
+    mc.n_layer = layers;
+    mc.seq = T;
+    mc.build.param_dtype = dtype;
+    dt_model *m = NULL;
+    dt_model_desc d;
+    dt_status st = dt_model_create(model, 1, &mc, &m, &d);
+    if (st < 0)
+        return st;
+    dt_model_train(m, true);
+    out->numel = (double)dt_model_param_count(m);
+    st = measure(m, &d, tok, T, &out->fb_s, &out->act);
+    if (st >= 0) {
+        dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+        st = dt_model_desc_checkpoint(m, &d, &ap, NULL);
+        if (st >= 0)
+            st = measure(m, &d, tok, T, &out->fb_ckpt_s, &out->act_ckpt);
+    }
+    dt_model_free(m);
+    return st;
+}
+
+/* Core-seconds per parameter of an AdamW step over model m's f32 parameters. */
+static dt_status time_optim(dt_model *m, double *per_param)
+{
+    const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+    if (!P || !G || !P->base || !G->base || !P->total)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: the model has no f32 parameters to time AdamW on");
+    dt_model_grads_materialize(m);
+    dt_optim_range r = {.params = P, .grads = G, .lo = 0, .hi = P->total};
+    dt_adam_params ap = dt_adamw_params_default();
+    dt_optim *o = NULL;
+    dt_status st = dt_optim_adamw_init(&ap, &r, 1, &o);
+    if (st < 0)
+        return st;
+    double best = INFINITY;
+    for (int i = 0; i < 3 && st >= 0; i++) {
+        double t0 = cpu_s();
+        st = dt_optim_step(o);
+        double s = cpu_s() - t0;
+        if (i > 0 && s < best)
+            best = s;
+    }
+    dt_optim_free(o);
+    *per_param = best / (double)P->total;
+    return st;
+}
+
+/* flop/s of a [256 x C] x [C x C] product, the block's shape. */
+static double time_matmul(int64_t C)
+{
+    dt_ctx_params cp = dt_ctx_params_default();
+    dt_ctx *ctx = NULL;
+    if (dt_ctx_init(&cp, &ctx) < 0)
+        return 0;
+    int64_t sa[2] = {256, C}, sb[2] = {C, C};
+    dt_tensor *a = dt_tensor_zeros(ctx, DT_F32, 2, sa), *b = dt_tensor_zeros(ctx, DT_F32, 2, sb);
+    double best = INFINITY;
+    bool was = dt_ag_set_enabled(ctx, false);
+    for (int i = 0; i < 4 && a && b; i++) {
+        dt_arena_pos pos = dt_arena_mark(dt_ctx_arena(ctx));
+        double t0 = dt_time_s();
+        dt_tensor *c = dt_matmul(ctx, a, b);
+        double s = dt_time_s() - t0;
+        if (!c)
+            break;
+        if (i > 0 && s < best)
+            best = s;
+        dt_arena_rewind(dt_ctx_arena(ctx), pos);
+    }
+    dt_ag_set_enabled(ctx, was);
+    dt_ctx_free(ctx);
+    return isfinite(best) && best > 0 ? 2.0 * 256 * (double)C * (double)C / best : 0;
+}
+
+/* One thread's memcpy bandwidth over 64 MiB, bytes/s. */
+static double time_copy(void)
+{
+    size_t n = 64u << 20;
+    char *a = dt_alloc(n), *b = dt_alloc(n);
+    double best = INFINITY;
+    if (a && b) {
+        memset(a, 1, n), memset(b, 2, n);
+        for (int i = 0; i < 3; i++) {
+            double t0 = dt_time_s();
+            memcpy(b, a, n);
+            double s = dt_time_s() - t0;
+            if (s < best)
+                best = s;
+        }
+    }
+    dt_free(a), dt_free(b);
+    return isfinite(best) && best > 0 ? (double)n / best : 1e9;
+}
+
+dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out)
+{
+    if (!model || !out)
+        return dt_error(DT_ERR_NULL, "dt_plan_calibrate: NULL argument");
+    dt_gpt2_config g;
+    if (dt_gpt2_config_by_name(model, &g) < 0)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_plan_calibrate: model '%s' is not a GPT-2 zoo model (the planner "
+                        "knows gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-mini, gpt-micro)", model);
+    if (seq == 0)
+        seq = g.block_size < 128 ? g.block_size : 128;
+    if (seq < 2 || seq > g.block_size)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: seq %lld for %s (2..%lld, its positions)",
+                        (long long)seq, model, (long long)g.block_size);
+    if (dtype != DT_F32 && dtype != DT_BF16)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: dtype %s (f32 or bf16)", dt_dtype_name(dtype));
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model, sizeof c.model, "%s", model);
+    c.seq = seq, c.dtype = dtype;
+    c.cores = online_cores();
+    c.threads = process_threads(c.cores);
+    c.n_layer = g.n_layer, c.n_head = g.n_head, c.n_embd = g.n_embd, c.vocab = g.vocab_size;
+    c.base_rss = rss_now();
+
+    int64_t *tok = malloc(sizeof *tok * (size_t)(seq + 1));
+    if (!tok)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calibrate: %lld tokens", (long long)seq);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i <= seq; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int64_t)((s >> 33) % (uint64_t)g.vocab_size);
+    }
+    run_meas one, two;
+    dt_status st = run_copy(model, 1, seq, dtype, tok, &one);
+    if (st >= 0)
+        st = run_copy(model, 2, seq, dtype, tok, &two);
+    free(tok);
+    if (st < 0)
+        return st;
+    const double th = 1, T = (double)seq; /* the times are core-seconds already */
+#define POS(v) ((v) > 0 ? (v) : 0)
+    c.numel_block = two.numel - one.numel;
+    c.numel_fixed = POS(one.numel - c.numel_block);
+    c.fb_block_s = POS(two.fb_s - one.fb_s) * th / T;
+    c.fb_fixed_s = POS(one.fb_s * th / T - c.fb_block_s);
+    c.fb_block_ckpt_s = POS(two.fb_ckpt_s - one.fb_ckpt_s) * th / T;
+    if (c.fb_block_ckpt_s < c.fb_block_s * 4 / 3) /* it runs the forward again: a third of forward + backward
+                                                      by FLOPs (2 of 6 per parameter); less is noise */
+        c.fb_block_ckpt_s = c.fb_block_s * 4 / 3;
+    c.act_block = POS(two.act - one.act) / T;
+    c.act_fixed = POS(one.act / T - c.act_block);
+    c.act_block_ckpt = POS(two.act_ckpt - one.act_ckpt) / T;
+#undef POS
+
+    /* the optimizer, on an f32 one-block copy */
+    dt_model_config mc = dt_model_config_default();
+    mc.n_layer = 1, mc.seq = seq;
+    dt_model *m = NULL;
+    if ((st = dt_model_create(model, 1, &mc, &m, NULL)) < 0)
+        return st;
+    st = time_optim(m, &c.optim_s);
+    dt_model_free(m);
+    if (st < 0)
+        return st;
+    c.matmul_flops = time_matmul(g.n_embd);
+    c.copy_bw = time_copy();
+    c.coll_bw = c.copy_bw / 2;
+    c.coll_lat_s = 20e-6;
+    *out = c;
+    return DT_OK;
+}
+
+dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
+{
+    if (!g || !c)
+        return dt_error(DT_ERR_NULL, "dt_plan_calibrate_comm: NULL argument");
+    int n = dt_pg_size(g);
+    if (n < 2)
+        return DT_OK; /* nothing to measure: keep the estimate */
+    size_t big = (8u << 20) / sizeof(float);
+    float *buf = dt_alloc(big * sizeof(float));
+    if (!buf)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calibrate_comm: 8 MiB");
+    memset(buf, 0, big * sizeof(float));
+    double t[2] = {INFINITY, INFINITY};
+    dt_status st = DT_OK;
+    for (int k = 0; k < 2 && st >= 0; k++) {
+        size_t cnt = k ? big : 1;
+        int reps = k ? 3 : 20;
+        for (int r = 0; r <= reps && st >= 0; r++) {
+            double t0 = dt_time_s();
+            st = dt_pg_allreduce(g, buf, buf, cnt, DT_F32, DT_REDUCE_SUM);
+            double s = dt_time_s() - t0;
+            if (r > 0 && s < t[k])
+                t[k] = s;
+        }
+    }
+    double agree[2] = {t[0], t[1]};
+    if (st >= 0)
+        st = dt_pg_allreduce(g, agree, agree, 2, DT_F64, DT_REDUCE_MAX);
+    dt_free(buf);
+    if (st < 0)
+        return st;
+    c->coll_lat_s = agree[0];
+    double busy = agree[1] - agree[0];
+    c->coll_bw = busy > 0 ? (double)(big * sizeof(float)) * 2.0 * (n - 1) / n / busy : c->coll_bw;
+    c->coll_measured = n;
+    return DT_OK;
+}
+
+/* ---- the cache file: "key value" lines ---- */
+
+#define CALIB_FIELDS(X)                                                                                              \
+    X(n_layer, "%lld", (long long), int64_t) X(n_head, "%lld", (long long), int64_t)                                 \
+    X(n_embd, "%lld", (long long), int64_t) X(vocab, "%lld", (long long), int64_t)                                   \
+    X(threads, "%d", (int), int) X(numel_block, "%.17g", (double), double) X(numel_fixed, "%.17g", (double), double) \
+    X(fb_block_s, "%.17g", (double), double) X(fb_fixed_s, "%.17g", (double), double)                                \
+    X(fb_block_ckpt_s, "%.17g", (double), double) X(act_block, "%.17g", (double), double)                            \
+    X(act_fixed, "%.17g", (double), double) X(act_block_ckpt, "%.17g", (double), double)                             \
+    X(optim_s, "%.17g", (double), double) X(matmul_flops, "%.17g", (double), double)                                 \
+    X(copy_bw, "%.17g", (double), double) X(coll_bw, "%.17g", (double), double)                                      \
+    X(coll_lat_s, "%.17g", (double), double) X(coll_measured, "%d", (int), int)                                      \
+    X(base_rss, "%.17g", (double), double)
+
+dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
+{
+    if (!c || !path)
+        return dt_error(DT_ERR_NULL, "dt_plan_calib_save: NULL argument");
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
+        return dt_error(DT_ERR_IO, "planner calibration '%s' is a symbolic link; not followed", path);
+    size_t n = strlen(path) + 16;
+    char *tmp = malloc(n);
+    if (!tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calib_save");
+    snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        free(tmp);
+        return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
+    }
+    fprintf(f, "dtrain-plan-calib 1\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+            dt_dtype_name(c->dtype), c->cores);
+#define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
+    CALIB_FIELDS(W)
+#undef W
+    int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        free(tmp);
+        return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
+    }
+    free(tmp);
+    return DT_OK;
+}
+
+dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out)
+{
+    if (!path || !model || !out)
+        return dt_error(DT_ERR_NULL, "dt_plan_calib_load: NULL argument");
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s': %s", path, strerror(errno));
+    }
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    char line[256], key[64], val[128], dname[16] = "";
+    int version = 0, seen = 0, want = 0;
+#define C1(name, fmt, cast, type) want++;
+    CALIB_FIELDS(C1)
+#undef C1
+    long long sq = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%63s %127s", key, val) != 2)
+            continue;
+        if (!strcmp(key, "dtrain-plan-calib"))
+            version = atoi(val);
+        else if (!strcmp(key, "model"))
+            snprintf(c.model, sizeof c.model, "%.31s", val);
+        else if (!strcmp(key, "seq"))
+            sq = atoll(val);
+        else if (!strcmp(key, "dtype"))
+            snprintf(dname, sizeof dname, "%.15s", val);
+        else if (!strcmp(key, "cores"))
+            c.cores = atoi(val);
+#define R(name, fmt, cast, type)                                                                                     \
+    else if (!strcmp(key, #name)) { c.name = (type)strtod(val, NULL); seen++; }
+        CALIB_FIELDS(R)
+#undef R
+    }
+    fclose(f);
+    if (version != 1 || seen != want)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-1 file (%d of %d "
+                        "values); delete it to measure again", path, seen, want);
+    c.seq = sq;
+    c.dtype = !strcmp(dname, dt_dtype_name(DT_BF16)) ? DT_BF16 : DT_F32;
+    if (strcmp(c.model, model) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != online_cores())
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' was measured for %s, seq %lld, %s on %d cores",
+                        path, c.model, (long long)c.seq, dname, c.cores);
+    *out = c;
+    return DT_OK;
+}

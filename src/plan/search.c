@@ -1,0 +1,368 @@
+/* The planner's cost model and its search (plan.h, dt_plan_predict and
+ * dt_plan_search).
+ *
+ * Memory of the busiest rank:
+ *   baseline (measured) + model state (dt_mem_model_states over the rank's
+ *   parameters) + ZeRO-2/3's gathered units + the strategies' buffers
+ *   beyond the formula (measured on GPT-2; plan.h's buffer_bytes) +
+ *   activations. A pipeline stage holds L/pp blocks and, at either end,
+ *   the embeddings (the head is tied to them, so the last stage holds them
+ *   too); the first stage keeps up to pp micro-batches in flight under
+ *   1F1B, the last one only one, but holds the logits.
+ *
+ * Time of a step: the compute of each rank (core-seconds per token from
+ * the calibration times its tokens, the blocks split over tp and pp, the
+ * head on the last stage), stretched by the pipeline's bubble
+ * (m + pp - 1) / m, over the cores it gets: ranks share the machine's
+ * cores, so the step is at least the whole machine's work over all cores
+ * and at least the slowest rank's critical path over its own threads.
+ * Collectives add their ring volume over the bus bandwidth plus a latency
+ * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 per forward,
+ * ZeRO-3 with its all-gathers 1.5x the volume; tensor parallelism four
+ * all-reduces of the activations per block per micro-batch; the pipeline a
+ * send and a receive per micro-batch per boundary), slowed like compute
+ * when ranks outnumber cores (the shared-memory transport copies with the
+ * same CPUs). The optimizer steps the rank's shard. NVMe offload adds the
+ * state's traffic at a fixed 1 GB/s (not measured). */
+#include "dtrain/plan.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_plan_search_params dt_plan_search_params_default(void)
+{
+    dt_plan_search_params p;
+    memset(&p, 0, sizeof p);
+    p.world = 1;
+    p.max_grad_accum = 8;
+    p.optimizer = DT_OPTIM_ADAMW;
+    return p;
+}
+
+const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n)
+{
+    if (!buf || !n)
+        return "";
+    if (!l) {
+        snprintf(buf, n, "(none)");
+        return buf;
+    }
+    char mb[48];
+    if (l->pp > 1)
+        snprintf(mb, sizeof mb, "mb%lldx%d", (long long)(l->batch / (l->micro_batches ? l->micro_batches : 1)),
+                 l->micro_batches);
+    else
+        snprintf(mb, sizeof mb, "b%lld", (long long)l->batch);
+    snprintf(buf, n, "dp%d tp%d pp%d zero%d%s %s ga%d%s%s", l->dp, l->tp, l->pp, l->zero_stage,
+             l->hybrid ? " hybrid" : "", mb, l->grad_accum, l->act_ckpt ? " ckpt" : "", l->offload ? " offload" : "");
+    return buf;
+}
+
+static void infeasible(dt_plan_prediction *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void infeasible(dt_plan_prediction *o, const char *fmt, ...)
+{
+    if (!o->feasible)
+        return; /* the first reason stands */
+    o->feasible = false;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->reason, sizeof o->reason, fmt, ap);
+    va_end(ap);
+}
+
+static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c, const dt_plan_layout *l,
+                          dt_plan_prediction *out)
+{
+    if (!p || !c || !l || !out)
+        return dt_error(DT_ERR_NULL, "dt_plan_predict: NULL argument");
+    if (p->world < 1 || c->n_layer < 1 || c->seq < 1)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_predict: world %d, calibration of %lld layers at seq %lld",
+                        p->world, (long long)c->n_layer, (long long)c->seq);
+    memset(out, 0, sizeof *out);
+    out->layout = *l;
+    out->feasible = true;
+    const int dp = l->dp > 0 ? l->dp : 1, tp = l->tp > 0 ? l->tp : 1, pp = l->pp > 0 ? l->pp : 1;
+    const int m = pp > 1 && l->micro_batches > 0 ? l->micro_batches : 1, ga = l->grad_accum > 0 ? l->grad_accum : 1;
+    const int world = p->world, local = p->ranks_per_machine > 0 ? p->ranks_per_machine : world;
+    const double cores = p->cores > 0 ? p->cores : (c->cores > 0 ? c->cores : 1);
+    const double L = (double)c->n_layer, T = (double)c->seq;
+
+    /* rules of the layout itself (plan.h's) */
+    if (dp * tp * pp != world)
+        infeasible(out, "dp %d x tp %d x pp %d is %d, not the world %d", dp, tp, pp, dp * tp * pp, world);
+    if (c->n_head % tp)
+        infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
+    if (pp > c->n_layer)
+        infeasible(out, "pp %d exceeds the %lld blocks", pp, (long long)c->n_layer);
+    if ((tp > 1 || pp > 1) && l->zero_stage > 1)
+        infeasible(out, "ZeRO-%d does not combine with tensor or pipeline parallelism (0 or 1)", l->zero_stage);
+    if (l->zero_stage < 0 || l->zero_stage > 3)
+        infeasible(out, "ZeRO stage %d (0..3)", l->zero_stage);
+    if (l->hybrid && l->zero_stage != 3)
+        infeasible(out, "hybrid sharding is a ZeRO-3 (FSDP HYBRID_SHARD) layout");
+    if (l->hybrid && local >= world)
+        infeasible(out, "hybrid sharding on one machine is full sharding (listed without hybrid)");
+    if (l->offload && (l->zero_stage < 1 || tp > 1 || pp > 1))
+        infeasible(out, "optimizer offload needs ZeRO 1-3 without tp or pp");
+    if (l->offload && !p->offload_dir)
+        infeasible(out, "optimizer offload needs an NVMe directory (--offload nvme:DIR)");
+    if (pp > 1 && (m < 1 || l->batch % m))
+        infeasible(out, "batch %lld does not split into %d micro-batches", (long long)l->batch, m);
+    if (l->batch < 1)
+        infeasible(out, "batch %lld per rank", (long long)l->batch);
+    if (p->global_batch > 0 && (int64_t)dp * l->batch * ga != p->global_batch)
+        infeasible(out, "dp %d x batch %lld x grad-accum %d is not the global batch %lld", dp, (long long)l->batch, ga,
+                   (long long)p->global_batch);
+
+    /* ---- memory of the busiest rank ---- */
+    const int shard_dp = l->hybrid ? (local < dp ? local : dp) : dp; /* ranks a ZeRO state is sharded over */
+    /* stages balanced by compute: the head's cost sits on the last stage, so the others take more
+       blocks; the first holds the most parameters (its blocks, the embeddings with their optimizer
+       state), the last keeps the logits */
+    double blocks_rank = L, blocks_last = L;
+    if (pp > 1) {
+        const double bc = c->fb_block_s > 0 ? c->fb_block_s : 1;
+        blocks_rank = ceil((L * bc + c->fb_fixed_s) / pp / bc);
+        if (blocks_rank > L - (pp - 1))
+            blocks_rank = L - (pp - 1);
+        if (blocks_rank < ceil(L / pp))
+            blocks_rank = ceil(L / pp);
+        blocks_last = L - (pp - 1) * blocks_rank;
+        if (blocks_last < 1)
+            blocks_last = 1;
+    }
+    const double numel_rank = (blocks_rank * c->numel_block + c->numel_fixed) / tp;
+    dt_mem_policy mp = {.numel = (size_t)numel_rank,
+                        .world = shard_dp,
+                        .zero_stage = l->zero_stage,
+                        .optimizer = p->optimizer,
+                        .sgd_momentum = p->sgd_momentum,
+                        .param_bytes = c->dtype == DT_BF16 ? 2 : 4,
+                        .master_weights = c->dtype == DT_BF16,
+                        .offload = l->offload ? DT_OFFLOAD_NVME : DT_OFFLOAD_NONE,
+                        .offload_buffer_bytes = l->offload ? (size_t)64 << 20 : 0};
+    dt_mem_estimate e;
+    dt_status st = dt_mem_model_states(&mp, &e);
+    if (st < 0)
+        return st;
+    out->state_bytes = e.total + (c->dtype == DT_BF16 ? 4.0 * e.master / 4.0 : 0); /* bf16: f32 gradient copies */
+    const double pb = mp.param_bytes;
+    if (l->zero_stage >= 2 && shard_dp > 1) {
+        /* units: blocks grouped until they reach wrap_min_params; the embeddings (and the rest) one more */
+        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : L;
+        if (per_unit > L)
+            per_unit = L;
+        double largest = per_unit * c->numel_block;
+        if (l->wrap_min_params <= 0)
+            largest = numel_rank; /* one unit: the whole model */
+        else if (c->numel_fixed > largest)
+            largest = c->numel_fixed;
+        /* ZeRO-2: the whole gradients of two units (one being reduced, one being written); ZeRO-3 in
+           backward: a unit's whole parameters and gradients and the next unit's parameters (prefetch) */
+        out->gathered_bytes = (l->zero_stage == 3 ? 3 : 2) * pb * largest;
+    }
+    const double mb = (double)l->batch / m; /* samples per micro-batch */
+    /* tensor parallelism leaves a block's activations whole on every rank (the layer norms, residuals
+       and all-reduced outputs are full width; measured: a 2-way split kept 95% of them); the
+       vocabulary-parallel head splits the logits */
+    const double blk = l->act_ckpt ? c->act_block_ckpt : c->act_block;
+    const double one_blk = l->act_ckpt ? c->act_block : 0; /* the block being recomputed */
+    double act_first = mb * T * (pp > 1 ? (double)(pp < m ? pp : m) : 1.0) * blocks_rank * blk;
+    double act_last = mb * T * (blocks_last * blk + c->act_fixed / tp);
+    if (pp == 1)
+        act_first = 0;
+    double act = (act_first > act_last ? act_first : act_last) + mb * T * one_blk;
+    out->act_bytes = act;
+    out->base_bytes = c->base_rss;
+    /* What dtrain's strategies hold beyond the state (measured on GPT-2 124M, 2 ranks; see plan.h):
+       DDP reads the peers' shared gradient buffers (their pages count in this rank's resident set);
+       ZeRO-1 and -2 keep the model's own parameter and gradient flats beside the units' whole
+       parameters (ZeRO-1: and whole gradients, both shared), and read the peers' pages of those. */
+    const double whole_p = pb * numel_rank, whole_g = pb * numel_rank, peers = (double)(dp - 1) / dp;
+    if (pp > 1) /* the pipe strategy reduces the stages' gradients through its own buffers (measured:
+                   dp 2 x pp 2 within 1% without the term) */
+        out->buffer_bytes = 0;
+    else if (dp > 1 && l->zero_stage == 0)
+        out->buffer_bytes = peers * e.grads;
+    else if (dp > 1 && l->zero_stage == 1)
+        out->buffer_bytes = whole_p + whole_g + peers * (whole_p + whole_g);
+    else if (dp > 1 && l->zero_stage == 2)
+        out->buffer_bytes = whole_p + whole_g + peers * whole_p;
+    out->mem_bytes = out->base_bytes + out->state_bytes + out->gathered_bytes + out->buffer_bytes + out->act_bytes;
+    if (p->mem_per_rank > 0 && out->mem_bytes > (double)p->mem_per_rank)
+        infeasible(out, "needs %.2f GiB per rank (state %.2f, activations %.2f), over --mem-per-rank %.2f GiB",
+                   gib(out->mem_bytes), gib(out->state_bytes + out->gathered_bytes), gib(out->act_bytes),
+                   gib((double)p->mem_per_rank));
+
+    /* ---- time of one step ---- */
+    const double per_rank_cores = local <= cores ? cores / local : 1.0; /* threads of one rank */
+    const double samples_replica = (double)l->batch * ga;             /* per optimizer step */
+    const double fb_blk = l->act_ckpt ? c->fb_block_ckpt_s : c->fb_block_s;
+    const double replica_blocks = samples_replica * T * L * fb_blk;     /* core-seconds */
+    const double replica_fixed = samples_replica * T * c->fb_fixed_s;
+    double stage_work = (replica_blocks + replica_fixed) / pp / tp; /* stages balanced by compute */
+    if (pp > 1 && replica_fixed / tp > stage_work) /* but the head is one unit: the last stage has it whole */
+        stage_work = replica_fixed / tp;
+    const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0);
+    const double opt_params = numel_rank / (l->zero_stage >= 1 ? shard_dp : 1);
+    const double streams = p->optimizer != DT_OPTIM_SGD ? 7 : p->sgd_momentum ? 5 : 3;
+    const double opt_work = opt_params * c->optim_s * streams / 7;
+    const double machine_work = (double)dp * (replica_blocks + replica_fixed) + (double)local * opt_work;
+    const double t_compute_rank = critical / per_rank_cores, t_machine = machine_work / cores;
+    const double t_opt = opt_work / per_rank_cores;
+    double t_cmp = t_compute_rank + t_opt;
+    if (t_machine > t_cmp)
+        t_cmp = t_machine;
+    out->compute_s = stage_work / per_rank_cores;
+    out->bubble_s = (critical - stage_work) / per_rank_cores;
+    out->optim_s = t_opt;
+    if (t_machine > t_compute_rank + t_opt) /* cores are the bottleneck: the bubble is filled by others */
+        out->compute_s = t_machine - t_opt, out->bubble_s = 0;
+
+    /* collectives: bytes through the ring per rank, and calls */
+    const double bw = c->coll_bw > 0 ? c->coll_bw : 1e9, lat = c->coll_lat_s > 0 ? c->coll_lat_s : 20e-6;
+    double vol = 0, calls = 0;
+    const double grad_bytes = numel_rank * pb;
+    if (dp > 1) {
+        double ring = 2.0 * (dp - 1) / dp * grad_bytes;
+        if (l->zero_stage <= 1)
+            vol += ring, calls += 1 + blocks_rank / 4; /* buckets */
+        else if (l->zero_stage == 2)
+            vol += ring * ga, calls += ga * (blocks_rank + 2);
+        else
+            vol += 1.5 * ring * ga, calls += ga * 3 * (blocks_rank + 2);
+    }
+    const double act_mb = mb * T * (double)c->n_embd * 4.0;
+    if (tp > 1) {
+        vol += 4.0 * blocks_rank * 2.0 * (tp - 1) / tp * act_mb * m * ga;
+        calls += 4.0 * blocks_rank * m * ga;
+    }
+    if (pp > 1) {
+        vol += 2.0 * act_mb * m * ga;
+        calls += 2.0 * m * ga;
+    }
+    double t_comm = vol / bw + calls * lat;
+    if (local > cores)
+        t_comm *= local / cores;
+    if (l->offload)
+        t_comm += 2.0 * 12.0 * opt_params / 1e9;
+    out->comm_s = t_comm;
+    out->step_s = t_cmp + t_comm;
+    return DT_OK;
+}
+
+/* ---- the search ---- */
+
+typedef struct {
+    dt_plan_prediction *v;
+    int n, cap;
+} rows;
+
+static dt_status push(rows *r, const dt_plan_search_params *p, const dt_plan_calib *c, const dt_plan_layout *l)
+{
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 256;
+        dt_plan_prediction *v = dt_alloc(sizeof *v * (size_t)cap);
+        if (!v)
+            return dt_error(DT_ERR_NO_MEMORY, "dt_plan_search: %d layouts", cap);
+        if (r->n)
+            memcpy(v, r->v, sizeof *v * (size_t)r->n);
+        dt_free(r->v);
+        r->v = v, r->cap = cap;
+    }
+    return dt_plan_predict(p, c, l, &r->v[r->n++]);
+}
+
+static int cmp_rows(const void *a, const void *b)
+{
+    const dt_plan_prediction *x = a, *y = b;
+    if (x->feasible != y->feasible)
+        return x->feasible ? -1 : 1;
+    double kx = x->feasible ? x->step_s : x->mem_bytes, ky = y->feasible ? y->step_s : y->mem_bytes;
+    if (kx != ky)
+        return kx < ky ? -1 : 1;
+    /* equal times: fewer forwards per step (each has costs the model leaves out), then less memory */
+    const int fx = x->layout.grad_accum * x->layout.micro_batches, fy = y->layout.grad_accum * y->layout.micro_batches;
+    if (fx != fy)
+        return fx < fy ? -1 : 1;
+    if (x->mem_bytes != y->mem_bytes)
+        return x->mem_bytes < y->mem_bytes ? -1 : 1;
+    char bx[128], by[128]; /* a total order: every rank sorts alike */
+    return strcmp(dt_plan_layout_str(&x->layout, bx, sizeof bx), dt_plan_layout_str(&y->layout, by, sizeof by));
+}
+
+dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c, dt_plan_prediction **out, int *n)
+{
+    if (!p || !c || !out || !n)
+        return dt_error(DT_ERR_NULL, "dt_plan_search: NULL argument");
+    *out = NULL, *n = 0;
+    if (p->world < 1 || p->world > 4096)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_search: world %d (1..4096)", p->world);
+    if (p->global_batch < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_plan_search: global batch %lld", (long long)p->global_batch);
+    dt_plan_search_params q = *p;
+    if (q.global_batch == 0)
+        q.global_batch = 2 * (int64_t)q.world;
+    const int maxga = q.max_grad_accum > 0 ? q.max_grad_accum : 1;
+    rows r = {0};
+    dt_status st = DT_OK;
+    for (int tp = 1; tp <= q.world && st >= 0; tp++) {
+        if (q.world % tp)
+            continue;
+        for (int pp = 1; pp * tp <= q.world && st >= 0; pp++) {
+            if ((q.world / tp) % pp)
+                continue;
+            const int dp = q.world / tp / pp;
+            const int64_t per_replica = q.global_batch / dp;
+            for (int zero = 0; zero <= 3 && st >= 0; zero++) {
+                for (int hy = 0; hy <= (zero == 3) && st >= 0; hy++) {
+                    for (int ck = 0; ck <= 1 && st >= 0; ck++) {
+                        for (int off = 0; off <= (zero >= 1) && st >= 0; off++) {
+                            dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero_stage = zero, .hybrid = hy,
+                                                .act_ckpt = ck, .offload = off, .micro_batches = 1, .grad_accum = 1,
+                                                .wrap_min_params = zero >= 2 ? (int64_t)c->numel_block : 0};
+                            if (q.global_batch % dp) { /* the batch does not split over the replicas */
+                                l.batch = per_replica > 0 ? per_replica : 1;
+                                st = push(&r, &q, c, &l);
+                                continue;
+                            }
+                            if (pp > 1) { /* micro-batches pp, 2 pp, 4 pp (or what divides the batch) */
+                                int tried = 0;
+                                for (int mm = pp; mm <= 4 * pp && st >= 0; mm *= 2) {
+                                    if (per_replica % mm)
+                                        continue;
+                                    l.batch = per_replica, l.micro_batches = mm;
+                                    st = push(&r, &q, c, &l);
+                                    tried++;
+                                }
+                                if (!tried && st >= 0) { /* the reason names the split */
+                                    l.batch = per_replica, l.micro_batches = pp;
+                                    st = push(&r, &q, c, &l);
+                                }
+                                continue;
+                            }
+                            for (int ga = 1; ga <= maxga && st >= 0; ga *= 2) {
+                                if (per_replica % ga)
+                                    continue;
+                                l.batch = per_replica / ga, l.grad_accum = ga;
+                                st = push(&r, &q, c, &l);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (st < 0) {
+        dt_free(r.v);
+        return st;
+    }
+    qsort(r.v, (size_t)r.n, sizeof *r.v, cmp_rows);
+    *out = r.v, *n = r.n;
+    return DT_OK;
+}

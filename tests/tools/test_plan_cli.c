@@ -1,0 +1,309 @@
+/* dtrain plan and dtrain train --plan auto (tools/cmd_plan.c, train_plan.c):
+ *   - --json: one object per layout (288 for gpt-micro on 4 ranks with the
+ *     default global batch 8), ranked 1..n, with mem_per_rank_bytes,
+ *     step_ms, the layout fields, feasible and reason; the feasible first;
+ *   - a --mem-per-rank between DDP's and ZeRO-3's need (computed with the
+ *     library on the same calibration file) refuses the DDP layout naming
+ *     --mem-per-rank and keeps ZeRO-3; the table has its header;
+ *   - bad flags exit 2 with a message naming the flag;
+ *   - train --plan auto on 2 ranks (no cached calibration: the first rank
+ *     measures it, the other waits) prints the choice and the runner-up,
+ *     trains, and caches the calibration; a layout flag with --plan auto,
+ *     or a model the planner does not know, exit 2 naming both;
+ *   - the --metrics end record of a GPT run carries predicted_peak_rss_bytes
+ *     and predicted_step_ms beside peak_rss_bytes and step_ms.
+ * The calibration of the plan tests is a file the test writes (fixed
+ * numbers), so the rows are exact; DT_CACHE_DIR keeps every cache in the
+ * test's directory. */
+// dt-test-timeout: 600
+#include "test.h"
+#include "cli_util.h"
+#include "train_cli.h"
+
+#include "dtrain/plan.h"
+
+#include <cjson/cJSON.h>
+#include <sched.h>
+#include <stdint.h>
+
+static char g_calib[400];
+
+/* gpt-micro's shape with made-up costs, for this machine's cores. */
+static dt_plan_calib micro_calib(void)
+{
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model, sizeof c.model, "gpt-micro");
+    cpu_set_t set;
+    c.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    c.seq = 64, c.dtype = DT_F32, c.threads = c.cores;
+    c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.vocab = 512;
+    c.numel_block = 49984, c.numel_fixed = 36992;
+    c.fb_block_s = 2e-6, c.fb_fixed_s = 3e-6, c.fb_block_ckpt_s = 2.7e-6;
+    c.act_block = 9000, c.act_fixed = 12000, c.act_block_ckpt = 300;
+    c.optim_s = 2e-9, c.matmul_flops = 1e10, c.copy_bw = 8e9, c.coll_bw = 4e9, c.coll_lat_s = 20e-6;
+    c.base_rss = 20e6;
+    return c;
+}
+
+/* The rows of the last run's whole stdout (cli_result keeps only 64 KiB of it). */
+static int parse_lines(const char *unused, cJSON **rows, int cap)
+{
+    (void)unused;
+    static char out[1 << 20];
+    char path[400];
+    snprintf(path, sizeof path, "%s/cli.out", cli_tmpdir());
+    slurp_(path, out, sizeof out);
+    int n = 0;
+    for (const char *s = out; *s && n < cap;) {
+        const char *nl = strchr(s, '\n');
+        if (!nl)
+            return -1;
+        rows[n] = cJSON_ParseWithLength(s, (size_t)(nl - s));
+        if (!cJSON_IsObject(rows[n]))
+            return -1;
+        n++;
+        s = nl + 1;
+    }
+    return n;
+}
+
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+static cJSON *g_rows[1024];
+
+TEST(json_shape)
+{
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", "1G", "--json", "--calib",
+                        g_calib, NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    int n = parse_lines(r.out, g_rows, 1024);
+    ASSERT_EQ_INT(n, 288);
+    bool seen_infeasible = false;
+    for (int i = 0; i < n; i++) {
+        const cJSON *o = g_rows[i];
+        ASSERT_EQ_INT((int)num(o, "rank"), i + 1);
+        static const char *const keys[] = {"dp", "tp", "pp", "zero_stage", "batch", "micro_batches", "grad_accum",
+                                           "mem_per_rank_bytes", "step_ms"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            ASSERT(cJSON_IsNumber(cJSON_GetObjectItem(o, keys[k])));
+        ASSERT(cJSON_IsBool(cJSON_GetObjectItem(o, "act_ckpt")) && cJSON_IsBool(cJSON_GetObjectItem(o, "offload")) &&
+               cJSON_IsBool(cJSON_GetObjectItem(o, "hybrid")));
+        const cJSON *f = cJSON_GetObjectItem(o, "feasible"), *why = cJSON_GetObjectItem(o, "reason");
+        ASSERT(cJSON_IsBool(f) && cJSON_IsString(why));
+        ASSERT(cJSON_IsTrue(f) ? !why->valuestring[0] : why->valuestring[0] != 0);
+        if (cJSON_IsFalse(f))
+            seen_infeasible = true;
+        else
+            ASSERT(!seen_infeasible); /* feasible ones first */
+        ASSERT_EQ_INT((int)(num(o, "dp") * num(o, "tp") * num(o, "pp")), 4);
+        ASSERT(num(o, "mem_per_rank_bytes") > 20e6 && num(o, "step_ms") > 0);
+    }
+    ASSERT(seen_infeasible && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")));
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(g_rows[i]);
+}
+
+static const cJSON *row(int n, int dp, int zero, int batch, bool ck)
+{
+    for (int i = 0; i < n; i++)
+        if (num(g_rows[i], "dp") == dp && num(g_rows[i], "tp") == 1 && num(g_rows[i], "pp") == 1 &&
+            num(g_rows[i], "zero_stage") == zero && num(g_rows[i], "batch") == batch &&
+            num(g_rows[i], "grad_accum") == 1 && cJSON_IsTrue(cJSON_GetObjectItem(g_rows[i], "act_ckpt")) == ck &&
+            cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "offload")) &&
+            cJSON_IsFalse(cJSON_GetObjectItem(g_rows[i], "hybrid")))
+            return g_rows[i];
+    return NULL;
+}
+
+TEST(mem_per_rank_refuses_by_name)
+{
+    dt_plan_calib c = micro_calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4;
+    dt_plan_layout l = {.dp = 4, .tp = 1, .pp = 1, .zero_stage = 0, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_prediction ddp, z3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &l, &ddp));
+    l.zero_stage = 3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &l, &z3));
+    ASSERT(z3.mem_bytes < ddp.mem_bytes);
+    char lim[32];
+    snprintf(lim, sizeof lim, "%.0f", (ddp.mem_bytes + z3.mem_bytes) / 2);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", lim, "--json", "--calib",
+                        g_calib, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    int n = parse_lines(r.out, g_rows, 1024);
+    ASSERT_EQ_INT(n, 288);
+    const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 3, 2, false);
+    ASSERT(a && b);
+    ASSERT(cJSON_IsFalse(cJSON_GetObjectItem(a, "feasible")));
+    ASSERT_STR_CONTAINS(cJSON_GetObjectItem(a, "reason")->valuestring, "over --mem-per-rank");
+    ASSERT(cJSON_IsTrue(cJSON_GetObjectItem(b, "feasible")));
+    ASSERT_NEAR(num(a, "mem_per_rank_bytes"), ddp.mem_bytes, 1, 0);
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(g_rows[i]);
+    /* the table */
+    cli_runv(&r, 120, NULL,
+             (char *[]){"plan", "--model", "gpt-micro", "--world", "4", "--mem-per-rank", lim, "--calib", g_calib,
+                        "--all", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "288 layouts:");
+    ASSERT_STR_CONTAINS(r.out, "rank  layout");
+    ASSERT_STR_CONTAINS(r.out, "over --mem-per-rank");
+    ASSERT_STR_CONTAINS(r.out, "   1  dp");
+}
+
+TEST(bad_flags_exit_2)
+{
+    struct {
+        char *args[12];
+        const char *says;
+    } cases[] = {
+        {{"plan", "--model", "gpt-micro", NULL}, "--world N is required"},
+        {{"plan", "--world", "0", NULL}, "--world"},
+        {{"plan", "--world", "two", NULL}, "--world"},
+        {{"plan", "--world", "2", "--mem-per-rank", "12Q", NULL}, "--mem-per-rank '12Q'"},
+        {{"plan", "--world", "2", "--precision", "fp8", NULL}, "--precision 'fp8'"},
+        {{"plan", "--world", "2", "--model", "convnet", NULL}, "--model 'convnet'"},
+        {{"plan", "--world", "2", "--model", "gpt-micro", "--seq", "65", NULL}, "--seq 65"},
+        {{"plan", "--world", "2", "--global-batch", "0", NULL}, "--global-batch"},
+        {{"plan", "--world", "2", "--bogus", NULL}, "unknown option '--bogus'"},
+        {{"plan", "--world", NULL}, "--world needs a value"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 60, NULL, cases[i].args);
+        fprintf(stderr, "  case %zu: %s", i, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, cases[i].says);
+    }
+}
+
+static char g_data[400];
+
+static void write_tokens(void)
+{
+    snprintf(g_data, sizeof g_data, "tokens:%s/tok.bin", cli_tmpdir());
+    FILE *f = fopen(g_data + 7, "wb");
+    int32_t h[256] = {20240520, 1, 4000};
+    fwrite(h, sizeof h, 1, f);
+    for (int i = 0; i < 4000; i++) {
+        uint16_t t = (uint16_t)((i * 7 + i / 13) % 512);
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+static cJSON *end_record(const char *path)
+{
+    static char text[1 << 16];
+    slurp_(path, text, sizeof text);
+    char *last = NULL;
+    for (char *s = text; (s = strstr(s, "{\"event\":\"end\"")); s++)
+        last = s;
+    return last ? cJSON_Parse(last) : NULL;
+}
+
+TEST(train_plan_auto_two_ranks)
+{
+    char cache[400], m[400], calib[500];
+    snprintf(cache, sizeof cache, "%s/auto-cache", cli_tmpdir());
+    ASSERT_EQ_INT(mkdir(cache, 0755), 0);
+    setenv("DT_CACHE_DIR", cache, 1); /* empty: the ranks calibrate (one of them) */
+    snprintf(m, sizeof m, "%s/auto.jsonl", cli_tmpdir());
+    cli_result r;
+    cli_run_ranks(&r, 300, "DT_INIT_TIMEOUT=120", 2, 1,
+                  (char *const *const[]){(char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--plan",
+                                                    "auto", "--batch", "2", "--max-steps", "3", "--no-eval",
+                                                    "--metrics", m, "--progress", "none", NULL}});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "--plan auto chose dp");
+    ASSERT_STR_CONTAINS(r.err, "--plan auto runner-up dp");
+    ASSERT_EQ_INT(t_count(r.err, "--plan auto chose"), 1); /* rank 0 only */
+    snprintf(calib, sizeof calib, "%s/plan-gpt-micro-s64-f32.calib", cache);
+    ASSERT(file_exists(calib));
+    cJSON *e = end_record(m);
+    ASSERT(e != NULL);
+    ASSERT(num(e, "predicted_peak_rss_bytes") > 0 && num(e, "predicted_step_ms") > 0);
+    ASSERT(num(e, "peak_rss_bytes") > 0 && num(e, "step_ms") > 0);
+    cJSON_Delete(e);
+    setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
+}
+
+TEST(train_plan_auto_bad_combinations)
+{
+    struct {
+        char *args[16];
+        const char *says[2];
+    } cases[] = {
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto", "--tp", "2", NULL},
+         {"--plan auto and --tp", "give one of the two"}},
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--zero", "3", "--plan", "auto", NULL},
+         {"--plan auto and --zero", "give one of the two"}},
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto", "--activation-checkpointing", NULL},
+         {"--plan auto and --activation-checkpointing", ""}},
+        {{"train", "--model", "mlp", "--plan", "auto", NULL}, {"--plan auto plans GPT-2 zoo models", "mlp"}},
+        {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "manual", NULL}, {"--plan", "auto"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 60, NULL, cases[i].args);
+        fprintf(stderr, "  case %zu: %s", i, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, cases[i].says[0]);
+        ASSERT_STR_CONTAINS(r.err, cases[i].says[1]);
+    }
+}
+
+TEST(metrics_end_record_has_predictions)
+{
+    char m[400];
+    snprintf(m, sizeof m, "%s/plain.jsonl", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--batch", "2", "--max-steps", "2",
+                        "--no-eval", "--metrics", m, "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    cJSON *e = end_record(m);
+    ASSERT(e != NULL);
+    ASSERT(num(e, "peak_rss_bytes") > 0 && num(e, "step_ms") > 0);
+    ASSERT(num(e, "predicted_peak_rss_bytes") > 1e6 && num(e, "predicted_step_ms") > 0);
+    cJSON_Delete(e);
+}
+
+int main(void)
+{
+    if (!getenv("DT_CLI")) {
+        fprintf(stderr, "DT_CLI is not set\n");
+        return 1;
+    }
+    setenv("DT_CACHE_DIR", cli_tmpdir(), 1);
+    snprintf(g_calib, sizeof g_calib, "%s/micro.calib", cli_tmpdir());
+    dt_plan_calib c = micro_calib();
+    if (dt_plan_calib_save(&c, g_calib) < 0) {
+        fprintf(stderr, "%s\n", dt_last_error());
+        return 1;
+    }
+    write_tokens();
+    RUN(json_shape);
+    RUN(mem_per_rank_refuses_by_name);
+    RUN(bad_flags_exit_2);
+    RUN(train_plan_auto_two_ranks);
+    RUN(train_plan_auto_bad_combinations);
+    RUN(metrics_end_record_has_predictions);
+    int rc = TEST_REPORT();
+    cli_cleanup();
+    return rc;
+}

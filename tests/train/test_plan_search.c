@@ -1,0 +1,220 @@
+/* The planner's search and cost model (plan.h, dt_plan_search and
+ * dt_plan_predict) on a fixed calibration (no measuring: the numbers are
+ * the test's), so the counts, the order and the reasons are exact:
+ *   - the enumeration of a GPT-2-shaped model on 4 ranks, global batch 8:
+ *     288 layouts (dp x tp x pp combinations x ZeRO/hybrid/offload x
+ *     checkpointing x batch splits), the feasible first, fastest first;
+ *     every infeasible one with a reason and every feasible one without;
+ *   - reasons by name: ZeRO-2 with tp, tp not dividing the heads, hybrid on
+ *     one machine, offload without a directory, a batch that does not split;
+ *   - the memory model: DDP's state is 16 bytes per parameter (AdamW, f32)
+ *     plus 3/4 of the gradients (the peers' shared pages), ZeRO-3 over 4
+ *     ranks a quarter of the state; a --mem-per-rank between the two
+ *     refuses DDP by the limit's name and keeps ZeRO-3;
+ *   - checkpointing trades activations for compute; a pipeline's bubble is
+ *     (pp - 1) / m of its compute;
+ *   - a calibration survives dt_plan_calib_save/load, and load refuses a
+ *     file measured for another model (DT_ERR_NOT_FOUND) and a damaged one
+ *     (DT_ERR_FORMAT). */
+#include "test.h"
+
+#include "dtrain/plan.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static dt_plan_calib calib(void)
+{
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model, sizeof c.model, "gpt2");
+    c.seq = 64, c.dtype = DT_F32, c.threads = 2, c.cores = 2;
+    c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.vocab = 50257;
+    c.numel_block = 7087872, c.numel_fixed = 39385344;
+    c.fb_block_s = 1e-3, c.fb_fixed_s = 2.5e-3, c.fb_block_ckpt_s = 1.4e-3;
+    c.act_block = 120000, c.act_fixed = 630000, c.act_block_ckpt = 6200;
+    c.optim_s = 2e-9, c.matmul_flops = 1e11, c.copy_bw = 8e9, c.coll_bw = 4e9, c.coll_lat_s = 20e-6;
+    c.base_rss = 100e6;
+    return c;
+}
+
+static const dt_plan_prediction *find(const dt_plan_prediction *r, int n, int dp, int tp, int pp, int zero, bool hy,
+                                      bool ck, bool off, int64_t batch, int ga)
+{
+    for (int i = 0; i < n; i++) {
+        const dt_plan_layout *l = &r[i].layout;
+        if (l->dp == dp && l->tp == tp && l->pp == pp && l->zero_stage == zero && l->hybrid == hy &&
+            l->act_ckpt == ck && l->offload == off && l->batch == batch && l->grad_accum == ga)
+            return &r[i];
+    }
+    return NULL;
+}
+
+TEST(enumeration_counts_and_order)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4, sp.global_batch = 8;
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    /* (tp, pp) in (1,1) (1,2) (1,4) (2,1) (2,2) (4,1); 18 sharding x checkpointing choices each; batch
+       splits: dp4 ga 1,2; dp2 pp2 m 2,4; pp4 m 4,8; dp2 tp2 ga 1,2,4; tp2 pp2 m 2,4,8; tp4 ga 1,2,4,8 */
+    ASSERT_EQ_INT(n, 18 * (2 + 2 + 2 + 3 + 3 + 4));
+    int feasible = 0;
+    for (int i = 0; i < n; i++) {
+        ASSERT(r[i].feasible ? r[i].reason[0] == 0 : r[i].reason[0] != 0);
+        if (r[i].feasible) {
+            ASSERT_EQ_INT(i, feasible); /* the feasible ones first */
+            feasible++;
+            ASSERT(r[i].step_s > 0 && r[i].mem_bytes > 0);
+            if (i)
+                ASSERT(r[i - 1].step_s <= r[i].step_s);
+            const dt_plan_layout *l = &r[i].layout;
+            ASSERT_EQ_INT(l->dp * l->tp * l->pp, 4);
+            ASSERT_EQ_INT((int)(l->dp * l->batch * l->grad_accum), 8);
+        }
+    }
+    ASSERT(feasible > 20 && feasible < n);
+    dt_free(r);
+}
+
+TEST(reasons_by_name)
+{
+    dt_plan_calib c = calib();
+    c.n_head = 6; /* tp 4 does not divide */
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4, sp.global_batch = 8;
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    const dt_plan_prediction *p;
+    ASSERT((p = find(r, n, 2, 2, 1, 2, false, false, false, 4, 1)) != NULL);
+    ASSERT(!p->feasible);
+    ASSERT_STR_CONTAINS(p->reason, "ZeRO-2 does not combine with tensor or pipeline");
+    ASSERT((p = find(r, n, 1, 4, 1, 0, false, false, false, 8, 1)) != NULL);
+    ASSERT_STR_CONTAINS(p->reason, "tp 4 does not divide the 6 heads");
+    ASSERT((p = find(r, n, 4, 1, 1, 3, true, false, false, 2, 1)) != NULL);
+    ASSERT_STR_CONTAINS(p->reason, "hybrid sharding on one machine");
+    ASSERT((p = find(r, n, 4, 1, 1, 1, false, false, true, 2, 1)) != NULL);
+    ASSERT_STR_CONTAINS(p->reason, "offload needs an NVMe directory");
+    ASSERT((p = find(r, n, 4, 1, 1, 1, false, false, false, 2, 1)) != NULL);
+    ASSERT(p->feasible);
+    dt_free(r);
+    /* with a directory, offload is a layout like the others */
+    sp.offload_dir = true;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    ASSERT((p = find(r, n, 4, 1, 1, 1, false, false, true, 2, 1)) != NULL);
+    ASSERT(p->feasible);
+    dt_free(r);
+    /* a global batch the replicas cannot split: rows that say so, none feasible with dp 4 */
+    sp.global_batch = 6;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    ASSERT((p = find(r, n, 4, 1, 1, 0, false, false, false, 1, 1)) != NULL);
+    ASSERT_STR_CONTAINS(p->reason, "not the global batch 6");
+    dt_free(r);
+    sp.world = 0;
+    ASSERT_STATUS(dt_plan_search(&sp, &c, &r, &n), DT_ERR_INVALID_ARG);
+}
+
+TEST(memory_model_and_limit)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4;
+    dt_plan_layout ddp = {.dp = 4, .tp = 1, .pp = 1, .zero_stage = 0, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout z3 = ddp;
+    z3.zero_stage = 3;
+    dt_plan_prediction a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    const double psi = 12 * c.numel_block + c.numel_fixed;
+    ASSERT_NEAR(a.state_bytes, 16 * psi, 64, 0);                    /* 4 params + 4 grads + 8 AdamW */
+    ASSERT_NEAR(b.state_bytes, 16 * ((size_t)psi + 3) / 4 * 1.0, 64, 1e-9); /* sharded over 4 */
+    ASSERT(b.gathered_bytes > 0 && a.gathered_bytes == 0);
+    ASSERT_NEAR(a.buffer_bytes, 0.75 * 4 * psi, 64, 0); /* the 3 peers' gradient pages this rank reads */
+    ASSERT_NEAR(a.mem_bytes, a.base_bytes + a.state_bytes + a.buffer_bytes + a.act_bytes, 1, 0);
+    ASSERT_NEAR(a.act_bytes, 2 * 64 * (12 * c.act_block + c.act_fixed), 1, 0);
+    /* a limit between the two: DDP refused by the limit's name, ZeRO-3 kept */
+    sp.mem_per_rank = (size_t)((a.mem_bytes + b.mem_bytes) / 2);
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT(!a.feasible && b.feasible);
+    ASSERT_STR_CONTAINS(a.reason, "over --mem-per-rank");
+    /* the search refuses the same layout for the same reason */
+    sp.global_batch = 8;
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    const dt_plan_prediction *p = find(r, n, 4, 1, 1, 0, false, false, false, 2, 1);
+    ASSERT(p && !p->feasible);
+    ASSERT_STR_CONTAINS(p->reason, "over --mem-per-rank");
+    ASSERT(r[0].feasible && r[0].mem_bytes <= (double)sp.mem_per_rank);
+    dt_free(r);
+}
+
+TEST(checkpointing_and_bubble)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2;
+    dt_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_prediction off, on;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &l, &off));
+    l.act_ckpt = true;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &l, &on));
+    ASSERT(on.act_bytes < off.act_bytes / 2);
+    ASSERT(on.compute_s > off.compute_s);
+    /* 2 stages, 4 micro-batches: the bubble is (p - 1) / m = 1/4 of the compute (one rank per core) */
+    dt_plan_layout pl = {.dp = 1, .tp = 1, .pp = 2, .batch = 4, .micro_batches = 4, .grad_accum = 1};
+    dt_plan_prediction pr;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &pl, &pr));
+    ASSERT(pr.feasible);
+    ASSERT_NEAR(pr.bubble_s, pr.compute_s / 4, 1e-12, 1e-9);
+}
+
+TEST(calib_file_round_trip)
+{
+    char dir[] = "/tmp/dt_plan_XXXXXX";
+    ASSERT(mkdtemp(dir) != NULL);
+    char path[64], lnk[64];
+    snprintf(path, sizeof path, "%s/c.calib", dir);
+    snprintf(lnk, sizeof lnk, "%s/l.calib", dir);
+    dt_plan_calib c = calib(), d;
+    cpu_set_t set; /* load checks the cores of this machine */
+    c.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ASSERT_OK(dt_plan_calib_save(&c, path));
+    ASSERT_OK(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d));
+    ASSERT_STR_EQ(d.model, "gpt2");
+    ASSERT(d.fb_block_s == c.fb_block_s && d.act_fixed == c.act_fixed && d.numel_fixed == c.numel_fixed);
+    ASSERT_EQ_INT((int)d.n_layer, 12);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2-large", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 128, DT_F32, &d), DT_ERR_NOT_FOUND);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_BF16, &d), DT_ERR_NOT_FOUND);
+    /* a damaged file: cut short */
+    FILE *f = fopen(path, "r+");
+    ASSERT(f != NULL);
+    ASSERT_EQ_INT(ftruncate(fileno(f), 120), 0);
+    fclose(f);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d), DT_ERR_FORMAT);
+    /* a symlink is neither written through nor read */
+    ASSERT_EQ_INT(symlink(path, lnk), 0);
+    ASSERT_STATUS(dt_plan_calib_save(&c, lnk), DT_ERR_IO);
+    ASSERT_STATUS(dt_plan_calib_load(lnk, "gpt2", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
+    unlink(lnk);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    RUN(enumeration_counts_and_order);
+    RUN(reasons_by_name);
+    RUN(memory_model_and_limit);
+    RUN(checkpointing_and_bubble);
+    RUN(calib_file_round_trip);
+    return TEST_REPORT();
+}

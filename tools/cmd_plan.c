@@ -1,0 +1,278 @@
+/* dtrain plan — which layout to run: dp x tp x pp x ZeRO x micro-batches x
+ * recomputation, ranked by predicted step time within the memory per rank
+ * (plan.h, dt_plan_search).
+ *
+ *     dtrain plan --model gpt2 [--seq 128] --world 4 [--mem-per-rank 4G]
+ *                 [--global-batch 16] [--precision fp32|bf16] [--json]
+ *                 [--calib FILE] [--recalibrate] [--all]
+ *
+ * The calibration (seconds) is cached in a file per model, sequence length
+ * and precision: --calib FILE, else $DT_CACHE_DIR, $XDG_CACHE_HOME/dtrain
+ * or $HOME/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib. The table lists the
+ * feasible layouts fastest first, then (with --all; the first 10 without)
+ * the infeasible ones with their reason; --json prints every layout, one
+ * object a line. */
+#include "cmd.h"
+#include "dtrain/base.h"
+#include "dtrain/models.h"
+#include "dtrain/offload.h"
+#include "dtrain/plan.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* "4G", "512M", "3.5GiB", "1000000" -> bytes; 0 when malformed. */
+double dt__plan_parse_bytes(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0))
+        return 0;
+    double mul = 1;
+    switch (*end) {
+    case 'K': case 'k': mul = 1024.0, end++; break;
+    case 'M': case 'm': mul = 1024.0 * 1024, end++; break;
+    case 'G': case 'g': mul = 1024.0 * 1024 * 1024, end++; break;
+    case 'T': case 't': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
+    default: break;
+    }
+    if (mul > 1 && (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") || !strcmp(end, "b")))
+        end += strlen(end);
+    if (mul == 1 && (!strcmp(end, "B") || !strcmp(end, "b")))
+        end++;
+    return *end ? 0 : v * mul;
+}
+
+/* mkdir one level (an existing directory is fine). */
+static int mkdir1(const char *d)
+{
+    struct stat sb;
+    if (lstat(d, &sb) == 0)
+        return S_ISDIR(sb.st_mode) ? 0 : -1;
+    return mkdir(d, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* The cache file for (model, seq, dtype) into buf; "" when no directory is known. */
+void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n)
+{
+    const char *d = getenv("DT_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    char dir[4200] = "";
+    if (d && *d)
+        snprintf(dir, sizeof dir, "%.4000s", d);
+    else if (x && *x && snprintf(dir, sizeof dir, "%.4000s/dtrain", x) > 0)
+        mkdir1(x);
+    else if (h && *h) {
+        char c[4096];
+        snprintf(c, sizeof c, "%.4000s/.cache", h);
+        mkdir1(c);
+        snprintf(dir, sizeof dir, "%s/dtrain", c);
+    }
+    buf[0] = 0;
+    if (*dir && mkdir1(dir) == 0)
+        snprintf(buf, n, "%.4100s/plan-%.31s-s%lld-%s.calib", dir, model, (long long)seq, dt_dtype_name(dt));
+}
+
+int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
+                       bool quiet, dt_plan_calib *c)
+{
+    char path[4200];
+    if (file)
+        snprintf(path, sizeof path, "%s", file);
+    else
+        dt__plan_calib_path(model, seq, dt, path, sizeof path);
+    if (!fresh && *path) {
+        dt_status st = dt_plan_calib_load(path, model, seq, dt, c);
+        if (st >= 0)
+            return 0;
+        if (st != DT_ERR_NOT_FOUND) { /* a damaged file: say so, measure again */
+            dt__cli_err("%s: %s\n", who, dt_last_error());
+            return 2;
+        }
+    }
+    if (!quiet)
+        fprintf(stderr, "%s: calibrating %s at seq %lld (%s) on this machine...\n", who, model, (long long)seq,
+                dt_dtype_name(dt));
+    double t0 = dt_time_s();
+    dt_status st = dt_plan_calibrate(model, seq, dt, c);
+    if (st < 0) {
+        dt__cli_err("%s: %s\n", who, dt_last_error());
+        return st == DT_ERR_UNSUPPORTED || st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND ? 2 : 1;
+    }
+    if (!quiet)
+        fprintf(stderr, "%s: calibrated in %.1f s%s%s\n", who, dt_time_s() - t0, *path ? "; cached in " : "",
+                path);
+    if (*path && dt_plan_calib_save(c, path) < 0 && !quiet)
+        dt__cli_err("%s: note: %s (not cached)\n", who, dt_last_error());
+    return 0;
+}
+
+void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank)
+{
+    const dt_plan_layout *l = &r->layout;
+    fprintf(f, "{\"rank\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"zero_stage\":%d,\"hybrid\":%s,\"batch\":%lld,"
+               "\"micro_batches\":%d,\"grad_accum\":%d,\"act_ckpt\":%s,\"offload\":%s,\"mem_per_rank_bytes\":%.0f,"
+               "\"state_bytes\":%.0f,\"gathered_bytes\":%.0f,\"buffer_bytes\":%.0f,\"act_bytes\":%.0f,\"base_bytes\":%.0f,"
+               "\"step_ms\":%.3f,\"compute_ms\":%.3f,\"bubble_ms\":%.3f,\"comm_ms\":%.3f,\"optim_ms\":%.3f,"
+               "\"feasible\":%s,\"reason\":\"",
+            rank, l->dp, l->tp, l->pp, l->zero_stage, l->hybrid ? "true" : "false", (long long)l->batch,
+            l->micro_batches, l->grad_accum, l->act_ckpt ? "true" : "false", l->offload ? "true" : "false",
+            r->mem_bytes, r->state_bytes, r->gathered_bytes, r->buffer_bytes, r->act_bytes, r->base_bytes, r->step_s * 1e3,
+            r->compute_s * 1e3, r->bubble_s * 1e3, r->comm_s * 1e3, r->optim_s * 1e3, r->feasible ? "true" : "false");
+    for (const char *s = r->reason; *s; s++) /* the library's text: printable ASCII; escape quotes anyway */
+        fprintf(f, *s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
+    fprintf(f, "\"}\n");
+}
+
+void dt__plan_row_text(FILE *f, const dt_plan_prediction *r, int rank)
+{
+    char buf[160];
+    fprintf(f, "%4d  %-40s %9.2f %10.1f %9.1f %8.1f %8.1f", rank, dt_plan_layout_str(&r->layout, buf, sizeof buf),
+            r->mem_bytes / (1024.0 * 1024 * 1024), r->step_s * 1e3, r->compute_s * 1e3, r->bubble_s * 1e3,
+            r->comm_s * 1e3);
+    fprintf(f, r->feasible ? "\n" : "  %s\n", r->reason);
+}
+
+void dt__plan_table_head(FILE *f)
+{
+    fprintf(f, "%4s  %-40s %9s %10s %9s %8s %8s\n", "rank", "layout", "mem GiB", "step ms", "compute", "bubble",
+            "comm");
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dtrain plan --world N [--model gpt2] [--seq 128] [--mem-per-rank BYTES] [--global-batch B]\n"
+            "                   [--precision fp32|bf16] [--json] [--all] [--calib FILE] [--recalibrate]\n"
+            "\n"
+            "Lists the layouts of a GPT-2 zoo model on N ranks of this machine (dp x tp x pp, ZeRO stage\n"
+            "0-3 and hybrid, gradient accumulation or pipeline micro-batches, activation checkpointing,\n"
+            "optimizer offload), each with its predicted peak memory per rank and step time, feasible\n"
+            "ones fastest first, then infeasible ones with the reason.\n"
+            "\n"
+            "  --world N            ranks (required)\n"
+            "  --model M            gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro (default gpt2)\n"
+            "  --seq T              tokens per sample (default 128, at most the model's positions)\n"
+            "  --mem-per-rank B     bytes one rank may use (K/M/G suffixes); default: MemAvailable / N\n"
+            "  --global-batch B     samples per optimizer step over all replicas (default 2 N)\n"
+            "  --precision P        fp32 (default) or bf16 parameters\n"
+            "  --json               one JSON object per layout (mem_per_rank_bytes, step_ms, the layout\n"
+            "                       fields, feasible, reason), ranked\n"
+            "  --all                the table lists every infeasible layout (default: the first 10)\n"
+            "  --calib FILE         the calibration cache file (default: $DT_CACHE_DIR, $XDG_CACHE_HOME/dtrain\n"
+            "                       or ~/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib)\n"
+            "  --recalibrate        measure again even when the cache has this machine's figures\n");
+}
+
+int dt_cmd_plan(int argc, char **argv)
+{
+    const char *model = "gpt2", *calib = NULL, *prec = "fp32";
+    int64_t seq = 0, world = 0, gb = 0;
+    double mem = 0;
+    bool json = false, all = false, fresh = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = !strcmp(a, "--model") || !strcmp(a, "--seq") || !strcmp(a, "--world") ||
+                     !strcmp(a, "--mem-per-rank") || !strcmp(a, "--global-batch") || !strcmp(a, "--precision") ||
+                     !strcmp(a, "--calib");
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return usage(stdout), 0;
+        if (takes && !v)
+            return dt__cli_err("dtrain plan: %s needs a value\n", a), usage(stderr), 2;
+        if (!strcmp(a, "--model"))
+            model = v, i++;
+        else if (!strcmp(a, "--calib"))
+            calib = v, i++;
+        else if (!strcmp(a, "--precision"))
+            prec = v, i++;
+        else if (!strcmp(a, "--seq")) {
+            if (dt_parse_int("--seq", v, 2, 1 << 20, &seq) < 0)
+                return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
+            i++;
+        } else if (!strcmp(a, "--world")) {
+            if (dt_parse_int("--world", v, 1, 4096, &world) < 0)
+                return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
+            i++;
+        } else if (!strcmp(a, "--global-batch")) {
+            if (dt_parse_int("--global-batch", v, 1, 1 << 30, &gb) < 0)
+                return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
+            i++;
+        } else if (!strcmp(a, "--mem-per-rank")) {
+            if (!(mem = dt__plan_parse_bytes(v)))
+                return dt__cli_err("dtrain plan: --mem-per-rank '%s': bytes, with an optional K, M, G or T suffix "
+                                   "(e.g. 4G)\n", v), 2;
+            i++;
+        } else if (!strcmp(a, "--json"))
+            json = true;
+        else if (!strcmp(a, "--all"))
+            all = true;
+        else if (!strcmp(a, "--recalibrate"))
+            fresh = true;
+        else
+            return dt__cli_err("dtrain plan: unknown option '%s'\n", a), usage(stderr), 2;
+    }
+    if (!world)
+        return dt__cli_err("dtrain plan: --world N is required (the ranks to plan for)\n"), usage(stderr), 2;
+    dt_dtype dt;
+    if (!strcmp(prec, "fp32"))
+        dt = DT_F32;
+    else if (!strcmp(prec, "bf16"))
+        dt = DT_BF16;
+    else
+        return dt__cli_err("dtrain plan: --precision '%s' (fp32 or bf16)\n", prec), 2;
+    if (!mem) {
+        size_t ma = SIZE_MAX;
+        dt_mem_available(&ma, NULL);
+        mem = ma == SIZE_MAX ? 0 : (double)ma / (double)world;
+    }
+    dt_gpt2_config g;
+    if (dt_gpt2_config_by_name(model, &g) < 0)
+        return dt__cli_err("dtrain plan: --model '%s': the planner knows the GPT-2 zoo models (gpt2, gpt2-medium, "
+                           "gpt2-large, gpt2-xl, gpt-mini, gpt-micro)\n", model), 2;
+    if (!seq)
+        seq = g.block_size < 128 ? g.block_size : 128;
+    if (seq > g.block_size)
+        return dt__cli_err("dtrain plan: --seq %lld exceeds %s's %lld positions\n", (long long)seq, model,
+                           (long long)g.block_size), 2;
+    dt_plan_calib c;
+    int rc = dt__plan_calib_get("dtrain plan", model, seq, dt, calib, fresh, json, &c);
+    if (rc)
+        return rc;
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = (int)world, sp.global_batch = gb, sp.mem_per_rank = (size_t)mem;
+    dt_plan_prediction *rows = NULL;
+    int n = 0;
+    if (dt_plan_search(&sp, &c, &rows, &n) < 0)
+        return dt__cli_err("dtrain plan: %s\n", dt_last_error()), 2;
+    int nfeas = 0;
+    while (nfeas < n && rows[nfeas].feasible)
+        nfeas++;
+    if (json) {
+        for (int i = 0; i < n; i++)
+            dt__plan_row_json(stdout, &rows[i], i + 1);
+    } else {
+        printf("%s, seq %lld, %s, world %lld, global batch %lld, %.2f GiB per rank; calibration: %.0f GFLOP/s "
+               "GEMM, %.1f GB/s collectives (%s)\n",
+               model, (long long)c.seq, prec, (long long)world, (long long)(gb ? gb : 2 * world),
+               mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9, c.coll_bw / 1e9,
+               c.coll_measured ? "measured" : "memcpy estimate");
+        printf("%d layouts: %d feasible\n", n, nfeas);
+        dt__plan_table_head(stdout);
+        int shown = 0;
+        for (int i = 0; i < n; i++) {
+            if (!rows[i].feasible && !all && shown++ >= 10) {
+                printf("  ... %d more infeasible (--all lists them)\n", n - i);
+                break;
+            }
+            dt__plan_row_text(stdout, &rows[i], i + 1);
+        }
+    }
+    dt_free(rows);
+    return 0;
+}

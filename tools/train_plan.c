@@ -1,0 +1,218 @@
+/* dtrain train and the planner (plan.h's prediction): --plan auto chooses
+ * the layout before the process group exists, and every run of a GPT-2
+ * zoo model gets the prediction for its own layout in the --metrics end
+ * record, beside what it measured.
+ *
+ * Every rank of --plan auto must choose the same layout without a group to
+ * agree over (the layout decides the groups), so each one computes it from
+ * the same inputs: one calibration file, measured by the first rank that
+ * takes the file's lock (in a child process, so the rank's own peak memory
+ * stays its training's; the others wait on the lock, then read the file),
+ * and a memory limit every rank reads alike (MemTotal / ranks per machine,
+ * or DT_PLAN_MEM_PER_RANK). The search's order is total, so equal inputs
+ * give equal choices; the trainer's agreement check would still catch a
+ * disagreement. */
+#include "cmd.h"
+#include "train.h"
+
+#include "dtrain/comm.h"
+#include "dtrain/models.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The run's model and sequence for the planner; false when it is not a GPT-2 zoo model as named. */
+static bool plan_model(const dt__train_opts *o, int64_t *seq)
+{
+    dt_gpt2_config g;
+    if (dt_gpt2_config_by_name(o->model, &g) < 0 || o->n_layer || o->n_head || o->n_embd || o->block_size ||
+        o->vocab_size || o->vocab)
+        return false;
+    *seq = o->seq > 0 ? o->seq : g.block_size;
+    return true;
+}
+
+static dt_dtype plan_dtype(const dt__train_opts *o)
+{
+    return o->precision && !strcmp(o->precision, "bf16") ? DT_BF16 : DT_F32;
+}
+
+static double mem_total(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    double v = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
+            v = (double)kb * 1024;
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* The calibration for the run: the cache file's, measured first when it is
+ * absent, by one process at a time (the lock), in a child of this one (fork
+ * before this process's first parallel region: libgomp is not fork-safe
+ * after one; child false: here, for a process that ran one). quiet: no
+ * progress lines. */
+static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool child, dt_plan_calib *c)
+{
+    const char *who = "dtrain train: planner";
+    char path[4300], lock[4310];
+    dt__plan_calib_path(o->model, seq, plan_dtype(o), path, sizeof path);
+    if (!*path) /* no cache directory: measure here */
+        return dt__plan_calib_get(who, o->model, seq, plan_dtype(o), NULL, true, quiet, c);
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+            ;
+    int rc = 0;
+    if (dt_plan_calib_load(path, o->model, seq, plan_dtype(o), c) < 0) {
+        pid_t pid = child ? fork() : -1;
+        if (pid == 0)
+            _exit(dt__plan_calib_get(who, o->model, seq, plan_dtype(o), path, true, quiet, c));
+        if (pid < 0) {
+            rc = dt__plan_calib_get(who, o->model, seq, plan_dtype(o), path, true, quiet, c);
+        } else {
+            int status = 0;
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            if (!rc && dt_plan_calib_load(path, o->model, seq, plan_dtype(o), c) < 0)
+                rc = (dt__cli_err("%s: %s\n", who, dt_last_error()), 1);
+        }
+    }
+    if (fd >= 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+    }
+    return rc;
+}
+
+static void layout_params(const dt__train_opts *o, int world, int64_t seq, dt_plan_search_params *sp)
+{
+    (void)seq;
+    *sp = dt_plan_search_params_default();
+    int64_t local = world;
+    dt_env_int("DT_LOCAL_WORLD_SIZE", world, 1, 1 << 20, &local);
+    sp->world = world;
+    sp->ranks_per_machine = (int)local;
+    sp->optimizer = !strcmp(o->optimizer, "sgd")    ? DT_OPTIM_SGD
+                    : !strcmp(o->optimizer, "adam") ? DT_OPTIM_ADAM
+                    : !strcmp(o->optimizer, "lamb") ? DT_OPTIM_LAMB
+                                                    : DT_OPTIM_ADAMW;
+    sp->sgd_momentum = o->momentum > 0;
+}
+
+int dt__train_plan_auto(dt__train_opts *o)
+{
+    int64_t seq = 0;
+    if (!plan_model(o, &seq))
+        return dt__cli_err("dtrain train: --plan auto plans the GPT-2 zoo models as named (not with --n-layer, "
+                           "--n-head, --n-embd, --block-size, --vocab-size or --vocab)\n"), 2;
+    int world = 1;
+    if (dt_pg_env_world_size(&world) < 0)
+        return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;
+    int64_t rank = 0; /* the launchers' names for it (dt_pg_init reads the same) */
+    static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++) {
+        const char *v = getenv(rank_vars[i]);
+        if (v && *v) {
+            rank = atoll(v);
+            break;
+        }
+    }
+    const bool main_rank = rank == 0;
+    dt_plan_calib c;
+    int rc = calib_for(o, seq, !main_rank, true, &c);
+    if (rc)
+        return rc;
+    dt_plan_search_params sp;
+    layout_params(o, world, seq, &sp);
+    sp.global_batch = o->batch * world;
+    const char *env = getenv("DT_PLAN_MEM_PER_RANK");
+    double mem = env && *env ? dt__plan_parse_bytes(env) : mem_total() / sp.ranks_per_machine;
+    if (env && *env && !mem)
+        return dt__cli_err("dtrain train: DT_PLAN_MEM_PER_RANK '%s': bytes, with an optional K, M, G or T suffix\n",
+                           env), 2;
+    sp.mem_per_rank = (size_t)mem;
+    dt_plan_prediction *rows = NULL;
+    int n = 0;
+    if (dt_plan_search(&sp, &c, &rows, &n) < 0)
+        return dt__cli_err("dtrain train: --plan auto: %s\n", dt_last_error()), 2;
+    if (n == 0 || !rows[0].feasible) {
+        dt__cli_err("dtrain train: --plan auto: no layout of %s on %d ranks with global batch %lld fits %.2f GiB per "
+                    "rank; the smallest: %s\n", o->model, world, (long long)sp.global_batch,
+                    mem / (1024.0 * 1024 * 1024), n ? rows[0].reason : "(none)");
+        dt_free(rows);
+        return 2;
+    }
+    const dt_plan_layout *l = &rows[0].layout;
+    static const char *const stages[4] = {"0", "1", "2", "3"};
+    o->dp = l->dp, o->tp = l->tp, o->pp = l->pp;
+    o->zero = stages[l->zero_stage & 3];
+    o->fsdp = l->hybrid ? "hybrid_shard" : NULL;
+    if (l->hybrid)
+        o->zero = NULL;
+    o->batch = l->batch;
+    o->micro_batches = l->pp > 1 ? l->micro_batches : 0;
+    o->grad_accum = l->grad_accum;
+    o->act_ckpt = l->act_ckpt;
+    o->wrap_min_params = l->wrap_min_params; /* ZeRO-2/3: a unit per block, as predicted */
+    int feasible = 0;
+    while (feasible < n && rows[feasible].feasible)
+        feasible++;
+    if (main_rank) {
+        char a[160], b[160];
+        fprintf(stderr, "dtrain train: --plan auto chose %s: predicted %.2f GiB per rank, %.1f ms per step (compute "
+                        "%.1f, bubble %.1f, collectives %.1f, optimizer %.1f); the fastest of %d feasible layouts of "
+                        "%d within %.2f GiB per rank\n",
+                dt_plan_layout_str(l, a, sizeof a), rows[0].mem_bytes / (1024.0 * 1024 * 1024), rows[0].step_s * 1e3,
+                rows[0].compute_s * 1e3, rows[0].bubble_s * 1e3, rows[0].comm_s * 1e3, rows[0].optim_s * 1e3,
+                feasible, n, mem / (1024.0 * 1024 * 1024));
+        if (feasible > 1)
+            fprintf(stderr, "dtrain train: --plan auto runner-up %s: %.2f GiB per rank, %.1f ms per step (+%.1f%%)\n",
+                    dt_plan_layout_str(&rows[1].layout, b, sizeof b), rows[1].mem_bytes / (1024.0 * 1024 * 1024),
+                    rows[1].step_s * 1e3, 100.0 * (rows[1].step_s / rows[0].step_s - 1));
+    }
+    dt_free(rows);
+    o->layout_flag = NULL;
+    return dt__train_check(o);
+}
+
+int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_stage, double *rss, double *step_ms)
+{
+    *rss = *step_ms = 0;
+    int64_t seq = 0;
+    const char *e = getenv("DT_PLAN_PREDICT");
+    if ((e && !strcmp(e, "0")) || !plan_model(o, &seq))
+        return 0;
+    dt_plan_calib c;
+    if (calib_for(o, seq, true, false, &c))
+        return 0; /* said why; the end record goes without a prediction */
+    dt_plan_search_params sp;
+    layout_params(o, dp * tp * pp, seq, &sp);
+    dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero_stage = zero_stage,
+                        .hybrid = o->fsdp && !strcmp(o->fsdp, "hybrid_shard"), .batch = o->batch,
+                        .micro_batches = pp > 1 ? (int)(o->micro_batches ? o->micro_batches : 4) : 1,
+                        .grad_accum = (int)(o->grad_accum > 0 ? o->grad_accum : 1), .act_ckpt = o->act_ckpt,
+                        .offload = o->offload && !strncmp(o->offload, "nvme:", 5),
+                        .wrap_min_params = o->wrap_min_params};
+    sp.offload_dir = l.offload;
+    dt_plan_prediction pr;
+    if (dt_plan_predict(&sp, &c, &l, &pr) < 0)
+        return 0;
+    *rss = pr.mem_bytes, *step_ms = pr.step_s * 1e3;
+    return 0;
+}
