@@ -15,8 +15,8 @@
  * directory appears complete or not at all. */
 #include "zoo.h"
 
-#include "dtrain/ckpt.h"
-#include "dtrain/kernels.h"
+#include <dtrain/ckpt.h>
+#include <dtrain/kernels.h>
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -53,7 +53,7 @@
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/parallel.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 
 #ifdef __cplusplus

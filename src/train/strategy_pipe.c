@@ -1,4 +1,4 @@
-/* The "pipe" strategy (pipeline.h): pipeline stages, data parallelism
+/* The "pipe" strategy (pipe_strategy.h): pipeline stages, data parallelism
  * over the replicas, tied parameters between stages.
  *
  * Placement: one mesh dp x tp x pp (dt_pipe_mesh_init: world rank
@@ -47,9 +47,9 @@
  * stage), so the sum over the replicas is the world sum / (tp pp). */
 #include "train/train_impl.h"
 
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "nn/nn_layer.h"
-#include "parallel/pipeline/pipe_impl.h"
+#include "parallel/pipeline/pipe_exec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,7 +138,7 @@ static dt_status ownership(pipe_strategy *s, int *owner, bool *users)
                 dt_status rc = dt_model_entry(s->m, e, &pi);
                 if (rc < 0)
                     return rc;
-                if (pi.is_buffer || !dt__pipe_unit_uses(&s->units[u], pi.name))
+                if (pi.is_buffer || !dt_pipe_unit_uses(&s->units[u], pi.name))
                     continue;
                 size_t key = pi.tied_to >= 0 ? (size_t)pi.tied_to : e;
                 if (owner[key] < 0 || st < owner[key])
@@ -549,7 +549,9 @@ static dt_status s_forward_backward(void *self, dt_ctx *ctx, dt_model *m, dt_str
 {
     (void)ctx, (void)m;
     pipe_strategy *s = self;
-    dt_status st = dt__pipe_exec_run(s->ex, fb);
+    dt__pipe_batch b = {.x = fb->x, .y = fb->y, .loss = fb->loss, .loss_ud = fb->loss_ud, .scale = fb->scale};
+    dt_status st = dt__pipe_exec_run(s->ex, &b);
+    fb->loss_value = b.loss_value;
     if (st < 0)
         fail_replicas(s, st);
     /* the last stage's loss to the whole pipeline (its tp ranks have it) */
@@ -855,20 +857,6 @@ dt_pipe_params dt_pipe_params_default(void)
     return p;
 }
 
-dt_status dt_pipe_mesh_init(dt_pg *world, int tp, int pp, dt_mesh **out)
-{
-    if (!out)
-        return dt_error(DT_ERR_NULL, "dt_pipe_mesh_init: out is NULL");
-    *out = NULL;
-    if (!world)
-        return dt_error(DT_ERR_NULL, "dt_pipe_mesh_init: process group is NULL");
-    int W = dt_pg_size(world);
-    if (tp < 1 || pp < 1 || W % tp || W % (tp * pp))
-        return dt_error(DT_ERR_INVALID_ARG, "dt_pipe_mesh_init: %d ranks do not make dp x tp %d x pp %d (tp x pp "
-                        "must divide the world size)", W, tp, pp);
-    return dt_mesh_init(world, 3, (int[]){W / (tp * pp), tp, pp}, NULL, (const char *[]){"dp", "tp", "pp"}, out);
-}
-
 /* DT_PIPE_BY_TIME: keep params.sample's x (the caller's batch is borrowed
  * until init returns). */
 static dt_status copy_sample(pipe_strategy *s)
@@ -985,13 +973,13 @@ dt_status dt_strategy_pipe_cut(const dt_strategy *s, int *starts, size_t *param_
                 return rc;
             bool used = false;
             for (int u = p->starts[st]; u < p->starts[st + 1] && !used && !pi.is_buffer && pi.tied_to < 0; u++)
-                used = dt__pipe_unit_uses(&p->units[u], pi.name);
+                used = dt_pipe_unit_uses(&p->units[u], pi.name);
             for (size_t t = 0; t < dt_model_num_entries(p->m) && !used && !pi.is_buffer && pi.tied_to < 0; t++) {
                 dt_param_info ti; /* a tied entry's unit uses this storage */
                 if (dt_model_entry(p->m, t, &ti) < 0 || ti.tied_to != (int64_t)e)
                     continue;
                 for (int u = p->starts[st]; u < p->starts[st + 1] && !used; u++)
-                    used = dt__pipe_unit_uses(&p->units[u], ti.name);
+                    used = dt_pipe_unit_uses(&p->units[u], ti.name);
             }
             param_bytes[st] += used ? pi.numel * dt_dtype_size(pi.dtype) : 0;
         }
