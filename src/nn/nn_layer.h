@@ -7,9 +7,9 @@
  *     dt_tp_row_linear, dt_tp_vocab_embedding) are modules whose forwards
  *     read their configuration and parameters as nn's own kinds do, and
  *     tag a module with its tensor-parallel group (dt_module.tp);
- *   - src/train/strategy_pipe.c: a pipeline rank holds only its stages'
- *     parts of the flats (dt__model_keep_only, dt__model_materialize,
- *     dt__model_release, dt_model.keep).
+ *   - src/train/strategy_pipe_impl.h (the "pipe" strategy): a pipeline
+ *     rank holds only its stages' parts of the flats (dt__model_keep_only,
+ *     dt__model_materialize, dt__model_release, dt_model.keep).
  * Everything else of nn (hook lists, the forward body, module allocation)
  * stays in nn_impl.h, private to src/nn. The layouts below change with nn;
  * code outside src/nn should prefer the public calls of nn.h

@@ -1,7 +1,7 @@
 /* src/parallel/pipeline/pipe_exec.h — Layer-internal: the pipeline
  * executor, one rank's runner of a schedule's table (exec.c).
  *
- * Included from outside src/parallel by src/train/strategy_pipe*.c only:
+ * Included from outside src/parallel by src/train/strategy_pipe_impl.h only:
  * the "pipe" strategy (pipe_strategy.h) drives it. It knows nothing of the
  * trainer: a micro-batch comes as a dt__pipe_batch (the input, the target,
  * the loss to apply on the last stage and the backward scale). */
