@@ -63,9 +63,10 @@
  * Measured time (DT_PIPE_BY_TIME, dt_pipe_unit_times): at attach, before
  * the cut (every rank still holds the whole model), every rank runs every
  * unit's forward and backward on a sample micro-batch the caller gives
- * (dt_pipe_params.sample, pipe_strategy.h), one warm-up then 3 repetitions, keeping each unit's
- * least; the world then takes the mean of the ranks' times (rank 0's copy
- * of it), so every replica of a stage cuts alike. With tensor parallelism
+ * (dt_pipe_params.sample, pipe_strategy.h), one warm-up then 3
+ * repetitions, keeping each unit's least; the world then takes the mean of
+ * the ranks' times (rank 0's copy of it), so every replica of a stage cuts
+ * alike. With tensor parallelism
  * the tp ranks time in step (their layers' collectives match: the
  * sample's shape is checked to be the same on every rank first). The loss
  * is not timed (the last unit is timed on its output).
@@ -74,6 +75,15 @@
  * (autograd.h): nodes with a parameter input are walked for their other
  * inputs first and queued; their weight-gradient kernels run at BW.
  *
+ * Usage: train with the "pipe" strategy (pipe_strategy.h). Cut a model by
+ * hand:
+ *
+ *     dt_pipe_unit *u;  int n;
+ *     if (dt_model_pipe_units(m, &u, &n) < 0) fail(dt_last_error());
+ *     double c[n];  int starts[2];
+ *     dt_pipe_unit_costs(m, u, n, DT_PIPE_BY_COMPUTE, c);
+ *     dt_pipe_balance(c, n, 2, 1, starts);            // two stages: units [0, starts[1]), [starts[1], n)
+ *     dt_free(u);
  *
  * Or look at a table (`dtrain pipeline show --schedule 1f1b -p 4 -m 8`):
  *
