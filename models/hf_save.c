@@ -12,15 +12,19 @@
  * transformers do. Sharding is huggingface_hub's: greedy in that order, a
  * new shard when the next tensor would pass the size. Everything is written
  * into a fresh temporary directory beside OUT, then renamed to OUT: the
- * directory appears complete or not at all. */
+ * directory appears complete or not at all. With a tokenizer, its
+ * tokenizer.json is copied byte for byte and tokenizer_config.json and
+ * special_tokens_map.json are written beside it (dt_tokenizer_hf_files). */
 #include "zoo.h"
 
 #include <dtrain/ckpt.h>
 #include <dtrain/kernels.h>
+#include <dtrain/tokenizer.h>
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +33,7 @@
 
 dt_hf_save_params dt_hf_save_params_default(void)
 {
-    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32};
+    dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f};
     return p;
 }
 
@@ -209,6 +213,9 @@ typedef struct item {
     int ndim;
     int64_t shape[DT_MAX_DIMS];
     int shard;
+    int64_t lora_a, lora_b; /* LoRA adapters merged into it (checkpoint tensors), else -1 */
+    int64_t r;              /* their rank */
+    bool fan_in_fan_out;    /* a Conv1D ([in, out]): the update is transposed */
 } item;
 
 /* Read tensor src of ck whole into f32 at dst (n elements). */
@@ -245,7 +252,8 @@ static dt_status write_text(const char *dir, const char *name, const char *text)
 static void remove_tmp(const char *tmp, int nshard)
 {
     char p[4200];
-    const char *fixed[] = {"config.json", "generation_config.json", DT_HF_WEIGHTS_NAME, DT_HF_INDEX_NAME};
+    const char *fixed[] = {"config.json",    "generation_config.json", DT_HF_WEIGHTS_NAME,       DT_HF_INDEX_NAME,
+                           "tokenizer.json", "tokenizer_config.json",  "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", tmp, fixed[i]);
         unlink(p);
@@ -257,8 +265,36 @@ static void remove_tmp(const char *tmp, int nshard)
     rmdir(tmp);
 }
 
+/* PEFT's merge_and_unload: w += scaling * (B @ A) (transposed for a
+ * Conv1D), B @ A summed in double and rounded to f32 as torch's f32 matmul
+ * gives it to within its rounding. */
+static dt_status merge_lora(dt_ckpt *ck, const item *t, float scaling, float *w)
+{
+    const int64_t out = t->fan_in_fan_out ? t->shape[1] : t->shape[0];
+    const int64_t in = t->fan_in_fan_out ? t->shape[0] : t->shape[1], r = t->r;
+    float *a = malloc((size_t)(r * in) * sizeof *a), *b = malloc((size_t)(out * r) * sizeof *b);
+    void *tmp = malloc((size_t)(r * (in > out ? in : out)) * sizeof(float));
+    dt_status st = a && b && tmp ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "merging LoRA adapters: out of memory");
+    if (st >= 0)
+        st = read_f32(ck, t->lora_a, a, (size_t)(r * in), tmp);
+    if (st >= 0)
+        st = read_f32(ck, t->lora_b, b, (size_t)(out * r), tmp);
+    for (int64_t o = 0; st >= 0 && o < out; o++)
+        for (int64_t i = 0; i < in; i++) {
+            double s = 0;
+            for (int64_t k = 0; k < r; k++)
+                s += (double)b[o * r + k] * (double)a[k * in + i];
+            float d = (float)s * scaling;
+            w[t->fan_in_fan_out ? i * out + o : o * in + i] += d;
+        }
+    free(a);
+    free(b);
+    free(tmp);
+    return st;
+}
+
 static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, int nshard, dt_dtype odt,
-                              const char *what)
+                              float scaling, const char *what)
 {
     dt_status st = DT_OK;
     size_t maxn = 0;
@@ -289,6 +325,8 @@ static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, 
         for (size_t j = 0; j < k && st >= 0; j++) {
             const item *t = &it[ix[j]];
             if ((st = read_f32(ck, t->src, f, t->numel, tmpb)) < 0)
+                break;
+            if (t->lora_a >= 0 && (st = merge_lora(ck, t, scaling, f)) < 0)
                 break;
             if (odt != DT_F32 && (st = dt_k_convert(f, DT_F32, tmpb, odt, (int64_t)t->numel)) < 0)
                 break;
@@ -342,6 +380,121 @@ static dt_status write_index(const char *tmp, const item *it, size_t n, int nsha
     return st;
 }
 
+/* Checkpoint tensor `name` ("master." first), else -1. */
+static int64_t find_either(dt_ckpt *ck, const char *name)
+{
+    char mname[800];
+    snprintf(mname, sizeof mname, "master.%s", name);
+    int64_t k = dt_ckpt_find(ck, mname);
+    return k >= 0 ? k : dt_ckpt_find(ck, name);
+}
+
+/* The LoRA adapters of parameter x ("L.weight": "L.lora_A.weight" [r, in],
+ * "L.lora_B.weight" [out, r]) in ck, to merge; *nmerged counts them. */
+static dt_status find_lora(dt_ckpt *ck, const dt_model *m, const char *src, const dt_hf_save_params *p, item *x,
+                           size_t *nmerged)
+{
+    x->lora_a = x->lora_b = -1;
+    size_t l = strlen(x->name);
+    if (l < 8 || strcmp(x->name + l - 7, ".weight") || x->ndim != 2)
+        return DT_OK;
+    char an[720], bn[720], layer[600];
+    snprintf(layer, sizeof layer, "%.*s", (int)(l - 7), x->name);
+    snprintf(an, sizeof an, "%s.lora_A.weight", layer);
+    snprintf(bn, sizeof bn, "%s.lora_B.weight", layer);
+    int64_t a = find_either(ck, an), b = find_either(ck, bn);
+    if (a < 0 && b < 0)
+        return DT_OK;
+    if (a < 0 || b < 0)
+        return dt_error(DT_ERR_NOT_FOUND, "%s has '%s' but not '%s' (LoRA adapters come in pairs)", src,
+                        a < 0 ? bn : an, a < 0 ? an : bn);
+    if (!(p->lora_scaling > 0))
+        return dt_error(DT_ERR_INVALID_ARG, "%s holds LoRA adapters ('%s'): merging them needs their scaling "
+                        "(alpha / r; dt_hf_save_params.lora_scaling), and leaving them out would write the "
+                        "base model", src, an);
+    const dt_module *lm = dt_model_find_module(m, layer);
+    x->fan_in_fan_out = lm && !strcmp(dt_module_type(lm), "Conv1D");
+    const int64_t out = x->fan_in_fan_out ? x->shape[1] : x->shape[0];
+    const int64_t in = x->fan_in_fan_out ? x->shape[0] : x->shape[1];
+    dt_ckpt_tensor ta, tb;
+    dt_status st = dt_ckpt_tensor_at(ck, (size_t)a, &ta);
+    if (st >= 0)
+        st = dt_ckpt_tensor_at(ck, (size_t)b, &tb);
+    if (st < 0)
+        return st;
+    if (ta.ndim != 2 || tb.ndim != 2 || ta.shape[1] != in || tb.shape[0] != out || tb.shape[1] != ta.shape[0])
+        return dt_error(DT_ERR_SHAPE, "%s: LoRA adapters '%s' [%lld, %lld] and '%s' [%lld, %lld] do not fit '%s' "
+                        "(in %lld, out %lld)", src, an, (long long)ta.shape[0], (long long)(ta.ndim > 1 ? ta.shape[1] : 0),
+                        bn, (long long)tb.shape[0], (long long)(tb.ndim > 1 ? tb.shape[1] : 0), x->name,
+                        (long long)in, (long long)out);
+    x->lora_a = a, x->lora_b = b, x->r = ta.shape[0];
+    *nmerged += 1;
+    return DT_OK;
+}
+
+/* Every LoRA adapter pair of ck was merged into a parameter written. */
+static dt_status all_merged(dt_ckpt *ck, const char *src, size_t nmerged)
+{
+    size_t n = 0;
+    const char *one = NULL;
+    for (size_t i = 0; i < dt_ckpt_num_tensors(ck); i++) {
+        dt_ckpt_tensor t;
+        if (dt_ckpt_tensor_at(ck, i, &t) < 0 || !strncmp(t.name, "optim.", 6) || !strncmp(t.name, "master.", 7) || !dt_lora_is_adapter(t.name))
+            continue;
+        n++;
+        one = t.name;
+    }
+    if (n != 2 * nmerged)
+        return dt_error(DT_ERR_NOT_FOUND, "%s holds %zu LoRA adapter tensors (e.g. '%s') of which %zu belong to no "
+                        "parameter of the model: not merged", src, n, one ? one : "?", n - 2 * nmerged);
+    return DT_OK;
+}
+
+/* The tokenizer files: path (a tokenizer.json or a directory holding one)
+ * read whole into *json (its bytes, to copy) and checked by loading it;
+ * *cfg and *map are tokenizer_config.json and special_tokens_map.json. */
+static dt_status read_tokenizer(const char *path, int64_t max_len, char **json, size_t *n, char **cfg, char **map)
+{
+    char full[4200];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(full, sizeof full, "%s/tokenizer.json", path);
+        path = full;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "tokenizer.json %s: cannot open: %s", path, strerror(errno));
+    dt_status st = DT_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > DT_TOKENIZER_MAX_FILE)
+        st = dt_error(DT_ERR_IO, "tokenizer.json %s: not a regular file of at most %zu MiB", path,
+                      DT_TOKENIZER_MAX_FILE >> 20);
+    size_t len = st == DT_OK ? (size_t)sb.st_size : 0, got = 0;
+    char *buf = st == DT_OK ? malloc(len + 1) : NULL;
+    if (st == DT_OK && !buf)
+        st = dt_error(DT_ERR_NO_MEMORY, "tokenizer.json %s: out of memory", path);
+    while (st == DT_OK && got < len) {
+        ssize_t r = read(fd, buf + got, len - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            st = dt_error(DT_ERR_IO, "tokenizer.json %s: read error%s", path, r == 0 ? " (the file shrank)" : "");
+        else
+            got += (size_t)r;
+    }
+    close(fd);
+    dt_tokenizer *t = NULL;
+    if (st == DT_OK && (st = dt_tokenizer_load_mem(buf, len, path, &t)) == DT_OK)
+        st = dt_tokenizer_hf_files(t, max_len, cfg, map);
+    dt_tokenizer_free(t);
+    if (st < 0) {
+        free(buf);
+        return st;
+    }
+    *json = buf;
+    *n = len;
+    return DT_OK;
+}
+
 dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, const dt_hf_save_params *pp)
 {
     if (!src || !h || !out)
@@ -357,9 +510,14 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     dt_model *m = NULL;
     dt_ckpt *ck = NULL;
     item *it = NULL;
-    char *cfg = NULL, *gen = NULL;
+    char *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL, *tok_map = NULL;
+    size_t tok_n = 0;
     char tmp[4200] = "";
     int nshard = 0;
+    if (p.tokenizer && (st = read_tokenizer(p.tokenizer, h->is_gpt2 ? h->gpt2.block_size
+                                                                      : h->llama.max_position_embeddings,
+                                            &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
+        goto out;
     if ((st = meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
         goto out;
     size_t ne = dt_model_num_entries(m), n = 0;
@@ -368,6 +526,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         goto out;
     }
     uint64_t cur = 0, total = 0;
+    size_t nmerged = 0;
     const size_t esz = dt_dtype_size(p.dtype);
     for (size_t i = 0; i < ne; i++) {
         dt_param_info pi;
@@ -398,6 +557,8 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         item *x = &it[n++];
         x->name = pi.name, x->src = k, x->numel = pi.numel, x->ndim = pi.ndim;
         memcpy(x->shape, pi.shape, sizeof x->shape);
+        if ((st = find_lora(ck, m, src, &p, x, &nmerged)) < 0)
+            goto out;
         uint64_t b = (uint64_t)pi.numel * esz;
         if (cur > 0 && cur + b > p.max_shard_bytes) { /* huggingface_hub: greedy, in order */
             nshard++;
@@ -408,6 +569,8 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         total += b;
     }
     nshard++;
+    if ((st = all_merged(ck, src, nmerged)) < 0)
+        goto out;
     if ((st = config_json(h, p.dtype, &cfg, &gen)) < 0)
         goto out;
     snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out);
@@ -417,10 +580,18 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         goto out;
     }
     chmod(tmp, 0755);
-    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, out)) < 0 ||
+    if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, p.lora_scaling, out)) < 0 ||
         (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
         (st = write_text(tmp, "config.json", cfg)) < 0 || (st = write_text(tmp, "generation_config.json", gen)) < 0)
         goto out;
+    if (tok) {
+        char tp[4300];
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", tmp);
+        if ((st = dt_file_write_atomic(tp, tok, tok_n, 0644)) < 0 ||
+            (st = write_text(tmp, "tokenizer_config.json", tok_cfg)) < 0 ||
+            (st = write_text(tmp, "special_tokens_map.json", tok_map)) < 0)
+            goto out;
+    }
     rmdir(out); /* an empty directory is replaced (dt_hf_save_check_out allowed it) */
     if ((st = dt_file_rename(tmp, out)) >= 0)
         tmp[0] = 0;
@@ -429,10 +600,21 @@ out:
         remove_tmp(tmp, nshard);
     cJSON_free(cfg);
     cJSON_free(gen);
+    free(tok);
+    free(tok_cfg);
+    free(tok_map);
     free(it);
     dt_ckpt_close(ck);
     dt_model_free(m);
     return st;
+}
+
+bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n)
+{
+    struct stat sb;
+    if (!name || !path || strncmp(name, "hf:", 3) || snprintf(path, n, "%s/tokenizer.json", name + 3) >= (int)n)
+        return false;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 dt_status dt_hf_save_check_out(const char *out)

@@ -8,8 +8,8 @@ weights, and hold the values of the run's checkpoint.
 
 With VAL.bin and T it also prints PEFT's mean next-token loss over VAL.bin's
 disjoint windows of T + 1 tokens, to hold against
-    build/dtrain eval --ckpt CK/step-00000005 --val-data tokens:VAL.bin --seq T \
-        --lora-targets c_attn,c_proj,c_fc --lora-r 4 --lora-alpha 16
+    build/dtrain eval --ckpt CK/step-00000005 --val-data tokens:VAL.bin --seq T
+(the checkpoint keeps its LoRA settings)
 (gpt-micro, 5 AdamW steps on the Bible: 6.4512 both; the base alone 6.5724).
 """
 import json

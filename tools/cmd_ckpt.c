@@ -2,6 +2,7 @@
  * directory or a single safetensors file). Parsing and printing only: the
  * formats and the resharding are ckpt.h's. */
 #include "cmd.h"
+#include "train.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/models.h"
 #include "dtrain/train.h"
@@ -21,7 +22,7 @@ static void usage(FILE *f)
             "       dtrain ckpt verify SRC\n"
             "       dtrain ckpt convert SRC -o DST (--full [--with-optimizer] | --ranks N)\n"
             "       dtrain ckpt convert --hf OUT SRC [--hf-shard-size BYTES] [--hf-dtype f32|bf16|f16]\n"
-            "                           [--model NAME]\n"
+            "                           [--model NAME] [--tokenizer FILE]\n"
             "  SRC is a checkpoint directory (index.json + rank-*.safetensors), a dtrain train --save\n"
             "  directory (its newest checkpoint) or one .safetensors file (written by dtrain, PyTorch or\n"
             "  Hugging Face).\n"
@@ -39,8 +40,11 @@ static void usage(FILE *f)
             "            model.safetensors, or shards of --hf-shard-size bytes (default 5000000000) with\n"
             "            model.safetensors.index.json) that transformers' AutoModelForCausalLM.from_pretrained\n"
             "            loads: the model (GPT-2, Llama, hf:DIR) is the one the checkpoint was trained with\n"
-            "            (--model NAME for a file without dtrain's options); OUT must not exist (or be\n"
-            "            empty) and appears complete or not at all.\n"
+            "            (--model NAME for a file without dtrain's options); a LoRA run's adapters are\n"
+            "            merged into their layers (PEFT's merge_and_unload); OUT must not exist (or be\n"
+            "            empty) and appears complete or not at all. --tokenizer FILE (a tokenizer.json;\n"
+            "            for an hf:DIR model DIR's tokenizer.json when there is one) adds tokenizer.json,\n"
+            "            tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them).\n"
             "  exit 2: a missing, unreadable or damaged SRC, an existing DST, bad usage; exit 1: out of\n"
             "  memory or a failed write.\n"
             "  e.g. dtrain ckpt info run/step-00000100\n"
@@ -293,7 +297,8 @@ out:
 
 /* --hf OUT: the model the checkpoint was trained with (its saved options,
  * or --model) as a Hugging Face model directory. */
-static int convert_hf(const char *src, const char *out, const char *model, uint64_t shard, dt_dtype dtype)
+static int convert_hf(const char *src, const char *out, const char *model, uint64_t shard, dt_dtype dtype,
+                      const char *tokenizer)
 {
     dt_model_config cfg = dt_model_config_default();
     char *js = NULL, name[1100] = "";
@@ -324,6 +329,14 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
     if (shard)
         p.max_shard_bytes = shard;
     p.dtype = dtype;
+    dt__tuning tu; /* a LoRA run's adapters are merged into their layers (PEFT's merge_and_unload) */
+    dt_lora_params lp;
+    if (dt__tuning_read(src, &tu) >= 0 && tu.lora_targets && dt__tuning_lora(&tu, &lp) >= 0)
+        p.lora_scaling = dt_lora_scaling(&lp);
+    dt__tuning_free(&tu);
+    dt_error_clear();
+    char tokp[4200];
+    p.tokenizer = tokenizer ? tokenizer : dt_hf_dir_tokenizer(name, tokp, sizeof tokp) ? tokp : NULL;
     if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)
         return dt_last_status() == DT_ERR_IO ? fail_write("convert --hf") : fail("convert --hf");
     char esc[512];
@@ -346,7 +359,7 @@ int dt_cmd_ckpt(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    const char *verb = argv[1], *src = NULL, *dst = NULL, *hf = NULL, *model = NULL;
+    const char *verb = argv[1], *src = NULL, *dst = NULL, *hf = NULL, *model = NULL, *tokenizer = NULL;
     bool full = false, with_optim = false;
     int64_t nranks = 0;
     uint64_t shard = 0;
@@ -361,6 +374,8 @@ int dt_cmd_ckpt(int argc, char **argv)
             hf = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
+        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+            tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--hf-shard-size") && i + 1 < argc) {
             if (dt_parse_uint("--hf-shard-size", argv[++i], 1, UINT64_MAX, &shard) < 0) {
                 dt__cli_err("dtrain ckpt: %s\n", dt_last_error());
@@ -404,8 +419,8 @@ int dt_cmd_ckpt(int argc, char **argv)
         dt__cli_err("dtrain ckpt %s: --hf OUT goes with convert alone (not -o, --full, --ranks)\n", verb);
         return 2;
     }
-    if ((model || shard) && !hf) {
-        dt__cli_err("dtrain ckpt %s: --model and --hf-shard-size go with --hf OUT\n", verb);
+    if ((model || shard || tokenizer) && !hf) {
+        dt__cli_err("dtrain ckpt %s: --model, --tokenizer and --hf-shard-size go with --hf OUT\n", verb);
         return 2;
     }
     if (hf && dt_hf_save_check_out(hf) < 0) /* before reading anything */
@@ -426,7 +441,7 @@ int dt_cmd_ckpt(int argc, char **argv)
         src = newest;
     }
     if (hf)
-        return convert_hf(src, hf, model, shard, hf_dtype);
+        return convert_hf(src, hf, model, shard, hf_dtype, tokenizer);
     dt_ckpt *ck;
     if (dt_ckpt_open(src, &ck) < 0)
         return fail(verb);

@@ -8,6 +8,7 @@
  * prompt and the output are token ids, or text with --vocab (a `dtrain
  * tokenize` BPE vocabulary). Parsing and printing only. */
 #include "cmd.h"
+#include "train.h"
 
 #include "dtrain/data.h"
 #include "dtrain/models.h"
@@ -184,7 +185,21 @@ int dt_cmd_generate(int argc, char **argv)
     }
     if (!model)
         model = mname;
+    dt__tuning tu; /* a LoRA run's checkpoint: the model with its adapters */
+    dt_lora_params lp;
+    memset(&tu, 0, sizeof tu);
+    if (ckpt && dt__tuning_read(ckpt, &tu) >= 0 && tu.lora_targets) {
+        if (dt__tuning_lora(&tu, &lp) < 0) {
+            dt__tuning_free(&tu);
+            free(mname);
+            free(vtext);
+            return bad();
+        }
+        cfg.build.lora = &lp;
+    }
+    dt_error_clear();
     if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !vtext) || (vocab && !ptext)) {
+        dt__tuning_free(&tu);
         free(mname);
         free(vtext);
         dt__cli_err("dtrain generate: give --model and either --prompt-ids or --vocab with --prompt (see dtrain "
@@ -277,6 +292,7 @@ int dt_cmd_generate(int argc, char **argv)
     }
     rc = 0;
 done:
+    dt__tuning_free(&tu);
     free(mname);
     free(vtext);
     dt_bpe_free(bpe);

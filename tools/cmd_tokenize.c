@@ -25,7 +25,9 @@ static void usage(FILE *f)
             "                     transformers and tokenizers load: the same ids for every text, plus\n"
             "                     the special token <|endoftext|> as id N)\n"
             "  --min-count C      stop merging when the best pair occurs fewer than C times (default 2)\n"
-            "  --vocab VOCAB      encode CORPUS with VOCAB into an llm.c token file (uint16 tokens)\n"
+            "  --vocab VOCAB      encode CORPUS with VOCAB into an llm.c token file: uint16 ids (magic\n"
+            "                     20240520), or uint32 (magic 20240801, llm.c's Llama-3 file) when the\n"
+            "                     vocabulary has more than 65536 ids\n"
             "  --tokenizer FILE   a Hugging Face tokenizer.json (or a model directory holding one) with a\n"
             "                     byte-level BPE model (GPT-2, Llama-3, Qwen2 style): the ids the\n"
             "                     tokenizers library gives (encode(text, add_special_tokens=False)); added\n"
@@ -103,54 +105,55 @@ static int64_t vocab_size(const vocab_src *v)
     return v->tok ? dt_tokenizer_vocab_size(v->tok) : dt_bpe_vocab_size(v->bpe);
 }
 
-/* Encode into uint16 ids (token files hold uint16): 1 with a message on failure, 2 for bad input. */
-static int vocab_encode(const vocab_src *v, const char *text, size_t n, uint16_t **out, int64_t *nout)
+/* Token files hold uint16 ids (llm.c's GPT-2 file) unless the vocabulary
+ * has more than 65,536 ids: then uint32 (its Llama-3 file). The width
+ * follows the vocabulary, not the text, so every file of one tokenizer has
+ * the same kind. */
+static bool wide_vocab(const vocab_src *v) { return vocab_size(v) > 65536; }
+
+/* Encode into ids: 1 with a message on failure, 2 for bad input. */
+static int vocab_encode(const vocab_src *v, const char *text, size_t n, uint32_t **out, int64_t *nout)
 {
     if (v->bpe) {
-        if (dt_bpe_encode(v->bpe, text, n, out, nout) < 0) {
+        uint16_t *ids;
+        int64_t ni;
+        if (dt_bpe_encode(v->bpe, text, n, &ids, &ni) < 0) {
             dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
             return 1;
         }
+        uint32_t *o = malloc((size_t)(ni ? ni : 1) * sizeof *o);
+        for (int64_t i = 0; o && i < ni; i++)
+            o[i] = ids[i];
+        free(ids);
+        if (!o) {
+            dt__cli_err("dtrain tokenize: out of memory\n");
+            return 1;
+        }
+        *out = o;
+        *nout = ni;
         return 0;
     }
-    uint32_t *ids;
-    int64_t ni;
-    dt_status st = dt_tokenizer_encode(v->tok, text, n, false, &ids, &ni);
+    dt_status st = dt_tokenizer_encode(v->tok, text, n, false, out, nout);
     if (st < 0) {
         dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
         return st == DT_ERR_INVALID_ARG ? 2 : 1;
     }
-    uint16_t *o = malloc((size_t)(ni ? ni : 1) * sizeof *o);
-    for (int64_t i = 0; o && i < ni; i++) {
-        if (ids[i] > UINT16_MAX) {
-            dt__cli_err("dtrain tokenize: token id %u at position %lld does not fit a token file's uint16 (the "
-                        "tokenizer has %lld ids; token files hold up to 65536)\n",
-                        ids[i], (long long)i, (long long)dt_tokenizer_vocab_size(v->tok));
-            free(ids);
-            free(o);
-            return 2;
-        }
-        o[i] = (uint16_t)ids[i];
-    }
-    free(ids);
-    if (!o) {
-        dt__cli_err("dtrain tokenize: out of memory\n");
-        return 1;
-    }
-    *out = o;
-    *nout = ni;
     return 0;
 }
 
-static dt_status vocab_decode(const vocab_src *v, const uint16_t *ids, int64_t n, char **text, size_t *len)
+static dt_status vocab_decode(const vocab_src *v, const dt_tokens *t, char **text, size_t *len)
 {
-    if (v->bpe)
-        return dt_bpe_decode(v->bpe, ids, n, text, len);
+    int64_t n = dt_tokens_count(t);
+    if (v->bpe) {
+        if (dt_tokens_data(t))
+            return dt_bpe_decode(v->bpe, dt_tokens_data(t), n, text, len);
+        return dt_error(DT_ERR_FORMAT, "a uint32 token file with a dtrain vocabulary (at most 65,536 ids)");
+    }
     uint32_t *w = malloc((size_t)(n ? n : 1) * sizeof *w);
     if (!w)
         return dt_error(DT_ERR_NO_MEMORY, "decode: out of memory");
     for (int64_t i = 0; i < n; i++)
-        w[i] = ids[i];
+        w[i] = dt_tokens_at(t, i);
     dt_status st = dt_tokenizer_decode(v->tok, w, n, false, text, len);
     free(w);
     return st;
@@ -158,20 +161,30 @@ static dt_status vocab_decode(const vocab_src *v, const uint16_t *ids, int64_t n
 
 static int encode_to(const vocab_src *v, const char *text, size_t n, const char *out)
 {
-    uint16_t *ids;
+    uint32_t *ids;
     int64_t ni;
     int erc = vocab_encode(v, text, n, &ids, &ni);
     if (erc)
         return erc;
-    dt_status st = dt_tokens_write(out, ids, ni);
+    bool wide = wide_vocab(v);
+    dt_status st = DT_OK;
+    if (wide) {
+        st = dt_tokens_write_u32(out, ids, ni);
+    } else {
+        uint16_t *u = malloc((size_t)(ni ? ni : 1) * sizeof *u);
+        for (int64_t i = 0; u && i < ni; i++)
+            u[i] = (uint16_t)ids[i]; /* every id < vocab size <= 65536 */
+        st = u ? dt_tokens_write(out, u, ni) : dt_error(DT_ERR_NO_MEMORY, "out of memory");
+        free(u);
+    }
     free(ids);
     if (st < 0) {
         dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
         return st == DT_ERR_INVALID_ARG ? 2 : 1;
     }
     char esc[300];
-    printf("%s: %lld tokens from %zu bytes (%.2f bytes per token)\n", dt_escape(out, esc, sizeof esc),
-           (long long)ni, n, ni ? (double)n / (double)ni : 0.0);
+    printf("%s: %lld tokens from %zu bytes (%.2f bytes per token; %s ids)\n", dt_escape(out, esc, sizeof esc),
+           (long long)ni, n, ni ? (double)n / (double)ni : 0.0, wide ? "uint32" : "uint16");
     return 0;
 }
 
@@ -339,7 +352,7 @@ int dt_cmd_tokenize(int argc, char **argv)
             dt__cli_err("dtrain tokenize: %s (vocab %s)\n", dt_last_error(), vocab ? vocab : tokenizer);
             rc = 2;
         } else {
-            if (vocab_decode(bpe, dt_tokens_data(t), dt_tokens_count(t), &text, &len) < 0 ||
+            if (vocab_decode(bpe, t, &text, &len) < 0 ||
                 dt_file_write_atomic(out, text, len, 0644) < 0) {
                 dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
                 rc = 1;

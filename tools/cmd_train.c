@@ -97,6 +97,10 @@ typedef struct {
     char *lora_buf;               /* --lora-targets split at its commas */
     const char **lora_targets;    /* NULL-terminated */
     dt_lora_params lora;          /* with lora_targets set: the build's adapters */
+    dt_lora_peft_config peft;     /* --lora-from DIR's adapter_config.json */
+    char *peft_targets;           /* its target_modules joined with commas (o.lora_targets) */
+    dt__tuning ck_tuning;         /* the LoRA/--freeze settings of the checkpoint resumed or evaluated */
+    char *ck_path;                /* that checkpoint (NULL: none) */
     const char *vocab_from;       /* where the GPT vocabulary size came from (messages) */
     dt_dataset *base_train, *base_test, *train, *test;
     dt_dataset *test_shard;       /* DDP: this rank's share of the test set (NULL: all) */
@@ -203,25 +207,106 @@ static int split_list(const char *opt, const char *list, char **buf, const char 
     return 0;
 }
 
+/* --lora-from DIR: the settings of its adapter_config.json become the
+ * --lora-* options (the weights load after the base's: setup_resume). */
+static int lora_from(trainer *t)
+{
+    if (!t->o.lora_from)
+        return 0;
+    if (dt_lora_peft_config_read(t->o.lora_from, &t->peft) < 0)
+        return fail(dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2, "--lora-from");
+    size_t n = 1;
+    for (char **s = t->peft.target_names; *s; s++)
+        n += strlen(*s) + 1;
+    if (!(t->peft_targets = calloc(1, n)))
+        return fail(1, "--lora-from");
+    for (char **s = t->peft.target_names; *s; s++)
+        snprintf(t->peft_targets + strlen(t->peft_targets), n - strlen(t->peft_targets), "%s%s",
+                 s == t->peft.target_names ? "" : ",", *s);
+    t->o.lora_targets = t->peft_targets;
+    t->o.lora_r = t->peft.params.r;
+    t->o.lora_alpha = t->peft.params.alpha;
+    t->o.lora_dropout = t->peft.params.dropout;
+    t->o.lora_rslora = t->peft.params.rslora;
+    return 0;
+}
+
+/* The LoRA and --freeze settings of the checkpoint this run evaluates
+ * (dtrain eval --ckpt) or resumes: a command line that gives none takes
+ * them (the model is rebuilt as it was trained); one that gives others is
+ * refused after the build parameters are known (check_tuning). */
+static int ckpt_tuning(trainer *t, const char *eval_ckpt)
+{
+    char latest[1024] = "";
+    const char *path = eval_ckpt;
+    struct stat sb;
+    if (!path && t->o.resume && !strcmp(t->o.resume, "auto")) {
+        if (t->o.save && stat(t->o.save, &sb) == 0 && dt_trainer_ckpt_latest(t->o.save, latest, sizeof latest) >= 0 &&
+            latest[0])
+            path = latest;
+        dt_error_clear();
+    } else if (!path && t->o.resume) {
+        path = t->o.resume;
+    }
+    if (!path || stat(path, &sb) != 0 || dt__tuning_read(path, &t->ck_tuning) < 0) {
+        dt_error_clear(); /* not a dtrain checkpoint, or none: the load says what is wrong */
+        return 0;
+    }
+    if (!t->ck_tuning.known)
+        return 0;
+    if (!(t->ck_path = strdup(path)))
+        return fail(1, "--resume");
+    if (t->o.lora_targets || t->o.freeze)
+        return 0;
+    t->o.freeze = t->ck_tuning.freeze;
+    if (t->ck_tuning.lora_targets) {
+        t->o.lora_targets = t->ck_tuning.lora_targets;
+        t->o.lora_r = t->ck_tuning.lora_r;
+        t->o.lora_alpha = t->ck_tuning.lora_alpha;
+        t->o.lora_dropout = t->ck_tuning.lora_dropout;
+        t->o.lora_rslora = t->ck_tuning.lora_rslora;
+    }
+    return 0;
+}
+
+/* A command line whose LoRA/--freeze settings differ from its checkpoint's. */
+static int check_tuning(trainer *t, const char *eval_ckpt)
+{
+    const dt__tuning *c = &t->ck_tuning;
+    if (!t->ck_path || dt__tuning_same(c, t->o.lora_targets, &t->lora, t->o.freeze))
+        return 0;
+    char ck[1500], here[1500];
+    dt__tuning_describe(c->lora_targets, c->lora_r, c->lora_alpha, c->lora_dropout, c->lora_rslora, c->freeze, ck,
+                        sizeof ck);
+    dt__tuning_describe(t->o.lora_targets, t->lora.r, t->lora.alpha, t->lora.dropout, t->lora.rslora, t->o.freeze,
+                        here, sizeof here);
+    dt__cli_err("dtrain train: %s %s was trained with %s; this command has %s: give the checkpoint's settings, or "
+                "none (they are then taken from it)\n", eval_ckpt ? "--ckpt" : "--resume", t->ck_path, ck, here);
+    return 2;
+}
+
 /* --freeze and --lora-*: the patterns and targets (each --freeze pattern
  * must match a parameter of the model: a typo would otherwise train
  * everything; freeze_report checks after the build). */
-static int freeze_patterns(trainer *t)
+static int freeze_patterns(trainer *t, const char *eval_ckpt)
 {
     int rc;
+    if ((rc = lora_from(t)) || (rc = ckpt_tuning(t, eval_ckpt)))
+        return rc;
     if (t->o.freeze && (rc = split_list("--freeze", t->o.freeze, &t->freeze_buf, &t->freeze)))
         return rc;
-    if (!t->o.lora_targets)
-        return 0;
+    if (!t->o.lora_targets) {
+        if (t->o.save_lora) { /* --resume of a checkpoint without LoRA */
+            dt__cli_err("dtrain train: --save-lora: this run has no LoRA adapters (--lora-targets, --lora-from, or "
+                        "a LoRA checkpoint to resume)\n");
+            return 2;
+        }
+        return check_tuning(t, eval_ckpt);
+    }
     if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
         return rc;
     if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
         dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
-        return 2;
-    }
-    if (t->o.save_lora && t->ddp.stage == 3) {
-        dt__cli_err("dtrain train: --save-lora needs the adapters whole on rank 0: not with --zero 3 (save a "
-                    "checkpoint with --save instead)\n");
         return 2;
     }
     t->lora = dt_lora_params_default();
@@ -232,8 +317,10 @@ static int freeze_patterns(trainer *t)
     t->lora.dropout = (float)t->o.lora_dropout;
     t->lora.rslora = t->o.lora_rslora;
     t->lora.targets = t->lora_targets;
-    return 0;
+    return check_tuning(t, eval_ckpt);
 }
+
+static bool g_eval_json; /* dtrain eval --json: stdout holds the JSON object only */
 
 static int freeze_report(trainer *t)
 {
@@ -263,15 +350,13 @@ static int freeze_report(trainer *t)
         dt__cli_err("dtrain train: --freeze %s freezes every parameter: nothing left to train\n", t->o.freeze);
         return 2;
     }
-    if (dt__ddp_is_main(&t->ddp))
+    if (dt__ddp_is_main(&t->ddp) && !g_eval_json)
         printf("frozen: %zu parameters (%zu elements) by %s%s%s; %zu elements train\n", nfrozen, efrozen,
                t->lora_targets ? "LoRA (adapters on " : "--freeze ", t->lora_targets ? t->o.lora_targets : t->o.freeze,
                t->lora_targets ? ")" : "", dt_model_param_count(t->model));
-    if (dt__ddp_is_main(&t->ddp) && t->lora_targets)
+    if (dt__ddp_is_main(&t->ddp) && t->lora_targets && !g_eval_json)
         printf("LoRA: r %lld, alpha %g, dropout %g, scaling %g%s\n", (long long)t->lora.r, (double)t->lora.alpha,
-               (double)t->lora.dropout,
-               t->lora.rslora ? (double)t->lora.alpha / sqrt((double)t->lora.r) : (double)t->lora.alpha / (double)t->lora.r,
-               t->lora.rslora ? " (rsLoRA)" : "");
+               (double)t->lora.dropout, (double)dt_lora_scaling(&t->lora), t->lora.rslora ? " (rsLoRA)" : "");
     return 0;
 }
 
@@ -458,7 +543,13 @@ static int check_memory(trainer *t)
     dt_model *m;
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &m, NULL) < 0)
         return fail(2, "--model");
-    const size_t psi = dt_model_param_count(m);
+    const size_t psi = dt_model_param_count(m); /* trained: frozen parameters have no gradient or state */
+    double frozen = 0;                          /* held whole on every rank all the same */
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        if (dt_model_entry(m, i, &p) >= 0 && p.frozen && p.tied_to < 0)
+            frozen += (double)p.numel * (double)dt_dtype_size(p.dtype);
+    }
     dt_model_free(m);
     dt_offload_params op;
     int rc = offload_params(t, &op);
@@ -470,6 +561,8 @@ static int check_memory(trainer *t)
     dt_mem_estimate e; /* the plan's per-rank model state (parameters f32 here, as the estimate always took them) */
     if (dt_plan_memory(t->ddp.plan, psi, 4, kind, t->o.momentum > 0, &op, &e) < 0)
         return fail(1, "memory estimate");
+    e.params += frozen;
+    e.total += frozen;
     char what[256], ranks[48] = "training";
     if (t->ddp.world > 1 && t->ddp.stage > 0)
         snprintf(ranks, sizeof ranks, "ZeRO stage %d on %d ranks:", t->ddp.stage, t->ddp.world);
@@ -902,6 +995,17 @@ static int make_user_json(trainer *t)
         snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
         cJSON_free(vq);
     }
+    /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
+    char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);
+    size_t l = strlen(t->user_json);
+    char *u = tj ? realloc(t->user_json, l + strlen(tj) + 2) : NULL;
+    if (!u) {
+        cJSON_free(tj);
+        return fail(1, "out of memory");
+    }
+    t->user_json = u;
+    snprintf(u + l - 1, strlen(tj) + 2, ",%s", tj + 1); /* tj's members after the others */
+    cJSON_free(tj);
     return 0;
 }
 
@@ -928,41 +1032,79 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path) != 0 && errno != ENOENT;
 }
 
-/* --save-hf OUT: the run's weights as a Hugging Face model directory, under
- * every strategy: they are taken from a checkpoint (the final --save one, or
- * one written for this into OUT.ckpt-tmp and removed after), which rank 0
- * converts (dt_hf_save: OUT appears complete or not at all). */
-static int save_hf(trainer *t)
+/* The tokenizer --save-hf writes: --tokenizer, else hf:DIR's tokenizer.json
+ * (NULL: none known). */
+static const char *save_hf_tokenizer(const trainer *t, char *buf, size_t n)
 {
+    if (t->o.tokenizer)
+        return t->o.tokenizer;
+    return dt_hf_dir_tokenizer(t->o.model, buf, n) ? buf : NULL;
+}
+
+/* The base model's name for adapter_config.json: an hf:DIR model's DIR
+ * (AutoPeftModel loads it from there); a zoo model has none (null). */
+static const char *base_model_name(const trainer *t)
+{
+    return !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : NULL;
+}
+
+/* --save-hf OUT and --save-lora DIR at the end, under every strategy.
+ * --save-hf writes the run's weights as a Hugging Face model directory, a
+ * LoRA run's adapters merged into their layers (PEFT's merge_and_unload:
+ * W + scaling * B A), so OUT is a plain model transformers loads; the
+ * weights are taken from a checkpoint (the final --save one, or one written
+ * for this into OUT.ckpt-tmp and removed after), which rank 0 converts
+ * (dt_hf_save: OUT appears complete or not at all). --save-lora writes the
+ * adapters as PEFT does, from rank 0's memory, or under ZeRO-3 (each rank
+ * holds a shard) from that checkpoint. */
+static int save_outputs(trainer *t)
+{
+    const bool lora_from_ckpt = t->o.save_lora && t->ddp.stage == 3;
+    if (!t->o.save_hf && !t->o.save_lora)
+        return 0;
     const char *ck = t->o.save;
     char tmp[1200] = "";
-    if (!ck) {
-        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf);
+    if (!ck && (t->o.save_hf || lora_from_ckpt)) {
+        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf ? t->o.save_hf : t->o.save_lora);
         dt_trainer_save_params sp = dt_trainer_save_params_default();
         sp.user_json = t->user_json;
         if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
-            return fail(1, "--save-hf");
+            return fail(1, t->o.save_hf ? "--save-hf" : "--save-lora");
         ck = tmp;
     }
     int rc = 0;
     if (dt__ddp_is_main(&t->ddp)) {
-        char latest[4096];
-        dt_hf_config h;
-        dt_model_config cfg = model_config(t);
-        dt_hf_save_params p = dt_hf_save_params_default();
-        if (t->o.hf_shard_size)
-            p.max_shard_bytes = t->o.hf_shard_size;
-        dt_status st = dt_trainer_ckpt_latest(ck, latest, sizeof latest);
-        if (st >= 0 && (st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
-            st = dt_hf_save(latest, &h, t->o.save_hf, &p);
-        if (st < 0)
-            rc = fail(st == DT_ERR_IO || st == DT_ERR_NO_MEMORY ? 1 : 2, "--save-hf");
-        else {
-            char esc[512];
-            printf("saved %s (a Hugging Face model directory)\n", dt_escape(t->o.save_hf, esc, sizeof esc));
+        char latest[4096] = "", esc[512];
+        dt_status st = ck ? dt_trainer_ckpt_latest(ck, latest, sizeof latest) : DT_OK;
+        if (st >= 0 && t->o.save_hf) {
+            dt_hf_config h;
+            dt_model_config cfg = model_config(t);
+            dt_hf_save_params p = dt_hf_save_params_default();
+            if (t->o.hf_shard_size)
+                p.max_shard_bytes = t->o.hf_shard_size;
+            if (t->lora_targets)
+                p.lora_scaling = dt_lora_scaling(&t->lora);
+            char tokp[4200];
+            p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
+            if ((st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
+                st = dt_hf_save(latest, &h, t->o.save_hf, &p);
+            if (st < 0)
+                rc = fail(st == DT_ERR_IO || st == DT_ERR_NO_MEMORY ? 1 : 2, "--save-hf");
+            else
+                printf("saved %s (a Hugging Face model directory%s)\n", dt_escape(t->o.save_hf, esc, sizeof esc),
+                       t->lora_targets ? ", the LoRA adapters merged into their layers" : "");
+        }
+        if (!rc && t->o.save_lora) {
+            st = lora_from_ckpt ? dt_lora_save_peft_from(t->model, latest, &t->lora, base_model_name(t), t->o.save_lora)
+                                : dt_lora_save_peft(t->model, &t->lora, base_model_name(t), t->o.save_lora);
+            if (st < 0)
+                rc = fail(1, "--save-lora");
+            else
+                printf("LoRA adapters written to %s (PEFT's adapter_config.json, adapter_model.safetensors)\n",
+                       dt_escape(t->o.save_lora, esc, sizeof esc));
         }
         if (tmp[0] && nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-            dt__cli_err("dtrain train: --save-hf: could not remove the temporary checkpoint %s\n", tmp);
+            dt__cli_err("dtrain train: could not remove the temporary checkpoint %s\n", tmp);
     }
     return rc;
 }
@@ -978,6 +1120,12 @@ static int setup_save(trainer *t)
         dt_model_config cfg = model_config(t);
         if (dt_model_hf_config(t->o.model, &cfg, &h) < 0 || dt_hf_save_check_out(t->o.save_hf) < 0)
             return fail(2, "--save-hf");
+        char tokp[4200];
+        const char *tp = save_hf_tokenizer(t, tokp, sizeof tokp);
+        dt_tokenizer *tk = NULL; /* a tokenizer the end would fail on is bad input now */
+        if (tp && dt_tokenizer_load(tp, &tk) < 0)
+            return fail(2, "--save-hf");
+        dt_tokenizer_free(tk);
     }
     if (!t->o.save)
         return 0;
@@ -1054,26 +1202,36 @@ static bool seed_kept(trainer *t, const char *path, char *note, size_t n)
 
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
-static int setup_resume(trainer *t)
+/* --lora-from DIR's adapter weights, over the base's. */
+static int load_lora_from(trainer *t)
 {
-    t->saved_step = -1;
-    t->resumed_step = -1;
-    if (!strncmp(t->o.model, "hf:", 3) && !t->o.init_from && !t->o.resume) {
-        /* a Hugging Face model directory starts from its own weights (any strategy: each rank reads its ranges) */
-        if (dt_trainer_load_weights(t->tr, t->o.model + 3) < 0)
-            return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--model");
-        return 0;
-    }
+    if (t->o.lora_from && dt_trainer_load_peft(t->tr, t->o.lora_from) < 0)
+        return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--lora-from");
+    return 0;
+}
+
+/* A run that resumes nothing starts from --init-from's weights, or a
+ * Hugging Face model directory's own (any strategy: each rank reads its
+ * ranges), then --lora-from's adapters. */
+static int initial_weights(trainer *t)
+{
     if (t->o.init_from) {
         if (check_exists("--init-from", t->o.init_from))
             return 2;
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
-            return fail(bad_input_status(dt_last_status()) ? 2 : 1,
-                        "--init-from");
-        return 0;
+            return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--init-from");
+    } else if (!strncmp(t->o.model, "hf:", 3) && dt_trainer_load_weights(t->tr, t->o.model + 3) < 0) {
+        return fail(bad_input_status(dt_last_status()) ? 2 : 1, "--model");
     }
-    if (!t->o.resume)
-        return 0;
+    return load_lora_from(t);
+}
+
+static int setup_resume(trainer *t)
+{
+    t->saved_step = -1;
+    t->resumed_step = -1;
+    if (t->o.init_from || !t->o.resume)
+        return initial_weights(t);
     const char *from = t->o.resume;
     char latest[1024];
     if (!strcmp(from, "auto")) {
@@ -1093,7 +1251,7 @@ static int setup_resume(trainer *t)
         if (!latest[0]) {
             if (dt__ddp_is_main(&t->ddp))
                 printf("--resume auto: no checkpoint in %s yet, starting fresh\n", t->o.save);
-            return 0;
+            return initial_weights(t);
         }
         from = latest;
     }
@@ -1249,9 +1407,10 @@ static int print_sample(trainer *t)
         free(buf);
         return 0;
     }
-    const uint16_t *src = dt_tokens_data(t->sample_src);
-    for (int64_t i = 0; i < np; i++)
-        buf[i] = src[i] < t->desc.input_classes ? src[i] : 0;
+    for (int64_t i = 0; i < np; i++) {
+        uint32_t id = dt_tokens_at(t->sample_src, i);
+        buf[i] = id < t->desc.input_classes ? id : 0;
+    }
     dt_generate_params gp = dt_generate_params_default();
     gp.max_new_tokens = t->o.sample_tokens;
     gp.top_k = 40;
@@ -1528,15 +1687,16 @@ static void cleanup(trainer *t)
     free(t->freeze_buf);
     free(t->lora_targets);
     free(t->lora_buf);
+    dt_lora_peft_config_free(&t->peft);
+    free(t->peft_targets);
+    dt__tuning_free(&t->ck_tuning);
+    free(t->ck_path);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
     dt_trace_close(); /* a run that failed still leaves this rank's timeline */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);
     dt__ddp_free_group(&t->ddp);
 }
-
-/* dtrain eval --json: the result as one JSON object. */
-static bool g_eval_json;
 
 static int train_main(int argc, char **argv, const char *eval_ckpt);
 
@@ -1595,7 +1755,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
     }
-    if ((rc = freeze_patterns(t)) || (rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
+    if ((rc = freeze_patterns(t, eval_ckpt)) || (rc = vocab_size_from_vocab(t)) || (rc = check_memory(t)) || (rc = setup_model(t)) || (rc = setup_data(t)) || (rc = wrap(t)) ||
         (rc = setup_trainer(t)) || (rc = check_same(t)) || (rc = make_user_json(t)))
         goto out;
     if (eval_ckpt) {
@@ -1769,16 +1929,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         rc = fail(1, "checkpoint");
         goto out;
     }
-    if (t->o.save_hf && (rc = save_hf(t)))
+    if ((rc = save_outputs(t)))
         goto out;
-    if (t->o.save_lora && dt__ddp_is_main(&t->ddp)) {
-        if (dt_lora_save_peft(t->model, &t->lora, NULL, t->o.save_lora) < 0) {
-            rc = fail(1, "--save-lora");
-            goto out;
-        }
-        printf("LoRA adapters written to %s (PEFT's adapter_config.json, adapter_model.safetensors)\n",
-               t->o.save_lora);
-    }
     if (t->o.sample_every > 0 && t->global_step % t->o.sample_every != 0 && (rc = print_sample(t)))
         goto out;
     if ((rc = dt__ddp_memory_report(&t->ddp, t->tr))) /* ZeRO: collective */

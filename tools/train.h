@@ -4,6 +4,7 @@
 #define DT_TOOLS_TRAIN_H
 
 #include "dtrain/base.h"
+#include "dtrain/nn.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -72,6 +73,7 @@ typedef struct dt__train_opts {
     double lora_dropout;
     bool lora_rslora;
     const char *save_lora;    /* directory for the adapters in PEFT's format at the end */
+    const char *lora_from;    /* PEFT adapters (adapter_config.json + adapter_model.safetensors) to start from */
     /* ZeRO / FSDP (tools/train_ddp.c) */
     const char *zero;         /* 0 | 1 | 2 | 3, NULL = unset (DDP) */
     const char *fsdp;         /* no_shard | shard_grad_op | full_shard | hybrid_shard, NULL = unset */
@@ -79,6 +81,11 @@ typedef struct dt__train_opts {
     const char *backward_prefetch; /* none | backward_pre | backward_post, default backward_pre */
     bool forward_prefetch;
     bool hierarchical_allreduce; /* two-level gradient reductions across nodes (DDP and ZeRO) */
+    bool zero_qw, zero_qg;    /* ZeRO++ qwZ / qgZ (--zero-quantized-weights / -gradients) */
+    int64_t zero_hpz;         /* ZeRO++ hpZ partition size, 0 = unset (the config's, else off) */
+    int64_t zero_quant_block; /* 0 = unset */
+    int64_t zero_grad_block;  /* 0 = unset */
+    const char *zero_grad_bits; /* "4" | "8", NULL = unset */
     /* tensor parallelism (tools/train_ddp.c): ranks per tensor-parallel group, 0/1 = none */
     int64_t tp;
     bool sequence_parallel;   /* --sequence-parallel (GPT with --tp) */
@@ -238,5 +245,29 @@ typedef struct dt__metrics_points {
  * Free out with dt__metrics_points_free. */
 int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *err, size_t errn);
 void dt__metrics_points_free(dt__metrics_points *p);
+
+/* ---- LoRA and --freeze settings kept with a checkpoint (train_lora.c) ------------------ */
+typedef struct dt__tuning {
+    bool known;           /* the checkpoint says (false: saved before they were kept) */
+    char *lora_targets;   /* comma-separated; NULL: no LoRA */
+    int64_t lora_r;
+    double lora_alpha, lora_dropout;
+    bool lora_rslora;
+    char *freeze;         /* --freeze's patterns; NULL: none */
+    char *target_buf;     /* dt__tuning_lora's split targets */
+    const char **target_list;
+} dt__tuning;
+/* The settings of the checkpoint at path (a checkpoint or save directory). */
+dt_status dt__tuning_read(const char *path, dt__tuning *out);
+/* Its LoRA as build parameters (targets borrowed from t); defaults when none. */
+dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p);
+void dt__tuning_free(dt__tuning *t);
+/* {"lora":{"targets":..,"r":..,"alpha":..,"dropout":..,"rslora":..}|null,"freeze":..|null} (cJSON_free). */
+char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze);
+/* The settings as the flags that give them, for messages. */
+void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora,
+                         const char *freeze, char *buf, size_t n);
+/* Whether ck holds these settings. */
+bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze);
 
 #endif

@@ -137,17 +137,22 @@ static const opt_def opts[] = {
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP and ZeRO, not yet with --tp or --pp"},
+     "with DDP and ZeRO, not yet with --tp or --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
     {"lora-dropout", OPT_FLOAT, OFF(lora_dropout), 0, 0.99, NULL, "P", "dropout on the adapters' input (default 0)"},
     {"lora-rslora", OPT_FLAG, OFF(lora_rslora), 0, 0, NULL, NULL, "LoRA scaling alpha/sqrt(r) (rsLoRA) for alpha/r"},
+    {"lora-from", OPT_STR, OFF(lora_from), 0, 0, NULL, "DIR",
+     "LoRA from adapters PEFT saved (save_pretrained): DIR/adapter_config.json gives the targets, r, alpha, "
+     "dropout and rsLoRA (in place of --lora-*), DIR/adapter_model.safetensors the adapters' starting weights, "
+     "on the --model's own (hf:DIR) or --init-from's"},
     {"save-lora", OPT_STR, OFF(save_lora), 0, 0, NULL, "DIR",
      "at the end, write the LoRA adapters to DIR as PEFT does (adapter_config.json, adapter_model.safetensors: "
-     "PeftModel.from_pretrained loads them); not with --zero 3"},
+     "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
@@ -166,6 +171,24 @@ static const opt_def opts[] = {
      "machine and shard (Horovod's; DDP and ZeRO; AIAK_HIERARCHICAL_ALLREDUCE=1|0 overrides)"},
     {"forward-prefetch", OPT_FLAG, OFF(forward_prefetch), 0, 0, NULL, NULL,
      "stage 3: post the next unit's all-gather during the current unit's forward"},
+    {"zero-quantized-weights", OPT_FLAG, OFF(zero_qw), 0, 0, NULL, NULL,
+     "ZeRO++ qwZ (stage 3 / full_shard): the parameter all-gathers carry int8 blocks (one scale per "
+     "--zero-quant-block elements); the shards and the optimizer stay exact (DeepSpeed's "
+     "zero_quantized_weights)"},
+    {"zero-quantized-gradients", OPT_FLAG, OFF(zero_qg), 0, 0, NULL, NULL,
+     "ZeRO++ qgZ (stage 3 / full_shard): the gradient reduce-scatter runs quantized (--zero-grad-bits) in two "
+     "hops, within each machine then across, summed in f32; no error feedback (DeepSpeed's "
+     "zero_quantized_gradients)"},
+    {"zero-hpz", OPT_INT, OFF(zero_hpz), 1, 1e6, NULL, "N",
+     "ZeRO++ hpZ (stage 3 / full_shard): keep 1/N of each unit's forward-gathered parameters so its backward "
+     "all-gather runs among N ranks (the ranks of one machine); N = ranks per machine (DeepSpeed's "
+     "zero_hpz_partition_size, FSDP2's reshard_after_forward=N; default 1: off)"},
+    {"zero-quant-block", OPT_INT, OFF(zero_quant_block), 1, 1073741824, NULL, "N",
+     "ZeRO++ qwZ: elements per scale of the quantized parameter all-gathers (default 2048)"},
+    {"zero-grad-bits", OPT_CHOICE, OFF(zero_grad_bits), 0, 0, "4|8", "BITS",
+     "ZeRO++ qgZ: bits per gradient value on the wire (default 4, DeepSpeed's)"},
+    {"zero-grad-block", OPT_INT, OFF(zero_grad_block), 1, 1073741824, NULL, "N",
+     "ZeRO++ qgZ: elements per scale of the quantized gradients (default 64)"},
     {"tp", OPT_INT, OFF(tp), 1, 1024, NULL, "N",
      "tensor parallelism (Megatron) over groups of N adjacent ranks (--model mlp and GPT models): each rank "
      "holds 1/N of the weights; the world divided by N is the data-parallel size (DDP across the groups)"},
@@ -190,8 +213,10 @@ static const opt_def opts[] = {
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",
      "at the end, write the model as a Hugging Face model directory OUT (config.json, safetensors, "
-     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; OUT must not exist "
-     "(or be empty)"},
+     "generation_config.json) that transformers loads; GPT-2, Llama and hf:DIR models; a LoRA run's adapters "
+     "are merged into their layers (PEFT's merge_and_unload: W + alpha/r * B A); OUT must not exist "
+     "(or be empty); with --tokenizer (or hf:DIR holding a tokenizer.json) also tokenizer.json, "
+     "tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them)"},
     {"hf-shard-size", OPT_U64, OFF(hf_shard_size), 0, 0, NULL, "BYTES",
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
      "model.safetensors.index.json)"},
@@ -607,10 +632,18 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
         return 2;
     }
-    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora || o->save_lora) &&
-        !o->lora_targets) {
-        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout, --lora-rslora and --save-lora go with "
+    if ((o->lora_r || o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_rslora) && !o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-r, --lora-alpha, --lora-dropout and --lora-rslora go with "
                     "--lora-targets NAME[,NAME...]\n");
+        return 2;
+    }
+    if (o->lora_from && o->lora_targets) {
+        dt__cli_err("dtrain train: --lora-from DIR takes the LoRA settings from DIR/adapter_config.json: not with "
+                    "--lora-targets, --lora-r, --lora-alpha, --lora-dropout or --lora-rslora\n");
+        return 2;
+    }
+    if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {
+        dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

@@ -12,6 +12,7 @@
 #include "train_ddp.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* --comm-hook and the --powersgd-* options, then AIAK's variables over
@@ -65,6 +66,17 @@ static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *
         return dt__cli_err("dtrain train: --config: %s\n", dt_last_error()), 2;
     if (!o->config && o->cfg)
         dt_config_zero_params(o->cfg, &unused, &pp->zero);
+    /* ZeRO++: the flags over the config's keys (checked by the plan) */
+    pp->zero.quantized_weights |= o->zero_qw;
+    pp->zero.quantized_gradients |= o->zero_qg;
+    if (o->zero_hpz > 0)
+        pp->zero.hpz_partition_size = (int)o->zero_hpz;
+    if (o->zero_quant_block > 0)
+        pp->zero.quant_block = o->zero_quant_block;
+    if (o->zero_grad_block > 0)
+        pp->zero.quant_grad_block = o->zero_grad_block;
+    if (o->zero_grad_bits)
+        pp->zero.quant_grad_bits = atoi(o->zero_grad_bits);
     if (o->offload_param) /* the command line over the config's offload_param (checked by the parser) */
         dt_offload_parse(o->offload_param, &pp->zero.offload_param);
     /* hierarchical reductions: AIAK's switch over the flag over the config */

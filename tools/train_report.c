@@ -78,18 +78,18 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
      * process: nothing to compare */
     dt_pg *g = r->world_pg ? r->world_pg : r->pg;
     const int W = r->world_pg ? dt_pg_size(g) : r->world, me = r->world_pg ? dt_pg_rank(g) : r->rank;
-    if (W <= 1 && r->stage == 0)
+    dt_trainer_memory mem;
+    if (dt_trainer_memory_get(tr, &mem) < 0) {
+        dt__cli_err("dtrain train: %s\n", dt_last_error());
+        return 1;
+    }
+    /* one process: only a run with frozen parameters (what they do not cost is the point) */
+    if (W <= 1 && r->stage == 0 && mem.frozen_bytes == 0)
         return 0;
-    enum { K = 6 };
+    enum { K = 7 };
     double *v = calloc((size_t)W * K, sizeof *v);
     if (!v) {
         dt__cli_err("dtrain train: out of memory\n");
-        return 1;
-    }
-    dt_trainer_memory mem;
-    if (dt_trainer_memory_get(tr, &mem) < 0) {
-        free(v);
-        dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 1;
     }
     double *mine = v + (size_t)me * K;
@@ -99,6 +99,7 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
     mine[3] = (double)mem.master_bytes;
     mine[4] = (double)mem.gathered_peak;
     mine[5] = (double)mem.peak_rss;
+    mine[6] = (double)mem.frozen_bytes;
     if (W > 1 && dt_metrics_allreduce(g, v, W * K, DT_REDUCE_SUM) < 0) {
         free(v);
         dt__cli_err("dtrain train: memory report: %s\n", dt_last_error());
@@ -120,6 +121,15 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
                    (unsigned long long)zs.gathers, (unsigned long long)zs.prefetched,
                    (unsigned long long)zs.ready_when_needed);
         printf("\n");
+        if (r->zp.quantized_weights || r->zp.quantized_gradients || r->zp.hpz_partition_size > 1)
+            printf("ZeRO++: qwZ %s, qgZ %s, hpZ %d: rank 0 ran %llu int8 all-gathers (blocks of %lld), %llu "
+                   "backward all-gathers within its hpZ group, %llu int%d reduce-scatters (blocks of %lld); secondary "
+                   "shards held "
+                   "at most %.2f MiB\n",
+                   r->zp.quantized_weights ? "on" : "off", r->zp.quantized_gradients ? "on" : "off",
+                   r->zp.hpz_partition_size, (unsigned long long)zs.gathers_quantized, (long long)r->zp.quant_block,
+                   (unsigned long long)zs.gathers_secondary, (unsigned long long)zs.reduces_quantized,
+                   r->zp.quant_grad_bits, (long long)r->zp.quant_grad_block, (double)zs.secondary_peak / (1 << 20));
         dt_nvme_store *ps = dt_zero_param_store(z);
         if (ps) {
             dt_nvme_stats ns;
@@ -135,9 +145,12 @@ int dt__ddp_memory_report(const dt__ddp_run *r, const dt_trainer *tr)
             char b[K][32];
             for (int i = 0; i < K; i++)
                 dt__human_bytes(v[(size_t)k * K + (size_t)i], b[i], sizeof b[i]);
-            printf("memory rank %d: parameters %s, gradients %s, optimizer states %s, master weights %s, "
+            char fz[96] = "";
+            if (v[(size_t)k * K + 6] > 0) /* frozen: held, but no gradients, optimizer states or masters */
+                snprintf(fz, sizeof fz, " + frozen %s (no gradients, optimizer states or masters)", b[6]);
+            printf("memory rank %d: parameters %s%s, gradients %s, optimizer states %s, master weights %s, "
                    "peak gathered %s, peak RSS %s\n",
-                   k, b[0], b[1], b[2], b[3], b[4], b[5]);
+                   k, b[0], fz, b[1], b[2], b[3], b[4], b[5]);
         }
     }
     free(v);

@@ -447,6 +447,32 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * DT_ERR_NOT_FOUND when m has no adapters, DT_ERR_IO naming the path. */
 DT_API dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const char *base_model,
                                    const char *dir);
+/* dt_lora_save_peft with the adapters' values read from checkpoint src
+ * (anything dt_ckpt_open reads: a checkpoint of any strategy holds each
+ * tensor whole, however the ranks held it), in their saved dtype; m gives
+ * the names and layer kinds only (a sharded or meta model will do). So a
+ * ZeRO-3 run writes its adapters after a checkpoint save.
+ * DT_ERR_NOT_FOUND naming an adapter src lacks. */
+DT_API dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, const dt_lora_params *p,
+                                        const char *base_model, const char *dir);
+
+/* PEFT's adapter_config.json, read by dt_lora_peft_config_read. */
+typedef struct dt_lora_peft_config {
+    dt_lora_params params;  /* r, lora_alpha, lora_dropout, use_rslora; targets = target_names */
+    char **target_names;    /* target_modules, NULL-terminated (owned: dt_lora_peft_config_free) */
+    char base_model[1024];  /* base_model_name_or_path, "" when null */
+} dt_lora_peft_config;
+/* Read dir/adapter_config.json (PEFT's save_pretrained) into *out: the
+ * settings to build the model with (dt_model_build_params.lora =
+ * &out->params) before dt_trainer_load_peft (train.h) loads the weights.
+ * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
+ * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
+ * adapters do not express (peft_type other than LORA, target_modules as a
+ * regular expression, DoRA, bias other than "none", lora_bias,
+ * modules_to_save, layers_to_transform, rank/alpha patterns,
+ * exclude_modules): refused, never dropped. */
+DT_API dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out);
+DT_API void dt_lora_peft_config_free(dt_lora_peft_config *c);
 
 #ifdef __cplusplus
 }

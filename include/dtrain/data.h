@@ -297,12 +297,19 @@ DT_API dt_status dt_dataset_holdout_init(dt_dataset *base, double test_fraction,
 
 /* ---- token files (llm.c's format) ----------------------------------------- */
 /* A token file as llm.c writes and reads it (dev/data/data_common.py): a
- * header of 256 little-endian int32 (h[0] = 20240520, h[1] = 1, h[2] = the
- * token count, the rest 0), then the tokens as little-endian uint16. The
- * file must be exactly 1024 + 2 * count bytes and hold at least one token.
- * Readers memory-map it; nothing is copied until a batch is read. */
+ * header of 256 little-endian int32 (h[0] = magic, h[1] = version, h[2] =
+ * the token count, the rest 0), then the tokens, little-endian. Two kinds:
+ *   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 file; ids up
+ *     to 65,535);
+ *   magic 20240801, version 7: uint32 tokens (llm.c's Llama-3 file, for
+ *     vocabularies above 65,536 ids such as Llama-3's 128,256).
+ * The file must be exactly 1024 + width * count bytes (width 2 or 4) and
+ * hold at least one token. Readers take either kind; memory-mapped, nothing
+ * is copied until a batch is read. */
 #define DT_TOKENS_MAGIC 20240520
 #define DT_TOKENS_VERSION 1
+#define DT_TOKENS32_MAGIC 20240801
+#define DT_TOKENS32_VERSION 7
 #define DT_TOKENS_HEADER_BYTES 1024
 
 /* Check a token file held in memory: header, size and (vocab_size > 0)
@@ -316,21 +323,31 @@ DT_API dt_status dt_tokens_check_mem(const void *buf, size_t n, const char *name
 
 /* An open (memory-mapped) token file. */
 typedef struct dt_tokens dt_tokens;
-/* Map and check path as dt_tokens_check_mem (vocab_size 0: any uint16).
+/* Map and check path as dt_tokens_check_mem (vocab_size 0: any id).
  * Errors name the file: DT_ERR_IO (missing, unreadable), DT_ERR_FORMAT. */
 DT_API dt_status dt_tokens_open(const char *path, int64_t vocab_size, dt_tokens **out);
 /* Unmap. NULL is a no-op. */
 DT_API void dt_tokens_close(dt_tokens *t);
 /* Tokens in the file (0 for NULL). */
 DT_API int64_t dt_tokens_count(const dt_tokens *t);
-/* The tokens; borrowed, valid until dt_tokens_close. */
+/* The tokens of a uint16 file; borrowed, valid until dt_tokens_close. NULL
+ * for a uint32 file (dt_tokens_data_u32) or NULL t. */
 DT_API const uint16_t *dt_tokens_data(const dt_tokens *t);
+/* The tokens of a uint32 file (NULL for a uint16 file or NULL t). */
+DT_API const uint32_t *dt_tokens_data_u32(const dt_tokens *t);
+/* Bytes per token: 2 or 4 (0 for NULL). */
+DT_API int dt_tokens_width(const dt_tokens *t);
+/* Token i of either kind (0 when i is out of range or t is NULL). */
+DT_API uint32_t dt_tokens_at(const dt_tokens *t, int64_t i);
 /* The largest token + 1 (a lower bound on the vocabulary the file needs). */
 DT_API int64_t dt_tokens_max_plus_one(const dt_tokens *t);
 /* Write n >= 1 tokens to path in llm.c's format, atomically and without
  * following symlinks (dt_file). Errors: DT_ERR_INVALID_ARG (n < 1 or more
  * than 2^31 - 1 tokens, the header's limit), DT_ERR_IO naming path. */
 DT_API dt_status dt_tokens_write(const char *path, const uint16_t *tokens, int64_t n);
+/* The same as a uint32 file (magic 20240801, version 7): for ids above
+ * 65,535. */
+DT_API dt_status dt_tokens_write_u32(const char *path, const uint32_t *tokens, int64_t n);
 
 /* The unigram baseline of a language model: the cross-entropy, in nats
  * per token, of eval's tokens under the token frequencies of train, add-one

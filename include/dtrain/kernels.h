@@ -49,16 +49,17 @@ extern "C" {
 #endif
 
 /* ---- instruction-set dispatch ------------------------------------------- */
-/* Code paths of the vectorised kernels (dtype conversion; the AVX2 rows of
- * the fused bias + GELU and of the softmax cross-entropy, which every path
- * but SCALAR uses, with the same bits as the scalar rows). The CPU's
- * features come from dt_cpu_detect(), so DT_MAX_CPU_ISA=avx2 (or scalar)
- * keeps AUTO off the AVX-512 (or all vector) paths. */
+/* Code paths of the vectorised kernels: dtype conversion, and the row loops
+ * of the fused bias + GELU, the softmax cross-entropy and attention, which
+ * run on 8 lanes on the AVX2 path and on 16 lanes on both AVX-512 paths,
+ * always with the same bits as the scalar rows. The CPU's features come
+ * from dt_cpu_detect(), so DT_MAX_CPU_ISA=avx2 (or scalar) keeps AUTO off
+ * the AVX-512 (or all vector) paths. */
 typedef enum {
     DT_K_ISA_AUTO = 0,   /* best path the CPU supports (the default) */
     DT_K_ISA_SCALAR,     /* portable C, the bit-exact reference */
     DT_K_ISA_AVX2,       /* AVX2 + F16C */
-    DT_K_ISA_AVX512,     /* AVX-512F/BW/VL, integer rounding for f32->bf16 */
+    DT_K_ISA_AVX512,     /* AVX-512F/BW/VL (16-lane rows), integer rounding for f32->bf16 */
     DT_K_ISA_AVX512_BF16 /* as AVX512, f32->bf16 by AVX512_BF16 vcvtneps2bf16 */
 } dt_k_isa;
 /* Force a path (tests use this to compare paths). Returns

@@ -265,6 +265,18 @@ typedef struct dt_hf_save_params {
                                  model-0000i-of-0000n.safetensors with model.safetensors.index.json;
                                  default 5,000,000,000 (save_pretrained's "5GB") */
     dt_dtype dtype;           /* the weights' dtype: DT_F32 (default), DT_BF16 or DT_F16 */
+    float lora_scaling;       /* a source holding LoRA adapters ("L.lora_A.weight" [r, in],
+                                 "L.lora_B.weight" [out, r] beside "L.weight"): each is merged as
+                                 PEFT's merge_and_unload does, L.weight += lora_scaling * B @ A
+                                 (transposed for a GPT-2 Conv1D), in f32; lora_scaling is alpha / r
+                                 (alpha / sqrt(r) with rsLoRA). Default 0: a source with adapters
+                                 is refused (DT_ERR_INVALID_ARG), never exported as its base */
+    const char *tokenizer;    /* a tokenizer.json (or a directory holding one) to write with the model:
+                                 copied byte for byte, with tokenizer_config.json and
+                                 special_tokens_map.json (tokenizer.h dt_tokenizer_hf_files), so
+                                 AutoTokenizer.from_pretrained(out) loads it; checked by loading it
+                                 before anything is written (its errors name the file and the key);
+                                 NULL (default): no tokenizer files */
 } dt_hf_save_params;
 DT_API dt_hf_save_params dt_hf_save_params_default(void);
 /* Write the Hugging Face model directory `out` (config.json from h,
@@ -274,7 +286,8 @@ DT_API dt_hf_save_params dt_hf_save_params_default(void);
  * The tensors are h's model's parameters under transformers' names (a tied
  * head left out, as save_pretrained does), so
  * AutoModelForCausalLM.from_pretrained(out) finds no missing or unexpected
- * key. out must not exist or be an empty directory (dt_hf_save_check_out);
+ * key; with p->tokenizer, the tokenizer files too. out must not exist or be
+ * an empty directory (dt_hf_save_check_out);
  * everything is written into a temporary directory beside it and renamed:
  * out appears complete or not at all. Errors: a tensor src lacks or holds
  * in another shape (DT_ERR_NOT_FOUND / DT_ERR_SHAPE, naming it), I/O. p
@@ -284,6 +297,10 @@ DT_API dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *
  * empty directory; else DT_ERR_INVALID_ARG naming it (a file, a symlink, a
  * directory with something in it). */
 DT_API dt_status dt_hf_save_check_out(const char *out);
+/* True when model name is "hf:DIR" and DIR/tokenizer.json is a regular
+ * file; its path is then in path[0, n). The tokenizer a run from DIR writes
+ * with dt_hf_save when not told another. */
+DT_API bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n);
 
 
 /* Build zoo model `name` (initialised from seed as dt_model_build does) into

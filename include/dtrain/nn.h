@@ -447,6 +447,11 @@ typedef struct dt_lora_params {
     bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);
+/* Whether parameter name `name` is a LoRA adapter's weight (it ends in
+ * ".lora_A.weight" or ".lora_B.weight"). */
+DT_API bool dt_lora_is_adapter(const char *name);
+/* The adapters' scaling: alpha / r, or alpha / sqrt(r) with rslora. */
+DT_API float dt_lora_scaling(const dt_lora_params *p);
 
 /* Options of dt_model_build. */
 typedef struct dt_model_build_params {

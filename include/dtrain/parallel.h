@@ -655,6 +655,34 @@ DT_API void dt_reducer_counters(const dt_reducer *r, uint64_t *buckets_posted, u
  * AdamW (the step goes by parts, dt_optim_step_part). The parameters are
  * bit-identical to stage 3 without offload.
  *
+ * ZeRO++ (DeepSpeed's, stage 3 FULL_SHARD only; the collectives are
+ * zeropp.h's): quantized_weights (qwZ) sends each shard of an all-gather
+ * as int8 blocks (quant_block elements, one f32 scale per block: a bit more
+ * than a quarter of the f32 bytes) and dequantizes what arrives into the
+ * unit's whole parameters; the shards, the fp32 masters and the optimizer
+ * never see the rounding, only forward and backward do (an element is
+ * within half its block's scale, max |x| / 254, of the exact value; a bf16
+ * unit is quantized from and dequantized to bf16). hpz_partition_size H
+ * (hpZ) keeps, after a unit's forward all-gather, this rank's 1/H of the
+ * gathered parameters (the secondary shard, the slice of its place among
+ * the H consecutive ranks of its group) until the unit's backward
+ * all-gather, which then runs among those H ranks, within one machine:
+ * no parameter bytes cross machines in backward. The values are those the
+ * forward gathered, so without qwZ hpZ is bit-identical to plain stage 3;
+ * it costs 1/H of each unit held from its forward to its backward
+ * (dt_zero_stats.secondary_peak, counted in dt_zero_memory's peak).
+ * quantized_gradients (qgZ) replaces each unit's reduce-scatter by
+ * dt_zpp_reduce_scatter_q: quant_grad_bits (4 or 8) blocks exchanged within
+ * each machine (blocks of quant_grad_block), summed in f32, requantized and exchanged across machines,
+ * summed in f32 and averaged; it runs when the unit's gradients are
+ * complete (no overlap with the rest of backward). No error feedback (as
+ * DeepSpeed's). A NaN or infinity in a block makes the block NaN: the
+ * trainer's non-finite check still sees it. The ranks must be numbered
+ * machine by machine (as launchers do); H must divide the world, and
+ * equal the ranks per machine when there are several machines (real, or
+ * simulated with $DT_SIM_LOCAL_SIZE); with one machine any divisor works.
+ * Not with hybrid_shard_size or parameter offload (DT_ERR_INVALID_ARG).
+ *
  * Usage (the trainer does all of this through dt_strategy_zero_init, train.h):
  *     dt_model_build_params bp = {.world = 1, .meta = true};
  *     dt_model_build(net, seed, &bp, &m);          // no parameter memory
@@ -762,6 +790,24 @@ typedef struct dt_zero_params {
                                     (borrowed during init), see "Parameter offload" above; CPU
                                     changes nothing on a CPU system. Default: device NONE,
                                     buffer_count 5, buffer_size 1e8, max_in_cpu 1e9 */
+    /* ZeRO++ (stage 3, FULL_SHARD only; see "ZeRO++" above): */
+    bool quantized_weights;      /* qwZ: the units' forward (and, without hpZ, backward) all-gathers
+                                    carry int8 blocks of quant_block elements, one f32 scale each;
+                                    the shards (and fp32 masters) stay exact. DeepSpeed's
+                                    zero_quantized_weights; default false */
+    bool quantized_gradients;    /* qgZ: the gradient reduce-scatter is the two-hop quantized
+                                    all-to-all of zeropp.h (within each machine, then across),
+                                    quant_grad_bits per value, summed in f32 at each hop; no error
+                                    feedback. DeepSpeed's zero_quantized_gradients; default false */
+    int hpz_partition_size;      /* hpZ: after a unit's forward all-gather each rank keeps 1/H of
+                                    the gathered parameters (H consecutive ranks: one machine), so
+                                    its backward all-gather runs among those H ranks only; 1: off.
+                                    DeepSpeed's zero_hpz_partition_size, FSDP2's
+                                    reshard_after_forward=H; default 1 */
+    int64_t quant_block;         /* qwZ: elements per scale; default 2048 */
+    int quant_grad_bits;         /* qgZ: 4 (DeepSpeed's) or 8; default 4 */
+    int64_t quant_grad_block;    /* qgZ: elements per scale; default 64 (int4 over larger blocks
+                                    rounds small gradients to zero: see GUIDE's ZeRO++) */
 } dt_zero_params;
 DT_API dt_zero_params dt_zero_params_default(void);
 
@@ -772,6 +818,14 @@ DT_API dt_zero_params dt_zero_params_default(void);
  * DT_ERR_UNSUPPORTED (non-float parameters; stage 3 with tied parameters in
  * different units), DT_ERR_NO_MEMORY, the collectives' errors. */
 DT_API dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *p, dt_zero **out);
+/* Check p's ZeRO++ fields (quantized_weights, quantized_gradients,
+ * hpz_partition_size, quant_block, quant_grad_bits, quant_grad_block) against a world of
+ * `world` ranks, without collectives: DT_ERR_INVALID_ARG naming the
+ * DeepSpeed key (ZeRO++ on a stage other than 3, with hybrid sharding or
+ * parameter offload to NVMe, hpZ not dividing the world or without
+ * reshard_after_forward, a block outside 1..2^30, bits not 4 or 8). dt_zero_init runs
+ * it; the machines are checked there too (zeropp.h's dt_zpp_hpz_check). */
+DT_API dt_status dt_zero_pp_check(const dt_zero_params *p, int world);
 /* Wait for everything outstanding, remove the hooks, free. The model's
  * tensors point into freed memory afterwards: copy the parameters out first
  * (dt_zero_full_params) and free the model after. NULL is a no-op. */
@@ -878,6 +932,12 @@ typedef struct dt_zero_stats {
                                   units (the page pool) instead of freshly faulted ones */
     uint64_t pool_peak;        /* the most bytes the page pool held at once (counted in
                                   dt_zero_memory's gathered peak); 0 without the pool */
+    uint64_t secondary_bytes;  /* hpZ: bytes of secondary shards held now */
+    uint64_t secondary_peak;   /* hpZ: the most bytes of secondary shards held at once (counted in
+                                  dt_zero_memory's gathered peak); 0 without hpZ */
+    uint64_t gathers_secondary;/* hpZ: unit all-gathers that ran within the hpZ group */
+    uint64_t gathers_quantized;/* qwZ: unit all-gathers that carried int8 blocks */
+    uint64_t reduces_quantized;/* qgZ: unit reduce-scatters that ran quantized */
 } dt_zero_stats;
 DT_API dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 

@@ -14,7 +14,11 @@
  *      normalized = true in the pieces between them (single_word, lstrip
  *      and rstrip as the library has them). A found token is its id and
  *      never reaches the steps below.
- *   2. the normalizer: none ("normalizer": null) is the only one read.
+ *   2. the normalizer, on each piece between the raw added tokens: NFC,
+ *      NFD, NFKC, NFKD (Qwen2's NFC), Lowercase (Rust's per-character
+ *      to_lowercase), Prepend, Replace (String or Regex pattern), Strip
+ *      and Sequence of them (Llama-2's Prepend "\u2581" + Replace " " ->
+ *      "\u2581"), with the library's Unicode tables.
  *   3. the pre-tokenizer: ByteLevel (its GPT-2 regex when use_regex,
  *      add_prefix_space on every piece that does not start with a space,
  *      then every UTF-8 byte becomes one of GPT-2's 256 byte characters),
@@ -33,14 +37,17 @@
  *      cls/sep, ByteLevel adds none, Sequence of them).
  * Decoding maps ids to their tokens (added tokens first), drops special
  * tokens when asked, and applies the decoder: ByteLevel (characters back to
- * bytes) or none (tokens joined by spaces). It returns the bytes exactly;
+ * bytes), none (tokens joined by spaces), or a Sequence of Replace (String
+ * pattern), ByteFallback (<0xXX> tokens to their bytes), Fuse and Strip
+ * (Llama-2's). It returns the bytes exactly;
  * the library then replaces invalid UTF-8 by U+FFFD (only arbitrary id runs
  * produce it: decode(encode(s)) == s for every valid s without
  * add_prefix_space).
  *
  * Not read (an error naming the key when present and not null): other
- * models (WordPiece, Unigram, WordLevel), normalizers, other pre-tokenizers
- * and decoders, BPE dropout above 0 (random). "truncation" and "padding"
+ * models (WordPiece, Unigram, WordLevel), other normalizers (Precompiled,
+ * BertNormalizer, StripAccents, ...), pre-tokenizers (Metaspace,
+ * Whitespace, ...) and decoders, BPE dropout above 0 (random). "truncation" and "padding"
  * are ignored: they shape batches of model inputs, not a corpus.
  *
  * Text must be valid UTF-8 (what Python's str holds): anything else is
@@ -115,6 +122,20 @@ DT_API dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, si
  * DT_ERR_RANGE naming the position of an id with no token. */
 DT_API dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_t n, bool skip_special,
                                      char **text, size_t *len);
+
+/* The two files transformers reads beside a tokenizer.json in a model
+ * directory, as JSON text (each malloc'd; free() them):
+ * tokenizer_config.json (added_tokens_decoder with every added token by id,
+ * bos_token, eos_token (unk_token when the model has one: the first special
+ * added token among "<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>" is
+ * the bos, dt_tokenizer_eos's list names the eos; null when absent),
+ * clean_up_tokenization_spaces false, model_max_length when > 0,
+ * tokenizer_class "PreTrainedTokenizerFast") and special_tokens_map.json
+ * (the bos/eos/unk tokens there are). With them and the tokenizer.json,
+ * AutoTokenizer.from_pretrained(DIR) loads the tokenizer. dt_hf_save
+ * (models.h) writes all three. */
+DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length, char **config_json,
+                                       char **special_map_json);
 
 /* Text corpora as language-model data: spec is "text:FILE[,FILE...]" (each
  * file one document) or "jsonl:FILE[,FILE...][,field=NAME]" (each non-blank

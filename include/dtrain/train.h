@@ -622,6 +622,9 @@ typedef struct dt_trainer_memory {
     size_t gathered_peak;     /* peak bytes of gathered parameters / unsharded gradients beyond
                                  the above (ZeRO-2/3 units), 0 for DDP */
     size_t peak_rss;          /* the process's peak resident set (VmHWM), bytes; 0 if unknown */
+    size_t frozen_bytes;      /* frozen parameters (dt_model_build_params.frozen, LoRA's base): whole
+                                 on every rank, with no gradient, optimizer state or master (none of
+                                 the above counts them) */
 } dt_trainer_memory;
 /* Without a strategy memory slot, what a precision policy implies, with P
  * the padded element count of a parameter flat: f32: params 4P, grads 4P,
@@ -810,9 +813,22 @@ DT_API dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_re
  * written elsewhere use: the name of a parameter tied to it (safetensors'
  * save_model keeps "lm_head.weight" and drops the tied
  * "transformer.wte.weight") and either name without the base-model prefix
- * "transformer." (a Hugging Face base model's file). Any strategy
+ * "transformer." (a Hugging Face base model's file). LoRA adapters
+ * (dt_model_build_params.lora) the file lacks keep their initial values
+ * (the base model's weights load into a LoRA model). Any strategy
  * (ZeRO: each rank reads its ranges). Collective like dt_trainer_load. */
 DT_API dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file);
+/* Load the LoRA adapters of directory dir, as Hugging Face PEFT's
+ * save_pretrained writes them (dir/adapter_model.safetensors, keys
+ * "base_model.model.<layer>.lora_A.weight" / ".lora_B.weight"), into the
+ * adapters of tr's model (built with dt_model_build_params.lora: read the
+ * settings with dt_lora_peft_config_read, ckpt.h). Only the adapters change;
+ * every adapter of the model must be in the file (DT_ERR_NOT_FOUND naming
+ * the key) and every key of the file must be an adapter of the model
+ * (DT_ERR_NOT_FOUND / DT_ERR_FORMAT naming the file and the key), each in
+ * its shape (DT_ERR_SHAPE) and a float dtype. Any strategy (ZeRO: each rank
+ * reads its ranges). Collective like dt_trainer_load. */
+DT_API dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir);
 /* The "user" object (user_json) saved with the checkpoint at path (a checkpoint or a
  * save directory), as JSON in *json (free with dt_trainer_run_state_free).
  * DT_ERR_FORMAT when it has none. */

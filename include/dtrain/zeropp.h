@@ -52,6 +52,13 @@ DT_API void dt_zpp_free(dt_zpp *z);
 DT_API int dt_zpp_nodes(const dt_zpp *z);
 DT_API int dt_zpp_local_size(const dt_zpp *z);
 
+/* hpZ's placement check (collective over pg, one small all-gather): hpz
+ * ranks in a row must be one machine's: DT_ERR_INVALID_ARG when hpz does
+ * not divide pg's size, or (several machines, real or simulated) differs
+ * from the ranks per machine; hpz <= 1 is DT_OK without communicating.
+ * With one machine any divisor passes (everything stays inside it). */
+DT_API dt_status dt_zpp_hpz_check(dt_pg *pg, int hpz);
+
 /* qwZ: out (W n) = every rank's shard (n each, in rank order), sent as int8
  * blocks of `block` elements and dequantized: out's piece r is within half
  * a block scale (max |x| / 127 over the block) of rank r's shard. */

@@ -14,30 +14,32 @@
 
 #define PREFIX "base_model.model."
 
-static bool is_adapter(const char *name)
+/* The adapters' values from m's memory (ck NULL) or from checkpoint ck. */
+static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, const dt_lora_params *p,
+                           const char *base_model, const char *dir)
 {
-    size_t n = strlen(name);
-    return (n > 14 && !strcmp(name + n - 14, ".lora_A.weight")) || (n > 14 && !strcmp(name + n - 14, ".lora_B.weight"));
-}
-
-dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const char *base_model, const char *dir)
-{
-    if (!m || !p || !dir)
-        return dt_error(DT_ERR_NULL, "dt_lora_save_peft: NULL argument");
     if (mkdir(dir, 0755) < 0 && errno != EEXIST)
         return dt_error(DT_ERR_IO, "LoRA adapters %s: cannot make the directory: %s", dir, strerror(errno));
     size_t ne = dt_model_num_entries(m), n = 0;
     dt_st_desc *d = calloc(ne ? ne : 1, sizeof *d);
     size_t *idx = calloc(ne ? ne : 1, sizeof *idx);
+    int64_t *cidx = calloc(ne ? ne : 1, sizeof *cidx);
+    void *buf = NULL;
     char **names = calloc(ne ? ne : 1, sizeof *names);
-    dt_status st = d && idx && names ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
+    dt_status st = d && idx && cidx && names ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
     bool fan_in_fan_out = false;
     for (size_t i = 0; st == DT_OK && i < ne; i++) {
         dt_param_info pi;
         dt_model_entry(m, i, &pi);
-        if (!is_adapter(pi.name))
+        if (!dt_lora_is_adapter(pi.name))
             continue;
-        if (!pi.tensor)
+        int64_t ci = -1;
+        dt_ckpt_tensor ct;
+        if (ck && ((ci = dt_ckpt_find(ck, pi.name)) < 0 || dt_ckpt_tensor_at(ck, (size_t)ci, &ct) < 0 ||
+                   ct.numel != pi.numel))
+            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' of %zu elements", dir,
+                          src, pi.name, pi.numel);
+        else if (!ck && !pi.tensor)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' has no memory on this rank (a sharded or meta "
                           "model: save from a model that holds its parameters whole)", dir, pi.name);
         size_t l = strlen(PREFIX) + strlen(pi.name) + 1;
@@ -51,9 +53,10 @@ dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const ch
         snprintf(layer, sizeof layer, "%.*s", (int)(strlen(pi.name) - 14), pi.name);
         const dt_module *lm = dt_model_find_module(m, layer);
         fan_in_fan_out |= lm && !strcmp(dt_module_type(lm), "Conv1D");
-        d[n] = (dt_st_desc){.name = names[n], .dtype = dt_st_dtype_from(pi.dtype), .ndim = pi.ndim};
+        d[n] = (dt_st_desc){.name = names[n], .dtype = ck ? ct.dtype : dt_st_dtype_from(pi.dtype), .ndim = pi.ndim};
         memcpy(d[n].shape, pi.shape, sizeof pi.shape);
-        idx[n++] = i;
+        idx[n] = i;
+        cidx[n++] = ci;
     }
     if (st == DT_OK && n == 0)
         st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: the model has no lora_A/lora_B weights", dir);
@@ -66,7 +69,19 @@ dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const ch
     for (size_t k = 0; st == DT_OK && k < n; k++) {
         dt_param_info pi;
         dt_model_entry(m, idx[k], &pi);
-        st = dt_st_writer_write(w, k, pi.tensor->data, pi.numel * dt_dtype_size(pi.dtype));
+        size_t bytes = pi.numel * dt_st_dtype_size(d[k].dtype);
+        if (!ck) {
+            st = dt_st_writer_write(w, k, pi.tensor->data, bytes);
+            continue;
+        }
+        void *nb = realloc(buf, bytes ? bytes : 1);
+        if (!nb) {
+            st = dt_error(DT_ERR_NO_MEMORY, "LoRA adapters %s: out of memory", dir);
+            break;
+        }
+        buf = nb;
+        if ((st = dt_ckpt_read(ck, (size_t)cidx[k], 0, pi.numel, buf, true)) >= 0)
+            st = dt_st_writer_write(w, k, buf, bytes);
     }
     if (st == DT_OK)
         st = dt_st_writer_commit(w, NULL);
@@ -113,6 +128,132 @@ dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const ch
         free(names[k]);
     free(names);
     free(idx);
+    free(cidx);
+    free(buf);
     free(d);
+    return st;
+}
+
+dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const char *base_model, const char *dir)
+{
+    if (!m || !p || !dir)
+        return dt_error(DT_ERR_NULL, "dt_lora_save_peft: NULL argument");
+    return save_peft(m, NULL, NULL, p, base_model, dir);
+}
+
+dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, const dt_lora_params *p, const char *base_model,
+                                 const char *dir)
+{
+    if (!m || !src || !p || !dir)
+        return dt_error(DT_ERR_NULL, "dt_lora_save_peft_from: NULL argument");
+    dt_ckpt *ck = NULL;
+    dt_status st = dt_ckpt_open(src, &ck);
+    if (st >= 0)
+        st = save_peft(m, ck, src, p, base_model, dir);
+    dt_ckpt_close(ck);
+    return st;
+}
+
+/* ---- reading PEFT's adapter_config.json --------------------------------------- */
+
+static dt_status bad_key(const char *file, const char *key, const char *why)
+{
+    return dt_error(DT_ERR_UNSUPPORTED, "%s: \"%s\" %s", file, key, why);
+}
+
+/* A key that must be absent, null, false, an empty object/list or "none"
+ * (PEFT's default) for dtrain to load the adapters as they were trained. */
+static bool at_default(const cJSON *v)
+{
+    return !v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsObject(v) && !v->child) ||
+           (cJSON_IsArray(v) && !v->child) || (cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
+}
+
+void dt_lora_peft_config_free(dt_lora_peft_config *c)
+{
+    if (!c)
+        return;
+    for (char **t = c->target_names; t && *t; t++)
+        free(*t);
+    free(c->target_names);
+    c->target_names = NULL;
+    c->params.targets = NULL;
+}
+
+dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
+{
+    if (!dir || !out)
+        return dt_error(DT_ERR_NULL, "dt_lora_peft_config_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    out->params = dt_lora_params_default();
+    char file[4200], *txt = NULL;
+    size_t len;
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    dt_status st = dt_file_read_all(file, 1 << 20, &txt, &len);
+    if (st < 0)
+        return st;
+    cJSON *c = cJSON_Parse(txt);
+    free(txt);
+    if (!cJSON_IsObject(c)) {
+        cJSON_Delete(c);
+        return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", file);
+    }
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(c, "peft_type");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(c, "r");
+    const cJSON *al = cJSON_GetObjectItemCaseSensitive(c, "lora_alpha");
+    const cJSON *dr = cJSON_GetObjectItemCaseSensitive(c, "lora_dropout");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(c, "use_rslora");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "target_modules");
+    const cJSON *bm = cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path");
+    /* what dtrain's adapters do not express: refused by name, never dropped */
+    static const char *const must_default[] = {"use_dora", "lora_bias", "modules_to_save", "layers_to_transform",
+                                               "layers_pattern", "rank_pattern", "alpha_pattern", "exclude_modules",
+                                               "bias", "trainable_token_indices", "use_qalora", "megatron_config",
+                                               "target_parameters", "layer_replication", "use_bdlora"};
+    if (!cJSON_IsString(pt))
+        st = dt_error(DT_ERR_FORMAT, "%s: no \"peft_type\" string (PEFT writes \"LORA\")", file);
+    else if (strcmp(pt->valuestring, "LORA"))
+        st = dt_error(DT_ERR_UNSUPPORTED, "%s: \"peft_type\" is \"%s\": only LORA adapters load", file,
+                      pt->valuestring);
+    for (size_t i = 0; st >= 0 && i < sizeof must_default / sizeof must_default[0]; i++)
+        if (!at_default(cJSON_GetObjectItemCaseSensitive(c, must_default[i])))
+            st = bad_key(file, must_default[i], "is set: dtrain's LoRA has plain adapters on every target "
+                         "layer (no DoRA, adapter biases, saved modules, per-layer ranks or layer selection)");
+    if (st >= 0 && (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
+                    r->valuedouble != (double)(int64_t)r->valuedouble))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", file);
+    if (st >= 0 && (!cJSON_IsNumber(al) || !(al->valuedouble > 0)))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"lora_alpha\" must be a number > 0", file);
+    if (st >= 0 && dr && !(cJSON_IsNumber(dr) && dr->valuedouble >= 0 && dr->valuedouble < 1))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"lora_dropout\" must be a number in [0, 1)", file);
+    if (st >= 0 && rs && !cJSON_IsBool(rs))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
+    if (st >= 0 && cJSON_IsString(tm))
+        st = bad_key(file, "target_modules", "is a string (PEFT: a regular expression over module names, or "
+                     "\"all-linear\"): dtrain loads a list of layer names");
+    else if (st >= 0 && (!cJSON_IsArray(tm) || !tm->child))
+        st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\" must be a non-empty list of layer names", file);
+    int n = st >= 0 ? cJSON_GetArraySize(tm) : 0;
+    if (st >= 0 && !(out->target_names = calloc((size_t)n + 1, sizeof *out->target_names)))
+        st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    for (int i = 0; st >= 0 && i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(tm, i);
+        if (!cJSON_IsString(e) || !e->valuestring[0])
+            st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\"[%d] is not a layer name", file, i);
+        else if (!(out->target_names[i] = strdup(e->valuestring)))
+            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
+    }
+    if (st >= 0) {
+        out->params.r = (int64_t)r->valuedouble;
+        out->params.alpha = (float)al->valuedouble;
+        out->params.dropout = dr ? (float)dr->valuedouble : 0.0f;
+        out->params.rslora = cJSON_IsTrue(rs);
+        out->params.targets = (const char *const *)out->target_names;
+        if (cJSON_IsString(bm))
+            snprintf(out->base_model, sizeof out->base_model, "%s", bm->valuestring);
+    } else {
+        dt_lora_peft_config_free(out);
+    }
+    cJSON_Delete(c);
     return st;
 }

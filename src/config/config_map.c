@@ -32,11 +32,6 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "embedding gradients are dense");
     if (!strcmp(p, "amp.enabled") && t)
         return unsupported(p, "apex AMP is not read from the config: use \"fp16\" or \"bf16\" {\"enabled\": true}");
-    if (!strcmp(p, "zero_optimization.zero_hpz_partition_size") && v->v.i != 1)
-        return unsupported(p, "ZeRO++ hierarchical partitioning");
-    if ((!strcmp(p, "zero_optimization.zero_quantized_weights") ||
-         !strcmp(p, "zero_optimization.zero_quantized_gradients")) && t)
-        return unsupported(p, "ZeRO++ quantized communication");
     if (!strcmp(p, "zero_optimization.offload_optimizer.ratio") && v->v.d != 1.0)
         return unsupported(p, "partial optimizer offload: the whole optimizer state is offloaded or none");
     if (!strcmp(p, "optimizer.params.max_coeff") || !strcmp(p, "optimizer.params.min_coeff"))
@@ -215,6 +210,18 @@ dt_status dt_config_zero_params(const dt_config *c, int *stage, dt_zero_params *
     take_size(c, "zero_optimization.stage3_param_persistence_threshold", &zp->param_persistence_threshold);
     take_size(c, "zero_optimization.stage3_max_live_parameters", &zp->max_live_parameters);
     take_size(c, "zero_optimization.stage3_max_reuse_distance", &zp->max_reuse_distance);
+    /* ZeRO++ (checked against the stage and the world by dt_zero_pp_check) */
+    take_bool(c, "zero_optimization.zero_quantized_weights", &zp->quantized_weights);
+    take_bool(c, "zero_optimization.zero_quantized_gradients", &zp->quantized_gradients);
+    int64_t q;
+    if (get_i(c, "zero_optimization.zero_hpz_partition_size", &q))
+        zp->hpz_partition_size = (int)q;
+    if (get_i(c, "dtrain.zero_quant_block", &q))
+        zp->quant_block = q;
+    if (get_i(c, "dtrain.zero_quant_grad_block", &q))
+        zp->quant_grad_block = q;
+    if (get_i(c, "dtrain.zero_quant_grad_bits", &q))
+        zp->quant_grad_bits = (int)q;
     if (*stage > 0)
         zp->stage = *stage;
     /* offload_param (stage 3 parameter offload, parallel.h) */

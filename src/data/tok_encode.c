@@ -40,6 +40,7 @@ typedef struct enc {
     size_t symcap, nh;
     char *tmp;
     size_t tmpcap;
+    tok_norm_scratch norm; /* the normalizer's buffers */
 } enc;
 
 static dt_status oom(void) { return dt_error(DT_ERR_NO_MEMORY, "tokenizer encode: out of memory"); }
@@ -439,6 +440,10 @@ static dt_status split_added(enc *e, int level, const unsigned char *s, size_t n
     const tok_addset *set = level == 0 ? &t->raw_set : &t->norm_set;
     size_t start_offset = 0, from = 0;
     dt_status st;
+    if (level == 1 && t->nnorm) { /* a piece between raw added tokens: normalized, then the normalized ones */
+        if ((st = dt__tok_normalize(t->norm, t->nnorm, &e->norm, s, n, &s, &n)) < 0)
+            return st;
+    }
     uint32_t idx;
     size_t ms;
     while (set->n && from < n && find_added(t, set, s, n, from, &idx, &ms)) {
@@ -514,6 +519,7 @@ dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t n,
     free(e.snext);
     free(e.heap);
     free(e.tmp);
+    dt__tok_norm_scratch_free(&e.norm);
     if (st < 0) {
         free(e.ids);
         return st;
@@ -539,6 +545,23 @@ dt_status dt_tokenizer_decode(const dt_tokenizer *t, const uint32_t *ids, int64_
             return dt_error(DT_ERR_RANGE, "tokenizer decode: id %u at position %lld has no token (vocab size %u)", id,
                             (long long)i, t->nid);
         total += (t->added_by_id[id] != TOK_NONE ? t->added[t->added_by_id[id]].len : t->id_len[id]) + 1;
+    }
+    if (t->ndec) { /* a decoder of several steps */
+        const unsigned char **toks = malloc((size_t)(n ? n : 1) * sizeof *toks);
+        size_t *lens = malloc((size_t)(n ? n : 1) * sizeof *lens), k = 0;
+        dt_status st = toks && lens ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "tokenizer decode: out of memory");
+        for (int64_t i = 0; st == DT_OK && i < n; i++) {
+            uint32_t id = ids[i], a = t->added_by_id[id];
+            if (a != TOK_NONE && skip_special && t->added[a].special)
+                continue;
+            toks[k] = (const unsigned char *)t->pool.p + (a != TOK_NONE ? t->added[a].off : t->id_off[id]);
+            lens[k++] = a != TOK_NONE ? t->added[a].len : t->id_len[id];
+        }
+        if (st == DT_OK)
+            st = dt__tok_decode_chain(t, toks, lens, k, text, len);
+        free(toks);
+        free(lens);
+        return st;
     }
     char *out = malloc(total + 1);
     if (!out)

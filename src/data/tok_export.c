@@ -14,6 +14,7 @@
 #include "tok_impl.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,4 +141,87 @@ dt_status dt_bpe_save_tokenizer_json(const dt_bpe *bpe, const char *eos, const c
     free(pool.p);
     dt__tok_strmap_free(&seen);
     return st;
+}
+
+/* The first special added token among names (NULL if none). */
+static const tok_added *special_named(const dt_tokenizer *t, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = dt__tok_strmap_get(&t->added_map, &t->pool, names[i], strlen(names[i]));
+        if (a != TOK_NONE && t->added[a].special)
+            return &t->added[a];
+    }
+    return NULL;
+}
+
+static void add_content(cJSON *o, const char *key, const dt_tokenizer *t, const tok_added *a)
+{
+    if (a)
+        cJSON_AddStringToObject(o, key, t->pool.p + a->off);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_length, char **config_json,
+                                char **special_map_json)
+{
+    if (!t || !config_json || !special_map_json)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_hf_files: NULL argument");
+    *config_json = *special_map_json = NULL;
+    static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<bos>", "<|endoftext|>"};
+    static const char *const eos_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"};
+    const tok_added *bos = special_named(t, bos_names, sizeof bos_names / sizeof bos_names[0]);
+    const tok_added *eos = special_named(t, eos_names, sizeof eos_names / sizeof eos_names[0]);
+    const tok_added *unk = NULL;
+    if (t->unk != TOK_NONE && t->added_by_id[t->unk] != TOK_NONE)
+        unk = &t->added[t->added_by_id[t->unk]];
+    cJSON *cfg = cJSON_CreateObject(), *map = cJSON_CreateObject();
+    cJSON *dec = cfg ? cJSON_AddObjectToObject(cfg, "added_tokens_decoder") : NULL;
+    for (uint32_t id = 0; dec && id < t->nid; id++) { /* ids in order, each its holder (added_by_id) */
+        uint32_t i = t->added_by_id[id];
+        if (i == TOK_NONE)
+            continue;
+        const tok_added *a = &t->added[i];
+        char key[16];
+        snprintf(key, sizeof key, "%u", id);
+        cJSON *o = cJSON_AddObjectToObject(dec, key);
+        cJSON_AddStringToObject(o, "content", t->pool.p + a->off);
+        cJSON_AddBoolToObject(o, "lstrip", a->lstrip);
+        cJSON_AddBoolToObject(o, "normalized", a->normalized);
+        cJSON_AddBoolToObject(o, "rstrip", a->rstrip);
+        cJSON_AddBoolToObject(o, "single_word", a->single_word);
+        cJSON_AddBoolToObject(o, "special", a->special);
+    }
+    char *ctext = NULL, *mtext = NULL;
+    if (dec && map) {
+        add_content(cfg, "bos_token", t, bos);
+        cJSON_AddBoolToObject(cfg, "clean_up_tokenization_spaces", false);
+        add_content(cfg, "eos_token", t, eos);
+        if (model_max_length > 0)
+            cJSON_AddNumberToObject(cfg, "model_max_length", (double)model_max_length);
+        cJSON_AddStringToObject(cfg, "tokenizer_class", "PreTrainedTokenizerFast");
+        if (unk)
+            add_content(cfg, "unk_token", t, unk);
+        if (bos)
+            add_content(map, "bos_token", t, bos);
+        if (eos)
+            add_content(map, "eos_token", t, eos);
+        if (unk)
+            add_content(map, "unk_token", t, unk);
+        ctext = cJSON_Print(cfg);
+        mtext = cJSON_Print(map);
+    }
+    cJSON_Delete(cfg);
+    cJSON_Delete(map);
+    char *c = ctext ? strdup(ctext) : NULL, *m = mtext ? strdup(mtext) : NULL; /* the caller free()s them */
+    cJSON_free(ctext);
+    cJSON_free(mtext);
+    if (!c || !m) {
+        free(c);
+        free(m);
+        return dt_error(DT_ERR_NO_MEMORY, "tokenizer: out of memory");
+    }
+    *config_json = c;
+    *special_map_json = m;
+    return DT_OK;
 }

@@ -5,6 +5,7 @@
 
 #include "bpe_impl.h"
 #include "dtrain/tokenizer.h"
+#include "tok_norm.h"
 #include "tok_regex.h"
 
 #define TOK_NONE UINT32_MAX
@@ -50,6 +51,20 @@ typedef struct tok_pretok {
 } tok_pretok;
 
 #define TOK_MAX_PRETOK 8
+#define TOK_MAX_NORM 8
+#define TOK_MAX_DEC 8
+
+/* Decoder steps (tokenizers' decoders/): each maps the list of token
+ * strings to another. */
+enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP };
+
+typedef struct tok_dec {
+    int kind;
+    char *from, *to;  /* Replace: a String pattern and its replacement */
+    size_t from_len, to_len;
+    uint32_t strip_cp; /* Strip: the character, how many from the start and the end */
+    int strip_start, strip_stop;
+} tok_dec;
 
 struct dt_tokenizer {
     tok_pool pool;
@@ -73,7 +88,11 @@ struct dt_tokenizer {
     /* pipeline */
     tok_pretok pretok[TOK_MAX_PRETOK];
     int npretok;
-    bool byte_decoder;      /* decoder ByteLevel (else none: tokens joined by ' ') */
+    tok_norm norm[TOK_MAX_NORM]; /* the normalizer: steps in order */
+    int nnorm;
+    bool byte_decoder;      /* decoder ByteLevel alone (else none: tokens joined by ' ', or dec below) */
+    tok_dec dec[TOK_MAX_DEC]; /* a decoder with other steps (Llama-2 style: Replace, ByteFallback, Fuse, Strip) */
+    int ndec;
     uint32_t *pre_ids, *post_ids; /* add_special: ids before and after the sequence */
     uint32_t npre, npost;
 };
@@ -85,6 +104,16 @@ uint32_t dt__tok_strmap_get(const tok_strmap *m, const tok_pool *p, const char *
  * kept and *had set (if had is non-NULL). */
 dt_status dt__tok_strmap_put(tok_strmap *m, const tok_pool *p, uint32_t off, uint32_t len, uint32_t val, bool *had);
 void dt__tok_strmap_free(tok_strmap *m);
+
+/* The normalizer and the decoder of tokenizer.json `name` (tok_json_norm.c):
+ * root's "normalizer" into t->norm, its "decoder" into t->byte_decoder /
+ * t->dec. Errors name the file and the key. */
+dt_status dt__tok_read_normalizer(dt_tokenizer *t, const char *name, const void *root);
+dt_status dt__tok_read_decoder(dt_tokenizer *t, const char *name, const void *root);
+/* Decode with t->dec: the tokens toks[0, n) (pointers and lengths) through
+ * the steps, into *text (malloc'd, NUL-terminated) and *len. */
+dt_status dt__tok_decode_chain(const dt_tokenizer *t, const unsigned char **toks, const size_t *lens, size_t n,
+                               char **text, size_t *len);
 
 /* GPT-2's byte characters (bytes_to_unicode): byte b is the code point
  * dt__tok_byte_char(b); dt__tok_char_byte(cp) is its inverse (-1 when cp

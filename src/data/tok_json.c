@@ -550,20 +550,6 @@ static dt_status build_set(dt_tokenizer *t, tok_addset *s, bool normalized)
     return DT_OK;
 }
 
-static dt_status read_normalizer(rd *r, const cJSON *root)
-{
-    const cJSON *v = get(root, "normalizer");
-    if (!v)
-        return DT_OK;
-    const char *type = cJSON_GetStringValue(get(v, "type"));
-    const cJSON *list = get(v, "normalizers");
-    if (type && !strcmp(type, "Sequence") && cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0)
-        return DT_OK;
-    return kerr(r, DT_ERR_UNSUPPORTED, "normalizer",
-                "\"%.64s\" is not supported (dtrain reads tokenizers without a normalizer: \"normalizer\": null)",
-                type ? type : "?");
-}
-
 static dt_status add_pretok(rd *r, const cJSON *v, const char *key)
 {
     dt_tokenizer *t = r->t;
@@ -632,26 +618,6 @@ static dt_status add_pretok(rd *r, const cJSON *v, const char *key)
     }
     return kerr(r, DT_ERR_UNSUPPORTED, key,
                 "pre-tokenizer \"%.64s\" is not supported (ByteLevel, Split and Sequence are)", type);
-}
-
-static dt_status read_decoder(rd *r, const cJSON *root)
-{
-    const cJSON *v = get(root, "decoder");
-    r->t->byte_decoder = false;
-    if (!v)
-        return DT_OK;
-    const char *type = cJSON_GetStringValue(get(v, "type"));
-    if (type && !strcmp(type, "Sequence")) { /* Sequence [ByteLevel] */
-        const cJSON *list = get(v, "decoders");
-        if (cJSON_IsArray(list) && cJSON_GetArraySize(list) == 1)
-            type = cJSON_GetStringValue(get(list->child, "type"));
-    }
-    if (type && !strcmp(type, "ByteLevel")) {
-        r->t->byte_decoder = true;
-        return DT_OK;
-    }
-    return kerr(r, DT_ERR_UNSUPPORTED, "decoder", "\"%.64s\" is not supported (ByteLevel or null are)",
-                type ? type : "?");
 }
 
 static dt_status push_ids(rd *r, uint32_t **arr, uint32_t *n, const uint32_t *ids, uint32_t k, bool front)
@@ -768,6 +734,12 @@ void dt_tokenizer_free(dt_tokenizer *t)
         dt__re_free(t->pretok[i].re);
         free(t->pretok[i].literal);
     }
+    for (int i = 0; i < t->nnorm; i++)
+        dt__tok_norm_free(&t->norm[i]);
+    for (int i = 0; i < t->ndec; i++) {
+        free(t->dec[i].from);
+        free(t->dec[i].to);
+    }
     free(t->pre_ids);
     free(t->post_ids);
     free(t);
@@ -828,12 +800,12 @@ dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt
     if (st == DT_OK && (st = build_set(t, &t->raw_set, false)) == DT_OK)
         st = build_set(t, &t->norm_set, true);
     if (st == DT_OK)
-        st = read_normalizer(&r, root);
+        st = dt__tok_read_normalizer(t, r.name, root);
     const cJSON *pt = st == DT_OK ? get(root, "pre_tokenizer") : NULL;
     if (pt)
         st = add_pretok(&r, pt, "pre_tokenizer");
     if (st == DT_OK)
-        st = read_decoder(&r, root);
+        st = dt__tok_read_decoder(t, r.name, root);
     const cJSON *pp = st == DT_OK ? get(root, "post_processor") : NULL;
     if (pp && (st = add_post(&r, pp, "post_processor")) == DT_OK && (st = check_ids(&r, t->pre_ids, t->npre)) == DT_OK)
         st = check_ids(&r, t->post_ids, t->npost);

@@ -1,5 +1,6 @@
-/* The regular expressions of tokenizer.json pre-tokenizers (tok_regex.c)
- * and the Unicode tables they need (unicode_gc.c, generated).
+/* The regular expressions of tokenizer.json pre-tokenizers (tok_regex.c,
+ * tok_regex_run.c) and the Unicode tables they need (tok_unicode.c;
+ * unicode_gc.c, generated).
  *
  * The Hugging Face tokenizers library compiles its Split and ByteLevel
  * patterns with Oniguruma; this is a small backtracking engine with the

@@ -1,8 +1,10 @@
 /* llm.c token files: the checker, the memory-mapped reader, the writer and
  * the window dataset (data.h).
  *
- * The checks are llm.c's (magic, version, size == 1024 + 2 * count,
- * count > 0) plus the vocabulary bound, done once at open over the whole
+ * Two formats: llm.c's GPT-2 file (magic 20240520, version 1, uint16
+ * tokens) and its Llama-3 file (magic 20240801, version 7, uint32 tokens),
+ * for vocabularies above 65,536 ids. The checks are llm.c's (magic,
+ * version, size == 1024 + width * count, count > 0) plus the vocabulary bound, done once at open over the whole
  * file (a few ms for millions of tokens), so a batch read later cannot hold
  * an out-of-range token. Offsets are 64-bit (llm.c casts them to int). The
  * header fields past h[2] are not checked: llm.c writes zeros there and
@@ -32,43 +34,55 @@ static int32_t header_word(const unsigned char *buf, int i)
     return s;
 }
 
-/* Header and size; sets *count. */
-static dt_status check_header(const unsigned char *buf, size_t n, const char *name, int64_t *count)
+/* Header and size; sets *count and *width (bytes per token). */
+static dt_status check_header(const unsigned char *buf, size_t n, const char *name, int64_t *count, int *width)
 {
     if (n < DT_TOKENS_HEADER_BYTES)
         return dt_error(DT_ERR_FORMAT, "token file %s: truncated: %zu bytes, shorter than the %d-byte header",
                         name, n, DT_TOKENS_HEADER_BYTES);
     int32_t magic = header_word(buf, 0), version = header_word(buf, 1), cnt = header_word(buf, 2);
-    if (magic != DT_TOKENS_MAGIC)
-        return dt_error(DT_ERR_FORMAT, "token file %s: bad magic %ld (want %d: llm.c's GPT-2 token file)", name,
-                        (long)magic, DT_TOKENS_MAGIC);
-    if (version != DT_TOKENS_VERSION)
+    if (magic != DT_TOKENS_MAGIC && magic != DT_TOKENS32_MAGIC)
         return dt_error(DT_ERR_FORMAT,
-                        "token file %s: bad version %ld (want %d: uint16 tokens; version 7 is llm.c's "
-                        "uint32 llama-3 format, not supported)",
-                        name, (long)version, DT_TOKENS_VERSION);
+                        "token file %s: bad magic %ld (want %d: llm.c's GPT-2 token file, or %d: its uint32 "
+                        "Llama-3 file)",
+                        name, (long)magic, DT_TOKENS_MAGIC, DT_TOKENS32_MAGIC);
+    bool wide = magic == DT_TOKENS32_MAGIC;
+    if (version != (wide ? DT_TOKENS32_VERSION : DT_TOKENS_VERSION))
+        return dt_error(DT_ERR_FORMAT, "token file %s: bad version %ld (magic %ld wants version %d: %s tokens)", name,
+                        (long)version, (long)magic, wide ? DT_TOKENS32_VERSION : DT_TOKENS_VERSION,
+                        wide ? "uint32" : "uint16");
+    const size_t w = wide ? 4 : 2;
     if (cnt <= 0)
         return dt_error(DT_ERR_FORMAT, "token file %s: the header says %ld tokens (need at least 1)", name,
                         (long)cnt);
-    size_t have = (n - DT_TOKENS_HEADER_BYTES) / 2;
+    size_t have = (n - DT_TOKENS_HEADER_BYTES) / w;
     if ((size_t)cnt > have)
         return dt_error(DT_ERR_FORMAT, "token file %s: truncated: the header says %ld tokens, the file holds %zu",
                         name, (long)cnt, have);
-    size_t extra = n - DT_TOKENS_HEADER_BYTES - 2 * (size_t)cnt;
+    size_t extra = n - DT_TOKENS_HEADER_BYTES - w * (size_t)cnt;
     if (extra)
         return dt_error(DT_ERR_FORMAT, "token file %s: %zu bytes after the %ld tokens the header announces", name,
                         extra, (long)cnt);
     *count = cnt;
+    *width = (int)w;
     return DT_OK;
 }
 
+static uint32_t token_at(const unsigned char *p, int width, int64_t i)
+{
+    if (width == 2)
+        return (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+    return (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+           (uint32_t)p[4 * i + 3] << 24;
+}
+
 /* Every token < vocab (vocab > 0); *maxp1 = largest + 1. */
-static dt_status check_tokens(const unsigned char *p, int64_t count, const char *name, int64_t vocab,
+static dt_status check_tokens(const unsigned char *p, int width, int64_t count, const char *name, int64_t vocab,
                               int64_t *maxp1)
 {
     uint32_t mx = 0;
     for (int64_t i = 0; i < count; i++) {
-        uint32_t t = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+        uint32_t t = token_at(p, width, i);
         if (vocab > 0 && t >= (uint64_t)vocab)
             return dt_error(DT_ERR_FORMAT, "token file %s: token %u at position %lld >= vocab size %lld", name,
                             (unsigned)t, (long long)i, (long long)vocab);
@@ -87,10 +101,11 @@ dt_status dt_tokens_check_mem(const void *buf, size_t n, const char *name, int64
     if (vocab_size < 0)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokens_check_mem: vocab_size %lld < 0", (long long)vocab_size);
     int64_t cnt, mx;
-    dt_status st = check_header(buf, n, name, &cnt);
+    int w;
+    dt_status st = check_header(buf, n, name, &cnt, &w);
     if (st < 0)
         return st;
-    st = check_tokens((const unsigned char *)buf + DT_TOKENS_HEADER_BYTES, cnt, name, vocab_size, &mx);
+    st = check_tokens((const unsigned char *)buf + DT_TOKENS_HEADER_BYTES, w, cnt, name, vocab_size, &mx);
     if (st < 0)
         return st;
     if (count)
@@ -102,7 +117,8 @@ struct dt_tokens {
     dt__map map;
     int64_t count;
     int64_t max_plus_one;
-    const uint16_t *tok;
+    int width;                /* bytes per token: 2 or 4 */
+    const unsigned char *tok; /* the first token */
 };
 
 dt_status dt_tokens_open(const char *path, int64_t vocab_size, dt_tokens **out)
@@ -122,14 +138,15 @@ dt_status dt_tokens_open(const char *path, int64_t vocab_size, dt_tokens **out)
         return dt_error(DT_ERR_NO_MEMORY, "token file %s: out of memory", path);
     dt_status st = dt__map_open(path, "token file", &t->map);
     if (st == DT_OK)
-        st = check_header(t->map.data, t->map.size, path, &t->count);
+        st = check_header(t->map.data, t->map.size, path, &t->count, &t->width);
     if (st == DT_OK)
-        st = check_tokens(t->map.data + DT_TOKENS_HEADER_BYTES, t->count, path, vocab_size, &t->max_plus_one);
+        st = check_tokens(t->map.data + DT_TOKENS_HEADER_BYTES, t->width, t->count, path, vocab_size,
+                          &t->max_plus_one);
     if (st < 0) {
         dt_tokens_close(t);
         return st;
     }
-    t->tok = (const uint16_t *)(const void *)(t->map.data + DT_TOKENS_HEADER_BYTES);
+    t->tok = t->map.data + DT_TOKENS_HEADER_BYTES;
     *out = t;
     return DT_OK;
 }
@@ -143,10 +160,22 @@ void dt_tokens_close(dt_tokens *t)
 }
 
 int64_t dt_tokens_count(const dt_tokens *t) { return t ? t->count : 0; }
-const uint16_t *dt_tokens_data(const dt_tokens *t) { return t ? t->tok : NULL; }
+const uint16_t *dt_tokens_data(const dt_tokens *t)
+{
+    return t && t->width == 2 ? (const uint16_t *)(const void *)t->tok : NULL;
+}
+const uint32_t *dt_tokens_data_u32(const dt_tokens *t)
+{
+    return t && t->width == 4 ? (const uint32_t *)(const void *)t->tok : NULL;
+}
+int dt_tokens_width(const dt_tokens *t) { return t ? t->width : 0; }
+uint32_t dt_tokens_at(const dt_tokens *t, int64_t i)
+{
+    return t && i >= 0 && i < t->count ? token_at(t->tok, t->width, i) : 0;
+}
 int64_t dt_tokens_max_plus_one(const dt_tokens *t) { return t ? t->max_plus_one : 0; }
 
-dt_status dt_tokens_write(const char *path, const uint16_t *tokens, int64_t n)
+static dt_status write_file(const char *path, const void *tokens, int64_t n, bool wide)
 {
     if (!path || (!tokens && n > 0))
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokens_write: NULL argument");
@@ -155,18 +184,29 @@ dt_status dt_tokens_write(const char *path, const uint16_t *tokens, int64_t n)
                         (long long)n, (long)INT32_MAX);
     if (!host_little_endian())
         return dt_error(DT_ERR_UNSUPPORTED, "token file %s: this host is big-endian", path);
-    int32_t h[256] = {DT_TOKENS_MAGIC, DT_TOKENS_VERSION, (int32_t)n};
+    int32_t h[256] = {wide ? DT_TOKENS32_MAGIC : DT_TOKENS_MAGIC, wide ? DT_TOKENS32_VERSION : DT_TOKENS_VERSION,
+                      (int32_t)n};
     dt_file *f;
     dt_status st = dt_file_open(path, 0644, &f);
     if (st < 0)
         return st;
     st = dt_file_write(f, h, sizeof h);
     if (st == DT_OK)
-        st = dt_file_write(f, tokens, (size_t)n * sizeof *tokens);
+        st = dt_file_write(f, tokens, (size_t)n * (wide ? 4 : 2));
     if (st == DT_OK)
         st = dt_file_commit(f);
     dt_status cst = dt_file_close(f);
     return st < 0 ? st : cst;
+}
+
+dt_status dt_tokens_write(const char *path, const uint16_t *tokens, int64_t n)
+{
+    return write_file(path, tokens, n, false);
+}
+
+dt_status dt_tokens_write_u32(const char *path, const uint32_t *tokens, int64_t n)
+{
+    return write_file(path, tokens, n, true);
 }
 
 dt_status dt_tokens_unigram_xent(const dt_tokens *train, const dt_tokens *eval, int64_t vocab_size, double *nats)
@@ -176,17 +216,17 @@ dt_status dt_tokens_unigram_xent(const dt_tokens *train, const dt_tokens *eval, 
     int64_t need = train->max_plus_one > eval->max_plus_one ? train->max_plus_one : eval->max_plus_one;
     if (vocab_size == 0)
         vocab_size = need;
-    if (vocab_size < need || vocab_size > 65536)
+    if (vocab_size < need || vocab_size > ((int64_t)1 << 32))
         return dt_error(DT_ERR_INVALID_ARG, "unigram cross-entropy: vocab size %lld, but the files hold token %lld",
                         (long long)vocab_size, (long long)need - 1);
     int64_t *cnt = calloc((size_t)vocab_size, sizeof *cnt);
     if (!cnt)
         return dt_error(DT_ERR_NO_MEMORY, "unigram cross-entropy: out of memory");
     for (int64_t i = 0; i < train->count; i++)
-        cnt[train->tok[i]]++;
+        cnt[token_at(train->tok, train->width, i)]++;
     double total = (double)train->count + (double)vocab_size, sum = 0;
     for (int64_t i = 0; i < eval->count; i++)
-        sum -= log(((double)cnt[eval->tok[i]] + 1.0) / total);
+        sum -= log(((double)cnt[token_at(eval->tok, eval->width, i)] + 1.0) / total);
     free(cnt);
     *nats = sum / (double)eval->count;
     return DT_OK;
@@ -203,7 +243,17 @@ static int64_t tokset_length(void *self) { return ((tokset *)self)->n; }
 
 static void window(const tokset *s, int64_t i, int64_t *x, int64_t *y)
 {
-    const uint16_t *w = s->t->tok + i * s->stride;
+    const dt_tokens *t = s->t;
+    int64_t o = i * s->stride;
+    if (t->width == 2) {
+        const uint16_t *w = (const uint16_t *)(const void *)t->tok + o;
+        for (int64_t k = 0; k < s->T; k++) {
+            x[k] = w[k];
+            y[k] = w[k + 1];
+        }
+        return;
+    }
+    const uint32_t *w = (const uint32_t *)(const void *)t->tok + o;
     for (int64_t k = 0; k < s->T; k++) {
         x[k] = w[k];
         y[k] = w[k + 1];

@@ -96,8 +96,8 @@ dt_status dt_k_relu_bwd_lp(dt_dtype t, const void *y, const float *dy, float *dx
 /* The tanh form runs the fused bias + GELU rows below (no bias): one inline
  * exp per element on 8 lanes instead of libm's scalar tanhf, the same
  * values as dt_k_bias_gelu_* give. */
-static void gelu_tanh_row(bool vec, const float *x, const float *b, float *y, int64_t n);
-static void gelu_tanh_bwd_row(bool vec, const float *x, const float *b, const float *dy, float *dx, float *sb,
+static void gelu_tanh_row(int vec, const float *x, const float *b, float *y, int64_t n);
+static void gelu_tanh_bwd_row(int vec, const float *x, const float *b, const float *dy, float *dx, float *sb,
                               int64_t n);
 enum { GELU_BLOCK = 2048 };
 
@@ -115,7 +115,7 @@ dt_status dt_k_gelu_fwd(const float *x, float *y, int64_t n, dt_k_gelu_approx ap
         for (int64_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT1_2));
     } else {
-        const bool vec = dt__vec_avx2();
+        const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t i = 0; i < n; i += GELU_BLOCK)
             gelu_tanh_row(vec, x + i, NULL, y + i, n - i < GELU_BLOCK ? n - i : GELU_BLOCK);
@@ -142,7 +142,7 @@ dt_status dt_k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n, d
             dx[i] = dy[i] * (cdf + v * pdf);
         }
     } else {
-        const bool vec = dt__vec_avx2();
+        const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t i = 0; i < n; i += GELU_BLOCK)
             gelu_tanh_bwd_row(vec, x + i, NULL, dy + i, dx + i, NULL, n - i < GELU_BLOCK ? n - i : GELU_BLOCK);
@@ -250,12 +250,63 @@ DT__AVX2 static void bias_gelu_tanh_bwd_row_avx2(const float *restrict x, const 
     if (j < n)
         bias_gelu_tanh_bwd_row(x + j, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
 }
+
+/* The same rows on 16 lanes: gelu_tanh_parts8's operations (dt__expf16),
+ * bit-identical again; the tail goes to the 8-lane rows. */
+DT__AVX512 static inline void gelu_tanh_parts16(__m512 v, __m512 *opp, __m512 *q)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 cube = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), v), v), v);
+    __m512 u2 = _mm512_mul_ps(_mm512_set1_ps(2.0f * SQRT2_PI), _mm512_add_ps(v, cube));
+    __m512 E = dt__expf16(_mm512_min_ps(u2, _mm512_set1_ps(88.0f))); /* NaN u2: 88, as the scalar select */
+    __m512 r = _mm512_div_ps(one, _mm512_add_ps(E, one));
+    *opp = _mm512_mul_ps(E, r);
+    *q = r;
+}
+
+DT__AVX512 static void bias_gelu_tanh_row_avx512(const float *restrict x, const float *restrict b,
+                                                 float *restrict y, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps()), opp, q;
+        gelu_tanh_parts16(v, &opp, &q);
+        _mm512_storeu_ps(y + j, _mm512_mul_ps(v, opp));
+    }
+    if (j < n)
+        bias_gelu_tanh_row_avx2(x + j, b ? b + j : NULL, y + j, n - j);
+}
+
+DT__AVX512 static void bias_gelu_tanh_bwd_row_avx512(const float *restrict x, const float *restrict b,
+                                                     const float *dy, float *dx, float *restrict sb, int64_t n)
+{
+    const __m512 k3 = _mm512_set1_ps(3.0f * 0.044715f), one = _mm512_set1_ps(1.0f);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps()), opp, q;
+        gelu_tanh_parts16(v, &opp, &q);
+        __m512 du = _mm512_mul_ps(_mm512_set1_ps(SQRT2_PI),
+                                  _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(k3, v), v)));
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), opp), q), du);
+        __m512 g = _mm512_mul_ps(_mm512_loadu_ps(dy + j), _mm512_add_ps(opp, t));
+        if (dx)
+            _mm512_storeu_ps(dx + j, g);
+        if (sb)
+            _mm512_storeu_ps(sb + j, _mm512_add_ps(_mm512_loadu_ps(sb + j), g));
+    }
+    if (j < n)
+        bias_gelu_tanh_bwd_row_avx2(x + j, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
+}
 #endif
 
-/* The rows of the tanh form on the best path. */
-static void gelu_tanh_row(bool vec, const float *x, const float *b, float *y, int64_t n)
+/* The rows of the tanh form on the widest path vec (dt__vec_level()) allows. */
+static void gelu_tanh_row(int vec, const float *x, const float *b, float *y, int64_t n)
 {
 #if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        bias_gelu_tanh_row_avx512(x, b, y, n);
+        return;
+    }
     if (vec) {
         bias_gelu_tanh_row_avx2(x, b, y, n);
         return;
@@ -265,10 +316,14 @@ static void gelu_tanh_row(bool vec, const float *x, const float *b, float *y, in
     bias_gelu_tanh_row(x, b, y, n);
 }
 
-static void gelu_tanh_bwd_row(bool vec, const float *x, const float *b, const float *dy, float *dx, float *sb,
+static void gelu_tanh_bwd_row(int vec, const float *x, const float *b, const float *dy, float *dx, float *sb,
                               int64_t n)
 {
 #if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        bias_gelu_tanh_bwd_row_avx512(x, b, dy, dx, sb, n);
+        return;
+    }
     if (vec) {
         bias_gelu_tanh_bwd_row_avx2(x, b, dy, dx, sb, n);
         return;
@@ -289,7 +344,7 @@ dt_status dt_k_bias_gelu_fwd(const float *x, const float *bias, int64_t rows, in
     DT__CHECK_PTR(fn, x, rows * cols);
     DT__CHECK_PTR(fn, y, rows * cols);
     int nt = dt__threads_for(rows * cols * 8);
-    const bool vec = dt__vec_avx2();
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
@@ -321,7 +376,7 @@ dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy,
     const int64_t CB = 64;
     int64_t nblk = (cols + CB - 1) / CB;
     int nt = dt__threads_for(rows * cols * 8);
-    const bool vec = dt__vec_avx2();
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t bk = 0; bk < nblk; bk++) {
         int64_t j0 = bk * CB, j1 = j0 + CB < cols ? j0 + CB : cols;

@@ -34,8 +34,8 @@
  * terms. The backward keeps the block's P and dS ([T, BK] each, per-thread
  * scratch) so that dk_j and dv_j are each one such sum over the rows i, and
  * dq_i one over the block's keys. Every sum runs in a fixed order (scores in
- * d order, the rest in key or query order), so the AVX2 and baseline paths
- * give the same bits. At GPT-2 sizes attention is
+ * d order, the rest in key or query order), so the AVX-512 (16 lanes), AVX2
+ * and baseline paths give the same bits. At GPT-2 sizes attention is
  * a few percent of a step's FLOPs, the projections around it are oneDNN
  * matmuls. */
 #include "kernels_impl.h"
@@ -135,13 +135,64 @@ ROWS_ACC(rows_acc_base, , v4f, 4)
 #if DT__X86_VEC
 typedef float v8f __attribute__((vector_size(32)));
 ROWS_ACC(rows_acc_avx2, DT__AVX2, v8f, 8)
+typedef float v16f __attribute__((vector_size(64)));
+
+/* rows_acc on 16 lanes (zmm): 128 columns at a time in 8 registers, then
+ * 64, 32, 16, one 8-lane step and the scalar tail. Each element's sum is the
+ * same sequence of rounded products and adds as in the other versions. */
+DT__AVX512 static void rows_acc_avx512(float *restrict out, const float *restrict c, int64_t cs,
+                                       const float *restrict x, int64_t xs, int64_t n, int64_t D)
+{
+    int64_t d0 = 0;
+#define RA16_BLOCK(W)                                                                                          \
+    for (; d0 + (W) <= D; d0 += (W)) {                                                                         \
+        v16f a[(W) / 16];                                                                                      \
+        memcpy(a, out + d0, sizeof a);                                                                         \
+        for (int64_t t = 0; t < n; t++) {                                                                      \
+            const float ct = c[t * cs], *xr = x + t * xs + d0;                                                 \
+            _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++)                                         \
+            {                                                                                                  \
+                v16f v;                                                                                        \
+                memcpy(&v, xr + k * 16, sizeof v);                                                             \
+                a[k] += ct * v;                                                                                \
+            }                                                                                                  \
+        }                                                                                                      \
+        memcpy(out + d0, a, sizeof a);                                                                         \
+    }
+    RA16_BLOCK(128)
+    RA16_BLOCK(64)
+    RA16_BLOCK(32)
+    RA16_BLOCK(16)
+#undef RA16_BLOCK
+    if (d0 + 8 <= D) {
+        v8f a, v;
+        memcpy(&a, out + d0, sizeof a);
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(&v, x + t * xs + d0, sizeof v);
+            a += c[t * cs] * v;
+        }
+        memcpy(out + d0, &a, sizeof a);
+        d0 += 8;
+    }
+    for (; d0 < D; d0++) {
+        float a = out[d0];
+        for (int64_t t = 0; t < n; t++)
+            a += c[t * cs] * x[t * xs + d0];
+        out[d0] = a;
+    }
+}
 #endif
 
-/* rows_acc_avx2 where the kernels' AVX2 loops run (vec = dt__vec_avx2()), else the baseline. */
-static inline void rows_acc(bool vec, float *restrict out, const float *restrict c, int64_t cs,
+/* The widest row loop vec (dt__vec_level()) allows: rows_acc_avx512,
+ * rows_acc_avx2 or the baseline. */
+static inline void rows_acc(int vec, float *restrict out, const float *restrict c, int64_t cs,
                             const float *restrict x, int64_t xs, int64_t n, int64_t D)
 {
 #if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        rows_acc_avx512(out, c, cs, x, xs, n, D);
+        return;
+    }
     if (vec) {
         rows_acc_avx2(out, c, cs, x, xs, n, D);
         return;
@@ -173,7 +224,7 @@ static void block_t(const float *restrict x, int64_t C3, int64_t nk, int64_t D, 
 /* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys: computed
  * for nk rounded up to a multiple of 8 (block_t zeroes the columns past the block; s has BK
  * entries), so no column takes the scalar path. */
-static inline void row_dots(bool vec, const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
+static inline void row_dots(int vec, const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
                             float *restrict s)
 {
     int64_t w = (nk + 7) & ~(int64_t)7;
@@ -188,7 +239,7 @@ static inline void row_dots(bool vec, const float *restrict q, const float *rest
 /* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
  * AVX2: the loops along keys and along D vectorise; no sum is reordered,
  * so both clones give the same bits. */
-DT_CLONES static void fwd_task(bool vec, const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+DT_CLONES static void fwd_task(int vec, const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt,
                                float *y, float *lse)
 {
@@ -280,7 +331,8 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
     DT__CHECK_PTR(fn, lse, B * H * T);
     int64_t nqb = (T + BQ - 1) / BQ, ntask = B * H * nqb;
     int nt = dt__threads_for(B * T * T * C);
-    bool nomem = false, vec = dt__vec_avx2();
+    bool nomem = false;
+    const int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
@@ -304,7 +356,7 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones. */
-DT_CLONES static void bwd_task(bool vec, const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
+DT_CLONES static void bwd_task(int vec, const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
                                int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
                                int64_t b, int64_t h, float *kt, float *dqkv)
 {
@@ -370,7 +422,8 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
     DT__CHECK_PTR(fn, dy, B * T * C);
     DT__CHECK_PTR(fn, dqkv, B * T * C3);
     int nt = dt__threads_for(B * T * T * C * 2);
-    bool nomem = false, vec = dt__vec_avx2();
+    bool nomem = false;
+    const int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc((size_t)(SCRATCH_FLOATS + 2 * T * BK) * sizeof(float));

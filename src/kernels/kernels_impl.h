@@ -95,20 +95,63 @@ DT__AVX2 static inline __m256 dt__expf8(__m256 x)
     y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
+
+/* The AVX-512 row loops (16 lanes): AVX-512F, BW and VL, as the avx512 and
+ * avx512_bf16 paths of dt_k_get_isa() require. No FMA is contracted from
+ * separate multiplies and adds (the build is ISO C: -ffp-contract=off), so a
+ * 16-lane loop written with the scalar loop's operations in its order gives
+ * the scalar loop's bits, as the 8-lane ones do. */
+#define DT__AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl")))
+
+/* dt__expf8 on 16 lanes: the same operations in the same order (masks for
+ * the selects), so every lane is bit-identical to dt__expf of that element. */
+DT__AVX512 static inline __m512 dt__expf16(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.7f);
+    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, hi), lo); /* NaN lanes: fixed at the end */
+    __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                                  _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y, _mm512_setzero_ps());
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(__builtin_inff()));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
 #else
 #define DT__X86_VEC 0
 #endif
 
-/* Whether the kernels' AVX2 row loops run: dt_k_get_isa() is not the
- * scalar path (every other path implies AVX2, as dt_cpu_detect() reports
- * the CPU). */
-static inline bool dt__vec_avx2(void)
+/* Which row loops the kernels run, from dt_k_get_isa() (so DT_MAX_CPU_ISA
+ * and dt_k_set_isa cap it): DT__VEC_SCALAR on the scalar path, DT__VEC_AVX2
+ * on the avx2 path, DT__VEC_AVX512 on the avx512 and avx512_bf16 paths
+ * (every path but scalar implies AVX2, as dt_cpu_detect() reports the CPU).
+ * Kernels that have no 16-lane loop treat DT__VEC_AVX512 as AVX2. */
+enum { DT__VEC_SCALAR = 0, DT__VEC_AVX2 = 1, DT__VEC_AVX512 = 2 };
+static inline int dt__vec_level(void)
 {
 #if DT__X86_VEC
-    return dt_k_get_isa() != DT_K_ISA_SCALAR;
+    dt_k_isa isa = dt_k_get_isa();
+    return isa == DT_K_ISA_SCALAR ? DT__VEC_SCALAR : isa >= DT_K_ISA_AVX512 ? DT__VEC_AVX512 : DT__VEC_AVX2;
 #else
-    return false;
+    return DT__VEC_SCALAR;
 #endif
+}
+
+/* Whether the kernels' AVX2 (or wider) row loops run: dt__vec_level() is
+ * not scalar. */
+static inline bool dt__vec_avx2(void)
+{
+    return dt__vec_level() != DT__VEC_SCALAR;
 }
 
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */

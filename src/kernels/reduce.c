@@ -369,11 +369,45 @@ DT__AVX2 static void row_scaled_softmax_avx2(const float *x, float *d, int64_t n
         _mm256_storeu_ps(d + j, _mm256_mul_ps(vs, dt__expf8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vl))));
     row_scaled_softmax_scalar(x + j, d + j, n - j, lse, s);
 }
+
+/* The exponentials on 16 lanes (dt__expf16, the same bits as dt__expf), the
+ * sums still in the 8 lanes of the other paths: the low half of each 16 is
+ * added before the high half, so lane k sums elements j = k mod 8 in order. */
+DT__AVX512 static float chunk_sumexp_avx512(const float *x, int64_t n, float m)
+{
+    __m256 a = _mm256_setzero_ps();
+    const __m512 vm = _mm512_set1_ps(m);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = dt__expf16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
+        a = _mm256_add_ps(a, _mm512_castps512_ps256(e));
+        a = _mm256_add_ps(a, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    if (j + 8 <= n) {
+        a = _mm256_add_ps(a, dt__expf8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm512_castps512_ps256(vm))));
+        j += 8;
+    }
+    float acc[8];
+    _mm256_storeu_ps(acc, a);
+    return chunk_sumexp_scalar(x + j, n - j, m, acc); /* j is a multiple of 8: lanes line up */
+}
+
+DT__AVX512 static void row_scaled_softmax_avx512(const float *x, float *d, int64_t n, float lse, float s)
+{
+    const __m512 vl = _mm512_set1_ps(lse), vs = _mm512_set1_ps(s);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(d + j, _mm512_mul_ps(vs, dt__expf16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vl))));
+    row_scaled_softmax_avx2(x + j, d + j, n - j, lse, s);
+}
 #endif
 
-static float chunk_sumexp(bool vec, const float *x, int64_t n, float m)
+/* The widest path vec (dt__vec_level()) allows. */
+static float chunk_sumexp(int vec, const float *x, int64_t n, float m)
 {
 #if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512)
+        return chunk_sumexp_avx512(x, n, m);
     if (vec)
         return chunk_sumexp_avx2(x, n, m);
 #endif
@@ -382,9 +416,13 @@ static float chunk_sumexp(bool vec, const float *x, int64_t n, float m)
     return chunk_sumexp_scalar(x, n, m, acc);
 }
 
-static void row_scaled_softmax(bool vec, const float *x, float *d, int64_t n, float lse, float s)
+static void row_scaled_softmax(int vec, const float *x, float *d, int64_t n, float lse, float s)
 {
 #if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        row_scaled_softmax_avx512(x, d, n, lse, s);
+        return;
+    }
     if (vec) {
         row_scaled_softmax_avx2(x, d, n, lse, s);
         return;
@@ -403,7 +441,7 @@ DT_CLONES static float chunk_max(const float *restrict x, int64_t n)
     return cm;
 }
 
-static float row_lse(bool vec, const float *x, int64_t cols)
+static float row_lse(int vec, const float *x, int64_t cols)
 {
     float m = -INFINITY, s = 0.0f;
     for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
@@ -458,7 +496,7 @@ dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtyp
     int64_t nb = (rows + bs - 1) / bs;
     double part[MAXBLK];
     int nt = dt__threads_for(rows * cols * 4);
-    const bool vec = dt__vec_avx2();
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nb; b++) {
         double acc = 0.0;
@@ -508,7 +546,7 @@ dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const vo
         return st;
     float s = count ? dloss / (float)count : 0.0f;
     int nt = dt__threads_for(rows * cols * 2);
-    const bool vec = dt__vec_avx2();
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
         float *d = dlogits + r * cols;

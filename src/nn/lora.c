@@ -23,6 +23,17 @@ dt_lora_params dt_lora_params_default(void)
     return (dt_lora_params){.r = 8, .alpha = 8.0f, .dropout = 0.0f, .targets = NULL, .rslora = false};
 }
 
+bool dt_lora_is_adapter(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    return n > 14 && (!strcmp(name + n - 14, ".lora_A.weight") || !strcmp(name + n - 14, ".lora_B.weight"));
+}
+
+float dt_lora_scaling(const dt_lora_params *p)
+{
+    return p->rslora ? p->alpha / sqrtf((float)p->r) : p->alpha / (float)p->r;
+}
+
 static dt_tensor *none_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     (void)ctx, (void)self, (void)ud;
@@ -91,7 +102,7 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
         dt_module_free(b);
         return dt_error(st, "LoRA target '%s': out of memory", path);
     }
-    a->eps = p->rslora ? p->alpha / sqrtf((float)p->r) : p->alpha / (float)p->r;
+    a->eps = dt_lora_scaling(p);
     if ((st = add_child(m, "lora_A", a)) < 0) {
         dt_module_free(b);
         return st;

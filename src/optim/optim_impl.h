@@ -84,9 +84,9 @@ struct dt_optim {
     bool zero_grad;
 };
 
-/* Element kernels (optim_kernels.c): AVX2+FMA when the CPU has it, otherwise
- * scalar code that computes bit-identical results (fmaf, same summation
- * pattern). */
+/* Element kernels (optim_kernels.c): AVX-512 (16 lanes) or AVX2+FMA when the
+ * CPU has it, otherwise scalar code; all three compute bit-identical results
+ * (fmaf, same summation pattern). */
 typedef struct dt__sgd_k {
     float wd, momentum, one_minus_damp, neg_lr;
     bool has_wd, has_momentum, nesterov, first, zero_grad;
@@ -122,6 +122,10 @@ void dt__optim_lamb_stage2(float *p, float *u, size_t n, float ratio, bool zero_
 
 /* Tests: force the scalar kernels (true) or pick by CPU again (false). */
 void dt__optim_force_scalar(bool on);
+/* Tests: use the kernels of level 0 (scalar), 1 (AVX2+FMA) or 2 (AVX-512);
+ * -1 picks by CPU again. False (nothing changed) when the CPU, as
+ * dt_cpu_detect() reports it, lacks that level. */
+bool dt__optim_force_level(int level);
 /* True when the AVX2+FMA kernels are in use. */
 bool dt__optim_simd_active(void);
 

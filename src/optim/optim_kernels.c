@@ -1,8 +1,9 @@
 /* Element kernels of the optimizers.
  *
- * Each kernel exists twice: an AVX2+FMA version (intrinsics, chosen at run
- * time when the CPU has both) and a portable scalar version. They compute
- * bit-identical results: every fused multiply-add of the vector code is an
+ * Each kernel exists three times: an AVX-512 version (16 lanes, AVX-512F/
+ * VL/BW with FMA), an AVX2+FMA version (intrinsics; both chosen at run time
+ * from dt_cpu_detect(), so DT_MAX_CPU_ISA caps them) and a portable scalar
+ * version. They compute bit-identical results: every fused multiply-add of the vector code is an
  * fmaf() in the scalar code, the rest are plain IEEE operations in the same
  * order, and sums of squares use the same 8-lane double accumulation
  * pattern followed by the same fixed-order final sum.
@@ -37,21 +38,53 @@
 #define DT_OPT_X86 0
 #endif
 
-/* -1 = not probed yet; atomic because ranks-as-threads may step concurrently */
+/* The kernels in use: SIMD_SCALAR, SIMD_AVX2 or SIMD_AVX512; -1 = not
+ * probed yet; atomic because ranks-as-threads may step concurrently. */
+enum { SIMD_SCALAR = 0, SIMD_AVX2 = 1, SIMD_AVX512 = 2 };
 static _Atomic int g_simd = -1;
+
+/* The best level of this CPU, from dt_cpu_detect() (so DT_MAX_CPU_ISA caps it). */
+static int simd_best(void)
+{
+    dt_cpu_features f = dt_cpu_detect();
+    if (!(DT_OPT_X86 && f.avx2 && f.fma))
+        return SIMD_SCALAR;
+    return f.avx512f && f.avx512vl && f.avx512bw ? SIMD_AVX512 : SIMD_AVX2;
+}
+
+static int simd_level(void)
+{
+    int v = g_simd;
+    if (v < 0)
+        g_simd = v = simd_best();
+    return v;
+}
 
 static bool use_avx2(void)
 {
-    if (g_simd < 0) {
-        dt_cpu_features f = dt_cpu_detect();
-        g_simd = f.avx2 && f.fma;
-    }
-    return g_simd == 1;
+    return simd_level() >= SIMD_AVX2;
+}
+
+static bool use_avx512(void)
+{
+    return simd_level() >= SIMD_AVX512;
 }
 
 void dt__optim_force_scalar(bool on)
 {
     g_simd = on ? 0 : -1;
+}
+
+bool dt__optim_force_level(int level)
+{
+    if (level < 0) {
+        g_simd = -1;
+        return true;
+    }
+    if (level > simd_best())
+        return false;
+    g_simd = level;
+    return true;
 }
 
 bool dt__optim_simd_active(void)
@@ -285,6 +318,131 @@ DT_AVX2 static void scale_avx2(float *x, size_t n, float s)
     for (; i < n; i++)
         x[i] *= s;
 }
+
+/* ---- AVX-512 paths: 16 lanes, the AVX2 paths' operations per element (so
+ * the same bits); the last n % 16 elements run as one masked block where
+ * elements are independent. ------------------------------------------------ */
+#define DT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw")))
+
+DT_AVX512 static inline __mmask16 tail_mask(size_t r)
+{
+    return (__mmask16)((1u << r) - 1u);
+}
+
+DT_AVX512 static void sgd_avx512(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
+{
+    const __m512 wd = _mm512_set1_ps(k->wd), mom = _mm512_set1_ps(k->momentum);
+    const __m512 omd = _mm512_set1_ps(k->one_minus_damp), nlr = _mm512_set1_ps(k->neg_lr);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 d = _mm512_maskz_loadu_ps(mk, g + i), pp = _mm512_maskz_loadu_ps(mk, p + i);
+        if (k->has_wd)
+            d = _mm512_fmadd_ps(pp, wd, d);
+        if (k->has_momentum) {
+            __m512 b = k->first ? d
+                                : _mm512_fmadd_ps(d, omd, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, buf + i), mom));
+            _mm512_mask_storeu_ps(buf + i, mk, b);
+            d = k->nesterov ? _mm512_fmadd_ps(b, mom, d) : b;
+        }
+        _mm512_mask_storeu_ps(p + i, mk, _mm512_fmadd_ps(d, nlr, pp));
+        if (k->zero_grad)
+            _mm512_mask_storeu_ps(g + i, mk, _mm512_setzero_ps());
+    }
+}
+
+DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
+{
+    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
+    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1);
+    const __m512 b2 = _mm512_set1_ps(k->b2), omb2 = _mm512_set1_ps(k->omb2);
+    const __m512 bc2s = _mm512_set1_ps(k->bc2_sqrt), eps = _mm512_set1_ps(k->eps);
+    const __m512 nss = _mm512_set1_ps(k->neg_step_size);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 gi = _mm512_maskz_loadu_ps(mk, g + i), pi = _mm512_maskz_loadu_ps(mk, p + i);
+        if (k->l2)
+            gi = _mm512_fmadd_ps(pi, wd, gi);
+        if (k->decoupled)
+            pi = _mm512_mul_ps(pi, decay);
+        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, m + i), b1));
+        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + i), b2));
+        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
+        pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+        _mm512_mask_storeu_ps(p + i, mk, pi);
+        _mm512_mask_storeu_ps(m + i, mk, mi);
+        _mm512_mask_storeu_ps(v + i, mk, vi);
+        if (k->zero_grad)
+            _mm512_mask_storeu_ps(g + i, mk, _mm512_setzero_ps());
+    }
+}
+
+/* LAMB stage 1: the sum of u^2 keeps the other paths' pattern (lane i & 7 for
+ * i below n rounded down to 8, in order; the rest in the scalar tail): each
+ * 16-block adds its low 8 then its high 8 into one 8-lane double
+ * accumulator, an 8-block left over runs masked, fewer than 8 go scalar. */
+DT_AVX512 static double lamb1_avx512(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
+{
+    const __m512 clip = _mm512_set1_ps(k->clip), decay = _mm512_set1_ps(k->decay);
+    const __m512 b1 = _mm512_set1_ps(k->b1), b3 = _mm512_set1_ps(k->b3);
+    const __m512 b2 = _mm512_set1_ps(k->b2), omb2 = _mm512_set1_ps(k->omb2);
+    const __m512 bc1 = _mm512_set1_ps(k->bc1), bc2 = _mm512_set1_ps(k->bc2), eps = _mm512_set1_ps(k->eps);
+    const bool use_p = k->decay != 0.0f;
+    const size_t n8 = n & ~(size_t)7;
+    __m512d acc = _mm512_setzero_pd();
+    for (size_t i = 0; i < n8; i += 16) {
+        const __mmask16 mk = n8 - i >= 16 ? (__mmask16)0xffff : (__mmask16)0x00ff;
+        __m512 pi = use_p ? _mm512_maskz_loadu_ps(mk, p + i) : _mm512_setzero_ps();
+        __m512 s = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, g + i), clip);
+        if (!k->adam_w_mode)
+            s = _mm512_add_ps(s, _mm512_mul_ps(decay, pi));
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, m + i), b1), _mm512_mul_ps(b3, s));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + i), b2),
+                                  _mm512_mul_ps(_mm512_mul_ps(omb2, s), s));
+        __m512 mh = _mm512_div_ps(mi, bc1), vh = _mm512_div_ps(vi, bc2);
+        __m512 u = _mm512_div_ps(mh, _mm512_add_ps(_mm512_sqrt_ps(vh), eps));
+        if (k->adam_w_mode)
+            u = _mm512_add_ps(u, _mm512_mul_ps(decay, pi));
+        _mm512_mask_storeu_ps(g + i, mk, u);
+        _mm512_mask_storeu_ps(m + i, mk, mi);
+        _mm512_mask_storeu_ps(v + i, mk, vi);
+        __m512d ulo = _mm512_cvtps_pd(_mm512_castps512_ps256(u));
+        acc = _mm512_fmadd_pd(ulo, ulo, acc);
+        if (mk == (__mmask16)0xffff) {
+            __m512d uhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+            acc = _mm512_fmadd_pd(uhi, uhi, acc);
+        }
+    }
+    double tail = 0;
+    if (n8 < n)
+        tail = lamb1_scalar(p + n8, g + n8, m + n8, v + n8, n - n8, k); /* < 8 elements: all in its tail */
+    double a[8];
+    _mm512_storeu_pd(a, acc);
+    double s = 0;
+    for (int j = 0; j < 8; j++)
+        s += a[j];
+    return s + tail;
+}
+
+DT_AVX512 static void lamb2_avx512(float *p, float *u, size_t n, float ratio, bool zero_grad)
+{
+    const __m512 r = _mm512_set1_ps(ratio);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 ui = _mm512_maskz_loadu_ps(mk, u + i);
+        _mm512_mask_storeu_ps(p + i, mk, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, p + i), _mm512_mul_ps(r, ui)));
+        if (zero_grad)
+            _mm512_mask_storeu_ps(u + i, mk, _mm512_setzero_ps());
+    }
+}
+
+DT_AVX512 static void scale_avx512(float *x, size_t n, float s)
+{
+    const __m512 sv = _mm512_set1_ps(s);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), sv));
+    }
+}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------- */
@@ -292,6 +450,10 @@ DT_AVX2 static void scale_avx2(float *x, size_t n, float s)
 void dt__optim_sgd(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
 #if DT_OPT_X86
+    if (use_avx512()) {
+        sgd_avx512(p, g, buf, n, k);
+        return;
+    }
     if (use_avx2()) {
         sgd_avx2(p, g, buf, n, k);
         return;
@@ -303,6 +465,10 @@ void dt__optim_sgd(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
 #if DT_OPT_X86
+    if (use_avx512()) {
+        adam_avx512(p, g, m, v, n, k);
+        return;
+    }
     if (use_avx2()) {
         adam_avx2(p, g, m, v, n, k);
         return;
@@ -314,6 +480,8 @@ void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__
 double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
 {
 #if DT_OPT_X86
+    if (use_avx512())
+        return lamb1_avx512(p, g, m, v, n, k);
     if (use_avx2())
         return lamb1_avx2(p, g, m, v, n, k);
 #endif
@@ -323,6 +491,10 @@ double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_
 void dt__optim_lamb_stage2(float *p, float *u, size_t n, float ratio, bool zero_grad)
 {
 #if DT_OPT_X86
+    if (use_avx512()) {
+        lamb2_avx512(p, u, n, ratio, zero_grad);
+        return;
+    }
     if (use_avx2()) {
         lamb2_avx2(p, u, n, ratio, zero_grad);
         return;
@@ -347,6 +519,10 @@ double dt__sqsum(const float *x, size_t n)
 void dt__scale(float *x, size_t n, float s)
 {
 #if DT_OPT_X86
+    if (use_avx512()) {
+        scale_avx512(x, n, s);
+        return;
+    }
     if (use_avx2()) {
         scale_avx2(x, n, s);
         return;

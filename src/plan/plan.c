@@ -1,6 +1,7 @@
 /* dt_plan (plan.h): degrees and sharding into groups, a mesh and the
  * strategy; the memory a rank will hold. */
 #include "dtrain/plan.h"
+#include "dtrain/zeropp.h"
 
 #include "dtrain/tp.h"
 
@@ -115,6 +116,18 @@ dt_status dt_plan_check(const dt_plan_params *p, int ws)
                         N[3] ? N[3] : "comm hook", dt_comm_hook_name(hook), stage, N[4] ? N[4] : "zero_stage/fsdp",
                         hook == DT_COMM_HOOK_POWERSGD ? "PowerSGD's low-rank all-reduce cannot do"
                                                       : "this hook does not apply to");
+    const dt_zero_params *zq = &p->zero; /* ZeRO++: stage 3 over all ranks (FULL_SHARD) */
+    if (zq->quantized_weights || zq->quantized_gradients || zq->hpz_partition_size != 1) {
+        if (hybrid)
+            return dt_error(DT_ERR_INVALID_ARG, "ZeRO++ (zero_quantized_weights, zero_quantized_gradients, "
+                            "zero_hpz_partition_size) with FSDP's hybrid_shard: ZeRO++ is FULL_SHARD (stage 3 "
+                            "over all ranks); drop one");
+        dt_zero_params zc = *zq;
+        zc.stage = stage;
+        dt_status st = dt_zero_pp_check(&zc, ws);
+        if (st < 0)
+            return st;
+    }
     if (p->tp > 1 && ws % p->tp)
         return dt_error(DT_ERR_INVALID_ARG, "%s %d needs a multiple of %d ranks; this job has %d", nt, p->tp, p->tp,
                         ws);
@@ -195,6 +208,11 @@ dt_status dt_plan_init(dt_pg *world, const dt_plan_params *p, dt_plan **out)
         pl->own_world = true;
     }
     if (pl->world && (st = build_groups(pl)) < 0) {
+        dt_plan_free(pl);
+        return st;
+    }
+    /* hpZ's groups must be machines: checked here, where a bad number is the user's input */
+    if (pl->pg && pl->stage == 3 && (st = dt_zpp_hpz_check(pl->pg, p->zero.hpz_partition_size)) < 0) {
         dt_plan_free(pl);
         return st;
     }

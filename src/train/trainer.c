@@ -941,6 +941,11 @@ dt_status dt_trainer_memory_get(const dt_trainer *tr, dt_trainer_memory *out)
     if (tr->off) /* NVMe offload: the state is in files; only the driver's buffers are held */
         out->optim_bytes = dt_offload_optim_buffer_bytes(tr->off);
     out->peak_rss = peak_rss_bytes();
+    for (size_t i = 0, ne = dt_model_num_entries(tr->m); i < ne; i++) {
+        dt_param_info p;
+        if (dt_model_entry(tr->m, i, &p) >= 0 && p.frozen && p.tied_to < 0 && p.tensor) /* held here */
+            out->frozen_bytes += p.numel * dt_dtype_size(p.dtype);
+    }
     return DT_OK;
 }
 

@@ -61,8 +61,13 @@
  * run with its fp32 masters (nothing is lost), an f32 checkpoint into a
  * bf16 run with f32 masters and rounded weights, and a checkpoint saved at
  * any world size and strategy into any other (the pieces are element
- * ranges: dt_ckpt_read intersects them with the saved chunks). */
+ * ranges: dt_ckpt_read intersects them with the saved chunks).
+ *
+ * Files: this one saves; trainer_ckpt_load.c loads and lists the pieces a
+ * rank holds; trainer_ckpt_dir.c keeps the save directory;
+ * trainer_ckpt_psgd.c the PowerSGD state; trainer_ckpt_impl.h joins them. */
 #include "train/train_impl.h"
+#include "train/trainer_ckpt_impl.h"
 #include "train/trainer_ckpt_psgd.h"
 #include "dtrain/trace.h"
 
@@ -83,10 +88,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define INDEX_FILE "index.json"
-#define META_RUN "dtrain.run"
-#define META_USER "dtrain.user"
 
 dt_trainer_save_params dt_trainer_save_params_default(void)
 {
@@ -179,88 +180,6 @@ static char *dup_printf(const char *fmt, ...)
     return s;
 }
 
-/* Remove a checkpoint directory: its plain files, then itself. Nothing
- * below it is followed (unlinkat removes a link, not its target). */
-static void remove_ckpt_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            unlinkat(fd, e->d_name, 0);
-    closedir(d);
-    if (rmdir(path) != 0)
-        dt_log(DT_LOG_WARN, "checkpoint: could not remove %s: %s", path, strerror(errno));
-}
-
-/* "step-" followed by digits only: the step, else -1. */
-static int64_t step_of(const char *name)
-{
-    if (strncmp(name, "step-", 5) != 0 || !name[5])
-        return -1;
-    int64_t v = 0;
-    for (const char *p = name + 5; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
-            return -1;
-        v = v * 10 + (*p - '0');
-    }
-    return v;
-}
-
-static bool is_complete(const char *dir, const char *name)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s/%s", dir, name, INDEX_FILE);
-    struct stat sb;
-    return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-static int cmp_i64_desc(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* The steps of the complete checkpoints in dir, newest first (malloc'd). */
-static dt_status list_steps(const char *dir, int64_t **out, size_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    DIR *d = opendir(dir);
-    if (!d)
-        return dt_error(DT_ERR_IO, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
-    size_t cap = 0;
-    int64_t *v = NULL;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int64_t s = step_of(e->d_name);
-        if (s < 0 || !is_complete(dir, e->d_name))
-            continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            int64_t *nv = realloc(v, cap * sizeof *v);
-            if (!nv) {
-                free(v);
-                closedir(d);
-                return dt_error(DT_ERR_NO_MEMORY, "listing %s: out of memory", dir);
-            }
-            v = nv;
-        }
-        v[(*n)++] = s;
-    }
-    closedir(d);
-    if (*n > 1)
-        qsort(v, *n, sizeof *v, cmp_i64_desc);
-    *out = v;
-    return DT_OK;
-}
 
 /* The rank that creates, cleans and prunes the save directory (and holds
  * its lock) takes it: created when missing, locked (dt_ckpt_dir_lock: a
@@ -284,47 +203,11 @@ static dt_status own_dir(dt_trainer *tr, const char *dir)
     return DT_OK;
 }
 
-/* Temporaries a killed save left behind (dt_ckpt_save's "step-N.tmp-XXXXXX",
- * and those of the writer before it). Called by the directory's owner only
- * (own_dir: it holds the lock, so no live job saves there), whose saves
- * never overlap, so any temporary there when a save starts is stale. */
-static void remove_stale(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[4200];
-    while ((e = readdir(d))) {
-        const char *n = e->d_name;
-        if (!strncmp(n, ".tmp-step-", 10) || !strncmp(n, ".old-step-", 10) ||
-            (!strncmp(n, "step-", 5) && strstr(n, ".tmp-"))) {
-            snprintf(p, sizeof p, "%s/%s", dir, n);
-            remove_ckpt_dir(p);
-        }
-    }
-    closedir(d);
-}
-
-/* Keep the newest `keep` complete checkpoints of dir (0: all). */
-static void prune(const char *dir, int keep)
-{
-    int64_t *steps;
-    size_t n;
-    if (keep <= 0 || list_steps(dir, &steps, &n) != DT_OK)
-        return;
-    for (size_t i = (size_t)keep; i < n; i++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/step-%08" PRId64, dir, steps[i]);
-        remove_ckpt_dir(p);
-    }
-    free(steps);
-}
 
 /* The writer: one checkpoint directory (complete or absent), then pruning. */
 static dt_status job_write(ckpt_job *j)
 {
-    remove_stale(j->dir);
+    dt__ckpt_remove_stale(j->dir);
     dt_st_kv meta[3] = {{META_RUN, j->run_state},
                         {META_USER, j->user ? j->user : "null"},
                         {DT__PSGD_META, j->psgd.meta}};
@@ -335,7 +218,7 @@ static dt_status job_write(ckpt_job *j)
     const double tt = dt_trace_now();
     dt_status st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, NULL);
     if (st >= 0)
-        prune(j->dir, j->keep);
+        dt__ckpt_prune(j->dir, j->keep);
     dt_trace_span(DT_TRACE_CKPT, "checkpoint write", tt);
     return st;
 }
@@ -362,91 +245,6 @@ static int job_state(ckpt_job *j, dt_status *st)
     return done;
 }
 
-
-/* ---- what this rank holds ----------------------------------------------------------------- */
-
-/* One piece of a trained parameter this rank holds (see the overview). */
-typedef struct {
-    dt_param_info e;     /* the parameter (name, dtype, shape) */
-    size_t lo, hi;       /* its elements held, row-major */
-    float *val;          /* their f32 values: the parameter, or its fp32 masters */
-    void *lowp;          /* bf16/f16 parameter: the compute copy (e.dtype); else NULL */
-    size_t range, roff;  /* optimizer range and the first element's index in it */
-    float *sv[4];        /* completed over dp (complete_shares): the whole optimizer states; else NULL */
-} tpiece;
-
-/* The pieces, one per trained entry of the model in entry order (lo == hi:
- * none of it here); *sharded: some rank holds less than the whole. */
-static dt_status collect_pieces(dt_trainer *tr, tpiece **out, bool *sharded)
-{
-    dt_model *m = dt_trainer_model(tr);
-    const size_t ne = dt_model_num_entries(m);
-    tpiece *pc = calloc(ne ? ne : 1, sizeof *pc);
-    if (!pc)
-        return dt_error(DT_ERR_NO_MEMORY, "checkpoint: out of memory");
-    for (size_t i = 0; i < ne; i++)
-        dt_model_entry(m, i, &pc[i].e);
-    /* the strategy's map of pieces (ZeRO's shards), else the ranges */
-    size_t n = 0;
-    dt_zero_piece *zp = NULL;
-    dt_status st = dt__strategy_pieces(dt_trainer_strategy(tr), &zp, &n);
-    *sharded = zp != NULL;
-    if (st < 0 || zp) {
-        for (size_t k = 0; st >= 0 && k < n; k++) { /* a rank's shard cuts a tensor once at most */
-            tpiece *p = &pc[zp[k].entry];
-            p->lo = zp[k].lo;
-            p->hi = zp[k].hi;
-            p->val = zp[k].param;
-            p->lowp = zp[k].lowp;
-            p->range = zp[k].range;
-            p->roff = zp[k].range_offset;
-        }
-        free(zp);
-        if (st < 0) {
-            free(pc);
-            return st;
-        }
-        *out = pc;
-        return DT_OK;
-    }
-    const dt_optim_range *rg;
-    size_t nr;
-    dt__trainer_ranges(tr, &rg, &nr);
-    for (size_t i = 0; i < ne; i++) {
-        tpiece *p = &pc[i];
-        if (p->e.is_buffer || p->e.tied_to >= 0)
-            continue;
-        for (size_t k = 0; k < nr; k++) {
-            const dt_flat *f = rg[k].mirror ? rg[k].mirror : rg[k].params;
-            if (f->dtype != p->e.dtype)
-                continue;
-            size_t a = p->e.offset, b = a + p->e.numel;
-            a = a < rg[k].lo ? rg[k].lo : a;
-            b = b > rg[k].hi ? rg[k].hi : b;
-            /* a range of segments (the pipe strategy's stages, a ZeRO-1 share
-             * of them) holds only the tensors its segments overlap, not what
-             * lies between them */
-            bool in_seg = !rg[k].segs;
-            for (size_t g = 0; !in_seg && g < rg[k].nseg; g++)
-                in_seg = rg[k].segs[g].offset < p->e.offset + p->e.numel &&
-                         p->e.offset < rg[k].segs[g].offset + rg[k].segs[g].numel;
-            if (a < b && in_seg) {
-                p->lo = a - p->e.offset;
-                p->hi = b - p->e.offset;
-                p->val = dt_flat_ptr(rg[k].params, a);
-                p->lowp = rg[k].mirror ? dt_flat_ptr(rg[k].mirror, a) : NULL;
-                p->range = k;
-                p->roff = a - rg[k].lo;
-            }
-            break;
-        }
-        *sharded |= p->hi - p->lo != p->e.numel;
-    }
-    *out = pc;
-    return DT_OK;
-}
-
-static bool trained(const tpiece *p) { return !p->e.is_buffer && p->e.tied_to < 0; }
 
 /* ---- staging ------------------------------------------------------------------------------- */
 
@@ -545,14 +343,14 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     j->user = p->user_json ? strdup(p->user_json) : NULL;
     size_t nsliced = 0; /* staging copies of add_tp_entry */
     for (size_t i = 0; tp && i < ne; i++)
-        nsliced += trained(&pc[i]) && pc[i].e.tp_dim ? 2 + (size_t)ns : 0;
+        nsliced += dt__ckpt_trained(&pc[i]) && pc[i].e.tp_dim ? 2 + (size_t)ns : 0;
     j->bufs = calloc(1 + DT_DTYPE_COUNT + nsliced, sizeof *j->bufs);
     if (!j->dir || !j->final || (p->user_json && !j->user) || !j->bufs || dt_ckpt_list_init(&j->list) < 0)
         goto fail;
     /* the pieces: one buffer for all of them, [value][master][states...] each */
     size_t bytes = 0;
     for (size_t i = 0; copy && i < ne; i++)
-        if (trained(&pc[i])) {
+        if (dt__ckpt_trained(&pc[i])) {
             const size_t n = pc[i].hi - pc[i].lo;
             bytes += n * (dt_dtype_size(pc[i].e.dtype) + (pc[i].lowp ? 4 : 0) + 4 * (size_t)ns);
             bytes = (bytes + 7) / 8 * 8;
@@ -566,7 +364,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     char *at = buf, name[1024];
     for (size_t i = 0; i < ne; i++) {
         const tpiece *q = &pc[i];
-        if (!trained(q))
+        if (!dt__ckpt_trained(q))
             continue;
         const size_t n = q->hi - q->lo, es = dt_dtype_size(q->e.dtype);
         void *v = q->lowp ? q->lowp : (void *)q->val;
@@ -715,7 +513,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
 {
     dt_status sst = DT_OK;
     if (dt_trainer_rank(tr) == 0 && (sst = own_dir(tr, dir)) >= 0)
-        remove_stale(dir);
+        dt__ckpt_remove_stale(dir);
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
     bool sharded;
@@ -726,7 +524,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
         sst = lst;
     dt_pg *dp = tp ? lay.share_group : NULL;
     if (sst >= 0)
-        sst = collect_pieces(tr, &pc, &sharded);
+        sst = dt__ckpt_collect_pieces(tr, &pc, &sharded);
     if (dp) { /* ZeRO-1 with tp: the replicas' shares first, each rank then lists what DDP's lists */
         bool any;
         sst = sst < 0 ? (any_failed(dp, sst, &any), sst) : complete_shares(tr, dp, pc, &hold);
@@ -759,28 +557,10 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     sp.overwrite = true;
     st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, lay.save_group);
     if (st >= 0 && dt_trainer_rank(tr) == 0)
-        prune(j->dir, j->keep);
+        dt__ckpt_prune(j->dir, j->keep);
     job_free(j);
     dt_free(hold);
     return st;
-}
-
-/* The model's tensor-parallel group when it has more than one rank, else NULL. */
-static dt_pg *tp_of(dt_trainer *tr)
-{
-    dt_pg *tp = dt_tp_model_group(dt_trainer_model(tr));
-    return tp && dt_pg_size(tp) > 1 ? tp : NULL;
-}
-
-/* Slices whose group is unknown cannot be saved or loaded (symmetric on all ranks). */
-static dt_status tp_known(dt_trainer *tr, const char *op)
-{
-    const dt_model *m = dt_trainer_model(tr);
-    const char *sl = dt_tp_model_slice(m);
-    if (sl && !dt_tp_model_group(m))
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: '%s' is a tensor-parallel slice of a module with no group "
-                        "(dt_tp_module_set_group)", op, sl);
-    return DT_OK;
 }
 
 /* Whether any rank of the group failed (st < 0 here): a SUM all-reduce of
@@ -816,7 +596,7 @@ static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **h
     size_t bytes = 0;
     for (size_t i = 0; i < ne && lh; i++) {
         lh[2 * i] = (double)pc[i].lo, lh[2 * i + 1] = (double)pc[i].hi;
-        if (trained(&pc[i]))
+        if (dt__ckpt_trained(&pc[i]))
             bytes += pc[i].e.numel * (dt_dtype_size(pc[i].e.dtype) + 4 + 4 * (size_t)ns) + (2 + (size_t)ns) * 64;
     }
     char *buf = st >= 0 ? dt_alloc(bytes + 64) : NULL;
@@ -835,7 +615,7 @@ static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **h
     char *at = buf;
     for (size_t i = 0; i < ne && st >= 0; i++) {
         tpiece *q = &pc[i];
-        if (!trained(q))
+        if (!dt__ckpt_trained(q))
             continue;
         size_t have = 0;
         for (int r = 0; r < D; r++) {
@@ -911,7 +691,7 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
     void *hold = NULL;
     if (share) {
         bool sharded, any;
-        sst = collect_pieces(tr, &zpc, &sharded);
+        sst = dt__ckpt_collect_pieces(tr, &zpc, &sharded);
         sst = sst < 0 ? (any_failed(share, sst, &any), sst) : complete_shares(tr, share, zpc, &hold);
         if (sst < 0 && dt_trainer_rank(tr) != 0) {
             st = sst;
@@ -920,13 +700,13 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
     }
     if (dt_trainer_rank(tr) == 0) {
         if (sst >= 0 && dt_pg_rank(tp) == 0 && (sst = own_dir(tr, dir)) >= 0)
-            remove_stale(dir);
+            dt__ckpt_remove_stale(dir);
         bool any;
         ckpt_job *j = NULL;
         tpiece *pc = zpc;
         bool sharded;
         if ((st = any_failed(tp, sst, &any)) >= 0 && !any) {
-            if (zpc || (sst = collect_pieces(tr, &pc, &sharded)) >= 0) { /* the same on every rank: shapes agree */
+            if (zpc || (sst = dt__ckpt_collect_pieces(tr, &pc, &sharded)) >= 0) { /* the same on every rank: shapes agree */
                 const double tst = dt_trace_now();
                 sst = stage(tr, dir, pp, pc, false, NULL, tp, &j);
                 dt_trace_span(DT_TRACE_CKPT, "checkpoint staging", tst);
@@ -950,7 +730,7 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
             sp.overwrite = true;
             st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, tp);
             if (st >= 0 && dt_pg_rank(tp) == 0)
-                prune(j->dir, j->keep);
+                dt__ckpt_prune(j->dir, j->keep);
         }
         job_free(j);
         snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");
@@ -976,7 +756,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     if (dt_trainer_offload(tr)) /* every rank has it or none: the refusal is symmetric */
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");
-    dt_status kst = tp_known(tr, "dt_trainer_save");
+    dt_status kst = dt__ckpt_tp_known(tr, "dt_trainer_save");
     if (kst < 0)
         return kst;
     dt_trainer_save_params pp = p ? *p : dt_trainer_save_params_default();
@@ -993,7 +773,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
     ckpt_job *j = NULL;
     tpiece *pc = NULL;
     bool sharded = false;
-    dt_pg *tp = tp_of(tr);
+    dt_pg *tp = dt__ckpt_tp_of(tr);
     dt_strategy_ckpt lay;
     if ((st = dt__strategy_ckpt_layout(dt_trainer_strategy(tr), &lay)) < 0)
         return st;
@@ -1001,7 +781,7 @@ dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save
         return save_sharded(tr, dir, &pp, tp);
     if (tp)
         return save_tp(tr, tp, dir, &pp);
-    dt_status sst = collect_pieces(tr, &pc, &sharded);
+    dt_status sst = dt__ckpt_collect_pieces(tr, &pc, &sharded);
     if (sst >= 0 && sharded) {
         free(pc);
         return save_sharded(tr, dir, &pp, NULL);
@@ -1052,7 +832,7 @@ dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir)
 {
     if (!tr || !dir || !*dir)
         return dt_error(DT_ERR_NULL, "dt_trainer_save_prepare: %s", tr ? "no directory" : "trainer is NULL");
-    dt_pg *tp = tp_of(tr);
+    dt_pg *tp = dt__ckpt_tp_of(tr);
     /* the owner: the rank that creates and prunes the directory in every save path */
     const bool owner = dt_trainer_rank(tr) == 0 && (!tp || dt_pg_rank(tp) == 0);
     dt_status ost = owner ? own_dir(tr, dir) : DT_OK;
@@ -1073,410 +853,3 @@ dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir)
     return DT_OK;
 }
 
-/* ---- finding and loading ----------------------------------------------------------------------- */
-
-dt_status dt_trainer_ckpt_before(const char *dir, int64_t below, char *out, size_t n, int64_t *step)
-{
-    if (!dir || !out || n == 0)
-        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_before: NULL argument");
-    out[0] = 0;
-    if (step)
-        *step = -1;
-    int64_t *steps;
-    size_t k;
-    dt_status st = list_steps(dir, &steps, &k);
-    if (st < 0)
-        return st;
-    for (size_t i = 0; i < k; i++) /* newest first */
-        if (steps[i] < below) {
-            snprintf(out, n, "%s/step-%08" PRId64, dir, steps[i]);
-            if (step)
-                *step = steps[i];
-            break;
-        }
-    free(steps);
-    return DT_OK;
-}
-
-dt_status dt_trainer_ckpt_latest(const char *dir, char *out, size_t n)
-{
-    if (!dir || !out || n == 0)
-        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_latest: NULL argument");
-    return dt_trainer_ckpt_before(dir, INT64_MAX, out, n, NULL);
-}
-
-/* path: a checkpoint (holds trainer.json) or a save directory (its newest). */
-static dt_status resolve(const char *path, char *ck, size_t n)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", path, INDEX_FILE);
-    struct stat sb;
-    if (lstat(p, &sb) == 0) {
-        snprintf(ck, n, "%s", path);
-        return DT_OK;
-    }
-    if (stat(path, &sb) != 0)
-        return dt_error(DT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode) || dt_ckpt_is_hf_dir(path)) { /* one safetensors file (PyTorch's names), or a
-                                                              Hugging Face model directory */
-        snprintf(ck, n, "%s", path);
-        return DT_OK;
-    }
-    dt_status st = dt_trainer_ckpt_latest(path, ck, n);
-    if (st < 0)
-        return st;
-    if (!ck[0])
-        return dt_error(DT_ERR_IO, "%s holds no complete checkpoint (no step-N directory with %s)", path,
-                        INDEX_FILE);
-    return DT_OK;
-}
-
-/* The run-state and user metadata of an open checkpoint. */
-static dt_status ckpt_meta(const dt_ckpt *ck, const char *ckname, const char *key, const char **out)
-{
-    *out = dt_ckpt_meta(ck, key);
-    if (!*out)
-        return dt_error(DT_ERR_FORMAT, "checkpoint %s: no \"%s\" metadata (not saved by dt_trainer_save)", ckname,
-                        key);
-    return DT_OK;
-}
-
-/* "[10,1568]" */
-static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
-{
-    size_t k = (size_t)snprintf(b, n, "[");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(b + k, n - k, "%s%lld", d ? "," : "", (long long)shape[d]);
-    if (k < n)
-        snprintf(b + k, n - k, "]");
-}
-
-/* The reads of a load that need no conversion, done together at the end
- * (dt_ckpt_read_batch: in file order, each file checksummed in the same
- * pass). */
-typedef struct rbatch {
-    dt_ckpt_req *r;
-    size_t n, cap;
-} rbatch;
-
-static dt_status rbatch_add(rbatch *b, size_t i, uint64_t lo, uint64_t hi, void *dst)
-{
-    if (b->n == b->cap) {
-        size_t nc = b->cap ? 2 * b->cap : 64;
-        dt_ckpt_req *r = realloc(b->r, nc * sizeof *r);
-        if (!r)
-            return dt_error(DT_ERR_NO_MEMORY, "loading a checkpoint: out of memory");
-        b->r = r;
-        b->cap = nc;
-    }
-    b->r[b->n++] = (dt_ckpt_req){.tensor = i, .lo = lo, .hi = hi, .dst = dst};
-    return DT_OK;
-}
-
-/* Elements [lo, hi) of the saved tensor `name` as `want` into dst,
- * converted from the saved float dtype; *found false (nothing read) when
- * the checkpoint has no such tensor. The shape must be p's. With a batch b,
- * a read that needs no conversion is queued there (dst is filled when the
- * batch runs), others are read now. */
-static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, const dt_param_info *p, uint64_t lo,
-                         uint64_t hi, dt_dtype want, void *dst, bool *found, rbatch *b)
-{
-    int64_t i = dt_ckpt_find(ck, name);
-    *found = i >= 0;
-    if (i < 0)
-        return DT_OK;
-    dt_ckpt_tensor t;
-    dt_status st = dt_ckpt_tensor_at(ck, (size_t)i, &t);
-    if (st < 0)
-        return st;
-    bool same = t.ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++)
-        same = t.shape[d] == p->shape[d];
-    if (!same) {
-        char sa[256], sb[256];
-        shape_str(sa, sizeof sa, t.ndim, t.shape);
-        shape_str(sb, sizeof sb, p->ndim, p->shape);
-        return dt_error(DT_ERR_SHAPE, "tensor '%s': shape %s in checkpoint %s, %s here", name, sa, ckname, sb);
-    }
-    dt_dtype have;
-    if (dt_st_dtype_to(t.dtype, &have) < 0 || (have != DT_F32 && have != DT_BF16 && have != DT_F16))
-        return dt_error(DT_ERR_DTYPE, "tensor '%s' is %s in checkpoint %s; parameters and optimizer state load "
-                                      "from F32, BF16 or F16", name, dt_st_dtype_name(t.dtype), ckname);
-    if (hi <= lo)
-        return DT_OK;
-    if (have == want)
-        return b ? rbatch_add(b, (size_t)i, lo, hi, dst) : dt_ckpt_read(ck, (size_t)i, lo, hi, dst, false);
-    void *tmp = dt_alloc((size_t)(hi - lo) * dt_dtype_size(have));
-    if (!tmp)
-        return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s", name, ckname);
-    st = dt_ckpt_read(ck, (size_t)i, lo, hi, tmp, false);
-    if (st >= 0)
-        st = dt_k_convert(tmp, have, dst, want, (int64_t)(hi - lo));
-    dt_free(tmp);
-    return st;
-}
-
-/* read_as for piece q into dst (q's local elements [lo, hi) as `want`); a
- * tensor-parallel slice (tp non-NULL) reads the full tensor and takes the
- * rank's slice of it, and of that the piece's elements (ZeRO-1 shares a
- * slice over the data-parallel ranks; memory: one full tensor and one
- * slice). */
-static dt_status read_piece(dt_ckpt *ck, const char *ckname, const char *name, const tpiece *q, dt_pg *tp,
-                            dt_dtype want, void *dst, bool *found, rbatch *b)
-{
-    if (!tp || !q->e.tp_dim)
-        return read_as(ck, ckname, name, &q->e, q->lo, q->hi, want, dst, found, b);
-    const bool part = q->lo != 0 || q->hi != q->e.numel;
-    const int t = dt_pg_size(tp);
-    dt_param_info fe = q->e;
-    dt_status st = dt_tp_full_shape(&q->e, t, fe.shape);
-    if (st < 0)
-        return st;
-    uint64_t N = 1;
-    for (int d = 0; d < fe.ndim; d++)
-        N *= (uint64_t)fe.shape[d];
-    const size_t es = dt_dtype_size(want);
-    void *full = dt_alloc(N * es + 64), *slice = part ? dt_alloc(q->e.numel * es + 64) : dst;
-    if (!full || !slice) {
-        dt_free(full);
-        if (part)
-            dt_free(slice);
-        return dt_error(DT_ERR_NO_MEMORY, "loading '%s' from %s: out of memory for the full tensor", name, ckname);
-    }
-    st = read_as(ck, ckname, name, &fe, 0, N, want, full, found, NULL);
-    if (st >= 0 && *found)
-        st = dt_tp_slice_get(&q->e, t, dt_pg_rank(tp), full, slice, es);
-    if (st >= 0 && *found && part)
-        memcpy(dst, (char *)slice + q->lo * es, (q->hi - q->lo) * es);
-    dt_free(full);
-    if (part)
-        dt_free(slice);
-    return st;
-}
-
-/* The k-th other spelling (k = 0, 1, ...) of parameter entry i in a weights
- * file written elsewhere, into out; false when there is none left. The
- * spellings: the name of an entry tied to it (safetensors' save_model keeps
- * "lm_head.weight" and drops the tied "transformer.wte.weight"), and each of
- * these names without the base-model prefix "transformer." (a Hugging Face
- * base-model file: "h.0.attn.c_attn.weight", "wte.weight"). */
-static bool alt_name(const dt_model *m, size_t i, int k, char *out, size_t n)
-{
-    static const char prefix[] = "transformer.";
-    const size_t pl = sizeof prefix - 1;
-    dt_param_info e;
-    for (size_t j = 0, ne = dt_model_num_entries(m); j < ne; j++) {
-        if (dt_model_entry(m, j, &e) < 0 || (j != i && e.tied_to != (int64_t)i))
-            continue;
-        if (j != i && k-- == 0) {
-            snprintf(out, n, "%s", e.name);
-            return true;
-        }
-        if (!strncmp(e.name, prefix, pl) && k-- == 0) {
-            snprintf(out, n, "%s", e.name + pl);
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Load the pieces (the rule of the overview) and, unless weights_only, their
- * optimizer state; then the buffers. Tensor parallel: each slice from the
- * full tensor saved (read_piece), so any checkpoint of the model loads at
- * any tensor-parallel size. */
-static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bool weights_only)
-{
-    dt_model *m = dt_trainer_model(tr);
-    dt_optim *o = dt_trainer_optim(tr);
-    tpiece *pc = NULL;
-    bool sharded;
-    dt_status st = collect_pieces(tr, &pc, &sharded);
-    if (st < 0)
-        return st;
-    dt_pg *tp = tp_of(tr);
-    char name[1024];
-    rbatch rb = {0};
-    /* pieces whose compute copy is made from the loaded f32 values, once the batch has run */
-    bool *conv = calloc(dt_model_num_entries(m) + 1, sizeof *conv);
-    if (!conv)
-        st = dt_error(DT_ERR_NO_MEMORY, "loading %s: out of memory", ckname);
-    for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++) {
-        const tpiece *q = &pc[i];
-        if (!trained(q) || (tp && q->e.tp_dim && q->hi == q->lo)) /* another stage's slice */
-            continue;
-        bool found;
-        snprintf(name, sizeof name, "master.%s", q->e.name);
-        if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
-            break;
-        if (!found && (st = read_piece(ck, ckname, q->e.name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
-            break;
-        for (int k = 0; !found && weights_only && alt_name(m, i, k, name, sizeof name); k++)
-            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, q->val, &found, &rb)) < 0)
-                break;
-        if (st < 0)
-            break;
-        if (!found) {
-            st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s'", ckname, q->e.name);
-            break;
-        }
-        conv[i] = q->lowp && q->hi > q->lo;
-        for (int s = 0; !weights_only && s < dt_optim_num_states(o); s++) {
-            const char *sname;
-            float *data;
-            if ((st = dt_optim_state(o, q->range, s, &sname, &data, NULL)) < 0)
-                break;
-            snprintf(name, sizeof name, "optim.%s.%s", q->e.name, sname);
-            if ((st = read_piece(ck, ckname, name, q, tp, DT_F32, data + q->roff, &found, &rb)) < 0)
-                break;
-            if (!found) {
-                st = dt_error(DT_ERR_NOT_FOUND, "checkpoint %s has no tensor '%s' (optimizer state)", ckname, name);
-                break;
-            }
-        }
-    }
-    /* the queued reads, then every file the batch did not read (a rank
-     * that loads part of a resharded checkpoint) is checked too */
-    if (st >= 0)
-        st = dt_ckpt_read_batch(ck, rb.r, rb.n, true);
-    if (st >= 0)
-        st = dt_ckpt_verify(ck);
-    for (size_t i = 0; st >= 0 && i < dt_model_num_entries(m); i++)
-        if (conv[i])
-            st = dt_k_convert(pc[i].val, DT_F32, pc[i].lowp, pc[i].e.dtype, (int64_t)(pc[i].hi - pc[i].lo));
-    free(rb.r);
-    free(conv);
-    free(pc);
-    if (st < 0)
-        return st;
-    /* buffers: whole on every rank, in their own dtype */
-    dt_ckpt_list *l = NULL;
-    if ((st = dt_ckpt_list_init(&l)) < 0)
-        return st;
-    for (int d = 0; d < DT_DTYPE_COUNT && st >= 0; d++) {
-        const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
-        if (f && f->numel)
-            st = dt_ckpt_list_add_flat(l, m, DT_FLAT_BUFFERS, (dt_dtype)d, f->offset, f->offset + f->numel, f->base,
-                                       "", "");
-    }
-    dt_ckpt_load_params lp = dt_ckpt_load_params_default();
-    lp.verify = false; /* verified by load_pieces' batch and dt_ckpt_verify */
-    if (st >= 0 && dt_ckpt_list_count(l) > 0)
-        st = dt_ckpt_load(ckname, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL);
-    dt_ckpt_list_free(l);
-    return st;
-}
-
-static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_info *info, bool weights_only,
-                           char *ckname, size_t ckn)
-{
-    dt_status st = tp_known(tr, "loading a checkpoint");
-    if (st < 0)
-        return st;
-    st = resolve(path, ckname, ckn);
-    if (st < 0)
-        return st;
-    dt_ckpt *ck = NULL;
-    const char *run = NULL;
-    if ((st = dt_ckpt_open(ckname, &ck)) < 0)
-        return st;
-    /* the files are verified as load_pieces reads them (one pass each) */
-    if (!weights_only) {
-        if ((st = ckpt_meta(ck, ckname, META_RUN, &run)) < 0)
-            goto out;
-        /* the optimizer kind first: a clearer error than a missing tensor */
-        cJSON *rs = cJSON_Parse(run);
-        const cJSON *k = rs ? cJSON_GetObjectItemCaseSensitive(rs, "optimizer") : NULL;
-        const char *have = dt_optim_kind_name(dt_optim_get_kind(dt_trainer_optim(tr)));
-        if (cJSON_IsString(k) && strcmp(k->valuestring, have) != 0)
-            st = dt_error(DT_ERR_MISMATCH, "checkpoint %s holds %s optimizer state, this run uses %s", ckname,
-                          k->valuestring, have);
-        cJSON_Delete(rs);
-        if (st < 0)
-            goto out;
-    }
-    if ((st = load_pieces(tr, ck, ckname, weights_only)) < 0)
-        goto out;
-    if (!weights_only && (st = dt__psgd_ckpt_load(tr, ck, ckname)) < 0)
-        goto out;
-    if (!weights_only && (st = dt_trainer_apply_run_state(tr, run, info)) < 0)
-        dt_error_wrap(st, "checkpoint %s/index.json, metadata \"%s\"", ckname, META_RUN);
-out:
-    dt_ckpt_close(ck);
-    return st;
-}
-
-/* Every rank loads; then all agree (a rank that failed makes all fail). */
-static dt_status agree_load(dt_trainer *tr, dt_status st)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");
-    double v = st < 0 ? 1.0 : 0.0;
-    dt_pg *tp = tp_of(tr); /* tensor parallel: the group first, then the data-parallel ranks */
-    dt_status ast = tp ? dt_pg_allreduce(tp, DT_IN_PLACE, &v, 1, DT_F64, DT_REDUCE_SUM) : DT_OK;
-    if (ast >= 0)
-        ast = dt_trainer_allreduce_sum(tr, &v, 1);
-    if (ast < 0)
-        return ast;
-    if (st < 0)
-        return dt_error(st, "%s", msg);
-    if (v > 0)
-        return dt_error(DT_ERR_IO, "another rank could not load the checkpoint (its error says why)");
-    return DT_OK;
-}
-
-dt_status dt_trainer_load(dt_trainer *tr, const char *path, dt_trainer_resume_info *info)
-{
-    if (!tr || !path)
-        return dt_error(DT_ERR_NULL, "dt_trainer_load: NULL %s", tr ? "path" : "trainer");
-    if (dt_trainer_offload(tr))
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_load: the optimizer state is offloaded to NVMe (offload.h), "
-                        "which checkpoints do not hold yet");
-    char ck[sizeof ((dt_trainer_resume_info *)0)->path];
-    dt_trainer_resume_info ri;
-    memset(&ri, 0, sizeof ri);
-    dt_status st = load_impl(tr, path, &ri, false, ck, sizeof ck);
-    if (st >= 0)
-        snprintf(ri.path, sizeof ri.path, "%s", ck);
-    st = agree_load(tr, st);
-    if (st >= 0) /* every rank loaded what it steps (ZeRO: its shards; a pipeline: its stages'): the rest */
-        st = dt__strategy_after_load(dt_trainer_strategy(tr));
-    if (info)
-        *info = ri;
-    return st;
-}
-
-dt_status dt_trainer_load_weights(dt_trainer *tr, const char *file)
-{
-    if (!tr || !file)
-        return dt_error(DT_ERR_NULL, "dt_trainer_load_weights: NULL %s", tr ? "file" : "trainer");
-    char ck[4096]; /* a checkpoint, a save directory, or one safetensors file (PyTorch's names) */
-    dt_status st = agree_load(tr, load_impl(tr, file, NULL, true, ck, sizeof ck));
-    if (st >= 0)
-        st = dt__strategy_after_load(dt_trainer_strategy(tr));
-    return st;
-}
-
-dt_status dt_trainer_ckpt_user(const char *path, char **json)
-{
-    if (!path || !json)
-        return dt_error(DT_ERR_NULL, "dt_trainer_ckpt_user: NULL argument");
-    *json = NULL;
-    char ck[4096];
-    dt_status st = resolve(path, ck, sizeof ck);
-    if (st < 0)
-        return st;
-    dt_ckpt *c;
-    if ((st = dt_ckpt_open(ck, &c)) < 0)
-        return st;
-    const char *u;
-    if ((st = ckpt_meta(c, ck, META_USER, &u)) >= 0) {
-        cJSON *o = cJSON_Parse(u);
-        if (!cJSON_IsObject(o))
-            st = dt_error(DT_ERR_FORMAT, "checkpoint %s: its \"%s\" metadata is not a JSON object", ck, META_USER);
-        else if (!(*json = cJSON_PrintUnformatted(o)))
-            st = dt_error(DT_ERR_NO_MEMORY, "checkpoint %s: out of memory", ck);
-        cJSON_Delete(o);
-    }
-    dt_ckpt_close(c);
-    return st;
-}

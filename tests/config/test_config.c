@@ -729,14 +729,14 @@ TEST(every_key_is_listed_once)
 TEST(refusals_at_once_and_marks)
 {
     dt_status st;
-    dt_config *c = load_str("{\"zero_optimization\": {\"stage\": 7, \"zero_hpz_partition_size\": 2},\n"
+    dt_config *c = load_str("{\"zero_optimization\": {\"stage\": 7, \"offload_optimizer\": {\"ratio\": 0.5}},\n"
                             " \"optimizer\": {\"type\": \"Lamb\", \"params\": {\"max_coeff\": 3}},\n"
                             " \"gradient_clipping\": \"x\"}", &st);
     ASSERT_STATUS(st, DT_ERR_INVALID_ARG); /* the first refusal's status */
     dt_config_free(c);
     ASSERT_STR_CONTAINS(dt_last_error(), "4 keys refused");
     ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.stage: expected an integer in [0, 3], got 7");
-    ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.zero_hpz_partition_size: not supported yet");
+    ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.offload_optimizer.ratio: not supported yet");
     ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.max_coeff: not supported yet");
     ASSERT_STR_CONTAINS(dt_last_error(), "key gradient_clipping: expected a number");
     /* one refusal keeps the message it always had */

@@ -96,6 +96,68 @@ TEST(golden_ids)
     ASSERT_EQ_INT(check_golden("llama3", "unicode", true, false), 0);
 }
 
+/* Normalizers (NFC, NFKC + Lowercase + Strip, NFD + Replace) and the
+ * Llama-2 style file (Prepend/Replace normalizer, byte fallback, the
+ * Replace/ByteFallback/Fuse/Strip decoder): ids and decoded text equal to
+ * the library's (tests/data/gen_normalizer_golden.py). */
+static int check_norm_golden(const char *name, const char *text)
+{
+    char f[256];
+    snprintf(f, sizeof f, "%s.json", name);
+    dt_tokenizer *t;
+    if (dt_tokenizer_load(gpath(f), &t) < 0) {
+        fprintf(stderr, "load %s: %s\n", f, dt_last_error());
+        return 1;
+    }
+    size_t tn, gn, dn;
+    snprintf(f, sizeof f, "%s.txt", text);
+    char *txt = slurp(gpath(f), &tn);
+    snprintf(f, sizeof f, "%s.%s.ids", name, text);
+    char *gold = slurp(gpath(f), &gn);
+    snprintf(f, sizeof f, "%s.%s.dec", name, text);
+    char *dec = slurp(gpath(f), &dn);
+    int bad = !txt || !gold || !dec;
+    uint32_t *ids = NULL;
+    int64_t n = 0;
+    if (!bad && dt_tokenizer_encode(t, txt, tn, false, &ids, &n) < 0) {
+        fprintf(stderr, "encode: %s\n", dt_last_error());
+        bad = 1;
+    }
+    const uint32_t *g = (const uint32_t *)gold;
+    int64_t ng = bad ? 0 : (int64_t)(gn / 4);
+    for (int64_t i = 0; !bad && i < n && i < ng; i++)
+        if (ids[i] != g[i]) {
+            fprintf(stderr, "%s %s: id %lld is %u, the library's is %u\n", name, text, (long long)i, ids[i], g[i]);
+            bad = 1;
+        }
+    if (!bad && n != ng) {
+        fprintf(stderr, "%s %s: %lld ids, the library has %lld\n", name, text, (long long)n, (long long)ng);
+        bad = 1;
+    }
+    char *back = NULL;
+    size_t bl = 0;
+    if (!bad && (dt_tokenizer_decode(t, ids, n, false, &back, &bl) < 0 || bl != dn || memcmp(back, dec, dn))) {
+        fprintf(stderr, "%s %s: decode differs from the library's (%zu bytes, want %zu)\n", name, text, bl, dn);
+        bad = 1;
+    }
+    free(back);
+    free(ids);
+    free(txt);
+    free(gold);
+    free(dec);
+    dt_tokenizer_free(t);
+    return bad;
+}
+
+TEST(normalizers_golden)
+{
+    static const char *names[] = {"qwen2", "nfkc", "nfd", "llama2"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ_INT(check_norm_golden(names[i], "bible"), 0);
+        ASSERT_EQ_INT(check_norm_golden(names[i], "unicode"), 0);
+    }
+}
+
 TEST(specials_and_decode)
 {
     dt_tokenizer *t;
@@ -286,8 +348,17 @@ TEST(bad_files)
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[[\"b\",\"a\"]]}", "", "model.merges[0]", DT_ERR_FORMAT},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[],\"dropout\":0.1}", "", "model.dropout", DT_ERR_UNSUPPORTED},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[],\"unk_token\":\"<unk>\"}", "", "model.unk_token", DT_ERR_FORMAT},
-        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"normalizer\":{\"type\":\"NFC\"},", "normalizer",
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"normalizer\":{\"type\":\"Precompiled\"},", "normalizer",
          DT_ERR_UNSUPPORTED},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
+         "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"BertNormalizer\"}]},",
+         "normalizer.normalizers[1]", DT_ERR_UNSUPPORTED},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"normalizer\":{\"type\":\"Replace\",\"content\":\"x\"},",
+         "normalizer", DT_ERR_FORMAT},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"normalizer\":{\"type\":\"Lowercase\"},", NULL, DT_OK},
+        {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
+         "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"CTC\"}]},",
+         "decoder.decoders[1]", DT_ERR_UNSUPPORTED},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}", "\"pre_tokenizer\":{\"type\":\"Whitespace\"},", "pre_tokenizer",
          DT_ERR_UNSUPPORTED},
         {"{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}",
@@ -332,6 +403,7 @@ TEST(bad_files)
 int main(void)
 {
     RUN(golden_ids);
+    RUN(normalizers_golden);
     RUN(specials_and_decode);
     RUN(dtrain_bpe_matches_its_json);
     RUN(regex_engine);

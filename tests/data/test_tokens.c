@@ -1,7 +1,8 @@
-/* llm.c token files: write and read back, the window dataset (with the
- * loader and the distributed sampler), and bad files (wrong magic, wrong
- * version, truncated, count beyond the file, trailing bytes, tokens beyond
- * the vocabulary, symlinks), each an error naming the file. */
+/* llm.c token files: write and read back (uint16, and uint32 for ids above
+ * 65,535), the window dataset (with the loader and the distributed sampler),
+ * and bad files (wrong magic, wrong version, truncated, count beyond the
+ * file, trailing bytes, tokens beyond the vocabulary, symlinks), each an
+ * error naming the file. */
 #include "data_util.h"
 #include "dtrain/data.h"
 #include "test.h"
@@ -67,6 +68,72 @@ TEST(write_read_roundtrip)
     ASSERT(t == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), p);
     ASSERT_STR_CONTAINS(dt_last_error(), ">= vocab size");
+    tu_rmdir(dir);
+}
+
+/* uint32 token files (llm.c's Llama-3 kind: magic 20240801, version 7):
+ * ids up to 2^32 - 1 read back as written, through dt_tokens_at and the
+ * window dataset; the size check counts 4 bytes a token. */
+TEST(uint32_files)
+{
+    char *dir = tu_tmpdir();
+    uint32_t tok[300];
+    for (int i = 0; i < 300; i++)
+        tok[i] = (uint32_t)(i * 104729u % 128256u);
+    tok[7] = 128255;
+    tok[8] = 65536;
+    const char *p = tpath(dir, "w.bin");
+    ASSERT_OK(dt_tokens_write_u32(p, tok, 300));
+    FILE *f = fopen(p, "rb");
+    ASSERT(f != NULL);
+    int32_t h[256];
+    ASSERT_EQ_INT(fread(h, 4, 256, f), 256);
+    ASSERT_EQ_INT(h[0], 20240801);
+    ASSERT_EQ_INT(h[1], 7);
+    ASSERT_EQ_INT(h[2], 300);
+    fseek(f, 0, SEEK_END);
+    ASSERT_EQ_INT(ftell(f), 1024 + 4 * 300);
+    fclose(f);
+    dt_tokens *t = NULL;
+    ASSERT_OK(dt_tokens_open(p, 128256, &t));
+    ASSERT_EQ_INT(dt_tokens_width(t), 4);
+    ASSERT(dt_tokens_data(t) == NULL);
+    ASSERT(dt_tokens_data_u32(t) != NULL);
+    for (int i = 0; i < 300; i++) {
+        ASSERT_EQ_U64(dt_tokens_at(t, i), tok[i]);
+        ASSERT_EQ_U64(dt_tokens_data_u32(t)[i], tok[i]);
+    }
+    ASSERT_EQ_INT(dt_tokens_max_plus_one(t), 128256);
+    double nats = 0;
+    ASSERT_OK(dt_tokens_unigram_xent(t, t, 0, &nats));
+    ASSERT(nats > 0);
+    dt_tokens_close(t);
+    ASSERT_STATUS(dt_tokens_open(p, 128255, &t), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "token 128255 at position 7 >= vocab size 128255");
+    /* windows: the ids whole, not cut to 16 bits */
+    dt_tokens_params tp = dt_tokens_params_default();
+    tp.seq_len = 8;
+    dt_dataset *ds = NULL;
+    ASSERT_OK(dt_dataset_tokens_open(p, &tp, &ds));
+    int64_t x[8], y[8];
+    ASSERT_OK(dt_dataset_get_item(ds, 0, x, y));
+    ASSERT_EQ_INT(x[7], 128255);
+    ASSERT_EQ_INT(y[7], 65536);
+    ASSERT_EQ_INT(y[6], 128255);
+    dt_dataset_free(ds);
+    /* a 2-bytes-a-token size under the uint32 magic, and the versions of each magic */
+    size_t len;
+    unsigned char *b = make_file(20240801, 7, 10, 10, &len); /* 20 bytes of tokens: 5 uint32 */
+    ASSERT_STATUS(dt_tokens_check_mem(b, len, "w.bin", 0, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "truncated: the header says 10 tokens, the file holds 5");
+    free(b);
+    b = make_file(20240801, 7, 5, 10, &len);
+    ASSERT_OK(dt_tokens_check_mem(b, len, "w.bin", 0, NULL));
+    free(b);
+    b = make_file(20240801, 1, 5, 10, &len);
+    ASSERT_STATUS(dt_tokens_check_mem(b, len, "w.bin", 0, NULL), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "bad version 1");
+    free(b);
     tu_rmdir(dir);
 }
 
@@ -281,6 +348,7 @@ int main(void)
 {
     RUN(unigram_xent);
     RUN(write_read_roundtrip);
+    RUN(uint32_files);
     RUN(writer_refuses);
     RUN(bad_files);
     RUN(windows);

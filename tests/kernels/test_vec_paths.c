@@ -1,14 +1,34 @@
-/* The kernels' AVX2 row loops (dt__expf8: the fused bias + GELU and the
- * chunked softmax cross-entropy) give the same bits as their scalar loops
- * (dt_k_set_isa(DT_K_ISA_SCALAR)), on row lengths that leave a tail after
- * the 8-lane part and on inputs that reach the exponential's clamps (large
- * magnitudes, -0, NaN). Skipped on a CPU without AVX2 (as dt_cpu_detect()
- * reports it: DT_MAX_CPU_ISA=scalar too), where only the scalar loops
- * exist. */
+/* The kernels' vector row loops (dt__expf8 / dt__expf16: the fused bias +
+ * GELU and the chunked softmax cross-entropy; rows_acc: attention forward
+ * and backward) give the same bits as their scalar loops on every ISA path
+ * the CPU has: avx2 (8 lanes), avx512 and avx512_bf16 (16 lanes), each set
+ * with dt_k_set_isa and compared with DT_K_ISA_SCALAR, on row lengths that
+ * leave a tail after the 16-lane part, an 8-lane step and a scalar rest, and
+ * on inputs that reach the exponential's clamps (large magnitudes, -0, NaN).
+ * A path the CPU lacks is reported and left out; skipped on a CPU without
+ * AVX2 (as dt_cpu_detect() reports it: DT_MAX_CPU_ISA=scalar too), where
+ * only the scalar loops exist. */
 #include "dtrain/kernels.h"
 #include "test.h"
 
 #include <math.h>
+#include <stdio.h>
+
+/* The vector paths, each run when the CPU has it (dt_k_set_isa succeeds). */
+static const dt_k_isa k_paths[] = {DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+#define NPATH (int)(sizeof k_paths / sizeof k_paths[0])
+static int g_ran[NPATH];
+
+/* Sets path k (NPATH: scalar); false when the CPU lacks it. */
+static bool set_path(int k)
+{
+    if (k == NPATH)
+        return dt_k_set_isa(DT_K_ISA_SCALAR) == DT_OK;
+    if (dt_k_set_isa(k_paths[k]) != DT_OK)
+        return false;
+    g_ran[k] = 1;
+    return true;
+}
 
 static void fill(float *x, int64_t n, uint64_t seed, float scale)
 {
@@ -27,13 +47,13 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
     do {                                                                                              \
         int64_t i_ = first_diff(a, b, n);                                                             \
         if (i_ >= 0)                                                                                  \
-            TEST_FAIL_("%s: element %lld differs: %.9g (avx2) vs %.9g (scalar)", what, (long long)i_, \
-                       (double)(a)[i_], (double)(b)[i_]);                                             \
+            TEST_FAIL_("%s: element %lld differs: %.9g (%s) vs %.9g (scalar)", what, (long long)i_,   \
+                       (double)(a)[i_], dt_k_isa_name(dt_k_get_isa()), (double)(b)[i_]);              \
     } while (0)
 
 TEST(bias_gelu_tanh_paths_identical)
 {
-    const int64_t R = 5, N = 203; /* 25 lanes of 8 and a tail of 3 */
+    const int64_t R = 5, N = 203; /* 12 lanes of 16, one of 8 and a tail of 3 */
     float *x = malloc(R * N * 4), *b = malloc(N * 4), *dy = malloc(R * N * 4);
     float *y[2], *dx[2], *db[2];
     for (int k = 0; k < 2; k++) {
@@ -48,18 +68,30 @@ TEST(bias_gelu_tanh_paths_identical)
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         x[7 + 13 * i] = special[i];
     for (int withb = 0; withb < 2; withb++) {
-        for (int k = 0; k < 2; k++) { /* k = 0: the vector path, 1: scalar */
-            ASSERT_OK(dt_k_set_isa(k ? DT_K_ISA_SCALAR : DT_K_ISA_AUTO));
-            ASSERT_OK(dt_k_bias_gelu_fwd(x, withb ? b : NULL, R, N, y[k], DT_K_GELU_TANH));
-            ASSERT_OK(dt_k_bias_gelu_bwd(x, withb ? b : NULL, dy, R, N, dx[k], db[k], DT_K_GELU_TANH));
+        /* [1]: the scalar reference */
+        ASSERT(set_path(NPATH));
+        ASSERT_OK(dt_k_bias_gelu_fwd(x, withb ? b : NULL, R, N, y[1], DT_K_GELU_TANH));
+        ASSERT_OK(dt_k_bias_gelu_bwd(x, withb ? b : NULL, dy, R, N, dx[1], db[1], DT_K_GELU_TANH));
+        for (int k = 0; k < NPATH; k++) {
+            if (!set_path(k))
+                continue;
+            ASSERT_OK(dt_k_bias_gelu_fwd(x, withb ? b : NULL, R, N, y[0], DT_K_GELU_TANH));
+            ASSERT_OK(dt_k_bias_gelu_bwd(x, withb ? b : NULL, dy, R, N, dx[0], db[0], DT_K_GELU_TANH));
+            SAME_BITS(y[0], y[1], R * N, withb ? "gelu forward with bias" : "gelu forward");
+            SAME_BITS(dx[0], dx[1], R * N, withb ? "gelu backward dx with bias" : "gelu backward dx");
+            SAME_BITS(db[0], db[1], N, "gelu backward dbias");
+            /* the bias-free entry points take the same rows */
+            if (!withb) {
+                ASSERT_OK(dt_k_gelu_fwd(x, y[0], R * N, DT_K_GELU_TANH));
+                SAME_BITS(y[0], y[1], R * N, "dt_k_gelu_fwd");
+                ASSERT_OK(dt_k_gelu_bwd(x, dy, dx[0], R * N, DT_K_GELU_TANH));
+                SAME_BITS(dx[0], dx[1], R * N, "dt_k_gelu_bwd");
+            }
         }
-        SAME_BITS(y[0], y[1], R * N, withb ? "gelu forward with bias" : "gelu forward");
-        SAME_BITS(dx[0], dx[1], R * N, withb ? "gelu backward dx with bias" : "gelu backward dx");
-        SAME_BITS(db[0], db[1], N, "gelu backward dbias");
         if (!withb) {
-            ASSERT(isnan(y[0][7 + 13 * 8]));            /* NaN in, NaN out */
-            ASSERT_NEAR(y[0][7 + 13 * 2], 60.0f, 0, 1e-6); /* gelu(60) = 60 */
-            ASSERT_NEAR(y[0][7 + 13 * 3], 0.0f, 0, 0);  /* gelu(-60) = -0 */
+            ASSERT(isnan(y[1][7 + 13 * 8]));            /* NaN in, NaN out */
+            ASSERT_NEAR(y[1][7 + 13 * 2], 60.0f, 0, 1e-6); /* gelu(60) = 60 */
+            ASSERT_NEAR(y[1][7 + 13 * 3], 0.0f, 0, 0);  /* gelu(-60) = -0 */
         }
     }
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
@@ -70,7 +102,7 @@ TEST(bias_gelu_tanh_paths_identical)
 
 TEST(xent_paths_identical)
 {
-    const int64_t R = 4, V = 5003; /* three chunks, the last 907 wide: a tail of 3 */
+    const int64_t R = 4, V = 5003; /* three chunks, the last 907 wide: 56 x 16, 8 and a tail of 3 */
     float *lg = malloc(R * V * 4), *g[2];
     float loss[2];
     int64_t lab[4] = {5002, 0, DT_K_IGNORE_INDEX, 2500};
@@ -78,15 +110,39 @@ TEST(xent_paths_identical)
     lg[4600] = 40.0f;        /* row 0: the max in the last chunk */
     lg[V + 1] = -90.0f;      /* exponentials that underflow to 0 */
     lg[3 * V + 17] = 95.0f;  /* x - max reaches -100 in the rest of row 3 */
-    for (int k = 0; k < 2; k++) {
-        g[k] = malloc(R * V * 4);
-        ASSERT_OK(dt_k_set_isa(k ? DT_K_ISA_SCALAR : DT_K_ISA_AUTO));
-        ASSERT_OK(dt_k_softmax_xent_fwd(lg, lab, DT_I64, R, V, &loss[k], NULL));
-        ASSERT_OK(dt_k_softmax_xent_bwd(lg, NULL, lab, DT_I64, R, V, 1.5f, g[k]));
+    g[0] = malloc(R * V * 4);
+    g[1] = malloc(R * V * 4);
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_softmax_xent_fwd(lg, lab, DT_I64, R, V, &loss[1], NULL));
+    ASSERT_OK(dt_k_softmax_xent_bwd(lg, NULL, lab, DT_I64, R, V, 1.5f, g[1]));
+    for (int k = 0; k < NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        ASSERT_OK(dt_k_softmax_xent_fwd(lg, lab, DT_I64, R, V, &loss[0], NULL));
+        ASSERT_OK(dt_k_softmax_xent_bwd(lg, NULL, lab, DT_I64, R, V, 1.5f, g[0]));
+        SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss");
+        SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient");
     }
+    /* A row whose loss is log(1 + s), s ~ 1.5e-3 the sum of 5002 small
+     * exponentials: the loss's bits show the order of that sum (a loss near
+     * 10, as above, rounds a change of s's last bit away). */
+    float *one = malloc(V * 4), l1[2];
+    int64_t lab1 = 0;
+    fill(one, V, 11, 1.0f);
+    for (int64_t j = 0; j < V; j++)
+        one[j] = -15.0f + one[j];
+    one[0] = 0.0f;
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_softmax_xent_fwd(one, &lab1, DT_I64, 1, V, &l1[1], NULL));
+    ASSERT(l1[1] > 1e-4f && l1[1] < 1e-2f);
+    for (int k = 0; k < NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        ASSERT_OK(dt_k_softmax_xent_fwd(one, &lab1, DT_I64, 1, V, &l1[0], NULL));
+        SAME_BITS(&l1[0], &l1[1], 1, "cross-entropy loss of a small-sum row");
+    }
+    free(one);
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
-    SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss");
-    SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient");
     /* and the value: against a double loop */
     double tot = 0;
     for (int64_t r = 0; r < R; r++) {
@@ -99,8 +155,45 @@ TEST(xent_paths_identical)
             s += exp((double)lg[r * V + j] - m);
         tot += m + log(s) - lg[r * V + lab[r]];
     }
-    ASSERT_NEAR(loss[0], tot / 3, 0, 1e-5);
+    ASSERT_NEAR(loss[1], tot / 3, 0, 1e-5);
     free(lg), free(g[0]), free(g[1]);
+}
+
+/* Attention forward and backward (rows_acc: the scores along keys and the
+ * updates along D) on head sizes whose columns take every block width of
+ * the 16-lane loop (200 = 128 + 64 + 8, 72 = 64 + 8, 40 = 32 + 8, 19 = 16 +
+ * 3) and a T that leaves a partial key block, causal and not, with dropout. */
+TEST(attention_paths_identical)
+{
+    const int64_t B = 2, T = 75, H = 2, Ds[] = {200, 72, 40, 19};
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++) {
+        const int64_t D = Ds[di], C = H * D, nq = B * T * 3 * C, ny = B * T * C, nl = B * H * T;
+        float *qkv = malloc(nq * 4), *dy = malloc(ny * 4), *y[2], *lse[2], *dq[2];
+        for (int k = 0; k < 2; k++)
+            y[k] = malloc(ny * 4), lse[k] = malloc(nl * 4), dq[k] = malloc(nq * 4);
+        fill(qkv, nq, 20 + di, 2.0f);
+        fill(dy, ny, 30 + di, 1.0f);
+        for (int causal = 0; causal < 2; causal++) {
+            const float p = causal ? 0.0f : 0.25f;
+            dt_rng_key key = dt_rng_key_make(7, DT_RNG_USER, 1, 2);
+            ASSERT(set_path(NPATH));
+            ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, causal, p, key, y[1], lse[1]));
+            ASSERT_OK(dt_k_attention_bwd(qkv, y[1], lse[1], dy, B, T, H, D, causal, p, key, dq[1]));
+            for (int k = 0; k < NPATH; k++) {
+                if (!set_path(k))
+                    continue;
+                ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, causal, p, key, y[0], lse[0]));
+                ASSERT_OK(dt_k_attention_bwd(qkv, y[1], lse[1], dy, B, T, H, D, causal, p, key, dq[0]));
+                SAME_BITS(y[0], y[1], ny, "attention output");
+                SAME_BITS(lse[0], lse[1], nl, "attention log-sum-exp");
+                SAME_BITS(dq[0], dq[1], nq, "attention dqkv");
+            }
+        }
+        ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+        free(qkv), free(dy);
+        for (int k = 0; k < 2; k++)
+            free(y[k]), free(lse[k]), free(dq[k]);
+    }
 }
 
 int main(void)
@@ -109,5 +202,8 @@ int main(void)
         DT_TEST_SKIP_ALL("no AVX2 on this CPU (dt_k_get_isa() is scalar): only the scalar loops exist");
     RUN(bias_gelu_tanh_paths_identical);
     RUN(xent_paths_identical);
+    RUN(attention_paths_identical);
+    for (int k = 0; k < NPATH; k++)
+        printf("# path %s: %s\n", dt_k_isa_name(k_paths[k]), g_ran[k] ? "compared with scalar" : "not on this CPU");
     return TEST_REPORT();
 }

@@ -397,9 +397,13 @@ TEST(lamb_hand)
 
 /* ---- torch cross-check, both kernel paths --------------------------------- */
 
-static void torch_check(bool scalar)
+static const char *const k_level_name[] = {"scalar", "avx2", "avx512"};
+
+/* level: the kernels dt__optim_force_level runs (0 scalar, 1 AVX2, 2 AVX-512). */
+static void torch_check_level(int level)
 {
-    dt__optim_force_scalar(scalar);
+    const bool scalar = level == 0;
+    ASSERT(dt__optim_force_level(level));
     tlay l = lay24();
     float p[N];
     struct {
@@ -436,10 +440,11 @@ static void torch_check(bool scalar)
         int d = count_bit_diffs(p, c[k].ref, N);
         if (d)
             fprintf(stderr, "%s (%s path): %d of %d elements differ from torch\n", c[k].name,
-                    scalar ? "scalar" : "simd", d, N);
+                    k_level_name[level], d, N);
         bad += d;
         tfree(c[k].o);
     }
+    (void)scalar;
     dt__optim_force_scalar(false);
     ASSERT_EQ_INT(bad, 0);
 }
@@ -447,11 +452,89 @@ static void torch_check(bool scalar)
 TEST(torch_bit_exact_simd)
 {
     if (!dt__optim_simd_active())
-        fprintf(stderr, "  (no AVX2+FMA on this CPU: the scalar path runs twice)\n");
-    torch_check(false);
+        fprintf(stderr, "  (no AVX2+FMA on this CPU: only the scalar path runs)\n");
+    else
+        torch_check_level(1);
 }
 
-TEST(torch_bit_exact_scalar) { torch_check(true); }
+TEST(torch_bit_exact_avx512)
+{
+    if (!dt__optim_force_level(2)) {
+        fprintf(stderr, "  (no AVX-512 on this CPU: its path is not run)\n");
+        return;
+    }
+    torch_check_level(2);
+}
+
+TEST(torch_bit_exact_scalar) { torch_check_level(0); }
+
+/* The element kernels on every level the CPU has against the scalar ones,
+ * bit for bit, on lengths that leave a masked or 8-lane tail (1000 = 62 x 16
+ * + 8, 1013, 13, 7): SGD (momentum, Nesterov, weight decay), Adam and AdamW,
+ * LAMB stage 1 (with its sum of u^2) and stage 2, and the plain sqsum/scale. */
+static uint32_t g_lcg = 12345;
+static float frand(void)
+{
+    g_lcg = g_lcg * 1664525u + 1013904223u;
+    return (float)(g_lcg >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+TEST(kernels_levels_bit_identical)
+{
+    const size_t lens[] = {1000, 1013, 13, 7};
+    enum { NMAX = 1013, NB = 7 };
+    static float base[NB][NMAX], out[3][NB][NMAX];
+    double sums[3][2];
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const size_t n = lens[li];
+        for (int b = 0; b < NB; b++)
+            for (size_t i = 0; i < n; i++)
+                base[b][i] = b == 3 || b == 6 ? fabsf(frand()) * 1e-3f : frand();
+        int ran = 0;
+        for (int lv = 0; lv < 3; lv++) {
+            if (!dt__optim_force_level(lv))
+                continue;
+            ran |= 1 << lv;
+            float(*o)[NMAX] = out[lv];
+            memcpy(o, base, sizeof base);
+            /* arrays: 0 p, 1 g, 2 m/buf, 3 v (>= 0); 4 p2, 5 g2, 6 v2 (>= 0) */
+            dt__sgd_k sk = {.wd = 0.01f, .momentum = 0.9f, .one_minus_damp = 0.75f, .neg_lr = -0.05f,
+                            .has_wd = true, .has_momentum = true, .nesterov = true, .first = false};
+            dt__optim_sgd(o[0], o[1], o[2], n, &sk);
+            sk.nesterov = false, sk.zero_grad = true;
+            dt__optim_sgd(o[0], o[1], o[2], n, &sk);
+            dt__adam_k ak = {.wd = 0.1f, .decay = 1.0f, .b1 = 0.9f, .omb1 = 0.1f, .b2 = 0.999f, .omb2 = 0.001f,
+                             .bc2_sqrt = 0.0447f, .eps = 1e-8f, .neg_step_size = -0.1f, .l2 = true};
+            dt__optim_adam(o[4], o[5], o[2], o[3], n, &ak);
+            ak.l2 = false, ak.decoupled = true, ak.decay = 0.999f, ak.zero_grad = true;
+            dt__optim_adam(o[4], o[5], o[2], o[3], n, &ak);
+            memcpy(o[5], base[1], n * sizeof(float));
+            dt__lamb_k lk = {.clip = 1.5f, .decay = 0.01f, .b1 = 0.9f, .b3 = 0.1f, .b2 = 0.999f, .omb2 = 0.001f,
+                             .bc1 = 0.1f, .bc2 = 0.001f, .eps = 1e-6f, .adam_w_mode = true};
+            sums[lv][0] = dt__optim_lamb_stage1(o[4], o[5], o[2], o[6], n, &lk);
+            dt__optim_lamb_stage2(o[4], o[5], n, 0.3f, true);
+            memcpy(o[1], base[1], n * sizeof(float));
+            lk.adam_w_mode = false;
+            sums[lv][1] = dt__optim_lamb_stage1(o[0], o[1], o[2], o[6], n, &lk) + dt__sqsum(o[1], n);
+            dt__optim_lamb_stage2(o[0], o[1], n, 0.7f, false);
+            dt__scale(o[1], n, 0.37f);
+        }
+        dt__optim_force_level(-1);
+        ASSERT(ran & 1);
+        for (int lv = 1; lv < 3; lv++) {
+            if (!(ran & (1 << lv)))
+                continue;
+            for (int b = 0; b < NB; b++)
+                for (size_t i = 0; i < n; i++)
+                    if (memcmp(&out[lv][b][i], &out[0][b][i], sizeof(float))) {
+                        TEST_FAIL_("%s, n = %zu: array %d element %zu: %.9g vs %.9g (scalar)", k_level_name[lv],
+                                   n, b, i, (double)out[lv][b][i], (double)out[0][b][i]);
+                        return;
+                    }
+            ASSERT(memcmp(sums[lv], sums[0], sizeof sums[0]) == 0);
+        }
+    }
+}
 
 /* ---- ranges (ZeRO shards) ---------------------------------------------------- */
 
@@ -925,6 +1008,8 @@ int main(void)
     RUN(lamb_hand);
     RUN(torch_bit_exact_simd);
     RUN(torch_bit_exact_scalar);
+    RUN(torch_bit_exact_avx512);
+    RUN(kernels_levels_bit_identical);
     RUN(shards_equal_whole);
     RUN(lamb_sharded_with_reducer);
     RUN(segments_gaps_and_no_decay);

@@ -4,14 +4,20 @@
  * model.safetensors.index.json above --hf-shard-size), names as
  * transformers writes them (a tied GPT-2 head left out), and dtrain reads
  * it back to the same loss as the run's own checkpoint; an existing OUT is
- * refused (exit 2, left as it was) and no temporary is left behind.
+ * refused (exit 2, left as it was) and no temporary is left behind. With a
+ * tokenizer (--tokenizer, or hf:DIR holding a tokenizer.json) the directory
+ * also holds tokenizer.json (the same bytes), tokenizer_config.json and
+ * special_tokens_map.json (valid JSON naming the eos token); a bad
+ * tokenizer is exit 2 naming the file and the key, nothing written.
  * (transformers itself loading these directories is checked outside the
  * test suite: scripts/check_hf_export.py.) */
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
+#include "dtrain/tokenizer.h"
 #include "test.h"
 #include "tools/train_cli.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
@@ -141,10 +147,92 @@ TEST(train_save_hf_gpt2)
     ASSERT(isfinite(b) && b < 6);
 }
 
+#define TOK DT_SOURCE_DIR "/tests/data/tokenizer/"
+
+/* out holds tokenizer.json equal to src byte for byte and the two JSON
+ * files transformers reads beside it. */
+static void check_tokenizer_files(const char *out, const char *src, const char *eos)
+{
+    char p[600], text[1 << 16];
+    snprintf(p, sizeof p, "%s/tokenizer.json", out);
+    ASSERT(same_file(p, src));
+    dt_tokenizer *t = NULL;
+    ASSERT_EQ_INT(dt_tokenizer_load(out, &t), DT_OK);
+    dt_tokenizer_free(t);
+    const char *names[] = {"tokenizer_config.json", "special_tokens_map.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, names[i]);
+        ASSERT(file_exists(p));
+        slurp_(p, text, sizeof text);
+        cJSON *j = cJSON_Parse(text);
+        ASSERT(cJSON_IsObject(j));
+        ASSERT_STR_EQ(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "eos_token")), eos);
+        if (i == 0) {
+            ASSERT_STR_EQ(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "tokenizer_class")),
+                          "PreTrainedTokenizerFast");
+            const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "added_tokens_decoder");
+            ASSERT(cJSON_IsObject(d) && cJSON_GetArraySize(d) >= 1);
+        }
+        cJSON_Delete(j);
+    }
+}
+
+TEST(tokenizer_files)
+{
+    char *run = cli_path("run_tok"), *out = cli_path("tok_hf"), data[700];
+    snprintf(data, sizeof data, "text:%s", TOK "bible.txt");
+    cli_result r;
+    /* --tokenizer with text data: --save-hf writes the tokenizer */
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--tokenizer", TOK "dtrain.json", "--data", data,
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                        "--save", run, "--save-hf", out, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "  %s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    check_tokenizer_files(out, TOK "dtrain.json", "<|endoftext|>");
+    /* hf:DIR holding a tokenizer.json: --save-hf writes it again */
+    char m[600], *out2 = cli_path("tok_hf2");
+    snprintf(m, sizeof m, "hf:%s", out);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq", "16",
+                        "--batch", "2", "--max-steps", "1", "--progress", "none", "--save-hf", out2, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    check_tokenizer_files(out2, TOK "dtrain.json", "<|endoftext|>");
+    /* ckpt convert --hf --tokenizer */
+    char *out3 = cli_path("tok_hf3");
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out3, run, "--tokenizer", TOK "gpt2.json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    check_tokenizer_files(out3, TOK "gpt2.json", "<|endoftext|>");
+    /* a bad tokenizer: exit 2 naming the file and the key, nothing written */
+    char *bad = cli_path("wordpiece.json"), *out4 = cli_path("tok_hf4");
+    const char *wp = "{\"version\":\"1.0\",\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}";
+    FILE *f = fopen(bad, "w");
+    ASSERT(f && fputs(wp, f) >= 0 && fclose(f) == 0);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out4, run, "--tokenizer", bad, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "wordpiece.json");
+    ASSERT_STR_CONTAINS(r.err, "model.type");
+    ASSERT(!file_exists(out4));
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/tokenizer.json'", bad, out2);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(m, sizeof m, "hf:%s", out2);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq", "16",
+                        "--batch", "2", "--max-steps", "1", "--progress", "none", "--save-hf", out4, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "tok_hf2/tokenizer.json");
+    ASSERT_STR_CONTAINS(r.err, "model.type");
+    ASSERT(!file_exists(out4));
+    ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "tok_hf4"), 0);
+}
+
 int main(void)
 {
     RUN(train_save_hf_llama);
     RUN(train_save_hf_gpt2);
+    RUN(tokenizer_files);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -1,7 +1,8 @@
 /* dtrain tokenize: train a vocab, encode with a validation split, decode
  * back (the two parts together are the corpus, byte for byte), the same
  * through a tokenizer.json (written by --train-vocab, read by --tokenizer:
- * the same ids as the vocab file), and bad usage / bad input (exit 2, one
+ * the same ids as the vocab file), ids above 65,535 (a uint32 token file,
+ * never cut to 16 bits; trained on), and bad usage / bad input (exit 2, one
  * line naming the problem, no output file). */
 #include "dtrain/data.h"
 #include "test.h"
@@ -159,6 +160,51 @@ TEST(train_on_text)
     free(corpus);
 }
 
+/* A tokenizer with ids above 65,535 (as Llama-3's 128,256): the token file
+ * is uint32 (magic 20240801) and holds the ids the tokenizers library gives
+ * (70000 for "ab", checked with tokenizers 0.23), decodes back to the text,
+ * and trains (tokens:FILE, the vocabulary grown to 70001). */
+TEST(wide_ids)
+{
+    static const char json[] =
+        "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
+        "\"use_regex\":true},\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"\xc4\xa0\":3,\"ab\":70000},"
+        "\"merges\":[[\"a\",\"b\"]]}}";
+    char *j = tp(0, "wide.json"), *c = tp(1, "wide.txt"), *o = tp(2, "wide.bin"), *d = tp(3, "wide.back");
+    write_file(j, json, strlen(json));
+    char text[2000] = "";
+    for (int i = 0; i < 60; i++)
+        strcat(text, i % 3 ? "ab cab " : "c abab ");
+    write_file(c, text, strlen(text));
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", j, c, "-o", o, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "  %s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "uint32 ids");
+    dt_tokens *t = NULL;
+    ASSERT_OK(dt_tokens_open(o, 70001, &t));
+    ASSERT_EQ_INT(dt_tokens_width(t), 4);
+    /* "c abab ab cab ab cab ": c, Ġ, ab, ab, Ġ, ab, Ġ, c, ab, ... */
+    const uint32_t want[] = {2, 3, 70000, 70000, 3, 70000, 3, 2, 70000, 3, 70000, 3, 2, 70000, 3};
+    ASSERT(dt_tokens_count(t) > 15);
+    for (int i = 0; i < 15; i++)
+        ASSERT_EQ_U64(dt_tokens_at(t, i), want[i]);
+    dt_tokens_close(t);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--tokenizer", j, "--decode", o, "-o", d, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(same_file(c, d));
+    char data[700];
+    snprintf(data, sizeof data, "tokens:%s", o);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--seq", "8", "--batch", "2",
+                        "--max-steps", "2", "--progress", "none", "--threads", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "vocab size 70001");
+}
+
 TEST(bad_usage_and_input)
 {
     cli_result r;
@@ -205,6 +251,7 @@ int main(void)
     RUN(train_encode_split_decode);
     RUN(tokenizer_json);
     RUN(train_on_text);
+    RUN(wide_ids);
     RUN(bad_usage_and_input);
     cli_cleanup();
     return TEST_REPORT();

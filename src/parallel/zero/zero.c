@@ -86,6 +86,12 @@ dt_zero_params dt_zero_params_default(void)
     p.reduce_dtype = DT_DTYPE_COUNT;
     p.offload_param = dt_offload_params_default();
     p.offload_param.buffer_count = 5; /* DeepSpeed's offload_param default */
+    p.quantized_weights = false;
+    p.quantized_gradients = false;
+    p.hpz_partition_size = 1;
+    p.quant_block = 2048;
+    p.quant_grad_bits = 4;
+    p.quant_grad_block = 64;
     return p;
 }
 
@@ -135,350 +141,6 @@ dt_status dt_fsdp_sharding_parse(const char *s, dt_fsdp_sharding *out)
                                         "hybrid_shard)", s ? s : "(null)");
 }
 
-/* ---- memory ------------------------------------------------------------------------- */
-
-/* Regions of 2 MiB and more are mapped 2 MiB-aligned, their length rounded
- * up to 2 MiB, and marked MADV_HUGEPAGE: a stage-3 unit is released and
- * gathered again every step, and each release returns its pages, so the
- * next gather (or backward) faults them in again; with 4 KiB pages that is
- * one fault per 4 KiB (about half of stage 3's extra CPU time over DDP on
- * gpt-mini), with transparent huge pages one per 2 MiB. Where THP is off,
- * the advice does nothing. */
-#define HUGE_SZ ((size_t)2 << 20)
-
-static bool region_huge(size_t bytes)
-{
-    static _Atomic int thp = -1; /* read once: map, release and unmap must agree on the length */
-    int t = thp;
-    if (t < 0)
-        thp = t = !getenv("DT_ZERO_NO_THP");
-    return bytes >= HUGE_SZ && t;
-}
-
-static size_t region_len(size_t bytes)
-{
-    return region_huge(bytes) ? (bytes + HUGE_SZ - 1) / HUGE_SZ * HUGE_SZ : bytes;
-}
-
-static void *region_map(size_t bytes)
-{
-    if (!bytes)
-        return NULL;
-    const int prot = PROT_READ | PROT_WRITE, fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    if (!region_huge(bytes)) {
-        void *p = mmap(NULL, bytes, prot, fl, -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
-    const size_t len = region_len(bytes);
-    char *p = mmap(NULL, len + HUGE_SZ, prot, fl, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    char *a = (char *)(((uintptr_t)p + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1));
-    if (a > p)
-        munmap(p, (size_t)(a - p));
-    if (a + len < p + len + HUGE_SZ)
-        munmap(a + len, (size_t)(p + len + HUGE_SZ - (a + len)));
-#ifdef MADV_HUGEPAGE
-    madvise(a, len, MADV_HUGEPAGE);
-#endif
-    return a;
-}
-
-static void region_unmap(void *p, size_t bytes)
-{
-    if (p)
-        munmap(p, region_len(bytes));
-}
-
-/* Give the pages back (they read as zero afterwards). */
-static void region_release(void *p, size_t bytes)
-{
-    if (p && bytes)
-        madvise(p, region_len(bytes), MADV_DONTNEED);
-}
-
-static size_t unit_bytes(const zunit *u) { return u->total * u->es; }
-static size_t unit_rbytes(const zunit *u) { return u->total * u->res; }
-
-static void live_peak(dt_zero *z)
-{
-    if (z->live + z->pool_bytes > z->peak_live)
-        z->peak_live = z->live + z->pool_bytes;
-}
-
-static void live_add(dt_zero *z, size_t bytes)
-{
-    z->live += bytes;
-    live_peak(z);
-}
-
-/* ---- the page pool ----------------------------------------------------------------------
- *
- * Freeing a stage-3 unit with MADV_DONTNEED returns its pages, and the next
- * gather faults fresh zeroed pages back in (a fault per 4 KiB, or per 2 MiB
- * with THP, plus the zeroing): most of stage 3's extra CPU over DDP. The
- * pool keeps the pages instead and hands them to the next gather, as FSDP's
- * caching allocator and DeepSpeed's parameter buffers do; since the units'
- * addresses are fixed (the model is bound to them), pages move between
- * addresses: mremap(MREMAP_FIXED | MREMAP_DONTUNMAP) moves a range's page
- * tables to another address and leaves the source mapped and empty (it
- * reads as zero, as after MADV_DONTNEED). Moves happen only while no
- * all-gather writes the region. A gather takes pieces from the pool's slots
- * (each slot one mapping) until its region is covered; the rest faults as
- * before. A release moves each piece (a separate mapping: mremap moves
- * within one) into an empty slot while the pool holds under two of the
- * largest units, drops the rest, and remaps the region whole when it was
- * split. Any failure turns the pool off (the pages are dropped): it saves
- * time, never changes values. */
-
-static size_t page_len(size_t bytes)
-{
-    static size_t pg;
-    if (!pg) {
-        long v = sysconf(_SC_PAGESIZE);
-        pg = v > 0 ? (size_t)v : 4096;
-    }
-    return (region_len(bytes) + pg - 1) / pg * pg;
-}
-
-static void pool_init(dt_zero *z)
-{
-    size_t big = 0, ubig = 0;
-    for (int i = 0; i < z->nu; i++)
-        if (!z->u[i].resident && z->p.stage == 3 && unit_bytes(&z->u[i]) > ubig) {
-            ubig = unit_bytes(&z->u[i]);
-            big = page_len(ubig);
-        }
-    if (!big || !z->p.page_pool || getenv("DT_ZERO_NO_POOL"))
-        return;
-    z->pool_slot = big;
-    z->pool_cap = 2 * ubig; /* two of the largest units' buffers */
-    for (int k = 0; k < ZP_SLOTS; k++)
-        if (!(z->pool[k].base = region_map(big))) {
-            for (int j = 0; j < k; j++) {
-                region_unmap(z->pool[j].base, big);
-                z->pool[j].base = NULL;
-            }
-            return; /* no pool: gathers fault as without it */
-        }
-    z->pool_on = true;
-}
-
-static void pool_free(dt_zero *z)
-{
-    for (int k = 0; k < ZP_SLOTS; k++) {
-        region_unmap(z->pool[k].base, z->pool_slot);
-        z->pool[k].base = NULL;
-        z->pool[k].len = z->pool[k].bytes = 0;
-    }
-    z->pool_bytes = 0;
-    z->pool_on = false;
-}
-
-static bool move_pages(char *from, size_t len, char *to)
-{
-    return mremap(from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED;
-}
-
-/* Something failed: drop the pool's pages and stop using it. */
-static void pool_off(dt_zero *z)
-{
-    for (int k = 0; k < ZP_SLOTS; k++)
-        if (z->pool[k].len) {
-            madvise(z->pool[k].base + z->pool[k].off, z->pool[k].len, MADV_DONTNEED);
-            z->pool[k].len = z->pool[k].bytes = 0;
-        }
-    z->pool_bytes = 0;
-    z->pool_on = false;
-}
-
-/* Before u's gather: move pool pages under its region, from its start. */
-static void pool_take(dt_zero *z, zunit *u)
-{
-    u->npc = 0;
-    if (!z->pool_on)
-        return;
-    const size_t L = page_len(unit_bytes(u));
-    size_t at = 0;
-    while (at < L && u->npc < ZP_SLOTS) {
-        const size_t need = L - at;
-        int best = -1; /* the smallest piece that covers the rest, else the largest */
-        for (int k = 0; k < ZP_SLOTS; k++) {
-            const size_t n = z->pool[k].len;
-            if (!n)
-                continue;
-            if (best < 0)
-                best = k;
-            else {
-                const size_t b = z->pool[best].len;
-                if (b >= need ? n >= need && n < b : n > b)
-                    best = k;
-            }
-        }
-        if (best < 0)
-            break;
-        const size_t m = z->pool[best].len < need ? z->pool[best].len : need;
-        if (!move_pages(z->pool[best].base + z->pool[best].off, m, u->full + at)) {
-            pool_off(z);
-            break;
-        }
-        const size_t b = z->pool[best].bytes < m ? z->pool[best].bytes : m; /* the rounding is at the end */
-        z->pool[best].off += m;
-        z->pool[best].len -= m;
-        z->pool[best].bytes -= b;
-        z->pool_bytes -= b;
-        z->stats.bytes_pooled += m;
-        u->pc[u->npc++] = m;
-        at += m;
-    }
-    if (u->npc && at < L)
-        u->pc[u->npc++] = L - at; /* the region's own rest */
-}
-
-/* Release u's gathered pages: into the pool, or back to the system. */
-static void pool_put(dt_zero *z, zunit *u)
-{
-    const size_t L = page_len(unit_bytes(u)), ub = unit_bytes(u);
-    const size_t one = L;
-    const size_t *pc = u->npc ? u->pc : &one;
-    const int n = u->npc ? u->npc : 1;
-    size_t at = 0;
-    for (int i = 0; i < n; at += pc[i], i++) {
-        int k = 0;
-        while (k < ZP_SLOTS && z->pool[k].len)
-            k++;
-        /* the buffer bytes of [at, at + pc[i]) */
-        const size_t b = (at + pc[i] < ub ? at + pc[i] : ub) - (at < ub ? at : ub);
-        if (!z->pool_on || k == ZP_SLOTS || z->pool_bytes + b > z->pool_cap)
-            continue;
-        if (!move_pages(u->full + at, pc[i], z->pool[k].base)) {
-            pool_off(z);
-            continue;
-        }
-        z->pool[k].off = 0;
-        z->pool[k].len = pc[i];
-        z->pool[k].bytes = b;
-        z->pool_bytes += b;
-        if (z->pool_bytes > z->stats.pool_peak)
-            z->stats.pool_peak = z->pool_bytes;
-    }
-    /* what did not move goes back; a region split into pieces is mapped
-     * whole again, so that the next release moves it in one piece */
-    bool whole = false;
-    if (u->npc > 1) {
-        const int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
-        whole = mmap(u->full, region_len(unit_bytes(u)), PROT_READ | PROT_WRITE, fl, -1, 0) != MAP_FAILED;
-#ifdef MADV_HUGEPAGE
-        if (whole && region_huge(unit_bytes(u)))
-            madvise(u->full, region_len(unit_bytes(u)), MADV_HUGEPAGE);
-#endif
-    }
-    if (u->npc > 1 && !whole)
-        pool_off(z); /* the region stays split: mremap would refuse its next release */
-    if (!whole)
-        region_release(u->full, unit_bytes(u)); /* moved ranges are empty: nothing to do there */
-    u->npc = 0;
-    live_peak(z);
-}
-
-static void live_sub(dt_zero *z, size_t bytes) { z->live = bytes > z->live ? 0 : z->live - bytes; }
-
-
-/* Free a stage-3 unit's gathered parameters. */
-static void unit_reshard(dt_zero *z, zunit *u)
-{
-    if (u->resident || !u->gathered || u->ag)
-        return;
-    live_sub(z, unit_bytes(u));
-    pool_put(z, u);
-    u->gathered = false;
-    u->prefetched = false;
-}
-
-/* ---- shared buffers ----------------------------------------------------------------------
- *
- * The buffers the collectives of whole units read and write, stage 1's
- * whole gradients (the reduce-scatter's input and output) and a resident
- * unit's whole parameters (the after-step all-gather's), come from
- * dt_pg_alloc when it has room: the shm backend then reduces and gathers
- * straight out of the peers' buffers instead of copying each piece
- * through its staging area (about 3% of a gpt-mini stage-1 step on 2
- * ranks), as DDP's gradient buffer does. They are never released (stage 1
- * zeroes its gradients instead, resident units stay whole), so the page
- * games of the regions above do not apply to them. Not with hybrid
- * sharding or hierarchical reductions (other groups); a full arena falls
- * back to a region. */
-
-static void *buf_map(dt_zero *z, size_t bytes, bool want_shared, bool *shared)
-{
-    *shared = false;
-    if (want_shared && bytes && z->W > 1 && !z->spg && !z->p.hierarchical) {
-        void *p = dt_pg_alloc(z->pg, bytes);
-        if (p) {
-            memset(p, 0, bytes); /* its contents are undefined; a region reads as zero */
-            *shared = true;
-            return p;
-        }
-        dt_error_clear();
-    }
-    return region_map(bytes);
-}
-
-static void buf_unmap(dt_zero *z, void *p, size_t bytes, bool shared)
-{
-    if (shared)
-        dt_pg_dealloc(z->pg, p);
-    else
-        region_unmap(p, bytes);
-}
-
-static void buf_release(void *p, size_t bytes, bool shared)
-{
-    if (shared && p)
-        memset(p, 0, bytes);
-    else
-        region_release(p, bytes);
-}
-
-/* Release a unit's whole gradients (they were reduced, or are not needed). */
-static void unit_release_grads(dt_zero *z, zunit *u)
-{
-    if (!u->grads_live)
-        return;
-    buf_release(u->gfull, unit_bytes(u), u->gred_sh && !u->rfull);
-    if (u->rfull && z->p.stage >= 2) /* stage 1 steps its slice of rfull */
-        buf_release(u->rfull, unit_rbytes(u), u->gred_sh);
-    u->grads_live = false;
-    if (z->p.stage >= 2)
-        live_sub(z, unit_bytes(u));
-}
-
-/* Stage 1, a new step: zero the last step's whole gradients but this
- * rank's range, which the optimizer zeroed as it stepped it (the caller's
- * contract, parallel.h; the trainer's fused pass does it). Releasing the
- * region instead (as stages 2/3 do) would make backward fault every page
- * back in and the kernel clear it: the whole buffer each step, about 4% of
- * a gpt-mini step on 2 ranks, against (W-1)/W of it written here. With a
- * reduce dtype the unit's own gradients are all zeroed (the optimizer
- * zeroed its slice of rfull, which each reduction rewrites whole). */
-static void unit_clear_grads(zunit *u, int rank)
-{
-    if (!u->grads_live)
-        return;
-    const size_t lo = u->rfull ? 0 : (size_t)rank * u->c * u->es, hi = u->rfull ? 0 : lo + u->c * u->es;
-    memset(u->gfull, 0, lo);
-    memset(u->gfull + hi, 0, unit_bytes(u) - hi);
-}
-
-static void unit_grads_touch(dt_zero *z, zunit *u)
-{
-    if (u->grads_live)
-        return;
-    u->grads_live = true;
-    if (z->p.stage >= 2)
-        live_add(z, unit_bytes(u));
-}
-
 /* ---- parameter gathers --------------------------------------------------------------- */
 
 dt_status dt__zero_unit_err(const zunit *u, dt_status st, const char *what)
@@ -495,6 +157,7 @@ static dt_status wait_gather(dt_zero *z, zunit *u)
     dt_status st = dt_req_wait(u->ag, -1);
     char msg[512];
     snprintf(msg, sizeof msg, "all-gather: %s", st < 0 ? dt_req_message(u->ag) : "");
+    dt_status st2 = dt__zpp_finish_gather(z, u, st); /* ZeRO++: dequantize, drop the secondary shard */
     dt_req_free(u->ag);
     u->ag = NULL;
     for (int i = 0; i < z->ninflight; i++)
@@ -504,11 +167,14 @@ static dt_status wait_gather(dt_zero *z, zunit *u)
             break;
         }
     dt__zo_drop(z, u); /* parameter offload: the shard's buffer is no longer needed */
-    return st < 0 ? dt_error(st, "ZeRO unit '%s' (%d): %s", u->name, u->index, msg) : DT_OK;
+    if (st < 0)
+        return dt_error(st, "ZeRO unit '%s' (%d): %s", u->name, u->index, msg);
+    return st2 < 0 ? unit_err(u, st2, "dequantizing the gathered parameters (qwZ)") : DT_OK;
 }
 
-/* Post unit u's all-gather (stage 3) unless it is whole or on its way. */
-static dt_status post_gather(dt_zero *z, zunit *u)
+/* Post unit u's all-gather (stage 3) unless it is whole or on its way;
+ * bwd: for its backward (hpZ gathers those in the secondary group). */
+static dt_status post_gather(dt_zero *z, zunit *u, bool bwd)
 {
     if (u->gathered || u->ag)
         return DT_OK;
@@ -525,22 +191,25 @@ static dt_status post_gather(dt_zero *z, zunit *u)
         st = dt__zo_buffer(z, u); /* a held failure left no buffer: gather zeros */
     if (st < 0)
         return st;
-    pool_take(z, u);
-    live_add(z, unit_bytes(u));
+    dt__zero_pool_take(z, u);
+    dt__zero_live_add(z, dt__zero_unit_bytes(u));
     u->gathered = true;
     u->gathers++;
     u->prefetched = false;
     z->stats.gathers++;
-    z->stats.bytes_gathered += unit_bytes(u);
+    z->stats.bytes_gathered += dt__zero_unit_bytes(u);
     dt_pg_set_labelf(z->gpg, "ZeRO unit %d gather", u->index); /* the flight recorder's label */
-    st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
+    bool posted;
+    st = dt__zpp_post_gather(z, u, bwd, &posted); /* ZeRO++: in the hpZ group, or quantized */
+    if (st >= 0 && !posted)
+        st = dt_pg_allgather_async(z->gpg, u->pshard, u->full, u->c, u->dtype, &u->ag);
     if (st < 0)
         return unit_err(u, st, "posting the all-gather");
     z->inflight[z->ninflight++] = u->index;
     return DT_OK;
 }
 
-static dt_status ensure_gathered(dt_zero *z, zunit *u)
+static dt_status ensure_gathered(dt_zero *z, zunit *u, bool bwd)
 {
     if (u->prefetched) { /* a prefetch got here first */
         z->stats.prefetched++;
@@ -548,22 +217,22 @@ static dt_status ensure_gathered(dt_zero *z, zunit *u)
             z->stats.ready_when_needed++;
         u->prefetched = false;
     }
-    dt_status st = post_gather(z, u);
+    dt_status st = post_gather(z, u, bwd);
     return st < 0 ? st : wait_gather(z, u);
 }
 
 /* Prefetch unit k (an index into the recorded forward order) when the knobs
  * allow it. */
-static dt_status prefetch(dt_zero *z, int k)
+static dt_status prefetch(dt_zero *z, int k, bool bwd)
 {
     if (!z->order_done || k < 0 || k >= z->norder)
         return DT_OK;
     zunit *n = &z->u[z->order[k]];
     if (n->gathered || n->ag)
         return DT_OK;
-    if (n->total > z->p.prefetch_bucket_size || (z->live + unit_bytes(n)) / sizeof(float) > z->p.max_live_parameters)
+    if (n->total > z->p.prefetch_bucket_size || (z->live + dt__zero_unit_bytes(n)) / sizeof(float) > z->p.max_live_parameters)
         return DT_OK;
-    dt_status st = post_gather(z, n);
+    dt_status st = post_gather(z, n, bwd);
     n->prefetched = st >= 0;
     return st;
 }
@@ -573,7 +242,7 @@ static dt_status prefetch(dt_zero *z, int k)
 static dt_status post_reduce(dt_zero *z, zunit *u)
 {
     dt_status st;
-    unit_grads_touch(z, u); /* a unit without any gradient reduces zeros */
+    dt__zero_grads_touch(z, u); /* a unit without any gradient reduces zeros */
     void *g = u->gfull;
     if (u->rfull) { /* reduce in the policy's dtype: one rounding (or exact widening) of the whole */
         if ((st = dt_k_convert(u->gfull, u->dtype, u->rfull, u->rdt, (int64_t)u->total)) < 0)
@@ -586,6 +255,15 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
      * holding this rank's own gradients, which nothing reads */
     const bool ar = z->p.stage == 1 && !z->p.reduce_scatter;
     dt_pg_set_labelf(rg, "ZeRO unit %d reduce", u->index); /* the flight recorder's label */
+    if (z->zpp) { /* qgZ: the quantized two-hop reduce-scatter, now (no request to wait for) */
+        st = dt__zpp_reduce(z, u, g);
+        if (st < 0)
+            return unit_err(u, st, "the quantized gradient reduce-scatter (qgZ)");
+        u->posted = true;
+        z->stats.bytes_reduced += dt__zero_unit_rbytes(u);
+        dt__zero_release_grads(z, u);
+        return DT_OK;
+    }
     if (ar)
         st = dt_pg_allreduce_async(rg, DT_IN_PLACE, g, u->total, u->rdt, DT_REDUCE_AVG, &u->rs);
     else
@@ -593,7 +271,7 @@ static dt_status post_reduce(dt_zero *z, zunit *u)
     if (st < 0)
         return unit_err(u, st, ar ? "posting the gradient all-reduce" : "posting the gradient reduce-scatter");
     u->posted = true;
-    z->stats.bytes_reduced += unit_rbytes(u);
+    z->stats.bytes_reduced += dt__zero_unit_rbytes(u);
     if (!z->p.overlap_comm)
         return dt_req_wait(u->rs, -1) < 0 ? unit_err(u, dt_req_status(u->rs), dt_req_message(u->rs)) : DT_OK;
     return DT_OK;
@@ -609,7 +287,7 @@ static void reap_reduces(dt_zero *z)
         if (u->rs && dt_req_test(u->rs) == DT_OK) {
             dt_req_free(u->rs);
             u->rs = NULL;
-            unit_release_grads(z, u);
+            dt__zero_release_grads(z, u);
         }
     }
 }
@@ -638,7 +316,7 @@ static dt_status on_grad_ready(dt_model *m, size_t index, const dt_param_info *p
     if (index >= z->nentry || z->entry_unit[index] < 0)
         return DT_OK;
     zunit *u = &z->u[z->entry_unit[index]];
-    unit_grads_touch(z, u);
+    dt__zero_grads_touch(z, u);
     if (!z->sync)
         return DT_OK;
     if (u->posted)
@@ -668,10 +346,10 @@ static dt_status fwd_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
             z->order[z->norder++] = k;
         }
     }
-    dt_status st = ensure_gathered(z, u);
+    dt_status st = ensure_gathered(z, u, false);
     dt__zo_readahead(z, u->fwd_pos);
     if (st >= 0 && z->p.forward_prefetch)
-        st = prefetch(z, u->fwd_pos + 1);
+        st = prefetch(z, u->fwd_pos + 1, false);
     reap_reduces(z);
     return st;
 }
@@ -693,7 +371,8 @@ static dt_status fwd_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y,
         if (dist < z->p.max_reuse_distance)
             return DT_OK;
     }
-    unit_reshard(z, u);
+    dt__zpp_keep_secondary(z, u); /* hpZ: this rank's slice for the backward gather */
+    dt__zero_unit_reshard(z, u);
     dt__zo_readahead(z, u->fwd_pos); /* the last units' backward comes next */
     return DT_OK;
 }
@@ -704,10 +383,10 @@ static dt_status bwd_pre(dt_ctx *ctx, dt_module *m, void *ud)
     (void)m;
     zunit *u = ud;
     dt_zero *z = u->z;
-    dt_status st = ensure_gathered(z, u);
+    dt_status st = ensure_gathered(z, u, true);
     dt__zo_readahead(z, 2 * z->norder - 1 - u->fwd_pos);
     if (st >= 0 && z->p.backward_prefetch == DT_PREFETCH_BACKWARD_PRE)
-        st = prefetch(z, u->fwd_pos - 1);
+        st = prefetch(z, u->fwd_pos - 1, true);
     reap_reduces(z);
     return st;
 }
@@ -718,10 +397,10 @@ static dt_status bwd_post(dt_ctx *ctx, dt_module *m, void *ud)
     (void)m;
     zunit *u = ud;
     dt_zero *z = u->z;
-    unit_reshard(z, u);
+    dt__zero_unit_reshard(z, u);
     dt_status st = DT_OK;
     if (z->p.backward_prefetch == DT_PREFETCH_BACKWARD_POST)
-        st = prefetch(z, u->fwd_pos - 1);
+        st = prefetch(z, u->fwd_pos - 1, true);
     reap_reduces(z);
     return st;
 }
@@ -735,9 +414,9 @@ void dt_zero_set_sync(dt_zero *z, bool sync)
     if (z->need_clear) { /* a new step: the last one's whole gradients (stage 1) go */
         for (int i = 0; i < z->nu; i++)
             if (z->p.stage == 1)
-                unit_clear_grads(&z->u[i], z->rank);
+                dt__zero_clear_grads(&z->u[i], z->rank);
             else
-                unit_release_grads(z, &z->u[i]);
+                dt__zero_release_grads(z, &z->u[i]);
         z->need_clear = false;
     }
     z->sync = sync;
@@ -767,7 +446,7 @@ static void drain(dt_zero *z, dt_status *first_err)
             dt_req_free(u->rs);
             u->rs = NULL;
             if (z->p.stage >= 2)
-                unit_release_grads(z, u);
+                dt__zero_release_grads(z, u);
         }
     }
 }
@@ -840,7 +519,8 @@ dt_status dt_zero_after_step(dt_zero *z)
     for (int i = 0; i < z->nu && st >= 0; i++) {
         zunit *u = &z->u[i];
         if (!u->resident) {
-            unit_reshard(z, u);
+            dt__zero_unit_reshard(z, u);
+            dt__zpp_drop_secondary(z, u); /* hpZ: the parameters changed */
             continue;
         }
         if (z->W == 1)
@@ -859,7 +539,7 @@ dt_status dt_zero_after_step(dt_zero *z)
             unit_err(u, st, "posting the parameter all-gather");
             break;
         }
-        z->stats.bytes_gathered += unit_bytes(u);
+        z->stats.bytes_gathered += dt__zero_unit_bytes(u);
         np++;
         posted += u->total;
     }
@@ -880,7 +560,7 @@ void dt_zero_drain(dt_zero *z)
     dt_status st = DT_OK;
     drain(z, &st);
     for (int i = 0; i < z->nu; i++) {
-        unit_release_grads(z, &z->u[i]);
+        dt__zero_release_grads(z, &z->u[i]);
         memset(z->u[i].gshard, 0, z->u[i].c * z->u[i].res);
     }
 }
@@ -907,33 +587,7 @@ dt_status dt_zero_sync_buffers(dt_zero *z)
     return DT_OK;
 }
 
-/* ---- introspection ---------------------------------------------------------------------- */
-
-dt_status dt_zero_ranges(dt_zero *z, bool no_decay_1d, const dt_optim_range **r, size_t *n)
-{
-    if (!z || !r || !n)
-        return dt_error(DT_ERR_NULL, "dt_zero_ranges: NULL argument");
-    for (int i = 0; i < z->nu; i++) {
-        zunit *u = &z->u[i];
-        size_t k = 0, lo = (size_t)z->rank * u->c, hi = lo + u->c;
-        for (int j = 0; j < u->nent; j++) {
-            dt_param_info e;
-            dt_model_entry(z->m, u->entries[j], &e);
-            size_t a = u->uoff[j], b = a + e.numel;
-            a = a < lo ? lo : a;
-            b = b > hi ? hi : b;
-            if (a < b)
-                u->segs[k++] = (dt_optim_segment){.offset = a, .numel = b - a, .no_decay = no_decay_1d && e.ndim <= 1};
-        }
-        /* a low-precision unit steps its fp32 masters and rewrites its shard from them */
-        z->rg[i] = (dt_optim_range){.params = u->master ? &u->mflat : &u->pflat, .grads = &u->gflat,
-                                    .mirror = u->master ? &u->pflat : NULL, .lo = lo, .hi = hi, .segs = u->segs,
-                                    .nseg = k};
-    }
-    *r = z->rg;
-    *n = (size_t)z->nu;
-    return DT_OK;
-}
+/* ---- whole parameters ------------------------------------------------------------------ */
 
 dt_status dt_zero_full_params(dt_zero *z, float *dst)
 {
@@ -969,105 +623,11 @@ dt_status dt_zero_full_params(dt_zero *z, float *dst)
             memcpy(out + e.offset * u->es, u->full + u->uoff[j] * u->es, e.numel * u->es);
         }
         if (!was)
-            region_release(u->full, unit_bytes(u));
+            dt__zero_region_release(u->full, dt__zero_unit_bytes(u));
     }
     return z->pstore ? dt__zo_agree(z, DT_OK, "reading a parameter shard") : DT_OK;
 }
 
-int dt_zero_num_units(const dt_zero *z) { return z ? z->nu : 0; }
-
-dt_pg *dt_zero_group(const dt_zero *z) { return z ? z->wpg : NULL; }
-
-dt_status dt_zero_unit(const dt_zero *z, int k, dt_zero_unit_info *out)
-{
-    if (!z || !out)
-        return dt_error(DT_ERR_NULL, "dt_zero_unit: NULL argument");
-    if (k < 0 || k >= z->nu)
-        return dt_error(DT_ERR_RANGE, "dt_zero_unit: unit %d of %d", k, z->nu);
-    const zunit *u = &z->u[k];
-    out->name = u->name;
-    out->module = u->mod;
-    out->nparams = u->nent;
-    out->numel = u->used_numel;
-    out->total = u->total;
-    out->shard_lo = (size_t)z->rank * u->c;
-    out->shard_hi = out->shard_lo + u->c;
-    out->resident = u->resident;
-    out->gathered = u->gathered;
-    out->fwd_pos = z->order_done && z->p.stage == 3 && !u->resident ? u->fwd_pos : -1;
-    out->dtype = u->dtype;
-    out->reduce_dtype = u->rdt;
-    return DT_OK;
-}
-
-dt_status dt_zero_pieces(const dt_zero *z, dt_zero_piece *out, size_t cap, size_t *n)
-{
-    if (!z || !n)
-        return dt_error(DT_ERR_NULL, "dt_zero_pieces: NULL argument");
-    if (z->pstore)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_zero_pieces: the parameter shards are offloaded to NVMe files "
-                        "(offload_param): sharded checkpoints of offloaded parameters are not supported yet");
-    size_t k = 0;
-    for (int i = 0; i < z->nu; i++) {
-        const zunit *u = &z->u[i];
-        size_t lo = (size_t)z->rank * u->c, hi = lo + u->c;
-        for (int j = 0; j < u->nent; j++) {
-            dt_param_info e;
-            dt_model_entry(z->m, u->entries[j], &e);
-            size_t a = u->uoff[j], b = a + e.numel;
-            a = a < lo ? lo : a;
-            b = b > hi ? hi : b;
-            if (a >= b)
-                continue;
-            if (out && k < cap)
-                out[k] = (dt_zero_piece){.entry = u->entries[j],
-                                         .name = e.name,
-                                         .lo = a - u->uoff[j],
-                                         .hi = b - u->uoff[j],
-                                         .range = (size_t)i,
-                                         .range_offset = a - lo,
-                                         .param = dt_flat_ptr(u->master ? &u->mflat : &u->pflat, a),
-                                         .lowp = u->master ? dt_flat_ptr(&u->pflat, a) : NULL,
-                                         .dtype = u->dtype,
-                                         .grad = dt_flat_ptr(&u->gflat, a),
-                                         .grad_dtype = u->rdt};
-            k++;
-        }
-    }
-    *n = k;
-    if (out && k > cap)
-        return dt_error(DT_ERR_RANGE, "dt_zero_pieces: %zu pieces, room for %zu", k, cap);
-    return DT_OK;
-}
-
-dt_status dt_zero_memory(const dt_zero *z, size_t *param_bytes, size_t *grad_bytes, size_t *gathered_peak)
-{
-    if (!z)
-        return dt_error(DT_ERR_NULL, "dt_zero_memory: handle is NULL");
-    size_t pb = 0, gb = 0;
-    for (int i = 0; i < z->nu; i++) {
-        const zunit *u = &z->u[i];
-        pb += u->resident ? unit_bytes(u) : u->preg >= 0 ? 0 : u->c * u->es;
-        /* stage 1: the whole gradients (and their reduce-dtype copy, whose
-         * slice the optimizer reads); stages 2/3: the reduced shard */
-        gb += z->p.stage == 1 ? unit_bytes(u) + (u->rfull ? unit_rbytes(u) : 0) : u->c * u->res;
-    }
-    pb += z->pheld_peak; /* parameter offload: the shards' buffers */
-    if (param_bytes)
-        *param_bytes = pb;
-    if (grad_bytes)
-        *grad_bytes = gb;
-    if (gathered_peak)
-        *gathered_peak = z->peak_live;
-    return DT_OK;
-}
-
-dt_zero_stats dt_zero_get_stats(const dt_zero *z)
-{
-    dt_zero_stats s;
-    memset(&s, 0, sizeof s);
-    return z ? z->stats : s;
-}
 
 /* ---- construction ----------------------------------------------------------------------- */
 
@@ -1163,19 +723,19 @@ static dt_dtype unit_reduce_dtype(const dt_zero *z, const zunit *u, bool lowp_mo
 
 static dt_status unit_alloc(dt_zero *z, zunit *u, bool lowp_model)
 {
-    size_t b = unit_bytes(u);
+    size_t b = dt__zero_unit_bytes(u);
     u->rdt = unit_reduce_dtype(z, u, lowp_model);
     u->res = dt_dtype_size(u->rdt);
     const bool s1 = z->p.stage == 1, rd = u->rdt != u->dtype;
     bool sh = false;
-    u->full = buf_map(z, b, u->resident, &u->full_sh);
-    u->gfull = buf_map(z, b, s1 && !rd, &sh);
+    u->full = dt__zero_buf_map(z, b, u->resident, &u->full_sh);
+    u->gfull = dt__zero_buf_map(z, b, s1 && !rd, &sh);
     u->gred_sh = sh;
     if (!u->full || !u->gfull)
         return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping 2 x %zu bytes", u->name, b);
-    if (rd && !(u->rfull = buf_map(z, unit_rbytes(u), s1, &u->gred_sh)))
+    if (rd && !(u->rfull = dt__zero_buf_map(z, dt__zero_unit_rbytes(u), s1, &u->gred_sh)))
         return dt_error(DT_ERR_NO_MEMORY, "ZeRO unit '%s': mapping %zu bytes of %s gradients", u->name,
-                        unit_rbytes(u), dt_dtype_name(u->rdt));
+                        dt__zero_unit_rbytes(u), dt_dtype_name(u->rdt));
     if (u->resident) {
         u->pshard = u->full + (size_t)z->rank * u->c * u->es;
     } else if (u->preg >= 0) {
@@ -1213,12 +773,15 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
     if (!pg || !m)
         return dt_error(DT_ERR_NULL, "dt_zero_init: %s is NULL", pg ? "model" : "process group");
     dt_zero_params p = pp ? *pp : dt_zero_params_default();
+    dt_status st0;
     if (p.stage < 1 || p.stage > 3)
         return dt_error(DT_ERR_INVALID_ARG, "dt_zero_init: stage %d (ZeRO stages are 1, 2 and 3; stage 0 is DDP)",
                         p.stage);
     if ((unsigned)p.backward_prefetch > DT_PREFETCH_BACKWARD_POST || (unsigned)p.init_rng >= DT_INIT_RNG_COUNT)
         return dt_error(DT_ERR_INVALID_ARG, "dt_zero_init: backward_prefetch %d or init_rng %d unknown",
                         (int)p.backward_prefetch, (int)p.init_rng);
+    if ((st0 = dt_zero_pp_check(&p, dt_pg_size(pg))) < 0)
+        return st0;
     if (p.stage < 3)
         p.reshard_after_forward = false;
     dt_zero *z = dt_calloc(sizeof *z);
@@ -1288,6 +851,8 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
     }
     if (!z->gpg)
         z->gpg = z->pg;
+    if ((st = dt__zpp_setup(z)) < 0)
+        goto fail;
     if (p.hierarchical && z->W > 1 && (st = dt_pg_hierarchical(z->pg, &z->hpg)) < 0) {
         dt_error_wrap(st, "dt_zero_init: the hierarchical reduction group");
         goto fail;
@@ -1306,7 +871,7 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
         u->gathered = true;
     }
     z->peak_live = z->live = 0;
-    pool_init(z);
+    dt__zero_pool_init(z);
     if ((st = install_hooks(z)) < 0)
         goto fail;
     dt_model_set_rank(m, z->rank);
@@ -1331,13 +896,14 @@ void dt_zero_free(dt_zero *z)
             if (u->hooks[k])
                 dt_module_remove_hook(u->mod, u->hooks[k]);
     }
+    dt__zpp_teardown(z);
     if (z->gpg && z->gpg != z->pg)
         dt_pg_free(z->gpg);
     dt_pg_free(z->hpg);
     dt_pg_free(z->rpg);
     dt_pg_free(z->spg);
     dt__zo_close(z);
-    pool_free(z);
+    dt__zero_pool_free(z);
     dt__zero_free_units(z);
     dt_free(z->rg);
     dt_free(z->order);
@@ -1349,9 +915,9 @@ void dt_zero_free(dt_zero *z)
 
 void dt__zero_unit_unmap(zunit *u)
 {
-    buf_unmap(u->z, u->full, unit_bytes(u), u->full_sh);
-    buf_unmap(u->z, u->gfull, unit_bytes(u), u->gred_sh && !u->rfull);
-    buf_unmap(u->z, u->rfull, unit_rbytes(u), u->gred_sh);
+    dt__zero_buf_unmap(u->z, u->full, dt__zero_unit_bytes(u), u->full_sh);
+    dt__zero_buf_unmap(u->z, u->gfull, dt__zero_unit_bytes(u), u->gred_sh && !u->rfull);
+    dt__zero_buf_unmap(u->z, u->rfull, dt__zero_unit_rbytes(u), u->gred_sh);
     dt_free(u->pshard_own);
     dt_free(u->gshard_own);
     dt_free(u->master);

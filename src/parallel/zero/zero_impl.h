@@ -1,5 +1,6 @@
-/* src/parallel/zero/zero_impl.h — ZeRO internals shared by zero.c (the engine)
- * and zero_wrap.c (the wrap policy that makes the units). */
+/* src/parallel/zero/zero_impl.h — ZeRO internals shared by zero.c (the engine),
+ * zero_mem.c (its memory), zero_info.c (introspection), zero_wrap.c (the
+ * wrap policy that makes the units) and zero_offload.c (parameter offload). */
 #ifndef DT_ZERO_IMPL_H
 #define DT_ZERO_IMPL_H
 
@@ -58,6 +59,13 @@ typedef struct zunit {
      * in memory (read posted or done), NULL otherwise */
     int preg;
     uint64_t prd, pwr;       /* in-flight read / write of the shard (0: none) */
+    /* ZeRO++ (zero_pp.c) */
+    char *qbuf;              /* qwZ gather in flight: this rank's int8 blocks and scales, then
+                                every rank's (zero_pp.c has the layout); NULL otherwise */
+    char *sec;               /* hpZ: the secondary shard (total / H elements of dtype) kept from
+                                the last forward gather, NULL when none */
+    bool sec_inflight;       /* the in-flight gather (ag) reads sec (a backward gather in the
+                                hpZ group): sec is dropped when it completes */
 } zunit;
 
 struct dt_zero {
@@ -106,12 +114,68 @@ struct dt_zero {
     int nheld;               /* shards in memory */
     dt_status perr;          /* the first I/O error held for the step's check (DT_OK: none) */
     char *perr_msg;
+    /* ZeRO++ (zero_pp.c) */
+    dt_pg *hzpg;             /* hpZ: the H consecutive ranks of this rank's secondary group (split
+                                of gpg, owned); NULL without hpZ */
+    struct dt_zpp *zpp;      /* qgZ: the machines of pg and their groups (owned); NULL without */
 };
 
 /* zero_wrap.c: apply the wrap policy of p to z->m and fill z->u, z->nu,
  * z->entry_unit, z->nentry (layout only; no memory for the flats). */
 dt_status dt__zero_build_units(dt_zero *z, const dt_zero_params *p);
 void dt__zero_free_units(dt_zero *z);
+/* Bytes of u's whole parameters (dtype) / whole reduced gradients (rdt). */
+static inline size_t dt__zero_unit_bytes(const zunit *u) { return u->total * u->es; }
+static inline size_t dt__zero_unit_rbytes(const zunit *u) { return u->total * u->res; }
+
+/* zero_mem.c: the memory of the units. */
+/* Give a region's pages back (they read as zero afterwards). */
+void dt__zero_region_release(void *p, size_t bytes);
+/* Count bytes gathered (or unsharded gradients) as live; keeps the peak. */
+void dt__zero_live_add(dt_zero *z, size_t bytes);
+/* The page pool: set up after the units (sized by the largest stage-3
+ * unit), free, and move pool pages under u's region before its gather. */
+void dt__zero_pool_init(dt_zero *z);
+void dt__zero_pool_free(dt_zero *z);
+void dt__zero_pool_take(dt_zero *z, zunit *u);
+/* Free a stage-3 unit's gathered parameters (into the pool or to the system). */
+void dt__zero_unit_reshard(dt_zero *z, zunit *u);
+/* A whole-unit buffer: from dt_pg_alloc when want_shared and it has room
+ * (*shared true), else a mapped region; and its release. */
+void *dt__zero_buf_map(dt_zero *z, size_t bytes, bool want_shared, bool *shared);
+void dt__zero_buf_unmap(dt_zero *z, void *p, size_t bytes, bool shared);
+/* Release a unit's whole gradients (reduced, or not needed). */
+void dt__zero_release_grads(dt_zero *z, zunit *u);
+/* Stage 1, a new step: zero the last step's whole gradients outside rank's range. */
+void dt__zero_clear_grads(zunit *u, int rank);
+/* A gradient is about to be written into u's whole gradients: count them live. */
+void dt__zero_grads_touch(dt_zero *z, zunit *u);
+
+void dt__zero_live_sub(dt_zero *z, size_t bytes);
+
+/* zero_pp.c: ZeRO++ in the engine (parallel.h "ZeRO++"). */
+/* Build the hpZ group (after dt_zpp_hpz_check) and qgZ's machine groups
+ * (collective over z->pg; after gpg exists). */
+dt_status dt__zpp_setup(dt_zero *z);
+void dt__zpp_teardown(dt_zero *z);
+/* Post u's all-gather the ZeRO++ way, if one applies: a backward gather
+ * (bwd) of a unit with a secondary shard runs in the hpZ group; else with
+ * qwZ the int8 blocks go out. *posted false: none applies (the caller
+ * posts the plain all-gather). The request is u->ag either way. */
+dt_status dt__zpp_post_gather(dt_zero *z, zunit *u, bool bwd, bool *posted);
+/* u->ag completed with status st: dequantize (qwZ) into u->full, drop a
+ * secondary shard the gather read, free the buffers. */
+dt_status dt__zpp_finish_gather(dt_zero *z, zunit *u, dt_status st);
+/* hpZ, u gathered and about to be freed after its forward: keep its
+ * secondary shard (a failed allocation keeps none: the backward then
+ * gathers over all ranks, the same values). */
+void dt__zpp_keep_secondary(dt_zero *z, zunit *u);
+/* Drop u's secondary shard (the parameters changed, or it was used). */
+void dt__zpp_drop_secondary(dt_zero *z, zunit *u);
+/* qgZ: reduce-scatter u's whole gradients g (u->rdt, u->total) into
+ * u->gshard (average), synchronously. */
+dt_status dt__zpp_reduce(dt_zero *z, zunit *u, const void *g);
+
 /* zero.c: unmap and free one unit's buffers. */
 void dt__zero_unit_unmap(zunit *u);
 dt_status dt__zero_unit_err(const zunit *u, dt_status st, const char *what);

@@ -1,0 +1,56 @@
+/* libFuzzer target for a Hugging Face model directory's config.json
+ * (models.h dt_hf_config_read): the architecture, the Llama/Mistral/Qwen2
+ * and GPT-2 keys with their defaults, rope_scaling / rope_parameters, the
+ * special token ids and the configuration checks. The input is written as
+ * config.json into a directory; any input must give either a configuration
+ * that dt_llama_config_check accepts (Llama family) or an error whose
+ * message names config.json; never a crash or a leak. */
+// fuzz-sources: src/base/*.c models/hf_config.c models/llama_config.c
+// fuzz-libs: -lcjson
+#include "dtrain/models.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static char dir[64];
+
+static void cleanup(void)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/dt-fuzz-hfcfg-XXXXXX");
+        if (!mkdtemp(dir))
+            abort();
+        atexit(cleanup);
+    }
+    char p[128];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "wb");
+    if (!f || fwrite(data, 1, size, f) != size)
+        abort();
+    fclose(f);
+    dt_hf_config h;
+    dt_error_clear();
+    if (dt_hf_config_read(dir, &h) < 0) {
+        if (!strstr(dt_last_error(), "config.json"))
+            abort(); /* every refusal names the file */
+        return 0;
+    }
+    if (!h.architecture[0])
+        abort();
+    if (!h.is_gpt2 && dt_llama_config_check(&h.llama) < 0)
+        abort(); /* the reader checked it */
+    return 0;
+}

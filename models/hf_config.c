@@ -1,0 +1,272 @@
+/* Reading a Hugging Face model directory's config.json
+ * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
+ * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+ * and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * naming the file and the key. hf.c builds the model it describes. */
+#include "zoo.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONFIG_NAME "config.json"
+#define MAX_CONFIG_BYTES (16u << 20)
+
+typedef struct {
+    const char *path; /* DIR/config.json, for messages */
+    const cJSON *root;
+    dt_status st;
+} cfg_reader;
+
+static const cJSON *item(const cJSON *o, const char *key)
+{
+    return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+}
+
+/* An integer key: missing or null -> def; else a whole number in [lo, hi]. */
+static int64_t get_int(cfg_reader *r, const cJSON *o, const char *key, int64_t def, int64_t lo, int64_t hi)
+{
+    const cJSON *v = item(o, key);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return def;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+        v->valuedouble > (double)hi) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be an integer in [%lld, %lld]", r->path, key,
+                         (long long)lo, (long long)hi);
+        return def;
+    }
+    return (int64_t)v->valuedouble;
+}
+
+static double get_num(cfg_reader *r, const cJSON *o, const char *key, double def)
+{
+    const cJSON *v = item(o, key);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return def;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number", r->path, key);
+        return def;
+    }
+    return v->valuedouble;
+}
+
+static bool get_bool(cfg_reader *r, const cJSON *o, const char *key, bool def)
+{
+    const cJSON *v = item(o, key);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return def;
+    if (!cJSON_IsBool(v)) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be true or false", r->path, key);
+        return def;
+    }
+    return cJSON_IsTrue(v);
+}
+
+static const char *get_str(cfg_reader *r, const cJSON *o, const char *key, const char *def)
+{
+    const cJSON *v = item(o, key);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return def;
+    if (!cJSON_IsString(v)) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a string", r->path, key);
+        return def;
+    }
+    return v->valuestring;
+}
+
+/* A token id key that may be a list (Llama 3 instruct's eos): its first. */
+static int64_t get_token(cfg_reader *r, const char *key)
+{
+    const cJSON *v = item(r->root, key);
+    if (cJSON_IsArray(v))
+        v = v->child;
+    if (!v || cJSON_IsNull(v))
+        return -1;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble)) {
+        if (r->st >= 0)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id (or a list of them)", r->path, key);
+        return -1;
+    }
+    return (int64_t)v->valuedouble;
+}
+
+static void unsupported(cfg_reader *r, const char *key, const char *why)
+{
+    if (r->st >= 0)
+        r->st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"%s\": %s", r->path, key, why);
+}
+
+/* rope_theta and rope_scaling, or transformers 5's rope_parameters. */
+static void read_rope(cfg_reader *r, dt_llama_config *c)
+{
+    const cJSON *rp = item(r->root, "rope_parameters"), *rs = item(r->root, "rope_scaling");
+    const char *where = "rope_scaling";
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp)) {
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object", r->path);
+            return;
+        }
+        c->rope_theta = get_num(r, rp, "rope_theta", get_num(r, r->root, "rope_theta", c->rope_theta));
+        rs = rp;
+        where = "rope_parameters";
+    } else {
+        c->rope_theta = get_num(r, r->root, "rope_theta", c->rope_theta);
+    }
+    if (!rs || cJSON_IsNull(rs))
+        return;
+    if (!cJSON_IsObject(rs)) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be an object or null", r->path, where);
+        return;
+    }
+    const char *type = get_str(r, rs, "rope_type", get_str(r, rs, "type", "default"));
+    char key[64];
+    snprintf(key, sizeof key, "%s.rope_type", where);
+    if (r->st < 0)
+        return;
+    if (!strcmp(type, "default"))
+        return;
+    if (!strcmp(type, "linear"))
+        c->rope_type = DT_ROPE_LINEAR;
+    else if (!strcmp(type, "llama3"))
+        c->rope_type = DT_ROPE_LLAMA3;
+    else {
+        char why[160];
+        snprintf(why, sizeof why, "rope scaling '%s' is not supported (known: default, linear, llama3)", type);
+        unsupported(r, key, why);
+        return;
+    }
+    c->rope_factor = get_num(r, rs, "factor", NAN);
+    if (c->rope_type == DT_ROPE_LLAMA3) {
+        c->rope_low_freq_factor = get_num(r, rs, "low_freq_factor", NAN);
+        c->rope_high_freq_factor = get_num(r, rs, "high_freq_factor", NAN);
+        c->rope_original_max_position_embeddings =
+            get_int(r, rs, "original_max_position_embeddings", 0, 1, INT32_MAX);
+    }
+    if (r->st >= 0 && (isnan(c->rope_factor) || (c->rope_type == DT_ROPE_LLAMA3 &&
+                                                 (isnan(c->rope_low_freq_factor) ||
+                                                  isnan(c->rope_high_freq_factor) ||
+                                                  !c->rope_original_max_position_embeddings))))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\": rope scaling '%s' needs factor%s", r->path, where, type,
+                         c->rope_type == DT_ROPE_LLAMA3 ? ", low_freq_factor, high_freq_factor and "
+                                                          "original_max_position_embeddings" : "");
+}
+
+static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
+{
+    const cJSON *o = r->root;
+    const int64_t big = INT32_MAX;
+    memset(c, 0, sizeof *c);
+    c->vocab_size = get_int(r, o, "vocab_size", 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", 4096, 1, big);
+    c->intermediate_size = get_int(r, o, "intermediate_size", 11008, 1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", 32, 1, big);
+    c->num_attention_heads = get_int(r, o, "num_attention_heads", 32, 1, big);
+    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", c->num_attention_heads, 1, big);
+    c->head_dim = get_int(r, o, "head_dim", c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
+                          1, big);
+    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", 2048, 1, big);
+    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", 1e-6);
+    c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
+    c->rope_theta = 10000.0;
+    c->rope_type = DT_ROPE_DEFAULT;
+    c->rope_factor = 1.0;
+    read_rope(r, c);
+    const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM");
+    c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
+    c->qkv_bias_only = qwen2;
+    c->mlp_bias = get_bool(r, o, "mlp_bias", false);
+    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", false);
+    c->bos_token_id = get_token(r, "bos_token_id");
+    c->eos_token_id = get_token(r, "eos_token_id");
+    const char *act = get_str(r, o, "hidden_act", "silu");
+    if (r->st >= 0 && strcmp(act, "silu"))
+        unsupported(r, "hidden_act", "only \"silu\" (SwiGLU) is supported");
+    if (get_num(r, o, "attention_dropout", 0.0) != 0.0)
+        unsupported(r, "attention_dropout", "attention dropout is not supported (0 only)");
+    if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
+        unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
+    int64_t sw = get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2);
+    bool use_sw = qwen2 ? get_bool(r, o, "use_sliding_window", false) : sw > 0;
+    if (use_sw && sw > 0 && sw < c->max_position_embeddings)
+        unsupported(r, "sliding_window", "sliding-window attention is not supported (null, or at least "
+                    "max_position_embeddings)");
+}
+
+static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
+{
+    const cJSON *o = r->root;
+    const int64_t big = INT32_MAX;
+    g->vocab_size = get_int(r, o, "vocab_size", 50257, 1, big);
+    g->n_embd = get_int(r, o, "n_embd", 768, 1, big);
+    g->n_layer = get_int(r, o, "n_layer", 12, 1, big);
+    g->n_head = get_int(r, o, "n_head", 12, 1, big);
+    g->block_size = get_int(r, o, "n_positions", 1024, 1, big);
+    double pe = get_num(r, o, "embd_pdrop", 0.1), pr = get_num(r, o, "resid_pdrop", 0.1);
+    double pa = get_num(r, o, "attn_pdrop", 0.1);
+    if (r->st >= 0 && (pe != pr || pe != pa))
+        unsupported(r, "attn_pdrop", "embd_pdrop, resid_pdrop and attn_pdrop must be equal (dtrain's GPT-2 has one "
+                    "dropout)");
+    g->dropout = (float)pe;
+    if (get_int(r, o, "n_inner", 4 * g->n_embd, 1, big) != 4 * g->n_embd)
+        unsupported(r, "n_inner", "only 4 * n_embd (null) is supported");
+    const char *act = get_str(r, o, "activation_function", "gelu_new");
+    if (r->st >= 0 && strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh"))
+        unsupported(r, "activation_function", "only \"gelu_new\" (GELU, tanh form) is supported");
+    if (fabs(get_num(r, o, "layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12)
+        unsupported(r, "layer_norm_epsilon", "only 1e-5 is supported");
+    if (!get_bool(r, o, "tie_word_embeddings", true))
+        unsupported(r, "tie_word_embeddings", "only a tied head (true) is supported for GPT-2");
+    if (!get_bool(r, o, "scale_attn_weights", true) || get_bool(r, o, "scale_attn_by_inverse_layer_idx", false) ||
+        get_bool(r, o, "reorder_and_upcast_attn", false))
+        unsupported(r, "scale_attn_weights", "only the default attention scaling is supported");
+}
+
+dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
+{
+    if (!dir || !out)
+        return dt_error(DT_ERR_NULL, "dt_hf_config_read: %s is NULL", dir ? "out" : "dir");
+    memset(out, 0, sizeof *out);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, CONFIG_NAME);
+    char *txt = NULL;
+    size_t len = 0;
+    dt_status st = dt_file_read_all(path, MAX_CONFIG_BYTES, &txt, &len);
+    if (st < 0)
+        return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: no %s (not a Hugging Face model directory)", dir,
+                                                 CONFIG_NAME)
+                                      : st;
+    cJSON *root = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    cfg_reader r = {.path = path, .root = root, .st = DT_OK};
+    const cJSON *archs = item(root, "architectures");
+    const char *arch = cJSON_IsArray(archs) && cJSON_IsString(archs->child) ? archs->child->valuestring : NULL;
+    const char *mt = get_str(&r, root, "model_type", NULL);
+    if (!arch && mt) /* no architectures: the model type's causal LM */
+        arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
+             : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
+    if (r.st >= 0 && !arch)
+        r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
+    if (r.st >= 0) {
+        snprintf(out->architecture, sizeof out->architecture, "%s", arch);
+        if (!strcmp(arch, "GPT2LMHeadModel")) {
+            out->is_gpt2 = true;
+            read_gpt2(&r, &out->gpt2);
+        } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
+                   !strcmp(arch, "Qwen2ForCausalLM")) {
+            read_llama(&r, arch, &out->llama);
+            if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
+                r.st = dt_error_wrap(st, "%s", path);
+        } else {
+            r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
+                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)", path, arch);
+        }
+    }
+    cJSON_Delete(root);
+    return r.st;
+}

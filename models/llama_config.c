@@ -1,0 +1,142 @@
+/* Llama-family configurations (models.h): the named ones (llama-tiny,
+ * llama-100m) with the zoo's size overrides, the checks of a configuration,
+ * and the rotary inverse frequencies with their scaling (theta, linear,
+ * llama3) as transformers computes them. The decoder built from a
+ * configuration is llama.c's. */
+#include "zoo.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    dt_llama_config c;
+} named_config;
+
+#define LLAMA_DEFAULTS                                                                                               \
+    .rms_norm_eps = 1e-5f, .initializer_range = 0.02f, .rope_theta = 10000.0, .rope_type = DT_ROPE_DEFAULT,          \
+    .rope_factor = 1.0, .bos_token_id = -1, .eos_token_id = -1
+
+static const named_config g_configs[] = {
+    {"llama-tiny", {.vocab_size = 512, .hidden_size = 64, .intermediate_size = 176, .num_hidden_layers = 2,
+                    .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
+                    .max_position_embeddings = 128, LLAMA_DEFAULTS}},
+    {"llama-100m", {.vocab_size = 32000, .hidden_size = 768, .intermediate_size = 2048, .num_hidden_layers = 12,
+                    .num_attention_heads = 12, .num_key_value_heads = 4, .head_dim = 64,
+                    .max_position_embeddings = 1024, .tie_word_embeddings = true, LLAMA_DEFAULTS}},
+};
+
+dt_status dt_llama_config_by_name(const char *name, dt_llama_config *out)
+{
+    if (!name || !out)
+        return dt_error(DT_ERR_NULL, "dt_llama_config_by_name: %s is NULL", name ? "out" : "name");
+    for (size_t i = 0; i < sizeof g_configs / sizeof g_configs[0]; i++)
+        if (!strcmp(name, g_configs[i].name)) {
+            *out = g_configs[i].c;
+            return DT_OK;
+        }
+    return dt_error(DT_ERR_NOT_FOUND, "unknown Llama configuration '%s' (known: llama-tiny, llama-100m)", name);
+}
+
+bool dt__model_is_llama(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof g_configs / sizeof g_configs[0]; i++)
+        if (!strcmp(name, g_configs[i].name))
+            return true;
+    return false;
+}
+
+dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_llama_config *lc)
+{
+    dt_status st = dt_llama_config_by_name(name, lc);
+    if (st < 0)
+        return st;
+    /* the zoo's GPT-style size overrides apply to the Llama sizes too */
+    if (c->n_layer)
+        lc->num_hidden_layers = c->n_layer;
+    if (c->n_embd)
+        lc->hidden_size = c->n_embd;
+    if (c->n_head) {
+        lc->num_attention_heads = c->n_head;
+        if (lc->num_key_value_heads > c->n_head || c->n_head % lc->num_key_value_heads)
+            lc->num_key_value_heads = c->n_head;
+    }
+    if (c->n_embd || c->n_head)
+        lc->head_dim = lc->hidden_size / lc->num_attention_heads;
+    if (c->block_size)
+        lc->max_position_embeddings = c->block_size;
+    if (c->vocab_size)
+        lc->vocab_size = c->vocab_size;
+    return DT_OK;
+}
+
+dt_status dt_llama_config_check(const dt_llama_config *lc)
+{
+    if (!lc)
+        return dt_error(DT_ERR_NULL, "dt_llama_config_check: config is NULL");
+    const struct {
+        const char *key;
+        int64_t v;
+    } sizes[] = {{"vocab_size", lc->vocab_size},
+                 {"hidden_size", lc->hidden_size},
+                 {"intermediate_size", lc->intermediate_size},
+                 {"num_hidden_layers", lc->num_hidden_layers},
+                 {"num_attention_heads", lc->num_attention_heads},
+                 {"num_key_value_heads", lc->num_key_value_heads},
+                 {"head_dim", lc->head_dim},
+                 {"max_position_embeddings", lc->max_position_embeddings}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].v < 1 || sizes[i].v > (1ll << 31))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: %s %lld is outside [1, 2^31]", sizes[i].key,
+                            (long long)sizes[i].v);
+    if (lc->num_attention_heads % lc->num_key_value_heads)
+        return dt_error(DT_ERR_INVALID_ARG, "llama: num_key_value_heads %lld does not divide num_attention_heads %lld",
+                        (long long)lc->num_key_value_heads, (long long)lc->num_attention_heads);
+    if (lc->head_dim % 2 || lc->head_dim > 256)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: head_dim %lld must be even and at most 256 (the attention "
+                        "kernel's limit)", (long long)lc->head_dim);
+    if (!(lc->rms_norm_eps > 0.0f) || !(lc->rope_theta > 0.0) || !(lc->initializer_range >= 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rms_norm_eps %g and rope_theta %g must be > 0, initializer_range "
+                        "%g >= 0", (double)lc->rms_norm_eps, lc->rope_theta, (double)lc->initializer_range);
+    if ((unsigned)lc->rope_type >= DT_ROPE_KIND_COUNT)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: rope_scaling type %d is unknown", (int)lc->rope_type);
+    if (lc->rope_type != DT_ROPE_DEFAULT && !(lc->rope_factor > 0.0))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling.factor %g must be > 0", lc->rope_factor);
+    if (lc->rope_type == DT_ROPE_LLAMA3 &&
+        (!(lc->rope_low_freq_factor > 0.0) || !(lc->rope_high_freq_factor > lc->rope_low_freq_factor) ||
+         lc->rope_original_max_position_embeddings < 1))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling llama3 needs low_freq_factor > 0, high_freq_factor > "
+                        "low_freq_factor and original_max_position_embeddings >= 1 (got %g, %g, %lld)",
+                        lc->rope_low_freq_factor, lc->rope_high_freq_factor,
+                        (long long)lc->rope_original_max_position_embeddings);
+    return DT_OK;
+}
+
+dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out)
+{
+    if (!lc || !out)
+        return dt_error(DT_ERR_NULL, "dt_llama_inv_freq: %s is NULL", lc ? "out" : "config");
+    const int64_t d = lc->head_dim, half = d / 2;
+    const float base = (float)lc->rope_theta, factor = (float)lc->rope_factor;
+    for (int64_t i = 0; i < half; i++) {
+        /* 1 / (base ** (arange(0, d, 2).float() / d)), all f32 */
+        float inv = 1.0f / powf(base, (float)(2 * i) / (float)d);
+        if (lc->rope_type == DT_ROPE_LINEAR) {
+            inv = inv / factor;
+        } else if (lc->rope_type == DT_ROPE_LLAMA3) {
+            const float orig = (float)lc->rope_original_max_position_embeddings;
+            const float lo = (float)lc->rope_low_freq_factor, hi = (float)lc->rope_high_freq_factor;
+            const float lo_wl = orig / lo, hi_wl = orig / hi;
+            const float wl = (float)(2.0 * M_PI) / inv;
+            if (wl > lo_wl) {
+                inv = inv / factor;
+            } else if (!(wl < hi_wl)) { /* hi_wl <= wl <= lo_wl: the smooth ramp */
+                const float s = (orig / wl - lo) / (hi - lo);
+                inv = (1.0f - s) * inv / factor + s * inv;
+            }
+        }
+        out[i] = inv;
+    }
+    return DT_OK;
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Golden files for dtrain's LoRA parity test with Hugging Face PEFT
+(tests/nn/test_lora_peft.c), on the base model of tests/data/hf/llama
+(a LlamaForCausalLM with GQA: 4 heads over 2 kv heads, head_dim 12, untied
+head, llama3 rope; made by scripts/make_hf_goldens.py).
+
+  init/    PEFT's adapters at the start (get_peft_model after
+           torch.manual_seed(5): A kaiming-uniform, B zeros), save_pretrained
+  after/   PEFT's adapters after 10 AdamW steps (lr 1e-2, betas 0.9/0.999,
+           eps 1e-8, weight decay 0.1, f32), save_pretrained
+  ref.safetensors:
+           input_ids [2, 2, 17] (I64): step k trains on input_ids[k % 2]
+           (next-token loss of ids[:, :16] against ids[:, 1:]);
+           loss [10] (F32): the loss before each step;
+           merged.<param> (F32): each targeted weight of
+           merge_and_unload() of the trained model (what its
+           save_pretrained writes)
+
+LoraConfig: r 4, lora_alpha 8 (scaling 2), targets q_proj, v_proj, o_proj,
+down_proj, dropout 0, task CAUSAL_LM.
+
+Usage: $PEER_PYTHON scripts/make_lora_goldens.py [tests/data]
+       $PEER_PYTHON scripts/make_lora_goldens.py --check ADAPTER_DIR [tests/data]
+The second form loads adapters another program wrote (dtrain train
+--save-lora, or the test's own) with PeftModel.from_pretrained on the same
+base, checks no key is missing or unexpected, and prints the loss of
+input_ids[0] with them.
+"""
+import os
+import sys
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import save_file
+from transformers import LlamaForCausalLM
+
+args = [a for a in sys.argv[1:] if a != "--check"]
+check = "--check" in sys.argv[1:]
+data = args[1] if check and len(args) > 1 else (args[0] if args and not check else "tests/data")
+base_dir = os.path.join(data, "hf", "llama")
+out = os.path.join(data, "lora")
+T = 16
+TARGETS = ["q_proj", "v_proj", "o_proj", "down_proj"]
+
+
+def loss_of(model, ids):
+    lg = model(ids[:, :T]).logits
+    return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+if check:
+    base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    pm = PeftModel.from_pretrained(base, args[0])
+    n = sum(1 for k in pm.state_dict() if "lora_" in k)
+    ids = torch.randint(0, base.config.vocab_size, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        print(f"PEFT loaded {args[0]}: {n} adapter tensors; loss of batch 0: {loss_of(pm.eval(), ids[0]).item():.8f}")
+    sys.exit(0)
+
+os.makedirs(out, exist_ok=True)
+base = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+V = base.config.vocab_size
+ids = torch.randint(0, V, (2, 2, T + 1), generator=torch.Generator().manual_seed(11))
+torch.manual_seed(5)
+cfg = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, task_type="CAUSAL_LM")
+pm = get_peft_model(base, cfg)
+pm.save_pretrained(os.path.join(out, "init"))
+os.remove(os.path.join(out, "init", "README.md"))  # a model card: not read by anybody
+pm.train()
+opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                        weight_decay=0.1)
+losses = []
+for k in range(10):
+    opt.zero_grad()
+    l = loss_of(pm, ids[k % 2])
+    losses.append(l.item())
+    l.backward()
+    opt.step()
+pm.save_pretrained(os.path.join(out, "after"))
+os.remove(os.path.join(out, "after", "README.md"))
+merged = pm.merge_and_unload()
+refs = {"input_ids": ids.clone(), "loss": torch.tensor(losses, dtype=torch.float32)}
+for name, t in merged.state_dict().items():
+    if any(name.endswith(x + ".weight") for x in TARGETS):
+        refs["merged." + name] = t.detach().clone().contiguous()
+save_file(refs, os.path.join(out, "ref.safetensors"))
+print("losses", " ".join(f"{x:.6f}" for x in losses))
+print("wrote", out)

@@ -1,0 +1,116 @@
+"""Writes the golden files of the tokenizer.json normalizers and the
+Llama-2 (SentencePiece-style) decoder that tests/data/test_tokenizer_json.c
+reads (reference only, never a build or test dependency; the small files
+are committed). Needs a Python with `tokenizers` (and numpy):
+
+    $PEER_PYTHON tests/data/gen_normalizer_golden.py
+
+Into tests/data/tokenizer/ (bible.txt and unicode.txt are
+gen_tokenizer_golden.py's):
+  qwen2.json   Qwen2 style: NFC normalizer, Split(Qwen2's regex, Isolated),
+               ByteLevel(use_regex=False), vocab 1000 trained on bible.txt
+  nfkc.json    Sequence[NFKC, Lowercase, Strip(both)], ByteLevel pre-tokenizer
+  nfd.json     Sequence[NFD, Replace(Regex \\p{Mn} -> ""), Replace(String "ﬀ" -> "ff")]
+               (accents stripped), ByteLevel pre-tokenizer
+  llama2.json  Llama-2 style (as transformers' LlamaConverter writes it):
+               normalizer Sequence[Prepend "▁", Replace " " -> "▁"], no
+               pre-tokenizer, BPE with byte_fallback, fuse_unk and unk <unk>
+               (ids 0-2 <unk> <s> </s>, 3-258 <0x00>..<0xFF>), decoder
+               Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " 1 0],
+               TemplateProcessing "<s> $A"
+  NAME.TEXT.ids      the library's ids, encode(text, add_special_tokens=False)
+  NAME.TEXT.dec      the library's decode of those ids (the normalized text,
+                     for llama2 with the byte-fallback runs made of valid UTF-8)
+ids files are little-endian uint32."""
+import json
+import os
+
+import numpy as np
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def read(name):
+    with open(os.path.join(HERE, name), encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def bytelevel_train(tok, text, vocab):
+    tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(text.splitlines(keepends=True), trainer=tr)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def qwen2(text):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return bytelevel_train(tok, text, 1000)
+
+
+def nfkc(text):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(), normalizers.Strip()])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return bytelevel_train(tok, text, 600)
+
+
+def nfd(text):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Replace(Regex(r"\p{Mn}"), ""),
+                                           normalizers.Replace("\ufb00", "ff")])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return bytelevel_train(tok, text, 600)
+
+
+def llama2(text):
+    norm = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = norm
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
+                             show_progress=False)
+    tok.train_from_iterator(text.splitlines(), trainer=tr)
+    j = json.loads(tok.to_str())
+    old = j["model"]["vocab"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for t, _ in sorted(old.items(), key=lambda kv: kv[1]):
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    j["model"]["vocab"] = vocab
+    j["added_tokens"] = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
+    j["pre_tokenizer"] = None
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def main():
+    train = read("bible.txt")
+    texts = {"bible": train, "unicode": read("unicode.txt")}
+    for name, make in (("qwen2", qwen2), ("nfkc", nfkc), ("nfd", nfd), ("llama2", llama2)):
+        tok = make(train)
+        tok.save(os.path.join(HERE, name + ".json"))
+        tok = Tokenizer.from_file(os.path.join(HERE, name + ".json"))
+        for tname, text in texts.items():
+            ids = tok.encode(text, add_special_tokens=False).ids
+            np.array(ids, dtype="<u4").tofile(os.path.join(HERE, "%s.%s.ids" % (name, tname)))
+            dec = tok.decode(ids, skip_special_tokens=False)
+            with open(os.path.join(HERE, "%s.%s.dec" % (name, tname)), "wb") as f:
+                f.write(dec.encode("utf-8", "surrogatepass"))
+            print(name, tname, len(ids), "ids")
+
+
+if __name__ == "__main__":
+    main()

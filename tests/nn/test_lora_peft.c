@@ -1,0 +1,349 @@
+/* LoRA parity with Hugging Face PEFT on golden files made by
+ * scripts/make_lora_goldens.py (tests/data/lora) over the Llama of
+ * tests/data/hf/llama (GQA: 4 heads over 2 kv heads, head_dim 12):
+ *  - PEFT's initial adapters (init/) load into dtrain (dt_lora_peft_config_read,
+ *    dt_trainer_load_peft), and 10 AdamW steps (f32) give PEFT's losses within
+ *    1e-5 relative, and adapters close to PEFT's after/;
+ *  - dtrain's saved adapters (dt_lora_save_peft) have PEFT's layout: the
+ *    same keys, shapes, dtypes and config values as PEFT's own files;
+ *  - PEFT's trained adapters (after/) load exactly, and the merged export
+ *    (dt_hf_save with lora_scaling) equals PEFT's merge_and_unload within
+ *    1e-6; without the scaling a LoRA source is refused. */
+#include "model_util.h"
+#include "test.h"
+#include "tmp_util.h"
+
+#include "dtrain/autograd.h"
+#include "dtrain/ckpt.h"
+#include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <stdlib.h>
+
+#define HF DT_SOURCE_DIR "/tests/data/hf/llama"
+#define LORA DT_SOURCE_DIR "/tests/data/lora/"
+
+/* Tensor `name` of safetensors file path as stored (f32 or i64) into a
+ * fresh buffer; *n its element count. NULL when absent. */
+static void *read_t(const char *path, const char *name, size_t *n)
+{
+    dt_st_file *f = NULL;
+    if (dt_st_open(path, &f) < 0)
+        return NULL;
+    const dt_st_tensor *t = dt_st_find(f, name);
+    void *buf = NULL;
+    if (t) {
+        size_t bytes = (size_t)t->numel * dt_st_dtype_size(t->dtype);
+        buf = malloc(bytes ? bytes : 1);
+        if (buf && dt_st_read(f, t, 0, bytes, buf) < 0) {
+            free(buf);
+            buf = NULL;
+        }
+        *n = (size_t)t->numel;
+    }
+    dt_st_close(f);
+    return buf;
+}
+
+typedef struct run {
+    dt_lora_peft_config pc;
+    dt_model *m;
+    dt_model_desc d;
+    dt_trainer *tr;
+} run;
+
+/* The base Llama with the adapters of PEFT's directory dir (settings and weights). */
+static int open_run(run *r, const char *dir)
+{
+    memset(r, 0, sizeof *r);
+    dt_model_config mc = dt_model_config_default();
+    mc.seq = 16;
+    dt_strategy *s = NULL;
+    dt_trainer_params tp = dt_trainer_params_default();
+    if (dt_lora_peft_config_read(dir, &r->pc) < 0)
+        return fprintf(stderr, "config: %s\n", dt_last_error()), 1;
+    mc.build.lora = &r->pc.params;
+    if (dt_model_create("hf:" HF, 1, &mc, &r->m, &r->d) < 0 || dt_strategy_none_init(&s) < 0 ||
+        dt_trainer_init(r->m, s, &tp, &r->tr) < 0 || dt_trainer_load_weights(r->tr, HF) < 0 ||
+        dt_trainer_load_peft(r->tr, dir) < 0)
+        return fprintf(stderr, "%s: %s\n", dir, dt_last_error()), 1;
+    return 0;
+}
+
+static void close_run(run *r)
+{
+    dt_trainer_free(r->tr);
+    dt_model_free(r->m);
+    dt_lora_peft_config_free(&r->pc);
+}
+
+/* The next-token loss of ids [2, 17] (its first 16 against the last 16). */
+static dt_tensor *loss_of(dt_ctx *ctx, run *r, const int64_t *ids, bool grad)
+{
+    int64_t *x = dt_ctx_alloc(ctx, 32 * sizeof *x), *y = dt_ctx_alloc(ctx, 32 * sizeof *y);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 16; t++)
+            x[b * 16 + t] = ids[b * 17 + t], y[b * 16 + t] = ids[b * 17 + t + 1];
+    dt_ag_set_enabled(ctx, grad);
+    dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_I64, 2, (int64_t[]){2, 16});
+    dt_tensor *yt = dt_tensor_view_of(ctx, y, DT_I64, 2, (int64_t[]){2, 16});
+    return dt_model_desc_loss(ctx, &r->d, dt_model_forward(ctx, r->m, xt), yt);
+}
+
+/* max |model tensor - file tensor| / max |file tensor| over every adapter of
+ * PEFT's file (keys "base_model.model." + the model's names); -1 when one
+ * is missing. */
+static double adapters_err(const dt_model *m, const char *file)
+{
+    dt_st_file *f = NULL;
+    if (dt_st_open(file, &f) < 0)
+        return -1;
+    double mx = 0, ref = 0;
+    int n = 0;
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info p;
+        dt_model_entry(m, i, &p);
+        if (!dt_lora_is_adapter(p.name))
+            continue;
+        char key[600];
+        snprintf(key, sizeof key, "base_model.model.%s", p.name);
+        const dt_st_tensor *t = dt_st_find(f, key);
+        float *v = t && t->numel == p.numel ? malloc(p.numel * sizeof *v) : NULL;
+        if (!v || dt_st_read(f, t, 0, p.numel * sizeof *v, v) < 0) {
+            free(v);
+            dt_st_close(f);
+            return -1;
+        }
+        for (size_t k = 0; k < p.numel; k++) {
+            double a = dt_tensor_get(p.tensor, (int64_t)k), b = v[k];
+            mx = fabs(a - b) > mx ? fabs(a - b) : mx;
+            ref = fabs(b) > ref ? fabs(b) : ref;
+        }
+        free(v);
+        n++;
+    }
+    dt_st_close(f);
+    return n == 16 && ref > 0 ? mx / ref : -1; /* 4 targets x 2 layers x (A, B) */
+}
+
+/* PEFT's initial adapters, 10 AdamW steps: PEFT's losses and adapters. */
+TEST(train_parity)
+{
+    size_t nid = 0, nl = 0;
+    int64_t *ids = read_t(LORA "ref.safetensors", "input_ids", &nid);
+    float *want = read_t(LORA "ref.safetensors", "loss", &nl);
+    ASSERT(ids && want && nid == 68 && nl == 10);
+    run r;
+    ASSERT_EQ_INT(open_run(&r, LORA "init"), 0);
+    ASSERT_EQ_INT((int)r.pc.params.r, 4);
+    ASSERT(r.pc.params.alpha == 8.0f && !r.pc.params.rslora);
+    ASSERT(adapters_err(r.m, LORA "init/adapter_model.safetensors") == 0); /* loaded exactly */
+    dt_adam_params ap = dt_adamw_params_default();
+    ap.lr = 1e-2, ap.weight_decay = 0.1;
+    const dt_flat *P = dt_model_flat(r.m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(r.m, DT_FLAT_GRADS, DT_F32);
+    ASSERT(P && P->numel == 2 * 4 * (32 + 48) + 2 * 4 * (32 + 24) + 2 * 4 * (48 + 32) + 2 * 4 * (64 + 32));
+    dt_optim_range rg = {.params = P, .grads = G, .lo = 0, .hi = P->total};
+    dt_optim *o = NULL;
+    ASSERT_OK(dt_optim_adamw_init(&ap, &rg, 1, &o));
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    double worst = 0;
+    for (int step = 0; step < 10 && o; step++) {
+        dt_model_zero_grad(r.m);
+        dt_tensor *loss = loss_of(ctx, &r, ids + (step % 2) * 34, true);
+        ASSERT(loss != NULL);
+        if (!loss)
+            break;
+        double l = dt_tensor_get(loss, 0), e = fabs(l - want[step]) / fabs((double)want[step]);
+        fprintf(stderr, "  step %d: loss %.8f, PEFT %.8f\n", step, l, (double)want[step]);
+        worst = e > worst ? e : worst;
+        ASSERT_OK(dt_backward(ctx, loss));
+        ASSERT_OK(dt_optim_step(o));
+        dt_ctx_reset(ctx);
+    }
+    fprintf(stderr, "  worst relative loss difference over 10 steps %.3g\n", worst);
+    ASSERT(worst <= 1e-5);
+    ASSERT(want[9] < want[1] - 0.1); /* it trained */
+    double ae = adapters_err(r.m, LORA "after/adapter_model.safetensors");
+    fprintf(stderr, "  adapters after 10 steps: max error %.3g of the largest\n", ae);
+    ASSERT(ae >= 0 && ae <= 1e-4);
+
+    /* dtrain's saved adapters: PEFT's layout (keys, shapes, dtypes, config) */
+    char dir[400], f1[500];
+    snprintf(dir, sizeof dir, "%s/saved", t_tmpdir("lora_peft"));
+    ASSERT_OK(dt_lora_save_peft(r.m, &r.pc.params, HF, dir));
+    snprintf(f1, sizeof f1, "%s/adapter_model.safetensors", dir);
+    dt_st_file *a = NULL, *b = NULL;
+    ASSERT_OK(dt_st_open(f1, &a));
+    ASSERT_OK(dt_st_open(LORA "after/adapter_model.safetensors", &b));
+    if (a && b) {
+        ASSERT_EQ_U64(dt_st_count(a), dt_st_count(b));
+        for (size_t i = 0; i < dt_st_count(b); i++) {
+            const dt_st_tensor *tb = dt_st_tensor_at(b, i), *ta = dt_st_find(a, tb->name);
+            ASSERT(ta != NULL);
+            if (!ta) {
+                fprintf(stderr, "  dtrain's file lacks '%s'\n", tb->name);
+                continue;
+            }
+            ASSERT(ta->dtype == tb->dtype && ta->ndim == tb->ndim && ta->numel == tb->numel);
+            for (int d = 0; d < tb->ndim; d++)
+                ASSERT(ta->shape[d] == tb->shape[d]);
+        }
+        ASSERT_STR_EQ(dt_st_meta(a, "format"), "pt");
+    }
+    dt_st_close(a);
+    dt_st_close(b);
+    dt_lora_peft_config mine;
+    ASSERT_OK(dt_lora_peft_config_read(dir, &mine)); /* every key PEFT's loader needs, at PEFT's values */
+    ASSERT(mine.params.r == 4 && mine.params.alpha == 8.0f && mine.params.dropout == 0 && !mine.params.rslora);
+    int nt = 0;
+    for (char **t = mine.target_names; t && *t; t++, nt++) {
+        bool in = false;
+        for (char **u = r.pc.target_names; *u; u++)
+            in |= !strcmp(*t, *u);
+        ASSERT(in);
+    }
+    ASSERT_EQ_INT(nt, 4);
+    ASSERT_STR_EQ(mine.base_model, HF);
+    dt_lora_peft_config_free(&mine);
+    dt_optim_free(o);
+    dt_ctx_free(ctx);
+    close_run(&r);
+    free(ids);
+    free(want);
+}
+
+/* PEFT's trained adapters load into dtrain exactly; their merged export
+ * equals PEFT's merge_and_unload. */
+TEST(merged_export)
+{
+    run r;
+    ASSERT_EQ_INT(open_run(&r, LORA "after"), 0);
+    ASSERT(adapters_err(r.m, LORA "after/adapter_model.safetensors") == 0);
+    /* the model's tensors (the frozen base and the adapters) as one checkpoint */
+    char ck[400], out[400], out2[400], f[500];
+    snprintf(ck, sizeof ck, "%s/ck", t_tmpdir("lora_peft"));
+    snprintf(out, sizeof out, "%s/merged", t_tmpdir("lora_peft"));
+    snprintf(out2, sizeof out2, "%s/unmerged", t_tmpdir("lora_peft"));
+    dt_ckpt_list *l = NULL;
+    ASSERT_OK(dt_ckpt_list_init(&l));
+    ASSERT_OK(dt_ckpt_list_add_model(l, r.m));
+    ASSERT_OK(dt_ckpt_save(ck, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), NULL, NULL));
+    dt_ckpt_list_free(l);
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(HF, &h));
+    dt_hf_save_params p = dt_hf_save_params_default();
+    ASSERT_EQ_INT(dt_hf_save(ck, &h, out2, &p), DT_ERR_INVALID_ARG); /* never the base alone */
+    ASSERT_STR_CONTAINS(dt_last_error(), "lora_A");
+    p.lora_scaling = dt_lora_scaling(&r.pc.params);
+    ASSERT_OK(dt_hf_save(ck, &h, out, &p));
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
+    dt_st_file *ref = NULL, *got = NULL;
+    ASSERT_OK(dt_st_open(LORA "ref.safetensors", &ref));
+    ASSERT_OK(dt_st_open(f, &got));
+    int nmerged = 0;
+    double worst = 0, moved = 0;
+    for (size_t i = 0; ref && got && i < dt_st_count(ref); i++) {
+        const dt_st_tensor *tr = dt_st_tensor_at(ref, i);
+        if (strncmp(tr->name, "merged.", 7))
+            continue;
+        const dt_st_tensor *tg = dt_st_find(got, tr->name + 7);
+        ASSERT(tg != NULL && tg->numel == tr->numel);
+        if (!tg || tg->numel != tr->numel)
+            continue;
+        float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
+        size_t nb = 0;
+        float *base = read_t(HF "/model-00001-of-00002.safetensors", tr->name + 7, &nb);
+        if (!base)
+            base = read_t(HF "/model-00002-of-00002.safetensors", tr->name + 7, &nb);
+        ASSERT(a && b && base && nb == tr->numel);
+        ASSERT_OK(dt_st_read(ref, tr, 0, tr->numel * 4, a));
+        ASSERT_OK(dt_st_read(got, tg, 0, tg->numel * 4, b));
+        for (size_t k = 0; base && k < tr->numel; k++) {
+            worst = fmax(worst, fabs((double)a[k] - b[k]));
+            moved = fmax(moved, fabs((double)a[k] - base[k]));
+        }
+        free(a);
+        free(b);
+        free(base);
+        nmerged++;
+    }
+    fprintf(stderr, "  merged: %d weights, max |dtrain - PEFT| %.3g (the merge moved them by up to %.3g)\n", nmerged,
+            worst, moved);
+    ASSERT_EQ_INT(nmerged, 8);
+    ASSERT(worst <= 1e-6);
+    ASSERT(moved > 1e-3); /* the adapters changed the weights */
+    dt_st_close(ref);
+    dt_st_close(got);
+    close_run(&r);
+}
+
+/* Bad adapter directories: errors naming the file and the key. */
+TEST(bad_adapters)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    char d[400], f[500];
+    snprintf(d, sizeof d, "%s/bad", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(dt_lora_peft_config_read(d, &r.pc), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "adapter_config.json");
+    ASSERT_EQ_INT(mkdir(d, 0755), 0);
+    snprintf(f, sizeof f, "%s/adapter_config.json", d);
+    const char *bad[][2] = {
+        {"{\"peft_type\": \"IA3\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "peft_type"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \".*proj\"}", "target_modules"},
+        {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}", "\"r\""},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}",
+         "use_dora"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
+         "bias"},
+        {"[1, 2]", "not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_OK(dt_file_write_atomic(f, bad[i][0], strlen(bad[i][0]), 0644));
+        dt_status st = dt_lora_peft_config_read(d, &r.pc);
+        ASSERT(st == DT_ERR_UNSUPPORTED || st == DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "adapter_config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+    }
+    /* weights that do not fit the model built from init/'s settings */
+    ASSERT_EQ_INT(open_run(&r, LORA "init"), 0);
+    ASSERT_EQ_INT(dt_trainer_load_peft(r.tr, d), DT_ERR_NOT_FOUND); /* no adapter_model.safetensors */
+    ASSERT_STR_CONTAINS(dt_last_error(), "adapter_model.safetensors");
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", d);
+    struct {
+        const char *key;
+        int64_t shape[2];
+        const char *want;
+    } w[] = {
+        {"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", {4, 32}, "k_proj.lora_A"}, /* not a target */
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", {4, 31}, "shape"},
+        {"model.layers.0.self_attn.q_proj.lora_A.weight", {4, 32}, "not a LoRA adapter as PEFT"},
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", {4, 32}, "no tensor"}, /* the rest missing */
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        float z[4 * 32] = {0};
+        dt_st_desc desc = {.name = w[i].key, .dtype = DT_ST_F32, .ndim = 2, .shape = {w[i].shape[0], w[i].shape[1]}};
+        dt_st_writer *sw = NULL;
+        ASSERT_OK(dt_st_writer_open(f, &desc, 1, NULL, 0, &sw));
+        ASSERT_OK(dt_st_writer_write(sw, 0, z, (size_t)(w[i].shape[0] * w[i].shape[1]) * 4));
+        ASSERT_OK(dt_st_writer_commit(sw, NULL));
+        dt_st_writer_close(sw);
+        dt_status st = dt_trainer_load_peft(r.tr, d);
+        ASSERT(st < 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), "adapter_model.safetensors");
+        ASSERT_STR_CONTAINS(dt_last_error(), w[i].want);
+    }
+    close_run(&r);
+}
+
+int main(void)
+{
+    RUN(train_parity);
+    RUN(merged_export);
+    RUN(bad_adapters);
+    t_rm_rf(t_tmpdir("lora_peft"));
+    return TEST_REPORT();
+}

@@ -1,0 +1,295 @@
+/* dtrain train's LoRA around the training itself:
+ *  - a LoRA checkpoint keeps its settings: `dtrain eval --ckpt` without
+ *    --lora-* flags gives the run's own final evaluation, `dtrain generate
+ *    --ckpt` the merged export's continuation, `--resume` without the flags
+ *    continues the LoRA run and with other flags is refused naming both;
+ *  - `--save-hf` of a LoRA run is the merged model (its loss is the run's);
+ *  - `--lora-from DIR` (PEFT's files) and its bad inputs (exit 2, naming
+ *    the file and the key);
+ *  - `--save-lora` under ZeRO-3 (the adapters equal the checkpoint's);
+ *  - the memory report shows frozen parameters without gradients or
+ *    optimizer states;
+ *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights. */
+// dt-test-timeout: 600
+#include "dtrain/ckpt.h"
+#include "dtrain/data.h"
+#include "test.h"
+#include "train_cli.h"
+
+#include <math.h>
+#include <sys/stat.h>
+
+#define HF DT_SOURCE_DIR "/tests/data/hf/llama"
+#define LORA DT_SOURCE_DIR "/tests/data/lora/"
+
+static char tokens_[700], data_[800], val_[800];
+
+static void make_tokens(void)
+{
+    snprintf(tokens_, sizeof tokens_, "%s/t.bin", cli_tmpdir());
+    uint16_t *t = malloc(6000 * sizeof *t);
+    unsigned s = 7;
+    for (int i = 0; i < 6000; i++) {
+        s = s * 1103515245u + 12345u;
+        t[i] = (uint16_t)((s >> 16) % 701);
+    }
+    dt_tokens_write(tokens_, t, 6000);
+    free(t);
+    snprintf(data_, sizeof data_, "tokens:%s", tokens_);
+    snprintf(val_, sizeof val_, "tokens:%s", tokens_);
+}
+
+/* The last "test_loss" of a metrics file; NAN without one. */
+static double last_eval_loss(const char *path)
+{
+    static char buf[1 << 16];
+    slurp_(path, buf, sizeof buf);
+    double v = NAN;
+    for (char *p = buf; (p = strstr(p, "\"test_loss\":")); p++)
+        v = atof(p + 12);
+    return v;
+}
+
+/* "loss" of a --json line. */
+static double json_loss(const char *out) { return cli_out_value(out, "{\"loss\":"); }
+
+#define GPT "train", "--model", "gpt-micro", "--data", data_, "--vocab-size", "701", "--seq", "32", "--batch", "4", \
+            "--threads", "1", "--optimizer", "adamw", "--lr", "0.05"
+#define LORA_FLAGS "--lora-targets", "c_attn,c_proj", "--lora-r", "4", "--lora-alpha", "16"
+
+TEST(ckpt_keeps_lora)
+{
+    const char *ck = cli_path("ck"), *merged = cli_path("merged"), *metrics = cli_path("m.jsonl");
+    char *run[] = {GPT, LORA_FLAGS, "--val-data", val_, "--max-steps", "6", "--eval-every", "6", "--metrics",
+                   (char *)metrics, "--save", (char *)ck, "--save-hf", (char *)merged, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "the LoRA adapters merged into their layers");
+    const double trained = last_eval_loss(metrics);
+    ASSERT(isfinite(trained));
+
+    /* eval --ckpt, no flags: the LoRA model, as the run evaluated it */
+    char *ev[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", NULL};
+    cli_runv(&r, 120, NULL, ev);
+    ASSERT_EQ_INT(r.code, 0);
+    const double l1 = json_loss(r.out);
+    fprintf(stderr, "  run's final eval %.6f, eval --ckpt %.8f\n", trained, l1);
+    ASSERT(fabs(l1 - trained) <= 1e-6);
+    ASSERT(r.out[0] == '{'); /* --json: the object alone on stdout */
+    char *ev2[] = {"eval", "--ckpt", (char *)ck, "--threads", "1", "--json", LORA_FLAGS, NULL};
+    cli_runv(&r, 120, NULL, ev2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(json_loss(r.out) == l1);
+    /* the merged export evaluates to the same loss */
+    char hf[400];
+    snprintf(hf, sizeof hf, "hf:%s", merged);
+    char *ev3[] = {"eval", "--model", hf, "--data", val_, "--batch", "4", "--seq", "32", "--json", "--threads", "1",
+                   NULL};
+    cli_runv(&r, 120, NULL, ev3);
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  merged export: %.8f\n", json_loss(r.out));
+    ASSERT(fabs(json_loss(r.out) - l1) <= 1e-5 * l1);
+    /* generate --ckpt: the LoRA model, the merged export's greedy tokens */
+    char *g1[] = {"generate", "--ckpt", (char *)ck, "--prompt-ids", "1,2,3,4", "--max-new-tokens", "12",
+                  "--temperature", "0", NULL};
+    char *g2[] = {"generate", "--model", hf, "--prompt-ids", "1,2,3,4", "--max-new-tokens", "12", "--temperature",
+                  "0", NULL};
+    char out1[sizeof r.out];
+    cli_runv(&r, 120, NULL, g1);
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(out1, sizeof out1, "%s", r.out);
+    cli_runv(&r, 120, NULL, g2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(out1, r.out);
+
+    /* --resume without the flags continues the LoRA run */
+    char *res[] = {GPT, "--no-eval", "--max-steps", "8", "--save", (char *)ck, "--resume", "auto", NULL};
+    cli_runv(&r, 300, NULL, res);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "LoRA: r 4, alpha 16, dropout 0, scaling 4");
+    ASSERT_STR_CONTAINS(r.out, "resumed from");
+    /* other flags: refused, naming both */
+    char *bad[] = {GPT, "--no-eval", "--max-steps", "10", "--save", (char *)ck, "--resume", "auto",
+                   "--lora-targets", "c_attn,c_proj", "--lora-r", "8", NULL};
+    cli_runv(&r, 120, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "was trained with --lora-targets c_attn,c_proj --lora-r 4 --lora-alpha 16");
+    ASSERT_STR_CONTAINS(r.err, "this command has --lora-targets c_attn,c_proj --lora-r 8");
+    char *bad2[] = {GPT, "--no-eval", "--max-steps", "10", "--save", (char *)ck, "--resume", "auto", "--freeze",
+                    "transformer.h.0.*", NULL};
+    cli_runv(&r, 120, NULL, bad2);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "this command has no LoRA --freeze transformer.h.0.*");
+}
+
+/* --lora-from: PEFT's adapters on hf:DIR; bad directories exit 2 naming the file. */
+TEST(lora_from)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *ad = cli_path("ad_llama");
+    char *run[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "init", "--data", tok, "--seq", "16", "--batch",
+                   "2", "--max-steps", "3", "--no-eval", "--threads", "1", "--optimizer", "adamw", "--lr", "0.01",
+                   "--save-lora", (char *)ad, NULL};
+    cli_result r;
+    cli_runv(&r, 300, NULL, run);
+    if (r.code)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "LoRA: r 4, alpha 8, dropout 0, scaling 2");
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    dt_ckpt *ck = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &ck));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(ck), 16);
+    ASSERT(dt_ckpt_find(ck, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight") >= 0);
+    dt_ckpt_close(ck);
+
+    const char *bd = cli_path("bad_adapters");
+    char *bad[] = {"train", "--model", "hf:" HF, "--lora-from", (char *)bd, "--data", tok, "--seq", "16", "--batch",
+                   "2", "--max-steps", "1", "--no-eval", "--threads", "1", NULL};
+    cli_runv(&r, 60, NULL, bad); /* no directory */
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "adapter_config.json");
+    mkdir(bd, 0755);
+    snprintf(f, sizeof f, "%s/adapter_config.json", bd);
+    const char *cfg = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"k_proj\"]}";
+    ASSERT_OK(dt_file_write_atomic(f, cfg, strlen(cfg), 0644));
+    cli_runv(&r, 60, NULL, bad); /* no weights */
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "adapter_model.safetensors");
+    /* init/'s weights for q/v/o/down on a config asking for k_proj: keys naming no adapter */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%s/init/adapter_model.safetensors' '%s/'", LORA, bd);
+    ASSERT_EQ_INT(system(cmd), 0);
+    cli_runv(&r, 60, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "adapter_model.safetensors: key 'base_model.model.model.layers.0.");
+    ASSERT_STR_CONTAINS(r.err, "the model has no adapter");
+    cfg = "{\"peft_type\": \"PREFIX_TUNING\"}";
+    ASSERT_OK(dt_file_write_atomic(f, cfg, strlen(cfg), 0644));
+    cli_runv(&r, 60, NULL, bad);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "\"peft_type\" is \"PREFIX_TUNING\"");
+    cfg = "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\", \"v_proj\", "
+          "\"o_proj\", \"down_proj\"]}";
+    ASSERT_OK(dt_file_write_atomic(f, cfg, strlen(cfg), 0644));
+    cli_runv(&r, 60, NULL, bad); /* r 8 against r 4 weights: a shape mismatch */
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "shape");
+    ASSERT_STR_CONTAINS(r.err, "q_proj.lora_A.weight");
+    char *both[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "init", "--lora-targets", "q_proj", "--data", tok,
+                    "--no-eval", NULL};
+    cli_runv(&r, 60, NULL, both);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-from DIR takes the LoRA settings");
+}
+
+/* ZeRO-3 on 2 ranks: --save-lora writes the adapters (as the checkpoint
+ * holds them) with and without --save; no temporary checkpoint stays. */
+TEST(save_lora_zero3)
+{
+    const char *ck = cli_path("z3ck"), *ad = cli_path("z3ad"), *ad2 = cli_path("z3ad2");
+    char *base[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "3", "--zero", "3", NULL};
+    char *with[] = {"--save", (char *)ck, "--save-lora", (char *)ad, NULL};
+    char *alone[] = {"--save-lora", (char *)ad2, NULL};
+    cli_result r;
+    cli_run_ranks(&r, 300, NULL, 2, 2, (char *const *const[]){base, with});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "LoRA adapters written to");
+    cli_run_ranks(&r, 300, NULL, 2, 2, (char *const *const[]){base, alone});
+    ASSERT_EQ_INT(r.code, 0);
+    char f[600], f2[600], step[600], tmp[600];
+    snprintf(f, sizeof f, "%s/adapter_model.safetensors", ad);
+    snprintf(f2, sizeof f2, "%s/adapter_model.safetensors", ad2);
+    snprintf(step, sizeof step, "%s/step-00000003", ck);
+    snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", ad2);
+    struct stat sb;
+    ASSERT(stat(tmp, &sb) != 0);
+    ASSERT(same_file(f, f2)); /* the same run, the same adapters */
+    dt_ckpt *a = NULL, *c = NULL;
+    ASSERT_OK(dt_ckpt_open(f, &a));
+    ASSERT_OK(dt_ckpt_open(step, &c));
+    ASSERT_EQ_INT((int)dt_ckpt_num_tensors(a), 12); /* c_attn, attn.c_proj, mlp.c_proj x 2 layers x A, B */
+    int checked = 0;
+    for (size_t i = 0; a && c && i < dt_ckpt_num_tensors(a); i++) {
+        dt_ckpt_tensor t;
+        ASSERT_OK(dt_ckpt_tensor_at(a, i, &t));
+        int64_t j = dt_ckpt_find(c, t.name + strlen("base_model.model."));
+        ASSERT(j >= 0);
+        if (j < 0)
+            continue;
+        float *x = malloc(t.numel * 4), *y = malloc(t.numel * 4);
+        ASSERT_OK(dt_ckpt_read(a, i, 0, t.numel, x, true));
+        ASSERT_OK(dt_ckpt_read(c, (size_t)j, 0, t.numel, y, true));
+        ASSERT(!memcmp(x, y, t.numel * 4));
+        bool nonzero = false;
+        for (uint64_t k = 0; k < t.numel; k++)
+            nonzero |= x[k] != 0;
+        checked += nonzero;
+        free(x);
+        free(y);
+    }
+    ASSERT_EQ_INT(checked, 12); /* B trained away from its zeros too */
+    dt_ckpt_close(a);
+    dt_ckpt_close(c);
+}
+
+/* The memory report: frozen parameters are held, with no gradients or
+ * optimizer states (AdamW: states = 2 x gradients = 2 x the trained
+ * parameters), in one process and per rank under ZeRO-1. */
+TEST(memory_report)
+{
+    char *base[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", NULL};
+    char *z1[] = {"--zero", "1", NULL};
+    cli_result r;
+    cli_run_ranks(&r, 300, NULL, 1, 1, (char *const *const[]){base});
+    ASSERT_EQ_INT(r.code, 0);
+    /* 5632 trained elements (22.0 KiB), 149056 frozen (582.2 KiB) */
+    ASSERT_STR_CONTAINS(r.out, "5632 elements train");
+    ASSERT_STR_CONTAINS(r.out, "memory rank 0: parameters 22.0 KiB + frozen 582.2 KiB (no gradients, optimizer "
+                               "states or masters), gradients 22.0 KiB, optimizer states 44.0 KiB");
+    cli_run_ranks(&r, 300, NULL, 2, 2, (char *const *const[]){base, z1});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "memory rank 1: parameters 22.0 KiB + frozen 582.2 KiB (no gradients, optimizer "
+                               "states or masters), gradients 22.0 KiB, optimizer states 22.0 KiB");
+}
+
+/* hf:DIR with --resume auto and no checkpoint yet starts from the
+ * directory's weights (it started from a random init). */
+TEST(hf_resume_auto_fresh)
+{
+    char tok[500];
+    snprintf(tok, sizeof tok, "tokens:%s", DT_SOURCE_DIR "/tests/data/hf/tokens.bin");
+    const char *m1 = cli_path("fresh1.jsonl"), *m2 = cli_path("fresh2.jsonl"), *sv = cli_path("fresh_ck");
+    char *base[] = {"train", "--model", "hf:" HF, "--data", tok, "--seq", "16", "--batch", "2", "--max-steps", "2",
+                    "--no-eval", "--threads", "1", "--optimizer", "adamw", "--log-every", "1", NULL};
+    char *a[] = {"--metrics", (char *)m1, NULL};
+    char *b[] = {"--metrics", (char *)m2, "--save", (char *)sv, "--resume", "auto", NULL};
+    cli_result r;
+    cli_run_ranks(&r, 120, NULL, 1, 2, (char *const *const[]){base, a});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_run_ranks(&r, 120, NULL, 1, 2, (char *const *const[]){base, b});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "starting fresh");
+    double l1[4], l2[4];
+    int n1 = cli_step_losses(m1, l1, 4), n2 = cli_step_losses(m2, l2, 4);
+    ASSERT(cli_same_losses(l1, n1, l2, n2, 0));
+}
+
+int main(void)
+{
+    make_tokens();
+    RUN(ckpt_keeps_lora);
+    RUN(lora_from);
+    RUN(save_lora_zero3);
+    RUN(memory_report);
+    RUN(hf_resume_auto_fresh);
+    cli_cleanup();
+    return TEST_REPORT();
+}

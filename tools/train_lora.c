@@ -1,0 +1,141 @@
+/* The LoRA and --freeze settings a checkpoint keeps (its "dtrain.user"
+ * options, keys "lora" and "freeze"), so that `dtrain eval --ckpt`,
+ * `dtrain generate --ckpt`, `dtrain ckpt convert --hf` and a resumed
+ * `dtrain train` rebuild the model the checkpoint was trained as. */
+#include "train.h"
+
+#include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dt__tuning_free(dt__tuning *t)
+{
+    if (!t)
+        return;
+    free(t->lora_targets);
+    free(t->freeze);
+    free(t->target_buf);
+    free(t->target_list);
+    memset(t, 0, sizeof *t);
+}
+
+static dt_status dup_str(const cJSON *v, char **out)
+{
+    *out = NULL;
+    if (!cJSON_IsString(v))
+        return DT_OK;
+    if (!(*out = strdup(v->valuestring)))
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    return DT_OK;
+}
+
+dt_status dt__tuning_read(const char *path, dt__tuning *out)
+{
+    memset(out, 0, sizeof *out);
+    char *js = NULL;
+    dt_status st = dt_trainer_ckpt_user(path, &js);
+    if (st < 0)
+        return st;
+    cJSON *u = cJSON_Parse(js);
+    dt_trainer_run_state_free(js);
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(u, "lora"), *f = cJSON_GetObjectItemCaseSensitive(u, "freeze");
+    out->known = l != NULL; /* checkpoints saved before the settings were kept say nothing */
+    if (cJSON_IsObject(l)) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(l, "r"), *a = cJSON_GetObjectItemCaseSensitive(l, "alpha");
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(l, "dropout");
+        st = dup_str(cJSON_GetObjectItemCaseSensitive(l, "targets"), &out->lora_targets);
+        if (st >= 0 && (!out->lora_targets || !cJSON_IsNumber(r) || !cJSON_IsNumber(a) || !cJSON_IsNumber(d)))
+            st = dt_error(DT_ERR_FORMAT, "checkpoint %s: its saved LoRA settings are incomplete", path);
+        if (st >= 0) {
+            out->lora_r = (int64_t)r->valuedouble;
+            out->lora_alpha = a->valuedouble;
+            out->lora_dropout = d->valuedouble;
+            out->lora_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(l, "rslora"));
+        }
+    }
+    if (st >= 0)
+        st = dup_str(f, &out->freeze);
+    cJSON_Delete(u);
+    if (st < 0)
+        dt__tuning_free(out);
+    return st;
+}
+
+dt_status dt__tuning_lora(dt__tuning *t, dt_lora_params *p)
+{
+    *p = dt_lora_params_default();
+    if (!t->lora_targets)
+        return DT_OK;
+    size_t n = 2;
+    for (const char *c = t->lora_targets; *c; c++)
+        n += *c == ',';
+    free(t->target_buf);
+    free(t->target_list);
+    t->target_buf = strdup(t->lora_targets);
+    t->target_list = calloc(n, sizeof *t->target_list);
+    if (!t->target_buf || !t->target_list)
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    size_t k = 0;
+    for (char *s = t->target_buf, *c; s; s = c) {
+        if ((c = strchr(s, ',')))
+            *c++ = 0;
+        t->target_list[k++] = s;
+    }
+    p->targets = t->target_list;
+    p->r = t->lora_r;
+    p->alpha = (float)t->lora_alpha;
+    p->dropout = (float)t->lora_dropout;
+    p->rslora = t->lora_rslora;
+    return DT_OK;
+}
+
+char *dt__tuning_json(const char *targets, const dt_lora_params *lp, const char *freeze)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    if (targets && lp) {
+        cJSON *l = cJSON_AddObjectToObject(o, "lora");
+        cJSON_AddStringToObject(l, "targets", targets);
+        cJSON_AddNumberToObject(l, "r", (double)lp->r);
+        cJSON_AddNumberToObject(l, "alpha", (double)lp->alpha);
+        cJSON_AddNumberToObject(l, "dropout", (double)lp->dropout);
+        cJSON_AddBoolToObject(l, "rslora", lp->rslora);
+    } else {
+        cJSON_AddNullToObject(o, "lora");
+    }
+    if (freeze)
+        cJSON_AddStringToObject(o, "freeze", freeze);
+    else
+        cJSON_AddNullToObject(o, "freeze");
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+void dt__tuning_describe(const char *targets, int64_t r, double alpha, double dropout, bool rslora,
+                         const char *freeze, char *buf, size_t n)
+{
+    size_t k = 0;
+    if (targets)
+        k = (size_t)snprintf(buf, n, "--lora-targets %s --lora-r %lld --lora-alpha %g --lora-dropout %g%s", targets,
+                             (long long)r, alpha, dropout, rslora ? " --lora-rslora" : "");
+    else
+        k = (size_t)snprintf(buf, n, "no LoRA");
+    if (k < n)
+        snprintf(buf + k, n - k, freeze ? " --freeze %s" : "", freeze);
+}
+
+bool dt__tuning_same(const dt__tuning *ck, const char *targets, const dt_lora_params *lp, const char *freeze)
+{
+    if (!ck->lora_targets != !targets || !ck->freeze != !freeze || (freeze && strcmp(ck->freeze, freeze)))
+        return false;
+    if (!targets)
+        return true;
+    return !strcmp(ck->lora_targets, targets) && ck->lora_r == lp->r && (float)ck->lora_alpha == lp->alpha &&
+           (float)ck->lora_dropout == lp->dropout && ck->lora_rslora == lp->rslora;
+}
