@@ -19,10 +19,10 @@
  * the whole window through the stages. */
 #include "zoo.h"
 
-#include "dtrain/generate.h"
-#include "dtrain/models.h"
-#include "dtrain/pipeline.h"
-#include "dtrain/tp.h"
+#include <dtrain/generate.h>
+#include <dtrain/models.h>
+#include <dtrain/pipe_strategy.h>
+#include <dtrain/tp.h>
 
 #include <math.h>
 #include <stdlib.h>

@@ -18,8 +18,9 @@
  * back to that forward. A model the cache does not know (tensor-parallel
  * slices, hooks, forward overrides, activation checkpointing, another
  * module tree) is generated without it. */
-#include "nn/nn_impl.h"
 #include "zoo.h"
+
+#include <dtrain/tp.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,15 +41,23 @@ struct dt__gen_kv {
 /* A plain (no tensor parallelism, hooks, overrides, checkpointing) subtree. */
 static bool plain(const dt_module *m)
 {
-    if (m->tp || !dt_module_tree_plain(m))
+    if (dt_tp_module_group(m) || !dt_module_tree_plain(m))
         return false;
-    for (int i = 0; i < m->nchild; i++)
-        if (!plain(m->children[i]))
+    for (int i = 0; i < dt_module_num_children(m); i++)
+        if (!plain(dt_module_child(m, i)))
             return false;
     return true;
 }
 
 static dt_module *kid(dt_module *m, const char *name) { return m ? dt_module_find_child(m, name) : NULL; }
+
+/* The number of heads an attention module keeps in its configuration's k
+ * (gpt2.c), 0 when it has none. */
+static int heads(const dt_module *attn)
+{
+    dt_module_config c;
+    return attn && dt_module_get_config(attn, &c) == DT_OK ? c.k : 0;
+}
 
 dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out)
 {
@@ -56,30 +65,30 @@ dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out)
     dt_module *root = dt_model_root(m);
     dt_module *tr = kid(root, "transformer"), *h = kid(tr, "h");
     if (!root || !plain(root) || !tr || !h || !kid(tr, "wte") || !kid(tr, "wpe") || !kid(tr, "ln_f") ||
-        !kid(root, "lm_head") || h->nchild < 1 || cap < 1)
+        !kid(root, "lm_head") || dt_module_num_children(h) < 1 || cap < 1)
         return DT_OK; /* not the zoo's layout: no cache */
     dt__gen_kv *kv = calloc(1, sizeof *kv);
     if (!kv)
         return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
     kv->wte = kid(tr, "wte"), kv->wpe = kid(tr, "wpe"), kv->ln_f = kid(tr, "ln_f"), kv->head = kid(root, "lm_head");
-    kv->L = h->nchild;
+    kv->L = dt_module_num_children(h);
     kv->b = calloc((size_t)kv->L, sizeof *kv->b);
     if (!kv->b)
         goto nomem;
     for (int l = 0; l < kv->L; l++) {
-        dt_module *blk = h->children[l], *attn = kid(blk, "attn");
+        dt_module *blk = dt_module_child(h, l), *attn = kid(blk, "attn");
         kv_block *b = &kv->b[l];
         b->block = blk, b->ln_1 = kid(blk, "ln_1"), b->c_attn = kid(attn, "c_attn"), b->c_proj = kid(attn, "c_proj");
-        if (!b->ln_1 || !b->c_attn || !b->c_proj || !kid(blk, "ln_2") || !kid(blk, "mlp") || attn->k < 1 ||
-            (l > 0 && attn->k != kv->H) || b->c_attn->nparam < 1 || !b->c_attn->params[0]) {
+        if (!b->ln_1 || !b->c_attn || !b->c_proj || !kid(blk, "ln_2") || !kid(blk, "mlp") || heads(attn) < 1 ||
+            (l > 0 && heads(attn) != kv->H) || !dt_module_param(b->c_attn, 0)) {
             dt__gen_kv_free(kv);
             return DT_OK;
         }
-        kv->H = attn->k;
+        kv->H = heads(attn);
     }
-    const dt_tensor *wte = kv->wte->params[0];
+    const dt_tensor *wte = dt_module_param(kv->wte, 0);
     kv->V = wte->shape[0], kv->C = wte->shape[1];
-    const dt_tensor *wa = kv->b[0].c_attn->params[0]; /* c_attn: C -> 3C (either layout) */
+    const dt_tensor *wa = dt_module_param(kv->b[0].c_attn, 0); /* c_attn: C -> 3C (either layout) */
     if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C) {
         dt__gen_kv_free(kv);
         return DT_OK;

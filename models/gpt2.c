@@ -40,7 +40,7 @@
  * sequence's mean. Dropout 0; not with sequence parallelism. */
 #include "zoo.h"
 
-#include "dtrain/tp.h"
+#include <dtrain/tp.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -308,6 +308,84 @@ static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void 
 
 bool dt__gpt2_block_hooked(const dt_module *block) { return !dt_module_is_plain(block); }
 
+/* ---- pipeline units (nn.h, dt_model_set_pipe_units) ---------------------------------- */
+
+static dt_tensor *unit_embed(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    (void)m;
+    return dt__gpt2_embed(ctx, u->module, x);
+}
+
+/* Half a block (the unit's name ends in "attn" or "mlp"): refused if the
+ * block was given hooks after the cut, which only its whole forward runs. */
+static dt_tensor *unit_half(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    (void)m;
+    if (!x)
+        return NULL;
+    if (dt__gpt2_block_hooked(u->module)) {
+        dt_error(DT_ERR_STATE, "pipeline unit %s: its block got hooks, a forward override or activation "
+                 "checkpointing after the model was cut into half blocks; set them before the strategy attaches",
+                 u->name);
+        return NULL;
+    }
+    size_t l = strlen(u->name);
+    return dt__gpt2_block_half(ctx, u->module, x, l >= 3 && !strcmp(u->name + l - 3, "mlp"));
+}
+
+/* The GPT's units: [embeddings, h.0 attention half, h.0 MLP half, ...,
+ * ln_f, the tied head]; a block that carries hooks of its own is one unit.
+ * Costs per token: matmul multiply-adds (a weight's elements), attention's
+ * T-dependent part (causal: T C over QK^T and AV, T the block size, C this
+ * rank's width), the head's GEMM with the tied wte plus a few per logit
+ * for the cross-entropy, and the element-wise work (layer norms, residual
+ * adds, the embedding gather) as a few per element. By parameter count the
+ * embedding table, which does no GEMM, would weigh as much as the tied
+ * head, which does a V x C GEMM per token and the cross-entropy. */
+static dt_status gpt2_units(dt_model *m, dt_pipe_unit **units, int *n)
+{
+    dt_module *tr = dt_model_find_module(m, "transformer"), *h = dt_model_find_module(m, "transformer.h");
+    dt_module *lnf = dt_model_find_module(m, "transformer.ln_f"), *head = dt_model_find_module(m, "lm_head");
+    if (!tr || !h || !lnf || !head)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a GPT2LMHeadModel without transformer.h, "
+                        "transformer.ln_f or lm_head");
+    int L = dt_module_num_children(h), k = 0;
+    dt_pipe_unit *u = dt_calloc((size_t)(2 * L + 3) * sizeof *u);
+    if (!u)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
+    const double C = dt__zoo_numel(lnf, 0), T = (double)cfg(tr).in, V = dt__zoo_numel(head, 0) / (C > 0 ? C : 1);
+    dt__zoo_unit(&u[k], "transformer.wte+wpe", tr, unit_embed, "transformer.wte", "transformer.wpe");
+    u[k++].cost = 2 * C;
+    for (int i = 0; i < L; i++) {
+        dt_module *b = dt_module_child(h, i);
+        const char *path = dt_module_path(b);
+        char nm[64], p0[64], p1[64];
+        double attn = dt__zoo_weights(b, "attn", "c_attn", "c_proj");
+        double mlp = dt__zoo_weights(b, "mlp", "c_fc", "c_proj");
+        attn += T * attn / (4 * C) + 8 * C; /* attn / 4C: this rank's heads x head size */
+        mlp += 8 * C + mlp / (2 * C);      /* mlp / 2C: its hidden width (the GELU) */
+        if (dt__gpt2_block_hooked(b)) {
+            dt__zoo_unit(&u[k], path, b, NULL, path, NULL);
+            u[k++].cost = attn + mlp;
+            continue;
+        }
+        for (int half = 0; half < 2; half++) {
+            snprintf(nm, sizeof nm, "%s.%s", path, half ? "ln_2+mlp" : "ln_1+attn");
+            snprintf(p0, sizeof p0, "%s.%s", path, half ? "ln_2" : "ln_1");
+            snprintf(p1, sizeof p1, "%s.%s", path, half ? "mlp" : "attn");
+            dt__zoo_unit(&u[k], nm, b, unit_half, p0, p1);
+            u[k++].cost = half ? mlp : attn;
+        }
+    }
+    dt__zoo_unit(&u[k], "transformer.ln_f", lnf, NULL, "transformer.ln_f", NULL);
+    u[k++].cost = 4 * C;
+    dt__zoo_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
+    u[k++].cost = dt__zoo_numel(head, 0) + 4 * V;
+    *units = u;
+    *n = k;
+    return DT_OK;
+}
+
 bool dt__gpt2_is_hidden(const dt_module *head, const dt_tensor *out)
 {
     const dt_tensor *w = dt_module_param(head, 0);
@@ -488,6 +566,7 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
         SET_CFG(root, k, 1); /* lm_forward: hidden states in training mode, the loss applies the head */
     if ((st = dt_model_build(root, seed, &c->build, out)) < 0)
         return st;
+    dt_model_set_pipe_units(*out, gpt2_units); /* how a pipeline cuts it */
     d->lm_head = c->fused_lm_loss && !tp ? head : NULL;
     d->loss = DT_LOSS_CROSS_ENTROPY;
     snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "GPT2Block"); /* activation-checkpointing units */

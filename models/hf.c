@@ -10,7 +10,7 @@
  * ranges. Every refusal names the file and the key. */
 #include "zoo.h"
 
-#include "dtrain/ckpt.h"
+#include <dtrain/ckpt.h>
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -17,9 +17,9 @@
  * special_tokens_map.json are written beside it (dt_tokenizer_hf_files). */
 #include "zoo.h"
 
-#include "dtrain/ckpt.h"
-#include "dtrain/kernels.h"
-#include "dtrain/tokenizer.h"
+#include <dtrain/ckpt.h>
+#include <dtrain/kernels.h>
+#include <dtrain/tokenizer.h>
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -39,7 +39,7 @@
  * names with the rank's shapes, so checkpoints are the one-process ones. */
 #include "zoo.h"
 
-#include "dtrain/tp.h"
+#include <dtrain/tp.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -267,6 +267,47 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     return true;
 }
 
+/* The pipeline units (nn.h, dt_model_set_pipe_units): [model.embed_tokens,
+ * model.layers.0, ..., model.norm, lm_head], each by its module's own
+ * forward (a decoder layer whole). Costs per token as the GPT's: the
+ * weights' elements, attention's T H hd (T the longest sequence), a few
+ * per element for the norms and residuals, the head's GEMM and the
+ * cross-entropy. */
+static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
+{
+    dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
+    dt_module *norm = dt_model_find_module(m, "model.norm"), *head = dt_model_find_module(m, "lm_head");
+    int64_t T = 0, V = 0;
+    if (!emb || !ls || !norm || !head || !dt_llama_positions(m, &T, &V))
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a LlamaForCausalLM without model.embed_tokens, "
+                        "model.layers, model.norm or lm_head");
+    int L = dt_module_num_children(ls), k = 0;
+    dt_pipe_unit *u = dt_calloc((size_t)(L + 3) * sizeof *u);
+    if (!u)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
+    const double C = dt__zoo_numel(norm, 0);
+    dt__zoo_unit(&u[k], "model.embed_tokens", emb, NULL, "model.embed_tokens", NULL);
+    u[k++].cost = 2 * C;
+    for (int i = 0; i < L; i++) {
+        dt_module *b = dt_module_child(ls, i);
+        dt_module *at = dt_module_find_child(b, "self_attn");
+        double w = dt__zoo_weights(b, "self_attn", "q_proj", "k_proj") +
+                   dt__zoo_weights(b, "self_attn", "v_proj", "o_proj") +
+                   dt__zoo_weights(b, "mlp", "gate_proj", "up_proj") +
+                   dt__zoo_numel(dt_module_find_child(dt_module_find_child(b, "mlp"), "down_proj"), 0);
+        double qw = at ? dt__zoo_numel(dt_module_find_child(at, "q_proj"), 0) / (C > 0 ? C : 1) : 0; /* H hd */
+        dt__zoo_unit(&u[k], dt_module_path(b), b, NULL, dt_module_path(b), NULL);
+        u[k++].cost = w + (double)T * qw + 16 * C;
+    }
+    dt__zoo_unit(&u[k], "model.norm", norm, NULL, "model.norm", NULL);
+    u[k++].cost = 4 * C;
+    dt__zoo_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
+    u[k++].cost = dt__zoo_numel(head, 0) + 4 * (double)V;
+    *units = u;
+    *n = k;
+    return DT_OK;
+}
+
 dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *cfg, dt_model **out,
                           dt_model_desc *d)
 {
@@ -345,6 +386,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     }
     if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
         return st;
+    dt_model_set_pipe_units(*out, llama_units); /* how a pipeline cuts it */
     if (!d)
         return DT_OK;
     memset(d, 0, sizeof *d);

@@ -19,8 +19,11 @@
  * drop. */
 #include "zoo.h"
 
+#include <dtrain/pipeline.h>
+#include <dtrain/tp.h>
+
 #include <stdio.h>
-#include "dtrain/tp.h"
+#include <string.h>
 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
@@ -36,6 +39,45 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     dt_tensor *h = dt_matmul(ctx, x, dt_module_param(self, 0));
     h = dt_matmul(ctx, h, dt_module_param(self, 1));
     return ud ? dt_tp_reduce_from_region(ctx, ud, h) : h;
+}
+
+/* The pipeline units (nn.h, dt_model_set_pipe_units): x @ w0, then h @ w1
+ * (unit names "w0" / "w1"), each costing its parameter count (a Linear's
+ * multiply-adds per row). Tensor parallel (the module's user data is the
+ * group): f(x) @ w0_r, then g(h_r @ w1_r), so what crosses the stages is
+ * the rank's hidden slice. */
+static dt_tensor *mlp_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    (void)m;
+    dt_pg *tp = dt_module_user_data(u->module);
+    if (!strcmp(u->name, "w0"))
+        return dt_matmul(ctx, tp ? dt_tp_copy_to_region(ctx, tp, x) : x, dt_module_param(u->module, 0));
+    dt_tensor *z = dt_matmul(ctx, x, dt_module_param(u->module, 1));
+    return tp ? dt_tp_reduce_from_region(ctx, tp, z) : z;
+}
+
+static dt_status mlp_units(dt_model *m, dt_pipe_unit **units, int *n)
+{
+    dt_module *root = dt_model_root(m);
+    if (dt_module_num_children(root) != 0) /* LoRA adapters or the like: not the two weights alone */
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_model_pipe_units: a model of type '%s' has no pipeline units (the GPT "
+                        "and Llama zoo models, \"mlp\" and models whose root is a Sequential have)",
+                        dt_module_type(root));
+    dt_pipe_unit *u = dt_calloc(2 * sizeof *u);
+    double cost[2];
+    if (!u)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
+    dt__zoo_unit(&u[0], "w0", root, mlp_unit, "w0", NULL);
+    dt__zoo_unit(&u[1], "w1", root, mlp_unit, "w1", NULL);
+    dt_status st = dt_pipe_unit_costs(m, u, 2, DT_PIPE_BY_PARAMS, cost);
+    if (st < 0) {
+        dt_free(u);
+        return st;
+    }
+    u[0].cost = cost[0], u[1].cost = cost[1];
+    *units = u;
+    *n = 2;
+    return DT_OK;
 }
 
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d)
@@ -59,6 +101,7 @@ dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out,
     dt_status st = dt_model_build(mlp, seed, &c->build, out);
     if (st < 0)
         return st;
+    dt_model_set_pipe_units(*out, mlp_units); /* how a pipeline cuts it */
     d->loss = DT_LOSS_MEAN;
     snprintf(d->ckpt_unit, sizeof d->ckpt_unit, "MLP"); /* activation-checkpointing units */
     d->input_ndim = 2;

@@ -2,8 +2,8 @@
  * target shapes, loss, FLOPs) that `dtrain train` and `dtrain bench step`
  * use. The descriptor is plain data beside the model, not part of it. */
 #include "zoo.h"
-#include "dtrain/kernels.h"
-#include "dtrain/tp.h"
+#include <dtrain/kernels.h>
+#include <dtrain/tp.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -211,4 +211,36 @@ dt_status dt_model_desc_checkpoint(dt_model *m, const dt_model_desc *d, const dt
         return dt_error(DT_ERR_UNSUPPORTED, "activation checkpointing: model '%s' names no checkpoint units "
                         "(dt_model_desc.ckpt_unit)", d->name[0] ? d->name : "?");
     return dt_model_checkpoint_type(m, d->ckpt_unit, p, count);
+}
+
+/* ---- pipeline units (nn.h, dt_model_set_pipe_units): helpers of the zoo's units functions ---- */
+
+void dt__zoo_unit(dt_pipe_unit *u, const char *name, dt_module *mod, dt_pipe_unit_fn fn, const char *p0,
+                  const char *p1)
+{
+    memset(u, 0, sizeof *u);
+    snprintf(u->name, sizeof u->name, "%s", name);
+    u->module = mod;
+    u->fn = fn;
+    if (p0)
+        snprintf(u->params[0], sizeof u->params[0], "%s", p0);
+    if (p1)
+        snprintf(u->params[1], sizeof u->params[1], "%s", p1);
+}
+
+double dt__zoo_numel(const dt_module *mod, int i)
+{
+    dt_nn_param_spec sp;
+    if (!mod || dt_module_param_spec(mod, i, &sp) != DT_OK)
+        return 0;
+    double n = 1;
+    for (int d = 0; d < sp.ndim; d++)
+        n *= (double)sp.shape[d];
+    return n;
+}
+
+double dt__zoo_weights(const dt_module *parent, const char *name, const char *a, const char *b)
+{
+    dt_module *c = parent ? dt_module_find_child(parent, name) : NULL;
+    return c ? dt__zoo_numel(dt_module_find_child(c, a), 0) + dt__zoo_numel(dt_module_find_child(c, b), 0) : 0;
 }

@@ -3,7 +3,7 @@
 #ifndef DT_MODELS_ZOO_H
 #define DT_MODELS_ZOO_H
 
-#include "dtrain/models.h"
+#include <dtrain/models.h>
 
 dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 /* GPT-2 by configuration name (gpt2.c); dt__model_is_gpt2 says whether a
@@ -11,11 +11,11 @@ dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **
 dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 bool dt__model_is_gpt2(const char *name);
 /* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
- * (the first pipeline unit, pipe_units.c, and the model's own forward). */
+ * (the first pipeline unit and the model's own forward). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);
 /* Half of a GPT2Block: x + attn(ln_1(x)) (half 0) or x + mlp(ln_2(x))
  * (half 1); the block's forward is the two in turn. The pipeline cuts a
- * block between them (pipe_units.c) unless the block itself carries hooks,
+ * block between them (gpt2.c's units) unless the block itself carries hooks,
  * a forward override or activation checkpointing
  * (dt__gpt2_block_hooked), which its whole forward runs. */
 dt_tensor *dt__gpt2_block_half(dt_ctx *ctx, dt_module *block, dt_tensor *x, int half);
@@ -45,5 +45,16 @@ dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out);
 void dt__gen_kv_free(dt__gen_kv *kv);
 int64_t dt__gen_kv_len(const dt__gen_kv *kv);
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
+
+/* Helpers of the models' pipeline units functions (zoo.c;
+ * dt_model_set_pipe_units): fill unit u (name, module, function, the
+ * parameter prefixes p0 and p1, or NULL; cost 0); the elements of module
+ * mod's parameter i from its spec (0 if absent: a meta model's parameters
+ * have no tensors yet); the elements of the weights (parameter 0) of
+ * children a and b of parent's child `name`. */
+void dt__zoo_unit(dt_pipe_unit *u, const char *name, dt_module *mod, dt_pipe_unit_fn fn, const char *p0,
+                  const char *p1);
+double dt__zoo_numel(const dt_module *mod, int i);
+double dt__zoo_weights(const dt_module *parent, const char *name, const char *a, const char *b);
 
 #endif

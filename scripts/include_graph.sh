@@ -8,11 +8,13 @@
 # is a layer of the library (src/<layer>, its subfolders belong to it), the
 # public headers (include), models, tools, examples, bench, fuzz and tests.
 # A quoted include is resolved as the build does: beside the including file,
-# then under src/, models/ and include/. Output, sorted:
+# then under src/, models/ and include/; an angle-bracket include of a
+# public header (<dtrain/...>) counts as well. Output, sorted:
 #   edge FROM -> TO  N       N includes from files of FROM of headers of TO
 #   up FROM -> TO            an edge against the layer order (base, kernels,
 #                            comm, tensor, autograd, nn, optim, data,
-#                            parallel, ckpt, config, train, models, tools):
+#                            parallel, ckpt, config, train, plan, models,
+#                            tools):
 #                            a layer that reaches up
 #   internal FILE -> HEADER  a documented layer-internal header under src/
 #                            (its top comment says "Layer-internal:" and who
@@ -22,7 +24,7 @@
 #   cross FILE -> HEADER     any other header under src/ (private to its
 #                            layer) included from outside that layer: the
 #                            list the layering wants empty
-# System headers (<...>) are left out.
+# System headers (<...> other than <dtrain/...>) are left out.
 set -eu
 
 rev=${1:-}
@@ -52,7 +54,8 @@ folder() {
         include/dtrain/zeropp.h | include/dtrain/pipeline.h) echo src/parallel ;;
     include/dtrain/ckpt.h) echo src/ckpt ;;
     include/dtrain/config.h) echo src/config ;;
-    include/dtrain/train.h | include/dtrain/generate.h) echo src/train ;;
+    include/dtrain/train.h | include/dtrain/generate.h | include/dtrain/pipe_strategy.h) echo src/train ;;
+    include/dtrain/plan.h) echo src/plan ;;
     include/dtrain/models.h) echo models ;;
     include/*) echo include ;;
     *) echo "$1" | cut -d/ -f1 ;;
@@ -70,7 +73,8 @@ trap 'rm -f "$tmp"' EXIT
 for f in $files; do
     case $f in *.c | *.h) ;; *) continue ;; esac
     dir=$(dirname "$f")
-    show "$f" | sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' | while read -r inc; do
+    show "$f" | sed -n -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' \
+        -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(dtrain\/[^>]*\)>.*/\1/p' | while read -r inc; do
         hit=
         for base in "$dir" src models include; do
             p=$(norm "$base/$inc")
@@ -99,7 +103,7 @@ done
 grep '^edge' "$tmp" | sort | uniq -c | awk '{ print $2, $3, $4, $5, $1 }'
 grep '^edge' "$tmp" | sort -u | awk '
     BEGIN { n = split("src/base src/kernels src/comm src/tensor src/autograd src/nn src/optim src/data " \
-                      "src/parallel src/ckpt src/config src/train models tools", o, " ")
+                      "src/parallel src/ckpt src/config src/train models src/plan tools", o, " ")
             for (i = 1; i <= n; i++) rank[o[i]] = i }
     ($2 in rank) && ($4 in rank) && rank[$4] > rank[$2] { print "up", $2, "->", $4 }'
 for kind in internal whitebox cross; do

@@ -39,7 +39,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/offload.h"
 #include "dtrain/optim.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 #include "dtrain/trace.h"

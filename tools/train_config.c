@@ -14,7 +14,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 #include "dtrain/optim.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
 

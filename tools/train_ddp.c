@@ -45,7 +45,7 @@ static int resolve_hook(dt__ddp_run *r, const dt__train_opts *o, int ws)
     return 0;
 }
 
-/* The flags as the plan's parameters. */
+/* The flags as the plan's parameters; a --config's layout (flags merged in) by dt_plan_from_config. */
 static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *pp)
 {
     *pp = dt_plan_params_default();
@@ -60,14 +60,15 @@ static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *
     dt_fsdp_sharding sh;
     if (o->fsdp && dt_fsdp_sharding_parse(o->fsdp, &sh) >= 0) /* checked by the parser */
         pp->fsdp = (int)sh;
-    pp->sync_bn = o->sync_bn;
-    pp->zero.wrap_min_params = (size_t)o->wrap_min_params;
+    pp->sync_bn = o->sync_bn, pp->zero.wrap_min_params = (size_t)o->wrap_min_params;
     dt_prefetch_parse(o->backward_prefetch, &pp->zero.backward_prefetch);
     pp->zero.forward_prefetch = o->forward_prefetch;
     pp->zero.init_seed = o->seed;
     pp->zero.init_rng = !strcmp(o->rng, "torch") ? DT_INIT_TORCH : DT_INIT_PHILOX;
-    int unused = -1;
-    if (o->cfg) /* zero_optimization's knobs (the stage is o->zero already) */
+    int unused = -1; /* without --config: AIAK_*'s zero_optimization knobs (the stage is o->zero) */
+    if (o->config && o->cfg && dt_plan_from_config(o->cfg, pp) < 0)
+        return dt__cli_err("dtrain train: --config: %s\n", dt_last_error()), 2;
+    if (!o->config && o->cfg)
         dt_config_zero_params(o->cfg, &unused, &pp->zero);
     /* ZeRO++: the flags over the config's keys (checked by the plan) */
     pp->zero.quantized_weights |= o->zero_qw;

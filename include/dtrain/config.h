@@ -53,7 +53,7 @@
  *     dt_zero_params zp = dt_zero_params_default();
  *     int stage = 0;
  *     dt_config_zero_params(c, &stage, &zp);
- *     dt_pipe_params pp = dt_pipe_params_default();                 // pipeline.h
+ *     dt_pipe_params pp = dt_pipe_params_default();                 // pipe_strategy.h
  *     pp.pp = 1;
  *     dt_config_pipe_params(c, &pp);        // stages, schedule; with pp.pp > 1 resolve the batch over
  *                                           // world / pp ranks and take pp.micro_batches = b.grad_accum
@@ -79,7 +79,7 @@ extern "C" {
 #endif
 
 typedef struct dt_config dt_config;
-struct dt_pipe_params; /* pipeline.h (which includes this header through train.h) */
+struct dt_pipe_params; /* pipe_strategy.h (which includes this header through train.h) */
 
 /* Where a value came from, weakest first. */
 typedef enum {

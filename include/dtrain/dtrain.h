@@ -20,7 +20,8 @@
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   generate.h  autoregressive generation from a GPT-2 model (models.h includes it)
  *   ckpt.h      safetensors files, full and sharded checkpoints
- *   pipeline.h  pipeline schedules (action tables), stages, the "pipe" strategy
+ *   pipeline.h  pipeline schedules (action tables), a model's units and their cut into stages
+ *   pipe_strategy.h  the "pipe" training strategy (stages under the trainer)
  */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -46,6 +47,7 @@
 #include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/plan.h"
 #include "dtrain/ckpt.h"
 #endif

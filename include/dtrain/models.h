@@ -31,6 +31,13 @@
  *     (T <= block_size), output logits [B, T, V]; target [B, T] i64, the
  *     next tokens; loss: mean cross-entropy over all B*T positions.
  *
+ * Each builder registers how its model is cut into pipeline stages (nn.h,
+ * dt_model_set_pipe_units; pipeline.h reads it): the GPT into its
+ * embeddings, each block's attention and MLP halves, ln_f and the tied
+ * head; the Llama into its embeddings, each decoder layer, the norm and
+ * the head; the MLP into w0 and w1; each unit with its compute per token.
+ * The ConvNet registers none (it is not pipelined).
+ *
  * Usage
  * -----
  *     dt_model *m;  dt_model_desc d;
@@ -231,8 +238,8 @@ DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
  * options and seq (tokens per sample in the descriptor; 0 =
  * max_position_embeddings); c's GPT-2 fields are not read (NULL:
  * defaults). Input [B, T] i64 ids, output logits [B, T, V], loss the mean
- * next-token cross-entropy. Pipeline units: dt_model_pipe_units
- * (pipeline.h). Tensor parallelism with c->tp (Megatron's split of
+ * next-token cross-entropy. Pipeline units: registered on the model
+ * (dt_model_set_pipe_units, read by dt_model_pipe_units). Tensor parallelism with c->tp (Megatron's split of
  * q/k/v/o and gate/up/down, the key/value heads divided over the ranks,
  * the vocabulary split; the parameters keep their global names with the
  * rank's shapes): num_attention_heads, num_key_value_heads and

@@ -641,6 +641,44 @@ DT_API void dt_model_zero_grad_lazy(dt_model *m);
  * backward: the parameters it did not reach) and clear the marks. */
 DT_API void dt_model_grads_materialize(dt_model *m);
 
+/* ---- pipeline units: how a model describes its cut points -------------------------- */
+
+/* A pipeline (pipeline.h) cuts a model into stages of consecutive units.
+ * The model says what its units are: the file that builds a model
+ * registers a units function on it (dt_model_set_pipe_units) that lists
+ * them, in forward order, each with the parameters it uses (by entry-name
+ * prefix, so a stage's parameters follow from the cut without running
+ * anything), how to run it and its compute per token; the generic
+ * partitioner of the parallel layer (dt_model_pipe_units, dt_pipe_balance)
+ * reads that list and never the model's type. A model without a units
+ * function whose root is a Sequential is cut between its children. */
+struct dt_pipe_unit;
+/* A unit's forward on ctx (NULL input propagates). */
+typedef dt_tensor *(*dt_pipe_unit_fn)(dt_ctx *ctx, dt_model *m, const struct dt_pipe_unit *u, dt_tensor *x);
+
+/* One unit (layer) of a model for cutting into stages. */
+typedef struct dt_pipe_unit {
+    char name[64];            /* "transformer.h.3" */
+    char params[4][64];       /* the parameters it uses: entry names equal to one of these or under it
+                                 ("transformer.wte" covers "transformer.wte.weight"); "" unused */
+    dt_module *module;        /* forward by dt_module_forward(module) when fn is NULL; borrowed */
+    dt_pipe_unit_fn fn;       /* or this */
+    double cost;              /* its compute per input row (token), in multiply-adds: what the stages are
+                                 balanced by (dt_pipe_unit_costs); >= 0 */
+} dt_pipe_unit;
+
+/* A model's units function: *units (allocated with dt_calloc / dt_alloc;
+ * the caller frees them with dt_free) and *n, in forward order, made from
+ * the model as it is now (its hooks, its tensor-parallel slices). An error
+ * (dt_status < 0, message set) when the model cannot be cut. */
+typedef dt_status (*dt_model_units_fn)(dt_model *m, dt_pipe_unit **units, int *n);
+/* Register m's units function (NULL: none, the default: a Sequential root
+ * is cut between its children, any other model cannot be pipelined). The
+ * zoo's builders register theirs (models.h). DT_ERR_NULL on a NULL m. */
+DT_API dt_status dt_model_set_pipe_units(dt_model *m, dt_model_units_fn fn);
+/* m's units function, NULL when none was registered (or m is NULL). */
+DT_API dt_model_units_fn dt_model_get_pipe_units(const dt_model *m);
+
 /* Grad-ready callback: entry `index` (a parameter) has its final gradient
  * for this backward pass in the flat grad buffer. */
 typedef dt_status (*dt_grad_ready_fn)(dt_model *m, size_t index, const dt_param_info *p, void *ud);

@@ -63,7 +63,7 @@
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/parallel.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 
 #ifdef __cplusplus
@@ -112,7 +112,10 @@ DT_API dt_plan_params dt_plan_params_default(void);
  * ("ring" | "ulysses", over both), dtrain.context_parallel_balance,
  * pipeline.stages / dtrain.pipeline_parallel_size and the pipeline's keys
  * (dt_config_pipe_params), zero_optimization (dt_config_zero_params),
- * dtrain.hierarchical_allreduce, dtrain.comm_hook. A bad value is the config
+ * dtrain.hybrid_shard (true: fsdp = DT_FSDP_HYBRID_SHARD),
+ * dtrain.hierarchical_allreduce, dtrain.comm_hook. `dtrain train --config`
+ * builds its layout with it (the command line's flags merged into the
+ * config first). A bad value is the config
  * layer's error (DT_ERR_INVALID_ARG naming the key). */
 DT_API dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p);
 

@@ -7,7 +7,7 @@
  * src/train/trainer_config.c), which may look at this layer. */
 #include "config_impl.h"
 
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 
 #include <inttypes.h>

@@ -1,7 +1,7 @@
 /* Module constructors and setters beyond the built-in kinds: custom modules
  * that own their configuration, per-parameter init, and RMSNorm (a custom
  * module over dt_rms_norm, so the models of the zoo build on it through
- * the public API). */
+ * the public API), and a model's pipeline units function. */
 #include "nn_impl.h"
 
 #include <stdlib.h>
@@ -40,3 +40,13 @@ dt_module *dt_nn_rmsnorm(int64_t dim, float eps)
     }
     return m;
 }
+
+dt_status dt_model_set_pipe_units(dt_model *m, dt_model_units_fn fn)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_model_set_pipe_units: the model is NULL");
+    m->pipe_units = fn;
+    return DT_OK;
+}
+
+dt_model_units_fn dt_model_get_pipe_units(const dt_model *m) { return m ? m->pipe_units : NULL; }

@@ -7,10 +7,9 @@
  *     dt_tp_row_linear, dt_tp_vocab_embedding) are modules whose forwards
  *     read their configuration and parameters as nn's own kinds do, and
  *     tag a module with its tensor-parallel group (dt_module.tp);
- *   - src/train/strategy_pipe.c: a pipeline rank holds only its stages'
- *     parts of the flats (dt__model_keep_only, dt__model_materialize,
- *     dt__model_release, dt_model.keep);
- *   - models/pipe_units.c (through nn_impl.h): the GPT's pipeline units.
+ *   - src/train/strategy_pipe_impl.h (the "pipe" strategy): a pipeline
+ *     rank holds only its stages' parts of the flats (dt__model_keep_only,
+ *     dt__model_materialize, dt__model_release, dt_model.keep).
  * Everything else of nn (hook lists, the forward body, module allocation)
  * stays in nn_impl.h, private to src/nn. The layouts below change with nn;
  * code outside src/nn should prefer the public calls of nn.h
@@ -109,6 +108,7 @@ struct dt_model {
      * gradient flats this rank holds (dt__model_keep_only); NULL: all */
     size_t *keep[DT_DTYPE_COUNT];
     size_t nkeep[DT_DTYPE_COUNT];
+    dt_model_units_fn pipe_units; /* dt_model_set_pipe_units (NULL: none) */
 };
 
 /* A meta model (dt_model_build_params.meta) gets its parameter and

@@ -87,6 +87,9 @@ dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p)
         return st;
     if (stage >= 0)
         p->zero_stage = stage;
+    bool hybrid;
+    if (dt_config_get_bool(c, "dtrain.hybrid_shard", &hybrid) == DT_OK && hybrid)
+        p->fsdp = DT_FSDP_HYBRID_SHARD; /* stage 3 sharded within each machine, replicated across */
     p->hierarchical = p->hierarchical || p->zero.hierarchical;
     bool b;
     if (dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &b) == DT_OK)

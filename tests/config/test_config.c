@@ -5,7 +5,7 @@
  * line and column, wrong types, out-of-range values, unknown keys,
  * duplicate keys, values dtrain cannot honour yet. */
 #include "dtrain/config.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 #include "test.h"
 

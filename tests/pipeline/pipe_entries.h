@@ -1,11 +1,10 @@
 /* tests/pipeline/pipe_entries.h — which of a model's entries the stages of
- * this pipeline rank use (dt__pipe_unit_uses over the units of the rank's
+ * this pipeline rank use (dt_pipe_unit_uses over the units of the rank's
  * stages, dt_strategy_pipe_stats), for the tests that compare or inspect
  * exactly those entries (pipe_train.h, test_pipe_stage_memory.c). */
 #ifndef DT_TEST_PIPE_ENTRIES_H
 #define DT_TEST_PIPE_ENTRIES_H
-#include "dtrain/pipeline.h"
-#include "parallel/pipeline/pipe_impl.h"
+#include "dtrain/pipe_strategy.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -34,7 +33,7 @@ static inline bool *pipe_rank_entries(const dt_strategy *s, dt_model *m, bool st
         }
         for (int k = 0; k < st.stage_count && !pi.is_buffer; k++)
             for (int u = st.unit_lo[k]; u < st.unit_hi[k]; u++)
-                if (dt__pipe_unit_uses(&units[u], pi.name))
+                if (dt_pipe_unit_uses(&units[u], pi.name))
                     out[storage && pi.tied_to >= 0 ? (size_t)pi.tied_to : e] = true;
     }
     dt_free(units);

@@ -26,7 +26,7 @@
 #include "model_util.h"
 #include "test.h"
 
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
 #include "pipeline/pipe_entries.h"

@@ -21,7 +21,7 @@
 #include "tmp_util.h"
 
 #include "dtrain/models.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 
 #include <math.h>

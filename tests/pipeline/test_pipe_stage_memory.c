@@ -28,7 +28,7 @@
 #include "tmp_util.h"
 
 #include "dtrain/data.h"
-#include "dtrain/pipeline.h"
+#include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
 #include "pipeline/pipe_entries.h"

@@ -175,6 +175,7 @@ TEST(from_config)
     ASSERT_EQ_INT(p.zero_stage, 1);
     ASSERT(p.hierarchical);
     ASSERT_OK(dt_plan_check(&p, 8));
+    ASSERT_EQ_INT(p.fsdp, -1);
     dt_config_free(c);
     /* context parallelism: DeepSpeed's Ulysses degree; dtrain's keys; the impl key over the size keys */
     const struct {
@@ -202,6 +203,25 @@ TEST(from_config)
     dt_config_free(c);
 }
 
+/* The seed configs' hybrid sharding key (what `dtrain train --config`
+ * reads through dt_plan_from_config): FSDP's HYBRID_SHARD, stage 3 within
+ * a machine; false leaves the stage alone. */
+TEST(from_config_hybrid_shard)
+{
+    const char *texts[2] = {"{\"zero_optimization\": {\"stage\": 3}, \"dtrain\": {\"hybrid_shard\": true}}",
+                            "{\"zero_optimization\": {\"stage\": 3}, \"dtrain\": {\"hybrid_shard\": false}}"};
+    for (int i = 0; i < 2; i++) {
+        dt_config *c;
+        ASSERT_OK(dt_config_init(&c));
+        ASSERT_OK(dt_config_load_string(c, "h.json", texts[i], strlen(texts[i])));
+        dt_plan_params p = dt_plan_params_default();
+        ASSERT_OK(dt_plan_from_config(c, &p));
+        ASSERT_EQ_INT(p.zero_stage, 3);
+        ASSERT_EQ_INT(p.fsdp, i == 0 ? (int)DT_FSDP_HYBRID_SHARD : -1);
+        dt_config_free(c);
+    }
+}
+
 int main(void)
 {
     RUN(bad_degrees_are_named);
@@ -209,5 +229,6 @@ int main(void)
     RUN(cp_layouts_over_four_ranks);
     RUN(one_process);
     RUN(from_config);
+    RUN(from_config_hybrid_shard);
     return TEST_REPORT();
 }

@@ -38,6 +38,7 @@
  * the values) and sending the output on; only the last stage has the
  * model's output. Each rank computes with its own stages' parameters only,
  * so no rank needs the others'. */
+#include "parallel/pipeline/pipe_exec.h"
 #include "parallel/pipeline/pipe_impl.h"
 
 #include "dtrain/autograd.h"
@@ -437,7 +438,7 @@ static dt_tensor *rows(dt_ctx *ctx, const dt_tensor *t, int mb, int64_t b)
     return dt_tensor_view_of(ctx, (char *)t->data + (size_t)mb * (size_t)b * row, t->dtype, t->ndim, shape);
 }
 
-static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt_strategy_fb *fb, int64_t b,
+static dt_status step_action(dt__pipe_exec *e, const dt_pipe_action *a, dt__pipe_batch *fb, int64_t b,
                              double *lsum)
 {
     const int p = e->p, m = e->mm;
@@ -721,7 +722,7 @@ dt_status dt__pipe_exec_forward(dt__pipe_exec *e, dt_ctx *ctx, dt_tensor *x, dt_
     return DT_OK;
 }
 
-dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt_strategy_fb *fb)
+dt_status dt__pipe_exec_run(dt__pipe_exec *e, dt__pipe_batch *fb)
 {
     const dt_tensor *x = fb->x;
     if (x->ndim < 1 || !dt_tensor_is_contiguous(x) || (fb->y && !dt_tensor_is_contiguous(fb->y)))
