@@ -9,7 +9,7 @@
  * rejection is an error with a message (a syntax error names "fuzz:LINE:COL:"
  * with a line inside the input); the command-line value survives any file;
  * the effective configuration is valid JSON; nothing leaks or crashes. */
-// fuzz-sources: src/base/*.c src/config/*.c src/parallel/comm_hooks.c src/parallel/pipeline/kind.c
+// fuzz-sources: src/base/*.c src/config/*.c src/parallel/compress/comm_hooks.c src/parallel/pipeline/kind.c
 // fuzz-libs: -lcjson
 #include "dtrain/config.h"
 
