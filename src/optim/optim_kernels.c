@@ -329,24 +329,40 @@ DT_AVX512 static inline __mmask16 tail_mask(size_t r)
     return (__mmask16)((1u << r) - 1u);
 }
 
+/* Loads and stores of a block: plain ones for a whole block, masked ones
+ * only for the tail (AMD's Zen 4 runs masked stores far slower than plain
+ * ones: with them on every block the SGD step took 1.8x the AVX2 one). */
+DT_AVX512 static inline __m512 ld16(__mmask16 mk, const float *x)
+{
+    return mk == (__mmask16)0xffff ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(mk, x);
+}
+
+DT_AVX512 static inline void st16(float *x, __mmask16 mk, __m512 v)
+{
+    if (mk == (__mmask16)0xffff)
+        _mm512_storeu_ps(x, v);
+    else
+        _mm512_mask_storeu_ps(x, mk, v);
+}
+
 DT_AVX512 static void sgd_avx512(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
     const __m512 wd = _mm512_set1_ps(k->wd), mom = _mm512_set1_ps(k->momentum);
     const __m512 omd = _mm512_set1_ps(k->one_minus_damp), nlr = _mm512_set1_ps(k->neg_lr);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 d = _mm512_maskz_loadu_ps(mk, g + i), pp = _mm512_maskz_loadu_ps(mk, p + i);
+        __m512 d = ld16(mk, g + i), pp = ld16(mk, p + i);
         if (k->has_wd)
             d = _mm512_fmadd_ps(pp, wd, d);
         if (k->has_momentum) {
             __m512 b = k->first ? d
-                                : _mm512_fmadd_ps(d, omd, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, buf + i), mom));
-            _mm512_mask_storeu_ps(buf + i, mk, b);
+                                : _mm512_fmadd_ps(d, omd, _mm512_mul_ps(ld16(mk, buf + i), mom));
+            st16(buf + i, mk, b);
             d = k->nesterov ? _mm512_fmadd_ps(b, mom, d) : b;
         }
-        _mm512_mask_storeu_ps(p + i, mk, _mm512_fmadd_ps(d, nlr, pp));
+        st16(p + i, mk, _mm512_fmadd_ps(d, nlr, pp));
         if (k->zero_grad)
-            _mm512_mask_storeu_ps(g + i, mk, _mm512_setzero_ps());
+            st16(g + i, mk, _mm512_setzero_ps());
     }
 }
 
@@ -359,20 +375,20 @@ DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t
     const __m512 nss = _mm512_set1_ps(k->neg_step_size);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 gi = _mm512_maskz_loadu_ps(mk, g + i), pi = _mm512_maskz_loadu_ps(mk, p + i);
+        __m512 gi = ld16(mk, g + i), pi = ld16(mk, p + i);
         if (k->l2)
             gi = _mm512_fmadd_ps(pi, wd, gi);
         if (k->decoupled)
             pi = _mm512_mul_ps(pi, decay);
-        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, m + i), b1));
-        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + i), b2));
+        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(ld16(mk, m + i), b1));
+        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(ld16(mk, v + i), b2));
         __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
         pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
-        _mm512_mask_storeu_ps(p + i, mk, pi);
-        _mm512_mask_storeu_ps(m + i, mk, mi);
-        _mm512_mask_storeu_ps(v + i, mk, vi);
+        st16(p + i, mk, pi);
+        st16(m + i, mk, mi);
+        st16(v + i, mk, vi);
         if (k->zero_grad)
-            _mm512_mask_storeu_ps(g + i, mk, _mm512_setzero_ps());
+            st16(g + i, mk, _mm512_setzero_ps());
     }
 }
 
@@ -391,20 +407,20 @@ DT_AVX512 static double lamb1_avx512(const float *p, float *g, float *m, float *
     __m512d acc = _mm512_setzero_pd();
     for (size_t i = 0; i < n8; i += 16) {
         const __mmask16 mk = n8 - i >= 16 ? (__mmask16)0xffff : (__mmask16)0x00ff;
-        __m512 pi = use_p ? _mm512_maskz_loadu_ps(mk, p + i) : _mm512_setzero_ps();
-        __m512 s = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, g + i), clip);
+        __m512 pi = use_p ? ld16(mk, p + i) : _mm512_setzero_ps();
+        __m512 s = _mm512_div_ps(ld16(mk, g + i), clip);
         if (!k->adam_w_mode)
             s = _mm512_add_ps(s, _mm512_mul_ps(decay, pi));
-        __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, m + i), b1), _mm512_mul_ps(b3, s));
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + i), b2),
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(ld16(mk, m + i), b1), _mm512_mul_ps(b3, s));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(ld16(mk, v + i), b2),
                                   _mm512_mul_ps(_mm512_mul_ps(omb2, s), s));
         __m512 mh = _mm512_div_ps(mi, bc1), vh = _mm512_div_ps(vi, bc2);
         __m512 u = _mm512_div_ps(mh, _mm512_add_ps(_mm512_sqrt_ps(vh), eps));
         if (k->adam_w_mode)
             u = _mm512_add_ps(u, _mm512_mul_ps(decay, pi));
-        _mm512_mask_storeu_ps(g + i, mk, u);
-        _mm512_mask_storeu_ps(m + i, mk, mi);
-        _mm512_mask_storeu_ps(v + i, mk, vi);
+        st16(g + i, mk, u);
+        st16(m + i, mk, mi);
+        st16(v + i, mk, vi);
         __m512d ulo = _mm512_cvtps_pd(_mm512_castps512_ps256(u));
         acc = _mm512_fmadd_pd(ulo, ulo, acc);
         if (mk == (__mmask16)0xffff) {
@@ -428,10 +444,10 @@ DT_AVX512 static void lamb2_avx512(float *p, float *u, size_t n, float ratio, bo
     const __m512 r = _mm512_set1_ps(ratio);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 ui = _mm512_maskz_loadu_ps(mk, u + i);
-        _mm512_mask_storeu_ps(p + i, mk, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, p + i), _mm512_mul_ps(r, ui)));
+        __m512 ui = ld16(mk, u + i);
+        st16(p + i, mk, _mm512_sub_ps(ld16(mk, p + i), _mm512_mul_ps(r, ui)));
         if (zero_grad)
-            _mm512_mask_storeu_ps(u + i, mk, _mm512_setzero_ps());
+            st16(u + i, mk, _mm512_setzero_ps());
     }
 }
 
@@ -440,7 +456,7 @@ DT_AVX512 static void scale_avx512(float *x, size_t n, float s)
     const __m512 sv = _mm512_set1_ps(s);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        _mm512_mask_storeu_ps(x + i, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), sv));
+        st16(x + i, mk, _mm512_mul_ps(ld16(mk, x + i), sv));
     }
 }
 #endif
