@@ -84,9 +84,11 @@ static int64_t get_token(cfg_reader *r, const char *key)
         v = v->child;
     if (!v || cJSON_IsNull(v))
         return -1;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble)) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= (double)INT32_MAX) ||
+        v->valuedouble != floor(v->valuedouble)) {
         if (r->st >= 0)
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id (or a list of them)", r->path, key);
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id in [0, 2^31) (or a list of them)",
+                             r->path, key);
         return -1;
     }
     return (int64_t)v->valuedouble;

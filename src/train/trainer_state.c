@@ -190,7 +190,8 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
     const cJSON *el;
     cJSON_ArrayForEach(el, arr)
     {
-        if (!cJSON_IsNumber(el) || !(el->valuedouble >= 0) || el->valuedouble != floor(el->valuedouble)) {
+        if (!cJSON_IsNumber(el) || !(el->valuedouble >= 0 && el->valuedouble <= 9007199254740992.0) ||
+            el->valuedouble != floor(el->valuedouble)) {
             st = dt_error(DT_ERR_FORMAT, "trainer run state: module counter %zu is not an integer >= 0", i);
             goto out;
         }

@@ -15,6 +15,8 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
@@ -199,9 +201,37 @@ TEST(config_read)
     ASSERT_STATUS(dt_hf_config_read(HF, &h), DT_ERR_NOT_FOUND);
 }
 
+/* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
+ * to int64 was undefined behaviour) or negative is a format error naming
+ * the key, never a silent value. */
+TEST(config_bad_token_id)
+{
+    static const char *const bad[] = {"1.66667e+63", "-1", "2147483648", "1.5", "[1e300]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
+        ASSERT(mkdtemp(dir) != NULL);
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f,
+                "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 16,"
+                " \"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+                " \"eos_token_id\": %s}",
+                bad[i]);
+        fclose(f);
+        dt_hf_config h;
+        ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+        ASSERT(strstr(dt_last_error(), "eos_token_id") != NULL);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
 int main(void)
 {
     RUN(config_read);
+    RUN(config_bad_token_id);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);
