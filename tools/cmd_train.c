@@ -306,10 +306,6 @@ static int freeze_patterns(trainer *t, const char *eval_ckpt)
     }
     if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
         return rc;
-    if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
-        dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
-        return 2;
-    }
     t->lora = dt_lora_params_default();
     if (t->o.lora_r)
         t->lora.r = t->o.lora_r;
