@@ -10,7 +10,10 @@
  * ("h.0.attn.c_attn.weight") and the adapters are named as PEFT names them
  * in memory without the adapter name ("h.0.attn.c_attn.lora_A.weight"). The
  * build then freezes every parameter outside the adapters (nn_impl.h:
- * dt__lora_param), as PEFT with bias = "none" does. */
+ * dt__lora_param), as PEFT with bias = "none" does. A layer that holds a
+ * slice of a larger one (a tensor-parallel layer) carries a dt_lora_hook
+ * (dt_module_set_lora): its adapters get the slicing it names and its
+ * forward is the hook's, which knows the collectives (tp_lora.c). */
 #include "nn_impl.h"
 
 #include <math.h>
