@@ -12,8 +12,10 @@
  *    under --tp 2, each giving the uninterrupted run's later losses;
  *    --lora-from the one-process adapters under --tp 2 starts from them
  *    (the first loss of a run from them is the one-process run's);
+ *  - --lora-dropout under --tp 2 draws the one-process masks;
  *  - --freeze under --tp 2 starts from the one-process weights (the frozen
- *    parameters used to keep the tensor-parallel model's own draw).
+ *    parameters used to keep the tensor-parallel model's own draw);
+ *  - LoRA with GPT-2's --sequence-parallel is refused (exit 2, said).
  * SGD with momentum (AdamW would turn rounding-level gradients into full
  * steps, see test_train_llama_par.c). The bound is that test's: each step
  * loss within 1e-5 relative plus 1.5e-6, the printed validation loss
@@ -244,6 +246,24 @@ TEST(lora_from_under_tp2)
     ASSERT(fabs(a[0] - g_one[0].loss[0]) > 1e-3);
 }
 
+/* --lora-dropout 0.1 under --tp 2: the one-process masks (a row-parallel
+ * adapter's columns take their part of the full input's mask), so the
+ * one-process losses */
+TEST(dropout_tp2_follows_one_process)
+{
+    static cli_result r;
+    const char *m1 = outp(&g_llama, "drop1.jsonl"), *m2 = outp(&g_llama, "drop2.jsonl");
+    run(&r, &g_llama, 1, "8", m1, (char *[]){"--lora-dropout", "0.1", "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    run(&r, &g_llama, 2, "8", m2, (char *[]){"--lora-dropout", "0.1", "--no-eval", "--tp", "2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    double a[64], b[64];
+    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
+    ASSERT_EQ_INT(nb, 4);
+    ASSERT(fabs(b[3] - g_one[0].loss[3]) > 1e-4); /* the dropout is on */
+    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+}
+
 /* --freeze under --tp 2 (no LoRA): the one-process losses */
 TEST(freeze_tp2_follows_one_process)
 {
@@ -295,6 +315,7 @@ int main(void)
     RUN(tp2_checkpoint_resumes_in_one_process);
     RUN(one_process_checkpoint_resumes_under_tp2);
     RUN(lora_from_under_tp2);
+    RUN(dropout_tp2_follows_one_process);
     RUN(freeze_tp2_follows_one_process);
     RUN(sequence_parallel_refused);
     cli_cleanup();

@@ -13,7 +13,8 @@
  *   row-parallel (input columns sliced): A_r [r, in/t] the rank's columns,
  *   B [out, r] whole. u = g(A_r x_r) (its own all-reduce, N x r floats), then
  *   B u on every rank; g's backward is the identity, so dB, dA_r and dx_r
- *   are exact without further reduction.
+ *   are exact without further reduction. With lora_dropout the rank's
+ *   columns get their part of the single-process mask (row_input).
  *
  * Every replicated adapter thus gets the same full gradient on every rank of
  * the group, and the result equals the single-process layer's within the
@@ -56,6 +57,27 @@ static dt_tensor *column_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
     return dt_add(ctx, y, dt_scale(ctx, d, a->eps));
 }
 
+/* The row adapters' input: the rank's columns x_r of the layer's input,
+ * through lora_dropout with the rank's columns of the single-process
+ * layer's mask (dropout's mask depends on the element's index in the full
+ * [.., in] input, so it is drawn over a full-sized tensor of ones and
+ * sliced: the same values as one process, at the cost of the full mask). */
+static dt_tensor *row_input(dt_ctx *ctx, dt_module *m, const dt_lora_hook *h, dt_tensor *x)
+{
+    dt_pg *g = h->group;
+    dt_module *d = dt_module_find_child(m, "lora_dropout");
+    if (h->flags & SCATTER) /* x is the whole input */
+        return dt_tp_scatter_last(ctx, g, drop(ctx, m, x));
+    if (!x || !d || !d->training || !(d->p > 0))
+        return x;
+    int64_t shape[DT_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] *= dt_pg_size(g);
+    dt_tensor *ones = dt_tensor_full(ctx, x->dtype, x->ndim, shape, 1.0);
+    dt_tensor *mask = ones ? dt_dropout(ctx, ones, d->p, true, dt_module_dropout_key(d)) : NULL;
+    return mask ? dt_mul(ctx, x, dt_tp_scatter_last(ctx, g, mask)) : NULL;
+}
+
 static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
     const dt_lora_hook *h = ud;
@@ -64,8 +86,7 @@ static dt_tensor *row_lora(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
     dt_tensor *y = base_forward(ctx, m, x);
     if (!y || !a || !b)
         return NULL;
-    dt_tensor *xr = h->flags & SCATTER ? dt_tp_scatter_last(ctx, g, x) : x;
-    dt_tensor *u = dt_tp_reduce_from_region(ctx, g, dt_linear(ctx, drop(ctx, m, xr), a->params[0], NULL));
+    dt_tensor *u = dt_tp_reduce_from_region(ctx, g, dt_linear(ctx, row_input(ctx, m, h, x), a->params[0], NULL));
     return dt_add(ctx, y, dt_scale(ctx, dt_linear(ctx, u, b->params[0], NULL), a->eps));
 }
 
