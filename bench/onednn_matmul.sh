@@ -78,8 +78,7 @@ if [ -x "$build/bench/onednn_matmul_dtrain" ]; then
 else
     echo "onednn_matmul.sh: no $build/bench/onednn_matmul_dtrain (make build): the dtrain column is left out" >&2
 fi
-set -- $progs
-n=$#
+n=$(echo "$progs" | wc -w)
 args="--reps $reps --types $types$dims"
 [ -n "$only" ] && args="$args --only $only"
 echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores, threads $threads," \
@@ -87,10 +86,10 @@ echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores,
 r=0
 while [ $r -lt "$rounds" ]; do
     i=0
-    while [ $i -lt $n ]; do
-        k=$(( (i + r) % n + 1 ))
-        eval "lib=\${$k}"
+    while [ $i -lt "$n" ]; do
+        lib=$(echo "$progs" | cut -d' ' -f$(( (i + r) % n + 1 )))
         rc=0
+        # shellcheck disable=SC2086 # $args is a list of options
         OMP_NUM_THREADS=$threads OMP_PROC_BIND=false "$tmp/$lib" $args >>"$tmp/out" 2>>"$tmp/log" || rc=$?
         # 1: some shape failed (its line says why, e.g. no bf16 matmul on the CPU); else give up
         [ $rc -le 1 ] || { echo "onednn_matmul.sh: $lib failed (exit $rc):" >&2; cat "$tmp/log" >&2; exit 1; }
