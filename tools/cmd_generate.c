@@ -270,21 +270,16 @@ int dt_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (bpe) {
-        uint16_t *u = malloc((size_t)n * sizeof *u);
-        char *text = NULL;
+        char *text = NULL; /* an id past the vocabulary (a model wider than it): an error, never another token */
         size_t len = 0;
-        for (int64_t i = 0; u && i < n; i++)
-            u[i] = (uint16_t)out[i];
-        if (!u || dt_bpe_decode(bpe, u, n, &text, &len) < 0) {
-            free(u);
-            dt__cli_err("dtrain generate: %s\n", u ? dt_last_error() : "out of memory");
-            rc = 1;
+        if ((st = dt_bpe_decode_ids(bpe, out, n, &text, &len)) < 0) {
+            dt__cli_err("dtrain generate: %s\n", dt_last_error());
+            rc = st == DT_ERR_RANGE ? 2 : 1;
             goto done;
         }
         fwrite(text, 1, len, stdout);
         printf("\n");
         free(text);
-        free(u);
     } else {
         for (int64_t i = 0; i < n; i++)
             printf("%s%lld", i == 0 ? "" : i == np ? " | " : " ", (long long)out[i]);

@@ -457,6 +457,12 @@ DT_API dt_status dt_bpe_encode(const dt_bpe *bpe, const void *text, size_t n, ui
  * convenience; *len excludes the NUL), the caller frees it. DT_ERR_RANGE
  * naming the position of an id outside the vocabulary. */
 DT_API dt_status dt_bpe_decode(const dt_bpe *bpe, const uint16_t *ids, int64_t n, char **text, size_t *len);
+/* dt_bpe_decode of ids held as int64 (a model's output, whose vocabulary
+ * may be larger than bpe's): an id outside [0, dt_bpe_vocab_size(bpe)),
+ * negative or 65536 and above included, is DT_ERR_RANGE naming its value
+ * and position; no id is narrowed to 16 bits (65536 + 97 is an error, never
+ * the token 97). */
+DT_API dt_status dt_bpe_decode_ids(const dt_bpe *bpe, const int64_t *ids, int64_t n, char **text, size_t *len);
 
 /* ---- samplers ------------------------------------------------------------ */
 /* A sampler yields the dataset indices of one epoch, for this process. */
