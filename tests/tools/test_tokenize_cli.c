@@ -160,6 +160,60 @@ TEST(train_on_text)
     free(corpus);
 }
 
+/* --loss-mask: prompt/completion jsonl trains with the loss on the
+ * completions only (the value itself: nn/test_loss_mask); mistakes are
+ * exit 2 naming the line, the key or the option. */
+TEST(train_loss_mask)
+{
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    char *j = tp(0, "pc.jsonl"), *m = tp(1, "missing.jsonl"), *x = tp(2, "plain.txt");
+    char lines[4096] = "";
+    for (int i = 0; i < 12; i++)
+        snprintf(lines + strlen(lines), sizeof lines - strlen(lines),
+                 "{\"instruction\": \"Who divided the light from the darkness? (%d)\", \"output\": \" And God "
+                 "divided the light from the darkness.\"}\n",
+                 i);
+    write_file(j, lines, strlen(lines));
+    const char *ml = "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"a\", \"answer\": \"b\"}\n";
+    write_file(m, ml, strlen(ml));
+    write_file(x, "In the beginning.\n", 18);
+    char data[700], bad[700], txt[700];
+    snprintf(data, sizeof data, "jsonl:%s,prompt=instruction,completion=output", j);
+    snprintf(bad, sizeof bad, "jsonl:%s,prompt=instruction,completion=output", m);
+    snprintf(txt, sizeof txt, "text:%s", x);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask", "--tokenizer",
+                        tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "val loss");
+    struct {
+        const char *data, *val, *msg;
+    } cases[] = {
+        {bad, NULL, ":2: want an object with a string \"output\""},
+        {txt, NULL, "--loss-mask takes GPT models on prompt/completion data"},
+        {data, txt, "--loss-mask takes GPT models on prompt/completion data"},
+        {"tokens:x.bin", NULL, "--loss-mask takes GPT models on prompt/completion data"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[24] = {"train", "--model", "gpt-micro", "--data", (char *)cases[i].data, "--loss-mask",
+                          "--tokenizer", tok, "--max-steps", "1", "--threads", "1"};
+        int a = 12;
+        argv[a++] = "--val-data", argv[a++] = (char *)(cases[i].val ? cases[i].val : cases[i].data);
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 2 || !strstr(r.err, cases[i].msg))
+            fprintf(stderr, "case %zu: %d %s\n", i, r.code, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, cases[i].msg);
+    }
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--loss-mask", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--loss-mask");
+}
+
 /* A tokenizer with ids above 65,535 (as Llama-3's 128,256): the token file
  * is uint32 (magic 20240801) and holds the ids the tokenizers library gives
  * (70000 for "ab", checked with tokenizers 0.23), decodes back to the text,
@@ -251,6 +305,7 @@ int main(void)
     RUN(train_encode_split_decode);
     RUN(tokenizer_json);
     RUN(train_on_text);
+    RUN(train_loss_mask);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
     cli_cleanup();
