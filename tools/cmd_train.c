@@ -515,7 +515,7 @@ static int vocab_size_from_vocab(trainer *t)
 /* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
  * message on error): a checkpoint keeps it, so dtrain generate --ckpt
  * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
-static char *vocab_quoted(const char *path)
+static char *vocab_quoted(const char *opt, const char *path)
 {
     FILE *f = fopen(path, "rb");
     char *buf = NULL, *q = NULL;
@@ -533,7 +533,7 @@ static char *vocab_quoted(const char *path)
         fclose(f);
     free(buf);
     if (!q)
-        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+        dt__cli_err("dtrain train: %s %s: cannot read it to keep it with the checkpoints\n", opt, path);
     return q;
 }
 
@@ -980,12 +980,23 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
     }
-    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
-    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+    char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted("--vocab", t->o.vocab)))
         return 2;
-    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (t->lm && t->o.tokenizer && t->o.save) {
+        char tp[4200];
+        struct stat sb;
+        bool dir = stat(t->o.tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode); /* a model directory holding one */
+        snprintf(tp, sizeof tp, dir ? "%s/tokenizer.json" : "%s", t->o.tokenizer);
+        if (!(tq = vocab_quoted("--tokenizer", tp))) {
+            cJSON_free(vq);
+            return 2;
+        }
+    }
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + 512;
     if (!(t->user_json = malloc(n))) {
         cJSON_free(vq);
+        cJSON_free(tq);
         return fail(1, "out of memory");
     }
     snprintf(t->user_json, n,
@@ -998,6 +1009,11 @@ static int make_user_json(trainer *t)
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
         cJSON_free(vq);
+    }
+    if (tq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_json\":%s}", tq);
+        cJSON_free(tq);
     }
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);

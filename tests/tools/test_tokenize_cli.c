@@ -5,6 +5,7 @@
  * never cut to 16 bits; trained on), and bad usage / bad input (exit 2, one
  * line naming the problem, no output file). */
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 #include "test.h"
 #include "train_cli.h"
 
@@ -214,6 +215,84 @@ TEST(train_loss_mask)
     ASSERT_STR_CONTAINS(r.err, "--loss-mask");
 }
 
+/* dtrain generate --prompt TEXT through a tokenizer.json: --tokenizer FILE,
+ * an hf:DIR model's own tokenizer.json, a --ckpt run's kept one; the text
+ * printed is the tokenizer's decoding of the ids generate --prompt-ids
+ * gives for the prompt's encoding (greedy). An id past the tokenizer: exit 2. */
+TEST(generate_with_tokenizer)
+{
+    char tok[1024], data[1200];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    snprintf(data, sizeof data, "text:%s/tests/data/tokenizer/bible.txt", DT_SOURCE_DIR);
+    char *ck = tp(0, "gen_ck"), *hf = tp(1, "gen_hf"), hfm[700];
+    snprintf(hfm, sizeof hfm, "hf:%s", hf);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--data", data, "--tokenizer", tok, "--seq", "32", "--batch",
+                        "4", "--max-steps", "2", "--no-eval", "--save", ck, "--save-hf", hf, "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    dt_tokenizer *t = NULL;
+    ASSERT_OK(dt_tokenizer_load(tok, &t));
+    const char *prompt = "And God said";
+    uint32_t *pids;
+    int64_t np;
+    ASSERT_OK(dt_tokenizer_encode(t, prompt, strlen(prompt), true, &pids, &np));
+    char list[256] = "";
+    for (int64_t i = 0; i < np; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", pids[i]);
+    free(pids);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", hfm, "--prompt-ids", list, "--temperature", "0", "--max-new-tokens",
+                        "12", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    uint32_t ids[64];
+    int64_t n = 0;
+    for (char *p = r.out; *p && n < 64;) { /* "p1 ... pn | t1 ... tk" */
+        char *e;
+        unsigned long v = strtoul(p, &e, 10);
+        if (e == p) {
+            p++;
+            continue;
+        }
+        ids[n++] = (uint32_t)v;
+        p = e;
+    }
+    ASSERT_EQ_INT(n, np + 12);
+    char *want;
+    size_t wl;
+    ASSERT_OK(dt_tokenizer_decode(t, ids, n, false, &want, &wl));
+    dt_tokenizer_free(t);
+    char *argvs[3][12] = {
+        {"generate", "--model", hfm, "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "12"},
+        {"generate", "--model", hfm, "--tokenizer", tok, "--prompt", (char *)prompt, "--temperature", "0",
+         "--max-new-tokens", "12"},
+        {"generate", "--ckpt", ck, "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "12"},
+    };
+    for (int k = 0; k < 3; k++) {
+        cli_runv(&r, 60, NULL, argvs[k]);
+        if (r.code != 0 || strncmp(r.out, want, wl))
+            fprintf(stderr, "case %d: %d\n%s\n%s\nwant %s\n", k, r.code, r.out, r.err, want);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(strlen(r.out) == wl + 1 && !strncmp(r.out, want, wl) && r.out[wl] == '\n');
+    }
+    free(want);
+    /* a model wider than the tokenizer (701 ids): the first id past it is an error, never another token */
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", "llama-tiny", "--vocab-size", "60000", "--tokenizer", tok, "--prompt",
+                        (char *)prompt, "--max-new-tokens", "16", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "outside the tokenizer's 701 ids");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", hfm, "--tokenizer", tok, "--vocab", tok, "--prompt", "a", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not both");
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "llama-tiny", "--prompt", "a", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tokenizer");
+}
+
 /* A tokenizer with ids above 65,535 (as Llama-3's 128,256): the token file
  * is uint32 (magic 20240801) and holds the ids the tokenizers library gives
  * (70000 for "ab", checked with tokenizers 0.23), decodes back to the text,
@@ -306,6 +385,7 @@ int main(void)
     RUN(tokenizer_json);
     RUN(train_on_text);
     RUN(train_loss_mask);
+    RUN(generate_with_tokenizer);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
     cli_cleanup();
