@@ -154,7 +154,8 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model, "
+     "--save checkpoints keep it (dtrain generate --ckpt DIR --prompt TEXT)"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
      "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY], keys prompt and "
      "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
