@@ -68,7 +68,7 @@ with torch.no_grad():
     out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                          max_new_tokens=len(ours), do_sample=False)
 theirs = out[0, len(prompt):].tolist()
-ours_text = open(log, encoding="utf-8").read().rstrip("\n")
+ours_text = open(log, encoding="utf-8").read()[:-1]  # dtrain generate ends the text with one newline of its own
 theirs_text = tok.decode(out[0].tolist())
 print("dtrain generate ids:     ", " ".join(map(str, ours)))
 print("transformers greedy ids: ", " ".join(map(str, theirs)))
