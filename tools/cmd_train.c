@@ -979,6 +979,8 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.n_head ? t->o.n_head : g.n_head), (long long)(t->o.n_embd ? t->o.n_embd : g.n_embd),
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
+        if (t->o.loss_mask) /* the data's prompt targets are ignored: dtrain eval --ckpt evaluates alike */
+            snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
     }
     char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
     if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted("--vocab", t->o.vocab)))

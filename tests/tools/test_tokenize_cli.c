@@ -9,6 +9,8 @@
 #include "test.h"
 #include "train_cli.h"
 
+#include <math.h>
+
 static char p_[6][600];
 static char *tp(int slot, const char *name)
 {
@@ -168,7 +170,7 @@ TEST(train_loss_mask)
 {
     char tok[1024];
     snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
-    char *j = tp(0, "pc.jsonl"), *m = tp(1, "missing.jsonl"), *x = tp(2, "plain.txt");
+    char *j = tp(0, "pc.jsonl"), *m = tp(1, "missing.jsonl"), *x = tp(2, "plain.txt"), *ck = tp(3, "mask_ck");
     char lines[4096] = "";
     for (int i = 0; i < 12; i++)
         snprintf(lines + strlen(lines), sizeof lines - strlen(lines),
@@ -186,11 +188,31 @@ TEST(train_loss_mask)
     cli_result r;
     cli_runv(&r, 120, NULL,
              (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask", "--tokenizer",
-                        tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1", NULL});
+                        tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1", "--save", ck, NULL});
     if (r.code != 0)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "val loss");
+    /* dtrain eval --ckpt evaluates as the run did (the checkpoint keeps --loss-mask): the same loss as with
+     * --loss-mask given, another without it (every token counted) */
+    double loss[3];
+    for (int k = 0; k < 3; k++) {
+        char *argv[16] = {"eval", "--ckpt", ck, "--tokenizer", tok, "--json"};
+        int a = 6;
+        if (k)
+            argv[a++] = "--data", argv[a++] = data, argv[a++] = "--val-data", argv[a++] = data;
+        if (k == 1)
+            argv[a++] = "--loss-mask";
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 0)
+            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        const char *l = strstr(r.out, "\"loss\":");
+        ASSERT(l != NULL);
+        loss[k] = strtod(l + 7, NULL);
+    }
+    ASSERT(loss[0] == loss[1]);
+    ASSERT(fabs(loss[2] - loss[0]) > 1e-3);
     struct {
         const char *data, *val, *msg;
     } cases[] = {
