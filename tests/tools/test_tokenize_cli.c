@@ -315,6 +315,28 @@ TEST(generate_with_tokenizer)
     ASSERT_STR_CONTAINS(r.err, "--tokenizer");
 }
 
+/* generate --vocab with a model wider than the BPE (70,000 ids against
+ * 300): the first id the BPE does not have is an error naming it, exit 2;
+ * the uint16 cast it replaced turned 65,536 + k into token k silently. */
+TEST(generate_vocab_wide_model)
+{
+    size_t n;
+    char *corpus = make_corpus(&n);
+    char *c = tp(0, "wide_corpus.txt"), *v = tp(1, "wide.bpe");
+    write_file(c, corpus, n);
+    free(corpus);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "300", c, "-o", v, "--min-count", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", "70000", "--vocab", v, "--prompt", "In",
+                        "--max-new-tokens", "16", "--sample-seed", "3", NULL});
+    if (r.code != 2)
+        fprintf(stderr, "%d\n%s\n%s\n", r.code, r.out, r.err);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is outside the vocabulary of 300");
+}
+
 /* A tokenizer with ids above 65,535 (as Llama-3's 128,256): the token file
  * is uint32 (magic 20240801) and holds the ids the tokenizers library gives
  * (70000 for "ab", checked with tokenizers 0.23), decodes back to the text,
@@ -408,6 +430,7 @@ int main(void)
     RUN(train_on_text);
     RUN(train_loss_mask);
     RUN(generate_with_tokenizer);
+    RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
     cli_cleanup();
