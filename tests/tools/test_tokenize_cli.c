@@ -187,8 +187,9 @@ TEST(train_loss_mask)
     snprintf(txt, sizeof txt, "text:%s", x);
     cli_result r;
     cli_runv(&r, 120, NULL,
-             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask", "--tokenizer",
-                        tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1", "--save", ck, NULL});
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask",
+                        "--tokenizer", tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1",
+                        "--save", ck, NULL});
     if (r.code != 0)
         fprintf(stderr, "%s\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);

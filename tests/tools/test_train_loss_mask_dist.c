@@ -4,10 +4,12 @@
  * every window counts the same 9 targets; then each rank's mean over its
  * own counted targets, averaged over the ranks (PyTorch DDP's semantics),
  * is the global batch's mean, and DDP, ZeRO-3, the pipeline (2 stages, 2
- * micro-batches) and --tp 2 on 2 ranks follow the one-process run's
- * per-step losses from the Hugging Face golden Llama (global batch 8,
- * AdamW) within 1e-5 relative. The masked run's losses differ from the
- * unmasked one's (the mask reaches the loss under each strategy). */
+ * micro-batches), --tp 2 and --cp 2 (the halves of a window count 2 and 7
+ * targets: the loss is the sum and the count over the group) on 2 ranks
+ * follow the one-process run's per-step losses from the Hugging Face
+ * golden Llama (global batch 8, AdamW) within 1e-5 relative. The masked
+ * run's losses differ from the unmasked one's by more than 1e-3 (the mask
+ * reaches the loss under each strategy). */
 // dt-test-timeout: 300
 #include "test.h"
 #include "tools/train_cli.h"
@@ -91,6 +93,7 @@ TEST(strategies_follow_one_process)
         {"zero3", "4", {"--zero", "3", NULL}},
         {"pp2", "8", {"--pp", "2", "--micro-batches", "2", NULL}},
         {"tp2", "8", {"--tp", "2", NULL}},
+        {"cp2", "8", {"--cp", "2", NULL}}, /* rank 0's half of a window counts 2 targets, rank 1's 7 */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char *m2 = cli_path(cases[c].name);
