@@ -46,7 +46,7 @@ echo "+ ${cmd[*]}"
 base=$(sed -n 's/^unigram cross-entropy .*: \([0-9.]*\) nats per token$/\1/p' "$out/data.log" | tail -1)
 val=$(sed -n 's/^val loss: \([0-9.]*\).*/\1/p' "$out/train.log" | tail -1)
 echo
-echo "validation loss after $steps steps: ${val:-?} nats per token (unigram baseline ${base:-?}; ln $vocab = $(awk "BEGIN{printf \"%.2f\", log($vocab)}"))"
+echo "validation loss after $steps steps: ${val:-?} nats per token (unigram baseline ${base:-?}; ln $((vocab + 1)) = $(awk "BEGIN{printf \"%.2f\", log($vocab + 1)}"): the BPE ids and <|endoftext|>)"
 echo "Hugging Face model directory: $out/hf ($(ls "$out/hf" | tr '\n' ' '))"
 # the prompt through the directory's tokenizer.json, the continuation decoded through it
 gen=("$cli" generate --model "hf:$out/hf" --prompt "$prompt" --temperature 0 --max-new-tokens 24)
