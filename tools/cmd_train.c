@@ -511,7 +511,7 @@ static int vocab_size_from_vocab(trainer *t)
 /* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
  * message on error): a checkpoint keeps it, so dtrain generate --ckpt
  * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
-static char *vocab_quoted(const char *path)
+static char *vocab_quoted(const char *opt, const char *path)
 {
     FILE *f = fopen(path, "rb");
     char *buf = NULL, *q = NULL;
@@ -529,7 +529,7 @@ static char *vocab_quoted(const char *path)
         fclose(f);
     free(buf);
     if (!q)
-        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+        dt__cli_err("dtrain train: %s %s: cannot read it to keep it with the checkpoints\n", opt, path);
     return q;
 }
 
@@ -633,6 +633,7 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
+        kp.completion_only_loss = t->o.loss_mask; /* prompt positions get label -100: the loss skips them */
         const char *vspec = t->o.val_data ? t->o.val_data : t->o.data, *val = vspec + 7;
         if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
             (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)
@@ -974,13 +975,26 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.n_head ? t->o.n_head : g.n_head), (long long)(t->o.n_embd ? t->o.n_embd : g.n_embd),
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
+        if (t->o.loss_mask) /* the data's prompt targets are ignored: dtrain eval --ckpt evaluates alike */
+            snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
     }
-    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
-    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+    char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted("--vocab", t->o.vocab)))
         return 2;
-    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (t->lm && t->o.tokenizer && t->o.save) {
+        char tp[4200];
+        struct stat sb;
+        bool dir = stat(t->o.tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode); /* a model directory holding one */
+        snprintf(tp, sizeof tp, dir ? "%s/tokenizer.json" : "%s", t->o.tokenizer);
+        if (!(tq = vocab_quoted("--tokenizer", tp))) {
+            cJSON_free(vq);
+            return 2;
+        }
+    }
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + 512;
     if (!(t->user_json = malloc(n))) {
         cJSON_free(vq);
+        cJSON_free(tq);
         return fail(1, "out of memory");
     }
     snprintf(t->user_json, n,
@@ -993,6 +1007,11 @@ static int make_user_json(trainer *t)
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
         cJSON_free(vq);
+    }
+    if (tq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_json\":%s}", tq);
+        cJSON_free(tq);
     }
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);
