@@ -371,11 +371,18 @@ DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
  *         algorithm (the default for large messages) sends 2 (W-1)/W * 4N
  *         bytes per rank (chunks cut as the algorithm cuts them). One
  *         relaxed atomic add per copied block; nothing is exchanged to read.
- *   mpi   Open MPI's own per-peer counters of its point-to-point layer
+ *   mpi   per peer: Open MPI's own counters of its point-to-point layer
  *         (collectives included: they are made of messages), read through
  *         MPI_T, when the job was started with the monitoring layer on:
- *         `mpirun --mca pml_monitoring_enable 1 ...` (payload bytes, no
- *         TCP/IP headers). Without it, or under another MPI, counted = 0.
+ *         `mpirun --mca pml_monitoring_enable 1 ...` (payload bytes).
+ *         Otherwise, per machine (per_peer = 0): the kernel's count of the
+ *         bytes this process sent on its TCP connections to other machines
+ *         (TCP_INFO's bytes_sent of every connected TCP socket whose peer
+ *         address is not this socket's own or loopback: MPI's TCP transport
+ *         between nodes, TCP payload with retransmissions, no headers), so
+ *         sent = sent_cross_node = what left the node; traffic inside the
+ *         node (shared memory) is not seen. No TCP socket counted, no
+ *         layer: counted = 0.
  *   user backends: the optional `traffic` slot of dt_backend_ops.
  * Counting never communicates and costs nothing until read; reading is a
  * local call (not collective) that any thread may make. On shm the bytes a
@@ -384,7 +391,11 @@ DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
  * next collective of the group) for an operation's complete count. */
 typedef struct dt_pg_traffic {
     int counted;              /* 1: the backend counts (the fields below are valid); 0: it does not */
-    int nodes_known;          /* 1: sent_cross_node is valid (dt_pg_topology ran on pg) */
+    int nodes_known;          /* 1: sent_cross_node is valid (dt_pg_topology ran on pg, or the
+                               * backend counts what leaves the machine itself) */
+    int per_peer;             /* 1: counted per peer (per_peer[] and sent cover all traffic);
+                               * 0: only the bytes that left the machine are known (per_peer[]
+                               * all 0, sent = sent_cross_node) */
     uint64_t sent;            /* bytes this process sent to the other ranks of pg, all groups */
     uint64_t sent_cross_node; /* of which to ranks on another node than this rank's */
 } dt_pg_traffic;
@@ -867,6 +878,11 @@ typedef struct dt_backend_ops {
      * with dt_error(). Called from any thread, concurrently with run:
      * read counters, never communicate. (Added in DT_BACKEND_VERSION 3.) */
     dt_status (*traffic)(void *ctx, uint64_t *sent, int n);
+    /* Optional (used when traffic is NULL or says DT_ERR_UNSUPPORTED). Set
+     * *left to the bytes this process has sent off its machine so far, as
+     * the transport counts them, for a backend that cannot say per peer.
+     * Same rules as traffic. (DT_BACKEND_VERSION 3.) */
+    dt_status (*traffic_off_node)(void *ctx, uint64_t *left);
 } dt_backend_ops;
 
 /* Copy a consistent snapshot of a status block (flight_board) into dst,

@@ -130,6 +130,23 @@ dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out)
     return DT_OK;
 }
 
+/* A backend that counts only what leaves the machine (traffic_off_node). */
+static dt_status off_node(dt_pg *pg, dt_pg_traffic *out)
+{
+    uint64_t left = 0;
+    if (!pg->ops->traffic_off_node)
+        return DT_OK;
+    dt_status st = pg->ops->traffic_off_node(pg->ctx, &left);
+    if (st == DT_ERR_UNSUPPORTED)
+        return DT_OK;
+    if (st < 0)
+        return st;
+    out->counted = 1;
+    out->nodes_known = 1;
+    out->sent = out->sent_cross_node = left;
+    return DT_OK;
+}
+
 dt_status dt_pg_traffic_read(dt_pg *pg, dt_pg_traffic *out, uint64_t *per_peer, int n)
 {
     if (!pg || !out)
@@ -144,16 +161,17 @@ dt_status dt_pg_traffic_read(dt_pg *pg, dt_pg_traffic *out, uint64_t *per_peer, 
     if (per_peer)
         memset(per_peer, 0, (size_t)W * sizeof *per_peer);
     if (!pg->ops->traffic)
-        return DT_OK;
+        return off_node(pg, out);
     uint64_t *sent = per_peer ? per_peer : calloc((size_t)W, sizeof *sent);
     if (!sent)
         return dt_error(DT_ERR_NO_MEMORY, "dt_pg_traffic_read: out of memory");
     dt_status st = pg->ops->traffic(pg->ctx, sent, W);
     if (st == DT_ERR_UNSUPPORTED) {
         memset(sent, 0, (size_t)W * sizeof *sent);
-        st = DT_OK;
+        st = off_node(pg, out);
     } else if (st >= 0) {
         out->counted = 1;
+        out->per_peer = 1;
         sent[pg->rank] = 0;
         pthread_mutex_lock(&pg->mu);
         out->nodes_known = pg->node_of != NULL;

@@ -3,7 +3,12 @@
  * = "on") a send of K bytes adds exactly K to the count to the peer (the
  * layer counts payload bytes), an all-reduce of N f32 adds at least
  * (W-1)/W * 4N per rank, and a split group's traffic shows in the world
- * group's counts; with the layer off (argv[1] = "off") counted = 0. */
+ * group's counts; with the layer off (argv[1] = "off") counted = 0. An
+ * Open MPI whose layer does not load when asked (Debian's 4.1.4 unloads
+ * it: its init finds monitoring disabled) skips the "on" half (77).
+ * argv[1] = "bed" (tests/comm/netbed_test.sh traffic: 2 nodes x 1 rank of
+ * the test bed, no layer): the bytes that left the node, as TCP counted
+ * them, for an all-reduce of 4 Mi f32 lie between half and all of it. */
 #include "dtrain/comm.h"
 
 #include <stdio.h>
@@ -24,6 +29,7 @@
 int main(int argc, char **argv)
 {
     int on = argc > 1 && !strcmp(argv[1], "on");
+    int bed = argc > 1 && !strcmp(argv[1], "bed");
     dt_pg_params p = dt_pg_params_default();
     dt_pg *pg;
     OK(dt_pg_init(&p, &pg));
@@ -35,6 +41,25 @@ int main(int argc, char **argv)
     dt_pg_traffic ta, tb, tc;
     OK(dt_pg_barrier(pg));
     OK(dt_pg_traffic_read(pg, &ta, a, 2));
+    if (bed) { /* 2 nodes of the test bed: what left the node, counted by TCP */
+        CHECK(ta.counted && ta.nodes_known, "counted %d nodes_known %d on the bed", ta.counted, ta.nodes_known);
+        enum { NB = 1 << 22 };
+        float *y = calloc(NB, sizeof *y);
+        CHECK(y != NULL, "oom");
+        OK(dt_pg_allreduce(pg, DT_IN_PLACE, y, NB, DT_F32, DT_REDUCE_SUM));
+        OK(dt_pg_barrier(pg));
+        OK(dt_pg_traffic_read(pg, &tb, NULL, 0));
+        uint64_t d = tb.sent_cross_node - ta.sent_cross_node;
+        /* any all-reduce algorithm on 2 ranks sends at least half the vector; a ring or
+           recursive halving sends half, recursive doubling the whole */
+        CHECK(d >= (uint64_t)NB * 2 && d <= (uint64_t)NB * 4 + (256u << 10),
+              "all-reduce of %d f32 across 2 nodes: %llu bytes left the node", NB, (unsigned long long)d);
+        free(y);
+        dt_pg_free(pg);
+        printf("mpi_traffic: bed: rank %d: %llu bytes left the node (per_peer %d)\n", me, (unsigned long long)d,
+               tb.per_peer);
+        return 0;
+    }
     if (!on) {
         CHECK(!ta.counted && !ta.sent && !a[0] && !a[1], "counted %d sent %llu with the layer off", ta.counted,
               (unsigned long long)ta.sent);
@@ -42,7 +67,13 @@ int main(int argc, char **argv)
         printf("mpi_traffic: off: not counted, as expected\n");
         return 0;
     }
-    CHECK(ta.counted && ta.nodes_known, "counted %d nodes_known %d", ta.counted, ta.nodes_known);
+    if (!ta.counted) { /* Debian's Open MPI 4.1.4 unloads the layer even when asked for it */
+        fprintf(stderr, "skip: Open MPI's pml monitoring layer did not load (pml_monitoring_enable=1 was "
+                        "given): this MPI cannot count bytes per peer\n");
+        dt_pg_free(pg);
+        return 77;
+    }
+    CHECK(ta.nodes_known, "nodes_known %d", ta.nodes_known);
     enum { K = 1 << 20, N = 1 << 20 };
     char *buf = calloc(K, 1);
     float *x = calloc(N, sizeof *x);

@@ -237,6 +237,11 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   add_test(NAME comm/mpi_traffic_off
            COMMAND ${DT_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none
                    -np 2 $<TARGET_FILE:mpi_traffic> off)
+  set_tests_properties(comm/mpi_traffic_on PROPERTIES SKIP_RETURN_CODE 77)
+  add_test(NAME comm/netbed_traffic
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh traffic ${PROJECT_SOURCE_DIR} $<TARGET_FILE:mpi_traffic>)
+  set_tests_properties(comm/netbed_traffic PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed" SKIP_RETURN_CODE 77
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
   set_tests_properties(comm/mpi_traffic_on comm/mpi_traffic_off PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
     ENVIRONMENT "DT_BACKEND=mpi;DT_SIM_LOCAL_SIZE=1;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
 endif()

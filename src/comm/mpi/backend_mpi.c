@@ -665,6 +665,7 @@ const dt_backend_ops dt__backend_mpi = {
     .mem_free = NULL,
     .subgroup = mpi_subgroup,
     .traffic = dt__mpi_traffic,
+    .traffic_off_node = dt__mpi_traffic_off_node,
     .abort = dt__mpi_abort,
     .p2p_start = dt__mpi_p2p_start,
     .p2p_test = dt__mpi_p2p_test,

@@ -127,6 +127,8 @@ void dt__mpi_abort(void *ctx, dt_status st, const char *msg);
  * MPI_T); start binds the counters once MPI is up (first group). */
 void dt__mpi_traffic_start(void);
 dt_status dt__mpi_traffic(void *ctx, uint64_t *sent, int n);
+/* Without the layer: bytes sent on TCP connections to other machines. */
+dt_status dt__mpi_traffic_off_node(void *ctx, uint64_t *left);
 
 /* mpi_fail.c */
 extern MPI_Comm dt__mpi_ctl;

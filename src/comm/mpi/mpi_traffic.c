@@ -98,3 +98,75 @@ dt_status dt__mpi_traffic(void *ctx, uint64_t *sent, int n)
     pthread_mutex_unlock(&g_mu);
     return st;
 }
+
+/* ---- without the layer: what left the machine, as TCP counted it ----
+ * Every connected TCP socket of this process whose peer address is neither
+ * loopback nor the socket's own address leads to another machine (MPI's
+ * TCP transport between nodes; inside a node MPI uses shared memory). The
+ * kernel counts the bytes sent on each (TCP_INFO bytes_sent: payload,
+ * retransmissions included). A connection closed since the last read takes
+ * its bytes with it: MPI keeps its transport's connections for the job. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+static int same_or_loopback(const struct sockaddr_storage *me, const struct sockaddr_storage *peer)
+{
+    if (peer->ss_family == AF_INET) {
+        const struct sockaddr_in *p = (const void *)peer, *m = (const void *)me;
+        return (ntohl(p->sin_addr.s_addr) >> 24) == 127 || p->sin_addr.s_addr == m->sin_addr.s_addr;
+    }
+    if (peer->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *p = (const void *)peer, *m = (const void *)me;
+        return IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) || IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) ?
+                   (IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) || p->sin6_addr.s6_addr[12] == 127 ||
+                    !memcmp(&p->sin6_addr, &m->sin6_addr, sizeof p->sin6_addr)) :
+                   !memcmp(&p->sin6_addr, &m->sin6_addr, sizeof p->sin6_addr);
+    }
+    return 1;
+}
+
+dt_status dt__mpi_traffic_off_node(void *ctx, uint64_t *left)
+{
+    (void)ctx;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return DT_ERR_UNSUPPORTED;
+    uint64_t sum = 0;
+    int sockets = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd < 0 || fd == dirfd(d))
+            continue;
+        struct stat st;
+        int type = 0;
+        socklen_t tl = sizeof type;
+        if (fstat((int)fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+            getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
+            continue;
+        struct sockaddr_storage me, peer;
+        socklen_t ml = sizeof me, pl = sizeof peer;
+        if (getsockname((int)fd, (struct sockaddr *)&me, &ml) != 0 ||
+            getpeername((int)fd, (struct sockaddr *)&peer, &pl) != 0 ||
+            (peer.ss_family != AF_INET && peer.ss_family != AF_INET6) || same_or_loopback(&me, &peer))
+            continue;
+        struct tcp_info ti;
+        socklen_t il = sizeof ti;
+        memset(&ti, 0, sizeof ti);
+        if (getsockopt((int)fd, IPPROTO_TCP, TCP_INFO, &ti, &il) != 0 ||
+            il < offsetof(struct tcp_info, tcpi_bytes_sent) + sizeof ti.tcpi_bytes_sent)
+            continue;
+        sum += ti.tcpi_bytes_sent;
+        sockets++;
+    }
+    closedir(d);
+    if (!sockets)
+        return DT_ERR_UNSUPPORTED;
+    *left = sum;
+    return DT_OK;
+}
