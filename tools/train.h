@@ -243,10 +243,18 @@ dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3
 typedef struct dt__metrics_measured {
     double peak_rss_bytes, step_ms;
     double predicted_peak_rss_bytes, predicted_step_ms;
+    /* the backend's byte counters (comm_counted: the backend counts): the
+     * bytes all ranks sent, and of them to another node (comm_nodes_known),
+     * from the end of the first optimizer step to the end of the run, which
+     * spans comm_steps steps */
+    int comm_counted, comm_nodes_known;
+    double comm_bytes_sent, comm_bytes_cross_node, comm_steps;
 } dt__metrics_measured;
 /* status: "ok" | "interrupted" | "failed"; step: the global step reached;
  * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms",
- * then "predicted_peak_rss_bytes" and "predicted_step_ms". */
+ * then "predicted_peak_rss_bytes" and "predicted_step_ms", then (when
+ * counted) "comm_bytes_sent", "comm_bytes_cross_node" (with the nodes
+ * known) and "comm_steps". */
 dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
                             const dt__metrics_measured *me);
 /* s as a JSON string literal with its quotes ("null" if it does not fit in n). */
