@@ -83,6 +83,12 @@ DT_API dt_status dt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
 /* Any of f32, f16, bf16 to any of them (same dtype = copy). Other dtypes:
  * DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_k_convert(const void *x, dt_dtype xt, void *y, dt_dtype yt, int64_t n);
+/* Index of the first non-finite element (Inf or NaN: exponent bits all ones)
+ * of x[0, n) of dtype dt (f32, bf16 or f16), or n when every element is
+ * finite (also for n <= 0 (0), a NULL x or another dtype). One read pass,
+ * vectorised (AVX2 / AVX-512 as dt_k_get_isa() says) and split over threads;
+ * the same index on every path. */
+DT_API int64_t dt_k_first_nonfinite(const void *x, dt_dtype dt, int64_t n);
 
 /* ---- oneDNN statistics and cache ----------------------------------------- */
 typedef struct {
