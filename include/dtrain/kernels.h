@@ -129,6 +129,23 @@ DT_API dt_status dt_k_matmul_batched(bool trans_a, bool trans_b, int64_t batch, 
                                      const void *B, int64_t stride_b, dt_dtype ab_type, float beta,
                                      float *C, int64_t stride_c, const float *bias);
 
+/* The batched product (beta 0) with C of the operands' dtype t (bf16 or
+ * f16): the f32 sums (alpha, bias added in f32) rounded once to t, round to
+ * nearest even, so C_b holds what dt_k_matmul_batched's f32 C_b rounded by
+ * dt_k_convert would (the sums may differ in the last bits of f32: oneDNN
+ * picks its kernel per destination dtype). Where dt_k_matmul_writes_lp(t)
+ * oneDNN writes C directly (no f32 result in memory); elsewhere an f32
+ * result is allocated, multiplied into and rounded. C is a uint16_t array
+ * (stride_c elements between batches, as above). */
+DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
+                                        int64_t K, float alpha, const void *A, int64_t stride_a,
+                                        const void *B, int64_t stride_b, dt_dtype t, void *C,
+                                        int64_t stride_c, const float *bias);
+/* Whether dt_k_matmul_batched_lp writes its t result directly here: oneDNN
+ * has a native t matmul on this CPU and dtrain's AMX GEMM (which writes
+ * f32) does not run instead. */
+DT_API bool dt_k_matmul_writes_lp(dt_dtype t);
+
 /* Whether oneDNN runs bf16 matmul natively on this CPU (AVX-512 and up);
  * false means bf16 matmuls are widened to f32 (same results, f32 speed). */
 DT_API bool dt_k_matmul_bf16_native(void);
