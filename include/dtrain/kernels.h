@@ -581,6 +581,15 @@ DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int6
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */
 DT_API dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du);
+/* SwiGLU on low-precision data (t = bf16 or f16, uint16_t arrays): y (t) =
+ * dt_k_swiglu_fwd of g and u widened, rounded once to t; block by block in
+ * cache, the same bits as widening, dt_k_swiglu_fwd and rounding. */
+DT_API dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n, void *y);
+/* Its backward as the chain cast -> swiglu -> cast computes it: dy (f32) is
+ * rounded to t, dt_k_swiglu_bwd runs on the widened g, u, and dg, du (f32
+ * arrays, either may be NULL) get its results rounded to t values. */
+DT_API dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
+                                    float *du);
 
 #ifdef __cplusplus
 }

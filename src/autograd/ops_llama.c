@@ -138,7 +138,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
 
 /* ---- SwiGLU -------------------------------------------------------------------- */
 
-/* i[0] = n; saved: gate, up */
+/* i[0] = n, i[1] = the inputs' dtype; saved: gate, up */
 static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *G = n->in[0], *U = n->in[1];
@@ -146,7 +146,9 @@ static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gu = dt__rg(U) ? dt__grad_begin(ctx, U) : NULL;
     if ((dt__rg(G) && !gg) || (dt__rg(U) && !gu))
         return dt_last_status();
-    dt_status st = dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu);
+    dt_dtype t = (dt_dtype)n->i[1];
+    dt_status st = t == DT_F32 ? dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu)
+                               : dt_k_swiglu_bwd_lp(n->saved[0], n->saved[1], t, gout, n->i[0], gg, gu);
     if (st >= 0 && gg)
         st = dt__grad_commit(ctx, G, gg);
     if (st >= 0 && gu)
@@ -160,9 +162,14 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
     DT__NEED(ctx, op, gate);
     DT__NEED(ctx, op, up);
     dt_tensor *lp[2] = {gate, up};
-    DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_swiglu(ctx, lp[0], lp[1]));
-    DT__NEED_F32(ctx, op, gate);
-    DT__NEED_F32(ctx, op, up);
+    /* both bf16 (or both f16): one kernel reads them and writes the result in
+     * their dtype, with the numbers of the common rule's casts (ops_cast.c) */
+    const dt_dtype t = dt__is_lp(gate) && up->dtype == gate->dtype && !dt__blocked(gate) && !dt__blocked(up)
+                           ? gate->dtype : DT_F32;
+    if (t == DT_F32)
+        DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_swiglu(ctx, lp[0], lp[1]));
+    if (t == DT_F32 && (!dt__check_f32(op, "gate", gate) || !dt__check_f32(op, "up", up)))
+        return NULL;
     bool same = gate->ndim == up->ndim;
     for (int d = 0; same && d < gate->ndim; d++)
         same = gate->shape[d] == up->shape[d];
@@ -172,10 +179,10 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
     }
     int64_t n = dt_tensor_numel(gate);
     const float *gd = dt__cdata(ctx, gate), *ud = dt__cdata(ctx, up);
-    dt_tensor *out = dt__out(ctx, gate->ndim, gate->shape);
+    dt_tensor *out = t == DT_F32 ? dt__out(ctx, gate->ndim, gate->shape) : dt_tensor_empty(ctx, t, gate->ndim, gate->shape);
     if (!gd || !ud || !out)
         return NULL;
-    if (dt_k_swiglu_fwd(gd, ud, n, out->data) < 0) {
+    if ((t == DT_F32 ? dt_k_swiglu_fwd(gd, ud, n, out->data) : dt_k_swiglu_fwd_lp(gd, ud, t, n, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -184,7 +191,7 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
         dt__node *nd = dt__ag_record(ctx, op, swiglu_backward, out, 2, in);
         if (!nd)
             return NULL;
-        nd->i[0] = n;
+        nd->i[0] = n, nd->i[1] = t;
         nd->saved[0] = (void *)(uintptr_t)gd;
         nd->saved[1] = (void *)(uintptr_t)ud;
     }
