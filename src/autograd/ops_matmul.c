@@ -231,7 +231,13 @@ static dt_status dense_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         else if ((st = dt_k_matmul(false, !wt, R, In, Out, 1.0f, G, W, t, beta, gx, NULL)) < 0)
             return st;
     }
-    if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
+    void *gwl = t != DT_F32 && dt__rg(n->in[1]) ? dt__grad_gemm_lp(ctx, n->in[1], t) : NULL;
+    if (gwl) { /* the weight's only contribution, rounded into its gradient as it is stored */
+        st = wt ? dt_k_matmul_batched_lp(true, false, 1, Out, In, R, 1.0f, G, 0, X, 0, t, gwl, 0, NULL)
+                : dt_k_matmul_batched_lp(true, false, 1, In, Out, R, 1.0f, X, 0, G, 0, t, gwl, 0, NULL);
+        if (st < 0)
+            return st;
+    } else if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
         float *gw = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gw)
             return dt_last_status();
