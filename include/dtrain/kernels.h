@@ -83,6 +83,12 @@ DT_API dt_status dt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
 /* Any of f32, f16, bf16 to any of them (same dtype = copy). Other dtypes:
  * DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_k_convert(const void *x, dt_dtype xt, void *y, dt_dtype yt, int64_t n);
+/* Index of the first non-finite element (Inf or NaN: exponent bits all ones)
+ * of x[0, n) of dtype dt (f32, bf16 or f16), or n when every element is
+ * finite (also for n <= 0 (0), a NULL x or another dtype). One read pass,
+ * vectorised (AVX2 / AVX-512 as dt_k_get_isa() says) and split over threads;
+ * the same index on every path. */
+DT_API int64_t dt_k_first_nonfinite(const void *x, dt_dtype dt, int64_t n);
 
 /* ---- oneDNN statistics and cache ----------------------------------------- */
 typedef struct {
@@ -122,6 +128,23 @@ DT_API dt_status dt_k_matmul_batched(bool trans_a, bool trans_b, int64_t batch, 
                                      int64_t K, float alpha, const void *A, int64_t stride_a,
                                      const void *B, int64_t stride_b, dt_dtype ab_type, float beta,
                                      float *C, int64_t stride_c, const float *bias);
+
+/* The batched product (beta 0) with C of the operands' dtype t (bf16 or
+ * f16): the f32 sums (alpha, bias added in f32) rounded once to t, round to
+ * nearest even, so C_b holds what dt_k_matmul_batched's f32 C_b rounded by
+ * dt_k_convert would (the sums may differ in the last bits of f32: oneDNN
+ * picks its kernel per destination dtype). Where dt_k_matmul_writes_lp(t)
+ * oneDNN writes C directly (no f32 result in memory); elsewhere an f32
+ * result is allocated, multiplied into and rounded. C is a uint16_t array
+ * (stride_c elements between batches, as above). */
+DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
+                                        int64_t K, float alpha, const void *A, int64_t stride_a,
+                                        const void *B, int64_t stride_b, dt_dtype t, void *C,
+                                        int64_t stride_c, const float *bias);
+/* Whether dt_k_matmul_batched_lp writes its t result directly here: oneDNN
+ * has a native t matmul on this CPU and dtrain's AMX GEMM (which writes
+ * f32) does not run instead. */
+DT_API bool dt_k_matmul_writes_lp(dt_dtype t);
 
 /* Whether oneDNN runs bf16 matmul natively on this CPU (AVX-512 and up);
  * false means bf16 matmuls are widened to f32 (same results, f32 speed). */
@@ -558,6 +581,15 @@ DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int6
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */
 DT_API dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du);
+/* SwiGLU on low-precision data (t = bf16 or f16, uint16_t arrays): y (t) =
+ * dt_k_swiglu_fwd of g and u widened, rounded once to t; block by block in
+ * cache, the same bits as widening, dt_k_swiglu_fwd and rounding. */
+DT_API dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n, void *y);
+/* Its backward as the chain cast -> swiglu -> cast computes it: dy (f32) is
+ * rounded to t, dt_k_swiglu_bwd runs on the widened g, u, and dg, du (f32
+ * arrays, either may be NULL) get its results rounded to t values. */
+DT_API dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
+                                    float *du);
 
 #ifdef __cplusplus
 }

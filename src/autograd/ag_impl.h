@@ -56,6 +56,14 @@ dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf);
  * first contribution to a temporary's gradient, so no zero-fill is needed;
  * 1 = accumulate). */
 float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta);
+/* For a GEMM that would bring the only contribution of this backward pass
+ * to a low-precision parameter t whose gradient buffer is lazily zero
+ * (DT_TENSOR_GRAD_LAZY; its last pending use, no f32 accumulator live) and
+ * whose result oneDNN can write in gt (dt_k_matmul_writes_lp): t's gradient
+ * data (dtype gt), with the mark cleared, for the GEMM to write with
+ * dt_k_matmul_batched_lp. NULL otherwise (use dt__grad_gemm). The caller
+ * must then write the whole buffer. */
+void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt);
 
 /* Contiguous f32 output temporary of the given shape. */
 dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);

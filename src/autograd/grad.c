@@ -24,7 +24,11 @@
  * where the first contribution adds (zero = true); a GEMM's first
  * contribution writes it with beta = 0 instead. A lazily zeroed leaf
  * (DT_TENSOR_GRAD_LAZY) keeps its mark until the flush, which then writes
- * the rounded sum over the stale buffer instead of adding to it. */
+ * the rounded sum over the stale buffer instead of adding to it. When a
+ * GEMM brings a lazy leaf's only contribution of the pass (its last pending
+ * use, no accumulator live), dt__grad_gemm_lp hands it the gradient tensor
+ * itself: the GEMM rounds its f32 sums into it once (the flush's rounding,
+ * without the f32 buffer and the pass over it). */
 static bool lp_leaf(const dt_tensor *t)
 {
     return t->grad ? t->grad->dtype != DT_F32 : !(t->flags & DT_TENSOR_TEMP) && t->dtype != DT_F32;
@@ -167,6 +171,17 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
     }
     *beta = 1.0f;
     return dt__grad(ctx, t);
+}
+
+void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
+{
+    dt_tensor *g = t->grad;
+    if (gt == DT_F32 || !g || g->dtype != gt || (t->flags & DT_TENSOR_TEMP) || !(t->flags & DT_TENSOR_GRAD_LAZY) ||
+        lp_acc_live(ctx, t) || t->epoch_ != ctx->epoch || t->pending_ != 1 || !dt_tensor_is_contiguous(g) ||
+        !dt_k_matmul_writes_lp(gt))
+        return NULL;
+    t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY; /* the GEMM writes the buffer; the flush finds nothing to add */
+    return g->data;
 }
 
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)

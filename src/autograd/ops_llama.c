@@ -3,7 +3,9 @@
  *
  * Each is one node over a kernel of src/kernels/llm_ops.c (the packing is a
  * copy). Low precision follows the common rule (ops_cast.c): bf16/f16
- * inputs are widened, computed in f32 and the result rounded once. */
+ * inputs are widened, computed in f32 and the result rounded once; SwiGLU
+ * and the packing of two / three inputs of one low-precision dtype compute
+ * those numbers without the cast passes (block by block in cache; a copy). */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -138,7 +140,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
 
 /* ---- SwiGLU -------------------------------------------------------------------- */
 
-/* i[0] = n; saved: gate, up */
+/* i[0] = n, i[1] = the inputs' dtype; saved: gate, up */
 static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *G = n->in[0], *U = n->in[1];
@@ -146,7 +148,9 @@ static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     float *gu = dt__rg(U) ? dt__grad_begin(ctx, U) : NULL;
     if ((dt__rg(G) && !gg) || (dt__rg(U) && !gu))
         return dt_last_status();
-    dt_status st = dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu);
+    dt_dtype t = (dt_dtype)n->i[1];
+    dt_status st = t == DT_F32 ? dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu)
+                               : dt_k_swiglu_bwd_lp(n->saved[0], n->saved[1], t, gout, n->i[0], gg, gu);
     if (st >= 0 && gg)
         st = dt__grad_commit(ctx, G, gg);
     if (st >= 0 && gu)
@@ -160,9 +164,14 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
     DT__NEED(ctx, op, gate);
     DT__NEED(ctx, op, up);
     dt_tensor *lp[2] = {gate, up};
-    DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_swiglu(ctx, lp[0], lp[1]));
-    DT__NEED_F32(ctx, op, gate);
-    DT__NEED_F32(ctx, op, up);
+    /* both bf16 (or both f16): one kernel reads them and writes the result in
+     * their dtype, with the numbers of the common rule's casts (ops_cast.c) */
+    const dt_dtype t = dt__is_lp(gate) && up->dtype == gate->dtype && !dt__blocked(gate) && !dt__blocked(up)
+                           ? gate->dtype : DT_F32;
+    if (t == DT_F32)
+        DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_swiglu(ctx, lp[0], lp[1]));
+    if (t == DT_F32 && (!dt__check_f32(op, "gate", gate) || !dt__check_f32(op, "up", up)))
+        return NULL;
     bool same = gate->ndim == up->ndim;
     for (int d = 0; same && d < gate->ndim; d++)
         same = gate->shape[d] == up->shape[d];
@@ -172,10 +181,10 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
     }
     int64_t n = dt_tensor_numel(gate);
     const float *gd = dt__cdata(ctx, gate), *ud = dt__cdata(ctx, up);
-    dt_tensor *out = dt__out(ctx, gate->ndim, gate->shape);
+    dt_tensor *out = t == DT_F32 ? dt__out(ctx, gate->ndim, gate->shape) : dt_tensor_empty(ctx, t, gate->ndim, gate->shape);
     if (!gd || !ud || !out)
         return NULL;
-    if (dt_k_swiglu_fwd(gd, ud, n, out->data) < 0) {
+    if ((t == DT_F32 ? dt_k_swiglu_fwd(gd, ud, n, out->data) : dt_k_swiglu_fwd_lp(gd, ud, t, n, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -184,7 +193,7 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
         dt__node *nd = dt__ag_record(ctx, op, swiglu_backward, out, 2, in);
         if (!nd)
             return NULL;
-        nd->i[0] = n;
+        nd->i[0] = n, nd->i[1] = t;
         nd->saved[0] = (void *)(uintptr_t)gd;
         nd->saved[1] = (void *)(uintptr_t)ud;
     }
@@ -193,49 +202,70 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
 
 /* ---- grouped-query packing ----------------------------------------------------------- */
 
-/* Copy (dir 0: q, k, v -> qkv) or gather back (dir 1: qkv gradient -> q, k,
- * v gradients, the kv ones summed over their copies; k, v zeroed first).
- * rows = B T, H heads of q, KV of k and v, hd each. */
-static void pack_rows(float *q, float *k, float *v, float *qkv, int64_t rows, int64_t H, int64_t KV, int64_t hd,
-                      int dir)
+/* q, k, v rows (elements of es bytes) copied into qkv rows; rows = B T, H
+ * heads of q, KV of k and v, hd each. */
+static void pack_fwd(const char *q, const char *k, const char *v, char *qkv, int64_t rows, int64_t H, int64_t KV,
+                     int64_t hd, size_t es)
 {
     const int64_t C = H * hd, Ck = KV * hd, rep = H / KV;
     for (int64_t r = 0; r < rows; r++) {
-        float *o = qkv + r * 3 * C, *qr = q ? q + r * C : NULL, *kr = k ? k + r * Ck : NULL,
-              *vr = v ? v + r * Ck : NULL;
-        if (dir == 0) {
-            memcpy(o, qr, (size_t)C * 4);
-            for (int64_t h = 0; h < H; h++) {
-                memcpy(o + C + h * hd, kr + (h / rep) * hd, (size_t)hd * 4);
-                memcpy(o + 2 * C + h * hd, vr + (h / rep) * hd, (size_t)hd * 4);
-            }
-            continue;
+        char *o = qkv + (size_t)(r * 3 * C) * es;
+        const char *qr = q + (size_t)(r * C) * es, *kr = k + (size_t)(r * Ck) * es, *vr = v + (size_t)(r * Ck) * es;
+        memcpy(o, qr, (size_t)C * es);
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(o + (size_t)(C + h * hd) * es, kr + (size_t)((h / rep) * hd) * es, (size_t)hd * es);
+            memcpy(o + (size_t)(2 * C + h * hd) * es, vr + (size_t)((h / rep) * hd) * es, (size_t)hd * es);
         }
+    }
+}
+
+/* The qkv gradient gathered back into the q, k, v gradients (any may be
+ * NULL), the kv ones summed over their copies in head order. */
+static void pack_bwd(float *q, float *k, float *v, const float *qkv, int64_t rows, int64_t H, int64_t KV, int64_t hd)
+{
+    const int64_t C = H * hd, Ck = KV * hd, rep = H / KV;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *o = qkv + r * 3 * C;
+        float *qr = q ? q + r * C : NULL, *kr = k ? k + r * Ck : NULL, *vr = v ? v + r * Ck : NULL;
         if (qr)
             memcpy(qr, o, (size_t)C * 4);
         if (kr)
             memset(kr, 0, (size_t)Ck * 4);
         if (vr)
             memset(vr, 0, (size_t)Ck * 4);
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t j = 0; j < hd; j++) {
-                if (kr)
-                    kr[(h / rep) * hd + j] += o[C + h * hd + j];
-                if (vr)
-                    vr[(h / rep) * hd + j] += o[2 * C + h * hd + j];
-            }
+        for (int64_t h = 0; h < H; h++) {
+            const float *ok = o + C + h * hd, *ov = o + 2 * C + h * hd;
+            float *dk = kr ? kr + (h / rep) * hd : NULL, *dv = vr ? vr + (h / rep) * hd : NULL;
+            for (int64_t j = 0; dk && j < hd; j++)
+                dk[j] += ok[j];
+            for (int64_t j = 0; dv && j < hd; j++)
+                dv[j] += ov[j];
+        }
     }
 }
 
-/* i[0..3] = rows, H, KV, hd */
+/* i[0..3] = rows, H, KV, hd, i[4] = the dtype. Low precision as the casts
+ * around an f32 pack would do it: the incoming gradient rounded to the
+ * dtype, gathered, the kv sums rounded (q's is a copy: rounded already). */
 static dt_status pack_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *g[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++)
         if (dt__rg(n->in[i]) && !(g[i] = dt__grad_begin(ctx, n->in[i])))
             return dt_last_status();
-    pack_rows(g[0], g[1], g[2], (float *)(uintptr_t)gout, n->i[0], n->i[1], n->i[2], n->i[3], 1);
+    const int64_t rows = n->i[0], H = n->i[1], KV = n->i[2], hd = n->i[3];
+    const dt_dtype t = (dt_dtype)n->i[4];
     dt_status st = DT_OK;
+    if (t != DT_F32) {
+        float *r = dt_arena_alloc(ctx->arena, (size_t)(rows * 3 * H * hd) * 4 + 4);
+        if (!r || (st = dt__round_to(t, gout, r, rows * 3 * H * hd)) < 0)
+            return r ? st : dt_last_status();
+        gout = r;
+    }
+    pack_bwd(g[0], g[1], g[2], gout, rows, H, KV, hd);
+    for (int i = 1; i < 3 && t != DT_F32 && st >= 0; i++)
+        if (g[i])
+            st = dt__round_to(t, g[i], g[i], rows * KV * hd);
     for (int i = 0; i < 3 && st >= 0; i++)
         if (g[i])
             st = dt__grad_commit(ctx, n->in[i], g[i]);
@@ -249,10 +279,12 @@ dt_tensor *dt_gqa_pack(dt_ctx *ctx, dt_tensor *q, dt_tensor *k, dt_tensor *v, in
     DT__NEED(ctx, op, k);
     DT__NEED(ctx, op, v);
     dt_tensor *lp[3] = {q, k, v};
-    DT__LP_RUN(ctx, 3, lp, dt__lp_result(3, lp), dt_gqa_pack(ctx, lp[0], lp[1], lp[2], n_head, n_kv_head));
-    DT__NEED_F32(ctx, op, q);
-    DT__NEED_F32(ctx, op, k);
-    DT__NEED_F32(ctx, op, v);
+    /* all three bf16 (or f16): packed as they are (a copy), no cast passes */
+    const dt_dtype t = dt__is_lp(q) && k->dtype == q->dtype && v->dtype == q->dtype ? q->dtype : DT_F32;
+    if (t == DT_F32)
+        DT__LP_RUN(ctx, 3, lp, dt__lp_result(3, lp), dt_gqa_pack(ctx, lp[0], lp[1], lp[2], n_head, n_kv_head));
+    if (t == DT_F32 && (!dt__check_f32(op, "q", q) || !dt__check_f32(op, "k", k) || !dt__check_f32(op, "v", v)))
+        return NULL;
     if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head) {
         dt_error(DT_ERR_INVALID_ARG, "%s: n_kv_head %d must divide n_head %d (both >= 1)", op, n_kv_head, n_head);
         return NULL;
@@ -267,18 +299,17 @@ dt_tensor *dt_gqa_pack(dt_ctx *ctx, dt_tensor *q, dt_tensor *k, dt_tensor *v, in
         return NULL;
     }
     int64_t rows = q->shape[0] * q->shape[1];
-    const float *qd = dt__cdata(ctx, q), *kd = dt__cdata(ctx, k), *vd = dt__cdata(ctx, v);
-    dt_tensor *out = dt__out(ctx, 3, (int64_t[]){q->shape[0], q->shape[1], 3 * q->shape[2]});
+    const void *qd = dt__cdata(ctx, q), *kd = dt__cdata(ctx, k), *vd = dt__cdata(ctx, v);
+    dt_tensor *out = dt_tensor_empty(ctx, t, 3, (int64_t[]){q->shape[0], q->shape[1], 3 * q->shape[2]});
     if (!qd || !kd || !vd || !out)
         return NULL;
-    pack_rows((float *)(uintptr_t)qd, (float *)(uintptr_t)kd, (float *)(uintptr_t)vd, out->data, rows, n_head,
-              n_kv_head, hd, 0);
+    pack_fwd(qd, kd, vd, out->data, rows, n_head, n_kv_head, hd, dt_dtype_size(t));
     dt_tensor *in[3] = {q, k, v};
     if (dt__ag_wants(ctx, 3, in)) {
         dt__node *n = dt__ag_record(ctx, op, pack_backward, out, 3, in);
         if (!n)
             return NULL;
-        n->i[0] = rows, n->i[1] = n_head, n->i[2] = n_kv_head, n->i[3] = hd;
+        n->i[0] = rows, n->i[1] = n_head, n->i[2] = n_kv_head, n->i[3] = hd, n->i[4] = t;
     }
     return out;
 }

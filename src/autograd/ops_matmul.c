@@ -7,8 +7,11 @@
  *
  * Low precision (precision.h): with both operands bf16 (or both f16) the
  * GEMMs take them as they are (dt_k_matmul: oneDNN's bf16 kernels with f32
- * accumulation where the CPU has them, else widened to f32 exactly), write
- * f32 and the result is rounded once to the operands' dtype. Backward
+ * accumulation where the CPU has them, else widened to f32 exactly) and the
+ * result is rounded once to the operands' dtype: by oneDNN as it stores
+ * (dt_k_matmul_batched_lp, no f32 result in memory, as PyTorch's bf16
+ * matmul) where it has the native kernels, else by a pass over an f32
+ * result (the emulation and dtrain's AMX GEMM write f32). Backward
  * rounds the incoming gradient to that dtype (the gradient of a bf16
  * tensor is bf16, as PyTorch's) and runs the same low-precision GEMMs into
  * the f32 gradient buffers. Mixed dtypes promote to f32; under autocast
@@ -159,7 +162,13 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
     dt_tensor *out = dt_tensor_empty(ctx, t, a->ndim, sh);
     if (!A || !B || !out)
         return NULL;
-    if (t != DT_F32) {
+    if (t != DT_F32 && dt_k_matmul_writes_lp(t)) { /* oneDNN rounds its f32 sums into out */
+        if (dt_k_matmul_batched_lp(false, false, b2d ? 1 : batch, b2d ? batch * M : M, N, K, 1.0f, A, b2d ? 0 : M * K,
+                                   B, b2d ? 0 : K * N, t, out->data, b2d ? 0 : M * N, NULL) < 0) {
+            dt_error_wrap(dt_last_status(), "%s", op);
+            return NULL;
+        }
+    } else if (t != DT_F32) {
         int64_t m = dt_tensor_numel(out);
         float *C = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float) + 4);
         if (!C)
@@ -222,7 +231,13 @@ static dt_status dense_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         else if ((st = dt_k_matmul(false, !wt, R, In, Out, 1.0f, G, W, t, beta, gx, NULL)) < 0)
             return st;
     }
-    if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
+    void *gwl = t != DT_F32 && dt__rg(n->in[1]) ? dt__grad_gemm_lp(ctx, n->in[1], t) : NULL;
+    if (gwl) { /* the weight's only contribution, rounded into its gradient as it is stored */
+        st = wt ? dt_k_matmul_batched_lp(true, false, 1, Out, In, R, 1.0f, G, 0, X, 0, t, gwl, 0, NULL)
+                : dt_k_matmul_batched_lp(true, false, 1, In, Out, R, 1.0f, X, 0, G, 0, t, gwl, 0, NULL);
+        if (st < 0)
+            return st;
+    } else if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
         float *gw = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gw)
             return dt_last_status();
@@ -285,7 +300,12 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
     if (!X || !W || (bias && !Bv) || !out)
         return NULL;
     float *Y = out->data;
-    if (t != DT_F32) { /* low precision: f32 result in scratch, rounded once */
+    if (t != DT_F32 && dt_k_matmul_writes_lp(t)) { /* oneDNN rounds its f32 sums (bias added) into out */
+        if (dt_k_matmul_batched_lp(false, wt, 1, R, Out, In, 1.0f, X, 0, W, 0, t, out->data, 0, Bv) < 0) {
+            dt_error_wrap(dt_last_status(), "%s", op);
+            return NULL;
+        }
+    } else if (t != DT_F32) { /* low precision: f32 result in scratch, rounded once */
         int64_t m = dt_tensor_numel(out);
         Y = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float) + 4);
         if (!Y)

@@ -297,6 +297,91 @@ AVX512 static void v5_bf16_f32(const uint16_t *x, float *y, int64_t n)
 }
 #endif /* DT_X86 */
 
+/* ---- the non-finite scan (dt_k_first_nonfinite) -------------------------------------
+ * An element is non-finite when its exponent bits are all ones (e = the
+ * exponent mask of its dtype); the vector loops test 64 bytes (or 32) at a
+ * time and hand the block that holds a hit to the scalar loop, which names
+ * the first element: the same index on every path. */
+static int64_t s_nonfinite(const void *p, int es, uint32_t e, int64_t n)
+{
+    if (es == 4) {
+        const uint32_t *u = p;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & e) == e)
+                return i;
+        return n;
+    }
+    const uint16_t *u = p;
+    for (int64_t i = 0; i < n; i++)
+        if ((u[i] & e) == e)
+            return i;
+    return n;
+}
+
+#ifdef DT_X86
+AVX2 static int64_t v2_nonfinite(const void *p, int es, uint32_t e, int64_t n)
+{
+    const int64_t per = 32 / es; /* elements per vector */
+    const __m256i m = es == 4 ? _mm256_set1_epi32((int)e) : _mm256_set1_epi16((short)e);
+    int64_t i = 0;
+    for (; i + 4 * per <= n; i += 4 * per) {
+        const __m256i *v = (const __m256i *)((const char *)p + i * es);
+        __m256i hit = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256i x = _mm256_and_si256(_mm256_loadu_si256(v + k), m);
+            hit = _mm256_or_si256(hit, es == 4 ? _mm256_cmpeq_epi32(x, m) : _mm256_cmpeq_epi16(x, m));
+        }
+        if (!_mm256_testz_si256(hit, hit))
+            return i + s_nonfinite((const char *)p + i * es, es, e, 4 * per);
+    }
+    return i + s_nonfinite((const char *)p + i * es, es, e, n - i);
+}
+
+AVX512 static int64_t v5_nonfinite(const void *p, int es, uint32_t e, int64_t n)
+{
+    const int64_t per = 64 / es;
+    const __m512i m = es == 4 ? _mm512_set1_epi32((int)e) : _mm512_set1_epi16((short)e);
+    int64_t i = 0;
+    for (; i + 4 * per <= n; i += 4 * per) {
+        const char *b = (const char *)p + i * es;
+        uint64_t hit = 0;
+        for (int k = 0; k < 4; k++) {
+            __m512i x = _mm512_and_si512(_mm512_loadu_si512(b + 64 * k), m);
+            hit |= es == 4 ? (uint64_t)_mm512_cmpeq_epi32_mask(x, m) : (uint64_t)_mm512_cmpeq_epi16_mask(x, m);
+        }
+        if (hit)
+            return i + s_nonfinite(b, es, e, 4 * per);
+    }
+    return i + s_nonfinite((const char *)p + i * es, es, e, n - i);
+}
+#endif
+
+int64_t dt_k_first_nonfinite(const void *x, dt_dtype dt, int64_t n)
+{
+    if (!x || n <= 0 || (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16))
+        return n > 0 ? n : 0;
+    const int es = dt == DT_F32 ? 4 : 2;
+    const uint32_t e = dt == DT_F32 ? 0x7f800000u : dt == DT_BF16 ? 0x7f80u : 0x7c00u;
+    int64_t (*f)(const void *, int, uint32_t, int64_t) = s_nonfinite;
+#ifdef DT_X86
+    dt_k_isa isa = dt_k_get_isa();
+    f = isa >= DT_K_ISA_AVX512 ? v5_nonfinite : isa == DT_K_ISA_AVX2 ? v2_nonfinite : s_nonfinite;
+#endif
+    const int64_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
+    int nt = dt__threads_for(n);
+    if (nt <= 1 || nchunks <= 1)
+        return f(x, es, e, n);
+    int64_t first = n; /* the lowest chunk's hit: the first non-finite element */
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(min : first)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
+        int64_t k = f((const char *)x + lo * es, es, e, len);
+        if (k < len && lo + k < first)
+            first = lo + k;
+    }
+    return first;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 typedef void (*cvt_fn)(const void *, void *, int64_t);
 enum { F32_F16, F16_F32, F32_BF16, BF16_F32 };

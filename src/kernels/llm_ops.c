@@ -15,6 +15,7 @@
 #include "kernels_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, const float *w, float eps, float *y,
                            float *save_rstd)
@@ -121,7 +122,134 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
     return DT_OK;
 }
 
-static inline float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* ---- SwiGLU: y = silu(g) u, silu(g) = g / (1 + e^-g) ----------------------------
+ * The row loops: scalar with dt__expf, and 8 / 16 lanes with dt__expf8 /
+ * dt__expf16 doing the same operations in the same order (the build does
+ * not contract FMAs), so every path gives the same bits. */
+static void swiglu_fwd_rows(const float *g, const float *u, int64_t n, float *y)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float sg = 1.0f / (1.0f + dt__expf(-g[i]));
+        y[i] = g[i] * sg * u[i];
+    }
+}
+
+/* dg = dy u sg (1 + g (1 - sg)), du = dy g sg (either may be NULL) */
+static void swiglu_bwd_rows(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float sg = 1.0f / (1.0f + dt__expf(-g[i])), silu = g[i] * sg;
+        if (dg)
+            dg[i] = dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        if (du)
+            du[i] = dy[i] * silu;
+    }
+}
+
+#if DT__X86_VEC
+DT__AVX2 static __m256 sigmoid8(__m256 g)
+{
+    __m256 ng = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(g), _mm256_set1_epi32((int)0x80000000u)));
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), dt__expf8(ng)));
+}
+
+DT__AVX2 static void swiglu_fwd_avx2(const float *g, const float *u, int64_t n, float *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 sg = sigmoid8(gv);
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sg), _mm256_loadu_ps(u + i)));
+    }
+    swiglu_fwd_rows(g + i, u + i, n - i, y + i);
+}
+
+DT__AVX2 static void swiglu_bwd_avx2(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i), d = _mm256_loadu_ps(dy + i), sg = sigmoid8(gv);
+        if (dg) {
+            __m256 a = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(u + i)), sg);
+            __m256 b = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sg)));
+            _mm256_storeu_ps(dg + i, _mm256_mul_ps(a, b));
+        }
+        if (du)
+            _mm256_storeu_ps(du + i, _mm256_mul_ps(d, _mm256_mul_ps(gv, sg)));
+    }
+    swiglu_bwd_rows(g + i, u + i, dy + i, n - i, dg ? dg + i : NULL, du ? du + i : NULL);
+}
+
+DT__AVX512 static __m512 sigmoid16(__m512 g)
+{
+    __m512 ng = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000u)));
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), dt__expf16(ng)));
+}
+
+DT__AVX512 static void swiglu_fwd_avx512(const float *g, const float *u, int64_t n, float *y)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 sg = sigmoid16(gv);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(gv, sg), _mm512_loadu_ps(u + i)));
+    }
+    swiglu_fwd_avx2(g + i, u + i, n - i, y + i);
+}
+
+DT__AVX512 static void swiglu_bwd_avx512(const float *g, const float *u, const float *dy, int64_t n, float *dg,
+                                         float *du)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i), d = _mm512_loadu_ps(dy + i), sg = sigmoid16(gv);
+        if (dg) {
+            __m512 a = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_loadu_ps(u + i)), sg);
+            __m512 b = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+            _mm512_storeu_ps(dg + i, _mm512_mul_ps(a, b));
+        }
+        if (du)
+            _mm512_storeu_ps(du + i, _mm512_mul_ps(d, _mm512_mul_ps(gv, sg)));
+    }
+    swiglu_bwd_avx2(g + i, u + i, dy + i, n - i, dg ? dg + i : NULL, du ? du + i : NULL);
+}
+#endif
+
+static void swiglu_fwd_any(const float *g, const float *u, int64_t n, float *y)
+{
+#if DT__X86_VEC
+    int v = dt__vec_level();
+    if (v == DT__VEC_AVX512) {
+        swiglu_fwd_avx512(g, u, n, y);
+        return;
+    }
+    if (v == DT__VEC_AVX2) {
+        swiglu_fwd_avx2(g, u, n, y);
+        return;
+    }
+#endif
+    swiglu_fwd_rows(g, u, n, y);
+}
+
+static void swiglu_bwd_any(const float *g, const float *u, const float *dy, int64_t n, float *dg, float *du)
+{
+#if DT__X86_VEC
+    int v = dt__vec_level();
+    if (v == DT__VEC_AVX512) {
+        swiglu_bwd_avx512(g, u, dy, n, dg, du);
+        return;
+    }
+    if (v == DT__VEC_AVX2) {
+        swiglu_bwd_avx2(g, u, dy, n, dg, du);
+        return;
+    }
+#endif
+    swiglu_bwd_rows(g, u, dy, n, dg, du);
+}
+
+enum { SW_BLK = 2048 }; /* elements per work item (in cache) */
 
 dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y)
 {
@@ -130,10 +258,13 @@ dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y)
     DT__CHECK_PTR(fn, g, n);
     DT__CHECK_PTR(fn, u, n);
     DT__CHECK_PTR(fn, y, n);
+    const int64_t nb = (n + SW_BLK - 1) / SW_BLK;
     int nt = dt__threads_for(n * 8);
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = g[i] * sigmoidf(g[i]) * u[i];
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+        swiglu_fwd_any(g + i, u + i, c, y + i);
+    }
     return DT_OK;
 }
 
@@ -144,14 +275,72 @@ dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64
     DT__CHECK_PTR(fn, g, n);
     DT__CHECK_PTR(fn, u, n);
     DT__CHECK_PTR(fn, dy, n);
+    const int64_t nb = (n + SW_BLK - 1) / SW_BLK;
     int nt = dt__threads_for(n * 8);
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t i = 0; i < n; i++) {
-        float sg = sigmoidf(g[i]), silu = g[i] * sg;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+        swiglu_bwd_any(g + i, u + i, dy + i, c, dg ? dg + i : NULL, du ? du + i : NULL);
+    }
+    return DT_OK;
+}
+
+/* x[0, c) rounded to dtype t in place (f32 -> t -> f32). */
+static void round_block(float *x, dt_dtype t, int64_t c)
+{
+    uint16_t h[SW_BLK];
+    dt_k_convert(x, DT_F32, h, t, c);
+    dt_k_convert(h, t, x, DT_F32, c);
+}
+
+dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n, void *y)
+{
+    const char *fn = "dt_k_swiglu_fwd_lp";
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, g, n);
+    DT__CHECK_PTR(fn, u, n);
+    DT__CHECK_PTR(fn, y, n);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    const int64_t nb = (n + SW_BLK - 1) / SW_BLK;
+    int nt = dt__threads_for(n * 8);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nb; b++) {
+        float gf[SW_BLK], uf[SW_BLK];
+        int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+        dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
+        dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
+        swiglu_fwd_any(gf, uf, c, gf);
+        dt_k_convert(gf, DT_F32, (uint16_t *)y + i, t, c);
+    }
+    return DT_OK;
+}
+
+dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
+                             float *du)
+{
+    const char *fn = "dt_k_swiglu_bwd_lp";
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, g, n);
+    DT__CHECK_PTR(fn, u, n);
+    DT__CHECK_PTR(fn, dy, n);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    const int64_t nb = (n + SW_BLK - 1) / SW_BLK;
+    int nt = dt__threads_for(n * 8);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nb; b++) {
+        float gf[SW_BLK], uf[SW_BLK], d[SW_BLK];
+        int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+        dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
+        dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
+        memcpy(d, dy + i, (size_t)c * sizeof(float));
+        round_block(d, t, c); /* the gradient of a t result holds t values */
+        swiglu_bwd_any(gf, uf, d, c, dg ? dg + i : NULL, du ? du + i : NULL);
         if (dg)
-            dg[i] = dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            round_block(dg + i, t, c);
         if (du)
-            du[i] = dy[i] * silu;
+            round_block(du + i, t, c);
     }
     return DT_OK;
 }

@@ -132,7 +132,7 @@ static dnnl_data_type_t dnnl_type(dt_dtype t)
 
 static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
                           int64_t sa, int64_t sb, int64_t sc, dnnl_data_type_t t, float alpha, float beta,
-                          bool bias, int64_t ldc)
+                          bool bias, int64_t ldc, dnnl_data_type_t ct)
 {
     const char *what = "dt_k_matmul";
     dnnl_engine_t eng = dt__dnnl_engine();
@@ -143,7 +143,7 @@ static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t 
         bd = 0;
     mat_md(&e->a_md, bd, batch, sa, M, K, ta, t, 0);
     mat_md(&e->b_md, bd, batch, sb, K, N, tb, t, e->pad_cols ? e->pad_cols + PAD_EXTRA : 0);
-    mat_md(&e->c_md, bd, batch, sc, M, N, false, dnnl_f32, ldc);
+    mat_md(&e->c_md, bd, batch, sc, M, N, false, ct, ldc);
     if (bd) {
         dnnl_dims_t d = {1, 1, N};
         dnnl_memory_desc_init_by_tag(&e->bias_md, 3, d, dnnl_f32, dnnl_abc);
@@ -219,7 +219,7 @@ static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64
 }
 
 /* One run of e's primitive on a, b, C (and bias). */
-static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, float *C, const float *bias, float beta)
+static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, void *C, const float *bias, float beta)
 {
     const char *fn = "dt_k_matmul";
     dt_status st;
@@ -248,16 +248,15 @@ out:
     return st;
 }
 
-dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                              const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
-                              float *C, int64_t sc, const float *bias)
+/* The product into C of dtype ct: f32, or t itself (beta 0) where
+ * mm_direct_lp says oneDNN writes it. */
+static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                        const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
+                        void *Cv, dt_dtype ct, int64_t sc, const float *bias)
 {
     const char *fn = "dt_k_matmul";
-    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
-    if (st < 0)
-        return st;
-    if (batch == 0 || M == 0 || N == 0)
-        return DT_OK;
+    dt_status st = DT_OK;
+    float *C = Cv; /* f32 unless ct is low precision (then only passed on to oneDNN) */
     if (batch == 1)
         sa = sb = sc = 0;
     if (t == DT_BF16 && dt__amx_active(NULL)) /* dtrain's AMX GEMM (gemm_amx.c) */
@@ -288,6 +287,7 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
     k[11] = fbits(alpha);
     k[12] = fbits(beta);
     k[13] = bias != NULL;
+    k[14] = ct;
     mm_entry *e = dt__cache_get(&key);
     if (!e) {
         e = calloc(1, sizeof *e);
@@ -307,15 +307,15 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
             e->split = split_n(ta, tb, M, N); /* plain products only (post-ops on a strided C are slow) */
         int64_t nc = e->split ? e->split : N, rest = e->split ? N % e->split : 0;
         st = mm_build(e, ta, tb, batch, M, nc, K, sa, sb, sc, dnnl_type(t), alpha, beta, bias != NULL,
-                      e->split ? N : 0);
+                      e->split ? N : 0, dnnl_type(ct));
         if (st >= 0 && rest) {
             e->tail = calloc(1, sizeof *e->tail);
             if (e->tail)
                 pthread_mutex_init(&e->tail->lock, NULL);
-            st = e->tail ? mm_build(e->tail, ta, tb, 1, M, rest, K, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, N)
+            st = e->tail ? mm_build(e->tail, ta, tb, 1, M, rest, K, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, N, dnnl_f32)
                          : DT_ERR_NO_MEMORY;
         }
-        if (st == DT_ERR_UNSUPPORTED && t != DT_F32) {
+        if (st == DT_ERR_UNSUPPORTED && t != DT_F32 && ct == DT_F32) {
             /* No native bf16/f16 matmul here: widen to f32 (exact) and run f32. */
             e->emulate = true;
             int64_t na = sa ? batch * sa : M * K, nb = sb ? batch * sb : K * N;
@@ -327,7 +327,7 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
             e->b_elems = nb;
             e->scratch = dt_alloc((size_t)(na + nb) * sizeof(float));
             st = e->scratch ? mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, dnnl_f32, alpha, beta,
-                                       bias != NULL, 0)
+                                       bias != NULL, 0, dnnl_f32)
                             : DT_ERR_NO_MEMORY;
         }
         if (st < 0) {
@@ -365,6 +365,50 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
     return st;
 }
 
+dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                              const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
+                              float *C, int64_t sc, const float *bias)
+{
+    dt_status st = mm_check("dt_k_matmul", ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
+    if (st < 0)
+        return st;
+    if (batch == 0 || M == 0 || N == 0)
+        return DT_OK;
+    return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, DT_F32, sc, bias);
+}
+
+bool dt_k_matmul_writes_lp(dt_dtype t)
+{
+    return (t == DT_BF16 || t == DT_F16) && dt_k_matmul_native(t) && !(t == DT_BF16 && dt__amx_active(NULL));
+}
+
+dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                                 const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                                 int64_t sc, const float *bias)
+{
+    const char *fn = "dt_k_matmul_batched_lp";
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
+    if (st < 0)
+        return st;
+    if (batch == 0 || M == 0 || N == 0)
+        return DT_OK;
+    if (K > 0 && dt_k_matmul_writes_lp(t))
+        return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, C, t, sc, bias);
+    /* no direct low-precision result here: the f32 product, rounded */
+    const int64_t scc = batch > 1 ? sc : M * N, m = (batch - 1) * scc + M * N;
+    float *tmp = dt_alloc((size_t)m * sizeof(float));
+    if (!tmp)
+        return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for an f32 result of %lld elements", fn, (long long)m);
+    st = dt_k_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, tmp, scc, bias);
+    if (st >= 0)
+        for (int64_t b = 0; b < batch && st >= 0; b++)
+            st = dt_k_convert(tmp + b * scc, DT_F32, (uint16_t *)C + b * scc, t, M * N);
+    dt_free(tmp);
+    return st;
+}
+
 dt_status dt_k_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                       const void *B, dt_dtype t, float beta, float *C, const float *bias)
 {
@@ -381,7 +425,7 @@ bool dt_k_matmul_native(dt_dtype t)
     if (!cached[t]) {
         mm_entry e;
         memset(&e, 0, sizeof e);
-        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false, 0);
+        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false, 0, dnnl_f32);
         if (e.prim)
             dnnl_primitive_destroy(e.prim);
         dt_error_clear();

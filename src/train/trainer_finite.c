@@ -4,57 +4,21 @@
  * skipped step restores, the cross-rank configuration check, and the
  * test-only fault injection (DT_FAULT_NONFINITE).
  *
- * The scan is one read pass over the owned gradients in their own dtype:
- * an element is non-finite when its exponent bits are all ones, tested with
- * integer operations (no floating-point compare, so it vectorises); the
+ * The scan is one read pass over the owned gradients in their own dtype
+ * (dt_k_first_nonfinite: exponent bits all ones, vectorised, threaded); the
  * flag travels in the step's existing agreement all-reduce (trainer.c).
  * Only when some rank raised it does every rank take the slow path here: one
  * more all-reduce of four numbers per rank, after which every rank knows
  * which ranks saw what and returns the same message. */
 #include "train/train_impl.h"
 
+#include "dtrain/kernels.h"
 #include "dtrain/parallel.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Index of the first non-finite element of p[0, n) of dtype dt (f32, bf16,
- * f16), or n when all are finite. */
-static size_t scan_block(const void *p, dt_dtype dt, size_t n)
-{
-    if (dt == DT_F32) {
-        const uint32_t *u = p;
-        for (size_t i = 0; i < n; i++)
-            if ((u[i] & 0x7f800000u) == 0x7f800000u)
-                return i;
-    } else if (dt == DT_BF16 || dt == DT_F16) {
-        const uint16_t *u = p;
-        const uint16_t e = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
-        for (size_t i = 0; i < n; i++)
-            if ((u[i] & e) == e)
-                return i;
-    }
-    return n;
-}
-
-/* Whether p[0, n) holds a non-finite element: branch-free, vectorisable. */
-static bool any_nonfinite(const void *p, dt_dtype dt, size_t n)
-{
-    unsigned acc = 0;
-    if (dt == DT_F32) {
-        const uint32_t *u = p;
-        for (size_t i = 0; i < n; i++)
-            acc |= (u[i] & 0x7f800000u) == 0x7f800000u;
-    } else if (dt == DT_BF16 || dt == DT_F16) {
-        const uint16_t *u = p;
-        const unsigned e = dt == DT_BF16 ? 0x7f80u : 0x7c00u;
-        for (size_t i = 0; i < n; i++)
-            acc |= (u[i] & e) == e;
-    }
-    return acc != 0;
-}
 
 /* The pieces of range r the optimizer steps: its segments clipped to
  * [lo, hi) (the elements between them, e.g. another stage's tensors in a
@@ -84,11 +48,11 @@ bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, si
         for (size_t j = 0; range_piece(&rg[k], j, &a, &b); j++) {
             if (b <= a)
                 continue;
-            const void *p = dt_flat_ptr(g, a);
-            if (!any_nonfinite(p, g->dtype, b - a))
+            int64_t at = dt_k_first_nonfinite(dt_flat_ptr(g, a), g->dtype, (int64_t)(b - a));
+            if (at >= (int64_t)(b - a))
                 continue;
             *range = k;
-            *index = (a - rg[k].lo) + scan_block(p, g->dtype, b - a);
+            *index = (a - rg[k].lo) + (size_t)at;
             return true;
         }
     }

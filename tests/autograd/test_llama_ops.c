@@ -4,6 +4,7 @@
  * double-precision references written from transformers' formulas, the
  * rope scalings' inverse frequencies against the same formulas
  * (modeling_rope_utils: linear, llama3) in double, and bad inputs. */
+#include "dtrain/kernels.h"
 #include "gradcheck.h"
 
 #include "dtrain/models.h"
@@ -224,6 +225,112 @@ TEST(bad_inputs)
     dt_ctx_free(ctx);
 }
 
+/* SwiGLU of two bf16/f16 tensors (one kernel reading and writing the low
+ * precision: no cast passes) equals, bit for bit, widen + f32 SwiGLU +
+ * round: the result and both gradients (leaves of that dtype), with -0,
+ * large magnitudes and a NaN among the gates. */
+static void swiglu_lp_case(dt_dtype dt)
+{
+    enum { M = 3 * 5 * 700 }; /* more than one kernel block, a tail */
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float gv[M], uv[M], rv[M];
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 0, 0), 0, gv, M, -9.0f, 9.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 1, 0), 0, uv, M, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 2, 0), 0, rv, M, -1.0f, 1.0f);
+    gv[3] = -0.0f, gv[4] = 100.0f, gv[5] = -100.0f, gv[6] = NAN;
+    dt_tensor *g[2], *u[2], *gg[2], *gu[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        g[i] = dt_tensor_new(dt, 3, SH(3, 5, 700));
+        u[i] = dt_tensor_new(dt, 3, SH(3, 5, 700));
+        gg[i] = dt_tensor_new(dt, 3, SH(3, 5, 700));
+        gu[i] = dt_tensor_new(dt, 3, SH(3, 5, 700));
+        ASSERT(g[i] && u[i] && gg[i] && gu[i]);
+        ASSERT_OK(dt_k_convert(gv, DT_F32, g[i]->data, dt, M));
+        ASSERT_OK(dt_k_convert(uv, DT_F32, u[i]->data, dt, M));
+        ASSERT_OK(dt_tensor_zero(gg[i]));
+        ASSERT_OK(dt_tensor_zero(gu[i]));
+        ASSERT_OK(dt_tensor_set_grad(g[i], gg[i]));
+        ASSERT_OK(dt_tensor_set_grad(u[i], gu[i]));
+    }
+    y[0] = dt_swiglu(ctx, g[0], u[0]);
+    y[1] = dt_cast(ctx, dt_swiglu(ctx, dt_cast(ctx, g[1], DT_F32), dt_cast(ctx, u[1], DT_F32)), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)M * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    ASSERT(!memcmp(gg[0]->data, gg[1]->data, (size_t)M * 2));
+    ASSERT(!memcmp(gu[0]->data, gu[1]->data, (size_t)M * 2));
+    int nz = 0;
+    for (int64_t i = 0; i < M; i++)
+        nz += dt_tensor_get(gg[0], i) != 0.0;
+    ASSERT(nz > M / 2);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(g[i]);
+        dt_tensor_free(u[i]);
+        dt_tensor_free(gg[i]);
+        dt_tensor_free(gu[i]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(swiglu_lp_equals_widened)
+{
+    swiglu_lp_case(DT_BF16);
+    swiglu_lp_case(DT_F16);
+}
+
+/* The grouped-query packing of three bf16/f16 tensors (a copy, no cast
+ * passes) equals widen + f32 pack + round: the packed result and the q, k,
+ * v gradients (k's and v's summed over their copies, then rounded). */
+static void gqa_lp_case(dt_dtype dt)
+{
+    enum { B = 2, T = 5, H = 4, KV = 2, HD = 6, NQ = B * T * H * HD, NK = B * T * KV * HD };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float qv[NQ], kv[NK], vv[NK], rv[3 * NQ];
+    dt_rng_fill_uniform(dt_rng_key_make(13, DT_RNG_DATA, 0, 0), 0, qv, NQ, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(13, DT_RNG_DATA, 1, 0), 0, kv, NK, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(13, DT_RNG_DATA, 2, 0), 0, vv, NK, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(13, DT_RNG_DATA, 3, 0), 0, rv, 3 * NQ, -1.0f, 1.0f);
+    dt_tensor *x[2][3], *g[2][3], *y[2];
+    const float *src[3] = {qv, kv, vv};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            int64_t c = j ? KV * HD : H * HD;
+            x[i][j] = dt_tensor_new(dt, 3, SH(B, T, c));
+            g[i][j] = dt_tensor_new(dt, 3, SH(B, T, c));
+            ASSERT(x[i][j] && g[i][j]);
+            ASSERT_OK(dt_k_convert(src[j], DT_F32, x[i][j]->data, dt, B * T * c));
+            ASSERT_OK(dt_tensor_zero(g[i][j]));
+            ASSERT_OK(dt_tensor_set_grad(x[i][j], g[i][j]));
+        }
+    y[0] = dt_gqa_pack(ctx, x[0][0], x[0][1], x[0][2], H, KV);
+    y[1] = dt_cast(ctx, dt_gqa_pack(ctx, dt_cast(ctx, x[1][0], DT_F32), dt_cast(ctx, x[1][1], DT_F32),
+                                    dt_cast(ctx, x[1][2], DT_F32), H, KV), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)3 * NQ * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    for (int j = 0; j < 3; j++)
+        ASSERT(!memcmp(g[0][j]->data, g[1][j]->data, (size_t)dt_tensor_numel(g[0][j]) * 2));
+    ASSERT(dt_tensor_get(g[0][1], 0) != 0.0);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            dt_tensor_free(x[i][j]);
+            dt_tensor_free(g[i][j]);
+        }
+    dt_ctx_free(ctx);
+}
+
+TEST(gqa_lp_equals_widened)
+{
+    gqa_lp_case(DT_BF16);
+    gqa_lp_case(DT_F16);
+}
+
 int main(void)
 {
     (void)gc_distinct;
@@ -235,6 +342,8 @@ int main(void)
     RUN(gqa_attention_grad);
     RUN(forward_reference);
     RUN(bf16_inputs);
+    RUN(swiglu_lp_equals_widened);
+    RUN(gqa_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();

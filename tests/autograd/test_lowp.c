@@ -750,6 +750,68 @@ TEST(init_range_bf16)
     dt_model_free(meta);
 }
 
+/* A bf16 linear layer's weight gradient when the GEMM writes it rounded
+ * straight into the gradient tensor (the weight's only use, its buffer
+ * lazily zero: DT_TENSOR_GRAD_LAZY over garbage) equals the gradient summed
+ * in f32 and rounded by the flush (buffer zeroed, no mark) within one bf16
+ * ulp (oneDNN picks its kernel per destination dtype), for both weight
+ * layouts; x's gradient is the same in both; a second backward over the
+ * same tape (two uses in one gradient now: the f32 path) adds to it. */
+static void direct_wgrad_case(bool wt)
+{
+    enum { R = 24, In = 40, Out = 33 };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    float xv[R * In], wv[In * Out], rv[R * Out];
+    dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 0, 0), 0, xv, R * In, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 1, 0), 0, wv, In * Out, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 2, 0), 0, rv, R * Out, -1.0f, 1.0f);
+    dt_tensor *w[2], *gw[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        w[i] = dt_tensor_new(DT_BF16, 2, wt ? SH(Out, In) : SH(In, Out));
+        gw[i] = dt_tensor_new(DT_BF16, 2, wt ? SH(Out, In) : SH(In, Out));
+        ASSERT(w[i] && gw[i]);
+        ASSERT_OK(dt_k_convert(wv, DT_F32, w[i]->data, DT_BF16, In * Out));
+        ASSERT_OK(dt_tensor_fill(gw[i], i == 0 ? 12345.0 : 0.0)); /* [0]: stale garbage under the mark */
+        ASSERT_OK(dt_tensor_set_grad(w[i], gw[i]));
+        ASSERT_OK(dt_tensor_set_requires_grad(w[i], true));
+    }
+    w[0]->flags |= DT_TENSOR_GRAD_LAZY;
+    dt_tensor *x = dt_cast(ctx, dt_tensor_from(ctx, DT_F32, 2, SH(R, In), xv), DT_BF16);
+    dt_tensor *R_ = dt_tensor_from(ctx, DT_F32, 2, SH(R, Out), rv);
+    for (int i = 0; i < 2; i++) {
+        y[i] = wt ? dt_linear(ctx, x, w[i], NULL) : dt_addmm(ctx, x, w[i], NULL);
+        ASSERT(y[i] && y[i]->dtype == DT_BF16);
+        ASSERT_OK(dt_backward_with(ctx, y[i], R_));
+    }
+    ASSERT(!(w[0]->flags & DT_TENSOR_GRAD_LAZY));
+    int nz = 0;
+    for (int64_t i = 0; i < In * Out; i++) {
+        double a = dt_tensor_get(gw[0], i), b = dt_tensor_get(gw[1], i);
+        nz += a != 0.0;
+        if (!(fabs(a - b) <= fabs(b) * 0x1p-7 + 1e-30))
+            TEST_FAIL_("%s element %lld: direct %.6g, summed and rounded %.6g", wt ? "linear" : "addmm", (long long)i,
+                       a, b);
+    }
+    ASSERT(nz > In * Out / 2);
+    ASSERT_OK(dt_backward_with(ctx, y[0], R_)); /* no mark now: the f32 sum added, rounded once */
+    for (int64_t i = 0; i < 16; i++) {
+        double a = dt_tensor_get(gw[0], i), b = dt_tensor_get(gw[1], i);
+        ASSERT_NEAR(a, 2 * b, 0, 3 * 0x1p-7);
+    }
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(w[i]);
+        dt_tensor_free(gw[i]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(bf16_weight_grad_written_directly)
+{
+    direct_wgrad_case(true);
+    direct_wgrad_case(false);
+}
+
 int main(void)
 {
     printf("conversion path %s; bf16 matmul native: %d\n", dt_k_isa_name(dt_k_get_isa()),
@@ -758,6 +820,7 @@ int main(void)
     RUN(ops_f16_vs_f32);
     RUN(cast_forward_and_backward);
     RUN(bf16_leaf_grad_accumulates_in_f32);
+    RUN(bf16_weight_grad_written_directly);
     RUN(embedding_lp_equals_widened);
     RUN(relu_lp_equals_widened);
     RUN(maxpool_lp_equals_widened);

@@ -222,6 +222,60 @@ TEST(convert_generic_and_errors)
     ASSERT(dt_k_get_isa() != DT_K_ISA_AUTO);
 }
 
+/* dt_k_first_nonfinite on the path under test: for each dtype, every
+ * non-finite class (+-Inf, quiet and signalling NaNs; the largest finite
+ * value next to them is finite) planted alone at every position of short
+ * arrays (every vector tail) and at positions of a long, threaded one, and
+ * two planted at once (the first is named); the scalar loop's answer is the
+ * reference. */
+TEST(first_nonfinite)
+{
+    static const dt_dtype dts[3] = {DT_F32, DT_BF16, DT_F16};
+    static const uint32_t bad[3][4] = {{0x7f800000u, 0xff800000u, 0x7fc00001u, 0xff800001u},
+                                       {0x7f80u, 0xff80u, 0x7fc1u, 0xff81u},
+                                       {0x7c00u, 0xfc00u, 0x7e01u, 0xfc01u}};
+    static const uint32_t big[3] = {0x7f7fffffu, 0x7f7fu, 0x7bffu};
+    const int64_t n_long = (1 << 18) + 77;
+    void *buf = dt_alloc((size_t)n_long * 4);
+    ASSERT(buf);
+    for (int d = 0; d < 3; d++) {
+        const int es = d == 0 ? 4 : 2;
+        for (int64_t n = 0; n <= 300; n += n < 140 ? 1 : 37) {
+            for (int64_t i = 0; i < n; i++) { /* finite values, the largest among them */
+                uint32_t v = i % 5 == 0 ? big[d] : (uint32_t)(i * 2654435761u) & (es == 4 ? 0x3fffffffu : 0x3fffu);
+                if (es == 4)
+                    ((uint32_t *)buf)[i] = v;
+                else
+                    ((uint16_t *)buf)[i] = (uint16_t)v;
+            }
+            ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], n), n);
+            for (int64_t at = 0; at < n; at++)
+                for (int k = 0; k < 4; k++) {
+                    char *cell = (char *)buf + at * es;
+                    uint32_t keep = 0;
+                    memcpy(&keep, cell, (size_t)es);
+                    memcpy(cell, &bad[d][k], (size_t)es);
+                    int64_t got = dt_k_first_nonfinite(buf, dts[d], n);
+                    memcpy(cell, &keep, (size_t)es);
+                    if (got != at)
+                        TEST_FAIL_("%s n=%lld: the non-finite element at %lld reported at %lld", dt_dtype_name(dts[d]),
+                                   (long long)n, (long long)at, (long long)got);
+                }
+        }
+        memset(buf, 0, (size_t)n_long * (size_t)es);
+        ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], n_long), n_long);
+        const int64_t at[4] = {n_long - 1, 5 * (1 << 15) + 1, (1 << 16) + 3, 63};
+        for (int k = 0; k < 4; k++) { /* planted one by one, each earlier than the last */
+            memcpy((char *)buf + at[k] * es, &bad[d][k], (size_t)es);
+            ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], n_long), at[k]);
+        }
+        ASSERT_EQ_INT(dt_k_first_nonfinite(NULL, dts[d], 5), 5);
+        ASSERT_EQ_INT(dt_k_first_nonfinite(buf, DT_I32, 5), 5);
+        ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], -3), 0);
+    }
+    dt_free(buf);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) {
@@ -244,6 +298,7 @@ int main(int argc, char **argv)
         RUN(widen_exhaustive);
         RUN(narrow_bit_patterns);
         RUN(threaded_split);
+        RUN(first_nonfinite);
         return TEST_REPORT();
     }
     fprintf(stderr, "conversion path in use: %s\n", dt_k_isa_name(dt_k_get_isa()));

@@ -266,9 +266,51 @@ TEST(matmul_concurrent_threads)
     ASSERT(st.cache_entries >= 2);
 }
 
+/* dt_k_matmul_batched_lp: the bf16 result (written by oneDNN where
+ * dt_k_matmul_writes_lp, else rounded from f32) against the double
+ * reference rounded to bf16: within one bf16 ulp (the f32 sums may differ in
+ * their last bits, which can move a rounding), for every transpose, with a
+ * bias and alpha, 2-D and batched (broadcast B); sizes with vector tails. */
+TEST(matmul_bf16_lp_result)
+{
+    enum { Bt = 3, M = 37, N = 45, K = 70 };
+    float *A = malloc(Bt * M * K * 4), *B = malloc(K * N * 4), *R = malloc(Bt * M * N * 4), bias[N];
+    uint16_t *Ah = malloc(Bt * M * K * 2), *Bh = malloc(K * N * 2), *Ch = malloc(Bt * M * N * 2);
+    ASSERT(A && B && R && Ah && Bh && Ch);
+    fill(A, Bt * M * K, 21);
+    fill(B, K * N, 22);
+    fill(bias, N, 23);
+    dt_k_f32_to_bf16(A, Ah, Bt * M * K);
+    dt_k_f32_to_bf16(B, Bh, K * N);
+    dt_k_bf16_to_f32(Ah, A, Bt * M * K);
+    dt_k_bf16_to_f32(Bh, B, K * N);
+    fprintf(stderr, "bf16 result written by oneDNN: %s\n", dt_k_matmul_writes_lp(DT_BF16) ? "yes" : "no (rounded from f32)");
+    for (int f = 0; f < 4; f++) {
+        bool ta = f & 1, tb = f & 2;
+        const float alpha = f == 3 ? 0.5f : 1.0f;
+        const float *bs = f >= 2 ? bias : NULL;
+        int batch = f == 1 ? Bt : 1;
+        ASSERT_OK(dt_k_matmul_batched_lp(ta, tb, batch, M, N, K, alpha, Ah, M * K, Bh, 0, DT_BF16, Ch, M * N, bs));
+        for (int b = 0; b < batch; b++)
+            ref_mm(ta, tb, M, N, K, alpha, A + b * M * K, B, 0.0f, R + b * M * N, bs);
+        for (int i = 0; i < batch * M * N; i++) {
+            float got = dt_bf16_to_f32(Ch[i]), want = dt_bf16_to_f32(dt_f32_to_bf16(R[i]));
+            float ulp = fabsf(want) * 0x1p-7f + 1e-30f;
+            if (!(fabsf(got - want) <= ulp))
+                TEST_FAIL_("flags %d element %d: %.6g, reference %.6g", f, i, (double)got, (double)want);
+        }
+    }
+    ASSERT_STATUS(dt_k_matmul_batched_lp(false, false, 1, M, N, K, 1.0f, Ah, 0, Bh, 0, DT_F32, Ch, 0, NULL),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_matmul_batched_lp(false, false, 1, M, N, K, 1.0f, NULL, 0, Bh, 0, DT_BF16, Ch, 0, NULL),
+                  DT_ERR_NULL);
+    free(A), free(B), free(R), free(Ah), free(Bh), free(Ch);
+}
+
 int main(void)
 {
     RUN(matmul_bf16_batched);
+    RUN(matmul_bf16_lp_result);
     RUN(matmul_concurrent_threads);
     RUN(matmul_f32_all_flags);
     RUN(matmul_batched_broadcast);

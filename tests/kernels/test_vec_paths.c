@@ -196,6 +196,92 @@ TEST(attention_paths_identical)
     }
 }
 
+/* SwiGLU (dt__expf16 / dt__expf8 rows against dt__expf): forward and
+ * backward on every path give the scalar loop's bits, as do the
+ * low-precision entry points (bf16 and f16), which must also equal the chain
+ * they replace: widen, the f32 kernel, round (forward); dy rounded, the f32
+ * backward, both gradients rounded (backward). The f32 forward stays within
+ * 4e-7 relative of a double reference. */
+/* NaNs made one NaN (their sign bit depends on the operand order a
+ * compiler picks for a commutative multiply). */
+static void one_nan(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (isnan(x[i]))
+            x[i] = NAN;
+}
+
+TEST(swiglu_paths_identical)
+{
+    const int64_t n = 2048 * 2 + 203; /* two whole blocks, then 12 x 16 lanes, 8 and 3 */
+    float *g = malloc(n * 4), *u = malloc(n * 4), *dy = malloc(n * 4), *y[2], *dg[2], *du[2];
+    uint16_t *gh = malloc(n * 2), *uh = malloc(n * 2), *yh[2];
+    for (int k = 0; k < 2; k++)
+        y[k] = malloc(n * 4), dg[k] = malloc(n * 4), du[k] = malloc(n * 4), yh[k] = malloc(n * 2);
+    fill(g, n, 11, 12.0f);
+    fill(u, n, 12, 2.0f);
+    fill(dy, n, 13, 1.0f);
+    const float special[] = {-0.0f, 0.0f, 60.0f, -60.0f, 200.0f, -200.0f, 3e38f, -3e38f, NAN, 1e-30f, -9.5f, 88.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        g[5 + 17 * i] = special[i];
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_swiglu_fwd(g, u, n, y[1]));
+    ASSERT_OK(dt_k_swiglu_bwd(g, u, dy, n, dg[1], du[1]));
+    one_nan(y[1], n), one_nan(dg[1], n), one_nan(du[1], n);
+    for (int64_t i = 0; i < n; i++) { /* the f32 reference */
+        double gd = g[i], want = gd / (1.0 + exp(-gd)) * (double)u[i];
+        if (isfinite(want) && !(fabs(y[1][i] - want) <= 4e-7 * fabs(want) + 1e-37))
+            TEST_FAIL_("swiglu element %lld: %.9g, double reference %.9g", (long long)i, (double)y[1][i], want);
+    }
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        if (k < NPATH) {
+            ASSERT_OK(dt_k_swiglu_fwd(g, u, n, y[0]));
+            ASSERT_OK(dt_k_swiglu_bwd(g, u, dy, n, dg[0], du[0]));
+            one_nan(y[0], n), one_nan(dg[0], n), one_nan(du[0], n);
+            SAME_BITS(y[0], y[1], n, "swiglu forward");
+            SAME_BITS(dg[0], dg[1], n, "swiglu backward dg");
+            SAME_BITS(du[0], du[1], n, "swiglu backward du");
+            ASSERT_OK(dt_k_swiglu_bwd(g, u, dy, n, NULL, du[0]));
+            one_nan(du[0], n);
+            SAME_BITS(du[0], du[1], n, "swiglu backward du alone");
+        }
+        for (int lp = 0; lp < 2; lp++) { /* the low-precision kernels against the chain */
+            dt_dtype t = lp ? DT_F16 : DT_BF16;
+            float *gw = malloc(n * 4), *uw = malloc(n * 4), *dr = malloc(n * 4);
+            uint16_t *tmp = malloc(n * 2);
+            ASSERT_OK(dt_k_convert(g, DT_F32, gh, t, n));
+            ASSERT_OK(dt_k_convert(u, DT_F32, uh, t, n));
+            ASSERT_OK(dt_k_convert(gh, t, gw, DT_F32, n));
+            ASSERT_OK(dt_k_convert(uh, t, uw, DT_F32, n));
+            ASSERT_OK(dt_k_swiglu_fwd(gw, uw, n, y[0]));
+            ASSERT_OK(dt_k_convert(y[0], DT_F32, yh[1], t, n));
+            ASSERT_OK(dt_k_swiglu_fwd_lp(gh, uh, t, n, yh[0]));
+            if (memcmp(yh[0], yh[1], (size_t)n * 2))
+                TEST_FAIL_("%s: swiglu_fwd_lp differs from the chain on path %s", dt_dtype_name(t),
+                           dt_k_isa_name(dt_k_get_isa()));
+            ASSERT_OK(dt_k_convert(dy, DT_F32, tmp, t, n));
+            ASSERT_OK(dt_k_convert(tmp, t, dr, DT_F32, n));
+            ASSERT_OK(dt_k_swiglu_bwd(gw, uw, dr, n, dg[0], du[0]));
+            for (int j = 0; j < 2; j++) {
+                ASSERT_OK(dt_k_convert(j ? du[0] : dg[0], DT_F32, tmp, t, n));
+                ASSERT_OK(dt_k_convert(tmp, t, j ? du[0] : dg[0], DT_F32, n));
+            }
+            float *dgl = malloc(n * 4), *dul = malloc(n * 4);
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul));
+            SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg against the chain");
+            SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du against the chain");
+            ASSERT_STATUS(dt_k_swiglu_fwd_lp(gh, uh, DT_F32, n, yh[0]), DT_ERR_UNSUPPORTED);
+            free(gw), free(uw), free(dr), free(tmp), free(dgl), free(dul);
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(g), free(u), free(dy), free(gh), free(uh);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
+}
+
 int main(void)
 {
     if (dt_k_get_isa() == DT_K_ISA_SCALAR)
@@ -203,6 +289,7 @@ int main(void)
     RUN(bias_gelu_tanh_paths_identical);
     RUN(xent_paths_identical);
     RUN(attention_paths_identical);
+    RUN(swiglu_paths_identical);
     for (int k = 0; k < NPATH; k++)
         printf("# path %s: %s\n", dt_k_isa_name(k_paths[k]), g_ran[k] ? "compared with scalar" : "not on this CPU");
     return TEST_REPORT();

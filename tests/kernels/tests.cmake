@@ -24,7 +24,7 @@ endif()
 # (ONEDNN_MAX_CPU_ISA=AVX2 for oneDNN, DT_MAX_CPU_ISA=avx2 for dtrain), so
 # both paths run whichever machine CI gets. Without AVX-512 they would only
 # repeat the default registrations, so they report skipped.
-set(DT_ISA_AVX2_TESTS test_conv test_blocked test_convert test_nn test_bench_step)
+set(DT_ISA_AVX2_TESTS test_conv test_blocked test_convert test_nn test_bench_step test_matmul test_llama_ops)
 foreach(t ${DT_ISA_AVX2_TESTS})
   if(TARGET ${t})
     set(args)
