@@ -251,11 +251,13 @@ dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, in
 {
     dt_status st = DT_OK;
     if (m->f) {
-        char extra[256] = "";
+        char extra[320] = "";
         size_t k = 0;
         if (me && me->peak_rss_bytes > 0 && me->step_ms > 0)
             k = (size_t)snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f",
                                  me->peak_rss_bytes, me->step_ms);
+        if (me && me->step_cpu_ms > 0 && k < sizeof extra)
+            k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"step_cpu_ms\":%.3f", me->step_cpu_ms);
         if (me && me->predicted_peak_rss_bytes > 0 && me->predicted_step_ms > 0 && k < sizeof extra)
             snprintf(extra + k, sizeof extra - k, ",\"predicted_peak_rss_bytes\":%.0f,\"predicted_step_ms\":%.3f",
                      me->predicted_peak_rss_bytes, me->predicted_step_ms);
