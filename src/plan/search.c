@@ -97,6 +97,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         infeasible(out, "dp %d x tp %d x pp %d is %d, not the world %d", dp, tp, pp, dp * tp * pp, world);
     if (c->n_head % tp)
         infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
+    if (c->n_kv_head > 0 && c->n_kv_head % tp)
+        infeasible(out, "tp %d does not divide the %lld key/value heads", tp, (long long)c->n_kv_head);
     if (pp > c->n_layer)
         infeasible(out, "pp %d exceeds the %lld blocks", pp, (long long)c->n_layer);
     if ((tp > 1 || pp > 1) && l->zero_stage > 1)
