@@ -226,19 +226,22 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * dt_plan_search answers "which dp x tp x pp x ZeRO x micro-batches x
  * recomputation should I run on N ranks within M bytes per rank": it
- * enumerates the layouts of a GPT-2 zoo model for a global batch, predicts
+ * enumerates the layouts of a GPT-2 or Llama model (zoo or hf:DIR) for a global batch, predicts
  * each one's peak resident memory per rank and its step time, ranks the
  * feasible ones by time and gives each infeasible one its reason.
  *
  * The prediction rests on a calibration of this machine (dt_plan_calibrate:
  * a few seconds, cacheable with dt_plan_calib_save/load):
- *   - the model's own units, run for real: a 1-block and a 2-block copy of
+ *   - the model's own units, run for real: a 1-block and a 3-block copy of
  *     the model (same width, heads, vocabulary, sequence) each take a
  *     training forward + loss + backward on one sample, with and without
- *     activation checkpointing; the difference of the two is one block, the
- *     rest the embeddings, head and loss. Per token: core-seconds of compute
- *     (the process's CPU time) and activation bytes (the autograd arena's
- *     peak), and the parameter count of a block and of the rest;
+ *     activation checkpointing, and at a quarter of the tokens, on one
+ *     thread (interleaved, the best of 3); a third of the difference of the
+ *     two is one block, the rest the embeddings, head and loss. Per token:
+ *     core-seconds of compute (the process's CPU time) and activation
+ *     bytes (the autograd arena's peak); per pass: the fixed core-seconds
+ *     beyond the tokens; the parameter count of a block and of the rest;
+ *     the core-seconds the process's own threads add over one thread;
  *   - an AdamW step over the 1-block model's parameters (core-seconds per
  *     parameter), a GEMM's rate (flop/s, reported), memcpy bandwidth, and
  *     the process's resident set before any model (the baseline: the
@@ -256,10 +259,17 @@ DT_API void dt_plan_free(dt_plan *pl);
  * gradient buffers kept beside the model's own) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
- * tokens, split over tp and pp, the pipeline bubble (pp - 1) / m, ranks
- * sharing the machine's cores when there are more ranks than cores) +
- * collectives (ring volumes over the measured bandwidth plus a latency per
- * call) + the optimizer step over the rank's shard.
+ * tokens plus the fixed cost of each pass (micro-batch, accumulated
+ * forward), split over tp and pp, the pipeline bubble (pp - 1) / m of the
+ * stage's work, ranks sharing the machine's cores: a rank's threads are
+ * cores / ranks, and the step is at least the whole machine's core-seconds
+ * over its cores) + collectives (ring volumes over the measured bandwidth
+ * plus a latency per call: tp's four all-reduces per block per pass, ZeRO-3's
+ * gathers and reduce-scatters per unit, a pipeline's sends) + the optimizer
+ * step over the rank's shard. Among the feasible layouts predicted within
+ * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
+ * tensor or pipeline parallelism; no checkpointing or accumulation before
+ * them), as DeepSpeed's autotuner prefers the simpler at equal speed.
  *
  * Usage:
  *     dt_plan_calib c;
@@ -314,7 +324,7 @@ typedef struct dt_plan_calib {
  * ones "llama-tiny", "llama-100m", and "hf:DIR" for a GPT2LMHeadModel or
  * Llama-family directory) at seq tokens per sample (0: 128, at most the
  * model's positions) in parameter dtype dtype (DT_F32 or DT_BF16): builds
- * copies of the model's shape with one and two blocks (random weights) and
+ * copies of the model's shape with one and three blocks (random weights) and
  * runs them, so it allocates about 12 bytes per embedding parameter for a
  * moment and takes seconds. Not collective. Errors: DT_ERR_UNSUPPORTED for
  * a model without such a description (named), DT_ERR_INVALID_ARG for seq

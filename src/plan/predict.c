@@ -3,15 +3,18 @@
  *
  * Why small copies of the model: the full model (a 774M-parameter GPT-2
  * needs 12 GB of model state) may not fit in one process, and its blocks
- * are all alike. A copy with one block and one with two blocks, each of the
- * full width, heads, vocabulary and sequence, run a training forward + loss
- * + backward on one sample; the difference is one block, the one-block run
- * less that block is the rest (embeddings, final norm, tied head and the
+ * are all alike. A copy with one block and one with three blocks, each of
+ * the full width, heads, vocabulary and sequence (built from the model's
+ * Hugging Face description: GPT-2 or Llama), run a training forward + loss
+ * + backward on one sample; half the difference is one block, the one-block
+ * run less that block is the rest (embeddings, final norm, head and the
  * cross-entropy). The activation bytes are the autograd arena's peak (what
  * the trainer's context keeps resident); the compute is the process's CPU
  * time (core-seconds: a rank with fewer cores scales, and load from other
- * processes on shared cores stays out of the cached figures). Each run is
- * taken twice after a warm-up and the faster kept. The predicted step is
+ * processes on shared cores stays out of the cached figures). The copies
+ * run on one thread (what a rank gets when ranks fill the cores), their
+ * runs interleaved, each the best of 3 after a warm-up; once more on the
+ * process's threads for what extra threads cost. The predicted step is
  * therefore the step of a machine this run has to itself.
  *
  * The collective model without a group is a guess stated as one: the
@@ -110,21 +113,6 @@ static dt_status fwd_bwd(dt_model *m, const dt_model_desc *d, const int64_t *tok
     return st;
 }
 
-/* The best of two timed runs after a warm-up; the arena peak of the last. */
-static dt_status measure(dt_model *m, const dt_model_desc *d, const int64_t *tok, int64_t T, double *sec, double *act)
-{
-    double best = INFINITY, s, pk = 0;
-    for (int r = 0; r < 3; r++) {
-        dt_status st = fwd_bwd(m, d, tok, T, &s, &pk);
-        if (st < 0)
-            return st;
-        if (r > 0 && s < best)
-            best = s;
-    }
-    *sec = best, *act = pk;
-    return DT_OK;
-}
-
 /* A transformer's shape from its own description (dt_model_hf_config: the
  * GPT-2 and Llama zoo sizes, hf:DIR's config.json), and the way to build a
  * copy of it with fewer blocks. */
@@ -176,29 +164,49 @@ static dt_status make_copy(const model_shape *s, int64_t layers, int64_t T, dt_d
     return dt_llama_create(&lc, 1, &mc, m, d);
 }
 
-static dt_status run_copy(const model_shape *sh, int64_t layers, int64_t T, dt_dtype dtype, const int64_t *tok,
-                          run_meas *out)
+/* Blocks of the larger copy: the difference of K - 1 blocks over a 1-block copy is the block's cost,
+   K - 1 times the signal of a 2-block copy against the noise of a shared machine. */
+#define CALIB_K 3
+
+/* The 1-block and the K-block copies, measured interleaved (each kind of run alternating between the
+   two, so a burst of load falls on both), the best of 3 after a warm-up: plain at T tokens, plain at
+   T/4 (the per-pass overhead), checkpointed at T. */
+static dt_status run_pair(const model_shape *sh, int64_t T, dt_dtype dtype, const int64_t *tok, run_meas *one,
+                          run_meas *many)
 {
-    dt_model *m = NULL;
-    dt_model_desc d;
-    dt_status st = make_copy(sh, layers, T, dtype, &m, &d);
-    if (st < 0)
-        return st;
-    dt_model_train(m, true);
-    out->numel = (double)dt_model_param_count(m);
-    st = measure(m, &d, tok, T, &out->fb_s, &out->act);
-    if (st >= 0) { /* the same at a quarter of the tokens: the per-pass overhead */
-        const int64_t Ts = T / 4 > 1 ? T / 4 : 1;
-        double a;
-        st = measure(m, &d, tok, Ts, &out->fb_short_s, &a);
+    dt_model *m[2] = {NULL, NULL};
+    dt_model_desc d[2];
+    run_meas *out[2] = {one, many};
+    dt_status st = make_copy(sh, 1, T, dtype, &m[0], &d[0]);
+    if (st >= 0)
+        st = make_copy(sh, CALIB_K, T, dtype, &m[1], &d[1]);
+    const int64_t Ts = T / 4 > 1 ? T / 4 : 1;
+    for (int k = 0; k < 2 && st >= 0; k++) {
+        dt_model_train(m[k], true);
+        out[k]->numel = (double)dt_model_param_count(m[k]);
+        out[k]->fb_s = out[k]->fb_short_s = out[k]->fb_ckpt_s = INFINITY;
     }
-    if (st >= 0) {
-        dt_act_ckpt_params ap = dt_act_ckpt_params_default();
-        st = dt_model_desc_checkpoint(m, &d, &ap, NULL);
-        if (st >= 0)
-            st = measure(m, &d, tok, T, &out->fb_ckpt_s, &out->act_ckpt);
+    for (int kind = 0; kind < 3 && st >= 0; kind++) {
+        if (kind == 2) /* checkpoint every block of both copies */
+            for (int k = 0; k < 2 && st >= 0; k++) {
+                dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+                st = dt_model_desc_checkpoint(m[k], &d[k], &ap, NULL);
+            }
+        for (int r = 0; r < 4 && st >= 0; r++)
+            for (int k = 0; k < 2 && st >= 0; k++) {
+                double sec = 0, pk = 0;
+                st = fwd_bwd(m[k], &d[k], tok, kind == 1 ? Ts : T, &sec, &pk);
+                double *best = kind == 0 ? &out[k]->fb_s : kind == 1 ? &out[k]->fb_short_s : &out[k]->fb_ckpt_s;
+                if (r > 0 && sec < *best)
+                    *best = sec;
+                if (kind == 0)
+                    out[k]->act = pk;
+                else if (kind == 2)
+                    out[k]->act_ckpt = pk;
+            }
     }
-    dt_model_free(m);
+    dt_model_free(m[0]);
+    dt_model_free(m[1]);
     return st;
 }
 
@@ -341,18 +349,24 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
        then the one-block copy on every thread, for what the extra threads cost in core-seconds */
     const int threads_before = dt_get_num_threads();
     dt_set_num_threads(1);
-    run_meas one = {0}, two = {0}, wide = {0};
-    st = run_copy(&sh, 1, seq, dtype, tok, &one);
-    if (st >= 0)
-        st = run_copy(&sh, 2, seq, dtype, tok, &two);
+    run_meas one = {0}, many = {0}, wide = {0}, wide_many = {0};
+    st = run_pair(&sh, seq, dtype, tok, &one, &many);
     dt_set_num_threads(threads_before);
     if (st >= 0 && c.threads > 1)
-        st = run_copy(&sh, 1, seq, dtype, tok, &wide);
+        st = run_pair(&sh, seq, dtype, tok, &wide, &wide_many);
     free(tok);
     if (st < 0)
         return st;
     const double th = 1, T = (double)seq; /* the times are core-seconds already */
-    c.thread_cost = c.threads > 1 && one.fb_s > 0 && wide.fb_s > one.fb_s ? wide.fb_s / one.fb_s : 1;
+    c.thread_cost = c.threads > 1 && many.fb_s > 0 && wide_many.fb_s > many.fb_s ? wide_many.fb_s / many.fb_s : 1;
+    const double K1 = CALIB_K - 1;
+    run_meas two = many; /* per block: (K-block - 1-block) / (K - 1); "two" = one + one block */
+    two.numel = one.numel + (many.numel - one.numel) / K1;
+    two.fb_s = one.fb_s + (many.fb_s - one.fb_s) / K1;
+    two.fb_short_s = one.fb_short_s + (many.fb_short_s - one.fb_short_s) / K1;
+    two.fb_ckpt_s = one.fb_ckpt_s + (many.fb_ckpt_s - one.fb_ckpt_s) / K1;
+    two.act = one.act + (many.act - one.act) / K1;
+    two.act_ckpt = one.act_ckpt + (many.act_ckpt - one.act_ckpt) / K1;
 #define POS(v) ((v) > 0 ? (v) : 0)
     c.numel_block = two.numel - one.numel;
     c.numel_fixed = POS(one.numel - c.numel_block);
