@@ -128,8 +128,11 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        state), the last keeps the logits */
     double blocks_rank = L, blocks_last = L;
     if (pp > 1) {
-        const double bc = c->fb_block_s > 0 ? c->fb_block_s : 1;
-        blocks_rank = ceil((L * bc + c->fb_fixed_s) / pp / bc);
+        /* the pipe strategy balances by the models' unit costs (dt_model_pipe_units: a block about its
+           weights, the head its V x C GEMM), not by measured times, so the split is predicted from the
+           same figures (times measured on a busy machine moved it by a block: 15% of a stage's memory) */
+        const double bc = c->numel_block > 0 ? c->numel_block : 1, head = (double)c->vocab * (double)c->n_embd;
+        blocks_rank = ceil((L * bc + head) / pp / bc);
         if (blocks_rank > L - (pp - 1))
             blocks_rank = L - (pp - 1);
         if (blocks_rank < ceil(L / pp))
