@@ -5,55 +5,62 @@
 #   bench/plan_accuracy.sh DTRAIN [OUTDIR]          # run, then compare
 #   PHASE=2 bench/plan_accuracy.sh DTRAIN OUTDIR    # compare again (a new planner, same runs)
 #
-# Trains GPT-2 124M (seq 32, global batch 4, AdamW, STEPS steps, default 3)
-# in 11 layouts on 2, 4 and 8 ranks, with --plan auto on 2 and 4 ranks among
-# them, and gpt2-large (774M parameters, seq 32, STEPS_BIG steps, default 2)
-# in 3 layouts that fit 24 GiB (ZeRO-3 on 2 and 4 ranks, 2 pipeline
-# stages). ZeRO-2/3 runs wrap each block as a unit (--wrap-min-params, as
-# --plan auto does). Each run's --metrics end record gives the measured peak
-# RSS (the largest rank's) and median step time; /usr/bin/time gives the
-# cores the run's processes got on average ((user + system) / wall), since
-# the machine may be shared. Phase 2 asks `DTRAIN plan --json` for each
-# run's layout (world, global batch) and prints one Markdown row per run:
-# measured and predicted memory, the measured step, the prediction (which
-# assumes the machine's cores to itself) and the prediction scaled to the
-# share of the cores the run got; then, per world with a --plan auto run,
-# the planner's choice against the fastest layout measured. Random tokens
-# (vocabulary 50257) and the calibration cache (DT_CACHE_DIR) live in
-# OUTDIR (default a temporary directory). Say the machine was shared when
-# quoting figures.
+# Trains GPT-2 124M (seq 32, global batch 4, AdamW, STEPS steps, default 4)
+# in 12 layouts on 2, 4 and 8 ranks, with --plan auto on 2 and 4 ranks among
+# them; gpt2-medium (354M, STEPS_BIG steps, default 3) in 2 layouts (ZeRO-3
+# and 2 pipeline stages on 2 ranks); llama-100m (seq 32, its own 32000-token
+# data) with DDP and --plan auto on 2 ranks. ZeRO-2/3 runs wrap each block as
+# a unit (--wrap-min-params, as --plan auto does). Each run's --metrics end
+# record gives the measured peak RSS (the largest rank's), the median step's
+# wall time and step_cpu_ms: the CPU time of a step, every rank's process
+# summed (the steps after the first). The machine may be shared, so the
+# comparison is on step_cpu_ms / cores: what the step takes when the job has
+# the machine's cores to itself and keeps them busy (on a 2-core machine
+# with 2 or more ranks it does), which the other processes' load does not
+# inflate as it does the wall time (waiting in a collective spins a little,
+# then sleeps, so it adds little CPU time). Phase 2 asks `DTRAIN plan --json`
+# for each run's layout (world, global batch) and prints one Markdown row per
+# run: measured and predicted memory, the measured wall step, the step at
+# the machine's cores (step_cpu_ms / cores) and the prediction against it;
+# then, per model and world with a --plan auto run, the planner's choice
+# against the fastest layout measured (both at the machine's cores). Random
+# tokens and the calibration cache (DT_CACHE_DIR) live in OUTDIR (default a
+# temporary directory). Say the machine was shared when quoting figures.
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,27p "$0"; exit 2; }
 DT=$(readlink -f "$1")
 OUT=${2:-$(mktemp -d)}
-STEPS=${STEPS:-3}
-STEPS_BIG=${STEPS_BIG:-2}
+STEPS=${STEPS:-4}
+STEPS_BIG=${STEPS_BIG:-3}
 PY=${PYTHON:-python3}
 PHASE=${PHASE:-1}
 mkdir -p "$OUT/cache"
 export DT_CACHE_DIR="$OUT/cache" DT_INIT_TIMEOUT=1800 DT_COMM_TIMEOUT=1800
 if [ "$PHASE" = 1 ]; then
-"$PY" - "$OUT/tok.bin" <<'PYEOF'
+"$PY" - "$OUT" <<'PYEOF'
 import random, struct, sys
-random.seed(0)
-n = 200000
-h = [0] * 256
-h[0], h[1], h[2] = 20240520, 1, n
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *h))
-    f.write(struct.pack("<%dH" % n, *[random.randrange(50257) for _ in range(n)]))
+for name, vocab in (("tok.bin", 50257), ("tok32k.bin", 32000)):
+    random.seed(0)
+    n = 200000
+    h = [0] * 256
+    h[0], h[1], h[2] = 20240520, 1, n
+    with open(sys.argv[1] + "/" + name, "wb") as f:
+        f.write(struct.pack("<256i", *h))
+        f.write(struct.pack("<%dH" % n, *[random.randrange(vocab) for _ in range(n)]))
 PYEOF
 "$DT" plan --model gpt2 --seq 32 --world 2 --global-batch 4 >/dev/null
-"$DT" plan --model gpt2-large --seq 32 --world 2 --global-batch 2 >/dev/null
+"$DT" plan --model gpt2-medium --seq 32 --world 2 --global-batch 2 >/dev/null
+"$DT" plan --model llama-100m --seq 32 --world 2 --global-batch 4 >/dev/null
 : >>"$OUT/runs.txt"
 run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is kept: rerun to resume)
     local name=$1 model=$2 n=$3 batch=$4 steps=$5
     shift 5
     grep -q "^$name " "$OUT/runs.txt" && return 0
-    local m="$OUT/$name.jsonl"
+    local m="$OUT/$name.jsonl" tok=tok.bin
+    [ "${model#llama}" = "$model" ] || tok=tok32k.bin
     rm -f "$m"
     if /usr/bin/time -f "%e %U %S" -o "$OUT/$name.time" "$DT" run -n "$n" -- "$DT" train --model "$model" --seq 32 \
-        --data "tokens:$OUT/tok.bin" --batch "$batch" --optimizer adamw --lr 1e-4 --max-steps "$steps" --no-eval \
+        --data "tokens:$OUT/$tok" --batch "$batch" --optimizer adamw --lr 1e-4 --max-steps "$steps" --no-eval \
         --rng philox --mfu-peak 1 --metrics "$m" "$@" >"$OUT/$name.log" 2>&1; then
         echo "$name $model $n $batch $*" >>"$OUT/runs.txt"
         echo "$name: done"
@@ -62,27 +69,30 @@ run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is
     fi
 }
 run g2-dp2-z0 gpt2 2 2 "$STEPS"
-run g2-dp2-z1 gpt2 2 2 "$STEPS" --zero 1
-run g2-dp2-z2 gpt2 2 2 "$STEPS" --zero 2 --wrap-min-params 7000000
-run g2-dp2-z3 gpt2 2 2 "$STEPS" --zero 3 --wrap-min-params 7000000
-run g2-dp2-ckpt gpt2 2 2 "$STEPS" --activation-checkpointing
-run g2-pp2 gpt2 2 4 "$STEPS" --pp 2 --micro-batches 2
 run g2-tp2 gpt2 2 4 "$STEPS" --tp 2
 run g2-auto2 gpt2 2 2 "$STEPS" --plan auto
+run g2-dp2-z1 gpt2 2 2 "$STEPS" --zero 1
+run g2-pp2 gpt2 2 4 "$STEPS" --pp 2 --micro-batches 2
+run g2-dp2-z3 gpt2 2 2 "$STEPS" --zero 3 --wrap-min-params 7000000
+run g2-dp2-ckpt gpt2 2 2 "$STEPS" --activation-checkpointing
+run g2-dp2-z2 gpt2 2 2 "$STEPS" --zero 2 --wrap-min-params 7000000
 run g2-dp4-z1 gpt2 4 1 "$STEPS" --zero 1
-run g2-dp2-pp2 gpt2 4 2 "$STEPS" --pp 2 --micro-batches 2
 run g2-auto4 gpt2 4 1 "$STEPS" --plan auto
+run g2-tp4 gpt2 4 4 "$STEPS" --tp 4
+run g2-dp2-pp2 gpt2 4 2 "$STEPS" --pp 2 --micro-batches 2
 run g2-dp8-z3 gpt2 8 1 "$STEPS" --zero 3 --wrap-min-params 7000000
-run big-z3-2 gpt2-large 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
-run big-pp2 gpt2-large 2 2 "$STEPS_BIG" --pp 2 --micro-batches 2
-run big-z3-4 gpt2-large 4 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
+run l100-dp2 llama-100m 2 2 "$STEPS"
+run l100-auto2 llama-100m 2 2 "$STEPS" --plan auto
+run l100-tp2 llama-100m 2 4 "$STEPS" --tp 2
+run med-z3-2 gpt2-medium 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 12000000
+run med-pp2 gpt2-medium 2 2 "$STEPS_BIG" --pp 2 --micro-batches 2
 fi
 "$PY" - "$OUT" "$DT" "$(nproc)" <<'PYEOF'
 import json, re, subprocess, sys
 out, dt, cores = sys.argv[1], sys.argv[2], int(sys.argv[3])
-print("| run | model | ranks | layout | peak RSS MiB | predicted | error | step ms | predicted (idle) | error |"
-      " cores got | predicted at that share | error |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| run | model | ranks | layout | peak RSS MiB | predicted | error | step ms (wall) | cores got |"
+      " step ms at the machine's cores (cpu / cores) | predicted | error |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 best = {}
 plans = {}
 for line in open(out + "/runs.txt"):
@@ -116,16 +126,14 @@ for line in open(out + "/runs.txt"):
         continue
     r = row[0]
     pr, mr, pt, mt = r["mem_per_rank_bytes"], end["peak_rss_bytes"], r["step_ms"], end["step_ms"]
-    e, u, s = map(float, open("%s/%s.time" % (out, name)).read().split()[-3:])
-    got = (u + s) / e
-    pl = pt * max(1.0, cores / got)
+    cpu = end.get("step_cpu_ms", 0)
+    norm = cpu / cores  # the step with the machine's cores to itself
+    got = cpu / mt
     lay = "dp%d tp%d pp%d zero%d %s ga%d%s" % (dp, tp, pp, z, ("mb%dx%d" % (b // mbs, mbs)) if pp > 1 else "b%d" % b,
                                               ga, " ckpt" if ck else "")
-    print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.0f | %+.1f%% | %.2f | %.0f | %+.1f%% |" % (
-        name, model, n, lay, mr / 2**20, pr / 2**20, 100 * (pr / mr - 1), mt, pt, 100 * (pt / mt - 1), got, pl,
-        100 * (pl / mt - 1)))
-    # measured step at full machine share, to compare layouts run at different loads
-    norm = mt * got / cores
+    print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.2f | %.0f | %.0f | %+.1f%% |" % (
+        name, model, n, lay, mr / 2**20, pr / 2**20, 100 * (pr / mr - 1), mt, got, norm, pt,
+        100 * (pt / norm - 1)))
     best.setdefault((model, n, gb), []).append((norm, name, "--plan auto" in f, r["rank"]))
 print()
 for (model, n, gb), v in sorted(best.items()):
@@ -133,7 +141,7 @@ for (model, n, gb), v in sorted(best.items()):
     if not auto:
         continue
     fastest = min(v)
-    print("%s on %d ranks, global batch %d: --plan auto %s ran %.0f ms (load-normalised: step x cores got / cores); "
+    print("%s on %d ranks, global batch %d: --plan auto %s ran %.0f ms (step_cpu_ms / cores); "
           "the fastest measured, %s, %.0f ms; the choice is %+.1f%% off the fastest (%d layouts measured)" % (
               model, n, gb, auto[0][1], auto[0][0], fastest[1], fastest[0], 100 * (auto[0][0] / fastest[0] - 1),
               len(v)))

@@ -1,6 +1,6 @@
 /* dtrain plan — which layout to run: dp x tp x pp x ZeRO x micro-batches x
  * recomputation, ranked by predicted step time within the memory per rank
- * (plan.h, dt_plan_search).
+ * (plan.h, dt_plan_search), for the GPT-2 and Llama models (zoo or hf:DIR).
  *
  *     dtrain plan --model gpt2 [--seq 128] --world 4 [--mem-per-rank 4G]
  *                 [--global-batch 16] [--precision fp32|bf16] [--json]
@@ -61,6 +61,10 @@ static int mkdir1(const char *d)
 /* The cache file for (model, seq, dtype) into buf; "" when no directory is known. */
 void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n)
 {
+    char id[32];
+    buf[0] = 0;
+    if (dt_plan_model_id(model, id, sizeof id, NULL) < 0)
+        return; /* no id: nothing to cache under (the calibration says why) */
     const char *d = getenv("DT_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
     char dir[4200] = "";
     if (d && *d)
@@ -73,9 +77,8 @@ void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf,
         mkdir1(c);
         snprintf(dir, sizeof dir, "%s/dtrain", c);
     }
-    buf[0] = 0;
     if (*dir && mkdir1(dir) == 0)
-        snprintf(buf, n, "%.4100s/plan-%.31s-s%lld-%s.calib", dir, model, (long long)seq, dt_dtype_name(dt));
+        snprintf(buf, n, "%.4100s/plan-%.31s-s%lld-%s.calib", dir, id, (long long)seq, dt_dtype_name(dt));
 }
 
 int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
@@ -150,13 +153,14 @@ static void usage(FILE *f)
             "usage: dtrain plan --world N [--model gpt2] [--seq 128] [--mem-per-rank BYTES] [--global-batch B]\n"
             "                   [--precision fp32|bf16] [--json] [--all] [--calib FILE] [--recalibrate]\n"
             "\n"
-            "Lists the layouts of a GPT-2 zoo model on N ranks of this machine (dp x tp x pp, ZeRO stage\n"
+            "Lists the layouts of a GPT-2 or Llama model on N ranks of this machine (dp x tp x pp, ZeRO stage\n"
             "0-3 and hybrid, gradient accumulation or pipeline micro-batches, activation checkpointing,\n"
             "optimizer offload), each with its predicted peak memory per rank and step time, feasible\n"
             "ones fastest first, then infeasible ones with the reason.\n"
             "\n"
             "  --world N            ranks (required)\n"
-            "  --model M            gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro (default gpt2)\n"
+            "  --model M            gpt2 | gpt2-medium | gpt2-large | gpt2-xl | gpt-mini | gpt-micro | llama-tiny |\n"
+            "                       llama-100m | hf:DIR (a GPT-2 or Llama-family directory) (default gpt2)\n"
             "  --seq T              tokens per sample (default 128, at most the model's positions)\n"
             "  --mem-per-rank B     bytes one rank may use (K/M/G suffixes); default: MemAvailable / N\n"
             "  --global-batch B     samples per optimizer step over all replicas (default 2 N)\n"
@@ -231,15 +235,15 @@ int dt_cmd_plan(int argc, char **argv)
         dt_mem_available(&ma, NULL);
         mem = ma == SIZE_MAX ? 0 : (double)ma / (double)world;
     }
-    dt_gpt2_config g;
-    if (dt_gpt2_config_by_name(model, &g) < 0)
-        return dt__cli_err("dtrain plan: --model '%s': the planner knows the GPT-2 zoo models (gpt2, gpt2-medium, "
-                           "gpt2-large, gpt2-xl, gpt-mini, gpt-micro)\n", model), 2;
+    char id[32];
+    int64_t positions = 0;
+    if (dt_plan_model_id(model, id, sizeof id, &positions) < 0)
+        return dt__cli_err("dtrain plan: --model '%s': %s\n", model, dt_last_error()), 2;
     if (!seq)
-        seq = g.block_size < 128 ? g.block_size : 128;
-    if (seq > g.block_size)
+        seq = positions < 128 ? positions : 128;
+    if (seq > positions)
         return dt__cli_err("dtrain plan: --seq %lld exceeds %s's %lld positions\n", (long long)seq, model,
-                           (long long)g.block_size), 2;
+                           (long long)positions), 2;
     dt_plan_calib c;
     int rc = dt__plan_calib_get("dtrain plan", model, seq, dt, calib, fresh, json, &c);
     if (rc)

@@ -134,6 +134,8 @@ typedef struct {
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
     int64_t nstep_s, cap_step_s;
+    double cpu_first_s, cpu_last_s; /* this process's CPU time at the first and the last step's end */
+    int64_t ncpu_steps;             /* steps ended after the first */
     dt__metrics_measured measured; /* the end record's measured figures (0: none) */
     /* the backend's byte counters (dt_pg_traffic_read): at the last step record (rank 0's per-step
        figures) and at the end of the first optimizer step (the end record's window) */
@@ -845,6 +847,12 @@ static int measure(trainer *t)
         t->measured.comm_bytes_cross_node = b[1];
         t->measured.comm_steps = (double)(t->global_step - t->comm_first_step);
     }
+    /* the job's CPU time per step (every rank's process, summed): what a step costs in core-seconds, which
+       the load of other processes on shared cores does not inflate as it does the step's wall time */
+    double cpu = t->ncpu_steps > 1 ? (t->cpu_last_s - t->cpu_first_s) / (double)(t->ncpu_steps - 1) : 0;
+    if (w && dt_pg_allreduce(w, DT_IN_PLACE, &cpu, 1, DT_F64, DT_REDUCE_SUM) < 0)
+        return fail(1, "the CPU time of the ranks");
+    t->measured.step_cpu_ms = 1e3 * cpu;
     if (t->nstep_s > 0) {
         qsort(t->step_s, (size_t)t->nstep_s, sizeof *t->step_s, dbl_cmp);
         const int64_t n = t->nstep_s;
@@ -1543,6 +1551,13 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     }
     if (t->nstep_s < t->cap_step_s)
         t->step_s[t->nstep_s++] = m->step_s;
+    struct timespec cts; /* CPU seconds per step after the first (warm-up), for the end record */
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cts) == 0) {
+        const double now_cpu = (double)cts.tv_sec + 1e-9 * (double)cts.tv_nsec;
+        if (t->ncpu_steps++ == 0)
+            t->cpu_first_s = now_cpu;
+        t->cpu_last_s = now_cpu;
+    }
     double sum = 0;
     for (int i = 0; i < m->nmicro; i++)
         sum += m->micro_loss[i];

@@ -242,6 +242,7 @@ dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3
  * know). */
 typedef struct dt__metrics_measured {
     double peak_rss_bytes, step_ms;
+    double step_cpu_ms; /* the CPU time of a step, every rank's process summed (steps after the first) */
     double predicted_peak_rss_bytes, predicted_step_ms;
     /* the backend's byte counters (comm_counted: the backend counts): the
      * bytes all ranks sent, and of them to another node (comm_nodes_known),
@@ -252,8 +253,8 @@ typedef struct dt__metrics_measured {
 } dt__metrics_measured;
 /* status: "ok" | "interrupted" | "failed"; step: the global step reached;
  * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms",
- * then "predicted_peak_rss_bytes" and "predicted_step_ms", then (when
- * counted) "comm_bytes_sent", "comm_bytes_cross_node" (with the nodes
+ * "step_cpu_ms", then "predicted_peak_rss_bytes" and "predicted_step_ms", then
+ * (when counted) "comm_bytes_sent", "comm_bytes_cross_node" (with the nodes
  * known) and "comm_steps". */
 dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
                             const dt__metrics_measured *me);

@@ -166,11 +166,11 @@ static const opt_def opts[] = {
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
-     "GPT-2 zoo models: the planner (dtrain plan) picks dp x tp x pp, the ZeRO stage, micro-batches, gradient "
+     "GPT-2 and Llama models: the planner (dtrain plan) picks dp x tp x pp, the ZeRO stage, micro-batches, gradient "
      "accumulation and activation checkpointing for the ranks started, keeping the global batch of --batch x "
      "ranks, within MemTotal / ranks (DT_PLAN_MEM_PER_RANK=BYTES for less); prints the chosen layout and the "
-     "runner-up. Not with a layout flag (--dp --tp --pp --zero --fsdp --micro-batches --grad-accum "
-     "--activation-checkpointing --offload)"},
+     "runner-up. Not with a layout flag (--dp --tp --pp --cp --zero --fsdp --micro-batches --grad-accum "
+     "--activation-checkpointing --offload); the config's \"dtrain\": {\"plan\": \"auto\"} is the same"},
     {"zero", OPT_CHOICE, OFF(zero), 0, 0, "0|1|2|3", "STAGE",
      "ZeRO stage: 0 = DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters (built lazily: "
      "no rank holds the whole model); default 0"},
@@ -623,7 +623,7 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o)
         int rc = set_value(d, val, o);
         if (rc)
             return rc;
-        static const char *const layout[] = {"dp", "tp", "pp", "zero", "fsdp", "micro-batches", "grad-accum",
+        static const char *const layout[] = {"dp", "tp", "pp", "cp", "zero", "fsdp", "micro-batches", "grad-accum",
                                              "activation-checkpointing", "offload"};
         for (size_t k = 0; k < sizeof layout / sizeof layout[0] && !o->layout_flag; k++)
             if (!strcmp(d->name, layout[k]))
@@ -663,14 +663,11 @@ int dt__train_check(dt__train_opts *o)
                     o->layout_flag);
         return 2;
     }
-    if (o->plan && o->config) {
-        dt__cli_err("dtrain train: --plan auto and --config: a config sets the layout itself (its zero_optimization, "
-                    "pipeline and dtrain degrees); give one of the two\n");
-        return 2;
-    }
-    if (o->plan && (strncmp(o->model, "gpt2", 4) && strcmp(o->model, "gpt-mini") && strcmp(o->model, "gpt-micro"))) {
-        dt__cli_err("dtrain train: --plan auto plans GPT-2 zoo models (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
-                    "gpt-mini, gpt-micro), not --model %s\n", o->model);
+    char plan_id[32];
+    if (o->plan && dt_plan_model_id(o->model, plan_id, sizeof plan_id, NULL) < 0) {
+        dt__cli_err("dtrain train: --plan auto plans the GPT-2 and Llama models (gpt2, gpt2-medium, gpt2-large, "
+                    "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m, hf:DIR), not --model %s: %s\n", o->model,
+                    dt_last_error());
         return 2;
     }
     if (lm && (!o->data || !lm_data_spec(o->data))) {

@@ -15,6 +15,7 @@
 #include "dtrain/config.h"
 #include "dtrain/optim.h"
 #include "dtrain/pipe_strategy.h"
+#include "dtrain/plan.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
 
@@ -152,6 +153,8 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         rc = set_str(c, "dtrain.trace", o->trace, "trace");
     if (!rc && G("trace-steps"))
         rc = set_str(c, "dtrain.trace_steps", o->trace_steps, "trace-steps");
+    if (!rc && G("plan"))
+        rc = set_str(c, "dtrain.plan", o->plan, "plan");
     if (!rc && G("comm-hook"))
         rc = set_str(c, "dtrain.comm_hook", o->comm_hook, "comm-hook");
     if (!rc && G("powersgd-rank"))
@@ -247,6 +250,11 @@ static int read_back(dt__train_opts *o, dt_config *c)
         dt__cli_err("dtrain train: %s\n", dt_last_error());
         return 2;
     }
+    bool planned = false; /* "dtrain": {"plan": "auto"}: the layout keys are the planner's (refused by name) */
+    if (dt_plan_config_auto(c, &planned) < 0)
+        return bad();
+    if (planned)
+        o->plan = "auto";
     int64_t tpn = o->tp;
     if (dt_config_get_int(c, "dtrain.tensor_parallel_size", &tpn) == DT_OK)
         o->tp = tpn;

@@ -256,6 +256,8 @@ dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, in
         if (me && me->peak_rss_bytes > 0 && me->step_ms > 0)
             k = (size_t)snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f",
                                  me->peak_rss_bytes, me->step_ms);
+        if (me && me->step_cpu_ms > 0 && k < sizeof extra)
+            k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"step_cpu_ms\":%.3f", me->step_cpu_ms);
         if (me && me->predicted_peak_rss_bytes > 0 && me->predicted_step_ms > 0 && k < sizeof extra)
             k += (size_t)snprintf(extra + k, sizeof extra - k,
                                   ",\"predicted_peak_rss_bytes\":%.0f,\"predicted_step_ms\":%.3f",

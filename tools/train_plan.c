@@ -1,6 +1,6 @@
 /* dtrain train and the planner (plan.h's prediction): --plan auto chooses
  * the layout before the process group exists, and every run of a GPT-2
- * zoo model gets the prediction for its own layout in the --metrics end
+ * or Llama model (zoo or hf:DIR) gets the prediction for its own layout in the --metrics end
  * record, beside what it measured.
  *
  * Every rank of --plan auto must choose the same layout without a group to
@@ -27,14 +27,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* The run's model and sequence for the planner; false when it is not a GPT-2 zoo model as named. */
+/* The run's model and sequence for the planner; false when it is not a model the planner calibrates (a
+   GPT-2 or Llama zoo model or hf:DIR, dt_plan_model_id) as named, without size flags. */
 static bool plan_model(const dt__train_opts *o, int64_t *seq)
 {
-    dt_gpt2_config g;
-    if (dt_gpt2_config_by_name(o->model, &g) < 0 || o->n_layer || o->n_head || o->n_embd || o->block_size ||
-        o->vocab_size || o->vocab)
+    char id[32];
+    int64_t positions = 0;
+    if (o->n_layer || o->n_head || o->n_embd || o->block_size || o->vocab_size || o->vocab ||
+        dt_plan_model_id(o->model, id, sizeof id, &positions) < 0)
         return false;
-    *seq = o->seq > 0 ? o->seq : g.block_size;
+    *seq = o->seq > 0 ? o->seq : positions;
     return true;
 }
 
@@ -119,8 +121,9 @@ int dt__train_plan_auto(dt__train_opts *o)
 {
     int64_t seq = 0;
     if (!plan_model(o, &seq))
-        return dt__cli_err("dtrain train: --plan auto plans the GPT-2 zoo models as named (not with --n-layer, "
-                           "--n-head, --n-embd, --block-size, --vocab-size or --vocab)\n"), 2;
+        return dt__cli_err("dtrain train: --plan auto plans the GPT-2 and Llama models (zoo or hf:DIR) as named, not "
+                           "--model %s with --n-layer, --n-head, --n-embd, --block-size, --vocab-size or --vocab\n",
+                           o->model), 2;
     int world = 1;
     if (dt_pg_env_world_size(&world) < 0)
         return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;

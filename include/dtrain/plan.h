@@ -119,6 +119,21 @@ DT_API dt_plan_params dt_plan_params_default(void);
  * layer's error (DT_ERR_INVALID_ARG naming the key). */
 DT_API dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p);
 
+/* Whether config c leaves the layout to the planner ("dtrain": {"plan":
+ * "auto"}, as `dtrain train --plan auto`): *on true, and then the degrees,
+ * the ZeRO stage, micro-batches, gradient accumulation, checkpointing and
+ * offload are the planner's (dt_plan_search), so a key of c that sets one of
+ * them (dtrain.data_parallel_size, dtrain.tensor_parallel_size,
+ * dtrain.pipeline_parallel_size, pipeline.stages, dtrain.micro_batches,
+ * gradient_accumulation_steps, zero_optimization.stage,
+ * zero_optimization.offload_optimizer.device, dtrain.hybrid_shard,
+ * dtrain.activation_checkpointing, activation_checkpointing,
+ * pipeline.activation_checkpoint_interval, dtrain.context_parallel_size,
+ * sequence_parallel_size; "auto" values set nothing) is DT_ERR_INVALID_ARG
+ * naming the key and where it came from. dt_plan_from_config checks the
+ * same; the caller runs the search and sets the layout it chose. */
+DT_API dt_status dt_plan_config_auto(const dt_config *c, bool *on);
+
 /* Check p against the world and build the groups, the mesh and (later) the
  * strategy's parameters. world: borrowed (must outlive the plan); NULL:
  * the plan makes the world group from the launcher's environment
@@ -211,19 +226,22 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * dt_plan_search answers "which dp x tp x pp x ZeRO x micro-batches x
  * recomputation should I run on N ranks within M bytes per rank": it
- * enumerates the layouts of a GPT-2 zoo model for a global batch, predicts
+ * enumerates the layouts of a GPT-2 or Llama model (zoo or hf:DIR) for a global batch, predicts
  * each one's peak resident memory per rank and its step time, ranks the
  * feasible ones by time and gives each infeasible one its reason.
  *
  * The prediction rests on a calibration of this machine (dt_plan_calibrate:
  * a few seconds, cacheable with dt_plan_calib_save/load):
- *   - the model's own units, run for real: a 1-block and a 2-block copy of
+ *   - the model's own units, run for real: a 1-block and a 3-block copy of
  *     the model (same width, heads, vocabulary, sequence) each take a
  *     training forward + loss + backward on one sample, with and without
- *     activation checkpointing; the difference of the two is one block, the
- *     rest the embeddings, head and loss. Per token: core-seconds of compute
- *     (the process's CPU time) and activation bytes (the autograd arena's
- *     peak), and the parameter count of a block and of the rest;
+ *     activation checkpointing, and at a quarter of the tokens, on one
+ *     thread (interleaved, the best of 3); a third of the difference of the
+ *     two is one block, the rest the embeddings, head and loss. Per token:
+ *     core-seconds of compute (the process's CPU time) and activation
+ *     bytes (the autograd arena's peak); per pass: the fixed core-seconds
+ *     beyond the tokens; the parameter count of a block and of the rest;
+ *     the core-seconds the process's own threads add over one thread;
  *   - an AdamW step over the 1-block model's parameters (core-seconds per
  *     parameter), a GEMM's rate (flop/s, reported), memcpy bandwidth, and
  *     the process's resident set before any model (the baseline: the
@@ -241,10 +259,17 @@ DT_API void dt_plan_free(dt_plan *pl);
  * gradient buffers kept beside the model's own) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
- * tokens, split over tp and pp, the pipeline bubble (pp - 1) / m, ranks
- * sharing the machine's cores when there are more ranks than cores) +
- * collectives (ring volumes over the measured bandwidth plus a latency per
- * call) + the optimizer step over the rank's shard.
+ * tokens plus the fixed cost of each pass (micro-batch, accumulated
+ * forward), split over tp and pp, the pipeline bubble (pp - 1) / m of the
+ * stage's work, ranks sharing the machine's cores: a rank's threads are
+ * cores / ranks, and the step is at least the whole machine's core-seconds
+ * over its cores) + collectives (ring volumes over the measured bandwidth
+ * plus a latency per call: tp's four all-reduces per block per pass, ZeRO-3's
+ * gathers and reduce-scatters per unit, a pipeline's sends) + the optimizer
+ * step over the rank's shard. Among the feasible layouts predicted within
+ * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
+ * tensor or pipeline parallelism; no checkpointing or accumulation before
+ * them), as DeepSpeed's autotuner prefers the simpler at equal speed.
  *
  * Usage:
  *     dt_plan_calib c;
@@ -262,17 +287,25 @@ DT_API void dt_plan_free(dt_plan *pl);
 
 /* What the calibration measured (per token: one position of one sample). */
 typedef struct dt_plan_calib {
-    char model[32];           /* the zoo model ("gpt2") */
+    char model[32];           /* the model's id (dt_plan_model_id: the zoo name, "gpt2") */
     int64_t seq;              /* tokens per sample it was measured at */
     dt_dtype dtype;           /* parameter dtype it ran in (DT_F32, DT_BF16) */
-    int threads;              /* threads the calibration ran with */
+    int threads;              /* threads of this process (OMP_NUM_THREADS, else the cores) */
     int cores;                /* cores of the machine (online CPUs this process may use) */
     int64_t n_layer, n_head, n_embd, vocab; /* the full model's shape */
+    int64_t n_kv_head;        /* key/value heads (Llama's grouped-query attention; = n_head for GPT-2) */
     double numel_block;       /* parameters of one block */
     double numel_fixed;       /* the rest (embeddings, final norm; the head is tied) */
     double fb_block_s;        /* core-seconds per token of one block's forward + backward */
     double fb_fixed_s;        /* the same for the embeddings, head and loss */
     double fb_block_ckpt_s;   /* one block with activation checkpointing (forward run twice) */
+    double pass_block_s;      /* core-seconds one forward + backward pass of one block costs beyond its
+                                 tokens (a pass at T/4 tokens against one at T: fb = pass + tokens x per
+                                 token): paid per micro-batch and per accumulated forward */
+    double pass_fixed_s;      /* the same for the embeddings, head and loss */
+    double thread_cost;       /* core-seconds of a pass on `threads` threads over those on one (>= 1: the
+                                 figures above are one thread's; a rank with more threads pays this much
+                                 more per core-second, scaled by its threads) */
     double act_block;         /* activation bytes per token kept by one block */
     double act_fixed;         /* the embeddings, head and loss (the logits) */
     double act_block_ckpt;    /* one checkpointed block (its input only) */
@@ -285,15 +318,24 @@ typedef struct dt_plan_calib {
     double base_rss;          /* resident bytes of the process before any model */
 } dt_plan_calib;
 
-/* Measure this machine for zoo model `model` (a GPT-2 zoo name: "gpt2",
- * "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-mini", "gpt-micro") at seq
- * tokens per sample (0: 128, at most the model's positions) in parameter
- * dtype dtype (DT_F32 or DT_BF16): builds and runs small copies of the model
- * (one and two blocks), so it allocates about 12 bytes per embedding
- * parameter for a moment and takes seconds. Not collective. Errors:
- * DT_ERR_UNSUPPORTED for a model that is not a GPT-2 zoo model (named),
- * DT_ERR_INVALID_ARG for seq or dtype, a model's own errors. */
+/* Measure this machine for model `model` (a transformer with a Hugging
+ * Face description, dt_model_hf_config: the GPT-2 zoo sizes "gpt2",
+ * "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-mini", "gpt-micro", the Llama
+ * ones "llama-tiny", "llama-100m", and "hf:DIR" for a GPT2LMHeadModel or
+ * Llama-family directory) at seq tokens per sample (0: 128, at most the
+ * model's positions) in parameter dtype dtype (DT_F32 or DT_BF16): builds
+ * copies of the model's shape with one and three blocks (random weights) and
+ * runs them, so it allocates about 12 bytes per embedding parameter for a
+ * moment and takes seconds. Not collective. Errors: DT_ERR_UNSUPPORTED for
+ * a model without such a description (named), DT_ERR_INVALID_ARG for seq
+ * or dtype, a model's own errors (hf:DIR's config). */
 DT_API dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out);
+/* The id calibrations of `model` are cached under (buf, n bytes; 32 hold
+ * any): the zoo name, or for hf:DIR a hash of the shape its config.json
+ * gives ("hfllama-" + 16 hex digits; the figures depend on the shape, not
+ * the weights); *positions (may be NULL): the model's positions, the
+ * longest seq. DT_ERR_UNSUPPORTED as dt_plan_calibrate. */
+DT_API dt_status dt_plan_model_id(const char *model, char *buf, size_t n, int64_t *positions);
 /* Measure the collective bandwidth and latency of group g into c (all-
  * reduce of 4 bytes for the latency, of 8 MiB for the bus bandwidth: the
  * slowest rank's time, agreed by every rank). Collective over g. */
@@ -301,10 +343,11 @@ DT_API dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c);
 /* Write c to path as "key value" lines (temp file + rename: complete or
  * absent; a symlink at path is an error). DT_ERR_IO naming the path. */
 DT_API dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path);
-/* Read a calibration saved by dt_plan_calib_save that matches model, seq,
- * dtype and this machine's cores: DT_ERR_NOT_FOUND when the file is absent
- * or was measured for something else (then calibrate), DT_ERR_FORMAT for a
- * damaged file (named). */
+/* Read a calibration saved by dt_plan_calib_save that matches model
+ * (dt_plan_model_id), seq, dtype and this machine's cores: DT_ERR_NOT_FOUND
+ * when the file is absent, was measured for something else or by an older
+ * dtrain (then calibrate), DT_ERR_FORMAT for a damaged file (named; a value
+ * out of range named too). */
 DT_API dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, dt_dtype dtype,
                                     dt_plan_calib *out);
 

@@ -166,6 +166,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     STR("dtrain.trace", NULL, 0),
     STR("dtrain.trace_steps", NULL, 0),
     INT("dtrain.micro_batches", 1, 1e9, 0),
+    STR("dtrain.plan", "auto", 0),
 };
 const size_t dt__cfg_nkeys = sizeof dt__cfg_keys / sizeof dt__cfg_keys[0];
 

@@ -48,10 +48,43 @@ dt_plan_params dt_plan_params_default(void)
     return p;
 }
 
+dt_status dt_plan_config_auto(const dt_config *c, bool *on)
+{
+    if (!c || !on)
+        return dt_error(DT_ERR_NULL, "dt_plan_config_auto: NULL argument");
+    *on = false;
+    const char *s;
+    if (dt_config_get_str(c, "dtrain.plan", &s) != DT_OK)
+        return DT_OK;
+    if (strcmp(s, "auto")) /* the key table allows "auto" only; a config set by hand may not have been checked */
+        return dt_error(DT_ERR_INVALID_ARG, "key dtrain.plan '%s': \"auto\" (the planner chooses the layout) or "
+                        "leave it out", s);
+    static const char *const layout[] = {
+        "dtrain.data_parallel_size", "dtrain.tensor_parallel_size", "dtrain.pipeline_parallel_size", "pipeline.stages",
+        "dtrain.micro_batches", "gradient_accumulation_steps", "zero_optimization.stage",
+        "zero_optimization.offload_optimizer.device", "dtrain.hybrid_shard", "dtrain.activation_checkpointing",
+        "activation_checkpointing", "pipeline.activation_checkpoint_interval", "dtrain.context_parallel_size",
+        "sequence_parallel_size"};
+    for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
+        const dt_config_origin o = dt_config_origin_of(c, layout[i]);
+        if (o != DT_CONFIG_UNSET)
+            return dt_error(DT_ERR_INVALID_ARG, "key dtrain.plan \"auto\" and key %s (from %s): the planner chooses "
+                            "the layout (degrees, ZeRO stage, micro-batches, gradient accumulation, checkpointing, "
+                            "offload); give one of the two", layout[i],
+                            o == DT_CONFIG_FROM_FILE ? "the file" : o == DT_CONFIG_FROM_CLI ? "a flag" : "the environment");
+    }
+    *on = true;
+    return DT_OK;
+}
+
 dt_status dt_plan_from_config(const dt_config *c, dt_plan_params *p)
 {
     if (!c || !p)
         return dt_error(DT_ERR_NULL, "dt_plan_from_config: NULL argument");
+    bool planned;
+    dt_status st0 = dt_plan_config_auto(c, &planned); /* the layout keys then are the planner's */
+    if (st0 < 0)
+        return st0;
     int64_t v;
     if (dt_config_get_int(c, "dtrain.data_parallel_size", &v) == DT_OK)
         p->dp = (int)v;

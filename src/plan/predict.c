@@ -3,15 +3,18 @@
  *
  * Why small copies of the model: the full model (a 774M-parameter GPT-2
  * needs 12 GB of model state) may not fit in one process, and its blocks
- * are all alike. A copy with one block and one with two blocks, each of the
- * full width, heads, vocabulary and sequence, run a training forward + loss
- * + backward on one sample; the difference is one block, the one-block run
- * less that block is the rest (embeddings, final norm, tied head and the
+ * are all alike. A copy with one block and one with three blocks, each of
+ * the full width, heads, vocabulary and sequence (built from the model's
+ * Hugging Face description: GPT-2 or Llama), run a training forward + loss
+ * + backward on one sample; half the difference is one block, the one-block
+ * run less that block is the rest (embeddings, final norm, head and the
  * cross-entropy). The activation bytes are the autograd arena's peak (what
  * the trainer's context keeps resident); the compute is the process's CPU
  * time (core-seconds: a rank with fewer cores scales, and load from other
- * processes on shared cores stays out of the cached figures). Each run is
- * taken twice after a warm-up and the faster kept. The predicted step is
+ * processes on shared cores stays out of the cached figures). The copies
+ * run on one thread (what a rank gets when ranks fill the cores), their
+ * runs interleaved, each the best of 3 after a warm-up; once more on the
+ * process's threads for what extra threads cost. The predicted step is
  * therefore the step of a machine this run has to itself.
  *
  * The collective model without a group is a guess stated as one: the
@@ -74,6 +77,7 @@ static int process_threads(int cores)
 /* One run's measurements. */
 typedef struct {
     double fb_s, act, fb_ckpt_s, act_ckpt, numel;
+    double fb_short_s; /* forward + backward at a quarter of the tokens */
 } run_meas;
 
 /* CPU seconds this process has used, every thread: core-seconds, which
@@ -109,44 +113,128 @@ static dt_status fwd_bwd(dt_model *m, const dt_model_desc *d, const int64_t *tok
     return st;
 }
 
-/* The best of two timed runs after a warm-up; the arena peak of the last. */
-static dt_status measure(dt_model *m, const dt_model_desc *d, const int64_t *tok, int64_t T, double *sec, double *act)
+/* A transformer's shape from its own description (dt_model_hf_config: the
+ * GPT-2 and Llama zoo sizes, hf:DIR's config.json), and the way to build a
+ * copy of it with fewer blocks. */
+typedef struct {
+    dt_hf_config h;
+    int64_t n_layer, n_head, n_kv_head, n_embd, vocab, positions;
+} model_shape;
+
+static dt_status shape_of(const char *model, model_shape *s)
 {
-    double best = INFINITY, s, pk = 0;
-    for (int r = 0; r < 3; r++) {
-        dt_status st = fwd_bwd(m, d, tok, T, &s, &pk);
-        if (st < 0)
-            return st;
-        if (r > 0 && s < best)
-            best = s;
+    memset(s, 0, sizeof *s);
+    dt_status st = dt_model_hf_config(model, NULL, &s->h);
+    if (st == DT_ERR_UNSUPPORTED)
+        return dt_error(DT_ERR_UNSUPPORTED, "the planner: model '%s' is not a transformer it can calibrate (the GPT-2 "
+                        "and Llama zoo models and hf:DIR models are)", model);
+    if (st < 0)
+        return st;
+    if (s->h.is_gpt2) {
+        const dt_gpt2_config *g = &s->h.gpt2;
+        s->n_layer = g->n_layer, s->n_head = g->n_head, s->n_kv_head = g->n_head, s->n_embd = g->n_embd;
+        s->vocab = g->vocab_size, s->positions = g->block_size;
+    } else {
+        const dt_llama_config *l = &s->h.llama;
+        s->n_layer = l->num_hidden_layers, s->n_head = l->num_attention_heads, s->n_kv_head = l->num_key_value_heads;
+        s->n_embd = l->hidden_size, s->vocab = l->vocab_size, s->positions = l->max_position_embeddings;
     }
-    *sec = best, *act = pk;
+    if (s->n_layer < 1 || s->n_head < 1 || s->n_kv_head < 1 || s->n_embd < 1 || s->vocab < 1 || s->positions < 2)
+        return dt_error(DT_ERR_INVALID_ARG, "the planner: model '%s' has %lld blocks, %lld heads, width %lld, "
+                        "vocabulary %lld, %lld positions", model, (long long)s->n_layer, (long long)s->n_head,
+                        (long long)s->n_embd, (long long)s->vocab, (long long)s->positions);
     return DT_OK;
 }
 
-static dt_status run_copy(const char *model, int64_t layers, int64_t T, dt_dtype dtype, const int64_t *tok,
-                          run_meas *out)
+/* A copy of the model of shape s with `layers` blocks (random weights: only the shape matters). */
+static dt_status make_copy(const model_shape *s, int64_t layers, int64_t T, dt_dtype dtype, dt_model **m,
+                           dt_model_desc *d)
 {
     dt_model_config mc = dt_model_config_default();
-    mc.n_layer = layers;
     mc.seq = T;
     mc.build.param_dtype = dtype;
-    dt_model *m = NULL;
-    dt_model_desc d;
-    dt_status st = dt_model_create(model, 1, &mc, &m, &d);
+    if (s->h.is_gpt2) { /* the GPT-2 family by its sizes (a zoo name or a GPT2LMHeadModel directory) */
+        const dt_gpt2_config *g = &s->h.gpt2;
+        mc.n_layer = layers, mc.n_head = g->n_head, mc.n_embd = g->n_embd, mc.block_size = g->block_size;
+        mc.vocab_size = g->vocab_size;
+        return dt_model_create("gpt2", 1, &mc, m, d);
+    }
+    dt_llama_config lc = s->h.llama;
+    lc.num_hidden_layers = layers;
+    return dt_llama_create(&lc, 1, &mc, m, d);
+}
+
+/* Blocks of the larger copy: the difference of K - 1 blocks over a 1-block copy is the block's cost,
+   K - 1 times the signal of a 2-block copy against the noise of a shared machine. */
+#define CALIB_K 3
+
+/* The 1-block and the K-block copies, measured interleaved (each kind of run alternating between the
+   two, so a burst of load falls on both), the best of 3 after a warm-up: plain at T tokens, plain at
+   T/4 (the per-pass overhead), checkpointed at T. */
+static dt_status run_pair(const model_shape *sh, int64_t T, dt_dtype dtype, const int64_t *tok, run_meas *one,
+                          run_meas *many)
+{
+    dt_model *m[2] = {NULL, NULL};
+    dt_model_desc d[2];
+    run_meas *out[2] = {one, many};
+    dt_status st = make_copy(sh, 1, T, dtype, &m[0], &d[0]);
+    if (st >= 0)
+        st = make_copy(sh, CALIB_K, T, dtype, &m[1], &d[1]);
+    const int64_t Ts = T / 4 > 1 ? T / 4 : 1;
+    for (int k = 0; k < 2 && st >= 0; k++) {
+        dt_model_train(m[k], true);
+        out[k]->numel = (double)dt_model_param_count(m[k]);
+        out[k]->fb_s = out[k]->fb_short_s = out[k]->fb_ckpt_s = INFINITY;
+    }
+    for (int kind = 0; kind < 3 && st >= 0; kind++) {
+        if (kind == 2) /* checkpoint every block of both copies */
+            for (int k = 0; k < 2 && st >= 0; k++) {
+                dt_act_ckpt_params ap = dt_act_ckpt_params_default();
+                st = dt_model_desc_checkpoint(m[k], &d[k], &ap, NULL);
+            }
+        for (int r = 0; r < 4 && st >= 0; r++)
+            for (int k = 0; k < 2 && st >= 0; k++) {
+                double sec = 0, pk = 0;
+                st = fwd_bwd(m[k], &d[k], tok, kind == 1 ? Ts : T, &sec, &pk);
+                double *best = kind == 0 ? &out[k]->fb_s : kind == 1 ? &out[k]->fb_short_s : &out[k]->fb_ckpt_s;
+                if (r > 0 && sec < *best)
+                    *best = sec;
+                if (kind == 0)
+                    out[k]->act = pk;
+                else if (kind == 2)
+                    out[k]->act_ckpt = pk;
+            }
+    }
+    dt_model_free(m[0]);
+    dt_model_free(m[1]);
+    return st;
+}
+
+dt_status dt_plan_model_id(const char *model, char *buf, size_t n, int64_t *positions)
+{
+    if (!model || !buf || !n)
+        return dt_error(DT_ERR_NULL, "dt_plan_model_id: NULL argument");
+    model_shape s;
+    dt_status st = shape_of(model, &s);
     if (st < 0)
         return st;
-    dt_model_train(m, true);
-    out->numel = (double)dt_model_param_count(m);
-    st = measure(m, &d, tok, T, &out->fb_s, &out->act);
-    if (st >= 0) {
-        dt_act_ckpt_params ap = dt_act_ckpt_params_default();
-        st = dt_model_desc_checkpoint(m, &d, &ap, NULL);
-        if (st >= 0)
-            st = measure(m, &d, tok, T, &out->fb_ckpt_s, &out->act_ckpt);
+    if (positions)
+        *positions = s.positions;
+    if (strncmp(model, "hf:", 3) && strlen(model) < 32) {
+        snprintf(buf, n, "%s", model);
+        return DT_OK;
     }
-    dt_model_free(m);
-    return st;
+    /* a directory: the figures depend on the shape only, so the id is a hash of it (FNV-1a) */
+    const dt_llama_config *l = &s.h.llama;
+    const int64_t f[] = {s.h.is_gpt2, s.n_layer, s.n_head, s.n_kv_head, s.n_embd, s.vocab, s.positions,
+                         s.h.is_gpt2 ? 0 : l->intermediate_size, s.h.is_gpt2 ? 0 : l->head_dim,
+                         s.h.is_gpt2 ? 0 : l->tie_word_embeddings};
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        for (int b = 0; b < 8; b++)
+            h = (h ^ (uint8_t)((uint64_t)f[i] >> (8 * b))) * 1099511628211ull;
+    snprintf(buf, n, "%s-%016llx", s.h.is_gpt2 ? "hfgpt2" : "hfllama", (unsigned long long)h);
+    return DT_OK;
 }
 
 /* Core-seconds per parameter of an AdamW step over model m's f32 parameters. */
@@ -202,7 +290,8 @@ static double time_matmul(int64_t C)
     return isfinite(best) && best > 0 ? 2.0 * 256 * (double)C * (double)C / best : 0;
 }
 
-/* One thread's memcpy bandwidth over 64 MiB, bytes/s. */
+/* One thread's memcpy bandwidth over 64 MiB, bytes/s of CPU time (a busy machine's wall time would
+   cache the load of the moment as this machine's bandwidth). */
 static double time_copy(void)
 {
     size_t n = 64u << 20;
@@ -211,9 +300,9 @@ static double time_copy(void)
     if (a && b) {
         memset(a, 1, n), memset(b, 2, n);
         for (int i = 0; i < 3; i++) {
-            double t0 = dt_time_s();
+            double t0 = cpu_s();
             memcpy(b, a, n);
-            double s = dt_time_s() - t0;
+            double s = cpu_s() - t0;
             if (s < best)
                 best = s;
         }
@@ -226,24 +315,26 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
 {
     if (!model || !out)
         return dt_error(DT_ERR_NULL, "dt_plan_calibrate: NULL argument");
-    dt_gpt2_config g;
-    if (dt_gpt2_config_by_name(model, &g) < 0)
-        return dt_error(DT_ERR_UNSUPPORTED, "dt_plan_calibrate: model '%s' is not a GPT-2 zoo model (the planner "
-                        "knows gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-mini, gpt-micro)", model);
+    model_shape sh;
+    dt_status st = shape_of(model, &sh);
+    if (st < 0)
+        return st;
     if (seq == 0)
-        seq = g.block_size < 128 ? g.block_size : 128;
-    if (seq < 2 || seq > g.block_size)
+        seq = sh.positions < 128 ? sh.positions : 128;
+    if (seq < 2 || seq > sh.positions)
         return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: seq %lld for %s (2..%lld, its positions)",
-                        (long long)seq, model, (long long)g.block_size);
+                        (long long)seq, model, (long long)sh.positions);
     if (dtype != DT_F32 && dtype != DT_BF16)
         return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: dtype %s (f32 or bf16)", dt_dtype_name(dtype));
     dt_plan_calib c;
     memset(&c, 0, sizeof c);
-    snprintf(c.model, sizeof c.model, "%s", model);
+    if ((st = dt_plan_model_id(model, c.model, sizeof c.model, NULL)) < 0)
+        return st;
     c.seq = seq, c.dtype = dtype;
     c.cores = online_cores();
     c.threads = process_threads(c.cores);
-    c.n_layer = g.n_layer, c.n_head = g.n_head, c.n_embd = g.n_embd, c.vocab = g.vocab_size;
+    c.n_layer = sh.n_layer, c.n_head = sh.n_head, c.n_kv_head = sh.n_kv_head, c.n_embd = sh.n_embd;
+    c.vocab = sh.vocab;
     c.base_rss = rss_now();
 
     int64_t *tok = malloc(sizeof *tok * (size_t)(seq + 1));
@@ -252,16 +343,30 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     uint64_t s = 0x9e3779b97f4a7c15ull;
     for (int64_t i = 0; i <= seq; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int64_t)((s >> 33) % (uint64_t)g.vocab_size);
+        tok[i] = (int64_t)((s >> 33) % (uint64_t)sh.vocab);
     }
-    run_meas one, two;
-    dt_status st = run_copy(model, 1, seq, dtype, tok, &one);
-    if (st >= 0)
-        st = run_copy(model, 2, seq, dtype, tok, &two);
+    /* the work itself on one thread (a rank of a machine it shares with others has one: cores / ranks);
+       then the one-block copy on every thread, for what the extra threads cost in core-seconds */
+    const int threads_before = dt_get_num_threads();
+    dt_set_num_threads(1);
+    run_meas one = {0}, many = {0}, wide = {0}, wide_many = {0};
+    st = run_pair(&sh, seq, dtype, tok, &one, &many);
+    dt_set_num_threads(threads_before);
+    if (st >= 0 && c.threads > 1)
+        st = run_pair(&sh, seq, dtype, tok, &wide, &wide_many);
     free(tok);
     if (st < 0)
         return st;
     const double th = 1, T = (double)seq; /* the times are core-seconds already */
+    c.thread_cost = c.threads > 1 && many.fb_s > 0 && wide_many.fb_s > many.fb_s ? wide_many.fb_s / many.fb_s : 1;
+    const double K1 = CALIB_K - 1;
+    run_meas two = many; /* per block: (K-block - 1-block) / (K - 1); "two" = one + one block */
+    two.numel = one.numel + (many.numel - one.numel) / K1;
+    two.fb_s = one.fb_s + (many.fb_s - one.fb_s) / K1;
+    two.fb_short_s = one.fb_short_s + (many.fb_short_s - one.fb_short_s) / K1;
+    two.fb_ckpt_s = one.fb_ckpt_s + (many.fb_ckpt_s - one.fb_ckpt_s) / K1;
+    two.act = one.act + (many.act - one.act) / K1;
+    two.act_ckpt = one.act_ckpt + (many.act_ckpt - one.act_ckpt) / K1;
 #define POS(v) ((v) > 0 ? (v) : 0)
     c.numel_block = two.numel - one.numel;
     c.numel_fixed = POS(one.numel - c.numel_block);
@@ -274,19 +379,26 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     c.act_block = POS(two.act - one.act) / T;
     c.act_fixed = POS(one.act / T - c.act_block);
     c.act_block_ckpt = POS(two.act_ckpt - one.act_ckpt) / T;
+    /* the per-pass overhead (kernel launches, OpenMP's fork/join, the autograd's bookkeeping: what a
+       pass costs beyond its tokens), from the same runs at T and T/4 tokens: fb(T) = a + b T */
+    const double Ts = (double)(seq / 4 > 1 ? seq / 4 : 1);
+    if (T > Ts) {
+        const double a1 = (one.fb_short_s * T - one.fb_s * Ts) / (T - Ts);
+        const double a2 = (two.fb_short_s * T - two.fb_s * Ts) / (T - Ts);
+        c.pass_block_s = POS(a2 - a1);
+        c.pass_fixed_s = POS(a1 - c.pass_block_s);
+    }
 #undef POS
 
     /* the optimizer, on an f32 one-block copy */
-    dt_model_config mc = dt_model_config_default();
-    mc.n_layer = 1, mc.seq = seq;
     dt_model *m = NULL;
-    if ((st = dt_model_create(model, 1, &mc, &m, NULL)) < 0)
+    if ((st = make_copy(&sh, 1, seq, DT_F32, &m, NULL)) < 0)
         return st;
     st = time_optim(m, &c.optim_s);
     dt_model_free(m);
     if (st < 0)
         return st;
-    c.matmul_flops = time_matmul(g.n_embd);
+    c.matmul_flops = time_matmul(sh.n_embd);
     c.copy_bw = time_copy();
     c.coll_bw = c.copy_bw / 2;
     c.coll_lat_s = 20e-6;
@@ -344,7 +456,9 @@ dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
     X(optim_s, "%.17g", (double), double) X(matmul_flops, "%.17g", (double), double)                                 \
     X(copy_bw, "%.17g", (double), double) X(coll_bw, "%.17g", (double), double)                                      \
     X(coll_lat_s, "%.17g", (double), double) X(coll_measured, "%d", (int), int)                                      \
-    X(base_rss, "%.17g", (double), double)
+    X(base_rss, "%.17g", (double), double) X(n_kv_head, "%lld", (long long), int64_t)                                \
+    X(pass_block_s, "%.17g", (double), double) X(pass_fixed_s, "%.17g", (double), double)                          \
+    X(thread_cost, "%.17g", (double), double)
 
 dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
 {
@@ -367,7 +481,7 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
         free(tmp);
         return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
     }
-    fprintf(f, "dtrain-plan-calib 1\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+    fprintf(f, "dtrain-plan-calib 2\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
@@ -403,6 +517,7 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
     CALIB_FIELDS(C1)
 #undef C1
     long long sq = -1;
+    const char *bad_ = NULL;
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%63s %127s", key, val) != 2)
             continue;
@@ -417,17 +532,33 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
         else if (!strcmp(key, "cores"))
             c.cores = atoi(val);
 #define R(name, fmt, cast, type)                                                                                     \
-    else if (!strcmp(key, #name)) { c.name = (type)strtod(val, NULL); seen++; }
+    else if (!strcmp(key, #name)) {                                                                             \
+        double d_ = strtod(val, NULL);                                                                           \
+        if (d_ >= 0 && d_ <= (sizeof(type) < 8 ? 2e9 : 1e15)) /* bounded before any integer cast */            \
+            c.name = (type)d_;                                                                                   \
+        else if (!bad_)                                                                                          \
+            bad_ = #name;                                                                                        \
+        seen++;                                                                                                  \
+    }
         CALIB_FIELDS(R)
 #undef R
     }
     fclose(f);
-    if (version != 1 || seen != want)
-        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-1 file (%d of %d "
-                        "values); delete it to measure again", path, seen, want);
+    if (version >= 1 && version < 2) /* an older dtrain's figures (fewer of them): measure again */
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 2)", path,
+                        version);
+    if (version != 2 || seen != want || bad_)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-2 file (%d of %d values%s%s); "
+                        "delete it to measure again", path, seen, want, bad_ ? "; out of range: " : "",
+                        bad_ ? bad_ : "");
+    if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.vocab < 1)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': a shape of zero; delete it to measure again", path);
     c.seq = sq;
     c.dtype = !strcmp(dname, dt_dtype_name(DT_BF16)) ? DT_BF16 : DT_F32;
-    if (strcmp(c.model, model) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != online_cores())
+    char id[32];
+    if (dt_plan_model_id(model, id, sizeof id, NULL) < 0)
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s': %s", path, dt_last_error());
+    if (strcmp(c.model, id) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != online_cores())
         return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' was measured for %s, seq %lld, %s on %d cores",
                         path, c.model, (long long)c.seq, dname, c.cores);
     *out = c;

@@ -97,6 +97,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         infeasible(out, "dp %d x tp %d x pp %d is %d, not the world %d", dp, tp, pp, dp * tp * pp, world);
     if (c->n_head % tp)
         infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
+    if (c->n_kv_head > 0 && c->n_kv_head % tp)
+        infeasible(out, "tp %d does not divide the %lld key/value heads", tp, (long long)c->n_kv_head);
     if (pp > c->n_layer)
         infeasible(out, "pp %d exceeds the %lld blocks", pp, (long long)c->n_layer);
     if ((tp > 1 || pp > 1) && l->zero_stage > 1)
@@ -126,8 +128,11 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
        state), the last keeps the logits */
     double blocks_rank = L, blocks_last = L;
     if (pp > 1) {
-        const double bc = c->fb_block_s > 0 ? c->fb_block_s : 1;
-        blocks_rank = ceil((L * bc + c->fb_fixed_s) / pp / bc);
+        /* the pipe strategy balances by the models' unit costs (dt_model_pipe_units: a block about its
+           weights, the head its V x C GEMM), not by measured times, so the split is predicted from the
+           same figures (times measured on a busy machine moved it by a block: 15% of a stage's memory) */
+        const double bc = c->numel_block > 0 ? c->numel_block : 1, head = (double)c->vocab * (double)c->n_embd;
+        blocks_rank = ceil((L * bc + head) / pp / bc);
         if (blocks_rank > L - (pp - 1))
             blocks_rank = L - (pp - 1);
         if (blocks_rank < ceil(L / pp))
@@ -202,17 +207,34 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     /* ---- time of one step ---- */
     const double per_rank_cores = local <= cores ? cores / local : 1.0; /* threads of one rank */
     const double samples_replica = (double)l->batch * ga;             /* per optimizer step */
+    const double passes = (double)m * ga; /* forward + backward passes of a replica per step */
+    /* a pass costs its tokens and a fixed part (kernels' fork/join, the autograd's bookkeeping:
+       calibrated as pass_*); recomputation runs the block's forward twice (4/3 of the pass) */
     const double fb_blk = l->act_ckpt ? c->fb_block_ckpt_s : c->fb_block_s;
-    const double replica_blocks = samples_replica * T * L * fb_blk;     /* core-seconds */
-    const double replica_fixed = samples_replica * T * c->fb_fixed_s;
-    double stage_work = (replica_blocks + replica_fixed) / pp / tp; /* stages balanced by compute */
-    if (pp > 1 && replica_fixed / tp > stage_work) /* but the head is one unit: the last stage has it whole */
-        stage_work = replica_fixed / tp;
-    const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0);
+    const double pass_blk = c->pass_block_s * (l->act_ckpt ? 4.0 / 3 : 1.0), pass_fix = c->pass_fixed_s;
+    const double tok_blk = fb_blk - pass_blk / T > 0 ? fb_blk - pass_blk / T : 0;
+    const double tok_fix = c->fb_fixed_s - pass_fix / T > 0 ? c->fb_fixed_s - pass_fix / T : 0;
+    const double replica_blocks = samples_replica * T * L * tok_blk; /* core-seconds, split over tp x pp */
+    const double replica_fixed = samples_replica * T * tok_fix;
+    /* the fixed part is mostly the parameters' and gradients' bytes a pass touches (the embedding's
+       gradient), which tp splits */
+    const double replica_pass = passes * (L * pass_blk + pass_fix);
+    /* a rank's threads (cores / ranks) cost more core-seconds than one does (calibrated at 1 and at
+       c->threads threads, interpolated) */
+    const double thr = per_rank_cores > 1 ? per_rank_cores : 1;
+    const double tcost = c->thread_cost > 1 && c->threads > 1
+                             ? 1 + (c->thread_cost - 1) * (thr - 1) / (double)(c->threads - 1 > 0 ? c->threads - 1 : 1)
+                             : 1;
+    double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp / tp; /* balanced by compute */
+    const double head_work = tcost * (replica_fixed + passes * pass_fix) / tp;
+    if (pp > 1 && head_work > stage_work) /* but the head is one unit: the last stage has it whole */
+        stage_work = head_work;
+    const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
     const double opt_params = numel_rank / (l->zero_stage >= 1 ? shard_dp : 1);
     const double streams = p->optimizer != DT_OPTIM_SGD ? 7 : p->sgd_momentum ? 5 : 3;
     const double opt_work = opt_params * c->optim_s * streams / 7;
-    const double machine_work = (double)dp * (replica_blocks + replica_fixed) + (double)local * opt_work;
+    const double machine_work = tcost * (double)dp * (replica_blocks + replica_fixed + replica_pass) +
+                                (double)local * opt_work;
     const double t_compute_rank = critical / per_rank_cores, t_machine = machine_work / cores;
     const double t_opt = opt_work / per_rank_cores;
     double t_cmp = t_compute_rank + t_opt;
@@ -296,6 +318,28 @@ static int cmp_rows(const void *a, const void *b)
     return strcmp(dt_plan_layout_str(&x->layout, bx, sizeof bx), dt_plan_layout_str(&y->layout, by, sizeof by));
 }
 
+/* How much machinery a layout adds to plain DDP: model parallelism most, then sharding, recomputation,
+   accumulation, offload. Among layouts predicted within DT__PLAN_SIMPLER of the fastest the simplest
+   ranks first (as DeepSpeed's autotuner prefers the lower ZeRO stage at equal throughput): a few % is
+   within the model's error, and every added part brings costs the model leaves out. */
+#define DT__PLAN_SIMPLER 0.05
+static int complexity(const dt_plan_layout *l)
+{
+    int ga = 0;
+    for (int g = l->grad_accum; g > 1; g >>= 1)
+        ga++;
+    return 4 * (l->tp > 1) + 4 * (l->pp > 1) + l->zero_stage + 2 * l->act_ckpt + ga + 3 * l->offload + l->hybrid;
+}
+
+static int cmp_simple(const void *a, const void *b)
+{
+    const dt_plan_prediction *x = a, *y = b;
+    const int cx = complexity(&x->layout), cy = complexity(&y->layout);
+    if (cx != cy)
+        return cx < cy ? -1 : 1;
+    return cmp_rows(a, b);
+}
+
 dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c, dt_plan_prediction **out, int *n)
 {
     if (!p || !c || !out || !n)
@@ -363,6 +407,11 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
         return st;
     }
     qsort(r.v, (size_t)r.n, sizeof *r.v, cmp_rows);
+    int near = 0; /* the feasible rows within DT__PLAN_SIMPLER of the fastest: simplest first */
+    while (near < r.n && r.v[near].feasible && r.v[near].step_s <= r.v[0].step_s * (1 + DT__PLAN_SIMPLER))
+        near++;
+    if (near > 1)
+        qsort(r.v, (size_t)near, sizeof *r.v, cmp_simple);
     *out = r.v, *n = r.n;
     return DT_OK;
 }

@@ -11,7 +11,12 @@
  *     trains, and caches the calibration; a layout flag with --plan auto,
  *     or a model the planner does not know, exit 2 naming both;
  *   - the --metrics end record of a GPT run carries predicted_peak_rss_bytes
- *     and predicted_step_ms beside peak_rss_bytes and step_ms.
+ *     and predicted_step_ms beside peak_rss_bytes, step_ms and step_cpu_ms;
+ *   - a config's "dtrain": {"plan": "auto"} runs the planner as --plan auto
+ *     does; beside a layout key (from the file or a flag) or with a value
+ *     other than "auto" it exits 2 naming the key;
+ *   - Llama: dtrain plan --model llama-tiny lists its layouts, and
+ *     train --model llama-tiny --plan auto runs the planner's choice.
  * The calibration of the plan tests is a file the test writes (fixed
  * numbers), so the rows are exact; DT_CACHE_DIR keeps every cache in the
  * test's directory. */
@@ -37,7 +42,7 @@ static dt_plan_calib micro_calib(void)
     cpu_set_t set;
     c.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     c.seq = 64, c.dtype = DT_F32, c.threads = c.cores;
-    c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.vocab = 512;
+    c.n_layer = 2, c.n_head = 2, c.n_kv_head = 2, c.n_embd = 64, c.vocab = 512;
     c.numel_block = 49984, c.numel_fixed = 36992;
     c.fb_block_s = 2e-6, c.fb_fixed_s = 3e-6, c.fb_block_ckpt_s = 2.7e-6;
     c.act_block = 9000, c.act_fixed = 12000, c.act_block_ckpt = 300;
@@ -252,7 +257,7 @@ TEST(train_plan_auto_bad_combinations)
          {"--plan auto and --zero", "give one of the two"}},
         {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "auto", "--activation-checkpointing", NULL},
          {"--plan auto and --activation-checkpointing", ""}},
-        {{"train", "--model", "mlp", "--plan", "auto", NULL}, {"--plan auto plans GPT-2 zoo models", "mlp"}},
+        {{"train", "--model", "mlp", "--plan", "auto", NULL}, {"--plan auto plans the GPT-2 and Llama models", "mlp"}},
         {{"train", "--model", "gpt-micro", "--data", g_data, "--plan", "manual", NULL}, {"--plan", "auto"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -280,6 +285,97 @@ TEST(metrics_end_record_has_predictions)
     ASSERT(e != NULL);
     ASSERT(num(e, "peak_rss_bytes") > 0 && num(e, "step_ms") > 0);
     ASSERT(num(e, "predicted_peak_rss_bytes") > 1e6 && num(e, "predicted_step_ms") > 0);
+    ASSERT(num(e, "step_cpu_ms") > 0);
+    cJSON_Delete(e);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+TEST(config_plan_auto)
+{
+    char cfg[400], m[400];
+    snprintf(cfg, sizeof cfg, "%s/auto.json", cli_tmpdir());
+    snprintf(m, sizeof m, "%s/cfg-auto.jsonl", cli_tmpdir());
+    write_file(cfg, "{\"train_batch_size\": 2, \"dtrain\": {\"plan\": \"auto\"}}");
+    cli_result r;
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--config", cfg, "--max-steps", "2",
+                        "--no-eval", "--metrics", m, "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "--plan auto chose dp1 tp1 pp1");
+    ASSERT_STR_CONTAINS(r.out, "dtrain.plan = \"auto\"  (file)"); /* the effective config shows it */
+    cJSON *e = end_record(m);
+    ASSERT(e && num(e, "predicted_step_ms") > 0);
+    cJSON_Delete(e);
+    /* --plan auto beside --config is the same key (no longer refused) */
+    write_file(cfg, "{\"train_batch_size\": 2}");
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", g_data, "--config", cfg, "--plan", "auto",
+                        "--max-steps", "1", "--no-eval", "--progress", "none", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "--plan auto chose");
+    struct {
+        const char *json;
+        char *flag[3];
+        const char *says[2];
+    } cases[] = {
+        {"{\"dtrain\": {\"plan\": \"auto\", \"tensor_parallel_size\": 1}}", {NULL},
+         {"dtrain.tensor_parallel_size", "give one of the two"}},
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"zero_optimization\": {\"stage\": 1}}", {NULL},
+         {"zero_optimization.stage", "dtrain.plan"}},
+        {"{\"dtrain\": {\"plan\": \"auto\"}}", {"--zero", "1", NULL}, {"zero_optimization.stage", "a flag"}},
+        {"{\"zero_optimization\": {\"stage\": 1}}", {"--plan", "auto", NULL}, {"zero_optimization.stage", "dtrain.plan"}},
+        {"{\"dtrain\": {\"plan\": \"manual\"}}", {NULL}, {"dtrain.plan", "manual"}},
+        {"{\"dtrain\": {\"plan\": 1}}", {NULL}, {"dtrain.plan", ""}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(cfg, cases[i].json);
+        char *args[16] = {"train", "--model", "gpt-micro", "--data", g_data, "--config", cfg, "--max-steps", "1",
+                          "--no-eval", NULL};
+        int k = 10;
+        for (int j = 0; cases[i].flag[j]; j++)
+            args[k++] = cases[i].flag[j];
+        args[k] = NULL;
+        cli_runv(&r, 60, NULL, args);
+        fprintf(stderr, "  case %zu: %s", i, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, cases[i].says[0]);
+        ASSERT_STR_CONTAINS(r.err, cases[i].says[1]);
+    }
+}
+
+TEST(llama_plan_and_auto)
+{
+    cli_result r;
+    cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "llama-tiny", "--seq", "32", "--world", "2", "--json", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    int n = parse_lines(r.out, g_rows, 1024);
+    ASSERT(n > 10);
+    ASSERT(cJSON_IsTrue(cJSON_GetObjectItem(g_rows[0], "feasible")) && num(g_rows[0], "step_ms") > 0);
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(g_rows[i]);
+    char m[400];
+    snprintf(m, sizeof m, "%s/llama-auto.jsonl", cli_tmpdir());
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--seq", "32", "--data", g_data, "--plan", "auto", "--batch",
+                        "2", "--max-steps", "2", "--no-eval", "--metrics", m, "--progress", "none", NULL});
+    if (r.code)
+        fprintf(stderr, "%s%s", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "--plan auto chose dp1");
+    cJSON *e = end_record(m);
+    ASSERT(e && num(e, "predicted_peak_rss_bytes") > 1e6 && num(e, "predicted_step_ms") > 0);
     cJSON_Delete(e);
 }
 
@@ -303,6 +399,8 @@ int main(void)
     RUN(train_plan_auto_two_ranks);
     RUN(train_plan_auto_bad_combinations);
     RUN(metrics_end_record_has_predictions);
+    RUN(config_plan_auto);
+    RUN(llama_plan_and_auto);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

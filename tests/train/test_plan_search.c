@@ -15,11 +15,22 @@
  *     (pp - 1) / m of its compute;
  *   - a calibration survives dt_plan_calib_save/load, and load refuses a
  *     file measured for another model (DT_ERR_NOT_FOUND) and a damaged one
- *     (DT_ERR_FORMAT). */
+ *     (DT_ERR_FORMAT), a value out of range named (not cast), and takes an
+ *     older version's file as absent (measure again);
+ *   - the ranking: among the layouts within 5% of the fastest the simplest
+ *     comes first (DDP over tensor parallelism), the rest by time;
+ *   - a pass's fixed cost is paid per accumulated forward, a rank with more
+ *     threads pays the calibrated thread cost;
+ *   - Llama: dt_plan_calibrate measures llama-tiny (its key/value heads
+ *     bound tp), an hf:DIR Llama gets an id from its shape;
+ *   - "dtrain": {"plan": "auto"} in a config (dt_plan_config_auto,
+ *     dt_plan_from_config): accepted alone, refused by name beside a
+ *     layout key, "auto" values allowed. */
 #include "test.h"
 
 #include "dtrain/plan.h"
 
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +43,7 @@ static dt_plan_calib calib(void)
     memset(&c, 0, sizeof c);
     snprintf(c.model, sizeof c.model, "gpt2");
     c.seq = 64, c.dtype = DT_F32, c.threads = 2, c.cores = 2;
-    c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.vocab = 50257;
+    c.n_layer = 12, c.n_head = 12, c.n_kv_head = 12, c.n_embd = 768, c.vocab = 50257;
     c.numel_block = 7087872, c.numel_fixed = 39385344;
     c.fb_block_s = 1e-3, c.fb_fixed_s = 2.5e-3, c.fb_block_ckpt_s = 1.4e-3;
     c.act_block = 120000, c.act_fixed = 630000, c.act_block_ckpt = 6200;
@@ -71,8 +82,8 @@ TEST(enumeration_counts_and_order)
             ASSERT_EQ_INT(i, feasible); /* the feasible ones first */
             feasible++;
             ASSERT(r[i].step_s > 0 && r[i].mem_bytes > 0);
-            if (i)
-                ASSERT(r[i - 1].step_s <= r[i].step_s);
+            if (i && r[i - 1].step_s > r[i].step_s) /* only the simpler-first band breaks the time order */
+                ASSERT(r[i].step_s <= r[0].step_s * 1.05 + 1e-12 || r[i - 1].step_s <= r[0].step_s * 1.05);
             const dt_plan_layout *l = &r[i].layout;
             ASSERT_EQ_INT(l->dp * l->tp * l->pp, 4);
             ASSERT_EQ_INT((int)(l->dp * l->batch * l->grad_accum), 8);
@@ -209,6 +220,222 @@ TEST(calib_file_round_trip)
     rmdir(dir);
 }
 
+/* How much machinery a layout adds (search.c's order of simplicity). */
+static int complexity(const dt_plan_layout *l)
+{
+    int ga = 0;
+    for (int g = l->grad_accum; g > 1; g >>= 1)
+        ga++;
+    return 4 * (l->tp > 1) + 4 * (l->pp > 1) + l->zero_stage + 2 * l->act_ckpt + ga + 3 * l->offload + l->hybrid;
+}
+
+TEST(simpler_within_five_percent)
+{
+    dt_plan_calib c = calib();
+    c.coll_bw = 4e10; /* DDP's gradient all-reduce cheap: DDP within a few % of 2-way tp (which halves the optimizer) */
+    c.optim_s = 8e-10;
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2, sp.global_batch = 4;
+    dt_plan_layout ddp = {.dp = 2, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout tp = {.dp = 1, .tp = 2, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_prediction a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &b));
+    fprintf(stderr, "  DDP %.2f ms, tp %.2f ms\n", a.step_s * 1e3, b.step_s * 1e3);
+    ASSERT(b.step_s < a.step_s && a.step_s < b.step_s * 1.05); /* tp a little faster: within the band */
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    double fastest = INFINITY;
+    for (int i = 0; i < n && r[i].feasible; i++)
+        fastest = r[i].step_s < fastest ? r[i].step_s : fastest;
+    ASSERT(fastest < r[0].step_s); /* the first is not the fastest ... */
+    ASSERT_EQ_INT(r[0].layout.tp, 1);
+    ASSERT_EQ_INT(r[0].layout.pp, 1);
+    ASSERT_EQ_INT(r[0].layout.dp, 2); /* ... but DDP-like, within 5% of it */
+    ASSERT(r[0].step_s <= fastest * 1.05);
+    for (int i = 0; i < n && r[i].feasible; i++) /* nothing within the band is simpler than the first */
+        if (r[i].step_s <= fastest * 1.05)
+            ASSERT(complexity(&r[0].layout) <= complexity(&r[i].layout));
+    dt_free(r);
+}
+
+TEST(pass_cost_and_threads)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 1, sp.cores = 2;
+    dt_plan_layout g1 = {.dp = 1, .tp = 1, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1}, g4 = g1;
+    g4.batch = 1, g4.grad_accum = 4;
+    dt_plan_prediction a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &g1, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &g4, &b));
+    ASSERT_NEAR(b.compute_s, a.compute_s, 1e-12, 1e-9); /* no fixed part: the same tokens cost the same */
+    c.pass_block_s = 1e-3, c.pass_fixed_s = 5e-3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &g1, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &g4, &b));
+    /* three more passes over the 2 threads of the one rank: 3 x (12 x 1 ms + 5 ms) / 2 */
+    ASSERT_NEAR(b.compute_s - a.compute_s, 3 * (12 * 1e-3 + 5e-3) / 2, 1e-9, 1e-6);
+    /* a rank on 2 threads pays the thread cost; two ranks of one thread do not */
+    c.thread_cost = 1.25;
+    dt_plan_prediction w;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &g1, &w));
+    ASSERT_NEAR(w.compute_s, 1.25 * a.compute_s, 1e-12, 1e-9);
+    sp.world = 2;
+    dt_plan_layout d2 = {.dp = 2, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_prediction x, y;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &d2, &x));
+    c.thread_cost = 1;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &d2, &y));
+    ASSERT_NEAR(x.compute_s, y.compute_s, 1e-12, 1e-12);
+}
+
+TEST(calib_file_values_bounded)
+{
+    char dir[] = "/tmp/dt_plan_XXXXXX";
+    ASSERT(mkdtemp(dir) != NULL);
+    char path[64], text[4096];
+    snprintf(path, sizeof path, "%s/c.calib", dir);
+    dt_plan_calib c = calib(), d;
+    cpu_set_t set;
+    c.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ASSERT_OK(dt_plan_calib_save(&c, path));
+    FILE *f = fopen(path, "r");
+    ASSERT(f != NULL);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    static const char *const bad[] = {"n_layer 1.6e63\n", "threads 1e12\n", "n_head -3\n", "coll_measured nan\n"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) { /* the key's line replaced by an out-of-range value */
+        char key[32];
+        sscanf(bad[k], "%31s", key);
+        char *at = strstr(text, key), *nl = at ? strchr(at, '\n') : NULL;
+        ASSERT(at && nl);
+        f = fopen(path, "w");
+        fprintf(f, "%.*s%s%s", (int)(at - text), text, bad[k], nl + 1);
+        fclose(f);
+        ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), key);
+    }
+    /* an older dtrain's file: absent (measure again), not damaged */
+    f = fopen(path, "w");
+    fprintf(f, "dtrain-plan-calib 1\nmodel gpt2\nseq 64\n");
+    fclose(f);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
+    unlink(path);
+    rmdir(dir);
+}
+
+TEST(llama_calibrated_and_planned)
+{
+    dt_plan_calib c;
+    ASSERT_OK(dt_plan_calibrate("llama-tiny", 32, DT_F32, &c));
+    ASSERT_STR_EQ(c.model, "llama-tiny");
+    ASSERT_EQ_INT((int)c.n_layer, 2);
+    ASSERT_EQ_INT((int)c.n_head, 4);
+    ASSERT_EQ_INT((int)c.n_kv_head, 2);
+    ASSERT_EQ_INT((int)c.n_embd, 64);
+    ASSERT_EQ_INT((int)c.vocab, 512);
+    /* one block: q, k, v (2 key/value heads of 16), o, gate, up, down and two norms */
+    ASSERT_NEAR(c.numel_block, 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64, 0.5, 0);
+    ASSERT(c.fb_block_s > 0 && c.act_block > 0 && c.thread_cost >= 1);
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 4, sp.global_batch = 8;
+    dt_plan_prediction *r = NULL;
+    int n = 0;
+    ASSERT_OK(dt_plan_search(&sp, &c, &r, &n));
+    ASSERT(n > 0 && r[0].feasible);
+    const dt_plan_prediction *p = find(r, n, 1, 4, 1, 0, false, false, false, 8, 1);
+    ASSERT(p && !p->feasible); /* 4 heads, but 2 key/value heads */
+    ASSERT_STR_CONTAINS(p->reason, "tp 4 does not divide the 2 key/value heads");
+    ASSERT((p = find(r, n, 2, 2, 1, 0, false, false, false, 4, 1)) && p->feasible);
+    dt_free(r);
+    char id[32];
+    int64_t pos = 0;
+    ASSERT_OK(dt_plan_model_id("llama-100m", id, sizeof id, &pos));
+    ASSERT_STR_EQ(id, "llama-100m");
+    ASSERT_EQ_INT((int)pos, 1024);
+    ASSERT_STATUS(dt_plan_model_id("convnet", id, sizeof id, NULL), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_plan_calibrate("mlp", 0, DT_F32, &c), DT_ERR_UNSUPPORTED);
+    /* a Llama directory: its id is its shape's */
+    char dir[] = "/tmp/dt_plan_hf_XXXXXX", cfg[80], name[96], id2[32];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    ASSERT(f != NULL);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 512, \"hidden_size\": 64, "
+               "\"intermediate_size\": 176, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+               "\"num_key_value_heads\": 2, \"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-5, "
+               "\"hidden_act\": \"silu\"}\n");
+    fclose(f);
+    snprintf(name, sizeof name, "hf:%s", dir);
+    ASSERT_OK(dt_plan_model_id(name, id, sizeof id, &pos));
+    ASSERT(!strncmp(id, "hfllama-", 8) && strlen(id) == 24);
+    ASSERT_EQ_INT((int)pos, 256);
+    ASSERT_OK(dt_plan_model_id(name, id2, sizeof id2, NULL));
+    ASSERT_STR_EQ(id, id2); /* the same shape, the same id */
+    ASSERT_OK(dt_plan_calibrate(name, 16, DT_F32, &c));
+    ASSERT_STR_EQ(c.model, id);
+    ASSERT_EQ_INT((int)c.n_kv_head, 2);
+    unlink(cfg);
+    rmdir(dir);
+}
+
+TEST(config_plan_auto)
+{
+    struct {
+        const char *json;
+        dt_status want;
+        const char *says;
+    } cases[] = {
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"train_batch_size\": 8}", DT_OK, NULL},
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"gradient_accumulation_steps\": \"auto\"}", DT_OK, NULL},
+        {"{\"dtrain\": {\"plan\": \"auto\", \"tensor_parallel_size\": 2}}", DT_ERR_INVALID_ARG,
+         "dtrain.tensor_parallel_size"},
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"zero_optimization\": {\"stage\": 3}}", DT_ERR_INVALID_ARG,
+         "zero_optimization.stage"},
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"pipeline\": {\"stages\": 2}}", DT_ERR_INVALID_ARG, "pipeline.stages"},
+        {"{\"dtrain\": {\"plan\": \"auto\"}, \"gradient_accumulation_steps\": 2}", DT_ERR_INVALID_ARG,
+         "gradient_accumulation_steps"},
+        {"{\"dtrain\": {\"plan\": \"auto\", \"activation_checkpointing\": true}}", DT_ERR_INVALID_ARG,
+         "dtrain.activation_checkpointing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_config *cf = NULL;
+        ASSERT_OK(dt_config_init(&cf));
+        ASSERT_OK(dt_config_load_string(cf, "test.json", cases[i].json, strlen(cases[i].json)));
+        bool on = false;
+        dt_plan_params p = dt_plan_params_default();
+        ASSERT_STATUS(dt_plan_config_auto(cf, &on), cases[i].want);
+        if (cases[i].want == DT_OK) {
+            ASSERT(on);
+            ASSERT_OK(dt_plan_from_config(cf, &p));
+            ASSERT_EQ_INT(p.tp, 1); /* the layout left to the planner */
+        } else {
+            ASSERT_STR_CONTAINS(dt_last_error(), cases[i].says);
+            ASSERT_STR_CONTAINS(dt_last_error(), "dtrain.plan");
+            ASSERT_STATUS(dt_plan_from_config(cf, &p), DT_ERR_INVALID_ARG); /* the same refusal */
+            ASSERT_STR_CONTAINS(dt_last_error(), cases[i].says);
+        }
+        dt_config_free(cf);
+    }
+    /* without the key: off, the layout keys read as before */
+    dt_config *cf = NULL;
+    const char *j = "{\"dtrain\": {\"tensor_parallel_size\": 2}}";
+    ASSERT_OK(dt_config_init(&cf));
+    ASSERT_OK(dt_config_load_string(cf, "t.json", j, strlen(j)));
+    bool on = true;
+    ASSERT_OK(dt_plan_config_auto(cf, &on));
+    ASSERT(!on);
+    dt_config_free(cf);
+    /* a value other than "auto": the config layer names the key */
+    j = "{\"dtrain\": {\"plan\": \"manual\"}}";
+    ASSERT_OK(dt_config_init(&cf));
+    ASSERT(dt_config_load_string(cf, "t.json", j, strlen(j)) < 0);
+    ASSERT_STR_CONTAINS(dt_last_error(), "dtrain.plan");
+    dt_config_free(cf);
+}
+
 int main(void)
 {
     RUN(enumeration_counts_and_order);
@@ -216,5 +443,10 @@ int main(void)
     RUN(memory_model_and_limit);
     RUN(checkpointing_and_bubble);
     RUN(calib_file_round_trip);
+    RUN(simpler_within_five_percent);
+    RUN(pass_cost_and_threads);
+    RUN(calib_file_values_bounded);
+    RUN(llama_calibrated_and_planned);
+    RUN(config_plan_auto);
     return TEST_REPORT();
 }
