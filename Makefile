@@ -19,11 +19,12 @@
 #                     its validation loss against the unigram baseline and a
 #                     generated sample (DT_DEMO_GPT_STEPS=N steps, default 400)
 #   make demo-llama   train the small Llama (llama-tiny) from scratch on the
-#                     Bible for a short run (about a minute), write it as a
-#                     Hugging Face model directory and generate from it
-#                     (DT_DEMO_LLAMA_STEPS=N steps, default 300; with
-#                     PEER_PYTHON set to a python with transformers, also
-#                     shows transformers continuing with the same tokens)
+#                     Bible for a short run (about a minute) with a
+#                     tokenizer.json dtrain wrote, write it as a Hugging Face
+#                     model directory and generate from it through that
+#                     tokenizer (DT_DEMO_LLAMA_STEPS=N steps, default 300;
+#                     with PEER_PYTHON set to a python with transformers, also
+#                     shows transformers continuing with the same tokens and text)
 #   make bench        benchmarks (figures go to docs/BENCHMARKS.md by hand)
 #   make install      headers, library, dtrain.pc, CMake package, the dtrain
 #                     program (PREFIX=/usr/local)

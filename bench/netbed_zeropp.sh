@@ -15,12 +15,18 @@
 #   ddp     --zero 0
 #   zero3   --zero 3 --wrap-min-params 5000000 (a unit per block)
 #   zeropp  zero3 + --zero-quantized-weights --zero-quantized-gradients --zero-hpz 2
-# The bytes are the bed's: tc's counters at both ends of every node's link
-# ($NETBED_BYTES: frames with their Ethernet/IP/TCP headers), read before and
-# after each run, so they are what crossed between the machines, counted by
-# the kernel, not estimated. Bytes per step = (bytes of the --steps run -
-# bytes of the 1-step run) / (--steps - 1): start-up (rendezvous, the
-# initial shards) cancels. Step time = the median of the times between
+# The bytes are counted twice. dtrain's own count (the backend's byte
+# counters, dt_pg_traffic_read): the end record of the --steps run carries
+# the bytes all ranks sent to another node from the end of step 1 to the
+# end of the run (comm_bytes_cross_node / comm_steps per step); the mpi
+# backend counts them per peer with Open MPI's monitoring layer (asked for
+# with --mca pml_monitoring_enable 1) or, where that layer does not load
+# (Debian's Open MPI 4.1.4), as TCP's bytes_sent on each rank's connections
+# to the other machine (payload, no headers). The cross-check: the bed's tc
+# counters at both ends of every node's link ($NETBED_BYTES: frames with
+# their Ethernet/IP/TCP headers), read before and after each run: bytes per
+# step = (bytes of the --steps run - bytes of the 1-step run) / (--steps -
+# 1), so start-up (rendezvous, the initial shards) cancels. Step time = the median of the times between
 # consecutive step records of rank 0's metrics (steps 2..--steps). Needs root (namespaces) and mpirun;
 # BUILD=dir for another build directory; logs in $OUT (default
 # $BUILD/bench-netbed-zeropp).
@@ -60,7 +66,7 @@ for rate in $rates; do
       for s in 1 '"$steps"'; do
         out=$O/$m.$R.$s
         $NETBED_BYTES > $out.b0
-        $NETBED_MPIRUN -np 4 -x DT_COMM_TIMEOUT=600 -x DT_INIT_TIMEOUT=600 '"$cli"' train --model '"$model"' \
+        $NETBED_MPIRUN --mca pml_monitoring_enable 1 -np 4 -x DT_COMM_TIMEOUT=600 -x DT_INIT_TIMEOUT=600 '"$cli"' train --model '"$model"' \
           --seq '"$seq"' --batch 1 --optimizer sgd --lr 1e-4 --seed 0 --rng philox --max-steps $s --threads 1 \
           --data tokens:'"$data"'/train.bin --no-eval --progress none --log-every 1 --metrics $out.jsonl $f \
           > $out.log 2>&1 || { echo "$m $s failed"; tail -5 $out.log; exit 1; }
@@ -76,22 +82,32 @@ def link_bytes(p):  # max over nodes of max(out, in), after - before
     b0 = {l.split()[0]: list(map(int, l.split()[1:3])) for l in open(p + ".b0") if l.strip()}
     b1 = {l.split()[0]: list(map(int, l.split()[1:3])) for l in open(p + ".b1") if l.strip()}
     return sum(b1[k][0] - b0[k][0] for k in b1), max(max(b1[k][0] - b0[k][0], b1[k][1] - b0[k][1]) for k in b1)
+def backend(p):  # the end record: all ranks' cross-node bytes per step (steps 2..n), and how counted
+    for l in open(p + ".jsonl"):
+        if '"event":"end"' in l:
+            e = json.loads(l)
+            if e.get("comm_steps") and "comm_bytes_cross_node" in e:
+                return e["comm_bytes_cross_node"] / e["comm_steps"]
+    return float("nan")
 def step_s(p):
     t = [json.loads(l)["time"] for l in open(p + ".jsonl") if '"event":"step"' in l]
     v = [b - a for a, b in zip(t, t[1:])]  # steps 2..n: each step's record minus the one before
     return statistics.median(v) if v else float("nan")
-print("# bytes per step that left the nodes (sum over the 2 nodes' links, headers included), the busiest")
-print("# link direction per step, and the median step time; load: " + " | ".join(open(out + "/load").read().split("\n")))
-print(f"{'rate':<7} {'mode':<7} {'sent MB/step':>12} {'busiest MB':>10} {'vs zero3':>8} {'step s':>7} {'vs zero3':>8}")
+print("# bytes per step that left the nodes: dtrain's count (the backend's counters, all ranks), tc's")
+print("# (sum over the 2 nodes' links, headers included) and tc's busiest link direction; the median step")
+print("# time; load: " + " | ".join(open(out + "/load").read().split("\n")))
+print(f"{'rate':<7} {'mode':<7} {'dtrain MB/step':>14} {'vs zero3':>8} {'tc MB/step':>10} {'busiest MB':>10} "
+      f"{'step s':>7} {'vs zero3':>8}")
 for r in rates:
     res = {}
     for m in modes:
         a1, b1 = link_bytes(f"{out}/{m}.{r}.1")
         an, bn = link_bytes(f"{out}/{m}.{r}.{steps}")
-        res[m] = ((an - a1) / (steps - 1), (bn - b1) / (steps - 1), step_s(f"{out}/{m}.{r}.{steps}"))
+        res[m] = ((an - a1) / (steps - 1), (bn - b1) / (steps - 1), step_s(f"{out}/{m}.{r}.{steps}"),
+                  backend(f"{out}/{m}.{r}.{steps}"))
     z = res.get("zero3")
     for m in modes:
-        s, b, t = res[m]
-        print(f"{r:<7} {m:<7} {s / 1e6:12.1f} {b / 1e6:10.1f} {s / z[0] if z else float('nan'):8.3f} {t:7.2f} "
-              f"{t / z[2] if z else float('nan'):8.3f}")
+        s, b, t, d = res[m]
+        print(f"{r:<7} {m:<7} {d / 1e6:14.1f} {d / z[3] if z else float('nan'):8.3f} {s / 1e6:10.1f} {b / 1e6:10.1f} "
+              f"{t:7.2f} {t / z[2] if z else float('nan'):8.3f}")
 PY

@@ -27,7 +27,8 @@ static void usage(FILE *f)
                "Evaluate the weights of a checkpoint on the test split and print the test loss (and\n"
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
-               "with (a LoRA run's model with its adapters and --freeze); any `dtrain train` option\n"
+               "with (a LoRA run's model with its adapters and --freeze, a --loss-mask run's loss on\n"
+               "the completions); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
                "--metrics FILE; --lora-* options other than the checkpoint's are refused).\n"
                "--weights FILE: the weights of a safetensors file with PyTorch's names (a `dtrain ckpt\n"
@@ -60,7 +61,7 @@ static int add_opt(char **argv, int n, char bufs[][64], int *nb, const cJSON *us
 int dt_cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL;
-    bool json = false, val_given = false;
+    bool json = false, val_given = false, mask_given = false;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) {
@@ -101,6 +102,7 @@ int dt_cmd_eval(int argc, char **argv)
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             data_arg = argv[i + 1];
         val_given |= !strcmp(argv[i], "--val-data");
+        mask_given |= !strcmp(argv[i], "--loss-mask");
         rest[nrest++] = argv[i];
     }
     if (!ckpt && !weights && hf && *hf)
@@ -172,6 +174,9 @@ int dt_cmd_eval(int argc, char **argv)
     n = add_opt(targv, n, bufs, &nb, user, "n_embd", "--n-embd");
     n = add_opt(targv, n, bufs, &nb, user, "block_size", "--block-size");
     n = add_opt(targv, n, bufs, &nb, user, "vocab_size", "--vocab-size");
+    /* a --loss-mask run: its prompt/completion data evaluated on the completions (unless other data is given) */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(user, "loss_mask")) && !data_arg && !val_given && !mask_given)
+        targv[n++] = "--loss-mask";
     targv[n++] = "--progress";
     targv[n++] = "none";
     for (int i = 0; i < nrest; i++)

@@ -6,12 +6,15 @@
  * --weights FILE (a safetensors file with the model's Hugging Face names),
  * else the model's initialisation from --seed. The
  * prompt and the output are token ids, or text with --vocab (a `dtrain
- * tokenize` BPE vocabulary). Parsing and printing only. */
+ * tokenize` BPE vocabulary) or --tokenizer (a Hugging Face tokenizer.json;
+ * an hf:DIR model's own, a checkpoint's kept one). Parsing and printing
+ * only. */
 #include "cmd.h"
 #include "train.h"
 
 #include "dtrain/data.h"
 #include "dtrain/models.h"
+#include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
@@ -35,6 +38,13 @@ static void usage(FILE *f)
                "  --vocab FILE --prompt TEXT   a BPE vocabulary (dtrain tokenize) and a text prompt;\n"
                "                        the output is then text (with --ckpt of a run trained with\n"
                "                        --vocab: the checkpoint keeps it, --prompt alone is enough)\n"
+               "  --tokenizer FILE --prompt TEXT   the same through a Hugging Face tokenizer.json (or a\n"
+               "                        directory holding one): the prompt is encoded as transformers'\n"
+               "                        tokenizer(TEXT) does (its special tokens added), the output\n"
+               "                        decoded as tokenizer.decode; --prompt alone uses an hf:DIR model's\n"
+               "                        DIR/tokenizer.json, or the one a --ckpt run trained with --tokenizer\n"
+               "                        keeps. An id past the vocabulary is an error (exit 2), never\n"
+               "                        another token\n"
                "  --max-new-tokens N    tokens to generate (default 64)\n"
                "  --temperature X       0 = greedy (default 1)\n"
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
@@ -47,7 +57,8 @@ static void usage(FILE *f)
 
 /* The model name and GPT configuration saved with checkpoint `path`; the
  * command line's overrides (already in *cfg) win. */
-static dt_status user_config(const char *path, char **model, dt_model_config *cfg, char **vocab_text)
+static dt_status user_config(const char *path, char **model, dt_model_config *cfg, char **vocab_text,
+                             char **tok_text)
 {
     char *js = NULL;
     dt_status st = dt_trainer_ckpt_user(path, &js);
@@ -64,6 +75,11 @@ static dt_status user_config(const char *path, char **model, dt_model_config *cf
     }
     const cJSON *vb = cJSON_GetObjectItemCaseSensitive(u, "vocab_bpe"); /* kept by dtrain train --vocab */
     if (cJSON_IsString(vb) && !(*vocab_text = strdup(vb->valuestring))) {
+        cJSON_Delete(u);
+        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    }
+    const cJSON *tj = cJSON_GetObjectItemCaseSensitive(u, "tokenizer_json"); /* kept by dtrain train --tokenizer */
+    if (cJSON_IsString(tj) && !(*tok_text = strdup(tj->valuestring))) {
         cJSON_Delete(u);
         return dt_error(DT_ERR_NO_MEMORY, "out of memory");
     }
@@ -102,7 +118,8 @@ static int bad(void)
 
 int dt_cmd_generate(int argc, char **argv)
 {
-    const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL;
+    const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
+               *tokenizer = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -126,6 +143,8 @@ int dt_cmd_generate(int argc, char **argv)
             ids = v;
         else if (!strcmp(a, "--vocab"))
             vocab = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tokenizer = v;
         else if (!strcmp(a, "--ckpt"))
             ckpt = v;
         else if (!strcmp(a, "--weights"))
@@ -167,7 +186,7 @@ int dt_cmd_generate(int argc, char **argv)
             return 2;
         }
     }
-    char *mname = NULL, *vtext = NULL;
+    char *mname = NULL, *vtext = NULL, *ttext = NULL;
     if (ckpt && weights) {
         dt__cli_err("dtrain generate: give --ckpt or --weights, not both\n");
         return 2;
@@ -177,10 +196,15 @@ int dt_cmd_generate(int argc, char **argv)
                     "the sampling\n", ckpt ? "--ckpt" : "--weights");
         return 2;
     }
-    if (ckpt && user_config(ckpt, &mname, &cfg, &vtext) < 0) {
+    if (vocab && tokenizer) {
+        dt__cli_err("dtrain generate: give --vocab (dtrain's BPE) or --tokenizer (a tokenizer.json), not both\n");
+        return 2;
+    }
+    if (ckpt && user_config(ckpt, &mname, &cfg, &vtext, &ttext) < 0) {
         dt__cli_err("dtrain generate: --ckpt: %s\n", dt_last_error());
         free(mname);
         free(vtext);
+        free(ttext);
         return 2;
     }
     if (!model)
@@ -193,26 +217,45 @@ int dt_cmd_generate(int argc, char **argv)
             dt__tuning_free(&tu);
             free(mname);
             free(vtext);
+            free(ttext);
             return bad();
         }
         cfg.build.lora = &lp;
     }
     dt_error_clear();
-    if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !vtext) || (vocab && !ptext)) {
+    char hftok[4200]; /* --prompt with an hf:DIR model: DIR/tokenizer.json unless told another */
+    bool hf_tok = ptext && !vocab && !tokenizer && !vtext && !ttext && model &&
+                  dt_hf_dir_tokenizer(model, hftok, sizeof hftok);
+    if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !tokenizer && !vtext && !ttext && !hf_tok) ||
+        ((vocab || tokenizer) && !ptext)) {
         dt__tuning_free(&tu);
         free(mname);
         free(vtext);
-        dt__cli_err("dtrain generate: give --model and either --prompt-ids or --vocab with --prompt (see dtrain "
-                    "generate --help)\n");
+        free(ttext);
+        dt__cli_err("dtrain generate: give --model and either --prompt-ids, or --prompt with --vocab or --tokenizer "
+                    "(see dtrain generate --help)\n");
         return 2;
     }
     int64_t np = 0;
     int rc = 2;
     dt_model *m = NULL;
     dt_bpe *bpe = NULL;
+    dt_tokenizer *tok = NULL;
     int64_t *out = NULL, *prompt = NULL;
     char *copy = NULL;
-    if (ptext) { /* the prompt: text through the vocabulary (--vocab, or the checkpoint's) */
+    if (ptext && (tokenizer || hf_tok || (ttext && !vocab))) { /* through a tokenizer.json */
+        uint32_t *enc = NULL;
+        if ((tokenizer || hf_tok ? dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok)
+                                 : dt_tokenizer_load_mem(ttext, strlen(ttext), "--ckpt's tokenizer.json", &tok)) < 0 ||
+            dt_tokenizer_encode(tok, ptext, strlen(ptext), true, &enc, &np) < 0) {
+            rc = bad();
+            goto done;
+        }
+        prompt = malloc((size_t)(np > 0 ? np : 1) * sizeof *prompt);
+        for (int64_t i = 0; prompt && i < np; i++)
+            prompt[i] = enc[i];
+        free(enc);
+    } else if (ptext) { /* the prompt: text through the vocabulary (--vocab, or the checkpoint's) */
         uint16_t *enc = NULL;
         if ((vocab ? dt_bpe_load(vocab, &bpe) : dt_bpe_load_mem(vtext, strlen(vtext), "--ckpt's vocabulary", &bpe)) <
                 0 || dt_bpe_encode(bpe, ptext, strlen(ptext), &enc, &np) < 0) {
@@ -229,9 +272,9 @@ int dt_cmd_generate(int argc, char **argv)
             cap += *p == ',';
         prompt = malloc(cap * sizeof *prompt);
         copy = strdup(ids);
-        for (char *save = NULL, *tok = prompt && copy ? strtok_r(copy, ",", &save) : NULL; tok;
-             tok = strtok_r(NULL, ",", &save))
-            if (dt_parse_int("--prompt-ids", tok, 0, 100000000, &prompt[np++]) < 0) {
+        for (char *save = NULL, *piece = prompt && copy ? strtok_r(copy, ",", &save) : NULL; piece;
+             piece = strtok_r(NULL, ",", &save))
+            if (dt_parse_int("--prompt-ids", piece, 0, 100000000, &prompt[np++]) < 0) {
                 rc = bad();
                 goto done;
             }
@@ -269,22 +312,41 @@ int dt_cmd_generate(int argc, char **argv)
         rc = st == DT_ERR_RANGE || st == DT_ERR_INVALID_ARG || st == DT_ERR_UNSUPPORTED ? 2 : 1;
         goto done;
     }
-    if (bpe) {
-        uint16_t *u = malloc((size_t)n * sizeof *u);
+    if (tok) {
+        uint32_t *u = malloc((size_t)(n > 0 ? n : 1) * sizeof *u);
         char *text = NULL;
         size_t len = 0;
-        for (int64_t i = 0; u && i < n; i++)
-            u[i] = (uint16_t)out[i];
-        if (!u || dt_bpe_decode(bpe, u, n, &text, &len) < 0) {
-            free(u);
-            dt__cli_err("dtrain generate: %s\n", u ? dt_last_error() : "out of memory");
-            rc = 1;
+        st = u ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "out of memory");
+        for (int64_t i = 0; st == DT_OK && i < n; i++) /* never narrowed: an id past the tokenizer is an error */
+            if (out[i] < 0 || out[i] >= dt_tokenizer_vocab_size(tok))
+                st = dt_error(DT_ERR_RANGE,
+                              "id %lld at position %lld is outside the tokenizer's %lld ids (the model has more: "
+                              "train with the tokenizer's size)",
+                              (long long)out[i], (long long)i, (long long)dt_tokenizer_vocab_size(tok));
+            else
+                u[i] = (uint32_t)out[i];
+        if (st == DT_OK)
+            st = dt_tokenizer_decode(tok, u, n, false, &text, &len);
+        free(u);
+        if (st < 0) {
+            dt__cli_err("dtrain generate: %s\n", dt_last_error());
+            rc = st == DT_ERR_RANGE ? 2 : 1;
             goto done;
         }
         fwrite(text, 1, len, stdout);
         printf("\n");
         free(text);
-        free(u);
+    } else if (bpe) {
+        char *text = NULL; /* an id past the vocabulary (a model wider than it): an error, never another token */
+        size_t len = 0;
+        if ((st = dt_bpe_decode_ids(bpe, out, n, &text, &len)) < 0) {
+            dt__cli_err("dtrain generate: %s\n", dt_last_error());
+            rc = st == DT_ERR_RANGE ? 2 : 1;
+            goto done;
+        }
+        fwrite(text, 1, len, stdout);
+        printf("\n");
+        free(text);
     } else {
         for (int64_t i = 0; i < n; i++)
             printf("%s%lld", i == 0 ? "" : i == np ? " | " : " ", (long long)out[i]);
@@ -295,7 +357,9 @@ done:
     dt__tuning_free(&tu);
     free(mname);
     free(vtext);
+    free(ttext);
     dt_bpe_free(bpe);
+    dt_tokenizer_free(tok);
     free(out);
     dt_model_free(m);
     free(copy);

@@ -135,6 +135,11 @@ typedef struct {
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
     int64_t nstep_s, cap_step_s;
     dt__metrics_measured measured; /* the end record's measured figures (0: none) */
+    /* the backend's byte counters (dt_pg_traffic_read): at the last step record (rank 0's per-step
+       figures) and at the end of the first optimizer step (the end record's window) */
+    bool comm_on;
+    dt_pg_traffic comm_prev, comm_first;
+    int64_t comm_first_step;      /* -1 until the first step ended */
 } trainer;
 
 /* One-line errors: "dtrain train: <what>: <message>". */
@@ -306,10 +311,6 @@ static int freeze_patterns(trainer *t, const char *eval_ckpt)
     }
     if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
         return rc;
-    if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
-        dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
-        return 2;
-    }
     t->lora = dt_lora_params_default();
     if (t->o.lora_r)
         t->lora.r = t->o.lora_r;
@@ -515,7 +516,7 @@ static int vocab_size_from_vocab(trainer *t)
 /* The --vocab file's text as a quoted JSON string (malloc'd; NULL with a
  * message on error): a checkpoint keeps it, so dtrain generate --ckpt
  * needs no --vocab. The file is printable ASCII (dt_bpe_save). */
-static char *vocab_quoted(const char *path)
+static char *vocab_quoted(const char *opt, const char *path)
 {
     FILE *f = fopen(path, "rb");
     char *buf = NULL, *q = NULL;
@@ -533,7 +534,7 @@ static char *vocab_quoted(const char *path)
         fclose(f);
     free(buf);
     if (!q)
-        dt__cli_err("dtrain train: --vocab %s: cannot read it to keep it with the checkpoints\n", path);
+        dt__cli_err("dtrain train: %s %s: cannot read it to keep it with the checkpoints\n", opt, path);
     return q;
 }
 
@@ -637,6 +638,7 @@ static int setup_data(trainer *t)
         dt_tokens_params kp = dt_tokens_params_default();
         kp.seq_len = t->desc.input_shape[0];
         kp.vocab_size = t->desc.input_classes;
+        kp.completion_only_loss = t->o.loss_mask; /* prompt positions get label -100: the loss skips them */
         const char *vspec = t->o.val_data ? t->o.val_data : t->o.data, *val = vspec + 7;
         if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
             (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)
@@ -802,6 +804,23 @@ static int dbl_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The byte counters (every rank, before the first step): the peers' nodes
+ * (one small all-gather: the cross-node split) and the counts so far. */
+static int comm_start(trainer *t)
+{
+    dt_pg *w = world_of(t);
+    t->comm_first_step = -1;
+    if (!w || dt_pg_size(w) < 2)
+        return 0;
+    dt_pg_topo topo;
+    if (dt_pg_topology(w, &topo) < 0)
+        return fail(1, "the ranks' nodes (for the byte counters)");
+    if (dt_pg_traffic_read(w, &t->comm_prev, NULL, 0) < 0)
+        return fail(1, "the byte counters");
+    t->comm_on = t->comm_prev.counted;
+    return 0;
+}
+
 /* The end record's measured figures: the largest peak RSS of the ranks (a
  * MAX over the world, collective) and the median step time. */
 static int measure(trainer *t)
@@ -812,6 +831,20 @@ static int measure(trainer *t)
     if (w && dt_pg_allreduce(w, DT_IN_PLACE, &rss, 1, DT_F64, DT_REDUCE_MAX) < 0)
         return fail(1, "the peak memory of the ranks");
     t->measured.peak_rss_bytes = rss;
+    dt_pg_traffic now;
+    if (t->comm_on && t->comm_first_step >= 0 && t->global_step > t->comm_first_step &&
+        dt_pg_traffic_read(w, &now, NULL, 0) >= 0 && now.counted) {
+        /* every rank's bytes since its first step ended, summed (exact below 2^53) */
+        double b[2] = {(double)(now.sent - t->comm_first.sent),
+                       (double)(now.sent_cross_node - t->comm_first.sent_cross_node)};
+        if (dt_pg_allreduce(w, DT_IN_PLACE, b, 2, DT_F64, DT_REDUCE_SUM) < 0)
+            return fail(1, "the bytes the ranks sent");
+        t->measured.comm_counted = 1;
+        t->measured.comm_nodes_known = now.nodes_known;
+        t->measured.comm_bytes_sent = b[0];
+        t->measured.comm_bytes_cross_node = b[1];
+        t->measured.comm_steps = (double)(t->global_step - t->comm_first_step);
+    }
     if (t->nstep_s > 0) {
         qsort(t->step_s, (size_t)t->nstep_s, sizeof *t->step_s, dbl_cmp);
         const int64_t n = t->nstep_s;
@@ -978,13 +1011,26 @@ static int make_user_json(trainer *t)
                  (long long)(t->o.n_head ? t->o.n_head : g.n_head), (long long)(t->o.n_embd ? t->o.n_embd : g.n_embd),
                  (long long)(t->o.block_size ? t->o.block_size : g.block_size),
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
+        if (t->o.loss_mask) /* the data's prompt targets are ignored: dtrain eval --ckpt evaluates alike */
+            snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
     }
-    char *vq = NULL; /* the vocabulary goes with the checkpoint (dtrain generate --ckpt) */
-    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted(t->o.vocab)))
+    char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
+    if (t->lm && t->o.vocab && t->o.save && !(vq = vocab_quoted("--vocab", t->o.vocab)))
         return 2;
-    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + 512;
+    if (t->lm && t->o.tokenizer && t->o.save) {
+        char tp[4200];
+        struct stat sb;
+        bool dir = stat(t->o.tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode); /* a model directory holding one */
+        snprintf(tp, sizeof tp, dir ? "%s/tokenizer.json" : "%s", t->o.tokenizer);
+        if (!(tq = vocab_quoted("--tokenizer", tp))) {
+            cJSON_free(vq);
+            return 2;
+        }
+    }
+    size_t n = strlen(data_q) + strlen(lm) + (vq ? strlen(vq) : 0) + (tq ? strlen(tq) : 0) + 512;
     if (!(t->user_json = malloc(n))) {
         cJSON_free(vq);
+        cJSON_free(tq);
         return fail(1, "out of memory");
     }
     snprintf(t->user_json, n,
@@ -997,6 +1043,11 @@ static int make_user_json(trainer *t)
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
         cJSON_free(vq);
+    }
+    if (tq) {
+        size_t l = strlen(t->user_json);
+        snprintf(t->user_json + l - 1, n - l + 1, ",\"tokenizer_json\":%s}", tq);
+        cJSON_free(tq);
     }
     /* the LoRA and --freeze settings (eval/generate --ckpt and --resume rebuild the model with them) */
     char *tj = dt__tuning_json(t->lora_targets ? t->o.lora_targets : NULL, &t->lora, t->o.freeze);
@@ -1058,11 +1109,13 @@ static const char *base_model_name(const trainer *t)
  * weights are taken from a checkpoint (the final --save one, or one written
  * for this into OUT.ckpt-tmp and removed after), which rank 0 converts
  * (dt_hf_save: OUT appears complete or not at all). --save-lora writes the
- * adapters as PEFT does, from rank 0's memory, or under ZeRO-3 (each rank
- * holds a shard) from that checkpoint. */
+ * adapters as PEFT does, from rank 0's memory, or under ZeRO-3, --tp and
+ * --pp (each rank holds a shard, a slice or its stages) from that
+ * checkpoint. */
 static int save_outputs(trainer *t)
 {
-    const bool lora_from_ckpt = t->o.save_lora && t->ddp.stage == 3;
+    /* ZeRO-3, --tp, --pp: no rank holds every adapter whole */
+    const bool lora_from_ckpt = t->o.save_lora && (t->ddp.stage == 3 || t->ddp.tp > 1 || t->ddp.pp > 1);
     if (!t->o.save_hf && !t->o.save_lora)
         return 0;
     const char *ck = t->o.save;
@@ -1509,18 +1562,33 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     dt__progress_step(&t->prog, t->step, t->global_step, window_mean(t), m->lr, t->samples);
     /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
        checkpoint names): its record repeats the number, with skipped_steps one higher */
+    dt_pg_traffic now = {0};
+    if (t->comm_on && (advanced || t->global_step % t->o.log_every == 0 || t->step == t->spe) &&
+        dt_pg_traffic_read(world_of(t), &now, NULL, 0) < 0)
+        now.counted = 0;
+    if (advanced && t->comm_first_step < 0 && now.counted) {
+        t->comm_first = now;
+        t->comm_first_step = t->global_step;
+    }
     if (t->global_step % t->o.log_every == 0 || t->step == t->spe) {
         double el = dt_time_s() - t->t0;
-        char lmr[96];
+        char lmr[96], comm[96] = "";
+        if (now.counted) { /* this rank's bytes since the previous record */
+            snprintf(comm, sizeof comm, ",\"comm_bytes_sent\":%llu", (unsigned long long)(now.sent - t->comm_prev.sent));
+            if (now.nodes_known)
+                snprintf(comm + strlen(comm), sizeof comm - strlen(comm), ",\"comm_bytes_cross_node\":%llu",
+                         (unsigned long long)(now.sent_cross_node - t->comm_prev.sent_cross_node));
+            t->comm_prev = now;
+        }
         if (dt__metrics_write(&t->metrics,
                               "\"event\":\"step\",\"epoch\":%lld,\"step\":%lld,\"epoch_step\":%lld,"
                               "\"micro_step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"samples_per_s\":%.1f%s,"
-                              "\"loss_scale\":%g,\"skipped_steps\":%lld",
+                              "\"loss_scale\":%g,\"skipped_steps\":%lld%s",
                               (long long)t->epoch + 1, (long long)t->global_step, (long long)t->step,
                               (long long)t->micro_step, t->log_n ? t->log_loss / (double)t->log_n : NAN, m->lr,
                               el > 0 ? (double)t->samples / el : 0,
                               lm_rates(t, el > 0 ? (double)t->samples / el : 0, lmr, sizeof lmr), m->loss_scale,
-                              (long long)m->skipped_steps) < 0) {
+                              (long long)m->skipped_steps, comm) < 0) {
             dt__progress_clear(&t->prog);
             t->cb_rc = fail(1, NULL);
             return DT_ERR_CANCELED; /* reported */
@@ -1793,7 +1861,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt)
         goto out;
     if (nothing_left(t)) /* says so; touches nothing */
         goto out;
-    if ((rc = open_metrics(t)))
+    if ((rc = open_metrics(t)) || (rc = comm_start(t)))
         goto out;
     int64_t ntrain = dt_dataset_length(t->train), ntest = dt_dataset_length(t->test);
     int64_t spe = dt_loader_num_batches(t->train_loader);

@@ -68,6 +68,7 @@ typedef struct dt__train_opts {
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
     const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
+    bool loss_mask;           /* --loss-mask: prompt/completion jsonl, the loss on the completions only */
     const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */
     int64_t lora_r;           /* 0 = 8 */
@@ -242,10 +243,18 @@ dt_status dt__metrics_write(dt__metrics *m, const char *fmt, ...) DT_PRINTF(2, 3
 typedef struct dt__metrics_measured {
     double peak_rss_bytes, step_ms;
     double predicted_peak_rss_bytes, predicted_step_ms;
+    /* the backend's byte counters (comm_counted: the backend counts): the
+     * bytes all ranks sent, and of them to another node (comm_nodes_known),
+     * from the end of the first optimizer step to the end of the run, which
+     * spans comm_steps steps */
+    int comm_counted, comm_nodes_known;
+    double comm_bytes_sent, comm_bytes_cross_node, comm_steps;
 } dt__metrics_measured;
 /* status: "ok" | "interrupted" | "failed"; step: the global step reached;
  * me (NULL: none; fields <= 0 left out) adds "peak_rss_bytes" and "step_ms",
- * then "predicted_peak_rss_bytes" and "predicted_step_ms". */
+ * then "predicted_peak_rss_bytes" and "predicted_step_ms", then (when
+ * counted) "comm_bytes_sent", "comm_bytes_cross_node" (with the nodes
+ * known) and "comm_steps". */
 dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, int exit_code,
                             const dt__metrics_measured *me);
 /* s as a JSON string literal with its quotes ("null" if it does not fit in n). */

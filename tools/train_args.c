@@ -35,10 +35,12 @@ static const opt_def opts[] = {
      "safetensors weights; Llama, Mistral, Qwen2 or GPT-2), starting from its weights"},
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "SPEC",
      "fashion-mnist | mnist:DIR | idx:DIR | npy:X.npy[,Y.npy][,test=F] | csv:FILE[,label=COL][,test=F] | random "
-     "| tokens:FILE | text:FILE[,FILE...] | jsonl:FILE[,FILE...][,field=KEY] (default fashion-mnist; random for "
-     "mlp). npy/csv: a held-out fraction F (default 0.1) is the test set; GPT models need tokens:FILE (an llm.c "
-     "token file) or text (each text: file, each jsonl: line's KEY, default text, one document, followed by the "
-     "end-of-document token; encoded with --tokenizer at start)"},
+     "| tokens:FILE | text:FILE[,FILE...] | jsonl:FILE[,FILE...][,field=KEY | ,prompt=KEY,completion=KEY] "
+     "(default fashion-mnist; random for mlp). npy/csv: a held-out fraction F (default 0.1) is the test set; GPT "
+     "models need tokens:FILE (an llm.c token file) or text (each text: file, each jsonl: line's KEY, default "
+     "text, one document, followed by the end-of-document token; with prompt=KEY,completion=KEY each line is its "
+     "prompt's tokens, its completion's, the end-of-document token: TRL's prompt-completion format; encoded with "
+     "--tokenizer at start)"},
     {"epochs", OPT_INT, OFF(epochs), 1, 1e6, NULL, "N", "passes over the training set (default 1)"},
     {"batch", OPT_INT, OFF(batch), 1, 1e6, NULL, "N", "samples per step (default 100)"},
     {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb", "NAME", "default sgd"},
@@ -137,7 +139,7 @@ static const opt_def opts[] = {
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP and ZeRO, not yet with --tp or --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "with DDP, ZeRO, --tp and --pp (not --sequence-parallel); checkpoints keep the LoRA settings (eval/generate --ckpt "
      "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},
@@ -152,7 +154,15 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model"},
+     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model, "
+     "--save checkpoints keep it (dtrain generate --ckpt DIR --prompt TEXT)"},
+    {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
+     "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY], keys prompt and "
+     "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
+     "token, the prompt's positions are label -100 (ignored: the mean is over the counted tokens, as "
+     "CrossEntropyLoss(ignore_index=-100)); TRL's completion_only_loss=True, Axolotl's train_on_inputs: false. "
+     "Each rank's loss is the mean over its own counted tokens and the gradients are averaged over the ranks, as "
+     "PyTorch DDP; a batch with no counted token has loss 0 and zero gradients"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
      "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
     {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
@@ -684,6 +694,12 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->save_lora && !o->lora_targets && !o->lora_from && !o->resume) {
         dt__cli_err("dtrain train: --save-lora goes with --lora-targets NAME[,NAME...] or --lora-from DIR\n");
+        return 2;
+    }
+    if (o->loss_mask &&
+        (!lm || strncmp(o->data, "jsonl:", 6) || (o->val_data && strncmp(o->val_data, "jsonl:", 6)))) {
+        dt__cli_err("dtrain train: --loss-mask takes GPT models on prompt/completion data: --data (and --val-data) "
+                    "jsonl:FILE[,FILE...][,prompt=KEY,completion=KEY] with --tokenizer\n");
         return 2;
     }
     if (o->tokenizer && (!lm || o->vocab)) {

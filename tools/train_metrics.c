@@ -251,14 +251,22 @@ dt_status dt__metrics_close(dt__metrics *m, const char *status, int64_t step, in
 {
     dt_status st = DT_OK;
     if (m->f) {
-        char extra[256] = "";
+        char extra[512] = "";
         size_t k = 0;
         if (me && me->peak_rss_bytes > 0 && me->step_ms > 0)
             k = (size_t)snprintf(extra, sizeof extra, ",\"peak_rss_bytes\":%.0f,\"step_ms\":%.3f",
                                  me->peak_rss_bytes, me->step_ms);
         if (me && me->predicted_peak_rss_bytes > 0 && me->predicted_step_ms > 0 && k < sizeof extra)
-            snprintf(extra + k, sizeof extra - k, ",\"predicted_peak_rss_bytes\":%.0f,\"predicted_step_ms\":%.3f",
-                     me->predicted_peak_rss_bytes, me->predicted_step_ms);
+            k += (size_t)snprintf(extra + k, sizeof extra - k,
+                                  ",\"predicted_peak_rss_bytes\":%.0f,\"predicted_step_ms\":%.3f",
+                                  me->predicted_peak_rss_bytes, me->predicted_step_ms);
+        if (me && me->comm_counted && me->comm_steps > 0 && k < sizeof extra)
+            k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"comm_bytes_sent\":%.0f", me->comm_bytes_sent);
+        if (me && me->comm_counted && me->comm_steps > 0 && me->comm_nodes_known && k < sizeof extra)
+            k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"comm_bytes_cross_node\":%.0f",
+                                  me->comm_bytes_cross_node);
+        if (me && me->comm_counted && me->comm_steps > 0 && k < sizeof extra)
+            snprintf(extra + k, sizeof extra - k, ",\"comm_steps\":%.0f", me->comm_steps);
         st = dt__metrics_write(m, "\"event\":\"end\",\"status\":\"%s\",\"step\":%lld,\"exit_code\":%d%s",
                                status, (long long)step, exit_code, extra);
         dt_status cs = dt_file_close(m->f);

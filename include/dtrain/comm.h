@@ -344,6 +344,69 @@ typedef struct dt_pg_topo {
  * >= 1), the all-gather's errors. */
 DT_API dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out);
 
+/* ---- bytes on the wire -----------------------------------------------------
+ * The backend counts the bytes this rank sends to each peer, as its
+ * algorithms move them, and dt_pg_traffic reads the counters: how much left
+ * this rank, and how much of it left the node (the number a multi-machine
+ * job's network sees). The counts are the process's, per peer: every group
+ * of this process on the same backend instance (pg, the group it was split
+ * from, their subgroups, hierarchical and duplicate groups) adds to them,
+ * so reading the world group after a training step gives the step's whole
+ * traffic. Read twice and subtract for the bytes of what ran in between.
+ *
+ *   dt_pg_topo t; dt_pg_topology(world, &t);   // once: peers' nodes known
+ *   dt_pg_traffic a, b;
+ *   dt_pg_traffic_read(world, &a, NULL, 0);
+ *   ... a step ...
+ *   dt_pg_traffic_read(world, &b, NULL, 0);
+ *   // b.sent - a.sent: bytes sent; b.sent_cross_node - a.sent_cross_node
+ *
+ * What each backend counts:
+ *   self  nothing to count (every field 0, counted = 1).
+ *   shm   the payload bytes one rank's memory hands to another's: a peer
+ *         reading this rank's input or partial result, this rank writing
+ *         into a peer's buffer, a send through the pair's channel. Staging
+ *         copies inside one rank are not traffic. Exact, and the same on
+ *         every run: an all-reduce of N f32 values on W ranks by the direct
+ *         algorithm (the default for large messages) sends 2 (W-1)/W * 4N
+ *         bytes per rank (chunks cut as the algorithm cuts them). One
+ *         relaxed atomic add per copied block; nothing is exchanged to read.
+ *   mpi   per peer: Open MPI's own counters of its point-to-point layer
+ *         (collectives included: they are made of messages), read through
+ *         MPI_T, when the job was started with the monitoring layer on:
+ *         `mpirun --mca pml_monitoring_enable 1 ...` (payload bytes).
+ *         Otherwise, per machine (per_peer = 0): the kernel's count of the
+ *         bytes this process sent on its TCP connections to other machines
+ *         (TCP_INFO's bytes_sent of every connected TCP socket whose peer
+ *         address is not this socket's own or loopback: MPI's TCP transport
+ *         between nodes, TCP payload with retransmissions, no headers), so
+ *         sent = sent_cross_node = what left the node; traffic inside the
+ *         node (shared memory) is not seen. No TCP socket counted, no
+ *         layer: counted = 0.
+ *   user backends: the optional `traffic` slot of dt_backend_ops.
+ * Counting never communicates and costs nothing until read; reading is a
+ * local call (not collective) that any thread may make. On shm the bytes a
+ * peer pulls from this rank are counted when the peer pulls them, which may
+ * be after this rank completed the operation: read after a barrier (or the
+ * next collective of the group) for an operation's complete count. */
+typedef struct dt_pg_traffic {
+    int counted;              /* 1: the backend counts (the fields below are valid); 0: it does not */
+    int nodes_known;          /* 1: sent_cross_node is valid (dt_pg_topology ran on pg, or the
+                               * backend counts what leaves the machine itself) */
+    int per_peer;             /* 1: counted per peer (per_peer[] and sent cover all traffic);
+                               * 0: only the bytes that left the machine are known (per_peer[]
+                               * all 0, sent = sent_cross_node) */
+    uint64_t sent;            /* bytes this process sent to the other ranks of pg, all groups */
+    uint64_t sent_cross_node; /* of which to ranks on another node than this rank's */
+} dt_pg_traffic;
+
+/* Read this rank's byte counters (see "bytes on the wire"). per_peer, when
+ * not NULL, gets n >= dt_pg_size(pg) entries: per_peer[r] = bytes sent to
+ * rank r of pg (0 for this rank). A backend that does not count gives
+ * counted = 0 and zeros (DT_OK). Errors: DT_ERR_NULL (pg or out),
+ * DT_ERR_INVALID_ARG (per_peer with n < the group's size), the backend's. */
+DT_API dt_status dt_pg_traffic_read(dt_pg *pg, dt_pg_traffic *out, uint64_t *per_peer, int n);
+
 /* A group over pg's ranks (like dt_pg_dup) whose all-reduce is hierarchical
  * (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE): intra-node
  * reduce-scatter, all-reduce of each local shard among the ranks of the
@@ -687,7 +750,7 @@ DT_API dt_status dt_pg_sendrecv(dt_pg *pg, const void *sendbuf, size_t scount, i
  * backend therefore only implements blocking operations. See examples/ for
  * a complete backend and src/comm/backend_self.c for the smallest one. */
 
-#define DT_BACKEND_VERSION 2
+#define DT_BACKEND_VERSION 3
 
 /* One operation, as the group layer hands it to a backend. Arguments are
  * already checked and in-place forms normalised: `send` always points at
@@ -806,6 +869,20 @@ typedef struct dt_backend_ops {
      * backend removes its shared-memory segments here. */
     dt_status (*job_cleanup)(const char *job_id, int *removed);
     dt_status (*orphan_cleanup)(int *removed);
+    /* Optional (default: the backend does not count; dt_pg_traffic_read
+     * reports counted = 0). Set sent[r], r < the group's size, to the bytes
+     * this process has sent to rank r of this group so far, over every
+     * group of the same backend instance (see "bytes on the wire");
+     * sent[own rank] = 0. Return DT_OK, DT_ERR_UNSUPPORTED when this
+     * instance does not count (e.g. a monitoring layer is off), or an error
+     * with dt_error(). Called from any thread, concurrently with run:
+     * read counters, never communicate. (Added in DT_BACKEND_VERSION 3.) */
+    dt_status (*traffic)(void *ctx, uint64_t *sent, int n);
+    /* Optional (used when traffic is NULL or says DT_ERR_UNSUPPORTED). Set
+     * *left to the bytes this process has sent off its machine so far, as
+     * the transport counts them, for a backend that cannot say per peer.
+     * Same rules as traffic. (DT_BACKEND_VERSION 3.) */
+    dt_status (*traffic_off_node)(void *ctx, uint64_t *left);
 } dt_backend_ops;
 
 /* Copy a consistent snapshot of a status block (flight_board) into dst,

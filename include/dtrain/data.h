@@ -367,6 +367,14 @@ typedef struct dt_tokens_params {
                               random sampler draws nanoGPT's random windows */
     int64_t vocab_size;    /* every token must be < this (checked at open);
                               0 = no check (default 0) */
+    bool completion_only_loss; /* prompt/completion data (dt_dataset_text_open's
+                              jsonl:...,prompt=KEY,completion=KEY): the targets
+                              that are prompt tokens become DT_K_IGNORE_INDEX
+                              (-100), so the loss counts only the completions
+                              and their end-of-document tokens (TRL's
+                              completion_only_loss, Axolotl's train_on_inputs:
+                              false). Token files have no prompts: refused
+                              there (DT_ERR_INVALID_ARG). Default false */
 } dt_tokens_params;
 DT_API dt_tokens_params dt_tokens_params_default(void);
 /* Item i is the window of T + 1 tokens starting at i * stride: x = its
@@ -457,6 +465,12 @@ DT_API dt_status dt_bpe_encode(const dt_bpe *bpe, const void *text, size_t n, ui
  * convenience; *len excludes the NUL), the caller frees it. DT_ERR_RANGE
  * naming the position of an id outside the vocabulary. */
 DT_API dt_status dt_bpe_decode(const dt_bpe *bpe, const uint16_t *ids, int64_t n, char **text, size_t *len);
+/* dt_bpe_decode of ids held as int64 (a model's output, whose vocabulary
+ * may be larger than bpe's): an id outside [0, dt_bpe_vocab_size(bpe)),
+ * negative or 65536 and above included, is DT_ERR_RANGE naming its value
+ * and position; no id is narrowed to 16 bits (65536 + 97 is an error, never
+ * the token 97). */
+DT_API dt_status dt_bpe_decode_ids(const dt_bpe *bpe, const int64_t *ids, int64_t n, char **text, size_t *len);
 
 /* ---- samplers ------------------------------------------------------------ */
 /* A sampler yields the dataset indices of one epoch, for this process. */

@@ -143,12 +143,21 @@ DT_API dt_status dt_tokenizer_hf_files(const dt_tokenizer *t, int64_t model_max_
  * file names cannot hold commas). Every document is encoded with t (no
  * special tokens added) and followed by the end-of-document token
  * (dt_tokenizer_eos; Megatron's append-eod), all at open, and the ids are
- * kept in memory. Items are windows of seq_len + 1 tokens as in
+ * kept in memory. "jsonl:FILE[,FILE...],prompt=KEY,completion=KEY"
+ * (TRL's prompt-completion format): each line is its string KEYs' prompt
+ * and completion, encoded each on its own, then the end-of-document token
+ * (an empty completion is that token alone; an empty prompt is allowed).
+ * With p->completion_only_loss the targets that are prompt tokens are
+ * DT_K_IGNORE_INDEX (-100) in y, the completion and end-of-document
+ * targets their ids (without prompt=/completion= the keys are then
+ * "prompt" and "completion"; text: and field= data are refused:
+ * DT_ERR_INVALID_ARG). Items are windows of seq_len + 1 tokens as in
  * dt_dataset_tokens_open (p: seq_len, stride; vocab_size 0 = the
  * tokenizer's, else every id must be below it). t is only used while
  * opening. Errors name the spec, the file (and line for jsonl):
- * DT_ERR_INVALID_ARG (bad spec), DT_ERR_IO, DT_ERR_FORMAT (bad JSON, no
- * such field, an id >= vocab_size, text that is not UTF-8), DT_ERR_NOT_FOUND
+ * DT_ERR_INVALID_ARG (bad spec), DT_ERR_IO, DT_ERR_FORMAT (bad JSON, a
+ * line that is not an object, a key missing or not a string, an id >=
+ * vocab_size, text that is not UTF-8), DT_ERR_NOT_FOUND
  * (the tokenizer has no end-of-document token). */
 DT_API dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt_tokens_params *p,
                                       dt_dataset **out);

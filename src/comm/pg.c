@@ -61,6 +61,7 @@ static void pg_delete(dt_pg *pg)
     pthread_mutex_destroy(&pg->mem_mu);
     free(pg->p2p_seq);
     free(pg->bv);
+    free(pg->node_of);
     dt__flight_free(pg);
     free(pg);
 }

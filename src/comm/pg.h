@@ -105,6 +105,8 @@ struct dt_pg {
 
     struct dt__hier *hier;     /* dt_pg_hierarchical: the two levels; else NULL */
     dt_pg_topo topo;           /* dt_pg_hierarchical: the nodes; else zeros */
+    int *node_of;              /* [size]: each rank's node, once dt_pg_topology ran (under mu);
+                                * else NULL (dt_pg_traffic_read's cross-node split) */
 };
 
 /* Post a normalised operation (coll.c → req.c); takes ownership of

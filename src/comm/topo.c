@@ -22,6 +22,8 @@
  * invalid key instead of leaving the others waiting in the all-gather). */
 #include "comm/pg.h"
 
+#include <pthread.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +106,20 @@ dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out)
         cnt[n]++;
     }
     lsize = cnt[node];
+    /* every rank's node, kept for dt_pg_traffic_read's cross-node split */
+    int *node_of = malloc((size_t)W * sizeof *node_of);
+    if (node_of) {
+        for (int r = 0; r < W; r++) {
+            int n = 0;
+            while (all[first[n]] != all[r])
+                n++;
+            node_of[r] = n;
+        }
+        pthread_mutex_lock(&pg->mu);
+        free(pg->node_of);
+        pg->node_of = node_of;
+        pthread_mutex_unlock(&pg->mu);
+    }
     for (int n = 1; n < nnodes; n++)
         homog &= cnt[n] == cnt[0];
     *out = (dt_pg_topo){.node = node, .nnodes = nnodes, .local_rank = lrank, .local_size = lsize,
@@ -112,4 +128,61 @@ dt_status dt_pg_topology(dt_pg *pg, dt_pg_topo *out)
     free(cnt);
     free(all);
     return DT_OK;
+}
+
+/* A backend that counts only what leaves the machine (traffic_off_node). */
+static dt_status off_node(dt_pg *pg, dt_pg_traffic *out)
+{
+    uint64_t left = 0;
+    if (!pg->ops->traffic_off_node)
+        return DT_OK;
+    dt_status st = pg->ops->traffic_off_node(pg->ctx, &left);
+    if (st == DT_ERR_UNSUPPORTED)
+        return DT_OK;
+    if (st < 0)
+        return st;
+    out->counted = 1;
+    out->nodes_known = 1;
+    out->sent = out->sent_cross_node = left;
+    return DT_OK;
+}
+
+dt_status dt_pg_traffic_read(dt_pg *pg, dt_pg_traffic *out, uint64_t *per_peer, int n)
+{
+    if (!pg || !out)
+        return dt_error(DT_ERR_NULL, "dt_pg_traffic_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    int W = pg->size;
+    if (per_peer && n < W)
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_pg_traffic_read: per_peer has %d entries, the group has %d ranks; pass "
+                        "an array of dt_pg_size(pg) entries",
+                        n, W);
+    if (per_peer)
+        memset(per_peer, 0, (size_t)W * sizeof *per_peer);
+    if (!pg->ops->traffic)
+        return off_node(pg, out);
+    uint64_t *sent = per_peer ? per_peer : calloc((size_t)W, sizeof *sent);
+    if (!sent)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_pg_traffic_read: out of memory");
+    dt_status st = pg->ops->traffic(pg->ctx, sent, W);
+    if (st == DT_ERR_UNSUPPORTED) {
+        memset(sent, 0, (size_t)W * sizeof *sent);
+        st = off_node(pg, out);
+    } else if (st >= 0) {
+        out->counted = 1;
+        out->per_peer = 1;
+        sent[pg->rank] = 0;
+        pthread_mutex_lock(&pg->mu);
+        out->nodes_known = pg->node_of != NULL;
+        for (int r = 0; r < W; r++) {
+            out->sent += sent[r];
+            if (pg->node_of && pg->node_of[r] != pg->node_of[pg->rank])
+                out->sent_cross_node += sent[r];
+        }
+        pthread_mutex_unlock(&pg->mu);
+    }
+    if (!per_peer)
+        free(sent);
+    return st;
 }

@@ -5,8 +5,17 @@
  * each followed by the end-of-document token, and kept in memory as uint32
  * ids (4 bytes a token: the Bible's 4.3 MB become about 1.2 M tokens, 5 MB).
  * Items are then windows of T + 1 tokens exactly as a token file's
- * (dt_dataset_tokens_open): x the first T, y the last T. */
+ * (dt_dataset_tokens_open): x the first T, y the last T.
+ *
+ * Prompt/completion lines (jsonl:...,prompt=KEY,completion=KEY) are the
+ * prompt's ids, then the completion's, then the end-of-document id, each
+ * text encoded on its own (the boundary is always a token boundary). With
+ * completion_only_loss a byte per token says whether it is a counted
+ * target (a completion or end-of-document token); a target that is not
+ * becomes DT_K_IGNORE_INDEX in y, so the loss's mean runs over the counted
+ * targets only (the mean of PyTorch's cross_entropy(ignore_index=-100)). */
 #include "base/json_strict.h"
+#include "dtrain/kernels.h"
 #include "tok_impl.h"
 
 #include <errno.h>
@@ -18,6 +27,7 @@
 
 typedef struct textset {
     uint32_t *tok;
+    uint8_t *counted; /* completion_only_loss: 1 where the token is a counted target, else NULL */
     int64_t count, T, stride, n;
 } textset;
 
@@ -26,9 +36,10 @@ static int64_t ts_length(void *self) { return ((textset *)self)->n; }
 static void ts_window(const textset *s, int64_t i, int64_t *x, int64_t *y)
 {
     const uint32_t *w = s->tok + i * s->stride;
+    const uint8_t *c = s->counted ? s->counted + i * s->stride : NULL;
     for (int64_t k = 0; k < s->T; k++) {
         x[k] = w[k];
-        y[k] = w[k + 1];
+        y[k] = c && !c[k + 1] ? DT_K_IGNORE_INDEX : (int64_t)w[k + 1];
     }
 }
 
@@ -52,6 +63,7 @@ static void ts_free(void *self)
     if (!s)
         return;
     free(s->tok);
+    free(s->counted);
     free(s);
 }
 
@@ -99,11 +111,15 @@ static dt_status read_file(const char *path, char **buf, size_t *n)
 
 typedef struct acc {
     uint32_t *tok;
+    uint8_t *counted; /* with mask: one byte per token */
+    bool mask;
     int64_t n, cap;
 } acc;
 
-/* Encode one document and append it and the end-of-document id. */
-static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char *text, size_t n, const char *where)
+/* Encode text and append its ids (counted: are they targets the loss
+ * counts), then the end-of-document id (always counted) when end. */
+static dt_status add_text(acc *a, const dt_tokenizer *t, const char *text, size_t n, bool counted, bool end,
+                          uint32_t eos, const char *where)
 {
     uint32_t *ids;
     int64_t ni;
@@ -115,25 +131,57 @@ static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char
         while (cap < a->n + ni + 1)
             cap *= 2;
         uint32_t *nw = realloc(a->tok, (size_t)cap * sizeof *nw);
-        if (!nw) {
+        if (nw)
+            a->tok = nw;
+        uint8_t *nc = nw && a->mask ? realloc(a->counted, (size_t)cap) : NULL;
+        if (nc)
+            a->counted = nc;
+        if (!nw || (a->mask && !nc)) {
             free(ids);
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory (%lld tokens)", where, (long long)cap);
         }
-        a->tok = nw;
         a->cap = cap;
     }
     if (ni)
         memcpy(a->tok + a->n, ids, (size_t)ni * sizeof *ids);
+    if (a->mask && ni)
+        memset(a->counted + a->n, counted, (size_t)ni);
     a->n += ni;
-    a->tok[a->n++] = eos;
+    if (end) {
+        if (a->mask)
+            a->counted[a->n] = 1;
+        a->tok[a->n++] = eos;
+    }
     free(ids);
     return DT_OK;
 }
 
+/* One document and the end-of-document id. */
+static dt_status add_doc(acc *a, const dt_tokenizer *t, uint32_t eos, const char *text, size_t n, const char *where)
+{
+    return add_text(a, t, text, n, true, true, eos, where);
+}
+
+/* The keys of a jsonl line: field (one document), or prompt and completion. */
+typedef struct jkeys {
+    const char *field, *prompt, *completion;
+} jkeys;
+
+/* The string `key` of object o, or an error naming the line and the key. */
+static dt_status jstring(const cJSON *o, const char *key, const char *opt, const char *where, const char **out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v))
+        return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\"%s (%s=NAME picks another key)", where,
+                        key, !v ? "" : ", not another JSON type", opt);
+    *out = v->valuestring;
+    return DT_OK;
+}
+
 /* Every line of a JSON-lines file is one document: the string `field` of
- * its object. Blank lines are skipped. */
+ * its object, or its prompt and its completion. Blank lines are skipped. */
 static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const char *path, char *buf, size_t n,
-                           const char *field)
+                           const jkeys *keys)
 {
     size_t line = 0;
     for (char *p = buf, *end = buf + n; p < end;) {
@@ -150,13 +198,17 @@ static dt_status add_jsonl(acc *a, const dt_tokenizer *t, uint32_t eos, const ch
             dt_status st = dt__json_parse_strict(p, len, where, &o);
             if (st < 0)
                 return st;
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
-            if (!cJSON_IsObject(o) || !cJSON_IsString(v)) {
-                cJSON_Delete(o);
-                return dt_error(DT_ERR_FORMAT, "%s: want an object with a string \"%s\" (field=NAME picks another key)",
-                                where, field);
-            }
-            st = add_doc(a, t, eos, v->valuestring, strlen(v->valuestring), where);
+            const char *pr = NULL, *co = NULL;
+            if (!cJSON_IsObject(o))
+                st = dt_error(DT_ERR_FORMAT, "%s: want a JSON object, one a line", where);
+            else if (!keys->prompt)
+                st = jstring(o, keys->field, "field", where, &co);
+            else if ((st = jstring(o, keys->prompt, "prompt", where, &pr)) == DT_OK)
+                st = jstring(o, keys->completion, "completion", where, &co);
+            if (st == DT_OK && pr) /* an empty completion: only its end-of-document token is a target */
+                st = add_text(a, t, pr, strlen(pr), false, false, eos, where);
+            if (st == DT_OK)
+                st = add_text(a, t, co, strlen(co), true, true, eos, where);
             cJSON_Delete(o);
             if (st < 0)
                 return st;
@@ -176,8 +228,9 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_text_open: NULL argument");
     bool jsonl = !strncmp(spec, "jsonl:", 6);
     if (!jsonl && strncmp(spec, "text:", 5))
-        return dt_error(DT_ERR_INVALID_ARG, "data %s: want text:FILE[,FILE...] or jsonl:FILE[,FILE...][,field=NAME]",
-                        spec);
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "data %s: want text:FILE[,FILE...] or jsonl:FILE[,FILE...][,field=NAME | "
+                        ",prompt=KEY,completion=KEY]", spec);
     if (p->seq_len < 1 || p->seq_len > (1 << 24) || p->stride < 0 || p->vocab_size < 0)
         return dt_error(DT_ERR_INVALID_ARG, "data %s: need 1 <= seq_len <= 2^24, stride >= 0, vocab_size >= 0", spec);
     if (p->vocab_size && dt_tokenizer_vocab_size(t) > p->vocab_size)
@@ -190,18 +243,25 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
     char *list = strdup(spec + (jsonl ? 6 : 5));
     if (!list)
         return dt_error(DT_ERR_NO_MEMORY, "data %s: out of memory", spec);
-    const char *field = "text";
+    jkeys keys = {.field = NULL};
     int nfiles = 0;
-    for (char *s = list, *c; s; s = c) { /* options first: field=NAME anywhere in the list */
+    for (char *s = list, *c; s; s = c) { /* options first: KEY=NAME anywhere in the list */
         c = strchr(s, ',');
         if (c)
             *c++ = 0;
-        if (!strncmp(s, "field=", 6)) {
-            if (!jsonl || !s[6]) {
+        const char *eq = strchr(s, '=');
+        const char **slot = !eq                             ? NULL
+                            : !strncmp(s, "field=", 6)      ? &keys.field
+                            : !strncmp(s, "prompt=", 7)     ? &keys.prompt
+                            : !strncmp(s, "completion=", 11) ? &keys.completion
+                                                             : NULL;
+        if (slot) {
+            if (!jsonl || !eq[1] || *slot) {
                 free(list);
-                return dt_error(DT_ERR_INVALID_ARG, "data %s: field=NAME goes with jsonl: and names a key", spec);
+                return dt_error(DT_ERR_INVALID_ARG, "data %s: %.*s=NAME goes with jsonl:, once, and names a key", spec,
+                                (int)(eq - s), s);
             }
-            field = s + 6;
+            *slot = eq + 1;
         } else if (!*s) {
             free(list);
             return dt_error(DT_ERR_INVALID_ARG, "data %s: an empty file name", spec);
@@ -209,22 +269,34 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
             nfiles++;
         }
     }
-    if (!nfiles) {
+    if (jsonl && p->completion_only_loss && !keys.field && !keys.prompt && !keys.completion)
+        keys.prompt = "prompt", keys.completion = "completion"; /* TRL's prompt-completion format */
+    const char *bad = !nfiles                                            ? "no file"
+                      : keys.field && (keys.prompt || keys.completion) ? "field=KEY (one document a line) or "
+                                                                           "prompt=KEY,completion=KEY, not both"
+                      : !keys.prompt != !keys.completion               ? "prompt=KEY and completion=KEY go together"
+                      : p->completion_only_loss && !keys.prompt
+                          ? "a loss on the completions only needs prompt/completion data: jsonl:FILE[,FILE...]"
+                            "[,prompt=KEY,completion=KEY] (default keys prompt and completion)"
+                          : NULL;
+    if (bad) {
         free(list);
-        return dt_error(DT_ERR_INVALID_ARG, "data %s: no file", spec);
+        return dt_error(DT_ERR_INVALID_ARG, "data %s: %s", spec, bad);
     }
-    acc a = {0};
+    if (!keys.field)
+        keys.field = "text";
+    acc a = {.mask = p->completion_only_loss};
     size_t left = strlen(spec + (jsonl ? 6 : 5)) + 1;
     for (char *s = list; st == DT_OK && s < list + left; s += strlen(s) + 1) {
-        if (!strncmp(s, "field=", 6))
-            continue;
+        if (!strncmp(s, "field=", 6) || !strncmp(s, "prompt=", 7) || !strncmp(s, "completion=", 11))
+            continue; /* an option (checked above) */
         char *buf = NULL;
         size_t n = 0;
         if ((st = read_file(s, &buf, &n)) < 0)
             break;
         char where[600];
         snprintf(where, sizeof where, "text data %s", s);
-        st = jsonl ? add_jsonl(&a, t, eos, s, buf, n, field) : add_doc(&a, t, eos, buf, n, where);
+        st = jsonl ? add_jsonl(&a, t, eos, s, buf, n, &keys) : add_doc(&a, t, eos, buf, n, where);
         free(buf);
     }
     free(list);
@@ -237,9 +309,11 @@ dt_status dt_dataset_text_open(const char *spec, const dt_tokenizer *t, const dt
         st = dt_error(DT_ERR_NO_MEMORY, "data %s: out of memory", spec);
     if (st < 0) {
         free(a.tok);
+        free(a.counted);
         return st;
     }
     s->tok = a.tok;
+    s->counted = a.counted;
     s->count = a.n;
     s->T = p->seq_len;
     s->stride = p->stride ? p->stride : p->seq_len;

@@ -435,6 +435,29 @@ dt_status dt_bpe_decode(const dt_bpe *bpe, const uint16_t *ids, int64_t n, char 
     return DT_OK;
 }
 
+dt_status dt_bpe_decode_ids(const dt_bpe *bpe, const int64_t *ids, int64_t n, char **text, size_t *len)
+{
+    if (!bpe || (!ids && n) || n < 0 || !text || !len)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_bpe_decode_ids: bad argument");
+    *text = NULL;
+    *len = 0;
+    int64_t V = 256 + bpe->nm; /* <= 65536: every id below it fits 16 bits */
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return dt_error(DT_ERR_RANGE,
+                            "bpe decode: id %lld at position %lld is outside the vocabulary of %lld (the model has "
+                            "more ids than the BPE: train with the vocabulary's size, --vocab-size %lld)",
+                            (long long)ids[i], (long long)i, (long long)V, (long long)V);
+    uint16_t *u = malloc((size_t)(n > 0 ? n : 1) * sizeof *u);
+    if (!u)
+        return dt_error(DT_ERR_NO_MEMORY, "bpe decode: out of memory (%lld ids)", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        u[i] = (uint16_t)ids[i];
+    dt_status st = dt_bpe_decode(bpe, u, n, text, len);
+    free(u);
+    return st;
+}
+
 /* ---- the vocab file -------------------------------------------------------------- */
 
 #define VOCAB_HEADER "dtrain-bpe 1"

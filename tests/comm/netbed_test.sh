@@ -23,6 +23,10 @@
 #       512 KiB chunks) must put between 1.0 and 1.1 times 8 x 4 MiB on each
 #       link direction (tc's counters: a node's share, S per all-reduce,
 #       plus headers), not the 1.5 S of a flat ring, and get correct sums.
+#   netbed_test.sh traffic SRC PROG
+#       the mpi backend's count of the bytes that left the node (TCP's own
+#       counters, dt_pg_traffic_read): tests/comm/mpi_traffic.c "bed" on
+#       2 nodes x 1 rank, an all-reduce of 16 MiB within its bounds.
 #   netbed_test.sh teardown SRC
 #       the bed is removed after a failing command (whose status comes
 #       back), after a command that leaves a process running in a node, and
@@ -150,6 +154,17 @@ bytes)
       printf "node %d: out %d in %d bytes = %.3f and %.3f x 8 S\n", $1, out, in_, out / s, in_ / s
       if (out < s || out > 1.1 * s || in_ < s || in_ > 1.1 * s) bad = 1 }
     END { exit bad }' || fail "the links did not carry 1.0-1.1 x 8 S each way"
+  ;;
+traffic)
+  prog=$3
+  bash "$bed" --nodes 2 --slots 1 --rate 10gbit --tag-file "$tmp/tag" -- sh -c "\$NETBED_MPIRUN -np 2 \
+    -x DT_BACKEND=mpi -x DT_COMM_TIMEOUT=60 -x ASAN_OPTIONS $prog bed" > "$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  [ $rc -eq 77 ] && exit 77
+  gone "$tmp/tag"
+  [ $rc -eq 0 ] || fail "mpi_traffic bed exited with $rc"
+  [ "$(grep -c 'mpi_traffic: bed: rank' "$tmp/out")" -eq 2 ] || fail "not both ranks reported"
   ;;
 teardown)
   bash "$bed" check

@@ -219,3 +219,29 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
     PASS_REGULAR_EXPRESSION "mpi_note_overtake: 3 ranks: ok" FAIL_REGULAR_EXPRESSION "FAILED"
     ENVIRONMENT "DT_BACKEND=mpi;DT_MPI_BLOCKING=0;DT_COMM_CHECK=0;DT_COMM_TIMEOUT=30;DT_FAULT_MPI_LATE_RANK=2;DT_FAULT_MPI_LATE_SEQ=1;ASAN_OPTIONS=detect_leaks=0")
 endif()
+
+# The mpi backend's byte counters (tests/comm/mpi_traffic.c): Open MPI's
+# monitoring layer on (exact counts of a send, an all-reduce's bytes, a
+# duplicate group's traffic in the world's counts; DT_SIM_LOCAL_SIZE=1
+# makes the 2 ranks 2 nodes, so all of it is cross-node) and off (not
+# counted).
+if(DT_HAVE_MPI AND DT_MPIEXEC)
+  add_executable(mpi_traffic ${CMAKE_CURRENT_LIST_DIR}/mpi_traffic.c)
+  set_target_properties(mpi_traffic PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  target_compile_options(mpi_traffic PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+  target_compile_definitions(mpi_traffic PRIVATE _GNU_SOURCE)
+  target_link_libraries(mpi_traffic PRIVATE dtrain_static)
+  add_test(NAME comm/mpi_traffic_on
+           COMMAND ${DT_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none
+                   --mca pml_monitoring_enable 1 -np 2 $<TARGET_FILE:mpi_traffic> on)
+  add_test(NAME comm/mpi_traffic_off
+           COMMAND ${DT_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none
+                   -np 2 $<TARGET_FILE:mpi_traffic> off)
+  set_tests_properties(comm/mpi_traffic_on PROPERTIES SKIP_RETURN_CODE 77)
+  add_test(NAME comm/netbed_traffic
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netbed_test.sh traffic ${PROJECT_SOURCE_DIR} $<TARGET_FILE:mpi_traffic>)
+  set_tests_properties(comm/netbed_traffic PROPERTIES TIMEOUT 120 LABELS "comm;mpi;netbed" SKIP_RETURN_CODE 77
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  set_tests_properties(comm/mpi_traffic_on comm/mpi_traffic_off PROPERTIES TIMEOUT 120 LABELS "comm;mpi"
+    ENVIRONMENT "DT_BACKEND=mpi;DT_SIM_LOCAL_SIZE=1;DT_COMM_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
+endif()

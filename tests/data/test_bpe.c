@@ -303,6 +303,23 @@ TEST(encoder_matches_naive_and_round_trips)
     uint16_t bad[3] = {1, 300, 2};
     ASSERT_STATUS(dt_bpe_decode(b, bad, 3, &dec, &dl), DT_ERR_RANGE);
     ASSERT_STR_CONTAINS(dt_last_error(), "id 300 at position 1");
+    /* ids as a model gives them (int64, its vocabulary maybe larger than
+     * the BPE's): 65536 + 97 must not narrow to 97 ('a'); -1 is no id either */
+    int64_t wide[3] = {104, 105, 97};
+    ASSERT_OK(dt_bpe_decode_ids(b, wide, 3, &dec, &dl));
+    ASSERT_EQ_INT(dl, 3);
+    ASSERT(!memcmp(dec, "hia", 3));
+    free(dec);
+    wide[2] = 65536 + 97;
+    dec = (char *)"unchanged";
+    ASSERT_STATUS(dt_bpe_decode_ids(b, wide, 3, &dec, &dl), DT_ERR_RANGE);
+    ASSERT(dec == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "id 65633 at position 2");
+    wide[0] = -1, wide[2] = 97;
+    ASSERT_STATUS(dt_bpe_decode_ids(b, wide, 3, &dec, &dl), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "id -1 at position 0");
+    wide[0] = dt_bpe_vocab_size(b); /* the first id past the vocabulary */
+    ASSERT_STATUS(dt_bpe_decode_ids(b, wide, 3, &dec, &dl), DT_ERR_RANGE);
     dt_bpe_free(b);
     free(text);
 }

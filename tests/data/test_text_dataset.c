@@ -160,10 +160,144 @@ TEST(bad_specs_and_files)
     dt_tokenizer_free(t);
 }
 
+/* Prompt/completion lines: prompt ids, completion ids, eos; with
+ * completion_only_loss the targets that are prompt tokens are -100 (the
+ * loss's ignore_index), the completion and eos targets are the ids. */
+TEST(prompt_completion_mask)
+{
+    dt_tokenizer *t = load();
+    ASSERT(t != NULL);
+    uint32_t eos;
+    ASSERT_OK(dt_tokenizer_eos(t, &eos));
+    const char *pr[3] = {"Question: who created the heaven?\nAnswer:", "Say hi.", "Empty answer:"};
+    const char *co[3] = {" God created the heaven and the earth.", " hi \xce\xb1", ""};
+    write_file(tp(0, "pc.jsonl"),
+               "{\"q\": \"Question: who created the heaven?\\nAnswer:\", \"a\": \" God created the heaven and the "
+               "earth.\", \"id\": 7}\n\n"
+               "{\"a\": \" hi \\u03b1\", \"q\": \"Say hi.\"}\n"
+               "{\"q\": \"Empty answer:\", \"a\": \"\"}\n");
+    int64_t tok[256], lab[256], n = 0;
+    for (int d = 0; d < 3; d++) /* the expected stream and the label each token has as a target */
+        for (int part = 0; part < 2; part++) {
+            uint32_t *ids;
+            int64_t ni;
+            const char *txt = part ? co[d] : pr[d];
+            ASSERT_OK(dt_tokenizer_encode(t, txt, strlen(txt), false, &ids, &ni));
+            for (int64_t i = 0; i < ni; i++, n++)
+                tok[n] = ids[i], lab[n] = part ? (int64_t)ids[i] : -100;
+            free(ids);
+            if (part)
+                tok[n] = lab[n] = eos, n++;
+        }
+    ASSERT(n > 20);
+    const int64_t T = 5;
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = T;
+    kp.stride = 1; /* every offset: each target position is seen */
+    char spec[1400];
+    snprintf(spec, sizeof spec, "jsonl:%s,prompt=q,completion=a", p_[0]);
+    for (int masked = 0; masked < 2; masked++) {
+        kp.completion_only_loss = masked;
+        dt_dataset *ds;
+        ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+        ASSERT_EQ_INT(dt_dataset_length(ds), n - T);
+        int64_t counted = 0;
+        for (int64_t i = 0; i < n - T; i++) {
+            int64_t x[8], y[8];
+            ASSERT_OK(dt_dataset_get_item(ds, i, x, y));
+            for (int64_t k = 0; k < T; k++) {
+                ASSERT_EQ_INT(x[k], tok[i + k]);
+                ASSERT_EQ_INT(y[k], masked ? lab[i + k + 1] : tok[i + k + 1]);
+                counted += i == 0 || k == T - 1 ? y[k] != -100 : 0;
+            }
+        }
+        int64_t want = 0; /* every target but the first token's once */
+        for (int64_t i = 1; i < n; i++)
+            want += masked ? lab[i] != -100 : 1;
+        ASSERT_EQ_INT(counted, want);
+        dt_dataset_free(ds);
+    }
+    /* the empty completion: its eos is the only counted target of its line */
+    ASSERT_EQ_INT(lab[n - 1], eos);
+    ASSERT_EQ_INT(lab[n - 2], -100);
+    /* without keys, completion_only_loss reads TRL's "prompt" and "completion" */
+    write_file(tp(1, "trl.jsonl"), "{\"prompt\": \"Say hi.\", \"completion\": \" hi \\u03b1\"}\n");
+    snprintf(spec, sizeof spec, "jsonl:%s", p_[1]);
+    kp.completion_only_loss = true;
+    kp.stride = 0;
+    kp.seq_len = 2;
+    dt_dataset *ds;
+    ASSERT_OK(dt_dataset_text_open(spec, t, &kp, &ds));
+    int64_t x[2], y[2];
+    ASSERT_OK(dt_dataset_get_item(ds, 0, x, y));
+    ASSERT_EQ_INT(y[0], -100); /* "Say hi." is 3 tokens: the targets of positions 0 and 1 are prompt tokens */
+    ASSERT_EQ_INT(y[1], -100);
+    dt_dataset_free(ds);
+    dt_tokenizer_free(t);
+}
+
+/* Prompt/completion mistakes name the line, the key, the option. */
+TEST(prompt_completion_bad)
+{
+    dt_tokenizer *t = load();
+    ASSERT(t != NULL);
+    write_file(tp(2, "missing.jsonl"), "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"}\n");
+    write_file(tp(3, "number.jsonl"), "{\"prompt\": 3, \"completion\": \"b\"}\n");
+    write_file(tp(4, "array.jsonl"), "[\"prompt\", \"completion\"]\n");
+    write_file(tp(5, "plain.txt"), "text\n");
+    dt_tokens_params kp = dt_tokens_params_default();
+    kp.seq_len = 2;
+    char s[10][1400];
+    snprintf(s[0], sizeof s[0], "jsonl:%s,prompt=prompt,completion=completion", p_[2]);
+    snprintf(s[1], sizeof s[1], "jsonl:%s,prompt=prompt,completion=completion", p_[3]);
+    snprintf(s[2], sizeof s[2], "jsonl:%s,prompt=prompt,completion=completion", p_[4]);
+    snprintf(s[3], sizeof s[3], "jsonl:%s,prompt=prompt", p_[2]);
+    snprintf(s[4], sizeof s[4], "jsonl:%s,field=text,prompt=p,completion=c", p_[2]);
+    snprintf(s[5], sizeof s[5], "text:%s,prompt=p,completion=c", p_[5]);
+    snprintf(s[6], sizeof s[6], "jsonl:%s,prompt=,completion=c", p_[2]);
+    snprintf(s[7], sizeof s[7], "jsonl:%s,prompt=a,prompt=b,completion=c", p_[2]);
+    snprintf(s[8], sizeof s[8], "jsonl:%s,field=prompt", p_[2]); /* mask on, one document a line */
+    snprintf(s[9], sizeof s[9], "text:%s", p_[5]);                /* mask on, no prompts */
+    struct {
+        const char *spec, *msg;
+        bool mask;
+        dt_status st;
+    } cases[] = {
+        {s[0], ":2: want an object with a string \"completion\" (completion=NAME", false, DT_ERR_FORMAT},
+        {s[1], ":1: want an object with a string \"prompt\", not another JSON type", true, DT_ERR_FORMAT},
+        {s[2], ":1: want a JSON object", true, DT_ERR_FORMAT},
+        {s[3], "prompt=KEY and completion=KEY go together", false, DT_ERR_INVALID_ARG},
+        {s[4], "not both", false, DT_ERR_INVALID_ARG},
+        {s[5], "prompt=NAME goes with jsonl:", false, DT_ERR_INVALID_ARG},
+        {s[6], "prompt=NAME goes with jsonl:", false, DT_ERR_INVALID_ARG},
+        {s[7], "once", false, DT_ERR_INVALID_ARG},
+        {s[8], "completions only needs prompt/completion data", true, DT_ERR_INVALID_ARG},
+        {s[9], "completions only needs prompt/completion data", true, DT_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_dataset *ds = NULL;
+        kp.completion_only_loss = cases[i].mask;
+        dt_status st = dt_dataset_text_open(cases[i].spec, t, &kp, &ds);
+        if (st != cases[i].st)
+            fprintf(stderr, "case %zu: %s\n", i, dt_last_error());
+        ASSERT_EQ_INT(st, cases[i].st);
+        ASSERT_STR_CONTAINS(dt_last_error(), cases[i].msg);
+        ASSERT(ds == NULL);
+    }
+    /* a token file has no prompts */
+    kp.completion_only_loss = true;
+    dt_dataset *ds = NULL;
+    ASSERT_STATUS(dt_dataset_tokens_open(p_[5], &kp, &ds), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "has no prompts");
+    dt_tokenizer_free(t);
+}
+
 int main(void)
 {
     RUN(text_and_jsonl);
     RUN(bad_specs_and_files);
+    RUN(prompt_completion_mask);
+    RUN(prompt_completion_bad);
     t_rm_rf(t_tmpdir("text_dataset"));
     return TEST_REPORT();
 }

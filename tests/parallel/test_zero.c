@@ -11,6 +11,9 @@
 #include "dtrain/config.h"
 #include "test.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 typedef struct {
     int stage;                 /* 0: FSDP NO_SHARD (= DDP through dt_strategy_fsdp_init) */
     dt_optim_kind opt;
@@ -720,8 +723,65 @@ TEST(names_and_bad_params)
     dt_pg_free(pg);
 }
 
+/* Stages 1 and 2 on a built model: once the units hold the parameters, the
+ * model's own parameter and gradient flats (1 MiB each here, mapped) hold
+ * no memory, also after dt_model_zero_grad: no second whole copy of the
+ * parameters and gradients beside the units' (ZeRO-1 used more memory than
+ * DDP while they stayed). mincore says which pages are resident. */
+static size_t resident_pages(const dt_flat *f)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)f->base + pg - 1) / pg * pg;
+    const uintptr_t b = ((uintptr_t)f->base + f->total * sizeof(float)) / pg * pg;
+    if (b <= a)
+        return 0;
+    unsigned char v[4096];
+    const size_t n = (b - a) / pg;
+    if (n > sizeof v || mincore((void *)a, b - a, v) != 0)
+        return (size_t)-1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += v[i] & 1;
+    return k;
+}
+
+static int body_own_flats(int rank, int W, void *arg)
+{
+    (void)arg;
+    dt_set_num_threads(1);
+    dt_pg *pg;
+    TH_OK(th_pg(rank, W, NULL, &pg));
+    for (int stage = 1; stage <= 2; stage++) {
+        dt_model *m = zchain(7, false, (const int64_t[]){256, 512, 256}, 3);
+        TH_CHECK(m, "model");
+        const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
+        TH_CHECK(P && G && P->mapped && G->mapped, "the flats are not mapped");
+        memset(G->base, 0, G->total * sizeof(float)); /* as a trainer's zero_grad before the strategy */
+        TH_CHECK(resident_pages(P) > 0 && resident_pages(G) > 0, "nothing resident before ZeRO");
+        dt_zero_params zp = dt_zero_params_default();
+        zp.stage = stage;
+        zp.wrap_module_type = "Linear";
+        dt_zero *z;
+        TH_OK(dt_zero_init(pg, m, &zp, &z));
+        dt_model_zero_grad(m);
+        TH_CHECK(resident_pages(P) == 0 && resident_pages(G) == 0,
+                 "stage %d: the model's own flats keep %zu + %zu resident pages beside the units'", stage,
+                 resident_pages(P), resident_pages(G));
+        dt_zero_free(z);
+        dt_model_free(m);
+    }
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(stage12_no_second_copy)
+{
+    ASSERT_EQ_INT(th_run(2, 60.0, body_own_flats, NULL, NULL), 0);
+}
+
 int main(void)
 {
+    RUN(stage12_no_second_copy);
     RUN(names_and_bad_params);
     RUN(equivalence_stages);
     RUN(accumulation_and_clipping);

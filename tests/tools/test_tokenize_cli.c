@@ -5,8 +5,11 @@
  * never cut to 16 bits; trained on), and bad usage / bad input (exit 2, one
  * line naming the problem, no output file). */
 #include "dtrain/data.h"
+#include "dtrain/tokenizer.h"
 #include "test.h"
 #include "train_cli.h"
+
+#include <math.h>
 
 static char p_[6][600];
 static char *tp(int slot, const char *name)
@@ -160,6 +163,181 @@ TEST(train_on_text)
     free(corpus);
 }
 
+/* --loss-mask: prompt/completion jsonl trains with the loss on the
+ * completions only (the value itself: nn/test_loss_mask); mistakes are
+ * exit 2 naming the line, the key or the option. */
+TEST(train_loss_mask)
+{
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    char *j = tp(0, "pc.jsonl"), *m = tp(1, "missing.jsonl"), *x = tp(2, "plain.txt"), *ck = tp(3, "mask_ck");
+    char lines[4096] = "";
+    for (int i = 0; i < 12; i++)
+        snprintf(lines + strlen(lines), sizeof lines - strlen(lines),
+                 "{\"instruction\": \"Who divided the light from the darkness? (%d)\", \"output\": \" And God "
+                 "divided the light from the darkness.\"}\n",
+                 i);
+    write_file(j, lines, strlen(lines));
+    const char *ml = "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"a\", \"answer\": \"b\"}\n";
+    write_file(m, ml, strlen(ml));
+    write_file(x, "In the beginning.\n", 18);
+    char data[700], bad[700], txt[700];
+    snprintf(data, sizeof data, "jsonl:%s,prompt=instruction,completion=output", j);
+    snprintf(bad, sizeof bad, "jsonl:%s,prompt=instruction,completion=output", m);
+    snprintf(txt, sizeof txt, "text:%s", x);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask",
+                        "--tokenizer", tok, "--batch", "2", "--seq", "16", "--max-steps", "2", "--threads", "1",
+                        "--save", ck, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "val loss");
+    /* dtrain eval --ckpt evaluates as the run did (the checkpoint keeps --loss-mask): the same loss as with
+     * --loss-mask given, another without it (every token counted) */
+    double loss[3];
+    for (int k = 0; k < 3; k++) {
+        char *argv[16] = {"eval", "--ckpt", ck, "--tokenizer", tok, "--json"};
+        int a = 6;
+        if (k)
+            argv[a++] = "--data", argv[a++] = data, argv[a++] = "--val-data", argv[a++] = data;
+        if (k == 1)
+            argv[a++] = "--loss-mask";
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 0)
+            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        const char *l = strstr(r.out, "\"loss\":");
+        ASSERT(l != NULL);
+        loss[k] = strtod(l + 7, NULL);
+    }
+    ASSERT(loss[0] == loss[1]);
+    ASSERT(fabs(loss[2] - loss[0]) > 1e-3);
+    struct {
+        const char *data, *val, *msg;
+    } cases[] = {
+        {bad, NULL, ":2: want an object with a string \"output\""},
+        {txt, NULL, "--loss-mask takes GPT models on prompt/completion data"},
+        {data, txt, "--loss-mask takes GPT models on prompt/completion data"},
+        {"tokens:x.bin", NULL, "--loss-mask takes GPT models on prompt/completion data"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[24] = {"train", "--model", "gpt-micro", "--data", (char *)cases[i].data, "--loss-mask",
+                          "--tokenizer", tok, "--max-steps", "1", "--threads", "1"};
+        int a = 12;
+        argv[a++] = "--val-data", argv[a++] = (char *)(cases[i].val ? cases[i].val : cases[i].data);
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 2 || !strstr(r.err, cases[i].msg))
+            fprintf(stderr, "case %zu: %d %s\n", i, r.code, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, cases[i].msg);
+    }
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--loss-mask", "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--loss-mask");
+}
+
+/* dtrain generate --prompt TEXT through a tokenizer.json: --tokenizer FILE,
+ * an hf:DIR model's own tokenizer.json, a --ckpt run's kept one; the text
+ * printed is the tokenizer's decoding of the ids generate --prompt-ids
+ * gives for the prompt's encoding (greedy). An id past the tokenizer: exit 2. */
+TEST(generate_with_tokenizer)
+{
+    char tok[1024], data[1200];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    snprintf(data, sizeof data, "text:%s/tests/data/tokenizer/bible.txt", DT_SOURCE_DIR);
+    char *ck = tp(0, "gen_ck"), *hf = tp(1, "gen_hf"), hfm[700];
+    snprintf(hfm, sizeof hfm, "hf:%s", hf);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--data", data, "--tokenizer", tok, "--seq", "32", "--batch",
+                        "4", "--max-steps", "2", "--no-eval", "--save", ck, "--save-hf", hf, "--threads", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    dt_tokenizer *t = NULL;
+    ASSERT_OK(dt_tokenizer_load(tok, &t));
+    const char *prompt = "And God said";
+    uint32_t *pids;
+    int64_t np;
+    ASSERT_OK(dt_tokenizer_encode(t, prompt, strlen(prompt), true, &pids, &np));
+    char list[256] = "";
+    for (int64_t i = 0; i < np; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%u", i ? "," : "", pids[i]);
+    free(pids);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", hfm, "--prompt-ids", list, "--temperature", "0", "--max-new-tokens",
+                        "12", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    uint32_t ids[64];
+    int64_t n = 0;
+    for (char *p = r.out; *p && n < 64;) { /* "p1 ... pn | t1 ... tk" */
+        char *e;
+        unsigned long v = strtoul(p, &e, 10);
+        if (e == p) {
+            p++;
+            continue;
+        }
+        ids[n++] = (uint32_t)v;
+        p = e;
+    }
+    ASSERT_EQ_INT(n, np + 12);
+    char *want;
+    size_t wl;
+    ASSERT_OK(dt_tokenizer_decode(t, ids, n, false, &want, &wl));
+    dt_tokenizer_free(t);
+    char *argvs[3][12] = {
+        {"generate", "--model", hfm, "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "12"},
+        {"generate", "--model", hfm, "--tokenizer", tok, "--prompt", (char *)prompt, "--temperature", "0",
+         "--max-new-tokens", "12"},
+        {"generate", "--ckpt", ck, "--prompt", (char *)prompt, "--temperature", "0", "--max-new-tokens", "12"},
+    };
+    for (int k = 0; k < 3; k++) {
+        cli_runv(&r, 60, NULL, argvs[k]);
+        if (r.code != 0 || strncmp(r.out, want, wl))
+            fprintf(stderr, "case %d: %d\n%s\n%s\nwant %s\n", k, r.code, r.out, r.err, want);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(strlen(r.out) == wl + 1 && !strncmp(r.out, want, wl) && r.out[wl] == '\n');
+    }
+    free(want);
+    /* a model wider than the tokenizer (701 ids): the first id past it is an error, never another token */
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", "llama-tiny", "--vocab-size", "60000", "--tokenizer", tok, "--prompt",
+                        (char *)prompt, "--max-new-tokens", "16", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "outside the tokenizer's 701 ids");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", hfm, "--tokenizer", tok, "--vocab", tok, "--prompt", "a", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not both");
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "llama-tiny", "--prompt", "a", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--tokenizer");
+}
+
+/* generate --vocab with a model wider than the BPE (70,000 ids against
+ * 300): the first id the BPE does not have is an error naming it, exit 2;
+ * the uint16 cast it replaced turned 65,536 + k into token k silently. */
+TEST(generate_vocab_wide_model)
+{
+    size_t n;
+    char *corpus = make_corpus(&n);
+    char *c = tp(0, "wide_corpus.txt"), *v = tp(1, "wide.bpe");
+    write_file(c, corpus, n);
+    free(corpus);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "300", c, "-o", v, "--min-count", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"generate", "--model", "gpt-micro", "--vocab-size", "70000", "--vocab", v, "--prompt", "In",
+                        "--max-new-tokens", "16", "--sample-seed", "3", NULL});
+    if (r.code != 2)
+        fprintf(stderr, "%d\n%s\n%s\n", r.code, r.out, r.err);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is outside the vocabulary of 300");
+}
+
 /* A tokenizer with ids above 65,535 (as Llama-3's 128,256): the token file
  * is uint32 (magic 20240801) and holds the ids the tokenizers library gives
  * (70000 for "ab", checked with tokenizers 0.23), decodes back to the text,
@@ -251,6 +429,9 @@ int main(void)
     RUN(train_encode_split_decode);
     RUN(tokenizer_json);
     RUN(train_on_text);
+    RUN(train_loss_mask);
+    RUN(generate_with_tokenizer);
+    RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
     cli_cleanup();

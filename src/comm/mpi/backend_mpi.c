@@ -445,6 +445,7 @@ static dt_status mpi_init(const dt_backend_info *info, void **out)
         dt__mpi_unlock();
         return st;
     }
+    dt__mpi_traffic_start();
     const char *b = getenv("DT_MPI_BLOCKING");
     int blocking = (b && !strcmp(b, "1")) || (info->options && strstr(info->options, "blocking=1"));
     return ctx_make(comm, info->check, blocking, info->timeout_s, (mpi_ctx **)out);
@@ -663,6 +664,8 @@ const dt_backend_ops dt__backend_mpi = {
     .mem_alloc = NULL,
     .mem_free = NULL,
     .subgroup = mpi_subgroup,
+    .traffic = dt__mpi_traffic,
+    .traffic_off_node = dt__mpi_traffic_off_node,
     .abort = dt__mpi_abort,
     .p2p_start = dt__mpi_p2p_start,
     .p2p_test = dt__mpi_p2p_test,

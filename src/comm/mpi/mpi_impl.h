@@ -123,6 +123,13 @@ void dt__mpi_finalize_at_exit(void);
 void dt__mpi_free(void *ctx);
 void dt__mpi_abort(void *ctx, dt_status st, const char *msg);
 
+/* mpi_traffic.c: the traffic slot (Open MPI's monitoring counters through
+ * MPI_T); start binds the counters once MPI is up (first group). */
+void dt__mpi_traffic_start(void);
+dt_status dt__mpi_traffic(void *ctx, uint64_t *sent, int n);
+/* Without the layer: bytes sent on TCP connections to other machines. */
+dt_status dt__mpi_traffic_off_node(void *ctx, uint64_t *left);
+
 /* mpi_fail.c */
 extern MPI_Comm dt__mpi_ctl;
 extern MPI_Request dt__mpi_note_rq;

@@ -6,6 +6,9 @@
  * rank's output: each byte is read once from its owner and written once to
  * each destination, with no intermediate steps and no synchronisation inside
  * the algorithm (the driver's arrival and final barriers bracket it).
+ * Traffic (dt_pg_traffic_read): rank r sends (W-1) chunks' worth of its
+ * input to the chunks' owners and its own chunk's result to W-1 ranks,
+ * 2 (W-1)/W of the vector in all.
  *
  * In place (ins[j] == works[j]) is safe: chunk r of rank j's buffer is read
  * and written only by rank r, and each block is fully read before it is
@@ -27,8 +30,14 @@ static void direct_chunk(shm_piece *p, int to_all)
     char *own = to_all ? (p->own_out ? p->own_out : p->works[me]) : p->works[p->root];
     for (size_t b = lo; b < hi; b += blk) {
         size_t n = hi - b < blk ? hi - b : blk;
-        for (int j = 0; j < W; j++)
+        for (int j = 0; j < W; j++) {
             srcs[j] = p->ins[j] + b * es;
+            shm_moved(s, j, me, n * es); /* chunk me of j's input */
+            if (to_all)
+                shm_moved(s, me, j, n * es); /* the result into j's output */
+        }
+        if (!to_all)
+            shm_moved(s, me, p->root, n * es);
         if (p->own_in)
             srcs[me] = p->own_in + b * es;
         char *dst = own + b * es;

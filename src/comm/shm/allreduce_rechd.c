@@ -32,6 +32,7 @@ dt_status dt__shm_allreduce_rechd(shm_piece *p)
         if ((st = dt__shm_wait(s, p2 + me, 1)) < 0) /* arrival: its input is ready */
             return st;
         const void *srcs[2] = {p->ins[me], p->ins[p2 + me]};
+        shm_moved(s, p2 + me, me, n * es);
         dt__reduce(p->dt, p->op, p->works[me], srcs, 2, n, 0);
     } else if (me < p2) {
         dt__copy(p->works[me], p->ins[me], n * es);
@@ -42,6 +43,7 @@ dt_status dt__shm_allreduce_rechd(shm_piece *p)
         if ((st = dt__shm_wait(s, me - p2, final_step)) < 0)
             return st;
         dt__copy(p->works[me], p->works[me - p2], n * es);
+        shm_moved(s, me - p2, me, n * es);
         p->step = final_step + 1;
         return DT_OK;
     }
@@ -59,6 +61,7 @@ dt_status dt__shm_allreduce_rechd(shm_piece *p)
         dt__shm_chunk(n, es, p2, cl, &lo, &tmp);
         dt__shm_chunk(n, es, p2, ch - 1, &tmp, &hi);
         const void *srcs[2] = {p->works[me] + lo * es, p->works[partner] + lo * es};
+        shm_moved(s, partner, me, (hi - lo) * es);
         dt__reduce(p->dt, p->op, p->works[me] + lo * es, srcs, 2, hi - lo, k == 1 ? W : 0);
         dt__shm_signal(s, ++step);
     }
@@ -70,6 +73,7 @@ dt_status dt__shm_allreduce_rechd(shm_piece *p)
         dt__shm_chunk(n, es, p2, pcl, &lo, &tmp);
         dt__shm_chunk(n, es, p2, pch - 1, &tmp, &hi);
         dt__copy(p->works[me] + lo * es, p->works[partner] + lo * es, (hi - lo) * es);
+        shm_moved(s, partner, me, (hi - lo) * es);
         if (me & k)
             cl = pcl;
         else

@@ -32,6 +32,7 @@ dt_status dt__shm_allreduce_ring(shm_piece *p)
             return st;
         dt__shm_chunk(p->count, es, W, c, &lo, &hi);
         const void *srcs[2] = {p->works[left] + lo * es, p->ins[me] + lo * es};
+        shm_moved(s, left, me, (hi - lo) * es);
         dt__reduce(p->dt, p->op, p->works[me] + lo * es, srcs, 2, hi - lo,
                    k == W - 2 ? W : 0);
         dt__shm_signal(s, base + (uint32_t)k + 1);
@@ -45,6 +46,7 @@ dt_status dt__shm_allreduce_ring(shm_piece *p)
             return st;
         dt__shm_chunk(p->count, es, W, c, &lo, &hi);
         dt__copy(p->works[me] + lo * es, p->works[left] + lo * es, (hi - lo) * es);
+        shm_moved(s, left, me, (hi - lo) * es);
         dt__shm_signal(s, b + (uint32_t)t + 1);
     }
     p->step = b + (uint32_t)W + 1;

@@ -29,6 +29,7 @@ static dt_status tree_reduce(shm_piece *p, int root, uint32_t R, int avg_at_root
         if (st < 0)
             return st;
         const void *srcs[2] = {p->works[me], p->works[child]};
+        shm_moved(s, child, me, n * es);
         dt__reduce(p->dt, p->op, p->works[me], srcs, 2, n, 0);
     }
     if (v == 0 && avg_at_root && p->op == DT_REDUCE_AVG)
@@ -49,6 +50,7 @@ static dt_status tree_bcast(shm_piece *p, int root, uint32_t B)
         if (st < 0)
             return st;
         dt__copy(p->works[me], p->works[parent], p->count * es);
+        shm_moved(s, parent, me, p->count * es);
     }
     dt__shm_signal(s, B);
     return DT_OK;

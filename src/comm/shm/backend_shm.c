@@ -125,6 +125,7 @@ static void ctx_delete(shm_ctx *s)
         free(s->allocs);
         s->allocs = n;
     }
+    free(s->root_of);
     free(s->pidfd);
     free(s);
 }
@@ -146,6 +147,87 @@ static dt_status open_segment(shm_ctx *s, const char *name, int create)
     if (st < 0)
         return st;
     return finish_attach(s);
+}
+
+/* ---- traffic: the family of groups one dt_pg_init made (shm.h) ---- */
+
+/* Join s to fam (NULL: s is a root, start a family) with ranks mapped to
+ * the root's by root_of (NULL: identity). */
+static dt_status fam_join(shm_ctx *s, shm_family *fam, const int *root_of)
+{
+    s->root_of = malloc((size_t)s->size * sizeof *s->root_of);
+    if (!s->root_of)
+        return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+    for (int r = 0; r < s->size; r++)
+        s->root_of[r] = root_of ? root_of[r] : r;
+    if (!fam) {
+        fam = calloc(1, sizeof *fam);
+        uint64_t *ret = fam ? calloc((size_t)s->size, sizeof *ret) : NULL;
+        if (!ret) {
+            free(fam);
+            free(s->root_of);
+            s->root_of = NULL;
+            return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+        }
+        pthread_mutex_init(&fam->mu, NULL);
+        fam->size = s->size;
+        fam->retired = ret;
+    }
+    pthread_mutex_lock(&fam->mu);
+    s->fam = fam;
+    s->fam_next = fam->members;
+    fam->members = s;
+    fam->refs++;
+    pthread_mutex_unlock(&fam->mu);
+    return DT_OK;
+}
+
+/* Leave the family (before the segment goes): the group's counts move to
+ * the family's retired sums; the last member frees the family. */
+static void fam_leave(shm_ctx *s)
+{
+    shm_family *fam = s->fam;
+    if (!fam)
+        return;
+    pthread_mutex_lock(&fam->mu);
+    for (int r = 0; r < s->size; r++)
+        fam->retired[s->root_of[r]] += shm_moved_read(s, r);
+    for (shm_ctx **p = &fam->members; *p; p = &(*p)->fam_next)
+        if (*p == s) {
+            *p = s->fam_next;
+            break;
+        }
+    int last = --fam->refs == 0;
+    pthread_mutex_unlock(&fam->mu);
+    if (last) {
+        pthread_mutex_destroy(&fam->mu);
+        free(fam->retired);
+        free(fam);
+    }
+    s->fam = NULL;
+}
+
+/* The traffic slot: per peer of s, the bytes this process handed to it
+ * over every group of the family. */
+static dt_status shm_traffic(void *ctx, uint64_t *sent, int n)
+{
+    shm_ctx *s = ctx;
+    shm_family *fam = s->fam;
+    if (!fam)
+        return DT_ERR_UNSUPPORTED;
+    uint64_t *tot = malloc((size_t)fam->size * sizeof *tot);
+    if (!tot)
+        return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+    pthread_mutex_lock(&fam->mu);
+    memcpy(tot, fam->retired, (size_t)fam->size * sizeof *tot);
+    for (shm_ctx *m = fam->members; m; m = m->fam_next)
+        for (int r = 0; r < m->size; r++)
+            tot[m->root_of[r]] += shm_moved_read(m, r);
+    pthread_mutex_unlock(&fam->mu);
+    for (int r = 0; r < n && r < s->size; r++)
+        sent[r] = tot[s->root_of[r]];
+    free(tot);
+    return DT_OK;
 }
 
 static dt_status shm_init(const dt_backend_info *info, void **ctx)
@@ -183,6 +265,8 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
     }
     if (st == DT_OK)
         st = open_segment(s, name, info->rank == 0);
+    if (st == DT_OK && (st = fam_join(s, NULL, NULL)) < 0)
+        dt__shm_detach(s);
     if (st < 0) {
         ctx_delete(s);
         return st;
@@ -199,6 +283,7 @@ static void shm_free(void *ctx)
         return;
     if (s->base)
         atomic_store(&shm_rank_at(s, s->rank)->state, SHM_STATE_LEFT);
+    fam_leave(s);
     dt__shm_detach(s);
     ctx_delete(s);
 }
@@ -412,11 +497,36 @@ static dt_status check_descs(shm_ctx *s)
 
 /* ---- the small-message path: everything from the slots ---- */
 
+/* Traffic of the small-message path: the bytes this rank reads from each
+ * peer's slot (run_small's reads, one case each). */
+static void slot_reads(shm_ctx *s, const dt_coll *c)
+{
+    int W = s->size, me = s->rank;
+    size_t blk = c->count * esz(c);
+    for (int j = 0; j < W; j++) {
+        size_t b = 0;
+        switch (c->kind) {
+        case DT_COLL_REDUCE:
+        case DT_COLL_GATHER: b = me == c->root ? blk : 0; break;
+        case DT_COLL_BROADCAST:
+        case DT_COLL_SCATTER: b = j == c->root ? blk : 0; break;
+        case DT_COLL_ALLGATHERV: b = c->counts[j] * esz(c); break;
+        case DT_COLL_ALLREDUCE:
+        case DT_COLL_REDUCE_SCATTER:
+        case DT_COLL_ALLGATHER:
+        case DT_COLL_ALLTOALL: b = blk; break;
+        default: break;
+        }
+        shm_moved(s, j, me, b);
+    }
+}
+
 static void run_small(shm_ctx *s, const dt_coll *c)
 {
     int W = s->size, me = s->rank;
     size_t es = esz(c), n = c->count, blk = n * es;
     const void *srcs[SHM_MAX_RANKS];
+    slot_reads(s, c);
     switch (c->kind) {
     case DT_COLL_ALLREDUCE:
     case DT_COLL_REDUCE:
@@ -602,6 +712,19 @@ static dt_status shm_subgroup(void *ctx, const int *ranks, int n, int new_rank, 
     if (new_rank < 0)
         return DT_OK;
     st = new_rank == 0 ? finish_attach(k) : open_segment(k, name, 0);
+    if (st == DT_OK) {
+        int *root_of = malloc((size_t)n * sizeof *root_of);
+        if (!root_of) {
+            st = dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+        } else {
+            for (int i = 0; i < n; i++)
+                root_of[i] = s->root_of[ranks[i]];
+            st = fam_join(k, s->fam, root_of);
+            free(root_of);
+        }
+        if (st < 0)
+            dt__shm_detach(k);
+    }
     if (st < 0) {
         ctx_delete(k);
         return st;
@@ -629,4 +752,5 @@ const dt_backend_ops dt__backend_shm = {
     .flight_gather = shm_flight_gather,
     .job_cleanup = dt__shm_job_cleanup,
     .orphan_cleanup = dt__shm_orphan_cleanup,
+    .traffic = shm_traffic,
 };

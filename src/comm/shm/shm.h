@@ -7,6 +7,8 @@
  *   rank blocks | per rank: tick (progress counter), futex word, pid, state,
  *               | the flight recorder's status block
  *   descriptors | per rank x 2 (sequence parity): the posted operation
+ *   bytes moved | W x W counters: bytes rank i's memory handed to rank j's
+ *               | (dt_pg_traffic_read; whoever copies adds, relaxed atomics)
  *   slots       | per rank x 2 (parity): small-message payloads
  *   channels    | per ordered pair (src, dst): a byte ring for send/recv
  *   staging     | per rank: IN and OUT areas for plain (non-shared) buffers
@@ -43,10 +45,11 @@
 #include "comm/backend.h"
 #include "comm/shm/chunk.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #define SHM_MAGIC 0x6474736du /* "dtsm" */
-#define SHM_VERSION 3
+#define SHM_VERSION 4
 #define SHM_OWNER_TAG 0x6f776e72u /* "ownr": owner[] is written */
 #define SHM_NONE UINT64_MAX
 #define SHM_ALIGN 64
@@ -140,13 +143,24 @@ typedef struct {
     int n[DT_COLL_KIND_COUNT];
 } shm_table;
 
+/* The groups of one process that descend from one dt_pg_init (the root
+ * group, its subgroups and theirs): dt_pg_traffic_read reports bytes per
+ * peer over all of them (shm_traffic in backend_shm.c). */
+typedef struct shm_family {
+    pthread_mutex_t mu;
+    int size;                /* the root group's size */
+    uint64_t *retired;       /* [size]: bytes sent by freed groups, by root rank */
+    struct shm_ctx *members; /* live groups, linked by fam_next */
+    int refs;
+} shm_family;
+
 typedef struct shm_ctx {
     int rank, size;
     char name[64];
     char *base;
     size_t total;
     shm_hdr *hdr;
-    size_t off_ranks, off_desc, off_slots, off_chans, off_stage, off_heaps;
+    size_t off_ranks, off_desc, off_moved, off_slots, off_chans, off_stage, off_heaps;
     size_t slot_bytes, stage_bytes, heap_bytes, chan_bytes;
     int *pidfd;        /* per peer, -1 if unavailable */
     int fd;            /* the segment, kept open to reserve heap pages (valid if have_fd) */
@@ -170,6 +184,10 @@ typedef struct shm_ctx {
 
     shm_free_block *free_list;
     shm_alloc_rec *allocs;
+
+    shm_family *fam;          /* the traffic family (NULL until attached) */
+    int *root_of;             /* [size]: each rank's rank in the family's root group */
+    struct shm_ctx *fam_next; /* fam->members link */
 } shm_ctx;
 
 /* ---- segment layout accessors ---- */
@@ -191,6 +209,21 @@ static inline shm_chan *shm_chan_at(shm_ctx *s, int src, int dst)
                         ((size_t)src * s->size + dst) * (sizeof(shm_chan) + s->chan_bytes));
 }
 static inline char *shm_chan_ring(shm_chan *c) { return (char *)(c + 1); }
+/* Count bytes that rank src's memory handed to rank dst's (a peer read or
+ * a write into a peer's buffer); nothing for a rank's own copies. */
+static inline void shm_moved(shm_ctx *s, int src, int dst, size_t bytes)
+{
+    if (src != dst && bytes) {
+        _Atomic uint64_t *m = (_Atomic uint64_t *)(s->base + s->off_moved) + (size_t)src * s->size + dst;
+        atomic_fetch_add_explicit(m, (uint64_t)bytes, memory_order_relaxed);
+    }
+}
+/* What this rank has handed to rank dst so far. */
+static inline uint64_t shm_moved_read(shm_ctx *s, int dst)
+{
+    _Atomic uint64_t *m = (_Atomic uint64_t *)(s->base + s->off_moved) + (size_t)s->rank * s->size + dst;
+    return atomic_load_explicit(m, memory_order_relaxed);
+}
 /* Staging: IN is the first half, OUT the second. */
 static inline char *shm_stage_in(shm_ctx *s, int r)
 {

@@ -190,8 +190,10 @@ static dt_status vector_op(shm_ctx *s, const dt_coll *c, const expo *e, shm_alg 
         vpiece(s, &v, k, &p, &lo, &hi);
         p.step = step;
         if (v.is_bc && alg == SHM_ALG_DIRECT) {
-            if (s->rank != root)
+            if (s->rank != root) {
                 dt__copy((char *)c->recv + k * v.piece * v.es, p.ins[root], p.count * v.es);
+                shm_moved(s, root, s->rank, p.count * v.es);
+            }
             st = DT_OK;
         } else {
             st = valg(&v, &p);
@@ -279,6 +281,7 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                     size_t cj = c->counts[j];
                     ms[j] = a >= cj || (j == me && c->in_place) ? 0 : (cj - a < m ? cj - a : m);
                     srcs[j] = ms[j] ? block_in(s, e, j, 0, cj, a, piece, es) : NULL;
+                    shm_moved(s, j, me, ms[j] * es);
                 }
                 dt__blk_scatter(c->recv, c->rblocks, srcs, a, ms, W, es);
                 break;
@@ -289,6 +292,7 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                 if (a >= cj || (j == me && c->in_place))
                     continue;
                 size_t mm = cj - a < m ? cj - a : m;
+                shm_moved(s, j, me, mm * es);
                 if (c->rblocks) /* all-gather into a layout */
                     dt__blk_copy(c->recv, &c->rblocks[j], a, block_in(s, e, j, 0, cj, a, piece, es),
                                  NULL, 0, mm, es);
@@ -302,14 +306,17 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                 for (int j = 0; j < W; j++) {
                     if (!exposes[j])
                         continue;
+                    shm_moved(s, j, me, m * es);
                     dt__copy((char *)c->recv + ((size_t)j * n + a) * es,
                              block_in(s, e, j, 0, n, a, piece, es), m * es);
                 }
             break;
         case DT_COLL_SCATTER:
-            if (!(me == c->root && c->in_place))
+            if (!(me == c->root && c->in_place)) {
                 dt__copy((char *)c->recv + a * es, block_in(s, e, c->root, me, n, a, piece, es),
                          m * es);
+                shm_moved(s, c->root, me, m * es);
+            }
             break;
         case DT_COLL_ALLTOALL:
             if (c->rblocks) { /* into a layout, in lockstep */
@@ -317,17 +324,22 @@ static dt_status block_op(shm_ctx *s, const dt_coll *c, const expo *e)
                 for (int j = 0; j < W; j++) {
                     ms[j] = m;
                     srcs[j] = block_in(s, e, j, me, n, a, piece, es);
+                    shm_moved(s, j, me, m * es);
                 }
                 dt__blk_scatter(c->recv, c->rblocks, srcs, a, ms, W, es);
             } else {
-                for (int j = 0; j < W; j++)
+                for (int j = 0; j < W; j++) {
                     dt__copy((char *)c->recv + ((size_t)j * n + a) * es,
                              block_in(s, e, j, me, n, a, piece, es), m * es);
+                    shm_moved(s, j, me, m * es);
+                }
             }
             break;
         case DT_COLL_REDUCE_SCATTER:
-            for (int j = 0; j < W; j++)
+            for (int j = 0; j < W; j++) {
                 srcs[j] = block_in(s, e, j, me, n, a, piece, es);
+                shm_moved(s, j, me, m * es);
+            }
             dt__reduce(c->dtype, c->op, (char *)c->recv + a * es, srcs, W, m, W);
             break;
         default:

@@ -75,6 +75,7 @@ static dt_status chan_write_blocking(shm_ctx *s, shm_chan *ch, const char *src, 
         if (n > cap - pos)
             n = cap - pos;
         memcpy(ring + pos, src, n);
+        shm_moved(s, s->rank, peer, n);
         atomic_store_explicit(&ch->head, head + n, memory_order_release);
         dt__shm_chan_notify(ch);
         dt__shm_bell_ring(s, peer);
@@ -203,6 +204,7 @@ static uint64_t move_some(shm_ctx *s, shm_p2p_op *o)
             n = cap - pos;
         if (send) {
             memcpy(ring + pos, p, n);
+            shm_moved(s, s->rank, o->c.root, n);
             atomic_store_explicit(&o->ch->head, head + n, memory_order_release);
         } else {
             memcpy(p, ring + pos, n);

@@ -169,6 +169,8 @@ static void layout(shm_ctx *s)
     off += W * sizeof(shm_rank);
     s->off_desc = align_up(off, SHM_ALIGN);
     off = s->off_desc + 2 * W * sizeof(shm_desc);
+    s->off_moved = align_up(off, SHM_ALIGN);
+    off = s->off_moved + W * W * sizeof(uint64_t);
     s->off_slots = align_up(off, 4096);
     off = s->off_slots + 2 * W * s->slot_bytes;
     s->off_chans = align_up(off, 4096);

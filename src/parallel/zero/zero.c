@@ -46,6 +46,7 @@
 #include "dtrain/parallel.h"
 #include "dtrain/kernels.h"
 #include "dtrain/precision.h"
+#include "nn/nn_layer.h"
 #include "parallel/zero/zero_impl.h"
 
 #include <stdio.h>
@@ -655,6 +656,33 @@ static dt_status install_hooks(dt_zero *z)
     return DT_OK;
 }
 
+/* A built (not meta) model's own parameter and gradient flats are unused
+ * once every parameter of their dtype is bound to the units' buffers: give
+ * their pages back (dt__model_keep_only with no span; dt_model_zero_grad
+ * then leaves them alone), or ZeRO-1/2 would hold a second whole copy of
+ * the parameters and of the gradients beside the units' (more memory than
+ * DDP). A dtype with a parameter outside the units keeps its flats. */
+static void release_model_flats(dt_zero *z)
+{
+    if (dt_model_is_meta(z->m))
+        return;
+    size_t in_units[DT_DTYPE_COUNT] = {0}, in_model[DT_DTYPE_COUNT] = {0};
+    for (int i = 0; i < z->nu; i++)
+        for (int j = 0; j < z->u[i].nent; j++) {
+            dt_param_info e;
+            if (dt_model_entry(z->m, z->u[i].entries[j], &e) == DT_OK)
+                in_units[e.dtype] += e.numel;
+        }
+    for (size_t i = 0; i < dt_model_num_entries(z->m); i++) {
+        dt_param_info e;
+        if (dt_model_entry(z->m, i, &e) == DT_OK && !e.is_buffer && e.tied_to < 0)
+            in_model[e.dtype] += e.numel;
+    }
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+        if (in_model[d] && in_units[d] == in_model[d] && dt__model_keep_only(z->m, (dt_dtype)d, NULL, 0) < 0)
+            dt_error_clear();
+}
+
 /* Fill rank's shard of every unit: from the model's memory (broadcast from
  * rank 0 first with sync_module_states), or for a meta model with
  * dt_model_init_range, equal to the same elements of a full build. */
@@ -845,6 +873,7 @@ dt_status dt_zero_init(dt_pg *pg, dt_model *m, const dt_zero_params *pp, dt_zero
                                            u->gfull + u->uoff[j] * u->es)) < 0)
                 goto fail;
     }
+    release_model_flats(z);
     if (z->p.stage == 3 && z->W > 1 && (st = dt_pg_dup(z->pg, &z->gpg)) < 0) {
         dt_error_wrap(st, "dt_zero_init: the all-gather channel");
         goto fail;
