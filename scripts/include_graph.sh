@@ -46,7 +46,7 @@ folder() {
     include/dtrain/kernels.h) echo src/kernels ;;
     include/dtrain/comm.h) echo src/comm ;;
     include/dtrain/tensor.h) echo src/tensor ;;
-    include/dtrain/autograd.h | include/dtrain/precision.h) echo src/autograd ;;
+    include/dtrain/autograd.h | include/dtrain/ops.h | include/dtrain/precision.h) echo src/autograd ;;
     include/dtrain/nn.h) echo src/nn ;;
     include/dtrain/optim.h) echo src/optim ;;
     include/dtrain/data.h) echo src/data ;;

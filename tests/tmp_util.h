@@ -9,17 +9,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* $TMPDIR (or /tmp)/dt_<name>_XXXXXX, made on the first call and the same
+/* A fresh directory $TMPDIR (or /tmp)/dt_<name>_XXXXXX made into buf (cap
+ * bytes) at every call: buf, or NULL (buf "") when it cannot be made. The
+ * one way tests make scratch directories. */
+static inline char *t_mkdtemp(const char *name, char *buf, size_t cap)
+{
+    const char *b = getenv("TMPDIR");
+    int n = snprintf(buf, cap, "%s/dt_%s_XXXXXX", b && *b ? b : "/tmp", name);
+    if (n < 0 || (size_t)n >= cap || !mkdtemp(buf)) {
+        if (cap)
+            buf[0] = 0;
+        return NULL;
+    }
+    return buf;
+}
+
+/* One directory per test program: t_mkdtemp on the first call, the same
  * path after it; "" when it cannot be made. */
 static inline const char *t_tmpdir(const char *name)
 {
     static char dir[256];
-    if (!dir[0]) {
-        const char *b = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/dt_%s_XXXXXX", b && *b ? b : "/tmp", name);
-        if (!mkdtemp(dir))
-            dir[0] = 0;
-    }
+    if (!dir[0])
+        t_mkdtemp(name, dir, sizeof dir);
     return dir;
 }
 

@@ -43,6 +43,11 @@
  *   - activation checkpointing (dt_ag_checkpoint): a region re-run during
  *     backward instead of keeping its activations.
  *
+ * The op table (ops.h): each node records its op (a dt_op), and one table
+ * gives every op its name, backward, autocast class and FLOP count; the
+ * walk calls the backward of the node's row, and dt_ag_tape_flops adds up
+ * a stretch of the tape's FLOPs.
+ *
  * No-grad mode: dt_ag_set_enabled(ctx, false) — ops record nothing and their
  * outputs do not require grad (evaluation, optimizer bookkeeping).
  *
@@ -74,6 +79,7 @@
 #define DTRAIN_AUTOGRAD_H
 
 #include "dtrain/base.h"
+#include "dtrain/ops.h"
 #include "dtrain/tensor.h"
 
 #ifdef __cplusplus

@@ -7,6 +7,7 @@
  *   comm.h      process groups, asynchronous collectives, backends
  *   tensor.h    N-d tensors, views, flat buffers
  *   autograd.h  differentiable ops, the tape, hooks
+ *   ops.h       the op table: name, backward, autocast class, FLOPs per op
  *   precision.h low-precision compute: op dtypes, dt_cast, autocast
  *   nn.h        modules with named parameters in typed flat buffers
  *   models.h    the model zoo (ConvNet, MLP) and model descriptors
@@ -31,6 +32,7 @@
 #include "dtrain/tensor.h"
 #include "dtrain/trace.h"
 #include "dtrain/autograd.h"
+#include "dtrain/ops.h"
 #include "dtrain/precision.h"
 #include "dtrain/nn.h"
 #include "dtrain/generate.h"

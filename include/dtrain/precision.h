@@ -43,7 +43,8 @@
  * grad-ready hooks fire.
  *
  * Autocast (PyTorch's CPU torch.autocast): while a context's
- * autocast dtype is bf16 or f16, ops of class DT_AMP_LOWER (matmul, linear,
+ * autocast dtype is bf16 or f16, ops whose row of the op table (ops.h)
+ * has class DT_AMP_LOWER (matmul, linear,
  * addmm, conv2d, attention) cast their f32 floating inputs to it, ops of class DT_AMP_FP32
  * (the losses) cast low-precision inputs to f32, and every other op runs in
  * its inputs' dtype (DT_AMP_PROMOTE). dt_attention is "lower" as PyTorch's
@@ -75,39 +76,16 @@
 #define DTRAIN_PRECISION_H
 
 #include "dtrain/base.h"
+#include "dtrain/ops.h"
 #include "dtrain/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The differentiable ops of autograd.h, for the autocast table. */
-typedef enum {
-    DT_OP_MATMUL = 0, DT_OP_LINEAR, DT_OP_CONV2D,
-    DT_OP_ADD, DT_OP_SUB, DT_OP_MUL, DT_OP_DIV, DT_OP_SCALE,
-    DT_OP_RELU, DT_OP_GELU, DT_OP_GELU_TANH, DT_OP_DROPOUT,
-    DT_OP_MAX_POOL2D, DT_OP_AVG_POOL2D, DT_OP_BATCH_NORM, DT_OP_LAYER_NORM, DT_OP_EMBEDDING,
-    DT_OP_SOFTMAX, DT_OP_LOG_SOFTMAX, DT_OP_CROSS_ENTROPY, DT_OP_MSE_LOSS, DT_OP_SUM, DT_OP_MEAN,
-    DT_OP_RESHAPE, DT_OP_TRANSPOSE, DT_OP_PERMUTE, DT_OP_NARROW, DT_OP_FLATTEN, DT_OP_CONTIGUOUS,
-    DT_OP_CAST, DT_OP_ATTENTION, DT_OP_BIAS_GELU_TANH, DT_OP_ADDMM,
-    DT_OP_RMS_NORM, DT_OP_ROPE, DT_OP_SWIGLU, DT_OP_GQA_PACK,
-    DT_OP_COUNT
-} dt_op;
-
-/* What autocast does to an op's floating inputs (PyTorch's three lists). */
-typedef enum {
-    DT_AMP_PROMOTE = 0, /* unlisted: inputs left as they are, the op runs in their promoted dtype */
-    DT_AMP_LOWER,       /* lower_precision_fp: f32 inputs cast to the autocast dtype */
-    DT_AMP_FP32,        /* fp32: low-precision inputs cast to f32 */
-    DT_AMP_CLASS_COUNT
-} dt_amp_class;
-
-/* The autocast class of op (DT_AMP_PROMOTE for an unknown op). */
-DT_API dt_amp_class dt_autocast_class(dt_op op);
-/* "matmul", "linear", ... (PyTorch's op names; "?" for an unknown op). */
-DT_API const char *dt_op_name(dt_op op);
-/* "promote", "lower", "fp32". */
-DT_API const char *dt_amp_class_name(dt_amp_class c);
+/* dt_op, dt_amp_class, dt_op_name, dt_autocast_class and
+ * dt_amp_class_name: the op table (ops.h), which gives every op its
+ * autocast class. */
 
 /* Turn autocast on for ctx with dtype DT_BF16 or DT_F16, or off with
  * DT_F32; *prev (may be NULL) receives the previous setting so a region can

@@ -3,7 +3,8 @@
  *
  * What it records, per rank (one trace process per rank, "rank N"):
  *   - on the thread that runs the steps ("main"): the step, forward and
- *     backward per unit, recomputation, the optimizer, data loading,
+ *     backward per unit (a unit's forward with its FLOPs in `args.flop`,
+ *     counted by the op table from the ops it recorded), recomputation, the optimizer, data loading,
  *     checkpoint staging and writing, pipeline actions (F/B/BI/BW/send/recv
  *     per micro-batch), and the time it spent blocked on communication
  *     (cat "wait": the exposed part of communication);
@@ -107,6 +108,10 @@ DT_API void dt_trace_span(dt_trace_cat cat, const char *name, double t0);
  * a start of the compute inside the span (run_us > t0: the part before it
  * was waiting; 0: none). */
 DT_API void dt_trace_span_ex(dt_trace_cat cat, const char *name, double t0, double t1, int mb, double run_us);
+/* dt_trace_span with the FLOPs of the span's work in args ("flop",
+ * rounded to an integer; <= 0: none). The trainer gives each unit's forward
+ * span the FLOPs its ops recorded on the tape (dt_ag_tape_flops, ops.h). */
+DT_API void dt_trace_span_flop(dt_trace_cat cat, const char *name, double t0, double flop);
 /* A communication operation on the row of its group: kind ("allreduce"),
  * group name, world rank of the group's first member, group size, seq,
  * bytes, peer (-1: none); ago_* are how many seconds before now it was

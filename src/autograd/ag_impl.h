@@ -4,6 +4,7 @@
 #define DT_AG_IMPL_H
 
 #include "dtrain/autograd.h"
+#include "dtrain/ops.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct dt__node dt__node;
@@ -16,8 +17,7 @@ typedef dt_status (*dt__backward_fn)(dt_ctx *ctx, dt__node *n, const float *gout
 #define DT__MAX_IN 4
 
 struct dt__node {
-    const char *op;
-    dt__backward_fn backward;       /* NULL for marks */
+    dt_op op;                       /* its row of the op table (dt__op_table) */
     dt_mark_fn mark;                /* marks only */
     dt_custom_backward_fn custom;   /* dt_ag_custom only */
     void *ud;                       /* mark / custom user data */
@@ -39,10 +39,55 @@ static inline bool dt__rg(const dt_tensor *t)
 
 /* Should an op with these inputs record a node? */
 bool dt__ag_wants(const dt_ctx *ctx, int nin, dt_tensor *const *in);
-/* Record a node for out (sets out->node_ and requires_grad). Returns NULL
- * (error set) when out of memory. */
-dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tensor *out, int nin,
-                        dt_tensor *const *in);
+/* Record a node of op for out (sets out->node_ and requires_grad); its
+ * backward is the op's row of the table. Returns NULL (error set) when out
+ * of memory. */
+dt__node *dt__ag_record(dt_ctx *ctx, dt_op op, dt_tensor *out, int nin, dt_tensor *const *in);
+
+/* ---- the op table (op_table.c; ops.h documents it) -------------------------------- */
+
+/* FLOPs of one node's forward from its shapes (ops.h: the convention). */
+typedef double (*dt__flops_fn)(int nin, const dt_tensor *const *in, const dt_tensor *out);
+
+typedef struct dt__op_row {
+    const char *name;         /* PyTorch's name: dt_op_name */
+    const char *fn;           /* the dtrain function that records it, for messages */
+    dt__backward_fn backward; /* NULL: DT_OP_MARK only */
+    dt_amp_class amp;         /* autocast class */
+    dt__flops_fn flops;       /* never NULL */
+} dt__op_row;
+
+/* One row per dt_op, indexed by it. */
+extern const dt__op_row dt__op_table[DT_OP_COUNT];
+
+/* The backward of every row, defined beside its op's forward. */
+dt_status dt__bw_matmul(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout);     /* linear, addmm */
+dt_status dt__bw_conv(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_pool(dt_ctx *ctx, dt__node *n, const float *gout);      /* max, avg */
+dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout);    /* add, sub, mul, div */
+dt_status dt__bw_unary(dt_ctx *ctx, dt__node *n, const float *gout);     /* scale, gelu(s), dropout */
+dt_status dt__bw_relu(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_bn(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_embedding(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_softmax(dt_ctx *ctx, dt__node *n, const float *gout);   /* softmax, log_softmax */
+dt_status dt__bw_ce(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_mse(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_sum(dt_ctx *ctx, dt__node *n, const float *gout);       /* sum, mean */
+dt_status dt__bw_view(dt_ctx *ctx, dt__node *n, const float *gout);      /* the views */
+dt_status dt__bw_contiguous(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_cast(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_rms(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_swiglu(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_pack(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_plain(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_ckpt(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_custom(dt_ctx *ctx, dt__node *n, const float *gout);
 /* Contiguous f32 gradient buffer of t, allocated zeroed on first use (arena
  * for temporaries, owned heap memory for persistent leaves). */
 float *dt__grad(dt_ctx *ctx, dt_tensor *t);

@@ -11,7 +11,7 @@
  * recomputation sees the same masks without saving RNG state.
  *
  * Split backward (dt_backward_input / dt_backward_weight): a region computes
- * its parameters' gradients in the input pass, whole (see ckpt_backward).
+ * its parameters' gradients in the input pass, whole (see dt__bw_ckpt).
  *
  * Memory: the region's temporaries are given back (arena rewind) right
  * after the forward, its output copied into a fresh temporary; the
@@ -31,7 +31,7 @@ typedef struct {
 
 static dt_status recompute(dt_ctx *ctx, dt__node *n, const ckpt_state *cs, const float *gout, float **gin);
 
-static dt_status ckpt_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_ckpt(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const ckpt_state *cs = n->ud;
     /* the inputs' gradients live on; everything the recomputation allocates
@@ -71,7 +71,7 @@ static dt_status recompute(dt_ctx *ctx, dt__node *n, const ckpt_state *cs, const
     bool old = dt_ag_set_enabled(ctx, true);
     bool oldb = dt_ctx_set_blocked(ctx, cs->blocked); /* the first run's layouts: the same values */
     dt_tensor *out = cs->fn(ctx, n->nin, a, cs->ud);
-    /* the region's output must be plain (ckpt_backward seeds it) */
+    /* the region's output must be plain (dt__bw_ckpt seeds it) */
     if (out && dt__blocked(out)) /* a blocked input passed through (relu) */
         out = dt__plain(ctx, out);
     dt_ctx_set_blocked(ctx, oldb);
@@ -120,7 +120,7 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
     dt_ag_set_enabled(ctx, false);
     /* The region runs with the caller's layouts (a ConvNet layer keeps its
      * channel-blocked activations), the recomputation with the same; its
-     * output is handed on plain (an exact reorder), as ckpt_backward seeds
+     * output is handed on plain (an exact reorder), as dt__bw_ckpt seeds
      * it with a plain gradient. */
     const bool blocked = ctx->blocked_ok;
     dt_arena_pos mark = dt_arena_mark(ctx->arena);
@@ -159,7 +159,7 @@ dt_tensor *dt_ag_checkpoint(dt_ctx *ctx, dt_ckpt_fn fn, int nin, dt_tensor **in,
     cs->fn = fn;
     cs->ud = ud;
     cs->blocked = blocked;
-    dt__node *n = dt__ag_record(ctx, op, ckpt_backward, out, nin, in);
+    dt__node *n = dt__ag_record(ctx, DT_OP_CHECKPOINT, out, nin, in);
     if (!n)
         return NULL;
     n->ud = cs;

@@ -1,4 +1,4 @@
-/* dt_cast, the autocast table and the low-precision helpers every op uses.
+/* dt_cast, autocast and the low-precision helpers every op uses.
  *
  * One rule for low precision (precision.h): an op that is not a GEMM
  * (matmul, linear, conv2d: ops_matmul.c, ops_conv.c) and gets bf16/f16
@@ -15,72 +15,16 @@
  * Gradients stay f32 buffers; dt_cast's backward rounds the gradient to the
  * input's dtype when that is bf16/f16, so the gradient of a low-precision
  * tensor holds values of its dtype (PyTorch's bf16 grads), and only then
- * adds it. */
+ * adds it.
+ *
+ * Which ops autocast lowers is the amp column of the op table (op_table.c). */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 #include "dtrain/precision.h"
 
 #include <string.h>
 
-/* ---- the autocast table ----------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    dt_amp_class cls;
-} op_table[] = {
-    [DT_OP_MATMUL] = {"matmul", DT_AMP_LOWER},
-    [DT_OP_LINEAR] = {"linear", DT_AMP_LOWER},
-    [DT_OP_CONV2D] = {"conv2d", DT_AMP_LOWER},
-    [DT_OP_ADD] = {"add", DT_AMP_PROMOTE},
-    [DT_OP_SUB] = {"sub", DT_AMP_PROMOTE},
-    [DT_OP_MUL] = {"mul", DT_AMP_PROMOTE},
-    [DT_OP_DIV] = {"div", DT_AMP_PROMOTE},
-    [DT_OP_SCALE] = {"mul_scalar", DT_AMP_PROMOTE},
-    [DT_OP_RELU] = {"relu", DT_AMP_PROMOTE},
-    [DT_OP_GELU] = {"gelu", DT_AMP_PROMOTE},
-    [DT_OP_GELU_TANH] = {"gelu_tanh", DT_AMP_PROMOTE},
-    [DT_OP_DROPOUT] = {"dropout", DT_AMP_PROMOTE},
-    [DT_OP_MAX_POOL2D] = {"max_pool2d", DT_AMP_PROMOTE},
-    [DT_OP_AVG_POOL2D] = {"avg_pool2d", DT_AMP_PROMOTE},
-    [DT_OP_BATCH_NORM] = {"batch_norm", DT_AMP_PROMOTE},
-    [DT_OP_LAYER_NORM] = {"layer_norm", DT_AMP_PROMOTE},
-    [DT_OP_EMBEDDING] = {"embedding", DT_AMP_PROMOTE},
-    [DT_OP_SOFTMAX] = {"softmax", DT_AMP_PROMOTE},
-    [DT_OP_LOG_SOFTMAX] = {"log_softmax", DT_AMP_PROMOTE},
-    [DT_OP_CROSS_ENTROPY] = {"cross_entropy_loss", DT_AMP_FP32},
-    [DT_OP_MSE_LOSS] = {"mse_loss", DT_AMP_FP32},
-    [DT_OP_SUM] = {"sum", DT_AMP_PROMOTE},
-    [DT_OP_MEAN] = {"mean", DT_AMP_PROMOTE},
-    [DT_OP_RESHAPE] = {"reshape", DT_AMP_PROMOTE},
-    [DT_OP_TRANSPOSE] = {"transpose", DT_AMP_PROMOTE},
-    [DT_OP_PERMUTE] = {"permute", DT_AMP_PROMOTE},
-    [DT_OP_NARROW] = {"narrow", DT_AMP_PROMOTE},
-    [DT_OP_FLATTEN] = {"flatten", DT_AMP_PROMOTE},
-    [DT_OP_CONTIGUOUS] = {"contiguous", DT_AMP_PROMOTE},
-    [DT_OP_CAST] = {"to", DT_AMP_PROMOTE},
-    [DT_OP_ATTENTION] = {"scaled_dot_product_attention", DT_AMP_LOWER},
-    [DT_OP_BIAS_GELU_TANH] = {"bias_gelu_tanh", DT_AMP_PROMOTE},
-    [DT_OP_ADDMM] = {"addmm", DT_AMP_LOWER},
-    [DT_OP_RMS_NORM] = {"rms_norm", DT_AMP_PROMOTE},
-    [DT_OP_ROPE] = {"rotary_embedding", DT_AMP_PROMOTE},
-    [DT_OP_SWIGLU] = {"swiglu", DT_AMP_PROMOTE},
-    [DT_OP_GQA_PACK] = {"gqa_pack", DT_AMP_PROMOTE},
-};
-_Static_assert(sizeof op_table / sizeof op_table[0] == DT_OP_COUNT, "one autocast entry per op");
-
-dt_amp_class dt_autocast_class(dt_op op)
-{
-    return (unsigned)op < DT_OP_COUNT ? op_table[op].cls : DT_AMP_PROMOTE;
-}
-
-const char *dt_op_name(dt_op op) { return (unsigned)op < DT_OP_COUNT ? op_table[op].name : "?"; }
-
-const char *dt_amp_class_name(dt_amp_class c)
-{
-    static const char *const names[] = {"promote", "lower", "fp32"};
-    _Static_assert(sizeof names / sizeof names[0] == DT_AMP_CLASS_COUNT, "one name per class");
-    return (unsigned)c < DT_AMP_CLASS_COUNT ? names[c] : "?";
-}
+/* ---- autocast (the classes are in the op table, op_table.c) -------------------- */
 
 bool dt_dtype_is_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
@@ -144,7 +88,7 @@ dt_tensor *dt__lp_round(dt_ctx *ctx, dt_tensor *y, dt_dtype dtype)
 bool dt__autocast(dt_ctx *ctx, dt_op op, int n, dt_tensor **in)
 {
     dt_dtype ac = ctx->autocast;
-    if (ac == DT_F32 || dt_autocast_class(op) != DT_AMP_LOWER)
+    if (ac == DT_F32 || dt__op_table[op].amp != DT_AMP_LOWER)
         return true;
     for (int i = 0; i < n; i++) /* every floating input (f16 too under bf16) */
         if (in[i] && dt_dtype_is_float(in[i]->dtype) && in[i]->dtype != ac && !(in[i] = dt_cast(ctx, in[i], ac)))
@@ -186,7 +130,7 @@ dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n)
 
 /* ---- dt_cast ------------------------------------------------------------------------ */
 
-static dt_status cast_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_cast(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *x = n->in[0];
     int64_t m = dt_tensor_numel(x);
@@ -239,7 +183,7 @@ dt_tensor *dt_cast(dt_ctx *ctx, dt_tensor *x, dt_dtype dtype)
     }
     out->name = x->name;
     out->flags |= dt__block_flag(dt_tensor_block(x));
-    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, op, cast_backward, out, 1, &x))
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, DT_OP_CAST, out, 1, &x))
         return NULL;
     return out;
 }

@@ -23,7 +23,7 @@
 /* saved[0] = x data, saved[1] = w data (both of dtype i[1]), saved[2] =
  * kernel shape; i[0] = the kernels' layout bits (x and/or out stored
  * nChw8c / nChw16c), i[1] = the operands' dtype (f32, or bf16 native) */
-static dt_status conv_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_conv(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const void *x = n->saved[0], *w = n->saved[1];
     const dt_k_conv2d_shape *s = n->saved[2];
@@ -135,7 +135,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
     dt_tensor *in[3] = {x, w, bias};
     int nin = bias ? 3 : 2;
     if (dt__ag_wants(ctx, nin, in)) {
-        dt__node *n = dt__ag_record(ctx, op, conv_backward, out, nin, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_CONV2D, out, nin, in);
         if (!n)
             return NULL;
         n->saved[0] = (void *)(uintptr_t)xd;
@@ -150,7 +150,7 @@ dt_tensor *dt_conv2d(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_tensor *bias, i
 /* ---- pooling ------------------------------------------------------------------ */
 
 /* saved[0] = pool shape, saved[1] = argmax (max pool) or NULL (avg pool) */
-static dt_status pool_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_pool(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const dt_k_pool2d_shape *s = n->saved[0];
     const int32_t *arg = n->saved[1];
@@ -188,7 +188,7 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
     DT__NEED_ANY(ctx, op, x);
     /* max pooling of a bf16/f16 x: read widened (exact), pool in f32 and
      * round the result once, as DT__LP_RUN would, but with no cast passes
-     * over the whole gradient in the backward (pool_backward) */
+     * over the whole gradient in the backward (dt__bw_pool) */
     dt_dtype lpt = is_max && dt__is_lp(x) ? x->dtype : DT_F32;
     if (lpt == DT_F32) {
         dt_tensor *lp[1] = {x};
@@ -245,7 +245,7 @@ static dt_tensor *pool(dt_ctx *ctx, const char *op, dt_tensor *x, int k, int str
         return NULL;
     }
     if (dt__ag_wants(ctx, 1, &x)) {
-        dt__node *n = dt__ag_record(ctx, op, pool_backward, out, 1, &x);
+        dt__node *n = dt__ag_record(ctx, is_max ? DT_OP_MAX_POOL2D : DT_OP_AVG_POOL2D, out, 1, &x);
         if (!n)
             return NULL;
         n->saved[0] = ss;

@@ -13,6 +13,8 @@
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_COUNT };
 static const char *const bin_names[] = {"dt_add", "dt_sub", "dt_mul", "dt_div"};
 _Static_assert(sizeof bin_names / sizeof bin_names[0] == BIN_COUNT, "bin_names per op");
+static const dt_op bin_ops[] = {DT_OP_ADD, DT_OP_SUB, DT_OP_MUL, DT_OP_DIV};
+_Static_assert(sizeof bin_ops / sizeof bin_ops[0] == BIN_COUNT, "bin_ops per op");
 
 /* Row kernels; ud carries the op code. */
 enum { R_ADD, R_SUB, R_MUL, R_DIV, R_ACC, R_SUBACC, R_MULACC, R_DIVACC, R_NEGDIVACC, R_MULTO };
@@ -79,7 +81,7 @@ static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, b
             return st_;                                                                  \
     } while (0)
 
-static dt_status binary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int kind = (int)n->i[0];
     dt_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
@@ -165,7 +167,7 @@ static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
         loop3(fk[kind], nd, sh, out->data, os, a->data, as, b->data, bs);
     dt_tensor *in[2] = {a, b};
     if (dt__ag_wants(ctx, 2, in)) {
-        dt__node *n = dt__ag_record(ctx, op, binary_backward, out, 2, in);
+        dt__node *n = dt__ag_record(ctx, bin_ops[kind], out, 2, in);
         if (!n)
             return NULL;
         n->i[0] = kind;
@@ -180,12 +182,14 @@ dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, 
 
 /* ---- unary ------------------------------------------------------------------ */
 
-enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH };
+enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH, U_COUNT };
+static const dt_op un_ops[] = {DT_OP_SCALE, DT_OP_RELU, DT_OP_GELU, DT_OP_DROPOUT, DT_OP_GELU_TANH};
+_Static_assert(sizeof un_ops / sizeof un_ops[0] == U_COUNT, "un_ops per op");
 
 /* Unary ops run on the kernels layer; their backward kernels overwrite, so
  * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
  * the forward input (gelu) or the dropout key. */
-static dt_status unary_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_unary(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *x = n->in[0];
     int64_t m = dt_tensor_numel(n->out);
@@ -229,7 +233,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
         return NULL;
     }
     if (dt__ag_wants(ctx, 1, &x)) {
-        dt__node *n = dt__ag_record(ctx, op, unary_backward, out, 1, &x);
+        dt__node *n = dt__ag_record(ctx, un_ops[kind], out, 1, &x);
         if (!n)
             return NULL;
         n->i[0] = kind;
@@ -271,6 +275,12 @@ static dt_status relu_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     return dt__grad_commit(ctx, x, gx);
 }
 
+/* The op table's relu row: a bf16/f16 output was made by relu_lp. */
+dt_status dt__bw_relu(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    return dt__is_lp(n->out) ? relu_lp_backward(ctx, n, gout) : dt__bw_unary(ctx, n, gout);
+}
+
 static dt_tensor *relu_lp(dt_ctx *ctx, dt_tensor *x)
 {
     const char *op = "dt_relu";
@@ -283,7 +293,7 @@ static dt_tensor *relu_lp(dt_ctx *ctx, dt_tensor *x)
         return NULL;
     }
     out->flags |= x->flags & DT_TENSOR_BLOCKED;
-    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, op, relu_lp_backward, out, 1, &x))
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, DT_OP_RELU, out, 1, &x))
         return NULL;
     return out;
 }

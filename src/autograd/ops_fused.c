@@ -19,7 +19,7 @@ typedef struct {
 } attn_saved;
 
 /* i[0..5] = B, T, H, D, h0, Ht */
-static dt_status attn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const attn_saved *s = n->saved[0];
     float *g = dt__grad_begin(ctx, n->in[0]);
@@ -73,7 +73,7 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
     }
     if (dt__ag_wants(ctx, 1, &qkv)) {
         attn_saved *s = dt_arena_alloc(ctx->arena, sizeof *s);
-        dt__node *n = s ? dt__ag_record(ctx, op, attn_backward, out, 1, &qkv) : NULL;
+        dt__node *n = s ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
         if (!n)
             return NULL;
         *s = (attn_saved){.qkv = x, .y = out->data, .lse = lse, .key = key, .p = p, .causal = causal};
@@ -86,7 +86,7 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */
 
 /* saved[0] = x (contiguous), saved[1] = bias data or NULL; i[0] = rows, i[1] = cols */
-static dt_status bias_gelu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], N = n->i[1];
     dt_tensor *X = n->in[0], *bias = n->nin > 1 ? n->in[1] : NULL;
@@ -129,7 +129,7 @@ dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias)
     dt_tensor *in[2] = {x, bias};
     int nin = bias ? 2 : 1;
     if (dt__ag_wants(ctx, nin, in)) {
-        dt__node *n = dt__ag_record(ctx, op, bias_gelu_backward, out, nin, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_BIAS_GELU_TANH, out, nin, in);
         if (!n)
             return NULL;
         n->saved[0] = (void *)(uintptr_t)xd;

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-static dt_status plain_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_plain(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *X = n->in[0];
     float *gx = dt__grad_begin(ctx, X);
@@ -34,7 +34,7 @@ dt_tensor *dt__plain(dt_ctx *ctx, const dt_tensor *t)
         dt_error_wrap(dt_last_status(), "to plain layout");
         return NULL;
     }
-    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, "to_plain", plain_backward, out, 1, &x))
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, DT_OP_TO_PLAIN, out, 1, &x))
         return NULL;
     return out;
 }

@@ -15,7 +15,7 @@
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
 /* i[0] = R, i[1] = D; saved: x, rstd, w (contiguous) */
-static dt_status rms_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_rms(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], D = n->i[1];
     dt_tensor *X = n->in[0], *W = n->nin > 1 ? n->in[1] : NULL;
@@ -57,7 +57,7 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
     dt_tensor *in[2] = {x, weight};
     int nin = weight ? 2 : 1;
     if (dt__ag_wants(ctx, nin, in)) {
-        dt__node *n = dt__ag_record(ctx, op, rms_backward, out, nin, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_RMS_NORM, out, nin, in);
         if (!n)
             return NULL;
         n->i[0] = R, n->i[1] = D;
@@ -71,7 +71,7 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
 /* ---- rotary embeddings ---------------------------------------------------------- */
 
 /* i[0..3] = B, T, H, hd; saved: cos, sin tables */
-static dt_status rope_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *X = n->in[0];
     float *gx = dt__grad_begin(ctx, X);
@@ -128,7 +128,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
     }
     dt_tensor *in[1] = {x};
     if (dt__ag_wants(ctx, 1, in)) {
-        dt__node *n = dt__ag_record(ctx, op, rope_backward, out, 1, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_ROPE, out, 1, in);
         if (!n)
             return NULL;
         n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd;
@@ -141,7 +141,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
 /* ---- SwiGLU -------------------------------------------------------------------- */
 
 /* i[0] = n, i[1] = the inputs' dtype; saved: gate, up */
-static dt_status swiglu_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_swiglu(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *G = n->in[0], *U = n->in[1];
     float *gg = dt__rg(G) ? dt__grad_begin(ctx, G) : NULL;
@@ -190,7 +190,7 @@ dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up)
     }
     dt_tensor *in[2] = {gate, up};
     if (dt__ag_wants(ctx, 2, in)) {
-        dt__node *nd = dt__ag_record(ctx, op, swiglu_backward, out, 2, in);
+        dt__node *nd = dt__ag_record(ctx, DT_OP_SWIGLU, out, 2, in);
         if (!nd)
             return NULL;
         nd->i[0] = n, nd->i[1] = t;
@@ -247,7 +247,7 @@ static void pack_bwd(float *q, float *k, float *v, const float *qkv, int64_t row
 /* i[0..3] = rows, H, KV, hd, i[4] = the dtype. Low precision as the casts
  * around an f32 pack would do it: the incoming gradient rounded to the
  * dtype, gathered, the kv sums rounded (q's is a copy: rounded already). */
-static dt_status pack_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_pack(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *g[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++)
@@ -306,7 +306,7 @@ dt_tensor *dt_gqa_pack(dt_ctx *ctx, dt_tensor *q, dt_tensor *k, dt_tensor *v, in
     pack_fwd(qd, kd, vd, out->data, rows, n_head, n_kv_head, hd, dt_dtype_size(t));
     dt_tensor *in[3] = {q, k, v};
     if (dt__ag_wants(ctx, 3, in)) {
-        dt__node *n = dt__ag_record(ctx, op, pack_backward, out, 3, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_GQA_PACK, out, 3, in);
         if (!n)
             return NULL;
         n->i[0] = rows, n->i[1] = n_head, n->i[2] = n_kv_head, n->i[3] = hd, n->i[4] = t;

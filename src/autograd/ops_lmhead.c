@@ -57,7 +57,7 @@ static dt_status chunk_logits(const lmhead_saved *s, int64_t r0, int64_t rc)
     return st;
 }
 
-static dt_status lmhead_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const lmhead_saved *s = n->saved[0];
     const size_t es = dt_dtype_size(s->t);
@@ -100,7 +100,7 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
     DT__NEED(ctx, op, w);
     DT__NEED(ctx, op, labels);
     dt_tensor *lp[2] = {x, w};
-    if (!dt__autocast(ctx, DT_OP_LINEAR, 2, lp)) /* as dt_linear: the operands in the autocast dtype */
+    if (!dt__autocast(ctx, DT_OP_LINEAR_CROSS_ENTROPY, 2, lp)) /* "lower" as dt_linear: the operands in the autocast dtype */
         return NULL;
     x = lp[0], w = lp[1];
     dt_dtype t = dt__lp_result(2, lp);
@@ -203,7 +203,7 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
     ((float *)out->data)[0] = s->total ? (float)(sum / (double)s->total) : 0.0f;
     dt_tensor *in[2] = {x, w};
     if (dt__ag_wants(ctx, 2, in)) {
-        dt__node *n = dt__ag_record(ctx, op, lmhead_backward, out, 2, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_LINEAR_CROSS_ENTROPY, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = s;

@@ -13,7 +13,7 @@
 
 /* ---- sum / mean ------------------------------------------------------------ */
 
-static dt_status sum_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_sum(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *gx = dt__grad(ctx, n->in[0]);
     if (!gx)
@@ -44,7 +44,7 @@ static dt_tensor *reduce_all(dt_ctx *ctx, const char *op, dt_tensor *x, bool mea
     double scale = mean ? (m ? 1.0 / (double)m : NAN) : 1.0;
     ((float *)out->data)[0] = (float)((double)s * scale);
     if (dt__ag_wants(ctx, 1, &x)) {
-        dt__node *n = dt__ag_record(ctx, op, sum_backward, out, 1, &x);
+        dt__node *n = dt__ag_record(ctx, mean ? DT_OP_MEAN : DT_OP_SUM, out, 1, &x);
         if (!n)
             return NULL;
         n->f[0] = scale;
@@ -58,7 +58,7 @@ dt_tensor *dt_mean(dt_ctx *ctx, dt_tensor *x) { return reduce_all(ctx, "dt_mean"
 /* ---- mse ------------------------------------------------------------------------ */
 
 /* saved[0] = a contiguous, saved[1] = b contiguous */
-static dt_status mse_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_mse(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const float *a = n->saved[0], *b = n->saved[1];
     int64_t m = dt_tensor_numel(n->in[0]);
@@ -103,7 +103,7 @@ dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
     ((float *)out->data)[0] = (float)(m ? s / (double)m : NAN);
     dt_tensor *in[2] = {a, b};
     if (dt__ag_wants(ctx, 2, in)) {
-        dt__node *n = dt__ag_record(ctx, op, mse_backward, out, 2, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_MSE_LOSS, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = (void *)(uintptr_t)ad;
@@ -114,7 +114,7 @@ dt_tensor *dt_mse_loss(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
 
 /* ---- softmax / log-softmax ---------------------------------------------------- */
 
-static dt_status softmax_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_softmax(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t C = n->i[0], R = dt_tensor_numel(n->out) / (C ? C : 1);
     float *gx = dt__grad_begin(ctx, n->in[0]);
@@ -148,7 +148,7 @@ static dt_tensor *softmax_op(dt_ctx *ctx, const char *op, dt_tensor *x, bool log
         return NULL;
     }
     if (dt__ag_wants(ctx, 1, &x)) {
-        dt__node *n = dt__ag_record(ctx, op, softmax_backward, out, 1, &x);
+        dt__node *n = dt__ag_record(ctx, log ? DT_OP_LOG_SOFTMAX : DT_OP_SOFTMAX, out, 1, &x);
         if (!n)
             return NULL;
         n->i[0] = C;
@@ -175,7 +175,7 @@ static int64_t label_at(const dt_tensor *y, int64_t i)
 /* saved[0] = NULL (probabilities are recomputed), saved[1] = labels copied at forward as
  * int64 (the caller's label buffer may be refilled before backward), saved[2]
  * = logits */
-static dt_status ce_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_ce(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *gx = dt__grad_begin(ctx, n->in[0]);
     if (!gx)
@@ -232,7 +232,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
     }
     if (dt__ag_wants(ctx, 1, &logits)) {
         dt_tensor *in[2] = {logits, labels};
-        dt__node *n = dt__ag_record(ctx, op, ce_backward, out, 2, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_CROSS_ENTROPY, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = p;
@@ -253,7 +253,7 @@ static int64_t index_at(const dt_tensor *idx, const int64_t *flat_ids, int64_t i
 }
 
 /* saved[0] = flattened indices (int64) */
-static dt_status embedding_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+static dt_status embedding_backward_f32(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *gw = dt__grad(ctx, n->in[0]);
     if (!gw)
@@ -335,6 +335,12 @@ static int64_t *sort_positions(dt_ctx *ctx, const int64_t *ids, int64_t m)
     return a;
 }
 
+/* The op table's embedding row: a bf16/f16 weight takes the sorted path. */
+dt_status dt__bw_embedding(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    return dt__is_lp(n->in[0]) ? embedding_backward_lp(ctx, n, gout) : embedding_backward_f32(ctx, n, gout);
+}
+
 dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
 {
     const char *op = "dt_embedding";
@@ -383,7 +389,7 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
     if (dt__ag_wants(ctx, 1, &weight)) {
         dt_tensor *in[2] = {weight, idx};
         int64_t *ord = lp ? sort_positions(ctx, ids, m) : NULL;
-        dt__node *n = lp && !ord ? NULL : dt__ag_record(ctx, op, lp ? embedding_backward_lp : embedding_backward, out, 2, in);
+        dt__node *n = lp && !ord ? NULL : dt__ag_record(ctx, DT_OP_EMBEDDING, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = ids;

@@ -84,7 +84,7 @@ static dt_status matmul_backward_lp(dt_ctx *ctx, dt__node *n, const float *gout)
 }
 
 /* saved[0] = A data (contiguous), saved[1] = B data; i[0] = batch, i[1..3] = M,K,N */
-static dt_status matmul_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_matmul(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     if (n->i[5] != DT_F32)
         return matmul_backward_lp(ctx, n, gout);
@@ -190,7 +190,7 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
                      C + j * M * N, N);
     dt_tensor *in[2] = {a, b};
     if (dt__ag_wants(ctx, 2, in)) {
-        dt__node *n = dt__ag_record(ctx, op, matmul_backward, out, 2, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_MATMUL, out, 2, in);
         if (!n)
             return NULL;
         n->saved[0] = (void *)(uintptr_t)A;
@@ -211,7 +211,7 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
  * (GPT-2's Conv1D), y = x w + b. wt says which (true = [out, in]).
  * saved[0] = X [R, In], saved[1] = W; i[0] = R, i[1] = In, i[2] = Out,
  * i[3] = GEMM dtype, i[4] = wt */
-static dt_status dense_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const float *X = n->saved[0], *W = n->saved[1];
     int64_t R = n->i[0], In = n->i[1], Out = n->i[2];
@@ -325,7 +325,7 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
     dt_tensor *in[3] = {x, w, bias};
     int nin = bias ? 3 : 2;
     if (dt__ag_wants(ctx, nin, in)) {
-        dt__node *n = dt__ag_record(ctx, op, dense_backward, out, nin, in);
+        dt__node *n = dt__ag_record(ctx, kind, out, nin, in);
         if (!n)
             return NULL;
         n->saved[0] = (void *)(uintptr_t)X;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* i[0..4] = N, C, S, training, x's channel block (0 plain, 8, 16); saved: x, mean, invstd, gamma (contiguous) */
-static dt_status bn_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_bn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t N = n->i[0], C = n->i[1], S = n->i[2];
     bool training = n->i[3] != 0;
@@ -185,7 +185,7 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
     }
     dt_tensor *in[3] = {x, gamma, beta};
     if (dt__ag_wants(ctx, 3, in)) {
-        dt__node *n = dt__ag_record(ctx, op, bn_backward, out, 3, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_BATCH_NORM, out, 3, in);
         if (!n)
             return NULL;
         n->i[0] = N;
@@ -202,7 +202,7 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
 }
 
 /* i[0] = R, i[1] = D; saved: x, mean, rstd, gamma (contiguous) */
-static dt_status ln_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], D = n->i[1];
     dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
@@ -252,7 +252,7 @@ dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
     }
     dt_tensor *in[3] = {x, gamma, beta};
     if (dt__ag_wants(ctx, 3, in)) {
-        dt__node *n = dt__ag_record(ctx, op, ln_backward, out, 3, in);
+        dt__node *n = dt__ag_record(ctx, DT_OP_LAYER_NORM, out, 3, in);
         if (!n)
             return NULL;
         n->i[0] = R;

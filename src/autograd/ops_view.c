@@ -31,7 +31,7 @@ static void row_acc(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char 
     }
 }
 
-static dt_status view_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_view(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const view_geom *g = n->saved[0];
     float *gin = dt__grad(ctx, n->in[0]);
@@ -49,7 +49,7 @@ static dt_status view_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 
 /* Make a view struct of x with the given shape/strides/data and record the
  * node if needed (geometry in x's contiguous coordinates). */
-static dt_tensor *make_view(dt_ctx *ctx, const char *op, dt_tensor *x, int ndim,
+static dt_tensor *make_view(dt_ctx *ctx, dt_op kind, dt_tensor *x, int ndim,
                             const int64_t *shape, const int64_t *strides, int64_t elem_offset,
                             const int64_t *cstrides, int64_t coffset)
 {
@@ -71,7 +71,7 @@ static dt_tensor *make_view(dt_ctx *ctx, const char *op, dt_tensor *x, int ndim,
         g->offset = coffset;
         for (int i = 0; i < DT_MAX_DIMS; i++)
             g->strides[i] = i < ndim ? cstrides[i] : 1;
-        dt__node *n = dt__ag_record(ctx, op, view_backward, v, 1, &x);
+        dt__node *n = dt__ag_record(ctx, kind, v, 1, &x);
         if (!n)
             return NULL;
         n->saved[0] = g;
@@ -81,7 +81,7 @@ static dt_tensor *make_view(dt_ctx *ctx, const char *op, dt_tensor *x, int ndim,
 
 static int norm_dim(int d, int ndim) { return d < 0 ? d + ndim : d; }
 
-static dt_status contiguous_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_contiguous(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *gin = dt__grad(ctx, n->in[0]);
     if (!gin)
@@ -101,7 +101,7 @@ dt_tensor *dt_contiguous(dt_ctx *ctx, dt_tensor *x)
     dt_tensor *y = dt_tensor_clone(ctx, x);
     if (!y)
         return NULL;
-    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, op, contiguous_backward, y, 1, &x))
+    if (dt__ag_wants(ctx, 1, &x) && !dt__ag_record(ctx, DT_OP_CONTIGUOUS, y, 1, &x))
         return NULL;
     return y;
 }
@@ -162,7 +162,7 @@ dt_tensor *dt_reshape(dt_ctx *ctx, dt_tensor *x, int ndim, const int64_t *shape)
         return NULL;
     int64_t st[DT_MAX_DIMS];
     dt__contig_strides(ndim, sh, st);
-    return make_view(ctx, op, c, ndim, sh, st, 0, st, 0);
+    return make_view(ctx, DT_OP_RESHAPE, c, ndim, sh, st, 0, st, 0);
 }
 
 dt_tensor *dt_permute(dt_ctx *ctx, dt_tensor *x, const int *perm)
@@ -189,7 +189,7 @@ dt_tensor *dt_permute(dt_ctx *ctx, dt_tensor *x, const int *perm)
         st[i] = x->strides[p];
         cst[i] = xc[p];
     }
-    return make_view(ctx, op, x, x->ndim, sh, st, 0, cst, 0);
+    return make_view(ctx, DT_OP_PERMUTE, x, x->ndim, sh, st, 0, cst, 0);
 }
 
 dt_tensor *dt_transpose(dt_ctx *ctx, dt_tensor *x, int d0, int d1)
@@ -232,7 +232,7 @@ dt_tensor *dt_narrow(dt_ctx *ctx, dt_tensor *x, int dim, int64_t start, int64_t 
     memcpy(sh, x->shape, sizeof sh);
     sh[d] = length;
     dt__contig_strides(x->ndim, x->shape, xc);
-    return make_view(ctx, op, x, x->ndim, sh, x->strides, start * x->strides[d], xc,
+    return make_view(ctx, DT_OP_NARROW, x, x->ndim, sh, x->strides, start * x->strides[d], xc,
                      start * xc[d]);
 }
 

@@ -56,13 +56,13 @@ bool dt__ag_wants(const dt_ctx *ctx, int nin, dt_tensor *const *in)
     return false;
 }
 
-static dt__node *push_node(dt_ctx *ctx, const char *op)
+static dt__node *push_node(dt_ctx *ctx, dt_op op)
 {
     if (ctx->tape_len == ctx->tape_cap) {
         size_t cap = ctx->tape_cap ? ctx->tape_cap * 2 : 256;
         dt__node **t = realloc(ctx->tape, cap * sizeof *t);
         if (!t) {
-            dt_error(DT_ERR_NO_MEMORY, "%s: out of memory growing the tape", op);
+            dt_error(DT_ERR_NO_MEMORY, "%s: out of memory growing the tape", dt__op_table[op].fn);
             return NULL;
         }
         ctx->tape = t;
@@ -78,13 +78,11 @@ static dt__node *push_node(dt_ctx *ctx, const char *op)
     return n;
 }
 
-dt__node *dt__ag_record(dt_ctx *ctx, const char *op, dt__backward_fn fn, dt_tensor *out, int nin,
-                        dt_tensor *const *in)
+dt__node *dt__ag_record(dt_ctx *ctx, dt_op op, dt_tensor *out, int nin, dt_tensor *const *in)
 {
     dt__node *n = push_node(ctx, op);
     if (!n)
         return NULL;
-    n->backward = fn;
     n->out = out;
     n->nin = nin;
     for (int i = 0; i < nin; i++)
@@ -129,7 +127,7 @@ dt_status dt_ag_mark(dt_ctx *ctx, dt_mark_fn fn, void *ud)
         return dt_error(DT_ERR_NULL, "dt_ag_mark: %s is NULL", ctx ? "fn" : "context");
     if (!ctx->grad_enabled)
         return DT_OK;
-    dt__node *n = push_node(ctx, "mark");
+    dt__node *n = push_node(ctx, DT_OP_MARK);
     if (!n)
         return dt_last_status();
     n->mark = fn;
@@ -139,7 +137,7 @@ dt_status dt_ag_mark(dt_ctx *ctx, dt_mark_fn fn, void *ud)
 
 /* ---- custom ops ------------------------------------------------------------ */
 
-static dt_status custom_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__bw_custom(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *gin[DT__MAX_IN] = {NULL};
     for (int i = 0; i < n->nin; i++) {
@@ -200,7 +198,7 @@ dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
                  dt_dtype_name(out->dtype));
         return NULL;
     }
-    dt__node *n = dt__ag_record(ctx, op, custom_backward, out, nin, in);
+    dt__node *n = dt__ag_record(ctx, DT_OP_CUSTOM, out, nin, in);
     if (!n)
         return NULL;
     n->custom = fn;
@@ -301,7 +299,7 @@ static dt_status walk_node(dt_ctx *ctx, dt__node *n, const float *gout)
     for (int j = 0; j < n->nin && !any; j++)
         any = dt__rg(n->in[j]);
     if (any)
-        st = n->backward(ctx, n, gout);
+        st = dt__op_table[n->op].backward(ctx, n, gout);
     unlift(n, lifted);
     if (st < 0)
         return st;
@@ -377,7 +375,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
     root->needed = 1;
     for (size_t k = start + 1; k-- > lo;) {
         dt__node *n = tape[k];
-        if (!n->needed || !n->backward)
+        if (!n->needed || !dt__op_table[n->op].backward)
             continue;
         n->out->grad = NULL;
         for (int j = 0; j < n->nin; j++) {
@@ -421,7 +419,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             break;
         }
         if ((st = walk_node(ctx, n, gout)) < 0) {
-            dt_error_wrap(st, "%s: backward of %s", op, n->op);
+            dt_error_wrap(st, "%s: backward of %s", op, dt__op_table[n->op].fn);
             break;
         }
     }
@@ -484,10 +482,10 @@ dt_status dt_backward_weight(dt_ctx *ctx)
     for (size_t k = 0; k < nd && st >= 0; k++) {
         dt__node *n = ctx->deferred[k];
         unsigned lifted = lift(n, false);
-        st = n->backward(ctx, n, ctx->deferred_gout[k]);
+        st = dt__op_table[n->op].backward(ctx, n, ctx->deferred_gout[k]);
         unlift(n, lifted);
         if (st < 0) {
-            dt_error_wrap(st, "dt_backward_weight: backward of %s", n->op);
+            dt_error_wrap(st, "dt_backward_weight: backward of %s", dt__op_table[n->op].fn);
             break;
         }
         for (int j = 0; j < n->nin && st >= 0; j++) {

@@ -35,7 +35,7 @@ typedef struct ev {
     _Atomic uint64_t stamp; /* slot index + 1 once written */
     double ts, dur;         /* µs on this rank's clock */
     double aux;             /* pipe: compute start (µs); comm: queued µs; counter: value */
-    uint64_t seq, bytes;
+    uint64_t seq, bytes;    /* bytes: comm; the FLOPs of other spans (0: none) */
     int64_t step;
     int32_t tid, mb;        /* mb: micro-batch (pipe) or peer (comm) */
     int16_t cat, grp;       /* grp: comm group index, -1 */
@@ -254,6 +254,24 @@ void dt_trace_span_ex(dt_trace_cat cat, const char *name, double t0, double t1, 
 
 void dt_trace_span(dt_trace_cat cat, const char *name, double t0) { dt_trace_span_ex(cat, name, t0, 0, -1, 0); }
 
+void dt_trace_span_flop(dt_trace_cat cat, const char *name, double t0, double flop)
+{
+    if (t0 <= 0)
+        return;
+    ev *e = take();
+    if (!e)
+        return;
+    uint64_t slot = e->seq;
+    e->seq = 0;
+    double t1 = now_us();
+    e->ts = t0;
+    e->dur = t1 > t0 ? t1 - t0 : 0;
+    e->cat = (int16_t)cat;
+    e->bytes = flop >= 1 && flop < 1.8e19 ? (uint64_t)(flop + 0.5) : 0; /* bounded before the cast */
+    set_name(e, name);
+    put(e, slot);
+}
+
 static int group_index(const char *group, int lead, int size)
 {
     pthread_mutex_lock(&g_mu);
@@ -409,6 +427,8 @@ static void write_event(dt__sbuf *b, const ev *e, double t0)
             putf(b, ",\"mb\":%d", e->mb);
         if (e->aux > e->ts)
             putf(b, ",\"wait_us\":%.3f", e->aux - e->ts);
+        if (e->bytes)
+            putf(b, ",\"flop\":%llu", (unsigned long long)e->bytes);
     }
     dt__sbuf_put(b, "}}", 2);
 }

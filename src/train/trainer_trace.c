@@ -5,6 +5,10 @@
  * GPT's blocks h.0, h.1, ...). Nothing here runs, and
  * nothing is allocated, unless a tracer is open when the trainer starts.
  *
+ * A unit's forward span carries the FLOPs of the ops it recorded on the
+ * tape (dt_ag_tape_flops: the op table's counts; none under no-grad or
+ * inside a checkpointed region, whose ops are not recorded).
+ *
  * The hooks are blind (they read no tensor), so the model keeps its fast
  * paths; they are added after the strategy's (a ZeRO-3 unit's gather runs
  * before its forward span starts, and shows as a wait). */
@@ -18,6 +22,7 @@
 typedef struct unit_span {
     dt_module *m;
     double tf, tb; /* forward / backward start (dt_trace_now) */
+    size_t tape0;  /* the tape's length when the forward began */
     dt_hook_id id[4];
 } unit_span;
 
@@ -29,15 +34,19 @@ struct dt__trainer_trace {
 
 static dt_status fwd_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
-    (void)ctx, (void)m, (void)x;
+    (void)m, (void)x;
     ((unit_span *)ud)->tf = dt_trace_now();
+    ((unit_span *)ud)->tape0 = dt_ag_tape_len(ctx);
     return DT_OK;
 }
 
 static dt_status fwd_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, void *ud)
 {
-    (void)ctx, (void)x, (void)y;
-    dt_trace_span(DT_TRACE_FORWARD, dt_module_path(m), ((unit_span *)ud)->tf);
+    (void)x, (void)y;
+    const unit_span *u = ud;
+    if (u->tf > 0) /* the FLOPs of the ops the unit recorded (the op table's counts) */
+        dt_trace_span_flop(DT_TRACE_FORWARD, dt_module_path(m), u->tf,
+                           dt_ag_tape_flops(ctx, u->tape0, dt_ag_tape_len(ctx), NULL));
     return DT_OK;
 }
 

@@ -19,7 +19,7 @@ static void free_all(int n, dt_tensor **t)
         dt_tensor_free(t[i]);
 }
 
-#define CHECK(name, nin, in, fn, ud, h)                                                 \
+#define GRADCHECK_OP(name, nin, in, fn, ud, h)                                          \
     do {                                                                                \
         int bad_ = gradcheck(name, nin, in, fn, ud, h, 2e-3, 2e-2);                     \
         free_all(nin, in);                                                              \
@@ -35,7 +35,7 @@ static dt_tensor *f_rms(dt_ctx *c, dt_tensor **in, void *u)
 TEST(rms_norm_grad)
 {
     dt_tensor *in[2] = {T(1, 2, 3, 10), T(2, 10)};
-    CHECK("rms_norm", 2, in, f_rms, NULL, 1e-2);
+    GRADCHECK_OP("rms_norm", 2, in, f_rms, NULL, 1e-2);
 }
 
 static const float g_inv[4] = {1.0f, 0.3f, 0.05f, 0.001f};
@@ -49,7 +49,7 @@ static dt_tensor *f_rope(dt_ctx *c, dt_tensor **in, void *u)
 TEST(rope_grad)
 {
     dt_tensor *in[1] = {T(3, 2, 5, 16)};
-    CHECK("rope", 1, in, f_rope, NULL, 1e-2);
+    GRADCHECK_OP("rope", 1, in, f_rope, NULL, 1e-2);
 }
 
 static dt_tensor *f_swiglu(dt_ctx *c, dt_tensor **in, void *u)
@@ -61,7 +61,7 @@ static dt_tensor *f_swiglu(dt_ctx *c, dt_tensor **in, void *u)
 TEST(swiglu_grad)
 {
     dt_tensor *in[2] = {T(4, 3, 7), T(5, 3, 7)};
-    CHECK("swiglu", 2, in, f_swiglu, NULL, 1e-2);
+    GRADCHECK_OP("swiglu", 2, in, f_swiglu, NULL, 1e-2);
 }
 
 static dt_tensor *f_pack(dt_ctx *c, dt_tensor **in, void *u)
@@ -73,7 +73,7 @@ static dt_tensor *f_pack(dt_ctx *c, dt_tensor **in, void *u)
 TEST(gqa_pack_grad)
 {
     dt_tensor *in[3] = {T(6, 2, 3, 12), T(7, 2, 3, 6), T(8, 2, 3, 6)};
-    CHECK("gqa_pack", 3, in, f_pack, NULL, 1e-2);
+    GRADCHECK_OP("gqa_pack", 3, in, f_pack, NULL, 1e-2);
 }
 
 /* attention over a GQA pack, the whole path of a Llama attention */
@@ -87,7 +87,7 @@ static dt_tensor *f_gqa_attn(dt_ctx *c, dt_tensor **in, void *u)
 TEST(gqa_attention_grad)
 {
     dt_tensor *in[3] = {T(9, 1, 5, 32), T(10, 1, 5, 16), T(11, 1, 5, 16)};
-    CHECK("gqa attention", 3, in, f_gqa_attn, NULL, 1e-2);
+    GRADCHECK_OP("gqa attention", 3, in, f_gqa_attn, NULL, 1e-2);
 }
 
 /* forward values against double references */

@@ -1,6 +1,6 @@
 /* A failure notice that overtakes the last messages of a collective its
  * sender completed must not fail that collective on the rank it reaches
- * (pipeline/mpi_pipe_fail_np4 flaked so: under load, rank 3's all-reduce
+ * (train/mpi_pipe_fail_np4 flaked so: under load, rank 3's all-reduce
  * of step 1 failed with rank 1's "broke off" of step 2, while ranks 0-2
  * had completed step 1; a program that saves a checkpoint after the error
  * would then save rank 3 one step behind the others). The notice says how

@@ -201,7 +201,7 @@ endif()
 # A failure notice that overtakes the last messages of a collective its
 # sender completed does not fail that collective where it arrives
 # (tests/comm/mpi_note_overtake.c; the backend's test hook makes rank 2 look
-# late at its all-reduce #1, which pipeline/mpi_pipe_fail_np4 hit by chance
+# late at its all-reduce #1, which train/mpi_pipe_fail_np4 hit by chance
 # under load).
 if(DT_HAVE_MPI AND DT_MPIEXEC)
   add_executable(mpi_note_overtake ${CMAKE_CURRENT_LIST_DIR}/mpi_note_overtake.c)

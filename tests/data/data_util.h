@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "tmp_util.h"
+
 /* An IDX file with type byte t, dims, and payload bytes (already big-endian). */
 static inline unsigned char *tu_idx(int t, int ndim, const uint32_t *dims, const void *payload,
                                     size_t nbytes, size_t *len)
@@ -65,9 +67,7 @@ static inline void tu_write(const char *path, const void *buf, size_t n)
 static inline char *tu_tmpdir(void)
 {
     static char tmpl[256];
-    const char *base = getenv("TMPDIR");
-    snprintf(tmpl, sizeof tmpl, "%s/dt_data_XXXXXX", base && *base ? base : "/tmp");
-    char *d = mkdtemp(tmpl);
+    char *d = t_mkdtemp("data", tmpl, sizeof tmpl);
     if (!d) {
         perror("mkdtemp");
         exit(1);
@@ -75,13 +75,7 @@ static inline char *tu_tmpdir(void)
     return d;
 }
 
-static inline void tu_rmdir(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "warning: could not remove %s\n", dir);
-}
+static inline void tu_rmdir(const char *dir) { t_rm_rf(dir); }
 
 /* A small MNIST-layout data set in dir: n images of h x w (pixel = (i*7 + p)
  * % 256) and labels i % 10, gzip or plain. */

@@ -486,8 +486,7 @@ int main(int argc, char **argv)
         snprintf(g_root, sizeof g_root, "%s", argv[3]);
         return dt_offload_io_parse(argv[2], &io) < 0 ? 9 : fsize_child(io);
     }
-    snprintf(g_root, sizeof g_root, "%s/dt_offload_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_root)) {
+    if (!t_mkdtemp("offload", g_root, sizeof g_root)) {
         perror("mkdtemp");
         return 1;
     }

@@ -348,8 +348,7 @@ TEST(refused_by_name)
 
 int main(void)
 {
-    snprintf(g_root, sizeof g_root, "%s/dt_zoff_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_root)) {
+    if (!t_mkdtemp("zoff", g_root, sizeof g_root)) {
         perror("mkdtemp");
         return 1;
     }

@@ -12,6 +12,7 @@
  * The mpi column is skipped (reported) when MPI was not found. */
 // dt-test-timeout: 400
 #include "test.h"
+#include "tmp_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -76,8 +77,7 @@ typedef struct {
 static int run_case(const fcase *c)
 {
     char dir[256], out[300];
-    snprintf(dir, sizeof dir, "%s/dt_fault_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(dir))
+    if (!t_mkdtemp("fault", dir, sizeof dir))
         return fprintf(stderr, "mkdtemp failed\n"), 0;
     snprintf(out, sizeof out, "%s/out", dir);
     char prog[512];

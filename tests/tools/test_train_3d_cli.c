@@ -15,7 +15,7 @@
  * N u |loss| (u = 2^-24: 7.6e-6 relative) of the single process's, and
  * the AdamW steps after it move both runs' weights by the same lr-sized
  * updates computed from gradients that differ by rounding (8 N u max|g|,
- * tests/pipeline/pipe_train.h), so we allow 1e-5 relative plus the
+ * tests/train/pipe_train.h), so we allow 1e-5 relative plus the
  * metrics file's printing step (6 decimals: 1.5e-6) on each step's loss,
  * and the printed validation loss (4 decimals) within 2e-4. A replica
  * whose gradients are not averaged, a tensor-parallel slice summed twice,

@@ -9,7 +9,7 @@
  * resumes under --pp 2, with the single-process losses and validation
  * loss. Losses within 1e-5 relative plus the metrics
  * file's printing step, as test_train_pp_cli.c (the pipeline adds the
- * same products in another order; tests/pipeline/pipe_train.h has the
+ * same products in another order; tests/train/pipe_train.h has the
  * bound); a missing optimizer state, a stale stage or a tied weight not
  * restored on its second stage moves the losses far more. The GPT under
  * --tp 2 --pp 2 saves and loads likewise (each tensor-parallel rank its

@@ -3,7 +3,7 @@
  * losses; 4 ranks as 2 replicas x 2 stages (1f1b) give the 2-rank DDP
  * run's; the option errors are one line with exit 2. Losses are compared within
  * float rounding (relative 1e-5: the pipeline adds the micro-batches'
- * products as partial sums, tests/pipeline/pipe_train.h has the bound),
+ * products as partial sums, tests/train/pipe_train.h has the bound),
  * plus the metrics file's printing step (6 decimals). The GPT (token files)
  * in 2 stages under the interleaved schedule (4 chunks of its 5 units
  * over 2 ranks) gives the single-process step losses and validation loss

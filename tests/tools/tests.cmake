@@ -52,3 +52,13 @@ set_tests_properties(tools/build_tree_consumer PROPERTIES TIMEOUT 240 LABELS "to
 if(TARGET test_train_seed_models AND DT_HAVE_MPI AND DT_MPIEXEC)
   target_compile_definitions(test_train_seed_models PRIVATE DT_MPIEXEC="${DT_MPIEXEC}")
 endif()
+
+# The two-rank CLI runs are among the slowest tests (label slow;
+# `ctest -LE slow` skips them for a quick pass). make test runs them in both
+# passes: under ASan+UBSan they took 3 s here (quiet machine).
+if(TEST tools/test_train_ddp_cli)
+  set_property(TEST tools/test_train_ddp_cli APPEND PROPERTY LABELS slow)
+endif()
+if(TEST tools/test_train_zero_cli)
+  set_property(TEST tools/test_train_zero_cli APPEND PROPERTY LABELS slow)
+endif()

@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tmp_util.h"
+
 typedef struct {
     int code;        /* exit status; 128+sig if killed; -1 on timeout */
     char out[65536]; /* stdout (truncated) */
@@ -24,27 +26,21 @@ typedef struct {
 
 static char cli_tmp_[256];
 
+/* The CLI's scratch directory, its own (t_mkdtemp, tmp_util.h; a test's
+ * t_tmpdir is another); exits when it cannot be made. */
 static inline const char *cli_tmpdir(void)
 {
-    if (!cli_tmp_[0]) {
-        const char *b = getenv("TMPDIR");
-        snprintf(cli_tmp_, sizeof cli_tmp_, "%s/dt_cli_XXXXXX", b && *b ? b : "/tmp");
-        if (!mkdtemp(cli_tmp_)) {
-            perror("mkdtemp");
-            exit(1);
-        }
+    if (!cli_tmp_[0] && !t_mkdtemp("cli", cli_tmp_, sizeof cli_tmp_)) {
+        perror("mkdtemp");
+        exit(1);
     }
     return cli_tmp_;
 }
 
 static inline void cli_cleanup(void)
 {
-    if (cli_tmp_[0]) {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", cli_tmp_);
-        if (system(cmd) != 0)
-            fprintf(stderr, "warning: could not remove %s\n", cli_tmp_);
-    }
+    if (cli_tmp_[0])
+        t_rm_rf(cli_tmp_);
 }
 
 static inline void slurp_(const char *path, char *buf, size_t n)

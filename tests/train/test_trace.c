@@ -123,6 +123,24 @@ static int count_x(const cJSON *j, const char *cat, const char *name)
     return n;
 }
 
+/* args.flop of the forward spans named name (-1: none, or they differ). */
+static double flop_of(const cJSON *j, const char *name)
+{
+    double f = -2;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "traceEvents"))
+    {
+        const char *c = dt__trace_str(e, "cat"), *nm = dt__trace_str(e, "name");
+        if (c && !strcmp(c, "forward") && nm && !strcmp(nm, name)) {
+            double v = dt__trace_num(cJSON_GetObjectItemCaseSensitive(e, "args"), "flop", -1);
+            if (f != -2 && v != f)
+                return -1;
+            f = v;
+        }
+    }
+    return f == -2 ? -1 : f;
+}
+
 /* Every event has ph, pid, tid, name; X: ts, dur >= 0, cat; C: ts, args;
  * per (pid, tid) the X events' ts never decrease in file order. */
 static bool well_formed(const cJSON *j)
@@ -226,6 +244,9 @@ TEST(trainer_spans_in_the_window)
     ASSERT_EQ_INT(count_x(j, "forward", "2"), 2);
     ASSERT_EQ_INT(count_x(j, "backward", "0"), 2);
     ASSERT_EQ_INT(count_x(j, "backward", "2"), 2);
+    /* a unit's forward carries its FLOPs from the op table: linear 8 -> 16
+     * on 4 rows (2*4*16*8), relu (one per element), linear 16 -> 4 */
+    ASSERT(flop_of(j, "0") == 1024 && flop_of(j, "1") == 64 && flop_of(j, "2") == 512);
     /* only steps 3 and 4 */
     const cJSON *e;
     int counters = 0;

@@ -235,8 +235,7 @@ TEST(nvme_equals_in_memory_under_zero)
 
 int main(void)
 {
-    snprintf(g_root, sizeof g_root, "%s/dt_troff_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_root)) {
+    if (!t_mkdtemp("troff", g_root, sizeof g_root)) {
         perror("mkdtemp");
         return 1;
     }

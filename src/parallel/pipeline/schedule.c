@@ -93,7 +93,7 @@ static dt_status order_1f1b(int p, int m, int r, dt__pipe_list *l)
  * than under 1F1B); else the next BI whose gradient has arrived; else the
  * oldest pending BW. BW's thus fill the slots where 1F1B waits: the
  * replay's bubble is p-1 units against 1F1B's 3(p-1) (a third), for every
- * p and m tried (tests/pipeline/test_pipe_schedule.c). The greedy
+ * p and m tried (tests/parallel/test_pipe_schedule.c). The greedy
  * alternatives (BI first; BW counted with BI) left 1-3 more units. Orders
  * for all ranks come out together (one call, r = 0). */
 static dt_status order_zbh1_all(int p, int m, dt__pipe_list *lists)

@@ -1,4 +1,4 @@
-/* tests/pipeline/pipe_entries.h — which of a model's entries the stages of
+/* tests/train/pipe_entries.h — which of a model's entries the stages of
  * this pipeline rank use (dt_pipe_unit_uses over the units of the rank's
  * stages, dt_strategy_pipe_stats), for the tests that compare or inspect
  * exactly those entries (pipe_train.h, test_pipe_stage_memory.c). */

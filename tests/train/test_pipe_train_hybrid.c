@@ -6,7 +6,7 @@
  * mesh's layout and the strategy's checks of it. */
 // dt-test-timeout: 120
 // dt-test-labels: threads
-#include "pipeline/pipe_train.h"
+#include "train/pipe_train.h"
 
 TEST(gpt_three_stages)
 {

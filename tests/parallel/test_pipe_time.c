@@ -25,7 +25,7 @@
  *     on the ranks: clear errors on every rank, no hang. */
 // dt-test-timeout: 240
 // dt-test-labels: threads
-#include "pipeline/pipe_train.h"
+#include "train/pipe_train.h"
 
 #include "dtrain/tp.h"
 

@@ -4,7 +4,7 @@
  * (pipe_train.h has what is compared and the bound). */
 // dt-test-timeout: 120
 // dt-test-labels: threads
-#include "pipeline/pipe_train.h"
+#include "train/pipe_train.h"
 
 TEST(gpt_every_schedule)
 {

@@ -10,8 +10,8 @@
  * notices. A later step fails too, and everything frees; every schedule
  * but interleaved (which needs more units than the MLP has).
  *
- * Registered by tests/pipeline/tests.cmake when MPI is found. */
-#include "pipeline/pipe_train.h"
+ * Registered by tests/train/tests.cmake when MPI is found. */
+#include "train/pipe_train.h"
 
 #include <stdio.h>
 

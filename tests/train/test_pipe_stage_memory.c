@@ -31,7 +31,7 @@
 #include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
-#include "pipeline/pipe_entries.h"
+#include "train/pipe_entries.h"
 #include "train/train_impl.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* tests/pipeline/pipe_train.h — pipeline training equals single-process
+/* tests/train/pipe_train.h — pipeline training equals single-process
  * training (real processes), shared by test_pipe_train_{mlp,gpt,hybrid}.c:
  * the MLP zoo model (two units, two stages) and a small GPT (embeddings,
  * 2 blocks, ln_f, the tied head: 5 units) under every schedule (gpipe,
@@ -29,7 +29,7 @@
 #include "dtrain/pipe_strategy.h"
 #include "dtrain/train.h"
 #include "parallel/pipeline/pipe_impl.h"
-#include "pipeline/pipe_entries.h"
+#include "train/pipe_entries.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Reproduce pipeline/mpi_pipe_fail_np4's rare failure by running it RUNS times
+# Reproduce train/mpi_pipe_fail_np4's rare failure by running it RUNS times
 # in each of COPIES concurrent loops (the load of a parallel ctest run):
-#   tests/pipeline/mpi_pipe_fail_loop.sh BUILD_DIR [RUNS [COPIES]]
+#   tests/train/mpi_pipe_fail_loop.sh BUILD_DIR [RUNS [COPIES]]
 # It failed 5 times in 3 x 40 runs on a loaded 2-core machine before the mpi
 # backend's notices carried their sender's completed-collective count ("step
 # 1: ... pipeline rank 1 broke off ..." on rank 3: the notice overtook the
