@@ -205,12 +205,14 @@ static void first_step_as_later(const char *name, long batch)
 TEST(first_step_creates_nothing_convnet) { first_step_as_later("convnet", 8); }
 TEST(first_step_creates_nothing_gpt) { first_step_as_later("gpt-micro", 4); }
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 static long minor_faults(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_minflt;
 }
+#endif
 
 /* After the warm-up and two steps, five more steps fault no page in: the
  * arena, the workspaces and the gradient and optimizer buffers are reused,
