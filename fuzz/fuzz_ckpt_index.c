@@ -8,56 +8,22 @@
 // fuzz-sources: src/base/*.c src/ckpt/safetensors.c src/ckpt/crc32c.c src/ckpt/ckpt_read.c
 // fuzz-libs: -lcjson -lz
 #include "dtrain/ckpt.h"
+#include "shard_dir.h"
 
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char dir[64];
-
-static void cleanup(void)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/index.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/rank-00000.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
-static void setup(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/dt-fuzz-ckpt-XXXXXX");
-    if (!mkdtemp(dir))
-        abort();
-    char p[128];
-    snprintf(p, sizeof p, "%s/rank-00000.safetensors", dir);
-    dt_st_desc d = {.name = "w", .dtype = DT_ST_F32, .ndim = 1, .shape = {6}};
-    float v[6] = {1, 2, 3, 4, 5, 6};
-    dt_st_writer *w;
-    if (dt_st_writer_open(p, &d, 1, NULL, 0, &w) < 0 || dt_st_writer_write(w, 0, v, sizeof v) < 0 ||
-        dt_st_writer_commit(w, NULL) < 0)
-        abort();
-    dt_st_writer_close(w);
-    atexit(cleanup);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!dir[0])
-        setup();
-    char p[128];
-    snprintf(p, sizeof p, "%s/index.json", dir);
-    FILE *f = fopen(p, "wb");
-    if (!f || fwrite(data, 1, size, f) != size)
-        abort();
-    fclose(f);
+    static const char *const files[] = {"rank-00000.safetensors"}, *const names[] = {"w"};
+    static const int64_t numel[] = {6};
+    if (!sd_dir[0])
+        sd_setup("/tmp/dt-fuzz-ckpt-XXXXXX", "index.json", 1, files, names, numel);
+    sd_write_input(data, size);
     dt_ckpt *ck = NULL;
-    if (dt_ckpt_open(dir, &ck) < 0) {
+    if (dt_ckpt_open(sd_dir, &ck) < 0) {
         if (ck || dt_last_error()[0] == 0)
             abort();
         return 0;
@@ -74,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dt_ckpt_close(ck);
     /* the one-pass verified batch (files not yet verified by the reads
      * above, in another order: the last tensor first) */
-    if (dt_ckpt_open(dir, &ck) < 0)
+    if (dt_ckpt_open(sd_dir, &ck) < 0)
         abort(); /* it opened a moment ago */
     size_t nt = dt_ckpt_num_tensors(ck) < 8 ? dt_ckpt_num_tensors(ck) : 8;
     dt_ckpt_req rq[8];

@@ -42,7 +42,7 @@ for t in "${targets[@]}"; do
   stale=1
   if [ -x "$bin" ]; then
     stale=0
-    for f in "$t" "${files[@]}" include/dtrain/*.h src/*/*.h src/*/*/*.h tools/*.h tools/*.c \
+    for f in "$t" "${files[@]}" fuzz/*.h include/dtrain/*.h src/*/*.h src/*/*/*.h tools/*.h tools/*.c \
              scripts/fuzz.sh; do
       [ "$f" -nt "$bin" ] && { stale=1; break; }
     done

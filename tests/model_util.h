@@ -4,11 +4,36 @@
 #ifndef DT_TEST_MODEL_UTIL_H
 #define DT_TEST_MODEL_UTIL_H
 
+#include "dtrain/ckpt.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* Tensor `name` of the safetensors file path, as stored (f32, i64, ...),
+ * in a fresh malloc'd buffer; *n its element count. NULL when the file
+ * or the tensor is absent (golden files of the parity tests). */
+static inline void *t_read_tensor(const char *path, const char *name, size_t *n)
+{
+    dt_st_file *f = NULL;
+    if (dt_st_open(path, &f) < 0)
+        return NULL;
+    const dt_st_tensor *t = dt_st_find(f, name);
+    void *buf = NULL;
+    if (t) {
+        size_t bytes = (size_t)t->numel * dt_st_dtype_size(t->dtype);
+        buf = malloc(bytes ? bytes : 1);
+        if (buf && dt_st_read(f, t, 0, bytes, buf) < 0) {
+            free(buf);
+            buf = NULL;
+        }
+        *n = (size_t)t->numel;
+    }
+    dt_st_close(f);
+    return buf;
+}
 
 static inline const dt_flat *t_flat(const dt_model *m, dt_flat_role r)
 {

@@ -43,6 +43,27 @@ static dt_status dup_str(const char *name, const char *s, char **out, size_t *le
     return DT_OK;
 }
 
+typedef dt_status (*add_fn)(dt_tokenizer *t, const char *name, const cJSON *v, const char *key);
+
+/* A Sequence: each element of v's array `list` through add, named
+ * key.list[k] in errors. */
+static dt_status add_each(dt_tokenizer *t, const char *name, const cJSON *v, const char *list, const char *key,
+                          add_fn add)
+{
+    const cJSON *arr = get(v, list);
+    if (!cJSON_IsArray(arr))
+        return kerr(name, DT_ERR_FORMAT, key, "a Sequence needs \"%s\": [...]", list);
+    int k = 0;
+    for (const cJSON *c = arr->child; c; c = c->next, k++) {
+        char sub[128];
+        snprintf(sub, sizeof sub, "%s.%s[%d]", key, list, k);
+        dt_status st = add(t, name, c, sub);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
 static dt_status add_norm(dt_tokenizer *t, const char *name, const cJSON *v, const char *key)
 {
     if (!cJSON_IsObject(v))
@@ -52,18 +73,8 @@ static dt_status add_norm(dt_tokenizer *t, const char *name, const cJSON *v, con
         return kerr(name, DT_ERR_FORMAT, key, "missing \"type\"");
     char sub[128];
     dt_status st;
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = get(v, "normalizers");
-        if (!cJSON_IsArray(list))
-            return kerr(name, DT_ERR_FORMAT, key, "a Sequence needs \"normalizers\": [...]");
-        int k = 0;
-        for (const cJSON *c = list->child; c; c = c->next, k++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", key, k);
-            if ((st = add_norm(t, name, c, sub)) < 0)
-                return st;
-        }
-        return DT_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return add_each(t, name, v, "normalizers", key, add_norm);
     static const char *forms[] = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase"};
     static const int kinds[] = {NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_LOWERCASE};
     int kind = -1;
@@ -133,20 +144,9 @@ static dt_status add_dec(dt_tokenizer *t, const char *name, const cJSON *v, cons
     const char *type = cJSON_GetStringValue(get(v, "type"));
     if (!type)
         return kerr(name, DT_ERR_FORMAT, key, "missing \"type\"");
-    char sub[128];
     dt_status st;
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = get(v, "decoders");
-        if (!cJSON_IsArray(list))
-            return kerr(name, DT_ERR_FORMAT, key, "a Sequence needs \"decoders\": [...]");
-        int k = 0;
-        for (const cJSON *c = list->child; c; c = c->next, k++) {
-            snprintf(sub, sizeof sub, "%s.decoders[%d]", key, k);
-            if ((st = add_dec(t, name, c, sub)) < 0)
-                return st;
-        }
-        return DT_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return add_each(t, name, v, "decoders", key, add_dec);
     if (t->ndec == TOK_MAX_DEC)
         return kerr(name, DT_ERR_UNSUPPORTED, key, "more than %d decoders", TOK_MAX_DEC);
     tok_dec *d = &t->dec[t->ndec];

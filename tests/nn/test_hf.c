@@ -20,28 +20,6 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* Tensor `name` of safetensors file path as f32 (widened) or i64 into a
- * fresh buffer; *n its element count. NULL when absent. */
-static void *read_ref(const char *path, const char *name, size_t *n)
-{
-    dt_st_file *f = NULL;
-    if (dt_st_open(path, &f) < 0)
-        return NULL;
-    const dt_st_tensor *t = dt_st_find(f, name);
-    void *buf = NULL;
-    if (t) {
-        size_t bytes = (size_t)t->numel * dt_st_dtype_size(t->dtype);
-        buf = malloc(bytes ? bytes : 1);
-        if (buf && dt_st_read(f, t, 0, bytes, buf) < 0) {
-            free(buf);
-            buf = NULL;
-        }
-        *n = (size_t)t->numel;
-    }
-    dt_st_close(f);
-    return buf;
-}
-
 /* The model of hf:dir with its weights (through a one-process trainer). */
 static dt_model *load_hf(const char *dir, dt_model_desc *d, dt_trainer **tr_out, dt_strategy **s_out)
 {
@@ -98,8 +76,8 @@ static double rel_err(const dt_tensor *a, const float *b, size_t n)
 static void parity(const char *dir, const char *ref, const char *logits_key)
 {
     size_t nid = 0, nl = 0, n1 = 0;
-    int64_t *ids = read_ref(ref, "input_ids", &nid);
-    float *want = read_ref(ref, logits_key, &nl), *wl = read_ref(ref, "loss", &n1);
+    int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
+    float *want = t_read_tensor(ref, logits_key, &nl), *wl = t_read_tensor(ref, "loss", &n1);
     ASSERT(ids && want && wl && nid == 34);
     dt_model_desc d;
     dt_trainer *tr = NULL;
@@ -138,8 +116,8 @@ TEST(llama_adamw_steps)
 {
     const char *ref = HF "llama_ref.safetensors";
     size_t nid = 0, nl = 0;
-    int64_t *ids = read_ref(ref, "input_ids", &nid);
-    float *want = read_ref(ref, "adamw_loss", &nl);
+    int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
+    float *want = t_read_tensor(ref, "adamw_loss", &nl);
     ASSERT(ids && want && nl == 10);
     dt_model_desc d;
     dt_trainer *tr = NULL;

@@ -25,28 +25,6 @@
 #define HF DT_SOURCE_DIR "/tests/data/hf/llama"
 #define LORA DT_SOURCE_DIR "/tests/data/lora/"
 
-/* Tensor `name` of safetensors file path as stored (f32 or i64) into a
- * fresh buffer; *n its element count. NULL when absent. */
-static void *read_t(const char *path, const char *name, size_t *n)
-{
-    dt_st_file *f = NULL;
-    if (dt_st_open(path, &f) < 0)
-        return NULL;
-    const dt_st_tensor *t = dt_st_find(f, name);
-    void *buf = NULL;
-    if (t) {
-        size_t bytes = (size_t)t->numel * dt_st_dtype_size(t->dtype);
-        buf = malloc(bytes ? bytes : 1);
-        if (buf && dt_st_read(f, t, 0, bytes, buf) < 0) {
-            free(buf);
-            buf = NULL;
-        }
-        *n = (size_t)t->numel;
-    }
-    dt_st_close(f);
-    return buf;
-}
-
 typedef struct run {
     dt_lora_peft_config pc;
     dt_model *m;
@@ -132,8 +110,8 @@ static double adapters_err(const dt_model *m, const char *file)
 TEST(train_parity)
 {
     size_t nid = 0, nl = 0;
-    int64_t *ids = read_t(LORA "ref.safetensors", "input_ids", &nid);
-    float *want = read_t(LORA "ref.safetensors", "loss", &nl);
+    int64_t *ids = t_read_tensor(LORA "ref.safetensors", "input_ids", &nid);
+    float *want = t_read_tensor(LORA "ref.safetensors", "loss", &nl);
     ASSERT(ids && want && nid == 68 && nl == 10);
     run r;
     ASSERT_EQ_INT(open_run(&r, LORA "init"), 0);
@@ -255,9 +233,9 @@ TEST(merged_export)
             continue;
         float *a = malloc(tr->numel * sizeof *a), *b = malloc(tr->numel * sizeof *b);
         size_t nb = 0;
-        float *base = read_t(HF "/model-00001-of-00002.safetensors", tr->name + 7, &nb);
+        float *base = t_read_tensor(HF "/model-00001-of-00002.safetensors", tr->name + 7, &nb);
         if (!base)
-            base = read_t(HF "/model-00002-of-00002.safetensors", tr->name + 7, &nb);
+            base = t_read_tensor(HF "/model-00002-of-00002.safetensors", tr->name + 7, &nb);
         ASSERT(a && b && base && nb == tr->numel);
         ASSERT_OK(dt_st_read(ref, tr, 0, tr->numel * 4, a));
         ASSERT_OK(dt_st_read(got, tg, 0, tg->numel * 4, b));
