@@ -88,3 +88,18 @@ set_target_properties(bench_generate_tps PROPERTIES OUTPUT_NAME generate_tps
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_generate_tps PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_generate_tps PRIVATE dtrain_static)
+# dtrain's side of bench/onednn_matmul.sh: GPT-2's per-layer GEMMs through
+# dt_k_matmul (the script compiles the oneDNN 2.x / 3.x sides itself).
+add_executable(bench_onednn_matmul_dtrain ${CMAKE_CURRENT_LIST_DIR}/onednn_matmul.c)
+set_target_properties(bench_onednn_matmul_dtrain PROPERTIES OUTPUT_NAME onednn_matmul_dtrain
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_onednn_matmul_dtrain PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_compile_definitions(bench_onednn_matmul_dtrain PRIVATE BENCH_DTRAIN)
+target_link_libraries(bench_onednn_matmul_dtrain PRIVATE dtrain_static)
+if(DT_BUILD_TESTS)
+  # Tiny shapes: the program runs every shape through dt_k_matmul.
+  add_test(NAME kernels/bench_onednn_matmul_dtrain
+           COMMAND bench_onednn_matmul_dtrain --rows 16 --embd 8 --vocab 40 --reps 1 --types f32,bf16)
+  set_tests_properties(kernels/bench_onednn_matmul_dtrain PROPERTIES TIMEOUT 120 LABELS "kernels;bench"
+    PASS_REGULAR_EXPRESSION "bwd-dw lm_head AtB 40 8 16 bf16 impl=" FAIL_REGULAR_EXPRESSION "error=")
+endif()

@@ -519,6 +519,9 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
     const dt_cp_params *cp = cp_of(&c->cp);
     if ((st = check_config(&g, tp, sp, cp)) < 0)
         return st;
+    if (sp && c->build.lora) /* its sequence-parallel forwards call the layers' weights directly */
+        return dt_error(DT_ERR_UNSUPPORTED, "gpt2: LoRA with sequence parallelism is not supported (tensor "
+                        "parallelism without it is)");
     int64_t T = c->seq ? c->seq : g.block_size;
     if (T < 1 || T > g.block_size)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: sequence length %lld is outside [1, %lld] (the block size)",

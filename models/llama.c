@@ -93,7 +93,7 @@ static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float
     };
     dt_module *m = dt_nn_custom(column ? "LlamaColumnParallelLinear" : "LlamaRowParallelLinear", bias ? 2 : 1, s,
                                 column ? col_forward : row_forward, tp);
-    if (m && dt_tp_module_set_group(m, tp) < 0) {
+    if (m && (dt_tp_module_set_group(m, tp) < 0 || dt_tp_lora_linear(m, tp, in, out, column, true) < 0)) {
         dt_module_free(m);
         return NULL;
     }

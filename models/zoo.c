@@ -87,7 +87,9 @@ dt_status dt_model_init_tp(dt_model *m, const char *name, const dt_model_config 
     dt_status st = dt_model_create(name, seed, &fc, &full, NULL);
     if (st < 0)
         return dt_error_wrap(st, "dt_model_init_tp: the single-process '%s'", name ? name : "(null)");
-    st = dt_tp_init_from(m, cfg->tp, full, rng, seed);
+    st = dt_model_init_frozen(full, rng, seed); /* frozen parameters (LoRA's base) are copied from full */
+    if (st >= 0)
+        st = dt_tp_init_from(m, cfg->tp, full, rng, seed);
     dt_model_free(full);
     return st;
 }

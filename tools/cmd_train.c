@@ -306,10 +306,6 @@ static int freeze_patterns(trainer *t, const char *eval_ckpt)
     }
     if ((rc = split_list("--lora-targets", t->o.lora_targets, &t->lora_buf, &t->lora_targets)))
         return rc;
-    if (t->ddp.tp > 1 || t->ddp.pp > 1) { /* GPT-2's tensor-parallel layers call their weights directly */
-        dt__cli_err("dtrain train: --lora-targets with --tp or --pp is not available yet (DDP and ZeRO are)\n");
-        return 2;
-    }
     t->lora = dt_lora_params_default();
     if (t->o.lora_r)
         t->lora.r = t->o.lora_r;
@@ -1058,11 +1054,13 @@ static const char *base_model_name(const trainer *t)
  * weights are taken from a checkpoint (the final --save one, or one written
  * for this into OUT.ckpt-tmp and removed after), which rank 0 converts
  * (dt_hf_save: OUT appears complete or not at all). --save-lora writes the
- * adapters as PEFT does, from rank 0's memory, or under ZeRO-3 (each rank
- * holds a shard) from that checkpoint. */
+ * adapters as PEFT does, from rank 0's memory, or under ZeRO-3, --tp and
+ * --pp (each rank holds a shard, a slice or its stages) from that
+ * checkpoint. */
 static int save_outputs(trainer *t)
 {
-    const bool lora_from_ckpt = t->o.save_lora && t->ddp.stage == 3;
+    /* ZeRO-3, --tp, --pp: no rank holds every adapter whole */
+    const bool lora_from_ckpt = t->o.save_lora && (t->ddp.stage == 3 || t->ddp.tp > 1 || t->ddp.pp > 1);
     if (!t->o.save_hf && !t->o.save_lora)
         return 0;
     const char *ck = t->o.save;

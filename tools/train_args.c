@@ -137,7 +137,7 @@ static const opt_def opts[] = {
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
      "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
-     "with DDP and ZeRO, not yet with --tp or --pp; checkpoints keep the LoRA settings (eval/generate --ckpt "
+     "with DDP, ZeRO, --tp and --pp (not --sequence-parallel); checkpoints keep the LoRA settings (eval/generate --ckpt "
      "and --resume rebuild the model with them)"},
     {"lora-r", OPT_INT, OFF(lora_r), 1, 65536, NULL, "R", "LoRA rank (default 8)"},
     {"lora-alpha", OPT_FLOAT, OFF(lora_alpha), 1e-9, 1e9, NULL, "A", "LoRA alpha (default 8)"},

@@ -440,18 +440,22 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * "base_model.model.NAME.lora_A.weight" (metadata format = pt, the
  * parameters' dtype), and adapter_config.json (peft_type LORA, task_type
  * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules, use_rslora,
- * fan_in_fan_out true for Conv1D targets, base_model_name_or_path =
+ * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
+ * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
  * sorted). Both files atomic. The adapters must be in this process's
- * memory (not a ZeRO-3 shard or another pipeline stage's): DT_ERR_STATE.
+ * memory (not a ZeRO-3 shard, a tensor-parallel slice or another pipeline
+ * stage's): DT_ERR_STATE.
  * DT_ERR_NOT_FOUND when m has no adapters, DT_ERR_IO naming the path. */
 DT_API dt_status dt_lora_save_peft(const dt_model *m, const dt_lora_params *p, const char *base_model,
                                    const char *dir);
 /* dt_lora_save_peft with the adapters' values read from checkpoint src
  * (anything dt_ckpt_open reads: a checkpoint of any strategy holds each
  * tensor whole, however the ranks held it), in their saved dtype; m gives
- * the names and layer kinds only (a sharded or meta model will do). So a
- * ZeRO-3 run writes its adapters after a checkpoint save.
+ * the names and layer kinds only (a sharded, meta, tensor-parallel or
+ * pipeline-stage model will do: the shapes written are the full layer's).
+ * So a ZeRO-3, --tp or --pp run writes its adapters after a checkpoint
+ * save, the same files a one-process run writes.
  * DT_ERR_NOT_FOUND naming an adapter src lacks. */
 DT_API dt_status dt_lora_save_peft_from(const dt_model *m, const char *src, const dt_lora_params *p,
                                         const char *base_model, const char *dir);

@@ -453,6 +453,33 @@ DT_API bool dt_lora_is_adapter(const char *name);
 /* The adapters' scaling: alpha / r, or alpha / sqrt(r) with rslora. */
 DT_API float dt_lora_scaling(const dt_lora_params *p);
 
+/* How LoRA adapts a custom layer that holds a slice of a larger linear
+ * layer (a tensor-parallel layer, tp.h, sets it when it makes the layer;
+ * dt_module_set_lora). The adapters get the full layer's names and their
+ * slice of its shapes: split 1 (the layer's output rows are sliced,
+ * column-parallel): lora_A [r, in] whole, lora_B [out / ranks, r] sliced
+ * along dim 0 in `chunks` equal chunks as the layer's own output; split 2
+ * (input columns sliced, row-parallel): lora_A [r, in / ranks] sliced along
+ * dim 1, lora_B [out, r] whole. lora_A is drawn U(+-1/sqrt(in)) of the full
+ * in. The adapters' modules join `group` (dt_module.tp). With the
+ * adapters added, the layer's forward is fwd(ctx, layer, x, the hook):
+ * the base's output plus the adapters' (lora_A, lora_B, lora_dropout
+ * children; the scaling, dt_lora_scaling, is kept in lora_A's eps),
+ * with whatever collectives the split needs. */
+typedef struct dt_lora_hook {
+    int64_t in, out;           /* the full layer's features */
+    int split;                 /* 1: output rows sliced, 2: input columns sliced */
+    int ranks, chunks;         /* the slicing: ranks >= 1, chunks >= 1 (0 = 1) */
+    bool weight_in_out;        /* the base weight is [in, out] (GPT-2's Conv1D: PEFT's fan_in_fan_out) */
+    struct dt_pg *group;       /* the adapters' tensor-parallel group (borrowed) */
+    int flags;                 /* the forward's own (not read by nn) */
+    dt_nn_forward_fn fwd;      /* called with ud = the module's copy of this hook */
+} dt_lora_hook;
+/* Set (a copy of) hook h on custom layer m, before the build; NULL clears it. */
+DT_API dt_status dt_module_set_lora(dt_module *m, const dt_lora_hook *h);
+/* m's LoRA hook, or NULL. */
+DT_API const dt_lora_hook *dt_module_lora(const dt_module *m);
+
 /* Options of dt_model_build. */
 typedef struct dt_model_build_params {
     int world;   /* pad every flat to a multiple of world * (64 B / element) elements so rank r's

@@ -42,7 +42,8 @@
  * embeddings) see the same inputs and the same output gradients on every
  * rank of the group (g's backward is the identity, f's backward all-reduces),
  * so their gradients are equal on every rank without communication, as in
- * Megatron. Data parallelism composes outside: split the world into tp
+ * Megatron. LoRA adapters on a tensor-parallel layer (dt_tp_lora_linear)
+ * are split to match it and keep that property. Data parallelism composes outside: split the world into tp
  * groups of adjacent ranks and dp groups across them (dt_tp_groups) and run
  * DDP or ZeRO-1 (parallel.h) over the dp group; every dp group holds one
  * copy of each slice.
@@ -198,6 +199,17 @@ DT_API dt_pg *dt_tp_module_group(const dt_module *m);
  * have no group cannot be checkpointed or clipped (the trainer says so).
  * The four constructors above do it themselves. */
 DT_API dt_status dt_tp_module_set_group(dt_module *m, dt_pg *tp);
+/* Make custom layer m, the rank's slice over tp of a linear layer in ->
+ * out with weight [out, in] (dt_linear's layout), adaptable by LoRA
+ * (dt_model_build_params.lora; nn.h dt_lora_hook): column (m computes the
+ * rank's out/t output features from the whole input; in_region: the input
+ * has been through f, dt_tp_copy_to_region, before m) or row (m takes the
+ * rank's in/t input features and returns the output all-reduced over tp).
+ * The adapters are split to match (lora_B by rows for a column layer,
+ * lora_A by columns for a row layer, the other whole) and their gradients
+ * come out whole on every rank. dt_tp_column_linear and dt_tp_row_linear
+ * do it themselves (weight [in, out]). */
+DT_API dt_status dt_tp_lora_linear(dt_module *m, dt_pg *tp, int64_t in, int64_t out, bool column, bool in_region);
 /* The name of m's first parameter that is a tensor-parallel slice (tp_dim
  * set), or NULL when m holds whole tensors only. */
 DT_API const char *dt_tp_model_slice(const dt_model *m);
@@ -250,8 +262,13 @@ DT_API dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *l
  * DT_INIT_TORCH: dt_model_init_torch's). Entries are matched by name; an
  * entry with tp_dim 0 takes the whole tensor, one with tp_dim d + 1 the
  * rank's slice along d (tp_chunks blocks; vocabulary padding rows zero).
- * Buffers are left as they are. Errors: DT_ERR_NOT_FOUND (a name missing in
- * full), DT_ERR_SHAPE (shapes that are not a slice of the full one). Time
+ * Frozen parameters (dt_model_build_params.frozen, a LoRA model's base)
+ * live with the buffers: they are copied (sliced) from full's own values,
+ * which a meta build holds (DT_INIT_PHILOX's; for DT_INIT_TORCH redraw them
+ * first with dt_model_init_frozen(full, DT_INIT_TORCH, seed)). Buffers are
+ * left as they are. Errors: DT_ERR_NOT_FOUND (a name missing in full),
+ * DT_ERR_SHAPE (shapes that are not a slice of the full one), DT_ERR_STATE
+ * (an entry frozen in one model and not the other). Time
  * and memory of one full model's parameters per rank. */
 DT_API dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_rng rng, uint64_t seed);
 

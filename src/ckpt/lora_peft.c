@@ -35,10 +35,26 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             continue;
         int64_t ci = -1;
         dt_ckpt_tensor ct;
+        /* from a checkpoint: its full tensor (a tensor-parallel rank holds a slice) */
+        int64_t full[DT_MAX_DIMS];
+        memcpy(full, pi.shape, sizeof full);
+        if (ck && dt_module_lora(pi.module ? dt_module_parent(pi.module) : NULL)) {
+            const dt_lora_hook *h = dt_module_lora(dt_module_parent(pi.module));
+            const bool is_a = !strcmp(pi.name + strlen(pi.name) - 14, ".lora_A.weight");
+            if (is_a && h->split == 2)
+                full[1] = h->in;
+            else if (!is_a && h->split == 1)
+                full[0] = h->out;
+        }
+        const uint64_t fnum = (uint64_t)full[0] * (uint64_t)full[1];
         if (ck && ((ci = dt_ckpt_find(ck, pi.name)) < 0 || dt_ckpt_tensor_at(ck, (size_t)ci, &ct) < 0 ||
-                   ct.numel != pi.numel))
-            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' of %zu elements", dir,
-                          src, pi.name, pi.numel);
+                   ct.numel != fnum || ct.ndim != 2 || ct.shape[0] != full[0] || ct.shape[1] != full[1]))
+            st = dt_error(DT_ERR_NOT_FOUND, "LoRA adapters %s: checkpoint %s has no tensor '%s' [%lld, %lld]", dir,
+                          src, pi.name, (long long)full[0], (long long)full[1]);
+        else if (!ck && pi.tp_dim && dt_module_lora(dt_module_parent(pi.module)) &&
+                 dt_module_lora(dt_module_parent(pi.module))->ranks > 1)
+            st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' is this rank's tensor-parallel slice (save from a "
+                          "checkpoint: dt_lora_save_peft_from)", dir, pi.name);
         else if (!ck && !pi.tensor)
             st = dt_error(DT_ERR_STATE, "LoRA adapters %s: '%s' has no memory on this rank (a sharded or meta "
                           "model: save from a model that holds its parameters whole)", dir, pi.name);
@@ -52,9 +68,10 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         char layer[512];
         snprintf(layer, sizeof layer, "%.*s", (int)(strlen(pi.name) - 14), pi.name);
         const dt_module *lm = dt_model_find_module(m, layer);
-        fan_in_fan_out |= lm && !strcmp(dt_module_type(lm), "Conv1D");
+        fan_in_fan_out |= lm && (!strcmp(dt_module_type(lm), "Conv1D") || (dt_module_lora(lm) &&
+                                                                           dt_module_lora(lm)->weight_in_out));
         d[n] = (dt_st_desc){.name = names[n], .dtype = ck ? ct.dtype : dt_st_dtype_from(pi.dtype), .ndim = pi.ndim};
-        memcpy(d[n].shape, pi.shape, sizeof pi.shape);
+        memcpy(d[n].shape, full, sizeof full);
         idx[n] = i;
         cidx[n++] = ci;
     }
@@ -69,7 +86,8 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     for (size_t k = 0; st == DT_OK && k < n; k++) {
         dt_param_info pi;
         dt_model_entry(m, idx[k], &pi);
-        size_t bytes = pi.numel * dt_st_dtype_size(d[k].dtype);
+        const size_t numel = (size_t)(d[k].shape[0] * d[k].shape[1]);
+        size_t bytes = numel * dt_st_dtype_size(d[k].dtype);
         if (!ck) {
             st = dt_st_writer_write(w, k, pi.tensor->data, bytes);
             continue;
@@ -80,7 +98,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
             break;
         }
         buf = nb;
-        if ((st = dt_ckpt_read(ck, (size_t)cidx[k], 0, pi.numel, buf, true)) >= 0)
+        if ((st = dt_ckpt_read(ck, (size_t)cidx[k], 0, numel, buf, true)) >= 0)
             st = dt_st_writer_write(w, k, buf, bytes);
     }
     if (st == DT_OK)

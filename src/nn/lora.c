@@ -10,7 +10,10 @@
  * ("h.0.attn.c_attn.weight") and the adapters are named as PEFT names them
  * in memory without the adapter name ("h.0.attn.c_attn.lora_A.weight"). The
  * build then freezes every parameter outside the adapters (nn_impl.h:
- * dt__lora_param), as PEFT with bias = "none" does. */
+ * dt__lora_param), as PEFT with bias = "none" does. A layer that holds a
+ * slice of a larger one (a tensor-parallel layer) carries a dt_lora_hook
+ * (dt_module_set_lora): its adapters get the slicing it names and its
+ * forward is the hook's, which knows the collectives (tp_lora.c). */
 #include "nn_impl.h"
 
 #include <math.h>
@@ -43,6 +46,8 @@ static dt_tensor *none_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
 static dt_tensor *lora_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
 {
     (void)ud;
+    if (m->lora) /* a slice of a larger layer: its own forward, with its collectives */
+        return m->lora->fwd(ctx, m, x, m->lora);
     dt_module *a = dt_module_find_child(m, "lora_A"), *b = dt_module_find_child(m, "lora_B");
     dt_module *drop = dt_module_find_child(m, "lora_dropout");
     dt_tensor *y = m->kind == DT_NN_CUSTOM ? m->fwd(ctx, m, x, m->ud)
@@ -63,6 +68,22 @@ static bool is_target(const char *path, const char *const *targets)
     return false;
 }
 
+dt_status dt_module_set_lora(dt_module *m, const dt_lora_hook *h)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_set_lora: module is NULL");
+    dt_lora_hook *c = NULL;
+    if (h && !(c = malloc(sizeof *c)))
+        return dt_error(DT_ERR_NO_MEMORY, "dt_module_set_lora: out of memory");
+    if (c)
+        *c = *h;
+    free(m->lora);
+    m->lora = c;
+    return DT_OK;
+}
+
+const dt_lora_hook *dt_module_lora(const dt_module *m) { return m ? m->lora : NULL; }
+
 bool dt__lora_param(const dt_module *m)
 {
     return m->kind == DT_NN_CUSTOM && m->type && (!strcmp(m->type, "LoraA") || !strcmp(m->type, "LoraB"));
@@ -80,7 +101,11 @@ static dt_status add_child(dt_module *m, const char *name, dt_module *c)
 static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
 {
     int64_t in, out;
-    if (m->kind == DT_NN_LINEAR) {
+    const dt_lora_hook *h = m->lora;
+    int64_t a_in, b_out; /* the adapters' slice of in and out */
+    if (h) {
+        in = h->in, out = h->out;
+    } else if (m->kind == DT_NN_LINEAR) {
         in = m->in, out = m->out;
     } else if (m->kind == DT_NN_CUSTOM && m->type && !strcmp(m->type, "Conv1D") && m->nparam >= 1 &&
                m->specs[0].ndim == 2) {
@@ -91,9 +116,23 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     }
     if (dt_module_find_child(m, "lora_A"))
         return dt_error(DT_ERR_STATE, "LoRA target '%s' has adapters already", path);
-    dt_nn_param_spec sa = {.name = "weight", .ndim = 2, .shape = {p->r, in}, .init = DT_NN_INIT_UNIFORM,
-                           .a = 1.0f / sqrtf((float)in)};
-    dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {out, p->r}, .init = DT_NN_INIT_ZEROS};
+    a_in = in, b_out = out;
+    if (h) {
+        const int64_t t = h->ranks, c = h->chunks > 1 ? h->chunks : 1;
+        if (t < 1 || (h->split != 1 && h->split != 2) || !h->fwd || (h->split == 1 && out % (t * c)) ||
+            (h->split == 2 && in % t))
+            return dt_error(DT_ERR_INVALID_ARG, "LoRA target '%s': its slicing (split %d over %d ranks, %lld chunks "
+                            "of [in %lld, out %lld]) does not divide the layer", path, h->split, h->ranks,
+                            (long long)c, (long long)in, (long long)out);
+        if (h->split == 1)
+            b_out = out / t;
+        else
+            a_in = in / t;
+    }
+    dt_nn_param_spec sa = {.name = "weight", .ndim = 2, .shape = {p->r, a_in}, .init = DT_NN_INIT_UNIFORM,
+                           .a = 1.0f / sqrtf((float)in), .tp_dim = h && h->split == 2 ? 2 : 0};
+    dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {b_out, p->r}, .init = DT_NN_INIT_ZEROS,
+                           .tp_dim = h && h->split == 1 ? 1 : 0, .tp_chunks = h && h->split == 1 ? h->chunks : 0};
     dt_module *a = dt_nn_custom("LoraA", 1, &sa, none_forward, NULL);
     dt_module *b = dt_nn_custom("LoraB", 1, &sb, none_forward, NULL);
     dt_status st = !a || !b ? DT_ERR_NO_MEMORY : DT_OK;
@@ -103,6 +142,8 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
         return dt_error(st, "LoRA target '%s': out of memory", path);
     }
     a->eps = dt_lora_scaling(p);
+    if (h)
+        a->tp = b->tp = h->group;
     if ((st = add_child(m, "lora_A", a)) < 0) {
         dt_module_free(b);
         return st;

@@ -69,6 +69,7 @@ void dt_module_free(dt_module *m)
     free(m->params); /* the tensors themselves belong to the model */
     free(m->ties);
     free(m->ckpt);
+    free(m->lora);
     for (int k = 0; k < DT__HOOK_KINDS; k++)
         dt__hooks_free(&m->hooks[k]);
     if (m->ud_free)

@@ -63,6 +63,7 @@ struct dt_module {
     void *ud;
     void (*ud_free)(void *); /* dt_nn_custom_owned: frees ud with the module */
     struct dt_pg *tp;       /* the tensor-parallel group of its sliced parameters (tp.h), or NULL */
+    dt_lora_hook *lora;     /* dt_module_set_lora (owned), or NULL */
     dt_nn_forward_fn fwd_override; /* dt_module_set_forward (SyncBatchNorm) */
     void *fwd_override_ud;
     bool training;

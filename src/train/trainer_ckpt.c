@@ -344,6 +344,8 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     size_t nsliced = 0; /* staging copies of add_tp_entry */
     for (size_t i = 0; tp && i < ne; i++)
         nsliced += dt__ckpt_trained(&pc[i]) && pc[i].e.tp_dim ? 2 + (size_t)ns : 0;
+    for (size_t i = 0; tp && i < ne; i++) /* buffers one by one (frozen slices gathered) */
+        nsliced += pc[i].e.is_buffer ? 1 : 0;
     j->bufs = calloc(1 + DT_DTYPE_COUNT + nsliced, sizeof *j->bufs);
     if (!j->dir || !j->final || (p->user_json && !j->user) || !j->bufs || dt_ckpt_list_init(&j->list) < 0)
         goto fail;
@@ -408,8 +410,27 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
             at = buf + ((size_t)(at - buf) + 7) / 8 * 8;
         st = DT_ERR_NO_MEMORY;
     }
-    /* buffers (running statistics): whole on every rank */
-    for (int d = 0; d < DT_DTYPE_COUNT; d++) {
+    /* buffers (running statistics, frozen parameters): whole on every rank;
+     * under tensor parallelism a frozen parameter is the rank's slice, so
+     * each buffer is listed alone and those slices gathered (add_tp_entry) */
+    for (size_t i = 0; tp && i < ne; i++) {
+        const dt_param_info *e = &pc[i].e;
+        if (!e->is_buffer || e->tied_to >= 0 || !e->tensor)
+            continue;
+        if (e->frozen && e->tp_dim) {
+            const tpiece q = {.e = *e, .lo = 0, .hi = e->numel};
+            if ((st = add_tp_entry(j, tp, &q, e->name, e->dtype, e->tensor->data)) < 0)
+                goto fail;
+        } else {
+            const size_t nb = e->numel * dt_dtype_size(e->dtype);
+            void *c = copy ? stage_copy(j, e->tensor->data, nb) : e->tensor->data;
+            const tpiece q = {.e = *e, .lo = 0, .hi = e->numel};
+            if (!c || (st = add_piece_entry(j, &q, e->name, e->dtype, c)) < 0)
+                goto fail;
+        }
+        st = DT_ERR_NO_MEMORY;
+    }
+    for (int d = 0; !tp && d < DT_DTYPE_COUNT; d++) {
         const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
         if (!f || !f->numel)
             continue;

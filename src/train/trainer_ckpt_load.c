@@ -385,16 +385,50 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     dt_ckpt_list *l = NULL;
     if ((st = dt_ckpt_list_init(&l)) < 0)
         return st;
-    for (int d = 0; d < DT_DTYPE_COUNT && st >= 0; d++) {
+    for (int d = 0; !tp && d < DT_DTYPE_COUNT && st >= 0; d++) {
         const dt_flat *f = dt_model_flat(m, DT_FLAT_BUFFERS, (dt_dtype)d);
         if (f && f->numel)
             st = dt_ckpt_list_add_flat(l, m, DT_FLAT_BUFFERS, (dt_dtype)d, f->offset, f->offset + f->numel, f->base,
                                        "", "");
     }
+    /* tensor parallel: buffers one by one, a frozen parameter's slice cut
+     * from its full tensor (full[i]) after the load */
+    const size_t ne = dt_model_num_entries(m);
+    void **full = tp ? calloc(ne + 1, sizeof *full) : NULL;
+    if (tp && !full)
+        st = dt_error(DT_ERR_NO_MEMORY, "loading %s: out of memory", ckname);
+    for (size_t i = 0; tp && i < ne && st >= 0; i++) {
+        dt_param_info e;
+        dt_model_entry(m, i, &e);
+        if (!e.is_buffer || e.tied_to >= 0 || !e.tensor)
+            continue;
+        dt_ckpt_entry ce = {.name = e.name, .dtype = e.dtype, .ndim = e.ndim, .lo = 0, .hi = e.numel,
+                            .data = e.tensor->data};
+        memcpy(ce.shape, e.shape, sizeof ce.shape);
+        if (e.frozen && e.tp_dim) {
+            if ((st = dt_tp_full_shape(&e, dt_pg_size(tp), ce.shape)) < 0)
+                break;
+            ce.hi = 1;
+            for (int d = 0; d < ce.ndim; d++)
+                ce.hi *= (uint64_t)ce.shape[d];
+            if (!(ce.data = full[i] = malloc(ce.hi * dt_dtype_size(e.dtype) + 1))) {
+                st = dt_error(DT_ERR_NO_MEMORY, "loading %s: out of memory for '%s'", ckname, e.name);
+                break;
+            }
+        }
+        st = dt_ckpt_list_add(l, &ce);
+    }
     dt_ckpt_load_params lp = dt_ckpt_load_params_default();
     lp.verify = false; /* verified by load_pieces' batch and dt_ckpt_verify */
     if (st >= 0 && dt_ckpt_list_count(l) > 0)
         st = dt_ckpt_load(ckname, dt_ckpt_list_entries(l), dt_ckpt_list_count(l), &lp, NULL);
+    for (size_t i = 0; full && i < ne; i++) {
+        dt_param_info e;
+        if (full[i] && st >= 0 && (st = dt_model_entry(m, i, &e)) >= 0)
+            st = dt_tp_slice_get(&e, dt_pg_size(tp), dt_pg_rank(tp), full[i], e.tensor->data, dt_dtype_size(e.dtype));
+        free(full[i]);
+    }
+    free(full);
     dt_ckpt_list_free(l);
     return st;
 }

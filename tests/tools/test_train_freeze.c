@@ -183,11 +183,6 @@ TEST(lora_zero3)
     char step[900];
     snprintf(step, sizeof step, "%s/step-00000003", save);
     ASSERT_EQ_INT(check_ckpt_lora(step, &lp, "*.lora_[AB].weight", 28), 0);
-    char *tp2[] = {"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--vocab-size", "701",
-                   "--lora-targets", "c_attn", "--tp", "2", NULL};
-    cli_run_ranks(&r, 120, NULL, 2, 1, (char *const *const[]){tp2});
-    ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "not available yet");
 }
 
 TEST(bad_patterns)

@@ -15,7 +15,7 @@
  * combined over the group (a MAX all-reduce of N floats, then one SUM
  * all-reduce of [sum exp, target logit] in double), so no rank forms the
  * full [N, V] logits; the backward softmax(l) - onehot is local. */
-#include "dtrain/tp.h"
+#include "tp_impl.h"
 #include "nn/nn_layer.h"
 
 #include <math.h>
@@ -480,6 +480,10 @@ dt_module *dt_tp_column_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bo
     dt_module *m = dt_nn_custom("ColumnParallelLinear", bias ? 2 : 1, s, column_forward, tp);
     if (m) {
         m->in = in, m->out = out, m->k = gather_output, m->stride = chunks;
+        if (dt__tp_lora_std(m, tp, true, gather_output) < 0) {
+            dt_module_free(m);
+            return NULL;
+        }
     }
     return m;
 }
@@ -501,6 +505,10 @@ dt_module *dt_tp_row_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, bool 
     dt_module *m = dt_nn_custom("RowParallelLinear", bias ? 2 : 1, s, row_forward, tp);
     if (m) {
         m->in = in, m->out = out, m->k = input_is_parallel, m->stride = 1;
+        if (dt__tp_lora_std(m, tp, false, input_is_parallel) < 0) {
+            dt_module_free(m);
+            return NULL;
+        }
     }
     return m;
 }
@@ -884,7 +892,7 @@ dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_
         dt_param_info p, f;
         if ((st = dt_model_entry(m, i, &p)) < 0)
             break;
-        if (p.is_buffer || p.tied_to >= 0)
+        if ((p.is_buffer && !p.frozen) || p.tied_to >= 0)
             continue;
         int64_t j = dt_model_find_entry(full, p.name);
         if (j < 0) {
@@ -893,13 +901,15 @@ dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_
         }
         if ((st = dt_model_entry(full, (size_t)j, &f)) < 0 || (st = check_slice(&p, &f, t)) < 0)
             break;
-        if (!vals[p.dtype]) {
-            st = dt_error(DT_ERR_STATE, "dt_tp_init_from: the full model has no %s parameters for '%s'",
-                          dt_dtype_name(p.dtype), p.name);
+        if (p.frozen != f.frozen || (p.frozen ? !f.tensor || !p.tensor : !vals[p.dtype])) {
+            st = dt_error(DT_ERR_STATE, "dt_tp_init_from: the full model has no %s %s values for '%s'",
+                          p.frozen != f.frozen ? "matching (frozen or trained)" : dt_dtype_name(p.dtype),
+                          p.frozen ? "frozen" : "parameter", p.name);
             break;
         }
         const size_t es = dt_dtype_size(p.dtype);
-        const char *src = (const char *)vals[p.dtype] + f.offset * es;
+        /* a frozen parameter lives with the buffers: the full model's own values */
+        const char *src = p.frozen ? (const char *)f.tensor->data : (const char *)vals[p.dtype] + f.offset * es;
         if (!p.tp_dim)
             memcpy(p.tensor->data, src, p.numel * es);
         else
