@@ -28,84 +28,94 @@
 #define MAXB 16
 
 DT_BODY void moments_body(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
-                          float *restrict r2, const int B)
+                          float *restrict r2, const int L, const int B)
 {
     float a[MAXB] = {0}, b[MAXB] = {0};
     for (int64_t s = 0; s < HW; s++) {
 #pragma omp simd
-        for (int j = 0; j < B; j++) {
+        for (int j = 0; j < L; j++) {
             float d = xp[s * B + j] - k[j];
             a[j] += d;
             b[j] += d * d;
         }
     }
-    memcpy(r1, a, sizeof(float) * (size_t)B);
-    memcpy(r2, b, sizeof(float) * (size_t)B);
+    memcpy(r1, a, sizeof(float) * (size_t)L);
+    memcpy(r2, b, sizeof(float) * (size_t)L);
 }
 DT_CLONES static void moments8(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                float *restrict r2)
 {
-    moments_body(xp, HW, k, r1, r2, 8);
+    moments_body(xp, HW, k, r1, r2, 8, 8);
 }
 DT_CLONES static void moments16(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                 float *restrict r2)
 {
-    moments_body(xp, HW, k, r1, r2, 16);
+    moments_body(xp, HW, k, r1, r2, 16, 16);
+}
+DT_CLONES static void moments8s16(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
+                                  float *restrict r2)
+{
+    moments_body(xp, HW, k, r1, r2, 8, 16);
 }
 
 DT_BODY void affine_body(const float *restrict xp, float *restrict yp, int64_t HW, const float *restrict m,
-                         const float *restrict a, const float *restrict b, const int B)
+                         const float *restrict a, const float *restrict b, const int L, const int B)
 {
     for (int64_t s = 0; s < HW; s++) {
 #pragma omp simd
-        for (int j = 0; j < B; j++)
+        for (int j = 0; j < L; j++)
             yp[s * B + j] = (xp[s * B + j] - m[j]) * a[j] + b[j];
     }
 }
 DT_CLONES static void affine8(const float *restrict xp, float *restrict yp, int64_t HW, const float *restrict m,
                               const float *restrict a, const float *restrict b)
 {
-    affine_body(xp, yp, HW, m, a, b, 8);
+    affine_body(xp, yp, HW, m, a, b, 8, 8);
 }
 DT_CLONES static void affine16(const float *restrict xp, float *restrict yp, int64_t HW, const float *restrict m,
                                const float *restrict a, const float *restrict b)
 {
-    affine_body(xp, yp, HW, m, a, b, 16);
+    affine_body(xp, yp, HW, m, a, b, 16, 16);
 }
 
 DT_BODY void bwd_sums_body(const float *restrict xp, const float *restrict gp, int64_t HW, const float *restrict m,
-                           float *restrict ra, float *restrict rb, const int B)
+                           float *restrict ra, float *restrict rb, const int L, const int B)
 {
     float a[MAXB] = {0}, b[MAXB] = {0};
     for (int64_t s = 0; s < HW; s++) {
 #pragma omp simd
-        for (int j = 0; j < B; j++) {
+        for (int j = 0; j < L; j++) {
             float g = gp[s * B + j];
             a[j] += g;
             b[j] += g * (xp[s * B + j] - m[j]);
         }
     }
-    memcpy(ra, a, sizeof(float) * (size_t)B);
-    memcpy(rb, b, sizeof(float) * (size_t)B);
+    memcpy(ra, a, sizeof(float) * (size_t)L);
+    memcpy(rb, b, sizeof(float) * (size_t)L);
 }
 DT_CLONES static void bwd_sums8(const float *restrict xp, const float *restrict gp, int64_t HW,
                                 const float *restrict m, float *restrict ra, float *restrict rb)
 {
-    bwd_sums_body(xp, gp, HW, m, ra, rb, 8);
+    bwd_sums_body(xp, gp, HW, m, ra, rb, 8, 8);
 }
 DT_CLONES static void bwd_sums16(const float *restrict xp, const float *restrict gp, int64_t HW,
                                  const float *restrict m, float *restrict ra, float *restrict rb)
 {
-    bwd_sums_body(xp, gp, HW, m, ra, rb, 16);
+    bwd_sums_body(xp, gp, HW, m, ra, rb, 16, 16);
+}
+DT_CLONES static void bwd_sums8s16(const float *restrict xp, const float *restrict gp, int64_t HW,
+                                   const float *restrict m, float *restrict ra, float *restrict rb)
+{
+    bwd_sums_body(xp, gp, HW, m, ra, rb, 8, 16);
 }
 
 DT_BODY void bwd_dx_body(const float *restrict xp, const float *restrict gp, float *restrict op, int64_t HW,
                          const float *restrict m, const float *restrict is, const float *restrict k,
-                         const float *restrict mdy, const float *restrict mdyx, const int B)
+                         const float *restrict mdy, const float *restrict mdyx, const int L, const int B)
 {
     for (int64_t s = 0; s < HW; s++) {
 #pragma omp simd
-        for (int j = 0; j < B; j++) {
+        for (int j = 0; j < L; j++) {
             float xh = (xp[s * B + j] - m[j]) * is[j];
             op[s * B + j] = k[j] * (gp[s * B + j] - mdy[j] - xh * mdyx[j]);
         }
@@ -115,13 +125,13 @@ DT_CLONES static void bwd_dx8(const float *restrict xp, const float *restrict gp
                               const float *restrict m, const float *restrict is, const float *restrict k,
                               const float *restrict mdy, const float *restrict mdyx)
 {
-    bwd_dx_body(xp, gp, op, HW, m, is, k, mdy, mdyx, 8);
+    bwd_dx_body(xp, gp, op, HW, m, is, k, mdy, mdyx, 8, 8);
 }
 DT_CLONES static void bwd_dx16(const float *restrict xp, const float *restrict gp, float *restrict op, int64_t HW,
                                const float *restrict m, const float *restrict is, const float *restrict k,
                                const float *restrict mdy, const float *restrict mdyx)
 {
-    bwd_dx_body(xp, gp, op, HW, m, is, k, mdy, mdyx, 16);
+    bwd_dx_body(xp, gp, op, HW, m, is, k, mdy, mdyx, 16, 16);
 }
 
 /* 2x2 stride-2 unpadded max pool of one channel block: each output is B
@@ -231,6 +241,23 @@ dt_status dt_k_from_blocked(const float *x, int64_t N, int64_t C, int64_t HW, in
     return DT_OK;
 }
 
+/* The per-channel kernels (batch norm, the C = 1 backward weights) split
+ * their work over units of L lanes at stride B: whole blocks (L = B), or,
+ * with B = 16 and fewer blocks than threads, half blocks (L = 8, stride 16),
+ * so the ConvNet's first layer (16 channels: one nChw16c block) still runs on
+ * two threads as it does in nChw8c. Each lane's arithmetic is the same in
+ * both (a lane never meets another), so the results do not change. Batch
+ * norm's element-wise pass then runs by whole (n, block) pieces, after all
+ * the statistics, so two threads never write one cache line. Sets *L
+ * and returns the number of units: unit u is block u / (B / L), lanes
+ * (u % (B / L)) * L onwards. */
+#define SPLIT_MAXC 64 /* half blocks only for this few channels (per-channel scratch on the stack) */
+int64_t dt__blk_units(int64_t CB, int B, int nt, int *L)
+{
+    *L = B == 16 && CB < nt && CB * B <= SPLIT_MAXC ? 8 : B;
+    return CB * (B / *L);
+}
+
 dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
                                            const float *gamma, const float *beta, float eps, float momentum,
                                            float *running_mean, float *running_var, float *y, float *save_mean,
@@ -246,28 +273,42 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
     if ((st = dt__bn_train_args(fn, cnt, eps)) < 0)
         return st;
     int64_t CB = C / B;
-    int nt = dt__threads_for(N * C * HW);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t cb = 0; cb < CB; cb++) {
+    int nt = dt__threads_for(N * C * HW), L;
+    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    const bool split = L < B;
+    float sm[SPLIT_MAXC], sa[SPLIT_MAXC], sb[SPLIT_MAXC]; /* split: each channel's mean, scale, shift */
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t cb = u / per, c0 = cb * B + (u % per) * L, off = (u % per) * L;
         float k[MAXB], fm[MAXB], a[MAXB], b[MAXB];
         double s1[MAXB] = {0}, s2[MAXB] = {0};
-        for (int j = 0; j < B; j++)
-            k[j] = x[cb * HW * B + j]; /* first value of the channel (n = 0, s = 0) */
+        for (int j = 0; j < L; j++)
+            k[j] = x[cb * HW * B + off + j]; /* first value of the channel (n = 0, s = 0) */
         for (int64_t n = 0; n < N; n++) {
             float r1[MAXB], r2[MAXB];
-            const float *xp = x + (n * CB + cb) * HW * B;
-            if (B == 16)
+            const float *xp = x + (n * CB + cb) * HW * B + off;
+            if (L == 8 && B == 16)
+                moments8s16(xp, HW, k, r1, r2);
+            else if (B == 16)
                 moments16(xp, HW, k, r1, r2);
             else
                 moments8(xp, HW, k, r1, r2);
-            for (int j = 0; j < B; j++) {
+            for (int j = 0; j < L; j++) {
                 s1[j] += (double)r1[j];
                 s2[j] += (double)r2[j];
             }
         }
-        for (int j = 0; j < B; j++)
-            dt__bn_finish_channel(cb * B + j, s1[j], s2[j], k[j], cnt, eps, momentum, gamma, beta, running_mean,
+        for (int j = 0; j < L; j++)
+            dt__bn_finish_channel(c0 + j, s1[j], s2[j], k[j], cnt, eps, momentum, gamma, beta, running_mean,
                                   running_var, save_mean, save_invstd, &fm[j], &a[j], &b[j]);
+        if (split) {
+            memcpy(sm + c0, fm, sizeof(float) * (size_t)L);
+            memcpy(sa + c0, a, sizeof(float) * (size_t)L);
+            memcpy(sb + c0, b, sizeof(float) * (size_t)L);
+            continue;
+        }
         for (int64_t n = 0; n < N; n++) {
             int64_t o = (n * CB + cb) * HW * B;
             if (B == 16)
@@ -275,6 +316,14 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
             else
                 affine8(x + o, y + o, HW, fm, a, b);
         }
+    }
+    if (split) { /* after the implicit barrier: every channel's statistics are in */
+#pragma omp for schedule(static)
+        for (int64_t bl = 0; bl < N * CB; bl++) {
+            const int64_t cb = bl % CB, o = bl * HW * B;
+            affine16(x + o, y + o, HW, sm + cb * B, sa + cb * B, sb + cb * B);
+        }
+    }
     }
     return DT_OK;
 }
@@ -299,29 +348,38 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
         }
         return DT_OK;
     }
-    int nt = dt__threads_for(N * C * HW);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t cb = 0; cb < CB; cb++) {
+    int nt = dt__threads_for(N * C * HW), L;
+    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    const bool split = L < B;
+    /* split: each channel's mean, invstd, scale and the two means of the pass over dy */
+    float sm[SPLIT_MAXC], sis[SPLIT_MAXC], sk[SPLIT_MAXC], smdy[SPLIT_MAXC], smdyx[SPLIT_MAXC];
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t cb = u / per, c0 = cb * B + (u % per) * L, off = (u % per) * L;
         float m[MAXB], is[MAXB], k[MAXB], mdy[MAXB], mdyx[MAXB];
         double sdy[MAXB] = {0}, sdyx[MAXB] = {0};
-        for (int j = 0; j < B; j++) {
-            m[j] = save_mean[cb * B + j];
-            is[j] = save_invstd[cb * B + j];
+        for (int j = 0; j < L; j++) {
+            m[j] = save_mean[c0 + j];
+            is[j] = save_invstd[c0 + j];
         }
         for (int64_t n = 0; n < N; n++) {
             float ra[MAXB], rb[MAXB];
-            int64_t o = (n * CB + cb) * HW * B;
-            if (B == 16)
+            int64_t o = (n * CB + cb) * HW * B + off;
+            if (L == 8 && B == 16)
+                bwd_sums8s16(x + o, dy + o, HW, m, ra, rb);
+            else if (B == 16)
                 bwd_sums16(x + o, dy + o, HW, m, ra, rb);
             else
                 bwd_sums8(x + o, dy + o, HW, m, ra, rb);
-            for (int j = 0; j < B; j++) {
+            for (int j = 0; j < L; j++) {
                 sdy[j] += (double)ra[j];
                 sdyx[j] += (double)rb[j];
             }
         }
-        for (int j = 0; j < B; j++) {
-            int64_t c = cb * B + j;
+        for (int j = 0; j < L; j++) {
+            int64_t c = c0 + j;
             sdyx[j] *= (double)is[j]; /* sum dy * xhat */
             if (dgamma)
                 dgamma[c] = (float)sdyx[j];
@@ -333,6 +391,15 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
         }
         if (!dx)
             continue;
+        if (split) {
+            const size_t bs = sizeof(float) * (size_t)L;
+            memcpy(sm + c0, m, bs);
+            memcpy(sis + c0, is, bs);
+            memcpy(sk + c0, k, bs);
+            memcpy(smdy + c0, mdy, bs);
+            memcpy(smdyx + c0, mdyx, bs);
+            continue;
+        }
         for (int64_t n = 0; n < N; n++) {
             int64_t o = (n * CB + cb) * HW * B;
             if (B == 16)
@@ -340,6 +407,14 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
             else
                 bwd_dx8(x + o, dy + o, dx + o, HW, m, is, k, mdy, mdyx);
         }
+    }
+    if (split && dx) { /* after the implicit barrier: every channel's sums are in */
+#pragma omp for schedule(static)
+        for (int64_t bl = 0; bl < N * CB; bl++) {
+            const int64_t cb = bl % CB, o = bl * HW * B, c = cb * B;
+            bwd_dx16(x + o, dy + o, dx + o, HW, sm + c, sis + c, sk + c, smdy + c, smdyx + c);
+        }
+    }
     }
     return DT_OK;
 }
@@ -450,24 +525,25 @@ dt_status dt_k_maxpool2d_bwd_blocked(const dt_k_pool2d_shape *s, int B, const fl
  * nChw8c / nChw16c the product is natural: dW[k][r][s] = sum over n, p, q of
  * dy[n][k][p][q] * xpad[n][p + r][q + s] (stride 1, dilation 1), B output
  * channels per vector, one input row at a time against S accumulators.
- * Work is split over channel blocks only, so every element is summed in the
- * same order (n, then p, then q) whatever the thread count and block size. */
+ * Work is split over channel blocks (or half blocks: dt__blk_units) only, so
+ * every element is summed in the same order (n, then p, then q) whatever the
+ * thread count and block size. */
 DT_BODY void c1_row_body(const float *restrict dyrow, const float *restrict xrow, int64_t Q, int S,
-                         float *restrict acc, const int B)
+                         float *restrict acc, const int L, const int B)
 {
     if (S == 5) { /* the common 5x5 case, accumulators in registers */
         float a0[MAXB], a1[MAXB], a2[MAXB], a3[MAXB], a4[MAXB];
-        const size_t bs = sizeof(float) * (size_t)B;
+        const size_t bs = sizeof(float) * (size_t)L;
         memcpy(a0, acc, bs);
-        memcpy(a1, acc + B, bs);
-        memcpy(a2, acc + 2 * B, bs);
-        memcpy(a3, acc + 3 * B, bs);
-        memcpy(a4, acc + 4 * B, bs);
+        memcpy(a1, acc + L, bs);
+        memcpy(a2, acc + 2 * L, bs);
+        memcpy(a3, acc + 3 * L, bs);
+        memcpy(a4, acc + 4 * L, bs);
         for (int64_t q = 0; q < Q; q++) {
             const float *d = dyrow + q * B;
             const float x0 = xrow[q], x1 = xrow[q + 1], x2 = xrow[q + 2], x3 = xrow[q + 3], x4 = xrow[q + 4];
 #pragma omp simd
-            for (int j = 0; j < B; j++) {
+            for (int j = 0; j < L; j++) {
                 a0[j] += d[j] * x0;
                 a1[j] += d[j] * x1;
                 a2[j] += d[j] * x2;
@@ -476,29 +552,34 @@ DT_BODY void c1_row_body(const float *restrict dyrow, const float *restrict xrow
             }
         }
         memcpy(acc, a0, bs);
-        memcpy(acc + B, a1, bs);
-        memcpy(acc + 2 * B, a2, bs);
-        memcpy(acc + 3 * B, a3, bs);
-        memcpy(acc + 4 * B, a4, bs);
+        memcpy(acc + L, a1, bs);
+        memcpy(acc + 2 * L, a2, bs);
+        memcpy(acc + 3 * L, a3, bs);
+        memcpy(acc + 4 * L, a4, bs);
         return;
     }
     for (int64_t q = 0; q < Q; q++)
         for (int s = 0; s < S; s++) {
             const float xv = xrow[q + s];
 #pragma omp simd
-            for (int j = 0; j < B; j++)
-                acc[s * B + j] += dyrow[q * B + j] * xv;
+            for (int j = 0; j < L; j++)
+                acc[s * L + j] += dyrow[q * B + j] * xv;
         }
 }
 DT_CLONES static void c1_row8(const float *restrict dyrow, const float *restrict xrow, int64_t Q, int S,
                               float *restrict acc)
 {
-    c1_row_body(dyrow, xrow, Q, S, acc, 8);
+    c1_row_body(dyrow, xrow, Q, S, acc, 8, 8);
 }
 DT_CLONES static void c1_row16(const float *restrict dyrow, const float *restrict xrow, int64_t Q, int S,
                                float *restrict acc)
 {
-    c1_row_body(dyrow, xrow, Q, S, acc, 16);
+    c1_row_body(dyrow, xrow, Q, S, acc, 16, 16);
+}
+DT_CLONES static void c1_row8s16(const float *restrict dyrow, const float *restrict xrow, int64_t Q, int S,
+                                 float *restrict acc)
+{
+    c1_row_body(dyrow, xrow, Q, S, acc, 8, 16);
 }
 
 bool dt__conv_c1_bwd_weights_blk_ok(const dt_k_conv2d_shape *s, int B)
@@ -513,16 +594,18 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
 {
     const int64_t N = s->N, H = s->H, W = s->W, K = s->K, CB = K / B, R = s->R, S = s->S;
     const int64_t PQ = P * Q;
-    int nt = dt__threads_for(N * K * PQ * R * S);
-    if (nt > CB)
-        nt = (int)CB;
+    int nt = dt__threads_for(N * K * PQ * R * S), L;
+    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    if (nt > units)
+        nt = (int)units;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t cb = 0; cb < CB; cb++) {
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t cb = u / per, off = (u % per) * L, c0 = cb * B + off;
         float acc[DT__C1_MAX_K * DT__C1_MAX_K * MAXB], bias[MAXB] = {0}, row[DT__C1_MAX_ROW + DT__C1_MAX_K];
-        memset(acc, 0, sizeof(float) * (size_t)(R * S * B));
+        memset(acc, 0, sizeof(float) * (size_t)(R * S * L));
         memset(row, 0, sizeof row);
         for (int64_t n = 0; n < N; n++) {
-            const float *d = dy + (n * CB + cb) * PQ * B;
+            const float *d = dy + (n * CB + cb) * PQ * B + off;
             for (int64_t p = 0; p < P; p++)
                 for (int64_t r = 0; r < R; r++) {
                     const int64_t h = p + r - s->pad_h;
@@ -530,23 +613,25 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
                         continue;
                     /* the input row, zero-padded: xpad[q + s] = x[h][q + s - pad_w] */
                     memcpy(row + s->pad_w, x + (n * H + h) * W, (size_t)W * sizeof(float));
-                    if (B == 16)
-                        c1_row16(d + p * Q * B, row, Q, (int)S, acc + r * S * B);
+                    if (L == 8 && B == 16)
+                        c1_row8s16(d + p * Q * B, row, Q, (int)S, acc + r * S * L);
+                    else if (B == 16)
+                        c1_row16(d + p * Q * B, row, Q, (int)S, acc + r * S * L);
                     else
-                        c1_row8(d + p * Q * B, row, Q, (int)S, acc + r * S * B);
+                        c1_row8(d + p * Q * B, row, Q, (int)S, acc + r * S * L);
                 }
             if (dbias)
                 for (int64_t i = 0; i < PQ; i++)
-                    for (int j = 0; j < B; j++)
+                    for (int j = 0; j < L; j++)
                         bias[j] += d[i * B + j];
         }
         /* dW is OIHW with I = 1: dw[(k * R + r) * S + s] */
         for (int64_t r = 0; r < R; r++)
             for (int64_t t = 0; t < S; t++)
-                for (int j = 0; j < B; j++)
-                    dw[((cb * B + j) * R + r) * S + t] = acc[(r * S + t) * B + j];
+                for (int j = 0; j < L; j++)
+                    dw[((c0 + j) * R + r) * S + t] = acc[(r * S + t) * L + j];
         if (dbias)
-            for (int j = 0; j < B; j++)
-                dbias[cb * B + j] = bias[j];
+            for (int j = 0; j < L; j++)
+                dbias[c0 + j] = bias[j];
     }
 }

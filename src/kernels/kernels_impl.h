@@ -193,6 +193,12 @@ dnnl_stream_t dt__dnnl_stream(void);
 bool dt__conv_c1_bwd_weights_blk_ok(const dt_k_conv2d_shape *s, int B);
 void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, int64_t Q, const float *x,
                                  const float *dy, float *dw, float *dbias);
+/* Work units of the per-channel kernels over nChw<B>c (blocked.c: batch
+ * norm, the C = 1 backward weights) for CB channel blocks and nt threads:
+ * whole blocks (*L = B), or half blocks of 8 lanes at stride 16 when B = 16
+ * has fewer blocks than threads (a 16-channel layer still uses two threads);
+ * unit u covers block u / (B / *L), lanes (u % (B / *L)) * *L onwards. */
+int64_t dt__blk_units(int64_t CB, int B, int nt, int *L);
 
 void dt__dnnl_set_threads(void);
 /* Turn a dnnl_status_t into a dt_status with a message naming `what`. */
