@@ -39,6 +39,8 @@ static dt_status buf_reserve(tok_buf *b, size_t extra)
 
 static dt_status buf_put(tok_buf *b, const void *s, size_t n)
 {
+    if (n == 0) /* nothing to add (and b->p may still be NULL) */
+        return DT_OK;
     if (buf_reserve(b, n) < 0)
         return DT_ERR_NO_MEMORY;
     memcpy(b->p + b->n, s, n);
