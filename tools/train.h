@@ -5,6 +5,7 @@
 
 #include "dtrain/base.h"
 #include "dtrain/nn.h"
+#include "dtrain/parallel.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -139,6 +140,9 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o);
 /* The cross-option checks of dt__train_parse (again after a config filled
  * the options). Returns 0 or 2 after printing one line. */
 int dt__train_check(dt__train_opts *o);
+/* The communication hook the flags and AIAK_* variables choose (ws: the
+ * world size); 0, or 2 after printing why (bad input). */
+int dt__train_comm_hook(const dt__train_opts *o, int ws, dt_comm_hook_kind *hook, dt_powersgd_params *psgd);
 /* --plan auto (tools/train_plan.c): the planner's layout for the ranks the
  * environment gives, into o's layout fields (dp, tp, pp, zero, batch,
  * micro_batches, grad_accum, act_ckpt), checked again; rank 0 prints the

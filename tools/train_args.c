@@ -903,3 +903,34 @@ int dt__train_check(dt__train_opts *o)
     }
     return 0;
 }
+
+/* --comm-hook and the --powersgd-* options, then AIAK's variables over
+ * them (dt_comm_hook_env); the hook and a ZeRO stage are the plan's check
+ * (train_ddp.c). ws: the world size (a note at one rank). */
+int dt__train_comm_hook(const dt__train_opts *o, int ws, dt_comm_hook_kind *hook, dt_powersgd_params *psgd)
+{
+    *hook = DT_COMM_HOOK_ALLREDUCE;
+    *psgd = dt_powersgd_params_default();
+    if (o->comm_hook && dt_comm_hook_parse(o->comm_hook, hook) < 0)
+        return dt__cli_err("dtrain train: --comm-hook: %s\n", dt_last_error()), 2;
+    if (o->powersgd_rank > 0)
+        psgd->rank = (int)o->powersgd_rank;
+    if (o->powersgd_start_iter >= 0)
+        psgd->start_iter = o->powersgd_start_iter;
+    psgd->use_error_feedback = !o->powersgd_no_error_feedback;
+    psgd->warm_start = !o->powersgd_no_warm_start;
+    if (dt_comm_hook_env(hook, psgd) < 0)
+        return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;
+    if ((o->powersgd_rank > 0 || o->powersgd_start_iter >= 0 || o->powersgd_no_error_feedback ||
+         o->powersgd_no_warm_start) && *hook != DT_COMM_HOOK_POWERSGD)
+        return dt__cli_err("dtrain train: the --powersgd-* options need --comm-hook powersgd (the hook is %s)\n",
+                           dt_comm_hook_name(*hook)), 2;
+    const char *want = *hook == DT_COMM_HOOK_FP16 ? "fp16" : *hook == DT_COMM_HOOK_BF16 ? "bf16" : "fp32";
+    if (*hook != DT_COMM_HOOK_ALLREDUCE && o->reduce_dtype && strcmp(o->reduce_dtype, want))
+        return dt__cli_err("dtrain train: --comm-hook %s reduces in %s; --reduce-dtype %s contradicts it (drop one)\n",
+                           dt_comm_hook_name(*hook), want, o->reduce_dtype), 2;
+    if (*hook != DT_COMM_HOOK_ALLREDUCE && ws <= 1)
+        fprintf(stderr, "dtrain train: note: --comm-hook %s has no effect on one rank (nothing is reduced)\n",
+                dt_comm_hook_name(*hook));
+    return 0;
+}

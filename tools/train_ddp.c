@@ -15,36 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --comm-hook and the --powersgd-* options, then AIAK's variables over
- * them (dt_comm_hook_env); the hook and a ZeRO stage are the plan's check. */
-static int resolve_hook(dt__ddp_run *r, const dt__train_opts *o, int ws)
-{
-    r->hook = DT_COMM_HOOK_ALLREDUCE;
-    r->psgd = dt_powersgd_params_default();
-    if (o->comm_hook && dt_comm_hook_parse(o->comm_hook, &r->hook) < 0)
-        return dt__cli_err("dtrain train: --comm-hook: %s\n", dt_last_error()), 2;
-    if (o->powersgd_rank > 0)
-        r->psgd.rank = (int)o->powersgd_rank;
-    if (o->powersgd_start_iter >= 0)
-        r->psgd.start_iter = o->powersgd_start_iter;
-    r->psgd.use_error_feedback = !o->powersgd_no_error_feedback;
-    r->psgd.warm_start = !o->powersgd_no_warm_start;
-    if (dt_comm_hook_env(&r->hook, &r->psgd) < 0)
-        return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;
-    if ((o->powersgd_rank > 0 || o->powersgd_start_iter >= 0 || o->powersgd_no_error_feedback ||
-         o->powersgd_no_warm_start) && r->hook != DT_COMM_HOOK_POWERSGD)
-        return dt__cli_err("dtrain train: the --powersgd-* options need --comm-hook powersgd (the hook is %s)\n",
-                           dt_comm_hook_name(r->hook)), 2;
-    const char *want = r->hook == DT_COMM_HOOK_FP16 ? "fp16" : r->hook == DT_COMM_HOOK_BF16 ? "bf16" : "fp32";
-    if (r->hook != DT_COMM_HOOK_ALLREDUCE && o->reduce_dtype && strcmp(o->reduce_dtype, want))
-        return dt__cli_err("dtrain train: --comm-hook %s reduces in %s; --reduce-dtype %s contradicts it (drop one)\n",
-                           dt_comm_hook_name(r->hook), want, o->reduce_dtype), 2;
-    if (r->hook != DT_COMM_HOOK_ALLREDUCE && ws <= 1)
-        fprintf(stderr, "dtrain train: note: --comm-hook %s has no effect on one rank (nothing is reduced)\n",
-                dt_comm_hook_name(r->hook));
-    return 0;
-}
-
 /* The flags as the plan's parameters; a --config's layout (flags merged in) by dt_plan_from_config. */
 static int plan_params(dt__ddp_run *r, const dt__train_opts *o, dt_plan_params *pp)
 {
@@ -110,7 +80,7 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     if (dt_pg_env_world_size(&ws) < 0)
         return dt__cli_err("dtrain train: %s\n", dt_last_error()), 2;
     dt_plan_params pp;
-    if ((rc = resolve_hook(r, o, ws)) || (rc = plan_params(r, o, &pp)))
+    if ((rc = dt__train_comm_hook(o, ws, &r->hook, &r->psgd)) || (rc = plan_params(r, o, &pp)))
         return rc;
     dt_flight_set_dir(o->save); /* a failing group writes its flight recorder there */
     dt_status st = dt_plan_init(NULL, &pp, &r->plan);

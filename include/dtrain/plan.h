@@ -252,11 +252,11 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * Memory per rank = baseline + model state (dt_mem_model_states over the
  * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
- * the gathered units (ZeRO-2: two units' gradients; ZeRO-3: a unit's
+ * the gathered units (ZeRO-2: two units' gradients less the rank's shard; ZeRO-3: a unit's
  * parameters and gradients and the next one's parameters) + what the
  * strategies hold beyond the formula (buffer_bytes below: the peers'
- * shared-memory pages a rank reads, and ZeRO-1/2's whole parameter and
- * gradient buffers kept beside the model's own) + activations of the
+ * shared-memory pages a rank reads: DDP's gradients, ZeRO-1/2's units'
+ * whole parameters and gradients) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
@@ -395,8 +395,7 @@ typedef struct dt_plan_prediction {
     double buffer_bytes;      /* of which the strategies' buffers beyond the formula: with the
                                  shared-memory transport a rank's resident set also counts the pages of
                                  the peers' buffers it reads ((dp - 1)/dp of them: DDP's gradients,
-                                 ZeRO-1's parameters and gradients, ZeRO-2's parameters), and ZeRO-1/2
-                                 keep the units' whole parameters and gradients beside the model's own */
+                                 ZeRO-1/2's units' whole parameters and gradients) */
     double act_bytes;         /* of which activations */
     double base_bytes;        /* of which the process baseline */
     double step_s;            /* predicted seconds per optimizer step */
