@@ -67,9 +67,14 @@ static void check_values_plain(int argc, char **argv)
         const char *name = argv[i] + 2, *eq = strchr(name, '=');
         size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
         const opt_def *d = NULL;
-        for (size_t k = 0; k < NOPTS; k++)
-            if (strlen(opts[k].name) == nlen && !strncmp(opts[k].name, name, nlen))
+        for (size_t k = 0; k < NOPTS && !d; k++) { /* '_' stands for '-' (--grad_accum, torchrun's habit) */
+            size_t j = 0;
+            while (j < nlen && opts[k].name[j] &&
+                   (opts[k].name[j] == name[j] || (opts[k].name[j] == '-' && name[j] == '_')))
+                j++;
+            if (j == nlen && !opts[k].name[j])
                 d = &opts[k];
+        }
         if (!d)
             abort(); /* accepted an unknown option */
         if (d->type == OPT_FLAG)
