@@ -162,7 +162,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 continue;
             if (!*s)
                 abort();
-            if (d->type == OPT_CHOICE) {
+            /* a choice, or for --model a model directory (hf:DIR, DIR not empty) */
+            const bool hf_dir = strstr(d->choices ? d->choices : "", "|hf:DIR") && !strncmp(s, "hf:", 3) && s[3];
+            if (d->type == OPT_CHOICE && !hf_dir) {
                 size_t n = strlen(s);
                 const char *c = strstr(d->choices, s);
                 if (!c || (c != d->choices && c[-1] != '|') || (c[n] && c[n] != '|'))
