@@ -1,37 +1,39 @@
 #!/usr/bin/env bash
 # The planner's accuracy (dtrain plan, dtrain train --plan auto): a
-# benchmark, not a test; 20-40 minutes on a busy 2-core machine. By hand:
+# benchmark, not a test; about 15-20 minutes on an idle 2-core machine. By hand:
 #
 #   bench/plan_accuracy.sh DTRAIN [OUTDIR]          # run, then compare
 #   PHASE=2 bench/plan_accuracy.sh DTRAIN OUTDIR    # compare again (a new planner, same runs)
 #
 # Trains GPT-2 124M (seq 32, global batch 4, AdamW, STEPS steps, default 4)
-# in 12 layouts on 2, 4 and 8 ranks, with --plan auto on 2 and 4 ranks among
-# them; gpt2-medium (354M, STEPS_BIG steps, default 3) in 2 layouts (ZeRO-3
-# and 2 pipeline stages on 2 ranks); llama-100m (seq 32, its own 32000-token
-# data) with DDP and --plan auto on 2 ranks. ZeRO-2/3 runs wrap each block as
-# a unit (--wrap-min-params, as --plan auto does). Each run's --metrics end
-# record gives the measured peak RSS (the largest rank's), the median step's
-# wall time and step_cpu_ms: the CPU time of a step, every rank's process
-# summed (the steps after the first). The machine may be shared, so the
-# comparison is on step_cpu_ms / cores: what the step takes when the job has
-# the machine's cores to itself and keeps them busy (on a 2-core machine
-# with 2 or more ranks it does), which the other processes' load does not
-# inflate as it does the wall time (waiting in a collective spins a little,
-# then sleeps, so it adds little CPU time). Phase 2 asks `DTRAIN plan --json`
-# for each run's layout (world, global batch) and prints one Markdown row per
-# run: measured and predicted memory, the measured wall step, the step at
-# the machine's cores (step_cpu_ms / cores) and the prediction against it;
-# then, per model and world with a --plan auto run, the planner's choice
-# against the fastest layout measured (both at the machine's cores). Random
-# tokens and the calibration cache (DT_CACHE_DIR) live in OUTDIR (default a
-# temporary directory). Say the machine was shared when quoting figures.
+# in 13 layouts on 2, 4 and 8 ranks, with --plan auto on 2 and 4 ranks among
+# them; gpt2-large (774M, STEPS_BIG steps, default 3) in 5 layouts (ZeRO-3
+# on 2 and 4 ranks, 2 and 4 pipeline stages, 2-way tp) and --plan auto on 2
+# ranks; llama-100m (seq 32, its own 32000-token data) with DDP, tp 2 and
+# --plan auto on 2 ranks. BIG=0 leaves gpt2-large out (it needs about 14 GiB
+# of memory). ZeRO-2/3 runs wrap each block as a unit (--wrap-min-params, as
+# --plan auto does). Each run's --metrics end record gives the measured peak
+# RSS (the largest rank's), the median step's wall time and step_cpu_ms: the
+# CPU time of a step, every rank's process summed (the steps after the
+# first). Phase 2 asks `DTRAIN plan --json` for each run's layout (world,
+# global batch) and prints one Markdown row per run: measured and predicted
+# memory, the measured wall step (median) and step_cpu_ms / cores, and the
+# prediction's error against each. On an idle machine the wall step is what
+# the planner predicts; on a shared one only step_cpu_ms / cores means
+# anything (what the step takes when the job has the machine's cores to
+# itself; but a rank waiting in a collective spins up to DT_SHM_SPIN_US
+# before it sleeps, which adds CPU time that a loaded machine inflates).
+# Then, per model and world with a --plan auto run, the planner's choice
+# against the fastest layout measured, by wall and by CPU. Random tokens and
+# the calibration cache (DT_CACHE_DIR) live in OUTDIR (default a temporary
+# directory). Say whether the machine was shared when quoting figures.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,27p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,31p "$0"; exit 2; }
 DT=$(readlink -f "$1")
 OUT=${2:-$(mktemp -d)}
 STEPS=${STEPS:-4}
 STEPS_BIG=${STEPS_BIG:-3}
+BIG=${BIG:-1}
 PY=${PYTHON:-python3}
 PHASE=${PHASE:-1}
 mkdir -p "$OUT/cache"
@@ -49,7 +51,7 @@ for name, vocab in (("tok.bin", 50257), ("tok32k.bin", 32000)):
         f.write(struct.pack("<%dH" % n, *[random.randrange(vocab) for _ in range(n)]))
 PYEOF
 "$DT" plan --model gpt2 --seq 32 --world 2 --global-batch 4 >/dev/null
-"$DT" plan --model gpt2-medium --seq 32 --world 2 --global-batch 2 >/dev/null
+[ "$BIG" = 0 ] || "$DT" plan --model gpt2-large --seq 32 --world 2 --global-batch 2 >/dev/null
 "$DT" plan --model llama-100m --seq 32 --world 2 --global-batch 4 >/dev/null
 : >>"$OUT/runs.txt"
 run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is kept: rerun to resume)
@@ -84,15 +86,21 @@ run g2-dp8-z3 gpt2 8 1 "$STEPS" --zero 3 --wrap-min-params 7000000
 run l100-dp2 llama-100m 2 2 "$STEPS"
 run l100-auto2 llama-100m 2 2 "$STEPS" --plan auto
 run l100-tp2 llama-100m 2 4 "$STEPS" --tp 2
-run med-z3-2 gpt2-medium 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 12000000
-run med-pp2 gpt2-medium 2 2 "$STEPS_BIG" --pp 2 --micro-batches 2
+if [ "$BIG" != 0 ]; then
+run lg-z3-2 gpt2-large 2 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
+run lg-z3-4 gpt2-large 4 1 "$STEPS_BIG" --zero 3 --wrap-min-params 19000000
+run lg-pp2 gpt2-large 2 2 "$STEPS_BIG" --pp 2 --micro-batches 2
+run lg-pp4 gpt2-large 4 4 "$STEPS_BIG" --pp 4 --micro-batches 4
+run lg-tp2 gpt2-large 2 2 "$STEPS_BIG" --tp 2
+run lg-auto2 gpt2-large 2 1 "$STEPS_BIG" --plan auto
+fi
 fi
 "$PY" - "$OUT" "$DT" "$(nproc)" <<'PYEOF'
 import json, re, subprocess, sys
 out, dt, cores = sys.argv[1], sys.argv[2], int(sys.argv[3])
-print("| run | model | ranks | layout | peak RSS MiB | predicted | error | step ms (wall) | cores got |"
-      " step ms at the machine's cores (cpu / cores) | predicted | error |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| run | model | ranks | layout | peak RSS MiB | predicted | error | step ms (wall, median) | cores got |"
+      " step ms at the machine's cores (cpu / cores) | predicted step ms | error vs wall | error vs cpu / cores |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 best = {}
 plans = {}
 for line in open(out + "/runs.txt"):
@@ -131,18 +139,19 @@ for line in open(out + "/runs.txt"):
     got = cpu / mt
     lay = "dp%d tp%d pp%d zero%d %s ga%d%s" % (dp, tp, pp, z, ("mb%dx%d" % (b // mbs, mbs)) if pp > 1 else "b%d" % b,
                                               ga, " ckpt" if ck else "")
-    print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.2f | %.0f | %.0f | %+.1f%% |" % (
+    print("| %s | %s | %d | %s | %.0f | %.0f | %+.1f%% | %.0f | %.2f | %.0f | %.0f | %+.1f%% | %+.1f%% |" % (
         name, model, n, lay, mr / 2**20, pr / 2**20, 100 * (pr / mr - 1), mt, got, norm, pt,
-        100 * (pt / norm - 1)))
-    best.setdefault((model, n, gb), []).append((norm, name, "--plan auto" in f, r["rank"]))
+        100 * (pt / mt - 1), 100 * (pt / norm - 1) if norm > 0 else 0))
+    best.setdefault((model, n, gb), []).append((norm, mt, name, "--plan auto" in f))
 print()
 for (model, n, gb), v in sorted(best.items()):
-    auto = [x for x in v if x[2]]
+    auto = [x for x in v if x[3]]
     if not auto:
         continue
-    fastest = min(v)
-    print("%s on %d ranks, global batch %d: --plan auto %s ran %.0f ms (step_cpu_ms / cores); "
-          "the fastest measured, %s, %.0f ms; the choice is %+.1f%% off the fastest (%d layouts measured)" % (
-              model, n, gb, auto[0][1], auto[0][0], fastest[1], fastest[0], 100 * (auto[0][0] / fastest[0] - 1),
-              len(v)))
+    for k, what in ((1, "wall step"), (0, "step_cpu_ms / cores")):
+        fastest = min(v, key=lambda x: x[k])
+        print("%s on %d ranks, global batch %d, by %s: --plan auto %s ran %.0f ms; the fastest measured, %s, "
+              "%.0f ms; the choice is %+.1f%% off the fastest (%d layouts measured)" % (
+                  model, n, gb, what, auto[0][2], auto[0][k], fastest[2], fastest[k],
+                  100 * (auto[0][k] / fastest[k] - 1), len(v)))
 PYEOF

@@ -316,6 +316,12 @@ typedef struct dt_plan_calib {
     double coll_lat_s;        /* seconds per collective call */
     int coll_measured;        /* ranks of the group coll_bw was measured on; 0: the memcpy estimate */
     double base_rss;          /* resident bytes of the process before any model */
+    double repl_block_s;      /* core-seconds per token of a block's parts tensor parallelism does not split
+                                 (two layer norms and two residual additions, forward + backward): every tp
+                                 rank runs them whole */
+    double fault_bw;          /* bytes/s of CPU time a fresh page costs beyond writing it (fault + zeroing):
+                                 ZeRO-2/3 hand units' gathered parameters and gradients back and fault them in
+                                 again */
 } dt_plan_calib;
 
 /* Measure this machine for model `model` (a transformer with a Hugging

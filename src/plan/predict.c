@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -311,6 +312,63 @@ static double time_copy(void)
     return isfinite(best) && best > 0 ? (double)n / best : 1e9;
 }
 
+/* Core-seconds per token of what tensor parallelism leaves whole on every rank of a block: its two layer
+   norms and two residual additions (forward + backward, [T x C] at width C), on one thread, best of 3. */
+static double time_replicated(int64_t C, int64_t T)
+{
+    dt_ctx_params cp = dt_ctx_params_default();
+    dt_ctx *ctx = NULL;
+    if (dt_ctx_init(&cp, &ctx) < 0)
+        return 0;
+    int64_t sx[2] = {T, C}, sw[1] = {C};
+    double best = INFINITY;
+    for (int i = 0; i < 4; i++) {
+        dt_arena_pos pos = dt_arena_mark(dt_ctx_arena(ctx));
+        dt_tensor *x = dt_tensor_zeros(ctx, DT_F32, 2, sx), *g = dt_tensor_zeros(ctx, DT_F32, 1, sw),
+                  *b = dt_tensor_zeros(ctx, DT_F32, 1, sw);
+        if (!x || !g || !b || dt_tensor_fill(g, 1) < 0 || dt_tensor_fill(x, 0.5) < 0 ||
+            dt_tensor_set_requires_grad(x, true) < 0 || dt_tensor_set_requires_grad(g, true) < 0 ||
+            dt_tensor_set_requires_grad(b, true) < 0)
+            break;
+        double t0 = cpu_s();
+        dt_tensor *h = dt_add(ctx, x, dt_layer_norm(ctx, x, g, b, 1e-5f));
+        dt_tensor *y = h ? dt_add(ctx, h, dt_layer_norm(ctx, h, g, b, 1e-5f)) : NULL;
+        dt_tensor *l = y ? dt_sum(ctx, y) : NULL;
+        if (!l || dt_backward(ctx, l) < 0)
+            break;
+        double s = cpu_s() - t0;
+        if (i > 0 && s < best)
+            best = s;
+        dt_arena_rewind(dt_ctx_arena(ctx), pos);
+    }
+    dt_ctx_free(ctx);
+    return isfinite(best) && best > 0 ? best / (double)T : 0;
+}
+
+/* What a fresh page costs beyond writing it, as bytes/s of CPU time (user + system): the fault and the
+   kernel's zeroing. ZeRO-2/3 hand a unit's gathered parameters and gradients back to the system
+   (MADV_DONTNEED) and fault them in again at the next gather or backward. 32 MiB, best of 3. */
+static double time_fault(void)
+{
+    const size_t n = 32u << 20;
+    double best = INFINITY;
+    for (int i = 0; i < 3; i++) {
+        char *a = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED)
+            break;
+        double t0 = cpu_s();
+        memset(a, 1, n); /* fresh pages: fault, zero, write */
+        double t1 = cpu_s();
+        memset(a, 2, n); /* the same pages again: the write alone */
+        double t2 = cpu_s();
+        munmap(a, n);
+        double s = (t1 - t0) - (t2 - t1);
+        if (s > 0 && s < best)
+            best = s;
+    }
+    return isfinite(best) && best > 0 ? (double)n / best : 4e9;
+}
+
 dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_plan_calib *out)
 {
     if (!model || !out)
@@ -400,6 +458,8 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
         return st;
     c.matmul_flops = time_matmul(sh.n_embd);
     c.copy_bw = time_copy();
+    c.repl_block_s = time_replicated(sh.n_embd, seq);
+    c.fault_bw = time_fault();
     c.coll_bw = c.copy_bw / 2;
     c.coll_lat_s = 20e-6;
     *out = c;
@@ -458,7 +518,8 @@ dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
     X(coll_lat_s, "%.17g", (double), double) X(coll_measured, "%d", (int), int)                                      \
     X(base_rss, "%.17g", (double), double) X(n_kv_head, "%lld", (long long), int64_t)                                \
     X(pass_block_s, "%.17g", (double), double) X(pass_fixed_s, "%.17g", (double), double)                          \
-    X(thread_cost, "%.17g", (double), double)
+    X(thread_cost, "%.17g", (double), double) X(repl_block_s, "%.17g", (double), double)                       \
+    X(fault_bw, "%.17g", (double), double)
 
 dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
 {
@@ -481,7 +542,7 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
         free(tmp);
         return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
     }
-    fprintf(f, "dtrain-plan-calib 2\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+    fprintf(f, "dtrain-plan-calib 3\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
@@ -544,11 +605,11 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
 #undef R
     }
     fclose(f);
-    if (version >= 1 && version < 2) /* an older dtrain's figures (fewer of them): measure again */
-        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 2)", path,
+    if (version >= 1 && version < 3) /* an older dtrain's figures (fewer of them): measure again */
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 3)", path,
                         version);
-    if (version != 2 || seen != want || bad_)
-        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-2 file (%d of %d values%s%s); "
+    if (version != 3 || seen != want || bad_)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-3 file (%d of %d values%s%s); "
                         "delete it to measure again", path, seen, want, bad_ ? "; out of range: " : "",
                         bad_ ? bad_ : "");
     if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.vocab < 1)

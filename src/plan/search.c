@@ -218,10 +218,14 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double pass_blk = c->pass_block_s * (l->act_ckpt ? 4.0 / 3 : 1.0), pass_fix = c->pass_fixed_s;
     const double tok_blk = fb_blk - pass_blk / T > 0 ? fb_blk - pass_blk / T : 0;
     const double tok_fix = c->fb_fixed_s - pass_fix / T > 0 ? c->fb_fixed_s - pass_fix / T : 0;
-    const double replica_blocks = samples_replica * T * L * tok_blk; /* core-seconds, split over tp x pp */
-    const double replica_fixed = samples_replica * T * tok_fix;
-    /* the fixed part is mostly the parameters' and gradients' bytes a pass touches (the embedding's
-       gradient), which tp splits */
+    /* tensor parallelism splits a block's GEMMs and attention over its ranks but runs the layer norms and
+       residual additions whole on each (calibrated: repl_block_s), and each rank runs every kernel of
+       the block, so a pass's fixed cost (pass_*: what a pass costs beyond its tokens) is each rank's
+       whole; the vocabulary-parallel embedding, head and loss split their tokens' cost */
+    const double tok_rep = c->repl_block_s < tok_blk ? c->repl_block_s : tok_blk;
+    const double tok_blk_rank = (tok_blk - tok_rep) / tp + tok_rep; /* a tp rank's share of a block */
+    const double replica_blocks = samples_replica * T * L * tok_blk_rank; /* one tp rank's, split over pp */
+    const double replica_fixed = samples_replica * T * tok_fix / tp;
     const double replica_pass = passes * (L * pass_blk + pass_fix);
     /* a rank's threads (cores / ranks) cost more core-seconds than one does (calibrated at 1 and at
        c->threads threads, interpolated) */
@@ -229,16 +233,23 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double tcost = c->thread_cost > 1 && c->threads > 1
                              ? 1 + (c->thread_cost - 1) * (thr - 1) / (double)(c->threads - 1 > 0 ? c->threads - 1 : 1)
                              : 1;
-    double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp / tp; /* balanced by compute */
-    const double head_work = tcost * (replica_fixed + passes * pass_fix) / tp;
+    /* ZeRO-2/3 hand each unit's whole gradients back to the system once its reduce-scatter is done, and
+       ZeRO-3 each block unit's gathered parameters after forward and after backward (the root unit, the
+       embeddings, stays): every pass faults those pages in again (calibrated: fault_bw) */
+    double fresh = 0;
+    if (dp > 1 && l->zero_stage >= 2)
+        fresh = 4.0 * numel_rank + (l->zero_stage == 3 ? 2.0 * pb * blocks_rank * c->numel_block : 0);
+    const double fault_work = passes * fresh / (c->fault_bw > 0 ? c->fault_bw : 4e9);
+    double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp + fault_work;
+    const double head_work = tcost * (replica_fixed + passes * pass_fix);
     if (pp > 1 && head_work > stage_work) /* but the head is one unit: the last stage has it whole */
         stage_work = head_work;
     const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
     const double opt_params = numel_rank / (l->zero_stage >= 1 ? shard_dp : 1);
     const double streams = p->optimizer != DT_OPTIM_SGD ? 7 : p->sgd_momentum ? 5 : 3;
     const double opt_work = opt_params * c->optim_s * streams / 7;
-    const double machine_work = tcost * (double)dp * (replica_blocks + replica_fixed + replica_pass) +
-                                (double)local * opt_work;
+    const double machine_work = tcost * (double)dp * tp * (replica_blocks + replica_fixed + replica_pass) +
+                                (double)local * (opt_work + fault_work);
     const double t_compute_rank = critical / per_rank_cores, t_machine = machine_work / cores;
     const double t_opt = opt_work / per_rank_cores;
     double t_cmp = t_compute_rank + t_opt;
@@ -256,17 +267,27 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double grad_bytes = numel_rank * pb;
     if (dp > 1) {
         double ring = 2.0 * (dp - 1) / dp * grad_bytes;
+        /* ZeRO-2/3's units as the run wraps them (wrap_min_params: blocks grouped until they reach it;
+           the embeddings and the rest the root unit) */
+        double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : blocks_rank;
+        if (per_unit < 1)
+            per_unit = 1;
+        const double units = ceil(blocks_rank / per_unit) + (l->wrap_min_params > 0 ? 1 : 0);
         if (l->zero_stage <= 1)
             vol += ring, calls += 1 + blocks_rank / 4; /* buckets */
-        else if (l->zero_stage == 2)
-            vol += ring * ga, calls += ga * (blocks_rank + 2);
-        else
-            vol += 1.5 * ring * ga, calls += ga * 3 * (blocks_rank + 2);
+        else if (l->zero_stage == 2) /* a reduce-scatter per unit per pass; the updated shards gathered once */
+            vol += ring / 2 * (ga + 1), calls += ga * units + 1;
+        else /* per pass: each unit gathered in forward, each block unit again in backward (the root stays
+                gathered), each unit's gradients reduce-scattered */
+            vol += ring / 2 * ga * (2 + (units > 1 ? blocks_rank * c->numel_block / (numel_rank * tp) : 0)),
+                calls += ga * (3 * units - (units > 1 ? 1 : 0));
     }
     const double act_mb = mb * T * (double)c->n_embd * 4.0;
-    if (tp > 1) {
+    if (tp > 1) { /* per pass: two all-reduces per block forward (attention's and the MLP's outputs), two
+                     backward (their inputs' gradients), the vocabulary-parallel embedding's one and the
+                     loss's two (max, then sum) forward, the head input's one backward */
         vol += 4.0 * blocks_rank * 2.0 * (tp - 1) / tp * act_mb * m * ga;
-        calls += 4.0 * blocks_rank * m * ga;
+        calls += (4.0 * blocks_rank + 4) * m * ga;
     }
     if (pp > 1) {
         vol += 2.0 * act_mb * m * ga;

@@ -48,7 +48,7 @@ static dt_plan_calib calib(void)
     c.fb_block_s = 1e-3, c.fb_fixed_s = 2.5e-3, c.fb_block_ckpt_s = 1.4e-3;
     c.act_block = 120000, c.act_fixed = 630000, c.act_block_ckpt = 6200;
     c.optim_s = 2e-9, c.matmul_flops = 1e11, c.copy_bw = 8e9, c.coll_bw = 4e9, c.coll_lat_s = 20e-6;
-    c.base_rss = 100e6;
+    c.base_rss = 100e6, c.fault_bw = 1e12;
     return c;
 }
 
@@ -436,6 +436,92 @@ TEST(config_plan_auto)
     dt_config_free(cf);
 }
 
+/* Tensor parallelism: each tp rank runs a block's layer norms and residuals whole (repl_block_s) and
+   every kernel of the block (a pass's fixed cost whole); per pass it issues two all-reduces per block
+   forward, two backward, and four for the vocabulary-parallel embedding, head and loss. DDP (tp 1)
+   is untouched by the first two. */
+TEST(tp_replicated_share_and_allreduces)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2, sp.global_batch = 4;
+    dt_plan_layout tp = {.dp = 1, .tp = 2, .pp = 1, .batch = 4, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_layout ddp = {.dp = 2, .tp = 1, .pp = 1, .batch = 2, .micro_batches = 1, .grad_accum = 1};
+    dt_plan_prediction a, b, d0, d1;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &a));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &d0));
+    c.repl_block_s = 2e-4; /* of the block's 1 ms per token: 0.8 ms split, 0.2 ms whole on each rank */
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &b));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &d1));
+    /* 4 samples x 64 tokens x 12 blocks x 0.2 ms x (1 - 1/2), on the rank's one core */
+    ASSERT_NEAR(b.compute_s - a.compute_s, 4 * 64 * 12 * 2e-4 * 0.5, 1e-9, 1e-6);
+    ASSERT_NEAR(d1.compute_s, d0.compute_s, 1e-12, 1e-12);
+    /* a pass's fixed cost: whole on each tp rank (one pass: 12 x 1 ms + 5 ms), as on each DDP rank */
+    c.repl_block_s = 0, c.pass_block_s = 1e-3, c.pass_fixed_s = 5e-3;
+    c.fb_block_s += 1e-3 / 64, c.fb_fixed_s += 5e-3 / 64; /* the same per-token parts: fb = pass / T + per token */
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &b));
+    ASSERT_NEAR(b.compute_s - a.compute_s, 12 * 1e-3 + 5e-3, 1e-9, 1e-6);
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &d1));
+    ASSERT_NEAR(d1.compute_s - d0.compute_s, 12 * 1e-3 + 5e-3, 1e-9, 1e-6);
+    /* the all-reduces: a millisecond more per call is (4 x 12 + 4) x 1 ms more per pass */
+    c = calib();
+    c.coll_lat_s = 1e-3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &a));
+    c.coll_lat_s = 2e-3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &b));
+    ASSERT_NEAR(b.comm_s - a.comm_s, (4 * 12 + 4) * 1e-3, 1e-9, 1e-6);
+    tp.batch = 2, tp.grad_accum = 2; /* two passes: twice the calls */
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &b));
+    c.coll_lat_s = 1e-3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &tp, &a));
+    ASSERT_NEAR(b.comm_s - a.comm_s, 2 * (4 * 12 + 4) * 1e-3, 1e-9, 1e-6);
+}
+
+/* ZeRO-2/3: a collective per unit as the run wraps them (wrap_min_params), and the pages of the units'
+   gradients (ZeRO-3: and block units' parameters, twice) faulted in again every pass. */
+TEST(zero_units_and_faults)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2, sp.global_batch = 4;
+    dt_plan_layout z3 = {.dp = 2, .tp = 1, .pp = 1, .zero_stage = 3, .batch = 2, .micro_batches = 1,
+                         .grad_accum = 1, .wrap_min_params = (int64_t)c.numel_block};
+    dt_plan_layout z2 = z3, z1 = z3;
+    z2.zero_stage = 2, z1.zero_stage = 1, z1.wrap_min_params = 0;
+    dt_plan_prediction a, b;
+    /* calls: 12 block units + the root; ZeRO-3 gathers each in forward, the blocks again in backward,
+       reduce-scatters each: 38 per pass; ZeRO-2 a reduce-scatter each and one gather after the step: 14 */
+    const struct { dt_plan_layout *l; double calls_block, calls_two; } k[] = {{&z3, 38, 20}, {&z2, 14, 8}};
+    for (int i = 0; i < 2; i++) {
+        c.coll_lat_s = 1e-3;
+        ASSERT_OK(dt_plan_predict(&sp, &c, k[i].l, &a));
+        c.coll_lat_s = 2e-3;
+        ASSERT_OK(dt_plan_predict(&sp, &c, k[i].l, &b));
+        ASSERT_NEAR(b.comm_s - a.comm_s, k[i].calls_block * 1e-3, 1e-9, 1e-6);
+        k[i].l->wrap_min_params = 2 * (int64_t)c.numel_block; /* two blocks a unit: 6 + the root */
+        ASSERT_OK(dt_plan_predict(&sp, &c, k[i].l, &b));
+        c.coll_lat_s = 1e-3;
+        ASSERT_OK(dt_plan_predict(&sp, &c, k[i].l, &a));
+        ASSERT_NEAR(b.comm_s - a.comm_s, k[i].calls_two * 1e-3, 1e-9, 1e-6);
+        k[i].l->wrap_min_params = (int64_t)c.numel_block;
+    }
+    /* the faults: a fresh byte costs 1 ns more; ZeRO-1 keeps its buffers */
+    const double P = 12 * c.numel_block + c.numel_fixed;
+    c.fault_bw = 1e12;
+    dt_plan_prediction f3, f2, f1, g3, g2, g1;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &f3));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &f2));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &f1));
+    c.fault_bw = 1e9;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &g3));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &g2));
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &g1));
+    const double per_b = 1e-9 - 1e-12;
+    ASSERT_NEAR(g2.compute_s - f2.compute_s, 4 * P * per_b, 1e-9, 1e-6);
+    ASSERT_NEAR(g3.compute_s - f3.compute_s, (4 * P + 2 * 4 * 12 * c.numel_block) * per_b, 1e-9, 1e-6);
+    ASSERT_NEAR(g1.compute_s, f1.compute_s, 1e-12, 1e-12);
+}
+
 int main(void)
 {
     RUN(enumeration_counts_and_order);
@@ -448,5 +534,7 @@ int main(void)
     RUN(calib_file_values_bounded);
     RUN(llama_calibrated_and_planned);
     RUN(config_plan_auto);
+    RUN(tp_replicated_share_and_allreduces);
+    RUN(zero_units_and_faults);
     return TEST_REPORT();
 }
