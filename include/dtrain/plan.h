@@ -246,6 +246,10 @@ DT_API void dt_plan_free(dt_plan *pl);
  *     parameter), a GEMM's rate (flop/s, reported), memcpy bandwidth, and
  *     the process's resident set before any model (the baseline: the
  *     program, its libraries, oneDNN's and OpenMP's state);
+ *   - what tensor parallelism leaves whole on each rank: a block's two
+ *     layer norms and two residual additions, forward + backward (core-
+ *     seconds per token), and what a fresh page costs beyond writing it
+ *     (ZeRO-2/3's released gradient pages faulted in again each pass);
  *   - the collective bus bandwidth and latency of a group, measured with
  *     dt_plan_calibrate_comm over a group when one is given (else the
  *     shared-memory estimate: half the memcpy bandwidth, 20 us a call).
@@ -264,8 +268,11 @@ DT_API void dt_plan_free(dt_plan *pl);
  * stage's work, ranks sharing the machine's cores: a rank's threads are
  * cores / ranks, and the step is at least the whole machine's core-seconds
  * over its cores) + collectives (ring volumes over the measured bandwidth
- * plus a latency per call: tp's four all-reduces per block per pass, ZeRO-3's
- * gathers and reduce-scatters per unit, a pipeline's sends) + the optimizer
+ * plus a latency per call: tp's four all-reduces per block per pass and four
+ * for its vocabulary-parallel embedding, head and loss, ZeRO-2's reduce-
+ * scatter per unit, ZeRO-3's gathers (forward; backward again but the root
+ * unit) and reduce-scatters per unit, the units as wrap_min_params groups
+ * the blocks, a pipeline's sends) + the optimizer
  * step over the rank's shard. Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
  * tensor or pipeline parallelism; no checkpointing or accumulation before

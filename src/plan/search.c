@@ -11,15 +11,18 @@
  *   1F1B, the last one only one, but holds the logits.
  *
  * Time of a step: the compute of each rank (core-seconds per token from
- * the calibration times its tokens, the blocks split over tp and pp, the
- * head on the last stage), stretched by the pipeline's bubble
+ * the calibration times its tokens, the blocks split over tp (but their
+ * layer norms and residuals, and a pass's fixed cost, whole on each tp
+ * rank) and pp, the head on the last stage; ZeRO-2/3's gradient pages
+ * faulted in again each pass), stretched by the pipeline's bubble
  * (m + pp - 1) / m, over the cores it gets: ranks share the machine's
  * cores, so the step is at least the whole machine's work over all cores
  * and at least the slowest rank's critical path over its own threads.
  * Collectives add their ring volume over the bus bandwidth plus a latency
- * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 per forward,
- * ZeRO-3 with its all-gathers 1.5x the volume; tensor parallelism four
- * all-reduces of the activations per block per micro-batch; the pipeline a
+ * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 a collective
+ * per unit per pass, ZeRO-3 with its all-gathers 1.5x the volume; tensor
+ * parallelism four all-reduces of the activations per block and four more
+ * per micro-batch; the pipeline a
  * send and a receive per micro-batch per boundary), slowed like compute
  * when ranks outnumber cores (the shared-memory transport copies with the
  * same CPUs). The optimizer steps the rank's shard. NVMe offload adds the
@@ -233,12 +236,12 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double tcost = c->thread_cost > 1 && c->threads > 1
                              ? 1 + (c->thread_cost - 1) * (thr - 1) / (double)(c->threads - 1 > 0 ? c->threads - 1 : 1)
                              : 1;
-    /* ZeRO-2/3 hand each unit's whole gradients back to the system once its reduce-scatter is done, and
-       ZeRO-3 each block unit's gathered parameters after forward and after backward (the root unit, the
-       embeddings, stays): every pass faults those pages in again (calibrated: fault_bw) */
+    /* ZeRO-2/3 hand each unit's whole (f32) gradients back to the system once its reduce-scatter is
+       done (MADV_DONTNEED): every pass faults those pages in again (calibrated: fault_bw). ZeRO-3's
+       gathered parameters move through its page pool instead (no fault) */
     double fresh = 0;
     if (dp > 1 && l->zero_stage >= 2)
-        fresh = 4.0 * numel_rank + (l->zero_stage == 3 ? 2.0 * pb * blocks_rank * c->numel_block : 0);
+        fresh = 4.0 * numel_rank;
     const double fault_work = passes * fresh / (c->fault_bw > 0 ? c->fault_bw : 4e9);
     double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp + fault_work;
     const double head_work = tcost * (replica_fixed + passes * pass_fix);
