@@ -325,6 +325,7 @@ static int freeze_patterns(trainer *t, const char *eval_ckpt)
 }
 
 static bool g_eval_json; /* dtrain eval --json: stdout holds the JSON object only */
+static dt_tokenizer *g_eval_tok; /* dtrain eval --ckpt: the tokenizer its checkpoint keeps, until taken */
 
 static int freeze_report(trainer *t)
 {
@@ -471,7 +472,9 @@ static int vocab_size_from_vocab(trainer *t)
 {
     t->vocab_from = "the model's default";
     if (t->o.tokenizer) {
-        if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
+        if (g_eval_tok) /* dtrain eval --ckpt: the one the checkpoint keeps */
+            t->tok = g_eval_tok, g_eval_tok = NULL;
+        else if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
             return fail(2, "--tokenizer");
         if (t->o.vocab_size) {
             t->vocab_from = "set by --vocab-size";
@@ -1789,11 +1792,14 @@ static int train_main(int argc, char **argv, const char *eval_ckpt);
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL); }
 
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json)
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json, dt_tokenizer *kept)
 {
     dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
     g_eval_json = json;
+    g_eval_tok = kept;
     int rc = train_main(argc, argv, ckpt);
+    dt_tokenizer_free(g_eval_tok); /* not taken: the setup stopped before */
+    g_eval_tok = NULL;
     dt__cli_err_command(NULL);
     return rc;
 }
