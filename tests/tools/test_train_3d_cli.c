@@ -36,14 +36,8 @@ static void run_gpt(cli_result *r, int ranks, const char *batch, char *const *ex
 {
     static char data[320];
     if (!data[0]) {
-        char bin[300];
-        uint16_t tok[2000];
-        for (int i = 0; i < 2000; i++)
-            tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-        snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-        if (dt_tokens_write(bin, tok, 2000) < 0)
-            fprintf(stderr, "writing %s failed\n", bin);
-        snprintf(data, sizeof data, "tokens:%s", bin);
+        if (cli_stream_file("tok.bin", 2000, false, data, sizeof data) < 0)
+            fprintf(stderr, "writing %s failed: %s\n", data + 7, dt_last_error());
     }
     char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                     "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",

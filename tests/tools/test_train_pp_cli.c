@@ -104,13 +104,8 @@ TEST(gpt_pp2_equals_one_process)
     if (!cli())
         DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
     static cli_result r;
-    char bin[300], data[320], m1[300], m2[300];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", bin);
+    char data[320], m1[300], m2[300];
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
     snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
@@ -183,13 +178,8 @@ TEST(gpt_dp2_pp2_samples_equal_ddp)
         DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
     static cli_result r;
     static char s1[4096], s2[4096];
-    char bin[300], data[320];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(bin, sizeof bin, "%s/tok_dp.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", bin);
+    char data[320];
+    ASSERT_EQ_INT(cli_stream_file("tok_dp.bin", 2000, false, data, sizeof data), DT_OK);
     char *args[64] = {"run", "-n", "2", "--", cli(), "train", "--model", "gpt-micro", "--vocab-size", "41",
                       "--n-embd", "32", "--n-head", "4", "--seq", "16", "--data", data, "--val-data", data,
                       "--limit-train", "48", "--limit-test", "8", "--batch", "4", "--optimizer", "adamw", "--lr",

@@ -92,13 +92,8 @@ static double val_loss(const char *out)
 static void gpt_tp2(const char *dropout, bool sp)
 {
     static cli_result r;
-    char train_bin[300], data[320], m1[400], m2[400];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(train_bin, sizeof train_bin, "%s/tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(train_bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", train_bin);
+    char data[320], m1[400], m2[400];
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     snprintf(m1, sizeof m1, "%s/g1_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
     snprintf(m2, sizeof m2, "%s/g2_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
