@@ -121,8 +121,10 @@ int dt_cmd_eval(int argc, char **argv)
             val_arg = argv[i + 1];
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
             tok_arg = argv[i + 1];
+        else if (!strncmp(argv[i], "--tokenizer=", 12))
+            tok_arg = argv[i] + 12;
         val_given |= !strcmp(argv[i], "--val-data");
-        vocab_given |= !strcmp(argv[i], "--vocab");
+        vocab_given |= !strcmp(argv[i], "--vocab") || !strncmp(argv[i], "--vocab=", 8);
         mask_given |= !strcmp(argv[i], "--loss-mask");
         rest[nrest++] = argv[i];
     }

@@ -189,8 +189,12 @@ TEST(eval_ckpt_uses_its_tokenizer)
     for (int k = 0; k < 4; k++) { /* kept, given; then on other text: kept, given */
         char *argv[16] = {"eval", "--ckpt", ck, "--json"};
         int a = 4;
-        if (k & 1)
+        char tokeq[1100];
+        snprintf(tokeq, sizeof tokeq, "--tokenizer=%s", tok);
+        if (k == 1)
             argv[a++] = "--tokenizer", argv[a++] = tok;
+        if (k == 3) /* the --name=value form too */
+            argv[a++] = tokeq;
         if (k >= 2)
             argv[a++] = "--val-data", argv[a++] = other;
         cli_runv(&r, 60, NULL, argv);

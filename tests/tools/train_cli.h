@@ -186,6 +186,19 @@ static inline bool cli_same_losses(const double *a, int na, const double *b, int
     return true;
 }
 
+/* The step losses of two runs' --metrics files ma and mb agree
+ * (cli_same_losses), ma holding want step records (want < 0: any count). */
+static inline bool cli_same_metrics(const char *ma, const char *mb, int want, double abs_tol)
+{
+    double a[64], b[64];
+    int na = cli_step_losses(ma, a, 64), nb = cli_step_losses(mb, b, 64);
+    if (want >= 0 && na != want) {
+        fprintf(stderr, "%s: %d step records, want %d\n", ma, na, want);
+        return false;
+    }
+    return cli_same_losses(a, na, b, nb, abs_tol);
+}
+
 /* `dtrain [run -n ranks -- dtrain] <lists[0]> <lists[1]> ...`: the lists are
  * NULL-terminated argument lists (a NULL list is empty) joined in order;
  * one rank runs the CLI directly. Prints the output when the run fails. */
