@@ -282,6 +282,60 @@ TEST(swiglu_paths_identical)
         free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
 }
 
+/* Blocked 2x2 max pooling (the ConvNet's): values and argmax indices the
+ * same on every path as on the scalar loop, in nChw8c and nChw16c, with
+ * ties (the first in window order wins), -0 against 0, NaN (propagates,
+ * the first NaN wins) and infinities. */
+TEST(maxpool_blocked_paths_identical)
+{
+    const int64_t N = 2, C = 32, H = 10, W = 14, P = 5, Q = 7;
+    const dt_k_pool2d_shape s = {N, C, H, W, 2, 2, 2, 2, 0, 0};
+    float *x = malloc(N * C * H * W * 4), *y[2];
+    int32_t *a[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = malloc(N * C * P * Q * 4);
+        a[k] = malloc(N * C * P * Q * 4);
+    }
+    fill(x, N * C * H * W, 9, 3.0f);
+    for (int64_t i = 0; i < N * C * H * W; i += 5) /* ties: coarse values */
+        x[i] = (float)(int)x[i];
+    const float special[] = {NAN, -0.0f, 0.0f, INFINITY, -INFINITY, NAN, 3e38f, -NAN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        for (int64_t j = (int64_t)i * 37; j < N * C * H * W; j += 301)
+            x[j] = special[i];
+    for (int B = 8; B <= 16; B += 8) {
+        ASSERT(set_path(NPATH));
+        ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, B, x, y[1], a[1]));
+        for (int k = 0; k < NPATH; k++) {
+            if (!set_path(k))
+                continue;
+            memset(y[0], 0xff, (size_t)(N * C * P * Q) * 4);
+            memset(a[0], 0xff, (size_t)(N * C * P * Q) * 4);
+            ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, B, x, y[0], a[0]));
+            SAME_BITS(y[0], y[1], N * C * P * Q, B == 8 ? "max pool nChw8c" : "max pool nChw16c");
+            for (int64_t i = 0; i < N * C * P * Q; i++)
+                if (a[0][i] != a[1][i])
+                    TEST_FAIL_("max pool nChw%dc: argmax %lld differs: %d (%s) vs %d (scalar)", B, (long long)i,
+                               a[0][i], dt_k_isa_name(dt_k_get_isa()), a[1][i]);
+        }
+    }
+    /* the scalar loop against the plain kernel (each block position holds
+     * plane index h*W + w, the same in both layouts) */
+    float *xb = malloc(N * C * H * W * 4), *yp = malloc(N * C * P * Q * 4), *yb = malloc(N * C * P * Q * 4);
+    int32_t *ap = malloc(N * C * P * Q * 4);
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_maxpool2d_fwd(&s, x, yp, ap));
+    ASSERT_OK(dt_k_to_blocked(x, N, C, H * W, 16, xb));
+    ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, 16, xb, y[1], a[1]));
+    ASSERT_OK(dt_k_from_blocked(y[1], N, C, P * Q, 16, yb));
+    SAME_BITS(yb, yp, N * C * P * Q, "max pool nChw16c against plain");
+    ASSERT_OK(dt_k_from_blocked((float *)a[1], N, C, P * Q, 16, (float *)a[0])); /* a bit-exact reorder */
+    ASSERT(memcmp(a[0], ap, (size_t)(N * C * P * Q) * 4) == 0);
+    free(xb), free(yp), free(yb), free(ap), free(x);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(a[k]);
+}
+
 int main(void)
 {
     if (dt_k_get_isa() == DT_K_ISA_SCALAR)
@@ -290,6 +344,7 @@ int main(void)
     RUN(xent_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
+    RUN(maxpool_blocked_paths_identical);
     for (int k = 0; k < NPATH; k++)
         printf("# path %s: %s\n", dt_k_isa_name(k_paths[k]), g_ran[k] ? "compared with scalar" : "not on this CPU");
     return TEST_REPORT();
