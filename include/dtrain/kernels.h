@@ -297,6 +297,14 @@ DT_API dt_status dt_k_broadcast_shape(const int64_t *a, int na, const int64_t *b
  * that operand already has the broadcast shape. */
 DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape_a, int na, const float *b,
                              const int64_t *shape_b, int nb, float *out);
+/* y = a + b (b_first: b + a, the operands' order kept) over n elements,
+ * a and y f32, b bf16/f16 (dtype t) widened block by block: the same bits
+ * as widening b with dt_k_convert and adding in f32. y may alias a. */
+DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n);
+/* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
+ * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
+ * gradient of a t tensor that went through an f32 op. y may alias g. */
+DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n);
 /* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
  * no <= ng, oshape broadcastable to gshape) by summing over the broadcast
  * dims: the backward of broadcasting. Fixed summation order. */
