@@ -297,6 +297,14 @@ DT_API dt_status dt_k_broadcast_shape(const int64_t *a, int na, const int64_t *b
  * that operand already has the broadcast shape. */
 DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape_a, int na, const float *b,
                              const int64_t *shape_b, int nb, float *out);
+/* y = a + b (b_first: b + a, the operands' order kept) over n elements,
+ * a and y f32, b bf16/f16 (dtype t) widened block by block: the same bits
+ * as widening b with dt_k_convert and adding in f32. y may alias a. */
+DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n);
+/* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
+ * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
+ * gradient of a t tensor that went through an f32 op. y may alias g. */
+DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n);
 /* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
  * no <= ng, oshape broadcastable to gshape) by summing over the broadcast
  * dims: the backward of broadcasting. Fixed summation order. */
@@ -463,6 +471,16 @@ DT_API dt_status dt_k_bias_gelu_fwd(const float *x, const float *bias, int64_t r
  * added; summed in row order whatever the thread count). */
 DT_API dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy, int64_t rows,
                                     int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
+/* The tanh form of dt_k_bias_gelu_fwd with x in bf16/f16 (dtype t), bias
+ * and y f32: bit-identical to widening x with dt_k_convert first, without
+ * the widened copy. */
+DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols,
+                                       float *y, dt_k_gelu_approx approx);
+/* Its backward: dx and dbias as dt_k_bias_gelu_bwd on the widened x, then
+ * dx rounded to t's precision (held in f32: the gradient of a t tensor);
+ * dbias from the unrounded values. dx may alias dy. */
+DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
+                                       int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0
