@@ -577,6 +577,16 @@ DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows,
  * y may alias x. */
 DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
                            const float *sin_t, bool inverse, float *y);
+/* dt_k_rope on low-precision data (t = bf16 or f16, uint16_t arrays): x
+ * widened, rotated in f32, y rounded once to t; the same bits as widening,
+ * dt_k_rope and rounding, in one pass. y may alias x. */
+DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              const float *cos_t, const float *sin_t, void *y);
+/* Its backward as the chain cast -> rope -> cast computes it: dy (f32) is
+ * rounded to t, rotated by minus the angle, and dx (f32) gets the result
+ * rounded to t values. dx may alias dy. */
+DT_API dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                  const float *cos_t, const float *sin_t, float *dx);
 /* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */

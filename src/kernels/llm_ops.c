@@ -88,6 +88,18 @@ dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_
     return DT_OK;
 }
 
+/* The rotation of n pairs (a_j, b_j) by the angles of c, s (sgn -1: the
+ * inverse), into (ya_j, yb_j); the outputs may alias the inputs. */
+static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
+                       float *ya, float *yb)
+{
+    for (int64_t j = 0; j < n; j++) {
+        float aj = a[j], bj = b[j], sn = sgn * s[j];
+        ya[j] = aj * c[j] - bj * sn;
+        yb[j] = bj * c[j] + aj * sn;
+    }
+}
+
 dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
                     const float *sin_t, bool inverse, float *y)
 {
@@ -112,14 +124,96 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
         for (int64_t h = 0; h < H; h++) {
             const float *xr = x + (bt * H + h) * hd;
             float *yr = y + (bt * H + h) * hd;
-            for (int64_t j = 0; j < half; j++) {
-                float a = xr[j], b = xr[j + half], sn = sgn * s[j];
-                yr[j] = a * c[j] - b * sn;
-                yr[j + half] = b * c[j] + a * sn;
-            }
+            rope_pairs(xr, xr + half, c, s, sgn, half, yr, yr + half);
         }
     }
     return DT_OK;
+}
+
+/* ---- RoPE on low-precision data -------------------------------------------------
+ * One pass reads t, rotates in f32 with rope_pairs (the same operations as
+ * dt_k_rope) and writes the result rounded once: the bits of widening,
+ * dt_k_rope and rounding, without the two cast passes and the f32 copies.
+ * A head's pairs go in chunks of RP_BLK through stack buffers, so any head
+ * size works. */
+enum { RP_BLK = 512 };
+
+/* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
+ * by sgn times the angles, rounded to t and stored as t (y_lp) or as f32
+ * holding t values (y_f32). */
+static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                         const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
+{
+    const int64_t half = hd / 2;
+    int nt = dt__threads_for(B * T * H * hd * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        float a[RP_BLK], b[RP_BLK], ya[RP_BLK], yb[RP_BLK];
+        uint16_t h16[RP_BLK];
+        const float *c = cos_t + (bt % T) * half, *s = sin_t + (bt % T) * half;
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t o = (bt * H + h) * hd;
+            for (int64_t j0 = 0; j0 < half; j0 += RP_BLK) {
+                const int64_t m = half - j0 < RP_BLK ? half - j0 : RP_BLK, ia = o + j0, ib = o + half + j0;
+                if (x_f32) { /* a gradient: rounded to t first (it belongs to a t result) */
+                    dt_k_convert((const float *)x + ia, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, a, DT_F32, m);
+                    dt_k_convert((const float *)x + ib, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, b, DT_F32, m);
+                } else {
+                    dt_k_convert((const uint16_t *)x + ia, t, a, DT_F32, m);
+                    dt_k_convert((const uint16_t *)x + ib, t, b, DT_F32, m);
+                }
+                rope_pairs(a, b, c + j0, s + j0, sgn, m, ya, yb);
+                if (y_lp) {
+                    dt_k_convert(ya, DT_F32, (uint16_t *)y_lp + ia, t, m);
+                    dt_k_convert(yb, DT_F32, (uint16_t *)y_lp + ib, t, m);
+                } else {
+                    dt_k_convert(ya, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, y_f32 + ia, DT_F32, m);
+                    dt_k_convert(yb, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, y_f32 + ib, DT_F32, m);
+                }
+            }
+        }
+    }
+}
+
+static dt_status rope_lp_args(const char *fn, const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              const float *cos_t, const float *sin_t, const void *y)
+{
+    DT__CHECK_N(fn, B);
+    DT__CHECK_N(fn, T);
+    DT__CHECK_N(fn, H);
+    DT__CHECK_N(fn, hd);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    if (hd % 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: head size %lld is odd (pairs (j, j + hd/2) need it even)", fn,
+                        (long long)hd);
+    DT__CHECK_PTR(fn, x, B * T * H * hd);
+    DT__CHECK_PTR(fn, y, B * T * H * hd);
+    DT__CHECK_PTR(fn, cos_t, T * (hd / 2));
+    DT__CHECK_PTR(fn, sin_t, T * (hd / 2));
+    return DT_OK;
+}
+
+dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
+                       const float *sin_t, void *y)
+{
+    dt_status st = rope_lp_args("dt_k_rope_lp", x, t, B, T, H, hd, cos_t, sin_t, y);
+    if (st >= 0)
+        rope_lp_rows(x, false, t, B, T, H, hd, cos_t, sin_t, 1.0f, y, NULL);
+    return st;
+}
+
+dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                           const float *cos_t, const float *sin_t, float *dx)
+{
+    dt_status st = rope_lp_args("dt_k_rope_bwd_lp", dy, t, B, T, H, hd, cos_t, sin_t, dx);
+    if (st >= 0)
+        rope_lp_rows(dy, true, t, B, T, H, hd, cos_t, sin_t, -1.0f, NULL, dx);
+    return st;
 }
 
 /* ---- SwiGLU: y = silu(g) u, silu(g) = g / (1 + e^-g) ----------------------------

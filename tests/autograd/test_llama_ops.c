@@ -331,6 +331,79 @@ TEST(gqa_lp_equals_widened)
     gqa_lp_case(DT_F16);
 }
 
+/* RoPE of a bf16/f16 tensor (one kernel reading and writing the low
+ * precision: no cast passes) equals, bit for bit, widen + f32 RoPE + round:
+ * the result and the gradient (a leaf of that dtype), with -0, large
+ * magnitudes and a NaN among the inputs; and the kernels alone against the
+ * same chain at a head size whose pairs span more than one of their
+ * chunks (hd 1030: 515 pairs). */
+static void rope_lp_case(dt_dtype dt)
+{
+    enum { B = 2, T = 5, H = 3, HD = 12, N = B * T * H * HD };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[N], rv[N];
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 0, 0), 0, xv, N, -50.0f, 50.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 1, 0), 0, rv, N, -1.0f, 1.0f);
+    xv[3] = -0.0f, xv[4] = 3e4f, xv[7] = NAN;
+    const float inv[6] = {1.0f, 0.37f, 0.11f, 0.031f, 0.009f, 0.0021f};
+    dt_tensor *x[2], *g[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = dt_tensor_new(dt, 3, SH(B, T, H * HD));
+        g[i] = dt_tensor_new(dt, 3, SH(B, T, H * HD));
+        ASSERT(x[i] && g[i]);
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[i]->data, dt, N));
+        ASSERT_OK(dt_tensor_zero(g[i]));
+        ASSERT_OK(dt_tensor_set_grad(x[i], g[i]));
+    }
+    y[0] = dt_rope(ctx, x[0], H, inv, 7);
+    y[1] = dt_cast(ctx, dt_rope(ctx, dt_cast(ctx, x[1], DT_F32), H, inv, 7), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)N * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)N * 2));
+    int nz = 0;
+    for (int64_t i = 0; i < N; i++)
+        nz += dt_tensor_get(g[0], i) != 0.0;
+    ASSERT(nz > N / 2);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(x[i]);
+        dt_tensor_free(g[i]);
+    }
+    dt_ctx_free(ctx);
+
+    enum { KT = 3, KD = 1030, KN = KT * 2 * KD, KH = KD / 2 };
+    static float a[KN], ref[KN], got[KN], cs[KT * KH], sn[KT * KH];
+    static uint16_t al[KN], yl[KN];
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 2, 0), 0, a, KN, -4.0f, 4.0f);
+    for (int64_t i = 0; i < KT * KH; i++)
+        cs[i] = cosf(0.01f * (float)i), sn[i] = sinf(0.01f * (float)i);
+    ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 2, KD, cs, sn, yl));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 2, KD, cs, sn, false, ref));
+    ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
+    ASSERT(!memcmp(al, yl, sizeof al));
+    /* backward: a (f32) rounded, rotated back, rounded */
+    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 2, KD, cs, sn, got));
+    ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 2, KD, cs, sn, true, ref));
+    ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT(!memcmp(ref, got, sizeof ref));
+    ASSERT_STATUS(dt_k_rope_lp(al, DT_F32, 1, KT, 2, KD, cs, sn, yl), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_rope_lp(al, dt, 1, KT, 2, 7, cs, sn, yl), DT_ERR_INVALID_ARG);
+}
+
+TEST(rope_lp_equals_widened)
+{
+    rope_lp_case(DT_BF16);
+    rope_lp_case(DT_F16);
+}
+
 int main(void)
 {
     (void)gc_distinct;
@@ -344,6 +417,7 @@ int main(void)
     RUN(bf16_inputs);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
+    RUN(rope_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();
