@@ -569,6 +569,17 @@ DT_API dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, co
  * order, independent of the thread count) of dt_k_rmsnorm_fwd. */
 DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *w,
                                   const float *save_rstd, float *dx, float *dw);
+/* dt_k_rmsnorm_fwd on low-precision x (t = bf16 or f16, uint16_t arrays;
+ * w f32 or NULL): x widened row by row, y (t) rounded once; the same bits
+ * as widening, dt_k_rmsnorm_fwd and rounding, in one pass. */
+DT_API dt_status dt_k_rmsnorm_fwd_lp(const void *x, dt_dtype t, int64_t rows, int64_t cols, const float *w,
+                                     float eps, void *y, float *save_rstd);
+/* Its backward as the chain cast -> rmsnorm -> cast computes it: dy (f32)
+ * is rounded to t, dt_k_rmsnorm_bwd runs on the widened x; dx (f32, may be
+ * NULL) gets t values, dw (f32, may be NULL) the f32 column sums (the
+ * caller rounds it to the weight's dtype). */
+DT_API dt_status dt_k_rmsnorm_bwd_lp(const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
+                                     const float *w, const float *save_rstd, float *dx, float *dw);
 /* Rotary position embedding in the rotate-half layout on x (B, T, H * hd):
  * within each head the pairs (j, j + hd/2), j < hd/2, are rotated by the
  * angle of position t and frequency j: y_j = x_j cos - x_{j+hd/2} sin,

@@ -398,6 +398,68 @@ static void rope_lp_case(dt_dtype dt)
     ASSERT_STATUS(dt_k_rope_lp(al, dt, 1, KT, 2, 7, cs, sn, yl), DT_ERR_INVALID_ARG);
 }
 
+/* RMSNorm of a bf16/f16 tensor (one kernel reading and writing the low
+ * precision) equals, bit for bit, widen + f32 RMSNorm + round: the result
+ * and the gradients of x and of a weight of x's dtype, of an f32 weight, and
+ * without a weight; rows wider than the kernel's column block (300) and a
+ * row of zeros, large magnitudes and -0. */
+static void rms_lp_case(dt_dtype dt, dt_dtype wdt, bool has_w)
+{
+    enum { B = 3, T = 4, D = 300, N = B * T * D };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[N], rv[N], wv[D];
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 0, 0), 0, xv, N, -20.0f, 20.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 1, 0), 0, rv, N, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 2, 0), 0, wv, D, 0.5f, 1.5f);
+    xv[3] = -0.0f, xv[4] = 2e4f;
+    memset(xv + D, 0, D * sizeof(float)); /* a row of zeros: rstd 1/sqrt(eps) */
+    dt_tensor *x[2], *g[2], *w[2], *gw[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = dt_tensor_new(dt, 3, SH(B, T, D));
+        g[i] = dt_tensor_new(dt, 3, SH(B, T, D));
+        w[i] = dt_tensor_new(wdt, 1, SH(D));
+        gw[i] = dt_tensor_new(wdt, 1, SH(D));
+        ASSERT(x[i] && g[i] && w[i] && gw[i]);
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[i]->data, dt, N));
+        ASSERT_OK(dt_k_convert(wv, DT_F32, w[i]->data, wdt, D));
+        ASSERT_OK(dt_tensor_zero(g[i]));
+        ASSERT_OK(dt_tensor_zero(gw[i]));
+        ASSERT_OK(dt_tensor_set_grad(x[i], g[i]));
+        ASSERT_OK(dt_tensor_set_grad(w[i], gw[i]));
+    }
+    y[0] = dt_rms_norm(ctx, x[0], has_w ? w[0] : NULL, 1e-5f);
+    y[1] = dt_cast(ctx, dt_rms_norm(ctx, dt_cast(ctx, x[1], DT_F32), has_w ? dt_cast(ctx, w[1], DT_F32) : NULL,
+                                    1e-5f), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)N * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)N * 2));
+    ASSERT(!memcmp(gw[0]->data, gw[1]->data, dt_tensor_nbytes(gw[0])));
+    ASSERT(dt_tensor_get(g[0], 5) != 0.0);
+    ASSERT(!has_w || dt_tensor_get(gw[0], 7) != 0.0);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(x[i]);
+        dt_tensor_free(g[i]);
+        dt_tensor_free(w[i]);
+        dt_tensor_free(gw[i]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(rms_lp_equals_widened)
+{
+    rms_lp_case(DT_BF16, DT_BF16, true);
+    rms_lp_case(DT_BF16, DT_F32, true);
+    rms_lp_case(DT_BF16, DT_BF16, false);
+    rms_lp_case(DT_F16, DT_F16, true);
+    float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+    ASSERT_STATUS(dt_k_rmsnorm_fwd_lp(xs, DT_F32, 1, 8, NULL, 1e-5f, y, NULL), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_rmsnorm_fwd_lp(xs, DT_BF16, 1, 8, NULL, 0.0f, y, NULL), DT_ERR_INVALID_ARG);
+}
+
 TEST(rope_lp_equals_widened)
 {
     rope_lp_case(DT_BF16);
@@ -418,6 +480,7 @@ int main(void)
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);
+    RUN(rms_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();
