@@ -261,9 +261,20 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
  * One pass reads t, rotates in f32 with rope_pairs (the same operations as
  * dt_k_rope) and writes the result rounded once: the bits of widening,
  * dt_k_rope and rounding, without the two cast passes and the f32 copies.
- * A head's pairs go in chunks of RP_BLK through stack buffers, so any head
- * size works. */
-enum { RP_BLK = 512 };
+ * A row of up to RP_ROW elements is converted at once; wider rows go head
+ * by head, a head's pairs in chunks of RP_BLK through stack buffers, so any
+ * head size works. */
+enum { RP_BLK = 512, RP_ROW = 4096 };
+
+/* x[0, n) rounded to t values in place, RP_BLK at a time through h16 */
+static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
+{
+    for (int64_t i = 0; i < n; i += RP_BLK) {
+        const int64_t c = n - i < RP_BLK ? n - i : RP_BLK;
+        dt_k_convert(x + i, DT_F32, h16, t, c);
+        dt_k_convert(h16, t, x + i, DT_F32, c);
+    }
+}
 
 /* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
  * by sgn times the angles, rounded to t and stored as t (y_lp) or as f32
@@ -275,9 +286,26 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
     int nt = dt__threads_for(B * T * H * hd * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        float a[RP_BLK], b[RP_BLK], ya[RP_BLK], yb[RP_BLK];
+        float a[RP_BLK], b[RP_BLK], ya[RP_BLK], yb[RP_BLK], row[RP_ROW];
         uint16_t h16[RP_BLK];
         const float *c = cos_t + (bt % T) * half, *s = sin_t + (bt % T) * half;
+        if (H * hd <= RP_ROW) { /* the row in one conversion each way */
+            const int64_t o = bt * H * hd, m = H * hd;
+            if (x_f32) {
+                memcpy(row, (const float *)x + o, (size_t)m * sizeof(float));
+                round_row(row, t, m, h16);
+            } else
+                dt_k_convert((const uint16_t *)x + o, t, row, DT_F32, m);
+            for (int64_t h = 0; h < H; h++)
+                rope_pairs(row + h * hd, row + h * hd + half, c, s, sgn, half, row + h * hd, row + h * hd + half);
+            if (y_lp)
+                dt_k_convert(row, DT_F32, (uint16_t *)y_lp + o, t, m);
+            else {
+                memcpy(y_f32 + o, row, (size_t)m * sizeof(float));
+                round_row(y_f32 + o, t, m, h16);
+            }
+            continue;
+        }
         for (int64_t h = 0; h < H; h++) {
             const int64_t o = (bt * H + h) * hd;
             for (int64_t j0 = 0; j0 < half; j0 += RP_BLK) {

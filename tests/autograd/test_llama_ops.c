@@ -336,7 +336,7 @@ TEST(gqa_lp_equals_widened)
  * the result and the gradient (a leaf of that dtype), with -0, large
  * magnitudes and a NaN among the inputs; and the kernels alone against the
  * same chain at a head size whose pairs span more than one of their
- * chunks (hd 1030: 515 pairs). */
+ * chunks (hd 1030: 515 pairs; rows of 4 heads, wider than the one-pass row). */
 static void rope_lp_case(dt_dtype dt)
 {
     enum { B = 2, T = 5, H = 3, HD = 12, N = B * T * H * HD };
@@ -374,23 +374,23 @@ static void rope_lp_case(dt_dtype dt)
     }
     dt_ctx_free(ctx);
 
-    enum { KT = 3, KD = 1030, KN = KT * 2 * KD, KH = KD / 2 };
+    enum { KT = 3, KD = 1030, KN = KT * 4 * KD, KH = KD / 2 }; /* rows of 4120: head by head */
     static float a[KN], ref[KN], got[KN], cs[KT * KH], sn[KT * KH];
     static uint16_t al[KN], yl[KN];
     dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 2, 0), 0, a, KN, -4.0f, 4.0f);
     for (int64_t i = 0; i < KT * KH; i++)
         cs[i] = cosf(0.01f * (float)i), sn[i] = sinf(0.01f * (float)i);
     ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
-    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 2, KD, cs, sn, yl));
+    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 4, KD, cs, sn, yl));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
-    ASSERT_OK(dt_k_rope(ref, 1, KT, 2, KD, cs, sn, false, ref));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, false, ref));
     ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
     ASSERT(!memcmp(al, yl, sizeof al));
     /* backward: a (f32) rounded, rotated back, rounded */
-    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 2, KD, cs, sn, got));
+    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, cs, sn, got));
     ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
-    ASSERT_OK(dt_k_rope(ref, 1, KT, 2, KD, cs, sn, true, ref));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, true, ref));
     ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
     ASSERT(!memcmp(ref, got, sizeof ref));
