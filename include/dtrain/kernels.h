@@ -587,6 +587,17 @@ DT_API dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, co
  * order, independent of the thread count) of dt_k_rmsnorm_fwd. */
 DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *w,
                                   const float *save_rstd, float *dx, float *dw);
+/* dt_k_rmsnorm_fwd on low-precision x (t = bf16 or f16, uint16_t arrays;
+ * w f32 or NULL): x widened row by row, y (t) rounded once; the same bits
+ * as widening, dt_k_rmsnorm_fwd and rounding, in one pass. */
+DT_API dt_status dt_k_rmsnorm_fwd_lp(const void *x, dt_dtype t, int64_t rows, int64_t cols, const float *w,
+                                     float eps, void *y, float *save_rstd);
+/* Its backward as the chain cast -> rmsnorm -> cast computes it: dy (f32)
+ * is rounded to t, dt_k_rmsnorm_bwd runs on the widened x; dx (f32, may be
+ * NULL) gets t values, dw (f32, may be NULL) the f32 column sums (the
+ * caller rounds it to the weight's dtype). */
+DT_API dt_status dt_k_rmsnorm_bwd_lp(const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
+                                     const float *w, const float *save_rstd, float *dx, float *dw);
 /* Rotary position embedding in the rotate-half layout on x (B, T, H * hd):
  * within each head the pairs (j, j + hd/2), j < hd/2, are rotated by the
  * angle of position t and frequency j: y_j = x_j cos - x_{j+hd/2} sin,
@@ -595,6 +606,16 @@ DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows,
  * y may alias x. */
 DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
                            const float *sin_t, bool inverse, float *y);
+/* dt_k_rope on low-precision data (t = bf16 or f16, uint16_t arrays): x
+ * widened, rotated in f32, y rounded once to t; the same bits as widening,
+ * dt_k_rope and rounding, in one pass. y may alias x. */
+DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              const float *cos_t, const float *sin_t, void *y);
+/* Its backward as the chain cast -> rope -> cast computes it: dy (f32) is
+ * rounded to t, rotated by minus the angle, and dx (f32) gets the result
+ * rounded to t values. dx may alias dy. */
+DT_API dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                  const float *cos_t, const float *sin_t, float *dx);
 /* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */
