@@ -103,3 +103,10 @@ if(DT_BUILD_TESTS)
   set_tests_properties(kernels/bench_onednn_matmul_dtrain PROPERTIES TIMEOUT 120 LABELS "kernels;bench"
     PASS_REGULAR_EXPRESSION "bwd-dw lm_head AtB 40 8 16 bf16 impl=" FAIL_REGULAR_EXPRESSION "error=")
 endif()
+# The per-parameter passes of a bf16 step: the non-finite scan and the
+# AdamW step over f32 masters with bf16 grads and weight copy.
+add_executable(bench_optim_lowp ${CMAKE_CURRENT_LIST_DIR}/optim_lowp.c)
+set_target_properties(bench_optim_lowp PROPERTIES OUTPUT_NAME optim_lowp
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_optim_lowp PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_optim_lowp PRIVATE dtrain_static)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "dtrain/plan.h"
+#include "dtrain/tokenizer.h"
 
 int dt_cmd_info(int argc, char **argv);
 int dt_cmd_train(int argc, char **argv);
@@ -47,6 +48,13 @@ void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf,
 void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank);
 void dt__plan_row_text(FILE *f, const dt_plan_prediction *r, int rank);
 void dt__plan_table_head(FILE *f);
+
+/* The tokenizer.json a checkpoint keeps (a run trained with dtrain train
+ * --tokenizer and --save keeps it with its options), loaded into *out;
+ * *out NULL when the checkpoint keeps none. dtrain generate --ckpt and
+ * dtrain eval --ckpt encode text with it (tools/ckpt_tokenizer.c). DT_OK,
+ * or the error of reading the checkpoint or the tokenizer. */
+dt_status dt__ckpt_tokenizer(const char *ckpt, dt_tokenizer **out);
 
 /* Benchmark suites under `dtrain bench`, one file each (tools/bench_*.c). */
 int dt_bench_step(int argc, char **argv);

@@ -7,7 +7,10 @@
  * train command line, any option given here overrides them (e.g. --data
  * idx:DIR to evaluate on other files, --limit-test N), and the train
  * command's own setup builds the model and the data, loads the checkpoint's
- * weights (CRC-checked) and evaluates. Parsing and printing only. */
+ * weights (CRC-checked) and evaluates. Text data (--data text:/jsonl:) is
+ * encoded with --tokenizer FILE when given, else with the tokenizer.json a
+ * run trained with --tokenizer keeps (dt__ckpt_tokenizer, as dtrain
+ * generate --ckpt); the command says which. Parsing and printing only. */
 #include "cmd.h"
 #include "train.h"
 
@@ -28,7 +31,8 @@ static void usage(FILE *f)
                "accuracy). DIR is a `dtrain train --save` directory (its newest complete checkpoint)\n"
                "or one step-N checkpoint. The model and data are those the checkpoint was trained\n"
                "with (a LoRA run's model with its adapters and --freeze, a --loss-mask run's loss on\n"
-               "the completions); any `dtrain train` option\n"
+               "the completions; text data through the tokenizer.json a --tokenizer run keeps, unless\n"
+               "--tokenizer FILE is given: the command says which); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
                "--metrics FILE; --lora-* options other than the checkpoint's are refused).\n"
                "--weights FILE: the weights of a safetensors file with PyTorch's names (a `dtrain ckpt\n"
@@ -41,6 +45,17 @@ static void usage(FILE *f)
                "  e.g. dtrain eval --ckpt runs/a --limit-test 1000\n"
                "       dtrain eval --model hf:llama-dir --data tokens:val.bin --batch 8 --seq 256 --json\n"
                "       dtrain eval --weights model.safetensors --model convnet --data fashion-mnist\n");
+}
+
+/* text:/jsonl: data (encoded with a tokenizer) */
+static bool text_spec(const char *d) { return d && (!strncmp(d, "text:", 5) || !strncmp(d, "jsonl:", 6)); }
+
+/* The effective --data (key "data") or --val-data (key "val_data"): the
+ * one given here, else the checkpoint's. */
+static const char *spec_of(const char *given, const cJSON *user, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(user, key);
+    return given ? given : cJSON_IsString(v) && v->valuestring[0] ? v->valuestring : NULL;
 }
 
 /* Append "--flag value" from user[key] when it is a string or a positive number. */
@@ -60,7 +75,8 @@ static int add_opt(char **argv, int n, char bufs[][64], int *nb, const cJSON *us
 
 int dt_cmd_eval(int argc, char **argv)
 {
-    const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL;
+    const char *ckpt = NULL, *weights = NULL, *hf = NULL, *data_arg = NULL, *val_arg = NULL, *tok_arg = NULL;
+    bool vocab_given = false;
     bool json = false, val_given = false, mask_given = false;
     int nrest = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -101,7 +117,14 @@ int dt_cmd_eval(int argc, char **argv)
             hf = argv[i + 1] + 3;
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             data_arg = argv[i + 1];
+        if (!strcmp(argv[i], "--val-data") && i + 1 < argc)
+            val_arg = argv[i + 1];
+        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+            tok_arg = argv[i + 1];
+        else if (!strncmp(argv[i], "--tokenizer=", 12))
+            tok_arg = argv[i] + 12;
         val_given |= !strcmp(argv[i], "--val-data");
+        vocab_given |= !strcmp(argv[i], "--vocab") || !strncmp(argv[i], "--vocab=", 8);
         mask_given |= !strcmp(argv[i], "--loss-mask");
         rest[nrest++] = argv[i];
     }
@@ -131,7 +154,7 @@ int dt_cmd_eval(int argc, char **argv)
             targv[n++] = (char *)data_arg;
         }
         targv[n] = NULL;
-        int rc = dt__train_eval_ckpt(n, targv, weights, json);
+        int rc = dt__train_eval_ckpt(n, targv, weights, json, NULL);
         free(targv);
         free(rest);
         return rc;
@@ -154,7 +177,26 @@ int dt_cmd_eval(int argc, char **argv)
         free(rest);
         return 2;
     }
+    /* text data: the tokenizer given, else the one the checkpoint keeps */
+    const char *dspec = spec_of(data_arg, user, "data"), *vspec = spec_of(val_arg, user, "val_data");
+    dt_tokenizer *kept = NULL;
+    if ((text_spec(dspec) || text_spec(vspec)) && !tok_arg && !vocab_given && dt__ckpt_tokenizer(ckpt, &kept) < 0) {
+        dt__cli_err("dtrain eval: --ckpt: %s\n", dt_last_error());
+        cJSON_Delete(user);
+        free(targv);
+        free(rest);
+        return 2;
+    }
+    if (tok_arg && (text_spec(dspec) || text_spec(vspec)))
+        fprintf(json ? stderr : stdout, "tokenizer: --tokenizer %s\n", tok_arg);
+    else if (kept)
+        fprintf(json ? stderr : stdout, "tokenizer: the tokenizer.json --ckpt %s keeps (its run's --tokenizer)\n",
+                ckpt);
     targv[n++] = "train";
+    if (kept) { /* it stands for the tokenizer it keeps (dt__train_eval_ckpt takes kept) */
+        targv[n++] = "--tokenizer";
+        targv[n++] = (char *)ckpt;
+    }
     n = add_opt(targv, n, bufs, &nb, user, "model", "--model");
     n = add_opt(targv, n, bufs, &nb, user, "data", "--data");
     n = add_opt(targv, n, bufs, &nb, user, "seed", "--seed");
@@ -182,7 +224,7 @@ int dt_cmd_eval(int argc, char **argv)
     for (int i = 0; i < nrest; i++)
         targv[n++] = rest[i];
     targv[n] = NULL;
-    int rc = dt__train_eval_ckpt(n, targv, ckpt, json);
+    int rc = dt__train_eval_ckpt(n, targv, ckpt, json, kept);
     cJSON_Delete(user);
     free(targv);
     free(rest);

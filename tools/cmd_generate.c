@@ -57,8 +57,7 @@ static void usage(FILE *f)
 
 /* The model name and GPT configuration saved with checkpoint `path`; the
  * command line's overrides (already in *cfg) win. */
-static dt_status user_config(const char *path, char **model, dt_model_config *cfg, char **vocab_text,
-                             char **tok_text)
+static dt_status user_config(const char *path, char **model, dt_model_config *cfg, char **vocab_text)
 {
     char *js = NULL;
     dt_status st = dt_trainer_ckpt_user(path, &js);
@@ -75,11 +74,6 @@ static dt_status user_config(const char *path, char **model, dt_model_config *cf
     }
     const cJSON *vb = cJSON_GetObjectItemCaseSensitive(u, "vocab_bpe"); /* kept by dtrain train --vocab */
     if (cJSON_IsString(vb) && !(*vocab_text = strdup(vb->valuestring))) {
-        cJSON_Delete(u);
-        return dt_error(DT_ERR_NO_MEMORY, "out of memory");
-    }
-    const cJSON *tj = cJSON_GetObjectItemCaseSensitive(u, "tokenizer_json"); /* kept by dtrain train --tokenizer */
-    if (cJSON_IsString(tj) && !(*tok_text = strdup(tj->valuestring))) {
         cJSON_Delete(u);
         return dt_error(DT_ERR_NO_MEMORY, "out of memory");
     }
@@ -186,7 +180,8 @@ int dt_cmd_generate(int argc, char **argv)
             return 2;
         }
     }
-    char *mname = NULL, *vtext = NULL, *ttext = NULL;
+    char *mname = NULL, *vtext = NULL;
+    dt_tokenizer *ttok = NULL; /* the tokenizer.json a --ckpt run trained with --tokenizer keeps */
     if (ckpt && weights) {
         dt__cli_err("dtrain generate: give --ckpt or --weights, not both\n");
         return 2;
@@ -200,11 +195,11 @@ int dt_cmd_generate(int argc, char **argv)
         dt__cli_err("dtrain generate: give --vocab (dtrain's BPE) or --tokenizer (a tokenizer.json), not both\n");
         return 2;
     }
-    if (ckpt && user_config(ckpt, &mname, &cfg, &vtext, &ttext) < 0) {
+    if (ckpt && (user_config(ckpt, &mname, &cfg, &vtext) < 0 || dt__ckpt_tokenizer(ckpt, &ttok) < 0)) {
         dt__cli_err("dtrain generate: --ckpt: %s\n", dt_last_error());
         free(mname);
         free(vtext);
-        free(ttext);
+        dt_tokenizer_free(ttok);
         return 2;
     }
     if (!model)
@@ -217,21 +212,21 @@ int dt_cmd_generate(int argc, char **argv)
             dt__tuning_free(&tu);
             free(mname);
             free(vtext);
-            free(ttext);
+            dt_tokenizer_free(ttok);
             return bad();
         }
         cfg.build.lora = &lp;
     }
     dt_error_clear();
     char hftok[4200]; /* --prompt with an hf:DIR model: DIR/tokenizer.json unless told another */
-    bool hf_tok = ptext && !vocab && !tokenizer && !vtext && !ttext && model &&
+    bool hf_tok = ptext && !vocab && !tokenizer && !vtext && !ttok && model &&
                   dt_hf_dir_tokenizer(model, hftok, sizeof hftok);
-    if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !tokenizer && !vtext && !ttext && !hf_tok) ||
+    if (!model || !(ids || ptext) || (ids && ptext) || (ptext && !vocab && !tokenizer && !vtext && !ttok && !hf_tok) ||
         ((vocab || tokenizer) && !ptext)) {
         dt__tuning_free(&tu);
         free(mname);
         free(vtext);
-        free(ttext);
+        dt_tokenizer_free(ttok);
         dt__cli_err("dtrain generate: give --model and either --prompt-ids, or --prompt with --vocab or --tokenizer "
                     "(see dtrain generate --help)\n");
         return 2;
@@ -243,10 +238,11 @@ int dt_cmd_generate(int argc, char **argv)
     dt_tokenizer *tok = NULL;
     int64_t *out = NULL, *prompt = NULL;
     char *copy = NULL;
-    if (ptext && (tokenizer || hf_tok || (ttext && !vocab))) { /* through a tokenizer.json */
+    if (ptext && (tokenizer || hf_tok || (ttok && !vocab))) { /* through a tokenizer.json */
         uint32_t *enc = NULL;
-        if ((tokenizer || hf_tok ? dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok)
-                                 : dt_tokenizer_load_mem(ttext, strlen(ttext), "--ckpt's tokenizer.json", &tok)) < 0 ||
+        if (!tokenizer && !hf_tok)
+            tok = ttok, ttok = NULL; /* the checkpoint's */
+        if ((!tok && dt_tokenizer_load(tokenizer ? tokenizer : hftok, &tok) < 0) ||
             dt_tokenizer_encode(tok, ptext, strlen(ptext), true, &enc, &np) < 0) {
             rc = bad();
             goto done;
@@ -357,7 +353,7 @@ done:
     dt__tuning_free(&tu);
     free(mname);
     free(vtext);
-    free(ttext);
+    dt_tokenizer_free(ttok);
     dt_bpe_free(bpe);
     dt_tokenizer_free(tok);
     free(out);

@@ -6,6 +6,7 @@
 #include "dtrain/base.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
+#include "dtrain/tokenizer.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -174,8 +175,11 @@ int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*va
  * the table docs/TRAINING.md carries (dtrain train --help-markdown). */
 void dt__train_options_markdown(FILE *f);
 /* dtrain eval: the train command's setup with argv (argv[0] "train"),
- * then the weights of checkpoint ckpt and one evaluation (cmd_train.c). */
-int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json);
+ * then the weights of checkpoint ckpt and one evaluation (cmd_train.c).
+ * kept: the tokenizer the checkpoint keeps (dt__ckpt_tokenizer), taken
+ * (freed here), which encodes the text data in place of loading argv's
+ * --tokenizer (then the checkpoint's path); NULL: none. */
+int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json, dt_tokenizer *kept);
 
 /* ---- progress display (train_progress.c) -------------------------------------- */
 typedef enum { DT__PROGRESS_NONE, DT__PROGRESS_PLAIN, DT__PROGRESS_BAR } dt__progress_mode;

@@ -319,7 +319,7 @@ static void set_defaults(dt__train_opts *o)
     o->grad_accum = 1;
     o->powersgd_start_iter = -1;
     o->prefetch = 2;
-    o->random_items = 0; /* not given: 6000 items for --data random (cmd_train.c) */
+    o->random_items = 0; /* not given: 6000 items for --data random (train_setup.c) */
     o->sample_tokens = 64;
     o->backward_prefetch = "backward_pre";
     o->precision = "fp32";

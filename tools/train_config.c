@@ -4,7 +4,7 @@
  * the command acts on before the trainer exists (the batch the loader
  * takes, the stage the group is set up for, the precision the model is
  * built in, ...). The trainer's own params come from the config again in
- * cmd_train.c (dt_trainer_params_apply_config), so both agree.
+ * train_setup.c (dt_trainer_params_apply_config), so both agree.
  *
  * Without --config only the AIAK_* variables are read: the flags and
  * their defaults act exactly as before. */

@@ -1,5 +1,5 @@
 /* tools/train_ddp.h — the data-parallel side of `dtrain train` (owned by the
- * DDP work; cmd_train.c calls these at a few marked places). Not a public
+ * DDP work; the train command's files, train_run.h, call these). Not a public
  * interface.
  *
  * With world size 1 (no launcher) everything here is a no-op and the

@@ -276,14 +276,16 @@ DT_API dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias);
 /* RMSNorm over the last dim D of x: x / sqrt(mean(x^2) + eps) * weight
  * (weight [D], or NULL for none), the statistics in f32 (LlamaRMSNorm).
  * bf16/f16 inputs are computed in f32 and the result rounded once to x's
- * dtype. eps > 0. */
+ * dtype (x of bf16/f16 with a weight of its dtype, f32 or none: in one pass
+ * that reads and writes x's dtype, the same bits). eps > 0. */
 DT_API dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps);
 /* Rotary position embedding in the rotate-half layout (transformers'
  * apply_rotary_pos_emb) on x [B, T, n_head * hd]: in every head the pair
  * (j, j + hd/2) is rotated by the angle (pos0 + t) * inv_freq[j] (computed
  * in f32, as transformers does), j < hd/2. inv_freq: hd/2 inverse
  * frequencies (borrowed for the call; rope scaling is already in them). hd
- * even. Differentiable in x. */
+ * even. Differentiable in x. A bf16/f16 x is rotated in f32 and the result
+ * rounded once to its dtype, in one pass. */
 DT_API dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0);
 /* dt_rope with row t of every sequence at position pos[t] (T entries, read
  * during the call; NULL: pos0 + t), for rows that are not consecutive

@@ -297,6 +297,14 @@ DT_API dt_status dt_k_broadcast_shape(const int64_t *a, int na, const int64_t *b
  * that operand already has the broadcast shape. */
 DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape_a, int na, const float *b,
                              const int64_t *shape_b, int nb, float *out);
+/* y = a + b (b_first: b + a, the operands' order kept) over n elements,
+ * a and y f32, b bf16/f16 (dtype t) widened block by block: the same bits
+ * as widening b with dt_k_convert and adding in f32. y may alias a. */
+DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n);
+/* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
+ * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
+ * gradient of a t tensor that went through an f32 op. y may alias g. */
+DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n);
 /* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
  * no <= ng, oshape broadcastable to gshape) by summing over the broadcast
  * dims: the backward of broadcasting. Fixed summation order. */
@@ -463,6 +471,16 @@ DT_API dt_status dt_k_bias_gelu_fwd(const float *x, const float *bias, int64_t r
  * added; summed in row order whatever the thread count). */
 DT_API dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy, int64_t rows,
                                     int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
+/* The tanh form of dt_k_bias_gelu_fwd with x in bf16/f16 (dtype t), bias
+ * and y f32: bit-identical to widening x with dt_k_convert first, without
+ * the widened copy. */
+DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols,
+                                       float *y, dt_k_gelu_approx approx);
+/* Its backward: dx and dbias as dt_k_bias_gelu_bwd on the widened x, then
+ * dx rounded to t's precision (held in f32: the gradient of a t tensor);
+ * dbias from the unrounded values. dx may alias dy. */
+DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
+                                       int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0
@@ -569,6 +587,17 @@ DT_API dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, co
  * order, independent of the thread count) of dt_k_rmsnorm_fwd. */
 DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols, const float *w,
                                   const float *save_rstd, float *dx, float *dw);
+/* dt_k_rmsnorm_fwd on low-precision x (t = bf16 or f16, uint16_t arrays;
+ * w f32 or NULL): x widened row by row, y (t) rounded once; the same bits
+ * as widening, dt_k_rmsnorm_fwd and rounding, in one pass. */
+DT_API dt_status dt_k_rmsnorm_fwd_lp(const void *x, dt_dtype t, int64_t rows, int64_t cols, const float *w,
+                                     float eps, void *y, float *save_rstd);
+/* Its backward as the chain cast -> rmsnorm -> cast computes it: dy (f32)
+ * is rounded to t, dt_k_rmsnorm_bwd runs on the widened x; dx (f32, may be
+ * NULL) gets t values, dw (f32, may be NULL) the f32 column sums (the
+ * caller rounds it to the weight's dtype). */
+DT_API dt_status dt_k_rmsnorm_bwd_lp(const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
+                                     const float *w, const float *save_rstd, float *dx, float *dw);
 /* Rotary position embedding in the rotate-half layout on x (B, T, H * hd):
  * within each head the pairs (j, j + hd/2), j < hd/2, are rotated by the
  * angle of position t and frequency j: y_j = x_j cos - x_{j+hd/2} sin,
@@ -577,6 +606,16 @@ DT_API dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows,
  * y may alias x. */
 DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
                            const float *sin_t, bool inverse, float *y);
+/* dt_k_rope on low-precision data (t = bf16 or f16, uint16_t arrays): x
+ * widened, rotated in f32, y rounded once to t; the same bits as widening,
+ * dt_k_rope and rounding, in one pass. y may alias x. */
+DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              const float *cos_t, const float *sin_t, void *y);
+/* Its backward as the chain cast -> rope -> cast computes it: dy (f32) is
+ * rounded to t, rotated by minus the angle, and dx (f32) gets the result
+ * rounded to t values. dx may alias dy. */
+DT_API dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                  const float *cos_t, const float *sin_t, float *dx);
 /* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */

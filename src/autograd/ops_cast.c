@@ -10,7 +10,10 @@
  * src/kernels/convert.c), cheap next to the GEMMs that dominate a step.
  * Where those passes showed in the ConvNet's bf16 step, ops compute the same
  * numbers without them: relu (dt_k_relu_*_lp, converting block by block in
- * cache) and max_pool2d (no cast nodes, pool_backward rounds).
+ * cache) and max_pool2d (no cast nodes, pool_backward rounds); in GPT-2's,
+ * bias + GELU on a bf16/f16 input with an f32 bias (dt_k_bias_gelu_*_lp)
+ * and the add of an f32 and a bf16/f16 tensor of one shape (dt_k_add_lp,
+ * its backward dt_k_grad_round_lp): the residual stream's adds.
  *
  * Gradients stay f32 buffers; dt_cast's backward rounds the gradient to the
  * input's dtype when that is bf16/f16, so the gradient of a low-precision

@@ -81,9 +81,42 @@ static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, b
             return st_;                                                                  \
     } while (0)
 
+/* The backward of add_lp: the f32 operand's gradient accumulates gout; the
+ * bf16/f16 one's is gout rounded to its dtype (what dt_cast's backward
+ * gave after the widened operand's gradient). */
+static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    int64_t m = dt_tensor_numel(n->out);
+    for (int k = 0; k < 2; k++) {
+        dt_tensor *x = n->in[k];
+        if (!dt__rg(x))
+            continue;
+        dt_status st;
+        if (x->dtype == DT_F32) {
+            float *g = dt__grad(ctx, x);
+            if (!g)
+                return dt_last_status();
+            st = dt_k_axpy(m, 1.0f, gout, g);
+        } else {
+            float *g = dt__grad_begin(ctx, x);
+            if (!g)
+                return dt_last_status();
+            st = dt_k_grad_round_lp(x->dtype, gout, g, m);
+            if (st >= 0)
+                st = dt__grad_commit(ctx, x, g);
+        }
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
+/* i[0] = kind, i[1] = 1 for add_lp (an f32 and a bf16/f16 operand) */
 dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int kind = (int)n->i[0];
+    if (n->i[1])
+        return add_lp_backward(ctx, n, gout);
     dt_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
     int nd = out->ndim;
     int64_t gs[DT_MAX_DIMS], as[DT_MAX_DIMS], bs[DT_MAX_DIMS], ga_s[DT_MAX_DIMS],
@@ -131,11 +164,52 @@ dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
+/* f32 + bf16/f16 of one shape, both contiguous (GPT-2's residual stream
+ * plus a projection's autocast output): the f32 sum widening would give,
+ * with the low-precision operand read as it is (dt_k_add_lp) instead of
+ * through a widened copy and a cast node; NULL with *took false when the
+ * operands are not such a pair. */
+static dt_tensor *add_lp(dt_ctx *ctx, dt_tensor *a, dt_tensor *b, bool *took)
+{
+    *took = false;
+    bool a_lp = dt__is_lp(a), b_lp = dt__is_lp(b);
+    if (a_lp == b_lp || (a_lp ? b : a)->dtype != DT_F32 || a->ndim != b->ndim || !dt_tensor_is_contiguous(a) ||
+        !dt_tensor_is_contiguous(b))
+        return NULL;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return NULL;
+    *took = true;
+    dt_tensor *f = a_lp ? b : a, *h = a_lp ? a : b;
+    dt_tensor *out = dt__out(ctx, a->ndim, a->shape);
+    if (!out)
+        return NULL;
+    if (dt_k_add_lp(h->dtype, f->data, h->data, a_lp, out->data, dt_tensor_numel(out)) < 0) {
+        dt_error_wrap(dt_last_status(), "dt_add");
+        return NULL;
+    }
+    dt_tensor *in[2] = {a, b};
+    if (dt__ag_wants(ctx, 2, in)) {
+        dt__node *n = dt__ag_record(ctx, DT_OP_ADD, out, 2, in);
+        if (!n)
+            return NULL;
+        n->i[0] = BIN_ADD;
+        n->i[1] = 1;
+    }
+    return out;
+}
+
 static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
 {
     const char *op = bin_names[kind];
     DT__NEED(ctx, op, a);
     DT__NEED(ctx, op, b);
+    if (kind == BIN_ADD) {
+        bool took;
+        dt_tensor *y = add_lp(ctx, a, b, &took);
+        if (took)
+            return y;
+    }
     dt_tensor *lp[2] = {a, b};
     DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), binary(ctx, kind, lp[0], lp[1]));
     if (!dt__check_f32(op, "a", a) || !dt__check_f32(op, "b", b))
@@ -171,6 +245,7 @@ static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
         if (!n)
             return NULL;
         n->i[0] = kind;
+        n->i[1] = 0;
     }
     return out;
 }

@@ -4,7 +4,8 @@
  * Both keep only what their backward cannot cheaply recompute: attention
  * keeps qkv, its output and one log-sum-exp per row (B*H*T floats, not the
  * (T, T) probabilities); bias + GELU keeps its input and the bias (x + b is
- * recomputed). */
+ * recomputed). A bf16/f16 input with an f32 bias is read as it is (no
+ * widened copy), with the numbers of widening it. */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -85,16 +86,19 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
 
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */
 
-/* saved[0] = x (contiguous), saved[1] = bias data or NULL; i[0] = rows, i[1] = cols */
+/* saved[0] = x (contiguous), saved[1] = bias data or NULL; i[0] = rows, i[1] = cols,
+ * i[2] = x's dtype (f32, or bf16/f16 read as it is: bias_gelu_lp) */
 dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], N = n->i[1];
+    dt_dtype t = (dt_dtype)n->i[2];
     dt_tensor *X = n->in[0], *bias = n->nin > 1 ? n->in[1] : NULL;
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gb = dt__rg(bias) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float)) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(bias) && !gb))
         return dt_last_status();
-    dt_status st = dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH);
+    dt_status st = t == DT_F32 ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
+                               : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH);
     if (st < 0)
         return st;
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
@@ -104,19 +108,68 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
+static bool bias_gelu_shape_ok(const char *op, const dt_tensor *x, const dt_tensor *bias)
+{
+    if (x->ndim < 1 || (bias && (bias->ndim != 1 || bias->shape[0] != x->shape[x->ndim - 1]))) {
+        dt__shape_error(op, "want x [..., N] and bias [N]", x, bias ? bias : x);
+        return false;
+    }
+    return true;
+}
+
+static dt_tensor *bias_gelu_record(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias, dt_tensor *out, const void *xd,
+                                   const float *bd, int64_t R, int64_t N)
+{
+    dt_tensor *in[2] = {x, bias};
+    int nin = bias ? 2 : 1;
+    if (dt__ag_wants(ctx, nin, in)) {
+        dt__node *n = dt__ag_record(ctx, DT_OP_BIAS_GELU_TANH, out, nin, in);
+        if (!n)
+            return NULL;
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = (void *)(uintptr_t)bd;
+        n->i[0] = R, n->i[1] = N, n->i[2] = x->dtype;
+    }
+    return out;
+}
+
+/* x bf16/f16 with an f32 bias (an autocast GEMM's output and the layer's
+ * own bias): the result is f32, as widening x would give, and x is read as
+ * it is (dt_k_bias_gelu_fwd_lp) instead of through a widened copy on the
+ * tape; the backward rounds x's gradient to its dtype as dt_cast's would.
+ * The same bits as the widening path, one pass over x fewer each way. */
+static dt_tensor *bias_gelu_lp(dt_ctx *ctx, const char *op, dt_tensor *x, dt_tensor *bias)
+{
+    if (dt__blocked(bias) && !(bias = dt__plain(ctx, bias)))
+        return NULL;
+    if (!bias_gelu_shape_ok(op, x, bias))
+        return NULL;
+    int64_t N = x->shape[x->ndim - 1], R = N ? dt_tensor_numel(x) / N : 0;
+    const void *xd = dt__cdata(ctx, x);
+    const float *bd = dt__cdata(ctx, bias);
+    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    if (!xd || !bd || !out)
+        return NULL;
+    if (dt_k_bias_gelu_fwd_lp(x->dtype, xd, bd, R, N, out->data, DT_K_GELU_TANH) < 0) {
+        dt_error_wrap(dt_last_status(), "%s", op);
+        return NULL;
+    }
+    return bias_gelu_record(ctx, x, bias, out, xd, bd, R, N);
+}
+
 dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias)
 {
     const char *op = "dt_bias_gelu_tanh";
     DT__NEED(ctx, op, x);
-    dt_tensor *lp[2] = {x, bias}; /* low precision: computed in f32, rounded once */
+    if (dt__is_lp(x) && bias && bias->dtype == DT_F32)
+        return bias_gelu_lp(ctx, op, x, bias);
+    dt_tensor *lp[2] = {x, bias}; /* other low precision: computed in f32, rounded once */
     DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_bias_gelu_tanh(ctx, lp[0], lp[1]));
     DT__NEED_F32(ctx, op, x);
     if (bias && (!dt__check_f32(op, "bias", bias) || dt__blocked(bias)))
         return NULL;
-    if (x->ndim < 1 || (bias && (bias->ndim != 1 || bias->shape[0] != x->shape[x->ndim - 1]))) {
-        dt__shape_error(op, "want x [..., N] and bias [N]", x, bias ? bias : x);
+    if (!bias_gelu_shape_ok(op, x, bias))
         return NULL;
-    }
     int64_t N = x->shape[x->ndim - 1], R = N ? dt_tensor_numel(x) / N : 0;
     const float *xd = dt__cdata(ctx, x), *bd = bias ? dt__cdata(ctx, bias) : NULL;
     dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
@@ -126,15 +179,5 @@ dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias)
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
-    dt_tensor *in[2] = {x, bias};
-    int nin = bias ? 2 : 1;
-    if (dt__ag_wants(ctx, nin, in)) {
-        dt__node *n = dt__ag_record(ctx, DT_OP_BIAS_GELU_TANH, out, nin, in);
-        if (!n)
-            return NULL;
-        n->saved[0] = (void *)(uintptr_t)xd;
-        n->saved[1] = (void *)(uintptr_t)bd;
-        n->i[0] = R, n->i[1] = N;
-    }
-    return out;
+    return bias_gelu_record(ctx, x, bias, out, xd, bd, R, N);
 }

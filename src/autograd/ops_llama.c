@@ -3,9 +3,10 @@
  *
  * Each is one node over a kernel of src/kernels/llm_ops.c (the packing is a
  * copy). Low precision follows the common rule (ops_cast.c): bf16/f16
- * inputs are widened, computed in f32 and the result rounded once; SwiGLU
- * and the packing of two / three inputs of one low-precision dtype compute
- * those numbers without the cast passes (block by block in cache; a copy). */
+ * inputs are widened, computed in f32 and the result rounded once; RMSNorm
+ * and RoPE of a low-precision input, SwiGLU and the packing of two / three inputs of
+ * one low-precision dtype compute those numbers without the cast passes
+ * (block by block in cache; a copy). */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
@@ -14,16 +15,20 @@
 
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
-/* i[0] = R, i[1] = D; saved: x, rstd, w (contiguous) */
+/* i[0] = R, i[1] = D, i[2] = x's dtype; saved: x, rstd, w (contiguous, f32) */
 dt_status dt__bw_rms(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], D = n->i[1];
+    const dt_dtype t = (dt_dtype)n->i[2];
     dt_tensor *X = n->in[0], *W = n->nin > 1 ? n->in[1] : NULL;
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gw = dt__rg(W) ? dt__grad_begin(ctx, W) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(W) && !gw))
         return dt_last_status();
-    dt_status st = dt_k_rmsnorm_bwd(n->saved[0], gout, R, D, n->saved[2], n->saved[1], gx, gw);
+    dt_status st = t == DT_F32 ? dt_k_rmsnorm_bwd(n->saved[0], gout, R, D, n->saved[2], n->saved[1], gx, gw)
+                               : dt_k_rmsnorm_bwd_lp(n->saved[0], t, gout, R, D, n->saved[2], n->saved[1], gx, gw);
+    if (st >= 0 && gw && dt__is_lp(W)) /* a low-precision weight's gradient holds its dtype's values */
+        st = dt__round_to(W->dtype, gw, gw, D);
     if (st >= 0 && gx)
         st = dt__grad_commit(ctx, X, gx);
     if (st >= 0 && gw)
@@ -36,21 +41,32 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
     const char *op = "dt_rms_norm";
     DT__NEED(ctx, op, x);
     dt_tensor *lp[2] = {x, weight}; /* statistics in f32; the result in x's dtype */
-    DT__LP_RUN(ctx, 2, lp, x->dtype, dt_rms_norm(ctx, lp[0], lp[1], eps));
-    DT__NEED_F32(ctx, op, x);
-    if (weight && (!dt__check_f32(op, "weight", weight) || dt__blocked(weight)))
-        return NULL;
+    /* bf16 (or f16) x with a weight of that dtype, f32 or none: one kernel
+     * reads x and writes the result in its dtype, with the numbers of the
+     * common rule's casts (ops_cast.c); the weight is widened (D values) */
+    const dt_dtype dt = dt__is_lp(x) && !dt__blocked(x) &&
+                                (!weight || (!dt__blocked(weight) &&
+                                             (weight->dtype == x->dtype || weight->dtype == DT_F32)))
+                            ? x->dtype : DT_F32;
+    if (dt == DT_F32) {
+        DT__LP_RUN(ctx, 2, lp, x->dtype, dt_rms_norm(ctx, lp[0], lp[1], eps));
+        DT__NEED_F32(ctx, op, x);
+        if (weight && (!dt__check_f32(op, "weight", weight) || dt__blocked(weight)))
+            return NULL;
+    }
     if (x->ndim < 1 || (weight && (weight->ndim != 1 || weight->shape[0] != x->shape[x->ndim - 1]))) {
         dt__shape_error(op, "want x [..., D] and weight [D]", x, weight ? weight : x);
         return NULL;
     }
     int64_t D = x->shape[x->ndim - 1], R = D ? dt_tensor_numel(x) / D : 0;
-    const float *xd = dt__cdata(ctx, x), *wd = weight ? dt__cdata(ctx, weight) : NULL;
-    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    const void *xd = dt__cdata(ctx, x);
+    const float *wd = weight ? dt__cdata_f32(ctx, weight) : NULL;
+    dt_tensor *out = dt == DT_F32 ? dt__out(ctx, x->ndim, x->shape) : dt_tensor_empty(ctx, dt, x->ndim, x->shape);
     float *rstd = dt_arena_alloc(ctx->arena, (size_t)(R ? R : 1) * 4);
     if (!xd || (weight && !wd) || !out || !rstd)
         return NULL;
-    if (dt_k_rmsnorm_fwd(xd, R, D, wd, eps, out->data, rstd) < 0) {
+    if ((dt == DT_F32 ? dt_k_rmsnorm_fwd(xd, R, D, wd, eps, out->data, rstd)
+                      : dt_k_rmsnorm_fwd_lp(xd, dt, R, D, wd, eps, out->data, rstd)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -60,7 +76,7 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
         dt__node *n = dt__ag_record(ctx, DT_OP_RMS_NORM, out, nin, in);
         if (!n)
             return NULL;
-        n->i[0] = R, n->i[1] = D;
+        n->i[0] = R, n->i[1] = D, n->i[2] = dt;
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = rstd;
         n->saved[2] = (void *)(uintptr_t)wd;
@@ -70,14 +86,17 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
 
 /* ---- rotary embeddings ---------------------------------------------------------- */
 
-/* i[0..3] = B, T, H, hd; saved: cos, sin tables */
+/* i[0..3] = B, T, H, hd, i[4] = x's dtype; saved: cos, sin tables */
 dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *X = n->in[0];
     float *gx = dt__grad_begin(ctx, X);
     if (!gx)
         return dt_last_status();
-    dt_status st = dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], true, gx);
+    const dt_dtype t = (dt_dtype)n->i[4];
+    dt_status st = t == DT_F32
+                       ? dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], true, gx)
+                       : dt_k_rope_bwd_lp(gout, t, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], gx);
     return st < 0 ? st : dt__grad_commit(ctx, X, gx);
 }
 
@@ -90,9 +109,14 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
 {
     const char *op = "dt_rope";
     DT__NEED(ctx, op, x);
+    /* bf16 (or f16) x: one kernel reads it and writes the result in its
+     * dtype, with the numbers of the common rule's casts (ops_cast.c) */
+    const dt_dtype dt = dt__is_lp(x) && !dt__blocked(x) ? x->dtype : DT_F32;
     dt_tensor *lp[1] = {x};
-    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope_at(ctx, lp[0], n_head, inv_freq, pos0, pos));
-    DT__NEED_F32(ctx, op, x);
+    if (dt == DT_F32) {
+        DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope_at(ctx, lp[0], n_head, inv_freq, pos0, pos));
+        DT__NEED_F32(ctx, op, x);
+    }
     if (x->ndim != 3 || n_head < 1 || x->shape[2] % n_head || (x->shape[2] / n_head) % 2) {
         dt_error(DT_ERR_SHAPE, "%s: want x [B, T, n_head * hd] with an even head size hd, got %dD x (last dim %lld) "
                  "and n_head %d", op, x->ndim, (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), n_head);
@@ -112,8 +136,8 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
     int64_t B = x->shape[0], T = x->shape[1], hd = x->shape[2] / n_head, half = hd / 2;
     float *ct = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
     float *sn = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
-    const float *xd = dt__cdata(ctx, x);
-    dt_tensor *out = dt__out(ctx, 3, x->shape);
+    const void *xd = dt__cdata(ctx, x);
+    dt_tensor *out = dt == DT_F32 ? dt__out(ctx, 3, x->shape) : dt_tensor_empty(ctx, dt, 3, x->shape);
     if (!ct || !sn || !xd || !out)
         return NULL;
     for (int64_t t = 0; t < T; t++)
@@ -122,7 +146,8 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
             ct[t * half + j] = cosf(a);
             sn[t * half + j] = sinf(a);
         }
-    if (dt_k_rope(xd, B, T, n_head, hd, ct, sn, false, out->data) < 0) {
+    if ((dt == DT_F32 ? dt_k_rope(xd, B, T, n_head, hd, ct, sn, false, out->data)
+                      : dt_k_rope_lp(xd, dt, B, T, n_head, hd, ct, sn, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -131,7 +156,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
         dt__node *n = dt__ag_record(ctx, DT_OP_ROPE, out, 1, in);
         if (!n)
             return NULL;
-        n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd;
+        n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd, n->i[4] = dt;
         n->saved[0] = ct;
         n->saved[1] = sn;
     }

@@ -401,6 +401,79 @@ dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy,
     return DT_OK;
 }
 
+/* Low-precision x (bf16/f16) with an f32 bias and an f32 result: the
+ * rows widened block by block into a stack buffer (dt_k_convert, exact) and
+ * run through the same row loops, so y, dx and dbias are bit-identical to
+ * dt_k_convert to f32 followed by dt_k_bias_gelu_fwd / _bwd; dx is then
+ * rounded to t in place (its gradient holds values of its dtype). */
+enum { GELU_LP_CB = 256 };
+
+dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols, float *y,
+                                dt_k_gelu_approx approx)
+{
+    const char *fn = "dt_k_bias_gelu_fwd_lp";
+    if (!lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    if (approx != DT_K_GELU_TANH)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: approximation %d; only the tanh form has a low-precision path",
+                        fn, (int)approx);
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, y, rows * cols);
+    int nt = dt__threads_for(rows * cols * 8), bad = 0;
+    const int vec = dt__vec_level();
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t r = 0; r < rows; r++) {
+        float v[LP_BLK];
+        for (int64_t j = 0; j < cols; j += LP_BLK) {
+            int64_t c = cols - j < LP_BLK ? cols - j : LP_BLK;
+            bad |= dt_k_convert((const uint16_t *)x + r * cols + j, t, v, DT_F32, c) < 0;
+            gelu_tanh_row(vec, v, bias ? bias + j : NULL, y + r * cols + j, c);
+        }
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
+}
+
+dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
+                                int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx)
+{
+    const char *fn = "dt_k_bias_gelu_bwd_lp";
+    if (!lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    if (approx != DT_K_GELU_TANH)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: approximation %d; only the tanh form has a low-precision path",
+                        fn, (int)approx);
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    DT__CHECK_PTR(fn, x, rows * cols);
+    DT__CHECK_PTR(fn, dy, rows * cols);
+    if (!dx && !dbias)
+        return DT_OK;
+    int64_t nblk = (cols + GELU_LP_CB - 1) / GELU_LP_CB;
+    int nt = dt__threads_for(rows * cols * 8), bad = 0;
+    const int vec = dt__vec_level();
+    /* column blocks, each summing its rows in order: dbias does not depend
+     * on the block width or the thread count (each column's sum is the f32
+     * kernel's) */
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t bk = 0; bk < nblk; bk++) {
+        int64_t j0 = bk * GELU_LP_CB, c = cols - j0 < GELU_LP_CB ? cols - j0 : GELU_LP_CB;
+        float sb[GELU_LP_CB] = {0}, v[GELU_LP_CB];
+        uint16_t h[GELU_LP_CB];
+        for (int64_t r = 0; r < rows; r++) {
+            float *d = dx ? dx + r * cols + j0 : NULL;
+            bad |= dt_k_convert((const uint16_t *)x + r * cols + j0, t, v, DT_F32, c) < 0;
+            gelu_tanh_bwd_row(vec, v, bias ? bias + j0 : NULL, dy + r * cols + j0, d, sb, c);
+            if (d)
+                bad |= dt_k_convert(d, DT_F32, h, t, c) < 0 || dt_k_convert(h, t, d, DT_F32, c) < 0;
+        }
+        if (dbias)
+            memcpy(dbias + j0, sb, (size_t)c * sizeof(float));
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
+}
+
 /* ---- dropout ------------------------------------------------------------------------ */
 static dt_status dropout(const char *fn, const float *x, float *y, int64_t n, float p, dt_rng_key key, uint64_t off)
 {

@@ -17,9 +17,6 @@
 
 #include <math.h>
 #include <string.h>
-#if defined(__SSE4_1__)
-#include <smmintrin.h>
-#endif
 
 /* Per-block row kernels (B channel lanes side by side), cloned for AVX2 as
  * the plain batch-norm rows are (DT_CLONES, kernels_impl.h). The bodies are
@@ -135,34 +132,22 @@ DT_CLONES static void bwd_dx16(const float *restrict xp, const float *restrict g
 }
 
 /* 2x2 stride-2 unpadded max pool of one channel block: each output is B
- * lanes (channels), B/4 SSE quarters; same rule as the scalar path (first
- * max in window order wins, NaN propagates). */
-static void max2x2(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
-                   int32_t *restrict ap, const int B)
+ * lanes (channels); same rule on every path (first max in window order
+ * wins, NaN propagates), so every path gives the scalar loop's values and
+ * argmax indices. The path follows dt__vec_level(): 16 lanes with AVX-512
+ * (B = 16; B = 8 takes the AVX2 loop), 8 with AVX2, the scalar loop on the
+ * scalar path. */
+static void max2x2_scalar(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                          int32_t *restrict ap, const int B)
 {
     for (int64_t p = 0; p < P; p++)
         for (int64_t q = 0; q < Q; q++) {
             int32_t i0 = (int32_t)(2 * p * W + 2 * q);
-            const float *c0 = xp + (int64_t)i0 * B, *c1 = c0 + B, *c2 = c0 + W * B, *c3 = c2 + B;
+            const float *c0 = xp + (int64_t)i0 * B;
+            const float *cs[3] = {c0 + B, c0 + W * B, c0 + W * B + B};
+            const int32_t off[3] = {1, (int32_t)W, (int32_t)W + 1};
             float *y = yp + (p * Q + q) * B;
             int32_t *a = ap + (p * Q + q) * B;
-            const float *cs[3] = {c1, c2, c3};
-            const int32_t off[3] = {1, (int32_t)W, (int32_t)W + 1};
-#if defined(__SSE4_1__)
-            for (int h = 0; h < B; h += 4) {
-                __m128 m = _mm_loadu_ps(c0 + h);
-                __m128i im = _mm_set1_epi32(i0);
-                for (int k = 0; k < 3; k++) {
-                    __m128 v = _mm_loadu_ps(cs[k] + h);
-                    __m128 t = _mm_or_ps(_mm_cmpgt_ps(v, m), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(m, m)));
-                    m = _mm_blendv_ps(m, v, t);
-                    im = _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(im),
-                                                        _mm_castsi128_ps(_mm_set1_epi32(i0 + off[k])), t));
-                }
-                _mm_storeu_ps(y + h, m);
-                _mm_storeu_si128((__m128i *)(void *)(a + h), im);
-            }
-#else
             for (int j = 0; j < B; j++) {
                 float mx = c0[j], v;
                 int32_t bi = i0;
@@ -175,8 +160,85 @@ static void max2x2(const float *restrict xp, int64_t W, int64_t P, int64_t Q, fl
                 y[j] = mx;
                 a[j] = bi;
             }
-#endif
         }
+}
+
+#if DT__X86_VEC
+/* one 8-lane step of the window: take v where v > m, or v is NaN and m not */
+DT__AVX2 static inline void max8_take(__m256 v, __m256i iv, __m256 *m, __m256i *im)
+{
+    __m256 t = _mm256_or_ps(_mm256_cmp_ps(v, *m, _CMP_GT_OQ),
+                            _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(*m, *m, _CMP_ORD_Q)));
+    *m = _mm256_blendv_ps(*m, v, t);
+    *im = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*im), _mm256_castsi256_ps(iv), t));
+}
+
+DT__AVX2 static void max2x2_avx2(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                                 int32_t *restrict ap, const int B)
+{
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t q = 0; q < Q; q++) {
+            int32_t i0 = (int32_t)(2 * p * W + 2 * q);
+            const float *c0 = xp + (int64_t)i0 * B, *c1 = c0 + B, *c2 = c0 + W * B, *c3 = c2 + B;
+            const __m256i i1 = _mm256_set1_epi32(i0 + 1), i2 = _mm256_set1_epi32(i0 + (int32_t)W),
+                          i3 = _mm256_set1_epi32(i0 + (int32_t)W + 1);
+            float *y = yp + (p * Q + q) * B;
+            int32_t *a = ap + (p * Q + q) * B;
+            for (int h = 0; h < B; h += 8) {
+                __m256 m = _mm256_loadu_ps(c0 + h);
+                __m256i im = _mm256_set1_epi32(i0);
+                max8_take(_mm256_loadu_ps(c1 + h), i1, &m, &im);
+                max8_take(_mm256_loadu_ps(c2 + h), i2, &m, &im);
+                max8_take(_mm256_loadu_ps(c3 + h), i3, &m, &im);
+                _mm256_storeu_ps(y + h, m);
+                _mm256_storeu_si256((__m256i *)(void *)(a + h), im);
+            }
+        }
+}
+
+DT__AVX512 static inline void max16_take(__m512 v, __m512i iv, __m512 *m, __m512i *im)
+{
+    __mmask16 t = _mm512_cmp_ps_mask(v, *m, _CMP_GT_OQ) |
+                  (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(*m, *m, _CMP_ORD_Q));
+    *m = _mm512_mask_blend_ps(t, *m, v);
+    *im = _mm512_mask_blend_epi32(t, *im, iv);
+}
+
+/* B = 16 only */
+DT__AVX512 static void max2x2_avx512(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                                     int32_t *restrict ap)
+{
+    enum { B = 16 };
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t q = 0; q < Q; q++) {
+            int32_t i0 = (int32_t)(2 * p * W + 2 * q);
+            const float *c0 = xp + (int64_t)i0 * B, *c1 = c0 + B, *c2 = c0 + W * B, *c3 = c2 + B;
+            __m512 m = _mm512_loadu_ps(c0);
+            __m512i im = _mm512_set1_epi32(i0);
+            max16_take(_mm512_loadu_ps(c1), _mm512_set1_epi32(i0 + 1), &m, &im);
+            max16_take(_mm512_loadu_ps(c2), _mm512_set1_epi32(i0 + (int32_t)W), &m, &im);
+            max16_take(_mm512_loadu_ps(c3), _mm512_set1_epi32(i0 + (int32_t)W + 1), &m, &im);
+            _mm512_storeu_ps(yp + (p * Q + q) * B, m);
+            _mm512_storeu_si512((void *)(ap + (p * Q + q) * B), im);
+        }
+}
+#endif
+
+static void max2x2(const float *restrict xp, int64_t W, int64_t P, int64_t Q, float *restrict yp,
+                   int32_t *restrict ap, const int B, const int vec)
+{
+#if DT__X86_VEC
+    if (vec == DT__VEC_AVX512 && B == 16) {
+        max2x2_avx512(xp, W, P, Q, yp, ap);
+        return;
+    }
+    if (vec != DT__VEC_SCALAR) {
+        max2x2_avx2(xp, W, P, Q, yp, ap, B);
+        return;
+    }
+#endif
+    (void)vec;
+    max2x2_scalar(xp, W, P, Q, yp, ap, B);
 }
 
 static dt_status blk_size_check(const char *fn, int B, int64_t C)
@@ -444,13 +506,14 @@ dt_status dt_k_maxpool2d_fwd_blocked(const dt_k_pool2d_shape *s, int B, const fl
         return st;
     int64_t H = s->H, W = s->W, blocks = s->N * (s->C / B);
     int nt = dt__threads_for(blocks * B * H * W);
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t bl = 0; bl < blocks; bl++) {
         const float *xp = x + bl * H * W * B;
         float *yp = y + bl * P * Q * B;
         int32_t *ap = argmax ? argmax + bl * P * Q * B : NULL;
         if (ap && s->kh == 2 && s->kw == 2 && s->sh == 2 && s->sw == 2 && s->ph == 0 && s->pw == 0) {
-            max2x2(xp, W, P, Q, yp, ap, B);
+            max2x2(xp, W, P, Q, yp, ap, B, vec);
             continue;
         }
         for (int64_t p = 0; p < P; p++) {

@@ -214,6 +214,67 @@ dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape_a, int
     return DT_OK;
 }
 
+/* Mixed f32 + bf16/f16 sums, block by block through a stack buffer (the
+ * widening is dt_k_convert's, exact): the same bits as widening first. */
+enum { LP_ADD_BLK = 2048 };
+
+static bool add_lp_dtype(dt_dtype t) { return t == DT_BF16 || t == DT_F16; }
+
+dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n)
+{
+    const char *fn = "dt_k_add_lp";
+    if (!add_lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, a, n);
+    DT__CHECK_PTR(fn, b, n);
+    DT__CHECK_PTR(fn, y, n);
+    const int64_t nb = (n + LP_ADD_BLK - 1) / LP_ADD_BLK;
+    int nt = dt__threads_for(n), bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t k = 0; k < nb; k++) {
+        float v[LP_ADD_BLK];
+        int64_t lo = k * LP_ADD_BLK, c = n - lo < LP_ADD_BLK ? n - lo : LP_ADD_BLK;
+        bad |= dt_k_convert((const uint16_t *)b + lo, t, v, DT_F32, c) < 0;
+        const float *al = a + lo;
+        float *yl = y + lo;
+        if (b_first) {
+#pragma omp simd
+            for (int64_t i = 0; i < c; i++)
+                yl[i] = v[i] + al[i];
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < c; i++)
+                yl[i] = al[i] + v[i];
+        }
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
+}
+
+dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n)
+{
+    const char *fn = "dt_k_grad_round_lp";
+    if (!add_lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, g, n);
+    DT__CHECK_PTR(fn, y, n);
+    const int64_t nb = (n + LP_ADD_BLK - 1) / LP_ADD_BLK;
+    int nt = dt__threads_for(n), bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t k = 0; k < nb; k++) {
+        float v[LP_ADD_BLK];
+        uint16_t h[LP_ADD_BLK];
+        int64_t lo = k * LP_ADD_BLK, c = n - lo < LP_ADD_BLK ? n - lo : LP_ADD_BLK;
+        const float *gl = g + lo;
+#pragma omp simd
+        for (int64_t i = 0; i < c; i++)
+            v[i] = 0.0f + gl[i]; /* as a zeroed buffer accumulating g: -0 becomes +0 */
+        bad |= dt_k_convert(v, DT_F32, h, t, c) < 0 || dt_k_convert(h, t, y + lo, DT_F32, c) < 0;
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
+}
+
 dt_status dt_k_reduce_to_shape(const float *g, const int64_t *gshape, int ng, float *out, const int64_t *oshape,
                                int no)
 {

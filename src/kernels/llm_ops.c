@@ -15,7 +15,37 @@
 #include "kernels_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* One row of the forward: y (may alias x) and its rstd. Not inlined: the
+ * f32 and the low-precision kernels run the same code, so the same sums. */
+__attribute__((noinline)) static float rms_row(const float *xr, int64_t cols, const float *w, float eps, float *yr)
+{
+    double s2 = 0.0;
+#pragma omp simd reduction(+ : s2)
+    for (int64_t j = 0; j < cols; j++)
+        s2 += (double)xr[j] * (double)xr[j];
+    float ms = (float)(s2 / (double)cols);
+    float rstd = 1.0f / sqrtf(ms + eps);
+    for (int64_t j = 0; j < cols; j++) {
+        float v = xr[j] * rstd;
+        yr[j] = w ? w[j] * v : v;
+    }
+    return rstd;
+}
+
+/* One row of dx (may alias g): dx_j = r (g_j w_j - x_j r^2 mean(g w x)). */
+__attribute__((noinline)) static void rms_row_bwd(const float *xr, const float *gr, int64_t cols, const float *w,
+                                                  float rs, float *dr)
+{
+    double a = 0.0;
+    for (int64_t j = 0; j < cols; j++)
+        a += (double)(gr[j] * (w ? w[j] : 1.0f)) * (double)xr[j];
+    float k = (float)(a / (double)cols) * rs * rs;
+    for (int64_t j = 0; j < cols; j++)
+        dr[j] = rs * (gr[j] * (w ? w[j] : 1.0f) - xr[j] * k);
+}
 
 dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, const float *w, float eps, float *y,
                            float *save_rstd)
@@ -32,18 +62,7 @@ dt_status dt_k_rmsnorm_fwd(const float *x, int64_t rows, int64_t cols, const flo
     int nt = dt__threads_for(rows * cols * 2);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        double s2 = 0.0;
-#pragma omp simd reduction(+ : s2)
-        for (int64_t j = 0; j < cols; j++)
-            s2 += (double)xr[j] * (double)xr[j];
-        float ms = (float)(s2 / (double)cols);
-        float rstd = 1.0f / sqrtf(ms + eps);
-        for (int64_t j = 0; j < cols; j++) {
-            float v = xr[j] * rstd;
-            yr[j] = w ? w[j] * v : v;
-        }
+        float rstd = rms_row(x + r * cols, cols, w, eps, y + r * cols);
         if (save_rstd)
             save_rstd[r] = rstd;
     }
@@ -64,17 +83,8 @@ dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_
         /* y_j = w_j x_j r, r = (mean(x^2) + eps)^-1/2:
          * dx_j = r (g_j - x_j r^2 mean(g x)),  g_j = dy_j w_j */
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t r = 0; r < rows; r++) {
-            const float *xr = x + r * cols, *gr = dy + r * cols;
-            float *dr = dx + r * cols;
-            float rs = save_rstd[r];
-            double a = 0.0;
-            for (int64_t j = 0; j < cols; j++)
-                a += (double)(gr[j] * (w ? w[j] : 1.0f)) * (double)xr[j];
-            float k = (float)(a / (double)cols) * rs * rs;
-            for (int64_t j = 0; j < cols; j++)
-                dr[j] = rs * (gr[j] * (w ? w[j] : 1.0f) - xr[j] * k);
-        }
+        for (int64_t r = 0; r < rows; r++)
+            rms_row_bwd(x + r * cols, dy + r * cols, cols, w, save_rstd[r], dx + r * cols);
     }
     if (dw) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -86,6 +96,135 @@ dt_status dt_k_rmsnorm_bwd(const float *x, const float *dy, int64_t rows, int64_
         }
     }
     return DT_OK;
+}
+
+/* ---- RMSNorm on low-precision data ---------------------------------------------
+ * x (t) is widened a row at a time into a per-thread buffer (on the stack
+ * up to RN_STACK columns, else on the heap), normalised by the f32 kernel's
+ * row code and rounded once into y: the bits of widening, dt_k_rmsnorm_fwd
+ * and rounding without the two cast passes. The backward rounds dy to t
+ * first (the gradient of a t result), as the cast chain does. */
+enum { RN_STACK = 4096, RN_COLS = 256 };
+
+/* x[0, n) (f32) rounded to t values in place */
+static void round_t(float *x, dt_dtype t, int64_t n)
+{
+    uint16_t h[RN_COLS];
+    for (int64_t i = 0; i < n; i += RN_COLS) {
+        int64_t c = n - i < RN_COLS ? n - i : RN_COLS;
+        dt_k_convert(x + i, DT_F32, h, t, c);
+        dt_k_convert(h, t, x + i, DT_F32, c);
+    }
+}
+
+static dt_status rms_lp_args(const char *fn, const void *x, dt_dtype t, int64_t rows, int64_t cols)
+{
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, cols);
+    if (rows > 0 && cols == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: normalising over 0 elements", fn);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    DT__CHECK_PTR(fn, x, rows * cols);
+    return DT_OK;
+}
+
+dt_status dt_k_rmsnorm_fwd_lp(const void *x, dt_dtype t, int64_t rows, int64_t cols, const float *w, float eps,
+                              void *y, float *save_rstd)
+{
+    const char *fn = "dt_k_rmsnorm_fwd_lp";
+    dt_status st = rms_lp_args(fn, x, t, rows, cols);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, y, rows * cols);
+    if (!(eps > 0.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: eps must be > 0", fn);
+    int nt = dt__threads_for(rows * cols * 4), oom = 0;
+#pragma omp parallel num_threads(nt) reduction(| : oom)
+    {
+        float stk[RN_STACK];
+        float *buf = cols <= RN_STACK ? stk : malloc((size_t)cols * sizeof(float));
+        oom = !buf;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (!buf)
+                continue;
+            dt_k_convert((const uint16_t *)x + r * cols, t, buf, DT_F32, cols);
+            float rstd = rms_row(buf, cols, w, eps, buf);
+            dt_k_convert(buf, DT_F32, (uint16_t *)y + r * cols, t, cols);
+            if (save_rstd)
+                save_rstd[r] = rstd;
+        }
+        if (buf != stk)
+            free(buf);
+    }
+    return oom ? dt_error(DT_ERR_NO_MEMORY, "%s: a row buffer of %lld floats", fn, (long long)cols) : DT_OK;
+}
+
+dt_status dt_k_rmsnorm_bwd_lp(const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
+                              const float *w, const float *save_rstd, float *dx, float *dw)
+{
+    const char *fn = "dt_k_rmsnorm_bwd_lp";
+    dt_status st = rms_lp_args(fn, x, t, rows, cols);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, dy, rows * cols);
+    DT__CHECK_PTR(fn, save_rstd, rows);
+    int nt = dt__threads_for(rows * cols * 4), oom = 0;
+    if (dx) {
+#pragma omp parallel num_threads(nt) reduction(| : oom)
+        {
+            float stk[2 * RN_STACK];
+            float *buf = cols <= RN_STACK ? stk : malloc((size_t)cols * 2 * sizeof(float));
+            oom = !buf;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) {
+                if (!buf)
+                    continue;
+                float *xb = buf, *gb = buf + cols;
+                dt_k_convert((const uint16_t *)x + r * cols, t, xb, DT_F32, cols);
+                memcpy(gb, dy + r * cols, (size_t)cols * sizeof(float));
+                round_t(gb, t, cols);
+                rms_row_bwd(xb, gb, cols, w, save_rstd[r], dx + r * cols);
+                round_t(dx + r * cols, t, cols);
+            }
+            if (buf != stk)
+                free(buf);
+        }
+        if (oom)
+            return dt_error(DT_ERR_NO_MEMORY, "%s: a row buffer of %lld floats", fn, (long long)cols);
+    }
+    if (dw) { /* column sums over rows in row order, RN_COLS columns per work item */
+        const int64_t nb = (cols + RN_COLS - 1) / RN_COLS;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t j0 = b * RN_COLS, c = cols - j0 < RN_COLS ? cols - j0 : RN_COLS;
+            double s[RN_COLS] = {0};
+            float xb[RN_COLS], gb[RN_COLS];
+            for (int64_t r = 0; r < rows; r++) {
+                dt_k_convert((const uint16_t *)x + r * cols + j0, t, xb, DT_F32, c);
+                memcpy(gb, dy + r * cols + j0, (size_t)c * sizeof(float));
+                round_t(gb, t, c);
+                for (int64_t j = 0; j < c; j++)
+                    s[j] += (double)gb[j] * (double)(xb[j] * save_rstd[r]);
+            }
+            for (int64_t j = 0; j < c; j++)
+                dw[j0 + j] = (float)s[j];
+        }
+    }
+    return DT_OK;
+}
+
+/* The rotation of n pairs (a_j, b_j) by the angles of c, s (sgn -1: the
+ * inverse), into (ya_j, yb_j); the outputs may alias the inputs. */
+static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
+                       float *ya, float *yb)
+{
+    for (int64_t j = 0; j < n; j++) {
+        float aj = a[j], bj = b[j], sn = sgn * s[j];
+        ya[j] = aj * c[j] - bj * sn;
+        yb[j] = bj * c[j] + aj * sn;
+    }
 }
 
 dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
@@ -112,14 +251,124 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
         for (int64_t h = 0; h < H; h++) {
             const float *xr = x + (bt * H + h) * hd;
             float *yr = y + (bt * H + h) * hd;
-            for (int64_t j = 0; j < half; j++) {
-                float a = xr[j], b = xr[j + half], sn = sgn * s[j];
-                yr[j] = a * c[j] - b * sn;
-                yr[j + half] = b * c[j] + a * sn;
-            }
+            rope_pairs(xr, xr + half, c, s, sgn, half, yr, yr + half);
         }
     }
     return DT_OK;
+}
+
+/* ---- RoPE on low-precision data -------------------------------------------------
+ * One pass reads t, rotates in f32 with rope_pairs (the same operations as
+ * dt_k_rope) and writes the result rounded once: the bits of widening,
+ * dt_k_rope and rounding, without the two cast passes and the f32 copies.
+ * A row of up to RP_ROW elements is converted at once; wider rows go head
+ * by head, a head's pairs in chunks of RP_BLK through stack buffers, so any
+ * head size works. */
+enum { RP_BLK = 512, RP_ROW = 4096 };
+
+/* x[0, n) rounded to t values in place, RP_BLK at a time through h16 */
+static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
+{
+    for (int64_t i = 0; i < n; i += RP_BLK) {
+        const int64_t c = n - i < RP_BLK ? n - i : RP_BLK;
+        dt_k_convert(x + i, DT_F32, h16, t, c);
+        dt_k_convert(h16, t, x + i, DT_F32, c);
+    }
+}
+
+/* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
+ * by sgn times the angles, rounded to t and stored as t (y_lp) or as f32
+ * holding t values (y_f32). */
+static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                         const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
+{
+    const int64_t half = hd / 2;
+    int nt = dt__threads_for(B * T * H * hd * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        float a[RP_BLK], b[RP_BLK], ya[RP_BLK], yb[RP_BLK], row[RP_ROW];
+        uint16_t h16[RP_BLK];
+        const float *c = cos_t + (bt % T) * half, *s = sin_t + (bt % T) * half;
+        if (H * hd <= RP_ROW) { /* the row in one conversion each way */
+            const int64_t o = bt * H * hd, m = H * hd;
+            if (x_f32) {
+                memcpy(row, (const float *)x + o, (size_t)m * sizeof(float));
+                round_row(row, t, m, h16);
+            } else
+                dt_k_convert((const uint16_t *)x + o, t, row, DT_F32, m);
+            for (int64_t h = 0; h < H; h++)
+                rope_pairs(row + h * hd, row + h * hd + half, c, s, sgn, half, row + h * hd, row + h * hd + half);
+            if (y_lp)
+                dt_k_convert(row, DT_F32, (uint16_t *)y_lp + o, t, m);
+            else {
+                memcpy(y_f32 + o, row, (size_t)m * sizeof(float));
+                round_row(y_f32 + o, t, m, h16);
+            }
+            continue;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t o = (bt * H + h) * hd;
+            for (int64_t j0 = 0; j0 < half; j0 += RP_BLK) {
+                const int64_t m = half - j0 < RP_BLK ? half - j0 : RP_BLK, ia = o + j0, ib = o + half + j0;
+                if (x_f32) { /* a gradient: rounded to t first (it belongs to a t result) */
+                    dt_k_convert((const float *)x + ia, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, a, DT_F32, m);
+                    dt_k_convert((const float *)x + ib, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, b, DT_F32, m);
+                } else {
+                    dt_k_convert((const uint16_t *)x + ia, t, a, DT_F32, m);
+                    dt_k_convert((const uint16_t *)x + ib, t, b, DT_F32, m);
+                }
+                rope_pairs(a, b, c + j0, s + j0, sgn, m, ya, yb);
+                if (y_lp) {
+                    dt_k_convert(ya, DT_F32, (uint16_t *)y_lp + ia, t, m);
+                    dt_k_convert(yb, DT_F32, (uint16_t *)y_lp + ib, t, m);
+                } else {
+                    dt_k_convert(ya, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, y_f32 + ia, DT_F32, m);
+                    dt_k_convert(yb, DT_F32, h16, t, m);
+                    dt_k_convert(h16, t, y_f32 + ib, DT_F32, m);
+                }
+            }
+        }
+    }
+}
+
+static dt_status rope_lp_args(const char *fn, const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              const float *cos_t, const float *sin_t, const void *y)
+{
+    DT__CHECK_N(fn, B);
+    DT__CHECK_N(fn, T);
+    DT__CHECK_N(fn, H);
+    DT__CHECK_N(fn, hd);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    if (hd % 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: head size %lld is odd (pairs (j, j + hd/2) need it even)", fn,
+                        (long long)hd);
+    DT__CHECK_PTR(fn, x, B * T * H * hd);
+    DT__CHECK_PTR(fn, y, B * T * H * hd);
+    DT__CHECK_PTR(fn, cos_t, T * (hd / 2));
+    DT__CHECK_PTR(fn, sin_t, T * (hd / 2));
+    return DT_OK;
+}
+
+dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
+                       const float *sin_t, void *y)
+{
+    dt_status st = rope_lp_args("dt_k_rope_lp", x, t, B, T, H, hd, cos_t, sin_t, y);
+    if (st >= 0)
+        rope_lp_rows(x, false, t, B, T, H, hd, cos_t, sin_t, 1.0f, y, NULL);
+    return st;
+}
+
+dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                           const float *cos_t, const float *sin_t, float *dx)
+{
+    dt_status st = rope_lp_args("dt_k_rope_bwd_lp", dy, t, B, T, H, hd, cos_t, sin_t, dx);
+    if (st >= 0)
+        rope_lp_rows(dy, true, t, B, T, H, hd, cos_t, sin_t, -1.0f, NULL, dx);
+    return st;
 }
 
 /* ---- SwiGLU: y = silu(g) u, silu(g) = g / (1 + e^-g) ----------------------------

@@ -898,9 +898,11 @@ dt_status dt_optim_master_alloc_segments(const dt_flat *lp, size_t lo, size_t hi
  * pass ran (no loss scaler, no clipping): one parallel loop in which each
  * work item widens its grads into a buffer on the stack (zeroing the
  * source when the optimizer zeroes grads), steps, and rounds its masters
- * into the mirror, while the item is in cache. The same operations per
- * element as unscale_pass + step + refresh_mirrors, so the same bits; the
- * f32 gradient copy (g32) is not touched. */
+ * into the mirror, while the item is in cache. Adam(W) over bf16 grads
+ * with a bf16 (or no) mirror does all of that in one sweep of registers
+ * (dt__optim_adam_bf16: each array read and written once). The same
+ * operations per element as unscale_pass + step + refresh_mirrors, so the
+ * same bits; the f32 gradient copy (g32) is not touched. */
 static void step_fused_lowp(dt_optim *o)
 {
     dt__sgd_k sk, sk_nd;
@@ -918,6 +920,14 @@ static void step_fused_lowp(dt_optim *o)
         const dt__optim_range *rg = &o->ranges[it->range];
         const size_t s = it->start;
         float *g = o->gbase[it->range] + s;
+        if (!sgd && rg->grads->dtype == DT_BF16 && (!rg->mirror || rg->mirror->dtype == DT_BF16)) {
+            /* bf16 grads and copy: the one-sweep kernel (the same bits) */
+            dt__optim_adam_bf16(o->pbase[it->range] + s, (uint16_t *)dt_flat_ptr(rg->grads, rg->lo + s),
+                                rg->state[0] + s, rg->state[1] + s,
+                                rg->mirror ? (uint16_t *)o->mbase[it->range] + s : NULL, it->len,
+                                it->no_decay ? &ak_nd : &ak);
+            continue;
+        }
         if (rg->g32) {
             void *src = dt_flat_ptr(rg->grads, rg->lo + s);
             dt_k_convert(src, rg->grads->dtype, tmp, DT_F32, (int64_t)it->len);

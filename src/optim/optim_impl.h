@@ -100,6 +100,13 @@ typedef struct dt__adam_k {
     bool l2, decoupled, zero_grad;
 } dt__adam_k;
 void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k);
+/* Adam/AdamW over bf16 grads in one sweep: each grad widened (exact),
+ * the master and moments stepped as dt__optim_adam steps them, the new
+ * master rounded to nearest even into copy (NULL: none) as dt_k_convert
+ * rounds it, and the grad zeroed when k->zero_grad: the bits of widen +
+ * dt__optim_adam + dt_k_convert, with p, m, v, g and copy each touched
+ * once. */
+void dt__optim_adam_bf16(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n, const dt__adam_k *k);
 
 /* A range's flats, dtypes and bounds (not its memory), "range i" in errors. */
 dt_status dt__optim_check_range(const dt_optim_range *r, size_t i);

@@ -130,6 +130,50 @@ static void adam_scalar(float *p, float *g, float *m, float *v, size_t n, const 
     }
 }
 
+/* bf16 -> f32 and f32 -> bf16 (round to nearest even, NaN quieted): the
+ * formulas of dt_bf16_to_f32 / dt_f32_to_bf16, inline for the fused loop. */
+static inline float bf16_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* adam_scalar on widened bf16 grads, the master rounded into the copy. */
+static void adam_bf16_scalar(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
+                             const dt__adam_k *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float gi = bf16_f32(g[i]), pi = p[i];
+        if (k->l2)
+            gi = fmaf(pi, k->wd, gi);
+        if (k->decoupled)
+            pi = pi * k->decay;
+        float mi = fmaf(gi, k->omb1, m[i] * k->b1);
+        float vi = fmaf(k->omb2 * gi, gi, v[i] * k->b2);
+        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+        pi = pi + (k->neg_step_size * mi) / denom;
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+        if (copy)
+            copy[i] = f32_bf16(pi);
+        if (k->zero_grad)
+            g[i] = 0;
+    }
+}
+
 static double lamb1_scalar(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)
 {
     double acc[8] = {0}, tail = 0;
@@ -228,6 +272,59 @@ DT_AVX2 static void adam_avx2(float *p, float *g, float *m, float *v, size_t n, 
     }
     if (i < n)
         adam_scalar(p + i, g + i, m + i, v + i, n - i, k);
+}
+
+/* 8 lanes of f32 -> bf16 (the scalar formula, NaN quieted), in the low
+ * 16 bits of each 32-bit lane. */
+DT_AVX2 static inline __m256i bf16_round_avx2(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rn = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rn, qn, nan);
+}
+
+DT_AVX2 static void adam_bf16_avx2(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
+                                   const dt__adam_k *k)
+{
+    const __m256 wd = _mm256_set1_ps(k->wd), decay = _mm256_set1_ps(k->decay);
+    const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1);
+    const __m256 b2 = _mm256_set1_ps(k->b2), omb2 = _mm256_set1_ps(k->omb2);
+    const __m256 bc2s = _mm256_set1_ps(k->bc2_sqrt), eps = _mm256_set1_ps(k->eps);
+    const __m256 nss = _mm256_set1_ps(k->neg_step_size);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 pr[2];
+        for (int h = 0; h < 2; h++) {
+            const size_t j = i + 8 * (size_t)h;
+            __m256 gi = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(g + j))), 16));
+            __m256 pi = _mm256_loadu_ps(p + j);
+            if (k->l2)
+                gi = _mm256_fmadd_ps(pi, wd, gi);
+            if (k->decoupled)
+                pi = _mm256_mul_ps(pi, decay);
+            __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + j), b1));
+            __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + j), b2));
+            __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
+            pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+            _mm256_storeu_ps(p + j, pi);
+            _mm256_storeu_ps(m + j, mi);
+            _mm256_storeu_ps(v + j, vi);
+            pr[h] = pi;
+        }
+        if (copy) {
+            __m256i c = _mm256_packus_epi32(bf16_round_avx2(pr[0]), bf16_round_avx2(pr[1]));
+            _mm256_storeu_si256((__m256i *)(copy + i), _mm256_permute4x64_epi64(c, 0xd8));
+        }
+        if (k->zero_grad)
+            _mm256_storeu_si256((__m256i *)(g + i), _mm256_setzero_si256());
+    }
+    if (i < n)
+        adam_bf16_scalar(p + i, g + i, m + i, v + i, copy ? copy + i : NULL, n - i, k);
 }
 
 DT_AVX2 static double hsum_ordered(__m256d a0, __m256d a1, double tail)
@@ -392,6 +489,58 @@ DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t
     }
 }
 
+/* One sweep of AdamW over bf16 grads: widen 16 grads, step the master and
+ * the moments as adam_avx512 does, round the new master into the bf16
+ * copy (the integer formula of dt_f32_to_bf16: the same bits on every
+ * CPU), zero the grads; the last n % 16 elements as one masked block. */
+DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
+                                       const dt__adam_k *k)
+{
+    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
+    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1);
+    const __m512 b2 = _mm512_set1_ps(k->b2), omb2 = _mm512_set1_ps(k->omb2);
+    const __m512 bc2s = _mm512_set1_ps(k->bc2_sqrt), eps = _mm512_set1_ps(k->eps);
+    const __m512 nss = _mm512_set1_ps(k->neg_step_size);
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), q = _mm512_set1_epi32(0x40);
+    for (size_t i = 0; i < n; i += 16) {
+        const bool full = n - i >= 16;
+        const __mmask16 mk = full ? (__mmask16)0xffff : tail_mask(n - i);
+        __m256i gh = full ? _mm256_loadu_si256((const __m256i *)(g + i)) : _mm256_maskz_loadu_epi16(mk, g + i);
+        __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gh), 16));
+        __m512 pi = ld16(mk, p + i);
+        if (k->l2)
+            gi = _mm512_fmadd_ps(pi, wd, gi);
+        if (k->decoupled)
+            pi = _mm512_mul_ps(pi, decay);
+        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(ld16(mk, m + i), b1));
+        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(ld16(mk, v + i), b2));
+        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
+        pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+        st16(p + i, mk, pi);
+        st16(m + i, mk, mi);
+        st16(v + i, mk, vi);
+        if (copy) {
+            const __m512i u = _mm512_castps_si512(pi);
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+            __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+            __m512i qn = _mm512_or_si512(_mm512_srli_epi32(u, 16), q);
+            __m256i c = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
+            if (full)
+                _mm256_storeu_si256((__m256i *)(copy + i), c);
+            else
+                _mm256_mask_storeu_epi16(copy + i, mk, c);
+        }
+        if (k->zero_grad) {
+            if (full)
+                _mm256_storeu_si256((__m256i *)(g + i), _mm256_setzero_si256());
+            else
+                _mm256_mask_storeu_epi16(g + i, mk, _mm256_setzero_si256());
+        }
+    }
+}
+
 /* LAMB stage 1: the sum of u^2 keeps the other paths' pattern (lane i & 7 for
  * i below n rounded down to 8, in order; the rest in the scalar tail): each
  * 16-block adds its low 8 then its high 8 into one 8-lane double
@@ -491,6 +640,21 @@ void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__
     }
 #endif
     adam_scalar(p, g, m, v, n, k);
+}
+
+void dt__optim_adam_bf16(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n, const dt__adam_k *k)
+{
+#if DT_OPT_X86
+    if (use_avx512()) {
+        adam_bf16_avx512(p, g, m, v, copy, n, k);
+        return;
+    }
+    if (use_avx2()) {
+        adam_bf16_avx2(p, g, m, v, copy, n, k);
+        return;
+    }
+#endif
+    adam_bf16_scalar(p, g, m, v, copy, n, k);
 }
 
 double dt__optim_lamb_stage1(const float *p, float *g, float *m, float *v, size_t n, const dt__lamb_k *k)

@@ -331,6 +331,141 @@ TEST(gqa_lp_equals_widened)
     gqa_lp_case(DT_F16);
 }
 
+/* RoPE of a bf16/f16 tensor (one kernel reading and writing the low
+ * precision: no cast passes) equals, bit for bit, widen + f32 RoPE + round:
+ * the result and the gradient (a leaf of that dtype), with -0, large
+ * magnitudes and a NaN among the inputs; and the kernels alone against the
+ * same chain at a head size whose pairs span more than one of their
+ * chunks (hd 1030: 515 pairs; rows of 4 heads, wider than the one-pass row). */
+static void rope_lp_case(dt_dtype dt)
+{
+    enum { B = 2, T = 5, H = 3, HD = 12, N = B * T * H * HD };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[N], rv[N];
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 0, 0), 0, xv, N, -50.0f, 50.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 1, 0), 0, rv, N, -1.0f, 1.0f);
+    xv[3] = -0.0f, xv[4] = 3e4f, xv[7] = NAN;
+    const float inv[6] = {1.0f, 0.37f, 0.11f, 0.031f, 0.009f, 0.0021f};
+    dt_tensor *x[2], *g[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = dt_tensor_new(dt, 3, SH(B, T, H * HD));
+        g[i] = dt_tensor_new(dt, 3, SH(B, T, H * HD));
+        ASSERT(x[i] && g[i]);
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[i]->data, dt, N));
+        ASSERT_OK(dt_tensor_zero(g[i]));
+        ASSERT_OK(dt_tensor_set_grad(x[i], g[i]));
+    }
+    y[0] = dt_rope(ctx, x[0], H, inv, 7);
+    y[1] = dt_cast(ctx, dt_rope(ctx, dt_cast(ctx, x[1], DT_F32), H, inv, 7), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)N * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)N * 2));
+    int nz = 0;
+    for (int64_t i = 0; i < N; i++)
+        nz += dt_tensor_get(g[0], i) != 0.0;
+    ASSERT(nz > N / 2);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(x[i]);
+        dt_tensor_free(g[i]);
+    }
+    dt_ctx_free(ctx);
+
+    enum { KT = 3, KD = 1030, KN = KT * 4 * KD, KH = KD / 2 }; /* rows of 4120: head by head */
+    static float a[KN], ref[KN], got[KN], cs[KT * KH], sn[KT * KH];
+    static uint16_t al[KN], yl[KN];
+    dt_rng_fill_uniform(dt_rng_key_make(14, DT_RNG_DATA, 2, 0), 0, a, KN, -4.0f, 4.0f);
+    for (int64_t i = 0; i < KT * KH; i++)
+        cs[i] = cosf(0.01f * (float)i), sn[i] = sinf(0.01f * (float)i);
+    ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 4, KD, cs, sn, yl));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, false, ref));
+    ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
+    ASSERT(!memcmp(al, yl, sizeof al));
+    /* backward: a (f32) rounded, rotated back, rounded */
+    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, cs, sn, got));
+    ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, true, ref));
+    ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
+    ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
+    ASSERT(!memcmp(ref, got, sizeof ref));
+    ASSERT_STATUS(dt_k_rope_lp(al, DT_F32, 1, KT, 2, KD, cs, sn, yl), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_rope_lp(al, dt, 1, KT, 2, 7, cs, sn, yl), DT_ERR_INVALID_ARG);
+}
+
+/* RMSNorm of a bf16/f16 tensor (one kernel reading and writing the low
+ * precision) equals, bit for bit, widen + f32 RMSNorm + round: the result
+ * and the gradients of x and of a weight of x's dtype, of an f32 weight, and
+ * without a weight; rows wider than the kernel's column block (300) and a
+ * row of zeros, large magnitudes and -0. */
+static void rms_lp_case(dt_dtype dt, dt_dtype wdt, bool has_w)
+{
+    enum { B = 3, T = 4, D = 300, N = B * T * D };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[N], rv[N], wv[D];
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 0, 0), 0, xv, N, -20.0f, 20.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 1, 0), 0, rv, N, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(15, DT_RNG_DATA, 2, 0), 0, wv, D, 0.5f, 1.5f);
+    xv[3] = -0.0f, xv[4] = 2e4f;
+    memset(xv + D, 0, D * sizeof(float)); /* a row of zeros: rstd 1/sqrt(eps) */
+    dt_tensor *x[2], *g[2], *w[2], *gw[2], *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = dt_tensor_new(dt, 3, SH(B, T, D));
+        g[i] = dt_tensor_new(dt, 3, SH(B, T, D));
+        w[i] = dt_tensor_new(wdt, 1, SH(D));
+        gw[i] = dt_tensor_new(wdt, 1, SH(D));
+        ASSERT(x[i] && g[i] && w[i] && gw[i]);
+        ASSERT_OK(dt_k_convert(xv, DT_F32, x[i]->data, dt, N));
+        ASSERT_OK(dt_k_convert(wv, DT_F32, w[i]->data, wdt, D));
+        ASSERT_OK(dt_tensor_zero(g[i]));
+        ASSERT_OK(dt_tensor_zero(gw[i]));
+        ASSERT_OK(dt_tensor_set_grad(x[i], g[i]));
+        ASSERT_OK(dt_tensor_set_grad(w[i], gw[i]));
+    }
+    y[0] = dt_rms_norm(ctx, x[0], has_w ? w[0] : NULL, 1e-5f);
+    y[1] = dt_cast(ctx, dt_rms_norm(ctx, dt_cast(ctx, x[1], DT_F32), has_w ? dt_cast(ctx, w[1], DT_F32) : NULL,
+                                    1e-5f), dt);
+    ASSERT(y[0] && y[1] && y[0]->dtype == dt && y[1]->dtype == dt);
+    ASSERT(!memcmp(y[0]->data, y[1]->data, (size_t)N * 2));
+    dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, y[0]->shape, rv);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_backward_with(ctx, y[i], R));
+    ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)N * 2));
+    ASSERT(!memcmp(gw[0]->data, gw[1]->data, dt_tensor_nbytes(gw[0])));
+    ASSERT(dt_tensor_get(g[0], 5) != 0.0);
+    ASSERT(!has_w || dt_tensor_get(gw[0], 7) != 0.0);
+    for (int i = 0; i < 2; i++) {
+        dt_tensor_free(x[i]);
+        dt_tensor_free(g[i]);
+        dt_tensor_free(w[i]);
+        dt_tensor_free(gw[i]);
+    }
+    dt_ctx_free(ctx);
+}
+
+TEST(rms_lp_equals_widened)
+{
+    rms_lp_case(DT_BF16, DT_BF16, true);
+    rms_lp_case(DT_BF16, DT_F32, true);
+    rms_lp_case(DT_BF16, DT_BF16, false);
+    rms_lp_case(DT_F16, DT_F16, true);
+    float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+    ASSERT_STATUS(dt_k_rmsnorm_fwd_lp(xs, DT_F32, 1, 8, NULL, 1e-5f, y, NULL), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_rmsnorm_fwd_lp(xs, DT_BF16, 1, 8, NULL, 0.0f, y, NULL), DT_ERR_INVALID_ARG);
+}
+
+TEST(rope_lp_equals_widened)
+{
+    rope_lp_case(DT_BF16);
+    rope_lp_case(DT_F16);
+}
+
 int main(void)
 {
     (void)gc_distinct;
@@ -344,6 +479,8 @@ int main(void)
     RUN(bf16_inputs);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
+    RUN(rope_lp_equals_widened);
+    RUN(rms_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();

@@ -475,6 +475,169 @@ static void relu_lp_case(dt_dtype dt, bool blocked)
     dt_ctx_free(ctx);
 }
 
+/* bias + GELU on a bf16/f16 x with an f32 bias (GPT-2's c_fc under
+ * autocast) reads x as it is: one tape node where widening recorded two (a
+ * cast and the op), and the f32 output and the gradients of x (rounded to
+ * its dtype) and of the bias equal, bit for bit, those of the widening
+ * composition, on every ISA path the CPU has. */
+static void bias_gelu_lp_case(dt_dtype dt)
+{
+    enum { B = 2, T = 3, N = 203, M = B * T * N };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[M], gv[M], bv[N];
+    dt_rng_fill_uniform(dt_rng_key_make(10, DT_RNG_DATA, 0, 0), 0, xv, M, -5.0f, 5.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(10, DT_RNG_DATA, 1, 0), 0, gv, M, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(10, DT_RNG_DATA, 2, 0), 0, bv, N, -1.0f, 1.0f);
+    xv[3] = -0.0f;
+    xv[4] = 60.0f;
+    xv[5] = -60.0f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        dt_tensor *x[2], *g[2], *b[2], *gb[2];
+        for (int k = 0; k < 2; k++) {
+            x[k] = dt_tensor_new(dt, 3, SH(B, T, N));
+            g[k] = dt_tensor_new(DT_F32, 3, SH(B, T, N));
+            b[k] = dt_tensor_new(DT_F32, 1, SH(N));
+            gb[k] = dt_tensor_new(DT_F32, 1, SH(N));
+            ASSERT_OK(dt_k_convert(xv, DT_F32, x[k]->data, dt, M));
+            memcpy(b[k]->data, bv, sizeof bv);
+            ASSERT_OK(dt_tensor_zero(g[k]));
+            ASSERT_OK(dt_tensor_zero(gb[k]));
+            ASSERT_OK(dt_tensor_set_grad(x[k], g[k]));
+            ASSERT_OK(dt_tensor_set_grad(b[k], gb[k]));
+        }
+        dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, N), gv);
+        size_t t0 = dt_ag_tape_len(ctx);
+        dt_tensor *y = dt_bias_gelu_tanh(ctx, x[0], b[0]);
+        ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 1); /* no cast node */
+        dt_tensor *yr = dt_bias_gelu_tanh(ctx, dt_cast(ctx, x[1], DT_F32), b[1]);
+        ASSERT(y && yr && y->dtype == DT_F32 && yr->dtype == DT_F32);
+        ASSERT(!memcmp(y->data, yr->data, (size_t)M * 4));
+        ASSERT_OK(dt_backward_with(ctx, y, R));
+        ASSERT_OK(dt_backward_with(ctx, yr, R));
+        ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)M * 4));
+        ASSERT(!memcmp(gb[0]->data, gb[1]->data, (size_t)N * 4));
+        int odd = 0, nz = 0; /* x's gradient holds values of its dtype; the upstream ones mostly do not */
+        uint16_t h;
+        for (int64_t i = 0; i < M; i++) {
+            float v = ((float *)g[0]->data)[i], w;
+            ASSERT_OK(dt_k_convert(&v, DT_F32, &h, dt, 1));
+            ASSERT_OK(dt_k_convert(&h, dt, &w, DT_F32, 1));
+            odd += memcmp(&v, &w, 4) != 0;
+            nz += v != 0.0f;
+        }
+        ASSERT_EQ_INT(odd, 0);
+        ASSERT(nz > M / 2);
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_free(x[k]);
+            dt_tensor_free(g[k]);
+            dt_tensor_free(b[k]);
+            dt_tensor_free(gb[k]);
+        }
+        dt_ctx_reset(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    dt_ctx_free(ctx);
+}
+
+TEST(bias_gelu_lp_equals_widened)
+{
+    bias_gelu_lp_case(DT_BF16);
+    bias_gelu_lp_case(DT_F16);
+}
+
+/* f32 + bf16/f16 of one shape (GPT-2's residual adds under autocast) reads
+ * the low-precision operand as it is: one tape node where widening recorded
+ * two, and the f32 sum and both gradients (the low one rounded to its
+ * dtype, -0 upstream giving +0 as the widened buffer gave) equal the
+ * widening composition's bit for bit, in both operand orders and on every
+ * ISA path; a broadcast pair still widens (two nodes) with the same result. */
+static void add_lp_case(dt_dtype dt)
+{
+    enum { B = 2, T = 3, C = 301, M = B * T * C };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float av[M], bv[M], gv[M];
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 0, 0), 0, av, M, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 1, 0), 0, bv, M, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 2, 0), 0, gv, M, -1.0f, 1.0f);
+    av[1] = -0.0f, bv[1] = -0.0f, bv[2] = NAN, av[3] = INFINITY;
+    gv[4] = -0.0f, gv[5] = 1e-30f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        for (int lp_first = 0; lp_first < 2; lp_first++) {
+            dt_tensor *a[2], *b[2], *ga[2], *gb[2];
+            for (int k = 0; k < 2; k++) {
+                a[k] = dt_tensor_new(DT_F32, 3, SH(B, T, C));
+                b[k] = dt_tensor_new(dt, 3, SH(B, T, C));
+                ga[k] = dt_tensor_new(DT_F32, 3, SH(B, T, C));
+                gb[k] = dt_tensor_new(DT_F32, 3, SH(B, T, C));
+                memcpy(a[k]->data, av, sizeof av);
+                ASSERT_OK(dt_k_convert(bv, DT_F32, b[k]->data, dt, M));
+                ASSERT_OK(dt_tensor_zero(ga[k]));
+                ASSERT_OK(dt_tensor_zero(gb[k]));
+                ASSERT_OK(dt_tensor_set_grad(a[k], ga[k]));
+                ASSERT_OK(dt_tensor_set_grad(b[k], gb[k]));
+            }
+            dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, C), gv);
+            /* the low operand through a temporary (dt_scale by 1, in its dtype), as a GEMM's output is */
+            dt_tensor *h0 = dt_scale(ctx, b[0], 1.0f), *h1 = dt_scale(ctx, b[1], 1.0f);
+            ASSERT(h0 && h1 && h0->dtype == dt);
+            size_t t0 = dt_ag_tape_len(ctx);
+            dt_tensor *y = lp_first ? dt_add(ctx, h0, a[0]) : dt_add(ctx, a[0], h0);
+            ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 1); /* no cast node */
+            dt_tensor *w = dt_cast(ctx, h1, DT_F32);
+            dt_tensor *yr = lp_first ? dt_add(ctx, w, a[1]) : dt_add(ctx, a[1], w);
+            ASSERT(y && yr && y->dtype == DT_F32 && yr->dtype == DT_F32);
+            ASSERT(!memcmp(y->data, yr->data, (size_t)M * 4));
+            ASSERT_OK(dt_backward_with(ctx, y, R));
+            ASSERT_OK(dt_backward_with(ctx, yr, R));
+            ASSERT(!memcmp(ga[0]->data, ga[1]->data, (size_t)M * 4));
+            ASSERT(!memcmp(gb[0]->data, gb[1]->data, (size_t)M * 4));
+            ASSERT(memcmp(gb[0]->data, gv, (size_t)M * 4) != 0); /* rounded: not the upstream values */
+            for (int k = 0; k < 2; k++) {
+                dt_tensor_free(a[k]);
+                dt_tensor_free(b[k]);
+                dt_tensor_free(ga[k]);
+                dt_tensor_free(gb[k]);
+            }
+            dt_ctx_reset(ctx);
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    /* the rounding kernel itself: -0 gives +0 (the zeroed widened buffer's
+     * sum), other values are rounded to the dtype */
+    const float gin[3] = {-0.0f, 1.0f + 0x1p-12f, -3.0f};
+    float gout[3], w3[3];
+    uint16_t h3[3];
+    ASSERT_OK(dt_k_grad_round_lp(dt, gin, gout, 3));
+    ASSERT_OK(dt_k_convert(gin, DT_F32, h3, dt, 3));
+    ASSERT_OK(dt_k_convert(h3, dt, w3, DT_F32, 3));
+    ASSERT(!signbit(gout[0]) && gout[0] == 0.0f);
+    ASSERT(!memcmp(gout + 1, w3 + 1, 8));
+    /* broadcast: the widening path */
+    dt_tensor *a = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, C), av);
+    dt_tensor *b = dt_tensor_new(dt, 1, SH(C));
+    ASSERT_OK(dt_k_convert(bv, DT_F32, b->data, dt, C));
+    dt_tensor *bw = dt_cast(ctx, b, DT_F32);
+    dt_tensor *y = dt_add(ctx, a, b), *yr = dt_add(ctx, a, bw);
+    ASSERT(y && yr && y->dtype == DT_F32);
+    ASSERT(!memcmp(y->data, yr->data, (size_t)M * 4));
+    dt_tensor_free(b);
+    dt_ctx_free(ctx);
+}
+
+TEST(add_lp_equals_widened)
+{
+    add_lp_case(DT_BF16);
+    add_lp_case(DT_F16);
+}
+
 TEST(relu_lp_equals_widened)
 {
     for (int b = 0; b < 2; b++) {
@@ -823,6 +986,8 @@ int main(void)
     RUN(bf16_weight_grad_written_directly);
     RUN(embedding_lp_equals_widened);
     RUN(relu_lp_equals_widened);
+    RUN(bias_gelu_lp_equals_widened);
+    RUN(add_lp_equals_widened);
     RUN(maxpool_lp_equals_widened);
     RUN(autocast_table_and_linear);
     RUN(promotion);

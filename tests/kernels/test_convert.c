@@ -262,6 +262,41 @@ TEST(first_nonfinite)
                                    (long long)n, (long long)at, (long long)got);
                 }
         }
+        /* lengths from 4 KiB on (the AVX-512 path reads those in four
+         * streams, then locates a hit in order): one planted at positions
+         * all over each quarter, the blocks after the last whole quarter and
+         * the sub-block tail; and one planted late with another early */
+        for (int64_t n = 4096 / es; n <= 16384 / es + 200; n += 4096 / es + 67) {
+            for (int64_t i = 0; i < n; i++) {
+                uint32_t v = i % 7 == 0 ? big[d] : (uint32_t)(i * 2654435761u) & (es == 4 ? 0x3fffffffu : 0x3fffu);
+                memcpy((char *)buf + i * es, &v, (size_t)es);
+            }
+            ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], n), n);
+            for (int64_t at = 0; at < n; at += at + 80 >= n ? 1 : 13)
+                for (int k = 0; k < 4; k++) {
+                    char *cell = (char *)buf + at * es;
+                    uint32_t keep = 0;
+                    memcpy(&keep, cell, (size_t)es);
+                    memcpy(cell, &bad[d][k], (size_t)es);
+                    int64_t got = dt_k_first_nonfinite(buf, dts[d], n);
+                    if (at > 0 && k == 0) { /* a second one earlier: named instead */
+                        char *early = (char *)buf + (at / 3) * es;
+                        uint32_t ke = 0;
+                        memcpy(&ke, early, (size_t)es);
+                        memcpy(early, &bad[d][1], (size_t)es);
+                        int64_t got2 = dt_k_first_nonfinite(buf, dts[d], n);
+                        memcpy(early, &ke, (size_t)es);
+                        if (got2 != at / 3)
+                            TEST_FAIL_("%s n=%lld: non-finite elements at %lld and %lld reported at %lld",
+                                       dt_dtype_name(dts[d]), (long long)n, (long long)(at / 3), (long long)at,
+                                       (long long)got2);
+                    }
+                    memcpy(cell, &keep, (size_t)es);
+                    if (got != at)
+                        TEST_FAIL_("%s n=%lld: the non-finite element at %lld reported at %lld", dt_dtype_name(dts[d]),
+                                   (long long)n, (long long)at, (long long)got);
+                }
+        }
         memset(buf, 0, (size_t)n_long * (size_t)es);
         ASSERT_EQ_INT(dt_k_first_nonfinite(buf, dts[d], n_long), n_long);
         const int64_t at[4] = {n_long - 1, 5 * (1 << 15) + 1, (1 << 16) + 3, 63};

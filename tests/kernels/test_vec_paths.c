@@ -100,6 +100,68 @@ TEST(bias_gelu_tanh_paths_identical)
         free(y[k]), free(dx[k]), free(db[k]);
 }
 
+/* The bias + GELU kernels on bf16/f16 x (dt_k_bias_gelu_*_lp): on every
+ * path, scalar included, the same bits as widening x with dt_k_convert and
+ * running the f32 kernels of that path (which equal the scalar loops,
+ * above); dx rounded to the dtype afterwards; dbias from the unrounded
+ * values. The bound against the f32 reference is 0 ulp on the widened x
+ * (x's own rounding is the caller's). Rows of 203 and 517 columns leave
+ * tails in the 256-column blocks and in the 16/8 lanes. */
+TEST(bias_gelu_lp_equals_widened)
+{
+    const int64_t R = 4, Ns[2] = {203, 517};
+    const dt_dtype dts[2] = {DT_BF16, DT_F16};
+    for (int ni = 0; ni < 2; ni++)
+        for (int di = 0; di < 2; di++) {
+            const int64_t N = Ns[ni], M = R * N;
+            const dt_dtype t = dts[di];
+            float *x = malloc(M * 4), *xw = malloc(M * 4), *b = malloc(N * 4), *dy = malloc(M * 4);
+            float *y[2], *dx[2], *db[2];
+            uint16_t *xh = malloc(M * 2), *hh = malloc(M * 2);
+            for (int k = 0; k < 2; k++) {
+                y[k] = malloc(M * 4);
+                dx[k] = malloc(M * 4);
+                db[k] = malloc(N * 4);
+            }
+            fill(x, M, 11 + ni, 6.0f);
+            fill(b, N, 12, 1.0f);
+            fill(dy, M, 13, 1.0f); /* most values not representable in t: dx's rounding shows */
+            const float special[] = {-0.0f, 0.0f, 60.0f, -60.0f, 200.0f, -200.0f, NAN, 1e-30f, -9.5f};
+            for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+                x[5 + 17 * i] = special[i];
+            ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, M));
+            ASSERT_OK(dt_k_convert(xh, t, xw, DT_F32, M));
+            for (int k = 0; k <= NPATH; k++) {
+                if (!set_path(k))
+                    continue;
+                /* [1]: widened, the f32 kernels, dx rounded */
+                ASSERT_OK(dt_k_bias_gelu_fwd(xw, b, R, N, y[1], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd(xw, b, dy, R, N, dx[1], db[1], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
+                ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
+                ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], db[0], DT_K_GELU_TANH));
+                SAME_BITS(y[0], y[1], M, "bias gelu lp forward");
+                SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx");
+                SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias");
+                /* dbias alone, and dx in place over dy */
+                memcpy(dx[0], dy, (size_t)M * 4);
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, NULL, db[0], DT_K_GELU_TANH));
+                SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias only");
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, dx[0], NULL, DT_K_GELU_TANH));
+                SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx in place");
+            }
+            ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+            ASSERT(isnan(y[0][5 + 17 * 6]));
+            /* wrong dtype or approximation: errors, not results */
+            ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_K_GELU_TANH) == DT_ERR_DTYPE);
+            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
+            free(x), free(xw), free(b), free(dy), free(xh), free(hh);
+            for (int k = 0; k < 2; k++)
+                free(y[k]), free(dx[k]), free(db[k]);
+        }
+}
+
 TEST(xent_paths_identical)
 {
     const int64_t R = 4, V = 5003; /* three chunks, the last 907 wide: 56 x 16, 8 and a tail of 3 */
@@ -282,14 +344,70 @@ TEST(swiglu_paths_identical)
         free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
 }
 
+/* Blocked 2x2 max pooling (the ConvNet's): values and argmax indices the
+ * same on every path as on the scalar loop, in nChw8c and nChw16c, with
+ * ties (the first in window order wins), -0 against 0, NaN (propagates,
+ * the first NaN wins) and infinities. */
+TEST(maxpool_blocked_paths_identical)
+{
+    const int64_t N = 2, C = 32, H = 10, W = 14, P = 5, Q = 7;
+    const dt_k_pool2d_shape s = {N, C, H, W, 2, 2, 2, 2, 0, 0};
+    float *x = malloc(N * C * H * W * 4), *y[2];
+    int32_t *a[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = malloc(N * C * P * Q * 4);
+        a[k] = malloc(N * C * P * Q * 4);
+    }
+    fill(x, N * C * H * W, 9, 3.0f);
+    for (int64_t i = 0; i < N * C * H * W; i += 5) /* ties: coarse values */
+        x[i] = (float)(int)x[i];
+    const float special[] = {NAN, -0.0f, 0.0f, INFINITY, -INFINITY, NAN, 3e38f, -NAN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        for (int64_t j = (int64_t)i * 37; j < N * C * H * W; j += 301)
+            x[j] = special[i];
+    for (int B = 8; B <= 16; B += 8) {
+        ASSERT(set_path(NPATH));
+        ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, B, x, y[1], a[1]));
+        for (int k = 0; k < NPATH; k++) {
+            if (!set_path(k))
+                continue;
+            memset(y[0], 0xff, (size_t)(N * C * P * Q) * 4);
+            memset(a[0], 0xff, (size_t)(N * C * P * Q) * 4);
+            ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, B, x, y[0], a[0]));
+            SAME_BITS(y[0], y[1], N * C * P * Q, B == 8 ? "max pool nChw8c" : "max pool nChw16c");
+            for (int64_t i = 0; i < N * C * P * Q; i++)
+                if (a[0][i] != a[1][i])
+                    TEST_FAIL_("max pool nChw%dc: argmax %lld differs: %d (%s) vs %d (scalar)", B, (long long)i,
+                               a[0][i], dt_k_isa_name(dt_k_get_isa()), a[1][i]);
+        }
+    }
+    /* the scalar loop against the plain kernel (each block position holds
+     * plane index h*W + w, the same in both layouts) */
+    float *xb = malloc(N * C * H * W * 4), *yp = malloc(N * C * P * Q * 4), *yb = malloc(N * C * P * Q * 4);
+    int32_t *ap = malloc(N * C * P * Q * 4);
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_maxpool2d_fwd(&s, x, yp, ap));
+    ASSERT_OK(dt_k_to_blocked(x, N, C, H * W, 16, xb));
+    ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, 16, xb, y[1], a[1]));
+    ASSERT_OK(dt_k_from_blocked(y[1], N, C, P * Q, 16, yb));
+    SAME_BITS(yb, yp, N * C * P * Q, "max pool nChw16c against plain");
+    ASSERT_OK(dt_k_from_blocked((float *)a[1], N, C, P * Q, 16, (float *)a[0])); /* a bit-exact reorder */
+    ASSERT(memcmp(a[0], ap, (size_t)(N * C * P * Q) * 4) == 0);
+    free(xb), free(yp), free(yb), free(ap), free(x);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(a[k]);
+}
+
 int main(void)
 {
     if (dt_k_get_isa() == DT_K_ISA_SCALAR)
         DT_TEST_SKIP_ALL("no AVX2 on this CPU (dt_k_get_isa() is scalar): only the scalar loops exist");
     RUN(bias_gelu_tanh_paths_identical);
+    RUN(bias_gelu_lp_equals_widened);
     RUN(xent_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
+    RUN(maxpool_blocked_paths_identical);
     for (int k = 0; k < NPATH; k++)
         printf("# path %s: %s\n", dt_k_isa_name(k_paths[k]), g_ran[k] ? "compared with scalar" : "not on this CPU");
     return TEST_REPORT();

@@ -536,6 +536,85 @@ TEST(kernels_levels_bit_identical)
     }
 }
 
+/* The one-sweep Adam(W) over bf16 grads (dt__optim_adam_bf16) on every
+ * level the CPU has, against its parts: the grads widened, dt__optim_adam
+ * on the scalar level, the master rounded by dt_f32_to_bf16, the grads
+ * zeroed; master, moments, copy and grads bit for bit. Lengths with a
+ * masked or 8-lane tail and none; Adam's L2 and AdamW's decay, with and
+ * without a copy or zeroing; a pass with zero grads and moments keeps the
+ * masters as they are, so their rounding is tested on chosen bits: ties
+ * to even both ways, NaN (signalling and quiet, payloads), infinities,
+ * subnormals, -0, the largest finite value (rounds to inf). */
+TEST(adam_bf16_one_sweep_equals_parts)
+{
+    enum { NMAX = 1013 };
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f807fffu, 0x7f800001u,
+                                       0xffc12345u, 0x7f800000u, 0xff800000u, 0x00008000u, 0x00018000u,
+                                       0x807fffffu, 0x80000000u, 0x00000000u, 0x7f7fffffu, 0xbf80ffffu,
+                                       0x7fbfffffu, 0x00400000u};
+    const size_t lens[] = {1013, 1000, 16, 17, 13, 7, 1, 0};
+    static float p[2][NMAX], m[2][NMAX], v[2][NMAX], gw[NMAX];
+    static uint16_t g[2][NMAX], c[2][NMAX], g0[NMAX];
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int mode = 0; mode < 5; mode++) {
+            const size_t n = lens[li];
+            const bool specials = mode == 4, copy = mode != 2, zero = mode != 3;
+            dt__adam_k k = {.wd = 0.1f, .decay = 0.999f, .b1 = 0.9f, .omb1 = 0.1f, .b2 = 0.999f, .omb2 = 0.001f,
+                            .bc2_sqrt = 0.0447f, .eps = 1e-8f, .neg_step_size = -0.1f, .l2 = mode == 0,
+                            .decoupled = mode == 1 || mode == 2 || mode == 3, .zero_grad = zero};
+            for (size_t i = 0; i < n; i++) {
+                p[0][i] = frand();
+                m[0][i] = specials ? 0.0f : 0.1f * frand();
+                v[0][i] = specials ? 0.0f : 1e-3f * fabsf(frand());
+                g0[i] = specials ? 0 : dt_f32_to_bf16(frand() * (i % 5 == 0 ? 1e-30f : 0.5f));
+                if (specials) {
+                    uint32_t u = special[i % (sizeof special / sizeof special[0])];
+                    memcpy(&p[0][i], &u, sizeof u);
+                }
+            }
+            memcpy(p[1], p[0], n * sizeof(float));
+            memcpy(m[1], m[0], n * sizeof(float));
+            memcpy(v[1], v[0], n * sizeof(float));
+            /* the parts, scalar */
+            ASSERT(dt__optim_force_level(0));
+            for (size_t i = 0; i < n; i++)
+                gw[i] = dt_bf16_to_f32(g0[i]);
+            dt__optim_adam(p[1], gw, m[1], v[1], n, &k);
+            for (size_t i = 0; i < n; i++) {
+                c[1][i] = copy ? dt_f32_to_bf16(p[1][i]) : 0x5555;
+                g[1][i] = zero ? 0 : g0[i];
+            }
+            for (int lv = 0; lv < 3; lv++) {
+                if (!dt__optim_force_level(lv))
+                    continue;
+                float pp[NMAX], mm[NMAX], vv[NMAX];
+                memcpy(pp, p[0], n * sizeof(float));
+                memcpy(mm, m[0], n * sizeof(float));
+                memcpy(vv, v[0], n * sizeof(float));
+                memcpy(g[0], g0, n * sizeof(uint16_t));
+                for (size_t i = 0; i < n; i++)
+                    c[0][i] = 0x5555;
+                dt__optim_adam_bf16(pp, g[0], mm, vv, copy ? c[0] : NULL, n, &k);
+                const char *what = memcmp(pp, p[1], n * sizeof(float))   ? "the master"
+                                   : memcmp(mm, m[1], n * sizeof(float)) ? "exp_avg"
+                                   : memcmp(vv, v[1], n * sizeof(float)) ? "exp_avg_sq"
+                                   : memcmp(c[0], c[1], n * 2)           ? "the bf16 copy"
+                                   : memcmp(g[0], g[1], n * 2)           ? "grads"
+                                                                         : NULL;
+                if (what) {
+                    size_t at = 0;
+                    while (at < n && !memcmp(&c[0][at], &c[1][at], 2) && !memcmp(&pp[at], &p[1][at], 4))
+                        at++;
+                    dt__optim_force_level(-1);
+                    TEST_FAIL_("%s level, n = %zu, mode %d: %s not bit-identical (first master/copy difference at %zu)",
+                               k_level_name[lv], n, mode, what, at);
+                    return;
+                }
+            }
+        }
+    dt__optim_force_level(-1);
+}
+
 /* ---- ranges (ZeRO shards) ---------------------------------------------------- */
 
 /* Run one optimizer over [0,24) and two over [0,10) and [10,24) (the cut
@@ -1010,6 +1089,7 @@ int main(void)
     RUN(torch_bit_exact_scalar);
     RUN(torch_bit_exact_avx512);
     RUN(kernels_levels_bit_identical);
+    RUN(adam_bf16_one_sweep_equals_parts);
     RUN(shards_equal_whole);
     RUN(lamb_sharded_with_reducer);
     RUN(segments_gaps_and_no_decay);

@@ -163,6 +163,59 @@ TEST(train_on_text)
     free(corpus);
 }
 
+/* dtrain eval --ckpt of a run trained on text with --tokenizer: the
+ * checkpoint's kept tokenizer.json encodes the text data (its own, or
+ * --val-data text:OTHER given here), as dtrain generate --ckpt does: the same
+ * loss as with --tokenizer given, and the command says which it used. */
+TEST(eval_ckpt_uses_its_tokenizer)
+{
+    char tok[1024], data[700], other[700];
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizer/dtrain.json", DT_SOURCE_DIR);
+    snprintf(data, sizeof data, "text:%s/tests/data/tokenizer/bible.txt", DT_SOURCE_DIR);
+    char *o = tp(0, "other.txt"), *ck = tp(1, "text_ck");
+    const char *ot = "And God said, Let there be light: and there was light. And God saw the light, that it was "
+                     "good: and God divided the light from the darkness. And God called the light Day.\n";
+    write_file(o, ot, strlen(ot));
+    snprintf(other, sizeof other, "text:%s", o);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--tokenizer", tok, "--batch",
+                        "2", "--seq", "16", "--max-steps", "2", "--limit-test", "4", "--threads", "1", "--save", ck,
+                        NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    double loss[4];
+    for (int k = 0; k < 4; k++) { /* kept, given; then on other text: kept, given */
+        char *argv[16] = {"eval", "--ckpt", ck, "--json"};
+        int a = 4;
+        char tokeq[1100];
+        snprintf(tokeq, sizeof tokeq, "--tokenizer=%s", tok);
+        if (k == 1)
+            argv[a++] = "--tokenizer", argv[a++] = tok;
+        if (k == 3) /* the --name=value form too */
+            argv[a++] = tokeq;
+        if (k >= 2)
+            argv[a++] = "--val-data", argv[a++] = other;
+        cli_runv(&r, 60, NULL, argv);
+        if (r.code != 0)
+            fprintf(stderr, "eval %d: %s\n%s\n", k, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.err, k & 1 ? "tokenizer: --tokenizer" : "tokenizer: the tokenizer.json --ckpt");
+        const char *l = strstr(r.out, "\"loss\":");
+        ASSERT(l != NULL);
+        ASSERT(r.out[0] == '{'); /* --json: the object alone on stdout */
+        loss[k] = strtod(l + 7, NULL);
+    }
+    ASSERT(isfinite(loss[0]) && loss[0] == loss[1]);
+    ASSERT(isfinite(loss[2]) && loss[2] == loss[3]);
+    ASSERT(loss[0] != loss[2]);
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", ck, NULL}); /* the text lines say it too */
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "tokenizer: the tokenizer.json --ckpt");
+    ASSERT_STR_CONTAINS(r.out, "val loss");
+}
+
 /* --loss-mask: prompt/completion jsonl trains with the loss on the
  * completions only (the value itself: nn/test_loss_mask); mistakes are
  * exit 2 naming the line, the key or the option. */
@@ -429,6 +482,7 @@ int main(void)
     RUN(train_encode_split_decode);
     RUN(tokenizer_json);
     RUN(train_on_text);
+    RUN(eval_ckpt_uses_its_tokenizer);
     RUN(train_loss_mask);
     RUN(generate_with_tokenizer);
     RUN(generate_vocab_wide_model);

@@ -22,13 +22,7 @@ static char *cli(void) { return getenv("DT_CLI"); }
 
 static void write_tokens(void)
 {
-    uint16_t tok[4000];
-    for (int i = 0; i < 4000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    char p[300];
-    snprintf(p, sizeof p, "%s/train.bin", cli_tmpdir());
-    dt_tokens_write(p, tok, 4000);
-    snprintf(tokens, sizeof tokens, "tokens:%s", p);
+    cli_stream_file("train.bin", 4000, false, tokens, sizeof tokens);
 }
 
 static void run_traced(cli_result *r, const char *dir, char *const *extra)

@@ -36,14 +36,8 @@ static void run_gpt(cli_result *r, int ranks, const char *batch, char *const *ex
 {
     static char data[320];
     if (!data[0]) {
-        char bin[300];
-        uint16_t tok[2000];
-        for (int i = 0; i < 2000; i++)
-            tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-        snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-        if (dt_tokens_write(bin, tok, 2000) < 0)
-            fprintf(stderr, "writing %s failed\n", bin);
-        snprintf(data, sizeof data, "tokens:%s", bin);
+        if (cli_stream_file("tok.bin", 2000, false, data, sizeof data) < 0)
+            fprintf(stderr, "writing %s failed: %s\n", data + 7, dt_last_error());
     }
     char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                     "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",
@@ -69,10 +63,7 @@ TEST(gpt_dp2_tp2_pp2_equals_one_process)
     double v2 = cli_out_value(r.out, "val loss: ");
     fprintf(stderr, "gpt val loss: one process %.6f, dp 2 x tp 2 x pp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4);
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 4);
-    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT(cli_same_metrics(m2, m1, 4, 1.5e-6));
 }
 
 /* The MLP's two weights in two stages, each split over 2 ranks (what
@@ -100,10 +91,7 @@ TEST(mlp_tp2_pp2_equals_one_process)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 stages x 2 tensor-parallel x 1 data-parallel, schedule zbh1");
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 16);
-    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT(cli_same_metrics(m2, m1, 16, 1.5e-6));
 }
 
 TEST(placement_errors)

@@ -23,17 +23,8 @@ static char train_tok[320], val_tok[320], metrics[300];
 
 static void write_data(void)
 {
-    uint16_t tok[3000];
-    for (int i = 0; i < 3000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    char tb[300], vb[300];
-    snprintf(tb, sizeof tb, "%s/train.bin", cli_tmpdir());
-    snprintf(vb, sizeof vb, "%s/val.bin", cli_tmpdir());
     snprintf(metrics, sizeof metrics, "%s/m.jsonl", cli_tmpdir());
-    dt_tokens_write(tb, tok, 3000);
-    dt_tokens_write(vb, tok + 1000, 600);
-    snprintf(train_tok, sizeof train_tok, "tokens:%s", tb);
-    snprintf(val_tok, sizeof val_tok, "tokens:%s", vb);
+    cli_stream_train_val(train_tok, val_tok, sizeof train_tok);
 }
 
 /* dtrain [run -n ranks --] train --config cfg <the tiny GPT> extra... */

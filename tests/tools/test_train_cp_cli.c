@@ -25,15 +25,13 @@ static void make_data(void)
     if (g_data[0])
         return;
     static uint16_t tok[4000];
+    cli_stream(tok, 4000, false);
     uint64_t s = 7;
-    for (int i = 0; i < 4000; i++) {
+    for (int i = 0; i < 4000; i++) { /* + 0..3 of noise */
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2 + (int)((s >> 60) & 3));
+        tok[i] = (uint16_t)(tok[i] + (int)((s >> 60) & 3));
     }
-    char path[320];
-    snprintf(path, sizeof path, "%s/cp_tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(path, tok, 4000), DT_OK);
-    snprintf(g_data, sizeof g_data, "tokens:%s", path);
+    ASSERT_EQ_INT(cli_token_file("cp_tok.bin", tok, 4000, g_data, sizeof g_data), DT_OK);
 }
 
 /* `dtrain [run -n ranks --] train --model model ...` for 20 steps of 4

@@ -10,23 +10,17 @@
 
 #include <math.h>
 
-static char train_bin[300], val_bin[300], metrics[300], save_dir[300];
+static char train_tok[320], val_tok[320], metrics[300], save_dir[300];
 
-static uint16_t stream(int i) { return (uint16_t)((i % 7) * 5 + (i / 7) % 2); }
+static uint16_t stream(int i) { return cli_stream_token(i, false); }
 
-/* A stream of period 7 over 40 tokens: the next token is a function of the
- * previous two. */
+/* The CLI tests' stream (train_cli.h): period 7 over 40 tokens, the next
+ * token a function of the previous two. */
 static void write_data(void)
 {
-    uint16_t tok[3000];
-    for (int i = 0; i < 3000; i++)
-        tok[i] = stream(i);
-    snprintf(train_bin, sizeof train_bin, "%s/train.bin", cli_tmpdir());
-    snprintf(val_bin, sizeof val_bin, "%s/val.bin", cli_tmpdir());
     snprintf(metrics, sizeof metrics, "%s/m.jsonl", cli_tmpdir());
     snprintf(save_dir, sizeof save_dir, "%s/run", cli_tmpdir());
-    dt_tokens_write(train_bin, tok, 3000);
-    dt_tokens_write(val_bin, tok + 1000, 600);
+    cli_stream_train_val(train_tok, val_tok, sizeof train_tok);
 }
 
 static double last_val_loss(const char *out)
@@ -38,8 +32,8 @@ static double last_val_loss(const char *out)
 static void run_gpt(cli_result *r, bool ckpt)
 {
     char data[320], val[320];
-    snprintf(data, sizeof data, "tokens:%s", train_bin);
-    snprintf(val, sizeof val, "tokens:%s", val_bin);
+    snprintf(data, sizeof data, "%s", train_tok);
+    snprintf(val, sizeof val, "%s", val_tok);
     char *args[] = {"train", "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "32", "--seq", "16",
                     "--data", data, "--val-data", val, "--batch", "4", "--epochs", "2", "--optimizer", "adamw",
                     "--lr", "0.01", "--seed", "3", "--threads", "1", "--eval-every", "20", "--sample-every", "30",
@@ -112,7 +106,7 @@ TEST(option_errors)
 {
     static cli_result r;
     char data[320];
-    snprintf(data, sizeof data, "tokens:%s", train_bin);
+    snprintf(data, sizeof data, "%s", train_tok);
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", "fashion-mnist", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "tokens:FILE");

@@ -186,14 +186,8 @@ int main(void)
 {
     if (!getenv("DT_CLI"))
         DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
-    char bin[300];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2 + (i / 49) % 3 * 40);
-    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-    if (dt_tokens_write(bin, tok, 2000) < 0)
+    if (cli_stream_file("tok.bin", 2000, true, g_data, sizeof g_data) < 0)
         DT_TEST_SKIP_ALL("could not write the token file");
-    snprintf(g_data, sizeof g_data, "tokens:%s", bin);
     one_process();
     RUN(tp2_follows_one_process);
     RUN(tp2_bf16_runs);

@@ -70,21 +70,11 @@ TEST(mlp_pp2_checkpoint_resumes_in_one_process_and_back)
     ASSERT(same_tail(cli_path("b2.jsonl"), ref, 8));
 }
 
-/* A 2000-token file of a small repeating pattern at bin; data = "tokens:bin". */
-static dt_status token_data(const char *bin, char data[320])
-{
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(data, 320, "tokens:%s", bin);
-    return dt_tokens_write(bin, tok, 2000);
-}
-
 TEST(gpt_dp2_pp2_checkpoint_resumes_in_one_process)
 {
     static cli_result r;
     char data[320];
-    ASSERT_EQ_INT(token_data(cli_path("tok.bin"), data), DT_OK);
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     char *gpt[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
                    "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",
@@ -121,7 +111,7 @@ TEST(gpt_tp2_pp2_checkpoint_resumes_in_one_process_and_back)
 {
     static cli_result r;
     char data[320];
-    ASSERT_EQ_INT(token_data(cli_path("tok3.bin"), data), DT_OK);
+    ASSERT_EQ_INT(cli_stream_file("tok3.bin", 2000, false, data, sizeof data), DT_OK);
     char *gpt[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                    "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--optimizer",
                    "adamw", "--lr", "0.01", "--seed", "3", "--threads", "1", "--progress", "plain", "--log-every",

@@ -58,9 +58,7 @@ static int samples(const char *out, char *buf, size_t cap)
 
 static bool same_losses(const char *pa, const char *pb)
 {
-    double a[64], b[64];
-    int na = cli_step_losses(pa, a, 64), nb = cli_step_losses(pb, b, 64);
-    return cli_same_losses(a, na, b, nb, 1.5e-6); /* %.6f in the file */
+    return cli_same_metrics(pa, pb, -1, 1.5e-6); /* %.6f in the file */
 }
 
 TEST(mlp_pp2_equals_one_process)
@@ -104,13 +102,8 @@ TEST(gpt_pp2_equals_one_process)
     if (!cli())
         DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
     static cli_result r;
-    char bin[300], data[320], m1[300], m2[300];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", bin);
+    char data[320], m1[300], m2[300];
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     snprintf(m1, sizeof m1, "%s/g1.jsonl", cli_tmpdir());
     snprintf(m2, sizeof m2, "%s/g2.jsonl", cli_tmpdir());
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
@@ -144,10 +137,7 @@ TEST(gpt_pp2_equals_one_process)
     fprintf(stderr, "one process:\n%s--pp 2 interleaved:\n%s", s1, s2);
     ASSERT_STR_EQ(s2, s1);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 6);
-    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT(cli_same_metrics(m2, m1, 6, 1.5e-6));
     /* the stages balanced by parameter count (--pp-balance params): the same training */
     n -= 4; /* keeps --pp 2 */
     two[n++] = "--pp-schedule", two[n++] = "1f1b", two[n++] = "--pp-balance", two[n++] = "params";
@@ -156,9 +146,7 @@ TEST(gpt_pp2_equals_one_process)
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    na = cli_step_losses(m2, a, 64);
-    ASSERT_EQ_INT(na, 6);
-    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT(cli_same_metrics(m2, m1, 6, 1.5e-6));
     ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
     ASSERT_STR_EQ(s2, s1);
     /* ... by measured time (--pp-balance time: timed on the first micro-batch of the data) */
@@ -168,9 +156,7 @@ TEST(gpt_pp2_equals_one_process)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "pipeline stages balanced by measured time: stage 0 has units [0, ");
-    na = cli_step_losses(m2, a, 64);
-    ASSERT_EQ_INT(na, 6);
-    ASSERT(cli_same_losses(a, na, b, nb, 1.5e-6));
+    ASSERT(cli_same_metrics(m2, m1, 6, 1.5e-6));
     ASSERT_EQ_INT(samples(r.out, s2, sizeof s2), 2);
     ASSERT_STR_EQ(s2, s1);
 }
@@ -183,13 +169,8 @@ TEST(gpt_dp2_pp2_samples_equal_ddp)
         DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
     static cli_result r;
     static char s1[4096], s2[4096];
-    char bin[300], data[320];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(bin, sizeof bin, "%s/tok_dp.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", bin);
+    char data[320];
+    ASSERT_EQ_INT(cli_stream_file("tok_dp.bin", 2000, false, data, sizeof data), DT_OK);
     char *args[64] = {"run", "-n", "2", "--", cli(), "train", "--model", "gpt-micro", "--vocab-size", "41",
                       "--n-embd", "32", "--n-head", "4", "--seq", "16", "--data", data, "--val-data", data,
                       "--limit-train", "48", "--limit-test", "8", "--batch", "4", "--optimizer", "adamw", "--lr",

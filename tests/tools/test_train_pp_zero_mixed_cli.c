@@ -93,15 +93,7 @@ static bool near_losses(const char *fa, const char *fb, double rel, double abs_t
 
 static char *gpt_args(char *data)
 {
-    static char *bin;
-    bin = cli_path("tok.bin");
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    if (dt_tokens_write(bin, tok, 2000) < 0)
-        return NULL;
-    snprintf(data, 320, "tokens:%s", bin);
-    return data;
+    return cli_stream_file("tok.bin", 2000, false, data, 320) < 0 ? NULL : data;
 }
 
 TEST(mlp_dp2_pp2_zero1_equals_ddp)

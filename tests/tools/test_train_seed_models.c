@@ -24,16 +24,7 @@ static bool g_fmnist;
 
 static void write_tokens(void)
 {
-    uint16_t tok[3000];
-    for (int i = 0; i < 3000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    char tb[300], vb[300];
-    snprintf(tb, sizeof tb, "%s/train.bin", cli_tmpdir());
-    snprintf(vb, sizeof vb, "%s/val.bin", cli_tmpdir());
-    ASSERT_OK(dt_tokens_write(tb, tok, 3000));
-    ASSERT_OK(dt_tokens_write(vb, tok + 1000, 600));
-    snprintf(g_tok, sizeof g_tok, "tokens:%s", tb);
-    snprintf(g_val, sizeof g_val, "tokens:%s", vb);
+    ASSERT_OK(cli_stream_train_val(g_tok, g_val, sizeof g_tok));
 }
 
 /* the model flags of zoo model i (convnet on fashion-mnist when installed,

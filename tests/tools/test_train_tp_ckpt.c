@@ -204,16 +204,10 @@ int main(void)
 {
     if (!cli())
         DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    char bin[400];
-    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-    if (dt_tokens_write(bin, tok, 2000) < 0) {
-        fprintf(stderr, "cannot write %s: %s\n", bin, dt_last_error());
+    if (cli_stream_file("tok.bin", 2000, false, g_data, sizeof g_data) < 0) {
+        fprintf(stderr, "cannot write %s: %s\n", g_data + 7, dt_last_error());
         return 1;
     }
-    snprintf(g_data, sizeof g_data, "tokens:%s", bin);
     RUN(mlp_tp2_checkpoints);
     RUN(gpt_tp2_checkpoints);
     RUN(mlp_tp2_dp2_checkpoint);

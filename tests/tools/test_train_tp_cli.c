@@ -55,10 +55,7 @@ TEST(mlp_tp2_equals_one_process)
                                "data-parallel group");
     ASSERT(strstr(r.out, "[1] ") == NULL); /* one display */
     ASSERT_STR_CONTAINS(r.out, "[0] training mlp (1024 parameters in this rank's slice)"); /* 16 x 64 x 2 / 2 */
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 16);
-    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+    ASSERT(cli_same_metrics(m2, m1, 16, 1e-7));
 }
 
 TEST(mlp_tp2_dp2_equals_ddp)
@@ -74,10 +71,7 @@ TEST(mlp_tp2_dp2_equals_ddp)
     ASSERT_STR_CONTAINS(r.out, "[0] tensor parallel: 2 ranks per group (each holds 1/2 of the weights), 2 "
                                "data-parallel groups");
     ASSERT_STR_CONTAINS(r.out, "[0] DDP: 2 ranks");
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 8);
-    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+    ASSERT(cli_same_metrics(m2, m1, 8, 1e-7));
 }
 
 static double val_loss(const char *out)
@@ -92,13 +86,8 @@ static double val_loss(const char *out)
 static void gpt_tp2(const char *dropout, bool sp)
 {
     static cli_result r;
-    char train_bin[300], data[320], m1[400], m2[400];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(train_bin, sizeof train_bin, "%s/tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(train_bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", train_bin);
+    char data[320], m1[400], m2[400];
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     snprintf(m1, sizeof m1, "%s/g1_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
     snprintf(m2, sizeof m2, "%s/g2_%s%s.jsonl", cli_tmpdir(), dropout, sp ? "_sp" : "");
     char *one[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
@@ -127,10 +116,7 @@ static void gpt_tp2(const char *dropout, bool sp)
     double v2 = val_loss(r.out);
     fprintf(stderr, "gpt val loss: one process %.6f, --tp 2 %.6f\n", v1, v2);
     ASSERT(fabs(v1 - v2) <= 2e-4); /* printed with 4 decimals */
-    double a[64], b[64];
-    int na = cli_step_losses(m2, a, 64), nb = cli_step_losses(m1, b, 64);
-    ASSERT_EQ_INT(na, 6);
-    ASSERT(cli_same_losses(a, na, b, nb, 1e-7));
+    ASSERT(cli_same_metrics(m2, m1, 6, 1e-7));
 }
 
 TEST(gpt_tp2_equals_one_process) { gpt_tp2("0", false); }

@@ -106,13 +106,8 @@ TEST(mlp_dp2_tp2_zero1_equals_ddp)
 TEST(gpt_dp2_tp2_pp2_zero1_equals_ddp)
 {
     static cli_result r;
-    char bin[300], data[320];
-    uint16_t tok[2000];
-    for (int i = 0; i < 2000; i++)
-        tok[i] = (uint16_t)((i % 7) * 5 + (i / 7) % 2);
-    snprintf(bin, sizeof bin, "%s/tok.bin", cli_tmpdir());
-    ASSERT_EQ_INT(dt_tokens_write(bin, tok, 2000), DT_OK);
-    snprintf(data, sizeof data, "tokens:%s", bin);
+    char data[320];
+    ASSERT_EQ_INT(cli_stream_file("tok.bin", 2000, false, data, sizeof data), DT_OK);
     const char *ddp = cli_path("g_ddp.jsonl"), *z = cli_path("g_z1.jsonl");
     char *base[] = {"train", "--model", "gpt-micro", "--vocab-size", "41", "--n-embd", "32", "--n-head", "4", "--seq",
                     "16", "--data", data, "--val-data", data, "--limit-train", "32", "--limit-test", "8", "--batch",

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dtrain/data.h"
 #include "tmp_util.h"
 
 typedef struct {
@@ -185,6 +186,19 @@ static inline bool cli_same_losses(const double *a, int na, const double *b, int
     return true;
 }
 
+/* The step losses of two runs' --metrics files ma and mb agree
+ * (cli_same_losses), ma holding want step records (want < 0: any count). */
+static inline bool cli_same_metrics(const char *ma, const char *mb, int want, double abs_tol)
+{
+    double a[64], b[64];
+    int na = cli_step_losses(ma, a, 64), nb = cli_step_losses(mb, b, 64);
+    if (want >= 0 && na != want) {
+        fprintf(stderr, "%s: %d step records, want %d\n", ma, na, want);
+        return false;
+    }
+    return cli_same_losses(a, na, b, nb, abs_tol);
+}
+
 /* `dtrain [run -n ranks -- dtrain] <lists[0]> <lists[1]> ...`: the lists are
  * NULL-terminated argument lists (a NULL list is empty) joined in order;
  * one rank runs the CLI directly. Prints the output when the run fails. */
@@ -223,6 +237,53 @@ static inline char *cli_path(const char *name)
     char *b = bufs[k++ % 16];
     snprintf(b, 300, "%s/%s", cli_tmpdir(), name);
     return b;
+}
+
+/* The CLI tests' synthetic token stream: token i is (i % 7) * 5 + (i / 7) % 2,
+ * period 7 over ids < 40, the next token a function of the previous two (a
+ * GPT learns it in a few steps); wide adds (i / 49) % 3 * 40 (ids < 120:
+ * the Llama tests' larger vocabulary). */
+static inline uint16_t cli_stream_token(int64_t i, bool wide)
+{
+    return (uint16_t)((i % 7) * 5 + (i / 7) % 2 + (wide ? (i / 49) % 3 * 40 : 0));
+}
+
+/* tok[0..n) = the stream's first n tokens. */
+static inline void cli_stream(uint16_t *tok, int64_t n, bool wide)
+{
+    for (int64_t i = 0; i < n; i++)
+        tok[i] = cli_stream_token(i, wide);
+}
+
+/* tok[0..n) written as the token file cli_tmpdir()/name (dt_tokens_write),
+ * its --data spec "tokens:PATH" into spec[specn] (spec + 7 is the path).
+ * DT_OK, or the writer's error (dt_last_error says which). */
+static inline dt_status cli_token_file(const char *name, const uint16_t *tok, int64_t n, char *spec, size_t specn)
+{
+    snprintf(spec, specn, "tokens:%s/%s", cli_tmpdir(), name);
+    return dt_tokens_write(spec + 7, tok, n);
+}
+
+/* The stream's first n (<= 20000) tokens as the token file
+ * cli_tmpdir()/name, its spec into spec[specn] (cli_token_file). */
+static inline dt_status cli_stream_file(const char *name, int64_t n, bool wide, char *spec, size_t specn)
+{
+    static uint16_t tok[20000];
+    if (n < 0 || n > 20000)
+        return dt_error(DT_ERR_INVALID_ARG, "cli_stream_file: %lld tokens (at most 20000)", (long long)n);
+    cli_stream(tok, n, wide);
+    return cli_token_file(name, tok, n, spec, specn);
+}
+
+/* The stream's first 3000 tokens as cli_tmpdir()/train.bin and its tokens
+ * 1000..1599 as val.bin, their specs into train[n] and val[n]. DT_OK or
+ * the writer's error. */
+static inline dt_status cli_stream_train_val(char *train, char *val, size_t n)
+{
+    uint16_t tok[3000];
+    cli_stream(tok, 3000, false);
+    dt_status st = cli_token_file("train.bin", tok, 3000, train, n);
+    return st < 0 ? st : cli_token_file("val.bin", tok + 1000, 600, val, n);
 }
 
 #endif
