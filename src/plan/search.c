@@ -12,8 +12,7 @@
  *
  * Time of a step: the compute of each rank (core-seconds per token from
  * the calibration times its tokens, the blocks split over tp (but their
- * layer norms and residuals, and a pass's fixed cost, whole on each tp
- * rank) and pp, the head on the last stage; ZeRO-2/3's gradient pages
+ * layer norms and residuals whole on each tp rank) and pp, the head on the last stage; ZeRO-2/3's gradient pages
  * faulted in again each pass), stretched by the pipeline's bubble
  * (m + pp - 1) / m, over the cores it gets: ranks share the machine's
  * cores, so the step is at least the whole machine's work over all cores
@@ -222,14 +221,17 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double tok_blk = fb_blk - pass_blk / T > 0 ? fb_blk - pass_blk / T : 0;
     const double tok_fix = c->fb_fixed_s - pass_fix / T > 0 ? c->fb_fixed_s - pass_fix / T : 0;
     /* tensor parallelism splits a block's GEMMs and attention over its ranks but runs the layer norms and
-       residual additions whole on each (calibrated: repl_block_s), and each rank runs every kernel of
-       the block, so a pass's fixed cost (pass_*: what a pass costs beyond its tokens) is each rank's
-       whole; the vocabulary-parallel embedding, head and loss split their tokens' cost */
+       residual additions whole on each (calibrated: repl_block_s). A pass's fixed cost (pass_*: what a
+       pass costs beyond its tokens) is mostly the weights' and gradients' bytes the GEMMs stream once a
+       pass (GPT-2 124M: 6.5 ms a block, ~7M parameters read forward and backward and their gradients
+       written), which the split divides like the weights (measured on an idle machine: 2- and 4-way tp
+       of GPT-2 124M take the same step, 410 and 414 ms; charged whole on each rank they were predicted
+       +19% and +55%); the vocabulary-parallel embedding, head and loss split their tokens' cost */
     const double tok_rep = c->repl_block_s < tok_blk ? c->repl_block_s : tok_blk;
     const double tok_blk_rank = (tok_blk - tok_rep) / tp + tok_rep; /* a tp rank's share of a block */
     const double replica_blocks = samples_replica * T * L * tok_blk_rank; /* one tp rank's, split over pp */
     const double replica_fixed = samples_replica * T * tok_fix / tp;
-    const double replica_pass = passes * (L * pass_blk + pass_fix);
+    const double replica_pass = passes * (L * pass_blk + pass_fix) / tp;
     /* a rank's threads (cores / ranks) cost more core-seconds than one does (calibrated at 1 and at
        c->threads threads, interpolated) */
     const double thr = per_rank_cores > 1 ? per_rank_cores : 1;
@@ -244,7 +246,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         fresh = 4.0 * numel_rank;
     const double fault_work = passes * fresh / (c->fault_bw > 0 ? c->fault_bw : 4e9);
     double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp + fault_work;
-    const double head_work = tcost * (replica_fixed + passes * pass_fix);
+    const double head_work = tcost * (replica_fixed + passes * pass_fix / tp);
     if (pp > 1 && head_work > stage_work) /* but the head is one unit: the last stage has it whole */
         stage_work = head_work;
     const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
