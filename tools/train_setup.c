@@ -512,6 +512,19 @@ static dt_status lm_data_open(dt__train_run *t, const char *spec, const dt_token
     return dt_dataset_text_open(spec, t->tok, kp, out);
 }
 
+/* The training and test splits as views of the opened datasets, cut to
+ * --limit-train / --limit-test items where those are given. */
+static dt_status limit_splits(dt__train_run *t)
+{
+    int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
+    if (t->o.limit_train > 0 && t->o.limit_train < ntr)
+        ntr = t->o.limit_train;
+    if (t->o.limit_test > 0 && t->o.limit_test < nte)
+        nte = t->o.limit_test;
+    dt_status st = dt_dataset_subset_init(t->base_train, 0, ntr, &t->train);
+    return st < 0 ? st : dt_dataset_subset_init(t->base_test, 0, nte, &t->test);
+}
+
 int dt__tr_setup_data(dt__train_run *t)
 {
     dt_status st;
@@ -542,13 +555,7 @@ int dt__tr_setup_data(dt__train_run *t)
             return dt__tr_fail(2, what);
         if (t->o.vocab && !t->bpe && dt_bpe_load(t->o.vocab, &t->bpe) < 0)
             return dt__tr_fail(2, "--vocab");
-        int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
-        if (t->o.limit_train > 0 && t->o.limit_train < ntr)
-            ntr = t->o.limit_train;
-        if (t->o.limit_test > 0 && t->o.limit_test < nte)
-            nte = t->o.limit_test;
-        if (dt_dataset_subset_init(t->base_train, 0, ntr, &t->train) < 0 ||
-            dt_dataset_subset_init(t->base_test, 0, nte, &t->test) < 0)
+        if (limit_splits(t) < 0)
             return dt__tr_fail(1, what);
     } else if (!strcmp(t->o.data, "random")) {
         dt_random_dataset_params rp = dt_random_dataset_params_default();
@@ -597,13 +604,7 @@ int dt__tr_setup_data(dt__train_run *t)
                     (long long)mcls);
             return 2;
         }
-        int64_t ntr = dt_dataset_length(t->base_train), nte = dt_dataset_length(t->base_test);
-        if (t->o.limit_train > 0 && t->o.limit_train < ntr)
-            ntr = t->o.limit_train;
-        if (t->o.limit_test > 0 && t->o.limit_test < nte)
-            nte = t->o.limit_test;
-        if (dt_dataset_subset_init(t->base_train, 0, ntr, &t->train) < 0 ||
-            dt_dataset_subset_init(t->base_test, 0, nte, &t->test) < 0)
+        if (limit_splits(t) < 0)
             return dt__tr_fail(1, what);
     }
     dt_loader_params lp = dt_loader_params_default();

@@ -111,20 +111,26 @@ static void sgd_scalar(float *p, float *g, float *buf, size_t n, const dt__sgd_k
     }
 }
 
+/* One element of Adam(W): steps the moments *m, *v in place and returns the
+ * new parameter (the loops below, f32 or bf16 gradients, share it). */
+static inline float adam_one(float pi, float gi, float *m, float *v, const dt__adam_k *k)
+{
+    if (k->l2)
+        gi = fmaf(pi, k->wd, gi);
+    if (k->decoupled)
+        pi = pi * k->decay;
+    float mi = fmaf(gi, k->omb1, *m * k->b1);
+    float vi = fmaf(k->omb2 * gi, gi, *v * k->b2);
+    float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+    *m = mi;
+    *v = vi;
+    return pi + (k->neg_step_size * mi) / denom;
+}
+
 static void adam_scalar(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i], pi = p[i];
-        if (k->l2)
-            gi = fmaf(pi, k->wd, gi);
-        if (k->decoupled)
-            pi = pi * k->decay;
-        float mi = fmaf(gi, k->omb1, m[i] * k->b1);
-        float vi = fmaf(k->omb2 * gi, gi, v[i] * k->b2);
-        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
-        p[i] = pi + (k->neg_step_size * mi) / denom;
-        m[i] = mi;
-        v[i] = vi;
+        p[i] = adam_one(p[i], g[i], m + i, v + i, k);
         if (k->zero_grad)
             g[i] = 0.0f;
     }
@@ -155,18 +161,7 @@ static void adam_bf16_scalar(float *p, uint16_t *g, float *m, float *v, uint16_t
                              const dt__adam_k *k)
 {
     for (size_t i = 0; i < n; i++) {
-        float gi = bf16_f32(g[i]), pi = p[i];
-        if (k->l2)
-            gi = fmaf(pi, k->wd, gi);
-        if (k->decoupled)
-            pi = pi * k->decay;
-        float mi = fmaf(gi, k->omb1, m[i] * k->b1);
-        float vi = fmaf(k->omb2 * gi, gi, v[i] * k->b2);
-        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
-        pi = pi + (k->neg_step_size * mi) / denom;
-        p[i] = pi;
-        m[i] = mi;
-        v[i] = vi;
+        const float pi = p[i] = adam_one(p[i], bf16_f32(g[i]), m + i, v + i, k);
         if (copy)
             copy[i] = f32_bf16(pi);
         if (k->zero_grad)
@@ -246,27 +241,38 @@ DT_AVX2 static void sgd_avx2(float *p, float *g, float *buf, size_t n, const dt_
         sgd_scalar(p + i, g + i, buf ? buf + i : NULL, n - i, k);
 }
 
+/* adam_one on 8 lanes (the constants broadcast once per call of a loop). */
+typedef struct {
+    __m256 wd, decay, b1, omb1, b2, omb2, bc2s, eps, nss;
+} adam_c8;
+
+DT_AVX2 static inline adam_c8 adam_c8_of(const dt__adam_k *k)
+{
+    return (adam_c8){_mm256_set1_ps(k->wd),   _mm256_set1_ps(k->decay),    _mm256_set1_ps(k->b1),
+                     _mm256_set1_ps(k->omb1), _mm256_set1_ps(k->b2),       _mm256_set1_ps(k->omb2),
+                     _mm256_set1_ps(k->bc2_sqrt), _mm256_set1_ps(k->eps), _mm256_set1_ps(k->neg_step_size)};
+}
+
+DT_AVX2 static inline __m256 adam8(__m256 pi, __m256 gi, float *m, float *v, const adam_c8 *c, const dt__adam_k *k)
+{
+    if (k->l2)
+        gi = _mm256_fmadd_ps(pi, c->wd, gi);
+    if (k->decoupled)
+        pi = _mm256_mul_ps(pi, c->decay);
+    __m256 mi = _mm256_fmadd_ps(gi, c->omb1, _mm256_mul_ps(_mm256_loadu_ps(m), c->b1));
+    __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(c->omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v), c->b2));
+    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), c->bc2s), c->eps);
+    _mm256_storeu_ps(m, mi);
+    _mm256_storeu_ps(v, vi);
+    return _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(c->nss, mi), denom));
+}
+
 DT_AVX2 static void adam_avx2(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
-    const __m256 wd = _mm256_set1_ps(k->wd), decay = _mm256_set1_ps(k->decay);
-    const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1);
-    const __m256 b2 = _mm256_set1_ps(k->b2), omb2 = _mm256_set1_ps(k->omb2);
-    const __m256 bc2s = _mm256_set1_ps(k->bc2_sqrt), eps = _mm256_set1_ps(k->eps);
-    const __m256 nss = _mm256_set1_ps(k->neg_step_size);
+    const adam_c8 c = adam_c8_of(k);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 gi = _mm256_loadu_ps(g + i), pi = _mm256_loadu_ps(p + i);
-        if (k->l2)
-            gi = _mm256_fmadd_ps(pi, wd, gi);
-        if (k->decoupled)
-            pi = _mm256_mul_ps(pi, decay);
-        __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + i), b1));
-        __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
-        __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
-        pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
-        _mm256_storeu_ps(p + i, pi);
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
+        _mm256_storeu_ps(p + i, adam8(_mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i), m + i, v + i, &c, k));
         if (k->zero_grad)
             _mm256_storeu_ps(g + i, _mm256_setzero_ps());
     }
@@ -290,11 +296,7 @@ DT_AVX2 static inline __m256i bf16_round_avx2(__m256 x)
 DT_AVX2 static void adam_bf16_avx2(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
                                    const dt__adam_k *k)
 {
-    const __m256 wd = _mm256_set1_ps(k->wd), decay = _mm256_set1_ps(k->decay);
-    const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1);
-    const __m256 b2 = _mm256_set1_ps(k->b2), omb2 = _mm256_set1_ps(k->omb2);
-    const __m256 bc2s = _mm256_set1_ps(k->bc2_sqrt), eps = _mm256_set1_ps(k->eps);
-    const __m256 nss = _mm256_set1_ps(k->neg_step_size);
+    const adam_c8 c = adam_c8_of(k);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 pr[2];
@@ -302,23 +304,12 @@ DT_AVX2 static void adam_bf16_avx2(float *p, uint16_t *g, float *m, float *v, ui
             const size_t j = i + 8 * (size_t)h;
             __m256 gi = _mm256_castsi256_ps(
                 _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(g + j))), 16));
-            __m256 pi = _mm256_loadu_ps(p + j);
-            if (k->l2)
-                gi = _mm256_fmadd_ps(pi, wd, gi);
-            if (k->decoupled)
-                pi = _mm256_mul_ps(pi, decay);
-            __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + j), b1));
-            __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + j), b2));
-            __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
-            pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
-            _mm256_storeu_ps(p + j, pi);
-            _mm256_storeu_ps(m + j, mi);
-            _mm256_storeu_ps(v + j, vi);
-            pr[h] = pi;
+            pr[h] = adam8(_mm256_loadu_ps(p + j), gi, m + j, v + j, &c, k);
+            _mm256_storeu_ps(p + j, pr[h]);
         }
         if (copy) {
-            __m256i c = _mm256_packus_epi32(bf16_round_avx2(pr[0]), bf16_round_avx2(pr[1]));
-            _mm256_storeu_si256((__m256i *)(copy + i), _mm256_permute4x64_epi64(c, 0xd8));
+            __m256i h = _mm256_packus_epi32(bf16_round_avx2(pr[0]), bf16_round_avx2(pr[1]));
+            _mm256_storeu_si256((__m256i *)(copy + i), _mm256_permute4x64_epi64(h, 0xd8));
         }
         if (k->zero_grad)
             _mm256_storeu_si256((__m256i *)(g + i), _mm256_setzero_si256());
@@ -463,27 +454,39 @@ DT_AVX512 static void sgd_avx512(float *p, float *g, float *buf, size_t n, const
     }
 }
 
+/* adam_one on 16 lanes, the moments loaded and stored under the mask. */
+typedef struct {
+    __m512 wd, decay, b1, omb1, b2, omb2, bc2s, eps, nss;
+} adam_c16;
+
+DT_AVX512 static inline adam_c16 adam_c16_of(const dt__adam_k *k)
+{
+    return (adam_c16){_mm512_set1_ps(k->wd),   _mm512_set1_ps(k->decay),    _mm512_set1_ps(k->b1),
+                      _mm512_set1_ps(k->omb1), _mm512_set1_ps(k->b2),       _mm512_set1_ps(k->omb2),
+                      _mm512_set1_ps(k->bc2_sqrt), _mm512_set1_ps(k->eps), _mm512_set1_ps(k->neg_step_size)};
+}
+
+DT_AVX512 static inline __m512 adam16(__mmask16 mk, __m512 pi, __m512 gi, float *m, float *v, const adam_c16 *c,
+                                      const dt__adam_k *k)
+{
+    if (k->l2)
+        gi = _mm512_fmadd_ps(pi, c->wd, gi);
+    if (k->decoupled)
+        pi = _mm512_mul_ps(pi, c->decay);
+    __m512 mi = _mm512_fmadd_ps(gi, c->omb1, _mm512_mul_ps(ld16(mk, m), c->b1));
+    __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(c->omb2, gi), gi, _mm512_mul_ps(ld16(mk, v), c->b2));
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), c->bc2s), c->eps);
+    st16(m, mk, mi);
+    st16(v, mk, vi);
+    return _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(c->nss, mi), denom));
+}
+
 DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
-    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
-    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1);
-    const __m512 b2 = _mm512_set1_ps(k->b2), omb2 = _mm512_set1_ps(k->omb2);
-    const __m512 bc2s = _mm512_set1_ps(k->bc2_sqrt), eps = _mm512_set1_ps(k->eps);
-    const __m512 nss = _mm512_set1_ps(k->neg_step_size);
+    const adam_c16 c = adam_c16_of(k);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 gi = ld16(mk, g + i), pi = ld16(mk, p + i);
-        if (k->l2)
-            gi = _mm512_fmadd_ps(pi, wd, gi);
-        if (k->decoupled)
-            pi = _mm512_mul_ps(pi, decay);
-        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(ld16(mk, m + i), b1));
-        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(ld16(mk, v + i), b2));
-        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
-        pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
-        st16(p + i, mk, pi);
-        st16(m + i, mk, mi);
-        st16(v + i, mk, vi);
+        st16(p + i, mk, adam16(mk, ld16(mk, p + i), ld16(mk, g + i), m + i, v + i, &c, k));
         if (k->zero_grad)
             st16(g + i, mk, _mm512_setzero_ps());
     }
@@ -496,11 +499,7 @@ DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t
 DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
                                        const dt__adam_k *k)
 {
-    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
-    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1);
-    const __m512 b2 = _mm512_set1_ps(k->b2), omb2 = _mm512_set1_ps(k->omb2);
-    const __m512 bc2s = _mm512_set1_ps(k->bc2_sqrt), eps = _mm512_set1_ps(k->eps);
-    const __m512 nss = _mm512_set1_ps(k->neg_step_size);
+    const adam_c16 c = adam_c16_of(k);
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), q = _mm512_set1_epi32(0x40);
     for (size_t i = 0; i < n; i += 16) {
@@ -508,29 +507,19 @@ DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v
         const __mmask16 mk = full ? (__mmask16)0xffff : tail_mask(n - i);
         __m256i gh = full ? _mm256_loadu_si256((const __m256i *)(g + i)) : _mm256_maskz_loadu_epi16(mk, g + i);
         __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gh), 16));
-        __m512 pi = ld16(mk, p + i);
-        if (k->l2)
-            gi = _mm512_fmadd_ps(pi, wd, gi);
-        if (k->decoupled)
-            pi = _mm512_mul_ps(pi, decay);
-        __m512 mi = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(ld16(mk, m + i), b1));
-        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(ld16(mk, v + i), b2));
-        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
-        pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+        const __m512 pi = adam16(mk, ld16(mk, p + i), gi, m + i, v + i, &c, k);
         st16(p + i, mk, pi);
-        st16(m + i, mk, mi);
-        st16(v + i, mk, vi);
         if (copy) {
             const __m512i u = _mm512_castps_si512(pi);
             __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
             __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
             __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
             __m512i qn = _mm512_or_si512(_mm512_srli_epi32(u, 16), q);
-            __m256i c = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
+            __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
             if (full)
-                _mm256_storeu_si256((__m256i *)(copy + i), c);
+                _mm256_storeu_si256((__m256i *)(copy + i), h);
             else
-                _mm256_mask_storeu_epi16(copy + i, mk, c);
+                _mm256_mask_storeu_epi16(copy + i, mk, h);
         }
         if (k->zero_grad) {
             if (full)
