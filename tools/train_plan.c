@@ -62,18 +62,49 @@ static double mem_total(void)
     return v;
 }
 
+/* Measures the calibration into the cache file in a fresh process, `dtrain
+ * plan` run from this program's own file: for a process that has already
+ * trained (libgomp is not fork-safe after a parallel region, and measured
+ * here the calibration would take this process's resident model and
+ * buffers for the baseline of every layout, and its thread count). Quiet:
+ * the child's output goes to /dev/null. */
+static int calib_exec(const dt__train_opts *o, int64_t seq)
+{
+    char seqs[32];
+    snprintf(seqs, sizeof seqs, "%lld", (long long)seq);
+    const char *prec = plan_dtype(o) == DT_BF16 ? "bf16" : "fp32";
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0) {
+        int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (nul >= 0) {
+            dup2(nul, 1);
+            dup2(nul, 2);
+        }
+        execl("/proc/self/exe", "dtrain", "plan", "--model", o->model, "--seq", seqs, "--precision", prec, "--world",
+              "1", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 /* The calibration for the run: the cache file's, measured first when it is
- * absent, by one process at a time (the lock), in a child of this one (fork
- * before this process's first parallel region: libgomp is not fork-safe
- * after one; child false: here, for a process that ran one). quiet: no
- * progress lines. */
+ * absent, by one process at a time (the lock): in a child of this one
+ * (child true: fork before this process's first parallel region), or, for
+ * a process that ran one (child false), by `dtrain plan` in a fresh
+ * process (calib_exec); without a cache directory that process gets no
+ * calibration (nonzero: no prediction). quiet: no progress lines. */
 static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool child, dt_plan_calib *c)
 {
     const char *who = "dtrain train: planner";
     char path[4300], lock[4310];
     dt__plan_calib_path(o->model, seq, plan_dtype(o), path, sizeof path);
-    if (!*path) /* no cache directory: measure here */
-        return dt__plan_calib_get(who, o->model, seq, plan_dtype(o), NULL, true, quiet, c);
+    if (!*path) /* no cache directory: measure here, while nothing else is resident */
+        return child ? dt__plan_calib_get(who, o->model, seq, plan_dtype(o), NULL, true, quiet, c) : 1;
     snprintf(lock, sizeof lock, "%s.lock", path);
     int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd >= 0)
@@ -84,8 +115,12 @@ static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool chil
         pid_t pid = child ? fork() : -1;
         if (pid == 0)
             _exit(dt__plan_calib_get(who, o->model, seq, plan_dtype(o), path, true, quiet, c));
-        if (pid < 0) {
+        if (pid < 0 && child) {
             rc = dt__plan_calib_get(who, o->model, seq, plan_dtype(o), path, true, quiet, c);
+        } else if (pid < 0) {
+            rc = calib_exec(o, seq);
+            if (!rc && dt_plan_calib_load(path, o->model, seq, plan_dtype(o), c) < 0)
+                rc = 1;
         } else {
             int status = 0;
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
