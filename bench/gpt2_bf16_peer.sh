@@ -5,7 +5,7 @@
 #   PEER_PYTHON=... bench/gpt2_bf16_peer.sh [options]
 #
 # Each round runs, back to back, in an order rotated every round:
-#   dtrain   DT_CLI bench step --model gpt2 --batch B --seq T --precision bf16
+#   dtrain   DT_CLI bench step --model M --batch B --seq T --precision bf16
 #            --threads N (AdamW; prepared, auto warm-up unless --warmup)
 #   base     the same with DT_BASE_CLI (only when DT_BASE_CLI is set: an older
 #            build to compare against in the same rounds)
@@ -21,15 +21,20 @@
 #
 # Options: --rounds R (3)  --steps S timed steps per run (3)  --warmup W dtrain's
 #   (default auto)  --peer-warmup W (3)  --batch B (8)  --seq T (256)  --threads N (2)
+#   --model gpt2|gpt2-medium (gpt2: 124M; gpt2-medium: 350M, for dtrain and the peer alike)
 #   --no-eager (skip the eager peer)  --logs DIR (keep every run's JSON line there)
 # Environment: DT_CLI (build/dtrain), DT_BASE_CLI (unset), PEER_PYTHON (required).
 set -eu
 cd "$(dirname "$0")/.."
-rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs=
+rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs= model=gpt2
 while [ $# -gt 0 ]; do
     case $1 in
         -h|--help) sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//'; exit 0 ;;
         --no-eager) eager=0; shift ;;
+        --model)
+            [ $# -ge 2 ] || { echo "gpt2_bf16_peer.sh: $1 needs a value" >&2; exit 2; }
+            case $2 in gpt2|gpt2-medium) model=$2 ;; *) echo "gpt2_bf16_peer.sh: --model gpt2 or gpt2-medium, not '$2'" >&2; exit 2 ;; esac
+            shift 2 ;;
         --rounds|--steps|--warmup|--peer-warmup|--batch|--seq|--threads|--logs)
             [ $# -ge 2 ] || { echo "gpt2_bf16_peer.sh: $1 needs a value" >&2; exit 2; }
             case $1 in
@@ -66,12 +71,12 @@ run() {
     case $c in
         dtrain|base)
             bin=$cli; [ "$c" = base ] && bin=$base
-            "$bin" bench step --model gpt2 --batch "$batch" --seq "$seq" --precision bf16 --threads "$threads" \
+            "$bin" bench step --model "$model" --batch "$batch" --seq "$seq" --precision bf16 --threads "$threads" \
                 --steps "$steps" --warmup "$warmup" --peak-reps 0 --json >"$out" 2>"$out.err" || true ;;
         eager|compile)
             fl=; [ "$c" = compile ] && fl=--compile
             # shellcheck disable=SC2086
-            "$PEER_PYTHON" bench/torch_gpt2_step.py --bf16 --fused-adamw $fl --batch "$batch" --seq "$seq" \
+            "$PEER_PYTHON" bench/torch_gpt2_step.py --bf16 --fused-adamw --model "$model" $fl --batch "$batch" --seq "$seq" \
                 --threads "$threads" --steps "$steps" --warmup "$pwarm" --json >"$out" 2>"$out.err" || true ;;
     esac
     ms=$(sed -n 's/.*"median_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
@@ -93,7 +98,7 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 med() { sort -g | awk '{a[NR]=$1} END{if (NR==0) print "na"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-echo "# bench/gpt2_bf16_peer.sh: GPT-2 124M bf16, B=$batch T=$seq, $threads threads, $rounds round(s) of $steps steps, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# bench/gpt2_bf16_peer.sh: $model bf16, B=$batch T=$seq, $threads threads, $rounds round(s) of $steps steps, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-8s %12s %12s\n' case median_ms cpu_ms
 for c in $cases; do
     printf '%-8s %12s %12s\n' "$c" "$(awk '$2!="na"{print $2}' "$tmp/$c" | med)" "$(awk '$3!="na"{print $3}' "$tmp/$c" | med)"

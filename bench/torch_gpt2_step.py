@@ -1,7 +1,8 @@
 """Peer timing for `dtrain bench step --model gpt2` (default B=4, T=64):
 GPT-2 124M (nanoGPT layout, tanh GELU, tied head), AdamW, one process.
 Usage: python bench/torch_gpt2_step.py [--threads 2] [--steps 5] [--warmup 1]
-           [--batch 4] [--seq 64] [--bf16] [--compile] [--fused-adamw] [--json]
+           [--batch 4] [--seq 64] [--bf16] [--compile] [--fused-adamw] [--json] [--model gpt2|gpt2-medium]
+--model: GPT-2 124M (12 layers, 768 wide, 12 heads; the default) or GPT-2 medium (350M: 24, 1024, 16).
 --bf16: torch.autocast("cpu", dtype=torch.bfloat16) around the forward, f32 weights and AdamW.
 --compile: torch.compile(model) (PyTorch >= 2.0; give --warmup >= 2: the first steps compile).
 --fused-adamw: torch.optim.AdamW(fused=True) (PyTorch >= 2.4 on the CPU); without it, the
@@ -16,9 +17,11 @@ p.add_argument("--warmup", type=int, default=1); p.add_argument("--batch", type=
 p.add_argument("--seq", type=int, default=64); p.add_argument("--bf16", action="store_true")
 p.add_argument("--compile", action="store_true"); p.add_argument("--fused-adamw", action="store_true")
 p.add_argument("--json", action="store_true")
+p.add_argument("--model", choices=("gpt2", "gpt2-medium"), default="gpt2")
 a = p.parse_args()
 torch.set_num_threads(a.threads); torch.manual_seed(0)
-L, H, C, V, TMAX = 12, 12, 768, 50257, 1024
+L, H, C = (12, 12, 768) if a.model == "gpt2" else (24, 16, 1024)
+V, TMAX = 50257, 1024
 SDPA = hasattr(F, "scaled_dot_product_attention")
 if a.compile and not hasattr(torch, "compile"):
     raise SystemExit("torch_gpt2_step.py: --compile needs PyTorch >= 2.0")
