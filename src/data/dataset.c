@@ -26,6 +26,19 @@ static int64_t shape_numel(int ndim, const int64_t *shape)
     return n;
 }
 
+/* Whether one item of this shape and element size fits in memory's sizes:
+   its element count, and its bytes, below 2^62 (shapes are positive). */
+static bool item_fits(int ndim, const int64_t *shape, size_t elem)
+{
+    int64_t n = (int64_t)elem, lim = (int64_t)1 << 62;
+    for (int d = 0; d < ndim; d++) {
+        if (n > lim / shape[d])
+            return false;
+        n *= shape[d];
+    }
+    return true;
+}
+
 dt_status dt_dataset_init(const dt_dataset_vtable *vt, void *self, const dt_dataset_info *info,
                           dt_dataset **out)
 {
@@ -51,6 +64,10 @@ dt_status dt_dataset_init(const dt_dataset_vtable *vt, void *self, const dt_data
         if (info->y_shape[d] <= 0)
             return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_init: y_shape[%d] = %lld", d,
                             (long long)info->y_shape[d]);
+    if (!item_fits(info->x_ndim, info->x_shape, dt_dtype_size(info->x_dtype)) ||
+        !item_fits(info->y_ndim, info->y_shape, dt_dtype_size(info->y_dtype)))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_init: '%s': an item's shape multiplies past any "
+                        "array size", vt->name ? vt->name : "dataset");
     dt_dataset *ds = calloc(1, sizeof *ds);
     if (!ds)
         return dt_error(DT_ERR_NO_MEMORY, "dt_dataset_init: out of memory");

@@ -201,18 +201,24 @@ dt_status dt_npy_parse_header(const void *buf, size_t n, const char *name, dt_np
                         "(np.save(f, np.ascontiguousarray(a)))",
                         name);
     /* the data fill the rest of the file */
-    size_t avail = n - start - hl, want = (size_t)out->itemsize;
+    size_t avail = n - start - hl, want = (size_t)out->itemsize, nonzero = want;
     for (int d = 0; d < out->ndim; d++) {
-        if (out->shape[d] && want > SIZE_MAX / (size_t)out->shape[d]) {
-            want = SIZE_MAX;
-            break;
+        size_t s = (size_t)out->shape[d];
+        if (!s) {
+            want = 0;
+            continue;
         }
-        want *= (size_t)out->shape[d];
+        /* a zero dimension empties the array, but the other dimensions still
+           describe one row: their product must be a size too */
+        if (nonzero > SIZE_MAX / s)
+            return dt_error(DT_ERR_FORMAT, "npy %s: the shape's sizes multiply past any array size",
+                            name);
+        nonzero *= s;
+        want *= s;
     }
     if (want != avail)
-        return dt_error(DT_ERR_FORMAT, "npy %s: %s: the shape needs %s%zu bytes of data, the file has %zu", name,
-                        want > avail ? "truncated" : "bytes after the data", want == SIZE_MAX ? "over " : "",
-                        want == SIZE_MAX ? avail : want, avail);
+        return dt_error(DT_ERR_FORMAT, "npy %s: %s: the shape needs %zu bytes of data, the file has %zu", name,
+                        want > avail ? "truncated" : "bytes after the data", want, avail);
     out->data_offset = start + hl;
     out->data_bytes = want;
     return DT_OK;

@@ -162,7 +162,10 @@ TEST(npy_bad_files)
         {1, "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", 24, "'descr' twice"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), 'x': 1}", 24, "unknown header key 'x'"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, -2), }", 24, "other than sizes"},
-        {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", 24, "truncated"},
+        {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", 24, "multiply past"},
+        /* no rows, but a row of 709551615 x 40000000000 x 3 x 2: the fuzzer's overflow */
+        {1, "{'descr': '<i1', 'fortran_order': False, 'shape': (0, 709551615, 40000000000, 3, 2), }", 0,
+         "multiply past"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1), }", 4, "more than 5 dims"},
         {1, "['descr']", 24, "not a dict"},
         {4, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", 24, "format version 4.0"},

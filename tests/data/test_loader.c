@@ -250,6 +250,15 @@ TEST(bad_params)
     dt_loader_free(NULL);
     dt_sampler_free(s);
     dt_dataset_free(ds);
+    /* an item shape whose product overflows is refused, not wrapped */
+    dt_dataset_info info = {.x_dtype = DT_F32, .x_ndim = 3, .x_shape = {709551615, 40000000000, 3},
+                            .y_dtype = DT_I64};
+    ds = (dt_dataset *)1;
+    ASSERT_STATUS(dt_dataset_init(&toy_vt, &t, &info, &ds), DT_ERR_INVALID_ARG);
+    ASSERT(ds == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "multiplies past");
+    info.x_shape[0] = 1 << 25; /* 2^25 x 4e10 x 3 x 4 bytes > 2^62 */
+    ASSERT_STATUS(dt_dataset_init(&toy_vt, &t, &info, &ds), DT_ERR_INVALID_ARG);
 }
 
 int main(void)
