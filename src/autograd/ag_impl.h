@@ -92,6 +92,26 @@ dt_status dt__bw_custom(dt_ctx *ctx, dt__node *n, const float *gout);
  * for temporaries, owned heap memory for persistent leaves). */
 float *dt__grad(dt_ctx *ctx, dt_tensor *t);
 
+/* The gradient of n->out as the tape walk hands it to n's backward: dt__grad
+ * without forgetting the gradient's low-precision shadow (below). */
+float *dt__grad_out(dt_ctx *ctx, dt_tensor *t);
+
+/* Low-precision shadows: a producer that writes a temporary's whole
+ * gradient rounded to a low dtype (every element already a bf16/f16 value)
+ * can keep the same values in that dtype beside it, so that a bf16 GEMM in
+ * the consumer's backward takes them instead of converting the f32 buffer
+ * again (grad_lp in ops_matmul.c). dt__grad_shadow_new gives an arena buffer
+ * of t's numel in dtype lt; after the producer filled it and committed the
+ * f32 gradient, dt__grad_shadow_set keeps it when the f32 buffer holds
+ * exactly what was written (t's first contribution, written in place:
+ * f32buf == t's gradient data) and does nothing otherwise. Every later
+ * write access to t's gradient (dt__grad, dt__grad_begin, dt__grad_gemm,
+ * dt__grad_commit) drops the shadow, as does the next backward pass.
+ * dt__grad_shadow returns it (NULL when there is none in dtype lt). */
+void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt);
+const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+
 /* For kernels that OVERWRITE their output: a buffer to write t's gradient
  * contribution into (t's own gradient when this is the first contribution
  * to a temporary, else arena scratch), then dt__grad_commit adds it. */
