@@ -219,6 +219,18 @@ bool dt__autocast(dt_ctx *ctx, dt_op op, int n, dt_tensor **in);
 const float *dt__cdata_f32(dt_ctx *ctx, const dt_tensor *x);
 /* y[i] = x[i] rounded to dtype's precision (bf16/f16), in f32. y may alias x. */
 dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n);
+/* Cross-entropy over N rows of C bf16/f16 logits x (dtype t, contiguous)
+ * with int64 labels lab (DT_K_IGNORE_INDEX rows skipped), computed with the
+ * f32 kernels on each row widened in cache: the numbers of
+ * dt_k_softmax_xent_fwd/_bwd on the widened rows without the widened copy
+ * (ops_loss.c). dt__ce_lp_loss: *loss = the mean over the count counted
+ * rows. dt__ce_lp_grad: each row's gradient (softmax - onehot) * s rounded
+ * to t, into glp (dtype t; may be x itself: a row is read before it is
+ * written) and, when gx is not NULL, the same values in f32 into gx. */
+dt_status dt__ce_lp_loss(const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, int64_t count,
+                         float *loss);
+dt_status dt__ce_lp_grad(const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s, float *gx,
+                         void *glp);
 /* The f32 accumulation of a low-precision leaf's gradient (see grad.c) is
  * added into its gradient tensor; a no-op for other tensors. */
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t);

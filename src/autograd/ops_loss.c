@@ -188,8 +188,8 @@ static int64_t label_at(const dt_tensor *y, int64_t i)
  * without a conversion pass. */
 #define CE_MAXBLK 1024
 
-static dt_status ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, int64_t count,
-                            float *loss)
+dt_status dt__ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, int64_t count,
+                         float *loss)
 {
     const uint16_t *x = xv;
     int64_t bs = (N + CE_MAXBLK - 1) / CE_MAXBLK;
@@ -220,7 +220,7 @@ static dt_status ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int6
         free(row);
     }
     if (bad)
-        return dt_error(DT_ERR_NO_MEMORY, "dt_cross_entropy: out of memory for a row of %lld logits", (long long)C);
+        return dt_error(DT_ERR_NO_MEMORY, "cross-entropy: out of memory for a row of %lld logits", (long long)C);
     double tot = 0.0;
     for (int64_t b = 0; b < nb; b++)
         tot += part[b];
@@ -228,18 +228,11 @@ static dt_status ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int6
     return DT_OK;
 }
 
-static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+dt_status dt__ce_lp_grad(const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s, float *gx,
+                         void *glp)
 {
-    dt_tensor *x = n->in[0];
-    const dt_dtype t = (dt_dtype)n->i[2];
-    const int64_t N = n->i[0], C = n->i[1], count = n->i[3];
-    const int64_t *lab = n->saved[1];
-    const uint16_t *xl = n->saved[2];
-    float *gx = dt__grad_begin(ctx, x);
-    uint16_t *gs = gx ? dt__grad_shadow_new(ctx, x, t) : NULL;
-    if (!gs)
-        return dt_last_status();
-    const float s = count ? gout[0] / (float)count : 0.0f; /* the kernel's scale over all rows */
+    const uint16_t *x = xv;
+    uint16_t *e0 = glp;
     int bad = 0;
 #pragma omp parallel reduction(| : bad)
     {
@@ -247,19 +240,33 @@ static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
         bad |= !row;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < N; r++) {
-            float *d = gx + r * C;
-            uint16_t *e = gs + r * C;
-            if (row) /* one row's softmax - onehot, scaled; then rounded as the cast's backward rounds */
-                bad |= dt_k_convert(xl + r * C, t, row, DT_F32, C) < 0 ||
-                       dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, d) < 0 ||
-                       dt_k_convert(d, DT_F32, e, t, C) < 0 || dt_k_convert(e, t, d, DT_F32, C) < 0;
+            uint16_t *e = e0 + r * C;
+            if (row) /* one row's softmax - onehot, scaled, then rounded as a cast's backward rounds */
+                bad |= dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
+                       dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row) < 0 ||
+                       dt_k_convert(row, DT_F32, e, t, C) < 0 ||
+                       (gx && dt_k_convert(e, t, gx + r * C, DT_F32, C) < 0);
         }
         free(row);
     }
-    if (bad)
-        return dt_error(DT_ERR_NO_MEMORY, "dt_cross_entropy: backward: out of memory for a row of %lld logits",
-                        (long long)C);
-    dt_status st = dt__grad_commit(ctx, x, gx);
+    return bad ? dt_error(DT_ERR_NO_MEMORY, "cross-entropy: backward: out of memory for a row of %lld logits",
+                          (long long)C)
+               : DT_OK;
+}
+
+static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    dt_tensor *x = n->in[0];
+    const dt_dtype t = (dt_dtype)n->i[2];
+    const int64_t N = n->i[0], C = n->i[1], count = n->i[3];
+    float *gx = dt__grad_begin(ctx, x);
+    void *gs = gx ? dt__grad_shadow_new(ctx, x, t) : NULL;
+    if (!gs)
+        return dt_last_status();
+    /* the kernel's scale over all rows, given to it row by row (a row's count is 1) */
+    dt_status st = dt__ce_lp_grad(n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f, gx, gs);
+    if (st >= 0)
+        st = dt__grad_commit(ctx, x, gx);
     if (st >= 0)
         dt__grad_shadow_set(ctx, x, gx, gs, t);
     return st;
@@ -324,7 +331,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
         return NULL;
     const dt_dtype t = logits->dtype;
     if ((t == DT_F32 ? dt_k_softmax_xent_fwd(x, lab, DT_I64, N, C, out->data, p)
-                     : ce_lp_loss(x, t, lab, N, C, count, out->data)) < 0) {
+                     : dt__ce_lp_loss(x, t, lab, N, C, count, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }

@@ -210,6 +210,51 @@ TEST(ce_lp_backward_twice)
     dt_ctx_free(ctx);
 }
 
+/* The fused LM head (dt_linear_cross_entropy) in bf16 with one chunk: the
+ * same GEMM call as dt_linear's forward and the same row-wise loss and
+ * rounding as dt_cross_entropy on bf16 logits, so loss and gradients equal
+ * the unfused composition's bit for bit, on every conversion path; where
+ * oneDNN writes bf16 itself the op keeps no f32 [N, V] buffer (its arena
+ * use stays under N*V*3 bytes, where the f32 logits took N*V*4 before). */
+TEST(lmhead_lp_equals_unfused)
+{
+    enum { N = 48, K = 16, V = 3001 };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[N * K], wv[V * K];
+    int64_t yv[N];
+    fill_case(N, K, V, xv, wv, yv, 9);
+    for (int i = 0; i < V * K; i++)
+        wv[i] *= 0.25f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(N), yv);
+        head a, b;
+        make_head(&a, ctx, DT_BF16, N, K, V, xv, wv); /* b's logits: the unfused head */
+        make_head(&b, ctx, DT_BF16, N, K, V, xv, wv);
+        dt_tensor *xa = dt_cast(ctx, a.x, DT_BF16), *wa = dt_cast(ctx, a.w, DT_BF16);
+        size_t used = dt_arena_used(dt_ctx_arena(ctx));
+        dt_tensor *la = dt_linear_cross_entropy(ctx, xa, wa, y, 0);
+        size_t op_bytes = dt_arena_used(dt_ctx_arena(ctx)) - used;
+        dt_tensor *lb = dt_cross_entropy(ctx, b.logits, y);
+        ASSERT(la && lb);
+        ASSERT(!memcmp(la->data, lb->data, 4));
+        if (dt_k_matmul_writes_lp(DT_BF16) && !(op_bytes < (size_t)N * V * 3))
+            TEST_FAIL_("the fused head took %zu arena bytes for %d x %d logits", op_bytes, N, V);
+        ASSERT_OK(dt_backward(ctx, la));
+        ASSERT_OK(dt_backward(ctx, lb));
+        if (memcmp(a.x->grad->data, b.x->grad->data, sizeof xv) || memcmp(a.w->grad->data, b.w->grad->data, sizeof wv))
+            TEST_FAIL_("isa %s: the fused head's gradients differ from the unfused one's", dt_k_isa_name(paths[p]));
+        free_head(&a);
+        free_head(&b);
+        dt_ctx_reset(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    dt_ctx_free(ctx);
+}
+
 int main(void)
 {
     printf("conversion path %s; bf16 matmul native: %d\n", dt_k_isa_name(dt_k_get_isa()),
@@ -217,5 +262,6 @@ int main(void)
     RUN(ce_lp_equals_widened);
     RUN(ce_lp_shadow_dropped_by_second_use);
     RUN(ce_lp_backward_twice);
+    RUN(lmhead_lp_equals_unfused);
     return TEST_REPORT();
 }
