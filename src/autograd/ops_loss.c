@@ -9,8 +9,10 @@
 #include "dtrain/kernels.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* ---- sum / mean ------------------------------------------------------------ */
 
@@ -188,24 +190,43 @@ static int64_t label_at(const dt_tensor *y, int64_t i)
  * without a conversion pass. */
 #define CE_MAXBLK 1024
 
-dt_status dt__ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, int64_t count,
-                         float *loss)
+/* One f32 row of C per compute thread, from the arena (reused step after
+ * step: no fresh pages); *nt = the threads. NULL with the error set. */
+static float *ce_rows(dt_ctx *ctx, int64_t C, int *nt)
+{
+    *nt = dt_get_num_threads() > 0 ? dt_get_num_threads() : 1;
+    return dt_arena_alloc(ctx->arena, (size_t)*nt * (size_t)C * sizeof(float));
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C,
+                         int64_t count, float *loss)
 {
     const uint16_t *x = xv;
     int64_t bs = (N + CE_MAXBLK - 1) / CE_MAXBLK;
     bs = bs < 16 ? 16 : bs;
     const int64_t nb = (N + bs - 1) / bs;
     double part[CE_MAXBLK];
-    int bad = 0;
-#pragma omp parallel reduction(| : bad)
+    int bad = 0, nt;
+    float *rows = ce_rows(ctx, C, &nt);
+    if (!rows)
+        return dt_last_status();
+#pragma omp parallel num_threads(nt) reduction(| : bad)
     {
-        float *row = malloc((size_t)C * sizeof(float));
-        bad |= !row;
+        float *row = rows + (size_t)thread_id() * (size_t)C;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < nb; b++) {
             double acc = 0.0;
             int64_t hi = (b + 1) * bs < N ? (b + 1) * bs : N;
-            for (int64_t r = b * bs; row && r < hi; r++) {
+            for (int64_t r = b * bs; r < hi; r++) {
                 float lr;
                 if (lab[r] == DT_K_IGNORE_INDEX)
                     continue;
@@ -217,10 +238,9 @@ dt_status dt__ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int64_t
             }
             part[b] = acc;
         }
-        free(row);
     }
     if (bad)
-        return dt_error(DT_ERR_NO_MEMORY, "cross-entropy: out of memory for a row of %lld logits", (long long)C);
+        return dt_error(DT_ERR_INTERNAL, "cross-entropy: a row of %lld logits failed", (long long)C);
     double tot = 0.0;
     for (int64_t b = 0; b < nb; b++)
         tot += part[b];
@@ -228,29 +248,28 @@ dt_status dt__ce_lp_loss(const void *xv, dt_dtype t, const int64_t *lab, int64_t
     return DT_OK;
 }
 
-dt_status dt__ce_lp_grad(const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s, float *gx,
-                         void *glp)
+dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s,
+                         float *gx, void *glp)
 {
     const uint16_t *x = xv;
     uint16_t *e0 = glp;
-    int bad = 0;
-#pragma omp parallel reduction(| : bad)
+    int bad = 0, nt;
+    float *rows = ce_rows(ctx, C, &nt);
+    if (!rows)
+        return dt_last_status();
+#pragma omp parallel num_threads(nt) reduction(| : bad)
     {
-        float *row = malloc((size_t)C * sizeof(float));
-        bad |= !row;
+        float *row = rows + (size_t)thread_id() * (size_t)C;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < N; r++) {
             uint16_t *e = e0 + r * C;
-            if (row) /* one row's softmax - onehot, scaled, then rounded as a cast's backward rounds */
-                bad |= dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
-                       dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row) < 0 ||
-                       dt_k_convert(row, DT_F32, e, t, C) < 0 ||
-                       (gx && dt_k_convert(e, t, gx + r * C, DT_F32, C) < 0);
+            /* one row's softmax - onehot, scaled, then rounded as a cast's backward rounds */
+            bad |= dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
+                   dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row) < 0 ||
+                   dt_k_convert(row, DT_F32, e, t, C) < 0 || (gx && dt_k_convert(e, t, gx + r * C, DT_F32, C) < 0);
         }
-        free(row);
     }
-    return bad ? dt_error(DT_ERR_NO_MEMORY, "cross-entropy: backward: out of memory for a row of %lld logits",
-                          (long long)C)
+    return bad ? dt_error(DT_ERR_INTERNAL, "cross-entropy: backward: a row of %lld logits failed", (long long)C)
                : DT_OK;
 }
 
@@ -264,7 +283,7 @@ static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     if (!gs)
         return dt_last_status();
     /* the kernel's scale over all rows, given to it row by row (a row's count is 1) */
-    dt_status st = dt__ce_lp_grad(n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f, gx, gs);
+    dt_status st = dt__ce_lp_grad(ctx, n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f, gx, gs);
     if (st >= 0)
         st = dt__grad_commit(ctx, x, gx);
     if (st >= 0)
@@ -331,7 +350,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
         return NULL;
     const dt_dtype t = logits->dtype;
     if ((t == DT_F32 ? dt_k_softmax_xent_fwd(x, lab, DT_I64, N, C, out->data, p)
-                     : dt__ce_lp_loss(x, t, lab, N, C, count, out->data)) < 0) {
+                     : dt__ce_lp_loss(ctx, x, t, lab, N, C, count, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
