@@ -8,7 +8,9 @@
  *
  * The calibration (seconds) is cached in a file per model, sequence length
  * and precision: --calib FILE, else $DT_CACHE_DIR, $XDG_CACHE_HOME/dtrain
- * or $HOME/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib. The table lists the
+ * or $HOME/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib; a calibration
+ * also measures the collective curve of a 2-rank shared-memory group it
+ * forks (dt__plan_comm_curve, about a second). The table lists the
  * feasible layouts fastest first, then (with --all; the first 10 without)
  * the infeasible ones with their reason; --json prints every layout, one
  * object a line. */
@@ -366,15 +368,20 @@ int dt_cmd_plan(int argc, char **argv)
     int nfeas = 0;
     while (nfeas < n && rows[nfeas].feasible)
         nfeas++;
+    char how[48] = "memcpy estimate";
+    if (c.coll_measured)
+        snprintf(how, sizeof how, "measured on %d ranks", c.coll_measured);
     if (json) {
         for (int i = 0; i < n; i++)
             dt__plan_row_json(stdout, &rows[i], i + 1);
     } else {
         printf("%s, seq %lld, %s, world %lld, global batch %lld, %.2f GiB per rank; calibration: %.0f GFLOP/s "
-               "GEMM, %.1f GB/s collectives (%s)\n",
+               "GEMM, collectives (bus GB/s + us a call; %s): all-reduce %.1f + %.0f, all-gather %.1f + %.0f, "
+               "reduce-scatter %.1f + %.0f\n",
                model, (long long)c.seq, prec, (long long)world, (long long)(gb ? gb : 2 * world),
-               mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9, c.coll_bw / 1e9,
-               c.coll_measured ? "measured" : "memcpy estimate");
+               mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9,
+               how, c.coll_bw / 1e9, c.coll_lat_s * 1e6,
+               c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6);
         printf("%d layouts: %d feasible\n", n, nfeas);
         dt__plan_table_head(stdout);
         int shown = 0;

@@ -9,7 +9,8 @@
  *     transport's staging pages outweigh its shard); the table has its header;
  *   - bad flags exit 2 with a message naming the flag;
  *   - train --plan auto on 2 ranks (no cached calibration: the first rank
- *     measures it, the other waits) prints the choice and the runner-up,
+ *     measures it, with the collective curve of its own 2-rank group, the
+ *     other waits) prints the choice and the runner-up,
  *     trains, and caches the calibration; a layout flag with --plan auto,
  *     or a model the planner does not know, exit 2 naming both;
  *   - the --metrics end record of a GPT run carries predicted_peak_rss_bytes
@@ -240,6 +241,16 @@ TEST(train_plan_auto_two_ranks)
     ASSERT_EQ_INT(t_count(r.err, "--plan auto chose"), 1); /* rank 0 only */
     snprintf(calib, sizeof calib, "%s/plan-gpt-micro-s64-f32.calib", cache);
     ASSERT(file_exists(calib));
+    /* the calibration measured the collective curve over its own 2-rank group, from inside a rank of the
+       run (whose launcher's RANK and WORLD_SIZE it must not take) */
+    char text[4096] = "";
+    FILE *f = fopen(calib, "r");
+    ASSERT(f != NULL);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    ASSERT_STR_CONTAINS(text, "dtrain-plan-calib 4\n");
+    ASSERT_STR_CONTAINS(text, "\ncoll_measured 2\n");
+    ASSERT_STR_CONTAINS(text, "\nag_bw ");
     cJSON *e = end_record(m);
     ASSERT(e != NULL);
     ASSERT(num(e, "predicted_peak_rss_bytes") > 0 && num(e, "predicted_step_ms") > 0);
