@@ -259,11 +259,13 @@ DT_API void dt_plan_free(dt_plan *pl);
  *
  * Memory per rank = baseline + model state (dt_mem_model_states over the
  * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
- * the gathered units (ZeRO-2: two units' gradients less the rank's shard; ZeRO-3: a unit's
- * parameters and gradients and the next one's parameters) + what the
+ * the gathered units (ZeRO-2: two units' gradients less the rank's shard; ZeRO-3: the units
+ * alive at once in backward: the root unit's parameters and gradients, the block unit computed
+ * (parameters and gradients), the one prefetched, the one waiting for its reduce-scatter and
+ * two in the page pool: 2 roots + 6 blocks) + what the
  * strategies hold beyond the formula (buffer_bytes below: the peers'
  * shared-memory pages a rank reads: DDP's gradients, ZeRO-1/2's units'
- * whole parameters and gradients) + activations of the
+ * whole parameters and gradients, ZeRO-3's staging areas) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
@@ -274,7 +276,8 @@ DT_API void dt_plan_free(dt_plan *pl);
  * plus a latency per call: tp's four all-reduces per block per pass and four
  * for its vocabulary-parallel embedding, head and loss, ZeRO-2's reduce-
  * scatter per unit, ZeRO-3's gathers (forward; backward again but the root
- * unit) and reduce-scatters per unit, the units as wrap_min_params groups
+ * unit) and reduce-scatters per unit at the all-gather and reduce-scatter
+ * curves, the units as wrap_min_params groups
  * the blocks, a pipeline's sends) + the optimizer
  * step over the rank's shard. Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
@@ -417,11 +420,14 @@ typedef struct dt_plan_prediction {
     dt_plan_layout layout;
     double mem_bytes;         /* peak resident bytes of the busiest rank */
     double state_bytes;       /* of which model state (parameters, gradients, optimizer, masters) */
-    double gathered_bytes;    /* of which ZeRO-2/3's largest gathered unit */
+    double gathered_bytes;    /* of which ZeRO-2/3's whole units alive at once (ZeRO-3: 2 roots + 6 blocks,
+                                 see above) */
     double buffer_bytes;      /* of which the strategies' buffers beyond the formula: with the
                                  shared-memory transport a rank's resident set also counts the pages of
                                  the peers' buffers it reads ((dp - 1)/dp of them: DDP's gradients,
-                                 ZeRO-1/2's units' whole parameters and gradients) */
+                                 ZeRO-1/2's units' whole parameters and gradients; ZeRO-3: the
+                                 transport's staging areas its plain buffers go through, 8 MiB a rank in
+                                 each of its two groups, every rank's read) */
     double act_bytes;         /* of which activations */
     double base_bytes;        /* of which the process baseline */
     double step_s;            /* predicted seconds per optimizer step */

@@ -20,7 +20,10 @@
  * The collective model without a group is a guess stated as one: the
  * shared-memory transport copies a byte into and out of the shared
  * segment, so half the memcpy bandwidth, and 20 us per call. A group
- * measures its own (dt_plan_calibrate_comm). */
+ * measures its own curve (dt_plan_calibrate_comm: `dtrain plan` forks a
+ * 2-rank shared-memory group for it): per kind, a latency per call and a
+ * bus bandwidth fitted over 64 KiB to 64 MiB, in wall time (a collective
+ * on a busy machine is slower, and the cached curve keeps that). */
 #include "dtrain/plan.h"
 
 #include "dtrain/autograd.h"

@@ -19,7 +19,8 @@
  * and at least the slowest rank's critical path over its own threads.
  * Collectives add their ring volume over the bus bandwidth plus a latency
  * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 a collective
- * per unit per pass, ZeRO-3 with its all-gathers 1.5x the volume; tensor
+ * per unit per pass, ZeRO-3 its all-gathers (forward, and backward but the
+ * root unit) and reduce-scatters at the measured curve of each kind; tensor
  * parallelism four all-reduces of the activations per block and four more
  * per micro-batch; the pipeline a
  * send and a receive per micro-batch per boundary), slowed like compute
