@@ -24,6 +24,12 @@ int dt_cmd_ckpt(int argc, char **argv);
 int dt_cmd_pipeline(int argc, char **argv);
 int dt_cmd_trace(int argc, char **argv);
 int dt_cmd_plan(int argc, char **argv);
+/* The OpenMP waiting policy this process runs with (tools/dtrain.c), as the
+ * start record of dtrain train and dtrain bench step --json show it:
+ * "GOMP_SPINCOUNT=N", the OMP_WAIT_POLICY value ("passive") or "runtime
+ * default"; characters other than letters, digits and "=_.,-" become '?'.
+ * Returns buf. */
+const char *dt__omp_wait_desc(char *buf, size_t n);
 /* dtrain trace plot (tools/trace_plot.c). */
 int dt__trace_plot(int argc, char **argv);
 
