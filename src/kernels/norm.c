@@ -210,14 +210,32 @@ dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t
 }
 
 /* ---- layer norm ----------------------------------------------------------------
- * One row's forward and dx are functions of their own (not inlined), so the
- * f32 kernels and the low-precision ones below run the same instructions
- * on the same f32 values: the _lp kernels' results equal those of widening,
- * the f32 kernel and rounding, bit for bit. */
+ * A row's forward, dx and column sums have one body each, compiled for the
+ * scalar baseline, AVX2 and AVX-512 and picked by dt__vec_level() (which
+ * follows dt_k_get_isa: DT_MAX_CPU_ISA and dt_k_set_isa cap it). The
+ * statistics and the dx sums are double reductions vectorised across
+ * lanes, so the low bits of the f32 results depend on the path (not on the
+ * thread count); at one path the f32 kernels and the low-precision ones
+ * below run the same instructions on the same f32 values: the _lp kernels'
+ * results equal those of widening, the f32 kernel and rounding, bit for
+ * bit. */
 
-__attribute__((noinline)) static void ln_fwd_row(const float *xr, int64_t cols, const float *gamma,
-                                                 const float *beta, float eps, float *yr, float *save_mean,
-                                                 float *save_rstd)
+/* v rounded to bf16 (held in f32) as dt_f32_to_bf16 rounds: to nearest
+ * even, a NaN quieted with its sign and the top of its payload kept */
+static inline __attribute__((always_inline)) float ln_bf16_round(float v)
+{
+    union {
+        float f;
+        uint32_t u;
+    } b = {.f = v};
+    uint32_t q = (b.u | 0x00400000u) & 0xffff0000u, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
+    b.u = (b.u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    return b.f;
+}
+
+static inline __attribute__((always_inline)) void ln_fwd_body(const float *xr, int64_t cols, const float *gamma,
+                                                              const float *beta, bool hg, bool hb, float eps,
+                                                              float *yr, float *save_mean, float *save_rstd)
 {
     double s = 0.0, s2 = 0.0;
 #pragma omp simd reduction(+ : s)
@@ -230,40 +248,115 @@ __attribute__((noinline)) static void ln_fwd_row(const float *xr, int64_t cols, 
         s2 += d * d;
     }
     float rstd = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps)), fm = (float)mean;
-    for (int64_t j = 0; j < cols; j++) { /* yr may alias xr: each x is read before its y is written */
-        float v = (xr[j] - fm) * rstd;
-        yr[j] = v * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
-    }
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) /* yr may alias xr: each x is read before its y is written */
+        yr[j] = ((xr[j] - fm) * rstd) * (hg ? gamma[j] : 1.0f) + (hb ? beta[j] : 0.0f);
     *save_mean = fm;
     *save_rstd = rstd;
 }
 
-__attribute__((noinline)) static void ln_bwd_row(const float *xr, const float *gr, int64_t cols, const float *gamma,
-                                                 float m, float rs, float *dr)
+/* hg, hb: gamma / beta given (else 1 and 0); the row functions call the
+ * bodies with constants, so each case is a branch-free loop */
+static inline __attribute__((always_inline)) void ln_bwd_body(const float *xr, const float *gr, int64_t cols,
+                                                              const float *gamma, bool hg, float m, float rs,
+                                                              float *dr)
 {
     double a = 0.0, b = 0.0; /* mean(g*dy), mean(g*dy*xhat) */
+#pragma omp simd reduction(+ : a, b)
     for (int64_t j = 0; j < cols; j++) {
-        float gd = gr[j] * (gamma ? gamma[j] : 1.0f);
+        float gd = gr[j] * (hg ? gamma[j] : 1.0f);
         a += (double)gd;
         b += (double)gd * (double)((xr[j] - m) * rs);
     }
     float ma = (float)(a / (double)cols), mb = (float)(b / (double)cols);
+#pragma omp simd
     for (int64_t j = 0; j < cols; j++) {
-        float gd = gr[j] * (gamma ? gamma[j] : 1.0f);
+        float gd = gr[j] * (hg ? gamma[j] : 1.0f);
         float xh = (xr[j] - m) * rs;
         dr[j] = rs * (gd - ma - xh * mb);
     }
 }
 
-/* dgamma/dbeta of columns [j0, j1) (at most LN_CB): each column sums its rows in row order */
-enum { LN_CB = 128 };
-static void ln_col_sums(const float *xr, const float *gr, float m, float rs, int64_t n, double *sg, double *sb)
+/* sg[j] += dy * xhat, sb[j] += dy over one row's n columns: each column
+ * sums its rows in row order whatever the lane count */
+static inline __attribute__((always_inline)) void ln_col_body(const float *xr, const float *gr, float m, float rs,
+                                                              int64_t n, double *sg, double *sb)
 {
+#pragma omp simd
     for (int64_t j = 0; j < n; j++) {
         sg[j] += (double)gr[j] * (double)((xr[j] - m) * rs);
         sb[j] += (double)gr[j];
     }
 }
+
+/* y[0, n) = x rounded to bf16 (y may be x) */
+static inline __attribute__((always_inline)) void ln_round_bf16_body(const float *x, float *y, int64_t n)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++)
+        y[j] = ln_bf16_round(x[j]);
+}
+
+#define LN_ROWS(SUF, ATTR)                                                                                             \
+    ATTR __attribute__((noinline)) static void ln_fwd_row_##SUF(const float *xr, int64_t cols, const float *gamma,   \
+                                                                const float *beta, float eps, float *yr, float *sm,  \
+                                                                float *sr)                                           \
+    {                                                                                                                  \
+        if (gamma && beta)                                                                                             \
+            ln_fwd_body(xr, cols, gamma, beta, true, true, eps, yr, sm, sr);                                          \
+        else if (gamma)                                                                                                \
+            ln_fwd_body(xr, cols, gamma, beta, true, false, eps, yr, sm, sr);                                         \
+        else if (beta)                                                                                                 \
+            ln_fwd_body(xr, cols, gamma, beta, false, true, eps, yr, sm, sr);                                         \
+        else                                                                                                           \
+            ln_fwd_body(xr, cols, gamma, beta, false, false, eps, yr, sm, sr);                                        \
+    }                                                                                                                  \
+    ATTR __attribute__((noinline)) static void ln_bwd_row_##SUF(const float *xr, const float *gr, int64_t cols,      \
+                                                                const float *gamma, float m, float rs, float *dr)    \
+    {                                                                                                                  \
+        if (gamma)                                                                                                     \
+            ln_bwd_body(xr, gr, cols, gamma, true, m, rs, dr);                                                        \
+        else                                                                                                           \
+            ln_bwd_body(xr, gr, cols, gamma, false, m, rs, dr);                                                       \
+    }                                                                                                                  \
+    ATTR __attribute__((noinline)) static void ln_col_##SUF(const float *xr, const float *gr, float m, float rs,     \
+                                                            int64_t n, double *sg, double *sb)                       \
+    {                                                                                                                  \
+        ln_col_body(xr, gr, m, rs, n, sg, sb);                                                                        \
+    }                                                                                                                  \
+    ATTR __attribute__((noinline)) static void ln_round_bf16_##SUF(const float *x, float *y, int64_t n)              \
+    {                                                                                                                  \
+        ln_round_bf16_body(x, y, n);                                                                                  \
+    }
+LN_ROWS(scalar, )
+#if DT__X86_VEC
+LN_ROWS(avx2, DT__AVX2)
+LN_ROWS(avx512, DT__AVX512)
+#define LN_PICK(vec, name, ...)                                                                                        \
+    ((vec) >= DT__VEC_AVX512 ? name##_avx512(__VA_ARGS__) : (vec) ? name##_avx2(__VA_ARGS__) : name##_scalar(__VA_ARGS__))
+#else
+#define LN_PICK(vec, name, ...) ((void)(vec), name##_scalar(__VA_ARGS__))
+#endif
+
+static void ln_fwd_row(int vec, const float *xr, int64_t cols, const float *gamma, const float *beta, float eps,
+                       float *yr, float *save_mean, float *save_rstd)
+{
+    LN_PICK(vec, ln_fwd_row, xr, cols, gamma, beta, eps, yr, save_mean, save_rstd);
+}
+
+static void ln_bwd_row(int vec, const float *xr, const float *gr, int64_t cols, const float *gamma, float m, float rs,
+                       float *dr)
+{
+    LN_PICK(vec, ln_bwd_row, xr, gr, cols, gamma, m, rs, dr);
+}
+
+static void ln_col_sums(int vec, const float *xr, const float *gr, float m, float rs, int64_t n, double *sg,
+                        double *sb)
+{
+    LN_PICK(vec, ln_col, xr, gr, m, rs, n, sg, sb);
+}
+
+enum { LN_CB = 128 }; /* the columns of one dgamma/dbeta work item */
 
 static dt_status ln_args(const char *fn, const void *x, int64_t rows, int64_t cols, float eps, bool fwd)
 {
@@ -286,10 +379,11 @@ dt_status dt_k_layernorm_fwd(const float *x, int64_t rows, int64_t cols, const f
         return st;
     DT__CHECK_PTR(fn, y, rows * cols);
     int nt = dt__threads_for(rows * cols * 2);
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
         float m, rs;
-        ln_fwd_row(x + r * cols, cols, gamma, beta, eps, y + r * cols, &m, &rs);
+        ln_fwd_row(vec, x + r * cols, cols, gamma, beta, eps, y + r * cols, &m, &rs);
         if (save_mean)
             save_mean[r] = m;
         if (save_rstd)
@@ -317,16 +411,22 @@ enum { LN_STACK = 4096 };
 
 static bool ln_dtype_ok(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
-/* x[0, n) (f32) rounded to t values in place (t f32: unchanged) */
-static void ln_round(float *x, dt_dtype t, int64_t n)
+/* y[0, n) = x rounded to t values (t f32: a copy; y may be x) */
+static void ln_round(int vec, const float *x, float *y, dt_dtype t, int64_t n)
 {
+    if (t == DT_BF16) {
+        LN_PICK(vec, ln_round_bf16, x, y, n);
+        return;
+    }
+    if (y != x)
+        memcpy(y, x, (size_t)n * sizeof(float));
     if (t == DT_F32)
         return;
     uint16_t h[LN_CB];
     for (int64_t i = 0; i < n; i += LN_CB) {
         int64_t c = n - i < LN_CB ? n - i : LN_CB;
-        dt_k_convert(x + i, DT_F32, h, t, c);
-        dt_k_convert(h, t, x + i, DT_F32, c);
+        dt_k_convert(y + i, DT_F32, h, t, c);
+        dt_k_convert(h, t, y + i, DT_F32, c);
     }
 }
 
@@ -354,6 +454,7 @@ dt_status dt_k_layernorm_fwd_lp(const void *x, dt_dtype xt, int64_t rows, int64_
     if (xt == DT_F32 && yt == DT_F32)
         return dt_k_layernorm_fwd(x, rows, cols, gamma, beta, eps, y, save_mean, save_rstd);
     int nt = dt__threads_for(rows * cols * 4), oom = 0;
+    const int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt) reduction(| : oom)
     {
         float stk[LN_STACK];
@@ -366,7 +467,7 @@ dt_status dt_k_layernorm_fwd_lp(const void *x, dt_dtype xt, int64_t rows, int64_
             const float *xr = ln_widen(x, xt, r * cols, cols, buf);
             float *yr = yt == DT_F32 ? (float *)y + r * cols : buf;
             float m, rs;
-            ln_fwd_row(xr, cols, gamma, beta, eps, yr, &m, &rs);
+            ln_fwd_row(vec, xr, cols, gamma, beta, eps, yr, &m, &rs);
             if (yt != DT_F32)
                 dt_k_convert(buf, DT_F32, (char *)y + (size_t)(r * cols) * 2, yt, cols);
             if (save_mean)
@@ -396,6 +497,7 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
     DT__CHECK_PTR(fn, save_rstd, rows);
     const bool plain = xt == DT_F32 && yt == DT_F32;
     int nt = dt__threads_for(rows * cols * (plain ? 2 : 4)), oom = 0;
+    const int vec = dt__vec_level();
     if (dx) {
 #pragma omp parallel num_threads(nt) reduction(| : oom)
         {
@@ -408,12 +510,12 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
                     continue;
                 const float *xr = ln_widen(x, xt, r * cols, cols, buf), *gr = dy + r * cols;
                 if (yt != DT_F32) {
-                    memcpy(buf + cols, gr, (size_t)cols * sizeof(float));
-                    ln_round(buf + cols, yt, cols);
+                    ln_round(vec, gr, buf + cols, yt, cols);
                     gr = buf + cols;
                 }
-                ln_bwd_row(xr, gr, cols, gamma, save_mean[r], save_rstd[r], dx + r * cols);
-                ln_round(dx + r * cols, xt, cols);
+                ln_bwd_row(vec, xr, gr, cols, gamma, save_mean[r], save_rstd[r], dx + r * cols);
+                if (xt != DT_F32)
+                    ln_round(vec, dx + r * cols, dx + r * cols, xt, cols);
             }
             if (buf != stk)
                 free(buf);
@@ -433,11 +535,10 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
             for (int64_t r = 0; r < rows; r++) {
                 const float *xr = ln_widen(x, xt, r * cols + j0, n, xb), *gr = dy + r * cols + j0;
                 if (yt != DT_F32) {
-                    memcpy(gb, gr, (size_t)n * sizeof(float));
-                    ln_round(gb, yt, n);
+                    ln_round(vec, gr, gb, yt, n);
                     gr = gb;
                 }
-                ln_col_sums(xr, gr, save_mean[r], save_rstd[r], n, sg, sb);
+                ln_col_sums(vec, xr, gr, save_mean[r], save_rstd[r], n, sg, sb);
             }
             for (int64_t j = 0; j < n; j++) {
                 if (dgamma)
