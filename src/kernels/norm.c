@@ -405,8 +405,10 @@ dt_status dt_k_layernorm_bwd(const float *x, const float *dy, int64_t rows, int6
  * rounded once into y (yt) by the conversion kernels (vcvtneps2bf16 on
  * AVX512_BF16, integer rounding on AVX-512 / AVX2 / scalar: the same bits).
  * The backward rounds dy to yt (the gradient of a yt result) and dx to xt
- * (the gradient of an xt input) on the fly, as the cast chain's backward
- * does in passes of its own. */
+ * (the gradient of an xt input) a row (or a column block) at a time in
+ * cache, as the cast chain's backward does in passes of its own: bf16 by
+ * dt_f32_to_bf16's integer formula vectorised at the path's width, f16 by
+ * the conversion kernels. */
 enum { LN_STACK = 4096 };
 
 static bool ln_dtype_ok(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
