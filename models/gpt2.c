@@ -40,6 +40,7 @@
  * sequence's mean. Dropout 0; not with sequence parallelism. */
 #include "zoo.h"
 
+#include <dtrain/precision.h>
 #include <dtrain/tp.h>
 
 #include <math.h>
@@ -223,11 +224,22 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
     return dt_module_forward(ctx, child(self, "dropout"), h);
 }
 
+/* ln_1 / ln_2 and the half block's sublayer (attn / mlp): under autocast
+ * the sublayer's first op is a matmul (c_attn, c_fc) that rounds its f32
+ * input to the autocast dtype, so a plain layer norm of an f32 stream writes
+ * that dtype itself (dt_layer_norm_to: the same bits, one pass and no cast
+ * node); with hooks on either module, or sequence parallelism, they see
+ * the f32 result as before. */
 dt_tensor *dt__gpt2_block_half(dt_ctx *ctx, dt_module *block, dt_tensor *x, int half)
 {
     dt_pg *sp = sp_group(block, child(child(block, "attn"), "c_attn"));
-    const char *ln = half ? "ln_2" : "ln_1", *f = half ? "mlp" : "attn";
-    return dt_add(ctx, x, dt_module_forward(ctx, child(block, f), ln_forward(ctx, child(block, ln), x, sp)));
+    dt_module *ln = child(block, half ? "ln_2" : "ln_1"), *f = child(block, half ? "mlp" : "attn");
+    const dt_dtype ac = dt_autocast_dtype(ctx);
+    dt_tensor *h = !sp && x && x->dtype == DT_F32 && ac != DT_F32 && dt_module_tree_plain(ln) &&
+                           dt_module_tree_plain(f)
+                       ? dt_layer_norm_to(ctx, x, dt_module_param(ln, 0), dt_module_param(ln, 1), cfg(ln).eps, ac)
+                       : ln_forward(ctx, ln, x, sp);
+    return dt_add(ctx, x, dt_module_forward(ctx, f, h));
 }
 
 static dt_tensor *block_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)

@@ -262,6 +262,14 @@ DT_API dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_
 /* Layer norm over the last dim D of x: gamma/beta [D] or NULL. */
 DT_API dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                 float eps);
+/* dt_cast(ctx, dt_layer_norm(ctx, x, gamma, beta, eps), dtype) (dtype f32,
+ * bf16 or f16; others DT_ERR_DTYPE): the same values and gradients, and for
+ * an f32 x with a bf16/f16 dtype one tape node and one pass, the f32 result
+ * rounded once as it is written. For a layer norm whose result feeds a
+ * matmul under autocast (precision.h), which would round it to the autocast
+ * dtype anyway: GPT-2 builds its blocks so. */
+DT_API dt_tensor *dt_layer_norm_to(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                   float eps, dt_dtype dtype);
 /* Rows of weight [V, D] picked by idx (i32/i64, any shape, values in [0,V))
  * -> [idx.shape..., D]. Out-of-range indices are DT_ERR_RANGE. */
 DT_API dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx);

@@ -441,6 +441,23 @@ DT_API dt_status dt_k_layernorm_fwd(const float *x, int64_t rows, int64_t cols, 
 DT_API dt_status dt_k_layernorm_bwd(const float *x, const float *dy, int64_t rows, int64_t cols,
                                     const float *gamma, const float *save_mean, const float *save_rstd,
                                     float *dx, float *dgamma, float *dbeta);
+/* Layer norm of x in dtype xt with its result written in dtype yt (each
+ * f32, bf16 or f16): the bits of widening x, dt_k_layernorm_fwd and
+ * rounding the f32 result once to yt (round to nearest even), in one pass
+ * (GPT-2's layer norms under bf16 autocast write the bf16 the next matmul
+ * reads). gamma, beta (f32, cols each or NULL), save_mean, save_rstd as
+ * dt_k_layernorm_fwd's. Dtypes other than f32/bf16/f16: DT_ERR_UNSUPPORTED. */
+DT_API dt_status dt_k_layernorm_fwd_lp(const void *x, dt_dtype xt, int64_t rows, int64_t cols, const float *gamma,
+                                       const float *beta, float eps, void *y, dt_dtype yt, float *save_mean,
+                                       float *save_rstd);
+/* Its backward as the chain cast -> layernorm -> cast computes it: dy (f32)
+ * is rounded to yt (the gradient of a yt result), dt_k_layernorm_bwd's
+ * arithmetic runs on the widened x, dx (f32, may be NULL) gets xt values;
+ * dgamma, dbeta (f32 column sums, NULL to skip) from the rounded dy. No
+ * pass of its own for the roundings. xt = yt = f32 is dt_k_layernorm_bwd. */
+DT_API dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_dtype yt, int64_t rows,
+                                       int64_t cols, const float *gamma, const float *save_mean,
+                                       const float *save_rstd, float *dx, float *dgamma, float *dbeta);
 
 /* ---- activations ----------------------------------------------------------- */
 /* y = max(x, 0). y may alias x. */

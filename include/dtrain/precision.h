@@ -55,7 +55,10 @@
  * the kernel itself computes in f32). The casts are dt_cast nodes on the
  * tape, so gradients flow back to the f32 weights in f32 (rounded to bf16
  * on the way, as PyTorch's). Softmax, norms and sums are NOT forced to f32
- * (they compute in f32 anyway), exactly as PyTorch's CPU lists.
+ * (they compute in f32 anyway), exactly as PyTorch's CPU lists. A model
+ * whose layer norm feeds a matmul may write the norm's result directly in
+ * the autocast dtype with dt_layer_norm_to (autograd.h): the bits of the
+ * f32 result rounded by the matmul's cast, with no cast node (GPT-2 does).
  *
  * Two ways to train in low precision, both built from the above:
  *   - autocast (f32 weights): dt_autocast_set(ctx, DT_BF16, &old) around

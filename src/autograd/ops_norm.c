@@ -201,18 +201,25 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
     return out;
 }
 
-/* i[0] = R, i[1] = D; saved: x, mean, rstd, gamma (contiguous) */
+/* i[0] = R, i[1] = D, i[2] = x's dtype, i[3] = the result's; saved: x (its
+ * dtype), mean, rstd, gamma (contiguous f32) */
 dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], D = n->i[1];
+    const dt_dtype xt = (dt_dtype)n->i[2], yt = (dt_dtype)n->i[3];
     dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gg = dt__rg(gamma) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
     float *gb = dt__rg(beta) ? dt_arena_alloc(ctx->arena, (size_t)D * 4) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(gamma) && !gg) || (dt__rg(beta) && !gb))
         return dt_last_status();
-    dt_status st = dt_k_layernorm_bwd(n->saved[0], gout, R, D, n->saved[3], n->saved[1],
-                                      n->saved[2], gx, gg, gb);
+    dt_status st = dt_k_layernorm_bwd_lp(n->saved[0], xt, gout, yt, R, D, n->saved[3], n->saved[1], n->saved[2], gx,
+                                         gg, gb);
+    /* a low-precision gamma/beta's gradient holds its dtype's values (its widening cast's backward) */
+    if (st >= 0 && gg && dt__is_lp(gamma))
+        st = dt__round_to(gamma->dtype, gg, gg, D);
+    if (st >= 0 && gb && dt__is_lp(beta))
+        st = dt__round_to(beta->dtype, gb, gb, D);
     if (st < 0)
         return st;
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
@@ -224,29 +231,42 @@ dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
-dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps)
+/* gamma/beta that the one-node path takes: none, or a plain [D]-shaped
+ * float vector (a low-precision one is widened: D values) */
+static bool ln_vec_direct(const dt_tensor *v)
 {
-    const char *op = "dt_layer_norm";
-    DT__NEED(ctx, op, x);
-    dt_tensor *lp[3] = {x, gamma, beta}; /* statistics in f32; the result in x's dtype */
-    DT__LP_RUN(ctx, 3, lp, x->dtype, dt_layer_norm(ctx, lp[0], lp[1], lp[2], eps));
-    DT__NEED_F32(ctx, op, x);
+    return !v || (dt_dtype_is_float(v->dtype) && !dt__blocked(v));
+}
+
+/* Layer norm of x (f32, bf16 or f16; plain layout) with the result in yt:
+ * statistics and normalisation in f32, the result rounded once (one node,
+ * one kernel pass; dt_k_layernorm_fwd_lp). */
+static dt_tensor *ln_direct(dt_ctx *ctx, const char *op, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                            dt_dtype yt)
+{
     if (x->ndim < 1) {
         dt_error(DT_ERR_SHAPE, "%s: input needs at least one dim", op);
         return NULL;
     }
     int64_t D = x->shape[x->ndim - 1], R = D ? dt_tensor_numel(x) / D : 0;
-    if (!check_vec(op, "gamma", gamma, D, x, false) || !check_vec(op, "beta", beta, D, x, false))
-        return NULL;
-    const float *xd = dt__cdata(ctx, x);
-    const float *gm = gamma ? dt__cdata(ctx, gamma) : NULL;
-    const float *bt = beta ? dt__cdata(ctx, beta) : NULL;
-    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
-    float *mean = dt_arena_alloc(ctx->arena, (size_t)R * 4);
-    float *rstd = dt_arena_alloc(ctx->arena, (size_t)R * 4);
+    for (int k = 0; k < 2; k++) {
+        const dt_tensor *v = k ? beta : gamma;
+        if (v && (v->ndim != 1 || v->shape[0] != D)) {
+            char s1[96], s2[96];
+            dt_error(DT_ERR_SHAPE, "%s: %s is %s, want [%lld] for input %s", op, k ? "beta" : "gamma",
+                     dt_tensor_shape_str(v, s1, sizeof s1), (long long)D, dt_tensor_shape_str(x, s2, sizeof s2));
+            return NULL;
+        }
+    }
+    const void *xd = dt__cdata(ctx, x);
+    const float *gm = gamma ? dt__cdata_f32(ctx, gamma) : NULL;
+    const float *bt = beta ? dt__cdata_f32(ctx, beta) : NULL;
+    dt_tensor *out = yt == DT_F32 ? dt__out(ctx, x->ndim, x->shape) : dt_tensor_empty(ctx, yt, x->ndim, x->shape);
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)(R ? R : 1) * 4);
+    float *rstd = dt_arena_alloc(ctx->arena, (size_t)(R ? R : 1) * 4);
     if (!xd || (gamma && !gm) || (beta && !bt) || !out || !mean || !rstd)
         return NULL;
-    if (dt_k_layernorm_fwd(xd, R, D, gm, bt, eps, out->data, mean, rstd) < 0) {
+    if (dt_k_layernorm_fwd_lp(xd, x->dtype, R, D, gm, bt, eps, out->data, yt, mean, rstd) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -257,10 +277,47 @@ dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
             return NULL;
         n->i[0] = R;
         n->i[1] = D;
+        n->i[2] = x->dtype;
+        n->i[3] = yt;
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = mean;
         n->saved[2] = rstd;
         n->saved[3] = (void *)(uintptr_t)gm;
     }
     return out;
+}
+
+dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps)
+{
+    const char *op = "dt_layer_norm";
+    DT__NEED(ctx, op, x);
+    /* a bf16/f16 x with float gamma/beta: one kernel reads x and writes the
+     * result in its dtype, the numbers of the common rule's casts */
+    if (dt__is_lp(x) && ln_vec_direct(gamma) && ln_vec_direct(beta))
+        return ln_direct(ctx, op, x, gamma, beta, eps, x->dtype);
+    dt_tensor *lp[3] = {x, gamma, beta}; /* statistics in f32; the result in x's dtype */
+    DT__LP_RUN(ctx, 3, lp, x->dtype, dt_layer_norm(ctx, lp[0], lp[1], lp[2], eps));
+    DT__NEED_F32(ctx, op, x);
+    if (x->ndim < 1) {
+        dt_error(DT_ERR_SHAPE, "%s: input needs at least one dim", op);
+        return NULL;
+    }
+    int64_t D = x->shape[x->ndim - 1];
+    if (!check_vec(op, "gamma", gamma, D, x, false) || !check_vec(op, "beta", beta, D, x, false))
+        return NULL;
+    return ln_direct(ctx, op, x, gamma, beta, eps, DT_F32);
+}
+
+dt_tensor *dt_layer_norm_to(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps, dt_dtype dtype)
+{
+    const char *op = "dt_layer_norm_to";
+    DT__NEED(ctx, op, x);
+    if (!dt_dtype_is_float(dtype)) {
+        dt_error(DT_ERR_DTYPE, "%s: result dtype %s (want f32, bf16 or f16)", op, dt_dtype_name(dtype));
+        return NULL;
+    }
+    if (x->dtype == DT_F32 && dtype != DT_F32 && ln_vec_direct(gamma) && ln_vec_direct(beta))
+        return ln_direct(ctx, op, x, gamma, beta, eps, dtype);
+    dt_tensor *y = dt_layer_norm(ctx, x, gamma, beta, eps);
+    return y && y->dtype != dtype ? dt_cast(ctx, y, dtype) : y;
 }

@@ -705,6 +705,108 @@ TEST(maxpool_lp_equals_widened)
         }
 }
 
+/* Layer norm writing a low-precision result (dt_layer_norm_to: GPT-2's
+ * ln_1 / ln_2 / ln_f under bf16 autocast, whose c_attn / c_fc / head would
+ * round the f32 result anyway) and layer norm of a bf16/f16 x (dt_layer_norm):
+ * one tape node where the cast chain recorded two or three, and the result's
+ * bits and the gradients of x, gamma and beta (each rounded as the chain's
+ * casts round them) equal the chain's bit for bit, on every ISA path the CPU
+ * has; rows longer than the kernel's stack buffer too. */
+static void layernorm_lp_case(dt_dtype dt, int64_t R, int64_t D, bool lp_x, dt_dtype pt)
+{
+    const int64_t M = R * D;
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    float *xv = malloc((size_t)M * 4), *gv = malloc((size_t)M * 4), *pv = malloc((size_t)D * 8);
+    ASSERT(xv && gv && pv);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 0, 0), 0, xv, M, -4.0f, 6.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 1, 0), 0, gv, M, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 2, 0), 0, pv, 2 * D, -2.0f, 2.0f);
+    for (int64_t j = 0; j < D; j++) /* a constant row: variance 0, eps alone */
+        xv[j] = 1.5f;
+    xv[D] = -0.0f, xv[D + 1] = 300.0f, gv[2] = -0.0f, gv[3] = 1e-30f, gv[4] = 3e-39f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        const dt_dtype xt = lp_x ? dt : DT_F32;
+        dt_tensor *x[2], *g[2], *b[2], *gx[2], *gg[2], *gb[2];
+        for (int k = 0; k < 2; k++) {
+            x[k] = dt_tensor_new(xt, 2, SH(R, D));
+            g[k] = dt_tensor_new(pt, 1, SH(D));
+            b[k] = dt_tensor_new(pt, 1, SH(D));
+            gx[k] = dt_tensor_new(DT_F32, 2, SH(R, D));
+            gg[k] = dt_tensor_new(DT_F32, 1, SH(D));
+            gb[k] = dt_tensor_new(DT_F32, 1, SH(D));
+            ASSERT_OK(dt_k_convert(xv, DT_F32, x[k]->data, xt, M));
+            ASSERT_OK(dt_k_convert(pv, DT_F32, g[k]->data, pt, D));
+            ASSERT_OK(dt_k_convert(pv + D, DT_F32, b[k]->data, pt, D));
+            ASSERT_OK(dt_tensor_zero(gx[k]));
+            ASSERT_OK(dt_tensor_zero(gg[k]));
+            ASSERT_OK(dt_tensor_zero(gb[k]));
+            ASSERT_OK(dt_tensor_set_grad(x[k], gx[k]));
+            ASSERT_OK(dt_tensor_set_grad(g[k], gg[k]));
+            ASSERT_OK(dt_tensor_set_grad(b[k], gb[k]));
+        }
+        dt_tensor *G = dt_tensor_from(ctx, DT_F32, 2, SH(R, D), gv);
+        size_t t0 = dt_ag_tape_len(ctx);
+        dt_tensor *y = lp_x ? dt_layer_norm(ctx, x[0], g[0], b[0], 1e-5f)
+                            : dt_layer_norm_to(ctx, x[0], g[0], b[0], 1e-5f, dt);
+        ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 1); /* no cast node */
+        dt_tensor *xr = lp_x ? dt_cast(ctx, x[1], DT_F32) : x[1];
+        dt_tensor *gr = pt != DT_F32 ? dt_cast(ctx, g[1], DT_F32) : g[1];
+        dt_tensor *br = pt != DT_F32 ? dt_cast(ctx, b[1], DT_F32) : b[1];
+        dt_tensor *yr = dt_cast(ctx, dt_layer_norm(ctx, xr, gr, br, 1e-5f), dt);
+        ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
+        ASSERT(!memcmp(y->data, yr->data, (size_t)M * 2));
+        ASSERT_OK(dt_backward_with(ctx, y, G));
+        ASSERT_OK(dt_backward_with(ctx, yr, G));
+        ASSERT(!memcmp(gx[0]->data, gx[1]->data, (size_t)M * 4));
+        ASSERT(!memcmp(gg[0]->data, gg[1]->data, (size_t)D * 4));
+        ASSERT(!memcmp(gb[0]->data, gb[1]->data, (size_t)D * 4));
+        int nz = 0;
+        for (int64_t i = 0; i < M; i++)
+            nz += ((float *)gx[0]->data)[i] != 0.0f;
+        ASSERT(nz > M / 2);
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_free(x[k]);
+            dt_tensor_free(g[k]);
+            dt_tensor_free(b[k]);
+            dt_tensor_free(gx[k]);
+            dt_tensor_free(gg[k]);
+            dt_tensor_free(gb[k]);
+        }
+        dt_ctx_reset(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(xv);
+    free(gv);
+    free(pv);
+    dt_ctx_free(ctx);
+}
+
+TEST(layernorm_lp_equals_widened)
+{
+    layernorm_lp_case(DT_BF16, 6, 203, false, DT_F32);   /* f32 x, bf16 result: autocast */
+    layernorm_lp_case(DT_BF16, 2, 4500, false, DT_F32);  /* past the stack buffer */
+    layernorm_lp_case(DT_F16, 6, 203, false, DT_F32);
+    layernorm_lp_case(DT_BF16, 6, 203, true, DT_F32);    /* bf16 x, f32 gamma/beta */
+    layernorm_lp_case(DT_BF16, 5, 64, true, DT_BF16);    /* bf16 parameters too */
+    layernorm_lp_case(DT_F16, 6, 203, true, DT_F32);
+    layernorm_lp_case(DT_BF16, 6, 203, false, DT_BF16);  /* f32 x, bf16 gamma/beta, bf16 result */
+    /* the result dtype must be a float one */
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_tensor *x = dt_tensor_new(DT_F32, 2, SH(2, 8));
+    ASSERT_OK(dt_tensor_zero(x));
+    ASSERT(!dt_layer_norm_to(ctx, x, NULL, NULL, 1e-5f, DT_I32));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_DTYPE);
+    dt_tensor *y = dt_layer_norm_to(ctx, x, NULL, NULL, 1e-5f, DT_F32); /* f32: dt_layer_norm itself */
+    ASSERT(y && y->dtype == DT_F32);
+    dt_tensor_free(x);
+    dt_ctx_free(ctx);
+}
+
 TEST(autocast_table_and_linear)
 {
     ASSERT_EQ_INT(dt_autocast_class(DT_OP_LINEAR), DT_AMP_LOWER);
@@ -884,6 +986,73 @@ TEST(convnet_f16_all_low) { zoo_lowp("convnet", DT_F16, false); }
 TEST(mlp_bf16) { zoo_lowp("mlp", DT_BF16, true); }
 TEST(gpt_micro_bf16) { zoo_lowp("gpt-micro", DT_BF16, true); }
 
+/* GPT-2's ln_1 / ln_2 under bf16 autocast write the bf16 that c_attn / c_fc
+ * read (dt_layer_norm_to): the step's loss and every gradient equal, bit for
+ * bit, those of the same model whose layer norms carry a forward hook (which
+ * keeps the f32 result and the matmul's cast node), and the tape is two
+ * nodes per block shorter. */
+static dt_status noop_pre(dt_ctx *ctx, dt_module *m, dt_tensor *x, void *ud)
+{
+    (void)ctx, (void)m, (void)x, (void)ud;
+    return DT_OK;
+}
+
+TEST(gpt_autocast_layernorm_writes_bf16)
+{
+    dt_model_config cfg = dt_model_config_default();
+    dt_model *m[2] = {NULL, NULL};
+    dt_model_desc d;
+    for (int k = 0; k < 2; k++)
+        ASSERT_OK(dt_model_create("gpt-micro", 7, &cfg, &m[k], &d));
+    int nblk = 0;
+    for (;; nblk++) {
+        char p[64];
+        snprintf(p, sizeof p, "transformer.h.%d.ln_1", nblk);
+        dt_module *l1 = dt_model_find_module(m[1], p);
+        snprintf(p, sizeof p, "transformer.h.%d.ln_2", nblk);
+        dt_module *l2 = dt_model_find_module(m[1], p);
+        if (!l1 || !l2)
+            break;
+        ASSERT_OK(dt_module_add_forward_pre_hook(l1, noop_pre, NULL, NULL));
+        ASSERT_OK(dt_module_add_forward_pre_hook(l2, noop_pre, NULL, NULL));
+    }
+    ASSERT(nblk > 0);
+    int nd, tnd;
+    int64_t xs[DT_MAX_DIMS], ys[DT_MAX_DIMS];
+    dt_dtype ydt;
+    ASSERT_OK(dt_model_desc_shapes(&d, 3, &nd, xs, &tnd, ys, &ydt));
+    float loss[2];
+    size_t tape[2];
+    for (int k = 0; k < 2; k++) {
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_tensor *x = dt_tensor_zeros(ctx, d.input_dtype, nd, xs), *y = dt_tensor_zeros(ctx, ydt, tnd, ys);
+        for (int64_t i = 0; i < dt_tensor_numel(x); i++)
+            dt_tensor_set(x, i, (double)((i * 7 + 3) % 50));
+        for (int64_t i = 0; i < dt_tensor_numel(y); i++)
+            dt_tensor_set(y, i, (double)((i * 3 + 1) % 50));
+        ASSERT_OK(dt_autocast_set(ctx, DT_BF16, NULL));
+        dt_tensor *l = dt_model_desc_loss(ctx, &d, dt_model_forward(ctx, m[k], x), y);
+        if (!l)
+            TEST_FAIL_("gpt-micro: %s", dt_last_error());
+        loss[k] = dt_tensor_item(l);
+        tape[k] = dt_ag_tape_len(ctx);
+        ASSERT_OK(dt_backward(ctx, l));
+        dt_ctx_free(ctx);
+    }
+    ASSERT(!memcmp(&loss[0], &loss[1], 4));
+    ASSERT_EQ_INT((int)(tape[1] - tape[0]), 2 * nblk);
+    const dt_flat *g0 = dt_model_flat(m[0], DT_FLAT_GRADS, DT_F32), *g1 = dt_model_flat(m[1], DT_FLAT_GRADS, DT_F32);
+    ASSERT(g0 && g1 && g0->used == g1->used && g0->used > 0);
+    ASSERT(!memcmp(g0->base, g1->base, g0->used * 4));
+    double s = 0;
+    for (size_t i = 0; i < g0->used; i++)
+        s += fabs(((const float *)g0->base)[i]);
+    ASSERT(s > 0 && isfinite(s));
+    dt_model_free(m[0]);
+    dt_model_free(m[1]);
+}
+
 /* A meta bf16 build's shard, filled by dt_model_init_range, equals the
  * same range of a full bf16 build (both generators). */
 TEST(init_range_bf16)
@@ -989,12 +1158,14 @@ int main(void)
     RUN(bias_gelu_lp_equals_widened);
     RUN(add_lp_equals_widened);
     RUN(maxpool_lp_equals_widened);
+    RUN(layernorm_lp_equals_widened);
     RUN(autocast_table_and_linear);
     RUN(promotion);
     RUN(convnet_bf16_keep_bn);
     RUN(convnet_f16_all_low);
     RUN(mlp_bf16);
     RUN(gpt_micro_bf16);
+    RUN(gpt_autocast_layernorm_writes_bf16);
     RUN(init_range_bf16);
     return TEST_REPORT();
 }
