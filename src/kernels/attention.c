@@ -103,12 +103,40 @@ static inline void widen_row(dt_dtype t, const uint16_t *restrict src, float *re
     (void)dt_k_f16_to_f32(src, dst, n); /* n <= DMAX, valid pointers: cannot fail */
 }
 
+/* x rounded to bf16 (round to nearest even, a NaN quieted: dt_f32_to_bf16,
+ * which every path of dt_k_convert matches), as the bits of the f32 value. */
+static inline uint32_t bf16_round_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x00400000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+}
+
 /* dst[0, n) = src[0, n) rounded to t's precision, held in f32 (dst may be
- * src); h: n elements of scratch. The two conversions dt_cast makes. */
+ * src); h: n elements of scratch (f16: the two conversions dt_cast makes). */
 static inline void round_row(dt_dtype t, const float *src, uint16_t *restrict h, float *dst, int64_t n)
 {
+    if (t == DT_BF16) {
+        for (int64_t d = 0; d < n; d++) {
+            uint32_t r = bf16_round_bits(src[d]);
+            memcpy(dst + d, &r, sizeof r);
+        }
+        return;
+    }
     (void)dt_k_convert(src, DT_F32, h, t, n);
     (void)dt_k_convert(h, t, dst, DT_F32, n);
+}
+
+/* dst[0, n) = src[0, n) converted to t (dt_k_convert's bits). */
+static inline void narrow_row(dt_dtype t, const float *restrict src, uint16_t *restrict dst, int64_t n)
+{
+    if (t == DT_BF16) {
+        for (int64_t d = 0; d < n; d++)
+            dst[d] = (uint16_t)(bf16_round_bits(src[d]) >> 16);
+        return;
+    }
+    (void)dt_k_convert(src, DT_F32, dst, t, n);
 }
 
 /* block_t of a key (or value) block of t elements, widened while it is
@@ -203,7 +231,7 @@ DT_CLONES static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, 
         for (int64_t d = 0; d < D; d++)
             yo[d] = acc[r][d] * inv;
         if (ylp)
-            (void)dt_k_convert(yo, DT_F32, (uint16_t *)ylp + (b * T + i) * C + h * D, t, D);
+            narrow_row(t, yo, (uint16_t *)ylp + (b * T + i) * C + h * D, D);
         lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
     }
 }

@@ -46,8 +46,10 @@ static dt_tensor *leaf(dt_dtype dt, int64_t b, int64_t t, int64_t c, const float
 
 /* GPT-2: qkv [B, T, 3 H D] of dt; y = attention(qkv) against the widening
  * composition on the same values, then the backward of both with one f32
- * upstream gradient. */
-static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p)
+ * upstream gradient (specials: with a subnormal, a value that rounds to
+ * infinity in dt, a signalling NaN, and so NaN gradients downstream, all
+ * compared by bits). */
+static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p, bool specials)
 {
     const int64_t C = H * D, M = B * T * 3 * C, N = B * T * C;
     dt_ctx *ctx = NULL;
@@ -57,6 +59,13 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
     dt_rng_fill_uniform(dt_rng_key_make(21, DT_RNG_DATA, 0, 0), 0, xv, M, -2.0f, 2.0f);
     dt_rng_fill_uniform(dt_rng_key_make(21, DT_RNG_DATA, 1, 0), 0, gv, N, -1.0f, 1.0f);
     const dt_rng_key key = dt_rng_key_make(22, DT_RNG_DROPOUT, 0, 0);
+    if (specials) {
+        gv[N - 3] = 1e-40f;
+        gv[N - 2] = 3.3961e38f;
+        gv[N - 1 - C] = -0.0f;
+        const uint32_t snan = 0x7f800001u; /* signalling: rounding must quiet it, not make it infinite */
+        memcpy(&gv[N - 4], &snan, 4);
+    }
     int ran = 0;
     for (size_t pi = 0; pi < sizeof g_paths / sizeof g_paths[0]; pi++) {
         if (dt_k_set_isa(g_paths[pi]) != DT_OK)
@@ -94,10 +103,12 @@ static void gpt_case(dt_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D, bo
 
 TEST(attention_lp_equals_widened)
 {
-    gpt_case(DT_BF16, 2, 70, 3, 40, true, 0.0f);  /* two key blocks, 32 + 8 columns */
-    gpt_case(DT_BF16, 1, 37, 2, 64, false, 0.0f); /* 64 columns, no mask */
-    gpt_case(DT_BF16, 2, 20, 2, 13, true, 0.2f);  /* dropout, scalar tail */
-    gpt_case(DT_F16, 2, 33, 2, 24, true, 0.0f);
+    gpt_case(DT_BF16, 2, 70, 3, 40, true, 0.0f, false);  /* two key blocks, 32 + 8 columns */
+    gpt_case(DT_BF16, 1, 37, 2, 64, false, 0.0f, false); /* 64 columns, no mask */
+    gpt_case(DT_BF16, 2, 20, 2, 13, true, 0.2f, false);  /* dropout, scalar tail */
+    gpt_case(DT_BF16, 2, 20, 2, 16, true, 0.0f, true);   /* subnormal, overflow, NaN */
+    gpt_case(DT_F16, 2, 33, 2, 24, true, 0.0f, false);
+    gpt_case(DT_F16, 2, 20, 2, 16, true, 0.0f, true);
 }
 
 /* Llama: q [B, T, H hd], k and v [B, T, KV hd] of dt; q and k roped, then
@@ -179,6 +190,55 @@ TEST(attention_lp_llama_gqa_equals_widened)
     llama_case(DT_BF16, 1, 19, 6, 3, 16);
 }
 
+/* The kernels against the widening by dt_k_convert, for a layer's middle
+ * heads (h0 = 1 of 4) with dropout: y, lse and the rounded result equal
+ * the f32 kernel's on the widened qkv; the backward with dy holding a
+ * signalling NaN (quieted by the rounding, not made infinite), a value that
+ * rounds to infinity and a subnormal equals rounding dy, the f32 backward
+ * and rounding dqkv, bit for bit, on every ISA path. */
+static void kernel_case(dt_dtype dt)
+{
+    enum { B = 2, T = 21, H = 2, D = 24, C = H * D, M = B * T * 3 * C, N = B * T * C };
+    static float xv[M], yv[2][N], lse[2][B * H * T], dyv[N], dyr[N], g[2][M];
+    static uint16_t x16[M], ylp[N], h16[M];
+    const dt_rng_key key = dt_rng_key_make(24, DT_RNG_DROPOUT, 0, 0);
+    dt_rng_fill_uniform(dt_rng_key_make(24, DT_RNG_DATA, 0, 0), 0, xv, M, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(24, DT_RNG_DATA, 1, 0), 0, dyv, N, -1.0f, 1.0f);
+    const uint32_t snan = 0x7f800001u;
+    memcpy(&dyv[N - 1], &snan, 4);
+    dyv[N - 2] = 3.3961e38f;
+    dyv[N - 3] = 1e-40f;
+    ASSERT_OK(dt_k_convert(xv, DT_F32, x16, dt, M));
+    ASSERT_OK(dt_k_convert(x16, dt, xv, DT_F32, M)); /* the widened qkv */
+    int ran = 0;
+    for (size_t pi = 0; pi < sizeof g_paths / sizeof g_paths[0]; pi++) {
+        if (dt_k_set_isa(g_paths[pi]) != DT_OK)
+            continue;
+        ran++;
+        ASSERT_OK(dt_k_attention_fwd_heads(xv, B, T, H, D, 1, 4, true, 0.1f, key, yv[0], lse[0]));
+        ASSERT_OK(dt_k_attention_fwd_heads_lp(dt, x16, B, T, H, D, 1, 4, true, 0.1f, key, yv[1], ylp, lse[1]));
+        ASSERT(!memcmp(yv[0], yv[1], sizeof yv[0]));
+        ASSERT(!memcmp(lse[0], lse[1], sizeof lse[0]));
+        ASSERT_OK(dt_k_convert(yv[0], DT_F32, h16, dt, N));
+        ASSERT(!memcmp(h16, ylp, (size_t)N * 2));
+        ASSERT_OK(dt_k_convert(dyv, DT_F32, h16, dt, N));
+        ASSERT_OK(dt_k_convert(h16, dt, dyr, DT_F32, N));
+        ASSERT_OK(dt_k_attention_bwd_heads(xv, yv[0], lse[0], dyr, B, T, H, D, 1, 4, true, 0.1f, key, g[0]));
+        ASSERT_OK(dt_k_convert(g[0], DT_F32, h16, dt, M));
+        ASSERT_OK(dt_k_convert(h16, dt, g[0], DT_F32, M));
+        ASSERT_OK(dt_k_attention_bwd_heads_lp(dt, x16, yv[0], lse[0], dyv, B, T, H, D, 1, 4, true, 0.1f, key, g[1]));
+        ASSERT(!memcmp(g[0], g[1], sizeof g[0]));
+    }
+    ASSERT(ran >= 1);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(attention_lp_kernels_equal_widened)
+{
+    kernel_case(DT_BF16);
+    kernel_case(DT_F16);
+}
+
 /* The kernels refuse a dtype they do not read, by name. */
 TEST(attention_lp_kernel_dtype)
 {
@@ -193,6 +253,7 @@ int main(void)
 {
     RUN(attention_lp_equals_widened);
     RUN(attention_lp_llama_gqa_equals_widened);
+    RUN(attention_lp_kernels_equal_widened);
     RUN(attention_lp_kernel_dtype);
     return TEST_REPORT();
 }
