@@ -78,30 +78,15 @@ static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t 
     return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
 }
 
-/* Per-thread scratch: a transposed key block and a value block (transposed
- * in the backward, widened in a low-precision forward), then a forward
- * task's q rows widened (BQ x DMAX; low precision only). */
+/* Per-thread scratch of the backward: a transposed key block and a
+ * transposed value block (and more: bwd_scratch). */
 #define SCRATCH_FLOATS (2 * DMAX * BK)
-#define FWD_SCRATCH_FLOATS (SCRATCH_FLOATS + BQ * DMAX)
 
 /* ---- bf16/f16 operands ------------------------------------------------------------- */
 /* A bf16/f16 qkv is read as it is: each task widens the rows it works on
  * into its f32 tiles (exact: bf16 by shifting the bits up, f16 through the
  * F16C/AVX-512 conversion) and then runs the f32 arithmetic unchanged, so
  * the results are bit for bit those of widening the whole qkv first. */
-
-/* dst[0, n) = the n t-elements at src widened to f32. */
-static inline void widen_row(dt_dtype t, const uint16_t *restrict src, float *restrict dst, int64_t n)
-{
-    if (t == DT_BF16) {
-        for (int64_t d = 0; d < n; d++) {
-            uint32_t u = (uint32_t)src[d] << 16;
-            memcpy(dst + d, &u, sizeof u);
-        }
-        return;
-    }
-    (void)dt_k_f16_to_f32(src, dst, n); /* n <= DMAX, valid pointers: cannot fail */
-}
 
 /* x rounded to bf16 (round to nearest even, a NaN quieted: dt_f32_to_bf16,
  * which every path of dt_k_convert matches), as the bits of the f32 value. */
@@ -113,99 +98,159 @@ static inline uint32_t bf16_round_bits(float x)
     return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
 }
 
-/* dst[0, n) = src[0, n) rounded to t's precision, held in f32 (dst may be
- * src); h: n elements of scratch (f16: the two conversions dt_cast makes). */
-static inline void round_row(dt_dtype t, const float *src, uint16_t *restrict h, float *dst, int64_t n)
+/* The bf16 row loops W lanes at a time (GCC's vector extension; integer
+ * arithmetic, so every width gives the scalar formula's bits), the tail
+ * element by element, and the scalar path's plain loops (_s1):
+ *   widen_bf16: d[i] = s[i] widened (the bits shifted up);
+ *   round_bf16: s[i] rounded to bf16 by bf16_round_bits, into d (f32, may
+ *     be s) and/or h (bf16), either NULL to skip. */
+#define BF16_LOOPS(sfx, attr, W)                                                                               \
+    typedef uint16_t vh_##sfx __attribute__((vector_size(2 * (W))));                                          \
+    typedef uint32_t vu_##sfx __attribute__((vector_size(4 * (W))));                                          \
+    attr static void widen_bf16_##sfx(const uint16_t *restrict s, float *restrict d, int64_t n)               \
+    {                                                                                                          \
+        int64_t i = 0;                                                                                         \
+        for (; i + (W) <= n; i += (W)) {                                                                       \
+            vh_##sfx h;                                                                                        \
+            memcpy(&h, s + i, sizeof h);                                                                       \
+            vu_##sfx u = __builtin_convertvector(h, vu_##sfx) << 16;                                           \
+            memcpy(d + i, &u, sizeof u);                                                                       \
+        }                                                                                                      \
+        for (; i < n; i++) {                                                                                   \
+            uint32_t u = (uint32_t)s[i] << 16;                                                                 \
+            memcpy(d + i, &u, sizeof u);                                                                       \
+        }                                                                                                      \
+    }                                                                                                          \
+    attr static void round_bf16_##sfx(const float *s, float *d, uint16_t *restrict h, int64_t n)              \
+    {                                                                                                          \
+        int64_t i = 0;                                                                                         \
+        for (; i + (W) <= n; i += (W)) {                                                                       \
+            vu_##sfx u;                                                                                        \
+            memcpy(&u, s + i, sizeof u);                                                                       \
+            vu_##sfx r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x00400000u; \
+            vu_##sfx m = (vu_##sfx)((u & 0x7fffffffu) > 0x7f800000u);                                          \
+            r = (q & m) | (r & ~m);                                                                            \
+            if (d)                                                                                             \
+                memcpy(d + i, &r, sizeof r);                                                                   \
+            if (h) {                                                                                           \
+                vh_##sfx t = __builtin_convertvector(r >> 16, vh_##sfx);                                       \
+                memcpy(h + i, &t, sizeof t);                                                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (; i < n; i++) {                                                                                   \
+            uint32_t r = bf16_round_bits(s[i]);                                                                \
+            if (d)                                                                                             \
+                memcpy(d + i, &r, sizeof r);                                                                   \
+            if (h)                                                                                             \
+                h[i] = (uint16_t)(r >> 16);                                                                    \
+        }                                                                                                      \
+    }
+
+static void widen_bf16_s1(const uint16_t *restrict s, float *restrict d, int64_t n)
 {
-    if (t == DT_BF16) {
-        for (int64_t d = 0; d < n; d++) {
-            uint32_t r = bf16_round_bits(src[d]);
-            memcpy(dst + d, &r, sizeof r);
-        }
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(d + i, &u, sizeof u);
+    }
+}
+
+static void round_bf16_s1(const float *s, float *d, uint16_t *restrict h, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t r = bf16_round_bits(s[i]);
+        if (d)
+            memcpy(d + i, &r, sizeof r);
+        if (h)
+            h[i] = (uint16_t)(r >> 16);
+    }
+}
+
+#if DT__X86_VEC
+BF16_LOOPS(v8, DT__AVX2, 8)
+BF16_LOOPS(v16, DT__AVX512, 16)
+#endif
+
+/* dst[0, n) = the n t-elements at src widened to f32: bf16 on the widest
+ * loop vec allows, f16 by dt_k_f16_to_f32 (the F16C/AVX-512 conversion). */
+static inline void widen_row(int vec, dt_dtype t, const uint16_t *restrict src, float *restrict dst, int64_t n)
+{
+    if (t != DT_BF16) {
+        (void)dt_k_f16_to_f32(src, dst, n); /* n <= DMAX, valid pointers: cannot fail */
         return;
     }
-    (void)dt_k_convert(src, DT_F32, h, t, n);
-    (void)dt_k_convert(h, t, dst, DT_F32, n);
-}
-
-/* dst[0, n) = src[0, n) converted to t (dt_k_convert's bits). */
-static inline void narrow_row(dt_dtype t, const float *restrict src, uint16_t *restrict dst, int64_t n)
-{
-    if (t == DT_BF16) {
-        for (int64_t d = 0; d < n; d++)
-            dst[d] = (uint16_t)(bf16_round_bits(src[d]) >> 16);
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        widen_bf16_v16(src, dst, n);
         return;
     }
-    (void)dt_k_convert(src, DT_F32, dst, t, n);
-}
-
-/* block_t of a key (or value) block of t elements, widened while it is
- * transposed: the same f32 block. */
-static inline void block_t_lp(dt_dtype t, const uint16_t *restrict x, int64_t C3, int64_t nk, int64_t D,
-                              float *restrict xt)
-{
-    float row[DMAX];
-    for (int64_t jj = 0; jj < nk; jj++) {
-        widen_row(t, x + jj * C3, row, D);
-        for (int64_t d = 0; d < D; d++)
-            xt[d * DT__ATT_BK + jj] = row[d];
+    if (vec) {
+        widen_bf16_v8(src, dst, n);
+        return;
     }
-    for (int64_t jj = nk; jj < ((nk + 7) & ~(int64_t)7); jj++)
-        for (int64_t d = 0; d < D; d++)
-            xt[d * DT__ATT_BK + jj] = 0.0f;
+#endif
+    (void)vec;
+    widen_bf16_s1(src, dst, n);
 }
 
-/* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
- * AVX2: the loops along keys and along D vectorise; no sum is reordered,
- * so both clones give the same bits. t: qkv's dtype; bf16/f16 rows are
- * widened into tiles (the task's q rows, each key block transposed into
- * kt, each value block into vt) and y's rows are also written rounded to
- * t into ylp (when not NULL). kt: FWD_SCRATCH_FLOATS. */
-DT_CLONES static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0,
-                               int64_t Ht, bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0,
-                               int64_t i1, float *kt, float *y, void *ylp, float *lse)
+/* src[0, n) rounded to t: into dst (f32 values of t; may be src) and/or h
+ * (t itself), either NULL to skip; the bits of dt_k_convert (f16: through
+ * it, via h's scratch, which it then needs). */
+static inline void round_row(int vec, dt_dtype t, const float *src, float *dst, uint16_t *h, int64_t n)
 {
-    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
-    const int64_t C = H * D, C3 = 3 * C, nq = i1 - i0, bh = b * H + h;
+    if (t != DT_BF16) {
+        (void)dt_k_convert(src, DT_F32, h, t, n);
+        if (dst)
+            (void)dt_k_convert(h, t, dst, DT_F32, n);
+        return;
+    }
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        round_bf16_v16(src, dst, h, n);
+        return;
+    }
+    if (vec) {
+        round_bf16_v8(src, dst, h, n);
+        return;
+    }
+#endif
+    (void)vec;
+    round_bf16_s1(src, dst, h, n);
+}
+
+/* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
+ * head's keys and values rows j at k + j ldkv and v + j ldkv, the output
+ * rows at y + i C (and rounded to t at ylp + i C when ylp is not NULL), lse
+ * at lse[i]. gbh: the dropout mask's head (b Ht + h0 + h). Cloned for AVX2:
+ * the loops along keys and along D vectorise; no sum is reordered, so both
+ * clones give the same bits. kt: DMAX x BK scratch. */
+DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *k, const float *v,
+                               int64_t ldkv, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, float p,
+                               dt_rng_key key, int64_t i0, int64_t i1, float *kt, float *y, uint16_t *ylp,
+                               float *lse)
+{
+    const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    const bool lp = t != DT_F32;
-    const float *base = lp ? NULL : (const float *)qkv + b * T * C3;
-    const uint16_t *lbase = lp ? (const uint16_t *)qkv + b * T * C3 : NULL;
-    float *vt = kt + DMAX * BK; /* low precision: the value block widened, [BK][D] */
-    float *qt = vt + DMAX * BK; /* low precision: the task's q rows widened, [BQ][DMAX] */
     float m[BQ], l[BQ], s[BK];
     float acc[BQ][DMAX];
     for (int64_t r = 0; r < nq; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
         memset(acc[r], 0, (size_t)D * sizeof(float));
-        if (lp)
-            widen_row(t, lbase + (i0 + r) * C3 + h * D, qt + r * DMAX, D);
     }
     int64_t kend = causal ? i1 : T;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-        const float *vb;
-        int64_t vs;
-        if (lp) {
-            block_t_lp(t, lbase + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
-            for (int64_t jj = 0; jj < j1 - j0; jj++)
-                widen_row(t, lbase + (j0 + jj) * C3 + 2 * C + h * D, vt + jj * D, D);
-            vb = vt, vs = D;
-        } else {
-            block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
-            vb = base + j0 * C3 + 2 * C + h * D, vs = C3;
-        }
+        block_t(k + j0 * ldkv, ldkv, j1 - j0, D, kt);
         for (int64_t r = 0; r < nq; r++) {
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, lp ? qt + r * DMAX : base + i * C3 + h * D, kt, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kt, D, je - j0, s);
             float mx = m[r];
             for (int64_t j = j0; j < je; j++) {
-                float v = s[j - j0] * scale;
-                s[j - j0] = v;
-                mx = v > mx ? v : mx;
+                float x = s[j - j0] * scale;
+                s[j - j0] = x;
+                mx = x > mx ? x : mx;
             }
             float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
@@ -219,21 +264,63 @@ DT_CLONES static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, 
                     e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
                 s[j - j0] = e;
             }
-            rows_acc(vec, a, s, 1, vb, vs, je - j0, D);
+            rows_acc(vec, a, s, 1, v + j0 * ldkv, ldkv, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
     }
     for (int64_t r = 0; r < nq; r++) {
         int64_t i = i0 + r;
-        float *yo = y + (b * T + i) * C + h * D;
+        float *yo = y + i * C;
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         for (int64_t d = 0; d < D; d++)
             yo[d] = acc[r][d] * inv;
         if (ylp)
-            narrow_row(t, yo, (uint16_t *)ylp + (b * T + i) * C + h * D, D);
-        lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+            round_row(vec, t, yo, NULL, ylp + i * C, D);
+        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
     }
+}
+
+/* One forward task: query blocks [qb0, qb1) of head h of batch b. An f32
+ * qkv is read in place; a bf16/f16 one has the head's keys and values
+ * that the blocks see widened once into w ([rows][2D]: k | v) and each
+ * block's q rows into qt, then the same fwd_rows on those tiles.
+ * kt: fwd_scratch(t, T, D). */
+static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                     bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
+                     float *y, void *ylp, float *lse)
+{
+    const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h;
+    float *yh = y + b * T * C + h * D, *lh = lse + bh * T;
+    uint16_t *ylh = ylp ? (uint16_t *)ylp + b * T * C + h * D : NULL;
+    const int64_t ia = qb0 * BQ, iz = qb1 * BQ < T ? qb1 * BQ : T;
+    if (t == DT_F32) {
+        const float *base = (const float *)qkv + b * T * C3 + h * D;
+        for (int64_t i0 = ia; i0 < iz; i0 += BQ)
+            fwd_rows(vec, t, base + i0 * C3, C3, base + C, base + 2 * C, C3, T, C, D, gbh, causal, p, key, i0,
+                     i0 + BQ < iz ? i0 + BQ : iz, kt, yh, NULL, lh);
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+    float *qt = kt + DMAX * BK, *w = qt + BQ * DMAX;
+    const int64_t nkv = causal ? iz : T; /* the keys the last row sees */
+    for (int64_t j = 0; j < nkv; j++) {
+        widen_row(vec, t, src + j * C3 + C, w + j * 2 * D, D);
+        widen_row(vec, t, src + j * C3 + 2 * C, w + j * 2 * D + D, D);
+    }
+    for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
+        int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
+        for (int64_t i = i0; i < i1; i++)
+            widen_row(vec, t, src + i * C3, qt + (i - i0) * D, D);
+        fwd_rows(vec, t, qt, D, w, w + D, 2 * D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+    }
+}
+
+/* A forward task's scratch in floats: a transposed key block, and with
+ * bf16/f16 a block's q rows and the head's keys and values widened. */
+static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
+{
+    return (size_t)(DMAX * BK + (t == DT_F32 ? 0 : BQ * DMAX + 2 * T * D));
 }
 
 static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
@@ -275,22 +362,34 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     DT__CHECK_PTR(fn, qkv, B * T * C3);
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
-    int64_t nqb = (T + BQ - 1) / BQ, ntask = B * H * nqb;
+    /* Tasks of g query blocks of one head: g = 1 for f32 (its tasks read qkv
+     * in place); with bf16/f16 as many blocks as keep 4 tasks a thread, so
+     * a head's keys and values are widened once or a few times, not once a
+     * block. The grouping changes no result. */
+    const int64_t nqb = (T + BQ - 1) / BQ;
     int nt = dt__threads_for(B * T * T * C);
+    int64_t g = 1;
+    if (t != DT_F32) {
+        int64_t want = 4 * (int64_t)nt, per = (want + B * H - 1) / (B * H); /* tasks a head */
+        g = per >= nqb ? 1 : (nqb + per - 1) / per;
+        g = per <= 1 ? nqb : g;
+    }
+    const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
+    const size_t scratch = fwd_scratch(t, T, D) * sizeof(float);
     bool nomem = false;
     const int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc(FWD_SCRATCH_FLOATS * sizeof(float));
+        float *kt = dt_alloc(scratch);
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ntask; task++) {
-            int64_t bh = task / nqb, qb = task % nqb, i0 = qb * BQ;
+            int64_t bh = task / ngr, q0 = (task % ngr) * g;
             if (kt)
-                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T,
+                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q0 + g < nqb ? q0 + g : nqb,
                          kt, y, ylp, lse);
         }
         dt_free(kt);
@@ -342,8 +441,8 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
         for (int64_t i = 0; i < T; i++) {
             for (int k = 0; k < 3; k++)
-                widen_row(t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
-            round_row(t, dy + (b * T + i) * C + h * D, hb, wg + i * D, D);
+                widen_row(vec, t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
+            round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
         }
         qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
         gy = wg, ldg = D;
@@ -386,7 +485,7 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     for (int64_t i = 0; i < T && t != DT_F32; i++)
         for (int k = 0; k < 3; k++) {
             float *gr = gbase + i * C3 + k * C + h * D;
-            round_row(t, gr, hb, gr, D);
+            round_row(vec, t, gr, gr, hb, D);
         }
 }
 
