@@ -37,7 +37,11 @@
  * d order, the rest in key or query order), so the AVX-512 (16 lanes), AVX2
  * and baseline paths give the same bits. At GPT-2 sizes attention is
  * a few percent of a step's FLOPs, the projections around it are oneDNN
- * matmuls. */
+ * matmuls.
+ *
+ * A bf16/f16 qkv (the _lp entry points: autocast's attention input) is
+ * read as it is: the tasks widen the rows they use into f32 tiles and run
+ * the same f32 arithmetic, so every result equals widening qkv first. */
 #include "attention_impl.h"
 
 #include <math.h>
