@@ -6,7 +6,10 @@
 #                     SANITIZE=0 leaves out the sanitizer passes (ASan+UBSan
 #                     and ThreadSanitizer), TSAN=0 only the ThreadSanitizer
 #                     one, FUZZ=0 the fuzzers (make test SANITIZE=0 FUZZ=0:
-#                     the plain suite and the install check only)
+#                     the plain suite and the install check only).
+#                     RELEASE=0 leaves out the plain suite and the install
+#                     check (CI, .ci/run: they run in the fresh root of
+#                     make fresh-check instead of twice)
 #   make test-tsan    the tests labelled `threads` under ThreadSanitizer
 #   make demo         train the ConvNet on Fashion-MNIST (DEMO_LIMIT=N: only
 #                     the first N training images, for a short demo)
@@ -36,6 +39,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 WERROR ?= ON
+RELEASE ?= 1
 SANITIZE ?= 1
 TSAN ?= $(SANITIZE)
 FUZZ ?= 1
@@ -48,8 +52,12 @@ TEST_REQUIRE := numpy gnuplot mpi fashion-mnist bible iproute2
 
 # The passes of `make test` and the build trees whose CTest results the
 # closing summary reports. A new pass adds itself to both lists.
-TEST_STAGES := test-fast test-install
-TEST_DIRS := build
+TEST_STAGES :=
+TEST_DIRS :=
+ifneq ($(RELEASE),0)
+TEST_STAGES += test-fast test-install
+TEST_DIRS += build
+endif
 ifneq ($(SANITIZE),0)
 TEST_STAGES += test-asan
 TEST_DIRS += build-asan

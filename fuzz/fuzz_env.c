@@ -7,7 +7,10 @@
  * variables are set for one dt__rank_discover call and cleared after. Any
  * environment must give either a consistent result (0 <= rank < size,
  * 0 <= local rank < local size <= size, a TCP port) or an error with a
- * message; never a crash or undefined behaviour. */
+ * message; never a crash or undefined behaviour. Variable 'a' is
+ * DT_LOADAVG, the stand-in for the machine's load ("L" or "L,R") that
+ * dt_cpu_load_read parses: a load >= 0 and a runnable count >= 0, or an
+ * error with a message and both unknown (-1). */
 // fuzz-sources: src/base/*.c src/comm/env.c
 // fuzz-libs: -lcjson
 #include "comm/pg.h"
@@ -29,6 +32,7 @@ static const char *const k_vars[] = {
     "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASKS_PER_NODE",        /* V-Y */
     "SLURM_STEP_ID", "SLURM_JOB_ID", "DT_JOB_ID", "OMPI_MCA_ess_base_jobid",        /* Z [ \ ] */
     "PMIX_NAMESPACE", "MASTER_ADDR", "MASTER_PORT",                                 /* ^ _ ` */
+    "DT_LOADAVG",                                                                   /* a */
 };
 #define NVARS (sizeof k_vars / sizeof k_vars[0])
 
@@ -72,6 +76,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (!memchr(e.job_id, 0, sizeof e.job_id) || !memchr(e.master_addr, 0, sizeof e.master_addr))
             abort();
+    }
+    const char *la = getenv("DT_LOADAVG");
+    if (la && *la) { /* (unset or empty reads /proc/loadavg: not the input's) */
+        double load = 0;
+        int running = 0;
+        dt_error_clear();
+        if (dt_cpu_load_read(&load, &running) < 0) {
+            if (dt_last_error()[0] == 0 || load != -1 || running != -1)
+                abort();
+        } else if (!(load >= 0 && load <= 1e6) || running < 0) {
+            abort();
+        }
     }
     for (size_t i = 0; i < NVARS; i++)
         unsetenv(k_vars[i]);

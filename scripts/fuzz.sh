@@ -10,13 +10,22 @@
 # so a target compiles only the parser it tests and what that needs, not
 # the whole library (oneDNN, MPI).
 #
-#   FUZZ_SECONDS  seconds per target (default 15; 5 targets: under 2 minutes
-#                 with building, about 10 s a target)
+#   FUZZ_SECONDS  seconds per target (default 15)
 #   FUZZ_TARGETS  names to run (default: every fuzz/fuzz_*.c), e.g. "idx env"
+#   FUZZ_JOBS     targets built and fuzzed at once (default: the cores, nproc;
+#                 libFuzzer runs one process per target, so on an otherwise
+#                 idle machine each target still gets a core for its
+#                 FUZZ_SECONDS: 15 targets x 15 s take about 2 minutes on 2
+#                 cores instead of 4). Each target's output is printed once it
+#                 is done, in the targets' order; the first failure fails the
+#                 run after every started target has finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shopt -s nullglob
 secs=${FUZZ_SECONDS:-15}
+jobs_max=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
+case "$secs" in ''|*[!0-9]*) echo "fuzz: FUZZ_SECONDS must be a whole number of seconds, not '$secs'"; exit 2;; esac
+case "$jobs_max" in ''|*[!0-9]*|0) echo "fuzz: FUZZ_JOBS must be a positive whole number, not '$jobs_max'"; exit 2;; esac
 if [ -n "${FUZZ_TARGETS:-}" ]; then
   targets=()
   for n in $FUZZ_TARGETS; do targets+=("fuzz/fuzz_${n#fuzz_}.c"); done
@@ -26,15 +35,18 @@ fi
 [ ${#targets[@]} -eq 0 ] && { echo "fuzz: no targets"; exit 0; }
 command -v clang >/dev/null || { echo "fuzz: clang not found (scripts/deps.sh test installs it)"; exit 1; }
 mkdir -p build-fuzz
-for t in "${targets[@]}"; do
-  [ -f "$t" ] || { echo "fuzz: no such target $t"; exit 1; }
+
+# One target: build it when stale, then fuzz it. Prints its lines; returns
+# non-zero (after the log's tail) on a build failure or a crasher.
+fuzz_one() {
+  local t=$1 name srcs libs g f bin stale corpus
   name=$(basename "$t" .c)
   srcs=$(sed -n 's|^// fuzz-sources: *||p' "$t" | head -1)
   libs=$(sed -n 's|^// fuzz-libs: *||p' "$t" | head -1)
-  files=()
+  local files=() m
   for g in $srcs; do
     m=($g) # the globs are meant to expand
-    [ ${#m[@]} -gt 0 ] && [ -e "${m[0]}" ] || { echo "fuzz: $t: '$g' matches no file"; exit 1; }
+    [ ${#m[@]} -gt 0 ] && [ -e "${m[0]}" ] || { echo "fuzz: $t: '$g' matches no file"; return 1; }
     files+=("${m[@]}")
   done
   bin="build-fuzz/$name"
@@ -48,17 +60,53 @@ for t in "${targets[@]}"; do
     done
   fi
   if [ $stale = 1 ]; then
+    # (into a temporary name: an interrupted build leaves no binary that looks fresh)
     # shellcheck disable=SC2086
     clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
       -fno-sanitize-recover=all -Iinclude -Isrc -Itools \
-      "$t" "${files[@]}" $libs -lm -lpthread -o "$bin"
+      "$t" "${files[@]}" $libs -lm -lpthread -o "$bin.tmp" || { echo "fuzz: $name: build FAILED"; return 1; }
+    mv -f "$bin.tmp" "$bin"
   fi
   corpus="fuzz/corpus/${name#fuzz_}"
-  [ -d "$corpus" ] || { echo "fuzz: $name has no committed corpus $corpus"; exit 1; }
   mkdir -p "build-fuzz/corpus-$name"
   echo "fuzz: $name for ${secs}s"
   "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ \
     "build-fuzz/corpus-$name" "$corpus" 2> "build-fuzz/$name.log" \
-    || { tail -40 "build-fuzz/$name.log"; echo "fuzz: $name FAILED (crasher under build-fuzz/)"; exit 1; }
+    || { tail -40 "build-fuzz/$name.log"; echo "fuzz: $name FAILED (crasher under build-fuzz/)"; return 1; }
   tail -1 "build-fuzz/$name.log"
+}
+
+# Checked before anything starts: every target exists and has its corpus.
+for t in "${targets[@]}"; do
+  [ -f "$t" ] || { echo "fuzz: no such target $t"; exit 1; }
+  name=$(basename "$t" .c)
+  [ -d "fuzz/corpus/${name#fuzz_}" ] || { echo "fuzz: $name has no committed corpus fuzz/corpus/${name#fuzz_}"; exit 1; }
 done
+
+pids=()
+names=()
+status=0
+report() { # report I: waits for target I and prints its output
+  local i=$1 rc=0
+  wait "${pids[i]}" || rc=$?
+  cat "build-fuzz/${names[i]}.out"
+  [ $rc -eq 0 ] || status=1
+}
+done_upto=0
+for t in "${targets[@]}"; do
+  # at most jobs_max at once: wait for the oldest still running
+  while [ $(( ${#pids[@]} - done_upto )) -ge "$jobs_max" ]; do
+    report "$done_upto"
+    done_upto=$((done_upto + 1))
+  done
+  name=$(basename "$t" .c)
+  fuzz_one "$t" > "build-fuzz/$name.out" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+done
+while [ "$done_upto" -lt ${#pids[@]} ]; do
+  report "$done_upto"
+  done_upto=$((done_upto + 1))
+done
+[ $status -eq 0 ] || echo "fuzz: FAILED (see the lines above)"
+exit $status

@@ -36,6 +36,25 @@
 /* The exit code CTest reads as "skipped" (SKIP_RETURN_CODE). */
 #define DT_TEST_SKIP_CODE 77
 
+/* A sanitizer build (make test's ASan+UBSan and ThreadSanitizer passes)
+ * runs dtrain 5-40x slower than the release build. A test whose size is
+ * there for the numbers (many training steps for a drift to show, every
+ * element of a large buffer compared) and not to reach more code runs a
+ * smaller size there: dt_test_reduced() is true under AddressSanitizer or
+ * ThreadSanitizer unless DT_TEST_FULL=1 is set. The release pass (and the
+ * fresh-root check) runs the full size; the sanitizer pass the same code
+ * paths, fewer times. A test that reduces says so on stderr. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DT_TEST_SANITIZED 1
+#else
+#define DT_TEST_SANITIZED 0
+#endif
+static inline int dt_test_reduced(void)
+{
+    const char *f = getenv("DT_TEST_FULL");
+    return DT_TEST_SANITIZED && !(f && !strcmp(f, "1"));
+}
+
 static int dt_test_failed_, dt_test_skipped_;
 static int dt_test_npass_, dt_test_nfail_, dt_test_nskip_;
 

@@ -247,12 +247,13 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();
+    char omp_wait[96];
     if (quiet) {
     } else if (json) {
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g}\n",
+               "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\"}\n",
                name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : desc.lm_head ? "fused" : "unfused",
                threads,
@@ -260,7 +261,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
-               cpu_pct, dt_model_param_count(m), peak_rss_mib(), (double)last_loss);
+               cpu_pct, dt_model_param_count(m), peak_rss_mib(), (double)last_loss,
+               dt__omp_wait_desc(omp_wait, sizeof omp_wait));
     } else {
         if (tpg)
             printf("tp %d x ", dt_pg_size(tpg));

@@ -24,6 +24,12 @@ int dt_cmd_ckpt(int argc, char **argv);
 int dt_cmd_pipeline(int argc, char **argv);
 int dt_cmd_trace(int argc, char **argv);
 int dt_cmd_plan(int argc, char **argv);
+/* The OpenMP waiting policy this process runs with (tools/dtrain.c), as the
+ * start record of dtrain train and dtrain bench step --json show it:
+ * "GOMP_SPINCOUNT=N", the OMP_WAIT_POLICY value ("passive") or "runtime
+ * default"; characters other than letters, digits and "=_.,-" become '?'.
+ * Returns buf. */
+const char *dt__omp_wait_desc(char *buf, size_t n);
 /* dtrain trace plot (tools/trace_plot.c). */
 int dt__trace_plot(int argc, char **argv);
 
@@ -44,6 +50,7 @@ int dt__gnuplot_run(const char *who, const char *dir, const char *out);
 double dt__plan_parse_bytes(const char *s);
 int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
                        bool quiet, dt_plan_calib *c);
+int dt__plan_comm_curve(dt_plan_calib *c, char *why, size_t nwhy);
 void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n);
 void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank);
 void dt__plan_row_text(FILE *f, const dt_plan_prediction *r, int rank);

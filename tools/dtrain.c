@@ -1,7 +1,9 @@
 /* dtrain — the command-line entry point: dispatches to a subcommand. */
 #include "cmd.h"
+#include "run.h"
 #include "dtrain/base.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,57 +37,57 @@ static void usage(FILE *f)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
 }
 
-/* OpenMP's waiting policy on shared CPUs. libgomp's default spins ~300000
- * iterations at each barrier before sleeping; while another process holds
- * a core, the spinning threads take the CPU from the one still computing
- * and a run gets many times slower (20-30x on the 2-core machine of
- * docs/BENCHMARKS.md, "Shared CPUs"). Passive waiting never collapses, but
- * on an idle machine each parallel region pays a wake-up: 11-22% of the
- * ConvNet's speed there. So the default follows the machine at start: idle
- * (1-minute load average <= 0.5: nothing else runs) -> a short spin,
+/* OpenMP's waiting policy on shared CPUs (dtrain/base.h, "OpenMP's waiting
+ * policy"): libgomp's default spin collapses a run while another process
+ * holds a core (20-30x slower on the 2-core machine of docs/BENCHMARKS.md,
+ * "Shared CPUs"); passive waiting never collapses but costs an idle machine
+ * 11-22% of the ConvNet's speed. So the default follows the machine at
+ * start: when the cores other processes leave free are enough for this
+ * process's compute threads (dt_omp_wait_passive: min(1-minute load, tasks
+ * runnable now) <= cores - threads + 0.5) -> a short spin,
  * GOMP_SPINCOUNT=3000 (idle speed within 3-5% of the full spin; if work
- * arrives later, at most ~2x slower, not 30x); busy -> OMP_WAIT_POLICY=
- * passive. DT_LOADAVG=X stands in for the load (tests). libgomp reads
- * both variables once, when it is loaded, before main: so when the user
- * set neither, the command sets one (and DT_OMP_WAIT, saying it was
- * dtrain's choice and at which load, and stopping a second round) and
- * executes itself again; the ranks of dtrain run inherit the launcher's
- * choice. A failed exec runs on with the runtime's own policy. */
+ * arrives later, at most ~2x slower, not 30x); busier -> OMP_WAIT_POLICY=
+ * passive. DT_LOADAVG stands in for the load (tests). libgomp reads both
+ * variables once, when it is loaded, before main: so when the user set
+ * neither, the command sets one (and DT_OMP_WAIT, saying it was dtrain's
+ * choice and from what, and stopping a second round) and executes itself
+ * again; the ranks of dtrain run inherit the launcher's choice (they share
+ * the cores, so their threads together are about the cores, as one process
+ * of dt_get_num_threads() threads). A failed exec runs on with the
+ * runtime's own policy. */
 #define DT_IDLE_SPINCOUNT "3000"
-
-static double load_average(void)
-{
-    double load = -1;
-    const char *e = getenv("DT_LOADAVG");
-    if (e && *e) {
-        char *end;
-        load = strtod(e, &end);
-        return *end || !(load >= 0) ? -1 : load;
-    }
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f && fscanf(f, "%lf", &load) != 1)
-        load = -1;
-    if (f)
-        fclose(f);
-    return load;
-}
 
 static void omp_wait_default(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
         return;
-    const double load = load_average();
-    const bool idle = load >= 0 && load <= 0.5; /* unknown: passive, which never collapses */
-    char why[64];
-    snprintf(why, sizeof why, "default, load %.2f", load < 0 ? 0.0 : load);
-    if (load < 0)
+    double load;
+    int running;
+    const int cores = dt__run_cores(), threads = dt_get_num_threads();
+    const bool known = dt_cpu_load_read(&load, &running) == DT_OK;
+    const bool passive = dt_omp_wait_passive(known ? load : -1, known ? running : -1, cores, threads);
+    char why[128];
+    if (known)
+        snprintf(why, sizeof why, "default, load %.2f, %d running, %d thread%s on %d core%s", load, running,
+                 threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s");
+    else
         snprintf(why, sizeof why, "default, load unknown");
-    if ((idle ? setenv("GOMP_SPINCOUNT", DT_IDLE_SPINCOUNT, 1) : setenv("OMP_WAIT_POLICY", "passive", 1)) == 0 &&
+    if ((passive ? setenv("OMP_WAIT_POLICY", "passive", 1) : setenv("GOMP_SPINCOUNT", DT_IDLE_SPINCOUNT, 1)) == 0 &&
         setenv("DT_OMP_WAIT", why, 1) == 0)
         execv("/proc/self/exe", argv);
     unsetenv("OMP_WAIT_POLICY");
     unsetenv("GOMP_SPINCOUNT");
     setenv("DT_OMP_WAIT", "exec failed", 1);
+}
+
+const char *dt__omp_wait_desc(char *buf, size_t n)
+{
+    const char *sc = getenv("GOMP_SPINCOUNT"), *wp = getenv("OMP_WAIT_POLICY");
+    snprintf(buf, n, "%s%s", sc ? "GOMP_SPINCOUNT=" : "", sc ? sc : wp ? wp : "runtime default");
+    for (char *p = buf; *p; p++) /* the user's text: safe in JSON and on a terminal */
+        if (!isalnum((unsigned char)*p) && !strchr("=_.,-", *p))
+            *p = '?';
+    return buf;
 }
 
 int main(int argc, char **argv)

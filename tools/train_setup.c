@@ -266,8 +266,8 @@ static int offload_params(const dt__train_run *t, dt_offload_params *p)
  * later by the OOM killer. The parameter count comes from a meta build
  * (layout only, nothing allocated). */
 /* Shared CPUs: when this machine's ranks x compute threads exceed the cores
- * other processes leave free (the cores less the 1-minute load average;
- * DT_LOADAVG=X stands in for the load, for tests), say so once with the
+ * other processes leave free (the cores less the 1-minute load average of
+ * dt_cpu_load_read; DT_LOADAVG=X stands in for the load, for tests), say so once with the
  * fix. Only for the default thread count (--threads not given; under dtrain
  * run the launcher's share of the cores): a count the user chose is theirs. */
 void dt__tr_warn_oversubscribed(const dt__train_run *t)
@@ -275,17 +275,9 @@ void dt__tr_warn_oversubscribed(const dt__train_run *t)
     if (t->o.threads)
         return;
     double load = -1;
-    const char *e = getenv("DT_LOADAVG");
-    if (e && *e) {
-        if (dt_parse_double("DT_LOADAVG", e, 0, 1e6, &load) < 0)
-            load = -1;
-    } else {
-        FILE *f = fopen("/proc/loadavg", "r");
-        if (f && fscanf(f, "%lf", &load) != 1)
-            load = -1;
-        if (f)
-            fclose(f);
-    }
+    int running;
+    if (dt_cpu_load_read(&load, &running) < 0)
+        load = -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const char *lw = getenv("LOCAL_WORLD_SIZE");
     int64_t ranks = 1;

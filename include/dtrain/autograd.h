@@ -95,6 +95,24 @@ DT_API bool dt_ag_enabled(const dt_ctx *ctx);
 /* Number of nodes (ops and marks) on the tape since the last reset. */
 DT_API size_t dt_ag_tape_len(const dt_ctx *ctx);
 
+/* Counters of the low-precision backward's conversions, summed over every
+ * backward on one context since its creation (or the last
+ * dt_ag_stats_reset). A bf16/f16 GEMM's backward (matmul, linear, addmm)
+ * needs its output's f32 gradient in the GEMM's dtype: it either converts it
+ * in a pass of its own (grad_rounds, grad_round_elems elements) or finds the
+ * same values already written in that dtype by the op that produced the
+ * gradient (grad_shadows: no pass; e.g. dt_cross_entropy's backward on
+ * bf16/f16 logits). The numbers are the same either way. */
+typedef struct {
+    uint64_t grad_rounds;      /* output gradients converted by a pass of their own */
+    uint64_t grad_round_elems; /* elements those passes converted */
+    uint64_t grad_shadows;     /* output gradients taken as their producer wrote them */
+} dt_ag_stats;
+/* Copy ctx's counters into *out (zeros for a NULL ctx). */
+DT_API void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out);
+/* Zero ctx's counters. */
+DT_API void dt_ag_stats_reset(dt_ctx *ctx);
+
 /* Backward from a scalar (numel 1, f32) that requires grad: d loss / d loss
  * = 1. Accumulates into leaf grads, firing grad-ready hooks and marks.
  * A NULL loss returns the error left by the failed forward (or DT_ERR_NULL). */

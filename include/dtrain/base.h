@@ -374,6 +374,42 @@ DT_API dt_status dt_file_read_all(const char *path, size_t max, char **out, size
 DT_API void dt_set_num_threads(int n);
 DT_API int dt_get_num_threads(void);
 
+/* ---- OpenMP's waiting policy on shared CPUs ---------------------------- */
+/* OpenMP threads that spin at a barrier while another process holds a core
+ * take the CPU from the thread still computing: with libgomp's default spin
+ * a run on a loaded 2-core machine gets 20-30x slower. Passive waiting never
+ * collapses, but an idle machine pays a wake-up per parallel region (the
+ * ConvNet step 15-20%). The dtrain program picks one at start from these
+ * two calls (a short spin, GOMP_SPINCOUNT=3000, or OMP_WAIT_POLICY=passive;
+ * libgomp reads both once, when it is loaded, so the choice is made before
+ * any OpenMP code runs and the program executes itself again with it):
+ *
+ *     double load; int running;
+ *     dt_cpu_load_read(&load, &running);
+ *     bool passive = dt_omp_wait_passive(load, running, cores, dt_get_num_threads());
+ *
+ * dt_cpu_load_read: the machine's 1-minute load average (*load1) and the
+ * tasks runnable now besides the caller (*running), /proc/loadavg's first
+ * and fourth fields (the fourth read three times about 1 ms apart, the
+ * largest kept). DT_LOADAVG stands in for both (tests, or to force a
+ * choice): "L" (a number >= 0) gives load L and running floor(L); "L,R"
+ * gives running R (an integer >= 0). Returns DT_OK; on a malformed
+ * DT_LOADAVG DT_ERR_INVALID_ARG, and DT_ERR_IO when /proc/loadavg cannot be
+ * read, with both outputs -1 (unknown) and a message naming the source. */
+DT_API dt_status dt_cpu_load_read(double *load1, int *running);
+/* True when passive waiting is the better bet for a process that runs
+ * `threads` compute threads on a machine of `cores` cores: when fewer cores
+ * are free than it needs, by the 1-minute average and by the tasks runnable
+ * now alike:
+ *     min(load1, running) > cores - threads + 0.5
+ * (a machine idle now but busy a minute ago, whose average still reads 1 on
+ * 2 cores, spins; a machine busy now and for the last minute waits
+ * passively). A negative (unknown) load1 gives true (passive never
+ * collapses); a negative running leaves load1 alone to decide. For
+ * threads == cores the threshold is 0.5; with threads = 1 no team waits and
+ * the policy hardly matters. */
+DT_API bool dt_omp_wait_passive(double load1, int running, int cores, int threads);
+
 /* ---- CPU features ----------------------------------------------------- */
 typedef struct {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_fp16;

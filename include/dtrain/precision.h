@@ -46,7 +46,10 @@
  * autocast dtype is bf16 or f16, ops whose row of the op table (ops.h)
  * has class DT_AMP_LOWER (matmul, linear,
  * addmm, conv2d, attention) cast their f32 floating inputs to it, ops of class DT_AMP_FP32
- * (the losses) cast low-precision inputs to f32, and every other op runs in
+ * (the losses) compute on low-precision inputs in f32 (mse_loss through
+ * cast nodes; cross_entropy reads bf16/f16 logits row by row, the same
+ * numbers without the f32 copy, and its backward hands the LM head's bf16
+ * GEMMs the rounded gradient in bf16 directly), and every other op runs in
  * its inputs' dtype (DT_AMP_PROMOTE). dt_attention is "lower" as PyTorch's
  * scaled_dot_product_attention (its qkv is rounded to the autocast dtype;
  * the kernel computes in f32, widening the bf16/f16 qkv tile by tile as it

@@ -113,6 +113,10 @@ struct dt_tensor {
     struct { dt_grad_hook_fn fn; void *ud; } hooks_[DT_MAX_GRAD_HOOKS];
     float *gacc_;                    /* f32 accumulator of a leaf whose grad is not f32 */
     uint64_t gacc_epoch_;            /* backward pass gacc_ belongs to */
+    void *glp_;                      /* bf16/f16 copy of a temporary's f32 gradient ... */
+    const void *glp_of_;             /* ... of this gradient buffer, */
+    uint64_t glp_epoch_;             /* in this backward pass, */
+    dt_dtype glp_dtype_;             /* in this dtype */
 };
 
 /* ---- shape helpers ------------------------------------------------------ */

@@ -92,6 +92,26 @@ dt_status dt__bw_custom(dt_ctx *ctx, dt__node *n, const float *gout);
  * for temporaries, owned heap memory for persistent leaves). */
 float *dt__grad(dt_ctx *ctx, dt_tensor *t);
 
+/* The gradient of n->out as the tape walk hands it to n's backward: dt__grad
+ * without forgetting the gradient's low-precision shadow (below). */
+float *dt__grad_out(dt_ctx *ctx, dt_tensor *t);
+
+/* Low-precision shadows: a producer that writes a temporary's whole
+ * gradient rounded to a low dtype (every element already a bf16/f16 value)
+ * can keep the same values in that dtype beside it, so that a bf16 GEMM in
+ * the consumer's backward takes them instead of converting the f32 buffer
+ * again (grad_lp in ops_matmul.c). dt__grad_shadow_new gives an arena buffer
+ * of t's numel in dtype lt; after the producer filled it and committed the
+ * f32 gradient, dt__grad_shadow_set keeps it when the f32 buffer holds
+ * exactly what was written (t's first contribution, written in place:
+ * f32buf == t's gradient data) and does nothing otherwise. Every later
+ * write access to t's gradient (dt__grad, dt__grad_begin, dt__grad_gemm,
+ * dt__grad_commit) drops the shadow, as does the next backward pass.
+ * dt__grad_shadow returns it (NULL when there is none in dtype lt). */
+void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt);
+const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+
 /* For kernels that OVERWRITE their output: a buffer to write t's gradient
  * contribution into (t's own gradient when this is the first contribution
  * to a temporary, else arena scratch), then dt__grad_commit adds it. */
@@ -199,6 +219,19 @@ bool dt__autocast(dt_ctx *ctx, dt_op op, int n, dt_tensor **in);
 const float *dt__cdata_f32(dt_ctx *ctx, const dt_tensor *x);
 /* y[i] = x[i] rounded to dtype's precision (bf16/f16), in f32. y may alias x. */
 dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n);
+/* Cross-entropy over N rows of C bf16/f16 logits x (dtype t, contiguous)
+ * with int64 labels lab (DT_K_IGNORE_INDEX rows skipped), computed with the
+ * f32 kernels on each row widened in cache: the numbers of
+ * dt_k_softmax_xent_fwd/_bwd on the widened rows without the widened copy
+ * (ops_loss.c). dt__ce_lp_loss: *loss = the mean over the count counted
+ * rows. dt__ce_lp_grad: each row's gradient (softmax - onehot) * s rounded
+ * to t, into glp (dtype t; may be x itself: a row is read before it is
+ * written) and, when gx is not NULL, the same values in f32 into gx. One
+ * f32 row per compute thread comes from ctx's arena. */
+dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C,
+                         int64_t count, float *loss);
+dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s,
+                         float *gx, void *glp);
 /* The f32 accumulation of a low-precision leaf's gradient (see grad.c) is
  * added into its gradient tensor; a no-op for other tensors. */
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t);

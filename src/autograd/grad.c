@@ -106,7 +106,7 @@ dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
     return DT_OK;
 }
 
-float *dt__grad(dt_ctx *ctx, dt_tensor *t)
+float *dt__grad_out(dt_ctx *ctx, dt_tensor *t)
 {
     if (t->grad && t->grad->dtype != DT_F32) /* a lazy mark stays until the flush */
         return lp_acc(ctx, t, true);
@@ -133,8 +133,42 @@ float *dt__grad(dt_ctx *ctx, dt_tensor *t)
     return g->data;
 }
 
+/* Any write access to t's gradient: its shadow no longer matches. */
+static void shadow_drop(dt_tensor *t) { t->glp_ = NULL; }
+
+float *dt__grad(dt_ctx *ctx, dt_tensor *t)
+{
+    shadow_drop(t);
+    return dt__grad_out(ctx, t);
+}
+
+void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
+{
+    size_t nb = (size_t)dt_tensor_numel(t) * dt_dtype_size(lt);
+    return dt_arena_alloc(ctx->arena, nb ? nb : 2);
+}
+
+void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt)
+{
+    if (!shadow || lt == DT_F32 || !(t->flags & DT_TENSOR_TEMP) || !t->grad || t->grad->dtype != DT_F32 ||
+        t->grad->data != f32buf)
+        return;
+    t->glp_ = shadow;
+    t->glp_of_ = f32buf;
+    t->glp_epoch_ = ctx->epoch;
+    t->glp_dtype_ = lt;
+}
+
+const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
+{
+    if (!t->glp_ || t->glp_dtype_ != lt || t->glp_epoch_ != ctx->epoch || !t->grad || t->grad->data != t->glp_of_)
+        return NULL;
+    return t->glp_;
+}
+
 float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
 {
+    shadow_drop(t);
     if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
         /* first contribution to a temporary's gradient: write in place */
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
@@ -149,6 +183,7 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
 
 float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
 {
+    shadow_drop(t);
     if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
@@ -175,6 +210,7 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
 
 void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
 {
+    shadow_drop(t);
     dt_tensor *g = t->grad;
     if (gt == DT_F32 || !g || g->dtype != gt || (t->flags & DT_TENSOR_TEMP) || !(t->flags & DT_TENSOR_GRAD_LAZY) ||
         lp_acc_live(ctx, t) || t->epoch_ != ctx->epoch || t->pending_ != 1 || !dt_tensor_is_contiguous(g) ||
@@ -186,6 +222,7 @@ void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
 
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
 {
+    shadow_drop(t);
     if (t->grad && t->grad->dtype == DT_F32 && t->grad->data == buf)
         return DT_OK;
     if ((t->flags & DT_TENSOR_GRAD_LAZY) && t->grad && t->grad->dtype == DT_F32) {

@@ -8,14 +8,18 @@
  * buffer from the forward and are not recomputed), turns them into dlogits
  * in place (softmax - onehot, scaled), and adds dx[chunk] = dlogits W and
  * dW += dlogits^T x[chunk] with the GEMMs' beta. One [chunk, V] f32 buffer
- * (plus its bf16/f16 copy in low precision) serves both passes.
+ * serves both passes (in low precision a [chunk, V] buffer of that dtype).
  *
  * Low precision (precision.h): autocast treats the op as dt_linear (x and W
  * cast to the autocast dtype); with both bf16 (or both f16) the GEMMs take
- * them as they are and the f32 logits are rounded to that dtype, as
- * dt_linear's bf16 output would be, before the f32 softmax; the backward
- * rounds dlogits to that dtype for its GEMMs, as dt_linear's backward does.
- * Mixed dtypes promote to f32. The loss is f32.
+ * them as they are and the logits are rounded to that dtype, as dt_linear's
+ * bf16 output is (by oneDNN as it stores, where it writes bf16: no f32
+ * logits in memory), before the f32 softmax; the backward rounds dlogits to
+ * that dtype for its GEMMs, as dt_linear's backward does. The softmax runs
+ * row by row on the rows widened in cache and the rounded dlogits overwrite
+ * the row's logits (dt__ce_lp_loss/_grad: the f32 kernels' numbers, with no
+ * f32 [chunk, V] buffer and no separate rounding pass). Mixed dtypes
+ * promote to f32. The loss is f32.
  *
  * Against the unfused dt_cross_entropy(dt_linear(x, W)): the same logits
  * row by row; the loss sums per-chunk means (each weighted by its count)
@@ -38,22 +42,29 @@ typedef struct {
     const char *X, *W;  /* contiguous x [N, C] and W [V, C] in the GEMM dtype */
     int64_t *lab;       /* N labels (int64 copies) */
     int64_t *count;     /* counted rows per chunk */
-    float *buf;         /* [rows, V] f32: the last chunk's logits after the forward */
-    void *buf_lp;       /* [rows, V] in the GEMM dtype (low precision only) */
+    float *buf;         /* [rows, V] f32: the last chunk's logits after the forward (f32), or
+                           the GEMM's f32 result (low precision where oneDNN writes no bf16/f16;
+                           NULL where it does) */
+    void *buf_lp;       /* [rows, V] in the GEMM dtype (low precision only): the last chunk's
+                           logits after the forward, their gradient in the backward */
     int64_t N, C, V, rows, total;
     dt_dtype t;
 } lmhead_saved;
 
 static int64_t nchunks(const lmhead_saved *s) { return (s->N + s->rows - 1) / s->rows; }
 
-/* The chunk's logits [rc, V] into s->buf (rounded to the GEMM dtype in low precision). */
+/* The chunk's logits [rc, V]: into s->buf in f32; in low precision into
+ * s->buf_lp (rounded by oneDNN as it stores where it writes t, else from
+ * the f32 result in s->buf). */
 static dt_status chunk_logits(const lmhead_saved *s, int64_t r0, int64_t rc)
 {
     const size_t es = dt_dtype_size(s->t);
-    dt_status st = dt_k_matmul(false, true, rc, s->V, s->C, 1.0f, s->X + (size_t)(r0 * s->C) * es, s->W, s->t, 0.0f,
-                               s->buf, NULL);
+    const void *Xc = s->X + (size_t)(r0 * s->C) * es;
+    if (s->t != DT_F32 && !s->buf) /* dt_k_matmul_writes_lp(t) */
+        return dt_k_matmul_batched_lp(false, true, 1, rc, s->V, s->C, 1.0f, Xc, 0, s->W, 0, s->t, s->buf_lp, 0, NULL);
+    dt_status st = dt_k_matmul(false, true, rc, s->V, s->C, 1.0f, Xc, s->W, s->t, 0.0f, s->buf, NULL);
     if (st == DT_OK && s->t != DT_F32)
-        st = dt__round_to(s->t, s->buf, s->buf, rc * s->V);
+        st = dt_k_convert(s->buf, DT_F32, s->buf_lp, s->t, rc * s->V);
     return st;
 }
 
@@ -74,11 +85,13 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
             break;
         /* g / n for the chunk's rows: the kernel divides by the chunk's count */
         float dl = s->total ? gout[0] * ((float)s->count[c] / (float)s->total) : 0.0f;
-        if ((st = dt_k_softmax_xent_bwd(s->buf, NULL, s->lab + r0, DT_I64, rc, s->V, dl, s->buf)) < 0)
-            break;
         const void *G = s->buf;
-        if (s->t != DT_F32) {
-            if ((st = dt_k_convert(s->buf, DT_F32, s->buf_lp, s->t, rc * s->V)) < 0)
+        if (s->t == DT_F32) {
+            if ((st = dt_k_softmax_xent_bwd(s->buf, NULL, s->lab + r0, DT_I64, rc, s->V, dl, s->buf)) < 0)
+                break;
+        } else { /* row by row in cache, each rounded to t over its logits */
+            float sc = s->count[c] ? dl / (float)s->count[c] : 0.0f; /* the kernel's scale for the chunk */
+            if ((st = dt__ce_lp_grad(ctx, s->buf_lp, s->t, s->lab + r0, rc, s->V, sc, NULL, s->buf_lp)) < 0)
                 break;
             G = s->buf_lp;
         }
@@ -161,8 +174,9 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
     const int64_t nc = nchunks(s);
     s->lab = dt_arena_alloc(ctx->arena, (size_t)N * sizeof(int64_t));
     s->count = dt_arena_alloc(ctx->arena, (size_t)nc * sizeof(int64_t));
-    s->buf = dt_arena_alloc(ctx->arena, (size_t)(s->rows * V) * sizeof(float));
-    if (!s->lab || !s->count || !s->buf)
+    if (t == DT_F32 || !dt_k_matmul_writes_lp(t)) /* the GEMM's f32 result */
+        s->buf = dt_arena_alloc(ctx->arena, (size_t)(s->rows * V) * sizeof(float));
+    if (!s->lab || !s->count || (!s->buf && (t == DT_F32 || !dt_k_matmul_writes_lp(t))))
         return NULL;
     if (t != DT_F32 && !(s->buf_lp = dt_arena_alloc(ctx->arena, (size_t)(s->rows * V) * dt_dtype_size(t))))
         return NULL;
@@ -193,7 +207,8 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
         float lc;
         dt_status st = chunk_logits(s, r0, rc);
         if (st == DT_OK)
-            st = dt_k_softmax_xent_fwd(s->buf, s->lab + r0, DT_I64, rc, V, &lc, NULL);
+            st = t == DT_F32 ? dt_k_softmax_xent_fwd(s->buf, s->lab + r0, DT_I64, rc, V, &lc, NULL)
+                             : dt__ce_lp_loss(ctx, s->buf_lp, t, s->lab + r0, rc, V, s->count[c], &lc);
         if (st < 0) {
             dt_error_wrap(dt_last_status(), "%s", op);
             return NULL;

@@ -14,7 +14,9 @@
  * result (the emulation and dtrain's AMX GEMM write f32). Backward
  * rounds the incoming gradient to that dtype (the gradient of a bf16
  * tensor is bf16, as PyTorch's) and runs the same low-precision GEMMs into
- * the f32 gradient buffers. Mixed dtypes promote to f32; under autocast
+ * the f32 gradient buffers; when the op that produced the gradient already
+ * wrote it in that dtype (a shadow, ag_impl.h), the GEMMs take that copy
+ * and the rounding pass is skipped (dt_ag_stats counts both). Mixed dtypes promote to f32; under autocast
  * every floating operand is first cast to the autocast dtype. */
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
@@ -35,12 +37,21 @@ static dt_dtype gemm_dtype(dt_ctx *ctx, dt_op op, int n, dt_tensor **in, bool *o
     return *ok ? dt__lp_result(2, in) : DT_F32;
 }
 
-/* gout (m elements) rounded to dtype in arena memory, for the backward GEMMs. */
-static const void *grad_lp(dt_ctx *ctx, const float *gout, int64_t m, dt_dtype t)
+/* n's output gradient gout (m elements) in dtype t for the backward GEMMs:
+ * the copy its producer wrote in t (dt__grad_shadow), else gout rounded to t
+ * in arena memory by a pass of its own. Either holds the same values. */
+static const void *grad_lp(dt_ctx *ctx, const dt__node *n, const float *gout, int64_t m, dt_dtype t)
 {
+    const void *s = dt__grad_shadow(ctx, n->out, t);
+    if (s) {
+        ctx->ag_stats.grad_shadows++;
+        return s;
+    }
     void *g = dt_arena_alloc(ctx->arena, (size_t)m * 2 + 2);
     if (g && dt_k_convert(gout, DT_F32, g, t, m) < 0)
         return NULL;
+    ctx->ag_stats.grad_rounds++;
+    ctx->ag_stats.grad_round_elems += (uint64_t)m;
     return g;
 }
 
@@ -57,7 +68,7 @@ static dt_status matmul_backward_lp(dt_ctx *ctx, dt__node *n, const float *gout)
     int64_t batch = n->i[0], M = n->i[1], K = n->i[2], N = n->i[3];
     bool b2d = n->i[4] != 0;
     dt_dtype t = (dt_dtype)n->i[5];
-    const void *G = grad_lp(ctx, gout, batch * M * N, t);
+    const void *G = grad_lp(ctx, n, gout, batch * M * N, t);
     if (!G)
         return dt_last_status();
     float beta;
@@ -217,7 +228,7 @@ dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
     int64_t R = n->i[0], In = n->i[1], Out = n->i[2];
     dt_dtype t = (dt_dtype)n->i[3];
     bool wt = n->i[4] != 0;
-    const void *G = t == DT_F32 ? gout : grad_lp(ctx, gout, R * Out, t);
+    const void *G = t == DT_F32 ? gout : grad_lp(ctx, n, gout, R * Out, t);
     if (!G)
         return dt_last_status();
     float beta;

@@ -46,6 +46,22 @@ bool dt_ag_enabled(const dt_ctx *ctx) { return ctx && ctx->grad_enabled; }
 
 size_t dt_ag_tape_len(const dt_ctx *ctx) { return ctx ? ctx->tape_len : 0; }
 
+void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out)
+{
+    if (!out)
+        return;
+    if (ctx)
+        *out = ctx->ag_stats;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+void dt_ag_stats_reset(dt_ctx *ctx)
+{
+    if (ctx)
+        memset(&ctx->ag_stats, 0, sizeof ctx->ag_stats);
+}
+
 bool dt__ag_wants(const dt_ctx *ctx, int nin, dt_tensor *const *in)
 {
     if (!ctx->grad_enabled)
@@ -378,6 +394,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         if (!n->needed || !dt__op_table[n->op].backward)
             continue;
         n->out->grad = NULL;
+        n->out->glp_ = NULL;
         for (int j = 0; j < n->nin; j++) {
             dt_tensor *in = n->in[j];
             if (!dt__rg(in))
@@ -413,7 +430,7 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         }
         if (!n->needed)
             continue;
-        float *gout = dt__grad(ctx, n->out);
+        float *gout = dt__grad_out(ctx, n->out); /* its shadow kept for n's GEMMs */
         if (!gout) {
             st = dt_last_status();
             break;

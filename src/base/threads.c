@@ -1,8 +1,12 @@
 /* Compute-thread count shared by every OpenMP kernel. */
 #include "dtrain/base.h"
 
+#include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -31,4 +35,78 @@ int dt_get_num_threads(void)
         return atoi(e);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+/* /proc/loadavg: "0.96 1.77 2.58 3/612 12345" (the fourth field: runnable
+ * scheduling entities now, the reader included / all of them). */
+static int read_loadavg(double *load1, int *running)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f)
+        return -1;
+    double l5, l15;
+    long run, total;
+    int n = fscanf(f, "%lf %lf %lf %ld/%ld", load1, &l5, &l15, &run, &total);
+    fclose(f);
+    if (n != 5 || !(*load1 >= 0) || !isfinite(*load1) || run < 1 || run > (1 << 24))
+        return -1;
+    *running = (int)(run - 1);
+    return 0;
+}
+
+dt_status dt_cpu_load_read(double *load1, int *running)
+{
+    if (!load1 || !running)
+        return dt_error(DT_ERR_NULL, "dt_cpu_load_read: null output");
+    *load1 = -1;
+    *running = -1;
+    const char *e = getenv("DT_LOADAVG");
+    if (e && *e) {
+        char l[64];
+        const char *comma = strchr(e, ',');
+        size_t n = comma ? (size_t)(comma - e) : strlen(e);
+        if (n >= sizeof l)
+            return dt_error(DT_ERR_INVALID_ARG, "environment variable DT_LOADAVG: too long (\"L\" or \"L,R\")");
+        memcpy(l, e, n);
+        l[n] = 0;
+        double load;
+        int64_t r;
+        if (dt_parse_double("environment variable DT_LOADAVG (the load)", l, 0, 1e6, &load) < 0)
+            return dt_last_status();
+        if (comma) {
+            if (dt_parse_int("environment variable DT_LOADAVG (the runnable tasks after the comma)", comma + 1, 0,
+                             1 << 24, &r) < 0)
+                return dt_last_status();
+        } else {
+            r = (int64_t)floor(load);
+        }
+        *load1 = load;
+        *running = (int)r;
+        return DT_OK;
+    }
+    double load = -1;
+    int best = -1;
+    for (int i = 0; i < 3; i++) {
+        int run;
+        if (read_loadavg(&load, &run) < 0)
+            return dt_error(DT_ERR_IO, "/proc/loadavg: cannot read the load average (no /proc?)");
+        best = run > best ? run : best;
+        if (i < 2)
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    }
+    *load1 = load;
+    *running = best;
+    return DT_OK;
+}
+
+bool dt_omp_wait_passive(double load1, int running, int cores, int threads)
+{
+    if (!(load1 >= 0))
+        return true;
+    double busy = running >= 0 && running < load1 ? (double)running : load1;
+    if (cores < 1)
+        cores = 1;
+    if (threads < 1)
+        threads = 1;
+    return busy > (double)cores - (double)threads + 0.5;
 }

@@ -8,6 +8,7 @@
 #ifndef DT_TENSOR_IMPL_H
 #define DT_TENSOR_IMPL_H
 
+#include "dtrain/autograd.h"
 #include "dtrain/tensor.h"
 
 struct dt__node;
@@ -37,6 +38,7 @@ struct dt_ctx {
     struct dt__node **deferred;
     const float **deferred_gout;
     size_t ndeferred, deferred_cap;
+    dt_ag_stats ag_stats; /* dt_ag_stats_get */
 };
 
 /* Row callback of dt__nd_loop: n elements, up to three operands with their

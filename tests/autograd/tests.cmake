@@ -29,3 +29,16 @@ if(TARGET test_attention_lp)
   set_tests_properties(isa_avx2/test_attention_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
     ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
 endif()
+
+# The conversion-free cross-entropy and gradient shadows once more on the
+# scalar conversion kernels and, with AVX-512, on the AVX2 ones (oneDNN
+# capped too); the test also switches dt_k_set_isa over every path itself.
+if(TARGET test_grad_lp)
+  add_test(NAME isa_scalar/test_grad_lp COMMAND test_grad_lp)
+  set_tests_properties(isa_scalar/test_grad_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
+    ENVIRONMENT "DT_MAX_CPU_ISA=scalar")
+  add_test(NAME isa_avx2/test_grad_lp
+    COMMAND sh -c "grep -qw avx512f /proc/cpuinfo || { echo 'no AVX-512 on this CPU: the default registration already runs the AVX2 paths'; exit 77; }; exec \"$0\"" $<TARGET_FILE:test_grad_lp>)
+  set_tests_properties(isa_avx2/test_grad_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa" SKIP_RETURN_CODE 77
+    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+endif()

@@ -127,6 +127,35 @@ TEST(bad_options)
     ASSERT_STR_CONTAINS(out, "--model");
 }
 
+/* The OpenMP waiting policy the run had: dtrain's default from the load
+ * at start (DT_LOADAVG stands in for it), or what the environment set. */
+TEST(omp_wait_reported)
+{
+    static char out[8192];
+    const char *args = "--model mlp --batch 1 --steps 1 --warmup 0 --threads 1 --peak-reps 0 --json";
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
+        DT_TEST_SKIP("OpenMP's waiting is set in this environment: dtrain's default is not checked");
+    setenv("DT_LOADAVG", "1000", 1);
+    int rc = run(args, out, sizeof out);
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"passive\"}");
+    setenv("DT_LOADAVG", "0", 1);
+    rc = run(args, out, sizeof out);
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"GOMP_SPINCOUNT=3000\"}");
+    unsetenv("DT_LOADAVG");
+    setenv("OMP_WAIT_POLICY", "active", 1);
+    rc = run(args, out, sizeof out);
+    unsetenv("OMP_WAIT_POLICY");
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"active\"}");
+    setenv("OMP_WAIT_POLICY", "a\"b", 1); /* the user's text, kept valid JSON */
+    rc = run(args, out, sizeof out);
+    unsetenv("OMP_WAIT_POLICY");
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"a?b\"}");
+}
+
 int main(void)
 {
     RUN(json_per_model);
@@ -134,5 +163,6 @@ int main(void)
     RUN(precision);
     RUN(warmup_auto);
     RUN(bad_options);
+    RUN(omp_wait_reported);
     return TEST_REPORT();
 }

@@ -15,6 +15,8 @@
 #include "test.h"
 #include "tools/train_cli.h"
 
+#include <sched.h>
+
 static char vocab[300], train_bin[300], val_bin[300], save_dir[300], data[320], val[320];
 static int64_t V, max_id;
 
@@ -313,11 +315,40 @@ TEST(shared_cpus)
         /* a busy machine at start: passive; an idle one: a short spin (DT_LOADAVG stands in for the load) */
         cli_runv(&r, 60, "DT_LOADAVG=5", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine at start (load 5.00)");
+        ASSERT_STR_CONTAINS(r.out,
+                            "OpenMP waiting: passive (dtrain's default for a busy machine at start (load 5.00, 5 running, ");
         cli_runv(&r, 60, "DT_LOADAVG=0.2", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out,
-                            "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start (load 0.20)");
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start "
+                                   "(load 0.20, 0 running, ");
+        /* the threshold follows the cores and threads: a machine busy a
+         * minute ago (average 1) but idle now spins; one thread beside
+         * cores - 1 busy ones spins (the old fixed threshold, load 0.5,
+         * made both passive) */
+        cli_runv(&r, 60, "DT_LOADAVG=1,0", (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start "
+                                   "(load 1.00, 0 running, ");
+        cli_runv(&r, 60, "DT_LOADAVG=1,1", (char *[]){"info", NULL});
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine");
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+            cores = CPU_COUNT(&set);
+        if (cores >= 2 && !getenv("OMP_NUM_THREADS")) {
+            char env[64];
+            snprintf(env, sizeof env, "DT_LOADAVG=%ld", cores - 1);
+            setenv("OMP_NUM_THREADS", "1", 1);
+            cli_runv(&r, 60, env, (char *[]){"info", NULL});
+            unsetenv("OMP_NUM_THREADS");
+            ASSERT_EQ_INT(r.code, 0);
+            ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine");
+            ASSERT_STR_CONTAINS(r.out, " running, 1 thread on ");
+        }
+        /* a malformed stand-in: the load is unknown, passive (never collapses) */
+        cli_runv(&r, 60, "DT_LOADAVG=nan", (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine at start (load unknown)");
         cli_runv(&r, 60, "OMP_WAIT_POLICY=active", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: OMP_WAIT_POLICY=active (from the environment)");
         cli_runv(&r, 60, "GOMP_SPINCOUNT=1000", (char *[]){"info", NULL});

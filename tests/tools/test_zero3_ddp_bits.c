@@ -8,6 +8,10 @@
  * size-wrapped units (hooks on leaf modules), with the blocks checkpointed,
  * and on 3 ranks.
  *
+ * Under the sanitizers (dt_test_reduced, tests/test.h) every case runs 10
+ * steps instead of 100: the same code paths for ASan and TSan to watch, at
+ * a tenth of the cost (the full drift check is the release pass's).
+ *
  * Why it drifted: stage 3's gather hooks made the ConvNet run module by
  * module on plain NCHW activations, while DDP took its channel-blocked path,
  * and batch norm sums a blocked batch in another order (a few ulps). The
@@ -23,6 +27,7 @@
 #include <unistd.h>
 
 static char g_metrics[2][300];
+static int g_steps = 100; /* per run; 10 under the sanitizers */
 
 /* the "loss" of every step record of a metrics file, one per line */
 static int step_losses(const char *path, char *out, size_t n)
@@ -53,7 +58,7 @@ static void run_case(int ranks, int zero, const char *const *extra, char *losses
     char nr[8], zs[8], items[16];
     snprintf(nr, sizeof nr, "%d", ranks);
     snprintf(zs, sizeof zs, "%d", zero);
-    snprintf(items, sizeof items, "%d", 100 * 50 * ranks); /* 100 steps */
+    snprintf(items, sizeof items, "%d", g_steps * 50 * ranks); /* g_steps steps */
     const char *mp = g_metrics[zero == 0 ? 0 : 1];
     char *args[64] = {"run", "-n", nr, "--", getenv("DT_CLI"), "train", "--model", "convnet", "--data",
                       "fashion-mnist", "--epochs", "1", "--batch", "50", "--seed", "0", "--limit-train", items,
@@ -73,7 +78,7 @@ static void run_case(int ranks, int zero, const char *const *extra, char *losses
     if (r.code != 0)
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_EQ_INT(step_losses(mp, losses, n), 100);
+    ASSERT_EQ_INT(step_losses(mp, losses, n), g_steps);
 }
 
 /* --zero 0 and --zero 3 (with extra3 on the stage-3 run) step alike */
@@ -150,6 +155,10 @@ int main(void)
     if (!have_data()) {
         fprintf(stderr, "skip: fashion-mnist is not installed (Debian's dataset-fashion-mnist)\n");
         return 77;
+    }
+    if (dt_test_reduced()) {
+        g_steps = 10;
+        fprintf(stderr, "note: a sanitizer build: %d steps a run (DT_TEST_FULL=1: 100)\n", g_steps);
     }
     snprintf(g_metrics[0], sizeof g_metrics[0], "%s/ddp.jsonl", cli_tmpdir());
     snprintf(g_metrics[1], sizeof g_metrics[1], "%s/zero3.jsonl", cli_tmpdir());

@@ -1,0 +1,129 @@
+/* OpenMP's waiting policy on shared CPUs (dtrain/base.h): the decision
+ * (dt_omp_wait_passive: passive when min(1-minute load, tasks runnable now)
+ * exceeds cores - threads + 0.5) and the load it reads (dt_cpu_load_read,
+ * /proc/loadavg or DT_LOADAVG="L" / "L,R"). The threshold used to be a fixed
+ * load of 0.5 whatever the cores and threads: a 2-core machine idle now but
+ * busy a minute ago (average 1) ran passive and lost 15-20% of the ConvNet
+ * step. */
+#include "dtrain/base.h"
+#include "test.h"
+
+#include <unistd.h>
+
+TEST(decision_two_cores_two_threads)
+{
+    /* idle, now and on average: spin */
+    ASSERT(!dt_omp_wait_passive(0.0, 0, 2, 2));
+    ASSERT(!dt_omp_wait_passive(0.5, 0, 2, 2));
+    /* busy a minute ago, idle now (the average lags): spin */
+    ASSERT(!dt_omp_wait_passive(1.0, 0, 2, 2));
+    ASSERT(!dt_omp_wait_passive(3.0, 0, 2, 2));
+    /* one other task runnable now, and the average says so too: passive */
+    ASSERT(dt_omp_wait_passive(1.0, 1, 2, 2));
+    ASSERT(dt_omp_wait_passive(0.6, 1, 2, 2));
+    ASSERT(dt_omp_wait_passive(20.0, 18, 2, 2));
+    /* a task runnable now that has not yet moved the average: spin */
+    ASSERT(!dt_omp_wait_passive(0.5, 1, 2, 2));
+    ASSERT(!dt_omp_wait_passive(0.2, 3, 2, 2));
+}
+
+TEST(decision_relative_to_the_threads)
+{
+    /* one thread on 2 cores: a core stays free for the other process */
+    ASSERT(!dt_omp_wait_passive(1.0, 1, 2, 1));
+    ASSERT(!dt_omp_wait_passive(1.5, 1, 2, 1));
+    ASSERT(dt_omp_wait_passive(1.6, 2, 2, 1));
+    /* 16 threads on 64 cores: 48 cores' worth of load leaves room */
+    ASSERT(!dt_omp_wait_passive(40.0, 40, 64, 16));
+    ASSERT(!dt_omp_wait_passive(48.5, 49, 64, 16));
+    ASSERT(dt_omp_wait_passive(50.0, 50, 64, 16));
+    /* all 64 cores: the old threshold, 0.5 */
+    ASSERT(!dt_omp_wait_passive(0.5, 3, 64, 64));
+    ASSERT(dt_omp_wait_passive(1.0, 1, 64, 64));
+    /* more threads than cores: they wait for each other whatever the load */
+    ASSERT(dt_omp_wait_passive(0.0, 0, 2, 4));
+    ASSERT(dt_omp_wait_passive(0.0, 0, 1, 2));
+}
+
+TEST(decision_unknowns_and_odd_inputs)
+{
+    /* an unknown load: passive, which never collapses */
+    ASSERT(dt_omp_wait_passive(-1.0, 0, 2, 2));
+    ASSERT(dt_omp_wait_passive(-1.0, -1, 64, 1));
+    /* an unknown runnable count: the average alone decides */
+    ASSERT(dt_omp_wait_passive(1.0, -1, 2, 2));
+    ASSERT(!dt_omp_wait_passive(0.4, -1, 2, 2));
+    ASSERT(!dt_omp_wait_passive(1.4, -1, 2, 1));
+    /* cores or threads below 1 count as 1 */
+    ASSERT(!dt_omp_wait_passive(0.0, 0, 0, 0));
+    ASSERT(dt_omp_wait_passive(1.0, 1, -3, 1));
+}
+
+static dt_status load_with(const char *v, double *load, int *running)
+{
+    if (v)
+        setenv("DT_LOADAVG", v, 1);
+    else
+        unsetenv("DT_LOADAVG");
+    dt_status st = dt_cpu_load_read(load, running);
+    unsetenv("DT_LOADAVG");
+    return st;
+}
+
+TEST(load_from_the_environment)
+{
+    double l;
+    int r;
+    ASSERT_OK(load_with("2.5", &l, &r));
+    ASSERT_NEAR(l, 2.5, 0, 0);
+    ASSERT_EQ_INT(r, 2);
+    ASSERT_OK(load_with("1,0", &l, &r));
+    ASSERT_NEAR(l, 1.0, 0, 0);
+    ASSERT_EQ_INT(r, 0);
+    ASSERT_OK(load_with("0.3,7", &l, &r));
+    ASSERT_NEAR(l, 0.3, 0, 0);
+    ASSERT_EQ_INT(r, 7);
+    ASSERT_OK(load_with("0", &l, &r));
+    ASSERT_EQ_INT(r, 0);
+    /* malformed: an error naming the variable, both outputs unknown */
+    const char *bad[] = {"nan", "inf", "-1", "abc", "1,", ",1", "1,-2", "1,2.5", "1,2,3", "1e7", "1,99999999999",
+                         " 1", "1 ", "0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        l = 5;
+        r = 5;
+        if (load_with(bad[i], &l, &r) != DT_ERR_INVALID_ARG) {
+            fprintf(stderr, "DT_LOADAVG=\"%s\" was accepted\n", bad[i]);
+            ASSERT(0);
+        }
+        ASSERT_STR_CONTAINS(dt_last_error(), "DT_LOADAVG");
+        ASSERT_NEAR(l, -1.0, 0, 0);
+        ASSERT_EQ_INT(r, -1);
+    }
+    char longv[200];
+    memset(longv, '1', sizeof longv - 1);
+    longv[sizeof longv - 1] = 0;
+    ASSERT_STATUS(load_with(longv, &l, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_cpu_load_read(NULL, &r), DT_ERR_NULL);
+}
+
+TEST(load_from_proc)
+{
+    if (access("/proc/loadavg", R_OK) != 0)
+        DT_TEST_SKIP("/proc/loadavg cannot be read here");
+    double l = -5;
+    int r = -5;
+    ASSERT_OK(load_with(NULL, &l, &r));
+    ASSERT(l >= 0 && r >= 0);
+    ASSERT_OK(load_with("", &l, &r)); /* empty: as unset */
+    ASSERT(l >= 0 && r >= 0);
+}
+
+int main(void)
+{
+    RUN(decision_two_cores_two_threads);
+    RUN(decision_relative_to_the_threads);
+    RUN(decision_unknowns_and_odd_inputs);
+    RUN(load_from_the_environment);
+    RUN(load_from_proc);
+    return TEST_REPORT();
+}
