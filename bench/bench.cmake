@@ -110,3 +110,10 @@ set_target_properties(bench_optim_lowp PROPERTIES OUTPUT_NAME optim_lowp
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_optim_lowp PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_optim_lowp PRIVATE dtrain_static)
+# Attention over a bf16 qkv read as it is against the widening casts around
+# the f32 op, interleaved in one process (issue 31/34's attention item).
+add_executable(bench_attn_lp ${CMAKE_CURRENT_LIST_DIR}/attn_lp.c)
+set_target_properties(bench_attn_lp PROPERTIES OUTPUT_NAME attn_lp
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_attn_lp PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_attn_lp PRIVATE dtrain_static)

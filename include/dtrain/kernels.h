@@ -536,6 +536,20 @@ DT_API dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T
 DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy,
                                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                                           bool causal, float p, dt_rng_key key, float *dqkv);
+/* dt_k_attention_fwd_heads with qkv in bf16/f16 (dtype t), read as it is:
+ * each task widens the rows it uses into its f32 tiles, so y (f32) and lse
+ * are bit for bit those of widening qkv first. ylp (B, T, C) of t, or
+ * NULL: y rounded to t as well (the t result autocast keeps). */
+DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                             int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
+                                             void *ylp, float *lse);
+/* Its backward, bit for bit the casts' around the f32 one: dy (f32, the
+ * gradient of the t result) is rounded to t as it is read, the f32 y and
+ * lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
+ * precision (the gradient of a t input). */
+DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
+                                             const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                             int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv);
 
 /* Attention of a block of queries against one block of keys and values, the
  * result merged into a running one: the kernel of attention split along

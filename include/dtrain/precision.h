@@ -52,8 +52,10 @@
  * GEMMs the rounded gradient in bf16 directly), and every other op runs in
  * its inputs' dtype (DT_AMP_PROMOTE). dt_attention is "lower" as PyTorch's
  * scaled_dot_product_attention (its qkv is rounded to the autocast dtype;
- * the kernel itself computes in f32). The casts are dt_cast nodes on the
- * tape, so gradients flow back to the f32 weights in f32 (rounded to bf16
+ * the kernel computes in f32, widening the bf16/f16 qkv tile by tile as it
+ * reads it, and returns the result in qkv's dtype: one tape node, the bits
+ * of dt_cast to f32, the f32 op and dt_cast back). The other casts are
+ * dt_cast nodes on the tape, so gradients flow back to the f32 weights in f32 (rounded to bf16
  * on the way, as PyTorch's). Softmax, norms and sums are NOT forced to f32
  * (they compute in f32 anyway), exactly as PyTorch's CPU lists. A model
  * whose layer norm feeds a matmul may write the norm's result directly in

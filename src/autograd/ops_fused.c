@@ -12,22 +12,26 @@
 /* ---- attention -------------------------------------------------------------------- */
 
 typedef struct {
-    const float *qkv, *y;
+    const void *qkv; /* f32, or bf16/f16 (i[6]) read as it is */
+    const float *y;  /* the f32 output (a bf16/f16 qkv: before its rounding) */
     float *lse;
     dt_rng_key key;
     float p;
     bool causal;
 } attn_saved;
 
-/* i[0..5] = B, T, H, D, h0, Ht */
+/* i[0..5] = B, T, H, D, h0, Ht, i[6] = qkv's dtype */
 dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const attn_saved *s = n->saved[0];
+    const dt_dtype t = (dt_dtype)n->i[6];
     float *g = dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
-    dt_status st = dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2], n->i[3], n->i[4],
-                                            n->i[5], s->causal, s->p, s->key, g);
+    dt_status st = t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
+                                                          n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g)
+                               : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
+                                                             n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g);
     if (st < 0)
         return st;
     return dt__grad_commit(ctx, n->in[0], g);
@@ -39,18 +43,27 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
     return dt_attention_heads(ctx, qkv, n_head, 0, n_head, causal, dropout_p, training, key);
 }
 
+/* A bf16/f16 qkv (autocast's "lower": GPT-2's c_attn output, Llama's
+ * dt_gqa_pack) is read as it is: the kernel widens its tiles, keeps the f32
+ * output for the backward and writes the result rounded to qkv's dtype, and
+ * the backward rounds dy and the qkv gradient as the casts' backward do.
+ * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
+ * two cast nodes and their passes over qkv and y. */
 dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
                               float dropout_p, bool training, dt_rng_key key)
 {
     const char *op = "dt_attention";
     DT__NEED(ctx, op, qkv);
-    dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa); computed in f32 */
+    dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa) */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    DT__LP_RUN(ctx, 1, lp, qkv->dtype,
-               dt_attention_heads(ctx, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key));
-    DT__NEED_F32(ctx, op, qkv);
+    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) ? qkv->dtype : DT_F32;
+    if (t == DT_F32) {
+        DT__LP_RUN(ctx, 1, lp, qkv->dtype,
+                   dt_attention_heads(ctx, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key));
+        DT__NEED_F32(ctx, op, qkv);
+    }
     if (qkv->ndim != 3 || n_head <= 0 || qkv->shape[2] % (3 * (int64_t)n_head) != 0) {
         char s[64];
         dt_error(DT_ERR_SHAPE, "%s: qkv %s must be [B, T, 3C] with C a multiple of %d heads", op,
@@ -63,12 +76,15 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
     }
     float p = training ? dropout_p : 0.0f;
     int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n_head, D = C / H;
-    const float *x = dt__cdata(ctx, qkv);
-    dt_tensor *out = dt__out(ctx, 3, (int64_t[]){B, T, C});
+    const void *x = dt__cdata(ctx, qkv);
+    dt_tensor *out = t == DT_F32 ? dt__out(ctx, 3, (int64_t[]){B, T, C}) : dt_tensor_empty(ctx, t, 3, (int64_t[]){B, T, C});
+    float *y = !out ? NULL : t == DT_F32 ? out->data : dt_arena_alloc(ctx->arena, (size_t)(B * T * C) * 4 + 4);
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
-    if (!x || !out || !lse)
+    if (!x || !out || !y || !lse)
         return NULL;
-    if (dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, out->data, lse) < 0) {
+    if ((t == DT_F32 ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
+                     : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y, out->data,
+                                                   lse)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -77,9 +93,9 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
         dt__node *n = s ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
         if (!n)
             return NULL;
-        *s = (attn_saved){.qkv = x, .y = out->data, .lse = lse, .key = key, .p = p, .causal = causal};
+        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .causal = causal};
         n->saved[0] = s;
-        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total;
+        n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total, n->i[6] = t;
     }
     return out;
 }

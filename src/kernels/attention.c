@@ -37,7 +37,11 @@
  * d order, the rest in key or query order), so the AVX-512 (16 lanes), AVX2
  * and baseline paths give the same bits. At GPT-2 sizes attention is
  * a few percent of a step's FLOPs, the projections around it are oneDNN
- * matmuls. */
+ * matmuls.
+ *
+ * A bf16/f16 qkv (the _lp entry points: autocast's attention input) is
+ * read as it is: the tasks widen the rows they use into f32 tiles and run
+ * the same f32 arithmetic, so every result equals widening qkv first. */
 #include "attention_impl.h"
 
 #include <math.h>
@@ -78,20 +82,158 @@ static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t 
     return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p;
 }
 
-/* Per-thread scratch: a transposed key block and a transposed value block. */
+/* Per-thread scratch of the backward: a transposed key block and a
+ * transposed value block (and more: bwd_scratch). */
 #define SCRATCH_FLOATS (2 * DMAX * BK)
 
-/* One forward task: query rows [i0, i1) of head h of batch b. Cloned for
- * AVX2: the loops along keys and along D vectorise; no sum is reordered,
- * so both clones give the same bits. */
-DT_CLONES static void fwd_task(int vec, const float *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
-                               float p, dt_rng_key key, int64_t b, int64_t h, int64_t i0, int64_t i1, float *kt,
-                               float *y, float *lse)
+/* ---- bf16/f16 operands ------------------------------------------------------------- */
+/* A bf16/f16 qkv is read as it is: each task widens the rows it works on
+ * into its f32 tiles (exact: bf16 by shifting the bits up, f16 through the
+ * F16C/AVX-512 conversion) and then runs the f32 arithmetic unchanged, so
+ * the results are bit for bit those of widening the whole qkv first. */
+
+/* x rounded to bf16 (round to nearest even, a NaN quieted: dt_f32_to_bf16,
+ * which every path of dt_k_convert matches), as the bits of the f32 value. */
+static inline uint32_t bf16_round_bits(float x)
 {
-    const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
-    const int64_t C = H * D, C3 = 3 * C, nq = i1 - i0, bh = b * H + h;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x00400000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+}
+
+/* The bf16 row loops W lanes at a time (GCC's vector extension; integer
+ * arithmetic, so every width gives the scalar formula's bits), the tail
+ * element by element, and the scalar path's plain loops (_s1):
+ *   widen_bf16: d[i] = s[i] widened (the bits shifted up);
+ *   round_bf16: s[i] rounded to bf16 by bf16_round_bits, into d (f32, may
+ *     be s) and/or h (bf16), either NULL to skip. */
+#define BF16_LOOPS(sfx, attr, W)                                                                               \
+    typedef uint16_t vh_##sfx __attribute__((vector_size(2 * (W))));                                          \
+    typedef uint32_t vu_##sfx __attribute__((vector_size(4 * (W))));                                          \
+    attr static void widen_bf16_##sfx(const uint16_t *restrict s, float *restrict d, int64_t n)               \
+    {                                                                                                          \
+        int64_t i = 0;                                                                                         \
+        for (; i + (W) <= n; i += (W)) {                                                                       \
+            vh_##sfx h;                                                                                        \
+            memcpy(&h, s + i, sizeof h);                                                                       \
+            vu_##sfx u = __builtin_convertvector(h, vu_##sfx) << 16;                                           \
+            memcpy(d + i, &u, sizeof u);                                                                       \
+        }                                                                                                      \
+        for (; i < n; i++) {                                                                                   \
+            uint32_t u = (uint32_t)s[i] << 16;                                                                 \
+            memcpy(d + i, &u, sizeof u);                                                                       \
+        }                                                                                                      \
+    }                                                                                                          \
+    attr static void round_bf16_##sfx(const float *s, float *d, uint16_t *restrict h, int64_t n)              \
+    {                                                                                                          \
+        int64_t i = 0;                                                                                         \
+        for (; i + (W) <= n; i += (W)) {                                                                       \
+            vu_##sfx u;                                                                                        \
+            memcpy(&u, s + i, sizeof u);                                                                       \
+            vu_##sfx r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x00400000u; \
+            vu_##sfx m = (vu_##sfx)((u & 0x7fffffffu) > 0x7f800000u);                                          \
+            r = (q & m) | (r & ~m);                                                                            \
+            if (d)                                                                                             \
+                memcpy(d + i, &r, sizeof r);                                                                   \
+            if (h) {                                                                                           \
+                vh_##sfx t = __builtin_convertvector(r >> 16, vh_##sfx);                                       \
+                memcpy(h + i, &t, sizeof t);                                                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (; i < n; i++) {                                                                                   \
+            uint32_t r = bf16_round_bits(s[i]);                                                                \
+            if (d)                                                                                             \
+                memcpy(d + i, &r, sizeof r);                                                                   \
+            if (h)                                                                                             \
+                h[i] = (uint16_t)(r >> 16);                                                                    \
+        }                                                                                                      \
+    }
+
+static void widen_bf16_s1(const uint16_t *restrict s, float *restrict d, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(d + i, &u, sizeof u);
+    }
+}
+
+static void round_bf16_s1(const float *s, float *d, uint16_t *restrict h, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t r = bf16_round_bits(s[i]);
+        if (d)
+            memcpy(d + i, &r, sizeof r);
+        if (h)
+            h[i] = (uint16_t)(r >> 16);
+    }
+}
+
+#if DT__X86_VEC
+BF16_LOOPS(v8, DT__AVX2, 8)
+BF16_LOOPS(v16, DT__AVX512, 16)
+#endif
+
+/* dst[0, n) = the n t-elements at src widened to f32: bf16 on the widest
+ * loop vec allows, f16 by dt_k_f16_to_f32 (the F16C/AVX-512 conversion). */
+static inline void widen_row(int vec, dt_dtype t, const uint16_t *restrict src, float *restrict dst, int64_t n)
+{
+    if (t != DT_BF16) {
+        (void)dt_k_f16_to_f32(src, dst, n); /* n <= DMAX, valid pointers: cannot fail */
+        return;
+    }
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        widen_bf16_v16(src, dst, n);
+        return;
+    }
+    if (vec) {
+        widen_bf16_v8(src, dst, n);
+        return;
+    }
+#endif
+    (void)vec;
+    widen_bf16_s1(src, dst, n);
+}
+
+/* src[0, n) rounded to t: into dst (f32 values of t; may be src) and/or h
+ * (t itself), either NULL to skip; the bits of dt_k_convert (f16: through
+ * it, via h's scratch, which it then needs). */
+static inline void round_row(int vec, dt_dtype t, const float *src, float *dst, uint16_t *h, int64_t n)
+{
+    if (t != DT_BF16) {
+        (void)dt_k_convert(src, DT_F32, h, t, n);
+        if (dst)
+            (void)dt_k_convert(h, t, dst, DT_F32, n);
+        return;
+    }
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512) {
+        round_bf16_v16(src, dst, h, n);
+        return;
+    }
+    if (vec) {
+        round_bf16_v8(src, dst, h, n);
+        return;
+    }
+#endif
+    (void)vec;
+    round_bf16_s1(src, dst, h, n);
+}
+
+/* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
+ * head's keys and values rows j at k + j ldkv and v + j ldkv, the output
+ * rows at y + i C (and rounded to t at ylp + i C when ylp is not NULL), lse
+ * at lse[i]. gbh: the dropout mask's head (b Ht + h0 + h). Cloned for AVX2:
+ * the loops along keys and along D vectorise; no sum is reordered, so both
+ * clones give the same bits. kt: DMAX x BK scratch. */
+DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *k, const float *v,
+                               int64_t ldkv, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, float p,
+                               dt_rng_key key, int64_t i0, int64_t i1, float *kt, float *y, uint16_t *ylp,
+                               float *lse)
+{
+    const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    const float *base = qkv + b * T * C3;
     float m[BQ], l[BQ], s[BK];
     float acc[BQ][DMAX];
     for (int64_t r = 0; r < nq; r++) {
@@ -102,17 +244,17 @@ DT_CLONES static void fwd_task(int vec, const float *qkv, int64_t T, int64_t H, 
     int64_t kend = causal ? i1 : T;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-        block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
+        block_t(k + j0 * ldkv, ldkv, j1 - j0, D, kt);
         for (int64_t r = 0; r < nq; r++) {
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, base + i * C3 + h * D, kt, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kt, D, je - j0, s);
             float mx = m[r];
             for (int64_t j = j0; j < je; j++) {
-                float v = s[j - j0] * scale;
-                s[j - j0] = v;
-                mx = v > mx ? v : mx;
+                float x = s[j - j0] * scale;
+                s[j - j0] = x;
+                mx = x > mx ? x : mx;
             }
             float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
@@ -126,19 +268,63 @@ DT_CLONES static void fwd_task(int vec, const float *qkv, int64_t T, int64_t H, 
                     e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
                 s[j - j0] = e;
             }
-            rows_acc(vec, a, s, 1, base + j0 * C3 + 2 * C + h * D, C3, je - j0, D);
+            rows_acc(vec, a, s, 1, v + j0 * ldkv, ldkv, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
     }
     for (int64_t r = 0; r < nq; r++) {
         int64_t i = i0 + r;
-        float *yo = y + (b * T + i) * C + h * D;
+        float *yo = y + i * C;
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         for (int64_t d = 0; d < D; d++)
             yo[d] = acc[r][d] * inv;
-        lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+        if (ylp)
+            round_row(vec, t, yo, NULL, ylp + i * C, D);
+        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
     }
+}
+
+/* One forward task: query blocks [qb0, qb1) of head h of batch b. An f32
+ * qkv is read in place; a bf16/f16 one has the head's keys and values
+ * that the blocks see widened once into w ([rows][2D]: k | v) and each
+ * block's q rows into qt, then the same fwd_rows on those tiles.
+ * kt: fwd_scratch(t, T, D). */
+static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                     bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
+                     float *y, void *ylp, float *lse)
+{
+    const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h;
+    float *yh = y + b * T * C + h * D, *lh = lse + bh * T;
+    uint16_t *ylh = ylp ? (uint16_t *)ylp + b * T * C + h * D : NULL;
+    const int64_t ia = qb0 * BQ, iz = qb1 * BQ < T ? qb1 * BQ : T;
+    if (t == DT_F32) {
+        const float *base = (const float *)qkv + b * T * C3 + h * D;
+        for (int64_t i0 = ia; i0 < iz; i0 += BQ)
+            fwd_rows(vec, t, base + i0 * C3, C3, base + C, base + 2 * C, C3, T, C, D, gbh, causal, p, key, i0,
+                     i0 + BQ < iz ? i0 + BQ : iz, kt, yh, NULL, lh);
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+    float *qt = kt + DMAX * BK, *w = qt + BQ * DMAX;
+    const int64_t nkv = causal ? iz : T; /* the keys the last row sees */
+    for (int64_t j = 0; j < nkv; j++) {
+        widen_row(vec, t, src + j * C3 + C, w + j * 2 * D, D);
+        widen_row(vec, t, src + j * C3 + 2 * C, w + j * 2 * D + D, D);
+    }
+    for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
+        int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
+        for (int64_t i = i0; i < i1; i++)
+            widen_row(vec, t, src + i * C3, qt + (i - i0) * D, D);
+        fwd_rows(vec, t, qt, D, w, w + D, 2 * D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+    }
+}
+
+/* A forward task's scratch in floats: a transposed key block, and with
+ * bf16/f16 a block's q rows and the head's keys and values widened. */
+static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
+{
+    return (size_t)(DMAX * BK + (t == DT_F32 ? 0 : BQ * DMAX + 2 * T * D));
 }
 
 static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
@@ -161,10 +347,16 @@ dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse,
     return dt_k_attention_bwd_heads(qkv, y, lse, dy, B, T, H, D, 0, H, causal, p, key, dqkv);
 }
 
-dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
-                                   int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+static dt_status lp_dtype(const char *fn, dt_dtype t)
 {
-    const char *fn = "dt_k_attention_fwd";
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_DTYPE, "%s: qkv dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    return DT_OK;
+}
+
+static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                         int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y, void *ylp, float *lse)
+{
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
         st = heads_args(fn, H, h0, Ht);
@@ -174,23 +366,35 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
     DT__CHECK_PTR(fn, qkv, B * T * C3);
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
-    int64_t nqb = (T + BQ - 1) / BQ, ntask = B * H * nqb;
+    /* Tasks of g query blocks of one head: g = 1 for f32 (its tasks read qkv
+     * in place); with bf16/f16 as many blocks as keep 4 tasks a thread, so
+     * a head's keys and values are widened once or a few times, not once a
+     * block. The grouping changes no result. */
+    const int64_t nqb = (T + BQ - 1) / BQ;
     int nt = dt__threads_for(B * T * T * C);
+    int64_t g = 1;
+    if (t != DT_F32) {
+        int64_t want = 4 * (int64_t)nt, per = (want + B * H - 1) / (B * H); /* tasks a head */
+        g = per >= nqb ? 1 : (nqb + per - 1) / per;
+        g = per <= 1 ? nqb : g;
+    }
+    const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
+    const size_t scratch = fwd_scratch(t, T, D) * sizeof(float);
     bool nomem = false;
     const int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc(SCRATCH_FLOATS * sizeof(float));
+        float *kt = dt_alloc(scratch);
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ntask; task++) {
-            int64_t bh = task / nqb, qb = task % nqb, i0 = qb * BQ;
+            int64_t bh = task / ngr, q0 = (task % ngr) * g;
             if (kt)
-                fwd_task(vec, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, i0, i0 + BQ < T ? i0 + BQ : T, kt, y,
-                         lse);
+                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q0 + g < nqb ? q0 + g : nqb,
+                         kt, y, ylp, lse);
         }
         dt_free(kt);
     }
@@ -199,29 +403,64 @@ dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64
     return DT_OK;
 }
 
+dt_status dt_k_attention_fwd_heads(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                   int64_t Ht, bool causal, float p, dt_rng_key key, float *y, float *lse)
+{
+    return fwd_run("dt_k_attention_fwd", DT_F32, qkv, B, T, H, D, h0, Ht, causal, p, key, y, NULL, lse);
+}
+
+dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                      int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
+                                      void *ylp, float *lse)
+{
+    const char *fn = "dt_k_attention_fwd_lp";
+    dt_status st = lp_dtype(fn, t);
+    return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, p, key, y, ylp, lse);
+}
+
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
- * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones. */
-DT_CLONES static void bwd_task(int vec, const float *qkv, const float *y, const float *lse, const float *dy, int64_t T,
-                               int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
-                               int64_t b, int64_t h, float *kt, float *dqkv)
+ * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones.
+ * t: qkv's dtype; with bf16/f16 the head's q, k, v are first widened into
+ * an f32 [T][3D] tile and dy's head columns rounded to t into a [T][D] one
+ * (the gradient of a t result), and at the end the head's dq, dk, dv are
+ * rounded to t (the gradient of a t input). kt: bwd_scratch(t, T, D). */
+DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                               const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
+                               float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv)
 {
     const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    const float *base = qkv + b * T * C3;
     float *gbase = dqkv + b * T * C3, *vt = kt + DMAX * BK;
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
     float sc[BK], dp[BK];
-    for (int64_t t = 0; t < T; t++) /* this head's columns of dq, dk, dv */
+    uint16_t hb[DMAX];
+    const float *qb, *kb, *vb, *gy; /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
+    int64_t ld, ldg;
+    if (t == DT_F32) {
+        qb = (const float *)qkv + b * T * C3 + h * D, kb = qb + C, vb = qb + 2 * C, ld = C3;
+        gy = dy + b * T * C + h * D, ldg = C;
+    } else {
+        float *w = dsm + T * BK, *wg = w + T * 3 * D;
+        const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+        for (int64_t i = 0; i < T; i++) {
+            for (int k = 0; k < 3; k++)
+                widen_row(vec, t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
+            round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
+        }
+        qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
+        gy = wg, ldg = D;
+    }
+    for (int64_t i = 0; i < T; i++) /* this head's columns of dq, dk, dv */
         for (int k = 0; k < 3; k++)
-            memset(gbase + t * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
+            memset(gbase + i * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
         int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
-        block_t(base + j0 * C3 + C + h * D, C3, j1 - j0, D, kt);
-        block_t(base + j0 * C3 + 2 * C + h * D, C3, j1 - j0, D, vt);
+        block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
+        block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
         for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
             int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
-            const float *q = base + i * C3 + h * D, *g = dy + (b * T + i) * C + h * D;
+            const float *q = qb + i * ld, *g = gy + i * ldg;
             const float *yo = y + (b * T + i) * C + h * D;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             float L = lse[bh * T + i], Di = dot_seq(g, yo, D);
@@ -238,23 +477,33 @@ DT_CLONES static void bwd_task(int vec, const float *qkv, const float *y, const 
                 pd[jj] = Pd;
                 ds[jj] = P * (dP - Di) * scale;
             }
-            rows_acc(vec, gbase + i * C3 + h * D, ds, 1, base + j0 * C3 + C + h * D, C3, ne, D);
+            rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + j0 * ld, ld, ne, D);
         }
         for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows i that see key j, in i order */
             int64_t ia = causal ? j : i0, jj = j - j0;
-            rows_acc(vec, gbase + j * C3 + C + h * D, dsm + (ia - i0) * BK + jj, BK, base + ia * C3 + h * D, C3, T - ia,
+            rows_acc(vec, gbase + j * C3 + C + h * D, dsm + (ia - i0) * BK + jj, BK, qb + ia * ld, ld, T - ia, D);
+            rows_acc(vec, gbase + j * C3 + 2 * C + h * D, pdm + (ia - i0) * BK + jj, BK, gy + ia * ldg, ldg, T - ia,
                      D);
-            rows_acc(vec, gbase + j * C3 + 2 * C + h * D, pdm + (ia - i0) * BK + jj, BK, dy + (b * T + ia) * C + h * D, C,
-                     T - ia, D);
         }
     }
+    for (int64_t i = 0; i < T && t != DT_F32; i++)
+        for (int k = 0; k < 3; k++) {
+            float *gr = gbase + i * C3 + k * C + h * D;
+            round_row(vec, t, gr, gr, hb, D);
+        }
 }
 
-dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
-                                   dt_rng_key key, float *dqkv)
+/* A backward task's scratch in floats: the key and value blocks, P and dS
+ * ([T, BK] each), and with bf16/f16 the widened q|k|v [T][3D] and dy [T][D]. */
+static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    const char *fn = "dt_k_attention_bwd";
+    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + (t == DT_F32 ? 0 : 4 * T * D));
+}
+
+static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
+                         const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
+                         bool causal, float p, dt_rng_key key, float *dqkv)
+{
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
         st = heads_args(fn, H, h0, Ht);
@@ -269,9 +518,10 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
     int nt = dt__threads_for(B * T * T * C * 2);
     bool nomem = false;
     const int vec = dt__vec_level();
+    const size_t scratch = bwd_scratch(t, T, D) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc((size_t)(SCRATCH_FLOATS + 2 * T * BK) * sizeof(float));
+        float *kt = dt_alloc(scratch);
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
@@ -279,10 +529,26 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt)
-                bwd_task(vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
         dt_free(kt);
     }
     if (nomem)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the key and value blocks", fn);
     return DT_OK;
+}
+
+dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float *lse, const float *dy, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
+                                   dt_rng_key key, float *dqkv)
+{
+    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv);
+}
+
+dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
+                                      const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
+                                      int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv)
+{
+    const char *fn = "dt_k_attention_bwd_lp";
+    dt_status st = lp_dtype(fn, t);
+    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv);
 }

@@ -19,6 +19,17 @@ if(TARGET test_lowp)
     ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
 endif()
 
+# Attention over a bf16/f16 qkv: the test itself walks every ISA path the
+# CPU allows (dt_k_set_isa); once more with the cap at scalar and at avx2.
+if(TARGET test_attention_lp)
+  add_test(NAME isa_scalar/test_attention_lp COMMAND test_attention_lp)
+  set_tests_properties(isa_scalar/test_attention_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
+    ENVIRONMENT "DT_MAX_CPU_ISA=scalar")
+  add_test(NAME isa_avx2/test_attention_lp COMMAND test_attention_lp)
+  set_tests_properties(isa_avx2/test_attention_lp PROPERTIES TIMEOUT 300 LABELS "autograd;isa"
+    ENVIRONMENT "ONEDNN_MAX_CPU_ISA=AVX2;DT_MAX_CPU_ISA=avx2")
+endif()
+
 # The conversion-free cross-entropy and gradient shadows once more on the
 # scalar conversion kernels and, with AVX-512, on the AVX2 ones (oneDNN
 # capped too); the test also switches dt_k_set_isa over every path itself.
