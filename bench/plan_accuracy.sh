@@ -27,8 +27,11 @@
 # against the fastest layout measured, by wall and by CPU. Random tokens and
 # the calibration cache (DT_CACHE_DIR) live in OUTDIR (default a temporary
 # directory). Say whether the machine was shared when quoting figures.
+# ONLY=REGEX runs (and compares) only the runs whose name matches (grep -E),
+# e.g. ONLY='z3' for the ZeRO-3 rows; the calibrations of models no chosen
+# run uses are skipped.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,31p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,34p "$0"; exit 2; }
 DT=$(readlink -f "$1")
 OUT=${2:-$(mktemp -d)}
 STEPS=${STEPS:-4}
@@ -36,6 +39,8 @@ STEPS_BIG=${STEPS_BIG:-3}
 BIG=${BIG:-1}
 PY=${PYTHON:-python3}
 PHASE=${PHASE:-1}
+ONLY=${ONLY:-}
+want() { [ -z "$ONLY" ] || grep -Eq -- "$ONLY" <<<"$1"; }
 mkdir -p "$OUT/cache"
 export DT_CACHE_DIR="$OUT/cache" DT_INIT_TIMEOUT=1800 DT_COMM_TIMEOUT=1800
 if [ "$PHASE" = 1 ]; then
@@ -50,13 +55,14 @@ for name, vocab in (("tok.bin", 50257), ("tok32k.bin", 32000)):
         f.write(struct.pack("<256i", *h))
         f.write(struct.pack("<%dH" % n, *[random.randrange(vocab) for _ in range(n)]))
 PYEOF
-"$DT" plan --model gpt2 --seq 32 --world 2 --global-batch 4 >/dev/null
-[ "$BIG" = 0 ] || "$DT" plan --model gpt2-large --seq 32 --world 2 --global-batch 2 >/dev/null
-"$DT" plan --model llama-100m --seq 32 --world 2 --global-batch 4 >/dev/null
+! want g2- || "$DT" plan --model gpt2 --seq 32 --world 2 --global-batch 4 >/dev/null
+[ "$BIG" = 0 ] || ! want lg- || "$DT" plan --model gpt2-large --seq 32 --world 2 --global-batch 2 >/dev/null
+! want l100- || "$DT" plan --model llama-100m --seq 32 --world 2 --global-batch 4 >/dev/null
 : >>"$OUT/runs.txt"
 run() { # NAME MODEL N BATCH STEPS FLAGS... (a run already in OUTDIR/runs.txt is kept: rerun to resume)
     local name=$1 model=$2 n=$3 batch=$4 steps=$5
     shift 5
+    want "$name" || return 0
     grep -q "^$name " "$OUT/runs.txt" && return 0
     local m="$OUT/$name.jsonl" tok=tok.bin
     [ "${model#llama}" = "$model" ] || tok=tok32k.bin
@@ -95,9 +101,9 @@ run lg-tp2 gpt2-large 2 2 "$STEPS_BIG" --tp 2
 run lg-auto2 gpt2-large 2 1 "$STEPS_BIG" --plan auto
 fi
 fi
-"$PY" - "$OUT" "$DT" "$(nproc)" <<'PYEOF'
+"$PY" - "$OUT" "$DT" "$(nproc)" "$ONLY" <<'PYEOF'
 import json, re, subprocess, sys
-out, dt, cores = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, dt, cores, only = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 print("| run | model | ranks | layout | peak RSS MiB | predicted | error | step ms (wall, median) | cores got |"
       " step ms at the machine's cores (cpu / cores) | predicted step ms | error vs wall | error vs cpu / cores |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -105,6 +111,8 @@ best = {}
 plans = {}
 for line in open(out + "/runs.txt"):
     name, model, n, batch, *flags = line.split()
+    if only and not re.search(only, name):
+        continue
     n, batch = int(n), int(batch)
     log = open("%s/%s.log" % (out, name)).read()
     f = " ".join(flags)

@@ -44,6 +44,7 @@ int dt__gnuplot_run(const char *who, const char *dir, const char *out);
 double dt__plan_parse_bytes(const char *s);
 int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
                        bool quiet, dt_plan_calib *c);
+int dt__plan_comm_curve(dt_plan_calib *c, char *why, size_t nwhy);
 void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n);
 void dt__plan_row_json(FILE *f, const dt_plan_prediction *r, int rank);
 void dt__plan_row_text(FILE *f, const dt_plan_prediction *r, int rank);

@@ -8,21 +8,28 @@
  *
  * The calibration (seconds) is cached in a file per model, sequence length
  * and precision: --calib FILE, else $DT_CACHE_DIR, $XDG_CACHE_HOME/dtrain
- * or $HOME/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib. The table lists the
+ * or $HOME/.cache/dtrain, plan-MODEL-sSEQ-DTYPE.calib; a calibration
+ * also measures the collective curve of a 2-rank shared-memory group it
+ * forks (dt__plan_comm_curve, about a second). The table lists the
  * feasible layouts fastest first, then (with --all; the first 10 without)
  * the infeasible ones with their reason; --json prints every layout, one
  * object a line. */
 #include "cmd.h"
 #include "dtrain/base.h"
+#include "dtrain/comm.h"
 #include "dtrain/models.h"
 #include "dtrain/offload.h"
 #include "dtrain/plan.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* "4G", "512M", "3.5GiB", "1000000" -> bytes; 0 when malformed. */
 double dt__plan_parse_bytes(const char *s)
@@ -81,6 +88,98 @@ void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf,
         snprintf(buf, n, "%.4100s/plan-%.31s-s%lld-%s.calib", dir, id, (long long)seq, dt_dtype_name(dt));
 }
 
+/* The collective curve of a 2-rank shared-memory group (dt_plan_calibrate_comm): two forked processes
+ * form the group under a job id of their own and run the curve; rank 0 hands the fitted figures back
+ * through a pipe. Fork before this process's first OpenMP region (libgomp is not fork-safe): callers
+ * measure it before dt_plan_calibrate. Bounded: a group that does not finish within COMM_LIMIT_S is
+ * killed. 0 with *c's curve filled, else nonzero with why[] naming the failure. */
+#define COMM_LIMIT_S 30
+int dt__plan_comm_curve(dt_plan_calib *c, char *why, size_t nwhy)
+{
+    typedef struct { double v[6]; int ok; char msg[200]; } result;
+    int fds[2];
+    if (pipe(fds) < 0) {
+        snprintf(why, nwhy, "pipe: %s", strerror(errno));
+        return 1;
+    }
+    char job[64];
+    snprintf(job, sizeof job, "plancomm-%ld-%lld", (long)getpid(), (long long)(dt_time_s() * 1e6));
+    pid_t pid[2] = {-1, -1};
+    for (int r = 0; r < 2; r++) {
+        pid[r] = fork();
+        if (pid[r] < 0) {
+            snprintf(why, nwhy, "fork: %s", strerror(errno));
+            break;
+        }
+        if (pid[r] == 0) {
+            close(fds[0]);
+            dt_pg_params pp = dt_pg_params_default();
+            pp.rank = r, pp.world_size = 2, pp.local_rank = r, pp.local_world_size = 2;
+            pp.backend = "shm", pp.job_id = job, pp.timeout_s = COMM_LIMIT_S;
+            dt_pg *g = NULL;
+            dt_plan_calib t;
+            memset(&t, 0, sizeof t);
+            result res;
+            memset(&res, 0, sizeof res);
+            dt_status st = dt_pg_init(&pp, &g);
+            if (st >= 0)
+                st = dt_plan_calibrate_comm(g, &t);
+            res.ok = st >= 0;
+            if (st < 0)
+                snprintf(res.msg, sizeof res.msg, "%s", dt_last_error());
+            const double v[6] = {t.coll_bw, t.coll_lat_s, t.ag_bw, t.ag_lat_s, t.rs_bw, t.rs_lat_s};
+            memcpy(res.v, v, sizeof v);
+            dt_pg_free(g);
+            if (r == 0 && write(fds[1], &res, sizeof res) != (ssize_t)sizeof res)
+                _exit(1);
+            _exit(res.ok ? 0 : 1);
+        }
+    }
+    close(fds[1]);
+    result res;
+    memset(&res, 0, sizeof res);
+    size_t got = 0;
+    const double t_end = dt_time_s() + COMM_LIMIT_S;
+    while (pid[0] > 0 && pid[1] > 0 && got < sizeof res) {
+        struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+        const double left = t_end - dt_time_s();
+        if (left <= 0) {
+            snprintf(why, nwhy, "the 2-rank group did not finish within %d s", COMM_LIMIT_S);
+            break;
+        }
+        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue;
+        ssize_t k = read(fds[0], (char *)&res + got, sizeof res - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            snprintf(why, nwhy, "its rank 0 ended without an answer");
+            break;
+        }
+        got += (size_t)k;
+    }
+    close(fds[0]);
+    for (int r = 0; r < 2; r++)
+        if (pid[r] > 0) {
+            if (got < sizeof res)
+                kill(pid[r], SIGKILL);
+            while (waitpid(pid[r], NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+    if (got < sizeof res)
+        return 1;
+    if (!res.ok) {
+        snprintf(why, nwhy, "%s", res.msg);
+        return 1;
+    }
+    c->coll_bw = res.v[0], c->coll_lat_s = res.v[1], c->ag_bw = res.v[2], c->ag_lat_s = res.v[3];
+    c->rs_bw = res.v[4], c->rs_lat_s = res.v[5], c->coll_measured = 2;
+    return 0;
+}
+
 int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype dt, const char *file, bool fresh,
                        bool quiet, dt_plan_calib *c)
 {
@@ -102,11 +201,23 @@ int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype
         fprintf(stderr, "%s: calibrating %s at seq %lld (%s) on this machine...\n", who, model, (long long)seq,
                 dt_dtype_name(dt));
     double t0 = dt_time_s();
+    /* the collective curve first: its group is forked, before this process's first OpenMP region */
+    dt_plan_calib curve;
+    memset(&curve, 0, sizeof curve);
+    char why[240] = "";
+    const int curve_rc = dt__plan_comm_curve(&curve, why, sizeof why);
     dt_status st = dt_plan_calibrate(model, seq, dt, c);
     if (st < 0) {
         dt__cli_err("%s: %s\n", who, dt_last_error());
         return st == DT_ERR_UNSUPPORTED || st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND ? 2 : 1;
     }
+    if (!curve_rc) {
+        c->coll_bw = curve.coll_bw, c->coll_lat_s = curve.coll_lat_s, c->ag_bw = curve.ag_bw;
+        c->ag_lat_s = curve.ag_lat_s, c->rs_bw = curve.rs_bw, c->rs_lat_s = curve.rs_lat_s;
+        c->coll_measured = curve.coll_measured;
+    } else if (!quiet)
+        dt__cli_err("%s: note: the collective curve was not measured (%s); collectives predicted from the memcpy "
+                    "estimate\n", who, why);
     if (!quiet)
         fprintf(stderr, "%s: calibrated in %.1f s%s%s\n", who, dt_time_s() - t0, *path ? "; cached in " : "",
                 path);
@@ -257,15 +368,20 @@ int dt_cmd_plan(int argc, char **argv)
     int nfeas = 0;
     while (nfeas < n && rows[nfeas].feasible)
         nfeas++;
+    char how[48] = "memcpy estimate";
+    if (c.coll_measured)
+        snprintf(how, sizeof how, "measured on %d ranks", c.coll_measured);
     if (json) {
         for (int i = 0; i < n; i++)
             dt__plan_row_json(stdout, &rows[i], i + 1);
     } else {
         printf("%s, seq %lld, %s, world %lld, global batch %lld, %.2f GiB per rank; calibration: %.0f GFLOP/s "
-               "GEMM, %.1f GB/s collectives (%s)\n",
+               "GEMM, collectives (bus GB/s + us a call; %s): all-reduce %.1f + %.0f, all-gather %.1f + %.0f, "
+               "reduce-scatter %.1f + %.0f\n",
                model, (long long)c.seq, prec, (long long)world, (long long)(gb ? gb : 2 * world),
-               mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9, c.coll_bw / 1e9,
-               c.coll_measured ? "measured" : "memcpy estimate");
+               mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9,
+               how, c.coll_bw / 1e9, c.coll_lat_s * 1e6,
+               c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6);
         printf("%d layouts: %d feasible\n", n, nfeas);
         dt__plan_table_head(stdout);
         int shown = 0;

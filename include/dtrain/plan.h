@@ -250,17 +250,22 @@ DT_API void dt_plan_free(dt_plan *pl);
  *     layer norms and two residual additions, forward + backward (core-
  *     seconds per token), and what a fresh page costs beyond writing it
  *     (ZeRO-2/3's released gradient pages faulted in again each pass);
- *   - the collective bus bandwidth and latency of a group, measured with
- *     dt_plan_calibrate_comm over a group when one is given (else the
- *     shared-memory estimate: half the memcpy bandwidth, 20 us a call).
+ *   - the collective curve of a group, per kind (all-reduce, all-gather,
+ *     reduce-scatter: a latency per call plus the bytes over a bus
+ *     bandwidth, fitted over 64 KiB to 64 MiB), measured with
+ *     dt_plan_calibrate_comm over a group (`dtrain plan` forks a 2-rank
+ *     shared-memory group for it; without one, the shared-memory
+ *     estimate: half the memcpy bandwidth, 20 us a call).
  *
  * Memory per rank = baseline + model state (dt_mem_model_states over the
  * rank's parameters: tensor-parallel slice, pipeline stage, ZeRO shard) +
- * the gathered units (ZeRO-2: two units' gradients less the rank's shard; ZeRO-3: a unit's
- * parameters and gradients and the next one's parameters) + what the
+ * the gathered units (ZeRO-2: two units' gradients less the rank's shard; ZeRO-3: the units
+ * alive at once in backward: the root unit's parameters and gradients, the block unit computed
+ * (parameters and gradients), the one prefetched, the one waiting for its reduce-scatter and
+ * two in the page pool: 2 roots + 6 blocks) + what the
  * strategies hold beyond the formula (buffer_bytes below: the peers'
  * shared-memory pages a rank reads: DDP's gradients, ZeRO-1/2's units'
- * whole parameters and gradients) + activations of the
+ * whole parameters and gradients, ZeRO-3's staging areas) + activations of the
  * micro-batches in flight (1F1B: up to pp on the first stage; GPipe: all
  * m) from the measured bytes per token. Step time = compute (per-token core-seconds x
  * tokens plus the fixed cost of each pass (micro-batch, accumulated
@@ -271,7 +276,8 @@ DT_API void dt_plan_free(dt_plan *pl);
  * plus a latency per call: tp's four all-reduces per block per pass and four
  * for its vocabulary-parallel embedding, head and loss, ZeRO-2's reduce-
  * scatter per unit, ZeRO-3's gathers (forward; backward again but the root
- * unit) and reduce-scatters per unit, the units as wrap_min_params groups
+ * unit) and reduce-scatters per unit at the all-gather and reduce-scatter
+ * curves, the units as wrap_min_params groups
  * the blocks, a pipeline's sends) + the optimizer
  * step over the rank's shard. Among the feasible layouts predicted within
  * 5% of the fastest, the simplest ranks first (DDP before ZeRO before
@@ -319,9 +325,10 @@ typedef struct dt_plan_calib {
     double optim_s;           /* core-seconds of an AdamW step per parameter */
     double matmul_flops;      /* a GEMM's rate on this process's threads, flop/s */
     double copy_bw;           /* memcpy bandwidth, bytes/s (one thread) */
-    double coll_bw;           /* collective bus bandwidth, bytes/s */
-    double coll_lat_s;        /* seconds per collective call */
-    int coll_measured;        /* ranks of the group coll_bw was measured on; 0: the memcpy estimate */
+    double coll_bw;           /* all-reduce bus bandwidth, bytes/s (2 (n-1)/n of the buffer per rank over the
+                                 time, nccl-tests' convention) */
+    double coll_lat_s;        /* seconds per all-reduce call (the curve's intercept) */
+    int coll_measured;        /* ranks of the group the curve was measured on; 0: the memcpy estimate */
     double base_rss;          /* resident bytes of the process before any model */
     double repl_block_s;      /* core-seconds per token of a block's parts tensor parallelism does not split
                                  (two layer norms and two residual additions, forward + backward): every tp
@@ -329,6 +336,9 @@ typedef struct dt_plan_calib {
     double fault_bw;          /* bytes/s of CPU time a fresh page costs beyond writing it (fault + zeroing):
                                  ZeRO-2/3 hand units' gathered parameters and gradients back and fault them in
                                  again */
+    double ag_bw, ag_lat_s;   /* all-gather: bus bandwidth ((n-1)/n of the gathered buffer per rank over the
+                                 time), bytes/s, and seconds per call: ZeRO-3's parameter gathers */
+    double rs_bw, rs_lat_s;   /* reduce-scatter, the same: ZeRO-2/3's gradient reductions */
 } dt_plan_calib;
 
 /* Measure this machine for model `model` (a transformer with a Hugging
@@ -349,9 +359,15 @@ DT_API dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtyp
  * the weights); *positions (may be NULL): the model's positions, the
  * longest seq. DT_ERR_UNSUPPORTED as dt_plan_calibrate. */
 DT_API dt_status dt_plan_model_id(const char *model, char *buf, size_t n, int64_t *positions);
-/* Measure the collective bandwidth and latency of group g into c (all-
- * reduce of 4 bytes for the latency, of 8 MiB for the bus bandwidth: the
- * slowest rank's time, agreed by every rank). Collective over g. */
+/* Measure the collective curve of group g into c: all-reduce, all-gather
+ * and reduce-scatter of f32 buffers of 64 KiB, 1 MiB, 8 MiB and 64 MiB
+ * (the whole buffer), each size the best of a few runs after a warm-up,
+ * the slowest rank's time (agreed by every rank); per kind, t = latency +
+ * bus bytes / bandwidth fitted over the sizes into coll_lat_s/coll_bw,
+ * ag_lat_s/ag_bw, rs_lat_s/rs_bw, and coll_measured = g's size. About
+ * 0.5 s on two shared-memory ranks; 128 MiB of buffers per rank. A group of
+ * one leaves c as it is. Collective over g; a collective's error is
+ * returned named. */
 DT_API dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c);
 /* Write c to path as "key value" lines (temp file + rename: complete or
  * absent; a symlink at path is an error). DT_ERR_IO naming the path. */
@@ -404,11 +420,14 @@ typedef struct dt_plan_prediction {
     dt_plan_layout layout;
     double mem_bytes;         /* peak resident bytes of the busiest rank */
     double state_bytes;       /* of which model state (parameters, gradients, optimizer, masters) */
-    double gathered_bytes;    /* of which ZeRO-2/3's largest gathered unit */
+    double gathered_bytes;    /* of which ZeRO-2/3's whole units alive at once (ZeRO-3: 2 roots + 6 blocks,
+                                 see above) */
     double buffer_bytes;      /* of which the strategies' buffers beyond the formula: with the
                                  shared-memory transport a rank's resident set also counts the pages of
                                  the peers' buffers it reads ((dp - 1)/dp of them: DDP's gradients,
-                                 ZeRO-1/2's units' whole parameters and gradients) */
+                                 ZeRO-1/2's units' whole parameters and gradients; ZeRO-3: the
+                                 transport's staging areas its plain buffers go through, 8 MiB a rank in
+                                 each of its two groups, every rank's read) */
     double act_bytes;         /* of which activations */
     double base_bytes;        /* of which the process baseline */
     double step_s;            /* predicted seconds per optimizer step */

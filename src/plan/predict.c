@@ -20,7 +20,10 @@
  * The collective model without a group is a guess stated as one: the
  * shared-memory transport copies a byte into and out of the shared
  * segment, so half the memcpy bandwidth, and 20 us per call. A group
- * measures its own (dt_plan_calibrate_comm). */
+ * measures its own curve (dt_plan_calibrate_comm: `dtrain plan` forks a
+ * 2-rank shared-memory group for it): per kind, a latency per call and a
+ * bus bandwidth fitted over 64 KiB to 64 MiB, in wall time (a collective
+ * on a busy machine is slower, and the cached curve keeps that). */
 #include "dtrain/plan.h"
 
 #include "dtrain/autograd.h"
@@ -460,46 +463,93 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     c.copy_bw = time_copy();
     c.repl_block_s = time_replicated(sh.n_embd, seq);
     c.fault_bw = time_fault();
-    c.coll_bw = c.copy_bw / 2;
-    c.coll_lat_s = 20e-6;
+    c.coll_bw = c.ag_bw = c.rs_bw = c.copy_bw / 2;
+    c.coll_lat_s = c.ag_lat_s = c.rs_lat_s = 20e-6;
     *out = c;
     return DT_OK;
+}
+
+/* The sizes of the collective curve: whole buffers (the all-reduce's, the all-gather's output, the
+   reduce-scatter's input) of 64 KiB to 64 MiB, and how often each is timed (the first run of a size
+   only warms its pages). */
+static const size_t comm_sizes[] = {64u << 10, 1u << 20, 8u << 20, 64u << 20};
+static const int comm_reps[] = {12, 6, 4, 3};
+#define COMM_NSIZES (sizeof comm_sizes / sizeof comm_sizes[0])
+
+/* Fit t = lat + x / bw over points (x bus bytes, t seconds), least squares on the relative error (each
+   point weighted 1 / t^2: the small sizes fix the latency, the large ones the bandwidth). */
+static void fit_curve(const double *x, const double *t, int n, double *lat, double *bw)
+{
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) {
+        const double w = 1 / (t[i] * t[i]);
+        sw += w, sx += w * x[i], sy += w * t[i], sxx += w * x[i] * x[i], sxy += w * x[i] * t[i];
+    }
+    const double det = sw * sxx - sx * sx;
+    double b = det > 0 ? (sw * sxy - sx * sy) / det : 0, a = det > 0 ? (sy - b * sx) / sw : t[0];
+    if (!(b > 0)) /* no slope (noise): the largest size's rate */
+        b = t[n - 1] / x[n - 1], a = 0;
+    if (!(a > 1e-6)) /* a call costs at least a microsecond; never below zero */
+        a = 1e-6;
+    if (a > t[0])
+        a = t[0];
+    *lat = a, *bw = 1 / b;
 }
 
 dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
 {
     if (!g || !c)
         return dt_error(DT_ERR_NULL, "dt_plan_calibrate_comm: NULL argument");
-    int n = dt_pg_size(g);
+    const int n = dt_pg_size(g);
     if (n < 2)
         return DT_OK; /* nothing to measure: keep the estimate */
-    size_t big = (8u << 20) / sizeof(float);
-    float *buf = dt_alloc(big * sizeof(float));
-    if (!buf)
-        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calibrate_comm: 8 MiB");
-    memset(buf, 0, big * sizeof(float));
-    double t[2] = {INFINITY, INFINITY};
+    const size_t big = comm_sizes[COMM_NSIZES - 1];
+    char *in = dt_alloc(big), *out = dt_alloc(big);
+    if (!in || !out) {
+        dt_free(in), dt_free(out);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_plan_calibrate_comm: two buffers of %zu MiB", big >> 20);
+    }
+    memset(in, 0, big), memset(out, 0, big);
+    /* t[kind][size]: the best of the timed runs on this rank; then the slowest rank's (MAX) */
+    double t[3][COMM_NSIZES];
     dt_status st = DT_OK;
-    for (int k = 0; k < 2 && st >= 0; k++) {
-        size_t cnt = k ? big : 1;
-        int reps = k ? 3 : 20;
-        for (int r = 0; r <= reps && st >= 0; r++) {
-            double t0 = dt_time_s();
-            st = dt_pg_allreduce(g, buf, buf, cnt, DT_F32, DT_REDUCE_SUM);
-            double s = dt_time_s() - t0;
-            if (r > 0 && s < t[k])
-                t[k] = s;
+    for (size_t s = 0; s < COMM_NSIZES && st >= 0; s++) {
+        const size_t whole = comm_sizes[s] / sizeof(float) / (size_t)n * (size_t)n; /* divisible by n */
+        const size_t part = whole / (size_t)n;
+        for (int k = 0; k < 3 && st >= 0; k++) {
+            t[k][s] = INFINITY;
+            for (int r = 0; r <= comm_reps[s] && st >= 0; r++) {
+                const double t0 = dt_time_s();
+                if (k == 0)
+                    st = dt_pg_allreduce(g, in, out, whole, DT_F32, DT_REDUCE_SUM);
+                else if (k == 1)
+                    st = dt_pg_allgather(g, in, out, part, DT_F32);
+                else
+                    st = dt_pg_reduce_scatter(g, in, out, part, DT_F32, DT_REDUCE_SUM);
+                const double sec = dt_time_s() - t0;
+                if (r > 0 && sec < t[k][s])
+                    t[k][s] = sec;
+            }
         }
     }
-    double agree[2] = {t[0], t[1]};
     if (st >= 0)
-        st = dt_pg_allreduce(g, agree, agree, 2, DT_F64, DT_REDUCE_MAX);
-    dt_free(buf);
+        st = dt_pg_allreduce(g, DT_IN_PLACE, t, 3 * COMM_NSIZES, DT_F64, DT_REDUCE_MAX);
+    dt_free(in), dt_free(out);
     if (st < 0)
-        return st;
-    c->coll_lat_s = agree[0];
-    double busy = agree[1] - agree[0];
-    c->coll_bw = busy > 0 ? (double)(big * sizeof(float)) * 2.0 * (n - 1) / n / busy : c->coll_bw;
+        return dt_error(st, "dt_plan_calibrate_comm: the collective curve over %d ranks: %s", n, dt_last_error());
+    /* bus bytes (nccl-tests' convention): a ring all-reduce moves 2 (n-1)/n of the buffer through each
+       rank, an all-gather or a reduce-scatter (n-1)/n */
+    double x[COMM_NSIZES];
+    double *lat[3] = {&c->coll_lat_s, &c->ag_lat_s, &c->rs_lat_s}, *bw[3] = {&c->coll_bw, &c->ag_bw, &c->rs_bw};
+    for (int k = 0; k < 3; k++) {
+        for (size_t s = 0; s < COMM_NSIZES; s++) {
+            const size_t whole = comm_sizes[s] / sizeof(float) / (size_t)n * (size_t)n * sizeof(float);
+            x[s] = (double)whole * (k == 0 ? 2.0 : 1.0) * (n - 1) / n;
+            if (!(t[k][s] > 0) || !isfinite(t[k][s]))
+                return dt_error(DT_ERR_STATE, "dt_plan_calibrate_comm: a collective of %zu bytes took no time", whole);
+        }
+        fit_curve(x, t[k], (int)COMM_NSIZES, lat[k], bw[k]);
+    }
     c->coll_measured = n;
     return DT_OK;
 }
@@ -519,7 +569,9 @@ dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
     X(base_rss, "%.17g", (double), double) X(n_kv_head, "%lld", (long long), int64_t)                                \
     X(pass_block_s, "%.17g", (double), double) X(pass_fixed_s, "%.17g", (double), double)                          \
     X(thread_cost, "%.17g", (double), double) X(repl_block_s, "%.17g", (double), double)                       \
-    X(fault_bw, "%.17g", (double), double)
+    X(fault_bw, "%.17g", (double), double) X(ag_bw, "%.17g", (double), double)                                     \
+    X(ag_lat_s, "%.17g", (double), double) X(rs_bw, "%.17g", (double), double)                                       \
+    X(rs_lat_s, "%.17g", (double), double)
 
 dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
 {
@@ -542,7 +594,7 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
         free(tmp);
         return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
     }
-    fprintf(f, "dtrain-plan-calib 3\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+    fprintf(f, "dtrain-plan-calib 4\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
@@ -605,11 +657,12 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
 #undef R
     }
     fclose(f);
-    if (version >= 1 && version < 3) /* an older dtrain's figures (fewer of them): measure again */
-        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 3)", path,
+    if (version >= 1 && version < 4) /* an older dtrain's figures (fewer of them; v3: no collective curve):
+                                         measure again */
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 4)", path,
                         version);
-    if (version != 3 || seen != want || bad_)
-        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-3 file (%d of %d values%s%s); "
+    if (version != 4 || seen != want || bad_)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-4 file (%d of %d values%s%s); "
                         "delete it to measure again", path, seen, want, bad_ ? "; out of range: " : "",
                         bad_ ? bad_ : "");
     if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.vocab < 1)

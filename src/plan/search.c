@@ -19,7 +19,8 @@
  * and at least the slowest rank's critical path over its own threads.
  * Collectives add their ring volume over the bus bandwidth plus a latency
  * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 a collective
- * per unit per pass, ZeRO-3 with its all-gathers 1.5x the volume; tensor
+ * per unit per pass, ZeRO-3 its all-gathers (forward, and backward but the
+ * root unit) and reduce-scatters at the measured curve of each kind; tensor
  * parallelism four all-reduces of the activations per block and four more
  * per micro-batch; the pipeline a
  * send and a receive per micro-batch per boundary), slowed like compute
@@ -76,6 +77,57 @@ static void infeasible(dt_plan_prediction *o, const char *fmt, ...)
 }
 
 static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+/* ZeRO-3's whole units alive at once on a rank (pb bytes a parameter; root: the root unit's parameters,
+ * the embeddings and the rest, or the whole model as one unit; block: a block unit's, 0 without them).
+ * The root unit stays gathered from its forward to the end of backward, and its whole gradients (the
+ * tied head's, written first in backward) live until its reduce-scatter at the end. In backward, at a
+ * block unit: the unit being computed (parameters and gradients), the one prefetched for the next
+ * (parameters: backward_pre prefetches one, and limit_all_gathers allows two gathers in flight), the
+ * unit before it whose gradients wait for their reduce-scatter, and the page pool's released
+ * parameter pages not yet gathered again (up to two units' once the pool has warmed: the pool keeps
+ * two of the largest units' pages, and a unit released goes there before the prefetch takes pages
+ * back): 2 roots + 6 blocks, the upper end of what the ranks' timing gives (measured on this machine's
+ * shared memory: GPT-2 124M 8 ranks 823 and 879 MiB in two runs). One unit: its parameters and
+ * gradients. */
+static double zero3_gathered(double pb, double root, double block)
+{
+    return pb * (2 * root + 6 * block);
+}
+
+/* ZeRO-3's collectives of one forward + backward pass, seconds, at the measured curve (plan.h: ag_* and
+ * rs_*; a calibration without them: the all-reduce's): in forward each unit's parameters all-gathered
+ * (numel: all of them), in backward each block unit's again (numel_blocks; the root unit stays gathered
+ * from its forward to the end of backward, so one unit alone is gathered once), and each unit's whole
+ * gradients reduce-scattered. A gather or a reduce-scatter moves (dp-1)/dp of the unit's bytes through a
+ * rank (the bus bytes the curve is fitted on), plus the curve's latency per call. The run's copies into
+ * and out of the transport's staging areas are part of the measured curve (the calibration's buffers
+ * are plain memory, as the units' are); the gradient pages faulted in again each pass are compute
+ * (fault_bw, above). */
+static double zero3_pass_comm(const dt_plan_calib *c, int dp, double pb, double numel, double numel_blocks,
+                              double units)
+{
+    const double share = (double)(dp - 1) / dp;
+    const double bw0 = c->coll_bw > 0 ? c->coll_bw : 1e9, lat0 = c->coll_lat_s > 0 ? c->coll_lat_s : 20e-6;
+    const double ag_bw = c->ag_bw > 0 ? c->ag_bw : bw0, ag_lat = c->ag_lat_s > 0 ? c->ag_lat_s : lat0;
+    const double rs_bw = c->rs_bw > 0 ? c->rs_bw : bw0, rs_lat = c->rs_lat_s > 0 ? c->rs_lat_s : lat0;
+    const double fwd = share * pb * numel / ag_bw + units * ag_lat;
+    const double bwd = units > 1 ? share * pb * numel_blocks / ag_bw + (units - 1) * ag_lat : 0;
+    const double rs = share * pb * numel / rs_bw + units * rs_lat;
+    return fwd + bwd + rs;
+}
+
+/* The shared-memory transport's staging areas (DT_SHM_STAGING_KB, 8 MiB a rank by default) that a
+ * ZeRO-3 rank touches: its collectives' buffers are plain memory (the units' mapped regions and the
+ * shards), so every piece goes through the staging areas, and a rank reads each peer's (the pages count
+ * in its resident set); two groups, the reduce-scatters' and the gathers' own. Measured: the 8-rank
+ * ZeRO-3 of GPT-2 124M held 120 MiB more than the formula without it, 2 ranks 39 MiB. */
+#define ZERO3_STAGING_BYTES (8.0 * 1024 * 1024)
+static double zero3_staging(int dp, double unit_bytes)
+{
+    /* a model whose units are smaller than the staging touches only the pieces its messages fill */
+    return 2.0 * dp * (unit_bytes < ZERO3_STAGING_BYTES ? unit_bytes : ZERO3_STAGING_BYTES);
+}
 
 dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c, const dt_plan_layout *l,
                           dt_plan_prediction *out)
@@ -159,6 +211,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         return st;
     out->state_bytes = e.total + (c->dtype == DT_BF16 ? 4.0 * e.master / 4.0 : 0); /* bf16: f32 gradient copies */
     const double pb = mp.param_bytes;
+    double zero3_largest = 0; /* ZeRO-3's largest unit, parameters */
     if (l->zero_stage >= 2 && shard_dp > 1) {
         /* units: blocks grouped until they reach wrap_min_params; the embeddings (and the rest) one more */
         double per_unit = l->wrap_min_params > 0 ? ceil((double)l->wrap_min_params / c->numel_block) : L;
@@ -171,10 +224,11 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
             largest = c->numel_fixed;
         /* ZeRO-2: the whole gradients of two units (one being reduced, one being written; at most the
            model's), less the rank's shard, which lives in them and the state counts (measured, one unit:
-           ZeRO-2 2035 MiB against ZeRO-1's 2030); ZeRO-3 in backward: a unit's whole parameters and
-           gradients and the next unit's parameters (prefetch) */
+           ZeRO-2 2035 MiB against ZeRO-1's 2030); ZeRO-3: zero3_gathered */
+        zero3_largest = largest;
         if (l->zero_stage == 3)
-            out->gathered_bytes = 3 * pb * largest;
+            out->gathered_bytes = zero3_gathered(pb, l->wrap_min_params > 0 ? c->numel_fixed / tp : numel_rank,
+                                                 l->wrap_min_params > 0 ? per_unit * c->numel_block / tp : 0);
         else
             out->gathered_bytes = pb * (2 * largest < numel_rank ? 2 * largest : numel_rank) * (1 - 1.0 / shard_dp);
     }
@@ -204,6 +258,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         out->buffer_bytes = peers * e.grads;
     else if (dp > 1 && (l->zero_stage == 1 || l->zero_stage == 2))
         out->buffer_bytes = peers * (whole_p + whole_g);
+    else if (shard_dp > 1 && l->zero_stage == 3)
+        out->buffer_bytes = zero3_staging(shard_dp, pb * zero3_largest);
     out->mem_bytes = out->base_bytes + out->state_bytes + out->gathered_bytes + out->buffer_bytes + out->act_bytes;
     if (p->mem_per_rank > 0 && out->mem_bytes > (double)p->mem_per_rank)
         infeasible(out, "needs %.2f GiB per rank (state %.2f, activations %.2f), over --mem-per-rank %.2f GiB",
@@ -268,7 +324,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
 
     /* collectives: bytes through the ring per rank, and calls */
     const double bw = c->coll_bw > 0 ? c->coll_bw : 1e9, lat = c->coll_lat_s > 0 ? c->coll_lat_s : 20e-6;
-    double vol = 0, calls = 0;
+    double vol = 0, calls = 0, t_zero3 = 0;
     const double grad_bytes = numel_rank * pb;
     if (dp > 1) {
         double ring = 2.0 * (dp - 1) / dp * grad_bytes;
@@ -282,10 +338,9 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
             vol += ring, calls += 1 + blocks_rank / 4; /* buckets */
         else if (l->zero_stage == 2) /* a reduce-scatter per unit per pass; the updated shards gathered once */
             vol += ring / 2 * (ga + 1), calls += ga * units + 1;
-        else /* per pass: each unit gathered in forward, each block unit again in backward (the root stays
-                gathered), each unit's gradients reduce-scattered */
-            vol += ring / 2 * ga * (2 + (units > 1 ? blocks_rank * c->numel_block / (numel_rank * tp) : 0)),
-                calls += ga * (3 * units - (units > 1 ? 1 : 0));
+        else
+            t_zero3 = ga * zero3_pass_comm(c, dp, pb, numel_rank, units > 1 ? blocks_rank * c->numel_block / tp : 0,
+                                           units);
     }
     const double act_mb = mb * T * (double)c->n_embd * 4.0;
     if (tp > 1) { /* per pass: two all-reduces per block forward (attention's and the MLP's outputs), two
@@ -298,7 +353,7 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         vol += 2.0 * act_mb * m * ga;
         calls += 2.0 * m * ga;
     }
-    double t_comm = vol / bw + calls * lat;
+    double t_comm = vol / bw + calls * lat + t_zero3;
     if (local > cores)
         t_comm *= local / cores;
     if (l->offload)

@@ -1,7 +1,8 @@
 /* dt_plan (plan.h): the degrees checked against the world with named
  * errors, the layout's groups and strategy, the memory estimate from one
  * function, and the degrees of a DeepSpeed-style config; context
- * parallelism's layouts (dp x cp, cp x tp), degrees and keys. */
+ * parallelism's layouts (dp x cp, cp x tp), degrees and keys; the
+ * planner's collective curve over a 2-rank group (dt_plan_calibrate_comm). */
 // dt-test-timeout: 120
 // dt-test-labels: threads
 #include "comm/harness.h"
@@ -9,6 +10,8 @@
 
 #include "dtrain/plan.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,6 +148,58 @@ TEST(layouts_over_four_ranks)
     ASSERT_EQ_INT(th_run(4, 60.0, body, NULL, codes), 0);
 }
 
+/* The collective curve over a 2-rank shared-memory group: every kind's latency and bus bandwidth
+   measured (the sentinels replaced by positive, finite figures), the same on both ranks (the slowest
+   rank's times, agreed), the group's size recorded; a group of one changes nothing. */
+static int body_curve(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *g;
+    TH_OK(th_pg(rank, size, NULL, &g));
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    c.coll_bw = c.ag_bw = c.rs_bw = 7, c.coll_lat_s = c.ag_lat_s = c.rs_lat_s = 7;
+    const double t0 = dt_time_s();
+    TH_OK(dt_plan_calibrate_comm(g, &c));
+    const double took = dt_time_s() - t0;
+    const double v[6] = {c.coll_bw, c.coll_lat_s, c.ag_bw, c.ag_lat_s, c.rs_bw, c.rs_lat_s};
+    for (int k = 0; k < 6; k++) {
+        TH_CHECK(isfinite(v[k]) && v[k] > 0 && v[k] != 7, "rank %d: figure %d is %g", rank, k, v[k]);
+        if (th_shared)
+            th_shared[8 * rank + k] = v[k];
+    }
+    TH_CHECK(c.coll_lat_s < 1 && c.ag_lat_s < 1 && c.rs_lat_s < 1 && c.ag_bw > 1e6 && c.rs_bw > 1e6,
+             "rank %d: latencies %g %g %g s, bandwidths %g %g B/s", rank, c.coll_lat_s, c.ag_lat_s, c.rs_lat_s,
+             c.ag_bw, c.rs_bw);
+    TH_CHECK(c.coll_measured == 2, "rank %d: measured on %d ranks", rank, c.coll_measured);
+    if (rank == 0)
+        fprintf(stderr, "  the curve took %.2f s: all-reduce %.2f GB/s + %.0f us, all-gather %.2f GB/s + %.0f us, "
+                        "reduce-scatter %.2f GB/s + %.0f us\n", took, c.coll_bw / 1e9, c.coll_lat_s * 1e6,
+                c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6);
+    dt_pg_free(g);
+    return 0;
+}
+
+TEST(comm_curve_two_ranks)
+{
+    int codes[2];
+    ASSERT_EQ_INT(th_run(2, 100.0, body_curve, NULL, codes), 0);
+    ASSERT(th_shared != NULL);
+    for (int k = 0; k < 6; k++)
+        ASSERT(th_shared[k] == th_shared[8 + k]); /* both ranks fitted the same agreed times */
+    dt_plan_calib c;
+    memset(&c, 0, sizeof c);
+    c.coll_bw = 5;
+    dt_pg_params pp = dt_pg_params_default();
+    pp.rank = 0, pp.world_size = 1, pp.backend = "self";
+    dt_pg *one;
+    ASSERT_OK(dt_pg_init(&pp, &one));
+    ASSERT_OK(dt_plan_calibrate_comm(one, &c));
+    ASSERT(c.coll_bw == 5 && c.ag_bw == 0 && c.coll_measured == 0);
+    dt_pg_free(one);
+    ASSERT_STATUS(dt_plan_calibrate_comm(NULL, &c), DT_ERR_NULL);
+}
+
 TEST(one_process)
 {
     unsetenv("WORLD_SIZE");
@@ -227,6 +282,7 @@ int main(void)
     RUN(bad_degrees_are_named);
     RUN(layouts_over_four_ranks);
     RUN(cp_layouts_over_four_ranks);
+    RUN(comm_curve_two_ranks);
     RUN(one_process);
     RUN(from_config);
     RUN(from_config_hybrid_shard);

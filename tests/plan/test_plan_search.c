@@ -23,6 +23,12 @@
  *     threads pays the calibrated thread cost;
  *   - Llama: dt_plan_calibrate measures llama-tiny (its key/value heads
  *     bound tp), an hf:DIR Llama gets an id from its shape;
+ *   - ZeRO-3's collectives at the measured curve (all-gathers and
+ *     reduce-scatters each at its own kind's bandwidth and latency, the
+ *     block units gathered again in backward), and its memory: the units
+ *     alive at once (2 roots + 6 blocks) and the transport's staging
+ *     pages (2 groups x 8 MiB x ranks, less for units smaller than that);
+ *     a version-3 calibration file (no curve) is measured again;
  *   - "dtrain": {"plan": "auto"} in a config (dt_plan_config_auto,
  *     dt_plan_from_config): accepted alone, refused by name beside a
  *     layout key, "auto" values allowed. */
@@ -49,6 +55,7 @@ static dt_plan_calib calib(void)
     c.act_block = 120000, c.act_fixed = 630000, c.act_block_ckpt = 6200;
     c.optim_s = 2e-9, c.matmul_flops = 1e11, c.copy_bw = 8e9, c.coll_bw = 4e9, c.coll_lat_s = 20e-6;
     c.base_rss = 100e6, c.fault_bw = 1e12;
+    c.ag_bw = 3e9, c.ag_lat_s = 60e-6, c.rs_bw = 2.5e9, c.rs_lat_s = 70e-6;
     return c;
 }
 
@@ -201,6 +208,7 @@ TEST(calib_file_round_trip)
     ASSERT_OK(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d));
     ASSERT_STR_EQ(d.model, "gpt2");
     ASSERT(d.fb_block_s == c.fb_block_s && d.act_fixed == c.act_fixed && d.numel_fixed == c.numel_fixed);
+    ASSERT(d.ag_bw == c.ag_bw && d.ag_lat_s == c.ag_lat_s && d.rs_bw == c.rs_bw && d.rs_lat_s == c.rs_lat_s);
     ASSERT_EQ_INT((int)d.n_layer, 12);
     ASSERT_STATUS(dt_plan_calib_load(path, "gpt2-large", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
     ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 128, DT_F32, &d), DT_ERR_NOT_FOUND);
@@ -322,6 +330,20 @@ TEST(calib_file_values_bounded)
     fprintf(f, "dtrain-plan-calib 1\nmodel gpt2\nseq 64\n");
     fclose(f);
     ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
+    /* a version-3 file (every value of its day, no collective curve): measured again too, by name */
+    f = fopen(path, "w");
+    for (char *line = text, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        if (!strncmp(line, "dtrain-plan-calib ", 18))
+            fprintf(f, "dtrain-plan-calib 3\n");
+        else if (strncmp(line, "ag_", 3) && strncmp(line, "rs_", 3))
+            fprintf(f, "%.*s\n", (int)(nl - line), line);
+    }
+    fclose(f);
+    ASSERT_STATUS(dt_plan_calib_load(path, "gpt2", 64, DT_F32, &d), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "version 3");
     unlink(path);
     rmdir(dir);
 }
@@ -483,6 +505,7 @@ TEST(tp_replicated_share_and_allreduces)
 TEST(zero_units_and_faults)
 {
     dt_plan_calib c = calib();
+    c.ag_bw = c.ag_lat_s = c.rs_bw = c.rs_lat_s = 0; /* a calibration without the curve: the all-reduce's */
     dt_plan_search_params sp = dt_plan_search_params_default();
     sp.world = 2, sp.cores = 2, sp.global_batch = 4;
     dt_plan_layout z3 = {.dp = 2, .tp = 1, .pp = 1, .zero_stage = 3, .batch = 2, .micro_batches = 1,
@@ -523,6 +546,81 @@ TEST(zero_units_and_faults)
     ASSERT_NEAR(g1.compute_s, f1.compute_s, 1e-12, 1e-12);
 }
 
+/* ZeRO-3's time at the measured curve: per pass, every unit's parameters all-gathered in forward, the
+   block units' again in backward (the root stays gathered), every unit's gradients reduce-scattered, each
+   moving (dp-1)/dp of its bytes through a rank at its own kind's bandwidth, plus its latency per call. */
+TEST(zero3_collectives_at_the_curve)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2, sp.global_batch = 4;
+    dt_plan_layout z3 = {.dp = 2, .tp = 1, .pp = 1, .zero_stage = 3, .batch = 2, .micro_batches = 1,
+                         .grad_accum = 1, .wrap_min_params = (int64_t)c.numel_block};
+    const double blocks = 12 * c.numel_block, P = blocks + c.numel_fixed, share = 0.5;
+    dt_plan_prediction a, b;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &a));
+    /* the whole term: 13 units gathered in forward, 12 again in backward, 13 reduce-scattered */
+    const double want = share * 4 * (P + blocks) / c.ag_bw + 25 * c.ag_lat_s + share * 4 * P / c.rs_bw +
+                        13 * c.rs_lat_s;
+    ASSERT_NEAR(a.comm_s, want, 1e-12, 1e-9);
+    /* the all-gathers at their own bandwidth: halving it doubles their bytes' time */
+    c.ag_bw /= 2;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT_NEAR(b.comm_s - a.comm_s, share * 4 * (P + blocks) / (2 * c.ag_bw), 1e-12, 1e-9);
+    c.ag_bw *= 2, c.rs_bw /= 2;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT_NEAR(b.comm_s - a.comm_s, share * 4 * P / (2 * c.rs_bw), 1e-12, 1e-9);
+    c.rs_bw *= 2, c.ag_lat_s += 1e-3, c.rs_lat_s += 2e-3;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT_NEAR(b.comm_s - a.comm_s, 25 * 1e-3 + 13 * 2e-3, 1e-12, 1e-9);
+    /* gradient accumulation: every pass pays them */
+    c = calib();
+    z3.batch = 1, z3.grad_accum = 2;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &b));
+    ASSERT_NEAR(b.comm_s, 2 * want, 1e-12, 1e-9);
+    /* DDP's all-reduce stays on the all-reduce curve: the gather and reduce-scatter curves move nothing */
+    dt_plan_layout ddp = {.dp = 2, .tp = 1, .pp = 1, .zero_stage = 0, .batch = 2, .micro_batches = 1,
+                          .grad_accum = 1};
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &a));
+    c.ag_bw /= 4, c.rs_bw /= 4;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &ddp, &b));
+    ASSERT_NEAR(b.comm_s, a.comm_s, 1e-15, 1e-12);
+}
+
+/* ZeRO-3's memory: the root unit's parameters and gradients, a block unit computed (parameters and
+   gradients), one prefetched, one waiting for its reduce-scatter and two in the page pool: 2 roots + 6
+   blocks; and the shared-memory staging pages: 8 MiB a rank a group, two groups, every rank's read. */
+TEST(zero3_units_alive_and_staging)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.cores = 2;
+    const double MiB = 1024.0 * 1024;
+    for (int dp = 2; dp <= 8; dp *= 2) {
+        sp.world = dp, sp.global_batch = dp;
+        dt_plan_layout z3 = {.dp = dp, .tp = 1, .pp = 1, .zero_stage = 3, .batch = 1, .micro_batches = 1,
+                             .grad_accum = 1, .wrap_min_params = (int64_t)c.numel_block};
+        dt_plan_prediction a;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &a));
+        ASSERT_NEAR(a.gathered_bytes, 4 * (2 * c.numel_fixed + 6 * c.numel_block), 1, 1e-12);
+        ASSERT_NEAR(a.buffer_bytes, 2.0 * dp * 8 * MiB, 1, 1e-12);
+        ASSERT_NEAR(a.mem_bytes, a.base_bytes + a.state_bytes + a.gathered_bytes + a.buffer_bytes + a.act_bytes, 1,
+                    1e-12);
+        /* one unit (the whole model): its parameters and gradients */
+        z3.wrap_min_params = 0;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &a));
+        ASSERT_NEAR(a.gathered_bytes, 4 * 2 * (12 * c.numel_block + c.numel_fixed), 1, 1e-12);
+    }
+    /* units smaller than the staging touch only what their messages fill */
+    c.numel_block = 1000, c.numel_fixed = 3000;
+    sp.world = 4, sp.global_batch = 4;
+    dt_plan_layout z3 = {.dp = 4, .tp = 1, .pp = 1, .zero_stage = 3, .batch = 1, .micro_batches = 1,
+                         .grad_accum = 1, .wrap_min_params = 1000};
+    dt_plan_prediction a;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &a));
+    ASSERT_NEAR(a.buffer_bytes, 2.0 * 4 * 4 * 3000, 1, 1e-12);
+}
+
 int main(void)
 {
     RUN(enumeration_counts_and_order);
@@ -537,5 +635,7 @@ int main(void)
     RUN(config_plan_auto);
     RUN(tp_replicated_share_and_allreduces);
     RUN(zero_units_and_faults);
+    RUN(zero3_collectives_at_the_curve);
+    RUN(zero3_units_alive_and_staging);
     return TEST_REPORT();
 }

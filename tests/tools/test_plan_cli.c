@@ -2,12 +2,15 @@
  *   - --json: one object per layout (288 for gpt-micro on 4 ranks with the
  *     default global batch 8), ranked 1..n, with mem_per_rank_bytes,
  *     step_ms, the layout fields, feasible and reason; the feasible first;
- *   - a --mem-per-rank between DDP's and ZeRO-3's need (computed with the
+ *   - a --mem-per-rank between DDP's and ZeRO-1's need (computed with the
  *     library on the same calibration file) refuses the DDP layout naming
- *     --mem-per-rank and keeps ZeRO-3; the table has its header;
+ *     --mem-per-rank and keeps ZeRO-1 (gpt-micro's 137K parameters are
+ *     too few for ZeRO-3 to save memory: its gathered unit and the
+ *     transport's staging pages outweigh its shard); the table has its header;
  *   - bad flags exit 2 with a message naming the flag;
  *   - train --plan auto on 2 ranks (no cached calibration: the first rank
- *     measures it, the other waits) prints the choice and the runner-up,
+ *     measures it, with the collective curve of its own 2-rank group, the
+ *     other waits) prints the choice and the runner-up,
  *     trains, and caches the calibration; a layout flag with --plan auto,
  *     or a model the planner does not know, exit 2 naming both;
  *   - the --metrics end record of a GPT run carries predicted_peak_rss_bytes
@@ -138,7 +141,7 @@ TEST(mem_per_rank_refuses_by_name)
     dt_plan_layout l = {.dp = 4, .tp = 1, .pp = 1, .zero_stage = 0, .batch = 2, .micro_batches = 1, .grad_accum = 1};
     dt_plan_prediction ddp, z3;
     ASSERT_OK(dt_plan_predict(&sp, &c, &l, &ddp));
-    l.zero_stage = 3;
+    l.zero_stage = 1;
     ASSERT_OK(dt_plan_predict(&sp, &c, &l, &z3));
     ASSERT(z3.mem_bytes < ddp.mem_bytes);
     char lim[32];
@@ -150,7 +153,7 @@ TEST(mem_per_rank_refuses_by_name)
     ASSERT_EQ_INT(r.code, 0);
     int n = parse_lines(r.out, g_rows, 1024);
     ASSERT_EQ_INT(n, 288);
-    const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 3, 2, false);
+    const cJSON *a = row(n, 4, 0, 2, false), *b = row(n, 4, 1, 2, false);
     ASSERT(a && b);
     ASSERT(cJSON_IsFalse(cJSON_GetObjectItem(a, "feasible")));
     ASSERT_STR_CONTAINS(cJSON_GetObjectItem(a, "reason")->valuestring, "over --mem-per-rank");
@@ -238,6 +241,16 @@ TEST(train_plan_auto_two_ranks)
     ASSERT_EQ_INT(t_count(r.err, "--plan auto chose"), 1); /* rank 0 only */
     snprintf(calib, sizeof calib, "%s/plan-gpt-micro-s64-f32.calib", cache);
     ASSERT(file_exists(calib));
+    /* the calibration measured the collective curve over its own 2-rank group, from inside a rank of the
+       run (whose launcher's RANK and WORLD_SIZE it must not take) */
+    char text[4096] = "";
+    FILE *f = fopen(calib, "r");
+    ASSERT(f != NULL);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    ASSERT_STR_CONTAINS(text, "dtrain-plan-calib 4\n");
+    ASSERT_STR_CONTAINS(text, "\ncoll_measured 2\n");
+    ASSERT_STR_CONTAINS(text, "\nag_bw ");
     cJSON *e = end_record(m);
     ASSERT(e != NULL);
     ASSERT(num(e, "predicted_peak_rss_bytes") > 0 && num(e, "predicted_step_ms") > 0);
