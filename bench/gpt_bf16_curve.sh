@@ -7,14 +7,24 @@
 # Two `dtrain train` runs from the same seed (the same initial weights, the
 # same batches), one --precision fp32 and one --precision bf16 (fp32 master
 # weights, bf16 autocast), AdamW at a constant learning rate, a metrics
-# record every step. Then step by step: the gap |bf16 - f32| of the
-# training loss against the bound the mixed-precision test
-# (tests/train/test_bf16_curve.c) states for gpt-micro, 2% of the f32 loss
-# + 0.01. It prints the first and last losses of both runs, the largest gap
-# (absolute, and relative to the f32 loss) and its step, how many steps lie
-# outside the bound, the largest gap of the mean loss over windows of 20
-# steps (the per-step loss of a small batch is noisy; the windowed mean is
-# the curve a plot shows), and exits 0 when every step is inside, 1 when not.
+# record every step. The tolerance, the one tests/train/test_bf16_curve.c
+# states and checks:
+#   - steps 1-50, while the two runs follow one trajectory: every step's
+#     bf16 loss within 2% of the f32 loss + 0.01;
+#   - the whole run: the mean loss of each window of 20 steps (from step 1)
+#     within 3% of f32's.
+# Why not every step: two runs in different arithmetic are two trajectories
+# that can part on one batch and stay apart. On the 300-step run (seed 0)
+# f32 itself parts from f32 started from weights perturbed by 0.2% (random,
+# bf16's rounding size): 0.242 at step 60, 69 steps outside 2% + 0.01, 20-step
+# means up to 0.131 (2.4%) apart, while the perturbed f32 runs follow
+# dtrain's bf16 curve within 0.006 (bench/torch_gpt_bf16_curve.py measures
+# PyTorch's own bf16/f32 pairs; docs/BENCHMARKS.md has the figures).
+# It prints the first and last losses of both runs, the largest gap
+# (absolute, and relative to the f32 loss) and its step, the steps outside
+# the per-step bound (those in steps 1-50 count against the tolerance), the
+# largest relative gap of the 20-step means, and exits 0 when the run is
+# within the tolerance, 1 when not.
 #
 # Data: llm.c token files; --data DIR takes DIR/train.bin (default
 # build/gpt-data, made by `make demo-gpt-data` / scripts/gpt_data.sh when
@@ -63,18 +73,21 @@ join "$tmp/fp32.loss" "$tmp/bf16.loss" | awk -v want="$steps" '
       g = abs($3 - $2); bound = 0.02 * abs($2) + 0.01
       if (g > gmax) { gmax = g; gstep = $1 }
       if (g / abs($2) > rmax) { rmax = g / abs($2); rstep = $1 }
-      if (!(g <= bound)) out++ }
+      if (!(g <= bound)) { out++; if ($1 <= 50) early++ } }
     END {
       if (n < want) { printf "only %d of %d steps in both runs\n", n, want; exit 1 }
       printf "f32  loss: step 1 %.4f, step %d %.4f\n", f[1], s[n], f[n]
       printf "bf16 loss: step 1 %.4f, step %d %.4f\n", b[1], s[n], b[n]
-      w = 20; wmax = 0
+      w = 20; wmax = 0; wbad = 0
       for (i = 1; i + w - 1 <= n; i += w) {
         fs = 0; bs = 0
         for (j = i; j < i + w; j++) { fs += f[j]; bs += b[j] }
-        d = abs(bs - fs) / w; if (d > wmax) { wmax = d; wstep = s[i] }
+        d = abs(bs - fs) / abs(fs); if (d > wmax) { wmax = d; wstep = s[i]; wabs = abs(bs - fs) / w }
+        if (!(d <= 0.03)) wbad++
       }
       printf "largest gap |bf16 - f32|: %.4f at step %d; largest relative gap %.2f%% at step %d\n", gmax, gstep, 100 * rmax, rstep
-      printf "largest gap of the %d-step mean loss: %.4f (window from step %d)\n", w, wmax, wstep
-      printf "bound (tests/train/test_bf16_curve.c): 2%% of the f32 loss + 0.01; steps outside: %d of %d\n", out, n
-      exit out > 0 }'
+      printf "steps outside 2%% of the f32 loss + 0.01: %d of %d; in steps 1-50 (bound: 0): %d\n", out, n, early
+      printf "largest gap of the %d-step mean loss: %.2f%% (%.4f, window from step %d; bound 3%%); windows outside: %d\n", w, 100 * wmax, wabs, wstep, wbad
+      ok = early == 0 && wbad == 0
+      printf "%s the tolerance of tests/train/test_bf16_curve.c\n", ok ? "within" : "OUTSIDE"
+      exit !ok }'

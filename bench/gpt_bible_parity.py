@@ -121,12 +121,20 @@ class GPT(nn.Module):
                 std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
         tr = self.transformer
         x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
         for blk in tr.h:
             x = blk(x)
-        logits = tr.ln_f(x) @ tr.wte.weight.t()
+        return tr.ln_f(x) @ tr.wte.weight.t()
+
+    def forward(self, idx, targets):
+        logits = self.logits(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def loss_f32(self, idx, targets):
+        """The loss in f32 from the logits in the model's dtype (a bf16 model's)."""
+        logits = self.logits(idx).float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

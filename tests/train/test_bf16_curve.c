@@ -3,10 +3,12 @@
  * tolerance). Two runs from the same initial values and batches, one in
  * f32 and one with bf16 parameters (fp32 master weights in the optimizer,
  * the forward and backward under bf16 autocast):
- *   - GPT-2 "gpt-micro" (2 blocks, width 64, 512 tokens), AdamW, 20 steps
- *     of next-token prediction on a fixed learnable sequence: every step's
- *     bf16 loss within 2% + 0.01 of the f32 loss, and both curves fall
- *     below 60% of their start;
+ *   - GPT-2 "gpt-micro" (2 blocks, width 64, 512 tokens), AdamW, 60 steps
+ *     of next-token prediction on a fixed learnable sequence, the tolerance
+ *     bench/gpt_bf16_curve.sh checks on 300 steps of the Bible: steps 1-50
+ *     (one trajectory) every step's bf16 loss within 2% + 0.01 of the f32
+ *     loss, and over the run each 20-step window's mean loss within 3% of
+ *     f32's; both curves fall below 60% of their start;
  *   - the zoo MLP (mean of the output), SGD, 20 steps: every step's loss
  *     within 0.5% of the f32 loss's scale (the largest |loss| of the run).
  * The tolerances: bf16 keeps 8 significant bits (unit roundoff 2^-8 =
@@ -14,7 +16,11 @@
  * forward through a few layers differs by a few 2^-8 relative, and the
  * weights, stepped in f32, drift apart only by the rounded gradients'
  * differences. The bounds are 3x or more the differences seen here (GPT:
- * at most 0.6% over 20-40 steps; MLP: 0.15% of the scale). */
+ * at most 0.6% over 20-40 steps; MLP: 0.15% of the scale). Past the first
+ * steps no per-step bound holds for any two arithmetics: two runs are two
+ * trajectories that can part on one batch and stay apart (on the Bible,
+ * f32 against f32 from weights perturbed by 0.2%: 0.242 at step 60, 20-step
+ * means 2.4% apart, docs/BENCHMARKS.md), hence the windowed means there. */
 #include "test.h"
 
 #include "dtrain/models.h"
@@ -25,7 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GPT_STEPS 20
+#define GPT_STEPS 60
+#define GPT_SAME_STEPS 50 /* the per-step bound holds to here */
+#define WINDOW 20
 #define MLP_STEPS 20
 #define B 2
 #define T 32
@@ -75,13 +83,29 @@ TEST(gpt_micro_bf16_follows_f32)
     for (int k = 0; k < GPT_STEPS; k++) {
         ASSERT(isfinite(l32[k]) && isfinite(l16[k]));
         double d = fabs((double)l16[k] - l32[k]), tol = 0.02 * fabs(l32[k]) + 0.01;
+        if (k >= GPT_SAME_STEPS)
+            continue;
         if (d > tol)
             fprintf(stderr, "step %d: bf16 %.5f f32 %.5f\n", k + 1, l16[k], l32[k]);
         ASSERT(d <= tol);
         worst = fmax(worst, d / fabs(l32[k]));
     }
-    fprintf(stderr, "gpt-micro: loss %.4f -> %.4f (f32), %.4f -> %.4f (bf16); worst relative difference %.4f\n",
-            l32[0], l32[GPT_STEPS - 1], l16[0], l16[GPT_STEPS - 1], worst);
+    double wworst = 0;
+    for (int i = 0; i + WINDOW <= GPT_STEPS; i += WINDOW) {
+        double s32 = 0, s16 = 0;
+        for (int k = i; k < i + WINDOW; k++) {
+            s32 += l32[k];
+            s16 += l16[k];
+        }
+        double d = fabs(s16 - s32) / fabs(s32);
+        if (d > 0.03)
+            fprintf(stderr, "steps %d-%d: mean bf16 %.5f f32 %.5f\n", i + 1, i + WINDOW, s16 / WINDOW, s32 / WINDOW);
+        ASSERT(d <= 0.03);
+        wworst = fmax(wworst, d);
+    }
+    fprintf(stderr, "gpt-micro: loss %.4f -> %.4f (f32), %.4f -> %.4f (bf16); worst relative difference %.4f "
+            "(steps 1-%d), of %d-step means %.4f\n",
+            l32[0], l32[GPT_STEPS - 1], l16[0], l16[GPT_STEPS - 1], worst, GPT_SAME_STEPS, WINDOW, wworst);
     ASSERT(l32[GPT_STEPS - 1] < 0.6f * l32[0]);
     ASSERT(l16[GPT_STEPS - 1] < 0.6f * l16[0]);
 }
