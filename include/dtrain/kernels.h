@@ -537,15 +537,23 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
                                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                                           bool causal, float p, dt_rng_key key, float *dqkv);
 /* dt_k_attention_fwd_heads with qkv in bf16/f16 (dtype t), read as it is:
- * each task widens the rows it uses into its f32 tiles, so y (f32) and lse
- * are bit for bit those of widening qkv first. ylp (B, T, C) of t, or
- * NULL: y rounded to t as well (the t result autocast keeps). */
+ * each task widens the rows it uses into its f32 tiles. On the scalar and
+ * avx2 paths (dt_k_get_isa) y (f32) and lse are bit for bit those of
+ * widening qkv first; on the avx512 and avx512_bf16 paths the sums use
+ * fused multiply-adds and 16 partial sums and the exponentials a
+ * polynomial within 2 ulp of expf (0 below e^-87), so they differ from
+ * those bits by the f32 sums' rounding: each element within 2^-16 of the
+ * tensor's largest |value| in the tests (tests/autograd/test_attention_lp;
+ * about 2^-22 measured). ylp (B, T, C) of t, or NULL: y rounded to t as
+ * well (the t result autocast keeps; on the fast paths an element may round
+ * to the neighbour of the widened result's). */
 DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                              int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
                                              void *ylp, float *lse);
-/* Its backward, bit for bit the casts' around the f32 one: dy (f32, the
- * gradient of the t result) is rounded to t as it is read, the f32 y and
- * lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
+/* Its backward, the casts' around the f32 one (bit for bit on the scalar
+ * and avx2 paths, within the forward's bound on the avx512 ones): dy (f32,
+ * the gradient of the t result) is rounded to t as it is read, the f32 y
+ * and lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
  * precision (the gradient of a t input). */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,

@@ -40,8 +40,13 @@
  * matmuls.
  *
  * A bf16/f16 qkv (the _lp entry points: autocast's attention input) is
- * read as it is: the tasks widen the rows they use into f32 tiles and run
- * the same f32 arithmetic, so every result equals widening qkv first. */
+ * read as it is: the tasks widen the rows they use into f32 tiles (a
+ * forward task the head's keys straight into a transposed [D][T] tile, once,
+ * instead of each key block per query block) and run the same f32
+ * arithmetic, so on the scalar and avx2 paths every result equals widening
+ * qkv first. On the avx512 paths they run the fast rows instead
+ * (DT__ATT_FAST: rows_acc_fma16, the 16-lane softmax rows with dt__expf16),
+ * within a stated bound of those bits (kernels.h); an f32 qkv never does. */
 #include "attention_impl.h"
 
 #include <math.h>
@@ -90,7 +95,8 @@ static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t 
 /* A bf16/f16 qkv is read as it is: each task widens the rows it works on
  * into its f32 tiles (exact: bf16 by shifting the bits up, f16 through the
  * F16C/AVX-512 conversion) and then runs the f32 arithmetic unchanged, so
- * the results are bit for bit those of widening the whole qkv first. */
+ * the results are bit for bit those of widening the whole qkv first (on
+ * the avx512 paths: within the fast rows' bound). */
 
 /* x rounded to bf16 (round to nearest even, a NaN quieted: dt_f32_to_bf16,
  * which every path of dt_k_convert matches), as the bits of the f32 value. */
@@ -221,16 +227,73 @@ static inline void round_row(int vec, dt_dtype t, const float *src, float *dst, 
     round_bf16_s1(src, dst, h, n);
 }
 
+/* ---- the 16-lane softmax rows of DT__ATT_FAST (bf16/f16 qkv, AVX-512) ------------------ */
+#if DT__X86_VEC
+/* The lanes [j, n) of a 16-lane step, at most 16. */
+static inline __mmask16 lanes16(int64_t j, int64_t n)
+{
+    return n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+}
+
+/* s[j] *= scale for j < n; returns the largest of m and those (a NaN
+ * score ignored, as the scalar loop's "x > mx" does). */
+DT__AVX512 static float fast_scale_max(float *s, int64_t n, float scale, float m)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    __m512 mx = _mm512_set1_ps(m);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = lanes16(j, n);
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), vs);
+        _mm512_mask_storeu_ps(s + j, k, x);
+        mx = _mm512_mask_max_ps(mx, k, x, mx); /* MAXPS gives its second operand for a NaN */
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* s[j] = dt__expf(s[j] - mx) for j < n (within 2 ulp of expf; 0 below
+ * e^-87); returns their sum (16 partial sums, then a tree). */
+DT__AVX512 static float fast_exp_sum(float *s, int64_t n, float mx)
+{
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = lanes16(j, n);
+        __m512 e = _mm512_maskz_mov_ps(k, dt__expf16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* The backward's row of a key block: P = dt__expf(sc scale - L) into pd and
+ * P (dp - Di) scale into ds, j < n (no dropout: the caller applies it). */
+DT__AVX512 static void fast_bwd_probs(const float *sc, const float *dp, int64_t n, float scale, float L, float Di,
+                                      float *pd, float *ds)
+{
+    const __m512 vs = _mm512_set1_ps(scale), vl = _mm512_set1_ps(L), vd = _mm512_set1_ps(Di);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = lanes16(j, n);
+        __m512 P = dt__expf16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vs), vl));
+        __m512 d = _mm512_mul_ps(_mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + j), vd)), vs);
+        _mm512_mask_storeu_ps(pd + j, k, P);
+        _mm512_mask_storeu_ps(ds + j, k, d);
+    }
+}
+#endif
+
 /* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
  * head's keys and values rows j at k + j ldkv and v + j ldkv, the output
  * rows at y + i C (and rounded to t at ylp + i C when ylp is not NULL), lse
  * at lse[i]. gbh: the dropout mask's head (b Ht + h0 + h). Cloned for AVX2:
  * the loops along keys and along D vectorise; no sum is reordered, so both
- * clones give the same bits. kt: DMAX x BK scratch. */
-DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *k, const float *v,
-                               int64_t ldkv, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, float p,
-                               dt_rng_key key, int64_t i0, int64_t i1, float *kt, float *y, uint16_t *ylp,
-                               float *lse)
+ * clones give the same bits. kt: DMAX x BK scratch for each key block
+ * transposed; or, when kT is not NULL, the head's keys already transposed
+ * there (key j at column j of D rows of stride ldT, zero past the last key
+ * up to a multiple of 8), k unused: the same scores. */
+DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *k, const float *kT,
+                               int64_t ldT, const float *v, int64_t ldkv, int64_t T, int64_t C, int64_t D, int64_t gbh,
+                               bool causal, float p, dt_rng_key key, int64_t i0, int64_t i1, float *kt, float *y,
+                               uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -244,30 +307,44 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
     int64_t kend = causal ? i1 : T;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-        block_t(k + j0 * ldkv, ldkv, j1 - j0, D, kt);
+        const float *kb = kT ? kT + j0 : kt;
+        if (!kT)
+            block_t(k + j0 * ldkv, ldkv, j1 - j0, D, kt);
         for (int64_t r = 0; r < nq; r++) {
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, q + r * ldq, kt, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
             float mx = m[r];
-            for (int64_t j = j0; j < je; j++) {
-                float x = s[j - j0] * scale;
-                s[j - j0] = x;
-                mx = x > mx ? x : mx;
-            }
+#if DT__X86_VEC
+            if (vec == DT__ATT_FAST)
+                mx = fast_scale_max(s, je - j0, scale, mx);
+            else
+#endif
+                for (int64_t j = j0; j < je; j++) {
+                    float x = s[j - j0] * scale;
+                    s[j - j0] = x;
+                    mx = x > mx ? x : mx;
+                }
             float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
 #pragma omp simd
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
-            for (int64_t j = j0; j < je; j++) {
-                float e = expf(s[j - j0] - mx);
-                sum += e;
-                if (p > 0.0f)
-                    e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
-                s[j - j0] = e;
-            }
+#if DT__X86_VEC
+            if (vec == DT__ATT_FAST) {
+                sum = fast_exp_sum(s, je - j0, mx);
+                for (int64_t j = j0; j < je && p > 0.0f; j++)
+                    s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
+            } else
+#endif
+                for (int64_t j = j0; j < je; j++) {
+                    float e = expf(s[j - j0] - mx);
+                    sum += e;
+                    if (p > 0.0f)
+                        e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
+                    s[j - j0] = e;
+                }
             rows_acc(vec, a, s, 1, v + j0 * ldkv, ldkv, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -286,9 +363,10 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
 }
 
 /* One forward task: query blocks [qb0, qb1) of head h of batch b. An f32
- * qkv is read in place; a bf16/f16 one has the head's keys and values
- * that the blocks see widened once into w ([rows][2D]: k | v) and each
- * block's q rows into qt, then the same fwd_rows on those tiles.
+ * qkv is read in place; a bf16/f16 one has the head's keys that the blocks
+ * see widened once into kT (transposed: [D][ldT]), its values into vw
+ * ([rows][D]) and each block's q rows into qt, then the same fwd_rows on
+ * those tiles (the keys transposed once a task, not once a query block).
  * kt: fwd_scratch(t, T, D). */
 static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                      bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
@@ -301,30 +379,45 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     if (t == DT_F32) {
         const float *base = (const float *)qkv + b * T * C3 + h * D;
         for (int64_t i0 = ia; i0 < iz; i0 += BQ)
-            fwd_rows(vec, t, base + i0 * C3, C3, base + C, base + 2 * C, C3, T, C, D, gbh, causal, p, key, i0,
-                     i0 + BQ < iz ? i0 + BQ : iz, kt, yh, NULL, lh);
+            fwd_rows(vec, t, base + i0 * C3, C3, base + C, NULL, 0, base + 2 * C, C3, T, C, D, gbh, causal, p, key,
+                     i0, i0 + BQ < iz ? i0 + BQ : iz, kt, yh, NULL, lh);
         return;
     }
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
-    float *qt = kt + DMAX * BK, *w = qt + BQ * DMAX;
-    const int64_t nkv = causal ? iz : T; /* the keys the last row sees */
+    const int64_t nkv = causal ? iz : T, ldT = (nkv + 7) & ~(int64_t)7; /* the keys the last row sees */
+    float *qt = kt + DMAX * BK, *kT = qt + BQ * DMAX, *vw = kT + D * ldT;
     for (int64_t j = 0; j < nkv; j++) {
-        widen_row(vec, t, src + j * C3 + C, w + j * 2 * D, D);
-        widen_row(vec, t, src + j * C3 + 2 * C, w + j * 2 * D + D, D);
+        widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
+        for (int64_t d = 0; d < D; d++)
+            kT[d * ldT + j] = kt[d];
+        widen_row(vec, t, src + j * C3 + 2 * C, vw + j * D, D);
     }
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t j = nkv; j < ldT; j++)
+            kT[d * ldT + j] = 0.0f;
     for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
         int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
         for (int64_t i = i0; i < i1; i++)
             widen_row(vec, t, src + i * C3, qt + (i - i0) * D, D);
-        fwd_rows(vec, t, qt, D, w, w + D, 2 * D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+        fwd_rows(vec, t, qt, D, NULL, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
     }
 }
 
 /* A forward task's scratch in floats: a transposed key block, and with
- * bf16/f16 a block's q rows and the head's keys and values widened. */
+ * bf16/f16 a block's q rows and the head's keys (transposed, T rounded up
+ * to a multiple of 8) and values widened. */
 static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    return (size_t)(DMAX * BK + (t == DT_F32 ? 0 : BQ * DMAX + 2 * T * D));
+    return (size_t)(DMAX * BK + (t == DT_F32 ? 0 : BQ * DMAX + 2 * T * D + 8 * D));
+}
+
+/* The row loops of a task over a qkv of dtype t: with bf16/f16 on the
+ * AVX-512 paths the fast ones (DT__ATT_FAST), else dt__vec_level()'s (the
+ * bits of the f32 arithmetic on the widened qkv). */
+static int task_vec(dt_dtype t)
+{
+    int vec = dt__vec_level();
+    return t != DT_F32 && vec >= DT__VEC_AVX512 ? DT__ATT_FAST : vec;
 }
 
 static dt_status heads_args(const char *fn, int64_t H, int64_t h0, int64_t Ht)
@@ -381,7 +474,7 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
     const size_t scratch = fwd_scratch(t, T, D) * sizeof(float);
     bool nomem = false;
-    const int vec = dt__vec_level();
+    const int vec = task_vec(t);
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(scratch);
@@ -437,11 +530,12 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     uint16_t hb[DMAX];
     const float *qb, *kb, *vb, *gy; /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
     int64_t ld, ldg;
+    float *dim = dsm + T * BK; /* [T]: each row's Di, once (not once a key block) */
     if (t == DT_F32) {
         qb = (const float *)qkv + b * T * C3 + h * D, kb = qb + C, vb = qb + 2 * C, ld = C3;
         gy = dy + b * T * C + h * D, ldg = C;
     } else {
-        float *w = dsm + T * BK, *wg = w + T * 3 * D;
+        float *w = dim + T, *wg = w + T * 3 * D;
         const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
         for (int64_t i = 0; i < T; i++) {
             for (int k = 0; k < 3; k++)
@@ -451,9 +545,11 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
         gy = wg, ldg = D;
     }
-    for (int64_t i = 0; i < T; i++) /* this head's columns of dq, dk, dv */
+    for (int64_t i = 0; i < T; i++) { /* this head's columns of dq, dk, dv, and Di */
         for (int k = 0; k < 3; k++)
             memset(gbase + i * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
+        dim[i] = dot_seq(gy + i * ldg, y + (b * T + i) * C + h * D, D);
+    }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
         int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
         block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
@@ -461,11 +557,21 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
             int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
             const float *q = qb + i * ld, *g = gy + i * ldg;
-            const float *yo = y + (b * T + i) * C + h * D;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
-            float L = lse[bh * T + i], Di = dot_seq(g, yo, D);
-            row_dots(vec, q, kt, D, ne, sc);
-            row_dots(vec, g, vt, D, ne, dp);
+            float L = lse[bh * T + i], Di = dim[i];
+            row_dots(vec, q, kt, BK, D, ne, sc);
+            row_dots(vec, g, vt, BK, D, ne, dp);
+#if DT__X86_VEC
+            if (vec == DT__ATT_FAST) {
+                fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
+                for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on the fast path's P */
+                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                    float P = pd[jj];
+                    pd[jj] = kp ? P * pscale : 0.0f;
+                    ds[jj] = P * ((kp ? dp[jj] * pscale : 0.0f) - Di) * scale;
+                }
+            } else
+#endif
             for (int64_t jj = 0; jj < ne; jj++) {
                 float P = expf(sc[jj] * scale - L);
                 float dP = dp[jj], Pd = P;
@@ -494,10 +600,11 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
 }
 
 /* A backward task's scratch in floats: the key and value blocks, P and dS
- * ([T, BK] each), and with bf16/f16 the widened q|k|v [T][3D] and dy [T][D]. */
+ * ([T, BK] each), the rows' Di [T], and with bf16/f16 the widened q|k|v
+ * [T][3D] and dy [T][D]. */
 static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + (t == DT_F32 ? 0 : 4 * T * D));
+    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + T + (t == DT_F32 ? 0 : 4 * T * D));
 }
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
@@ -517,7 +624,7 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     DT__CHECK_PTR(fn, dqkv, B * T * C3);
     int nt = dt__threads_for(B * T * T * C * 2);
     bool nomem = false;
-    const int vec = dt__vec_level();
+    const int vec = task_vec(t);
     const size_t scratch = bwd_scratch(t, T, D) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {

@@ -123,14 +123,60 @@ DT__AVX512 static inline void rows_acc_avx512(float *restrict out, const float *
         out[d0] = a;
     }
 }
+
+/* rows_acc with fused multiply-adds (one rounding a term instead of two)
+ * on 16 lanes: 128, 64, 32 and 16 columns at a time, the last D mod 16
+ * under a mask. Not the bits of the others: the attention over a bf16/f16
+ * qkv runs it on the AVX-512 paths (DT__ATT_FAST), the f32 one never. */
+DT__AVX512 static inline void rows_acc_fma16(float *restrict out, const float *restrict c, int64_t cs,
+                                             const float *restrict x, int64_t xs, int64_t n, int64_t D)
+{
+    int64_t d0 = 0;
+#define RAF_BLOCK(W)                                                                                           \
+    for (; d0 + (W) <= D; d0 += (W)) {                                                                         \
+        __m512 a[(W) / 16];                                                                                    \
+        _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++) a[k] = _mm512_loadu_ps(out + d0 + 16 * k);  \
+        for (int64_t t = 0; t < n; t++) {                                                                      \
+            const __m512 ct = _mm512_set1_ps(c[t * cs]);                                                       \
+            const float *xr = x + t * xs + d0;                                                                 \
+            _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++) a[k] =                                  \
+                _mm512_fmadd_ps(ct, _mm512_loadu_ps(xr + 16 * k), a[k]);                                       \
+        }                                                                                                      \
+        _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++) _mm512_storeu_ps(out + d0 + 16 * k, a[k]);  \
+    }
+    RAF_BLOCK(128)
+    RAF_BLOCK(64)
+    RAF_BLOCK(32)
+    RAF_BLOCK(16)
+#undef RAF_BLOCK
+    if (d0 < D) {
+        const __mmask16 m = (__mmask16)((1u << (D - d0)) - 1u);
+        __m512 a = _mm512_maskz_loadu_ps(m, out + d0);
+        for (int64_t t = 0; t < n; t++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(c[t * cs]), _mm512_maskz_loadu_ps(m, x + t * xs + d0), a);
+        _mm512_mask_storeu_ps(out + d0, m, a);
+    }
+}
 #endif
 
-/* The widest row loop vec (dt__vec_level()) allows: rows_acc_avx512,
- * rows_acc_avx2 or the baseline; the same bits on every one. */
+/* The row-loop level of the attention over a bf16/f16 qkv on the AVX-512
+ * paths: rows_acc_fma16 and the 16-lane softmax rows of attention.c (with
+ * dt__expf16), within a stated bound of the f32 arithmetic rather than its
+ * bits. Above DT__VEC_AVX512, so every "vec >= DT__VEC_AVX512" test (the
+ * bf16 row loops) holds for it too. */
+#define DT__ATT_FAST 3
+
+/* The widest row loop vec (dt__vec_level(), or DT__ATT_FAST) allows:
+ * rows_acc_fma16, rows_acc_avx512, rows_acc_avx2 or the baseline; the same
+ * bits on every one but the first. */
 static inline void rows_acc(int vec, float *restrict out, const float *restrict c, int64_t cs,
                             const float *restrict x, int64_t xs, int64_t n, int64_t D)
 {
 #if DT__X86_VEC
+    if (vec == DT__ATT_FAST) {
+        rows_acc_fma16(out, c, cs, x, xs, n, D);
+        return;
+    }
     if (vec >= DT__VEC_AVX512) {
         rows_acc_avx512(out, c, cs, x, xs, n, D);
         return;
@@ -156,16 +202,17 @@ static inline void block_t(const float *restrict x, int64_t C3, int64_t nk, int6
             xt[d * DT__ATT_BK + jj] = 0.0f;
 }
 
-/* s[jj] = sum_d q[d] xt[d][jj] for jj < nk, each sum in d order, vectorised along the keys: computed
- * for nk rounded up to a multiple of 8 (block_t zeroes the columns past the block; s has DT__ATT_BK
- * entries), so no column takes the scalar path. */
-static inline void row_dots(int vec, const float *restrict q, const float *restrict xt, int64_t D, int64_t nk,
-                            float *restrict s)
+/* s[jj] = sum_d q[d] xt[d ldxt + jj] for jj < nk, each sum in d order, vectorised along the keys:
+ * computed for nk rounded up to a multiple of 8 (the caller zeroes the columns past the keys, as
+ * block_t does; s has DT__ATT_BK entries), so no column takes the scalar path. xt: a block_t copy
+ * (ldxt = DT__ATT_BK) or a view into a whole head's keys transposed. */
+static inline void row_dots(int vec, const float *restrict q, const float *restrict xt, int64_t ldxt, int64_t D,
+                            int64_t nk, float *restrict s)
 {
     int64_t w = (nk + 7) & ~(int64_t)7;
     for (int64_t jj = 0; jj < w; jj++)
         s[jj] = 0.0f;
-    rows_acc(vec, s, q, 1, xt, DT__ATT_BK, D, w);
+    rows_acc(vec, s, q, 1, xt, ldxt, D, w);
 }
 
 #endif

@@ -110,7 +110,7 @@ DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const 
             int64_t n = visible(causal, qpos0 + r, kpos0, Tk), je = n < j1 ? n : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, q + r * ldq, kt, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kt, BK, D, je - j0, s);
             float mx = m[r];
             for (int64_t j = 0; j < je - j0; j++) {
                 s[j] *= scale;
@@ -224,8 +224,8 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
             const float *qi = q + i * ldq, *g = dy + i * lddy;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             float L = lse[i], Di = dotf(g, y + i * ldy, D);
-            row_dots(vec, qi, kt, D, ne, sc);
-            row_dots(vec, g, vt, D, ne, dp);
+            row_dots(vec, qi, kt, BK, D, ne, sc);
+            row_dots(vec, g, vt, BK, D, ne, dp);
             for (int64_t jj = 0; jj < ne; jj++) {
                 float P = expf(sc[jj] * scale - L);
                 pd[jj] = P;
