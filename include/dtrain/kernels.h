@@ -542,7 +542,7 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * widening qkv first; on the avx512 and avx512_bf16 paths the sums use
  * fused multiply-adds and 16 partial sums and the exponentials a
  * polynomial within 2 ulp of expf (0 below e^-87), so they differ from
- * those bits by the f32 sums' rounding: each element within 2^-16 of the
+ * those bits by the f32 sums' rounding: each element within 2^-19 of the
  * tensor's largest |value| in the tests (tests/autograd/test_attention_lp;
  * about 2^-22 measured). ylp (B, T, C) of t, or NULL: y rounded to t as
  * well (the t result autocast keeps; on the fast paths an element may round

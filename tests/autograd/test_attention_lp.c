@@ -12,7 +12,7 @@
  *     element by element |got - want| <= u |want| + A max|want|, with u one
  *     unit in the last place of the dtype relative (2^-7 bf16, 2^-10 f16; a
  *     result whose f32 value lies by a rounding boundary may round the
- *     other way) or 0 for f32 results, A = 2^-14 (the f32 sums' rounding,
+ *     other way) or 0 for f32 results, A = 2^-19 (the f32 sums' rounding,
  *     over the tensor's largest value), NaN where the reference has NaN and
  *     the same infinities.
  *
@@ -42,7 +42,7 @@ static bool fast_path(dt_k_isa isa)
  * pass through more bf16/f16 ops after the attention's rounded gradient
  * (gqa_pack's sum, rope's rotation), where a one-unit flip of a summand
  * shows as u times the summand, not the result. */
-#define A_KERNEL 0x1p-16
+#define A_KERNEL 0x1p-19
 #define A_DOWN(dt) ((dt) == DT_BF16 ? 0x1p-7 : 0x1p-10)
 
 /* The elements of got (f32) outside the bound around want: |got - want| <=
