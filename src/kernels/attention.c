@@ -314,10 +314,16 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
+#if DT__X86_VEC
+            if (vec == DT__ATT_BF16) /* q and kT hold bf16 pairs */
+                row_dots_bf16((const uint32_t *)(const void *)(q + r * ldq), (const uint32_t *)(const void *)kb, ldT,
+                              (D + 1) / 2, je - j0, s);
+            else
+#endif
+                row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
             float mx = m[r];
 #if DT__X86_VEC
-            if (vec == DT__ATT_FAST)
+            if (vec >= DT__ATT_FAST)
                 mx = fast_scale_max(s, je - j0, scale, mx);
             else
 #endif
@@ -332,7 +338,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
 #if DT__X86_VEC
-            if (vec == DT__ATT_FAST) {
+            if (vec >= DT__ATT_FAST) {
                 sum = fast_exp_sum(s, je - j0, mx);
                 for (int64_t j = j0; j < je && p > 0.0f; j++)
                     s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
@@ -386,6 +392,20 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
     const int64_t nkv = causal ? iz : T, ldT = (nkv + 7) & ~(int64_t)7; /* the keys the last row sees */
     float *qt = kt + DMAX * BK, *kT = qt + BQ * DMAX, *vw = kT + D * ldT;
+    if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16) */
+        const int64_t D2 = (D + 1) / 2;
+        uint32_t *kp = (uint32_t *)(void *)kT, *qp = (uint32_t *)(void *)qt;
+        bf16_pairs_t(src + C, C3, nkv, D, kp, ldT, (uint32_t *)(void *)kt);
+        for (int64_t j = 0; j < nkv; j++)
+            widen_row(vec, t, src + j * C3 + 2 * C, vw + j * D, D);
+        for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
+            int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
+            for (int64_t i = i0; i < i1; i++)
+                bf16_pairs(src + i * C3, qp + (i - i0) * D2, D);
+            fwd_rows(vec, t, qt, D2, NULL, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+        }
+        return;
+    }
     for (int64_t j = 0; j < nkv; j++) {
         widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
         for (int64_t d = 0; d < D; d++)
@@ -417,6 +437,8 @@ static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
 static int task_vec(dt_dtype t)
 {
     int vec = dt__vec_level();
+    if (t == DT_BF16 && dt_k_get_isa() == DT_K_ISA_AVX512_BF16)
+        return DT__ATT_BF16;
     return t != DT_F32 && vec >= DT__VEC_AVX512 ? DT__ATT_FAST : vec;
 }
 
@@ -528,19 +550,28 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
     float sc[BK], dp[BK];
     uint16_t hb[DMAX];
+    uint32_t pr[DMAX / 2]; /* a row's bf16 pairs (bf16_pairs_t's scratch) */
     const float *qb, *kb, *vb, *gy; /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
     int64_t ld, ldg;
+    const int64_t D2 = (D + 1) / 2;
+    const uint16_t *src = t == DT_F32 ? NULL : (const uint16_t *)qkv + b * T * C3 + h * D;
+    uint32_t *qp = NULL, *gp = NULL; /* DT__ATT_BF16: the q and dy rows as bf16 pairs, [T][D2] each */
     float *dim = dsm + T * BK; /* [T]: each row's Di, once (not once a key block) */
     if (t == DT_F32) {
         qb = (const float *)qkv + b * T * C3 + h * D, kb = qb + C, vb = qb + 2 * C, ld = C3;
         gy = dy + b * T * C + h * D, ldg = C;
     } else {
         float *w = dim + T, *wg = w + T * 3 * D;
-        const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+        if (vec == DT__ATT_BF16)
+            qp = (uint32_t *)(void *)(wg + T * D), gp = qp + T * D2;
         for (int64_t i = 0; i < T; i++) {
             for (int k = 0; k < 3; k++)
                 widen_row(vec, t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
             round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
+            if (qp) {
+                bf16_pairs(src + i * C3, qp + i * D2, D);
+                bf16_pairs(hb, gp + i * D2, D);
+            }
         }
         qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
         gy = wg, ldg = D;
@@ -552,17 +583,30 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
         int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
-        block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
-        block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
+        if (qp) { /* the block's keys and values as bf16 pairs (row_dots_bf16) */
+            bf16_pairs_t(src + j0 * C3 + C, C3, j1 - j0, D, (uint32_t *)(void *)kt, BK, pr);
+            bf16_pairs_t(src + j0 * C3 + 2 * C, C3, j1 - j0, D, (uint32_t *)(void *)vt, BK, pr);
+        } else {
+            block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
+            block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
+        }
         for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
             int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
             const float *q = qb + i * ld, *g = gy + i * ldg;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             float L = lse[bh * T + i], Di = dim[i];
-            row_dots(vec, q, kt, BK, D, ne, sc);
-            row_dots(vec, g, vt, BK, D, ne, dp);
 #if DT__X86_VEC
-            if (vec == DT__ATT_FAST) {
+            if (qp) {
+                row_dots_bf16(qp + i * D2, (const uint32_t *)(const void *)kt, BK, D2, ne, sc);
+                row_dots_bf16(gp + i * D2, (const uint32_t *)(const void *)vt, BK, D2, ne, dp);
+            } else
+#endif
+            {
+                row_dots(vec, q, kt, BK, D, ne, sc);
+                row_dots(vec, g, vt, BK, D, ne, dp);
+            }
+#if DT__X86_VEC
+            if (vec >= DT__ATT_FAST) {
                 fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
                 for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on the fast path's P */
                     bool kp = keep(key, p, gbh, T, i, j0 + jj);
@@ -601,10 +645,10 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
 
 /* A backward task's scratch in floats: the key and value blocks, P and dS
  * ([T, BK] each), the rows' Di [T], and with bf16/f16 the widened q|k|v
- * [T][3D] and dy [T][D]. */
+ * [T][3D] and dy [T][D] and (DT__ATT_BF16) the q and dy rows' bf16 pairs. */
 static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + T + (t == DT_F32 ? 0 : 4 * T * D));
+    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + T + (t == DT_F32 ? 0 : 4 * T * D + T * (D + 1)));
 }
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,

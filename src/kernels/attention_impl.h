@@ -159,12 +159,77 @@ DT__AVX512 static inline void rows_acc_fma16(float *restrict out, const float *r
 }
 #endif
 
-/* The row-loop level of the attention over a bf16/f16 qkv on the AVX-512
+/* The row-loop levels of the attention over a bf16/f16 qkv on the AVX-512
  * paths: rows_acc_fma16 and the 16-lane softmax rows of attention.c (with
  * dt__expf16), within a stated bound of the f32 arithmetic rather than its
- * bits. Above DT__VEC_AVX512, so every "vec >= DT__VEC_AVX512" test (the
- * bf16 row loops) holds for it too. */
+ * bits. DT__ATT_BF16 (a bf16 qkv on the avx512_bf16 path) also takes the
+ * scores q . k and dy . v from the bf16 operands themselves by vdpbf16ps
+ * (row_dots_bf16). Above DT__VEC_AVX512, so every "vec >= DT__VEC_AVX512"
+ * test (the bf16 row loops) holds for them too. */
 #define DT__ATT_FAST 3
+#define DT__ATT_BF16 4
+
+#if DT__X86_VEC
+#define DT__AVX512BF16 __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* s[jj] = sum_d q[d] k_jj[d] for jj < nk (<= DT__ATT_BK) from bf16 operands
+ * in pairs: qp[d2] holds q[2 d2] (low half) and q[2 d2 + 1], and kp[d2 ldk
+ * + jj] the same pair of key jj (a zero high half past an odd D). vdpbf16ps
+ * multiplies exactly and adds in f32 (bf16 subnormals read as 0), two
+ * chains of 16 keys over the even and the odd pairs, then their sum. */
+DT__AVX512BF16 static inline void row_dots_bf16(const uint32_t *restrict qp, const uint32_t *restrict kp, int64_t ldk,
+                                                int64_t D2, int64_t nk, float *restrict s)
+{
+    __m512 a[4], b[4];
+    __mmask16 m[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+    {
+        int64_t r = nk - 16 * c;
+        m[c] = r >= 16 ? (__mmask16)0xffff : r > 0 ? (__mmask16)((1u << r) - 1u) : (__mmask16)0;
+        a[c] = b[c] = _mm512_setzero_ps();
+    }
+    int64_t d2 = 0;
+    for (; d2 + 2 <= D2; d2 += 2) {
+        const __m512bh q0 = (__m512bh)_mm512_set1_epi32((int)qp[d2]), q1 = (__m512bh)_mm512_set1_epi32((int)qp[d2 + 1]);
+        const uint32_t *k0 = kp + d2 * ldk, *k1 = k0 + ldk;
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) if (m[c])
+        {
+            a[c] = _mm512_dpbf16_ps(a[c], q0, (__m512bh)_mm512_maskz_loadu_epi32(m[c], k0 + 16 * c));
+            b[c] = _mm512_dpbf16_ps(b[c], q1, (__m512bh)_mm512_maskz_loadu_epi32(m[c], k1 + 16 * c));
+        }
+    }
+    if (d2 < D2) {
+        const __m512bh q0 = (__m512bh)_mm512_set1_epi32((int)qp[d2]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) if (m[c]) a[c] =
+            _mm512_dpbf16_ps(a[c], q0, (__m512bh)_mm512_maskz_loadu_epi32(m[c], kp + d2 * ldk + 16 * c));
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(s + 16 * c, m[c],
+                                                                              _mm512_add_ps(a[c], b[c]));
+}
+#endif
+
+/* The pairs of n bf16 values at src as row_dots_bf16 reads them: dst[0,
+ * (n + 1) / 2) (little-endian: the bytes themselves, a zero high half past
+ * an odd n). */
+static inline void bf16_pairs(const uint16_t *restrict src, uint32_t *restrict dst, int64_t n)
+{
+    dst[(n + 1) / 2 - 1] = 0;
+    memcpy(dst, src, (size_t)n * sizeof *src);
+}
+
+/* Keys (or values) [0, nk) of bf16 rows at src (stride lds) as pairs
+ * transposed: dst[d2 ldd + j] = the pair d2 of row j, for d2 < (D + 1) / 2;
+ * row is a (D + 1) / 2 words' scratch. */
+static inline void bf16_pairs_t(const uint16_t *restrict src, int64_t lds, int64_t nk, int64_t D,
+                                uint32_t *restrict dst, int64_t ldd, uint32_t *restrict row)
+{
+    const int64_t D2 = (D + 1) / 2;
+    for (int64_t j = 0; j < nk; j++) {
+        bf16_pairs(src + j * lds, row, D);
+        for (int64_t d2 = 0; d2 < D2; d2++)
+            dst[d2 * ldd + j] = row[d2];
+    }
+}
 
 /* The widest row loop vec (dt__vec_level(), or DT__ATT_FAST) allows:
  * rows_acc_fma16, rows_acc_avx512, rows_acc_avx2 or the baseline; the same
@@ -173,7 +238,7 @@ static inline void rows_acc(int vec, float *restrict out, const float *restrict 
                             const float *restrict x, int64_t xs, int64_t n, int64_t D)
 {
 #if DT__X86_VEC
-    if (vec == DT__ATT_FAST) {
+    if (vec >= DT__ATT_FAST) {
         rows_acc_fma16(out, c, cs, x, xs, n, D);
         return;
     }
