@@ -31,6 +31,10 @@
  *     terms, which the attention kernel computes), peak_gemm_ms their time
  *     at the measured rates: the part of median_ms that no faster
  *     element-wise, attention or optimizer code can remove.
+ *     peak_cpu_gflops_per_core_s is the same GEMMs' FLOPs per CPU-second
+ *     of the process (all threads): a core's rate, which a busy machine
+ *     lowers less than the wall-time peak (set it against bench/isa_peak's
+ *     per-core instruction limit, which is measured the same way).
  *   - Others (the ConvNet: convolutions, whose FC layers are the only
  *     GEMMs): one 2048^3 product in the step's dtype (peak_kind
  *     "f32 2048^3", "bf16 2048^3"; peak_shapes 1, peak_gemm_gflop and
@@ -358,7 +362,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
                "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,\"peak_kind\":\"%s\","
-               "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,"
+               "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\"}\n",
                name, batch, (long long)seq_out, dt_optim_kind_name(tp.optimizer), precision,
                dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : lm_head ? "fused" : "unfused",
@@ -366,7 +370,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                tpg ? dt_pg_size(tpg) : 1, steps, warmup, prep_s * 1e3, med[0] * 1e3, mn * 1e3, first_s * 1e3,
                med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
                med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, kind,
-               peak > 0 ? (used > 0 ? used : 1) : 0, used > 0 ? rate.gflop : 0.0, used > 0 ? rate.seconds * 1e3 : 0.0, pct,
+               peak > 0 ? (used > 0 ? used : 1) : 0, used > 0 ? rate.gflop : 0.0, used > 0 ? rate.seconds * 1e3 : 0.0, cpu_peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
                cpu_pct, params, rss, (double)last_loss,
                dt__omp_wait_desc(omp_wait, sizeof omp_wait));
