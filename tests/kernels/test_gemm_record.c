@@ -3,6 +3,7 @@
  * low-precision entry as itself (not as the f32 product it may run on),
  * repeats are counted, nothing is seen outside a recording; the bench's
  * work and weighting; misuse is an error. Speeds are not checked. */
+// dt-test-labels: threads
 #include "dtrain/kernels.h"
 #include "test.h"
 
