@@ -40,6 +40,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#if !defined(__x86_64__) || !defined(__GNUC__)
+int main(void)
+{
+    fprintf(stderr, "isa_peak: it measures x86-64 vector instructions (GCC or Clang inline assembly); this "
+                    "build is not one\n");
+    return 2;
+}
+#else
+
 #define NOINLINE __attribute__((noinline))
 
 static double now_s(void)
@@ -315,3 +324,4 @@ int main(int argc, char **argv)
     }
     return 0;
 }
+#endif
