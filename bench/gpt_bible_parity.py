@@ -12,8 +12,10 @@ Issue 15's parity benchmark: a small GPT-2 trained on the Bible token files
 How "the same" is made:
   - weights: this script draws them (torch.manual_seed(seed), GPT-2's init:
     normal 0.02, residual projections 0.02 / sqrt(2 n_layer), zero biases,
-    LayerNorm 1/0), writes them as safetensors with Hugging Face's names and
-    dtrain loads them with --init-from;
+    LayerNorm 1/0, drawn in the order of transformers' GPT2LMHeadModel, so
+    they are also what `dtrain train --rng torch --seed N` draws), writes
+    them as safetensors with Hugging Face's names and dtrain loads them with
+    --init-from;
   - batches: llm.c token windows (item i = tokens[i T, i T + T + 1)), drawn
     by torch.randperm(items, generator seeded seed + epoch) in batches of B
     (DistributedSampler's order at world size 1, which dtrain's --rng torch
@@ -73,6 +75,7 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(nx, nf))
         self.bias = nn.Parameter(torch.zeros(nf))
+        nn.init.normal_(self.weight, std=0.02)  # transformers' Conv1D draws in its constructor
 
     def forward(self, x):
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
@@ -112,14 +115,18 @@ class GPT(nn.Module):
         self.transformer.ln_f = nn.LayerNorm(width)
 
     def init_gpt2(self, layers):
-        for name, p in self.named_parameters():
-            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
-                nn.init.ones_(p)
-            elif p.dim() == 1:
-                nn.init.zeros_(p)
-            else:
-                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
+        """GPT-2's init in transformers' order (GPT2PreTrainedModel._init_weights applied post-order after
+        the constructors' draws: wte, wpe, then per block c_attn, attn.c_proj at 0.02 and again at
+        0.02 / sqrt(2 layers), the MLP alike); LayerNorm 1/0 and zero biases stay from the constructors."""
+        tr = self.transformer
+        nn.init.normal_(tr.wte.weight, 0.0, 0.02)
+        nn.init.normal_(tr.wpe.weight, 0.0, 0.02)
+        for blk in tr.h:
+            for part in (blk.attn, blk.mlp):
+                for conv in part.children():
+                    nn.init.normal_(conv.weight, 0.0, 0.02)
+                    nn.init.zeros_(conv.bias)
+                nn.init.normal_(part.c_proj.weight, 0.0, 0.02 / math.sqrt(2 * layers))
 
     def logits(self, idx):
         tr = self.transformer

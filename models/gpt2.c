@@ -12,9 +12,11 @@
  * op (unless c_fc carries hooks, then it runs as its own module). Every
  * projection is one oneDNN matmul over all B*T rows.
  *
- * Init is nanoGPT's: Linear/Conv1D weights and both embeddings N(0, 0.02),
- * biases 0, LayerNorm 1/0, then every c_proj weight N(0, 0.02/sqrt(2 L)),
- * drawn from dtrain's Philox stream (dt_model_build).
+ * Init is GPT-2's: Conv1D weights and both embeddings N(0, 0.02), biases
+ * 0, LayerNorm 1/0, every c_proj weight N(0, 0.02/sqrt(2 L)), drawn from
+ * dtrain's Philox stream (dt_model_build). With PyTorch's stream
+ * (dt_model_init_torch) the draws are transformers' GPT2LMHeadModel(config)
+ * after torch.manual_seed (torch_order below), so the weights are its.
  *
  * Tensor parallel (dt_model_config.tp over t ranks, Megatron's layout;
  * tp.h): c_attn is column-parallel in three chunks (the rank's n_head/t
@@ -135,6 +137,60 @@ static dt_module *conv1d(int64_t in, int64_t out, float std)
         {.name = "bias", .ndim = 1, .shape = {out}, .init = DT_NN_INIT_ZEROS},
     };
     return dt_nn_custom("Conv1D", 2, s, conv1d_forward, NULL);
+}
+
+/* ---- PyTorch's draws (dt_model_set_torch_init) ----
+ * transformers' GPT2LMHeadModel(config) under torch.manual_seed (checked
+ * against transformers 5.24, scripts/make_init_goldens.py):
+ *   1. the constructors: wte and wpe N(0, 1) (nn.Embedding), then per block
+ *      each Conv1D weight N(0, 0.02) (c_attn, attn.c_proj, c_fc,
+ *      mlp.c_proj); LayerNorm and the biases draw nothing;
+ *   2. GPT2Model's post_init, post-order: wte, wpe N(0, 0.02); per block
+ *      c_attn N(0, 0.02); attn.c_proj N(0, 0.02), then GPT2Attention's own
+ *      redraw N(0, 0.02/sqrt(2 L)); the MLP alike;
+ *   3. lm_head's constructor and init draw last and, tied to wte, change
+ *      nothing: left out. */
+static dt_status torch_order(dt_model *m, int64_t L)
+{
+    const size_t n = (size_t)(4 + 10 * L);
+    dt_torch_draw *d = malloc(n * sizeof *d);
+    if (!d)
+        return dt_error(DT_ERR_NO_MEMORY, "gpt2: out of memory");
+    const float std = 0.02f, pstd = (float)(0.02 / sqrt(2.0 * (double)L));
+    static const char *const proj[4] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+    size_t k = 0;
+    dt_status st = DT_OK;
+    char name[96];
+#define DRAW(nm, i_, a_, keep_)                                                                                        \
+    do {                                                                                                               \
+        int64_t e_ = dt_model_find_entry(m, nm);                                                                       \
+        if (e_ < 0) {                                                                                                  \
+            st = dt_error(DT_ERR_INTERNAL, "gpt2: no entry '%s'", nm);                                                 \
+            goto done;                                                                                                 \
+        }                                                                                                              \
+        d[k++] = (dt_torch_draw){.entry = (size_t)e_, .init = (i_), .a = (a_), .keep = (keep_)};                      \
+    } while (0)
+    DRAW("transformer.wte.weight", DT_NN_INIT_NORMAL, 1.0f, false);
+    DRAW("transformer.wpe.weight", DT_NN_INIT_NORMAL, 1.0f, false);
+    for (int64_t i = 0; i < L; i++)
+        for (int j = 0; j < 4; j++) {
+            snprintf(name, sizeof name, "transformer.h.%lld.%s.weight", (long long)i, proj[j]);
+            DRAW(name, DT_NN_INIT_NORMAL, std, false);
+        }
+    DRAW("transformer.wte.weight", DT_NN_INIT_NORMAL, std, true);
+    DRAW("transformer.wpe.weight", DT_NN_INIT_NORMAL, std, true);
+    for (int64_t i = 0; i < L; i++)
+        for (int j = 0; j < 4; j++) {
+            snprintf(name, sizeof name, "transformer.h.%lld.%s.weight", (long long)i, proj[j]);
+            DRAW(name, DT_NN_INIT_NORMAL, std, j % 2 == 0);
+            if (j % 2)
+                DRAW(name, DT_NN_INIT_NORMAL, pstd, true);
+        }
+#undef DRAW
+    st = dt_model_set_torch_init(m, d, k);
+done:
+    free(d);
+    return st;
 }
 
 /* ---- sequence parallelism (Korthikanti et al.; tp.h) ----
@@ -581,6 +637,11 @@ dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config 
         SET_CFG(root, k, 1); /* lm_forward: hidden states in training mode, the loss applies the head */
     if ((st = dt_model_build(root, seed, &c->build, out)) < 0)
         return st;
+    if (!tp && (st = torch_order(*out, L)) < 0) { /* a tensor-parallel rank's draws are the whole model's */
+        dt_model_free(*out);
+        *out = NULL;
+        return st;
+    }
     dt_model_set_pipe_units(*out, gpt2_units); /* how a pipeline cuts it */
     d->lm_head = c->fused_lm_loss && !tp ? head : NULL;
     d->loss = DT_LOSS_CROSS_ENTROPY;

@@ -15,7 +15,9 @@
  * q | k | v out for the blocked causal attention kernel, whose scale is
  * 1/sqrt(hd). Linear weights are [out, in] (dt_linear). Init is
  * transformers' _init_weights: every Linear and the embedding N(0,
- * initializer_range), biases 0, norms 1, no residual rescaling.
+ * initializer_range), biases 0, norms 1, no residual rescaling. With
+ * PyTorch's stream (dt_model_init_torch) the draws are transformers'
+ * LlamaForCausalLM(config) after torch.manual_seed (torch_order below).
  *
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
@@ -308,6 +310,69 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     return DT_OK;
 }
 
+/* ---- PyTorch's draws (dt_model_set_torch_init) ----
+ * transformers' LlamaForCausalLM(config) under torch.manual_seed (checked
+ * against transformers 5.24, scripts/make_init_goldens.py):
+ *   1. LlamaModel's constructors: embed_tokens N(0, 1) (nn.Embedding), then
+ *      per layer q, k, v, o, gate, up, down: each nn.Linear's kaiming
+ *      weight and, when it has one, its bias U(+-1/sqrt(in)); norms none;
+ *   2. LlamaModel's post_init, in module order: embed_tokens, then every
+ *      Linear weight N(0, initializer_range) (biases zeroed: no draw);
+ *   3. lm_head's constructor (kaiming), then its init N(0, range); tied
+ *      to embed_tokens the two change nothing: left out. */
+static const char *const g_proj[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+/* Appends a draw for entry `name` to d (false + error when it is missing). */
+static bool draw(const dt_model *m, dt_torch_draw *d, size_t *k, const char *name, dt_nn_init init, double a,
+                 bool keep)
+{
+    int64_t e = dt_model_find_entry(m, name);
+    if (e < 0) {
+        dt_error(DT_ERR_INTERNAL, "llama: no entry '%s'", name);
+        return false;
+    }
+    d[(*k)++] = (dt_torch_draw){.entry = (size_t)e, .init = init, .a = (float)a, .keep = keep};
+    return true;
+}
+
+static dt_status torch_order(dt_model *m, const dt_llama_config *c)
+{
+    const int64_t L = c->num_hidden_layers;
+    dt_torch_draw *d = malloc((size_t)(4 + 21 * L) * sizeof *d);
+    if (!d)
+        return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
+    size_t k = 0;
+    char w[128], b[128];
+    bool ok = draw(m, d, &k, "model.embed_tokens.weight", DT_NN_INIT_NORMAL, 1.0, false);
+    for (int64_t i = 0; i < L && ok; i++)
+        for (int j = 0; j < 7 && ok; j++) {
+            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, g_proj[j]);
+            snprintf(b, sizeof b, "model.layers.%lld.%s.bias", (long long)i, g_proj[j]);
+            dt_param_info p;
+            int64_t e = dt_model_find_entry(m, w);
+            ok = e >= 0 && dt_model_entry(m, (size_t)e, &p) == DT_OK && p.ndim == 2 && p.shape[1] > 0;
+            ok = ok && draw(m, d, &k, w, DT_NN_INIT_KAIMING, 0.0, false);
+            if (ok && dt_model_find_entry(m, b) >= 0) /* torch: 1 / math.sqrt(fan_in) */
+                ok = draw(m, d, &k, b, DT_NN_INIT_UNIFORM, 1.0 / sqrt((double)p.shape[1]), false);
+        }
+    ok = ok && draw(m, d, &k, "model.embed_tokens.weight", DT_NN_INIT_NORMAL, c->initializer_range, true);
+    for (int64_t i = 0; i < L && ok; i++)
+        for (int j = 0; j < 7 && ok; j++) {
+            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, g_proj[j]);
+            ok = draw(m, d, &k, w, DT_NN_INIT_NORMAL, c->initializer_range, true);
+        }
+    int64_t head = dt_model_find_entry(m, "lm_head.weight");
+    dt_param_info hp;
+    if (ok && head >= 0 && dt_model_entry(m, (size_t)head, &hp) == DT_OK && hp.tied_to < 0)
+        ok = draw(m, d, &k, "lm_head.weight", DT_NN_INIT_KAIMING, 0.0, false) &&
+             draw(m, d, &k, "lm_head.weight", DT_NN_INIT_NORMAL, c->initializer_range, true);
+    dt_status st = ok ? dt_model_set_torch_init(m, d, k)
+                      : dt_last_status() < 0 ? dt_last_status() : dt_error(DT_ERR_INTERNAL, "llama: bad layer shapes");
+    free(d);
+    return st;
+}
+
 dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_model_config *cfg, dt_model **out,
                           dt_model_desc *d)
 {
@@ -386,6 +451,11 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     }
     if ((st = dt_model_build(root, seed, &c.build, out)) < 0)
         return st;
+    if (!tp && (st = torch_order(*out, lc)) < 0) { /* a tensor-parallel rank's draws are the whole model's */
+        dt_model_free(*out);
+        *out = NULL;
+        return st;
+    }
     dt_model_set_pipe_units(*out, llama_units); /* how a pipeline cuts it */
     if (!d)
         return DT_OK;

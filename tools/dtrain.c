@@ -43,8 +43,9 @@ static void usage(FILE *f)
  * "Shared CPUs"); passive waiting never collapses but costs an idle machine
  * 11-22% of the ConvNet's speed. So the default follows the machine at
  * start: when the cores other processes leave free are enough for this
- * process's compute threads (dt_omp_wait_passive: min(1-minute load, tasks
- * runnable now) <= cores - threads + 0.5) -> a short spin,
+ * process's compute threads (dt_omp_wait_choose: min(1-minute load, tasks
+ * runnable now, the median of up to 9 readings over ~40 ms when the load
+ * alone does not decide) <= cores - threads + 0.5) -> a short spin,
  * GOMP_SPINCOUNT=3000 (idle speed within 3-5% of the full spin; if work
  * arrives later, at most ~2x slower, not 30x); busier -> OMP_WAIT_POLICY=
  * passive. DT_LOADAVG stands in for the load (tests). libgomp reads both
@@ -61,15 +62,14 @@ static void omp_wait_default(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
         return;
-    double load;
-    int running;
     const int cores = dt__run_cores(), threads = dt_get_num_threads();
-    const bool known = dt_cpu_load_read(&load, &running) == DT_OK;
-    const bool passive = dt_omp_wait_passive(known ? load : -1, known ? running : -1, cores, threads);
-    char why[128];
-    if (known)
-        snprintf(why, sizeof why, "default, load %.2f, %d running, %d thread%s on %d core%s", load, running,
-                 threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s");
+    dt_omp_wait_reading r;
+    const bool passive = dt_omp_wait_choose(cores, threads, NULL, NULL, &r);
+    char why[160];
+    if (r.load1 >= 0)
+        snprintf(why, sizeof why, "default, load %.2f, %d running, %d thread%s on %d core%s, %d reading%s", r.load1,
+                 r.running, threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", r.readings,
+                 r.readings == 1 ? "" : "s");
     else
         snprintf(why, sizeof why, "default, load unknown");
     if ((passive ? setenv("OMP_WAIT_POLICY", "passive", 1) : setenv("GOMP_SPINCOUNT", DT_IDLE_SPINCOUNT, 1)) == 0 &&

@@ -72,8 +72,9 @@ static const opt_def opts[] = {
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
     {"rng", OPT_CHOICE, OFF(rng), 0, 0, "torch|philox", "NAME",
      "how --seed draws the initial weights and the data order: torch = PyTorch's numbers "
-     "(torch.manual_seed(N), then randperm seeded N + epoch, as DistributedSampler(seed=N)); "
-     "philox = dtrain's counter-based streams (default torch)"},
+     "(the weights the same model has in PyTorch after torch.manual_seed(N): for GPT-2 and Llama "
+     "transformers' GPT2LMHeadModel / LlamaForCausalLM of the same config; then randperm seeded "
+     "N + epoch, as DistributedSampler(seed=N)); philox = dtrain's counter-based streams (default torch)"},
     {"limit-train", OPT_INT, OFF(limit_train), 0, 1e12, NULL, "N",
      "use only the first N training items (default 0 = all)"},
     {"limit-test", OPT_INT, OFF(limit_test), 0, 1e12, NULL, "N",

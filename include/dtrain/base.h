@@ -379,23 +379,23 @@ DT_API int dt_get_num_threads(void);
  * take the CPU from the thread still computing: with libgomp's default spin
  * a run on a loaded 2-core machine gets 20-30x slower. Passive waiting never
  * collapses, but an idle machine pays a wake-up per parallel region (the
- * ConvNet step 15-20%). The dtrain program picks one at start from these
- * two calls (a short spin, GOMP_SPINCOUNT=3000, or OMP_WAIT_POLICY=passive;
- * libgomp reads both once, when it is loaded, so the choice is made before
- * any OpenMP code runs and the program executes itself again with it):
+ * ConvNet step 15-25%). The dtrain program picks one at start (a short
+ * spin, GOMP_SPINCOUNT=3000, or OMP_WAIT_POLICY=passive; libgomp reads both
+ * once, when it is loaded, and offers no call that changes either later, so
+ * the choice is made before any OpenMP code runs and the program executes
+ * itself again with it):
  *
- *     double load; int running;
- *     dt_cpu_load_read(&load, &running);
- *     bool passive = dt_omp_wait_passive(load, running, cores, dt_get_num_threads());
+ *     dt_omp_wait_reading r;
+ *     bool passive = dt_omp_wait_choose(cores, dt_get_num_threads(), NULL, NULL, &r);
  *
- * dt_cpu_load_read: the machine's 1-minute load average (*load1) and the
- * tasks runnable now besides the caller (*running), /proc/loadavg's first
- * and fourth fields (the fourth read three times about 1 ms apart, the
- * largest kept). DT_LOADAVG stands in for both (tests, or to force a
- * choice): "L" (a number >= 0) gives load L and running floor(L); "L,R"
- * gives running R (an integer >= 0). Returns DT_OK; on a malformed
- * DT_LOADAVG DT_ERR_INVALID_ARG, and DT_ERR_IO when /proc/loadavg cannot be
- * read, with both outputs -1 (unknown) and a message naming the source. */
+ * dt_cpu_load_read: one reading of the machine's 1-minute load average
+ * (*load1) and of the tasks runnable now besides the caller (*running),
+ * /proc/loadavg's first and fourth fields. DT_LOADAVG stands in for both
+ * (tests, or to force a choice): "L" (a number >= 0) gives load L and
+ * running floor(L); "L,R" gives running R (an integer >= 0). Returns DT_OK;
+ * on a malformed DT_LOADAVG DT_ERR_INVALID_ARG, and DT_ERR_IO when
+ * /proc/loadavg cannot be read, with both outputs -1 (unknown) and a
+ * message naming the source. */
 DT_API dt_status dt_cpu_load_read(double *load1, int *running);
 /* True when passive waiting is the better bet for a process that runs
  * `threads` compute threads on a machine of `cores` cores: when fewer cores
@@ -409,6 +409,26 @@ DT_API dt_status dt_cpu_load_read(double *load1, int *running);
  * threads == cores the threshold is 0.5; with threads = 1 no team waits and
  * the policy hardly matters. */
 DT_API bool dt_omp_wait_passive(double load1, int running, int cores, int threads);
+/* One reading for dt_omp_wait_choose: as dt_cpu_load_read (DT_OK, or < 0
+ * when unknown). */
+typedef dt_status (*dt_load_sample_fn)(void *ud, double *load1, int *running);
+/* What dt_omp_wait_choose read. */
+typedef struct {
+    double load1; /* the first reading's 1-minute load; -1 unknown */
+    int running;  /* the runnable count decided on (the median of the readings); -1 unknown */
+    int readings; /* readings taken, 1..9 */
+} dt_omp_wait_reading;
+/* dt_omp_wait_passive over a short window instead of one instant: the
+ * first reading's load1 alone decides when it leaves the cores free (spin;
+ * one reading, no wait); otherwise readings of the runnable count are taken
+ * (5 ms apart with the default sampler) until 5 of them agree, at most 9
+ * (~40 ms), and their median decides, so one task runnable at one instant
+ * on an idle machine does not make it passive. sample NULL: /proc/loadavg
+ * (dt_cpu_load_read; DT_LOADAVG set: that one reading decides); else
+ * sample(ud, ...) gives each reading (tests: a sequence). An unknown first
+ * reading gives passive. *out (may be NULL): what was read. */
+DT_API bool dt_omp_wait_choose(int cores, int threads, dt_load_sample_fn sample, void *ud,
+                               dt_omp_wait_reading *out);
 
 /* ---- CPU features ----------------------------------------------------- */
 typedef struct {

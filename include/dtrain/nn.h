@@ -537,8 +537,33 @@ DT_API void dt_model_free(dt_model *m);
  * uniform_ for Linear/Conv2d weights and biases (+-1/sqrt(fan_in)) and for
  * Xavier, normal_ for Embedding. Parameters with constant inits and buffers
  * are left as they are. A model whose modules PyTorch builds in the same
- * order then starts from bit-identical weights (the ConvNet: test_nn_torch_init). */
+ * order then starts from bit-identical weights (the ConvNet:
+ * test_torch_rng). A model whose PyTorch twin draws otherwise (constructor
+ * defaults first, then its own init, some tensors twice) carries that
+ * order (dt_model_set_torch_init) and this follows it: the zoo's GPT-2 and
+ * Llama carry transformers' (models.h). */
 DT_API dt_status dt_model_init_torch(dt_model *m, uint64_t seed);
+
+/* One draw from PyTorch's stream in a model's construction: what torch
+ * draws for entry `entry`, and whether that draw is the entry's value. */
+typedef struct dt_torch_draw {
+    size_t entry;    /* the entry (dt_model_find_entry) */
+    dt_nn_init init; /* UNIFORM or NORMAL (with a); KAIMING or XAVIER (the bound from the entry's
+                        shape, as dt_nn_param_spec's) */
+    float a;         /* bound / std for UNIFORM and NORMAL */
+    bool keep;       /* true: the entry's initial value (the last kept draw wins); false: drawn and
+                        dropped (a constructor's draw that the model's init replaces) */
+} dt_torch_draw;
+/* The order in which the model's PyTorch twin draws from its generator, for
+ * dt_model_init_torch, dt_model_init_range (DT_INIT_TORCH) and
+ * dt_model_init_frozen: the n draws (copied) replace the default (each
+ * entry's own init once, in entry order). Constant inits (zeros, ones) draw
+ * nothing and keep their build values. Randomly initialised, untied float
+ * entries without a kept draw (LoRA's adapters, which PEFT adds to the
+ * built model) draw after the n, in entry order, each its own init. A draw
+ * names a float parameter and a random init, else DT_ERR_INVALID_ARG naming
+ * it. n 0 restores the default. */
+DT_API dt_status dt_model_set_torch_init(dt_model *m, const dt_torch_draw *draws, size_t n);
 
 /* Initial-value generators (dt_model_init_range). */
 typedef enum {

@@ -140,12 +140,6 @@ static dt_status resolve_ties(dt_model *md)
     return DT_OK;
 }
 
-static bool random_init(dt_nn_init init)
-{
-    return init == DT_NN_INIT_UNIFORM || init == DT_NN_INIT_NORMAL || init == DT_NN_INIT_KAIMING ||
-           init == DT_NN_INIT_XAVIER;
-}
-
 /* The U(-b, b) bound of a KAIMING or XAVIER init. Philox uses the short
  * formulas, torch's stream the ones torch evaluates (same value to an ulp). */
 static double init_bound(const dt_param_info *p, dt_nn_init init, bool torch)
@@ -212,26 +206,24 @@ static float *init_target(dt_dtype dt, void *out, size_t n)
     return t;
 }
 
-/* Entry e's draws from torch's stream g (all numel of them, in order),
- * keeping elements [lo, hi) into out (out may be NULL when lo == hi).
- * Constant inits draw nothing. */
-static void torch_part(dt_torch_rng *g, const dt__entry *e, const dt_nn_param_spec *s, size_t lo, size_t hi,
-                       float *out)
+/* One draw d from torch's stream g for entry e (all numel numbers, in
+ * order), keeping elements [lo, hi) into out (out may be NULL when lo == hi). */
+static void torch_part(dt_torch_rng *g, const dt__entry *e, const dt_torch_draw *d, size_t lo, size_t hi, float *out)
 {
     const dt_param_info *p = &e->info;
-    switch (s->init) {
+    switch (d->init) {
     case DT_NN_INIT_ZEROS:
     case DT_NN_INIT_ONES:
         break;
     case DT_NN_INIT_UNIFORM:
-        dt_torch_rng_uniform_part(g, p->numel, lo, hi, out, -(double)s->a, (double)s->a);
+        dt_torch_rng_uniform_part(g, p->numel, lo, hi, out, -(double)d->a, (double)d->a);
         break;
     case DT_NN_INIT_NORMAL:
-        dt_torch_rng_normal_part(g, p->numel, lo, hi, out, 0.0, (double)s->a);
+        dt_torch_rng_normal_part(g, p->numel, lo, hi, out, 0.0, (double)d->a);
         break;
     case DT_NN_INIT_KAIMING:
     case DT_NN_INIT_XAVIER: {
-        double b = init_bound(p, s->init, true);
+        double b = init_bound(p, d->init, true);
         dt_torch_rng_uniform_part(g, p->numel, lo, hi, out, -b, b);
         break;
     }
@@ -240,6 +232,56 @@ static void torch_part(dt_torch_rng *g, const dt__entry *e, const dt_nn_param_sp
 
 static const dt_nn_param_spec *entry_spec(const dt__entry *e) { return &e->info.module->specs[e->spec]; }
 
+/* Elements [lo, hi) of entry e into dst (dtype e's): the f32 values of
+ * fill(..., out) rounded once for low-precision entries. With a draw d from
+ * g, else its constant init (Philox's writer). */
+static dt_status write_part(const dt_model *md, const dt__entry *e, dt_torch_rng *g, const dt_torch_draw *d,
+                            uint64_t seed, size_t lo, size_t hi, void *dst)
+{
+    float *t = init_target(e->info.dtype, dst, hi - lo);
+    if (dst && !t)
+        return dt_last_status();
+    if (d)
+        torch_part(g, e, d, lo, hi, t);
+    else
+        philox_part(md, e, entry_spec(e), seed, lo, hi, t);
+    if (t != dst) {
+        store_init(e->info.dtype, t, dst, hi - lo);
+        free(t);
+    }
+    return DT_OK;
+}
+
+/* Writes entry e's constant init (zeros, ones) when it has one and `want`. */
+static dt_status write_constant(const dt_model *md, const dt__entry *e, uint64_t seed, bool want)
+{
+    const dt_param_info *p = &e->info;
+    if (!want || e->tied >= 0 || !p->tensor || !p->numel || !dt_dtype_is_float(p->dtype) ||
+        (p->is_buffer && !p->frozen) || dt__random_init(entry_spec(e)->init))
+        return DT_OK;
+    return write_part(md, e, NULL, NULL, seed, 0, p->numel, p->tensor->data);
+}
+
+/* Walks torch's stream for md (dt__torch_draw), writing the kept draws of
+ * the entries keep() accepts whole, dropping the rest. */
+static dt_status torch_walk(dt_model *md, uint64_t seed, bool frozen_only)
+{
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (size_t k = 0; k < dt__torch_ndraws(md); k++) {
+        dt_torch_draw d;
+        if (!dt__torch_draw(md, k, &d))
+            continue;
+        const dt__entry *e = &md->entries[d.entry];
+        const dt_param_info *p = &e->info;
+        bool keep = d.keep && e->tied < 0 && p->tensor && (!frozen_only || p->frozen);
+        dt_status st = write_part(md, e, &g, &d, seed, 0, keep ? p->numel : 0, keep ? p->tensor->data : NULL);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK;
+}
+
 dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
 {
     if (!md)
@@ -247,32 +289,14 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
     if (md->meta)
         return dt_error(DT_ERR_STATE, "dt_model_init_torch: the model is meta (no storage): use "
                                       "dt_model_init_range(m, DT_INIT_TORCH, seed, shard)");
-    dt_torch_rng g;
-    dt_torch_rng_seed(&g, seed);
+    /* constant inits draw nothing from torch's stream; they are written
+     * here too (a low-precision entry may hold unset values) */
     for (size_t i = 0; i < md->nentry; i++) {
-        dt__entry *e = &md->entries[i];
-        const dt_param_info *p = &e->info;
-        if ((p->is_buffer && !p->frozen) || !dt_dtype_is_float(p->dtype))
-            continue;
-        /* a tied entry draws its numbers and drops them, as torch's module
-         * initialises its own weight before the assignment ties it */
-        size_t n = e->tied >= 0 ? 0 : p->numel;
-        void *dst = e->tied >= 0 ? NULL : p->tensor->data;
-        float *t = init_target(p->dtype, dst, n);
-        if (dst && !t)
-            return dt_last_status();
-        /* constant inits draw nothing from torch's stream; they are written
-         * here too (t is a scratch of unset values for bf16/f16 entries) */
-        if (random_init(entry_spec(e)->init))
-            torch_part(&g, e, entry_spec(e), 0, n, t);
-        else if (n)
-            philox_part(md, e, entry_spec(e), seed, 0, n, t);
-        if (t != dst) {
-            store_init(p->dtype, t, dst, n);
-            free(t);
-        }
+        dt_status st = write_constant(md, &md->entries[i], seed, true);
+        if (st < 0)
+            return st;
     }
-    return DT_OK;
+    return torch_walk(md, seed, false);
 }
 
 dt_status dt_model_init_frozen(dt_model *md, dt_init_rng rng, uint64_t seed)
@@ -283,29 +307,12 @@ dt_status dt_model_init_frozen(dt_model *md, dt_init_rng rng, uint64_t seed)
         return dt_error(DT_ERR_INVALID_ARG, "dt_model_init_frozen: unknown generator %d", (int)rng);
     if (rng == DT_INIT_PHILOX)
         return DT_OK; /* the build drew them so */
-    dt_torch_rng g;
-    dt_torch_rng_seed(&g, seed);
     for (size_t i = 0; i < md->nentry; i++) {
-        dt__entry *e = &md->entries[i];
-        const dt_param_info *p = &e->info;
-        if ((p->is_buffer && !p->frozen) || !dt_dtype_is_float(p->dtype))
-            continue;
-        bool keep = p->frozen && e->tied < 0 && p->tensor;
-        size_t n = keep ? p->numel : 0;
-        void *dst = keep ? p->tensor->data : NULL;
-        float *t = init_target(p->dtype, dst, n);
-        if (dst && !t)
-            return dt_last_status();
-        if (random_init(entry_spec(e)->init))
-            torch_part(&g, e, entry_spec(e), 0, n, t);
-        else if (n)
-            philox_part(md, e, entry_spec(e), seed, 0, n, t);
-        if (t != dst) {
-            store_init(p->dtype, t, dst, n);
-            free(t);
-        }
+        dt_status st = write_constant(md, &md->entries[i], seed, md->entries[i].info.frozen);
+        if (st < 0)
+            return st;
     }
-    return DT_OK;
+    return torch_walk(md, seed, true);
 }
 
 dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed, dt_flat *dst)
@@ -326,48 +333,38 @@ dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed
         memset(dst->base, 0, dt_flat_nbytes(dst));
     if (!dt_dtype_is_float(dst->dtype))
         return DT_OK; /* non-float entries start at zero */
-    dt_torch_rng g;
-    dt_torch_rng_seed(&g, seed);
+    /* Philox's values, and torch's constant inits: each entry's part of the range */
     for (size_t i = 0; i < md->nentry; i++) {
         const dt__entry *e = &md->entries[i];
         const dt_param_info *p = &e->info;
-        if (p->frozen && rng == DT_INIT_TORCH && dt_dtype_is_float(p->dtype)) { /* in the buffers: drawn, skipped */
-            torch_part(&g, e, entry_spec(e), 0, 0, NULL);
+        if (p->is_buffer || p->dtype != dst->dtype || e->tied >= 0 ||
+            (rng == DT_INIT_TORCH && dt__random_init(entry_spec(e)->init)))
             continue;
-        }
-        if (p->is_buffer || !dt_dtype_is_float(p->dtype))
-            continue;
-        if (p->dtype != dst->dtype) { /* another flat; torch's stream still draws it */
-            if (rng == DT_INIT_TORCH)
-                torch_part(&g, e, entry_spec(e), 0, 0, NULL);
-            continue;
-        }
         size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (e->tied >= 0)
-            a = b = 0; /* its storage is its source's */
-        void *dst_p = a < b ? dt_flat_ptr(dst, a) : NULL;
-        const dt_nn_param_spec *s = entry_spec(e);
-        if (a >= b) {
-            if (rng == DT_INIT_TORCH) /* not ours, but its draws come before the next entry's */
-                torch_part(&g, e, s, 0, 0, NULL);
+        dt_status st = a < b ? write_part(md, e, NULL, NULL, seed, a - p->offset, b - p->offset, dt_flat_ptr(dst, a))
+                             : DT_OK;
+        if (st < 0)
+            return st;
+    }
+    if (rng != DT_INIT_TORCH)
+        return DT_OK;
+    /* torch's stream: every draw in order (time of the whole model), the
+     * range's part of the kept ones (memory of the range); frozen entries
+     * live in the buffers and the other dtypes in other flats */
+    dt_torch_rng g;
+    dt_torch_rng_seed(&g, seed);
+    for (size_t k = 0; k < dt__torch_ndraws(md); k++) {
+        dt_torch_draw d;
+        if (!dt__torch_draw(md, k, &d))
             continue;
-        }
-        float *out = init_target(p->dtype, dst_p, b - a);
-        if (!out)
-            return dt_last_status();
-        if (rng == DT_INIT_PHILOX) {
-            philox_part(md, e, s, seed, a - p->offset, b - p->offset, out);
-        } else {
-            /* constant inits are not redrawn by torch: they keep the build's values */
-            if (!random_init(s->init))
-                philox_part(md, e, s, seed, a - p->offset, b - p->offset, out);
-            else
-                torch_part(&g, e, s, a - p->offset, b - p->offset, out);
-        }
-        if (out != dst_p) {
-            store_init(p->dtype, out, dst_p, b - a);
-            free(out);
-        }
+        const dt__entry *e = &md->entries[d.entry];
+        const dt_param_info *p = &e->info;
+        size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (!d.keep || p->is_buffer || p->dtype != dst->dtype || e->tied >= 0 || a >= b)
+            a = b = p->offset; /* drawn, not ours */
+        dt_status st = write_part(md, e, &g, &d, seed, a - p->offset, b - p->offset, a < b ? dt_flat_ptr(dst, a) : NULL);
+        if (st < 0)
+            return st;
     }
     return DT_OK;
 }
@@ -586,6 +583,7 @@ void dt_model_free(dt_model *md)
     dt__hooks_free(&md->ready);
     for (int d = 0; d < DT_DTYPE_COUNT; d++)
         free(md->keep[d]);
+    free(md->torch_draws);
     free(md);
 }
 

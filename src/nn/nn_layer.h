@@ -110,7 +110,17 @@ struct dt_model {
     size_t *keep[DT_DTYPE_COUNT];
     size_t nkeep[DT_DTYPE_COUNT];
     dt_model_units_fn pipe_units; /* dt_model_set_pipe_units (NULL: none) */
+    dt_torch_draw *torch_draws;   /* dt_model_set_torch_init (NULL: one draw per entry) */
+    size_t ntorch_draws;
 };
+
+/* Draw k (k < dt__torch_ndraws(md)) of torch's stream for md: the model's
+ * recipe (dt_model_set_torch_init) or, without one, entry k's own init
+ * (kept unless tied). False when draw k draws nothing (a constant init, a
+ * buffer, a non-float entry). model_torch.c. */
+size_t dt__torch_ndraws(const dt_model *md);
+bool dt__torch_draw(const dt_model *md, size_t k, dt_torch_draw *out);
+bool dt__random_init(dt_nn_init init);
 
 /* A meta model (dt_model_build_params.meta) gets its parameter and
  * gradient flats after all, whole-sized but lazy (dt_flat_alloc: flats of

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Golden initial weights for `--rng torch` (tests/base/test_torch_init.c).
+
+dtrain's `--rng torch` (dt_model_init_torch) starts a model from the
+weights PyTorch gives it after torch.manual_seed(seed). For GPT-2 and Llama
+"PyTorch's model" is transformers' GPT2LMHeadModel(config) and
+LlamaForCausalLM(config): this script builds them and writes, for every
+parameter, its element count, its first three and last two values and its
+sum, one line per parameter:
+
+    CASE NAME NUMEL H0 H1 H2 T1 T2 SUM
+
+Cases (seed 0, dropout 0):
+  gpt           dtrain's gpt-micro with --n-layer 3 --vocab-size 300
+                (3 layers: the residual std 0.02/sqrt(6) is not a round
+                number), GPT2Config(n_layer=3, n_head=2, n_embd=64,
+                n_positions=64, vocab_size=300)
+  llama         llama-tiny (untied head): LlamaConfig(vocab_size=512,
+                hidden_size=64, intermediate_size=176, 2 layers, 4 heads,
+                2 kv heads, head_dim 16, 128 positions)
+  llama_bias    llama-tiny tied, with attention_bias and mlp_bias
+
+Usage: $PEER_PYTHON scripts/make_init_goldens.py [tests/data/torch_init/goldens.txt]
+(written with transformers 5.24 and torch 2.15; the file records both).
+"""
+import os
+import sys
+
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+transformers.logging.set_verbosity_error()
+
+
+def llama_cfg(**kw):
+    return LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                       rms_norm_eps=1e-5, initializer_range=0.02, **kw)
+
+
+CASES = [
+    ("gpt", lambda: GPT2LMHeadModel(GPT2Config(n_layer=3, n_head=2, n_embd=64, n_positions=64, vocab_size=300,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                               bos_token_id=0, eos_token_id=0))),
+    ("llama", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=False))),
+    ("llama_bias", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=True, attention_bias=True, mlp_bias=True))),
+]
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("tests", "data", "torch_init", "goldens.txt")
+    lines = [f"# scripts/make_init_goldens.py: transformers {transformers.__version__}, torch {torch.__version__}"]
+    for case, make in CASES:
+        torch.manual_seed(0)
+        model = make()
+        for name, p in model.named_parameters():  # a tied head is listed once, under the embedding's name
+            x = p.detach().reshape(-1).double()
+            vals = [x[0], x[1], x[2], x[-2], x[-1]]
+            lines.append(f"{case} {name} {x.numel()} " + " ".join(f"{float(v):.9g}" for v in vals) +
+                         f" {float(x.sum()):.17g}")
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, out)
+    print(f"{out}: {len(lines) - 1} parameters")
+
+
+if __name__ == "__main__":
+    main()
