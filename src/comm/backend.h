@@ -97,7 +97,9 @@ char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);
  * the application computes meanwhile and the poll takes the core it
  * computes on (ZeRO-3 and DDP reduce in the background, and a rank's
  * progress threads and compute threads together outnumber its cores). The
- * send/recv batches nap on the progress thread for the same reason. */
+ * send/recv batches nap on the progress thread for the same reason. In
+ * both cases not while another group's progress thread of this process
+ * runs an operation: it takes the core the waiting thread leaves. */
 int dt__comm_may_poll(void);
 
 /* Environment helpers: integer / double value of a variable, or def if

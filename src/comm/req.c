@@ -365,11 +365,17 @@ static void run_head_locked(dt_pg *pg, const dt_req *mine)
 
 /* The group whose progress thread this is (NULL on the application's threads). */
 static _Thread_local const dt_pg *progress_of;
+/* Progress threads of this process running an operation now (every group's). */
+static _Atomic int progress_running;
 
 int dt__comm_may_poll(void)
 {
     const dt_pg *pg = progress_of;
-    return !pg || atomic_load_explicit(&((dt_pg *)pg)->waiting, memory_order_relaxed) > 0;
+    if (pg && atomic_load_explicit(&((dt_pg *)pg)->waiting, memory_order_relaxed) == 0)
+        return 0; /* in the background: the rank computes meanwhile */
+    /* another group's progress thread copying at the same time (ZeRO-3's reduce-scatters while the
+       application waits for a gather) already takes the core that waiting frees */
+    return atomic_load_explicit(&progress_running, memory_order_relaxed) - (pg ? 1 : 0) <= 0;
 }
 
 static void *progress_main(void *arg)
@@ -399,7 +405,9 @@ static void *progress_main(void *arg)
             pthread_mutex_lock(&pg->mu);
             continue;
         }
+        atomic_fetch_add_explicit(&progress_running, 1, memory_order_relaxed);
         run_head_locked(pg, NULL);
+        atomic_fetch_sub_explicit(&progress_running, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;

@@ -11,7 +11,10 @@
  * generous (0.3 s of the process's CPU over the 0.9 s sleep): a loaded
  * machine only lowers a poll's CPU time, and the sleeping path costs
  * milliseconds. Then the same with rank 0 waiting in dt_req_wait (values
- * only: it may poll there). */
+ * only: it may poll there). Last, rank 0 blocks in an all-reduce of the
+ * world group while a second group's progress thread runs one: the
+ * waiter does not poll either (two threads of one rank would take both
+ * cores of a 2-core machine from the peer). */
 // dt-test-timeout: 120
 #include "harness.h"
 #include "test.h"
@@ -65,6 +68,33 @@ static int body(int rank, int size, void *arg)
         for (size_t i = 0; i < N; i += 4099)
             TH_CHECK(x[i] == 3.0f * (float)(i % 7), "round %d: x[%zu] = %g", round, i, (double)x[i]);
     }
+    /* rank 0 blocks in an all-reduce of the world group while a second group's progress thread
+       runs one too (ZeRO-3: a gather waited for while a reduce-scatter goes on): neither polls */
+    dt_pg *dup = NULL;
+    TH_OK(dt_pg_dup(pg, &dup));
+    float *y = malloc(N * sizeof *y);
+    TH_CHECK(y != NULL, "malloc");
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)(rank + 1), y[i] = (float)(2 * rank + 1);
+    TH_OK(dt_pg_barrier(pg));
+    if (rank == 1) {
+        nap(1.2);
+        TH_OK(dt_pg_allreduce(dup, DT_IN_PLACE, y, N, DT_F32, DT_REDUCE_SUM));
+        TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM));
+    } else {
+        dt_req *rq = NULL;
+        TH_OK(dt_pg_allreduce_async(dup, DT_IN_PLACE, y, N, DT_F32, DT_REDUCE_SUM, &rq));
+        nap(0.15);
+        const double c0 = cpu_s();
+        TH_OK(dt_pg_allreduce(pg, DT_IN_PLACE, x, N, DT_F32, DT_REDUCE_SUM));
+        const double used = cpu_s() - c0;
+        TH_CHECK(used < 0.3, "a waiter polled beside a running progress thread: %.3f s of CPU in ~1 s", used);
+        TH_OK(dt_req_wait(rq, -1));
+        dt_req_free(rq);
+    }
+    TH_CHECK(x[N - 1] == 3.0f && y[N - 1] == 4.0f, "sums %g %g", (double)x[N - 1], (double)y[N - 1]);
+    free(y);
+    dt_pg_free(dup);
     free(x);
     dt_pg_free(pg);
     return 0;
