@@ -90,6 +90,18 @@ void dt__blk_gather(void *const *dsts, const void *src, const dt_pg_block *sb, s
  * "allreduce(count=10, f32, sum) #5". Returns buf. */
 char *dt__coll_describe(const dt_coll *c, char *buf, size_t n);
 
+/* May a thread that waits for a peer inside a backend's run busy-poll
+ * (beyond a short pause-spin) instead of sleeping? Yes on an application
+ * thread (it has nothing else to do); on a group's progress thread only
+ * while an application thread is blocked waiting on that group: otherwise
+ * the application computes meanwhile and the poll takes the core it
+ * computes on (ZeRO-3 and DDP reduce in the background, and a rank's
+ * progress threads and compute threads together outnumber its cores). The
+ * send/recv batches nap on the progress thread for the same reason. In
+ * both cases not while another group's progress thread of this process
+ * runs an operation: it takes the core the waiting thread leaves. */
+int dt__comm_may_poll(void);
+
 /* Environment helpers: integer / double value of a variable, or def if
  * unset; a set but malformed value is an error. */
 

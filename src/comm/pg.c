@@ -40,6 +40,7 @@ static dt_pg *pg_new(const dt_backend_ops *ops, int rank, int size, int lrank, i
     pg->local_rank = lrank;
     pg->local_size = lsize;
     pg->spin = -1;
+    atomic_init(&pg->waiting, 0);
     pg->timeout_s = timeout_s;
     pg->check = check;
     pthread_mutex_init(&pg->mu, NULL);

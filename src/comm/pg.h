@@ -96,6 +96,8 @@ struct dt_pg {
                                 * themselves, the progress thread leaves it to them */
     int spin;                  /* -1 unknown; 1: every thread of this machine's ranks has a core,
                                 * so a waiter that runs a batch polls instead of napping */
+    _Atomic int waiting;       /* threads blocked in dt_req_wait on this group (read without mu by
+                                * the progress thread's backend waits: dt__comm_may_poll) */
     dt_status fail_st;         /* DT_OK while healthy */
     char fail_msg[DT__MSG_CAP];
 

@@ -363,9 +363,25 @@ static void run_head_locked(dt_pg *pg, const dt_req *mine)
     dt__pg_kick_locked(pg);
 }
 
+/* The group whose progress thread this is (NULL on the application's threads). */
+static _Thread_local const dt_pg *progress_of;
+/* Progress threads of this process running an operation now (every group's). */
+static _Atomic int progress_running;
+
+int dt__comm_may_poll(void)
+{
+    const dt_pg *pg = progress_of;
+    if (pg && atomic_load_explicit(&((dt_pg *)pg)->waiting, memory_order_relaxed) == 0)
+        return 0; /* in the background: the rank computes meanwhile */
+    /* another group's progress thread copying at the same time (ZeRO-3's reduce-scatters while the
+       application waits for a gather) already takes the core that waiting frees */
+    return atomic_load_explicit(&progress_running, memory_order_relaxed) - (pg ? 1 : 0) <= 0;
+}
+
 static void *progress_main(void *arg)
 {
     dt_pg *pg = arg;
+    progress_of = pg;
     pthread_mutex_lock(&pg->mu);
     int yielded = 0;
     for (;;) {
@@ -389,7 +405,9 @@ static void *progress_main(void *arg)
             pthread_mutex_lock(&pg->mu);
             continue;
         }
+        atomic_fetch_add_explicit(&progress_running, 1, memory_order_relaxed);
         run_head_locked(pg, NULL);
+        atomic_fetch_sub_explicit(&progress_running, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
@@ -586,6 +604,9 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
     const double tw = timeout_s != 0 && atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS
                           ? dt_trace_now()
                           : 0;
+    const int blocked = timeout_s != 0 && atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS;
+    if (blocked) /* the progress thread running it may poll now (dt__comm_may_poll) */
+        atomic_fetch_add_explicit(&pg->waiting, 1, memory_order_relaxed);
     pthread_mutex_lock(&pg->mu);
     int driver = 0;
     for (;;) {
@@ -609,6 +630,8 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
         } else if (pthread_cond_timedwait(&pg->cv, &pg->mu, &dl) != 0) {
             if (atomic_load_explicit(&req->state, memory_order_acquire) == DT_INPROGRESS) {
                 pthread_mutex_unlock(&pg->mu);
+                if (blocked)
+                    atomic_fetch_sub_explicit(&pg->waiting, 1, memory_order_relaxed);
                 return DT_INPROGRESS;
             }
         }
@@ -619,6 +642,8 @@ dt_status dt_req_wait(dt_req *req, double timeout_s)
         dt__pg_kick_locked(pg); /* the progress thread takes what is left */
     }
     pthread_mutex_unlock(&pg->mu);
+    if (blocked)
+        atomic_fetch_sub_explicit(&pg->waiting, 1, memory_order_relaxed);
     dt_trace_span(DT_TRACE_WAIT, dt_coll_kind_name(req->c.kind), tw);
     return dt_req_test(req);
 }

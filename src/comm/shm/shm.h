@@ -37,7 +37,10 @@
  *   DT_SHM_SPIN_US     then busy-poll this many microseconds before sleeping
  *                      (default 20000 when local ranks x compute threads fit
  *                      the cores, else 0): a sleeping vCPU can take
- *                      milliseconds to wake, far longer than most waits
+ *                      milliseconds to wake, far longer than most waits;
+ *                      only where dt__comm_may_poll allows it (not a
+ *                      progress thread nobody waits for, not beside
+ *                      another group's running progress thread)
  */
 #ifndef DT_COMM_SHM_H
 #define DT_COMM_SHM_H

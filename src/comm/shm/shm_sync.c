@@ -1,7 +1,9 @@
 /* Waiting, waking, aborting and noticing dead peers.
  *
  * A wait spins (s->spin iterations with a pause), then, when the ranks on
- * this machine have a core each, busy-polls for s->spin_s seconds (checking
+ * this machine have a core each and the waiting thread is not a progress
+ * thread running in the background while its rank computes
+ * (dt__comm_may_poll), busy-polls for s->spin_s seconds (checking
  * the abort record, the deadline and peer liveness as the sleeping loop
  * does), then yields a few times, then sleeps on the peer's futex word for
  * at most 50 ms at a time. The
@@ -201,7 +203,8 @@ static dt_status wait_loop(shm_ctx *s, _Atomic uint64_t *v, uint64_t target, _At
             return DT_OK;
         cpu_relax();
     }
-    if (s->spin_s > 0) { /* busy-poll (ranks have cores to themselves), watching for failures */
+    if (s->spin_s > 0 && dt__comm_may_poll()) { /* busy-poll (ranks have cores to themselves and nothing
+                                                    computes on this one meanwhile), watching for failures */
         const double until = dt_time_s() + s->spin_s;
         for (;;) {
             for (int i = 0; i < 256; i++) {
