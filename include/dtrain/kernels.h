@@ -377,6 +377,19 @@ DT_API dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, 
 DT_API dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels,
                                        dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
                                        float *dlogits);
+/* dt_k_softmax_xent_fwd without prob that also keeps each row's
+ * log-sum-exp in save_lse (rows floats, every row, ignored ones too) for
+ * dt_k_softmax_xent_bwd_lse: the backward then skips the pass that
+ * recomputes it (one exp per logit). */
+DT_API dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_dtype label_type,
+                                           int64_t rows, int64_t cols, float *loss, float *save_lse);
+/* dt_k_softmax_xent_bwd recomputing the softmax from logits with the row
+ * log-sum-exps lse that dt_k_softmax_xent_fwd_lse saved for these logits:
+ * the same bits as dt_k_softmax_xent_bwd(logits, NULL, ...), one pass over
+ * each row instead of two. */
+DT_API dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels,
+                                           dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
+                                           float *dlogits);
 /* *loss = mean((pred - target)^2) over n elements (n >= 1). */
 DT_API dt_status dt_k_mse_fwd(const float *pred, const float *target, int64_t n, float *loss);
 /* dpred = dloss * 2 (pred - target) / n. */

@@ -1,5 +1,6 @@
 /* The kernels' vector row loops (dt__expf8 / dt__expf16: the fused bias +
- * GELU and the chunked softmax cross-entropy; rows_acc: attention forward
+ * GELU and the chunked softmax cross-entropy, its backward from saved
+ * log-sum-exps too; rows_acc: attention forward
  * and backward; RMSNorm) give the same bits as their scalar loops on every ISA path
  * the CPU has: avx2 (8 lanes), avx512 and avx512_bf16 (16 lanes), each set
  * with dt_k_set_isa and compared with DT_K_ISA_SCALAR, on row lengths that
@@ -184,6 +185,21 @@ TEST(xent_paths_identical)
         ASSERT_OK(dt_k_softmax_xent_bwd(lg, NULL, lab, DT_I64, R, V, 1.5f, g[0]));
         SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss");
         SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient");
+    }
+    /* the backward from the forward's row log-sum-exps: the same bits on
+     * every path as recomputing them (the ignored row's lse is not read) */
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        float lse[4] = {0, 0, NAN, 0};
+        ASSERT_OK(dt_k_softmax_xent_fwd_lse(lg, lab, DT_I64, R, V, &loss[0], lse));
+        SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss keeping the lse");
+        ASSERT(isfinite(lse[2]) && lse[0] >= 40.0f); /* every row's, ignored ones too; row 0's max is 40 */
+        lse[2] = NAN;
+        ASSERT_OK(dt_k_softmax_xent_bwd_lse(lg, lse, lab, DT_I64, R, V, 1.5f, g[0]));
+        SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient from the saved lse");
+        ASSERT_STATUS(dt_k_softmax_xent_bwd_lse(lg, NULL, lab, DT_I64, R, V, 1.5f, g[0]), DT_ERR_NULL);
+        ASSERT_STATUS(dt_k_softmax_xent_fwd_lse(lg, lab, DT_I64, R, V, &loss[0], NULL), DT_ERR_NULL);
     }
     /* A row whose loss is log(1 + s), s ~ 1.5e-3 the sum of 5002 small
      * exponentials: the loss's bits show the order of that sum (a loss near
