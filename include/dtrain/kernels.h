@@ -301,6 +301,11 @@ DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape
  * a and y f32, b bf16/f16 (dtype t) widened block by block: the same bits
  * as widening b with dt_k_convert and adding in f32. y may alias a. */
 DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n);
+/* y = a + b over n elements, all three bf16/f16 (dtype t): each block of
+ * both widened, added in f32 and rounded to t, the bits of widening both
+ * with dt_k_convert, adding in f32 and rounding with it. y may alias a or
+ * b. */
+DT_API dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y, int64_t n);
 /* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
  * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
  * gradient of a t tensor that went through an f32 op. y may alias g. */
