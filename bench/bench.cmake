@@ -117,3 +117,11 @@ set_target_properties(bench_attn_lp PROPERTIES OUTPUT_NAME attn_lp
   RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 target_compile_options(bench_attn_lp PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_link_libraries(bench_attn_lp PRIVATE dtrain_static)
+# The vector units' instruction throughput limit (f32 FMA on ymm/zmm,
+# AVX512_BF16 vdpbf16ps) per core and per thread count, each path only where
+# the CPU has it: what the bf16/f32 GEMM rates are set against (issue 31).
+add_executable(bench_isa_peak ${CMAKE_CURRENT_LIST_DIR}/isa_peak.c)
+set_target_properties(bench_isa_peak PROPERTIES OUTPUT_NAME isa_peak
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_isa_peak PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_link_libraries(bench_isa_peak PRIVATE Threads::Threads)

@@ -11,9 +11,35 @@
  * ids i * 7919 mod vocabulary) and fixed across steps. After the warm-up
  * steps, --steps steps are timed one by one; we report the median (and min) per step, the median of each
  * phase, samples/s, GFLOP/s of the step's matmul/conv work
- * (dt_model_flops), and that rate as a percentage of the machine's f32
- * matmul peak, measured in the same run with dt_k_bench_matmul (2048^3,
- * best of --peak-reps) right before the model's timings. cpu_ms is the
+ * (dt_model_flops), and that rate as a percentage of the matmul peak in the
+ * step's own precision, measured in the same run after the timed steps
+ * (the model and trainer freed first):
+ *   - Models whose step is mostly GEMMs (GPT, Llama, the MLP: the GEMMs
+ *     the first step makes carry at least half of the step's FLOPs): the
+ *     step's own GEMMs. The first step runs under a GEMM recording
+ *     (dt_k_gemm_record_start, kernels.h), which sees every dt_k_matmul*
+ *     call the step makes: for GPT and Llama each block's forward,
+ *     input-gradient and weight-gradient GEMMs and the LM head's, at
+ *     M = batch x seq, in the dtype and through the entry the step used
+ *     (bf16 x bf16 -> bf16 or -> f32 on oneDNN, dtrain's AMX GEMM, or the
+ *     f32 widening where the CPU has no bf16 matmul). dt_k_gemm_bench times
+ *     each distinct call (best of --peak-reps) and the peak is their
+ *     FLOP-weighted rate, each call weighed by how often the step makes it:
+ *     the rate the step's GEMMs would run at back to back. peak_kind says
+ *     "bf16 step shapes" (or f32, f16); peak_gemm_gflop is those GEMMs'
+ *     work per step (for GPT, gflop_per_step less the attention's T^2
+ *     terms, which the attention kernel computes), peak_gemm_ms their time
+ *     at the measured rates: the part of median_ms that no faster
+ *     element-wise, attention or optimizer code can remove.
+ *     peak_cpu_gflops_per_core_s is the same GEMMs' FLOPs per CPU-second
+ *     of the process (all threads): a core's rate, which a busy machine
+ *     lowers less than the wall-time peak (set it against bench/isa_peak's
+ *     per-core instruction limit, which is measured the same way).
+ *   - Others (the ConvNet: convolutions, whose FC layers are the only
+ *     GEMMs): one 2048^3 product in the step's dtype (peak_kind
+ *     "f32 2048^3", "bf16 2048^3"; peak_shapes 1, peak_gemm_gflop and
+ *     peak_gemm_ms 0).
+ * pct_of_peak is gflops against that peak. cpu_ms is the
  * process CPU time (user + system) per timed step: on a shared, overloaded
  * machine a 1-thread run's cpu_ms is a steadier measure of the work than
  * wall time (bench/torch_step.py reports the same).
@@ -107,7 +133,8 @@ static void usage(FILE *f)
                "  --steps S       timed steps (default 20)\n"
                "  --warmup W      untimed steps first (default auto: until a step takes no page fault and is\n"
                "                  within 10%% of the one before, 2 to 10 steps)\n"
-               "  --peak-reps R   matmul peak runs, best taken (default 5; 0 skips the peak)\n"
+               "  --peak-reps R   runs of each GEMM of the peak, best taken (default 3; 0 skips the peak): the\n"
+               "                  step's own GEMMs in its precision (GPT, Llama, MLP), else 2048^3 (ConvNet)\n"
                "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
                "  --lm-loss L     GPT-2 models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "                  (Llama models: unfused)\n"
@@ -117,8 +144,56 @@ static void usage(FILE *f)
                "  --json          one JSON object per result on stdout\n");
 }
 
-static int run_one(const char *name, long batch, long seq, int steps, int warmup, double peak, double cpu_peak,
-                   bool json, dt_pg *tpg, const char *precision, bool fused, bool prepare)
+/* FLOPs of the n recorded calls rec, each count times. */
+static double gemm_work(const dt_k_gemm_shape *rec, int n)
+{
+    double f = 0;
+    for (int i = 0; i < n; i++)
+        f += 2.0 * (double)rec[i].count * (double)rec[i].batch * (double)rec[i].M * (double)rec[i].N * (double)rec[i].K;
+    return f;
+}
+
+/* The matmul peak that a model's step is set against (see the top):
+ * rec[0..nrec) the GEMMs its first step made (nrec 0: none recorded), t the
+ * step's GEMM dtype. Fills *rate, writes peak_kind into kind; 0 or -1 (an
+ * error, reported: the run goes on without a peak). */
+static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int reps, dt_k_gemm_rate *rate,
+                        char *kind, size_t cap)
+{
+    dt_k_gemm_shape sq = {.batch = 1, .M = 2048, .N = 2048, .K = 2048, .alpha = 1.0f, .ab_type = t,
+                          .c_type = DT_F32, .count = 1};
+    if (nrec > 0) {
+        dt_dtype d = rec[0].ab_type;
+        for (int i = 1; i < nrec; i++)
+            if (rec[i].ab_type != d)
+                d = DT_DTYPE_COUNT;
+        snprintf(kind, cap, "%s step shapes", d == DT_DTYPE_COUNT ? "mixed" : dt_dtype_name(d));
+    } else
+        snprintf(kind, cap, "%s 2048^3", dt_dtype_name(t));
+    if (dt_k_gemm_bench(nrec > 0 ? rec : &sq, nrec > 0 ? nrec : 1, reps, NULL, rate) < 0) {
+        dt__cli_err("dtrain bench step: matmul peak (%s): %s (continuing without it)\n", kind, dt_last_error());
+        memset(rate, 0, sizeof *rate);
+        return -1;
+    }
+    return 0;
+}
+
+/* Distinct GEMMs kept from a recorded step (far more than a GPT or Llama
+ * step makes: a dozen per block shape and the LM head's). */
+#define MAX_REC 512
+
+/* Stops the GEMM recording into rec (MAX_REC entries); *n gets how many
+ * were kept. */
+static dt_status stop_recording(dt_k_gemm_shape *rec, int *n)
+{
+    int got = 0;
+    dt_status st = dt_k_gemm_record_stop(rec, MAX_REC, &got);
+    *n = got < MAX_REC ? got : MAX_REC;
+    return st;
+}
+
+static int run_one(const char *name, long batch, long seq, int steps, int warmup, int peak_reps, bool json,
+                   dt_pg *tpg, const char *precision, bool fused, bool prepare)
 {
     int rc = 1;
     dt_model *m = NULL;
@@ -128,6 +203,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     int64_t *y = NULL;
     step_times *t = calloc((size_t)steps, sizeof *t);
     double *col = calloc((size_t)steps, sizeof *col);
+    dt_k_gemm_shape *rec = NULL;
+    int nrec = 0;
     dt_model_config cfg = dt_model_config_default();
     cfg.seq = seq;
     cfg.tp = tpg;
@@ -140,11 +217,16 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         return 2;
     }
     const bool quiet = tpg && dt_pg_rank(tpg) != 0;
+    const dt_dtype gemm_t = pol.param_dtype == DT_DTYPE_UNSET ? DT_F32 : pol.param_dtype;
     if (dt_model_create(name, 1234, &cfg, &m, &desc) < 0 || !t || !col) {
         dt__cli_err("dtrain bench step: %s\n", dt_last_error());
         goto done;
     }
     bool tokens = desc.input_dtype == DT_I64;
+    /* the first step's GEMMs are recorded for the peak */
+    bool record = peak_reps > 0 && !quiet;
+    if (record && !(rec = calloc(MAX_REC, sizeof *rec)))
+        goto fail;
     if (batch <= 0)
         batch = !strcmp(name, "mlp") || tokens ? 4 : 100;
     int nd, tnd;
@@ -203,11 +285,16 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         if (warmup != WARMUP_AUTO ? w >= warmup : w >= WARMUP_MAX)
             break;
         long f0 = minor_faults();
+        if (w == 0 && record && dt_k_gemm_record_start() < 0)
+            goto fail;
         double c0 = cpu_seconds(), t0 = dt_time_s();
         dt_trainer_metrics r;
-        if (dt_trainer_step(tr, &b, 1, &r) < 0)
-            goto fail;
+        dt_status sst = dt_trainer_step(tr, &b, 1, &r);
         double dt = dt_time_s() - t0;
+        if (w == 0 && record && stop_recording(rec, &nrec) < 0 && sst == DT_OK)
+            goto fail;
+        if (sst < 0)
+            goto fail;
         if (w == 0)
             first_s = dt, first_faults = minor_faults() - f0, first_cpu = cpu_seconds() - c0;
         bool steady = w > 0 && minor_faults() == f0 && dt <= 1.1 * prev_s;
@@ -221,11 +308,17 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     double cpu0 = cpu_seconds();
     long faults0 = minor_faults();
     for (int s = 0; s < steps; s++) {
+        bool first = warmup == 0 && s == 0;
+        if (first && record && dt_k_gemm_record_start() < 0)
+            goto fail;
         double t0 = dt_time_s();
         dt_trainer_metrics r;
-        if (dt_trainer_step(tr, &b, 1, &r) < 0)
-            goto fail;
+        dt_status sst = dt_trainer_step(tr, &b, 1, &r);
         double t3 = dt_time_s();
+        if (first && record && stop_recording(rec, &nrec) < 0 && sst == DT_OK)
+            goto fail;
+        if (sst < 0)
+            goto fail;
         last_loss = (float)r.loss;
         t[s] = (step_times){t3 - t0, r.forward_s, r.backward_s + r.wait_s, r.optim_s};
         if (warmup == 0 && s == 0)
@@ -244,6 +337,22 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
         med[k] = dt__bench_median(col, steps);
     }
     double train_flops = desc.train_flops_per_sample * (double)batch;
+    /* the resident set and the model's figures before the peak's operands
+     * come and the model's memory goes */
+    const double rss = peak_rss_mib();
+    const size_t params = dt_model_param_count(m);
+    const int64_t seq_out = tokens ? desc.input_shape[0] : 0;
+    const bool lm_head = desc.lm_head;
+    dt_trainer_free(tr);
+    tr = NULL;
+    dt_model_free(m);
+    m = NULL;
+    dt_k_gemm_rate rate = {0};
+    char kind[48] = "none";
+    const int used = gemm_work(rec, nrec) >= 0.5 * train_flops ? nrec : 0; /* 0: the n^3 product */
+    if (peak_reps > 0 && !quiet)
+        measure_peak(rec, used, gemm_t, peak_reps, &rate, kind, sizeof kind);
+    const double peak = rate.gflops, cpu_peak = rate.cpu_gflops;
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
     int threads = dt_get_num_threads();
@@ -252,16 +361,18 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     } else if (json) {
         printf("{\"bench\":\"step\",\"model\":\"%s\",\"batch\":%ld,\"seq\":%lld,\"optimizer\":\"%s\",\"precision\":\"%s\",\"native_lowp\":%s,\"lm_loss\":\"%s\",\"threads\":%d,\"tp\":%d,\"steps\":%d,\"warmup\":%d,\"prepare_ms\":%.3f,"
                "\"median_ms\":%.3f,\"min_ms\":%.3f,\"first_step_ms\":%.3f,\"first_over_median\":%.3f,\"page_faults_per_step\":%.1f,\"first_step_page_faults\":%ld,\"first_step_cpu_ms\":%.3f,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"optimizer_ms\":%.3f,\"cpu_ms\":%.3f,"
-               "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
+               "\"samples_per_s\":%.1f,\"gflop_per_step\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,\"peak_kind\":\"%s\","
+               "\"peak_shapes\":%d,\"peak_gemm_gflop\":%.4f,\"peak_gemm_ms\":%.3f,\"peak_cpu_gflops_per_core_s\":%.1f,"
                "\"pct_of_peak\":%.1f,\"pct_of_peak_best_step\":%.1f,\"cpu_gflops_per_core_s\":%.1f,\"cpu_pct_of_peak\":%.1f,\"params\":%zu,\"peak_rss_mib\":%.1f,\"loss\":%.6g,\"omp_wait\":\"%s\"}\n",
-               name, batch, (long long)(tokens ? desc.input_shape[0] : 0), dt_optim_kind_name(tp.optimizer), precision,
-               dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : desc.lm_head ? "fused" : "unfused",
+               name, batch, (long long)seq_out, dt_optim_kind_name(tp.optimizer), precision,
+               dt_precision_native(pol.param_dtype) ? "true" : "false", !tokens ? "none" : lm_head ? "fused" : "unfused",
                threads,
                tpg ? dt_pg_size(tpg) : 1, steps, warmup, prep_s * 1e3, med[0] * 1e3, mn * 1e3, first_s * 1e3,
                med[0] > 0 ? first_s / med[0] : 0.0, faults, first_faults, first_cpu * 1e3, med[1] * 1e3, med[2] * 1e3,
-               med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, pct,
+               med[3] * 1e3, cpu_ms, (double)batch / med[0], train_flops * 1e-9, gflops, peak, kind,
+               peak > 0 ? (used > 0 ? used : 1) : 0, used > 0 ? rate.gflop : 0.0, used > 0 ? rate.seconds * 1e3 : 0.0, cpu_peak, pct,
                peak > 0 ? 100.0 * train_flops / mn * 1e-9 / peak : 0.0, train_flops / (cpu_ms * 1e-3) * 1e-9,
-               cpu_pct, dt_model_param_count(m), peak_rss_mib(), (double)last_loss,
+               cpu_pct, params, rss, (double)last_loss,
                dt__omp_wait_desc(omp_wait, sizeof omp_wait));
     } else {
         if (tpg)
@@ -271,8 +382,8 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
                name, precision, batch, threads, med[0] * 1e3, mn * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, cpu_ms,
                (double)batch / med[0], gflops);
         if (peak > 0)
-            printf("  %5.1f%% of %.0f GFLOP/s matmul peak (CPU-time basis: %.1f%%)", pct, peak, cpu_pct);
-        printf("  peak RSS %.0f MiB; first step %.2f ms (%.2fx), %.1f page faults/step", peak_rss_mib(), first_s * 1e3,
+            printf("  %5.1f%% of %.0f GFLOP/s matmul peak (%s; CPU-time basis: %.1f%%)", pct, peak, kind, cpu_pct);
+        printf("  peak RSS %.0f MiB; first step %.2f ms (%.2fx), %.1f page faults/step", rss, first_s * 1e3,
                med[0] > 0 ? first_s / med[0] : 0.0, faults);
         printf("\n");
     }
@@ -285,6 +396,7 @@ done:
     dt_free(y);
     free(t);
     free(col);
+    free(rec);
     dt_trainer_free(tr);
     dt_model_free(m);
     return rc;
@@ -294,7 +406,7 @@ int dt_bench_step(int argc, char **argv)
 {
     const char *models = "convnet", *precision = "fp32", *lm_loss = "fused";
     long batch = 0, seq = 0;
-    int steps = 20, warmup = WARMUP_AUTO, threads = 0, peak_reps = 5, tpn = 0;
+    int steps = 20, warmup = WARMUP_AUTO, threads = 0, peak_reps = 3, tpn = 0;
     bool json = false, prepare = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -317,7 +429,12 @@ int dt_bench_step(int argc, char **argv)
         } else if (v && !strcmp(a, "--warmup")) {
             warmup = !strcmp(v, "auto") ? WARMUP_AUTO : atoi(v) >= 0 ? atoi(v) : WARMUP_AUTO - 1, i++;
         } else if (v && !strcmp(a, "--peak-reps")) {
-            peak_reps = atoi(v), i++;
+            int64_t r;
+            if (dt_parse_int("--peak-reps", v, 0, 1000, &r) < 0) {
+                dt__cli_err("dtrain bench step: %s\n", dt_last_error());
+                return 2;
+            }
+            peak_reps = (int)r, i++;
         } else if (v && !strcmp(a, "--precision")) {
             precision = v, i++;
         } else if (v && !strcmp(a, "--lm-loss")) {
@@ -370,32 +487,12 @@ int dt_bench_step(int argc, char **argv)
         dt_set_num_threads(threads);
     else
         dt_set_num_threads(dt_get_num_threads());
-    /* The peak in wall time (dt_k_bench_matmul: best run), and in CPU time
-     * (our own runs of the same product after one warm-up: GFLOP per
-     * CPU-second, comparable with cpu_ms on a busy machine). */
-    double peak = 0, cpu_peak = 0;
-    if (peak_reps > 0 && dt_k_bench_matmul(2048, DT_F32, peak_reps, &peak) < 0) {
-        dt__cli_err("dtrain bench step: matmul peak: %s (continuing without it)\n", dt_last_error());
-        peak = 0;
-    }
-    if (peak > 0) {
-        const int64_t n = 2048;
-        float *a = dt_calloc((size_t)(n * n) * 4), *b = dt_calloc((size_t)(n * n) * 4), *c = dt_alloc((size_t)(n * n) * 4);
-        if (a && b && c && dt_k_matmul(false, false, n, n, n, 1.0f, a, b, DT_F32, 0.0f, c, NULL) == DT_OK) {
-            double c0 = cpu_seconds();
-            for (int r = 0; r < peak_reps; r++)
-                dt_k_matmul(false, false, n, n, n, 1.0f, a, b, DT_F32, 0.0f, c, NULL);
-            cpu_peak = peak_reps * 2.0 * (double)(n * n * n) / (cpu_seconds() - c0) * 1e-9;
-        }
-        dt_free(a);
-        dt_free(b);
-        dt_free(c);
-    }
     char buf[256];
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak, cpu_peak, json, tpg, precision, !strcmp(lm_loss, "fused"), prepare);
+        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak_reps, json, tpg, precision,
+                        !strcmp(lm_loss, "fused"), prepare);
         if (r)
             rc = r;
     }

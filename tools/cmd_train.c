@@ -245,9 +245,16 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
                       t->o.log_every);
     if (t->lm) {
         /* the MFU of the step's model FLOPs (forward + backward, per rank) */
+        /* the peak in the dtype the run's matmuls take: a bf16 run's GEMMs run on the bf16 units (several
+         * times the f32 rate where the CPU has them), so its MFU is against the bf16 product's rate */
         t->peak_gflops = t->o.mfu_peak;
-        if (t->peak_gflops <= 0 && dt_k_bench_matmul(1024, DT_F32, 3, &t->peak_gflops) < 0)
-            t->peak_gflops = 0;
+        t->peak_what = "--mfu-peak";
+        if (t->peak_gflops <= 0) {
+            bool bf = !strcmp(t->o.precision, "bf16");
+            t->peak_what = bf ? "bf16 matmul peak" : "f32 matmul peak";
+            if (dt_k_bench_matmul(1024, bf ? DT_BF16 : DT_F32, 3, &t->peak_gflops) < 0)
+                t->peak_gflops = 0;
+        }
         dt__progress_set_rates(&t->prog, t->desc.input_shape[0],
                                t->desc.train_flops_per_sample / (t->ddp.world * t->ddp.cp),
                                t->peak_gflops);
@@ -360,9 +367,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         if (t->lm) {
             printf("tokens/s: %.0f\n", sps * (double)t->desc.input_shape[0]);
             if (t->peak_gflops > 0)
-                printf("MFU: %.1f%% of %.1f GFLOP/s (f32 matmul peak, per rank)\n",
+                printf("MFU: %.1f%% of %.1f GFLOP/s (%s, per rank)\n",
                        100.0 * sps / (t->ddp.world * t->ddp.cp) * t->desc.train_flops_per_sample * 1e-9 / t->peak_gflops,
-                       t->peak_gflops);
+                       t->peak_gflops, t->peak_what);
         }
         double cf, cr;
         uint64_t cn;

@@ -164,7 +164,7 @@ static const opt_def opts[] = {
      "Each rank's loss is the mean over its own counted tokens and the gradients are averaged over the ranks, as "
      "PyTorch DDP; a batch with no counted token has loss 0 and zero gradients"},
     {"mfu-peak", OPT_FLOAT, OFF(mfu_peak), 0, 1e9, NULL, "GFLOPS",
-     "GPT models: the MFU's peak (default 0: measure the f32 matmul peak at start)"},
+     "GPT models: the MFU's peak (default 0: measure the matmul peak at start, in bf16 for --precision bf16, else f32)"},
     {"plan", OPT_CHOICE, OFF(plan), 0, 0, "auto", "auto",
      "GPT-2 and Llama models: the planner (dtrain plan) picks dp x tp x pp, the ZeRO stage, micro-batches, gradient "
      "accumulation and activation checkpointing for the ranks started, keeping the global batch of --batch x "

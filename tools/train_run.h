@@ -35,6 +35,7 @@ typedef struct {
     bool classifier;              /* has labels / accuracy */
     bool lm;                      /* a language model (token ids in, next tokens out) */
     double peak_gflops;           /* the MFU's denominator (language models) */
+    const char *peak_what;        /* what peak_gflops is ("bf16 matmul peak", ...) */
     dt_tokens *sample_src;        /* the validation (or training) tokens: the samples' prompt */
     dt_bpe *bpe;                  /* --vocab: samples as text */
     dt_tokenizer *tok;            /* --tokenizer: text data */

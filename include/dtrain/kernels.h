@@ -168,6 +168,60 @@ DT_API bool dt_k_matmul_amx(const char **why);
  * `dtrain bench matmul` and by other benchmarks as the machine's peak. */
 DT_API dt_status dt_k_bench_matmul(int64_t n, dt_dtype dt, int reps, double *gflops);
 
+/* ---- the GEMMs a piece of work issues, recorded and timed ----------------- */
+/* A peak that means something for one workload is the rate of the GEMMs it
+ * runs, in their dtype, through the path they take here (oneDNN, the
+ * widening emulation, or dtrain's AMX GEMM). Record them, then time them:
+ *
+ *     dt_k_gemm_record_start();
+ *     dt_trainer_step(...);                    // the work: every dt_k_matmul* call is seen
+ *     dt_k_gemm_shape g[64]; int n;
+ *     dt_k_gemm_record_stop(g, 64, &n);        // the distinct calls, with their counts
+ *     dt_k_gemm_rate r;
+ *     dt_k_gemm_bench(g, n < 64 ? n : 64, 3, NULL, &r);  // r.gflops: the FLOP-weighted rate
+ *
+ * The recording is process-wide (calls from every thread count) and costs
+ * one relaxed atomic load per matmul call while it is off. */
+
+/* One distinct matmul call (everything but its data) and how often it ran. */
+typedef struct {
+    bool trans_a, trans_b;
+    int64_t batch, M, N, K;             /* as dt_k_matmul_batched's */
+    int64_t stride_a, stride_b, stride_c; /* batch strides (0 when batch is 1) */
+    float alpha, beta;                  /* beta is 0 for a low-precision C */
+    dt_dtype ab_type;                   /* the operands' dtype */
+    dt_dtype c_type;                    /* DT_F32 (dt_k_matmul, dt_k_matmul_batched), or ab_type
+                                           (dt_k_matmul_batched_lp) */
+    bool bias;                          /* a bias vector was added */
+    int64_t count;                      /* calls while recording (dt_k_gemm_bench: weight) */
+} dt_k_gemm_shape;
+
+/* Start recording (clearing an earlier recording). DT_ERR_INVALID_ARG if a
+ * recording is already running. */
+DT_API dt_status dt_k_gemm_record_start(void);
+/* Stop recording: the distinct calls in the order first seen, at most cap
+ * of them into out (out may be NULL with cap 0); *n gets how many there
+ * were (possibly more than cap). DT_ERR_INVALID_ARG if none was running. */
+DT_API dt_status dt_k_gemm_record_stop(dt_k_gemm_shape *out, int cap, int *n);
+
+/* What dt_k_gemm_bench measured over a list of calls. */
+typedef struct {
+    double gflops;     /* the FLOP-weighted rate: sum(count x flop) / sum(count x best time) */
+    double cpu_gflops; /* the same per CPU-second of the process (user + system, all threads) */
+    double gflop;      /* sum(count x flop) * 1e-9: the list's work, 2 M N K batch per call */
+    double seconds;    /* sum(count x best time): the list's time at the measured rates */
+} dt_k_gemm_rate;
+
+/* Time each of the n calls of g: `reps` runs (>= 1) through the entry that
+ * recorded it (so the same path: oneDNN, the emulation or the AMX GEMM),
+ * on operands of uniform [-1, 1) values allocated here (the largest call's
+ * size for A, B and C, freed on return), the best run taken. best_s (NULL,
+ * or n entries) gets each call's best time in seconds. A call with count
+ * 0 is timed but weighs nothing. Errors: DT_ERR_INVALID_ARG (n < 1,
+ * reps < 1, a negative dimension or count), DT_ERR_NO_MEMORY, or the
+ * matmul's own. */
+DT_API dt_status dt_k_gemm_bench(const dt_k_gemm_shape *g, int n, int reps, double *best_s, dt_k_gemm_rate *out);
+
 /* ---- 2-D convolution (oneDNN), NCHW -------------------------------------- */
 /* Callers always pass plain NCHW activations and OIHW weights. Internally a
  * convolution may run on oneDNN's blocked layouts (with cached reorders and

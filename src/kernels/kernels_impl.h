@@ -242,4 +242,9 @@ dt_status dt__prim_exec(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t 
 /* A memory object over user data ptr (NULL allowed = none). */
 dt_status dt__mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md, void *ptr, const char *what);
 
+/* GEMM recording (gemm_record.c, dt_k_gemm_record_start): whether one is
+ * running (one relaxed atomic load), and the call to count in it. */
+bool dt__gemm_recording(void);
+void dt__gemm_record(const dt_k_gemm_shape *call);
+
 #endif

@@ -365,6 +365,29 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
     return st;
 }
 
+/* A checked call into a GEMM recording (gemm_record.c), when one runs. */
+static void mm_record(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, int64_t sa,
+                      int64_t sb, dt_dtype t, float beta, dt_dtype ct, int64_t sc, const float *bias)
+{
+    if (!dt__gemm_recording())
+        return;
+    bool one = batch == 1;
+    dt_k_gemm_shape c = {.trans_a = ta, .trans_b = tb, .batch = batch, .M = M, .N = N, .K = K,
+                         .stride_a = one ? 0 : sa, .stride_b = one ? 0 : sb, .stride_c = one ? 0 : sc,
+                         .alpha = alpha, .beta = beta, .ab_type = t, .c_type = ct, .bias = bias != NULL};
+    dt__gemm_record(&c);
+}
+
+/* dt_k_matmul_batched after its checks (and its recording). */
+static dt_status mm_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                            const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta, float *C,
+                            int64_t sc, const float *bias)
+{
+    if (batch == 0 || M == 0 || N == 0)
+        return DT_OK;
+    return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, DT_F32, sc, bias);
+}
+
 dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                               const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
                               float *C, int64_t sc, const float *bias)
@@ -372,9 +395,8 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
     dt_status st = mm_check("dt_k_matmul", ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
     if (st < 0)
         return st;
-    if (batch == 0 || M == 0 || N == 0)
-        return DT_OK;
-    return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, DT_F32, sc, bias);
+    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, beta, DT_F32, sc, bias);
+    return mm_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, sc, bias);
 }
 
 bool dt_k_matmul_writes_lp(dt_dtype t)
@@ -392,6 +414,7 @@ dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int
     dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
     if (st < 0)
         return st;
+    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, 0.0f, t, sc, bias);
     if (batch == 0 || M == 0 || N == 0)
         return DT_OK;
     if (K > 0 && dt_k_matmul_writes_lp(t))
@@ -401,7 +424,7 @@ dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int
     float *tmp = dt_alloc((size_t)m * sizeof(float));
     if (!tmp)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for an f32 result of %lld elements", fn, (long long)m);
-    st = dt_k_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, tmp, scc, bias);
+    st = mm_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, tmp, scc, bias); /* recorded above */
     if (st >= 0)
         for (int64_t b = 0; b < batch && st >= 0; b++)
             st = dt_k_convert(tmp + b * scc, DT_F32, (uint16_t *)C + b * scc, t, M * N);

@@ -115,6 +115,66 @@ TEST(warmup_auto)
     ASSERT_STR_CONTAINS(out, "first step");
 }
 
+/* The peak a step is set against is measured in the step's precision: a
+ * bf16 GPT step's on its own bf16 GEMMs (the 15 of gpt-micro: 4 projections
+ * x forward, input and weight gradient, and the LM head's 3; their work is
+ * 6 B T (12 L C^2 + V C)), an f32 step's on its f32 GEMMs, a ConvNet's
+ * on an n^3 product of its dtype; pct_of_peak is gflops against that
+ * figure. Speeds are not checked. */
+static void check_peak(const char *args, const char *kind, int shapes, const char *gemm_gflop)
+{
+    static char out[8192];
+    char want[64];
+    ASSERT_EQ_INT(run(args, out, sizeof out), 0);
+    snprintf(want, sizeof want, "\"peak_kind\":\"%s\"", kind);
+    ASSERT_STR_CONTAINS(out, want);
+    snprintf(want, sizeof want, "\"peak_shapes\":%d,", shapes);
+    ASSERT_STR_CONTAINS(out, want);
+    if (gemm_gflop)
+        ASSERT_STR_CONTAINS(out, gemm_gflop);
+    double peak = json_num(out, "\"peak_gflops\":"), g = json_num(out, "\"gflops\":");
+    double pct = json_num(out, "\"pct_of_peak\":"), ms = json_num(out, "\"peak_gemm_ms\":");
+    ASSERT(peak > 0 && g > 0 && (strstr(kind, "step shapes") ? ms > 0 : ms == 0));
+    /* gflops, peak_gflops and pct_of_peak are each printed to 0.1 */
+    ASSERT(pct >= 100.0 * (g - 0.05) / (peak + 0.05) - 0.051 && pct <= 100.0 * (g + 0.05) / (peak - 0.05) + 0.051);
+}
+
+TEST(peak_in_step_precision)
+{
+    const char *gpt = "--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 1 --json";
+    char args[512];
+    /* 6 * 32 * (12 * 2 * 64^2 + 512 * 64) = 25165824 */
+    snprintf(args, sizeof args, "%s --precision bf16", gpt);
+    check_peak(args, "bf16 step shapes", 15, "\"peak_gemm_gflop\":0.0252,");
+    snprintf(args, sizeof args, "%s --precision bf16 --prepare off --lm-loss unfused", gpt);
+    check_peak(args, "bf16 step shapes", 15, "\"peak_gemm_gflop\":0.0252,");
+    check_peak(gpt, "f32 step shapes", 15, "\"peak_gemm_gflop\":0.0252,");
+    /* the MLP is GEMMs only: its step's work, 5.3687 GFLOP a sample, is its GEMMs' */
+    check_peak("--model mlp --batch 1 --steps 1 --warmup 0 --threads 1 --peak-reps 1 --precision bf16 --json",
+               "bf16 step shapes", 5, "\"peak_gemm_gflop\":5.3687,");
+    /* the ConvNet's GEMMs (its classifier) are not its work: a 2048^3 product */
+    check_peak("--model convnet --batch 1 --steps 1 --warmup 0 --threads 1 --peak-reps 1 --json", "f32 2048^3", 1,
+               NULL);
+    check_peak("--model convnet --batch 1 --steps 1 --warmup 0 --threads 1 --peak-reps 1 --json --precision bf16",
+               "bf16 2048^3", 1, "\"peak_gemm_gflop\":0.0000,");
+    /* no peak asked for: none measured, none claimed */
+    static char out[8192];
+    snprintf(args, sizeof args, "%s --peak-reps 0 --precision bf16", gpt);
+    ASSERT_EQ_INT(run(args, out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "\"peak_gflops\":0.0,\"peak_kind\":\"none\",\"peak_shapes\":0,");
+    ASSERT_STR_CONTAINS(out, "\"pct_of_peak\":0.0,");
+    /* the text form names the kind */
+    ASSERT_EQ_INT(run("--model gpt-micro --batch 1 --seq 8 --steps 1 --warmup 0 --threads 1 --peak-reps 1 "
+                      "--precision bf16", out, sizeof out), 0);
+    ASSERT_STR_CONTAINS(out, "GFLOP/s matmul peak (bf16 step shapes;");
+    const char *bad[] = {"-1", "1001", "2x", "", "nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--model mlp --steps 1 --peak-reps '%s'", bad[i]);
+        ASSERT_EQ_INT(run(args, out, sizeof out), 2);
+        ASSERT_STR_CONTAINS(out, "--peak-reps");
+    }
+}
+
 TEST(bad_options)
 {
     static char out[4096];
@@ -162,6 +222,7 @@ int main(void)
     RUN(gpt_tokens);
     RUN(precision);
     RUN(warmup_auto);
+    RUN(peak_in_step_precision);
     RUN(bad_options);
     RUN(omp_wait_reported);
     return TEST_REPORT();

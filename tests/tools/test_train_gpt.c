@@ -2,7 +2,8 @@
  * periodic token stream (validation loss falls far below the initial ln V),
  * the progress and the metrics carry tokens/s and the MFU, samples are
  * printed with --sample-every, activation checkpointing gives the same
- * losses, and the option errors name what is wrong. */
+ * losses, the MFU's measured peak is in the run's matmul dtype, and the
+ * option errors name what is wrong. */
 // dt-test-timeout: 300
 #include "dtrain/data.h"
 #include "test.h"
@@ -180,11 +181,30 @@ TEST(vocab_text)
     ASSERT_EQ_INT(r.code, 2);
 }
 
+TEST(mfu_peak_in_run_precision)
+{
+    /* without --mfu-peak the MFU is against a peak measured in the dtype the
+     * run's matmuls take: a bf16 run's against the bf16 product, not f32's */
+    static const char *const prec[] = {"bf16", "fp32"};
+    for (int i = 0; i < 2; i++) {
+        static cli_result r;
+        char *args[] = {"train", "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "32", "--seq", "16",
+                        "--data", train_tok, "--no-eval", "--batch", "4", "--max-steps", "3", "--optimizer", "adamw",
+                        "--lr", "0.01", "--seed", "3", "--threads", "1", "--precision", (char *)prec[i], NULL};
+        cli_runv(&r, 240, NULL, args);
+        if (r.code != 0)
+            fprintf(stderr, "%s\n%s\n", r.out, r.err);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, i == 0 ? "GFLOP/s (bf16 matmul peak, per rank)" : "GFLOP/s (f32 matmul peak, per rank)");
+    }
+}
+
 int main(void)
 {
     write_data();
     RUN(learns_and_reports);
     RUN(option_errors);
+    RUN(mfu_peak_in_run_precision);
     RUN(generate_cli);
     RUN(vocab_text);
     cli_cleanup();
