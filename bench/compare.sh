@@ -22,6 +22,9 @@
 #   gpt2-bf16  the same with --precision bf16
 #   allreduce  dtrain run -n 2 -- dtrain bench coll --op allreduce, 4 MiB,
 #              plain buffers, in place (time per operation)
+#   llama-bf16 dtrain bench step --model llama-100m --batch 4 --seq 64
+#              --precision bf16 (not in the default set: name it; about
+#              2.3 GB of memory)
 # A step workload's figure is the bench's median_ms (--steps timed steps
 # after --warmup untimed ones, the matmul peak skipped), the all-reduce's is
 # time_us. A commit whose CLI lacks a workload (an old commit without gpt2 or
@@ -43,9 +46,10 @@
 #   --metric M      the step workloads' figure: median_ms (default), min_ms
 #                   (the fastest timed step: steadier on a loaded machine) or
 #                   cpu_ms (process CPU time per step)
-#   --workloads L   which workloads, comma-separated (default: all five)
+#   --workloads L   which workloads, comma-separated (default: the first five)
 #   --quick         a smoke run: 1 round, tiny sizes (convnet batch 8, the
-#                   mlp, gpt-micro for the GPT workloads, a 64 KiB all-reduce)
+#                   mlp, gpt-micro for the GPT workloads, llama-tiny for the
+#                   Llama one, a 64 KiB all-reduce)
 #   --jobs N        build jobs (default: the number of cores)
 #
 # Output: a header naming both commits, then one line per workload:
@@ -89,8 +93,9 @@ case $metric in median_ms|min_ms|cpu_ms) ;;
     *) echo "compare.sh: unknown --metric '$metric' (median_ms, min_ms, cpu_ms)" >&2; exit 2 ;;
 esac
 for w in $(echo "$workloads" | tr ',' ' '); do
-    case $w in convnet|mlp|gpt2-f32|gpt2-bf16|allreduce) ;;
-        *) echo "compare.sh: unknown workload '$w' (convnet, mlp, gpt2-f32, gpt2-bf16, allreduce)" >&2; exit 2 ;;
+    case $w in convnet|mlp|gpt2-f32|gpt2-bf16|allreduce|llama-bf16) ;;
+        *) echo "compare.sh: unknown workload '$w' (convnet, mlp, gpt2-f32, gpt2-bf16, allreduce, llama-bf16)" >&2
+           exit 2 ;;
     esac
 done
 if [ "$quick" = 1 ]; then
@@ -158,6 +163,10 @@ figure() {
             p=fp32; [ "$w" = gpt2-bf16 ] && p=bf16
             # shellcheck disable=SC2086
             set -- $m --precision $p --steps "$gsteps" ;;
+        llama-bf16) m="--model llama-100m --batch 4 --seq 64"
+            [ "$quick" = 1 ] && m="--model llama-tiny --batch 2 --seq 16"
+            # shellcheck disable=SC2086
+            set -- $m --precision bf16 --steps "$gsteps" ;;
         allreduce) sz=4M; [ "$quick" = 1 ] && sz=64K
             "$bin" run -n 2 -- "$bin" bench coll --op allreduce --min $sz --max $sz --mem plain --json \
                 >"$log" 2>&1 || return 0

@@ -355,6 +355,11 @@ DT_API dt_status dt_k_binary(dt_k_binop op, const float *a, const int64_t *shape
  * a and y f32, b bf16/f16 (dtype t) widened block by block: the same bits
  * as widening b with dt_k_convert and adding in f32. y may alias a. */
 DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, float *y, int64_t n);
+/* y = a + b over n elements, all three bf16/f16 (dtype t): each block of
+ * both widened, added in f32 and rounded to t, the bits of widening both
+ * with dt_k_convert, adding in f32 and rounding with it. y may alias a or
+ * b. */
+DT_API dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y, int64_t n);
 /* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
  * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
  * gradient of a t tensor that went through an f32 op. y may alias g. */
@@ -431,6 +436,19 @@ DT_API dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, 
 DT_API dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels,
                                        dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
                                        float *dlogits);
+/* dt_k_softmax_xent_fwd without prob that also keeps each row's
+ * log-sum-exp in save_lse (rows floats, every row, ignored ones too) for
+ * dt_k_softmax_xent_bwd_lse: the backward then skips the pass that
+ * recomputes it (one exp per logit). */
+DT_API dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_dtype label_type,
+                                           int64_t rows, int64_t cols, float *loss, float *save_lse);
+/* dt_k_softmax_xent_bwd recomputing the softmax from logits with the row
+ * log-sum-exps lse that dt_k_softmax_xent_fwd_lse saved for these logits:
+ * the same bits as dt_k_softmax_xent_bwd(logits, NULL, ...), one pass over
+ * each row instead of two. */
+DT_API dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels,
+                                           dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
+                                           float *dlogits);
 /* *loss = mean((pred - target)^2) over n elements (n >= 1). */
 DT_API dt_status dt_k_mse_fwd(const float *pred, const float *target, int64_t n, float *loss);
 /* dpred = dloss * 2 (pred - target) / n. */

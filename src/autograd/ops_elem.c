@@ -83,10 +83,18 @@ static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, b
 
 /* The backward of add_lp: the f32 operand's gradient accumulates gout; the
  * bf16/f16 one's is gout rounded to its dtype (what dt_cast's backward
- * gave after the widened operand's gradient). */
+ * gave after the widened operand's gradient). A bf16/f16 result (add_lp2)
+ * first rounds gout to its dtype, as the result's cast backward did. */
 static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t m = dt_tensor_numel(n->out);
+    if (n->out->dtype != DT_F32) {
+        float *r = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float));
+        if (!r)
+            return dt_last_status();
+        return_if_err(dt__round_to(n->out->dtype, gout, r, m));
+        gout = r;
+    }
     for (int k = 0; k < 2; k++) {
         dt_tensor *x = n->in[k];
         if (!dt__rg(x))
@@ -111,7 +119,8 @@ static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     return DT_OK;
 }
 
-/* i[0] = kind, i[1] = 1 for add_lp (an f32 and a bf16/f16 operand) */
+/* i[0] = kind, i[1] = 1 for add_lp (an f32 and a bf16/f16 operand) and
+ * add_lp2 (two bf16 or two f16 ones) */
 dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int kind = (int)n->i[0];
@@ -199,6 +208,42 @@ static dt_tensor *add_lp(dt_ctx *ctx, dt_tensor *a, dt_tensor *b, bool *took)
     return out;
 }
 
+/* Two bf16 (or two f16) operands of one shape, both contiguous, distinct
+ * (Llama's residual stream plus a projection's autocast output): the
+ * result widening both, adding in f32 and rounding gives (the cast chain's
+ * bits: a widening is exact, the f32 sum and its rounding are the same
+ * operations), a block at a time in cache (dt_k_add2_lp) instead of two
+ * widened copies, an f32 sum and a rounding pass, and one node instead of
+ * four (the backward: add_lp_backward). NULL with *took false for other operands. */
+static dt_tensor *add_lp2(dt_ctx *ctx, dt_tensor *a, dt_tensor *b, bool *took)
+{
+    *took = false;
+    if (!dt__is_lp(a) || b->dtype != a->dtype || a == b || a->ndim != b->ndim || !dt_tensor_is_contiguous(a) ||
+        !dt_tensor_is_contiguous(b))
+        return NULL;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return NULL;
+    *took = true;
+    const dt_dtype t = a->dtype;
+    dt_tensor *out = dt_tensor_empty(ctx, t, a->ndim, a->shape);
+    if (!out)
+        return NULL;
+    if (dt_k_add2_lp(t, a->data, b->data, out->data, dt_tensor_numel(out)) < 0) {
+        dt_error_wrap(dt_last_status(), "dt_add");
+        return NULL;
+    }
+    dt_tensor *in[2] = {a, b};
+    if (dt__ag_wants(ctx, 2, in)) {
+        dt__node *nd = dt__ag_record(ctx, DT_OP_ADD, out, 2, in);
+        if (!nd)
+            return NULL;
+        nd->i[0] = BIN_ADD;
+        nd->i[1] = 1;
+    }
+    return out;
+}
+
 static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
 {
     const char *op = bin_names[kind];
@@ -207,6 +252,8 @@ static dt_tensor *binary(dt_ctx *ctx, int kind, dt_tensor *a, dt_tensor *b)
     if (kind == BIN_ADD) {
         bool took;
         dt_tensor *y = add_lp(ctx, a, b, &took);
+        if (!took)
+            y = add_lp2(ctx, a, b, &took);
         if (took)
             return y;
     }

@@ -91,7 +91,7 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
                 break;
         } else { /* row by row in cache, each rounded to t over its logits */
             float sc = s->count[c] ? dl / (float)s->count[c] : 0.0f; /* the kernel's scale for the chunk */
-            if ((st = dt__ce_lp_grad(ctx, s->buf_lp, s->t, s->lab + r0, rc, s->V, sc, NULL, s->buf_lp)) < 0)
+            if ((st = dt__ce_lp_grad(ctx, s->buf_lp, s->t, s->lab + r0, rc, s->V, sc, NULL, NULL, s->buf_lp)) < 0)
                 break;
             G = s->buf_lp;
         }
@@ -208,7 +208,7 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
         dt_status st = chunk_logits(s, r0, rc);
         if (st == DT_OK)
             st = t == DT_F32 ? dt_k_softmax_xent_fwd(s->buf, s->lab + r0, DT_I64, rc, V, &lc, NULL)
-                             : dt__ce_lp_loss(ctx, s->buf_lp, t, s->lab + r0, rc, V, s->count[c], &lc);
+                             : dt__ce_lp_loss(ctx, s->buf_lp, t, s->lab + r0, rc, V, s->count[c], &lc, NULL);
         if (st < 0) {
             dt_error_wrap(dt_last_status(), "%s", op);
             return NULL;

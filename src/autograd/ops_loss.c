@@ -208,7 +208,7 @@ static int thread_id(void)
 }
 
 dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C,
-                         int64_t count, float *loss)
+                         int64_t count, float *loss, float *save_lse)
 {
     const uint16_t *x = xv;
     int64_t bs = (N + CE_MAXBLK - 1) / CE_MAXBLK;
@@ -231,7 +231,8 @@ dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t 
                 if (lab[r] == DT_K_IGNORE_INDEX)
                     continue;
                 if (dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
-                    dt_k_softmax_xent_fwd(row, lab + r, DT_I64, 1, C, &lr, NULL) < 0)
+                    (save_lse ? dt_k_softmax_xent_fwd_lse(row, lab + r, DT_I64, 1, C, &lr, save_lse + r)
+                              : dt_k_softmax_xent_fwd(row, lab + r, DT_I64, 1, C, &lr, NULL)) < 0)
                     bad = 1;
                 else
                     acc += (double)lr;
@@ -249,7 +250,7 @@ dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t 
 }
 
 dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s,
-                         float *gx, void *glp)
+                         const float *lse, float *gx, void *glp)
 {
     const uint16_t *x = xv;
     uint16_t *e0 = glp;
@@ -265,7 +266,8 @@ dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t 
             uint16_t *e = e0 + r * C;
             /* one row's softmax - onehot, scaled, then rounded as a cast's backward rounds */
             bad |= dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
-                   dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row) < 0 ||
+                   (lse ? dt_k_softmax_xent_bwd_lse(row, lse + r, lab + r, DT_I64, 1, C, s, row)
+                        : dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row)) < 0 ||
                    dt_k_convert(row, DT_F32, e, t, C) < 0 || (gx && dt_k_convert(e, t, gx + r * C, DT_F32, C) < 0);
         }
     }
@@ -283,7 +285,8 @@ static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     if (!gs)
         return dt_last_status();
     /* the kernel's scale over all rows, given to it row by row (a row's count is 1) */
-    dt_status st = dt__ce_lp_grad(ctx, n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f, gx, gs);
+    dt_status st = dt__ce_lp_grad(ctx, n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f,
+                                  n->saved[0], gx, gs);
     if (st >= 0)
         st = dt__grad_commit(ctx, x, gx);
     if (st >= 0)
@@ -291,7 +294,8 @@ static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
     return st;
 }
 
-/* saved[0] = NULL (probabilities are recomputed), saved[1] = labels copied at forward as
+/* saved[0] = NULL (probabilities are recomputed; low-precision logits: the
+ * rows' log-sum-exps from the forward), saved[1] = labels copied at forward as
  * int64 (the caller's label buffer may be refilled before backward), saved[2]
  * = logits (contiguous, in their dtype); i[0] = N, i[1] = C, i[2] = the
  * logits' dtype, i[3] = counted rows */
@@ -344,13 +348,16 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
         count += y != DT_K_IGNORE_INDEX;
     }
     const float *x = dt__cdata(ctx, logits);
-    float *p = NULL; /* the backward recomputes the softmax: no [N, C] buffer kept */
-    dt_tensor *out = dt__out(ctx, 0, NULL);
-    if (!x || !out)
-        return NULL;
     const dt_dtype t = logits->dtype;
+    /* the backward recomputes the softmax: no [N, C] buffer kept (from the
+     * rows' log-sum-exps kept here, N floats, for low-precision logits) */
+    float *p = t != DT_F32 && dt__ag_wants(ctx, 1, &logits) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float))
+                                                            : NULL;
+    dt_tensor *out = dt__out(ctx, 0, NULL);
+    if (!x || !out || (!p && t != DT_F32 && dt__ag_wants(ctx, 1, &logits)))
+        return NULL;
     if ((t == DT_F32 ? dt_k_softmax_xent_fwd(x, lab, DT_I64, N, C, out->data, p)
-                     : dt__ce_lp_loss(ctx, x, t, lab, N, C, count, out->data)) < 0) {
+                     : dt__ce_lp_loss(ctx, x, t, lab, N, C, count, out->data, p)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }

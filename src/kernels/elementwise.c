@@ -251,6 +251,31 @@ dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_first, f
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
 }
 
+dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y, int64_t n)
+{
+    const char *fn = "dt_k_add2_lp";
+    if (!add_lp_dtype(t))
+        return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, a, n);
+    DT__CHECK_PTR(fn, b, n);
+    DT__CHECK_PTR(fn, y, n);
+    const int64_t nb = (n + LP_ADD_BLK - 1) / LP_ADD_BLK;
+    int nt = dt__threads_for(n * 2), bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t k = 0; k < nb; k++) {
+        float va[LP_ADD_BLK], vb[LP_ADD_BLK];
+        const int64_t lo = k * LP_ADD_BLK, c = n - lo < LP_ADD_BLK ? n - lo : LP_ADD_BLK;
+        bad |= dt_k_convert((const uint16_t *)a + lo, t, va, DT_F32, c) < 0 ||
+               dt_k_convert((const uint16_t *)b + lo, t, vb, DT_F32, c) < 0;
+#pragma omp simd
+        for (int64_t i = 0; i < c; i++)
+            va[i] = va[i] + vb[i];
+        bad |= dt_k_convert(va, DT_F32, (uint16_t *)y + lo, t, c) < 0;
+    }
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
+}
+
 dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n)
 {
     const char *fn = "dt_k_grad_round_lp";

@@ -154,6 +154,21 @@ static inline bool dt__vec_avx2(void)
     return dt__vec_level() != DT__VEC_SCALAR;
 }
 
+/* v rounded to bf16 (held in f32) as dt_f32_to_bf16 rounds: to nearest
+ * even, a NaN quieted with its sign and the top of its payload kept. Plain
+ * integer operations: loops over it vectorise at any width with the same
+ * bits (the norms' row roundings). */
+static inline __attribute__((always_inline)) float dt__bf16_round(float v)
+{
+    union {
+        float f;
+        uint32_t u;
+    } b = {.f = v};
+    uint32_t q = (b.u | 0x00400000u) & 0xffff0000u, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
+    b.u = (b.u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    return b.f;
+}
+
 /* OpenMP threads for the C kernels: dt_get_num_threads(), 1 for small work. */
 int dt__threads_for(int64_t work);
 

@@ -220,19 +220,6 @@ dt_status dt_k_batchnorm_bwd(const float *x, const float *dy, int64_t N, int64_t
  * results equal those of widening, the f32 kernel and rounding, bit for
  * bit. */
 
-/* v rounded to bf16 (held in f32) as dt_f32_to_bf16 rounds: to nearest
- * even, a NaN quieted with its sign and the top of its payload kept */
-static inline __attribute__((always_inline)) float ln_bf16_round(float v)
-{
-    union {
-        float f;
-        uint32_t u;
-    } b = {.f = v};
-    uint32_t q = (b.u | 0x00400000u) & 0xffff0000u, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
-    b.u = (b.u & 0x7fffffffu) > 0x7f800000u ? q : r;
-    return b.f;
-}
-
 static inline __attribute__((always_inline)) void ln_fwd_body(const float *xr, int64_t cols, const float *gamma,
                                                               const float *beta, bool hg, bool hb, float eps,
                                                               float *yr, float *save_mean, float *save_rstd)
@@ -294,7 +281,7 @@ static inline __attribute__((always_inline)) void ln_round_bf16_body(const float
 {
 #pragma omp simd
     for (int64_t j = 0; j < n; j++)
-        y[j] = ln_bf16_round(x[j]);
+        y[j] = dt__bf16_round(x[j]);
 }
 
 #define LN_ROWS(SUF, ATTR)                                                                                             \

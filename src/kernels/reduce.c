@@ -477,10 +477,10 @@ static dt_status xent_labels(const char *fn, const void *labels, dt_dtype t, int
     return DT_OK;
 }
 
-dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype lt, int64_t rows, int64_t cols,
-                                float *loss, float *prob)
+/* dt_k_softmax_xent_fwd, and with save_lse (prob NULL) each row's log-sum-exp */
+static dt_status xent_fwd(const char *fn, const float *logits, const void *labels, dt_dtype lt, int64_t rows,
+                          int64_t cols, float *loss, float *prob, float *save_lse)
 {
-    const char *fn = "dt_k_softmax_xent_fwd";
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
         return st;
@@ -517,6 +517,8 @@ dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtyp
                     p[j] *= inv;
             } else {
                 m = row_lse(vec, x, cols), s = 1.0f; /* m + logf(s) = lse */
+                if (save_lse)
+                    save_lse[r] = m;
             }
             int64_t l = label_at(labels, lt, r);
             if (l != DT_K_IGNORE_INDEX)
@@ -531,10 +533,24 @@ dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtyp
     return DT_OK;
 }
 
-dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels, dt_dtype lt,
-                                int64_t rows, int64_t cols, float dloss, float *dlogits)
+dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype lt, int64_t rows, int64_t cols,
+                                float *loss, float *prob)
 {
-    const char *fn = "dt_k_softmax_xent_bwd";
+    return xent_fwd("dt_k_softmax_xent_fwd", logits, labels, lt, rows, cols, loss, prob, NULL);
+}
+
+dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_dtype lt, int64_t rows,
+                                    int64_t cols, float *loss, float *save_lse)
+{
+    const char *fn = "dt_k_softmax_xent_fwd_lse";
+    DT__CHECK_PTR(fn, save_lse, rows);
+    return xent_fwd(fn, logits, labels, lt, rows, cols, loss, NULL, save_lse);
+}
+
+/* dt_k_softmax_xent_bwd, and with lse (prob NULL) the forward's row log-sum-exps */
+static dt_status xent_bwd(const char *fn, const float *logits, const float *prob, const float *lse,
+                          const void *labels, dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits)
+{
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
         return st;
@@ -561,9 +577,23 @@ dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const vo
                 d[j] = s * p[j];
         } else { /* softmax recomputed from the logits: no (rows, cols) buffer kept */
             const float *x = logits + r * cols;
-            row_scaled_softmax(vec, x, d, cols, row_lse(vec, x, cols), s);
+            row_scaled_softmax(vec, x, d, cols, lse ? lse[r] : row_lse(vec, x, cols), s);
         }
         d[l] -= s;
     }
     return DT_OK;
+}
+
+dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels, dt_dtype lt,
+                                int64_t rows, int64_t cols, float dloss, float *dlogits)
+{
+    return xent_bwd("dt_k_softmax_xent_bwd", logits, prob, NULL, labels, lt, rows, cols, dloss, dlogits);
+}
+
+dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels, dt_dtype lt,
+                                    int64_t rows, int64_t cols, float dloss, float *dlogits)
+{
+    const char *fn = "dt_k_softmax_xent_bwd_lse";
+    DT__CHECK_PTR(fn, lse, rows);
+    return xent_bwd(fn, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits);
 }

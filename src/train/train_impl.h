@@ -92,8 +92,11 @@ typedef struct dt__nonfinite {
     bool grad;         /* some owned gradient is not finite (after the reduction) */
     size_t range, index; /* the first: element `index` of range `range` (relative to its lo) */
 } dt__nonfinite;
-/* Whether some gradient of the ranges' [lo, hi) is not finite; the first one's range and index. */
-bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, size_t *index);
+/* Whether some gradient of the ranges' [lo, hi) is not finite; the first one's range and index.
+ * g32 NULL: the ranges' own gradients (their dtype) are read; else g32[k] holds range k's
+ * gradients as f32, element i at g32[k][i] (relative to lo): the optimizer's copies, which
+ * its unscale pass filled (dt_optim_grads_f32), when the pass may have zeroed the own ones. */
+bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, float *const *g32, size_t *range, size_t *index);
 /* Collective over the replicas, called by every rank once the agreed flag
  * says some rank saw a non-finite loss or gradient: the error naming the
  * step, the ranks, the loss and the first parameter (DT_ERR_INVALID_ARG). */

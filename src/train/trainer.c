@@ -688,7 +688,8 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
         dt__fault_grad(tr->rg, tr->nrg);
         tr->fault.what = DT__FAULT_NONE;
     }
-    if ((scaled || (tr->lowp && need_norm)) && (st = dt_optim_unscale_grads(tr->opt, (float)(1.0 / scale), &inf)) < 0)
+    const bool unscale = scaled || (tr->lowp && need_norm);
+    if (unscale && (st = dt_optim_unscale_grads(tr->opt, (float)(1.0 / scale), &inf)) < 0)
         return abandon(tr, st);
     /* without a scaler every rank checks its own losses and the gradients
      * it steps (one read pass); the flag rides in the agreement below */
@@ -699,7 +700,20 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
                 nf.loss_micro = i + 1;
                 nf.loss_value = tr->micro_loss[i];
             }
-        nf.grad = dt__grads_nonfinite(tr->rg, tr->nrg, &nf.range, &nf.index);
+        if (!unscale)
+            nf.grad = dt__grads_nonfinite(tr->rg, tr->nrg, NULL, &nf.range, &nf.index);
+        else if (inf) {
+            /* the unscale pass read the gradients (no second pass) and,
+             * where the optimizer zeroes them, zeroed the low-precision
+             * ones after widening: its flag answers, and its f32 copies
+             * name the first non-finite one */
+            for (size_t k = 0; k < tr->nrg; k++)
+                if ((st = dt_optim_grads_f32(tr->opt, k, &tr->gk[k], &tr->gn[k])) < 0)
+                    return abandon(tr, st);
+            nf.grad = true;
+            if (!dt__grads_nonfinite(tr->rg, tr->nrg, tr->gk, &nf.range, &nf.index))
+                nf.range = 0, nf.index = 0; /* (not reached: the pass reads the same pieces) */
+        }
     }
     double *v = tr->agree;
     v[0] = tr->stop_req ? 1.0 : 0.0;

@@ -5,8 +5,11 @@
  * test-only fault injection (DT_FAULT_NONFINITE).
  *
  * The scan is one read pass over the owned gradients in their own dtype
- * (dt_k_first_nonfinite: exponent bits all ones, vectorised, threaded); the
- * flag travels in the step's existing agreement all-reduce (trainer.c).
+ * (dt_k_first_nonfinite: exponent bits all ones, vectorised, threaded); where
+ * the optimizer's unscale pass already read them (low-precision gradients
+ * widened for the clipping norm) its flag answers and the f32 copies are
+ * scanned only to name the first one. The flag travels in the step's
+ * existing agreement all-reduce (trainer.c).
  * Only when some rank raised it does every rank take the slow path here: one
  * more all-reduce of four numbers per rank, after which every rank knows
  * which ranks saw what and returns the same message. */
@@ -38,17 +41,18 @@ static bool range_piece(const dt_optim_range *r, size_t j, size_t *a, size_t *b)
     return true;
 }
 
-bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, size_t *range, size_t *index)
+bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, float *const *g32, size_t *range, size_t *index)
 {
     for (size_t k = 0; k < nrg; k++) {
         const dt_flat *g = rg[k].grads;
-        if (!g || !g->base || rg[k].hi <= rg[k].lo)
+        if (g32 ? !g32[k] : !g || !g->base || rg[k].hi <= rg[k].lo)
             continue;
         size_t a, b;
         for (size_t j = 0; range_piece(&rg[k], j, &a, &b); j++) {
             if (b <= a)
                 continue;
-            int64_t at = dt_k_first_nonfinite(dt_flat_ptr(g, a), g->dtype, (int64_t)(b - a));
+            int64_t at = g32 ? dt_k_first_nonfinite(g32[k] + (a - rg[k].lo), DT_F32, (int64_t)(b - a))
+                             : dt_k_first_nonfinite(dt_flat_ptr(g, a), g->dtype, (int64_t)(b - a));
             if (at >= (int64_t)(b - a))
                 continue;
             *range = k;

@@ -638,6 +638,81 @@ TEST(add_lp_equals_widened)
     add_lp_case(DT_F16);
 }
 
+/* bf16 + bf16 (f16 + f16) of one shape (Llama's residual adds under
+ * autocast): one tape node where widening recorded four (two casts, the f32
+ * add, the result's cast), and the low-precision sum and both gradients
+ * (the upstream rounded to the result's dtype, then each operand's, -0 and
+ * a negative subnormal upstream giving +0 as the widened buffers gave)
+ * equal the widening composition's bit for bit on every ISA path. */
+static void add_lp2_case(dt_dtype dt)
+{
+    enum { B = 2, T = 3, C = 301, M = B * T * C };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float av[M], bv[M], gv[M];
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 0, 0), 0, av, M, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 1, 0), 0, bv, M, -3.0f, 3.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(12, DT_RNG_DATA, 2, 0), 0, gv, M, -1.0f, 1.0f);
+    av[1] = -0.0f, bv[1] = -0.0f, bv[2] = NAN, av[3] = INFINITY, av[6] = 3e38f, bv[6] = 3e38f;
+    gv[4] = -0.0f, gv[5] = 1e-30f, gv[7] = -1e-45f, gv[8] = NAN;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        dt_tensor *a[2], *b[2], *ga[2], *gb[2];
+        for (int k = 0; k < 2; k++) {
+            a[k] = dt_tensor_new(dt, 3, SH(B, T, C));
+            b[k] = dt_tensor_new(dt, 3, SH(B, T, C));
+            ga[k] = dt_tensor_new(DT_F32, 3, SH(B, T, C));
+            gb[k] = dt_tensor_new(DT_F32, 3, SH(B, T, C));
+            ASSERT_OK(dt_k_convert(av, DT_F32, a[k]->data, dt, M));
+            ASSERT_OK(dt_k_convert(bv, DT_F32, b[k]->data, dt, M));
+            ASSERT_OK(dt_tensor_zero(ga[k]));
+            ASSERT_OK(dt_tensor_zero(gb[k]));
+            ASSERT_OK(dt_tensor_set_grad(a[k], ga[k]));
+            ASSERT_OK(dt_tensor_set_grad(b[k], gb[k]));
+        }
+        dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, C), gv);
+        /* both operands through temporaries (dt_scale by 1, in their dtype), as the block's are */
+        dt_tensor *h0 = dt_scale(ctx, a[0], 1.0f), *k0 = dt_scale(ctx, b[0], 1.0f);
+        dt_tensor *h1 = dt_scale(ctx, a[1], 1.0f), *k1 = dt_scale(ctx, b[1], 1.0f);
+        ASSERT(h0 && k0 && h1 && k1 && h0->dtype == dt);
+        size_t t0 = dt_ag_tape_len(ctx);
+        dt_tensor *y = dt_add(ctx, h0, k0);
+        ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 1); /* no cast nodes */
+        dt_tensor *yr = dt_cast(ctx, dt_add(ctx, dt_cast(ctx, h1, DT_F32), dt_cast(ctx, k1, DT_F32)), dt);
+        ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
+        ASSERT(!memcmp(y->data, yr->data, (size_t)M * 2));
+        ASSERT_OK(dt_backward_with(ctx, y, R));
+        ASSERT_OK(dt_backward_with(ctx, yr, R));
+        ASSERT(!memcmp(ga[0]->data, ga[1]->data, (size_t)M * 4));
+        ASSERT(!memcmp(gb[0]->data, gb[1]->data, (size_t)M * 4));
+        ASSERT(memcmp(ga[0]->data, gv, (size_t)M * 4) != 0); /* rounded: not the upstream values */
+        ASSERT(!signbit(((float *)ga[0]->data)[7]));
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_free(a[k]);
+            dt_tensor_free(b[k]);
+            dt_tensor_free(ga[k]);
+            dt_tensor_free(gb[k]);
+        }
+        dt_ctx_reset(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    /* the kernel's arguments */
+    uint16_t h[4] = {0};
+    ASSERT_STATUS(dt_k_add2_lp(DT_F32, h, h, h, 2), DT_ERR_DTYPE);
+    ASSERT_STATUS(dt_k_add2_lp(dt, NULL, h, h, 2), DT_ERR_NULL);
+    ASSERT_STATUS(dt_k_add2_lp(dt, h, h, h, -1), DT_ERR_INVALID_ARG);
+    ASSERT_OK(dt_k_add2_lp(dt, h, h, h, 4)); /* y aliasing both */
+    dt_ctx_free(ctx);
+}
+
+TEST(add_lp2_equals_widened)
+{
+    add_lp2_case(DT_BF16);
+    add_lp2_case(DT_F16);
+}
+
 TEST(relu_lp_equals_widened)
 {
     for (int b = 0; b < 2; b++) {
@@ -1157,6 +1232,7 @@ int main(void)
     RUN(relu_lp_equals_widened);
     RUN(bias_gelu_lp_equals_widened);
     RUN(add_lp_equals_widened);
+    RUN(add_lp2_equals_widened);
     RUN(maxpool_lp_equals_widened);
     RUN(layernorm_lp_equals_widened);
     RUN(autocast_table_and_linear);

@@ -1,6 +1,7 @@
 /* The kernels' vector row loops (dt__expf8 / dt__expf16: the fused bias +
- * GELU and the chunked softmax cross-entropy; rows_acc: attention forward
- * and backward) give the same bits as their scalar loops on every ISA path
+ * GELU and the chunked softmax cross-entropy, its backward from saved
+ * log-sum-exps too; rows_acc: attention forward
+ * and backward; RMSNorm) give the same bits as their scalar loops on every ISA path
  * the CPU has: avx2 (8 lanes), avx512 and avx512_bf16 (16 lanes), each set
  * with dt_k_set_isa and compared with DT_K_ISA_SCALAR, on row lengths that
  * leave a tail after the 16-lane part, an 8-lane step and a scalar rest, and
@@ -185,6 +186,21 @@ TEST(xent_paths_identical)
         SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss");
         SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient");
     }
+    /* the backward from the forward's row log-sum-exps: the same bits on
+     * every path as recomputing them (the ignored row's lse is not read) */
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        float lse[4] = {0, 0, NAN, 0};
+        ASSERT_OK(dt_k_softmax_xent_fwd_lse(lg, lab, DT_I64, R, V, &loss[0], lse));
+        SAME_BITS(&loss[0], &loss[1], 1, "cross-entropy loss keeping the lse");
+        ASSERT(isfinite(lse[2]) && lse[0] >= 40.0f); /* every row's, ignored ones too; row 0's max is 40 */
+        lse[2] = NAN;
+        ASSERT_OK(dt_k_softmax_xent_bwd_lse(lg, lse, lab, DT_I64, R, V, 1.5f, g[0]));
+        SAME_BITS(g[0], g[1], R * V, "cross-entropy gradient from the saved lse");
+        ASSERT_STATUS(dt_k_softmax_xent_bwd_lse(lg, NULL, lab, DT_I64, R, V, 1.5f, g[0]), DT_ERR_NULL);
+        ASSERT_STATUS(dt_k_softmax_xent_fwd_lse(lg, lab, DT_I64, R, V, &loss[0], NULL), DT_ERR_NULL);
+    }
     /* A row whose loss is log(1 + s), s ~ 1.5e-3 the sum of 5002 small
      * exponentials: the loss's bits show the order of that sum (a loss near
      * 10, as above, rounds a change of s's last bit away). */
@@ -344,6 +360,93 @@ TEST(swiglu_paths_identical)
         free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
 }
 
+/* RMSNorm (f32 and bf16/f16 rows): forward, rstd, dx and dw the same bits on
+ * every path as on the scalar loops (a row's double sums run in 16 fixed
+ * lanes on every path), on rows of 203 columns (12 x 16 lanes and a tail of
+ * 11), 16, 5 (tail only) and 300 (over the dw work item of 256), with and
+ * without a weight, a row of zeros and one of large magnitudes; the _lp
+ * kernels equal widen + f32 kernel + round on each path; and rstd is the
+ * exactly rounded 1/sqrt(mean(x^2) + eps) of a long double sum within one
+ * ulp. */
+static void rms_case(int64_t R, int64_t D, bool hw)
+{
+    const int64_t n = R * D;
+    float *x = malloc(n * 4), *w = malloc(D * 4), *dy = malloc(n * 4), *y[2], *dx[2], *dw[2], *rs[2];
+    for (int k = 0; k < 2; k++)
+        y[k] = malloc(n * 4), dx[k] = malloc(n * 4), dw[k] = malloc(D * 4), rs[k] = malloc(R * 4);
+    fill(x, n, 21, 3.0f);
+    fill(w, D, 22, 1.5f);
+    fill(dy, n, 23, 1.0f);
+    if (R > 2) {
+        memset(x + D, 0, (size_t)D * 4); /* rstd 1/sqrt(eps) */
+        for (int64_t j = 0; j < D; j++)
+            x[2 * D + j] *= 1e15f;
+        x[3] = -0.0f;
+    }
+    const float *wp = hw ? w : NULL;
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_rmsnorm_fwd(x, R, D, wp, 1e-5f, y[1], rs[1]));
+    ASSERT_OK(dt_k_rmsnorm_bwd(x, dy, R, D, wp, rs[1], dx[1], dw[1]));
+    for (int64_t r = 0; r < R; r++) {
+        long double s = 0;
+        for (int64_t j = 0; j < D; j++)
+            s += (long double)x[r * D + j] * x[r * D + j];
+        float ms = (float)(s / D), want = 1.0f / sqrtf(ms + 1e-5f);
+        if (fabsf(rs[1][r] - want) > 1.2e-7f * want)
+            TEST_FAIL_("rmsnorm rstd of row %lld: %.9g, long double sum gives %.9g", (long long)r, (double)rs[1][r],
+                       (double)want);
+    }
+    uint16_t *xh = malloc(n * 2), *yh[2];
+    yh[0] = malloc(n * 2), yh[1] = malloc(n * 2);
+    float *xw = malloc(n * 4), *dr = malloc(n * 4), *dxl = malloc(n * 4), *dwl = malloc(D * 4), *rsl = malloc(R * 4);
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        if (k < NPATH) {
+            ASSERT_OK(dt_k_rmsnorm_fwd(x, R, D, wp, 1e-5f, y[0], rs[0]));
+            ASSERT_OK(dt_k_rmsnorm_bwd(x, dy, R, D, wp, rs[1], dx[0], dw[0]));
+            SAME_BITS(y[0], y[1], n, "rmsnorm forward");
+            SAME_BITS(rs[0], rs[1], R, "rmsnorm rstd");
+            SAME_BITS(dx[0], dx[1], n, "rmsnorm dx");
+            SAME_BITS(dw[0], dw[1], D, "rmsnorm dw");
+        }
+        for (int lp = 0; lp < 2; lp++) { /* the low-precision kernels against the chain on this path */
+            const dt_dtype t = lp ? DT_F16 : DT_BF16;
+            ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, n));
+            ASSERT_OK(dt_k_convert(xh, t, xw, DT_F32, n));
+            ASSERT_OK(dt_k_rmsnorm_fwd(xw, R, D, wp, 1e-5f, y[0], rs[0]));
+            ASSERT_OK(dt_k_convert(y[0], DT_F32, yh[1], t, n));
+            ASSERT_OK(dt_k_rmsnorm_fwd_lp(xh, t, R, D, wp, 1e-5f, yh[0], rsl));
+            if (memcmp(yh[0], yh[1], (size_t)n * 2))
+                TEST_FAIL_("%s: rmsnorm_fwd_lp differs from the chain on path %s", dt_dtype_name(t),
+                           dt_k_isa_name(dt_k_get_isa()));
+            SAME_BITS(rsl, rs[0], R, "rmsnorm_fwd_lp rstd");
+            ASSERT_OK(dt_k_convert(dy, DT_F32, yh[1], t, n));
+            ASSERT_OK(dt_k_convert(yh[1], t, dr, DT_F32, n));
+            ASSERT_OK(dt_k_rmsnorm_bwd(xw, dr, R, D, wp, rs[0], dx[0], dw[0]));
+            ASSERT_OK(dt_k_convert(dx[0], DT_F32, yh[1], t, n));
+            ASSERT_OK(dt_k_convert(yh[1], t, dx[0], DT_F32, n));
+            ASSERT_OK(dt_k_rmsnorm_bwd_lp(xh, t, dy, R, D, wp, rs[0], dxl, dwl));
+            SAME_BITS(dxl, dx[0], n, "rmsnorm_bwd_lp dx against the chain");
+            SAME_BITS(dwl, dw[0], D, "rmsnorm_bwd_lp dw against the chain");
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(x), free(w), free(dy), free(xh), free(yh[0]), free(yh[1]), free(xw), free(dr), free(dxl), free(dwl);
+    free(rsl);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(dx[k]), free(dw[k]), free(rs[k]);
+}
+
+TEST(rmsnorm_paths_identical)
+{
+    rms_case(4, 203, true);
+    rms_case(4, 203, false);
+    rms_case(3, 300, true);
+    rms_case(2, 16, true);
+    rms_case(2, 5, false);
+}
+
 /* Blocked 2x2 max pooling (the ConvNet's): values and argmax indices the
  * same on every path as on the scalar loop, in nChw8c and nChw16c, with
  * ties (the first in window order wins), -0 against 0, NaN (propagates,
@@ -407,6 +510,7 @@ int main(void)
     RUN(xent_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
+    RUN(rmsnorm_paths_identical);
     RUN(maxpool_blocked_paths_identical);
     for (int k = 0; k < NPATH; k++)
         printf("# path %s: %s\n", dt_k_isa_name(k_paths[k]), g_ran[k] ? "compared with scalar" : "not on this CPU");

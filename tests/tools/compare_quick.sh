@@ -15,7 +15,7 @@ git -C "$src" rev-parse --verify --quiet 'HEAD^{commit}' >/dev/null 2>&1 ||
 fail() { echo "FAIL: $*"; exit 1; }
 out=$work/compare_quick.out
 rm -rf "$work" && mkdir -p "$work"
-DT_COMPARE_DIR=$work/builds "$src/bench/compare.sh" --quick --workloads convnet,mlp,gpt2-f32,allreduce HEAD HEAD \
+DT_COMPARE_DIR=$work/builds "$src/bench/compare.sh" --quick --workloads convnet,mlp,gpt2-f32,allreduce,llama-bf16 HEAD HEAD \
     >"$out" 2>"$work/compare_quick.err"
 rc=$?
 cat "$out"
@@ -23,13 +23,13 @@ cat "$out"
 h=$(git -C "$src" rev-parse HEAD | cut -c1-12)
 grep -q "^# bench/compare.sh: base $h head $h, 1 round(s), quick sizes" "$out" || fail "header"
 grep -q '^workload  *base  *head  *unit  *ratio  *spread$' "$out" || fail "column header"
-for w in convnet mlp gpt2-f32 allreduce; do
+for w in convnet mlp gpt2-f32 allreduce llama-bf16; do
     grep -Eq "^$w +[0-9]+\.[0-9]{3} +[0-9]+\.[0-9]{3} +(ms|us) +[0-9]+\.[0-9]{3}  [0-9]+\.[0-9]{3}-[0-9]+\.[0-9]{3}$" "$out" ||
         fail "no well-formed line for $w"
 done
-[ "$(grep -c '^[a-z]' "$out")" = 5 ] || fail "expected 4 workload lines and the column header"
+[ "$(grep -c '^[a-z]' "$out")" = 6 ] || fail "expected 5 workload lines and the column header"
 # one round: the spread is the ratio itself
-awk '/^(convnet|mlp|gpt2-f32|allreduce) / { split($6, s, "-"); if (s[1] != $5 || s[2] != $5) exit 1 }' "$out" ||
+awk '/^(convnet|mlp|gpt2-f32|allreduce|llama-bf16) / { split($6, s, "-"); if (s[1] != $5 || s[2] != $5) exit 1 }' "$out" ||
     fail "a one-round spread differs from its ratio"
 # the build is kept: a second run reuses it (no "# building" line)
 DT_COMPARE_DIR=$work/builds "$src/bench/compare.sh" --quick --workloads mlp HEAD HEAD >"$out" 2>"$work/compare_quick.err" ||

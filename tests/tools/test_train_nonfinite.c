@@ -1,7 +1,8 @@
 /* `dtrain train` never reports a wrong result as success:
  *  - a NaN gradient injected on rank 1 of a 2-rank job (DT_FAULT_NONFINITE)
  *    stops both ranks after that step, naming the step, the rank and the
- *    parameter, exit 1, no hang: fp32 and bf16, DDP and ZeRO 1 and 3;
+ *    parameter, exit 1, no hang: fp32 and bf16, DDP and ZeRO 1 and 3, and
+ *    bf16 with gradient clipping (DDP, ZeRO 1);
  *  - fp16: a step skipped for an +inf input leaves BatchNorm's running
  *    statistics alone (the test loss stays finite), the --metrics file is
  *    JSON on every line (a non-finite loss is null) with one final eval;
@@ -63,6 +64,9 @@ TEST(nan_on_one_rank_stops_every_rank)
         {"--precision", "bf16", "--zero", "1", NULL},
         {"--precision", "fp32", "--zero", "3", NULL},
         {"--precision", "bf16", "--zero", "3", NULL},
+        /* clipping: the norm's pass widens (and zeroes) the bf16 gradients first */
+        {"--precision", "bf16", "--keep-bn-fp32", "false", "--clip-grad-norm", "1", NULL},
+        {"--precision", "bf16", "--zero", "1", "--clip-grad-norm", "1", NULL},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cli_result r;
@@ -70,8 +74,8 @@ TEST(nan_on_one_rank_stops_every_rank)
         for (int i = 0; cases[c][i]; i++)
             extra[1 + i] = cases[c][i];
         train(&r, "DT_FAULT_NONFINITE=1:3:grad", true, extra);
-        fprintf(stderr, "case %s %s %s: exit %d\n", cases[c][1], cases[c][2] ? cases[c][2] : "",
-                cases[c][3] ? cases[c][3] : "", r.code);
+        fprintf(stderr, "case %s %s %s %s: exit %d\n", cases[c][1], cases[c][2] ? cases[c][2] : "",
+                cases[c][3] ? cases[c][3] : "", cases[c][3] && cases[c][4] ? cases[c][4] : "", r.code);
         if (r.code != 1 || !strstr(r.err, "non-finite values at optimizer step 3") ||
             !strstr(r.err, "is not finite on rank 1") || !strstr(r.err, "the gradient of '"))
             fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r.code, r.out, r.err);
