@@ -32,11 +32,14 @@
 
 #include <string.h>
 
-/* Logit bytes a chunk may take when the caller leaves chunk_rows at 0: a
- * GPT-2 step at B*T = 256 (51.5 MB of logits) is one chunk, with no
- * recomputation, so the fusion costs nothing where the logits are small and
- * bounds them where they are not (B*T = 4096: 823 MB unfused, 4 chunks). */
-#define DT__LMHEAD_CHUNK_BYTES ((int64_t)64 << 20)
+/* Logit bytes a chunk may take when the caller leaves chunk_rows at 0,
+ * counted in the buffers the chunk holds (the GEMM dtype's, plus an f32 one
+ * where the GEMM cannot write that dtype): GPT-2 124M's bf16 step at B*T =
+ * 2048 (206 MB of bf16 logits) is one chunk, with no recomputation and one
+ * weight-gradient GEMM over all rows (at 64 MB of f32 it took 7 chunks and ran 20%
+ * slower than one, and slower than the unfused head); f32 logits of B*T =
+ * 4096 (823 MB unfused) take 4 chunks of 206 MB. */
+#define DT__LMHEAD_CHUNK_BYTES ((int64_t)256 << 20)
 
 typedef struct {
     const char *X, *W;  /* contiguous x [N, C] and W [V, C] in the GEMM dtype */
@@ -166,7 +169,8 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
     memset(s, 0, sizeof *s);
     s->N = N, s->C = C, s->V = V, s->t = t;
     if (chunk_rows == 0) { /* balanced chunks of at most DT__LMHEAD_CHUNK_BYTES of logits */
-        int64_t per = DT__LMHEAD_CHUNK_BYTES / (V * 4) > 0 ? DT__LMHEAD_CHUNK_BYTES / (V * 4) : 1;
+        int64_t lb = V * (t == DT_F32 ? 4 : (int64_t)dt_dtype_size(t) + (dt_k_matmul_writes_lp(t) ? 0 : 4));
+        int64_t per = DT__LMHEAD_CHUNK_BYTES / lb > 0 ? DT__LMHEAD_CHUNK_BYTES / lb : 1;
         int64_t k = (N + per - 1) / per;
         chunk_rows = (N + k - 1) / k;
     }

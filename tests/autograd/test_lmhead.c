@@ -5,7 +5,8 @@
  * gradients within 1e-5 of the largest entry: float rounding of per-chunk
  * means and per-chunk dW sums), the same in bf16 and under bf16 autocast
  * (the loss within 1e-5, gradients within one bf16 rounding, 8e-3 of the
- * largest entry), all rows ignored, and bad inputs. */
+ * largest entry), the default chunking holding a GPT-2-sized bf16 head in
+ * one chunk (no recomputation), all rows ignored, and bad inputs. */
 #include "dtrain/kernels.h"
 #include "dtrain/precision.h"
 #include "gradcheck.h"
@@ -165,6 +166,43 @@ TEST(equals_unfused_bf16)
     ASSERT_EQ_INT(bad, 0);
 }
 
+/* The default chunking (chunk_rows 0) keeps a GPT-2-sized bf16 head in one
+ * chunk: 1,400 rows of 50,304 bf16 logits (141 MB) take one forward GEMM and
+ * one dx and one dW GEMM, with no recomputed chunk (at the old 64 MB counted
+ * in f32 bytes they took 5 chunks: 19 GEMM calls). */
+TEST(default_chunks_bf16_one_chunk)
+{
+    enum { N = 1400, VB = 50304, CB = 8 };
+    dt_tensor *x = bf16_leaf(2, SH(N, CB), 21), *w = bf16_leaf(2, SH(VB, CB), 22);
+    dt_tensor *lab = dt_tensor_new(DT_I64, 1, SH(N));
+    ASSERT(x && w && lab);
+    for (int64_t i = 0; i < N; i++)
+        ((int64_t *)lab->data)[i] = (i * 7919) % VB;
+    dt_ctx *ctx = NULL;
+    ASSERT_EQ_INT(dt_ctx_init(NULL, &ctx), DT_OK);
+    ASSERT_EQ_INT(dt_k_gemm_record_start(), DT_OK);
+    dt_tensor *l = dt_linear_cross_entropy(ctx, x, w, lab, 0);
+    ASSERT(l != NULL);
+    ASSERT_EQ_INT(dt_backward(ctx, l), DT_OK);
+    dt_k_gemm_shape g[16];
+    int n = 0;
+    ASSERT_EQ_INT(dt_k_gemm_record_stop(g, 16, &n), DT_OK);
+    int64_t calls = 0, rows = 0;
+    for (int i = 0; i < n && i < 16; i++) {
+        calls += g[i].count;
+        if (!g[i].trans_a && g[i].trans_b && g[i].K == CB) /* the forward's logits x W^T */
+            rows += g[i].M * g[i].count;
+    }
+    fprintf(stderr, "%lld GEMM calls, %lld logit rows computed\n", (long long)calls, (long long)rows);
+    ASSERT_EQ_INT((int)rows, N); /* every row's logits once: no recomputed chunk */
+    ASSERT_EQ_INT((int)calls, 3);
+    ASSERT(isfinite(dt_tensor_item(l)) && w->grad != NULL);
+    dt_ctx_free(ctx);
+    dt_tensor_free(x);
+    dt_tensor_free(w);
+    dt_tensor_free(lab);
+}
+
 TEST(all_ignored)
 {
     dt_tensor *x = gc_tensor(3, SH(B, T, C), 13, true), *w = gc_tensor(2, SH(V, C), 14, true);
@@ -213,6 +251,7 @@ int main(void)
     RUN(gradcheck_chunks);
     RUN(equals_unfused_f32);
     RUN(equals_unfused_bf16);
+    RUN(default_chunks_bf16_one_chunk);
     RUN(all_ignored);
     RUN(bad_inputs);
     return TEST_REPORT();
