@@ -208,6 +208,7 @@ static void rms_round(int vec, const float *x, float *y, dt_dtype t, int64_t n)
 static void rms_dw(int vec, int nt, const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
                    const float *save_rstd, float *dw)
 {
+    (void)nt; /* read by the OpenMP pragma only: unused in a build without OpenMP */
     const int64_t nb = (cols + RN_COLS - 1) / RN_COLS;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nb; b++) {
