@@ -36,7 +36,7 @@
  * counted in the buffers the chunk holds (the GEMM dtype's, plus an f32 one
  * where the GEMM cannot write that dtype): GPT-2 124M's bf16 step at B*T =
  * 2048 (206 MB of bf16 logits) is one chunk, with no recomputation and one
- * weight-gradient GEMM over all rows (at 64 MB of f32 it took 7 chunks and ran 20%
+ * weight-gradient GEMM over all rows (at 64 MB of f32 it took 7 chunks and ran 24-33%
  * slower than one, and slower than the unfused head); f32 logits of B*T =
  * 4096 (823 MB unfused) take 4 chunks of 206 MB. */
 #define DT__LMHEAD_CHUNK_BYTES ((int64_t)256 << 20)
