@@ -22,9 +22,11 @@
 # timed runs each after one untimed); the order of the libraries rotates
 # from round to round, so a drift of the machine's load falls on all alike.
 # The table gives, per shape and type, each library's median over the
-# rounds of wall GFLOP/s and of GFLOP per CPU-second (the process's CPU time:
-# on a machine shared with other work the wall rate moves with the load,
-# the CPU rate much less; on an idle machine it is the wall rate / threads),
+# rounds of wall GFLOP/s and of GFLOP per CPU-second (the process's CPU time
+# per run, the mean over a round's --reps runs: the CPU clock of the other
+# threads moves at scheduler ticks, so use --reps 10 or more for GEMMs of
+# ~10 ms; on a machine shared with other work the wall rate moves with the
+# load, the CPU rate much less; on an idle machine it is the wall rate / threads),
 # and the ratio oneDNN 3.x / 2.x of the CPU rates (above 1: 3.x is faster).
 # The last lines sum, per type, a GPT-2 step's GEMM CPU time at those rates
 # (each per-layer shape --layers times, the LM head's once) and give the
@@ -49,7 +51,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --rows | --embd | --vocab) dims="$dims $1 $2"; shift 2 ;;
     --layers) layers=$2; shift 2 ;;
-    -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "onednn_matmul.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done

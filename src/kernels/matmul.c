@@ -14,6 +14,18 @@
  * matmul with f32 accumulation, at f32 speed. dt_k_bench_matmul reports
  * which path ran.
  *
+ * Implementation: a 2-D product runs on oneDNN's gemm-based matmul
+ * ("gemm:jit") wherever oneDNN lists it, not on its first choice (brgemm on
+ * AVX-512). Measured on one core of an AVX512_BF16 EPYC over GPT-2 124M's
+ * 15 GEMM shapes at 2048 rows (bench/onednn_matmul.sh, loaded machine):
+ * gemm:jit 465-510 GFLOP per CPU-second in bf16 against brgemm's 370-495
+ * (the LM head's backward 480 against 380), 225-250 in f32 against
+ * 130-250; a step's GEMM sum 3.15 CPU s against 3.50 (bf16), 6.31 against
+ * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice.
+ *
+ * Threads: on nt >= 2 threads a large 2-D product runs as nt slabs of its
+ * output, each a single-threaded call, see "slabs" below.
+ *
  * bf16 on a CPU with AMX: dtrain's own AMX GEMM (gemm_amx.c) runs instead,
  * unless DT_MAX_CPU_ISA is avx512 or lower; dt_k_matmul_amx() says which.
  *
@@ -32,6 +44,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Most slabs one product is split into (one per thread). */
+#define MM_MAX_SLABS 64
 
 typedef struct mm_entry {
     dnnl_primitive_t prim;
@@ -44,6 +62,12 @@ typedef struct mm_entry {
     float *pad;                 /* that copy */
     int64_t split;              /* columns per call of a split product (0: one call), see split_n */
     struct mm_entry *tail;      /* the split product's last, narrower columns (NULL: none) */
+    bool gemm_impl;             /* oneDNN's gemm-based implementation (see the top) */
+    int nslab;                  /* > 1: the product runs as nslab single-threaded slabs, see slab_plan */
+    bool slab_n;                /* the slabs split N (else M) */
+    int64_t slab_lo[MM_MAX_SLABS + 1]; /* slab i covers rows (or columns) slab_lo[i] .. slab_lo[i + 1] - 1 */
+    struct mm_entry *slab[MM_MAX_SLABS]; /* their primitives, created for one thread */
+    dnnl_stream_t stream;       /* a slab's own stream (slabs run concurrently) */
     pthread_mutex_t lock;       /* guards scratch and pad */
 } mm_entry;
 
@@ -57,6 +81,10 @@ static void mm_entry_free(void *p)
     dt_free(e->scratch);
     dt_free(e->pad);
     mm_entry_free(e->tail);
+    for (int i = 0; i < e->nslab; i++)
+        mm_entry_free(e->slab[i]);
+    if (e->stream)
+        dnnl_stream_destroy(e->stream);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -130,9 +158,34 @@ static dnnl_data_type_t dnnl_type(dt_dtype t)
     return t == DT_BF16 ? dnnl_bf16 : t == DT_F16 ? dnnl_f16 : dnnl_f32;
 }
 
+/* The primitive descriptor of oneDNN's gemm-based matmul ("gemm:jit") for
+ * md, else (none listed) its first choice. */
+static dnnl_status_t pd_gemm(dnnl_primitive_desc_t *pd, const dnnl_matmul_desc_t *md, const_dnnl_primitive_attr_t attr,
+                             dnnl_engine_t eng)
+{
+    dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_status_t s = dnnl_primitive_desc_iterator_create(&it, md, attr, eng, NULL);
+    if (s != dnnl_success)
+        return s;
+    *pd = NULL;
+    do {
+        dnnl_primitive_desc_t p = dnnl_primitive_desc_iterator_fetch(it);
+        const char *name = NULL;
+        if (p && dnnl_primitive_desc_query(p, dnnl_query_impl_info_str, 0, &name) == dnnl_success && name &&
+            !strncmp(name, "gemm:", 5)) {
+            *pd = p;
+            break;
+        }
+        if (p)
+            dnnl_primitive_desc_destroy(p);
+    } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    dnnl_primitive_desc_iterator_destroy(it);
+    return *pd ? dnnl_success : dnnl_primitive_desc_create(pd, md, attr, eng, NULL);
+}
+
 static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
                           int64_t sa, int64_t sb, int64_t sc, dnnl_data_type_t t, float alpha, float beta,
-                          bool bias, int64_t ldc, dnnl_data_type_t ct)
+                          bool bias, int64_t lda, int64_t ldb, int64_t ldc, dnnl_data_type_t ct)
 {
     const char *what = "dt_k_matmul";
     dnnl_engine_t eng = dt__dnnl_engine();
@@ -141,8 +194,8 @@ static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t 
     int bd = batch > 1 || sa || sb ? 1 : 0;
     if (batch == 1)
         bd = 0;
-    mat_md(&e->a_md, bd, batch, sa, M, K, ta, t, 0);
-    mat_md(&e->b_md, bd, batch, sb, K, N, tb, t, e->pad_cols ? e->pad_cols + PAD_EXTRA : 0);
+    mat_md(&e->a_md, bd, batch, sa, M, K, ta, t, lda);
+    mat_md(&e->b_md, bd, batch, sb, K, N, tb, t, ldb);
     mat_md(&e->c_md, bd, batch, sc, M, N, false, ct, ldc);
     if (bd) {
         dnnl_dims_t d = {1, 1, N};
@@ -177,7 +230,7 @@ static dt_status mm_build(mm_entry *e, bool ta, bool tb, int64_t batch, int64_t 
         if ((s = dnnl_primitive_attr_set_post_ops(attr, po)) != dnnl_success)
             goto dnnl_fail;
     }
-    s = dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL);
+    s = e->gemm_impl ? pd_gemm(&pd, &md, attr, eng) : dnnl_primitive_desc_create(&pd, &md, attr, eng, NULL);
     if (s != dnnl_success)
         goto dnnl_fail;
     st = dt__prim_create(&e->prim, pd, what);
@@ -192,6 +245,168 @@ out:
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     return st;
+}
+
+/* ---- slabs -------------------------------------------------------------------- */
+/* A product on nt >= 2 threads runs as nt slabs of its output (row blocks
+ * of C, or column blocks when N > M, see slab_plan), each a
+ * single-threaded oneDNN call, all in one OpenMP region (oneDNN runs a
+ * primitive on the calling thread alone inside a parallel region). oneDNN
+ * 2.6 splitting one GEMM over two threads loses 10-30% of its one-thread
+ * rate per core on GPT-2's shapes; slabs keep each thread at its
+ * one-thread rate. A slab's primitive is created for one thread (the
+ * same blocking as the whole product's at one thread), so each output is
+ * the same dot product, in the same K order, as a one-thread run's. */
+
+/* Multiply-adds below which a product runs as one call (a slab's start-up
+ * would cost more than the split gains). */
+#define SLAB_MIN_WORK ((int64_t)1 << 24)
+/* Slab boundaries fall on multiples of this many rows (columns). */
+#define SLAB_ALIGN 32
+
+/* Whether and how e (a 2-D product, built) runs as slabs: sets e->nslab
+ * (0: one call), e->slab_n and e->slab_lo. */
+static void slab_plan(mm_entry *e, int64_t M, int64_t N, int64_t K, bool plain)
+{
+    e->nslab = 0;
+#ifdef _OPENMP
+    int n = dt_get_num_threads();
+    if (n > MM_MAX_SLABS)
+        n = MM_MAX_SLABS;
+    if (n < 2 || M * N * K < SLAB_MIN_WORK || e->pad || e->split)
+        return;
+    /* The larger side, so the operand every thread packs whole is the smaller
+     * one; M alone where alpha or beta apply (oneDNN's gemm matmul applies
+     * them to a column block of C in another order: last bits differ). */
+    e->slab_n = plain && N > M;
+    int64_t len = e->slab_n ? N : M, units = (len + SLAB_ALIGN - 1) / SLAB_ALIGN;
+    if (units < n)
+        n = (int)units;
+    if (n < 2)
+        return;
+    for (int i = 0; i < n; i++)
+        e->slab_lo[i] = units * i / n * SLAB_ALIGN;
+    e->slab_lo[n] = len;
+    e->nslab = n;
+#else
+    (void)M;
+    (void)N;
+    (void)K;
+    (void)plain;
+#endif
+}
+
+/* The slab primitives of e (e->nslab planned), created for one thread, each
+ * with its own stream. t: the dtype the primitives take (f32 when e
+ * widens bf16/f16). */
+static dt_status slab_build(mm_entry *e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dnnl_data_type_t t,
+                            float alpha, float beta, bool bias, dnnl_data_type_t ct)
+{
+    dt_status st = DT_OK;
+#ifdef _OPENMP
+    dnnl_engine_t eng = dt__dnnl_engine();
+    if (!eng)
+        return dt_last_status();
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1); /* oneDNN sizes its work split for the threads it sees at creation */
+    for (int i = 0; i < e->nslab && st >= 0; i++) {
+        int64_t len = e->slab_lo[i + 1] - e->slab_lo[i];
+        mm_entry *s = e->slab[i] = calloc(1, sizeof *s);
+        if (!s) {
+            st = dt_error(DT_ERR_NO_MEMORY, "dt_k_matmul: out of memory for a slab");
+            break;
+        }
+        pthread_mutex_init(&s->lock, NULL);
+        s->gemm_impl = e->gemm_impl;
+        if (e->slab_n)
+            st = mm_build(s, ta, tb, 1, M, len, K, 0, 0, 0, t, alpha, beta, bias, 0, tb ? 0 : N, N, ct);
+        else
+            st = mm_build(s, ta, tb, 1, len, N, K, 0, 0, 0, t, alpha, beta, bias, ta ? M : 0, 0, 0, ct);
+        dnnl_status_t ds;
+        if (st >= 0 && (ds = dnnl_stream_create(&s->stream, eng, dnnl_stream_default_flags)) != dnnl_success)
+            st = dt__dnnl_err(ds, "dt_k_matmul: a slab's stream");
+    }
+    omp_set_num_threads(saved);
+#else
+    (void)e, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)t, (void)alpha, (void)beta, (void)bias, (void)ct;
+#endif
+    return st;
+}
+
+#ifdef _OPENMP
+/* One slab's run (on the calling thread): s's primitive on its stream. No
+ * dt_error here (its message is the calling thread's): the caller reports. */
+static dnnl_status_t slab_exec(const mm_entry *s, const void *a, const void *b, void *c, const float *bias,
+                               float beta)
+{
+    dnnl_engine_t eng = dt__dnnl_engine();
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
+    dnnl_status_t ds;
+    if ((ds = dnnl_memory_create(&ma, &s->a_md, eng, (void *)a)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mb, &s->b_md, eng, (void *)b)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mc, &s->c_md, eng, c)) != dnnl_success ||
+        (bias && (ds = dnnl_memory_create(&mbias, &s->bias_md, eng, (void *)bias)) != dnnl_success))
+        goto out;
+    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {s->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
+                                             : DNNL_ARG_BIAS,
+                                mbias}};
+    ds = dnnl_primitive_execute(s->prim, s->stream, bias ? 4 : 3, args);
+    if (ds == dnnl_success)
+        ds = dnnl_stream_wait(s->stream);
+out:
+    if (ma)
+        dnnl_memory_destroy(ma);
+    if (mb)
+        dnnl_memory_destroy(mb);
+    if (mc)
+        dnnl_memory_destroy(mc);
+    if (mbias)
+        dnnl_memory_destroy(mbias);
+    return ds;
+}
+#endif
+
+/* e's product as its slabs, one OpenMP thread each. es: bytes of an A or B
+ * element as passed; cs: of a C element. */
+static dt_status slab_run(const mm_entry *e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a,
+                          const void *b, void *C, const float *bias, float beta, size_t es, size_t cs)
+{
+#ifdef _OPENMP
+    (void)M;
+    dnnl_status_t ds[MM_MAX_SLABS];
+    const int ns = e->nslab;
+#pragma omp parallel num_threads(ns)
+    {
+        int nth = omp_get_num_threads();
+        for (int i = omp_get_thread_num(); i < ns; i += nth) {
+            int64_t o = e->slab_lo[i];
+            const char *ai = a, *bi = b;
+            char *ci = C;
+            const float *bs = bias;
+            if (e->slab_n) {
+                bi += (size_t)(tb ? o * K : o) * es;
+                ci += (size_t)o * cs;
+                bs = bias ? bias + o : NULL;
+            } else {
+                ai += (size_t)(ta ? o : o * K) * es;
+                ci += (size_t)(o * N) * cs;
+            }
+            ds[i] = slab_exec(e->slab[i], ai, bi, ci, bs, beta);
+        }
+    }
+    for (int i = 0; i < ns; i++)
+        if (ds[i] != dnnl_success)
+            return dt__dnnl_err(ds[i], "dt_k_matmul: a slab of the product");
+    return DT_OK;
+#else
+    (void)e, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)a, (void)b, (void)C, (void)bias, (void)beta, (void)es,
+        (void)cs;
+    return dt_error(DT_ERR_INTERNAL, "dt_k_matmul: slabs need OpenMP");
+#endif
 }
 
 static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -294,6 +509,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
         pthread_mutex_init(&e->lock, NULL);
+        e->gemm_impl = batch == 1; /* see the top */
         if (t == DT_F32 && batch == 1 && pad_b(tb, M, N)) {
             e->pad_rows = K;
             e->pad_cols = N;
@@ -306,13 +522,14 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         if (t == DT_F32 && batch == 1 && !e->pad && !bias && alpha == 1.0f && beta == 0.0f)
             e->split = split_n(ta, tb, M, N); /* plain products only (post-ops on a strided C are slow) */
         int64_t nc = e->split ? e->split : N, rest = e->split ? N % e->split : 0;
-        st = mm_build(e, ta, tb, batch, M, nc, K, sa, sb, sc, dnnl_type(t), alpha, beta, bias != NULL,
-                      e->split ? N : 0, dnnl_type(ct));
+        st = mm_build(e, ta, tb, batch, M, nc, K, sa, sb, sc, dnnl_type(t), alpha, beta, bias != NULL, 0,
+                      e->pad ? e->pad_cols + PAD_EXTRA : 0, e->split ? N : 0, dnnl_type(ct));
         if (st >= 0 && rest) {
             e->tail = calloc(1, sizeof *e->tail);
             if (e->tail)
                 pthread_mutex_init(&e->tail->lock, NULL);
-            st = e->tail ? mm_build(e->tail, ta, tb, 1, M, rest, K, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, N, dnnl_f32)
+            st = e->tail ? mm_build(e->tail, ta, tb, 1, M, rest, K, 0, 0, 0, dnnl_f32, alpha, beta, bias != NULL, 0, 0, N,
+                                    dnnl_f32)
                          : DT_ERR_NO_MEMORY;
         }
         if (st == DT_ERR_UNSUPPORTED && t != DT_F32 && ct == DT_F32) {
@@ -327,8 +544,14 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
             e->b_elems = nb;
             e->scratch = dt_alloc((size_t)(na + nb) * sizeof(float));
             st = e->scratch ? mm_build(e, ta, tb, batch, M, N, K, sa, sb, sc, dnnl_f32, alpha, beta,
-                                       bias != NULL, 0, dnnl_f32)
+                                       bias != NULL, 0, 0, 0, dnnl_f32)
                             : DT_ERR_NO_MEMORY;
+        }
+        if (st >= 0 && batch == 1) {
+            slab_plan(e, M, N, K, alpha == 1.0f && beta == 0.0f);
+            if (e->nslab)
+                st = slab_build(e, ta, tb, M, N, K, e->emulate ? dnnl_f32 : dnnl_type(t), alpha, beta, bias != NULL,
+                                dnnl_type(ct));
         }
         if (st < 0) {
             mm_entry_free(e);
@@ -355,7 +578,14 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         a = e->scratch;
         b = e->scratch + e->a_elems;
     }
-    if (!e->split)
+    bool slabs = e->nslab > 0;
+#ifdef _OPENMP
+    slabs = slabs && !omp_in_parallel(); /* a caller's parallel region: one call on this thread */
+#endif
+    if (slabs)
+        st = slab_run(e, ta, tb, M, N, K, a, b, C, bias, beta, e->emulate ? sizeof(float) : dt_dtype_size(t),
+                      dt_dtype_size(ct));
+    else if (!e->split)
         st = mm_exec(e, a, b, C, bias, beta);
     for (int64_t n0 = 0; e->split && n0 < N && st >= 0; n0 += e->split) /* B^T's rows n0.. are contiguous */
         st = mm_exec(n0 + e->split <= N ? e : e->tail, a, (const float *)b + n0 * K, C + n0, bias ? bias + n0 : NULL,
@@ -448,7 +678,8 @@ bool dt_k_matmul_native(dt_dtype t)
     if (!cached[t]) {
         mm_entry e;
         memset(&e, 0, sizeof e);
-        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false, 0, dnnl_f32);
+        dt_status st = mm_build(&e, false, false, 1, 64, 64, 64, 0, 0, 0, dnnl_type(t), 1.0f, 0.0f, false, 0, 0, 0,
+                                dnnl_f32);
         if (e.prim)
             dnnl_primitive_destroy(e.prim);
         dt_error_clear();

@@ -307,8 +307,139 @@ TEST(matmul_bf16_lp_result)
     free(A), free(B), free(R), free(Ah), free(Bh), free(Ch);
 }
 
+/* Products large enough to run as slabs on 2+ threads (src/kernels/matmul.c:
+ * M N K >= 2^24, one slab per thread, split along the larger of M and N at
+ * multiples of 32; N only without alpha and beta): on 2 and 3 threads every output equals, bit for bit,
+ * the one-thread result (a slab's call is a one-thread call over some of
+ * the outputs), within the f32/bf16 bound of the double reference; every
+ * transpose, alpha/beta/bias, f32 and bf16 (native or widened), the bf16
+ * result of dt_k_matmul_batched_lp, a split of M and one of N, sizes that
+ * are no multiple of 32. bf16 on AMX runs dtrain's own GEMM (no slabs): its
+ * bits are not compared there. */
+static void slab_case(int64_t M, int64_t N, int64_t K, dt_dtype t, bool lp)
+{
+    const int saved = dt_get_num_threads();
+    float *A = dt_alloc(M * K * 4), *B = dt_alloc(K * N * 4), *R = dt_alloc(M * N * 4), *C0 = dt_alloc(M * N * 4),
+          *C = dt_alloc(M * N * 4), *bias = dt_alloc(N * 4);
+    uint16_t *Ah = dt_alloc(M * K * 2), *Bh = dt_alloc(K * N * 2), *H0 = dt_alloc(M * N * 2), *H = dt_alloc(M * N * 2);
+    ASSERT(A && B && R && C0 && C && bias && Ah && Bh && H0 && H);
+    fill(A, M * K, 31);
+    fill(B, K * N, 32);
+    fill(bias, N, 33);
+    if (t == DT_BF16) { /* the reference on the rounded inputs */
+        dt_k_f32_to_bf16(A, Ah, M * K);
+        dt_k_f32_to_bf16(B, Bh, K * N);
+        dt_k_bf16_to_f32(Ah, A, M * K);
+        dt_k_bf16_to_f32(Bh, B, K * N);
+    }
+    const void *a = t == DT_BF16 ? (const void *)Ah : A, *b = t == DT_BF16 ? (const void *)Bh : B;
+    const bool same_bits = !(t == DT_BF16 && dt_k_matmul_amx(NULL));
+    for (int f = 0; f < (lp ? 4 : 8); f++) {
+        bool ta = f & 1, tb = f & 2, post = f & 4;
+        float alpha = post ? 0.5f : 1.0f, beta = post ? 1.0f : 0.0f;
+        const float *bs = (f == 3 || post) ? bias : NULL;
+        for (int nt = 1; nt <= 3; nt++) {
+            dt_set_num_threads(nt);
+            float *c = nt == 1 ? C0 : C;
+            uint16_t *h = nt == 1 ? H0 : H;
+            fill(c, M * N, 34);
+            if (lp)
+                ASSERT_OK(dt_k_matmul_batched_lp(ta, tb, 1, M, N, K, alpha, a, 0, b, 0, t, h, 0, bs));
+            else
+                ASSERT_OK(dt_k_matmul(ta, tb, M, N, K, alpha, a, b, t, beta, c, bs));
+            if (nt == 1) {
+                fill(R, M * N, 34);
+                ref_mm(ta, tb, M, N, K, alpha, A, B, lp ? 0.0f : beta, R, bs);
+                for (int64_t i = 0; i < M * N; i++) {
+                    float got = lp ? dt_bf16_to_f32(H0[i]) : C0[i], want = R[i];
+                    float tol = lp ? fabsf(want) * 0x1p-7f + 1e-3f : 1e-3f + 1e-4f * fabsf(want);
+                    if (!(fabsf(got - want) <= tol)) {
+                        TEST_FAIL_("%s M=%lld N=%lld K=%lld flags %d: C[%lld] = %g, reference %g",
+                                   dt_dtype_name(t), (long long)M, (long long)N, (long long)K, f, (long long)i,
+                                   (double)got, (double)want);
+                        goto out;
+                    }
+                }
+            } else if (same_bits && (lp ? memcmp(H, H0, (size_t)(M * N) * 2) : memcmp(C, C0, (size_t)(M * N) * 4))) {
+                int64_t i = 0;
+                while (lp ? H[i] == H0[i] : C[i] == C0[i])
+                    i++;
+                TEST_FAIL_("%s%s M=%lld N=%lld K=%lld flags %d, %d threads: C[%lld] = %.9g, one thread %.9g",
+                           dt_dtype_name(t), lp ? " (bf16 result)" : "", (long long)M, (long long)N, (long long)K, f,
+                           nt, (long long)i, lp ? (double)dt_bf16_to_f32(H[i]) : (double)C[i],
+                           lp ? (double)dt_bf16_to_f32(H0[i]) : (double)C0[i]);
+                goto out;
+            }
+        }
+    }
+out:
+    dt_set_num_threads(saved);
+    dt_free(A), dt_free(B), dt_free(R), dt_free(C0), dt_free(C), dt_free(bias);
+    dt_free(Ah), dt_free(Bh), dt_free(H0), dt_free(H);
+}
+
+TEST(matmul_slabs_match_one_thread)
+{
+    slab_case(301, 203, 280, DT_F32, false); /* split M */
+    slab_case(150, 333, 350, DT_F32, false); /* split N */
+    slab_case(301, 203, 280, DT_BF16, false);
+    slab_case(150, 333, 350, DT_BF16, false);
+    if (dt_k_matmul_native(DT_BF16)) {
+        slab_case(301, 203, 280, DT_BF16, true);
+        slab_case(150, 333, 350, DT_BF16, true);
+    }
+}
+
+/* The slabs run: on 2 threads a product of 2^24 multiply-adds or more
+ * creates its primitive and one single-threaded primitive per slab (1 + 2),
+ * a smaller one only its own; on 1 thread one. Inside a caller's parallel
+ * region the product runs as one call on that thread (same values). */
+TEST(matmul_slab_primitives)
+{
+#ifndef _OPENMP
+    DT_TEST_SKIP("built without OpenMP: no slabs");
+#else
+    const int saved = dt_get_num_threads();
+    const int64_t M = 256, N = 256, K = 256, Ms = 64; /* 2^24 and 2^22 multiply-adds */
+    float *A = dt_alloc(M * K * 4), *B = dt_alloc(K * N * 4), *C = dt_alloc(M * N * 4), *C1 = dt_alloc(M * N * 4);
+    fill(A, M * K, 41);
+    fill(B, K * N, 42);
+    dt_k_cache_clear();
+    dt_k_stats s0, s1;
+    const int64_t want[3][2] = {{1, 1}, {1, 1}, {3, 1}}; /* [threads][large, small] */
+    for (int nt = 1; nt <= 2; nt++) {
+        dt_set_num_threads(nt);
+        for (int small = 0; small < 2; small++) {
+            dt_k_stats_get(&s0);
+            ASSERT_OK(dt_k_matmul(false, false, small ? Ms : M, N, K, 1.0f, A, B, DT_F32, 0.0f, nt == 1 ? C1 : C,
+                                  NULL));
+            dt_k_stats_get(&s1);
+            if ((int64_t)(s1.primitives_created - s0.primitives_created) != want[nt][small])
+                TEST_FAIL_("%d threads, %s product: %llu primitives created, want %lld", nt,
+                           small ? "small" : "large",
+                           (unsigned long long)(s1.primitives_created - s0.primitives_created),
+                           (long long)want[nt][small]);
+        }
+    }
+    ASSERT(!memcmp(C, C1, (size_t)(M * N) * 4));
+    memset(C, 0, (size_t)(M * N) * 4);
+    int ok = 1;
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+        ok = dt_k_matmul(false, false, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C, NULL) >= 0;
+    }
+    ASSERT(ok);
+    ASSERT(!memcmp(C, C1, (size_t)(M * N) * 4));
+    dt_set_num_threads(saved);
+    dt_free(A), dt_free(B), dt_free(C), dt_free(C1);
+#endif
+}
+
 int main(void)
 {
+    RUN(matmul_slab_primitives);
+    RUN(matmul_slabs_match_one_thread);
     RUN(matmul_bf16_batched);
     RUN(matmul_bf16_lp_result);
     RUN(matmul_concurrent_threads);
