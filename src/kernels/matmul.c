@@ -255,14 +255,19 @@ out:
  * 2.6 splitting one GEMM over two threads loses 10-30% of its one-thread
  * rate per core on GPT-2's shapes; slabs keep each thread at its
  * one-thread rate. A slab's primitive is created for one thread (the
- * same blocking as the whole product's at one thread), so each output is
- * the same dot product, in the same K order, as a one-thread run's. */
+ * same blocking as the whole product's at one thread) and slabs start at
+ * multiples of 48 rows (the AVX-512 kernels' block), so on AVX-512 each
+ * output is the same dot product, in the same K order, as a one-thread
+ * run's: the same bits (tests/kernels/test_matmul). oneDNN's AVX2 kernels
+ * block a product by other sizes: there a slab's last bits can differ from
+ * a one-thread run's (as a whole product's on 3 threads differs from one
+ * thread's), within the same bounds. */
 
 /* Multiply-adds below which a product runs as one call (a slab's start-up
  * would cost more than the split gains). */
 #define SLAB_MIN_WORK ((int64_t)1 << 24)
 /* Slab boundaries fall on multiples of this many rows (columns). */
-#define SLAB_ALIGN 32
+#define SLAB_ALIGN 48
 
 /* Whether and how e (a 2-D product, built) runs as slabs: sets e->nslab
  * (0: one call), e->slab_n and e->slab_lo. */
