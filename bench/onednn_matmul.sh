@@ -3,7 +3,7 @@
 # system's libdnnl), oneDNN 3.x (a prefix given here) and dtrain's own GEMM
 # path (dt_k_matmul), interleaved, with medians.
 #
-#   DT_ONEDNN3_PREFIX=DIR bench/onednn_matmul.sh [--rounds 3] [--reps 3] [--threads 2]
+#   DT_ONEDNN3_PREFIX=DIR bench/onednn_matmul.sh [--rounds 3] [--reps 3] [--threads 2] [--wait POLICY]
 #                                                [--types f32,bf16,bf16o] [--only NAME] [--build DIR]
 #                                                [--rows 2048] [--embd 768] [--vocab 50304] [--layers 12]
 #
@@ -31,6 +31,9 @@
 # The last lines sum, per type, a GPT-2 step's GEMM CPU time at those rates
 # (each per-layer shape --layers times, the LM head's once) and give the
 # time ratio 3.x / 2.x of the sums (below 1: 3.x is faster).
+# --wait passive (OMP_WAIT_POLICY for every library): threads that wait at
+# the end of a parallel region sleep instead of spinning, so on a loaded
+# machine a thread waiting for a descheduled one adds no CPU time.
 set -eu
 rounds=3
 reps=3
@@ -39,6 +42,7 @@ types=f32,bf16,bf16o
 only=
 dims=
 layers=12
+omp_wait=
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build
 while [ $# -gt 0 ]; do
@@ -51,13 +55,15 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --rows | --embd | --vocab) dims="$dims $1 $2"; shift 2 ;;
     --layers) layers=$2; shift 2 ;;
-    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
+    --wait) omp_wait=$2; shift 2 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "onednn_matmul.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 for v in "$rounds" "$reps" "$threads" "$layers"; do
     case $v in '' | *[!0-9]* | 0) echo "onednn_matmul.sh: --rounds, --reps, --threads, --layers take a positive integer" >&2; exit 2 ;; esac
 done
+case $omp_wait in '' | active | passive | ACTIVE | PASSIVE) ;; *) echo "onednn_matmul.sh: --wait takes active or passive" >&2; exit 2 ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 cc=${CC:-cc}
@@ -83,7 +89,7 @@ fi
 n=$(echo "$progs" | wc -w)
 args="--reps $reps --types $types$dims"
 [ -n "$only" ] && args="$args --only $only"
-echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores, threads $threads," \
+echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores, threads $threads${omp_wait:+, OMP_WAIT_POLICY $omp_wait}," \
     "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%MZ)"
 r=0
 while [ $r -lt "$rounds" ]; do
@@ -92,7 +98,7 @@ while [ $r -lt "$rounds" ]; do
         lib=$(echo "$progs" | cut -d' ' -f$(( (i + r) % n + 1 )))
         rc=0
         # shellcheck disable=SC2086 # $args is a list of options
-        OMP_NUM_THREADS=$threads OMP_PROC_BIND=false "$tmp/$lib" $args >>"$tmp/out" 2>>"$tmp/log" || rc=$?
+        env OMP_NUM_THREADS=$threads OMP_PROC_BIND=false ${omp_wait:+OMP_WAIT_POLICY=$omp_wait} "$tmp/$lib" $args >>"$tmp/out" 2>>"$tmp/log" || rc=$?
         # 1: some shape failed (its line says why, e.g. no bf16 matmul on the CPU); else give up
         [ $rc -le 1 ] || { echo "onednn_matmul.sh: $lib failed (exit $rc):" >&2; cat "$tmp/log" >&2; exit 1; }
         i=$((i + 1))

@@ -21,7 +21,9 @@
  * gemm:jit 465-510 GFLOP per CPU-second in bf16 against brgemm's 370-495
  * (the LM head's backward 480 against 380), 225-250 in f32 against
  * 130-250; a step's GEMM sum 3.15 CPU s against 3.50 (bf16), 6.31 against
- * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice.
+ * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice, and so
+ * does every product where oneDNN runs AMX code (its gemm-based bf16 matmul
+ * does not use the tiles; unmeasured there for f32).
  *
  * Threads: on nt >= 2 threads a large 2-D product runs as nt slabs of its
  * output, each a single-threaded call, see "slabs" below.
@@ -514,7 +516,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
         pthread_mutex_init(&e->lock, NULL);
-        e->gemm_impl = batch == 1; /* see the top */
+        e->gemm_impl = batch == 1 && dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx; /* see the top */
         if (t == DT_F32 && batch == 1 && pad_b(tb, M, N)) {
             e->pad_rows = K;
             e->pad_cols = N;
