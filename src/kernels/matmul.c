@@ -21,9 +21,12 @@
  * gemm:jit 465-510 GFLOP per CPU-second in bf16 against brgemm's 370-495
  * (the LM head's backward 480 against 380), 225-250 in f32 against
  * 130-250; a step's GEMM sum 3.15 CPU s against 3.50 (bf16), 6.31 against
- * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice, and so
- * does every product where oneDNN runs AMX code (its gemm-based bf16 matmul
- * does not use the tiles; unmeasured there for f32).
+ * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice, and so do
+ * products with a bf16/f16 result (the gemm-based matmul sums into an f32
+ * scratch of the whole result: +490 MiB peak RSS in GPT-2 124M's bf16 step
+ * at B=8 T=256, for its logits) and every product where oneDNN runs AMX
+ * code (its gemm-based bf16 matmul does not use the tiles; unmeasured there
+ * for f32).
  *
  * Threads: on nt >= 2 threads a large 2-D product runs as nt slabs of its
  * output, each a single-threaded call, see "slabs" below.
@@ -272,7 +275,8 @@ out:
 #define SLAB_ALIGN 48
 
 /* Whether and how e (a 2-D product, built) runs as slabs: sets e->nslab
- * (0: one call), e->slab_n and e->slab_lo. */
+ * (0: one call), e->slab_n and e->slab_lo. plain: alpha 1, beta 0 and an
+ * f32 C (only then may the slabs split N). */
 static void slab_plan(mm_entry *e, int64_t M, int64_t N, int64_t K, bool plain)
 {
     e->nslab = 0;
@@ -284,7 +288,9 @@ static void slab_plan(mm_entry *e, int64_t M, int64_t N, int64_t K, bool plain)
         return;
     /* The larger side, so the operand every thread packs whole is the smaller
      * one; M alone where alpha or beta apply (oneDNN's gemm matmul applies
-     * them to a column block of C in another order: last bits differ). */
+     * them to a column block of C in another order: last bits differ) and
+     * where C is bf16/f16 (its slabs stay dense for the brgemm kernels,
+     * see the top). */
     e->slab_n = plain && N > M;
     int64_t len = e->slab_n ? N : M, units = (len + SLAB_ALIGN - 1) / SLAB_ALIGN;
     if (units < n)
@@ -516,7 +522,8 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
         pthread_mutex_init(&e->lock, NULL);
-        e->gemm_impl = batch == 1 && dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx; /* see the top */
+        e->gemm_impl = batch == 1 && ct == DT_F32 &&
+                       dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx; /* see the top */
         if (t == DT_F32 && batch == 1 && pad_b(tb, M, N)) {
             e->pad_rows = K;
             e->pad_cols = N;
@@ -555,7 +562,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
                             : DT_ERR_NO_MEMORY;
         }
         if (st >= 0 && batch == 1) {
-            slab_plan(e, M, N, K, alpha == 1.0f && beta == 0.0f);
+            slab_plan(e, M, N, K, alpha == 1.0f && beta == 0.0f && ct == DT_F32);
             if (e->nslab)
                 st = slab_build(e, ta, tb, M, N, K, e->emulate ? dnnl_f32 : dnnl_type(t), alpha, beta, bias != NULL,
                                 dnnl_type(ct));
