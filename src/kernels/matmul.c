@@ -21,7 +21,8 @@
  * gemm:jit 465-510 GFLOP per CPU-second in bf16 against brgemm's 370-495
  * (the LM head's backward 480 against 380), 225-250 in f32 against
  * 130-250; a step's GEMM sum 3.15 CPU s against 3.50 (bf16), 6.31 against
- * 7.66 (f32). Batched (3-D) products keep oneDNN's first choice, and so do
+ * 7.66 (f32). Products of fewer than 2^24 multiply-adds (unmeasured) and
+ * batched (3-D) products keep oneDNN's first choice, and so do
  * products with a bf16/f16 result (the gemm-based matmul sums into an f32
  * scratch of the whole result: +490 MiB peak RSS in GPT-2 124M's bf16 step
  * at B=8 T=256, for its logits) and every product where oneDNN runs AMX
@@ -522,7 +523,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
         if (!e)
             return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
         pthread_mutex_init(&e->lock, NULL);
-        e->gemm_impl = batch == 1 && ct == DT_F32 &&
+        e->gemm_impl = batch == 1 && ct == DT_F32 && M * N * K >= SLAB_MIN_WORK &&
                        dnnl_get_effective_cpu_isa() != dnnl_cpu_isa_avx512_core_amx; /* see the top */
         if (t == DT_F32 && batch == 1 && pad_b(tb, M, N)) {
             e->pad_rows = K;
