@@ -481,11 +481,25 @@ DT_AVX512 static inline __m512 adam16(__mmask16 mk, __m512 pi, __m512 gi, float 
     return _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(c->nss, mi), denom));
 }
 
+/* The Adam sweeps' software prefetch: the lines PF elements ahead of the
+ * block being stepped (a hint: no fault past an array's end, no result
+ * changed). The hardware prefetcher alone leaves the sweep waiting on its
+ * four or five streams behind the divider's work: with the hint the bf16
+ * sweep over 100M parameters took 0.88-0.93 of the CPU time on the AMD
+ * EPYC (Zen 4) VM, interleaved (256 to 2048 ahead measured; 512 best). */
+#define PF 512
+
+DT_AVX512 static inline void pf_f32(const float *x, size_t i)
+{
+    _mm_prefetch((const char *)((uintptr_t)(x + i) + PF * sizeof *x), _MM_HINT_T0);
+}
+
 DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t n, const dt__adam_k *k)
 {
     const adam_c16 c = adam_c16_of(k);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        pf_f32(p, i), pf_f32(g, i), pf_f32(m, i), pf_f32(v, i);
         st16(p + i, mk, adam16(mk, ld16(mk, p + i), ld16(mk, g + i), m + i, v + i, &c, k));
         if (k->zero_grad)
             st16(g + i, mk, _mm512_setzero_ps());
@@ -505,6 +519,9 @@ DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v
     for (size_t i = 0; i < n; i += 16) {
         const bool full = n - i >= 16;
         const __mmask16 mk = full ? (__mmask16)0xffff : tail_mask(n - i);
+        pf_f32(p, i), pf_f32(m, i), pf_f32(v, i);
+        if (!(i & 31)) /* the bf16 gradient: a line every other block */
+            _mm_prefetch((const char *)((uintptr_t)(g + i) + PF * sizeof *g), _MM_HINT_T0);
         __m256i gh = full ? _mm256_loadu_si256((const __m256i *)(g + i)) : _mm256_maskz_loadu_epi16(mk, g + i);
         __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gh), 16));
         const __m512 pi = adam16(mk, ld16(mk, p + i), gi, m + i, v + i, &c, k);

@@ -347,7 +347,7 @@ TEST(swiglu_paths_identical)
                 ASSERT_OK(dt_k_convert(tmp, t, j ? du[0] : dg[0], DT_F32, n));
             }
             float *dgl = malloc(n * 4), *dul = malloc(n * 4);
-            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul));
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, NULL, NULL));
             SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg against the chain");
             SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du against the chain");
             ASSERT_STATUS(dt_k_swiglu_fwd_lp(gh, uh, DT_F32, n, yh[0]), DT_ERR_UNSUPPORTED);
