@@ -569,9 +569,10 @@ DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *b
                                        float *y, dt_k_gelu_approx approx);
 /* Its backward: dx and dbias as dt_k_bias_gelu_bwd on the widened x, then
  * dx rounded to t's precision (held in f32: the gradient of a t tensor);
- * dbias from the unrounded values. dx may alias dy. */
+ * dbias from the unrounded values. dx may alias dy. dx_lp (may be NULL;
+ * only beside dx): the rounded dx stored as t as well, in the same pass. */
 DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
-                                       int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
+                                       int64_t cols, float *dx, void *dx_lp, float *dbias, dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0
@@ -628,10 +629,12 @@ DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_
  * and avx2 paths, within the forward's bound on the avx512 ones): dy (f32,
  * the gradient of the t result) is rounded to t as it is read, the f32 y
  * and lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
- * precision (the gradient of a t input). */
+ * precision (the gradient of a t input). dqkv_lp (B, T, 3C) of t, or NULL:
+ * the same values stored as t as well, in the same pass. */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
-                                             int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv);
+                                             int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,
+                                             void *dqkv_lp);
 
 /* Attention of a block of queries against one block of keys and values, the
  * result merged into a running one: the kernel of attention split along

@@ -1,5 +1,6 @@
 /* The producers of a bf16/f16 GEMM output's gradient write its shadow: the
- * residual add (add_lp2), RoPE, SwiGLU and the GQA pack's k and v, whose
+ * residual add (add_lp2), RoPE, SwiGLU, the GQA pack's k and v, GPT-2's
+ * bias + GELU and attention over a bf16/f16 qkv, whose
  * backwards round the incoming gradient to the dtype anyway, keep the same
  * values in that dtype beside the f32 gradient, and the GEMM's backward
  * takes them (dt_ag_stats.grad_shadows) instead of converting the f32
@@ -9,7 +10,10 @@
  * Each case runs x -> bf16/f16 linear(s) -> op -> loss twice: the op on the
  * low-precision GEMM outputs (A), and the widening composition cast(f32) ->
  * op -> cast back (B, where the casts' backwards write the gradients and
- * the GEMMs convert them). The gradients of x and the weights must be equal
+ * the GEMMs convert them; for attention, whose fast rows on the AVX-512
+ * paths are not the widened kernel's bits, B puts a view between the GEMM
+ * and the op instead: the view's backward hands the same gradient on, which
+ * the GEMM converts). The gradients of x and the weights must be equal
  * bit for bit on every conversion path the CPU has (scalar, AVX2, AVX-512,
  * AVX512_BF16), and the counters say which way each GEMM took its gradient:
  * A no rounding pass (but the pack's q, whose gradient is a copy), B no
@@ -24,9 +28,9 @@
 
 enum { B = 2, T = 5, K = 24, H = 2, HD = 8, C = H * HD, KVC = HD };
 
-typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK } producer;
+typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK, P_GELU, P_ATTN } producer;
 
-static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack"};
+static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack", "bias_gelu", "attention"};
 
 typedef struct {
     dt_tensor *x, *w[3]; /* f32 leaves */
@@ -48,14 +52,14 @@ static dt_tensor *leaf(const float *v, int n, const int64_t *shape)
 /* The weights' output widths: [a, b, c] (0: unused). */
 static void widths(producer p, int64_t *o)
 {
-    o[0] = C;
-    o[1] = p == P_ROPE ? 0 : p == P_PACK ? KVC : C;
+    o[0] = p == P_ATTN ? 3 * C : C;
+    o[1] = p == P_ROPE || p == P_GELU || p == P_ATTN ? 0 : p == P_PACK ? KVC : C;
     o[2] = p == P_PACK ? KVC : 0;
 }
 
 /* The loss of one way (widen: B); NULL when an op failed. */
 static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves *l, const float *inv_freq,
-                        const float *R)
+                        const float *R, dt_tensor *bias)
 {
     int64_t o[3];
     widths(p, o);
@@ -66,7 +70,7 @@ static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves
             if (!g[k] || g[k]->dtype != dt)
                 return NULL;
             if (widen)
-                g[k] = dt_cast(ctx, g[k], DT_F32);
+                g[k] = p == P_ATTN ? dt_reshape(ctx, g[k], 3, SH(B, T, 3 * C)) : dt_cast(ctx, g[k], DT_F32);
         }
     dt_tensor *y = NULL;
     switch (p) {
@@ -74,10 +78,13 @@ static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves
     case P_ROPE: y = dt_rope(ctx, g[0], H, inv_freq, 3); break;
     case P_SWIGLU: y = dt_swiglu(ctx, g[0], g[1]); break;
     case P_PACK: y = dt_gqa_pack(ctx, g[0], g[1], g[2], H, 1); break;
+    case P_GELU: y = dt_bias_gelu_tanh(ctx, g[0], bias); break;
+    case P_ATTN: y = dt_attention(ctx, g[0], H, true, 0.0f, true, (dt_rng_key){0}); break;
     }
-    if (y && widen)
-        y = dt_cast(ctx, y, dt);
-    if (!y || y->dtype != dt)
+    const dt_dtype yt = p == P_GELU ? DT_F32 : dt; /* the op's result dtype on the GEMM output */
+    if (y && widen && y->dtype != yt)
+        y = dt_cast(ctx, y, yt);
+    if (!y || y->dtype != yt)
         return NULL;
     int64_t n = dt_tensor_numel(y);
     dt_tensor *r = dt_tensor_from(ctx, DT_F32, 1, SH(n), R);
@@ -108,6 +115,11 @@ static void shadow_case(dt_dtype dt, producer p)
         ran++;
         dt_ctx *ctx = NULL;
         ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        float bv[C];
+        for (int j = 0; j < C; j++)
+            bv[j] = 0.125f * (float)(j % 5) - 0.25f;
+        dt_tensor *bias = dt_tensor_from(ctx, DT_F32, 1, SH(C), bv);
+        ASSERT(bias != NULL);
         leaves l[2];
         dt_ag_stats s[2];
         for (int way = 0; way < 2; way++) {
@@ -117,7 +129,7 @@ static void shadow_case(dt_dtype dt, producer p)
                 l[way].w[k] = o[k] ? leaf(wv[k], 2, SH(o[k], K)) : NULL;
                 ASSERT(!o[k] || l[way].w[k]);
             }
-            dt_tensor *loss = build(ctx, dt, p, way == 1, &l[way], inv_freq, R);
+            dt_tensor *loss = build(ctx, dt, p, way == 1, &l[way], inv_freq, R, bias);
             ASSERT(loss != NULL);
             dt_ag_stats_reset(ctx);
             ASSERT_OK(dt_backward(ctx, loss));
@@ -173,6 +185,18 @@ TEST(grad_shadow_gqa_pack)
     shadow_case(DT_F16, P_PACK);
 }
 
+TEST(grad_shadow_bias_gelu)
+{
+    shadow_case(DT_BF16, P_GELU);
+    shadow_case(DT_F16, P_GELU);
+}
+
+TEST(grad_shadow_attention)
+{
+    shadow_case(DT_BF16, P_ATTN);
+    shadow_case(DT_F16, P_ATTN);
+}
+
 /* A GEMM output with a second use: the producer's shadow is dropped by the
  * second contribution (and the GEMM converts), the gradients unchanged. */
 TEST(grad_shadow_dropped_by_second_use)
@@ -214,6 +238,8 @@ int main(void)
     RUN(grad_shadow_rope);
     RUN(grad_shadow_swiglu);
     RUN(grad_shadow_gqa_pack);
+    RUN(grad_shadow_bias_gelu);
+    RUN(grad_shadow_attention);
     RUN(grad_shadow_dropped_by_second_use);
     return TEST_REPORT();
 }
