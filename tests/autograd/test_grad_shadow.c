@@ -197,6 +197,63 @@ TEST(grad_shadow_attention)
     shadow_case(DT_F16, P_ATTN);
 }
 
+/* Llama's head: the logits [B, T, V] of a bf16/f16 linear reshaped to
+ * [B T, V] for the loss. The view's backward hands the loss's shadow on to
+ * the linear's output (one pass writing the input's gradient instead of a
+ * zero fill and an add); the gradients equal the widening composition's
+ * (reshape, cast to f32, loss) bit for bit on every path. */
+static void head_case(dt_dtype dt)
+{
+    enum { V = 37 };
+    static float xv[B * T * K], wv[V * K];
+    int64_t yv[B * T];
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, wv, V * K, -0.5f, 0.5f);
+    for (int r = 0; r < B * T; r++)
+        yv[r] = r % 4 == 1 ? DT_K_IGNORE_INDEX : (r * 7 + 2) % V;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (dt_k_set_isa(paths[pi]) != DT_OK)
+            continue;
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_tensor *x[2], *w[2];
+        dt_ag_stats s[2];
+        for (int way = 0; way < 2; way++) {
+            x[way] = leaf(xv, 3, SH(B, T, K));
+            w[way] = leaf(wv, 2, SH(V, K));
+            ASSERT(x[way] && w[way]);
+            dt_tensor *lg = dt_linear(ctx, dt_cast(ctx, x[way], dt), dt_cast(ctx, w[way], dt), NULL);
+            ASSERT(lg && lg->dtype == dt);
+            dt_tensor *flat = dt_reshape(ctx, lg, 2, SH(B * T, V));
+            dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(B * T), yv);
+            dt_tensor *loss = dt_cross_entropy(ctx, way ? dt_cast(ctx, flat, DT_F32) : flat, y);
+            ASSERT(loss != NULL);
+            dt_ag_stats_reset(ctx);
+            ASSERT_OK(dt_backward(ctx, loss));
+            dt_ag_stats_get(ctx, &s[way]);
+        }
+        ASSERT(!memcmp(x[0]->grad->data, x[1]->grad->data, (size_t)(B * T * K) * 4));
+        ASSERT(!memcmp(w[0]->grad->data, w[1]->grad->data, (size_t)(V * K) * 4));
+        ASSERT_EQ_INT((int)s[0].grad_rounds, 0);
+        ASSERT_EQ_INT((int)s[0].grad_shadows, 1);
+        ASSERT_EQ_INT((int)s[1].grad_rounds, 1);
+        ASSERT_EQ_INT((int)s[1].grad_shadows, 0);
+        for (int way = 0; way < 2; way++) {
+            dt_tensor_free(x[way]);
+            dt_tensor_free(w[way]);
+        }
+        dt_ctx_free(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(grad_shadow_through_reshape)
+{
+    head_case(DT_BF16);
+    head_case(DT_F16);
+}
+
 /* A GEMM output with a second use: the producer's shadow is dropped by the
  * second contribution (and the GEMM converts), the gradients unchanged. */
 TEST(grad_shadow_dropped_by_second_use)
@@ -240,6 +297,7 @@ int main(void)
     RUN(grad_shadow_gqa_pack);
     RUN(grad_shadow_bias_gelu);
     RUN(grad_shadow_attention);
+    RUN(grad_shadow_through_reshape);
     RUN(grad_shadow_dropped_by_second_use);
     return TEST_REPORT();
 }
