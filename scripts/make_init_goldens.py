@@ -19,6 +19,9 @@ Cases (seed 0, dropout 0):
                 hidden_size=64, intermediate_size=176, 2 layers, 4 heads,
                 2 kv heads, head_dim 16, 128 positions)
   llama_bias    llama-tiny tied, with attention_bias and mlp_bias
+  qwen2         the same sizes as Qwen2ForCausalLM(Qwen2Config(...)), tied:
+                q/k/v biases, none on o_proj (dtrain: attention_bias with
+                qkv_bias_only)
 
 Usage: $PEER_PYTHON scripts/make_init_goldens.py [tests/data/torch_init/goldens.txt]
 (written with transformers 5.24 and torch 2.15; the file records both).
@@ -28,7 +31,7 @@ import sys
 
 import torch
 import transformers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 transformers.logging.set_verbosity_error()
 
@@ -45,6 +48,10 @@ CASES = [
                                                bos_token_id=0, eos_token_id=0))),
     ("llama", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=False))),
     ("llama_bias", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=True, attention_bias=True, mlp_bias=True))),
+    ("qwen2", lambda: Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=176,
+                                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                   head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
+                                                   initializer_range=0.02, tie_word_embeddings=True))),
 ]
 
 

@@ -262,9 +262,13 @@ static dt_status write_constant(const dt_model *md, const dt__entry *e, uint64_t
     return write_part(md, e, NULL, NULL, seed, 0, p->numel, p->tensor->data);
 }
 
-/* Walks torch's stream for md (dt__torch_draw), writing the kept draws of
- * the entries keep() accepts whole, dropping the rest. */
-static dt_status torch_walk(dt_model *md, uint64_t seed, bool frozen_only)
+/* Walks torch's stream for md (dt__torch_draw): every draw in order (the
+ * stream's time is the whole model's), writing the part of each kept draw
+ * that is ours and dropping the rest. Ours: with dst, the draw's elements
+ * inside dst's range of the parameter flat of dst's dtype (frozen entries
+ * live in the buffers, other dtypes in other flats); without, whole entries
+ * into their tensors (only the frozen ones with frozen_only). */
+static dt_status torch_walk(const dt_model *md, uint64_t seed, bool frozen_only, const dt_flat *dst)
 {
     dt_torch_rng g;
     dt_torch_rng_seed(&g, seed);
@@ -274,8 +278,17 @@ static dt_status torch_walk(dt_model *md, uint64_t seed, bool frozen_only)
             continue;
         const dt__entry *e = &md->entries[d.entry];
         const dt_param_info *p = &e->info;
-        bool keep = d.keep && e->tied < 0 && p->tensor && (!frozen_only || p->frozen);
-        dt_status st = write_part(md, e, &g, &d, seed, 0, keep ? p->numel : 0, keep ? p->tensor->data : NULL);
+        size_t a = 0, b = 0; /* the entry's elements [a, b) written to out */
+        void *out = NULL;
+        if (d.keep && e->tied < 0 && dst) {
+            size_t lo = dst->offset, hi = dst->offset + dst->numel;
+            size_t x = p->offset > lo ? p->offset : lo, y = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+            if (!p->is_buffer && p->dtype == dst->dtype && x < y)
+                a = x - p->offset, b = y - p->offset, out = dt_flat_ptr(dst, x);
+        } else if (d.keep && e->tied < 0 && p->tensor && (!frozen_only || p->frozen)) {
+            b = p->numel, out = p->tensor->data;
+        }
+        dt_status st = write_part(md, e, &g, &d, seed, a, b, out);
         if (st < 0)
             return st;
     }
@@ -296,7 +309,7 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
         if (st < 0)
             return st;
     }
-    return torch_walk(md, seed, false);
+    return torch_walk(md, seed, false, NULL);
 }
 
 dt_status dt_model_init_frozen(dt_model *md, dt_init_rng rng, uint64_t seed)
@@ -312,7 +325,7 @@ dt_status dt_model_init_frozen(dt_model *md, dt_init_rng rng, uint64_t seed)
         if (st < 0)
             return st;
     }
-    return torch_walk(md, seed, true);
+    return torch_walk(md, seed, true, NULL);
 }
 
 dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed, dt_flat *dst)
@@ -348,25 +361,7 @@ dt_status dt_model_init_range(const dt_model *md, dt_init_rng rng, uint64_t seed
     }
     if (rng != DT_INIT_TORCH)
         return DT_OK;
-    /* torch's stream: every draw in order (time of the whole model), the
-     * range's part of the kept ones (memory of the range); frozen entries
-     * live in the buffers and the other dtypes in other flats */
-    dt_torch_rng g;
-    dt_torch_rng_seed(&g, seed);
-    for (size_t k = 0; k < dt__torch_ndraws(md); k++) {
-        dt_torch_draw d;
-        if (!dt__torch_draw(md, k, &d))
-            continue;
-        const dt__entry *e = &md->entries[d.entry];
-        const dt_param_info *p = &e->info;
-        size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (!d.keep || p->is_buffer || p->dtype != dst->dtype || e->tied >= 0 || a >= b)
-            a = b = p->offset; /* drawn, not ours */
-        dt_status st = write_part(md, e, &g, &d, seed, a - p->offset, b - p->offset, a < b ? dt_flat_ptr(dst, a) : NULL);
-        if (st < 0)
-            return st;
-    }
-    return DT_OK;
+    return torch_walk(md, seed, false, dst); /* the range's part of torch's stream */
 }
 
 static dt_status grad_ready_tramp(dt_tensor *leaf, void *ud)

@@ -123,12 +123,16 @@ TEST(gpt2_starts_from_transformers_weights)
     dt_model_free(m);
 }
 
-static void llama_case(const char *name_case, bool tied_with_biases)
+/* llama-tiny as the case's transformers model: untied (llama), tied with
+ * every bias (llama_bias), or Qwen2's shape: tied, q/k/v biases only. */
+static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2)
 {
     dt_llama_config c;
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
-    c.tie_word_embeddings = tied_with_biases;
-    c.attention_bias = c.mlp_bias = tied_with_biases;
+    c.tie_word_embeddings = tied_with_biases || qwen2;
+    c.attention_bias = tied_with_biases || qwen2;
+    c.qkv_bias_only = qwen2;
+    c.mlp_bias = tied_with_biases;
     dt_model *m, *mm;
     ASSERT_OK(dt_llama_create(&c, 7, NULL, &m, NULL));
     ASSERT_OK(dt_model_init_torch(m, 0));
@@ -143,8 +147,9 @@ static void llama_case(const char *name_case, bool tied_with_biases)
     dt_model_free(m);
 }
 
-TEST(llama_starts_from_transformers_weights) { llama_case("llama", false); }
-TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true); }
+TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false); }
+TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false); }
+TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true); }
 
 /* dt_model_set_torch_init's checks name the entry. */
 TEST(torch_init_recipe_checks)
@@ -189,6 +194,7 @@ int main(void)
     RUN(gpt2_starts_from_transformers_weights);
     RUN(llama_starts_from_transformers_weights);
     RUN(llama_tied_with_biases_starts_from_transformers_weights);
+    RUN(qwen2_starts_from_transformers_weights);
     RUN(torch_init_recipe_checks);
     return TEST_REPORT();
 }
