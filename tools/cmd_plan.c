@@ -377,11 +377,12 @@ int dt_cmd_plan(int argc, char **argv)
     } else {
         printf("%s, seq %lld, %s, world %lld, global batch %lld, %.2f GiB per rank; calibration: %.0f GFLOP/s "
                "GEMM, collectives (bus GB/s + us a call; %s): all-reduce %.1f + %.0f, all-gather %.1f + %.0f, "
-               "reduce-scatter %.1f + %.0f\n",
+               "reduce-scatter %.1f + %.0f; fresh pages %.1f GB/s (4 KiB), %.1f (%s)\n",
                model, (long long)c.seq, prec, (long long)world, (long long)(gb ? gb : 2 * world),
                mem / (1024.0 * 1024 * 1024), c.matmul_flops / 1e9,
                how, c.coll_bw / 1e9, c.coll_lat_s * 1e6,
-               c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6);
+               c.ag_bw / 1e9, c.ag_lat_s * 1e6, c.rs_bw / 1e9, c.rs_lat_s * 1e6, c.fault_bw / 1e9,
+               c.fault_huge_bw / 1e9, c.thp ? "2 MiB huge pages" : "no transparent huge pages here: 4 KiB");
         printf("%d layouts: %d feasible\n", n, nfeas);
         dt__plan_table_head(stdout);
         int shown = 0;

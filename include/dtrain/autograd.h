@@ -101,8 +101,12 @@ DT_API size_t dt_ag_tape_len(const dt_ctx *ctx);
  * needs its output's f32 gradient in the GEMM's dtype: it either converts it
  * in a pass of its own (grad_rounds, grad_round_elems elements) or finds the
  * same values already written in that dtype by the op that produced the
- * gradient (grad_shadows: no pass; e.g. dt_cross_entropy's backward on
- * bf16/f16 logits). The numbers are the same either way. */
+ * gradient (grad_shadows: no pass). The producers that write them, where
+ * the gradient is a GEMM output's first and only contribution:
+ * dt_cross_entropy on bf16/f16 logits (also through a reshape of them),
+ * the residual add of a bf16/f16 operand, dt_rope, dt_swiglu, dt_gqa_pack
+ * (k, v), dt_bias_gelu_tanh and attention over a bf16/f16 qkv. The numbers
+ * are the same either way. */
 typedef struct {
     uint64_t grad_rounds;      /* output gradients converted by a pass of their own */
     uint64_t grad_round_elems; /* elements those passes converted */

@@ -362,8 +362,10 @@ DT_API dt_status dt_k_add_lp(dt_dtype t, const float *a, const void *b, bool b_f
 DT_API dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y, int64_t n);
 /* y = g rounded to t's precision (bf16/f16, held in f32), after adding g
  * to +0 (as a zeroed gradient buffer accumulating it: -0 gives +0): the
- * gradient of a t tensor that went through an f32 op. y may alias g. */
-DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n);
+ * gradient of a t tensor that went through an f32 op. y may alias g.
+ * ylp (may be NULL): the same n values stored as t (uint16_t), in the same
+ * pass (a bf16 GEMM's backward takes them as they are). */
+DT_API dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, int64_t n);
 /* Reduce a gradient g of shape gshape (ng dims) to shape oshape (no dims,
  * no <= ng, oshape broadcastable to gshape) by summing over the broadcast
  * dims: the backward of broadcasting. Fixed summation order. */
@@ -567,9 +569,10 @@ DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *b
                                        float *y, dt_k_gelu_approx approx);
 /* Its backward: dx and dbias as dt_k_bias_gelu_bwd on the widened x, then
  * dx rounded to t's precision (held in f32: the gradient of a t tensor);
- * dbias from the unrounded values. dx may alias dy. */
+ * dbias from the unrounded values. dx may alias dy. dx_lp (may be NULL;
+ * only beside dx): the rounded dx stored as t as well, in the same pass. */
 DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
-                                       int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
+                                       int64_t cols, float *dx, void *dx_lp, float *dbias, dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0
@@ -626,10 +629,12 @@ DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_
  * and avx2 paths, within the forward's bound on the avx512 ones): dy (f32,
  * the gradient of the t result) is rounded to t as it is read, the f32 y
  * and lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
- * precision (the gradient of a t input). */
+ * precision (the gradient of a t input). dqkv_lp (B, T, 3C) of t, or NULL:
+ * the same values stored as t as well, in the same pass. */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
-                                             int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv);
+                                             int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,
+                                             void *dqkv_lp);
 
 /* Attention of a block of queries against one block of keys and values, the
  * result merged into a running one: the kernel of attention split along
@@ -724,9 +729,10 @@ DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, i
                               const float *cos_t, const float *sin_t, void *y);
 /* Its backward as the chain cast -> rope -> cast computes it: dy (f32) is
  * rounded to t, rotated by minus the angle, and dx (f32) gets the result
- * rounded to t values. dx may alias dy. */
+ * rounded to t values. dx may alias dy. dx_lp (may be NULL): the same
+ * values stored as t, in the same pass. */
 DT_API dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                                  const float *cos_t, const float *sin_t, float *dx);
+                                  const float *cos_t, const float *sin_t, float *dx, void *dx_lp);
 /* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */
@@ -737,9 +743,11 @@ DT_API dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy
 DT_API dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n, void *y);
 /* Its backward as the chain cast -> swiglu -> cast computes it: dy (f32) is
  * rounded to t, dt_k_swiglu_bwd runs on the widened g, u, and dg, du (f32
- * arrays, either may be NULL) get its results rounded to t values. */
+ * arrays, either may be NULL) get its results rounded to t values; dg_lp,
+ * du_lp (each may be NULL; only beside its f32 array): the same values
+ * stored as t, in the same pass. */
 DT_API dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
-                                    float *du);
+                                    float *du, void *dg_lp, void *du_lp);
 
 #ifdef __cplusplus
 }

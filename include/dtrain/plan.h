@@ -322,7 +322,8 @@ typedef struct dt_plan_calib {
     double act_block;         /* activation bytes per token kept by one block */
     double act_fixed;         /* the embeddings, head and loss (the logits) */
     double act_block_ckpt;    /* one checkpointed block (its input only) */
-    double optim_s;           /* core-seconds of an AdamW step per parameter */
+    double optim_s;           /* core-seconds of an AdamW step per parameter (its gradients written, as
+                                 backward leaves them) */
     double matmul_flops;      /* a GEMM's rate on this process's threads, flop/s */
     double copy_bw;           /* memcpy bandwidth, bytes/s (one thread) */
     double coll_bw;           /* all-reduce bus bandwidth, bytes/s (2 (n-1)/n of the buffer per rank over the
@@ -333,9 +334,15 @@ typedef struct dt_plan_calib {
     double repl_block_s;      /* core-seconds per token of a block's parts tensor parallelism does not split
                                  (two layer norms and two residual additions, forward + backward): every tp
                                  rank runs them whole */
-    double fault_bw;          /* bytes/s of CPU time a fresh page costs beyond writing it (fault + zeroing):
-                                 ZeRO-2/3 hand units' gathered parameters and gradients back and fault them in
-                                 again */
+    double fault_bw;          /* bytes/s of CPU time a fresh 4 KiB page costs beyond writing it (fault +
+                                 zeroing), in a region without huge pages */
+    double fault_huge_bw;     /* the same in a 2 MiB-aligned region advised MADV_HUGEPAGE (as ZeRO-2/3 map
+                                 the units' whole gradients, which they hand back after each reduce-scatter and
+                                 fault in again in the next backward): a fault per 2 MiB; = fault_bw where the
+                                 calibration got no huge pages (thp 0) */
+    int thp;                  /* 1: the calibration's MADV_HUGEPAGE region got transparent huge pages */
+    double nonfinite_s;       /* core-seconds per parameter of the trainer's non-finite scan of the gradients
+                                 a rank steps (a read pass each step of a run without loss scaling) */
     double ag_bw, ag_lat_s;   /* all-gather: bus bandwidth ((n-1)/n of the gathered buffer per rank over the
                                  time), bytes/s, and seconds per call: ZeRO-3's parameter gathers */
     double rs_bw, rs_lat_s;   /* reduce-scatter, the same: ZeRO-2/3's gradient reductions */

@@ -29,6 +29,8 @@ struct dt__node {
     int64_t i[8];
     size_t idx;                     /* position on the tape */
     int needed;                     /* set by backward's pre-pass */
+    bool glp_want;                  /* its backward takes out's gradient in glp_dtype (a bf16/f16 GEMM's: grad_lp) */
+    dt_dtype glp_dtype;
 };
 
 /* Does t take part in autograd? */
@@ -109,6 +111,14 @@ float *dt__grad_out(dt_ctx *ctx, dt_tensor *t);
  * dt__grad_commit) drops the shadow, as does the next backward pass.
  * dt__grad_shadow returns it (NULL when there is none in dtype lt). */
 void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
+/* Whether a producer about to write t's first gradient contribution should
+ * write a shadow in lt beside it: t is a temporary with no gradient yet
+ * whose own op's backward takes its gradient in lt (node glp_want). Where
+ * nothing would read it, the shadow is not written (no bytes, no arena). */
+bool dt__grad_shadow_wanted(const dt_tensor *t, dt_dtype lt);
+/* dt__grad_shadow_new(ctx, t, lt) when dt__grad_shadow_wanted(t, lt), else
+ * NULL; *err is set when the allocation failed (the error is set). */
+void *dt__grad_shadow_maybe(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt, bool *err);
 void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt);
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
 
@@ -219,6 +229,9 @@ bool dt__autocast(dt_ctx *ctx, dt_op op, int n, dt_tensor **in);
 const float *dt__cdata_f32(dt_ctx *ctx, const dt_tensor *x);
 /* y[i] = x[i] rounded to dtype's precision (bf16/f16), in f32. y may alias x. */
 dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n);
+/* dt__round_to that also stores the rounded values in dtype at lp (n
+ * elements; NULL: none), e.g. a gradient's shadow (below). */
+dt_status dt__round_to_lp(dt_dtype dtype, const float *x, float *y, void *lp, int64_t n);
 /* Cross-entropy over N rows of C bf16/f16 logits x (dtype t, contiguous)
  * with int64 labels lab (DT_K_IGNORE_INDEX rows skipped), computed with the
  * f32 kernels on each row widened in cache: the numbers of

@@ -148,6 +148,21 @@ void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
     return dt_arena_alloc(ctx->arena, nb ? nb : 2);
 }
 
+bool dt__grad_shadow_wanted(const dt_tensor *t, dt_dtype lt)
+{
+    return t && lt != DT_F32 && (t->flags & DT_TENSOR_TEMP) && !t->grad && t->node_ && t->node_->glp_want &&
+           t->node_->glp_dtype == lt;
+}
+
+void *dt__grad_shadow_maybe(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt, bool *err)
+{
+    if (!dt__grad_shadow_wanted(t, lt))
+        return NULL;
+    void *s = dt__grad_shadow_new(ctx, t, lt);
+    *err = s == NULL;
+    return s;
+}
+
 void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt)
 {
     if (!shadow || lt == DT_F32 || !(t->flags & DT_TENSOR_TEMP) || !t->grad || t->grad->dtype != DT_F32 ||

@@ -119,13 +119,19 @@ const float *dt__cdata_f32(dt_ctx *ctx, const dt_tensor *x)
 
 dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n)
 {
+    return dt__round_to_lp(dtype, x, y, NULL, n);
+}
+
+dt_status dt__round_to_lp(dt_dtype dtype, const float *x, float *y, void *lp, int64_t n)
+{
     enum { BLK = 4096 };
     const int64_t nb = (n + BLK - 1) / BLK;
     int bad = 0;
 #pragma omp parallel for schedule(static) if (nb > 16) reduction(| : bad)
     for (int64_t b = 0; b < nb; b++) {
-        uint16_t tmp[BLK];
+        uint16_t buf[BLK];
         int64_t i = b * BLK, c = n - i < BLK ? n - i : BLK;
+        uint16_t *tmp = lp ? (uint16_t *)lp + i : buf;
         bad |= dt_k_convert(x + i, DT_F32, tmp, dtype, c) < 0 || dt_k_convert(tmp, dtype, y + i, DT_F32, c) < 0;
     }
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "dt__round_to") : DT_OK;

@@ -106,12 +106,16 @@ static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
                 return dt_last_status();
             st = dt_k_axpy(m, 1.0f, gout, g);
         } else {
-            float *g = dt__grad_begin(ctx, x);
+            bool err = false; /* the shadow first: grad_begin gives x its gradient */
+            void *gs = dt__grad_shadow_maybe(ctx, x, x->dtype, &err);
+            float *g = err ? NULL : dt__grad_begin(ctx, x);
             if (!g)
                 return dt_last_status();
-            st = dt_k_grad_round_lp(x->dtype, gout, g, m);
+            st = dt_k_grad_round_lp(x->dtype, gout, g, gs, m);
             if (st >= 0)
                 st = dt__grad_commit(ctx, x, g);
+            if (st >= 0 && gs)
+                dt__grad_shadow_set(ctx, x, g, gs, x->dtype);
         }
         if (st < 0)
             return st;

@@ -25,16 +25,20 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const attn_saved *s = n->saved[0];
     const dt_dtype t = (dt_dtype)n->i[6];
-    float *g = dt__grad_begin(ctx, n->in[0]);
+    bool err = false; /* the shadow before grad_begin gives qkv its gradient */
+    void *gs = dt__grad_shadow_maybe(ctx, n->in[0], t, &err);
+    float *g = err ? NULL : dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
     dt_status st = t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
                                                           n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g)
                                : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
-                                                             n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g);
-    if (st < 0)
+                                                             n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g, gs);
+    if (st < 0 || (st = dt__grad_commit(ctx, n->in[0], g)) < 0)
         return st;
-    return dt__grad_commit(ctx, n->in[0], g);
+    if (gs)
+        dt__grad_shadow_set(ctx, n->in[0], g, gs, t);
+    return DT_OK;
 }
 
 dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float dropout_p, bool training,
@@ -109,16 +113,23 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
     int64_t R = n->i[0], N = n->i[1];
     dt_dtype t = (dt_dtype)n->i[2];
     dt_tensor *X = n->in[0], *bias = n->nin > 1 ? n->in[1] : NULL;
+    bool err = false; /* the shadow before grad_begin gives X its gradient */
+    void *gs = dt__rg(X) && X != bias ? dt__grad_shadow_maybe(ctx, X, t, &err) : NULL;
+    if (err)
+        return dt_last_status();
     float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
     float *gb = dt__rg(bias) ? dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float)) : NULL;
     if ((dt__rg(X) && !gx) || (dt__rg(bias) && !gb))
         return dt_last_status();
-    dt_status st = t == DT_F32 ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
-                               : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH);
+    dt_status st = t == DT_F32
+                       ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
+                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, R, N, gx, gs, gb, DT_K_GELU_TANH);
     if (st < 0)
         return st;
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
         return st;
+    if (gs)
+        dt__grad_shadow_set(ctx, X, gx, gs, t);
     if (gb && (st = dt__grad_commit(ctx, bias, gb)) < 0)
         return st;
     return DT_OK;

@@ -90,14 +90,21 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
 dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *X = n->in[0];
-    float *gx = dt__grad_begin(ctx, X);
+    const dt_dtype t = (dt_dtype)n->i[4];
+    bool err = false;
+    void *gs = dt__grad_shadow_maybe(ctx, X, t, &err); /* before grad_begin gives X its gradient */
+    float *gx = err ? NULL : dt__grad_begin(ctx, X);
     if (!gx)
         return dt_last_status();
-    const dt_dtype t = (dt_dtype)n->i[4];
     dt_status st = t == DT_F32
                        ? dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], true, gx)
-                       : dt_k_rope_bwd_lp(gout, t, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], gx);
-    return st < 0 ? st : dt__grad_commit(ctx, X, gx);
+                       : dt_k_rope_bwd_lp(gout, t, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], gx,
+                                          gs);
+    if (st >= 0)
+        st = dt__grad_commit(ctx, X, gx);
+    if (st >= 0 && gs)
+        dt__grad_shadow_set(ctx, X, gx, gs, t);
+    return st;
 }
 
 dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0)
@@ -169,17 +176,26 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
 dt_status dt__bw_swiglu(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *G = n->in[0], *U = n->in[1];
+    dt_dtype t = (dt_dtype)n->i[1];
+    bool err = false; /* the shadows before grad_begin gives G and U their gradients */
+    void *sg = dt__rg(G) && G != U ? dt__grad_shadow_maybe(ctx, G, t, &err) : NULL;
+    void *su = !err && dt__rg(U) && G != U ? dt__grad_shadow_maybe(ctx, U, t, &err) : NULL;
+    if (err)
+        return dt_last_status();
     float *gg = dt__rg(G) ? dt__grad_begin(ctx, G) : NULL;
     float *gu = dt__rg(U) ? dt__grad_begin(ctx, U) : NULL;
     if ((dt__rg(G) && !gg) || (dt__rg(U) && !gu))
         return dt_last_status();
-    dt_dtype t = (dt_dtype)n->i[1];
     dt_status st = t == DT_F32 ? dt_k_swiglu_bwd(n->saved[0], n->saved[1], gout, n->i[0], gg, gu)
-                               : dt_k_swiglu_bwd_lp(n->saved[0], n->saved[1], t, gout, n->i[0], gg, gu);
+                               : dt_k_swiglu_bwd_lp(n->saved[0], n->saved[1], t, gout, n->i[0], gg, gu, sg, su);
     if (st >= 0 && gg)
         st = dt__grad_commit(ctx, G, gg);
     if (st >= 0 && gu)
         st = dt__grad_commit(ctx, U, gu);
+    if (st >= 0 && sg)
+        dt__grad_shadow_set(ctx, G, gg, sg, t);
+    if (st >= 0 && su)
+        dt__grad_shadow_set(ctx, U, gu, su, t);
     return st;
 }
 
@@ -275,11 +291,18 @@ static void pack_bwd(float *q, float *k, float *v, const float *qkv, int64_t row
 dt_status dt__bw_pack(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     float *g[3] = {NULL, NULL, NULL};
+    void *gs[3] = {NULL, NULL, NULL}; /* k's and v's shadows (their sums are rounded here) */
+    const int64_t rows = n->i[0], H = n->i[1], KV = n->i[2], hd = n->i[3];
+    const dt_dtype t = (dt_dtype)n->i[4];
+    bool err = false;
+    for (int i = 1; i < 3 && !err; i++)
+        if (dt__rg(n->in[i]) && n->in[i] != n->in[3 - i])
+            gs[i] = dt__grad_shadow_maybe(ctx, n->in[i], t, &err);
+    if (err)
+        return dt_last_status();
     for (int i = 0; i < 3; i++)
         if (dt__rg(n->in[i]) && !(g[i] = dt__grad_begin(ctx, n->in[i])))
             return dt_last_status();
-    const int64_t rows = n->i[0], H = n->i[1], KV = n->i[2], hd = n->i[3];
-    const dt_dtype t = (dt_dtype)n->i[4];
     dt_status st = DT_OK;
     if (t != DT_F32) {
         float *r = dt_arena_alloc(ctx->arena, (size_t)(rows * 3 * H * hd) * 4 + 4);
@@ -290,10 +313,13 @@ dt_status dt__bw_pack(dt_ctx *ctx, dt__node *n, const float *gout)
     pack_bwd(g[0], g[1], g[2], gout, rows, H, KV, hd);
     for (int i = 1; i < 3 && t != DT_F32 && st >= 0; i++)
         if (g[i])
-            st = dt__round_to(t, g[i], g[i], rows * KV * hd);
+            st = dt__round_to_lp(t, g[i], g[i], gs[i], rows * KV * hd);
     for (int i = 0; i < 3 && st >= 0; i++)
         if (g[i])
             st = dt__grad_commit(ctx, n->in[i], g[i]);
+    for (int i = 1; i < 3 && st >= 0; i++)
+        if (gs[i])
+            dt__grad_shadow_set(ctx, n->in[i], g[i], gs[i], t);
     return st;
 }
 

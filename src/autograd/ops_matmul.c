@@ -212,6 +212,8 @@ dt_tensor *dt_matmul(dt_ctx *ctx, dt_tensor *a, dt_tensor *b)
         n->i[3] = N;
         n->i[4] = b2d;
         n->i[5] = t;
+        n->glp_want = t != DT_F32; /* grad_lp: a producer's shadow of the gradient saves its pass */
+        n->glp_dtype = t;
     }
     return out;
 }
@@ -346,6 +348,8 @@ static dt_tensor *dense(dt_ctx *ctx, const char *op, dt_op kind, bool wt, dt_ten
         n->i[2] = Out;
         n->i[3] = t;
         n->i[4] = wt;
+        n->glp_want = t != DT_F32; /* grad_lp: a producer's shadow of the gradient saves its pass */
+        n->glp_dtype = t;
     }
     return out;
 }

@@ -31,10 +31,55 @@ static void row_acc(int64_t n, char *p0, int64_t s0, char *p1, int64_t s1, char 
     }
 }
 
+/* Whether the view maps element k of its output to element k of its
+ * input, for every k (a reshape of a contiguous tensor, a flatten). */
+static bool plain_view(const dt__node *n, const view_geom *g)
+{
+    if (g->offset != 0 || dt_tensor_numel(n->out) != dt_tensor_numel(n->in[0]))
+        return false;
+    int64_t cs[DT_MAX_DIMS];
+    dt__contig_strides(n->out->ndim, n->out->shape, cs);
+    for (int i = 0; i < n->out->ndim; i++)
+        if (n->out->shape[i] != 1 && g->strides[i] != cs[i])
+            return false;
+    return true;
+}
+
 dt_status dt__bw_view(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     const view_geom *g = n->saved[0];
-    float *gin = dt__grad(ctx, n->in[0]);
+    dt_tensor *x = n->in[0];
+    if (!x->grad && (x->flags & DT_TENSOR_TEMP) && !(x->flags & DT_TENSOR_BLOCKED) && plain_view(n, g)) {
+        /* the input's first gradient, element for element the view's: one
+         * pass writing 0 + gout (the zero-filled buffer's sum, -0 made +0)
+         * instead of a zero fill and an add, and the view's low-precision
+         * shadow (e.g. a loss's on reshaped bf16 logits) passes to the
+         * input, for the GEMM that produced it, unless gout held a -0 (its
+         * shadow's -0 would no longer be the gradient's value) */
+        const dt_dtype lt = n->out->glp_dtype_;
+        const void *sh = n->out->glp_ ? dt__grad_shadow(ctx, n->out, lt) : NULL;
+        float *gx = dt__grad_begin(ctx, x);
+        if (!gx)
+            return dt_last_status();
+        enum { BLK = 16384 };
+        const int64_t m = dt_tensor_numel(x), nb = (m + BLK - 1) / BLK;
+        int neg0 = 0;
+#pragma omp parallel for schedule(static) if (nb > 16) reduction(| : neg0)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t lo = b * BLK, hi = lo + BLK < m ? lo + BLK : m;
+            for (int64_t i = lo; i < hi; i++) {
+                uint32_t u;
+                memcpy(&u, gout + i, sizeof u);
+                neg0 |= u == 0x80000000u;
+                gx[i] = 0.0f + gout[i];
+            }
+        }
+        dt_status st = dt__grad_commit(ctx, x, gx);
+        if (st >= 0 && sh && !neg0)
+            dt__grad_shadow_set(ctx, x, gx, (void *)(uintptr_t)sh, lt);
+        return st;
+    }
+    float *gin = dt__grad(ctx, x);
     if (!gin)
         return dt_last_status();
     int64_t st[2][DT_MAX_DIMS];

@@ -436,7 +436,7 @@ dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, in
 }
 
 dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
-                                int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx)
+                                int64_t cols, float *dx, void *dx_lp, float *dbias, dt_k_gelu_approx approx)
 {
     const char *fn = "dt_k_bias_gelu_bwd_lp";
     if (!lp_dtype(t))
@@ -460,9 +460,10 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
     for (int64_t bk = 0; bk < nblk; bk++) {
         int64_t j0 = bk * GELU_LP_CB, c = cols - j0 < GELU_LP_CB ? cols - j0 : GELU_LP_CB;
         float sb[GELU_LP_CB] = {0}, v[GELU_LP_CB];
-        uint16_t h[GELU_LP_CB];
+        uint16_t hb[GELU_LP_CB];
         for (int64_t r = 0; r < rows; r++) {
             float *d = dx ? dx + r * cols + j0 : NULL;
+            uint16_t *h = dx && dx_lp ? (uint16_t *)dx_lp + r * cols + j0 : hb;
             bad |= dt_k_convert((const uint16_t *)x + r * cols + j0, t, v, DT_F32, c) < 0;
             gelu_tanh_bwd_row(vec, v, bias ? bias + j0 : NULL, dy + r * cols + j0, d, sb, c);
             if (d)

@@ -538,10 +538,11 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
  * t: qkv's dtype; with bf16/f16 the head's q, k, v are first widened into
  * an f32 [T][3D] tile and dy's head columns rounded to t into a [T][D] one
  * (the gradient of a t result), and at the end the head's dq, dk, dv are
- * rounded to t (the gradient of a t input). kt: bwd_scratch(t, T, D). */
+ * rounded to t (the gradient of a t input; also stored as t in dlp, the
+ * whole dqkv's, when it is not NULL). kt: bwd_scratch(t, T, D). */
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
-                               float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv)
+                               float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv, uint16_t *dlp)
 {
     const int64_t gbh = b * Ht + h0 + h; /* the dropout mask's head */
     const int64_t C = H * D, C3 = 3 * C, bh = b * H + h;
@@ -638,8 +639,9 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     }
     for (int64_t i = 0; i < T && t != DT_F32; i++)
         for (int k = 0; k < 3; k++) {
-            float *gr = gbase + i * C3 + k * C + h * D;
-            round_row(vec, t, gr, gr, hb, D);
+            const int64_t at = (b * T + i) * C3 + k * C + h * D;
+            float *gr = dqkv + at;
+            round_row(vec, t, gr, gr, dlp ? dlp + at : hb, D);
         }
 }
 
@@ -653,7 +655,7 @@ static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                          const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
-                         bool causal, float p, dt_rng_key key, float *dqkv)
+                         bool causal, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
 {
     dt_status st = attn_args(fn, B, T, H, D, p);
     if (st >= 0)
@@ -680,7 +682,7 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
             if (kt)
-                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv);
+                bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv, dqkv_lp);
         dt_free(kt);
     }
     if (nomem)
@@ -692,14 +694,14 @@ dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, const float
                                    int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p,
                                    dt_rng_key key, float *dqkv)
 {
-    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv);
+    return bwd_run("dt_k_attention_bwd", DT_F32, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv, NULL);
 }
 
 dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                       const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
-                                      int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv)
+                                      int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
 {
     const char *fn = "dt_k_attention_bwd_lp";
     dt_status st = lp_dtype(fn, t);
-    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv);
+    return st < 0 ? st : bwd_run(fn, t, qkv, y, lse, dy, B, T, H, D, h0, Ht, causal, p, key, dqkv, dqkv_lp);
 }

@@ -276,7 +276,7 @@ dt_status dt_k_add2_lp(dt_dtype t, const void *a, const void *b, void *y, int64_
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
 }
 
-dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n)
+dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, void *ylp, int64_t n)
 {
     const char *fn = "dt_k_grad_round_lp";
     if (!add_lp_dtype(t))
@@ -289,9 +289,10 @@ dt_status dt_k_grad_round_lp(dt_dtype t, const float *g, float *y, int64_t n)
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
     for (int64_t k = 0; k < nb; k++) {
         float v[LP_ADD_BLK];
-        uint16_t h[LP_ADD_BLK];
+        uint16_t hb[LP_ADD_BLK];
         int64_t lo = k * LP_ADD_BLK, c = n - lo < LP_ADD_BLK ? n - lo : LP_ADD_BLK;
         const float *gl = g + lo;
+        uint16_t *h = ylp ? (uint16_t *)ylp + lo : hb;
 #pragma omp simd
         for (int64_t i = 0; i < c; i++)
             v[i] = 0.0f + gl[i]; /* as a zeroed buffer accumulating g: -0 becomes +0 */

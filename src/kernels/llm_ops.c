@@ -73,8 +73,8 @@ static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
 }
 
 /* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
- * by sgn times the angles, rounded to t and stored as t (y_lp) or as f32
- * holding t values (y_f32). */
+ * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
+ * f32 holding t values (y_f32; with both, widened from y_lp). */
 static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
                          const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
 {
@@ -94,9 +94,11 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
                 dt_k_convert((const uint16_t *)x + o, t, row, DT_F32, m);
             for (int64_t h = 0; h < H; h++)
                 rope_pairs(row + h * hd, row + h * hd + half, c, s, sgn, half, row + h * hd, row + h * hd + half);
-            if (y_lp)
+            if (y_lp) {
                 dt_k_convert(row, DT_F32, (uint16_t *)y_lp + o, t, m);
-            else {
+                if (y_f32)
+                    dt_k_convert((const uint16_t *)y_lp + o, t, y_f32 + o, DT_F32, m);
+            } else {
                 memcpy(y_f32 + o, row, (size_t)m * sizeof(float));
                 round_row(y_f32 + o, t, m, h16);
             }
@@ -119,6 +121,10 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
                 if (y_lp) {
                     dt_k_convert(ya, DT_F32, (uint16_t *)y_lp + ia, t, m);
                     dt_k_convert(yb, DT_F32, (uint16_t *)y_lp + ib, t, m);
+                    if (y_f32) {
+                        dt_k_convert((const uint16_t *)y_lp + ia, t, y_f32 + ia, DT_F32, m);
+                        dt_k_convert((const uint16_t *)y_lp + ib, t, y_f32 + ib, DT_F32, m);
+                    }
                 } else {
                     dt_k_convert(ya, DT_F32, h16, t, m);
                     dt_k_convert(h16, t, y_f32 + ia, DT_F32, m);
@@ -159,11 +165,11 @@ dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t 
 }
 
 dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                           const float *cos_t, const float *sin_t, float *dx)
+                           const float *cos_t, const float *sin_t, float *dx, void *dx_lp)
 {
     dt_status st = rope_lp_args("dt_k_rope_bwd_lp", dy, t, B, T, H, hd, cos_t, sin_t, dx);
     if (st >= 0)
-        rope_lp_rows(dy, true, t, B, T, H, hd, cos_t, sin_t, -1.0f, NULL, dx);
+        rope_lp_rows(dy, true, t, B, T, H, hd, cos_t, sin_t, -1.0f, dx_lp, dx);
     return st;
 }
 
@@ -330,10 +336,11 @@ dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64
     return DT_OK;
 }
 
-/* x[0, c) rounded to dtype t in place (f32 -> t -> f32). */
-static void round_block(float *x, dt_dtype t, int64_t c)
+/* x[0, c) rounded to dtype t in place (f32 -> t -> f32), the t values
+ * also kept at lp when it is not NULL. */
+static void round_block(float *x, dt_dtype t, int64_t c, uint16_t *lp)
 {
-    uint16_t h[SW_BLK];
+    uint16_t hb[SW_BLK], *h = lp ? lp : hb;
     dt_k_convert(x, DT_F32, h, t, c);
     dt_k_convert(h, t, x, DT_F32, c);
 }
@@ -362,7 +369,7 @@ dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n
 }
 
 dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
-                             float *du)
+                             float *du, void *dg_lp, void *du_lp)
 {
     const char *fn = "dt_k_swiglu_bwd_lp";
     DT__CHECK_N(fn, n);
@@ -380,12 +387,12 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
         dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
         dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
         memcpy(d, dy + i, (size_t)c * sizeof(float));
-        round_block(d, t, c); /* the gradient of a t result holds t values */
+        round_block(d, t, c, NULL); /* the gradient of a t result holds t values */
         swiglu_bwd_any(gf, uf, d, c, dg ? dg + i : NULL, du ? du + i : NULL);
         if (dg)
-            round_block(dg + i, t, c);
+            round_block(dg + i, t, c, dg_lp ? (uint16_t *)dg_lp + i : NULL);
         if (du)
-            round_block(du + i, t, c);
+            round_block(du + i, t, c, du_lp ? (uint16_t *)du_lp + i : NULL);
     }
     return DT_OK;
 }

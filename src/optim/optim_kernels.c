@@ -218,6 +218,27 @@ static double sqsum_scalar(const float *x, size_t n)
 #if DT_OPT_X86
 #define DT_AVX2 __attribute__((target("avx2,fma")))
 
+/* The Adam sweeps' software prefetch (AVX2 and AVX-512): the lines PF
+ * elements ahead of the block being stepped (a hint: no fault past an
+ * array's end, no result changed). The hardware prefetcher alone leaves the
+ * sweep waiting on its four or five streams behind the divider's work:
+ * with the hint the bf16 sweep over 100M parameters took 0.88-0.93 of the
+ * CPU time (AVX-512; AVX2: 0.83) on the AMD EPYC (Zen 4) VM, interleaved
+ * in one process (256 to 2048 ahead measured; 512 best). */
+#define PF 512
+
+static inline void pf_f32(const float *x, size_t i)
+{
+    _mm_prefetch((const char *)((uintptr_t)(x + i) + PF * sizeof *x), _MM_HINT_T0);
+}
+
+/* The bf16 gradient: one line every 32 elements. */
+static inline void pf_bf16(const uint16_t *g, size_t i)
+{
+    if (!(i & 31))
+        _mm_prefetch((const char *)((uintptr_t)(g + i) + PF * sizeof *g), _MM_HINT_T0);
+}
+
 DT_AVX2 static void sgd_avx2(float *p, float *g, float *buf, size_t n, const dt__sgd_k *k)
 {
     const __m256 wd = _mm256_set1_ps(k->wd), mom = _mm256_set1_ps(k->momentum);
@@ -272,6 +293,8 @@ DT_AVX2 static void adam_avx2(float *p, float *g, float *m, float *v, size_t n, 
     const adam_c8 c = adam_c8_of(k);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
+        if (!(i & 15)) /* a line of each stream every other block */
+            pf_f32(p, i), pf_f32(g, i), pf_f32(m, i), pf_f32(v, i);
         _mm256_storeu_ps(p + i, adam8(_mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i), m + i, v + i, &c, k));
         if (k->zero_grad)
             _mm256_storeu_ps(g + i, _mm256_setzero_ps());
@@ -300,6 +323,7 @@ DT_AVX2 static void adam_bf16_avx2(float *p, uint16_t *g, float *m, float *v, ui
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 pr[2];
+        pf_f32(p, i), pf_f32(m, i), pf_f32(v, i), pf_bf16(g, i);
         for (int h = 0; h < 2; h++) {
             const size_t j = i + 8 * (size_t)h;
             __m256 gi = _mm256_castsi256_ps(
@@ -486,6 +510,7 @@ DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t
     const adam_c16 c = adam_c16_of(k);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        pf_f32(p, i), pf_f32(g, i), pf_f32(m, i), pf_f32(v, i);
         st16(p + i, mk, adam16(mk, ld16(mk, p + i), ld16(mk, g + i), m + i, v + i, &c, k));
         if (k->zero_grad)
             st16(g + i, mk, _mm512_setzero_ps());
@@ -505,6 +530,7 @@ DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v
     for (size_t i = 0; i < n; i += 16) {
         const bool full = n - i >= 16;
         const __mmask16 mk = full ? (__mmask16)0xffff : tail_mask(n - i);
+        pf_f32(p, i), pf_f32(m, i), pf_f32(v, i), pf_bf16(g, i);
         __m256i gh = full ? _mm256_loadu_si256((const __m256i *)(g + i)) : _mm256_maskz_loadu_epi16(mk, g + i);
         __m512 gi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gh), 16));
         const __m512 pi = adam16(mk, ld16(mk, p + i), gi, m + i, v + i, &c, k);

@@ -27,6 +27,7 @@
 #include "dtrain/plan.h"
 
 #include "dtrain/autograd.h"
+#include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "dtrain/optim.h"
 
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -241,11 +243,23 @@ dt_status dt_plan_model_id(const char *model, char *buf, size_t n, int64_t *posi
     return DT_OK;
 }
 
-/* Core-seconds per parameter of an AdamW step over model m's f32 parameters. */
-static dt_status time_optim(dt_model *m, double *per_param)
+/* Write every gradient of G (a small value, as backward leaves them: written pages, not the shared zero
+   page an untouched buffer reads from). */
+static void write_grads(const dt_flat *G)
+{
+    float *g = (float *)G->base;
+    for (size_t i = 0; i < G->total; i++)
+        g[i] = 1e-3f * (float)(i & 15);
+}
+
+/* Core-seconds per parameter of an AdamW step over model m's f32 parameters, as the trainer steps them
+   (its gradients written by backward, zeroed in the same pass: dt_optim_set_zero_grad), and of the
+   trainer's non-finite scan of the same gradients (dt_k_first_nonfinite: a read pass each step of a run
+   without loss scaling) into *scan_per_param. On the process's threads, best of 3 after a warm-up. */
+static dt_status time_optim(dt_model *m, double *per_param, double *scan_per_param)
 {
     const dt_flat *P = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *G = dt_model_flat(m, DT_FLAT_GRADS, DT_F32);
-    if (!P || !G || !P->base || !G->base || !P->total)
+    if (!P || !G || !P->base || !G->base || !P->total || G->total != P->total || G->dtype != DT_F32)
         return dt_error(DT_ERR_INVALID_ARG, "dt_plan_calibrate: the model has no f32 parameters to time AdamW on");
     dt_model_grads_materialize(m);
     dt_optim_range r = {.params = P, .grads = G, .lo = 0, .hi = P->total};
@@ -254,16 +268,26 @@ static dt_status time_optim(dt_model *m, double *per_param)
     dt_status st = dt_optim_adamw_init(&ap, &r, 1, &o);
     if (st < 0)
         return st;
-    double best = INFINITY;
-    for (int i = 0; i < 3 && st >= 0; i++) {
+    dt_optim_set_zero_grad(o, true);
+    double best = INFINITY, best_scan = INFINITY;
+    for (int i = 0; i < 4 && st >= 0; i++) {
+        write_grads(G);
         double t0 = cpu_s();
+        const int64_t at = dt_k_first_nonfinite(G->base, DT_F32, (int64_t)G->total);
+        double t1 = cpu_s();
         st = dt_optim_step(o);
-        double s = cpu_s() - t0;
-        if (i > 0 && s < best)
-            best = s;
+        double t2 = cpu_s();
+        if (at != (int64_t)G->total && st >= 0)
+            st = dt_error(DT_ERR_STATE, "dt_plan_calibrate: a finite gradient read as non-finite at %lld",
+                          (long long)at);
+        if (i > 0 && t2 - t1 < best)
+            best = t2 - t1;
+        if (i > 0 && t1 - t0 < best_scan)
+            best_scan = t1 - t0;
     }
     dt_optim_free(o);
     *per_param = best / (double)P->total;
+    *scan_per_param = isfinite(best_scan) ? best_scan / (double)P->total : 0;
     return st;
 }
 
@@ -348,27 +372,53 @@ static double time_replicated(int64_t C, int64_t T)
     return isfinite(best) && best > 0 ? best / (double)T : 0;
 }
 
-/* What a fresh page costs beyond writing it, as bytes/s of CPU time (user + system): the fault and the
-   kernel's zeroing. ZeRO-2/3 hand a unit's gathered parameters and gradients back to the system
-   (MADV_DONTNEED) and fault them in again at the next gather or backward. 32 MiB, best of 3. */
-static double time_fault(void)
+/* Minor page faults of this process so far (getrusage). */
+static long minor_faults(void)
 {
-    const size_t n = 32u << 20;
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_minflt : 0;
+}
+
+/* What a fresh page costs beyond writing it, as bytes/s of CPU time (user + system): the fault and the
+   kernel's zeroing, for the page kind a region gets. ZeRO-2/3 hand each unit's whole gradients back to
+   the system (MADV_DONTNEED) after its reduce-scatter and fault them in again in the next backward; those
+   regions are 2 MiB-aligned and advised MADV_HUGEPAGE (parallel/zero's region_map), so with transparent
+   huge pages a fault maps and clears 2 MiB (measured on the development machine: 25-39 GB/s against
+   2.6-2.9 for 4 KiB pages, a fault per 4 KiB). huge: time such a region (2 MiB-aligned, MADV_HUGEPAGE);
+   *got_huge (may be NULL): whether it really got huge pages (its faults, counted by getrusage, were
+   fewer than one per 64 KiB); where it did not (THP off, or no huge page free), the figure is the 4 KiB
+   one. 32 MiB, best of 3. */
+static double time_fault(bool huge, bool *got_huge)
+{
+    const size_t n = 32u << 20, H = 2u << 20;
     double best = INFINITY;
+    bool all_huge = huge;
+    int timed = 0;
     for (int i = 0; i < 3; i++) {
-        char *a = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (a == MAP_FAILED)
+        char *p = mmap(NULL, n + H, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
             break;
+        char *a = (char *)(((uintptr_t)p + H - 1) & ~(uintptr_t)(H - 1));
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+        madvise(a, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+#endif
+        const long f0 = minor_faults();
         double t0 = cpu_s();
         memset(a, 1, n); /* fresh pages: fault, zero, write */
         double t1 = cpu_s();
+        const long faults = minor_faults() - f0;
         memset(a, 2, n); /* the same pages again: the write alone */
         double t2 = cpu_s();
-        munmap(a, n);
+        munmap(p, n + H);
+        if (faults > (long)(n / (64u << 10)))
+            all_huge = false;
+        timed++;
         double s = (t1 - t0) - (t2 - t1);
         if (s > 0 && s < best)
             best = s;
     }
+    if (got_huge)
+        *got_huge = all_huge && timed > 0;
     return isfinite(best) && best > 0 ? (double)n / best : 4e9;
 }
 
@@ -455,14 +505,18 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     dt_model *m = NULL;
     if ((st = make_copy(&sh, 1, seq, DT_F32, &m, NULL)) < 0)
         return st;
-    st = time_optim(m, &c.optim_s);
+    st = time_optim(m, &c.optim_s, &c.nonfinite_s);
     dt_model_free(m);
     if (st < 0)
         return st;
     c.matmul_flops = time_matmul(sh.n_embd);
     c.copy_bw = time_copy();
     c.repl_block_s = time_replicated(sh.n_embd, seq);
-    c.fault_bw = time_fault();
+    c.fault_bw = time_fault(false, NULL);
+    bool thp = false;
+    const double huge_bw = time_fault(true, &thp);
+    c.fault_huge_bw = thp ? huge_bw : c.fault_bw; /* no huge pages here: the regions fault 4 KiB pages */
+    c.thp = thp;
     c.coll_bw = c.ag_bw = c.rs_bw = c.copy_bw / 2;
     c.coll_lat_s = c.ag_lat_s = c.rs_lat_s = 20e-6;
     *out = c;
@@ -571,7 +625,8 @@ dt_status dt_plan_calibrate_comm(dt_pg *g, dt_plan_calib *c)
     X(thread_cost, "%.17g", (double), double) X(repl_block_s, "%.17g", (double), double)                       \
     X(fault_bw, "%.17g", (double), double) X(ag_bw, "%.17g", (double), double)                                     \
     X(ag_lat_s, "%.17g", (double), double) X(rs_bw, "%.17g", (double), double)                                       \
-    X(rs_lat_s, "%.17g", (double), double)
+    X(rs_lat_s, "%.17g", (double), double) X(fault_huge_bw, "%.17g", (double), double)                             \
+    X(thp, "%d", (int), int) X(nonfinite_s, "%.17g", (double), double)
 
 dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
 {
@@ -594,7 +649,7 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
         free(tmp);
         return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
     }
-    fprintf(f, "dtrain-plan-calib 4\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+    fprintf(f, "dtrain-plan-calib 5\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
@@ -657,12 +712,13 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
 #undef R
     }
     fclose(f);
-    if (version >= 1 && version < 4) /* an older dtrain's figures (fewer of them; v3: no collective curve):
+    if (version >= 1 && version < 5) /* an older dtrain's figures (fewer of them; v3: no collective curve;
+                                         v4: no huge-page faults, AdamW timed on unwritten gradients):
                                          measure again */
-        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 4)", path,
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 5)", path,
                         version);
-    if (version != 4 || seen != want || bad_)
-        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-4 file (%d of %d values%s%s); "
+    if (version != 5 || seen != want || bad_)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-5 file (%d of %d values%s%s); "
                         "delete it to measure again", path, seen, want, bad_ ? "; out of range: " : "",
                         bad_ ? bad_ : "");
     if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.vocab < 1)

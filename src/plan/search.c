@@ -12,20 +12,23 @@
  *
  * Time of a step: the compute of each rank (core-seconds per token from
  * the calibration times its tokens, the blocks split over tp (but their
- * layer norms and residuals whole on each tp rank) and pp, the head on the last stage; ZeRO-2/3's gradient pages
- * faulted in again each pass), stretched by the pipeline's bubble
- * (m + pp - 1) / m, over the cores it gets: ranks share the machine's
- * cores, so the step is at least the whole machine's work over all cores
- * and at least the slowest rank's critical path over its own threads.
- * Collectives add their ring volume over the bus bandwidth plus a latency
- * per call (DDP and ZeRO-1: one reduction per step; ZeRO-2/3 a collective
- * per unit per pass, ZeRO-3 its all-gathers (forward, and backward but the
- * root unit) and reduce-scatters at the measured curve of each kind; tensor
- * parallelism four all-reduces of the activations per block and four more
- * per micro-batch; the pipeline a
- * send and a receive per micro-batch per boundary), slowed like compute
- * when ranks outnumber cores (the shared-memory transport copies with the
- * same CPUs). The optimizer steps the rank's shard. NVMe offload adds the
+ * layer norms and residuals whole on each tp rank) and pp, the head on the
+ * last stage; ZeRO-2/3's gradient pages faulted in again each pass,
+ * ZeRO-2's at the huge-page rate, ZeRO-3's at the 4 KiB one as measured),
+ * stretched by the pipeline's bubble (m + pp - 1) / m, over the cores it
+ * gets: ranks share the machine's cores, so the step is at least the whole
+ * machine's work over all cores and at least the slowest rank's critical
+ * path over its own threads. Collectives add their ring volume over the
+ * bus bandwidth plus a latency per call (DDP and ZeRO-1: one reduction per
+ * step; ZeRO-2/3 a collective per unit per pass, ZeRO-3 its all-gathers
+ * (forward, and backward but the root unit) and reduce-scatters at the
+ * measured curve of each kind; tensor parallelism four all-reduces of the
+ * activations per block and four more per micro-batch; the pipeline a send
+ * and a receive per micro-batch per boundary), slowed like compute when
+ * ranks outnumber cores (the shared-memory transport copies with the same
+ * CPUs). The optimizer steps the rank's shard (AdamW timed on written
+ * gradients), and the trainer scans the same gradients for non-finite
+ * values once a step. NVMe offload adds the
  * state's traffic at a fixed 1 GB/s (not measured). */
 #include "dtrain/plan.h"
 
@@ -295,12 +298,23 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
                              ? 1 + (c->thread_cost - 1) * (thr - 1) / (double)(c->threads - 1 > 0 ? c->threads - 1 : 1)
                              : 1;
     /* ZeRO-2/3 hand each unit's whole (f32) gradients back to the system once its reduce-scatter is
-       done (MADV_DONTNEED): every pass faults those pages in again (calibrated: fault_bw). ZeRO-3's
-       gathered parameters move through its page pool instead (no fault) */
+       done (MADV_DONTNEED): every pass faults those pages in again (a read fault maps the huge zero page,
+       the write a fresh 2 MiB page: measured, two faults and one 2 MiB allocation per 2 MiB of gradients,
+       and nothing else faults, ZeRO-3's gathered parameters moving through its page pool). The regions
+       are advised MADV_HUGEPAGE: ZeRO-2's re-faults cost what the calibration's huge-page region does
+       (fault_huge_bw; the 4 KiB figure where the machine gave no huge pages). ZeRO-3's same bytes cost
+       about the 4 KiB figure (fault_bw): measured by perf on this machine (a 2-core VM), the kernel's
+       page clearing per step against AdamW's known cost, 2.8 GB/s for GPT-2 124M and 3.3 for gpt2-large
+       on 2 ranks, against about 15 for ZeRO-2's; without the page pool, 1.5-2x the bytes at a lower cost
+       each. The cause is not pinned down: free pages that sit unused for ~2 s go back to this VM's host
+       (free page reporting; a probe re-faults them at 0.5-1 GB/s, against 25-35 at once), and the pool
+       changes which pages are free for how long */
     double fresh = 0;
     if (dp > 1 && l->zero_stage >= 2)
         fresh = 4.0 * numel_rank;
-    const double fault_work = passes * fresh / (c->fault_bw > 0 ? c->fault_bw : 4e9);
+    const double bw4k = c->fault_bw > 0 ? c->fault_bw : 4e9;
+    const double fault_rate = l->zero_stage == 2 && c->fault_huge_bw > 0 ? c->fault_huge_bw : bw4k;
+    const double fault_work = passes * fresh / fault_rate;
     double stage_work = tcost * (replica_blocks + replica_fixed + replica_pass) / pp + fault_work;
     const double head_work = tcost * (replica_fixed + passes * pass_fix / tp);
     if (pp > 1 && head_work > stage_work) /* but the head is one unit: the last stage has it whole */
@@ -308,7 +322,9 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
     const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
     const double opt_params = numel_rank / (l->zero_stage >= 1 ? shard_dp : 1);
     const double streams = p->optimizer != DT_OPTIM_SGD ? 7 : p->sgd_momentum ? 5 : 3;
-    const double opt_work = opt_params * c->optim_s * streams / 7;
+    /* the trainer's non-finite scan reads the gradients the rank steps once a step (no loss scaler in a
+       planned run: it always runs) */
+    const double opt_work = opt_params * (c->optim_s * streams / 7 + c->nonfinite_s);
     const double machine_work = tcost * (double)dp * tp * (replica_blocks + replica_fixed + replica_pass) +
                                 (double)local * (opt_work + fault_work);
     const double t_compute_rank = critical / per_rank_cores, t_machine = machine_work / cores;

@@ -307,7 +307,7 @@ static void kernel_case(dt_dtype dt)
         ASSERT_OK(dt_k_attention_bwd_heads(xv, yv[0], lse[0], dyr, B, T, H, D, 1, 4, true, 0.1f, key, g[0]));
         ASSERT_OK(dt_k_convert(g[0], DT_F32, h16, dt, M));
         ASSERT_OK(dt_k_convert(h16, dt, g[0], DT_F32, M));
-        ASSERT_OK(dt_k_attention_bwd_heads_lp(dt, x16, yv[0], lse[0], dyv, B, T, H, D, 1, 4, true, 0.1f, key, g[1]));
+        ASSERT_OK(dt_k_attention_bwd_heads_lp(dt, x16, yv[0], lse[0], dyv, B, T, H, D, 1, 4, true, 0.1f, key, g[1], NULL));
         ASSERT_MATCH(g_paths[pi], DT_F32, dt, A_KERNEL, g[1], g[0], M);
     }
     ASSERT(ran >= 1);
@@ -326,7 +326,7 @@ TEST(attention_lp_kernel_dtype)
     float q[6 * 3] = {0}, y[6], lse[2], g[18];
     ASSERT(dt_k_attention_fwd_heads_lp(DT_F32, q, 1, 2, 1, 3, 0, 1, false, 0.0f, (dt_rng_key){0}, y, NULL, lse) ==
            DT_ERR_DTYPE);
-    ASSERT(dt_k_attention_bwd_heads_lp(DT_I32, q, y, lse, y, 1, 2, 1, 3, 0, 1, false, 0.0f, (dt_rng_key){0}, g) ==
+    ASSERT(dt_k_attention_bwd_heads_lp(DT_I32, q, y, lse, y, 1, 2, 1, 3, 0, 1, false, 0.0f, (dt_rng_key){0}, g, NULL) ==
            DT_ERR_DTYPE);
 }
 

@@ -387,7 +387,7 @@ static void rope_lp_case(dt_dtype dt)
     ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
     ASSERT(!memcmp(al, yl, sizeof al));
     /* backward: a (f32) rounded, rotated back, rounded */
-    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, cs, sn, got));
+    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, cs, sn, got, NULL));
     ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
     ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, true, ref));

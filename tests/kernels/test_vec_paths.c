@@ -141,22 +141,22 @@ TEST(bias_gelu_lp_equals_widened)
                 ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
                 ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
                 ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], DT_K_GELU_TANH));
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(y[0], y[1], M, "bias gelu lp forward");
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx");
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias");
                 /* dbias alone, and dx in place over dy */
                 memcpy(dx[0], dy, (size_t)M * 4);
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias only");
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, dx[0], NULL, DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, dx[0], NULL, NULL, DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx in place");
             }
             ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
             ASSERT(isnan(y[0][5 + 17 * 6]));
             /* wrong dtype or approximation: errors, not results */
             ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_K_GELU_TANH) == DT_ERR_DTYPE);
-            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
+            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
             free(x), free(xw), free(b), free(dy), free(xh), free(hh);
             for (int k = 0; k < 2; k++)
                 free(y[k]), free(dx[k]), free(db[k]);
@@ -347,7 +347,7 @@ TEST(swiglu_paths_identical)
                 ASSERT_OK(dt_k_convert(tmp, t, j ? du[0] : dg[0], DT_F32, n));
             }
             float *dgl = malloc(n * 4), *dul = malloc(n * 4);
-            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul));
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, NULL, NULL));
             SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg against the chain");
             SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du against the chain");
             ASSERT_STATUS(dt_k_swiglu_fwd_lp(gh, uh, DT_F32, n, yh[0]), DT_ERR_UNSUPPORTED);

@@ -29,6 +29,9 @@
  *     alive at once (2 roots + 6 blocks) and the transport's staging
  *     pages (2 groups x 8 MiB x ranks, less for units smaller than that);
  *     a version-3 calibration file (no curve) is measured again;
+ *   - ZeRO-2's gradient re-faults at the huge-page figure, ZeRO-3's at the
+ *     4 KiB one, ZeRO-1 none; the non-finite scan charged per parameter a
+ *     rank steps; a calibration holds both fault figures and the scan's;
  *   - "dtrain": {"plan": "auto"} in a config (dt_plan_config_auto,
  *     dt_plan_from_config): accepted alone, refused by name beside a
  *     layout key, "auto" values allowed. */
@@ -54,7 +57,7 @@ static dt_plan_calib calib(void)
     c.fb_block_s = 1e-3, c.fb_fixed_s = 2.5e-3, c.fb_block_ckpt_s = 1.4e-3;
     c.act_block = 120000, c.act_fixed = 630000, c.act_block_ckpt = 6200;
     c.optim_s = 2e-9, c.matmul_flops = 1e11, c.copy_bw = 8e9, c.coll_bw = 4e9, c.coll_lat_s = 20e-6;
-    c.base_rss = 100e6, c.fault_bw = 1e12;
+    c.base_rss = 100e6, c.fault_bw = 1e12, c.fault_huge_bw = 1e12, c.thp = 1;
     c.ag_bw = 3e9, c.ag_lat_s = 60e-6, c.rs_bw = 2.5e9, c.rs_lat_s = 70e-6;
     return c;
 }
@@ -358,6 +361,12 @@ TEST(llama_calibrated_and_planned)
     ASSERT_EQ_INT((int)c.n_kv_head, 2);
     ASSERT_EQ_INT((int)c.n_embd, 64);
     ASSERT_EQ_INT((int)c.vocab, 512);
+    /* the page-fault figures of both kinds (the huge-page one is the 4 KiB one where no huge page came)
+       and the non-finite scan's */
+    ASSERT(c.fault_bw > 0 && c.fault_huge_bw > 0 && c.nonfinite_s > 0 && c.optim_s > 0);
+    ASSERT(c.thp == 0 || c.thp == 1);
+    if (!c.thp)
+        ASSERT_NEAR(c.fault_huge_bw, c.fault_bw, 0, 1e-12);
     /* one block: q, k, v (2 key/value heads of 16), o, gate, up, down and two norms */
     ASSERT_NEAR(c.numel_block, 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64, 0.5, 0);
     ASSERT(c.fb_block_s > 0 && c.act_block > 0 && c.thread_cost >= 1);
@@ -529,21 +538,55 @@ TEST(zero_units_and_faults)
         ASSERT_NEAR(b.comm_s - a.comm_s, k[i].calls_two * 1e-3, 1e-9, 1e-6);
         k[i].l->wrap_min_params = (int64_t)c.numel_block;
     }
-    /* the faults: a fresh byte costs 1 ns more; ZeRO-1 keeps its buffers */
+    /* the faults: a fresh byte costs 1 ns more; ZeRO-1 keeps its buffers. ZeRO-2's gradient regions
+       fault at the huge-page figure (the 4 KiB one does not move it), ZeRO-3's at the 4 KiB one (as
+       measured; the huge-page figure does not move it) */
     const double P = 12 * c.numel_block + c.numel_fixed;
-    c.fault_bw = 1e12;
-    dt_plan_prediction f3, f2, f1, g3, g2, g1;
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &f3));
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &f2));
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &f1));
-    c.fault_bw = 1e9;
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &g3));
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &g2));
-    ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &g1));
     const double per_b = 1e-9 - 1e-12;
-    ASSERT_NEAR(g2.compute_s - f2.compute_s, 4 * P * per_b, 1e-9, 1e-6);
-    ASSERT_NEAR(g3.compute_s - f3.compute_s, 4 * P * per_b, 1e-9, 1e-6);
-    ASSERT_NEAR(g1.compute_s, f1.compute_s, 1e-12, 1e-12);
+    for (int kind = 0; kind < 2; kind++) {
+        double *bw = kind ? &c.fault_huge_bw : &c.fault_bw;
+        c.fault_bw = c.fault_huge_bw = 1e12;
+        dt_plan_prediction f3, f2, f1, g3, g2, g1;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &f3));
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &f2));
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &f1));
+        *bw = 1e9;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z3, &g3));
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &g2));
+        ASSERT_OK(dt_plan_predict(&sp, &c, &z1, &g1));
+        ASSERT_NEAR(g2.compute_s - f2.compute_s, kind ? 4 * P * per_b : 0, 1e-9, 1e-6);
+        ASSERT_NEAR(g3.compute_s - f3.compute_s, kind ? 0 : 4 * P * per_b, 1e-9, 1e-6);
+        ASSERT_NEAR(g1.compute_s, f1.compute_s, 1e-12, 1e-12);
+    }
+    /* a calibration without the huge-page figure (an older file's fields): ZeRO-2 at the 4 KiB one */
+    c.fault_huge_bw = 0, c.fault_bw = 1e12;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &a));
+    c.fault_bw = 1e9;
+    ASSERT_OK(dt_plan_predict(&sp, &c, &z2, &b));
+    ASSERT_NEAR(b.compute_s - a.compute_s, 4 * P * per_b, 1e-9, 1e-6);
+}
+
+/* The trainer's non-finite scan of the gradients a rank steps (a read pass each step of a run without a
+   loss scaler, which a planned run never has): nonfinite_s per parameter stepped, with the optimizer,
+   for DDP (every parameter) and ZeRO-1..3 (the rank's shard). */
+TEST(nonfinite_scan_charged)
+{
+    dt_plan_calib c = calib();
+    dt_plan_search_params sp = dt_plan_search_params_default();
+    sp.world = 2, sp.cores = 2, sp.global_batch = 4;
+    const double P = 12 * c.numel_block + c.numel_fixed;
+    for (int zero = 0; zero <= 3; zero++) {
+        dt_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .zero_stage = zero, .batch = 2, .micro_batches = 1,
+                            .grad_accum = 1, .wrap_min_params = zero >= 2 ? (int64_t)c.numel_block : 0};
+        dt_plan_prediction a, b;
+        c.nonfinite_s = 0;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &l, &a));
+        c.nonfinite_s = 1e-9;
+        ASSERT_OK(dt_plan_predict(&sp, &c, &l, &b));
+        /* a rank's threads: 2 cores / 2 ranks = 1 */
+        ASSERT_NEAR(b.optim_s - a.optim_s, (zero ? P / 2 : P) * 1e-9, 1e-9, 1e-6);
+        ASSERT_NEAR(b.step_s - a.step_s, (zero ? P / 2 : P) * 1e-9, 1e-9, 1e-6);
+    }
 }
 
 /* ZeRO-3's time at the measured curve: per pass, every unit's parameters all-gathered in forward, the
@@ -635,6 +678,7 @@ int main(void)
     RUN(config_plan_auto);
     RUN(tp_replicated_share_and_allreduces);
     RUN(zero_units_and_faults);
+    RUN(nonfinite_scan_charged);
     RUN(zero3_collectives_at_the_curve);
     RUN(zero3_units_alive_and_staging);
     return TEST_REPORT();

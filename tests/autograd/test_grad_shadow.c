@@ -1,0 +1,303 @@
+/* The producers of a bf16/f16 GEMM output's gradient write its shadow: the
+ * residual add (add_lp2), RoPE, SwiGLU, the GQA pack's k and v, GPT-2's
+ * bias + GELU and attention over a bf16/f16 qkv, whose
+ * backwards round the incoming gradient to the dtype anyway, keep the same
+ * values in that dtype beside the f32 gradient, and the GEMM's backward
+ * takes them (dt_ag_stats.grad_shadows) instead of converting the f32
+ * gradient in a pass of its own (grad_rounds). A producer writes one only
+ * where a GEMM will read it (dt__grad_shadow_wanted).
+ *
+ * Each case runs x -> bf16/f16 linear(s) -> op -> loss twice: the op on the
+ * low-precision GEMM outputs (A), and the widening composition cast(f32) ->
+ * op -> cast back (B, where the casts' backwards write the gradients and
+ * the GEMMs convert them; for attention, whose fast rows on the AVX-512
+ * paths are not the widened kernel's bits, B puts a view between the GEMM
+ * and the op instead: the view's backward hands the same gradient on, which
+ * the GEMM converts). The gradients of x and the weights must be equal
+ * bit for bit on every conversion path the CPU has (scalar, AVX2, AVX-512,
+ * AVX512_BF16), and the counters say which way each GEMM took its gradient:
+ * A no rounding pass (but the pack's q, whose gradient is a copy), B no
+ * shadow. */
+#include "dtrain/dtrain.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+
+enum { B = 2, T = 5, K = 24, H = 2, HD = 8, C = H * HD, KVC = HD };
+
+typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK, P_GELU, P_ATTN } producer;
+
+static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack", "bias_gelu", "attention"};
+
+typedef struct {
+    dt_tensor *x, *w[3]; /* f32 leaves */
+} leaves;
+
+static dt_tensor *leaf(const float *v, int n, const int64_t *shape)
+{
+    dt_tensor *t = dt_tensor_new(DT_F32, n, shape);
+    if (!t)
+        return NULL;
+    memcpy(t->data, v, (size_t)dt_tensor_numel(t) * 4);
+    if (dt_tensor_set_requires_grad(t, true) < 0) {
+        dt_tensor_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* The weights' output widths: [a, b, c] (0: unused). */
+static void widths(producer p, int64_t *o)
+{
+    o[0] = p == P_ATTN ? 3 * C : C;
+    o[1] = p == P_ROPE || p == P_GELU || p == P_ATTN ? 0 : p == P_PACK ? KVC : C;
+    o[2] = p == P_PACK ? KVC : 0;
+}
+
+/* The loss of one way (widen: B); NULL when an op failed. */
+static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves *l, const float *inv_freq,
+                        const float *R, dt_tensor *bias)
+{
+    int64_t o[3];
+    widths(p, o);
+    dt_tensor *xb = dt_cast(ctx, l->x, dt), *g[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++)
+        if (o[k]) {
+            g[k] = dt_linear(ctx, xb, dt_cast(ctx, l->w[k], dt), NULL);
+            if (!g[k] || g[k]->dtype != dt)
+                return NULL;
+            if (widen)
+                g[k] = p == P_ATTN ? dt_reshape(ctx, g[k], 3, SH(B, T, 3 * C)) : dt_cast(ctx, g[k], DT_F32);
+        }
+    dt_tensor *y = NULL;
+    switch (p) {
+    case P_ADD: y = dt_add(ctx, g[0], g[1]); break;
+    case P_ROPE: y = dt_rope(ctx, g[0], H, inv_freq, 3); break;
+    case P_SWIGLU: y = dt_swiglu(ctx, g[0], g[1]); break;
+    case P_PACK: y = dt_gqa_pack(ctx, g[0], g[1], g[2], H, 1); break;
+    case P_GELU: y = dt_bias_gelu_tanh(ctx, g[0], bias); break;
+    case P_ATTN: y = dt_attention(ctx, g[0], H, true, 0.0f, true, (dt_rng_key){0}); break;
+    }
+    const dt_dtype yt = p == P_GELU ? DT_F32 : dt; /* the op's result dtype on the GEMM output */
+    if (y && widen && y->dtype != yt)
+        y = dt_cast(ctx, y, yt);
+    if (!y || y->dtype != yt)
+        return NULL;
+    int64_t n = dt_tensor_numel(y);
+    dt_tensor *r = dt_tensor_from(ctx, DT_F32, 1, SH(n), R);
+    dt_tensor *yf = dt_cast(ctx, y, DT_F32);
+    if (!r || !yf)
+        return NULL;
+    dt_tensor *flat = dt_reshape(ctx, yf, 1, SH(n));
+    return dt_sum(ctx, dt_mul(ctx, flat, r));
+}
+
+static void shadow_case(dt_dtype dt, producer p)
+{
+    int64_t o[3];
+    widths(p, o);
+    static float xv[B * T * K], wv[3][C * K], R[B * T * 3 * C];
+    dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    for (int k = 0; k < 3; k++)
+        dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 1 + (uint64_t)k, 0), 0, wv[k], C * K, -0.5f, 0.5f);
+    dt_rng_fill_uniform(dt_rng_key_make(31, DT_RNG_DATA, 9, 0), 0, R, B * T * 3 * C, -1.0f, 1.0f);
+    float inv_freq[HD / 2];
+    for (int j = 0; j < HD / 2; j++)
+        inv_freq[j] = 1.0f / (float)(1 << (2 * j));
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    int ran = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (dt_k_set_isa(paths[pi]) != DT_OK)
+            continue;
+        ran++;
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        float bv[C];
+        for (int j = 0; j < C; j++)
+            bv[j] = 0.125f * (float)(j % 5) - 0.25f;
+        dt_tensor *bias = dt_tensor_from(ctx, DT_F32, 1, SH(C), bv);
+        ASSERT(bias != NULL);
+        leaves l[2];
+        dt_ag_stats s[2];
+        for (int way = 0; way < 2; way++) {
+            l[way].x = leaf(xv, 3, SH(B, T, K));
+            ASSERT(l[way].x != NULL);
+            for (int k = 0; k < 3; k++) {
+                l[way].w[k] = o[k] ? leaf(wv[k], 2, SH(o[k], K)) : NULL;
+                ASSERT(!o[k] || l[way].w[k]);
+            }
+            dt_tensor *loss = build(ctx, dt, p, way == 1, &l[way], inv_freq, R, bias);
+            ASSERT(loss != NULL);
+            dt_ag_stats_reset(ctx);
+            ASSERT_OK(dt_backward(ctx, loss));
+            dt_ag_stats_get(ctx, &s[way]);
+        }
+        int ngemm = (o[0] > 0) + (o[1] > 0) + (o[2] > 0);
+        if (memcmp(l[0].x->grad->data, l[1].x->grad->data, (size_t)(B * T * K) * 4))
+            TEST_FAIL_("%s %s path %d: x's gradient differs from the widening composition's", g_names[p],
+                       dt_dtype_name(dt), (int)paths[pi]);
+        for (int k = 0; k < 3; k++)
+            if (o[k] && memcmp(l[0].w[k]->grad->data, l[1].w[k]->grad->data, (size_t)(o[k] * K) * 4))
+                TEST_FAIL_("%s %s path %d: weight %d's gradient differs from the widening composition's",
+                           g_names[p], dt_dtype_name(dt), (int)paths[pi], k);
+        /* A: every GEMM took its producer's shadow (the pack's q: a copy, converted) */
+        const int copies = p == P_PACK ? 1 : 0;
+        ASSERT_EQ_INT((int)s[0].grad_rounds, copies);
+        ASSERT_EQ_INT((int)s[0].grad_shadows, ngemm - copies);
+        /* B: the casts' backwards wrote the gradients; every GEMM converted */
+        ASSERT_EQ_INT((int)s[1].grad_rounds, ngemm);
+        ASSERT_EQ_INT((int)s[1].grad_shadows, 0);
+        for (int way = 0; way < 2; way++) {
+            dt_tensor_free(l[way].x);
+            for (int k = 0; k < 3; k++)
+                dt_tensor_free(l[way].w[k]);
+        }
+        dt_ctx_free(ctx);
+    }
+    ASSERT(ran >= 1);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(grad_shadow_add_lp2)
+{
+    shadow_case(DT_BF16, P_ADD);
+    shadow_case(DT_F16, P_ADD);
+}
+
+TEST(grad_shadow_rope)
+{
+    shadow_case(DT_BF16, P_ROPE);
+    shadow_case(DT_F16, P_ROPE);
+}
+
+TEST(grad_shadow_swiglu)
+{
+    shadow_case(DT_BF16, P_SWIGLU);
+    shadow_case(DT_F16, P_SWIGLU);
+}
+
+TEST(grad_shadow_gqa_pack)
+{
+    shadow_case(DT_BF16, P_PACK);
+    shadow_case(DT_F16, P_PACK);
+}
+
+TEST(grad_shadow_bias_gelu)
+{
+    shadow_case(DT_BF16, P_GELU);
+    shadow_case(DT_F16, P_GELU);
+}
+
+TEST(grad_shadow_attention)
+{
+    shadow_case(DT_BF16, P_ATTN);
+    shadow_case(DT_F16, P_ATTN);
+}
+
+/* Llama's head: the logits [B, T, V] of a bf16/f16 linear reshaped to
+ * [B T, V] for the loss. The view's backward hands the loss's shadow on to
+ * the linear's output (one pass writing the input's gradient instead of a
+ * zero fill and an add); the gradients equal the widening composition's
+ * (reshape, cast to f32, loss) bit for bit on every path. */
+static void head_case(dt_dtype dt)
+{
+    enum { V = 37 };
+    static float xv[B * T * K], wv[V * K];
+    int64_t yv[B * T];
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(35, DT_RNG_DATA, 1, 0), 0, wv, V * K, -0.5f, 0.5f);
+    for (int r = 0; r < B * T; r++)
+        yv[r] = r % 4 == 1 ? DT_K_IGNORE_INDEX : (r * 7 + 2) % V;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (dt_k_set_isa(paths[pi]) != DT_OK)
+            continue;
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_tensor *x[2], *w[2];
+        dt_ag_stats s[2];
+        for (int way = 0; way < 2; way++) {
+            x[way] = leaf(xv, 3, SH(B, T, K));
+            w[way] = leaf(wv, 2, SH(V, K));
+            ASSERT(x[way] && w[way]);
+            dt_tensor *lg = dt_linear(ctx, dt_cast(ctx, x[way], dt), dt_cast(ctx, w[way], dt), NULL);
+            ASSERT(lg && lg->dtype == dt);
+            dt_tensor *flat = dt_reshape(ctx, lg, 2, SH(B * T, V));
+            dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(B * T), yv);
+            dt_tensor *loss = dt_cross_entropy(ctx, way ? dt_cast(ctx, flat, DT_F32) : flat, y);
+            ASSERT(loss != NULL);
+            dt_ag_stats_reset(ctx);
+            ASSERT_OK(dt_backward(ctx, loss));
+            dt_ag_stats_get(ctx, &s[way]);
+        }
+        ASSERT(!memcmp(x[0]->grad->data, x[1]->grad->data, (size_t)(B * T * K) * 4));
+        ASSERT(!memcmp(w[0]->grad->data, w[1]->grad->data, (size_t)(V * K) * 4));
+        ASSERT_EQ_INT((int)s[0].grad_rounds, 0);
+        ASSERT_EQ_INT((int)s[0].grad_shadows, 1);
+        ASSERT_EQ_INT((int)s[1].grad_rounds, 1);
+        ASSERT_EQ_INT((int)s[1].grad_shadows, 0);
+        for (int way = 0; way < 2; way++) {
+            dt_tensor_free(x[way]);
+            dt_tensor_free(w[way]);
+        }
+        dt_ctx_free(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(grad_shadow_through_reshape)
+{
+    head_case(DT_BF16);
+    head_case(DT_F16);
+}
+
+/* A GEMM output with a second use: the producer's shadow is dropped by the
+ * second contribution (and the GEMM converts), the gradients unchanged. */
+TEST(grad_shadow_dropped_by_second_use)
+{
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[B * T * K], wv[C * K];
+    dt_rng_fill_uniform(dt_rng_key_make(33, DT_RNG_DATA, 0, 0), 0, xv, B * T * K, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(33, DT_RNG_DATA, 1, 0), 0, wv, C * K, -0.5f, 0.5f);
+    dt_tensor *x = leaf(xv, 3, SH(B, T, K)), *w = leaf(wv, 2, SH(C, K));
+    ASSERT(x && w);
+    dt_tensor *a = dt_linear(ctx, dt_cast(ctx, x, DT_BF16), dt_cast(ctx, w, DT_BF16), NULL);
+    ASSERT(a != NULL);
+    dt_tensor *y = dt_add(ctx, a, dt_swiglu(ctx, a, a)); /* a: the add's and swiglu's operand */
+    ASSERT(y != NULL);
+    dt_tensor *loss = dt_sum(ctx, dt_cast(ctx, y, DT_F32));
+    dt_ag_stats s;
+    dt_ag_stats_reset(ctx);
+    ASSERT_OK(dt_backward(ctx, loss));
+    dt_ag_stats_get(ctx, &s);
+    ASSERT_EQ_INT((int)s.grad_shadows, 0);
+    ASSERT_EQ_INT((int)s.grad_rounds, 1);
+    /* the GEMM read the summed gradient: x's equals the f32 GEMMs' on it */
+    float *gx = malloc((size_t)(B * T * K) * 4);
+    ASSERT(gx != NULL);
+    memcpy(gx, x->grad->data, (size_t)(B * T * K) * 4);
+    ASSERT_OK(dt_backward(ctx, loss)); /* again: accumulates exactly twice */
+    for (int i = 0; i < B * T * K; i++)
+        ASSERT(((float *)x->grad->data)[i] == 2.0f * gx[i]);
+    free(gx);
+    dt_tensor_free(x);
+    dt_tensor_free(w);
+    dt_ctx_free(ctx);
+}
+
+int main(void)
+{
+    RUN(grad_shadow_add_lp2);
+    RUN(grad_shadow_rope);
+    RUN(grad_shadow_swiglu);
+    RUN(grad_shadow_gqa_pack);
+    RUN(grad_shadow_bias_gelu);
+    RUN(grad_shadow_attention);
+    RUN(grad_shadow_through_reshape);
+    RUN(grad_shadow_dropped_by_second_use);
+    return TEST_REPORT();
+}
