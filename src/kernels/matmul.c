@@ -253,6 +253,41 @@ out:
     return st;
 }
 
+/* e's primitive on stream, waited for, over the operands at a, b, C (and
+ * bias). No dt_error here: slabs run it on other threads, whose messages
+ * are their own; the caller reports. */
+static dnnl_status_t mm_exec_on(const mm_entry *e, dnnl_engine_t eng, dnnl_stream_t stream, const void *a,
+                                const void *b, void *C, const float *bias, float beta)
+{
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
+    dnnl_status_t ds;
+    if ((ds = dnnl_memory_create(&ma, &e->a_md, eng, (void *)a)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mb, &e->b_md, eng, (void *)b)) != dnnl_success ||
+        (ds = dnnl_memory_create(&mc, &e->c_md, eng, C)) != dnnl_success ||
+        (bias && (ds = dnnl_memory_create(&mbias, &e->bias_md, eng, (void *)bias)) != dnnl_success))
+        goto out;
+    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {e->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
+                                             : DNNL_ARG_BIAS,
+                                mbias}};
+    ds = dnnl_primitive_execute(e->prim, stream, bias ? 4 : 3, args);
+    if (ds == dnnl_success)
+        ds = dnnl_stream_wait(stream);
+out:
+    if (ma)
+        dnnl_memory_destroy(ma);
+    if (mb)
+        dnnl_memory_destroy(mb);
+    if (mc)
+        dnnl_memory_destroy(mc);
+    if (mbias)
+        dnnl_memory_destroy(mbias);
+    return ds;
+}
+
 /* ---- slabs -------------------------------------------------------------------- */
 /* A product on nt >= 2 threads runs as nt slabs of its output (row blocks
  * of C, or column blocks when N > M, see slab_plan), each a
@@ -347,42 +382,6 @@ static dt_status slab_build(mm_entry *e, bool ta, bool tb, int64_t M, int64_t N,
     return st;
 }
 
-#ifdef _OPENMP
-/* One slab's run (on the calling thread): s's primitive on its stream. No
- * dt_error here (its message is the calling thread's): the caller reports. */
-static dnnl_status_t slab_exec(const mm_entry *s, const void *a, const void *b, void *c, const float *bias,
-                               float beta)
-{
-    dnnl_engine_t eng = dt__dnnl_engine();
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
-    dnnl_status_t ds;
-    if ((ds = dnnl_memory_create(&ma, &s->a_md, eng, (void *)a)) != dnnl_success ||
-        (ds = dnnl_memory_create(&mb, &s->b_md, eng, (void *)b)) != dnnl_success ||
-        (ds = dnnl_memory_create(&mc, &s->c_md, eng, c)) != dnnl_success ||
-        (bias && (ds = dnnl_memory_create(&mbias, &s->bias_md, eng, (void *)bias)) != dnnl_success))
-        goto out;
-    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                               {DNNL_ARG_WEIGHTS, mb},
-                               {DNNL_ARG_DST, mc},
-                               {s->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
-                                             : DNNL_ARG_BIAS,
-                                mbias}};
-    ds = dnnl_primitive_execute(s->prim, s->stream, bias ? 4 : 3, args);
-    if (ds == dnnl_success)
-        ds = dnnl_stream_wait(s->stream);
-out:
-    if (ma)
-        dnnl_memory_destroy(ma);
-    if (mb)
-        dnnl_memory_destroy(mb);
-    if (mc)
-        dnnl_memory_destroy(mc);
-    if (mbias)
-        dnnl_memory_destroy(mbias);
-    return ds;
-}
-#endif
 
 /* e's product as its slabs, one OpenMP thread each. es: bytes of an A or B
  * element as passed; cs: of a C element. */
@@ -391,6 +390,9 @@ static dt_status slab_run(const mm_entry *e, bool ta, bool tb, int64_t M, int64_
 {
 #ifdef _OPENMP
     (void)M;
+    dnnl_engine_t eng = dt__dnnl_engine();
+    if (!eng)
+        return dt_last_status();
     dnnl_status_t ds[MM_MAX_SLABS];
     const int ns = e->nslab;
 #pragma omp parallel num_threads(ns)
@@ -409,7 +411,7 @@ static dt_status slab_run(const mm_entry *e, bool ta, bool tb, int64_t M, int64_
                 ai += (size_t)(ta ? o : o * K) * es;
                 ci += (size_t)(o * N) * cs;
             }
-            ds[i] = slab_exec(e->slab[i], ai, bi, ci, bs, beta);
+            ds[i] = mm_exec_on(e->slab[i], eng, e->slab[i]->stream, ai, bi, ci, bs, beta);
         }
     }
     for (int i = 0; i < ns; i++)
@@ -450,31 +452,13 @@ static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64
 /* One run of e's primitive on a, b, C (and bias). */
 static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, void *C, const float *bias, float beta)
 {
-    const char *fn = "dt_k_matmul";
-    dt_status st;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
-    if ((st = dt__mem(&ma, &e->a_md, (void *)a, fn)) < 0 || (st = dt__mem(&mb, &e->b_md, (void *)b, fn)) < 0 ||
-        (st = dt__mem(&mc, &e->c_md, C, fn)) < 0 ||
-        (bias && (st = dt__mem(&mbias, &e->bias_md, (void *)bias, fn)) < 0))
-        goto out;
-    int bias_idx = beta != 0.0f ? 1 : 0; /* position of the binary post-op */
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                               {DNNL_ARG_WEIGHTS, mb},
-                               {DNNL_ARG_DST, mc},
-                               {e->bias_post ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_idx) | DNNL_ARG_SRC_1)
-                                             : DNNL_ARG_BIAS,
-                                mbias}};
-    st = dt__prim_exec(e->prim, bias ? 4 : 3, args, fn);
-out:
-    if (ma)
-        dnnl_memory_destroy(ma);
-    if (mb)
-        dnnl_memory_destroy(mb);
-    if (mc)
-        dnnl_memory_destroy(mc);
-    if (mbias)
-        dnnl_memory_destroy(mbias);
-    return st;
+    dnnl_engine_t eng = dt__dnnl_engine();
+    dnnl_stream_t stream = eng ? dt__dnnl_stream() : NULL;
+    if (!stream)
+        return dt_last_status();
+    dt__dnnl_set_threads();
+    dnnl_status_t ds = mm_exec_on(e, eng, stream, a, b, C, bias, beta);
+    return ds == dnnl_success ? DT_OK : dt__dnnl_err(ds, "dt_k_matmul");
 }
 
 /* The product into C of dtype ct: f32, or t itself (beta 0) where
