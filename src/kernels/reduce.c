@@ -441,17 +441,38 @@ DT_CLONES static float chunk_max(const float *restrict x, int64_t n)
     return cm;
 }
 
-static float row_lse(int vec, const float *x, int64_t cols)
+/* Columns [c0, c0 + n) of a row of logits in dtype t as f32: an f32 row in
+ * place, a bf16/f16 one widened (exactly) into buf (XCHUNK floats, in L1),
+ * so the low-precision rows take the f32 loops' bits with no widened row in
+ * memory. The arguments are valid here: the conversion cannot fail. */
+static const float *chunk_f32(dt_dtype t, const void *x, int64_t c0, int64_t n, float *buf)
+{
+    if (t == DT_F32)
+        return (const float *)x + c0;
+    (void)dt_k_convert((const uint16_t *)x + c0, t, buf, DT_F32, n);
+    return buf;
+}
+
+static float logit_at(dt_dtype t, const void *x, int64_t j)
+{
+    if (t == DT_F32)
+        return ((const float *)x)[j];
+    uint16_t h = ((const uint16_t *)x)[j];
+    return t == DT_BF16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+static float row_lse(int vec, dt_dtype t, const void *x, int64_t cols, float *buf)
 {
     float m = -INFINITY, s = 0.0f;
     for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
         int64_t c1 = c0 + XCHUNK < cols ? c0 + XCHUNK : cols;
-        float cm = chunk_max(x + c0, c1 - c0);
+        const float *xc = chunk_f32(t, x, c0, c1 - c0, buf);
+        float cm = chunk_max(xc, c1 - c0);
         if (cm > m) {
             s = m == -INFINITY ? 0.0f : s * expf(m - cm);
             m = cm;
         }
-        s += chunk_sumexp(vec, x + c0, c1 - c0, m);
+        s += chunk_sumexp(vec, xc, c1 - c0, m);
     }
     return m + logf(s);
 }
@@ -477,9 +498,10 @@ static dt_status xent_labels(const char *fn, const void *labels, dt_dtype t, int
     return DT_OK;
 }
 
-/* dt_k_softmax_xent_fwd, and with save_lse (prob NULL) each row's log-sum-exp */
-static dt_status xent_fwd(const char *fn, const float *logits, const void *labels, dt_dtype lt, int64_t rows,
-                          int64_t cols, float *loss, float *prob, float *save_lse)
+/* dt_k_softmax_xent_fwd, and with save_lse (prob NULL) each row's
+ * log-sum-exp; logits of dtype t (f32, or bf16/f16 with prob NULL) */
+static dt_status xent_fwd(const char *fn, dt_dtype t, const void *logits, const void *labels, dt_dtype lt,
+                          int64_t rows, int64_t cols, float *loss, float *prob, float *save_lse)
 {
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
@@ -500,11 +522,14 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nb; b++) {
         double acc = 0.0;
+        float buf[XCHUNK];
         int64_t hi = (b + 1) * bs < rows ? (b + 1) * bs : rows;
         for (int64_t r = b * bs; r < hi; r++) {
-            const float *x = logits + r * cols;
-            float m = x[0], s = 0.0f;
+            const void *xr = (const char *)logits + (size_t)(r * cols) * dt_dtype_size(t);
+            const float *x = xr; /* f32 rows only (prob) */
+            float m = 0.0f, s = 0.0f;
             if (prob) {
+                m = x[0];
                 for (int64_t j = 1; j < cols; j++)
                     m = x[j] > m ? x[j] : m;
                 float *p = prob + r * cols;
@@ -516,13 +541,13 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
                 for (int64_t j = 0; j < cols; j++)
                     p[j] *= inv;
             } else {
-                m = row_lse(vec, x, cols), s = 1.0f; /* m + logf(s) = lse */
+                m = row_lse(vec, t, xr, cols, buf), s = 1.0f; /* m + logf(s) = lse */
                 if (save_lse)
                     save_lse[r] = m;
             }
             int64_t l = label_at(labels, lt, r);
             if (l != DT_K_IGNORE_INDEX)
-                acc += (double)(m + logf(s) - x[l]);
+                acc += (double)(m + logf(s) - logit_at(t, xr, l));
         }
         part[b] = acc;
     }
@@ -536,7 +561,7 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
 dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype lt, int64_t rows, int64_t cols,
                                 float *loss, float *prob)
 {
-    return xent_fwd("dt_k_softmax_xent_fwd", logits, labels, lt, rows, cols, loss, prob, NULL);
+    return xent_fwd("dt_k_softmax_xent_fwd", DT_F32, logits, labels, lt, rows, cols, loss, prob, NULL);
 }
 
 dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_dtype lt, int64_t rows,
@@ -544,42 +569,87 @@ dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_
 {
     const char *fn = "dt_k_softmax_xent_fwd_lse";
     DT__CHECK_PTR(fn, save_lse, rows);
-    return xent_fwd(fn, logits, labels, lt, rows, cols, loss, NULL, save_lse);
+    return xent_fwd(fn, DT_F32, logits, labels, lt, rows, cols, loss, NULL, save_lse);
 }
 
-/* dt_k_softmax_xent_bwd, and with lse (prob NULL) the forward's row log-sum-exps */
-static dt_status xent_bwd(const char *fn, const float *logits, const float *prob, const float *lse,
-                          const void *labels, dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits)
+static bool lp_logits(dt_dtype t) { return t == DT_BF16 || t == DT_F16; }
+
+dt_status dt_k_softmax_xent_fwd_lp(dt_dtype t, const void *logits, const void *labels, dt_dtype lt, int64_t rows,
+                                   int64_t cols, float *loss, float *save_lse)
+{
+    const char *fn = "dt_k_softmax_xent_fwd_lp";
+    if (!lp_logits(t))
+        return dt_error(DT_ERR_DTYPE, "%s: logits are %s; want bf16 or f16", fn, dt_dtype_name(t));
+    return xent_fwd(fn, t, logits, labels, lt, rows, cols, loss, NULL, save_lse);
+}
+
+/* Row r's gradient from its logits x (dtype t) and lse, chunk by chunk:
+ * f32 logits straight into d; low-precision ones widened into buf, the
+ * chunk's gradient rounded to t into dl (and widened back into d, if any). */
+static void row_grad(int vec, dt_dtype t, const void *x, int64_t cols, float lse, float s, int64_t l, float *d,
+                     void *dl, float *buf)
+{
+    if (t == DT_F32) {
+        row_scaled_softmax(vec, x, d, cols, lse, s);
+        d[l] -= s;
+        return;
+    }
+    for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
+        int64_t n = c0 + XCHUNK < cols ? XCHUNK : cols - c0;
+        uint16_t *h = (uint16_t *)dl + c0;
+        row_scaled_softmax(vec, chunk_f32(t, x, c0, n, buf), buf, n, lse, s);
+        if (l >= c0 && l < c0 + n)
+            buf[l - c0] -= s;
+        (void)dt_k_convert(buf, DT_F32, h, t, n);
+        if (d)
+            (void)dt_k_convert(h, t, d + c0, DT_F32, n);
+    }
+}
+
+/* dt_k_softmax_xent_bwd, and with lse (prob NULL) the forward's row
+ * log-sum-exps; logits of dtype t (f32, or bf16/f16 with prob NULL: the
+ * gradient rounded to t into dlp, and in f32 into dlogits if not NULL) */
+static dt_status xent_bwd(const char *fn, dt_dtype t, const void *logits, const float *prob, const float *lse,
+                          const void *labels, dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits,
+                          void *dlp)
 {
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
         return st;
     if (!prob)
         DT__CHECK_PTR(fn, logits, rows * cols);
-    DT__CHECK_PTR(fn, dlogits, rows * cols);
+    if (t == DT_F32)
+        DT__CHECK_PTR(fn, dlogits, rows * cols);
+    else
+        DT__CHECK_PTR(fn, dlp, rows * cols);
     int64_t count;
     if ((st = xent_labels(fn, labels, lt, rows, cols, &count)) < 0)
         return st;
     float s = count ? dloss / (float)count : 0.0f;
     int nt = dt__threads_for(rows * cols * 2);
     const int vec = dt__vec_level();
+    const size_t es = dt_dtype_size(t);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
-        float *d = dlogits + r * cols;
+        float *d = dlogits ? dlogits + r * cols : NULL, buf[XCHUNK];
+        void *dl = t == DT_F32 ? NULL : (char *)dlp + (size_t)(r * cols) * es;
         int64_t l = label_at(labels, lt, r);
         if (l == DT_K_IGNORE_INDEX) {
-            memset(d, 0, (size_t)cols * sizeof(float));
+            if (d)
+                memset(d, 0, (size_t)cols * sizeof(float));
+            if (dl)
+                memset(dl, 0, (size_t)cols * es);
             continue;
         }
         if (prob) {
             const float *p = prob + r * cols;
             for (int64_t j = 0; j < cols; j++)
                 d[j] = s * p[j];
+            d[l] -= s;
         } else { /* softmax recomputed from the logits: no (rows, cols) buffer kept */
-            const float *x = logits + r * cols;
-            row_scaled_softmax(vec, x, d, cols, lse ? lse[r] : row_lse(vec, x, cols), s);
+            const void *x = (const char *)logits + (size_t)(r * cols) * es;
+            row_grad(vec, t, x, cols, lse ? lse[r] : row_lse(vec, t, x, cols, buf), s, l, d, dl, buf);
         }
-        d[l] -= s;
     }
     return DT_OK;
 }
@@ -587,7 +657,8 @@ static dt_status xent_bwd(const char *fn, const float *logits, const float *prob
 dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels, dt_dtype lt,
                                 int64_t rows, int64_t cols, float dloss, float *dlogits)
 {
-    return xent_bwd("dt_k_softmax_xent_bwd", logits, prob, NULL, labels, lt, rows, cols, dloss, dlogits);
+    return xent_bwd("dt_k_softmax_xent_bwd", DT_F32, logits, prob, NULL, labels, lt, rows, cols, dloss, dlogits,
+                    NULL);
 }
 
 dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels, dt_dtype lt,
@@ -595,5 +666,15 @@ dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const
 {
     const char *fn = "dt_k_softmax_xent_bwd_lse";
     DT__CHECK_PTR(fn, lse, rows);
-    return xent_bwd(fn, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits);
+    return xent_bwd(fn, DT_F32, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits, NULL);
+}
+
+dt_status dt_k_softmax_xent_bwd_lp(dt_dtype t, const void *logits, const float *lse, const void *labels,
+                                   dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits,
+                                   void *dlogits_lp)
+{
+    const char *fn = "dt_k_softmax_xent_bwd_lp";
+    if (!lp_logits(t))
+        return dt_error(DT_ERR_DTYPE, "%s: logits are %s; want bf16 or f16", fn, dt_dtype_name(t));
+    return xent_bwd(fn, t, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits, dlogits_lp);
 }
