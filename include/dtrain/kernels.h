@@ -405,6 +405,11 @@ DT_API dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64
  * (y[j] first, then x[0][j], x[1][j], ...): a bias gradient accumulated
  * into its buffer. The same bits as that serial loop, for any thread count. */
 DT_API dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y);
+/* dt_k_sum_rows_acc over rows of bf16/f16 (dtype t) widened as they are
+ * read: the bits of dt_k_sum_rows_acc on the widened rows, half the bytes
+ * (a bias gradient taken from a gradient's low-precision copy whose values
+ * are the f32 gradient's). DT_ERR_DTYPE for another t. */
+DT_API dt_status dt_k_sum_rows_acc_lp(dt_dtype t, const void *x, int64_t rows, int64_t cols, float *y);
 /* *out = sum of x[0..n), accumulated in double in fixed blocks: independent
  * of the thread count. */
 DT_API dt_status dt_k_sum_all(const float *x, int64_t n, float *out);

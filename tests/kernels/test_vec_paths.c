@@ -237,6 +237,58 @@ TEST(xent_paths_identical)
     free(lg), free(g[0]), free(g[1]);
 }
 
+/* Column sums (bias gradients): dt_k_sum_rows_acc on every path gives the
+ * serial loop's bits (computed here), and dt_k_sum_rows_acc_lp over bf16 /
+ * f16 rows those of dt_k_sum_rows_acc over the widened rows, on widths with
+ * partial 16-lane groups and partial 128-column blocks (3, 16, 203, 517),
+ * with -0, infinities and NaN in some columns. */
+TEST(sum_rows_paths_identical)
+{
+    const int64_t R = 37, Ns[4] = {3, 16, 203, 517};
+    const dt_dtype dts[2] = {DT_BF16, DT_F16};
+    for (int ni = 0; ni < 4; ni++) {
+        const int64_t N = Ns[ni], M = R * N;
+        float *x = malloc(M * 4), *xw = malloc(M * 4), *ref = malloc(N * 4), *y = malloc(N * 4), *y0 = malloc(N * 4);
+        uint16_t *xh = malloc(M * 2);
+        fill(x, M, 41 + ni, 3.0f);
+        fill(y0, N, 51 + ni, 1.0f);
+        const float special[] = {-0.0f, INFINITY, -INFINITY, NAN, 1e-39f, 3e38f};
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+            x[(7 * (int64_t)i * N + 11 * (int64_t)i) % M] = special[i];
+        for (int di = 0; di <= 2; di++) { /* 2: f32 */
+            const dt_dtype t = di < 2 ? dts[di] : DT_F32;
+            if (t != DT_F32) {
+                ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, M));
+                ASSERT_OK(dt_k_convert(xh, t, xw, DT_F32, M));
+            } else {
+                memcpy(xw, x, M * 4);
+            }
+            for (int64_t j = 0; j < N; j++) { /* the serial loop */
+                float a = y0[j];
+                for (int64_t r = 0; r < R; r++)
+                    a += xw[r * N + j];
+                ref[j] = a;
+            }
+            for (int k = 0; k <= NPATH; k++) {
+                if (!set_path(k))
+                    continue;
+                memcpy(y, y0, N * 4);
+                ASSERT_OK(dt_k_sum_rows_acc(xw, R, N, y));
+                SAME_BITS(y, ref, N, "column sums");
+                if (t == DT_F32)
+                    continue;
+                memcpy(y, y0, N * 4);
+                ASSERT_OK(dt_k_sum_rows_acc_lp(t, xh, R, N, y));
+                SAME_BITS(y, ref, N, "column sums of low-precision rows");
+            }
+            ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+        }
+        ASSERT_STATUS(dt_k_sum_rows_acc_lp(DT_F32, x, R, N, y), DT_ERR_DTYPE);
+        ASSERT_STATUS(dt_k_sum_rows_acc_lp(DT_BF16, NULL, R, N, y), DT_ERR_NULL);
+        free(x), free(xw), free(ref), free(y), free(y0), free(xh);
+    }
+}
+
 /* The cross-entropy over bf16/f16 logits (dt_k_softmax_xent_fwd_lp /
  * _bwd_lp: rows widened chunk by chunk in cache) gives, on every path, the
  * bits of the f32 kernels on the widened logits with the gradient rounded
@@ -574,6 +626,7 @@ int main(void)
     RUN(bias_gelu_lp_equals_widened);
     RUN(xent_paths_identical);
     RUN(xent_lp_equals_widened);
+    RUN(sum_rows_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
     RUN(rmsnorm_paths_identical);
