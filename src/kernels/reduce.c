@@ -123,7 +123,7 @@ DT_CLONES static void sum_rows_block(const float *x, int64_t rows, int64_t cols,
 }
 
 /* Low-precision rows: each row's n columns widened into a buffer first. */
-static void sum_rows_block_lp(dt_dtype t, const uint16_t *x, int64_t rows, int64_t cols, int64_t n, float *y)
+DT_CLONES static void sum_rows_block_lp(dt_dtype t, const uint16_t *x, int64_t rows, int64_t cols, int64_t n, float *y)
 {
     float acc[CB], v[CB];
     for (int64_t j = 0; j < n; j++)
