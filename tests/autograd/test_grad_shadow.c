@@ -15,7 +15,8 @@
  * and the op instead: the view's backward hands the same gradient on, which
  * the GEMM converts). The gradients of x and the weights must be equal
  * bit for bit on every conversion path the CPU has (scalar, AVX2, AVX-512,
- * AVX512_BF16), and the counters say which way each GEMM took its gradient:
+ * AVX512_BF16), the linears' bias gradients too (A sums the shadow, B the
+ * f32 gradient), and the counters say which way each GEMM took its gradient:
  * A no rounding pass (but the pack's q, whose gradient is a copy), B no
  * shadow. */
 #include "dtrain/dtrain.h"
@@ -34,7 +35,7 @@ typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK, P_GELU, P_ATTN } producer;
 static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack", "bias_gelu", "attention"};
 
 typedef struct {
-    dt_tensor *x, *w[3]; /* f32 leaves */
+    dt_tensor *x, *w[3], *b[3]; /* f32 leaves; b: the linears' biases */
 } leaves;
 
 static dt_tensor *leaf(const float *v, int n, const int64_t *shape)
@@ -67,7 +68,7 @@ static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves
     dt_tensor *xb = dt_cast(ctx, l->x, dt), *g[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++)
         if (o[k]) {
-            g[k] = dt_linear(ctx, xb, dt_cast(ctx, l->w[k], dt), NULL);
+            g[k] = dt_linear(ctx, xb, dt_cast(ctx, l->w[k], dt), l->b[k]);
             if (!g[k] || g[k]->dtype != dt)
                 return NULL;
             if (widen)
@@ -128,7 +129,8 @@ static void shadow_case(dt_dtype dt, producer p)
             ASSERT(l[way].x != NULL);
             for (int k = 0; k < 3; k++) {
                 l[way].w[k] = o[k] ? leaf(wv[k], 2, SH(o[k], K)) : NULL;
-                ASSERT(!o[k] || l[way].w[k]);
+                l[way].b[k] = o[k] ? leaf(R + 7 * k, 1, SH(o[k])) : NULL;
+                ASSERT(!o[k] || (l[way].w[k] && l[way].b[k]));
             }
             dt_tensor *loss = build(ctx, dt, p, way == 1, &l[way], inv_freq, R, bias);
             ASSERT(loss != NULL);
@@ -144,6 +146,11 @@ static void shadow_case(dt_dtype dt, producer p)
             if (o[k] && memcmp(l[0].w[k]->grad->data, l[1].w[k]->grad->data, (size_t)(o[k] * K) * 4))
                 TEST_FAIL_("%s %s path %d: weight %d's gradient differs from the widening composition's",
                            g_names[p], dt_dtype_name(dt), (int)paths[pi], k);
+        /* the biases' gradients: column sums of the shadow (A) and of the f32 gradient (B) */
+        for (int k = 0; k < 3; k++)
+            if (o[k] && memcmp(l[0].b[k]->grad->data, l[1].b[k]->grad->data, (size_t)o[k] * 4))
+                TEST_FAIL_("%s %s path %d: bias %d's gradient differs from the widening composition's",
+                           g_names[p], dt_dtype_name(dt), (int)paths[pi], k);
         /* A: every GEMM took its producer's shadow (the pack's q: a copy, converted) */
         const int copies = p == P_PACK ? 1 : 0;
         ASSERT_EQ_INT((int)s[0].grad_rounds, copies);
@@ -154,7 +161,7 @@ static void shadow_case(dt_dtype dt, producer p)
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);
             for (int k = 0; k < 3; k++)
-                dt_tensor_free(l[way].w[k]);
+                dt_tensor_free(l[way].w[k]), dt_tensor_free(l[way].b[k]);
         }
         dt_ctx_free(ctx);
     }
