@@ -315,7 +315,12 @@ static dt_status embedding_backward_f32(dt_ctx *ctx, dt__node *n, const float *g
  * order from zero, each sum rounded (the gradient of the widened table is
  * rounded to the table's dtype by the cast) and added to the weight's
  * gradient: only the rows the indices touch, where the widening path
- * rounded and added a dense [V, D] table.
+ * rounded and added a dense [V, D] table. Two roundings are left out where
+ * they cannot change a bit (rounding is idempotent): the rows' when the
+ * producer of the output's gradient wrote it rounded to the dtype (its
+ * shadow, dt__grad_shadow: the node asks for one, glp_want), and the sum's
+ * of an index looked up once (0 + a value of the dtype is one; the 0 +
+ * stays, for -0).
  * saved[0] = indices, saved[1] = positions sorted by (index, position). */
 static dt_status embedding_backward_lp(dt_ctx *ctx, dt__node *n, const float *gout)
 {
@@ -323,23 +328,47 @@ static dt_status embedding_backward_lp(dt_ctx *ctx, dt__node *n, const float *go
     const int64_t *ids = n->saved[0], *ord = n->saved[1];
     int64_t m = n->i[0], D = n->i[1];
     dt_dtype t = w->dtype;
+    const bool exact = dt__grad_shadow(ctx, n->out, t) != NULL; /* gout holds values of t */
     float *gw = dt__grad(ctx, w);
     float *s = dt_arena_alloc(ctx->arena, 2 * (size_t)D * sizeof(float) + 4);
     if (!gw || !s)
         return dt_last_status();
+    if (exact)
+        ctx->ag_stats.grad_shadows++;
+    else {
+        ctx->ag_stats.grad_rounds++;
+        ctx->ag_stats.grad_round_elems += (uint64_t)(m * D);
+    }
     float *r = s + D;
     dt_status st = DT_OK;
     for (int64_t k = 0; k < m && st >= 0;) {
-        int64_t id = ids[ord[k]];
-        memset(s, 0, (size_t)D * sizeof(float));
-        for (; k < m && ids[ord[k]] == id && st >= 0; k++) {
-            st = dt__round_to(t, gout + ord[k] * D, r, D);
+        int64_t id = ids[ord[k]], k0 = k;
+        while (k < m && ids[ord[k]] == id)
+            k++;
+        float *row = gw + id * D;
+        const float *g = gout + ord[k0] * D;
+        if (!exact) {
+            st = dt__round_to(t, g, r, D);
+            g = r;
+        }
+        if (k - k0 == 1) {
+            for (int64_t d = 0; st >= 0 && d < D; d++)
+                row[d] += 0.0f + g[d];
+            continue;
+        }
+        for (int64_t d = 0; d < D; d++)
+            s[d] = 0.0f + g[d];
+        for (int64_t j = k0 + 1; j < k && st >= 0; j++) {
+            g = gout + ord[j] * D;
+            if (!exact) {
+                st = dt__round_to(t, g, r, D);
+                g = r;
+            }
             for (int64_t d = 0; d < D; d++)
-                s[d] += r[d];
+                s[d] += g[d];
         }
         if (st >= 0)
             st = dt__round_to(t, s, s, D);
-        float *row = gw + id * D;
         for (int64_t d = 0; st >= 0 && d < D; d++)
             row[d] += s[d];
     }
@@ -432,6 +461,8 @@ dt_tensor *dt_embedding(dt_ctx *ctx, dt_tensor *weight, dt_tensor *idx)
             return NULL;
         n->saved[0] = ids;
         n->saved[1] = ord;
+        n->glp_want = lp; /* a producer's shadow of the gradient saves the rows' rounding */
+        n->glp_dtype = weight->dtype;
         n->i[0] = m;
         n->i[1] = D;
     }

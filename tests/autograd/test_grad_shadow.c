@@ -351,6 +351,81 @@ TEST(grad_shadow_dropped_by_second_use)
     dt_ctx_free(ctx);
 }
 
+/* The embedding of a bf16/f16 table takes its output's gradient as the add
+ * of two embeddings (GPT-2's wte[idx] + wpe[pos]) wrote it rounded (the
+ * shadow) instead of rounding it again row by row, and adds an index looked
+ * up once without rounding its sum: the tables' gradients equal, bit for
+ * bit, the widening composition's (cast(f32) -> f32 embedding -> cast back,
+ * where the casts' backwards round), on every conversion path, with
+ * repeated and single indices and -0 in the gradient. */
+static void embedding_case(dt_dtype dt)
+{
+    enum { V = 11, P = 5, D = 19, NB = 2, M = NB * P };
+    static float wv[V * D], pv[P * D], rv[M * D];
+    dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 0, 0), 0, wv, V * D, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 1, 0), 0, pv, P * D, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 2, 0), 0, rv, M * D, -1.0f, 1.0f);
+    for (int i = 0; i < M * D; i += 7)
+        rv[i] = -0.0f;
+    const int64_t ids[M] = {3, 1, 3, 7, 0, 9, 1, 3, 5, 10}; /* 3 and 1 repeated, the rest once */
+    const int64_t pids[M] = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (dt_k_set_isa(paths[pi]) != DT_OK)
+            continue;
+        float *g[2][2];
+        for (int way = 0; way < 2; way++) { /* 0: the lp embeddings, 1: the widening composition */
+            dt_ctx *ctx = NULL;
+            ASSERT_OK(dt_ctx_init(NULL, &ctx));
+            dt_tensor *w = leaf(wv, 2, SH(V, D)), *p = leaf(pv, 2, SH(P, D));
+            ASSERT(w && p);
+            dt_tensor *idx = dt_tensor_from(ctx, DT_I64, 2, SH(NB, P), ids);
+            dt_tensor *pidx = dt_tensor_from(ctx, DT_I64, 2, SH(NB, P), pids);
+            dt_tensor *e[2], *tab[2] = {dt_cast(ctx, w, dt), dt_cast(ctx, p, dt)}, *ix[2] = {idx, pidx};
+            for (int k = 0; k < 2; k++)
+                e[k] = way == 0 ? dt_embedding(ctx, tab[k], ix[k])
+                                : dt_cast(ctx, dt_embedding(ctx, dt_cast(ctx, tab[k], DT_F32), ix[k]), dt);
+            dt_tensor *x = dt_add(ctx, e[0], e[1]);
+            ASSERT(x != NULL && x->dtype == dt);
+            dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(NB, P, D), rv);
+            dt_tensor *loss = dt_sum(ctx, dt_mul(ctx, dt_cast(ctx, x, DT_F32), R));
+            ASSERT(loss != NULL);
+            dt_ag_stats s;
+            dt_ag_stats_reset(ctx);
+            ASSERT_OK(dt_backward(ctx, loss));
+            dt_ag_stats_get(ctx, &s);
+            ASSERT_EQ_INT((int)s.grad_shadows, (way == 0 ? 2 : 0)); /* both embeddings took the add's */
+            ASSERT_EQ_INT((int)s.grad_rounds, 0);
+            for (int k = 0; k < 2; k++) {
+                dt_tensor *l = k ? p : w;
+                size_t nb = (size_t)dt_tensor_numel(l) * 4;
+                g[way][k] = malloc(nb);
+                ASSERT(g[way][k] && l->grad);
+                memcpy(g[way][k], l->grad->data, nb);
+            }
+            dt_tensor_free(w);
+            dt_tensor_free(p);
+            dt_ctx_free(ctx);
+        }
+        ASSERT(!memcmp(g[0][0], g[1][0], (size_t)V * D * 4));
+        ASSERT(!memcmp(g[0][1], g[1][1], (size_t)P * D * 4));
+        int neg0 = 0;
+        for (int i = 0; i < V * D; i++)
+            neg0 += g[0][0][i] == 0.0f && signbit(g[0][0][i]);
+        ASSERT_EQ_INT(neg0, 0); /* 0 + -0: the rows never looked up and the -0s are +0 */
+        for (int way = 0; way < 2; way++)
+            for (int k = 0; k < 2; k++)
+                free(g[way][k]);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+TEST(grad_shadow_embedding)
+{
+    embedding_case(DT_BF16);
+    embedding_case(DT_F16);
+}
+
 int main(void)
 {
     RUN(grad_shadow_add_lp2);
@@ -362,5 +437,6 @@ int main(void)
     RUN(grad_shadow_through_reshape);
     RUN(view_grad_shared_unless_neg0);
     RUN(grad_shadow_dropped_by_second_use);
+    RUN(grad_shadow_embedding);
     return TEST_REPORT();
 }
