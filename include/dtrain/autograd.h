@@ -105,10 +105,12 @@ DT_API size_t dt_ag_tape_len(const dt_ctx *ctx);
  * the gradient is a GEMM output's first and only contribution:
  * dt_cross_entropy on bf16/f16 logits (also through a reshape of them),
  * the residual add of a bf16/f16 operand, dt_rope, dt_swiglu, dt_gqa_pack
- * (k, v), dt_bias_gelu_tanh and attention over a bf16/f16 qkv. The
+ * (k, v), dt_bias_gelu_tanh, attention over a bf16/f16 qkv and dt_cast of
+ * a bf16/f16 tensor to f32 (autocast's, whose backward rounds anyway). The
  * embedding of a bf16/f16 table counts the same way: its backward rounds
  * its output's gradient to the table's dtype (grad_rounds) unless its
- * producer (e.g. the add of two embeddings) wrote it so (grad_shadows).
+ * producer (the add of two embeddings, the cast of one to f32) wrote it so
+ * (grad_shadows).
  * The numbers are the same either way. */
 typedef struct {
     uint64_t grad_rounds;      /* output gradients converted by a pass of their own */

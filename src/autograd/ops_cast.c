@@ -143,7 +143,12 @@ dt_status dt__bw_cast(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *x = n->in[0];
     int64_t m = dt_tensor_numel(x);
-    float *gx = dt__grad_begin(ctx, x);
+    /* a bf16/f16 input whose own op takes its gradient in its dtype (an
+     * embedding's, a GEMM's) gets the rounded values in that dtype too (the
+     * shadow: the same pass; first, as grad_begin gives x its gradient) */
+    bool err = false;
+    void *gs = x->dtype != DT_F32 ? dt__grad_shadow_maybe(ctx, x, x->dtype, &err) : NULL;
+    float *gx = err ? NULL : dt__grad_begin(ctx, x);
     if (!gx)
         return dt_last_status();
     /* the gradient of a low-precision tensor holds values of its dtype:
@@ -156,12 +161,14 @@ dt_status dt__bw_cast(dt_ctx *ctx, dt__node *n, const float *gout)
         g = gx;
     }
     if (st >= 0 && x->dtype != DT_F32)
-        st = dt__round_to(x->dtype, g, gx, m);
+        st = dt__round_to_lp(x->dtype, g, gx, gs, m);
     else if (st >= 0 && g != gx)
         memcpy(gx, g, (size_t)m * sizeof(float));
-    if (st < 0)
-        return st;
-    return dt__grad_commit(ctx, x, gx);
+    if (st >= 0)
+        st = dt__grad_commit(ctx, x, gx);
+    if (st >= 0 && gs)
+        dt__grad_shadow_set(ctx, x, gx, gs, x->dtype);
+    return st;
 }
 
 dt_tensor *dt_cast(dt_ctx *ctx, dt_tensor *x, dt_dtype dtype)

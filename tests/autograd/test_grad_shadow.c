@@ -1,6 +1,6 @@
 /* The producers of a bf16/f16 GEMM output's gradient write its shadow: the
  * residual add (add_lp2), RoPE, SwiGLU, the GQA pack's k and v, GPT-2's
- * bias + GELU and attention over a bf16/f16 qkv, whose
+ * bias + GELU, attention over a bf16/f16 qkv and the cast to f32, whose
  * backwards round the incoming gradient to the dtype anyway, keep the same
  * values in that dtype beside the f32 gradient, and the GEMM's backward
  * takes them (dt_ag_stats.grad_shadows) instead of converting the f32
@@ -10,15 +10,16 @@
  * Each case runs x -> bf16/f16 linear(s) -> op -> loss twice: the op on the
  * low-precision GEMM outputs (A), and the widening composition cast(f32) ->
  * op -> cast back (B, where the casts' backwards write the gradients and
- * the GEMMs convert them; for attention, whose fast rows on the AVX-512
+ * their shadows, rounded by dt_k_convert as a GEMM's own pass would; for
+ * attention, whose fast rows on the AVX-512
  * paths are not the widened kernel's bits, B puts a view between the GEMM
  * and the op instead: the view's backward hands the same gradient on, which
  * the GEMM converts). The gradients of x and the weights must be equal
  * bit for bit on every conversion path the CPU has (scalar, AVX2, AVX-512,
  * AVX512_BF16), the linears' bias gradients too (A sums the shadow, B the
  * f32 gradient), and the counters say which way each GEMM took its gradient:
- * A no rounding pass (but the pack's q, whose gradient is a copy), B no
- * shadow. */
+ * A no rounding pass (but the pack's q, whose gradient is a copy), B the
+ * casts' shadows (attention: a rounding pass per GEMM). */
 #include "dtrain/dtrain.h"
 #include "test.h"
 
@@ -155,9 +156,12 @@ static void shadow_case(dt_dtype dt, producer p)
         const int copies = p == P_PACK ? 1 : 0;
         ASSERT_EQ_INT((int)s[0].grad_rounds, copies);
         ASSERT_EQ_INT((int)s[0].grad_shadows, ngemm - copies);
-        /* B: the casts' backwards wrote the gradients; every GEMM converted */
-        ASSERT_EQ_INT((int)s[1].grad_rounds, ngemm);
-        ASSERT_EQ_INT((int)s[1].grad_shadows, 0);
+        /* B: the casts' backwards wrote the gradients and, in the same
+         * rounding, their shadows, which every GEMM took; attention's view
+         * between: every GEMM converted */
+        const int conv = p == P_ATTN ? ngemm : 0;
+        ASSERT_EQ_INT((int)s[1].grad_rounds, conv);
+        ASSERT_EQ_INT((int)s[1].grad_shadows, ngemm - conv);
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);
             for (int k = 0; k < 3; k++)
@@ -351,14 +355,16 @@ TEST(grad_shadow_dropped_by_second_use)
     dt_ctx_free(ctx);
 }
 
-/* The embedding of a bf16/f16 table takes its output's gradient as the add
- * of two embeddings (GPT-2's wte[idx] + wpe[pos]) wrote it rounded (the
- * shadow) instead of rounding it again row by row, and adds an index looked
+/* The embedding of a bf16/f16 table takes its output's gradient as its
+ * producer wrote it rounded (the shadow) instead of rounding it again row
+ * by row: the add of two embeddings (wte[idx] + wpe[pos] in the table's
+ * dtype) or, up, the cast of each to f32 (GPT-2 under autocast: the sum in
+ * f32, the cast's backward rounding). It adds an index looked
  * up once without rounding its sum: the tables' gradients equal, bit for
  * bit, the widening composition's (cast(f32) -> f32 embedding -> cast back,
  * where the casts' backwards round), on every conversion path, with
  * repeated and single indices and -0 in the gradient. */
-static void embedding_case(dt_dtype dt)
+static void embedding_case(dt_dtype dt, bool up)
 {
     enum { V = 11, P = 5, D = 19, NB = 2, M = NB * P };
     static float wv[V * D], pv[P * D], rv[M * D];
@@ -382,13 +388,16 @@ static void embedding_case(dt_dtype dt)
             dt_tensor *idx = dt_tensor_from(ctx, DT_I64, 2, SH(NB, P), ids);
             dt_tensor *pidx = dt_tensor_from(ctx, DT_I64, 2, SH(NB, P), pids);
             dt_tensor *e[2], *tab[2] = {dt_cast(ctx, w, dt), dt_cast(ctx, p, dt)}, *ix[2] = {idx, pidx};
-            for (int k = 0; k < 2; k++)
+            for (int k = 0; k < 2; k++) {
                 e[k] = way == 0 ? dt_embedding(ctx, tab[k], ix[k])
                                 : dt_cast(ctx, dt_embedding(ctx, dt_cast(ctx, tab[k], DT_F32), ix[k]), dt);
+                if (up)
+                    e[k] = dt_cast(ctx, e[k], DT_F32);
+            }
             dt_tensor *x = dt_add(ctx, e[0], e[1]);
-            ASSERT(x != NULL && x->dtype == dt);
+            ASSERT(x != NULL && x->dtype == (up ? DT_F32 : dt));
             dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(NB, P, D), rv);
-            dt_tensor *loss = dt_sum(ctx, dt_mul(ctx, dt_cast(ctx, x, DT_F32), R));
+            dt_tensor *loss = dt_sum(ctx, dt_mul(ctx, up ? x : dt_cast(ctx, x, DT_F32), R));
             ASSERT(loss != NULL);
             dt_ag_stats s;
             dt_ag_stats_reset(ctx);
@@ -422,8 +431,10 @@ static void embedding_case(dt_dtype dt)
 
 TEST(grad_shadow_embedding)
 {
-    embedding_case(DT_BF16);
-    embedding_case(DT_F16);
+    for (int up = 0; up < 2; up++) {
+        embedding_case(DT_BF16, up);
+        embedding_case(DT_F16, up);
+    }
 }
 
 int main(void)
