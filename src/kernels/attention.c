@@ -662,12 +662,18 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
             bf16_pairs_2rows(pdm + r * BK, two ? pdm + (r + 1) * BK : NULL, nb, ptm + (m - m0) * BK);
             bf16_pairs_2rows(dsm + r * BK, two ? dsm + (r + 1) * BK : NULL, nb, dtm + (m - m0) * BK);
         }
-        for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows i that see key j, in i order */
-            const int64_t ia = causal ? j : i0, jj = j - j0, ma = ia / 2;
-            rows_acc_bf16(g + j * C3 + C, dtm + (ma - m0) * BK + jj, BK, q2 + ma * D, D, T2 - ma, D, (ia & 1) != 0,
+        for (int64_t j = j0; j < j1; j += 2) { /* dk_j and dv_j over the rows i that see key j, in i order */
+            const int64_t ia = causal ? j : i0, jj = j - j0, ma = ia / 2; /* j, ia even */
+            if (j + 1 < j1) { /* keys j and j + 1 over the same pairs of rows (row j does not see key j + 1) */
+                rows_acc_bf16_x2(g + j * C3 + C, g + (j + 1) * C3 + C, dtm + (ma - m0) * BK + jj,
+                                 dtm + (ma - m0) * BK + jj + 1, BK, q2 + ma * D, D, T2 - ma, D, causal);
+                rows_acc_bf16_x2(g + j * C3 + 2 * C, g + (j + 1) * C3 + 2 * C, ptm + (ma - m0) * BK + jj,
+                                 ptm + (ma - m0) * BK + jj + 1, BK, g2 + ma * D, D, T2 - ma, D, causal);
+                continue;
+            }
+            rows_acc_bf16(g + j * C3 + C, dtm + (ma - m0) * BK + jj, BK, q2 + ma * D, D, T2 - ma, D, false, false);
+            rows_acc_bf16(g + j * C3 + 2 * C, ptm + (ma - m0) * BK + jj, BK, g2 + ma * D, D, T2 - ma, D, false,
                           false);
-            rows_acc_bf16(g + j * C3 + 2 * C, ptm + (ma - m0) * BK + jj, BK, g2 + ma * D, D, T2 - ma, D,
-                          (ia & 1) != 0, false);
         }
     }
     for (int64_t i = 0; i < T; i++)

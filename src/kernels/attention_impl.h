@@ -289,6 +289,53 @@ DT__AVX512BF16 static inline void rows_acc_bf16(float *restrict out, const uint3
 #undef RAB_STEP
 }
 
+/* rows_acc_bf16 for two outputs over the same rows x: out0 with the
+ * coefficients c0[t cs], out1 with c1[t cs], each x_t loaded once for
+ * both; hi1: the low halves of x_0 are ignored for out1 (its lo0; out0 has
+ * none). Each sum in t order (so out0 gets the bits rows_acc_bf16 would
+ * give it with chains of 16 columns). */
+DT__AVX512BF16 static inline void rows_acc_bf16_x2(float *restrict out0, float *restrict out1,
+                                                   const uint32_t *restrict c0, const uint32_t *restrict c1,
+                                                   int64_t cs, const uint32_t *restrict x, int64_t xs, int64_t n2,
+                                                   int64_t D, bool lo1)
+{
+    if (n2 <= 0)
+        return;
+    const __m512i m0 = lo1 ? _mm512_set1_epi32((int)0xffff0000u) : _mm512_set1_epi32(-1);
+    int64_t d0 = 0;
+#define RAB2_BLOCK(W, M, COND)                                                                                   \
+    for (; COND; d0 += (W)) {                                                                                  \
+        __m512 a[(W) / 16], b[(W) / 16];                                                                       \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                             \
+        {                                                                                                      \
+            a[k] = _mm512_maskz_loadu_ps(M, out0 + d0 + 16 * k);                                               \
+            b[k] = _mm512_maskz_loadu_ps(M, out1 + d0 + 16 * k);                                               \
+        }                                                                                                      \
+        for (int64_t t = 0; t < n2; t++) {                                                                     \
+            const __m512bh ca = (__m512bh)_mm512_set1_epi32((int)c0[t * cs]);                                   \
+            const __m512bh cb = (__m512bh)_mm512_set1_epi32((int)c1[t * cs]);                                   \
+            const __m512i mk = t ? _mm512_set1_epi32(-1) : m0;                                                 \
+            const uint32_t *xr = x + t * xs + d0;                                                              \
+            _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                         \
+            {                                                                                                  \
+                __m512i v = _mm512_maskz_loadu_epi32(M, xr + 16 * k);                                          \
+                a[k] = _mm512_dpbf16_ps(a[k], ca, (__m512bh)v);                                                \
+                b[k] = _mm512_dpbf16_ps(b[k], cb, (__m512bh)_mm512_and_si512(v, mk));                          \
+            }                                                                                                  \
+        }                                                                                                      \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                             \
+        {                                                                                                      \
+            _mm512_mask_storeu_ps(out0 + d0 + 16 * k, M, a[k]);                                                \
+            _mm512_mask_storeu_ps(out1 + d0 + 16 * k, M, b[k]);                                                \
+        }                                                                                                      \
+    }
+    RAB2_BLOCK(64, (__mmask16)0xffff, d0 + 64 <= D)
+    RAB2_BLOCK(16, (__mmask16)0xffff, d0 + 16 <= D)
+    const __mmask16 mt = att_lanes(d0, D);
+    RAB2_BLOCK(16, mt, d0 < D)
+#undef RAB2_BLOCK
+}
+
 /* dst[d] = a[d] | b[d] << 16 for d < D: rows a and b of bf16 as the pairs
  * rows_acc_bf16 reads (b NULL: zero high halves). */
 DT__AVX512BF16 static inline void pair_rows(const uint16_t *restrict a, const uint16_t *restrict b, int64_t D,
