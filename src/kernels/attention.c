@@ -622,7 +622,12 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
         bf16_pairs(src + i * C3, qp + i * D2, D);
         round_row(DT__ATT_BF16, DT_BF16, dy + i * C, wr, hb, D); /* dy rounded: the gradient of a bf16 result */
         bf16_pairs(hb, gp + i * D2, D);
-        dim[i] = dot_seq(wr, y + i * C, D);
+        __m512 di = _mm512_setzero_ps(); /* Di on 16 lanes, then their sum (within the path's bound) */
+        for (int64_t d = 0; d < D; d += 16) {
+            const __mmask16 k = att_lanes(d, D);
+            di = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wr + d), _mm512_maskz_loadu_ps(k, y + i * C + d), di);
+        }
+        dim[i] = _mm512_reduce_add_ps(di);
         for (int k = 0; k < 3; k++)
             memset(g + i * C3 + k * C, 0, (size_t)D * sizeof(float));
     }
