@@ -111,6 +111,10 @@ typedef struct {
     uint64_t grad_rounds;      /* output gradients converted by a pass of their own */
     uint64_t grad_round_elems; /* elements those passes converted */
     uint64_t grad_shadows;     /* output gradients taken as their producer wrote them */
+    uint64_t view_grads_shared; /* views (reshape, flatten: element k to element k) whose input's
+                                   first gradient is the view's own gradient buffer, no copy
+                                   (none of its elements -0 or a signalling NaN, which the
+                                   copy's 0 + g would change) */
 } dt_ag_stats;
 /* Copy ctx's counters into *out (zeros for a NULL ctx). */
 DT_API void dt_ag_stats_get(const dt_ctx *ctx, dt_ag_stats *out);

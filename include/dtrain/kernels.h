@@ -405,6 +405,11 @@ DT_API dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64
  * (y[j] first, then x[0][j], x[1][j], ...): a bias gradient accumulated
  * into its buffer. The same bits as that serial loop, for any thread count. */
 DT_API dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y);
+/* dt_k_sum_rows_acc over rows of bf16/f16 (dtype t) widened as they are
+ * read: the bits of dt_k_sum_rows_acc on the widened rows, half the bytes
+ * (a bias gradient taken from a gradient's low-precision copy whose values
+ * are the f32 gradient's). DT_ERR_DTYPE for another t. */
+DT_API dt_status dt_k_sum_rows_acc_lp(dt_dtype t, const void *x, int64_t rows, int64_t cols, float *y);
 /* *out = sum of x[0..n), accumulated in double in fixed blocks: independent
  * of the thread count. */
 DT_API dt_status dt_k_sum_all(const float *x, int64_t n, float *out);
@@ -451,6 +456,23 @@ DT_API dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labe
 DT_API dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels,
                                            dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
                                            float *dlogits);
+/* dt_k_softmax_xent_fwd_lse over bf16/f16 logits (dtype t, contiguous
+ * rows): each row is widened in column chunks in cache, never as a whole
+ * f32 row in memory, so the loss and the log-sum-exps are bit for bit those
+ * of dt_k_softmax_xent_fwd_lse on the widened logits. save_lse: rows
+ * floats, or NULL. DT_ERR_DTYPE for another t. */
+DT_API dt_status dt_k_softmax_xent_fwd_lp(dt_dtype t, const void *logits, const void *labels, dt_dtype label_type,
+                                          int64_t rows, int64_t cols, float *loss, float *save_lse);
+/* The backward over bf16/f16 logits (dtype t): the gradient of
+ * dt_k_softmax_xent_bwd_lse on the widened logits, rounded to t into
+ * dlogits_lp (rows x cols of t; may alias logits: each chunk is read before
+ * it is written) and, when dlogits is not NULL, the same rounded values in
+ * f32 into dlogits; one pass over each row (chunks widened in cache). lse:
+ * dt_k_softmax_xent_fwd_lp's save_lse for these logits, or NULL to
+ * recompute it (one more pass, the same bits). */
+DT_API dt_status dt_k_softmax_xent_bwd_lp(dt_dtype t, const void *logits, const float *lse, const void *labels,
+                                          dt_dtype label_type, int64_t rows, int64_t cols, float dloss,
+                                          float *dlogits, void *dlogits_lp);
 /* *loss = mean((pred - target)^2) over n elements (n >= 1). */
 DT_API dt_status dt_k_mse_fwd(const float *pred, const float *target, int64_t n, float *loss);
 /* dpred = dloss * 2 (pred - target) / n. */

@@ -520,6 +520,10 @@ typedef struct dt_trainer_metrics {
     int64_t skipped_steps; /* skipped steps so far, this one included (0 without scaling) */
     bool stop;             /* some rank asked to stop (dt_trainer_request_stop): all stop here */
     double forward_s, backward_s, wait_s, optim_s, step_s; /* this rank's seconds */
+    bool grads_checked_in_backward; /* the non-finite check of the gradients (no loss scaling) ran
+                                       in backward, on each gradient as it became final (while in
+                                       cache), not as a read pass over the flats after it: where
+                                       the trainer alone reads the gradients and steps whole flats */
 } dt_trainer_metrics;
 
 /* Build a trainer for model m with strategy s (owned from now on, also on

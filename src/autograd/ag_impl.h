@@ -232,22 +232,6 @@ dt_status dt__round_to(dt_dtype dtype, const float *x, float *y, int64_t n);
 /* dt__round_to that also stores the rounded values in dtype at lp (n
  * elements; NULL: none), e.g. a gradient's shadow (below). */
 dt_status dt__round_to_lp(dt_dtype dtype, const float *x, float *y, void *lp, int64_t n);
-/* Cross-entropy over N rows of C bf16/f16 logits x (dtype t, contiguous)
- * with int64 labels lab (DT_K_IGNORE_INDEX rows skipped), computed with the
- * f32 kernels on each row widened in cache: the numbers of
- * dt_k_softmax_xent_fwd/_bwd on the widened rows without the widened copy
- * (ops_loss.c). dt__ce_lp_loss: *loss = the mean over the count counted
- * rows, and with save_lse (N floats, or NULL) each counted row's
- * log-sum-exp. dt__ce_lp_grad: each row's gradient (softmax - onehot) * s
- * rounded to t, into glp (dtype t; may be x itself: a row is read before it
- * is written) and, when gx is not NULL, the same values in f32 into gx;
- * lse: the loss's save_lse for these logits (one pass less per row, the same
- * bits), or NULL to recompute. One f32 row per compute thread comes from
- * ctx's arena. */
-dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C,
-                         int64_t count, float *loss, float *save_lse);
-dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *x, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s,
-                         const float *lse, float *gx, void *glp);
 /* The f32 accumulation of a low-precision leaf's gradient (see grad.c) is
  * added into its gradient tensor; a no-op for other tensors. */
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t);

@@ -84,11 +84,18 @@ static void bcast_strides(const dt_tensor *x, int ndim, const int64_t *oshape, b
 /* The backward of add_lp: the f32 operand's gradient accumulates gout; the
  * bf16/f16 one's is gout rounded to its dtype (what dt_cast's backward
  * gave after the widened operand's gradient). A bf16/f16 result (add_lp2)
- * first rounds gout to its dtype, as the result's cast backward did. */
+ * rounds gout to its dtype, as the result's cast backward did: in the
+ * operands' own rounding where they have its dtype (the same bits). */
 static dt_status add_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t m = dt_tensor_numel(n->out);
-    if (n->out->dtype != DT_F32) {
+    /* Operands of the result's own dtype round gout themselves (below):
+     * rounding twice to one dtype is rounding once, so the result's rounding
+     * pass is needed only for an operand of another dtype. */
+    bool own = true;
+    for (int k = 0; k < 2; k++)
+        own = own && (!dt__rg(n->in[k]) || n->in[k]->dtype == n->out->dtype);
+    if (n->out->dtype != DT_F32 && !own) {
         float *r = dt_arena_alloc(ctx->arena, (size_t)m * sizeof(float));
         if (!r)
             return dt_last_status();

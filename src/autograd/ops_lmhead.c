@@ -16,10 +16,12 @@
  * bf16 output is (by oneDNN as it stores, where it writes bf16: no f32
  * logits in memory), before the f32 softmax; the backward rounds dlogits to
  * that dtype for its GEMMs, as dt_linear's backward does. The softmax runs
- * row by row on the rows widened in cache and the rounded dlogits overwrite
- * the row's logits (dt__ce_lp_loss/_grad: the f32 kernels' numbers, with no
- * f32 [chunk, V] buffer and no separate rounding pass). Mixed dtypes
- * promote to f32. The loss is f32.
+ * on the rows widened chunk by chunk in cache and the rounded dlogits
+ * overwrite the row's logits (dt_k_softmax_xent_fwd_lp/_bwd_lp: the f32
+ * kernels' numbers, with no f32 [chunk, V] buffer and no separate rounding
+ * pass). The forward keeps each row's log-sum-exp (N floats), so the
+ * backward takes the softmax in one pass over the logits (one exp each),
+ * not two. Mixed dtypes promote to f32. The loss is f32.
  *
  * Against the unfused dt_cross_entropy(dt_linear(x, W)): the same logits
  * row by row; the loss sums per-chunk means (each weighted by its count)
@@ -45,6 +47,7 @@ typedef struct {
     const char *X, *W;  /* contiguous x [N, C] and W [V, C] in the GEMM dtype */
     int64_t *lab;       /* N labels (int64 copies) */
     int64_t *count;     /* counted rows per chunk */
+    float *lse;         /* N row log-sum-exps from the forward: the backward's softmax in one pass */
     float *buf;         /* [rows, V] f32: the last chunk's logits after the forward (f32), or
                            the GEMM's f32 result (low precision where oneDNN writes no bf16/f16;
                            NULL where it does) */
@@ -90,11 +93,11 @@ dt_status dt__bw_lmhead(dt_ctx *ctx, dt__node *n, const float *gout)
         float dl = s->total ? gout[0] * ((float)s->count[c] / (float)s->total) : 0.0f;
         const void *G = s->buf;
         if (s->t == DT_F32) {
-            if ((st = dt_k_softmax_xent_bwd(s->buf, NULL, s->lab + r0, DT_I64, rc, s->V, dl, s->buf)) < 0)
+            if ((st = dt_k_softmax_xent_bwd_lse(s->buf, s->lse + r0, s->lab + r0, DT_I64, rc, s->V, dl, s->buf)) < 0)
                 break;
-        } else { /* row by row in cache, each rounded to t over its logits */
-            float sc = s->count[c] ? dl / (float)s->count[c] : 0.0f; /* the kernel's scale for the chunk */
-            if ((st = dt__ce_lp_grad(ctx, s->buf_lp, s->t, s->lab + r0, rc, s->V, sc, NULL, NULL, s->buf_lp)) < 0)
+        } else { /* chunk by chunk in cache, rounded to t over its logits */
+            if ((st = dt_k_softmax_xent_bwd_lp(s->t, s->buf_lp, s->lse + r0, s->lab + r0, DT_I64, rc, s->V, dl, NULL,
+                                               s->buf_lp)) < 0)
                 break;
             G = s->buf_lp;
         }
@@ -178,9 +181,10 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
     const int64_t nc = nchunks(s);
     s->lab = dt_arena_alloc(ctx->arena, (size_t)N * sizeof(int64_t));
     s->count = dt_arena_alloc(ctx->arena, (size_t)nc * sizeof(int64_t));
+    s->lse = dt_arena_alloc(ctx->arena, (size_t)N * sizeof(float));
     if (t == DT_F32 || !dt_k_matmul_writes_lp(t)) /* the GEMM's f32 result */
         s->buf = dt_arena_alloc(ctx->arena, (size_t)(s->rows * V) * sizeof(float));
-    if (!s->lab || !s->count || (!s->buf && (t == DT_F32 || !dt_k_matmul_writes_lp(t))))
+    if (!s->lab || !s->count || !s->lse || (!s->buf && (t == DT_F32 || !dt_k_matmul_writes_lp(t))))
         return NULL;
     if (t != DT_F32 && !(s->buf_lp = dt_arena_alloc(ctx->arena, (size_t)(s->rows * V) * dt_dtype_size(t))))
         return NULL;
@@ -211,8 +215,8 @@ dt_tensor *dt_linear_cross_entropy(dt_ctx *ctx, dt_tensor *x, dt_tensor *w, dt_t
         float lc;
         dt_status st = chunk_logits(s, r0, rc);
         if (st == DT_OK)
-            st = t == DT_F32 ? dt_k_softmax_xent_fwd(s->buf, s->lab + r0, DT_I64, rc, V, &lc, NULL)
-                             : dt__ce_lp_loss(ctx, s->buf_lp, t, s->lab + r0, rc, V, s->count[c], &lc, NULL);
+            st = t == DT_F32 ? dt_k_softmax_xent_fwd_lse(s->buf, s->lab + r0, DT_I64, rc, V, &lc, s->lse + r0)
+                             : dt_k_softmax_xent_fwd_lp(t, s->buf_lp, s->lab + r0, DT_I64, rc, V, &lc, s->lse + r0);
         if (st < 0) {
             dt_error_wrap(dt_last_status(), "%s", op);
             return NULL;

@@ -175,118 +175,23 @@ static int64_t label_at(const dt_tensor *y, int64_t i)
     return y->dtype == DT_I64 ? ((const int64_t *)p)[off] : ((const int32_t *)p)[off];
 }
 
-/* bf16/f16 logits (one read of their own dtype; no cast nodes, no f32 copy).
- * The numbers are those of dt_cross_entropy(dt_cast(logits, f32)), bit for
- * bit: each row is widened (exactly) into an f32 buffer in cache and given
- * to the f32 kernels as a batch of one row, whose loss is then the row's
- * term itself, and the terms are summed in double in the kernel's grouping
- * (CE_MAXBLK blocks of at least 16 rows, block sums in order: the grouping
- * of dt_k_softmax_xent_fwd, which must stay the same as this one;
- * tests/autograd/test_grad_lp.c compares the two at row counts on both
- * sides of 16 * CE_MAXBLK). The backward
- * writes each row's f32 gradient rounded to the logits' dtype, as the
- * cast's backward rounds it, and the same values in that dtype as the
- * gradient's shadow (ag_impl.h): the LM head's bf16 GEMMs take them
- * without a conversion pass. */
-#define CE_MAXBLK 1024
-
-/* One f32 row of C per compute thread, from the arena (reused step after
- * step: no fresh pages); *nt = the threads. NULL with the error set. */
-static float *ce_rows(dt_ctx *ctx, int64_t C, int *nt)
-{
-    *nt = dt_get_num_threads() > 0 ? dt_get_num_threads() : 1;
-    return dt_arena_alloc(ctx->arena, (size_t)*nt * (size_t)C * sizeof(float));
-}
-
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-dt_status dt__ce_lp_loss(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C,
-                         int64_t count, float *loss, float *save_lse)
-{
-    const uint16_t *x = xv;
-    int64_t bs = (N + CE_MAXBLK - 1) / CE_MAXBLK;
-    bs = bs < 16 ? 16 : bs;
-    const int64_t nb = (N + bs - 1) / bs;
-    double part[CE_MAXBLK];
-    int bad = 0, nt;
-    float *rows = ce_rows(ctx, C, &nt);
-    if (!rows)
-        return dt_last_status();
-#pragma omp parallel num_threads(nt) reduction(| : bad)
-    {
-        float *row = rows + (size_t)thread_id() * (size_t)C;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nb; b++) {
-            double acc = 0.0;
-            int64_t hi = (b + 1) * bs < N ? (b + 1) * bs : N;
-            for (int64_t r = b * bs; r < hi; r++) {
-                float lr;
-                if (lab[r] == DT_K_IGNORE_INDEX)
-                    continue;
-                if (dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
-                    (save_lse ? dt_k_softmax_xent_fwd_lse(row, lab + r, DT_I64, 1, C, &lr, save_lse + r)
-                              : dt_k_softmax_xent_fwd(row, lab + r, DT_I64, 1, C, &lr, NULL)) < 0)
-                    bad = 1;
-                else
-                    acc += (double)lr;
-            }
-            part[b] = acc;
-        }
-    }
-    if (bad)
-        return dt_error(DT_ERR_INTERNAL, "cross-entropy: a row of %lld logits failed", (long long)C);
-    double tot = 0.0;
-    for (int64_t b = 0; b < nb; b++)
-        tot += part[b];
-    *loss = count ? (float)(tot / (double)count) : 0.0f;
-    return DT_OK;
-}
-
-dt_status dt__ce_lp_grad(dt_ctx *ctx, const void *xv, dt_dtype t, const int64_t *lab, int64_t N, int64_t C, float s,
-                         const float *lse, float *gx, void *glp)
-{
-    const uint16_t *x = xv;
-    uint16_t *e0 = glp;
-    int bad = 0, nt;
-    float *rows = ce_rows(ctx, C, &nt);
-    if (!rows)
-        return dt_last_status();
-#pragma omp parallel num_threads(nt) reduction(| : bad)
-    {
-        float *row = rows + (size_t)thread_id() * (size_t)C;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < N; r++) {
-            uint16_t *e = e0 + r * C;
-            /* one row's softmax - onehot, scaled, then rounded as a cast's backward rounds */
-            bad |= dt_k_convert(x + r * C, t, row, DT_F32, C) < 0 ||
-                   (lse ? dt_k_softmax_xent_bwd_lse(row, lse + r, lab + r, DT_I64, 1, C, s, row)
-                        : dt_k_softmax_xent_bwd(row, NULL, lab + r, DT_I64, 1, C, s, row)) < 0 ||
-                   dt_k_convert(row, DT_F32, e, t, C) < 0 || (gx && dt_k_convert(e, t, gx + r * C, DT_F32, C) < 0);
-        }
-    }
-    return bad ? dt_error(DT_ERR_INTERNAL, "cross-entropy: backward: a row of %lld logits failed", (long long)C)
-               : DT_OK;
-}
-
+/* bf16/f16 logits (one read of their own dtype; no cast nodes, no f32 copy):
+ * dt_k_softmax_xent_fwd_lp / _bwd_lp, the numbers of
+ * dt_cross_entropy(dt_cast(logits, f32)) bit for bit (each row widened in
+ * cache, chunk by chunk). The backward writes each row's f32 gradient
+ * rounded to the logits' dtype, as the cast's backward rounds it, and the
+ * same values in that dtype as the gradient's shadow (ag_impl.h): the LM
+ * head's bf16 GEMMs take them without a conversion pass. */
 static dt_status ce_lp_backward(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *x = n->in[0];
     const dt_dtype t = (dt_dtype)n->i[2];
-    const int64_t N = n->i[0], C = n->i[1], count = n->i[3];
+    const int64_t N = n->i[0], C = n->i[1];
     float *gx = dt__grad_begin(ctx, x);
     void *gs = gx ? dt__grad_shadow_new(ctx, x, t) : NULL;
     if (!gs)
         return dt_last_status();
-    /* the kernel's scale over all rows, given to it row by row (a row's count is 1) */
-    dt_status st = dt__ce_lp_grad(ctx, n->saved[2], t, n->saved[1], N, C, count ? gout[0] / (float)count : 0.0f,
-                                  n->saved[0], gx, gs);
+    dt_status st = dt_k_softmax_xent_bwd_lp(t, n->saved[2], n->saved[0], n->saved[1], DT_I64, N, C, gout[0], gx, gs);
     if (st >= 0)
         st = dt__grad_commit(ctx, x, gx);
     if (st >= 0)
@@ -357,7 +262,7 @@ dt_tensor *dt_cross_entropy(dt_ctx *ctx, dt_tensor *logits, dt_tensor *labels)
     if (!x || !out || (!p && t != DT_F32 && dt__ag_wants(ctx, 1, &logits)))
         return NULL;
     if ((t == DT_F32 ? dt_k_softmax_xent_fwd(x, lab, DT_I64, N, C, out->data, p)
-                     : dt__ce_lp_loss(ctx, x, t, lab, N, C, count, out->data, p)) < 0) {
+                     : dt_k_softmax_xent_fwd_lp(t, x, lab, DT_I64, N, C, out->data, p)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }

@@ -263,10 +263,13 @@ dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
             return st;
     }
     if (n->nin > 2 && dt__rg(n->in[2])) { /* gb = column sums of g, row order fixed */
+        /* g's shadow holds g's values (ag_impl.h): summed widened, the same
+         * bits from half the bytes */
+        const void *gs = t == DT_F32 ? NULL : dt__grad_shadow(ctx, n->out, t);
         float *gb = dt__grad(ctx, n->in[2]);
         if (!gb)
             return dt_last_status();
-        if ((st = dt_k_sum_rows_acc(gout, R, Out, gb)) < 0)
+        if ((st = gs ? dt_k_sum_rows_acc_lp(t, gs, R, Out, gb) : dt_k_sum_rows_acc(gout, R, Out, gb)) < 0)
             return st;
     }
     return DT_OK;

@@ -102,8 +102,12 @@ dt_status dt_k_reduce(dt_k_redop op, const float *x, int64_t outer, int64_t len,
 
 /* y[j] += x[0][j] + x[1][j] + ... in row order, one column block per task:
  * the adds of the serial loop `for r, for j: y[j] += x[r][j]` in the same
- * order (so the same bits), vectorised across the block's columns. */
-#define CB 64
+ * order (so the same bits), vectorised across the block's columns (16
+ * lanes on the AVX-512 paths, 8 on AVX2). A block is 128 columns: 512
+ * contiguous bytes of each row (GPT-2's 768 columns make 6 tasks). Rows of
+ * bf16/f16 (_lp) are widened exactly as they are read: the bits of the f32
+ * sum over the widened rows. */
+#define CB 128
 DT_CLONES static void sum_rows_block(const float *x, int64_t rows, int64_t cols, int64_t n, float *y)
 {
     float acc[CB];
@@ -118,23 +122,96 @@ DT_CLONES static void sum_rows_block(const float *x, int64_t rows, int64_t cols,
         y[j] = acc[j];
 }
 
-dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y)
+/* Low-precision rows: each row's n columns widened into a buffer first. */
+DT_CLONES static void sum_rows_block_lp(dt_dtype t, const uint16_t *x, int64_t rows, int64_t cols, int64_t n, float *y)
 {
-    const char *fn = "dt_k_sum_rows_acc";
+    float acc[CB], v[CB];
+    for (int64_t j = 0; j < n; j++)
+        acc[j] = y[j];
+    for (int64_t r = 0; r < rows; r++) {
+        (void)dt_k_convert(x + r * cols, t, v, DT_F32, n); /* valid arguments: cannot fail */
+        for (int64_t j = 0; j < n; j++)
+            acc[j] += v[j];
+    }
+    for (int64_t j = 0; j < n; j++)
+        y[j] = acc[j];
+}
+
+#if DT__X86_VEC
+/* 16 lanes, 8 accumulators; a partial block's lanes masked. bf16 widened
+ * in registers (the bits shifted up 16: exact, as dt_bf16_to_f32). */
+DT__AVX512 static void sum_rows_block_avx512(dt_dtype t, const void *x, int64_t rows, int64_t cols, int64_t n,
+                                             float *y)
+{
+    enum { NV = CB / 16 };
+    __m512 acc[NV];
+    __mmask16 mk[NV];
+    for (int k = 0; k < NV; k++) {
+        int64_t left = n - 16 * k;
+        mk[k] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+        acc[k] = _mm512_maskz_loadu_ps(mk[k], y + 16 * k);
+    }
+    if (t == DT_F32) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = (const float *)x + r * cols;
+            for (int k = 0; k < NV; k++)
+                acc[k] = _mm512_add_ps(acc[k], _mm512_maskz_loadu_ps(mk[k], xr + 16 * k));
+        }
+    } else {
+        for (int64_t r = 0; r < rows; r++) {
+            const uint16_t *xr = (const uint16_t *)x + r * cols;
+            for (int k = 0; k < NV; k++) {
+                __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk[k], xr + 16 * k));
+                acc[k] = _mm512_add_ps(acc[k], _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+            }
+        }
+    }
+    for (int k = 0; k < NV; k++)
+        _mm512_mask_storeu_ps(y + 16 * k, mk[k], acc[k]);
+}
+#endif
+
+static dt_status sum_rows(const char *fn, dt_dtype t, const void *x, int64_t rows, int64_t cols, float *y)
+{
     DT__CHECK_N(fn, rows);
     DT__CHECK_N(fn, cols);
     if (rows * cols == 0)
         return DT_OK;
     DT__CHECK_PTR(fn, x, rows * cols);
     DT__CHECK_PTR(fn, y, cols);
+    const size_t es = dt_dtype_size(t);
     int64_t nb = (cols + CB - 1) / CB;
     int nt = dt__threads_for(rows * cols);
+    const int vec = dt__vec_level();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nb; b++) {
-        int64_t j0 = b * CB;
-        sum_rows_block(x + j0, rows, cols, cols - j0 < CB ? cols - j0 : CB, y + j0);
+        int64_t j0 = b * CB, n = cols - j0 < CB ? cols - j0 : CB;
+        const void *xb = (const char *)x + (size_t)j0 * es;
+#if DT__X86_VEC
+        if (vec >= DT__VEC_AVX512 && t != DT_F16) {
+            sum_rows_block_avx512(t, xb, rows, cols, n, y + j0);
+            continue;
+        }
+#endif
+        (void)vec;
+        if (t == DT_F32)
+            sum_rows_block(xb, rows, cols, n, y + j0);
+        else
+            sum_rows_block_lp(t, xb, rows, cols, n, y + j0);
     }
     return DT_OK;
+}
+
+dt_status dt_k_sum_rows_acc(const float *x, int64_t rows, int64_t cols, float *y)
+{
+    return sum_rows("dt_k_sum_rows_acc", DT_F32, x, rows, cols, y);
+}
+
+dt_status dt_k_sum_rows_acc_lp(dt_dtype t, const void *x, int64_t rows, int64_t cols, float *y)
+{
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_DTYPE, "dt_k_sum_rows_acc_lp: rows are %s; want bf16 or f16", dt_dtype_name(t));
+    return sum_rows("dt_k_sum_rows_acc_lp", t, x, rows, cols, y);
 }
 #undef CB
 
@@ -441,17 +518,38 @@ DT_CLONES static float chunk_max(const float *restrict x, int64_t n)
     return cm;
 }
 
-static float row_lse(int vec, const float *x, int64_t cols)
+/* Columns [c0, c0 + n) of a row of logits in dtype t as f32: an f32 row in
+ * place, a bf16/f16 one widened (exactly) into buf (XCHUNK floats, in L1),
+ * so the low-precision rows take the f32 loops' bits with no widened row in
+ * memory. The arguments are valid here: the conversion cannot fail. */
+static const float *chunk_f32(dt_dtype t, const void *x, int64_t c0, int64_t n, float *buf)
+{
+    if (t == DT_F32)
+        return (const float *)x + c0;
+    (void)dt_k_convert((const uint16_t *)x + c0, t, buf, DT_F32, n);
+    return buf;
+}
+
+static float logit_at(dt_dtype t, const void *x, int64_t j)
+{
+    if (t == DT_F32)
+        return ((const float *)x)[j];
+    uint16_t h = ((const uint16_t *)x)[j];
+    return t == DT_BF16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+static float row_lse(int vec, dt_dtype t, const void *x, int64_t cols, float *buf)
 {
     float m = -INFINITY, s = 0.0f;
     for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
         int64_t c1 = c0 + XCHUNK < cols ? c0 + XCHUNK : cols;
-        float cm = chunk_max(x + c0, c1 - c0);
+        const float *xc = chunk_f32(t, x, c0, c1 - c0, buf);
+        float cm = chunk_max(xc, c1 - c0);
         if (cm > m) {
             s = m == -INFINITY ? 0.0f : s * expf(m - cm);
             m = cm;
         }
-        s += chunk_sumexp(vec, x + c0, c1 - c0, m);
+        s += chunk_sumexp(vec, xc, c1 - c0, m);
     }
     return m + logf(s);
 }
@@ -477,9 +575,10 @@ static dt_status xent_labels(const char *fn, const void *labels, dt_dtype t, int
     return DT_OK;
 }
 
-/* dt_k_softmax_xent_fwd, and with save_lse (prob NULL) each row's log-sum-exp */
-static dt_status xent_fwd(const char *fn, const float *logits, const void *labels, dt_dtype lt, int64_t rows,
-                          int64_t cols, float *loss, float *prob, float *save_lse)
+/* dt_k_softmax_xent_fwd, and with save_lse (prob NULL) each row's
+ * log-sum-exp; logits of dtype t (f32, or bf16/f16 with prob NULL) */
+static dt_status xent_fwd(const char *fn, dt_dtype t, const void *logits, const void *labels, dt_dtype lt,
+                          int64_t rows, int64_t cols, float *loss, float *prob, float *save_lse)
 {
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
@@ -500,11 +599,14 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nb; b++) {
         double acc = 0.0;
+        float buf[XCHUNK];
         int64_t hi = (b + 1) * bs < rows ? (b + 1) * bs : rows;
         for (int64_t r = b * bs; r < hi; r++) {
-            const float *x = logits + r * cols;
-            float m = x[0], s = 0.0f;
+            const void *xr = (const char *)logits + (size_t)(r * cols) * dt_dtype_size(t);
+            const float *x = xr; /* f32 rows only (prob) */
+            float m = 0.0f, s = 0.0f;
             if (prob) {
+                m = x[0];
                 for (int64_t j = 1; j < cols; j++)
                     m = x[j] > m ? x[j] : m;
                 float *p = prob + r * cols;
@@ -516,13 +618,13 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
                 for (int64_t j = 0; j < cols; j++)
                     p[j] *= inv;
             } else {
-                m = row_lse(vec, x, cols), s = 1.0f; /* m + logf(s) = lse */
+                m = row_lse(vec, t, xr, cols, buf), s = 1.0f; /* m + logf(s) = lse */
                 if (save_lse)
                     save_lse[r] = m;
             }
             int64_t l = label_at(labels, lt, r);
             if (l != DT_K_IGNORE_INDEX)
-                acc += (double)(m + logf(s) - x[l]);
+                acc += (double)(m + logf(s) - logit_at(t, xr, l));
         }
         part[b] = acc;
     }
@@ -536,7 +638,7 @@ static dt_status xent_fwd(const char *fn, const float *logits, const void *label
 dt_status dt_k_softmax_xent_fwd(const float *logits, const void *labels, dt_dtype lt, int64_t rows, int64_t cols,
                                 float *loss, float *prob)
 {
-    return xent_fwd("dt_k_softmax_xent_fwd", logits, labels, lt, rows, cols, loss, prob, NULL);
+    return xent_fwd("dt_k_softmax_xent_fwd", DT_F32, logits, labels, lt, rows, cols, loss, prob, NULL);
 }
 
 dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_dtype lt, int64_t rows,
@@ -544,42 +646,87 @@ dt_status dt_k_softmax_xent_fwd_lse(const float *logits, const void *labels, dt_
 {
     const char *fn = "dt_k_softmax_xent_fwd_lse";
     DT__CHECK_PTR(fn, save_lse, rows);
-    return xent_fwd(fn, logits, labels, lt, rows, cols, loss, NULL, save_lse);
+    return xent_fwd(fn, DT_F32, logits, labels, lt, rows, cols, loss, NULL, save_lse);
 }
 
-/* dt_k_softmax_xent_bwd, and with lse (prob NULL) the forward's row log-sum-exps */
-static dt_status xent_bwd(const char *fn, const float *logits, const float *prob, const float *lse,
-                          const void *labels, dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits)
+static bool lp_logits(dt_dtype t) { return t == DT_BF16 || t == DT_F16; }
+
+dt_status dt_k_softmax_xent_fwd_lp(dt_dtype t, const void *logits, const void *labels, dt_dtype lt, int64_t rows,
+                                   int64_t cols, float *loss, float *save_lse)
+{
+    const char *fn = "dt_k_softmax_xent_fwd_lp";
+    if (!lp_logits(t))
+        return dt_error(DT_ERR_DTYPE, "%s: logits are %s; want bf16 or f16", fn, dt_dtype_name(t));
+    return xent_fwd(fn, t, logits, labels, lt, rows, cols, loss, NULL, save_lse);
+}
+
+/* Row r's gradient from its logits x (dtype t) and lse, chunk by chunk:
+ * f32 logits straight into d; low-precision ones widened into buf, the
+ * chunk's gradient rounded to t into dl (and widened back into d, if any). */
+static void row_grad(int vec, dt_dtype t, const void *x, int64_t cols, float lse, float s, int64_t l, float *d,
+                     void *dl, float *buf)
+{
+    if (t == DT_F32) {
+        row_scaled_softmax(vec, x, d, cols, lse, s);
+        d[l] -= s;
+        return;
+    }
+    for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
+        int64_t n = c0 + XCHUNK < cols ? XCHUNK : cols - c0;
+        uint16_t *h = (uint16_t *)dl + c0;
+        row_scaled_softmax(vec, chunk_f32(t, x, c0, n, buf), buf, n, lse, s);
+        if (l >= c0 && l < c0 + n)
+            buf[l - c0] -= s;
+        (void)dt_k_convert(buf, DT_F32, h, t, n);
+        if (d)
+            (void)dt_k_convert(h, t, d + c0, DT_F32, n);
+    }
+}
+
+/* dt_k_softmax_xent_bwd, and with lse (prob NULL) the forward's row
+ * log-sum-exps; logits of dtype t (f32, or bf16/f16 with prob NULL: the
+ * gradient rounded to t into dlp, and in f32 into dlogits if not NULL) */
+static dt_status xent_bwd(const char *fn, dt_dtype t, const void *logits, const float *prob, const float *lse,
+                          const void *labels, dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits,
+                          void *dlp)
 {
     dt_status st = rows_check(fn, rows, cols);
     if (st < 0)
         return st;
     if (!prob)
         DT__CHECK_PTR(fn, logits, rows * cols);
-    DT__CHECK_PTR(fn, dlogits, rows * cols);
+    if (t == DT_F32)
+        DT__CHECK_PTR(fn, dlogits, rows * cols);
+    else
+        DT__CHECK_PTR(fn, dlp, rows * cols);
     int64_t count;
     if ((st = xent_labels(fn, labels, lt, rows, cols, &count)) < 0)
         return st;
     float s = count ? dloss / (float)count : 0.0f;
     int nt = dt__threads_for(rows * cols * 2);
     const int vec = dt__vec_level();
+    const size_t es = dt_dtype_size(t);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t r = 0; r < rows; r++) {
-        float *d = dlogits + r * cols;
+        float *d = dlogits ? dlogits + r * cols : NULL, buf[XCHUNK];
+        void *dl = t == DT_F32 ? NULL : (char *)dlp + (size_t)(r * cols) * es;
         int64_t l = label_at(labels, lt, r);
         if (l == DT_K_IGNORE_INDEX) {
-            memset(d, 0, (size_t)cols * sizeof(float));
+            if (d)
+                memset(d, 0, (size_t)cols * sizeof(float));
+            if (dl)
+                memset(dl, 0, (size_t)cols * es);
             continue;
         }
         if (prob) {
             const float *p = prob + r * cols;
             for (int64_t j = 0; j < cols; j++)
                 d[j] = s * p[j];
+            d[l] -= s;
         } else { /* softmax recomputed from the logits: no (rows, cols) buffer kept */
-            const float *x = logits + r * cols;
-            row_scaled_softmax(vec, x, d, cols, lse ? lse[r] : row_lse(vec, x, cols), s);
+            const void *x = (const char *)logits + (size_t)(r * cols) * es;
+            row_grad(vec, t, x, cols, lse ? lse[r] : row_lse(vec, t, x, cols, buf), s, l, d, dl, buf);
         }
-        d[l] -= s;
     }
     return DT_OK;
 }
@@ -587,7 +734,8 @@ static dt_status xent_bwd(const char *fn, const float *logits, const float *prob
 dt_status dt_k_softmax_xent_bwd(const float *logits, const float *prob, const void *labels, dt_dtype lt,
                                 int64_t rows, int64_t cols, float dloss, float *dlogits)
 {
-    return xent_bwd("dt_k_softmax_xent_bwd", logits, prob, NULL, labels, lt, rows, cols, dloss, dlogits);
+    return xent_bwd("dt_k_softmax_xent_bwd", DT_F32, logits, prob, NULL, labels, lt, rows, cols, dloss, dlogits,
+                    NULL);
 }
 
 dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const void *labels, dt_dtype lt,
@@ -595,5 +743,15 @@ dt_status dt_k_softmax_xent_bwd_lse(const float *logits, const float *lse, const
 {
     const char *fn = "dt_k_softmax_xent_bwd_lse";
     DT__CHECK_PTR(fn, lse, rows);
-    return xent_bwd(fn, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits);
+    return xent_bwd(fn, DT_F32, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits, NULL);
+}
+
+dt_status dt_k_softmax_xent_bwd_lp(dt_dtype t, const void *logits, const float *lse, const void *labels,
+                                   dt_dtype lt, int64_t rows, int64_t cols, float dloss, float *dlogits,
+                                   void *dlogits_lp)
+{
+    const char *fn = "dt_k_softmax_xent_bwd_lp";
+    if (!lp_logits(t))
+        return dt_error(DT_ERR_DTYPE, "%s: logits are %s; want bf16 or f16", fn, dt_dtype_name(t));
+    return xent_bwd(fn, t, logits, NULL, lse, labels, lt, rows, cols, dloss, dlogits, dlogits_lp);
 }

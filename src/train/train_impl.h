@@ -5,6 +5,8 @@
 
 #include "dtrain/train.h"
 
+#include <stdatomic.h>
+
 struct dt_strategy {
     dt_strategy_ops ops;
     void *self;
@@ -97,6 +99,36 @@ typedef struct dt__nonfinite {
  * gradients as f32, element i at g32[k][i] (relative to lo): the optimizer's copies, which
  * its unscale pass filled (dt_optim_grads_f32), when the pass may have zeroed the own ones. */
 bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, float *const *g32, size_t *range, size_t *index);
+/* The check of each gradient as backward finishes it (trainer_finite.c),
+ * where the trainer is its only reader and steps whole flats (lazy
+ * gradients): the grad-ready hook reads each parameter's final gradient
+ * while it is still in cache, so a step whose every gradient was seen
+ * finite there skips the read pass over the flats. Armed per micro-batch:
+ * only the last one before the step (its gradients are the final sums). A
+ * hit or a gradient the hook did not see leaves the answer to
+ * dt__grads_nonfinite (which names the first non-finite element). The
+ * hook may fire on backward's worker threads: the fields it writes are
+ * atomic. */
+typedef struct dt__nf_scan {
+    dt_model *m;
+    dt_hook_id id;
+    bool hooked;
+    size_t nent;            /* the model's entries */
+    size_t need;            /* distinct gradients (tied entries once) to see */
+    atomic_bool armed, hit;
+    atomic_size_t got;      /* of need seen since arming */
+    atomic_uchar *seen;     /* per entry (by the entry a tied one shares): seen since arming */
+    int64_t *root;          /* per entry: the entry whose gradient it is (tied_to, or itself); -1: none */
+} dt__nf_scan;
+/* Add the hook to m (the trainer's model; removed by dt__nf_scan_free). */
+dt_status dt__nf_scan_init(dt__nf_scan *s, dt_model *m);
+void dt__nf_scan_free(dt__nf_scan *s);
+/* Before a micro-batch's backward: arm the check (its gradients will be the
+ * step's) or disarm it, forgetting what was seen. No-op when not hooked. */
+void dt__nf_scan_arm(dt__nf_scan *s, bool on);
+/* After the last micro-batch: true when the check was armed for it, saw
+ * every gradient and found each finite (then no read pass is needed). */
+bool dt__nf_scan_clean(dt__nf_scan *s);
 /* Collective over the replicas, called by every rank once the agreed flag
  * says some rank saw a non-finite loss or gradient: the error naming the
  * step, the ranks, the loss and the first parameter (DT_ERR_INVALID_ARG). */

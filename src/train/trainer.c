@@ -46,6 +46,7 @@ struct dt_trainer {
     dt_optim_segment *segs[3];
     bool lowp;               /* some range has low-precision grads */
     bool lazy_grads;         /* zero_grad by marks (dt_model_zero_grad_lazy), see lazy_grads_ok */
+    dt__nf_scan nfs;         /* the non-finite check in backward (lazy gradients only) */
     dt_loss_scaler *scaler;  /* NULL: no loss scaling */
     dt_dtype reduce_dtype;   /* the policy's, resolved (reported) */
     const dt_flat *P, *G;    /* the model's params and grads flats of the first range (G follows DDP's swap) */
@@ -473,6 +474,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     if (tr->lazy_grads) { /* the first step's backward as every later one's: overwriting (beta = 0 GEMMs) */
         dt_optim_set_zero_grad(tr->opt, false);
         dt_model_zero_grad_lazy(m);
+        if ((st = dt__nf_scan_init(&tr->nfs, m)) < 0)
+            goto fail;
     }
     dt_model_train(m, true);
     /* a strategy that runs its own schedule (a pipeline) numbers the trace
@@ -500,6 +503,7 @@ void dt_trainer_free(dt_trainer *tr)
         return;
     dt__trainer_ckpt_free(tr); /* waits for a checkpoint still being written */
     dt__trainer_trace_free(tr->trace, tr->m);
+    dt__nf_scan_free(&tr->nfs);
     dt_ctx_free(tr->ctx);
     dt_offload_optim_free(tr->off);
     dt_optim_free(tr->opt);
@@ -634,6 +638,7 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
     dt_trace_span(DT_TRACE_FORWARD, "forward", t_tr);
     if (!bl)
         return abandon(tr, dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL);
+    dt__nf_scan_arm(&tr->nfs, sync && !tr->preparing); /* the last micro-batch's gradients are the step's */
     if ((st = dt_backward(tr->ctx, bl)) < 0)
         return abandon(tr, st);
     if (tr->lazy_grads) /* the parameters backward did not reach: zeros in the flat */
@@ -694,13 +699,15 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     /* without a scaler every rank checks its own losses and the gradients
      * it steps (one read pass); the flag rides in the agreement below */
     dt__nonfinite nf = {0};
+    /* every gradient seen finite as backward finished it: no read pass */
+    const bool seen_finite = dt__nf_scan_clean(&tr->nfs) && !inject && !unscale && !scaled;
     if (!scaled) {
         for (int i = 0; i < n && !nf.loss_micro; i++)
             if (!isfinite(tr->micro_loss[i])) {
                 nf.loss_micro = i + 1;
                 nf.loss_value = tr->micro_loss[i];
             }
-        if (!unscale)
+        if (!unscale && !seen_finite)
             nf.grad = dt__grads_nonfinite(tr->rg, tr->nrg, NULL, &nf.range, &nf.index);
         else if (inf) {
             /* the unscale pass read the gradients (no second pass) and,
@@ -756,6 +763,7 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     r.forward_s = tr->t_fwd;
     r.backward_s = tr->t_bwd;
     r.wait_s = tw;
+    r.grads_checked_in_backward = seen_finite;
     tr->nmicro = 0;
     double to = dt_time_s();
     if (r.skipped) {

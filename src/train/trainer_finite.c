@@ -63,6 +63,83 @@ bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, float *const *g32
     return false;
 }
 
+/* ---- the check in backward (train_impl.h: dt__nf_scan) ---------------------------- */
+
+static dt_status nf_hook(dt_model *m, size_t index, const dt_param_info *p, void *ud)
+{
+    dt__nf_scan *s = ud;
+    if (!atomic_load_explicit(&s->armed, memory_order_relaxed) || index >= s->nent || s->root[index] < 0)
+        return DT_OK;
+    const dt_flat *g = dt_model_flat(m, DT_FLAT_GRADS, p->dtype);
+    if (!g || !g->base || p->numel == 0)
+        return DT_OK; /* not counted: the read pass answers */
+    if (dt_k_first_nonfinite(dt_flat_ptr(g, p->offset), p->dtype, (int64_t)p->numel) < (int64_t)p->numel)
+        atomic_store(&s->hit, true);
+    if (!atomic_exchange(&s->seen[s->root[index]], 1))
+        atomic_fetch_add(&s->got, 1);
+    return DT_OK;
+}
+
+dt_status dt__nf_scan_init(dt__nf_scan *s, dt_model *m)
+{
+    memset(s, 0, sizeof *s);
+    const size_t ne = dt_model_num_entries(m);
+    s->seen = dt_calloc((ne ? ne : 1) * sizeof *s->seen);
+    s->root = dt_calloc((ne ? ne : 1) * sizeof *s->root);
+    if (!s->seen || !s->root) {
+        dt__nf_scan_free(s);
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init: the gradient check's table (%zu entries)", ne);
+    }
+    for (size_t i = 0; i < ne; i++) {
+        dt_param_info e;
+        s->root[i] = -1;
+        if (dt_model_entry(m, i, &e) < 0 || e.is_buffer || e.frozen || e.numel == 0 ||
+            (e.dtype != DT_F32 && e.dtype != DT_BF16 && e.dtype != DT_F16))
+            continue;
+        s->root[i] = e.tied_to >= 0 ? e.tied_to : (int64_t)i;
+        s->need += e.tied_to < 0;
+    }
+    s->nent = ne;
+    dt_status st = dt_model_add_grad_ready_hook(m, nf_hook, s, &s->id);
+    if (st < 0) {
+        dt__nf_scan_free(s);
+        return st;
+    }
+    s->m = m;
+    s->hooked = true;
+    return DT_OK;
+}
+
+void dt__nf_scan_free(dt__nf_scan *s)
+{
+    if (s->hooked)
+        dt_model_remove_hook(s->m, s->id);
+    dt_free((void *)s->seen);
+    dt_free(s->root);
+    memset(s, 0, sizeof *s);
+}
+
+void dt__nf_scan_arm(dt__nf_scan *s, bool on)
+{
+    if (!s->hooked)
+        return;
+    atomic_store(&s->armed, false);
+    for (size_t i = 0; i < s->nent; i++)
+        atomic_store_explicit(&s->seen[i], 0, memory_order_relaxed);
+    atomic_store(&s->got, 0);
+    atomic_store(&s->hit, false);
+    atomic_store(&s->armed, on);
+}
+
+bool dt__nf_scan_clean(dt__nf_scan *s)
+{
+    const bool clean = s->hooked && atomic_load(&s->armed) && !atomic_load(&s->hit) && s->need > 0 &&
+                       atomic_load(&s->got) == s->need;
+    if (s->hooked)
+        atomic_store(&s->armed, false);
+    return clean;
+}
+
 /* The model entry holding element `index` of range k (relative to its lo),
  * and the element within that tensor; -1 when it cannot be told (a
  * strategy's ranges other than ZeRO's). */

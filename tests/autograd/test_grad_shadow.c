@@ -15,12 +15,14 @@
  * and the op instead: the view's backward hands the same gradient on, which
  * the GEMM converts). The gradients of x and the weights must be equal
  * bit for bit on every conversion path the CPU has (scalar, AVX2, AVX-512,
- * AVX512_BF16), and the counters say which way each GEMM took its gradient:
+ * AVX512_BF16), the linears' bias gradients too (A sums the shadow, B the
+ * f32 gradient), and the counters say which way each GEMM took its gradient:
  * A no rounding pass (but the pack's q, whose gradient is a copy), B no
  * shadow. */
 #include "dtrain/dtrain.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +35,7 @@ typedef enum { P_ADD, P_ROPE, P_SWIGLU, P_PACK, P_GELU, P_ATTN } producer;
 static const char *const g_names[] = {"add_lp2", "rope", "swiglu", "gqa_pack", "bias_gelu", "attention"};
 
 typedef struct {
-    dt_tensor *x, *w[3]; /* f32 leaves */
+    dt_tensor *x, *w[3], *b[3]; /* f32 leaves; b: the linears' biases */
 } leaves;
 
 static dt_tensor *leaf(const float *v, int n, const int64_t *shape)
@@ -66,7 +68,7 @@ static dt_tensor *build(dt_ctx *ctx, dt_dtype dt, producer p, bool widen, leaves
     dt_tensor *xb = dt_cast(ctx, l->x, dt), *g[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++)
         if (o[k]) {
-            g[k] = dt_linear(ctx, xb, dt_cast(ctx, l->w[k], dt), NULL);
+            g[k] = dt_linear(ctx, xb, dt_cast(ctx, l->w[k], dt), l->b[k]);
             if (!g[k] || g[k]->dtype != dt)
                 return NULL;
             if (widen)
@@ -127,7 +129,8 @@ static void shadow_case(dt_dtype dt, producer p)
             ASSERT(l[way].x != NULL);
             for (int k = 0; k < 3; k++) {
                 l[way].w[k] = o[k] ? leaf(wv[k], 2, SH(o[k], K)) : NULL;
-                ASSERT(!o[k] || l[way].w[k]);
+                l[way].b[k] = o[k] ? leaf(R + 7 * k, 1, SH(o[k])) : NULL;
+                ASSERT(!o[k] || (l[way].w[k] && l[way].b[k]));
             }
             dt_tensor *loss = build(ctx, dt, p, way == 1, &l[way], inv_freq, R, bias);
             ASSERT(loss != NULL);
@@ -143,6 +146,11 @@ static void shadow_case(dt_dtype dt, producer p)
             if (o[k] && memcmp(l[0].w[k]->grad->data, l[1].w[k]->grad->data, (size_t)(o[k] * K) * 4))
                 TEST_FAIL_("%s %s path %d: weight %d's gradient differs from the widening composition's",
                            g_names[p], dt_dtype_name(dt), (int)paths[pi], k);
+        /* the biases' gradients: column sums of the shadow (A) and of the f32 gradient (B) */
+        for (int k = 0; k < 3; k++)
+            if (o[k] && memcmp(l[0].b[k]->grad->data, l[1].b[k]->grad->data, (size_t)o[k] * 4))
+                TEST_FAIL_("%s %s path %d: bias %d's gradient differs from the widening composition's",
+                           g_names[p], dt_dtype_name(dt), (int)paths[pi], k);
         /* A: every GEMM took its producer's shadow (the pack's q: a copy, converted) */
         const int copies = p == P_PACK ? 1 : 0;
         ASSERT_EQ_INT((int)s[0].grad_rounds, copies);
@@ -153,7 +161,7 @@ static void shadow_case(dt_dtype dt, producer p)
         for (int way = 0; way < 2; way++) {
             dt_tensor_free(l[way].x);
             for (int k = 0; k < 3; k++)
-                dt_tensor_free(l[way].w[k]);
+                dt_tensor_free(l[way].w[k]), dt_tensor_free(l[way].b[k]);
         }
         dt_ctx_free(ctx);
     }
@@ -237,6 +245,7 @@ static void head_case(dt_dtype dt)
         ASSERT(!memcmp(w[0]->grad->data, w[1]->grad->data, (size_t)(V * K) * 4));
         ASSERT_EQ_INT((int)s[0].grad_rounds, 0);
         ASSERT_EQ_INT((int)s[0].grad_shadows, 1);
+        ASSERT_EQ_INT((int)s[0].view_grads_shared, 1); /* the logits' gradient: no copy */
         ASSERT_EQ_INT((int)s[1].grad_rounds, 1);
         ASSERT_EQ_INT((int)s[1].grad_shadows, 0);
         for (int way = 0; way < 2; way++) {
@@ -252,6 +261,59 @@ TEST(grad_shadow_through_reshape)
 {
     head_case(DT_BF16);
     head_case(DT_F16);
+}
+
+/* A reshape's backward: the input's first gradient is the view's own
+ * buffer (no copy) when that equals 0 + g bit for bit. A -0 in g (here:
+ * the cross-entropy's gradient of a negated loss where a probability
+ * underflows to 0) takes the copy, which writes +0 there, as before. A
+ * later use's contribution adds onto the shared buffer. */
+TEST(view_grad_shared_unless_neg0)
+{
+    enum { VR = 6, VC = 4, VN = VR * VC };
+    static float g0[VN]; /* the plain case's gradient */
+    static float xv[VN];
+    int64_t yv[VR];
+    for (int r = 0; r < VR; r++)
+        yv[r] = r % 3;
+    for (int kind = 0; kind < 3; kind++) { /* plain, -0 in g, a second use */
+        for (int i = 0; i < VN; i++)
+            xv[i] = kind == 1 && i % VC == 3 ? -200.0f : 0.1f * (float)i;
+        dt_ctx *ctx = NULL;
+        ASSERT_OK(dt_ctx_init(NULL, &ctx));
+        dt_tensor *x = leaf(xv, 3, SH(2, 3, VC));
+        ASSERT(x != NULL);
+        dt_tensor *h = dt_scale(ctx, x, 1.0f); /* a temporary: its gradient is the context's */
+        dt_tensor *h2 = kind == 2 ? dt_sum(ctx, h) : NULL; /* its backward runs after the view's */
+        dt_tensor *v = dt_reshape(ctx, h, 2, SH(VR, VC));
+        dt_tensor *y = dt_tensor_from(ctx, DT_I64, 1, SH(VR), yv);
+        dt_tensor *loss = dt_scale(ctx, dt_cross_entropy(ctx, v, y), -1.0f);
+        if (kind == 2)
+            loss = dt_add(ctx, loss, h2);
+        ASSERT(loss != NULL);
+        dt_ag_stats_reset(ctx);
+        ASSERT_OK(dt_backward(ctx, loss));
+        dt_ag_stats s;
+        dt_ag_stats_get(ctx, &s);
+        ASSERT_EQ_INT((int)s.view_grads_shared, (kind == 1 ? 0 : 1));
+        ASSERT(h->grad && v->grad);
+        ASSERT((h->grad->data == v->grad->data) == (kind != 1));
+        int neg0 = 0;
+        for (int i = 0; i < VN; i++) {
+            const float gv = ((const float *)v->grad->data)[i], gh = ((const float *)h->grad->data)[i];
+            const float want = kind == 2 ? g0[i] + 1.0f : 0.0f + gv;
+            if (kind == 0)
+                g0[i] = gh;
+            uint32_t a, b;
+            memcpy(&a, &want, 4);
+            memcpy(&b, &gh, 4);
+            neg0 += kind == 1 && signbit(gv) && gv == 0.0f;
+            ASSERT_EQ_INT((long long)a, (long long)b); /* +0 where the view's gradient holds -0 */
+        }
+        ASSERT(kind != 1 || neg0 == VR); /* the case holds the -0s it is about */
+        dt_tensor_free(x);
+        dt_ctx_free(ctx);
+    }
 }
 
 /* A GEMM output with a second use: the producer's shadow is dropped by the
@@ -298,6 +360,7 @@ int main(void)
     RUN(grad_shadow_bias_gelu);
     RUN(grad_shadow_attention);
     RUN(grad_shadow_through_reshape);
+    RUN(view_grad_shared_unless_neg0);
     RUN(grad_shadow_dropped_by_second_use);
     return TEST_REPORT();
 }

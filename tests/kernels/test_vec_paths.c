@@ -237,6 +237,123 @@ TEST(xent_paths_identical)
     free(lg), free(g[0]), free(g[1]);
 }
 
+/* Column sums (bias gradients): dt_k_sum_rows_acc on every path gives the
+ * serial loop's bits (computed here), and dt_k_sum_rows_acc_lp over bf16 /
+ * f16 rows those of dt_k_sum_rows_acc over the widened rows, on widths with
+ * partial 16-lane groups and partial 128-column blocks (3, 16, 203, 517),
+ * with -0, infinities and NaN in some columns. */
+TEST(sum_rows_paths_identical)
+{
+    const int64_t R = 37, Ns[4] = {3, 16, 203, 517};
+    const dt_dtype dts[2] = {DT_BF16, DT_F16};
+    for (int ni = 0; ni < 4; ni++) {
+        const int64_t N = Ns[ni], M = R * N;
+        float *x = malloc(M * 4), *xw = malloc(M * 4), *ref = malloc(N * 4), *y = malloc(N * 4), *y0 = malloc(N * 4);
+        uint16_t *xh = malloc(M * 2);
+        fill(x, M, 41 + ni, 3.0f);
+        fill(y0, N, 51 + ni, 1.0f);
+        const float special[] = {-0.0f, INFINITY, -INFINITY, NAN, 1e-39f, 3e38f};
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+            x[(7 * (int64_t)i * N + 11 * (int64_t)i) % M] = special[i];
+        for (int di = 0; di <= 2; di++) { /* 2: f32 */
+            const dt_dtype t = di < 2 ? dts[di] : DT_F32;
+            if (t != DT_F32) {
+                ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, M));
+                ASSERT_OK(dt_k_convert(xh, t, xw, DT_F32, M));
+            } else {
+                memcpy(xw, x, M * 4);
+            }
+            for (int64_t j = 0; j < N; j++) { /* the serial loop */
+                float a = y0[j];
+                for (int64_t r = 0; r < R; r++)
+                    a += xw[r * N + j];
+                ref[j] = a;
+            }
+            for (int k = 0; k <= NPATH; k++) {
+                if (!set_path(k))
+                    continue;
+                memcpy(y, y0, N * 4);
+                ASSERT_OK(dt_k_sum_rows_acc(xw, R, N, y));
+                SAME_BITS(y, ref, N, "column sums");
+                if (t == DT_F32)
+                    continue;
+                memcpy(y, y0, N * 4);
+                ASSERT_OK(dt_k_sum_rows_acc_lp(t, xh, R, N, y));
+                SAME_BITS(y, ref, N, "column sums of low-precision rows");
+            }
+            ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+        }
+        ASSERT_STATUS(dt_k_sum_rows_acc_lp(DT_F32, x, R, N, y), DT_ERR_DTYPE);
+        ASSERT_STATUS(dt_k_sum_rows_acc_lp(DT_BF16, NULL, R, N, y), DT_ERR_NULL);
+        free(x), free(xw), free(ref), free(y), free(y0), free(xh);
+    }
+}
+
+/* The cross-entropy over bf16/f16 logits (dt_k_softmax_xent_fwd_lp /
+ * _bwd_lp: rows widened chunk by chunk in cache) gives, on every path, the
+ * bits of the f32 kernels on the widened logits with the gradient rounded
+ * to the logits' dtype by dt_k_convert: the loss, each row's log-sum-exp,
+ * the rounded gradient and its f32 copy; with the lse recomputed (NULL), in
+ * place over the logits, and with the label in each chunk (V = 5003: chunks
+ * of 2048, 2048 and 907) and an ignored row. */
+TEST(xent_lp_equals_widened)
+{
+    const int64_t R = 5, V = 5003, M = R * V;
+    const dt_dtype dts[2] = {DT_BF16, DT_F16};
+    int64_t lab[5] = {5002, 0, DT_K_IGNORE_INDEX, 2500, 2047};
+    float *x = malloc(M * 4), *xw = malloc(M * 4), *gref = malloc(M * 4), *g = malloc(M * 4);
+    uint16_t *xh = malloc(M * 2), *href = malloc(M * 2), *h = malloc(M * 2);
+    for (int di = 0; di < 2; di++) {
+        const dt_dtype t = dts[di];
+        fill(x, M, 21 + di, 8.0f);
+        x[4600] = 40.0f;           /* row 0: the max in the last chunk */
+        x[V + 1] = -90.0f;         /* exponentials that underflow to 0 */
+        x[3 * V + 17] = 60.0f;     /* row 3: gradients far below the smallest normal */
+        x[4 * V + 9] = -0.0f;
+        x[4 * V + 10] = 1e-30f;    /* subnormal in f16, a normal bf16 */
+        ASSERT_OK(dt_k_convert(x, DT_F32, xh, t, M));
+        ASSERT_OK(dt_k_convert(xh, t, xw, DT_F32, M));
+        for (int k = 0; k <= NPATH; k++) {
+            if (!set_path(k))
+                continue;
+            float lref, l, lse_ref[5], lse[5] = {0};
+            ASSERT_OK(dt_k_softmax_xent_fwd_lse(xw, lab, DT_I64, R, V, &lref, lse_ref));
+            ASSERT_OK(dt_k_softmax_xent_bwd_lse(xw, lse_ref, lab, DT_I64, R, V, 1.5f, gref));
+            ASSERT_OK(dt_k_convert(gref, DT_F32, href, t, M));
+            ASSERT_OK(dt_k_convert(href, t, gref, DT_F32, M));
+            ASSERT_OK(dt_k_softmax_xent_fwd_lp(t, xh, lab, DT_I64, R, V, &l, lse));
+            SAME_BITS(&l, &lref, 1, "lp cross-entropy loss");
+            SAME_BITS(lse, lse_ref, R, "lp cross-entropy log-sum-exps");
+            ASSERT_OK(dt_k_softmax_xent_fwd_lp(t, xh, lab, DT_I64, R, V, &l, NULL));
+            SAME_BITS(&l, &lref, 1, "lp cross-entropy loss without lse");
+            memset(g, 0x7f, M * 4);
+            ASSERT_OK(dt_k_softmax_xent_bwd_lp(t, xh, lse, lab, DT_I64, R, V, 1.5f, g, h));
+            ASSERT(memcmp(h, href, M * 2) == 0);
+            SAME_BITS(g, gref, M, "lp cross-entropy gradient (f32 copy)");
+            /* lse recomputed, no f32 copy, in place over the logits */
+            memcpy(h, xh, M * 2);
+            ASSERT_OK(dt_k_softmax_xent_bwd_lp(t, h, NULL, lab, DT_I64, R, V, 1.5f, NULL, h));
+            ASSERT(memcmp(h, href, M * 2) == 0);
+        }
+        ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+        /* the rounded gradient is not all zeros where it should not be */
+        int nz = 0;
+        for (int64_t j = V; j < 2 * V; j++) /* row 1: no dominant logit */
+            nz += href[j] != 0;
+        ASSERT(nz > V / 2);
+        for (int64_t j = 2 * V; j < 3 * V; j++) /* the ignored row: +0 */
+            ASSERT(href[j] == 0);
+    }
+    float l;
+    ASSERT_STATUS(dt_k_softmax_xent_fwd_lp(DT_F32, x, lab, DT_I64, R, V, &l, NULL), DT_ERR_DTYPE);
+    ASSERT_STATUS(dt_k_softmax_xent_bwd_lp(DT_I32, xh, NULL, lab, DT_I64, R, V, 1.0f, g, h), DT_ERR_DTYPE);
+    ASSERT_STATUS(dt_k_softmax_xent_bwd_lp(DT_BF16, xh, NULL, lab, DT_I64, R, V, 1.0f, g, NULL), DT_ERR_NULL);
+    lab[1] = V; /* out of range: named, not read */
+    ASSERT_STATUS(dt_k_softmax_xent_fwd_lp(DT_BF16, xh, lab, DT_I64, R, V, &l, NULL), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_k_softmax_xent_bwd_lp(DT_BF16, xh, NULL, lab, DT_I64, R, V, 1.0f, g, h), DT_ERR_RANGE);
+    free(x), free(xw), free(gref), free(g), free(xh), free(href), free(h);
+}
+
 /* Attention forward and backward (rows_acc: the scores along keys and the
  * updates along D) on head sizes whose columns take every block width of
  * the 16-lane loop (200 = 128 + 64 + 8, 72 = 64 + 8, 40 = 32 + 8, 19 = 16 +
@@ -508,6 +625,8 @@ int main(void)
     RUN(bias_gelu_tanh_paths_identical);
     RUN(bias_gelu_lp_equals_widened);
     RUN(xent_paths_identical);
+    RUN(xent_lp_equals_widened);
+    RUN(sum_rows_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
     RUN(rmsnorm_paths_identical);

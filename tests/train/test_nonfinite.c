@@ -134,6 +134,91 @@ TEST(single_process_names_the_parameter)
     dt_model_free(m);
 }
 
+/* Where the trainer alone reads the gradients (strategy "none", no loss
+ * scaler: lazy gradients) the check runs in backward, on each gradient as
+ * it becomes final; a hit there, or a fault injected after backward, falls
+ * back to the read pass, which names the first non-finite element. */
+TEST(check_runs_in_backward)
+{
+    setenv("DT_FAULT_NONFINITE", "0:4:grad", 1);
+    dt_model *m = mlp_model(3);
+    dt_strategy *s;
+    ASSERT_OK(dt_strategy_none_init(&s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.clip_grad_norm = 1.0; /* f32 gradients: the norm reads them, no unscale pass */
+    dt_trainer *tr;
+    ASSERT_OK(dt_trainer_init(m, s, &tp, &tr));
+    unsetenv("DT_FAULT_NONFINITE");
+    dt_trainer_metrics r;
+    ASSERT_OK(trainer_step_on(tr, &k_mlp_data, 0, 6, 1, 0, &r));
+    ASSERT(r.grads_checked_in_backward);
+    ASSERT_OK(trainer_step_on(tr, &k_mlp_data, 6, 3, 2, 3, &r)); /* two micro-batches: the last one's */
+    ASSERT(r.grads_checked_in_backward);
+    /* +inf in the input: the hook sees it, the read pass names it; nothing applied */
+    float before[4096];
+    ASSERT(t_numel(m) <= 4096);
+    memcpy(before, t_params(m), t_numel(m) * sizeof(float));
+    ASSERT_STATUS(step_maybe_bad(tr, 0, 0, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "non-finite values at optimizer step 3");
+    ASSERT_STR_CONTAINS(dt_last_error(), "the gradient of '");
+    ASSERT_STR_CONTAINS(dt_last_error(), "is not finite on rank 0");
+    ASSERT(memcmp(before, t_params(m), t_numel(m) * sizeof(float)) == 0);
+    ASSERT_EQ_INT(dt_trainer_steps(tr), 2);
+    ASSERT_OK(trainer_step_on(tr, &k_mlp_data, 12, 6, 1, 0, &r));
+    ASSERT(r.grads_checked_in_backward);
+    /* a gradient poisoned after backward (the fault) is still found, by the read pass */
+    ASSERT_STATUS(trainer_step_on(tr, &k_mlp_data, 18, 6, 1, 0, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "non-finite values at optimizer step 4");
+    ASSERT_STR_CONTAINS(dt_last_error(), "the gradient of '0.weight' (element 0) is not finite on rank 0");
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    /* with a loss scaler the unscale pass checks (no lazy gradients) */
+    m = mlp_model(3);
+    ASSERT_OK(dt_strategy_none_init(&s));
+    tp = dt_trainer_params_default();
+    tp.loss_scale = 1024;
+    ASSERT_OK(dt_trainer_init(m, s, &tp, &tr));
+    ASSERT_OK(trainer_step_on(tr, &k_mlp_data, 0, 6, 1, 0, &r));
+    ASSERT(!r.grads_checked_in_backward);
+    dt_trainer_free(tr);
+    dt_model_free(m);
+}
+
+/* bf16 parameters with a tied head (GPT-2's wte, two contributions summed
+ * in f32 and flushed) and GEMM-written gradients: each one is seen in
+ * backward, so no step needs the read pass. */
+TEST(check_in_backward_bf16_tied)
+{
+    dt_model_config cfg = dt_model_config_default();
+    cfg.seq = 16;
+    cfg.build.param_dtype = DT_BF16;
+    dt_model *m;
+    dt_model_desc d;
+    ASSERT_OK(dt_model_create("gpt-micro", 1, &cfg, &m, &d));
+    dt_strategy *s;
+    ASSERT_OK(dt_strategy_none_init(&s));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.loss_fn = dt_model_desc_loss_fn;
+    tp.loss_ud = &d;
+    tp.optimizer = DT_OPTIM_ADAMW;
+    tp.adamw.lr = 3e-3;
+    tp.precision.param_dtype = DT_BF16;
+    dt_trainer *tr;
+    ASSERT_OK(dt_trainer_init(m, s, &tp, &tr));
+    int64_t x[2 * 16], y[2 * 16];
+    for (int i = 0; i < 32; i++)
+        x[i] = (i * 11) % 37, y[i] = ((i + 1) * 11) % 37;
+    dt_trainer_batch bt = dt_trainer_batch_make(x, DT_I64, 2, (int64_t[]){2, 16}, y, DT_I64, 2, (int64_t[]){2, 16});
+    for (int k = 0; k < 3; k++) {
+        dt_trainer_metrics mt;
+        ASSERT_OK(dt_trainer_step(tr, &bt, 1, &mt));
+        ASSERT(isfinite(mt.loss));
+        ASSERT(mt.grads_checked_in_backward);
+    }
+    dt_trainer_free(tr);
+    dt_model_free(m);
+}
+
 /* BatchNorm2d(2) over [n, 2, 2, 2], flatten, Linear(8, 4). */
 static dt_model *bn_model(void)
 {
@@ -218,6 +303,8 @@ int main(void)
     /* first: a child forked after the parent ran OpenMP regions can hang in libgomp */
     RUN(one_rank_nonfinite_stops_every_rank);
     RUN(single_process_names_the_parameter);
+    RUN(check_runs_in_backward);
+    RUN(check_in_backward_bf16_tied);
     RUN(skipped_step_keeps_the_buffers);
     RUN(static_scale_overflowing_every_step_fails);
     return TEST_REPORT();
