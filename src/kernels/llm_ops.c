@@ -238,7 +238,7 @@ DT__AVX512 static __m512 sigmoid16(__m512 g)
     return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), dt__expf16(ng)));
 }
 
-DT__AVX512 static void swiglu_fwd_avx512(const float *g, const float *u, int64_t n, float *y)
+DT__AVX512 __attribute__((noinline)) static void swiglu_fwd_avx512(const float *g, const float *u, int64_t n, float *y)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -249,8 +249,8 @@ DT__AVX512 static void swiglu_fwd_avx512(const float *g, const float *u, int64_t
     swiglu_fwd_avx2(g + i, u + i, n - i, y + i);
 }
 
-DT__AVX512 static void swiglu_bwd_avx512(const float *g, const float *u, const float *dy, int64_t n, float *dg,
-                                         float *du)
+DT__AVX512 __attribute__((noinline)) static void swiglu_bwd_avx512(const float *g, const float *u, const float *dy,
+                                                                 int64_t n, float *dg, float *du)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
@@ -336,6 +336,108 @@ dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64
     return DT_OK;
 }
 
+#if DT__X86_VEC
+/* ---- bf16 SwiGLU on the avx512 paths: widening and rounding in registers ----------
+ * The same bits as the block path below (widen with dt_k_convert, the f32
+ * row loop, round with dt_k_convert): widening bf16 is exact (a shift),
+ * rounding is the integer formula of dt_f32_to_bf16 (dt__bf16_round at 16
+ * lanes; every dt_k_convert path gives its bits, vcvtneps2bf16 included),
+ * and the arithmetic is swiglu_*_avx512's, operation for operation. A NaN
+ * input's sign and payload reach the result through whichever operand of
+ * a commutative multiply the compiler put first, so a group of 16 with a
+ * NaN input goes through swiglu_*_avx512 itself (kept out of line: one
+ * compiled body decides those bits for both routes). Each returns how many
+ * leading elements it did (a multiple of 16). */
+DT__AVX512 static inline __m512 bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* v rounded to bf16, as f32 (low 16 bits zero) */
+DT__AVX512 static inline __m512 bf16_round16(__m512 v)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+/* r (a bf16 value held in f32) stored as bf16 */
+DT__AVX512 static inline void bf16_store16(uint16_t *p, __m512 r)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+}
+
+DT__AVX512 static int64_t swiglu_fwd_bf16_avx512(const uint16_t *g, const uint16_t *u, int64_t n, uint16_t *y)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i);
+        if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q)) {
+            float gf[16], uf[16];
+            _mm512_storeu_ps(gf, gv);
+            _mm512_storeu_ps(uf, uv);
+            swiglu_fwd_avx512(gf, uf, 16, gf);
+            bf16_store16(y + i, bf16_round16(_mm512_loadu_ps(gf)));
+            continue;
+        }
+        __m512 sg = sigmoid16(gv);
+        bf16_store16(y + i, bf16_round16(_mm512_mul_ps(_mm512_mul_ps(gv, sg), uv)));
+    }
+    return i;
+}
+
+DT__AVX512 static int64_t swiglu_bwd_bf16_avx512(const uint16_t *g, const uint16_t *u, const float *dy, int64_t n,
+                                                 float *dg, float *du, uint16_t *dg_lp, uint16_t *du_lp)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i), d = bf16_round16(_mm512_loadu_ps(dy + i));
+        if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q)) {
+            float gf[16], uf[16], df[16], a[16], b[16];
+            _mm512_storeu_ps(gf, gv);
+            _mm512_storeu_ps(uf, uv);
+            _mm512_storeu_ps(df, d);
+            swiglu_bwd_avx512(gf, uf, df, 16, dg ? a : NULL, du ? b : NULL);
+            if (dg) {
+                __m512 r = bf16_round16(_mm512_loadu_ps(a));
+                _mm512_storeu_ps(dg + i, r);
+                if (dg_lp)
+                    bf16_store16(dg_lp + i, r);
+            }
+            if (du) {
+                __m512 r = bf16_round16(_mm512_loadu_ps(b));
+                _mm512_storeu_ps(du + i, r);
+                if (du_lp)
+                    bf16_store16(du_lp + i, r);
+            }
+            continue;
+        }
+        __m512 sg = sigmoid16(gv);
+        if (dg) {
+            __m512 a = _mm512_mul_ps(_mm512_mul_ps(d, uv), sg);
+            __m512 b = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+            __m512 r = bf16_round16(_mm512_mul_ps(a, b));
+            _mm512_storeu_ps(dg + i, r);
+            if (dg_lp)
+                bf16_store16(dg_lp + i, r);
+        }
+        if (du) {
+            __m512 r = bf16_round16(_mm512_mul_ps(d, _mm512_mul_ps(gv, sg)));
+            _mm512_storeu_ps(du + i, r);
+            if (du_lp)
+                bf16_store16(du_lp + i, r);
+        }
+    }
+    return i;
+}
+#endif
+
 /* x[0, c) rounded to dtype t in place (f32 -> t -> f32), the t values
  * also kept at lp when it is not NULL. */
 static void round_block(float *x, dt_dtype t, int64_t c, uint16_t *lp)
@@ -360,6 +462,15 @@ dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n
     for (int64_t b = 0; b < nb; b++) {
         float gf[SW_BLK], uf[SW_BLK];
         int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+#if DT__X86_VEC
+        if (t == DT_BF16 && dt__vec_level() == DT__VEC_AVX512) { /* whole vectors in registers */
+            const int64_t v = swiglu_fwd_bf16_avx512((const uint16_t *)g + i, (const uint16_t *)u + i, c,
+                                                     (uint16_t *)y + i);
+            i += v, c -= v;
+            if (!c)
+                continue;
+        }
+#endif
         dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
         dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
         swiglu_fwd_any(gf, uf, c, gf);
@@ -384,6 +495,17 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
     for (int64_t b = 0; b < nb; b++) {
         float gf[SW_BLK], uf[SW_BLK], d[SW_BLK];
         int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+#if DT__X86_VEC
+        if (t == DT_BF16 && dt__vec_level() == DT__VEC_AVX512) { /* whole vectors in registers */
+            const int64_t v = swiglu_bwd_bf16_avx512((const uint16_t *)g + i, (const uint16_t *)u + i, dy + i, c,
+                                                     dg ? dg + i : NULL, du ? du + i : NULL,
+                                                     dg && dg_lp ? (uint16_t *)dg_lp + i : NULL,
+                                                     du && du_lp ? (uint16_t *)du_lp + i : NULL);
+            i += v, c -= v;
+            if (!c)
+                continue;
+        }
+#endif
         dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
         dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
         memcpy(d, dy + i, (size_t)c * sizeof(float));

@@ -419,6 +419,9 @@ TEST(swiglu_paths_identical)
     const float special[] = {-0.0f, 0.0f, 60.0f, -60.0f, 200.0f, -200.0f, 3e38f, -3e38f, NAN, 1e-30f, -9.5f, 88.0f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         g[5 + 17 * i] = special[i];
+    /* NaNs and values that round to bf16 infinity among the ups and the
+     * output gradients too, in other 16-lane groups than the gates' */
+    u[2100] = NAN, u[2101] = 3.3e38f, dy[2200] = -NAN, dy[2203] = 3.4e38f, dy[2205] = 1e-40f;
     ASSERT(set_path(NPATH));
     ASSERT_OK(dt_k_swiglu_fwd(g, u, n, y[1]));
     ASSERT_OK(dt_k_swiglu_bwd(g, u, dy, n, dg[1], du[1]));
@@ -467,6 +470,18 @@ TEST(swiglu_paths_identical)
             ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, NULL, NULL));
             SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg against the chain");
             SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du against the chain");
+            uint16_t *dgh = malloc(n * 2), *duh = malloc(n * 2); /* the t copies: dg / du's bits */
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, dgh, duh));
+            SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg (with its t copy) against the chain");
+            SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du (with its t copy) against the chain");
+            ASSERT_OK(dt_k_convert(dg[0], DT_F32, tmp, t, n));
+            ASSERT(!memcmp(dgh, tmp, (size_t)n * 2));
+            ASSERT_OK(dt_k_convert(du[0], DT_F32, tmp, t, n));
+            ASSERT(!memcmp(duh, tmp, (size_t)n * 2));
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, NULL, dul, NULL, duh)); /* du alone */
+            SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du alone against the chain");
+            ASSERT(!memcmp(duh, tmp, (size_t)n * 2));
+            free(dgh), free(duh);
             ASSERT_STATUS(dt_k_swiglu_fwd_lp(gh, uh, DT_F32, n, yh[0]), DT_ERR_UNSUPPORTED);
             free(gw), free(uw), free(dr), free(tmp), free(dgl), free(dul);
         }
