@@ -13,7 +13,7 @@
 
 /* The rotation of n pairs (a_j, b_j) by the angles of c, s (sgn -1: the
  * inverse), into (ya_j, yb_j); the outputs may alias the inputs. */
-static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
+__attribute__((noinline)) static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
                        float *ya, float *yb)
 {
     for (int64_t j = 0; j < n; j++) {
@@ -72,6 +72,75 @@ static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
     }
 }
 
+#if DT__X86_VEC
+/* bf16 <-> f32 in registers on the avx512 paths (the rope and SwiGLU rows):
+ * widening bf16 is exact (a shift); rounding is the integer formula of
+ * dt_f32_to_bf16 (dt__bf16_round at 16 lanes), whose bits every
+ * dt_k_convert path gives, vcvtneps2bf16 included. */
+DT__AVX512 static inline __m512 bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* v rounded to bf16, as f32 (low 16 bits zero) */
+DT__AVX512 static inline __m512 bf16_round16(__m512 v)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+/* r (a bf16 value held in f32) stored as bf16 */
+DT__AVX512 static inline void bf16_store16(uint16_t *p, __m512 r)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+}
+
+/* One row of H heads (half % 16 == 0) as rope_lp_rows's one-pass branch
+ * does it, for bf16 on the avx512 paths, widening and rounding in
+ * registers: rope_pairs's operations in its order on 16 pairs at a time. A
+ * group with a NaN input goes through rope_pairs itself (which operand of
+ * the commutative add carries a NaN is the compiler's choice). */
+DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H, int64_t hd, const float *c,
+                                            const float *s, float sgn, uint16_t *y_lp, float *y_f32)
+{
+    const int64_t half = hd / 2;
+    const __m512 sv = _mm512_set1_ps(sgn);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < half; j += 16) {
+            const int64_t ia = h * hd + j, ib = ia + half;
+            __m512 a, b;
+            if (x_f32)
+                a = bf16_round16(_mm512_loadu_ps((const float *)x + ia)),
+                b = bf16_round16(_mm512_loadu_ps((const float *)x + ib));
+            else
+                a = bf16_load16((const uint16_t *)x + ia), b = bf16_load16((const uint16_t *)x + ib);
+            __m512 ya, yb;
+            if (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q)) {
+                float af[16], bf[16];
+                _mm512_storeu_ps(af, a);
+                _mm512_storeu_ps(bf, b);
+                rope_pairs(af, bf, c + j, s + j, sgn, 16, af, bf);
+                ya = _mm512_loadu_ps(af), yb = _mm512_loadu_ps(bf);
+            } else {
+                __m512 cv = _mm512_loadu_ps(c + j), sn = _mm512_mul_ps(sv, _mm512_loadu_ps(s + j));
+                ya = _mm512_sub_ps(_mm512_mul_ps(a, cv), _mm512_mul_ps(b, sn));
+                yb = _mm512_add_ps(_mm512_mul_ps(b, cv), _mm512_mul_ps(a, sn));
+            }
+            ya = bf16_round16(ya), yb = bf16_round16(yb);
+            if (y_lp)
+                bf16_store16(y_lp + ia, ya), bf16_store16(y_lp + ib, yb);
+            if (y_f32)
+                _mm512_storeu_ps(y_f32 + ia, ya), _mm512_storeu_ps(y_f32 + ib, yb);
+        }
+}
+#endif
+
 /* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
  * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
  * f32 holding t values (y_f32; with both, widened from y_lp). */
@@ -87,6 +156,13 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
         const float *c = cos_t + (bt % T) * half, *s = sin_t + (bt % T) * half;
         if (H * hd <= RP_ROW) { /* the row in one conversion each way */
             const int64_t o = bt * H * hd, m = H * hd;
+#if DT__X86_VEC
+            if (t == DT_BF16 && half % 16 == 0 && dt__vec_level() == DT__VEC_AVX512) {
+                rope_row_bf16_avx512(x_f32 ? (const void *)((const float *)x + o) : (const uint16_t *)x + o, x_f32,
+                                     H, hd, c, s, sgn, y_lp ? (uint16_t *)y_lp + o : NULL, y_f32 ? y_f32 + o : NULL);
+                continue;
+            }
+#endif
             if (x_f32) {
                 memcpy(row, (const float *)x + o, (size_t)m * sizeof(float));
                 round_row(row, t, m, h16);
@@ -339,39 +415,13 @@ dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64
 #if DT__X86_VEC
 /* ---- bf16 SwiGLU on the avx512 paths: widening and rounding in registers ----------
  * The same bits as the block path below (widen with dt_k_convert, the f32
- * row loop, round with dt_k_convert): widening bf16 is exact (a shift),
- * rounding is the integer formula of dt_f32_to_bf16 (dt__bf16_round at 16
- * lanes; every dt_k_convert path gives its bits, vcvtneps2bf16 included),
- * and the arithmetic is swiglu_*_avx512's, operation for operation. A NaN
+ * row loop, round with dt_k_convert): the conversions of bf16_load16 /
+ * bf16_round16 and swiglu_*_avx512's arithmetic, operation for operation. A NaN
  * input's sign and payload reach the result through whichever operand of
  * a commutative multiply the compiler put first, so a group of 16 with a
  * NaN input goes through swiglu_*_avx512 itself (kept out of line: one
  * compiled body decides those bits for both routes). Each returns how many
  * leading elements it did (a multiple of 16). */
-DT__AVX512 static inline __m512 bf16_load16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-/* v rounded to bf16, as f32 (low 16 bits zero) */
-DT__AVX512 static inline __m512 bf16_round16(__m512 v)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    __m512i u = _mm512_castps_si512(v);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
-    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
-}
-
-/* r (a bf16 value held in f32) stored as bf16 */
-DT__AVX512 static inline void bf16_store16(uint16_t *p, __m512 r)
-{
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
-}
-
 DT__AVX512 static int64_t swiglu_fwd_bf16_avx512(const uint16_t *g, const uint16_t *u, int64_t n, uint16_t *y)
 {
     int64_t i = 0;

@@ -492,6 +492,67 @@ TEST(swiglu_paths_identical)
         free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
 }
 
+/* RoPE on bf16/f16 rows: dt_k_rope_lp and dt_k_rope_bwd_lp (t copy and f32
+ * copy, f32 copy alone) equal widen + dt_k_rope + round on every path, at
+ * head sizes 64 (the avx512 bf16 rows: 16 pairs at a time) and 40 (20
+ * pairs: a tail of 4), with NaN pairs (both halves NaN), lone NaNs,
+ * infinities, values that round to infinity, subnormals and -0. */
+static void rope_case(int64_t hd)
+{
+    enum { B = 2, T = 3, H = 5 };
+    const int64_t n = B * T * H * hd, half = hd / 2;
+    float *x = malloc(n * 4), *cs = malloc(T * half * 4), *sn = malloc(T * half * 4), *w = malloc(n * 4),
+          *ref = malloc(n * 4), *got = malloc(n * 4);
+    uint16_t *xl = malloc(n * 2), *yl = malloc(n * 2), *rl = malloc(n * 2);
+    ASSERT(x && cs && sn && w && ref && got && xl && yl && rl);
+    fill(x, n, 21, 30.0f);
+    for (int64_t i = 0; i < T * half; i++)
+        cs[i] = cosf(0.37f * (float)i), sn[i] = sinf(0.37f * (float)i);
+    const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 3.4e38f, -3.39e38f, 1e-40f, -0.0f, 0.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[3 + 7 * i] = special[i];
+    x[hd + 2] = NAN, x[hd + 2 + half] = -NAN; /* a pair of NaNs */
+    x[3 * hd + 5] = NAN, x[3 * hd + 5 + half] = 2.0f;
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        for (int lp = 0; lp < 2; lp++) {
+            dt_dtype t = lp ? DT_F16 : DT_BF16;
+            /* forward: the t input widened, rotated, rounded */
+            ASSERT_OK(dt_k_convert(x, DT_F32, xl, t, n));
+            ASSERT_OK(dt_k_convert(xl, t, w, DT_F32, n));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, false, ref));
+            ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_rope_lp(xl, t, B, T, H, hd, cs, sn, yl));
+            if (memcmp(yl, rl, (size_t)n * 2))
+                TEST_FAIL_("%s hd %lld: rope_lp differs from the chain on path %s", dt_dtype_name(t), (long long)hd,
+                           dt_k_isa_name(dt_k_get_isa()));
+            /* backward: the f32 gradient rounded, rotated back, rounded */
+            ASSERT_OK(dt_k_convert(x, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_convert(rl, t, w, DT_F32, n));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, true, ref));
+            ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_convert(rl, t, ref, DT_F32, n));
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, NULL));
+            SAME_BITS(got, ref, n, "rope_bwd_lp (f32 copy) against the chain");
+            memset(got, 0, (size_t)n * 4);
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, yl));
+            SAME_BITS(got, ref, n, "rope_bwd_lp (both copies) against the chain");
+            if (memcmp(yl, rl, (size_t)n * 2))
+                TEST_FAIL_("%s hd %lld: rope_bwd_lp's t copy differs from the chain on path %s", dt_dtype_name(t),
+                           (long long)hd, dt_k_isa_name(dt_k_get_isa()));
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(x), free(cs), free(sn), free(w), free(ref), free(got), free(xl), free(yl), free(rl);
+}
+
+TEST(rope_lp_paths_identical)
+{
+    rope_case(64);
+    rope_case(40);
+}
+
 /* RMSNorm (f32 and bf16/f16 rows): forward, rstd, dx and dw the same bits on
  * every path as on the scalar loops (a row's double sums run in 16 fixed
  * lanes on every path), on rows of 203 columns (12 x 16 lanes and a tail of
@@ -644,6 +705,7 @@ int main(void)
     RUN(sum_rows_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
+    RUN(rope_lp_paths_identical);
     RUN(rmsnorm_paths_identical);
     RUN(maxpool_blocked_paths_identical);
     for (int k = 0; k < NPATH; k++)
