@@ -1,6 +1,6 @@
 /* The element-wise pieces of a Llama-family block: rotary position
- * embeddings (rotate-half layout) and SwiGLU, forward and backward
- * (RMSNorm: rmsnorm.c).
+ * embeddings (rotate-half layout) and SwiGLU, forward and backward, and the
+ * low-precision backward of grouped-query packing (RMSNorm: rmsnorm.c).
  *
  * RoPE takes precomputed cos/sin tables (T, hd/2): the caller computes the
  * angles (position x inverse frequency) in f32 as transformers does. The
@@ -565,6 +565,79 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
             round_block(dg + i, t, c, dg_lp ? (uint16_t *)dg_lp + i : NULL);
         if (du)
             round_block(du + i, t, c, du_lp ? (uint16_t *)du_lp + i : NULL);
+    }
+    return DT_OK;
+}
+
+/* ---- grouped-query packing, backward on low-precision data -------------------------- */
+
+/* y[0, n) = x rounded to t values (y may be x), also stored as t at lp when
+ * it is not NULL: bf16 by dt__bf16_round (the bits of dt_f32_to_bf16),
+ * f16 through dt_k_convert in RP_BLK pieces. */
+static void round_to_t(const float *x, float *y, dt_dtype t, int64_t n, uint16_t *lp)
+{
+    if (t == DT_BF16) {
+        for (int64_t j = 0; j < n; j++) {
+            float r = dt__bf16_round(x[j]);
+            y[j] = r;
+            if (lp) {
+                uint32_t u;
+                memcpy(&u, &r, sizeof u);
+                lp[j] = (uint16_t)(u >> 16);
+            }
+        }
+        return;
+    }
+    uint16_t h16[RP_BLK];
+    for (int64_t i = 0; i < n; i += RP_BLK) {
+        const int64_t c = n - i < RP_BLK ? n - i : RP_BLK;
+        uint16_t *h = lp ? lp + i : h16;
+        dt_k_convert(x + i, DT_F32, h, t, c);
+        dt_k_convert(h, t, y + i, DT_F32, c);
+    }
+}
+
+dt_status dt_k_gqa_pack_bwd_lp(const float *dqkv, dt_dtype t, int64_t rows, int64_t H, int64_t KV, int64_t hd,
+                               float *dq, float *dk, float *dv, void *dk_lp, void *dv_lp)
+{
+    const char *fn = "dt_k_gqa_pack_bwd_lp";
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, H);
+    DT__CHECK_N(fn, KV);
+    DT__CHECK_N(fn, hd);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    if (KV < 1 || H % KV)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %lld kv heads must divide %lld heads", fn, (long long)KV,
+                        (long long)H);
+    const int64_t C = H * hd, Ck = KV * hd, rep = H / KV;
+    DT__CHECK_PTR(fn, dqkv, rows * 3 * C);
+    int nt = dt__threads_for(rows * 3 * C * 2);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        float cp[RP_BLK];
+        const float *o = dqkv + r * 3 * C;
+        if (dq)
+            round_to_t(o, dq + r * C, t, C, NULL);
+        for (int s = 1; s <= 2; s++) {
+            float *d = s == 1 ? dk : dv;
+            uint16_t *lp = s == 1 ? dk_lp : dv_lp;
+            if (!d)
+                continue;
+            d += r * Ck;
+            memset(d, 0, (size_t)Ck * sizeof(float));
+            for (int64_t h = 0; h < H; h++) {
+                const float *src = o + s * C + h * hd;
+                float *dst = d + (h / rep) * hd;
+                for (int64_t j0 = 0; j0 < hd; j0 += RP_BLK) {
+                    const int64_t c = hd - j0 < RP_BLK ? hd - j0 : RP_BLK;
+                    round_to_t(src + j0, cp, t, c, NULL);
+                    for (int64_t j = 0; j < c; j++)
+                        dst[j0 + j] += cp[j];
+                }
+            }
+            round_to_t(d, d, t, Ck, lp ? lp + r * Ck : NULL);
+        }
     }
     return DT_OK;
 }
