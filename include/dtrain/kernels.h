@@ -641,9 +641,16 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * polynomial within 2 ulp of expf (0 below e^-87), so they differ from
  * those bits by the f32 sums' rounding: each element within 2^-19 of the
  * tensor's largest |value| in the tests (tests/autograd/test_attention_lp;
- * about 2^-22 measured). ylp (B, T, C) of t, or NULL: y rounded to t as
- * well (the t result autocast keeps; on the fast paths an element may round
- * to the neighbour of the widened result's). */
+ * about 2^-22 measured). On the avx512_bf16 path a bf16 qkv also has the
+ * probabilities rounded to bf16 (to nearest even, after dropout's scaling;
+ * the row sums use their f32 values) before they multiply v by vdpbf16ps,
+ * as flash-attention kernels do for bf16 inputs (bf16 subnormals read as
+ * 0): each element of y moves by at most 2^-9 of the sum of |P_ij v_j|
+ * over its row's keys, within 2^-7 of the tensor's largest |value| in the
+ * tests (tests/autograd/test_attention_lp; about 2^-9.2 measured; lse keeps
+ * the bound above). ylp (B, T, C) of t, or NULL: y rounded to t as well
+ * (the t result autocast keeps; on the fast paths an element may round to
+ * the neighbour of the widened result's). */
 DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                              int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
                                              void *ylp, float *lse);
@@ -651,8 +658,13 @@ DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_
  * and avx2 paths, within the forward's bound on the avx512 ones): dy (f32,
  * the gradient of the t result) is rounded to t as it is read, the f32 y
  * and lse are the forward's, and dqkv (f32, WRITTEN) is rounded to t's
- * precision (the gradient of a t input). dqkv_lp (B, T, 3C) of t, or NULL:
- * the same values stored as t as well, in the same pass. */
+ * precision (the gradient of a t input). On the avx512_bf16 path a bf16
+ * qkv has P and dS = P (dP - Di) / sqrt(D) rounded to bf16 before they
+ * multiply dy, q and k (dv, dk, dq by vdpbf16ps): each element before its
+ * final rounding to t moves by at most 2^-9 of the sum of its terms'
+ * magnitudes, within 2^-7 of the tensor's largest |value| beyond t's
+ * rounding in the tests (about 2^-8.3 measured). dqkv_lp (B, T, 3C) of t,
+ * or NULL: the same values stored as t as well, in the same pass. */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                              int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,

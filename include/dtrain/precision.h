@@ -54,7 +54,10 @@
  * scaled_dot_product_attention (its qkv is rounded to the autocast dtype;
  * the kernel computes in f32, widening the bf16/f16 qkv tile by tile as it
  * reads it, and returns the result in qkv's dtype: one tape node, the bits
- * of dt_cast to f32, the f32 op and dt_cast back). The other casts are
+ * of dt_cast to f32, the f32 op and dt_cast back on the scalar and avx2
+ * paths, within the bounds kernels.h states for dt_k_attention_fwd_heads_lp
+ * on the avx512 ones; on avx512_bf16 a bf16 qkv's probabilities are rounded
+ * to bf16 before they multiply v, as flash-attention kernels do). The other casts are
  * dt_cast nodes on the tape, so gradients flow back to the f32 weights in f32 (rounded to bf16
  * on the way, as PyTorch's). Softmax, norms and sums are NOT forced to f32
  * (they compute in f32 anyway), exactly as PyTorch's CPU lists. A model

@@ -46,7 +46,12 @@
  * arithmetic, so on the scalar and avx2 paths every result equals widening
  * qkv first. On the avx512 paths they run the fast rows instead
  * (DT__ATT_FAST: rows_acc_fma16, the 16-lane softmax rows with dt__expf16),
- * within a stated bound of those bits (kernels.h); an f32 qkv never does. */
+ * within a stated bound of those bits (kernels.h); an f32 qkv never does.
+ * A bf16 qkv on the avx512_bf16 path (DT__ATT_BF16) widens nothing: the
+ * scores come from the bf16 pairs (row_dots_bf16), and P and dS, rounded to
+ * bf16, multiply v, k, q and dy by vdpbf16ps (rows_acc_bf16) with those
+ * operands interleaved in pairs of rows once a task or a key block
+ * (fwd_rows_bf16, bwd_head_bf16), within the bound kernels.h states. */
 #include "attention_impl.h"
 
 #include <math.h>
@@ -279,6 +284,64 @@ DT__AVX512 static void fast_bwd_probs(const float *sc, const float *dp, int64_t 
         _mm512_mask_storeu_ps(ds + j, k, d);
     }
 }
+
+/* fwd_rows on the avx512_bf16 path (DT__ATT_BF16): q rows as bf16 pairs
+ * along D at qp + r D2, the head's keys likewise, transposed (kp: pair d2
+ * of key j at d2 ldT + j), its values paired along the keys (vp: keys 2 j2
+ * and 2 j2 + 1 at j2 D, pair_rows). Each key block's probabilities are
+ * rounded to bf16 (after the dropout's scaling; their f32 values make the
+ * row's sum) and multiply the values by vdpbf16ps (rows_acc_bf16), as
+ * flash-attention kernels do for bf16 inputs. */
+DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const uint32_t *kp, int64_t ldT,
+                                         const uint32_t *vp, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal,
+                                         float p, dt_rng_key key, int64_t i0, int64_t i1, float *y, uint16_t *ylp,
+                                         float *lse)
+{
+    const int64_t nq = i1 - i0, D2 = (D + 1) / 2;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    float m[BQ], l[BQ], s[BK];
+    uint32_t sp[BK / 2];
+    float acc[BQ][DMAX];
+    for (int64_t r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(acc[r], 0, (size_t)D * sizeof(float));
+    }
+    int64_t kend = causal ? i1 : T;
+    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
+        for (int64_t r = 0; r < nq; r++) {
+            int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1, n = je - j0;
+            if (n <= 0)
+                continue;
+            row_dots_bf16(qp + r * D2, kp + j0, ldT, D2, n, s);
+            float mx = fast_scale_max(s, n, scale, m[r]);
+            float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
+            float *a = acc[r];
+            for (int64_t d = 0; d < D; d += 16) {
+                const __mmask16 k = att_lanes(d, D);
+                _mm512_mask_storeu_ps(a + d, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a + d), _mm512_set1_ps(corr)));
+            }
+            float sum = fast_exp_sum(s, n, mx);
+            for (int64_t j = j0; j < je && p > 0.0f; j++)
+                s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
+            bf16_pairs_f32(s, n, sp);
+            rows_acc_bf16(a, sp, 1, vp + (j0 / 2) * D, D, (n + 1) / 2, D, false, (n & 1) != 0);
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+        }
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t i = i0 + r;
+        float *yo = y + i * C;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < D; d++)
+            yo[d] = acc[r][d] * inv;
+        if (ylp)
+            round_row(DT__ATT_BF16, t, yo, NULL, ylp + i * C, D);
+        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
 #endif
 
 /* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
@@ -314,13 +377,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-#if DT__X86_VEC
-            if (vec == DT__ATT_BF16) /* q and kT hold bf16 pairs */
-                row_dots_bf16((const uint32_t *)(const void *)(q + r * ldq), (const uint32_t *)(const void *)kb, ldT,
-                              (D + 1) / 2, je - j0, s);
-            else
-#endif
-                row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
             float mx = m[r];
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST)
@@ -392,20 +449,23 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
     const int64_t nkv = causal ? iz : T, ldT = (nkv + 7) & ~(int64_t)7; /* the keys the last row sees */
     float *qt = kt + DMAX * BK, *kT = qt + BQ * DMAX, *vw = kT + D * ldT;
-    if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16) */
+#if DT__X86_VEC
+    if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16), the values
+                                  paired along the keys (rows_acc_bf16) */
         const int64_t D2 = (D + 1) / 2;
-        uint32_t *kp = (uint32_t *)(void *)kT, *qp = (uint32_t *)(void *)qt;
+        uint32_t *kp = (uint32_t *)(void *)kT, *qp = (uint32_t *)(void *)qt, *vp = (uint32_t *)(void *)vw;
         bf16_pairs_t(src + C, C3, nkv, D, kp, ldT, (uint32_t *)(void *)kt);
-        for (int64_t j = 0; j < nkv; j++)
-            widen_row(vec, t, src + j * C3 + 2 * C, vw + j * D, D);
+        for (int64_t j = 0; j < nkv; j += 2)
+            pair_rows(src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D, vp + (j / 2) * D);
         for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
             int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
             for (int64_t i = i0; i < i1; i++)
                 bf16_pairs(src + i * C3, qp + (i - i0) * D2, D);
-            fwd_rows(vec, t, qt, D2, NULL, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+            fwd_rows_bf16(t, qp, kp, ldT, vp, T, C, D, gbh, causal, p, key, i0, i1, yh, ylh, lh);
         }
         return;
     }
+#endif
     for (int64_t j = 0; j < nkv; j++) {
         widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
         for (int64_t d = 0; d < D; d++)
@@ -533,6 +593,102 @@ dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, in
     return st < 0 ? st : fwd_run(fn, t, qkv, B, T, H, D, h0, Ht, causal, p, key, y, ylp, lse);
 }
 
+#if DT__X86_VEC
+/* The backward of one head on the avx512_bf16 path (DT__ATT_BF16) for a
+ * bf16 qkv: the head's q rows at src (stride C3; k at + C, v at + 2 C), its
+ * y, dy (stride C) and lse rows, its dq columns at g (dk at + C, dv at + 2
+ * C; stride C3) and, when dl is not NULL, their bf16 copy. The scores q . k
+ * and dy . v by row_dots_bf16; P and dS rounded to bf16 (to nearest even)
+ * multiply k (dq), q (dk) and the rounded dy (dv) by vdpbf16ps
+ * (rows_acc_bf16), with k paired along the keys once a block and q and dy
+ * along the rows once a head. The sums run in a fixed order (the same bits
+ * for any thread count). kt: bwd_scratch(DT_BF16, T, D). */
+DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, const float *lse, const float *dy,
+                                         int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal, float p,
+                                         dt_rng_key key, float *kt, float *g, uint16_t *dl)
+{
+    const int64_t C3 = 3 * C, D2 = (D + 1) / 2, T2 = (T + 1) / 2;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    uint32_t *kp = (uint32_t *)(void *)kt, *vp = kp + DMAX * BK; /* the block's keys and values, row_dots_bf16's */
+    float *pdm = (float *)(void *)(vp + DMAX * BK), *dsm = pdm + T * BK; /* [T, BK] each: P (dropped), dS */
+    float *dim = dsm + T * BK;                                           /* [T]: each row's Di */
+    uint32_t *qp = (uint32_t *)(void *)(dim + T), *gp = qp + T * D2;    /* q, dy rows as pairs along D */
+    uint32_t *q2 = gp + T * D2, *g2 = q2 + T2 * D;                     /* q, dy paired along the rows */
+    uint32_t *k2 = g2 + T2 * D, *ptm = k2 + (BK / 2) * D, *dtm = ptm + T2 * BK; /* keys paired; P, dS paired */
+    float sc[BK], dp[BK], wr[DMAX];
+    uint16_t hb[DMAX];
+    uint32_t pr[DMAX / 2], sp[BK / 2];
+    for (int64_t i = 0; i < T; i++) {
+        bf16_pairs(src + i * C3, qp + i * D2, D);
+        round_row(DT__ATT_BF16, DT_BF16, dy + i * C, wr, hb, D); /* dy rounded: the gradient of a bf16 result */
+        bf16_pairs(hb, gp + i * D2, D);
+        __m512 di = _mm512_setzero_ps(); /* Di on 16 lanes, then their sum (within the path's bound) */
+        for (int64_t d = 0; d < D; d += 16) {
+            const __mmask16 k = att_lanes(d, D);
+            di = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wr + d), _mm512_maskz_loadu_ps(k, y + i * C + d), di);
+        }
+        dim[i] = _mm512_reduce_add_ps(di);
+        for (int k = 0; k < 3; k++)
+            memset(g + i * C3 + k * C, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t m = 0; m < T2; m++) {
+        const bool two = 2 * m + 1 < T;
+        pair_rows(src + 2 * m * C3, two ? src + (2 * m + 1) * C3 : NULL, D, q2 + m * D);
+        pair_rows((const uint16_t *)(const void *)(gp + 2 * m * D2),
+                  two ? (const uint16_t *)(const void *)(gp + (2 * m + 1) * D2) : NULL, D, g2 + m * D);
+    }
+    for (int64_t j0 = 0; j0 < T; j0 += BK) {
+        const int64_t j1 = j0 + BK < T ? j0 + BK : T, nb = j1 - j0, i0 = causal ? j0 : 0, m0 = i0 / 2;
+        bf16_pairs_t(src + j0 * C3 + C, C3, nb, D, kp, BK, pr);
+        bf16_pairs_t(src + j0 * C3 + 2 * C, C3, nb, D, vp, BK, pr);
+        for (int64_t jj = 0; jj < nb; jj += 2)
+            pair_rows(src + (j0 + jj) * C3 + C, jj + 1 < nb ? src + (j0 + jj + 1) * C3 + C : NULL, D, k2 + jj / 2 * D);
+        for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
+            const int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
+            float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
+            const float L = lse[i], Di = dim[i];
+            row_dots_bf16(qp + i * D2, kp, BK, D2, ne, sc);
+            row_dots_bf16(gp + i * D2, vp, BK, D2, ne, dp);
+            fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
+            for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
+                bool kp1 = keep(key, p, gbh, T, i, j0 + jj);
+                float P = pd[jj];
+                pd[jj] = kp1 ? P * pscale : 0.0f;
+                ds[jj] = P * ((kp1 ? dp[jj] * pscale : 0.0f) - Di) * scale;
+            }
+            for (int64_t jj = ne; jj < nb; jj++) /* keys the row does not see: 0 in the pairs below */
+                pd[jj] = ds[jj] = 0.0f;
+            bf16_pairs_f32(ds, ne, sp);
+            rows_acc_bf16(g + i * C3, sp, 1, k2, D, (ne + 1) / 2, D, false, (ne & 1) != 0);
+        }
+        for (int64_t m = m0; m < T2; m++) { /* P and dS of rows 2m, 2m + 1 paired, for each key */
+            const int64_t r = 2 * m - i0;
+            const bool two = 2 * m + 1 < T;
+            bf16_pairs_2rows(pdm + r * BK, two ? pdm + (r + 1) * BK : NULL, nb, ptm + (m - m0) * BK);
+            bf16_pairs_2rows(dsm + r * BK, two ? dsm + (r + 1) * BK : NULL, nb, dtm + (m - m0) * BK);
+        }
+        for (int64_t j = j0; j < j1; j += 2) { /* dk_j and dv_j over the rows i that see key j, in i order */
+            const int64_t ia = causal ? j : i0, jj = j - j0, ma = ia / 2; /* j, ia even */
+            if (j + 1 < j1) { /* keys j and j + 1 over the same pairs of rows (row j does not see key j + 1) */
+                rows_acc_bf16_x2(g + j * C3 + C, g + (j + 1) * C3 + C, dtm + (ma - m0) * BK + jj,
+                                 dtm + (ma - m0) * BK + jj + 1, BK, q2 + ma * D, D, T2 - ma, D, causal);
+                rows_acc_bf16_x2(g + j * C3 + 2 * C, g + (j + 1) * C3 + 2 * C, ptm + (ma - m0) * BK + jj,
+                                 ptm + (ma - m0) * BK + jj + 1, BK, g2 + ma * D, D, T2 - ma, D, causal);
+                continue;
+            }
+            rows_acc_bf16(g + j * C3 + C, dtm + (ma - m0) * BK + jj, BK, q2 + ma * D, D, T2 - ma, D, false, false);
+            rows_acc_bf16(g + j * C3 + 2 * C, ptm + (ma - m0) * BK + jj, BK, g2 + ma * D, D, T2 - ma, D, false,
+                          false);
+        }
+    }
+    for (int64_t i = 0; i < T; i++)
+        for (int k = 0; k < 3; k++) {
+            float *gr = g + i * C3 + k * C;
+            round_row(DT__ATT_BF16, DT_BF16, gr, gr, dl ? dl + i * C3 + k * C : hb, D);
+        }
+}
+#endif
+
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones.
  * t: qkv's dtype; with bf16/f16 the head's q, k, v are first widened into
@@ -551,28 +707,26 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
     float sc[BK], dp[BK];
     uint16_t hb[DMAX];
-    uint32_t pr[DMAX / 2]; /* a row's bf16 pairs (bf16_pairs_t's scratch) */
     const float *qb, *kb, *vb, *gy; /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
     int64_t ld, ldg;
-    const int64_t D2 = (D + 1) / 2;
     const uint16_t *src = t == DT_F32 ? NULL : (const uint16_t *)qkv + b * T * C3 + h * D;
-    uint32_t *qp = NULL, *gp = NULL; /* DT__ATT_BF16: the q and dy rows as bf16 pairs, [T][D2] each */
+#if DT__X86_VEC
+    if (vec == DT__ATT_BF16) {
+        bwd_head_bf16(src, y + b * T * C + h * D, lse + bh * T, dy + b * T * C + h * D, T, C, D, gbh, causal, p, key,
+                      kt, gbase + h * D, dlp ? dlp + b * T * C3 + h * D : NULL);
+        return;
+    }
+#endif
     float *dim = dsm + T * BK; /* [T]: each row's Di, once (not once a key block) */
     if (t == DT_F32) {
         qb = (const float *)qkv + b * T * C3 + h * D, kb = qb + C, vb = qb + 2 * C, ld = C3;
         gy = dy + b * T * C + h * D, ldg = C;
     } else {
         float *w = dim + T, *wg = w + T * 3 * D;
-        if (vec == DT__ATT_BF16)
-            qp = (uint32_t *)(void *)(wg + T * D), gp = qp + T * D2;
         for (int64_t i = 0; i < T; i++) {
             for (int k = 0; k < 3; k++)
                 widen_row(vec, t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
             round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
-            if (qp) {
-                bf16_pairs(src + i * C3, qp + i * D2, D);
-                bf16_pairs(hb, gp + i * D2, D);
-            }
         }
         qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
         gy = wg, ldg = D;
@@ -584,28 +738,15 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     }
     for (int64_t j0 = 0; j0 < T; j0 += BK) {
         int64_t j1 = j0 + BK < T ? j0 + BK : T, i0 = causal ? j0 : 0;
-        if (qp) { /* the block's keys and values as bf16 pairs (row_dots_bf16) */
-            bf16_pairs_t(src + j0 * C3 + C, C3, j1 - j0, D, (uint32_t *)(void *)kt, BK, pr);
-            bf16_pairs_t(src + j0 * C3 + 2 * C, C3, j1 - j0, D, (uint32_t *)(void *)vt, BK, pr);
-        } else {
-            block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
-            block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
-        }
+        block_t(kb + j0 * ld, ld, j1 - j0, D, kt);
+        block_t(vb + j0 * ld, ld, j1 - j0, D, vt);
         for (int64_t i = i0; i < T; i++) { /* the block's P and dS row by row, and dq_i */
             int64_t je = causal && i + 1 < j1 ? i + 1 : j1, ne = je - j0;
             const float *q = qb + i * ld, *g = gy + i * ldg;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
             float L = lse[bh * T + i], Di = dim[i];
-#if DT__X86_VEC
-            if (qp) {
-                row_dots_bf16(qp + i * D2, (const uint32_t *)(const void *)kt, BK, D2, ne, sc);
-                row_dots_bf16(gp + i * D2, (const uint32_t *)(const void *)vt, BK, D2, ne, dp);
-            } else
-#endif
-            {
-                row_dots(vec, q, kt, BK, D, ne, sc);
-                row_dots(vec, g, vt, BK, D, ne, dp);
-            }
+            row_dots(vec, q, kt, BK, D, ne, sc);
+            row_dots(vec, g, vt, BK, D, ne, dp);
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST) {
                 fast_bwd_probs(sc, dp, ne, scale, L, Di, pd, ds);
@@ -650,7 +791,10 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
  * [T][3D] and dy [T][D] and (DT__ATT_BF16) the q and dy rows' bf16 pairs. */
 static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    return (size_t)(SCRATCH_FLOATS + 2 * T * BK + T + (t == DT_F32 ? 0 : 4 * T * D + T * (D + 1)));
+    const int64_t base = SCRATCH_FLOATS + 2 * T * BK + T, T2 = (T + 1) / 2, D2 = (D + 1) / 2;
+    const int64_t wide = base + (t == DT_F32 ? 0 : 4 * T * D + T * (D + 1));
+    const int64_t pairs = base + 2 * T * D2 + 2 * T2 * D + (BK / 2) * D + 2 * T2 * BK; /* bwd_head_bf16's */
+    return (size_t)(t == DT_BF16 && pairs > wide ? pairs : wide);
 }
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,

@@ -206,6 +206,177 @@ DT__AVX512BF16 static inline void row_dots_bf16(const uint32_t *restrict qp, con
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(s + 16 * c, m[c],
                                                                               _mm512_add_ps(a[c], b[c]));
 }
+
+/* The lanes [j, n) of a 16-lane step (none when j >= n). */
+static inline __mmask16 att_lanes(int64_t j, int64_t n)
+{
+    return n - j >= 16 ? (__mmask16)0xffff : n > j ? (__mmask16)((1u << (n - j)) - 1u) : (__mmask16)0;
+}
+
+/* The accumulations of the avx512_bf16 path (DT__ATT_BF16) on vdpbf16ps:
+ *   out[d] += sum over pairs t < n2 of lo(c_t) lo(x_t[d]) + hi(c_t) hi(x_t[d])
+ * with c_t = c[t cs] a pair of bf16 coefficients and x_t = x + t xs a row of
+ * D pairs (two bf16 rows interleaved: pair_rows). Each pair's products are
+ * exact and added in f32 (bf16 subnormals read as 0); the sums run in a
+ * fixed order (64 columns at a time: the even and the odd pairs in two
+ * chains, then their sum; 16 at a time in t order; the last D mod 16 under
+ * a mask). lo0: the low halves of x_0 are ignored, hi_last: the high
+ * halves of x_(n2-1) (a row the mask hides, whose zero coefficient must not
+ * meet an infinite or NaN value: 0 x inf is NaN). */
+DT__AVX512BF16 static inline void rows_acc_bf16(float *restrict out, const uint32_t *restrict c, int64_t cs,
+                                                const uint32_t *restrict x, int64_t xs, int64_t n2, int64_t D,
+                                                bool lo0, bool hi_last)
+{
+    if (n2 <= 0)
+        return;
+    const __m512i all = _mm512_set1_epi32(-1);
+    __m512i m0 = lo0 ? _mm512_set1_epi32((int)0xffff0000u) : all, m1 = hi_last ? _mm512_set1_epi32(0xffff) : all;
+    int64_t ta = 0, tz = n2; /* the pairs without a mask */
+    if (lo0 || (hi_last && n2 == 1)) {
+        m0 = n2 == 1 ? _mm512_and_si512(m0, m1) : m0;
+        ta = 1;
+    }
+    if (hi_last && tz > ta)
+        tz--;
+    else
+        hi_last = false; /* done with the first pair, or none */
+    int64_t d0 = 0;
+#define RAB_STEP(t, W, M, MASKED)                                                                                \
+    do {                                                                                                       \
+        const __m512bh cb = (__m512bh)_mm512_set1_epi32((int)c[(t) * cs]);                                      \
+        const uint32_t *xr = x + (t) * xs + d0;                                                                \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                             \
+        {                                                                                                      \
+            __m512i v = _mm512_maskz_loadu_epi32(M, xr + 16 * k);                                              \
+            a[k] = _mm512_dpbf16_ps(a[k], cb, (__m512bh)(MASKED ? _mm512_and_si512(v, mk) : v));                \
+        }                                                                                                      \
+    } while (0)
+#define RAB_BLOCK(W, M, COND)                                                                                    \
+    for (; COND; d0 += (W)) {                                                                                  \
+        __m512 a[(W) / 16];                                                                                    \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++) a[k] = _mm512_maskz_loadu_ps(M, out + d0 + 16 * k); \
+        __m512i mk = m0;                                                                                       \
+        if (ta)                                                                                                \
+            RAB_STEP(0, W, M, 1);                                                                              \
+        int64_t t = ta;                                                                                        \
+        if ((W) == 64 && tz - ta >= 4) { /* two chains a register: even and odd pairs, then their sum */     \
+            __m512 b[(W) / 16];                                                                                \
+            _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++) b[k] = _mm512_setzero_ps();             \
+            for (; t + 2 <= tz; t += 2) {                                                                      \
+                const __m512bh c0 = (__m512bh)_mm512_set1_epi32((int)c[t * cs]);                               \
+                const __m512bh c1 = (__m512bh)_mm512_set1_epi32((int)c[(t + 1) * cs]);                         \
+                const uint32_t *x0 = x + t * xs + d0, *x1 = x0 + xs;                                           \
+                _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                     \
+                {                                                                                              \
+                    a[k] = _mm512_dpbf16_ps(a[k], c0, (__m512bh)_mm512_loadu_si512(x0 + 16 * k));              \
+                    b[k] = _mm512_dpbf16_ps(b[k], c1, (__m512bh)_mm512_loadu_si512(x1 + 16 * k));              \
+                }                                                                                              \
+            }                                                                                                  \
+            _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++) a[k] = _mm512_add_ps(a[k], b[k]);      \
+        }                                                                                                      \
+        for (; t < tz; t++)                                                                                    \
+            RAB_STEP(t, W, M, 0);                                                                              \
+        mk = m1;                                                                                               \
+        if (hi_last)                                                                                           \
+            RAB_STEP(tz, W, M, 1);                                                                             \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++) _mm512_mask_storeu_ps(out + d0 + 16 * k, M, a[k]); \
+    }
+    RAB_BLOCK(64, (__mmask16)0xffff, d0 + 64 <= D)
+    RAB_BLOCK(16, (__mmask16)0xffff, d0 + 16 <= D)
+    const __mmask16 mt = att_lanes(d0, D);
+    RAB_BLOCK(16, mt, d0 < D)
+#undef RAB_BLOCK
+#undef RAB_STEP
+}
+
+/* rows_acc_bf16 for two outputs over the same rows x: out0 with the
+ * coefficients c0[t cs], out1 with c1[t cs], each x_t loaded once for
+ * both; hi1: the low halves of x_0 are ignored for out1 (its lo0; out0 has
+ * none). Each sum in t order (so out0 gets the bits rows_acc_bf16 would
+ * give it with chains of 16 columns). */
+DT__AVX512BF16 static inline void rows_acc_bf16_x2(float *restrict out0, float *restrict out1,
+                                                   const uint32_t *restrict c0, const uint32_t *restrict c1,
+                                                   int64_t cs, const uint32_t *restrict x, int64_t xs, int64_t n2,
+                                                   int64_t D, bool lo1)
+{
+    if (n2 <= 0)
+        return;
+    const __m512i m0 = lo1 ? _mm512_set1_epi32((int)0xffff0000u) : _mm512_set1_epi32(-1);
+    int64_t d0 = 0;
+#define RAB2_BLOCK(W, M, COND)                                                                                   \
+    for (; COND; d0 += (W)) {                                                                                  \
+        __m512 a[(W) / 16], b[(W) / 16];                                                                       \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                             \
+        {                                                                                                      \
+            a[k] = _mm512_maskz_loadu_ps(M, out0 + d0 + 16 * k);                                               \
+            b[k] = _mm512_maskz_loadu_ps(M, out1 + d0 + 16 * k);                                               \
+        }                                                                                                      \
+        for (int64_t t = 0; t < n2; t++) {                                                                     \
+            const __m512bh ca = (__m512bh)_mm512_set1_epi32((int)c0[t * cs]);                                   \
+            const __m512bh cb = (__m512bh)_mm512_set1_epi32((int)c1[t * cs]);                                   \
+            const __m512i mk = t ? _mm512_set1_epi32(-1) : m0;                                                 \
+            const uint32_t *xr = x + t * xs + d0;                                                              \
+            _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                         \
+            {                                                                                                  \
+                __m512i v = _mm512_maskz_loadu_epi32(M, xr + 16 * k);                                          \
+                a[k] = _mm512_dpbf16_ps(a[k], ca, (__m512bh)v);                                                \
+                b[k] = _mm512_dpbf16_ps(b[k], cb, (__m512bh)_mm512_and_si512(v, mk));                          \
+            }                                                                                                  \
+        }                                                                                                      \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (W) / 16; k++)                                             \
+        {                                                                                                      \
+            _mm512_mask_storeu_ps(out0 + d0 + 16 * k, M, a[k]);                                                \
+            _mm512_mask_storeu_ps(out1 + d0 + 16 * k, M, b[k]);                                                \
+        }                                                                                                      \
+    }
+    RAB2_BLOCK(64, (__mmask16)0xffff, d0 + 64 <= D)
+    RAB2_BLOCK(16, (__mmask16)0xffff, d0 + 16 <= D)
+    const __mmask16 mt = att_lanes(d0, D);
+    RAB2_BLOCK(16, mt, d0 < D)
+#undef RAB2_BLOCK
+}
+
+/* dst[d] = a[d] | b[d] << 16 for d < D: rows a and b of bf16 as the pairs
+ * rows_acc_bf16 reads (b NULL: zero high halves). */
+DT__AVX512BF16 static inline void pair_rows(const uint16_t *restrict a, const uint16_t *restrict b, int64_t D,
+                                            uint32_t *restrict dst)
+{
+    for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 k = att_lanes(d, D);
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, a + d));
+        __m512i hi = b ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, b + d)), 16)
+                       : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(dst + d, k, _mm512_or_si512(lo, hi));
+    }
+}
+
+/* dst[0, (n + 1) / 2) = s[0, n) rounded to bf16 (vcvtne2ps2bf16: to
+ * nearest even) as pairs along s, a zero high half past an odd n. */
+DT__AVX512BF16 static inline void bf16_pairs_f32(const float *restrict s, int64_t n, uint32_t *restrict dst)
+{
+    for (int64_t j = 0; j < n; j += 32) {
+        const __mmask16 k0 = att_lanes(j, n), k1 = att_lanes(j + 16, n);
+        __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, s + j + 16), _mm512_maskz_loadu_ps(k0, s + j));
+        _mm512_mask_storeu_epi32(dst + j / 2, att_lanes(j / 2, (n + 1) / 2), (__m512i)h);
+    }
+}
+
+/* dst[j] = bf16(a[j]) | bf16(b[j]) << 16 for j < n: rows a and b of f32
+ * rounded to bf16 (to nearest even) and paired across the rows (b NULL:
+ * zero high halves). */
+DT__AVX512BF16 static inline void bf16_pairs_2rows(const float *restrict a, const float *restrict b, int64_t n,
+                                                   uint32_t *restrict dst)
+{
+    static const uint16_t ix[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512(ix);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = att_lanes(j, n);
+        __m512 hb = b ? _mm512_maskz_loadu_ps(k, b + j) : _mm512_setzero_ps();
+        __m512bh h = _mm512_cvtne2ps_pbh(hb, _mm512_maskz_loadu_ps(k, a + j));
+        _mm512_mask_storeu_epi32(dst + j, k, _mm512_permutexvar_epi16(idx, (__m512i)h));
+    }
+}
 #endif
 
 /* The pairs of n bf16 values at src as row_dots_bf16 reads them: dst[0,
