@@ -574,10 +574,31 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
 /* y[0, n) = x rounded to t values (y may be x), also stored as t at lp when
  * it is not NULL: bf16 by dt__bf16_round (the bits of dt_f32_to_bf16),
  * f16 through dt_k_convert in RP_BLK pieces. */
+#if DT__X86_VEC
+/* round_to_t's bf16 case at 16 lanes; returns how many leading elements it
+ * did (a multiple of 16) */
+DT__AVX512 static int64_t round_bf16_avx512(const float *x, float *y, int64_t n, uint16_t *lp)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 r = bf16_round16(_mm512_loadu_ps(x + j));
+        _mm512_storeu_ps(y + j, r);
+        if (lp)
+            bf16_store16(lp + j, r);
+    }
+    return j;
+}
+#endif
+
 static void round_to_t(const float *x, float *y, dt_dtype t, int64_t n, uint16_t *lp)
 {
     if (t == DT_BF16) {
-        for (int64_t j = 0; j < n; j++) {
+        int64_t j = 0;
+#if DT__X86_VEC
+        if (dt__vec_level() == DT__VEC_AVX512)
+            j = round_bf16_avx512(x, y, n, lp);
+#endif
+        for (; j < n; j++) {
             float r = dt__bf16_round(x[j]);
             y[j] = r;
             if (lp) {
