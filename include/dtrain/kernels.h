@@ -782,6 +782,16 @@ DT_API dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, in
  * stored as t, in the same pass. */
 DT_API dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const float *dy, int64_t n, float *dg,
                                     float *du, void *dg_lp, void *du_lp);
+/* The backward of packing grouped-query q, k, v rows (rows = B T; H heads
+ * of q, KV of k and v, hd each; KV divides H) into qkv rows [q | k per q
+ * head | v per q head] of low-precision data (t = bf16 or f16), as the
+ * chain cast -> pack -> cast computes it: dqkv (rows, 3 H hd, f32) is
+ * rounded to t; dq (rows, H hd) gets its q part, dk and dv (rows, KV hd)
+ * the sums of their H / KV copies in head order (from zero), rounded to t
+ * values; dk_lp, dv_lp (each may be NULL; only beside its f32 array): the
+ * same values stored as t. Any of dq, dk, dv may be NULL. One pass. */
+DT_API dt_status dt_k_gqa_pack_bwd_lp(const float *dqkv, dt_dtype t, int64_t rows, int64_t H, int64_t KV, int64_t hd,
+                                      float *dq, float *dk, float *dv, void *dk_lp, void *dv_lp);
 
 #ifdef __cplusplus
 }

@@ -304,16 +304,11 @@ dt_status dt__bw_pack(dt_ctx *ctx, dt__node *n, const float *gout)
         if (dt__rg(n->in[i]) && !(g[i] = dt__grad_begin(ctx, n->in[i])))
             return dt_last_status();
     dt_status st = DT_OK;
-    if (t != DT_F32) {
-        float *r = dt_arena_alloc(ctx->arena, (size_t)(rows * 3 * H * hd) * 4 + 4);
-        if (!r || (st = dt__round_to(t, gout, r, rows * 3 * H * hd)) < 0)
-            return r ? st : dt_last_status();
-        gout = r;
-    }
-    pack_bwd(g[0], g[1], g[2], gout, rows, H, KV, hd);
-    for (int i = 1; i < 3 && t != DT_F32 && st >= 0; i++)
-        if (g[i])
-            st = dt__round_to_lp(t, g[i], g[i], gs[i], rows * KV * hd);
+    if (t != DT_F32)
+        st = dt_k_gqa_pack_bwd_lp(gout, t, rows, H, KV, hd, g[0], g[1], g[2], g[1] ? gs[1] : NULL,
+                                  g[2] ? gs[2] : NULL);
+    else
+        pack_bwd(g[0], g[1], g[2], gout, rows, H, KV, hd);
     for (int i = 0; i < 3 && st >= 0; i++)
         if (g[i])
             st = dt__grad_commit(ctx, n->in[i], g[i]);

@@ -1,6 +1,6 @@
 /* The element-wise pieces of a Llama-family block: rotary position
- * embeddings (rotate-half layout) and SwiGLU, forward and backward
- * (RMSNorm: rmsnorm.c).
+ * embeddings (rotate-half layout) and SwiGLU, forward and backward, and the
+ * low-precision backward of grouped-query packing (RMSNorm: rmsnorm.c).
  *
  * RoPE takes precomputed cos/sin tables (T, hd/2): the caller computes the
  * angles (position x inverse frequency) in f32 as transformers does. The
@@ -13,7 +13,7 @@
 
 /* The rotation of n pairs (a_j, b_j) by the angles of c, s (sgn -1: the
  * inverse), into (ya_j, yb_j); the outputs may alias the inputs. */
-static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
+__attribute__((noinline)) static void rope_pairs(const float *a, const float *b, const float *c, const float *s, float sgn, int64_t n,
                        float *ya, float *yb)
 {
     for (int64_t j = 0; j < n; j++) {
@@ -72,6 +72,75 @@ static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
     }
 }
 
+#if DT__X86_VEC
+/* bf16 <-> f32 in registers on the avx512 paths (the rope and SwiGLU rows):
+ * widening bf16 is exact (a shift); rounding is the integer formula of
+ * dt_f32_to_bf16 (dt__bf16_round at 16 lanes), whose bits every
+ * dt_k_convert path gives, vcvtneps2bf16 included. */
+DT__AVX512 static inline __m512 bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* v rounded to bf16, as f32 (low 16 bits zero) */
+DT__AVX512 static inline __m512 bf16_round16(__m512 v)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+/* r (a bf16 value held in f32) stored as bf16 */
+DT__AVX512 static inline void bf16_store16(uint16_t *p, __m512 r)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+}
+
+/* One row of H heads (half % 16 == 0) as rope_lp_rows's one-pass branch
+ * does it, for bf16 on the avx512 paths, widening and rounding in
+ * registers: rope_pairs's operations in its order on 16 pairs at a time. A
+ * group with a NaN input goes through rope_pairs itself (which operand of
+ * the commutative add carries a NaN is the compiler's choice). */
+DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H, int64_t hd, const float *c,
+                                            const float *s, float sgn, uint16_t *y_lp, float *y_f32)
+{
+    const int64_t half = hd / 2;
+    const __m512 sv = _mm512_set1_ps(sgn);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < half; j += 16) {
+            const int64_t ia = h * hd + j, ib = ia + half;
+            __m512 a, b;
+            if (x_f32)
+                a = bf16_round16(_mm512_loadu_ps((const float *)x + ia)),
+                b = bf16_round16(_mm512_loadu_ps((const float *)x + ib));
+            else
+                a = bf16_load16((const uint16_t *)x + ia), b = bf16_load16((const uint16_t *)x + ib);
+            __m512 ya, yb;
+            if (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q)) {
+                float af[16], bf[16];
+                _mm512_storeu_ps(af, a);
+                _mm512_storeu_ps(bf, b);
+                rope_pairs(af, bf, c + j, s + j, sgn, 16, af, bf);
+                ya = _mm512_loadu_ps(af), yb = _mm512_loadu_ps(bf);
+            } else {
+                __m512 cv = _mm512_loadu_ps(c + j), sn = _mm512_mul_ps(sv, _mm512_loadu_ps(s + j));
+                ya = _mm512_sub_ps(_mm512_mul_ps(a, cv), _mm512_mul_ps(b, sn));
+                yb = _mm512_add_ps(_mm512_mul_ps(b, cv), _mm512_mul_ps(a, sn));
+            }
+            ya = bf16_round16(ya), yb = bf16_round16(yb);
+            if (y_lp)
+                bf16_store16(y_lp + ia, ya), bf16_store16(y_lp + ib, yb);
+            if (y_f32)
+                _mm512_storeu_ps(y_f32 + ia, ya), _mm512_storeu_ps(y_f32 + ib, yb);
+        }
+}
+#endif
+
 /* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
  * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
  * f32 holding t values (y_f32; with both, widened from y_lp). */
@@ -87,6 +156,13 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
         const float *c = cos_t + (bt % T) * half, *s = sin_t + (bt % T) * half;
         if (H * hd <= RP_ROW) { /* the row in one conversion each way */
             const int64_t o = bt * H * hd, m = H * hd;
+#if DT__X86_VEC
+            if (t == DT_BF16 && half % 16 == 0 && dt__vec_level() == DT__VEC_AVX512) {
+                rope_row_bf16_avx512(x_f32 ? (const void *)((const float *)x + o) : (const uint16_t *)x + o, x_f32,
+                                     H, hd, c, s, sgn, y_lp ? (uint16_t *)y_lp + o : NULL, y_f32 ? y_f32 + o : NULL);
+                continue;
+            }
+#endif
             if (x_f32) {
                 memcpy(row, (const float *)x + o, (size_t)m * sizeof(float));
                 round_row(row, t, m, h16);
@@ -238,7 +314,7 @@ DT__AVX512 static __m512 sigmoid16(__m512 g)
     return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), dt__expf16(ng)));
 }
 
-DT__AVX512 static void swiglu_fwd_avx512(const float *g, const float *u, int64_t n, float *y)
+DT__AVX512 __attribute__((noinline)) static void swiglu_fwd_avx512(const float *g, const float *u, int64_t n, float *y)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -249,8 +325,8 @@ DT__AVX512 static void swiglu_fwd_avx512(const float *g, const float *u, int64_t
     swiglu_fwd_avx2(g + i, u + i, n - i, y + i);
 }
 
-DT__AVX512 static void swiglu_bwd_avx512(const float *g, const float *u, const float *dy, int64_t n, float *dg,
-                                         float *du)
+DT__AVX512 __attribute__((noinline)) static void swiglu_bwd_avx512(const float *g, const float *u, const float *dy,
+                                                                 int64_t n, float *dg, float *du)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
@@ -336,6 +412,82 @@ dt_status dt_k_swiglu_bwd(const float *g, const float *u, const float *dy, int64
     return DT_OK;
 }
 
+#if DT__X86_VEC
+/* ---- bf16 SwiGLU on the avx512 paths: widening and rounding in registers ----------
+ * The same bits as the block path below (widen with dt_k_convert, the f32
+ * row loop, round with dt_k_convert): the conversions of bf16_load16 /
+ * bf16_round16 and swiglu_*_avx512's arithmetic, operation for operation. A NaN
+ * input's sign and payload reach the result through whichever operand of
+ * a commutative multiply the compiler put first, so a group of 16 with a
+ * NaN input goes through swiglu_*_avx512 itself (kept out of line: one
+ * compiled body decides those bits for both routes). Each returns how many
+ * leading elements it did (a multiple of 16). */
+DT__AVX512 static int64_t swiglu_fwd_bf16_avx512(const uint16_t *g, const uint16_t *u, int64_t n, uint16_t *y)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i);
+        if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q)) {
+            float gf[16], uf[16];
+            _mm512_storeu_ps(gf, gv);
+            _mm512_storeu_ps(uf, uv);
+            swiglu_fwd_avx512(gf, uf, 16, gf);
+            bf16_store16(y + i, bf16_round16(_mm512_loadu_ps(gf)));
+            continue;
+        }
+        __m512 sg = sigmoid16(gv);
+        bf16_store16(y + i, bf16_round16(_mm512_mul_ps(_mm512_mul_ps(gv, sg), uv)));
+    }
+    return i;
+}
+
+DT__AVX512 static int64_t swiglu_bwd_bf16_avx512(const uint16_t *g, const uint16_t *u, const float *dy, int64_t n,
+                                                 float *dg, float *du, uint16_t *dg_lp, uint16_t *du_lp)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i), d = bf16_round16(_mm512_loadu_ps(dy + i));
+        if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q)) {
+            float gf[16], uf[16], df[16], a[16], b[16];
+            _mm512_storeu_ps(gf, gv);
+            _mm512_storeu_ps(uf, uv);
+            _mm512_storeu_ps(df, d);
+            swiglu_bwd_avx512(gf, uf, df, 16, dg ? a : NULL, du ? b : NULL);
+            if (dg) {
+                __m512 r = bf16_round16(_mm512_loadu_ps(a));
+                _mm512_storeu_ps(dg + i, r);
+                if (dg_lp)
+                    bf16_store16(dg_lp + i, r);
+            }
+            if (du) {
+                __m512 r = bf16_round16(_mm512_loadu_ps(b));
+                _mm512_storeu_ps(du + i, r);
+                if (du_lp)
+                    bf16_store16(du_lp + i, r);
+            }
+            continue;
+        }
+        __m512 sg = sigmoid16(gv);
+        if (dg) {
+            __m512 a = _mm512_mul_ps(_mm512_mul_ps(d, uv), sg);
+            __m512 b = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+            __m512 r = bf16_round16(_mm512_mul_ps(a, b));
+            _mm512_storeu_ps(dg + i, r);
+            if (dg_lp)
+                bf16_store16(dg_lp + i, r);
+        }
+        if (du) {
+            __m512 r = bf16_round16(_mm512_mul_ps(d, _mm512_mul_ps(gv, sg)));
+            _mm512_storeu_ps(du + i, r);
+            if (du_lp)
+                bf16_store16(du_lp + i, r);
+        }
+    }
+    return i;
+}
+#endif
+
 /* x[0, c) rounded to dtype t in place (f32 -> t -> f32), the t values
  * also kept at lp when it is not NULL. */
 static void round_block(float *x, dt_dtype t, int64_t c, uint16_t *lp)
@@ -360,6 +512,15 @@ dt_status dt_k_swiglu_fwd_lp(const void *g, const void *u, dt_dtype t, int64_t n
     for (int64_t b = 0; b < nb; b++) {
         float gf[SW_BLK], uf[SW_BLK];
         int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+#if DT__X86_VEC
+        if (t == DT_BF16 && dt__vec_level() == DT__VEC_AVX512) { /* whole vectors in registers */
+            const int64_t v = swiglu_fwd_bf16_avx512((const uint16_t *)g + i, (const uint16_t *)u + i, c,
+                                                     (uint16_t *)y + i);
+            i += v, c -= v;
+            if (!c)
+                continue;
+        }
+#endif
         dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
         dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
         swiglu_fwd_any(gf, uf, c, gf);
@@ -384,6 +545,17 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
     for (int64_t b = 0; b < nb; b++) {
         float gf[SW_BLK], uf[SW_BLK], d[SW_BLK];
         int64_t i = b * SW_BLK, c = n - i < SW_BLK ? n - i : SW_BLK;
+#if DT__X86_VEC
+        if (t == DT_BF16 && dt__vec_level() == DT__VEC_AVX512) { /* whole vectors in registers */
+            const int64_t v = swiglu_bwd_bf16_avx512((const uint16_t *)g + i, (const uint16_t *)u + i, dy + i, c,
+                                                     dg ? dg + i : NULL, du ? du + i : NULL,
+                                                     dg && dg_lp ? (uint16_t *)dg_lp + i : NULL,
+                                                     du && du_lp ? (uint16_t *)du_lp + i : NULL);
+            i += v, c -= v;
+            if (!c)
+                continue;
+        }
+#endif
         dt_k_convert((const uint16_t *)g + i, t, gf, DT_F32, c);
         dt_k_convert((const uint16_t *)u + i, t, uf, DT_F32, c);
         memcpy(d, dy + i, (size_t)c * sizeof(float));
@@ -393,6 +565,100 @@ dt_status dt_k_swiglu_bwd_lp(const void *g, const void *u, dt_dtype t, const flo
             round_block(dg + i, t, c, dg_lp ? (uint16_t *)dg_lp + i : NULL);
         if (du)
             round_block(du + i, t, c, du_lp ? (uint16_t *)du_lp + i : NULL);
+    }
+    return DT_OK;
+}
+
+/* ---- grouped-query packing, backward on low-precision data -------------------------- */
+
+/* y[0, n) = x rounded to t values (y may be x), also stored as t at lp when
+ * it is not NULL: bf16 by dt__bf16_round (the bits of dt_f32_to_bf16),
+ * f16 through dt_k_convert in RP_BLK pieces. */
+#if DT__X86_VEC
+/* round_to_t's bf16 case at 16 lanes; returns how many leading elements it
+ * did (a multiple of 16) */
+DT__AVX512 static int64_t round_bf16_avx512(const float *x, float *y, int64_t n, uint16_t *lp)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 r = bf16_round16(_mm512_loadu_ps(x + j));
+        _mm512_storeu_ps(y + j, r);
+        if (lp)
+            bf16_store16(lp + j, r);
+    }
+    return j;
+}
+#endif
+
+static void round_to_t(const float *x, float *y, dt_dtype t, int64_t n, uint16_t *lp)
+{
+    if (t == DT_BF16) {
+        int64_t j = 0;
+#if DT__X86_VEC
+        if (dt__vec_level() == DT__VEC_AVX512)
+            j = round_bf16_avx512(x, y, n, lp);
+#endif
+        for (; j < n; j++) {
+            float r = dt__bf16_round(x[j]);
+            y[j] = r;
+            if (lp) {
+                uint32_t u;
+                memcpy(&u, &r, sizeof u);
+                lp[j] = (uint16_t)(u >> 16);
+            }
+        }
+        return;
+    }
+    uint16_t h16[RP_BLK];
+    for (int64_t i = 0; i < n; i += RP_BLK) {
+        const int64_t c = n - i < RP_BLK ? n - i : RP_BLK;
+        uint16_t *h = lp ? lp + i : h16;
+        dt_k_convert(x + i, DT_F32, h, t, c);
+        dt_k_convert(h, t, y + i, DT_F32, c);
+    }
+}
+
+dt_status dt_k_gqa_pack_bwd_lp(const float *dqkv, dt_dtype t, int64_t rows, int64_t H, int64_t KV, int64_t hd,
+                               float *dq, float *dk, float *dv, void *dk_lp, void *dv_lp)
+{
+    const char *fn = "dt_k_gqa_pack_bwd_lp";
+    DT__CHECK_N(fn, rows);
+    DT__CHECK_N(fn, H);
+    DT__CHECK_N(fn, KV);
+    DT__CHECK_N(fn, hd);
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    if (KV < 1 || H % KV)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: %lld kv heads must divide %lld heads", fn, (long long)KV,
+                        (long long)H);
+    const int64_t C = H * hd, Ck = KV * hd, rep = H / KV;
+    DT__CHECK_PTR(fn, dqkv, rows * 3 * C);
+    int nt = dt__threads_for(rows * 3 * C * 2);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+        float cp[RP_BLK];
+        const float *o = dqkv + r * 3 * C;
+        if (dq)
+            round_to_t(o, dq + r * C, t, C, NULL);
+        for (int s = 1; s <= 2; s++) {
+            float *d = s == 1 ? dk : dv;
+            uint16_t *lp = s == 1 ? dk_lp : dv_lp;
+            if (!d)
+                continue;
+            d += r * Ck;
+            memset(d, 0, (size_t)Ck * sizeof(float));
+            for (int64_t h = 0; h < H; h++) {
+                const float *src = o + s * C + h * hd;
+                float *dst = d + (h / rep) * hd;
+                for (int64_t j0 = 0; j0 < hd; j0 += RP_BLK) {
+                    const int64_t c = hd - j0 < RP_BLK ? hd - j0 : RP_BLK;
+                    round_to_t(src + j0, cp, t, c, NULL);
+                    for (int64_t j = 0; j < c; j++)
+                        dst[j0 + j] += cp[j];
+                }
+            }
+            round_to_t(d, d, t, Ck, lp ? lp + r * Ck : NULL);
+        }
     }
     return DT_OK;
 }

@@ -331,6 +331,72 @@ TEST(gqa_lp_equals_widened)
     gqa_lp_case(DT_F16);
 }
 
+/* The kernel alone (dt_k_gqa_pack_bwd_lp) against round -> gather and sum
+ * from zero -> round, computed here with dt_k_convert: every output, the t
+ * copies, NULL outputs, a head size over its 512-element piece (520), and
+ * NaN, -0 (a sum of -0 copies is +0), values whose sum rounds to infinity;
+ * bad arguments fail. */
+static void gqa_kernel_case(dt_dtype dt, int64_t H, int64_t KV, int64_t hd)
+{
+    const int64_t rows = 3, C = H * hd, Ck = KV * hd, rep = H / KV, n = rows * 3 * C;
+    float *d = malloc(n * 4), *w = malloc(n * 4), *ref[3], *got[3];
+    uint16_t *h = malloc(n * 2), *lp[2], *rl = malloc(n * 2);
+    ASSERT(d && w && h && rl);
+    for (int i = 0; i < 3; i++)
+    {
+        ref[i] = calloc(rows * C, 4), got[i] = calloc(rows * C, 4);
+        ASSERT(ref[i] && got[i]);
+    }
+    lp[0] = malloc(rows * Ck * 2), lp[1] = malloc(rows * Ck * 2);
+    dt_rng_fill_uniform(dt_rng_key_make(16, DT_RNG_DATA, 0, 0), 0, d, n, -2.0f, 2.0f);
+    d[C + 1] = NAN, d[2 * C + 3] = -0.0f, d[C + 2] = 6e4f, d[C + hd + 2] = 6e4f; /* f16: 65504 max */
+    d[C + 5] = 3.3e38f, d[C + hd + 5] = 3.3e38f;
+    for (int64_t h2 = 0; h2 < H; h2++)
+        d[2 * C + h2 * hd + 7] = -0.0f;
+    ASSERT_OK(dt_k_convert(d, DT_F32, h, dt, n));
+    ASSERT_OK(dt_k_convert(h, dt, w, DT_F32, n));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *o = w + r * 3 * C;
+        memcpy(ref[0] + r * C, o, C * 4);
+        for (int64_t h2 = 0; h2 < H; h2++)
+            for (int64_t j = 0; j < hd; j++) {
+                ref[1][r * Ck + (h2 / rep) * hd + j] += o[C + h2 * hd + j];
+                ref[2][r * Ck + (h2 / rep) * hd + j] += o[2 * C + h2 * hd + j];
+            }
+    }
+    for (int i = 1; i < 3; i++) {
+        ASSERT_OK(dt_k_convert(ref[i], DT_F32, rl, dt, rows * Ck));
+        ASSERT_OK(dt_k_convert(rl, dt, ref[i], DT_F32, rows * Ck));
+    }
+    ASSERT_OK(dt_k_gqa_pack_bwd_lp(d, dt, rows, H, KV, hd, got[0], got[1], got[2], lp[0], lp[1]));
+    ASSERT(!memcmp(got[0], ref[0], rows * C * 4));
+    ASSERT(!memcmp(got[1], ref[1], rows * Ck * 4));
+    ASSERT(!memcmp(got[2], ref[2], rows * Ck * 4));
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(dt_k_convert(ref[1 + i], DT_F32, rl, dt, rows * Ck));
+        ASSERT(!memcmp(lp[i], rl, rows * Ck * 2));
+    }
+    memset(got[2], 0, rows * Ck * 4);
+    ASSERT_OK(dt_k_gqa_pack_bwd_lp(d, dt, rows, H, KV, hd, NULL, NULL, got[2], NULL, NULL)); /* v alone */
+    ASSERT(!memcmp(got[2], ref[2], rows * Ck * 4));
+    ASSERT_STATUS(dt_k_gqa_pack_bwd_lp(d, DT_F32, rows, H, KV, hd, got[0], NULL, NULL, NULL, NULL),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_gqa_pack_bwd_lp(d, dt, 1, 4, 3, 2, got[0], NULL, NULL, NULL, NULL), DT_ERR_INVALID_ARG);
+    for (int i = 0; i < 3; i++)
+        free(ref[i]), free(got[i]);
+    free(d), free(w), free(h), free(rl), free(lp[0]), free(lp[1]);
+}
+
+TEST(gqa_kernel_equals_chain)
+{
+    for (int k = 0; k < 2; k++) {
+        dt_dtype dt = k ? DT_F16 : DT_BF16;
+        gqa_kernel_case(dt, 4, 2, 6);
+        gqa_kernel_case(dt, 6, 2, 520);
+        gqa_kernel_case(dt, 3, 3, 16);
+    }
+}
+
 /* RoPE of a bf16/f16 tensor (one kernel reading and writing the low
  * precision: no cast passes) equals, bit for bit, widen + f32 RoPE + round:
  * the result and the gradient (a leaf of that dtype), with -0, large
@@ -480,6 +546,7 @@ int main(void)
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);
+    RUN(gqa_kernel_equals_chain);
     RUN(rms_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(bad_inputs);

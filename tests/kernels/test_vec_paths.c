@@ -419,6 +419,9 @@ TEST(swiglu_paths_identical)
     const float special[] = {-0.0f, 0.0f, 60.0f, -60.0f, 200.0f, -200.0f, 3e38f, -3e38f, NAN, 1e-30f, -9.5f, 88.0f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         g[5 + 17 * i] = special[i];
+    /* NaNs and values that round to bf16 infinity among the ups and the
+     * output gradients too, in other 16-lane groups than the gates' */
+    u[2100] = NAN, u[2101] = 3.3e38f, dy[2200] = -NAN, dy[2203] = 3.4e38f, dy[2205] = 1e-40f;
     ASSERT(set_path(NPATH));
     ASSERT_OK(dt_k_swiglu_fwd(g, u, n, y[1]));
     ASSERT_OK(dt_k_swiglu_bwd(g, u, dy, n, dg[1], du[1]));
@@ -467,6 +470,18 @@ TEST(swiglu_paths_identical)
             ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, NULL, NULL));
             SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg against the chain");
             SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du against the chain");
+            uint16_t *dgh = malloc(n * 2), *duh = malloc(n * 2); /* the t copies: dg / du's bits */
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, dgl, dul, dgh, duh));
+            SAME_BITS(dgl, dg[0], n, "swiglu_bwd_lp dg (with its t copy) against the chain");
+            SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du (with its t copy) against the chain");
+            ASSERT_OK(dt_k_convert(dg[0], DT_F32, tmp, t, n));
+            ASSERT(!memcmp(dgh, tmp, (size_t)n * 2));
+            ASSERT_OK(dt_k_convert(du[0], DT_F32, tmp, t, n));
+            ASSERT(!memcmp(duh, tmp, (size_t)n * 2));
+            ASSERT_OK(dt_k_swiglu_bwd_lp(gh, uh, t, dy, n, NULL, dul, NULL, duh)); /* du alone */
+            SAME_BITS(dul, du[0], n, "swiglu_bwd_lp du alone against the chain");
+            ASSERT(!memcmp(duh, tmp, (size_t)n * 2));
+            free(dgh), free(duh);
             ASSERT_STATUS(dt_k_swiglu_fwd_lp(gh, uh, DT_F32, n, yh[0]), DT_ERR_UNSUPPORTED);
             free(gw), free(uw), free(dr), free(tmp), free(dgl), free(dul);
         }
@@ -475,6 +490,67 @@ TEST(swiglu_paths_identical)
     free(g), free(u), free(dy), free(gh), free(uh);
     for (int k = 0; k < 2; k++)
         free(y[k]), free(dg[k]), free(du[k]), free(yh[k]);
+}
+
+/* RoPE on bf16/f16 rows: dt_k_rope_lp and dt_k_rope_bwd_lp (t copy and f32
+ * copy, f32 copy alone) equal widen + dt_k_rope + round on every path, at
+ * head sizes 64 (the avx512 bf16 rows: 16 pairs at a time) and 40 (20
+ * pairs: a tail of 4), with NaN pairs (both halves NaN), lone NaNs,
+ * infinities, values that round to infinity, subnormals and -0. */
+static void rope_case(int64_t hd)
+{
+    enum { B = 2, T = 3, H = 5 };
+    const int64_t n = B * T * H * hd, half = hd / 2;
+    float *x = malloc(n * 4), *cs = malloc(T * half * 4), *sn = malloc(T * half * 4), *w = malloc(n * 4),
+          *ref = malloc(n * 4), *got = malloc(n * 4);
+    uint16_t *xl = malloc(n * 2), *yl = malloc(n * 2), *rl = malloc(n * 2);
+    ASSERT(x && cs && sn && w && ref && got && xl && yl && rl);
+    fill(x, n, 21, 30.0f);
+    for (int64_t i = 0; i < T * half; i++)
+        cs[i] = cosf(0.37f * (float)i), sn[i] = sinf(0.37f * (float)i);
+    const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 3.4e38f, -3.39e38f, 1e-40f, -0.0f, 0.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[3 + 7 * i] = special[i];
+    x[hd + 2] = NAN, x[hd + 2 + half] = -NAN; /* a pair of NaNs */
+    x[3 * hd + 5] = NAN, x[3 * hd + 5 + half] = 2.0f;
+    for (int k = 0; k <= NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        for (int lp = 0; lp < 2; lp++) {
+            dt_dtype t = lp ? DT_F16 : DT_BF16;
+            /* forward: the t input widened, rotated, rounded */
+            ASSERT_OK(dt_k_convert(x, DT_F32, xl, t, n));
+            ASSERT_OK(dt_k_convert(xl, t, w, DT_F32, n));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, false, ref));
+            ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_rope_lp(xl, t, B, T, H, hd, cs, sn, yl));
+            if (memcmp(yl, rl, (size_t)n * 2))
+                TEST_FAIL_("%s hd %lld: rope_lp differs from the chain on path %s", dt_dtype_name(t), (long long)hd,
+                           dt_k_isa_name(dt_k_get_isa()));
+            /* backward: the f32 gradient rounded, rotated back, rounded */
+            ASSERT_OK(dt_k_convert(x, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_convert(rl, t, w, DT_F32, n));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, true, ref));
+            ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
+            ASSERT_OK(dt_k_convert(rl, t, ref, DT_F32, n));
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, NULL));
+            SAME_BITS(got, ref, n, "rope_bwd_lp (f32 copy) against the chain");
+            memset(got, 0, (size_t)n * 4);
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, yl));
+            SAME_BITS(got, ref, n, "rope_bwd_lp (both copies) against the chain");
+            if (memcmp(yl, rl, (size_t)n * 2))
+                TEST_FAIL_("%s hd %lld: rope_bwd_lp's t copy differs from the chain on path %s", dt_dtype_name(t),
+                           (long long)hd, dt_k_isa_name(dt_k_get_isa()));
+        }
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(x), free(cs), free(sn), free(w), free(ref), free(got), free(xl), free(yl), free(rl);
+}
+
+TEST(rope_lp_paths_identical)
+{
+    rope_case(64);
+    rope_case(40);
 }
 
 /* RMSNorm (f32 and bf16/f16 rows): forward, rstd, dx and dw the same bits on
@@ -629,6 +705,7 @@ int main(void)
     RUN(sum_rows_paths_identical);
     RUN(attention_paths_identical);
     RUN(swiglu_paths_identical);
+    RUN(rope_lp_paths_identical);
     RUN(rmsnorm_paths_identical);
     RUN(maxpool_blocked_paths_identical);
     for (int k = 0; k < NPATH; k++)
