@@ -232,6 +232,24 @@ static inline void round_row(int vec, dt_dtype t, const float *src, float *dst, 
     round_bf16_s1(src, dst, h, n);
 }
 
+/* The end of a forward task: each of its nq query rows (from i0) divided
+ * by its softmax sum into y (and its rounded copy ylp), and its
+ * log-sum-exp; a row that saw no key gets 0 and -inf. */
+static inline void fwd_finish(int vec, dt_dtype t, float (*acc)[DMAX], const float *m, const float *l, int64_t nq,
+                              int64_t i0, int64_t C, int64_t D, float *y, uint16_t *ylp, float *lse)
+{
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t i = i0 + r;
+        float *yo = y + i * C;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < D; d++)
+            yo[d] = acc[r][d] * inv;
+        if (ylp)
+            round_row(vec, t, yo, NULL, ylp + i * C, D);
+        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
 /* ---- the 16-lane softmax rows of DT__ATT_FAST (bf16/f16 qkv, AVX-512) ------------------ */
 #if DT__X86_VEC
 /* The lanes [j, n) of a 16-lane step, at most 16. */
@@ -331,16 +349,7 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
             m[r] = mx;
         }
     }
-    for (int64_t r = 0; r < nq; r++) {
-        int64_t i = i0 + r;
-        float *yo = y + i * C;
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int64_t d = 0; d < D; d++)
-            yo[d] = acc[r][d] * inv;
-        if (ylp)
-            round_row(DT__ATT_BF16, t, yo, NULL, ylp + i * C, D);
-        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
-    }
+    fwd_finish(DT__ATT_BF16, t, acc, m, l, nq, i0, C, D, y, ylp, lse);
 }
 #endif
 
@@ -413,16 +422,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
             m[r] = mx;
         }
     }
-    for (int64_t r = 0; r < nq; r++) {
-        int64_t i = i0 + r;
-        float *yo = y + i * C;
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int64_t d = 0; d < D; d++)
-            yo[d] = acc[r][d] * inv;
-        if (ylp)
-            round_row(vec, t, yo, NULL, ylp + i * C, D);
-        lse[i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
-    }
+    fwd_finish(vec, t, acc, m, l, nq, i0, C, D, y, ylp, lse);
 }
 
 /* One forward task: query blocks [qb0, qb1) of head h of batch b. An f32
