@@ -48,7 +48,8 @@ int dt_cmd_info(int argc, char **argv)
            one ? ")" : "");
     const char *amx_why = NULL;
     bool amx = dt_k_matmul_amx(&amx_why);
-    printf("bf16 matmul: %s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)" : "oneDNN");
+    printf("bf16 matmul: %s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)"
+                                     : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles" : "oneDNN");
     if (!amx)
         printf("dtrain AMX GEMM: off (%s)\n", amx_why);
     const char *blk = getenv("DT_BLOCKED");

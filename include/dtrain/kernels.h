@@ -21,8 +21,8 @@
  *    dt_k_reduce_to_shape, dt_k_sum_all) use a fixed summation order that
  *    does not depend on the thread count at all; oneDNN's weight gradients
  *    may change in the last bits when the thread count changes.
- *  - Matmul and convolution go through oneDNN (bf16 matmul on a CPU with AMX
- *    excepted: dtrain's own AMX GEMM, dt_k_matmul_amx). Their primitives are created
+ *  - Matmul and convolution go through oneDNN (bf16 matmul on dtrain's own
+ *    AMX GEMM where DT_AMX_GEMM=on asks for it, dt_k_matmul_amx). Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none
  *    (dt_k_stats_get() proves it). The cache is thread-safe.
@@ -155,10 +155,13 @@ DT_API bool dt_k_matmul_bf16_native(void);
 DT_API bool dt_k_matmul_native(dt_dtype t);
 /* Whether bf16 matmuls (dt_k_matmul, dt_k_matmul_batched with DT_BF16) run
  * on dtrain's own AMX GEMM in this process instead of oneDNN: true where
- * the CPU has AMX-TILE and AMX-BF16, the OS saves the tile state, Linux
- * grants the process the tile data (asked on the first call) and
- * DT_MAX_CPU_ISA is not avx512 or lower. *why (if not NULL) gets "active"
- * or the reason it is not (a static string). Products are the same
+ * the environment sets DT_AMX_GEMM=on, the CPU has AMX-TILE and AMX-BF16,
+ * the OS saves the tile state, Linux grants the process the tile data
+ * (asked on the first call) and DT_MAX_CPU_ISA is not avx512 or lower.
+ * By default (DT_AMX_GEMM unset or auto) oneDNN runs them, on the tiles
+ * itself where it has AMX kernels (oneDNN 2.6's brgemm: 1.2-2.5x this
+ * GEMM's rate on GPT-2's shapes). *why (if not NULL) gets "active ..." or
+ * the reason it is not (a static string). Products are the same
  * bf16 x bf16 -> f32 ones as oneDNN's, summed in another order. */
 DT_API bool dt_k_matmul_amx(const char **why);
 

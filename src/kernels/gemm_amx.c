@@ -436,7 +436,38 @@ void dt__amx_cache_clear(void)
 
 /* ---- dt_k_matmul's bf16 path ------------------------------------------------------- */
 
-bool dt__amx_active(const char **why) { return dt__amx_tiles_hw(why) != NULL; }
+/* DT_AMX_GEMM: "on" (or 1) runs dt_k_matmul's bf16 products here; "auto"
+ * (the default), "off" (or 0) leave them on oneDNN, whose own AMX kernels
+ * (brgemm, isa avx512_core_amx) measured 1.2-2.5x faster than this GEMM on
+ * GPT-2's shapes (docs/BENCHMARKS.md). Read once per process. */
+static pthread_once_t g_sel_once = PTHREAD_ONCE_INIT;
+static bool g_sel_on;
+
+static void select_read(void)
+{
+    const char *e = getenv("DT_AMX_GEMM");
+    if (!e || !*e || !strcmp(e, "auto") || !strcmp(e, "off") || !strcmp(e, "0"))
+        return;
+    if (!strcmp(e, "on") || !strcmp(e, "1"))
+        g_sel_on = true;
+    else
+        dt_log(DT_LOG_WARN, "DT_AMX_GEMM=%s is not one of auto, on, off; ignored (auto: oneDNN)", e);
+}
+
+bool dt__amx_active(const char **why)
+{
+    const char *w = NULL;
+    if (!dt__amx_tiles_hw(&w)) {
+        if (why)
+            *why = w;
+        return false;
+    }
+    pthread_once(&g_sel_once, select_read);
+    if (why)
+        *why = g_sel_on ? "active (DT_AMX_GEMM=on)"
+                        : "oneDNN runs the bf16 products on AMX itself, faster here; DT_AMX_GEMM=on selects dtrain's";
+    return g_sel_on;
+}
 
 bool dt_k_matmul_amx(const char **why) { return dt__amx_active(why); }
 

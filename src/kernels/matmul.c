@@ -32,8 +32,10 @@
  * Threads: on nt >= 2 threads a large 2-D product runs as nt slabs of its
  * output, each a single-threaded call, see "slabs" below.
  *
- * bf16 on a CPU with AMX: dtrain's own AMX GEMM (gemm_amx.c) runs instead,
- * unless DT_MAX_CPU_ISA is avx512 or lower; dt_k_matmul_amx() says which.
+ * bf16 on a CPU with AMX: oneDNN's brgemm runs on the tiles itself (isa
+ * avx512_core_amx); dtrain's own AMX GEMM (gemm_amx.c) runs instead only
+ * where DT_AMX_GEMM=on asks for it (it measured 1.2-2.5x slower than
+ * oneDNN 2.6 there); dt_k_matmul_amx() says which.
  *
  * Leading dimensions that are multiples of 4 KiB: oneDNN 2.6's f32 GEMM
  * (gemm:jit) runs at half speed on AVX2 when B's rows are a multiple of
