@@ -277,18 +277,24 @@ DT__AVX512 static void bias_gelu_tanh_row_avx512(const float *restrict x, const 
         bias_gelu_tanh_row_avx2(x + j, b ? b + j : NULL, y + j, n - j);
 }
 
+/* dy times GELU's slope at v, the operations of the avx2 row in its order */
+DT__AVX512 static inline __m512 gelu_tanh_bwd16(__m512 v, __m512 dy)
+{
+    const __m512 k3 = _mm512_set1_ps(3.0f * 0.044715f), one = _mm512_set1_ps(1.0f);
+    __m512 opp, q;
+    gelu_tanh_parts16(v, &opp, &q);
+    __m512 du = _mm512_mul_ps(_mm512_set1_ps(SQRT2_PI), _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(k3, v), v)));
+    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), opp), q), du);
+    return _mm512_mul_ps(dy, _mm512_add_ps(opp, t));
+}
+
 DT__AVX512 static void bias_gelu_tanh_bwd_row_avx512(const float *restrict x, const float *restrict b,
                                                      const float *dy, float *dx, float *restrict sb, int64_t n)
 {
-    const __m512 k3 = _mm512_set1_ps(3.0f * 0.044715f), one = _mm512_set1_ps(1.0f);
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps()), opp, q;
-        gelu_tanh_parts16(v, &opp, &q);
-        __m512 du = _mm512_mul_ps(_mm512_set1_ps(SQRT2_PI),
-                                  _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(k3, v), v)));
-        __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), opp), q), du);
-        __m512 g = _mm512_mul_ps(_mm512_loadu_ps(dy + j), _mm512_add_ps(opp, t));
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps());
+        __m512 g = gelu_tanh_bwd16(v, _mm512_loadu_ps(dy + j));
         if (dx)
             _mm512_storeu_ps(dx + j, g);
         if (sb)
@@ -296,6 +302,37 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_avx512(const float *restrict x, co
     }
     if (j < n)
         bias_gelu_tanh_bwd_row_avx2(x + j, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
+}
+
+/* The same row with x in bf16, widened in registers, and dx rounded to bf16
+ * in registers: dx gets the rounded values as f32, h their bits (both
+ * written or neither); sb sums the unrounded ones. The bits of widening x
+ * with dt_k_convert, the row above, then rounding dx with dt_k_convert both
+ * ways (the tail goes exactly that way). */
+DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restrict x, const float *restrict b,
+                                                          const float *dy, float *dx, uint16_t *h,
+                                                          float *restrict sb, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps());
+        __m512 g = gelu_tanh_bwd16(v, _mm512_loadu_ps(dy + j));
+        if (dx) {
+            __m512 r = dt__bf16_round16(g);
+            _mm512_storeu_ps(dx + j, r);
+            dt__bf16_store16(h + j, r);
+        }
+        if (sb)
+            _mm512_storeu_ps(sb + j, _mm512_add_ps(_mm512_loadu_ps(sb + j), g));
+    }
+    if (j < n) {
+        float v[16];
+        (void)dt_k_convert(x + j, DT_BF16, v, DT_F32, n - j);
+        bias_gelu_tanh_bwd_row_avx2(v, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
+        if (dx)
+            (void)(dt_k_convert(dx + j, DT_F32, h + j, DT_BF16, n - j) < 0 ||
+                   dt_k_convert(h + j, DT_BF16, dx + j, DT_F32, n - j) < 0);
+    }
 }
 #endif
 
@@ -464,6 +501,19 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
         for (int64_t r = 0; r < rows; r++) {
             float *d = dx ? dx + r * cols + j0 : NULL;
             uint16_t *h = dx && dx_lp ? (uint16_t *)dx_lp + r * cols + j0 : hb;
+            if (r + 2 < rows) /* the next rows' segments: rows are cols apart, so no stream runs on */
+                for (int64_t k = 0; k < c; k += 32) {
+                    __builtin_prefetch((const uint16_t *)x + (r + 2) * cols + j0 + k);
+                    __builtin_prefetch(dy + (r + 2) * cols + j0 + k);
+                    __builtin_prefetch(dy + (r + 2) * cols + j0 + k + 16);
+                }
+#if DT__X86_VEC
+            if (t == DT_BF16 && vec >= DT__VEC_AVX512) {
+                bias_gelu_tanh_bwd_row_bf16_avx512((const uint16_t *)x + r * cols + j0, bias ? bias + j0 : NULL,
+                                                   dy + r * cols + j0, d, h, sb, c);
+                continue;
+            }
+#endif
             bad |= dt_k_convert((const uint16_t *)x + r * cols + j0, t, v, DT_F32, c) < 0;
             gelu_tanh_bwd_row(vec, v, bias ? bias + j0 : NULL, dy + r * cols + j0, d, sb, c);
             if (d)

@@ -127,6 +127,35 @@ DT__AVX512 static inline __m512 dt__expf16(__m512 x)
     y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(__builtin_inff()));
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
+
+/* bf16 <-> f32 in registers on the avx512 paths (rope, SwiGLU, GELU rows):
+ * widening bf16 is exact (a shift); rounding is the integer formula of
+ * dt_f32_to_bf16 (dt__bf16_round at 16 lanes), whose bits every
+ * dt_k_convert path gives, vcvtneps2bf16 included. */
+DT__AVX512 static inline __m512 dt__bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* v rounded to bf16, as f32 (low 16 bits zero) */
+DT__AVX512 static inline __m512 dt__bf16_round16(__m512 v)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+/* r (a bf16 value held in f32) stored as bf16 */
+DT__AVX512 static inline void dt__bf16_store16(uint16_t *p, __m512 r)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+}
+
 #else
 #define DT__X86_VEC 0
 #endif

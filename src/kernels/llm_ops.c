@@ -73,34 +73,6 @@ static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
 }
 
 #if DT__X86_VEC
-/* bf16 <-> f32 in registers on the avx512 paths (the rope and SwiGLU rows):
- * widening bf16 is exact (a shift); rounding is the integer formula of
- * dt_f32_to_bf16 (dt__bf16_round at 16 lanes), whose bits every
- * dt_k_convert path gives, vcvtneps2bf16 included. */
-DT__AVX512 static inline __m512 bf16_load16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-/* v rounded to bf16, as f32 (low 16 bits zero) */
-DT__AVX512 static inline __m512 bf16_round16(__m512 v)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    __m512i u = _mm512_castps_si512(v);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), hi);
-    __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
-}
-
-/* r (a bf16 value held in f32) stored as bf16 */
-DT__AVX512 static inline void bf16_store16(uint16_t *p, __m512 r)
-{
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
-}
-
 /* One row of H heads (half % 16 == 0) as rope_lp_rows's one-pass branch
  * does it, for bf16 on the avx512 paths, widening and rounding in
  * registers: rope_pairs's operations in its order on 16 pairs at a time. A
@@ -116,10 +88,10 @@ DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H
             const int64_t ia = h * hd + j, ib = ia + half;
             __m512 a, b;
             if (x_f32)
-                a = bf16_round16(_mm512_loadu_ps((const float *)x + ia)),
-                b = bf16_round16(_mm512_loadu_ps((const float *)x + ib));
+                a = dt__bf16_round16(_mm512_loadu_ps((const float *)x + ia)),
+                b = dt__bf16_round16(_mm512_loadu_ps((const float *)x + ib));
             else
-                a = bf16_load16((const uint16_t *)x + ia), b = bf16_load16((const uint16_t *)x + ib);
+                a = dt__bf16_load16((const uint16_t *)x + ia), b = dt__bf16_load16((const uint16_t *)x + ib);
             __m512 ya, yb;
             if (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q)) {
                 float af[16], bf[16];
@@ -132,9 +104,9 @@ DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H
                 ya = _mm512_sub_ps(_mm512_mul_ps(a, cv), _mm512_mul_ps(b, sn));
                 yb = _mm512_add_ps(_mm512_mul_ps(b, cv), _mm512_mul_ps(a, sn));
             }
-            ya = bf16_round16(ya), yb = bf16_round16(yb);
+            ya = dt__bf16_round16(ya), yb = dt__bf16_round16(yb);
             if (y_lp)
-                bf16_store16(y_lp + ia, ya), bf16_store16(y_lp + ib, yb);
+                dt__bf16_store16(y_lp + ia, ya), dt__bf16_store16(y_lp + ib, yb);
             if (y_f32)
                 _mm512_storeu_ps(y_f32 + ia, ya), _mm512_storeu_ps(y_f32 + ib, yb);
         }
@@ -426,17 +398,17 @@ DT__AVX512 static int64_t swiglu_fwd_bf16_avx512(const uint16_t *g, const uint16
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i);
+        __m512 gv = dt__bf16_load16(g + i), uv = dt__bf16_load16(u + i);
         if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q)) {
             float gf[16], uf[16];
             _mm512_storeu_ps(gf, gv);
             _mm512_storeu_ps(uf, uv);
             swiglu_fwd_avx512(gf, uf, 16, gf);
-            bf16_store16(y + i, bf16_round16(_mm512_loadu_ps(gf)));
+            dt__bf16_store16(y + i, dt__bf16_round16(_mm512_loadu_ps(gf)));
             continue;
         }
         __m512 sg = sigmoid16(gv);
-        bf16_store16(y + i, bf16_round16(_mm512_mul_ps(_mm512_mul_ps(gv, sg), uv)));
+        dt__bf16_store16(y + i, dt__bf16_round16(_mm512_mul_ps(_mm512_mul_ps(gv, sg), uv)));
     }
     return i;
 }
@@ -447,7 +419,7 @@ DT__AVX512 static int64_t swiglu_bwd_bf16_avx512(const uint16_t *g, const uint16
     const __m512 one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 gv = bf16_load16(g + i), uv = bf16_load16(u + i), d = bf16_round16(_mm512_loadu_ps(dy + i));
+        __m512 gv = dt__bf16_load16(g + i), uv = dt__bf16_load16(u + i), d = dt__bf16_round16(_mm512_loadu_ps(dy + i));
         if (_mm512_cmp_ps_mask(gv, uv, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q)) {
             float gf[16], uf[16], df[16], a[16], b[16];
             _mm512_storeu_ps(gf, gv);
@@ -455,16 +427,16 @@ DT__AVX512 static int64_t swiglu_bwd_bf16_avx512(const uint16_t *g, const uint16
             _mm512_storeu_ps(df, d);
             swiglu_bwd_avx512(gf, uf, df, 16, dg ? a : NULL, du ? b : NULL);
             if (dg) {
-                __m512 r = bf16_round16(_mm512_loadu_ps(a));
+                __m512 r = dt__bf16_round16(_mm512_loadu_ps(a));
                 _mm512_storeu_ps(dg + i, r);
                 if (dg_lp)
-                    bf16_store16(dg_lp + i, r);
+                    dt__bf16_store16(dg_lp + i, r);
             }
             if (du) {
-                __m512 r = bf16_round16(_mm512_loadu_ps(b));
+                __m512 r = dt__bf16_round16(_mm512_loadu_ps(b));
                 _mm512_storeu_ps(du + i, r);
                 if (du_lp)
-                    bf16_store16(du_lp + i, r);
+                    dt__bf16_store16(du_lp + i, r);
             }
             continue;
         }
@@ -472,16 +444,16 @@ DT__AVX512 static int64_t swiglu_bwd_bf16_avx512(const uint16_t *g, const uint16
         if (dg) {
             __m512 a = _mm512_mul_ps(_mm512_mul_ps(d, uv), sg);
             __m512 b = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
-            __m512 r = bf16_round16(_mm512_mul_ps(a, b));
+            __m512 r = dt__bf16_round16(_mm512_mul_ps(a, b));
             _mm512_storeu_ps(dg + i, r);
             if (dg_lp)
-                bf16_store16(dg_lp + i, r);
+                dt__bf16_store16(dg_lp + i, r);
         }
         if (du) {
-            __m512 r = bf16_round16(_mm512_mul_ps(d, _mm512_mul_ps(gv, sg)));
+            __m512 r = dt__bf16_round16(_mm512_mul_ps(d, _mm512_mul_ps(gv, sg)));
             _mm512_storeu_ps(du + i, r);
             if (du_lp)
-                bf16_store16(du_lp + i, r);
+                dt__bf16_store16(du_lp + i, r);
         }
     }
     return i;
@@ -581,10 +553,10 @@ DT__AVX512 static int64_t round_bf16_avx512(const float *x, float *y, int64_t n,
 {
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 r = bf16_round16(_mm512_loadu_ps(x + j));
+        __m512 r = dt__bf16_round16(_mm512_loadu_ps(x + j));
         _mm512_storeu_ps(y + j, r);
         if (lp)
-            bf16_store16(lp + j, r);
+            dt__bf16_store16(lp + j, r);
     }
     return j;
 }

@@ -145,6 +145,14 @@ TEST(bias_gelu_lp_equals_widened)
                 SAME_BITS(y[0], y[1], M, "bias gelu lp forward");
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx");
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias");
+                /* dx's rounded values in t too (the gradient's shadow) */
+                uint16_t *dxl = malloc(M * 2);
+                ASSERT(dxl != NULL);
+                memset(dxl, 0xff, (size_t)M * 2);
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], dxl, db[0], DT_K_GELU_TANH));
+                SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx beside its shadow");
+                ASSERT(!memcmp(dxl, hh, (size_t)M * 2));
+                free(dxl);
                 /* dbias alone, and dx in place over dy */
                 memcpy(dx[0], dy, (size_t)M * 4);
                 ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
