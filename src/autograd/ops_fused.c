@@ -190,6 +190,16 @@ dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias)
     DT__NEED(ctx, op, x);
     if (dt__is_lp(x) && bias && bias->dtype == DT_F32)
         return bias_gelu_lp(ctx, op, x, bias);
+    if (dt__is_lp(x) && bias && bias->dtype == x->dtype) {
+        /* a bf16/f16 model's layer: the widened composition below, with x
+         * read as it is: the bias widened (exact; its cast's backward rounds
+         * the bias gradient as the composition's does), the f32 result
+         * rounded to x's dtype as the composition rounds it, and x's
+         * gradient rounded inside the kernel (with its shadow) instead of
+         * by a cast of x (bit for bit the same: test_lowp) */
+        dt_tensor *bw = dt_cast(ctx, bias, DT_F32);
+        return bw ? dt__lp_round(ctx, bias_gelu_lp(ctx, op, x, bw), x->dtype) : NULL;
+    }
     dt_tensor *lp[2] = {x, bias}; /* other low precision: computed in f32, rounded once */
     DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_bias_gelu_tanh(ctx, lp[0], lp[1]));
     DT__NEED_F32(ctx, op, x);

@@ -552,10 +552,73 @@ static void bias_gelu_lp_case(dt_dtype dt)
     dt_ctx_free(ctx);
 }
 
+/* The same with the bias in x's dtype too (a bf16 model's c_fc): x read as
+ * it is, the bias widened, the result rounded to x's dtype; three tape nodes
+ * where widening both recorded four, and the result and the gradients of x
+ * and of the bias equal, bit for bit, those of the widening composition. */
+static void bias_gelu_lp_bias_case(dt_dtype dt)
+{
+    enum { B = 2, T = 3, N = 203, M = B * T * N };
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    static float xv[M], gv[M], bv[N];
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 0, 0), 0, xv, M, -5.0f, 5.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 1, 0), 0, gv, M, -1.0f, 1.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(11, DT_RNG_DATA, 2, 0), 0, bv, N, -1.0f, 1.0f);
+    xv[3] = -0.0f;
+    xv[4] = 60.0f;
+    xv[5] = -60.0f;
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (dt_k_set_isa(paths[p]) != DT_OK)
+            continue;
+        dt_tensor *x[2], *g[2], *b[2], *gb[2];
+        for (int k = 0; k < 2; k++) {
+            x[k] = dt_tensor_new(dt, 3, SH(B, T, N));
+            g[k] = dt_tensor_new(DT_F32, 3, SH(B, T, N));
+            b[k] = dt_tensor_new(dt, 1, SH(N));
+            gb[k] = dt_tensor_new(DT_F32, 1, SH(N));
+            ASSERT_OK(dt_k_convert(xv, DT_F32, x[k]->data, dt, M));
+            ASSERT_OK(dt_k_convert(bv, DT_F32, b[k]->data, dt, N));
+            ASSERT_OK(dt_tensor_zero(g[k]));
+            ASSERT_OK(dt_tensor_zero(gb[k]));
+            ASSERT_OK(dt_tensor_set_grad(x[k], g[k]));
+            ASSERT_OK(dt_tensor_set_grad(b[k], gb[k]));
+        }
+        dt_tensor *R = dt_tensor_from(ctx, DT_F32, 3, SH(B, T, N), gv);
+        size_t t0 = dt_ag_tape_len(ctx);
+        dt_tensor *y = dt_bias_gelu_tanh(ctx, x[0], b[0]);
+        ASSERT_EQ_INT((int)(dt_ag_tape_len(ctx) - t0), 3); /* the bias's cast, the op, the result's rounding */
+        dt_tensor *yr = dt_cast(ctx, dt_bias_gelu_tanh(ctx, dt_cast(ctx, x[1], DT_F32), dt_cast(ctx, b[1], DT_F32)),
+                                dt);
+        ASSERT(y && yr && y->dtype == dt && yr->dtype == dt);
+        ASSERT(!memcmp(y->data, yr->data, (size_t)M * 2));
+        ASSERT_OK(dt_backward_with(ctx, y, R));
+        ASSERT_OK(dt_backward_with(ctx, yr, R));
+        ASSERT(!memcmp(g[0]->data, g[1]->data, (size_t)M * 4));
+        ASSERT(!memcmp(gb[0]->data, gb[1]->data, (size_t)N * 4));
+        int nz = 0;
+        for (int64_t i = 0; i < N; i++)
+            nz += ((float *)gb[0]->data)[i] != 0.0f;
+        ASSERT(nz > N / 2);
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_free(x[k]);
+            dt_tensor_free(g[k]);
+            dt_tensor_free(b[k]);
+            dt_tensor_free(gb[k]);
+        }
+        dt_ctx_reset(ctx);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    dt_ctx_free(ctx);
+}
+
 TEST(bias_gelu_lp_equals_widened)
 {
     bias_gelu_lp_case(DT_BF16);
     bias_gelu_lp_case(DT_F16);
+    bias_gelu_lp_bias_case(DT_BF16);
+    bias_gelu_lp_bias_case(DT_F16);
 }
 
 /* f32 + bf16/f16 of one shape (GPT-2's residual adds under autocast) reads
