@@ -30,7 +30,11 @@
  * for f32).
  *
  * Threads: on nt >= 2 threads a large 2-D product runs as nt slabs of its
- * output, each a single-threaded call, see "slabs" below.
+ * output, each a single-threaded call, see "slabs" below; not a bf16/f16
+ * product where oneDNN runs AMX (one call: its brgemm splits it over the
+ * threads on the tiles; a slab's one-thread primitive over a transposed A
+ * or a column block of C fell back to gemm:jit without the tiles, and a
+ * GPT-2 step's GEMMs took twice as long, measured on a Xeon with AMX).
  *
  * bf16 on a CPU with AMX: oneDNN's brgemm runs on the tiles itself (isa
  * avx512_core_amx); dtrain's own AMX GEMM (gemm_amx.c) runs instead only
@@ -548,7 +552,12 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
                                        bias != NULL, 0, 0, 0, dnnl_f32)
                             : DT_ERR_NO_MEMORY;
         }
-        if (st >= 0 && batch == 1) {
+        /* low precision where oneDNN runs AMX: one call, whose brgemm splits
+         * the work over the threads on the tiles itself; a slab's one-thread
+         * primitive over a transposed A or a column block of C would fall
+         * back to gemm:jit, which does not use them (2-3x slower) */
+        const bool tiles = t != DT_F32 && !e->emulate && dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+        if (st >= 0 && batch == 1 && !tiles) {
             slab_plan(e, M, N, K, alpha == 1.0f && beta == 0.0f && ct == DT_F32);
             if (e->nslab)
                 st = slab_build(e, ta, tb, M, N, K, e->emulate ? dnnl_f32 : dnnl_type(t), alpha, beta, bias != NULL,
