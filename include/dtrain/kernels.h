@@ -587,17 +587,21 @@ DT_API dt_status dt_k_bias_gelu_fwd(const float *x, const float *bias, int64_t r
  * added; summed in row order whatever the thread count). */
 DT_API dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy, int64_t rows,
                                     int64_t cols, float *dx, float *dbias, dt_k_gelu_approx approx);
-/* The tanh form of dt_k_bias_gelu_fwd with x in bf16/f16 (dtype t), bias
- * and y f32: bit-identical to widening x with dt_k_convert first, without
+/* The tanh form of dt_k_bias_gelu_fwd with x in bf16/f16 (dtype t) and an
+ * f32 bias; y of dtype yt: f32, or t (the f32 result rounded). Bit-identical
+ * to widening x with dt_k_convert first (and rounding y with it), without
  * the widened copy. */
 DT_API dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols,
-                                       float *y, dt_k_gelu_approx approx);
+                                       void *y, dt_dtype yt, dt_k_gelu_approx approx);
 /* Its backward: dx and dbias as dt_k_bias_gelu_bwd on the widened x, then
  * dx rounded to t's precision (held in f32: the gradient of a t tensor);
- * dbias from the unrounded values. dx may alias dy. dx_lp (may be NULL;
- * only beside dx): the rounded dx stored as t as well, in the same pass. */
-DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
-                                       int64_t cols, float *dx, void *dx_lp, float *dbias, dt_k_gelu_approx approx);
+ * dbias from the unrounded values. round_dy: dy is first rounded to t (the
+ * gradient of a result of dtype t, as its cast's backward rounds it).
+ * dx may alias dy. dx_lp (may be NULL; only beside dx): the rounded dx
+ * stored as t as well, in the same pass. */
+DT_API dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, bool round_dy,
+                                       int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
+                                       dt_k_gelu_approx approx);
 /* Inverted dropout: element i is kept when dt_rng_uniform(key, offset + i)
  * >= p and then scaled by 1/(1-p), else zeroed. The mask depends only on
  * (key, offset + i): not on threads or call order. p in [0, 1); p = 0

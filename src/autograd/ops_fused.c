@@ -107,7 +107,7 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */
 
 /* saved[0] = x (contiguous), saved[1] = bias data or NULL; i[0] = rows, i[1] = cols,
- * i[2] = x's dtype (f32, or bf16/f16 read as it is: bias_gelu_lp) */
+ * i[2] = x's dtype (f32, or bf16/f16 read as it is: bias_gelu_lp), i[3] = the result's */
 dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     int64_t R = n->i[0], N = n->i[1];
@@ -123,7 +123,8 @@ dt_status dt__bw_bias_gelu(dt_ctx *ctx, dt__node *n, const float *gout)
         return dt_last_status();
     dt_status st = t == DT_F32
                        ? dt_k_bias_gelu_bwd(n->saved[0], n->saved[1], gout, R, N, gx, gb, DT_K_GELU_TANH)
-                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, R, N, gx, gs, gb, DT_K_GELU_TANH);
+                       : dt_k_bias_gelu_bwd_lp(t, n->saved[0], n->saved[1], gout, n->i[3] != DT_F32, R, N, gx, gs,
+                                               gb, DT_K_GELU_TANH);
     if (st < 0)
         return st;
     if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
@@ -155,17 +156,19 @@ static dt_tensor *bias_gelu_record(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias, d
             return NULL;
         n->saved[0] = (void *)(uintptr_t)xd;
         n->saved[1] = (void *)(uintptr_t)bd;
-        n->i[0] = R, n->i[1] = N, n->i[2] = x->dtype;
+        n->i[0] = R, n->i[1] = N, n->i[2] = x->dtype, n->i[3] = out->dtype;
     }
     return out;
 }
 
 /* x bf16/f16 with an f32 bias (an autocast GEMM's output and the layer's
- * own bias): the result is f32, as widening x would give, and x is read as
- * it is (dt_k_bias_gelu_fwd_lp) instead of through a widened copy on the
- * tape; the backward rounds x's gradient to its dtype as dt_cast's would.
- * The same bits as the widening path, one pass over x fewer each way. */
-static dt_tensor *bias_gelu_lp(dt_ctx *ctx, const char *op, dt_tensor *x, dt_tensor *bias)
+ * own bias): the result is of dtype yt, f32 as widening x would give (or
+ * x's dtype: the f32 result rounded, as a bf16 model's layer does), and x
+ * is read as it is (dt_k_bias_gelu_fwd_lp) instead of through a widened
+ * copy on the tape; the backward rounds x's gradient to its dtype as
+ * dt_cast's would (and first the gradient of a rounded result). The same
+ * bits as the widening path, one pass over x fewer each way. */
+static dt_tensor *bias_gelu_lp(dt_ctx *ctx, const char *op, dt_tensor *x, dt_tensor *bias, dt_dtype yt)
 {
     if (dt__blocked(bias) && !(bias = dt__plain(ctx, bias)))
         return NULL;
@@ -174,10 +177,10 @@ static dt_tensor *bias_gelu_lp(dt_ctx *ctx, const char *op, dt_tensor *x, dt_ten
     int64_t N = x->shape[x->ndim - 1], R = N ? dt_tensor_numel(x) / N : 0;
     const void *xd = dt__cdata(ctx, x);
     const float *bd = dt__cdata(ctx, bias);
-    dt_tensor *out = dt__out(ctx, x->ndim, x->shape);
+    dt_tensor *out = yt == DT_F32 ? dt__out(ctx, x->ndim, x->shape) : dt_tensor_empty(ctx, yt, x->ndim, x->shape);
     if (!xd || !bd || !out)
         return NULL;
-    if (dt_k_bias_gelu_fwd_lp(x->dtype, xd, bd, R, N, out->data, DT_K_GELU_TANH) < 0) {
+    if (dt_k_bias_gelu_fwd_lp(x->dtype, xd, bd, R, N, out->data, yt, DT_K_GELU_TANH) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -189,16 +192,17 @@ dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias)
     const char *op = "dt_bias_gelu_tanh";
     DT__NEED(ctx, op, x);
     if (dt__is_lp(x) && bias && bias->dtype == DT_F32)
-        return bias_gelu_lp(ctx, op, x, bias);
+        return bias_gelu_lp(ctx, op, x, bias, DT_F32);
     if (dt__is_lp(x) && bias && bias->dtype == x->dtype) {
         /* a bf16/f16 model's layer: the widened composition below, with x
          * read as it is: the bias widened (exact; its cast's backward rounds
          * the bias gradient as the composition's does), the f32 result
-         * rounded to x's dtype as the composition rounds it, and x's
-         * gradient rounded inside the kernel (with its shadow) instead of
-         * by a cast of x (bit for bit the same: test_lowp) */
+         * rounded to x's dtype in the kernel as the composition rounds it
+         * (and its gradient in the backward), and x's gradient rounded in
+         * the kernel (with its shadow) instead of by a cast of x (bit for
+         * bit the same: test_lowp) */
         dt_tensor *bw = dt_cast(ctx, bias, DT_F32);
-        return bw ? dt__lp_round(ctx, bias_gelu_lp(ctx, op, x, bw), x->dtype) : NULL;
+        return bw ? bias_gelu_lp(ctx, op, x, bw, x->dtype) : NULL;
     }
     dt_tensor *lp[2] = {x, bias}; /* other low precision: computed in f32, rounded once */
     DT__LP_RUN(ctx, 2, lp, dt__lp_result(2, lp), dt_bias_gelu_tanh(ctx, lp[0], lp[1]));

@@ -304,19 +304,45 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_avx512(const float *restrict x, co
         bias_gelu_tanh_bwd_row_avx2(x + j, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
 }
 
+/* y = gelu(x + b) with x in bf16, widened in registers: y as f32 (y32) or
+ * rounded to bf16 (y16), whichever is not NULL; the bits of widening x with
+ * dt_k_convert, the f32 row, then (y16) rounding with dt_k_convert. */
+DT__AVX512 static void bias_gelu_tanh_row_bf16_avx512(const uint16_t *restrict x, const float *restrict b,
+                                                     float *y32, uint16_t *y16, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps()), opp, q;
+        gelu_tanh_parts16(v, &opp, &q);
+        __m512 y = _mm512_mul_ps(v, opp);
+        if (y32)
+            _mm512_storeu_ps(y32 + j, y);
+        else
+            dt__bf16_store16(y16 + j, dt__bf16_round16(y));
+    }
+    if (j < n) {
+        float v[16], y[16];
+        (void)dt_k_convert(x + j, DT_BF16, v, DT_F32, n - j);
+        bias_gelu_tanh_row_avx2(v, b ? b + j : NULL, y32 ? y32 + j : y, n - j);
+        if (!y32)
+            (void)dt_k_convert(y, DT_F32, y16 + j, DT_BF16, n - j);
+    }
+}
+
 /* The same row with x in bf16, widened in registers, and dx rounded to bf16
  * in registers: dx gets the rounded values as f32, h their bits (both
  * written or neither); sb sums the unrounded ones. The bits of widening x
  * with dt_k_convert, the row above, then rounding dx with dt_k_convert both
  * ways (the tail goes exactly that way). */
 DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restrict x, const float *restrict b,
-                                                          const float *dy, float *dx, uint16_t *h,
+                                                          const float *dy, bool round_dy, float *dx, uint16_t *h,
                                                           float *restrict sb, int64_t n)
 {
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
         __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps());
-        __m512 g = gelu_tanh_bwd16(v, _mm512_loadu_ps(dy + j));
+        __m512 d = _mm512_loadu_ps(dy + j);
+        __m512 g = gelu_tanh_bwd16(v, round_dy ? dt__bf16_round16(d) : d);
         if (dx) {
             __m512 r = dt__bf16_round16(g);
             _mm512_storeu_ps(dx + j, r);
@@ -326,9 +352,15 @@ DT__AVX512 static void bias_gelu_tanh_bwd_row_bf16_avx512(const uint16_t *restri
             _mm512_storeu_ps(sb + j, _mm512_add_ps(_mm512_loadu_ps(sb + j), g));
     }
     if (j < n) {
-        float v[16];
+        float v[16], dr[16];
+        uint16_t hr[16];
+        const float *g = dy + j;
         (void)dt_k_convert(x + j, DT_BF16, v, DT_F32, n - j);
-        bias_gelu_tanh_bwd_row_avx2(v, b ? b + j : NULL, dy + j, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
+        if (round_dy) {
+            (void)(dt_k_convert(g, DT_F32, hr, DT_BF16, n - j) < 0 || dt_k_convert(hr, DT_BF16, dr, DT_F32, n - j) < 0);
+            g = dr;
+        }
+        bias_gelu_tanh_bwd_row_avx2(v, b ? b + j : NULL, g, dx ? dx + j : NULL, sb ? sb + j : NULL, n - j);
         if (dx)
             (void)(dt_k_convert(dx + j, DT_F32, h + j, DT_BF16, n - j) < 0 ||
                    dt_k_convert(h + j, DT_BF16, dx + j, DT_F32, n - j) < 0);
@@ -438,19 +470,23 @@ dt_status dt_k_bias_gelu_bwd(const float *x, const float *bias, const float *dy,
     return DT_OK;
 }
 
-/* Low-precision x (bf16/f16) with an f32 bias and an f32 result: the
- * rows widened block by block into a stack buffer (dt_k_convert, exact) and
- * run through the same row loops, so y, dx and dbias are bit-identical to
- * dt_k_convert to f32 followed by dt_k_bias_gelu_fwd / _bwd; dx is then
- * rounded to t in place (its gradient holds values of its dtype). */
+/* Low-precision x (bf16/f16) with an f32 bias: the rows widened block by
+ * block into a stack buffer (dt_k_convert, exact; bf16 on the avx512 paths
+ * in registers) and run through the same row loops, so y, dx and dbias are
+ * bit-identical to dt_k_convert to f32 followed by dt_k_bias_gelu_fwd /
+ * _bwd; a result of dtype t is then rounded, dy first rounded (the gradient
+ * of such a result), and dx rounded to t (its gradient holds values of its
+ * dtype). */
 enum { GELU_LP_CB = 256 };
 
-dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols, float *y,
-                                dt_k_gelu_approx approx)
+dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, int64_t rows, int64_t cols, void *y,
+                                dt_dtype yt, dt_k_gelu_approx approx)
 {
     const char *fn = "dt_k_bias_gelu_fwd_lp";
     if (!lp_dtype(t))
         return dt_error(DT_ERR_DTYPE, "%s: dtype %s; want bf16 or f16", fn, dt_dtype_name(t));
+    if (yt != DT_F32 && yt != t)
+        return dt_error(DT_ERR_DTYPE, "%s: result dtype %s; want f32 or %s", fn, dt_dtype_name(yt), dt_dtype_name(t));
     if (approx != DT_K_GELU_TANH)
         return dt_error(DT_ERR_INVALID_ARG, "%s: approximation %d; only the tanh form has a low-precision path",
                         fn, (int)approx);
@@ -464,16 +500,27 @@ dt_status dt_k_bias_gelu_fwd_lp(dt_dtype t, const void *x, const float *bias, in
     for (int64_t r = 0; r < rows; r++) {
         float v[LP_BLK];
         for (int64_t j = 0; j < cols; j += LP_BLK) {
-            int64_t c = cols - j < LP_BLK ? cols - j : LP_BLK;
-            bad |= dt_k_convert((const uint16_t *)x + r * cols + j, t, v, DT_F32, c) < 0;
-            gelu_tanh_row(vec, v, bias ? bias + j : NULL, y + r * cols + j, c);
+            int64_t c = cols - j < LP_BLK ? cols - j : LP_BLK, o = r * cols + j;
+            float *y32 = yt == DT_F32 ? (float *)y + o : NULL;
+#if DT__X86_VEC
+            if (t == DT_BF16 && vec >= DT__VEC_AVX512) {
+                bias_gelu_tanh_row_bf16_avx512((const uint16_t *)x + o, bias ? bias + j : NULL, y32,
+                                               y32 ? NULL : (uint16_t *)y + o, c);
+                continue;
+            }
+#endif
+            bad |= dt_k_convert((const uint16_t *)x + o, t, v, DT_F32, c) < 0;
+            gelu_tanh_row(vec, v, bias ? bias + j : NULL, y32 ? y32 : v, c);
+            if (!y32)
+                bad |= dt_k_convert(v, DT_F32, (uint16_t *)y + o, t, c) < 0;
         }
     }
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", fn) : DT_OK;
 }
 
-dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, int64_t rows,
-                                int64_t cols, float *dx, void *dx_lp, float *dbias, dt_k_gelu_approx approx)
+dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, const float *dy, bool round_dy,
+                                int64_t rows, int64_t cols, float *dx, void *dx_lp, float *dbias,
+                                dt_k_gelu_approx approx)
 {
     const char *fn = "dt_k_bias_gelu_bwd_lp";
     if (!lp_dtype(t))
@@ -496,7 +543,7 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
     for (int64_t bk = 0; bk < nblk; bk++) {
         int64_t j0 = bk * GELU_LP_CB, c = cols - j0 < GELU_LP_CB ? cols - j0 : GELU_LP_CB;
-        float sb[GELU_LP_CB] = {0}, v[GELU_LP_CB];
+        float sb[GELU_LP_CB] = {0}, v[GELU_LP_CB], dr[GELU_LP_CB];
         uint16_t hb[GELU_LP_CB];
         for (int64_t r = 0; r < rows; r++) {
             float *d = dx ? dx + r * cols + j0 : NULL;
@@ -510,12 +557,17 @@ dt_status dt_k_bias_gelu_bwd_lp(dt_dtype t, const void *x, const float *bias, co
 #if DT__X86_VEC
             if (t == DT_BF16 && vec >= DT__VEC_AVX512) {
                 bias_gelu_tanh_bwd_row_bf16_avx512((const uint16_t *)x + r * cols + j0, bias ? bias + j0 : NULL,
-                                                   dy + r * cols + j0, d, h, sb, c);
+                                                   dy + r * cols + j0, round_dy, d, h, sb, c);
                 continue;
             }
 #endif
+            const float *g = dy + r * cols + j0;
+            if (round_dy) { /* dy's values of t, through hb */
+                bad |= dt_k_convert(g, DT_F32, hb, t, c) < 0 || dt_k_convert(hb, t, dr, DT_F32, c) < 0;
+                g = dr;
+            }
             bad |= dt_k_convert((const uint16_t *)x + r * cols + j0, t, v, DT_F32, c) < 0;
-            gelu_tanh_bwd_row(vec, v, bias ? bias + j0 : NULL, dy + r * cols + j0, d, sb, c);
+            gelu_tanh_bwd_row(vec, v, bias ? bias + j0 : NULL, g, d, sb, c);
             if (d)
                 bad |= dt_k_convert(d, DT_F32, h, t, c) < 0 || dt_k_convert(h, t, d, DT_F32, c) < 0;
         }

@@ -140,8 +140,8 @@ TEST(bias_gelu_lp_equals_widened)
                 ASSERT_OK(dt_k_bias_gelu_bwd(xw, b, dy, R, N, dx[1], db[1], DT_K_GELU_TANH));
                 ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
                 ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
-                ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], DT_K_GELU_TANH));
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], DT_F32, DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(y[0], y[1], M, "bias gelu lp forward");
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx");
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias");
@@ -149,22 +149,41 @@ TEST(bias_gelu_lp_equals_widened)
                 uint16_t *dxl = malloc(M * 2);
                 ASSERT(dxl != NULL);
                 memset(dxl, 0xff, (size_t)M * 2);
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], dxl, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], dxl, db[0], DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx beside its shadow");
                 ASSERT(!memcmp(dxl, hh, (size_t)M * 2));
                 free(dxl);
                 /* dbias alone, and dx in place over dy */
                 memcpy(dx[0], dy, (size_t)M * 4);
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], false, R, N, NULL, NULL, db[0], DT_K_GELU_TANH));
                 SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias only");
-                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], R, N, dx[0], NULL, NULL, DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dx[0], false, R, N, dx[0], NULL, NULL, DT_K_GELU_TANH));
                 SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx in place");
+                /* a result of dtype t: y rounded by the kernel; its gradient
+                 * dy rounded first (round_dy), then as above */
+                uint16_t *yl = malloc(M * 2), *yr = malloc(M * 2);
+                float *dyr = malloc(M * 4);
+                ASSERT(yl && yr && dyr);
+                ASSERT_OK(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, yl, t, DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_convert(y[1], DT_F32, yr, t, M));
+                ASSERT(!memcmp(yl, yr, (size_t)M * 2));
+                ASSERT_OK(dt_k_convert(dy, DT_F32, yr, t, M));
+                ASSERT_OK(dt_k_convert(yr, t, dyr, DT_F32, M));
+                ASSERT_OK(dt_k_bias_gelu_bwd(xw, b, dyr, R, N, dx[1], db[1], DT_K_GELU_TANH));
+                ASSERT_OK(dt_k_convert(dx[1], DT_F32, hh, t, M));
+                ASSERT_OK(dt_k_convert(hh, t, dx[1], DT_F32, M));
+                ASSERT_OK(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, true, R, N, dx[0], NULL, db[0], DT_K_GELU_TANH));
+                SAME_BITS(dx[0], dx[1], M, "bias gelu lp backward dx, dy rounded");
+                SAME_BITS(db[0], db[1], N, "bias gelu lp backward dbias, dy rounded");
+                free(yl), free(yr), free(dyr);
             }
             ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
             ASSERT(isnan(y[0][5 + 17 * 6]));
             /* wrong dtype or approximation: errors, not results */
-            ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_K_GELU_TANH) == DT_ERR_DTYPE);
-            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
+            ASSERT(dt_k_bias_gelu_fwd_lp(DT_F32, xh, b, R, N, y[0], DT_F32, DT_K_GELU_TANH) == DT_ERR_DTYPE);
+            ASSERT(dt_k_bias_gelu_fwd_lp(t, xh, b, R, N, y[0], t == DT_BF16 ? DT_F16 : DT_BF16, DT_K_GELU_TANH) ==
+                   DT_ERR_DTYPE);
+            ASSERT(dt_k_bias_gelu_bwd_lp(t, xh, b, dy, false, R, N, dx[0], NULL, db[0], DT_K_GELU_ERF) == DT_ERR_INVALID_ARG);
             free(x), free(xw), free(b), free(dy), free(xh), free(hh);
             for (int k = 0; k < 2; k++)
                 free(y[k]), free(dx[k]), free(db[k]);
