@@ -190,6 +190,54 @@ TEST(bias_gelu_lp_equals_widened)
         }
 }
 
+/* The bf16 residual stream's sum (dt_k_add2_lp) and its gradient's rounding
+ * (dt_k_grad_round_lp, with and without the bf16 copy): the same bits on
+ * every path, over two whole blocks of 2048 and a tail, with -0, NaN,
+ * infinities, subnormals and values that round to the next binade. */
+TEST(add_lp_paths_identical)
+{
+    const int64_t n = 2 * 2048 + 37;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *g = malloc(n * 4), *y[2], *s[2];
+    uint16_t *ah = malloc(n * 2), *bh = malloc(n * 2), *yh[2], *gh[2];
+    ASSERT(a && b && g && ah && bh);
+    for (int k = 0; k < 2; k++) {
+        y[k] = malloc(n * 4), s[k] = malloc(n * 4), yh[k] = malloc(n * 2), gh[k] = malloc(n * 2);
+        ASSERT(y[k] && s[k] && yh[k] && gh[k]);
+    }
+    fill(a, n, 21, 4.0f);
+    fill(b, n, 22, 4.0f);
+    fill(g, n, 23, 1.0f);
+    const float special[] = {-0.0f, 0.0f, NAN, INFINITY, -INFINITY, 1e-40f, -3e-39f, 3.3895e38f, 1.00390625f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+        a[3 + 131 * i] = special[i];
+        g[5 + 97 * i] = special[i];
+        g[2048 * 2 + 1 + i] = special[i]; /* in the tail */
+    }
+    ASSERT_OK(dt_k_convert(a, DT_F32, ah, DT_BF16, n));
+    ASSERT_OK(dt_k_convert(b, DT_F32, bh, DT_BF16, n));
+    ASSERT(set_path(NPATH));
+    ASSERT_OK(dt_k_add2_lp(DT_BF16, ah, bh, yh[1], n));
+    ASSERT_OK(dt_k_grad_round_lp(DT_BF16, g, s[1], gh[1], n));
+    ASSERT_OK(dt_k_grad_round_lp(DT_BF16, g, y[1], NULL, n));
+    ASSERT(!memcmp(s[1], y[1], (size_t)n * 4));
+    for (int k = 0; k < NPATH; k++) {
+        if (!set_path(k))
+            continue;
+        ASSERT_OK(dt_k_add2_lp(DT_BF16, ah, bh, yh[0], n));
+        ASSERT(!memcmp(yh[0], yh[1], (size_t)n * 2));
+        ASSERT_OK(dt_k_grad_round_lp(DT_BF16, g, s[0], gh[0], n));
+        SAME_BITS(s[0], s[1], n, "gradient rounded to bf16");
+        ASSERT(!memcmp(gh[0], gh[1], (size_t)n * 2));
+        memcpy(y[0], g, (size_t)n * 4); /* in place, no copy */
+        ASSERT_OK(dt_k_grad_round_lp(DT_BF16, y[0], y[0], NULL, n));
+        SAME_BITS(y[0], s[1], n, "gradient rounded to bf16 in place");
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    free(a), free(b), free(g), free(ah), free(bh);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(s[k]), free(yh[k]), free(gh[k]);
+}
+
 TEST(xent_paths_identical)
 {
     const int64_t R = 4, V = 5003; /* three chunks, the last 907 wide: 56 x 16, 8 and a tail of 3 */
@@ -727,6 +775,7 @@ int main(void)
         DT_TEST_SKIP_ALL("no AVX2 on this CPU (dt_k_get_isa() is scalar): only the scalar loops exist");
     RUN(bias_gelu_tanh_paths_identical);
     RUN(bias_gelu_lp_equals_widened);
+    RUN(add_lp_paths_identical);
     RUN(xent_paths_identical);
     RUN(xent_lp_equals_widened);
     RUN(sum_rows_paths_identical);
