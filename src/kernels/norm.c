@@ -513,7 +513,7 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
             return dt_error(DT_ERR_NO_MEMORY, "%s: a row buffer of %lld floats", fn, (long long)cols);
     }
     if (dgamma || dbeta) {
-        int64_t nblk = (cols + LN_CB - 1) / LN_CB;
+        const int64_t nblk = (cols + LN_CB - 1) / LN_CB, xs = (int64_t)dt_dtype_size(xt);
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t bk = 0; bk < nblk; bk++) {
             int64_t j0 = bk * LN_CB, n = cols - j0 < LN_CB ? cols - j0 : LN_CB;
@@ -522,6 +522,13 @@ dt_status dt_k_layernorm_bwd_lp(const void *x, dt_dtype xt, const float *dy, dt_
             for (int64_t j = 0; j < n; j++)
                 sg[j] = sb[j] = 0.0;
             for (int64_t r = 0; r < rows; r++) {
+                if (r + 2 < rows) { /* the next rows' segments: a whole row apart, no stream runs on */
+                    const char *px = (const char *)x + ((r + 2) * cols + j0) * xs;
+                    for (int64_t k = 0; k < n * xs; k += 64)
+                        __builtin_prefetch(px + k);
+                    for (int64_t k = 0; k < n; k += 16)
+                        __builtin_prefetch(dy + (r + 2) * cols + j0 + k);
+                }
                 const float *xr = ln_widen(x, xt, r * cols + j0, n, xb), *gr = dy + r * cols + j0;
                 if (yt != DT_F32) {
                     ln_round(vec, gr, gb, yt, n);
