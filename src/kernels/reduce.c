@@ -660,6 +660,29 @@ dt_status dt_k_softmax_xent_fwd_lp(dt_dtype t, const void *logits, const void *l
     return xent_fwd(fn, t, logits, labels, lt, rows, cols, loss, NULL, save_lse);
 }
 
+#if DT__X86_VEC
+/* row_grad's bf16 row on the avx512 paths: the logits widened and the
+ * gradient rounded in registers, row_scaled_softmax_avx512's operations
+ * (every path's bits) with the label's s subtracted in its lane before the
+ * rounding, as the chunks do; returns the columns done (a multiple of 16). */
+DT__AVX512 static int64_t row_grad_bf16_avx512(const uint16_t *x, int64_t cols, float lse, float s, int64_t l,
+                                               float *d, uint16_t *h)
+{
+    const __m512 vl = _mm512_set1_ps(lse), vs = _mm512_set1_ps(s);
+    int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+        __m512 v = _mm512_mul_ps(vs, dt__expf16(_mm512_sub_ps(dt__bf16_load16(x + j), vl)));
+        if (l >= j && l < j + 16)
+            v = _mm512_mask_sub_ps(v, (__mmask16)(1u << (l - j)), v, vs);
+        __m512 r = dt__bf16_round16(v);
+        dt__bf16_store16(h + j, r);
+        if (d)
+            _mm512_storeu_ps(d + j, r);
+    }
+    return j;
+}
+#endif
+
 /* Row r's gradient from its logits x (dtype t) and lse, chunk by chunk:
  * f32 logits straight into d; low-precision ones widened into buf, the
  * chunk's gradient rounded to t into dl (and widened back into d, if any). */
@@ -671,7 +694,12 @@ static void row_grad(int vec, dt_dtype t, const void *x, int64_t cols, float lse
         d[l] -= s;
         return;
     }
-    for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
+    int64_t c0 = 0;
+#if DT__X86_VEC
+    if (t == DT_BF16 && vec >= DT__VEC_AVX512)
+        c0 = row_grad_bf16_avx512(x, cols, lse, s, l, d, dl);
+#endif
+    for (; c0 < cols; c0 += XCHUNK) {
         int64_t n = c0 + XCHUNK < cols ? XCHUNK : cols - c0;
         uint16_t *h = (uint16_t *)dl + c0;
         row_scaled_softmax(vec, chunk_f32(t, x, c0, n, buf), buf, n, lse, s);
