@@ -652,12 +652,22 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * probabilities rounded to bf16 (to nearest even, after dropout's scaling;
  * the row sums use their f32 values) before they multiply v by vdpbf16ps,
  * as flash-attention kernels do for bf16 inputs (bf16 subnormals read as
- * 0): each element of y moves by at most 2^-9 of the sum of |P_ij v_j|
- * over its row's keys, within 2^-7 of the tensor's largest |value| in the
- * tests (tests/autograd/test_attention_lp; about 2^-9.2 measured; lse keeps
- * the bound above). ylp (B, T, C) of t, or NULL: y rounded to t as well
- * (the t result autocast keeps; on the fast paths an element may round to
- * the neighbour of the widened result's). */
+ * 0): each element of y moves by at most 2^-8 (1 + 2^-6) of the sum of
+ * |P_ij v_j| / l_i over its row's keys (bf16's rounding is relative 2^-8;
+ * about 2^-8.4 measured against a double reference,
+ * tests/kernels/test_attention_bf16), within 2^-7 of the tensor's largest
+ * |value| in the tests (tests/autograd/test_attention_lp; lse keeps the
+ * bound above). Where the CPU has AMX (AMX-TILE and AMX-BF16, the OS and
+ * Linux allowing the tiles; not under DT_MAX_CPU_ISA=avx512 or lower, nor
+ * with DT_ATTN_AMX=off) that path runs the products q k^T and P v on the
+ * tiles (tdpbf16ps: the pairs of bf16 products exact, added in f32 one
+ * after the other, bf16 subnormal inputs read as 0 and subnormal sums
+ * flushed to 0), each row's softmax over all its keys at once: the same
+ * bound (the same worst error measured). A task whose q, k or v holds an
+ * infinity or a NaN runs the vdpbf16ps rows instead (the tiles' masked
+ * and padded zeros would meet it: 0 x inf). ylp (B, T, C) of t, or NULL:
+ * y rounded to t as well (the t result autocast keeps; on the fast paths
+ * an element may round to the neighbour of the widened result's). */
 DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                              int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
                                              void *ylp, float *lse);
@@ -668,10 +678,18 @@ DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_
  * precision (the gradient of a t input). On the avx512_bf16 path a bf16
  * qkv has P and dS = P (dP - Di) / sqrt(D) rounded to bf16 before they
  * multiply dy, q and k (dv, dk, dq by vdpbf16ps): each element before its
- * final rounding to t moves by at most 2^-9 of the sum of its terms'
- * magnitudes, within 2^-7 of the tensor's largest |value| beyond t's
- * rounding in the tests (about 2^-8.3 measured). dqkv_lp (B, T, 3C) of t,
- * or NULL: the same values stored as t as well, in the same pass. */
+ * final rounding to t moves by at most 2^-8 (1 + 2^-6) of the sum of its
+ * terms' magnitudes (dv_j: P_ij |dy_i|, dq_i: |dS_ij k_j|, dk_j: |dS_ij
+ * q_i|) plus, for dq and dk, 2^-14 of what dS's f32 inputs carry (P_ij
+ * (sum_d |dy_i v_j| + |Di|) / sqrt(D) times |k_j| or |q_i|: dP - Di
+ * cancels), within 2^-7 of the tensor's largest |value| beyond t's
+ * rounding in the tests (tests/kernels/test_attention_bf16 checks each
+ * element against a double reference). With AMX (as above) the six
+ * products S = q k^T, dP = dy v^T, dq = dS k, dk^T = q^T dS, dv^T = dy^T P
+ * run on the tiles, dk and dv each one tile sum over the rows, dq added
+ * key block by key block: the same bound; a head whose q, k, v or rounded
+ * dy holds an infinity or a NaN runs the rows instead. dqkv_lp (B, T, 3C)
+ * of t, or NULL: the same values stored as t as well, in the same pass. */
 DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const float *y, const float *lse,
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                              int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,

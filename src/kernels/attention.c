@@ -51,10 +51,17 @@
  * scores come from the bf16 pairs (row_dots_bf16), and P and dS, rounded to
  * bf16, multiply v, k, q and dy by vdpbf16ps (rows_acc_bf16) with those
  * operands interleaved in pairs of rows once a task or a key block
- * (fwd_rows_bf16, bwd_head_bf16), within the bound kernels.h states. */
+ * (fwd_rows_bf16, bwd_head_bf16), within the bound kernels.h states.
+ * Where the CPU has AMX the products of that path run on the tiles
+ * instead (fwd_task_amx, bwd_task_amx: see "the products on the AMX
+ * tiles" below). */
 #include "attention_impl.h"
+#include "kernels/attention_amx.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BQ 16
@@ -303,6 +310,17 @@ DT__AVX512 static void fast_bwd_probs(const float *sc, const float *dp, int64_t 
     }
 }
 
+/* a . b over n floats on 16 lanes (fused multiply-adds), then their sum. */
+DT__AVX512 static float fast_dot16(const float *a, const float *b, int64_t n)
+{
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n; d += 16) {
+        const __mmask16 k = lanes16(d, n);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + d), _mm512_maskz_loadu_ps(k, b + d), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
 /* fwd_rows on the avx512_bf16 path (DT__ATT_BF16): q rows as bf16 pairs
  * along D at qp + r D2, the head's keys likewise, transposed (kp: pair d2
  * of key j at d2 ldT + j), its values paired along the keys (vp: keys 2 j2
@@ -529,6 +547,386 @@ static dt_status lp_dtype(const char *fn, dt_dtype t)
     return DT_OK;
 }
 
+/* ---- the products on the AMX tiles (a bf16 qkv) --------------------------------------- */
+/* Where the CPU has AMX (dt__amx_tiles_hw, on the avx512_bf16 path) a bf16
+ * qkv runs the attention's six products on the tiles (amx_tiles.h: the
+ * block slot, C (32 x 32 f32, 2 x 2 tiles) = the sum over K steps of 32
+ * of an A panel of 32 rows times a B panel of 32 columns in the pair
+ * layout), the rest (softmax rows, dropout, roundings) as the avx512_bf16
+ * path does it. The driver below is written against the slot only, so the
+ * tests run it over the portable model (dt__amx_tiles_emul) on every CPU.
+ *
+ * Forward task: a head's query blocks of 32 rows. The keys the task's
+ * last row sees are packed once as B panels of K^T (32 keys a panel, D in
+ * K steps) and the values as B panels along the keys (32 columns of D a
+ * panel); each query block's rows as an A panel. S = Q K^T for every key
+ * block up to the diagonal goes into a [32][keys] row buffer, each row's
+ * softmax is taken over all of its keys at once (its max first, then the
+ * exponentials: no online rescaling), the probabilities (after dropout's
+ * scaling; the row sums use their f32 values) rounded to bf16 straight
+ * into an A panel, and O = P V is one tile sum over all the keys, divided
+ * by the row sums at the end.
+ *
+ * Backward task: a head. q and dy (rounded to bf16) as A panels (rows x
+ * D) and as A panels of their transposes (D x rows), k and v as B panels
+ * of K^T, k as B panels along the keys, once. For each key block of 32 and
+ * each query block that sees it: S = Q K^T and dP = dO V^T (two blocks),
+ * P and dS = P (dP - Di) / sqrt(D) row by row (as bwd_head_bf16), dS
+ * rounded into an A panel for dQ += dS K (added into the head's f32 dq
+ * rows key block by key block), P and dS rounded and paired across rows
+ * into B panels of the key block; then dV^T = dO^T P and dK^T = Q^T dS are
+ * one tile sum each over all the query blocks. dq, dk, dv stay in a [T][3D]
+ * f32 scratch until the end, then are rounded into dqkv (one pass).
+ *
+ * Memory per thread: the forward's row buffer of 32 x T floats and the
+ * head's panels (O(T D), as the rows' scratch); the backward's panels and
+ * scratch O(T D) too.
+ *
+ * Edges: rows past T, keys past T and D past a multiple of 32 are zeros in
+ * the panels (a padded product is 0 x 0), and masked and padded P and dS
+ * are zeros. Those zeros multiply the other operand's rows, and 0 x inf is
+ * NaN: a task whose q, k, v or dy hold a non-finite value runs the
+ * avx512_bf16 rows instead (the path dt_k_get_isa() gives), so the mask
+ * hides what it hides there.
+ *
+ * Tile state: each thread configures its tiles (palette 1, all eight
+ * 16 x 64 bytes) at its first task of a call and releases them before it
+ * leaves the call's parallel region. */
+#define AB 32                 /* rows, keys and columns of a tile block */
+#define AT DT__AMX_TILE_ELEMS /* bf16 values of one tile in a panel */
+#define ASTEP (2 * AT)        /* a K step of a panel of 32 rows or columns */
+
+static const dt__amx_tiles *g_amx_forced; /* the tests' tiles (attention_amx.h) */
+static bool g_amx_disabled;                /* the tests' switch */
+static atomic_ullong g_amx_tasks, g_amx_fallbacks;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+static bool g_amx_off; /* DT_ATTN_AMX=off */
+
+void dt__attention_amx_force(const dt__amx_tiles *tiles) { g_amx_forced = tiles; }
+
+void dt__attention_amx_disable(bool off) { g_amx_disabled = off; }
+
+void dt__attention_amx_stats_get(dt__attention_amx_stats *out)
+{
+    out->tasks = atomic_load(&g_amx_tasks);
+    out->fallbacks = atomic_load(&g_amx_fallbacks);
+}
+
+/* DT_ATTN_AMX: "off" (or 0) keeps a bf16 qkv on the avx512_bf16 rows;
+ * "auto" (the default), "on" (or 1) run its products on the tiles where
+ * the CPU has them. Read once per process. */
+static void amx_env(void)
+{
+    const char *e = getenv("DT_ATTN_AMX");
+    if (!e || !*e || !strcmp(e, "auto") || !strcmp(e, "on") || !strcmp(e, "1"))
+        return;
+    if (!strcmp(e, "off") || !strcmp(e, "0"))
+        g_amx_off = true;
+    else
+        dt_log(DT_LOG_WARN, "DT_ATTN_AMX=%s is not one of auto, on, off; ignored (auto)", e);
+}
+
+/* The tiles a qkv of dtype t runs its products on, or NULL: bf16 on the
+ * avx512_bf16 path where AMX is usable (DT_MAX_CPU_ISA=avx512 or lower
+ * switches it off), unless DT_ATTN_AMX=off; or the tests' forced tiles. */
+static const dt__amx_tiles *att_tiles(dt_dtype t)
+{
+    if (t != DT_BF16)
+        return NULL;
+    if (g_amx_forced)
+        return g_amx_forced;
+    if (g_amx_disabled || dt_k_get_isa() != DT_K_ISA_AVX512_BF16)
+        return NULL;
+    pthread_once(&g_amx_once, amx_env);
+    return g_amx_off ? NULL : dt__amx_tiles_hw(NULL);
+}
+
+/* Configure the calling thread's tiles at its first task (*on says
+ * whether it has). */
+static void amx_configure(const dt__amx_tiles *tiles, bool *on)
+{
+    if (*on)
+        return;
+    dt__amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    tiles->load_config(&c);
+    *on = true;
+}
+
+/* Prefetch the n bytes at p (a row the next iterations read). */
+static inline void amx_prefetch(const void *p, int64_t n)
+{
+    for (int64_t o = 0; o < n; o += 64)
+        __builtin_prefetch((const char *)p + o);
+}
+
+/* Whether any of the n bf16 values at x is infinite or NaN: (h & 0x7f80) +
+ * 0x80 has its top bit set exactly when h's exponent is all ones (32
+ * values a step in GCC's vector extension, whatever the target). */
+typedef uint16_t amx_v32h __attribute__((vector_size(64)));
+static bool bf16_nonfinite(const uint16_t *x, int64_t n)
+{
+    amx_v32h a = {0};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        amx_v32h v;
+        memcpy(&v, x + i, sizeof v);
+        a |= (v & 0x7f80) + 0x80;
+    }
+    unsigned m = 0;
+    for (int k = 0; k < 32; k++)
+        m |= a[k];
+    for (; i < n; i++)
+        m |= (x[i] & 0x7f80u) + 0x80u;
+    return (m & 0x8000u) != 0;
+}
+
+/* Row r (< 32) of an A panel: pa[(k / 32 * 2 + r / 16) AT + r % 16 * 32 +
+ * k % 32] = x[k] for k < K (the panel zeroed before). */
+static void amx_a_row(uint16_t *pa, int64_t r, const uint16_t *x, int64_t K)
+{
+    for (int64_t k0 = 0; k0 < K; k0 += AB)
+        memcpy(pa + (k0 / AB * 2 + r / 16) * AT + r % 16 * AB, x + k0, (size_t)(K - k0 < AB ? K - k0 : AB) * 2);
+}
+
+/* Column n (< 32) of a B panel whose K index runs along x (a row of k or v
+ * for Q K^T, dO V^T): the pair x[2 k2], x[2 k2 + 1] at row k2 % 16 of tile
+ * n / 16 of step k2 / 16, slot n % 16 (a zero high half past an odd K). */
+static void amx_bt_col(uint16_t *pb, int64_t n, const uint16_t *x, int64_t K)
+{
+    uint32_t *o = (uint32_t *)(void *)(pb + n / 16 * AT) + n % 16;
+    const int64_t K2 = K / 2;
+    for (int64_t k2 = 0; k2 < K2; k2++) {
+        uint32_t w;
+        memcpy(&w, x + 2 * k2, sizeof w);
+        o[k2 / 16 * AT + k2 % 16 * 16] = w;
+    }
+    if (K & 1)
+        o[K2 / 16 * AT + K2 % 16 * 16] = x[K - 1];
+}
+
+/* dst[d] = a[d] | b[d] << 16 for d < n: bf16 rows a and b as pairs (b
+ * NULL: zero high halves). */
+static void amx_pair_rows(int vec, const uint16_t *a, const uint16_t *b, int64_t n, uint32_t *dst)
+{
+#if DT__X86_VEC
+    if (vec == DT__ATT_BF16) {
+        pair_rows(a, b, n, dst);
+        return;
+    }
+#endif
+    (void)vec;
+    for (int64_t d = 0; d < n; d++)
+        dst[d] = a[d] | (b ? (uint32_t)b[d] << 16 : 0u);
+}
+
+/* dst[j] = bf16(a[j]) | bf16(b[j]) << 16 for j < n: f32 rows a and b
+ * rounded to bf16 (to nearest even) as pairs (b NULL: zero high halves). */
+static void amx_pairs_f32(int vec, const float *a, const float *b, int64_t n, uint32_t *dst)
+{
+#if DT__X86_VEC
+    if (vec == DT__ATT_BF16) {
+        bf16_pairs_2rows(a, b, n, dst);
+        return;
+    }
+#endif
+    (void)vec;
+    for (int64_t j = 0; j < n; j++)
+        dst[j] = bf16_round_bits(a[j]) >> 16 | (b ? bf16_round_bits(b[j]) & 0xffff0000u : 0u);
+}
+
+/* s[0, 32) rounded to bf16 (to nearest even) into dst[0, 32). */
+static void amx_round32(int vec, const float *s, uint16_t *dst)
+{
+#if DT__X86_VEC
+    if (vec == DT__ATT_BF16) {
+        bf16_pairs_f32(s, AB, (uint32_t *)(void *)dst);
+        return;
+    }
+#endif
+    round_row(vec, DT_BF16, s, NULL, dst, AB);
+}
+
+/* Rows k (even) and k + 1 (x1, NULL past the last) of B panels along rows
+ * (the K index: the keys of v or k, the rows of q or dy), N columns: column
+ * block d / 32 of kbt steps, each 16 columns' pairs one tile row. pr: N
+ * words' scratch. */
+static void amx_b_rows(int vec, uint16_t *pb, int64_t kbt, int64_t k, const uint16_t *x0, const uint16_t *x1,
+                       int64_t N, uint32_t *pr)
+{
+    amx_pair_rows(vec, x0, x1, N, pr);
+    uint32_t *o = (uint32_t *)(void *)pb + k / AB * AT + k % AB / 2 * 16;
+    for (int64_t d = 0; d < N; d += 16)
+        memcpy(o + (d / AB * kbt) * AT + d % AB / 16 * (AT / 2), pr + d, (size_t)(N - d < 16 ? N - d : 16) * 4);
+}
+
+/* Row i of X (D values at x) into the A panels of X^T (rows d, the K index
+ * i): row block d / 32 of kbt steps. */
+static void amx_at_col(uint16_t *pa, int64_t kbt, int64_t i, const uint16_t *x, int64_t D)
+{
+    uint16_t *o = pa + i / AB * ASTEP + i % AB;
+    for (int64_t d = 0; d < D; d++)
+        o[d / AB * kbt * ASTEP + d % AB / 16 * AT + d % 16 * AB] = x[d];
+}
+
+/* dst[r ldd + c] = (add: +=) the block's result (r, c), r < nr, c < nc. */
+static void amx_store(const float *acc, float *dst, int64_t ldd, int64_t nr, int64_t nc, bool add)
+{
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t tj = 0; tj < 2 && 16 * tj < nc; tj++) {
+            const float *a = acc + (r / 16 * 2 + tj) * 256 + r % 16 * 16;
+            float *o = dst + r * ldd + 16 * tj;
+            const int64_t w = nc - 16 * tj < 16 ? nc - 16 * tj : 16;
+            if (add)
+                for (int64_t c = 0; c < w; c++)
+                    o[c] += a[c];
+            else
+                for (int64_t c = 0; c < w; c++)
+                    o[c] = a[c];
+        }
+}
+
+/* The block's 32 x 32 result as rows: out[r ldo + c]. */
+static void amx_unpack(const float *acc, float *out, int64_t ldo)
+{
+    for (int64_t r = 0; r < AB; r++)
+        for (int tj = 0; tj < 2; tj++)
+            memcpy(out + r * ldo + tj * 16, acc + (r / 16 * 2 + tj) * 256 + r % 16 * 16, 16 * sizeof(float));
+}
+
+/* a . b over n floats: 16 partial sums then their sum where vec allows
+ * (Di, within the path's bound), else in index order. */
+static float amx_dot(int vec, const float *a, const float *b, int64_t n)
+{
+#if DT__X86_VEC
+    if (vec >= DT__ATT_FAST)
+        return fast_dot16(a, b, n);
+#endif
+    return dot_seq(a, b, n);
+}
+
+/* s[0, n) scaled and exponentiated against their max (*mx); returns their
+ * sum. The fast rows (dt__expf16) where vec allows, else expf. */
+static float amx_softmax_row(int vec, float *s, int64_t n, float scale, float *mx)
+{
+#if DT__X86_VEC
+    if (vec >= DT__ATT_FAST) {
+        *mx = fast_scale_max(s, n, scale, -INFINITY);
+        return fast_exp_sum(s, n, *mx);
+    }
+#endif
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float x = s[j] * scale;
+        s[j] = x;
+        m = x > m ? x : m;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(s[j] - m);
+        sum += e;
+        s[j] = e;
+    }
+    *mx = m;
+    return sum;
+}
+
+/* A forward task's scratch in bytes on the tiles (T keys at most), at
+ * least fwd_scratch's (the fallback's). */
+static size_t fwd_scratch_amx(int64_t T, int64_t D)
+{
+    const int64_t kd = (D + AB - 1) / AB, nkb = (T + AB - 1) / AB;
+    const size_t b16 = (size_t)(2 * nkb * kd + kd + nkb) * ASTEP * 2, f32 = (size_t)(AB * nkb * AB + 4 * 256) * 4;
+    const size_t lp = fwd_scratch(DT_BF16, T, D) * sizeof(float);
+    return b16 + f32 > lp ? b16 + f32 : lp;
+}
+
+/* fwd_task on the tiles: query blocks [qb0, qb1) of 32 rows. Cloned for
+ * AVX2 as fwd_rows (the loops around the tiles; the same bits). */
+DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv, int64_t T,
+                                   int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key,
+                                   int64_t b, int64_t h, int64_t qb0, int64_t qb1, void *scratch, float *y, void *ylp,
+                                   float *lse)
+{
+    const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
+    const int64_t ia = qb0 * AB, iz = qb1 * AB < T ? qb1 * AB : T, nkv = causal ? iz : T;
+    const int64_t nkb = (nkv + AB - 1) / AB, lds = nkb * AB;
+    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+    bool bad = false;
+    for (int64_t i = ia; i < iz; i++)
+        bad |= bf16_nonfinite(src + i * C3, D);
+    for (int64_t j = 0; j < nkv; j++)
+        bad |= bf16_nonfinite(src + j * C3 + C, D) || bf16_nonfinite(src + j * C3 + 2 * C, D);
+    if (bad) {
+        const int64_t nqb = (T + BQ - 1) / BQ, q1 = qb1 * (AB / BQ);
+        atomic_fetch_add(&g_amx_fallbacks, 1);
+        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, p, key, b, h, qb0 * (AB / BQ), q1 < nqb ? q1 : nqb,
+                 scratch, y, ylp, lse);
+        return;
+    }
+    atomic_fetch_add(&g_amx_tasks, 1);
+    uint16_t *kp = scratch, *vp = kp + nkb * kd * ASTEP, *qp = vp + kd * nkb * ASTEP, *pp = qp + kd * ASTEP;
+    float *s = (float *)(void *)(pp + nkb * ASTEP), *acc = s + AB * lds;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    float m[AB], l[AB];
+    memset(kp, 0, (size_t)(2 * nkb * kd) * ASTEP * 2);
+    uint32_t pr[DMAX];
+    for (int64_t j = 0; j < nkv; j++) {
+        if (j + 4 < nkv) { /* rows a stride of 3C apart: fetch them ahead */
+            amx_prefetch(src + (j + 4) * C3 + C, D * 2);
+            amx_prefetch(src + (j + 4) * C3 + 2 * C, D * 2);
+        }
+        amx_bt_col(kp + j / AB * kd * ASTEP, j % AB, src + j * C3 + C, D);
+    }
+    for (int64_t j = 0; j < nkv; j += 2)
+        amx_b_rows(vec, vp, nkb, j, src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D, pr);
+    amx_configure(tiles, on);
+    for (int64_t i0 = ia; i0 < iz; i0 += AB) {
+        const int64_t nr = iz - i0 < AB ? iz - i0 : AB, nk = ((causal ? i0 + nr : T) + AB - 1) / AB;
+        memset(qp, 0, (size_t)kd * ASTEP * 2);
+        for (int64_t r = 0; r < nr; r++)
+            amx_a_row(qp, r, src + (i0 + r) * C3, D);
+        for (int64_t jb = 0; jb < nk; jb++) {
+            tiles->block(qp, kp + jb * kd * ASTEP, kd, true, true, acc);
+            amx_unpack(acc, s + jb * AB, lds);
+        }
+        memset(pp, 0, (size_t)nk * ASTEP * 2);
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t i = i0 + r, n = causal ? i + 1 : T;
+            float *sr = s + r * lds;
+            l[r] = amx_softmax_row(vec, sr, n, scale, &m[r]);
+            for (int64_t j = 0; j < n && p > 0.0f; j++)
+                sr[j] = keep(key, p, gbh, T, i, j) ? sr[j] * pscale : 0.0f;
+            for (int64_t j = n; j < nk * AB; j++)
+                sr[j] = 0.0f;
+            for (int64_t jb = 0; jb < nk; jb++)
+                amx_round32(vec, sr + jb * AB, pp + (jb * 2 + r / 16) * AT + r % 16 * AB);
+        }
+        for (int64_t nb = 0; nb < kd; nb++) {
+            const int64_t nc = D - nb * AB < AB ? D - nb * AB : AB;
+            float *yo = y + (b * T + i0) * C + h * D + nb * AB;
+            tiles->block(pp, vp + nb * nkb * ASTEP, nk, true, true, acc);
+            amx_store(acc, yo, C, nr, nc, false);
+            for (int64_t r = 0; r < nr; r++) {
+                const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                for (int64_t c = 0; c < nc; c++)
+                    yo[r * C + c] *= inv;
+            }
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t i = i0 + r;
+            if (ylp)
+                round_row(vec, DT_BF16, y + (b * T + i) * C + h * D, NULL, (uint16_t *)ylp + (b * T + i) * C + h * D,
+                          D);
+            lse[bh * T + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+        }
+    }
+}
+
 static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                          int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y, void *ylp, float *lse)
 {
@@ -545,7 +943,8 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
      * in place); with bf16/f16 as many blocks as keep 4 tasks a thread, so
      * a head's keys and values are widened once or a few times, not once a
      * block. The grouping changes no result. */
-    const int64_t nqb = (T + BQ - 1) / BQ;
+    const dt__amx_tiles *tiles = att_tiles(t);
+    const int64_t bq = tiles ? AB : BQ, nqb = (T + bq - 1) / bq; /* on the tiles: blocks of 32 rows */
     int nt = dt__threads_for(B * T * T * C);
     int64_t g = 1;
     if (t != DT_F32) {
@@ -554,23 +953,28 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
         g = per <= 1 ? nqb : g;
     }
     const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
-    const size_t scratch = fwd_scratch(t, T, D) * sizeof(float);
+    const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(t, T, D) * sizeof(float);
     bool nomem = false;
     const int vec = task_vec(t);
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(scratch);
+        bool on = false; /* this thread's tiles configured */
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ntask; task++) {
-            int64_t bh = task / ngr, q0 = (task % ngr) * g;
-            if (kt)
-                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q0 + g < nqb ? q0 + g : nqb,
-                         kt, y, ylp, lse);
+            int64_t bh = task / ngr, q0 = (task % ngr) * g, q1 = q0 + g < nqb ? q0 + g : nqb;
+            if (kt && tiles)
+                fwd_task_amx(tiles, &on, vec, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q1, kt, y,
+                             ylp, lse);
+            else if (kt)
+                fwd_task(vec, t, qkv, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, q0, q1, kt, y, ylp, lse);
         }
+        if (on)
+            tiles->release();
         dt_free(kt);
     }
     if (nomem)
@@ -797,6 +1201,139 @@ static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
     return (size_t)(t == DT_BF16 && pairs > wide ? pairs : wide);
 }
 
+/* A backward task's scratch in bytes on the tiles, at least bwd_scratch's
+ * (the fallback's). */
+static size_t bwd_scratch_amx(int64_t T, int64_t D)
+{
+    const int64_t kd = (D + AB - 1) / AB, nqb = (T + AB - 1) / AB;
+    const size_t b16 = (size_t)(9 * nqb * kd + 2 * nqb + 1) * ASTEP * 2;
+    const size_t f32 = (size_t)(nqb * AB + 4 * AB * AB + 4 * 256 + 3 * T * D) * 4;
+    const size_t lp = bwd_scratch(DT_BF16, T, D) * sizeof(float);
+    return b16 + f32 > lp ? b16 + f32 : lp;
+}
+
+/* bwd_task on the tiles: head h of batch b (cloned for AVX2, the same
+ * bits). Panels of the head (nqb steps
+ * or blocks of 32 rows, kd of 32 columns of D): q and dy as A panels (qa,
+ * ga: S, dP), k and v as B panels of K^T (kt, vt), k along the keys (kb:
+ * dq), q^T and dy^T as A panels (qT, gT: dk^T = Q^T dS, dv^T = dO^T P);
+ * a key block's P and dS as B panels along the rows (pb, sb), the block's
+ * dS as an A panel (sa). */
+DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
+                                   const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
+                                   int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, int64_t b, int64_t h,
+                                   void *scratch, float *dqkv, uint16_t *dlp)
+{
+    const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
+    const int64_t nqb = (T + AB - 1) / AB, pn = nqb * kd * ASTEP, Dp = kd * AB; /* a head's panel: values */
+    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
+    const float *yh = y + b * T * C + h * D, *dyh = dy + b * T * C + h * D, *L = lse + bh * T;
+    const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    float *g = dqkv + b * T * C3 + h * D;
+    uint16_t *qa = scratch, *ga = qa + pn, *kt = ga + pn, *vt = kt + pn, *kb = vt + pn, *qT = kb + pn;
+    uint16_t *gT = qT + pn, *gh = gT + pn; /* gh: dy rounded, [T][Dp] (2 panels' room) */
+    uint16_t *pb = gh + 2 * pn, *sb = pb + nqb * ASTEP, *sa = sb + nqb * ASTEP;
+    float *di = (float *)(void *)(sa + ASTEP), *sc = di + nqb * AB, *dp = sc + AB * AB, *pd = dp + AB * AB;
+    float *ds = pd + AB * AB, *acc = ds + AB * AB, *gw = acc + 4 * 256; /* gw: dq|dk|dv rows, [T][3D] */
+    float wr[DMAX];
+    uint32_t pr[DMAX];
+    memset(qa, 0, (size_t)(7 * pn) * 2);
+    memset(gw, 0, (size_t)(3 * T * D) * sizeof(float));
+    bool bad = false;
+    for (int64_t i = 0; i < T; i++) {
+        const uint16_t *q = src + i * C3, *k = q + C, *v = q + 2 * C;
+        if (i + 4 < T) { /* rows a stride of 3C apart: fetch them ahead */
+            for (int c = 0; c < 3; c++)
+                amx_prefetch(q + 4 * C3 + c * C, D * 2);
+            amx_prefetch(dyh + (i + 4) * C, D * 4);
+            amx_prefetch(yh + (i + 4) * C, D * 4);
+        }
+        uint16_t *hb = gh + i * Dp;
+        round_row(vec, DT_BF16, dyh + i * C, wr, hb, D); /* dy rounded: the gradient of a bf16 result */
+        bad |= bf16_nonfinite(q, D) || bf16_nonfinite(k, D) || bf16_nonfinite(v, D) || bf16_nonfinite(hb, D);
+        di[i] = amx_dot(vec, wr, yh + i * C, D);
+        const int64_t ib = i / AB, r = i % AB;
+        amx_a_row(qa + ib * kd * ASTEP, r, q, D);
+        amx_a_row(ga + ib * kd * ASTEP, r, hb, D);
+        amx_bt_col(kt + ib * kd * ASTEP, r, k, D);
+        amx_bt_col(vt + ib * kd * ASTEP, r, v, D);
+        amx_at_col(qT, nqb, i, q, D);
+        amx_at_col(gT, nqb, i, hb, D);
+    }
+    if (bad) {
+        atomic_fetch_add(&g_amx_fallbacks, 1);
+        bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, b, h, scratch, dqkv, dlp);
+        return;
+    }
+    for (int64_t i = 0; i < T; i += 2)
+        amx_b_rows(vec, kb, nqb, i, src + i * C3 + C, i + 1 < T ? src + (i + 1) * C3 + C : NULL, D, pr);
+    atomic_fetch_add(&g_amx_tasks, 1);
+    amx_configure(tiles, on);
+    for (int64_t jb = 0; jb < nqb; jb++) {
+        const int64_t j0 = jb * AB, nb = T - j0 < AB ? T - j0 : AB, ib0 = causal ? jb : 0;
+        for (int64_t ib = ib0; ib < nqb; ib++) {
+            tiles->block(qa + ib * kd * ASTEP, kt + jb * kd * ASTEP, kd, true, true, acc);
+            amx_unpack(acc, sc, AB);
+            tiles->block(ga + ib * kd * ASTEP, vt + jb * kd * ASTEP, kd, true, true, acc);
+            amx_unpack(acc, dp, AB);
+            for (int64_t r = 0; r < AB; r++) { /* P and dS row by row */
+                const int64_t i = ib * AB + r, vis = causal ? i + 1 - j0 : nb;
+                const int64_t ne = i >= T || vis < 0 ? 0 : vis < nb ? vis : nb;
+                float *prw = pd + r * AB, *dr = ds + r * AB, *sr = sc + r * AB, *dpr = dp + r * AB;
+                const float Li = ne ? L[i] : 0.0f, Di = ne ? di[i] : 0.0f;
+#if DT__X86_VEC
+                if (vec >= DT__ATT_FAST)
+                    fast_bwd_probs(sr, dpr, ne, scale, Li, Di, prw, dr);
+                else
+#endif
+                    for (int64_t jj = 0; jj < ne; jj++) {
+                        float P = expf(sr[jj] * scale - Li);
+                        prw[jj] = P;
+                        dr[jj] = P * (dpr[jj] - Di) * scale;
+                    }
+                for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
+                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                    float P = prw[jj];
+                    prw[jj] = kp ? P * pscale : 0.0f;
+                    dr[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale;
+                }
+                for (int64_t jj = ne; jj < AB; jj++) /* keys the row does not see, padded keys and rows */
+                    prw[jj] = dr[jj] = 0.0f;
+                amx_round32(vec, dr, sa + r / 16 * AT + r % 16 * AB);
+            }
+            for (int64_t m = 0; m < AB / 2; m++) /* rows 2m, 2m + 1 of P and dS: row m of the B tiles */
+                for (int tj = 0; tj < 2; tj++) {
+                    const int64_t o = (ib * ASTEP + tj * AT) / 2 + m * 16;
+                    amx_pairs_f32(vec, pd + 2 * m * AB + 16 * tj, pd + (2 * m + 1) * AB + 16 * tj, 16,
+                                  (uint32_t *)(void *)pb + o);
+                    amx_pairs_f32(vec, ds + 2 * m * AB + 16 * tj, ds + (2 * m + 1) * AB + 16 * tj, 16,
+                                  (uint32_t *)(void *)sb + o);
+                }
+            const int64_t nr = T - ib * AB < AB ? T - ib * AB : AB;
+            for (int64_t n = 0; n < kd; n++) { /* dq += dS K */
+                tiles->block(sa, kb + (n * nqb + jb) * ASTEP, 1, true, true, acc);
+                amx_store(acc, gw + ib * AB * 3 * D + n * AB, 3 * D, nr, D - n * AB < AB ? D - n * AB : AB, true);
+            }
+        }
+        for (int64_t n = 0; n < kd; n++) { /* dv^T = dO^T P, dk^T = Q^T dS over the query blocks from ib0 */
+            const int64_t nc = D - n * AB < AB ? D - n * AB : AB;
+            for (int w = 0; w < 2; w++) { /* w = 0: dv, 1: dk */
+                tiles->block((w ? qT : gT) + (n * nqb + ib0) * ASTEP, (w ? sb : pb) + ib0 * ASTEP, nqb - ib0, true,
+                             true, acc);
+                amx_unpack(acc, sc, AB);
+                float *o = gw + j0 * 3 * D + (w ? D : 2 * D) + n * AB;
+                for (int64_t jj = 0; jj < nb; jj++)
+                    for (int64_t c = 0; c < nc; c++)
+                        o[jj * 3 * D + c] = sc[c * AB + jj];
+            }
+        }
+    }
+    for (int64_t i = 0; i < T; i++) /* rounded to bf16: the gradient of a bf16 input */
+        for (int c = 0; c < 3; c++)
+            round_row(vec, DT_BF16, gw + (i * 3 + c) * D, g + i * C3 + c * C,
+                      dlp ? dlp + (b * T + i) * C3 + c * C + h * D : gh, D);
+}
+
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
                          const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                          bool causal, float p, dt_rng_key key, float *dqkv, void *dqkv_lp)
@@ -815,18 +1352,25 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     int nt = dt__threads_for(B * T * T * C * 2);
     bool nomem = false;
     const int vec = task_vec(t);
-    const size_t scratch = bwd_scratch(t, T, D) * sizeof(float);
+    const dt__amx_tiles *tiles = att_tiles(t);
+    const size_t scratch = tiles ? bwd_scratch_amx(T, D) : bwd_scratch(t, T, D) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(scratch);
+        bool on = false; /* this thread's tiles configured */
         if (!kt) {
 #pragma omp atomic write
             nomem = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * H; bh++)
-            if (kt)
+            if (kt && tiles)
+                bwd_task_amx(tiles, &on, vec, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt,
+                             dqkv, dqkv_lp);
+            else if (kt)
                 bwd_task(vec, t, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, bh / H, bh % H, kt, dqkv, dqkv_lp);
+        if (on)
+            tiles->release();
         dt_free(kt);
     }
     if (nomem)

@@ -3,12 +3,35 @@
  * before they multiply v (vdpbf16ps, as kernels.h states), and what the
  * causal mask hides stays hidden although the products run on pairs of
  * rows (a masked key or row beside a visible one in a pair). The bound
- * against the f32 reference on every path is tests/autograd/test_attention_lp. */
+ * against the f32 reference on every path is tests/autograd/test_attention_lp.
+ *
+ * The products on the AMX tiles (attention.c): their driver (packing,
+ * blocking, edges, tile configuration and release) runs here over the
+ * portable model of the tiles (dt__amx_tiles_emul) on every CPU, and with
+ * the argument "hw" over the real instructions (skipped where the CPU, the
+ * OS or DT_MAX_CPU_ISA leave AMX off; tests.cmake registers that run).
+ * y, lse and dq, dk, dv are checked element by element against a reference
+ * in double from the same bf16 q, k, v and dy rounded to bf16, including
+ * dropout's mask. The bound: P and dS are rounded to bf16 (relative error
+ * at most 2^-8) before they multiply v, dy, k and q; the products of bf16
+ * values are exact and summed in f32; so each element is within
+ * 2^-8 (1 + 2^-6) of the sum of its terms' magnitudes (y: sum_j P_ij |v_j|
+ * / l_i; dv: sum_i P_ij |dy_i|; dq: sum_j |dS_ij k_j|; dk: sum_i |dS_ij q_i|)
+ * plus, for dq and dk, 2^-14 of the magnitudes dS's inputs carry (P_ij
+ * scale (sum_d |dy_i v_j| + |Di|) times |k_j| or |q_i|: dP - Di cancels, and
+ * their f32 sums and the f32 y in Di have rounding of that size), and the
+ * gradients' final rounding to bf16 (2^-8 of the value). lse within 2^-18
+ * (1 + |lse|). */
 #include "dtrain/kernels.h"
+#include "kernels/amx_tiles.h"
+#include "kernels/attention_amx.h"
 #include "test.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+static const dt__amx_tiles *g_tiles; /* the AMX path's tiles: the model, or the hardware with "hw" */
 
 static float bf16_of(float x)
 {
@@ -99,9 +122,314 @@ TEST(attention_bf16_mask_hides_nonfinite)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
-int main(void)
+/* ---- the AMX path ---------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t B, T, H, D;
+    bool causal;
+    float p;
+} att_case;
+
+/* The worst ratio |got - want| / bound seen (printed: how close each bound is). */
+static double g_worst[6];
+
+/* P (b, h, i, j) as dropout leaves it: scaled by ps where kept, else 0. */
+static double dropped(dt_rng_key key, float p, double ps, int64_t bh, int64_t T, int64_t i, int64_t j, double P)
 {
+    return dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= p ? P * ps : 0.0;
+}
+
+static void worst(int k, double e, double bound)
+{
+    g_worst[k] = e / bound > g_worst[k] ? e / bound : g_worst[k];
+}
+
+
+/* Check one case on the forced tiles against the double reference; returns the elements outside the bounds. */
+static int64_t amx_case(att_case c, float *yk, float *gk)
+{
+    const int64_t B = c.B, T = c.T, H = c.H, D = c.D, C = H * D, C3 = 3 * C;
+    const double scale = 1.0 / sqrt((double)D), ps = c.p > 0.0f ? 1.0 / (1.0 - c.p) : 1.0;
+    float *x = malloc((size_t)(B * T * C3) * 4), *dy = malloc((size_t)(B * T * C) * 4);
+    float *y = malloc((size_t)(B * T * C) * 4), *lse = malloc((size_t)(B * H * T) * 4);
+    float *g = malloc((size_t)(B * T * C3) * 4), *xw = malloc((size_t)(B * T * C3) * 4);
+    float *gw = malloc((size_t)(B * T * C) * 4);
+    uint16_t *xh = malloc((size_t)(B * T * C3) * 2), *dh = malloc((size_t)(B * T * C) * 2);
+    double *P = malloc((size_t)(T * T) * 8), *dS = malloc((size_t)(T * T) * 8), *yr = malloc((size_t)(T * D) * 8);
+    const dt_rng_key key = dt_rng_key_make(77, DT_RNG_DROPOUT, 0, 0);
+    dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 0, 0), 0, x, B * T * C3, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(41, DT_RNG_DATA, 1, 0), 0, dy, B * T * C, -1.0f, 1.0f);
+    if (dt_k_convert(x, DT_F32, xh, DT_BF16, B * T * C3) < 0 || dt_k_convert(xh, DT_BF16, xw, DT_F32, B * T * C3) < 0 ||
+        dt_k_convert(dy, DT_F32, dh, DT_BF16, B * T * C) < 0 || dt_k_convert(dh, DT_BF16, gw, DT_F32, B * T * C) < 0)
+        return -1;
+    dt__attention_amx_force(g_tiles);
+    if (dt_k_attention_fwd_heads_lp(DT_BF16, xh, B, T, H, D, 0, H, c.causal, c.p, key, y, NULL, lse) < 0 ||
+        dt_k_attention_bwd_heads_lp(DT_BF16, xh, y, lse, dy, B, T, H, D, 0, H, c.causal, c.p, key, g, NULL) < 0)
+        return -1;
+    dt__attention_amx_force(NULL);
+    if (yk)
+        memcpy(yk, y, (size_t)(B * T * C) * 4);
+    if (gk)
+        memcpy(gk, g, (size_t)(B * T * C3) * 4);
+    int64_t bad = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *X = xw + b * T * C3 + h * D, *G = gw + b * T * C + h * D;
+            const int64_t bh = b * H + h;
+#define Q_(i, d) ((double)X[(i) * C3 + (d)])
+#define K_(j, d) ((double)X[(j) * C3 + C + (d)])
+#define V_(j, d) ((double)X[(j) * C3 + 2 * C + (d)])
+#define DY(i, d) ((double)G[(i) * C + (d)])
+            for (int64_t i = 0; i < T; i++) { /* forward: P (dropped in Pd below), y, lse */
+                const int64_t n = c.causal ? i + 1 : T;
+                double mx = -INFINITY, l = 0.0;
+                for (int64_t j = 0; j < n; j++) {
+                    double s = 0.0;
+                    for (int64_t d = 0; d < D; d++)
+                        s += Q_(i, d) * K_(j, d);
+                    P[i * T + j] = s * scale;
+                    mx = P[i * T + j] > mx ? P[i * T + j] : mx;
+                }
+                for (int64_t j = 0; j < n; j++)
+                    l += P[i * T + j] = exp(P[i * T + j] - mx);
+                for (int64_t j = 0; j < T; j++)
+                    P[i * T + j] = j < n ? P[i * T + j] / l : 0.0;
+                double lr = mx + log(l), e = fabs(lse[bh * T + i] - lr), bd = 0x1p-18 * (1.0 + fabs(lr));
+                bad += !(e <= bd);
+                worst(0, e, bd);
+                for (int64_t d = 0; d < D; d++) {
+                    double acc = 0.0, mag = 0.0;
+                    for (int64_t j = 0; j < n; j++) {
+                        double pd = dropped(key, c.p, ps, bh, T, i, j, P[i * T + j]);
+                        acc += pd * V_(j, d);
+                        mag += pd * fabs(V_(j, d));
+                    }
+                    yr[i * D + d] = acc;
+                    double got = y[(b * T + i) * C + h * D + d], eb = 0x1p-8 * (1.0 + 0x1p-6) * mag + 1e-30;
+                    bad += !(fabs(got - acc) <= eb);
+                    worst(1, fabs(got - acc), eb);
+                }
+            }
+            /* backward: dS, then dq, dk, dv with their magnitudes */
+            double *m2 = malloc((size_t)(T * T) * 8);
+            for (int64_t i = 0; i < T; i++) {
+                double Di = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    Di += DY(i, d) * y[(b * T + i) * C + h * D + d]; /* the backward's input y, as the kernel */
+                for (int64_t j = 0; j < T; j++) {
+                    double dp = 0.0, dpm = 0.0;
+                    for (int64_t d = 0; d < D; d++) {
+                        dp += DY(i, d) * V_(j, d);
+                        dpm += fabs(DY(i, d) * V_(j, d));
+                    }
+                    bool kp = dt_rng_uniform(key, (uint64_t)((bh * T + i) * T + j)) >= c.p;
+                    dS[i * T + j] = P[i * T + j] * ((kp ? dp * ps : 0.0) - Di) * scale;
+                    m2[i * T + j] = P[i * T + j] * scale * (dpm * ps + fabs(Di));
+                }
+            }
+            for (int64_t r = 0; r < T; r++)
+                for (int64_t d = 0; d < D; d++) {
+                    double w[3] = {0, 0, 0}, mg[3] = {0, 0, 0}, mc[3] = {0, 0, 0};
+                    for (int64_t o = 0; o < T; o++) {
+                        w[0] += dS[r * T + o] * K_(o, d); /* dq_r: over keys o */
+                        mg[0] += fabs(dS[r * T + o] * K_(o, d));
+                        mc[0] += m2[r * T + o] * fabs(K_(o, d));
+                        w[1] += dS[o * T + r] * Q_(o, d); /* dk_r: over rows o */
+                        mg[1] += fabs(dS[o * T + r] * Q_(o, d));
+                        mc[1] += m2[o * T + r] * fabs(Q_(o, d));
+                        double pd = dropped(key, c.p, ps, bh, T, o, r, P[o * T + r]);
+                        w[2] += pd * DY(o, d); /* dv_r */
+                        mg[2] += pd * fabs(DY(o, d));
+                    }
+                    for (int k = 0; k < 3; k++) {
+                        double got = g[(b * T + r) * C3 + k * C + h * D + d];
+                        double eb = 0x1p-8 * (1.0 + 0x1p-6) * mg[k] + 0x1p-14 * mc[k] + 0x1p-8 * fabs(w[k]) + 1e-30;
+                        bad += !(fabs(got - w[k]) <= eb);
+                        worst(3 + k, fabs(got - w[k]), eb);
+                    }
+                }
+            free(m2);
+#undef Q_
+#undef K_
+#undef V_
+#undef DY
+        }
+    free(x), free(dy), free(y), free(lse), free(g), free(xw), free(gw), free(xh), free(dh), free(P), free(dS), free(yr);
+    return bad;
+}
+
+/* Causal and not, dropout, T not a multiple of 32 (and below it), D not a
+ * multiple of 32, B H above the threads, with each ISA path's row loops
+ * (softmax, roundings, pairing) around the tiles: every element within its bound;
+ * every task on the tiles (no fallback); the tile state released after
+ * each call (the model: no thread configured, no fault). */
+TEST(amx_matches_reference)
+{
+    const att_case cases[] = {
+        {1, 70, 2, 64, true, 0.0f}, {2, 33, 3, 40, false, 0.0f}, {1, 96, 1, 32, true, 0.0f},
+        {1, 5, 2, 16, true, 0.0f},  {2, 45, 2, 64, true, 0.2f},  {1, 64, 2, 72, false, 0.1f},
+    };
+    static const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AUTO};
+    for (size_t n = 0; n < 4 * (sizeof cases / sizeof cases[0]); n++) { /* every case on each path's rows */
+        if (dt_k_set_isa(paths[n % 4]) != DT_OK)
+            continue;
+        dt__attention_amx_stats s0, s1;
+        dt__amx_emul_stats e0, e1;
+        dt__attention_amx_stats_get(&s0);
+        dt__amx_emul_stats_get(&e0);
+        int64_t bad = amx_case(cases[n / 4], NULL, NULL);
+        dt__attention_amx_stats_get(&s1);
+        dt__amx_emul_stats_get(&e1);
+        if (bad)
+            printf("case %zu on path %d: %lld elements outside the bound\n", n / 4, (int)paths[n % 4], (long long)bad);
+        ASSERT_EQ_INT((long long)bad, 0);
+        ASSERT(s1.tasks > s0.tasks);
+        ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
+        ASSERT_EQ_INT((long long)(e1.faults - e0.faults), 0);
+        ASSERT_EQ_INT((long long)e1.live, 0);
+        ASSERT(!dt__amx_emul_thread_configured());
+        if (g_tiles == dt__amx_tiles_emul())
+            ASSERT(e1.loads > e0.loads);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+    printf("worst error / bound: lse %.3f y %.3f dq %.3f dk %.3f dv %.3f\n", g_worst[0], g_worst[1], g_worst[3],
+           g_worst[4], g_worst[5]);
+}
+
+/* The avx512_bf16 rows (vdpbf16ps; the tiles off) within the same bounds
+ * (kernels.h states them for both). */
+TEST(rows_bf16_matches_reference)
+{
+    if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) != DT_OK)
+        DT_TEST_SKIP("no avx512_bf16 path on this CPU (or capped by DT_MAX_CPU_ISA)");
+    const att_case cases[] = {{1, 70, 2, 64, true, 0.0f}, {2, 33, 3, 40, false, 0.0f}, {2, 45, 2, 64, true, 0.2f}};
+    const dt__amx_tiles *keep_tiles = g_tiles;
+    g_tiles = NULL;
+    dt__attention_amx_disable(true);
+    dt__attention_amx_stats s0, s1;
+    dt__attention_amx_stats_get(&s0);
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++)
+        ASSERT_EQ_INT((long long)amx_case(cases[n], NULL, NULL), 0);
+    dt__attention_amx_stats_get(&s1);
+    dt__attention_amx_disable(false);
+    g_tiles = keep_tiles;
+    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+/* More threads than tasks and than cores: the same bits as one thread (each
+ * task's sums run in a fixed order), the tiles released. */
+TEST(amx_threads_same_bits)
+{
+    const att_case c = {2, 40, 3, 64, true, 0.0f};
+    const int64_t ny = c.B * c.T * c.H * c.D, ng = 3 * ny;
+    float *y1 = malloc((size_t)ny * 4), *g1 = malloc((size_t)ng * 4), *y8 = malloc((size_t)ny * 4),
+          *g8 = malloc((size_t)ng * 4);
+    const int nt = dt_get_num_threads();
+    dt_set_num_threads(1);
+    ASSERT_EQ_INT((long long)amx_case(c, y1, g1), 0);
+    dt_set_num_threads(16);
+    ASSERT_EQ_INT((long long)amx_case(c, y8, g8), 0);
+    dt_set_num_threads(nt);
+    ASSERT(!memcmp(y1, y8, (size_t)ny * 4));
+    ASSERT(!memcmp(g1, g8, (size_t)ng * 4));
+    dt__amx_emul_stats e;
+    dt__amx_emul_stats_get(&e);
+    ASSERT_EQ_INT((long long)e.live, 0);
+    free(y1), free(g1), free(y8), free(g8);
+}
+
+/* A non-finite q, k, v or dy: the task runs the rows instead (0 x inf in
+ * the padded or masked products would be NaN where the mask hides it), so
+ * NaN appears exactly where the scalar path has it. */
+TEST(amx_nonfinite_falls_back)
+{
+    enum { T = 45, H = 2, D = 32, C = H * D, C3 = 3 * C };
+    static float x[T * C3], dy[T * C], y[2][T * C], lse[2][H * T], g[2][T * C3];
+    static uint16_t xh[T * C3];
+    dt_rng_fill_uniform(dt_rng_key_make(33, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
+    dt_rng_fill_uniform(dt_rng_key_make(33, DT_RNG_DATA, 1, 0), 0, dy, T * C, -1.0f, 1.0f);
+    for (int d = D; d < C; d++) /* head 1: the last key */
+        x[(T - 1) * C3 + C + d] = x[(T - 1) * C3 + 2 * C + d] = INFINITY;
+    x[3] = INFINITY; /* head 0: row 0's q and dy */
+    dy[5] = INFINITY;
+    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+    dt__attention_amx_stats s0, s1;
+    dt__attention_amx_stats_get(&s0);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_OK(dt_k_set_isa(r ? DT_K_ISA_AUTO : DT_K_ISA_SCALAR));
+        dt__attention_amx_force(r ? g_tiles : NULL);
+        ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y[r], NULL,
+                                              lse[r]));
+        ASSERT_OK(dt_k_attention_bwd_heads_lp(DT_BF16, xh, y[0], lse[0], dy, 1, T, H, D, 0, H, true, 0.0f,
+                                              (dt_rng_key){0}, g[r], NULL));
+        dt__attention_amx_force(NULL);
+    }
+    dt__attention_amx_stats_get(&s1);
+    ASSERT(s1.fallbacks >= s0.fallbacks + 3); /* forward: both heads' tasks; backward: both heads */
+    int64_t nan_y = 0, diff = 0;
+    for (int i = 0; i < T * C; i++) {
+        nan_y += isnan(y[0][i]);
+        diff += isnan(y[0][i]) != isnan(y[1][i]) || isinf(y[0][i]) != isinf(y[1][i]);
+    }
+    for (int i = 0; i < T * C3; i++)
+        diff += isnan(g[0][i]) != isnan(g[1][i]) || isinf(g[0][i]) != isinf(g[1][i]);
+    ASSERT(nan_y > 0);
+    ASSERT_EQ_INT((long long)diff, 0);
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+/* The run-time choice: a bf16 qkv takes the tiles on the avx512_bf16 path
+ * where AMX is usable (unless DT_ATTN_AMX=off), never below it, never an
+ * f16 or f32 one; the emulated tiles are never chosen by themselves. */
+TEST(amx_dispatch)
+{
+    enum { T = 40, H = 1, D = 32, C3 = 3 * H * D };
+    static float x[T * C3], y[T * D], lse[T];
+    static uint16_t xh[T * C3];
+    dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
+    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+    const char *env = getenv("DT_ATTN_AMX");
+    bool off = env && (!strcmp(env, "off") || !strcmp(env, "0"));
+    const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    for (size_t r = 0; r < 4; r++) {
+        if (dt_k_set_isa(paths[r]) != DT_OK)
+            continue;
+        dt__attention_amx_stats s0, s1;
+        dt__amx_emul_stats e0, e1;
+        dt__attention_amx_stats_get(&s0);
+        dt__amx_emul_stats_get(&e0);
+        ASSERT_OK(
+            dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL, lse));
+        ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_F16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL, lse));
+        dt__attention_amx_stats_get(&s1);
+        dt__amx_emul_stats_get(&e1);
+        bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off;
+        ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
+        ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
+    }
+    ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "hw")) {
+        const char *why = NULL;
+        if (!(g_tiles = dt__amx_tiles_hw(&why)))
+            DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
+        RUN(amx_matches_reference);
+        RUN(amx_threads_same_bits);
+        RUN(amx_nonfinite_falls_back);
+        RUN(amx_dispatch);
+        return TEST_REPORT();
+    }
+    g_tiles = dt__amx_tiles_emul();
     RUN(attention_bf16_rounds_probabilities);
     RUN(attention_bf16_mask_hides_nonfinite);
+    RUN(rows_bf16_matches_reference);
+    RUN(amx_matches_reference);
+    RUN(amx_threads_same_bits);
+    RUN(amx_nonfinite_falls_back);
+    RUN(amx_dispatch);
     return TEST_REPORT();
 }

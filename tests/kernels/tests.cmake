@@ -24,7 +24,8 @@ endif()
 # (ONEDNN_MAX_CPU_ISA=AVX2 for oneDNN, DT_MAX_CPU_ISA=avx2 for dtrain), so
 # both paths run whichever machine CI gets. Without AVX-512 they would only
 # repeat the default registrations, so they report skipped.
-set(DT_ISA_AVX2_TESTS test_conv test_blocked test_convert test_nn test_bench_step test_matmul test_llama_ops)
+set(DT_ISA_AVX2_TESTS test_conv test_blocked test_convert test_nn test_bench_step test_matmul test_llama_ops
+  test_attention_bf16)
 foreach(t ${DT_ISA_AVX2_TESTS})
   if(TARGET ${t})
     set(args)
@@ -57,4 +58,13 @@ endif()
 if(TARGET test_amx_gemm)
   add_test(NAME kernels/test_amx_gemm_hw COMMAND test_amx_gemm hw)
   set_tests_properties(kernels/test_amx_gemm_hw PROPERTIES TIMEOUT 600 LABELS "kernels;threads" SKIP_RETURN_CODE 77)
+endif()
+
+# The attention's products on the real tile instructions: the default
+# registration of test_attention_bf16 runs them over the portable model of
+# the tiles; this one over the hardware (skipped where the CPU, the OS or
+# DT_MAX_CPU_ISA leave AMX off).
+if(TARGET test_attention_bf16)
+  add_test(NAME kernels/test_attention_bf16_hw COMMAND test_attention_bf16 hw)
+  set_tests_properties(kernels/test_attention_bf16_hw PROPERTIES TIMEOUT 600 LABELS "kernels;threads" SKIP_RETURN_CODE 77)
 endif()
