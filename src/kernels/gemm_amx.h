@@ -38,8 +38,10 @@ typedef struct {
     int64_t ldb;
     const dt__amx_packed_b *pb;   /* pre-packed op(B) (K x N), or NULL: B is packed for this call */
     float alpha, beta;            /* beta 0: C is not read */
-    float *C;                     /* f32, M x N */
-    int64_t ldc;
+    float *C;                     /* f32, M x N; NULL when Cb is given */
+    uint16_t *Cb;                 /* NULL, or the result rounded to bf16 here (as dt_f32_to_bf16) instead
+                                   * of C: then C is NULL and beta 0 */
+    int64_t ldc;                  /* elements between rows of C (or Cb) */
     const float *bias;            /* NULL or N floats, added after alpha (and beta C) */
     dt__amx_act act;              /* applied last */
 } dt__amx_gemm_args;
@@ -76,10 +78,11 @@ void dt__amx_cache_clear(void);
 bool dt__amx_active(const char **why);
 
 /* dt_k_matmul_batched's bf16 path on the real instructions (arguments as
- * there, already checked). */
+ * there, already checked); C is f32, or bf16 (c_bf16, beta 0: the sums
+ * rounded once, as dt_f32_to_bf16). */
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, float *C,
-                                 int64_t sc, const float *bias);
+                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,
+                                 bool c_bf16, int64_t sc, const float *bias);
 
 /* For tests: whether the calling thread holds a tile configuration of the
  * driver's now (always false between calls). */
