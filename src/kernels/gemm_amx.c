@@ -597,11 +597,12 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     const int64_t nmb = cdiv(M, BLK), nnb = cdiv(N, BLK);
     plan p = {.g = g, .kb = kb, .v = vec512(),
               .plain = !g->Cb && g->alpha == 1.0f && g->beta == 0.0f && !g->bias && g->act == DT__AMX_ACT_NONE};
-    /* macro blocks: MC x NC, smaller when that leaves fewer than 4 a thread */
+    /* macro blocks: MC x NC, smaller when that leaves fewer than 8 a thread
+     * (768 x 768: 18 of 256 x 128 for 2 threads, 9 each) */
     int nt = dt__threads_for(M * N * (K / 16 + 1));
     p.mcb = MC / BLK;
     p.ncb = NC / BLK;
-    while (cdiv(nmb, p.mcb) * cdiv(nnb, p.ncb) < 4 * (int64_t)nt && (p.mcb > 2 || p.ncb > 2)) {
+    while (cdiv(nmb, p.mcb) * cdiv(nnb, p.ncb) < 8 * (int64_t)nt && (p.mcb > 2 || p.ncb > 2)) {
         if (p.mcb >= p.ncb)
             p.mcb /= 2;
         else
