@@ -56,6 +56,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -497,8 +499,54 @@ typedef struct {
     int64_t kb;            /* K steps in all */
     int64_t mcb, ncb;      /* a macro block's 32-row blocks and 32-column panels */
     bool plain;            /* the partial sums go through C itself (no epilogue) */
-    bool v;                /* AVX-512 epilogue */
+    bool v;                /* AVX-512 packing and epilogue */
+    /* packing on first use: the thread that claims a panel (row block) packs it */
+    _Atomic int *bflag;    /* per B panel: 0 to pack, 1 being packed, 2 ready; NULL: B came packed */
+    _Atomic int *aflag;    /* per 32-row block of op(A)'s copy or K tail; NULL: nothing to copy */
+    uint16_t *bdst, *adst; /* where they are packed */
 } plan;
+
+static void pack_b_job(const plan *p, int64_t j)
+{
+    const dt__amx_gemm_args *g = p->g;
+    pack_b_panel(g->B, g->tb, g->ldb, g->K, g->N, p->kb, j, p->v, p->bdst + j * p->kb * 2 * TILE);
+}
+
+static void pack_a_job(const plan *p, int64_t mb)
+{
+    const dt__amx_gemm_args *g = p->g;
+    int64_t m0 = mb * BLK, m1 = min64(m0 + BLK, g->M);
+    if (g->ta) {
+        for (int64_t m = m0; m < m1; m += 16)
+            pack_at_rows(g->A, g->lda, g->M, g->K, p->kb, m, p->v, p->adst, p->lda);
+        return;
+    }
+    const int64_t k0 = p->kfull * KSTEP; /* the K tail: the last, partial step */
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t k = 0; k < KSTEP; k++)
+            p->adst[m * KSTEP + k] = k0 + k < g->K ? g->A[m * g->lda + k0 + k] : 0;
+}
+
+/* Items [lo, hi) packed and visible to the calling thread: it packs those
+ * nobody has claimed, then waits for those another thread is packing
+ * (threads sharing a group of panels pack it between them). */
+static void ensure_packed(const plan *p, _Atomic int *flag, int64_t lo, int64_t hi,
+                          void (*job)(const plan *, int64_t))
+{
+    if (!flag)
+        return;
+    for (int64_t j = lo; j < hi; j++) {
+        int free_ = 0;
+        if (atomic_load_explicit(&flag[j], memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&flag[j], &free_, 1)) {
+            job(p, j);
+            atomic_store_explicit(&flag[j], 2, memory_order_release);
+        }
+    }
+    for (int64_t j = lo; j < hi; j++)
+        while (atomic_load_explicit(&flag[j], memory_order_acquire) != 2)
+            sched_yield();
+}
 
 /* Prefetch slice j of n of row block mb's next K chunk of A (kd steps from
  * step kc) into L2 while the blocks of the row block before it run: each
@@ -525,6 +573,8 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
     const dt__amx_gemm_args *g = p->g;
     int64_t mb0 = mg * p->mcb, mb1 = min64(mb0 + p->mcb, cdiv(g->M, BLK));
     int64_t nb0 = ng * p->ncb, nb1 = min64(nb0 + p->ncb, cdiv(g->N, BLK));
+    ensure_packed(p, p->aflag, mb0, mb1, pack_a_job);
+    ensure_packed(p, p->bflag, nb0, nb1, pack_b_job);
     float *acc = p->plain ? g->C + mb0 * BLK * g->ldc + nb0 * BLK : buf;
     int64_t ldacc = p->plain ? g->ldc : p->ncb * BLK;
     int64_t kc = 0;
@@ -617,7 +667,8 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     size_t nb = g->pb ? 0 : up64((size_t)(nnb * kb) * 2 * TILE);
     const size_t macro_floats = (size_t)(p.mcb * p.ncb) * BLK * BLK;
     size_t nacc = p.plain ? 0 : (size_t)nt * macro_floats * 2;
-    uint16_t *buf = scratch_get(na + nb + nacc + 1);
+    size_t nflag = up64(2 * (size_t)(nmb + nnb) * sizeof(_Atomic int) / sizeof(uint16_t));
+    uint16_t *buf = scratch_get(na + nb + nacc + nflag);
     if (!buf)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the packed panels (%lld x %lld x %lld)", fn,
                         (long long)M, (long long)N, (long long)K);
@@ -631,27 +682,19 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
         p.kfull = K / KSTEP;
         p.atail = K % KSTEP ? buf : NULL;
     }
-    p.pb = g->pb ? g->pb->data : buf + na;
+    p.adst = buf;
+    p.bdst = buf + na;
+    p.pb = g->pb ? g->pb->data : p.bdst;
     float *accbuf = (float *)(buf + na + nb);
-    const int64_t k0 = p.kfull * KSTEP; /* where the tail starts */
+    _Atomic int *flags = (_Atomic int *)(buf + na + nb + nacc);
+    for (int64_t i = 0; i < nmb + nnb; i++)
+        atomic_init(&flags[i], 0);
+    if ((g->ta || p.atail) && kb)
+        p.aflag = flags;
+    if (!g->pb && kb)
+        p.bflag = flags + nmb;
 #pragma omp parallel num_threads(nt)
     {
-        if (!g->pb) {
-#pragma omp for schedule(static) nowait
-            for (int64_t j = 0; j < nnb; j++)
-                pack_b_panel(g->B, g->tb, g->ldb, K, N, kb, j, p.v, buf + na + j * kb * 2 * TILE);
-        }
-        if (g->ta) {
-#pragma omp for schedule(static) nowait
-            for (int64_t i = 0; i < cdiv(M, 16); i++)
-                pack_at_rows(g->A, g->lda, M, K, kb, i * 16, p.v, buf, ldt);
-        } else if (p.atail) {
-#pragma omp for schedule(static) nowait
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t k = 0; k < KSTEP; k++)
-                    buf[m * KSTEP + k] = k0 + k < K ? g->A[m * g->lda + k0 + k] : 0;
-        }
-#pragma omp barrier
         /* macro blocks in column-group order (consecutive ones share a group of B panels), handed
          * out one at a time: a thread the OS holds back delays the call by one macro block at most */
         float *tb = accbuf;
