@@ -805,22 +805,41 @@ void dt__amx_cache_clear(void)
 
 /* ---- dt_k_matmul's bf16 path ------------------------------------------------------- */
 
-/* DT_AMX_GEMM: "on" (or 1) runs dt_k_matmul's bf16 products here; "auto"
- * (the default), "off" (or 0) leave them on oneDNN, whose own AMX kernels
- * (brgemm, isa avx512_core_amx) measured 1.2-2.5x faster than this GEMM on
- * GPT-2's shapes (docs/BENCHMARKS.md). Read once per process. */
+/* DT_AMX_GEMM: "on" (or 1) runs every bf16 product of dt_k_matmul here;
+ * "off" (or 0) none (oneDNN runs them, on AMX with its own brgemm kernels);
+ * "auto" (the default) the products dt__amx_auto_picks: those of at least
+ * 2^35 multiply-adds whose every dimension is at least 512, GPT-2's LM head
+ * at 2048 rows (2048 x 50304 x 768 forward, and both gradients), where this
+ * GEMM measured ahead of oneDNN 2.6 in every interleaved run on a Xeon with
+ * AMX (2 threads, a machine shared with other work, load 7-11): wall
+ * GFLOP/s 341-557 against 267-398 forward, 316-565 against 161-254 for the
+ * input gradient (oneDNN 2.6's 2048 x 768 x 50304 runs at a third of its
+ * other rates), 322-451 against 274-392 for the weight gradient. On the
+ * other 12 per-layer shapes it measured ahead per CPU-second with
+ * OMP_WAIT_POLICY=passive (556-852 against 484-773) but not in every wall
+ * time run with the default waiting (bwd-dx shapes 403-455 against
+ * 443-471), so auto leaves them on oneDNN; docs/GUIDE.md has the table.
+ * Read once per process. */
 static pthread_once_t g_sel_once = PTHREAD_ONCE_INIT;
-static bool g_sel_on;
+static int g_sel; /* 0 auto, 1 on, -1 off */
 
 static void select_read(void)
 {
     const char *e = getenv("DT_AMX_GEMM");
-    if (!e || !*e || !strcmp(e, "auto") || !strcmp(e, "off") || !strcmp(e, "0"))
+    if (!e || !*e || !strcmp(e, "auto"))
         return;
     if (!strcmp(e, "on") || !strcmp(e, "1"))
-        g_sel_on = true;
+        g_sel = 1;
+    else if (!strcmp(e, "off") || !strcmp(e, "0"))
+        g_sel = -1;
     else
-        dt_log(DT_LOG_WARN, "DT_AMX_GEMM=%s is not one of auto, on, off; ignored (auto: oneDNN)", e);
+        dt_log(DT_LOG_WARN, "DT_AMX_GEMM=%s is not one of auto, on, off; ignored (auto)", e);
+}
+
+bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K)
+{
+    const int64_t least = 512;
+    return M >= least && N >= least && K >= least && (double)M * (double)N * (double)K >= 0x1p35;
 }
 
 bool dt__amx_active(const char **why)
@@ -833,9 +852,20 @@ bool dt__amx_active(const char **why)
     }
     pthread_once(&g_sel_once, select_read);
     if (why)
-        *why = g_sel_on ? "active (DT_AMX_GEMM=on)"
-                        : "oneDNN runs the bf16 products on AMX itself, faster here; DT_AMX_GEMM=on selects dtrain's";
-    return g_sel_on;
+        *why = g_sel > 0    ? "active (DT_AMX_GEMM=on)"
+               : g_sel == 0 ? "auto: products of 2^35 multiply-adds or more with every dimension 512 or more (a "
+                              "language model's head) run here, the rest on oneDNN's AMX kernels; DT_AMX_GEMM=on "
+                              "selects dtrain's for all"
+                            : "DT_AMX_GEMM=off: oneDNN runs the bf16 products (on AMX itself)";
+    return g_sel > 0;
+}
+
+bool dt__amx_use(int64_t M, int64_t N, int64_t K)
+{
+    if (!dt__amx_tiles_hw(NULL))
+        return false;
+    pthread_once(&g_sel_once, select_read);
+    return g_sel > 0 || (g_sel == 0 && dt__amx_auto_picks(M, N, K));
 }
 
 bool dt_k_matmul_amx(const char **why) { return dt__amx_active(why); }

@@ -73,9 +73,19 @@ void dt__amx_cache_stats_get(dt__amx_cache_stats *out);
 /* Drop every packed copy (after weights are freed, or in tests). */
 void dt__amx_cache_clear(void);
 
-/* Whether dt_k_matmul's bf16 products run on the AMX GEMM in this process
- * (the real instructions usable, see amx_hw.c); *why says why not. */
+/* Whether every bf16 product of dt_k_matmul runs on the AMX GEMM in this
+ * process (DT_AMX_GEMM=on and the real instructions usable, see amx_hw.c);
+ * *why says why not, or which products auto sends here. */
 bool dt__amx_active(const char **why);
+
+/* Whether the bf16 product M x N x K of dt_k_matmul runs on the AMX GEMM:
+ * the real instructions usable, and DT_AMX_GEMM=on, or auto (the default)
+ * and dt__amx_auto_picks. */
+bool dt__amx_use(int64_t M, int64_t N, int64_t K);
+
+/* auto's rule, alone (for tests): at least 2^35 multiply-adds and every
+ * dimension at least 512 (see gemm_amx.c for the measurements). */
+bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K);
 
 /* dt_k_matmul_batched's bf16 path on the real instructions (arguments as
  * there, already checked); C is f32, or bf16 (c_bf16, beta 0: the sums

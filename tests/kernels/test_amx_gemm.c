@@ -619,6 +619,32 @@ TEST(dispatch_never_emulated)
     ASSERT(err < 1e-5);
 }
 
+TEST(auto_rule)
+{
+    /* DT_AMX_GEMM=auto's choice: GPT-2's LM head products (2048 rows)
+     * here, its 12 per-layer products and a one-row decode step on oneDNN */
+    static const int64_t picked[][3] = {{2048, 50304, 768}, {2048, 768, 50304}, {50304, 768, 2048}};
+    static const int64_t left[][3] = {
+        {2048, 2304, 768}, {2048, 768, 768},  {2048, 3072, 768}, {2048, 768, 3072}, /* forward */
+        {2048, 768, 2304}, {2048, 768, 768},  {2048, 768, 3072}, {2048, 3072, 768}, /* input gradients */
+        {768, 2304, 2048}, {768, 768, 2048},  {768, 3072, 2048}, {3072, 768, 2048}, /* weight gradients */
+        {1, 50304, 768},   {511, 50304, 768}, {3250, 3250, 3250},                    /* edges of the rule */
+    };
+    const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL);
+    const char *sel = getenv("DT_AMX_GEMM");
+    bool on = sel && !strcmp(sel, "on"), off = sel && (!strcmp(sel, "off") || !strcmp(sel, "0"));
+    for (size_t i = 0; i < sizeof picked / sizeof picked[0]; i++) {
+        ASSERT(dt__amx_auto_picks(picked[i][0], picked[i][1], picked[i][2]));
+        ASSERT(dt__amx_use(picked[i][0], picked[i][1], picked[i][2]) == (hw != NULL && !off));
+    }
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        ASSERT(!dt__amx_auto_picks(left[i][0], left[i][1], left[i][2]));
+        ASSERT(dt__amx_use(left[i][0], left[i][1], left[i][2]) == (hw != NULL && on));
+    }
+    ASSERT(dt__amx_auto_picks(3251, 3251, 3251)); /* 3251^3 >= 2^35 */
+    ASSERT(dt__amx_auto_picks(512, 512, 131072));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "hw")) {
@@ -640,6 +666,7 @@ int main(int argc, char **argv)
         RUN(more_threads_than_cores);
         RUN(concurrent_callers_more_than_cores);
         RUN(dispatch_never_emulated);
+        RUN(auto_rule);
         return TEST_REPORT();
     }
     g_tiles = dt__amx_tiles_emul();
@@ -659,5 +686,6 @@ int main(int argc, char **argv)
     RUN(more_threads_than_cores);
     RUN(concurrent_callers_more_than_cores);
     RUN(dispatch_never_emulated);
+    RUN(auto_rule);
     return TEST_REPORT();
 }
