@@ -19,16 +19,23 @@
  * permutes, B^T and A^T through 16 x 16 transposes of 32-bit pairs); the
  * scalar loops give the same layout bit for bit.
  *
- * Cache blocking. A thread's share of the output (whole 32-column panels,
- * or whole 32-row blocks when there are few columns) is cut into macro
- * blocks of MC x NC; each is summed over K in chunks of KC steps, and inside
- * a chunk every 32-row block of A runs across the macro block's panels, so
- * a chunk of A rows (32 x KC) is reused from L1 and the chunk of B panels
- * (KC x NC) from L2. Between chunks the partial sums go through memory:
- * straight through C when the result is plain (alpha 1, beta 0, no bias,
- * no GELU, f32), else through a per-thread f32 buffer of MC x NC. An output
- * sum still runs in increasing k order, tile store and load are exact, and
- * K padding adds +0 (0 x 0), so the blocking changes no bit of the result.
+ * Cache blocking and threads. The output is cut into macro blocks of up to
+ * MC x NC (halved until every thread has 8 or more), handed out to the
+ * threads one at a time (OpenMP's dynamic schedule) in column-group order,
+ * so a thread the OS holds back delays a call by one macro block at most.
+ * A macro block is summed over K in chunks of KC steps; inside a chunk
+ * every 32-row block of A runs across the macro block's panels, so a chunk
+ * of A rows (32 x KC, prefetched into L2 while the row block before it
+ * runs) is reused from L1 and the chunk of B panels (KC x NC) from L2.
+ * Between chunks the partial sums go through memory: straight through C
+ * when the result is plain (alpha 1, beta 0, no bias, no GELU, f32), else
+ * through a per-thread f32 buffer of the macro block. An output sum still
+ * runs in increasing k order, tile store and load are exact, and K padding
+ * adds +0 (0 x 0), so neither the blocking nor the thread count changes a
+ * bit of the result. B panels and op(A)'s copy (or K tail) are packed on
+ * first use by the thread that claims them (an atomic flag per panel and
+ * per 32-row block): threads starting on the same column group pack its
+ * panels between them, and no barrier separates packing from products.
  *
  * Edges. M and N tails use smaller tiles: the configuration of an edge block
  * gives the C and A tiles only the rows that exist (mr <= 16) and the C and

@@ -49,10 +49,12 @@ typedef struct {
 /* Run the GEMM on `tiles`. Each thread configures its tiles on its first
  * block (and again only when an edge block needs other tile shapes) and
  * releases them before the call returns, so no thread holds tile state
- * outside a call. The K sum of each output is accumulated in one tile in
- * increasing k order, pairs as tdpbf16ps adds them; the epilogue then
- * computes alpha * acc, + beta * C, + bias, GELU, in that order, rounding
- * each step to f32. */
+ * outside a call. The K sum of each output is accumulated in tiles in
+ * increasing k order, pairs as tdpbf16ps adds them (between K chunks the
+ * partial sum is stored and loaded back exactly), whatever the thread
+ * count; the epilogue then computes alpha * acc, + beta * C, + bias, GELU,
+ * in that order, rounding each step to f32, and rounds to bf16 last for
+ * Cb. */
 dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g);
 
 /* Pack op(B) (K x N; B stored K x N, or N x K when tb) into pb, reusing
