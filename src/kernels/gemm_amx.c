@@ -817,15 +817,16 @@ void dt__amx_cache_clear(void)
  * "auto" (the default) the products dt__amx_auto_picks: those of at least
  * 2^35 multiply-adds whose every dimension is at least 512, GPT-2's LM head
  * at 2048 rows (2048 x 50304 x 768 forward, and both gradients), where this
- * GEMM measured ahead of oneDNN 2.6 in every interleaved run on a Xeon with
- * AMX (2 threads, a machine shared with other work, load 7-11): wall
- * GFLOP/s 341-557 against 267-398 forward, 316-565 against 161-254 for the
- * input gradient (oneDNN 2.6's 2048 x 768 x 50304 runs at a third of its
- * other rates), 322-451 against 274-392 for the weight gradient. On the
- * other 12 per-layer shapes it measured ahead per CPU-second with
- * OMP_WAIT_POLICY=passive (556-852 against 484-773) but not in every wall
- * time run with the default waiting (bwd-dx shapes 403-455 against
- * 443-471), so auto leaves them on oneDNN; docs/GUIDE.md has the table.
+ * GEMM measured ahead of oneDNN 2.6 in each of three interleaved runs of
+ * bench/onednn_matmul.sh on a Xeon with AMX (2 threads, the machine shared
+ * with other work, load 5-9), wall GFLOP/s: 341-557 against 249-398
+ * forward, 316-565 against 158-242 for the input gradient, 318-451 against
+ * 257-392 for the weight gradient (1.15-2.33x). On GPT-2's other 12
+ * shapes it measured ahead per CPU-second with OMP_WAIT_POLICY=passive
+ * (556-852 against 480-773, one run) but not in wall time with the default
+ * waiting (the input gradients and the 768 x 768 products behind), so auto
+ * leaves those on oneDNN. Single-threaded it is ahead on them too (proj
+ * 2048 x 768 x 768: 469-792 against 318-588).
  * Read once per process. */
 static pthread_once_t g_sel_once = PTHREAD_ONCE_INIT;
 static int g_sel; /* 0 auto, 1 on, -1 off */
