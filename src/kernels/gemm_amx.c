@@ -507,6 +507,7 @@ typedef struct {
     int64_t mcb, ncb;      /* a macro block's 32-row blocks and 32-column panels */
     bool plain;            /* the partial sums go through C itself (no epilogue) */
     bool v;                /* AVX-512 packing and epilogue */
+    bool aprivate;         /* A^T's rows transposed per macro block into the thread's own buffer */
     /* packing on first use: the thread that claims a panel (row block) packs it */
     _Atomic int *bflag;    /* per B panel: 0 to pack, 1 being packed, 2 ready; NULL: B came packed */
     _Atomic int *aflag;    /* per 32-row block of op(A)'s copy or K tail; NULL: nothing to copy */
@@ -559,14 +560,15 @@ static void ensure_packed(const plan *p, _Atomic int *flag, int64_t lo, int64_t 
  * step kc) into L2 while the blocks of the row block before it run: each
  * row block's chunk is read from outside L2 once, then reused across the
  * macro block's panels. */
-static void prefetch_a(const plan *p, int64_t mb, int64_t kc, int64_t kd, int64_t j, int64_t n)
+static void prefetch_a(const plan *p, const uint16_t *a, int64_t row0, int64_t mb, int64_t kc, int64_t kd, int64_t j,
+                       int64_t n)
 {
     if (mb < 0 || kd <= 0)
         return;
     int64_t r0 = mb * BLK + BLK * j / n, r1 = mb * BLK + BLK * (j + 1) / n;
     r1 = min64(r1, p->g->M);
     for (int64_t r = r0; r < r1; r++) {
-        const char *row = (const char *)(p->a + r * p->lda + kc * KSTEP);
+        const char *row = (const char *)(a + (r - row0) * p->lda + kc * KSTEP);
         for (int64_t b = 0; b < kd * 64; b += 64)
             __builtin_prefetch(row + b, 0, 2);
     }
@@ -574,12 +576,23 @@ static void prefetch_a(const plan *p, int64_t mb, int64_t kc, int64_t kd, int64_
 
 /* Macro block (mg, ng) of the output: 32-row blocks mg mcb .. and 32-column
  * panels ng ncb .., summed over K in chunks; buf: mcb x ncb blocks of
- * floats unless plain. */
-static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf)
+ * floats unless plain; abuf: the thread's copy of the macro block's rows of
+ * A^T when p->aprivate. */
+static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf, uint16_t *abuf)
 {
     const dt__amx_gemm_args *g = p->g;
     int64_t mb0 = mg * p->mcb, mb1 = min64(mb0 + p->mcb, cdiv(g->M, BLK));
     int64_t nb0 = ng * p->ncb, nb1 = min64(nb0 + p->ncb, cdiv(g->N, BLK));
+    const uint16_t *a = p->a; /* row row0 of op(A) at a */
+    int64_t row0 = 0;
+    if (p->aprivate) { /* the macro block's rows of A^T, transposed for this thread alone */
+        const dt__amx_gemm_args *ga = p->g;
+        for (int64_t m = mb0 * BLK; m < min64(mb1 * BLK, ga->M); m += 16)
+            pack_at_rows(ga->A + mb0 * BLK, ga->lda, ga->M - mb0 * BLK, ga->K, p->kb, m - mb0 * BLK, p->v, abuf,
+                         p->lda);
+        a = abuf;
+        row0 = mb0 * BLK;
+    }
     ensure_packed(p, p->aflag, mb0, mb1, pack_a_job);
     ensure_packed(p, p->bflag, nb0, nb1, pack_b_job);
     float *acc = p->plain ? g->C + mb0 * BLK * g->ldc + nb0 * BLK : buf;
@@ -592,7 +605,7 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
         for (int64_t mb = mb0; mb < mb1; mb++)
             for (int64_t nb = nb0; nb < nb1; nb++) {
                 int64_t m0 = mb * BLK, n0 = nb * BLK;
-                prefetch_a(p, mb + 1 < mb1 ? mb + 1 : -1, kc, kd, nb - nb0, nb1 - nb0);
+                prefetch_a(p, a, row0, mb + 1 < mb1 ? mb + 1 : -1, kc, kd, nb - nb0, nb1 - nb0);
                 int mr[2] = {clamp16(g->M - m0), clamp16(g->M - m0 - 16)};
                 int nc[2] = {clamp16(g->N - n0), clamp16(g->N - n0 - 16)};
                 tiles_use(tiles, mr[0], mr[1], nc[0], nc[1]);
@@ -600,7 +613,7 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
                 const uint16_t *pbn = p->pb + nb * p->kb * 2 * TILE;
                 bool in = kc > 0;
                 if (kd > 0 || !tail) {
-                    tiles->block(p->a + m0 * p->lda + kc * KSTEP, p->lda, pbn + kc * 2 * TILE, kd, mr[1] > 0,
+                    tiles->block(a + (m0 - row0) * p->lda + kc * KSTEP, p->lda, pbn + kc * 2 * TILE, kd, mr[1] > 0,
                                  nc[1] > 0, c, ldacc, in);
                     in = true;
                 }
@@ -657,10 +670,15 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     /* macro blocks: MC x NC, smaller when that leaves fewer than 8 a thread
      * (768 x 768: 18 of 256 x 128 for 2 threads, 9 each) */
     int nt = dt__threads_for(M * N * (K / 16 + 1));
+    /* A^T with many rows (a language model head's weight gradient, 50304 x
+     * 768 x 2048) and few columns: macro blocks span all columns, so each
+     * transposes its own rows of A^T into its thread's buffer (MC rows)
+     * instead of the call holding a copy of all of A^T (206 MB there) */
+    p.aprivate = g->ta && nmb > 32 && nnb <= 32 && kb;
     p.mcb = MC / BLK;
-    p.ncb = NC / BLK;
-    while (cdiv(nmb, p.mcb) * cdiv(nnb, p.ncb) < 8 * (int64_t)nt && (p.mcb > 2 || p.ncb > 2)) {
-        if (p.mcb >= p.ncb)
+    p.ncb = p.aprivate ? nnb : NC / BLK;
+    while (cdiv(nmb, p.mcb) * cdiv(nnb, p.ncb) < 8 * (int64_t)nt && (p.mcb > 2 || (p.ncb > 2 && !p.aprivate))) {
+        if (p.mcb >= p.ncb || p.aprivate)
             p.mcb /= 2;
         else
             p.ncb /= 2;
@@ -670,7 +688,10 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
         nt = (int)nmacro;
     /* scratch: op(A)'s copy or K tail, packed B, the threads' sum buffers */
     int64_t ldt = kb * KSTEP + KSTEP; /* the transposed copy's rows */
-    size_t na = g->ta ? up64((size_t)(M * ldt)) : K % KSTEP ? up64((size_t)(M * KSTEP)) : 0;
+    size_t na = p.aprivate ? up64((size_t)(nt * p.mcb * BLK * ldt))
+                : g->ta    ? up64((size_t)(M * ldt))
+                : K % KSTEP ? up64((size_t)(M * KSTEP))
+                           : 0;
     size_t nb = g->pb ? 0 : up64((size_t)(nnb * kb) * 2 * TILE);
     const size_t macro_floats = (size_t)(p.mcb * p.ncb) * BLK * BLK;
     size_t nacc = p.plain ? 0 : (size_t)nt * macro_floats * 2;
@@ -696,7 +717,7 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     _Atomic int *flags = (_Atomic int *)(buf + na + nb + nacc);
     for (int64_t i = 0; i < nmb + nnb; i++)
         atomic_init(&flags[i], 0);
-    if ((g->ta || p.atail) && kb)
+    if (((g->ta && !p.aprivate) || p.atail) && kb)
         p.aflag = flags;
     if (!g->pb && kb)
         p.bflag = flags + nmb;
@@ -705,12 +726,15 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
         /* macro blocks in column-group order (consecutive ones share a group of B panels), handed
          * out one at a time: a thread the OS holds back delays the call by one macro block at most */
         float *tb = accbuf;
+        uint16_t *ta = p.aprivate ? buf : NULL;
 #ifdef _OPENMP
         tb += (size_t)omp_get_thread_num() * macro_floats;
+        if (ta)
+            ta += (size_t)omp_get_thread_num() * (size_t)(p.mcb * BLK * ldt);
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < nmacro; i++)
-            run_macro(tiles, &p, i % nmg, i / nmg, tb);
+            run_macro(tiles, &p, i % nmg, i / nmg, tb, ta);
         tiles_release();
     }
     return DT_OK;

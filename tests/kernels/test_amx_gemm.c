@@ -429,6 +429,15 @@ TEST(direct_a_strides)
             s.bias = true;
             fails += run_case(s, VIA_PACKED);
         }
+    /* A^T of more than 1024 rows and at most 1024 columns: each macro block
+     * transposes its own rows into its thread's buffer (an LM head's weight
+     * gradient); M tail, K tail, odd lda, plain and through the epilogue */
+    shape w = {.ta = true, .M = 1100, .N = 70, .K = 45, .lda = 1103, .alpha = 1.0f};
+    fails += run_case(w, VIA_CALL);
+    w.beta = 1.0f;
+    w.bias = true;
+    w.K = 64;
+    fails += run_case(w, VIA_PACKED);
     ASSERT_EQ_INT(fails, 0);
 }
 
