@@ -14,7 +14,8 @@
  *   bwd-dx  g W^T:  the same four with N and K swapped; lm_head g E: R x C x V
  *   bwd-dw  x^T g:  qkv C x 3C x R, ...; lm_head g^T x: V x C x R
  * Types: f32 (f32 x f32 -> f32), bf16 (bf16 x bf16 -> f32), bf16o (bf16 x
- * bf16 -> bf16; not through dtrain, whose GEMM writes f32).
+ * bf16 -> bf16; through dtrain: dt_k_matmul_batched_lp, when
+ * dt_k_matmul_writes_lp says it writes bf16 directly).
  *
  * Each (shape, type) builds its primitive, runs once untimed, then --reps
  * timed runs; a line gives the median wall time, its GFLOP/s and the
@@ -38,8 +39,10 @@
 #include "dtrain/kernels.h"
 #define LIB "dtrain"
 #define DTRAIN_PATH 1
+#define DTRAIN_WRITES_BF16() dt_k_matmul_writes_lp(DT_BF16)
 #else
 #define DTRAIN_PATH 0
+#define DTRAIN_WRITES_BF16() 1
 #include "oneapi/dnnl/dnnl.h"
 #if DNNL_VERSION_MAJOR >= 3
 #define LIB "onednn3"
@@ -261,6 +264,10 @@ static int run_one(const shape *s, int type, void *A, void *B, void *C, int reps
                    char *impl, size_t implsz)
 {
     dt_dtype t = type == T_F32 ? DT_F32 : DT_BF16;
+    if (type == T_BF16O && !dt_k_matmul_writes_lp(DT_BF16)) {
+        snprintf(impl, implsz, "no direct bf16 result (dt_k_matmul_writes_lp)");
+        return -1;
+    }
     snprintf(impl, implsz, "%s", t == DT_BF16 && dt_k_matmul_amx(NULL) ? "dtrain-amx" : "dt_k_matmul");
     double *w = calloc((size_t)reps, sizeof *w), *u = calloc((size_t)reps, sizeof *u);
     int rc = -1;
@@ -268,7 +275,10 @@ static int run_one(const shape *s, int type, void *A, void *B, void *C, int reps
         goto out;
     for (int r = -1; r < reps; r++) {
         double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
-        if (dt_k_matmul(s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, B, t, 0.0f, C, NULL) < 0) {
+        dt_status st = type == T_BF16O
+                           ? dt_k_matmul_batched_lp(s->ta, s->tb, 1, s->M, s->N, s->K, 1.0f, A, 0, B, 0, t, C, 0, NULL)
+                           : dt_k_matmul(s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, B, t, 0.0f, C, NULL);
+        if (st < 0) {
             snprintf(impl, implsz, "error: %s", dt_last_error());
             goto out;
         }
@@ -347,8 +357,8 @@ int main(int argc, char **argv)
         if (only && strcmp(only, s[i].name))
             continue;
         for (int t = 0; t < T_COUNT; t++) {
-            if (!has_type(types, k_type_name[t]) || (DTRAIN_PATH && t == T_BF16O))
-                continue; /* dtrain's GEMM writes f32 */
+            if (!has_type(types, k_type_name[t]) || (t == T_BF16O && !DTRAIN_WRITES_BF16()))
+                continue; /* no direct bf16 result through dtrain here */
             char impl[128];
             double wall = 0, cpu = 0;
             void *a = t == T_F32 ? (void *)A : Ah, *b = t == T_F32 ? (void *)B : Bh;

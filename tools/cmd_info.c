@@ -48,9 +48,13 @@ int dt_cmd_info(int argc, char **argv)
            one ? ")" : "");
     const char *amx_why = NULL;
     bool amx = dt_k_matmul_amx(&amx_why);
-    printf("bf16 matmul: %s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)"
-                                     : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles" : "oneDNN");
-    if (!amx)
+    bool part = !amx && !strncmp(amx_why, "auto", 4); /* auto on AMX: the largest products on dtrain's */
+    printf("bf16 matmul: %s%s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)"
+                                   : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles" : "oneDNN",
+           part ? ", dtrain's AMX GEMM for the largest products" : "");
+    if (part)
+        printf("dtrain AMX GEMM: %s\n", amx_why);
+    else if (!amx)
         printf("dtrain AMX GEMM: off (%s)\n", amx_why);
     const char *blk = getenv("DT_BLOCKED");
     int pref = dt_k_onednn_block(), use = dt_k_act_block();

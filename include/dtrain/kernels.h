@@ -22,7 +22,8 @@
  *    does not depend on the thread count at all; oneDNN's weight gradients
  *    may change in the last bits when the thread count changes.
  *  - Matmul and convolution go through oneDNN (bf16 matmul on dtrain's own
- *    AMX GEMM where DT_AMX_GEMM=on asks for it, dt_k_matmul_amx). Their primitives are created
+ *    AMX GEMM for the largest products on AMX CPUs, or for all where
+ *    DT_AMX_GEMM=on asks for it, dt_k_matmul_amx). Their primitives are created
  *    on first use of a (shape, flags, dtype) combination and cached for the
  *    life of the process, so a training loop's steady state creates none
  *    (dt_k_stats_get() proves it). The cache is thread-safe.
@@ -134,7 +135,8 @@ DT_API dt_status dt_k_matmul_batched(bool trans_a, bool trans_b, int64_t batch, 
  * nearest even, so C_b holds what dt_k_matmul_batched's f32 C_b rounded by
  * dt_k_convert would (the sums may differ in the last bits of f32: oneDNN
  * picks its kernel per destination dtype). Where dt_k_matmul_writes_lp(t)
- * oneDNN writes C directly (no f32 result in memory); elsewhere an f32
+ * oneDNN (or dtrain's AMX GEMM) writes C directly (no f32 result in
+ * memory); elsewhere an f32
  * result is allocated, multiplied into and rounded. C is a uint16_t array
  * (stride_c elements between batches, as above). */
 DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
@@ -142,8 +144,9 @@ DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batc
                                         const void *B, int64_t stride_b, dt_dtype t, void *C,
                                         int64_t stride_c, const float *bias);
 /* Whether dt_k_matmul_batched_lp writes its t result directly here: oneDNN
- * has a native t matmul on this CPU and dtrain's AMX GEMM (which writes
- * f32) does not run instead. */
+ * has a native t matmul on this CPU, or (bf16) dtrain's AMX GEMM runs
+ * every bf16 product (DT_AMX_GEMM=on); it rounds its f32 sums to bf16 as
+ * it stores them, as dt_f32_to_bf16 rounds. */
 DT_API bool dt_k_matmul_writes_lp(dt_dtype t);
 
 /* Whether oneDNN runs bf16 matmul natively on this CPU (AVX-512 and up);
@@ -153,16 +156,21 @@ DT_API bool dt_k_matmul_bf16_native(void);
  * oneDNN builds a matmul of that dtype here (asked once, cached); false
  * for other dtypes. */
 DT_API bool dt_k_matmul_native(dt_dtype t);
-/* Whether bf16 matmuls (dt_k_matmul, dt_k_matmul_batched with DT_BF16) run
- * on dtrain's own AMX GEMM in this process instead of oneDNN: true where
- * the environment sets DT_AMX_GEMM=on, the CPU has AMX-TILE and AMX-BF16,
- * the OS saves the tile state, Linux grants the process the tile data
- * (asked on the first call) and DT_MAX_CPU_ISA is not avx512 or lower.
- * By default (DT_AMX_GEMM unset or auto) oneDNN runs them, on the tiles
- * itself where it has AMX kernels (oneDNN 2.6's brgemm: 1.2-2.5x this
- * GEMM's rate on GPT-2's shapes). *why (if not NULL) gets "active ..." or
- * the reason it is not (a static string). Products are the same
- * bf16 x bf16 -> f32 ones as oneDNN's, summed in another order. */
+/* Whether every bf16 matmul (dt_k_matmul, dt_k_matmul_batched with
+ * DT_BF16) runs on dtrain's own AMX GEMM in this process instead of oneDNN:
+ * true where the environment sets DT_AMX_GEMM=on, the CPU has AMX-TILE and
+ * AMX-BF16, the OS saves the tile state, Linux grants the process the tile
+ * data (asked on the first call) and DT_MAX_CPU_ISA is not avx512 or lower.
+ * By default (DT_AMX_GEMM unset or auto) it returns false and, where the
+ * tiles are usable, dtrain's GEMM runs the products of 2^35 multiply-adds
+ * or more whose every dimension is 512 or more (a language model's head,
+ * e.g. GPT-2's 2048 x 50304 x 768: 1.1-2.3x oneDNN 2.6's wall rate on a
+ * Xeon with AMX) and oneDNN (on the tiles itself, its brgemm kernels) the
+ * rest; *why then starts with "auto". DT_AMX_GEMM=off leaves all on oneDNN.
+ * *why (if not NULL) gets "active ...", the auto rule, or the reason it is
+ * off (a static string). Products are the same bf16 x bf16 -> f32 ones as
+ * oneDNN's, summed in another order (each output's sum in increasing k,
+ * whatever the thread count). */
 DT_API bool dt_k_matmul_amx(const char **why);
 
 /* Measure matmul throughput: n x n x n, `reps` timed runs after one warm-up,

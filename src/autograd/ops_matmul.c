@@ -10,8 +10,8 @@
  * accumulation where the CPU has them, else widened to f32 exactly) and the
  * result is rounded once to the operands' dtype: by oneDNN as it stores
  * (dt_k_matmul_batched_lp, no f32 result in memory, as PyTorch's bf16
- * matmul) where it has the native kernels, else by a pass over an f32
- * result (the emulation and dtrain's AMX GEMM write f32). Backward
+ * matmul) where it has the native kernels (dtrain's AMX GEMM too), else by
+ * a pass over an f32 result (the emulation writes f32). Backward
  * rounds the incoming gradient to that dtype (the gradient of a bf16
  * tensor is bf16, as PyTorch's) and runs the same low-precision GEMMs into
  * the f32 gradient buffers; when the op that produced the gradient already

@@ -22,7 +22,8 @@
  * Tile use (palette 1: 8 tiles of up to 16 rows x 64 bytes):
  *   tmm0..3  C, f32, 2 x 2 tiles of up to 16 x 16 (an output block of up to
  *            32 x 32); rows and colsb shrink at the matrix edges
- *   tmm4..5  A, bf16, up to 16 rows x 32 values (64 bytes) of a K step
+ *   tmm4..5  A, bf16, up to 16 rows x 32 values (64 bytes) of a K step,
+ *            loaded with the rows' own stride
  *   tmm6..7  B in the VNNI pair layout: 16 rows of up to 16 pairs
  *            (row r holds B[2r][n], B[2r+1][n] for each column n) */
 #ifndef DT_KERNELS_AMX_TILES_H
@@ -52,12 +53,15 @@ typedef struct dt__amx_tiles {
     const char *name;                           /* "amx" or "emulated" */
     void (*load_config)(const dt__amx_cfg *cfg); /* ldtilecfg: zeroes every tile */
     void (*release)(void);                       /* tilerelease: back to the init state */
-    /* The micro-kernel over this implementation: c (4 tiles of 16 x 16
-     * floats, each 256 floats apart, row stride 64 bytes) = the sum over kb K
-     * steps of A tiles (pa, 2 per step) times B tiles (pb, 2 per step).
-     * two_m / two_n: whether tile row / column 1 of the 2 x 2 block is in
-     * use (the configuration has those tiles). */
-    void (*block)(const uint16_t *pa, const uint16_t *pb, int64_t kb, bool two_m, bool two_n, float *c);
+    /* The micro-kernel over this implementation (amx_ukernel.h): the
+     * C block at c (2 x 2 tiles of 16 x 16 floats, rows ldc floats apart)
+     * = (acc_in ? c : 0) + the sum over kb K steps of A tiles (read in place
+     * from a, rows lda values apart, 32 values a step) times B tiles (pb, a
+     * packed panel, 2 tiles a step). two_m / two_n: whether tile row /
+     * column 1 of the 2 x 2 block is in use (the configuration has those
+     * tiles). */
+    void (*block)(const uint16_t *a, int64_t lda, const uint16_t *pb, int64_t kb, bool two_m, bool two_n,
+                  float *c, int64_t ldc, bool acc_in);
 } dt__amx_tiles;
 
 /* The real instructions, or NULL where they cannot run (no AMX-TILE or

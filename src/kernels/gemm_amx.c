@@ -1,31 +1,49 @@
 /* dtrain's AMX bf16 GEMM: the driver over a tile implementation.
  *
- * Blocking. The output is cut into blocks of 32 x 32, each computed by one
- * micro-kernel call as 2 x 2 tiles of 16 x 16 f32 (tmm0..3) over the whole
- * K, so each output's sum lives in one tile register from the first K step
- * to the last. A K step is 32 bf16 values: two A tiles (16 rows x 32) and
- * two B tiles (16 pair rows x 16 columns). Threads (OpenMP, the kernels'
- * static schedule) take contiguous runs of blocks in row-major block order,
- * so a thread reuses its A panel across consecutive column blocks.
+ * Register block. The output is computed in blocks of 32 x 32, each by one
+ * micro-kernel call as 2 x 2 tiles of 16 x 16 f32 (tmm0..3) over a range of
+ * K. A K step is 32 bf16 values: two A tiles (16 rows x 32) and two B tiles
+ * (16 pair rows x 16 columns), four tdpbf16ps.
  *
- * Packing. op(A) and op(B) are copied once per call into panels laid out as
- * the tiles load them: A panel mb holds rows 32 mb.. for every K step, tile
- * by tile, 64 bytes a row; B panel nb holds columns 32 nb.. in the VNNI
- * pair layout (row r of a B tile = B[2r][n], B[2r+1][n] for n in the tile).
- * Transposes cost nothing extra: op(X)'s element (i, k) is read through a
- * row and a column stride, so A^T B (weight gradients) and A B^T (inputs'
- * gradients, linear layers) pack from the same code. B may come pre-packed
- * (dt__amx_pack_b, or the packed-weight cache below) and be reused across
- * calls.
+ * Operands. op(A) is read in place when it is A (row-major): the A tiles
+ * load 16 rows of 32 values with A's own row stride. Only a K that is not
+ * a whole number of steps needs a copy: its last, partial step (32 values
+ * of every row, zero-padded) is packed into a small buffer per call. op(A)
+ * = A^T (weight gradients) is transposed once per call into a row-major
+ * copy padded to whole K steps (rows 64 bytes longer than that, so rows
+ * 4 KiB apart do not all map to the same cache sets). op(B) is packed into
+ * panels of 32 columns in the VNNI pair layout (row r of a B tile = B[2r][n],
+ * B[2r+1][n] for n in the tile), K zero-padded to whole steps; B may come
+ * pre-packed (dt__amx_pack_b, or the packed-weight cache below). On CPUs
+ * with AVX-512 the packing runs 16 lanes wide (pairs interleaved with
+ * permutes, B^T and A^T through 16 x 16 transposes of 32-bit pairs); the
+ * scalar loops give the same layout bit for bit.
  *
- * Edges. K is padded with zeros to a whole K step in both panels: a padded
- * product is 0 x 0 and adding +0 changes no sum, so the result is exact.
- * M and N tails use smaller tiles: the configuration of an edge block gives
- * the C and A tiles only the rows that exist (mr <= 16) and the C and B tiles
- * only the columns that exist (colsb = 4 nc), and leaves out tile row or
- * column 1 when the block has 16 or fewer rows or columns. A thread reloads
- * its configuration only when the block shape changes (ldtilecfg also zeroes
- * the tiles, so it is never done inside a block).
+ * Cache blocking and threads. The output is cut into macro blocks of up to
+ * MC x NC (halved until every thread has 8 or more), handed out to the
+ * threads one at a time (OpenMP's dynamic schedule) in column-group order,
+ * so a thread the OS holds back delays a call by one macro block at most.
+ * A macro block is summed over K in chunks of KC steps; inside a chunk
+ * every 32-row block of A runs across the macro block's panels, so a chunk
+ * of A rows (32 x KC, prefetched into L2 while the row block before it
+ * runs) is reused from L1 and the chunk of B panels (KC x NC) from L2.
+ * Between chunks the partial sums go through memory: straight through C
+ * when the result is plain (alpha 1, beta 0, no bias, no GELU, f32), else
+ * through a per-thread f32 buffer of the macro block. An output sum still
+ * runs in increasing k order, tile store and load are exact, and K padding
+ * adds +0 (0 x 0), so neither the blocking nor the thread count changes a
+ * bit of the result. B panels and op(A)'s copy (or K tail) are packed on
+ * first use by the thread that claims them (an atomic flag per panel and
+ * per 32-row block): threads starting on the same column group pack its
+ * panels between them, and no barrier separates packing from products.
+ *
+ * Edges. M and N tails use smaller tiles: the configuration of an edge block
+ * gives the C and A tiles only the rows that exist (mr <= 16) and the C and
+ * B tiles only the columns that exist (colsb = 4 nc), and leaves out tile
+ * row or column 1 when the block has 16 or fewer rows or columns, so no
+ * tile reads or writes past the matrices. A thread reloads its
+ * configuration only when the block shape changes (ldtilecfg also zeroes
+ * the tiles, so it is never done inside a block's K range).
  *
  * Tile state. A thread configures its tiles at its first block of a call and
  * releases them (tilerelease) before it leaves the call's parallel region:
@@ -34,66 +52,208 @@
  * permission to use the tiles (arch_prctl) is asked once per process, in
  * amx_hw.c.
  *
- * Epilogue. Each 32 x 32 block is stored from the tiles into a stack buffer
- * and written to C as alpha acc (+ beta C) (+ bias) (then GELU), so beta = 1
- * accumulates gradients and the bias (and GELU) of a linear layer cost no
- * extra pass over C. */
+ * Epilogue. A macro block that is not plain is written from its buffer to C
+ * as alpha acc (+ beta C) (+ bias) (then GELU), or rounded to bf16 into Cb
+ * (as dt_f32_to_bf16 rounds), 16 lanes at a time with AVX-512 (separate
+ * multiplies and adds, so the scalar loop's bits), so beta = 1 accumulates
+ * gradients and the bias (and GELU) of a linear layer cost no extra pass. */
 #include "kernels/gemm_amx.h"
 #include "kernels/kernels_impl.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define KSTEP DT__AMX_KSTEP
 #define TILE DT__AMX_TILE_ELEMS
 #define BLK 32
+#define MC 256 /* macro block rows (at most; fewer when the product is small) */
+#define NC 256 /* macro block columns (likewise) */
+#define KC 16  /* K steps summed per chunk: 512 values, a 32 x 512 A chunk is 32 KiB (L1) */
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing -------------------------------------------------------------------- */
 
-/* op(A) (M x K, element (m, k) at A[m rs + k cs]) into panels of 32 rows. */
-static void pack_a(const uint16_t *A, int64_t rs, int64_t cs, int64_t M, int64_t K, int64_t kb, uint16_t *out)
+/* Panel nb of op(B) (K x N, element (k, n) at B[k rs + n cs]), scalar. */
+static void pack_b_panel_s(const uint16_t *B, int64_t rs, int64_t cs, int64_t K, int64_t N, int64_t kb, int64_t nb,
+                           uint16_t *out)
 {
-    int64_t nmb = cdiv(M, BLK);
-    int nt = dt__threads_for(M * kb * KSTEP);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t mb = 0; mb < nmb; mb++)
-        for (int64_t ks = 0; ks < kb; ks++)
-            for (int i = 0; i < 2; i++) {
-                uint16_t *t = out + (mb * kb + ks) * 2 * TILE + i * TILE;
-                for (int r = 0; r < 16; r++) {
-                    int64_t m = mb * BLK + i * 16 + r;
-                    for (int kk = 0; kk < KSTEP; kk++) {
-                        int64_t k = ks * KSTEP + kk;
-                        t[r * KSTEP + kk] = m < M && k < K ? A[m * rs + k * cs] : 0;
-                    }
+    for (int64_t ks = 0; ks < kb; ks++)
+        for (int j = 0; j < 2; j++) {
+            uint16_t *t = out + ks * 2 * TILE + j * TILE;
+            for (int r = 0; r < 16; r++) {
+                int64_t k0 = ks * KSTEP + 2 * r;
+                for (int c = 0; c < 16; c++) {
+                    int64_t n = nb * BLK + j * 16 + c;
+                    bool in = n < N;
+                    t[r * KSTEP + 2 * c] = in && k0 < K ? B[k0 * rs + n * cs] : 0;
+                    t[r * KSTEP + 2 * c + 1] = in && k0 + 1 < K ? B[(k0 + 1) * rs + n * cs] : 0;
                 }
             }
+        }
 }
 
-/* op(B) (K x N, element (k, n) at B[k rs + n cs]) into pair-layout panels of 32 columns. */
-static void pack_b(const uint16_t *B, int64_t rs, int64_t cs, int64_t K, int64_t N, int64_t kb, uint16_t *out)
+/* Rows m0 .. m0 + 15 (those below M) of op(A) = A^T (element (m, k) at
+ * A[k lda + m]) into the row-major copy (rows ld values apart, K padded
+ * with zeros to kb steps), scalar. */
+static void pack_at_rows_s(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0, uint16_t *out,
+                           int64_t ld)
 {
-    int64_t nnb = cdiv(N, BLK);
-    int nt = dt__threads_for(N * kb * KSTEP);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t nb = 0; nb < nnb; nb++)
-        for (int64_t ks = 0; ks < kb; ks++)
-            for (int j = 0; j < 2; j++) {
-                uint16_t *t = out + (nb * kb + ks) * 2 * TILE + j * TILE;
-                for (int r = 0; r < 16; r++) {
-                    int64_t k0 = ks * KSTEP + 2 * r;
-                    for (int c = 0; c < 16; c++) {
-                        int64_t n = nb * BLK + j * 16 + c;
-                        bool in = n < N;
-                        t[r * KSTEP + 2 * c] = in && k0 < K ? B[k0 * rs + n * cs] : 0;
-                        t[r * KSTEP + 2 * c + 1] = in && k0 + 1 < K ? B[(k0 + 1) * rs + n * cs] : 0;
-                    }
-                }
+    for (int64_t m = m0; m < m0 + 16 && m < M; m++)
+        for (int64_t k = 0; k < kb * KSTEP; k++)
+            out[m * ld + k] = k < K ? A[k * lda + m] : 0;
+}
+
+#if DT__X86_VEC
+/* 16 x 16 32-bit transpose: r[i] element j becomes r[j] element i. */
+DT__AVX512 static inline void tr16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; j++) { /* lanes across u[j], u[4 + j], u[8 + j], u[12 + j] */
+        __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+        r[4 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
+
+/* The mask of the first n (clamped to 0..32) 16-bit lanes. */
+static inline __mmask32 mask16(int64_t n) { return n <= 0 ? 0 : n >= 32 ? 0xffffffffu : (1u << n) - 1; }
+
+/* Pair interleave indices: lo gives x0[c], x1[c] for c < 16, hi for c >= 16. */
+DT__AVX512 static inline __m512i pair_idx(int hi)
+{
+    _Alignas(64) uint16_t v[32];
+    for (int c = 0; c < 16; c++) {
+        v[2 * c] = (uint16_t)(c + 16 * hi);
+        v[2 * c + 1] = (uint16_t)(32 + c + 16 * hi);
+    }
+    return _mm512_load_si512(v);
+}
+
+/* pack_b_panel_s for B row-major (rows k, columns n contiguous). */
+DT__AVX512 static void pack_b_panel_n(const uint16_t *B, int64_t ldb, int64_t K, int64_t N, int64_t kb, int64_t nb,
+                                      uint16_t *out)
+{
+    const __m512i lo = pair_idx(0), hi = pair_idx(1);
+    int64_t n0 = nb * BLK;
+    __mmask32 m = mask16(N - n0);
+    for (int64_t ks = 0; ks < kb; ks++) {
+        uint16_t *t = out + ks * 2 * TILE;
+        for (int r = 0; r < 16; r++) {
+            int64_t k = ks * KSTEP + 2 * r;
+            __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(m, B + k * ldb + n0) : _mm512_setzero_si512();
+            __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(m, B + (k + 1) * ldb + n0) : _mm512_setzero_si512();
+            _mm512_storeu_si512(t + r * KSTEP, _mm512_permutex2var_epi16(x0, lo, x1));
+            _mm512_storeu_si512(t + TILE + r * KSTEP, _mm512_permutex2var_epi16(x0, hi, x1));
+        }
+    }
+}
+
+/* pack_b_panel_s for B^T stored (rows n, K contiguous): a tile is the
+ * 16 x 16 transpose of the 32-bit pairs of 16 rows. */
+DT__AVX512 static void pack_b_panel_t(const uint16_t *B, int64_t ldb, int64_t K, int64_t N, int64_t kb, int64_t nb,
+                                      uint16_t *out)
+{
+    for (int64_t ks = 0; ks < kb; ks++) {
+        int64_t k0 = ks * KSTEP;
+        __mmask32 m = mask16(K - k0);
+        for (int j = 0; j < 2; j++) {
+            __m512i r[16];
+            for (int c = 0; c < 16; c++) {
+                int64_t n = nb * BLK + j * 16 + c;
+                r[c] = n < N ? _mm512_maskz_loadu_epi16(m, B + n * ldb + k0) : _mm512_setzero_si512();
             }
+            tr16(r);
+            uint16_t *t = out + ks * 2 * TILE + j * TILE;
+            for (int i = 0; i < 16; i++)
+                _mm512_storeu_si512(t + i * KSTEP, r[i]);
+        }
+    }
+}
+
+/* pack_at_rows_s: pairs of A's rows k, k + 1 interleaved over 16 columns m,
+ * then transposed: row m of the result holds 16 pairs along k. */
+DT__AVX512 static void pack_at_rows_v(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0,
+                                      uint16_t *out, int64_t ld)
+{
+    const __m512i lo = pair_idx(0);
+    __mmask32 m = mask16(M - m0) & 0xffff;
+    for (int64_t ks = 0; ks < kb; ks++) {
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) {
+            int64_t k = ks * KSTEP + 2 * i;
+            __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(m, A + k * lda + m0) : _mm512_setzero_si512();
+            __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(m, A + (k + 1) * lda + m0) : _mm512_setzero_si512();
+            r[i] = _mm512_permutex2var_epi16(x0, lo, x1);
+        }
+        tr16(r);
+        for (int c = 0; c < 16 && m0 + c < M; c++)
+            _mm512_storeu_si512(out + (m0 + c) * ld + ks * KSTEP, r[c]);
+    }
+}
+#endif
+
+static bool vec512(void)
+{
+#if DT__X86_VEC
+    return dt__vec_level() == DT__VEC_AVX512;
+#else
+    return false;
+#endif
+}
+
+/* Panel nb of op(B) (B stored K x N, or N x K when tb) into out. */
+static void pack_b_panel(const uint16_t *B, bool tb, int64_t ldb, int64_t K, int64_t N, int64_t kb, int64_t nb,
+                         bool v, uint16_t *out)
+{
+#if DT__X86_VEC
+    if (v) {
+        if (tb)
+            pack_b_panel_t(B, ldb, K, N, kb, nb, out);
+        else
+            pack_b_panel_n(B, ldb, K, N, kb, nb, out);
+        return;
+    }
+#else
+    (void)v;
+#endif
+    pack_b_panel_s(B, tb ? 1 : ldb, tb ? ldb : 1, K, N, kb, nb, out);
+}
+
+static void pack_at_rows(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0, bool v,
+                         uint16_t *out, int64_t ld)
+{
+#if DT__X86_VEC
+    if (v) {
+        pack_at_rows_v(A, lda, M, K, kb, m0, out, ld);
+        return;
+    }
+#else
+    (void)v;
+#endif
+    pack_at_rows_s(A, lda, M, K, kb, m0, out, ld);
 }
 
 dt_status dt__amx_pack_b(dt__amx_packed_b *pb, bool tb, int64_t K, int64_t N, const uint16_t *B, int64_t ldb)
@@ -119,8 +279,13 @@ dt_status dt__amx_pack_b(dt__amx_packed_b *pb, bool tb, int64_t K, int64_t N, co
     pb->N = N;
     pb->kb = kb;
     pb->nb = nb;
-    if (need)
-        pack_b(B, tb ? 1 : ldb, tb ? ldb : 1, K, N, kb, pb->data);
+    if (need) {
+        bool v = vec512();
+        int nt = dt__threads_for(N * kb * KSTEP);
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t j = 0; j < nb; j++)
+            pack_b_panel(B, tb, ldb, K, N, kb, j, v, pb->data + j * kb * 2 * TILE);
+    }
     return DT_OK;
 }
 
@@ -183,21 +348,10 @@ static uint16_t *scratch_get(size_t n)
 
 typedef struct {
     const dt__amx_tiles *tiles; /* NULL: released */
-    dt__amx_cfg cfg;
+    uint32_t shape;             /* the block shape configured (mr0, mr1, nc0, nc1, a byte each) */
 } thread_tiles;
 
 static _Thread_local thread_tiles g_tt;
-
-static void tiles_use(const dt__amx_tiles *tiles, const dt__amx_cfg *cfg)
-{
-    if (g_tt.tiles == tiles && !memcmp(&g_tt.cfg, cfg, sizeof *cfg))
-        return;
-    if (g_tt.tiles && g_tt.tiles != tiles)
-        g_tt.tiles->release();
-    tiles->load_config(cfg);
-    g_tt.tiles = tiles;
-    g_tt.cfg = *cfg;
-}
 
 static void tiles_release(void)
 {
@@ -234,6 +388,23 @@ static void block_cfg(dt__amx_cfg *c, int mr0, int mr1, int nc0, int nc1)
         }
 }
 
+/* The configuration of a block of that shape on the calling thread, loaded
+ * only when the shape (or the implementation) changes: a compare of one
+ * word per block. */
+static void tiles_use(const dt__amx_tiles *tiles, int mr0, int mr1, int nc0, int nc1)
+{
+    uint32_t shape = (uint32_t)mr0 | (uint32_t)mr1 << 8 | (uint32_t)nc0 << 16 | (uint32_t)nc1 << 24;
+    if (g_tt.tiles == tiles && g_tt.shape == shape)
+        return;
+    if (g_tt.tiles && g_tt.tiles != tiles)
+        g_tt.tiles->release();
+    dt__amx_cfg cfg;
+    block_cfg(&cfg, mr0, mr1, nc0, nc1);
+    tiles->load_config(&cfg);
+    g_tt.tiles = tiles;
+    g_tt.shape = shape;
+}
+
 /* ---- epilogue ---------------------------------------------------------------------- */
 
 static float gelu_tanh(float x)
@@ -242,58 +413,219 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-/* Block acc (4 tiles of 16 x 16) into C at (m0, n0). */
-static void epilogue(const dt__amx_gemm_args *g, const float *acc, int64_t m0, int64_t n0, const int mr[2],
-                     const int nc[2])
+/* rows x cols sums at acc (rows ld floats apart) into the result at
+ * (m0, n0): C, or Cb rounded to bf16. */
+static void epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0, int64_t n0,
+                       int64_t rows, int64_t cols)
 {
-    for (int i = 0; i < 2; i++)
-        for (int r = 0; r < mr[i]; r++) {
-            int64_t m = m0 + i * 16 + r;
-            float *crow = g->C + m * g->ldc;
-            for (int j = 0; j < 2; j++) {
-                const float *t = acc + (i * 2 + j) * 256 + r * 16;
-                for (int c = 0; c < nc[j]; c++) {
-                    int64_t n = n0 + j * 16 + c;
-                    float v = g->alpha * t[c];
-                    if (g->beta != 0.0f)
-                        v += g->beta * crow[n];
-                    if (g->bias)
-                        v += g->bias[n];
-                    if (g->act == DT__AMX_ACT_GELU_TANH)
-                        v = gelu_tanh(v);
-                    crow[n] = v;
-                }
-            }
+    for (int64_t i = 0; i < rows; i++) {
+        const float *t = acc + i * ld;
+        float *crow = g->C ? g->C + (m0 + i) * g->ldc + n0 : NULL;
+        uint16_t *brow = g->Cb ? g->Cb + (m0 + i) * g->ldc + n0 : NULL;
+        for (int64_t c = 0; c < cols; c++) {
+            float v = g->alpha * t[c];
+            if (g->beta != 0.0f)
+                v += g->beta * crow[c];
+            if (g->bias)
+                v += g->bias[n0 + c];
+            if (g->act == DT__AMX_ACT_GELU_TANH)
+                v = gelu_tanh(v);
+            if (brow)
+                brow[c] = dt_f32_to_bf16(v);
+            else
+                crow[c] = v;
         }
+    }
+}
+
+#if DT__X86_VEC
+/* dt_f32_to_bf16 on 16 lanes: round to nearest even, NaNs quieted. */
+DT__AVX512 static inline __m256i bf16_round16(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __m512i qn = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
+}
+
+/* epilogue_s without GELU, 16 columns at a time: the same operations in
+ * the same order, so the same bits. */
+DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0, int64_t n0,
+                                  int64_t rows, int64_t cols)
+{
+    const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
+    const bool acc_beta = g->beta != 0.0f;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *t = acc + i * ld;
+        float *crow = g->C ? g->C + (m0 + i) * g->ldc + n0 : NULL;
+        uint16_t *brow = g->Cb ? g->Cb + (m0 + i) * g->ldc + n0 : NULL;
+        for (int64_t c = 0; c < cols; c += 16) {
+            __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
+            __m512 v = _mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(m, t + c));
+            if (acc_beta)
+                v = _mm512_add_ps(v, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(m, crow + c)));
+            if (g->bias)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + n0 + c));
+            if (brow)
+                _mm256_mask_storeu_epi16(brow + c, m, bf16_round16(v));
+            else
+                _mm512_mask_storeu_ps(crow + c, m, v);
+        }
+    }
+}
+#endif
+
+static void epilogue(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0, int64_t n0, int64_t rows,
+                     int64_t cols, bool v)
+{
+#if DT__X86_VEC
+    if (v && g->act == DT__AMX_ACT_NONE) {
+        epilogue_v(g, acc, ld, m0, n0, rows, cols);
+        return;
+    }
+#else
+    (void)v;
+#endif
+    epilogue_s(g, acc, ld, m0, n0, rows, cols);
 }
 
 /* ---- the driver ---------------------------------------------------------------------- */
 
 static int clamp16(int64_t v) { return v <= 0 ? 0 : v >= 16 ? 16 : (int)v; }
 
-static void run_blocks(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g, const uint16_t *pa,
-                       const uint16_t *pb, int64_t kb)
+typedef struct {
+    const dt__amx_gemm_args *g;
+    const uint16_t *a; /* op(A) row-major: A itself, or the transposed copy */
+    int64_t lda;
+    int64_t kfull;         /* whole K steps read from a */
+    const uint16_t *atail; /* the last, partial K step of every row (32 values a row), or NULL */
+    const uint16_t *pb;    /* packed op(B) */
+    int64_t kb;            /* K steps in all */
+    int64_t mcb, ncb;      /* a macro block's 32-row blocks and 32-column panels */
+    bool plain;            /* the partial sums go through C itself (no epilogue) */
+    bool v;                /* AVX-512 packing and epilogue */
+    bool aprivate;         /* A^T's rows transposed per macro block into the thread's own buffer */
+    /* packing on first use: the thread that claims a panel (row block) packs it */
+    _Atomic int *bflag;    /* per B panel: 0 to pack, 1 being packed, 2 ready; NULL: B came packed */
+    _Atomic int *aflag;    /* per 32-row block of op(A)'s copy or K tail; NULL: nothing to copy */
+    uint16_t *bdst, *adst; /* where they are packed */
+} plan;
+
+static void pack_b_job(const plan *p, int64_t j)
 {
-    int64_t nmb = cdiv(g->M, BLK), nnb = cdiv(g->N, BLK), nblk = nmb * nnb;
-    int nt = dt__threads_for(g->M * g->N * (g->K / 16 + 1));
-    if (nt > nblk)
-        nt = (int)nblk;
-#pragma omp parallel num_threads(nt)
-    {
-        _Alignas(64) float acc[4 * 256];
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nblk; b++) {
-            int64_t mb = b / nnb, nb = b % nnb, m0 = mb * BLK, n0 = nb * BLK;
-            int mr[2] = {clamp16(g->M - m0), clamp16(g->M - m0 - 16)};
-            int nc[2] = {clamp16(g->N - n0), clamp16(g->N - n0 - 16)};
-            dt__amx_cfg cfg;
-            block_cfg(&cfg, mr[0], mr[1], nc[0], nc[1]);
-            tiles_use(tiles, &cfg);
-            tiles->block(pa + mb * kb * 2 * TILE, pb + nb * kb * 2 * TILE, kb, mr[1] > 0, nc[1] > 0, acc);
-            epilogue(g, acc, m0, n0, mr, nc);
-        }
-        tiles_release();
+    const dt__amx_gemm_args *g = p->g;
+    pack_b_panel(g->B, g->tb, g->ldb, g->K, g->N, p->kb, j, p->v, p->bdst + j * p->kb * 2 * TILE);
+}
+
+static void pack_a_job(const plan *p, int64_t mb)
+{
+    const dt__amx_gemm_args *g = p->g;
+    int64_t m0 = mb * BLK, m1 = min64(m0 + BLK, g->M);
+    if (g->ta) {
+        for (int64_t m = m0; m < m1; m += 16)
+            pack_at_rows(g->A, g->lda, g->M, g->K, p->kb, m, p->v, p->adst, p->lda);
+        return;
     }
+    const int64_t k0 = p->kfull * KSTEP; /* the K tail: the last, partial step */
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t k = 0; k < KSTEP; k++)
+            p->adst[m * KSTEP + k] = k0 + k < g->K ? g->A[m * g->lda + k0 + k] : 0;
+}
+
+/* Items [lo, hi) packed and visible to the calling thread: it packs those
+ * nobody has claimed, then waits for those another thread is packing
+ * (threads sharing a group of panels pack it between them). */
+static void ensure_packed(const plan *p, _Atomic int *flag, int64_t lo, int64_t hi,
+                          void (*job)(const plan *, int64_t))
+{
+    if (!flag)
+        return;
+    for (int64_t j = lo; j < hi; j++) {
+        int free_ = 0;
+        if (atomic_load_explicit(&flag[j], memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&flag[j], &free_, 1)) {
+            job(p, j);
+            atomic_store_explicit(&flag[j], 2, memory_order_release);
+        }
+    }
+    for (int64_t j = lo; j < hi; j++)
+        while (atomic_load_explicit(&flag[j], memory_order_acquire) != 2)
+            sched_yield();
+}
+
+/* Prefetch slice j of n of row block mb's next K chunk of A (kd steps from
+ * step kc) into L2 while the blocks of the row block before it run: each
+ * row block's chunk is read from outside L2 once, then reused across the
+ * macro block's panels. */
+static void prefetch_a(const plan *p, const uint16_t *a, int64_t row0, int64_t mb, int64_t kc, int64_t kd, int64_t j,
+                       int64_t n)
+{
+    if (mb < 0 || kd <= 0)
+        return;
+    int64_t r0 = mb * BLK + BLK * j / n, r1 = mb * BLK + BLK * (j + 1) / n;
+    r1 = min64(r1, p->g->M);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *row = (const char *)(a + (r - row0) * p->lda + kc * KSTEP);
+        for (int64_t b = 0; b < kd * 64; b += 64)
+            __builtin_prefetch(row + b, 0, 2);
+    }
+}
+
+/* Macro block (mg, ng) of the output: 32-row blocks mg mcb .. and 32-column
+ * panels ng ncb .., summed over K in chunks; buf: mcb x ncb blocks of
+ * floats unless plain; abuf: the thread's copy of the macro block's rows of
+ * A^T when p->aprivate. */
+static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf, uint16_t *abuf)
+{
+    const dt__amx_gemm_args *g = p->g;
+    int64_t mb0 = mg * p->mcb, mb1 = min64(mb0 + p->mcb, cdiv(g->M, BLK));
+    int64_t nb0 = ng * p->ncb, nb1 = min64(nb0 + p->ncb, cdiv(g->N, BLK));
+    const uint16_t *a = p->a; /* row row0 of op(A) at a */
+    int64_t row0 = 0;
+    if (p->aprivate) { /* the macro block's rows of A^T, transposed for this thread alone */
+        const dt__amx_gemm_args *ga = p->g;
+        for (int64_t m = mb0 * BLK; m < min64(mb1 * BLK, ga->M); m += 16)
+            pack_at_rows(ga->A + mb0 * BLK, ga->lda, ga->M - mb0 * BLK, ga->K, p->kb, m - mb0 * BLK, p->v, abuf,
+                         p->lda);
+        a = abuf;
+        row0 = mb0 * BLK;
+    }
+    ensure_packed(p, p->aflag, mb0, mb1, pack_a_job);
+    ensure_packed(p, p->bflag, nb0, nb1, pack_b_job);
+    float *acc = p->plain ? g->C + mb0 * BLK * g->ldc + nb0 * BLK : buf;
+    int64_t ldacc = p->plain ? g->ldc : p->ncb * BLK;
+    int64_t kc = 0;
+    do { /* one chunk of K steps over the macro block */
+        int64_t ke = min64(kc + KC, p->kb), kd = min64(ke, p->kfull) - kc;
+        bool tail = p->atail && ke > p->kfull;
+        kd = kd < 0 ? 0 : kd;
+        for (int64_t mb = mb0; mb < mb1; mb++)
+            for (int64_t nb = nb0; nb < nb1; nb++) {
+                int64_t m0 = mb * BLK, n0 = nb * BLK;
+                prefetch_a(p, a, row0, mb + 1 < mb1 ? mb + 1 : -1, kc, kd, nb - nb0, nb1 - nb0);
+                int mr[2] = {clamp16(g->M - m0), clamp16(g->M - m0 - 16)};
+                int nc[2] = {clamp16(g->N - n0), clamp16(g->N - n0 - 16)};
+                tiles_use(tiles, mr[0], mr[1], nc[0], nc[1]);
+                float *c = acc + (mb - mb0) * BLK * ldacc + (nb - nb0) * BLK;
+                const uint16_t *pbn = p->pb + nb * p->kb * 2 * TILE;
+                bool in = kc > 0;
+                if (kd > 0 || !tail) {
+                    tiles->block(a + (m0 - row0) * p->lda + kc * KSTEP, p->lda, pbn + kc * 2 * TILE, kd, mr[1] > 0,
+                                 nc[1] > 0, c, ldacc, in);
+                    in = true;
+                }
+                if (tail)
+                    tiles->block(p->atail + m0 * KSTEP, KSTEP, pbn + p->kfull * 2 * TILE, 1, mr[1] > 0, nc[1] > 0,
+                                 c, ldacc, in);
+            }
+        kc = ke;
+    } while (kc < p->kb);
+    if (!p->plain)
+        epilogue(g, buf, ldacc, mb0 * BLK, nb0 * BLK, min64(mb1 * BLK, g->M) - mb0 * BLK,
+                 min64(nb1 * BLK, g->N) - nb0 * BLK, p->v);
 }
 
 static dt_status check_args(const char *fn, const dt__amx_gemm_args *g)
@@ -302,7 +634,12 @@ static dt_status check_args(const char *fn, const dt__amx_gemm_args *g)
     DT__CHECK_N(fn, g->N);
     DT__CHECK_N(fn, g->K);
     DT__CHECK_PTR(fn, g->A, g->M * g->K);
-    DT__CHECK_PTR(fn, g->C, g->M * g->N);
+    if (g->Cb) {
+        if (g->C || g->beta != 0.0f)
+            return dt_error(DT_ERR_INVALID_ARG, "%s: a bf16 result (Cb) takes C NULL and beta 0", fn);
+    } else {
+        DT__CHECK_PTR(fn, g->C, g->M * g->N);
+    }
     if (!g->pb)
         DT__CHECK_PTR(fn, g->B, g->K * g->N);
     else if (g->pb->K != g->K || g->pb->N != g->N)
@@ -316,6 +653,8 @@ static dt_status check_args(const char *fn, const dt__amx_gemm_args *g)
     return DT_OK;
 }
 
+static size_t up64(size_t n) { return (n + 31) / 32 * 32; } /* uint16_t values to whole 64-byte lines */
+
 dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
 {
     const char *fn = "dt__amx_gemm";
@@ -324,19 +663,80 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     dt_status st = check_args(fn, g);
     if (st < 0 || g->M == 0 || g->N == 0)
         return st;
-    int64_t kb = cdiv(g->K, KSTEP);
-    size_t na = (size_t)(cdiv(g->M, BLK) * kb) * 2 * TILE;
-    size_t nb = g->pb ? 0 : (size_t)(cdiv(g->N, BLK) * kb) * 2 * TILE;
-    uint16_t *buf = scratch_get(na + nb + 1);
+    const int64_t M = g->M, N = g->N, K = g->K, kb = cdiv(K, KSTEP);
+    const int64_t nmb = cdiv(M, BLK), nnb = cdiv(N, BLK);
+    plan p = {.g = g, .kb = kb, .v = vec512(),
+              .plain = !g->Cb && g->alpha == 1.0f && g->beta == 0.0f && !g->bias && g->act == DT__AMX_ACT_NONE};
+    /* macro blocks: MC x NC, smaller when that leaves fewer than 8 a thread
+     * (768 x 768: 18 of 256 x 128 for 2 threads, 9 each) */
+    int nt = dt__threads_for(M * N * (K / 16 + 1));
+    /* A^T with many rows (a language model head's weight gradient, 50304 x
+     * 768 x 2048) and few columns: macro blocks span all columns, so each
+     * transposes its own rows of A^T into its thread's buffer (MC rows)
+     * instead of the call holding a copy of all of A^T (206 MB there) */
+    p.aprivate = g->ta && nmb > 32 && nnb <= 32 && kb;
+    p.mcb = MC / BLK;
+    p.ncb = p.aprivate ? nnb : NC / BLK;
+    while (cdiv(nmb, p.mcb) * cdiv(nnb, p.ncb) < 8 * (int64_t)nt && (p.mcb > 2 || (p.ncb > 2 && !p.aprivate))) {
+        if (p.mcb >= p.ncb || p.aprivate)
+            p.mcb /= 2;
+        else
+            p.ncb /= 2;
+    }
+    const int64_t nmg = cdiv(nmb, p.mcb), nmacro = nmg * cdiv(nnb, p.ncb);
+    if (nt > nmacro)
+        nt = (int)nmacro;
+    /* scratch: op(A)'s copy or K tail, packed B, the threads' sum buffers */
+    int64_t ldt = kb * KSTEP + KSTEP; /* the transposed copy's rows */
+    size_t na = p.aprivate ? up64((size_t)(nt * p.mcb * BLK * ldt))
+                : g->ta    ? up64((size_t)(M * ldt))
+                : K % KSTEP ? up64((size_t)(M * KSTEP))
+                           : 0;
+    size_t nb = g->pb ? 0 : up64((size_t)(nnb * kb) * 2 * TILE);
+    const size_t macro_floats = (size_t)(p.mcb * p.ncb) * BLK * BLK;
+    size_t nacc = p.plain ? 0 : (size_t)nt * macro_floats * 2;
+    size_t nflag = up64(2 * (size_t)(nmb + nnb) * sizeof(_Atomic int) / sizeof(uint16_t));
+    uint16_t *buf = scratch_get(na + nb + nacc + nflag);
     if (!buf)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the packed panels (%lld x %lld x %lld)", fn,
-                        (long long)g->M, (long long)g->N, (long long)g->K);
-    if (kb)
-        pack_a(g->A, g->ta ? 1 : g->lda, g->ta ? g->lda : 1, g->M, g->K, kb, buf);
-    const uint16_t *pb = g->pb ? g->pb->data : buf + na;
+                        (long long)M, (long long)N, (long long)K);
+    if (g->ta) {
+        p.a = buf;
+        p.lda = ldt;
+        p.kfull = kb;
+    } else {
+        p.a = g->A;
+        p.lda = g->lda;
+        p.kfull = K / KSTEP;
+        p.atail = K % KSTEP ? buf : NULL;
+    }
+    p.adst = buf;
+    p.bdst = buf + na;
+    p.pb = g->pb ? g->pb->data : p.bdst;
+    float *accbuf = (float *)(buf + na + nb);
+    _Atomic int *flags = (_Atomic int *)(buf + na + nb + nacc);
+    for (int64_t i = 0; i < nmb + nnb; i++)
+        atomic_init(&flags[i], 0);
+    if (((g->ta && !p.aprivate) || p.atail) && kb)
+        p.aflag = flags;
     if (!g->pb && kb)
-        pack_b(g->B, g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1, g->K, g->N, kb, buf + na);
-    run_blocks(tiles, g, buf, pb, kb);
+        p.bflag = flags + nmb;
+#pragma omp parallel num_threads(nt)
+    {
+        /* macro blocks in column-group order (consecutive ones share a group of B panels), handed
+         * out one at a time: a thread the OS holds back delays the call by one macro block at most */
+        float *tb = accbuf;
+        uint16_t *ta = p.aprivate ? buf : NULL;
+#ifdef _OPENMP
+        tb += (size_t)omp_get_thread_num() * macro_floats;
+        if (ta)
+            ta += (size_t)omp_get_thread_num() * (size_t)(p.mcb * BLK * ldt);
+#endif
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < nmacro; i++)
+            run_macro(tiles, &p, i % nmg, i / nmg, tb, ta);
+        tiles_release();
+    }
     return DT_OK;
 }
 
@@ -436,22 +836,42 @@ void dt__amx_cache_clear(void)
 
 /* ---- dt_k_matmul's bf16 path ------------------------------------------------------- */
 
-/* DT_AMX_GEMM: "on" (or 1) runs dt_k_matmul's bf16 products here; "auto"
- * (the default), "off" (or 0) leave them on oneDNN, whose own AMX kernels
- * (brgemm, isa avx512_core_amx) measured 1.2-2.5x faster than this GEMM on
- * GPT-2's shapes (docs/BENCHMARKS.md). Read once per process. */
+/* DT_AMX_GEMM: "on" (or 1) runs every bf16 product of dt_k_matmul here;
+ * "off" (or 0) none (oneDNN runs them, on AMX with its own brgemm kernels);
+ * "auto" (the default) the products dt__amx_auto_picks: those of at least
+ * 2^35 multiply-adds whose every dimension is at least 512, GPT-2's LM head
+ * at 2048 rows (2048 x 50304 x 768 forward, and both gradients), where this
+ * GEMM measured ahead of oneDNN 2.6 in each of three interleaved runs of
+ * bench/onednn_matmul.sh on a Xeon with AMX (2 threads, the machine shared
+ * with other work, load 5-9), wall GFLOP/s: 341-557 against 249-398
+ * forward, 316-565 against 158-242 for the input gradient, 318-451 against
+ * 257-392 for the weight gradient (1.15-2.33x). On GPT-2's other 12
+ * shapes it measured ahead per CPU-second with OMP_WAIT_POLICY=passive
+ * (556-852 against 480-773, one run) but not in wall time with the default
+ * waiting (the input gradients and the 768 x 768 products behind), so auto
+ * leaves those on oneDNN. Single-threaded it is ahead on them too (proj
+ * 2048 x 768 x 768: 469-792 against 318-588).
+ * Read once per process. */
 static pthread_once_t g_sel_once = PTHREAD_ONCE_INIT;
-static bool g_sel_on;
+static int g_sel; /* 0 auto, 1 on, -1 off */
 
 static void select_read(void)
 {
     const char *e = getenv("DT_AMX_GEMM");
-    if (!e || !*e || !strcmp(e, "auto") || !strcmp(e, "off") || !strcmp(e, "0"))
+    if (!e || !*e || !strcmp(e, "auto"))
         return;
     if (!strcmp(e, "on") || !strcmp(e, "1"))
-        g_sel_on = true;
+        g_sel = 1;
+    else if (!strcmp(e, "off") || !strcmp(e, "0"))
+        g_sel = -1;
     else
-        dt_log(DT_LOG_WARN, "DT_AMX_GEMM=%s is not one of auto, on, off; ignored (auto: oneDNN)", e);
+        dt_log(DT_LOG_WARN, "DT_AMX_GEMM=%s is not one of auto, on, off; ignored (auto)", e);
+}
+
+bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K)
+{
+    const int64_t least = 512;
+    return M >= least && N >= least && K >= least && (double)M * (double)N * (double)K >= 0x1p35;
 }
 
 bool dt__amx_active(const char **why)
@@ -464,16 +884,27 @@ bool dt__amx_active(const char **why)
     }
     pthread_once(&g_sel_once, select_read);
     if (why)
-        *why = g_sel_on ? "active (DT_AMX_GEMM=on)"
-                        : "oneDNN runs the bf16 products on AMX itself, faster here; DT_AMX_GEMM=on selects dtrain's";
-    return g_sel_on;
+        *why = g_sel > 0    ? "active (DT_AMX_GEMM=on)"
+               : g_sel == 0 ? "auto: products of 2^35 multiply-adds or more with every dimension 512 or more (a "
+                              "language model's head) run here, the rest on oneDNN's AMX kernels; DT_AMX_GEMM=on "
+                              "selects dtrain's for all"
+                            : "DT_AMX_GEMM=off: oneDNN runs the bf16 products (on AMX itself)";
+    return g_sel > 0;
+}
+
+bool dt__amx_use(int64_t M, int64_t N, int64_t K)
+{
+    if (!dt__amx_tiles_hw(NULL))
+        return false;
+    pthread_once(&g_sel_once, select_read);
+    return g_sel > 0 || (g_sel == 0 && dt__amx_auto_picks(M, N, K));
 }
 
 bool dt_k_matmul_amx(const char **why) { return dt__amx_active(why); }
 
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, float *C,
-                                 int64_t sc, const float *bias)
+                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,
+                                 bool c_bf16, int64_t sc, const float *bias)
 {
     const dt__amx_tiles *tiles = dt__amx_tiles_hw(NULL);
     if (!tiles)
@@ -493,7 +924,10 @@ dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int
     for (int64_t b = 0; b < batch && st >= 0; b++) {
         g.A = (const uint16_t *)A + b * sa;
         g.B = g.pb ? NULL : (const uint16_t *)B + b * sb;
-        g.C = C + b * sc;
+        if (c_bf16)
+            g.Cb = (uint16_t *)C + b * sc;
+        else
+            g.C = (float *)C + b * sc;
         st = dt__amx_gemm(tiles, &g);
     }
     dt__amx_packed_b_free(&pb);

@@ -38,8 +38,10 @@ typedef struct {
     int64_t ldb;
     const dt__amx_packed_b *pb;   /* pre-packed op(B) (K x N), or NULL: B is packed for this call */
     float alpha, beta;            /* beta 0: C is not read */
-    float *C;                     /* f32, M x N */
-    int64_t ldc;
+    float *C;                     /* f32, M x N; NULL when Cb is given */
+    uint16_t *Cb;                 /* NULL, or the result rounded to bf16 here (as dt_f32_to_bf16) instead
+                                   * of C: then C is NULL and beta 0 */
+    int64_t ldc;                  /* elements between rows of C (or Cb) */
     const float *bias;            /* NULL or N floats, added after alpha (and beta C) */
     dt__amx_act act;              /* applied last */
 } dt__amx_gemm_args;
@@ -47,10 +49,12 @@ typedef struct {
 /* Run the GEMM on `tiles`. Each thread configures its tiles on its first
  * block (and again only when an edge block needs other tile shapes) and
  * releases them before the call returns, so no thread holds tile state
- * outside a call. The K sum of each output is accumulated in one tile in
- * increasing k order, pairs as tdpbf16ps adds them; the epilogue then
- * computes alpha * acc, + beta * C, + bias, GELU, in that order, rounding
- * each step to f32. */
+ * outside a call. The K sum of each output is accumulated in tiles in
+ * increasing k order, pairs as tdpbf16ps adds them (between K chunks the
+ * partial sum is stored and loaded back exactly), whatever the thread
+ * count; the epilogue then computes alpha * acc, + beta * C, + bias, GELU,
+ * in that order, rounding each step to f32, and rounds to bf16 last for
+ * Cb. */
 dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g);
 
 /* Pack op(B) (K x N; B stored K x N, or N x K when tb) into pb, reusing
@@ -71,15 +75,26 @@ void dt__amx_cache_stats_get(dt__amx_cache_stats *out);
 /* Drop every packed copy (after weights are freed, or in tests). */
 void dt__amx_cache_clear(void);
 
-/* Whether dt_k_matmul's bf16 products run on the AMX GEMM in this process
- * (the real instructions usable, see amx_hw.c); *why says why not. */
+/* Whether every bf16 product of dt_k_matmul runs on the AMX GEMM in this
+ * process (DT_AMX_GEMM=on and the real instructions usable, see amx_hw.c);
+ * *why says why not, or which products auto sends here. */
 bool dt__amx_active(const char **why);
 
+/* Whether the bf16 product M x N x K of dt_k_matmul runs on the AMX GEMM:
+ * the real instructions usable, and DT_AMX_GEMM=on, or auto (the default)
+ * and dt__amx_auto_picks. */
+bool dt__amx_use(int64_t M, int64_t N, int64_t K);
+
+/* auto's rule, alone (for tests): at least 2^35 multiply-adds and every
+ * dimension at least 512 (see gemm_amx.c for the measurements). */
+bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K);
+
 /* dt_k_matmul_batched's bf16 path on the real instructions (arguments as
- * there, already checked). */
+ * there, already checked); C is f32, or bf16 (c_bf16, beta 0: the sums
+ * rounded once, as dt_f32_to_bf16). */
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, float *C,
-                                 int64_t sc, const float *bias);
+                                 const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,
+                                 bool c_bf16, int64_t sc, const float *bias);
 
 /* For tests: whether the calling thread holds a tile configuration of the
  * driver's now (always false between calls). */

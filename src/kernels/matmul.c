@@ -37,9 +37,11 @@
  * GPT-2 step's GEMMs took twice as long, measured on a Xeon with AMX).
  *
  * bf16 on a CPU with AMX: oneDNN's brgemm runs on the tiles itself (isa
- * avx512_core_amx); dtrain's own AMX GEMM (gemm_amx.c) runs instead only
- * where DT_AMX_GEMM=on asks for it (it measured 1.2-2.5x slower than
- * oneDNN 2.6 there); dt_k_matmul_amx() says which.
+ * avx512_core_amx); dtrain's own AMX GEMM (gemm_amx.c) runs instead for
+ * the products its auto rule picks (2^35 multiply-adds or more, every
+ * dimension 512 or more: a language model's head, where it measured
+ * 1.1-2.3x oneDNN 2.6), or for all where DT_AMX_GEMM=on asks for it;
+ * dt_k_matmul_amx() says which.
  *
  * Leading dimensions that are multiples of 4 KiB: oneDNN 2.6's f32 GEMM
  * (gemm:jit) runs at half speed on AVX2 when B's rows are a multiple of
@@ -475,11 +477,12 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
 {
     const char *fn = "dt_k_matmul";
     dt_status st = DT_OK;
-    float *C = Cv; /* f32 unless ct is low precision (then only passed on to oneDNN) */
+    float *C = Cv; /* f32 unless ct is low precision (then only passed on to oneDNN or the AMX GEMM) */
     if (batch == 1)
         sa = sb = sc = 0;
-    if (t == DT_BF16 && dt__amx_active(NULL)) /* dtrain's AMX GEMM (gemm_amx.c) */
-        return dt__amx_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, beta, C, sc, bias);
+    if (t == DT_BF16 && dt__amx_use(M, N, K)) /* dtrain's AMX GEMM (gemm_amx.c) */
+        return dt__amx_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, beta, Cv, ct == DT_BF16, sc,
+                                      bias);
     if (K == 0) { /* C = beta C + bias */
         for (int64_t b = 0; b < batch; b++)
             for (int64_t i = 0; i < M; i++) {
@@ -641,7 +644,8 @@ dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_
 
 bool dt_k_matmul_writes_lp(dt_dtype t)
 {
-    return (t == DT_BF16 || t == DT_F16) && dt_k_matmul_native(t) && !(t == DT_BF16 && dt__amx_active(NULL));
+    /* dtrain's AMX GEMM writes bf16 itself too */
+    return (t == DT_BF16 || t == DT_F16) && (dt_k_matmul_native(t) || (t == DT_BF16 && dt__amx_active(NULL)));
 }
 
 dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,

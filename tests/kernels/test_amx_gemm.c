@@ -364,6 +364,83 @@ TEST(packed_b_cache_versions)
     free(A), free(W), free(W0), free(W2), free(C), free(R), free(old);
 }
 
+TEST(bf16_result)
+{
+    /* Cb: the same sums as the f32 result, rounded once as dt_f32_to_bf16
+     * rounds, so bit-identical to rounding the f32 C of the same call (on the
+     * model and on the hardware alike); edges, K tails, both transposes, a
+     * bias, alpha, and a wider ldc whose extra columns stay untouched */
+    static const int64_t shp[][3] = {{1, 1, 1}, {17, 33, 65}, {33, 47, 31}, {64, 64, 64}, {70, 300, 100}};
+    int fails = 0;
+    for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++)
+        for (int t = 0; t < 8; t++) {
+            bool ta = t & 1, tb = t & 2, extra = t & 4;
+            int64_t M = shp[i][0], N = shp[i][1], K = shp[i][2], ldc = N + (extra ? 5 : 0);
+            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N), *Cb = malloc((size_t)(M * ldc) * 2);
+            float *C = malloc((size_t)(M * ldc) * 4), *bias = extra ? f32_rand(N) : NULL;
+            for (int64_t j = 0; j < M * ldc; j++)
+                Cb[j] = 0x7fc1; /* a NaN pattern: columns past N must keep it */
+            dt__amx_gemm_args g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .A = A, .lda = ta ? M : K, .B = B,
+                                   .ldb = tb ? K : N, .alpha = extra ? 0.75f : 1.0f, .C = C, .ldc = ldc,
+                                   .bias = bias};
+            int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
+            g.C = NULL;
+            g.Cb = Cb;
+            bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
+            for (int64_t r = 0; r < M && !bad; r++)
+                for (int64_t c = 0; c < ldc && !bad; c++) {
+                    uint16_t want = c < N ? dt_f32_to_bf16(C[r * ldc + c]) : 0x7fc1;
+                    if (Cb[r * ldc + c] != want) {
+                        fprintf(stderr, "  Cb[%lld][%lld] = %04x, want %04x (M=%lld N=%lld K=%lld t=%d)\n",
+                                (long long)r, (long long)c, Cb[r * ldc + c], want, (long long)M, (long long)N,
+                                (long long)K, t);
+                        bad = 1;
+                    }
+                }
+            fails += bad;
+            free(A), free(B), free(Cb), free(C), free(bias);
+        }
+    /* refused: a bf16 result with beta != 0, or with C given too */
+    uint16_t a = 0, b = 0, cb = 0;
+    float c = 0;
+    dt__amx_gemm_args g = {.M = 1, .N = 1, .K = 1, .A = &a, .lda = 1, .B = &b, .ldb = 1, .alpha = 1.0f,
+                           .beta = 1.0f, .Cb = &cb, .ldc = 1};
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    g.beta = 0.0f;
+    g.C = &c;
+    ASSERT_EQ_INT(dt__amx_gemm(g_tiles, &g), DT_ERR_INVALID_ARG);
+    ASSERT_EQ_INT(fails, 0);
+}
+
+TEST(direct_a_strides)
+{
+    /* op(A) = A is read in place with its own row stride: odd leading
+     * dimensions (rows not 4-byte aligned), K tails of every length in a
+     * step, K of several chunks, M tails; and the transposed copy of A^T
+     * with odd lda */
+    static const int64_t ks[] = {1, 2, 31, 33, 63, 64, 95, 513, 600};
+    int fails = 0;
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        for (int t = 0; t < 2; t++) {
+            shape s = {.ta = t, .M = 37 + (int64_t)i, .N = 40, .K = ks[i], .alpha = 1.0f};
+            s.lda = (t ? s.M : s.K) + 1 + 2 * (int64_t)i; /* odd and even, never the row's length */
+            fails += run_case(s, VIA_CALL);
+            s.beta = 0.5f; /* through the sum buffer and the epilogue */
+            s.bias = true;
+            fails += run_case(s, VIA_PACKED);
+        }
+    /* A^T of more than 1024 rows and at most 1024 columns: each macro block
+     * transposes its own rows into its thread's buffer (an LM head's weight
+     * gradient); M tail, K tail, odd lda, plain and through the epilogue */
+    shape w = {.ta = true, .M = 1100, .N = 70, .K = 45, .lda = 1103, .alpha = 1.0f};
+    fails += run_case(w, VIA_CALL);
+    w.beta = 1.0f;
+    w.bias = true;
+    w.K = 64;
+    fails += run_case(w, VIA_PACKED);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 /* ---- tile configuration lifecycle ---------------------------------------------------- */
 
 TEST(config_once_per_shape_and_released)
@@ -551,6 +628,32 @@ TEST(dispatch_never_emulated)
     ASSERT(err < 1e-5);
 }
 
+TEST(auto_rule)
+{
+    /* DT_AMX_GEMM=auto's choice: GPT-2's LM head products (2048 rows)
+     * here, its 12 per-layer products and a one-row decode step on oneDNN */
+    static const int64_t picked[][3] = {{2048, 50304, 768}, {2048, 768, 50304}, {50304, 768, 2048}};
+    static const int64_t left[][3] = {
+        {2048, 2304, 768}, {2048, 768, 768},  {2048, 3072, 768}, {2048, 768, 3072}, /* forward */
+        {2048, 768, 2304}, {2048, 768, 768},  {2048, 768, 3072}, {2048, 3072, 768}, /* input gradients */
+        {768, 2304, 2048}, {768, 768, 2048},  {768, 3072, 2048}, {3072, 768, 2048}, /* weight gradients */
+        {1, 50304, 768},   {511, 50304, 768}, {3250, 3250, 3250},                    /* edges of the rule */
+    };
+    const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL);
+    const char *sel = getenv("DT_AMX_GEMM");
+    bool on = sel && !strcmp(sel, "on"), off = sel && (!strcmp(sel, "off") || !strcmp(sel, "0"));
+    for (size_t i = 0; i < sizeof picked / sizeof picked[0]; i++) {
+        ASSERT(dt__amx_auto_picks(picked[i][0], picked[i][1], picked[i][2]));
+        ASSERT(dt__amx_use(picked[i][0], picked[i][1], picked[i][2]) == (hw != NULL && !off));
+    }
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        ASSERT(!dt__amx_auto_picks(left[i][0], left[i][1], left[i][2]));
+        ASSERT(dt__amx_use(left[i][0], left[i][1], left[i][2]) == (hw != NULL && on));
+    }
+    ASSERT(dt__amx_auto_picks(3251, 3251, 3251)); /* 3251^3 >= 2^35 */
+    ASSERT(dt__amx_auto_picks(512, 512, 131072));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "hw")) {
@@ -567,9 +670,12 @@ int main(int argc, char **argv)
         RUN(k_zero_and_empty);
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
+        RUN(bf16_result);
+        RUN(direct_a_strides);
         RUN(more_threads_than_cores);
         RUN(concurrent_callers_more_than_cores);
         RUN(dispatch_never_emulated);
+        RUN(auto_rule);
         return TEST_REPORT();
     }
     g_tiles = dt__amx_tiles_emul();
@@ -583,9 +689,12 @@ int main(int argc, char **argv)
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
+    RUN(bf16_result);
+    RUN(direct_a_strides);
     RUN(config_once_per_shape_and_released);
     RUN(more_threads_than_cores);
     RUN(concurrent_callers_more_than_cores);
     RUN(dispatch_never_emulated);
+    RUN(auto_rule);
     return TEST_REPORT();
 }
