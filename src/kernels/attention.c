@@ -589,6 +589,11 @@ static dt_status lp_dtype(const char *fn, dt_dtype t)
  * avx512_bf16 rows instead (the path dt_k_get_isa() gives), so the mask
  * hides what it hides there.
  *
+ * Panels: a B panel is the tile slot's packed layout (amx_tiles.h); an A
+ * panel of 32 rows holds each row's K values contiguous, padded to whole
+ * K steps of 32 (rows 32 ceil(K / 32) values apart: the tiles read it in
+ * place), and a product's 32 x 32 f32 block comes back row-major.
+ *
  * Tile state: each thread configures its tiles (palette 1, all eight
  * 16 x 64 bytes) at its first task of a call and releases them before it
  * leaves the call's parallel region. */
@@ -686,12 +691,12 @@ static bool bf16_nonfinite(const uint16_t *x, int64_t n)
     return (m & 0x8000u) != 0;
 }
 
-/* Row r (< 32) of an A panel: pa[(k / 32 * 2 + r / 16) AT + r % 16 * 32 +
- * k % 32] = x[k] for k < K (the panel zeroed before). */
+/* Row r (< 32) of an A panel of 32 rows of K values padded to whole K
+ * steps, rows lda = 32 ceil(K / 32) values apart (the tiles read it in
+ * place): pa[r lda + k] = x[k] for k < K (the panel zeroed before). */
 static void amx_a_row(uint16_t *pa, int64_t r, const uint16_t *x, int64_t K)
 {
-    for (int64_t k0 = 0; k0 < K; k0 += AB)
-        memcpy(pa + (k0 / AB * 2 + r / 16) * AT + r % 16 * AB, x + k0, (size_t)(K - k0 < AB ? K - k0 : AB) * 2);
+    memcpy(pa + r * ((K + AB - 1) / AB * AB), x, (size_t)K * 2);
 }
 
 /* Column n (< 32) of a B panel whose K index runs along x (a row of k or v
@@ -769,17 +774,17 @@ static void amx_b_rows(int vec, uint16_t *pb, int64_t kbt, int64_t k, const uint
  * i): row block d / 32 of kbt steps. */
 static void amx_at_col(uint16_t *pa, int64_t kbt, int64_t i, const uint16_t *x, int64_t D)
 {
-    uint16_t *o = pa + i / AB * ASTEP + i % AB;
-    for (int64_t d = 0; d < D; d++)
-        o[d / AB * kbt * ASTEP + d % AB / 16 * AT + d % 16 * AB] = x[d];
+    for (int64_t d = 0; d < D; d++) /* row d % 32 of panel d / 32: rows 32 kbt values apart */
+        pa[d / AB * kbt * ASTEP + d % AB * kbt * AB + i] = x[d];
 }
 
-/* dst[r ldd + c] = (add: +=) the block's result (r, c), r < nr, c < nc. */
+/* dst[r ldd + c] = (add: +=) the block's result (r, c), r < nr, c < nc
+ * (acc: 32 x 32, rows 32 floats apart). */
 static void amx_store(const float *acc, float *dst, int64_t ldd, int64_t nr, int64_t nc, bool add)
 {
     for (int64_t r = 0; r < nr; r++)
         for (int64_t tj = 0; tj < 2 && 16 * tj < nc; tj++) {
-            const float *a = acc + (r / 16 * 2 + tj) * 256 + r % 16 * 16;
+            const float *a = acc + r * AB + 16 * tj;
             float *o = dst + r * ldd + 16 * tj;
             const int64_t w = nc - 16 * tj < 16 ? nc - 16 * tj : 16;
             if (add)
@@ -795,8 +800,7 @@ static void amx_store(const float *acc, float *dst, int64_t ldd, int64_t nr, int
 static void amx_unpack(const float *acc, float *out, int64_t ldo)
 {
     for (int64_t r = 0; r < AB; r++)
-        for (int tj = 0; tj < 2; tj++)
-            memcpy(out + r * ldo + tj * 16, acc + (r / 16 * 2 + tj) * 256 + r % 16 * 16, 16 * sizeof(float));
+        memcpy(out + r * ldo, acc + r * AB, AB * sizeof(float));
 }
 
 /* a . b over n floats: 16 partial sums then their sum where vec allows
@@ -891,7 +895,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         for (int64_t r = 0; r < nr; r++)
             amx_a_row(qp, r, src + (i0 + r) * C3, D);
         for (int64_t jb = 0; jb < nk; jb++) {
-            tiles->block(qp, kp + jb * kd * ASTEP, kd, true, true, acc);
+            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, acc, AB, false);
             amx_unpack(acc, s + jb * AB, lds);
         }
         memset(pp, 0, (size_t)nk * ASTEP * 2);
@@ -904,12 +908,12 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
             for (int64_t j = n; j < nk * AB; j++)
                 sr[j] = 0.0f;
             for (int64_t jb = 0; jb < nk; jb++)
-                amx_round32(vec, sr + jb * AB, pp + (jb * 2 + r / 16) * AT + r % 16 * AB);
+                amx_round32(vec, sr + jb * AB, pp + r * nk * AB + jb * AB);
         }
         for (int64_t nb = 0; nb < kd; nb++) {
             const int64_t nc = D - nb * AB < AB ? D - nb * AB : AB;
             float *yo = y + (b * T + i0) * C + h * D + nb * AB;
-            tiles->block(pp, vp + nb * nkb * ASTEP, nk, true, true, acc);
+            tiles->block(pp, nk * AB, vp + nb * nkb * ASTEP, nk, true, true, acc, AB, false);
             amx_store(acc, yo, C, nr, nc, false);
             for (int64_t r = 0; r < nr; r++) {
                 const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -1272,9 +1276,9 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     for (int64_t jb = 0; jb < nqb; jb++) {
         const int64_t j0 = jb * AB, nb = T - j0 < AB ? T - j0 : AB, ib0 = causal ? jb : 0;
         for (int64_t ib = ib0; ib < nqb; ib++) {
-            tiles->block(qa + ib * kd * ASTEP, kt + jb * kd * ASTEP, kd, true, true, acc);
+            tiles->block(qa + ib * kd * ASTEP, kd * AB, kt + jb * kd * ASTEP, kd, true, true, acc, AB, false);
             amx_unpack(acc, sc, AB);
-            tiles->block(ga + ib * kd * ASTEP, vt + jb * kd * ASTEP, kd, true, true, acc);
+            tiles->block(ga + ib * kd * ASTEP, kd * AB, vt + jb * kd * ASTEP, kd, true, true, acc, AB, false);
             amx_unpack(acc, dp, AB);
             for (int64_t r = 0; r < AB; r++) { /* P and dS row by row */
                 const int64_t i = ib * AB + r, vis = causal ? i + 1 - j0 : nb;
@@ -1299,7 +1303,7 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                 }
                 for (int64_t jj = ne; jj < AB; jj++) /* keys the row does not see, padded keys and rows */
                     prw[jj] = dr[jj] = 0.0f;
-                amx_round32(vec, dr, sa + r / 16 * AT + r % 16 * AB);
+                amx_round32(vec, dr, sa + r * AB);
             }
             for (int64_t m = 0; m < AB / 2; m++) /* rows 2m, 2m + 1 of P and dS: row m of the B tiles */
                 for (int tj = 0; tj < 2; tj++) {
@@ -1311,15 +1315,15 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                 }
             const int64_t nr = T - ib * AB < AB ? T - ib * AB : AB;
             for (int64_t n = 0; n < kd; n++) { /* dq += dS K */
-                tiles->block(sa, kb + (n * nqb + jb) * ASTEP, 1, true, true, acc);
+                tiles->block(sa, AB, kb + (n * nqb + jb) * ASTEP, 1, true, true, acc, AB, false);
                 amx_store(acc, gw + ib * AB * 3 * D + n * AB, 3 * D, nr, D - n * AB < AB ? D - n * AB : AB, true);
             }
         }
         for (int64_t n = 0; n < kd; n++) { /* dv^T = dO^T P, dk^T = Q^T dS over the query blocks from ib0 */
             const int64_t nc = D - n * AB < AB ? D - n * AB : AB;
             for (int w = 0; w < 2; w++) { /* w = 0: dv, 1: dk */
-                tiles->block((w ? qT : gT) + (n * nqb + ib0) * ASTEP, (w ? sb : pb) + ib0 * ASTEP, nqb - ib0, true,
-                             true, acc);
+                tiles->block((w ? qT : gT) + n * nqb * ASTEP + ib0 * AB, nqb * AB, (w ? sb : pb) + ib0 * ASTEP,
+                             nqb - ib0, true, true, acc, AB, false);
                 amx_unpack(acc, sc, AB);
                 float *o = gw + j0 * 3 * D + (w ? D : 2 * D) + n * AB;
                 for (int64_t jj = 0; jj < nb; jj++)
