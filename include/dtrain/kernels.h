@@ -162,11 +162,12 @@ DT_API bool dt_k_matmul_native(dt_dtype t);
  * AMX-BF16, the OS saves the tile state, Linux grants the process the tile
  * data (asked on the first call) and DT_MAX_CPU_ISA is not avx512 or lower.
  * By default (DT_AMX_GEMM unset or auto) it returns false and, where the
- * tiles are usable, dtrain's GEMM runs the products of 2^35 multiply-adds
- * or more whose every dimension is 512 or more (a language model's head,
- * e.g. GPT-2's 2048 x 50304 x 768: 1.1-2.3x oneDNN 2.6's wall rate on a
- * Xeon with AMX) and oneDNN (on the tiles itself, its brgemm kernels) the
- * rest; *why then starts with "auto". DT_AMX_GEMM=off leaves all on oneDNN.
+ * tiles are usable, dtrain's GEMM runs the products of 2^27 multiply-adds
+ * or more whose every dimension is 256 or more (a training step's GEMMs:
+ * GPT-2 124M's at 2048 rows took 988-1056 ms a step on it against
+ * 1108-1154 on oneDNN 2.6, idle Xeon with AMX, 2 threads) and oneDNN (on
+ * the tiles itself, its brgemm kernels) the rest (decode rows, small
+ * products); *why then starts with "auto". DT_AMX_GEMM=off leaves all on oneDNN.
  * *why (if not NULL) gets "active ...", the auto rule, or the reason it is
  * off (a static string). Products are the same bf16 x bf16 -> f32 ones as
  * oneDNN's, summed in another order (each output's sum in increasing k,

@@ -15,7 +15,7 @@
  * exists; elsewhere the operands are widened). bf16 matmul and linear
  * run natively only where oneDNN has bf16 kernels for the CPU (AVX-512
  * machines, faster with AVX512_BF16, fastest with AMX, where oneDNN runs
- * them on the tiles; dtrain's own AMX GEMM for the largest products, or all
+ * them on the tiles; dtrain's own AMX GEMM for a training step's, or all
  * on request, see dt_k_matmul_amx in kernels.h); elsewhere (AVX2) the bf16
  * operands are widened to f32 first, exactly, so the numbers are the same
  * and the speed is f32's minus the conversion (docs/BENCHMARKS.md).

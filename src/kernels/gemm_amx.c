@@ -838,19 +838,21 @@ void dt__amx_cache_clear(void)
 
 /* DT_AMX_GEMM: "on" (or 1) runs every bf16 product of dt_k_matmul here;
  * "off" (or 0) none (oneDNN runs them, on AMX with its own brgemm kernels);
- * "auto" (the default) the products dt__amx_auto_picks: those of at least
- * 2^35 multiply-adds whose every dimension is at least 512, GPT-2's LM head
- * at 2048 rows (2048 x 50304 x 768 forward, and both gradients), where this
- * GEMM measured ahead of oneDNN 2.6 in each of three interleaved runs of
- * bench/onednn_matmul.sh on a Xeon with AMX (2 threads, the machine shared
- * with other work, load 5-9), wall GFLOP/s: 341-557 against 249-398
- * forward, 316-565 against 158-242 for the input gradient, 318-451 against
- * 257-392 for the weight gradient (1.15-2.33x). On GPT-2's other 12
- * shapes it measured ahead per CPU-second with OMP_WAIT_POLICY=passive
- * (556-852 against 480-773, one run) but not in wall time with the default
- * waiting (the input gradients and the 768 x 768 products behind), so auto
- * leaves those on oneDNN. Single-threaded it is ahead on them too (proj
- * 2048 x 768 x 768: 469-792 against 318-588).
+ * "auto" (the default) the products dt__amx_auto_picks: every dimension at
+ * least 256 and at least 2^27 multiply-adds (each of a GPT-2 or ~100M
+ * Llama step's GEMMs; not a decode step's rows). On an idle Xeon with AMX
+ * (2 threads, 07:03 UTC, load 1.8-1.9) GPT-2's 15 step shapes at 2048 rows
+ * through dt_k_matmul, each's best of 3 calls times its count in a step
+ * (a check program beside the repository), summed 988-1056 ms with all on
+ * this GEMM against 1108-1154 with only the LM head here and the rest on
+ * oneDNN 2.6 (three rounds each, interleaved); per shape it was behind oneDNN only on the forward
+ * qkv and 768 x 768 products and the c_proj weight gradient, ahead on the
+ * input gradients by 1.2-1.3x (1750-1895 against 1450-1665 GFLOP/s) and
+ * on the LM head. The whole bf16 step (B=8 T=256): 2015-2060 ms against
+ * 2127-2192 (two rounds each). The earlier rule (2^35 multiply-adds and
+ * every dimension 512: the LM head alone) came from runs on a machine
+ * loaded 5-9, where the per-layer products lost wall time to the other
+ * work, not to this GEMM.
  * Read once per process. */
 static pthread_once_t g_sel_once = PTHREAD_ONCE_INIT;
 static int g_sel; /* 0 auto, 1 on, -1 off */
@@ -870,8 +872,8 @@ static void select_read(void)
 
 bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K)
 {
-    const int64_t least = 512;
-    return M >= least && N >= least && K >= least && (double)M * (double)N * (double)K >= 0x1p35;
+    const int64_t least = 256;
+    return M >= least && N >= least && K >= least && (double)M * (double)N * (double)K >= 0x1p27;
 }
 
 bool dt__amx_active(const char **why)
@@ -885,9 +887,9 @@ bool dt__amx_active(const char **why)
     pthread_once(&g_sel_once, select_read);
     if (why)
         *why = g_sel > 0    ? "active (DT_AMX_GEMM=on)"
-               : g_sel == 0 ? "auto: products of 2^35 multiply-adds or more with every dimension 512 or more (a "
-                              "language model's head) run here, the rest on oneDNN's AMX kernels; DT_AMX_GEMM=on "
-                              "selects dtrain's for all"
+               : g_sel == 0 ? "auto: products of 2^27 multiply-adds or more with every dimension 256 or more (a "
+                              "training step's) run here, the rest (decode rows, small products) on oneDNN's AMX "
+                              "kernels; DT_AMX_GEMM=on selects dtrain's for all"
                             : "DT_AMX_GEMM=off: oneDNN runs the bf16 products (on AMX itself)";
     return g_sel > 0;
 }

@@ -85,8 +85,8 @@ bool dt__amx_active(const char **why);
  * and dt__amx_auto_picks. */
 bool dt__amx_use(int64_t M, int64_t N, int64_t K);
 
-/* auto's rule, alone (for tests): at least 2^35 multiply-adds and every
- * dimension at least 512 (see gemm_amx.c for the measurements). */
+/* auto's rule, alone (for tests): at least 2^27 multiply-adds and every
+ * dimension at least 256 (see gemm_amx.c for the measurements). */
 bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K);
 
 /* dt_k_matmul_batched's bf16 path on the real instructions (arguments as
