@@ -48,10 +48,12 @@ int dt_cmd_info(int argc, char **argv)
            one ? ")" : "");
     const char *amx_why = NULL;
     bool amx = dt_k_matmul_amx(&amx_why);
-    bool part = !amx && !strncmp(amx_why, "auto", 4); /* auto on AMX: the largest products on dtrain's */
-    printf("bf16 matmul: %s%s\n", amx ? "dtrain's AMX GEMM (tdpbf16ps tiles)"
-                                   : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles" : "oneDNN",
-           part ? ", dtrain's AMX GEMM for the largest products" : "");
+    bool part = !amx && !strncmp(amx_why, "auto", 4); /* auto on AMX: a training step's products on dtrain's */
+    printf("bf16 matmul: %s\n", amx    ? "dtrain's AMX GEMM (tdpbf16ps tiles)"
+                                 : part ? "dtrain's AMX GEMM (tdpbf16ps tiles) for a training step's products, "
+                                          "oneDNN on AMX tiles for decode rows and small ones"
+                                 : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles"
+                                                                    : "oneDNN");
     if (part)
         printf("dtrain AMX GEMM: %s\n", amx_why);
     else if (!amx)
