@@ -605,7 +605,14 @@ static const dt__amx_tiles *g_amx_forced; /* the tests' tiles (attention_amx.h) 
 static bool g_amx_disabled;                /* the tests' switch */
 static atomic_ullong g_amx_tasks, g_amx_fallbacks;
 static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
-static bool g_amx_off; /* DT_ATTN_AMX=off */
+static bool g_amx_off, g_amx_on; /* DT_ATTN_AMX=off, =on */
+
+/* Sequences shorter than this stay on the avx512_bf16 rows under auto:
+ * bench/attn_lp --batch 8, 1 thread, Xeon with AMX (load ~3), CPU ms against
+ * the widened path: T = 64 0.660 on the tiles, 0.582 on the rows; T = 128
+ * 0.529 against 0.579; T = 256 0.430 against 0.546 (the tiles' packing
+ * does not pay for itself below 128 keys). */
+#define AMX_MIN_T 128
 
 void dt__attention_amx_force(const dt__amx_tiles *tiles) { g_amx_forced = tiles; }
 
@@ -623,18 +630,21 @@ void dt__attention_amx_stats_get(dt__attention_amx_stats *out)
 static void amx_env(void)
 {
     const char *e = getenv("DT_ATTN_AMX");
-    if (!e || !*e || !strcmp(e, "auto") || !strcmp(e, "on") || !strcmp(e, "1"))
+    if (!e || !*e || !strcmp(e, "auto"))
         return;
-    if (!strcmp(e, "off") || !strcmp(e, "0"))
+    if (!strcmp(e, "on") || !strcmp(e, "1"))
+        g_amx_on = true;
+    else if (!strcmp(e, "off") || !strcmp(e, "0"))
         g_amx_off = true;
     else
         dt_log(DT_LOG_WARN, "DT_ATTN_AMX=%s is not one of auto, on, off; ignored (auto)", e);
 }
 
-/* The tiles a qkv of dtype t runs its products on, or NULL: bf16 on the
- * avx512_bf16 path where AMX is usable (DT_MAX_CPU_ISA=avx512 or lower
- * switches it off), unless DT_ATTN_AMX=off; or the tests' forced tiles. */
-static const dt__amx_tiles *att_tiles(dt_dtype t)
+/* The tiles a qkv of dtype t and T tokens runs its products on, or NULL:
+ * bf16 on the avx512_bf16 path where AMX is usable (DT_MAX_CPU_ISA=avx512
+ * or lower switches it off) and T >= AMX_MIN_T, unless DT_ATTN_AMX=off
+ * (=on: whatever T); or the tests' forced tiles. */
+static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
 {
     if (t != DT_BF16)
         return NULL;
@@ -643,7 +653,7 @@ static const dt__amx_tiles *att_tiles(dt_dtype t)
     if (g_amx_disabled || dt_k_get_isa() != DT_K_ISA_AVX512_BF16)
         return NULL;
     pthread_once(&g_amx_once, amx_env);
-    return g_amx_off ? NULL : dt__amx_tiles_hw(NULL);
+    return g_amx_off || (T < AMX_MIN_T && !g_amx_on) ? NULL : dt__amx_tiles_hw(NULL);
 }
 
 /* Configure the calling thread's tiles at its first task (*on says
@@ -947,7 +957,7 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
      * in place); with bf16/f16 as many blocks as keep 4 tasks a thread, so
      * a head's keys and values are widened once or a few times, not once a
      * block. The grouping changes no result. */
-    const dt__amx_tiles *tiles = att_tiles(t);
+    const dt__amx_tiles *tiles = att_tiles(t, T);
     const int64_t bq = tiles ? AB : BQ, nqb = (T + bq - 1) / bq; /* on the tiles: blocks of 32 rows */
     int nt = dt__threads_for(B * T * T * C);
     int64_t g = 1;
@@ -1356,7 +1366,7 @@ static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const floa
     int nt = dt__threads_for(B * T * T * C * 2);
     bool nomem = false;
     const int vec = task_vec(t);
-    const dt__amx_tiles *tiles = att_tiles(t);
+    const dt__amx_tiles *tiles = att_tiles(t, T);
     const size_t scratch = tiles ? bwd_scratch_amx(T, D) : bwd_scratch(t, T, D) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {

@@ -379,34 +379,40 @@ TEST(amx_nonfinite_falls_back)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
-/* The run-time choice: a bf16 qkv takes the tiles on the avx512_bf16 path
- * where AMX is usable (unless DT_ATTN_AMX=off), never below it, never an
+/* The run-time choice: a bf16 qkv of 128 tokens or more takes the tiles on
+ * the avx512_bf16 path where AMX is usable (unless DT_ATTN_AMX=off; a
+ * shorter one only with DT_ATTN_AMX=on), never below that path, never an
  * f16 or f32 one; the emulated tiles are never chosen by themselves. */
 TEST(amx_dispatch)
 {
-    enum { T = 40, H = 1, D = 32, C3 = 3 * H * D };
-    static float x[T * C3], y[T * D], lse[T];
-    static uint16_t xh[T * C3];
-    dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
-    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+    enum { TMAX = 128, H = 1, D = 32, C3 = 3 * H * D };
+    static float x[TMAX * C3], y[TMAX * D], lse[TMAX];
+    static uint16_t xh[TMAX * C3];
+    dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, TMAX * C3, -2.0f, 2.0f);
+    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, TMAX * C3));
     const char *env = getenv("DT_ATTN_AMX");
-    bool off = env && (!strcmp(env, "off") || !strcmp(env, "0"));
+    bool off = env && (!strcmp(env, "off") || !strcmp(env, "0")), on = env && (!strcmp(env, "on") || !strcmp(env, "1"));
     const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
+    const int64_t Ts[] = {40, 127, 128};
     for (size_t r = 0; r < 4; r++) {
         if (dt_k_set_isa(paths[r]) != DT_OK)
             continue;
-        dt__attention_amx_stats s0, s1;
-        dt__amx_emul_stats e0, e1;
-        dt__attention_amx_stats_get(&s0);
-        dt__amx_emul_stats_get(&e0);
-        ASSERT_OK(
-            dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL, lse));
-        ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_F16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL, lse));
-        dt__attention_amx_stats_get(&s1);
-        dt__amx_emul_stats_get(&e1);
-        bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off;
-        ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
-        ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            const int64_t T = Ts[k];
+            dt__attention_amx_stats s0, s1;
+            dt__amx_emul_stats e0, e1;
+            dt__attention_amx_stats_get(&s0);
+            dt__amx_emul_stats_get(&e0);
+            ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL,
+                                                  lse));
+            ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_F16, xh, 1, T, H, D, 0, H, true, 0.0f, (dt_rng_key){0}, y, NULL,
+                                                  lse));
+            dt__attention_amx_stats_get(&s1);
+            dt__amx_emul_stats_get(&e1);
+            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off && (T >= 128 || on);
+            ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
+            ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
+        }
     }
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
