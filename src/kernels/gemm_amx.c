@@ -439,18 +439,6 @@ static void epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld,
 }
 
 #if DT__X86_VEC
-/* dt_f32_to_bf16 on 16 lanes: round to nearest even, NaNs quieted. */
-DT__AVX512 static inline __m256i bf16_round16(__m512 x)
-{
-    __m512i u = _mm512_castps_si512(x);
-    __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    __m512i qn = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
-}
-
 /* epilogue_s without GELU, 16 columns at a time: the same operations in
  * the same order, so the same bits. */
 DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0, int64_t n0,
@@ -470,7 +458,7 @@ DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
             if (g->bias)
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + n0 + c));
             if (brow)
-                _mm256_mask_storeu_epi16(brow + c, m, bf16_round16(v));
+                _mm256_mask_storeu_epi16(brow + c, m, dt__bf16_pack16(dt__bf16_round16(v)));
             else
                 _mm512_mask_storeu_ps(crow + c, m, v);
         }

@@ -150,10 +150,16 @@ DT__AVX512 static inline __m512 dt__bf16_round16(__m512 v)
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, q));
 }
 
+/* r (a bf16 value held in f32) as its 16 bf16 bits */
+DT__AVX512 static inline __m256i dt__bf16_pack16(__m512 r)
+{
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16));
+}
+
 /* r (a bf16 value held in f32) stored as bf16 */
 DT__AVX512 static inline void dt__bf16_store16(uint16_t *p, __m512 r)
 {
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+    _mm256_storeu_si256((__m256i *)p, dt__bf16_pack16(r));
 }
 
 #else
