@@ -8,7 +8,8 @@
  * it: its init finds monitoring disabled) skips the "on" half (77).
  * argv[1] = "bed" (tests/comm/netbed_test.sh traffic: 2 nodes x 1 rank of
  * the test bed, no layer): the bytes that left the node, as TCP counted
- * them, for an all-reduce of 4 Mi f32 lie between half and all of it. */
+ * them (retransmissions included), for an all-reduce of 4 Mi f32 lie
+ * between half and all of it, plus up to 1/16 for retransmissions. */
 #include "dtrain/comm.h"
 
 #include <stdio.h>
@@ -51,8 +52,10 @@ int main(int argc, char **argv)
         OK(dt_pg_traffic_read(pg, &tb, NULL, 0));
         uint64_t d = tb.sent_cross_node - ta.sent_cross_node;
         /* any all-reduce algorithm on 2 ranks sends at least half the vector; a ring or
-           recursive halving sends half, recursive doubling the whole */
-        CHECK(d >= (uint64_t)NB * 2 && d <= (uint64_t)NB * 4 + (256u << 10),
+           recursive halving sends half, recursive doubling the whole; TCP's count includes
+           retransmissions, which a loaded machine causes (17,111,962 bytes seen for the
+           16,777,216 of recursive doubling under a test suite's load): up to 1/16 more */
+        CHECK(d >= (uint64_t)NB * 2 && d <= (uint64_t)NB * 4 + (uint64_t)NB / 4 + (256u << 10),
               "all-reduce of %d f32 across 2 nodes: %llu bytes left the node", NB, (unsigned long long)d);
         free(y);
         dt_pg_free(pg);
