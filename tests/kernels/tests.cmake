@@ -63,8 +63,9 @@ endif()
 # The attention's products on the real tile instructions: the default
 # registration of test_attention_bf16 runs them over the portable model of
 # the tiles; this one over the hardware (skipped where the CPU, the OS or
-# DT_MAX_CPU_ISA leave AMX off).
+# DT_MAX_CPU_ISA leave AMX off). Labelled as its program is (not
+# "threads": the TSan stage builds only the programs of that label).
 if(TARGET test_attention_bf16)
   add_test(NAME kernels/test_attention_bf16_hw COMMAND test_attention_bf16 hw)
-  set_tests_properties(kernels/test_attention_bf16_hw PROPERTIES TIMEOUT 600 LABELS "kernels;threads" SKIP_RETURN_CODE 77)
+  set_tests_properties(kernels/test_attention_bf16_hw PROPERTIES TIMEOUT 600 LABELS "kernels" SKIP_RETURN_CODE 77)
 endif()
