@@ -7,7 +7,17 @@
  * malloc and no page fault at all. Blocks of 2 MiB and more are anonymous
  * mappings aligned to 2 MiB and advised MADV_HUGEPAGE: where the kernel
  * offers transparent huge pages, the first step's growth faults once per
- * 2 MiB instead of once per 4 KiB. */
+ * 2 MiB instead of once per 4 KiB.
+ *
+ * dt_alloc gives allocations of 4 MiB and more the same: 2 MiB aligned,
+ * rounded up to whole 2 MiB and advised MADV_HUGEPAGE (a model's flats
+ * get the advice in flat.c). The passes that stream them (the optimizer's
+ * sweep over the master weights and moments, the GEMMs' weight packing)
+ * then walk one page table entry per 2 MiB: on a Xeon VM with AMX (Linux
+ * with transparent huge pages on "madvise") AdamW's bf16 sweep over 16 M
+ * elements took 16.2-16.5 ms on huge pages against 22.9-24.9 on 4 KiB
+ * pages, one thread, interleaved. Where the kernel gives no huge pages
+ * the advice changes nothing. */
 #include "dtrain/base.h"
 
 #include <stdint.h>
@@ -17,6 +27,20 @@
 #include <unistd.h>
 
 #define HUGE_SZ ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+
+void dt_advise_huge(void *p, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) / pg * pg, b = ((uintptr_t)p + bytes) / pg * pg;
+    if (p && b > a)
+        madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
 
 size_t dt_prefault(void *p, size_t bytes)
 {
@@ -69,7 +93,14 @@ void *dt_alloc(size_t size)
         dt_error(DT_ERR_NO_MEMORY, "allocation of %zu bytes overflows", size);
         return NULL;
     }
-    void *p = aligned_alloc(DT_ALIGN, n);
+    void *p;
+    if (n >= HUGE_MIN && n <= SIZE_MAX - HUGE_SZ) { /* see the top */
+        n = (n + HUGE_SZ - 1) / HUGE_SZ * HUGE_SZ;
+        if ((p = aligned_alloc(HUGE_SZ, n)))
+            dt_advise_huge(p, n);
+    } else {
+        p = aligned_alloc(DT_ALIGN, n);
+    }
     if (!p)
         dt_error(DT_ERR_NO_MEMORY, "out of memory allocating %zu bytes", size);
     return p;
@@ -111,9 +142,7 @@ static unsigned char *block_data(size_t cap, size_t *map_len)
         munmap(m, (size_t)(a - m));
     if (m + len + HUGE_SZ > a + len)
         munmap(a + len, (size_t)(m + len + HUGE_SZ - (a + len)));
-#ifdef MADV_HUGEPAGE
-    madvise(a, len, MADV_HUGEPAGE);
-#endif
+    dt_advise_huge(a, len);
     *map_len = len;
     return a;
 }

@@ -43,6 +43,7 @@ dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, stru
         if (base == MAP_FAILED)
             return dt_error(DT_ERR_NO_MEMORY, "dt_flat_alloc: mapping %zu bytes failed", total * esz);
         mapped = true;
+        dt_advise_huge(base, total * esz); /* the 2 MiB aligned ranges inside: huge pages (alloc.c) */
     } else if (total) {
         base = pg ? dt_pg_alloc(pg, total * esz) : dt_calloc(total * esz);
         if (!base)
