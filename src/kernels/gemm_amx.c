@@ -240,7 +240,7 @@ static void pack_b_panel(const uint16_t *B, bool tb, int64_t ldb, int64_t K, int
                          bool v, uint16_t *out)
 {
 #if DT__X86_VEC
-    if (v && tb) { /* B row-major: pack_b_steps_n, all panels at once */
+    if (v && tb) { /* (a row-major B goes to pack_b_steps_n, every panel in one pass) */
         pack_b_panel_t(B, ldb, K, N, kb, nb, out);
         return;
     }
