@@ -379,6 +379,38 @@ TEST(amx_nonfinite_falls_back)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
+/* One non-finite value anywhere in a row of a head of 64 values (the
+ * scan folds 32 lanes at a time): each lane of a q row, of a k row and of
+ * a v row, alone, sends the forward task to the rows. */
+TEST(amx_nonfinite_every_lane)
+{
+    enum { T = 32, H = 1, D = 64, C = H * D, C3 = 3 * C };
+    static float x[T * C3], y[T * C], lse[H * T];
+    static uint16_t xh[T * C3];
+    dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
+    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+    dt__attention_amx_force(g_tiles);
+    dt__attention_amx_stats s0, s1;
+    for (int part = 0; part < 3; part++)
+        for (int d = 0; d < D; d++) {
+            const int64_t at = 5 * C3 + part * C + d; /* row 5 */
+            const uint16_t keep = xh[at];
+            xh[at] = (uint16_t)(d % 2 ? 0x7fc0 : 0xff80); /* NaN, -inf */
+            dt__attention_amx_stats_get(&s0);
+            ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0}, y,
+                                                  NULL, lse));
+            dt__attention_amx_stats_get(&s1);
+            xh[at] = keep;
+            ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 1);
+        }
+    dt__attention_amx_stats_get(&s0);
+    ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0}, y, NULL, lse));
+    dt__attention_amx_stats_get(&s1);
+    ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
+    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 1);
+    dt__attention_amx_force(NULL);
+}
+
 /* The run-time choice: a bf16 qkv of 128 tokens or more takes the tiles on
  * the avx512_bf16 path where AMX is usable (unless DT_ATTN_AMX=off; a
  * shorter one only with DT_ATTN_AMX=on), never below that path, never an
@@ -426,6 +458,7 @@ int main(int argc, char **argv)
         RUN(amx_matches_reference);
         RUN(amx_threads_same_bits);
         RUN(amx_nonfinite_falls_back);
+        RUN(amx_nonfinite_every_lane);
         RUN(amx_dispatch);
         return TEST_REPORT();
     }
@@ -436,6 +469,7 @@ int main(int argc, char **argv)
     RUN(amx_matches_reference);
     RUN(amx_threads_same_bits);
     RUN(amx_nonfinite_falls_back);
+    RUN(amx_nonfinite_every_lane);
     RUN(amx_dispatch);
     return TEST_REPORT();
 }
