@@ -677,8 +677,9 @@ DT_CLONES static void c1_row8s16(const float *restrict dyrow, const float *restr
 }
 
 /* sum[j] += the n rows' lane j (rows B values apart), in row order: the
- * lanes as 8-lane vectors (the loop over an array of sums stayed scalar). */
-static void row_sums(const float *restrict d, int64_t n, float *restrict sum, int L, int B)
+ * lanes as 8-lane vectors (the loop over an array of sums stayed scalar),
+ * cloned for AVX2 as the row kernels are. */
+DT_CLONES static void row_sums(const float *restrict d, int64_t n, float *restrict sum, int L, int B)
 {
     for (int g = 0; g + 8 <= L; g += 8) {
         blk_v8 a;
