@@ -180,6 +180,7 @@ bool dt__amx_emul_thread_configured(void) { return g_tiles.configured; }
 /* ---- the micro-kernel over the model ------------------------------------------ */
 #define DT__T_ZERO(t) dt__amx_emul_tile_zero(t)
 #define DT__T_LOAD(t, p, ld) tile_load(t, p, ld)
+#define DT__T_LOADB(t, p, ld) tile_load(t, p, ld)
 #define DT__T_DP(c, a, b) dt__amx_emul_tile_dp(c, a, b)
 #define DT__T_STORE(t, p, ld) tile_store(t, p, ld)
 #define DT__UK_ATTR

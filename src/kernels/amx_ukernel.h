@@ -4,6 +4,8 @@
  *
  *   DT__T_ZERO(t)            tilezero tmm<t>
  *   DT__T_LOAD(t, p, ld)     tileloadd tmm<t> from p, ld bytes between rows
+ *   DT__T_LOADB(t, p, ld)    the same for a B tile, read once: the hardware
+ *                            may take it as a streaming load (tileloaddt1)
  *   DT__T_DP(c, a, b)        tdpbf16ps tmm<c> += tmm<a> . tmm<b>
  *   DT__T_STORE(t, p, ld)    tilestored tmm<t> to p
  *   DT__UK_ATTR              function attributes (target for the hardware)
@@ -43,9 +45,9 @@
             const uint16_t *ak = a + k * DT__AMX_KSTEP;                            \
             const uint16_t *b = pb + k * 2 * DT__AMX_TILE_ELEMS;                   \
             DT__T_LOAD(4, ak, ldab);                                               \
-            DT__T_LOAD(6, b, 64);                                                  \
+            DT__T_LOADB(6, b, 64);                                                  \
             if (N2)                                                                \
-                DT__T_LOAD(7, b + DT__AMX_TILE_ELEMS, 64);                         \
+                DT__T_LOADB(7, b + DT__AMX_TILE_ELEMS, 64);                         \
             DT__T_DP(0, 4, 6);                                                     \
             if (N2)                                                                \
                 DT__T_DP(1, 4, 7);                                                 \
