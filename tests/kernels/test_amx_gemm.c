@@ -246,6 +246,22 @@ TEST(gpt2_layer_shape)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* K around the chunking: 24 steps with a partial last one (one chunk, its
+ * last step from the K tail), 26 steps with a partial last one (a chunk of
+ * 16, then 10 with the tail), 25 whole steps (16, then 9), each transpose,
+ * accumulating into C. */
+TEST(k_chunks)
+{
+    static const int64_t ks[] = {765, 805, 800};
+    int fails = 0;
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        for (int t = 0; t < 4; t++) {
+            shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = 33, .N = 47, .K = ks[i], .alpha = 1.0f, .beta = 1.0f};
+            fails += run_case(s, VIA_CALL);
+        }
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(k_zero_and_empty)
 {
     /* K = 0: C = beta C + bias; M or N = 0: nothing written, no error */
@@ -669,6 +685,7 @@ int main(int argc, char **argv)
         RUN(beta_alpha_bias_gelu);
         RUN(leading_dimensions);
         RUN(gpt2_layer_shape);
+        RUN(k_chunks);
         RUN(k_zero_and_empty);
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
@@ -688,6 +705,7 @@ int main(int argc, char **argv)
     RUN(beta_alpha_bias_gelu);
     RUN(leading_dimensions);
     RUN(gpt2_layer_shape);
+    RUN(k_chunks);
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
