@@ -609,9 +609,10 @@ dt_status dt_k_maxpool2d_bwd_blocked(const dt_k_pool2d_shape *s, int B, const fl
  * nChw8c / nChw16c the product is natural: dW[k][r][s] = sum over n, p, q of
  * dy[n][k][p][q] * xpad[n][p + r][q + s] (stride 1, dilation 1), B output
  * channels per vector, one input row at a time against S accumulators.
- * Work is split over channel blocks (or half blocks: dt__blk_units) only, so
- * every element is summed in the same order (n, then p, then q) whatever the
- * thread count and block size. */
+ * Work is split over channel blocks (or half blocks: dt__blk_units; with
+ * AVX-512 and 5 taps a row, over the kernel's rows instead, keeping 16
+ * lanes) only, so every element is summed in the same order (n, then p,
+ * then q) whatever the thread count and block size. */
 /* The 5 x L accumulators of a 5-wide kernel row as local 8-lane vectors
  * (GCC's vector extension, held in registers; as arrays they went through
  * memory at every q: a load, an add and a store a lane group, 68 GFLOP/s on
@@ -676,6 +677,30 @@ DT_CLONES static void c1_row8s16(const float *restrict dyrow, const float *restr
     c1_row_body(dyrow, xrow, Q, S, acc, 8, 16);
 }
 
+#if DT__X86_VEC
+/* c1_row5 on 16 lanes in one AVX-512 register per tap: the same products
+ * and sums per lane in the same order (a multiply, then an add). */
+DT__AVX512 static void c1_row16x5_avx512(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
+                                         float *restrict acc)
+{
+    __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16), a2 = _mm512_loadu_ps(acc + 32),
+           a3 = _mm512_loadu_ps(acc + 48), a4 = _mm512_loadu_ps(acc + 64);
+    for (int64_t q = 0; q < Q; q++) {
+        const __m512 d = _mm512_loadu_ps(dyrow + q * 16);
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q])));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 1])));
+        a2 = _mm512_add_ps(a2, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 2])));
+        a3 = _mm512_add_ps(a3, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 3])));
+        a4 = _mm512_add_ps(a4, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 4])));
+    }
+    _mm512_storeu_ps(acc, a0);
+    _mm512_storeu_ps(acc + 16, a1);
+    _mm512_storeu_ps(acc + 32, a2);
+    _mm512_storeu_ps(acc + 48, a3);
+    _mm512_storeu_ps(acc + 64, a4);
+}
+#endif
+
 /* sum[j] += the n rows' lane j (rows B values apart), in row order: the
  * lanes as 8-lane vectors (the loop over an array of sums stayed scalar),
  * cloned for AVX2 as the row kernels are. */
@@ -706,24 +731,44 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
     const int64_t N = s->N, H = s->H, W = s->W, K = s->K, CB = K / B, R = s->R, S = s->S;
     const int64_t PQ = P * Q;
     int nt = dt__threads_for(N * K * PQ * R * S), L;
-    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L, rs = 1;
+#if DT__X86_VEC
+    /* 16 lanes of 5 taps on AVX-512 (c1_row16x5_avx512): a block too few for
+     * the threads is split by kernel rows instead of into half blocks */
+    const bool zmm = B == 16 && S == 5 && dt__vec_level() >= DT__VEC_AVX512;
+    if (zmm && L < B && R > 1) {
+        L = B, per = 1, rs = 2;
+        units = CB * rs;
+    }
+#else
+    const bool zmm = false;
+#endif
+    const int64_t rper = (R + rs - 1) / rs;
     if (nt > units)
         nt = (int)units;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t u = 0; u < units; u++) {
-        const int64_t cb = u / per, off = (u % per) * L, c0 = cb * B + off;
+        const int64_t cb = u / (per * rs), w = u % (per * rs), off = (w / rs) * L, c0 = cb * B + off;
+        const int64_t r0 = (w % rs) * rper, r1 = r0 + rper < R ? r0 + rper : R;
+        const bool with_bias = dbias && r0 == 0; /* the bias once a channel: by its first rows' unit */
         float acc[DT__C1_MAX_K * DT__C1_MAX_K * MAXB], bias[MAXB] = {0}, row[DT__C1_MAX_ROW + DT__C1_MAX_K];
         memset(acc, 0, sizeof(float) * (size_t)(R * S * L));
         memset(row, 0, sizeof row);
         for (int64_t n = 0; n < N; n++) {
             const float *d = dy + (n * CB + cb) * PQ * B + off;
             for (int64_t p = 0; p < P; p++)
-                for (int64_t r = 0; r < R; r++) {
+                for (int64_t r = r0; r < r1; r++) {
                     const int64_t h = p + r - s->pad_h;
                     if (h < 0 || h >= H)
                         continue;
                     /* the input row, zero-padded: xpad[q + s] = x[h][q + s - pad_w] */
                     memcpy(row + s->pad_w, x + (n * H + h) * W, (size_t)W * sizeof(float));
+#if DT__X86_VEC
+                    if (zmm) {
+                        c1_row16x5_avx512(d + p * Q * B, row, Q, acc + r * S * L);
+                        continue;
+                    }
+#endif
                     if (L == 8 && B == 16)
                         c1_row8s16(d + p * Q * B, row, Q, (int)S, acc + r * S * L);
                     else if (B == 16)
@@ -731,15 +776,15 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
                     else
                         c1_row8(d + p * Q * B, row, Q, (int)S, acc + r * S * L);
                 }
-            if (dbias)
+            if (with_bias)
                 row_sums(d, PQ, bias, L, B);
         }
         /* dW is OIHW with I = 1: dw[(k * R + r) * S + s] */
-        for (int64_t r = 0; r < R; r++)
+        for (int64_t r = r0; r < r1; r++)
             for (int64_t t = 0; t < S; t++)
                 for (int j = 0; j < L; j++)
                     dw[((c0 + j) * R + r) * S + t] = acc[(r * S + t) * L + j];
-        if (dbias)
+        if (with_bias)
             for (int j = 0; j < L; j++)
                 dbias[c0 + j] = bias[j];
     }
