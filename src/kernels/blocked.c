@@ -341,6 +341,20 @@ int64_t dt__blk_units(int64_t CB, int B, int nt, int *L)
     return CB * (B / *L);
 }
 
+/* A block too few for the threads (dt__blk_units' half blocks): rather
+ * than two threads each reading half of every 64-byte line, the (n, block)
+ * rows are shared out whole and each row's per-channel float sums kept,
+ * N x C of each kind ([2][N][C]), then summed in double in n order per
+ * channel: the same sums as the half blocks'. NULL (the half blocks then)
+ * if the scratch cannot be had. */
+static float *row_sums_alloc(int64_t N, int64_t C)
+{
+    float *rs = dt_alloc(sizeof(float) * (size_t)(2 * N * C));
+    if (!rs)
+        dt_error_clear();
+    return rs;
+}
+
 dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
                                            const float *gamma, const float *beta, float eps, float momentum,
                                            float *running_mean, float *running_var, float *y, float *save_mean,
@@ -357,11 +371,35 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
         return st;
     int64_t CB = C / B;
     int nt = dt__threads_for(N * C * HW), L;
-    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
     const bool split = L < B;
     float sm[SPLIT_MAXC], sa[SPLIT_MAXC], sb[SPLIT_MAXC]; /* split: each channel's mean, scale, shift */
+    float *rs = split ? row_sums_alloc(N, C) : NULL; /* see row_sums_alloc */
+    if (rs)
+        units = 0;
 #pragma omp parallel num_threads(nt)
     {
+    if (rs) {
+#pragma omp for schedule(static)
+        for (int64_t bl = 0; bl < N * CB; bl++) {
+            const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
+            float *r1 = rs + n * C + cb * B, *r2 = rs + (N + n) * C + cb * B;
+            if (B == 16)
+                moments16(x + o, HW, x + cb * HW * B, r1, r2);
+            else
+                moments8(x + o, HW, x + cb * HW * B, r1, r2);
+        }
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            double s1 = 0, s2 = 0;
+            for (int64_t n = 0; n < N; n++) {
+                s1 += (double)rs[n * C + c];
+                s2 += (double)rs[(N + n) * C + c];
+            }
+            dt__bn_finish_channel(c, s1, s2, x[c / B * HW * B + c % B], cnt, eps, momentum, gamma, beta,
+                                  running_mean, running_var, save_mean, save_invstd, &sm[c], &sa[c], &sb[c]);
+        }
+    }
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; u++) {
         const int64_t cb = u / per, c0 = cb * B + (u % per) * L, off = (u % per) * L;
@@ -408,6 +446,7 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
         }
     }
     }
+    dt_free(rs);
     return DT_OK;
 }
 
@@ -432,12 +471,44 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
         return DT_OK;
     }
     int nt = dt__threads_for(N * C * HW), L;
-    const int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
+    int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
     const bool split = L < B;
     /* split: each channel's mean, invstd, scale and the two means of the pass over dy */
     float sm[SPLIT_MAXC], sis[SPLIT_MAXC], sk[SPLIT_MAXC], smdy[SPLIT_MAXC], smdyx[SPLIT_MAXC];
+    float *rs = split ? row_sums_alloc(N, C) : NULL; /* see row_sums_alloc */
+    if (rs)
+        units = 0;
 #pragma omp parallel num_threads(nt)
     {
+    if (rs) {
+#pragma omp for schedule(static)
+        for (int64_t bl = 0; bl < N * CB; bl++) {
+            const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
+            float *ra = rs + n * C + cb * B, *rb = rs + (N + n) * C + cb * B;
+            if (B == 16)
+                bwd_sums16(x + o, dy + o, HW, save_mean + cb * B, ra, rb);
+            else
+                bwd_sums8(x + o, dy + o, HW, save_mean + cb * B, ra, rb);
+        }
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            double sdy = 0, sdyx = 0;
+            for (int64_t n = 0; n < N; n++) {
+                sdy += (double)rs[n * C + c];
+                sdyx += (double)rs[(N + n) * C + c];
+            }
+            sdyx *= (double)save_invstd[c]; /* sum dy * xhat */
+            if (dgamma)
+                dgamma[c] = (float)sdyx;
+            if (dbeta)
+                dbeta[c] = (float)sdy;
+            sm[c] = save_mean[c];
+            sis[c] = save_invstd[c];
+            sk[c] = (gamma ? gamma[c] : 1.0f) * save_invstd[c];
+            smdy[c] = (float)(sdy / (double)cnt);
+            smdyx[c] = (float)(sdyx / (double)cnt);
+        }
+    }
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; u++) {
         const int64_t cb = u / per, c0 = cb * B + (u % per) * L, off = (u % per) * L;
@@ -499,6 +570,7 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
         }
     }
     }
+    dt_free(rs);
     return DT_OK;
 }
 

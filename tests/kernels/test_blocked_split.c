@@ -3,9 +3,11 @@
  * channel blocks than threads: a 16-channel layer in nChw16c is one block,
  * and splitting the work over blocks alone ran it on one thread (the
  * ConvNet's first layer: its 2-thread step was ~15% slower than in
- * nChw8c). The work is split over half blocks there; these tests check the
- * split is taken and that it changes no bit: every thread count and both
- * block sizes give the same outputs. */
+ * nChw8c). The work is split there: batch norm over whole (n, block) rows,
+ * each row's channel sums kept and summed in n order afterwards; the C = 1
+ * convolution over half blocks, or over the kernel's rows with AVX-512.
+ * These tests check the split is taken and that it changes no bit: every
+ * thread count and both block sizes give the same outputs. */
 #include "dtrain/kernels.h"
 #include "test.h"
 
