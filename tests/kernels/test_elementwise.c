@@ -365,6 +365,40 @@ TEST(maxpool_paths_vs_naive)
     }
 }
 
+/* The blocked max pool's gradient against a scatter in the test (dx zeroed,
+ * dy added at each argmax), bit for bit, in nChw16c and nChw8c: 2x2
+ * windows on 7 x 9 planes (an odd row and column past the last window), dy
+ * with -0 and NaN; then with one argmax moved outside its window (still in
+ * the plane). */
+TEST(maxpool_bwd_blocked_vs_scatter)
+{
+    enum { N = 2, C = 16, H = 7, W = 9, P = 3, Q = 4 };
+    const dt_k_pool2d_shape s = {N, C, H, W, 2, 2, 2, 2, 0, 0};
+    static float x[N * C * H * W], xb[N * C * H * W], y[N * C * P * Q], dy[N * C * P * Q], dx[N * C * H * W],
+        want[N * C * H * W];
+    static int32_t am[N * C * P * Q];
+    fill(x, N * C * H * W, 40, -2, 2);
+    fill(dy, N * C * P * Q, 41, -1, 1);
+    dy[3] = -0.0f;
+    dy[20] = NAN;
+    for (int B = 8; B <= 16; B += 8)
+        for (int moved = 0; moved < 2; moved++) {
+            ASSERT_OK(dt_k_to_blocked(x, N, C, H * W, B, xb));
+            ASSERT_OK(dt_k_maxpool2d_fwd_blocked(&s, B, xb, y, am));
+            if (moved)
+                am[5 * B + 3] = (int32_t)(H * W - 1); /* output 5 of block 0, lane 3: to the last position */
+            memset(want, 0, sizeof want);
+            for (int64_t bl = 0; bl < N * C / B; bl++)
+                for (int64_t i = 0; i < P * Q; i++)
+                    for (int j = 0; j < B; j++)
+                        want[(bl * H * W + am[(bl * P * Q + i) * B + j]) * B + j] += dy[(bl * P * Q + i) * B + j];
+            memset(dx, 0x7f, sizeof dx); /* every value must be written */
+            ASSERT_OK(dt_k_maxpool2d_bwd_blocked(&s, B, dy, am, dx));
+            if (memcmp(dx, want, sizeof dx))
+                TEST_FAIL_("nChw%dc%s: dx differs from the scatter's bits", B, moved ? ", an argmax moved" : "");
+        }
+}
+
 /* Batch norm statistics stay accurate when the mean dwarfs the spread
  * (one-pass moments are shifted; the output is centred before scaling). */
 TEST(batchnorm_large_offset)
@@ -489,6 +523,7 @@ int main(void)
     RUN(binary_broadcast_random);
     RUN(batchnorm_large_offset);
     RUN(maxpool_paths_vs_naive);
+    RUN(maxpool_bwd_blocked_vs_scatter);
     RUN(binary_broadcast_values);
     RUN(large_elementwise_threads);
     RUN(unary_values);
