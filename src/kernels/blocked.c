@@ -27,8 +27,12 @@
  * registers. */
 typedef float blk_v8 __attribute__((vector_size(32)));
 
-DT_BODY void moments_body(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
-                          float *restrict r2, const int L, const int B)
+/* The two per-lane sums over HW rows (B values apart) that batch norm
+ * takes, L lanes as 8-lane vectors held in registers, with d = x - k:
+ * g NULL, the moments (sums of d and d^2, k the channel's first value);
+ * else the backward's (sums of g and g d, k the mean). */
+DT_BODY void sums2_body(const float *restrict xp, const float *restrict gp, int64_t HW, const float *restrict k,
+                        float *restrict ra, float *restrict rb, const int L, const int B)
 {
     enum { G = MAXB / 8 };
     blk_v8 a[G] = {{0}}, b[G] = {{0}}, kv[G];
@@ -42,14 +46,26 @@ DT_BODY void moments_body(const float *restrict xp, int64_t HW, const float *res
             blk_v8 d;
             memcpy(&d, xp + s * B + 8 * g, sizeof d);
             d -= kv[g];
-            a[g] += d;
-            b[g] += d * d;
+            if (gp) {
+                blk_v8 gv;
+                memcpy(&gv, gp + s * B + 8 * g, sizeof gv);
+                a[g] += gv;
+                b[g] += gv * d;
+            } else {
+                a[g] += d;
+                b[g] += d * d;
+            }
         }
 #pragma GCC unroll 2
     for (int g = 0; g < g8; g++) {
-        memcpy(r1 + 8 * g, &a[g], sizeof(blk_v8));
-        memcpy(r2 + 8 * g, &b[g], sizeof(blk_v8));
+        memcpy(ra + 8 * g, &a[g], sizeof(blk_v8));
+        memcpy(rb + 8 * g, &b[g], sizeof(blk_v8));
     }
+}
+DT_BODY void moments_body(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
+                          float *restrict r2, const int L, const int B)
+{
+    sums2_body(xp, NULL, HW, k, r1, r2, L, B);
 }
 DT_CLONES static void moments8(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                float *restrict r2)
@@ -90,26 +106,7 @@ DT_CLONES static void affine16(const float *restrict xp, float *restrict yp, int
 DT_BODY void bwd_sums_body(const float *restrict xp, const float *restrict gp, int64_t HW, const float *restrict m,
                            float *restrict ra, float *restrict rb, const int L, const int B)
 {
-    enum { G = MAXB / 8 };
-    blk_v8 a[G] = {{0}}, b[G] = {{0}}, mv[G];
-    const int g8 = L / 8;
-#pragma GCC unroll 2
-    for (int g = 0; g < g8; g++)
-        memcpy(&mv[g], m + 8 * g, sizeof(blk_v8));
-    for (int64_t s = 0; s < HW; s++)
-#pragma GCC unroll 2
-        for (int g = 0; g < g8; g++) {
-            blk_v8 gv, xv;
-            memcpy(&gv, gp + s * B + 8 * g, sizeof gv);
-            memcpy(&xv, xp + s * B + 8 * g, sizeof xv);
-            a[g] += gv;
-            b[g] += gv * (xv - mv[g]);
-        }
-#pragma GCC unroll 2
-    for (int g = 0; g < g8; g++) {
-        memcpy(ra + 8 * g, &a[g], sizeof(blk_v8));
-        memcpy(rb + 8 * g, &b[g], sizeof(blk_v8));
-    }
+    sums2_body(xp, gp, HW, m, ra, rb, L, B);
 }
 DT_CLONES static void bwd_sums8(const float *restrict xp, const float *restrict gp, int64_t HW,
                                 const float *restrict m, float *restrict ra, float *restrict rb)
@@ -355,6 +352,35 @@ static float *row_sums_alloc(int64_t N, int64_t C)
     return rs;
 }
 
+/* Called by every thread of a parallel region: each (n, block) row's
+ * channel sums into rs (see row_sums_alloc; g NULL: the moments about the
+ * channels' first values, else the backward's about m), then each
+ * channel's two sums in double in n order into d1, d2. */
+static void split_sums(const float *x, const float *g, const float *m, int64_t N, int64_t C, int64_t HW, int B,
+                       float *rs, double *d1, double *d2)
+{
+    const int64_t CB = C / B;
+#pragma omp for schedule(static)
+    for (int64_t bl = 0; bl < N * CB; bl++) {
+        const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
+        const float *gp = g ? g + o : NULL, *k = g ? m + cb * B : x + cb * HW * B;
+        float *ra = rs + n * C + cb * B, *rb = rs + (N + n) * C + cb * B;
+        if (gp)
+            (B == 16 ? bwd_sums16 : bwd_sums8)(x + o, gp, HW, k, ra, rb);
+        else
+            (B == 16 ? moments16 : moments8)(x + o, HW, k, ra, rb);
+    }
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < C; c++) {
+        double a = 0, b = 0;
+        for (int64_t n = 0; n < N; n++) {
+            a += (double)rs[n * C + c];
+            b += (double)rs[(N + n) * C + c];
+        }
+        d1[c] = a, d2[c] = b;
+    }
+}
+
 dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
                                            const float *gamma, const float *beta, float eps, float momentum,
                                            float *running_mean, float *running_var, float *y, float *save_mean,
@@ -374,31 +400,18 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
     int64_t units = dt__blk_units(CB, B, nt, &L), per = B / L;
     const bool split = L < B;
     float sm[SPLIT_MAXC], sa[SPLIT_MAXC], sb[SPLIT_MAXC]; /* split: each channel's mean, scale, shift */
+    double d1[SPLIT_MAXC], d2[SPLIT_MAXC];
     float *rs = split ? row_sums_alloc(N, C) : NULL; /* see row_sums_alloc */
     if (rs)
         units = 0;
 #pragma omp parallel num_threads(nt)
     {
     if (rs) {
+        split_sums(x, NULL, NULL, N, C, HW, B, rs, d1, d2);
 #pragma omp for schedule(static)
-        for (int64_t bl = 0; bl < N * CB; bl++) {
-            const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
-            float *r1 = rs + n * C + cb * B, *r2 = rs + (N + n) * C + cb * B;
-            if (B == 16)
-                moments16(x + o, HW, x + cb * HW * B, r1, r2);
-            else
-                moments8(x + o, HW, x + cb * HW * B, r1, r2);
-        }
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < C; c++) {
-            double s1 = 0, s2 = 0;
-            for (int64_t n = 0; n < N; n++) {
-                s1 += (double)rs[n * C + c];
-                s2 += (double)rs[(N + n) * C + c];
-            }
-            dt__bn_finish_channel(c, s1, s2, x[c / B * HW * B + c % B], cnt, eps, momentum, gamma, beta,
+        for (int64_t c = 0; c < C; c++)
+            dt__bn_finish_channel(c, d1[c], d2[c], x[c / B * HW * B + c % B], cnt, eps, momentum, gamma, beta,
                                   running_mean, running_var, save_mean, save_invstd, &sm[c], &sa[c], &sb[c]);
-        }
     }
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; u++) {
@@ -475,29 +488,17 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
     const bool split = L < B;
     /* split: each channel's mean, invstd, scale and the two means of the pass over dy */
     float sm[SPLIT_MAXC], sis[SPLIT_MAXC], sk[SPLIT_MAXC], smdy[SPLIT_MAXC], smdyx[SPLIT_MAXC];
+    double d1[SPLIT_MAXC], d2[SPLIT_MAXC];
     float *rs = split ? row_sums_alloc(N, C) : NULL; /* see row_sums_alloc */
     if (rs)
         units = 0;
 #pragma omp parallel num_threads(nt)
     {
     if (rs) {
-#pragma omp for schedule(static)
-        for (int64_t bl = 0; bl < N * CB; bl++) {
-            const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
-            float *ra = rs + n * C + cb * B, *rb = rs + (N + n) * C + cb * B;
-            if (B == 16)
-                bwd_sums16(x + o, dy + o, HW, save_mean + cb * B, ra, rb);
-            else
-                bwd_sums8(x + o, dy + o, HW, save_mean + cb * B, ra, rb);
-        }
+        split_sums(x, dy, save_mean, N, C, HW, B, rs, d1, d2);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < C; c++) {
-            double sdy = 0, sdyx = 0;
-            for (int64_t n = 0; n < N; n++) {
-                sdy += (double)rs[n * C + c];
-                sdyx += (double)rs[(N + n) * C + c];
-            }
-            sdyx *= (double)save_invstd[c]; /* sum dy * xhat */
+            const double sdy = d1[c], sdyx = d2[c] * (double)save_invstd[c]; /* sum dy * xhat */
             if (dgamma)
                 dgamma[c] = (float)sdyx;
             if (dbeta)
