@@ -45,9 +45,9 @@
             const uint16_t *ak = a + k * DT__AMX_KSTEP;                            \
             const uint16_t *b = pb + k * 2 * DT__AMX_TILE_ELEMS;                   \
             DT__T_LOAD(4, ak, ldab);                                               \
-            DT__T_LOADB(6, b, 64);                                                  \
+            DT__T_LOADB(6, b, 64);                                                 \
             if (N2)                                                                \
-                DT__T_LOADB(7, b + DT__AMX_TILE_ELEMS, 64);                         \
+                DT__T_LOADB(7, b + DT__AMX_TILE_ELEMS, 64);                        \
             DT__T_DP(0, 4, 6);                                                     \
             if (N2)                                                                \
                 DT__T_DP(1, 4, 7);                                                 \
