@@ -9,7 +9,7 @@
 # the rounds and the ratios dtrain / torch (the target against
 # torch.compile: at most 0.6). Threads default to 2, the whole of a 2-core
 # machine, as the GPT-2 comparisons run; the peer runs on transparent huge
-# pages (THP_MEM_ALLOC_ENABLE=1, bench/torch_llama_step.py) as dtrain does.
+# pages (THP_MEM_ALLOC_ENABLE=1, bench/peer_huge_pages.py) as dtrain does.
 #
 #   PEER_PYTHON=... bench/llama_vs_torch.sh [--rounds 3] [--threads 2] [--batch 4] [--seq 64] [--steps 5]
 #

@@ -9,12 +9,7 @@ Usage: python bench/torch_gpt2_step.py [--threads 2] [--steps 5] [--warmup 1]
   default (foreach) AdamW. The strongest recipe: --bf16 --compile --fused-adamw.
 Attention: scaled_dot_product_attention where PyTorch has it (>= 2.0), else written out (1.13).
 --json: one JSON line instead of the text line (median_ms, min_ms, cpu_ms, first_ms, ...)."""
-import os
-
-# PyTorch's CPU allocator advises its large blocks MADV_HUGEPAGE when this is
-# 1 (read at its first allocation): the peer gets transparent huge pages as
-# dtrain's big buffers do. THP_MEM_ALLOC_ENABLE=0 in the environment keeps 4 KiB pages.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+import peer_huge_pages  # noqa: F401  (before torch: the peer on transparent huge pages)
 import argparse, json, math, time, torch, torch.nn as nn, torch.nn.functional as F
 
 p = argparse.ArgumentParser()

@@ -8,12 +8,7 @@ Usage: "$PEER_PYTHON" bench/torch_llama_step.py [--threads 2] [--steps 5] [--bf1
 weights and AdamW; --compile: torch.compile of the model, its compilation in
 the warm-up steps). The loss is the cross-entropy of the logits against
 separate targets, as dtrain's; SDPA attention (transformers' default)."""
-import os
-
-# PyTorch's CPU allocator advises its large blocks MADV_HUGEPAGE when this is
-# 1 (read at its first allocation): the peer gets transparent huge pages as
-# dtrain's big buffers do. THP_MEM_ALLOC_ENABLE=0 in the environment keeps 4 KiB pages.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+import peer_huge_pages  # noqa: F401  (before torch: the peer on transparent huge pages)
 import argparse, time, torch, torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
