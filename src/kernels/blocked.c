@@ -62,25 +62,20 @@ DT_BODY void sums2_body(const float *restrict xp, const float *restrict gp, int6
         memcpy(rb + 8 * g, &b[g], sizeof(blk_v8));
     }
 }
-DT_BODY void moments_body(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
-                          float *restrict r2, const int L, const int B)
-{
-    sums2_body(xp, NULL, HW, k, r1, r2, L, B);
-}
 DT_CLONES static void moments8(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                float *restrict r2)
 {
-    moments_body(xp, HW, k, r1, r2, 8, 8);
+    sums2_body(xp, NULL, HW, k, r1, r2, 8, 8);
 }
 DT_CLONES static void moments16(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                 float *restrict r2)
 {
-    moments_body(xp, HW, k, r1, r2, 16, 16);
+    sums2_body(xp, NULL, HW, k, r1, r2, 16, 16);
 }
 DT_CLONES static void moments8s16(const float *restrict xp, int64_t HW, const float *restrict k, float *restrict r1,
                                   float *restrict r2)
 {
-    moments_body(xp, HW, k, r1, r2, 8, 16);
+    sums2_body(xp, NULL, HW, k, r1, r2, 8, 16);
 }
 
 DT_BODY void affine_body(const float *restrict xp, float *restrict yp, int64_t HW, const float *restrict m,
@@ -103,25 +98,20 @@ DT_CLONES static void affine16(const float *restrict xp, float *restrict yp, int
     affine_body(xp, yp, HW, m, a, b, 16, 16);
 }
 
-DT_BODY void bwd_sums_body(const float *restrict xp, const float *restrict gp, int64_t HW, const float *restrict m,
-                           float *restrict ra, float *restrict rb, const int L, const int B)
-{
-    sums2_body(xp, gp, HW, m, ra, rb, L, B);
-}
 DT_CLONES static void bwd_sums8(const float *restrict xp, const float *restrict gp, int64_t HW,
                                 const float *restrict m, float *restrict ra, float *restrict rb)
 {
-    bwd_sums_body(xp, gp, HW, m, ra, rb, 8, 8);
+    sums2_body(xp, gp, HW, m, ra, rb, 8, 8);
 }
 DT_CLONES static void bwd_sums16(const float *restrict xp, const float *restrict gp, int64_t HW,
                                  const float *restrict m, float *restrict ra, float *restrict rb)
 {
-    bwd_sums_body(xp, gp, HW, m, ra, rb, 16, 16);
+    sums2_body(xp, gp, HW, m, ra, rb, 16, 16);
 }
 DT_CLONES static void bwd_sums8s16(const float *restrict xp, const float *restrict gp, int64_t HW,
                                    const float *restrict m, float *restrict ra, float *restrict rb)
 {
-    bwd_sums_body(xp, gp, HW, m, ra, rb, 8, 16);
+    sums2_body(xp, gp, HW, m, ra, rb, 8, 16);
 }
 
 DT_BODY void bwd_dx_body(const float *restrict xp, const float *restrict gp, float *restrict op, int64_t HW,
