@@ -310,6 +310,33 @@ DT__AVX512 static void fast_bwd_probs(const float *sc, const float *dp, int64_t 
     }
 }
 
+/* The lanes l of a 16-lane step at c with lo <= c + l < hi. */
+static inline __mmask16 lanes_in(int64_t c, int64_t lo, int64_t hi)
+{
+    const int64_t a = lo - c > 0 ? lo - c : 0, b = hi - c < 16 ? hi - c : 16;
+    return b <= a ? (__mmask16)0 : (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+}
+
+/* A key's row of a block on the tiles' backward (bwd_task_amx: the scores
+ * transposed, one key against 32 queries c with their own L[c] and Di[c]):
+ * P = dt__expf(sc[c] scale - L[c]) into pd[c] and P (dp[c] - Di[c]) scale
+ * into ds[c] for lo <= c < hi, 0 in both for the other lanes of the 32 (no
+ * dropout: the caller applies it). */
+DT__AVX512 static void fast_bwd_probs_t(const float *sc, const float *dp, int64_t lo, int64_t hi, float scale,
+                                        const float *L, const float *Di, float *pd, float *ds)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t c = 0; c < 32; c += 16) {
+        const __mmask16 k = lanes_in(c, lo, hi);
+        const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + c), vs),
+                                       _mm512_maskz_loadu_ps(k, L + c));
+        const __m512 P = _mm512_maskz_mov_ps(k, dt__expf16(x));
+        const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + c), _mm512_maskz_loadu_ps(k, Di + c));
+        _mm512_storeu_ps(pd + c, P);
+        _mm512_storeu_ps(ds + c, _mm512_mul_ps(_mm512_mul_ps(P, d), vs));
+    }
+}
+
 /* a . b over n floats on 16 lanes (fused multiply-adds), then their sum. */
 DT__AVX512 static float fast_dot16(const float *a, const float *b, int64_t n)
 {
@@ -567,16 +594,17 @@ static dt_status lp_dtype(const char *fn, dt_dtype t)
  * into an A panel, and O = P V is one tile sum over all the keys, divided
  * by the row sums at the end.
  *
- * Backward task: a head. q and dy (rounded to bf16) as A panels (rows x
- * D) and as A panels of their transposes (D x rows), k and v as B panels
- * of K^T, k as B panels along the keys, once. For each key block of 32 and
- * each query block that sees it: S = Q K^T and dP = dO V^T (two blocks),
- * P and dS = P (dP - Di) / sqrt(D) row by row (as bwd_head_bf16), dS
- * rounded into an A panel for dQ += dS K (added into the head's f32 dq
- * rows key block by key block), P and dS rounded and paired across rows
- * into B panels of the key block; then dV^T = dO^T P and dK^T = Q^T dS are
- * one tile sum each over all the query blocks. dq, dk, dv stay in a [T][3D]
- * f32 scratch until the end, then are rounded into dqkv (one pass).
+ * Backward task: a head, its scores transposed (a key's row over the
+ * queries that see it). For each key block of 32 and each query block
+ * that sees it: S^T = K Q^T and dP^T = V dO^T (dy rounded to bf16), P^T
+ * and dS^T = P^T (dP^T - Di) / sqrt(D) row by row (each column with its
+ * query's L and Di), rounded into the key block's rows of P^T and dS^T
+ * (A panels along the queries) and dS^T paired across keys (a B panel) for
+ * dQ^T += K^T dS^T, summed in the tiles into an f32 dq^T; then dV = P^T dO
+ * and dK = dS^T Q are one tile sum each over the query blocks, stored as
+ * rows. dk and dv stay in an f32 scratch, dq^T is transposed at the end,
+ * and all three are rounded into dqkv (one pass). Nothing is transposed
+ * but K (once) and dq^T (once).
  *
  * Memory per thread: the forward's row buffer of 32 x T floats and the
  * head's panels (O(T D), as the rows' scratch); the backward's panels and
@@ -1219,44 +1247,73 @@ static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 }
 
 /* A backward task's scratch in bytes on the tiles, at least bwd_scratch's
- * (the fallback's). */
+ * (the fallback's): bwd_task_amx's eight head panels of Tp x Dp values, a
+ * key block's P^T and dS^T rows (32 x Tp each) and dS^T pairs (one step);
+ * in floats dk|dv [Tp][2 Dp], dq^T [Dp][Tp + 16], three 32 x 32 blocks, L
+ * and Di [Tp] and a row. */
 static size_t bwd_scratch_amx(int64_t T, int64_t D)
 {
-    const int64_t kd = (D + AB - 1) / AB, nqb = (T + AB - 1) / AB;
-    const size_t b16 = (size_t)(9 * nqb * kd + 2 * nqb + 1) * ASTEP * 2;
-    const size_t f32 = (size_t)(nqb * AB + 4 * AB * AB + 4 * 256 + 3 * T * D) * 4;
+    const int64_t Tp = (T + AB - 1) / AB * AB, Dp = (D + AB - 1) / AB * AB;
+    const size_t b16 = (size_t)(8 * Tp * Dp + 2 * AB * Tp + ASTEP) * 2;
+    const size_t f32 = (size_t)(2 * Tp * Dp + Dp * (Tp + 16) + 3 * AB * AB + 2 * Tp + DMAX) * 4;
     const size_t lp = bwd_scratch(DT_BF16, T, D) * sizeof(float);
     return b16 + f32 > lp ? b16 + f32 : lp;
 }
 
+/* The rows [lo, hi) of a key's row of P and dS on the tiles (the others
+ * 0): fast_bwd_probs_t where vec allows, else expf. */
+static void amx_probs_t(int vec, const float *sc, const float *dp, int64_t lo, int64_t hi, float scale,
+                        const float *L, const float *Di, float *pd, float *ds)
+{
+#if DT__X86_VEC
+    if (vec >= DT__ATT_FAST) {
+        fast_bwd_probs_t(sc, dp, lo, hi, scale, L, Di, pd, ds);
+        return;
+    }
+#endif
+    (void)vec;
+    for (int64_t c = 0; c < AB; c++) {
+        const float P = c >= lo && c < hi ? expf(sc[c] * scale - L[c]) : 0.0f;
+        pd[c] = P;
+        ds[c] = c >= lo && c < hi ? P * (dp[c] - Di[c]) * scale : 0.0f;
+    }
+}
+
 /* bwd_task on the tiles: head h of batch b (cloned for AVX2, the same
- * bits). Panels of the head (nqb steps
- * or blocks of 32 rows, kd of 32 columns of D): q and dy as A panels (qa,
- * ga: S, dP), k and v as B panels of K^T (kt, vt), k along the keys (kb:
- * dq), q^T and dy^T as A panels (qT, gT: dk^T = Q^T dS, dv^T = dO^T P);
- * a key block's P and dS as B panels along the rows (pb, sb), the block's
- * dS as an A panel (sa). */
+ * bits). The scores are taken transposed, a key block against the query
+ * blocks that see it: S^T = K Q^T and dP^T = V dO^T, so that a key's row
+ * of P^T and dS^T (rounded to bf16) is a row of the A operands of dV = P^T
+ * dO and dK = dS^T Q as it comes, and the key block's dV and dK rows are
+ * one tile sum each over the query blocks, stored once; dQ^T = K^T dS^T
+ * gathers over the key blocks in the tiles' f32 sums (dq^T, Dp rows),
+ * transposed once at the end. Panels of the head, Tp = 32 nqb rows and Dp
+ * = 32 kd columns: k and v rows as A panels (ka, va: rows Dp apart), q and
+ * the rounded dy as B panels along D (qt, gt: one block of 32 queries a
+ * panel, kd steps), dy and q as B panels along the rows (gb, qb: the K
+ * index a query, kd column blocks of nqb steps), K^T as an A panel (kT:
+ * rows d, Tp apart); a key block's P^T and dS^T rows (pa, sa: 32 rows of Tp
+ * values) and one query block's dS^T paired along the keys (sb). */
 DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec, const void *qkv,
                                    const float *y, const float *lse, const float *dy, int64_t T, int64_t H, int64_t D,
                                    int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, int64_t b, int64_t h,
                                    void *scratch, float *dqkv, uint16_t *dlp)
 {
     const int64_t C = H * D, C3 = 3 * C, gbh = b * Ht + h0 + h, bh = b * H + h, kd = (D + AB - 1) / AB;
-    const int64_t nqb = (T + AB - 1) / AB, pn = nqb * kd * ASTEP, Dp = kd * AB; /* a head's panel: values */
+    const int64_t nqb = (T + AB - 1) / AB, Tp = nqb * AB, Dp = kd * AB, pn = Tp * Dp;
+    const int64_t ldq = Tp + 16; /* dq^T's rows: not a multiple of 1 KiB apart (the gather's cache sets) */
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
     const float *yh = y + b * T * C + h * D, *dyh = dy + b * T * C + h * D, *L = lse + bh * T;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     float *g = dqkv + b * T * C3 + h * D;
-    uint16_t *qa = scratch, *ga = qa + pn, *kt = ga + pn, *vt = kt + pn, *kb = vt + pn, *qT = kb + pn;
-    uint16_t *gT = qT + pn, *gh = gT + pn; /* gh: dy rounded, [T][Dp] (2 panels' room) */
-    uint16_t *pb = gh + 2 * pn, *sb = pb + nqb * ASTEP, *sa = sb + nqb * ASTEP;
-    float *di = (float *)(void *)(sa + ASTEP), *sc = di + nqb * AB, *dp = sc + AB * AB, *pd = dp + AB * AB;
-    float *ds = pd + AB * AB, *acc = ds + AB * AB, *gw = acc + 4 * 256; /* gw: dq|dk|dv rows, [T][3D] */
-    float wr[DMAX];
+    uint16_t *ka = scratch, *va = ka + pn, *qt = va + pn, *gt = qt + pn, *gb = gt + pn, *qb = gb + pn;
+    uint16_t *kT = qb + pn, *gh = kT + pn; /* gh: dy rounded, [Tp][Dp] */
+    uint16_t *pa = gh + pn, *sa = pa + AB * Tp, *sb = sa + AB * Tp;
+    float *gw = (float *)(void *)(sb + ASTEP), *dqt = gw + 2 * pn; /* gw: dk|dv rows [Tp][2 Dp]; dq^T [Dp][Tp] */
+    float *sc = dqt + Dp * ldq, *dp = sc + AB * AB, *ds = dp + AB * AB, *Lp = ds + AB * AB, *Dip = Lp + Tp, *wr = Dip + Tp;
+    uint16_t hb[DMAX];
     uint32_t pr[DMAX];
-    memset(qa, 0, (size_t)(7 * pn) * 2);
-    memset(gw, 0, (size_t)(3 * T * D) * sizeof(float));
-    bool bad = false;
+    if (T % AB || D % AB) /* padding: zeros (every value is written when there is none) */
+        memset(ka, 0, (size_t)(8 * pn) * 2);
     for (int64_t i = 0; i < T; i++) {
         const uint16_t *q = src + i * C3, *k = q + C, *v = q + 2 * C;
         if (i + 4 < T) { /* rows a stride of 3C apart: fetch them ahead */
@@ -1265,90 +1322,72 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
             amx_prefetch(dyh + (i + 4) * C, D * 4);
             amx_prefetch(yh + (i + 4) * C, D * 4);
         }
-        uint16_t *hb = gh + i * Dp;
-        round_row(vec, DT_BF16, dyh + i * C, wr, hb, D); /* dy rounded: the gradient of a bf16 result */
-        bad |= bf16_nonfinite(q, D) || bf16_nonfinite(k, D) || bf16_nonfinite(v, D) || bf16_nonfinite(hb, D);
-        di[i] = amx_dot(vec, wr, yh + i * C, D);
-        const int64_t ib = i / AB, r = i % AB;
-        amx_a_row(qa + ib * kd * ASTEP, r, q, D);
-        amx_a_row(ga + ib * kd * ASTEP, r, hb, D);
-        amx_bt_col(kt + ib * kd * ASTEP, r, k, D);
-        amx_bt_col(vt + ib * kd * ASTEP, r, v, D);
-        amx_at_col(qT, nqb, i, q, D);
-        amx_at_col(gT, nqb, i, hb, D);
+        uint16_t *hr = gh + i * Dp;
+        round_row(vec, DT_BF16, dyh + i * C, wr, hr, D); /* dy rounded: the gradient of a bf16 result */
+        Dip[i] = amx_dot(vec, wr, yh + i * C, D);
+        Lp[i] = L[i];
+        amx_a_row(ka, i, k, D);
+        amx_a_row(va, i, v, D);
+        amx_bt_col(qt + i / AB * kd * ASTEP, i % AB, q, D);
+        amx_bt_col(gt + i / AB * kd * ASTEP, i % AB, hr, D);
+        amx_at_col(kT, nqb, i, k, D);
     }
-    if (bad) {
+    for (int64_t i = T; i < Tp; i++)
+        Lp[i] = Dip[i] = 0.0f;
+    for (int64_t i = 0; i < T; i += 2) {
+        const bool two = i + 1 < T;
+        amx_b_rows(vec, gb, nqb, i, gh + i * Dp, two ? gh + (i + 1) * Dp : NULL, D, pr);
+        amx_b_rows(vec, qb, nqb, i, src + i * C3, two ? src + (i + 1) * C3 : NULL, D, pr);
+    }
+    /* q, k, v and the rounded dy, each whole in a panel (the padding zeros) */
+    if (bf16_nonfinite(ka, pn) || bf16_nonfinite(va, pn) || bf16_nonfinite(qt, pn) || bf16_nonfinite(gh, pn)) {
         atomic_fetch_add(&g_amx_fallbacks, 1);
         bwd_task(vec, DT_BF16, qkv, y, lse, dy, T, H, D, h0, Ht, causal, p, key, b, h, scratch, dqkv, dlp);
         return;
     }
-    for (int64_t i = 0; i < T; i += 2)
-        amx_b_rows(vec, kb, nqb, i, src + i * C3 + C, i + 1 < T ? src + (i + 1) * C3 + C : NULL, D, pr);
     atomic_fetch_add(&g_amx_tasks, 1);
     amx_configure(tiles, on);
     for (int64_t jb = 0; jb < nqb; jb++) {
-        const int64_t j0 = jb * AB, nb = T - j0 < AB ? T - j0 : AB, ib0 = causal ? jb : 0;
+        const int64_t j0 = jb * AB, ib0 = causal ? jb : 0;
         for (int64_t ib = ib0; ib < nqb; ib++) {
-            tiles->block(qa + ib * kd * ASTEP, kd * AB, kt + jb * kd * ASTEP, kd, true, true, acc, AB, false);
-            amx_unpack(acc, sc, AB);
-            tiles->block(ga + ib * kd * ASTEP, kd * AB, vt + jb * kd * ASTEP, kd, true, true, acc, AB, false);
-            amx_unpack(acc, dp, AB);
-            for (int64_t r = 0; r < AB; r++) { /* P and dS row by row */
-                const int64_t i = ib * AB + r, vis = causal ? i + 1 - j0 : nb;
-                const int64_t ne = i >= T || vis < 0 ? 0 : vis < nb ? vis : nb;
-                float *prw = pd + r * AB, *dr = ds + r * AB, *sr = sc + r * AB, *dpr = dp + r * AB;
-                const float Li = ne ? L[i] : 0.0f, Di = ne ? di[i] : 0.0f;
-#if DT__X86_VEC
-                if (vec >= DT__ATT_FAST)
-                    fast_bwd_probs(sr, dpr, ne, scale, Li, Di, prw, dr);
-                else
-#endif
-                    for (int64_t jj = 0; jj < ne; jj++) {
-                        float P = expf(sr[jj] * scale - Li);
-                        prw[jj] = P;
-                        dr[jj] = P * (dpr[jj] - Di) * scale;
-                    }
-                for (int64_t jj = 0; jj < ne && p > 0.0f; jj++) { /* dropout on P */
-                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
-                    float P = prw[jj];
-                    prw[jj] = kp ? P * pscale : 0.0f;
-                    dr[jj] = P * ((kp ? dpr[jj] * pscale : 0.0f) - Di) * scale;
+            const int64_t i0 = ib * AB, hi = T - i0 < AB ? T - i0 : AB;
+            tiles->block(ka + j0 * Dp, Dp, qt + ib * kd * ASTEP, kd, true, true, sc, AB, false);
+            tiles->block(va + j0 * Dp, Dp, gt + ib * kd * ASTEP, kd, true, true, dp, AB, false);
+            for (int64_t r = 0; r < AB; r++) { /* key j's P^T and dS^T over the block's queries */
+                const int64_t j = j0 + r, lo = !causal || j <= i0 ? 0 : j - i0 < AB ? j - i0 : AB;
+                float *prw = sc + r * AB, *dr = ds + r * AB; /* P over the scores (read first) */
+                amx_probs_t(vec, sc + r * AB, dp + r * AB, lo, j < T ? hi : 0, scale, Lp + i0, Dip + i0, prw, dr);
+                for (int64_t c = lo; c < hi && j < T && p > 0.0f; c++) { /* dropout on P */
+                    const bool kp = keep(key, p, gbh, T, i0 + c, j);
+                    const float P = prw[c];
+                    prw[c] = kp ? P * pscale : 0.0f;
+                    dr[c] = P * ((kp ? dp[r * AB + c] * pscale : 0.0f) - Dip[i0 + c]) * scale;
                 }
-                for (int64_t jj = ne; jj < AB; jj++) /* keys the row does not see, padded keys and rows */
-                    prw[jj] = dr[jj] = 0.0f;
-                amx_round32(vec, dr, sa + r * AB);
+                amx_round32(vec, prw, pa + r * Tp + i0);
+                amx_round32(vec, dr, sa + r * Tp + i0);
             }
-            for (int64_t m = 0; m < AB / 2; m++) /* rows 2m, 2m + 1 of P and dS: row m of the B tiles */
-                for (int tj = 0; tj < 2; tj++) {
-                    const int64_t o = (ib * ASTEP + tj * AT) / 2 + m * 16;
-                    amx_pairs_f32(vec, pd + 2 * m * AB + 16 * tj, pd + (2 * m + 1) * AB + 16 * tj, 16,
-                                  (uint32_t *)(void *)pb + o);
+            for (int64_t m = 0; m < AB / 2; m++) /* keys 2m, 2m + 1 of dS^T: row m of the B tiles */
+                for (int tj = 0; tj < 2; tj++)
                     amx_pairs_f32(vec, ds + 2 * m * AB + 16 * tj, ds + (2 * m + 1) * AB + 16 * tj, 16,
-                                  (uint32_t *)(void *)sb + o);
-                }
-            const int64_t nr = T - ib * AB < AB ? T - ib * AB : AB;
-            for (int64_t n = 0; n < kd; n++) { /* dq += dS K */
-                tiles->block(sa, AB, kb + (n * nqb + jb) * ASTEP, 1, true, true, acc, AB, false);
-                amx_store(acc, gw + ib * AB * 3 * D + n * AB, 3 * D, nr, D - n * AB < AB ? D - n * AB : AB, true);
-            }
+                                  (uint32_t *)(void *)sb + tj * AT / 2 + m * 16);
+            for (int64_t n = 0; n < kd; n++) /* dq^T += K^T dS^T (the first key block stores) */
+                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0);
         }
-        for (int64_t n = 0; n < kd; n++) { /* dv^T = dO^T P, dk^T = Q^T dS over the query blocks from ib0 */
-            const int64_t nc = D - n * AB < AB ? D - n * AB : AB;
-            for (int w = 0; w < 2; w++) { /* w = 0: dv, 1: dk */
-                tiles->block((w ? qT : gT) + n * nqb * ASTEP + ib0 * AB, nqb * AB, (w ? sb : pb) + ib0 * ASTEP,
-                             nqb - ib0, true, true, acc, AB, false);
-                amx_unpack(acc, sc, AB);
-                float *o = gw + j0 * 3 * D + (w ? D : 2 * D) + n * AB;
-                for (int64_t jj = 0; jj < nb; jj++)
-                    for (int64_t c = 0; c < nc; c++)
-                        o[jj * 3 * D + c] = sc[c * AB + jj];
-            }
+        for (int64_t n = 0; n < kd; n++) { /* dV = P^T dO, dK = dS^T Q over the query blocks from ib0 */
+            tiles->block(pa + ib0 * AB, Tp, gb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
+                         gw + j0 * 2 * Dp + Dp + n * AB, 2 * Dp, false);
+            tiles->block(sa + ib0 * AB, Tp, qb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
+                         gw + j0 * 2 * Dp + n * AB, 2 * Dp, false);
         }
     }
-    for (int64_t i = 0; i < T; i++) /* rounded to bf16: the gradient of a bf16 input */
-        for (int c = 0; c < 3; c++)
-            round_row(vec, DT_BF16, gw + (i * 3 + c) * D, g + i * C3 + c * C,
-                      dlp ? dlp + (b * T + i) * C3 + c * C + h * D : gh, D);
+    for (int64_t i = 0; i < T; i++) { /* rounded to bf16: the gradient of a bf16 input */
+        uint16_t *dl = dlp ? dlp + (b * T + i) * C3 + h * D : NULL;
+        for (int64_t d = 0; d < D; d++)
+            wr[d] = dqt[d * ldq + i];
+        round_row(vec, DT_BF16, wr, g + i * C3, dl ? dl : hb, D);
+        for (int c = 0; c < 2; c++)
+            round_row(vec, DT_BF16, gw + i * 2 * Dp + c * Dp, g + i * C3 + (c + 1) * C, dl ? dl + (c + 1) * C : hb, D);
+    }
 }
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,
