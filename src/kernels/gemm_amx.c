@@ -211,25 +211,29 @@ DT__AVX512 static void pack_b_panel_t(const uint16_t *B, int64_t ldb, int64_t K,
     }
 }
 
-/* pack_at_rows_s: pairs of A's rows k, k + 1 interleaved over 16 columns m,
- * then transposed: row m of the result holds 16 pairs along k. */
+/* pack_at_rows_s for the columns [m0, m1): pairs of A's rows k, k + 1
+ * interleaved over 16 columns m, then transposed (row m of the result
+ * holds 16 pairs along k). Each K step covers every 16 columns of the
+ * range before the next: the rows' lines are read whole while they are in
+ * L1, not half of each per pass over K. */
 DT__AVX512 static void pack_at_rows_v(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0,
-                                      uint16_t *out, int64_t ld)
+                                      int64_t m1, uint16_t *out, int64_t ld)
 {
     const __m512i lo = pair_idx(0);
-    __mmask32 m = mask16(M - m0) & 0xffff;
-    for (int64_t ks = 0; ks < kb; ks++) {
-        __m512i r[16];
-        for (int i = 0; i < 16; i++) {
-            int64_t k = ks * KSTEP + 2 * i;
-            __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(m, A + k * lda + m0) : _mm512_setzero_si512();
-            __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(m, A + (k + 1) * lda + m0) : _mm512_setzero_si512();
-            r[i] = _mm512_permutex2var_epi16(x0, lo, x1);
+    for (int64_t ks = 0; ks < kb; ks++)
+        for (int64_t mh = m0; mh < m1; mh += 16) {
+            const __mmask32 m = mask16(M - mh) & 0xffff;
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                int64_t k = ks * KSTEP + 2 * i;
+                __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(m, A + k * lda + mh) : _mm512_setzero_si512();
+                __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(m, A + (k + 1) * lda + mh) : _mm512_setzero_si512();
+                r[i] = _mm512_permutex2var_epi16(x0, lo, x1);
+            }
+            tr16(r);
+            for (int c = 0; c < 16 && mh + c < M; c++)
+                _mm512_storeu_si512(out + (mh + c) * ld + ks * KSTEP, r[c]);
         }
-        tr16(r);
-        for (int c = 0; c < 16 && m0 + c < M; c++)
-            _mm512_storeu_si512(out + (m0 + c) * ld + ks * KSTEP, r[c]);
-    }
 }
 #endif
 
@@ -257,18 +261,20 @@ static void pack_b_panel(const uint16_t *B, bool tb, int64_t ldb, int64_t K, int
     pack_b_panel_s(B, tb ? 1 : ldb, tb ? ldb : 1, K, N, kb, nb, out);
 }
 
-static void pack_at_rows(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0, bool v,
-                         uint16_t *out, int64_t ld)
+/* The rows [m0, m1) of op(A) = A^T (16 at a time from m0) into out. */
+static void pack_at_rows(const uint16_t *A, int64_t lda, int64_t M, int64_t K, int64_t kb, int64_t m0, int64_t m1,
+                         bool v, uint16_t *out, int64_t ld)
 {
 #if DT__X86_VEC
     if (v) {
-        pack_at_rows_v(A, lda, M, K, kb, m0, out, ld);
+        pack_at_rows_v(A, lda, M, K, kb, m0, m1, out, ld);
         return;
     }
 #else
     (void)v;
 #endif
-    pack_at_rows_s(A, lda, M, K, kb, m0, out, ld);
+    for (int64_t m = m0; m < m1; m += 16)
+        pack_at_rows_s(A, lda, M, K, kb, m, out, ld);
 }
 
 dt_status dt__amx_pack_b(dt__amx_packed_b *pb, bool tb, int64_t K, int64_t N, const uint16_t *B, int64_t ldb)
@@ -536,8 +542,7 @@ static void pack_a_job(const plan *p, int64_t mb)
     const dt__amx_gemm_args *g = p->g;
     int64_t m0 = mb * BLK, m1 = min64(m0 + BLK, g->M);
     if (g->ta) {
-        for (int64_t m = m0; m < m1; m += 16)
-            pack_at_rows(g->A, g->lda, g->M, g->K, p->kb, m, p->v, p->adst, p->lda);
+        pack_at_rows(g->A, g->lda, g->M, g->K, p->kb, m0, m1, p->v, p->adst, p->lda);
         return;
     }
     const int64_t k0 = p->kfull * KSTEP; /* the K tail: the last, partial step */
@@ -580,9 +585,8 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
     int64_t row0 = 0;
     if (p->aprivate) { /* the macro block's rows of A^T, transposed for this thread alone */
         const dt__amx_gemm_args *ga = p->g;
-        for (int64_t m = mb0 * BLK; m < min64(mb1 * BLK, ga->M); m += 16)
-            pack_at_rows(ga->A + mb0 * BLK, ga->lda, ga->M - mb0 * BLK, ga->K, p->kb, m - mb0 * BLK, p->v, abuf,
-                         p->lda);
+        pack_at_rows(ga->A + mb0 * BLK, ga->lda, ga->M - mb0 * BLK, ga->K, p->kb, 0,
+                     min64(mb1 * BLK, ga->M) - mb0 * BLK, p->v, abuf, p->lda);
         a = abuf;
         row0 = mb0 * BLK;
     }
