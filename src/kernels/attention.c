@@ -901,19 +901,6 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     const int64_t ia = qb0 * AB, iz = qb1 * AB < T ? qb1 * AB : T, nkv = causal ? iz : T;
     const int64_t nkb = (nkv + AB - 1) / AB, lds = nkb * AB;
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
-    bool bad = false;
-    for (int64_t i = ia; i < iz; i++)
-        bad |= bf16_nonfinite(src + i * C3, D);
-    for (int64_t j = 0; j < nkv; j++)
-        bad |= bf16_nonfinite(src + j * C3 + C, D) || bf16_nonfinite(src + j * C3 + 2 * C, D);
-    if (bad) {
-        const int64_t nqb = (T + BQ - 1) / BQ, q1 = qb1 * (AB / BQ);
-        atomic_fetch_add(&g_amx_fallbacks, 1);
-        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, p, key, b, h, qb0 * (AB / BQ), q1 < nqb ? q1 : nqb,
-                 scratch, y, ylp, lse);
-        return;
-    }
-    atomic_fetch_add(&g_amx_tasks, 1);
     uint16_t *kp = scratch, *vp = kp + nkb * kd * ASTEP, *qp = vp + kd * nkb * ASTEP, *pp = qp + kd * ASTEP;
     float *s = (float *)(void *)(pp + nkb * ASTEP), *acc = s + AB * lds;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -929,6 +916,18 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     }
     for (int64_t j = 0; j < nkv; j += 2)
         amx_b_rows(vec, vp, nkb, j, src + j * C3 + 2 * C, j + 1 < nkv ? src + (j + 1) * C3 + 2 * C : NULL, D, pr);
+    /* the keys and values checked whole in their panels (the padding zeros), the q rows one by one */
+    bool bad = bf16_nonfinite(kp, 2 * nkb * kd * ASTEP);
+    for (int64_t i = ia; i < iz && !bad; i++)
+        bad = bf16_nonfinite(src + i * C3, D);
+    if (bad) {
+        const int64_t nqb = (T + BQ - 1) / BQ, q1 = qb1 * (AB / BQ);
+        atomic_fetch_add(&g_amx_fallbacks, 1);
+        fwd_task(vec, DT_BF16, qkv, T, H, D, h0, Ht, causal, p, key, b, h, qb0 * (AB / BQ), q1 < nqb ? q1 : nqb,
+                 scratch, y, ylp, lse);
+        return;
+    }
+    atomic_fetch_add(&g_amx_tasks, 1);
     amx_configure(tiles, on);
     for (int64_t i0 = ia; i0 < iz; i0 += AB) {
         const int64_t nr = iz - i0 < AB ? iz - i0 : AB, nk = ((causal ? i0 + nr : T) + AB - 1) / AB;
