@@ -1245,6 +1245,35 @@ static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
     return (size_t)(t == DT_BF16 && pairs > wide ? pairs : wide);
 }
 
+#if DT__X86_VEC
+/* round_bf16_v16 for a row of whole 16-float groups whose f32 copy d is
+ * 64-byte aligned: d written with streaming stores (no read of its lines
+ * first, nothing of it kept in the caches: the f32 gradient of a bf16 qkv
+ * is read by no one when its bf16 copy h is taken), h as usual. The
+ * caller fences (_mm_sfence) before its results are read. */
+DT__AVX512 static void round_bf16_nt16(const float *s, float *d, uint16_t *h, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 r = dt__bf16_round16(_mm512_loadu_ps(s + i));
+        _mm512_stream_ps(d + i, r);
+        dt__bf16_store16(h + i, r);
+    }
+}
+#endif
+
+/* The rows' final rounding on the tiles: round_row, with streaming stores
+ * for d where the row allows them. */
+static inline void amx_round_out(int vec, const float *s, float *d, uint16_t *h, int64_t n)
+{
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512 && n % 16 == 0 && ((uintptr_t)d & 63) == 0) {
+        round_bf16_nt16(s, d, h, n);
+        return;
+    }
+#endif
+    round_row(vec, DT_BF16, s, d, h, n);
+}
+
 /* A backward task's scratch in bytes on the tiles, at least bwd_scratch's
  * (the fallback's): bwd_task_amx's eight head panels of Tp x Dp values, a
  * key block's P^T and dS^T rows (32 x Tp each) and dS^T pairs (one step);
@@ -1383,10 +1412,14 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         uint16_t *dl = dlp ? dlp + (b * T + i) * C3 + h * D : NULL;
         for (int64_t d = 0; d < D; d++)
             wr[d] = dqt[d * ldq + i];
-        round_row(vec, DT_BF16, wr, g + i * C3, dl ? dl : hb, D);
+        amx_round_out(vec, wr, g + i * C3, dl ? dl : hb, D);
         for (int c = 0; c < 2; c++)
-            round_row(vec, DT_BF16, gw + i * 2 * Dp + c * Dp, g + i * C3 + (c + 1) * C, dl ? dl + (c + 1) * C : hb, D);
+            amx_round_out(vec, gw + i * 2 * Dp + c * Dp, g + i * C3 + (c + 1) * C, dl ? dl + (c + 1) * C : hb, D);
     }
+#if DT__X86_VEC
+    if (vec >= DT__VEC_AVX512)
+        _mm_sfence(); /* the streaming stores before the task's end */
+#endif
 }
 
 static dt_status bwd_run(const char *fn, dt_dtype t, const void *qkv, const float *y, const float *lse,

@@ -152,7 +152,8 @@ static int64_t amx_case(att_case c, float *yk, float *gk)
     const double scale = 1.0 / sqrt((double)D), ps = c.p > 0.0f ? 1.0 / (1.0 - c.p) : 1.0;
     float *x = malloc((size_t)(B * T * C3) * 4), *dy = malloc((size_t)(B * T * C) * 4);
     float *y = malloc((size_t)(B * T * C) * 4), *lse = malloc((size_t)(B * H * T) * 4);
-    float *g = malloc((size_t)(B * T * C3) * 4), *xw = malloc((size_t)(B * T * C3) * 4);
+    /* g 64-byte aligned: with D a multiple of 16 its rows take the tiles' streaming stores */
+    float *g = aligned_alloc(64, ((size_t)(B * T * C3) * 4 + 63) / 64 * 64), *xw = malloc((size_t)(B * T * C3) * 4);
     float *gw = malloc((size_t)(B * T * C) * 4);
     uint16_t *xh = malloc((size_t)(B * T * C3) * 2), *dh = malloc((size_t)(B * T * C) * 2);
     double *P = malloc((size_t)(T * T) * 8), *dS = malloc((size_t)(T * T) * 8), *yr = malloc((size_t)(T * D) * 8);
