@@ -265,6 +265,19 @@ TEST(k_chunks)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* A^T with many rows and few columns: each macro block transposes its own
+ * rows of A^T (a language model head's weight gradient), with and without
+ * accumulating. */
+TEST(a_private_rows)
+{
+    int fails = 0;
+    for (int t = 0; t < 4; t++) {
+        shape s = {.ta = true, .tb = t & 1, .M = 1100, .N = 40, .K = 70, .alpha = 1.0f, .beta = t & 2 ? 1.0f : 0.0f};
+        fails += run_case(s, VIA_CALL);
+    }
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(k_zero_and_empty)
 {
     /* K = 0: C = beta C + bias; M or N = 0: nothing written, no error */
@@ -689,6 +702,7 @@ int main(int argc, char **argv)
         RUN(leading_dimensions);
         RUN(gpt2_layer_shape);
         RUN(k_chunks);
+        RUN(a_private_rows);
         RUN(k_zero_and_empty);
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
@@ -709,6 +723,7 @@ int main(int argc, char **argv)
     RUN(leading_dimensions);
     RUN(gpt2_layer_shape);
     RUN(k_chunks);
+    RUN(a_private_rows);
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
