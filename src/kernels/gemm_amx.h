@@ -44,6 +44,8 @@ typedef struct {
     int64_t ldc;                  /* elements between rows of C (or Cb) */
     const float *bias;            /* NULL or N floats, added after alpha (and beta C) */
     dt__amx_act act;              /* applied last */
+    bool stream;                  /* Cb written with streaming stores where its rows allow (a result
+                                   * too large to stay in the caches: no read of its lines first) */
 } dt__amx_gemm_args;
 
 /* Run the GEMM on `tiles`. Each thread configures its tiles on its first

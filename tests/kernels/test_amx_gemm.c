@@ -408,7 +408,8 @@ TEST(bf16_result)
         for (int t = 0; t < 8; t++) {
             bool ta = t & 1, tb = t & 2, extra = t & 4;
             int64_t M = shp[i][0], N = shp[i][1], K = shp[i][2], ldc = N + (extra ? 5 : 0);
-            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N), *Cb = malloc((size_t)(M * ldc) * 2);
+            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N);
+            uint16_t *Cb = aligned_alloc(64, ((size_t)(M * ldc) * 2 + 63) / 64 * 64);
             float *C = malloc((size_t)(M * ldc) * 4), *bias = extra ? f32_rand(N) : NULL;
             for (int64_t j = 0; j < M * ldc; j++)
                 Cb[j] = 0x7fc1; /* a NaN pattern: columns past N must keep it */
@@ -418,6 +419,7 @@ TEST(bf16_result)
             int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
             g.C = NULL;
             g.Cb = Cb;
+            g.stream = t < 4; /* streaming stores where the rows allow them (Cb 64-byte aligned: 64 x 64) */
             bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
             for (int64_t r = 0; r < M && !bad; r++)
                 for (int64_t c = 0; c < ldc && !bad; c++) {
