@@ -14,8 +14,8 @@
 #   compile  the same with --compile (torch.compile; its warm-up covers the
 #            compilation, --peer-warmup, default 3)
 # with the same B, T and threads. It prints per case the median over the rounds
-# of the step's wall time (median_ms) and of its process CPU time (cpu_ms),
-# then the median of the rounds' ratios dtrain/compile and dtrain/eager (and
+# of the step's wall time (median_ms), of its process CPU time (cpu_ms) and
+# of the process's peak RSS (peak_rss_mib), then the median of the rounds' ratios dtrain/compile and dtrain/eager (and
 # dtrain/base) with their spread (below 1: dtrain is faster). On a shared
 # machine the cpu_ms ratio moves least with other processes' load.
 #
@@ -81,9 +81,10 @@ run() {
     esac
     ms=$(sed -n 's/.*"median_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
     cpu=$(sed -n 's/.*"cpu_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
+    rss=$(sed -n 's/.*"peak_rss_mib": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
     [ -z "$logs" ] || cp "$out" "$logs/$c.$r.json"
-    echo "$r ${ms:-na} ${cpu:-na}" >>"$tmp/$c"
-    echo "# round $r/$rounds $c: median_ms ${ms:-n/a} cpu_ms ${cpu:-n/a} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    echo "$r ${ms:-na} ${cpu:-na} ${rss:-na}" >>"$tmp/$c"
+    echo "# round $r/$rounds $c: median_ms ${ms:-n/a} cpu_ms ${cpu:-n/a} peak_rss_mib ${rss:-n/a} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     [ -n "$ms" ] || { echo "# $c failed; its stderr:" >&2; tail -n 5 "$out.err" >&2; }
 }
 
@@ -99,13 +100,14 @@ done
 
 med() { sort -g | awk '{a[NR]=$1} END{if (NR==0) print "na"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 echo "# bench/gpt2_bf16_peer.sh: $model bf16, B=$batch T=$seq, $threads threads, $rounds round(s) of $steps steps, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-8s %12s %12s\n' case median_ms cpu_ms
+printf '%-8s %12s %12s %13s\n' case median_ms cpu_ms peak_rss_mib
 for c in $cases; do
-    printf '%-8s %12s %12s\n' "$c" "$(awk '$2!="na"{print $2}' "$tmp/$c" | med)" "$(awk '$3!="na"{print $3}' "$tmp/$c" | med)"
+    printf '%-8s %12s %12s %13s\n' "$c" "$(awk '$2!="na"{print $2}' "$tmp/$c" | med)" "$(awk '$3!="na"{print $3}' "$tmp/$c" | med)" \
+        "$(awk '$4!="na"{print $4}' "$tmp/$c" | med)"
 done
 # ratio A B COL: median and spread of the per-round ratios A/B in column COL
 ratio() {
-    join "$tmp/$1" "$tmp/$2" | awk -v c="$3" '{a=$c; b=$(c+2); if (a!="na" && b!="na" && b>0) print a/b}' >"$tmp/ratio"
+    join "$tmp/$1" "$tmp/$2" | awk -v c="$3" '{a=$c; b=$(c+3); if (a!="na" && b!="na" && b>0) print a/b}' >"$tmp/ratio"
     m=$(med <"$tmp/ratio")
     lo=$(sort -g "$tmp/ratio" | head -n 1) hi=$(sort -g "$tmp/ratio" | tail -n 1)
     printf '%-18s %-9s %7s  %s-%s\n' "$1/$2" "$4" "$m" "${lo:-na}" "${hi:-na}"

@@ -8,9 +8,9 @@ Usage: python bench/torch_gpt2_step.py [--threads 2] [--steps 5] [--warmup 1]
 --fused-adamw: torch.optim.AdamW(fused=True) (PyTorch >= 2.4 on the CPU); without it, the
   default (foreach) AdamW. The strongest recipe: --bf16 --compile --fused-adamw.
 Attention: scaled_dot_product_attention where PyTorch has it (>= 2.0), else written out (1.13).
---json: one JSON line instead of the text line (median_ms, min_ms, cpu_ms, first_ms, ...)."""
+--json: one JSON line instead of the text line (median_ms, min_ms, cpu_ms, first_ms, peak_rss_mib, ...)."""
 import peer_huge_pages  # noqa: F401  (before torch: the peer on transparent huge pages)
-import argparse, json, math, time, torch, torch.nn as nn, torch.nn.functional as F
+import argparse, json, math, resource, time, torch, torch.nn as nn, torch.nn.functional as F
 
 p = argparse.ArgumentParser()
 p.add_argument("--threads", type=int, default=2); p.add_argument("--steps", type=int, default=5)
@@ -78,11 +78,12 @@ r = {"torch": torch.__version__, "threads": a.threads, "batch": a.batch, "seq": 
      "bf16": a.bf16, "compile": a.compile, "fused_adamw": a.fused_adamw, "sdpa": SDPA,
      "warmup": a.warmup, "steps": a.steps, "median_ms": round(1000 * times[len(times) // 2], 1),
      "min_ms": round(1000 * times[0], 1), "cpu_ms": round(1000 * cpus[len(cpus) // 2], 1),
-     "first_ms": round(1000 * first, 1), "loss": round(loss.item(), 4)}
+     "first_ms": round(1000 * first, 1), "loss": round(loss.item(), 4),
+     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}  # ru_maxrss: KiB on Linux
 if a.json:
     print(json.dumps(r))
 else:
     # cpu_ms: process CPU time (all threads) per step, the steadier measure on a loaded machine
     print(f"torch {r['torch']} threads {a.threads} bf16 {a.bf16} compile {a.compile} "
           f"fused_adamw {a.fused_adamw} median_ms {r['median_ms']:.1f} min_ms {r['min_ms']:.1f} "
-          f"cpu_ms {r['cpu_ms']:.1f} first_ms {r['first_ms']:.1f} loss {r['loss']:.4f}")
+          f"cpu_ms {r['cpu_ms']:.1f} first_ms {r['first_ms']:.1f} loss {r['loss']:.4f} peak_rss_mib {r['peak_rss_mib']:.0f}")
