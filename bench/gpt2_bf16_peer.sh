@@ -26,7 +26,7 @@
 # Environment: DT_CLI (build/dtrain), DT_BASE_CLI (unset), PEER_PYTHON (required).
 set -eu
 cd "$(dirname "$0")/.."
-rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs= model=gpt2
+rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs='' model=gpt2
 while [ $# -gt 0 ]; do
     case $1 in
         -h|--help) sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//'; exit 0 ;;
