@@ -469,6 +469,51 @@ DT__AVX512 static float chunk_sumexp_avx512(const float *x, int64_t n, float m)
     return chunk_sumexp_scalar(x + j, n - j, m, acc); /* j is a multiple of 8: lanes line up */
 }
 
+/* row_lse of a bf16 row on the avx512 paths: each chunk's max and
+ * exponentials taken from the bf16 values widened in registers (twice
+ * from L1) instead of through a widened copy, with chunk_max's and
+ * chunk_sumexp_avx512's operations in their order: the same bits. */
+DT__AVX512 static float row_lse_bf16_avx512(const uint16_t *x, int64_t cols)
+{
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
+        const int64_t n = c0 + XCHUNK < cols ? XCHUNK : cols - c0;
+        const uint16_t *xc = x + c0;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16)
+            mx = _mm512_max_ps(dt__bf16_load16(xc + j), mx); /* a NaN ignored, as chunk_max does */
+        float cm = _mm512_reduce_max_ps(mx);
+        for (; j < n; j++) {
+            const float v = dt_bf16_to_f32(xc[j]);
+            cm = v > cm ? v : cm;
+        }
+        if (cm > m) {
+            s = m == -INFINITY ? 0.0f : s * expf(m - cm);
+            m = cm;
+        }
+        __m256 a = _mm256_setzero_ps();
+        const __m512 vm = _mm512_set1_ps(m);
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m512 e = dt__expf16(_mm512_sub_ps(dt__bf16_load16(xc + j), vm));
+            a = _mm256_add_ps(a, _mm512_castps512_ps256(e));
+            a = _mm256_add_ps(a, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+        }
+        float t[16], acc[8];
+        const int64_t r = n - j;
+        for (int64_t k = 0; k < r; k++)
+            t[k] = dt_bf16_to_f32(xc[j + k]);
+        int64_t k0 = 0;
+        if (r >= 8) {
+            a = _mm256_add_ps(a, dt__expf8(_mm256_sub_ps(_mm256_loadu_ps(t), _mm512_castps512_ps256(vm))));
+            k0 = 8;
+        }
+        _mm256_storeu_ps(acc, a);
+        s += chunk_sumexp_scalar(t + k0, r - k0, m, acc); /* j + k0 is a multiple of 8: lanes line up */
+    }
+    return m + logf(s);
+}
+
 DT__AVX512 static void row_scaled_softmax_avx512(const float *x, float *d, int64_t n, float lse, float s)
 {
     const __m512 vl = _mm512_set1_ps(lse), vs = _mm512_set1_ps(s);
@@ -540,6 +585,10 @@ static float logit_at(dt_dtype t, const void *x, int64_t j)
 
 static float row_lse(int vec, dt_dtype t, const void *x, int64_t cols, float *buf)
 {
+#if DT__X86_VEC
+    if (t == DT_BF16 && vec >= DT__VEC_AVX512)
+        return row_lse_bf16_avx512(x, cols);
+#endif
     float m = -INFINITY, s = 0.0f;
     for (int64_t c0 = 0; c0 < cols; c0 += XCHUNK) {
         int64_t c1 = c0 + XCHUNK < cols ? c0 + XCHUNK : cols;
