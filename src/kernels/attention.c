@@ -337,6 +337,35 @@ DT__AVX512 static void fast_bwd_probs_t(const float *sc, const float *dp, int64_
     }
 }
 
+/* A query row of the forward on the tiles (no dropout) in one pass after
+ * its max: sr[j] scale for j < n, exponentiated against their max (*mx) as
+ * fast_scale_max and fast_exp_sum do, rounded to bf16 straight into dst
+ * (cols values: 0 past n, as the padded keys) as bf16_pairs_f32 rounds;
+ * returns the sum of the exponentials in fast_exp_sum's order (the same
+ * bits as those three passes). */
+DT__AVX512BF16 static float fast_softmax_bf16(const float *sr, int64_t n, int64_t cols, float scale, float *mx,
+                                              uint16_t *dst)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = lanes16(j, n);
+        m = _mm512_mask_max_ps(m, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sr + j), vs), m);
+    }
+    *mx = _mm512_reduce_max_ps(m);
+    const __m512 vm = _mm512_set1_ps(*mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cols; j += 32) {
+        const __mmask16 k0 = j < n ? lanes16(j, n) : 0, k1 = j + 16 < n ? lanes16(j + 16, n) : 0;
+        const __m512 x0 = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k0, sr + j), vs), vm);
+        const __m512 x1 = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k1, sr + j + 16), vs), vm);
+        const __m512 e0 = _mm512_maskz_mov_ps(k0, dt__expf16(x0)), e1 = _mm512_maskz_mov_ps(k1, dt__expf16(x1));
+        sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+        _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
 /* a . b over n floats on 16 lanes (fused multiply-adds), then their sum. */
 DT__AVX512 static float fast_dot16(const float *a, const float *b, int64_t n)
 {
@@ -819,24 +848,6 @@ static void amx_at_col(uint16_t *pa, int64_t kbt, int64_t i, const uint16_t *x, 
         pa[d / AB * kbt * ASTEP + d % AB * kbt * AB + i] = x[d];
 }
 
-/* dst[r ldd + c] = (add: +=) the block's result (r, c), r < nr, c < nc
- * (acc: 32 x 32, rows 32 floats apart). */
-static void amx_store(const float *acc, float *dst, int64_t ldd, int64_t nr, int64_t nc, bool add)
-{
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t tj = 0; tj < 2 && 16 * tj < nc; tj++) {
-            const float *a = acc + r * AB + 16 * tj;
-            float *o = dst + r * ldd + 16 * tj;
-            const int64_t w = nc - 16 * tj < 16 ? nc - 16 * tj : 16;
-            if (add)
-                for (int64_t c = 0; c < w; c++)
-                    o[c] += a[c];
-            else
-                for (int64_t c = 0; c < w; c++)
-                    o[c] = a[c];
-        }
-}
-
 /* The block's 32 x 32 result as rows: out[r ldo + c]. */
 static void amx_unpack(const float *acc, float *out, int64_t ldo)
 {
@@ -942,6 +953,12 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         for (int64_t r = 0; r < nr; r++) {
             const int64_t i = i0 + r, n = causal ? i + 1 : T;
             float *sr = s + r * lds;
+#if DT__X86_VEC
+            if (vec == DT__ATT_BF16 && p == 0.0f) { /* the three passes below in one */
+                l[r] = fast_softmax_bf16(sr, n, nk * AB, scale, &m[r], pp + r * nk * AB);
+                continue;
+            }
+#endif
             l[r] = amx_softmax_row(vec, sr, n, scale, &m[r]);
             for (int64_t j = 0; j < n && p > 0.0f; j++)
                 sr[j] = keep(key, p, gbh, T, i, j) ? sr[j] * pscale : 0.0f;
@@ -954,11 +971,11 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
             const int64_t nc = D - nb * AB < AB ? D - nb * AB : AB;
             float *yo = y + (b * T + i0) * C + h * D + nb * AB;
             tiles->block(pp, nk * AB, vp + nb * nkb * ASTEP, nk, true, true, acc, AB, false);
-            amx_store(acc, yo, C, nr, nc, false);
-            for (int64_t r = 0; r < nr; r++) {
-                const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            for (int64_t r = 0; r < nr; r++) { /* the block's rows divided by their sums */
+                const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f, *restrict ar = acc + r * AB;
+                float *restrict o = yo + r * C;
                 for (int64_t c = 0; c < nc; c++)
-                    yo[r * C + c] *= inv;
+                    o[c] = ar[c] * inv;
             }
         }
         for (int64_t r = 0; r < nr; r++) {
