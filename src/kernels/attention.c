@@ -1353,8 +1353,9 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
     uint16_t *ka = scratch, *va = ka + pn, *qt = va + pn, *gt = qt + pn, *gb = gt + pn, *qb = gb + pn;
     uint16_t *kT = qb + pn, *gh = kT + pn; /* gh: dy rounded, [Tp][Dp] */
     uint16_t *pa = gh + pn, *sa = pa + AB * Tp, *sb = sa + AB * Tp;
-    float *gw = (float *)(void *)(sb + ASTEP), *dqt = gw + 2 * pn; /* gw: dk|dv rows [Tp][2 Dp]; dq^T [Dp][Tp] */
-    float *sc = dqt + Dp * ldq, *dp = sc + AB * AB, *ds = dp + AB * AB, *Lp = ds + AB * AB, *Dip = Lp + Tp, *wr = Dip + Tp;
+    float *gw = (float *)(void *)(sb + ASTEP), *dqt = gw + 2 * pn; /* gw: dk|dv rows [Tp][2 Dp]; dq^T [Dp][ldq] */
+    float *sc = dqt + Dp * ldq, *dp = sc + AB * AB, *ds = dp + AB * AB, *Lp = ds + AB * AB, *Dip = Lp + Tp;
+    float *wr = Dip + Tp;
     uint16_t hb[DMAX];
     uint32_t pr[DMAX];
     if (T % AB || D % AB) /* padding: zeros (every value is written when there is none) */

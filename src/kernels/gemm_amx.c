@@ -27,8 +27,8 @@
  *
  * Cache blocking and threads. The output is cut into macro blocks of up to
  * MC x NC (halved until every thread has 8 or more; a plain product with
- * K in chunks and at most 1024 columns: all the columns, two blocks a
- * thread, see dt__amx_gemm), handed out to the
+ * K in chunks, 1024 rows or more and at most 1024 columns: all the
+ * columns, two blocks a thread, see dt__amx_gemm), handed out to the
  * threads one at a time (OpenMP's dynamic schedule) in column-group order,
  * so a thread the OS holds back delays a call by one macro block at most.
  * A macro block is summed over K in chunks of KC steps (one chunk when K
@@ -695,14 +695,16 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
         else
             p.ncb /= 2;
     }
-    /* A plain product summed over K in chunks with few columns (N at most
-     * 1024): macro blocks of all the columns and about M / (2 threads) rows,
-     * so each chunk of A comes from memory once (not once a column group:
-     * the rows of a long-K A, such as a language model head's dlogits, lie
-     * far apart) and the chunk's B panels (at most 1 MiB) serve every row
-     * from L2. On a Xeon with AMX, 2 threads: 2048 x 768 x 50304 113-116 ->
-     * 92-99 ms, 2048 x 768 x 3072 2-6% faster, interleaved. */
-    if (p.plain && !p.aprivate && kb > KC_ONE && nnb * BLK <= 1024) {
+    /* A plain product summed over K in chunks with many rows (M at least
+     * 1024) and few columns (N at most 1024): macro blocks of all the
+     * columns and about M / (2 threads) rows, so each chunk of A comes from
+     * memory once (not once a column group: the rows of a long-K A, such as
+     * a language model head's dlogits, lie far apart) and the chunk's B
+     * panels (at most 1 MiB) serve every row from L2. On a Xeon with AMX, 2
+     * threads, interleaved: 2048 x 768 x 50304 113-116 -> 92-99 ms, 2048 x
+     * 768 x 3072 2-6% faster, 1024 rows 2-4%; with 512 rows or fewer B's
+     * re-reads outweigh A's (256 x 768 x 3072 10% slower), so not there. */
+    if (p.plain && !p.aprivate && kb > KC_ONE && nmb >= 32 && nnb * BLK <= 1024) {
         p.ncb = nnb;
         p.mcb = cdiv(nmb, 2 * (int64_t)nt);
     }

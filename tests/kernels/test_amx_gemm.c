@@ -258,10 +258,12 @@ TEST(k_chunks)
         for (int t = 0; t < 4; t++) {
             shape s = {.ta = t & 1, .tb = (t >> 1) & 1, .M = 33, .N = 47, .K = ks[i], .alpha = 1.0f, .beta = 1.0f};
             fails += run_case(s, VIA_CALL);
-            /* plain (beta 0): macro blocks of all the columns, a few row groups */
-            shape p = {.ta = t & 1, .tb = (t >> 1) & 1, .M = 161, .N = 70, .K = ks[i], .alpha = 1.0f, .beta = 0.0f};
-            fails += run_case(p, VIA_CALL);
         }
+    /* plain (beta 0) with 1024 rows or more: macro blocks of all the columns, two a thread */
+    for (int t = 0; t < 2; t++) {
+        shape p = {.tb = t, .M = 1030, .N = 40, .K = 805, .alpha = 1.0f, .beta = 0.0f};
+        fails += run_case(p, VIA_CALL);
+    }
     ASSERT_EQ_INT(fails, 0);
 }
 
