@@ -483,15 +483,7 @@ DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
         const float *t = acc + i * ld;
         float *crow = g->C ? g->C + (m0 + i) * g->ldc + n0 : NULL;
         uint16_t *brow = g->Cb ? g->Cb + (m0 + i) * g->ldc + n0 : NULL;
-        if (stream && brow && cols % 32 == 0 && ((uintptr_t)brow & 63) == 0) {
-            for (int64_t c = 0; c < cols; c += 16) {
-                __m512 v = _mm512_mul_ps(alpha, _mm512_loadu_ps(t + c));
-                if (g->bias)
-                    v = _mm512_add_ps(v, _mm512_loadu_ps(g->bias + n0 + c));
-                _mm256_stream_si256((__m256i *)(void *)(brow + c), dt__bf16_pack16(dt__bf16_round16(v)));
-            }
-            continue;
-        }
+        const bool st = stream && brow && cols % 32 == 0 && ((uintptr_t)brow & 63) == 0; /* whole lines */
         for (int64_t c = 0; c < cols; c += 16) {
             __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
             __m512 v = _mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(m, t + c));
@@ -499,7 +491,9 @@ DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
                 v = _mm512_add_ps(v, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(m, crow + c)));
             if (g->bias)
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + n0 + c));
-            if (brow)
+            if (st)
+                _mm256_stream_si256((__m256i *)(void *)(brow + c), dt__bf16_pack16(dt__bf16_round16(v)));
+            else if (brow)
                 _mm256_mask_storeu_epi16(brow + c, m, dt__bf16_pack16(dt__bf16_round16(v)));
             else
                 _mm512_mask_storeu_ps(crow + c, m, v);
