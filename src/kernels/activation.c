@@ -312,6 +312,7 @@ DT__AVX512 static void bias_gelu_tanh_row_bf16_avx512(const uint16_t *restrict x
 {
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
+        dt__prefetch_ahead(x + j);
         __m512 v = _mm512_add_ps(dt__bf16_load16(x + j), b ? _mm512_loadu_ps(b + j) : _mm512_setzero_ps()), opp, q;
         gelu_tanh_parts16(v, &opp, &q);
         __m512 y = _mm512_mul_ps(v, opp);

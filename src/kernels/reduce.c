@@ -481,8 +481,10 @@ DT__AVX512 static float row_lse_bf16_avx512(const uint16_t *x, int64_t cols)
         const uint16_t *xc = x + c0;
         __m512 mx = _mm512_set1_ps(-INFINITY);
         int64_t j = 0;
-        for (; j + 16 <= n; j += 16)
+        for (; j + 16 <= n; j += 16) {
+            dt__prefetch_ahead(xc + j);
             mx = _mm512_max_ps(dt__bf16_load16(xc + j), mx); /* a NaN ignored, as chunk_max does */
+        }
         float cm = _mm512_reduce_max_ps(mx);
         for (; j < n; j++) {
             const float v = dt_bf16_to_f32(xc[j]);
@@ -720,6 +722,7 @@ DT__AVX512 static int64_t row_grad_bf16_avx512(const uint16_t *x, int64_t cols, 
     const __m512 vl = _mm512_set1_ps(lse), vs = _mm512_set1_ps(s);
     int64_t j = 0;
     for (; j + 16 <= cols; j += 16) {
+        dt__prefetch_ahead(x + j);
         __m512 v = _mm512_mul_ps(vs, dt__expf16(_mm512_sub_ps(dt__bf16_load16(x + j), vl)));
         if (l >= j && l < j + 16)
             v = _mm512_mask_sub_ps(v, (__mmask16)(1u << (l - j)), v, vs);
