@@ -106,13 +106,14 @@ TEST(bias_gelu_tanh_paths_identical)
  * running the f32 kernels of that path (which equal the scalar loops,
  * above); dx rounded to the dtype afterwards; dbias from the unrounded
  * values. The bound against the f32 reference is 0 ulp on the widened x
- * (x's own rounding is the caller's). Rows of 203 and 517 columns leave
- * tails in the 256-column blocks and in the 16/8 lanes. */
+ * (x's own rounding is the caller's). Rows of 203, 517 and 1100 columns
+ * leave tails in the backward's column blocks (256 columns, or 512 where
+ * every thread still has one) and in the 16/8 lanes. */
 TEST(bias_gelu_lp_equals_widened)
 {
-    const int64_t R = 4, Ns[2] = {203, 517};
+    const int64_t R = 4, Ns[3] = {203, 517, 1100};
     const dt_dtype dts[2] = {DT_BF16, DT_F16};
-    for (int ni = 0; ni < 2; ni++)
+    for (int ni = 0; ni < 3; ni++)
         for (int di = 0; di < 2; di++) {
             const int64_t N = Ns[ni], M = R * N;
             const dt_dtype t = dts[di];
