@@ -280,6 +280,29 @@ TEST(a_private_rows)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* B given as B^T with few rows (at most 512) and at least twice as many
+ * columns: the driver computes the transpose (the weight read in place as
+ * the A operand, A packed instead) and its epilogue writes it back
+ * transposed. Edges in every dimension, K in chunks with a tail, beta,
+ * alpha and a bias, a wider ldc; 512 x 1024 is the limit (transposed), 513
+ * rows are not. */
+TEST(few_rows_transposed)
+{
+    int fails = 0;
+    shape s = {.tb = true, .M = 40, .N = 1000, .K = 805, .alpha = 1.0f};
+    fails += run_case(s, VIA_CALL); /* beta 0: through the buffer, not through C */
+    s.beta = 1.0f;
+    fails += run_case(s, VIA_CALL);
+    s.alpha = 0.5f, s.beta = 0.25f, s.bias = true, s.ldc = s.N + 3;
+    fails += run_case(s, VIA_CALL);
+    const int64_t k = dt_test_reduced() ? 32 : 70;
+    shape lim = {.tb = true, .M = 512, .N = 1024, .K = k, .alpha = 1.0f, .beta = 1.0f, .bias = true};
+    fails += run_case(lim, VIA_CALL);
+    lim.M = 513;
+    fails += run_case(lim, VIA_CALL);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(k_zero_and_empty)
 {
     /* K = 0: C = beta C + bias; M or N = 0: nothing written, no error */
@@ -707,6 +730,7 @@ int main(int argc, char **argv)
         RUN(gpt2_layer_shape);
         RUN(k_chunks);
         RUN(a_private_rows);
+        RUN(few_rows_transposed);
         RUN(k_zero_and_empty);
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
@@ -728,6 +752,7 @@ int main(int argc, char **argv)
     RUN(gpt2_layer_shape);
     RUN(k_chunks);
     RUN(a_private_rows);
+    RUN(few_rows_transposed);
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
