@@ -842,12 +842,12 @@ dt_status dt__amx_gemm(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g)
     if (st < 0 || g->M == 0 || g->N == 0)
         return st;
     /* Few rows (M <= 512) against many more columns of a B given as B^T
-     * (a weight [N, K]: a layer's input gradient, a head's logits, at a
-     * small batch): the product runs transposed, C^T = B^T' A^T, so the
-     * weight is read in place as the A operand and only A (M x K) is
-     * packed, instead of the N x K weight every call; the epilogue writes
-     * the transpose back (the same sums: each is the same dot product in
-     * the same K order, so the same bits). On the Xeon with AMX, 2
+     * (a weight stored [N, K]: a layer's input gradient, a head's logits,
+     * at a small batch): the product runs transposed, C^T = (the stored
+     * B) A^T, so the weight is read in place as the A operand and only A
+     * (M x K) is packed, instead of the N x K weight every call; the
+     * epilogue writes the transpose back (the same sums: each is the same
+     * dot product in the same K order, so the same bits). On the Xeon with AMX, 2
      * threads, GPT-2's bf16 step at B=4 T=64 (256 rows; its input
      * gradients and the LM head's logits so): 385 -> 373 ms, the forward
      * 99 -> 92, interleaved, 4 rounds. */

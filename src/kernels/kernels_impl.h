@@ -71,9 +71,7 @@ static inline float dt__expf(float x)
  * 2048 x 50304 bf16 logits: 44-49 cycles per 16 lanes, 30-32 with the
  * hint, 28-32 with the rows in L1). A prefetch past the end of an array
  * does not fault and changes no result. */
-#ifndef DT__PF_AHEAD
 #define DT__PF_AHEAD 2048
-#endif
 static inline void dt__prefetch_ahead(const void *p) { __builtin_prefetch((const char *)p + DT__PF_AHEAD); }
 
 /* dt__expf on 8 lanes (AVX2, no FMA): the same operations in the same
