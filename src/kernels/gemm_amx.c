@@ -491,48 +491,48 @@ static void epilogue_s(const dt__amx_gemm_args *g, const float *acc, int64_t ld,
 }
 
 #if DT__X86_VEC
-/* epilogue_s without GELU, 16 columns at a time: the same operations in
- * the same order, so the same bits. stream (g->stream, a bf16 result):
- * rows of whole 64-byte lines go out by streaming stores; the driver
- * fences before its threads leave. */
+/* 16 sums v into the result at element o (its columns k .. k + 15, lanes
+ * m) with epilogue_s's operations in its order, so its bits: alpha v (+
+ * beta C) (+ bias), into C, or rounded into Cb (st: a streaming store of
+ * whole lines). */
+DT__AVX512 static inline void out16(const dt__amx_gemm_args *g, __m512 v, int64_t o, int64_t k, __mmask16 m, bool st)
+{
+    v = _mm512_mul_ps(_mm512_set1_ps(g->alpha), v);
+    if (g->beta != 0.0f)
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(g->beta), _mm512_maskz_loadu_ps(m, g->C + o)));
+    if (g->bias)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + k));
+    if (!g->Cb)
+        _mm512_mask_storeu_ps(g->C + o, m, v);
+    else if (st)
+        _mm256_stream_si256((__m256i *)(void *)(g->Cb + o), dt__bf16_pack16(dt__bf16_round16(v)));
+    else
+        _mm256_mask_storeu_epi16(g->Cb + o, m, dt__bf16_pack16(dt__bf16_round16(v)));
+}
+
+/* epilogue_s without GELU, 16 columns at a time (out16). stream
+ * (g->stream, a bf16 result): rows of whole 64-byte lines go out by
+ * streaming stores; the driver fences before its threads leave. */
 DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0, int64_t n0,
                                   int64_t rows, int64_t cols, bool stream)
 {
-    const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
-    const bool acc_beta = g->beta != 0.0f;
     for (int64_t i = 0; i < rows; i++) {
-        const float *t = acc + i * ld;
-        float *crow = g->C ? g->C + (m0 + i) * g->ldc + n0 : NULL;
-        uint16_t *brow = g->Cb ? g->Cb + (m0 + i) * g->ldc + n0 : NULL;
-        const bool st = stream && brow && cols % 32 == 0 && ((uintptr_t)brow & 63) == 0; /* whole lines */
+        const int64_t o = (m0 + i) * g->ldc + n0;
+        const bool st = stream && g->Cb && cols % 32 == 0 && ((uintptr_t)(g->Cb + o) & 63) == 0; /* whole lines */
         for (int64_t c = 0; c < cols; c += 16) {
             __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
-            __m512 v = _mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(m, t + c));
-            if (acc_beta)
-                v = _mm512_add_ps(v, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(m, crow + c)));
-            if (g->bias)
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + n0 + c));
-            if (st)
-                _mm256_stream_si256((__m256i *)(void *)(brow + c), dt__bf16_pack16(dt__bf16_round16(v)));
-            else if (brow)
-                _mm256_mask_storeu_epi16(brow + c, m, dt__bf16_pack16(dt__bf16_round16(v)));
-            else
-                _mm512_mask_storeu_ps(crow + c, m, v);
+            out16(g, _mm512_maskz_loadu_ps(m, acc + i * ld + c), o + c, n0 + c, m, st);
         }
     }
 }
-#endif
 
-#if DT__X86_VEC
 /* epilogue_v for a product computed transposed (ct, see dt__amx_gemm):
  * the sums' rows are the result's columns. 16 x 16 blocks of the sums are
  * transposed in registers, so each of the result's rows takes 16 columns
- * at a time through epilogue_v's operations (the same bits). */
+ * at a time through out16 (the same bits). */
 DT__AVX512 static void epilogue_vt(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0,
                                    int64_t n0, int64_t rows, int64_t cols)
 {
-    const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
-    const bool acc_beta = g->beta != 0.0f;
     for (int64_t i0 = 0; i0 < rows; i0 += 16) /* 16 of the result's columns, m0 + i0 .. */
         for (int64_t c0 = 0; c0 < cols; c0 += 16) { /* 16 of its rows, n0 + c0 .. */
             const int64_t ni = rows - i0 < 16 ? rows - i0 : 16, nc = cols - c0 < 16 ? cols - c0 : 16;
@@ -541,19 +541,8 @@ DT__AVX512 static void epilogue_vt(const dt__amx_gemm_args *g, const float *acc,
             for (int i = 0; i < 16; i++)
                 r[i] = i < ni ? _mm512_maskz_loadu_epi32(mc, acc + (i0 + i) * ld + c0) : _mm512_setzero_si512();
             tr16(r);
-            const int64_t k = m0 + i0;
-            for (int c = 0; c < nc; c++) {
-                const int64_t o = (n0 + c0 + c) * g->ldc + k;
-                __m512 v = _mm512_mul_ps(alpha, _mm512_castsi512_ps(r[c]));
-                if (acc_beta)
-                    v = _mm512_add_ps(v, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mi, g->C + o)));
-                if (g->bias)
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mi, g->bias + k));
-                if (g->Cb)
-                    _mm256_mask_storeu_epi16(g->Cb + o, mi, dt__bf16_pack16(dt__bf16_round16(v)));
-                else
-                    _mm512_mask_storeu_ps(g->C + o, mi, v);
-            }
+            for (int c = 0; c < nc; c++)
+                out16(g, _mm512_castsi512_ps(r[c]), (n0 + c0 + c) * g->ldc + m0 + i0, m0 + i0, mi, false);
         }
 }
 #endif
