@@ -23,7 +23,11 @@
  * 32 columns read one line of each of K rows (a page apart for N >= 2048):
  * on a Xeon with AMX, 2 threads, packing all of llama-100m's weights so
  * took 37 ms against 27, and its step's input-gradient GEMMs 88-100 ms
- * against 69-73.
+ * against 69-73. Except where few row blocks would use each panel (at most
+ * SWAP_ROWS rows) or K runs in chunks: there each macro block spans all
+ * the rows and packs just its chunk of B's panels (the K steps of one
+ * chunk, rows read panel group by panel group) into its thread's buffer
+ * before the chunk's products, so packed B never goes to memory.
  *
  * Cache blocking and threads. The output is cut into macro blocks of up to
  * MC x NC (halved until every thread has 8 or more; a plain product with
@@ -97,6 +101,7 @@
 #define KC 16     /* K steps summed per chunk: 512 values, a 32 x 512 A chunk is 32 KiB (L1) */
 #define KC_ONE 24 /* up to this many K steps in all: one chunk (no partial sums through memory) */
 #define SWAP_ROWS 512 /* a product with B^T and at most this many rows may run transposed */
+#define BJIT_BLOCKS 1536 /* 32 x 32 blocks of a macro block that packs its own chunks of B (see gemm_run) */
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -184,20 +189,21 @@ DT__AVX512 static inline __m512i pair_idx(int hi)
 }
 
 /* pack_b_panel_s for B row-major (rows k, columns n contiguous), K steps
- * ks0 .. ks1 - 1 of every panel (panel j at out + j kb 2 TILE), row pair
- * by row pair across the panels: whole rows read in order. */
-DT__AVX512 static void pack_b_steps_n(const uint16_t *B, int64_t ldb, int64_t K, int64_t N, int64_t kb, int64_t ks0,
-                                      int64_t ks1, uint16_t *out)
+ * ks0 .. ks1 - 1 of the panels nb0 .. nb1 - 1, row pair by row pair across
+ * the panels: whole rows (or their panels' part) read in order. Step ks of
+ * panel j goes to out + ((j - nb0) stride + ks - ks0) 2 TILE: stride kb
+ * for whole panels, the chunk's steps for a chunk (see plan.bjit). */
+DT__AVX512 static void pack_b_steps_n(const uint16_t *B, int64_t ldb, int64_t K, int64_t N, int64_t stride,
+                                      int64_t ks0, int64_t ks1, int64_t nb0, int64_t nb1, uint16_t *out)
 {
     const __m512i plo = pair_idx(0), phi = pair_idx(1);
-    const int64_t nb = cdiv(N, BLK);
     for (int64_t ks = ks0; ks < ks1; ks++)
         for (int r = 0; r < 16; r++) {
             int64_t k = ks * KSTEP + 2 * r;
             const uint16_t *b0 = B + k * ldb, *b1 = b0 + ldb;
-            uint16_t *t = out + ks * 2 * TILE + r * KSTEP;
+            uint16_t *t = out + (ks - ks0) * 2 * TILE + r * KSTEP;
             const bool pf = k + 3 < K;
-            for (int64_t j = 0; j < nb; j++, t += kb * 2 * TILE) {
+            for (int64_t j = nb0; j < nb1; j++, t += stride * 2 * TILE) {
                 int64_t n0 = j * BLK;
                 if (pf) { /* the next row pair's line */
                     __builtin_prefetch(b0 + 2 * ldb + n0);
@@ -332,7 +338,7 @@ dt_status dt__amx_pack_b(dt__amx_packed_b *pb, bool tb, int64_t K, int64_t N, co
         if (v && !tb) {
 #pragma omp parallel for schedule(static) num_threads(nt)
             for (int64_t ks = 0; ks < kb; ks++)
-                pack_b_steps_n(B, ldb, K, N, kb, ks, ks + 1, pb->data);
+                pack_b_steps_n(B, ldb, K, N, kb, ks, ks + 1, 0, nb, pb->data + ks * 2 * TILE);
             return DT_OK;
         }
 #endif
@@ -584,6 +590,10 @@ typedef struct {
     bool v;                /* AVX-512 packing and epilogue */
     bool aprivate;         /* A^T's rows transposed per macro block into the thread's own buffer */
     bool ct;               /* the product is the result transposed (dt__amx_gemm's swap) */
+    bool bjit;             /* B row-major, few rows or K in chunks: each macro block packs its chunk
+                              of B panels (chunk steps of its ncb panels) into the thread's buffer
+                              before the chunk's products (see gemm_run) */
+    int64_t chunk;         /* K steps of a chunk (KC, or all when K has at most KC_ONE) */
     /* packing on first use: the thread that claims a panel (row block) packs it */
     _Atomic int *bflag;    /* per B panel: 0 to pack, 1 being packed, 2 ready; NULL: B came packed */
     _Atomic int *aflag;    /* per 32-row block of op(A)'s copy or K tail; NULL: nothing to copy */
@@ -634,8 +644,9 @@ static void ensure_packed(const plan *p, _Atomic int *flag, int64_t lo, int64_t 
 /* Macro block (mg, ng) of the output: 32-row blocks mg mcb .. and 32-column
  * panels ng ncb .., summed over K in chunks; buf: mcb x ncb blocks of
  * floats unless plain; abuf: the thread's copy of the macro block's rows of
- * A^T when p->aprivate. */
-static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf, uint16_t *abuf)
+ * A^T when p->aprivate; bbuf: the thread's chunk of B panels when p->bjit. */
+static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf, uint16_t *abuf,
+                      uint16_t *bbuf)
 {
     const dt__amx_gemm_args *g = p->g;
     int64_t mb0 = mg * p->mcb, mb1 = min64(mb0 + p->mcb, cdiv(g->M, BLK));
@@ -655,9 +666,13 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
     int64_t ldacc = p->plain ? g->ldc : p->ncb * BLK;
     int64_t kc = 0;
     do { /* one chunk of K steps over the macro block */
-        int64_t ke = p->kb <= KC_ONE ? p->kb : min64(kc + KC, p->kb), kd = min64(ke, p->kfull) - kc;
+        int64_t ke = min64(kc + p->chunk, p->kb), kd = min64(ke, p->kfull) - kc;
         bool tail = p->atail && ke > p->kfull;
         kd = kd < 0 ? 0 : kd;
+#if DT__X86_VEC
+        if (p->bjit)
+            pack_b_steps_n(g->B, g->ldb, g->K, g->N, p->chunk, kc, ke, nb0, nb1, bbuf);
+#endif
         for (int64_t mb = mb0; mb < mb1; mb++)
             for (int64_t nb = nb0; nb < nb1; nb++) {
                 int64_t m0 = mb * BLK, n0 = nb * BLK;
@@ -665,16 +680,18 @@ static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
                 int nc[2] = {clamp16(g->N - n0), clamp16(g->N - n0 - 16)};
                 tiles_use(tiles, mr[0], mr[1], nc[0], nc[1]);
                 float *c = acc + (mb - mb0) * BLK * ldacc + (nb - nb0) * BLK;
-                const uint16_t *pbn = p->pb + nb * p->kb * 2 * TILE;
+                /* step kc of panel nb */
+                const uint16_t *pbn = p->bjit ? bbuf + (nb - nb0) * p->chunk * 2 * TILE
+                                              : p->pb + (nb * p->kb + kc) * 2 * TILE;
                 bool in = kc > 0;
                 if (kd > 0 || !tail) {
-                    tiles->block(a + (m0 - row0) * p->lda + kc * KSTEP, p->lda, pbn + kc * 2 * TILE, kd, mr[1] > 0,
-                                 nc[1] > 0, c, ldacc, in);
+                    tiles->block(a + (m0 - row0) * p->lda + kc * KSTEP, p->lda, pbn, kd, mr[1] > 0, nc[1] > 0, c,
+                                 ldacc, in);
                     in = true;
                 }
                 if (tail)
-                    tiles->block(p->atail + m0 * KSTEP, KSTEP, pbn + p->kfull * 2 * TILE, 1, mr[1] > 0, nc[1] > 0,
-                                 c, ldacc, in);
+                    tiles->block(p->atail + m0 * KSTEP, KSTEP, pbn + (p->kfull - kc) * 2 * TILE, 1, mr[1] > 0,
+                                 nc[1] > 0, c, ldacc, in);
             }
         kc = ke;
     } while (kc < p->kb);
@@ -753,6 +770,38 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
         p.ncb = nnb;
         p.mcb = cdiv(nmb, 2 * (int64_t)nt);
     }
+    /* A row-major B whose packed panels would each serve only a few row
+     * blocks (at most SWAP_ROWS rows: a layer's forward at a small batch,
+     * a language model head's input gradient), or whose K runs in chunks
+     * (K over KC_ONE steps: a down projection's forward): packing all of B
+     * to memory first and reading it back once per row group cost more
+     * than it saved. Instead a macro block spans all the rows and packs its
+     * panels' chunk of K steps into its thread's buffer just before the
+     * chunk's products, so B goes from its rows into L2 once and never to
+     * memory. With K in chunks the rows of A are read again for every
+     * column group, so there are then as many groups as threads (256 x 768
+     * x 50304: A is 26 MB); with K in one chunk, groups of up to NC
+     * columns, halved until every thread has 8. The macro block's sums
+     * (mcb x ncb blocks) stay within BJIT_BLOCKS (6 MiB a thread): 2048 x
+     * 3072 x 3072 (12 MiB) ran 20% slower so. On the Xeon with AMX, 2
+     * threads, cold operands, interleaved against packing B first: 256 x
+     * 2304 x 768 0.89 -> 0.58 ms, 256 x 768 x 3072 1.30 -> 0.73, 256 x 768
+     * x 50257 23.4 -> 15.6, 2048 x 768 x 3072 (bf16 result) 5.5 -> 4.5;
+     * 1024 rows and more with K in one chunk 8-18% slower, so not there.
+     * (A^T in private rows keeps its own blocks: each thread would
+     * transpose all of A^T.) */
+    const int64_t jncb = kb > KC_ONE ? cdiv(nnb, nt) : NC / BLK;
+    p.bjit = !g->pb && !g->tb && p.v && kb && !p.aprivate &&
+             (M <= SWAP_ROWS || (kb > KC_ONE && nmb * jncb <= BJIT_BLOCKS));
+    if (p.bjit) {
+        p.mcb = nmb;
+        p.ncb = jncb;
+        while (kb <= KC_ONE && cdiv(nnb, p.ncb) < 8 * (int64_t)nt && p.ncb > 1)
+            p.ncb /= 2;
+        while (nmb * p.ncb > BJIT_BLOCKS && p.ncb > 1)
+            p.ncb = cdiv(p.ncb, 2);
+    }
+    p.chunk = kb <= KC_ONE ? kb : KC;
     const int64_t nmg = cdiv(nmb, p.mcb), nmacro = nmg * cdiv(nnb, p.ncb);
     if (nt > nmacro)
         nt = (int)nmacro;
@@ -762,11 +811,12 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
                 : g->ta    ? up64((size_t)(M * ldt))
                 : K % KSTEP ? up64((size_t)(M * KSTEP))
                            : 0;
-    size_t nb = g->pb ? 0 : up64((size_t)(nnb * kb) * 2 * TILE);
+    size_t nb = g->pb || p.bjit ? 0 : up64((size_t)(nnb * kb) * 2 * TILE);
+    const size_t bchunk = p.bjit ? (size_t)(p.ncb * p.chunk) * 2 * TILE : 0; /* a thread's B chunk */
     const size_t macro_floats = (size_t)(p.mcb * p.ncb) * BLK * BLK;
     size_t nacc = p.plain ? 0 : (size_t)nt * macro_floats * 2;
     size_t nflag = up64(2 * (size_t)(nmb + nnb) * sizeof(_Atomic int) / sizeof(uint16_t));
-    uint16_t *buf = scratch_get(na + nb + nacc + nflag);
+    uint16_t *buf = scratch_get(na + nb + nacc + nflag + nt * bchunk);
     if (!buf)
         return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory for the packed panels (%lld x %lld x %lld)", fn,
                         (long long)M, (long long)N, (long long)K);
@@ -785,35 +835,37 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
     p.pb = g->pb ? g->pb->data : p.bdst;
     float *accbuf = (float *)(buf + na + nb);
     _Atomic int *flags = (_Atomic int *)(buf + na + nb + nacc);
+    uint16_t *bchunks = buf + na + nb + nacc + nflag;
     for (int64_t i = 0; i < nmb + nnb; i++)
         atomic_init(&flags[i], 0);
     /* B row-major: packed by all threads before the products (see the top) */
-    bool bsteps = !g->pb && !g->tb && p.v && kb;
+    bool bsteps = !g->pb && !g->tb && p.v && kb && !p.bjit;
     if (((g->ta && !p.aprivate) || p.atail) && kb)
         p.aflag = flags;
-    if (!g->pb && kb && !bsteps)
+    if (!g->pb && kb && !bsteps && !p.bjit)
         p.bflag = flags + nmb;
 #pragma omp parallel num_threads(nt)
     {
         /* macro blocks in column-group order (consecutive ones share a group of B panels), handed
          * out one at a time: a thread the OS holds back delays the call by one macro block at most */
         float *tb = accbuf;
-        uint16_t *ta = p.aprivate ? buf : NULL;
+        uint16_t *ta = p.aprivate ? buf : NULL, *tbj = bchunks;
 #ifdef _OPENMP
         tb += (size_t)omp_get_thread_num() * macro_floats;
         if (ta)
             ta += (size_t)omp_get_thread_num() * (size_t)(p.mcb * BLK * ldt);
+        tbj += (size_t)omp_get_thread_num() * bchunk;
 #endif
 #if DT__X86_VEC
         if (bsteps) {
 #pragma omp for schedule(static)
             for (int64_t ks = 0; ks < kb; ks++)
-                pack_b_steps_n(g->B, g->ldb, K, N, kb, ks, ks + 1, p.bdst);
+                pack_b_steps_n(g->B, g->ldb, K, N, kb, ks, ks + 1, 0, nnb, p.bdst + ks * 2 * TILE);
         }
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < nmacro; i++)
-            run_macro(tiles, &p, i % nmg, i / nmg, tb, ta);
+            run_macro(tiles, &p, i % nmg, i / nmg, tb, ta, tbj);
 #if DT__X86_VEC
         _mm_sfence(); /* the epilogue's streaming stores (a large bf16 result) before anyone reads them */
 #endif

@@ -303,6 +303,29 @@ TEST(few_rows_transposed)
     ASSERT_EQ_INT(fails, 0);
 }
 
+/* A row-major B with few rows (at most 512), or with K in chunks: a macro
+ * block spans all the rows and packs its own chunk of B's panels just
+ * before the chunk's products. Column groups of several panels with an
+ * edge, K in one chunk and in chunks, each with a partial last step,
+ * alpha, beta, a bias, GELU, a wider ldc, a plain product (partial sums
+ * through C), A^T, and 600 rows with K in chunks. */
+TEST(b_chunks)
+{
+    int fails = 0;
+    const int64_t m = dt_test_reduced() ? 40 : 200;
+    shape s = {.M = m, .N = 1000, .K = 765, .alpha = 1.0f, .bias = true, .gelu = true};
+    fails += run_case(s, VIA_CALL);
+    s.K = 805, s.gelu = false, s.alpha = 0.5f, s.beta = 0.25f, s.ldc = s.N + 3;
+    fails += run_case(s, VIA_CALL);
+    shape p = {.M = m, .N = 300, .K = 1030, .alpha = 1.0f};
+    fails += run_case(p, VIA_CALL);
+    shape t = {.ta = true, .M = 100, .N = 200, .K = 805, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(t, VIA_CALL);
+    shape r = {.M = 600, .N = 100, .K = 805, .alpha = 1.0f, .beta = 1.0f};
+    fails += run_case(r, VIA_CALL);
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(k_zero_and_empty)
 {
     /* K = 0: C = beta C + bias; M or N = 0: nothing written, no error */
@@ -731,6 +754,7 @@ int main(int argc, char **argv)
         RUN(k_chunks);
         RUN(a_private_rows);
         RUN(few_rows_transposed);
+        RUN(b_chunks);
         RUN(k_zero_and_empty);
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
@@ -753,6 +777,7 @@ int main(int argc, char **argv)
     RUN(k_chunks);
     RUN(a_private_rows);
     RUN(few_rows_transposed);
+    RUN(b_chunks);
     RUN(k_zero_and_empty);
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
