@@ -520,13 +520,18 @@ DT_AVX512 static void adam_avx512(float *p, float *g, float *m, float *v, size_t
 /* One sweep of AdamW over bf16 grads: widen 16 grads, step the master and
  * the moments as adam_avx512 does, round the new master into the bf16
  * copy (the integer formula of dt_f32_to_bf16: the same bits on every
- * CPU), zero the grads; the last n % 16 elements as one masked block. */
+ * CPU), zero the grads; the last n % 16 elements as one masked block.
+ * The copy is only written here, so where it is 32-byte aligned its whole
+ * blocks go out as streaming stores (no read of the old lines; fenced
+ * before return): GPT-2's step at B=4 T=64 on the Xeon with AMX, 2
+ * threads, the optimizer 77.0 -> 72.4 ms, interleaved, 4 rounds. */
 DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n,
                                        const dt__adam_k *k)
 {
     const adam_c16 c = adam_c16_of(k);
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), q = _mm512_set1_epi32(0x40);
+    const bool nt = copy && !((uintptr_t)copy & 31); /* whole blocks of the copy: streaming stores */
     for (size_t i = 0; i < n; i += 16) {
         const bool full = n - i >= 16;
         const __mmask16 mk = full ? (__mmask16)0xffff : tail_mask(n - i);
@@ -542,7 +547,9 @@ DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v
             __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
             __m512i qn = _mm512_or_si512(_mm512_srli_epi32(u, 16), q);
             __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rn, nan, qn));
-            if (full)
+            if (full && nt)
+                _mm256_stream_si256((__m256i *)(copy + i), h);
+            else if (full)
                 _mm256_storeu_si256((__m256i *)(copy + i), h);
             else
                 _mm256_mask_storeu_epi16(copy + i, mk, h);
@@ -554,6 +561,8 @@ DT_AVX512 static void adam_bf16_avx512(float *p, uint16_t *g, float *m, float *v
                 _mm256_mask_storeu_epi16(g + i, mk, _mm256_setzero_si256());
         }
     }
+    if (nt)
+        _mm_sfence();
 }
 
 /* LAMB stage 1: the sum of u^2 keeps the other paths' pattern (lane i & 7 for
