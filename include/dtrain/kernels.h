@@ -668,7 +668,7 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * |value| in the tests (tests/autograd/test_attention_lp; lse keeps the
  * bound above). Where the CPU has AMX (AMX-TILE and AMX-BF16, the OS and
  * Linux allowing the tiles; not under DT_MAX_CPU_ISA=avx512 or lower, nor
- * with DT_ATTN_AMX=off; T >= 128 unless DT_ATTN_AMX=on: shorter sequences
+ * with DT_ATTN_AMX=off; T >= 64 unless DT_ATTN_AMX=on: shorter sequences
  * measured faster on the rows) that path runs the products q k^T and P v on the
  * tiles (tdpbf16ps: the pairs of bf16 products exact, added in f32 one
  * after the other, bf16 subnormal inputs read as 0 and subnormal sums

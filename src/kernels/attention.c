@@ -665,11 +665,12 @@ static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
 static bool g_amx_off, g_amx_on; /* DT_ATTN_AMX=off, =on */
 
 /* Sequences shorter than this stay on the avx512_bf16 rows under auto:
- * bench/attn_lp --batch 8, 1 thread, Xeon with AMX (load ~3), CPU ms against
- * the widened path: T = 64 0.660 on the tiles, 0.582 on the rows; T = 128
- * 0.529 against 0.579; T = 256 0.430 against 0.546 (the tiles' packing
- * does not pay for itself below 128 keys). */
-#define AMX_MIN_T 128
+ * bench/attn_lp --batch 4 --threads 2 --reps 51, Xeon with AMX, medians of
+ * 3 interleaved runs, ms: T = 64 1.279 on the tiles against 1.604 on the
+ * rows; T = 48 1.083 against 1.073, T = 32 0.633 against 0.662, T = 24
+ * 0.506 against 0.492 (the tiles' packing does not pay for itself below
+ * 64 keys). GPT-2's bf16 step at B=4 T=64: the backward 208 -> 201 ms. */
+#define AMX_MIN_T 64
 
 void dt__attention_amx_force(const dt__amx_tiles *tiles) { g_amx_forced = tiles; }
 

@@ -412,7 +412,7 @@ TEST(amx_nonfinite_every_lane)
     dt__attention_amx_force(NULL);
 }
 
-/* The run-time choice: a bf16 qkv of 128 tokens or more takes the tiles on
+/* The run-time choice: a bf16 qkv of 64 tokens or more takes the tiles on
  * the avx512_bf16 path where AMX is usable (unless DT_ATTN_AMX=off; a
  * shorter one only with DT_ATTN_AMX=on), never below that path, never an
  * f16 or f32 one; the emulated tiles are never chosen by themselves. */
@@ -426,7 +426,7 @@ TEST(amx_dispatch)
     const char *env = getenv("DT_ATTN_AMX");
     bool off = env && (!strcmp(env, "off") || !strcmp(env, "0")), on = env && (!strcmp(env, "on") || !strcmp(env, "1"));
     const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    const int64_t Ts[] = {40, 127, 128};
+    const int64_t Ts[] = {40, 63, 64, 128};
     for (size_t r = 0; r < 4; r++) {
         if (dt_k_set_isa(paths[r]) != DT_OK)
             continue;
@@ -442,7 +442,7 @@ TEST(amx_dispatch)
                                                   lse));
             dt__attention_amx_stats_get(&s1);
             dt__amx_emul_stats_get(&e1);
-            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off && (T >= 128 || on);
+            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off && (T >= 64 || on);
             ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
             ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
         }
