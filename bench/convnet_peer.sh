@@ -17,13 +17,13 @@
 # processes' load; the script prints the load average before and after.
 #
 # OpenMP waiting: dtrain picks its waiting policy from the 1-minute load
-# average when it starts (load <= 0.5: GOMP_SPINCOUNT=3000, a short spin;
+# average when it starts (load <= 0.5: GOMP_SPINCOUNT=10000, a short spin;
 # busier: OMP_WAIT_POLICY=passive, which costs the ConvNet step 10-20% on an
 # idle machine: every parallel region pays a wake-up). In a run of rounds the
 # peers' own runs raise the load average, so without a pin the first round
 # can run spinning and the later ones passive. --omp-wait chooses it once for
 # every dtrain run of the script: auto (default: what dtrain would choose at
-# the script's start), spin (GOMP_SPINCOUNT=3000) or passive. The peers run
+# the script's start), spin (GOMP_SPINCOUNT=10000) or passive. The peers run
 # with their runtime's defaults (a full spin), as a user would run them;
 # --wait-all gives them dtrain's pinned policy too (on a busy machine the
 # full spin collapses: PyTorch's step runs tens of times slower, and the
@@ -76,7 +76,7 @@ else
         wdesc=""
     fi
     case $wait in
-    spin) wenv="GOMP_SPINCOUNT=3000" ;;
+    spin) wenv="GOMP_SPINCOUNT=10000" ;;
     passive) wenv="OMP_WAIT_POLICY=passive" ;;
     *) echo "convnet_peer.sh: --omp-wait auto, spin or passive, got '$wait'" >&2; exit 2 ;;
     esac

@@ -387,7 +387,7 @@ DT_API int dt_get_num_threads(void);
  * a run on a loaded 2-core machine gets 20-30x slower. Passive waiting never
  * collapses, but an idle machine pays a wake-up per parallel region (the
  * ConvNet step 15-25%). The dtrain program picks one at start (a short
- * spin, GOMP_SPINCOUNT=3000, or OMP_WAIT_POLICY=passive; libgomp reads both
+ * spin, GOMP_SPINCOUNT=10000, or OMP_WAIT_POLICY=passive; libgomp reads both
  * once, when it is loaded, and offers no call that changes either later, so
  * the choice is made before any OpenMP code runs and the program executes
  * itself again with it):

@@ -202,7 +202,7 @@ TEST(omp_wait_reported)
     setenv("DT_LOADAVG", "0", 1);
     rc = run(args, out, sizeof out);
     ASSERT_EQ_INT(rc, 0);
-    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"GOMP_SPINCOUNT=3000\"}");
+    ASSERT_STR_CONTAINS(out, "\"omp_wait\":\"GOMP_SPINCOUNT=10000\"}");
     unsetenv("DT_LOADAVG");
     setenv("OMP_WAIT_POLICY", "active", 1);
     rc = run(args, out, sizeof out);

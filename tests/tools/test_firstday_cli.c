@@ -319,7 +319,7 @@ TEST(shared_cpus)
                             "OpenMP waiting: passive (dtrain's default for a busy machine at start (load 5.00, 5 running, ");
         cli_runv(&r, 60, "DT_LOADAVG=0.2", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start "
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=10000 (dtrain's default for an idle machine at start "
                                    "(load 0.20, 0 running, ");
         /* the threshold follows the cores and threads: a machine busy a
          * minute ago (average 1) but idle now spins; one thread beside
@@ -327,7 +327,7 @@ TEST(shared_cpus)
          * made both passive) */
         cli_runv(&r, 60, "DT_LOADAVG=1,0", (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine at start "
+        ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=10000 (dtrain's default for an idle machine at start "
                                    "(load 1.00, 0 running, ");
         cli_runv(&r, 60, "DT_LOADAVG=1,1", (char *[]){"info", NULL});
         ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: passive (dtrain's default for a busy machine");
@@ -342,7 +342,7 @@ TEST(shared_cpus)
             cli_runv(&r, 60, env, (char *[]){"info", NULL});
             unsetenv("OMP_NUM_THREADS");
             ASSERT_EQ_INT(r.code, 0);
-            ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=3000 (dtrain's default for an idle machine");
+            ASSERT_STR_CONTAINS(r.out, "OpenMP waiting: GOMP_SPINCOUNT=10000 (dtrain's default for an idle machine");
             ASSERT_STR_CONTAINS(r.out, " running, 1 thread on ");
         }
         /* a malformed stand-in: the load is unknown, passive (never collapses) */
@@ -360,7 +360,7 @@ TEST(shared_cpus)
         ASSERT_STR_CONTAINS(r.out, "[1] policy=passive spin=\n");
         cli_runv(&r, 60, "DT_LOADAVG=0", echo);
         ASSERT_EQ_INT(r.code, 0);
-        ASSERT_STR_CONTAINS(r.out, "[1] policy= spin=3000\n");
+        ASSERT_STR_CONTAINS(r.out, "[1] policy= spin=10000\n");
     }
     char *args[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "50",
                     "--limit-test", "10", "--no-eval", "--progress", "none", NULL};
