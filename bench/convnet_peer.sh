@@ -16,14 +16,15 @@
 # dtrain is faster). On a shared machine cpu_ms moves least with other
 # processes' load; the script prints the load average before and after.
 #
-# OpenMP waiting: dtrain picks its waiting policy from the 1-minute load
-# average when it starts (load <= 0.5: GOMP_SPINCOUNT=10000, a short spin;
-# busier: OMP_WAIT_POLICY=passive, which costs the ConvNet step 10-20% on an
-# idle machine: every parallel region pays a wake-up). In a run of rounds the
+# OpenMP waiting: dtrain picks its waiting policy from the machine's load
+# when it starts (cores free for its threads: GOMP_SPINCOUNT=10000, a short
+# spin; busier: OMP_WAIT_POLICY=passive, which costs the ConvNet step 10-25%
+# on an idle machine: every parallel region pays a wake-up). In a run of rounds the
 # peers' own runs raise the load average, so without a pin the first round
 # can run spinning and the later ones passive. --omp-wait chooses it once for
-# every dtrain run of the script: auto (default: what dtrain would choose at
-# the script's start), spin (GOMP_SPINCOUNT=10000) or passive. The peers run
+# every dtrain run of the script: auto (default: what dtrain chooses at the
+# script's start, asked of `dtrain info`), spin (GOMP_SPINCOUNT=10000) or
+# passive. The peers run
 # with their runtime's defaults (a full spin), as a user would run them;
 # --wait-all gives them dtrain's pinned policy too (on a busy machine the
 # full spin collapses: PyTorch's step runs tens of times slower, and the
@@ -69,8 +70,9 @@ load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 if [ -n "${OMP_WAIT_POLICY:-}${GOMP_SPINCOUNT:-}" ]; then
     wenv="" wdesc="from the environment: OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-} GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-}"
 else
-    if [ "$wait" = auto ]; then
-        wait=$(awk '{print ($1 <= 0.5) ? "spin" : "passive"}' /proc/loadavg 2>/dev/null || echo passive)
+    if [ "$wait" = auto ]; then # dtrain's own choice now (dtrain info: its rule, the load and the runnable tasks)
+        wait=$("$cli" info 2>/dev/null | sed -n 's/^OpenMP waiting: GOMP_SPINCOUNT=.*/spin/p; s/^OpenMP waiting: passive.*/passive/p')
+        wait=${wait:-passive}
         wdesc="auto at load $(load | cut -d' ' -f1): "
     else
         wdesc=""

@@ -82,9 +82,10 @@ run() {
     ms=$(sed -n 's/.*"median_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
     cpu=$(sed -n 's/.*"cpu_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
     rss=$(sed -n 's/.*"peak_rss_mib": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
+    wait=$(sed -n 's/.*"omp_wait": *"\([^"]*\)".*/ omp_wait \1/p' "$out" | head -n 1) # dtrain's OpenMP waiting
     [ -z "$logs" ] || cp "$out" "$logs/$c.$r.json"
     echo "$r ${ms:-na} ${cpu:-na} ${rss:-na}" >>"$tmp/$c"
-    echo "# round $r/$rounds $c: median_ms ${ms:-n/a} cpu_ms ${cpu:-n/a} peak_rss_mib ${rss:-n/a} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    echo "# round $r/$rounds $c: median_ms ${ms:-n/a} cpu_ms ${cpu:-n/a} peak_rss_mib ${rss:-n/a}$wait (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     [ -n "$ms" ] || { echo "# $c failed; its stderr:" >&2; tail -n 5 "$out.err" >&2; }
 }
 
