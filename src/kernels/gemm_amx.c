@@ -766,8 +766,9 @@ static dt_status gemm_run(const dt__amx_tiles *tiles, const dt__amx_gemm_args *g
      * threads, interleaved: 2048 x 768 x 50304 113-116 -> 92-99 ms, 2048 x
      * 768 x 3072 2-6% faster, 1024 rows 2-4%; with 512 rows or fewer B's
      * re-reads outweigh A's (256 x 768 x 3072 10% slower), so not there.
-     * A row-major B then takes the chunked packing below instead (the
-     * same macro blocks' shape, all the rows: 2048 x 768 x 50257 0.98). */
+     * A row-major B then takes the chunked packing below instead (macro
+     * blocks of all the rows and a thread's share of the columns: 2048 x
+     * 768 x 50257 0.98 of this rule's time). */
     if (p.plain && !p.aprivate && kb > KC_ONE && nmb >= 32 && nnb * BLK <= 1024) {
         p.ncb = nnb;
         p.mcb = cdiv(nmb, 2 * (int64_t)nt);
