@@ -23,8 +23,8 @@
 # peers' own runs raise the load average, so without a pin the first round
 # can run spinning and the later ones passive. --omp-wait chooses it once for
 # every dtrain run of the script: auto (default: what dtrain chooses at the
-# script's start, asked of `dtrain info`), spin (GOMP_SPINCOUNT=10000) or
-# passive. The peers run
+# script's start, asked of `dtrain info`), spin (dtrain's idle default, asked
+# of `DT_LOADAVG=0 dtrain info`) or passive. The peers run
 # with their runtime's defaults (a full spin), as a user would run them;
 # --wait-all gives them dtrain's pinned policy too (on a busy machine the
 # full spin collapses: PyTorch's step runs tens of times slower, and the
@@ -78,7 +78,8 @@ else
         wdesc=""
     fi
     case $wait in
-    spin) wenv="GOMP_SPINCOUNT=10000" ;;
+    spin) wenv=$(DT_LOADAVG=0 "$cli" info 2>/dev/null | sed -n 's/^OpenMP waiting: \(GOMP_SPINCOUNT=[0-9]*\) .*/\1/p')
+        [ -n "$wenv" ] || { echo "convnet_peer.sh: dtrain info did not say its idle spin" >&2; exit 2; } ;;
     passive) wenv="OMP_WAIT_POLICY=passive" ;;
     *) echo "convnet_peer.sh: --omp-wait auto, spin or passive, got '$wait'" >&2; exit 2 ;;
     esac

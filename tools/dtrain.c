@@ -48,13 +48,14 @@ static void usage(FILE *f)
  * alone does not decide) <= cores - threads + 0.5) -> a short spin,
  * GOMP_SPINCOUNT=10000; busier -> OMP_WAIT_POLICY=passive. The spin's
  * length: on the AMD EPYC machine of docs/BENCHMARKS.md 3000 kept the idle
- * speed within 3-5% of the full spin, but on the Xeon VM with AMX a
- * thread that stopped spinning costs far more to wake, and 3000 lost 21% of the ConvNet
- * step (9.7 against 7.7 ms, 3 rounds interleaved; 30000: 7.6) and 7% of
- * GPT-2's bf16 step at B=4 T=64 (354.5 against 330.4 ms; B=8 T=256: 5%)
- * to 10000. The cost if work arrives later (one busy process started
+ * speed within 3-5% of the full spin, but on the Xeon VM with AMX a thread
+ * that stopped spinning costs far more to wake, and 3000 lost 21% of the
+ * ConvNet step (9.7 against 7.7 ms, 3 rounds interleaved; 30000: 7.6) and
+ * 7% of GPT-2's bf16 step at B=4 T=64 (354.5 against 330.4 ms; B=8 T=256:
+ * 5%) to 10000. The cost if work arrives later (one busy process started
  * beside a run that chose to spin): the ConvNet step 20 ms at 3000, 28 at
- * 10000, 44 at 30000; libgomp's own spin collapses many times over. DT_LOADAVG stands in for the load (tests). libgomp reads both
+ * 10000, 44 at 30000; libgomp's own spin collapses many times over.
+ * DT_LOADAVG stands in for the load (tests). libgomp reads both
  * variables once, when it is loaded, before main: so when the user set
  * neither, the command sets one (and DT_OMP_WAIT, saying it was dtrain's
  * choice and from what, and stopping a second round) and executes itself
