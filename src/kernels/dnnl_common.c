@@ -188,9 +188,23 @@ void dt_k_stats_reset(void)
 }
 
 /* ---- primitive helpers ----------------------------------------------------------- */
+/* One primitive created at a time, process-wide. oneDNN's own primitive
+ * cache (looked up and filled here) hands a primitive being created to the
+ * other threads asking for the same key through a promise whose wait is a
+ * futex in uninstrumented code, and re-points the cached key at the new
+ * primitive's descriptor: ThreadSanitizer then sees one thread compare keys
+ * in memory another thread just allocated, with no order between them
+ * (test_matmul's concurrent case, about one run in ten). Creation is rare
+ * (dtrain caches every primitive it makes, per shape) and costs
+ * milliseconds, so a lock of ours around it costs nothing on a step and
+ * leaves no cache access unordered. Execution takes no lock. */
+static pthread_mutex_t g_create_lock = PTHREAD_MUTEX_INITIALIZER;
+
 dt_status dt__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd, const char *what)
 {
+    pthread_mutex_lock(&g_create_lock);
     dnnl_status_t s = dnnl_primitive_create(prim, pd);
+    pthread_mutex_unlock(&g_create_lock);
     if (s != dnnl_success)
         return dt__dnnl_err(s, what);
     dt__stats_primitive_created();
