@@ -541,12 +541,12 @@ DT__AVX512 static void epilogue_v(const dt__amx_gemm_args *g, const float *acc, 
  * transposed in registers, so each of the result's rows takes 16 columns
  * at a time through out16 (the same bits). The result's rows go 16 at a
  * time, each written along its columns before the next 16 (the other way
- * round, every 16 columns touched a line of each of the block's rows, 256
- * pages apart in a language model head's logits); whole blocks are stored
- * unmasked (a masked store across a line costs more). With acc_ld's
- * longer rows, on the Xeon with AMX, 2 threads, interleaved, 5-7 rounds:
- * the logits 256 x 50257 x 768 15.3 -> 12.8 ms, 256 x 768 x 3072 0.81 ->
- * 0.77; GPT-2's bf16 step at B=4 T=64 347 -> 333 ms. */
+ * round, every 16 columns touched a line in each of the block's rows: 100
+ * KB apart in a language model head's logits), and whole blocks are
+ * stored unmasked. With acc_ld's longer rows, on the Xeon with AMX, 2
+ * threads, interleaved, 5-7 rounds: the logits 256 x 50257 x 768 15.3 ->
+ * 12.8 ms, 256 x 768 x 3072 0.81 -> 0.77; GPT-2's bf16 step at B=4 T=64
+ * 347 -> 333 ms. */
 DT__AVX512 static void epilogue_vt(const dt__amx_gemm_args *g, const float *acc, int64_t ld, int64_t m0,
                                    int64_t n0, int64_t rows, int64_t cols)
 {
@@ -660,8 +660,9 @@ static int64_t acc_ld(const plan *p) { return p->ncb * BLK + (p->ct ? 16 : 0); }
 
 /* Macro block (mg, ng) of the output: 32-row blocks mg mcb .. and 32-column
  * panels ng ncb .., summed over K in chunks; buf: mcb x ncb blocks of
- * floats (rows acc_ld apart) unless plain; abuf: the thread's copy of the macro block's rows of
- * A^T when p->aprivate; bbuf: the thread's chunk of B panels when p->bjit. */
+ * floats (rows acc_ld apart) unless plain; abuf: the thread's copy of the
+ * macro block's rows of A^T when p->aprivate; bbuf: the thread's chunk of B
+ * panels when p->bjit. */
 static void run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int64_t ng, float *buf, uint16_t *abuf,
                       uint16_t *bbuf)
 {
