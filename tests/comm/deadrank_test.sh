@@ -19,8 +19,8 @@ export DT_COMM_TIMEOUT=30 DT_BACKEND=mpi ASAN_OPTIONS=detect_leaks=0
 mpirun_line="$mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca odls_base_sigkill_timeout 10 -np 3"
 t0=$(date +%s)
 if [ "$mode" = coll ]; then
-    export DT_MPI_BLOCKING="${DT_MPI_BLOCKING:-0}"
-    $mpirun_line -x DT_COMM_TIMEOUT -x DT_BACKEND -x DT_MPI_BLOCKING "$prog" >"$dir/out" 2>&1
+    export DT_MPI_BLOCKING="${DT_MPI_BLOCKING:-0}" DT_DEADRANK_DIR="$dir"
+    $mpirun_line -x DT_COMM_TIMEOUT -x DT_BACKEND -x DT_MPI_BLOCKING -x DT_DEADRANK_DIR "$prog" >"$dir/out" 2>&1
 else
     # The survivors run under a shell that reports their exit code (it
     # ignores mpirun's SIGTERM; dtrain handles its own); rank 1 is the

@@ -4,9 +4,10 @@
  * (its receive just never completes), so the mpi backend checks the
  * processes of the peers on its own machine while it waits.
  *
- * 3 ranks (started by tests/comm/deadrank_test.sh under mpirun); rank 1
- * posts an all-reduce and kills itself; ranks 0 and 2 wait in that
- * all-reduce and must get DT_ERR_PEER_FAILED naming rank 1 within
+ * 3 ranks (started by tests/comm/deadrank_test.sh under mpirun); once
+ * ranks 0 and 2 have left a first all-reduce, rank 1 posts a second one
+ * and kills itself; ranks 0 and 2 wait in that all-reduce and must get
+ * DT_ERR_PEER_FAILED naming rank 1 within
  * LIMIT_S, far under the group's timeout (DT_COMM_TIMEOUT=30 in the
  * registration; without the check the wait ends only at the timeout, with
  * DT_ERR_TIMEOUT, or when mpirun kills the job). Each survivor prints one
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/rank_check.h"
 
@@ -52,6 +54,31 @@ int main(void)
     if (st < 0) {
         printf("mpi_deadrank: rank %d FAILED: first all-reduce: %s\n", g_rank, dt_last_error());
         return 1;
+    }
+    /* Rank 1 dies only once the others have left the first all-reduce: it
+     * can finish it first, and a survivor still inside it would see the
+     * death there (CI, under ASan: rank 0 was). The others say so by a
+     * file each in DT_DEADRANK_DIR (deadrank_test.sh's directory). */
+    const char *dir = getenv("DT_DEADRANK_DIR");
+    char path[4096];
+    if (!dir || !*dir) {
+        printf("mpi_deadrank: rank %d FAILED: DT_DEADRANK_DIR is not set\n", g_rank);
+        return 1;
+    }
+    if (g_rank != 1) {
+        snprintf(path, sizeof path, "%s/left.%d", dir, g_rank);
+        FILE *f = fopen(path, "w");
+        if (!f || fclose(f) != 0) {
+            printf("mpi_deadrank: rank %d FAILED: cannot create %s\n", g_rank, path);
+            return 1;
+        }
+    } else {
+        double w0 = dt_time_s();
+        for (int r = 0; r < 3; r += 2) {
+            snprintf(path, sizeof path, "%s/left.%d", dir, r);
+            while (access(path, F_OK) != 0 && dt_time_s() - w0 < LIMIT_S)
+                usleep(10000);
+        }
     }
     if (g_rank == 1) {
         dt_req *rq;
