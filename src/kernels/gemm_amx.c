@@ -508,16 +508,20 @@ DT__AVX512 static inline void out16(const dt__amx_gemm_args *g, __m512 v, int64_
         v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(g->beta), _mm512_maskz_loadu_ps(m, g->C + o)));
     if (g->bias)
         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, g->bias + k));
-    if (!g->Cb && m == 0xffff)
-        _mm512_storeu_ps(g->C + o, v);
-    else if (!g->Cb)
-        _mm512_mask_storeu_ps(g->C + o, m, v);
-    else if (st)
-        _mm256_stream_si256((__m256i *)(void *)(g->Cb + o), dt__bf16_pack16(dt__bf16_round16(v)));
+    if (!g->Cb) {
+        if (m == 0xffff)
+            _mm512_storeu_ps(g->C + o, v);
+        else
+            _mm512_mask_storeu_ps(g->C + o, m, v);
+        return;
+    }
+    const __m256i h = dt__bf16_pack16(dt__bf16_round16(v));
+    if (st)
+        _mm256_stream_si256((__m256i *)(void *)(g->Cb + o), h);
     else if (m == 0xffff)
-        _mm256_storeu_si256((__m256i *)(void *)(g->Cb + o), dt__bf16_pack16(dt__bf16_round16(v)));
+        _mm256_storeu_si256((__m256i *)(void *)(g->Cb + o), h);
     else
-        _mm256_mask_storeu_epi16(g->Cb + o, m, dt__bf16_pack16(dt__bf16_round16(v)));
+        _mm256_mask_storeu_epi16(g->Cb + o, m, h);
 }
 
 /* epilogue_s without GELU, 16 columns at a time (out16). stream
