@@ -156,6 +156,13 @@ DT_API dt_status dt_backward_weight(dt_ctx *ctx);
 DT_API dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud);
 /* Remove every grad-ready hook of t. */
 DT_API void dt_ag_clear_grad_hooks(dt_tensor *t);
+/* Inside a grad-ready hook of leaf: true when the op that wrote its
+ * gradient (the pass's only contribution) saw every value finite as it
+ * stored them, so a hook that looks for inf or NaN need not read it (a
+ * bf16 weight gradient written by dtrain's AMX GEMM, or checked by the
+ * read pass that follows the GEMM elsewhere: dt_k_matmul_lp_checked).
+ * False when nothing checked it, and outside the hooks. */
+DT_API bool dt_ag_grad_checked_finite(const dt_tensor *leaf);
 /* Zero t->grad if it has one (no-op otherwise). */
 DT_API dt_status dt_ag_zero_grad(dt_tensor *t);
 

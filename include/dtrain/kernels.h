@@ -143,6 +143,14 @@ DT_API dt_status dt_k_matmul_batched_lp(bool trans_a, bool trans_b, int64_t batc
                                         int64_t K, float alpha, const void *A, int64_t stride_a,
                                         const void *B, int64_t stride_b, dt_dtype t, void *C,
                                         int64_t stride_c, const float *bias);
+/* One product (alpha 1, no bias) as dt_k_matmul_batched_lp, and whether
+ * every value of C (after rounding) is finite: *finite false when some is
+ * inf or NaN. For a result written once and read much later (a weight's
+ * gradient): on dtrain's AMX GEMM the epilogue checks each value as it
+ * stores it (no read pass over C); elsewhere a read pass follows the
+ * product. *finite is false when the call fails. */
+DT_API dt_status dt_k_matmul_lp_checked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                        const void *A, const void *B, dt_dtype t, void *C, bool *finite);
 /* Whether dt_k_matmul_batched_lp writes its t result directly here: oneDNN
  * has a native t matmul on this CPU, or (bf16) dtrain's AMX GEMM runs
  * every bf16 product (DT_AMX_GEMM=on); it rounds its f32 sums to bf16 as

@@ -139,6 +139,11 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta);
  * dt_k_matmul_batched_lp. NULL otherwise (use dt__grad_gemm). The caller
  * must then write the whole buffer. */
 void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt);
+/* After that GEMM: whether it saw every value finite as it stored them
+ * (dt_k_matmul_lp_checked), for t's grad-ready hooks to ask
+ * (dt_ag_grad_checked_finite); the mark goes when the hooks have run or
+ * another contribution begins. */
+void dt__grad_gemm_lp_done(dt_tensor *t, bool finite);
 
 /* Contiguous f32 output temporary of the given shape. */
 dt_tensor *dt__out(dt_ctx *ctx, int ndim, const int64_t *shape);

@@ -134,7 +134,13 @@ float *dt__grad_out(dt_ctx *ctx, dt_tensor *t)
 }
 
 /* Any write access to t's gradient: its shadow no longer matches. */
-static void shadow_drop(dt_tensor *t) { t->glp_ = NULL; }
+/* A contribution to t's gradient is about to be written: the low-precision
+ * copy of a temporary's gradient and a leaf's finite mark no longer hold. */
+static void shadow_drop(dt_tensor *t)
+{
+    t->glp_ = NULL;
+    t->gfinite_ = false;
+}
 
 float *dt__grad(dt_ctx *ctx, dt_tensor *t)
 {
@@ -234,6 +240,10 @@ void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
     t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY; /* the GEMM writes the buffer; the flush finds nothing to add */
     return g->data;
 }
+
+void dt__grad_gemm_lp_done(dt_tensor *t, bool finite) { t->gfinite_ = finite; }
+
+bool dt_ag_grad_checked_finite(const dt_tensor *leaf) { return leaf && leaf->gfinite_; }
 
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
 {

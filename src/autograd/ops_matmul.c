@@ -245,11 +245,13 @@ dt_status dt__bw_dense(dt_ctx *ctx, dt__node *n, const float *gout)
             return st;
     }
     void *gwl = t != DT_F32 && dt__rg(n->in[1]) ? dt__grad_gemm_lp(ctx, n->in[1], t) : NULL;
-    if (gwl) { /* the weight's only contribution, rounded into its gradient as it is stored */
-        st = wt ? dt_k_matmul_batched_lp(true, false, 1, Out, In, R, 1.0f, G, 0, X, 0, t, gwl, 0, NULL)
-                : dt_k_matmul_batched_lp(true, false, 1, In, Out, R, 1.0f, X, 0, G, 0, t, gwl, 0, NULL);
+    if (gwl) { /* the weight's only contribution, rounded into its gradient as it is stored and checked */
+        bool finite;
+        st = wt ? dt_k_matmul_lp_checked(true, false, Out, In, R, G, X, t, gwl, &finite)
+                : dt_k_matmul_lp_checked(true, false, In, Out, R, X, G, t, gwl, &finite);
         if (st < 0)
             return st;
+        dt__grad_gemm_lp_done(n->in[1], finite);
     } else if (dt__rg(n->in[1])) { /* gW = g^T X [out, in] (linear) or X^T g [in, out] (addmm) */
         float *gw = dt__grad_gemm(ctx, n->in[1], &beta);
         if (!gw)

@@ -226,12 +226,11 @@ dt_tensor *dt_ag_custom(dt_ctx *ctx, int nin, dt_tensor **in, dt_tensor *out,
 
 static dt_status fire_hooks(dt_tensor *leaf)
 {
-    for (int h = 0; h < leaf->nhooks_; h++) {
-        dt_status st = leaf->hooks_[h].fn(leaf, leaf->hooks_[h].ud);
-        if (st < 0)
-            return st;
-    }
-    return DT_OK;
+    dt_status st = DT_OK;
+    for (int h = 0; h < leaf->nhooks_ && st >= 0; h++)
+        st = leaf->hooks_[h].fn(leaf, leaf->hooks_[h].ud);
+    leaf->gfinite_ = false; /* dt_ag_grad_checked_finite answers inside the hooks only */
+    return st;
 }
 
 static bool is_leaf_rg(const dt_tensor *t) { return dt__rg(t) && !t->node_; }

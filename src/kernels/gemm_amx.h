@@ -46,6 +46,9 @@ typedef struct {
     dt__amx_act act;              /* applied last */
     bool stream;                  /* Cb written with streaming stores where its rows allow (a result
                                    * too large to stay in the caches: no read of its lines first) */
+    bool *finite;                 /* NULL, or set to whether every value stored is finite (no inf or
+                                   * NaN in C, or in Cb after rounding), checked by the epilogue as it
+                                   * stores them (a plain product then takes the epilogue too) */
 } dt__amx_gemm_args;
 
 /* Run the GEMM on `tiles`. Each thread configures its tiles on its first
@@ -93,10 +96,11 @@ bool dt__amx_auto_picks(int64_t M, int64_t N, int64_t K);
 
 /* dt_k_matmul_batched's bf16 path on the real instructions (arguments as
  * there, already checked); C is f32, or bf16 (c_bf16, beta 0: the sums
- * rounded once, as dt_f32_to_bf16). */
+ * rounded once, as dt_f32_to_bf16). finite: NULL, or set to whether every
+ * value stored is finite (dt__amx_gemm_args.finite; dt_k_matmul_lp_checked). */
 dt_status dt__amx_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                                  const void *A, int64_t sa, const void *B, int64_t sb, float beta, void *C,
-                                 bool c_bf16, int64_t sc, const float *bias);
+                                 bool c_bf16, int64_t sc, const float *bias, bool *finite);
 
 /* For tests: whether the calling thread holds a tile configuration of the
  * driver's now (always false between calls). */

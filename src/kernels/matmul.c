@@ -470,20 +470,24 @@ static dt_status mm_exec(const mm_entry *e, const void *a, const void *b, void *
     return ds == dnnl_success ? DT_OK : dt__dnnl_err(ds, "dt_k_matmul");
 }
 
+/* Whether the product runs on dtrain's AMX GEMM (gemm_amx.c). */
+static bool mm_amx(dt_dtype t, int64_t M, int64_t N, int64_t K) { return t == DT_BF16 && dt__amx_use(M, N, K); }
+
 /* The product into C of dtype ct: f32, or t itself (beta 0) where
- * mm_direct_lp says oneDNN writes it. */
+ * mm_direct_lp says oneDNN writes it. finite: NULL, or (on the AMX GEMM
+ * alone, see mm_amx) set to whether every value stored is finite. */
 static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                         const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float beta,
-                        void *Cv, dt_dtype ct, int64_t sc, const float *bias)
+                        void *Cv, dt_dtype ct, int64_t sc, const float *bias, bool *finite)
 {
     const char *fn = "dt_k_matmul";
     dt_status st = DT_OK;
     float *C = Cv; /* f32 unless ct is low precision (then only passed on to oneDNN or the AMX GEMM) */
     if (batch == 1)
         sa = sb = sc = 0;
-    if (t == DT_BF16 && dt__amx_use(M, N, K)) /* dtrain's AMX GEMM (gemm_amx.c) */
+    if (mm_amx(t, M, N, K))
         return dt__amx_matmul_batched(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, beta, Cv, ct == DT_BF16, sc,
-                                      bias);
+                                      bias, finite);
     if (K == 0) { /* C = beta C + bias */
         for (int64_t b = 0; b < batch; b++)
             for (int64_t i = 0; i < M; i++) {
@@ -629,7 +633,7 @@ static dt_status mm_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t 
 {
     if (batch == 0 || M == 0 || N == 0)
         return DT_OK;
-    return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, DT_F32, sc, bias);
+    return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, beta, C, DT_F32, sc, bias, NULL);
 }
 
 dt_status dt_k_matmul_batched(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
@@ -649,22 +653,12 @@ bool dt_k_matmul_writes_lp(dt_dtype t)
     return (t == DT_BF16 || t == DT_F16) && (dt_k_matmul_native(t) || (t == DT_BF16 && dt__amx_active(NULL)));
 }
 
-dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                                 const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
-                                 int64_t sc, const float *bias)
+/* No direct low-precision result here: the f32 product, rounded. */
+static dt_status mm_lp_f32(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                           float alpha, const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                           int64_t sc, const float *bias)
 {
-    const char *fn = "dt_k_matmul_batched_lp";
-    if (t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
-    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
-    if (st < 0)
-        return st;
-    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, 0.0f, t, sc, bias);
-    if (batch == 0 || M == 0 || N == 0)
-        return DT_OK;
-    if (K > 0 && dt_k_matmul_writes_lp(t))
-        return mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, C, t, sc, bias);
-    /* no direct low-precision result here: the f32 product, rounded */
+    dt_status st = DT_OK;
     const int64_t scc = batch > 1 ? sc : M * N, m = (batch - 1) * scc + M * N;
     float *tmp = dt_alloc((size_t)m * sizeof(float));
     if (!tmp)
@@ -675,6 +669,54 @@ dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int
             st = dt_k_convert(tmp + b * scc, DT_F32, (uint16_t *)C + b * scc, t, M * N);
     dt_free(tmp);
     return st;
+}
+
+/* dt_k_matmul_batched_lp, and with finite (not NULL) its check: set by the
+ * AMX GEMM's epilogue as it stores, else by a read pass after. */
+static dt_status mm_lp(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
+                       float alpha, const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                       int64_t sc, const float *bias, bool *finite)
+{
+    if (finite)
+        *finite = false;
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
+    dt_status st = mm_check(fn, ta, tb, batch, M, N, K, A, sa, B, sb, t, C, sc);
+    if (st < 0)
+        return st;
+    mm_record(ta, tb, batch, M, N, K, alpha, sa, sb, t, 0.0f, t, sc, bias);
+    if (batch == 0 || M == 0 || N == 0) {
+        if (finite)
+            *finite = true;
+        return DT_OK;
+    }
+    const bool amx = K > 0 && mm_amx(t, M, N, K); /* (it writes t itself) */
+    if (K > 0 && dt_k_matmul_writes_lp(t))
+        st = mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, C, t, sc, bias, amx ? finite : NULL);
+    else
+        st = mm_lp_f32(fn, ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, C, sc, bias);
+    for (int64_t b = 0; b < batch && finite && !amx && st >= 0; b++) { /* the check as a read pass */
+        const void *cb = (const uint16_t *)C + b * (batch > 1 ? sc : 0);
+        *finite = dt_k_first_nonfinite(cb, t, M * N) == M * N;
+        if (!*finite)
+            break;
+    }
+    return st;
+}
+
+dt_status dt_k_matmul_batched_lp(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                                 const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, void *C,
+                                 int64_t sc, const float *bias)
+{
+    return mm_lp("dt_k_matmul_batched_lp", ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, C, sc, bias, NULL);
+}
+
+dt_status dt_k_matmul_lp_checked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
+                                 dt_dtype t, void *C, bool *finite)
+{
+    if (!finite)
+        return dt_error(DT_ERR_NULL, "dt_k_matmul_lp_checked: finite is NULL");
+    return mm_lp("dt_k_matmul_lp_checked", ta, tb, 1, M, N, K, 1.0f, A, 0, B, 0, t, C, 0, NULL, finite);
 }
 
 dt_status dt_k_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,

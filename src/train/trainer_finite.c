@@ -73,7 +73,9 @@ static dt_status nf_hook(dt_model *m, size_t index, const dt_param_info *p, void
     const dt_flat *g = dt_model_flat(m, DT_FLAT_GRADS, p->dtype);
     if (!g || !g->base || p->numel == 0)
         return DT_OK; /* not counted: the read pass answers */
-    if (dt_k_first_nonfinite(dt_flat_ptr(g, p->offset), p->dtype, (int64_t)p->numel) < (int64_t)p->numel)
+    /* checked as it was written (dt_ag_grad_checked_finite), else read here */
+    if (!dt_ag_grad_checked_finite(p->tensor) &&
+        dt_k_first_nonfinite(dt_flat_ptr(g, p->offset), p->dtype, (int64_t)p->numel) < (int64_t)p->numel)
         atomic_store(&s->hit, true);
     if (!atomic_exchange(&s->seen[s->root[index]], 1))
         atomic_fetch_add(&s->got, 1);

@@ -1181,7 +1181,16 @@ TEST(init_range_bf16)
  * in f32 and rounded by the flush (buffer zeroed, no mark) within one bf16
  * ulp (oneDNN picks its kernel per destination dtype), for both weight
  * layouts; x's gradient is the same in both; a second backward over the
- * same tape (two uses in one gradient now: the f32 path) adds to it. */
+ * same tape (two uses in one gradient now: the f32 path) adds to it.
+ * dt_ag_grad_checked_finite, asked in grad-ready hooks: true for the
+ * gradient written directly (its GEMM checked every value), false for the
+ * flushed one, outside the hooks, and for a direct one that overflows. */
+static dt_status checked_hook(dt_tensor *leaf, void *ud)
+{
+    *(int *)ud = dt_ag_grad_checked_finite(leaf) ? 1 : 0;
+    return DT_OK;
+}
+
 static void direct_wgrad_case(bool wt)
 {
     enum { R = 24, In = 40, Out = 33 };
@@ -1201,6 +1210,9 @@ static void direct_wgrad_case(bool wt)
         ASSERT_OK(dt_tensor_set_grad(w[i], gw[i]));
         ASSERT_OK(dt_tensor_set_requires_grad(w[i], true));
     }
+    int seen[2] = {-1, -1};
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(dt_ag_add_grad_hook(w[i], checked_hook, &seen[i]));
     w[0]->flags |= DT_TENSOR_GRAD_LAZY;
     dt_tensor *x = dt_cast(ctx, dt_tensor_from(ctx, DT_F32, 2, SH(R, In), xv), DT_BF16);
     dt_tensor *R_ = dt_tensor_from(ctx, DT_F32, 2, SH(R, Out), rv);
@@ -1210,6 +1222,10 @@ static void direct_wgrad_case(bool wt)
         ASSERT_OK(dt_backward_with(ctx, y[i], R_));
     }
     ASSERT(!(w[0]->flags & DT_TENSOR_GRAD_LAZY));
+    const bool direct = dt_k_matmul_writes_lp(DT_BF16); /* else dt__grad_gemm_lp declines: the flush */
+    ASSERT_EQ_INT(seen[0], direct ? 1 : 0);
+    ASSERT_EQ_INT(seen[1], 0);
+    ASSERT(!dt_ag_grad_checked_finite(w[0]) && !dt_ag_grad_checked_finite(w[1]));
     int nz = 0;
     for (int64_t i = 0; i < In * Out; i++) {
         double a = dt_tensor_get(gw[0], i), b = dt_tensor_get(gw[1], i);
@@ -1220,10 +1236,22 @@ static void direct_wgrad_case(bool wt)
     }
     ASSERT(nz > In * Out / 2);
     ASSERT_OK(dt_backward_with(ctx, y[0], R_)); /* no mark now: the f32 sum added, rounded once */
+    ASSERT_EQ_INT(seen[0], 0);
     for (int64_t i = 0; i < 16; i++) {
         double a = dt_tensor_get(gw[0], i), b = dt_tensor_get(gw[1], i);
         ASSERT_NEAR(a, 2 * b, 0, 3 * 0x1p-7);
     }
+    /* the direct path again, the output gradient at 3e38 everywhere: its sums overflow */
+    float big[R * Out];
+    for (int i = 0; i < R * Out; i++)
+        big[i] = 3e38f;
+    w[0]->flags |= DT_TENSOR_GRAD_LAZY;
+    dt_tensor *y2 = wt ? dt_linear(ctx, x, w[0], NULL) : dt_addmm(ctx, x, w[0], NULL);
+    ASSERT(y2);
+    seen[0] = -1;
+    ASSERT_OK(dt_backward_with(ctx, y2, dt_tensor_from(ctx, DT_F32, 2, SH(R, Out), big)));
+    ASSERT_EQ_INT(seen[0], 0);
+    ASSERT(dt_k_first_nonfinite(gw[0]->data, DT_BF16, In * Out) < In * Out);
     for (int i = 0; i < 2; i++) {
         dt_tensor_free(w[i]);
         dt_tensor_free(gw[i]);

@@ -494,6 +494,77 @@ TEST(bf16_result)
     ASSERT_EQ_INT(fails, 0);
 }
 
+TEST(finite_check)
+{
+    /* args.finite: the epilogue says whether every value it stored is
+     * finite, for each way a result goes out: f32 (a plain product then
+     * takes the epilogue too), bf16 (checked after rounding: a finite f32
+     * sum past bf16's largest value rounds to inf), streaming stores, the
+     * transposed product of a few rows (tb, N >= 2M), GELU (the scalar
+     * epilogue) and beta C. Finite inputs: true, and the very bits of the
+     * same call without the check. One output made inf or NaN (its row of
+     * A scaled to overflow, or a NaN in beta's C), at the last row and
+     * column so every edge mask counts: false. Columns past N of a wider
+     * ldc hold NaN and are not the result's: they never count. */
+    typedef struct {
+        int64_t M, N, K;
+        bool tb, bf16, stream, gelu, beta;
+    } fc;
+    static const fc cs[] = {
+        {33, 47, 31, false, false, false, false, false}, {70, 300, 100, false, true, false, false, false},
+        {64, 64, 64, false, true, true, false, false},  {40, 200, 64, true, true, false, false, false},
+        {40, 200, 64, true, false, false, false, false}, {17, 33, 65, false, false, false, true, false},
+        {17, 33, 65, false, true, false, true, false},  {33, 47, 31, false, false, false, false, true},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int poison = 0; poison < 2; poison++) {
+            const fc c = cs[i];
+            const int64_t M = c.M, N = c.N, K = c.K, ldc = N + 3;
+            uint16_t *A = bf16_rand(M * K), *B = bf16_rand(K * N);
+            uint16_t *Cb = aligned_alloc(64, ((size_t)(M * ldc) * 2 + 63) / 64 * 64),
+                     *Cb2 = aligned_alloc(64, ((size_t)(M * ldc) * 2 + 63) / 64 * 64);
+            float *C = malloc((size_t)(M * ldc) * 4), *C2 = malloc((size_t)(M * ldc) * 4);
+            for (int64_t j = 0; j < M * ldc; j++) {
+                C[j] = C2[j] = (j % ldc) < N ? 0.5f : NAN; /* beta's C, and NaN past N */
+                Cb[j] = Cb2[j] = 0x7fc1;
+            }
+            if (poison && c.beta)
+                C[M * ldc - 4] = C2[M * ldc - 4] = NAN; /* the last result's C */
+            else if (poison) /* the last row of A: large enough that its sums overflow f32 */
+                for (int64_t k = 0; k < K; k++)
+                    A[(M - 1) * K + k] = dt_f32_to_bf16(1e37f * (k % 2 ? 3.0f : 2.5f));
+            if (poison && !c.beta) /* and B's last column all positive: its sum overflows */
+                for (int64_t k = 0; k < K; k++)
+                    B[c.tb ? (N - 1) * K + k : k * N + N - 1] = dt_f32_to_bf16(40.0f);
+            bool fin = !poison;
+            dt__amx_gemm_args g = {.tb = c.tb, .M = M, .N = N, .K = K, .A = A, .lda = K, .B = B,
+                                   .ldb = c.tb ? K : N, .alpha = 1.0f, .beta = c.beta ? 1.0f : 0.0f, .ldc = ldc,
+                                   .act = c.gelu ? DT__AMX_ACT_GELU_TANH : DT__AMX_ACT_NONE,
+                                   .stream = c.stream};
+            if (c.bf16)
+                g.Cb = Cb;
+            else
+                g.C = C;
+            g.finite = &fin;
+            int bad = dt__amx_gemm(g_tiles, &g) != DT_OK;
+            g.finite = NULL; /* the same call unchecked */
+            if (c.bf16)
+                g.Cb = Cb2;
+            else
+                g.C = C2;
+            bad |= dt__amx_gemm(g_tiles, &g) != DT_OK;
+            bad |= c.bf16 ? memcmp(Cb, Cb2, (size_t)(M * ldc) * 2) != 0 : memcmp(C, C2, (size_t)(M * ldc) * 4) != 0;
+            if (bad || fin != !poison) {
+                fprintf(stderr, "  case %zu poison %d: finite %d, results %s\n", i, poison, (int)fin,
+                        bad ? "differ or failed" : "equal");
+                fails++;
+            }
+            free(A), free(B), free(Cb), free(Cb2), free(C), free(C2);
+        }
+    ASSERT_EQ_INT(fails, 0);
+}
+
 TEST(direct_a_strides)
 {
     /* op(A) = A is read in place with its own row stride: odd leading
@@ -759,6 +830,7 @@ int main(int argc, char **argv)
         RUN(packed_b_reused);
         RUN(packed_b_cache_versions);
         RUN(bf16_result);
+        RUN(finite_check);
         RUN(direct_a_strides);
         RUN(more_threads_than_cores);
         RUN(concurrent_callers_more_than_cores);
@@ -782,6 +854,7 @@ int main(int argc, char **argv)
     RUN(packed_b_reused);
     RUN(packed_b_cache_versions);
     RUN(bf16_result);
+    RUN(finite_check);
     RUN(direct_a_strides);
     RUN(config_once_per_shape_and_released);
     RUN(more_threads_than_cores);

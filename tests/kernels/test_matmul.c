@@ -307,6 +307,46 @@ TEST(matmul_bf16_lp_result)
     free(A), free(B), free(R), free(Ah), free(Bh), free(Ch);
 }
 
+/* dt_k_matmul_lp_checked: the result of dt_k_matmul_batched_lp (bit for
+ * bit: the same path) and whether every value of it is finite, on a shape
+ * auto sends to dtrain's AMX GEMM where it runs (2^27 multiply-adds: the
+ * check in its epilogue) and on a small one (oneDNN or the widening: a read
+ * pass); every transpose. One row of A large enough that a sum overflows: false.
+ * NULL finite refused. */
+TEST(matmul_lp_checked)
+{
+    static const int64_t shp[][3] = {{37, 45, 70}, {512, 520, 512}};
+    for (int s = 0; s < 2; s++) {
+        const int64_t M = shp[s][0], N = shp[s][1], K = shp[s][2];
+        float *A = malloc((size_t)(M * K) * 4), *B = malloc((size_t)(K * N) * 4);
+        uint16_t *Ah = malloc((size_t)(M * K) * 2), *Bh = malloc((size_t)(K * N) * 2);
+        uint16_t *C = malloc((size_t)(M * N) * 2), *C2 = malloc((size_t)(M * N) * 2);
+        ASSERT(A && B && Ah && Bh && C && C2);
+        fill(A, M * K, 31);
+        fill(B, K * N, 32);
+        for (int f = 0; f < 8; f++) {
+            bool ta = f & 1, tb = f & 2, poison = f & 4;
+            dt_k_f32_to_bf16(A, Ah, M * K);
+            dt_k_f32_to_bf16(B, Bh, K * N);
+            if (poison) /* a row of op(A) at 1e37 against a column of op(B) at 1: K 1e37 overflows */
+                for (int64_t k = 0; k < K; k++) {
+                    Ah[ta ? k * M + M / 2 : (M / 2) * K + k] = dt_f32_to_bf16(1e37f);
+                    Bh[tb ? (N / 2) * K + k : k * N + N / 2] = dt_f32_to_bf16(1.0f);
+                }
+            bool fin = poison;
+            ASSERT_OK(dt_k_matmul_lp_checked(ta, tb, M, N, K, Ah, Bh, DT_BF16, C, &fin));
+            ASSERT_OK(dt_k_matmul_batched_lp(ta, tb, 1, M, N, K, 1.0f, Ah, 0, Bh, 0, DT_BF16, C2, 0, NULL));
+            ASSERT(memcmp(C, C2, (size_t)(M * N) * 2) == 0);
+            int64_t bad = dt_k_first_nonfinite(C, DT_BF16, M * N);
+            ASSERT(poison ? bad < M * N : bad == M * N); /* the poison did overflow, the rest is finite */
+            if (fin != !poison)
+                TEST_FAIL_("M=%lld flags %d: finite %d", (long long)M, f, (int)fin);
+        }
+        ASSERT_STATUS(dt_k_matmul_lp_checked(false, false, M, N, K, Ah, Bh, DT_BF16, C, NULL), DT_ERR_NULL);
+        free(A), free(B), free(Ah), free(Bh), free(C), free(C2);
+    }
+}
+
 /* Products large enough to run as slabs on 2+ threads (src/kernels/matmul.c:
  * M N K >= 2^24, one slab per thread, split along the larger of M and N at
  * multiples of 48, N only without alpha and beta): every result within the
@@ -449,6 +489,7 @@ int main(void)
     RUN(matmul_slabs_match_one_thread);
     RUN(matmul_bf16_batched);
     RUN(matmul_bf16_lp_result);
+    RUN(matmul_lp_checked);
     RUN(matmul_concurrent_threads);
     RUN(matmul_f32_all_flags);
     RUN(matmul_batched_broadcast);
