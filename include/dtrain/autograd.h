@@ -156,12 +156,14 @@ DT_API dt_status dt_backward_weight(dt_ctx *ctx);
 DT_API dt_status dt_ag_add_grad_hook(dt_tensor *leaf, dt_grad_hook_fn fn, void *ud);
 /* Remove every grad-ready hook of t. */
 DT_API void dt_ag_clear_grad_hooks(dt_tensor *t);
-/* Inside a grad-ready hook of leaf: true when the op that wrote its
- * gradient (the pass's only contribution) saw every value finite as it
- * stored them, so a hook that looks for inf or NaN need not read it (a
- * bf16 weight gradient written by dtrain's AMX GEMM, or checked by the
- * read pass that follows the GEMM elsewhere: dt_k_matmul_lp_checked).
- * False when nothing checked it, and outside the hooks. */
+/* Inside a grad-ready hook of leaf: true when every value of its gradient
+ * was seen finite as it was written in this backward pass, so a hook that
+ * looks for inf or NaN need not read it: a low-precision weight's gradient
+ * written by one GEMM (dtrain's AMX GEMM checks as it stores, elsewhere a
+ * read pass follows: dt_k_matmul_lp_checked), or a lazily zeroed
+ * low-precision gradient written whole from its f32 sum (checked block by
+ * block as it is rounded). False when nothing checked it (the gradient was
+ * added to), and outside the hooks. */
 DT_API bool dt_ag_grad_checked_finite(const dt_tensor *leaf);
 /* Zero t->grad if it has one (no-op otherwise). */
 DT_API dt_status dt_ag_zero_grad(dt_tensor *t);

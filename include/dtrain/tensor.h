@@ -117,9 +117,9 @@ struct dt_tensor {
     const void *glp_of_;             /* ... of this gradient buffer, */
     uint64_t glp_epoch_;             /* in this backward pass, */
     dt_dtype glp_dtype_;             /* in this dtype */
-    bool gfinite_;                   /* a leaf: the op that wrote its gradient, the pass's only
-                                        contribution, saw every value finite as it stored them
-                                        (until its grad-ready hooks have run) */
+    bool gfinite_;                   /* a leaf: every value of its gradient was seen finite as
+                                        it was written in this pass (until its grad-ready hooks
+                                        have run; dt_ag_grad_checked_finite) */
 };
 
 /* ---- shape helpers ------------------------------------------------------ */

@@ -83,6 +83,24 @@ static dt_status lp_add(uint16_t *g, dt_dtype gt, const float *acc, int64_t n)
     return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "lp_add") : DT_OK;
 }
 
+/* g[0..n) (dtype gt) = acc rounded, in blocks on every thread, each block
+ * checked for inf and NaN while it is in cache: *finite (the leaf's
+ * grad-ready hooks then read nothing, dt_ag_grad_checked_finite). */
+static dt_status lp_write(uint16_t *g, dt_dtype gt, const float *acc, int64_t n, bool *finite)
+{
+    enum { BLK = 16384 };
+    const int64_t nb = (n + BLK - 1) / BLK;
+    int bad = 0, inf = 0;
+#pragma omp parallel for schedule(static) if (nb > 16) reduction(| : bad, inf)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i = b * BLK, c = n - i < BLK ? n - i : BLK;
+        bad |= dt_k_convert(acc + i, DT_F32, g + i, gt, c) < 0;
+        inf |= dt_k_first_nonfinite(g + i, gt, c) < c;
+    }
+    *finite = !bad && !inf;
+    return bad ? dt_error(DT_ERR_INTERNAL, "%s: a conversion failed", "lp_write") : DT_OK;
+}
+
 dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
 {
     const bool lazy = (t->flags & DT_TENSOR_GRAD_LAZY) != 0;
@@ -96,7 +114,7 @@ dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
     dt_status st;
     if (lazy) { /* the stale buffer reads as zero: the sum rounded over it */
         t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
-        st = dt_k_convert(t->gacc_, DT_F32, t->grad->data, gt, n);
+        st = lp_write(t->grad->data, gt, t->gacc_, n, &t->gfinite_);
     } else {
         st = lp_add(t->grad->data, gt, t->gacc_, n);
     }
