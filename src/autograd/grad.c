@@ -151,7 +151,6 @@ float *dt__grad_out(dt_ctx *ctx, dt_tensor *t)
     return g->data;
 }
 
-/* Any write access to t's gradient: its shadow no longer matches. */
 /* A contribution to t's gradient is about to be written: the low-precision
  * copy of a temporary's gradient and a leaf's finite mark no longer hold. */
 static void shadow_drop(dt_tensor *t)

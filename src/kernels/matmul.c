@@ -690,8 +690,8 @@ static dt_status mm_lp(const char *fn, bool ta, bool tb, int64_t batch, int64_t 
             *finite = true;
         return DT_OK;
     }
-    const bool amx = K > 0 && mm_amx(t, M, N, K); /* (it writes t itself) */
-    if (K > 0 && dt_k_matmul_writes_lp(t))
+    const bool direct = K > 0 && dt_k_matmul_writes_lp(t), amx = direct && mm_amx(t, M, N, K);
+    if (direct) /* the AMX GEMM checks as it stores */
         st = mm_run(ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, 0.0f, C, t, sc, bias, amx ? finite : NULL);
     else
         st = mm_lp_f32(fn, ta, tb, batch, M, N, K, alpha, A, sa, B, sb, t, C, sc, bias);

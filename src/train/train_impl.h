@@ -102,7 +102,7 @@ bool dt__grads_nonfinite(const dt_optim_range *rg, size_t nrg, float *const *g32
 /* The check of each gradient as backward finishes it (trainer_finite.c),
  * where the trainer is its only reader and steps whole flats (lazy
  * gradients): the grad-ready hook reads each parameter's final gradient
- * while it is still in cache (or takes the word of the GEMM that wrote it,
+ * while it is still in cache (or takes the word of what wrote it,
  * dt_ag_grad_checked_finite), so a step whose every gradient was seen
  * finite there skips the read pass over the flats. Armed per micro-batch:
  * only the last one before the step (its gradients are the final sums). A
