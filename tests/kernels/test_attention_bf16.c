@@ -381,35 +381,43 @@ TEST(amx_nonfinite_falls_back)
 }
 
 /* One non-finite value anywhere in a row of a head of 64 values (the
- * scan folds 32 lanes at a time): each lane of a q row, of a k row and of
- * a v row, alone, sends the forward task to the rows. */
+ * scan takes 32 lanes at a time), or of 40 (a masked tail of 8): each lane
+ * of a q row, of a k row and of a v row, alone, sends the forward task to
+ * the rows. */
 TEST(amx_nonfinite_every_lane)
 {
-    enum { T = 32, H = 1, D = 64, C = H * D, C3 = 3 * C };
-    static float x[T * C3], y[T * C], lse[H * T];
-    static uint16_t xh[T * C3];
-    dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
-    ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
-    dt__attention_amx_force(g_tiles);
-    dt__attention_amx_stats s0, s1;
-    for (int part = 0; part < 3; part++)
-        for (int d = 0; d < D; d++) {
-            const int64_t at = 5 * C3 + part * C + d; /* row 5 */
-            const uint16_t keep = xh[at];
-            xh[at] = (uint16_t)(d % 2 ? 0x7fc0 : 0xff80); /* NaN, -inf */
-            dt__attention_amx_stats_get(&s0);
-            ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0}, y,
-                                                  NULL, lse));
-            dt__attention_amx_stats_get(&s1);
-            xh[at] = keep;
-            ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 1);
-        }
-    dt__attention_amx_stats_get(&s0);
-    ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0}, y, NULL, lse));
-    dt__attention_amx_stats_get(&s1);
-    ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
-    ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 1);
-    dt__attention_amx_force(NULL);
+    enum { T = 32, H = 1, DMAXT = 64, C3MAX = 3 * H * DMAXT };
+    static float x[T * C3MAX], y[T * DMAXT], lse[H * T];
+    static uint16_t xh[T * C3MAX];
+    static const int Ds[] = {64, 40};
+    for (size_t k = 0; k < sizeof Ds / sizeof Ds[0]; k++) {
+        const int D = Ds[k], C = H * D, C3 = 3 * C;
+        dt_rng_fill_uniform(dt_rng_key_make(34, DT_RNG_DATA, 0, 0), 0, x, T * C3, -2.0f, 2.0f);
+        ASSERT_OK(dt_k_convert(x, DT_F32, xh, DT_BF16, T * C3));
+        dt__attention_amx_force(g_tiles);
+        dt__attention_amx_stats s0, s1;
+        for (int part = 0; part < 3; part++)
+            for (int d = 0; d < D; d++) {
+                const int64_t at = 5 * C3 + part * C + d; /* row 5 */
+                const uint16_t keep = xh[at];
+                xh[at] = (uint16_t)(d % 2 ? 0x7fc0 : 0xff80); /* NaN, -inf */
+                dt__attention_amx_stats_get(&s0);
+                ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0},
+                                                      y, NULL, lse));
+                dt__attention_amx_stats_get(&s1);
+                xh[at] = keep;
+                if (s1.fallbacks - s0.fallbacks != 1)
+                    TEST_FAIL_("D=%d part %d lane %d: %lld fallbacks", D, part, d,
+                               (long long)(s1.fallbacks - s0.fallbacks));
+            }
+        dt__attention_amx_stats_get(&s0);
+        ASSERT_OK(dt_k_attention_fwd_heads_lp(DT_BF16, xh, 1, T, H, D, 0, H, false, 0.0f, (dt_rng_key){0}, y, NULL,
+                                              lse));
+        dt__attention_amx_stats_get(&s1);
+        ASSERT_EQ_INT((long long)(s1.fallbacks - s0.fallbacks), 0);
+        ASSERT_EQ_INT((long long)(s1.tasks - s0.tasks), 1);
+        dt__attention_amx_force(NULL);
+    }
 }
 
 /* The run-time choice: a bf16 qkv of 64 tokens or more takes the tiles on
