@@ -59,9 +59,10 @@ typedef struct dt__amx_tiles {
      * from a, rows lda values apart, 32 values a step) times B tiles (pb, a
      * packed panel, 2 tiles a step). two_m / two_n: whether tile row /
      * column 1 of the 2 x 2 block is in use (the configuration has those
-     * tiles). */
+     * tiles). pf (or NULL): pfn rows of A, lda apart, whose first kb K
+     * steps to prefetch into L2 along the way (a hint: no result changes). */
     void (*block)(const uint16_t *a, int64_t lda, const uint16_t *pb, int64_t kb, bool two_m, bool two_n,
-                  float *c, int64_t ldc, bool acc_in);
+                  float *c, int64_t ldc, bool acc_in, const uint16_t *pf, int pfn);
 } dt__amx_tiles;
 
 /* The real instructions, or NULL where they cannot run (no AMX-TILE or

@@ -20,7 +20,11 @@
  * a + (16 i) lda + 32 k, rows lda values apart (op(A) row-major, or the
  * driver's transposed copy). B comes from a packed panel (2 tiles of 512
  * values a K step). The C tiles start at zero, or (acc_in) from c, so a K
- * range can be summed in several calls in increasing k order. */
+ * range can be summed in several calls in increasing k order.
+ *
+ * pf (or NULL): pfn rows of A (lda apart) whose K steps this call's K
+ * steps take into L2 as they go, one line of each row a step, between
+ * the tile products (the driver points it at its next row block). */
 
 #define DT__UK_STEP(M2, N2)                                                        \
     do {                                                                           \
@@ -49,6 +53,8 @@
             if (N2)                                                                \
                 DT__T_LOADB(7, b + DT__AMX_TILE_ELEMS, 64);                        \
             DT__T_DP(0, 4, 6);                                                     \
+            for (int i = 0; i < pfn; i++)                                          \
+                __builtin_prefetch(pf + i * lda + k * DT__AMX_KSTEP, 0, 2);        \
             if (N2)                                                                \
                 DT__T_DP(1, 4, 7);                                                 \
             if (M2) {                                                              \
@@ -68,7 +74,7 @@
     } while (0)
 
 DT__UK_ATTR static void DT__UK_NAME(const uint16_t *a, int64_t lda, const uint16_t *pb, int64_t kb, bool two_m,
-                                    bool two_n, float *c, int64_t ldc, bool acc_in)
+                                    bool two_n, float *c, int64_t ldc, bool acc_in, const uint16_t *pf, int pfn)
 {
     const int64_t ldab = 2 * lda, ldcb = 4 * ldc; /* row strides in bytes */
     if (two_m && two_n)

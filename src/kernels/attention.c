@@ -970,7 +970,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         for (int64_t r = 0; r < nr; r++)
             amx_a_row(qp, r, src + (i0 + r) * C3, D);
         for (int64_t jb = 0; jb < nk; jb++) {
-            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, acc, AB, false);
+            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, acc, AB, false, NULL, 0);
             amx_unpack(acc, s + jb * AB, lds);
         }
         memset(pp, 0, (size_t)nk * ASTEP * 2);
@@ -994,7 +994,7 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         for (int64_t nb = 0; nb < kd; nb++) {
             const int64_t nc = D - nb * AB < AB ? D - nb * AB : AB;
             float *yo = y + (b * T + i0) * C + h * D + nb * AB;
-            tiles->block(pp, nk * AB, vp + nb * nkb * ASTEP, nk, true, true, acc, AB, false);
+            tiles->block(pp, nk * AB, vp + nb * nkb * ASTEP, nk, true, true, acc, AB, false, NULL, 0);
             for (int64_t r = 0; r < nr; r++) { /* the block's rows divided by their sums */
                 const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f, *restrict ar = acc + r * AB;
                 float *restrict o = yo + r * C;
@@ -1422,8 +1422,8 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         const int64_t j0 = jb * AB, ib0 = causal ? jb : 0;
         for (int64_t ib = ib0; ib < nqb; ib++) {
             const int64_t i0 = ib * AB, hi = T - i0 < AB ? T - i0 : AB;
-            tiles->block(ka + j0 * Dp, Dp, qt + ib * kd * ASTEP, kd, true, true, sc, AB, false);
-            tiles->block(va + j0 * Dp, Dp, gt + ib * kd * ASTEP, kd, true, true, dp, AB, false);
+            tiles->block(ka + j0 * Dp, Dp, qt + ib * kd * ASTEP, kd, true, true, sc, AB, false, NULL, 0);
+            tiles->block(va + j0 * Dp, Dp, gt + ib * kd * ASTEP, kd, true, true, dp, AB, false, NULL, 0);
             for (int64_t r = 0; r < AB; r++) { /* key j's P^T and dS^T over the block's queries */
                 const int64_t j = j0 + r, lo = !causal || j <= i0 ? 0 : j - i0 < AB ? j - i0 : AB;
                 float *prw = sc + r * AB, *dr = ds + r * AB; /* P over the scores (read first) */
@@ -1442,13 +1442,13 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                     amx_pairs_f32(vec, ds + 2 * m * AB + 16 * tj, ds + (2 * m + 1) * AB + 16 * tj, 16,
                                   (uint32_t *)(void *)sb + tj * AT / 2 + m * 16);
             for (int64_t n = 0; n < kd; n++) /* dq^T += K^T dS^T (the first key block stores) */
-                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0);
+                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0, NULL, 0);
         }
         for (int64_t n = 0; n < kd; n++) { /* dV = P^T dO, dK = dS^T Q over the query blocks from ib0 */
             tiles->block(pa + ib0 * AB, Tp, gb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
-                         gw + j0 * 2 * Dp + Dp + n * AB, 2 * Dp, false);
+                         gw + j0 * 2 * Dp + Dp + n * AB, 2 * Dp, false, NULL, 0);
             tiles->block(sa + ib0 * AB, Tp, qb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
-                         gw + j0 * 2 * Dp + n * AB, 2 * Dp, false);
+                         gw + j0 * 2 * Dp + n * AB, 2 * Dp, false, NULL, 0);
         }
     }
     for (int64_t i = 0; i < T; i++) { /* rounded to bf16: the gradient of a bf16 input */

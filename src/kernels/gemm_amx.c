@@ -41,10 +41,14 @@
  * chunks of 16 and 8, the partial sums written once); inside a chunk
  * every 32-row block of A runs across the macro block's panels, so a chunk
  * of A rows (32 x KC) is reused from L1 and the chunk of B panels (KC x NC)
- * from L2. The hardware's prefetchers bring the rows in: prefetching the
- * next row block's chunk into L2 by hand (32 rows of KC lines, spread over
- * the blocks before it) made a 2048 x 2304 x 768 product 10% slower on a
- * Xeon with AMX, one thread.
+ * from L2. A read in place comes from memory once per row block and
+ * column group: each micro-kernel call takes a few of the next row block's
+ * rows into L2, one line a row between its tile products (see run_macro).
+ * On a Xeon with AMX, 2 threads, interleaved, two runs of 8 rounds: GPT-2's
+ * forward products at 2048 rows (x 2304 x 768, x 3072 x 768, x 768 x 3072)
+ * 0.94-0.97; its bf16 step at B=8 T=256 0.97 (the forward 0.96). The same
+ * lines fetched between the calls instead, in bursts, made the products
+ * slower (10% on one thread), as did fetching them into L1.
  * Between chunks the partial sums go through memory: straight through C
  * when the result is plain (alpha 1, beta 0, no bias, no GELU, f32), else
  * through a per-thread f32 buffer of the macro block. An output sum still
@@ -178,6 +182,7 @@ DT__AVX512 static inline void tr16(__m512i r[16])
  * measured better than 128, 256 and 512). A^T's rows (pack_at_rows_v)
  * gained nothing from it. */
 #define PF_BT 64
+#define PF_ROWS 8 /* rows of the next row block of A a micro-kernel call prefetches (see run_macro) */
 
 /* The mask of the first n (clamped to 0..32) 16-bit lanes. */
 static inline __mmask32 mask16(int64_t n) { return n <= 0 ? 0 : n >= 32 ? 0xffffffffu : (1u << n) - 1; }
@@ -703,6 +708,12 @@ static bool run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
     ensure_packed(p, p->bflag, nb0, nb1, pack_b_job);
     float *acc = p->plain ? g->C + mb0 * BLK * g->ldc + nb0 * BLK : buf;
     int64_t ldacc = p->plain ? g->ldc : acc_ld(p);
+    /* A read in place (not A^T's copy, which this call has just written):
+     * the next row block's rows, spread over this row block's panels
+     * (PF_ROWS at most a call). They come from memory once per row block
+     * and column group, and the hardware prefetcher alone left the tile
+     * loads waiting on them. */
+    const int64_t npan = nb1 - nb0, rpc = g->ta ? 0 : min64(cdiv(BLK, npan), PF_ROWS);
     int64_t kc = 0;
     do { /* one chunk of K steps over the macro block */
         int64_t ke = min64(kc + p->chunk, p->kb), kd = min64(ke, p->kfull) - kc;
@@ -724,13 +735,15 @@ static bool run_macro(const dt__amx_tiles *tiles, const plan *p, int64_t mg, int
                                               : p->pb + (nb * p->kb + kc) * 2 * TILE;
                 bool in = kc > 0;
                 if (kd > 0 || !tail) {
+                    const int64_t r0 = m0 + BLK + (nb - nb0) * rpc, pfn = min64(rpc, g->M - r0);
                     tiles->block(a + (m0 - row0) * p->lda + kc * KSTEP, p->lda, pbn, kd, mr[1] > 0, nc[1] > 0, c,
-                                 ldacc, in);
+                                 ldacc, in, pfn > 0 ? a + (r0 - row0) * p->lda + kc * KSTEP : NULL,
+                                 pfn > 0 ? (int)pfn : 0);
                     in = true;
                 }
                 if (tail)
                     tiles->block(p->atail + m0 * KSTEP, KSTEP, pbn + (p->kfull - kc) * 2 * TILE, 1, mr[1] > 0,
-                                 nc[1] > 0, c, ldacc, in);
+                                 nc[1] > 0, c, ldacc, in, NULL, 0);
             }
         kc = ke;
     } while (kc < p->kb);
