@@ -48,7 +48,7 @@
  * forward products at 2048 rows (x 2304 x 768, x 3072 x 768, x 768 x 3072)
  * 0.94-0.97; its bf16 step at B=8 T=256 0.97 (the forward 0.96). The same
  * lines fetched between the calls instead, in bursts, made the products
- * slower (10% on one thread), as did fetching them into L1.
+ * slower (10% on one thread); into L1 they gained nothing.
  * Between chunks the partial sums go through memory: straight through C
  * when the result is plain (alpha 1, beta 0, no bias, no GELU, f32), else
  * through a per-thread f32 buffer of the macro block. An output sum still
