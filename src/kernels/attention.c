@@ -1442,7 +1442,8 @@ DT_CLONES static void bwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
                     amx_pairs_f32(vec, ds + 2 * m * AB + 16 * tj, ds + (2 * m + 1) * AB + 16 * tj, 16,
                                   (uint32_t *)(void *)sb + tj * AT / 2 + m * 16);
             for (int64_t n = 0; n < kd; n++) /* dq^T += K^T dS^T (the first key block stores) */
-                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0, NULL, 0);
+                tiles->block(kT + n * nqb * ASTEP + j0, Tp, sb, 1, true, true, dqt + n * AB * ldq + i0, ldq, jb > 0,
+                             NULL, 0);
         }
         for (int64_t n = 0; n < kd; n++) { /* dV = P^T dO, dK = dS^T Q over the query blocks from ib0 */
             tiles->block(pa + ib0 * AB, Tp, gb + (n * nqb + ib0) * ASTEP, nqb - ib0, true, true,
