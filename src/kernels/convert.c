@@ -367,8 +367,11 @@ AVX512 static int64_t v5_nonfinite(const void *p, int es, uint32_t e, int64_t n)
 {
     /* the common case (all finite) in four streams; a hit is located by
      * the in-order loop below, which names the first element */
-    if (n >= 64 * 64 / es && !v5_any_nonfinite(p, es, e, n * es / 64))
-        return n - (n * es % 64) / es + s_nonfinite((const char *)p + n * es / 64 * 64, es, e, (n * es % 64) / es);
+    if (n >= 64 * 64 / es && !v5_any_nonfinite(p, es, e, n * es / 64)) {
+        const int64_t i = n - (n * es % 64) / es; /* the sub-block tail */
+        const char *t = (const char *)p + i * es;
+        return dt__any_exp_ones(t, es, e, n - i) ? i + s_nonfinite(t, es, e, n - i) : n;
+    }
     const int64_t per = 64 / es;
     const __m512i m = es == 4 ? _mm512_set1_epi32((int)e) : _mm512_set1_epi16((short)e);
     int64_t i = 0;
@@ -382,7 +385,8 @@ AVX512 static int64_t v5_nonfinite(const void *p, int es, uint32_t e, int64_t n)
         if (hit)
             return i + s_nonfinite(b, es, e, 4 * per);
     }
-    return i + s_nonfinite((const char *)p + i * es, es, e, n - i);
+    const char *t = (const char *)p + i * es; /* under 256 bytes: masked, then located in order */
+    return dt__any_exp_ones(t, es, e, n - i) ? i + s_nonfinite(t, es, e, n - i) : n;
 }
 #endif
 

@@ -113,6 +113,31 @@ DT__AVX2 static inline __m256 dt__expf8(__m256 x)
  * the scalar loop's bits, as the 8-lane ones do. */
 #define DT__AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl")))
 
+/* Whether any of the n values at p (es bytes each, 2 or 4) has every bit
+ * of e set (its dtype's exponent mask: inf or NaN), 64 bytes a step, the
+ * tail masked. Unthreaded and inline, for short runs (a row, a tail);
+ * dt_k_first_nonfinite names the first of a long array. */
+DT__AVX512 static inline bool dt__any_exp_ones(const void *p, int es, uint32_t e, int64_t n)
+{
+    const char *b = (const char *)p;
+    if (es == 2) {
+        const __m512i m = _mm512_set1_epi16((short)e);
+        for (int64_t i = 0; i < n; i += 32) {
+            const __mmask32 k = n - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (n - i)) - 1);
+            if (_mm512_mask_cmpeq_epi16_mask(k, _mm512_and_si512(_mm512_maskz_loadu_epi16(k, b + 2 * i), m), m))
+                return true;
+        }
+        return false;
+    }
+    const __m512i m = _mm512_set1_epi32((int)e);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        if (_mm512_mask_cmpeq_epi32_mask(k, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, b + 4 * i), m), m))
+            return true;
+    }
+    return false;
+}
+
 /* dt__expf8 on 16 lanes: the same operations in the same order (masks for
  * the selects), so every lane is bit-identical to dt__expf of that element. */
 DT__AVX512 static inline __m512 dt__expf16(__m512 x)
