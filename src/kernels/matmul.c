@@ -311,7 +311,16 @@ out:
  * run's: the same bits (tests/kernels/test_matmul). oneDNN's AVX2 kernels
  * block a product by other sizes: there a slab's last bits can differ from
  * a one-thread run's (as a whole product's on 3 threads differs from one
- * thread's), within the same bounds. */
+ * thread's), within the same bounds. On those AVX2 kernels a one-thread
+ * call over a column block of a long B whose rows are a multiple of 4 KiB
+ * apart runs at half its rate (the cache-set conflicts of "Leading
+ * dimensions" at the top, met at any M), where oneDNN's own two-thread split
+ * does not: Paddle's MLP, [512, 1024] x [1024, 4096] x [4096, 1024], its
+ * second product took 52 ms as two slabs against 25-30 as one call (AVX2
+ * EPYC, 2 threads, cold operands), the MLP step 0.88x with one call. Such a
+ * product (B not transposed, N a multiple of 1024, K of 2048 or more) runs
+ * as one call there (slab_conflicts). With K 256-768 (GPT-2's c_fc, its
+ * weight gradient) the slabs stayed as fast or faster, so they keep them. */
 
 /* Multiply-adds below which a product runs as one call (a slab's start-up
  * would cost more than the split gains). */
@@ -319,17 +328,26 @@ out:
 /* Slab boundaries fall on multiples of this many rows (columns). */
 #define SLAB_ALIGN 48
 
+/* Whether a slab of op(A) op(B) would be a one-thread call over a column
+ * block of a long B with rows a multiple of 4 KiB apart on oneDNN's AVX2
+ * kernels, which runs at half speed (see above). */
+static bool slab_conflicts(bool tb, int64_t N, int64_t K)
+{
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & avx512) != avx512 && !tb && N % 1024 == 0 && K >= 2048;
+}
+
 /* Whether and how e (a 2-D product, built) runs as slabs: sets e->nslab
  * (0: one call), e->slab_n and e->slab_lo. plain: alpha 1, beta 0 and an
  * f32 C (only then may the slabs split N). */
-static void slab_plan(mm_entry *e, int64_t M, int64_t N, int64_t K, bool plain)
+static void slab_plan(mm_entry *e, bool tb, int64_t M, int64_t N, int64_t K, bool plain)
 {
     e->nslab = 0;
 #ifdef _OPENMP
     int n = dt_get_num_threads();
     if (n > MM_MAX_SLABS)
         n = MM_MAX_SLABS;
-    if (n < 2 || M * N * K < SLAB_MIN_WORK || e->pad || e->split)
+    if (n < 2 || M * N * K < SLAB_MIN_WORK || e->pad || e->split || slab_conflicts(tb, N, K))
         return;
     /* The larger side, so the operand every thread packs whole is the smaller
      * one; M alone where alpha or beta apply (oneDNN's gemm matmul applies
@@ -347,6 +365,7 @@ static void slab_plan(mm_entry *e, int64_t M, int64_t N, int64_t K, bool plain)
     e->slab_lo[n] = len;
     e->nslab = n;
 #else
+    (void)tb;
     (void)M;
     (void)N;
     (void)K;
@@ -566,7 +585,7 @@ static dt_status mm_run(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, i
          * back to gemm:jit, which does not use them (2-3x slower) */
         const bool tiles = t != DT_F32 && !e->emulate && dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
         if (st >= 0 && batch == 1 && !tiles) {
-            slab_plan(e, M, N, K, alpha == 1.0f && beta == 0.0f && ct == DT_F32);
+            slab_plan(e, tb, M, N, K, alpha == 1.0f && beta == 0.0f && ct == DT_F32);
             if (e->nslab)
                 st = slab_build(e, ta, tb, M, N, K, e->emulate ? dnnl_f32 : dnnl_type(t), alpha, beta, bias != NULL,
                                 dnnl_type(ct));

@@ -483,9 +483,52 @@ TEST(matmul_slab_primitives)
 #endif
 }
 
+/* On oneDNN's AVX2 kernels a product whose slabs would be one-thread calls
+ * over column blocks of a long B with rows a multiple of 4 KiB apart (B not
+ * transposed, N a multiple of 1024, K >= 2048: such a slab ran at half
+ * speed) runs as one call; on the AVX-512 kernels, and with B transposed,
+ * it runs as slabs (1 + 2 primitives on 2 threads). Either way the 2-thread
+ * result is within the f32 bound of the 1-thread one. */
+TEST(matmul_slab_conflicts)
+{
+#ifndef _OPENMP
+    DT_TEST_SKIP("built without OpenMP: no slabs");
+#else
+    const int saved = dt_get_num_threads();
+    const int64_t M = 512, N = 1024, K = 2048; /* above the padded copy's 384 rows */
+    const bool avx512 = !strncmp(dt_k_onednn_isa(), "avx512_core", 11); /* AMX included */
+    float *A = dt_alloc(M * K * 4), *B = dt_alloc(K * N * 4), *C = dt_alloc(M * N * 4), *C1 = dt_alloc(M * N * 4);
+    ASSERT(A && B && C && C1);
+    fill(A, M * K, 51);
+    fill(B, K * N, 52);
+    for (int tb = 0; tb < 2; tb++) {
+        dt_set_num_threads(1);
+        ASSERT_OK(dt_k_matmul(false, tb, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C1, NULL));
+        dt_set_num_threads(2);
+        dt_k_stats s0, s1;
+        dt_k_stats_get(&s0);
+        ASSERT_OK(dt_k_matmul(false, tb, M, N, K, 1.0f, A, B, DT_F32, 0.0f, C, NULL));
+        dt_k_stats_get(&s1);
+        const int64_t want = !tb && !avx512 ? 1 : 3, got = (int64_t)(s1.primitives_created - s0.primitives_created);
+        if (got != want)
+            TEST_FAIL_("B%s, oneDNN isa %s, 2 threads: %lld primitives created, want %lld", tb ? "^T" : "",
+                       dt_k_onednn_isa(), (long long)got, (long long)want);
+        for (int64_t i = 0; i < M * N; i++)
+            if (!(fabsf(C[i] - C1[i]) <= 1e-3f + 1e-4f * fabsf(C1[i]))) {
+                TEST_FAIL_("B%s, 2 threads: C[%lld] = %g, one thread %g", tb ? "^T" : "", (long long)i,
+                           (double)C[i], (double)C1[i]);
+                break;
+            }
+    }
+    dt_set_num_threads(saved);
+    dt_free(A), dt_free(B), dt_free(C), dt_free(C1);
+#endif
+}
+
 int main(void)
 {
     RUN(matmul_slab_primitives);
+    RUN(matmul_slab_conflicts);
     RUN(matmul_slabs_match_one_thread);
     RUN(matmul_bf16_batched);
     RUN(matmul_bf16_lp_result);
