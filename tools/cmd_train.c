@@ -48,6 +48,7 @@
 #include "dtrain/offload.h"
 #include "dtrain/optim.h"
 #include "dtrain/pipe_strategy.h"
+#include "dtrain/precision.h"
 #include "dtrain/tensor.h"
 #include "dtrain/train.h"
 #include "dtrain/trace.h"
@@ -105,6 +106,20 @@ static void cleanup(dt__train_run *t)
 }
 
 static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_json, dt_tokenizer *eval_tok);
+
+/* An explicit bf16/fp16 where no native matmul of it runs (no AVX512_BF16, or
+ * oneDNN capped below it): the products widen to f32 exactly, so the run is
+ * no faster than fp32. Said at start: a user asking for bf16 expects speed. */
+static void lowp_notice(const char *precision)
+{
+    dt_precision_policy p;
+    if (dt_precision_policy_parse(precision, &p) < 0 || (p.param_dtype != DT_BF16 && p.param_dtype != DT_F16) ||
+        dt_precision_native(p.param_dtype))
+        return;
+    printf("precision %s: no native %s matmul here, its products widen to f32 exactly (fp32 speed or below; "
+           "--precision auto picks %s here)\n", precision, dt_dtype_name(p.param_dtype),
+           dt_precision_auto(NULL) == DT_BF16 ? "bf16" : "fp32");
+}
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL, false, NULL); }
 
@@ -267,6 +282,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
                t->o.lr, dt_get_num_threads());
     if (t->prog.mode != DT__PROGRESS_NONE && t->o.precision_auto)
         printf("precision auto: %s (%s)\n", t->o.precision, t->o.precision_auto);
+    else if (t->prog.mode != DT__PROGRESS_NONE)
+        lowp_notice(t->o.precision);
     if (t->prog.mode != DT__PROGRESS_NONE) {
         char len[160], warm[64] = "";
         if (t->o.max_steps > 0)

@@ -273,7 +273,8 @@ static const opt_def opts[] = {
     {"precision", OPT_CHOICE, OFF(precision), 0, 0, "fp32|bf16|fp16|auto", "P",
      "parameters, activations and gradient reduction in P; bf16/fp16 keep fp32 master weights and f32 "
      "optimizer states; fp16 scales the loss dynamically; auto: bf16 where the CPU has AVX512_BF16 (or AMX), "
-     "fp32 elsewhere, printed at start (default fp32)"},
+     "fp32 elsewhere, printed at start; an explicit bf16/fp16 with no native matmul of it (its products widen "
+     "to f32) says so at start (default fp32)"},
     {"reduce-dtype", OPT_CHOICE, OFF(reduce_dtype), 0, 0, "fp32|bf16|fp16", "P",
      "dtype of the gradient all-reduce (default: the --precision's)"},
     {"keep-bn-fp32", OPT_CHOICE, OFF(keep_bn_fp32), 0, 0, "true|false", "BOOL",

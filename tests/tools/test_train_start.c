@@ -52,10 +52,24 @@ TEST(cli_caps_choose_each_path)
     train("ONEDNN_MAX_CPU_ISA=AVX2", (char *[]){"--precision", "auto", NULL});
     ASSERT_EQ_INT(g_r.code, 0);
     ASSERT_STR_CONTAINS(g_r.out, "precision auto: fp32 (oneDNN runs no native bf16 matmul here");
-    /* an explicit precision prints no such line */
+    /* an explicit precision prints no such line, and no widening notice where bf16 is native */
     train(NULL, (char *[]){"--precision", "bf16", NULL});
     ASSERT_EQ_INT(g_r.code, 0);
     ASSERT(!strstr(g_r.out, "precision auto"));
+    ASSERT(!strstr(g_r.out, "widen"));
+}
+
+/* An explicit bf16 or fp16 where no native matmul of it runs says at start
+ * that its products widen to f32 (oneDNN capped below bf16 forces that on
+ * every CPU); fp32 says nothing of it. */
+TEST(cli_widening_notice)
+{
+    train("ONEDNN_MAX_CPU_ISA=AVX2", (char *[]){"--precision", "bf16", NULL});
+    ASSERT_EQ_INT(g_r.code, 0);
+    ASSERT_STR_CONTAINS(g_r.out, "precision bf16: no native bf16 matmul here, its products widen to f32 exactly");
+    train("ONEDNN_MAX_CPU_ISA=AVX2", (char *[]){"--precision", "fp32", NULL});
+    ASSERT_EQ_INT(g_r.code, 0);
+    ASSERT(!strstr(g_r.out, "widen"));
 }
 
 TEST(config_auto)
@@ -121,6 +135,7 @@ int main(void)
 {
     RUN(first_step_time);
     RUN(cli_caps_choose_each_path);
+    RUN(cli_widening_notice);
     RUN(config_auto);
     cli_cleanup();
     return TEST_REPORT();
