@@ -331,11 +331,13 @@ out:
 /* Whether a slab of op(A) op(B) would be a one-thread call over a column
  * block of a long B with rows a multiple of 4 KiB apart on oneDNN's AVX2
  * kernels, which runs at half speed (see above). */
+#ifdef _OPENMP
 static bool slab_conflicts(bool tb, int64_t N, int64_t K)
 {
     const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
     return (isa & avx512) != avx512 && !tb && N % 1024 == 0 && K >= 2048;
 }
+#endif
 
 /* Whether and how e (a 2-D product, built) runs as slabs: sets e->nslab
  * (0: one call), e->slab_n and e->slab_lo. plain: alpha 1, beta 0 and an
