@@ -53,7 +53,10 @@ int dt_cmd_info(int argc, char **argv)
                                  : part ? "dtrain's AMX GEMM (tdpbf16ps tiles) for a training step's products, "
                                           "oneDNN on AMX tiles for decode rows and small ones"
                                  : strstr(dt_k_onednn_isa(), "amx") ? "oneDNN on AMX tiles"
-                                                                    : "oneDNN");
+                                 : dt_k_matmul_native(DT_BF16)
+                                     ? "oneDNN, native bf16"
+                                     : "widened to f32 exactly, then oneDNN's f32 matmul (no native bf16 matmul "
+                                       "here: no AVX512_BF16, or oneDNN capped below it)");
     if (part)
         printf("dtrain AMX GEMM: %s\n", amx_why);
     else if (!amx)

@@ -12,6 +12,7 @@
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
+#include "dtrain/kernels.h"
 #include "test.h"
 #include "tools/train_cli.h"
 
@@ -307,6 +308,20 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
  * 11-22% there), and the default thread count warns when the load leaves
  * fewer free cores than ranks x threads (DT_LOADAVG stands in for the
  * load). */
+/* dtrain info says how bf16 products run: with oneDNN capped below bf16
+ * (as on a CPU without AVX512_BF16) they widen to f32. */
+TEST(info_bf16_matmul)
+{
+    cli_runv(&r, 60, "ONEDNN_MAX_CPU_ISA=AVX2", (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "bf16 matmul: widened to f32 exactly, then oneDNN's f32 matmul");
+    if (dt_k_matmul_native(DT_BF16)) {
+        cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(!strstr(r.out, "bf16 matmul: widened"));
+    }
+}
+
 TEST(shared_cpus)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
@@ -497,6 +512,7 @@ int main(void)
     RUN(vocab_size_from_token_files);
     RUN(ckpt_commands_take_the_save_directory);
     RUN(convert_full_is_the_state_dict_and_loads_back_in_every_spelling);
+    RUN(info_bf16_matmul);
     RUN(shared_cpus);
     RUN(memory_report_ddp_tp_interleaved);
     cli_cleanup();
