@@ -302,26 +302,36 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
     ASSERT_STR_EQ(strstr(r.out, "val loss: "), strstr(ref.out, "val loss: "));
 }
 
-/* Shared CPUs: unless the user chose, OpenMP waits passively on a machine
- * busy at start (libgomp's spinning made a run many times slower beside one
- * busy process) and spins briefly on an idle one (passive waiting cost
- * 11-22% there), and the default thread count warns when the load leaves
- * fewer free cores than ranks x threads (DT_LOADAVG stands in for the
- * load). */
-/* dtrain info says how bf16 products run: with oneDNN capped below bf16
- * (as on a CPU without AVX512_BF16) they widen to f32. */
+/* dtrain info says how bf16 products run: with dtrain and oneDNN capped at
+ * AVX2 (as on a CPU without AVX512_BF16; dtrain's cap also turns its AMX
+ * GEMM off) they widen to f32. */
 TEST(info_bf16_matmul)
 {
+    const bool native = dt_k_matmul_native(DT_BF16);
+    const char *was = getenv("DT_MAX_CPU_ISA");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("DT_MAX_CPU_ISA", "avx2", 1); /* for the child; restored before anything here reads it */
     cli_runv(&r, 60, "ONEDNN_MAX_CPU_ISA=AVX2", (char *[]){"info", NULL});
+    if (saved)
+        setenv("DT_MAX_CPU_ISA", saved, 1);
+    else
+        unsetenv("DT_MAX_CPU_ISA");
+    free(saved);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "bf16 matmul: widened to f32 exactly, then oneDNN's f32 matmul");
-    if (dt_k_matmul_native(DT_BF16)) {
+    if (native) {
         cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
         ASSERT(!strstr(r.out, "bf16 matmul: widened"));
     }
 }
 
+/* Shared CPUs: unless the user chose, OpenMP waits passively on a machine
+ * busy at start (libgomp's spinning made a run many times slower beside one
+ * busy process) and spins briefly on an idle one (passive waiting cost
+ * 11-22% there), and the default thread count warns when the load leaves
+ * fewer free cores than ranks x threads (DT_LOADAVG stands in for the
+ * load). */
 TEST(shared_cpus)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT")) {
