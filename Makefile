@@ -90,8 +90,12 @@ build/CMakeCache.txt:
 build: deps build/CMakeCache.txt
 	cmake --build build -j $(JOBS)
 
+# -O1, as AddressSanitizer's documentation suggests for speed: at -O0 this
+# suite took 750 s of CI's 34 minutes on an AVX2 machine with 2 cores, and
+# its heaviest tests a third less time at -O1 (assertions stay on: no NDEBUG).
 build-asan/CMakeCache.txt:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDT_WERROR=$(WERROR) \
+	  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
 	  -DDT_SANITIZE=address,undefined $(CMAKE_FLAGS)
 
 test-fast: deps-test build

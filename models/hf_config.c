@@ -254,7 +254,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
-    if (r.st >= 0) {
+    if (r.st >= 0 && arch) {
         snprintf(out->architecture, sizeof out->architecture, "%s", arch);
         if (!strcmp(arch, "GPT2LMHeadModel")) {
             out->is_gpt2 = true;

@@ -31,6 +31,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The temporary directory's path, and room for it plus a file name in it. */
+enum { TMP_PATH = 4200, FILE_PATH = TMP_PATH + 64 };
+
 dt_hf_save_params dt_hf_save_params_default(void)
 {
     dt_hf_save_params p = {.max_shard_bytes = 5000000000ull, .dtype = DT_F32, .lora_scaling = 0.0f};
@@ -235,7 +238,7 @@ static dt_status read_f32(dt_ckpt *ck, int64_t src, float *dst, size_t n, void *
 
 static dt_status write_text(const char *dir, const char *name, const char *text)
 {
-    char p[4200];
+    char p[FILE_PATH];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     size_t n = strlen(text);
     char *t = malloc(n + 2);
@@ -251,7 +254,7 @@ static dt_status write_text(const char *dir, const char *name, const char *text)
 /* rmdir tmp after unlinking the names we may have written in it. */
 static void remove_tmp(const char *tmp, int nshard)
 {
-    char p[4200];
+    char p[FILE_PATH];
     const char *fixed[] = {"config.json",    "generation_config.json", DT_HF_WEIGHTS_NAME,       DT_HF_INDEX_NAME,
                            "tokenizer.json", "tokenizer_config.json",  "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
@@ -315,7 +318,7 @@ static dt_status write_shards(dt_ckpt *ck, const char *tmp, item *it, size_t n, 
                 memcpy(d[k].shape, it[i].shape, sizeof d[k].shape);
                 ix[k++] = i;
             }
-        char p[4200];
+        char p[FILE_PATH];
         if (nshard == 1)
             snprintf(p, sizeof p, "%s/%s", tmp, DT_HF_WEIGHTS_NAME);
         else
@@ -455,7 +458,7 @@ static dt_status all_merged(dt_ckpt *ck, const char *src, size_t nmerged)
  * *cfg and *map are tokenizer_config.json and special_tokens_map.json. */
 static dt_status read_tokenizer(const char *path, int64_t max_len, char **json, size_t *n, char **cfg, char **map)
 {
-    char full[4200];
+    char full[FILE_PATH];
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         snprintf(full, sizeof full, "%s/tokenizer.json", path);
@@ -512,7 +515,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     item *it = NULL;
     char *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL, *tok_map = NULL;
     size_t tok_n = 0;
-    char tmp[4200] = "";
+    char tmp[TMP_PATH] = "";
     int nshard = 0;
     if (p.tokenizer && (st = read_tokenizer(p.tokenizer, h->is_gpt2 ? h->gpt2.block_size
                                                                       : h->llama.max_position_embeddings,

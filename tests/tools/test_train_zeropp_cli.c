@@ -92,7 +92,7 @@ TEST(hpz_bitwise_quantized_within_tolerance)
     ASSERT_STR_CONTAINS(r.out, "ZeRO++: qwZ off, qgZ off, hpZ 2: rank 0 ran 0 int8 all-gathers");
     ASSERT(strstr(r.out, " 0 backward all-gathers within its hpZ group") == NULL);
     for (int k = 0; k < 4; k++) {
-        char a[40];
+        char a[64];
         snprintf(a, sizeof a, "step-00000030/rank-%05d.safetensors", k);
         char pa[400], pb[400];
         snprintf(pa, sizeof pa, "%s/s_base/%s", cli_tmpdir(), a);
@@ -140,7 +140,7 @@ TEST(nonfinite_not_hidden_by_quantization)
     setenv("DT_SIM_LOCAL_SIZE", "2", 1);
     static cli_result r;
     for (int bits = 4; bits <= 8; bits += 4) {
-        char b[4];
+        char b[16];
         snprintf(b, sizeof b, "%d", bits);
         char *args[] = {"run", "-n", "4", "--", getenv("DT_CLI"), "train", "--model", "mlp", "--mlp-dim", "16",
                         "--mlp-hidden", "32", "--data", "random", "--random-items", "256", "--batch", "8",
