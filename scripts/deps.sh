@@ -4,7 +4,9 @@
 # the README's commands in a minimal bookworm root).
 # Usage: scripts/deps.sh [build|test|fuzz|demo|bench|fresh-check]...
 #   build        compilers, CMake, oneDNN (+ OpenCL headers, which oneDNN's
-#                CMake package looks for), zlib, cJSON, liburing, Open MPI
+#                CMake package looks for), zlib, cJSON, liburing, Open MPI,
+#                and netbase (its /etc/hosts names localhost, where a minimal
+#                root has none: without it every mpirun waits about 5 s)
 #   test         build + gnuplot, the data sets the tests train on,
 #                iproute2 (ip, tc: the multi-node test bed, scripts/netbed.sh)
 #                and python3-numpy (data/test_arrays reads numpy's own files);
@@ -19,7 +21,7 @@
 set -euo pipefail
 [ $# -gt 0 ] || set -- build
 build=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libcjson-dev
-       liburing-dev libopenmpi-dev openmpi-bin)
+       liburing-dev libopenmpi-dev openmpi-bin netbase)
 data=(dataset-fashion-mnist bible-kjv bible-kjv-text)
 pkgs=()
 for what in "$@"; do
