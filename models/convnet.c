@@ -23,18 +23,18 @@
  *     gradients (max(relu(a), relu(b)) = relu(max(a, b)); the gradient
  *     reaches the window's argmax exactly when that maximum is > 0 either
  *     way; NaN propagates either way), and the ReLU sees a quarter of the
- *     elements. */
+ *     elements; batch norm, the pooling and the ReLU then run as one op. */
 #include "zoo.h"
 
 #include <stdio.h>
 
-/* layer l's conv, batch norm, max pooling then ReLU on blocked activations */
+/* layer l's conv, then batch norm, max pooling and ReLU as one op on blocked
+ * activations (dt_module_forward_bn_relu_pool: batch norm's output and the
+ * gradient at it are never stored; the same bits as the three in turn) */
 static dt_tensor *layer_fused(dt_ctx *ctx, dt_module *layer, dt_tensor *x)
 {
     x = dt_module_forward(ctx, dt_module_child(layer, 0), x);
-    x = dt_module_forward(ctx, dt_module_child(layer, 1), x);
-    x = dt_module_forward(ctx, dt_module_child(layer, 3), x);
-    return x ? dt_relu(ctx, x) : NULL;
+    return dt_module_forward_bn_relu_pool(ctx, dt_module_child(layer, 1), dt_module_child(layer, 3), x);
 }
 
 static dt_tensor *convnet_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)

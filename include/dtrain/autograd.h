@@ -281,6 +281,16 @@ DT_API dt_tensor *dt_avg_pool2d(dt_ctx *ctx, dt_tensor *x, int k, int stride, in
 DT_API dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                 dt_tensor *running_mean, dt_tensor *running_var, bool training,
                                 float momentum, float eps);
+/* dt_relu(ctx, dt_max_pool2d(ctx, dt_batch_norm(ctx, x, ...), 2, 2, 0)),
+ * which is also max pooling of the ReLU (a CNN block's tail): the same
+ * values and gradients, bit for bit. For a training batch norm of a
+ * channel-blocked f32 x [N, C, H, W] (H, W >= 2) with f32 gamma and beta it
+ * is one tape node whose passes never store batch norm's output or the
+ * gradient at it (the ConvNet's blocks run so); anything else runs the
+ * three ops. */
+DT_API dt_tensor *dt_batch_norm_relu_max_pool2x2(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                                 dt_tensor *running_mean, dt_tensor *running_var, bool training,
+                                                 float momentum, float eps);
 /* Layer norm over the last dim D of x: gamma/beta [D] or NULL. */
 DT_API dt_tensor *dt_layer_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                 float eps);

@@ -349,6 +349,24 @@ DT_API dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int
 DT_API dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW,
                                             int B, const float *gamma, const float *save_mean,
                                             const float *save_invstd, float *dx, float *dgamma, float *dbeta);
+/* Training batch norm, ReLU and 2 x 2 max pooling of stride 2 as one op on
+ * blocked x (N, C, H, W), H and W >= 2: y and argmax (N, C, H / 2, W / 2)
+ * blocked like x are max_pool2d(relu(batch_norm(x)), 2) and the window's
+ * argmax (h*W + w); batch norm's own output is never stored. The backward
+ * takes y, argmax and dy at y and gives dx, dgamma, dbeta. Both are the same
+ * bits as dt_k_batchnorm_train_fwd_blocked / _bwd_blocked,
+ * dt_k_relu_fwd / _bwd and dt_k_maxpool2d_fwd_blocked / _bwd_blocked run
+ * one after the other (max pooling before ReLU: the same values). */
+DT_API dt_status dt_k_bn_relu_maxpool2x2_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                                     int B, const float *gamma, const float *beta, float eps,
+                                                     float momentum, float *running_mean, float *running_var,
+                                                     float *y, int32_t *argmax, float *save_mean,
+                                                     float *save_invstd);
+DT_API dt_status dt_k_bn_relu_maxpool2x2_bwd_blocked(const float *x, const float *y, const int32_t *argmax,
+                                                     const float *dy, int64_t N, int64_t C, int64_t H, int64_t W,
+                                                     int B, const float *gamma, const float *save_mean,
+                                                     const float *save_invstd, float *dx, float *dgamma,
+                                                     float *dbeta);
 
 /* ---- elementwise --------------------------------------------------------- */
 /* y[i] = v. */

@@ -336,6 +336,13 @@ DT_API bool dt_module_is_plain(const dt_module *m);
  * forward may then fuse m's work with its neighbours' (GPT-2 fuses c_fc's
  * bias into the GELU) since no hook could see the difference. */
 DT_API bool dt_module_tree_plain(const dt_module *m);
+/* dt_relu of pool's forward of bn's (bn a BatchNorm2d, pool a MaxPool2d), a
+ * CNN block's tail with the ReLU moved behind the pooling (the same values
+ * and gradients). Where both are plain and pool takes 2 x 2 windows of
+ * stride 2 without padding, bn's forward runs as
+ * dt_batch_norm_relu_max_pool2x2 (one node; bn's output never stored);
+ * otherwise each module's forward in turn. The ConvNet's blocks run so. */
+DT_API dt_tensor *dt_module_forward_bn_relu_pool(dt_ctx *ctx, dt_module *bn, dt_module *pool, dt_tensor *x);
 /* True when no module strictly under m has a hook other than a blind one
  * (dt_module_hook_set_blind) or a replaced forward (checkpointing allowed):
  * m's own forward may then keep activations in an internal layout (the

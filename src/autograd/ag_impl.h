@@ -71,6 +71,7 @@ dt_status dt__bw_binary(dt_ctx *ctx, dt__node *n, const float *gout);    /* add,
 dt_status dt__bw_unary(dt_ctx *ctx, dt__node *n, const float *gout);     /* scale, gelu(s), dropout */
 dt_status dt__bw_relu(dt_ctx *ctx, dt__node *n, const float *gout);
 dt_status dt__bw_bn(dt_ctx *ctx, dt__node *n, const float *gout);
+dt_status dt__bw_bn_pool(dt_ctx *ctx, dt__node *n, const float *gout);
 dt_status dt__bw_ln(dt_ctx *ctx, dt__node *n, const float *gout);
 dt_status dt__bw_embedding(dt_ctx *ctx, dt__node *n, const float *gout);
 dt_status dt__bw_softmax(dt_ctx *ctx, dt__node *n, const float *gout);   /* softmax, log_softmax */

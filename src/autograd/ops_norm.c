@@ -12,6 +12,20 @@
 #include <math.h>
 #include <string.h>
 
+/* Batch norm's gradients, as its backward made them, into the tape. */
+static dt_status bn_commit(dt_ctx *ctx, dt_tensor *X, float *gx, dt_tensor *gamma, float *gg, dt_tensor *beta,
+                           float *gb)
+{
+    dt_status st;
+    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
+        return st;
+    if (dt__rg(gamma) && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
+        return st;
+    if (dt__rg(beta) && (st = dt__grad_commit(ctx, beta, gb)) < 0)
+        return st;
+    return DT_OK;
+}
+
 /* i[0..4] = N, C, S, training, x's channel block (0 plain, 8, 16); saved: x, mean, invstd, gamma (contiguous) */
 dt_status dt__bw_bn(dt_ctx *ctx, dt__node *n, const float *gout)
 {
@@ -53,15 +67,7 @@ dt_status dt__bw_bn(dt_ctx *ctx, dt__node *n, const float *gout)
                 gb[c] = (float)sg;
         }
     }
-    if (st < 0)
-        return st;
-    if (gx && (st = dt__grad_commit(ctx, X, gx)) < 0)
-        return st;
-    if (dt__rg(gamma) && (st = dt__grad_commit(ctx, gamma, gg)) < 0)
-        return st;
-    if (dt__rg(beta) && (st = dt__grad_commit(ctx, beta, gb)) < 0)
-        return st;
-    return DT_OK;
+    return st < 0 ? st : bn_commit(ctx, X, gx, gamma, gg, beta, gb);
 }
 
 static bool check_vec(const char *op, const char *arg, const dt_tensor *v, int64_t C,
@@ -197,6 +203,85 @@ dt_tensor *dt_batch_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor 
         n->saved[1] = mean;
         n->saved[2] = invstd;
         n->saved[3] = (void *)(uintptr_t)gm;
+    }
+    return out;
+}
+
+/* ---- batch norm, ReLU and 2 x 2 max pooling in one node ----------------------- */
+
+/* saved[3] of the fused node */
+typedef struct {
+    const float *gamma;
+    const int32_t *argmax;
+} bn_pool_saved;
+
+/* i[0..4] = N, C, H, W, x's channel block; saved: x, mean, invstd, bn_pool_saved */
+dt_status dt__bw_bn_pool(dt_ctx *ctx, dt__node *n, const float *gout)
+{
+    const int64_t N = n->i[0], C = n->i[1], H = n->i[2], W = n->i[3];
+    const bn_pool_saved *sv = n->saved[3];
+    dt_tensor *X = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    float *gx = dt__rg(X) ? dt__grad_begin(ctx, X) : NULL;
+    float *gg = dt_arena_alloc(ctx->arena, (size_t)C * 4), *gb = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    if ((dt__rg(X) && !gx) || !gg || !gb)
+        return dt_last_status();
+    dt_status st = dt_k_bn_relu_maxpool2x2_bwd_blocked(n->saved[0], n->out->data, sv->argmax, gout, N, C, H, W,
+                                                       (int)n->i[4], sv->gamma, n->saved[1], n->saved[2], gx,
+                                                       dt__rg(gamma) ? gg : NULL, dt__rg(beta) ? gb : NULL);
+    return st < 0 ? st : bn_commit(ctx, X, gx, gamma, gg, beta, gb);
+}
+
+/* a plain f32 [C] vector (gamma, beta, running statistics) */
+static bool vec_c(const dt_tensor *v, int64_t C)
+{
+    return v && v->dtype == DT_F32 && v->ndim == 1 && v->shape[0] == C && !dt__blocked(v) &&
+           dt_tensor_is_contiguous(v);
+}
+
+dt_tensor *dt_batch_norm_relu_max_pool2x2(dt_ctx *ctx, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                          dt_tensor *running_mean, dt_tensor *running_var, bool training,
+                                          float momentum, float eps)
+{
+    const int64_t C = x && x->ndim == 4 ? x->shape[1] : 0;
+    const bool stats = running_mean ? vec_c(running_mean, C) && vec_c(running_var, C) : !running_var;
+    if (!ctx || !x || !training || !dt__blocked(x) || x->dtype != DT_F32 || x->ndim != 4 || x->shape[0] < 1 ||
+        x->shape[2] < 2 ||
+        x->shape[3] < 2 || !vec_c(gamma, C) || !vec_c(beta, C) || !stats) {
+        /* anything else: the three ops (they say what is wrong, if anything) */
+        dt_tensor *y = dt_batch_norm(ctx, x, gamma, beta, running_mean, running_var, training, momentum, eps);
+        y = y ? dt_max_pool2d(ctx, y, 2, 2, 0) : NULL;
+        return y ? dt_relu(ctx, y) : NULL;
+    }
+    const char *op = "dt_batch_norm_relu_max_pool2x2";
+    const int64_t N = x->shape[0], H = x->shape[2], W = x->shape[3], P = H / 2, Q = W / 2;
+    const int blk = dt_tensor_block(x);
+    const float *xd = dt__cdata(ctx, x), *gm = dt__cdata(ctx, gamma), *bt = dt__cdata(ctx, beta);
+    dt_tensor *out = dt__out(ctx, 4, (const int64_t[]){N, C, P, Q});
+    float *mean = dt_arena_alloc(ctx->arena, (size_t)C * 4), *invstd = dt_arena_alloc(ctx->arena, (size_t)C * 4);
+    int32_t *arg = dt_arena_alloc(ctx->arena, (size_t)(N * C * P * Q) * 4);
+    bn_pool_saved *sv = dt_arena_alloc(ctx->arena, sizeof *sv);
+    if (!xd || !gm || !bt || !out || !mean || !invstd || !arg || !sv)
+        return NULL;
+    out->flags |= dt__block_flag(blk);
+    dt_status st = dt_k_bn_relu_maxpool2x2_fwd_blocked(xd, N, C, H, W, blk, gm, bt, eps, momentum,
+                                                       running_mean ? running_mean->data : NULL,
+                                                       running_var ? running_var->data : NULL, out->data, arg,
+                                                       mean, invstd);
+    if (st < 0) {
+        dt_error_wrap(st, "%s", op);
+        return NULL;
+    }
+    dt_tensor *in[3] = {x, gamma, beta};
+    if (dt__ag_wants(ctx, 3, in)) {
+        dt__node *n = dt__ag_record(ctx, DT_OP_BN_RELU_POOL, out, 3, in);
+        if (!n)
+            return NULL;
+        n->i[0] = N, n->i[1] = C, n->i[2] = H, n->i[3] = W, n->i[4] = blk;
+        *sv = (bn_pool_saved){.gamma = gm, .argmax = arg};
+        n->saved[0] = (void *)(uintptr_t)xd;
+        n->saved[1] = mean;
+        n->saved[2] = invstd;
+        n->saved[3] = sv;
     }
     return out;
 }

@@ -139,6 +139,244 @@ DT_CLONES static void bwd_dx16(const float *restrict xp, const float *restrict g
     bwd_dx_body(xp, gp, op, HW, m, is, k, mdy, mdyx, 16, 16);
 }
 
+/* ---- batch norm, ReLU and 2 x 2 max pooling as one op ----------------------
+ * The ConvNet block's tail: y = ReLU(max over each 2 x 2 window (stride 2) of
+ * batch norm's output), as the pooled, rectified [N][C/B][P*Q][B] with
+ * P = H / 2, Q = W / 2, and the window's argmax as the plain max pooling
+ * writes it (h*W + w). Batch norm's own output and the gradient at it are
+ * never stored: the forward pools each normalised value as it is made, the
+ * backward makes the gradient at a position from the window's (its argmax,
+ * the output's sign: ReLU's mask, and dy) where batch norm's passes read it.
+ * Every value is computed by the same expressions in the same order as by
+ * batch norm's, ReLU's and max pooling's kernels one after the other (the
+ * gradient a window sends its argmax is 0 + dy there, as the pooling's
+ * scatter into zeros makes it), so the results are the same bits. */
+typedef int32_t blk_i8 __attribute__((vector_size(32)));
+
+typedef struct {
+    int64_t H, W, P, Q;
+    const float *y;  /* backward: the op's output (ReLU's mask) */
+    int32_t *argmax; /* forward: written; backward: read */
+} bn_pool;
+
+/* lanes of t (all ones or zeros) chosen from a, the others from b (blk_v8) */
+#define BLK_SEL(t, a, b) ((blk_v8)(((blk_i8)(a) & (t)) | ((blk_i8)(b) & ~(t))))
+
+/* One (n, block) row: normalise, pool, rectify (B lanes as 8-lane vectors;
+ * the scalar kernels' expressions lane by lane) */
+DT_BODY void pool_relu_body(const float *restrict xp, float *restrict yp, int32_t *restrict ap, int64_t W, int64_t P,
+                            int64_t Q, const float *restrict m, const float *restrict a, const float *restrict b,
+                            const int B)
+{
+    enum { G = MAXB / 8 };
+    blk_v8 mv[G], av[G], bv[G];
+    const int g8 = B / 8;
+#pragma GCC unroll 2
+    for (int g = 0; g < g8; g++) {
+        memcpy(&mv[g], m + 8 * g, sizeof(blk_v8));
+        memcpy(&av[g], a + 8 * g, sizeof(blk_v8));
+        memcpy(&bv[g], b + 8 * g, sizeof(blk_v8));
+    }
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t q = 0; q < Q; q++) {
+            const int32_t i0 = (int32_t)(2 * p * W + 2 * q);
+            const int32_t off[3] = {1, (int32_t)W, (int32_t)W + 1};
+            const float *c[4] = {xp + (int64_t)i0 * B, xp + ((int64_t)i0 + 1) * B, xp + ((int64_t)i0 + W) * B,
+                                 xp + ((int64_t)i0 + W + 1) * B};
+#pragma GCC unroll 2
+            for (int g = 0; g < g8; g++) {
+                blk_v8 mx, v;
+                blk_i8 bi = {0};
+                bi += i0;
+                memcpy(&mx, c[0] + 8 * g, sizeof mx);
+                mx = (mx - mv[g]) * av[g] + bv[g];
+#pragma GCC unroll 3
+                for (int k = 0; k < 3; k++) {
+                    memcpy(&v, c[k + 1] + 8 * g, sizeof v);
+                    v = (v - mv[g]) * av[g] + bv[g];
+                    const blk_i8 t = (v > mx) | ((v != v) & (mx == mx)); /* NaN propagates, as max pooling */
+                    mx = BLK_SEL(t, v, mx);
+                    bi = (t & (i0 + off[k])) | (~t & bi);
+                }
+                mx = (blk_v8)((blk_i8)mx & ((mx > 0.0f) | (mx != mx))); /* ReLU: as dt_k_relu_fwd */
+                memcpy(yp + (p * Q + q) * B + 8 * g, &mx, sizeof mx);
+                memcpy(ap + (p * Q + q) * B + 8 * g, &bi, sizeof bi);
+            }
+        }
+}
+DT_CLONES static void pool_relu8(const float *restrict xp, float *restrict yp, int32_t *restrict ap, int64_t W,
+                                 int64_t P, int64_t Q, const float *restrict m, const float *restrict a,
+                                 const float *restrict b)
+{
+    pool_relu_body(xp, yp, ap, W, P, Q, m, a, b, 8);
+}
+DT_CLONES static void pool_relu16(const float *restrict xp, float *restrict yp, int32_t *restrict ap, int64_t W,
+                                  int64_t P, int64_t Q, const float *restrict m, const float *restrict a,
+                                  const float *restrict b)
+{
+    pool_relu_body(xp, yp, ap, W, P, Q, m, a, b, 16);
+}
+
+/* The backward's two sums over one (n, block) row as sums2_body takes them
+ * (L lanes, in s order), the gradient at each position made from its
+ * window's: gp, yp, ap the row's pooled dy, output and argmax (lane offset
+ * applied). */
+DT_BODY void pool_sums_body(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                            const int32_t *restrict ap, const bn_pool *pl, const float *restrict k,
+                            float *restrict ra, float *restrict rb, const int L, const int B)
+{
+    enum { G = MAXB / 8 };
+    blk_v8 a[G] = {{0}}, b[G] = {{0}}, kv[G];
+    const int g8 = L / 8;
+    const int64_t H = pl->H, W = pl->W, P2 = 2 * pl->P, Q2 = 2 * pl->Q, Q = pl->Q;
+#pragma GCC unroll 2
+    for (int g = 0; g < g8; g++)
+        memcpy(&kv[g], k + 8 * g, sizeof(blk_v8));
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t w = 0; w < W; w++) {
+            const int64_t s = h * W + w, win = (h / 2) * Q + w / 2;
+            const bool in = h < P2 && w < Q2;
+#pragma GCC unroll 2
+            for (int g = 0; g < g8; g++) {
+                blk_v8 d, gv = {0};
+                memcpy(&d, xp + s * B + 8 * g, sizeof d);
+                d -= kv[g];
+                if (in) {
+                    blk_v8 g0, y0;
+                    blk_i8 a0;
+                    memcpy(&g0, gp + win * B + 8 * g, sizeof g0);
+                    memcpy(&y0, yp + win * B + 8 * g, sizeof y0);
+                    memcpy(&a0, ap + win * B + 8 * g, sizeof a0);
+                    const blk_i8 hit = (a0 == (int32_t)s) & (y0 > 0.0f);
+                    g0 = 0.0f + g0;
+                    gv = (blk_v8)((blk_i8)g0 & hit);
+                }
+                a[g] += gv;
+                b[g] += gv * d;
+            }
+        }
+#pragma GCC unroll 2
+    for (int g = 0; g < g8; g++) {
+        memcpy(ra + 8 * g, &a[g], sizeof(blk_v8));
+        memcpy(rb + 8 * g, &b[g], sizeof(blk_v8));
+    }
+}
+DT_CLONES static void pool_sums8(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                                 const int32_t *restrict ap, const bn_pool *pl, const float *restrict k,
+                                 float *restrict ra, float *restrict rb)
+{
+    pool_sums_body(xp, gp, yp, ap, pl, k, ra, rb, 8, 8);
+}
+DT_CLONES static void pool_sums16(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                                  const int32_t *restrict ap, const bn_pool *pl, const float *restrict k,
+                                  float *restrict ra, float *restrict rb)
+{
+    pool_sums_body(xp, gp, yp, ap, pl, k, ra, rb, 16, 16);
+}
+DT_CLONES static void pool_sums8s16(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                                    const int32_t *restrict ap, const bn_pool *pl, const float *restrict k,
+                                    float *restrict ra, float *restrict rb)
+{
+    pool_sums_body(xp, gp, yp, ap, pl, k, ra, rb, 8, 16);
+}
+
+/* bwd_dx_body with the gradient at each position made from its window's
+ * (8-lane vectors; the same expressions lane by lane) */
+DT_BODY void pool_dx_body(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                          const int32_t *restrict ap, float *restrict op, const bn_pool *pl, const float *restrict m,
+                          const float *restrict is, const float *restrict k, const float *restrict mdy,
+                          const float *restrict mdyx, const int B)
+{
+    enum { G = MAXB / 8 };
+    blk_v8 mv[G], iv[G], kv[G], dv[G], xv[G];
+    const int g8 = B / 8;
+#pragma GCC unroll 2
+    for (int g = 0; g < g8; g++) {
+        memcpy(&mv[g], m + 8 * g, sizeof(blk_v8));
+        memcpy(&iv[g], is + 8 * g, sizeof(blk_v8));
+        memcpy(&kv[g], k + 8 * g, sizeof(blk_v8));
+        memcpy(&dv[g], mdy + 8 * g, sizeof(blk_v8));
+        memcpy(&xv[g], mdyx + 8 * g, sizeof(blk_v8));
+    }
+    const int64_t H = pl->H, W = pl->W, P2 = 2 * pl->P, Q2 = 2 * pl->Q, Q = pl->Q;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t w = 0; w < W; w++) {
+            const int64_t s = h * W + w, win = (h / 2) * Q + w / 2;
+            const bool in = h < P2 && w < Q2;
+#pragma GCC unroll 2
+            for (int g = 0; g < g8; g++) {
+                blk_v8 x, gy = {0};
+                memcpy(&x, xp + s * B + 8 * g, sizeof x);
+                if (in) {
+                    blk_v8 g0, y0;
+                    blk_i8 a0;
+                    memcpy(&g0, gp + win * B + 8 * g, sizeof g0);
+                    memcpy(&y0, yp + win * B + 8 * g, sizeof y0);
+                    memcpy(&a0, ap + win * B + 8 * g, sizeof a0);
+                    g0 = 0.0f + g0;
+                    gy = (blk_v8)((blk_i8)g0 & (a0 == (int32_t)s) & (y0 > 0.0f));
+                }
+                const blk_v8 xh = (x - mv[g]) * iv[g];
+                const blk_v8 o = kv[g] * (gy - dv[g] - xh * xv[g]);
+                memcpy(op + s * B + 8 * g, &o, sizeof o);
+            }
+        }
+}
+DT_CLONES static void pool_dx8(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                               const int32_t *restrict ap, float *restrict op, const bn_pool *pl,
+                               const float *restrict m, const float *restrict is, const float *restrict k,
+                               const float *restrict mdy, const float *restrict mdyx)
+{
+    pool_dx_body(xp, gp, yp, ap, op, pl, m, is, k, mdy, mdyx, 8);
+}
+DT_CLONES static void pool_dx16(const float *restrict xp, const float *restrict gp, const float *restrict yp,
+                                const int32_t *restrict ap, float *restrict op, const bn_pool *pl,
+                                const float *restrict m, const float *restrict is, const float *restrict k,
+                                const float *restrict mdy, const float *restrict mdyx)
+{
+    pool_dx_body(xp, gp, yp, ap, op, pl, m, is, k, mdy, mdyx, 16);
+}
+
+/* The row kernels the batch-norm drivers below call for (n, block) row bl
+ * (lanes off .. off + L - 1 for the sums): batch norm's alone (pl NULL), or
+ * fused with ReLU and the pooling. */
+static void fwd_row(const float *x, float *y, int64_t bl, int64_t HW, int B, const float *m, const float *a,
+                    const float *b, const bn_pool *pl)
+{
+    if (!pl) {
+        (B == 16 ? affine16 : affine8)(x + bl * HW * B, y + bl * HW * B, HW, m, a, b);
+        return;
+    }
+    const int64_t o = bl * pl->P * pl->Q * B;
+    (B == 16 ? pool_relu16 : pool_relu8)(x + bl * HW * B, y + o, pl->argmax + o, pl->W, pl->P, pl->Q, m, a, b);
+}
+
+static void bwd_row_sums(const float *x, const float *dy, int64_t bl, int64_t off, int L, int B, int64_t HW,
+                         const float *m, float *ra, float *rb, const bn_pool *pl)
+{
+    const float *xp = x + bl * HW * B + off;
+    if (!pl) {
+        const float *gp = dy + bl * HW * B + off;
+        (L == 8 && B == 16 ? bwd_sums8s16 : B == 16 ? bwd_sums16 : bwd_sums8)(xp, gp, HW, m, ra, rb);
+        return;
+    }
+    const int64_t o = bl * pl->P * pl->Q * B + off;
+    (L == 8 && B == 16 ? pool_sums8s16 : B == 16 ? pool_sums16 : pool_sums8)(xp, dy + o, pl->y + o, pl->argmax + o,
+                                                                             pl, m, ra, rb);
+}
+
+static void bwd_row_dx(const float *x, const float *dy, float *dx, int64_t bl, int64_t HW, int B, const float *m,
+                       const float *is, const float *k, const float *mdy, const float *mdyx, const bn_pool *pl)
+{
+    const int64_t o = bl * HW * B;
+    if (!pl) {
+        (B == 16 ? bwd_dx16 : bwd_dx8)(x + o, dy + o, dx + o, HW, m, is, k, mdy, mdyx);
+        return;
+    }
+    const int64_t op = bl * pl->P * pl->Q * B;
+    (B == 16 ? pool_dx16 : pool_dx8)(x + o, dy + op, pl->y + op, pl->argmax + op, dx + o, pl, m, is, k, mdy, mdyx);
+}
+
 /* 2x2 stride-2 unpadded max pool of one channel block: each output is B
  * lanes (channels); same rule on every path (first max in window order
  * wins, NaN propagates), so every path gives the scalar loop's values and
@@ -347,16 +585,16 @@ static float *row_sums_alloc(int64_t N, int64_t C)
  * channels' first values, else the backward's about m), then each
  * channel's two sums in double in n order into d1, d2. */
 static void split_sums(const float *x, const float *g, const float *m, int64_t N, int64_t C, int64_t HW, int B,
-                       float *rs, double *d1, double *d2)
+                       const bn_pool *pl, float *rs, double *d1, double *d2)
 {
     const int64_t CB = C / B;
 #pragma omp for schedule(static)
     for (int64_t bl = 0; bl < N * CB; bl++) {
         const int64_t n = bl / CB, cb = bl % CB, o = bl * HW * B;
-        const float *gp = g ? g + o : NULL, *k = g ? m + cb * B : x + cb * HW * B;
+        const float *k = g ? m + cb * B : x + cb * HW * B;
         float *ra = rs + n * C + cb * B, *rb = rs + (N + n) * C + cb * B;
-        if (gp)
-            (B == 16 ? bwd_sums16 : bwd_sums8)(x + o, gp, HW, k, ra, rb);
+        if (g)
+            bwd_row_sums(x, g, bl, 0, B, B, HW, k, ra, rb, pl);
         else
             (B == 16 ? moments16 : moments8)(x + o, HW, k, ra, rb);
     }
@@ -371,19 +609,17 @@ static void split_sums(const float *x, const float *g, const float *m, int64_t N
     }
 }
 
-dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
-                                           const float *gamma, const float *beta, float eps, float momentum,
-                                           float *running_mean, float *running_var, float *y, float *save_mean,
-                                           float *save_invstd)
+/* Training batch norm on blocked x (arguments checked); y its output, or
+ * with pl the pooled, rectified output (bn_pool). */
+static dt_status bn_fwd(const char *fn, const float *x, int64_t N, int64_t C, int64_t HW, int B, const float *gamma,
+                        const float *beta, float eps, float momentum, float *running_mean, float *running_var,
+                        float *y, float *save_mean, float *save_invstd, const bn_pool *pl)
 {
-    const char *fn = "dt_k_batchnorm_train_fwd_blocked";
-    dt_status st = blk_check(fn, B, x, y, N, C, HW);
-    if (st < 0)
-        return st;
     if (C == 0)
         return DT_OK;
     int64_t cnt = N * HW;
-    if ((st = dt__bn_train_args(fn, cnt, eps)) < 0)
+    dt_status st = dt__bn_train_args(fn, cnt, eps);
+    if (st < 0)
         return st;
     int64_t CB = C / B;
     int nt = dt__threads_for(N * C * HW), L;
@@ -397,7 +633,7 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
 #pragma omp parallel num_threads(nt)
     {
     if (rs) {
-        split_sums(x, NULL, NULL, N, C, HW, B, rs, d1, d2);
+        split_sums(x, NULL, NULL, N, C, HW, B, NULL, rs, d1, d2);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < C; c++)
             dt__bn_finish_channel(c, d1[c], d2[c], x[c / B * HW * B + c % B], cnt, eps, momentum, gamma, beta,
@@ -433,19 +669,14 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
             memcpy(sb + c0, b, sizeof(float) * (size_t)L);
             continue;
         }
-        for (int64_t n = 0; n < N; n++) {
-            int64_t o = (n * CB + cb) * HW * B;
-            if (B == 16)
-                affine16(x + o, y + o, HW, fm, a, b);
-            else
-                affine8(x + o, y + o, HW, fm, a, b);
-        }
+        for (int64_t n = 0; n < N; n++)
+            fwd_row(x, y, n * CB + cb, HW, B, fm, a, b, pl);
     }
     if (split) { /* after the implicit barrier: every channel's statistics are in */
 #pragma omp for schedule(static)
         for (int64_t bl = 0; bl < N * CB; bl++) {
-            const int64_t cb = bl % CB, o = bl * HW * B;
-            affine16(x + o, y + o, HW, sm + cb * B, sa + cb * B, sb + cb * B);
+            const int64_t cb = bl % CB;
+            fwd_row(x, y, bl, HW, B, sm + cb * B, sa + cb * B, sb + cb * B, pl);
         }
     }
     }
@@ -453,16 +684,12 @@ dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C,
     return DT_OK;
 }
 
-dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW, int B,
-                                     const float *gamma, const float *save_mean, const float *save_invstd, float *dx,
-                                     float *dgamma, float *dbeta)
+/* Batch norm's backward on blocked x (arguments checked); dy the gradient
+ * at its output, or with pl at the pooled, rectified output (bn_pool). */
+static dt_status bn_bwd(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW, int B, const float *gamma,
+                        const float *save_mean, const float *save_invstd, float *dx, float *dgamma, float *dbeta,
+                        const bn_pool *pl)
 {
-    const char *fn = "dt_k_batchnorm_bwd_blocked";
-    dt_status st = blk_check(fn, B, x, dy, N, C, HW);
-    if (st < 0)
-        return st;
-    DT__CHECK_PTR(fn, save_mean, C);
-    DT__CHECK_PTR(fn, save_invstd, C);
     int64_t cnt = N * HW, CB = C / B;
     if (cnt == 0) {
         for (int64_t c = 0; c < C; c++) {
@@ -485,7 +712,7 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
 #pragma omp parallel num_threads(nt)
     {
     if (rs) {
-        split_sums(x, dy, save_mean, N, C, HW, B, rs, d1, d2);
+        split_sums(x, dy, save_mean, N, C, HW, B, pl, rs, d1, d2);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < C; c++) {
             const double sdy = d1[c], sdyx = d2[c] * (double)save_invstd[c]; /* sum dy * xhat */
@@ -511,13 +738,7 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
         }
         for (int64_t n = 0; n < N; n++) {
             float ra[MAXB], rb[MAXB];
-            int64_t o = (n * CB + cb) * HW * B + off;
-            if (L == 8 && B == 16)
-                bwd_sums8s16(x + o, dy + o, HW, m, ra, rb);
-            else if (B == 16)
-                bwd_sums16(x + o, dy + o, HW, m, ra, rb);
-            else
-                bwd_sums8(x + o, dy + o, HW, m, ra, rb);
+            bwd_row_sums(x, dy, n * CB + cb, off, L, B, HW, m, ra, rb, pl);
             for (int j = 0; j < L; j++) {
                 sdy[j] += (double)ra[j];
                 sdyx[j] += (double)rb[j];
@@ -545,24 +766,95 @@ dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N,
             memcpy(smdyx + c0, mdyx, bs);
             continue;
         }
-        for (int64_t n = 0; n < N; n++) {
-            int64_t o = (n * CB + cb) * HW * B;
-            if (B == 16)
-                bwd_dx16(x + o, dy + o, dx + o, HW, m, is, k, mdy, mdyx);
-            else
-                bwd_dx8(x + o, dy + o, dx + o, HW, m, is, k, mdy, mdyx);
-        }
+        for (int64_t n = 0; n < N; n++)
+            bwd_row_dx(x, dy, dx, n * CB + cb, HW, B, m, is, k, mdy, mdyx, pl);
     }
     if (split && dx) { /* after the implicit barrier: every channel's sums are in */
 #pragma omp for schedule(static)
         for (int64_t bl = 0; bl < N * CB; bl++) {
-            const int64_t cb = bl % CB, o = bl * HW * B, c = cb * B;
-            bwd_dx16(x + o, dy + o, dx + o, HW, sm + c, sis + c, sk + c, smdy + c, smdyx + c);
+            const int64_t c = bl % CB * B;
+            bwd_row_dx(x, dy, dx, bl, HW, B, sm + c, sis + c, sk + c, smdy + c, smdyx + c, pl);
         }
     }
     }
     dt_free(rs);
     return DT_OK;
+}
+
+dt_status dt_k_batchnorm_train_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t HW, int B,
+                                           const float *gamma, const float *beta, float eps, float momentum,
+                                           float *running_mean, float *running_var, float *y, float *save_mean,
+                                           float *save_invstd)
+{
+    const char *fn = "dt_k_batchnorm_train_fwd_blocked";
+    dt_status st = blk_check(fn, B, x, y, N, C, HW);
+    if (st < 0)
+        return st;
+    return bn_fwd(fn, x, N, C, HW, B, gamma, beta, eps, momentum, running_mean, running_var, y, save_mean,
+                  save_invstd, NULL);
+}
+
+dt_status dt_k_batchnorm_bwd_blocked(const float *x, const float *dy, int64_t N, int64_t C, int64_t HW, int B,
+                                     const float *gamma, const float *save_mean, const float *save_invstd, float *dx,
+                                     float *dgamma, float *dbeta)
+{
+    const char *fn = "dt_k_batchnorm_bwd_blocked";
+    dt_status st = blk_check(fn, B, x, dy, N, C, HW);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, save_mean, C);
+    DT__CHECK_PTR(fn, save_invstd, C);
+    return bn_bwd(x, dy, N, C, HW, B, gamma, save_mean, save_invstd, dx, dgamma, dbeta, NULL);
+}
+
+/* The fused op's shape (H, W >= 2; a plane indexable by int32) and its
+ * pooled size; x and the pooled y / argmax checked as arrays. */
+static dt_status bn_pool_check(const char *fn, int B, int64_t N, int64_t C, int64_t H, int64_t W, const void *x,
+                               const void *y, const void *argmax, bn_pool *pl)
+{
+    if (H < 2 || W < 2 || H > INT32_MAX / W)
+        return dt_error(DT_ERR_SHAPE, "%s: want a plane of at least 2 x 2 and at most 2^31 - 1 elements, got "
+                        "%lld x %lld", fn, (long long)H, (long long)W);
+    dt_status st = blk_check(fn, B, x, x, N, C, H * W);
+    if (st < 0)
+        return st;
+    *pl = (bn_pool){.H = H, .W = W, .P = H / 2, .Q = W / 2};
+    DT__CHECK_PTR(fn, y, N * C * pl->P * pl->Q);
+    DT__CHECK_PTR(fn, argmax, N * C * pl->P * pl->Q);
+    return DT_OK;
+}
+
+dt_status dt_k_bn_relu_maxpool2x2_fwd_blocked(const float *x, int64_t N, int64_t C, int64_t H, int64_t W, int B,
+                                              const float *gamma, const float *beta, float eps, float momentum,
+                                              float *running_mean, float *running_var, float *y, int32_t *argmax,
+                                              float *save_mean, float *save_invstd)
+{
+    const char *fn = "dt_k_bn_relu_maxpool2x2_fwd_blocked";
+    bn_pool pl;
+    dt_status st = bn_pool_check(fn, B, N, C, H, W, x, y, argmax, &pl);
+    if (st < 0)
+        return st;
+    pl.argmax = argmax;
+    return bn_fwd(fn, x, N, C, H * W, B, gamma, beta, eps, momentum, running_mean, running_var, y, save_mean,
+                  save_invstd, &pl);
+}
+
+dt_status dt_k_bn_relu_maxpool2x2_bwd_blocked(const float *x, const float *y, const int32_t *argmax, const float *dy,
+                                              int64_t N, int64_t C, int64_t H, int64_t W, int B, const float *gamma,
+                                              const float *save_mean, const float *save_invstd, float *dx,
+                                              float *dgamma, float *dbeta)
+{
+    const char *fn = "dt_k_bn_relu_maxpool2x2_bwd_blocked";
+    bn_pool pl;
+    dt_status st = bn_pool_check(fn, B, N, C, H, W, x, y, argmax, &pl);
+    if (st < 0)
+        return st;
+    DT__CHECK_PTR(fn, dy, N * C * pl.P * pl.Q);
+    DT__CHECK_PTR(fn, save_mean, C);
+    DT__CHECK_PTR(fn, save_invstd, C);
+    pl.y = y;
+    pl.argmax = (int32_t *)(uintptr_t)argmax; /* read only in the backward */
+    return bn_bwd(x, dy, N, C, H * W, B, gamma, save_mean, save_invstd, dx, dgamma, dbeta, &pl);
 }
 
 static dt_status pool_blk_check(const char *fn, int B, const dt_k_pool2d_shape *s, int64_t *P, int64_t *Q,

@@ -643,6 +643,24 @@ dt_rng_key dt_module_dropout_key(dt_module *m)
     return key;
 }
 
+/* BatchNorm2d m on x, alone or with ReLU and 2 x 2 max pooling after it
+ * (dt_batch_norm_relu_max_pool2x2), then its count of batches */
+static dt_tensor *batchnorm_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x, bool relu_pool)
+{
+    if ((x->ndim != 4 && x->ndim != 2) || x->shape[1] != m->in) {
+        char want[96];
+        snprintf(want, sizeof want, "[N, %lld, H, W] or [N, %lld]", (long long)m->in, (long long)m->in);
+        return shape_error(m, x, want);
+    }
+    dt_tensor *const *p = m->params;
+    dt_tensor *y = relu_pool ? dt_batch_norm_relu_max_pool2x2(ctx, x, p[0], p[1], p[2], p[3], m->training, m->momentum,
+                                                              m->eps)
+                             : dt_batch_norm(ctx, x, p[0], p[1], p[2], p[3], m->training, m->momentum, m->eps);
+    if (y && m->training)
+        ((int64_t *)p[4]->data)[0] += 1;
+    return y;
+}
+
 static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
 {
     char want[96];
@@ -663,17 +681,8 @@ static dt_tensor *forward_kind(dt_ctx *ctx, dt_module *m, dt_tensor *x)
             return shape_error(m, x, want);
         }
         return dt_conv2d(ctx, x, m->params[0], m->bias ? m->params[1] : NULL, m->stride, m->pad);
-    case DT_NN_BATCHNORM2D: {
-        if ((x->ndim != 4 && x->ndim != 2) || x->shape[1] != m->in) {
-            snprintf(want, sizeof want, "[N, %lld, H, W] or [N, %lld]", (long long)m->in, (long long)m->in);
-            return shape_error(m, x, want);
-        }
-        dt_tensor *y = dt_batch_norm(ctx, x, m->params[0], m->params[1], m->params[2], m->params[3],
-                                     m->training, m->momentum, m->eps);
-        if (y && m->training)
-            ((int64_t *)m->params[4]->data)[0] += 1;
-        return y;
-    }
+    case DT_NN_BATCHNORM2D:
+        return batchnorm_forward(ctx, m, x, false);
     case DT_NN_LAYERNORM:
         if (x->ndim < 1 || x->shape[x->ndim - 1] != m->in) {
             snprintf(want, sizeof want, "[..., %lld]", (long long)m->in);
@@ -760,6 +769,23 @@ dt_tensor *dt_module_forward(dt_ctx *ctx, dt_module *m, dt_tensor *x)
         }
     }
     return y;
+}
+
+dt_tensor *dt_module_forward_bn_relu_pool(dt_ctx *ctx, dt_module *bn, dt_module *pool, dt_tensor *x)
+{
+    if (ctx && bn && pool && x && bn->model && pool->model && bn->kind == DT_NN_BATCHNORM2D &&
+        pool->kind == DT_NN_MAXPOOL2D && pool->k == 2 && pool->stride == 2 && pool->pad == 0 &&
+        dt_module_is_plain(bn) && dt_module_is_plain(pool)) {
+        dt_error_clear();
+        dt_tensor *y = batchnorm_forward(ctx, bn, x, true);
+        if (!y)
+            dt_error_wrap(dt_last_status() ? dt_last_status() : DT_ERR_INTERNAL, "module '%s' (%s)", bn->path,
+                          dt_module_type(bn));
+        return y;
+    }
+    x = dt_module_forward(ctx, bn, x);
+    x = dt_module_forward(ctx, pool, x);
+    return x ? dt_relu(ctx, x) : NULL;
 }
 
 dt_tensor *dt_module_loss(dt_ctx *ctx, dt_module *m, dt_tensor *pred, dt_tensor *target)

@@ -189,6 +189,86 @@ TEST(blocked_equals_plain)
     dt_tensor_free(x);
 }
 
+/* The same net with beta, its blocks' tails as dt_batch_norm_relu_max_pool2x2
+ * (g_fused) or as batch norm, ReLU and max pooling: in[0..3] as above,
+ * in[4], in[5] the betas. */
+static bool g_fused;
+static dt_tensor *f_tail(dt_ctx *c, dt_tensor *h, dt_tensor *gamma, dt_tensor *beta)
+{
+    if (g_fused)
+        return seen(dt_batch_norm_relu_max_pool2x2(c, h, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f));
+    h = dt_batch_norm(c, h, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f);
+    return seen(dt_max_pool2d(c, dt_relu(c, h), 2, 0, 0));
+}
+
+static dt_tensor *f_net_beta(dt_ctx *c, dt_tensor **in, void *u)
+{
+    bool old = dt_ctx_set_blocked(c, true);
+    g_nblocked = 0;
+    dt_tensor *h = f_tail(c, dt_conv2d(c, u, in[0], NULL, 1, 1), in[1], in[4]);
+    h = f_tail(c, dt_conv2d(c, h, in[2], NULL, 1, 1), in[3], in[5]);
+    h = dt_flatten(c, h, 1, -1);
+    dt_ctx_set_blocked(c, old);
+    return h;
+}
+
+static void run_beta(dt_tensor **in, dt_tensor *x, float *out, float **grads)
+{
+    dt_ctx *ctx = NULL;
+    dt_ctx_init(NULL, &ctx);
+    for (int i = 0; i < 6; i++)
+        dt_ag_zero_grad(in[i]);
+    dt_tensor *y = f_net_beta(ctx, in, x);
+    ASSERT(y);
+    ASSERT_OK(dt_tensor_read(y, out));
+    dt_tensor *R = dt_tensor_empty(ctx, DT_F32, y->ndim, y->shape);
+    for (int64_t i = 0; i < dt_tensor_numel(y); i++)
+        ((float *)R->data)[i] = (float)((i * 7) % 11) / 5.0f - 1.0f;
+    ASSERT_OK(dt_backward_with(ctx, y, R));
+    for (int i = 0; i < 6; i++)
+        memcpy(grads[i], in[i]->grad->data, dt_tensor_nbytes(in[i]));
+    dt_ctx_free(ctx);
+}
+
+/* Batch norm, ReLU and 2 x 2 max pooling as one op on blocked activations:
+ * the three ops' values and gradients bit for bit in both blocks, and
+ * finite differences agree with its gradients. */
+TEST(fused_tail_equals_three_ops)
+{
+    dt_tensor *x = TC(19, 2, 1, 8, 8), *in[6];
+    make_inputs(in);
+    in[4] = T(8, 16), in[5] = T(9, 16);
+    enum { NO = 128 };
+    float o[2][NO], *g[2][6];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++)
+            g[k][i] = malloc(dt_tensor_nbytes(in[i]));
+    for (int B = 8; B <= 16; B += 8) {
+        ASSERT_OK(dt_k_act_block_set(B));
+        for (int k = 0; k < 2; k++) {
+            g_fused = k == 1;
+            run_beta(in, x, o[k], g[k]);
+            ASSERT_EQ_INT(g_nblocked, dt_k_conv2d_blocked_enabled() ? 2 : 0);
+        }
+        if (memcmp(o[1], o[0], sizeof o[0]))
+            TEST_FAIL_("block %d: the fused op's values differ from the three ops'", B);
+        for (int i = 0; i < 6; i++)
+            if (memcmp(g[1][i], g[0][i], dt_tensor_nbytes(in[i])))
+                TEST_FAIL_("block %d: the fused op's gradient of input %d differs from the three ops'", B, i);
+    }
+    g_fused = true;
+    int bad = gradcheck("fused_tail", 6, in, f_net_beta, x, 2e-3, 5e-3, 5e-2);
+    g_fused = false;
+    ASSERT_OK(dt_k_act_block_set(-1));
+    ASSERT_EQ_INT(bad, 0);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++)
+            free(g[k][i]);
+    for (int i = 0; i < 6; i++)
+        dt_tensor_free(in[i]);
+    dt_tensor_free(x);
+}
+
 /* A blocked conv output read through the accessors and fed to ops that do
  * not understand the layout gives the plain values. */
 TEST(accessors_and_other_ops_see_plain)
@@ -348,6 +428,7 @@ int main(void)
 {
     RUN(gradcheck_blocked_path);
     RUN(blocked_equals_plain);
+    RUN(fused_tail_equals_three_ops);
     RUN(accessors_and_other_ops_see_plain);
     RUN(convnet_step_reorders);
     RUN(convnet_step_both_blocks);
