@@ -217,6 +217,26 @@ DT_CLONES static void pool_relu16(const float *restrict xp, float *restrict yp, 
     pool_relu_body(xp, yp, ap, W, P, Q, m, a, b, 16);
 }
 
+/* The gradient at position s, lanes 8g .. 8g + 7, from its window win's
+ * (in: the position is in a window): 0 + dy where the window's argmax is s
+ * and its output > 0 (ReLU's mask), else 0, as the pooling's scatter into
+ * zeros makes it. Through a pointer: a vector return changes the ABI of
+ * the clone without AVX. */
+DT_BODY void pos_grad(blk_v8 *gy, bool in, const float *restrict gp, const float *restrict yp,
+                      const int32_t *restrict ap, int64_t win, int64_t s, int g, const int B)
+{
+    *gy = (blk_v8){0};
+    if (!in)
+        return;
+    blk_v8 g0, y0;
+    blk_i8 a0;
+    memcpy(&g0, gp + win * B + 8 * g, sizeof g0);
+    memcpy(&y0, yp + win * B + 8 * g, sizeof y0);
+    memcpy(&a0, ap + win * B + 8 * g, sizeof a0);
+    g0 = 0.0f + g0;
+    *gy = (blk_v8)((blk_i8)g0 & (a0 == (int32_t)s) & (y0 > 0.0f));
+}
+
 /* The backward's two sums over one (n, block) row as sums2_body takes them
  * (L lanes, in s order), the gradient at each position made from its
  * window's: gp, yp, ap the row's pooled dy, output and argmax (lane offset
@@ -238,19 +258,10 @@ DT_BODY void pool_sums_body(const float *restrict xp, const float *restrict gp, 
             const bool in = h < P2 && w < Q2;
 #pragma GCC unroll 2
             for (int g = 0; g < g8; g++) {
-                blk_v8 d, gv = {0};
+                blk_v8 d, gv;
                 memcpy(&d, xp + s * B + 8 * g, sizeof d);
                 d -= kv[g];
-                if (in) {
-                    blk_v8 g0, y0;
-                    blk_i8 a0;
-                    memcpy(&g0, gp + win * B + 8 * g, sizeof g0);
-                    memcpy(&y0, yp + win * B + 8 * g, sizeof y0);
-                    memcpy(&a0, ap + win * B + 8 * g, sizeof a0);
-                    const blk_i8 hit = (a0 == (int32_t)s) & (y0 > 0.0f);
-                    g0 = 0.0f + g0;
-                    gv = (blk_v8)((blk_i8)g0 & hit);
-                }
+                pos_grad(&gv, in, gp, yp, ap, win, s, g, B);
                 a[g] += gv;
                 b[g] += gv * d;
             }
@@ -305,17 +316,9 @@ DT_BODY void pool_dx_body(const float *restrict xp, const float *restrict gp, co
             const bool in = h < P2 && w < Q2;
 #pragma GCC unroll 2
             for (int g = 0; g < g8; g++) {
-                blk_v8 x, gy = {0};
+                blk_v8 x, gy;
                 memcpy(&x, xp + s * B + 8 * g, sizeof x);
-                if (in) {
-                    blk_v8 g0, y0;
-                    blk_i8 a0;
-                    memcpy(&g0, gp + win * B + 8 * g, sizeof g0);
-                    memcpy(&y0, yp + win * B + 8 * g, sizeof y0);
-                    memcpy(&a0, ap + win * B + 8 * g, sizeof a0);
-                    g0 = 0.0f + g0;
-                    gy = (blk_v8)((blk_i8)g0 & (a0 == (int32_t)s) & (y0 > 0.0f));
-                }
+                pos_grad(&gy, in, gp, yp, ap, win, s, g, B);
                 const blk_v8 xh = (x - mv[g]) * iv[g];
                 const blk_v8 o = kv[g] * (gy - dv[g] - xh * xv[g]);
                 memcpy(op + s * B + 8 * g, &o, sizeof o);
