@@ -245,8 +245,7 @@ dt_tensor *dt_batch_norm_relu_max_pool2x2(dt_ctx *ctx, dt_tensor *x, dt_tensor *
     const int64_t C = x && x->ndim == 4 ? x->shape[1] : 0;
     const bool stats = running_mean ? vec_c(running_mean, C) && vec_c(running_var, C) : !running_var;
     if (!ctx || !x || !training || !dt__blocked(x) || x->dtype != DT_F32 || x->ndim != 4 || x->shape[0] < 1 ||
-        x->shape[2] < 2 ||
-        x->shape[3] < 2 || !vec_c(gamma, C) || !vec_c(beta, C) || !stats) {
+        x->shape[2] < 2 || x->shape[3] < 2 || !vec_c(gamma, C) || !vec_c(beta, C) || !stats) {
         /* anything else: the three ops (they say what is wrong, if anything) */
         dt_tensor *y = dt_batch_norm(ctx, x, gamma, beta, running_mean, running_var, training, momentum, eps);
         y = y ? dt_max_pool2d(ctx, y, 2, 2, 0) : NULL;
