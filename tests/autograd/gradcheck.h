@@ -68,6 +68,11 @@ static double gc_loss(dt_ctx *ctx, gc_fn f, dt_tensor **in, void *ud, const floa
 static int gradcheck(const char *name, int nin, dt_tensor **in, gc_fn f, void *ud, double h,
                      double atol, double rtol)
 {
+    enum { GC_MAX_IN = 8 };
+    if (nin < 0 || nin > GC_MAX_IN) {
+        fprintf(stderr, "gradcheck %s: %d inputs (at most %d)\n", name, nin, GC_MAX_IN);
+        return 1;
+    }
     dt_ctx *ctx = NULL;
     dt_ctx_init(NULL, &ctx);
     int bad = 0;
@@ -92,7 +97,7 @@ static int gradcheck(const char *name, int nin, dt_tensor **in, gc_fn f, void *u
         return 1;
     }
     /* copy analytic grads before the context is reused */
-    float *ana[4] = {0};
+    float *ana[GC_MAX_IN] = {0};
     for (int i = 0; i < nin; i++) {
         if (!in[i] || !(in[i]->flags & DT_TENSOR_REQUIRES_GRAD))
             continue;
