@@ -370,9 +370,73 @@ TEST(hooks_removed_by_id)
     dt_model_free(m);
 }
 
+/* dt_module_forward_bn_relu_pool: a BatchNorm2d and a MaxPool2d(2) on
+ * channel-blocked activations run as one op, the same bits as the modules'
+ * forwards then ReLU; a pooling of other windows, or a hook on either
+ * module, runs the modules (the hook fires); batch norm counts its batch
+ * either way. */
+static dt_status count_post(dt_ctx *ctx, dt_module *m, dt_tensor *x, dt_tensor *y, void *ud)
+{
+    (void)ctx, (void)m, (void)x, (void)y;
+    (*(int *)ud)++;
+    return DT_OK;
+}
+
+/* conv then bn and pool (child 2 or 3) through the helper or the modules:
+ * the values and the conv weight's gradient */
+static void bn_pool_run(dt_model *m, int pool, bool helper, float *out, float *gw)
+{
+    dt_module *root = dt_model_root(m), *conv = dt_module_child(root, 0), *bn = dt_module_child(root, 1);
+    dt_module *pl = dt_module_child(root, pool);
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_ctx_set_blocked(ctx, true);
+    dt_tensor *x = dt_tensor_empty(ctx, DT_F32, 4, (int64_t[]){2, 1, 8, 8});
+    for (int i = 0; i < 128; i++)
+        ((float *)x->data)[i] = (float)((i * 37) % 23) / 11.0f - 1.0f;
+    dt_tensor *w = dt_module_param(conv, 0);
+    dt_ag_zero_grad(w);
+    dt_tensor *h = dt_module_forward(ctx, conv, x);
+    dt_tensor *y = helper ? dt_module_forward_bn_relu_pool(ctx, bn, pl, h)
+                          : dt_relu(ctx, dt_module_forward(ctx, pl, dt_module_forward(ctx, bn, h)));
+    ASSERT(y);
+    ASSERT_OK(dt_tensor_read(y, out));
+    ASSERT_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, y))));
+    memcpy(gw, w->grad->data, dt_tensor_nbytes(w));
+    dt_ctx_free(ctx);
+}
+
+TEST(bn_relu_pool_helper)
+{
+    dt_module *c[4] = {dt_nn_conv2d(1, 16, 3, 1, 1, true), dt_nn_batchnorm2d(16, 1e-5f, 0.1f), dt_nn_maxpool2d(2, 2, 0),
+                       dt_nn_maxpool2d(3, 2, 1)};
+    dt_model *m = NULL;
+    ASSERT_OK(dt_model_build(dt_nn_seq(4, c), 3, NULL, &m));
+    dt_module *bn = dt_module_child(dt_model_root(m), 1);
+    const int64_t *count = dt_module_param(bn, 4)->data;
+    float a[2 * 16 * 16], b[2 * 16 * 16], ga[144], gb[144]; /* 16 channels: blocked in nChw8c and 16c */
+    for (int pool = 2; pool <= 3; pool++) {
+        const int64_t before = *count;
+        bn_pool_run(m, pool, false, a, ga);
+        bn_pool_run(m, pool, true, b, gb);
+        ASSERT_EQ_INT((long long)(*count - before), 2);
+        if (memcmp(a, b, sizeof a) || memcmp(ga, gb, sizeof ga))
+            TEST_FAIL_("MaxPool2d(%d): the helper's values or gradient differ from the modules'", pool == 2 ? 2 : 3);
+    }
+    int calls = 0;
+    ASSERT_OK(dt_module_add_forward_post_hook(bn, count_post, &calls, NULL));
+    bn_pool_run(m, 2, true, b, gb);
+    ASSERT_EQ_INT(calls, 1);
+    bn_pool_run(m, 2, false, a, ga);
+    if (memcmp(a, b, sizeof a) || memcmp(ga, gb, sizeof ga))
+        TEST_FAIL_("a hooked batch norm: the helper's values or gradient differ from the modules'");
+    dt_model_free(m);
+}
+
 int main(void)
 {
     RUN(residual_block_matches_pytorch);
+    RUN(bn_relu_pool_helper);
     RUN(tied_weights_match_pytorch);
     RUN(tie_errors);
     RUN(container_errors);
