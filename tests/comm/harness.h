@@ -9,7 +9,13 @@
  * the timeout is killed: th_run returns TH_HANG and the test fails instead
  * of hanging CI. codes[r] is the child's exit status, or 128 + signal.
  * When a rank cannot be forked, the ranks already started are killed and
- * reaped and th_run returns -1 (the calling test is then reported skipped). */
+ * reaped and th_run returns -1 (the calling test is then reported skipped).
+ *
+ * Each rank computes on at most max(1, cores / N) threads unless
+ * OMP_NUM_THREADS is set, as `dtrain run` gives its ranks (a body may set
+ * its own with dt_set_num_threads): N ranks of all the cores' threads each
+ * spin at OpenMP's barriers for the cores the others compute on (4 ranks of
+ * 2 threads on 2 cores took 5x as long as 1 thread each). */
 #ifndef DT_TEST_HARNESS_H
 #define DT_TEST_HARNESS_H
 
@@ -17,6 +23,7 @@
 #include "proc.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -67,6 +74,20 @@ static inline dt_status th_pg(int rank, int size, const char *backend, dt_pg **p
     return dt_pg_init(&p, pg);
 }
 
+/* The threads a rank of an n-rank th_run computes on (above): the caller's
+ * count, at most max(1, cores / n) unless OMP_NUM_THREADS is set. */
+static inline int th_rank_threads(int n)
+{
+    int t = dt_get_num_threads();
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (omp && *omp)
+        return t;
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+    long share = n > 0 && cores / n > 1 ? cores / n : 1;
+    return t < share ? t : (int)share;
+}
+
 static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
 {
     static unsigned counter;
@@ -97,6 +118,7 @@ static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *code
         }
         if (p == 0) {
             th_rank_ = r;
+            dt_set_num_threads(th_rank_threads(n));
             alarm((unsigned)(timeout_s + 5)); /* belt and braces */
             int rc = fn(r, n, arg);
             fflush(NULL);
