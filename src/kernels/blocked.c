@@ -1004,10 +1004,56 @@ DT_BODY void c1_row5(const float *restrict dyrow, const float *restrict xrow, in
             memcpy(acc + t * L + 8 * g, &a[t][g], sizeof(blk_v8));
 }
 
+/* c1_row5 for one 8-lane group (L = 8), turned around: each input x[j] is
+ * broadcast once, from memory (a load; GCC's reuse of the window's x values
+ * through register broadcasts cost a shuffle a tap), and meets the dy
+ * vectors it multiplies, d[j - t] for tap t, held as a sliding window in
+ * registers. Tap t's accumulator still receives d[q] * x[q + t] for q in
+ * increasing order: the same products and sums as c1_row5. Q >= 4. */
+DT_BODY void c1_row5x8(const float *restrict dyrow, const float *restrict xrow, int64_t Q, float *restrict acc,
+                       const int B)
+{
+    blk_v8 a0, a1, a2, a3, a4, w0, w1, w2, w3, w4 = {0}, x;
+    float xs;
+    memcpy(&a0, acc, sizeof a0);
+    memcpy(&a1, acc + 8, sizeof a1);
+    memcpy(&a2, acc + 16, sizeof a2);
+    memcpy(&a3, acc + 24, sizeof a3);
+    memcpy(&a4, acc + 32, sizeof a4);
+#define C1_X(j) (xs = xrow[j], x = (blk_v8){xs, xs, xs, xs, xs, xs, xs, xs})
+#define C1_D(j) memcpy(&w0, dyrow + (j) * B, sizeof w0)
+    /* the first four inputs: taps 0..j */
+    C1_D(0), C1_X(0), a0 += w0 * x;
+    w1 = w0, C1_D(1), C1_X(1), a0 += w0 * x, a1 += w1 * x;
+    w2 = w1, w1 = w0, C1_D(2), C1_X(2), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x;
+    w3 = w2, w2 = w1, w1 = w0, C1_D(3), C1_X(3), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x;
+    for (int64_t j = 4; j < Q; j++) { /* every tap */
+        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
+        C1_D(j), C1_X(j);
+        a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x, a4 += w4 * x;
+    }
+    /* the last four inputs: taps j - Q + 1..4, no new dy */
+    C1_X(Q), a1 += w0 * x, a2 += w1 * x, a3 += w2 * x, a4 += w3 * x;
+    C1_X(Q + 1), a2 += w0 * x, a3 += w1 * x, a4 += w2 * x;
+    C1_X(Q + 2), a3 += w0 * x, a4 += w1 * x;
+    C1_X(Q + 3), a4 += w0 * x;
+#undef C1_X
+#undef C1_D
+    memcpy(acc, &a0, sizeof a0);
+    memcpy(acc + 8, &a1, sizeof a1);
+    memcpy(acc + 16, &a2, sizeof a2);
+    memcpy(acc + 24, &a3, sizeof a3);
+    memcpy(acc + 32, &a4, sizeof a4);
+}
+
 DT_BODY void c1_row_body(const float *restrict dyrow, const float *restrict xrow, int64_t Q, int S,
                          float *restrict acc, const int L, const int B)
 {
-    if (S == 5) { /* the common 5x5 case, accumulators in registers */
+    if (S == 5 && L == 8 && Q >= 4) { /* the common 5x5 case, accumulators in registers */
+        c1_row5x8(dyrow, xrow, Q, acc, B);
+        return;
+    }
+    if (S == 5) {
         c1_row5(dyrow, xrow, Q, acc, L, B);
         return;
     }

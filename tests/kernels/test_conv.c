@@ -201,17 +201,22 @@ TEST(conv_cache_and_errors)
 /* Backward weights with one input channel and dy in nChw8c / nChw16c (the
  * ConvNet's first layer; a direct kernel in blocked.c in the default layout
  * policy, oneDNN under DT_CONV_LAYOUT=plain|blocked) against a
- * double-precision loop: 5x5 pad 2 (the register-blocked row), 3x3 pad 1 on
- * a non-square image, 1x4 with uneven padding; with and without bias. Both
- * blocks give bit-identical results (same summation order per channel). */
+ * double-precision loop: 5x5 pad 2 (the register-blocked row; also on rows
+ * of 3, 4 and 5 outputs, where the 8-lane row's head and tail meet), 3x3
+ * pad 1 on a non-square image, 1x4 with uneven padding; with and without
+ * bias. Both blocks give bit-identical results (same summation order per
+ * channel; on AVX2 nChw16c takes the 16-lane row, nChw8c the 8-lane one). */
 TEST(conv_c1_bwd_weights_blocked_dy)
 {
-    dt_k_conv2d_shape sh[3] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
-                               dt_k_conv2d_shape_make(2, 1, 6, 5, 16, 1, 4)};
+    dt_k_conv2d_shape sh[6] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
+                               dt_k_conv2d_shape_make(2, 1, 6, 5, 16, 1, 4), dt_k_conv2d_shape_make(2, 1, 5, 3, 16, 5, 5),
+                               dt_k_conv2d_shape_make(2, 1, 5, 4, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 5, 5, 16, 5, 5)};
     sh[0].pad_h = sh[0].pad_w = 2;
     sh[1].pad_h = sh[1].pad_w = 1;
     sh[2].pad_h = 0, sh[2].pad_w = 2;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 3; i < 6; i++) /* rows of 3, 4, 5 outputs: the 5-tap row's edges alone, and with one full step */
+        sh[i].pad_h = sh[i].pad_w = 2;
+    for (int i = 0; i < 6; i++) {
         const dt_k_conv2d_shape *s = &sh[i];
         int64_t P, Q;
         ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
