@@ -179,7 +179,8 @@ set_tests_properties(comm/netbed_teardown PROPERTIES TIMEOUT 60 LABELS "comm;net
 # odls_base_sigkill_timeout 10) is named by the survivors as
 # DT_ERR_PEER_FAILED (tests/comm/deadrank_test.sh): inside an all-reduce
 # (tests/comm/mpi_deadrank.c; also with DT_MPI_BLOCKING=1, the blocking call
-# on its worker thread) and between two steps of `dtrain train`.
+# on its worker thread) and between two steps of `dtrain train`. Label
+# slow: each waits out mpirun's 10-second kill timeout.
 if(DT_HAVE_MPI AND DT_MPIEXEC)
   add_executable(mpi_deadrank ${CMAKE_CURRENT_LIST_DIR}/mpi_deadrank.c)
   set_target_properties(mpi_deadrank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
@@ -194,7 +195,7 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   add_test(NAME comm/mpi_deadrank_train
            COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh train ${DT_MPIEXEC} ${PROJECT_BINARY_DIR}/dtrain)
   set_tests_properties(comm/mpi_deadrank_coll comm/mpi_deadrank_coll_blocking comm/mpi_deadrank_train
-    PROPERTIES TIMEOUT 120 LABELS "comm;mpi" SKIP_RETURN_CODE 77)
+    PROPERTIES TIMEOUT 120 LABELS "comm;mpi;slow" SKIP_RETURN_CODE 77)
   set_tests_properties(comm/mpi_deadrank_coll_blocking PROPERTIES ENVIRONMENT "DT_MPI_BLOCKING=1")
 endif()
 

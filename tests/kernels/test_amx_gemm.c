@@ -1,5 +1,5 @@
 // dt-test-timeout: 600
-// dt-test-labels: threads
+// dt-test-labels: threads;slow
 /* dtrain's AMX bf16 GEMM (src/kernels/gemm_amx.c) on the portable model of
  * the tile instructions (amx_emul.c), so the driver's blocking, packing,
  * edge tiles, epilogue, packed-B cache and per-thread tile configuration
