@@ -13,6 +13,7 @@ round generates exactly --new tokens), as generate_tps prints dtrain's.
 import argparse, statistics, time
 
 import torch
+import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
@@ -42,7 +43,7 @@ def main():
             assert out.shape[1] == a.prompt + a.new
             wall.append(a.new / (w1 - w0))
             cpu.append(a.new / (c1 - c0))
-    print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, gpt2 prompt {a.prompt} new {a.new} rounds {a.rounds}")
     print(f"kv cache  {statistics.median(wall):8.2f} tokens/s wall  {statistics.median(cpu):8.2f} tokens/CPU-s")
 

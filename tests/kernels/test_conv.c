@@ -205,7 +205,7 @@ TEST(conv_cache_and_errors)
  * of 3, 4 and 5 outputs, where the 8-lane row's head and tail meet), 3x3
  * pad 1 on a non-square image, 1x4 with uneven padding; with and without
  * bias. Both blocks give bit-identical results (same summation order per
- * channel; on AVX2 nChw16c takes the 16-lane row, nChw8c the 8-lane one). */
+ * channel, whichever row a unit takes: 8 or 16 lanes, see blocked.c). */
 TEST(conv_c1_bwd_weights_blocked_dy)
 {
     dt_k_conv2d_shape sh[6] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
