@@ -606,10 +606,8 @@ int dt_cmd_run(int argc, char **argv)
         .stdout_tty = isatty(1),
     };
     const char *omp = getenv("OMP_NUM_THREADS");
-    if (!omp || !*omp) {
-        int t = dt__run_cores() / o.nranks;
-        env.omp_threads = t < 1 ? 1 : t;
-    }
+    if (!omp || !*omp)
+        env.omp_threads = dt_threads_per_rank(o.nranks);
     int orphans = 0;
     if (dt_pg_orphan_cleanup(&orphans) == 0 && orphans > 0)
         dt__cli_err(

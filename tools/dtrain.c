@@ -69,7 +69,7 @@ static void omp_wait_default(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("DT_OMP_WAIT"))
         return;
-    const int cores = dt__run_cores(), threads = dt_get_num_threads();
+    const int cores = dt_cpu_cores(), threads = dt_get_num_threads();
     dt_omp_wait_reading r;
     const bool passive = dt_omp_wait_choose(cores, threads, NULL, NULL, &r);
     char why[160];

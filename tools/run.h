@@ -41,8 +41,6 @@ int dt__run_write_all(int fd, const char *p, size_t n);
 int dt__run_job_id(char id[DT_RUN_JOB_ID_LEN + 1]);
 /* A TCP port on 127.0.0.1 that was free a moment ago; 0 on failure. */
 int dt__run_free_port(void);
-/* Cores this process may run on (sched_getaffinity), at least 1. */
-int dt__run_cores(void);
 /* Remove /dev/shm/dtrain-<job_id>*; returns how many were removed. */
 int dt__run_shm_cleanup(const char *job_id);
 

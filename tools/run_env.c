@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,18 +59,6 @@ int dt__run_free_port(void)
         port = ntohs(a.sin_port);
     close(fd);
     return port;
-}
-
-int dt__run_cores(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0)
-            return n;
-    }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
 }
 
 int dt__run_shm_cleanup(const char *job_id)

@@ -380,6 +380,13 @@ DT_API dt_status dt_file_read_all(const char *path, size_t max, char **out, size
  * (OMP_NUM_THREADS, else the number of cores). */
 DT_API void dt_set_num_threads(int n);
 DT_API int dt_get_num_threads(void);
+/* Cores this process may run on (its CPU affinity; the online CPUs when
+ * that cannot be read), at least 1. */
+DT_API int dt_cpu_cores(void);
+/* The compute threads each of `ranks` processes sharing this process's
+ * cores gets: max(1, dt_cpu_cores() / ranks), 1 for ranks < 1. `dtrain run`
+ * sets OMP_NUM_THREADS to it for its ranks unless already set. */
+DT_API int dt_threads_per_rank(int ranks);
 
 /* ---- OpenMP's waiting policy on shared CPUs ---------------------------- */
 /* OpenMP threads that spin at a barrier while another process holds a core

@@ -2,6 +2,7 @@
 #include "dtrain/base.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,21 @@ int dt_get_num_threads(void)
         return atoi(e);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int dt_cpu_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int dt_threads_per_rank(int ranks)
+{
+    int t = ranks > 0 ? dt_cpu_cores() / ranks : 1;
+    return t > 1 ? t : 1;
 }
 
 /* /proc/loadavg: "0.96 1.77 2.58 3/612 12345" (the fourth field: runnable

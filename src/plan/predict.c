@@ -34,7 +34,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,15 +60,6 @@ static double rss_now(void)
     }
     fclose(f);
     return v;
-}
-
-static int online_cores(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
 }
 
 /* The threads a kernel of this process uses: OMP_NUM_THREADS, else the cores. */
@@ -442,7 +432,7 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     if ((st = dt_plan_model_id(model, c.model, sizeof c.model, NULL)) < 0)
         return st;
     c.seq = seq, c.dtype = dtype;
-    c.cores = online_cores();
+    c.cores = dt_cpu_cores();
     c.threads = process_threads(c.cores);
     c.n_layer = sh.n_layer, c.n_head = sh.n_head, c.n_kv_head = sh.n_kv_head, c.n_embd = sh.n_embd;
     c.vocab = sh.vocab;
@@ -728,7 +718,7 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
     char id[32];
     if (dt_plan_model_id(model, id, sizeof id, NULL) < 0)
         return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s': %s", path, dt_last_error());
-    if (strcmp(c.model, id) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != online_cores())
+    if (strcmp(c.model, id) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != dt_cpu_cores())
         return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' was measured for %s, seq %lld, %s on %d cores",
                         path, c.model, (long long)c.seq, dname, c.cores);
     *out = c;

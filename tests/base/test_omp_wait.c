@@ -9,10 +9,13 @@
  * it passive (the ConvNet step 6.47 ms against 5.14 ms spinning).
  * dt_omp_wait_choose decides on the median of readings over ~40 ms, and
  * only when the load alone does not decide; its sampler is injected here
- * (a sequence of readings). */
+ * (a sequence of readings). Also the cores the decision counts
+ * (dt_cpu_cores: the process's CPU affinity) and the threads a rank of a
+ * job on those cores gets (dt_threads_per_rank). */
 #include "dtrain/base.h"
 #include "test.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 TEST(decision_two_cores_two_threads)
@@ -234,6 +237,49 @@ TEST(choice_from_the_environment_and_proc)
     ASSERT(r.load1 >= 0 && r.running >= 0 && r.readings >= 1 && r.readings <= 9);
 }
 
+/* The affinity is what counts: pinned to one CPU, then to two (where the
+ * machine has them), and restored. */
+TEST(cores_and_threads_per_rank)
+{
+    cpu_set_t all, one, two;
+    ASSERT_EQ_INT(sched_getaffinity(0, sizeof all, &all), 0);
+    ASSERT_EQ_INT(dt_cpu_cores(), CPU_COUNT(&all));
+    CPU_ZERO(&one);
+    CPU_ZERO(&two);
+    int first = -1, second = -1;
+    for (int c = 0; c < CPU_SETSIZE && second < 0; c++) {
+        if (!CPU_ISSET(c, &all))
+            continue;
+        if (first < 0)
+            first = c;
+        else
+            second = c;
+    }
+    ASSERT(first >= 0);
+    CPU_SET(first, &one);
+    ASSERT_EQ_INT(sched_setaffinity(0, sizeof one, &one), 0);
+    const int c1 = dt_cpu_cores(), t1 = dt_threads_per_rank(1), t4 = dt_threads_per_rank(4);
+    int c2 = 2, t21 = 2, t22 = 1, t23 = 1, t20 = 1, tneg = 1;
+    if (second >= 0) {
+        CPU_SET(first, &two);
+        CPU_SET(second, &two);
+        ASSERT_EQ_INT(sched_setaffinity(0, sizeof two, &two), 0);
+        c2 = dt_cpu_cores(), t21 = dt_threads_per_rank(1), t22 = dt_threads_per_rank(2);
+        t23 = dt_threads_per_rank(3), t20 = dt_threads_per_rank(0), tneg = dt_threads_per_rank(-2);
+    }
+    ASSERT_EQ_INT(sched_setaffinity(0, sizeof all, &all), 0);
+    ASSERT_EQ_INT(c1, 1);
+    ASSERT_EQ_INT(t1, 1);
+    ASSERT_EQ_INT(t4, 1);
+    ASSERT_EQ_INT(c2, 2);
+    ASSERT_EQ_INT(t21, 2);
+    ASSERT_EQ_INT(t22, 1);
+    ASSERT_EQ_INT(t23, 1);
+    ASSERT_EQ_INT(t20, 1);
+    ASSERT_EQ_INT(tneg, 1);
+    ASSERT_EQ_INT(dt_cpu_cores(), CPU_COUNT(&all));
+}
+
 int main(void)
 {
     RUN(decision_two_cores_two_threads);
@@ -244,5 +290,6 @@ int main(void)
     RUN(choice_outlasts_one_busy_instant);
     RUN(choice_reads_once_when_the_load_decides);
     RUN(choice_from_the_environment_and_proc);
+    RUN(cores_and_threads_per_rank);
     return TEST_REPORT();
 }

@@ -23,7 +23,6 @@
 #include "proc.h"
 
 #include <dirent.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,17 +74,15 @@ static inline dt_status th_pg(int rank, int size, const char *backend, dt_pg **p
 }
 
 /* The threads a rank of an n-rank th_run computes on (above): the caller's
- * count, at most max(1, cores / n) unless OMP_NUM_THREADS is set. */
+ * count, at most dt_threads_per_rank(n) unless OMP_NUM_THREADS is set. */
 static inline int th_rank_threads(int n)
 {
     int t = dt_get_num_threads();
     const char *omp = getenv("OMP_NUM_THREADS");
     if (omp && *omp)
         return t;
-    cpu_set_t set;
-    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
-    long share = n > 0 && cores / n > 1 ? cores / n : 1;
-    return t < share ? t : (int)share;
+    int share = dt_threads_per_rank(n);
+    return t < share ? t : share;
 }
 
 static inline int th_run(int n, double timeout_s, th_fn fn, void *arg, int *codes)
