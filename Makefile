@@ -37,6 +37,10 @@
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
+# ctest's slots: a test takes two, one if it is labelled idle (mostly
+# waiting; CMakeLists.txt), so JOBS tests compute at once and waiting ones
+# run beside them.
+CTEST_JOBS = $(shell expr 2 \* $(JOBS))
 CMAKE_FLAGS ?=
 WERROR ?= ON
 RELEASE ?= 1
@@ -99,13 +103,13 @@ build-asan/CMakeCache.txt:
 	  -DDT_SANITIZE=address,undefined $(CMAKE_FLAGS)
 
 test-fast: deps-test build
-	cd build && DT_TEST_REQUIRE="$(TEST_REQUIRE)" ctest --output-on-failure -j $(JOBS) -O ctest.log
+	cd build && DT_TEST_REQUIRE="$(TEST_REQUIRE)" ctest --output-on-failure -j $(CTEST_JOBS) -O ctest.log
 
 test-asan: deps-test build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && DT_TEST_REQUIRE="$(TEST_REQUIRE)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS) -O ctest.log
+	  ctest --output-on-failure -j $(CTEST_JOBS) -O ctest.log
 
 # ThreadSanitizer over the tests labelled `threads` (// dt-test-labels),
 # those that run dtrain code on more than one thread: the progress engine,
@@ -133,7 +137,7 @@ test-tsan: deps-test build-tsan/CMakeCache.txt
 	    $$(ctest -N -L threads | sed -n 's|^ *Test *#[0-9]*: [a-z]*/||p' | \
 	       while read -r t; do printf '%s\n' "$$targets" | grep -qx "$$t" && echo "$$t"; done)
 	cd build-tsan && DT_TEST_REQUIRE="$(TEST_REQUIRE)" OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  ctest -L threads --output-on-failure -j $(JOBS) -O ctest.log
+	  ctest -L threads --output-on-failure -j $(CTEST_JOBS) -O ctest.log
 
 fuzz: deps-fuzz
 	@scripts/fuzz.sh

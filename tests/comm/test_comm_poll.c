@@ -16,6 +16,7 @@
  * waiter does not poll either (two threads of one rank would take both
  * cores of a 2-core machine from the peer). */
 // dt-test-timeout: 120
+// dt-test-labels: idle
 #include "harness.h"
 #include "test.h"
 

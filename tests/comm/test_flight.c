@@ -7,7 +7,7 @@
  * others wait, within DT_COMM_TIMEOUT + 5 s; every rank writes its ring to
  * $DT_FLIGHT_DIR. The same under mpirun: tests/comm/mpi_flight.c. */
 // dt-test-timeout: 120
-// dt-test-labels: threads
+// dt-test-labels: threads idle
 #include "harness.h"
 #include "parallel/ddp_util.h"
 #include "test.h"

@@ -4,6 +4,7 @@
  * namespace with a tiny tmpfs on /dev/shm; skipped (exit 77) where mount
  * namespaces are not available (no CAP_SYS_ADMIN). */
 // dt-test-timeout: 120
+// dt-test-labels: idle
 #include "harness.h"
 #include "test.h"
 

@@ -66,12 +66,12 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   target_link_libraries(mpi_flight PRIVATE dtrain_static)
   add_test(NAME comm/mpi_flight_np3
            COMMAND ${DT_MPIEXEC} ${DT_MPIRUN_FLAGS} -np 3 $<TARGET_FILE:mpi_flight>)
-  set_tests_properties(comm/mpi_flight_np3 PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+  set_tests_properties(comm/mpi_flight_np3 PROPERTIES TIMEOUT 60 LABELS "comm;mpi;idle"
     PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend mpi: ok" FAIL_REGULAR_EXPRESSION "FAILED"
     ENVIRONMENT "DT_BACKEND=mpi;DT_EXPECT_BACKEND=mpi;DT_COMM_TIMEOUT=3;DT_INIT_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
   add_test(NAME comm/mpi_flight_shm_run
            COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 3 -- $<TARGET_FILE:mpi_flight>)
-  set_tests_properties(comm/mpi_flight_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
+  set_tests_properties(comm/mpi_flight_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi;idle"
     PASS_REGULAR_EXPRESSION "mpi_flight: 3 ranks, backend shm: ok" FAIL_REGULAR_EXPRESSION "FAILED"
     ENVIRONMENT "DT_BACKEND=shm;DT_EXPECT_BACKEND=shm;DT_COMM_TIMEOUT=3;DT_INIT_TIMEOUT=60;ASAN_OPTIONS=detect_leaks=0")
   # MPI_Init and group creation under the timeout (tests/comm/mpi_timeouts.c).
@@ -102,6 +102,9 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
       PASS_REGULAR_EXPRESSION "${pass}" FAIL_REGULAR_EXPRESSION "FAILED"
       ENVIRONMENT "DT_BACKEND=mpi;DT_COMM_TIMEOUT=2;${extra};ASAN_OPTIONS=detect_leaks=0")
   endforeach()
+  # (these three mostly wait for their timeouts to expire)
+  set_tests_properties(comm/mpi_timeout_init comm/mpi_timeout_split comm/mpi_timeout_blocking
+    PROPERTIES LABELS "comm;mpi;idle")
   add_test(NAME comm/mpi_timeout_h2h_shm_run
            COMMAND ${PROJECT_BINARY_DIR}/dtrain run -n 2 -- $<TARGET_FILE:mpi_timeouts> h2h)
   set_tests_properties(comm/mpi_timeout_h2h_shm_run PROPERTIES TIMEOUT 60 LABELS "comm;mpi"
@@ -195,7 +198,7 @@ if(DT_HAVE_MPI AND DT_MPIEXEC)
   add_test(NAME comm/mpi_deadrank_train
            COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/deadrank_test.sh train ${DT_MPIEXEC} ${PROJECT_BINARY_DIR}/dtrain)
   set_tests_properties(comm/mpi_deadrank_coll comm/mpi_deadrank_coll_blocking comm/mpi_deadrank_train
-    PROPERTIES TIMEOUT 120 LABELS "comm;mpi;slow" SKIP_RETURN_CODE 77)
+    PROPERTIES TIMEOUT 120 LABELS "comm;mpi;slow;idle" SKIP_RETURN_CODE 77)
   set_tests_properties(comm/mpi_deadrank_coll_blocking PROPERTIES ENVIRONMENT "DT_MPI_BLOCKING=1")
 endif()
 

@@ -3,6 +3,7 @@
  * the exit code and the time it took. Every CLI run is under a deadline (the
  * helper SIGKILLs it), so a launcher that hangs fails the test. */
 // dt-test-timeout: 120
+// dt-test-labels: idle
 #include "dtrain/base.h"
 #include "dtrain/comm.h"
 #include "test.h"

@@ -6,6 +6,7 @@
  * both ranks' files, as DDP's save (rank 0 writes, the others poll) does
  * on the same slow disk. */
 // dt-test-timeout: 240
+// dt-test-labels: idle
 #include "test.h"
 #include "tools/train_cli.h"
 

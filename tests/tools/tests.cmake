@@ -11,7 +11,7 @@ if(TARGET test_fault_matrix)
   if(DT_HAVE_MPI AND DT_MPIEXEC)
     target_compile_definitions(test_fault_matrix PRIVATE DT_MPIEXEC="${DT_MPIEXEC}")
   endif()
-  set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow")
+  set_tests_properties(tools/test_fault_matrix PROPERTIES LABELS "tools;slow;idle")
 endif()
 
 # bench/compare.sh (the regression guard) in its quick mode, HEAD against
