@@ -1,5 +1,10 @@
-/* Compute-thread count shared by every OpenMP kernel. */
+/* Threads and the machine's cores: the compute-thread count shared by every
+ * OpenMP kernel, the cores a process may run on and a rank's share, the
+ * machine's load (OpenMP's waiting choice), and a yield for waiting loops
+ * that stops once it gave the core away for a time slice. */
 #include "dtrain/base.h"
+
+#include "base/cpu_cached.h"
 
 #include <math.h>
 #include <sched.h>
@@ -68,6 +73,21 @@ static int read_loadavg(double *load1, int *running)
         return -1;
     *running = (int)(run - 1);
     return 0;
+}
+
+#define DT_YIELD_SLOW_S 1e-3
+#define DT_YIELD_OFF_S 0.1
+
+int dt__cpu_yield(double *off_until)
+{
+    double t0 = dt_time_s();
+    if (t0 < *off_until)
+        return 0;
+    sched_yield();
+    double t1 = dt_time_s();
+    if (t1 - t0 > DT_YIELD_SLOW_S)
+        *off_until = t1 + DT_YIELD_OFF_S;
+    return 1;
 }
 
 dt_status dt_cpu_load_read(double *load1, int *running)

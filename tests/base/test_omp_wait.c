@@ -11,11 +11,18 @@
  * only when the load alone does not decide; its sampler is injected here
  * (a sequence of readings). Also the cores the decision counts
  * (dt_cpu_cores: the process's CPU affinity) and the threads a rank of a
- * job on those cores gets (dt_threads_per_rank). */
+ * job on those cores gets (dt_threads_per_rank). And the yield of comm's
+ * waiting loops, which stops for 100 ms once one gave the core away for a
+ * time slice (dt__cpu_yield; with two busy processes beside 4-8 ranks on 2
+ * cores, yielding at every wait made the collective tests 20x slower). */
 #include "dtrain/base.h"
+#include "base/cpu_cached.h"
 #include "test.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 TEST(decision_two_cores_two_threads)
@@ -280,6 +287,50 @@ TEST(cores_and_threads_per_rank)
     ASSERT_EQ_INT(dt_cpu_cores(), CPU_COUNT(&all));
 }
 
+static atomic_int g_hog_stop;
+
+static void pin(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+static void *hog(void *arg)
+{
+    pin(*(int *)arg);
+    while (!atomic_load_explicit(&g_hog_stop, memory_order_relaxed)) {
+    }
+    return NULL;
+}
+
+TEST(a_yield_that_gave_a_time_slice_away_stops_the_yielding)
+{
+    cpu_set_t saved;
+    ASSERT_EQ_INT(pthread_getaffinity_np(pthread_self(), sizeof saved, &saved), 0);
+    int cpu = sched_getcpu();
+    ASSERT(cpu >= 0);
+    pin(cpu);
+    pthread_t h;
+    ASSERT_EQ_INT(pthread_create(&h, NULL, hog, &cpu), 0);
+    nanosleep(&(struct timespec){.tv_nsec = 20000000L}, NULL);
+    double off_until = 0;
+    int stopped = 0;
+    const double t0 = dt_time_s();
+    while (!stopped && dt_time_s() - t0 < 5.0) { /* a busy thread on our core takes a slice at some yield */
+        stopped = !dt__cpu_yield(&off_until);
+    }
+    atomic_store(&g_hog_stop, 1);
+    pthread_join(h, NULL);
+    pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    ASSERT(stopped);
+    ASSERT(off_until > t0 && off_until <= dt_time_s() + 0.1);
+    ASSERT_EQ_INT(dt__cpu_yield(&off_until), 0); /* still off */
+    nanosleep(&(struct timespec){.tv_nsec = 150000000L}, NULL);
+    ASSERT_EQ_INT(dt__cpu_yield(&off_until), 1); /* on again after 100 ms */
+}
+
 int main(void)
 {
     RUN(decision_two_cores_two_threads);
@@ -291,5 +342,6 @@ int main(void)
     RUN(choice_reads_once_when_the_load_decides);
     RUN(choice_from_the_environment_and_proc);
     RUN(cores_and_threads_per_rank);
+    RUN(a_yield_that_gave_a_time_slice_away_stops_the_yielding);
     return TEST_REPORT();
 }

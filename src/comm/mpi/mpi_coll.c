@@ -524,9 +524,7 @@ static dt_status run_on_worker(mpi_ctx *m, const dt_coll *c)
             dt__mpi_stuck = 1;
             return st;
         }
-        if (spins < 1000)
-            sched_yield();
-        else
+        if (spins >= 1000 || !dt__cpu_yield(&m->yield_off_until))
             dt__mpi_nap(now - t0 < 0.1 ? 20000 : 200000);
         pthread_mutex_lock(&w->mu);
     }

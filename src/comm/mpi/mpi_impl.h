@@ -7,6 +7,7 @@
 #define DT_COMM_MPI_IMPL_H
 
 #include "comm/backend.h"
+#include "base/cpu_cached.h"
 #include "comm/proc_alive.h"
 #include "dtrain/kernels.h"
 
@@ -95,6 +96,7 @@ typedef struct mpi_ctx {
     struct mpi_worker *worker; /* DT_MPI_BLOCKING=1: runs the blocking calls (run_on_worker) */
     int stuck;               /* the worker never came back: m is never freed */
     int dead_world;          /* the dead peer this rank found (world rank; -1: none), for the notice */
+    double yield_off_until;  /* dt__cpu_yield: no yielding before this time */
 } mpi_ctx;
 
 

@@ -106,13 +106,11 @@ dt_status dt__mpi_p2p_test(void *ctx, void *op, int *progressed)
 
 void dt__mpi_p2p_idle(void *ctx, int round, double max_s)
 {
-    (void)ctx;
+    mpi_ctx *m = ctx;
     if (round < 64)
         return; /* MPI progresses inside MPI_Test: poll again */
-    if (round < 128) {
-        sched_yield();
+    if (round < 128 && dt__cpu_yield(&m->yield_off_until))
         return;
-    }
     long ns = round < 1024 ? 50000L : 1000000L;
     if (ns > (long)(max_s * 1e9))
         ns = (long)(max_s * 1e9);

@@ -181,6 +181,7 @@ typedef struct shm_ctx {
     uint64_t cur_seq;
     double deadline;
     double next_live_check;
+    double yield_off_until; /* dt__cpu_yield: no yielding before this time */
 
     uint32_t bell_snap; /* our bell when the current batch pass began */
     int bell_armed;     /* bell_snap is valid */

@@ -20,7 +20,8 @@
  * another thread returns (a waiter takes the batch over). */
 #include "comm/shm/shm.h"
 
-#include <sched.h>
+#include "base/cpu_cached.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,10 +259,8 @@ dt_status dt__shm_p2p_test(void *ctx, void *op, int *progressed)
 void dt__shm_p2p_idle(void *ctx, int round, double max_s)
 {
     shm_ctx *s = ctx;
-    if (round < 4) {
-        sched_yield();
+    if (round < 4 && dt__cpu_yield(&s->yield_off_until))
         return;
-    }
     if (s->bell_armed)
         dt__shm_bell_wait(s, s->bell_snap, max_s);
     s->bell_armed = 0;

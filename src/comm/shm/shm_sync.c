@@ -5,8 +5,9 @@
  * thread running in the background while its rank computes
  * (dt__comm_may_poll), busy-polls for s->spin_s seconds (checking
  * the abort record, the deadline and peer liveness as the sleeping loop
- * does), then yields a few times, then sleeps on the peer's futex word for
- * at most 50 ms at a time. The
+ * does), then yields a few times (dt__cpu_yield: not after a yield gave
+ * the core away for a time slice), then sleeps on the peer's futex word
+ * for at most 50 ms at a time. The
  * signaller bumps its word after every tick and calls FUTEX_WAKE only when
  * someone registered as a sleeper (waiters > 0): the waiter increments
  * `waiters` before re-checking the condition and sleeping, the signaller
@@ -24,11 +25,12 @@
  * DT_ERR_PEER_FAILED. */
 #include "comm/shm/shm.h"
 
+#include "base/cpu_cached.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -230,7 +232,8 @@ static dt_status wait_loop(shm_ctx *s, _Atomic uint64_t *v, uint64_t target, _At
     for (int i = 0; i < 4; i++) { /* let a peer on this core run */
         if (pred_tick(s, v, target))
             return DT_OK;
-        sched_yield();
+        if (!dt__cpu_yield(&s->yield_off_until))
+            break;
     }
     for (;;) {
         dt_status st = dt__shm_check_abort(s);
