@@ -391,9 +391,7 @@ dt_status dt__mpi_wait_req(mpi_ctx *m, MPI_Request *rq, const dt_coll *c, MPI_St
                             "unusable)",
                             dt__coll_describe(c, d, sizeof d), c->timeout_s, m->rank, m->size);
         }
-        if (now - t0 < 0.002) {
-            sched_yield();
-        } else {
+        if (now - t0 >= 0.002 || !dt__cpu_yield(&m->yield_off_until)) {
             dt__mpi_unlock();
             dt__mpi_nap(now - t0 < 0.1 ? 20000 : 200000);
             dt__mpi_lock();
