@@ -1,9 +1,10 @@
 /* Plain-C kernels on the channel-blocked layouts nChw8c and nChw16c
  * ([N][C/B][HW][B], B = 8 or 16, C % B == 0): the conversions to and from
- * NCHW, training batch norm, max pooling and the C = 1 convolution backward
- * weights. They let the autograd layer keep convolution activations in the
- * layout oneDNN's direct kernels use (nChw8c on AVX2, nChw16c on AVX-512:
- * dt_k_act_block), so a ConvNet step reorders only at its ends.
+ * NCHW, training batch norm, max pooling, the C = 1 convolution backward
+ * weights and the nChw8c one with 5 taps a row. They let the autograd
+ * layer keep convolution activations in the layout oneDNN's direct kernels
+ * use (nChw8c on AVX2, nChw16c on AVX-512: dt_k_act_block), so a ConvNet
+ * step reorders only at its ends.
  *
  * Each kernel is written once for B lanes (an always-inline body with B a
  * parameter) and instantiated for B = 8 and B = 16, so the compiler sees a
@@ -1192,4 +1193,236 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
             for (int j = 0; j < L; j++)
                 dbias[c0 + j] = bias[j];
     }
+}
+
+/* ---- convolution backward weights, 8-channel blocks, 5 taps a row --------
+ * oneDNN 2.6's jit:avx2 backward weights ran the ConvNet's second layer
+ * (16 -> 32 channels, 5x5 on 14x14, nChw8c) at 87 GFLOP/s, where its
+ * forward and backward data reach 115-117. Here, with x and dy both in
+ * nChw8c: dW[k][c][r][t] = sum over n, p, q of dy[n][k][p][q] *
+ * xpad[n][c][p + r][q + t], stride 1, dilation 1, S = 5. A unit is one
+ * pair of input channels against one block of 8 output channels; its row
+ * kernel keeps the 5 taps x 2 channels = 10 accumulators (enough
+ * independent sums for two FMA pipes) and a sliding window of 5 dy vectors
+ * in registers. Each thread takes a fixed range of units and walks the
+ * samples in order, so every element is summed in n, then p, then q
+ * order whatever the thread count. */
+
+/* cw_row5x8 for two input rows x0, x1 (zero-padded, Q + 4 values) sharing
+ * the dy window: acc holds [2][5][8], tap t of row i at acc + (i * 5 + t) * 8.
+ * Tap t's sum receives d[q] * x[q + t] for q in increasing order. Q >= 4. */
+DT_BODY void cw_row5x8x2(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t Q,
+                         float *restrict acc)
+{
+    blk_v8 a0, a1, a2, a3, a4, b0, b1, b2, b3, b4, w0, w1, w2, w3, w4 = {0}, x;
+    float xs;
+    memcpy(&a0, acc, sizeof a0);
+    memcpy(&a1, acc + 8, sizeof a1);
+    memcpy(&a2, acc + 16, sizeof a2);
+    memcpy(&a3, acc + 24, sizeof a3);
+    memcpy(&a4, acc + 32, sizeof a4);
+    memcpy(&b0, acc + 40, sizeof b0);
+    memcpy(&b1, acc + 48, sizeof b1);
+    memcpy(&b2, acc + 56, sizeof b2);
+    memcpy(&b3, acc + 64, sizeof b3);
+    memcpy(&b4, acc + 72, sizeof b4);
+#define CW_X(row, j) (xs = (row)[j], x = (blk_v8){xs, xs, xs, xs, xs, xs, xs, xs})
+#define CW_D(j) memcpy(&w0, dyrow + (j) * 8, sizeof w0)
+    /* the first four inputs: taps 0..j */
+    CW_D(0), CW_X(x0, 0), a0 += w0 * x, CW_X(x1, 0), b0 += w0 * x;
+    w1 = w0, CW_D(1);
+    CW_X(x0, 1), a0 += w0 * x, a1 += w1 * x;
+    CW_X(x1, 1), b0 += w0 * x, b1 += w1 * x;
+    w2 = w1, w1 = w0, CW_D(2);
+    CW_X(x0, 2), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x;
+    CW_X(x1, 2), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x;
+    w3 = w2, w2 = w1, w1 = w0, CW_D(3);
+    CW_X(x0, 3), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x;
+    CW_X(x1, 3), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x, b3 += w3 * x;
+    for (int64_t j = 4; j < Q; j++) { /* every tap */
+        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
+        CW_D(j);
+        CW_X(x0, j), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x, a4 += w4 * x;
+        CW_X(x1, j), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x, b3 += w3 * x, b4 += w4 * x;
+    }
+    /* the last four inputs: taps j - Q + 1..4, no new dy */
+    CW_X(x0, Q), a1 += w0 * x, a2 += w1 * x, a3 += w2 * x, a4 += w3 * x;
+    CW_X(x1, Q), b1 += w0 * x, b2 += w1 * x, b3 += w2 * x, b4 += w3 * x;
+    CW_X(x0, Q + 1), a2 += w0 * x, a3 += w1 * x, a4 += w2 * x;
+    CW_X(x1, Q + 1), b2 += w0 * x, b3 += w1 * x, b4 += w2 * x;
+    CW_X(x0, Q + 2), a3 += w0 * x, a4 += w1 * x;
+    CW_X(x1, Q + 2), b3 += w0 * x, b4 += w1 * x;
+    CW_X(x0, Q + 3), a4 += w0 * x;
+    CW_X(x1, Q + 3), b4 += w0 * x;
+#undef CW_X
+#undef CW_D
+    memcpy(acc, &a0, sizeof a0);
+    memcpy(acc + 8, &a1, sizeof a1);
+    memcpy(acc + 16, &a2, sizeof a2);
+    memcpy(acc + 24, &a3, sizeof a3);
+    memcpy(acc + 32, &a4, sizeof a4);
+    memcpy(acc + 40, &b0, sizeof b0);
+    memcpy(acc + 48, &b1, sizeof b1);
+    memcpy(acc + 56, &b2, sizeof b2);
+    memcpy(acc + 64, &b3, sizeof b3);
+    memcpy(acc + 72, &b4, sizeof b4);
+}
+
+/* One sample's part of a unit: the R kernel rows of channels c and c + 1
+ * (xg: their zero-padded rows, [2][H][Wp]) against output block kb's dy. */
+#define CW_SAMPLE_BODY(row)                                                                                   \
+    for (int64_t r = 0; r < R; r++)                                                                           \
+        for (int64_t p = 0; p < P; p++) {                                                                     \
+            const int64_t h = p + r - pad_h;                                                                  \
+            if (h >= 0 && h < H)                                                                              \
+                row(dyn + p * Q * 8, xg + h * Wp, xg + (H + h) * Wp, Q, acc + r * 80);                        \
+        }
+DT_CLONES static void cw_sample(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
+                                int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc)
+{
+    CW_SAMPLE_BODY(cw_row5x8x2)
+}
+
+#if DT__X86_VEC
+/* cw_row5x8x2 with fused multiply-adds (AVX2 and FMA): the same products
+ * summed in the same order, each rounded once instead of twice, and twice
+ * the rate (a multiply and an add are two instructions on the FP pipes). */
+DT__AVX2_FMA static inline __attribute__((always_inline)) void
+cw_row5x2_fma(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t Q,
+              float *restrict acc, const bool pad2)
+{
+    __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8), a2 = _mm256_loadu_ps(acc + 16),
+           a3 = _mm256_loadu_ps(acc + 24), a4 = _mm256_loadu_ps(acc + 32), b0 = _mm256_loadu_ps(acc + 40),
+           b1 = _mm256_loadu_ps(acc + 48), b2 = _mm256_loadu_ps(acc + 56), b3 = _mm256_loadu_ps(acc + 64),
+           b4 = _mm256_loadu_ps(acc + 72), w0, w1, w2, w3, w4, x;
+#define CW_X(row, j) (x = _mm256_broadcast_ss((row) + (j)))
+#define CW_D(j) (w0 = _mm256_loadu_ps(dyrow + (j) * 8))
+#define CW_F(a, w) (a = _mm256_fmadd_ps(w, x, a))
+    CW_D(0);
+    if (!pad2)
+        CW_X(x0, 0), CW_F(a0, w0), CW_X(x1, 0), CW_F(b0, w0);
+    w1 = w0, CW_D(1);
+    if (!pad2) {
+        CW_X(x0, 1), CW_F(a0, w0), CW_F(a1, w1);
+        CW_X(x1, 1), CW_F(b0, w0), CW_F(b1, w1);
+    }
+    w2 = w1, w1 = w0, CW_D(2);
+    CW_X(x0, 2), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2);
+    CW_X(x1, 2), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2);
+    w3 = w2, w2 = w1, w1 = w0, CW_D(3);
+    CW_X(x0, 3), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3);
+    CW_X(x1, 3), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3);
+    for (int64_t j = 4; j < Q; j++) {
+        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
+        CW_D(j);
+        CW_X(x0, j), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3), CW_F(a4, w4);
+        CW_X(x1, j), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3), CW_F(b4, w4);
+    }
+    CW_X(x0, Q), CW_F(a1, w0), CW_F(a2, w1), CW_F(a3, w2), CW_F(a4, w3);
+    CW_X(x1, Q), CW_F(b1, w0), CW_F(b2, w1), CW_F(b3, w2), CW_F(b4, w3);
+    CW_X(x0, Q + 1), CW_F(a2, w0), CW_F(a3, w1), CW_F(a4, w2);
+    CW_X(x1, Q + 1), CW_F(b2, w0), CW_F(b3, w1), CW_F(b4, w2);
+    if (!pad2) {
+        CW_X(x0, Q + 2), CW_F(a3, w0), CW_F(a4, w1);
+        CW_X(x1, Q + 2), CW_F(b3, w0), CW_F(b4, w1);
+        CW_X(x0, Q + 3), CW_F(a4, w0);
+        CW_X(x1, Q + 3), CW_F(b4, w0);
+    }
+#undef CW_X
+#undef CW_D
+#undef CW_F
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1), _mm256_storeu_ps(acc + 16, a2);
+    _mm256_storeu_ps(acc + 24, a3), _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, b0);
+    _mm256_storeu_ps(acc + 48, b1), _mm256_storeu_ps(acc + 56, b2), _mm256_storeu_ps(acc + 64, b3);
+    _mm256_storeu_ps(acc + 72, b4);
+}
+
+#define CW_ROW_PAD2(d, a, b, q, acc) cw_row5x2_fma(d, a, b, q, acc, true)
+#define CW_ROW_ANY(d, a, b, q, acc) cw_row5x2_fma(d, a, b, q, acc, false)
+/* pad2: the rows' first two and last two values are padding (pad_w 2, so
+ * Q = W): their products are zeros and are not made, as oneDNN makes none
+ * with padding. An accumulator starts at +0 and never becomes -0 (x + y is
+ * -0 only when both are), so adding a zero product never changes it: the
+ * same bits as with them, unless dy holds an inf or NaN (which a zero then
+ * no longer meets). */
+DT__AVX2_FMA static void cw_sample_fma(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
+                                       int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc, bool pad2)
+{
+    if (pad2) {
+        CW_SAMPLE_BODY(CW_ROW_PAD2)
+    } else {
+        CW_SAMPLE_BODY(CW_ROW_ANY)
+    }
+}
+#undef CW_ROW_PAD2
+#undef CW_ROW_ANY
+#endif
+
+bool dt__conv_bwd_weights_blk8_ok(const dt_k_conv2d_shape *s, int64_t Q)
+{
+    return s->C % 8 == 0 && s->K % 8 == 0 && s->S == 5 && s->stride_h == 1 && s->stride_w == 1 && s->dil_h == 1 &&
+           s->dil_w == 1 && Q >= 4;
+}
+
+size_t dt__conv_bwd_weights_blk8_scratch(const dt_k_conv2d_shape *s, int nt)
+{
+    return (size_t)(s->K * s->C * s->R * 5 + s->K + (int64_t)nt * 2 * s->H * (s->W + 2 * s->pad_w));
+}
+
+int dt__conv_bwd_weights_blk8_threads(const dt_k_conv2d_shape *s, int64_t P, int64_t Q)
+{
+    int nt = dt__threads_for(2 * s->N * s->K * s->C * s->R * 5 * P * Q);
+    const int64_t units = s->C / 2 * (s->K / 8);
+    return nt > units ? (int)units : nt;
+}
+
+void dt__conv_bwd_weights_blk8(const dt_k_conv2d_shape *s, int nt, int64_t P, int64_t Q, const float *x,
+                               const float *dy, float *dw, float *dbias, float *scratch)
+{
+    const int64_t N = s->N, C = s->C, H = s->H, W = s->W, K = s->K, R = s->R, KB = K / 8, CB = C / 8;
+    const int64_t Wp = W + 2 * s->pad_w, units = C / 2 * KB, per = R * 80;
+    float *acc = scratch, *bias = acc + units * per, *gather = bias + K;
+    memset(acc, 0, (size_t)(units * per + K) * sizeof(float));
+    const bool fma = dt__vec_avx2() && dt_cpu_detect().fma;
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+    for (int64_t me = 0; me < nt; me++) {
+        const int64_t u0 = units * me / nt, u1 = units * (me + 1) / nt;
+        float *xg = gather + me * 2 * H * Wp; /* [2][H][Wp], zero-padded rows of one channel pair */
+        memset(xg, 0, (size_t)(2 * H * Wp) * sizeof(float));
+        for (int64_t n = 0; n < N; n++) {
+            int64_t have = -1;
+            for (int64_t u = u0; u < u1; u++) {
+                const int64_t cp = u / KB, kb = u % KB, c = 2 * cp;
+                const float *dyn = dy + (n * KB + kb) * P * Q * 8;
+                if (cp != have) { /* gather channels c, c + 1 out of their block */
+                    const float *xb = x + (n * CB + c / 8) * H * W * 8 + c % 8;
+                    for (int i = 0; i < 2; i++)
+                        for (int64_t h = 0; h < H; h++)
+                            for (int64_t w = 0; w < W; w++)
+                                xg[(i * H + h) * Wp + s->pad_w + w] = xb[(h * W + w) * 8 + i];
+                    have = cp;
+                }
+#if DT__X86_VEC
+                if (fma)
+                    cw_sample_fma(dyn, xg, H, Wp, P, Q, R, s->pad_h, acc + u * per, s->pad_w == 2);
+                else
+#endif
+                    cw_sample(dyn, xg, H, Wp, P, Q, R, s->pad_h, acc + u * per);
+                if (dbias && cp == 0)
+                    row_sums(dyn, P * Q, bias + kb * 8, 8, 8);
+            }
+        }
+    }
+    /* to OIHW: dw[((k * C + c) * R + r) * 5 + t] */
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t cp = u / KB, kb = u % KB;
+        for (int64_t r = 0; r < R; r++)
+            for (int i = 0; i < 2; i++)
+                for (int t = 0; t < 5; t++)
+                    for (int j = 0; j < 8; j++)
+                        dw[(((kb * 8 + j) * C + 2 * cp + i) * R + r) * 5 + t] =
+                            acc[u * per + r * 80 + (i * 5 + t) * 8 + j];
+    }
+    if (dbias)
+        memcpy(dbias, bias, (size_t)K * sizeof(float));
 }

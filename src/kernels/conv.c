@@ -48,6 +48,12 @@
  * tests run both blocks on every machine: results are identical, only the
  * reorder count changes).
  *
+ * Two backward-weights shapes run dtrain's own kernels in the default
+ * policy (blocked.c), where oneDNN 2.6 is slow: C = 1 with dy blocked (the
+ * first layer, below), and x and dy both in nChw8c with 5 taps a kernel row
+ * (the second layer on AVX2: oneDNN's jit:avx2 at 0.86-0.95 of the time
+ * alone, cold operands; on this CPU the same bits as oneDNN's).
+ *
  * Backward primitives need the forward primitive descriptor as a hint; it is
  * rebuilt (not executed, not counted) when a backward key is first seen.
  *
@@ -589,31 +595,51 @@ dt_status dt_k_conv2d_bwd_data_t(const dt_k_conv2d_shape *s, const void *dy, con
  * channels to the block or runs its gemm-based convolution on plain layouts:
  * 22 ms against this path's 2-4 ms at batch 100 (bench/conv_bf16). Same
  * contract: bf16 operands, products and sums in f32. */
-static dt_status c1_bwd_weights_lp(const dt_k_conv2d_shape *s, int db, int64_t P, int64_t Q, const void *x,
-                                   const void *dy, float *dw, float *dbias, dt_dtype t)
+/* A cached f32 scratch of n floats for one backward-weights shape (tag
+ * tells the users apart), returned locked: the caller unlocks e->lock. */
+static float *bwd_weights_scratch(const dt_k_conv2d_shape *s, int db, bool bias, dt_dtype t, int64_t tag, size_t n,
+                                  conv_entry **out)
 {
-    const char *fn = "dt_k_conv2d_bwd_weights";
-    int64_t nx = s->N * s->C * s->H * s->W, ny = s->N * s->K * P * Q;
     dt__key key;
-    conv_key(&key, CONV_BWD_WEI, s, dbias != NULL, (unsigned)db, t, DT_F32);
-    key.v[16] = 0x43315343; /* 'C1SC': the scratch, not a primitive */
+    conv_key(&key, CONV_BWD_WEI, s, bias, (unsigned)db, t, DT_F32);
+    key.v[16] = tag;
     conv_entry *e = dt__cache_get(&key);
     if (!e) {
         e = calloc(1, sizeof *e);
-        if (!e)
-            return dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", fn);
+        if (!e) {
+            dt_error(DT_ERR_NO_MEMORY, "dt_k_conv2d_bwd_weights: out of memory");
+            return NULL;
+        }
         pthread_mutex_init(&e->lock, NULL);
         e->nio = 1;
-        e->io[0].buf = dt_alloc((size_t)(nx + ny) * sizeof(float));
+        e->io[0].buf = dt_alloc(n * sizeof(float));
         if (!e->io[0].buf) {
             conv_entry_free(e);
-            return dt_last_status();
+            return NULL;
         }
         if (!(e = dt__cache_put(&key, e, conv_entry_free)))
-            return dt_last_status();
+            return NULL;
     }
     pthread_mutex_lock(&e->lock);
-    float *xf = e->io[0].buf, *dyf = xf + nx;
+    *out = e;
+    return e->io[0].buf;
+}
+
+/* bf16 backward weights with C = 1 (the ConvNet's conv1): x and dy widened
+ * exactly into a cached f32 scratch (one per shape), then blocked.c's C = 1
+ * kernel, as the f32 path. oneDNN's bf16 primitive for C = 1 pads the
+ * channels to the block or runs its gemm-based convolution on plain layouts:
+ * 22 ms against this path's 2-4 ms at batch 100 (bench/conv_bf16). Same
+ * contract: bf16 operands, products and sums in f32. */
+static dt_status c1_bwd_weights_lp(const dt_k_conv2d_shape *s, int db, int64_t P, int64_t Q, const void *x,
+                                   const void *dy, float *dw, float *dbias, dt_dtype t)
+{
+    int64_t nx = s->N * s->C * s->H * s->W, ny = s->N * s->K * P * Q;
+    conv_entry *e;
+    float *xf = bwd_weights_scratch(s, db, dbias != NULL, t, 0x43315343 /* 'C1SC' */, (size_t)(nx + ny), &e);
+    if (!xf)
+        return dt_last_status();
+    float *dyf = xf + nx;
     dt_status st = dt_k_convert(x, t, xf, DT_F32, nx);
     if (st >= 0)
         st = dt_k_convert(dy, t, dyf, DT_F32, ny);
@@ -621,6 +647,23 @@ static dt_status c1_bwd_weights_lp(const dt_k_conv2d_shape *s, int db, int64_t P
         dt__conv_c1_bwd_weights_blk(s, db, P, Q, xf, dyf, dw, dbias);
     pthread_mutex_unlock(&e->lock);
     return st < 0 ? st : DT_OK;
+}
+
+/* f32 backward weights with x and dy in nChw8c and 5 taps a kernel row
+ * (the ConvNet's second layer on AVX2): blocked.c's kernel, 1.4-1.5x
+ * oneDNN 2.6's jit:avx2 there, with its accumulators in a cached scratch. */
+static dt_status bwd_weights_blk8(const dt_k_conv2d_shape *s, int64_t P, int64_t Q, const float *x, const float *dy,
+                                  float *dw, float *dbias)
+{
+    const int nt = dt__conv_bwd_weights_blk8_threads(s, P, Q);
+    conv_entry *e;
+    float *scratch = bwd_weights_scratch(s, 8, dbias != NULL, DT_F32, 0x43424b38 /* 'CBK8' */,
+                                         dt__conv_bwd_weights_blk8_scratch(s, nt), &e);
+    if (!scratch)
+        return dt_last_status();
+    dt__conv_bwd_weights_blk8(s, nt, P, Q, x, dy, dw, dbias, scratch);
+    pthread_mutex_unlock(&e->lock);
+    return DT_OK;
 }
 
 dt_status dt_k_conv2d_bwd_weights(const dt_k_conv2d_shape *s, const float *x, const float *dy, float *dw,
@@ -660,6 +703,9 @@ dt_status dt_k_conv2d_bwd_weights_t(const dt_k_conv2d_shape *s, const void *x, c
         }
         return c1_bwd_weights_lp(s, db, P, Q, x, dy, dw, dbias, t);
     }
+    if (layout_mode() == 2 && t == DT_F32 && lay_src_block(lay) == 8 && db == 8 &&
+        dt__conv_bwd_weights_blk8_ok(s, Q))
+        return bwd_weights_blk8(s, P, Q, x, dy, dw, dbias);
     conv_entry *e;
     if ((st = conv_get(&e, CONV_BWD_WEI, s, dbias != NULL, lay, t, t)) < 0)
         return st;

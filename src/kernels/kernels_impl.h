@@ -84,6 +84,11 @@ static inline void dt__prefetch_ahead(const void *p) { __builtin_prefetch((const
 #define DT__X86_VEC 1
 #include <immintrin.h>
 #define DT__AVX2 __attribute__((target("avx2")))
+/* AVX2 with fused multiply-adds written as such (_mm256_fmadd_ps; the build
+ * never contracts a multiply and an add), for kernels whose AVX2 path may
+ * round each product-sum once: every CPU with AVX2 that dt_cpu_detect()
+ * reports has FMA too, but callers check .fma. */
+#define DT__AVX2_FMA __attribute__((target("avx2,fma")))
 DT__AVX2 static inline __m256 dt__expf8(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.7f);
@@ -278,6 +283,17 @@ dnnl_stream_t dt__dnnl_stream(void);
 bool dt__conv_c1_bwd_weights_blk_ok(const dt_k_conv2d_shape *s, int B);
 void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, int64_t Q, const float *x,
                                  const float *dy, float *dw, float *dbias);
+/* Convolution backward weights with x and dy both in nChw8c (blocked.c):
+ * C and K multiples of 8, 5 taps a kernel row, stride 1, dilation 1, Q >= 4
+ * outputs a row (dt__conv_bwd_weights_blk8_ok). nt threads (at most the
+ * units: dt__conv_bwd_weights_blk8_threads); scratch holds
+ * dt__conv_bwd_weights_blk8_scratch(s, nt) floats. Writes dw (OIHW) and
+ * dbias if given; the same bits for any nt. */
+bool dt__conv_bwd_weights_blk8_ok(const dt_k_conv2d_shape *s, int64_t Q);
+int dt__conv_bwd_weights_blk8_threads(const dt_k_conv2d_shape *s, int64_t P, int64_t Q);
+size_t dt__conv_bwd_weights_blk8_scratch(const dt_k_conv2d_shape *s, int nt);
+void dt__conv_bwd_weights_blk8(const dt_k_conv2d_shape *s, int nt, int64_t P, int64_t Q, const float *x,
+                               const float *dy, float *dw, float *dbias, float *scratch);
 /* Work units of the per-channel kernels over nChw<B>c (blocked.c: batch
  * norm, the C = 1 backward weights) for CB channel blocks and nt threads:
  * whole blocks (*L = B), or half blocks of 8 lanes at stride 16 when B = 16

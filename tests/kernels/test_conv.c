@@ -2,6 +2,7 @@
  * padding and dilation, against PyTorch reference values, finite-difference
  * checks of both backward kernels, the primitive cache, bad arguments. */
 #include "dtrain/kernels.h"
+#include "kernels/kernels_impl.h"
 #include "test.h"
 
 static void fill(float *x, int64_t n, uint64_t seed)
@@ -264,6 +265,93 @@ TEST(conv_c1_bwd_weights_blocked_dy)
     }
 }
 
+/* Backward weights with x and dy both in nChw8c and 5 taps a kernel row (a
+ * direct kernel in blocked.c in the default layout policy, the ConvNet's
+ * second layer; oneDNN under DT_CONV_LAYOUT=plain|blocked) against a
+ * double-precision loop: 5x5 pad 2 (the rows whose padding products are
+ * skipped), 3x5 on a non-square image, pad 1 and pad 0 (every product
+ * made; Q = 4, the row's head meeting its tail), with and without bias.
+ * The kernel itself, called with 1-5 threads, gives the same bits as with
+ * one, and its portable path (dtrain's scalar ISA) lies within the same
+ * bound; as dt_k_conv2d_bwd_weights_l's result does whichever policy runs. */
+TEST(conv_blk8_bwd_weights)
+{
+    dt_k_conv2d_shape sh[4] = {
+        dt_k_conv2d_shape_make(3, 16, 14, 14, 32, 5, 5), dt_k_conv2d_shape_make(2, 8, 7, 9, 16, 3, 5),
+        dt_k_conv2d_shape_make(2, 16, 6, 8, 8, 5, 5), dt_k_conv2d_shape_make(2, 8, 5, 8, 24, 1, 5)};
+    sh[0].pad_h = sh[0].pad_w = 2;
+    sh[1].pad_h = 1, sh[1].pad_w = 2;
+    sh[2].pad_h = sh[2].pad_w = 1;
+    const dt_k_isa isa0 = dt_k_get_isa();
+    for (int i = 0; i < 4; i++) {
+        const dt_k_conv2d_shape *s = &sh[i];
+        int64_t P, Q;
+        ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
+        ASSERT(dt__conv_bwd_weights_blk8_ok(s, Q));
+        const int64_t nw = wsz(s);
+        float *x = dt_alloc((size_t)xsz(s) * 4), *dy = dt_alloc((size_t)ysz(s) * 4), *xb = dt_alloc((size_t)xsz(s) * 4);
+        float *dyb = dt_alloc((size_t)ysz(s) * 4), *dw = dt_alloc((size_t)nw * 4), *db = dt_alloc((size_t)s->K * 4);
+        float *dw1 = dt_alloc((size_t)nw * 4), *db1 = dt_alloc((size_t)s->K * 4);
+        double *ref = dt_alloc((size_t)(nw + s->K) * sizeof(double));
+        float *scratch = dt_alloc(dt__conv_bwd_weights_blk8_scratch(s, 5) * 4);
+        ASSERT(x && dy && xb && dyb && dw && db && dw1 && db1 && ref && scratch);
+        fill(x, xsz(s), 41 + (uint64_t)i);
+        fill(dy, ysz(s), 51 + (uint64_t)i);
+        ASSERT_OK(dt_k_to_blocked(x, s->N, s->C, s->H * s->W, 8, xb));
+        ASSERT_OK(dt_k_to_blocked(dy, s->N, s->K, P * Q, 8, dyb));
+        for (int64_t k = 0; k < s->K; k++) {
+            double bsum = 0;
+            for (int64_t c = 0; c < s->C; c++)
+                for (int64_t r = 0; r < s->R; r++)
+                    for (int64_t t = 0; t < s->S; t++) {
+                        double acc = 0;
+                        for (int64_t n = 0; n < s->N; n++)
+                            for (int64_t p = 0; p < P; p++)
+                                for (int64_t q = 0; q < Q; q++) {
+                                    int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
+                                    if (h >= 0 && h < s->H && v >= 0 && v < s->W)
+                                        acc += (double)dy[((n * s->K + k) * P + p) * Q + q] *
+                                               x[((n * s->C + c) * s->H + h) * s->W + v];
+                                }
+                        ref[((k * s->C + c) * s->R + r) * s->S + t] = acc;
+                    }
+            for (int64_t n = 0; n < s->N; n++)
+                for (int64_t pq = 0; pq < P * Q; pq++)
+                    bsum += dy[(n * s->K + k) * P * Q + pq];
+            ref[nw + k] = bsum;
+        }
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, xb, dyb, dw, with_bias ? db : NULL,
+                                                DT_K_SRC_BLOCKED8 | DT_K_DST_BLOCKED8));
+            for (int64_t j = 0; j < nw; j++)
+                ASSERT_NEAR(dw[j], ref[j], 1e-4, 1e-4);
+            for (int64_t k = 0; with_bias && k < s->K; k++)
+                ASSERT_NEAR(db[k], ref[nw + k], 1e-4, 1e-4);
+            /* the kernel alone: one thread, then more, the same bits; the portable rows */
+            for (int scalar = 0; scalar < 2; scalar++) {
+                if (scalar)
+                    ASSERT_OK(dt_k_set_isa(DT_K_ISA_SCALAR));
+                dt__conv_bwd_weights_blk8(s, 1, P, Q, xb, dyb, dw1, with_bias ? db1 : NULL, scratch);
+                for (int64_t j = 0; j < nw; j++)
+                    ASSERT_NEAR(dw1[j], ref[j], 1e-4, 1e-4);
+                for (int64_t k = 0; with_bias && k < s->K; k++)
+                    ASSERT_NEAR(db1[k], ref[nw + k], 1e-4, 1e-4);
+                for (int nt = 2; nt <= 5; nt++) {
+                    if (nt > s->C / 2 * (s->K / 8))
+                        break;
+                    dt__conv_bwd_weights_blk8(s, nt, P, Q, xb, dyb, dw, with_bias ? db : NULL, scratch);
+                    if (memcmp(dw, dw1, (size_t)nw * 4) || (with_bias && memcmp(db, db1, (size_t)s->K * 4)))
+                        TEST_FAIL_("shape %d, %d threads%s: not the bits of one thread", i, nt,
+                                   scalar ? " (scalar)" : "");
+                }
+                ASSERT_OK(dt_k_set_isa(isa0));
+            }
+        }
+        dt_free(x), dt_free(dy), dt_free(xb), dt_free(dyb), dt_free(dw), dt_free(db), dt_free(dw1), dt_free(db1);
+        dt_free(ref), dt_free(scratch);
+    }
+}
+
 /* Every caller layout (plain, nChw8c, nChw16c for the activation and for
  * the output) gives bit-identical results to the plain call in all three
  * directions: the primitive is the same, only reorders around it change.
@@ -342,6 +430,7 @@ int main(void)
     RUN(conv_bwd_finite_difference);
     RUN(conv_cache_and_errors);
     RUN(conv_c1_bwd_weights_blocked_dy);
+    RUN(conv_blk8_bwd_weights);
     RUN(conv_blocked_layouts_agree);
     return TEST_REPORT();
 }
