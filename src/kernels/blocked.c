@@ -15,6 +15,7 @@
  * in double in n order, so the result is deterministic and the same for
  * B = 8 and B = 16. */
 #include "kernels_impl.h"
+#include "base/cpu_cached.h"
 
 #include <math.h>
 #include <string.h>
@@ -1269,7 +1270,8 @@ DT_BODY void cw_row5x8x2(const float *restrict dyrow, const float *restrict x0, 
 }
 
 /* One sample's part of a unit: the R kernel rows of channels c and c + 1
- * (xg: their zero-padded rows, [2][H][Wp]) against output block kb's dy. */
+ * (xg: their zero-padded rows, [H][Wp] each, c + 1's after c's) against
+ * output block kb's dy. */
 #define CW_SAMPLE_BODY(row)                                                                                   \
     for (int64_t r = 0; r < R; r++)                                                                           \
         for (int64_t p = 0; p < P; p++) {                                                                     \
@@ -1284,12 +1286,20 @@ DT_CLONES static void cw_sample(const float *restrict dyn, const float *restrict
 }
 
 #if DT__X86_VEC
-/* cw_row5x8x2 with fused multiply-adds (AVX2 and FMA): the same products
- * summed in the same order, each rounded once instead of twice, and twice
- * the rate (a multiply and an add are two instructions on the FP pipes). */
+/* cw_row5x8x2 with fused multiply-adds (AVX2 and FMA) over `rows`
+ * consecutive rows (dy's rows Q * 8 apart, x's Wp apart), the accumulators
+ * held in registers across them: the same products summed in the same
+ * order, each rounded once instead of twice, and twice the rate (a multiply
+ * and an add are two instructions on the FP pipes). pad2: the rows' first
+ * two and last two values are padding (pad_w 2, so Q = W): their products
+ * are zeros and are not made, as oneDNN makes none with padding. An
+ * accumulator starts at +0 and never becomes -0 (x + y is -0 only when
+ * both are), so adding a zero product never changes it: the same bits as
+ * with them, unless dy holds an inf or NaN (which a zero then no longer
+ * meets). */
 DT__AVX2_FMA static inline __attribute__((always_inline)) void
-cw_row5x2_fma(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t Q,
-              float *restrict acc, const bool pad2)
+cw_rows5x2_fma(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t rows,
+               int64_t Q, int64_t Wp, float *restrict acc, const bool pad2)
 {
     __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8), a2 = _mm256_loadu_ps(acc + 16),
            a3 = _mm256_loadu_ps(acc + 24), a4 = _mm256_loadu_ps(acc + 32), b0 = _mm256_loadu_ps(acc + 40),
@@ -1298,35 +1308,37 @@ cw_row5x2_fma(const float *restrict dyrow, const float *restrict x0, const float
 #define CW_X(row, j) (x = _mm256_broadcast_ss((row) + (j)))
 #define CW_D(j) (w0 = _mm256_loadu_ps(dyrow + (j) * 8))
 #define CW_F(a, w) (a = _mm256_fmadd_ps(w, x, a))
-    CW_D(0);
-    if (!pad2)
-        CW_X(x0, 0), CW_F(a0, w0), CW_X(x1, 0), CW_F(b0, w0);
-    w1 = w0, CW_D(1);
-    if (!pad2) {
-        CW_X(x0, 1), CW_F(a0, w0), CW_F(a1, w1);
-        CW_X(x1, 1), CW_F(b0, w0), CW_F(b1, w1);
-    }
-    w2 = w1, w1 = w0, CW_D(2);
-    CW_X(x0, 2), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2);
-    CW_X(x1, 2), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2);
-    w3 = w2, w2 = w1, w1 = w0, CW_D(3);
-    CW_X(x0, 3), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3);
-    CW_X(x1, 3), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3);
-    for (int64_t j = 4; j < Q; j++) {
-        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
-        CW_D(j);
-        CW_X(x0, j), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3), CW_F(a4, w4);
-        CW_X(x1, j), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3), CW_F(b4, w4);
-    }
-    CW_X(x0, Q), CW_F(a1, w0), CW_F(a2, w1), CW_F(a3, w2), CW_F(a4, w3);
-    CW_X(x1, Q), CW_F(b1, w0), CW_F(b2, w1), CW_F(b3, w2), CW_F(b4, w3);
-    CW_X(x0, Q + 1), CW_F(a2, w0), CW_F(a3, w1), CW_F(a4, w2);
-    CW_X(x1, Q + 1), CW_F(b2, w0), CW_F(b3, w1), CW_F(b4, w2);
-    if (!pad2) {
-        CW_X(x0, Q + 2), CW_F(a3, w0), CW_F(a4, w1);
-        CW_X(x1, Q + 2), CW_F(b3, w0), CW_F(b4, w1);
-        CW_X(x0, Q + 3), CW_F(a4, w0);
-        CW_X(x1, Q + 3), CW_F(b4, w0);
+    for (int64_t i = 0; i < rows; i++, dyrow += Q * 8, x0 += Wp, x1 += Wp) {
+        CW_D(0);
+        if (!pad2)
+            CW_X(x0, 0), CW_F(a0, w0), CW_X(x1, 0), CW_F(b0, w0);
+        w1 = w0, CW_D(1);
+        if (!pad2) {
+            CW_X(x0, 1), CW_F(a0, w0), CW_F(a1, w1);
+            CW_X(x1, 1), CW_F(b0, w0), CW_F(b1, w1);
+        }
+        w2 = w1, w1 = w0, CW_D(2);
+        CW_X(x0, 2), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2);
+        CW_X(x1, 2), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2);
+        w3 = w2, w2 = w1, w1 = w0, CW_D(3);
+        CW_X(x0, 3), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3);
+        CW_X(x1, 3), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3);
+        for (int64_t j = 4; j < Q; j++) {
+            w4 = w3, w3 = w2, w2 = w1, w1 = w0;
+            CW_D(j);
+            CW_X(x0, j), CW_F(a0, w0), CW_F(a1, w1), CW_F(a2, w2), CW_F(a3, w3), CW_F(a4, w4);
+            CW_X(x1, j), CW_F(b0, w0), CW_F(b1, w1), CW_F(b2, w2), CW_F(b3, w3), CW_F(b4, w4);
+        }
+        CW_X(x0, Q), CW_F(a1, w0), CW_F(a2, w1), CW_F(a3, w2), CW_F(a4, w3);
+        CW_X(x1, Q), CW_F(b1, w0), CW_F(b2, w1), CW_F(b3, w2), CW_F(b4, w3);
+        CW_X(x0, Q + 1), CW_F(a2, w0), CW_F(a3, w1), CW_F(a4, w2);
+        CW_X(x1, Q + 1), CW_F(b2, w0), CW_F(b3, w1), CW_F(b4, w2);
+        if (!pad2) {
+            CW_X(x0, Q + 2), CW_F(a3, w0), CW_F(a4, w1);
+            CW_X(x1, Q + 2), CW_F(b3, w0), CW_F(b4, w1);
+            CW_X(x0, Q + 3), CW_F(a4, w0);
+            CW_X(x1, Q + 3), CW_F(b4, w0);
+        }
     }
 #undef CW_X
 #undef CW_D
@@ -1337,25 +1349,70 @@ cw_row5x2_fma(const float *restrict dyrow, const float *restrict x0, const float
     _mm256_storeu_ps(acc + 72, b4);
 }
 
-#define CW_ROW_PAD2(d, a, b, q, acc) cw_row5x2_fma(d, a, b, q, acc, true)
-#define CW_ROW_ANY(d, a, b, q, acc) cw_row5x2_fma(d, a, b, q, acc, false)
-/* pad2: the rows' first two and last two values are padding (pad_w 2, so
- * Q = W): their products are zeros and are not made, as oneDNN makes none
- * with padding. An accumulator starts at +0 and never becomes -0 (x + y is
- * -0 only when both are), so adding a zero product never changes it: the
- * same bits as with them, unless dy holds an inf or NaN (which a zero then
- * no longer meets). */
+/* cw_sample on fused multiply-adds: each kernel row r meets the input rows
+ * h = p + r - pad_h inside the image, in p order, in one register pass. */
 DT__AVX2_FMA static void cw_sample_fma(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
                                        int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc, bool pad2)
 {
-    if (pad2) {
-        CW_SAMPLE_BODY(CW_ROW_PAD2)
-    } else {
-        CW_SAMPLE_BODY(CW_ROW_ANY)
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t p0 = pad_h - r > 0 ? pad_h - r : 0, p1 = H + pad_h - r < P ? H + pad_h - r : P;
+        if (p1 <= p0)
+            continue;
+        const float *d = dyn + p0 * Q * 8, *x0 = xg + (p0 + r - pad_h) * Wp, *x1 = x0 + H * Wp;
+        if (pad2)
+            cw_rows5x2_fma(d, x0, x1, p1 - p0, Q, Wp, acc + r * 80, true);
+        else
+            cw_rows5x2_fma(d, x0, x1, p1 - p0, Q, Wp, acc + r * 80, false);
     }
 }
-#undef CW_ROW_PAD2
-#undef CW_ROW_ANY
+#endif
+
+/* One sample's 8-channel block of x ([H][W][8]) into zero-padded rows
+ * xg[8][H][Wp] (columns pad .. pad + W - 1; the others stay zero). */
+static void cw_gather8(const float *restrict xb, int64_t H, int64_t W, int64_t Wp, int64_t pad, float *restrict xg)
+{
+    for (int c = 0; c < 8; c++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w = 0; w < W; w++)
+                xg[(c * H + h) * Wp + pad + w] = xb[(h * W + w) * 8 + c];
+}
+
+#if DT__X86_VEC
+/* cw_gather8 with 8 x 8 transposes: 8 positions of a row at a time, the
+ * last 8 overlapping the previous ones where W is not a multiple of 8. */
+DT__AVX2_FMA static void cw_gather8_avx2(const float *restrict xb, int64_t H, int64_t W, int64_t Wp, int64_t pad,
+                                         float *restrict xg)
+{
+    if (W < 8) {
+        cw_gather8(xb, H, W, Wp, pad, xg);
+        return;
+    }
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t w0 = 0; w0 < W; w0 += 8) {
+            const int64_t w = w0 + 8 <= W ? w0 : W - 8;
+            const float *p = xb + (h * W + w) * 8;
+            __m256 r0 = _mm256_loadu_ps(p), r1 = _mm256_loadu_ps(p + 8), r2 = _mm256_loadu_ps(p + 16),
+                   r3 = _mm256_loadu_ps(p + 24), r4 = _mm256_loadu_ps(p + 32), r5 = _mm256_loadu_ps(p + 40),
+                   r6 = _mm256_loadu_ps(p + 48), r7 = _mm256_loadu_ps(p + 56);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                   t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                   t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee),
+                   s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee),
+                   s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee),
+                   s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+            float *o = xg + h * Wp + pad + w;
+            const int64_t cs = H * Wp; /* one channel's rows */
+            _mm256_storeu_ps(o, _mm256_permute2f128_ps(s0, s4, 0x20));
+            _mm256_storeu_ps(o + cs, _mm256_permute2f128_ps(s1, s5, 0x20));
+            _mm256_storeu_ps(o + 2 * cs, _mm256_permute2f128_ps(s2, s6, 0x20));
+            _mm256_storeu_ps(o + 3 * cs, _mm256_permute2f128_ps(s3, s7, 0x20));
+            _mm256_storeu_ps(o + 4 * cs, _mm256_permute2f128_ps(s0, s4, 0x31));
+            _mm256_storeu_ps(o + 5 * cs, _mm256_permute2f128_ps(s1, s5, 0x31));
+            _mm256_storeu_ps(o + 6 * cs, _mm256_permute2f128_ps(s2, s6, 0x31));
+            _mm256_storeu_ps(o + 7 * cs, _mm256_permute2f128_ps(s3, s7, 0x31));
+        }
+}
 #endif
 
 bool dt__conv_bwd_weights_blk8_ok(const dt_k_conv2d_shape *s, int64_t Q)
@@ -1366,7 +1423,7 @@ bool dt__conv_bwd_weights_blk8_ok(const dt_k_conv2d_shape *s, int64_t Q)
 
 size_t dt__conv_bwd_weights_blk8_scratch(const dt_k_conv2d_shape *s, int nt)
 {
-    return (size_t)(s->K * s->C * s->R * 5 + s->K + (int64_t)nt * 2 * s->H * (s->W + 2 * s->pad_w));
+    return (size_t)(s->K * s->C * s->R * 5 + s->K + (int64_t)nt * 8 * s->H * (s->W + 2 * s->pad_w));
 }
 
 int dt__conv_bwd_weights_blk8_threads(const dt_k_conv2d_shape *s, int64_t P, int64_t Q)
@@ -1383,31 +1440,33 @@ void dt__conv_bwd_weights_blk8(const dt_k_conv2d_shape *s, int nt, int64_t P, in
     const int64_t Wp = W + 2 * s->pad_w, units = C / 2 * KB, per = R * 80;
     float *acc = scratch, *bias = acc + units * per, *gather = bias + K;
     memset(acc, 0, (size_t)(units * per + K) * sizeof(float));
-    const bool fma = dt__vec_avx2() && dt_cpu_detect().fma;
+    const bool fma = dt__vec_avx2() && dt__cpu_avx2_fma();
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
     for (int64_t me = 0; me < nt; me++) {
         const int64_t u0 = units * me / nt, u1 = units * (me + 1) / nt;
-        float *xg = gather + me * 2 * H * Wp; /* [2][H][Wp], zero-padded rows of one channel pair */
-        memset(xg, 0, (size_t)(2 * H * Wp) * sizeof(float));
+        float *xg = gather + me * 8 * H * Wp; /* [8][H][Wp], zero-padded rows of one channel block */
+        memset(xg, 0, (size_t)(8 * H * Wp) * sizeof(float));
         for (int64_t n = 0; n < N; n++) {
             int64_t have = -1;
             for (int64_t u = u0; u < u1; u++) {
                 const int64_t cp = u / KB, kb = u % KB, c = 2 * cp;
-                const float *dyn = dy + (n * KB + kb) * P * Q * 8;
-                if (cp != have) { /* gather channels c, c + 1 out of their block */
-                    const float *xb = x + (n * CB + c / 8) * H * W * 8 + c % 8;
-                    for (int i = 0; i < 2; i++)
-                        for (int64_t h = 0; h < H; h++)
-                            for (int64_t w = 0; w < W; w++)
-                                xg[(i * H + h) * Wp + s->pad_w + w] = xb[(h * W + w) * 8 + i];
-                    have = cp;
+                const float *dyn = dy + (n * KB + kb) * P * Q * 8, *xc = xg + (c % 8) * H * Wp;
+                if (c / 8 != have) { /* the block holding channels c, c + 1 */
+                    const float *xb = x + (n * CB + c / 8) * H * W * 8;
+#if DT__X86_VEC
+                    if (fma)
+                        cw_gather8_avx2(xb, H, W, Wp, s->pad_w, xg);
+                    else
+#endif
+                        cw_gather8(xb, H, W, Wp, s->pad_w, xg);
+                    have = c / 8;
                 }
 #if DT__X86_VEC
                 if (fma)
-                    cw_sample_fma(dyn, xg, H, Wp, P, Q, R, s->pad_h, acc + u * per, s->pad_w == 2);
+                    cw_sample_fma(dyn, xc, H, Wp, P, Q, R, s->pad_h, acc + u * per, s->pad_w == 2);
                 else
 #endif
-                    cw_sample(dyn, xg, H, Wp, P, Q, R, s->pad_h, acc + u * per);
+                    cw_sample(dyn, xc, H, Wp, P, Q, R, s->pad_h, acc + u * per);
                 if (dbias && cp == 0)
                     row_sums(dyn, P * Q, bias + kb * 8, 8, 8);
             }

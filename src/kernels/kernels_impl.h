@@ -87,7 +87,7 @@ static inline void dt__prefetch_ahead(const void *p) { __builtin_prefetch((const
 /* AVX2 with fused multiply-adds written as such (_mm256_fmadd_ps; the build
  * never contracts a multiply and an add), for kernels whose AVX2 path may
  * round each product-sum once: every CPU with AVX2 that dt_cpu_detect()
- * reports has FMA too, but callers check .fma. */
+ * reports has FMA too, but callers check (dt__cpu_avx2_fma). */
 #define DT__AVX2_FMA __attribute__((target("avx2,fma")))
 DT__AVX2 static inline __m256 dt__expf8(__m256 x)
 {

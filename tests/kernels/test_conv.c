@@ -269,21 +269,25 @@ TEST(conv_c1_bwd_weights_blocked_dy)
  * direct kernel in blocked.c in the default layout policy, the ConvNet's
  * second layer; oneDNN under DT_CONV_LAYOUT=plain|blocked) against a
  * double-precision loop: 5x5 pad 2 (the rows whose padding products are
- * skipped), 3x5 on a non-square image, pad 1 and pad 0 (every product
- * made; Q = 4, the row's head meeting its tail), with and without bias.
+ * skipped; rows of 14, 9 and 5 inputs: the 8-position transposes that
+ * gather x overlap, or do not fit), 3x5 on a non-square image, pad 1
+ * (rows of 11) and pad 0 (every product made; Q = 4, the row's head
+ * meeting its tail), three channel blocks, with and without bias.
  * The kernel itself, called with 1-5 threads, gives the same bits as with
  * one, and its portable path (dtrain's scalar ISA) lies within the same
  * bound; as dt_k_conv2d_bwd_weights_l's result does whichever policy runs. */
 TEST(conv_blk8_bwd_weights)
 {
-    dt_k_conv2d_shape sh[4] = {
+    dt_k_conv2d_shape sh[5] = {
         dt_k_conv2d_shape_make(3, 16, 14, 14, 32, 5, 5), dt_k_conv2d_shape_make(2, 8, 7, 9, 16, 3, 5),
-        dt_k_conv2d_shape_make(2, 16, 6, 8, 8, 5, 5), dt_k_conv2d_shape_make(2, 8, 5, 8, 24, 1, 5)};
+        dt_k_conv2d_shape_make(2, 16, 6, 11, 8, 5, 5), dt_k_conv2d_shape_make(2, 8, 5, 8, 24, 1, 5),
+        dt_k_conv2d_shape_make(2, 24, 5, 5, 8, 5, 5)};
     sh[0].pad_h = sh[0].pad_w = 2;
     sh[1].pad_h = 1, sh[1].pad_w = 2;
     sh[2].pad_h = sh[2].pad_w = 1;
+    sh[4].pad_h = sh[4].pad_w = 2;
     const dt_k_isa isa0 = dt_k_get_isa();
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         const dt_k_conv2d_shape *s = &sh[i];
         int64_t P, Q;
         ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
