@@ -1085,25 +1085,70 @@ DT_CLONES static void c1_row8s16(const float *restrict dyrow, const float *restr
 
 #if DT__X86_VEC
 /* c1_row5 on 16 lanes in one AVX-512 register per tap: the same products
- * and sums per lane in the same order (a multiply, then an add). */
+ * and sums per lane in the same order (a multiply, then an add; fused, one
+ * rounding, as c1_row5x8_fma's, when `fused`). */
 DT__AVX512 static void c1_row16x5_avx512(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
-                                         float *restrict acc)
+                                         float *restrict acc, bool fused)
 {
     __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16), a2 = _mm512_loadu_ps(acc + 32),
            a3 = _mm512_loadu_ps(acc + 48), a4 = _mm512_loadu_ps(acc + 64);
-    for (int64_t q = 0; q < Q; q++) {
-        const __m512 d = _mm512_loadu_ps(dyrow + q * 16);
-        a0 = _mm512_add_ps(a0, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q])));
-        a1 = _mm512_add_ps(a1, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 1])));
-        a2 = _mm512_add_ps(a2, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 2])));
-        a3 = _mm512_add_ps(a3, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 3])));
-        a4 = _mm512_add_ps(a4, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 4])));
-    }
+    if (fused)
+        for (int64_t q = 0; q < Q; q++) {
+            const __m512 d = _mm512_loadu_ps(dyrow + q * 16);
+            a0 = _mm512_fmadd_ps(d, _mm512_set1_ps(xrow[q]), a0);
+            a1 = _mm512_fmadd_ps(d, _mm512_set1_ps(xrow[q + 1]), a1);
+            a2 = _mm512_fmadd_ps(d, _mm512_set1_ps(xrow[q + 2]), a2);
+            a3 = _mm512_fmadd_ps(d, _mm512_set1_ps(xrow[q + 3]), a3);
+            a4 = _mm512_fmadd_ps(d, _mm512_set1_ps(xrow[q + 4]), a4);
+        }
+    else
+        for (int64_t q = 0; q < Q; q++) {
+            const __m512 d = _mm512_loadu_ps(dyrow + q * 16);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q])));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 1])));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 2])));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 3])));
+            a4 = _mm512_add_ps(a4, _mm512_mul_ps(d, _mm512_set1_ps(xrow[q + 4])));
+        }
     _mm512_storeu_ps(acc, a0);
     _mm512_storeu_ps(acc + 16, a1);
     _mm512_storeu_ps(acc + 32, a2);
     _mm512_storeu_ps(acc + 48, a3);
     _mm512_storeu_ps(acc + 64, a4);
+}
+
+/* c1_row5x8 with fused multiply-adds (AVX2 and FMA): 8 lanes of dy (rows B
+ * values apart) against the input row, tap t's accumulator at acc + t * L:
+ * each sum receives the same products in the same order, each rounded
+ * once, as c1_row16x5_avx512's fused ones, so nChw8c and nChw16c give the
+ * same bits. Twice c1_row5x8's rate: its multiply and add are two
+ * instructions on the FP pipes. Q >= 4. */
+DT__AVX2_FMA static void c1_row5x8_fma(const float *restrict dyrow, const float *restrict xrow, int64_t Q,
+                                       float *restrict acc, int L, int B)
+{
+    __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + L), a2 = _mm256_loadu_ps(acc + 2 * L),
+           a3 = _mm256_loadu_ps(acc + 3 * L), a4 = _mm256_loadu_ps(acc + 4 * L), w0, w1, w2, w3, w4, x;
+#define C1_X(j) (x = _mm256_broadcast_ss(xrow + (j)))
+#define C1_D(j) (w0 = _mm256_loadu_ps(dyrow + (j) * B))
+#define C1_F(a, w) (a = _mm256_fmadd_ps(w, x, a))
+    C1_D(0), C1_X(0), C1_F(a0, w0);
+    w1 = w0, C1_D(1), C1_X(1), C1_F(a0, w0), C1_F(a1, w1);
+    w2 = w1, w1 = w0, C1_D(2), C1_X(2), C1_F(a0, w0), C1_F(a1, w1), C1_F(a2, w2);
+    w3 = w2, w2 = w1, w1 = w0, C1_D(3), C1_X(3), C1_F(a0, w0), C1_F(a1, w1), C1_F(a2, w2), C1_F(a3, w3);
+    for (int64_t j = 4; j < Q; j++) {
+        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
+        C1_D(j), C1_X(j);
+        C1_F(a0, w0), C1_F(a1, w1), C1_F(a2, w2), C1_F(a3, w3), C1_F(a4, w4);
+    }
+    C1_X(Q), C1_F(a1, w0), C1_F(a2, w1), C1_F(a3, w2), C1_F(a4, w3);
+    C1_X(Q + 1), C1_F(a2, w0), C1_F(a3, w1), C1_F(a4, w2);
+    C1_X(Q + 2), C1_F(a3, w0), C1_F(a4, w1);
+    C1_X(Q + 3), C1_F(a4, w0);
+#undef C1_X
+#undef C1_D
+#undef C1_F
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + L, a1), _mm256_storeu_ps(acc + 2 * L, a2);
+    _mm256_storeu_ps(acc + 3 * L, a3), _mm256_storeu_ps(acc + 4 * L, a4);
 }
 #endif
 
@@ -1146,6 +1191,9 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
         L = B, per = 1, rs = 2;
         units = CB * rs;
     }
+    /* fused multiply-adds for the 5-tap rows of Q >= 4 on every vector path
+     * (c1_row5x8_fma, c1_row16x5_avx512), the same bits for both blocks */
+    const bool fused = S == 5 && Q >= 4 && dt__vec_avx2() && dt__cpu_avx2_fma();
 #else
     const bool zmm = false;
 #endif
@@ -1171,7 +1219,12 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
                     memcpy(row + s->pad_w, x + (n * H + h) * W, (size_t)W * sizeof(float));
 #if DT__X86_VEC
                     if (zmm) {
-                        c1_row16x5_avx512(d + p * Q * B, row, Q, acc + r * S * L);
+                        c1_row16x5_avx512(d + p * Q * B, row, Q, acc + r * S * L, fused);
+                        continue;
+                    }
+                    if (fused) {
+                        for (int g = 0; g < L; g += 8)
+                            c1_row5x8_fma(d + p * Q * B + g, row, Q, acc + r * S * L + g, L, B);
                         continue;
                     }
 #endif
