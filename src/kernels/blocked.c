@@ -1186,11 +1186,12 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
 #if DT__X86_VEC
     /* 16 lanes of 5 taps on AVX-512 (c1_row16x5_avx512): a block too few for
      * the threads is split by kernel rows instead of into half blocks */
-    const bool zmm = B == 16 && S == 5 && dt__vec_level() >= DT__VEC_AVX512;
+    bool zmm = B == 16 && S == 5 && dt__vec_level() >= DT__VEC_AVX512;
     if (zmm && L < B && R > 1) {
         L = B, per = 1, rs = 2;
         units = CB * rs;
     }
+    zmm = zmm && L == B; /* one kernel row in half blocks: 8-lane rows */
     /* fused multiply-adds for the 5-tap rows of Q >= 4 on every vector path
      * (c1_row5x8_fma, c1_row16x5_avx512), the same bits for both blocks */
     const bool fused = S == 5 && Q >= 4 && dt__vec_avx2() && dt__cpu_avx2_fma();

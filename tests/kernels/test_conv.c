@@ -204,20 +204,24 @@ TEST(conv_cache_and_errors)
  * policy, oneDNN under DT_CONV_LAYOUT=plain|blocked) against a
  * double-precision loop: 5x5 pad 2 (the register-blocked row; also on rows
  * of 3, 4 and 5 outputs, where the 8-lane row's head and tail meet), 3x3
- * pad 1 on a non-square image, 1x4 with uneven padding; with and without
- * bias. Both blocks give bit-identical results (same summation order per
- * channel, whichever row a unit takes: 8 or 16 lanes, see blocked.c). */
+ * pad 1 on a non-square image, 1x4 with uneven padding, 1x5 split into
+ * half blocks over two threads (on AVX-512 that took the 16-lane row over
+ * 8-lane units); with and without bias. Both blocks give bit-identical
+ * results (same summation order per channel, whichever row a unit takes:
+ * 8 or 16 lanes, see blocked.c). */
 TEST(conv_c1_bwd_weights_blocked_dy)
 {
-    dt_k_conv2d_shape sh[6] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
+    dt_k_conv2d_shape sh[7] = {dt_k_conv2d_shape_make(3, 1, 28, 28, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 7, 9, 16, 3, 3),
                                dt_k_conv2d_shape_make(2, 1, 6, 5, 16, 1, 4), dt_k_conv2d_shape_make(2, 1, 5, 3, 16, 5, 5),
-                               dt_k_conv2d_shape_make(2, 1, 5, 4, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 5, 5, 16, 5, 5)};
+                               dt_k_conv2d_shape_make(2, 1, 5, 4, 16, 5, 5), dt_k_conv2d_shape_make(2, 1, 5, 5, 16, 5, 5),
+                               dt_k_conv2d_shape_make(12, 1, 6, 7, 16, 1, 5)};
     sh[0].pad_h = sh[0].pad_w = 2;
     sh[1].pad_h = sh[1].pad_w = 1;
     sh[2].pad_h = 0, sh[2].pad_w = 2;
     for (int i = 3; i < 6; i++) /* rows of 3, 4, 5 outputs: the 5-tap row's edges alone, and with one full step */
         sh[i].pad_h = sh[i].pad_w = 2;
-    for (int i = 0; i < 6; i++) {
+    sh[6].pad_w = 2; /* one kernel row, work enough for two threads: half blocks of 8 lanes */
+    for (int i = 0; i < 7; i++) {
         const dt_k_conv2d_shape *s = &sh[i];
         int64_t P, Q;
         ASSERT_OK(dt_k_conv2d_out_size(s, &P, &Q));
