@@ -1263,64 +1263,15 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
  * samples in order, so every element is summed in n, then p, then q
  * order whatever the thread count. */
 
-/* cw_row5x8 for two input rows x0, x1 (zero-padded, Q + 4 values) sharing
- * the dy window: acc holds [2][5][8], tap t of row i at acc + (i * 5 + t) * 8.
- * Tap t's sum receives d[q] * x[q + t] for q in increasing order. Q >= 4. */
+/* Two input rows x0, x1 (zero-padded, Q + 4 values) against one dy row:
+ * acc holds [2][5][8], tap t of row i at acc + (i * 5 + t) * 8; each row
+ * as c1_row5x8 (tap t's sum receives d[q] * x[q + t] for q in increasing
+ * order). The portable path; cw_rows5x2_fma below is the AVX2 one. Q >= 4. */
 DT_BODY void cw_row5x8x2(const float *restrict dyrow, const float *restrict x0, const float *restrict x1, int64_t Q,
                          float *restrict acc)
 {
-    blk_v8 a0, a1, a2, a3, a4, b0, b1, b2, b3, b4, w0, w1, w2, w3, w4 = {0}, x;
-    float xs;
-    memcpy(&a0, acc, sizeof a0);
-    memcpy(&a1, acc + 8, sizeof a1);
-    memcpy(&a2, acc + 16, sizeof a2);
-    memcpy(&a3, acc + 24, sizeof a3);
-    memcpy(&a4, acc + 32, sizeof a4);
-    memcpy(&b0, acc + 40, sizeof b0);
-    memcpy(&b1, acc + 48, sizeof b1);
-    memcpy(&b2, acc + 56, sizeof b2);
-    memcpy(&b3, acc + 64, sizeof b3);
-    memcpy(&b4, acc + 72, sizeof b4);
-#define CW_X(row, j) (xs = (row)[j], x = (blk_v8){xs, xs, xs, xs, xs, xs, xs, xs})
-#define CW_D(j) memcpy(&w0, dyrow + (j) * 8, sizeof w0)
-    /* the first four inputs: taps 0..j */
-    CW_D(0), CW_X(x0, 0), a0 += w0 * x, CW_X(x1, 0), b0 += w0 * x;
-    w1 = w0, CW_D(1);
-    CW_X(x0, 1), a0 += w0 * x, a1 += w1 * x;
-    CW_X(x1, 1), b0 += w0 * x, b1 += w1 * x;
-    w2 = w1, w1 = w0, CW_D(2);
-    CW_X(x0, 2), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x;
-    CW_X(x1, 2), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x;
-    w3 = w2, w2 = w1, w1 = w0, CW_D(3);
-    CW_X(x0, 3), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x;
-    CW_X(x1, 3), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x, b3 += w3 * x;
-    for (int64_t j = 4; j < Q; j++) { /* every tap */
-        w4 = w3, w3 = w2, w2 = w1, w1 = w0;
-        CW_D(j);
-        CW_X(x0, j), a0 += w0 * x, a1 += w1 * x, a2 += w2 * x, a3 += w3 * x, a4 += w4 * x;
-        CW_X(x1, j), b0 += w0 * x, b1 += w1 * x, b2 += w2 * x, b3 += w3 * x, b4 += w4 * x;
-    }
-    /* the last four inputs: taps j - Q + 1..4, no new dy */
-    CW_X(x0, Q), a1 += w0 * x, a2 += w1 * x, a3 += w2 * x, a4 += w3 * x;
-    CW_X(x1, Q), b1 += w0 * x, b2 += w1 * x, b3 += w2 * x, b4 += w3 * x;
-    CW_X(x0, Q + 1), a2 += w0 * x, a3 += w1 * x, a4 += w2 * x;
-    CW_X(x1, Q + 1), b2 += w0 * x, b3 += w1 * x, b4 += w2 * x;
-    CW_X(x0, Q + 2), a3 += w0 * x, a4 += w1 * x;
-    CW_X(x1, Q + 2), b3 += w0 * x, b4 += w1 * x;
-    CW_X(x0, Q + 3), a4 += w0 * x;
-    CW_X(x1, Q + 3), b4 += w0 * x;
-#undef CW_X
-#undef CW_D
-    memcpy(acc, &a0, sizeof a0);
-    memcpy(acc + 8, &a1, sizeof a1);
-    memcpy(acc + 16, &a2, sizeof a2);
-    memcpy(acc + 24, &a3, sizeof a3);
-    memcpy(acc + 32, &a4, sizeof a4);
-    memcpy(acc + 40, &b0, sizeof b0);
-    memcpy(acc + 48, &b1, sizeof b1);
-    memcpy(acc + 56, &b2, sizeof b2);
-    memcpy(acc + 64, &b3, sizeof b3);
-    memcpy(acc + 72, &b4, sizeof b4);
+    c1_row5x8(dyrow, x0, Q, acc, 8);
+    c1_row5x8(dyrow, x1, Q, acc + 40, 8);
 }
 
 /* One sample's part of a unit: the R kernel rows of channels c and c + 1

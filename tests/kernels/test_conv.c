@@ -54,6 +54,35 @@ static int64_t ysz(const dt_k_conv2d_shape *s)
     return s->N * s->K * P * Q;
 }
 
+/* The weight and bias gradients in double: ref[0 .. K*C*R*S) OIHW, then
+ * ref[K*C*R*S + k] = the bias gradient of channel k. x, dy plain NCHW. */
+static void ref_bwd_weights(const dt_k_conv2d_shape *s, int64_t P, int64_t Q, const float *x, const float *dy,
+                            double *ref)
+{
+    const int64_t nw = wsz(s);
+    for (int64_t k = 0; k < s->K; k++) {
+        for (int64_t c = 0; c < s->C; c++)
+            for (int64_t r = 0; r < s->R; r++)
+                for (int64_t t = 0; t < s->S; t++) {
+                    double acc = 0;
+                    for (int64_t n = 0; n < s->N; n++)
+                        for (int64_t p = 0; p < P; p++)
+                            for (int64_t q = 0; q < Q; q++) {
+                                int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
+                                if (h >= 0 && h < s->H && v >= 0 && v < s->W)
+                                    acc += (double)dy[((n * s->K + k) * P + p) * Q + q] *
+                                           x[((n * s->C + c) * s->H + h) * s->W + v];
+                            }
+                    ref[((k * s->C + c) * s->R + r) * s->S + t] = acc;
+                }
+        double bsum = 0;
+        for (int64_t n = 0; n < s->N; n++)
+            for (int64_t pq = 0; pq < P * Q; pq++)
+                bsum += dy[(n * s->K + k) * P * Q + pq];
+        ref[nw + k] = bsum;
+    }
+}
+
 TEST(conv_fwd_vs_naive)
 {
     for (int i = 0; i < 4; i++) {
@@ -228,34 +257,20 @@ TEST(conv_c1_bwd_weights_blocked_dy)
         float *x = dt_alloc((size_t)xsz(s) * 4), *dy = dt_alloc((size_t)ysz(s) * 4), *dyb = dt_alloc((size_t)ysz(s) * 4);
         float *dw = dt_alloc((size_t)wsz(s) * 4), *db = dt_alloc((size_t)s->K * 4);
         float *dw8 = dt_alloc((size_t)wsz(s) * 4), *db8 = dt_alloc((size_t)s->K * 4);
-        ASSERT(x && dy && dyb && dw && db && dw8 && db8);
+        double *ref = dt_alloc((size_t)(wsz(s) + s->K) * sizeof(double));
+        ASSERT(x && dy && dyb && dw && db && dw8 && db8 && ref);
         fill(x, xsz(s), 11 + (uint64_t)i);
         fill(dy, ysz(s), 21 + (uint64_t)i);
+        ref_bwd_weights(s, P, Q, x, dy, ref);
         for (int B = 8; B <= 16; B += 8) {
             ASSERT_OK(dt_k_to_blocked(dy, s->N, s->K, P * Q, B, dyb));
             for (int with_bias = 0; with_bias < 2; with_bias++) {
                 ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, x, dyb, dw, with_bias ? db : NULL,
                                                     B == 8 ? DT_K_DST_BLOCKED8 : DT_K_DST_BLOCKED16));
-                for (int64_t k = 0; k < s->K; k++) {
-                    double bsum = 0;
-                    for (int64_t r = 0; r < s->R; r++)
-                        for (int64_t t = 0; t < s->S; t++) {
-                            double acc = 0;
-                            for (int64_t n = 0; n < s->N; n++)
-                                for (int64_t p = 0; p < P; p++)
-                                    for (int64_t q = 0; q < Q; q++) {
-                                        int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
-                                        if (h >= 0 && h < s->H && v >= 0 && v < s->W)
-                                            acc += (double)dy[((n * s->K + k) * P + p) * Q + q] * x[(n * s->H + h) * s->W + v];
-                                    }
-                            ASSERT_NEAR(dw[(k * s->R + r) * s->S + t], acc, 1e-4, 1e-4);
-                        }
-                    for (int64_t n = 0; n < s->N; n++)
-                        for (int64_t pq = 0; pq < P * Q; pq++)
-                            bsum += dy[(n * s->K + k) * P * Q + pq];
-                    if (with_bias)
-                        ASSERT_NEAR(db[k], bsum, 1e-4, 1e-4);
-                }
+                for (int64_t j = 0; j < wsz(s); j++)
+                    ASSERT_NEAR(dw[j], ref[j], 1e-4, 1e-4);
+                for (int64_t k = 0; with_bias && k < s->K; k++)
+                    ASSERT_NEAR(db[k], ref[wsz(s) + k], 1e-4, 1e-4);
             }
             if (B == 8) {
                 memcpy(dw8, dw, (size_t)wsz(s) * 4);
@@ -265,7 +280,7 @@ TEST(conv_c1_bwd_weights_blocked_dy)
                 ASSERT(!memcmp(db8, db, (size_t)s->K * 4));
             }
         }
-        dt_free(x), dt_free(dy), dt_free(dyb), dt_free(dw), dt_free(db), dt_free(dw8), dt_free(db8);
+        dt_free(x), dt_free(dy), dt_free(dyb), dt_free(dw), dt_free(db), dt_free(dw8), dt_free(db8), dt_free(ref);
     }
 }
 
@@ -307,27 +322,7 @@ TEST(conv_blk8_bwd_weights)
         fill(dy, ysz(s), 51 + (uint64_t)i);
         ASSERT_OK(dt_k_to_blocked(x, s->N, s->C, s->H * s->W, 8, xb));
         ASSERT_OK(dt_k_to_blocked(dy, s->N, s->K, P * Q, 8, dyb));
-        for (int64_t k = 0; k < s->K; k++) {
-            double bsum = 0;
-            for (int64_t c = 0; c < s->C; c++)
-                for (int64_t r = 0; r < s->R; r++)
-                    for (int64_t t = 0; t < s->S; t++) {
-                        double acc = 0;
-                        for (int64_t n = 0; n < s->N; n++)
-                            for (int64_t p = 0; p < P; p++)
-                                for (int64_t q = 0; q < Q; q++) {
-                                    int64_t h = p - s->pad_h + r, v = q - s->pad_w + t;
-                                    if (h >= 0 && h < s->H && v >= 0 && v < s->W)
-                                        acc += (double)dy[((n * s->K + k) * P + p) * Q + q] *
-                                               x[((n * s->C + c) * s->H + h) * s->W + v];
-                                }
-                        ref[((k * s->C + c) * s->R + r) * s->S + t] = acc;
-                    }
-            for (int64_t n = 0; n < s->N; n++)
-                for (int64_t pq = 0; pq < P * Q; pq++)
-                    bsum += dy[(n * s->K + k) * P * Q + pq];
-            ref[nw + k] = bsum;
-        }
+        ref_bwd_weights(s, P, Q, x, dy, ref);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             ASSERT_OK(dt_k_conv2d_bwd_weights_l(s, xb, dyb, dw, with_bias ? db : NULL,
                                                 DT_K_SRC_BLOCKED8 | DT_K_DST_BLOCKED8));
