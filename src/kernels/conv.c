@@ -589,12 +589,6 @@ dt_status dt_k_conv2d_bwd_data_t(const dt_k_conv2d_shape *s, const void *dy, con
     return conv_run(e, fn, p);
 }
 
-/* bf16 backward weights with C = 1 (the ConvNet's conv1): x and dy widened
- * exactly into a cached f32 scratch (one per shape), then blocked.c's C = 1
- * kernel, as the f32 path. oneDNN's bf16 primitive for C = 1 pads the
- * channels to the block or runs its gemm-based convolution on plain layouts:
- * 22 ms against this path's 2-4 ms at batch 100 (bench/conv_bf16). Same
- * contract: bf16 operands, products and sums in f32. */
 /* A cached f32 scratch of n floats for one backward-weights shape (tag
  * tells the users apart), returned locked: the caller unlocks e->lock. */
 static float *bwd_weights_scratch(const dt_k_conv2d_shape *s, int db, bool bias, dt_dtype t, int64_t tag, size_t n,
