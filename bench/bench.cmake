@@ -75,6 +75,20 @@ set_target_properties(bench_conv_bf16 PROPERTIES OUTPUT_NAME conv_bf16
 target_compile_options(bench_conv_bf16 PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
 target_compile_definitions(bench_conv_bf16 PRIVATE _GNU_SOURCE)
 target_link_libraries(bench_conv_bf16 PRIVATE dtrain_static)
+# dtrain's backward-weights kernels against oneDNN's primitive, the ConvNet's
+# two shapes (issue 31); the test runs it once at a tiny batch.
+add_executable(bench_conv_bwd_weights ${CMAKE_CURRENT_LIST_DIR}/conv_bwd_weights.c)
+set_target_properties(bench_conv_bwd_weights PROPERTIES OUTPUT_NAME conv_bwd_weights
+  RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+target_compile_options(bench_conv_bwd_weights PRIVATE ${DT_WARNINGS} -Wno-missing-prototypes)
+target_compile_definitions(bench_conv_bwd_weights PRIVATE _GNU_SOURCE)
+target_include_directories(bench_conv_bwd_weights PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(bench_conv_bwd_weights PRIVATE dtrain_static)
+if(DT_BUILD_TESTS)
+  add_test(NAME kernels/bench_conv_bwd_weights
+           COMMAND bench_conv_bwd_weights --rounds 2 --calls 1 --sets 2 --batch 2)
+  set_tests_properties(kernels/bench_conv_bwd_weights PROPERTIES TIMEOUT 120 LABELS "kernels;bench")
+endif()
 # The pipeline units' estimated compute against their measured time, and
 # the cut each gives (DT_PIPE_BY_TIME, issue 17).
 add_executable(bench_pipe_unit_times ${CMAKE_CURRENT_LIST_DIR}/pipe_unit_times.c)

@@ -1254,7 +1254,7 @@ void dt__conv_c1_bwd_weights_blk(const dt_k_conv2d_shape *s, int B, int64_t P, i
  * oneDNN 2.6's jit:avx2 backward weights ran the ConvNet's second layer
  * (16 -> 32 channels, 5x5 on 14x14, nChw8c) at 87 GFLOP/s in the step
  * (ONEDNN_VERBOSE), where its forward and backward data reach 115-117; this
- * kernel takes 0.84-0.88 of its time (conv.c). Here, with x and dy both in
+ * kernel takes 0.81-0.88 of its time (conv.c). Here, with x and dy both in
  * nChw8c: dW[k][c][r][t] = sum over n, p, q of dy[n][k][p][q] *
  * xpad[n][c][p + r][q + t], stride 1, dilation 1, S = 5. A unit is one
  * pair of input channels against one block of 8 output channels; its row

@@ -647,8 +647,9 @@ static dt_status c1_bwd_weights_lp(const dt_k_conv2d_shape *s, int db, int64_t P
  * (the ConvNet's second layer on AVX2): blocked.c's kernel, with its
  * accumulators in a cached scratch. On the AVX2 EPYC it was measured on
  * (16 -> 32 channels, 5x5 on 14x14, batch 100, 2 threads, 8 sets of
- * operands rotated) it took 0.84-0.88 of oneDNN 2.6's jit:avx2 time, with
- * the same bits; in the ConvNet step oneDNN's took ~5.8 ms of ~16. */
+ * operands rotated: bench/conv_bwd_weights) it took 0.81-0.88 of oneDNN
+ * 2.6's jit:avx2 time, with the same bits; in the ConvNet step oneDNN's
+ * took ~5.8 ms of ~16 (ONEDNN_VERBOSE). */
 static dt_status bwd_weights_blk8(const dt_k_conv2d_shape *s, int64_t P, int64_t Q, const float *x, const float *dy,
                                   float *dw, float *dbias)
 {
