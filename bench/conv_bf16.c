@@ -10,6 +10,8 @@
  * median wall and process-CPU ms of each and the ratio of the medians.
  * Needs a CPU with bf16 convolutions (dt_k_conv2d_native); elsewhere it
  * says so and exits 2. */
+#include "bench_cpu.h"
+
 #include <dtrain/dtrain.h>
 #include <dtrain/kernels.h>
 
@@ -23,18 +25,6 @@ static double now_s(clockid_t c)
     struct timespec ts;
     clock_gettime(c, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int die(const char *what)

@@ -13,6 +13,7 @@
  * the median and range of the rounds' ratios (dtrain / oneDNN), and the
  * largest difference between the two results. DT_CONV_LAYOUT is set to
  * "blocked" here, so dt_k_conv2d_bwd_weights_l calls oneDNN. f32 only. */
+#include "bench_cpu.h"
 #include "kernels/kernels_impl.h"
 
 #include <dtrain/dtrain.h>
@@ -29,18 +30,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int die(const char *what)
