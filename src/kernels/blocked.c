@@ -1278,17 +1278,15 @@ DT_BODY void cw_row5x8x2(const float *restrict dyrow, const float *restrict x0, 
 /* One sample's part of a unit: the R kernel rows of channels c and c + 1
  * (xg: their zero-padded rows, [H][Wp] each, c + 1's after c's) against
  * output block kb's dy. */
-#define CW_SAMPLE_BODY(row)                                                                                   \
-    for (int64_t r = 0; r < R; r++)                                                                           \
-        for (int64_t p = 0; p < P; p++) {                                                                     \
-            const int64_t h = p + r - pad_h;                                                                  \
-            if (h >= 0 && h < H)                                                                              \
-                row(dyn + p * Q * 8, xg + h * Wp, xg + (H + h) * Wp, Q, acc + r * 80);                        \
-        }
 DT_CLONES static void cw_sample(const float *restrict dyn, const float *restrict xg, int64_t H, int64_t Wp,
                                 int64_t P, int64_t Q, int64_t R, int64_t pad_h, float *restrict acc)
 {
-    CW_SAMPLE_BODY(cw_row5x8x2)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t p = 0; p < P; p++) {
+            const int64_t h = p + r - pad_h;
+            if (h >= 0 && h < H)
+                cw_row5x8x2(dyn + p * Q * 8, xg + h * Wp, xg + (H + h) * Wp, Q, acc + r * 80);
+        }
 }
 
 #if DT__X86_VEC
