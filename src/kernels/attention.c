@@ -239,6 +239,16 @@ static inline void round_row(int vec, dt_dtype t, const float *src, float *dst, 
     round_bf16_s1(src, dst, h, n);
 }
 
+/* Element off of a qkv of dtype t as f32 into dst[0, n): copied (f32) or
+ * widened exactly (bf16/f16): a task's q, k, v rows into its tiles. */
+static inline void task_row(int vec, dt_dtype t, const void *qkv, int64_t off, float *restrict dst, int64_t n)
+{
+    if (t == DT_F32)
+        memcpy(dst, (const float *)qkv + off, (size_t)n * sizeof(float));
+    else
+        widen_row(vec, t, (const uint16_t *)qkv + off, dst, n);
+}
+
 /* The end of a forward task: each of its nq query rows (from i0) divided
  * by its softmax sum into y (and its rounded copy ylp), and its
  * log-sum-exp; a row that saw no key gets 0 and -inf. */
@@ -499,12 +509,24 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
     fwd_finish(vec, t, acc, m, l, nq, i0, C, D, y, ylp, lse);
 }
 
-/* One forward task: query blocks [qb0, qb1) of head h of batch b. An f32
- * qkv is read in place; a bf16/f16 one has the head's keys that the blocks
- * see widened once into kT (transposed: [D][ldT]), its values into vw
- * ([rows][D]) and each block's q rows into qt, then the same fwd_rows on
- * those tiles (the keys transposed once a task, not once a query block).
- * kt: fwd_scratch(t, T, D). */
+/* The row stride of a task's transposed keys (kT, [D][stride]) for n keys:
+ * n rounded up to 16, plus 16 when that is an even number of cache lines, so
+ * a block of keys read down its D rows spreads over all of L1's sets (rows a
+ * multiple of 128 bytes apart share a fraction of them: at 1 KiB, 64 rows of
+ * 4 lines fall on 16 sets of 8 ways and evict each other). */
+static int64_t key_stride(int64_t n)
+{
+    int64_t ld = (n + 15) & ~(int64_t)15;
+    return (ld / 16) % 2 == 0 ? ld + 16 : ld;
+}
+
+/* One forward task: query blocks [qb0, qb1) of head h of batch b. The
+ * head's keys that the blocks see are copied (f32) or widened (bf16/f16)
+ * once into kT (transposed: [D][ldT]), its values into vw ([rows][D]) and
+ * each block's q rows into qt, then fwd_rows runs on those tiles: the keys
+ * transposed once a task, not once a query block, and every row read
+ * contiguous instead of 3C floats apart (qkv's rows of 3C floats map a
+ * head's keys onto a quarter of L1's sets). kt: fwd_scratch(t, T, D). */
 static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                      bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
                      float *y, void *ylp, float *lse)
@@ -513,15 +535,9 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     float *yh = y + b * T * C + h * D, *lh = lse + bh * T;
     uint16_t *ylh = ylp ? (uint16_t *)ylp + b * T * C + h * D : NULL;
     const int64_t ia = qb0 * BQ, iz = qb1 * BQ < T ? qb1 * BQ : T;
-    if (t == DT_F32) {
-        const float *base = (const float *)qkv + b * T * C3 + h * D;
-        for (int64_t i0 = ia; i0 < iz; i0 += BQ)
-            fwd_rows(vec, t, base + i0 * C3, C3, base + C, NULL, 0, base + 2 * C, C3, T, C, D, gbh, causal, p, key,
-                     i0, i0 + BQ < iz ? i0 + BQ : iz, kt, yh, NULL, lh);
-        return;
-    }
-    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D;
-    const int64_t nkv = causal ? iz : T, ldT = (nkv + 7) & ~(int64_t)7; /* the keys the last row sees */
+    const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D; /* bf16/f16 */
+    const float *srcf = (const float *)qkv + b * T * C3 + h * D;      /* f32 */
+    const int64_t nkv = causal ? iz : T, ldT = key_stride(nkv); /* the keys the last row sees */
     float *qt = kt + DMAX * BK, *kT = qt + BQ * DMAX, *vw = kT + D * ldT;
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16), the values
@@ -541,10 +557,12 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     }
 #endif
     for (int64_t j = 0; j < nkv; j++) {
-        widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
+        const float *kr = t == DT_F32 ? srcf + j * C3 + C : kt;
+        if (t != DT_F32)
+            widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
         for (int64_t d = 0; d < D; d++)
-            kT[d * ldT + j] = kt[d];
-        widen_row(vec, t, src + j * C3 + 2 * C, vw + j * D, D);
+            kT[d * ldT + j] = kr[d];
+        task_row(vec, t, qkv, (b * T + j) * C3 + 2 * C + h * D, vw + j * D, D);
     }
     for (int64_t d = 0; d < D; d++)
         for (int64_t j = nkv; j < ldT; j++)
@@ -552,7 +570,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     for (int64_t i0 = ia; i0 < iz; i0 += BQ) {
         int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
         for (int64_t i = i0; i < i1; i++)
-            widen_row(vec, t, src + i * C3, qt + (i - i0) * D, D);
+            task_row(vec, t, qkv, (b * T + i) * C3 + h * D, qt + (i - i0) * D, D);
         fwd_rows(vec, t, qt, D, NULL, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
     }
 }
@@ -562,7 +580,8 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
  * to a multiple of 8) and values widened. */
 static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
-    return (size_t)(DMAX * BK + (t == DT_F32 ? 0 : BQ * DMAX + 2 * T * D + 8 * D));
+    (void)t;
+    return (size_t)(DMAX * BK + BQ * DMAX + 2 * T * D + 32 * D);
 }
 
 /* The row loops of a task over a qkv of dtype t: with bf16/f16 on the
@@ -1009,19 +1028,16 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     DT__CHECK_PTR(fn, qkv, B * T * C3);
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
-    /* Tasks of g query blocks of one head: g = 1 for f32 (its tasks read qkv
-     * in place); with bf16/f16 as many blocks as keep 4 tasks a thread, so
-     * a head's keys and values are widened once or a few times, not once a
-     * block. The grouping changes no result. */
+    /* Tasks of g query blocks of one head: as many blocks as keep 4 tasks a
+     * thread, so a head's keys and values are copied (f32) or widened into
+     * the task's tiles once or a few times, not once a block. The grouping
+     * changes no result. */
     const dt__amx_tiles *tiles = att_tiles(t, T);
     const int64_t bq = tiles ? AB : BQ, nqb = (T + bq - 1) / bq; /* on the tiles: blocks of 32 rows */
     int nt = dt__threads_for(B * T * T * C);
-    int64_t g = 1;
-    if (t != DT_F32) {
-        int64_t want = 4 * (int64_t)nt, per = (want + B * H - 1) / (B * H); /* tasks a head */
-        g = per >= nqb ? 1 : (nqb + per - 1) / per;
-        g = per <= 1 ? nqb : g;
-    }
+    const int64_t want = 4 * (int64_t)nt, per = (want + B * H - 1) / (B * H); /* tasks a head */
+    int64_t g = per >= nqb ? 1 : (nqb + per - 1) / per;
+    g = per <= 1 ? nqb : g;
     const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
     const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(t, T, D) * sizeof(float);
     bool nomem = false;
@@ -1165,11 +1181,13 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
  * owns. Cloned for AVX2 as fwd_task, with the same bits on both clones.
- * t: qkv's dtype; with bf16/f16 the head's q, k, v are first widened into
- * an f32 [T][3D] tile and dy's head columns rounded to t into a [T][D] one
- * (the gradient of a t result), and at the end the head's dq, dk, dv are
- * rounded to t (the gradient of a t input; also stored as t in dlp, the
- * whole dqkv's, when it is not NULL). kt: bwd_scratch(t, T, D). */
+ * t: qkv's dtype. The head's q, k, v are first copied (f32) or widened
+ * (bf16/f16) into an f32 [T][3D] tile and dy's head columns copied (f32) or
+ * rounded to t (the gradient of a t result) into a [T][D] one: the loops
+ * read contiguous rows, not rows 3C floats apart (see key_stride); with
+ * bf16/f16 the head's dq, dk, dv are rounded to t at the end (the gradient
+ * of a t input; also stored as t in dlp, the whole dqkv's, when it is not
+ * NULL). kt: bwd_scratch(t, T, D). */
 DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float *y, const float *lse,
                                const float *dy, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht, bool causal,
                                float p, dt_rng_key key, int64_t b, int64_t h, float *kt, float *dqkv, uint16_t *dlp)
@@ -1192,19 +1210,17 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     }
 #endif
     float *dim = dsm + T * BK; /* [T]: each row's Di, once (not once a key block) */
-    if (t == DT_F32) {
-        qb = (const float *)qkv + b * T * C3 + h * D, kb = qb + C, vb = qb + 2 * C, ld = C3;
-        gy = dy + b * T * C + h * D, ldg = C;
-    } else {
-        float *w = dim + T, *wg = w + T * 3 * D;
-        for (int64_t i = 0; i < T; i++) {
-            for (int k = 0; k < 3; k++)
-                widen_row(vec, t, src + i * C3 + k * C, w + i * 3 * D + k * D, D);
+    float *w = dim + T, *wg = w + T * 3 * D;
+    for (int64_t i = 0; i < T; i++) {
+        for (int k = 0; k < 3; k++)
+            task_row(vec, t, qkv, (b * T + i) * C3 + k * C + h * D, w + i * 3 * D + k * D, D);
+        if (t == DT_F32)
+            memcpy(wg + i * D, dy + (b * T + i) * C + h * D, (size_t)D * sizeof(float));
+        else
             round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
-        }
-        qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
-        gy = wg, ldg = D;
     }
+    qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
+    gy = wg, ldg = D;
     for (int64_t i = 0; i < T; i++) { /* this head's columns of dq, dk, dv, and Di */
         for (int k = 0; k < 3; k++)
             memset(gbase + i * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));
@@ -1266,7 +1282,7 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
 static size_t bwd_scratch(dt_dtype t, int64_t T, int64_t D)
 {
     const int64_t base = SCRATCH_FLOATS + 2 * T * BK + T, T2 = (T + 1) / 2, D2 = (D + 1) / 2;
-    const int64_t wide = base + (t == DT_F32 ? 0 : 4 * T * D + T * (D + 1));
+    const int64_t wide = base + 4 * T * D + T * (D + 1);
     const int64_t pairs = base + 2 * T * D2 + 2 * T2 * D + (BK / 2) * D + 2 * T2 * BK; /* bwd_head_bf16's */
     return (size_t)(t == DT_BF16 && pairs > wide ? pairs : wide);
 }

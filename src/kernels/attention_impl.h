@@ -29,7 +29,8 @@
         int64_t d0 = 0;                                                                                        \
         for (; d0 + 64 <= D && VW == 8; d0 += 64) {                                                            \
             VT a[64 / VW];                                                                                     \
-            memcpy(a, out + d0, sizeof a);                                                                     \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 64 / VW; k++)                                          \
+                memcpy(&a[k], out + d0 + k * VW, sizeof a[k]);                                                 \
             for (int64_t t = 0; t < n; t++) {                                                                  \
                 const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
                 _Pragma("GCC unroll 16") for (int k = 0; k < 64 / VW; k++)                                     \
@@ -39,11 +40,13 @@
                     a[k] += ct * v;                                                                            \
                 }                                                                                              \
             }                                                                                                  \
-            memcpy(out + d0, a, sizeof a);                                                                     \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 64 / VW; k++)                                          \
+                memcpy(out + d0 + k * VW, &a[k], sizeof a[k]);                                                 \
         }                                                                                                      \
         for (; d0 + 32 <= D; d0 += 32) {                                                                       \
             VT a[32 / VW];                                                                                     \
-            memcpy(a, out + d0, sizeof a);                                                                     \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 32 / VW; k++)                                          \
+                memcpy(&a[k], out + d0 + k * VW, sizeof a[k]);                                                 \
             for (int64_t t = 0; t < n; t++) {                                                                  \
                 const float ct = c[t * cs], *xr = x + t * xs + d0;                                             \
                 _Pragma("GCC unroll 16") for (int k = 0; k < 32 / VW; k++)                                     \
@@ -53,7 +56,8 @@
                     a[k] += ct * v;                                                                            \
                 }                                                                                              \
             }                                                                                                  \
-            memcpy(out + d0, a, sizeof a);                                                                     \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 32 / VW; k++)                                          \
+                memcpy(out + d0 + k * VW, &a[k], sizeof a[k]);                                                 \
         }                                                                                                      \
         for (; d0 + VW <= D; d0 += VW) {                                                                       \
             VT a, v;                                                                                           \
@@ -89,7 +93,8 @@ DT__AVX512 static inline void rows_acc_avx512(float *restrict out, const float *
 #define RA16_BLOCK(W)                                                                                          \
     for (; d0 + (W) <= D; d0 += (W)) {                                                                         \
         v16f a[(W) / 16];                                                                                      \
-        memcpy(a, out + d0, sizeof a);                                                                         \
+        _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++)                                             \
+            memcpy(&a[k], out + d0 + k * 16, sizeof a[k]);                                                     \
         for (int64_t t = 0; t < n; t++) {                                                                      \
             const float ct = c[t * cs], *xr = x + t * xs + d0;                                                 \
             _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++)                                         \
@@ -99,7 +104,8 @@ DT__AVX512 static inline void rows_acc_avx512(float *restrict out, const float *
                 a[k] += ct * v;                                                                                \
             }                                                                                                  \
         }                                                                                                      \
-        memcpy(out + d0, a, sizeof a);                                                                         \
+        _Pragma("GCC unroll 8") for (int k = 0; k < (W) / 16; k++)                                             \
+            memcpy(out + d0 + k * 16, &a[k], sizeof a[k]);                                                     \
     }
     RA16_BLOCK(128)
     RA16_BLOCK(64)
