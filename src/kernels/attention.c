@@ -438,18 +438,15 @@ DT__AVX512BF16 static void fwd_rows_bf16(dt_dtype t, const uint32_t *qp, const u
 #endif
 
 /* Query rows [i0, i1) (at most BQ) of one head: q row r at q + r ldq, the
- * head's keys and values rows j at k + j ldkv and v + j ldkv, the output
- * rows at y + i C (and rounded to t at ylp + i C when ylp is not NULL), lse
- * at lse[i]. gbh: the dropout mask's head (b Ht + h0 + h). Cloned for AVX2:
- * the loops along keys and along D vectorise; no sum is reordered, so both
- * clones give the same bits. kt: DMAX x BK scratch for each key block
- * transposed; or, when kT is not NULL, the head's keys already transposed
- * there (key j at column j of D rows of stride ldT, zero past the last key
- * up to a multiple of 8), k unused: the same scores. */
-DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *k, const float *kT,
-                               int64_t ldT, const float *v, int64_t ldkv, int64_t T, int64_t C, int64_t D, int64_t gbh,
-                               bool causal, float p, dt_rng_key key, int64_t i0, int64_t i1, float *kt, float *y,
-                               uint16_t *ylp, float *lse)
+ * head's keys transposed in kT (key j at column j of D rows of stride ldT,
+ * zero past the last key up to a multiple of 8), its value rows j at v + j
+ * ldv, the output rows at y + i C (and rounded to t at ylp + i C when ylp
+ * is not NULL), lse at lse[i]. gbh: the dropout mask's head (b Ht + h0 +
+ * h). Cloned for AVX2: the loops along keys and along D vectorise; no sum
+ * is reordered, so both clones give the same bits. */
+DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq, const float *kT, int64_t ldT,
+                               const float *v, int64_t ldv, int64_t T, int64_t C, int64_t D, int64_t gbh, bool causal,
+                               float p, dt_rng_key key, int64_t i0, int64_t i1, float *y, uint16_t *ylp, float *lse)
 {
     const int64_t nq = i1 - i0;
     const float scale = 1.0f / sqrtf((float)D), pscale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -463,14 +460,11 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
     int64_t kend = causal ? i1 : T;
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-        const float *kb = kT ? kT + j0 : kt;
-        if (!kT)
-            block_t(k + j0 * ldkv, ldkv, j1 - j0, D, kt);
         for (int64_t r = 0; r < nq; r++) {
             int64_t i = i0 + r, je = causal && i + 1 < j1 ? i + 1 : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, q + r * ldq, kb, kT ? ldT : BK, D, je - j0, s);
+            row_dots(vec, q + r * ldq, kT + j0, ldT, D, je - j0, s);
             float mx = m[r];
 #if DT__X86_VEC
             if (vec >= DT__ATT_FAST)
@@ -501,7 +495,7 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
                         e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
                     s[j - j0] = e;
                 }
-            rows_acc(vec, a, s, 1, v + j0 * ldkv, ldkv, je - j0, D);
+            rows_acc(vec, a, s, 1, v + j0 * ldv, ldv, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -526,7 +520,7 @@ static int64_t key_stride(int64_t n)
  * each block's q rows into qt, then fwd_rows runs on those tiles: the keys
  * transposed once a task, not once a query block, and every row read
  * contiguous instead of 3C floats apart (qkv's rows of 3C floats map a
- * head's keys onto a quarter of L1's sets). kt: fwd_scratch(t, T, D). */
+ * head's keys onto a quarter of L1's sets). kt: fwd_scratch(T, D). */
 static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H, int64_t D, int64_t h0, int64_t Ht,
                      bool causal, float p, dt_rng_key key, int64_t b, int64_t h, int64_t qb0, int64_t qb1, float *kt,
                      float *y, void *ylp, float *lse)
@@ -538,7 +532,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D; /* bf16/f16 */
     const float *srcf = (const float *)qkv + b * T * C3 + h * D;      /* f32 */
     const int64_t nkv = causal ? iz : T, ldT = key_stride(nkv); /* the keys the last row sees */
-    float *qt = kt + DMAX * BK, *kT = qt + BQ * DMAX, *vw = kT + D * ldT;
+    float *qt = kt + DMAX, *kT = qt + BQ * DMAX, *vw = kT + D * ldT; /* kt: a row's scratch */
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16), the values
                                   paired along the keys (rows_acc_bf16) */
@@ -571,17 +565,15 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
         int64_t i1 = i0 + BQ < iz ? i0 + BQ : iz;
         for (int64_t i = i0; i < i1; i++)
             task_row(vec, t, qkv, (b * T + i) * C3 + h * D, qt + (i - i0) * D, D);
-        fwd_rows(vec, t, qt, D, NULL, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, kt, yh, ylh, lh);
+        fwd_rows(vec, t, qt, D, kT, ldT, vw, D, T, C, D, gbh, causal, p, key, i0, i1, yh, ylh, lh);
     }
 }
 
-/* A forward task's scratch in floats: a transposed key block, and with
- * bf16/f16 a block's q rows and the head's keys (transposed, T rounded up
- * to a multiple of 8) and values widened. */
-static size_t fwd_scratch(dt_dtype t, int64_t T, int64_t D)
+/* A forward task's scratch in floats: a row, a block's q rows, and the
+ * head's keys (transposed, at key_stride(T) <= T + 31) and values, as f32. */
+static size_t fwd_scratch(int64_t T, int64_t D)
 {
-    (void)t;
-    return (size_t)(DMAX * BK + BQ * DMAX + 2 * T * D + 32 * D);
+    return (size_t)(DMAX + BQ * DMAX + 2 * T * D + 31 * D);
 }
 
 /* The row loops of a task over a qkv of dtype t: with bf16/f16 on the
@@ -925,7 +917,7 @@ static size_t fwd_scratch_amx(int64_t T, int64_t D)
 {
     const int64_t kd = (D + AB - 1) / AB, nkb = (T + AB - 1) / AB;
     const size_t b16 = (size_t)(2 * nkb * kd + kd + nkb) * ASTEP * 2, f32 = (size_t)(AB * nkb * AB + 4 * 256) * 4;
-    const size_t lp = fwd_scratch(DT_BF16, T, D) * sizeof(float);
+    const size_t lp = fwd_scratch(T, D) * sizeof(float);
     return b16 + f32 > lp ? b16 + f32 : lp;
 }
 
@@ -1039,7 +1031,7 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     int64_t g = per >= nqb ? 1 : (nqb + per - 1) / per;
     g = per <= 1 ? nqb : g;
     const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
-    const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(t, T, D) * sizeof(float);
+    const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(T, D) * sizeof(float);
     bool nomem = false;
     const int vec = task_vec(t);
 #pragma omp parallel num_threads(nt)
