@@ -1,16 +1,17 @@
 #!/bin/sh
-# bench/gpt2_bf16_peer.sh — the bf16 GPT-2 124M training step against
-# PyTorch's strongest CPU recipe, interleaved and repeated.
+# bench/gpt2_bf16_peer.sh — the bf16 (or f32) GPT-2 124M training step
+# against PyTorch's strongest CPU recipe, interleaved and repeated.
 #
 #   PEER_PYTHON=... bench/gpt2_bf16_peer.sh [options]
 #
 # Each round runs, back to back, in an order rotated every round:
-#   dtrain   DT_CLI bench step --model M --batch B --seq T --precision bf16
+#   dtrain   DT_CLI bench step --model M --batch B --seq T --precision P
 #            --threads N (AdamW; prepared, auto warm-up unless --warmup)
 #   base     the same with DT_BASE_CLI (only when DT_BASE_CLI is set: an older
 #            build to compare against in the same rounds)
 #   eager    $PEER_PYTHON bench/torch_gpt2_step.py --bf16 --fused-adamw
-#            (autocast bf16, SDPA attention, fused AdamW, eager)
+#            (autocast bf16, SDPA attention, fused AdamW, eager; without
+#            --bf16 for --precision fp32: f32 throughout)
 #   compile  the same with --compile (torch.compile; its warm-up covers the
 #            compilation, --peer-warmup, default 3)
 # with the same B, T and threads. It prints per case the median over the rounds
@@ -22,11 +23,13 @@
 # Options: --rounds R (3)  --steps S timed steps per run (3)  --warmup W dtrain's
 #   (default auto)  --peer-warmup W (3)  --batch B (8)  --seq T (256)  --threads N (2)
 #   --model gpt2|gpt2-medium (gpt2: 124M; gpt2-medium: 350M, for dtrain and the peer alike)
+#   --precision bf16|fp32 (bf16; fp32: both sides in f32, the precision --precision auto picks on CPUs
+#   without AVX512_BF16 or AMX)
 #   --no-eager (skip the eager peer)  --logs DIR (keep every run's JSON line there)
 # Environment: DT_CLI (build/dtrain), DT_BASE_CLI (unset), PEER_PYTHON (required).
 set -eu
 cd "$(dirname "$0")/.."
-rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs='' model=gpt2
+rounds=3 steps=3 warmup=auto pwarm=3 batch=8 seq=256 threads=2 eager=1 logs='' model=gpt2 prec=bf16
 while [ $# -gt 0 ]; do
     case $1 in
         -h|--help) sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//'; exit 0 ;;
@@ -34,6 +37,10 @@ while [ $# -gt 0 ]; do
         --model)
             [ $# -ge 2 ] || { echo "gpt2_bf16_peer.sh: $1 needs a value" >&2; exit 2; }
             case $2 in gpt2|gpt2-medium) model=$2 ;; *) echo "gpt2_bf16_peer.sh: --model gpt2 or gpt2-medium, not '$2'" >&2; exit 2 ;; esac
+            shift 2 ;;
+        --precision)
+            [ $# -ge 2 ] || { echo "gpt2_bf16_peer.sh: $1 needs a value" >&2; exit 2; }
+            case $2 in bf16|fp32) prec=$2 ;; *) echo "gpt2_bf16_peer.sh: --precision bf16 or fp32, not '$2'" >&2; exit 2 ;; esac
             shift 2 ;;
         --rounds|--steps|--warmup|--peer-warmup|--batch|--seq|--threads|--logs)
             [ $# -ge 2 ] || { echo "gpt2_bf16_peer.sh: $1 needs a value" >&2; exit 2; }
@@ -71,12 +78,13 @@ run() {
     case $c in
         dtrain|base)
             bin=$cli; [ "$c" = base ] && bin=$base
-            "$bin" bench step --model "$model" --batch "$batch" --seq "$seq" --precision bf16 --threads "$threads" \
+            "$bin" bench step --model "$model" --batch "$batch" --seq "$seq" --precision "$prec" --threads "$threads" \
                 --steps "$steps" --warmup "$warmup" --peak-reps 0 --json >"$out" 2>"$out.err" || true ;;
         eager|compile)
             fl=; [ "$c" = compile ] && fl=--compile
+            [ "$prec" = bf16 ] && fl="$fl --bf16"
             # shellcheck disable=SC2086
-            "$PEER_PYTHON" bench/torch_gpt2_step.py --bf16 --fused-adamw --model "$model" $fl --batch "$batch" --seq "$seq" \
+            "$PEER_PYTHON" bench/torch_gpt2_step.py --fused-adamw --model "$model" $fl --batch "$batch" --seq "$seq" \
                 --threads "$threads" --steps "$steps" --warmup "$pwarm" --json >"$out" 2>"$out.err" || true ;;
     esac
     ms=$(sed -n 's/.*"median_ms": *\([0-9.]*\).*/\1/p' "$out" | head -n 1)
@@ -100,7 +108,7 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 med() { sort -g | awk '{a[NR]=$1} END{if (NR==0) print "na"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-echo "# bench/gpt2_bf16_peer.sh: $model bf16, B=$batch T=$seq, $threads threads, $rounds round(s) of $steps steps, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# bench/gpt2_bf16_peer.sh: $model $prec, B=$batch T=$seq, $threads threads, $rounds round(s) of $steps steps, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-8s %12s %12s %13s\n' case median_ms cpu_ms peak_rss_mib
 for c in $cases; do
     printf '%-8s %12s %12s %13s\n' "$c" "$(awk '$2!="na"{print $2}' "$tmp/$c" | med)" "$(awk '$3!="na"{print $3}' "$tmp/$c" | med)" \
