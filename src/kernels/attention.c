@@ -553,7 +553,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     for (int64_t j = 0; j < nkv; j++) {
         const float *kr = t == DT_F32 ? srcf + j * C3 + C : kt;
         if (t != DT_F32)
-            widen_row(vec, t, src + j * C3 + C, kt, D); /* kt: a row's scratch here */
+            widen_row(vec, t, src + j * C3 + C, kt, D);
         for (int64_t d = 0; d < D; d++)
             kT[d * ldT + j] = kr[d];
         task_row(vec, t, qkv, (b * T + j) * C3 + 2 * C + h * D, vw + j * D, D);
@@ -1253,11 +1253,27 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
             }
             rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + j0 * ld, ld, ne, D);
         }
-        for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows i that see key j, in i order */
-            int64_t ia = causal ? j : i0, jj = j - j0;
-            rows_acc(vec, gbase + j * C3 + C + h * D, dsm + (ia - i0) * BK + jj, BK, qb + ia * ld, ld, T - ia, D);
-            rows_acc(vec, gbase + j * C3 + 2 * C + h * D, pdm + (ia - i0) * BK + jj, BK, gy + ia * ldg, ldg, T - ia,
-                     D);
+        /* dk_j and dv_j over the rows i that see key j, in i order: four keys at a time (rows_acc4, the
+         * bits of one key at a time) from the first row all four see, with causal the rows before it one
+         * key at a time first; the block's last keys one at a time */
+        for (int64_t j = j0; j < j1; j++) {
+            const bool four = j + 4 <= j1;
+            const int64_t ib = !four ? T : causal ? j + 3 : i0; /* the rows from ib go four keys at a time */
+            for (int64_t k = 0; k < (four ? 4 : 1); k++) {
+                const int64_t ia = causal ? j + k : i0, jj = j + k - j0;
+                if (ib - ia <= 0)
+                    continue;
+                float *dk = gbase + (j + k) * C3 + C + h * D;
+                rows_acc(vec, dk, dsm + (ia - i0) * BK + jj, BK, qb + ia * ld, ld, ib - ia, D);
+                rows_acc(vec, dk + C, pdm + (ia - i0) * BK + jj, BK, gy + ia * ldg, ldg, ib - ia, D);
+            }
+            if (four) {
+                float *dk = gbase + j * C3 + C + h * D;
+                const int64_t c0 = (ib - i0) * BK + j - j0;
+                rows_acc4(vec, dk, C3, dsm + c0, BK, qb + ib * ld, ld, T - ib, D);
+                rows_acc4(vec, dk + C, C3, pdm + c0, BK, gy + ib * ldg, ldg, T - ib, D);
+                j += 3;
+            }
         }
     }
     for (int64_t i = 0; i < T && t != DT_F32; i++)

@@ -76,11 +76,55 @@
         }                                                                                                      \
     }
 
+/* rows_acc for 4 outputs that share their rows of x: out_k = out + k os
+ * takes the terms c[t cs + k] x_t (k < 4), each element's sum the same
+ * sequence of rounded products and adds as rows_acc's (so the bits of four
+ * rows_acc calls), 2 vectors of columns at a time with the 4 x 2 running
+ * sums in registers: each vector of x is loaded once for the four, where
+ * four calls load it four times (the keys' dk and dv, whose x rows, the
+ * head's q or dy, do not stay in L1). The last D mod 2 VW columns take
+ * rows_acc. */
+#define ROWS_ACC4(name, one, attr, VT, VW)                                                                      \
+    attr static inline void name(float *restrict out, int64_t os, const float *restrict c, int64_t cs,        \
+                                 const float *restrict x, int64_t xs, int64_t n, int64_t D)                   \
+    {                                                                                                          \
+        int64_t d0 = 0;                                                                                        \
+        for (; d0 + 2 * VW <= D; d0 += 2 * VW) {                                                               \
+            VT a[4][2];                                                                                        \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                                \
+            {                                                                                                  \
+                memcpy(&a[k][0], out + k * os + d0, sizeof a[k][0]);                                           \
+                memcpy(&a[k][1], out + k * os + d0 + VW, sizeof a[k][1]);                                      \
+            }                                                                                                  \
+            for (int64_t t = 0; t < n; t++) {                                                                  \
+                VT v0, v1;                                                                                     \
+                memcpy(&v0, x + t * xs + d0, sizeof v0);                                                       \
+                memcpy(&v1, x + t * xs + d0 + VW, sizeof v1);                                                  \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                            \
+                {                                                                                              \
+                    const float ct = c[t * cs + k];                                                            \
+                    a[k][0] += ct * v0;                                                                        \
+                    a[k][1] += ct * v1;                                                                        \
+                }                                                                                              \
+            }                                                                                                  \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                                \
+            {                                                                                                  \
+                memcpy(out + k * os + d0, &a[k][0], sizeof a[k][0]);                                           \
+                memcpy(out + k * os + d0 + VW, &a[k][1], sizeof a[k][1]);                                      \
+            }                                                                                                  \
+        }                                                                                                      \
+        if (d0 < D)                                                                                            \
+            for (int k = 0; k < 4; k++)                                                                        \
+                one(out + k * os + d0, c + k, cs, x + d0, xs, n, D - d0);                                      \
+    }
+
 typedef float v4f __attribute__((vector_size(16)));
 ROWS_ACC(rows_acc_base, , v4f, 4)
+ROWS_ACC4(rows_acc4_base, rows_acc_base, , v4f, 4)
 #if DT__X86_VEC
 typedef float v8f __attribute__((vector_size(32)));
 ROWS_ACC(rows_acc_avx2, DT__AVX2, v8f, 8)
+ROWS_ACC4(rows_acc4_avx2, rows_acc_avx2, DT__AVX2, v8f, 8)
 typedef float v16f __attribute__((vector_size(64)));
 
 /* rows_acc on 16 lanes (zmm): 128 columns at a time in 8 registers, then
@@ -129,6 +173,7 @@ DT__AVX512 static inline void rows_acc_avx512(float *restrict out, const float *
         out[d0] = a;
     }
 }
+ROWS_ACC4(rows_acc4_avx512, rows_acc_avx512, DT__AVX512, v16f, 16)
 
 /* rows_acc with fused multiply-adds (one rounding a term instead of two)
  * on 16 lanes: 128, 64, 32 and 16 columns at a time, the last D mod 16
@@ -430,6 +475,31 @@ static inline void rows_acc(int vec, float *restrict out, const float *restrict 
 #endif
     (void)vec;
     rows_acc_base(out, c, cs, x, xs, n, D);
+}
+
+/* rows_acc for the 4 outputs out + k os with the terms c[t cs + k] x_t
+ * (ROWS_ACC4): the bits of rows_acc(vec, out + k os, c + k, cs, x, xs, n,
+ * D) for k < 4, whichever vec (DT__ATT_FAST: four such calls). */
+static inline void rows_acc4(int vec, float *restrict out, int64_t os, const float *restrict c, int64_t cs,
+                             const float *restrict x, int64_t xs, int64_t n, int64_t D)
+{
+#if DT__X86_VEC
+    if (vec >= DT__ATT_FAST) {
+        for (int k = 0; k < 4; k++)
+            rows_acc_fma16(out + k * os, c + k, cs, x, xs, n, D);
+        return;
+    }
+    if (vec >= DT__VEC_AVX512) {
+        rows_acc4_avx512(out, os, c, cs, x, xs, n, D);
+        return;
+    }
+    if (vec) {
+        rows_acc4_avx2(out, os, c, cs, x, xs, n, D);
+        return;
+    }
+#endif
+    (void)vec;
+    rows_acc4_base(out, os, c, cs, x, xs, n, D);
 }
 
 /* xt[d * DT__ATT_BK + jj] = row j0 + jj of the (T, 3C) matrix at x (stride C3), columns [0, D): one key (or value)
