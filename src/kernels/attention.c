@@ -1256,23 +1256,22 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         /* dk_j and dv_j over the rows i that see key j, in i order: four keys at a time (rows_acc4, the
          * bits of one key at a time) from the first row all four see, with causal the rows before it one
          * key at a time first; the block's last keys one at a time */
-        for (int64_t j = j0; j < j1; j++) {
-            const bool four = j + 4 <= j1;
-            const int64_t ib = !four ? T : causal ? j + 3 : i0; /* the rows from ib go four keys at a time */
-            for (int64_t k = 0; k < (four ? 4 : 1); k++) {
-                const int64_t ia = causal ? j + k : i0, jj = j + k - j0;
-                if (ib - ia <= 0)
-                    continue;
-                float *dk = gbase + (j + k) * C3 + C + h * D;
-                rows_acc(vec, dk, dsm + (ia - i0) * BK + jj, BK, qb + ia * ld, ld, ib - ia, D);
-                rows_acc(vec, dk + C, pdm + (ia - i0) * BK + jj, BK, gy + ia * ldg, ldg, ib - ia, D);
+        for (int64_t j = j0, nk; j < j1; j += nk) {
+            nk = j + 4 <= j1 ? 4 : 1;
+            const int64_t ib = nk == 1 ? T : causal ? j + 3 : i0; /* the rows from ib go four keys at a time */
+            for (int64_t k = 0; k < nk; k++) {
+                const int64_t ia = causal ? j + k : i0, c0 = (ia - i0) * BK + j + k - j0;
+                float *dk = gbase + (j + k) * C3 + C + h * D, *dv = dk + C;
+                if (ib > ia) {
+                    rows_acc(vec, dk, dsm + c0, BK, qb + ia * ld, ld, ib - ia, D);
+                    rows_acc(vec, dv, pdm + c0, BK, gy + ia * ldg, ldg, ib - ia, D);
+                }
             }
-            if (four) {
-                float *dk = gbase + j * C3 + C + h * D;
+            if (nk == 4) {
                 const int64_t c0 = (ib - i0) * BK + j - j0;
+                float *dk = gbase + j * C3 + C + h * D, *dv = dk + C;
                 rows_acc4(vec, dk, C3, dsm + c0, BK, qb + ib * ld, ld, T - ib, D);
-                rows_acc4(vec, dk + C, C3, pdm + c0, BK, gy + ib * ldg, ldg, T - ib, D);
-                j += 3;
+                rows_acc4(vec, dv, C3, pdm + c0, BK, gy + ib * ldg, ldg, T - ib, D);
             }
         }
     }
