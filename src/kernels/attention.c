@@ -1191,8 +1191,6 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
     float *pdm = vt + DMAX * BK, *dsm = pdm + T * BK; /* [T, BK] each: P (dropped) and dS of the block */
     float sc[BK], dp[BK];
     uint16_t hb[DMAX];
-    const float *qb, *kb, *vb, *gy; /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
-    int64_t ld, ldg;
     const uint16_t *src = t == DT_F32 ? NULL : (const uint16_t *)qkv + b * T * C3 + h * D;
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) {
@@ -1211,8 +1209,9 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
         else
             round_row(vec, t, dy + (b * T + i) * C + h * D, wg + i * D, hb, D);
     }
-    qb = w, kb = w + D, vb = w + 2 * D, ld = 3 * D;
-    gy = wg, ldg = D;
+    /* the head's q, k, v rows (stride ld) and dy rows (stride ldg) */
+    const float *qb = w, *kb = w + D, *vb = w + 2 * D, *gy = wg;
+    const int64_t ld = 3 * D, ldg = D;
     for (int64_t i = 0; i < T; i++) { /* this head's columns of dq, dk, dv, and Di */
         for (int k = 0; k < 3; k++)
             memset(gbase + i * C3 + k * C + h * D, 0, (size_t)D * sizeof(float));

@@ -486,7 +486,7 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
 #if DT__X86_VEC
     if (vec >= DT__ATT_FAST) {
         for (int k = 0; k < 4; k++)
-            rows_acc_fma16(out + k * os, c + k, cs, x, xs, n, D);
+            rows_acc(vec, out + k * os, c + k, cs, x, xs, n, D);
         return;
     }
     if (vec >= DT__VEC_AVX512) {
@@ -502,13 +502,13 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
     rows_acc4_base(out, os, c, cs, x, xs, n, D);
 }
 
-/* xt[d * DT__ATT_BK + jj] = row j0 + jj of the (T, 3C) matrix at x (stride C3), columns [0, D): one key (or value)
- * block transposed, so the products with it run along contiguous keys. */
-static inline void block_t(const float *restrict x, int64_t C3, int64_t nk, int64_t D, float *restrict xt)
+/* xt[d * DT__ATT_BK + jj] = row jj of the rows at x (ld floats apart), columns [0, D), for jj < nk: one key (or
+ * value) block transposed, so the products with it run along contiguous keys. */
+static inline void block_t(const float *restrict x, int64_t ld, int64_t nk, int64_t D, float *restrict xt)
 {
     for (int64_t jj = 0; jj < nk; jj++)
         for (int64_t d = 0; d < D; d++)
-            xt[d * DT__ATT_BK + jj] = x[jj * C3 + d];
+            xt[d * DT__ATT_BK + jj] = x[jj * ld + d];
     for (int64_t jj = nk; jj < ((nk + 7) & ~(int64_t)7); jj++) /* zero columns up to a multiple of 8 (row_dots) */
         for (int64_t d = 0; d < D; d++)
             xt[d * DT__ATT_BK + jj] = 0.0f;
