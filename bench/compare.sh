@@ -51,6 +51,11 @@
 #                   mlp, gpt-micro for the GPT workloads, llama-tiny for the
 #                   Llama one, a 64 KiB all-reduce)
 #   --jobs N        build jobs (default: the number of cores)
+#   --build-type T  the CMake build type of the commits' builds (default
+#                   Release; Debug builds in about a third of the time but
+#                   its figures mean nothing: for checking this script, as
+#                   its test does). Kept apart: build-compare/<commit>-<type>
+#                   for a type other than Release.
 #
 # Output: a header naming both commits, then one line per workload:
 #   workload  base  head  unit  ratio  spread
@@ -63,19 +68,19 @@ usage() {
     sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//'
 }
 
-rounds=3 steps=10 warmup=3 threads=0 quick=0 metric=median_ms
+rounds=3 steps=10 warmup=3 threads=0 quick=0 metric=median_ms btype=Release
 workloads=convnet,mlp,gpt2-f32,gpt2-bf16,allreduce
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
     case $1 in
         -h|--help) usage; exit 0 ;;
         --quick) quick=1; shift ;;
-        --rounds|--steps|--warmup|--threads|--workloads|--jobs|--metric)
+        --rounds|--steps|--warmup|--threads|--workloads|--jobs|--metric|--build-type)
             [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
             case $1 in
                 --rounds) rounds=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
                 --threads) threads=$2 ;; --workloads) workloads=$2 ;; --jobs) jobs=$2 ;;
-                --metric) metric=$2 ;;
+                --metric) metric=$2 ;; --build-type) btype=$2 ;;
             esac
             shift 2 ;;
         --) shift; break ;;
@@ -91,6 +96,9 @@ done
     { echo "compare.sh: --rounds, --steps and --jobs must be >= 1" >&2; exit 2; }
 case $metric in median_ms|min_ms|cpu_ms) ;;
     *) echo "compare.sh: unknown --metric '$metric' (median_ms, min_ms, cpu_ms)" >&2; exit 2 ;;
+esac
+case $btype in Release|Debug|RelWithDebInfo|MinSizeRel) ;;
+    *) echo "compare.sh: unknown --build-type '$btype' (Release, Debug, RelWithDebInfo, MinSizeRel)" >&2; exit 2 ;;
 esac
 for w in $(echo "$workloads" | tr ',' ' '); do
     case $w in convnet|mlp|gpt2-f32|gpt2-bf16|allreduce|llama-bf16) ;;
@@ -129,6 +137,7 @@ build() {
         return
     fi
     d=$cdir/$1
+    [ "$btype" = Release ] || d=$d-$btype
     if [ ! -x "$d/build/dtrain" ]; then
         echo "# building $(echo "$1" | cut -c1-12) in $d (log: $d/build.log)" >&2
         rm -rf "$d/src"
@@ -136,7 +145,7 @@ build() {
         git -C "$repo" archive "$1" | tar -x -C "$d/src"
         launcher=
         command -v ccache >/dev/null 2>&1 && launcher=-DCMAKE_C_COMPILER_LAUNCHER=ccache
-        if ! { cmake -S "$d/src" -B "$d/build" -DCMAKE_BUILD_TYPE=Release -DDT_WERROR=OFF -DDT_BUILD_TESTS=OFF \
+        if ! { cmake -S "$d/src" -B "$d/build" -DCMAKE_BUILD_TYPE="$btype" -DDT_WERROR=OFF -DDT_BUILD_TESTS=OFF \
                    $launcher && cmake --build "$d/build" -j "$jobs" --target dtrain_cli; } >"$d/build.log" 2>&1; then
             echo "compare.sh: building $1 failed; the end of $d/build.log:" >&2
             tail -n 20 "$d/build.log" >&2
@@ -203,7 +212,7 @@ while [ "$r" -le "$rounds" ]; do
     r=$((r + 1))
 done
 
-echo "# bench/compare.sh: base $(short "$base") head $(short "$head"), $rounds round(s)$([ "$quick" = 1 ] && echo ', quick sizes'), step figure $metric, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+echo "# bench/compare.sh: base $(short "$base") head $(short "$head"), $rounds round(s)$([ "$quick" = 1 ] && echo ', quick sizes')$([ "$btype" = Release ] || echo ", $btype builds (figures meaningless)"), step figure $metric, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 echo "# ratio = head / base (median of the rounds' ratios; below 1: head is faster); spread = min-max of the rounds' ratios"
 printf '%-10s %10s %10s %-4s %7s  %s\n' workload base head unit ratio spread
 status=0
