@@ -503,17 +503,6 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
     fwd_finish(vec, t, acc, m, l, nq, i0, C, D, y, ylp, lse);
 }
 
-/* The row stride of a task's transposed keys (kT, [D][stride]) for n keys:
- * n rounded up to 16, plus 16 when that is an even number of cache lines, so
- * a block of keys read down its D rows spreads over all of L1's sets (rows a
- * multiple of 128 bytes apart share a fraction of them: at 1 KiB, 64 rows of
- * 4 lines fall on 16 sets of 8 ways and evict each other). */
-static int64_t key_stride(int64_t n)
-{
-    int64_t ld = (n + 15) & ~(int64_t)15;
-    return (ld / 16) % 2 == 0 ? ld + 16 : ld;
-}
-
 /* One forward task: query blocks [qb0, qb1) of head h of batch b. The
  * head's keys that the blocks see are copied (f32) or widened (bf16/f16)
  * once into kT (transposed: [D][ldT]), its values into vw ([rows][D]) and
@@ -531,7 +520,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
     const int64_t ia = qb0 * BQ, iz = qb1 * BQ < T ? qb1 * BQ : T;
     const uint16_t *src = (const uint16_t *)qkv + b * T * C3 + h * D; /* bf16/f16 */
     const float *srcf = (const float *)qkv + b * T * C3 + h * D;      /* f32 */
-    const int64_t nkv = causal ? iz : T, ldT = key_stride(nkv); /* the keys the last row sees */
+    const int64_t nkv = causal ? iz : T, ldT = dt__att_key_stride(nkv); /* the keys the last row sees */
     float *qt = kt + DMAX, *kT = qt + BQ * DMAX, *vw = kT + D * ldT; /* kt: a row's scratch */
 #if DT__X86_VEC
     if (vec == DT__ATT_BF16) { /* the keys and each block's q rows as bf16 pairs (row_dots_bf16), the values
@@ -570,7 +559,7 @@ static void fwd_task(int vec, dt_dtype t, const void *qkv, int64_t T, int64_t H,
 }
 
 /* A forward task's scratch in floats: a row, a block's q rows, and the
- * head's keys (transposed, at key_stride(T) <= T + 31) and values, as f32. */
+ * head's keys (transposed, at dt__att_key_stride(T) <= T + 31) and values, as f32. */
 static size_t fwd_scratch(int64_t T, int64_t D)
 {
     return (size_t)(DMAX + BQ * DMAX + 2 * T * D + 31 * D);
@@ -1020,17 +1009,11 @@ static dt_status fwd_run(const char *fn, dt_dtype t, const void *qkv, int64_t B,
     DT__CHECK_PTR(fn, qkv, B * T * C3);
     DT__CHECK_PTR(fn, y, B * T * C);
     DT__CHECK_PTR(fn, lse, B * H * T);
-    /* Tasks of g query blocks of one head: as many blocks as keep 4 tasks a
-     * thread, so a head's keys and values are copied (f32) or widened into
-     * the task's tiles once or a few times, not once a block. The grouping
-     * changes no result. */
+    /* Tasks of g query blocks of one head (dt__att_group) */
     const dt__amx_tiles *tiles = att_tiles(t, T);
     const int64_t bq = tiles ? AB : BQ, nqb = (T + bq - 1) / bq; /* on the tiles: blocks of 32 rows */
     int nt = dt__threads_for(B * T * T * C);
-    const int64_t want = 4 * (int64_t)nt, per = (want + B * H - 1) / (B * H); /* tasks a head */
-    int64_t g = per >= nqb ? 1 : (nqb + per - 1) / per;
-    g = per <= 1 ? nqb : g;
-    const int64_t ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
+    const int64_t g = dt__att_group(nt, B * H, nqb), ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
     const size_t scratch = tiles ? fwd_scratch_amx(T, D) : fwd_scratch(T, D) * sizeof(float);
     bool nomem = false;
     const int vec = task_vec(t);
@@ -1176,7 +1159,7 @@ DT__AVX512BF16 static void bwd_head_bf16(const uint16_t *src, const float *y, co
  * t: qkv's dtype. The head's q, k, v are first copied (f32) or widened
  * (bf16/f16) into an f32 [T][3D] tile and dy's head columns copied (f32) or
  * rounded to t (the gradient of a t result) into a [T][D] one: the loops
- * read contiguous rows, not rows 3C floats apart (see key_stride); with
+ * read contiguous rows, not rows 3C floats apart (see dt__att_key_stride); with
  * bf16/f16 the head's dq, dk, dv are rounded to t at the end (the gradient
  * of a t input; also stored as t in dlp, the whole dqkv's, when it is not
  * NULL). kt: bwd_scratch(t, T, D). */

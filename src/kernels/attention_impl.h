@@ -2,7 +2,8 @@
  * attention kernels (attention.c, the whole sequence; attention_part.c, a
  * block of queries against a block of keys for context parallelism):
  * rows_acc (running sums along D kept in registers), block_t (a key or
- * value block transposed) and row_dots (a query row's scores against it).
+ * value block transposed), row_dots (a query row's scores against it), and
+ * the tiles' key stride and the forward's task grouping.
  * Private to src/kernels. */
 #ifndef DT_KERNELS_ATTENTION_IMPL_H
 #define DT_KERNELS_ATTENTION_IMPL_H
@@ -500,6 +501,29 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
 #endif
     (void)vec;
     rows_acc4_base(out, os, c, cs, x, xs, n, D);
+}
+
+/* The row stride of a task's transposed keys ([D][stride]) for n keys: n
+ * rounded up to 16, plus 16 when that is an even number of cache lines, so
+ * a block of keys read down its D rows spreads over all of L1's sets (rows a
+ * multiple of 128 bytes apart share a fraction of them: at 1 KiB, 64 rows of
+ * 4 lines fall on 16 sets of 8 ways and evict each other). At most n + 31. */
+static inline int64_t dt__att_key_stride(int64_t n)
+{
+    int64_t ld = (n + 15) & ~(int64_t)15;
+    return (ld / 16) % 2 == 0 ? ld + 16 : ld;
+}
+
+/* Query blocks a forward task takes, of nqb blocks a head over nheads heads
+ * on nt threads: as many as keep about 4 tasks a thread, so a head's keys
+ * and values are copied into a task's tiles once or a few times, not once
+ * a block. The grouping changes no result. */
+static inline int64_t dt__att_group(int nt, int64_t nheads, int64_t nqb)
+{
+    const int64_t want = 4 * (int64_t)nt, per = (want + nheads - 1) / nheads; /* tasks a head */
+    if (per <= 1)
+        return nqb;
+    return per >= nqb ? 1 : (nqb + per - 1) / per;
 }
 
 /* xt[d * DT__ATT_BK + jj] = row jj of the rows at x (ld floats apart), columns [0, D), for jj < nk: one key (or

@@ -29,10 +29,17 @@
  * the sums run in a fixed order (the same bits for any thread count).
  *
  * Both run blocked as the whole-sequence kernel does (attention.c; the
- * shared pieces in attention_impl.h): a block of BK keys (and values) is
- * copied transposed, a query row's scores against it are one vectorised
- * sum along the keys, the weighted sums of values and the gradients are
- * rows_acc along D; a forward task is 16 query rows of one head.
+ * shared pieces in attention_impl.h), on contiguous copies of the rows they
+ * read: the caller's rows are views into a packed (T, 3C) qkv, 3C floats
+ * apart, which puts a head's rows on a fraction of L1's sets. A forward
+ * task is a few 16-row query blocks of one head: the keys its last row
+ * sees are copied once, transposed (a query row's scores against a block
+ * of BK keys are one vectorised sum along the keys), the values and each
+ * block's query rows contiguous; the weighted sums of values are rows_acc
+ * along D. A backward task is one head: its q, dy and k rows copied once,
+ * each key block transposed, dk and dv four keys a pass (rows_acc4). The
+ * copies and the grouping change no result: the sums run in the same
+ * order as over the rows in place.
  *
  * Rows are of H heads side by side (head h at columns [h D, (h+1) D)), with
  * a row stride per operand, so q, k and v can be views into a packed
@@ -82,18 +89,17 @@ static inline float dotf(const float *restrict a, const float *restrict b, int64
     return s;
 }
 
-#define PBQ 16               /* query rows per forward task */
+#define PBQ 16               /* query rows per forward block */
 #define BK DT__ATT_BK        /* keys per block */
 
-/* One forward task: query rows [0, nq) (at positions qpos0 + r) of one head
- * against the block's Tk keys: the key block's scores from its transposed
- * copy (row_dots, vectorised along the keys), an online softmax over the
- * key blocks, the values' weighted sum by rows_acc (along D), then the
- * log-sum-exp merge into the running (y, lse). kt: DMAX x BK scratch. */
-DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk,
-                                    const float *v, int64_t ldv, int64_t nq, int64_t Tk, int64_t D, int64_t qpos0,
-                                    int64_t kpos0, bool causal, float scale, float *kt, float *y, int64_t ldy,
-                                    float *lse)
+/* Query rows [0, nq) at qt (D apart, positions qpos0 + r) of one head
+ * against the keys kT ([D][ldT], transposed, zero past the last visible
+ * key) and values vw ([Tk][D]): an online softmax over blocks of BK keys,
+ * the values' weighted sum by rows_acc (along D), then the log-sum-exp
+ * merge into the running (y, lse). */
+DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, int64_t ldT, const float *vw,
+                                    int64_t nq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
+                                    float scale, float *y, int64_t ldy, float *lse)
 {
     float m[PBQ], l[PBQ], s[BK];
     float acc[PBQ][PART_DMAX];
@@ -105,12 +111,11 @@ DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const 
     const int64_t kend = visible(causal, qpos0 + nq - 1, kpos0, Tk); /* the last row sees the most */
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t j1 = j0 + BK < kend ? j0 + BK : kend;
-        block_t(k + j0 * ldk, ldk, j1 - j0, D, kt);
         for (int64_t r = 0; r < nq; r++) {
             int64_t n = visible(causal, qpos0 + r, kpos0, Tk), je = n < j1 ? n : j1;
             if (je <= j0)
                 continue;
-            row_dots(vec, q + r * ldq, kt, BK, D, je - j0, s);
+            row_dots(vec, qt + r * D, kT + j0, ldT, D, je - j0, s);
             float mx = m[r];
             for (int64_t j = 0; j < je - j0; j++) {
                 s[j] *= scale;
@@ -124,7 +129,7 @@ DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const 
                 s[j] = expf(s[j] - mx);
                 sum += s[j];
             }
-            rows_acc(vec, a, s, 1, v + j0 * ldv, ldv, je - j0, D);
+            rows_acc(vec, a, s, 1, vw + j0 * D, D, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
         }
@@ -149,6 +154,41 @@ DT_CLONES static void part_fwd_task(int vec, const float *q, int64_t ldq, const 
     }
 }
 
+/* One forward task: query rows [ia, iz) of one head, in blocks of PBQ. The
+ * keys the last row sees are copied once into kT (transposed, [D][ldT]),
+ * their values into vw and each block's q rows into qt (w: part_fwd_scratch
+ * floats), then part_fwd_rows runs on those tiles. */
+static void part_fwd_task(int vec, const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
+                          int64_t ldv, int64_t ia, int64_t iz, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0,
+                          bool causal, float scale, float *w, float *y, int64_t ldy, float *lse)
+{
+    const int64_t nkv = visible(causal, qpos0 + iz - 1, kpos0, Tk), ldT = dt__att_key_stride(nkv);
+    if (nkv == 0)
+        return; /* no row of the task sees a key */
+    float *qt = w, *kT = qt + PBQ * D, *vw = kT + D * ldT;
+    for (int64_t j = 0; j < nkv; j++) {
+        for (int64_t d = 0; d < D; d++)
+            kT[d * ldT + j] = k[j * ldk + d];
+        memcpy(vw + j * D, v + j * ldv, (size_t)D * sizeof(float));
+    }
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t j = nkv; j < ldT; j++)
+            kT[d * ldT + j] = 0.0f;
+    for (int64_t i0 = ia; i0 < iz; i0 += PBQ) {
+        const int64_t nq = i0 + PBQ < iz ? PBQ : iz - i0;
+        for (int64_t r = 0; r < nq; r++)
+            memcpy(qt + r * D, q + (i0 + r) * ldq, (size_t)D * sizeof(float));
+        part_fwd_rows(vec, qt, kT, ldT, vw, nq, Tk, D, qpos0 + i0, kpos0, causal, scale, y + i0 * ldy, ldy, lse + i0);
+    }
+}
+
+/* A forward task's scratch in floats: a block's q rows, the keys
+ * (transposed, at dt__att_key_stride(Tk) <= Tk + 31) and the values. */
+static size_t part_fwd_scratch(int64_t Tk, int64_t D)
+{
+    return (size_t)((PBQ + 2 * Tk + 31) * D);
+}
+
 dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                   int64_t qpos0, int64_t kpos0, bool causal, float *y, int64_t ldy, float *lse,
@@ -169,47 +209,63 @@ dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, i
     if (B == 0 || Tq == 0 || Tk == 0 || (causal && kpos0 > qpos0 + Tq - 1))
         return DT_OK; /* nothing visible: every key after every query */
     const float scale = 1.0f / sqrtf((float)D);
-    const int64_t nqb = (Tq + PBQ - 1) / PBQ, ntask = B * H * nqb;
+    const int64_t nqb = (Tq + PBQ - 1) / PBQ;
     int nt = dt__threads_for(B * Tq * Tk * H * D);
+    const int64_t g = dt__att_group(nt, B * H, nqb), ngr = (nqb + g - 1) / g, ntask = B * H * ngr;
+    const size_t scratch = part_fwd_scratch(Tk, D) * sizeof(float);
     bool nomem = false;
     int vec = dt__vec_level();
 #pragma omp parallel num_threads(nt)
     {
-        float *kt = dt_alloc((size_t)PART_DMAX * BK * sizeof *kt);
-        if (!kt) {
+        float *w = dt_alloc(scratch);
+        if (!w) {
 #pragma omp atomic write
             nomem = true;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntask; t++) {
-            int64_t bh = t / nqb, i0 = (t % nqb) * PBQ, b = bh / H, h = bh % H;
-            int64_t nq = i0 + PBQ < Tq ? PBQ : Tq - i0;
-            if (kt)
-                part_fwd_task(vec, q + (b * Tq + i0) * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
-                              v + b * Tk * ldv + h * D, ldv, nq, Tk, D, qpos0 + i0, kpos0, causal, scale, kt,
-                              y + (b * Tq + i0) * ldy + h * D, ldy, lse + bh * ldlse + i0);
+            int64_t bh = t / ngr, b = bh / H, h = bh % H, q0 = (t % ngr) * g, q1 = q0 + g < nqb ? q0 + g : nqb;
+            int64_t ia = q0 * PBQ, iz = q1 * PBQ < Tq ? q1 * PBQ : Tq;
+            if (w)
+                part_fwd_task(vec, q + b * Tq * ldq + h * D, ldq, k + b * Tk * ldk + h * D, ldk,
+                              v + b * Tk * ldv + h * D, ldv, ia, iz, Tk, D, qpos0, kpos0, causal, scale, w,
+                              y + b * Tq * ldy + h * D, ldy, lse + bh * ldlse);
         }
-        dt_free(kt);
+        dt_free(w);
     }
     if (nomem)
-        return dt_error(DT_ERR_NO_MEMORY, "%s: no memory for a key block", fn);
+        return dt_error(DT_ERR_NO_MEMORY, "%s: no memory for the keys (%zu bytes a thread)", fn, scratch);
     return DT_OK;
 }
 
 /* One backward task: head h of batch b, whose columns of dq, dk and dv it
- * owns (so the sums run in a fixed order). Per key block: its keys and
- * values transposed (kt, vt), every row that sees a key of it gets the
- * block's P and dS (pdm, dsm: [Tq, BK] scratch) and its dq, then each key's
- * dk and dv are one rows_acc over the rows that see it, in row order. */
+ * owns (so the sums run in a fixed order). Its q, dy and k rows are copied
+ * once into qw, gw, kw ([Tq][D], [Tq][D], [Tk][D]) and each row's Di into
+ * dim. Per key block: its keys and values transposed (kt, vt), every row
+ * that sees a key of it gets the block's P and dS (pdm, dsm: [Tq, BK]) and
+ * its dq, then each key's dk and dv are summed over the rows that see it,
+ * in row order: four keys a pass (rows_acc4, the bits of one key at a time)
+ * over the rows all four see, the rows before those one key at a time
+ * first. w: part_bwd_scratch floats. */
 DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ldq, const float *restrict k,
                                     int64_t ldk, const float *restrict v, int64_t ldv, const float *restrict y,
                                     int64_t ldy, const float *restrict lse, const float *restrict dy, int64_t lddy,
                                     int64_t Tq, int64_t Tk, int64_t D, int64_t qpos0, int64_t kpos0, bool causal,
-                                    float scale, float *kt, float *restrict dq, int64_t lddq, float *restrict dk,
+                                    float scale, float *w, float *restrict dq, int64_t lddq, float *restrict dk,
                                     int64_t lddk, float *restrict dv, int64_t lddv)
 {
-    float *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
+    float *kt = w, *vt = kt + PART_DMAX * BK, *pdm = vt + PART_DMAX * BK, *dsm = pdm + Tq * BK;
+    float *qw = dsm + Tq * BK, *gw = qw + Tq * D, *kw = gw + Tq * D, *dim = kw + Tk * D;
     float sc[BK], dp[BK];
+    for (int64_t i = 0; i < Tq; i++) {
+        memcpy(qw + i * D, q + i * ldq, (size_t)D * sizeof(float));
+        memcpy(gw + i * D, dy + i * lddy, (size_t)D * sizeof(float));
+        dim[i] = dotf(gw + i * D, y + i * ldy, D);
+    }
+    for (int64_t j = 0; j < Tk; j++)
+        memcpy(kw + j * D, k + j * ldk, (size_t)D * sizeof(float));
+    /* the first row that sees key j: i0 (the key block's first row), or later with the mask */
+#define FIRST_ROW(j) (causal && kpos0 + (j) - qpos0 > i0 ? kpos0 + (j) - qpos0 : i0)
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t j1 = j0 + BK < Tk ? j0 + BK : Tk;
         /* the first row that sees key j0 (every row without the mask) */
@@ -217,31 +273,47 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
         i0 = i0 < 0 ? 0 : i0;
         if (i0 >= Tq)
             break; /* later keys are later still */
-        block_t(k + j0 * ldk, ldk, j1 - j0, D, kt);
+        block_t(kw + j0 * D, D, j1 - j0, D, kt);
         block_t(v + j0 * ldv, ldv, j1 - j0, D, vt);
         for (int64_t i = i0; i < Tq; i++) {
             int64_t n = visible(causal, qpos0 + i, kpos0, Tk), je = n < j1 ? n : j1, ne = je - j0;
-            const float *qi = q + i * ldq, *g = dy + i * lddy;
             float *pd = pdm + (i - i0) * BK, *ds = dsm + (i - i0) * BK;
-            float L = lse[i], Di = dotf(g, y + i * ldy, D);
-            row_dots(vec, qi, kt, BK, D, ne, sc);
-            row_dots(vec, g, vt, BK, D, ne, dp);
+            float L = lse[i], Di = dim[i];
+            row_dots(vec, qw + i * D, kt, BK, D, ne, sc);
+            row_dots(vec, gw + i * D, vt, BK, D, ne, dp);
             for (int64_t jj = 0; jj < ne; jj++) {
                 float P = expf(sc[jj] * scale - L);
                 pd[jj] = P;
                 ds[jj] = P * (dp[jj] - Di) * scale;
             }
-            rows_acc(vec, dq + i * lddq, ds, 1, k + j0 * ldk, ldk, ne, D);
+            rows_acc(vec, dq + i * lddq, ds, 1, kw + j0 * D, D, ne, D);
         }
-        for (int64_t j = j0; j < j1; j++) { /* dk_j and dv_j over the rows that see key j, in row order */
-            int64_t ia = causal ? kpos0 + j - qpos0 : 0, jj = j - j0;
-            ia = ia < i0 ? i0 : ia;
-            if (ia >= Tq)
-                continue;
-            rows_acc(vec, dk + j * lddk, dsm + (ia - i0) * BK + jj, BK, q + ia * ldq, ldq, Tq - ia, D);
-            rows_acc(vec, dv + j * lddv, pdm + (ia - i0) * BK + jj, BK, dy + ia * lddy, lddy, Tq - ia, D);
+        for (int64_t j = j0, nk; j < j1; j += nk) {
+            nk = j + 4 <= j1 ? 4 : 1;
+            int64_t ib = nk == 1 ? Tq : FIRST_ROW(j + 3); /* the rows from ib see all four keys */
+            ib = ib < Tq ? ib : Tq;
+            for (int64_t c = 0; c < nk; c++) {
+                const int64_t ia = FIRST_ROW(j + c), c0 = (ia - i0) * BK + j + c - j0;
+                if (ib > ia) {
+                    rows_acc(vec, dk + (j + c) * lddk, dsm + c0, BK, qw + ia * D, D, ib - ia, D);
+                    rows_acc(vec, dv + (j + c) * lddv, pdm + c0, BK, gw + ia * D, D, ib - ia, D);
+                }
+            }
+            if (ib < Tq) {
+                const int64_t c0 = (ib - i0) * BK + j - j0;
+                rows_acc4(vec, dk + j * lddk, lddk, dsm + c0, BK, qw + ib * D, D, Tq - ib, D);
+                rows_acc4(vec, dv + j * lddv, lddv, pdm + c0, BK, gw + ib * D, D, Tq - ib, D);
+            }
         }
     }
+#undef FIRST_ROW
+}
+
+/* A backward task's scratch in floats: two transposed blocks, the block's
+ * P and dS, the copied q, dy and k rows, and Di. */
+static size_t part_bwd_scratch(int64_t Tq, int64_t Tk, int64_t D)
+{
+    return (size_t)(2 * PART_DMAX * BK + 2 * Tq * BK + 2 * Tq * D + Tk * D + Tq);
 }
 
 dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
@@ -275,7 +347,7 @@ dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, i
     int nt = dt__threads_for(2 * B * Tq * Tk * H * D);
     bool nomem = false;
     int vec = dt__vec_level();
-    const size_t scratch = (size_t)(2 * PART_DMAX * BK + 2 * Tq * BK) * sizeof(float);
+    const size_t scratch = part_bwd_scratch(Tq, Tk, D) * sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
         float *kt = dt_alloc(scratch);

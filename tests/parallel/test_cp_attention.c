@@ -40,10 +40,14 @@ static float *rand_buf(size_t n, uint64_t seed)
     return x;
 }
 
-/* The blocks of keys [0, 5), [5, 6), [6, 13), [13, 19) of T = 19, added in the order 2, 0, 3, 1. */
-static void part_vs_whole(bool causal)
+/* The keys of a (B, T, H, D) attention cut into nb blocks (block c: keys
+ * [k0[c], k0[c] + kn[c])), added in the given order, one batch row a call
+ * (the batch strides are the caller's): y, lse and the summed backward terms
+ * equal the whole attention's. */
+static void part_vs_whole(bool causal, int64_t B, int64_t T, int64_t H, int64_t D, int nb, const int64_t *k0,
+                          const int64_t *kn, const int *order)
 {
-    const int64_t B = 2, T = 19, H = 3, D = 8, C = H * D;
+    const int64_t C = H * D;
     float *qkv = rand_buf((size_t)(B * T * 3 * C), 7), *dy = rand_buf((size_t)(B * T * C), 11);
     float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
     float *yp = malloc(sizeof(float) * (size_t)(B * T * C)), *lp = malloc(sizeof(float) * (size_t)(B * H * T));
@@ -51,13 +55,11 @@ static void part_vs_whole(bool causal)
     ASSERT(qkv && dy && y && lse && yp && lp && dq && dp);
     ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, y, lse));
     ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, dq));
-    const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
-    const int order[4] = {2, 0, 3, 1};
     for (int64_t i = 0; i < B * H * T; i++)
         lp[i] = -INFINITY;
-    for (int o = 0; o < 4; o++) {
+    for (int o = 0; o < nb; o++) {
         int c = order[o];
-        for (int64_t b = 0; b < B; b++) { /* one batch row per call: the batch strides are the caller's */
+        for (int64_t b = 0; b < B; b++) {
             const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
             ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, kn[c], H, D,
                                               0, k0[c], causal, yp + b * T * C, C, lp + b * H * T, T));
@@ -67,7 +69,7 @@ static void part_vs_whole(bool causal)
         ASSERT_NEAR(yp[i], y[i], TOL, TOL);
     for (int64_t i = 0; i < B * H * T; i++)
         ASSERT_NEAR(lp[i], lse[i], TOL, TOL);
-    for (int o = 0; o < 4; o++) {
+    for (int o = 0; o < nb; o++) {
         int c = order[o];
         for (int64_t b = 0; b < B; b++) {
             const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
@@ -82,8 +84,30 @@ static void part_vs_whole(bool causal)
     free(qkv), free(dy), free(y), free(lse), free(yp), free(lp), free(dq), free(dp);
 }
 
-TEST(part_blocks_equal_whole_causal) { part_vs_whole(true); }
-TEST(part_blocks_equal_whole_full) { part_vs_whole(false); }
+/* The blocks of keys [0, 5), [5, 6), [6, 13), [13, 19) of T = 19, added in the order 2, 0, 3, 1. */
+static void part_small(bool causal)
+{
+    static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
+    static const int order[4] = {2, 0, 3, 1};
+    part_vs_whole(causal, 2, 19, 3, 8, 4, k0, kn, order);
+}
+
+TEST(part_blocks_equal_whole_causal) { part_small(true); }
+TEST(part_blocks_equal_whole_full) { part_small(false); }
+
+/* One head of 150 positions (ten 16-row query blocks: a forward task takes
+ * several), D = 24, keys cut at 70 and 71: a block of 79 keys (more than
+ * one 64-key block, a last group of fewer than four keys), one of a single
+ * key, and one of 70 whose causal rows start mid-block. */
+static void part_long(bool causal)
+{
+    static const int64_t k0[3] = {0, 70, 71}, kn[3] = {70, 1, 79};
+    static const int order[3] = {2, 0, 1};
+    part_vs_whole(causal, 1, 150, 1, 24, 3, k0, kn, order);
+}
+
+TEST(part_long_blocks_causal) { part_long(true); }
+TEST(part_long_blocks_full) { part_long(false); }
 
 TEST(part_bad_arguments)
 {
@@ -229,6 +253,8 @@ int main(void)
     RUN(ulysses_heads_must_divide);
     RUN(part_blocks_equal_whole_causal);
     RUN(part_blocks_equal_whole_full);
+    RUN(part_long_blocks_causal);
+    RUN(part_long_blocks_full);
     RUN(part_bad_arguments);
     return TEST_REPORT();
 }
