@@ -97,7 +97,9 @@ static int calib_exec(const dt__train_opts *o, int64_t seq)
  * (child true: fork before this process's first parallel region), or, for
  * a process that ran one (child false), by `dtrain plan` in a fresh
  * process (calib_exec); without a cache directory that process gets no
- * calibration (nonzero: no prediction). quiet: no progress lines. */
+ * calibration (nonzero: no prediction). quiet: no progress lines (the
+ * measurement after training says what it is doing and how long it took:
+ * it can take minutes). */
 static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool child, dt_plan_calib *c)
 {
     const char *who = "dtrain train: planner";
@@ -118,9 +120,19 @@ static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool chil
         if (pid < 0 && child) {
             rc = dt__plan_calib_get(who, o->model, seq, plan_dtype(o), path, true, quiet, c);
         } else if (pid < 0) {
+            /* after training: seconds for a small model, minutes for a large one at a long sequence */
+            double t0 = dt_time_s();
+            if (!quiet)
+                fprintf(stderr, "dtrain train: measuring the planner's calibration of %s at seq %lld for the "
+                                "metrics' predicted_step_ms (once on this machine; DT_PLAN_PREDICT=0 skips it)...\n",
+                        o->model, (long long)seq);
             rc = calib_exec(o, seq);
             if (!rc && dt_plan_calib_load(path, o->model, seq, plan_dtype(o), c) < 0)
                 rc = 1;
+            if (!quiet)
+                fprintf(stderr, "dtrain train: the planner's calibration %s in %.1f s%s%s\n",
+                        rc ? "failed (no prediction in the metrics)" : "measured", dt_time_s() - t0,
+                        rc ? "" : "; cached in ", rc ? "" : path);
         } else {
             int status = 0;
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
@@ -237,7 +249,7 @@ int dt__train_predict(const dt__train_opts *o, int dp, int tp, int pp, int zero_
     if ((e && !strcmp(e, "0")) || !plan_model(o, &seq))
         return 0;
     dt_plan_calib c;
-    if (calib_for(o, seq, true, false, &c))
+    if (calib_for(o, seq, false, false, &c))
         return 0; /* said why; the end record goes without a prediction */
     dt_plan_search_params sp;
     layout_params(o, dp * tp * pp, seq, &sp);
