@@ -656,7 +656,10 @@ DT_API dt_status dt_k_dropout_bwd(const float *dy, float *dx, int64_t n, float p
  * side by side; lse (B, H, T) receives each row's log-sum-exp of the scaled
  * scores (the backward's input). Dropout on the probabilities with p in
  * [0, 1): element (b, h, i, j) kept when dt_rng_uniform(key, ((b H + h) T +
- * i) T + j) >= p, scaled by 1/(1-p) (p = 0: key unused). D <= 256. */
+ * i) T + j) >= p, scaled by 1/(1-p) (p = 0: key unused). D <= 256. The
+ * softmax's exponentials are a polynomial within 2 ulp of expf (0 below
+ * e^-87), 8 lanes at a time where the CPU has AVX2, with the same bits on
+ * every instruction-set path. */
 DT_API dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal,
                                     float p, dt_rng_key key, float *y, float *lse);
 /* dqkv (B, T, 3C) = the gradient of the forward above (WRITTEN, not added)
@@ -679,9 +682,8 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * each task widens the rows it uses into its f32 tiles. On the scalar and
  * avx2 paths (dt_k_get_isa) y (f32) and lse are bit for bit those of
  * widening qkv first; on the avx512 and avx512_bf16 paths the sums use
- * fused multiply-adds and 16 partial sums and the exponentials a
- * polynomial within 2 ulp of expf (0 below e^-87), so they differ from
- * those bits by the f32 sums' rounding: each element within 2^-19 of the
+ * fused multiply-adds and 16 partial sums, so they differ from those bits
+ * by the f32 sums' rounding: each element within 2^-19 of the
  * tensor's largest |value| in the tests (tests/autograd/test_attention_lp;
  * about 2^-22 measured). On the avx512_bf16 path a bf16 qkv also has the
  * probabilities rounded to bf16 (to nearest even, after dropout's scaling;
@@ -744,7 +746,7 @@ DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const 
  *     lse' = log(e^lse + e^lse_b),  y' = y e^(lse - lse') + y_b e^(lse_b - lse')
  * makes the end result softmax(q k^T / sqrt(D)) v over all the blocks, in
  * any order. Rows that see no key of the block are left unchanged. No
- * dropout. D <= 256. */
+ * dropout. D <= 256. The scores' exponentials as dt_k_attention_fwd's. */
 DT_API dt_status dt_k_attention_part_fwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                          int64_t ldv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
                                          int64_t qpos0, int64_t kpos0, bool causal, float *y, int64_t ldy,

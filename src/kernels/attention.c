@@ -476,25 +476,19 @@ DT_CLONES static void fwd_rows(int vec, dt_dtype t, const float *q, int64_t ldq,
                     s[j - j0] = x;
                     mx = x > mx ? x : mx;
                 }
-            float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
+            float corr = expf(m[r] - mx), sum; /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
 #pragma omp simd
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
 #if DT__X86_VEC
-            if (vec >= DT__ATT_FAST) {
+            if (vec >= DT__ATT_FAST)
                 sum = fast_exp_sum(s, je - j0, mx);
-                for (int64_t j = j0; j < je && p > 0.0f; j++)
-                    s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
-            } else
+            else
 #endif
-                for (int64_t j = j0; j < je; j++) {
-                    float e = expf(s[j - j0] - mx);
-                    sum += e;
-                    if (p > 0.0f)
-                        e = keep(key, p, gbh, T, i, j) ? e * pscale : 0.0f;
-                    s[j - j0] = e;
-                }
+                sum = att_exp_sum(vec, s, je - j0, mx);
+            for (int64_t j = j0; j < je && p > 0.0f; j++) /* dropout after the sum */
+                s[j - j0] = keep(key, p, gbh, T, i, j) ? s[j - j0] * pscale : 0.0f;
             rows_acc(vec, a, s, 1, v + j0 * ldv, ldv, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -1222,16 +1216,18 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
                 }
             } else
 #endif
-            for (int64_t jj = 0; jj < ne; jj++) {
-                float P = expf(sc[jj] * scale - L);
-                float dP = dp[jj], Pd = P;
-                if (p > 0.0f) {
-                    bool kp = keep(key, p, gbh, T, i, j0 + jj);
-                    Pd = kp ? P * pscale : 0.0f;
-                    dP = kp ? dP * pscale : 0.0f;
+            {
+                att_probs(vec, sc, ne, scale, L, pd);
+                for (int64_t jj = 0; jj < ne; jj++) {
+                    float P = pd[jj], dP = dp[jj], Pd = P;
+                    if (p > 0.0f) {
+                        bool kp = keep(key, p, gbh, T, i, j0 + jj);
+                        Pd = kp ? P * pscale : 0.0f;
+                        dP = kp ? dP * pscale : 0.0f;
+                    }
+                    pd[jj] = Pd;
+                    ds[jj] = P * (dP - Di) * scale;
                 }
-                pd[jj] = Pd;
-                ds[jj] = P * (dP - Di) * scale;
             }
             rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + j0 * ld, ld, ne, D);
         }

@@ -503,6 +503,61 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
     rows_acc4_base(out, os, c, cs, x, xs, n, D);
 }
 
+/* The exponentials of the f32 softmax rows (the f32 paths, and bf16/f16
+ * widened where no 16-lane path runs) by dt__expf (no libm call; within 2
+ * ulp of exp), 8 lanes at a time where vec allows (dt__expf8: lane for lane
+ * the same bits), so every path gives the same bits. */
+#if DT__X86_VEC
+DT__AVX2 static int64_t att_exp8(float *s, int64_t n, float mx) /* the whole 8-lane steps; returns their end */
+{
+    const __m256 m = _mm256_set1_ps(mx);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(s + j, dt__expf8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m)));
+    return j;
+}
+
+DT__AVX2 static int64_t att_probs8(const float *sc, int64_t n, float scale, float L, float *P)
+{
+    const __m256 a = _mm256_set1_ps(scale), l = _mm256_set1_ps(L);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(P + j, dt__expf8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(sc + j), a), l)));
+    return j;
+}
+#endif
+
+/* s[j] = e^(s[j] - mx) for j < n; returns their sum, added in j order. */
+static inline float att_exp_sum(int vec, float *s, int64_t n, float mx)
+{
+    int64_t j = 0;
+#if DT__X86_VEC
+    if (vec)
+        j = att_exp8(s, n, mx);
+#endif
+    (void)vec;
+    for (; j < n; j++)
+        s[j] = dt__expf(s[j] - mx);
+    float sum = 0.0f;
+    for (j = 0; j < n; j++)
+        sum += s[j];
+    return sum;
+}
+
+/* P[j] = e^(sc[j] scale - L) for j < n: the backward's probabilities from
+ * the scores and the row's log-sum-exp. */
+static inline void att_probs(int vec, const float *sc, int64_t n, float scale, float L, float *P)
+{
+    int64_t j = 0;
+#if DT__X86_VEC
+    if (vec)
+        j = att_probs8(sc, n, scale, L, P);
+#endif
+    (void)vec;
+    for (; j < n; j++)
+        P[j] = dt__expf(sc[j] * scale - L);
+}
+
 /* The row stride of a task's transposed keys ([D][stride]) for n keys: n
  * rounded up to 16, plus 16 when that is an even number of cache lines, so
  * a block of keys read down its D rows spreads over all of L1's sets (rows a

@@ -121,14 +121,11 @@ DT_CLONES static void part_fwd_rows(int vec, const float *qt, const float *kT, i
                 s[j] *= scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
-            float corr = expf(m[r] - mx), sum = 0.0f; /* m[r] = -inf the first time: 0 */
+            float corr = expf(m[r] - mx); /* m[r] = -inf the first time: 0 */
             float *a = acc[r];
             for (int64_t d = 0; d < D; d++)
                 a[d] *= corr;
-            for (int64_t j = 0; j < je - j0; j++) {
-                s[j] = expf(s[j] - mx);
-                sum += s[j];
-            }
+            float sum = att_exp_sum(vec, s, je - j0, mx);
             rows_acc(vec, a, s, 1, vw + j0 * D, D, je - j0, D);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -281,11 +278,9 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
             float L = lse[i], Di = dim[i];
             row_dots(vec, qw + i * D, kt, BK, D, ne, sc);
             row_dots(vec, gw + i * D, vt, BK, D, ne, dp);
-            for (int64_t jj = 0; jj < ne; jj++) {
-                float P = expf(sc[jj] * scale - L);
-                pd[jj] = P;
-                ds[jj] = P * (dp[jj] - Di) * scale;
-            }
+            att_probs(vec, sc, ne, scale, L, pd);
+            for (int64_t jj = 0; jj < ne; jj++)
+                ds[jj] = pd[jj] * (dp[jj] - Di) * scale;
             rows_acc(vec, dq + i * lddq, ds, 1, kw + j0 * D, D, ne, D);
         }
         for (int64_t j = j0, nk; j < j1; j += nk) {
