@@ -508,7 +508,7 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
  * ulp of exp), 8 lanes at a time where vec allows (dt__expf8: lane for lane
  * the same bits), so every path gives the same bits. */
 #if DT__X86_VEC
-DT__AVX2 static int64_t att_exp8(float *s, int64_t n, float mx) /* the whole 8-lane steps; returns their end */
+DT__AVX2 static inline int64_t att_exp8(float *s, int64_t n, float mx) /* the whole 8-lane steps; returns their end */
 {
     const __m256 m = _mm256_set1_ps(mx);
     int64_t j = 0;
@@ -517,7 +517,7 @@ DT__AVX2 static int64_t att_exp8(float *s, int64_t n, float mx) /* the whole 8-l
     return j;
 }
 
-DT__AVX2 static int64_t att_probs8(const float *sc, int64_t n, float scale, float L, float *P)
+DT__AVX2 static inline int64_t att_probs8(const float *sc, int64_t n, float scale, float L, float *P)
 {
     const __m256 a = _mm256_set1_ps(scale), l = _mm256_set1_ps(L);
     int64_t j = 0;

@@ -313,9 +313,9 @@ static size_t part_bwd_scratch(int64_t Tq, int64_t Tk, int64_t D)
 
 dt_status dt_k_attention_part_bwd(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
                                   int64_t ldv, const float *y, int64_t ldy, const float *lse, int64_t ldlse,
-                                  const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                                  int64_t qpos0, int64_t kpos0, bool causal, float *dq, int64_t lddq, float *dk,
-                                  int64_t lddk, float *dv, int64_t lddv)
+                                  const float *dy, int64_t lddy, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                                  int64_t D, int64_t qpos0, int64_t kpos0, bool causal, float *dq, int64_t lddq,
+                                  float *dk, int64_t lddk, float *dv, int64_t lddv)
 {
     const char *fn = "dt_k_attention_part_bwd";
     dt_status st = part_args(fn, B, Tq, Tk, H, D, ldq, ldk, ldv, ldy);
