@@ -123,14 +123,14 @@ static int calib_for(const dt__train_opts *o, int64_t seq, bool quiet, bool chil
             /* after training: seconds for a small model, minutes for a large one at a long sequence */
             double t0 = dt_time_s();
             if (!quiet)
-                fprintf(stderr, "dtrain train: measuring the planner's calibration of %s at seq %lld for the "
-                                "metrics' predicted_step_ms (once on this machine; DT_PLAN_PREDICT=0 skips it)...\n",
-                        o->model, (long long)seq);
+                fprintf(stderr, "%s: measuring the calibration of %s at seq %lld for the metrics' predicted_step_ms "
+                                "(once on this machine; DT_PLAN_PREDICT=0 skips it)...\n",
+                        who, o->model, (long long)seq);
             rc = calib_exec(o, seq);
             if (!rc && dt_plan_calib_load(path, o->model, seq, plan_dtype(o), c) < 0)
                 rc = 1;
             if (!quiet)
-                fprintf(stderr, "dtrain train: the planner's calibration %s in %.1f s%s%s\n",
+                fprintf(stderr, "%s: the calibration %s in %.1f s%s%s\n", who,
                         rc ? "failed (no prediction in the metrics)" : "measured", dt_time_s() - t0,
                         rc ? "" : "; cached in ", rc ? "" : path);
         } else {

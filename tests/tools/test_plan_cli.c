@@ -15,6 +15,9 @@
  *     or a model the planner does not know, exit 2 naming both;
  *   - the --metrics end record of a GPT run carries predicted_peak_rss_bytes
  *     and predicted_step_ms beside peak_rss_bytes, step_ms and step_cpu_ms;
+ *     a run that measures the calibration for it after training says so on
+ *     stderr (how long it took, where it is cached), a run that finds it
+ *     cached says nothing;
  *   - a config's "dtrain": {"plan": "auto"} runs the planner as --plan auto
  *     does; beside a layout key (from the file or a flag) or with a value
  *     other than "auto" it exits 2 naming the key;
@@ -326,6 +329,18 @@ TEST(end_record_calibration_is_a_fresh_process)
     if (r.code)
         fprintf(stderr, "%s%s", r.out, r.err);
     ASSERT_EQ_INT(r.code, 0);
+    /* it says what the wait after training is (minutes for a large model) and where the result went */
+    ASSERT_STR_CONTAINS(r.err, "dtrain train: planner: measuring the calibration of llama-tiny at seq 16 for the "
+                               "metrics' predicted_step_ms (once on this machine; DT_PLAN_PREDICT=0 skips it)...");
+    ASSERT_STR_CONTAINS(r.err, "dtrain train: planner: the calibration measured in ");
+    ASSERT_STR_CONTAINS(r.err, "; cached in ");
+    ASSERT_STR_CONTAINS(r.err, ca);
+    /* the next run finds it cached: no measurement, nothing said */
+    cli_runv(&r, 300, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--seq", "16", "--data", g_data, "--batch", "32",
+                        "--max-steps", "1", "--no-eval", "--metrics", m, "--progress", "none", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(strstr(r.err, "calibration") == NULL);
     setenv("DT_CACHE_DIR", cb, 1);
     cli_runv(&r, 120, NULL, (char *[]){"plan", "--model", "llama-tiny", "--seq", "16", "--world", "1", NULL});
     ASSERT_EQ_INT(r.code, 0);
