@@ -83,15 +83,6 @@ static dt_status attn_args(const char *fn, int64_t B, int64_t T, int64_t H, int6
     return DT_OK;
 }
 
-/* a . b summed in index order (the same bits on every code path). */
-static inline float dot_seq(const float *a, const float *b, int64_t n)
-{
-    float s = 0.0f;
-    for (int64_t d = 0; d < n; d++)
-        s += a[d] * b[d];
-    return s;
-}
-
 /* Whether dropout keeps element (bh, i, j). */
 /* gbh: the head's index b Ht + h0 + h in the full layer (dt_k_attention_fwd_heads) */
 static inline bool keep(dt_rng_key key, float p, int64_t bh, int64_t T, int64_t i, int64_t j)
@@ -1231,27 +1222,9 @@ DT_CLONES static void bwd_task(int vec, dt_dtype t, const void *qkv, const float
             }
             rows_acc(vec, gbase + i * C3 + h * D, ds, 1, kb + j0 * ld, ld, ne, D);
         }
-        /* dk_j and dv_j over the rows i that see key j, in i order: four keys at a time (rows_acc4, the
-         * bits of one key at a time) from the first row all four see, with causal the rows before it one
-         * key at a time first; the block's last keys one at a time */
-        for (int64_t j = j0, nk; j < j1; j += nk) {
-            nk = j + 4 <= j1 ? 4 : 1;
-            const int64_t ib = nk == 1 ? T : causal ? j + 3 : i0; /* the rows from ib go four keys at a time */
-            for (int64_t k = 0; k < nk; k++) {
-                const int64_t ia = causal ? j + k : i0, c0 = (ia - i0) * BK + j + k - j0;
-                float *dk = gbase + (j + k) * C3 + C + h * D, *dv = dk + C;
-                if (ib > ia) {
-                    rows_acc(vec, dk, dsm + c0, BK, qb + ia * ld, ld, ib - ia, D);
-                    rows_acc(vec, dv, pdm + c0, BK, gy + ia * ldg, ldg, ib - ia, D);
-                }
-            }
-            if (nk == 4) {
-                const int64_t c0 = (ib - i0) * BK + j - j0;
-                float *dk = gbase + j * C3 + C + h * D, *dv = dk + C;
-                rows_acc4(vec, dk, C3, dsm + c0, BK, qb + ib * ld, ld, T - ib, D);
-                rows_acc4(vec, dv, C3, pdm + c0, BK, gy + ib * ldg, ldg, T - ib, D);
-            }
-        }
+        /* dk_j and dv_j over the rows that see key j (a key's first row is j with the mask) */
+        dkdv_keys(vec, gbase + C + h * D, C3, gbase + 2 * C + h * D, C3, dsm, pdm, qb, ld, gy, ldg, T, i0, j0, j1,
+                  causal, 0, D);
     }
     for (int64_t i = 0; i < T && t != DT_F32; i++)
         for (int k = 0; k < 3; k++) {

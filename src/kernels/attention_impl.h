@@ -2,8 +2,9 @@
  * attention kernels (attention.c, the whole sequence; attention_part.c, a
  * block of queries against a block of keys for context parallelism):
  * rows_acc (running sums along D kept in registers), block_t (a key or
- * value block transposed), row_dots (a query row's scores against it), and
- * the tiles' key stride and the forward's task grouping.
+ * value block transposed), row_dots (a query row's scores against it), the
+ * backward's dk and dv of a key block (dkdv_keys), the softmax rows'
+ * exponentials, and the tiles' key stride and the forward's task grouping.
  * Private to src/kernels. */
 #ifndef DT_KERNELS_ATTENTION_IMPL_H
 #define DT_KERNELS_ATTENTION_IMPL_H
@@ -501,6 +502,49 @@ static inline void rows_acc4(int vec, float *restrict out, int64_t os, const flo
 #endif
     (void)vec;
     rows_acc4_base(out, os, c, cs, x, xs, n, D);
+}
+
+/* a . b summed in index order (the same bits on every code path). */
+static inline float dot_seq(const float *a, const float *b, int64_t n)
+{
+    float s = 0.0f;
+    for (int64_t d = 0; d < n; d++)
+        s += a[d] * b[d];
+    return s;
+}
+
+/* The backward's dk_j and dv_j for the keys j in [j0, j1) of a block: each
+ * summed over the rows i < nrows that see key j, in i order, from the
+ * block's dS and P (dsm, pdm: [rows from i0][DT__ATT_BK]) and the rows of q
+ * and dy (qr, gr; row strides ldq, ldg) into dk + j lddk and dv + j lddv.
+ * Key j's first row is i0, or with the mask max(i0, j + shift) (shift: the
+ * keys' first position less the rows'). Four keys at a time (rows_acc4, the
+ * bits of one key at a time) over the rows all four see, the rows before
+ * those one key at a time first; the block's last keys one at a time. */
+static inline void dkdv_keys(int vec, float *dk, int64_t lddk, float *dv, int64_t lddv, const float *dsm,
+                             const float *pdm, const float *qr, int64_t ldq, const float *gr, int64_t ldg,
+                             int64_t nrows, int64_t i0, int64_t j0, int64_t j1, bool causal, int64_t shift,
+                             int64_t D)
+{
+#define DKDV_FIRST(j) (causal && (j) + shift > i0 ? (j) + shift : i0)
+    for (int64_t j = j0, nk; j < j1; j += nk) {
+        nk = j + 4 <= j1 ? 4 : 1;
+        int64_t ib = nk == 1 ? nrows : DKDV_FIRST(j + 3); /* the rows from ib see all four keys */
+        ib = ib < nrows ? ib : nrows;
+        for (int64_t c = 0; c < nk; c++) {
+            const int64_t ia = DKDV_FIRST(j + c), c0 = (ia - i0) * DT__ATT_BK + j + c - j0;
+            if (ib > ia) {
+                rows_acc(vec, dk + (j + c) * lddk, dsm + c0, DT__ATT_BK, qr + ia * ldq, ldq, ib - ia, D);
+                rows_acc(vec, dv + (j + c) * lddv, pdm + c0, DT__ATT_BK, gr + ia * ldg, ldg, ib - ia, D);
+            }
+        }
+        if (ib < nrows) {
+            const int64_t c0 = (ib - i0) * DT__ATT_BK + j - j0;
+            rows_acc4(vec, dk + j * lddk, lddk, dsm + c0, DT__ATT_BK, qr + ib * ldq, ldq, nrows - ib, D);
+            rows_acc4(vec, dv + j * lddv, lddv, pdm + c0, DT__ATT_BK, gr + ib * ldg, ldg, nrows - ib, D);
+        }
+    }
+#undef DKDV_FIRST
 }
 
 /* The exponentials of the f32 softmax rows (the f32 paths, and bf16/f16

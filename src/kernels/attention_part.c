@@ -81,14 +81,6 @@ static inline int64_t visible(bool causal, int64_t qpos, int64_t kpos0, int64_t 
     return n < 0 ? 0 : n > Tk ? Tk : n;
 }
 
-static inline float dotf(const float *restrict a, const float *restrict b, int64_t n)
-{
-    float s = 0.0f;
-    for (int64_t d = 0; d < n; d++)
-        s += a[d] * b[d];
-    return s;
-}
-
 #define PBQ 16               /* query rows per forward block */
 #define BK DT__ATT_BK        /* keys per block */
 
@@ -257,12 +249,10 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
     for (int64_t i = 0; i < Tq; i++) {
         memcpy(qw + i * D, q + i * ldq, (size_t)D * sizeof(float));
         memcpy(gw + i * D, dy + i * lddy, (size_t)D * sizeof(float));
-        dim[i] = dotf(gw + i * D, y + i * ldy, D);
+        dim[i] = dot_seq(gw + i * D, y + i * ldy, D);
     }
     for (int64_t j = 0; j < Tk; j++)
         memcpy(kw + j * D, k + j * ldk, (size_t)D * sizeof(float));
-    /* the first row that sees key j: i0 (the key block's first row), or later with the mask */
-#define FIRST_ROW(j) (causal && kpos0 + (j) - qpos0 > i0 ? kpos0 + (j) - qpos0 : i0)
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t j1 = j0 + BK < Tk ? j0 + BK : Tk;
         /* the first row that sees key j0 (every row without the mask) */
@@ -283,25 +273,8 @@ DT_CLONES static void part_bwd_head(int vec, const float *restrict q, int64_t ld
                 ds[jj] = pd[jj] * (dp[jj] - Di) * scale;
             rows_acc(vec, dq + i * lddq, ds, 1, kw + j0 * D, D, ne, D);
         }
-        for (int64_t j = j0, nk; j < j1; j += nk) {
-            nk = j + 4 <= j1 ? 4 : 1;
-            int64_t ib = nk == 1 ? Tq : FIRST_ROW(j + 3); /* the rows from ib see all four keys */
-            ib = ib < Tq ? ib : Tq;
-            for (int64_t c = 0; c < nk; c++) {
-                const int64_t ia = FIRST_ROW(j + c), c0 = (ia - i0) * BK + j + c - j0;
-                if (ib > ia) {
-                    rows_acc(vec, dk + (j + c) * lddk, dsm + c0, BK, qw + ia * D, D, ib - ia, D);
-                    rows_acc(vec, dv + (j + c) * lddv, pdm + c0, BK, gw + ia * D, D, ib - ia, D);
-                }
-            }
-            if (ib < Tq) {
-                const int64_t c0 = (ib - i0) * BK + j - j0;
-                rows_acc4(vec, dk + j * lddk, lddk, dsm + c0, BK, qw + ib * D, D, Tq - ib, D);
-                rows_acc4(vec, dv + j * lddv, lddv, pdm + c0, BK, gw + ib * D, D, Tq - ib, D);
-            }
-        }
+        dkdv_keys(vec, dk, lddk, dv, lddv, dsm, pdm, qw, D, gw, D, Tq, i0, j0, j1, causal, kpos0 - qpos0, D);
     }
-#undef FIRST_ROW
 }
 
 /* A backward task's scratch in floats: two transposed blocks, the block's
