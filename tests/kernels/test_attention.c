@@ -159,7 +159,7 @@ TEST(attention_threads_identical)
 
 /* An f32 qkv gives the same bits on the vector paths (the 4-key weighted
  * sums of the backward, the whole-head tiles, the 64- and 32-column running
- * sums) as on the portable loops: shapes with D's tails (40, 24), a last
+ * sums, the 8-lane exponentials) as on the portable loops: shapes with D's tails (40, 24), a last
  * key block of fewer than 4 keys (T 131), causal or not, and dropout. */
 TEST(attention_isa_paths_identical)
 {

@@ -42,46 +42,76 @@ static float *rand_buf(size_t n, uint64_t seed)
 
 /* The keys of a (B, T, H, D) attention cut into nb blocks (block c: keys
  * [k0[c], k0[c] + kn[c])), added in the given order, one batch row a call
- * (the batch strides are the caller's): y, lse and the summed backward terms
- * equal the whole attention's. */
-static void part_vs_whole(bool causal, int64_t B, int64_t T, int64_t H, int64_t D, int nb, const int64_t *k0,
-                          const int64_t *kn, const int *order)
+ * (the batch strides are the caller's): the running yp and lp from the
+ * forward blocks, and dp (zeroed here) the backward blocks' sum from the
+ * final y and lse given. */
+typedef struct {
+    bool causal;
+    int64_t B, T, H, D;
+    int nb;
+    const int64_t *k0, *kn;
+    const int *order;
+} part_case;
+
+static void part_blocks(const part_case *pc, const float *qkv, const float *dy, const float *y, const float *lse,
+                        float *yp, float *lp, float *dp)
 {
-    const int64_t C = H * D;
-    float *qkv = rand_buf((size_t)(B * T * 3 * C), 7), *dy = rand_buf((size_t)(B * T * C), 11);
-    float *y = malloc(sizeof(float) * (size_t)(B * T * C)), *lse = malloc(sizeof(float) * (size_t)(B * H * T));
-    float *yp = malloc(sizeof(float) * (size_t)(B * T * C)), *lp = malloc(sizeof(float) * (size_t)(B * H * T));
-    float *dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C)), *dp = calloc((size_t)(B * T * 3 * C), sizeof(float));
-    ASSERT(qkv && dy && y && lse && yp && lp && dq && dp);
-    ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, y, lse));
-    ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, causal, 0.0f, (dt_rng_key){0}, dq));
+    const int64_t B = pc->B, T = pc->T, H = pc->H, D = pc->D, C = H * D;
     for (int64_t i = 0; i < B * H * T; i++)
         lp[i] = -INFINITY;
-    for (int o = 0; o < nb; o++) {
-        int c = order[o];
+    memset(dp, 0, sizeof(float) * (size_t)(B * T * 3 * C));
+    for (int o = 0; o < pc->nb; o++) {
+        int c = pc->order[o];
         for (int64_t b = 0; b < B; b++) {
-            const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
-            ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, kn[c], H, D,
-                                              0, k0[c], causal, yp + b * T * C, C, lp + b * H * T, T));
+            const float *k = qkv + (b * T + pc->k0[c]) * 3 * C + C;
+            ASSERT_OK(dt_k_attention_part_fwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, 1, T, pc->kn[c], H,
+                                              D, 0, pc->k0[c], pc->causal, yp + b * T * C, C, lp + b * H * T, T));
         }
     }
-    for (int64_t i = 0; i < B * T * C; i++)
-        ASSERT_NEAR(yp[i], y[i], TOL, TOL);
-    for (int64_t i = 0; i < B * H * T; i++)
-        ASSERT_NEAR(lp[i], lse[i], TOL, TOL);
-    for (int o = 0; o < nb; o++) {
-        int c = order[o];
+    for (int o = 0; o < pc->nb; o++) {
+        int c = pc->order[o];
         for (int64_t b = 0; b < B; b++) {
-            const float *k = qkv + (b * T + k0[c]) * 3 * C + C;
-            float *dk = dp + (b * T + k0[c]) * 3 * C + C;
+            const float *k = qkv + (b * T + pc->k0[c]) * 3 * C + C;
+            float *dk = dp + (b * T + pc->k0[c]) * 3 * C + C;
             ASSERT_OK(dt_k_attention_part_bwd(qkv + b * T * 3 * C, 3 * C, k, 3 * C, k + C, 3 * C, y + b * T * C, C,
-                                              lse + b * H * T, T, dy + b * T * C, C, 1, T, kn[c], H, D, 0, k0[c],
-                                              causal, dp + b * T * 3 * C, 3 * C, dk, 3 * C, dk + C, 3 * C));
+                                              lse + b * H * T, T, dy + b * T * C, C, 1, T, pc->kn[c], H, D, 0,
+                                              pc->k0[c], pc->causal, dp + b * T * 3 * C, 3 * C, dk, 3 * C, dk + C,
+                                              3 * C));
         }
     }
-    for (int64_t i = 0; i < B * T * 3 * C; i++)
+}
+
+/* The blocks' y, lse and summed backward terms equal the whole attention's
+ * (within TOL: the sums run in another order); with isa_bits, the blocks on
+ * the portable loops (DT_K_ISA_SCALAR) give the vector paths' bits. */
+static void part_vs_whole(const part_case *pc, bool isa_bits)
+{
+    const int64_t B = pc->B, T = pc->T, H = pc->H, D = pc->D, C = H * D;
+    const size_t nq = (size_t)(B * T * 3 * C), ny = (size_t)(B * T * C), nl = (size_t)(B * H * T);
+    float *qkv = rand_buf(nq, 7), *dy = rand_buf(ny, 11);
+    float *y = malloc(sizeof(float) * ny), *lse = malloc(sizeof(float) * nl), *dq = malloc(sizeof(float) * nq);
+    float *yp = malloc(sizeof(float) * ny), *lp = malloc(sizeof(float) * nl), *dp = malloc(sizeof(float) * nq);
+    float *ys = malloc(sizeof(float) * ny), *ls = malloc(sizeof(float) * nl), *ds = malloc(sizeof(float) * nq);
+    ASSERT(qkv && dy && y && lse && dq && yp && lp && dp && ys && ls && ds);
+    ASSERT_OK(dt_k_attention_fwd(qkv, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, y, lse));
+    ASSERT_OK(dt_k_attention_bwd(qkv, y, lse, dy, B, T, H, D, pc->causal, 0.0f, (dt_rng_key){0}, dq));
+    part_blocks(pc, qkv, dy, y, lse, yp, lp, dp);
+    for (size_t i = 0; i < ny; i++)
+        ASSERT_NEAR(yp[i], y[i], TOL, TOL);
+    for (size_t i = 0; i < nl; i++)
+        ASSERT_NEAR(lp[i], lse[i], TOL, TOL);
+    for (size_t i = 0; i < nq; i++)
         ASSERT_NEAR(dp[i], dq[i], TOL, TOL);
-    free(qkv), free(dy), free(y), free(lse), free(yp), free(lp), free(dq), free(dp);
+    if (isa_bits) {
+        const dt_k_isa isa0 = dt_k_get_isa();
+        ASSERT_OK(dt_k_set_isa(DT_K_ISA_SCALAR));
+        part_blocks(pc, qkv, dy, y, lse, ys, ls, ds);
+        ASSERT_OK(dt_k_set_isa(isa0));
+        ASSERT_EQ_INT(memcmp(ys, yp, sizeof(float) * ny), 0);
+        ASSERT_EQ_INT(memcmp(ls, lp, sizeof(float) * nl), 0);
+        ASSERT_EQ_INT(memcmp(ds, dp, sizeof(float) * nq), 0);
+    }
+    free(qkv), free(dy), free(y), free(lse), free(dq), free(yp), free(lp), free(dp), free(ys), free(ls), free(ds);
 }
 
 /* The blocks of keys [0, 5), [5, 6), [6, 13), [13, 19) of T = 19, added in the order 2, 0, 3, 1. */
@@ -89,7 +119,7 @@ static void part_small(bool causal)
 {
     static const int64_t k0[4] = {0, 5, 6, 13}, kn[4] = {5, 1, 7, 6};
     static const int order[4] = {2, 0, 3, 1};
-    part_vs_whole(causal, 2, 19, 3, 8, 4, k0, kn, order);
+    part_vs_whole(&(part_case){causal, 2, 19, 3, 8, 4, k0, kn, order}, false);
 }
 
 TEST(part_blocks_equal_whole_causal) { part_small(true); }
@@ -98,12 +128,14 @@ TEST(part_blocks_equal_whole_full) { part_small(false); }
 /* One head of 150 positions (ten 16-row query blocks: a forward task takes
  * several), D = 24, keys cut at 70 and 71: a block of 79 keys (more than
  * one 64-key block, a last group of fewer than four keys), one of a single
- * key, and one of 70 whose causal rows start mid-block. */
+ * key, and one of 70 whose causal rows start mid-block; the vector paths
+ * (the tiles, the four-key sums, the 8-lane exponentials) against the
+ * portable loops bit for bit too. */
 static void part_long(bool causal)
 {
     static const int64_t k0[3] = {0, 70, 71}, kn[3] = {70, 1, 79};
     static const int order[3] = {2, 0, 1};
-    part_vs_whole(causal, 1, 150, 1, 24, 3, k0, kn, order);
+    part_vs_whole(&(part_case){causal, 1, 150, 1, 24, 3, k0, kn, order}, true);
 }
 
 TEST(part_long_blocks_causal) { part_long(true); }
