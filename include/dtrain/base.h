@@ -191,12 +191,17 @@ DT_API void *dt_calloc(size_t size);
 DT_API void dt_free(void *p);
 /* Commits the pages of [p, p + bytes) now, without changing what they hold,
  * so that the first writes later take no page fault: madvise
- * MADV_POPULATE_WRITE where the kernel has it (Linux 5.14), else one byte
- * per page read and written back, on the compute threads (the pages' first
- * toucher is the thread that will use them under a static split). Only
+ * MADV_POPULATE_WRITE where the kernel has it (Linux 5.14; from 8 MiB on
+ * each compute thread commits its own 2 MiB pieces), else one byte per page
+ * read and written back, on the compute threads (the pages' first toucher
+ * is the thread that will use them under a static split). Only
  * whole pages inside the range are committed. Returns the bytes committed
  * (0 for an empty range or a NULL p). Thread-safe for disjoint ranges. */
 DT_API size_t dt_prefault(void *p, size_t bytes);
+/* memset(p, 0, bytes), on the compute threads from 8 MiB on (each thread
+ * first writes its own 2 MiB pieces, so fresh pages are committed on every
+ * core at once; dt_prefault splits the same way). NULL or 0: nothing. */
+DT_API void dt_memzero(void *p, size_t bytes);
 /* Advises the whole pages of [p, p + bytes) MADV_HUGEPAGE: where the
  * kernel offers transparent huge pages (on "always" or "madvise"), the 2
  * MiB aligned ranges inside are backed by huge pages when first written

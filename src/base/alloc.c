@@ -42,6 +42,31 @@ void dt_advise_huge(void *p, size_t bytes)
 #endif
 }
 
+/* Ranges of at least PAR_MIN bytes are committed (dt_prefault) or zeroed
+ * (dt_memzero) on the compute threads, in pieces that start on 2 MiB
+ * boundaries (a huge page is one thread's): the kernel clears the fresh
+ * pages on every core at once. On the AMD EPYC VM with AVX2 (2 cores) the
+ * first write of 2 GiB took 1.9-2.0 s on one thread and 0.9-1.0 s on two
+ * (4 KiB pages; huge pages 3.7-6.3 s and 0.2-3.5 s, on whether the host
+ * still backed them). */
+#define PAR_MIN ((size_t)8 << 20)
+
+/* How many pieces [a, b) has: its 2 MiB aligned blocks, the first and
+ * the last cut to the range (piece_at gives piece i). */
+static int64_t pieces(uintptr_t a, uintptr_t b)
+{
+    return (int64_t)(((b + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1)) - (a & ~(uintptr_t)(HUGE_SZ - 1))) /
+           (int64_t)HUGE_SZ;
+}
+
+static void piece_at(uintptr_t a, uintptr_t b, int64_t i, uintptr_t *lo, uintptr_t *hi)
+{
+    uintptr_t base = a & ~(uintptr_t)(HUGE_SZ - 1);
+    uintptr_t s = base + (uintptr_t)i * HUGE_SZ, e = s + HUGE_SZ;
+    *lo = s < a ? a : s;
+    *hi = e > b ? b : e;
+}
+
 size_t dt_prefault(void *p, size_t bytes)
 {
     if (!p || !bytes)
@@ -51,8 +76,21 @@ size_t dt_prefault(void *p, size_t bytes)
     if (b <= a)
         return 0;
 #ifdef MADV_POPULATE_WRITE
-    if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) == 0)
-        return b - a;
+    if (b - a < PAR_MIN) {
+        if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) == 0)
+            return b - a;
+    } else {
+        const int64_t n = pieces(a, b);
+        int failed = 0;
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) reduction(| : failed)
+        for (int64_t i = 0; i < n; i++) {
+            uintptr_t lo, hi;
+            piece_at(a, b, i, &lo, &hi);
+            failed |= madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) != 0;
+        }
+        if (!failed)
+            return b - a;
+    }
 #endif
     /* older kernels: touch each page on the thread that will use it */
     const int64_t np = (int64_t)((b - a) / pg);
@@ -62,6 +100,24 @@ size_t dt_prefault(void *p, size_t bytes)
         *q = *q;
     }
     return b - a;
+}
+
+void dt_memzero(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return;
+    if (bytes < PAR_MIN) {
+        memset(p, 0, bytes);
+        return;
+    }
+    const uintptr_t a = (uintptr_t)p, b = a + bytes;
+    const int64_t n = pieces(a, b);
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads())
+    for (int64_t i = 0; i < n; i++) {
+        uintptr_t lo, hi;
+        piece_at(a, b, i, &lo, &hi);
+        memset((void *)lo, 0, hi - lo);
+    }
 }
 
 size_t dt_decommit(void *p, size_t bytes)
@@ -110,7 +166,7 @@ void *dt_calloc(size_t size)
 {
     void *p = dt_alloc(size);
     if (p)
-        memset(p, 0, size);
+        dt_memzero(p, size);
     return p;
 }
 

@@ -71,9 +71,16 @@ float dt_rng_uniform(dt_rng_key k, uint64_t i)
     return u32_to_unit(o[i & 3]);
 }
 
-void dt_rng_fill_uniform(dt_rng_key k, uint64_t first, float *out, size_t n, float lo, float hi)
+/* Fills of at least RNG_PAR elements run on the compute threads in runs of
+ * RNG_RUN elements: every element is a pure function of (key, index), so
+ * the values do not depend on the thread count, and each thread first
+ * touches the pages of its own runs (a model's weights are written here
+ * first: their pages are committed on every core at once). */
+#define RNG_RUN ((size_t)1 << 16)
+#define RNG_PAR ((size_t)1 << 18)
+
+static void fill_uniform_run(dt_rng_key k, uint64_t first, float *out, size_t n, float lo, float span)
 {
-    float span = hi - lo;
     size_t j = 0;
     while (j < n) {
         uint64_t i = first + j;
@@ -84,12 +91,14 @@ void dt_rng_fill_uniform(dt_rng_key k, uint64_t first, float *out, size_t n, flo
     }
 }
 
-void dt_rng_fill_normal(dt_rng_key k, uint64_t first, float *out, size_t n, float mean, float std)
+/* Element i uses the pair (2*i', 2*i'+1) of uniform lanes of block i/2:
+ * Box-Muller gives two normals per pair, the even element the cosine one
+ * and the odd element the sine one. Both elements of a pair written here
+ * share the block, the logarithm and the angle. */
+static void fill_normal_run(dt_rng_key k, uint64_t first, float *out, size_t n, float mean, float std)
 {
-    /* Element i uses the pair (2*i', 2*i'+1) of uniform lanes of block i/2:
-     * Box-Muller gives two normals per pair; element parity picks cos or sin.
-     * Each element stays a pure function of (key, index). */
-    for (size_t j = 0; j < n; j++) {
+    size_t j = 0;
+    while (j < n) {
         uint64_t i = first + j;
         uint32_t o[4];
         dt_rng_block(k, i >> 1, o);
@@ -97,9 +106,43 @@ void dt_rng_fill_normal(dt_rng_key k, uint64_t first, float *out, size_t n, floa
         double u2 = (double)(o[1] >> 8) / 16777216.0;
         double r = sqrt(-2.0 * log(u1));
         double th = 6.283185307179586 * u2;
-        double z = (i & 1) ? r * sin(th) : r * cos(th);
-        out[j] = (float)(mean + std * z);
+        if (!(i & 1)) {
+            double z = r * cos(th);
+            out[j++] = (float)(mean + std * z);
+            if (j == n)
+                break;
+        }
+        double z = r * sin(th);
+        out[j++] = (float)(mean + std * z);
     }
+}
+
+/* f over elements [first, first + n) into out, in runs on the compute
+ * threads from RNG_PAR elements on (see above). */
+typedef void (*fill_run_fn)(dt_rng_key k, uint64_t first, float *out, size_t n, float a, float b);
+
+static void fill_runs(fill_run_fn f, dt_rng_key k, uint64_t first, float *out, size_t n, float a, float b)
+{
+    if (n < RNG_PAR) {
+        f(k, first, out, n, a, b);
+        return;
+    }
+    const int64_t runs = (int64_t)((n + RNG_RUN - 1) / RNG_RUN);
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads())
+    for (int64_t r = 0; r < runs; r++) {
+        size_t at = (size_t)r * RNG_RUN, len = n - at < RNG_RUN ? n - at : RNG_RUN;
+        f(k, first + at, out + at, len, a, b);
+    }
+}
+
+void dt_rng_fill_uniform(dt_rng_key k, uint64_t first, float *out, size_t n, float lo, float hi)
+{
+    fill_runs(fill_uniform_run, k, first, out, n, lo, hi - lo);
+}
+
+void dt_rng_fill_normal(dt_rng_key k, uint64_t first, float *out, size_t n, float mean, float std)
+{
+    fill_runs(fill_normal_run, k, first, out, n, mean, std);
 }
 
 dt_status dt_rng_permutation(dt_rng_key k, int64_t *out, int64_t n)
@@ -133,13 +176,22 @@ void dt_torch_rng_seed(dt_torch_rng *g, uint64_t seed)
     g->cached_normal = 0;
 }
 
+static inline uint32_t mt_twist(uint32_t a, uint32_t b)
+{
+    uint32_t y = (a & 0x80000000u) | (b & 0x7fffffffu);
+    return (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+}
+
 uint32_t dt_torch_rng_next(dt_torch_rng *g)
 {
-    if (g->i >= 624) {
-        for (int k = 0; k < 624; k++) {
-            uint32_t y = (g->s[k] & 0x80000000u) | (g->s[(k + 1) % 624] & 0x7fffffffu);
-            g->s[k] = g->s[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
-        }
+    if (g->i >= 624) { /* the twist, in three loops without the index wrap */
+        uint32_t *s = g->s;
+        int k = 0;
+        for (; k < 624 - 397; k++)
+            s[k] = s[k + 397] ^ mt_twist(s[k], s[k + 1]);
+        for (; k < 623; k++)
+            s[k] = s[k + 397 - 624] ^ mt_twist(s[k], s[k + 1]);
+        s[623] = s[396] ^ mt_twist(s[623], s[0]);
         g->i = 0;
     }
     uint32_t y = g->s[g->i++];
@@ -237,8 +289,19 @@ void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, f
      * comes from its block; the rest from the redrawn tail. */
     const float m = (float)mean, sd = (float)std;
     const size_t tail_from = n % 16 ? n - 16 : n;
+    /* The blocks wholly inside [lo, min(hi, tail_from)) get their uniforms
+     * written in place, in order, and transformed afterwards on the compute
+     * threads (each block alone: the same bits on any thread count); a
+     * block cut by the range is transformed here. */
+    const size_t top = hi < tail_from ? hi : tail_from;
+    const size_t w0 = (lo + 15) / 16 * 16, w1 = top / 16 * 16 > w0 ? top / 16 * 16 : w0;
     float blk[16];
     for (size_t b = 0; b + 16 <= n; b += 16) {
+        if (b >= w0 && b < w1) {
+            for (int j = 0; j < 16; j++)
+                out[b - lo + (size_t)j] = torch_u24(g);
+            continue;
+        }
         for (int j = 0; j < 16; j++)
             blk[j] = torch_u24(g);
         size_t a0 = b > lo ? b : lo, a1 = b + 16 < hi ? b + 16 : hi;
@@ -250,6 +313,10 @@ void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, f
                 out[i - lo] = blk[i - b];
         }
     }
+    const int64_t nb = (int64_t)((w1 - w0) / 16);
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (nb >= 4096)
+    for (int64_t q = 0; q < nb; q++)
+        torch_normal16(out + (w0 - lo) + (size_t)q * 16, m, sd);
     for (size_t i = n / 16 * 16; i < n; i++)
         (void)torch_u24(g); /* the first pass's draws past the last full block */
     if (n % 16) {

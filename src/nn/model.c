@@ -165,7 +165,7 @@ static void philox_part(const dt_model *md, const dt__entry *e, const dt_nn_para
     (void)md;
     switch (s->init) {
     case DT_NN_INIT_ZEROS:
-        memset(out, 0, n * sizeof(float));
+        dt_memzero(out, n * sizeof(float));
         break;
     case DT_NN_INIT_ONES:
         for (size_t i = 0; i < n; i++)
@@ -805,14 +805,14 @@ void dt_model_zero_grad(dt_model *m)
         if (!g->base)
             continue;
         if (!m->keep[d]) {
-            memset(g->base, 0, dt_flat_nbytes(g));
+            dt_memzero(g->base, dt_flat_nbytes(g));
             continue;
         }
         /* only the spans this rank holds: a write elsewhere would commit the
          * pages dt__model_release gave back */
         const size_t es = dt_dtype_size(g->dtype);
         for (size_t i = 0; i < m->nkeep[d]; i++)
-            memset((char *)g->base + m->keep[d][2 * i] * es, 0, (m->keep[d][2 * i + 1] - m->keep[d][2 * i]) * es);
+            dt_memzero((char *)g->base + m->keep[d][2 * i] * es, (m->keep[d][2 * i + 1] - m->keep[d][2 * i]) * es);
     }
 }
 

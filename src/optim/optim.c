@@ -292,20 +292,28 @@ done:
  * elements no item covers are zeroed by giving their whole pages back
  * (dt_decommit). Within a range that is alignment padding (no whole page),
  * but an interleaved pipeline rank's range spans the other ranks' stages
- * between its chunks: their state is never touched and holds no memory. */
+ * between its chunks: their state is never touched and holds no memory.
+ * Adjacent items (a parameter's chunks) are written as one span by
+ * dt_memzero, on the compute threads: zeroed item by item, the moments of
+ * GPT-2 124M (1 GB of fresh pages) took one core about 4 s on a VM. */
 static void zero_state(const dt_optim *o, size_t r, float *st, size_t n)
 {
-    size_t prev = 0;
+    size_t prev = 0, run = 0; /* [run, prev): the items' elements not written yet */
     for (size_t i = 0; i < o->nitem; i++) {
         const dt__optim_item *it = &o->items[i];
         if (it->range != r)
             continue;
-        if (it->start > prev)
+        if (it->start > prev) {
+            dt_memzero(st + run, (prev - run) * sizeof *st);
             dt_decommit(st + prev, (it->start - prev) * sizeof *st);
-        memset(st + it->start, 0, it->len * sizeof *st);
+            run = it->start;
+        } else if (it->start < run) { /* before the current span (items out of order) */
+            dt_memzero(st + it->start, it->len * sizeof *st);
+        }
         if (it->start + it->len > prev)
             prev = it->start + it->len;
     }
+    dt_memzero(st + run, (prev - run) * sizeof *st);
     if (n > prev)
         dt_decommit(st + prev, (n - prev) * sizeof *st);
 }

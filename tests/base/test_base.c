@@ -3,7 +3,10 @@
 #include "dtrain/base.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -40,16 +43,25 @@ static size_t resident_pages(void *p, size_t len)
     return r;
 }
 
+/* A fresh anonymous mapping of len bytes on 4 KiB pages (counted as such). */
+static unsigned char *map_small_pages(size_t len)
+{
+    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+#ifdef MADV_NOHUGEPAGE
+    madvise(m, len, MADV_NOHUGEPAGE);
+#endif
+    return m;
+}
+
 /* dt_prefault commits a fresh mapping's pages and keeps what they hold; the
  * writes after it take no page fault. */
 TEST(prefault_commits_pages)
 {
     const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 256 * pg;
-    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT(m != MAP_FAILED);
-#ifdef MADV_NOHUGEPAGE
-    madvise(m, len, MADV_NOHUGEPAGE); /* count 4 KiB pages */
-#endif
+    unsigned char *m = map_small_pages(len);
+    ASSERT(m);
     m[5 * pg + 7] = 42;
     ASSERT(resident_pages(m, len) <= 2);
     ASSERT_EQ_INT((long long)dt_prefault(m, len), (long long)len);
@@ -68,17 +80,62 @@ TEST(prefault_commits_pages)
     munmap(m, len);
 }
 
+/* From 8 MiB on dt_prefault and dt_memzero split the range over the compute
+ * threads in 2 MiB pieces: the same bytes as one call, on any thread
+ * count, with the pieces' first and last cut to an unaligned range. */
+TEST(large_ranges_on_threads)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = (size_t)20 << 20;
+    for (int nt = 1; nt <= 3; nt++) {
+        dt_set_num_threads(nt);
+        unsigned char *m = map_small_pages(len);
+        ASSERT(m);
+        m[3 * pg + 5] = 11;
+        m[len - 1] = 12;
+        /* from inside page 1 to inside the page before the last: the whole pages between */
+        const size_t lo = pg + 100, n = len - 2 * pg - 200;
+        ASSERT_EQ_INT((long long)dt_prefault(m + lo, n), (long long)(len - 4 * pg));
+        ASSERT_EQ_INT((long long)resident_pages(m + 2 * pg, len - 4 * pg), (long long)(len / pg - 4));
+        ASSERT_EQ_INT(m[3 * pg + 5], 11);
+        ASSERT_EQ_INT(m[len - 1], 12);
+        memset(m, 0x5a, len);
+        dt_memzero(m + lo, n);
+        for (size_t i = lo; i < lo + n; i += 4093)
+            ASSERT_EQ_INT(m[i], 0);
+        for (uintptr_t b = ((uintptr_t)(m + lo) | (((uintptr_t)2 << 20) - 1)) + 1; b < (uintptr_t)(m + lo + n);
+             b += (uintptr_t)2 << 20) /* both sides of every piece's edge */
+            ASSERT(((unsigned char *)b)[-1] == 0 && ((unsigned char *)b)[0] == 0);
+        ASSERT_EQ_INT(m[lo], 0);
+        ASSERT_EQ_INT(m[lo + n - 1], 0);
+        ASSERT_EQ_INT(m[lo - 1], 0x5a);
+        ASSERT_EQ_INT(m[lo + n], 0x5a);
+        /* below 8 MiB: one memset, the same bytes */
+        dt_memzero(m + 7, 1000);
+        ASSERT_EQ_INT(m[6], 0x5a);
+        ASSERT_EQ_INT(m[7], 0);
+        ASSERT_EQ_INT(m[1006], 0);
+        ASSERT_EQ_INT(m[1007], 0x5a);
+        dt_memzero(NULL, 100);
+        dt_memzero(m, 0);
+        ASSERT_EQ_INT(m[0], 0x5a);
+        munmap(m, len);
+    }
+    dt_set_num_threads(0);
+    unsigned char *c = dt_calloc((size_t)9 << 20); /* dt_calloc zeroes through dt_memzero */
+    ASSERT(c);
+    for (size_t i = 0; i < ((size_t)9 << 20); i += 4099)
+        ASSERT_EQ_INT(c[i], 0);
+    dt_free(c);
+}
+
 /* dt_decommit zeroes a range: its whole pages given back (not resident,
  * reading zero), the partial pages at its ends written with zeros, the
  * bytes around it untouched; also on dt_alloc memory. */
 TEST(decommit_zeroes_and_gives_back)
 {
     const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 64 * pg;
-    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT(m != MAP_FAILED);
-#ifdef MADV_NOHUGEPAGE
-    madvise(m, len, MADV_NOHUGEPAGE);
-#endif
+    unsigned char *m = map_small_pages(len);
+    ASSERT(m);
     memset(m, 7, len);
     ASSERT_EQ_INT((long long)resident_pages(m, len), 64);
     /* from the middle of page 3 to the middle of page 40: pages 4..39 go back */
@@ -204,6 +261,58 @@ TEST(rng_streams_are_pure)
     ASSERT(dt_rng_uniform(k2, 0) != a[0] || dt_rng_uniform(k2, 1) != a[1]);
 }
 
+/* The fills, restated element by element from the Philox blocks: element
+ * i of a uniform stream is lane i % 4 of block i / 4 (24 bits); of a normal
+ * stream the Box-Muller cosine (i even) or sine (i odd) of the first two
+ * lanes of block i / 2. Fills from 2^18 elements on run on the compute
+ * threads in runs: the same bits on 1, 2 and 3 threads, from an odd first
+ * element too, and equal to a short fill of any sub-range. */
+static float ref_uniform(dt_rng_key k, uint64_t i, float lo, float hi)
+{
+    uint32_t o[4];
+    dt_rng_block(k, i >> 2, o);
+    return lo + (hi - lo) * ((float)(o[i & 3] >> 8) * (1.0f / 16777216.0f));
+}
+
+static float ref_normal(dt_rng_key k, uint64_t i, float mean, float std)
+{
+    uint32_t o[4];
+    dt_rng_block(k, i >> 1, o);
+    double u1 = ((double)(o[0] >> 8) + 1.0) / 16777217.0, u2 = (double)(o[1] >> 8) / 16777216.0;
+    double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+    double z = (i & 1) ? r * sin(th) : r * cos(th);
+    return (float)(mean + std * z);
+}
+
+TEST(rng_fills_match_elements_on_any_threads)
+{
+    enum { N = 300001 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    ASSERT(x && y);
+    dt_rng_key k = dt_rng_key_make(7, DT_RNG_INIT, 3, 1);
+    for (int nt = 1; nt <= 3; nt++) {
+        dt_set_num_threads(nt);
+        for (uint64_t first = 0; first <= 1; first++) {
+            dt_rng_fill_normal(k, first, x, N, 0.5f, 0.02f);
+            dt_rng_fill_uniform(k, first, y, N, -0.25f, 0.75f);
+            for (size_t j = 0; j < N; j++) {
+                float a = ref_normal(k, first + j, 0.5f, 0.02f), b = ref_uniform(k, first + j, -0.25f, 0.75f);
+                if (memcmp(&a, &x[j], sizeof a) || memcmp(&b, &y[j], sizeof b)) {
+                    fprintf(stderr, "threads %d, first %llu, element %zu: %a %a, want %a %a\n", nt,
+                            (unsigned long long)first, j, (double)x[j], (double)y[j], (double)a, (double)b);
+                    ASSERT(0);
+                }
+            }
+            float s[5];
+            dt_rng_fill_normal(k, first + 65535, s, 5, 0.5f, 0.02f); /* across a run's end */
+            ASSERT(memcmp(s, x + 65535, sizeof s) == 0);
+        }
+    }
+    dt_set_num_threads(0);
+    free(x);
+    free(y);
+}
+
 TEST(rng_normal_moments)
 {
     enum { N = 200000 };
@@ -246,10 +355,12 @@ int main(void)
     RUN(error_messages);
     RUN(arena_alignment_and_reuse);
     RUN(prefault_commits_pages);
+    RUN(large_ranges_on_threads);
     RUN(decommit_zeroes_and_gives_back);
     RUN(arena_second_step_takes_no_fault);
     RUN(philox_known_answer);
     RUN(rng_streams_are_pure);
+    RUN(rng_fills_match_elements_on_any_threads);
     RUN(rng_normal_moments);
     RUN(permutation);
     RUN(hash);

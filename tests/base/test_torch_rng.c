@@ -60,6 +60,35 @@ TEST(normal_is_torch_normal)
     expect_floats(x, small, 5, 1);
 }
 
+/* dt_torch_rng_normal_part keeps the elements [lo, hi) of what
+ * dt_torch_rng_normal draws, and leaves the stream where it does: over a
+ * range of many whole 16-blocks (transformed on the compute threads) with
+ * cut blocks at both ends and the redrawn tail (n % 16 != 0), on 1 and 3
+ * threads; also past 624 draws (the twist) and for an empty range. */
+TEST(normal_part_is_a_slice_of_normal)
+{
+    enum { N = 200003 };
+    float *full = malloc(N * sizeof *full), *part = malloc(N * sizeof *part);
+    ASSERT(full && part);
+    const size_t ranges[][2] = {{0, N}, {5, N - 7}, {17, 70001}, {N - 10, N}, {100, 100}};
+    for (int nt = 1; nt <= 3; nt += 2) {
+        dt_set_num_threads(nt);
+        for (size_t r = 0; r < sizeof ranges / sizeof *ranges; r++) {
+            dt_torch_rng g, h;
+            dt_torch_rng_seed(&g, 11);
+            dt_torch_rng_seed(&h, 11);
+            dt_torch_rng_normal(&g, full, N, 0.25, 0.02);
+            size_t lo = ranges[r][0], hi = ranges[r][1];
+            dt_torch_rng_normal_part(&h, N, lo, hi, part, 0.25, 0.02);
+            ASSERT(memcmp(part, full + lo, (hi - lo) * sizeof *part) == 0);
+            ASSERT_EQ_U64(dt_torch_rng_next(&g), dt_torch_rng_next(&h));
+        }
+    }
+    dt_set_num_threads(0);
+    free(full);
+    free(part);
+}
+
 TEST(randperm_is_torch_randperm)
 {
     int64_t p[10];
@@ -175,6 +204,7 @@ int main(void)
 {
     RUN(uniform_is_torch_uniform);
     RUN(normal_is_torch_normal);
+    RUN(normal_part_is_a_slice_of_normal);
     RUN(randperm_is_torch_randperm);
     RUN(convnet_starts_from_torch_weights);
     RUN(embedding_starts_from_torch_weights);
