@@ -59,13 +59,17 @@ dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config
                         "gpt2-xl, gpt-mini, gpt-micro, llama-tiny, llama-100m, hf:DIR)", name ? name : "(null)");
     if (st < 0)
         return st;
-    if (c.tp && dt_pg_size(c.tp) > 1 && !c.build.meta &&
-        (st = dt_model_init_tp(*model, name, &c, DT_INIT_PHILOX, seed)) < 0) {
+    /* the initial values: a tensor-parallel model's slices are the single
+     * process model's (either generator); torch's stream draws what the
+     * build left to it (dt_model_build_params.init) */
+    const bool tp = c.tp && dt_pg_size(c.tp) > 1;
+    if (!c.build.meta && (tp || c.build.init == DT_INIT_TORCH) &&
+        (st = tp ? dt_model_init_tp(*model, name, &c, c.build.init, seed) : dt_model_init_torch(*model, seed)) < 0) {
         dt_model_free(*model);
         *model = NULL;
         return st;
     }
-    d.tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    d.tp = tp ? c.tp : NULL;
     d.cp = c.cp;
     snprintf(d.name, sizeof d.name, "%s", name);
     if (desc)

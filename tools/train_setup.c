@@ -465,6 +465,7 @@ int dt__tr_setup_model(dt__train_run *t)
     if (dt_precision_policy_build_params(&pol, &cfg.build) < 0) /* bf16/f16: the model holds its parameters so */
         return dt__tr_fail(2, "--precision");
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3, --pp: each rank initialises what it holds */
+    cfg.build.init = !strcmp(t->o.rng, "torch") ? DT_INIT_TORCH : DT_INIT_PHILOX; /* torch's: drawn once, by create */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
         return dt__tr_fail(2, "--model");
     int frc = freeze_report(t);
@@ -481,10 +482,6 @@ int dt__tr_setup_model(dt__train_run *t)
             return dt__tr_fail(st == DT_ERR_UNSUPPORTED || st == DT_ERR_INVALID_ARG ? 2 : 1, "--activation-checkpointing");
         t->ckpt_profile = ap.profile;
     }
-    if (!cfg.build.meta && !strcmp(t->o.rng, "torch") &&
-        (cfg.tp ? dt_model_init_tp(t->model, t->o.model, &cfg, DT_INIT_TORCH, t->o.seed)
-                : dt_model_init_torch(t->model, t->o.seed)) < 0)
-        return dt__tr_fail(1, "--rng torch");
     if (cfg.build.meta && (t->freeze || t->lora_targets) && !strcmp(t->o.rng, "torch") &&
         dt_model_init_frozen(t->model, DT_INIT_TORCH, t->o.seed) < 0) /* the shards get torch's by init_range */
         return dt__tr_fail(1, "--rng torch");

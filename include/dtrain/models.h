@@ -328,8 +328,10 @@ DT_API dt_status dt_hf_save_check_out(const char *out);
 DT_API bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n);
 
 
-/* Build zoo model `name` (initialised from seed as dt_model_build does) into
- * *model and its descriptor into *desc (may be NULL). cfg NULL: defaults.
+/* Build zoo model `name` (initialised from seed as dt_model_build does, or
+ * with cfg->build.init DT_INIT_TORCH as dt_model_init_torch does: PyTorch's
+ * initial values, drawn once) into *model and its descriptor into *desc
+ * (may be NULL). cfg NULL: defaults.
  * DT_ERR_NOT_FOUND for an unknown name, DT_ERR_INVALID_ARG for a bad cfg. */
 DT_API dt_status dt_model_create(const char *name, uint64_t seed, const dt_model_config *cfg, dt_model **model,
                                  dt_model_desc *desc);

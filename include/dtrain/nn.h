@@ -487,6 +487,13 @@ DT_API dt_status dt_module_set_lora(dt_module *m, const dt_lora_hook *h);
 /* m's LoRA hook, or NULL. */
 DT_API const dt_lora_hook *dt_module_lora(const dt_module *m);
 
+/* Initial-value generators (dt_model_build_params.init, dt_model_init_range). */
+typedef enum {
+    DT_INIT_PHILOX = 0, /* dt_model_build's own init: Philox keyed by (seed, DT_RNG_INIT, entry, element) */
+    DT_INIT_TORCH,      /* dt_model_init_torch's: PyTorch's sequential MT19937 stream */
+    DT_INIT_RNG_COUNT
+} dt_init_rng;
+
 /* Options of dt_model_build. */
 typedef struct dt_model_build_params {
     int world;   /* pad every flat to a multiple of world * (64 B / element) elements so rank r's
@@ -525,6 +532,13 @@ typedef struct dt_model_build_params {
                                   batch norm under keep_batchnorm_fp32 and of f32_modules.
                                   Initialised in f32 and rounded once; dt_batch_norm updates
                                   low-precision statistics in f32 and rounds them back */
+    dt_init_rng init;          /* DT_INIT_PHILOX (default) draws every randomly initialised
+                                  parameter here; DT_INIT_TORCH leaves them zero (constant inits
+                                  and buffers are written as usual) for dt_model_init_torch or
+                                  dt_model_init_tp(..., DT_INIT_TORCH) to draw next, as
+                                  dt_model_create does with it: no Philox draw is made that
+                                  PyTorch's stream then replaces (GPT-2 124M: about 3 s on two
+                                  cores). No effect on a meta build's parameters */
 } dt_model_build_params;
 DT_API dt_model_build_params dt_model_build_params_default(void);
 
@@ -571,13 +585,6 @@ typedef struct dt_torch_draw {
  * names a float parameter and a random init, else DT_ERR_INVALID_ARG naming
  * it. n 0 restores the default. */
 DT_API dt_status dt_model_set_torch_init(dt_model *m, const dt_torch_draw *draws, size_t n);
-
-/* Initial-value generators (dt_model_init_range). */
-typedef enum {
-    DT_INIT_PHILOX = 0, /* dt_model_build's own init: Philox keyed by (seed, DT_RNG_INIT, entry, element) */
-    DT_INIT_TORCH,      /* dt_model_init_torch's: PyTorch's sequential MT19937 stream */
-    DT_INIT_RNG_COUNT
-} dt_init_rng;
 
 /* Fill dst, a flat holding global elements [dst->offset, dst->offset +
  * dst->numel) of the model's parameter flat of dst->dtype (a shard view of

@@ -404,7 +404,7 @@ static dt_status entry_views(dt__entry *e, void *data, void *grad)
 dt_model_build_params dt_model_build_params_default(void)
 {
     dt_model_build_params p = {.world = 1, .meta = false, .param_dtype = DT_F32, .keep_batchnorm_fp32 = true,
-                               .f32_modules = NULL, .buffer_dtype = DT_F32};
+                               .f32_modules = NULL, .buffer_dtype = DT_F32, .init = DT_INIT_PHILOX};
     return p;
 }
 
@@ -426,6 +426,10 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
     if (bp->world < 1) {
         dt_module_free(root);
         return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: world %d must be >= 1", bp->world);
+    }
+    if ((unsigned)bp->init >= DT_INIT_RNG_COUNT) {
+        dt_module_free(root);
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_build: unknown init generator %d", (int)bp->init);
     }
     if (!dt_dtype_is_float(bp->param_dtype)) {
         dt_module_free(root);
@@ -528,6 +532,8 @@ dt_status dt_model_build(dt_module *root, uint64_t seed, const dt_model_build_pa
             continue; /* meta parameter (or an empty buffer) */
         if (entry_views(e, base, p->is_buffer ? NULL : dt_flat_ptr(&md->flats[DT_FLAT_GRADS][p->dtype], p->offset)) < 0)
             goto fail;
+        if (bp->init == DT_INIT_TORCH && !p->is_buffer && dt__random_init(s->init))
+            continue; /* torch's stream draws it next (the flat's mapping reads zero until then) */
         if (dt_dtype_is_float(p->dtype) && (!p->is_buffer || p->dtype != DT_F32)) {
             float *t = init_target(p->dtype, base, p->numel);
             if (!t)

@@ -151,6 +151,64 @@ TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false)
 TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false); }
 TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true); }
 
+/* dt_model_build_params.init DT_INIT_TORCH: the build leaves the random
+ * parameters zero (constant inits written: the norms' ones) and draws no
+ * Philox value; dt_model_create with it draws torch's stream once, the
+ * same values as a Philox build redrawn by dt_model_init_torch. An unknown
+ * generator is refused. */
+TEST(build_leaves_random_init_to_torch)
+{
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    dt_model_config mc = dt_model_config_default();
+    mc.build.init = DT_INIT_TORCH;
+    dt_model *m, *ref;
+    ASSERT_OK(dt_llama_create(&c, 7, &mc, &m, NULL));
+    ASSERT_OK(dt_llama_create(&c, 7, NULL, &ref, NULL));
+    int zero = 0, ones = 0;
+    for (size_t i = 0; i < dt_model_num_entries(m); i++) {
+        dt_param_info p, q;
+        ASSERT_OK(dt_model_entry(m, i, &p));
+        ASSERT_OK(dt_model_entry(ref, i, &q));
+        if (p.is_buffer || p.tied_to >= 0)
+            continue;
+        const float *x = p.tensor->data, *y = q.tensor->data;
+        size_t nz = 0, same = 0;
+        for (size_t k = 0; k < p.numel; k++)
+            nz += x[k] != 0.0f, same += x[k] == y[k];
+        if (strstr(p.name, "norm")) { /* ones in both builds */
+            ASSERT_EQ_U64(same, p.numel);
+            ones++;
+        } else {
+            ASSERT_EQ_U64(nz, 0);
+            zero++;
+        }
+    }
+    ASSERT(zero >= 4 && ones >= 2);
+    ASSERT_OK(dt_model_init_torch(m, 3));
+    ASSERT_OK(dt_model_init_torch(ref, 3));
+    const dt_flat *a = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), *b = dt_model_flat(ref, DT_FLAT_PARAMS, DT_F32);
+    ASSERT_EQ_U64(a->total, b->total);
+    ASSERT(memcmp(a->base, b->base, dt_flat_nbytes(a)) == 0);
+    dt_model_free(m);
+    dt_model_free(ref);
+
+    dt_model_config cfg = dt_model_config_default();
+    cfg.n_layer = 2;
+    cfg.vocab_size = 300;
+    ASSERT_OK(dt_model_create("gpt-micro", 5, &cfg, &ref, NULL));
+    ASSERT_OK(dt_model_init_torch(ref, 5));
+    cfg.build.init = DT_INIT_TORCH;
+    ASSERT_OK(dt_model_create("gpt-micro", 5, &cfg, &m, NULL));
+    a = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32), b = dt_model_flat(ref, DT_FLAT_PARAMS, DT_F32);
+    ASSERT(memcmp(a->base, b->base, dt_flat_nbytes(a)) == 0);
+    dt_model_free(m);
+    dt_model_free(ref);
+    cfg.build.init = (dt_init_rng)7;
+    ASSERT_STATUS(dt_model_create("gpt-micro", 5, &cfg, &m, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "init generator 7");
+}
+
 /* dt_model_set_torch_init's checks name the entry. */
 TEST(torch_init_recipe_checks)
 {
@@ -195,6 +253,7 @@ int main(void)
     RUN(llama_starts_from_transformers_weights);
     RUN(llama_tied_with_biases_starts_from_transformers_weights);
     RUN(qwen2_starts_from_transformers_weights);
+    RUN(build_leaves_random_init_to_torch);
     RUN(torch_init_recipe_checks);
     return TEST_REPORT();
 }
