@@ -302,6 +302,11 @@ dt_status dt_model_init_torch(dt_model *md, uint64_t seed)
     if (md->meta)
         return dt_error(DT_ERR_STATE, "dt_model_init_torch: the model is meta (no storage): use "
                                       "dt_model_init_range(m, DT_INIT_TORCH, seed, shard)");
+    /* the stream is drawn on one thread: the parameters' fresh pages (a
+     * build with init DT_INIT_TORCH left them unwritten) are committed on
+     * every compute thread first */
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+        dt_prefault(md->flats[DT_FLAT_PARAMS][d].base, dt_flat_nbytes(&md->flats[DT_FLAT_PARAMS][d]));
     /* constant inits draw nothing from torch's stream; they are written
      * here too (a low-precision entry may hold unset values) */
     for (size_t i = 0; i < md->nentry; i++) {
