@@ -22,6 +22,13 @@ add_test(NAME tools/compare_quick
 set_tests_properties(tools/compare_quick PROPERTIES TIMEOUT 900 LABELS "tools;slow" SKIP_RETURN_CODE 77
   ENVIRONMENT "OPENBLAS_CORETYPE=SkylakeX")
 
+# bench/first_step.sh (time to the first step, against another build and
+# transformers) on gpt-micro against itself: the output's format, a failing
+# dtrain named, bad options exit 2.
+add_test(NAME tools/first_step_quick
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/first_step_quick.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/dtrain)
+set_tests_properties(tools/first_step_quick PROPERTIES TIMEOUT 300 LABELS "tools" SKIP_RETURN_CODE 77)
+
 # signal_shim.so: preloaded by test_proc_safety into other test programs, it
 # makes fork/forkpty fail and refuses (and logs) any signal sent outside the
 # program's own process tree.
