@@ -290,9 +290,9 @@ void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, f
     const float m = (float)mean, sd = (float)std;
     const size_t tail_from = n % 16 ? n - 16 : n;
     /* The blocks wholly inside [lo, min(hi, tail_from)) get their uniforms
-     * written in place, in order, and transformed afterwards on the compute
-     * threads (each block alone: the same bits on any thread count); a
-     * block cut by the range is transformed here. */
+     * written in place, in order, and transformed afterwards, on the compute
+     * threads from RNG_PAR elements on (each block alone: the same bits on
+     * any thread count); a block cut by the range is transformed here. */
     const size_t top = hi < tail_from ? hi : tail_from;
     const size_t w0 = (lo + 15) / 16 * 16, w1 = top / 16 * 16 > w0 ? top / 16 * 16 : w0;
     float blk[16];
@@ -314,7 +314,7 @@ void dt_torch_rng_normal_part(dt_torch_rng *g, size_t n, size_t lo, size_t hi, f
         }
     }
     const int64_t nb = (int64_t)((w1 - w0) / 16);
-#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (nb >= 4096)
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if ((size_t)nb * 16 >= RNG_PAR)
     for (int64_t q = 0; q < nb; q++)
         torch_normal16(out + (w0 - lo) + (size_t)q * 16, m, sd);
     for (size_t i = n / 16 * 16; i < n; i++)

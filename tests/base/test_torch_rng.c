@@ -67,10 +67,10 @@ TEST(normal_is_torch_normal)
  * threads; also past 624 draws (the twist) and for an empty range. */
 TEST(normal_part_is_a_slice_of_normal)
 {
-    enum { N = 200003 };
+    enum { N = 300003 }; /* more than 2^18 elements: the blocks' transform runs on the threads */
     float *full = malloc(N * sizeof *full), *part = malloc(N * sizeof *part);
     ASSERT(full && part);
-    const size_t ranges[][2] = {{0, N}, {5, N - 7}, {17, 70001}, {N - 10, N}, {100, 100}};
+    const size_t ranges[][2] = {{0, N}, {5, N - 7}, {17, 270001}, {N - 10, N}, {100, 100}};
     for (int nt = 1; nt <= 3; nt += 2) {
         dt_set_num_threads(nt);
         for (size_t r = 0; r < sizeof ranges / sizeof *ranges; r++) {
