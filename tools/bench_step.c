@@ -136,6 +136,8 @@ static void usage(FILE *f)
                "  --peak-reps R   runs of each GEMM of the peak, best taken (default 3; 0 skips the peak): the\n"
                "                  step's own GEMMs in its precision (GPT, Llama, MLP), else 2048^3 (ConvNet)\n"
                "  --precision P   fp32 (default), bf16, fp16 or auto: as dtrain train --precision (f32 master weights)\n"
+               "  --peak-detail   with the peak: each distinct GEMM's best time, rate and share of the GEMMs' time,\n"
+               "                  one line each on stderr\n"
                "  --lm-loss L     GPT-2 models: fused (default: head + cross-entropy in row chunks) or unfused\n"
                "                  (Llama models: unfused)\n"
                "  --prepare P     on (default): dt_trainer_prepare before the first step (prepare_ms); off: the first\n"
@@ -157,7 +159,7 @@ static double gemm_work(const dt_k_gemm_shape *rec, int n)
  * rec[0..nrec) the GEMMs its first step made (nrec 0: none recorded), t the
  * step's GEMM dtype. Fills *rate, writes peak_kind into kind; 0 or -1 (an
  * error, reported: the run goes on without a peak). */
-static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int reps, dt_k_gemm_rate *rate,
+static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int reps, bool detail, dt_k_gemm_rate *rate,
                         char *kind, size_t cap)
 {
     dt_k_gemm_shape sq = {.batch = 1, .M = 2048, .N = 2048, .K = 2048, .alpha = 1.0f, .ab_type = t,
@@ -170,11 +172,26 @@ static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int re
         snprintf(kind, cap, "%s step shapes", d == DT_DTYPE_COUNT ? "mixed" : dt_dtype_name(d));
     } else
         snprintf(kind, cap, "%s 2048^3", dt_dtype_name(t));
-    if (dt_k_gemm_bench(nrec > 0 ? rec : &sq, nrec > 0 ? nrec : 1, reps, NULL, rate) < 0) {
-        dt__cli_err("dtrain bench step: matmul peak (%s): %s (continuing without it)\n", kind, dt_last_error());
+    const dt_k_gemm_shape *g = nrec > 0 ? rec : &sq;
+    const int n = nrec > 0 ? nrec : 1;
+    double *best = detail ? calloc((size_t)n, sizeof *best) : NULL;
+    if ((detail && !best) || dt_k_gemm_bench(g, n, reps, best, rate) < 0) {
+        dt__cli_err("dtrain bench step: matmul peak (%s): %s (continuing without it)\n", kind,
+                    best || !detail ? dt_last_error() : "out of memory");
         memset(rate, 0, sizeof *rate);
+        free(best);
         return -1;
     }
+    for (int i = 0; detail && i < n; i++) { /* one line per distinct call, on stderr beside the result */
+        const double f = 2.0 * (double)g[i].batch * (double)g[i].M * (double)g[i].N * (double)g[i].K;
+        const double w = (double)g[i].count * best[i];
+        fprintf(stderr, "peak %2d: %s%s batch %lld M %lld N %lld K %lld %s->%s%s x%lld: %.3f ms, %.1f GFLOP/s, %.1f%% of "
+                "the GEMMs' time\n", i, g[i].trans_a ? "At" : "A", g[i].trans_b ? "Bt" : "B", (long long)g[i].batch,
+                (long long)g[i].M, (long long)g[i].N, (long long)g[i].K, dt_dtype_name(g[i].ab_type),
+                dt_dtype_name(g[i].c_type), g[i].bias ? "+bias" : "", (long long)g[i].count, best[i] * 1e3,
+                best[i] > 0 ? f / best[i] * 1e-9 : 0.0, rate->seconds > 0 ? 100.0 * w / rate->seconds : 0.0);
+    }
+    free(best);
     return 0;
 }
 
@@ -192,7 +209,7 @@ static dt_status stop_recording(dt_k_gemm_shape *rec, int *n)
     return st;
 }
 
-static int run_one(const char *name, long batch, long seq, int steps, int warmup, int peak_reps, bool json,
+static int run_one(const char *name, long batch, long seq, int steps, int warmup, int peak_reps, bool detail, bool json,
                    dt_pg *tpg, const char *precision, bool fused, bool prepare)
 {
     int rc = 1;
@@ -351,7 +368,7 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     char kind[48] = "none";
     const int used = gemm_work(rec, nrec) >= 0.5 * train_flops ? nrec : 0; /* 0: the n^3 product */
     if (peak_reps > 0 && !quiet)
-        measure_peak(rec, used, gemm_t, peak_reps, &rate, kind, sizeof kind);
+        measure_peak(rec, used, gemm_t, peak_reps, detail, &rate, kind, sizeof kind);
     const double peak = rate.gflops, cpu_peak = rate.cpu_gflops;
     double gflops = train_flops / med[0] * 1e-9, pct = peak > 0 ? 100.0 * gflops / peak : 0;
     double cpu_pct = cpu_peak > 0 ? 100.0 * (train_flops / (cpu_ms * 1e-3) * 1e-9) / cpu_peak : 0;
@@ -407,7 +424,7 @@ int dt_bench_step(int argc, char **argv)
     const char *models = "convnet", *precision = "fp32", *lm_loss = "fused";
     long batch = 0, seq = 0;
     int steps = 20, warmup = WARMUP_AUTO, threads = 0, peak_reps = 3, tpn = 0;
-    bool json = false, prepare = true;
+    bool json = false, prepare = true, detail = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -416,6 +433,8 @@ int dt_bench_step(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--peak-detail")) {
+            detail = true;
         } else if (v && !strcmp(a, "--model")) {
             models = v, i++;
         } else if (v && !strcmp(a, "--batch")) {
@@ -491,7 +510,7 @@ int dt_bench_step(int argc, char **argv)
     snprintf(buf, sizeof buf, "%s", models);
     int rc = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak_reps, json, tpg, precision,
+        int r = run_one(tok, batch, seq ? seq : 64, steps, warmup, peak_reps, detail, json, tpg, precision,
                         !strcmp(lm_loss, "fused"), prepare);
         if (r)
             rc = r;

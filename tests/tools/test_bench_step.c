@@ -175,6 +175,37 @@ TEST(peak_in_step_precision)
     }
 }
 
+/* --peak-detail: one line per distinct GEMM of the peak (gpt-micro's 15),
+ * each with its time, rate and share of the GEMMs' time; the shares add up
+ * to the whole. Without a peak (--peak-reps 0) there is nothing to detail. */
+TEST(peak_detail)
+{
+    static char out[16384];
+    ASSERT_EQ_INT(run("--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 1 "
+                      "--precision bf16 --peak-detail --json", out, sizeof out), 0);
+    int lines = 0;
+    double share = 0;
+    for (const char *p = strstr(out, "peak "); p; p = strstr(p + 1, "peak ")) {
+        int i = -1;
+        double pct = -1;
+        const char *of = strstr(p, "% of the GEMMs' time");
+        if (sscanf(p, "peak %d:", &i) != 1 || !of)
+            continue;
+        const char *q = of;
+        while (q > p && q[-1] != ' ')
+            q--;
+        ASSERT(sscanf(q, "%lf", &pct) == 1 && pct >= 0 && pct <= 100);
+        ASSERT_EQ_INT(i, lines);
+        lines++, share += pct;
+    }
+    ASSERT_EQ_INT(lines, 15);
+    ASSERT(fabs(share - 100.0) < 0.1 * 15); /* each share printed to 0.1 */
+    ASSERT_STR_CONTAINS(out, "\"peak_shapes\":15,");
+    ASSERT_EQ_INT(run("--model gpt-micro --batch 2 --seq 16 --steps 1 --warmup 0 --threads 1 --peak-reps 0 "
+                      "--peak-detail --json", out, sizeof out), 0);
+    ASSERT(strstr(out, "of the GEMMs' time") == NULL);
+}
+
 TEST(bad_options)
 {
     static char out[4096];
@@ -223,6 +254,7 @@ int main(void)
     RUN(precision);
     RUN(warmup_auto);
     RUN(peak_in_step_precision);
+    RUN(peak_detail);
     RUN(bad_options);
     RUN(omp_wait_reported);
     return TEST_REPORT();
