@@ -2,8 +2,8 @@
  * written against, and the two implementations of them.
  *
  * The GEMM's driver (gemm_amx.c: packing, blocking, tile configuration,
- * edge tiles, threading, epilogue) calls a dt__amx_tiles vtable. Two fill
- * it:
+ * edge tiles, threading, epilogue) and the attention's tile products
+ * (attention.c) call a dt__amx_tiles vtable. Three fill it:
  *  - amx_hw.c: the real instructions (ldtilecfg, tileloadd, tdpbf16ps,
  *    tilestored, tilerelease), compiled with target("amx-tile,amx-bf16")
  *    and used only where the CPU has AMX-TILE and AMX-BF16, the OS saves
@@ -13,11 +13,17 @@
  *    architecture's pseudocode, that also checks every operation's
  *    preconditions (where the hardware raises #UD it counts a fault), so the
  *    driver is tested on every CPU. It is for tests only: the matmul
- *    dispatch never selects it.
+ *    dispatch never selects it;
+ *  - amx_vdp.c: the same block on AVX512_BF16's vdpbf16ps, for CPUs with it
+ *    but no AMX (no tile state: the configuration is kept per thread for
+ *    the block's edges). The attention runs its products on it there; the
+ *    matmul dispatch keeps oneDNN (its avx512_core_bf16 kernels measured
+ *    faster on a training step's weight and input gradients).
  *
  * The micro-kernel (amx_ukernel.h) is one source text compiled twice, once
- * over each implementation's tile macros, so the code that runs on AMX is
- * the code the tests run.
+ * over each of the first two implementations' tile macros, so the code that
+ * runs on AMX is the code the tests run; amx_vdp.c has its own block (the
+ * tests run it on CPUs with AVX512_BF16).
  *
  * Tile use (palette 1: 8 tiles of up to 16 rows x 64 bytes):
  *   tmm0..3  C, f32, 2 x 2 tiles of up to 16 x 16 (an output block of up to
@@ -50,7 +56,7 @@ _Static_assert(sizeof(dt__amx_cfg) == 64, "ldtilecfg reads 64 bytes");
 
 /* One implementation of the tile operations. Every slot is required. */
 typedef struct dt__amx_tiles {
-    const char *name;                           /* "amx" or "emulated" */
+    const char *name;                           /* "amx", "emulated" or "avx512_bf16" */
     void (*load_config)(const dt__amx_cfg *cfg); /* ldtilecfg: zeroes every tile */
     void (*release)(void);                       /* tilerelease: back to the init state */
     /* The micro-kernel over this implementation (amx_ukernel.h): the
@@ -69,6 +75,12 @@ typedef struct dt__amx_tiles {
  * AMX-BF16, no OS support, the permission refused, or not x86-64 gcc);
  * *why (if not NULL) then says which. Probed once per process. */
 const dt__amx_tiles *dt__amx_tiles_hw(const char **why);
+
+/* The same operations on AVX512_BF16's vdpbf16ps (amx_vdp.c: no tiles; the
+ * configuration is kept per thread for the block's edges), or NULL where
+ * the CPU lacks AVX512_BF16 (DT_MAX_CPU_ISA below avx512_bf16 included) or
+ * the build cannot target it; *why (if not NULL) says which. */
+const dt__amx_tiles *dt__amx_tiles_vdp(const char **why);
 
 /* The portable model (tests only). */
 const dt__amx_tiles *dt__amx_tiles_emul(void);

@@ -590,7 +590,9 @@ static dt_status lp_dtype(const char *fn, dt_dtype t)
 
 /* ---- the products on the AMX tiles (a bf16 qkv) --------------------------------------- */
 /* Where the CPU has AMX (dt__amx_tiles_hw, on the avx512_bf16 path) a bf16
- * qkv runs the attention's six products on the tiles (amx_tiles.h: the
+ * qkv runs the attention's six products on the tiles, and on a CPU with
+ * AVX512_BF16 but no AMX on the same slot over vdpbf16ps (dt__amx_tiles_vdp)
+ * from longer sequences on (see VDP_MIN_T) (amx_tiles.h: the
  * block slot, C (32 x 32 f32, 2 x 2 tiles) = the sum over K steps of 32
  * of an A panel of 32 rows times a B panel of 32 columns in the pair
  * layout), the rest (softmax rows, dropout, roundings) as the avx512_bf16
@@ -654,8 +656,16 @@ static bool g_amx_off, g_amx_on; /* DT_ATTN_AMX=off, =on */
  * 3 interleaved runs, ms: T = 64 1.279 on the tiles against 1.604 on the
  * rows; T = 48 1.083 against 1.073, T = 32 0.633 against 0.662, T = 24
  * 0.506 against 0.492 (the tiles' packing does not pay for itself below
- * 64 keys). GPT-2's bf16 step at B=4 T=64: the backward 208 -> 201 ms. */
+ * 64 keys). GPT-2's bf16 step at B=4 T=64: the backward 208 -> 201 ms.
+ * On vdpbf16ps (no AMX: amx_vdp.c's tiles, four times slower a product)
+ * the packing weighs more: bench/attn_lp --batch 4 --threads 1 --reps 31,
+ * AMD EPYC with AVX512_BF16, two interleaved runs, the CPU ms of the
+ * direct op against its widened composition: T = 64 0.63-0.71 on the
+ * tiles against 0.63-0.64 on the rows, T = 96 0.53-0.56 against
+ * 0.59-0.64, T = 128 0.53-0.54 against 0.58-0.61; B=8 T=256 on 2 threads
+ * 23.6-23.9 against 33.9-37.6 ms. */
 #define AMX_MIN_T 64
+#define VDP_MIN_T 96
 
 void dt__attention_amx_force(const dt__amx_tiles *tiles) { g_amx_forced = tiles; }
 
@@ -684,9 +694,10 @@ static void amx_env(void)
 }
 
 /* The tiles a qkv of dtype t and T tokens runs its products on, or NULL:
- * bf16 on the avx512_bf16 path where AMX is usable (DT_MAX_CPU_ISA=avx512
- * or lower switches it off) and T >= AMX_MIN_T, unless DT_ATTN_AMX=off
- * (=on: whatever T); or the tests' forced tiles. */
+ * bf16 on the avx512_bf16 path, on the AMX tiles where AMX is usable
+ * (DT_MAX_CPU_ISA=avx512 or lower switches it off) and T >= AMX_MIN_T,
+ * else on vdpbf16ps (dt__amx_tiles_vdp) where T >= VDP_MIN_T, unless
+ * DT_ATTN_AMX=off (=on: whatever T); or the tests' forced tiles. */
 static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
 {
     if (t != DT_BF16)
@@ -696,7 +707,12 @@ static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
     if (g_amx_disabled || dt_k_get_isa() != DT_K_ISA_AVX512_BF16)
         return NULL;
     pthread_once(&g_amx_once, amx_env);
-    return g_amx_off || (T < AMX_MIN_T && !g_amx_on) ? NULL : dt__amx_tiles_hw(NULL);
+    if (g_amx_off)
+        return NULL;
+    const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL);
+    if (hw)
+        return T >= AMX_MIN_T || g_amx_on ? hw : NULL;
+    return T >= VDP_MIN_T || g_amx_on ? dt__amx_tiles_vdp(NULL) : NULL;
 }
 
 /* Configure the calling thread's tiles at its first task (*on says

@@ -5,7 +5,9 @@
  * edge tiles, epilogue, packed-B cache and per-thread tile configuration
  * are tested on every CPU; with the argument "hw" the same shapes run on
  * the real instructions (skipped where the CPU, the OS or DT_MAX_CPU_ISA
- * leave AMX off; tests.cmake registers that run).
+ * leave AMX off; tests.cmake registers that run), and with "vdp" over
+ * vdpbf16ps (amx_vdp.c: the tiles the attention uses on a CPU with
+ * AVX512_BF16 but no AMX; skipped without it).
  *
  * The bound. Inputs are bf16; each product of two bf16 values is exact in
  * f32, so the only error is the f32 summation: K products summed one at a
@@ -836,6 +838,30 @@ int main(int argc, char **argv)
         RUN(concurrent_callers_more_than_cores);
         RUN(dispatch_never_emulated);
         RUN(auto_rule);
+        return TEST_REPORT();
+    }
+    if (argc > 1 && !strcmp(argv[1], "vdp")) { /* the driver over vdpbf16ps (no dispatch: oneDNN keeps it) */
+        const char *why = NULL;
+        g_tiles = dt__amx_tiles_vdp(&why);
+        if (!g_tiles)
+            DT_TEST_SKIP_ALL("vdpbf16ps tiles not usable here: %s", why);
+        g_exact = false;
+        RUN(shapes_all_transposes);
+        RUN(beta_alpha_bias_gelu);
+        RUN(leading_dimensions);
+        RUN(gpt2_layer_shape);
+        RUN(k_chunks);
+        RUN(a_private_rows);
+        RUN(few_rows_transposed);
+        RUN(b_chunks);
+        RUN(k_zero_and_empty);
+        RUN(packed_b_reused);
+        RUN(packed_b_cache_versions);
+        RUN(bf16_result);
+        RUN(finite_check);
+        RUN(direct_a_strides);
+        RUN(more_threads_than_cores);
+        RUN(concurrent_callers_more_than_cores);
         return TEST_REPORT();
     }
     g_tiles = dt__amx_tiles_emul();

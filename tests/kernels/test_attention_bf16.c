@@ -9,7 +9,9 @@
  * blocking, edges, tile configuration and release) runs here over the
  * portable model of the tiles (dt__amx_tiles_emul) on every CPU, and with
  * the argument "hw" over the real instructions (skipped where the CPU, the
- * OS or DT_MAX_CPU_ISA leave AMX off; tests.cmake registers that run).
+ * OS or DT_MAX_CPU_ISA leave AMX off; tests.cmake registers that run), and
+ * with "vdp" over vdpbf16ps, the tiles of a CPU with AVX512_BF16 but no AMX
+ * (skipped without AVX512_BF16).
  * y, lse and dq, dk, dv are checked element by element against a reference
  * in double from the same bf16 q, k, v and dy rounded to bf16, including
  * dropout's mask. The bound: P and dS are rounded to bf16 (relative error
@@ -434,7 +436,7 @@ TEST(amx_dispatch)
     const char *env = getenv("DT_ATTN_AMX");
     bool off = env && (!strcmp(env, "off") || !strcmp(env, "0")), on = env && (!strcmp(env, "on") || !strcmp(env, "1"));
     const dt_k_isa paths[] = {DT_K_ISA_SCALAR, DT_K_ISA_AVX2, DT_K_ISA_AVX512, DT_K_ISA_AVX512_BF16};
-    const int64_t Ts[] = {40, 63, 64, 128};
+    const int64_t Ts[] = {40, 63, 64, 95, 96, 128};
     for (size_t r = 0; r < 4; r++) {
         if (dt_k_set_isa(paths[r]) != DT_OK)
             continue;
@@ -450,7 +452,9 @@ TEST(amx_dispatch)
                                                   lse));
             dt__attention_amx_stats_get(&s1);
             dt__amx_emul_stats_get(&e1);
-            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && dt__amx_tiles_hw(NULL) && !off && (T >= 64 || on);
+            const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL), *vdp = dt__amx_tiles_vdp(NULL);
+            bool want = paths[r] == DT_K_ISA_AVX512_BF16 && !off &&
+                        ((hw && (T >= 64 || on)) || (!hw && vdp && (T >= 96 || on)));
             ASSERT_EQ_INT((long long)(s1.tasks > s0.tasks), (long long)want);
             ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
         }
@@ -464,6 +468,17 @@ int main(int argc, char **argv)
         const char *why = NULL;
         if (!(g_tiles = dt__amx_tiles_hw(&why)))
             DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
+        RUN(amx_matches_reference);
+        RUN(amx_threads_same_bits);
+        RUN(amx_nonfinite_falls_back);
+        RUN(amx_nonfinite_every_lane);
+        RUN(amx_dispatch);
+        return TEST_REPORT();
+    }
+    if (argc > 1 && !strcmp(argv[1], "vdp")) {
+        const char *why = NULL;
+        if (!(g_tiles = dt__amx_tiles_vdp(&why)))
+            DT_TEST_SKIP_ALL("vdpbf16ps tiles not usable here: %s", why);
         RUN(amx_matches_reference);
         RUN(amx_threads_same_bits);
         RUN(amx_nonfinite_falls_back);

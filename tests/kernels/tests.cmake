@@ -58,6 +58,9 @@ endif()
 if(TARGET test_amx_gemm)
   add_test(NAME kernels/test_amx_gemm_hw COMMAND test_amx_gemm hw)
   set_tests_properties(kernels/test_amx_gemm_hw PROPERTIES TIMEOUT 600 LABELS "kernels;threads" SKIP_RETURN_CODE 77)
+  # the same driver over vdpbf16ps (amx_vdp.c; skipped without AVX512_BF16)
+  add_test(NAME kernels/test_amx_gemm_vdp COMMAND test_amx_gemm vdp)
+  set_tests_properties(kernels/test_amx_gemm_vdp PROPERTIES TIMEOUT 600 LABELS "kernels" SKIP_RETURN_CODE 77)
 endif()
 
 # The attention's products on the real tile instructions: the default
@@ -68,4 +71,7 @@ endif()
 if(TARGET test_attention_bf16)
   add_test(NAME kernels/test_attention_bf16_hw COMMAND test_attention_bf16 hw)
   set_tests_properties(kernels/test_attention_bf16_hw PROPERTIES TIMEOUT 600 LABELS "kernels" SKIP_RETURN_CODE 77)
+  # and over vdpbf16ps, the tiles of a CPU with AVX512_BF16 but no AMX
+  add_test(NAME kernels/test_attention_bf16_vdp COMMAND test_attention_bf16 vdp)
+  set_tests_properties(kernels/test_attention_bf16_vdp PROPERTIES TIMEOUT 600 LABELS "kernels" SKIP_RETURN_CODE 77)
 endif()
