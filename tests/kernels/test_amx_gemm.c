@@ -811,58 +811,47 @@ TEST(auto_rule)
     }
 }
 
-int main(int argc, char **argv)
+/* The driver's checks on real instructions (g_tiles: AMX's, or vdpbf16ps's),
+ * held to the bound; dispatch: also dt_k_matmul's choice (AMX only). */
+static int run_on_instructions(bool dispatch)
 {
-    if (argc > 1 && !strcmp(argv[1], "hw")) {
-        const char *why = NULL;
-        g_tiles = dt__amx_tiles_hw(&why);
-        if (!g_tiles)
-            DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
-        setenv("DT_AMX_GEMM", "on", 1); /* dt_k_matmul's bf16 products through this GEMM too */
-        g_exact = false;
-        RUN(shapes_all_transposes);
-        RUN(beta_alpha_bias_gelu);
-        RUN(leading_dimensions);
-        RUN(gpt2_layer_shape);
-        RUN(k_chunks);
-        RUN(a_private_rows);
-        RUN(few_rows_transposed);
-        RUN(b_chunks);
-        RUN(k_zero_and_empty);
-        RUN(packed_b_reused);
-        RUN(packed_b_cache_versions);
-        RUN(bf16_result);
-        RUN(finite_check);
-        RUN(direct_a_strides);
-        RUN(more_threads_than_cores);
-        RUN(concurrent_callers_more_than_cores);
+    g_exact = false;
+    RUN(shapes_all_transposes);
+    RUN(beta_alpha_bias_gelu);
+    RUN(leading_dimensions);
+    RUN(gpt2_layer_shape);
+    RUN(k_chunks);
+    RUN(a_private_rows);
+    RUN(few_rows_transposed);
+    RUN(b_chunks);
+    RUN(k_zero_and_empty);
+    RUN(packed_b_reused);
+    RUN(packed_b_cache_versions);
+    RUN(bf16_result);
+    RUN(finite_check);
+    RUN(direct_a_strides);
+    RUN(more_threads_than_cores);
+    RUN(concurrent_callers_more_than_cores);
+    if (dispatch) {
         RUN(dispatch_never_emulated);
         RUN(auto_rule);
-        return TEST_REPORT();
+    }
+    return TEST_REPORT();
+}
+
+int main(int argc, char **argv)
+{
+    const char *why = NULL;
+    if (argc > 1 && !strcmp(argv[1], "hw")) {
+        if (!(g_tiles = dt__amx_tiles_hw(&why)))
+            DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
+        setenv("DT_AMX_GEMM", "on", 1); /* dt_k_matmul's bf16 products through this GEMM too */
+        return run_on_instructions(true);
     }
     if (argc > 1 && !strcmp(argv[1], "vdp")) { /* the driver over vdpbf16ps (no dispatch: oneDNN keeps it) */
-        const char *why = NULL;
-        g_tiles = dt__amx_tiles_vdp(&why);
-        if (!g_tiles)
+        if (!(g_tiles = dt__amx_tiles_vdp(&why)))
             DT_TEST_SKIP_ALL("vdpbf16ps tiles not usable here: %s", why);
-        g_exact = false;
-        RUN(shapes_all_transposes);
-        RUN(beta_alpha_bias_gelu);
-        RUN(leading_dimensions);
-        RUN(gpt2_layer_shape);
-        RUN(k_chunks);
-        RUN(a_private_rows);
-        RUN(few_rows_transposed);
-        RUN(b_chunks);
-        RUN(k_zero_and_empty);
-        RUN(packed_b_reused);
-        RUN(packed_b_cache_versions);
-        RUN(bf16_result);
-        RUN(finite_check);
-        RUN(direct_a_strides);
-        RUN(more_threads_than_cores);
-        RUN(concurrent_callers_more_than_cores);
-        return TEST_REPORT();
+        return run_on_instructions(false);
     }
     g_tiles = dt__amx_tiles_emul();
     g_exact = true;
