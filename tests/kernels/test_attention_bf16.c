@@ -462,8 +462,8 @@ TEST(amx_dispatch)
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 
-/* The tile path's checks on real instructions (g_tiles: AMX's or vdpbf16ps's). */
-static int run_on_instructions(void)
+/* The tile path's checks on g_tiles (the model, AMX's or vdpbf16ps's). */
+static int run_tile_checks(void)
 {
     RUN(amx_matches_reference);
     RUN(amx_threads_same_bits);
@@ -479,21 +479,16 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "hw")) {
         if (!(g_tiles = dt__amx_tiles_hw(&why)))
             DT_TEST_SKIP_ALL("AMX tiles not usable here: %s", why);
-        return run_on_instructions();
+        return run_tile_checks();
     }
     if (argc > 1 && !strcmp(argv[1], "vdp")) {
         if (!(g_tiles = dt__amx_tiles_vdp(&why)))
             DT_TEST_SKIP_ALL("vdpbf16ps tiles not usable here: %s", why);
-        return run_on_instructions();
+        return run_tile_checks();
     }
     g_tiles = dt__amx_tiles_emul();
     RUN(attention_bf16_rounds_probabilities);
     RUN(attention_bf16_mask_hides_nonfinite);
     RUN(rows_bf16_matches_reference);
-    RUN(amx_matches_reference);
-    RUN(amx_threads_same_bits);
-    RUN(amx_nonfinite_falls_back);
-    RUN(amx_nonfinite_every_lane);
-    RUN(amx_dispatch);
-    return TEST_REPORT();
+    return run_tile_checks();
 }
