@@ -702,8 +702,9 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
  * after the other, bf16 subnormal inputs read as 0 and subnormal sums
  * flushed to 0), each row's softmax over all its keys at once: the same
  * bound (the same worst error measured). On a CPU with AVX512_BF16 but no
- * AMX the same tile-by-tile products run on vdpbf16ps (T >= 96 unless
- * DT_ATTN_AMX=on; off: never), with the same bound. A task whose q, k or v holds an
+ * AMX (or AMX capped off by DT_MAX_CPU_ISA=avx512) the same tile-by-tile
+ * products run on vdpbf16ps (T >= 96 unless DT_ATTN_AMX=on; off: never),
+ * with the same bound. A task whose q, k or v holds an
  * infinity or a NaN runs the vdpbf16ps rows instead (the tiles' masked
  * and padded zeros would meet it: 0 x inf). ylp (B, T, C) of t, or NULL:
  * y rounded to t as well (the t result autocast keeps; on the fast paths
