@@ -61,6 +61,18 @@ int dt_cmd_info(int argc, char **argv)
         printf("dtrain AMX GEMM: %s\n", amx_why);
     else if (!amx)
         printf("dtrain AMX GEMM: off (%s)\n", amx_why);
+    int64_t min_t = 0;
+    const char *att = dt_k_attention_lp_tiles(&min_t);
+    const char *where = att && !strcmp(att, "amx") ? "the AMX tiles" : "vdpbf16ps tile by tile (no AMX)";
+    if (att && min_t > 1)
+        printf("bf16 attention: its products on %s from %lld tokens, shorter sequences on the vdpbf16ps rows\n",
+               where, (long long)min_t);
+    else if (att)
+        printf("bf16 attention: its products on %s at every length (DT_ATTN_AMX=on)\n", where);
+    else
+        printf("bf16 attention: on the vector rows%s\n", dt_k_get_isa() == DT_K_ISA_AVX512_BF16
+                                                            ? " (DT_ATTN_AMX=off, or no tiles built here)"
+                                                            : " (no AVX512_BF16 path here: its products widen to f32)");
     const char *blk = getenv("DT_BLOCKED");
     int pref = dt_k_onednn_block(), use = dt_k_act_block();
     printf("activation layout: %s (oneDNN prefers %s%s%s%s)\n", dt_k_block_name(use), dt_k_block_name(pref),

@@ -715,6 +715,14 @@ static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
     return T >= VDP_MIN_T || g_amx_on ? dt__amx_tiles_vdp(NULL) : NULL;
 }
 
+const char *dt_k_attention_lp_tiles(int64_t *min_t)
+{
+    const dt__amx_tiles *t = att_tiles(DT_BF16, INT64_MAX);
+    if (t && min_t) /* att_tiles has read DT_ATTN_AMX */
+        *min_t = g_amx_on ? 1 : t == dt__amx_tiles_hw(NULL) ? AMX_MIN_T : VDP_MIN_T;
+    return t ? t->name : NULL;
+}
+
 /* Configure the calling thread's tiles at its first task (*on says
  * whether it has). */
 static void amx_configure(const dt__amx_tiles *tiles, bool *on)

@@ -459,6 +459,20 @@ TEST(amx_dispatch)
             ASSERT_EQ_INT((long long)(e1.loads - e0.loads), 0);
         }
     }
+    /* what `dtrain info` reports: the same tiles and the same shortest length */
+    if (dt_k_set_isa(DT_K_ISA_AVX512_BF16) == DT_OK) {
+        int64_t mt = 0;
+        const char *name = dt_k_attention_lp_tiles(&mt);
+        const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL), *vdp = dt__amx_tiles_vdp(NULL);
+        if (off || (!hw && !vdp)) {
+            ASSERT(name == NULL);
+        } else {
+            ASSERT_STR_EQ(name, hw ? "amx" : "avx512_bf16");
+            ASSERT_EQ_INT((long long)mt, on ? 1 : hw ? 64 : 96);
+        }
+    }
+    if (dt_k_set_isa(DT_K_ISA_AVX2) == DT_OK)
+        ASSERT(dt_k_attention_lp_tiles(NULL) == NULL);
     ASSERT_OK(dt_k_set_isa(DT_K_ISA_AUTO));
 }
 

@@ -304,7 +304,7 @@ TEST(convert_full_is_the_state_dict_and_loads_back_in_every_spelling)
 
 /* dtrain info says how bf16 products run: with dtrain and oneDNN capped at
  * AVX2 (as on a CPU without AVX512_BF16; dtrain's cap also turns its AMX
- * GEMM off) they widen to f32. */
+ * GEMM off) they widen to f32, the attention's too. */
 TEST(info_bf16_matmul)
 {
     const bool native = dt_k_matmul_native(DT_BF16);
@@ -319,10 +319,14 @@ TEST(info_bf16_matmul)
     free(saved);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "bf16 matmul: widened to f32 exactly, then oneDNN's f32 matmul");
+    ASSERT_STR_CONTAINS(r.out, "bf16 attention: on the vector rows (no AVX512_BF16 path here");
     if (native) {
         cli_runv(&r, 60, NULL, (char *[]){"info", NULL});
         ASSERT_EQ_INT(r.code, 0);
         ASSERT(!strstr(r.out, "bf16 matmul: widened"));
+        ASSERT_STR_CONTAINS(r.out, "bf16 attention: ");
+        if (dt_k_get_isa() == DT_K_ISA_AVX512_BF16) /* this process's path: the child's environment is ours */
+            ASSERT(!strstr(r.out, "no AVX512_BF16 path here"));
     }
 }
 
