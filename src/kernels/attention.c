@@ -866,13 +866,6 @@ static void amx_at_col(uint16_t *pa, int64_t kbt, int64_t i, const uint16_t *x, 
         pa[d / AB * kbt * ASTEP + d % AB * kbt * AB + i] = x[d];
 }
 
-/* The block's 32 x 32 result as rows: out[r ldo + c]. */
-static void amx_unpack(const float *acc, float *out, int64_t ldo)
-{
-    for (int64_t r = 0; r < AB; r++)
-        memcpy(out + r * ldo, acc + r * AB, AB * sizeof(float));
-}
-
 /* a . b over n floats: 16 partial sums then their sum where vec allows
  * (Di, within the path's bound), else in index order. */
 static float amx_dot(int vec, const float *a, const float *b, int64_t n)
@@ -963,10 +956,8 @@ DT_CLONES static void fwd_task_amx(const dt__amx_tiles *tiles, bool *on, int vec
         memset(qp, 0, (size_t)kd * ASTEP * 2);
         for (int64_t r = 0; r < nr; r++)
             amx_a_row(qp, r, src + (i0 + r) * C3, D);
-        for (int64_t jb = 0; jb < nk; jb++) {
-            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, acc, AB, false, NULL, 0);
-            amx_unpack(acc, s + jb * AB, lds);
-        }
+        for (int64_t jb = 0; jb < nk; jb++) /* each key block's scores straight into the rows */
+            tiles->block(qp, kd * AB, kp + jb * kd * ASTEP, kd, true, true, s + jb * AB, lds, false, NULL, 0);
         memset(pp, 0, (size_t)nk * ASTEP * 2);
         for (int64_t r = 0; r < nr; r++) {
             const int64_t i = i0 + r, n = causal ? i + 1 : T;
