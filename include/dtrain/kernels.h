@@ -712,13 +712,6 @@ DT_API dt_status dt_k_attention_bwd_heads(const float *qkv, const float *y, cons
 DT_API dt_status dt_k_attention_fwd_heads_lp(dt_dtype t, const void *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                              int64_t h0, int64_t Ht, bool causal, float p, dt_rng_key key, float *y,
                                              void *ylp, float *lse);
-/* Where attention over a bf16 qkv runs its products in this process (the
- * CPU as DT_MAX_CPU_ISA caps it, DT_ATTN_AMX): "amx" (the AMX tiles) or
- * "avx512_bf16" (vdpbf16ps tile by tile, a CPU without AMX), with in
- * *min_t (if not NULL) the shortest sequence that takes them (shorter ones
- * run on the vdpbf16ps rows); NULL where every length runs on the rows or
- * the bf16 path is not the avx512_bf16 one. `dtrain info` prints it. */
-DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
 /* Its backward, the casts' around the f32 one (bit for bit on the scalar
  * and avx2 paths, within the forward's bound on the avx512 ones): dy (f32,
  * the gradient of the t result) is rounded to t as it is read, the f32 y
@@ -732,9 +725,9 @@ DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
  * (sum_d |dy_i v_j| + |Di|) / sqrt(D) times |k_j| or |q_i|: dP - Di
  * cancels), within 2^-7 of the tensor's largest |value| beyond t's
  * rounding in the tests (tests/kernels/test_attention_bf16 checks each
- * element against a double reference). With AMX (as above) the six
- * products S = q k^T, dP = dy v^T, dq = dS k, dk^T = q^T dS, dv^T = dy^T P
- * run on the tiles, dk and dv each one tile sum over the rows, dq added
+ * element against a double reference). With AMX (as above; without it,
+ * vdpbf16ps tile by tile) the six products S = q k^T, dP = dy v^T,
+ * dq = dS k, dk^T = q^T dS, dv^T = dy^T P run on the tiles, dk and dv each one tile sum over the rows, dq added
  * key block by key block: the same bound; a head whose q, k, v or rounded
  * dy holds an infinity or a NaN runs the rows instead. dqkv_lp (B, T, 3C)
  * of t, or NULL: the same values stored as t as well, in the same pass. */
@@ -742,6 +735,13 @@ DT_API dt_status dt_k_attention_bwd_heads_lp(dt_dtype t, const void *qkv, const 
                                              const float *dy, int64_t B, int64_t T, int64_t H, int64_t D, int64_t h0,
                                              int64_t Ht, bool causal, float p, dt_rng_key key, float *dqkv,
                                              void *dqkv_lp);
+/* Where attention over a bf16 qkv runs its products in this process (the
+ * CPU as DT_MAX_CPU_ISA caps it, DT_ATTN_AMX): "amx" (the AMX tiles) or
+ * "avx512_bf16" (vdpbf16ps tile by tile, a CPU without AMX), with in
+ * *min_t (if not NULL) the shortest sequence that takes them (shorter ones
+ * run on the vdpbf16ps rows); NULL where every length runs on the rows or
+ * the bf16 path is not the avx512_bf16 one. `dtrain info` prints it. */
+DT_API const char *dt_k_attention_lp_tiles(int64_t *min_t);
 
 /* Attention of a block of queries against one block of keys and values, the
  * result merged into a running one: the kernel of attention split along
