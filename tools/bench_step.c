@@ -185,11 +185,12 @@ static int measure_peak(const dt_k_gemm_shape *rec, int nrec, dt_dtype t, int re
     for (int i = 0; detail && i < n; i++) { /* one line per distinct call, on stderr beside the result */
         const double f = 2.0 * (double)g[i].batch * (double)g[i].M * (double)g[i].N * (double)g[i].K;
         const double w = (double)g[i].count * best[i];
-        fprintf(stderr, "peak %2d: %s%s batch %lld M %lld N %lld K %lld %s->%s%s x%lld: %.3f ms, %.1f GFLOP/s, %.1f%% of "
-                "the GEMMs' time\n", i, g[i].trans_a ? "At" : "A", g[i].trans_b ? "Bt" : "B", (long long)g[i].batch,
-                (long long)g[i].M, (long long)g[i].N, (long long)g[i].K, dt_dtype_name(g[i].ab_type),
-                dt_dtype_name(g[i].c_type), g[i].bias ? "+bias" : "", (long long)g[i].count, best[i] * 1e3,
-                best[i] > 0 ? f / best[i] * 1e-9 : 0.0, rate->seconds > 0 ? 100.0 * w / rate->seconds : 0.0);
+        fprintf(stderr, "peak %2d: %s%s batch %lld M %lld N %lld K %lld %s->%s%s x%lld: %.3f ms, %.1f GFLOP/s, "
+                "%.1f%% of the GEMMs' time\n", i, g[i].trans_a ? "At" : "A", g[i].trans_b ? "Bt" : "B",
+                (long long)g[i].batch, (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
+                dt_dtype_name(g[i].ab_type), dt_dtype_name(g[i].c_type), g[i].bias ? "+bias" : "",
+                (long long)g[i].count, best[i] * 1e3, best[i] > 0 ? f / best[i] * 1e-9 : 0.0,
+                rate->seconds > 0 ? 100.0 * w / rate->seconds : 0.0);
     }
     free(best);
     return 0;
