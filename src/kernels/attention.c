@@ -693,15 +693,14 @@ static void amx_env(void)
         dt_log(DT_LOG_WARN, "DT_ATTN_AMX=%s is not one of auto, on, off; ignored (auto)", e);
 }
 
-/* The tiles a qkv of dtype t and T tokens runs its products on, or NULL:
- * bf16 on the avx512_bf16 path, on the AMX tiles where AMX is usable
- * (DT_MAX_CPU_ISA=avx512 or lower switches it off) and T >= AMX_MIN_T,
- * else on vdpbf16ps (dt__amx_tiles_vdp) where T >= VDP_MIN_T, unless
- * DT_ATTN_AMX=off (=on: whatever T); or the tests' forced tiles. */
-static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
+/* The tiles a bf16 qkv runs its products on from *min_t tokens on, or NULL:
+ * on the avx512_bf16 path, the AMX tiles where AMX is usable
+ * (DT_MAX_CPU_ISA=avx512 or lower switches it off) from AMX_MIN_T, else
+ * vdpbf16ps (dt__amx_tiles_vdp) from VDP_MIN_T, unless DT_ATTN_AMX=off
+ * (=on: from 1); or the tests' forced tiles (from 1). */
+static const dt__amx_tiles *att_choice(int64_t *min_t)
 {
-    if (t != DT_BF16)
-        return NULL;
+    *min_t = 1;
     if (g_amx_forced)
         return g_amx_forced;
     if (g_amx_disabled || dt_k_get_isa() != DT_K_ISA_AVX512_BF16)
@@ -709,17 +708,27 @@ static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
     pthread_once(&g_amx_once, amx_env);
     if (g_amx_off)
         return NULL;
-    const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL);
-    if (hw)
-        return T >= AMX_MIN_T || g_amx_on ? hw : NULL;
-    return T >= VDP_MIN_T || g_amx_on ? dt__amx_tiles_vdp(NULL) : NULL;
+    const dt__amx_tiles *hw = dt__amx_tiles_hw(NULL), *t = hw ? hw : dt__amx_tiles_vdp(NULL);
+    if (!g_amx_on)
+        *min_t = hw ? AMX_MIN_T : VDP_MIN_T;
+    return t;
+}
+
+/* The tiles a qkv of dtype t and T tokens runs its products on, or NULL
+ * (the rows): bf16 only, as att_choice says. */
+static const dt__amx_tiles *att_tiles(dt_dtype t, int64_t T)
+{
+    int64_t min_t;
+    const dt__amx_tiles *tiles = t == DT_BF16 ? att_choice(&min_t) : NULL;
+    return tiles && T >= min_t ? tiles : NULL;
 }
 
 const char *dt_k_attention_lp_tiles(int64_t *min_t)
 {
-    const dt__amx_tiles *t = att_tiles(DT_BF16, INT64_MAX);
-    if (t && min_t) /* att_tiles has read DT_ATTN_AMX */
-        *min_t = g_amx_on ? 1 : t == dt__amx_tiles_hw(NULL) ? AMX_MIN_T : VDP_MIN_T;
+    int64_t m;
+    const dt__amx_tiles *t = att_choice(&m);
+    if (t && min_t)
+        *min_t = m;
     return t ? t->name : NULL;
 }
 
