@@ -11,6 +11,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 /* Under AddressSanitizer every access also touches lazily mapped shadow
  * memory, whose faults are counted too: the fault counts are checked in
@@ -166,9 +169,18 @@ TEST(decommit_zeroes_and_gives_back)
 
 /* A "step" that spills over several blocks: after the reset that coalesces
  * them, the next step (the same allocations, every byte written) takes no
- * page fault. */
+ * page fault. Transparent huge pages are off for this test: once, in make
+ * fresh-check after the demo (kernel 6.18), the second step took 4 faults
+ * that no run here reproduced, with THP on or off; the likely cause is the
+ * kernel's own work on huge pages (khugepaged collapsing the committed
+ * block's 4 KiB pages while the step writes them, where fragmented memory
+ * had no huge page for it at commit time), not an uncommitted page. */
 TEST(arena_second_step_takes_no_fault)
 {
+#ifdef __linux__
+    const int thp_off = prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
+    (void)prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
+#endif
     dt_arena *a = dt_arena_init(1 << 20);
     ASSERT(a);
     for (int step = 0; step < 3; step++) {
@@ -185,6 +197,10 @@ TEST(arena_second_step_takes_no_fault)
     }
     ASSERT(dt_arena_peak(a) >= (size_t)36 << 20);
     dt_arena_free(a);
+#ifdef __linux__
+    if (thp_off == 0)
+        (void)prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0);
+#endif
 }
 
 TEST(status_strings)
