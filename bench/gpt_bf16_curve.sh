@@ -34,12 +34,14 @@
 #
 # Options: --model M (gpt-micro)  --steps N (300)  --batch B (8)  --seq T (64)
 #   --lr X (1e-3)  --seed S (0)  --threads N (2)  --data DIR  --keep DIR (keep
-#   both metrics files there)
+#   both metrics files there)  -- ARGS... (the rest goes to both `dtrain train`
+#   runs as it is, e.g. -- --block-size 256 --n-embd 256 --n-head 4)
 # Environment: DT_CLI (build/dtrain).
 set -eu
 cd "$(dirname "$0")/.."
 model=gpt-micro steps=300 batch=8 seq=64 lr=1e-3 seed=0 threads=2 data=build/gpt-data keep=
 while [ $# -gt 0 ]; do
+    [ "$1" != -- ] || { shift; break; }
     [ $# -ge 2 ] || { echo "gpt_bf16_curve.sh: $1 needs a value (see --help)" >&2; exit 2; }
     case $1 in
     --model) model=$2 ;; --steps) steps=$2 ;; --batch) batch=$2 ;; --seq) seq=$2 ;;
@@ -63,12 +65,12 @@ trap 'rm -rf "$tmp"' EXIT
 for p in fp32 bf16; do
     "$cli" train --model "$model" --data "tokens:$data/train.bin" --no-eval --batch "$batch" --seq "$seq" \
         --max-steps "$steps" --optimizer adamw --lr "$lr" --seed "$seed" --threads "$threads" --precision "$p" \
-        --log-every 1 --progress none --metrics "$tmp/$p.jsonl" >"$tmp/$p.log" 2>&1 ||
+        --log-every 1 --progress none --metrics "$tmp/$p.jsonl" "$@" >"$tmp/$p.log" 2>&1 ||
         { echo "gpt_bf16_curve.sh: the $p run failed:" >&2; tail -n 5 "$tmp/$p.log" >&2; exit 1; }
     sed -n 's/.*"event":"step".*"step":\([0-9]*\),.*"loss":\([-0-9.eE+naif]*\),.*/\1 \2/p' "$tmp/$p.jsonl" >"$tmp/$p.loss"
 done
 [ -z "$keep" ] || { mkdir -p "$keep" && cp "$tmp/fp32.jsonl" "$tmp/bf16.jsonl" "$keep/"; }
-echo "$model, $steps steps, batch $batch x $seq tokens, AdamW lr $lr, seed $seed, $threads threads, data $data/train.bin"
+echo "$model${*:+ $*}, $steps steps, batch $batch x $seq tokens, AdamW lr $lr, seed $seed, $threads threads, data $data/train.bin"
 join "$tmp/fp32.loss" "$tmp/bf16.loss" | awk -v want="$steps" '
     function abs(x) { return x < 0 ? -x : x }
     { n++; f[n] = $2; b[n] = $3; s[n] = $1
