@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# bench/speed_targets.sh — where dtrain stands against its speed targets on
+# this CPU, in one command: each workload against its peer, side by side
+# (the scripts below interleave and repeat; this one runs them and reads
+# their medians), the ratio beside the bound it should meet, and "met",
+# "NOT met" or "skipped" (a peer that is not there).
+#
+#   [PEER_PYTHON=...] [TORCH113_PYTHON=...] [LLMC_SRC=DIR] bench/speed_targets.sh [options]
+#
+# The CPU decides which bf16 bounds apply (the rows' "cpu" column):
+#   amx          (amx_bf16 and amx_tile in /proc/cpuinfo): the GPT-2 124M bf16
+#                step at B=8 T=256 at most 0.4 of torch.compile's, at B=4 T=64
+#                at most 0.5, and at least 45% of the bf16 GEMM limit (the
+#                step's 6 N B T FLOPs a second against the best rate dtrain's or
+#                PyTorch's matmul reaches on the step's own GEMM shapes);
+#                GPT-2 medium B=4 T=512 with --full (reported, no bound)
+#   avx512_bf16  (no AMX): the B=8 T=256 bf16 step at most 0.7 of torch.compile's
+#   other        no bf16 bound (dtrain's --precision auto trains in f32 there)
+# and on every CPU:
+#   - the f32 GPT-2 124M step at B=4 T=64 at most 0.25 of llm.c's train_gpt2.c
+#     and at least 80% of the f32 GEMM peak (LLMC_SRC: an llm.c checkout);
+#   - the first timed step within 1.2x the steady state, 0 page faults a step
+#     after it (dtrain bench step's own figures, bf16 where it applies);
+#   - the ConvNet step at batch 100 at most 0.35 of PyTorch 1.13's
+#     (TORCH113_PYTHON, default the first of python3 and /usr/bin/python3 that
+#     imports torch 1.x) and at most 0.5 of PyTorch 2.x's (PEER_PYTHON, in the
+#     same rounds);
+#   - the two-rank ConvNet epoch on Fashion-MNIST at most 0.45 of PyTorch 1.13's
+#     DDP (bench/accuracy_seeds.sh; it takes Debian's /usr/bin/python3 with
+#     python3-torch and the dataset-fashion-mnist package).
+#
+# The scripts it runs: bench/gpt2_bf16_peer.sh, bench/torch_gemm_peak.py,
+# bench/llmc_peer.sh, bench/convnet_peer.sh, bench/accuracy_seeds.sh and
+# `dtrain bench step`. Their own output goes to the --logs directory (a
+# temporary one, removed, unless given). Nothing here is a test: the machine's
+# load moves every figure, so read the ratios (each a median of interleaved
+# rounds), and take the figures for docs/BENCHMARKS.md from the scripts
+# themselves with more rounds.
+#
+# Options: --rounds R (3; 1 for a quick look)  --full (also GPT-2 medium on AMX)
+#   --only LIST (comma-separated rows: gpt2-bf16,gpt2-bf16-small,bf16-limit,
+#   gpt2-medium,llmc,first-step,convnet,ddp-epoch)  --logs DIR
+# Environment: DT_CLI (build/dtrain), PEER_PYTHON, TORCH113_PYTHON, LLMC_SRC,
+#   PYTHON (a python with numpy for llm.c's files; default PEER_PYTHON).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+rounds=3 full=0 only="" logs=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --full) full=1; shift; continue ;;
+    -h | --help) sed -n '2,/^set -u/p' "$0" | sed -e '/^set -u/d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    esac
+    [ $# -ge 2 ] || { echo "speed_targets.sh: $1 needs a value (see --help)" >&2; exit 2; }
+    case $1 in
+    --rounds) rounds=$2 ;; --only) only=$2 ;; --logs) logs=$2 ;;
+    *) echo "speed_targets.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift 2
+done
+case $rounds in '' | *[!0-9]* | 0*) echo "speed_targets.sh: --rounds wants a positive count, got '$rounds'" >&2; exit 2 ;; esac
+all="gpt2-bf16 gpt2-bf16-small bf16-limit gpt2-medium llmc first-step convnet ddp-epoch"
+for w in ${only//,/ }; do
+    case " $all " in *" $w "*) ;; *) echo "speed_targets.sh: --only: no row '$w' (rows: $all)" >&2; exit 2 ;; esac
+done
+want() { [ -z "$only" ] || case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+cli=${DT_CLI:-build/dtrain}
+[ -x "$cli" ] || { echo "speed_targets.sh: no dtrain at '$cli' (make build, or set DT_CLI)" >&2; exit 2; }
+export DT_CLI=$cli
+if [ -n "$logs" ]; then
+    mkdir -p "$logs" || exit 2
+else
+    logs=$(mktemp -d "${TMPDIR:-/tmp}/dt-speed-targets.XXXXXX") || exit 2
+    trap 'rm -rf "$logs"' EXIT INT TERM
+fi
+
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+has() { case " $flags " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if has amx_bf16 && has amx_tile; then cpu=amx; elif has avx512_bf16; then cpu=avx512_bf16; else cpu=other; fi
+model=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/^[^:]*: *//')
+t113=
+for p in ${TORCH113_PYTHON:-python3 /usr/bin/python3}; do
+    "$p" -c 'import torch, sys; sys.exit(not torch.__version__.startswith("1."))' 2>/dev/null && { t113=$p; break; }
+done
+
+echo "# bench/speed_targets.sh: $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg), $rounds round(s)"
+echo "# CPU: ${model:-unknown} ($cpu); dtrain $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+"$cli" info 2>/dev/null | grep -E '^(cpu features|dtrain isa|oneDNN isa|bf16 matmul|dtrain AMX GEMM|bf16 attention):' |
+    sed 's/^/#   /'
+printf '%-46s %-10s %-10s %s\n' target measured bound verdict
+row() { # name measured op bound [note]
+    local v m=$2
+    if [ "$2" = na ]; then v="skipped"; else
+        m=$(awk -v m="$2" 'BEGIN { printf "%.3f", m }')
+        v=$(awk -v m="$2" -v b="$4" -v op="$3" 'BEGIN { ok = op == "<=" ? m <= b : m >= b; print ok ? "met" : "NOT met" }')
+    fi
+    printf '%-46s %-10s %-10s %s%s\n' "$1" "$m" "$3$4" "$v" "${5:+ ($5)}"
+}
+# the median_ms ratio of case $2 in a gpt2_bf16_peer.sh / convnet_peer.sh output $1
+peer_ratio() { awk -v r="$2" '$1 == r && ($2 == "median_ms" || $2 == "ratio") { print ($2 == "ratio") ? $6 : $3; exit }' "$1"; }
+jnum() { sed -n "s/.*\"$2\":\\([-0-9.eE+]*\\).*/\\1/p" "$1" | head -n 1; }
+
+# GPT-2 bf16 against torch.compile
+gpt2_peer() { # tag batch seq [model]
+    local out="$logs/$1.txt"
+    [ -n "${PEER_PYTHON:-}" ] || { echo na; return; }
+    bench/gpt2_bf16_peer.sh --rounds "$rounds" --steps 3 --batch "$2" --seq "$3" --model "${4:-gpt2}" --no-eager \
+        >"$out" 2>"$logs/$1.err" || { echo na; return; }
+    local m; m=$(peer_ratio "$out" dtrain/compile)
+    echo "${m:-na}"
+}
+if [ "$cpu" != other ]; then
+    if want gpt2-bf16; then
+        b=0.7; [ "$cpu" = amx ] && b=0.4
+        row "GPT-2 124M bf16 B=8 T=256 / torch.compile" "$(gpt2_peer gpt2-bf16 8 256)" "<=" "$b"
+    fi
+    if [ "$cpu" = amx ] && want gpt2-bf16-small; then
+        row "GPT-2 124M bf16 B=4 T=64 / torch.compile" "$(gpt2_peer gpt2-bf16-small 4 64)" "<=" 0.5
+    fi
+    if [ "$cpu" = amx ] && want bf16-limit; then
+        # the step's 6 N B T rate against the best GEMM rate on its shapes: dtrain's own (peak_gflops) or PyTorch's
+        s="$logs/bf16-limit.json"
+        "$cli" bench step --model gpt2 --batch 8 --seq 256 --precision bf16 --threads 2 --steps 3 --peak-reps 3 --json \
+            >"$s" 2>"$logs/bf16-limit.err"
+        g=$(jnum "$s" gflops) pd=$(jnum "$s" peak_gflops) pt=
+        if [ -n "${PEER_PYTHON:-}" ]; then
+            "$PEER_PYTHON" bench/torch_gemm_peak.py --threads 2 --reps 3 --json >"$logs/torch-gemm.json" 2>/dev/null &&
+                pt=$(tail -n 1 "$logs/torch-gemm.json" | sed -n 's/.*"peak_gflops": *\([0-9.eE+]*\).*/\1/p')
+        fi
+        f=$(awk -v g="${g:-}" -v a="${pd:-0}" -v b="${pt:-0}" \
+            'BEGIN { l = a > b ? a : b; if (g == "" || l <= 0) print "na"; else printf "%.3f", g / l }')
+        row "GPT-2 bf16 B=8 T=256 step / bf16 GEMM limit" "$f" ">=" 0.45 \
+            "step ${g:-?} GFLOP/s; GEMMs: dtrain ${pd:-?}, PyTorch ${pt:-skipped}"
+    fi
+    if [ "$cpu" = amx ] && [ "$full" = 1 ] && want gpt2-medium; then
+        m=$(gpt2_peer gpt2-medium 4 512 gpt2-medium)
+        printf '%-46s %-10s %-10s %s\n' "GPT-2 medium bf16 B=4 T=512 / torch.compile" "$m" "-" "reported"
+    fi
+fi
+
+if want llmc; then
+    m=na p=na
+    if [ -n "${LLMC_SRC:-}" ] && [ -n "${PYTHON:-${PEER_PYTHON:-}}" ]; then
+        PYTHON=${PYTHON:-$PEER_PYTHON} bench/llmc_peer.sh --rounds "$rounds" >"$logs/llmc.txt" 2>"$logs/llmc.err" &&
+            { m=$(awk '$1 == "dtrain/llmc" { print $3; exit }' "$logs/llmc.txt")
+              p=$(sed -n 's/^dtrain pct_of_peak.*: \([0-9.]*\)$/\1/p' "$logs/llmc.txt"); }
+        p=$(awk -v p="${p:-}" 'BEGIN { if (p == "") print "na"; else printf "%.3f", p / 100 }')
+    fi
+    row "GPT-2 124M f32 B=4 T=64 / llm.c" "${m:-na}" "<=" 0.25
+    row "the same, share of the f32 GEMM peak" "$p" ">=" 0.80
+fi
+
+if want first-step; then
+    prec=bf16; [ "$cpu" = other ] && prec=fp32
+    s="$logs/first-step.json"
+    "$cli" bench step --model gpt2 --batch 4 --seq 64 --precision "$prec" --threads 2 --steps 5 --peak-reps 0 --json \
+        >"$s" 2>"$logs/first-step.err"
+    row "first timed step / steady state (GPT-2 $prec)" "$(v=$(jnum "$s" first_over_median); echo "${v:-na}")" "<=" 1.2
+    row "page faults a step after the first" "$(v=$(jnum "$s" page_faults_per_step); echo "${v:-na}")" "<=" 0
+fi
+
+if want convnet; then
+    m1=na m2=na
+    if [ -n "$t113" ]; then
+        TORCH113_PYTHON=$t113 bench/convnet_peer.sh --rounds "$rounds" --steps 40 >"$logs/convnet.txt" \
+            2>"$logs/convnet.err" || true
+        m1=$(peer_ratio "$logs/convnet.txt" dtrain/t113)
+        [ -z "${PEER_PYTHON:-}" ] || m2=$(peer_ratio "$logs/convnet.txt" dtrain/t2)
+    fi
+    row "ConvNet step, batch 100 / PyTorch 1.13" "${m1:-na}" "<=" 0.35
+    row "ConvNet step, batch 100 / PyTorch 2.x" "${m2:-na}" "<=" 0.5
+fi
+
+if want ddp-epoch; then
+    m=na
+    if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+        seeds=$(seq -s ' ' 0 $((rounds - 1)) | sed 's/[0-9][0-9]*/0/g')
+        bash bench/accuracy_seeds.sh $seeds >"$logs/ddp.txt" 2>"$logs/ddp.err" &&
+            m=$(awk 'NR > 1 && $1 ~ /^[0-9]+$/ && $5 > 0 { print $4 / $5 }' "$logs/ddp.txt" | sort -g |
+                awk '{a[NR] = $1} END { if (NR) printf "%.3f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+    fi
+    row "two-rank ConvNet epoch / PyTorch 1.13 DDP" "${m:-na}" "<=" 0.45
+fi
+echo "# the scripts' own output: $logs"
