@@ -17,9 +17,11 @@
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -136,6 +138,12 @@ int dt_cmd_eval(int argc, char **argv)
         free(rest);
         return 2;
     }
+    struct stat wsb; /* a missing file was "--ckpt: checkpoint F: No such file or directory", exit 1 */
+    if (weights && weights != hf && stat(weights, &wsb) != 0) {
+        dt__cli_err("dtrain eval: --weights %s: %s\n", weights, strerror(errno));
+        free(rest);
+        return 2;
+    }
     if (weights) { /* no saved options: the command line names the model and the data */
         char **targv = calloc((size_t)nrest + 6, sizeof *targv);
         if (!targv) {
@@ -154,6 +162,7 @@ int dt_cmd_eval(int argc, char **argv)
             targv[n++] = (char *)data_arg;
         }
         targv[n] = NULL;
+        dt__train_eval_flag(weights == hf ? "--model" : "--weights");
         int rc = dt__train_eval_ckpt(n, targv, weights, json, NULL);
         free(targv);
         free(rest);

@@ -189,6 +189,17 @@ TEST(eval_ckpt_mlp_widths)
     cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", save, "--mlp-hidden", "8", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "shape");
+    /* --weights: its errors name --weights (they said --ckpt); a missing file is bad input (it was exit 1) */
+    char missing[420];
+    snprintf(missing, sizeof missing, "%s/no-such.safetensors", cli_tmpdir());
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--weights", missing, "--model", "mlp", "--data", "random", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain eval: --weights ");
+    ASSERT_STR_CONTAINS(r.err, "No such file or directory");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--weights", save, "--model", "mlp", "--mlp-dim", "8", "--data", "random", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain eval: --weights: tensor");
 }
 
 TEST(bad_flags)
