@@ -38,15 +38,15 @@ int dt_bench_data(int argc, char **argv)
             sync = true;
         else if (v && !strcmp(a, "--data"))
             spec = argv[++i];
-        else if (v && !strcmp(a, "--batch"))
-            batch = atol(argv[++i]);
-        else if (v && !strcmp(a, "--epochs"))
-            epochs = atol(argv[++i]);
-        else if (v && !strcmp(a, "--prefetch"))
-            prefetch = atol(argv[++i]);
-        else if (v && !strcmp(a, "--compute-ms"))
-            compute_ms = atof(argv[++i]);
-        else {
+        else if (v && (!strcmp(a, "--batch") || !strcmp(a, "--epochs") || !strcmp(a, "--prefetch"))) {
+            int64_t x;
+            if (dt__bench_int("dtrain bench data", a, argv[++i], 1, !strcmp(a, "--prefetch") ? 64 : 1 << 30, &x))
+                return 2;
+            *(!strcmp(a, "--batch") ? &batch : !strcmp(a, "--epochs") ? &epochs : &prefetch) = (long)x;
+        } else if (v && !strcmp(a, "--compute-ms")) {
+            if (dt__bench_double("dtrain bench data", a, argv[++i], 0, 1e6, &compute_ms))
+                return 2;
+        } else {
             dt__cli_err("dtrain bench data: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;

@@ -59,15 +59,21 @@ int dt_bench_ddp(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--model") && v)
             model = v, i++;
-        else if (!strcmp(a, "--batch") && v)
-            batch = atoll(v), i++;
-        else if (!strcmp(a, "--steps") && v)
-            steps = atoi(v), i++;
-        else if (!strcmp(a, "--threads") && v)
-            threads = atoi(v), i++;
-        else if (!strcmp(a, "--bucket-mb") && v)
-            bucket_mb = atof(v), i++;
-        else if (!strcmp(a, "--sync-bn"))
+        else if ((!strcmp(a, "--batch") || !strcmp(a, "--steps") || !strcmp(a, "--threads")) && v) {
+            int64_t x; /* --threads 0: all cores */
+            if (dt__bench_int("dtrain bench ddp", a, v, !strcmp(a, "--threads") ? 0 : !strcmp(a, "--steps") ? 2 : 1,
+                              !strcmp(a, "--threads") ? 4096 : 1 << 30, &x))
+                return 2;
+            if (!strcmp(a, "--batch"))
+                batch = x;
+            else
+                *(!strcmp(a, "--steps") ? &steps : &threads) = (int)x;
+            i++;
+        } else if (!strcmp(a, "--bucket-mb") && v) {
+            if (dt__bench_double("dtrain bench ddp", a, v, 0, 4096, &bucket_mb))
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--sync-bn"))
             sync_bn = true;
         else if (!strcmp(a, "--no-broadcast-buffers"))
             no_bcast = true;

@@ -172,13 +172,16 @@ int dt_bench_matmul(int argc, char **argv)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (i + 1 < argc && !strcmp(a, "--size"))
-            n = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(a, "--reps"))
-            reps = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(a, "--threads"))
-            threads = atoi(argv[++i]);
-        else {
+        } else if (i + 1 < argc && (!strcmp(a, "--size") || !strcmp(a, "--reps") || !strcmp(a, "--threads"))) {
+            int64_t x; /* --threads 0: all cores */
+            if (dt__bench_int("dtrain bench matmul", a, argv[++i], !strcmp(a, "--threads") ? 0 : 1,
+                              !strcmp(a, "--threads") ? 4096 : 1 << 20, &x))
+                return 2;
+            if (!strcmp(a, "--size"))
+                n = x;
+            else
+                *(!strcmp(a, "--reps") ? &reps : &threads) = (int)x;
+        } else {
             dt__cli_err("dtrain bench matmul: unknown or incomplete option '%s'\n", a);
             usage(stderr);
             return 2;

@@ -238,6 +238,9 @@ static int run_one(const char *name, long batch, long seq, int steps, int warmup
     const dt_dtype gemm_t = pol.param_dtype == DT_DTYPE_UNSET ? DT_F32 : pol.param_dtype;
     if (dt_model_create(name, 1234, &cfg, &m, &desc) < 0 || !t || !col) {
         dt__cli_err("dtrain bench step: %s\n", dt_last_error());
+        const dt_status st = dt_last_status(); /* an unknown model or a bad size is bad input */
+        if (st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND || st == DT_ERR_UNSUPPORTED || st == DT_ERR_FORMAT)
+            rc = 2;
         goto done;
     }
     bool tokens = desc.input_dtype == DT_I64;
@@ -438,16 +441,26 @@ int dt_bench_step(int argc, char **argv)
             detail = true;
         } else if (v && !strcmp(a, "--model")) {
             models = v, i++;
-        } else if (v && !strcmp(a, "--batch")) {
-            batch = atol(v), i++;
-        } else if (v && !strcmp(a, "--seq")) {
-            seq = atol(v), i++;
-        } else if (v && !strcmp(a, "--threads")) {
-            threads = atoi(v), i++;
-        } else if (v && !strcmp(a, "--steps")) {
-            steps = atoi(v), i++;
+        } else if (v && (!strcmp(a, "--batch") || !strcmp(a, "--seq") || !strcmp(a, "--steps"))) {
+            int64_t x;
+            if (dt__bench_int("dtrain bench step", a, v, 1, 1 << 30, &x))
+                return 2;
+            if (!strcmp(a, "--steps"))
+                steps = (int)x;
+            else
+                *(!strcmp(a, "--batch") ? &batch : &seq) = (long)x;
+            i++;
+        } else if (v && (!strcmp(a, "--threads") || !strcmp(a, "--tp"))) { /* 0: all cores; no tensor parallelism */
+            int64_t x;
+            if (dt__bench_int("dtrain bench step", a, v, 0, 4096, &x))
+                return 2;
+            *(!strcmp(a, "--threads") ? &threads : &tpn) = (int)x;
+            i++;
         } else if (v && !strcmp(a, "--warmup")) {
-            warmup = !strcmp(v, "auto") ? WARMUP_AUTO : atoi(v) >= 0 ? atoi(v) : WARMUP_AUTO - 1, i++;
+            int64_t x = WARMUP_AUTO;
+            if (strcmp(v, "auto") && dt__bench_int("dtrain bench step", a, v, 0, 1 << 30, &x))
+                return 2;
+            warmup = (int)x, i++;
         } else if (v && !strcmp(a, "--peak-reps")) {
             int64_t r;
             if (dt_parse_int("--peak-reps", v, 0, 1000, &r) < 0) {
@@ -461,8 +474,6 @@ int dt_bench_step(int argc, char **argv)
             lm_loss = v, i++;
         } else if (v && !strcmp(a, "--prepare") && (!strcmp(v, "on") || !strcmp(v, "off"))) {
             prepare = !strcmp(v, "on"), i++;
-        } else if (v && !strcmp(a, "--tp")) {
-            tpn = atoi(v), i++;
         } else {
             dt__cli_err("dtrain bench step: unknown or incomplete option '%s'\n", a);
             usage(stderr);

@@ -4,6 +4,24 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
+int dt__bench_int(const char *who, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (dt_parse_int(flag, v, lo, hi, out) < 0) {
+        dt__cli_err("%s: %s\n", who, dt_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+int dt__bench_double(const char *who, const char *flag, const char *v, double lo, double hi, double *out)
+{
+    if (dt_parse_double(flag, v, lo, hi, out) < 0) {
+        dt__cli_err("%s: %s\n", who, dt_last_error());
+        return 2;
+    }
+    return 0;
+}
+
 double dt__bench_cpu_s(void)
 {
     struct rusage ru;

@@ -73,6 +73,11 @@ int dt_bench_zero(int argc, char **argv);
 double dt__bench_median(double *v, int n);
 /* CPU seconds this process used so far, every thread (user + system). */
 double dt__bench_cpu_s(void);
+/* A bench suite's numeric option, read strictly (dt_parse_int/dt_parse_double:
+ * the whole value a number in [lo, hi]): 0, or 2 after one line "who: ..."
+ * naming the flag (atoi took "abc" as 0, a default, and "12x" as 12). */
+int dt__bench_int(const char *who, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out);
+int dt__bench_double(const char *who, const char *flag, const char *v, double lo, double hi, double *out);
 int dt_bench_data(int argc, char **argv);
 
 /* Print one error line of the CLI's own to stderr, printf-style, with

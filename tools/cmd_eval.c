@@ -3,7 +3,7 @@
  *
  * A checkpoint written by dtrain train --save keeps the options that chose
  * its model and data (its "dtrain.user" metadata: model, data, seed, rng,
- * random_items, limit_train, limit_test); they become the defaults of a
+ * random_items, limit_train, limit_test, the MLP's widths); they become the defaults of a
  * train command line, any option given here overrides them (e.g. --data
  * idx:DIR to evaluate on other files, --limit-test N), and the train
  * command's own setup builds the model and the data, loads the checkpoint's
@@ -17,9 +17,11 @@
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -136,6 +138,12 @@ int dt_cmd_eval(int argc, char **argv)
         free(rest);
         return 2;
     }
+    struct stat wsb; /* a missing file was "--ckpt: checkpoint F: No such file or directory", exit 1 */
+    if (weights && weights != hf && stat(weights, &wsb) != 0) {
+        dt__cli_err("dtrain eval: --weights %s: %s\n", weights, strerror(errno));
+        free(rest);
+        return 2;
+    }
     if (weights) { /* no saved options: the command line names the model and the data */
         char **targv = calloc((size_t)nrest + 6, sizeof *targv);
         if (!targv) {
@@ -154,6 +162,7 @@ int dt_cmd_eval(int argc, char **argv)
             targv[n++] = (char *)data_arg;
         }
         targv[n] = NULL;
+        dt__train_eval_flag(weights == hf ? "--model" : "--weights");
         int rc = dt__train_eval_ckpt(n, targv, weights, json, NULL);
         free(targv);
         free(rest);
@@ -167,7 +176,7 @@ int dt_cmd_eval(int argc, char **argv)
     }
     cJSON *user = cJSON_Parse(js);
     dt_trainer_run_state_free(js);
-    char **targv = calloc((size_t)nrest + 32, sizeof *targv);
+    char **targv = calloc((size_t)nrest + 40, sizeof *targv);
     char bufs[16][64];
     int n = 0, nb = 0;
     if (!user || !targv) {
@@ -208,6 +217,9 @@ int dt_cmd_eval(int argc, char **argv)
         n = add_opt(targv, n, bufs, &nb, user, "random_items", "--random-items");
     n = add_opt(targv, n, bufs, &nb, user, "limit_train", "--limit-train");
     n = add_opt(targv, n, bufs, &nb, user, "limit_test", "--limit-test");
+    /* the MLP's widths */
+    n = add_opt(targv, n, bufs, &nb, user, "mlp_dim", "--mlp-dim");
+    n = add_opt(targv, n, bufs, &nb, user, "mlp_hidden", "--mlp-hidden");
     /* GPT models: their configuration and validation tokens */
     n = add_opt(targv, n, bufs, &nb, user, "val_data", "--val-data");
     n = add_opt(targv, n, bufs, &nb, user, "seq", "--seq");

@@ -266,6 +266,10 @@ int dt_cmd_generate(int argc, char **argv)
         size_t cap = 1;
         for (const char *p = ids; *p; p++)
             cap += *p == ',';
+        if (ids[0] == ',' || (ids[0] && ids[strlen(ids) - 1] == ',') || strstr(ids, ",,")) {
+            dt__cli_err("dtrain generate: --prompt-ids %s: an empty id (comma-separated ids, none empty)\n", ids);
+            goto done;
+        }
         prompt = malloc(cap * sizeof *prompt);
         copy = strdup(ids);
         for (char *save = NULL, *piece = prompt && copy ? strtok_r(copy, ",", &save) : NULL; piece;
@@ -282,6 +286,15 @@ int dt_cmd_generate(int argc, char **argv)
     }
     if (np == 0) {
         dt__cli_err("dtrain generate: the prompt has no tokens\n");
+        goto done;
+    }
+    if (!strcmp(model, "mlp") || !strcmp(model, "convnet")) { /* no tokens: built whole, then refused */
+        if (ckpt)
+            dt__cli_err("dtrain generate: --ckpt %s: its model %s is not a language model (GPT-2, Llama and "
+                        "hf:DIR models generate)\n", ckpt, model);
+        else
+            dt__cli_err("dtrain generate: --model %s is not a language model (GPT-2, Llama and hf:DIR models "
+                        "generate)\n", model);
         goto done;
     }
     if (dt_model_create(model, seed, &cfg, &m, NULL) < 0) {

@@ -188,6 +188,11 @@ int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype
         snprintf(path, sizeof path, "%s", file);
     else
         dt__plan_calib_path(model, seq, dt, path, sizeof path);
+    struct stat sb;
+    if (*path && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* "damaged: delete it" would be wrong advice */
+        dt__cli_err("%s: planner calibration '%s' is a directory (--calib takes a file)\n", who, path);
+        return 2;
+    }
     if (!fresh && *path) {
         dt_status st = dt_plan_calib_load(path, model, seq, dt, c);
         if (st >= 0)
@@ -218,10 +223,11 @@ int dt__plan_calib_get(const char *who, const char *model, int64_t seq, dt_dtype
     } else if (!quiet)
         dt__cli_err("%s: note: the collective curve was not measured (%s); collectives predicted from the memcpy "
                     "estimate\n", who, why);
+    const double secs = dt_time_s() - t0;
+    const bool saved = *path && dt_plan_calib_save(c, path) >= 0; /* "cached in" only once it is */
     if (!quiet)
-        fprintf(stderr, "%s: calibrated in %.1f s%s%s\n", who, dt_time_s() - t0, *path ? "; cached in " : "",
-                path);
-    if (*path && dt_plan_calib_save(c, path) < 0 && !quiet)
+        fprintf(stderr, "%s: calibrated in %.1f s%s%s\n", who, secs, saved ? "; cached in " : "", saved ? path : "");
+    if (*path && !saved && !quiet)
         dt__cli_err("%s: note: %s (not cached)\n", who, dt_last_error());
     return 0;
 }

@@ -236,6 +236,11 @@ int dt_cmd_plot(int argc, char **argv)
         snprintf(heading, sizeof heading, "%s", title ? title : in);
     else
         snprintf(heading, sizeof heading, "%d runs", nin);
+    /* the file's name goes into a gnuplot string: a '"' there would end it
+     * (and what followed would run as gnuplot commands, system() included) */
+    for (char *c = heading; !title && *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
     if (nacc)
         fprintf(g, "set multiplot layout 2,1 title \"%s\"\n", heading);
     else

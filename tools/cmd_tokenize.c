@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -79,6 +80,17 @@ static char *read_all(const char *path, size_t *n)
     }
     *n = len;
     return buf;
+}
+
+/* Whether a and b name one file: the same string, or both exist and are
+ * the same inode. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b)
+        return false;
+    return !strcmp(a, b) ||
+           (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
 }
 
 /* The vocabulary in use: dtrain's BPE or a tokenizer.json. */
@@ -272,7 +284,7 @@ int dt_cmd_tokenize(int argc, char **argv)
     }
     if (unigram)
         return unigram_baseline(unigram, corpus, vocab, tokenizer,
-                                out || train_vocab || decode || val_out || val_frac_s);
+                                out || train_vocab || decode || val_out || val_frac_s || min_count_s);
     bool have_vocab = vocab || tokenizer;
     int modes = !!train_vocab + (have_vocab && !decode) + !!decode;
     if (modes != 1 || (decode && !have_vocab)) {
@@ -297,6 +309,21 @@ int dt_cmd_tokenize(int argc, char **argv)
         dt__cli_err("dtrain tokenize: --min-count goes with --train-vocab\n");
         return 2;
     }
+    if (!*out || (val_out && !*val_out)) {
+        dt__cli_err("dtrain tokenize: %s needs a file name\n", *out ? "--val-out" : "-o");
+        return 2;
+    }
+    /* an output over an input or over the other output would lose what it held */
+    const char *const ins[] = {corpus, decode, vocab, tokenizer, out};
+    const char *const outs[] = {out, val_out};
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < 5 - (o == 0); k++)
+            if (same_file(outs[o], ins[k])) {
+                dt__cli_err("dtrain tokenize: %s %s is also %s: give another file name\n", o ? "--val-out" : "-o",
+                            outs[o], k == 4 ? "-o" : k == 0 ? "the input" : k == 1 ? "--decode's file"
+                                                          : k == 2 ? "--vocab" : "--tokenizer");
+                return 2;
+            }
 
     if (train_vocab) {
         dt_bpe_train_params tp = dt_bpe_train_params_default();

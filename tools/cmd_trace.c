@@ -34,13 +34,17 @@ static int summary(int argc, char **argv)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--top") && i + 1 < argc) {
-            char *e;
-            top = strtol(argv[++i], &e, 10);
-            if (*e || top < 1 || top > 100000) {
-                dt__cli_err("dtrain trace summary: --top %s: expected a count from 1\n", argv[i]);
+        } else if (!strcmp(argv[i], "--top")) {
+            int64_t v;
+            if (i + 1 >= argc) {
+                dt__cli_err("dtrain trace summary: --top needs a value\n");
                 return 2;
             }
+            if (dt_parse_int("--top", argv[++i], 1, 100000, &v) < 0) {
+                dt__cli_err("dtrain trace summary: %s (a count of rows)\n", dt_last_error());
+                return 2;
+            }
+            top = (long)v;
         } else if (argv[i][0] == '-' || file) {
             dt__cli_err("dtrain trace summary: unexpected argument '%s' (dtrain trace --help)\n", argv[i]);
             return 2;

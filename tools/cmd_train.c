@@ -123,6 +123,10 @@ static void lowp_notice(const char *precision)
 
 int dt_cmd_train(int argc, char **argv) { return train_main(argc, argv, NULL, false, NULL); }
 
+static const char *eval_flag = "--ckpt";
+
+void dt__train_eval_flag(const char *flag) { eval_flag = flag ? flag : "--ckpt"; }
+
 int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json, dt_tokenizer *kept)
 {
     dt__cli_err_command("dtrain eval"); /* its errors are dtrain eval's */
@@ -186,7 +190,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
             goto out;
         double el, ea;
         if (dt_trainer_load_weights(t->tr, eval_ckpt) < 0) {
-            rc = dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, "--ckpt");
+            rc = dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, eval_flag);
             goto out;
         }
         if ((rc = dt__tr_eval_and_record(t, 0, &el, &ea)))

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_ROWS 256
@@ -124,6 +125,18 @@ static char *read_all(const char *path, size_t *n)
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
+    struct stat st; /* a directory opens, and its "size" is no size */
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
+        fclose(f);
+        errno = e;
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fclose(f);
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return NULL;
+    }
     char *b = NULL;
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
@@ -209,19 +222,23 @@ int dt__trace_plot(int argc, char **argv)
                    "  one step of a timeline (default: the first step every rank recorded) as a picture\n");
             return 0;
         }
-        if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--step") || !strcmp(argv[i], "--title")) && i + 1 < argc) {
+        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--step") || !strcmp(argv[i], "--title")) {
+            if (i + 1 >= argc) {
+                dt__cli_err("dtrain trace plot: %s needs a value\n", argv[i]);
+                return 2;
+            }
             const char *o = argv[i++];
             if (!strcmp(o, "-o"))
                 out = argv[i];
             else if (!strcmp(o, "--title"))
                 title = argv[i];
             else {
-                char *e;
-                want = strtoll(argv[i], &e, 10);
-                if (*e || want < 0) {
-                    dt__cli_err("dtrain trace plot: --step %s: expected a step number\n", argv[i]);
+                int64_t v;
+                if (dt_parse_int("--step", argv[i], 0, INT64_MAX, &v) < 0) {
+                    dt__cli_err("dtrain trace plot: %s (a step number)\n", dt_last_error());
                     return 2;
                 }
+                want = (long long)v;
             }
         } else if (argv[i][0] == '-' || in) {
             dt__cli_err("dtrain trace plot: unexpected argument '%s' (dtrain trace --help)\n", argv[i]);
@@ -287,7 +304,11 @@ int dt__trace_plot(int argc, char **argv)
             t0 = num(e, "ts", 1e300);
     }
     if (step < 0 || t0 > 1e299) {
-        dt__cli_err("dtrain trace plot: %s: no step %lld in the trace\n", in, (long long)want);
+        if (want < 0)
+            dt__cli_err("dtrain trace plot: %s: no step in the trace (no event of category \"step\" with "
+                        "args.step)\n", in);
+        else
+            dt__cli_err("dtrain trace plot: %s: no step %lld in the trace\n", in, (long long)want);
         cJSON_Delete(j);
         free(R);
         return 2;

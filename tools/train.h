@@ -180,6 +180,9 @@ void dt__train_options_markdown(FILE *f);
  * (freed here), which encodes the text data in place of loading argv's
  * --tokenizer (then the checkpoint's path); NULL: none. */
 int dt__train_eval_ckpt(int argc, char **argv, const char *ckpt, bool json, dt_tokenizer *kept);
+/* The flag that named dt__train_eval_ckpt's ckpt, for its errors: "--ckpt" (the default), "--weights" or
+ * "--model" (an hf:DIR's own weights); set before the call. */
+void dt__train_eval_flag(const char *flag);
 
 /* ---- progress display (train_progress.c) -------------------------------------- */
 typedef enum { DT__PROGRESS_NONE, DT__PROGRESS_PLAIN, DT__PROGRESS_BAR } dt__progress_mode;

@@ -765,6 +765,11 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --offload %s: expected cpu or nvme:DIR\n", o->offload);
         return 2;
     }
+    if (o->offload && !strncmp(o->offload, "nvme:", 5) && !strcmp(o->optimizer, "lamb")) { /* was exit 1 at init */
+        dt__cli_err("dtrain train: --offload nvme: does not combine with --optimizer lamb (its trust ratio needs "
+                    "whole-tensor norms, which the sub-groups cannot give; sgd, adam and adamw work)\n");
+        return 2;
+    }
     if (o->offload && !strncmp(o->offload, "nvme:", 5) && (o->save || o->resume)) {
         dt__cli_err("dtrain train: --offload nvme: does not combine with --save/--resume yet (the optimizer "
                     "state in files is not checkpointed)\n");
@@ -828,6 +833,14 @@ int dt__train_check(dt__train_opts *o)
         (!(stage3 || (o->fsdp && !strcmp(o->fsdp, "hybrid_shard"))) || o->save || o->resume)) {
         dt__cli_err("dtrain train: --offload-param nvme: needs --zero 3 (or --fsdp full_shard) and does not combine "
                     "with --save/--resume yet (the shards in files are not checkpointed)\n");
+        return 2;
+    }
+    if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&
+        (!strcmp(o->optimizer, "lamb") || strcmp(o->precision, "fp32"))) { /* both were exit 1 at init */
+        dt__cli_err("dtrain train: --offload-param nvme: steps f32 parameters unit by unit with sgd, adam or adamw: "
+                    "not %s yet\n", strcmp(o->optimizer, "lamb") ? "--precision bf16/fp16 (mixed precision)"
+                                                                  : "--optimizer lamb (its trust ratio needs "
+                                                                    "whole-tensor norms)");
         return 2;
     }
     if (stage3 && o->init_from) {

@@ -64,6 +64,9 @@ int dt__tr_make_user_json(dt__train_run *t)
                  (long long)(t->o.vocab_size ? t->o.vocab_size : g.vocab_size));
         if (t->o.loss_mask) /* the data's prompt targets are ignored: dtrain eval --ckpt evaluates alike */
             snprintf(lm + strlen(lm), sizeof lm - strlen(lm), ",\"loss_mask\":true");
+    } else if (t->o.mlp_dim || t->o.mlp_hidden) { /* the MLP's widths (0: the default) */
+        snprintf(lm, sizeof lm, ",\"mlp_dim\":%lld,\"mlp_hidden\":%lld", (long long)t->o.mlp_dim,
+                 (long long)t->o.mlp_hidden);
     }
     char *vq = NULL, *tq = NULL; /* the vocabulary or tokenizer.json goes with the checkpoint (generate --ckpt) */
     if (t->lm && t->o.vocab && t->o.save && !(vq = dt__tr_vocab_quoted("--vocab", t->o.vocab)))

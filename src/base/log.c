@@ -19,14 +19,22 @@ dt_log_level dt_log_get_level(void)
     if (cur < 0) {
         const char *e = getenv("DT_LOG_LEVEL");
         int lvl = DT_LOG_WARN;
+        bool unknown = false;
         if (e) {
             if (!strcmp(e, "error")) lvl = DT_LOG_ERROR;
             else if (!strcmp(e, "info")) lvl = DT_LOG_INFO;
             else if (!strcmp(e, "debug")) lvl = DT_LOG_DEBUG;
+            else unknown = strcmp(e, "warn") != 0;
         }
         if (atomic_compare_exchange_strong_explicit(&g_level, &cur, lvl, memory_order_relaxed,
-                                                    memory_order_relaxed))
+                                                    memory_order_relaxed)) {
             cur = lvl;
+            if (unknown) { /* said once, by the reader that set the level (DT_LOG_LEVEL=DEBUG was silent) */
+                char esc[96];
+                fprintf(stderr, "dtrain warn: DT_LOG_LEVEL=%s is not one of error, warn, info, debug; ignored (warn)\n",
+                        dt_escape(e, esc, sizeof esc));
+            }
+        }
     }
     return (dt_log_level)cur;
 }

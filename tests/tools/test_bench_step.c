@@ -54,7 +54,7 @@ TEST(gpt_tokens)
                       out, sizeof out), 0);
     ASSERT_STR_CONTAINS(out, "\"model\":\"gpt-micro\",\"batch\":2,\"seq\":16,\"optimizer\":\"adamw\"");
     ASSERT_STR_CONTAINS(out, "\"gflop_per_step\":0.0260");
-    ASSERT_EQ_INT(run("--model gpt-micro --seq 65 --steps 1 --peak-reps 0", out, sizeof out), 1);
+    ASSERT_EQ_INT(run("--model gpt-micro --seq 65 --steps 1 --peak-reps 0", out, sizeof out), 2); /* bad input */
     ASSERT_STR_CONTAINS(out, "block size");
 }
 
@@ -209,11 +209,42 @@ TEST(peak_detail)
 TEST(bad_options)
 {
     static char out[4096];
-    ASSERT_EQ_INT(run("--model resnet --steps 1 --peak-reps 0", out, sizeof out), 1);
+    ASSERT_EQ_INT(run("--model resnet --steps 1 --peak-reps 0", out, sizeof out), 2); /* bad input: was 1 */
     ASSERT_STR_CONTAINS(out, "resnet");
     ASSERT_EQ_INT(run("--bogus", out, sizeof out), 2);
     ASSERT_EQ_INT(run("--steps 0", out, sizeof out), 2);
     ASSERT_EQ_INT(run("--warmup -2 --steps 1 --peak-reps 0", out, sizeof out), 2);
+    /* numbers read strictly: atoi took "abc" and "0" as the default batch (a run of 100), "12x" as 12 */
+    const char *bad[][2] = {
+        {"--batch abc", "--batch: 'abc' is not an integer"}, {"--batch 0", "--batch: 0 is out of range"},
+        {"--seq 12x", "--seq: '12x' is not an integer"},     {"--threads -1", "--threads: -1 is out of range"},
+        {"--tp x", "--tp: 'x' is not an integer"},            {"--warmup 1.5", "--warmup: '1.5' is not an integer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_EQ_INT(run(bad[i][0], out, sizeof out), 2);
+        ASSERT_STR_CONTAINS(out, bad[i][1]);
+    }
+    /* the other suites alike (run() prefixes "bench step": these name their suite themselves) */
+    const char *cli = getenv("DT_CLI") ? getenv("DT_CLI") : DT_BINARY_DIR "/dtrain";
+    const char *other[][2] = {
+        {"matmul --size 12x", "dtrain bench matmul: --size: '12x' is not an integer"},
+        {"matmul --threads abc", "dtrain bench matmul: --threads: 'abc' is not an integer"},
+        {"data --batch abc", "dtrain bench data: --batch: 'abc' is not an integer"},
+        {"data --compute-ms nan", "dtrain bench data: --compute-ms: 'nan' is not a finite number"},
+        {"ddp --bucket-mb x", "dtrain bench ddp: --bucket-mb: 'x' is not a finite number"},
+        {"ddp --threads 2x", "dtrain bench ddp: --threads: '2x' is not an integer"},
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "%s bench %s 2>&1", cli, other[i][0]);
+        FILE *f = popen(cmd, "r");
+        ASSERT(f != NULL);
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        int st = pclose(f);
+        ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+        ASSERT_STR_CONTAINS(out, other[i][1]);
+    }
     ASSERT_EQ_INT(run("--help", out, sizeof out), 0);
     ASSERT_STR_CONTAINS(out, "--model");
 }

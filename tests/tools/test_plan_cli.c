@@ -191,6 +191,8 @@ TEST(bad_flags_exit_2)
         {{"plan", "--world", "2", "--global-batch", "0", NULL}, "--global-batch"},
         {{"plan", "--world", "2", "--bogus", NULL}, "unknown option '--bogus'"},
         {{"plan", "--world", NULL}, "--world needs a value"},
+        /* a directory: named as one (it was "not a complete file ... delete it to measure again") */
+        {{"plan", "--world", "2", "--model", "gpt-micro", "--calib", (char *)cli_tmpdir(), NULL}, "is a directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_result r;
@@ -199,6 +201,23 @@ TEST(bad_flags_exit_2)
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, cases[i].says);
     }
+}
+
+/* A calibration that cannot be cached: measured, said once as not cached,
+ * never "cached in" the place it could not be written. */
+TEST(calib_not_cached_is_not_said_cached)
+{
+    char cache[400], where[500];
+    snprintf(cache, sizeof cache, "%s/nocache-env", cli_tmpdir());
+    snprintf(where, sizeof where, "%s/no-such-dir/x.calib", cli_tmpdir());
+    char env[450];
+    snprintf(env, sizeof env, "DT_CACHE_DIR=%s", cache);
+    cli_result r;
+    cli_runv(&r, 120, env, (char *[]){"plan", "--world", "2", "--model", "gpt-micro", "--calib", where, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "(not cached)");
+    ASSERT(strstr(r.err, "cached in") == NULL);
+    ASSERT(!file_exists(where));
 }
 
 static char g_data[400];
@@ -466,6 +485,7 @@ int main(void)
     RUN(json_shape);
     RUN(mem_per_rank_refuses_by_name);
     RUN(bad_flags_exit_2);
+    RUN(calib_not_cached_is_not_said_cached);
     RUN(train_plan_auto_two_ranks);
     RUN(train_plan_auto_bad_combinations);
     RUN(end_record_calibration_is_a_fresh_process);

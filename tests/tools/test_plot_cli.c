@@ -184,6 +184,39 @@ TEST(output_symlink_refused)
     ASSERT_STR_EQ(buf, "precious");
 }
 
+/* The title defaults to the file's name, written into gnuplot's script as a
+ * string: a '"' in the name ended the string and the rest of the name ran
+ * as gnuplot commands (system("touch ...") made the file). The name's '"',
+ * backslash and control characters are now '?' in the title. */
+TEST(file_name_is_no_gnuplot_command)
+{
+    char in[600], out[512], env[700], script[600], pwned[512];
+    snprintf(pwned, sizeof pwned, "%s/PWNED", cli_tmpdir());
+    snprintf(in, sizeof in, "%s", tmpfile_("x\"; system(\"touch PWNED\"); \"y.jsonl", good));
+    snprintf(out, sizeof out, "%s/q.png", cli_tmpdir());
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
+    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
+    if (r.code)
+        fprintf(stderr, "%s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    FILE *g = fopen(script, "r");
+    ASSERT(g != NULL);
+    static char text[8192];
+    size_t k = fread(text, 1, sizeof text - 1, g);
+    text[k] = 0;
+    fclose(g);
+    ASSERT_STR_CONTAINS(text, "x?; system(?touch PWNED?); ?y.jsonl\"\n");
+    ASSERT(strstr(text, "system(\"") == NULL);
+    if (access("/usr/bin/gnuplot", X_OK) == 0) { /* the real thing: nothing run, a PNG */
+        cli_runv(&r, 60, NULL, (char *[]){"plot", in, "-o", out, NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(file_exists(out));
+        ASSERT(!file_exists(pwned) && access("PWNED", F_OK) != 0);
+    }
+}
+
 /* Issue 32: runs compared in one plot: several files, one colour and
  * legend entry each, the two panels on one x range with fixed margins (so
  * their axes line up); with real gnuplot, a PNG too. */
@@ -238,6 +271,7 @@ int main(void)
     RUN(nested_values_and_few_points);
     RUN(output_symlink_refused);
     RUN(several_files_one_legend_entry_each);
+    RUN(file_name_is_no_gnuplot_command);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;

@@ -841,11 +841,24 @@ TEST(bad_usage)
         ASSERT(r.nerr > 0);
         cli_result_free(&r);
     }
-    const char *missing[] = {"-n", "2", "--", "/nonexistent/program", NULL};
-    cli_result r = run_cli(missing, 10);
-    ASSERT_EQ_INT(exit_code(&r), 127);
-    ASSERT_STR_CONTAINS(r.err, "cannot execute '/nonexistent/program'");
-    cli_result_free(&r);
+    /* a program that cannot run is bad input: one line before any rank
+     * starts, exit 2, never restarted (it was N lines, exit 127, and a
+     * restart per --max-restarts) */
+    const char *missing[] = {"-n", "2", "--max-restarts", "3", "--", "/nonexistent/program", NULL};
+    const char *not_on_path[] = {"-n", "2", "--", "dtrain-no-such-program-on-path", NULL};
+    const char *a_dir[] = {"-n", "1", "--", "/", NULL};
+    const char *empty[] = {"-n", "1", "--", "", NULL};
+    const char *const *bad[] = {missing, not_on_path, a_dir, empty};
+    const char *why[] = {"cannot execute '/nonexistent/program': No such file or directory",
+                         "'dtrain-no-such-program-on-path': not found on PATH", "'/': a directory",
+                         "an empty program name"};
+    for (int i = 0; i < 4; i++) {
+        cli_result r = run_cli(bad[i], 10);
+        ASSERT_EQ_INT(exit_code(&r), 2);
+        ASSERT_STR_CONTAINS(r.err, why[i]);
+        ASSERT(!strstr(r.err, "restart") && !strstr(r.err, "[0]"));
+        cli_result_free(&r);
+    }
 }
 
 int main(int argc, char **argv)

@@ -466,6 +466,8 @@ TEST(bad_usage_and_input)
         {{"tokenize", "--tokenizer", c, c, "-o", out, NULL}, "tokenizer.json"},
         {{"tokenize", "--tokenizer", j, "--vocab", v, c, "-o", out, NULL}, "not both"},
         {{"tokenize", "--tokenizer", j, bin, "-o", out, NULL}, "not valid UTF-8"},
+        {{"tokenize", "--unigram", c, "--min-count", "3", NULL}, "--unigram takes"}, /* was ignored */
+        {{"tokenize", "--vocab", v, c, "-o", "", NULL}, "-o needs a file name"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);
@@ -475,6 +477,73 @@ TEST(bad_usage_and_input)
         }
         ASSERT(access(out, F_OK) != 0); /* nothing written */
     }
+}
+
+/* The whole of path (*n bytes), malloc'd; NULL when it cannot be read. */
+static char *read_whole(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *b = malloc(1 << 20);
+    *n = b ? fread(b, 1, 1 << 20, f) : 0;
+    fclose(f);
+    return b;
+}
+
+/* An output naming an input or the other output was written over it: the
+ * corpus, the vocab or the token file being decoded replaced, or --val-out
+ * equal to -o leaving only the validation tokens (exit 0). Refused now,
+ * exit 2, every file as it was. */
+TEST(outputs_over_inputs_refused)
+{
+    size_t n;
+    char *corpus = make_corpus(&n);
+    char *c = tp(0, "same-corpus.txt"), *v = tp(1, "same-v.bpe"), *tr = tp(2, "same-train.bin");
+    write_file(c, corpus, n);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "300", c, "-o", v, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--vocab", v, c, "-o", tr, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    char dot_tr[620];
+    snprintf(dot_tr, sizeof dot_tr, "%s/./same-train.bin", cli_tmpdir());
+    struct {
+        char *args[12];
+        const char *msg;
+    } cases[] = {
+        {{"tokenize", "--vocab", v, c, "-o", tr, "--val-fraction", "0.1", "--val-out", tr, NULL},
+         "--val-out"},
+        {{"tokenize", "--vocab", v, c, "-o", tr, "--val-fraction", "0.1", "--val-out", dot_tr, NULL},
+         "is also -o"},
+        {{"tokenize", "--vocab", v, c, "-o", c, NULL}, "is also the input"},
+        {{"tokenize", "--train-vocab", "300", c, "-o", c, NULL}, "is also the input"},
+        {{"tokenize", "--vocab", v, c, "-o", v, NULL}, "is also --vocab"},
+        {{"tokenize", "--vocab", v, "--decode", tr, "-o", tr, NULL}, "is also --decode's file"},
+        {{"tokenize", "--vocab", v, c, "-o", tr, "--val-fraction", "0.1", "--val-out", c, NULL}, "the input"},
+    };
+    char *before = NULL, *after = NULL;
+    size_t nb = 0, na = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        free(before);
+        before = read_whole(tr, &nb);
+        ASSERT(before != NULL);
+        cli_runv(&r, 60, NULL, cases[i].args);
+        if (r.code != 2 || !strstr(r.err, cases[i].msg) || cli_lines(r.err) != 1) {
+            fprintf(stderr, "  case %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
+            ASSERT(0);
+        }
+        free(after);
+        after = read_whole(tr, &na);
+        ASSERT(after != NULL && na == nb && !memcmp(before, after, nb)); /* the token file as it was */
+    }
+    size_t nc = 0;
+    char *c2 = read_whole(c, &nc);
+    ASSERT(c2 != NULL && nc == n && !memcmp(c2, corpus, n)); /* the corpus as it was */
+    free(c2);
+    free(before);
+    free(after);
+    free(corpus);
 }
 
 int main(void)
@@ -488,6 +557,7 @@ int main(void)
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
+    RUN(outputs_over_inputs_refused);
     cli_cleanup();
     return TEST_REPORT();
 }

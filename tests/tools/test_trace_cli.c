@@ -293,6 +293,43 @@ TEST(bad_steps_exit_2)
     ASSERT_STR_CONTAINS(r.err, "needs --trace DIR");
 }
 
+/* Bad arguments of trace summary/plot: one line naming the problem, exit 2.
+ * A flag without its value was "unexpected argument", --top/--step took
+ * " 5" (strtol), a trace without steps said "no step -1", a directory
+ * "Cannot allocate memory". */
+TEST(bad_arguments_exit_2)
+{
+    static cli_result r;
+    char empty[340], dir[340];
+    snprintf(empty, sizeof empty, "%s/empty-trace.json", cli_tmpdir());
+    snprintf(dir, sizeof dir, "%s", cli_tmpdir());
+    FILE *f = fopen(empty, "w");
+    ASSERT(f != NULL);
+    fputs("{\"traceEvents\":[]}\n", f);
+    fclose(f);
+    struct {
+        char *args[8];
+        const char *msg;
+    } cases[] = {
+        {{"trace", "summary", empty, "--top", NULL}, "--top needs a value"},
+        {{"trace", "summary", empty, "--top", " 5", NULL}, "--top: ' 5' is not an integer"},
+        {{"trace", "summary", empty, "--top", "0", NULL}, "--top: 0 is out of range"},
+        {{"trace", "plot", empty, "--step", NULL}, "--step needs a value"},
+        {{"trace", "plot", empty, "-o", NULL}, "-o needs a value"},
+        {{"trace", "plot", empty, "--step", " 5", NULL}, "--step: ' 5' is not an integer"},
+        {{"trace", "plot", empty, "--step", "-1", NULL}, "--step: -1 is out of range"},
+        {{"trace", "plot", empty, NULL}, "no step in the trace"},
+        {{"trace", "plot", dir, NULL}, "Is a directory"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_runv(&r, 60, NULL, cases[i].args);
+        if (r.code != 2 || !strstr(r.err, cases[i].msg) || cli_lines(r.err) != 1) {
+            fprintf(stderr, "  case %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
+            ASSERT(0);
+        }
+    }
+}
+
 int main(void)
 {
     if (!cli())
@@ -303,6 +340,7 @@ int main(void)
     RUN(pipeline_1f1b);
     RUN(summary_and_plot);
     RUN(bad_steps_exit_2);
+    RUN(bad_arguments_exit_2);
     cli_cleanup();
     return TEST_REPORT();
 }

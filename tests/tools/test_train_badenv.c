@@ -45,6 +45,27 @@ TEST(bad_dt_variables_exit_2)
     free(r);
 }
 
+/* DT_LOG_LEVEL with an unknown level (DEBUG, loud) was taken as warn with
+ * nothing said: said now, once, where the level is first read (here by the
+ * warning DT_MAX_CPU_ISA=foo causes); the known levels say nothing. */
+TEST(unknown_log_level_is_said)
+{
+    cli_result *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    setenv("DT_MAX_CPU_ISA", "foo", 1);
+    cli_runv(r, 60, "DT_LOG_LEVEL=DEBUG", (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "DT_LOG_LEVEL=DEBUG is not one of error, warn, info, debug; ignored (warn)");
+    const char *first = strstr(r->err, "DT_LOG_LEVEL");
+    ASSERT(first && !strstr(first + 1, "DT_LOG_LEVEL")); /* once */
+    ASSERT_STR_CONTAINS(r->err, "DT_MAX_CPU_ISA=foo"); /* still logged at warn */
+    cli_runv(r, 60, "DT_LOG_LEVEL=warn", (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT(strstr(r->err, "DT_LOG_LEVEL") == NULL);
+    unsetenv("DT_MAX_CPU_ISA");
+    free(r);
+}
+
 TEST(address_space_limit_named)
 {
     SKIP_UNDER_ASAN();
@@ -102,6 +123,7 @@ int main(void)
     if (!getenv("DT_CLI"))
         return DT_TEST_SKIP_CODE;
     RUN(bad_dt_variables_exit_2);
+    RUN(unknown_log_level_is_said);
     RUN(address_space_limit_named);
     RUN(small_mlp_trains_under_address_space_limit);
     cli_cleanup();

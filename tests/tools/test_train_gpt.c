@@ -150,6 +150,27 @@ TEST(generate_cli)
     ASSERT_EQ_INT(b.code, 2);
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "convnet", "--prompt-ids", "1", NULL});
     ASSERT_EQ_INT(b.code, 2);
+    ASSERT_STR_CONTAINS(b.err, "--model convnet is not a language model");
+    /* an empty id was skipped: "1,,2" generated from "1 2", "1," from "1" */
+    const char *empty[] = {"1,,2", "1,", ",1", ","};
+    for (int i = 0; i < 4; i++) {
+        char *args[] = {"generate", "--model", "gpt-micro", "--prompt-ids", (char *)empty[i], NULL};
+        cli_runv(&b, 60, NULL, args);
+        ASSERT_EQ_INT(b.code, 2);
+        ASSERT_STR_CONTAINS(b.err, "an empty id");
+        ASSERT_EQ_INT(cli_lines(b.err), 1);
+    }
+    /* --ckpt of an MLP run: named as such, not a shape error of a default MLP */
+    char mlp[340];
+    snprintf(mlp, sizeof mlp, "%s/mlp-run", cli_tmpdir());
+    cli_runv(&b, 60, NULL,
+             (char *[]){"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "16",
+                        "--batch", "8", "--max-steps", "1", "--no-eval", "--progress", "none", "--threads", "1",
+                        "--save", mlp, NULL});
+    ASSERT_EQ_INT(b.code, 0);
+    cli_runv(&b, 60, NULL, (char *[]){"generate", "--ckpt", mlp, "--prompt-ids", "1", NULL});
+    ASSERT_EQ_INT(b.code, 2);
+    ASSERT_STR_CONTAINS(b.err, "its model mlp is not a language model");
 }
 
 /* --vocab: a BPE vocabulary turns the prompt text into ids and the output

@@ -167,6 +167,41 @@ TEST(eval_ckpt)
     ASSERT(!strncmp(r.err, "dtrain eval: --data", 19));
 }
 
+/* An MLP of other widths (--mlp-dim/--mlp-hidden): its checkpoint kept
+ * neither, so dtrain eval --ckpt built the default 1024 x 4096 MLP and
+ * failed on the first tensor's shape (exit 2); the widths are kept now. */
+TEST(eval_ckpt_mlp_widths)
+{
+    char save[400];
+    snprintf(save, sizeof save, "%s/mlp_widths", cli_tmpdir());
+    cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "16", "--random-items", "32",
+                        "--limit-test", "8", "--batch", "8", "--max-steps", "2", "--no-eval", "--progress", "none",
+                        "--threads", "1", "--save", save, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", save, NULL});
+    if (r.code)
+        fprintf(stderr, "%s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "test loss: ");
+    /* a width given still overrides the kept one (here: wrongly, so the shapes disagree) */
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", save, "--mlp-hidden", "8", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "shape");
+    /* --weights: its errors name --weights (they said --ckpt); a missing file is bad input (it was exit 1) */
+    char missing[420];
+    snprintf(missing, sizeof missing, "%s/no-such.safetensors", cli_tmpdir());
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--weights", missing, "--model", "mlp", "--data", "random", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain eval: --weights ");
+    ASSERT_STR_CONTAINS(r.err, "No such file or directory");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--weights", save, "--model", "mlp", "--mlp-dim", "8", "--data", "random", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "dtrain eval: --weights: tensor");
+}
+
 TEST(bad_flags)
 {
     cli_result r;
@@ -204,6 +239,7 @@ int main(void)
     RUN(resume_2_ranks_adamw);
     RUN(other_world_size_says_what_it_drops);
     RUN(eval_ckpt);
+    RUN(eval_ckpt_mlp_widths);
     RUN(bad_flags);
     cli_cleanup();
     return TEST_REPORT();

@@ -163,7 +163,7 @@ TEST(help_and_bad_flags)
     ASSERT_STR_CONTAINS(r->out, "--forward-prefetch");
     ASSERT_STR_CONTAINS(r->out, "--offload-param SPEC");
     static const struct {
-        const char *args[6];
+        const char *args[8];
         const char *want;
     } cases[] = {
         {{"train", "--zero", "4", NULL}, "--zero: '4' is not one of {0|1|2|3}"},
@@ -173,6 +173,10 @@ TEST(help_and_bad_flags)
         {{"train", "--zero", "1", "--sync-bn", NULL}, "--sync-bn works with DDP only"},
         {{"train", "--zero", "2", "--offload-param", "nvme:/tmp", NULL}, "--offload-param nvme: needs --zero 3"},
         {{"train", "--zero", "3", "--offload-param", "disk", NULL}, "--offload-param disk: expected cpu or nvme:DIR"},
+        /* refused by the trainer's init with exit 1 before: bad combinations of flags, exit 2 */
+        {{"train", "--zero", "3", "--offload-param", "nvme:/tmp", "--optimizer", "lamb", NULL}, "not --optimizer lamb"},
+        {{"train", "--zero", "3", "--offload-param", "nvme:/tmp", "--precision", "bf16", NULL}, "not --precision bf16"},
+        {{"train", "--offload", "nvme:/tmp", "--optimizer", "lamb", NULL}, "does not combine with --optimizer lamb"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(r, 60, NULL, (char *const *)cases[i].args);
