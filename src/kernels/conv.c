@@ -116,14 +116,26 @@ static void conv_entry_free(void *p)
  * convolution whose input channels are not a multiple of 8 (oneDNN pads
  * them to the 8-channel block: the ConvNet's first layer, C = 1, runs its
  * backward 1.1-2x slower blocked than plain). DT_CONV_LAYOUT=plain|blocked|auto. */
+static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
+static int g_layout_mode = 2;
+
+static void layout_read(void)
+{
+    const char *e = getenv("DT_CONV_LAYOUT");
+    if (!e || !*e || !strcmp(e, "auto"))
+        return;
+    if (!strcmp(e, "plain"))
+        g_layout_mode = 0;
+    else if (!strcmp(e, "blocked"))
+        g_layout_mode = 1;
+    else
+        dt_log(DT_LOG_WARN, "DT_CONV_LAYOUT=%s is not one of plain, blocked, auto; ignored (auto)", e);
+}
+
 static int layout_mode(void)
 {
-    static int mode = -1; /* benign race: all threads compute the same */
-    if (mode < 0) {
-        const char *e = getenv("DT_CONV_LAYOUT");
-        mode = e && !strcmp(e, "plain") ? 0 : e && !strcmp(e, "blocked") ? 1 : 2;
-    }
-    return mode;
+    pthread_once(&g_layout_once, layout_read);
+    return g_layout_mode;
 }
 
 static bool use_blocked(int dir, const dt_k_conv2d_shape *s);

@@ -66,6 +66,24 @@ TEST(unknown_log_level_is_said)
     free(r);
 }
 
+/* DT_CONV_LAYOUT with an unknown policy was taken as auto with nothing
+ * said (DT_ATTN_AMX and DT_MAX_CPU_ISA warn): said now, once; `dtrain
+ * info` reads it for its activation layout line. */
+TEST(unknown_conv_layout_is_said)
+{
+    cli_result *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    cli_runv(r, 60, "DT_CONV_LAYOUT=weird", (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "DT_CONV_LAYOUT=weird is not one of plain, blocked, auto; ignored (auto)");
+    const char *first = strstr(r->err, "DT_CONV_LAYOUT");
+    ASSERT(first && !strstr(first + 1, "DT_CONV_LAYOUT")); /* once */
+    cli_runv(r, 60, "DT_CONV_LAYOUT=plain", (char *[]){"info", NULL});
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT(strstr(r->err, "DT_CONV_LAYOUT") == NULL);
+    free(r);
+}
+
 TEST(address_space_limit_named)
 {
     SKIP_UNDER_ASAN();
@@ -124,6 +142,7 @@ int main(void)
         return DT_TEST_SKIP_CODE;
     RUN(bad_dt_variables_exit_2);
     RUN(unknown_log_level_is_said);
+    RUN(unknown_conv_layout_is_said);
     RUN(address_space_limit_named);
     RUN(small_mlp_trains_under_address_space_limit);
     cli_cleanup();
