@@ -7,10 +7,12 @@
 #include "cmd.h"
 #include "dtrain/base.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *g_train_as; /* dt__cli_err_command */
 
@@ -105,4 +107,57 @@ const char *dt__cli_suggest(const char *given, const char *const *names, size_t 
                 break;
             }
     return best;
+}
+
+int dt__cli_out_file(const char *who, const char *flag, const char *path)
+{
+    struct stat st;
+    if (!path || !*path) {
+        dt__cli_err("%s: %s needs a file name\n", who, flag);
+        return 2;
+    }
+    if (lstat(path, &st) == 0) {
+        if (S_ISREG(st.st_mode))
+            return 0;
+        dt__cli_err("%s: %s %s is %s\n", who, flag, path,
+                    S_ISLNK(st.st_mode)  ? "a symbolic link; dtrain does not write through symlinks"
+                    : S_ISDIR(st.st_mode) ? "a directory (give a file name)"
+                                          : "not a regular file");
+        return 2;
+    }
+    if (errno != ENOENT) {
+        dt__cli_err("%s: %s %s: %s\n", who, flag, path, strerror(errno));
+        return 2;
+    }
+    size_t n = strlen(path);
+    char *dir = malloc(n + 2);
+    if (!dir)
+        return 0; /* the write itself says what fails */
+    memcpy(dir, path, n + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else
+        slash[slash == dir] = '\0'; /* "/x": the root */
+    int rc = 0;
+    if (stat(dir, &st) != 0) {
+        dt__cli_err("%s: %s %s: directory %s: %s\n", who, flag, path, dir,
+                    errno == ENOENT ? "does not exist (create it first)" : strerror(errno));
+        rc = 2;
+    } else if (!S_ISDIR(st.st_mode)) {
+        dt__cli_err("%s: %s %s: %s is not a directory\n", who, flag, path, dir);
+        rc = 2;
+    }
+    free(dir);
+    return rc;
+}
+
+const char *dt__cli_png_beside(const char *in, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", in);
+    char *dot = strrchr(buf, '.');
+    if (dot && !strchr(dot, '/'))
+        *dot = 0;
+    strncat(buf, ".png", n - strlen(buf) - 1);
+    return buf;
 }

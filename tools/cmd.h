@@ -89,6 +89,16 @@ void dt__cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * "dtrain train:" starts with "cmd:" instead. NULL: as written. */
 void dt__cli_err_command(const char *cmd);
 
+/* An output file a flag names, checked before any work (bad input, exit 2,
+ * rather than an I/O failure at the end): a name given, not a symbolic
+ * link (dtrain does not write through them), not a directory or other
+ * non-regular file, in a directory that exists. 0, or 2 after one line
+ * "who: flag PATH: why" (tools/cli_msg.c). */
+int dt__cli_out_file(const char *who, const char *flag, const char *path);
+/* The default picture of an input file: its name with the extension (if
+ * any) replaced by .png, into buf (n bytes); returns buf. */
+const char *dt__cli_png_beside(const char *in, char *buf, size_t n);
+
 /* The name among names[0..n) (without dashes) closest to given, an
  * unknown option's name without its dashes, for a "did you mean" hint:
  * within a small edit distance ('_' and '-' equal) or one that starts with

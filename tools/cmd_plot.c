@@ -155,18 +155,15 @@ int dt_cmd_plot(int argc, char **argv)
     }
     const char *in = ins[0];
     char defout[4096];
-    if (!out) {
-        snprintf(defout, sizeof defout, "%s", in);
-        char *dot = strrchr(defout, '.');
-        if (dot && !strchr(dot, '/'))
-            *dot = 0;
-        strncat(defout, ".png", sizeof defout - strlen(defout) - 1);
-        out = defout;
-    }
+    const char *out_flag = out ? "-o" : "the output (the input's name with .png; -o names another)";
+    if (!out)
+        out = dt__cli_png_beside(in, defout, sizeof defout);
     if (strchr(out, '"') || strchr(out, '\n') || (title && (strchr(title, '"') || strchr(title, '\n')))) {
         dt__cli_err("dtrain plot: output name and title may not contain '\"' or newlines\n");
         return 2;
     }
+    if (dt__cli_out_file("dtrain plot", out_flag, out))
+        return 2;
     dt__metrics_points pts[DT_PLOT_MAX_FILES];
     for (int k = 0; k < nin; k++) {
         int rc = read_metrics(ins[k], &pts[k]);

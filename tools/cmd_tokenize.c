@@ -309,10 +309,9 @@ int dt_cmd_tokenize(int argc, char **argv)
         dt__cli_err("dtrain tokenize: --min-count goes with --train-vocab\n");
         return 2;
     }
-    if (!*out || (val_out && !*val_out)) {
-        dt__cli_err("dtrain tokenize: %s needs a file name\n", *out ? "--val-out" : "-o");
+    if (dt__cli_out_file("dtrain tokenize", "-o", out) ||
+        (val_out && dt__cli_out_file("dtrain tokenize", "--val-out", val_out)))
         return 2;
-    }
     /* an output over an input or over the other output would lose what it held */
     const char *const ins[] = {corpus, decode, vocab, tokenizer, out};
     const char *const outs[] = {out, val_out};

@@ -252,18 +252,15 @@ int dt__trace_plot(int argc, char **argv)
         return 2;
     }
     char defout[4096];
-    if (!out) {
-        snprintf(defout, sizeof defout, "%s", in);
-        char *dot = strrchr(defout, '.');
-        if (dot && !strchr(dot, '/'))
-            *dot = 0;
-        strncat(defout, ".png", sizeof defout - strlen(defout) - 1);
-        out = defout;
-    }
+    const char *out_flag = out ? "-o" : "the output (the trace's name with .png; -o names another)";
+    if (!out)
+        out = dt__cli_png_beside(in, defout, sizeof defout);
     if (strchr(out, '"') || strchr(out, '\n') || (title && (strchr(title, '"') || strchr(title, '\n')))) {
         dt__cli_err("dtrain trace plot: output name and title may not contain '\"' or newlines\n");
         return 2;
     }
+    if (dt__cli_out_file("dtrain trace plot", out_flag, out))
+        return 2;
     size_t n = 0;
     char *txt = read_all(in, &n);
     if (!txt) {

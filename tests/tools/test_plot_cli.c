@@ -174,7 +174,7 @@ TEST(output_symlink_refused)
     snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
     cli_result r;
     cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
-    ASSERT_EQ_INT(r.code, 1);
+    ASSERT_EQ_INT(r.code, 2); /* bad input, refused before gnuplot runs */
     ASSERT_STR_CONTAINS(r.err, "symbolic link");
     ASSERT_EQ_INT(cli_lines(r.err), 1);
     FILE *f = fopen(victim, "r");
@@ -182,6 +182,14 @@ TEST(output_symlink_refused)
     ASSERT(fgets(buf, sizeof buf, f) != NULL);
     fclose(f);
     ASSERT_STR_EQ(buf, "precious");
+    /* a directory, or a file in one that does not exist: the same, before any work */
+    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", (char *)cli_tmpdir(), NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is a directory");
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", "/nonexistent/p.png", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "directory /nonexistent: does not exist");
 }
 
 /* The title defaults to the file's name, written into gnuplot's script as a

@@ -441,10 +441,14 @@ TEST(bad_usage_and_input)
     cli_result r;
     char *v = tp(1, "v.bpe"), *c = tp(0, "corpus.txt"), *j = tp(2, "tok.json"), *bad = tp(3, "wordpiece.json"),
          *out = tp(4, "never.bin"), *bin = tp(5, "bytes.txt");
+    char lnk[600];
+    snprintf(lnk, sizeof lnk, "%s/link.bin", cli_tmpdir());
     const char *wp = "{\"version\":\"1.0\",\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}";
     write_file(bad, wp, strlen(wp));
     write_file(bin, "ab\xff\xfe", 4);
     remove(out);
+    remove(lnk);
+    ASSERT_EQ_INT(symlink(out, lnk), 0); /* dangling: a write through it would create out */
     struct {
         char *args[12];
         const char *msg;
@@ -468,6 +472,13 @@ TEST(bad_usage_and_input)
         {{"tokenize", "--tokenizer", j, bin, "-o", out, NULL}, "not valid UTF-8"},
         {{"tokenize", "--unigram", c, "--min-count", "3", NULL}, "--unigram takes"}, /* was ignored */
         {{"tokenize", "--vocab", v, c, "-o", "", NULL}, "-o needs a file name"},
+        /* output paths that cannot be written are bad input, said before any work (they were exit 1 at the end) */
+        {{"tokenize", "--vocab", v, c, "-o", "/nonexistent/x.bin", NULL}, "directory /nonexistent: does not exist"},
+        {{"tokenize", "--vocab", v, c, "-o", "/", NULL}, "-o / is a directory"},
+        {{"tokenize", "--vocab", v, c, "-o", lnk, NULL}, "is a symbolic link"},
+        {{"tokenize", "--train-vocab", "300", c, "-o", lnk, NULL}, "is a symbolic link"},
+        {{"tokenize", "--vocab", v, c, "-o", out, "--val-fraction", "0.1", "--val-out", "/nonexistent/y", NULL},
+         "--val-out /nonexistent/y: directory /nonexistent"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);
