@@ -27,7 +27,7 @@
 dt_status dt__trace_read(const char *path, cJSON **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(DT_ERR_IO, "trace file '%s': %s", path, strerror(errno));
     struct stat sb;
