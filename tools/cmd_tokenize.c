@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -296,6 +297,16 @@ int dt_cmd_tokenize(int argc, char **argv)
     if (min_count_s && !train_vocab) {
         dt__cli_err("dtrain tokenize: --min-count goes with --train-vocab\n");
         return 2;
+    }
+    /* an output that is a symlink is bad input now (exit 2), before the input is read and encoded */
+    const char *outs[] = {out, val_out};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        if (outs[i] && lstat(outs[i], &sb) == 0 && S_ISLNK(sb.st_mode)) {
+            dt__cli_err("dtrain tokenize: %s %s is a symbolic link; dtrain does not write through symlinks (remove "
+                        "it or choose another name)\n", i ? "--val-out" : "-o", outs[i]);
+            return 2;
+        }
     }
 
     if (train_vocab) {

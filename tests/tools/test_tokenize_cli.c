@@ -445,6 +445,10 @@ TEST(bad_usage_and_input)
     write_file(bad, wp, strlen(wp));
     write_file(bin, "ab\xff\xfe", 4);
     remove(out);
+    char link[700]; /* a symlink to out: never written through */
+    snprintf(link, sizeof link, "%s.link", out);
+    remove(link);
+    ASSERT(symlink(out, link) == 0);
     struct {
         char *args[12];
         const char *msg;
@@ -466,6 +470,9 @@ TEST(bad_usage_and_input)
         {{"tokenize", "--tokenizer", c, c, "-o", out, NULL}, "tokenizer.json"},
         {{"tokenize", "--tokenizer", j, "--vocab", v, c, "-o", out, NULL}, "not both"},
         {{"tokenize", "--tokenizer", j, bin, "-o", out, NULL}, "not valid UTF-8"},
+        {{"tokenize", "--vocab", v, c, "-o", link, NULL}, "symbolic link"},
+        {{"tokenize", "--train-vocab", "300", c, "-o", link, NULL}, "symbolic link"},
+        {{"tokenize", "--vocab", v, c, "-o", "x", "--val-fraction", "0.1", "--val-out", link, NULL}, "--val-out"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);
