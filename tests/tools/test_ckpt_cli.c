@@ -145,8 +145,9 @@ TEST(bad_usage)
 }
 
 /* A FIFO where a file is read (a safetensors file, a checkpoint's
- * index.json or rank file, a --config, a token file) is refused at once,
- * exit 2, naming it: never waited on for a writer that does not come. */
+ * index.json or rank file, a --config, a token file, --init-from and
+ * --weights) is refused at once, exit 2, naming it: never waited on for a
+ * writer that does not come. */
 TEST(fifos)
 {
     char fifo[256], dir[256], path[300], cmd[800], cfg[300], data[300];
@@ -170,8 +171,10 @@ TEST(fifos)
         {"ckpt", "verify", rank_dir, NULL},
         {"train", cfg, "--model", "mlp", "--data", "random", "--max-steps", "1", NULL},
         {"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--max-steps", "1", NULL},
+        {"train", "--model", "mlp", "--data", "random", "--init-from", fifo, "--max-steps", "1", NULL},
+        {"eval", "--model", "mlp", "--data", "random", "--weights", fifo, NULL},
     };
-    const char *want[] = {fifo, "index.json", "rank-00000.safetensors", fifo, fifo};
+    const char *want[] = {fifo, "index.json", "rank-00000.safetensors", fifo, fifo, fifo, fifo};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_result r;
         cli_runv(&r, 20, NULL, cases[i]);
