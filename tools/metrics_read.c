@@ -35,10 +35,18 @@ void dt__metrics_points_free(dt__metrics_points *p)
     memset(p, 0, sizeof *p);
 }
 
+/* A finite number (1e999 parses as infinity: not a value to plot). */
 static const cJSON *num_field(const cJSON *o, const char *k)
 {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(f) ? f : NULL;
+    return cJSON_IsNumber(f) && isfinite(f->valuedouble) ? f : NULL;
+}
+
+/* Present as a number that is not finite. */
+static bool nonfinite_field(const cJSON *o, const char *k)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(f) && !isfinite(f->valuedouble);
 }
 
 int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *err, size_t errn)
@@ -84,7 +92,7 @@ int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *
             const cJSON *st = num_field(o, "step"), *lo = num_field(o, "loss");
             const bool gap = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "loss")); /* non-finite: not drawn */
             if (!st || (!lo && !gap)) {
-                why = "malformed step record: needs numeric \"step\" and \"loss\" (a number or null)";
+                why = "malformed step record: needs numeric \"step\" and \"loss\" (a finite number or null)";
             } else if (lo) {
                 cap_tmp = scap;
                 if (push(&out->step_x, &cap_tmp, out->nstep, st->valuedouble) < 0 ||
@@ -97,9 +105,10 @@ int dt__metrics_parse(const char *buf, size_t n, dt__metrics_points *out, char *
             const cJSON *tl = num_field(o, "test_loss"), *st = num_field(o, "step");
             const cJSON *ac = cJSON_GetObjectItemCaseSensitive(o, "test_accuracy");
             const bool gap = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "test_loss"));
-            if ((!tl && !gap) || (ac && !cJSON_IsNumber(ac) && !cJSON_IsNull(ac))) {
-                why = "malformed eval record: needs a \"test_loss\" (a number or null; and \"test_accuracy\" "
-                      "a number or null)";
+            if ((!tl && !gap) || (ac && !num_field(o, "test_accuracy") && !cJSON_IsNull(ac)) ||
+                nonfinite_field(o, "step")) {
+                why = "malformed eval record: needs a \"test_loss\" (a finite number or null; and \"test_accuracy\" "
+                      "and \"step\" finite numbers or null)";
             } else if (tl) {
                 double acc = ac && cJSON_IsNumber(ac) ? ac->valuedouble : NAN;
                 size_t c1 = ecap, c2 = ecap;

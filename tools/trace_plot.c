@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,19 @@ static double num(const cJSON *o, const char *k, double d)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? v->valuedouble : d;
+}
+
+/* num as an int / a step: d when out of range (never an out-of-range cast, undefined in C). */
+static int inum(const cJSON *o, const char *k, int d)
+{
+    const double v = num(o, k, d);
+    return v >= INT_MIN && v <= INT_MAX ? (int)v : d;
+}
+
+static int64_t snum(const cJSON *o, const char *k, int64_t d)
+{
+    const double v = num(o, k, (double)d);
+    return v >= -0x1p62 && v <= 0x1p62 ? (int64_t)v : d;
 }
 
 static const char *str(const cJSON *o, const char *k)
@@ -176,7 +190,7 @@ static long write_spans(FILE *fd, FILE *lab, const cJSON *evs, int64_t step, dou
         {
             const char *ph = str(e, "ph"), *cat = str(e, "cat"), *name = str(e, "name");
             const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
-            if (!ph || strcmp(ph, "X") || !cat || !name || (int64_t)num(a, "step", -1) != step)
+            if (!ph || strcmp(ph, "X") || !cat || !name || snum(a, "step", -1) != step)
                 continue;
             int kd = kind_of(cat, name);
             double ts = num(e, "ts", 0) - t0, dur = num(e, "dur", 0);
@@ -188,7 +202,7 @@ static long write_spans(FILE *fd, FILE *lab, const cJSON *evs, int64_t step, dou
                                   : (k == K_WAIT && (kd == K_PF || kd == K_PB) && w > 0) ? K_WAIT : -1;
             if (draw < 0)
                 continue;
-            int r = row_of(R, (int)num(e, "pid", 0), (int)num(e, "tid", 0));
+            int r = row_of(R, inum(e, "pid", 0), inum(e, "tid", 0));
             if (r < 0)
                 continue;
             double x0 = ts, x1 = draw == kd ? ts + dur : ts + w;
@@ -288,7 +302,7 @@ int dt__trace_plot(int argc, char **argv)
     {
         const char *ph = str(e, "ph"), *cat = str(e, "cat");
         if (ph && !strcmp(ph, "X") && cat && !strcmp(cat, "step")) {
-            int64_t s = (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1);
+            int64_t s = snum(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1);
             if (step < 0 || (want < 0 && s < step))
                 step = s;
         }
@@ -296,7 +310,7 @@ int dt__trace_plot(int argc, char **argv)
     cJSON_ArrayForEach(e, evs)
     {
         const char *ph = str(e, "ph");
-        if (ph && !strcmp(ph, "X") && (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step &&
+        if (ph && !strcmp(ph, "X") && snum(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step &&
             num(e, "ts", 1e300) < t0)
             t0 = num(e, "ts", 1e300);
     }
@@ -325,8 +339,8 @@ int dt__trace_plot(int argc, char **argv)
     cJSON_ArrayForEach(e, evs)
     {
         const char *ph = str(e, "ph");
-        if (ph && !strcmp(ph, "X") && (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step)
-            row_of(R, (int)num(e, "pid", 0), (int)num(e, "tid", 0));
+        if (ph && !strcmp(ph, "X") && snum(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step)
+            row_of(R, inum(e, "pid", 0), inum(e, "tid", 0));
     }
     qsort(R->rows, (size_t)R->nrows, sizeof *R->rows, row_cmp);
     cJSON_ArrayForEach(e, evs)
@@ -335,7 +349,7 @@ int dt__trace_plot(int argc, char **argv)
         const char *tn = str(cJSON_GetObjectItemCaseSensitive(e, "args"), "name");
         if (!ph || strcmp(ph, "M") || !nm || strcmp(nm, "thread_name") || !tn)
             continue;
-        int pid = (int)num(e, "pid", 0), tid = (int)num(e, "tid", 0);
+        int pid = inum(e, "pid", 0), tid = inum(e, "tid", 0);
         for (int i = 0; i < R->nrows; i++)
             if (R->rows[i].pid == pid && R->rows[i].tid == tid) {
                 snprintf(R->rows[i].name, sizeof R->rows[i].name, "rank %d %.40s", pid, tn);
@@ -348,7 +362,7 @@ int dt__trace_plot(int argc, char **argv)
     cJSON_ArrayForEach(e, evs)
     {
         const char *ph = str(e, "ph");
-        if (ph && !strcmp(ph, "X") && (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step &&
+        if (ph && !strcmp(ph, "X") && snum(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", -1) == step &&
             num(e, "ts", 0) + num(e, "dur", 0) - t0 > span)
             span = num(e, "ts", 0) + num(e, "dur", 0) - t0;
     }

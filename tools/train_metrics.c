@@ -40,7 +40,7 @@ static double unix_time(void)
 /* The whole of a regular file (not through a symlink) into *buf (malloc'd). */
 static dt_status slurp(const char *path, char **buf, size_t *n)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(DT_ERR_IO, "cannot read %s: %s", path,
                         errno == ELOOP ? "a symbolic link (dtrain does not follow them)" : strerror(errno));

@@ -237,6 +237,12 @@ int dt__tr_setup_save(dt__train_run *t)
             return dt__tr_fail(2, "--save-hf");
         dt_tokenizer_free(tk);
     }
+    struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
+    if (t->o.save_lora && lstat(t->o.save_lora, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        dt__cli_err("dtrain train: --save-lora: %s is %s\n", t->o.save_lora,
+                    S_ISLNK(sb.st_mode) ? "a symlink (not followed; give the directory itself)" : "not a directory");
+        return 2;
+    }
     if (!t->o.save)
         return 0;
     if (dt_trainer_save_prepare(t->tr, t->o.save) < 0)

@@ -15,7 +15,7 @@ dt_status dt_file_read_all(const char *path, size_t max, char **out, size_t *len
     *out = NULL;
     if (len)
         *len = 0;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s: %s", path,
                         errno == ELOOP ? "is a symlink (not followed)" : strerror(errno));

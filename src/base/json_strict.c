@@ -42,6 +42,17 @@ dt_status dt__json_parse_strict(const char *txt, size_t n, const char *name, cJS
             return dt_error(DT_ERR_FORMAT, "%s: text after the end of the JSON value (at byte %zu)", name,
                             (size_t)(p - txt));
         }
+    /* cJSON ends a string at an escaped NUL: "a\u0000b" would read as "a", the rest dropped without a word.
+     * A backslash is only ever inside a string in valid JSON, and starts a two-character escape. */
+    for (size_t i = 0; i + 1 < n; i++)
+        if (txt[i] == '\\') {
+            if (txt[i + 1] == 'u' && i + 5 < n && !memcmp(txt + i + 2, "0000", 4)) {
+                cJSON_Delete(root);
+                return dt_error(DT_ERR_FORMAT, "%s: a string holds \\u0000 (a NUL character, at byte %zu), which "
+                                "dtrain cannot keep in a string", name, i);
+            }
+            i++;
+        }
     char path[512] = "";
     if (dup_key(root, path, sizeof path, 0)) {
         cJSON_Delete(root);

@@ -14,6 +14,8 @@
 dt_status dt__trace_read(const char *path, cJSON **out);
 /* o[key] as a number (dflt when absent or not a number) / a string (NULL). */
 double dt__trace_num(const cJSON *o, const char *key, double dflt);
+/* An int field: dflt when absent, not a number or outside an int's range (never an out-of-range cast). */
+int dt__trace_int(const cJSON *o, const char *key, int dflt);
 const char *dt__trace_str(const cJSON *o, const char *key);
 /* When e is a collective's span (cat "comm", args group and seq, no peer):
  * its cross-rank identity "group@lead#seq" in key (capacity n). */

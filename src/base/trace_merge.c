@@ -15,6 +15,7 @@
 #include "base/trace_impl.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@
 dt_status dt__trace_read(const char *path, cJSON **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(DT_ERR_IO, "trace file '%s': %s", path, strerror(errno));
     struct stat sb;
@@ -75,6 +76,12 @@ double dt__trace_num(const cJSON *o, const char *key, double dflt)
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
+int dt__trace_int(const cJSON *o, const char *key, int dflt)
+{
+    const double v = dt__trace_num(o, key, dflt);
+    return v >= INT_MIN && v <= INT_MAX ? (int)v : dflt;
+}
+
 const char *dt__trace_str(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -90,7 +97,7 @@ bool dt__trace_coll_key(const cJSON *e, char *key, size_t n)
     const char *g = dt__trace_str(a, "group");
     if (!g || cJSON_GetObjectItemCaseSensitive(a, "peer") || !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(a, "seq")))
         return false;
-    snprintf(key, n, "%s@%d#%020.0f", g, (int)dt__trace_num(a, "group_lead", 0), dt__trace_num(a, "seq", 0));
+    snprintf(key, n, "%s@%d#%020.0f", g, dt__trace_int(a, "group_lead", 0), dt__trace_num(a, "seq", 0));
     return true;
 }
 
@@ -101,10 +108,10 @@ bool dt__trace_p2p_key(const cJSON *e, int rank, char *key, size_t n)
     if (!cat || !ph || !name || strcmp(cat, "comm") || strcmp(ph, "X") || !cJSON_IsObject(a))
         return false;
     const char *g = dt__trace_str(a, "group");
-    const int peer = (int)dt__trace_num(a, "peer", -1), send = !strcmp(name, "send");
+    const int peer = dt__trace_int(a, "peer", -1), send = !strcmp(name, "send");
     if (!g || peer < 0 || (!send && strcmp(name, "recv")))
         return false;
-    snprintf(key, n, "%s@%d:%d>%d#%020.0f", g, (int)dt__trace_num(a, "group_lead", 0), send ? rank : peer,
+    snprintf(key, n, "%s@%d:%d>%d#%020.0f", g, dt__trace_int(a, "group_lead", 0), send ? rank : peer,
              send ? peer : rank, dt__trace_num(a, "seq", 0));
     return true;
 }
@@ -156,7 +163,7 @@ dt_status dt_trace_merge(const char *dir, int world, const char *out)
         cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "traceEvents");
         while (src->child) {
             cJSON *e = cJSON_DetachItemViaPointer(src, src->child);
-            if (!cJSON_IsObject(e) || (int)dt__trace_num(e, "pid", -1) != r) {
+            if (!cJSON_IsObject(e) || dt__trace_int(e, "pid", -1) != r) {
                 cJSON_Delete(e);
                 st = dt_error(DT_ERR_FORMAT, "trace file '%s': an event that is not an object of process %d", path, r);
                 break;

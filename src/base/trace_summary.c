@@ -17,6 +17,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "base/trace_impl.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +56,7 @@ static void classify(sev *e)
         /* "F3 s1", "BI0 s2", "send F3 s0", "recv B1 s1" */
         const char *s = strrchr(e->name, 's');
         e->stage = s && s > e->name && s[-1] == ' ' ? atoi(s + 1) : -1;
-        e->mb = (int)dt__trace_num(e->args, "mb", -1);
+        e->mb = dt__trace_int(e->args, "mb", -1);
         if (!strncmp(e->name, "send", 4) || !strncmp(e->name, "recv", 4)) {
             e->cls = C_COMM;
         } else {
@@ -229,7 +231,7 @@ static dt_status coll_rows(dt_trace_summary *s, sev *ev, size_t n)
             if (cJSON_GetObjectItemCaseSensitive(a, "peer"))
                 continue;
             snprintf(k[nk].key, sizeof k[nk].key, "%s@%d#%020.0f", dt__trace_str(a, "group") ? dt__trace_str(a, "group") : "?",
-                     (int)dt__trace_num(a, "group_lead", 0), dt__trace_num(a, "seq", 0));
+                     dt__trace_int(a, "group_lead", 0), dt__trace_num(a, "seq", 0));
             k[nk++].e = &ev[i];
         }
     qsort(k, nk, sizeof *k, ckey_cmp);
@@ -246,7 +248,7 @@ static dt_status coll_rows(dt_trace_summary *s, sev *ev, size_t n)
         snprintf(r->group, sizeof r->group, "%s", dt__trace_str(a, "group") ? dt__trace_str(a, "group") : "?");
         r->seq = (uint64_t)dt__trace_num(a, "seq", 0);
         r->step = k[i].e->step;
-        r->last_rank = (int)dt__trace_num(a, "last_rank", -1);
+        r->last_rank = dt__trace_int(a, "last_rank", -1);
         r->bytes = (uint64_t)dt__trace_num(a, "bytes", 0);
         for (; j < nk && !strcmp(k[j].key, k[i].key); j++) {
             double w = dt__trace_num(k[j].e->args, "wait_peers_us", 0) * 1e-3;
@@ -316,17 +318,23 @@ dt_status dt_trace_summarize(const char *path, dt_trace_summary **out)
         if (!ph || strcmp(ph, "X"))
             continue;
         sev *x = &ev[n];
-        x->pid = (int)dt__trace_num(e, "pid", -1);
-        x->tid = (int)dt__trace_num(e, "tid", -1);
+        /* each number in range before it is converted (a double out of an int's range is undefined there) */
+        const double pid = dt__trace_num(e, "pid", -1), tid = dt__trace_num(e, "tid", -1);
+        const double step = dt__trace_num(a, "step", -1);
         x->ts = dt__trace_num(e, "ts", -1);
         x->dur = dt__trace_num(e, "dur", -1);
         x->cat = dt__trace_str(e, "cat");
         x->name = dt__trace_str(e, "name");
         x->args = cJSON_IsObject(a) ? a : NULL;
-        x->step = (int64_t)dt__trace_num(a, "step", -1);
-        if (x->pid < 0 || x->pid >= DT_TRACE_MAX_RANKS || x->ts < 0 || x->dur < 0 || !x->cat || !x->name) {
+        const bool ok = pid >= 0 && pid < DT_TRACE_MAX_RANKS && tid >= INT_MIN && tid <= INT_MAX && step >= -0x1p62 &&
+                        step <= 0x1p62 && isfinite(x->ts) && x->ts >= 0 && isfinite(x->dur) && x->dur >= 0;
+        x->pid = ok ? (int)pid : -1;
+        x->tid = ok ? (int)tid : -1;
+        x->step = ok ? (int64_t)step : -1;
+        if (!ok || !x->cat || !x->name) {
             st = dt_error(DT_ERR_FORMAT,
-                          "trace file '%s': event %zu lacks pid (0 to %d), tid, ts, dur, cat or name", path, n,
+                          "trace file '%s': event %zu lacks pid (0 to %d), tid, ts, dur (finite, >= 0), cat or name "
+                          "(or its args.step is out of range)", path, n,
                           DT_TRACE_MAX_RANKS - 1);
             break;
         }

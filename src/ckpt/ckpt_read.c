@@ -450,29 +450,19 @@ dt_status dt_ckpt_open(const char *src, dt_ckpt **out)
     } else {
         char ipath[4096];
         snprintf(ipath, sizeof ipath, "%s/%s", src, INDEX_NAME);
-        FILE *fp = fopen(ipath, "rb");
         char *txt = NULL;
-        long len = -1;
-        if (fp && fseek(fp, 0, SEEK_END) == 0)
-            len = ftell(fp);
-        if (!fp)
+        size_t len = 0;
+        /* a regular file only, opened without blocking: a FIFO there is refused, never waited on */
+        st = dt_file_read_all(ipath, MAX_INDEX_BYTES, &txt, &len);
+        if (st == DT_ERR_NOT_FOUND)
             st = dt_error(DT_ERR_NOT_FOUND, "%s: no %s (an incomplete checkpoint, or not one)", src, INDEX_NAME);
-        else if (len < 0 || (unsigned long)len > MAX_INDEX_BYTES)
-            st = dt_error(DT_ERR_FORMAT, "%s: unreadable or larger than %u bytes", ipath, MAX_INDEX_BYTES);
-        else if (!(txt = malloc((size_t)len + 1)))
-            st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", ipath);
-        else if (fseek(fp, 0, SEEK_SET) != 0 || fread(txt, 1, (size_t)len, fp) != (size_t)len)
-            st = dt_error(DT_ERR_IO, "%s: read failed", ipath);
-        else {
-            txt[len] = 0;
+        if (st >= 0) {
             cJSON *root = NULL;
-            st = dt__json_parse_strict(txt, (size_t)len, ipath, &root);
+            st = dt__json_parse_strict(txt, len, ipath, &root);
             if (st >= 0)
                 st = parse_index(ck, ipath, root);
             cJSON_Delete(root);
         }
-        if (fp)
-            fclose(fp);
         free(txt);
     }
     if (st < 0) {

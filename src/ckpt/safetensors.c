@@ -754,7 +754,7 @@ dt_status dt_st_open(const char *path, dt_st_file **out)
         free(f);
         return dt_error(DT_ERR_NO_MEMORY, "dt_st_open: out of memory");
     }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (f->fd < 0) {
         dt_status st = dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "cannot open %s: %s", path,
                                 strerror(errno));
@@ -765,7 +765,7 @@ dt_status dt_st_open(const char *path, dt_st_file **out)
     (void)posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     struct stat sb;
     if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        dt_status st = dt_error(DT_ERR_IO, "%s: not a regular file", path);
+        dt_status st = dt_error(DT_ERR_FORMAT, "%s: not a regular file", path);
         dt_st_close(f);
         return st;
     }

@@ -714,7 +714,7 @@ dt_status dt_config_load_file(dt_config *c, const char *path)
 {
     if (!c || !path)
         return dt_error(DT_ERR_NULL, "dt_config_load_file: NULL argument");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;

@@ -16,7 +16,7 @@ dt_status dt__map_open(const char *path, const char *what, dt__map *m)
     memset(m, 0, sizeof *m);
     if (!path)
         return dt_error(DT_ERR_INVALID_ARG, "%s: no path given", what);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return dt_error(DT_ERR_IO, "%s %s: cannot open: %s", what, path, strerror(errno));
     struct stat sb;

@@ -134,6 +134,8 @@ static dt_status resolve(const char *path, char *ck, size_t n)
         snprintf(ck, n, "%s", path);
         return DT_OK;
     }
+    if (!S_ISDIR(sb.st_mode)) /* a FIFO, a device: neither a safetensors file nor a directory */
+        return dt_error(DT_ERR_FORMAT, "checkpoint %s: not a regular file or a directory", path);
     dt_status st = dt_trainer_ckpt_latest(path, ck, n);
     if (st < 0)
         return st;

@@ -6,6 +6,7 @@
 #include "train_cli.h"
 #include "ckpt/ckpt_util.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char g_dir[64];
@@ -143,6 +144,48 @@ TEST(bad_usage)
     }
 }
 
+/* A FIFO where a file is read (a safetensors file, a checkpoint's
+ * index.json or rank file, a --config, a token file, --init-from and
+ * --weights) is refused at once, exit 2, naming it: never waited on for a
+ * writer that does not come. */
+TEST(fifos)
+{
+    char fifo[256], dir[256], path[300], cmd[800], cfg[300], data[300];
+    snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
+    ASSERT(mkfifo(fifo, 0644) == 0);
+    snprintf(dir, sizeof dir, "%s/fifo-index", g_dir);
+    ASSERT(mkdir(dir, 0755) == 0);
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    ASSERT(mkfifo(path, 0644) == 0);
+    char rank_dir[256];
+    snprintf(rank_dir, sizeof rank_dir, "%s/fifo-rank", g_dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/src' '%s' && rm '%s/rank-00000.safetensors'", g_dir, rank_dir, rank_dir);
+    ASSERT(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/rank-00000.safetensors", rank_dir);
+    ASSERT(mkfifo(path, 0644) == 0);
+    snprintf(cfg, sizeof cfg, "--config=%s", fifo);
+    snprintf(data, sizeof data, "tokens:%s", fifo);
+    char *const cases[][16] = {
+        {"ckpt", "info", fifo, NULL},
+        {"ckpt", "verify", dir, NULL},
+        {"ckpt", "verify", rank_dir, NULL},
+        {"train", cfg, "--model", "mlp", "--data", "random", "--max-steps", "1", NULL},
+        {"train", "--model", "gpt-micro", "--data", data, "--no-eval", "--max-steps", "1", NULL},
+        {"train", "--model", "mlp", "--data", "random", "--init-from", fifo, "--max-steps", "1", NULL},
+        {"eval", "--model", "mlp", "--data", "random", "--weights", fifo, NULL},
+    };
+    const char *want[] = {fifo, "index.json", "rank-00000.safetensors", fifo, fifo, fifo, fifo};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 20, NULL, cases[i]);
+        if (r.code != 2 || !strstr(r.err, "not a regular file") || !strstr(r.err, want[i]))
+            fprintf(stderr, "fifo case %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "not a regular file");
+        ASSERT_STR_CONTAINS(r.err, want[i]);
+    }
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/dt-test-ckptcli-XXXXXX");
@@ -152,6 +195,7 @@ int main(void)
     }
     RUN(info_verify_convert);
     RUN(bad_usage);
+    RUN(fifos);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)

@@ -4,9 +4,10 @@
  * equal to transformers' within 1e-5; a short training run from the
  * directory's weights lowers the loss; generation runs; and each bad
  * directory (a truncated shard, an index naming a missing shard, an
- * unknown rope_scaling type, an unknown architecture, a vocab_size that
- * disagrees with the embedding) is an error naming the file and the key,
- * exit 2, with nothing written. */
+ * unknown rope_scaling type, an unknown architecture, a vocab_size or a
+ * hidden_size that disagrees with the weights, more layers than they
+ * hold) is an error naming the file and the key, exit 2, with nothing
+ * written. */
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
 #include "test.h"
@@ -115,6 +116,11 @@ TEST(bad_directories)
     bad_case("arch", "sed -i 's/LlamaForCausalLM/FooForCausalLM/' config.json", "config.json", "\"architectures\"");
     bad_case("vocab", "sed -i 's/\"vocab_size\": 128/\"vocab_size\": 100/' config.json", "config.json",
              "\"vocab_size\"");
+    /* a config.json that lies about its weights' size is refused before the model is built */
+    bad_case("layers_more", "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 1000000/' config.json",
+             "config.json", "\"num_hidden_layers\" is 1000000, but the weights have no layer 999999");
+    bad_case("width", "sed -i 's/\"hidden_size\": 32/\"hidden_size\": 8192/' config.json", "config.json",
+             "\"hidden_size\" is 8192");
 }
 
 int main(void)

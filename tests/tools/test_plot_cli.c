@@ -79,6 +79,13 @@ TEST(malformed_files)
     expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":-nan}\n", ":1: malformed record", &failed);
     expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":-inf}\n", ":1: malformed record", &failed);
     expect_bad("{\"event\":\"step\",\"step\":0x10,\"loss\":1}\n", ":1: malformed record", &failed);
+    /* JSON numbers out of double's range parse as infinity: refused, never handed to gnuplot */
+    expect_bad("{\"event\":\"step\",\"step\":1,\"loss\":1e999}\n", ":1: malformed step record", &failed);
+    expect_bad("{\"event\":\"step\",\"step\":-1e999,\"loss\":1}\n", ":1: malformed step record", &failed);
+    expect_bad("{\"event\":\"eval\",\"step\":1,\"test_loss\":1e999}\n", ":1: malformed eval record", &failed);
+    expect_bad("{\"event\":\"eval\",\"step\":1e999,\"test_loss\":1}\n", ":1: malformed eval record", &failed);
+    expect_bad("{\"event\":\"eval\",\"test_loss\":1,\"test_accuracy\":1e999}\n", ":1: malformed eval record",
+               &failed);
     expect_bad("{\"event\":\"start\"}\n", "no step or eval records", &failed);
     expect_bad("", "no step or eval records", &failed);
     ASSERT(!failed);

@@ -238,6 +238,11 @@ TEST(train_loss_mask)
     snprintf(data, sizeof data, "jsonl:%s,prompt=instruction,completion=output", j);
     snprintf(bad, sizeof bad, "jsonl:%s,prompt=instruction,completion=output", m);
     snprintf(txt, sizeof txt, "text:%s", x);
+    /* an escaped NUL would end the string there (cJSON): refused, not cut short */
+    char *nl = tp(4, "nul.jsonl"), nul[700];
+    const char *nll = "{\"instruction\": \"a\", \"output\": \"b\\u0000c\"}\n";
+    write_file(nl, nll, strlen(nll));
+    snprintf(nul, sizeof nul, "jsonl:%s,prompt=instruction,completion=output", nl);
     cli_result r;
     cli_runv(&r, 120, NULL,
              (char *[]){"train", "--model", "gpt-micro", "--data", data, "--val-data", data, "--loss-mask",
@@ -271,6 +276,7 @@ TEST(train_loss_mask)
         const char *data, *val, *msg;
     } cases[] = {
         {bad, NULL, ":2: want an object with a string \"output\""},
+        {nul, NULL, ":1: a string holds \\u0000"},
         {txt, NULL, "--loss-mask takes GPT models on prompt/completion data"},
         {data, txt, "--loss-mask takes GPT models on prompt/completion data"},
         {"tokens:x.bin", NULL, "--loss-mask takes GPT models on prompt/completion data"},
@@ -479,6 +485,7 @@ TEST(bad_usage_and_input)
         {{"tokenize", "--train-vocab", "300", c, "-o", lnk, NULL}, "is a symbolic link"},
         {{"tokenize", "--vocab", v, c, "-o", out, "--val-fraction", "0.1", "--val-out", "/nonexistent/y", NULL},
          "--val-out /nonexistent/y: directory /nonexistent"},
+        {{"tokenize", "--vocab", v, c, "-o", "x", "--val-fraction", "0.1", "--val-out", lnk, NULL}, "--val-out"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_runv(&r, 60, NULL, cases[i].args);

@@ -330,6 +330,35 @@ TEST(bad_arguments_exit_2)
     }
 }
 
+/* Numbers a trace file may hold that no int or step takes (a pid or tid
+ * past an int, an infinite ts, a step past int64): the event is refused,
+ * exit 2, naming the file; never converted out of range (undefined in C)
+ * nor summed as infinity. */
+TEST(out_of_range_numbers)
+{
+    static cli_result r;
+#define EV(pid, tid, ts, step)                                                                                   \
+    "{\"ph\":\"X\",\"pid\":" pid ",\"tid\":" tid ",\"ts\":" ts ",\"dur\":1,\"cat\":\"step\",\"name\":\"step\","   \
+    "\"args\":{\"step\":" step "}}"
+    static const char *const ev[] = {EV("1e12", "1", "0", "3"), EV("0", "1e12", "0", "3"), EV("0", "1", "1e999", "3"),
+                                     EV("0", "1", "0", "1e300")};
+#undef EV
+    char path[340];
+    snprintf(path, sizeof path, "%s/range.json", cli_tmpdir());
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) {
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f, "{\"traceEvents\":[%s],\"otherData\":{\"world\":1}}\n", ev[i]);
+        ASSERT(fclose(f) == 0);
+        cli_runv(&r, 60, NULL, (char *[]){"trace", "summary", path, NULL});
+        if (r.code != 2)
+            fprintf(stderr, "  event %zu: code %d, stdout %s, stderr %s", i, r.code, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "range.json");
+        ASSERT_EQ_INT(cli_lines(r.err), 1);
+    }
+}
+
 int main(void)
 {
     if (!cli())
@@ -341,6 +370,7 @@ int main(void)
     RUN(summary_and_plot);
     RUN(bad_steps_exit_2);
     RUN(bad_arguments_exit_2);
+    RUN(out_of_range_numbers);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -6,7 +6,8 @@
  *  - `--save-hf` of a LoRA run is the merged model (its loss is the run's);
  *  - `--lora-from DIR` (PEFT's files) and its bad inputs (exit 2, naming
  *    the file and the key);
- *  - `--save-lora` under ZeRO-3 (the adapters equal the checkpoint's);
+ *  - `--save-lora` under ZeRO-3 (the adapters equal the checkpoint's), and
+ *    refused through a symlink;
  *  - the memory report shows frozen parameters without gradients or
  *    optimizer states;
  *  - hf:DIR with --resume auto and nothing to resume starts from DIR's weights. */
@@ -282,6 +283,28 @@ TEST(hf_resume_auto_fresh)
     ASSERT(cli_same_losses(l1, n1, l2, n2, 0));
 }
 
+/* --save-lora DIR where DIR is a symlink (or a file) is refused before
+ * training, exit 2: nothing is written through it. */
+TEST(save_lora_symlink_refused)
+{
+    const char *target = cli_path("lora_target"), *link = cli_path("lora_link"), *file = cli_path("lora_file");
+    ASSERT(mkdir(target, 0755) == 0);
+    ASSERT(symlink(target, link) == 0);
+    ASSERT_OK(dt_file_write_atomic(file, "x", 1, 0644));
+    const char *outs[] = {link, file};
+    for (int i = 0; i < 2; i++) {
+        char *run[] = {GPT, LORA_FLAGS, "--no-eval", "--max-steps", "1", "--save-lora", (char *)outs[i], NULL};
+        cli_result r;
+        cli_runv(&r, 120, NULL, run);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "--save-lora");
+        ASSERT_STR_CONTAINS(r.err, i == 0 ? "symlink" : "not a directory");
+    }
+    char f[600];
+    snprintf(f, sizeof f, "%s/adapter_config.json", target);
+    ASSERT(!file_exists(f));
+}
+
 int main(void)
 {
     make_tokens();
@@ -290,6 +313,7 @@ int main(void)
     RUN(save_lora_zero3);
     RUN(memory_report);
     RUN(hf_resume_auto_fresh);
+    RUN(save_lora_symlink_refused);
     cli_cleanup();
     return TEST_REPORT();
 }
