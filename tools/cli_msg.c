@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const char *g_train_as; /* dt__cli_err_command */
 
@@ -160,4 +161,48 @@ const char *dt__cli_png_beside(const char *in, char *buf, size_t n)
         *dot = 0;
     strncat(buf, ".png", n - strlen(buf) - 1);
     return buf;
+}
+
+/* why (n bytes) gets the reason when not NULL. */
+static int which_fail(char *why, size_t n, const char *fmt, const char *arg)
+{
+    if (why && n)
+        snprintf(why, n, fmt, arg);
+    return -1;
+}
+
+int dt__cli_which(const char *prog, char *out, size_t outn, char *why, size_t whyn)
+{
+    struct stat st;
+    if (!prog || !*prog)
+        return which_fail(why, whyn, "%s", "an empty program name");
+    if (strchr(prog, '/')) {
+        if (stat(prog, &st) != 0)
+            return which_fail(why, whyn, "%s", strerror(errno));
+        if (S_ISDIR(st.st_mode))
+            return which_fail(why, whyn, "%s", "a directory");
+        if (access(prog, X_OK) != 0)
+            return which_fail(why, whyn, "not executable: %s", strerror(errno));
+        if (out && outn)
+            snprintf(out, outn, "%s", prog);
+        return 0;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/bin:/usr/bin"; /* execvp's default */
+    char buf[4096];
+    for (const char *p = path;;) {
+        const char *e = strchr(p, ':');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        snprintf(buf, sizeof buf, "%.*s%s%s", (int)len, p, len ? "/" : "", prog); /* empty: the cwd */
+        if (stat(buf, &st) == 0 && !S_ISDIR(st.st_mode) && access(buf, X_OK) == 0) {
+            if (out && outn)
+                snprintf(out, outn, "%s", buf);
+            return 0;
+        }
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return which_fail(why, whyn, "%s", "not found on PATH");
 }

@@ -95,6 +95,12 @@ void dt__cli_err_command(const char *cmd);
  * non-regular file, in a directory that exists. 0, or 2 after one line
  * "who: flag PATH: why" (tools/cli_msg.c). */
 int dt__cli_out_file(const char *who, const char *flag, const char *path);
+/* Where execvp would find prog as an executable file (a name with a '/' as
+ * it is, else along PATH; a directory or a file without execute permission
+ * does not count): 0 and its path in out (outn bytes; out may be NULL), or
+ * -1 with the reason in why (whyn bytes; may be NULL). `dtrain run` refuses
+ * a PROGRAM it cannot find before any rank starts; plot finds gnuplot. */
+int dt__cli_which(const char *prog, char *out, size_t outn, char *why, size_t whyn);
 /* The default picture of an input file: its name with the extension (if
  * any) replaced by .png, into buf (n bytes); returns buf. */
 const char *dt__cli_png_beside(const char *in, char *buf, size_t n);

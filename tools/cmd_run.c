@@ -571,46 +571,6 @@ static int open_tee(const run_opts *o, rank_proc *rk)
     return -1;
 }
 
-/* Whether execvp would find prog as an executable file (a name with a '/'
- * as it is, else along PATH): a program that is not there is bad input,
- * said once before any rank starts, rather than N ranks exiting 127 (and
- * being restarted --max-restarts times). Returns 0, or -1 with why set. */
-static int program_found(const char *prog, char *why, size_t n)
-{
-    struct stat st;
-    if (!*prog) {
-        snprintf(why, n, "an empty program name");
-        return -1;
-    }
-    if (strchr(prog, '/')) {
-        if (stat(prog, &st) != 0)
-            snprintf(why, n, "%s", strerror(errno));
-        else if (S_ISDIR(st.st_mode))
-            snprintf(why, n, "a directory");
-        else if (access(prog, X_OK) != 0)
-            snprintf(why, n, "not executable: %s", strerror(errno));
-        else
-            return 0;
-        return -1;
-    }
-    const char *path = getenv("PATH");
-    if (!path)
-        path = "/bin:/usr/bin"; /* execvp's default */
-    char buf[4096];
-    for (const char *p = path;;) {
-        const char *e = strchr(p, ':');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        snprintf(buf, sizeof buf, "%.*s%s%s", (int)len, p, len ? "/" : "", prog); /* empty: the cwd */
-        if (stat(buf, &st) == 0 && !S_ISDIR(st.st_mode) && access(buf, X_OK) == 0)
-            return 0;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    snprintf(why, n, "not found on PATH");
-    return -1;
-}
-
 int dt_cmd_run(int argc, char **argv)
 {
     run_opts o;
@@ -618,7 +578,7 @@ int dt_cmd_run(int argc, char **argv)
     if (pa)
         return pa == 1 ? 0 : 2;
     char why[256];
-    if (o.nnodes == 1 && program_found(o.argv[0], why, sizeof why) < 0) {
+    if (o.nnodes == 1 && dt__cli_which(o.argv[0], NULL, 0, why, sizeof why) < 0) {
         dt__cli_err("dtrain run: cannot execute '%s': %s\n", o.argv[0], why);
         return 2;
     }

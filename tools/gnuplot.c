@@ -17,24 +17,8 @@ char *dt__gnuplot_find(void)
     const char *env = getenv("DT_GNUPLOT");
     if (env && *env)
         return access(env, X_OK) == 0 ? strdup(env) : NULL;
-    const char *path = getenv("PATH");
-    if (!path)
-        path = "/usr/bin:/bin";
-    char *copy = strdup(path), *save = NULL;
-    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
-        size_t n = strlen(d) + 16;
-        char *p = malloc(n);
-        if (!p)
-            break;
-        snprintf(p, n, "%s/gnuplot", d);
-        if (access(p, X_OK) == 0) {
-            free(copy);
-            return p;
-        }
-        free(p);
-    }
-    free(copy);
-    return NULL;
+    char p[4096];
+    return dt__cli_which("gnuplot", p, sizeof p, NULL, 0) == 0 ? strdup(p) : NULL;
 }
 
 /* Copy the image gnuplot wrote in dir to out through dt_file. */
