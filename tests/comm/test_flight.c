@@ -119,7 +119,7 @@ static int body_stop(int rank, int size, void *arg)
     dt_comm_set_step(812);
     dt_pg_set_label(pg, "DDP bucket 3");
     if (rank == 1) {
-        raise(SIGSTOP); /* continued by rank 0 or 2 after their timeout */
+        raise(SIGSTOP); /* continued by rank 0 after its timeout */
         dt_status st = dt_pg_allreduce(pg, DT_IN_PLACE, buf, 64, DT_F32, DT_REDUCE_SUM);
         TH_CHECK(st < 0, "the late rank's all-reduce succeeded");
         dt_pg_free(pg);
@@ -131,8 +131,12 @@ static int body_stop(int rank, int size, void *arg)
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dt_last_error());
     pid_t p1 = (pid_t)th_shared[9];
-    sleep(2);                  /* until the other has its verdict too: continued, rank 1 posts #2 */
-    dt_test_kill(p1, SIGCONT); /* refuses a pid <= 0 */
+    sleep(2); /* until the other has its verdict too: continued, rank 1 posts #2 */
+    /* one SIGCONT, rank 0's: a second one (rank 2's) could arrive while rank 1 exits under LeakSanitizer, whose
+     * exit check stops the process through ptrace (PTRACE_ATTACH's SIGSTOP): a SIGCONT then discards that stop
+     * and the checker waits for it forever (seen under load in the ASan suite) */
+    if (rank == 0)
+        dt_test_kill(p1, SIGCONT); /* refuses a pid <= 0 */
     fprintf(stderr, "[rank %d] after %.2f s: %s\n", rank, took, msg);
     TH_CHECK(st == DT_ERR_TIMEOUT || st == DT_ERR_PEER_FAILED, "status %s", dt_status_name(st));
     TH_CHECK(took < STOP_TIMEOUT + 5, "the error came after %.1f s", took);
