@@ -128,7 +128,7 @@ static dt_status resolve(const char *path, char *ck, size_t n)
         return DT_OK;
     }
     if (stat(path, &sb) != 0)
-        return dt_error(DT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
+        return dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
     if (S_ISREG(sb.st_mode) || dt_ckpt_is_hf_dir(path)) { /* one safetensors file (PyTorch's names), or a
                                                               Hugging Face model directory */
         snprintf(ck, n, "%s", path);
@@ -140,7 +140,7 @@ static dt_status resolve(const char *path, char *ck, size_t n)
     if (st < 0)
         return st;
     if (!ck[0])
-        return dt_error(DT_ERR_IO, "%s holds no complete checkpoint (no step-N directory with %s)", path,
+        return dt_error(DT_ERR_NOT_FOUND, "%s holds no complete checkpoint (no step-N directory with %s)", path,
                         INDEX_FILE);
     return DT_OK;
 }

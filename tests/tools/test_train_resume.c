@@ -12,6 +12,7 @@
 #include "test.h"
 #include "train_cli.h"
 
+#include <errno.h>
 #include <stdbool.h>
 
 static char g_data[300]; /* the MNIST-layout directory */
@@ -200,6 +201,13 @@ TEST(eval_ckpt_mlp_widths)
              (char *[]){"eval", "--weights", save, "--model", "mlp", "--mlp-dim", "8", "--data", "random", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "dtrain eval: --weights: tensor");
+    /* a directory with no checkpoint in it: bad input too (it was an I/O error, exit 1) */
+    char empty[420];
+    snprintf(empty, sizeof empty, "%s/no-checkpoint-here", cli_tmpdir());
+    ASSERT(mkdir(empty, 0755) == 0 || errno == EEXIST);
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--weights", empty, "--model", "mlp", "--data", "random", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "holds no complete checkpoint");
 }
 
 TEST(bad_flags)
