@@ -124,7 +124,8 @@ if [ "$cpu" != other ]; then
         g=$(jnum "$s" gflops) pd=$(jnum "$s" peak_gflops) pt=
         if [ -n "${PEER_PYTHON:-}" ]; then
             "$PEER_PYTHON" bench/torch_gemm_peak.py --threads 2 --reps 3 --json >"$logs/torch-gemm.json" 2>/dev/null &&
-                pt=$(tail -n 1 "$logs/torch-gemm.json" | sed -n 's/.*"peak_gflops": *\([0-9.eE+]*\).*/\1/p')
+                pt=$(tail -n 1 "$logs/torch-gemm.json" | sed -n 's/.*"peak_gflops": *\([0-9.eE+]*\).*/\1/p' |
+                     awk '{ printf "%.1f", $1 }')
         fi
         f=$(awk -v g="${g:-}" -v a="${pd:-0}" -v b="${pt:-0}" \
             'BEGIN { l = a > b ? a : b; if (g == "" || l <= 0) print "na"; else printf "%.3f", g / l }')
