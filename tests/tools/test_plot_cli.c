@@ -135,23 +135,42 @@ static const char *fake_gnuplot(void)
     return gp;
 }
 
+/* dtrain plot ARGS with the stand-in gnuplot: the script it was handed
+ * (a static buffer; "" when none was written, so a caller asserts it is
+ * not empty), r the run's result. */
+static const char *fake_plot(cli_result *r, char *const *args)
+{
+    static char env[700], text[16384];
+    char script[600];
+    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
+    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
+    unlink(script); /* a script left by an earlier test does not count */
+    cli_runv(r, 30, env, args);
+    if (r->code)
+        fprintf(stderr, "%s", r->err);
+    text[0] = 0;
+    FILE *g = fopen(script, "r");
+    if (g) {
+        size_t k = fread(text, 1, sizeof text - 1, g);
+        text[k] = 0;
+        fclose(g);
+    }
+    return text;
+}
+
 /* Valid JSON with nested values, other events (end) and extra fields is
  * accepted; a short run's few points are drawn with markers. */
 TEST(nested_values_and_few_points)
 {
-    char in[512], out[512], env[700], script[600];
+    char in[512], out[512];
     snprintf(in, sizeof in, "%s",
              tmpfile_("n.jsonl", "{\"event\":\"start\",\"extra\":{\"a\":[1,2,{\"b\":null}]},\"time\":1.5}\n"
                                  "{\"event\":\"step\",\"step\":1,\"loss\":2.3,\"tags\":[\"x\"]}\n"
                                  "{\"event\":\"step\",\"step\":2,\"loss\":2.1}\n"
                                  "{\"event\":\"end\",\"status\":\"interrupted\"}\n"));
     snprintf(out, sizeof out, "%s/n.png", cli_tmpdir());
-    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
-    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
     cli_result r;
-    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
-    if (r.code)
-        fprintf(stderr, "%s", r.err);
+    const char *text = fake_plot(&r, (char *[]){"plot", in, "-o", out, NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 step records, 0 evaluations");
     FILE *f = fopen(out, "r");
@@ -160,12 +179,7 @@ TEST(nested_values_and_few_points)
     ASSERT(fgets(buf, sizeof buf, f) != NULL);
     fclose(f);
     ASSERT_STR_EQ(buf, "PNGDATA");
-    FILE *g = fopen(script, "r");
-    ASSERT(g != NULL);
-    static char text[8192];
-    size_t k = fread(text, 1, sizeof text - 1, g);
-    text[k] = 0;
-    fclose(g);
+    ASSERT(text[0] != 0);
     ASSERT_STR_CONTAINS(text, "with linespoints pt 7 ps 0.6 title \"train loss\"");
 }
 
@@ -205,23 +219,14 @@ TEST(output_symlink_refused)
  * backslash and control characters are now '?' in the title. */
 TEST(file_name_is_no_gnuplot_command)
 {
-    char in[600], out[512], env[700], script[600], pwned[512];
+    char in[600], out[512], pwned[512];
     snprintf(pwned, sizeof pwned, "%s/PWNED", cli_tmpdir());
     snprintf(in, sizeof in, "%s", tmpfile_("x\"; system(\"touch PWNED\"); \"y.jsonl", good));
     snprintf(out, sizeof out, "%s/q.png", cli_tmpdir());
-    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
-    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
     cli_result r;
-    cli_runv(&r, 30, env, (char *[]){"plot", in, "-o", out, NULL});
-    if (r.code)
-        fprintf(stderr, "%s", r.err);
+    const char *text = fake_plot(&r, (char *[]){"plot", in, "-o", out, NULL});
     ASSERT_EQ_INT(r.code, 0);
-    FILE *g = fopen(script, "r");
-    ASSERT(g != NULL);
-    static char text[8192];
-    size_t k = fread(text, 1, sizeof text - 1, g);
-    text[k] = 0;
-    fclose(g);
+    ASSERT(text[0] != 0);
     ASSERT_STR_CONTAINS(text, "x?; system(?touch PWNED?); ?y.jsonl\"\n");
     ASSERT(strstr(text, "system(\"") == NULL);
     if (access("/usr/bin/gnuplot", X_OK) == 0) { /* the real thing: nothing run, a PNG */
@@ -237,27 +242,18 @@ TEST(file_name_is_no_gnuplot_command)
  * their axes line up); with real gnuplot, a PNG too. */
 TEST(several_files_one_legend_entry_each)
 {
-    char a[512], b[512], out[512], env[700], script[600];
+    char a[512], b[512], out[512];
     snprintf(a, sizeof a, "%s", tmpfile_("a.jsonl", good));
     snprintf(b, sizeof b, "%s",
              tmpfile_("b.jsonl", "{\"event\":\"step\",\"step\":50,\"loss\":1.2}\n"
                                  "{\"event\":\"step\",\"step\":400,\"loss\":0.4}\n"
                                  "{\"event\":\"eval\",\"step\":400,\"test_loss\":0.45,\"test_accuracy\":0.86}\n"));
     snprintf(out, sizeof out, "%s/ab.png", cli_tmpdir());
-    snprintf(env, sizeof env, "DT_GNUPLOT=%s", fake_gnuplot());
-    snprintf(script, sizeof script, "%s/script.gp", cli_tmpdir());
     cli_result r;
-    cli_runv(&r, 30, env, (char *[]){"plot", a, b, "-o", out, NULL});
-    if (r.code)
-        fprintf(stderr, "%s", r.err);
+    const char *text = fake_plot(&r, (char *[]){"plot", a, b, "-o", out, NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_CONTAINS(r.out, "2 runs: 4 step records, 2 evaluations");
-    FILE *g = fopen(script, "r");
-    ASSERT(g != NULL);
-    static char text[16384];
-    size_t k = fread(text, 1, sizeof text - 1, g);
-    text[k] = 0;
-    fclose(g);
+    ASSERT(text[0] != 0);
     const char *want[] = {"title \"a.jsonl: train loss\"", "title \"a.jsonl: test loss\"",
                           "title \"b.jsonl: train loss\"", "title \"b.jsonl: test loss\"",
                           "title \"a.jsonl: test accuracy\"", "title \"b.jsonl: test accuracy\"",
