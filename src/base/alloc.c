@@ -186,6 +186,10 @@ static unsigned char *block_data(size_t cap, size_t *map_len)
     *map_len = 0;
     if (cap < HUGE_SZ)
         return dt_alloc(cap);
+    if (cap > SIZE_MAX / 2) { /* no such mapping; (cap + HUGE_SZ - 1) below would wrap */
+        dt_error(DT_ERR_NO_MEMORY, "an arena block of %zu bytes is too large", cap);
+        return NULL;
+    }
     size_t len = (cap + HUGE_SZ - 1) / HUGE_SZ * HUGE_SZ;
     unsigned char *m = mmap(NULL, len + HUGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
@@ -260,6 +264,10 @@ void *dt_arena_alloc(dt_arena *a, size_t size)
 {
     if (!a) {
         dt_error(DT_ERR_NULL, "dt_arena_alloc: arena is NULL");
+        return NULL;
+    }
+    if (size > SIZE_MAX / 2) { /* rounding up to DT_ALIGN would wrap: never a real request */
+        dt_error(DT_ERR_NO_MEMORY, "arena: allocation of %zu bytes is too large", size);
         return NULL;
     }
     size_t n = (size + DT_ALIGN - 1) & ~(size_t)(DT_ALIGN - 1);

@@ -241,6 +241,30 @@ TEST(arena_alignment_and_reuse)
     dt_arena_free(NULL);
 }
 
+/* A request past SIZE_MAX / 2 is an error, never a 64-byte block: its round-up to DT_ALIGN wrapped to 0
+ * (SIZE_MAX gave a 64-byte block); a block size past it mapped a small block that claimed the whole size, and
+ * the first temporary wrote past the mapping (dt_ctx_params.arena_block = SIZE_MAX - 100: SIGSEGV). */
+TEST(arena_huge_requests_fail)
+{
+    dt_arena *a = dt_arena_init(0);
+    ASSERT(a);
+    const size_t huge[] = {SIZE_MAX, SIZE_MAX - 10, SIZE_MAX - DT_ALIGN + 1, SIZE_MAX / 2 + 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        dt_error_clear();
+        ASSERT(dt_arena_alloc(a, huge[i]) == NULL);
+        ASSERT_EQ_INT(dt_last_status(), DT_ERR_NO_MEMORY);
+        ASSERT_STR_CONTAINS(dt_last_error(), "too large");
+    }
+    ASSERT(dt_arena_alloc(a, 100) != NULL); /* still usable */
+    dt_arena_free(a);
+    a = dt_arena_init(SIZE_MAX - 100);
+    ASSERT(a);
+    dt_error_clear();
+    ASSERT(dt_arena_alloc(a, 1 << 20) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NO_MEMORY);
+    dt_arena_free(a);
+}
+
 TEST(philox_known_answer)
 {
     /* Known-answer vectors from the Random123 distribution (kat_vectors,
@@ -370,6 +394,7 @@ int main(void)
     RUN(status_strings);
     RUN(error_messages);
     RUN(arena_alignment_and_reuse);
+    RUN(arena_huge_requests_fail);
     RUN(prefault_commits_pages);
     RUN(large_ranges_on_threads);
     RUN(decommit_zeroes_and_gives_back);
