@@ -191,7 +191,8 @@ DT_API dt_status dt_tensor_set(dt_tensor *t, int64_t flat_index, double v);
 DT_API float dt_tensor_item(const dt_tensor *t);
 /* Fill an f32 tensor with uniform [lo,hi) / normal(mean,std) values from
  * the Philox stream key, element i of the tensor (row-major) taking stream
- * element i. Deterministic, independent of thread count. */
+ * element i. Deterministic, independent of thread count.
+ * DT_ERR_INVALID_ARG for lo > hi, std < 0 or a non-finite argument. */
 DT_API dt_status dt_tensor_rand_uniform(dt_tensor *t, dt_rng_key key, float lo, float hi);
 DT_API dt_status dt_tensor_rand_normal(dt_tensor *t, dt_rng_key key, float mean, float std);
 
@@ -240,7 +241,8 @@ typedef struct dt_flat {
 #define DT_FLAT_MAP_MIN ((size_t)256 << 10)
 
 /* The padded size of a flat holding `used` elements of dtype for `world`
- * ranks: the next multiple of world * max(1, 64 / element size). */
+ * ranks: the next multiple of world * max(1, 64 / element size); SIZE_MAX
+ * when that multiple is past SIZE_MAX (dt_flat_alloc refuses it). */
 DT_API size_t dt_flat_padded(dt_dtype dtype, size_t used, int world);
 /* Allocate a zeroed flat of dt_flat_padded(dtype, used, world) elements into
  * *f (64-byte aligned). pg non-NULL: from dt_pg_alloc(pg) (shared with the
@@ -253,7 +255,8 @@ DT_API dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int worl
  * pg when non-NULL. Errors as dt_flat_shard. */
 DT_API dt_status dt_flat_alloc_shard(dt_flat *f, const dt_flat *full, int rank, int world, struct dt_pg *pg);
 /* A flat over caller memory of numel elements (borrowed; total = used = numel,
- * world 1, offset 0). base may be NULL only when numel is 0. */
+ * world 1, offset 0). base may be NULL only when numel is 0. DT_ERR_RANGE
+ * when the elements' bytes pass PTRDIFF_MAX (no buffer is that large). */
 DT_API dt_status dt_flat_wrap(dt_flat *f, dt_dtype dtype, void *base, size_t numel);
 /* Release an owned flat's memory and zero the struct; a view or NULL is left
  * alone (the struct is still zeroed for a view). */

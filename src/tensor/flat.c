@@ -21,6 +21,8 @@ size_t dt_flat_padded(dt_dtype dtype, size_t used, int world)
     size_t esz = dt_dtype_size(dtype);
     size_t per = esz && esz < DT_ALIGN ? DT_ALIGN / esz : 1;
     size_t q = per * (size_t)(world > 0 ? world : 1);
+    if (used > SIZE_MAX - (q - 1))
+        return SIZE_MAX; /* not representable: the round-up would wrap to a small size */
     return (used + q - 1) / q * q;
 }
 
@@ -34,7 +36,7 @@ dt_status dt_flat_alloc(dt_flat *f, dt_dtype dtype, size_t used, int world, stru
         return dt_error(DT_ERR_INVALID_ARG, "dt_flat_alloc: dtype %d, world %d (need a known dtype, world >= 1)",
                         (int)dtype, world);
     size_t total = dt_flat_padded(dtype, used, world);
-    if (total > SIZE_MAX / esz)
+    if (total == SIZE_MAX || total > SIZE_MAX / esz)
         return dt_error(DT_ERR_RANGE, "dt_flat_alloc: %zu elements of %zu bytes overflow", total, esz);
     void *base = NULL;
     bool mapped = false;
@@ -93,6 +95,9 @@ dt_status dt_flat_wrap(dt_flat *f, dt_dtype dtype, void *base, size_t numel)
         return dt_error(DT_ERR_NULL, "dt_flat_wrap: base is NULL for %zu elements", numel);
     if (dt_dtype_size(dtype) == 0)
         return dt_error(DT_ERR_INVALID_ARG, "dt_flat_wrap: unknown dtype %d", (int)dtype);
+    if (numel > (size_t)PTRDIFF_MAX / dt_dtype_size(dtype))
+        return dt_error(DT_ERR_RANGE, "dt_flat_wrap: %zu elements of %zu bytes are more than any buffer holds",
+                        numel, dt_dtype_size(dtype));
     *f = (dt_flat){.dtype = dtype, .base = base, .numel = numel, .total = numel, .used = numel, .world = 1};
     return DT_OK;
 }

@@ -85,15 +85,19 @@ dt_status dt_tensor_init_contiguous(dt_tensor *t, dt_dtype dtype, int ndim, cons
         t->shape[i] = 1;
         t->strides[i] = 1;
     }
-    int64_t s = 1;
+    /* nz: the product of the non-zero sizes, so that a zero anywhere does not hide an overflow of the
+     * others (dt_tensor_numel multiplies them in order: [2^62, 4, 0] overflowed there) */
+    int64_t s = 1, nz = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         if (shape[i] < 0)
             return dt_error(DT_ERR_INVALID_ARG, "tensor init: dim %d has negative size %lld", i,
                             (long long)shape[i]);
         t->shape[i] = shape[i];
         t->strides[i] = s;
-        if (shape[i] > 0 && s > INT64_MAX / shape[i])
+        if (shape[i] > 0 && nz > INT64_MAX / shape[i])
             return dt_error(DT_ERR_RANGE, "tensor init: shape overflows int64");
+        if (shape[i] > 0)
+            nz *= shape[i];
         s *= shape[i];
     }
     if (s > INT64_MAX / 8)
@@ -450,6 +454,13 @@ static dt_status rand_fill(dt_tensor *t, dt_rng_key key, float a, float b, bool 
     if (t->dtype != DT_F32)
         return dt_error(DT_ERR_DTYPE, "dt_tensor_rand: tensor is %s, want f32",
                         dt_dtype_name(t->dtype));
+    /* torch's uniform_ and normal_ refuse these too; filled, they gave values outside [lo, hi) or NaN */
+    if (!normal && !(isfinite(a) && isfinite(b) && a <= b))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tensor_rand_uniform: range [%g, %g) (want finite lo <= hi)",
+                        (double)a, (double)b);
+    if (normal && !(isfinite(a) && isfinite(b) && b >= 0))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_tensor_rand_normal: mean %g, std %g (want finite, std >= 0)",
+                        (double)a, (double)b);
     int64_t n = dt_tensor_numel(t);
     if (dt_tensor_is_contiguous(t)) {
         if (normal)

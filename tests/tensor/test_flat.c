@@ -107,6 +107,14 @@ TEST(wrap_and_bad_arguments)
     ASSERT_STATUS(dt_flat_alloc(&f, DT_F32, 3, 0, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STATUS(dt_flat_alloc(&f, DT_DTYPE_COUNT, 3, 1, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STATUS(dt_flat_alloc(&f, DT_F32, SIZE_MAX / 2, 1, NULL), DT_ERR_RANGE);
+    /* the padding's round-up wrapped to a total of 0: DT_OK with used SIZE_MAX and no memory */
+    ASSERT_EQ_INT(dt_flat_padded(DT_F32, SIZE_MAX, 1), SIZE_MAX);
+    ASSERT_EQ_INT(dt_flat_padded(DT_F32, SIZE_MAX - 20, 3), SIZE_MAX);
+    ASSERT_EQ_INT(dt_flat_padded(DT_F32, SIZE_MAX - 15, 1), SIZE_MAX - 15); /* a multiple of 16 */
+    ASSERT_STATUS(dt_flat_alloc(&f, DT_F32, SIZE_MAX, 1, NULL), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_flat_alloc(&f, DT_U8, SIZE_MAX - 3, 1, NULL), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_flat_wrap(&f, DT_F32, mem, SIZE_MAX), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_flat_wrap(&f, DT_F64, mem, (size_t)PTRDIFF_MAX / 4), DT_ERR_RANGE);
     ASSERT_STATUS(dt_flat_shard(NULL, 0, 1, &f), DT_ERR_NULL);
     ASSERT(dt_flat_ptr(NULL, 0) == NULL);
     ASSERT_EQ_INT(dt_flat_nbytes(NULL), 0);

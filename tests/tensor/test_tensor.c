@@ -46,14 +46,23 @@ TEST(new_owns_zeroed_data)
 
 TEST(bad_creation)
 {
+    dt_tensor *e;
     dt_error_clear();
     ASSERT(!dt_tensor_new(DT_F32, 9, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 1}));
     ASSERT_STR_CONTAINS(dt_last_error(), "ndim 9");
     ASSERT(!dt_tensor_new(DT_F32, 2, (const int64_t[]){2, -1}));
     ASSERT_STR_CONTAINS(dt_last_error(), "negative");
+    /* a zero dimension does not hide the others' overflow (accepted before: numel overflowed) */
+    ASSERT(!dt_tensor_new(DT_F32, 3, (const int64_t[]){INT64_MAX, 2, 0}));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_RANGE);
+    ASSERT(!dt_tensor_wrap(NULL, DT_F32, 3, (const int64_t[]){(int64_t)1 << 40, 0, (int64_t)1 << 40}));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_RANGE);
+    e = dt_tensor_new(DT_F32, 3, (const int64_t[]){(int64_t)1 << 20, 0, (int64_t)1 << 20});
+    ASSERT(e && dt_tensor_numel(e) == 0);
+    dt_tensor_free(e);
     ASSERT(!dt_tensor_wrap(NULL, DT_F32, 1, (const int64_t[]){3}));
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
-    dt_tensor *e = dt_tensor_wrap(NULL, DT_F32, 1, (const int64_t[]){0});
+    e = dt_tensor_wrap(NULL, DT_F32, 1, (const int64_t[]){0});
     ASSERT(e != NULL); /* empty tensors need no data */
     dt_tensor_free(e);
     ASSERT_STATUS(dt_tensor_set(NULL, 0, 1), DT_ERR_NULL);
@@ -149,6 +158,20 @@ TEST(rng_fill_deterministic)
     ASSERT_OK(dt_tensor_rand_uniform(a, k, -1, 1));
     for (int i = 0; i < 100; i++)
         ASSERT(((float *)a->data)[i] >= -1 && ((float *)a->data)[i] < 1);
+    /* bad ranges were filled silently (values above hi, NaN, mirrored normals); torch refuses them too */
+    memcpy(b->data, a->data, 400);
+    ASSERT_STATUS(dt_tensor_rand_uniform(a, k, 1, -1), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "lo <= hi");
+    ASSERT_STATUS(dt_tensor_rand_uniform(a, k, 0, INFINITY), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_tensor_rand_uniform(a, k, NAN, 1), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_tensor_rand_normal(a, k, 0, -1), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "std >= 0");
+    ASSERT_STATUS(dt_tensor_rand_normal(a, k, NAN, 1), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_tensor_rand_normal(a, k, 0, INFINITY), DT_ERR_INVALID_ARG);
+    ASSERT(memcmp(a->data, b->data, 400) == 0); /* nothing written */
+    ASSERT_OK(dt_tensor_rand_normal(a, k, 3, 0));
+    ASSERT_NEAR(((float *)a->data)[7], 3, 0, 0);
+    ASSERT_OK(dt_tensor_rand_uniform(a, k, 2, 2));
     dt_tensor_free(a);
     dt_tensor_free(b);
 }
