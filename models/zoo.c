@@ -107,6 +107,8 @@ dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim,
         d->target_ndim >= DT_MAX_DIMS)
         return dt_error(DT_ERR_UNSUPPORTED, "dt_model_desc_shapes: model '%s' has no usable input shape "
                         "(input_ndim %d, target_ndim %d)", d->name, d->input_ndim, d->target_ndim);
+    if (batch < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_model_desc_shapes: batch %lld (want >= 0)", (long long)batch);
     *ndim = d->input_ndim + 1;
     shape[0] = batch;
     for (int i = 0; i < d->input_ndim; i++)

@@ -349,7 +349,7 @@ DT_API const char *const *dt_model_zoo_names(void);
 
 /* Shapes of a batch of B: the input (ndim into *ndim, dims into shape[]),
  * the target (*target_ndim 0 when there is none; may be NULL with the next
- * two) and its dtype. */
+ * two) and its dtype. DT_ERR_INVALID_ARG for B < 0. */
 DT_API dt_status dt_model_desc_shapes(const dt_model_desc *d, int64_t batch, int *ndim, int64_t *shape,
                                       int *target_ndim, int64_t *target_shape, dt_dtype *target_dtype);
 /* Check that ds's items are the model's input (dtype and shape of one

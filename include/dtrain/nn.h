@@ -156,7 +156,8 @@ DT_API dt_module *dt_nn_cross_entropy_loss(void);
 DT_API dt_module *dt_nn_mse_loss(void);
 
 /* A container. children[0..n) (may be NULL with n 0) are taken over and named
- * "0", "1", ... Returns NULL (and frees the children) on error. */
+ * "0", "1", ... Returns NULL (and frees the children) on error; n < 0, or
+ * children NULL with n > 0, is an error too. */
 DT_API dt_module *dt_nn_seq(int n, dt_module **children);
 /* Append child to a container under `name` (NULL: its index, "3"). The
  * container is a Sequential (its forward runs the children in order) or a

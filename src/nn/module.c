@@ -282,6 +282,11 @@ dt_status dt_nn_add(dt_module *seq, const char *name, dt_module *child)
 
 dt_module *dt_nn_seq(int n, dt_module **children)
 {
+    if (n < 0 || (n > 0 && !children)) {
+        dt_error(n < 0 ? DT_ERR_INVALID_ARG : DT_ERR_NULL, "dt_nn_seq: %d children %s", n,
+                 n < 0 ? "(want n >= 0)" : "from a NULL array");
+        return NULL;
+    }
     dt_module *s = dt__module_new(DT_NN_SEQUENTIAL, 0, NULL);
     int i = 0;
     if (!s)

@@ -606,6 +606,8 @@ TEST(mlp_model)
         ASSERT(fabsf(((float *)w0.tensor->data)[i]) <= xb);
     int nd, tnd;
     int64_t shape[8], tshape[8];
+    /* a negative batch was written into shape[0] with DT_OK */
+    ASSERT_STATUS(dt_model_desc_shapes(&d, -2, &nd, shape, &tnd, tshape, NULL), DT_ERR_INVALID_ARG);
     ASSERT_OK(dt_model_desc_shapes(&d, 2, &nd, shape, &tnd, tshape, NULL));
     ASSERT_EQ_INT(nd, 3);
     ASSERT_EQ_INT(shape[1], 3);
@@ -716,6 +718,13 @@ TEST(bad_input)
     ASSERT_STR_CONTAINS(dt_last_error(), "resnet");
     ASSERT(dt_nn_linear(0, 3, true) == NULL);
     ASSERT(dt_nn_seq(2, (dt_module *[]){dt_nn_relu(), dt_nn_conv2d(1, 1, 0, 1, 0, true)}) == NULL);
+    /* n children from a NULL array read it (SIGSEGV); a negative n gave an empty Sequential */
+    dt_error_clear();
+    ASSERT(dt_nn_seq(2, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "dt_nn_seq");
+    ASSERT(dt_nn_seq(-1, NULL) == NULL);
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
     dt_module *s = dt_nn_seq(0, NULL);
     ASSERT_OK(dt_nn_add(s, "a", dt_nn_relu()));
     ASSERT_STATUS(dt_nn_add(s, "a", dt_nn_relu()), DT_ERR_INVALID_ARG);
