@@ -258,6 +258,10 @@ dt_status dt_dataset_holdout_init(dt_dataset *base, double test_fraction, uint64
     *out = NULL;
     if (!base)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_holdout_init: base is NULL");
+    if (split != DT_SPLIT_TRAIN && split != DT_SPLIT_TEST) { /* was taken as the training split */
+        dt_dataset_free(base);
+        return dt_error(DT_ERR_INVALID_ARG, "held-out split: split %d (DT_SPLIT_TRAIN or DT_SPLIT_TEST)", (int)split);
+    }
     if (!(test_fraction >= 0 && test_fraction < 1)) {
         dt_dataset_free(base);
         return dt_error(DT_ERR_INVALID_ARG, "held-out split: test fraction %g (want 0 <= F < 1)", test_fraction);

@@ -226,8 +226,8 @@ dt_status dt_dataset_subset_init(dt_dataset *base, int64_t start, int64_t n, dt_
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_subset_init: base is NULL");
     int64_t len = dt_dataset_length(base);
     if (start < 0 || n < 0 || start > len || n > len - start)
-        return dt_error(DT_ERR_RANGE, "subset [%lld, %lld) outside the dataset's %lld items",
-                        (long long)start, (long long)(start + n), (long long)len);
+        return dt_error(DT_ERR_RANGE, "subset of %lld items from %lld outside the dataset's %lld items",
+                        (long long)n, (long long)start, (long long)len); /* start + n may overflow */
     subset *s = calloc(1, sizeof *s);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "dt_dataset_subset_init: out of memory");
@@ -306,8 +306,10 @@ dt_status dt_dataset_random_init(const dt_random_dataset_params *p, dt_dataset *
     if (!out)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_random_init: out is NULL");
     *out = NULL;
+    if (!p)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_random_init: params is NULL");
     int64_t F = 1;
-    bool ok = p && p->length >= 0 && p->x_ndim >= 1 && p->x_ndim <= DT_DATA_MAX_DIMS &&
+    bool ok = p->length >= 0 && p->x_ndim >= 1 && p->x_ndim <= DT_DATA_MAX_DIMS &&
               p->num_classes >= 2 && p->num_classes <= (1 << 16);
     for (int d = 0; ok && d < p->x_ndim; d++) {
         ok = p->x_shape[d] >= 1 && p->x_shape[d] <= (1 << 24);

@@ -202,6 +202,9 @@ dt_status dt_dataset_mnist_open(const char *dir, dt_split split, dt_dataset **ou
     if (!out || !dir)
         return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_mnist_open: NULL argument");
     *out = NULL;
+    if (split != DT_SPLIT_TRAIN && split != DT_SPLIT_TEST) /* was read as the test split */
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dataset_mnist_open: split %d (DT_SPLIT_TRAIN or DT_SPLIT_TEST)",
+                        (int)split);
     struct stat sb;
     if (stat(dir, &sb) != 0)
         return dt_error(DT_ERR_IO, "data directory %s: %s", dir, strerror(errno));

@@ -393,6 +393,11 @@ TEST(holdout_reshape_specs)
     ASSERT(tail < 10);
     dt_dataset_free(tr);
     dt_dataset_free(te);
+    /* a split that is neither was taken as the training split */
+    snprintf(spec, sizeof spec, "csv:%s,test=0.2", tp(0, dir, "d.csv"));
+    ASSERT_STATUS(dt_dataset_open_spec(spec, (dt_split)7, &tr), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "split 7");
+    ASSERT(tr == NULL);
     /* bad specs */
     snprintf(spec, sizeof spec, "csv:%s,shape=3x2", tp(0, dir, "d.csv"));
     ASSERT_STATUS(dt_dataset_open_spec(spec, DT_SPLIT_TRAIN, &tr), DT_ERR_SHAPE);

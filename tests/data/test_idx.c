@@ -269,6 +269,9 @@ TEST(mnist_dir_errors)
     ASSERT_STR_CONTAINS(dt_last_error(), "cifar");
     ASSERT_STATUS(dt_dataset_open_spec("mnist:", DT_SPLIT_TRAIN, &ds), DT_ERR_INVALID_ARG);
     char *dir = tu_tmpdir();
+    /* a split that is neither was read as the test split */
+    ASSERT_STATUS(dt_dataset_mnist_open(dir, (dt_split)5, &ds), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "split 5");
     /* empty directory: names the missing file */
     ASSERT_STATUS(dt_dataset_mnist_open(dir, DT_SPLIT_TRAIN, &ds), DT_ERR_IO);
     ASSERT_STR_CONTAINS(dt_last_error(), "train-images-idx3-ubyte");

@@ -212,6 +212,12 @@ TEST(subset_and_random_dataset)
     ASSERT_STATUS(dt_dataset_get_item(sub, 20, x1, &y1), DT_ERR_RANGE);
     dt_dataset *bad = NULL;
     ASSERT_STATUS(dt_dataset_subset_init(r, 50, 20, &bad), DT_ERR_RANGE);
+    /* start + n overflowed in the message (undefined behaviour) */
+    ASSERT_STATUS(dt_dataset_subset_init(r, INT64_MAX, 2, &bad), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_dataset_subset_init(r, 2, INT64_MAX, &bad), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "from 2");
+    ASSERT_STATUS(dt_dataset_random_init(NULL, &bad), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "params is NULL");
     rp.num_classes = 1;
     ASSERT_STATUS(dt_dataset_random_init(&rp, &bad), DT_ERR_INVALID_ARG);
     /* a 2-D item shape */
