@@ -555,8 +555,10 @@ static dt_status all_i64(dt_pg *pg, int64_t *send, int64_t *recv, size_t count)
 dt_status dt_ckpt_save_ranks(const char *dir, const dt_ckpt_entry *const *ranks, int world, size_t n,
                              const dt_ckpt_save_params *p)
 {
-    if (!dir || !ranks || world < 1)
-        return dt_error(DT_ERR_NULL, "dt_ckpt_save_ranks: NULL argument or world < 1");
+    if (!dir || !ranks)
+        return dt_error(DT_ERR_NULL, "dt_ckpt_save_ranks: NULL %s", !dir ? "dir" : "ranks");
+    if (world < 1 || !dir[0])
+        return dt_error(DT_ERR_INVALID_ARG, "dt_ckpt_save_ranks: %s", !dir[0] ? "empty dir" : "world < 1");
     dt_ckpt_save_params def = dt_ckpt_save_params_default();
     if (!p)
         p = &def;
@@ -663,6 +665,8 @@ dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n, const 
 {
     if (!dir)
         return dt_error(DT_ERR_NULL, "dt_ckpt_save: NULL dir");
+    if (!dir[0]) /* was "cannot rename .tmp-XXXXXX to : No such file or directory", after writing it all */
+        return dt_error(DT_ERR_INVALID_ARG, "dt_ckpt_save: empty dir");
     dt_ckpt_save_params def = dt_ckpt_save_params_default();
     if (!p)
         p = &def;

@@ -213,6 +213,12 @@ TEST(save_refusals)
     path_in(d2, sizeof d2, "single");
     make_entries(whole, 0, 1, WHOLE, true);
     ASSERT_OK(dt_ckpt_save(d2, whole, NT, NULL, NULL));
+    /* an empty dir was written in full, then "cannot rename .tmp-XXXXXX to : No such file or directory" */
+    ASSERT_STATUS(dt_ckpt_save("", whole, NT, NULL, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "empty dir");
+    ASSERT_STATUS(dt_ckpt_save_ranks("", one, 1, NT, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_ckpt_save_ranks(d2, one, 0, NT, NULL), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "world < 1");
     free_entries(whole);
     make_entries(whole, 0, 1, WHOLE, false);
     ASSERT_OK(dt_ckpt_load(d2, whole, NT, NULL, NULL));
