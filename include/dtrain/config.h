@@ -148,7 +148,8 @@ DT_API bool dt_config_key_no_effect(const char *key);
  * warmup_type and warmup_max_lr this way. */
 DT_API dt_status dt_config_resolve(dt_config *c, const char *key, const char *json_value, const char *why);
 /* A set key's value. DT_ERR_NOT_FOUND when the key is unset (out untouched),
- * DT_ERR_DTYPE when it is not of that type (ints read as doubles too).
+ * DT_ERR_DTYPE when it is not of that type (ints read as doubles too),
+ * DT_ERR_NULL for a NULL c or key.
  * get_str's string is borrowed. */
 DT_API dt_status dt_config_get_bool(const dt_config *c, const char *key, bool *out);
 DT_API dt_status dt_config_get_int(const dt_config *c, const char *key, int64_t *out);
@@ -181,7 +182,7 @@ DT_API dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64
  * f32 on this CPU).
  * DT_ERR_NOT_FOUND when neither key is set (the caller's default applies),
  * and when both are "auto" (a Hugging Face Trainer config: both follow the
- * command line). */
+ * command line). DT_ERR_NULL for a NULL c. */
 DT_API dt_status dt_config_precision(const dt_config *c, dt_dtype *out);
 
 /* zero_optimization into *stage (0..3; untouched when unset) and the fields

@@ -118,7 +118,9 @@ bool dt_config_key_no_effect(const char *key)
 
 static dt_status get_typed(const dt_config *c, const char *key, dt__kt want, const dt__cfg_val **out)
 {
-    int k = c ? dt__cfg_find(key) : -1;
+    if (!c || !key) /* an error, not an unset key (it was DT_ERR_NOT_FOUND with no message) */
+        return dt_error(DT_ERR_NULL, "dt_config_get: NULL %s", !c ? "config" : "key");
+    int k = dt__cfg_find(key);
     if (k < 0 || c->vals[k].origin == DT_CONFIG_UNSET)
         return DT_ERR_NOT_FOUND; /* no message: unset is a normal answer */
     dt__kt t = dt__cfg_keys[k].type;

@@ -129,6 +129,8 @@ dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64_t defa
 
 dt_status dt_config_precision(const dt_config *c, dt_dtype *out)
 {
+    if (!c)
+        return dt_error(DT_ERR_NULL, "dt_config_precision: NULL config");
     bool f16 = false, bf16 = false;
     bool hf = dt_config_get_bool(c, "fp16.enabled", &f16) == DT_OK;
     bool hb = dt_config_get_bool(c, "bf16.enabled", &bf16) == DT_OK;

@@ -622,6 +622,20 @@ TEST(precision_clipping_accumulation)
     ASSERT_STATUS(apply("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", &tp),
                   DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "nvme_path");
+    /* a NULL config or key read as an unset key (DT_ERR_NOT_FOUND, no message) */
+    dt_config *c = NULL;
+    ASSERT_OK(dt_config_init(&c));
+    int64_t v = 7;
+    dt_dtype dt = DT_F32;
+    ASSERT_STATUS(dt_config_get_int(NULL, "train_batch_size", &v), DT_ERR_NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "NULL config");
+    ASSERT_STATUS(dt_config_get_int(c, NULL, &v), DT_ERR_NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "NULL key");
+    ASSERT_STATUS(dt_config_precision(NULL, &dt), DT_ERR_NULL);
+    ASSERT_STATUS(dt_config_get_int(c, "train_batch_size", &v), DT_ERR_NOT_FOUND); /* unset: as before */
+    ASSERT_EQ_INT(v, 7);
+    ASSERT_STATUS(dt_config_precision(c, &dt), DT_ERR_NOT_FOUND);
+    dt_config_free(c);
 }
 
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
