@@ -432,7 +432,8 @@ typedef struct dt_trainer_params {
                                  (PyTorch's optimizers decay every parameter) */
     dt_sched_params sched;    /* the learning rate of optimizer step s is dt_sched_lr(&sched, s)
                                  with sched.base_lr replaced by the optimizer's lr; default
-                                 constant, no warm-up */
+                                 constant, no warm-up. dt_trainer_init refuses unknown kinds,
+                                 a negative or non-finite min_lr or gamma, negative steps */
     int64_t grad_accum;       /* micro-batches per optimizer step; each micro-batch loss is
                                  divided by it; default 1 */
     double clip_grad_norm;    /* clip the global gradient L2 norm to this; <= 0: off; default 0 */
@@ -499,7 +500,9 @@ typedef struct dt_trainer_batch {
     int64_t y_shape[DT_MAX_DIMS];
 } dt_trainer_batch;
 
-/* A batch from arrays and shapes (ndim <= DT_MAX_DIMS; shapes copied). */
+/* A batch from arrays and shapes (ndim <= DT_MAX_DIMS; shapes copied). An
+ * ndim outside [0, DT_MAX_DIMS] is kept as given (at most DT_MAX_DIMS
+ * dims copied) and dt_trainer_step refuses the batch. */
 DT_API dt_trainer_batch dt_trainer_batch_make(void *x, dt_dtype x_dtype, int x_ndim, const int64_t *x_shape,
                                               void *y, dt_dtype y_dtype, int y_ndim, const int64_t *y_shape);
 

@@ -40,15 +40,16 @@ static double sched_base(const dt_sched_params *p, int64_t step)
     case DT_SCHED_LINEAR: {
         if (step < p->warmup_steps)
             return p->base_lr * warm(p, step);
-        int64_t span = p->total_steps - p->warmup_steps;
-        double left = (double)(p->total_steps - step) / (double)(span > 1 ? span : 1);
+        /* in double: the differences of int64 fields a caller may set to anything overflowed (undefined) */
+        double span = (double)p->total_steps - (double)p->warmup_steps;
+        double left = ((double)p->total_steps - (double)step) / (span > 1 ? span : 1);
         return p->min_lr + (p->base_lr - p->min_lr) * (left > 0 ? left : 0.0);
     }
     case DT_SCHED_COSINE: {
         if (step < p->warmup_steps)
             return p->base_lr * warm(p, step);
-        int64_t span = p->total_steps - p->warmup_steps;
-        double prog = (double)(step - p->warmup_steps) / (double)(span > 1 ? span : 1);
+        double span = (double)p->total_steps - (double)p->warmup_steps;
+        double prog = ((double)step - (double)p->warmup_steps) / (span > 1 ? span : 1);
         if (prog > 1.0)
             prog = 1.0;
         return p->min_lr + (p->base_lr - p->min_lr) * 0.5 * (1.0 + cos(M_PI * prog));

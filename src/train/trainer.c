@@ -107,13 +107,15 @@ dt_trainer_batch dt_trainer_batch_make(void *x, dt_dtype x_dtype, int x_ndim, co
     memset(&b, 0, sizeof b);
     b.x = x;
     b.x_dtype = x_dtype;
-    b.x_ndim = x_ndim < 0 ? 0 : x_ndim > DT_MAX_DIMS ? DT_MAX_DIMS : x_ndim;
-    for (int d = 0; d < b.x_ndim && x_shape; d++)
+    /* an ndim outside [0, DT_MAX_DIMS] is kept for dt_trainer_step to refuse (it was clamped: 9 dims became
+     * the first 8, -1 a batch with no input) */
+    b.x_ndim = x_ndim;
+    for (int d = 0; d < x_ndim && d < DT_MAX_DIMS && x_shape; d++)
         b.x_shape[d] = x_shape[d];
     b.y = y;
     b.y_dtype = y_dtype;
-    b.y_ndim = y_ndim < 0 ? 0 : y_ndim > DT_MAX_DIMS ? DT_MAX_DIMS : y_ndim;
-    for (int d = 0; d < b.y_ndim && y_shape; d++)
+    b.y_ndim = y_ndim;
+    for (int d = 0; d < y_ndim && d < DT_MAX_DIMS && y_shape; d++)
         b.y_shape[d] = y_shape[d];
     return b;
 }
@@ -400,8 +402,22 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         (unsigned)p.loss > DT_TRAINER_LOSS_MEAN || isnan(p.clip_grad_norm)) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
-                        "dt_trainer_init: grad_accum %lld (need >= 1), loss_scale %g (need > 0, finite), loss %d",
-                        (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss);
+                        "dt_trainer_init: grad_accum %lld (need 1..2^20), loss_scale %g (need > 0, finite), loss %d, "
+                        "clip_grad_norm %g (need a number)",
+                        (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss, p.clip_grad_norm);
+    }
+    /* the schedule sets every step's learning rate (base_lr is the optimizer's, checked by its init): an
+     * unknown kind was the constant schedule, a NaN or negative min_lr or gamma a NaN or negative rate */
+    const dt_sched_params *sp = &p.sched;
+    if ((unsigned)sp->kind >= DT_SCHED_KIND_COUNT || (unsigned)sp->warmup > DT_WARMUP_LOG ||
+        !(isfinite(sp->min_lr) && sp->min_lr >= 0) || !(isfinite(sp->gamma) && sp->gamma >= 0) ||
+        sp->warmup_steps < 0 || sp->total_steps < 0 || sp->step_size < 0) {
+        dt_strategy_free(s);
+        return dt_error(DT_ERR_INVALID_ARG,
+                        "dt_trainer_init: schedule kind %d, warmup kind %d, min_lr %g, gamma %g, warmup_steps %lld, "
+                        "total_steps %lld, step_size %lld (need known kinds, finite rates >= 0, steps >= 0)",
+                        (int)sp->kind, (int)sp->warmup, sp->min_lr, sp->gamma, (long long)sp->warmup_steps,
+                        (long long)sp->total_steps, (long long)sp->step_size);
     }
     const char *sl = dt_tp_model_slice(m);
     if (sl && !dt_tp_model_group(m) && (p.clip_grad_norm > 0 || p.measure_grad_norm)) {
@@ -577,8 +593,11 @@ static dt_status abandon(dt_trainer *tr, dt_status st)
 /* Micro-batch: forward, loss, backward; the loss value is kept. */
 dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync)
 {
-    if (!b || !b->x || b->x_ndim < 1)
+    if (!b || !b->x)
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_step: micro-batch %d has no input", tr->nmicro);
+    if (b->x_ndim < 1 || b->x_ndim > DT_MAX_DIMS || b->y_ndim < 0 || b->y_ndim > DT_MAX_DIMS)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_step: micro-batch %d: x_ndim %d (need 1..%d), y_ndim %d "
+                        "(need 0..%d)", tr->nmicro, b->x_ndim, DT_MAX_DIMS, b->y_ndim, DT_MAX_DIMS);
     dt_status st = reserve_micro(tr, tr->nmicro + 1);
     if (st < 0)
         return st;

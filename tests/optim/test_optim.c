@@ -889,6 +889,16 @@ TEST(schedules)
     dt_sched_params s = dt_sched_params_default();
     s.base_lr = 0.1;
     ASSERT_NEAR(dt_sched_lr(&s, 12345), 0.1, 0, 0);
+    /* total - warmup and total - step overflowed int64 (undefined behaviour; UBSan in the ASan build) */
+    dt_sched_params o = s;
+    o.kind = DT_SCHED_LINEAR;
+    o.total_steps = INT64_MIN + 5;
+    o.warmup_steps = 0;
+    ASSERT_NEAR(dt_sched_lr(&o, INT64_MAX), o.min_lr, 0, 0); /* past the end: the floor */
+    o.kind = DT_SCHED_COSINE;
+    o.total_steps = -10;
+    o.warmup_steps = INT64_MAX;
+    ASSERT(isfinite(dt_sched_lr(&o, INT64_MAX)));
     /* StepLR(step_size 3, gamma 0.5): steps 0-2 -> 0.1, 3-5 -> 0.05, 6 -> 0.025 */
     s.kind = DT_SCHED_STEP;
     s.step_size = 3;

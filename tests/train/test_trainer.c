@@ -276,6 +276,32 @@ TEST(bad_parameters)
     ASSERT_OK(dt_strategy_none_init(&s));
     ASSERT(dt_trainer_init(m, s, &tp, &tr) < 0);
     ASSERT_STATUS(dt_trainer_init(NULL, NULL, NULL, &tr), DT_ERR_NULL);
+    /* a NaN clip was refused by a message that named everything else */
+    tp = dt_trainer_params_default();
+    tp.clip_grad_norm = NAN;
+    ASSERT_OK(dt_strategy_none_init(&s));
+    ASSERT_STATUS(dt_trainer_init(m, s, &tp, &tr), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "clip_grad_norm nan");
+    /* schedules trained with before: an unknown kind as constant, a NaN floor or decay as NaN rates, negative
+     * step counts (with which dt_sched_lr's differences could overflow) */
+    for (int c = 0; c < 6; c++) {
+        tp = dt_trainer_params_default();
+        if (c == 0)
+            tp.sched.kind = (dt_sched_kind)77;
+        else if (c == 1)
+            tp.sched.min_lr = NAN;
+        else if (c == 2)
+            tp.sched.gamma = -0.5;
+        else if (c == 3)
+            tp.sched.warmup_steps = -1;
+        else if (c == 4)
+            tp.sched.total_steps = -5;
+        else
+            tp.sched.warmup = (dt_warmup_kind)9;
+        ASSERT_OK(dt_strategy_none_init(&s));
+        ASSERT_STATUS(dt_trainer_init(m, s, &tp, &tr), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "schedule kind");
+    }
     /* a loss that fails fails the step, with its message; the next step runs */
     ASSERT_OK(dt_strategy_none_init(&s));
     tp = dt_trainer_params_default();
@@ -289,6 +315,20 @@ TEST(bad_parameters)
     ASSERT_STATUS(dt_trainer_step(tr, NULL, 1, &r), DT_ERR_NULL);
     dt_trainer_batch b = {0};
     ASSERT_STATUS(dt_trainer_step(tr, &b, 0, &r), DT_ERR_INVALID_ARG);
+    /* an ndim out of range was clamped by dt_trainer_batch_make: 9 dims ran as the first 8, -1 was "no input" */
+    static float xs[8];
+    static int64_t ys[2];
+    const int64_t shp[9] = {2, 4, 1, 1, 1, 1, 1, 1, 1};
+    b = dt_trainer_batch_make(xs, DT_F32, 9, shp, ys, DT_I64, 1, shp);
+    ASSERT_EQ_INT(b.x_ndim, 9);
+    ASSERT_STATUS(dt_trainer_step(tr, &b, 1, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "x_ndim 9");
+    b = dt_trainer_batch_make(xs, DT_F32, -1, NULL, ys, DT_I64, 1, shp);
+    ASSERT_STATUS(dt_trainer_step(tr, &b, 1, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "x_ndim -1");
+    b = dt_trainer_batch_make(xs, DT_F32, 2, shp, ys, DT_I64, -3, shp);
+    ASSERT_STATUS(dt_trainer_step(tr, &b, 1, &r), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "y_ndim -3");
     dt_trainer_free(tr);
     dt_trainer_free(NULL);
     dt_strategy_free(NULL);
