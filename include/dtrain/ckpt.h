@@ -261,7 +261,7 @@ DT_API dt_status dt_st_checksum(const dt_st_file *f, dt_ckpt_sum kind, uint32_t 
  *         {.name = "optim.fc.weight.exp_avg", ...same shape and range..., .data = m1}};
  *     st = dt_ckpt_save("run/step-00000100", e, 2, NULL, pg);   // collective
  *     ...
- *     st = dt_ckpt_load("run/step-00000100", e, 2, NULL);       // any ranges, any world size
+ *     st = dt_ckpt_load("run/step-00000100", e, 2, NULL, NULL); // any ranges, any world size
  */
 
 /* One tensor (or the part of it this rank holds). */
