@@ -140,6 +140,11 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
                  inv_freq ? "the first position is negative" : "inv_freq is NULL");
         return NULL;
     }
+    if (!pos && pos0 > INT64_MAX - x->shape[1]) { /* pos0 + t below would overflow */
+        dt_error(DT_ERR_INVALID_ARG, "%s: positions from %lld for %lld rows pass INT64_MAX", op, (long long)pos0,
+                 (long long)x->shape[1]);
+        return NULL;
+    }
     int64_t B = x->shape[0], T = x->shape[1], hd = x->shape[2] / n_head, half = hd / 2;
     float *ct = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
     float *sn = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);

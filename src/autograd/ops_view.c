@@ -304,10 +304,11 @@ dt_tensor *dt_narrow(dt_ctx *ctx, dt_tensor *x, int dim, int64_t start, int64_t 
                  dt_tensor_shape_str(x, s, sizeof s));
         return NULL;
     }
-    if (start < 0 || length < 0 || start + length > x->shape[d]) {
-        dt_error(DT_ERR_RANGE, "%s: [%lld, %lld) out of range for dim %d of %s", op,
-                 (long long)start, (long long)(start + length), d,
-                 dt_tensor_shape_str(x, s, sizeof s));
+    /* length > size - start, not start + length > size: the sum overflowed for a start or length near
+     * INT64_MAX and the view was made (a [2^63 - 1]-row view of 4 rows) */
+    if (start < 0 || length < 0 || start > x->shape[d] || length > x->shape[d] - start) {
+        dt_error(DT_ERR_RANGE, "%s: %lld from %lld out of range for dim %d of %s", op, (long long)length,
+                 (long long)start, d, dt_tensor_shape_str(x, s, sizeof s));
         return NULL;
     }
     int64_t sh[DT_MAX_DIMS], xc[DT_MAX_DIMS];

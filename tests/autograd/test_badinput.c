@@ -70,6 +70,16 @@ TEST(shape_mismatches)
     EXPECT_ERR(dt_transpose(ctx, a, 0, 2), DT_ERR_INVALID_ARG, "dt_transpose", "[4,3]");
     EXPECT_ERR(dt_permute(ctx, a, (const int[]){0, 0}), DT_ERR_INVALID_ARG, "dt_permute");
     EXPECT_ERR(dt_narrow(ctx, a, 1, 2, 2), DT_ERR_RANGE, "dt_narrow", "[4,3]");
+    /* start + length overflowed and these views were made (rows 2^63 - 1 of 4) */
+    EXPECT_ERR(dt_narrow(ctx, a, 0, INT64_MAX, 2), DT_ERR_RANGE, "dt_narrow", "[4,3]");
+    EXPECT_ERR(dt_narrow(ctx, a, 0, 2, INT64_MAX), DT_ERR_RANGE, "dt_narrow", "[4,3]");
+    EXPECT_ERR(dt_narrow(ctx, a, 0, 5, 0), DT_ERR_RANGE, "dt_narrow");
+    dt_tensor *nv = dt_narrow(ctx, a, 0, 4, 0); /* an empty view at the end is valid */
+    ASSERT(nv && nv->shape[0] == 0);
+    /* pos0 + t overflowed in dt_rope's position table */
+    EXPECT_ERR(dt_rope(ctx, z(3, SH(2, 4, 8)), 2, (const float[2]){1, 1}, INT64_MAX - 2), DT_ERR_INVALID_ARG,
+               "dt_rope", "INT64_MAX");
+    ASSERT(dt_rope(ctx, z(3, SH(2, 4, 8)), 2, (const float[2]){1, 1}, INT64_MAX - 4) != NULL);
     EXPECT_ERR(dt_flatten(ctx, a, 1, 0), DT_ERR_INVALID_ARG, "dt_flatten");
     EXPECT_ERR(dt_softmax(ctx, z(0, NULL)), DT_ERR_SHAPE, "dt_softmax");
     EXPECT_ERR(dt_dropout(ctx, a, 1.5f, true, dt_rng_key_make(1, 2, 3, 4)), DT_ERR_INVALID_ARG,
