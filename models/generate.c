@@ -112,9 +112,11 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
         return dt_error(DT_ERR_INVALID_ARG, "%s: max_new_tokens %lld, top_k %lld >= 0 and a finite "
                         "temperature >= 0 (got %g) please", who, (long long)p->max_new_tokens, (long long)p->top_k,
                         (double)p->temperature);
-    if (cap < nprompt + p->max_new_tokens)
-        return dt_error(DT_ERR_RANGE, "%s: room for %lld tokens, need %lld", who, (long long)cap,
-                        (long long)(nprompt + p->max_new_tokens));
+    /* not cap < nprompt + max_new_tokens: the sum overflowed for a max_new_tokens near INT64_MAX, the check
+     * passed and generation ran on (past the room, for ever) */
+    if (cap < nprompt || p->max_new_tokens > cap - nprompt)
+        return dt_error(DT_ERR_RANGE, "%s: room for %lld tokens, need %lld prompt tokens and %lld new", who,
+                        (long long)cap, (long long)nprompt, (long long)p->max_new_tokens);
     for (int64_t i = 0; i < nprompt; i++)
         if (prompt[i] < 0 || prompt[i] >= *V)
             return dt_error(DT_ERR_RANGE, "%s: prompt token %lld at %lld is outside [0, %lld)", who,

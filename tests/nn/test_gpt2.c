@@ -319,6 +319,14 @@ TEST(generate)
     ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, a, 80, &n), DT_ERR_RANGE);
     prompt[1] = 1;
     ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, a, 10, &n), DT_ERR_RANGE);
+    /* nprompt + max_new_tokens overflowed, the room check passed and generation ran on (a hang) */
+    int64_t keep = g.max_new_tokens;
+    g.max_new_tokens = INT64_MAX;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, a, 80, &n), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "room for 80 tokens");
+    g.max_new_tokens = INT64_MAX - 2;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, a, 80, &n), DT_ERR_RANGE);
+    g.max_new_tokens = keep;
     g.temperature = -1;
     ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, a, 80, &n), DT_ERR_INVALID_ARG);
     dt_model_free(m);
