@@ -455,6 +455,13 @@ static dt_status slab_run(const mm_entry *e, bool ta, bool tb, int64_t M, int64_
 #endif
 }
 
+/* Whether batch * x * y elements of 4 bytes fit in a buffer (PTRDIFF_MAX bytes); all >= 0. */
+static bool mm_fits(int64_t batch, int64_t x, int64_t y)
+{
+    int64_t n;
+    return !__builtin_mul_overflow(x, y, &n) && !__builtin_mul_overflow(n, batch, &n) && n <= PTRDIFF_MAX / 4;
+}
+
 static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K,
                           const void *A, int64_t sa, const void *B, int64_t sb, dt_dtype t, float *C,
                           int64_t sc)
@@ -465,6 +472,10 @@ static dt_status mm_check(const char *fn, bool ta, bool tb, int64_t batch, int64
     DT__CHECK_N(fn, M);
     DT__CHECK_N(fn, N);
     DT__CHECK_N(fn, K);
+    /* the products below (and the kernels' own) overflowed int64 for sizes no buffer holds: a crash */
+    if (!mm_fits(batch, M, K) || !mm_fits(batch, K, N) || !mm_fits(batch, M, N))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: batch %lld of M %lld, N %lld, K %lld: more elements than any buffer "
+                        "holds", fn, (long long)batch, (long long)M, (long long)N, (long long)K);
     if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_UNSUPPORTED, "%s: input dtype %s not supported (f32, bf16 or f16)", fn,
                         dt_dtype_name(t));

@@ -193,6 +193,14 @@ TEST(matmul_edge_and_errors)
     ASSERT_STR_CONTAINS(dt_last_error(), "negative");
     ASSERT_STATUS(dt_k_matmul(false, false, 2, 2, 3, 1.0f, NULL, B, DT_F32, 0.0f, C, NULL), DT_ERR_NULL);
     ASSERT_STATUS(dt_k_matmul(false, false, 2, 2, 3, 1.0f, A, B, DT_I32, 0.0f, C, NULL), DT_ERR_UNSUPPORTED);
+    /* sizes whose element counts overflow int64 crashed (stack overflow, M = N = 2^63 - 1) */
+    ASSERT_STATUS(dt_k_matmul(false, false, INT64_MAX, INT64_MAX, 2, 1.0f, A, B, DT_F32, 0.0f, C, NULL),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "more elements than any buffer");
+    ASSERT_STATUS(dt_k_matmul(false, false, 2, (int64_t)1 << 40, (int64_t)1 << 30, 1.0f, A, B, DT_F32, 0.0f, C, NULL),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_matmul_batched(false, false, (int64_t)1 << 40, 2, 2, (int64_t)1 << 30, 1.0f, A, 0, B, 0,
+                                      DT_F32, 0.0f, C, 4, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STATUS(dt_k_matmul_batched(false, false, 2, 2, 2, 3, 1.0f, A, 0, B, 0, DT_F32, 0.0f, C, 1, NULL),
                   DT_ERR_INVALID_ARG);
     double g;
