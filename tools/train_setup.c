@@ -593,6 +593,12 @@ int dt__tr_setup_data(dt__train_run *t)
                     (long long)mcls);
             return 2;
         }
+        /* npy:X.npy alone gives every item label 0: a classifier trained on it reported 100% accuracy */
+        if (t->classifier && ncls == 0) {
+            dt__cli_err("dtrain train: --data %s: the data has no labels (every item's label would be 0); --model %s "
+                        "is a classifier: give the labels too (npy:X.npy,Y.npy)\n", t->o.data, t->o.model);
+            return 2;
+        }
         if (limit_splits(t) < 0)
             return dt__tr_fail(1, what);
     }
