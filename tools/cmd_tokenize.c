@@ -7,10 +7,12 @@
 #include "dtrain/tokenizer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -48,12 +50,21 @@ static void usage(FILE *f)
             "       dtrain tokenize --tokenizer gpt2/tokenizer.json kjv.txt -o train.bin\n");
 }
 
-/* The whole of path (size in *n). NULL with a message on failure. */
+/* The whole of path (size in *n). NULL with a message on failure. Opened
+ * without blocking and refused unless a regular file: a FIFO would wait
+ * for a writer for ever, /dev/zero never end. */
 static char *read_all(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    const char *why = fd < 0 || fstat(fd, &sb) < 0 ? strerror(errno)
+                      : !S_ISREG(sb.st_mode)          ? "not a regular file"
+                                                      : NULL;
+    FILE *f = why ? NULL : fdopen(fd, "rb");
     if (!f) {
-        dt__cli_err("dtrain tokenize: %s: cannot open: %s\n", path, strerror(errno));
+        dt__cli_err("dtrain tokenize: %s: cannot open: %s\n", path, why ? why : strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     size_t cap = 1 << 20, len = 0, r;

@@ -147,6 +147,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         return 1;
     }
     t->eval_json = eval_json;
+    t->eval_only = eval_ckpt != NULL;
     t->eval_tok = eval_tok;
     t->start_s = dt_time_s();
     t->resumed_step = -1; /* a fresh run until dt__tr_setup_resume loads a checkpoint */

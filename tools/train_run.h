@@ -90,6 +90,7 @@ typedef struct {
     dt_pg_traffic comm_prev, comm_first;
     int64_t comm_first_step;      /* -1 until the first step ended */
     bool eval_json;               /* dtrain eval --json: stdout holds the JSON object only */
+    bool eval_only;               /* dtrain eval: the run evaluates a checkpoint (no --no-eval to suggest) */
     dt_tokenizer *eval_tok;       /* dtrain eval --ckpt: the tokenizer its checkpoint keeps, until taken */
     /* Fault injection for the restart tests: DT_FAULT_KILL_STEP=k makes rank
      * DT_FAULT_KILL_RANK (default 0) SIGKILL itself right after optimizer step

@@ -593,6 +593,12 @@ int dt__tr_setup_data(dt__train_run *t)
                     (long long)mcls);
             return 2;
         }
+        /* npy:X.npy alone gives every item label 0: a classifier trained on it reported 100% accuracy */
+        if (t->classifier && ncls == 0) {
+            dt__cli_err("dtrain train: --data %s: the data has no labels (every item's label would be 0); --model %s "
+                        "is a classifier: give the labels too (npy:X.npy,Y.npy)\n", t->o.data, t->o.model);
+            return 2;
+        }
         if (limit_splits(t) < 0)
             return dt__tr_fail(1, what);
     }
@@ -619,8 +625,25 @@ int dt__tr_setup_data(dt__train_run *t)
         (dt_sampler_sequential_init(dt_dataset_length(test_set), &t->test_sampler) < 0 ||
          dt_loader_init(test_set, t->test_sampler, &lp, &t->test_loader) < 0))
         return dt__tr_fail(1, "test data loader");
+    char why[160] = "";
+    if (t->lm) /* a window is --seq + 1 tokens */
+        snprintf(why, sizeof why, " (no window of --seq %lld + 1 tokens: the data holds fewer)",
+                 (long long)t->desc.input_shape[0]);
     if (dt_loader_num_batches(t->train_loader) == 0) {
-        dt__cli_err("dtrain train: --data %s: the training set is empty\n", t->o.data);
+        dt__cli_err("dtrain train: --data %s: the training set is empty%s\n", t->o.data, why);
+        return 2;
+    }
+    /* an empty test set evaluated to "test loss: nan" and exit 0 */
+    if (!t->o.no_eval && dt_dataset_length(t->test) == 0) {
+        if (t->lm)
+            dt__cli_err("dtrain train: --val-data %s: the validation set is empty%s; give more data%s\n",
+                        t->o.val_data ? t->o.val_data : t->o.data, why, t->eval_only ? "" : " or --no-eval");
+        else
+            dt__cli_err("dtrain train: --data %s: the test set is empty (%lld training items%s); give more data%s\n",
+                        t->o.data, (long long)dt_dataset_length(t->train),
+                        !strncmp(t->o.data, "npy:", 4) || !strncmp(t->o.data, "csv:", 4) ? ", test=F holds out none"
+                                                                                         : "",
+                        t->eval_only ? "" : ", a larger held-out fraction or --no-eval");
         return 2;
     }
     return 0;

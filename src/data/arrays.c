@@ -75,6 +75,27 @@ typedef struct rowset {
 
 static int64_t rowset_length(void *self) { return ((rowset *)self)->n; }
 
+/* Row i's element k of a, converted to f32: NaN, an infinity or a value
+ * beyond float32 (a float64 1e300 became an infinity) is an error naming
+ * the file's own row and the element. The loader's check would name the
+ * item's index in a held-out split instead, and call 1e300 infinite. */
+static dt_status get_f32(const dt__array *a, int64_t i, size_t num, size_t k, float *out)
+{
+    double v = dt__array_get(a, (size_t)i * num + k);
+    *out = (float)v;
+    if (isfinite(*out))
+        return DT_OK;
+    char what[64];
+    if (isnan(v))
+        snprintf(what, sizeof what, "NaN");
+    else if (isinf(v))
+        snprintf(what, sizeof what, "an infinity");
+    else
+        snprintf(what, sizeof what, "%g, beyond float32 (+-3.4e38)", v);
+    return dt_error(DT_ERR_FORMAT, "%s: row %lld, element %zu is %s: clean the data (or leave the row out) and rerun",
+                    a->name, (long long)i, k, what);
+}
+
 static dt_status rowset_get_item(void *self, int64_t i, void *x, void *y)
 {
     rowset *r = self;
@@ -83,7 +104,8 @@ static dt_status rowset_get_item(void *self, int64_t i, void *x, void *y)
         return st;
     float *xf = x;
     for (size_t k = 0; k < r->xnum; k++)
-        xf[k] = (float)dt__array_get(&r->x, (size_t)i * r->xnum + k);
+        if ((st = get_f32(&r->x, i, r->xnum, k, &xf[k])) < 0)
+            return st;
     if (!r->has_y) {
         *(int64_t *)y = 0;
     } else if (r->labels) {
@@ -93,7 +115,8 @@ static dt_status rowset_get_item(void *self, int64_t i, void *x, void *y)
     } else {
         float *yf = y;
         for (size_t k = 0; k < r->ynum; k++)
-            yf[k] = (float)dt__array_get(&r->y, (size_t)i * r->ynum + k);
+            if ((st = get_f32(&r->y, i, r->ynum, k, &yf[k])) < 0)
+                return st;
     }
     return DT_OK;
 }

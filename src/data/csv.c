@@ -5,8 +5,14 @@
  * second parses the cells into one f32 feature array (rows, F) and one
  * i64 label column, so nothing is reallocated while parsing. Cells are
  * numbers as dt_parse_double takes them (no nan/inf, no hex) after
- * trimming spaces and one pair of double quotes. Every error names
- * file:line and the column. */
+ * trimming spaces and one pair of double quotes, and features must fit
+ * float32. A cell that opens with a double quote runs to its closing
+ * quote (RFC 4180: "" inside is one quote), so a quoted header name may
+ * hold commas; a quoted cell must close on its own line. The first line
+ * is a header when one of its cells is a name (not empty and not a number
+ * to strtod, so "nan", "inf" and "1e999" are not names): a first data row
+ * with a missing value is an error at line 1, not a header skipped. Every
+ * error names file:line and the column. */
 #include "arrays.h"
 
 #include <errno.h>
@@ -43,36 +49,93 @@ static bool blank(const line *l)
     return true;
 }
 
+/* Where the cell at s ends: at its comma or at end. A cell whose first
+ * byte after blanks is a double quote runs to its closing quote ("" inside
+ * is a quote), so commas in it are text; *bad when the quote does not close
+ * on the line or text other than blanks follows it. */
+static const char *cell_end(const char *s, const char *end, bool *bad)
+{
+    const char *q = s;
+    while (q < end && (*q == ' ' || *q == '\t'))
+        q++;
+    if (q < end && *q == '"') {
+        for (q++;; q++) {
+            if (q >= end) {
+                *bad = true;
+                return end;
+            }
+            if (*q == '"') {
+                if (q + 1 < end && q[1] == '"') {
+                    q++;
+                    continue;
+                }
+                break;
+            }
+        }
+        q++;
+        while (q < end && (*q == ' ' || *q == '\t'))
+            q++;
+        if (q == end || *q == ',')
+            return q;
+        *bad = true;
+        s = q;
+    }
+    const char *c = memchr(s, ',', (size_t)(end - s));
+    return c ? c : end;
+}
+
 /* The next cell of a line (from *p; advances past the comma): trimmed, unquoted,
  * copied into buf (cap MAX_CELL; longer cells are truncated and flagged). */
 static bool next_cell(const char **p, const char *end, char *buf, bool *too_long)
 {
     if (!*p)
         return false;
-    const char *s = *p, *c = memchr(s, ',', (size_t)(end - s));
-    const char *e = c ? c : end;
-    *p = c ? c + 1 : NULL; /* NULL: that was the last cell */
+    bool bad = false;
+    const char *s = *p, *e = cell_end(s, end, &bad);
+    *p = e < end ? e + 1 : NULL; /* NULL: that was the last cell */
     while (s < e && (*s == ' ' || *s == '\t'))
         s++;
     while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
         e--;
-    if (e - s >= 2 && *s == '"' && e[-1] == '"')
+    bool quoted = e - s >= 2 && *s == '"' && e[-1] == '"';
+    if (quoted)
         s++, e--;
-    size_t len = (size_t)(e - s);
-    *too_long = len >= MAX_CELL;
-    if (len >= MAX_CELL)
-        len = MAX_CELL - 1;
-    memcpy(buf, s, len);
+    size_t len = 0;
+    *too_long = false;
+    for (const char *q = s; q < e; q++) {
+        if (quoted && *q == '"' && q + 1 < e && q[1] == '"')
+            q++; /* "" in a quoted cell: one quote */
+        if (len + 1 >= MAX_CELL) {
+            *too_long = true;
+            break;
+        }
+        buf[len++] = *q;
+    }
     buf[len] = 0;
     return true;
 }
 
-static int count_cells(const line *l)
+/* The line's cells; *bad when a quoted cell is malformed (cell_end). */
+static int count_cells(const line *l, bool *bad)
 {
     int n = 1;
-    for (const char *p = l->p; p < l->end; p++)
-        n += *p == ',';
-    return n;
+    for (const char *p = l->p;; n++) {
+        const char *e = cell_end(p, l->end, bad);
+        if (e >= l->end)
+            return n;
+        p = e + 1;
+    }
+}
+
+/* A header cell: a name, not empty and not a number to strtod (so "nan",
+ * "inf", "1e999" or "0x1p3" are cells of a data row, not names). */
+static bool is_name(const char *cell)
+{
+    if (!*cell)
+        return false;
+    char *end;
+    (void)strtod(cell, &end);
+    return end == cell || *end;
 }
 
 static bool is_number(const char *cell, double *v)
@@ -116,14 +179,17 @@ dt_status dt_dataset_csv_from_mem(const void *buf, size_t n, const char *name, c
         lineno++;
         if (blank(&l))
             continue;
-        int k = count_cells(&l);
+        bool bad_quote = false;
+        int k = count_cells(&l, &bad_quote);
+        if (bad_quote)
+            return dt_error(DT_ERR_FORMAT, "csv %s:%lld: a quoted cell does not close on its line, or text follows "
+                            "its closing quote", name, lineno);
         if (!ncol) {
             ncol = k;
             first_line = lineno;
             const char *q = l.p;
-            double v;
             while (next_cell(&q, l.end, cell, &too_long))
-                header |= too_long || !is_number(cell, &v);
+                header |= is_name(cell);
             if (!header)
                 rows++;
             continue;
@@ -195,8 +261,16 @@ dt_status dt_dataset_csv_from_mem(const void *buf, size_t n, const char *name, c
         for (int c = 0; next_cell(&q, l.end, cell, &too_long); c++) {
             double v;
             if (too_long || !is_number(cell, &v)) {
-                st = dt_error(DT_ERR_FORMAT, "csv %s:%lld: column %d: '%s%s' is not a number", name, lineno, c + 1,
-                              cell, too_long ? "..." : "");
+                st = !cell[0] ? dt_error(DT_ERR_FORMAT, "csv %s:%lld: column %d: an empty cell (missing values are "
+                                         "not supported)", name, lineno, c + 1)
+                              : dt_error(DT_ERR_FORMAT, "csv %s:%lld: column %d: '%s%s' is not a number%s", name,
+                                         lineno, c + 1, cell, too_long ? "..." : "",
+                                         is_name(cell) ? "" : " (NaN, infinities and hex are not supported)");
+                break;
+            }
+            if (c != label && isinf((float)v)) {
+                st = dt_error(DT_ERR_FORMAT, "csv %s:%lld: column %d: %s is outside float32's range (+-3.4e38)",
+                              name, lineno, c + 1, cell);
                 break;
             }
             if (c == label) {

@@ -64,6 +64,32 @@ dt_status dt__map_check(const dt__map *m)
     return DT_OK;
 }
 
+FILE *dt__fopen_regular(const char *path, const char **why)
+{
+    int fd = path ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+    if (fd < 0) {
+        *why = path ? strerror(errno) : "no path given";
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        *why = strerror(errno);
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        *why = S_ISDIR(sb.st_mode) ? "not a regular file (a directory)" : "not a regular file";
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        *why = strerror(errno);
+        close(fd);
+    }
+    return f;
+}
+
 void dt__map_close(dt__map *m)
 {
     if (m && m->data) {

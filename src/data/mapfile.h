@@ -12,6 +12,8 @@
 
 #include "dtrain/base.h"
 
+#include <stdio.h>
+
 typedef struct dt__map {
     const unsigned char *data; /* the file's bytes (NULL for an empty file) */
     size_t size;               /* bytes */
@@ -29,5 +31,13 @@ dt_status dt__map_open(const char *path, const char *what, dt__map *m);
 dt_status dt__map_check(const dt__map *m);
 /* Unmap (a zeroed map is a no-op). */
 void dt__map_close(dt__map *m);
+
+/* fopen(path, "rb") of a regular file, for readers that read a whole file
+ * (text corpora, tokenizer.json, vocab files): the file is opened with
+ * O_NONBLOCK and checked with fstat first, so a FIFO, a device or a
+ * directory is refused at once instead of blocking on a writer that never
+ * comes (or reading /dev/zero without end). NULL on failure with *why set
+ * to the reason (strerror's text or "not a regular file"). */
+FILE *dt__fopen_regular(const char *path, const char **why);
 
 #endif

@@ -16,6 +16,7 @@
  * targets only (the mean of PyTorch's cross_entropy(ignore_index=-100)). */
 #include "base/json_strict.h"
 #include "dtrain/kernels.h"
+#include "mapfile.h"
 #include "tok_impl.h"
 
 #include <errno.h>
@@ -78,9 +79,10 @@ static const dt_dataset_vtable textset_vt = {
 
 static dt_status read_file(const char *path, char **buf, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
+    const char *why;
+    FILE *f = dt__fopen_regular(path, &why); /* a FIFO: refused, not waited on */
     if (!f)
-        return dt_error(DT_ERR_IO, "text data %s: cannot open: %s", path, strerror(errno));
+        return dt_error(DT_ERR_IO, "text data %s: cannot open: %s", path, why);
     size_t cap = 1 << 16, len = 0, got;
     char *b = malloc(cap + 1);
     while (b && (got = fread(b + len, 1, cap - len, f)) > 0) {

@@ -10,6 +10,7 @@
  * The vocab can hold 150,000 entries; duplicates are found with the string
  * map, not the strict JSON reader (whose duplicate check is quadratic in an
  * object's size). */
+#include "mapfile.h"
 #include "tok_impl.h"
 
 #include <cjson/cJSON.h>
@@ -830,9 +831,10 @@ dt_status dt_tokenizer_load(const char *path, dt_tokenizer **out)
             return dt_error(DT_ERR_INVALID_ARG, "tokenizer %s: path too long", path);
         path = full;
     }
-    FILE *f = fopen(path, "rb");
+    const char *why;
+    FILE *f = dt__fopen_regular(path, &why); /* a FIFO: refused, not waited on */
     if (!f)
-        return dt_error(DT_ERR_IO, "tokenizer.json %s: cannot open: %s", path, strerror(errno));
+        return dt_error(DT_ERR_IO, "tokenizer.json %s: cannot open: %s", path, why);
     size_t cap = 1 << 16, len = 0, got;
     char *buf = malloc(cap);
     while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {

@@ -10,6 +10,7 @@
  * deserves (the rank-then-rescan loop of minbpe is O(L * merges)). */
 #include "base/sbuf.h"
 #include "bpe_impl.h"
+#include "mapfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -588,9 +589,10 @@ dt_status dt_bpe_load(const char *path, dt_bpe **out)
     *out = NULL;
     if (!path)
         return dt_error(DT_ERR_INVALID_ARG, "dt_bpe_load: path is NULL");
-    FILE *f = fopen(path, "rb");
+    const char *why;
+    FILE *f = dt__fopen_regular(path, &why); /* a FIFO: refused, not waited on */
     if (!f)
-        return dt_error(DT_ERR_IO, "vocab file %s: cannot open: %s", path, strerror(errno));
+        return dt_error(DT_ERR_IO, "vocab file %s: cannot open: %s", path, why);
     char *buf = malloc(MAX_VOCAB_FILE + 1);
     if (!buf) {
         fclose(f);

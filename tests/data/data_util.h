@@ -119,13 +119,14 @@ static inline void tu_write_mnist(const char *dir, const char *prefix, uint32_t 
     free(lab);
 }
 
-/* A little-endian float32 .npy of shape (rows, cols) holding v (header
- * padded to 64 bytes, as numpy writes it); 0 on success, -1 if the file
- * cannot be written. */
-static inline int du_write_npy_f32(const char *p, int rows, int cols, const float *v)
+/* A .npy of dtype descr ("<f4", "<f8") and shape (rows, cols) holding the
+ * nbytes of v (header padded to 64 bytes, as numpy writes it); 0 on
+ * success, -1 if the file cannot be written. */
+static inline int du_write_npy(const char *p, const char *descr, int rows, int cols, const void *v, size_t nbytes)
 {
     char hdr[128];
-    int hl = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+    int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%d, %d), }", descr, rows,
+                      cols);
     int pad = (64 - (10 + hl + 1) % 64) % 64;
     FILE *f = fopen(p, "wb");
     if (!f)
@@ -137,8 +138,14 @@ static inline int du_write_npy_f32(const char *p, int rows, int cols, const floa
     for (int i = 0; i < pad; i++)
         fputc(' ', f);
     fputc('\n', f);
-    fwrite(v, 4, (size_t)rows * (size_t)cols, f);
+    fwrite(v, 1, nbytes, f);
     return fclose(f) == 0 ? 0 : -1;
+}
+
+/* A little-endian float32 .npy of shape (rows, cols) holding v. */
+static inline int du_write_npy_f32(const char *p, int rows, int cols, const float *v)
+{
+    return du_write_npy(p, "<f4", rows, cols, v, (size_t)rows * (size_t)cols * sizeof *v);
 }
 
 #endif

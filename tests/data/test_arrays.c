@@ -305,6 +305,21 @@ TEST(csv_good)
     ASSERT_EQ_INT(y, 3);
     ASSERT_NEAR(x[0], 1, 0, 0);
     dt_dataset_free(ds);
+    /* quoted header names hold commas and "" (RFC 4180); a header of names beside an empty cell (pandas' index
+       column) is still a header */
+    const char *qh = "\"x, \"\"y\"\"\",\"p\"\"q\",c\n1,0,3\n2,1,4\n";
+    p.label = "p\"q";
+    ASSERT_OK(dt_dataset_csv_from_mem(qh, strlen(qh), "qh.csv", &p, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 2);
+    ASSERT_OK(dt_dataset_get_item(ds, 1, x, &y));
+    ASSERT_EQ_INT(y, 1);
+    ASSERT_NEAR(x[0], 2, 0, 0);
+    ASSERT_NEAR(x[1], 4, 0, 0);
+    dt_dataset_free(ds);
+    const char *ix = ",a,label\n0,1.5,1\n1,2.5,0\n";
+    ASSERT_OK(dt_dataset_csv_from_mem(ix, strlen(ix), "ix.csv", NULL, &ds));
+    ASSERT_EQ_INT(dt_dataset_length(ds), 2);
+    dt_dataset_free(ds);
     const char *bomh = "\xef\xbb\xbf" "label,b\n1,2\n0,5\n";
     p.label = "label";
     ASSERT_OK(dt_dataset_csv_from_mem(bomh, strlen(bomh), "bomh.csv", &p, &ds));
@@ -334,7 +349,19 @@ TEST(csv_bad)
         {"1,2\n3,4\n", "b", "the file has no header"},
         {"1,2\n3,4\n", "2", "no column '2'"},
         {"a,b\n1,,\n", NULL, "b.csv:2: 3 cells"},
-        {"a,b\n,1\n", NULL, "b.csv:2: column 1: '' is not a number"},
+        {"a,b\n,1\n", NULL, "b.csv:2: column 1: an empty cell"},
+        /* a first row with a missing value is data, not a header silently skipped */
+        {"1,nan,0\n1,2,0\n", NULL, "b.csv:1: column 2: 'nan' is not a number"},
+        {"1,,0\n1,2,0\n", NULL, "b.csv:1: column 2: an empty cell"},
+        {"1,-inf,0\n1,2,0\n", NULL, "b.csv:1: column 2"},
+        {"1,1e999,0\n1,2,0\n", NULL, "b.csv:1: column 2"},
+        /* features beyond float32 became infinities (the loader's error named no line) */
+        {"a,b\n1,0\n1e39,1\n", NULL, "b.csv:3: column 1: 1e39 is outside float32's range"},
+        {"a,b,c\n1,-3.5e38,1\n", NULL, "b.csv:2: column 2: -3.5e38 is outside float32's range"},
+        /* quoted cells: a comma inside is text (was "3 cells, line 1 has 2") */
+        {"a,b\n\"1,5\",1\n", NULL, "b.csv:2: column 1: '1,5' is not a number"},
+        {"a,b\n1,\"2\n", NULL, "b.csv:2: a quoted cell does not close on its line"},
+        {"a,b\n\"1\"x,2\n", NULL, "b.csv:2: a quoted cell"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         dt_csv_params p = dt_csv_params_default();

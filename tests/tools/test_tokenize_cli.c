@@ -10,6 +10,7 @@
 #include "train_cli.h"
 
 #include <math.h>
+#include <sys/stat.h>
 
 static char p_[6][600];
 static char *tp(int slot, const char *name)
@@ -497,6 +498,41 @@ TEST(bad_usage_and_input)
     }
 }
 
+/* A FIFO given as the corpus, the vocab, the tokenizer.json or text:/jsonl:
+ * training data is refused at once, exit 2, naming it: the readers opened
+ * them with fopen and waited for a writer for ever (SIGTERM did not stop
+ * dtrain train either). */
+TEST(fifo_inputs)
+{
+    char *v = tp(1, "v.bpe"), *c = tp(0, "corpus.txt"), *j = tp(2, "tok.json"), *fifo = tp(3, "fifo.txt"),
+         *out = tp(4, "never.bin");
+    char text[700], jsonl[700];
+    remove(fifo);
+    ASSERT_EQ_INT(mkfifo(fifo, 0644), 0);
+    remove(out);
+    snprintf(text, sizeof text, "text:%s", fifo);
+    snprintf(jsonl, sizeof jsonl, "jsonl:%s", fifo);
+    char *cases[][16] = {
+        {"tokenize", "--vocab", v, fifo, "-o", out, NULL},
+        {"tokenize", "--tokenizer", j, fifo, "-o", out, NULL},
+        {"tokenize", "--vocab", fifo, c, "-o", out, NULL},
+        {"tokenize", "--tokenizer", fifo, c, "-o", out, NULL},
+        {"train", "--model", "gpt-micro", "--tokenizer", j, "--data", text, "--no-eval", "--max-steps", "1", NULL},
+        {"train", "--model", "gpt-micro", "--tokenizer", j, "--data", jsonl, "--no-eval", "--max-steps", "1", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        cli_runv(&r, 20, NULL, cases[i]);
+        if (r.code != 2 || !strstr(r.err, "not a regular file") || !strstr(r.err, fifo))
+            fprintf(stderr, "  fifo case %zu: exit %d, stderr '%s'\n", i, r.code, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "not a regular file");
+        ASSERT_STR_CONTAINS(r.err, fifo);
+        ASSERT(access(out, F_OK) != 0);
+    }
+    remove(fifo);
+}
+
 /* The whole of path (*n bytes), malloc'd; NULL when it cannot be read. */
 static char *read_whole(const char *path, size_t *n)
 {
@@ -575,6 +611,7 @@ int main(void)
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
+    RUN(fifo_inputs);
     RUN(outputs_over_inputs_refused);
     cli_cleanup();
     return TEST_REPORT();

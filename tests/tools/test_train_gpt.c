@@ -127,6 +127,21 @@ TEST(option_errors)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--data", "tokens:/nonexistent/x.bin", "--no-eval", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "/nonexistent/x.bin");
+    /* validation tokens shorter than one window: "val loss: nan" and exit 0 before; training tokens too
+       short name the window */
+    char shortf[320];
+    ASSERT_OK(cli_stream_file("short.bin", 10, false, shortf, sizeof shortf));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--vocab-size", "40", "--seq", "16", "--data",
+                                      data, "--val-data", shortf, "--max-steps", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "the validation set is empty");
+    ASSERT_STR_CONTAINS(r.err, "short.bin");
+    ASSERT_STR_CONTAINS(r.err, "--seq 16 + 1 tokens");
+    ASSERT(!strstr(r.out, "val loss"));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "gpt-micro", "--vocab-size", "40", "--seq", "16", "--data",
+                                      shortf, "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "the training set is empty (no window of --seq 16 + 1 tokens");
 }
 
 TEST(generate_cli)

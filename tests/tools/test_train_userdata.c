@@ -115,6 +115,21 @@ TEST(bad_data)
     cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--data", spec, NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "labels go up to 59");
+    /* no labels for a classifier: every label 0, "test accuracy: 100.00%" and exit 0 before */
+    snprintf(spec, sizeof spec, "npy:%s", tp(0, "x.npy"));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--data", spec, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    ASSERT_STR_CONTAINS(r.err, "the data has no labels");
+    /* no held-out items: "test loss: nan" and exit 0 before */
+    snprintf(spec, sizeof spec, "npy:%s,%s,test=0", tp(0, "x.npy"), tp(1, "y.npy"));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--data", spec, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_EQ_INT(cli_lines(r.err), 1);
+    ASSERT_STR_CONTAINS(r.err, "the test set is empty");
+    ASSERT(!strstr(r.out, "test loss"));
+    cli_runv(&r, 60, NULL, (char *[]){"train", "--model", "convnet", "--data", spec, "--no-eval", NULL});
+    ASSERT_EQ_INT(r.code, 0);
     /* a ragged csv names file and line */
     FILE *f = fopen(tp(3, "r.csv"), "wb");
     fputs("a,b,c\n1,2,0\n3,4\n", f);
