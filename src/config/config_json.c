@@ -582,6 +582,31 @@ static dt_status refuse(walker *w, dt_status st)
     return DT_OK;
 }
 
+/* Other spellings DeepSpeed reads for a key of the table: the bf16 block's old name (read only when bf16
+ * is not there), and the names of ZeRO's stage-3 fields without their "stage3_" prefix (pydantic
+ * aliases: DeepSpeed takes either spelling). */
+typedef struct dt__cfg_alias {
+    const char *prefix, *alias, *name;
+    bool old_name; /* the other spelling beside it: ignored with a warning (else an error) */
+} dt__cfg_alias;
+
+static const dt__cfg_alias aliases[] = {
+    {"", "bfloat16", "bf16", true},
+    {"zero_optimization", "prefetch_bucket_size", "stage3_prefetch_bucket_size", false},
+    {"zero_optimization", "param_persistence_threshold", "stage3_param_persistence_threshold", false},
+    {"zero_optimization", "model_persistence_threshold", "stage3_model_persistence_threshold", false},
+    {"zero_optimization", "max_live_parameters", "stage3_max_live_parameters", false},
+    {"zero_optimization", "max_reuse_distance", "stage3_max_reuse_distance", false},
+};
+
+static const dt__cfg_alias *alias_of(const char *prefix, const char *name)
+{
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(aliases[i].prefix, prefix) && !strcmp(aliases[i].alias, name))
+            return &aliases[i];
+    return NULL;
+}
+
 static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
 {
     int count = 0;
@@ -592,8 +617,22 @@ static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
             if (!strcmp(o->string, m->string))
                 return dt_error(DT_ERR_FORMAT, "%s: key %s%s%s appears twice", w->name, prefix,
                                 *prefix ? "." : "", m->string);
+        const char *name = m->string;
+        const dt__cfg_alias *al = alias_of(prefix, name);
+        if (al) {
+            const cJSON *both = cJSON_GetObjectItemCaseSensitive(obj, al->name);
+            if (both && al->old_name) { /* DeepSpeed reads the old name only without the new one */
+                dt__cfg_warn(w->warn_to, "%s: key %s%s%s ignored: %s is given (DeepSpeed reads the old name only "
+                                         "without it)", w->name, prefix, *prefix ? "." : "", name, al->name);
+                continue;
+            }
+            if (both)
+                return dt_error(DT_ERR_FORMAT, "%s: keys %s%s%s and %s name the same setting: give one", w->name,
+                                prefix, *prefix ? "." : "", name, al->name);
+            name = al->name;
+        }
         char path[256];
-        if ((size_t)snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", m->string) >= sizeof path) {
+        if ((size_t)snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", name) >= sizeof path) {
             dt__cfg_warn(w->warn_to, "%s: unknown key %.80s... (ignored)", w->name, path);
             continue;
         }

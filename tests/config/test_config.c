@@ -624,6 +624,42 @@ TEST(precision_clipping_accumulation)
     ASSERT_STR_CONTAINS(dt_last_error(), "nvme_path");
 }
 
+/* DeepSpeed's other spellings of keys dtrain reads (deepspeed/runtime/config.py, runtime/zero/config.py) */
+TEST(deepspeed_spellings)
+{
+    dt_status st;
+    dt_trainer_params tp;
+    /* "bfloat16": the bf16 block's old name, read when bf16 is not there (it was an unknown key: fp32) */
+    ASSERT_OK(apply("{\"bfloat16\": {\"enabled\": true}}", &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, DT_BF16);
+    dt_config *c = load_str("{\"bf16\": {\"enabled\": false}, \"bfloat16\": {\"enabled\": true}}", &st);
+    ASSERT_OK(st);
+    ASSERT(has_warning(c, "key bfloat16 ignored: bf16 is given"));
+    dt_dtype dt = DT_DTYPE_UNSET;
+    ASSERT_OK(dt_config_precision(c, &dt));
+    ASSERT_EQ_INT(dt, DT_F32);
+    dt_config_free(c);
+    /* ZeRO's stage-3 fields without "stage3_" (pydantic aliases): the same keys, not unknown ones */
+    c = load_str("{\"zero_optimization\": {\"stage\": 3, \"prefetch_bucket_size\": 1234, "
+                 "\"max_live_parameters\": 5e8, \"param_persistence_threshold\": 7, "
+                 "\"max_reuse_distance\": 99, \"model_persistence_threshold\": 1e6}}", &st);
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    int stage = 0;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(zp.prefetch_bucket_size, 1234);
+    ASSERT_EQ_INT(zp.max_live_parameters, 500000000);
+    ASSERT_EQ_INT(zp.param_persistence_threshold, 7);
+    ASSERT_EQ_INT(zp.max_reuse_distance, 99);
+    dt_config_free(c);
+    c = load_str("{\"zero_optimization\": {\"prefetch_bucket_size\": 1, \"stage3_prefetch_bucket_size\": 2}}",
+                 &st);
+    ASSERT_STATUS(st, DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "zero_optimization.prefetch_bucket_size and stage3_prefetch_bucket_size");
+    dt_config_free(c);
+}
+
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
 
 static dt_status pipe_cfg(const char *text, dt_pipe_params *p, dt_config **keep)
@@ -789,6 +825,7 @@ int main(void)
     RUN(scheduler_block);
     RUN(refusals_at_once_and_marks);
     RUN(precision_clipping_accumulation);
+    RUN(deepspeed_spellings);
     RUN(pipeline_keys);
     RUN(every_key_is_listed_once);
     return TEST_REPORT();

@@ -358,6 +358,14 @@ TEST(batch_relation_and_inference)
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "batch sizes disagree: train_batch_size 16 must equal train_micro_batch_size_per_gpu 5 "
                                "* gradient_accumulation_steps 2 * data-parallel world size 1");
+    /* DeepSpeed's old name of the bf16 block turns bf16 on (it was an unknown key: an fp32 run) */
+    write_cfg("bf.json", "{\"bfloat16\": {\"enabled\": true}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--max-steps", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "  bf16.enabled = true  (file)\n");
+    ASSERT(strstr(r.err, "unknown key bfloat16") == NULL);
 }
 
 TEST(precedence_and_environment)
