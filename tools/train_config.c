@@ -308,6 +308,12 @@ static int read_back(dt__train_opts *o, dt_config *c)
     } else {
         if (dt_config_batch_resolve(c, dp, o->batch, o->grad_accum, &b) < 0)
             return bad();
+        if (b.grad_accum > 1048576) { /* derived from train_batch_size: past what the trainer accumulates */
+            dt__cli_err("dtrain train: --config: gradient_accumulation_steps %lld (train_batch_size %lld / "
+                        "train_micro_batch_size_per_gpu %lld / %d data-parallel ranks): at most 1048576\n",
+                        (long long)b.grad_accum, (long long)b.train_batch_size, (long long)b.micro_batch, dp);
+            return 2;
+        }
         o->batch = b.micro_batch;
         o->grad_accum = b.grad_accum;
     }

@@ -258,7 +258,9 @@ static dt_status set_item(dt_config *c, int k, const cJSON *item, dt_config_orig
     case DT__KT_INT: {
         double x = cJSON_IsNumber(item) ? item->valuedouble : NAN;
         ok = isfinite(x) && x == floor(x) && x >= d->lo && x <= d->hi;
-        v.v.i = ok ? (int64_t)x : 0;
+        /* 2^63 is what Python's sys.maxsize (DeepSpeed's default of some sizes) reads as: INT64_MAX, not a
+           cast out of range */
+        v.v.i = !ok ? 0 : x >= 0x1p63 ? INT64_MAX : (int64_t)x;
         break;
     }
     case DT__KT_FLOAT: {

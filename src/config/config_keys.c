@@ -21,7 +21,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* batch */
     INT("train_batch_size", 1, BIG, A),
     INT("train_micro_batch_size_per_gpu", 1, BIG, A),
-    INT("gradient_accumulation_steps", 1, 1e9, A),
+    INT("gradient_accumulation_steps", 1, 1048576, A), /* the trainer's limit (dt_trainer_params.grad_accum) */
     /* clipping, logging */
     FLT("gradient_clipping", 0, 1e30, A),
     INT("steps_per_print", 1, BIG, A),
@@ -66,7 +66,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("zero_optimization.round_robin_gradients", X),
     INT("zero_optimization.stage3_prefetch_bucket_size", 0, BIG, A),
     INT("zero_optimization.stage3_param_persistence_threshold", 0, BIG, A),
-    INT("zero_optimization.stage3_model_persistence_threshold", 0, 9.3e18, A | X),
+    INT("zero_optimization.stage3_model_persistence_threshold", 0, 0x1p63, A | X), /* sys.maxsize */
     INT("zero_optimization.stage3_max_live_parameters", 0, BIG, A),
     INT("zero_optimization.stage3_max_reuse_distance", 0, BIG, A),
     BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", A | X),

@@ -400,7 +400,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         (unsigned)p.loss > DT_TRAINER_LOSS_MEAN || isnan(p.clip_grad_norm)) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
-                        "dt_trainer_init: grad_accum %lld (need >= 1), loss_scale %g (need > 0, finite), loss %d",
+                        "dt_trainer_init: grad_accum %lld (need 1 to 1048576), loss_scale %g (need > 0, finite), loss %d",
                         (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss);
     }
     const char *sl = dt_tp_model_slice(m);

@@ -660,6 +660,31 @@ TEST(deepspeed_spellings)
     dt_config_free(c);
 }
 
+TEST(integer_limits)
+{
+    dt_status st;
+    dt_config *c;
+    /* sys.maxsize (DeepSpeed's default of model_persistence_threshold) is INT64_MAX, not a cast past it */
+    c = load_str("{\"zero_optimization\": {\"stage3_model_persistence_threshold\": 9223372036854775807}}", &st);
+    ASSERT_OK(st);
+    int64_t big = 0;
+    ASSERT_OK(dt_config_get_int(c, "zero_optimization.stage3_model_persistence_threshold", &big));
+    ASSERT(big == INT64_MAX);
+    dt_config_free(c);
+    c = load_str("{\"zero_optimization\": {\"stage3_model_persistence_threshold\": 1e19}}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    dt_config_free(c);
+    /* gradient_accumulation_steps past what the trainer accumulates (2^20): the key named at load, not the
+       trainer's init after the setup */
+    c = load_str("{\"gradient_accumulation_steps\": 1048576}", &st);
+    ASSERT_OK(st);
+    dt_config_free(c);
+    c = load_str("{\"gradient_accumulation_steps\": 1048577}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key gradient_accumulation_steps: expected an integer in [1, 1048576]");
+    dt_config_free(c);
+}
+
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
 
 static dt_status pipe_cfg(const char *text, dt_pipe_params *p, dt_config **keep)
@@ -826,6 +851,7 @@ int main(void)
     RUN(refusals_at_once_and_marks);
     RUN(precision_clipping_accumulation);
     RUN(deepspeed_spellings);
+    RUN(integer_limits);
     RUN(pipeline_keys);
     RUN(every_key_is_listed_once);
     return TEST_REPORT();
