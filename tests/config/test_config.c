@@ -685,6 +685,34 @@ TEST(integer_limits)
     dt_config_free(c);
 }
 
+/* the optimizers' params as DeepSpeed's engine passes them on (ops/lamb/fused_lamb.py, ops/adam/fused_adam.py,
+ * torch.optim.SGD): their defaults, and a param the optimizer does not take */
+TEST(optimizer_params_deepspeed_takes)
+{
+    dt_trainer_params tp;
+    /* Lamb from the config: FusedLamb's max_grad_norm 0 (no clipping inside the optimizer), not apex's 1.0 */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Lamb\", \"params\": {\"lr\": 0.002}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_LAMB);
+    ASSERT_NEAR(tp.lamb.max_grad_norm, 0, 0, 0);
+    ASSERT_NEAR(tp.lamb.eps, 1e-8, 0, 0);
+    /* FusedAdam's bias_correction: true is what dtrain does, false is refused (it was dropped) */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": true}}}", &tp));
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"bias_correction\": false}}}", &tp),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.bias_correction: not supported yet");
+    /* a param the optimizer does not take (a TypeError in DeepSpeed): an error naming the key, not dropped */
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"max_grad_norm\": 1.0}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.max_grad_norm: applies to Lamb only");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"dampening\": 0.1}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.dampening: applies to SGD only");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"bias_correction\": true}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"grad_averaging\": true}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+}
+
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
 
 static dt_status pipe_cfg(const char *text, dt_pipe_params *p, dt_config **keep)
@@ -852,6 +880,7 @@ int main(void)
     RUN(precision_clipping_accumulation);
     RUN(deepspeed_spellings);
     RUN(integer_limits);
+    RUN(optimizer_params_deepspeed_takes);
     RUN(pipeline_keys);
     RUN(every_key_is_listed_once);
     return TEST_REPORT();
