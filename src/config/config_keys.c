@@ -101,6 +101,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("optimizer.params.weight_decay", 0, 1e6, A),
     BOOL("optimizer.params.adam_w_mode", 0),
     BOOL("optimizer.params.torch_adam", 0),
+    BOOL("optimizer.params.amsgrad", 0),
     BOOL("optimizer.params.fp32_optimizer_states", X),
     FLT("optimizer.params.momentum", 0, 0.999999, 0),
     FLT("optimizer.params.dampening", 0, 1, 0),

@@ -711,6 +711,11 @@ TEST(optimizer_params_deepspeed_takes)
                   DT_ERR_INVALID_ARG);
     ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"grad_averaging\": true}}}", &tp),
                   DT_ERR_INVALID_ARG);
+    /* amsgrad: false is what dtrain does; true refused by name (it was an unknown key, ignored: plain Adam) */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"amsgrad\": false}}}", &tp));
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"amsgrad\": true}}}", &tp),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.amsgrad: not supported yet");
 }
 
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
