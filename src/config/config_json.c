@@ -584,6 +584,52 @@ static dt_status refuse(walker *w, dt_status st)
     return DT_OK;
 }
 
+/* Edit distance of a and b (insertions, deletions, substitutions), counted up to cap. */
+static size_t edit_distance(const char *a, const char *b, size_t cap)
+{
+    size_t na = strlen(a), nb = strlen(b), row[257];
+    if (na > 256 || nb > 256)
+        return cap;
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0], best;
+        best = row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j], v = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < v)
+                v = up + 1;
+            if (row[j - 1] + 1 < v)
+                v = row[j - 1] + 1;
+            diag = up;
+            row[j] = v;
+            if (v < best)
+                best = v;
+        }
+        if (best >= cap)
+            return cap;
+    }
+    return row[nb];
+}
+
+/* The key of the table an unknown path is most likely a misspelling of (a few characters off, or the
+ * key's name cut short at a '_' or '.'), or NULL: the warning names it, so that a key dtrain would
+ * have used is not lost to a typo unnoticed. */
+static const char *nearest_key(const char *path)
+{
+    size_t n = strlen(path), best = 4, cap = n / 4 + 1 < 4 ? n / 4 + 1 : 4;
+    const char *pick = NULL;
+    for (size_t k = 0; k < dt__cfg_nkeys; k++) {
+        const char *key = dt__cfg_keys[k].path;
+        if (n >= 8 && !strncmp(key, path, n) && (key[n] == '_' || key[n] == '.'))
+            return key;
+        size_t d = edit_distance(path, key, cap);
+        if (d < cap && d < best)
+            best = d, pick = key;
+    }
+    return pick;
+}
+
 /* Other spellings DeepSpeed reads for a key of the table: the bf16 block's old name (read only when bf16
  * is not there), and the names of ZeRO's stage-3 fields without their "stage3_" prefix (pydantic
  * aliases: DeepSpeed takes either spelling). */
@@ -640,7 +686,9 @@ static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
         }
         int k = dt__cfg_find(path);
         if (k < 0) {
-            dt__cfg_warn(w->warn_to, "%s: unknown key %s (ignored)", w->name, path);
+            const char *near = nearest_key(path);
+            dt__cfg_warn(w->warn_to, "%s: unknown key %s (ignored)%s%s%s", w->name, path, near ? "; did you mean " : "",
+                         near ? near : "", near ? "?" : "");
             continue;
         }
         dt_status st = set_item(w->tmp, k, m, DT_CONFIG_FROM_FILE, "file");

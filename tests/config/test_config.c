@@ -212,10 +212,21 @@ TEST(unknown_keys_warn_with_full_path)
     ASSERT_EQ_INT(dt_config_num_warnings(c), 3);
     ASSERT(has_warning(c, "unknown key zero_optimization.foo"));
     ASSERT(has_warning(c, "unknown key bar "));
-    ASSERT(has_warning(c, "unknown key optimizer.params.lrr"));
+    ASSERT(has_warning(c, "unknown key optimizer.params.lrr (ignored); did you mean optimizer.params.lr?"));
+    ASSERT(!has_warning(c, "did you mean zero")); /* foo, bar: nothing near */
     int64_t s = 0;
     ASSERT_OK(dt_config_get_int(c, "zero_optimization.stage", &s));
     ASSERT_EQ_INT(s, 2);
+    dt_config_free(c);
+    /* a key dtrain would have used, misspelled (a block, a name cut short): the warning names the key */
+    c = load_str("{\"zero_optimisation\": {\"stage\": 3}, \"train_micro_batch_size\": 4, "
+                 "\"gradient_acumulation_steps\": 2}", &st);
+    ASSERT_OK(st);
+    ASSERT(has_warning(c, "unknown key zero_optimisation (ignored); did you mean zero_optimization?"));
+    ASSERT(has_warning(c, "unknown key train_micro_batch_size (ignored); did you mean "
+                          "train_micro_batch_size_per_gpu?"));
+    ASSERT(has_warning(c, "unknown key gradient_acumulation_steps (ignored); did you mean "
+                          "gradient_accumulation_steps?"));
     dt_config_free(c);
 }
 
