@@ -227,7 +227,8 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
 static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
 {
     const char *type;
-    if (dt_config_get_str(c, "scheduler.type", &type) != DT_OK || strcmp(type, "WarmupLR"))
+    if (dt_config_get_str(c, "scheduler.type", &type) != DT_OK || (strcmp(type, "WarmupLR") &&
+                                                                     strcmp(type, "WarmupDecayLR")))
         return DT_OK;
     char b[40];
     snprintf(b, sizeof b, "%lld", (long long)o->warmup);

@@ -15,7 +15,10 @@
  *     "linear"): it replaces the optimizer's lr, as DeepSpeed's scheduler
  *     overwrites the param groups'. warmup_num_steps left out or "auto"
  *     keeps the caller's warmup_steps (dtrain train's --warmup, default 0:
- *     no warm-up), not DeepSpeed's silent 1000. */
+ *     no warm-up), not DeepSpeed's silent 1000.
+ *   - WarmupDecayLR is WarmupLR followed by a linear decay to 0 at
+ *     total_num_steps (required, as in DeepSpeed; "auto": the run's
+ *     length): dtrain's linear schedule. */
 #include "dtrain/config.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
@@ -99,7 +102,8 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
     take_d(c, "optimizer.params.dampening", &damp);
     take_d(c, "optimizer.params.max_grad_norm", &mgn);
     const char *stype = NULL;
-    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK && !strcmp(stype, "WarmupLR") &&
+    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK &&
+        (!strcmp(stype, "WarmupLR") || !strcmp(stype, "WarmupDecayLR")) &&
         dt_config_get_double(c, "scheduler.params.warmup_max_lr", &lr) != DT_OK &&
         !dt_config_is_auto(c, "scheduler.params.warmup_max_lr"))
         lr = 1e-3; /* WarmupLR's warmup_max_lr default ("auto": the optimizer's lr, taken above) */
@@ -148,10 +152,24 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
     int64_t v;
     double d;
     if (dt_config_get_str(c, "scheduler.type", &type) == DT_OK) {
-        if (!strcmp(type, "WarmupLR")) {
-            tp->sched.kind = DT_SCHED_CONSTANT;
+        if (!strcmp(type, "WarmupLR") || !strcmp(type, "WarmupDecayLR")) {
+            /* WarmupDecayLR: WarmupLR's ramp, then warmup_max_lr * (total - step) / max(1, total - warmup), at
+               least 0: dtrain's linear schedule, whose floor min_lr is WarmupDecayLR's warmup_min_lr (0) */
+            bool decay = !strcmp(type, "WarmupDecayLR");
+            tp->sched.kind = decay ? DT_SCHED_LINEAR : DT_SCHED_CONSTANT;
             tp->sched.warmup = DT_WARMUP_LOG; /* WarmupLR's default warmup_type (the key, below, overrides) */
             /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
+            if (decay) {
+                tp->sched.min_lr = 0;
+                if (dt_config_origin_of(c, "scheduler.params.total_num_steps") == DT_CONFIG_UNSET &&
+                    !dt_config_is_auto(c, "scheduler.params.total_num_steps"))
+                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.total_num_steps: WarmupDecayLR needs it "
+                                                        "(the step its decay reaches 0; DeepSpeed's too), or \"auto\": "
+                                                        "the run's length");
+                if (dt_config_origin_of(c, "scheduler.params.min_lr") != DT_CONFIG_UNSET)
+                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.min_lr: not a WarmupDecayLR param (it "
+                                                        "decays to warmup_min_lr, 0)");
+            }
         } else if (dt_sched_kind_parse(type, &tp->sched.kind) < 0) {
             return dt_error(DT_ERR_INVALID_ARG, "key scheduler.type: '%s' is not a schedule", type);
         }
