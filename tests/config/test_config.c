@@ -696,6 +696,14 @@ TEST(deepspeed_spellings)
     ASSERT_STATUS(st, DT_ERR_FORMAT);
     ASSERT_STR_CONTAINS(dt_last_error(), "zero_optimization.prefetch_bucket_size and stage3_prefetch_bucket_size");
     dt_config_free(c);
+    /* the offload blocks null: none, as DeepSpeed's Optional fields (it was "expected an object") */
+    c = load_str("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": null, \"offload_param\": null}}",
+                 &st);
+    ASSERT_OK(st);
+    dt_offload_params op = dt_offload_params_default();
+    ASSERT_OK(dt_config_offload_params(c, &op));
+    ASSERT_EQ_INT(op.device, DT_OFFLOAD_NONE);
+    dt_config_free(c);
 }
 
 TEST(integer_limits)
