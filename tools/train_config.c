@@ -227,7 +227,8 @@ static int batch_flags_into(int argc, char **argv, const dt__train_opts *o, dt_c
 static dt_status resolve_warmup(const dt__train_opts *o, dt_config *c)
 {
     const char *type;
-    if (dt_config_get_str(c, "scheduler.type", &type) != DT_OK || strcmp(type, "WarmupLR"))
+    if (dt_config_get_str(c, "scheduler.type", &type) != DT_OK || (strcmp(type, "WarmupLR") &&
+                                                                     strcmp(type, "WarmupDecayLR")))
         return DT_OK;
     char b[40];
     snprintf(b, sizeof b, "%lld", (long long)o->warmup);
@@ -308,6 +309,12 @@ static int read_back(dt__train_opts *o, dt_config *c)
     } else {
         if (dt_config_batch_resolve(c, dp, o->batch, o->grad_accum, &b) < 0)
             return bad();
+        if (b.grad_accum > 1048576) { /* derived from train_batch_size: past what the trainer accumulates */
+            dt__cli_err("dtrain train: --config: gradient_accumulation_steps %lld (train_batch_size %lld / "
+                        "train_micro_batch_size_per_gpu %lld / %d data-parallel ranks): at most 1048576\n",
+                        (long long)b.grad_accum, (long long)b.train_batch_size, (long long)b.micro_batch, dp);
+            return 2;
+        }
         o->batch = b.micro_batch;
         o->grad_accum = b.grad_accum;
     }

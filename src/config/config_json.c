@@ -260,7 +260,9 @@ static dt_status set_item(dt_config *c, int k, const cJSON *item, dt_config_orig
     case DT__KT_INT: {
         double x = cJSON_IsNumber(item) ? item->valuedouble : NAN;
         ok = isfinite(x) && x == floor(x) && x >= d->lo && x <= d->hi;
-        v.v.i = ok ? (int64_t)x : 0;
+        /* 2^63 is what Python's sys.maxsize (DeepSpeed's default of some sizes) reads as: INT64_MAX, not a
+           cast out of range */
+        v.v.i = !ok ? 0 : x >= 0x1p63 ? INT64_MAX : (int64_t)x;
         break;
     }
     case DT__KT_FLOAT: {
@@ -584,6 +586,77 @@ static dt_status refuse(walker *w, dt_status st)
     return DT_OK;
 }
 
+/* Edit distance of a and b (insertions, deletions, substitutions), counted up to cap. */
+static size_t edit_distance(const char *a, const char *b, size_t cap)
+{
+    size_t na = strlen(a), nb = strlen(b), row[257];
+    if (na > 256 || nb > 256)
+        return cap;
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0], best;
+        best = row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j], v = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < v)
+                v = up + 1;
+            if (row[j - 1] + 1 < v)
+                v = row[j - 1] + 1;
+            diag = up;
+            row[j] = v;
+            if (v < best)
+                best = v;
+        }
+        if (best >= cap)
+            return cap;
+    }
+    return row[nb];
+}
+
+/* The key of the table an unknown path is most likely a misspelling of (a few characters off, or the
+ * key's name cut short at a '_' or '.'), or NULL: the warning names it, so that a key dtrain would
+ * have used is not lost to a typo unnoticed. */
+static const char *nearest_key(const char *path)
+{
+    size_t n = strlen(path), best = 4, cap = n / 4 + 1 < 4 ? n / 4 + 1 : 4;
+    const char *pick = NULL;
+    for (size_t k = 0; k < dt__cfg_nkeys; k++) {
+        const char *key = dt__cfg_keys[k].path;
+        if (n >= 8 && !strncmp(key, path, n) && (key[n] == '_' || key[n] == '.'))
+            return key;
+        size_t d = edit_distance(path, key, cap);
+        if (d < cap && d < best)
+            best = d, pick = key;
+    }
+    return pick;
+}
+
+/* Other spellings DeepSpeed reads for a key of the table: the bf16 block's old name (read only when bf16
+ * is not there), and the names of ZeRO's stage-3 fields without their "stage3_" prefix (pydantic
+ * aliases: DeepSpeed takes either spelling). */
+typedef struct dt__cfg_alias {
+    const char *prefix, *alias, *name;
+    bool old_name; /* the other spelling beside it: ignored with a warning (else an error) */
+} dt__cfg_alias;
+
+static const dt__cfg_alias aliases[] = {
+    {"", "bfloat16", "bf16", true},
+    {"zero_optimization", "prefetch_bucket_size", "stage3_prefetch_bucket_size", false},
+    {"zero_optimization", "param_persistence_threshold", "stage3_param_persistence_threshold", false},
+    {"zero_optimization", "model_persistence_threshold", "stage3_model_persistence_threshold", false},
+    {"zero_optimization", "max_live_parameters", "stage3_max_live_parameters", false},
+    {"zero_optimization", "max_reuse_distance", "stage3_max_reuse_distance", false},
+};
+
+static const dt__cfg_alias *alias_of(const char *prefix, const char *name)
+{
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(aliases[i].prefix, prefix) && !strcmp(aliases[i].alias, name))
+            return &aliases[i];
+    return NULL;
+}
+
 static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
 {
     int count = 0;
@@ -594,14 +667,30 @@ static dt_status walk(walker *w, const cJSON *obj, const char *prefix)
             if (!strcmp(o->string, m->string))
                 return dt_error(DT_ERR_FORMAT, "%s: key %s%s%s appears twice", w->name, prefix,
                                 *prefix ? "." : "", m->string);
+        const char *name = m->string;
+        const dt__cfg_alias *al = alias_of(prefix, name);
+        if (al) {
+            const cJSON *both = cJSON_GetObjectItemCaseSensitive(obj, al->name);
+            if (both && al->old_name) { /* DeepSpeed reads the old name only without the new one */
+                dt__cfg_warn(w->warn_to, "%s: key %s%s%s ignored: %s is given (DeepSpeed reads the old name only "
+                                         "without it)", w->name, prefix, *prefix ? "." : "", name, al->name);
+                continue;
+            }
+            if (both)
+                return dt_error(DT_ERR_FORMAT, "%s: keys %s%s%s and %s name the same setting: give one", w->name,
+                                prefix, *prefix ? "." : "", name, al->name);
+            name = al->name;
+        }
         char path[256];
-        if ((size_t)snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", m->string) >= sizeof path) {
+        if ((size_t)snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", name) >= sizeof path) {
             dt__cfg_warn(w->warn_to, "%s: unknown key %.80s... (ignored)", w->name, path);
             continue;
         }
         int k = dt__cfg_find(path);
         if (k < 0) {
-            dt__cfg_warn(w->warn_to, "%s: unknown key %s (ignored)", w->name, path);
+            const char *near = nearest_key(path);
+            dt__cfg_warn(w->warn_to, "%s: unknown key %s (ignored)%s%s%s", w->name, path, near ? "; did you mean " : "",
+                         near ? near : "", near ? "?" : "");
             continue;
         }
         dt_status st = set_item(w->tmp, k, m, DT_CONFIG_FROM_FILE, "file");

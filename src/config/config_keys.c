@@ -21,7 +21,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* batch */
     INT("train_batch_size", 1, BIG, A),
     INT("train_micro_batch_size_per_gpu", 1, BIG, A),
-    INT("gradient_accumulation_steps", 1, 1e9, A),
+    INT("gradient_accumulation_steps", 1, 1048576, A), /* the trainer's limit (dt_trainer_params.grad_accum) */
     /* clipping, logging */
     FLT("gradient_clipping", 0, 1e30, A),
     INT("steps_per_print", 1, BIG, A),
@@ -66,7 +66,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("zero_optimization.round_robin_gradients", X),
     INT("zero_optimization.stage3_prefetch_bucket_size", 0, BIG, A),
     INT("zero_optimization.stage3_param_persistence_threshold", 0, BIG, A),
-    INT("zero_optimization.stage3_model_persistence_threshold", 0, 9.3e18, A | X),
+    INT("zero_optimization.stage3_model_persistence_threshold", 0, 0x1p63, A | X), /* sys.maxsize */
     INT("zero_optimization.stage3_max_live_parameters", 0, BIG, A),
     INT("zero_optimization.stage3_max_reuse_distance", 0, BIG, A),
     BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", A | X),
@@ -77,14 +77,14 @@ const dt__cfg_key dt__cfg_keys[] = {
     INT("zero_optimization.zero_hpz_partition_size", 1, 1e6, 0),
     BOOL("zero_optimization.zero_quantized_weights", 0),
     BOOL("zero_optimization.zero_quantized_gradients", 0),
-    OBJ("zero_optimization.offload_optimizer"),
+    {"zero_optimization.offload_optimizer", DT__KT_OBJECT, 0, 0, N, NULL}, /* null: none (DeepSpeed's Optional) */
     STR("zero_optimization.offload_optimizer.device", "none|cpu|nvme", N),
     STR("zero_optimization.offload_optimizer.nvme_path", NULL, N),
     BOOL("zero_optimization.offload_optimizer.pin_memory", 0),
     FLT("zero_optimization.offload_optimizer.ratio", 0, 1, 0),
     INT("zero_optimization.offload_optimizer.buffer_count", 1, 1e6, 0),
     BOOL("zero_optimization.offload_optimizer.fast_init", 0),
-    OBJ("zero_optimization.offload_param"),
+    {"zero_optimization.offload_param", DT__KT_OBJECT, 0, 0, N, NULL},
     STR("zero_optimization.offload_param.device", "none|cpu|nvme", N),
     STR("zero_optimization.offload_param.nvme_path", NULL, N),
     BOOL("zero_optimization.offload_param.pin_memory", X),
@@ -101,6 +101,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("optimizer.params.weight_decay", 0, 1e6, A),
     BOOL("optimizer.params.adam_w_mode", 0),
     BOOL("optimizer.params.torch_adam", 0),
+    BOOL("optimizer.params.amsgrad", 0),
     BOOL("optimizer.params.fp32_optimizer_states", X),
     FLT("optimizer.params.momentum", 0, 0.999999, 0),
     FLT("optimizer.params.dampening", 0, 1, 0),

@@ -34,15 +34,17 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
         return unsupported(p, "apex AMP is not read from the config: use \"fp16\" or \"bf16\" {\"enabled\": true}");
     if (!strcmp(p, "zero_optimization.offload_optimizer.ratio") && v->v.d != 1.0)
         return unsupported(p, "partial optimizer offload: the whole optimizer state is offloaded or none");
+    if (!strcmp(p, "optimizer.params.amsgrad") && t)
+        return unsupported(p, "dtrain's Adam, AdamW and LAMB keep no running maximum of the second moment; DeepSpeed's "
+                              "FusedAdam and FusedLamb refuse it too");
     if (!strcmp(p, "optimizer.params.max_coeff") || !strcmp(p, "optimizer.params.min_coeff"))
         return unsupported(p, "dtrain's LAMB is apex FusedLAMB, whose trust ratio has no clamp");
     if (!strcmp(p, "optimizer.type") && !strcmp(v->v.s, "Lamb"))
         dt__cfg_warn(c, "optimizer.type Lamb: dtrain's LAMB is apex FusedLAMB (AIAK's); DeepSpeed's own Lamb also "
                         "clamps the trust ratio to [0.01, 10]");
     if (!strcmp(p, "scheduler.type") &&
-        (!strcmp(v->v.s, "WarmupDecayLR") || !strcmp(v->v.s, "WarmupCosineLR") || !strcmp(v->v.s, "OneCycle") ||
-         !strcmp(v->v.s, "LRRangeTest")))
-        return unsupported(p, "dtrain's schedules are WarmupLR, constant, step, cosine and linear");
+        (!strcmp(v->v.s, "WarmupCosineLR") || !strcmp(v->v.s, "OneCycle") || !strcmp(v->v.s, "LRRangeTest")))
+        return unsupported(p, "dtrain's schedules are WarmupLR, WarmupDecayLR, constant, step, cosine and linear");
     if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
         return unsupported(p, "dtrain's warm-up starts from 0");
     if (!strcmp(p, "dtrain.micro_batches"))

@@ -402,8 +402,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         (unsigned)p.loss > DT_TRAINER_LOSS_MEAN || isnan(p.clip_grad_norm)) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
-                        "dt_trainer_init: grad_accum %lld (need 1..2^20), loss_scale %g (need > 0, finite), loss %d, "
-                        "clip_grad_norm %g (need a number)",
+                        "dt_trainer_init: grad_accum %lld (need 1 to 1048576), loss_scale %g (need > 0, finite), "
+                        "loss %d, clip_grad_norm %g (need a number)",
                         (long long)p.grad_accum, (double)p.loss_scale, (int)p.loss, p.clip_grad_norm);
     }
     /* the schedule sets every step's learning rate (base_lr is the optimizer's, checked by its init): an

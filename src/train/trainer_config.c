@@ -7,14 +7,18 @@
  *     false: decoupled weight decay, i.e. dtrain's AdamW;
  *   - a type given in the config takes FusedAdam's / FusedLamb's defaults
  *     for what its params do not give (lr 1e-3, betas 0.9/0.999, eps 1e-8,
- *     weight_decay 0), not torch's AdamW default decay of 1e-2;
+ *     weight_decay 0; Lamb's max_grad_norm 0), not torch's AdamW default
+ *     decay of 1e-2 nor apex LAMB's clipping at 1.0;
  *   - WarmupLR's rate is warmup_max_lr (default 1e-3; "auto": the
  *     optimizer's lr, as the HF Trainer fills it), ramped from 0 over
  *     warmup_num_steps by warmup_type ("log", DeepSpeed's default, or
  *     "linear"): it replaces the optimizer's lr, as DeepSpeed's scheduler
  *     overwrites the param groups'. warmup_num_steps left out or "auto"
  *     keeps the caller's warmup_steps (dtrain train's --warmup, default 0:
- *     no warm-up), not DeepSpeed's silent 1000. */
+ *     no warm-up), not DeepSpeed's silent 1000.
+ *   - WarmupDecayLR is WarmupLR followed by a linear decay to 0 at
+ *     total_num_steps (required, as in DeepSpeed; "auto": the run's
+ *     length): dtrain's linear schedule. */
 #include "dtrain/config.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
@@ -27,6 +31,37 @@ static void take_d(const dt_config *c, const char *key, double *dst)
     double v;
     if (dt_config_get_double(c, key, &v) == DT_OK)
         *dst = v;
+}
+
+/* The params one optimizer takes and another does not. DeepSpeed passes optimizer.params to the
+ * optimizer's constructor, so a key it does not take is a TypeError there (torch.optim.SGD has no
+ * betas, FusedAdam no momentum or max_grad_norm); here it is an error naming the key, never a key
+ * dropped. */
+static dt_status check_optimizer_keys(const dt_config *c, dt_optim_kind kind)
+{
+    static const struct {
+        const char *key;
+        unsigned kinds; /* 1u << dt_optim_kind: those that take it */
+        const char *names;
+    } only[] = {
+        {"optimizer.params.momentum", 1u << DT_OPTIM_SGD, "SGD"},
+        {"optimizer.params.nesterov", 1u << DT_OPTIM_SGD, "SGD"},
+        {"optimizer.params.dampening", 1u << DT_OPTIM_SGD, "SGD"},
+        {"optimizer.params.max_grad_norm", 1u << DT_OPTIM_LAMB, "Lamb"},
+        {"optimizer.params.grad_averaging", 1u << DT_OPTIM_LAMB, "Lamb"},
+        {"optimizer.params.bias_correction", 1u << DT_OPTIM_LAMB | 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW,
+         "Adam, AdamW and Lamb"},
+    };
+    for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+        if (!(only[i].kinds & 1u << kind) && dt_config_origin_of(c, only[i].key) != DT_CONFIG_UNSET)
+            return dt_error(DT_ERR_INVALID_ARG, "key %s: applies to %s only (optimizer is %s)", only[i].key,
+                            only[i].names, dt_optim_kind_name(kind));
+    bool bc = true;
+    if ((kind == DT_OPTIM_ADAM || kind == DT_OPTIM_ADAMW) &&
+        dt_config_get_bool(c, "optimizer.params.bias_correction", &bc) == DT_OK && !bc)
+        return dt_error(DT_ERR_UNSUPPORTED, "key optimizer.params.bias_correction: not supported yet (false: "
+                                            "dtrain's Adam and AdamW always correct the moments' bias)");
+    return DT_OK;
 }
 
 static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
@@ -45,6 +80,7 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
             tp->lamb = dt_lamb_params_default();
             tp->lamb.eps = 1e-8;
             tp->lamb.weight_decay = 0;
+            tp->lamb.max_grad_norm = 0; /* FusedLamb's: no clipping inside the optimizer (apex's is 1.0) */
         } else { /* Adam, AdamW */
             bool w = !strcmp(type, "AdamW") || awm;
             tp->optimizer = w ? DT_OPTIM_ADAMW : DT_OPTIM_ADAM;
@@ -66,7 +102,8 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
     take_d(c, "optimizer.params.dampening", &damp);
     take_d(c, "optimizer.params.max_grad_norm", &mgn);
     const char *stype = NULL;
-    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK && !strcmp(stype, "WarmupLR") &&
+    if (dt_config_get_str(c, "scheduler.type", &stype) == DT_OK &&
+        (!strcmp(stype, "WarmupLR") || !strcmp(stype, "WarmupDecayLR")) &&
         dt_config_get_double(c, "scheduler.params.warmup_max_lr", &lr) != DT_OK &&
         !dt_config_is_auto(c, "scheduler.params.warmup_max_lr"))
         lr = 1e-3; /* WarmupLR's warmup_max_lr default ("auto": the optimizer's lr, taken above) */
@@ -106,11 +143,7 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
     default:
         break;
     }
-    if (tp->optimizer != DT_OPTIM_SGD &&
-        (dt_config_origin_of(c, "optimizer.params.momentum") || dt_config_origin_of(c, "optimizer.params.nesterov")))
-        return dt_error(DT_ERR_INVALID_ARG, "key optimizer.params.momentum/nesterov: applies to SGD only (optimizer "
-                                            "is %s)", dt_optim_kind_name(tp->optimizer));
-    return DT_OK;
+    return check_optimizer_keys(c, tp->optimizer);
 }
 
 static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
@@ -119,10 +152,24 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
     int64_t v;
     double d;
     if (dt_config_get_str(c, "scheduler.type", &type) == DT_OK) {
-        if (!strcmp(type, "WarmupLR")) {
-            tp->sched.kind = DT_SCHED_CONSTANT;
+        if (!strcmp(type, "WarmupLR") || !strcmp(type, "WarmupDecayLR")) {
+            /* WarmupDecayLR: WarmupLR's ramp, then warmup_max_lr * (total - step) / max(1, total - warmup), at
+               least 0: dtrain's linear schedule, whose floor min_lr is WarmupDecayLR's warmup_min_lr (0) */
+            bool decay = !strcmp(type, "WarmupDecayLR");
+            tp->sched.kind = decay ? DT_SCHED_LINEAR : DT_SCHED_CONSTANT;
             tp->sched.warmup = DT_WARMUP_LOG; /* WarmupLR's default warmup_type (the key, below, overrides) */
             /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
+            if (decay) {
+                tp->sched.min_lr = 0;
+                if (dt_config_origin_of(c, "scheduler.params.total_num_steps") == DT_CONFIG_UNSET &&
+                    !dt_config_is_auto(c, "scheduler.params.total_num_steps"))
+                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.total_num_steps: WarmupDecayLR needs it "
+                                                        "(the step its decay reaches 0; DeepSpeed's too), or \"auto\": "
+                                                        "the run's length");
+                if (dt_config_origin_of(c, "scheduler.params.min_lr") != DT_CONFIG_UNSET)
+                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.min_lr: not a WarmupDecayLR param (it "
+                                                        "decays to warmup_min_lr, 0)");
+            }
         } else if (dt_sched_kind_parse(type, &tp->sched.kind) < 0) {
             return dt_error(DT_ERR_INVALID_ARG, "key scheduler.type: '%s' is not a schedule", type);
         }

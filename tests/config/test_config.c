@@ -212,10 +212,21 @@ TEST(unknown_keys_warn_with_full_path)
     ASSERT_EQ_INT(dt_config_num_warnings(c), 3);
     ASSERT(has_warning(c, "unknown key zero_optimization.foo"));
     ASSERT(has_warning(c, "unknown key bar "));
-    ASSERT(has_warning(c, "unknown key optimizer.params.lrr"));
+    ASSERT(has_warning(c, "unknown key optimizer.params.lrr (ignored); did you mean optimizer.params.lr?"));
+    ASSERT(!has_warning(c, "did you mean zero")); /* foo, bar: nothing near */
     int64_t s = 0;
     ASSERT_OK(dt_config_get_int(c, "zero_optimization.stage", &s));
     ASSERT_EQ_INT(s, 2);
+    dt_config_free(c);
+    /* a key dtrain would have used, misspelled (a block, a name cut short): the warning names the key */
+    c = load_str("{\"zero_optimisation\": {\"stage\": 3}, \"train_micro_batch_size\": 4, "
+                 "\"gradient_acumulation_steps\": 2}", &st);
+    ASSERT_OK(st);
+    ASSERT(has_warning(c, "unknown key zero_optimisation (ignored); did you mean zero_optimization?"));
+    ASSERT(has_warning(c, "unknown key train_micro_batch_size (ignored); did you mean "
+                          "train_micro_batch_size_per_gpu?"));
+    ASSERT(has_warning(c, "unknown key gradient_acumulation_steps (ignored); did you mean "
+                          "gradient_accumulation_steps?"));
     dt_config_free(c);
 }
 
@@ -246,7 +257,7 @@ TEST(wrong_types_and_ranges_name_the_key)
         {"{\"amp\": {\"enabled\": true}}", "key amp.enabled: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
          "key zero_optimization.offload_param.device", DT_ERR_INVALID_ARG},
-        {"{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "key scheduler.type: not supported yet",
+        {"{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
         {"{\"dtrain\": {\"pipeline_parallel_size\": 0}}", "key dtrain.pipeline_parallel_size: expected an integer",
          DT_ERR_INVALID_ARG},
@@ -588,6 +599,33 @@ TEST(scheduler_block)
     ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_STEP);
     ASSERT_EQ_INT(tp.sched.step_size, 7);
     ASSERT_NEAR(tp.sched.gamma, 0.5, 0, 0);
+    /* WarmupDecayLR (it was refused): WarmupLR's ramp, then DeepSpeed's decay
+       warmup_max_lr * max(0, (total - step) / max(1, total - warmup)) */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
+                    "\"WarmupDecayLR\", \"params\": {\"total_num_steps\": 100, \"warmup_max_lr\": 0.01, "
+                    "\"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_LINEAR);
+    ASSERT_NEAR(tp.adamw.lr, 0.01, 0, 0);
+    tp.sched.base_lr = tp.adamw.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 5), 0.005, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.01, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 55), 0.01 * 45.0 / 90.0, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 100), 0, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 130), 0, 1e-15, 0);
+    /* its defaults: the log ramp, warmup_max_lr 1e-3; total_num_steps "auto": the caller's run length */
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": \"auto\", "
+                    "\"warmup_num_steps\": 4}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.warmup, DT_WARMUP_LOG);
+    ASSERT_EQ_INT(tp.sched.total_steps, dt_trainer_params_default().sched.total_steps);
+    ASSERT_NEAR(tp.sgd.lr, 1e-3, 0, 0); /* the caller's optimizer (SGD here) at warmup_max_lr's default */
+    tp.sched.base_lr = tp.sgd.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 2), 1e-3 * log(3.0) / log(4.0), 1e-15, 0);
+    /* total_num_steps left out: an error naming it (DeepSpeed's constructor needs it too) */
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.total_num_steps: WarmupDecayLR needs it");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": 9, "
+                        "\"min_lr\": 0.1}}}", &tp), DT_ERR_INVALID_ARG);
 }
 
 TEST(precision_clipping_accumulation)
@@ -636,6 +674,108 @@ TEST(precision_clipping_accumulation)
     ASSERT_EQ_INT(v, 7);
     ASSERT_STATUS(dt_config_precision(c, &dt), DT_ERR_NOT_FOUND);
     dt_config_free(c);
+}
+
+/* DeepSpeed's other spellings of keys dtrain reads (deepspeed/runtime/config.py, runtime/zero/config.py) */
+TEST(deepspeed_spellings)
+{
+    dt_status st;
+    dt_trainer_params tp;
+    /* "bfloat16": the bf16 block's old name, read when bf16 is not there (it was an unknown key: fp32) */
+    ASSERT_OK(apply("{\"bfloat16\": {\"enabled\": true}}", &tp));
+    ASSERT_EQ_INT(tp.precision.param_dtype, DT_BF16);
+    dt_config *c = load_str("{\"bf16\": {\"enabled\": false}, \"bfloat16\": {\"enabled\": true}}", &st);
+    ASSERT_OK(st);
+    ASSERT(has_warning(c, "key bfloat16 ignored: bf16 is given"));
+    dt_dtype dt = DT_DTYPE_UNSET;
+    ASSERT_OK(dt_config_precision(c, &dt));
+    ASSERT_EQ_INT(dt, DT_F32);
+    dt_config_free(c);
+    /* ZeRO's stage-3 fields without "stage3_" (pydantic aliases): the same keys, not unknown ones */
+    c = load_str("{\"zero_optimization\": {\"stage\": 3, \"prefetch_bucket_size\": 1234, "
+                 "\"max_live_parameters\": 5e8, \"param_persistence_threshold\": 7, "
+                 "\"max_reuse_distance\": 99, \"model_persistence_threshold\": 1e6}}", &st);
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(dt_config_num_warnings(c), 0);
+    int stage = 0;
+    dt_zero_params zp = dt_zero_params_default();
+    ASSERT_OK(dt_config_zero_params(c, &stage, &zp));
+    ASSERT_EQ_INT(zp.prefetch_bucket_size, 1234);
+    ASSERT_EQ_INT(zp.max_live_parameters, 500000000);
+    ASSERT_EQ_INT(zp.param_persistence_threshold, 7);
+    ASSERT_EQ_INT(zp.max_reuse_distance, 99);
+    dt_config_free(c);
+    c = load_str("{\"zero_optimization\": {\"prefetch_bucket_size\": 1, \"stage3_prefetch_bucket_size\": 2}}",
+                 &st);
+    ASSERT_STATUS(st, DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "zero_optimization.prefetch_bucket_size and stage3_prefetch_bucket_size");
+    dt_config_free(c);
+    /* the offload blocks null: none, as DeepSpeed's Optional fields (it was "expected an object") */
+    c = load_str("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": null, \"offload_param\": null}}",
+                 &st);
+    ASSERT_OK(st);
+    dt_offload_params op = dt_offload_params_default();
+    ASSERT_OK(dt_config_offload_params(c, &op));
+    ASSERT_EQ_INT(op.device, DT_OFFLOAD_NONE);
+    dt_config_free(c);
+}
+
+TEST(integer_limits)
+{
+    dt_status st;
+    dt_config *c;
+    /* sys.maxsize (DeepSpeed's default of model_persistence_threshold) is INT64_MAX, not a cast past it */
+    c = load_str("{\"zero_optimization\": {\"stage3_model_persistence_threshold\": 9223372036854775807}}", &st);
+    ASSERT_OK(st);
+    int64_t big = 0;
+    ASSERT_OK(dt_config_get_int(c, "zero_optimization.stage3_model_persistence_threshold", &big));
+    ASSERT(big == INT64_MAX);
+    dt_config_free(c);
+    c = load_str("{\"zero_optimization\": {\"stage3_model_persistence_threshold\": 1e19}}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    dt_config_free(c);
+    /* gradient_accumulation_steps past what the trainer accumulates (2^20): the key named at load, not the
+       trainer's init after the setup */
+    c = load_str("{\"gradient_accumulation_steps\": 1048576}", &st);
+    ASSERT_OK(st);
+    dt_config_free(c);
+    c = load_str("{\"gradient_accumulation_steps\": 1048577}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key gradient_accumulation_steps: expected an integer in [1, 1048576]");
+    dt_config_free(c);
+}
+
+/* the optimizers' params as DeepSpeed's engine passes them on (ops/lamb/fused_lamb.py, ops/adam/fused_adam.py,
+ * torch.optim.SGD): their defaults, and a param the optimizer does not take */
+TEST(optimizer_params_deepspeed_takes)
+{
+    dt_trainer_params tp;
+    /* Lamb from the config: FusedLamb's max_grad_norm 0 (no clipping inside the optimizer), not apex's 1.0 */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Lamb\", \"params\": {\"lr\": 0.002}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_LAMB);
+    ASSERT_NEAR(tp.lamb.max_grad_norm, 0, 0, 0);
+    ASSERT_NEAR(tp.lamb.eps, 1e-8, 0, 0);
+    /* FusedAdam's bias_correction: true is what dtrain does, false is refused (it was dropped) */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bias_correction\": true}}}", &tp));
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"bias_correction\": false}}}", &tp),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.bias_correction: not supported yet");
+    /* a param the optimizer does not take (a TypeError in DeepSpeed): an error naming the key, not dropped */
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"max_grad_norm\": 1.0}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.max_grad_norm: applies to Lamb only");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"dampening\": 0.1}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.dampening: applies to SGD only");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"bias_correction\": true}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"grad_averaging\": true}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    /* amsgrad: false is what dtrain does; true refused by name (it was an unknown key, ignored: plain Adam) */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"amsgrad\": false}}}", &tp));
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"amsgrad\": true}}}", &tp),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.amsgrad: not supported yet");
 }
 
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
@@ -803,6 +943,9 @@ int main(void)
     RUN(scheduler_block);
     RUN(refusals_at_once_and_marks);
     RUN(precision_clipping_accumulation);
+    RUN(deepspeed_spellings);
+    RUN(integer_limits);
+    RUN(optimizer_params_deepspeed_takes);
     RUN(pipeline_keys);
     RUN(every_key_is_listed_once);
     return TEST_REPORT();

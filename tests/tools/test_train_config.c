@@ -358,6 +358,22 @@ TEST(batch_relation_and_inference)
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "batch sizes disagree: train_batch_size 16 must equal train_micro_batch_size_per_gpu 5 "
                                "* gradient_accumulation_steps 2 * data-parallel world size 1");
+    /* an accumulation derived past the trainer's 2^20: named before the setup (it was the trainer's init,
+       "grad_accum 2097152 (need >= 1)") */
+    write_cfg("g.json", "{\"train_batch_size\": 2097152, \"train_micro_batch_size_per_gpu\": 1}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, NULL);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--config: gradient_accumulation_steps 2097152 (train_batch_size 2097152 / "
+                               "train_micro_batch_size_per_gpu 1 / 1 data-parallel ranks): at most 1048576");
+    ASSERT(strstr(r.err, "dt_trainer_init") == NULL);
+    /* DeepSpeed's old name of the bf16 block turns bf16 on (it was an unknown key: an fp32 run) */
+    write_cfg("bf.json", "{\"bfloat16\": {\"enabled\": true}}", p, sizeof p);
+    run_cfg(&r, 1, p, NULL, (const char *[]){"--max-steps", "1", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s\n%s\n", r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "  bf16.enabled = true  (file)\n");
+    ASSERT(strstr(r.err, "unknown key bfloat16") == NULL);
 }
 
 TEST(precedence_and_environment)
