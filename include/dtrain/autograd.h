@@ -8,8 +8,11 @@
  * output then requires grad too. dt_backward(ctx, loss) walks the tape in
  * reverse from the loss and ACCUMULATES (+=) into the .grad of every leaf
  * (a tensor that requires grad and was not produced by an op: parameters,
- * or inputs marked with dt_tensor_set_requires_grad). Gradients of
- * intermediate tensors are arena temporaries, readable in t->grad until reset.
+ * or inputs marked with dt_tensor_set_requires_grad). An intermediate
+ * tensor's gradient is an arena temporary that backward frees (t->grad
+ * NULL, its memory reused) once it has been passed on to the op's inputs,
+ * as PyTorch frees a non-leaf's; dt_ag_retain_grad(t) before backward keeps
+ * it in t->grad until the context's reset (PyTorch's retain_grad()).
  * Backward may be called more than once on the same tape (every call adds
  * into the leaves again); zero the leaf grads yourself between steps
  * (dt_ag_zero_grad, or memset of the flat grad buffer).
@@ -165,6 +168,12 @@ DT_API void dt_ag_clear_grad_hooks(dt_tensor *t);
  * block as it is rounded). False when nothing checked it (the gradient was
  * added to), and outside the hooks. */
 DT_API bool dt_ag_grad_checked_finite(const dt_tensor *leaf);
+/* Keep the gradient of intermediate t (a tensor an op produced) after
+ * backward, in t->grad until the context's reset, as PyTorch's
+ * retain_grad() does; without it backward frees an intermediate's gradient
+ * once it is passed on. A no-op on a leaf (its gradient is kept anyway).
+ * DT_ERR_NULL for NULL. */
+DT_API dt_status dt_ag_retain_grad(dt_tensor *t);
 /* Zero t->grad if it has one (no-op otherwise). */
 DT_API dt_status dt_ag_zero_grad(dt_tensor *t);
 

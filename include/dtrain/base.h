@@ -243,7 +243,16 @@ DT_API dt_arena_pos dt_arena_mark(const dt_arena *a);
 /* Release every allocation made after mark `p` (taken from a since its last
  * reset); they must no longer be used. */
 DT_API void dt_arena_rewind(dt_arena *a, dt_arena_pos p);
-/* Bytes handed out since the last reset, and the high-water mark. */
+/* p, from dt_arena_alloc(a, size) since the last reset, is dead: a later
+ * dt_arena_alloc of the same size (rounded to the alignment) returns it
+ * instead of new memory, the most recently given back first. A rewind to
+ * a mark forgets what was given back of memory allocated after the mark;
+ * a reset forgets everything. Backward gives back each intermediate
+ * gradient once it has been passed on, so its peak is the live gradients,
+ * not all of them. */
+DT_API void dt_arena_give_back(dt_arena *a, void *p, size_t size);
+/* Bytes handed out since the last reset, and the high-water mark (memory
+ * handed out again after dt_arena_give_back counts once). */
 DT_API size_t dt_arena_used(const dt_arena *a);
 DT_API size_t dt_arena_peak(const dt_arena *a);
 /* Bytes the arena holds in blocks now (used or not); changes only when a

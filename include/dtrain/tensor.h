@@ -83,6 +83,15 @@ enum {
      * (a bf16/f16 grad: the pass's f32 sum is written over it, rounded).
      * dt_model_grads_materialize zero-fills what is still marked. */
     DT_TENSOR_GRAD_LAZY = 1u << 6,
+    /* An intermediate (a temporary an op produced) whose gradient backward
+     * keeps in ->grad until the context's reset (dt_ag_retain_grad); without
+     * it backward frees an intermediate's gradient once passed on. */
+    DT_TENSOR_RETAIN_GRAD = 1u << 7,
+    /* Library-internal: backward allocated this temporary's gradient buffer
+     * (GRAD_OWN) or the low-precision copy of it (GLP_OWN) and gives it back
+     * to the context's arena once the gradient has been passed on. */
+    DT_TENSOR_GRAD_OWN = 1u << 8,
+    DT_TENSOR_GLP_OWN = 1u << 9,
 };
 
 typedef struct dt_tensor dt_tensor;

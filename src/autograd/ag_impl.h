@@ -123,6 +123,22 @@ void *dt__grad_shadow_maybe(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt, bool *
 void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *shadow, dt_dtype lt);
 const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt);
 
+/* A node's backward has ended: its scratch goes back to the arena
+ * (dt__grad_scratch). And intermediate t (its output; NULL: none) has
+ * passed its gradient on: unless t is retained (DT_TENSOR_RETAIN_GRAD), its
+ * gradient buffer and shadow go back to the arena (those backward
+ * allocated for it: DT_TENSOR_GRAD_OWN / GLP_OWN) and t->grad becomes
+ * NULL. */
+void dt__grad_drop(dt_ctx *ctx, dt_tensor *t);
+/* p (bytes, from the context's arena) is dead once the running node's
+ * backward has ended: dt__grad_drop gives it back then. */
+void dt__grad_scratch(dt_ctx *ctx, void *p, size_t bytes);
+/* t took over from's gradient buffer or shadow (dt__bw_view: a view's
+ * gradient or shadow handed to its input as it is): whichever t->grad's data
+ * and t->glp_ share with from is t's to give back now, no longer from's
+ * (nobody's when from is retained). */
+void dt__grad_hand_over(dt_tensor *from, dt_tensor *t);
+
 /* For kernels that OVERWRITE their output: a buffer to write t's gradient
  * contribution into (t's own gradient when this is the first contribution
  * to a temporary, else arena scratch), then dt__grad_commit adds it. */

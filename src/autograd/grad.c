@@ -120,6 +120,7 @@ dt_status dt__grad_flush(dt_ctx *ctx, dt_tensor *t)
     }
     if (st < 0)
         return st;
+    dt_arena_give_back(ctx->arena, t->gacc_, (size_t)n * sizeof(float));
     t->gacc_ = NULL;
     return DT_OK;
 }
@@ -139,6 +140,7 @@ float *dt__grad_out(dt_ctx *ctx, dt_tensor *t)
             return NULL;
         g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
+        t->flags |= DT_TENSOR_GRAD_OWN;
     } else { /* a persistent leaf: a gradient of its own dtype */
         g = dt_tensor_new(t->dtype, t->ndim, t->shape);
         if (!g)
@@ -151,24 +153,68 @@ float *dt__grad_out(dt_ctx *ctx, dt_tensor *t)
     return g->data;
 }
 
-/* A contribution to t's gradient is about to be written: the low-precision
- * copy of a temporary's gradient and a leaf's finite mark no longer hold. */
-static void shadow_drop(dt_tensor *t)
+static size_t shadow_bytes(const dt_tensor *t, dt_dtype lt)
 {
+    return (size_t)dt_tensor_numel(t) * dt_dtype_size(lt);
+}
+
+/* A contribution to t's gradient is about to be written: the low-precision
+ * copy of a temporary's gradient (given back when backward allocated it)
+ * and a leaf's finite mark no longer hold. */
+static void shadow_drop(dt_ctx *ctx, dt_tensor *t)
+{
+    if ((t->flags & DT_TENSOR_GLP_OWN) && t->glp_)
+        dt_arena_give_back(ctx->arena, t->glp_, shadow_bytes(t, t->glp_dtype_));
+    t->flags &= ~(uint32_t)DT_TENSOR_GLP_OWN;
     t->glp_ = NULL;
     t->gfinite_ = false;
 }
 
+void dt__grad_scratch(dt_ctx *ctx, void *p, size_t bytes)
+{
+    if (p && ctx->nscratch < (int)(sizeof ctx->scratch / sizeof ctx->scratch[0])) { /* else kept till the reset */
+        ctx->scratch[ctx->nscratch] = p;
+        ctx->scratch_bytes[ctx->nscratch++] = bytes;
+    }
+}
+
+void dt__grad_drop(dt_ctx *ctx, dt_tensor *t)
+{
+    for (; ctx->nscratch > ctx->scratch_floor; ctx->nscratch--)
+        dt_arena_give_back(ctx->arena, ctx->scratch[ctx->nscratch - 1], ctx->scratch_bytes[ctx->nscratch - 1]);
+    if (!t || !(t->flags & DT_TENSOR_TEMP) || (t->flags & DT_TENSOR_RETAIN_GRAD))
+        return;
+    shadow_drop(ctx, t);
+    if ((t->flags & DT_TENSOR_GRAD_OWN) && t->grad)
+        dt_arena_give_back(ctx->arena, t->grad->data, dt_tensor_nbytes(t->grad));
+    t->flags &= ~(uint32_t)DT_TENSOR_GRAD_OWN;
+    t->grad = NULL;
+}
+
+void dt__grad_hand_over(dt_tensor *from, dt_tensor *t)
+{
+    const uint32_t g = DT_TENSOR_GRAD_OWN, l = DT_TENSOR_GLP_OWN;
+    if (from->flags & DT_TENSOR_RETAIN_GRAD) /* from's to read until the reset: given back by no one */
+        return;
+    if (t->grad && from->grad && t->grad->data == from->grad->data) {
+        t->flags = (t->flags & ~g) | (from->flags & g);
+        from->flags &= ~g;
+    }
+    if (t->glp_ && t->glp_ == from->glp_) {
+        t->flags = (t->flags & ~l) | (from->flags & l);
+        from->flags &= ~l;
+    }
+}
+
 float *dt__grad(dt_ctx *ctx, dt_tensor *t)
 {
-    shadow_drop(t);
+    shadow_drop(ctx, t);
     return dt__grad_out(ctx, t);
 }
 
 void *dt__grad_shadow_new(dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
 {
-    size_t nb = (size_t)dt_tensor_numel(t) * dt_dtype_size(lt);
-    return dt_arena_alloc(ctx->arena, nb ? nb : 2);
+    return dt_arena_alloc(ctx->arena, shadow_bytes(t, lt));
 }
 
 bool dt__grad_shadow_wanted(const dt_tensor *t, dt_dtype lt)
@@ -191,6 +237,9 @@ void dt__grad_shadow_set(dt_ctx *ctx, dt_tensor *t, const float *f32buf, void *s
     if (!shadow || lt == DT_F32 || !(t->flags & DT_TENSOR_TEMP) || !t->grad || t->grad->dtype != DT_F32 ||
         t->grad->data != f32buf)
         return;
+    if (t->glp_ != shadow)
+        shadow_drop(ctx, t);
+    t->flags |= DT_TENSOR_GLP_OWN;
     t->glp_ = shadow;
     t->glp_of_ = f32buf;
     t->glp_epoch_ = ctx->epoch;
@@ -206,7 +255,7 @@ const void *dt__grad_shadow(const dt_ctx *ctx, const dt_tensor *t, dt_dtype lt)
 
 float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
 {
-    shadow_drop(t);
+    shadow_drop(ctx, t);
     if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
         /* first contribution to a temporary's gradient: write in place */
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
@@ -214,20 +263,37 @@ float *dt__grad_begin(dt_ctx *ctx, dt_tensor *t)
             return NULL;
         g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
+        t->flags |= DT_TENSOR_GRAD_OWN;
         return g->data;
     }
-    return dt_arena_alloc(ctx->arena, (size_t)dt_tensor_numel(t) * sizeof(float) + 4); // f32 whatever t's dtype
+    size_t nb = (size_t)dt_tensor_numel(t) * sizeof(float) + 4; /* f32 whatever t's dtype */
+    float *s = dt_arena_alloc(ctx->arena, nb);
+    dt__grad_scratch(ctx, s, nb); /* the commit gives it back */
+    return s;
+}
+
+/* buf, if scratch of the running node (dt__grad_begin's), is dead: back to the arena now. */
+static void scratch_give_back(dt_ctx *ctx, float *buf)
+{
+    for (int i = ctx->scratch_floor; i < ctx->nscratch; i++)
+        if (ctx->scratch[i] == buf) {
+            dt_arena_give_back(ctx->arena, buf, ctx->scratch_bytes[i]);
+            ctx->scratch[i] = ctx->scratch[ctx->nscratch - 1];
+            ctx->scratch_bytes[i] = ctx->scratch_bytes[--ctx->nscratch];
+            return;
+        }
 }
 
 float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
 {
-    shadow_drop(t);
+    shadow_drop(ctx, t);
     if (!t->grad && (t->flags & DT_TENSOR_TEMP)) {
         dt_tensor *g = dt_tensor_empty(ctx, DT_F32, t->ndim, t->shape);
         if (!g)
             return NULL;
         g->flags |= t->flags & DT_TENSOR_BLOCKED;
         t->grad = g;
+        t->flags |= DT_TENSOR_GRAD_OWN;
         *beta = 0.0f;
         return g->data;
     }
@@ -248,7 +314,7 @@ float *dt__grad_gemm(dt_ctx *ctx, dt_tensor *t, float *beta)
 
 void *dt__grad_gemm_lp(dt_ctx *ctx, dt_tensor *t, dt_dtype gt)
 {
-    shadow_drop(t);
+    shadow_drop(ctx, t);
     dt_tensor *g = t->grad;
     if (gt == DT_F32 || !g || g->dtype != gt || (t->flags & DT_TENSOR_TEMP) || !(t->flags & DT_TENSOR_GRAD_LAZY) ||
         lp_acc_live(ctx, t) || t->epoch_ != ctx->epoch || t->pending_ != 1 || !dt_tensor_is_contiguous(g) ||
@@ -264,16 +330,19 @@ bool dt_ag_grad_checked_finite(const dt_tensor *leaf) { return leaf && leaf->gfi
 
 dt_status dt__grad_commit(dt_ctx *ctx, dt_tensor *t, float *buf)
 {
-    shadow_drop(t);
+    shadow_drop(ctx, t);
     if (t->grad && t->grad->dtype == DT_F32 && t->grad->data == buf)
         return DT_OK;
     if ((t->flags & DT_TENSOR_GRAD_LAZY) && t->grad && t->grad->dtype == DT_F32) {
         t->flags &= ~(uint32_t)DT_TENSOR_GRAD_LAZY;
         memcpy(t->grad->data, buf, (size_t)dt_tensor_numel(t) * sizeof(float));
+        scratch_give_back(ctx, buf);
         return DT_OK;
     }
     float *g = dt__grad(ctx, t);
     if (!g)
         return dt_last_status();
-    return dt_k_axpy(dt_tensor_numel(t), 1.0f, buf, g);
+    dt_status st = dt_k_axpy(dt_tensor_numel(t), 1.0f, buf, g);
+    scratch_give_back(ctx, buf);
+    return st;
 }

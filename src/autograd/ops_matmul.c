@@ -50,6 +50,7 @@ static const void *grad_lp(dt_ctx *ctx, const dt__node *n, const float *gout, in
     void *g = dt_arena_alloc(ctx->arena, (size_t)m * 2 + 2);
     if (g && dt_k_convert(gout, DT_F32, g, t, m) < 0)
         return NULL;
+    dt__grad_scratch(ctx, g, (size_t)m * 2 + 2); /* dead when n's backward ends */
     ctx->ag_stats.grad_rounds++;
     ctx->ag_stats.grad_round_elems += (uint64_t)m;
     return g;

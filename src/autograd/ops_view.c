@@ -92,6 +92,7 @@ dt_status dt__bw_view(dt_ctx *ctx, dt__node *n, const float *gout)
             x->grad = ga;
             if (sh)
                 dt__grad_shadow_set(ctx, x, gout, (void *)(uintptr_t)sh, lt);
+            dt__grad_hand_over(n->out, x);
             ctx->ag_stats.view_grads_shared++;
             return DT_OK;
         }
@@ -112,8 +113,10 @@ dt_status dt__bw_view(dt_ctx *ctx, dt__node *n, const float *gout)
             }
         }
         dt_status st = dt__grad_commit(ctx, x, gx);
-        if (st >= 0 && sh && !neg0)
+        if (st >= 0 && sh && !neg0) {
             dt__grad_shadow_set(ctx, x, gx, (void *)(uintptr_t)sh, lt);
+            dt__grad_hand_over(n->out, x);
+        }
         return st;
     }
     float *gin = dt__grad(ctx, x);

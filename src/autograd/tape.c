@@ -127,6 +127,14 @@ void dt_ag_clear_grad_hooks(dt_tensor *t)
         t->nhooks_ = 0;
 }
 
+dt_status dt_ag_retain_grad(dt_tensor *t)
+{
+    if (!t)
+        return dt_error(DT_ERR_NULL, "dt_ag_retain_grad: tensor is NULL");
+    t->flags |= DT_TENSOR_RETAIN_GRAD;
+    return DT_OK;
+}
+
 dt_status dt_ag_zero_grad(dt_tensor *t)
 {
     if (!t)
@@ -161,6 +169,7 @@ dt_status dt__bw_custom(dt_ctx *ctx, dt__node *n, const float *gout)
             gin[i] = dt_tensor_zeros(ctx, DT_F32, n->in[i]->ndim, n->in[i]->shape);
             if (!gin[i])
                 return dt_last_status();
+            dt__grad_scratch(ctx, gin[i]->data, dt_tensor_nbytes(gin[i])); /* added below, then dead */
         }
     }
     dt_tensor *go = dt_tensor_view_of(ctx, (void *)(uintptr_t)gout, DT_F32, n->out->ndim,
@@ -392,8 +401,9 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
         dt__node *n = tape[k];
         if (!n->needed || !dt__op_table[n->op].backward)
             continue;
-        n->out->grad = NULL;
+        n->out->grad = NULL; /* a retained one's from an earlier pass: not given back */
         n->out->glp_ = NULL;
+        n->out->flags &= ~(uint32_t)(DT_TENSOR_GRAD_OWN | DT_TENSOR_GLP_OWN);
         for (int j = 0; j < n->nin; j++) {
             dt_tensor *in = n->in[j];
             if (!dt__rg(in))
@@ -415,7 +425,9 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
     /* Walk. */
     dt_status st = DT_OK;
     size_t saved_floor = ctx->child_floor;
+    int saved_scratch = ctx->scratch_floor; /* the enclosing node's scratch is its own */
     ctx->child_floor = ctx->tape_len;
+    ctx->scratch_floor = ctx->nscratch;
     ctx->in_backward = true;
     for (size_t k = start + 1; k-- > lo;) {
         dt__node *n = ctx->tape[k];
@@ -438,9 +450,11 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
             dt_error_wrap(st, "%s: backward of %s", op, dt__op_table[n->op].fn);
             break;
         }
+        dt__grad_drop(ctx, ctx->split_input ? NULL : n->out); /* passed on, unless queued with n */
     }
     ctx->in_backward = nested;
     ctx->child_floor = saved_floor;
+    ctx->scratch_floor = saved_scratch;
     return st;
 }
 
@@ -500,6 +514,7 @@ dt_status dt_backward_weight(dt_ctx *ctx)
         unsigned lifted = lift(n, false);
         st = dt__op_table[n->op].backward(ctx, n, ctx->deferred_gout[k]);
         unlift(n, lifted);
+        dt__grad_drop(ctx, NULL); /* its scratch */
         if (st < 0) {
             dt_error_wrap(st, "dt_backward_weight: backward of %s", dt__op_table[n->op].fn);
             break;

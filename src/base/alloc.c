@@ -207,9 +207,17 @@ static unsigned char *block_data(size_t cap, size_t *map_len)
     return a;
 }
 
+/* A dead allocation given back (dt_arena_give_back), for reuse by size. */
+typedef struct {
+    unsigned char *p;
+    size_t n;
+} dt_arena_dead;
+
 struct dt_arena {
     dt_arena_block *head, *cur;
     size_t block_size, used, peak;
+    dt_arena_dead *dead;
+    size_t ndead, dead_cap;
 };
 
 static dt_arena_block *block_new(size_t cap)
@@ -257,7 +265,41 @@ void dt_arena_free(dt_arena *a)
     if (!a)
         return;
     blocks_free(a->head);
+    free(a->dead);
     free(a);
+}
+
+static size_t round_align(size_t size)
+{
+    size_t n = (size + DT_ALIGN - 1) & ~(size_t)(DT_ALIGN - 1);
+    return n ? n : DT_ALIGN;
+}
+
+void dt_arena_give_back(dt_arena *a, void *p, size_t size)
+{
+    if (!a || !p || size > SIZE_MAX / 2) /* no allocation is that large (dt_arena_alloc) */
+        return;
+    if (a->ndead == a->dead_cap) {
+        size_t cap = a->dead_cap ? 2 * a->dead_cap : 64;
+        dt_arena_dead *d = realloc(a->dead, cap * sizeof *d);
+        if (!d) /* not reused: it stays the step's until the reset */
+            return;
+        a->dead = d;
+        a->dead_cap = cap;
+    }
+    a->dead[a->ndead++] = (dt_arena_dead){p, round_align(size)};
+}
+
+/* The most recently given back allocation of n bytes, taken off the list. */
+static void *reuse(dt_arena *a, size_t n)
+{
+    for (size_t i = a->ndead; i-- > 0;)
+        if (a->dead[i].n == n) {
+            void *p = a->dead[i].p;
+            a->dead[i] = a->dead[--a->ndead];
+            return p;
+        }
+    return NULL;
 }
 
 void *dt_arena_alloc(dt_arena *a, size_t size)
@@ -270,9 +312,10 @@ void *dt_arena_alloc(dt_arena *a, size_t size)
         dt_error(DT_ERR_NO_MEMORY, "arena: allocation of %zu bytes is too large", size);
         return NULL;
     }
-    size_t n = (size + DT_ALIGN - 1) & ~(size_t)(DT_ALIGN - 1);
-    if (n == 0)
-        n = DT_ALIGN;
+    size_t n = round_align(size);
+    void *old = a->ndead ? reuse(a, n) : NULL;
+    if (old)
+        return old;
     for (;;) {
         dt_arena_block *b = a->cur;
         if (b && b->cap - b->used >= n) {
@@ -319,6 +362,7 @@ void dt_arena_reset(dt_arena *a)
     if (a->cur)
         a->cur->used = 0;
     a->used = 0;
+    a->ndead = 0;
 }
 
 dt_arena_pos dt_arena_mark(const dt_arena *a)
@@ -331,10 +375,25 @@ dt_arena_pos dt_arena_mark(const dt_arena *a)
 
 /* The blocks after the marked one stay on the list: the next allocations
  * move into them again (dt_arena_alloc resets a block's use on entry). */
+/* Was q allocated after mark p: in p's block past its use then, or in a
+ * later block? */
+static bool after_mark(const dt_arena_pos *p, const unsigned char *q)
+{
+    for (const dt_arena_block *b = p->block; b; b = b->next)
+        if (q >= b->data && q < b->data + b->cap)
+            return b != p->block || q >= b->data + p->block_used;
+    return false;
+}
+
 void dt_arena_rewind(dt_arena *a, dt_arena_pos p)
 {
     if (!a)
         return;
+    for (size_t i = 0; i < a->ndead;) /* given back, but after the mark: the bump hands it out again */
+        if (!p.block || after_mark(&p, a->dead[i].p))
+            a->dead[i] = a->dead[--a->ndead];
+        else
+            i++;
     if (!p.block) { /* marked before the first allocation */
         a->cur = a->head;
         if (a->cur)

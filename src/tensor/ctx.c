@@ -55,6 +55,7 @@ void dt_ctx_reset(dt_ctx *ctx)
     dt_arena_reset(ctx->arena);
     ctx->tape_len = 0;
     ctx->ndeferred = 0;
+    ctx->nscratch = ctx->scratch_floor = 0;
 }
 
 dt_arena *dt_ctx_arena(dt_ctx *ctx) { return ctx ? ctx->arena : NULL; }

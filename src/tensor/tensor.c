@@ -210,7 +210,7 @@ dt_status dt_tensor_set_grad(dt_tensor *t, dt_tensor *grad)
     }
     if ((t->flags & DT_TENSOR_OWNS_GRAD) && t->grad != grad)
         dt_tensor_free(t->grad);
-    t->flags &= ~(uint32_t)DT_TENSOR_OWNS_GRAD;
+    t->flags &= ~(uint32_t)(DT_TENSOR_OWNS_GRAD | DT_TENSOR_GRAD_OWN); /* backward gives back none of it */
     t->grad = grad;
     if (grad)
         t->flags |= DT_TENSOR_REQUIRES_GRAD;

@@ -39,6 +39,13 @@ struct dt_ctx {
     const float **deferred_gout;
     size_t ndeferred, deferred_cap;
     dt_ag_stats ag_stats; /* dt_ag_stats_get */
+    /* Arena buffers of the running node's backward that are dead when it
+     * ends (dt__grad_scratch): given back then, or when committed (those
+     * of dt__grad_begin). A backward nested in a node's (activation
+     * checkpointing) uses the entries from scratch_floor on. */
+    void *scratch[8];
+    size_t scratch_bytes[8];
+    int nscratch, scratch_floor;
 };
 
 /* Row callback of dt__nd_loop: n elements, up to three operands with their

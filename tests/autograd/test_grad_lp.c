@@ -39,6 +39,7 @@ static void make_head(head *hp, dt_ctx *ctx, dt_dtype dt, int64_t N, int64_t K, 
     h.logits = dt_linear(ctx, dt_cast(ctx, h.x, dt), dt_cast(ctx, h.w, dt), NULL);
     *hp = h;
     ASSERT(h.logits && h.logits->dtype == dt);
+    ASSERT_OK(dt_ag_retain_grad(h.logits)); /* expect_same_grads reads it */
 }
 
 static void free_head(head *h)

@@ -295,6 +295,8 @@ TEST(view_grad_shared_unless_neg0)
         if (kind == 2)
             loss = dt_add(ctx, loss, h2);
         ASSERT(loss != NULL);
+        ASSERT_OK(dt_ag_retain_grad(h)); /* read below */
+        ASSERT_OK(dt_ag_retain_grad(v));
         dt_ag_stats_reset(ctx);
         ASSERT_OK(dt_backward(ctx, loss));
         dt_ag_stats s;

@@ -933,6 +933,7 @@ TEST(autocast_table_and_linear)
     dt_tensor *br = dt_cast(ctx, dt_cast(ctx, b, DT_BF16), DT_F32);
     dt_tensor *lin = dt_linear(ctx, xr, wr, br);
     dt_tensor *lref = dt_cross_entropy(ctx, lin, y);
+    ASSERT_OK(dt_ag_retain_grad(lin)); /* its gradient is read below */
     ASSERT_OK(dt_backward(ctx, lref));
     float gref[24];
     double gabs[24]; /* sum_r |dlogits[r][o]| |x[r][i]|: the bound's scale */
