@@ -26,6 +26,25 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Under AddressSanitizer memory given back to an arena is poisoned until it
+ * is handed out again: a read or write of a gradient after backward gave
+ * it back is reported where it happens. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DT_ASAN 1
+#endif
+#endif
+#ifdef DT_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define HUGE_SZ ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)4 << 20)
 
@@ -260,10 +279,13 @@ dt_arena *dt_arena_init(size_t block_size)
     return a;
 }
 
+static void dead_forget(dt_arena *a);
+
 void dt_arena_free(dt_arena *a)
 {
     if (!a)
         return;
+    dead_forget(a);
     blocks_free(a->head);
     free(a->dead);
     free(a);
@@ -288,6 +310,15 @@ void dt_arena_give_back(dt_arena *a, void *p, size_t size)
         a->dead_cap = cap;
     }
     a->dead[a->ndead++] = (dt_arena_dead){p, round_align(size)};
+    POISON(p, round_align(size));
+}
+
+/* Forget every given-back allocation (its memory is the bump's again). */
+static void dead_forget(dt_arena *a)
+{
+    for (size_t i = 0; i < a->ndead; i++)
+        UNPOISON(a->dead[i].p, a->dead[i].n);
+    a->ndead = 0;
 }
 
 /* The most recently given back allocation of n bytes, taken off the list. */
@@ -297,6 +328,7 @@ static void *reuse(dt_arena *a, size_t n)
         if (a->dead[i].n == n) {
             void *p = a->dead[i].p;
             a->dead[i] = a->dead[--a->ndead];
+            UNPOISON(p, n);
             return p;
         }
     return NULL;
@@ -349,6 +381,7 @@ void dt_arena_reset(dt_arena *a)
 {
     if (!a)
         return;
+    dead_forget(a);
     if (a->head && a->head->next) {
         /* The step spilled into several blocks: replace them by one block
          * large enough for the whole peak. */
@@ -362,7 +395,6 @@ void dt_arena_reset(dt_arena *a)
     if (a->cur)
         a->cur->used = 0;
     a->used = 0;
-    a->ndead = 0;
 }
 
 dt_arena_pos dt_arena_mark(const dt_arena *a)
@@ -390,9 +422,10 @@ void dt_arena_rewind(dt_arena *a, dt_arena_pos p)
     if (!a)
         return;
     for (size_t i = 0; i < a->ndead;) /* given back, but after the mark: the bump hands it out again */
-        if (!p.block || after_mark(&p, a->dead[i].p))
+        if (!p.block || after_mark(&p, a->dead[i].p)) {
+            UNPOISON(a->dead[i].p, a->dead[i].n);
             a->dead[i] = a->dead[--a->ndead];
-        else
+        } else
             i++;
     if (!p.block) { /* marked before the first allocation */
         a->cur = a->head;
