@@ -639,7 +639,7 @@ dt_status dt_plan_calib_save(const dt_plan_calib *c, const char *path)
         free(tmp);
         return dt_error(DT_ERR_IO, "planner calibration '%s': %s", path, strerror(e));
     }
-    fprintf(f, "dtrain-plan-calib 5\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
+    fprintf(f, "dtrain-plan-calib 6\nmodel %s\nseq %lld\ndtype %s\ncores %d\n", c->model, (long long)c->seq,
             dt_dtype_name(c->dtype), c->cores);
 #define W(name, fmt, cast, type) fprintf(f, #name " " fmt "\n", cast c->name);
     CALIB_FIELDS(W)
@@ -702,13 +702,14 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
 #undef R
     }
     fclose(f);
-    if (version >= 1 && version < 5) /* an older dtrain's figures (fewer of them; v3: no collective curve;
-                                         v4: no huge-page faults, AdamW timed on unwritten gradients):
+    if (version >= 1 && version < 6) /* an older dtrain's figures (fewer of them; v3: no collective curve;
+                                         v4: no huge-page faults, AdamW timed on unwritten gradients; v5:
+                                         activations with every intermediate's gradient kept through backward):
                                          measure again */
-        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 5)", path,
+        return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' is version %d (this dtrain writes 6)", path,
                         version);
-    if (version != 5 || seen != want || bad_)
-        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-5 file (%d of %d values%s%s); "
+    if (version != 6 || seen != want || bad_)
+        return dt_error(DT_ERR_FORMAT, "planner calibration '%s': not a complete version-6 file (%d of %d values%s%s); "
                         "delete it to measure again", path, seen, want, bad_ ? "; out of range: " : "",
                         bad_ ? bad_ : "");
     if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.vocab < 1)

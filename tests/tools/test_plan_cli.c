@@ -270,7 +270,7 @@ TEST(train_plan_auto_two_ranks)
     ASSERT(f != NULL);
     text[fread(text, 1, sizeof text - 1, f)] = 0;
     fclose(f);
-    ASSERT_STR_CONTAINS(text, "dtrain-plan-calib 5\n");
+    ASSERT_STR_CONTAINS(text, "dtrain-plan-calib 6\n");
     ASSERT_STR_CONTAINS(text, "\nfault_huge_bw ");
     ASSERT_STR_CONTAINS(text, "\nnonfinite_s ");
     ASSERT_STR_CONTAINS(text, "\ncoll_measured 2\n");
