@@ -732,10 +732,12 @@ dt_status dt_model_set_grads(dt_model *m, dt_dtype dtype, const dt_flat *g)
 
 dt_status dt_model_bind_param(dt_model *m, size_t i, void *data, void *grad)
 {
-    if (!m || !data || !grad)
-        return dt_error(DT_ERR_NULL, "dt_model_bind_param: %s is NULL", !m ? "model" : !data ? "data" : "grad");
-    if (i >= m->nentry)
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_model_bind_param: model is NULL");
+    if (i >= m->nentry) /* first: an index past the end is the error, whatever the buffers */
         return dt_error(DT_ERR_RANGE, "dt_model_bind_param: index %zu, model has %zu entries", i, m->nentry);
+    if (!data || !grad)
+        return dt_error(DT_ERR_NULL, "dt_model_bind_param: %s is NULL", !data ? "data" : "grad");
     dt__entry *e = &m->entries[i];
     dt_param_info *p = &e->info;
     if (p->is_buffer || e->tied >= 0 || !dt_dtype_is_float(p->dtype))

@@ -927,6 +927,8 @@ dt_status dt_trainer_allreduce_sum(dt_trainer *tr, double *v, int n)
 {
     if (!tr || (!v && n > 0))
         return dt_error(DT_ERR_NULL, "dt_trainer_allreduce_sum: NULL argument");
+    if (n < 0) /* was DT_OK, summing nothing */
+        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_allreduce_sum: n %d (want n >= 0)", n);
     if (!agrees(tr) || !tr->s->ops.allreduce_sum || n == 0)
         return DT_OK;
     return tr->s->ops.allreduce_sum(tr->s->self, v, n);

@@ -772,8 +772,10 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
 
 dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_trainer_save_params *p)
 {
-    if (!tr || !dir || !*dir)
-        return dt_error(DT_ERR_NULL, "dt_trainer_save: %s", tr ? "no directory" : "trainer is NULL");
+    if (!tr || !dir)
+        return dt_error(DT_ERR_NULL, "dt_trainer_save: %s is NULL", tr ? "dir" : "trainer");
+    if (!*dir)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_save: empty dir");
     if (dt_trainer_offload(tr)) /* every rank has it or none: the refusal is symmetric */
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_save: the optimizer state is offloaded to NVMe (offload.h), "
                         "which checkpoints do not hold yet");

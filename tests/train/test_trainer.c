@@ -329,6 +329,14 @@ TEST(bad_parameters)
     b = dt_trainer_batch_make(xs, DT_F32, 2, shp, ys, DT_I64, -3, shp);
     ASSERT_STATUS(dt_trainer_step(tr, &b, 1, &r), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "y_ndim -3");
+    double v[2] = {1, 2};
+    ASSERT_STATUS(dt_trainer_allreduce_sum(tr, v, -1), DT_ERR_INVALID_ARG); /* was DT_OK */
+    ASSERT_OK(dt_trainer_allreduce_sum(tr, v, 2));
+    ASSERT(v[0] == 1 && v[1] == 2); /* one process: identity */
+    ASSERT_STATUS(dt_trainer_save(tr, "", NULL), DT_ERR_INVALID_ARG); /* was DT_ERR_NULL */
+    ASSERT_STATUS(dt_trainer_save(tr, NULL, NULL), DT_ERR_NULL);
+    ASSERT_STATUS(dt_model_bind_param(m, 99, NULL, NULL), DT_ERR_RANGE); /* said "data is NULL" */
+    ASSERT_STR_CONTAINS(dt_last_error(), "index 99");
     dt_trainer_free(tr);
     dt_trainer_free(NULL);
     dt_strategy_free(NULL);
