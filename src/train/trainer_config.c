@@ -117,6 +117,11 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
         if (!isnan(damp)) tp->sgd.dampening = damp;
         if (dt_config_get_bool(c, "optimizer.params.nesterov", &nesterov) == DT_OK)
             tp->sgd.nesterov = nesterov;
+        if (nesterov && (!(tp->sgd.momentum > 0) || tp->sgd.dampening != 0)) /* torch.optim.SGD's rule; named
+                                                                                 here, not by the trainer */
+            return dt_error(DT_ERR_INVALID_ARG, "key optimizer.params.nesterov: true needs optimizer.params.momentum "
+                            "> 0 and dampening 0 (momentum %g, dampening %g)", tp->sgd.momentum,
+                            tp->sgd.dampening);
         break;
     case DT_OPTIM_ADAM:
     case DT_OPTIM_ADAMW: {

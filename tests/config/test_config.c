@@ -776,6 +776,15 @@ TEST(optimizer_params_deepspeed_takes)
     ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"amsgrad\": true}}}", &tp),
                   DT_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.amsgrad: not supported yet");
+    /* SGD's nesterov without a momentum: named by the key (the trainer said "sgd: sgd: nesterov ...") */
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"nesterov\": true}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.nesterov: true needs optimizer.params.momentum > 0");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"nesterov\": true, \"momentum\": 0.9, "
+                        "\"dampening\": 0.1}}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"nesterov\": true, \"momentum\": 0.9}}}", &tp));
+    ASSERT(tp.sgd.nesterov);
+    ASSERT_NEAR(tp.sgd.momentum, 0.9, 1e-6, 0);
 }
 
 /* ---- pipeline parallelism ------------------------------------------------------------------ */
