@@ -454,6 +454,8 @@ dt_status dt_backward_with(dt_ctx *ctx, dt_tensor *out, const dt_tensor *grad_ou
     }
     ctx->in_backward = nested;
     ctx->child_floor = saved_floor;
+    ctx->nscratch = ctx->scratch_floor; /* none left but after an error: forgotten (a checkpoint's rewind may
+                                           hand that memory out again) */
     ctx->scratch_floor = saved_scratch;
     return st;
 }
