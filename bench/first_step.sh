@@ -7,8 +7,10 @@
 # GPT2LMHeadModel(config) with AdamW (bench/torch_first_step.py, with the
 # peer's python from $PEER_PYTHON: the imports, the model, the first step),
 # and optionally another dtrain build ($DT_BASE_CLI: its dtrain program) on
-# the same command. The runs alternate ROUNDS times; prints every round,
-# then the medians and the ratios.
+# the same command. The runs alternate ROUNDS times, the order reversed
+# every other round (on a VM a run after a pause or after another program
+# pays seconds for memory the host has not backed lately); prints every
+# round, then the medians and the ratios.
 #
 #   [PEER_PYTHON=...] [DT_BASE_CLI=...] bench/first_step.sh [--rounds 3] [--model gpt2|gpt2-medium|gpt-micro]
 #                     [--batch 4] [--seq 64] [--threads 2]
@@ -64,26 +66,42 @@ med() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2
 : >"$tmp/dt"; : >"$tmp/base"; : >"$tmp/peer"
 echo "# bench/first_step.sh: $model B=$batch T=$seq threads $threads, $rounds round(s)," \
   "$(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-for r in $(seq 1 "$rounds"); do
-  d=$(dtrain_run "$dt") || exit 1
+# One case of a round: its figures appended to its file, its part of the round's line in $tmp/line.<case>.
+case_dt() {
+  d=$(dtrain_run "$dt") || return 1
   echo "$d" >>"$tmp/dt"
-  line="round $r: dtrain ${d% *} s (step ${d#* } s)"
-  if [ -n "${DT_BASE_CLI:-}" ]; then
-    b=$(dtrain_run "$DT_BASE_CLI") || exit 1
-    echo "$b" >>"$tmp/base"
-    line="$line; base ${b% *} s (step ${b#* } s)"
-  fi
-  if [ -n "${PEER_PYTHON:-}" ]; then
-    j=$("$PEER_PYTHON" bench/torch_first_step.py --model "$model" --batch "$batch" --seq "$seq" \
-          --threads "$threads" 2>/dev/null | tail -n 1)
-    p=$(echo "$j" |
-        sed -n 's/.*"import_s": \([0-9.]*\).*"model_s": \([0-9.]*\).*"first_step_s": \([0-9.]*\).*/\3 \1 \2/p')
-    [ -n "$p" ] || { echo "$0: bench/torch_first_step.py printed no figures (torch and transformers?)" >&2; exit 1; }
-    echo "$p" >>"$tmp/peer"
-    set -- $p
-    line="$line; transformers ${1:-?} s (imports done at ${2:-?} s, model and optimizer at ${3:-?} s)"
-  fi
-  echo "$line"
+  echo "dtrain ${d% *} s (step ${d#* } s)" >"$tmp/line.dt"
+}
+case_base() {
+  b=$(dtrain_run "$DT_BASE_CLI") || return 1
+  echo "$b" >>"$tmp/base"
+  echo "; base ${b% *} s (step ${b#* } s)" >"$tmp/line.base"
+}
+case_peer() {
+  j=$("$PEER_PYTHON" bench/torch_first_step.py --model "$model" --batch "$batch" --seq "$seq" \
+        --threads "$threads" 2>/dev/null | tail -n 1)
+  p=$(echo "$j" |
+      sed -n 's/.*"import_s": \([0-9.]*\).*"model_s": \([0-9.]*\).*"first_step_s": \([0-9.]*\).*/\3 \1 \2/p')
+  [ -n "$p" ] || { echo "$0: bench/torch_first_step.py printed no figures (torch and transformers?)" >&2; return 1; }
+  echo "$p" >>"$tmp/peer"
+  set -- $p
+  echo "; transformers ${1:-?} s (imports done at ${2:-?} s, model and optimizer at ${3:-?} s)" >"$tmp/line.peer"
+}
+cases=dt
+[ -z "${DT_BASE_CLI:-}" ] || cases="$cases base"
+[ -z "${PEER_PYTHON:-}" ] || cases="$cases peer"
+n=$(echo $cases | wc -w)
+for r in $(seq 1 "$rounds"); do
+  # the order is reversed every other round (as bench/compare.sh's A B, B A): a run pays for memory the
+  # host has not backed lately (on a VM several seconds after a pause or after another program; little
+  # right after a run that freed the same memory), so no case may always run first or after the same one
+  rm -f "$tmp"/line.*
+  for k in $(seq 1 "$n"); do
+    i=$(( r % 2 ? k : n + 1 - k ))
+    c=$(echo $cases | cut -d' ' -f"$i")
+    "case_$c" || exit 1
+  done
+  echo "round $r: $(cat "$tmp/line.dt" "$tmp"/line.base "$tmp"/line.peer 2>/dev/null | tr -d '\n')"
 done
 dm=$(cut -d' ' -f1 "$tmp/dt" | med)
 echo "median: dtrain $dm s to the first step done"
