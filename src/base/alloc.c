@@ -309,8 +309,9 @@ void dt_arena_give_back(dt_arena *a, void *p, size_t size)
         a->dead = d;
         a->dead_cap = cap;
     }
-    a->dead[a->ndead++] = (dt_arena_dead){p, round_align(size)};
-    POISON(p, round_align(size));
+    const size_t n = round_align(size);
+    a->dead[a->ndead++] = (dt_arena_dead){p, n};
+    POISON(p, n);
 }
 
 /* Forget every given-back allocation (its memory is the bump's again). */
@@ -405,8 +406,6 @@ dt_arena_pos dt_arena_mark(const dt_arena *a)
     return p;
 }
 
-/* The blocks after the marked one stay on the list: the next allocations
- * move into them again (dt_arena_alloc resets a block's use on entry). */
 /* Was q allocated after mark p: in p's block past its use then, or in a
  * later block? */
 static bool after_mark(const dt_arena_pos *p, const unsigned char *q)
@@ -416,6 +415,9 @@ static bool after_mark(const dt_arena_pos *p, const unsigned char *q)
             return b != p->block || q >= b->data + p->block_used;
     return false;
 }
+
+/* The blocks after the marked one stay on the list: the next allocations
+ * move into them again (dt_arena_alloc resets a block's use on entry). */
 
 void dt_arena_rewind(dt_arena *a, dt_arena_pos p)
 {
