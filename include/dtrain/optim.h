@@ -224,13 +224,16 @@ DT_API dt_optim_kind dt_optim_get_kind(const dt_optim *o);
 DT_API const char *dt_optim_kind_name(dt_optim_kind k);
 /* The reverse; DT_ERR_INVALID_ARG for an unknown name. */
 DT_API dt_status dt_optim_kind_parse(const char *s, dt_optim_kind *out);
-/* Current learning rate (schedules set it before each step). */
+/* Current learning rate (schedules set it before each step). Setting a NaN,
+ * an infinity or a negative rate is DT_ERR_INVALID_ARG and keeps the old one
+ * (every following step would have written NaN into the parameters). */
 DT_API double dt_optim_get_lr(const dt_optim *o);
-DT_API void dt_optim_set_lr(dt_optim *o, double lr);
+DT_API dt_status dt_optim_set_lr(dt_optim *o, double lr);
 /* Steps taken so far (0 before the first). Setting it is for resuming from a
- * checkpoint together with the state buffers. */
+ * checkpoint together with the state buffers; a negative step is
+ * DT_ERR_INVALID_ARG. */
 DT_API int64_t dt_optim_get_step(const dt_optim *o);
-DT_API void dt_optim_set_step(dt_optim *o, int64_t step);
+DT_API dt_status dt_optim_set_step(dt_optim *o, int64_t step);
 /* The global grad norm LAMB saw in its last step (before clipping), 0 before. */
 DT_API double dt_optim_last_grad_norm(const dt_optim *o);
 

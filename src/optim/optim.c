@@ -460,16 +460,25 @@ void dt_optim_set_zero_grad(dt_optim *o, bool on)
 
 dt_optim_kind dt_optim_get_kind(const dt_optim *o) { return o ? o->kind : DT_OPTIM_KIND_COUNT; }
 double dt_optim_get_lr(const dt_optim *o) { return o ? o->lr : 0.0; }
-void dt_optim_set_lr(dt_optim *o, double lr)
+dt_status dt_optim_set_lr(dt_optim *o, double lr)
 {
-    if (o)
-        o->lr = lr;
+    if (!o)
+        return dt_error(DT_ERR_NULL, "dt_optim_set_lr: optimizer is NULL");
+    if (!(lr >= 0) || !isfinite(lr))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_optim_set_lr: learning rate %g must be finite and >= 0 (kept %g)",
+                        lr, o->lr);
+    o->lr = lr;
+    return DT_OK;
 }
 int64_t dt_optim_get_step(const dt_optim *o) { return o ? o->step : 0; }
-void dt_optim_set_step(dt_optim *o, int64_t step)
+dt_status dt_optim_set_step(dt_optim *o, int64_t step)
 {
-    if (o && step >= 0)
-        o->step = step;
+    if (!o)
+        return dt_error(DT_ERR_NULL, "dt_optim_set_step: optimizer is NULL");
+    if (step < 0)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_optim_set_step: step %lld must be >= 0", (long long)step);
+    o->step = step;
+    return DT_OK;
 }
 double dt_optim_last_grad_norm(const dt_optim *o) { return o ? o->last_gnorm : 0.0; }
 int dt_optim_num_states(const dt_optim *o) { return o ? o->nstate : 0; }

@@ -606,7 +606,8 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         tr->t_trace = dt_trace_now();
         tr->t0 = dt_time_s();
         tr->lr = dt_sched_lr(&tr->p.sched, tr->opt_step);
-        dt_optim_set_lr(tr->opt, tr->lr);
+        if ((st = dt_optim_set_lr(tr->opt, tr->lr)) < 0)
+            return st;
         tr->samples = 0;
         tr->t_fwd = tr->t_bwd = 0;
         /* a step the scaler skips leaves the buffers (running statistics)

@@ -228,7 +228,8 @@ dt_status dt_trainer_apply_run_state(dt_trainer *tr, const char *json, dt_traine
         goto out;
     if ((st = dt_model_set_rng_state(dt_trainer_model(tr), ctr, n)) < 0)
         goto out;
-    dt_optim_set_step(o, ostep);
+    if ((st = dt_optim_set_step(o, ostep)) < 0)
+        goto out;
     dt__trainer_set_steps(tr, step);
     dt__trainer_pos *pos = dt__trainer_position(tr);
     pos->epoch = epoch;

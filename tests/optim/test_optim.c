@@ -846,8 +846,19 @@ TEST(bad_arguments)
     ASSERT_STATUS(tstep(NULL, x, x), DT_ERR_NULL);
     ASSERT_STATUS(dt_optim_state(o, 0, 0, NULL, NULL, NULL), DT_ERR_RANGE);
     ASSERT_STR_EQ(dt_optim_kind_name(dt_optim_get_kind(o)), "sgd");
-    dt_optim_set_lr(o, 0.25);
+    ASSERT_OK(dt_optim_set_lr(o, 0.25));
     ASSERT_NEAR(dt_optim_get_lr(o), 0.25, 0, 0);
+    /* a NaN, infinite or negative rate is refused and the old one kept */
+    ASSERT_STATUS(dt_optim_set_lr(o, NAN), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "learning rate");
+    ASSERT_STATUS(dt_optim_set_lr(o, INFINITY), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_optim_set_lr(o, -1e-3), DT_ERR_INVALID_ARG);
+    ASSERT_NEAR(dt_optim_get_lr(o), 0.25, 0, 0);
+    ASSERT_STATUS(dt_optim_set_lr(NULL, 0.1), DT_ERR_NULL);
+    ASSERT_OK(dt_optim_set_step(o, 7));
+    ASSERT_STATUS(dt_optim_set_step(o, -1), DT_ERR_INVALID_ARG);
+    ASSERT(dt_optim_get_step(o) == 7);
+    ASSERT_OK(dt_optim_set_step(o, 0));
     tfree(o);
     tfree(NULL);
 }
