@@ -337,9 +337,11 @@ static int64_t tokens_max_plus_one(const char *spec)
  * default (gpt2: GPT-2's 50257) is kept when every id fits it, so that a
  * model named for a tokenizer keeps that tokenizer's shape, and grown to
  * the largest id + 1 when it does not (the ids beyond it were an error
- * naming --vocab-size before). A resumed run reads the same files, so it
+ * naming --vocab-size before); past 2^24 ids (the largest tokenizers have
+ * about 2^18) the file is refused as not token ids. A resumed run reads the same files, so it
  * builds the same size. With --tokenizer FILE (text data) the tokenizer is
  * loaded here and its size is the vocabulary's. */
+#define DT__TR_MAX_INFERRED_VOCAB (1 << 24)
 int dt__tr_vocab_size_from_vocab(dt__train_run *t)
 {
     t->vocab_from = "the model's default";
@@ -377,10 +379,18 @@ int dt__tr_vocab_size_from_vocab(dt__train_run *t)
     if (dt_gpt2_config_by_name(t->o.model, &g) < 0)
         return 0; /* not a GPT model */
     int64_t m = tokens_max_plus_one(t->o.data), mv = tokens_max_plus_one(t->o.val_data);
+    const char *from = mv > m ? t->o.val_data : t->o.data;
     if (mv > m)
         m = mv;
     if (m <= g.vocab_size)
         return 0; /* every id fits the model's default */
+    if (m > DT__TR_MAX_INFERRED_VOCAB) /* no tokenizer has that many: not token ids, or another width */
+    {
+        dt__cli_err("dtrain train: %s: largest token id %lld would need a vocabulary of %lld (more than %d, larger "
+                    "than any tokenizer's): the file does not hold a tokenizer's ids; give --vocab-size N if it "
+                    "does\n", from, (long long)(m - 1), (long long)m, DT__TR_MAX_INFERRED_VOCAB);
+        return 2;
+    }
     t->o.vocab_size = m;
     t->vocab_from = "the token files' largest id + 1";
     if (dt__ddp_is_main(&t->ddp))

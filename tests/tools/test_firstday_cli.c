@@ -191,6 +191,21 @@ TEST(vocab_size_from_token_files)
     cli_runv(&r2, 60, NULL, (char *[]){"ckpt", "info", dir3, NULL});
     ASSERT_EQ_INT(r2.code, 0);
     ASSERT_STR_CONTAINS(strstr(r2.out, "transformer.wte.weight"), "[512,16]");
+    /* a uint32 file with an id of 2^31: a vocabulary of 2^31 + 1 was built and the memory check said 1024 GiB,
+     * exit 1, advising ZeRO; no tokenizer is that large: refused as not token ids, exit 2, before any model */
+    uint32_t wide[64];
+    for (int i = 0; i < 64; i++)
+        wide[i] = i == 40 ? 1u << 31 : (uint32_t)i;
+    snprintf(small_bin, sizeof small_bin, "%s/wide.bin", cli_tmpdir());
+    snprintf(small, sizeof small, "tokens:%s", small_bin);
+    ASSERT_OK(dt_tokens_write_u32(small_bin, wide, 64));
+    cli_runv(&r2, 60, NULL,
+             (char *[]){"train", "--model", "gpt-micro", GPT_ARGS, "--seq", "16", "--batch", "4", "--max-steps", "1",
+                        "--data", small, "--no-eval", "--threads", "1", "--progress", "none", NULL});
+    ASSERT_EQ_INT(r2.code, 2);
+    ASSERT_STR_CONTAINS(r2.err, "largest token id 2147483648");
+    ASSERT_STR_CONTAINS(r2.err, "--vocab-size");
+    ASSERT(!strstr(r2.out, "vocab size "));
 }
 
 TEST(ckpt_commands_take_the_save_directory)
