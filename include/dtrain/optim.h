@@ -436,6 +436,8 @@ typedef enum {
     DT_SCHED_STEP,          /* torch StepLR: base_lr * gamma^(step / step_size) */
     DT_SCHED_COSINE,        /* warm-up then cosine decay to min_lr */
     DT_SCHED_LINEAR,        /* warm-up then linear decay to min_lr (HF get_linear_schedule_with_warmup) */
+    DT_SCHED_WARMUP_COSINE, /* DeepSpeed WarmupCosineLR: warm-up, cosine decay to base_lr * min_ratio */
+    DT_SCHED_RANGE_TEST,    /* DeepSpeed LRRangeTest: base_lr * (1 + step_rate * step / step_size) */
     DT_SCHED_KIND_COUNT
 } dt_sched_kind;
 
@@ -454,15 +456,25 @@ typedef struct dt_sched_params {
     int64_t total_steps;    /* COSINE, LINEAR: steps until min_lr is reached; default 1000 */
     double min_lr;          /* COSINE, LINEAR: floor; default 0 */
     dt_warmup_kind warmup;  /* the warm-up's ramp; default DT_WARMUP_LINEAR */
+    double warmup_start;    /* the warm-up starts at base_lr * warmup_start (every kind; DeepSpeed's
+                               warmup_min_ratio, or warmup_min_lr / warmup_max_lr); default 0 */
+    double min_ratio;       /* WARMUP_COSINE: the floor, a fraction of base_lr (cos_min_ratio); default 1e-4 */
+    double step_rate;       /* RANGE_TEST: the rate's growth per step_size steps; default 1 */
+    bool staircase;         /* RANGE_TEST: grow once every step_size steps (floor), not every step; default false */
+    int64_t lag;            /* the rate of step s is the schedule's at s - lag; the steps before take base_lr *
+                               warmup_start (WARMUP_COSINE: 0). DeepSpeed's engine steps its scheduler after
+                               each optimizer step, so its WarmupLR, WarmupDecayLR and WarmupCosineLR run one
+                               step behind (lag 1; its LRRangeTest counts from 1 and needs none); default 0 */
 } dt_sched_params;
 DT_API dt_sched_params dt_sched_params_default(void);
 
 /* The learning rate for optimizer step `step` (0-based: the first step is 0),
  * a pure function so a resumed run gets the same values. The warm-up
  * factor w(step), for step < warmup (1 afterwards, and always with warmup 0):
- *   DT_WARMUP_LINEAR:  step / warmup                   (step 0 has lr 0)
- *   DT_WARMUP_LOG:     ln(step + 1) / ln(max(2, warmup)) (DeepSpeed WarmupLR's
- *                      "log" warmup_type; step 0 has lr 0)
+ *   DT_WARMUP_LINEAR:  s0 + (1 - s0) * step / warmup     (step 0 has lr base_lr * s0)
+ *   DT_WARMUP_LOG:     s0 + (1 - s0) * ln(step + 1) / ln(max(2, warmup))
+ *                      (DeepSpeed WarmupLR's "log" warmup_type)
+ * where s0 is warmup_start (0 by default: step 0 has lr 0).
  * COSINE (HF get_cosine_schedule_with_warmup, with a floor):
  *   step < warmup:  base_lr * w(step)
  *   else:           p = min(1, (step - warmup) / max(1, total - warmup))
@@ -470,11 +482,20 @@ DT_API dt_sched_params dt_sched_params_default(void);
  * LINEAR (HF get_linear_schedule_with_warmup, with a floor):
  *   step < warmup:  base_lr * w(step)
  *   else:           min_lr + (base_lr - min_lr) * max(0, (total - step) / max(1, total - warmup))
+ * WARMUP_COSINE (DeepSpeed WarmupCosineLR; its decay starts one step in):
+ *   step < warmup:  base_lr * w(step)
+ *   else:           p = min(1, (step - warmup + 1) / max(1, total - warmup))
+ *                   base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * p)))
+ * RANGE_TEST (DeepSpeed LRRangeTest): base_lr * (1 + step_rate * i), i = step / step_size,
+ *   floored with staircase.
  * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
- * With warmup_steps > 0, STEP and CONSTANT are multiplied by w(step) while
- * step < warmup. */
+ * With warmup_steps > 0, STEP, CONSTANT and RANGE_TEST are multiplied by
+ * w(step) while step < warmup. With lag > 0 all of this is evaluated at
+ * step - lag, and the first lag steps take base_lr * warmup_start (0 for
+ * WARMUP_COSINE). */
 DT_API double dt_sched_lr(const dt_sched_params *p, int64_t step);
-/* "constant", "step", "cosine", "linear" <-> kind; parse returns DT_ERR_INVALID_ARG. */
+/* "constant", "step", "cosine", "linear", "warmup_cosine", "range_test" <-> kind; parse returns
+ * DT_ERR_INVALID_ARG. */
 DT_API const char *dt_sched_kind_name(dt_sched_kind k);
 DT_API dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out);
 

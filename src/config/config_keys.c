@@ -125,6 +125,12 @@ const dt__cfg_key dt__cfg_keys[] = {
     FLT("scheduler.params.gamma", 0, 1, 0),
     FLT("scheduler.params.min_lr", 0, 1e6, 0),
     INT("scheduler.params.last_batch_iteration", -1, -1, 0),
+    FLT("scheduler.params.warmup_min_ratio", 0, 1e6, 0),
+    FLT("scheduler.params.cos_min_ratio", 0, 1e6, 0),
+    FLT("scheduler.params.lr_range_test_min_lr", 0, 1e6, A),
+    INT("scheduler.params.lr_range_test_step_size", 1, BIG, 0),
+    FLT("scheduler.params.lr_range_test_step_rate", 0, 1e6, 0),
+    BOOL("scheduler.params.lr_range_test_staircase", 0),
     /* activation checkpointing */
     OBJ("activation_checkpointing"),
     BOOL("activation_checkpointing.partition_activations", 0),

@@ -42,11 +42,10 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
     if (!strcmp(p, "optimizer.type") && !strcmp(v->v.s, "Lamb"))
         dt__cfg_warn(c, "optimizer.type Lamb: dtrain's LAMB is apex FusedLAMB (AIAK's); DeepSpeed's own Lamb also "
                         "clamps the trust ratio to [0.01, 10]");
-    if (!strcmp(p, "scheduler.type") &&
-        (!strcmp(v->v.s, "WarmupCosineLR") || !strcmp(v->v.s, "OneCycle") || !strcmp(v->v.s, "LRRangeTest")))
-        return unsupported(p, "dtrain's schedules are WarmupLR, WarmupDecayLR, constant, step, cosine and linear");
-    if (!strcmp(p, "scheduler.params.warmup_min_lr") && v->v.d != 0.0)
-        return unsupported(p, "dtrain's warm-up starts from 0");
+    if (!strcmp(p, "scheduler.type") && !strcmp(v->v.s, "OneCycle"))
+        return unsupported(p, "OneCycle, whose momentum cycling changes the optimizer's betas each step: dtrain's "
+                              "schedules are WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, constant, step, "
+                              "cosine and linear");
     if (!strcmp(p, "dtrain.micro_batches"))
         return dt_error(DT_ERR_INVALID_ARG, "key dtrain.micro_batches: with pipeline parallelism "
                                             "gradient_accumulation_steps is the number of micro-batches "

@@ -3,7 +3,9 @@
  * had. Cosine follows Hugging Face's get_cosine_schedule_with_warmup
  * (num_cycles 0.5), linear its get_linear_schedule_with_warmup, both with a
  * floor min_lr like torch's CosineAnnealingLR eta_min. The "log" warm-up is
- * DeepSpeed WarmupLR's default ramp (its warmup_num_steps raised to 2). */
+ * DeepSpeed WarmupLR's default ramp (its warmup_num_steps raised to 2);
+ * warmup_cosine and range_test are DeepSpeed's WarmupCosineLR and LRRangeTest
+ * (lag: the step its engine's scheduler is behind the optimizer). */
 #include "dtrain/optim.h"
 
 #include <math.h>
@@ -12,18 +14,22 @@
 dt_sched_params dt_sched_params_default(void)
 {
     dt_sched_params p = {.kind = DT_SCHED_CONSTANT, .base_lr = 1e-3, .step_size = 1, .gamma = 0.1,
-                         .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0, .warmup = DT_WARMUP_LINEAR};
+                         .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0, .warmup = DT_WARMUP_LINEAR,
+                         .warmup_start = 0.0, .min_ratio = 1e-4, .step_rate = 1.0, .staircase = false, .lag = 0};
     return p;
 }
 
 /* The warm-up factor for step < warmup_steps (callers check). */
 static double warm(const dt_sched_params *p, int64_t step)
 {
+    double w;
     if (p->warmup == DT_WARMUP_LOG) {
         int64_t n = p->warmup_steps > 2 ? p->warmup_steps : 2;
-        return log((double)step + 1.0) / log((double)n);
+        w = log((double)step + 1.0) / log((double)n);
+    } else {
+        w = (double)step / (double)p->warmup_steps;
     }
-    return (double)step / (double)p->warmup_steps;
+    return p->warmup_start + (1.0 - p->warmup_start) * w;
 }
 
 static double sched_base(const dt_sched_params *p, int64_t step)
@@ -54,6 +60,21 @@ static double sched_base(const dt_sched_params *p, int64_t step)
             prog = 1.0;
         return p->min_lr + (p->base_lr - p->min_lr) * 0.5 * (1.0 + cos(M_PI * prog));
     }
+    case DT_SCHED_WARMUP_COSINE: {
+        if (step < p->warmup_steps)
+            return p->base_lr * warm(p, step);
+        double span = (double)p->total_steps - (double)p->warmup_steps;
+        double prog = ((double)step - (double)p->warmup_steps + 1.0) / (span > 1 ? span : 1);
+        if (prog > 1.0)
+            prog = 1.0;
+        double r = p->min_ratio + (1.0 - p->min_ratio) * 0.5 * (1.0 + cos(M_PI * prog));
+        return p->base_lr * (r > 0 ? r : 0.0);
+    }
+    case DT_SCHED_RANGE_TEST: {
+        double ss = p->step_size > 0 ? (double)p->step_size : 1.0;
+        double i = (double)step / ss;
+        return p->base_lr * (1.0 + p->step_rate * (p->staircase ? floor(i) : i));
+    }
     case DT_SCHED_CONSTANT:
     default:
         return p->base_lr;
@@ -66,16 +87,22 @@ double dt_sched_lr(const dt_sched_params *p, int64_t step)
         return 0.0;
     if (step < 0)
         step = 0;
+    if (p->lag > 0) { /* DeepSpeed's engine: the scheduler steps after the optimizer */
+        if (step < p->lag)
+            return p->kind == DT_SCHED_WARMUP_COSINE ? 0.0 : p->base_lr * p->warmup_start;
+        step -= p->lag;
+    }
     double lr = sched_base(p, step);
-    /* cosine and linear have their own warm-up (above); the others ramp the
-     * same way, on top of their value (this was the CLI's rule) */
-    if (p->kind != DT_SCHED_COSINE && p->kind != DT_SCHED_LINEAR && p->warmup_steps > 0 && step < p->warmup_steps)
+    /* cosine, linear and warmup_cosine have their own warm-up (above); the
+     * others ramp the same way, on top of their value (this was the CLI's rule) */
+    if (p->kind != DT_SCHED_COSINE && p->kind != DT_SCHED_LINEAR && p->kind != DT_SCHED_WARMUP_COSINE &&
+        p->warmup_steps > 0 && step < p->warmup_steps)
         lr *= warm(p, step);
     return lr;
 }
 
-static const char *const g_sched_names[] = {"constant", "step", "cosine", "linear"};
-_Static_assert(DT_SCHED_KIND_COUNT == 4, "schedule names");
+static const char *const g_sched_names[] = {"constant", "step", "cosine", "linear", "warmup_cosine", "range_test"};
+_Static_assert(DT_SCHED_KIND_COUNT == 6, "schedule names");
 
 const char *dt_sched_kind_name(dt_sched_kind k)
 {
@@ -90,5 +117,6 @@ dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out)
                 *out = (dt_sched_kind)k;
             return DT_OK;
         }
-    return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine, linear)", s ? s : "(null)");
+    return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine, linear, warmup_cosine, "
+                    "range_test)", s ? s : "(null)");
 }

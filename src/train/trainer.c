@@ -120,7 +120,7 @@ dt_trainer_batch dt_trainer_batch_make(void *x, dt_dtype x_dtype, int x_ndim, co
     return b;
 }
 
-static double optim_lr(const dt_trainer_params *p)
+double dt__trainer_params_lr(const dt_trainer_params *p)
 {
     switch (p->optimizer) {
     case DT_OPTIM_SGD:
@@ -411,13 +411,17 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     const dt_sched_params *sp = &p.sched;
     if ((unsigned)sp->kind >= DT_SCHED_KIND_COUNT || (unsigned)sp->warmup > DT_WARMUP_LOG ||
         !(isfinite(sp->min_lr) && sp->min_lr >= 0) || !(isfinite(sp->gamma) && sp->gamma >= 0) ||
-        sp->warmup_steps < 0 || sp->total_steps < 0 || sp->step_size < 0) {
+        !(isfinite(sp->warmup_start) && sp->warmup_start >= 0) || !(isfinite(sp->min_ratio) && sp->min_ratio >= 0) ||
+        !(isfinite(sp->step_rate) && sp->step_rate >= 0) || sp->warmup_steps < 0 || sp->total_steps < 0 ||
+        sp->step_size < 0 || sp->lag < 0) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
-                        "dt_trainer_init: schedule kind %d, warmup kind %d, min_lr %g, gamma %g, warmup_steps %lld, "
-                        "total_steps %lld, step_size %lld (need known kinds, finite rates >= 0, steps >= 0)",
-                        (int)sp->kind, (int)sp->warmup, sp->min_lr, sp->gamma, (long long)sp->warmup_steps,
-                        (long long)sp->total_steps, (long long)sp->step_size);
+                        "dt_trainer_init: schedule kind %d, warmup kind %d, min_lr %g, gamma %g, warmup_start %g, "
+                        "min_ratio %g, step_rate %g, warmup_steps %lld, total_steps %lld, step_size %lld, lag %lld "
+                        "(need known kinds, finite rates and ratios >= 0, steps >= 0)",
+                        (int)sp->kind, (int)sp->warmup, sp->min_lr, sp->gamma, sp->warmup_start, sp->min_ratio,
+                        sp->step_rate, (long long)sp->warmup_steps, (long long)sp->total_steps,
+                        (long long)sp->step_size, (long long)sp->lag);
     }
     const char *sl = dt_tp_model_slice(m);
     if (sl && !dt_tp_model_group(m) && (p.clip_grad_norm > 0 || p.measure_grad_norm)) {
@@ -431,7 +435,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init");
     }
     tr->p = p;
-    tr->p.sched.base_lr = optim_lr(&p);
+    tr->p.sched.base_lr = dt__trainer_params_lr(&p);
     tr->m = m;
     tr->s = s;
     tr->reduce_dtype = dt_precision_reduce_dtype(&p.precision);

@@ -22,6 +22,7 @@
 #include "dtrain/config.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
+#include "train_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -107,6 +108,10 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
         dt_config_get_double(c, "scheduler.params.warmup_max_lr", &lr) != DT_OK &&
         !dt_config_is_auto(c, "scheduler.params.warmup_max_lr"))
         lr = 1e-3; /* WarmupLR's warmup_max_lr default ("auto": the optimizer's lr, taken above) */
+    if (stype && !strcmp(stype, "LRRangeTest") &&
+        dt_config_get_double(c, "scheduler.params.lr_range_test_min_lr", &lr) != DT_OK &&
+        !dt_config_is_auto(c, "scheduler.params.lr_range_test_min_lr"))
+        lr = 1e-3; /* LRRangeTest's lr_range_test_min_lr default: it sets the optimizer's lr too */
     dt_config_get_pair(c, "optimizer.params.betas", betas);
     bool nesterov = false, bc = true, ga = true;
     switch (tp->optimizer) {
@@ -151,47 +156,127 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
     return check_optimizer_keys(c, tp->optimizer);
 }
 
+/* DeepSpeed hands scheduler.params to the scheduler's constructor, so a key its type does not take is a
+ * TypeError there; here an error naming the key. Types are bits: WarmupLR, WarmupDecayLR, WarmupCosineLR,
+ * LRRangeTest, dtrain's own (constant, step, cosine, linear). */
+enum { S_WLR = 1, S_WDLR = 2, S_WCOS = 4, S_LRRT = 8, S_OWN = 16 };
+
+static dt_status check_sched_keys(const dt_config *c, const char *type, unsigned t)
+{
+    static const struct {
+        const char *key;
+        unsigned types;
+    } only[] = {
+        {"scheduler.params.warmup_min_lr", S_WLR | S_WDLR},
+        {"scheduler.params.warmup_max_lr", S_WLR | S_WDLR},
+        {"scheduler.params.warmup_num_steps", S_WLR | S_WDLR | S_WCOS | S_OWN},
+        {"scheduler.params.warmup_type", S_WLR | S_WDLR | S_WCOS | S_OWN},
+        {"scheduler.params.total_num_steps", S_WDLR | S_WCOS | S_OWN},
+        {"scheduler.params.warmup_min_ratio", S_WCOS},
+        {"scheduler.params.cos_min_ratio", S_WCOS},
+        {"scheduler.params.lr_range_test_min_lr", S_LRRT},
+        {"scheduler.params.lr_range_test_step_size", S_LRRT},
+        {"scheduler.params.lr_range_test_step_rate", S_LRRT},
+        {"scheduler.params.lr_range_test_staircase", S_LRRT},
+        {"scheduler.params.step_size", S_OWN},
+        {"scheduler.params.gamma", S_OWN},
+        {"scheduler.params.min_lr", S_OWN},
+    };
+    for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+        if (!(only[i].types & t) && (dt_config_origin_of(c, only[i].key) != DT_CONFIG_UNSET ||
+                                     dt_config_is_auto(c, only[i].key)))
+            return dt_error(DT_ERR_INVALID_ARG, "key %s: not a parameter of scheduler.type %s%s", only[i].key, type,
+                            t == S_LRRT && strstr(only[i].key, "warmup") ? " (it has no warm-up; --warmup sets "
+                                                                          "this key)" : "");
+    return DT_OK;
+}
+
+/* A key of the schedule DeepSpeed requires (no default there): "auto" is the run's length. */
+static dt_status need_total(const dt_config *c, const char *type, const char *what)
+{
+    if (dt_config_origin_of(c, "scheduler.params.total_num_steps") == DT_CONFIG_UNSET &&
+        !dt_config_is_auto(c, "scheduler.params.total_num_steps"))
+        return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.total_num_steps: %s needs it (the step its %s; "
+                        "DeepSpeed's too), or \"auto\": the run's length", type, what);
+    return DT_OK;
+}
+
 static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
 {
     const char *type = NULL;
     int64_t v;
     double d;
+    unsigned t = S_OWN;
+    dt_sched_params *sp = &tp->sched;
+    dt_status st;
     if (dt_config_get_str(c, "scheduler.type", &type) == DT_OK) {
-        if (!strcmp(type, "WarmupLR") || !strcmp(type, "WarmupDecayLR")) {
-            /* WarmupDecayLR: WarmupLR's ramp, then warmup_max_lr * (total - step) / max(1, total - warmup), at
-               least 0: dtrain's linear schedule, whose floor min_lr is WarmupDecayLR's warmup_min_lr (0) */
-            bool decay = !strcmp(type, "WarmupDecayLR");
-            tp->sched.kind = decay ? DT_SCHED_LINEAR : DT_SCHED_CONSTANT;
-            tp->sched.warmup = DT_WARMUP_LOG; /* WarmupLR's default warmup_type (the key, below, overrides) */
-            /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
-            if (decay) {
-                tp->sched.min_lr = 0;
-                if (dt_config_origin_of(c, "scheduler.params.total_num_steps") == DT_CONFIG_UNSET &&
-                    !dt_config_is_auto(c, "scheduler.params.total_num_steps"))
-                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.total_num_steps: WarmupDecayLR needs it "
-                                                        "(the step its decay reaches 0; DeepSpeed's too), or \"auto\": "
-                                                        "the run's length");
-                if (dt_config_origin_of(c, "scheduler.params.min_lr") != DT_CONFIG_UNSET)
-                    return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.min_lr: not a WarmupDecayLR param (it "
-                                                        "decays to warmup_min_lr, 0)");
-            }
-        } else if (dt_sched_kind_parse(type, &tp->sched.kind) < 0) {
+        t = !strcmp(type, "WarmupLR") ? S_WLR : !strcmp(type, "WarmupDecayLR") ? S_WDLR
+            : !strcmp(type, "WarmupCosineLR") ? S_WCOS : !strcmp(type, "LRRangeTest") ? S_LRRT : S_OWN;
+        if (t == S_OWN && dt_sched_kind_parse(type, &sp->kind) < 0)
             return dt_error(DT_ERR_INVALID_ARG, "key scheduler.type: '%s' is not a schedule", type);
+    }
+    if ((st = check_sched_keys(c, type ? type : dt_sched_kind_name(sp->kind), t)) < 0)
+        return st;
+    if (type) {
+        /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
+        if (t & (S_WLR | S_WDLR | S_WCOS))
+            sp->warmup = DT_WARMUP_LOG; /* DeepSpeed's default warmup_type (the key, below, overrides) */
+
+        if (t & (S_WLR | S_WDLR)) {
+            /* WarmupDecayLR: WarmupLR's ramp, then min + (max - min) * (total - step) / max(1, total - warmup),
+               at least min: dtrain's linear schedule with its floor min_lr at warmup_min_lr */
+            sp->kind = t == S_WDLR ? DT_SCHED_LINEAR : DT_SCHED_CONSTANT;
+            if (t == S_WDLR && (st = need_total(c, type, "decay reaches warmup_min_lr")) < 0)
+                return st;
+            double lo = 0, hi = dt__trainer_params_lr(tp); /* warmup_max_lr, set as the optimizer's lr */
+            if (dt_config_get_double(c, "scheduler.params.warmup_min_lr", &lo) == DT_OK && lo != 0 && !(hi > 0))
+                return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.warmup_min_lr: %g with warmup_max_lr %g: "
+                                "dtrain ramps from a fraction of a rate > 0", lo, hi);
+            sp->warmup_start = hi > 0 ? lo / hi : 0;
+            sp->min_lr = t == S_WDLR ? lo : 0;
+        } else if (t == S_WCOS) {
+            /* the optimizer's lr times DeepSpeed's ratio */
+            sp->kind = DT_SCHED_WARMUP_COSINE;
+            if ((st = need_total(c, type, "cosine reaches cos_min_ratio")) < 0)
+                return st;
+            sp->warmup_start = 0;
+            sp->min_ratio = 1e-4;
+            if (dt_config_get_double(c, "scheduler.params.warmup_min_ratio", &d) == DT_OK)
+                sp->warmup_start = d;
+            if (dt_config_get_double(c, "scheduler.params.cos_min_ratio", &d) == DT_OK)
+                sp->min_ratio = d;
+        } else if (t == S_LRRT) {
+            /* lr_range_test_min_lr is the optimizer's lr (apply_optimizer); DeepSpeed's defaults */
+            sp->kind = DT_SCHED_RANGE_TEST;
+            sp->warmup_steps = 0;
+            sp->step_size = 2000;
+            sp->step_rate = 1.0;
+            sp->staircase = false;
+            if (dt_config_get_int(c, "scheduler.params.lr_range_test_step_size", &v) == DT_OK)
+                sp->step_size = v;
+            if (dt_config_get_double(c, "scheduler.params.lr_range_test_step_rate", &d) == DT_OK)
+                sp->step_rate = d;
+            dt_config_get_bool(c, "scheduler.params.lr_range_test_staircase", &sp->staircase);
         }
     }
     const char *wt = NULL;
     if (dt_config_get_str(c, "scheduler.params.warmup_type", &wt) == DT_OK)
-        tp->sched.warmup = !strcmp(wt, "log") ? DT_WARMUP_LOG : DT_WARMUP_LINEAR;
+        sp->warmup = !strcmp(wt, "log") ? DT_WARMUP_LOG : DT_WARMUP_LINEAR;
     if (dt_config_get_int(c, "scheduler.params.warmup_num_steps", &v) == DT_OK)
-        tp->sched.warmup_steps = v;
+        /* DeepSpeed's schedules raise a count of 1 to 2 (0: dtrain's no warm-up; DeepSpeed refuses it) */
+        sp->warmup_steps = v == 1 && t != S_OWN ? 2 : v;
     if (dt_config_get_int(c, "scheduler.params.step_size", &v) == DT_OK)
-        tp->sched.step_size = v;
+        sp->step_size = v;
     if (dt_config_get_int(c, "scheduler.params.total_num_steps", &v) == DT_OK)
-        tp->sched.total_steps = v;
+        sp->total_steps = v;
     if (dt_config_get_double(c, "scheduler.params.gamma", &d) == DT_OK)
-        tp->sched.gamma = d;
+        sp->gamma = d;
     if (dt_config_get_double(c, "scheduler.params.min_lr", &d) == DT_OK)
-        tp->sched.min_lr = d;
+        sp->min_lr = d;
+    /* DeepSpeed's engine steps the scheduler after each optimizer step: step s trains at the rate its
+       constructor set (s = 0) or at last_batch_iteration s - 1 (LRRangeTest counts from 1 itself). Without a
+       warm-up (dtrain's 0, which DeepSpeed raises to 2) the rate is the schedule's from the first step. */
+    sp->lag = (t & (S_WLR | S_WDLR | S_WCOS)) && sp->warmup_steps > 0 ? 1 : 0;
     return DT_OK;
 }
 

@@ -75,7 +75,10 @@ dt_status dt_trainer_run_state(const dt_trainer *tr, char **json)
              add_num(sched, "warmup_steps", (double)p->sched.warmup_steps) &&
              add_num(sched, "total_steps", (double)p->sched.total_steps) &&
              add_num(sched, "step_size", (double)p->sched.step_size) && add_num(sched, "gamma", p->sched.gamma) &&
-             add_num(sched, "min_lr", p->sched.min_lr) &&
+             add_num(sched, "min_lr", p->sched.min_lr) && add_num(sched, "warmup_start", p->sched.warmup_start) &&
+             add_num(sched, "min_ratio", p->sched.min_ratio) && add_num(sched, "step_rate", p->sched.step_rate) &&
+             cJSON_AddBoolToObject(sched, "staircase", p->sched.staircase) &&
+             add_num(sched, "lag", (double)p->sched.lag) &&
              cJSON_AddStringToObject(sched, "warmup_type", p->sched.warmup == DT_WARMUP_LOG ? "log" : "linear");
     else
         ok = false;

@@ -257,7 +257,7 @@ TEST(wrong_types_and_ranges_name_the_key)
         {"{\"amp\": {\"enabled\": true}}", "key amp.enabled: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
          "key zero_optimization.offload_param.device", DT_ERR_INVALID_ARG},
-        {"{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", "key scheduler.type: not supported yet",
+        {"{\"scheduler\": {\"type\": \"OneCycle\"}}", "key scheduler.type: not supported yet",
          DT_ERR_UNSUPPORTED},
         {"{\"dtrain\": {\"pipeline_parallel_size\": 0}}", "key dtrain.pipeline_parallel_size: expected an integer",
          DT_ERR_INVALID_ARG},
@@ -562,9 +562,14 @@ TEST(scheduler_block)
     ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_CONSTANT);
     ASSERT_EQ_INT(tp.sched.warmup_steps, 20);
     ASSERT_NEAR(tp.adamw.lr, 0.003, 0, 0); /* the scheduler's rate replaces the optimizer's */
-    /* DeepSpeed's WarmupLR at step 10 of 20, linear from 0: 0.003 * 10 / 20 */
+    /* DeepSpeed's WarmupLR, linear from 0 over 20, as its engine steps it (after each optimizer step): step
+       10 trains at last_batch_iteration 9: 0.003 * 9 / 20 (it was one step ahead: 0.003 * 10 / 20) */
     tp.sched.base_lr = tp.adamw.lr;
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.0015, 1e-15, 0);
+    ASSERT_EQ_INT(tp.sched.lag, 1);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.00135, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 20), 0.003 * 19 / 20, 1e-15, 0);
     ASSERT_NEAR(dt_sched_lr(&tp.sched, 25), 0.003, 0, 0);
     /* WarmupLR without warmup_type: DeepSpeed's default "log" ramp, ln(step + 1) / ln(warmup) (issue 32: it
        was refused, naming a key the user never wrote) */
@@ -573,8 +578,8 @@ TEST(scheduler_block)
     ASSERT_EQ_INT(tp.sched.warmup_steps, 5);
     tp.sched.base_lr = 0.001;
     ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0.0, 0, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 2), 0.001 * log(3.0) / log(5.0), 1e-15, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 5), 0.001, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 3), 0.001 * log(3.0) / log(5.0), 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 6), 0.001, 0, 0);
     /* warmup_num_steps left out or "auto": the caller's warm-up (dtrain train's --warmup, default 0), not
        DeepSpeed's silent 1000; warmup_max_lr "auto": the optimizer's lr (as the HF Trainer fills it) */
     ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\", "
@@ -589,7 +594,13 @@ TEST(scheduler_block)
     ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.25}}, \"scheduler\": {\"type\": "
                     "\"WarmupLR\"}}", &tp));
     ASSERT_NEAR(tp.adamw.lr, 0.001, 0, 0); /* left out: DeepSpeed's default replaces the optimizer's */
-    ASSERT_STATUS(apply("{\"scheduler\": {\"params\": {\"warmup_min_lr\": 0.001}}}", &tp), DT_ERR_UNSUPPORTED);
+    /* a key the schedule does not take (DeepSpeed: a TypeError in its constructor) is named, not dropped */
+    ASSERT_STATUS(apply("{\"scheduler\": {\"params\": {\"warmup_min_lr\": 0.001}}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.warmup_min_lr: not a parameter of scheduler.type "
+                                         "constant");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"gamma\": 0.5}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.gamma: not a parameter of scheduler.type WarmupLR");
     ASSERT_OK(apply("{\"scheduler\": {\"type\": \"cosine\", \"params\": {\"warmup_num_steps\": 10, "
                     "\"total_num_steps\": 500, \"min_lr\": 1e-5}}}", &tp));
     ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_COSINE);
@@ -599,20 +610,29 @@ TEST(scheduler_block)
     ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_STEP);
     ASSERT_EQ_INT(tp.sched.step_size, 7);
     ASSERT_NEAR(tp.sched.gamma, 0.5, 0, 0);
-    /* WarmupDecayLR (it was refused): WarmupLR's ramp, then DeepSpeed's decay
-       warmup_max_lr * max(0, (total - step) / max(1, total - warmup)) */
+    /* WarmupDecayLR: WarmupLR's ramp, then DeepSpeed's decay min + (max - min) * max(0, (total - t) / max(1,
+       total - warmup)) at t = step - 1. The expected rates are DeepSpeed 0.19's WarmupDecayLR stepped as its
+       engine does (after each optimizer step), read before each step. */
+    struct { int64_t step; double lr; } want[] = {{0, 0.0}, {1, 0.0}, {5, 0.004}, {10, 0.009000000000000001},
+                                                  {11, 0.01}, {55, 0.0051111111111111105},
+                                                  {100, 0.00011111111111111112}, {101, 0.0}, {130, 0.0}};
     ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
                     "\"WarmupDecayLR\", \"params\": {\"total_num_steps\": 100, \"warmup_max_lr\": 0.01, "
                     "\"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}}", &tp));
     ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_LINEAR);
     ASSERT_NEAR(tp.adamw.lr, 0.01, 0, 0);
     tp.sched.base_lr = tp.adamw.lr;
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0, 0, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 5), 0.005, 1e-15, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.01, 1e-15, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 55), 0.01 * 45.0 / 90.0, 1e-15, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 100), 0, 1e-15, 0);
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 130), 0, 1e-15, 0);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ASSERT_NEAR(dt_sched_lr(&tp.sched, want[i].step), want[i].lr, 1e-15, 1e-12);
+    /* warmup_min_lr (it was refused): the ramp starts there and the decay ends there */
+    struct { int64_t step; double lr; } wmin[] = {{0, 0.002}, {1, 0.002}, {5, 0.0052}, {11, 0.01}, {56, 0.006},
+                                                  {101, 0.002}, {130, 0.002}};
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
+                    "\"WarmupDecayLR\", \"params\": {\"total_num_steps\": 100, \"warmup_min_lr\": 0.002, "
+                    "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}}", &tp));
+    tp.sched.base_lr = tp.adamw.lr;
+    for (size_t i = 0; i < sizeof wmin / sizeof wmin[0]; i++)
+        ASSERT_NEAR(dt_sched_lr(&tp.sched, wmin[i].step), wmin[i].lr, 1e-15, 1e-12);
     /* its defaults: the log ramp, warmup_max_lr 1e-3; total_num_steps "auto": the caller's run length */
     ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": \"auto\", "
                     "\"warmup_num_steps\": 4}}}", &tp));
@@ -620,12 +640,69 @@ TEST(scheduler_block)
     ASSERT_EQ_INT(tp.sched.total_steps, dt_trainer_params_default().sched.total_steps);
     ASSERT_NEAR(tp.sgd.lr, 1e-3, 0, 0); /* the caller's optimizer (SGD here) at warmup_max_lr's default */
     tp.sched.base_lr = tp.sgd.lr;
-    ASSERT_NEAR(dt_sched_lr(&tp.sched, 2), 1e-3 * log(3.0) / log(4.0), 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 3), 0.0007924812503605781, 1e-15, 1e-12);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 4), 1e-3, 1e-15, 0);
     /* total_num_steps left out: an error naming it (DeepSpeed's constructor needs it too) */
     ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", &tp), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.total_num_steps: WarmupDecayLR needs it");
     ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": 9, "
                         "\"min_lr\": 0.1}}}", &tp), DT_ERR_INVALID_ARG);
+    /* a warm-up of 1 step: DeepSpeed raises it to 2 (step 2 at half the rate) */
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_max_lr\": 0.01, "
+                    "\"warmup_num_steps\": 1, \"warmup_type\": \"linear\"}}}", &tp));
+    tp.sched.base_lr = tp.sgd.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 2), 0.005, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 3), 0.01, 0, 0);
+    /* WarmupCosineLR (it was refused): the optimizer's lr times DeepSpeed's ratio; DeepSpeed 0.19's rates */
+    struct { int64_t step; double lr; } wcos[] = {{0, 0.0}, {1, 0.002}, {6, 0.011000000000000001}, {10, 0.0182},
+                                                  {11, 0.01999531232347445}, {12, 0.01998125392006858},
+                                                  {61, 0.010201597788757781}, {110, 0.001}, {111, 0.001},
+                                                  {139, 0.001}};
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.02}}, \"scheduler\": {\"type\": "
+                    "\"WarmupCosineLR\", \"params\": {\"total_num_steps\": 110, \"warmup_num_steps\": 10, "
+                    "\"warmup_min_ratio\": 0.1, \"cos_min_ratio\": 0.05, \"warmup_type\": \"linear\"}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_WARMUP_COSINE);
+    ASSERT_NEAR(tp.adamw.lr, 0.02, 0, 0);
+    tp.sched.base_lr = tp.adamw.lr;
+    for (size_t i = 0; i < sizeof wcos / sizeof wcos[0]; i++)
+        ASSERT_NEAR(dt_sched_lr(&tp.sched, wcos[i].step), wcos[i].lr, 1e-15, 1e-12);
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.02}}, \"scheduler\": {\"type\": "
+                    "\"WarmupCosineLR\", \"params\": {\"total_num_steps\": 100, \"warmup_num_steps\": 8}}}", &tp));
+    tp.sched.base_lr = tp.adamw.lr; /* the log ramp, cos_min_ratio 1e-4 */
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1), 0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 4), 0.013333333333333336, 1e-15, 1e-12);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 9), 0.019994170806639372, 1e-15, 1e-12);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1000), 0.02 * 1e-4, 1e-18, 1e-12);
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.total_num_steps: WarmupCosineLR needs it");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 9, "
+                        "\"warmup_max_lr\": 0.1}}}", &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "warmup_max_lr: not a parameter of scheduler.type WarmupCosineLR");
+    /* LRRangeTest (it was refused): lr_range_test_min_lr replaces the optimizer's lr; DeepSpeed 0.19's rates */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
+                    "\"LRRangeTest\", \"params\": {\"lr_range_test_min_lr\": 0.01, \"lr_range_test_step_size\": 4, "
+                    "\"lr_range_test_step_rate\": 2.0}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_RANGE_TEST);
+    ASSERT_NEAR(tp.adamw.lr, 0.01, 0, 0);
+    tp.sched.base_lr = tp.adamw.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 0), 0.01, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 1), 0.015, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 10), 0.06, 1e-15, 0);
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {\"lr_range_test_min_lr\": 0.01, "
+                    "\"lr_range_test_step_size\": 4, \"lr_range_test_step_rate\": 2.0, "
+                    "\"lr_range_test_staircase\": true}}}", &tp));
+    tp.sched.base_lr = tp.sgd.lr;
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 3), 0.01, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 4), 0.03, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&tp.sched, 8), 0.05, 1e-15, 0);
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"LRRangeTest\"}}", &tp)); /* DeepSpeed's defaults */
+    ASSERT_NEAR(tp.sgd.lr, 1e-3, 0, 0);
+    ASSERT_EQ_INT(tp.sched.step_size, 2000);
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {\"warmup_num_steps\": 5}}}",
+                        &tp), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "it has no warm-up");
 }
 
 TEST(precision_clipping_accumulation)

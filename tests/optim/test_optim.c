@@ -955,6 +955,47 @@ TEST(schedules)
     ASSERT_NEAR(dt_sched_lr(&s, 1), 0.1, 0, 0);
     ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_LINEAR), "linear");
     ASSERT_STR_EQ(dt_sched_kind_name(DT_SCHED_STEP), "step");
+    /* warmup_cosine (DeepSpeed WarmupCosineLR's ratio at its last_batch_iteration = step): warm-up 10 from 0.1,
+       decay from the step after the warm-up's last, floor 0.05 */
+    ASSERT_OK(dt_sched_kind_parse("warmup_cosine", &k));
+    ASSERT_EQ_INT(k, DT_SCHED_WARMUP_COSINE);
+    dt_sched_params w = dt_sched_params_default();
+    w.kind = DT_SCHED_WARMUP_COSINE;
+    w.base_lr = 2.0;
+    w.warmup_steps = 10;
+    w.total_steps = 110;
+    w.warmup_start = 0.1;
+    w.min_ratio = 0.05;
+    ASSERT_NEAR(dt_sched_lr(&w, 0), 0.2, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 5), 2.0 * (0.1 + 0.9 * 0.5), 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 10), 2.0 * (0.05 + 0.95 * 0.5 * (1 + cos(M_PI / 100))), 1e-14, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 59), 2.0 * (0.05 + 0.95 * 0.5), 1e-14, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 109), 0.1, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 5000), 0.1, 1e-15, 0); /* held at the floor, not back up the cosine */
+    /* lag 1 (DeepSpeed's engine): step s has step s - 1's rate; step 0 has 0 for warmup_cosine and base_lr *
+       warmup_start for the others */
+    w.lag = 1;
+    ASSERT_NEAR(dt_sched_lr(&w, 0), 0.0, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 1), 0.2, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 6), 2.0 * (0.1 + 0.9 * 0.5), 1e-15, 0);
+    w.kind = DT_SCHED_CONSTANT;
+    ASSERT_NEAR(dt_sched_lr(&w, 0), 0.2, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&w, 11), 2.0, 0, 0);
+    /* range_test: base * (1 + rate * step / size), floored with staircase */
+    ASSERT_OK(dt_sched_kind_parse("range_test", &k));
+    ASSERT_EQ_INT(k, DT_SCHED_RANGE_TEST);
+    dt_sched_params r = dt_sched_params_default();
+    r.kind = DT_SCHED_RANGE_TEST;
+    r.base_lr = 0.01;
+    r.step_size = 4;
+    r.step_rate = 2.0;
+    ASSERT_NEAR(dt_sched_lr(&r, 0), 0.01, 0, 0);
+    ASSERT_NEAR(dt_sched_lr(&r, 6), 0.01 * 4.0, 1e-15, 0);
+    r.staircase = true;
+    ASSERT_NEAR(dt_sched_lr(&r, 7), 0.03, 1e-15, 0);
+    ASSERT_NEAR(dt_sched_lr(&r, 8), 0.05, 1e-15, 0);
+    r.warmup_steps = 4; /* a warm-up multiplies it, as it does constant and step */
+    ASSERT_NEAR(dt_sched_lr(&r, 2), 0.01 * 0.5, 1e-15, 0);
 }
 
 /* The same elements stepped as one range or as several ranges over the same
