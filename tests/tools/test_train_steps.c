@@ -8,7 +8,8 @@
  *     progress, --log-every), the batches are "micro_step";
  *   - a DeepSpeed WarmupLR with warmup_num_steps "auto" (or left out) warms up
  *     over --warmup (default 0), not a silent 1000 steps; without warmup_type
- *     it ramps as DeepSpeed's default "log"; the effective config shows both;
+ *     it ramps as DeepSpeed's default "log"; step s trains at the rate of
+ *     DeepSpeed's last_batch_iteration s - 1; the effective config shows both;
  *   - a resumed run continues the --metrics history (the records after the
  *     checkpoint's step dropped), and a finished command re-run with --resume
  *     auto says there is nothing to do and touches nothing;
@@ -139,22 +140,25 @@ TEST(warmup_lr_auto_is_the_flag)
         ASSERT_NEAR(field("step", i, "lr"), 1e-3, 0, 1e-12);
     ASSERT_STR_CONTAINS(r.out, "  scheduler.params.warmup_num_steps = 0  (auto: --warmup)\n");
     ASSERT_STR_CONTAINS(r.out, "  scheduler.params.warmup_max_lr = 0.001  (auto: the optimizer's lr)\n");
-    /* --warmup 2 is what "auto" takes */
-    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--config", c, "--lr", "1e-3", "--warmup", "2", "--max-steps", "3",
+    /* --warmup 2 is what "auto" takes; as DeepSpeed's engine steps it, step s trains at last_batch_iteration
+       s - 1 (step 0 at warmup_min_lr, 0) */
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--config", c, "--lr", "1e-3", "--warmup", "2", "--max-steps", "4",
                                             "--log-every", "1", "--no-eval", "--metrics", m, NULL}), 0);
     slurp_(m, g_text, sizeof g_text);
     ASSERT_NEAR(field("step", 0, "lr"), 0, 0, 0);
-    ASSERT_NEAR(field("step", 1, "lr"), 5e-4, 0, 1e-12);
-    ASSERT_NEAR(field("step", 2, "lr"), 1e-3, 0, 1e-12);
+    ASSERT_NEAR(field("step", 1, "lr"), 0, 0, 0);
+    ASSERT_NEAR(field("step", 2, "lr"), 5e-4, 0, 1e-12);
+    ASSERT_NEAR(field("step", 3, "lr"), 1e-3, 0, 1e-12);
     /* warmup_type left out: DeepSpeed's "log", ln(step + 1) / ln(4), accepted and shown */
     c = cfg("log.json", "{\"scheduler\":{\"type\":\"WarmupLR\",\"params\":{\"warmup_num_steps\":4}}}");
-    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--config", c, "--max-steps", "5", "--log-every", "1", "--no-eval",
+    ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--config", c, "--max-steps", "6", "--log-every", "1", "--no-eval",
                                             "--metrics", m, NULL}), 0);
     slurp_(m, g_text, sizeof g_text);
     ASSERT_STR_CONTAINS(r.out, "  scheduler.params.warmup_type = \"log\"  (default: DeepSpeed WarmupLR's)\n");
     ASSERT_STR_CONTAINS(r.out, "  scheduler.params.warmup_max_lr = 0.001  (default: DeepSpeed WarmupLR's)\n");
-    for (int i = 0; i < 5; i++)
-        ASSERT_NEAR(field("step", i, "lr"), i < 4 ? 1e-3 * log(i + 1.0) / log(4.0) : 1e-3, 1e-9, 1e-6);
+    for (int i = 0; i < 6; i++) /* step i at last_batch_iteration i - 1 */
+        ASSERT_NEAR(field("step", i, "lr"), i == 0 ? 0 : i <= 4 ? 1e-3 * log((double)i) / log(4.0) : 1e-3, 1e-9,
+                    1e-6);
 }
 
 TEST(metrics_continue_across_resumes)
