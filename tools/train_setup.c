@@ -890,6 +890,15 @@ int dt__tr_setup_trainer(dt__train_run *t)
         return dt__tr_fail(2, "--trace-steps");
     if (t->o.cfg && dt_trainer_params_apply_config(t->o.cfg, &tp) < 0) /* the config's keys over the flags' */
         return dt__tr_fail(2, "--config");
+    double b1; /* OneCycle's momentum decay grows Adam's first beta: past 1 before the run's end, refused now */
+    const int64_t last = (t->o.max_steps > 0 ? t->o.max_steps : spe * t->o.epochs) - 1;
+    if (tp.optimizer != DT_OPTIM_SGD && dt_sched_beta1(&tp.sched, last, &b1) && !(b1 >= 0 && b1 < 1)) {
+        dt__cli_err("dtrain train: --config: OneCycle's momentum reaches %g by the run's last step (%lld): "
+                    "decay_mom_rate %g grows it every decay_step_size %lld steps after the cycle, and a beta must be "
+                    "below 1\n", b1, (long long)last + 1, tp.sched.cycle.decay_mom_rate,
+                    (long long)tp.sched.cycle.decay_steps);
+        return 2;
+    }
     t->sched = tp.sched;
     if ((rc = trace_dir(t, &tp.trace)))
         return rc;

@@ -234,6 +234,13 @@ DT_API dt_status dt_optim_set_lr(dt_optim *o, double lr);
  * DT_ERR_INVALID_ARG. */
 DT_API int64_t dt_optim_get_step(const dt_optim *o);
 DT_API dt_status dt_optim_set_step(dt_optim *o, int64_t step);
+/* Adam, AdamW and LAMB: the betas of the next steps (a schedule may move
+ * them, DeepSpeed's OneCycle does; bias correction uses the betas of the
+ * step, as torch's Adam and DeepSpeed's FusedAdam do). Betas outside [0, 1)
+ * are DT_ERR_INVALID_ARG, SGD DT_ERR_UNSUPPORTED; the old ones are kept. */
+DT_API dt_status dt_optim_set_betas(dt_optim *o, double beta1, double beta2);
+/* The betas of the next step; DT_ERR_UNSUPPORTED for SGD. */
+DT_API dt_status dt_optim_get_betas(const dt_optim *o, double *beta1, double *beta2);
 /* The global grad norm LAMB saw in its last step (before clipping), 0 before. */
 DT_API double dt_optim_last_grad_norm(const dt_optim *o);
 
@@ -438,6 +445,7 @@ typedef enum {
     DT_SCHED_LINEAR,        /* warm-up then linear decay to min_lr (HF get_linear_schedule_with_warmup) */
     DT_SCHED_WARMUP_COSINE, /* DeepSpeed WarmupCosineLR: warm-up, cosine decay to base_lr * min_ratio */
     DT_SCHED_RANGE_TEST,    /* DeepSpeed LRRangeTest: base_lr * (1 + step_rate * step / step_size) */
+    DT_SCHED_ONE_CYCLE,     /* DeepSpeed OneCycle: up and down between two rates, then a decay */
     DT_SCHED_KIND_COUNT
 } dt_sched_kind;
 
@@ -446,6 +454,26 @@ typedef enum {
     DT_WARMUP_LINEAR = 0,   /* factor step / warmup (step 0 has lr 0) */
     DT_WARMUP_LOG           /* factor ln(step + 1) / ln(max(2, warmup)) (DeepSpeed's default) */
 } dt_warmup_kind;
+
+/* DT_SCHED_ONE_CYCLE's shape (DeepSpeed OneCycle's params). The cycle rises
+ * from base_lr * min_ratio to base_lr over first_steps and falls back over
+ * second_steps (0: first_steps), in that many stairs when a stair count is
+ * > 0; then the rate decays as min / (1 + decay_lr_rate * t / decay_steps)
+ * (none with decay_steps or the rate 0). With cycle_momentum the first beta
+ * of Adam, AdamW and LAMB moves the other way between min_mom and max_mom
+ * (dt_sched_beta1; the second beta is held at 0.99, as DeepSpeed holds it). */
+typedef struct dt_one_cycle {
+    double min_ratio;       /* cycle_min_lr / cycle_max_lr (base_lr is cycle_max_lr) */
+    int64_t first_steps;    /* cycle_first_step_size; DeepSpeed's default 2000 */
+    int64_t second_steps;   /* cycle_second_step_size; 0: first_steps */
+    int64_t first_stairs;   /* cycle_first_stair_count; 0: continuous */
+    int64_t second_stairs;  /* cycle_second_stair_count; -1: first_stairs */
+    int64_t decay_steps;    /* decay_step_size; 0: no decay */
+    double decay_lr_rate;   /* decay_lr_rate */
+    bool cycle_momentum;    /* cycle_momentum (DeepSpeed's default true) */
+    double min_mom, max_mom; /* cycle_min_mom 0.8, cycle_max_mom 0.9 */
+    double decay_mom_rate;  /* decay_mom_rate */
+} dt_one_cycle;
 
 typedef struct dt_sched_params {
     dt_sched_kind kind;     /* default DT_SCHED_CONSTANT */
@@ -465,6 +493,7 @@ typedef struct dt_sched_params {
                                warmup_start (WARMUP_COSINE: 0). DeepSpeed's engine steps its scheduler after
                                each optimizer step, so its WarmupLR, WarmupDecayLR and WarmupCosineLR run one
                                step behind (lag 1; its LRRangeTest counts from 1 and needs none); default 0 */
+    dt_one_cycle cycle;     /* ONE_CYCLE: its shape; default DeepSpeed's (min_ratio 0.1) */
 } dt_sched_params;
 DT_API dt_sched_params dt_sched_params_default(void);
 
@@ -488,14 +517,24 @@ DT_API dt_sched_params dt_sched_params_default(void);
  *                   base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * p)))
  * RANGE_TEST (DeepSpeed LRRangeTest): base_lr * (1 + step_rate * i), i = step / step_size,
  *   floored with staircase.
+ * ONE_CYCLE (DeepSpeed OneCycle as its engine steps it; T = first + second):
+ *   step <= T:  x = step / T - floor(step / T), f = first / T;
+ *               c = x <= f ? x / f : (x - 1) / (f - 1)   (c = floor(c' * stairs) / stairs with stairs,
+ *               from the step's place in its half);  base_lr * (m + (1 - m) * c), m = min_ratio
+ *   else:       base_lr * m / (1 + decay_lr_rate * (step - T) / decay_steps)  (base_lr * m without decay)
  * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
- * With warmup_steps > 0, STEP, CONSTANT and RANGE_TEST are multiplied by
- * w(step) while step < warmup. With lag > 0 all of this is evaluated at
+ * With warmup_steps > 0, STEP, CONSTANT, RANGE_TEST and ONE_CYCLE are
+ * multiplied by w(step) while step < warmup. With lag > 0 all of this is evaluated at
  * step - lag, and the first lag steps take base_lr * warmup_start (0 for
  * WARMUP_COSINE). */
 DT_API double dt_sched_lr(const dt_sched_params *p, int64_t step);
-/* "constant", "step", "cosine", "linear", "warmup_cosine", "range_test" <-> kind; parse returns
- * DT_ERR_INVALID_ARG. */
+/* ONE_CYCLE with cycle.cycle_momentum: the first beta of optimizer step
+ * `step` into *beta1, true (DeepSpeed's: min_mom at step 0, then max_mom -
+ * (max_mom - min_mom) * c through the cycle, max_mom * (1 + decay_mom_rate
+ * * t / decay_steps) after it). False, *beta1 untouched, for any other. */
+DT_API bool dt_sched_beta1(const dt_sched_params *p, int64_t step, double *beta1);
+/* "constant", "step", "cosine", "linear", "warmup_cosine", "range_test", "one_cycle" <-> kind; parse
+ * returns DT_ERR_INVALID_ARG. */
 DT_API const char *dt_sched_kind_name(dt_sched_kind k);
 DT_API dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out);
 

@@ -42,10 +42,6 @@ dt_status dt__cfg_check_support(dt_config *c, int k, const dt__cfg_val *v)
     if (!strcmp(p, "optimizer.type") && !strcmp(v->v.s, "Lamb"))
         dt__cfg_warn(c, "optimizer.type Lamb: dtrain's LAMB is apex FusedLAMB (AIAK's); DeepSpeed's own Lamb also "
                         "clamps the trust ratio to [0.01, 10]");
-    if (!strcmp(p, "scheduler.type") && !strcmp(v->v.s, "OneCycle"))
-        return unsupported(p, "OneCycle, whose momentum cycling changes the optimizer's betas each step: dtrain's "
-                              "schedules are WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, constant, step, "
-                              "cosine and linear");
     if (!strcmp(p, "dtrain.micro_batches"))
         return dt_error(DT_ERR_INVALID_ARG, "key dtrain.micro_batches: with pipeline parallelism "
                                             "gradient_accumulation_steps is the number of micro-batches "

@@ -480,6 +480,31 @@ dt_status dt_optim_set_step(dt_optim *o, int64_t step)
     o->step = step;
     return DT_OK;
 }
+dt_status dt_optim_set_betas(dt_optim *o, double beta1, double beta2)
+{
+    if (!o)
+        return dt_error(DT_ERR_NULL, "dt_optim_set_betas: optimizer is NULL");
+    if (o->kind == DT_OPTIM_SGD)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_optim_set_betas: sgd has no betas");
+    if (bad_beta(beta1) || bad_beta(beta2))
+        return dt_error(DT_ERR_INVALID_ARG, "dt_optim_set_betas: betas (%g, %g) must be in [0, 1)", beta1, beta2);
+    if (o->kind == DT_OPTIM_LAMB)
+        o->lamb.beta1 = beta1, o->lamb.beta2 = beta2;
+    else
+        o->adam.beta1 = beta1, o->adam.beta2 = beta2;
+    return DT_OK;
+}
+dt_status dt_optim_get_betas(const dt_optim *o, double *beta1, double *beta2)
+{
+    if (!o || !beta1 || !beta2)
+        return dt_error(DT_ERR_NULL, "dt_optim_get_betas: NULL argument");
+    if (o->kind == DT_OPTIM_SGD)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_optim_get_betas: sgd has no betas");
+    const bool l = o->kind == DT_OPTIM_LAMB;
+    *beta1 = l ? o->lamb.beta1 : o->adam.beta1;
+    *beta2 = l ? o->lamb.beta2 : o->adam.beta2;
+    return DT_OK;
+}
 double dt_optim_last_grad_norm(const dt_optim *o) { return o ? o->last_gnorm : 0.0; }
 int dt_optim_num_states(const dt_optim *o) { return o ? o->nstate : 0; }
 

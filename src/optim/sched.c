@@ -4,8 +4,9 @@
  * (num_cycles 0.5), linear its get_linear_schedule_with_warmup, both with a
  * floor min_lr like torch's CosineAnnealingLR eta_min. The "log" warm-up is
  * DeepSpeed WarmupLR's default ramp (its warmup_num_steps raised to 2);
- * warmup_cosine and range_test are DeepSpeed's WarmupCosineLR and LRRangeTest
- * (lag: the step its engine's scheduler is behind the optimizer). */
+ * warmup_cosine, range_test and one_cycle are DeepSpeed's WarmupCosineLR,
+ * LRRangeTest and OneCycle (lag: the step its engine's scheduler is behind
+ * the optimizer; the last two count it in). */
 #include "dtrain/optim.h"
 
 #include <math.h>
@@ -15,7 +16,10 @@ dt_sched_params dt_sched_params_default(void)
 {
     dt_sched_params p = {.kind = DT_SCHED_CONSTANT, .base_lr = 1e-3, .step_size = 1, .gamma = 0.1,
                          .warmup_steps = 0, .total_steps = 1000, .min_lr = 0.0, .warmup = DT_WARMUP_LINEAR,
-                         .warmup_start = 0.0, .min_ratio = 1e-4, .step_rate = 1.0, .staircase = false, .lag = 0};
+                         .warmup_start = 0.0, .min_ratio = 1e-4, .step_rate = 1.0, .staircase = false, .lag = 0,
+                         .cycle = {.min_ratio = 0.1, .first_steps = 2000, .second_steps = 0, .first_stairs = 0,
+                                   .second_stairs = -1, .decay_steps = 0, .decay_lr_rate = 0, .cycle_momentum = true,
+                                   .min_mom = 0.8, .max_mom = 0.9, .decay_mom_rate = 0}};
     return p;
 }
 
@@ -30,6 +34,31 @@ static double warm(const dt_sched_params *p, int64_t step)
         w = (double)step / (double)p->warmup_steps;
     }
     return p->warmup_start + (1.0 - p->warmup_start) * w;
+}
+
+/* OneCycle's place in its cycle, 0 at the low end and 1 at the top, for
+ * step <= first + second (DeepSpeed's _get_scale_factor at batch iteration
+ * `step`: its engine's scheduler is at last_batch_iteration step - 1). */
+static double cycle_scale(const dt_one_cycle *c, int64_t step)
+{
+    const double first = (double)(c->first_steps > 0 ? c->first_steps : 1);
+    const double second = c->second_steps > 0 ? (double)c->second_steps : first, total = first + second;
+    const double ratio = first / total, it = (double)step;
+    const double x = 1.0 + it / total - floor(1.0 + it / total);
+    double f = x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
+    const int64_t stairs = x <= ratio ? c->first_stairs : c->second_stairs >= 0 ? c->second_stairs : c->first_stairs;
+    if (stairs > 0) { /* from the integer place in the half, not from f (DeepSpeed's too) */
+        const double ci = fmod(it, total);
+        const double pos = ci <= first ? ci * (double)stairs / first : (total - ci) * (double)stairs / second;
+        f = floor(pos) / (double)stairs;
+    }
+    return f;
+}
+
+static double cycle_total(const dt_one_cycle *c)
+{
+    const double first = (double)(c->first_steps > 0 ? c->first_steps : 1);
+    return first + (c->second_steps > 0 ? (double)c->second_steps : first);
 }
 
 static double sched_base(const dt_sched_params *p, int64_t step)
@@ -75,6 +104,15 @@ static double sched_base(const dt_sched_params *p, int64_t step)
         double i = (double)step / ss;
         return p->base_lr * (1.0 + p->step_rate * (p->staircase ? floor(i) : i));
     }
+    case DT_SCHED_ONE_CYCLE: {
+        const dt_one_cycle *c = &p->cycle;
+        const double lo = p->base_lr * c->min_ratio, t = (double)step - cycle_total(c);
+        if (t <= 0)
+            return lo + (p->base_lr - lo) * cycle_scale(c, step);
+        if (c->decay_steps <= 0 || c->decay_lr_rate == 0)
+            return lo;
+        return lo / (1.0 + c->decay_lr_rate * t / (double)c->decay_steps);
+    }
     case DT_SCHED_CONSTANT:
     default:
         return p->base_lr;
@@ -101,8 +139,28 @@ double dt_sched_lr(const dt_sched_params *p, int64_t step)
     return lr;
 }
 
-static const char *const g_sched_names[] = {"constant", "step", "cosine", "linear", "warmup_cosine", "range_test"};
-_Static_assert(DT_SCHED_KIND_COUNT == 6, "schedule names");
+bool dt_sched_beta1(const dt_sched_params *p, int64_t step, double *beta1)
+{
+    if (!p || !beta1 || p->kind != DT_SCHED_ONE_CYCLE || !p->cycle.cycle_momentum)
+        return false;
+    const dt_one_cycle *c = &p->cycle;
+    if (step < 0)
+        step = 0;
+    const double t = (double)step - cycle_total(c);
+    if (step == 0) /* DeepSpeed's constructor sets the low end; its first scheduler step the cycle's */
+        *beta1 = c->min_mom;
+    else if (t <= 0)
+        *beta1 = c->max_mom - (c->max_mom - c->min_mom) * cycle_scale(c, step);
+    else if (c->decay_steps <= 0 || c->decay_mom_rate == 0)
+        *beta1 = c->max_mom;
+    else
+        *beta1 = c->max_mom * (1.0 + c->decay_mom_rate * t / (double)c->decay_steps);
+    return true;
+}
+
+static const char *const g_sched_names[] = {"constant",      "step",       "cosine",   "linear",
+                                            "warmup_cosine", "range_test", "one_cycle"};
+_Static_assert(DT_SCHED_KIND_COUNT == 7, "schedule names");
 
 const char *dt_sched_kind_name(dt_sched_kind k)
 {
@@ -118,5 +176,5 @@ dt_status dt_sched_kind_parse(const char *s, dt_sched_kind *out)
             return DT_OK;
         }
     return dt_error(DT_ERR_INVALID_ARG, "unknown LR schedule '%s' (constant, step, cosine, linear, warmup_cosine, "
-                    "range_test)", s ? s : "(null)");
+                    "range_test, one_cycle)", s ? s : "(null)");
 }

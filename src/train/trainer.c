@@ -71,6 +71,7 @@ struct dt_trainer {
     void *fault_x;           /* the poisoned input copy of the injection */
     bool preparing;           /* dt_trainer_prepare's micro-batch: no fault injected */
     double lr, t_fwd, t_bwd, t0;
+    bool cycle_betas;        /* the schedule moves the optimizer's betas (OneCycle's momentum, not with SGD) */
 };
 
 dt_trainer_params dt_trainer_params_default(void)
@@ -118,6 +119,15 @@ dt_trainer_batch dt_trainer_batch_make(void *x, dt_dtype x_dtype, int x_ndim, co
     for (int d = 0; d < y_ndim && d < DT_MAX_DIMS && y_shape; d++)
         b.y_shape[d] = y_shape[d];
     return b;
+}
+
+/* OneCycle's shape: rates and momenta finite, the momenta betas, counts >= 0 (second_stairs -1: the first's). */
+static bool one_cycle_ok(const dt_one_cycle *c)
+{
+    return isfinite(c->min_ratio) && c->min_ratio >= 0 && c->first_steps >= 0 && c->second_steps >= 0 &&
+           c->first_stairs >= 0 && c->second_stairs >= -1 && c->decay_steps >= 0 && isfinite(c->decay_lr_rate) &&
+           c->decay_lr_rate >= 0 && c->min_mom >= 0 && c->min_mom < 1 && c->max_mom >= 0 && c->max_mom < 1 &&
+           isfinite(c->decay_mom_rate) && c->decay_mom_rate >= 0;
 }
 
 double dt__trainer_params_lr(const dt_trainer_params *p)
@@ -413,12 +423,13 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         !(isfinite(sp->min_lr) && sp->min_lr >= 0) || !(isfinite(sp->gamma) && sp->gamma >= 0) ||
         !(isfinite(sp->warmup_start) && sp->warmup_start >= 0) || !(isfinite(sp->min_ratio) && sp->min_ratio >= 0) ||
         !(isfinite(sp->step_rate) && sp->step_rate >= 0) || sp->warmup_steps < 0 || sp->total_steps < 0 ||
-        sp->step_size < 0 || sp->lag < 0) {
+        sp->step_size < 0 || sp->lag < 0 || !one_cycle_ok(&sp->cycle)) {
         dt_strategy_free(s);
         return dt_error(DT_ERR_INVALID_ARG,
                         "dt_trainer_init: schedule kind %d, warmup kind %d, min_lr %g, gamma %g, warmup_start %g, "
                         "min_ratio %g, step_rate %g, warmup_steps %lld, total_steps %lld, step_size %lld, lag %lld "
-                        "(need known kinds, finite rates and ratios >= 0, steps >= 0)",
+                        "(need known kinds, finite rates and ratios >= 0, steps >= 0; OneCycle's: counts >= 0, momenta "
+                        "in [0, 1))",
                         (int)sp->kind, (int)sp->warmup, sp->min_lr, sp->gamma, sp->warmup_start, sp->min_ratio,
                         sp->step_rate, (long long)sp->warmup_steps, (long long)sp->total_steps,
                         (long long)sp->step_size, (long long)sp->lag);
@@ -436,6 +447,8 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     }
     tr->p = p;
     tr->p.sched.base_lr = dt__trainer_params_lr(&p);
+    /* DeepSpeed's OneCycle cycles an optimizer's betas; torch's SGD has none, so it leaves SGD's momentum */
+    tr->cycle_betas = p.sched.kind == DT_SCHED_ONE_CYCLE && p.sched.cycle.cycle_momentum && p.optimizer != DT_OPTIM_SGD;
     tr->m = m;
     tr->s = s;
     tr->reduce_dtype = dt_precision_reduce_dtype(&p.precision);
@@ -612,6 +625,13 @@ dt_status dt__trainer_micro(dt_trainer *tr, const dt_trainer_batch *b, bool sync
         tr->lr = dt_sched_lr(&tr->p.sched, tr->opt_step);
         if ((st = dt_optim_set_lr(tr->opt, tr->lr)) < 0)
             return st;
+        double b1; /* DeepSpeed's OneCycle moves Adam's first beta and holds the second at 0.99 */
+        if (tr->cycle_betas && dt_sched_beta1(&tr->p.sched, tr->opt_step, &b1) &&
+            dt_optim_set_betas(tr->opt, b1, 0.99) < 0)
+            return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_step: OneCycle's momentum for step %lld is %g, not a "
+                            "beta in [0, 1) (its decay_mom_rate grows it by %g every %lld steps after the cycle)",
+                            (long long)tr->opt_step + 1, b1, tr->p.sched.cycle.decay_mom_rate,
+                            (long long)tr->p.sched.cycle.decay_steps);
         tr->samples = 0;
         tr->t_fwd = tr->t_bwd = 0;
         /* a step the scaler skips leaves the buffers (running statistics)

@@ -108,6 +108,11 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
         dt_config_get_double(c, "scheduler.params.warmup_max_lr", &lr) != DT_OK &&
         !dt_config_is_auto(c, "scheduler.params.warmup_max_lr"))
         lr = 1e-3; /* WarmupLR's warmup_max_lr default ("auto": the optimizer's lr, taken above) */
+    if (stype && !strcmp(stype, "OneCycle") &&
+        dt_config_get_double(c, "scheduler.params.cycle_max_lr", &lr) != DT_OK &&
+        !dt_config_is_auto(c, "scheduler.params.cycle_max_lr"))
+        return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.cycle_max_lr: OneCycle needs it (the cycle's top, "
+                                            "DeepSpeed's constructor too; \"auto\": the optimizer's lr)");
     if (stype && !strcmp(stype, "LRRangeTest") &&
         dt_config_get_double(c, "scheduler.params.lr_range_test_min_lr", &lr) != DT_OK &&
         !dt_config_is_auto(c, "scheduler.params.lr_range_test_min_lr"))
@@ -158,8 +163,8 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
 
 /* DeepSpeed hands scheduler.params to the scheduler's constructor, so a key its type does not take is a
  * TypeError there; here an error naming the key. Types are bits: WarmupLR, WarmupDecayLR, WarmupCosineLR,
- * LRRangeTest, dtrain's own (constant, step, cosine, linear). */
-enum { S_WLR = 1, S_WDLR = 2, S_WCOS = 4, S_LRRT = 8, S_OWN = 16 };
+ * LRRangeTest, dtrain's own (constant, step, cosine, linear), OneCycle. */
+enum { S_WLR = 1, S_WDLR = 2, S_WCOS = 4, S_LRRT = 8, S_OWN = 16, S_1CYC = 32 };
 
 static dt_status check_sched_keys(const dt_config *c, const char *type, unsigned t)
 {
@@ -178,6 +183,18 @@ static dt_status check_sched_keys(const dt_config *c, const char *type, unsigned
         {"scheduler.params.lr_range_test_step_size", S_LRRT},
         {"scheduler.params.lr_range_test_step_rate", S_LRRT},
         {"scheduler.params.lr_range_test_staircase", S_LRRT},
+        {"scheduler.params.cycle_min_lr", S_1CYC},
+        {"scheduler.params.cycle_max_lr", S_1CYC},
+        {"scheduler.params.decay_lr_rate", S_1CYC},
+        {"scheduler.params.cycle_first_step_size", S_1CYC},
+        {"scheduler.params.cycle_second_step_size", S_1CYC},
+        {"scheduler.params.cycle_first_stair_count", S_1CYC},
+        {"scheduler.params.cycle_second_stair_count", S_1CYC},
+        {"scheduler.params.decay_step_size", S_1CYC},
+        {"scheduler.params.cycle_momentum", S_1CYC},
+        {"scheduler.params.cycle_min_mom", S_1CYC},
+        {"scheduler.params.cycle_max_mom", S_1CYC},
+        {"scheduler.params.decay_mom_rate", S_1CYC},
         {"scheduler.params.step_size", S_OWN},
         {"scheduler.params.gamma", S_OWN},
         {"scheduler.params.min_lr", S_OWN},
@@ -186,8 +203,8 @@ static dt_status check_sched_keys(const dt_config *c, const char *type, unsigned
         if (!(only[i].types & t) && (dt_config_origin_of(c, only[i].key) != DT_CONFIG_UNSET ||
                                      dt_config_is_auto(c, only[i].key)))
             return dt_error(DT_ERR_INVALID_ARG, "key %s: not a parameter of scheduler.type %s%s", only[i].key, type,
-                            t == S_LRRT && strstr(only[i].key, "warmup") ? " (it has no warm-up; --warmup sets "
-                                                                          "this key)" : "");
+                            (t & (S_LRRT | S_1CYC)) && strstr(only[i].key, "warmup") ? " (it has no warm-up; "
+                                                                                        "--warmup sets this key)" : "");
     return DT_OK;
 }
 
@@ -211,7 +228,8 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
     dt_status st;
     if (dt_config_get_str(c, "scheduler.type", &type) == DT_OK) {
         t = !strcmp(type, "WarmupLR") ? S_WLR : !strcmp(type, "WarmupDecayLR") ? S_WDLR
-            : !strcmp(type, "WarmupCosineLR") ? S_WCOS : !strcmp(type, "LRRangeTest") ? S_LRRT : S_OWN;
+            : !strcmp(type, "WarmupCosineLR") ? S_WCOS : !strcmp(type, "LRRangeTest") ? S_LRRT
+            : !strcmp(type, "OneCycle") ? S_1CYC : S_OWN;
         if (t == S_OWN && dt_sched_kind_parse(type, &sp->kind) < 0)
             return dt_error(DT_ERR_INVALID_ARG, "key scheduler.type: '%s' is not a schedule", type);
     }
@@ -257,6 +275,39 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
             if (dt_config_get_double(c, "scheduler.params.lr_range_test_step_rate", &d) == DT_OK)
                 sp->step_rate = d;
             dt_config_get_bool(c, "scheduler.params.lr_range_test_staircase", &sp->staircase);
+        } else if (t == S_1CYC) {
+            /* cycle_max_lr is the optimizer's lr (apply_optimizer); the rest DeepSpeed's defaults */
+            sp->kind = DT_SCHED_ONE_CYCLE;
+            sp->warmup_steps = 0;
+            sp->cycle = dt_sched_params_default().cycle;
+            dt_one_cycle *cy = &sp->cycle;
+            if (dt_config_get_double(c, "scheduler.params.cycle_min_lr", &d) != DT_OK)
+                return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.cycle_min_lr: OneCycle needs it (the "
+                                                    "cycle's low end; DeepSpeed's constructor too)");
+            const double hi = dt__trainer_params_lr(tp);
+            if (d != 0 && !(hi > 0))
+                return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.cycle_min_lr: %g with cycle_max_lr %g: "
+                                "dtrain cycles from a fraction of a rate > 0", d, hi);
+            cy->min_ratio = hi > 0 ? d / hi : 0;
+            if (dt_config_get_int(c, "scheduler.params.cycle_first_step_size", &v) == DT_OK)
+                cy->first_steps = v;
+            if (dt_config_get_int(c, "scheduler.params.cycle_second_step_size", &v) == DT_OK)
+                cy->second_steps = v;
+            if (dt_config_get_int(c, "scheduler.params.cycle_first_stair_count", &v) == DT_OK)
+                cy->first_stairs = v;
+            if (dt_config_get_int(c, "scheduler.params.cycle_second_stair_count", &v) == DT_OK)
+                cy->second_stairs = v;
+            if (dt_config_get_int(c, "scheduler.params.decay_step_size", &v) == DT_OK)
+                cy->decay_steps = v;
+            if (dt_config_get_double(c, "scheduler.params.decay_lr_rate", &d) == DT_OK)
+                cy->decay_lr_rate = d;
+            dt_config_get_bool(c, "scheduler.params.cycle_momentum", &cy->cycle_momentum);
+            if (dt_config_get_double(c, "scheduler.params.cycle_min_mom", &d) == DT_OK)
+                cy->min_mom = d;
+            if (dt_config_get_double(c, "scheduler.params.cycle_max_mom", &d) == DT_OK)
+                cy->max_mom = d;
+            if (dt_config_get_double(c, "scheduler.params.decay_mom_rate", &d) == DT_OK)
+                cy->decay_mom_rate = d;
         }
     }
     const char *wt = NULL;

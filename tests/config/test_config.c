@@ -257,8 +257,6 @@ TEST(wrong_types_and_ranges_name_the_key)
         {"{\"amp\": {\"enabled\": true}}", "key amp.enabled: not supported yet", DT_ERR_UNSUPPORTED},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"disk\"}}}",
          "key zero_optimization.offload_param.device", DT_ERR_INVALID_ARG},
-        {"{\"scheduler\": {\"type\": \"OneCycle\"}}", "key scheduler.type: not supported yet",
-         DT_ERR_UNSUPPORTED},
         {"{\"dtrain\": {\"pipeline_parallel_size\": 0}}", "key dtrain.pipeline_parallel_size: expected an integer",
          DT_ERR_INVALID_ARG},
         {"{\"dtrain\": {\"pipeline_schedule\": \"pipedream\"}}", "key dtrain.pipeline_schedule: expected one of",
@@ -703,6 +701,49 @@ TEST(scheduler_block)
     ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"LRRangeTest\", \"params\": {\"warmup_num_steps\": 5}}}",
                         &tp), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "it has no warm-up");
+    /* OneCycle (it was refused): DeepSpeed 0.19's rates and Adam first betas, stepped as its engine steps it */
+    struct { int64_t step; double lr, b1; } cyc[] = {
+        {0, 0.01, 0.85}, {1, 0.03250000000000002, 0.9249999999999999}, {2, 0.055, 0.9}, {4, 0.1, 0.85},
+        {5, 0.085, 0.8666666666666667}, {7, 0.055000000000000014, 0.8999999999999999}, {10, 0.01, 0.95},
+        {11, 0.008, 0.9974999999999999}, {12, 0.006666666666666667, 1.045}, {15, 0.0044444444444444444, 1.1875}};
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.5}}, \"scheduler\": {\"type\": "
+                    "\"OneCycle\", \"params\": {\"cycle_min_lr\": 0.01, \"cycle_max_lr\": 0.1, "
+                    "\"cycle_first_step_size\": 4, \"cycle_second_step_size\": 6, \"decay_step_size\": 2, "
+                    "\"decay_lr_rate\": 0.5, \"decay_mom_rate\": 0.1, \"cycle_min_mom\": 0.85, "
+                    "\"cycle_max_mom\": 0.95}}}", &tp));
+    ASSERT_EQ_INT(tp.sched.kind, DT_SCHED_ONE_CYCLE);
+    ASSERT_NEAR(tp.adamw.lr, 0.1, 0, 0);
+    tp.sched.base_lr = tp.adamw.lr;
+    for (size_t i = 0; i < sizeof cyc / sizeof cyc[0]; i++) {
+        double b1 = -1;
+        ASSERT_NEAR(dt_sched_lr(&tp.sched, cyc[i].step), cyc[i].lr, 1e-15, 1e-12);
+        ASSERT(dt_sched_beta1(&tp.sched, cyc[i].step, &b1));
+        ASSERT_NEAR(b1, cyc[i].b1, 1e-15, 1e-12);
+    }
+    /* stairs: 3 up over 6 steps, the way down as many (cycle_second_* left out: the first's) */
+    struct { int64_t step; double lr, b1; } st[] = {
+        {0, 0.01, 0.8}, {1, 0.01, 0.9}, {2, 0.04, 0.8666666666666667}, {3, 0.04, 0.8666666666666667},
+        {5, 0.07, 0.8333333333333334}, {6, 0.1, 0.8}, {7, 0.07, 0.8333333333333334}, {9, 0.04, 0.8666666666666667},
+        {11, 0.01, 0.9}, {12, 0.01, 0.9}, {20, 0.01, 0.9}};
+    ASSERT_OK(apply("{\"scheduler\": {\"type\": \"OneCycle\", \"params\": {\"cycle_min_lr\": 0.01, \"cycle_max_lr\": "
+                    "0.1, \"cycle_first_step_size\": 6, \"cycle_first_stair_count\": 3, "
+                    "\"cycle_second_step_size\": null}}}", &tp));
+    tp.sched.base_lr = tp.sgd.lr;
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        double b1 = -1;
+        ASSERT_NEAR(dt_sched_lr(&tp.sched, st[i].step), st[i].lr, 1e-15, 1e-12);
+        ASSERT(dt_sched_beta1(&tp.sched, st[i].step, &b1));
+        ASSERT_NEAR(b1, st[i].b1, 1e-15, 1e-12);
+    }
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"OneCycle\", \"params\": {\"cycle_max_lr\": 0.1}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.cycle_min_lr: OneCycle needs it");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"OneCycle\", \"params\": {\"cycle_min_lr\": 0.1}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key scheduler.params.cycle_max_lr: OneCycle needs it");
+    ASSERT_STATUS(apply("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"cycle_min_lr\": 0.1}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "cycle_min_lr: not a parameter of scheduler.type WarmupLR");
 }
 
 TEST(precision_clipping_accumulation)

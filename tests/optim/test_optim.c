@@ -269,6 +269,29 @@ TEST(adam_hand)
     ASSERT_NEAR(v[0], 0.00031225, 1e-10, 0);
     tfree(o);
 
+    /* betas changed between steps (DeepSpeed's OneCycle does): each step's bias correction uses its own betas,
+     * as torch's Adam does. g = 0.5, lr 0.1; step 1 at (0.5, 0.6): m = 0.25, v = 0.1, m^ = 0.5, v^ = 0.25,
+     * p = 0.9; step 2 at (0.7, 0.8): m = 0.325, v = 0.13, bc1 = 0.51, bc2 = 0.36,
+     * p = 0.9 - 0.1 * (0.325 / 0.51) / sqrt(0.13 / 0.36) = 0.79395444 */
+    p = 1, g = 0.5f;
+    o = tadam_init(&ap, &l);
+    ASSERT(o);
+    ASSERT_OK(dt_optim_set_betas(o, 0.5, 0.6));
+    ASSERT_OK(tstep(o, &p, &g));
+    ASSERT_NEAR(p, 0.9, 1e-7, 0);
+    ASSERT_OK(dt_optim_set_betas(o, 0.7, 0.8));
+    ASSERT_OK(tstep(o, &p, &g));
+    ASSERT_NEAR(p, 0.9 - 0.1 * (0.325 / 0.51) / sqrt(0.13 / 0.36), 1e-6, 0);
+    ASSERT_STATUS(dt_optim_set_betas(o, 1.045, 0.99), DT_ERR_INVALID_ARG); /* kept */
+    ASSERT_STATUS(dt_optim_set_betas(o, NAN, 0.99), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_optim_set_betas(NULL, 0.9, 0.99), DT_ERR_NULL);
+    tfree(o);
+    dt_sgd_params sp0 = {.lr = 0.1};
+    o = tsgd_init(&sp0, &l);
+    ASSERT(o);
+    ASSERT_STATUS(dt_optim_set_betas(o, 0.9, 0.99), DT_ERR_UNSUPPORTED);
+    tfree(o);
+
     /* AdamW wd 0.01: step 1 decays first, p = 1*(1 - 0.1*0.01) = 0.999, then
      * the Adam step subtracts 0.1 -> 0.899 */
     ap = dt_adamw_params_default();

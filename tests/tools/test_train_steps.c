@@ -228,7 +228,7 @@ TEST(betas_eps_and_refusals)
     ASSERT(la[3] != lc[3]);                     /* other values: another run */
     /* every refused key of a config in one run */
     char *bad = cfg("bad.json", "{\"zero_optimization\":{\"stage\":9},\"gradient_clipping\":\"x\","
-                                "\"scheduler\":{\"type\":\"OneCycle\"}}");
+                                "\"scheduler\":{\"type\":\"PolynomialLR\"}}");
     ASSERT_EQ_INT(tiny(&r, NULL, (char *[]){"--config", bad, NULL}), 2);
     ASSERT_EQ_INT(cli_lines(r.err), 1);
     ASSERT_STR_CONTAINS(r.err, "3 keys refused");

@@ -110,6 +110,36 @@ TEST(schedule_and_warmup)
     dt_trainer_free(tr);
     dt_model_free(a);
     dt_model_free(b);
+    /* OneCycle with Adam: each step's first beta from the schedule, the second held at 0.99 (DeepSpeed's);
+       with SGD the betas are left alone (torch's SGD has none: DeepSpeed turns the cycling off) */
+    for (int k = 0; k < 2; k++) {
+        dt_model *c = mlp_model(2);
+        ASSERT_OK(dt_strategy_none_init(&s));
+        tp = dt_trainer_params_default();
+        tp.optimizer = k ? DT_OPTIM_SGD : DT_OPTIM_ADAM;
+        tp.adam.lr = tp.sgd.lr = 0.01;
+        tp.loss = DT_TRAINER_LOSS_CROSS_ENTROPY;
+        tp.sched.kind = DT_SCHED_ONE_CYCLE;
+        tp.sched.cycle.first_steps = 2;
+        tp.sched.cycle.decay_steps = 1;
+        tp.sched.cycle.decay_mom_rate = 0.01;
+        ASSERT_OK(dt_trainer_init(c, s, &tp, &tr));
+        for (int st = 0; st < 6; st++) {
+            dt_trainer_metrics r;
+            ASSERT_OK(trainer_step_on(tr, &k_mlp_data, st * 6, 6, 1, 0, &r));
+            double b1, b2, want;
+            ASSERT(dt_sched_beta1(&tp.sched, st, &want));
+            if (k) {
+                ASSERT_STATUS(dt_optim_get_betas(dt_trainer_optim(tr), &b1, &b2), DT_ERR_UNSUPPORTED);
+                continue;
+            }
+            ASSERT_OK(dt_optim_get_betas(dt_trainer_optim(tr), &b1, &b2));
+            ASSERT_NEAR(b1, want, 0, 0);
+            ASSERT_NEAR(b2, 0.99, 0, 0);
+        }
+        dt_trainer_free(tr);
+        dt_model_free(c);
+    }
 }
 
 TEST(loss_scaling_and_overflow)
