@@ -43,13 +43,14 @@ static const opt_def opts[] = {
      "--tokenizer at start)"},
     {"epochs", OPT_INT, OFF(epochs), 1, 1e6, NULL, "N", "passes over the training set (default 1)"},
     {"batch", OPT_INT, OFF(batch), 1, 1e6, NULL, "N", "samples per step (default 100)"},
-    {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb", "NAME", "default sgd"},
+    {"optimizer", OPT_CHOICE, OFF(optimizer), 0, 0, "sgd|adam|adamw|lamb|lion", "NAME", "default sgd"},
     {"lr", OPT_FLOAT, OFF(lr), 0, 1e3, NULL, "X", "learning rate (default 0.01)"},
     {"momentum", OPT_FLOAT, OFF(momentum), 0, 0.999999, NULL, "X", "SGD momentum (default 0)"},
     {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "X",
      "weight decay (default: 0; 0.01 for adamw and lamb)"},
     {"betas", OPT_STR, OFF(betas), 0, 0, NULL, "B1,B2",
-     "adam/adamw/lamb: the moment decays (default 0.9,0.999; torch's betas, HF's --adam_beta1/--adam_beta2)"},
+     "adam/adamw/lamb: the moment decays (default 0.9,0.999; torch's betas, HF's --adam_beta1/--adam_beta2); "
+     "lion: its update's and momentum's (default 0.9,0.999, DeepSpeed's)"},
     {"eps", OPT_FLOAT, OFF(eps), 1e-30, 1, NULL, "X",
      "adam/adamw/lamb: added to the denominator (default 1e-8; lamb 1e-6)"},
     {"lr-schedule", OPT_CHOICE, OFF(lr_schedule), 0, 0, "constant|step|cosine|linear", "NAME",
@@ -752,8 +753,12 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if ((o->betas || o->eps >= 0) && !strcmp(o->optimizer, "sgd")) {
-        dt__cli_err("dtrain train: --%s applies to --optimizer adam, adamw and lamb (got sgd)\n",
-                    o->betas ? "betas" : "eps");
+        dt__cli_err("dtrain train: --%s applies to --optimizer %s (got sgd)\n", o->betas ? "betas" : "eps",
+                    o->betas ? "adam, adamw, lamb and lion" : "adam, adamw and lamb");
+        return 2;
+    }
+    if (o->eps >= 0 && !strcmp(o->optimizer, "lion")) {
+        dt__cli_err("dtrain train: --eps applies to --optimizer adam, adamw and lamb (lion divides by nothing)\n");
         return 2;
     }
     if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {
@@ -765,9 +770,12 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --offload %s: expected cpu or nvme:DIR\n", o->offload);
         return 2;
     }
-    if (o->offload && !strncmp(o->offload, "nvme:", 5) && !strcmp(o->optimizer, "lamb")) { /* was exit 1 at init */
-        dt__cli_err("dtrain train: --offload nvme: does not combine with --optimizer lamb (its trust ratio needs "
-                    "whole-tensor norms, which the sub-groups cannot give; sgd, adam and adamw work)\n");
+    const bool sub_groups = !strcmp(o->optimizer, "sgd") || !strcmp(o->optimizer, "adam") ||
+                            !strcmp(o->optimizer, "adamw"); /* the optimizers stepped in parts (offload) */
+    if (o->offload && !strncmp(o->offload, "nvme:", 5) && !sub_groups) { /* was exit 1 at init */
+        dt__cli_err("dtrain train: --offload nvme: does not combine with --optimizer %s (%s; sgd, adam and adamw "
+                    "work)\n", o->optimizer, !strcmp(o->optimizer, "lamb") ? "its trust ratio needs whole-tensor "
+                    "norms, which the sub-groups cannot give" : "not stepped in sub-groups yet");
         return 2;
     }
     if (o->offload && !strncmp(o->offload, "nvme:", 5) && (o->save || o->resume)) {
@@ -836,11 +844,10 @@ int dt__train_check(dt__train_opts *o)
         return 2;
     }
     if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&
-        (!strcmp(o->optimizer, "lamb") || strcmp(o->precision, "fp32"))) { /* both were exit 1 at init */
+        (!sub_groups || strcmp(o->precision, "fp32"))) { /* both were exit 1 at init */
         dt__cli_err("dtrain train: --offload-param nvme: steps f32 parameters unit by unit with sgd, adam or adamw: "
-                    "not %s yet\n", strcmp(o->optimizer, "lamb") ? "--precision bf16/fp16 (mixed precision)"
-                                                                  : "--optimizer lamb (its trust ratio needs "
-                                                                    "whole-tensor norms)");
+                    "not %s%s yet\n", sub_groups ? "--precision bf16/fp16 (mixed precision)" : "--optimizer ",
+                    sub_groups ? "" : o->optimizer);
         return 2;
     }
     if (stage3 && o->init_from) {

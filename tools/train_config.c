@@ -66,6 +66,7 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
     int rc = 0;
     if (!rc && G("optimizer")) {
         const char *t = !strcmp(o->optimizer, "sgd") ? "SGD" : !strcmp(o->optimizer, "lamb") ? "Lamb"
+                        : !strcmp(o->optimizer, "lion") ? "Lion"
                         : !strcmp(o->optimizer, "adamw") ? "AdamW" : "Adam";
         rc = set_str(c, "optimizer.type", t, "optimizer");
         if (!rc && !strcmp(o->optimizer, "adam")) /* torch's Adam: DeepSpeed's Adam without adam_w_mode */
@@ -386,8 +387,7 @@ static int read_back(dt__train_opts *o, dt_config *c)
     if (dt_optim_kind_parse(o->optimizer, &tp.optimizer) < 0 || dt_trainer_params_apply_config(c, &tp) < 0)
         return bad();
     o->optimizer = dt_optim_kind_name(tp.optimizer);
-    o->lr = tp.optimizer == DT_OPTIM_SGD ? tp.sgd.lr : tp.optimizer == DT_OPTIM_ADAM ? tp.adam.lr
-            : tp.optimizer == DT_OPTIM_ADAMW ? tp.adamw.lr : tp.lamb.lr;
+    o->lr = dt_trainer_params_lr(&tp);
     if (resolve_warmup(o, c) < 0)
         return bad();
     if (dt_config_get_double(c, "optimizer.params.momentum", &o->momentum) != DT_OK && tp.optimizer != DT_OPTIM_SGD)

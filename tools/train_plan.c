@@ -157,10 +157,8 @@ static void layout_params(const dt__train_opts *o, int world, int64_t seq, dt_pl
     dt_env_int("DT_LOCAL_WORLD_SIZE", world, 1, 1 << 20, &local);
     sp->world = world;
     sp->ranks_per_machine = (int)local;
-    sp->optimizer = !strcmp(o->optimizer, "sgd")    ? DT_OPTIM_SGD
-                    : !strcmp(o->optimizer, "adam") ? DT_OPTIM_ADAM
-                    : !strcmp(o->optimizer, "lamb") ? DT_OPTIM_LAMB
-                                                    : DT_OPTIM_ADAMW;
+    sp->optimizer = DT_OPTIM_ADAMW;
+    dt_optim_kind_parse(o->optimizer, &sp->optimizer); /* checked by the flags */
     sp->sgd_momentum = o->momentum > 0;
 }
 

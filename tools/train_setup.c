@@ -838,13 +838,14 @@ int dt__tr_setup_trainer(dt__train_run *t)
     /* PyTorch's optimizers decay every parameter unless told otherwise;
      * so do we (no_decay_1d false), to match its accuracy band. */
     const double wd = t->o.weight_decay;
-    tp.sgd.lr = tp.adam.lr = tp.adamw.lr = tp.lamb.lr = t->o.lr;
+    tp.sgd.lr = tp.adam.lr = tp.adamw.lr = tp.lamb.lr = tp.lion.lr = t->o.lr;
     tp.sgd.momentum = t->o.momentum;
     if (wd >= 0)
-        tp.sgd.weight_decay = tp.adam.weight_decay = tp.adamw.weight_decay = tp.lamb.weight_decay = wd;
+        tp.sgd.weight_decay = tp.adam.weight_decay = tp.adamw.weight_decay = tp.lamb.weight_decay =
+            tp.lion.weight_decay = wd;
     if (t->o.beta_set) {
-        tp.adam.beta1 = tp.adamw.beta1 = tp.lamb.beta1 = t->o.beta[0];
-        tp.adam.beta2 = tp.adamw.beta2 = tp.lamb.beta2 = t->o.beta[1];
+        tp.adam.beta1 = tp.adamw.beta1 = tp.lamb.beta1 = tp.lion.beta1 = t->o.beta[0];
+        tp.adam.beta2 = tp.adamw.beta2 = tp.lamb.beta2 = tp.lion.beta2 = t->o.beta[1];
     }
     if (t->o.eps > 0)
         tp.adam.eps = tp.adamw.eps = tp.lamb.eps = t->o.eps;

@@ -364,8 +364,8 @@ DT_API dt_dtensor *dt_dtensor_cross_entropy(dt_ctx *ctx, dt_dtensor *logits, dt_
  *         dt_ctx_reset(ctx);
  *     } */
 
-/* An optimizer (kind SGD, Adam, AdamW or LAMB; hparams points at the matching
- * dt_sgd_params / dt_adam_params / dt_lamb_params) over the local pieces of n persistent f32
+/* An optimizer (kind SGD, Adam, AdamW, LAMB or Lion; hparams points at the matching
+ * dt_sgd_params / dt_adam_params / dt_lamb_params / dt_lion_params) over the local pieces of n persistent f32
  * dtensor parameters (borrowed; they must outlive it). Its state has each
  * piece's layout: it is placed like the parameter. zero_dim >= 0 (a mesh
  * dim): ZeRO-1 along it, each coordinate keeps state for and updates only

@@ -151,6 +151,18 @@ typedef struct dt_lamb_params {
 } dt_lamb_params;
 DT_API dt_lamb_params dt_lamb_params_default(void);
 
+/* Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms";
+ * DeepSpeed's FusedLion): c = beta1*m + (1-beta1)*g; p = p*(1 - lr*wd) -
+ * lr*sign(c); m = beta2*m + (1-beta2)*g. sign(0) is 0, as torch.sign's (a
+ * parameter whose gradient and momentum are 0 does not move). */
+typedef struct dt_lion_params {
+    double lr;            /* default 1e-3 (DeepSpeed's FusedLion) */
+    double beta1;         /* interpolation of the update; default 0.9 */
+    double beta2;         /* momentum decay; default 0.999 (FusedLion's; the paper uses 0.99) */
+    double weight_decay;  /* decoupled, as AdamW's; default 0 */
+} dt_lion_params;
+DT_API dt_lion_params dt_lion_params_default(void);
+
 /* ---- optimizers ---------------------------------------------------------------- */
 
 typedef struct dt_optim dt_optim;
@@ -160,6 +172,7 @@ typedef enum {
     DT_OPTIM_ADAM,
     DT_OPTIM_ADAMW,
     DT_OPTIM_LAMB,
+    DT_OPTIM_LION,
     DT_OPTIM_KIND_COUNT
 } dt_optim_kind;
 
@@ -176,6 +189,13 @@ DT_API dt_status dt_optim_adamw_init(const dt_adam_params *p, const dt_optim_ran
                                      dt_optim **out);
 DT_API dt_status dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_range *ranges, size_t nrange,
                                     dt_optim **out);
+DT_API dt_status dt_optim_lion_init(const dt_lion_params *p, const dt_optim_range *ranges, size_t nrange,
+                                    dt_optim **out);
+/* The init of `kind` with hparams pointing at its params struct (SGD:
+ * dt_sgd_params, ADAM/ADAMW: dt_adam_params, LAMB: dt_lamb_params, LION:
+ * dt_lion_params); DT_ERR_INVALID_ARG for an unknown kind. */
+DT_API dt_status dt_optim_init(dt_optim_kind kind, const void *hparams, const dt_optim_range *ranges, size_t nrange,
+                               dt_optim **out);
 /* Free the optimizer and its state; NULL is a no-op. */
 DT_API void dt_optim_free(dt_optim *o);
 
@@ -220,7 +240,10 @@ DT_API void dt_optim_set_reducer(dt_optim *o, dt_optim_reduce_fn fn, void *ctx);
 DT_API void dt_optim_set_zero_grad(dt_optim *o, bool on);
 
 DT_API dt_optim_kind dt_optim_get_kind(const dt_optim *o);
-/* "sgd", "adam", "adamw", "lamb". */
+/* The f32 state buffers a kind keeps per element (SGD: 1 with momentum, else 0; Adam, AdamW, LAMB: 2;
+ * Lion: 1); -1 for an unknown kind. */
+DT_API int dt_optim_kind_num_states(dt_optim_kind k, bool sgd_momentum);
+/* "sgd", "adam", "adamw", "lamb", "lion". */
 DT_API const char *dt_optim_kind_name(dt_optim_kind k);
 /* The reverse; DT_ERR_INVALID_ARG for an unknown name. */
 DT_API dt_status dt_optim_kind_parse(const char *s, dt_optim_kind *out);
@@ -234,7 +257,7 @@ DT_API dt_status dt_optim_set_lr(dt_optim *o, double lr);
  * DT_ERR_INVALID_ARG. */
 DT_API int64_t dt_optim_get_step(const dt_optim *o);
 DT_API dt_status dt_optim_set_step(dt_optim *o, int64_t step);
-/* Adam, AdamW and LAMB: the betas of the next steps (a schedule may move
+/* Adam, AdamW, LAMB and Lion: the betas of the next steps (a schedule may move
  * them, DeepSpeed's OneCycle does; bias correction uses the betas of the
  * step, as torch's Adam and DeepSpeed's FusedAdam do). Betas outside [0, 1)
  * are DT_ERR_INVALID_ARG, SGD DT_ERR_UNSUPPORTED; the old ones are kept. */
@@ -246,7 +269,7 @@ DT_API double dt_optim_last_grad_norm(const dt_optim *o);
 
 /* State buffers, for checkpoints: index 0.. in a fixed order per kind
  * (SGD with momentum: "momentum_buffer"; Adam/AdamW/LAMB: "exp_avg",
- * "exp_avg_sq"), one set per range. State i of range r has hi - lo floats,
+ * "exp_avg_sq"; Lion: "exp_avg"), one set per range. State i of range r has hi - lo floats,
  * laid out like the range. dt_optim_num_states gives the states per range;
  * *name, *data and *n may be NULL. The pointer is owned by the optimizer and
  * writable (to restore a checkpoint). */

@@ -423,11 +423,12 @@ typedef struct dt_strategy_fb {
 } dt_strategy_fb;
 
 typedef struct dt_trainer_params {
-    dt_optim_kind optimizer;  /* which of the four below; default DT_OPTIM_SGD */
+    dt_optim_kind optimizer;  /* which of the five below; default DT_OPTIM_SGD */
     dt_sgd_params sgd;        /* default dt_sgd_params_default() */
     dt_adam_params adam;      /* default dt_adam_params_default() */
     dt_adam_params adamw;     /* default dt_adamw_params_default() */
     dt_lamb_params lamb;      /* default dt_lamb_params_default() */
+    dt_lion_params lion;      /* default dt_lion_params_default() */
     bool no_decay_1d;         /* no weight decay on 1-d tensors (biases, norms); default false
                                  (PyTorch's optimizers decay every parameter) */
     dt_sched_params sched;    /* the learning rate of optimizer step s is dt_sched_lr(&sched, s)
@@ -472,6 +473,9 @@ typedef struct dt_trainer_params {
 
 /* Defaults as listed above. */
 DT_API dt_trainer_params dt_trainer_params_default(void);
+/* The learning rate of the optimizer p names (p->sgd.lr, p->adam.lr, ... as p->optimizer says; 0 for an
+ * unknown kind). */
+DT_API double dt_trainer_params_lr(const dt_trainer_params *p);
 /* The fields of tp that a DeepSpeed-style config (config.h) sets, over
  * what tp holds: optimizer (type and params; DeepSpeed's "Adam" is AdamW
  * unless params.adam_w_mode is false, and a type from the config starts

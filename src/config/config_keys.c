@@ -93,7 +93,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     INT("zero_optimization.offload_param.max_in_cpu", 0, BIG, X),
     /* optimizer */
     OBJ("optimizer"),
-    STR("optimizer.type", "Adam|AdamW|SGD|Lamb", 0),
+    STR("optimizer.type", "Adam|AdamW|SGD|Lamb|Lion", 0),
     OBJ("optimizer.params"),
     FLT("optimizer.params.lr", 0, 1e6, A),
     {"optimizer.params.betas", DT__KT_PAIR, 0, 0.999999999, A, NULL},

@@ -46,10 +46,32 @@ dt_lamb_params dt_lamb_params_default(void)
     return p;
 }
 
+dt_lion_params dt_lion_params_default(void)
+{
+    dt_lion_params p = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0};
+    return p;
+}
+
+int dt_optim_kind_num_states(dt_optim_kind k, bool sgd_momentum)
+{
+    switch (k) {
+    case DT_OPTIM_SGD:
+        return sgd_momentum ? 1 : 0;
+    case DT_OPTIM_ADAM:
+    case DT_OPTIM_ADAMW:
+    case DT_OPTIM_LAMB:
+        return 2;
+    case DT_OPTIM_LION:
+        return 1;
+    default:
+        return -1;
+    }
+}
+
 const char *dt_optim_kind_name(dt_optim_kind k)
 {
-    static const char *names[] = {"sgd", "adam", "adamw", "lamb"};
-    _Static_assert(DT_OPTIM_KIND_COUNT == 4, "optimizer names");
+    static const char *names[] = {"sgd", "adam", "adamw", "lamb", "lion"};
+    _Static_assert(DT_OPTIM_KIND_COUNT == 5, "optimizer names");
     return (unsigned)k < DT_OPTIM_KIND_COUNT ? names[k] : "?";
 }
 
@@ -416,6 +438,41 @@ dt_status dt_optim_lamb_init(const dt_lamb_params *p, const dt_optim_range *rang
     return st;
 }
 
+dt_status dt_optim_lion_init(const dt_lion_params *p, const dt_optim_range *ranges, size_t nrange, dt_optim **out)
+{
+    OUT_CHECK("lion");
+    if (!(p->lr >= 0) || !isfinite(p->lr) || !(p->weight_decay >= 0) || bad_beta(p->beta1) || bad_beta(p->beta2))
+        return dt_error(DT_ERR_INVALID_ARG, "lion: need lr >= 0 (%g), weight_decay >= 0 (%g), betas in [0, 1) "
+                        "(%g, %g)", p->lr, p->weight_decay, p->beta1, p->beta2);
+    dt_status st = optim_new(DT_OPTIM_LION, ranges, nrange, 1, "exp_avg", NULL, out);
+    if (st >= 0) {
+        (*out)->lion = *p;
+        (*out)->lr = p->lr;
+    }
+    return st;
+}
+
+dt_status dt_optim_init(dt_optim_kind kind, const void *hparams, const dt_optim_range *ranges, size_t nrange,
+                        dt_optim **out)
+{
+    switch (kind) {
+    case DT_OPTIM_SGD:
+        return dt_optim_sgd_init(hparams, ranges, nrange, out);
+    case DT_OPTIM_ADAM:
+        return dt_optim_adam_init(hparams, ranges, nrange, out);
+    case DT_OPTIM_ADAMW:
+        return dt_optim_adamw_init(hparams, ranges, nrange, out);
+    case DT_OPTIM_LAMB:
+        return dt_optim_lamb_init(hparams, ranges, nrange, out);
+    case DT_OPTIM_LION:
+        return dt_optim_lion_init(hparams, ranges, nrange, out);
+    default:
+        if (out)
+            *out = NULL;
+        return dt_error(DT_ERR_INVALID_ARG, "dt_optim_init: unknown optimizer kind %d", (int)kind);
+    }
+}
+
 void dt_optim_free(dt_optim *o)
 {
     if (!o)
@@ -490,6 +547,8 @@ dt_status dt_optim_set_betas(dt_optim *o, double beta1, double beta2)
         return dt_error(DT_ERR_INVALID_ARG, "dt_optim_set_betas: betas (%g, %g) must be in [0, 1)", beta1, beta2);
     if (o->kind == DT_OPTIM_LAMB)
         o->lamb.beta1 = beta1, o->lamb.beta2 = beta2;
+    else if (o->kind == DT_OPTIM_LION)
+        o->lion.beta1 = beta1, o->lion.beta2 = beta2;
     else
         o->adam.beta1 = beta1, o->adam.beta2 = beta2;
     return DT_OK;
@@ -500,9 +559,9 @@ dt_status dt_optim_get_betas(const dt_optim *o, double *beta1, double *beta2)
         return dt_error(DT_ERR_NULL, "dt_optim_get_betas: NULL argument");
     if (o->kind == DT_OPTIM_SGD)
         return dt_error(DT_ERR_UNSUPPORTED, "dt_optim_get_betas: sgd has no betas");
-    const bool l = o->kind == DT_OPTIM_LAMB;
-    *beta1 = l ? o->lamb.beta1 : o->adam.beta1;
-    *beta2 = l ? o->lamb.beta2 : o->adam.beta2;
+    const bool l = o->kind == DT_OPTIM_LAMB, n = o->kind == DT_OPTIM_LION;
+    *beta1 = l ? o->lamb.beta1 : n ? o->lion.beta1 : o->adam.beta1;
+    *beta2 = l ? o->lamb.beta2 : n ? o->lion.beta2 : o->adam.beta2;
     return DT_OK;
 }
 double dt_optim_last_grad_norm(const dt_optim *o) { return o ? o->last_gnorm : 0.0; }
@@ -617,6 +676,23 @@ void dt__optim_sgd_k_make(const dt_optim *o, dt__sgd_k *k, dt__sgd_k *k_nd)
                      .nesterov = p->nesterov, .first = o->step == 0, .zero_grad = o->zero_grad};
     *k_nd = *k;
     k_nd->has_wd = false;
+}
+
+static void step_lion(dt_optim *o)
+{
+    const dt_lion_params *p = &o->lion;
+    const dt__lion_k k = {.b1 = (float)p->beta1, .omb1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2,
+                          .omb2 = (float)(1.0 - p->beta2), .neg_lr = (float)(-o->lr),
+                          .decay = (float)(1.0 - o->lr * p->weight_decay), .zero_grad = o->zero_grad};
+    dt__lion_k k_nd = k;
+    k_nd.decay = 1.0f;
+    const size_t ni = o->nitem;
+#pragma omp parallel for schedule(static) if (ni > 1)
+    for (size_t i = 0; i < ni; i++) {
+        const dt__optim_item *it = &o->items[i];
+        dt__optim_lion(o->pbase[it->range] + it->start, o->gbase[it->range] + it->start,
+                       o->ranges[it->range].state[0] + it->start, it->len, it->no_decay ? &k_nd : &k);
+    }
 }
 
 static void step_sgd(dt_optim *o)
@@ -999,7 +1075,7 @@ dt_status dt_optim_step(dt_optim *o)
     bool widen = false;
     for (size_t r = 0; r < o->nrange; r++)
         widen |= o->ranges[r].g32 != NULL;
-    if (widen && !o->grads_ready && o->kind != DT_OPTIM_LAMB) {
+    if (widen && !o->grads_ready && o->kind != DT_OPTIM_LAMB && o->kind != DT_OPTIM_LION) {
         step_fused_lowp(o);
         o->step++;
         return DT_OK;
@@ -1018,6 +1094,9 @@ dt_status dt_optim_step(dt_optim *o)
     case DT_OPTIM_LAMB:
         if ((st = step_lamb(o)) < 0)
             return st;
+        break;
+    case DT_OPTIM_LION:
+        step_lion(o);
         break;
     default:
         return dt_error(DT_ERR_INTERNAL, "dt_optim_step: bad optimizer kind %d", (int)o->kind);

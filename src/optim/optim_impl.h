@@ -57,6 +57,7 @@ struct dt_optim {
     dt_sgd_params sgd;
     dt_adam_params adam;
     dt_lamb_params lamb;
+    dt_lion_params lion;
     double lr;
     int64_t step;
     size_t nrange;
@@ -115,6 +116,14 @@ dt_status dt__optim_check_range(const dt_optim_range *r, size_t i);
  * decaying tensors (k) and no-decay ones (k_nd); optim.c and optim_part.c. */
 void dt__optim_sgd_k_make(const dt_optim *o, dt__sgd_k *k, dt__sgd_k *k_nd);
 void dt__optim_adam_k_make(const dt_optim *o, dt__adam_k *k, dt__adam_k *k_nd);
+
+typedef struct dt__lion_k {
+    float b1, omb1, b2, omb2, neg_lr;
+    float decay;        /* 1 - lr*wd (1 = none) */
+    bool zero_grad;
+} dt__lion_k;
+/* p = p*decay - lr*sign(b1*m + omb1*g) (sign(0) = 0); m = b2*m + omb2*g; g = 0 with zero_grad. */
+void dt__optim_lion(float *p, float *g, float *m, size_t n, const dt__lion_k *k);
 
 typedef struct dt__lamb_k {
     float clip;         /* divisor of the gradient (>= 1) */

@@ -136,6 +136,20 @@ static void adam_scalar(float *p, float *g, float *m, float *v, size_t n, const 
     }
 }
 
+/* Lion's sign: -1, 0 or 1, NaN kept (a NaN gradient must reach the parameter, as torch.sign's NaN does). */
+static inline float lion_sign(float c) { return c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c == 0.0f ? 0.0f : c; }
+
+static void lion_scalar(float *p, float *g, float *m, size_t n, const dt__lion_k *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float gi = g[i], c = fmaf(gi, k->omb1, m[i] * k->b1);
+        p[i] = fmaf(lion_sign(c), k->neg_lr, p[i] * k->decay);
+        m[i] = fmaf(gi, k->omb2, m[i] * k->b2);
+        if (k->zero_grad)
+            g[i] = 0.0f;
+    }
+}
+
 /* bf16 -> f32 and f32 -> bf16 (round to nearest even, NaN quieted): the
  * formulas of dt_bf16_to_f32 / dt_f32_to_bf16, inline for the fused loop. */
 static inline float bf16_f32(uint16_t h)
@@ -260,6 +274,28 @@ DT_AVX2 static void sgd_avx2(float *p, float *g, float *buf, size_t n, const dt_
     }
     if (i < n)
         sgd_scalar(p + i, g + i, buf ? buf + i : NULL, n - i, k);
+}
+
+/* lion_scalar on 8 lanes: the sign is 1 with c's sign bit, 0 where c == 0, c where c is NaN. */
+DT_AVX2 static void lion_avx2(float *p, float *g, float *m, size_t n, const dt__lion_k *k)
+{
+    const __m256 b1 = _mm256_set1_ps(k->b1), omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2);
+    const __m256 omb2 = _mm256_set1_ps(k->omb2), nlr = _mm256_set1_ps(k->neg_lr), dec = _mm256_set1_ps(k->decay);
+    const __m256 one = _mm256_set1_ps(1.0f), sgn = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i), mi = _mm256_loadu_ps(m + i);
+        const __m256 c = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(mi, b1));
+        __m256 sg = _mm256_or_ps(_mm256_and_ps(c, sgn), one);
+        sg = _mm256_andnot_ps(_mm256_cmp_ps(c, zero, _CMP_EQ_OQ), sg);
+        sg = _mm256_blendv_ps(sg, c, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        _mm256_storeu_ps(p + i, _mm256_fmadd_ps(sg, nlr, _mm256_mul_ps(_mm256_loadu_ps(p + i), dec)));
+        _mm256_storeu_ps(m + i, _mm256_fmadd_ps(gi, omb2, _mm256_mul_ps(mi, b2)));
+        if (k->zero_grad)
+            _mm256_storeu_ps(g + i, zero);
+    }
+    if (i < n)
+        lion_scalar(p + i, g + i, m + i, n - i, k);
 }
 
 /* adam_one on 8 lanes (the constants broadcast once per call of a loop). */
@@ -478,6 +514,27 @@ DT_AVX512 static void sgd_avx512(float *p, float *g, float *buf, size_t n, const
     }
 }
 
+DT_AVX512 static void lion_avx512(float *p, float *g, float *m, size_t n, const dt__lion_k *k)
+{
+    const __m512 b1 = _mm512_set1_ps(k->b1), omb1 = _mm512_set1_ps(k->omb1), b2 = _mm512_set1_ps(k->b2);
+    const __m512 omb2 = _mm512_set1_ps(k->omb2), nlr = _mm512_set1_ps(k->neg_lr), dec = _mm512_set1_ps(k->decay);
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const __m512i sgn = _mm512_set1_epi32((int)0x80000000u);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        const __m512 gi = ld16(mk, g + i), mi = ld16(mk, m + i);
+        const __m512 c = _mm512_fmadd_ps(gi, omb1, _mm512_mul_ps(mi, b1));
+        __m512 sg = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(c), sgn),
+                                                        _mm512_castps_si512(one)));
+        sg = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), sg, zero);
+        sg = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q), sg, c);
+        st16(p + i, mk, _mm512_fmadd_ps(sg, nlr, _mm512_mul_ps(ld16(mk, p + i), dec)));
+        st16(m + i, mk, _mm512_fmadd_ps(gi, omb2, _mm512_mul_ps(mi, b2)));
+        if (k->zero_grad)
+            st16(g + i, mk, zero);
+    }
+}
+
 /* adam_one on 16 lanes, the moments loaded and stored under the mask. */
 typedef struct {
     __m512 wd, decay, b1, omb1, b2, omb2, bc2s, eps, nss;
@@ -664,6 +721,21 @@ void dt__optim_adam(float *p, float *g, float *m, float *v, size_t n, const dt__
     }
 #endif
     adam_scalar(p, g, m, v, n, k);
+}
+
+void dt__optim_lion(float *p, float *g, float *m, size_t n, const dt__lion_k *k)
+{
+#if DT_OPT_X86
+    if (use_avx512()) {
+        lion_avx512(p, g, m, n, k);
+        return;
+    }
+    if (use_avx2()) {
+        lion_avx2(p, g, m, n, k);
+        return;
+    }
+#endif
+    lion_scalar(p, g, m, n, k);
 }
 
 void dt__optim_adam_bf16(float *p, uint16_t *g, float *m, float *v, uint16_t *copy, size_t n, const dt__adam_k *k)

@@ -361,7 +361,8 @@ dt_status dt_plan_memory(const dt_plan *pl, size_t psi, int param_bytes, dt_opti
     }
     if (dev == DT_OFFLOAD_NVME) { /* the driver's buffers: buffer_count sub-groups of each state */
         size_t sg = psi < op->sub_group_size ? psi : op->sub_group_size;
-        int nstate = kind == DT_OPTIM_SGD ? (sgd_momentum ? 1 : 0) : 2;
+        int nstate = dt_optim_kind_num_states(kind, sgd_momentum); /* -1: refused below */
+        nstate = nstate > 0 ? nstate : 0;
         mp.offload_buffer_bytes = (size_t)op->buffer_count * (size_t)nstate * sg * sizeof(float);
     }
     return dt_mem_model_states(&mp, out);

@@ -321,7 +321,8 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         stage_work = head_work;
     const double critical = stage_work * (pp > 1 ? (double)(m + pp - 1) / m : 1.0); /* bubble (pp-1)/(m+pp-1) */
     const double opt_params = numel_rank / (l->zero_stage >= 1 ? shard_dp : 1);
-    const double streams = p->optimizer != DT_OPTIM_SGD ? 7 : p->sgd_momentum ? 5 : 3;
+    /* p and g read, p written, each state read and written: Adam's 7 (the calibration's unit) */
+    const double streams = 3 + 2 * dt_optim_kind_num_states(p->optimizer, p->sgd_momentum);
     /* the trainer's non-finite scan reads the gradients the rank steps once a step (no loss scaler in a
        planned run: it always runs) */
     const double opt_work = opt_params * (c->optim_s * streams / 7 + c->nonfinite_s);

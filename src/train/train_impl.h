@@ -16,8 +16,6 @@ struct dt_strategy {
 };
 
 /* The "ddp" strategy's handle, or NULL (strategy_ddp.c). */
-/* The learning rate of the optimizer p names (its params' lr). */
-double dt__trainer_params_lr(const dt_trainer_params *p);
 dt_ddp *dt__strategy_ddp_handle(const dt_strategy *s);
 
 /* strategy.c: the trainer's calls into its strategy. Each runs the slot,

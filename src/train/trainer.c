@@ -83,6 +83,7 @@ dt_trainer_params dt_trainer_params_default(void)
     p.adam = dt_adam_params_default();
     p.adamw = dt_adamw_params_default();
     p.lamb = dt_lamb_params_default();
+    p.lion = dt_lion_params_default();
     p.no_decay_1d = false;
     p.sched = dt_sched_params_default();
     p.grad_accum = 1;
@@ -130,7 +131,7 @@ static bool one_cycle_ok(const dt_one_cycle *c)
            isfinite(c->decay_mom_rate) && c->decay_mom_rate >= 0;
 }
 
-double dt__trainer_params_lr(const dt_trainer_params *p)
+double dt_trainer_params_lr(const dt_trainer_params *p)
 {
     switch (p->optimizer) {
     case DT_OPTIM_SGD:
@@ -141,8 +142,29 @@ double dt__trainer_params_lr(const dt_trainer_params *p)
         return p->adamw.lr;
     case DT_OPTIM_LAMB:
         return p->lamb.lr;
+    case DT_OPTIM_LION:
+        return p->lion.lr;
     default:
         return 0;
+    }
+}
+
+/* The params struct of the optimizer p names (dt_optim_init's hparams), NULL for an unknown kind. */
+static const void *optim_hparams(const dt_trainer_params *p)
+{
+    switch (p->optimizer) {
+    case DT_OPTIM_SGD:
+        return &p->sgd;
+    case DT_OPTIM_ADAM:
+        return &p->adam;
+    case DT_OPTIM_ADAMW:
+        return &p->adamw;
+    case DT_OPTIM_LAMB:
+        return &p->lamb;
+    case DT_OPTIM_LION:
+        return &p->lion;
+    default:
+        return NULL;
     }
 }
 
@@ -241,22 +263,10 @@ static dt_status build_optimizer(dt_trainer *tr)
     const size_t nr = nvme ? 0 : tr->nrg;
     if (tr->rank == 0)
         dt_offload_announce(&tr->p.offload);
-    switch (tr->p.optimizer) {
-    case DT_OPTIM_SGD:
-        st = dt_optim_sgd_init(&tr->p.sgd, rg, nr, &tr->opt);
-        break;
-    case DT_OPTIM_ADAM:
-        st = dt_optim_adam_init(&tr->p.adam, rg, nr, &tr->opt);
-        break;
-    case DT_OPTIM_ADAMW:
-        st = dt_optim_adamw_init(&tr->p.adamw, rg, nr, &tr->opt);
-        break;
-    case DT_OPTIM_LAMB:
-        st = dt_optim_lamb_init(&tr->p.lamb, rg, nr, &tr->opt);
-        break;
-    default:
+    const void *hp = optim_hparams(&tr->p);
+    if (!hp)
         return dt_error(DT_ERR_INVALID_ARG, "dt_trainer_init: unknown optimizer kind %d", (int)tr->p.optimizer);
-    }
+    st = dt_optim_init(tr->p.optimizer, hp, rg, nr, &tr->opt);
     if (st < 0)
         return dt_error_wrap(st, "dt_trainer_init: %s", dt_optim_kind_name(tr->p.optimizer));
     dt_optim_set_zero_grad(tr->opt, true);
@@ -446,7 +456,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_init");
     }
     tr->p = p;
-    tr->p.sched.base_lr = dt__trainer_params_lr(&p);
+    tr->p.sched.base_lr = dt_trainer_params_lr(&p);
     /* DeepSpeed's OneCycle cycles an optimizer's betas; torch's SGD has none, so it leaves SGD's momentum */
     tr->cycle_betas = p.sched.kind == DT_SCHED_ONE_CYCLE && p.sched.cycle.cycle_momentum && p.optimizer != DT_OPTIM_SGD;
     tr->m = m;

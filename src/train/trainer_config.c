@@ -52,6 +52,13 @@ static dt_status check_optimizer_keys(const dt_config *c, dt_optim_kind kind)
         {"optimizer.params.grad_averaging", 1u << DT_OPTIM_LAMB, "Lamb"},
         {"optimizer.params.bias_correction", 1u << DT_OPTIM_LAMB | 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW,
          "Adam, AdamW and Lamb"},
+        {"optimizer.params.eps", 1u << DT_OPTIM_LAMB | 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW,
+         "Adam, AdamW and Lamb"},
+        {"optimizer.params.adam_w_mode", 1u << DT_OPTIM_LAMB | 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW,
+         "Adam, AdamW and Lamb"},
+        {"optimizer.params.torch_adam", 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW, "Adam and AdamW"},
+        {"optimizer.params.betas", 1u << DT_OPTIM_LAMB | 1u << DT_OPTIM_ADAM | 1u << DT_OPTIM_ADAMW |
+         1u << DT_OPTIM_LION, "Adam, AdamW, Lamb and Lion"},
     };
     for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
         if (!(only[i].kinds & 1u << kind) && dt_config_origin_of(c, only[i].key) != DT_CONFIG_UNSET)
@@ -76,6 +83,9 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
             tp->optimizer = DT_OPTIM_SGD;
             tp->sgd = dt_sgd_params_default();
             tp->sgd.lr = 1e-3;
+        } else if (!strcmp(type, "Lion")) { /* DeepSpeed's FusedLion */
+            tp->optimizer = DT_OPTIM_LION;
+            tp->lion = dt_lion_params_default();
         } else if (!strcmp(type, "Lamb")) {
             tp->optimizer = DT_OPTIM_LAMB;
             tp->lamb = dt_lamb_params_default();
@@ -154,6 +164,11 @@ static dt_status apply_optimizer(const dt_config *c, dt_trainer_params *tp)
             tp->lamb.adam_w_mode = awm;
         if (dt_config_get_bool(c, "optimizer.params.grad_averaging", &ga) == DT_OK)
             tp->lamb.grad_averaging = ga;
+        break;
+    case DT_OPTIM_LION:
+        if (!isnan(lr)) tp->lion.lr = lr;
+        if (!isnan(wd)) tp->lion.weight_decay = wd;
+        if (!isnan(betas[0])) tp->lion.beta1 = betas[0], tp->lion.beta2 = betas[1];
         break;
     default:
         break;
@@ -246,7 +261,7 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
             sp->kind = t == S_WDLR ? DT_SCHED_LINEAR : DT_SCHED_CONSTANT;
             if (t == S_WDLR && (st = need_total(c, type, "decay reaches warmup_min_lr")) < 0)
                 return st;
-            double lo = 0, hi = dt__trainer_params_lr(tp); /* warmup_max_lr, set as the optimizer's lr */
+            double lo = 0, hi = dt_trainer_params_lr(tp); /* warmup_max_lr, set as the optimizer's lr */
             if (dt_config_get_double(c, "scheduler.params.warmup_min_lr", &lo) == DT_OK && lo != 0 && !(hi > 0))
                 return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.warmup_min_lr: %g with warmup_max_lr %g: "
                                 "dtrain ramps from a fraction of a rate > 0", lo, hi);
@@ -284,7 +299,7 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
             if (dt_config_get_double(c, "scheduler.params.cycle_min_lr", &d) != DT_OK)
                 return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.cycle_min_lr: OneCycle needs it (the "
                                                     "cycle's low end; DeepSpeed's constructor too)");
-            const double hi = dt__trainer_params_lr(tp);
+            const double hi = dt_trainer_params_lr(tp);
             if (d != 0 && !(hi > 0))
                 return dt_error(DT_ERR_INVALID_ARG, "key scheduler.params.cycle_min_lr: %g with cycle_max_lr %g: "
                                 "dtrain cycles from a fraction of a rate > 0", d, hi);

@@ -515,6 +515,20 @@ static dt_status apply(const char *text, dt_trainer_params *tp)
 TEST(optimizer_block)
 {
     dt_trainer_params tp;
+    /* DeepSpeed's "Lion" (FusedLion: lr 1e-3, betas (0.9, 0.999), weight_decay 0); it takes no eps */
+    ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Lion\", \"params\": {\"betas\": [0.95, 0.98], "
+                    "\"weight_decay\": 0.1}}}", &tp));
+    ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_LION);
+    ASSERT_NEAR(tp.lion.lr, 1e-3, 0, 0);
+    ASSERT_NEAR(tp.lion.beta1, 0.95, 0, 0);
+    ASSERT_NEAR(tp.lion.beta2, 0.98, 0, 0);
+    ASSERT_NEAR(tp.lion.weight_decay, 0.1, 0, 0);
+    ASSERT_NEAR(dt_trainer_params_lr(&tp), 1e-3, 0, 0);
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"lion\", \"params\": {\"eps\": 1e-8}}}", &tp),
+                  DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key optimizer.params.eps: applies to Adam, AdamW and Lamb only");
+    ASSERT_STATUS(apply("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"betas\": [0.9, 0.99]}}}", &tp),
+                  DT_ERR_INVALID_ARG);
     /* DeepSpeed's "Adam" is AdamW (adam_w_mode defaults to true), with FusedAdam's defaults */
     ASSERT_OK(apply("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 3e-4}}}", &tp));
     ASSERT_EQ_INT(tp.optimizer, DT_OPTIM_ADAMW);

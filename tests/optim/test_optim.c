@@ -72,6 +72,7 @@ TINIT(sgd, dt_sgd_params)
 TINIT(adam, dt_adam_params)
 TINIT(adamw, dt_adam_params)
 TINIT(lamb, dt_lamb_params)
+TINIT(lion, dt_lion_params)
 
 static void tfree(dt_optim *o)
 {
@@ -324,6 +325,52 @@ static dt_optim *lamb2(dt_lamb_params *lp)
     return tlamb_init(lp, &l);
 }
 
+/* Lion by hand (the paper's update, DeepSpeed FusedLion's params): lr 0.1, betas (0.9, 0.99), wd 0.1.
+ * step 1, g = 0.5: c = 0.05 > 0: p = 1 * (1 - 0.01) - 0.1 = 0.89; m = 0.01 * 0.5 = 0.005.
+ * step 2, g = -1: c = 0.0045 - 0.1 < 0: p = 0.89 * 0.99 + 0.1 = 0.9811; m = 0.00495 - 0.01 = -0.00505.
+ * A second element with g = 0 throughout (c = 0, sign 0) only decays; a NaN gradient reaches p. */
+TEST(lion)
+{
+    float p[2] = {1, 2}, g[2] = {0.5f, 0};
+    tlay l = {.lo = 0, .hi = 2};
+    dt_lion_params lp = dt_lion_params_default();
+    ASSERT_NEAR(lp.lr, 1e-3, 0, 0);
+    ASSERT_NEAR(lp.beta2, 0.999, 0, 0);
+    lp.lr = 0.1, lp.beta2 = 0.99, lp.weight_decay = 0.1;
+    dt_optim *o = tlion_init(&lp, &l);
+    ASSERT(o);
+    ASSERT_STR_EQ(dt_optim_kind_name(dt_optim_get_kind(o)), "lion");
+    ASSERT_EQ_INT(dt_optim_num_states(o), 1);
+    ASSERT_OK(tstep(o, p, g));
+    ASSERT_NEAR(p[0], 0.89, 1e-7, 0);
+    ASSERT_NEAR(p[1], 2 * 0.99, 1e-7, 0);
+    g[0] = -1;
+    ASSERT_OK(tstep(o, p, g));
+    ASSERT_NEAR(p[0], 0.9811, 1e-6, 0);
+    float *m;
+    const char *name;
+    ASSERT_OK(dt_optim_state(o, 0, 0, &name, &m, NULL));
+    ASSERT_STR_EQ(name, "exp_avg");
+    ASSERT_NEAR(m[0], -0.00505, 1e-8, 0);
+    ASSERT_NEAR(m[1], 0, 0, 0);
+    double b1, b2;
+    ASSERT_OK(dt_optim_get_betas(o, &b1, &b2));
+    ASSERT_NEAR(b2, 0.99, 0, 0);
+    g[0] = NAN;
+    ASSERT_OK(tstep(o, p, g));
+    ASSERT(isnan(p[0]));
+    tfree(o);
+    struct bind b = {0};
+    dt_optim_range r = bind_range(&b, &l);
+    ASSERT_OK(dt_optim_init(DT_OPTIM_LION, &lp, &r, 1, &o)); /* the kind's own init */
+    ASSERT(dt_optim_get_kind(o) == DT_OPTIM_LION);
+    dt_optim_free(o);
+    lp.beta1 = 1.0;
+    ASSERT_STATUS(dt_optim_lion_init(&lp, &r, 1, &o), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_optim_init(DT_OPTIM_KIND_COUNT, &lp, &r, 1, &o), DT_ERR_INVALID_ARG);
+    ASSERT(o == NULL);
+}
+
 TEST(lamb_hand)
 {
     /* One tensor w = [3, 4] (‖w‖ = 5), g = [0.3, 0.4] (‖g‖ = 0.5 < max 1: no
@@ -494,7 +541,7 @@ TEST(torch_bit_exact_scalar) { torch_check_level(0); }
 /* The element kernels on every level the CPU has against the scalar ones,
  * bit for bit, on lengths that leave a masked or 8-lane tail (1000 = 62 x 16
  * + 8, 1013, 13, 7): SGD (momentum, Nesterov, weight decay), Adam and AdamW,
- * LAMB stage 1 (with its sum of u^2) and stage 2, and the plain sqsum/scale. */
+ * LAMB stage 1 (with its sum of u^2) and stage 2, the plain sqsum/scale, Lion. */
 static uint32_t g_lcg = 12345;
 static float frand(void)
 {
@@ -541,6 +588,13 @@ TEST(kernels_levels_bit_identical)
             sums[lv][1] = dt__optim_lamb_stage1(o[0], o[1], o[2], o[6], n, &lk) + dt__sqsum(o[1], n);
             dt__optim_lamb_stage2(o[0], o[1], n, 0.7f, false);
             dt__scale(o[1], n, 0.37f);
+            /* Lion, with a c of exactly 0 (g and m 0: sign 0) in the first and the tail's last element */
+            o[1][0] = o[2][0] = o[1][n - 1] = o[2][n - 1] = 0.0f;
+            dt__lion_k nk = {.b1 = 0.9f, .omb1 = 0.1f, .b2 = 0.99f, .omb2 = 0.01f, .neg_lr = -0.01f,
+                             .decay = 0.999f};
+            dt__optim_lion(o[0], o[1], o[2], n, &nk);
+            nk.decay = 1.0f, nk.zero_grad = true;
+            dt__optim_lion(o[4], o[1], o[2], n, &nk);
         }
         dt__optim_force_level(-1);
         ASSERT(ran & 1);
@@ -1170,6 +1224,7 @@ int main(void)
     RUN(sgd_hand);
     RUN(adam_hand);
     RUN(lamb_hand);
+    RUN(lion);
     RUN(torch_bit_exact_simd);
     RUN(torch_bit_exact_scalar);
     RUN(torch_bit_exact_avx512);

@@ -36,7 +36,11 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--lr-schedule", "polynomial", NULL}, "--lr-schedule", NULL));
     ASSERT(expect2((char *[]){"train", "--betas", "0.9", NULL}, "--betas", "two numbers"));
     ASSERT(expect2((char *[]){"train", "--betas", "0.9,1.5", "--optimizer", "adam", NULL}, "--betas", "[0, 1)"));
-    ASSERT(expect2((char *[]){"train", "--betas", "0.9,0.95", NULL}, "--betas", "adam, adamw and lamb"));
+    ASSERT(expect2((char *[]){"train", "--betas", "0.9,0.95", NULL}, "--betas", "adam, adamw, lamb and lion"));
+    ASSERT(expect2((char *[]){"train", "--eps", "1e-6", "--optimizer", "lion", NULL}, "--eps", "lion divides by "
+                                                                                                   "nothing"));
+    ASSERT(expect2((char *[]){"train", "--optimizer", "lion", "--offload", "nvme:x", NULL}, "--offload",
+                   "--optimizer lion"));
     ASSERT(expect2((char *[]){"train", "--eps", "0", "--optimizer", "adam", NULL}, "--eps", "out of range"));
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));

@@ -217,17 +217,9 @@ dt_status dt_shard_optimizer(dt_optim_kind kind, const void *hparams, dt_dtensor
     }
     o->nr = nr;
     if (nr > 0) {
-        switch (kind) {
-        case DT_OPTIM_SGD: st = dt_optim_sgd_init(hparams, r, (size_t)nr, &o->opt); break;
-        case DT_OPTIM_ADAM: st = dt_optim_adam_init(hparams, r, (size_t)nr, &o->opt); break;
-        case DT_OPTIM_ADAMW: st = dt_optim_adamw_init(hparams, r, (size_t)nr, &o->opt); break;
-        case DT_OPTIM_LAMB:
-            st = dt_optim_lamb_init(hparams, r, (size_t)nr, &o->opt);
-            if (st == DT_OK)
-                dt_optim_set_reducer(o->opt, lamb_reduce, o);
-            break;
-        default: st = dt_error(DT_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", f, (int)kind);
-        }
+        st = dt_optim_init(kind, hparams, r, (size_t)nr, &o->opt);
+        if (st == DT_OK && kind == DT_OPTIM_LAMB)
+            dt_optim_set_reducer(o->opt, lamb_reduce, o);
     }
 done:
     dt_free(r);

@@ -30,15 +30,7 @@ dt_status dt_mem_model_states(const dt_mem_policy *p, dt_mem_estimate *out)
                         (int)p->optimizer);
     const double psi = (double)p->numel;
     const double shard = (double)((p->numel + (size_t)p->world - 1) / (size_t)p->world);
-    double k = 0;
-    switch (p->optimizer) {
-    case DT_OPTIM_SGD:
-        k = p->sgd_momentum ? 4 : 0;
-        break;
-    default:
-        k = 8; /* exp_avg + exp_avg_sq */
-        break;
-    }
+    const double k = 4.0 * dt_optim_kind_num_states(p->optimizer, p->sgd_momentum); /* f32 states */
     const double b = p->param_bytes;
     dt_mem_estimate e;
     memset(&e, 0, sizeof e);
