@@ -36,13 +36,20 @@ static double warm(const dt_sched_params *p, int64_t step)
     return p->warmup_start + (1.0 - p->warmup_start) * w;
 }
 
+/* OneCycle's halves: the rise and the fall (0: as long as the rise). */
+static double cycle_first(const dt_one_cycle *c) { return (double)(c->first_steps > 0 ? c->first_steps : 1); }
+static double cycle_second(const dt_one_cycle *c)
+{
+    return c->second_steps > 0 ? (double)c->second_steps : cycle_first(c);
+}
+static double cycle_total(const dt_one_cycle *c) { return cycle_first(c) + cycle_second(c); }
+
 /* OneCycle's place in its cycle, 0 at the low end and 1 at the top, for
  * step <= first + second (DeepSpeed's _get_scale_factor at batch iteration
  * `step`: its engine's scheduler is at last_batch_iteration step - 1). */
 static double cycle_scale(const dt_one_cycle *c, int64_t step)
 {
-    const double first = (double)(c->first_steps > 0 ? c->first_steps : 1);
-    const double second = c->second_steps > 0 ? (double)c->second_steps : first, total = first + second;
+    const double first = cycle_first(c), second = cycle_second(c), total = first + second;
     const double ratio = first / total, it = (double)step;
     const double x = 1.0 + it / total - floor(1.0 + it / total);
     double f = x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
@@ -53,12 +60,6 @@ static double cycle_scale(const dt_one_cycle *c, int64_t step)
         f = floor(pos) / (double)stairs;
     }
     return f;
-}
-
-static double cycle_total(const dt_one_cycle *c)
-{
-    const double first = (double)(c->first_steps > 0 ? c->first_steps : 1);
-    return first + (c->second_steps > 0 ? (double)c->second_steps : first);
 }
 
 static double sched_base(const dt_sched_params *p, int64_t step)
