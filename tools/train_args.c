@@ -770,12 +770,10 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --offload %s: expected cpu or nvme:DIR\n", o->offload);
         return 2;
     }
-    const bool sub_groups = !strcmp(o->optimizer, "sgd") || !strcmp(o->optimizer, "adam") ||
-                            !strcmp(o->optimizer, "adamw"); /* the optimizers stepped in parts (offload) */
+    const bool sub_groups = strcmp(o->optimizer, "lamb") != 0; /* the optimizers stepped in parts (offload) */
     if (o->offload && !strncmp(o->offload, "nvme:", 5) && !sub_groups) { /* was exit 1 at init */
-        dt__cli_err("dtrain train: --offload nvme: does not combine with --optimizer %s (%s; sgd, adam and adamw "
-                    "work)\n", o->optimizer, !strcmp(o->optimizer, "lamb") ? "its trust ratio needs whole-tensor "
-                    "norms, which the sub-groups cannot give" : "not stepped in sub-groups yet");
+        dt__cli_err("dtrain train: --offload nvme: does not combine with --optimizer lamb (its trust ratio needs "
+                    "whole-tensor norms, which the sub-groups cannot give; sgd, adam, adamw and lion work)\n");
         return 2;
     }
     if (o->offload && !strncmp(o->offload, "nvme:", 5) && (o->save || o->resume)) {
@@ -845,9 +843,9 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&
         (!sub_groups || strcmp(o->precision, "fp32"))) { /* both were exit 1 at init */
-        dt__cli_err("dtrain train: --offload-param nvme: steps f32 parameters unit by unit with sgd, adam or adamw: "
-                    "not %s%s yet\n", sub_groups ? "--precision bf16/fp16 (mixed precision)" : "--optimizer ",
-                    sub_groups ? "" : o->optimizer);
+        dt__cli_err("dtrain train: --offload-param nvme: steps f32 parameters unit by unit with sgd, adam, adamw or "
+                    "lion: not %s yet\n", sub_groups ? "--precision bf16/fp16 (mixed precision)"
+                                                     : "--optimizer lamb (its trust ratio needs whole-tensor norms)");
         return 2;
     }
     if (stage3 && o->init_from) {

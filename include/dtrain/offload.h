@@ -44,7 +44,7 @@
  * holds only hyper-parameters, learning rate and step count, and allocates
  * no state); the driver calls dt_optim_step_part per sub-group with the
  * state it swapped in. Results are bit-identical to the in-memory optimizer
- * (SGD, Adam, AdamW; LAMB's whole-tensor norms do not split: unsupported).
+ * (SGD, Adam, AdamW, Lion; LAMB's whole-tensor norms do not split: unsupported).
  *
  * Lifecycle: dt_nvme_store_open / dt_nvme_store_close, dt_offload_optim_init
  * / dt_offload_optim_free (free the driver before its optimizer and the
@@ -220,7 +220,7 @@ typedef struct dt_mem_policy {
     size_t numel;                /* parameters (elements) */
     int world;                   /* data-parallel ranks sharing the state (>= 1) */
     int zero_stage;              /* 0 (DDP) .. 3 */
-    dt_optim_kind optimizer;     /* SGD states 0 or 4 bytes (momentum), Adam(W)/LAMB 8 */
+    dt_optim_kind optimizer;     /* SGD states 0 or 4 bytes (momentum), Adam(W)/LAMB 8, Lion 4 */
     bool sgd_momentum;           /* SGD with momentum */
     int param_bytes;             /* bytes of a parameter/gradient element: 4 (f32) or 2 (bf16/f16) */
     bool master_weights;         /* mixed precision: fp32 master copy (4 bytes) kept by the optimizer */

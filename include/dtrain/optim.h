@@ -216,7 +216,7 @@ DT_API dt_status dt_optim_step(dt_optim *o);
  * bit-identical to dt_optim_step over a range covering the part. This is
  * how the offload driver (offload.h) steps sub-groups whose state lives in
  * files: it creates o over no ranges (nrange 0), so o allocates no state.
- * SGD, Adam and AdamW only: DT_ERR_UNSUPPORTED for LAMB (its trust ratio
+ * SGD, Adam, AdamW and Lion: DT_ERR_UNSUPPORTED for LAMB (its trust ratio
  * needs whole-tensor norms) and for a part with a mirror or non-f32
  * gradients (mixed precision is not stepped by parts yet). Errors as dt_optim_step, DT_ERR_NULL for a
  * missing state buffer. */

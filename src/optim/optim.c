@@ -678,14 +678,20 @@ void dt__optim_sgd_k_make(const dt_optim *o, dt__sgd_k *k, dt__sgd_k *k_nd)
     k_nd->has_wd = false;
 }
 
-static void step_lion(dt_optim *o)
+void dt__optim_lion_k_make(const dt_optim *o, dt__lion_k *k, dt__lion_k *k_nd)
 {
     const dt_lion_params *p = &o->lion;
-    const dt__lion_k k = {.b1 = (float)p->beta1, .omb1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2,
-                          .omb2 = (float)(1.0 - p->beta2), .neg_lr = (float)(-o->lr),
-                          .decay = (float)(1.0 - o->lr * p->weight_decay), .zero_grad = o->zero_grad};
-    dt__lion_k k_nd = k;
-    k_nd.decay = 1.0f;
+    *k = (dt__lion_k){.b1 = (float)p->beta1, .omb1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2,
+                      .omb2 = (float)(1.0 - p->beta2), .neg_lr = (float)(-o->lr),
+                      .decay = (float)(1.0 - o->lr * p->weight_decay), .zero_grad = o->zero_grad};
+    *k_nd = *k;
+    k_nd->decay = 1.0f;
+}
+
+static void step_lion(dt_optim *o)
+{
+    dt__lion_k k, k_nd;
+    dt__optim_lion_k_make(o, &k, &k_nd);
     const size_t ni = o->nitem;
 #pragma omp parallel for schedule(static) if (ni > 1)
     for (size_t i = 0; i < ni; i++) {

@@ -124,6 +124,7 @@ typedef struct dt__lion_k {
 } dt__lion_k;
 /* p = p*decay - lr*sign(b1*m + omb1*g) (sign(0) = 0); m = b2*m + omb2*g; g = 0 with zero_grad. */
 void dt__optim_lion(float *p, float *g, float *m, size_t n, const dt__lion_k *k);
+void dt__optim_lion_k_make(const dt_optim *o, dt__lion_k *k, dt__lion_k *k_nd);
 
 typedef struct dt__lamb_k {
     float clip;         /* divisor of the gradient (>= 1) */

@@ -2,7 +2,7 @@
  * (dt_optim_step_part, optim.h): what the offload driver (offload.h) calls
  * once per sub-group, its state swapped in from files.
  *
- * SGD, Adam and AdamW are element-wise: an element's new value depends on
+ * SGD, Adam, AdamW and Lion are element-wise: an element's new value depends on
  * its own parameter, gradient and state only, and the kernels compute the
  * same bits whatever the split (the SIMD body and the scalar tail are
  * bit-identical, optim_kernels.c). So a part is cut into the same pieces a
@@ -46,9 +46,9 @@ dt_status dt_optim_step_part(dt_optim *o, const dt_optim_range *part, float *con
 {
     if (!o || !part)
         return dt_error(DT_ERR_NULL, "dt_optim_step_part: %s is NULL", o ? "part" : "optimizer");
-    if (o->kind != DT_OPTIM_SGD && o->kind != DT_OPTIM_ADAM && o->kind != DT_OPTIM_ADAMW)
+    if (o->kind == DT_OPTIM_LAMB)
         return dt_error(DT_ERR_UNSUPPORTED, "dt_optim_step_part: %s needs norms over whole tensors; only sgd, "
-                        "adam and adamw step by parts", dt_optim_kind_name(o->kind));
+                        "adam, adamw and lion step by parts", dt_optim_kind_name(o->kind));
     dt_status st = dt__optim_check_range(part, 0);
     if (st < 0)
         return dt_error_wrap(st, "dt_optim_step_part");
@@ -87,6 +87,13 @@ dt_status dt_optim_step_part(dt_optim *o, const dt_optim_range *part, float *con
         for (size_t i = 0; i < np; i++)
             dt__optim_sgd(p + pc[i].start, g + pc[i].start, buf ? buf + pc[i].start : NULL, pc[i].len,
                           pc[i].no_decay ? &k_nd : &k);
+    } else if (o->kind == DT_OPTIM_LION) {
+        dt__lion_k k, k_nd;
+        dt__optim_lion_k_make(o, &k, &k_nd);
+#pragma omp parallel for schedule(static) if (np > 1)
+        for (size_t i = 0; i < np; i++)
+            dt__optim_lion(p + pc[i].start, g + pc[i].start, state[0] + pc[i].start, pc[i].len,
+                           pc[i].no_decay ? &k_nd : &k);
     } else {
         dt__adam_k k, k_nd;
         dt__optim_adam_k_make(o, &k, &k_nd);

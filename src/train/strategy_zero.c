@@ -76,9 +76,9 @@ static dt_status s_optim_setup(void *self, dt_strategy_optim *o)
     zero_strategy *s = self;
     if (!dt_zero_params_offloaded(s->z))
         return DT_OK;
-    if (o->scaled || o->mixed || (o->kind != DT_OPTIM_SGD && o->kind != DT_OPTIM_ADAM && o->kind != DT_OPTIM_ADAMW))
+    if (o->scaled || o->mixed || o->kind == DT_OPTIM_LAMB)
         return dt_error(DT_ERR_UNSUPPORTED, "dt_trainer_init: ZeRO parameter offload (offload_param nvme) steps f32 "
-                        "parameters unit by unit with sgd, adam or adamw, without loss scaling (this run: %s%s)",
+                        "parameters unit by unit with sgd, adam, adamw or lion, without loss scaling (this run: %s%s)",
                         dt_optim_kind_name(o->kind), o->scaled || o->mixed ? ", mixed precision" : "");
     o->steps = true;
     return DT_OK;

@@ -43,6 +43,11 @@ static dt_status make(dt_optim_kind kind, const dt_optim_range *r, size_t nr, dt
         p.lr = 0.01, p.weight_decay = 0.1;
         return dt_optim_adamw_init(&p, r, nr, o);
     }
+    case DT_OPTIM_LION: {
+        dt_lion_params p = dt_lion_params_default();
+        p.lr = 0.01, p.weight_decay = 0.1;
+        return dt_optim_lion_init(&p, r, nr, o);
+    }
     default: {
         dt_lamb_params p = dt_lamb_params_default();
         p.lr = 0.01;
@@ -138,8 +143,8 @@ static void check_master(dt_optim_kind kind, dt_dtype lowt, bool split, float sc
 
 TEST(master_equals_f32_optimizer)
 {
-    const dt_optim_kind kinds[4] = {DT_OPTIM_SGD, DT_OPTIM_ADAM, DT_OPTIM_ADAMW, DT_OPTIM_LAMB};
-    for (int k = 0; k < 4; k++)
+    const dt_optim_kind kinds[5] = {DT_OPTIM_SGD, DT_OPTIM_ADAM, DT_OPTIM_ADAMW, DT_OPTIM_LAMB, DT_OPTIM_LION};
+    for (int k = 0; k < 5; k++)
         for (int lt = 0; lt < 2; lt++)
             for (int split = 0; split < 2; split++) {
                 int before = dt_test_failed_;

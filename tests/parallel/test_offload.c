@@ -217,6 +217,12 @@ static dt_status make_opt(dt_optim_kind kind, const dt_optim_range *r, size_t nr
         sp.nesterov = true;
         return dt_optim_sgd_init(&sp, r, nr, o);
     }
+    if (kind == DT_OPTIM_LION) {
+        dt_lion_params lp = dt_lion_params_default();
+        lp.lr = 3e-3;
+        lp.weight_decay = 0.1;
+        return dt_optim_lion_init(&lp, r, nr, o);
+    }
     dt_adam_params ap = dt_adamw_params_default();
     ap.lr = 3e-3;
     ap.weight_decay = 0.1;
@@ -300,8 +306,8 @@ done:
 
 TEST(optimizer_over_store_equals_in_memory)
 {
-    const dt_optim_kind kinds[] = {DT_OPTIM_SGD, DT_OPTIM_ADAMW, DT_OPTIM_ADAM};
-    for (size_t k = 0; k < 3; k++) {
+    const dt_optim_kind kinds[] = {DT_OPTIM_SGD, DT_OPTIM_ADAMW, DT_OPTIM_ADAM, DT_OPTIM_LION};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         /* one sub-group per range (the default size), and many small ones */
         if (compare_with_memory(kinds[k], DT_OFFLOAD_IO_AUTO, 1000000000, 4, 4))
             TEST_FAIL_("%s, default sub-groups", dt_optim_kind_name(kinds[k]));

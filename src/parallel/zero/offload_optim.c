@@ -76,9 +76,10 @@ dt_status dt_offload_optim_init(const dt_offload_params *p, dt_optim *o, const d
     if (!p || !o || (!ranges && nrange))
         return dt_error(DT_ERR_NULL, "dt_offload_optim_init: %s is NULL", !p ? "params" : !o ? "optimizer" : "ranges");
     dt_optim_kind kind = dt_optim_get_kind(o);
-    if (kind != DT_OPTIM_SGD && kind != DT_OPTIM_ADAM && kind != DT_OPTIM_ADAMW)
+    if (kind == DT_OPTIM_LAMB)
         return dt_error(DT_ERR_UNSUPPORTED, "offload: %s needs norms over whole tensors before any update, which "
-                        "sub-groups cannot give; offload works with sgd, adam and adamw", dt_optim_kind_name(kind));
+                        "sub-groups cannot give; offload works with sgd, adam, adamw and lion",
+                        dt_optim_kind_name(kind));
     if (dt_optim_num_ranges(o) != 0)
         return dt_error(DT_ERR_INVALID_ARG, "offload: the optimizer must be created over no ranges (it has %zu, "
                         "with state in memory); the driver holds the ranges", dt_optim_num_ranges(o));
