@@ -730,7 +730,9 @@ typedef struct dt_trainer_save_params {
                                Sharded state (ZeRO) is written by every rank together and
                                synchronously whatever this says; default false */
     int keep;               /* after a save, keep only the newest `keep` checkpoints in the
-                               directory (0: all); default 0 */
+                               directory (0: all): the one just saved and the newest keep - 1
+                               before it; one of a later step (left by a run this one resumed
+                               from an older checkpoint of) is not removed; default 0 */
     const char *user_json;  /* a JSON object stored with the checkpoint as "user" (the CLI keeps
                                its model and data options there; dt_trainer_ckpt_user reads it);
                                copied; default NULL */

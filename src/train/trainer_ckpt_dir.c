@@ -119,14 +119,21 @@ void dt__ckpt_remove_stale(const char *dir)
     closedir(d);
 }
 
-/* Keep the newest `keep` complete checkpoints of dir (0: all). */
-void dt__ckpt_prune(const char *dir, int keep)
+/* After the save of step `saved`: keep it and the newest keep - 1 complete
+ * checkpoints of dir before it (keep 0: all). A checkpoint of a later step
+ * is another run's (one resumed from an older checkpoint saves below it) and
+ * is left alone: the newest by number is not the one just written, and the
+ * one just written is never the one removed. */
+void dt__ckpt_prune(const char *dir, int keep, int64_t saved)
 {
     int64_t *steps;
     size_t n;
     if (keep <= 0 || list_steps(dir, &steps, &n) != DT_OK)
         return;
-    for (size_t i = (size_t)keep; i < n; i++) {
+    int kept = 1; /* `saved` itself */
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        if (steps[i] >= saved || kept++ < keep)
+            continue;
         char p[4200];
         snprintf(p, sizeof p, "%s/step-%08" PRId64, dir, steps[i]);
         remove_ckpt_dir(p);
