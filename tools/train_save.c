@@ -292,8 +292,10 @@ static dt_status load_auto(dt__train_run *t, char *path, size_t cap, dt_trainer_
 }
 
 /* Whether the checkpoint at path was trained with this run's --seed and
- * --rng (they draw the data order); if not, note says so. A checkpoint
- * whose options cannot be read (another program's) is taken as kept. */
+ * --rng (they draw the data order), --data, --batch and (random data)
+ * --random-items (they make the samples and the batches); if not, note
+ * says which differ. A checkpoint whose options cannot be read (another
+ * program's) is taken as kept. */
 static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
 {
     char *js = NULL;
@@ -302,6 +304,9 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
     cJSON *u = cJSON_Parse(js);
     dt_trainer_run_state_free(js);
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(u, "seed"), *rng = cJSON_GetObjectItemCaseSensitive(u, "rng");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(u, "data");
+    const cJSON *batch = cJSON_GetObjectItemCaseSensitive(u, "batch");
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(u, "random_items");
     bool kept = true;
     if (cJSON_IsNumber(seed) && cJSON_IsString(rng) &&
         (seed->valuedouble != (double)t->o.seed || strcmp(rng->valuestring, t->o.rng))) {
@@ -311,6 +316,31 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
                  "and the epochs after it draw other samples in another order)",
                  seed->valuedouble, rng->valuestring, (unsigned long long)t->o.seed, t->o.rng);
         kept = false;
+    } else if (cJSON_IsString(data) && cJSON_IsNumber(batch)) {
+        /* another data set, batch size or random set: other samples at the saved position, even with as many
+           batches an epoch (which the trainer's own check sees) */
+        const bool random = !strcmp(data->valuestring, "random") && !strcmp(t->o.data, "random");
+        char was[1400] = "", now[1400] = "", dq[1200];
+        if (strcmp(data->valuestring, t->o.data)) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --data %s",
+                     dt_escape(data->valuestring, dq, sizeof dq));
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --data %s", dt_escape(t->o.data, dq, sizeof dq));
+        }
+        if (batch->valuedouble != (double)t->o.batch) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --batch %.0f", batch->valuedouble);
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --batch %lld", (long long)t->o.batch);
+        }
+        if (random && cJSON_IsNumber(items) && items->valuedouble != (double)t->o.random_items) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --random-items %.0f", items->valuedouble);
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --random-items %lld", (long long)t->o.random_items);
+        }
+        if (was[0]) {
+            snprintf(note, n,
+                     "the checkpoint was trained with%s, this run has%s: weights, optimizer state and the schedule "
+                     "are resumed, the data order is not kept (the rest of the epoch is other samples)",
+                     was, now);
+            kept = false;
+        }
     }
     cJSON_Delete(u);
     return kept;
