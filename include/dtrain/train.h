@@ -780,7 +780,8 @@ DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_train
  * owner's). dt_trainer_save does the same at its first save into a
  * directory when this was not called. Every rank returns the owner's
  * status: DT_ERR_STATE (held by another job, naming it and the holder's pid
- * and host), DT_ERR_IO (missing parent, not a directory, a symlink,
+ * and host), DT_ERR_INVALID_ARG (dir is a checkpoint itself: it holds
+ * index.json), DT_ERR_IO (missing parent, not a directory, a symlink,
  * read-only), naming the directory. */
 DT_API dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */

@@ -195,6 +195,13 @@ static dt_status own_dir(dt_trainer *tr, const char *dir)
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
     if (sl->lock && !strcmp(dt_ckpt_dir_lock_dir(sl->lock), dir))
         return DT_OK;
+    /* a checkpoint itself (--save run/step-N): its step-N and lock would go inside it */
+    char ip[4200];
+    struct stat sb;
+    snprintf(ip, sizeof ip, "%s/%s", dir, INDEX_FILE);
+    if (lstat(ip, &sb) == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s is a checkpoint (it holds %s), not a directory of checkpoints: "
+                        "save into the directory that holds it", dir, INDEX_FILE);
     dt_ckpt_dir_lock *l;
     dt_status st = dt_ckpt_dir_lock_open(dir, &l);
     if (st < 0)

@@ -131,6 +131,14 @@ TEST(unusable_directory_refused_before_training)
     ASSERT(symlink(t, p) == 0);
     refused_before_training(d, "a symlinked lock file");
     ASSERT(!file_exists(t));
+    /* a checkpoint itself (--save run/step-N): its lock file and a step-N inside it were written there */
+    snprintf(d, sizeof d, "%s/ckpt-as-dir", cli_tmpdir());
+    mkpath(d);
+    snprintf(p, sizeof p, "%s/index.json", d);
+    touch(p);
+    refused_before_training(d, "a checkpoint");
+    snprintf(p, sizeof p, "%s/.dtrain-lock", d);
+    ASSERT(!file_exists(p));
 }
 
 /* Two real jobs: the second is refused while the first trains; the first
