@@ -507,6 +507,16 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: dtype %s (f32, bf16 or f16)", dt_dtype_name(p.dtype));
     if (p.max_shard_bytes < 1)
         return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: max_shard_bytes must be >= 1");
+    /* "OUT/" names the directory OUT: its temporary goes beside it, not inside */
+    char obuf[TMP_PATH - 16];
+    size_t on = strlen(out);
+    while (on > 1 && out[on - 1] == '/')
+        on--;
+    if (on >= sizeof obuf)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: output path too long: %s", out);
+    memcpy(obuf, out, on);
+    obuf[on] = 0;
+    out = obuf;
     dt_status st = dt_hf_save_check_out(out);
     if (st < 0)
         return st;

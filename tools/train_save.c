@@ -175,7 +175,11 @@ int dt__tr_save_outputs(dt__train_run *t)
     const char *ck = t->o.save;
     char tmp[1200] = "";
     if (!ck && (t->o.save_hf || lora_from_ckpt)) {
-        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf ? t->o.save_hf : t->o.save_lora);
+        const char *o = t->o.save_hf ? t->o.save_hf : t->o.save_lora;
+        int on = (int)strlen(o);
+        while (on > 1 && o[on - 1] == '/') /* OUT/: beside OUT, not inside it (OUT is made at the end) */
+            on--;
+        snprintf(tmp, sizeof tmp, "%.*s.ckpt-tmp", on, o);
         dt_trainer_save_params sp = dt_trainer_save_params_default();
         sp.user_json = t->user_json;
         if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
