@@ -634,8 +634,13 @@ dt_status dt_hf_save_check_out(const char *out)
 {
     if (!out || !out[0])
         return dt_error(DT_ERR_INVALID_ARG, "the output directory name is empty");
+    char name[4096]; /* lstat of "link/" follows the link: the name without its trailing slashes */
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/')
+        n--;
+    snprintf(name, sizeof name, "%.*s", (int)n, out);
     struct stat sb;
-    if (lstat(out, &sb) != 0)
+    if (lstat(name, &sb) != 0)
         return errno == ENOENT ? DT_OK : dt_error(DT_ERR_IO, "%s: %s", out, strerror(errno));
     if (S_ISLNK(sb.st_mode))
         return dt_error(DT_ERR_INVALID_ARG, "%s is a symlink (not followed; name a new directory)", out);
