@@ -242,7 +242,14 @@ int dt__tr_setup_save(dt__train_run *t)
         dt_tokenizer_free(tk);
     }
     struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
-    if (t->o.save_lora && lstat(t->o.save_lora, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    char sl[4096] = ""; /* (DIR/: lstat of link/ follows the link, so without the trailing slashes) */
+    if (t->o.save_lora) {
+        int n = (int)strlen(t->o.save_lora);
+        while (n > 1 && t->o.save_lora[n - 1] == '/')
+            n--;
+        snprintf(sl, sizeof sl, "%.*s", n, t->o.save_lora);
+    }
+    if (t->o.save_lora && lstat(sl, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         dt__cli_err("dtrain train: --save-lora: %s is %s\n", t->o.save_lora,
                     S_ISLNK(sb.st_mode) ? "a symlink (not followed; give the directory itself)" : "not a directory");
         return 2;
