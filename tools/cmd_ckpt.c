@@ -75,10 +75,15 @@ static int fail_write(const char *what)
 /* convert never replaces anything: DST must not exist (nor be a symlink),
  * and goes into an existing directory (a missing one is bad input, refused
  * before anything is read, not a failed write at the end). */
-static int check_dst(const char *dst)
+static int check_dst(const char *dst, bool file)
 {
     struct stat sb;
     char esc[512];
+    if (file && dst[0] && dst[strlen(dst) - 1] == '/') { /* --full writes one file */
+        dt__cli_err("dtrain ckpt convert: -o %s: --full writes a file, not a directory (name the file)\n",
+                    dt_escape(dst, esc, sizeof esc));
+        return 2;
+    }
     errno = 0;
     const int r = lstat(dst, &sb), e = errno;
     if (r == 0 || e != ENOENT) {
@@ -450,7 +455,7 @@ int dt_cmd_ckpt(int argc, char **argv)
                     conv ? "needs -o DST and one of --full [--with-optimizer] or --ranks N" : "takes only SRC");
         return 2;
     }
-    if (conv && !hf && (rc = check_dst(dst)))
+    if (conv && !hf && (rc = check_dst(dst, full)))
         return rc; /* before reading anything */
     /* a `dtrain train --save` directory: its newest checkpoint, as eval and --resume take it */
     char newest[4096];

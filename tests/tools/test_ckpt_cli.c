@@ -119,6 +119,12 @@ TEST(info_verify_convert)
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, "keep.txt");
     }
+    /* --full to a name with a trailing slash (a directory's): exit 2, not "cannot create a temporary file
+       beside out/" (exit 1) */
+    snprintf(nodir, sizeof nodir, "%s/full-out/", g_dir);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", nodir, "--full", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--full writes a file");
 }
 
 TEST(bad_usage)
