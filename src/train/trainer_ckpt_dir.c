@@ -35,7 +35,11 @@ static void remove_ckpt_dir(const char *path)
         dt_log(DT_LOG_WARN, "checkpoint: could not remove %s: %s", path, strerror(errno));
 }
 
-/* "step-" followed by digits only: the step, else -1. */
+/* The step of a checkpoint's name as the trainer writes it ("step-" and at
+ * least 8 digits, no other leading zero), else -1: the path of step N is
+ * then always step-%08d of N, so another spelling ("step-4", a copy named
+ * "step-0000000004") is neither taken as latest under a name that does not
+ * exist nor pruned. */
 static int64_t step_of(const char *name)
 {
     if (strncmp(name, "step-", 5) != 0 || !name[5])
@@ -46,7 +50,9 @@ static int64_t step_of(const char *name)
             return -1;
         v = v * 10 + (*p - '0');
     }
-    return v;
+    char canon[32];
+    snprintf(canon, sizeof canon, "step-%08" PRId64, v);
+    return strcmp(canon, name) ? -1 : v;
 }
 
 static bool is_complete(const char *dir, const char *name)

@@ -338,6 +338,14 @@ TEST(files_keep_and_bad_checkpoints)
     /* a half-written checkpoint (no index.json) is not a checkpoint */
     snprintf(p, sizeof p, "%s/step-00000099", dir);
     ASSERT(mkdir(p, 0755) == 0);
+    /* another spelling of a later step (a copy someone made): latest was "step-00000014", which does not
+       exist */
+    snprintf(p, sizeof p, "%s/step-0000000014", dir);
+    ASSERT(mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/step-0000000014/index.json", dir);
+    FILE *ix = fopen(p, "w");
+    ASSERT(ix != NULL);
+    fclose(ix);
     char latest[600];
     ASSERT_OK(dt_trainer_ckpt_latest(dir, latest, sizeof latest));
     ASSERT_STR_CONTAINS(latest, "step-00000013");
