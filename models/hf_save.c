@@ -507,6 +507,16 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: dtype %s (f32, bf16 or f16)", dt_dtype_name(p.dtype));
     if (p.max_shard_bytes < 1)
         return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: max_shard_bytes must be >= 1");
+    /* "OUT/" names the directory OUT: its temporary goes beside it, not inside */
+    char obuf[TMP_PATH - 16];
+    size_t on = strlen(out);
+    while (on > 1 && out[on - 1] == '/')
+        on--;
+    if (on >= sizeof obuf)
+        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: output path too long: %s", out);
+    memcpy(obuf, out, on);
+    obuf[on] = 0;
+    out = obuf;
     dt_status st = dt_hf_save_check_out(out);
     if (st < 0)
         return st;
@@ -624,8 +634,13 @@ dt_status dt_hf_save_check_out(const char *out)
 {
     if (!out || !out[0])
         return dt_error(DT_ERR_INVALID_ARG, "the output directory name is empty");
+    char name[4096]; /* lstat of "link/" follows the link: the name without its trailing slashes */
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/')
+        n--;
+    snprintf(name, sizeof name, "%.*s", (int)n, out);
     struct stat sb;
-    if (lstat(out, &sb) != 0)
+    if (lstat(name, &sb) != 0)
         return errno == ENOENT ? DT_OK : dt_error(DT_ERR_IO, "%s: %s", out, strerror(errno));
     if (S_ISLNK(sb.st_mode))
         return dt_error(DT_ERR_INVALID_ARG, "%s is a symlink (not followed; name a new directory)", out);

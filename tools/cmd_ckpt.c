@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "            --ranks N: a checkpoint directory as N ranks would save it, each holding\n"
             "            an equal range of all tensors laid end to end (as ZeRO shards a flat buffer). Any checkpoint loads at any world size\n"
             "            as it is; convert changes only the files. DST is written atomically and\n"
-            "            must not exist (an existing DST is refused, exit 2).\n"
+            "            must not exist (an existing DST, or one in a directory that does not\n"
+            "            exist, is refused, exit 2).\n"
             "            --hf OUT: a Hugging Face model directory (config.json, generation_config.json,\n"
             "            model.safetensors, or shards of --hf-shard-size bytes (default 5000000000) with\n"
             "            model.safetensors.index.json) that transformers' AutoModelForCausalLM.from_pretrained\n"
@@ -45,8 +46,8 @@ static void usage(FILE *f)
             "            empty) and appears complete or not at all. --tokenizer FILE (a tokenizer.json;\n"
             "            for an hf:DIR model DIR's tokenizer.json when there is one) adds tokenizer.json,\n"
             "            tokenizer_config.json and special_tokens_map.json (AutoTokenizer loads them).\n"
-            "  exit 2: a missing, unreadable or damaged SRC, an existing DST, bad usage; exit 1: out of\n"
-            "  memory or a failed write.\n"
+            "  exit 2: a missing, unreadable or damaged SRC, an existing DST or a missing directory for\n"
+            "  it, bad usage; exit 1: out of memory or a failed write.\n"
             "  e.g. dtrain ckpt info run/step-00000100\n"
             "       dtrain ckpt convert run/step-00000100 -o model.safetensors --full\n"
             "       dtrain ckpt convert --hf llama-hf runs/llama\n");
@@ -71,16 +72,40 @@ static int fail_write(const char *what)
     return st == DT_ERR_IO ? 1 : rc;
 }
 
-/* convert never replaces anything: DST must not exist (nor be a symlink). */
-static int check_dst(const char *dst)
+/* convert never replaces anything: DST must not exist (nor be a symlink),
+ * and goes into an existing directory (a missing one is bad input, refused
+ * before anything is read, not a failed write at the end). */
+static int check_dst(const char *dst, bool file)
 {
     struct stat sb;
+    char esc[512];
+    if (file && dst[0] && dst[strlen(dst) - 1] == '/') { /* --full writes one file */
+        dt__cli_err("dtrain ckpt convert: -o %s: --full writes a file, not a directory (name the file)\n",
+                    dt_escape(dst, esc, sizeof esc));
+        return 2;
+    }
     errno = 0;
     const int r = lstat(dst, &sb), e = errno;
     if (r == 0 || e != ENOENT) {
-        char esc[512];
-        dt__cli_err("dtrain ckpt convert: -o %s: %s (remove it first, or choose another name)\n",
-                    dt_escape(dst, esc, sizeof esc), r == 0 ? "already exists" : strerror(e));
+        dt__cli_err("dtrain ckpt convert: -o %s: %s%s\n", dt_escape(dst, esc, sizeof esc),
+                    r == 0 ? "already exists" : strerror(e),
+                    r == 0 || e == EEXIST ? " (remove it first, or choose another name)" : "");
+        return 2;
+    }
+    char dir[4096];
+    size_t n = strlen(dst);
+    while (n > 1 && dst[n - 1] == '/')
+        n--;
+    while (n > 0 && dst[n - 1] != '/')
+        n--;
+    while (n > 1 && dst[n - 1] == '/')
+        n--;
+    snprintf(dir, sizeof dir, "%.*s", n ? (int)n : 1, n ? dst : ".");
+    errno = 0;
+    const int dr = stat(dir, &sb), de = errno;
+    if (dr != 0 || !S_ISDIR(sb.st_mode)) {
+        dt__cli_err("dtrain ckpt convert: -o %s: its directory %s: %s\n", dt_escape(dst, esc, sizeof esc),
+                    dt_escape(dir, esc + 256, 256), dr != 0 ? strerror(de) : "not a directory");
         return 2;
     }
     return 0;
@@ -430,7 +455,7 @@ int dt_cmd_ckpt(int argc, char **argv)
                     conv ? "needs -o DST and one of --full [--with-optimizer] or --ranks N" : "takes only SRC");
         return 2;
     }
-    if (conv && !hf && (rc = check_dst(dst)))
+    if (conv && !hf && (rc = check_dst(dst, full)))
         return rc; /* before reading anything */
     /* a `dtrain train --save` directory: its newest checkpoint, as eval and --resume take it */
     char newest[4096];

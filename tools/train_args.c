@@ -250,7 +250,9 @@ static const opt_def opts[] = {
      "with --save-hf: the largest shard's tensor bytes (default 5000000000; more shards get "
      "model.safetensors.index.json)"},
     {"save-every", OPT_INT, OFF(save_every), 0, 1e12, NULL, "N", "with --save: also every N optimizer steps"},
-    {"keep", OPT_INT, OFF(keep), 0, 1e9, NULL, "K", "with --save: keep the newest K checkpoints (default 0 = all)"},
+    {"keep", OPT_INT, OFF(keep), 0, 1e9, NULL, "K",
+     "with --save: keep the newest K checkpoints up to the one just saved (default 0 = all; later steps, left "
+     "from before a --resume of an older one, stay)"},
     {"async-save", OPT_FLAG, OFF(async_save), 0, 0, NULL, NULL,
      "with --save: write checkpoints on a background thread while training goes on"},
     {"trace", OPT_STR, OFF(trace), 0, 0, NULL, "DIR",

@@ -175,7 +175,11 @@ int dt__tr_save_outputs(dt__train_run *t)
     const char *ck = t->o.save;
     char tmp[1200] = "";
     if (!ck && (t->o.save_hf || lora_from_ckpt)) {
-        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", t->o.save_hf ? t->o.save_hf : t->o.save_lora);
+        const char *o = t->o.save_hf ? t->o.save_hf : t->o.save_lora;
+        int on = (int)strlen(o);
+        while (on > 1 && o[on - 1] == '/') /* OUT/: beside OUT, not inside it (OUT is made at the end) */
+            on--;
+        snprintf(tmp, sizeof tmp, "%.*s.ckpt-tmp", on, o);
         dt_trainer_save_params sp = dt_trainer_save_params_default();
         sp.user_json = t->user_json;
         if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
@@ -238,7 +242,14 @@ int dt__tr_setup_save(dt__train_run *t)
         dt_tokenizer_free(tk);
     }
     struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
-    if (t->o.save_lora && lstat(t->o.save_lora, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    char sl[4096] = ""; /* (DIR/: lstat of link/ follows the link, so without the trailing slashes) */
+    if (t->o.save_lora) {
+        int n = (int)strlen(t->o.save_lora);
+        while (n > 1 && t->o.save_lora[n - 1] == '/')
+            n--;
+        snprintf(sl, sizeof sl, "%.*s", n, t->o.save_lora);
+    }
+    if (t->o.save_lora && lstat(sl, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         dt__cli_err("dtrain train: --save-lora: %s is %s\n", t->o.save_lora,
                     S_ISLNK(sb.st_mode) ? "a symlink (not followed; give the directory itself)" : "not a directory");
         return 2;
@@ -259,6 +270,51 @@ static int check_exists(const char *flag, const char *path)
         return 0;
     dt__cli_err("dtrain train: %s %s: %s\n", flag, path, strerror(errno));
     return 2;
+}
+
+int dt__tr_check_unexpected(dt__train_run *t, const char *path, const char *flag)
+{
+    char ck[4096], ip[4200];
+    struct stat sb;
+    snprintf(ip, sizeof ip, "%s/index.json", path);
+    if (t->ddp.pp > 1) /* a pipeline rank's model holds its stages only */
+        return 0;
+    if (stat(ip, &sb) == 0)
+        snprintf(ck, sizeof ck, "%s", path);
+    else if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode) || dt_ckpt_is_hf_dir(path) ||
+             dt_trainer_ckpt_latest(path, ck, sizeof ck) < 0 || !ck[0]) {
+        dt_error_clear(); /* not a dtrain checkpoint (or none): the load says what is wrong */
+        return 0;
+    }
+    dt_ckpt *c = NULL;
+    if (dt_ckpt_open(ck, &c) < 0 || !dt_ckpt_meta(c, "dtrain.run")) { /* another program's: its own names */
+        dt_ckpt_close(c);
+        dt_error_clear();
+        return 0;
+    }
+    size_t extra = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < dt_ckpt_num_tensors(c); i++) {
+        dt_ckpt_tensor x;
+        dt_ckpt_tensor_at(c, i, &x);
+        if (!strncmp(x.name, "optim.", 6) || !strncmp(x.name, "master.", 7) || !strncmp(x.name, "powersgd.", 9) ||
+            dt_model_find_entry(t->model, x.name) >= 0)
+            continue;
+        if (!extra++)
+            first = x.name;
+    }
+    int rc = 0;
+    if (extra) {
+        char e1[512], e2[512];
+        dt__cli_err("dtrain: %s %s: %zu tensor%s of the checkpoint %s not in this --model %s ('%s'%s): it was "
+                    "trained as another model (more layers, LoRA adapters, ...); give the options it was trained "
+                    "with (dtrain ckpt info lists its tensors)\n", flag, dt_escape(ck, e1, sizeof e1), extra,
+                    extra == 1 ? "" : "s", extra == 1 ? "is" : "are", t->o.model, dt_escape(first, e2, sizeof e2),
+                    extra == 1 ? "" : ", ...");
+        rc = 2;
+    }
+    dt_ckpt_close(c);
+    return rc;
 }
 
 /* --resume auto: load the newest checkpoint (path, cap bytes), or, when it
@@ -292,8 +348,10 @@ static dt_status load_auto(dt__train_run *t, char *path, size_t cap, dt_trainer_
 }
 
 /* Whether the checkpoint at path was trained with this run's --seed and
- * --rng (they draw the data order); if not, note says so. A checkpoint
- * whose options cannot be read (another program's) is taken as kept. */
+ * --rng (they draw the data order), --data, --batch and (random data)
+ * --random-items (they make the samples and the batches); if not, note
+ * says which differ. A checkpoint whose options cannot be read (another
+ * program's) is taken as kept. */
 static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
 {
     char *js = NULL;
@@ -302,6 +360,9 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
     cJSON *u = cJSON_Parse(js);
     dt_trainer_run_state_free(js);
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(u, "seed"), *rng = cJSON_GetObjectItemCaseSensitive(u, "rng");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(u, "data");
+    const cJSON *batch = cJSON_GetObjectItemCaseSensitive(u, "batch");
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(u, "random_items");
     bool kept = true;
     if (cJSON_IsNumber(seed) && cJSON_IsString(rng) &&
         (seed->valuedouble != (double)t->o.seed || strcmp(rng->valuestring, t->o.rng))) {
@@ -311,6 +372,31 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
                  "and the epochs after it draw other samples in another order)",
                  seed->valuedouble, rng->valuestring, (unsigned long long)t->o.seed, t->o.rng);
         kept = false;
+    } else if (cJSON_IsString(data) && cJSON_IsNumber(batch)) {
+        /* another data set, batch size or random set: other samples at the saved position, even with as many
+           batches an epoch (which the trainer's own check sees) */
+        const bool random = !strcmp(data->valuestring, "random") && !strcmp(t->o.data, "random");
+        char was[1400] = "", now[1400] = "", dq[1200];
+        if (strcmp(data->valuestring, t->o.data)) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --data %s",
+                     dt_escape(data->valuestring, dq, sizeof dq));
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --data %s", dt_escape(t->o.data, dq, sizeof dq));
+        }
+        if (batch->valuedouble != (double)t->o.batch) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --batch %.0f", batch->valuedouble);
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --batch %lld", (long long)t->o.batch);
+        }
+        if (random && cJSON_IsNumber(items) && items->valuedouble != (double)t->o.random_items) {
+            snprintf(was + strlen(was), sizeof was - strlen(was), " --random-items %.0f", items->valuedouble);
+            snprintf(now + strlen(now), sizeof now - strlen(now), " --random-items %lld", (long long)t->o.random_items);
+        }
+        if (was[0]) {
+            snprintf(note, n,
+                     "the checkpoint was trained with%s, this run has%s: weights, optimizer state and the schedule "
+                     "are resumed, the data order is not kept (the rest of the epoch is other samples)",
+                     was, now);
+            kept = false;
+        }
     }
     cJSON_Delete(u);
     return kept;
@@ -332,7 +418,7 @@ static int load_lora_from(dt__train_run *t)
 static int initial_weights(dt__train_run *t)
 {
     if (t->o.init_from) {
-        if (check_exists("--init-from", t->o.init_from))
+        if (check_exists("--init-from", t->o.init_from) || dt__tr_check_unexpected(t, t->o.init_from, "--init-from"))
             return 2;
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, "--init-from");
@@ -371,7 +457,7 @@ int dt__tr_setup_resume(dt__train_run *t)
         }
         from = latest;
     }
-    if (from != latest && check_exists("--resume", from))
+    if ((from != latest && check_exists("--resume", from)) || dt__tr_check_unexpected(t, from, "--resume"))
         return 2;
     dt_trainer_resume_info *ri = &t->ri;
     if ((from == latest ? load_auto(t, latest, sizeof latest, ri) : dt_trainer_load(t->tr, from, ri)) < 0)

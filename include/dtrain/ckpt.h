@@ -280,7 +280,9 @@ typedef struct dt_ckpt_save_params {
                                        file's __metadata__ (e.g. the trainer's run state); borrowed;
                                        default none. Only rank 0's are used */
     size_t nmeta;                   /* default 0 */
-    bool overwrite;                 /* an existing DIR is replaced (after the new one is complete);
+    bool overwrite;                 /* an existing DIR is replaced once the new one is complete, in
+                                       one exchange of the two (Linux renameat2 RENAME_EXCHANGE):
+                                       DIR holds the old or the new checkpoint at every instant;
                                        default false: DT_ERR_STATE */
 } dt_ckpt_save_params;
 DT_API dt_ckpt_save_params dt_ckpt_save_params_default(void);

@@ -734,7 +734,9 @@ typedef struct dt_trainer_save_params {
                                Sharded state (ZeRO) is written by every rank together and
                                synchronously whatever this says; default false */
     int keep;               /* after a save, keep only the newest `keep` checkpoints in the
-                               directory (0: all); default 0 */
+                               directory (0: all): the one just saved and the newest keep - 1
+                               before it; one of a later step (left by a run this one resumed
+                               from an older checkpoint of) is not removed; default 0 */
     const char *user_json;  /* a JSON object stored with the checkpoint as "user" (the CLI keeps
                                its model and data options there; dt_trainer_ckpt_user reads it);
                                copied; default NULL */
@@ -782,7 +784,8 @@ DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_train
  * owner's). dt_trainer_save does the same at its first save into a
  * directory when this was not called. Every rank returns the owner's
  * status: DT_ERR_STATE (held by another job, naming it and the holder's pid
- * and host), DT_ERR_IO (missing parent, not a directory, a symlink,
+ * and host), DT_ERR_INVALID_ARG (dir is a checkpoint itself: it holds
+ * index.json), DT_ERR_IO (missing parent, not a directory, a symlink,
  * read-only), naming the directory. */
 DT_API dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */

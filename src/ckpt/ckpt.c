@@ -39,6 +39,8 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,6 +375,20 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/* dir without trailing slashes into buf ("out/" is the directory out: its
+ * temporary is out.tmp-XXXXXX beside it, not out/.tmp-XXXXXX inside it). */
+static dt_status trim_dir(const char *dir, char *buf, size_t cap)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (n >= cap)
+        return dt_error(DT_ERR_INVALID_ARG, "checkpoint path too long: %s", dir);
+    memcpy(buf, dir, n);
+    buf[n] = 0;
+    return DT_OK;
+}
+
 /* A fresh DIR.tmp-XXXXXX beside dir; DT_ERR_STATE when dir exists and may not be replaced. */
 static dt_status make_tmpdir(const char *dir, bool overwrite, char *tmp, size_t cap)
 {
@@ -391,13 +407,64 @@ static dt_status make_tmpdir(const char *dir, bool overwrite, char *tmp, size_t 
     return DT_OK;
 }
 
-/* Move the complete tmp to dir (replacing an old dir only after the new one is whole). */
+/* Test hook: DT_FAULT_CKPT_KILL_COMMIT=1 kills this process (SIGKILL) right
+ * after the first rename of a commit that replaces a checkpoint, where a
+ * job killed at that moment stops (the tests of an interrupted replace). */
+static void fault_kill_commit(void)
+{
+    int64_t on = 0;
+    if (dt_env_int("DT_FAULT_CKPT_KILL_COMMIT", 0, 0, 1, &on) >= 0 && on)
+        kill(getpid(), SIGKILL);
+}
+
+#ifdef RENAME_EXCHANGE
+/* fsync dir's parent directory (a rename there survives a crash). */
+static dt_status sync_parent(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    char *slash = strrchr(p, '/');
+    if (!slash)
+        snprintf(p, sizeof p, ".");
+    else if (slash == p)
+        p[1] = 0;
+    else
+        *slash = 0;
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "cannot open directory %s: %s", p, strerror(errno));
+    const int r = fsync(fd), e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL && e != EROFS)
+        return dt_error(DT_ERR_IO, "cannot sync directory %s: %s", p, strerror(e));
+    return DT_OK;
+}
+#endif
+
+/* Move the complete tmp to dir. An old dir is replaced by exchanging the two
+ * in one rename (renameat2 RENAME_EXCHANGE): at every instant dir is the old
+ * checkpoint or the new one, so a job killed while replacing leaves one
+ * complete checkpoint there (and the other in tmp, a stale temporary). Where
+ * the filesystem cannot exchange, the old one is moved aside first (dir is
+ * then briefly absent: kept in DIR.old-XXXXXX) and removed once the new one
+ * is in place. */
 static dt_status commit_dir(const char *tmp, const char *dir, bool overwrite)
 {
     struct stat sb;
     char old[4096];
     old[0] = 0;
     if (overwrite && lstat(dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return dt_error(DT_ERR_STATE, "%s exists and is not a directory", dir);
+#ifdef RENAME_EXCHANGE
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+            fault_kill_commit();
+            remove_tree(tmp); /* the old checkpoint, now under the temporary name */
+            return sync_parent(dir);
+        }
+        if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+            return dt_error(DT_ERR_IO, "cannot replace %s with %s: %s", dir, tmp, strerror(errno));
+#endif
         snprintf(old, sizeof old, "%s.old-XXXXXX", dir);
         if (!mkdtemp(old))
             return dt_error(DT_ERR_IO, "cannot create %s: %s", old, strerror(errno));
@@ -406,6 +473,7 @@ static dt_status commit_dir(const char *tmp, const char *dir, bool overwrite)
             rmdir(old);
             return st;
         }
+        fault_kill_commit();
     }
     dt_status st = dt_file_rename(tmp, dir);
     if (st < 0) {
@@ -562,7 +630,11 @@ dt_status dt_ckpt_save_ranks(const char *dir, const dt_ckpt_entry *const *ranks,
     dt_ckpt_save_params def = dt_ckpt_save_params_default();
     if (!p)
         p = &def;
-    dt_status st;
+    char dbuf[4096];
+    dt_status st = trim_dir(dir, dbuf, sizeof dbuf);
+    if (st < 0)
+        return st;
+    dir = dbuf;
     for (int r = 0; r < world; r++) {
         if ((st = entries_check(dir, ranks[r], n)) < 0)
             return dt_error_wrap(st, "rank %d", r);
@@ -670,6 +742,9 @@ dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n, const 
     dt_ckpt_save_params def = dt_ckpt_save_params_default();
     if (!p)
         p = &def;
+    char dbuf[4096];
+    if (trim_dir(dir, dbuf, sizeof dbuf) == DT_OK) /* else too long: make_tmpdir says so on rank 0 */
+        dir = dbuf;
     int world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
     plan pl = {0};
     dt_status st = gather_plan(dir, e, n, pg, false, &pl);

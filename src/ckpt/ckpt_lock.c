@@ -39,8 +39,14 @@ static dt_status make_dir(const char *dir)
         return dt_error(DT_ERR_IO, "cannot create the checkpoint directory %s: %s%s", dir, strerror(e),
                         e == ENOENT ? " (its parent directory does not exist)" : "");
     }
+    /* lstat of "link/" follows the link: look at the name without its trailing slashes */
+    char name[4096];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    snprintf(name, sizeof name, "%.*s", (int)n, dir);
     struct stat sb;
-    if (lstat(dir, &sb) != 0)
+    if (lstat(name, &sb) != 0)
         return dt_error(DT_ERR_IO, "the checkpoint directory %s: %s", dir, strerror(errno));
     if (S_ISLNK(sb.st_mode))
         return dt_error(DT_ERR_IO, "the checkpoint directory %s is a symlink (not followed: give the directory "

@@ -21,7 +21,12 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     if (mkdir(dir, 0755) < 0 && errno != EEXIST)
         return dt_error(DT_ERR_IO, "LoRA adapters %s: cannot make the directory: %s", dir, strerror(errno));
     struct stat sb; /* the files are never written through a symlink, nor is the directory */
-    if (lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode))
+    char name[4096]; /* (lstat of "link/" follows the link: the name without its trailing slashes) */
+    size_t nl = strlen(dir);
+    while (nl > 1 && dir[nl - 1] == '/')
+        nl--;
+    snprintf(name, sizeof name, "%.*s", (int)nl, dir);
+    if (lstat(name, &sb) == 0 && S_ISLNK(sb.st_mode))
         return dt_error(DT_ERR_INVALID_ARG, "LoRA adapters %s: a symlink (not followed; give the directory itself)",
                         dir);
     if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))

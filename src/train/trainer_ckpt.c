@@ -100,6 +100,7 @@ dt_trainer_save_params dt_trainer_save_params_default(void)
 typedef struct ckpt_job {
     char *dir, *final;           /* DIR, DIR/step-N */
     int keep;
+    int64_t step;                /* the optimizer steps it is saved at (the N of step-N) */
     void **bufs;                 /* staging copies, one per flat / optimizer state */
     size_t nbuf;
     dt_ckpt_list *list;          /* entries over the staging copies */
@@ -194,6 +195,13 @@ static dt_status own_dir(dt_trainer *tr, const char *dir)
         return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_save: out of memory");
     if (sl->lock && !strcmp(dt_ckpt_dir_lock_dir(sl->lock), dir))
         return DT_OK;
+    /* a checkpoint itself (--save run/step-N): its step-N and lock would go inside it */
+    char ip[4200];
+    struct stat sb;
+    snprintf(ip, sizeof ip, "%s/%s", dir, INDEX_FILE);
+    if (lstat(ip, &sb) == 0)
+        return dt_error(DT_ERR_INVALID_ARG, "%s is a checkpoint (it holds %s), not a directory of checkpoints: "
+                        "save into the directory that holds it", dir, INDEX_FILE);
     dt_ckpt_dir_lock *l;
     dt_status st = dt_ckpt_dir_lock_open(dir, &l);
     if (st < 0)
@@ -218,7 +226,7 @@ static dt_status job_write(ckpt_job *j)
     const double tt = dt_trace_now();
     dt_status st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, NULL);
     if (st >= 0)
-        dt__ckpt_prune(j->dir, j->keep);
+        dt__ckpt_prune(j->dir, j->keep, j->step);
     dt_trace_span(DT_TRACE_CKPT, "checkpoint write", tt);
     return st;
 }
@@ -338,6 +346,7 @@ static dt_status stage(dt_trainer *tr, const char *dir, const dt_trainer_save_pa
     dt_status st = DT_ERR_NO_MEMORY;
     const int ns = dt_optim_num_states(o);
     j->keep = p->keep;
+    j->step = dt_trainer_steps(tr);
     j->dir = strdup(dir);
     j->final = dup_printf("%s/step-%08" PRId64, dir, dt_trainer_steps(tr));
     j->user = p->user_json ? strdup(p->user_json) : NULL;
@@ -578,7 +587,7 @@ static dt_status save_sharded(dt_trainer *tr, const char *dir, const dt_trainer_
     sp.overwrite = true;
     st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, lay.save_group);
     if (st >= 0 && dt_trainer_rank(tr) == 0)
-        dt__ckpt_prune(j->dir, j->keep);
+        dt__ckpt_prune(j->dir, j->keep, j->step);
     job_free(j);
     dt_free(hold);
     return st;
@@ -751,7 +760,7 @@ static dt_status save_tp(dt_trainer *tr, dt_pg *tp, const char *dir, const dt_tr
             sp.overwrite = true;
             st = dt_ckpt_save(j->final, dt_ckpt_list_entries(j->list), dt_ckpt_list_count(j->list), &sp, tp);
             if (st >= 0 && dt_pg_rank(tp) == 0)
-                dt__ckpt_prune(j->dir, j->keep);
+                dt__ckpt_prune(j->dir, j->keep, j->step);
         }
         job_free(j);
         snprintf(msg, sizeof msg, "%s", st < 0 ? dt_last_error() : "");

@@ -35,7 +35,11 @@ static void remove_ckpt_dir(const char *path)
         dt_log(DT_LOG_WARN, "checkpoint: could not remove %s: %s", path, strerror(errno));
 }
 
-/* "step-" followed by digits only: the step, else -1. */
+/* The step of a checkpoint's name as the trainer writes it ("step-" and at
+ * least 8 digits, no other leading zero), else -1: the path of step N is
+ * then always step-%08d of N, so another spelling ("step-4", a copy named
+ * "step-0000000004") is neither taken as latest under a name that does not
+ * exist nor pruned. */
 static int64_t step_of(const char *name)
 {
     if (strncmp(name, "step-", 5) != 0 || !name[5])
@@ -46,7 +50,9 @@ static int64_t step_of(const char *name)
             return -1;
         v = v * 10 + (*p - '0');
     }
-    return v;
+    char canon[32];
+    snprintf(canon, sizeof canon, "step-%08" PRId64, v);
+    return strcmp(canon, name) ? -1 : v;
 }
 
 static bool is_complete(const char *dir, const char *name)
@@ -119,14 +125,21 @@ void dt__ckpt_remove_stale(const char *dir)
     closedir(d);
 }
 
-/* Keep the newest `keep` complete checkpoints of dir (0: all). */
-void dt__ckpt_prune(const char *dir, int keep)
+/* After the save of step `saved`: keep it and the newest keep - 1 complete
+ * checkpoints of dir before it (keep 0: all). A checkpoint of a later step
+ * is another run's (one resumed from an older checkpoint saves below it) and
+ * is left alone: the newest by number is not the one just written, and the
+ * one just written is never the one removed. */
+void dt__ckpt_prune(const char *dir, int keep, int64_t saved)
 {
     int64_t *steps;
     size_t n;
     if (keep <= 0 || list_steps(dir, &steps, &n) != DT_OK)
         return;
-    for (size_t i = (size_t)keep; i < n; i++) {
+    int kept = 1; /* `saved` itself */
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        if (steps[i] >= saved || kept++ < keep)
+            continue;
         char p[4200];
         snprintf(p, sizeof p, "%s/step-%08" PRId64, dir, steps[i]);
         remove_ckpt_dir(p);

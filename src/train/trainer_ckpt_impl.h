@@ -37,7 +37,8 @@ dt_status dt__ckpt_tp_known(dt_trainer *tr, const char *op);
 
 /* Temporaries a killed save left in dir (called by the directory's owner only). */
 void dt__ckpt_remove_stale(const char *dir);
-/* Keep the newest `keep` complete checkpoints of dir (0: all). */
-void dt__ckpt_prune(const char *dir, int keep);
+/* After the save of step `saved`: keep it and the newest keep - 1 complete
+ * checkpoints before it (0: all); later steps (another run's) are left alone. */
+void dt__ckpt_prune(const char *dir, int keep, int64_t saved);
 
 #endif /* DT_TRAIN_TRAINER_CKPT_IMPL_H */

@@ -219,11 +219,59 @@ TEST(save_refusals)
     ASSERT_STATUS(dt_ckpt_save_ranks("", one, 1, NT, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STATUS(dt_ckpt_save_ranks(d2, one, 0, NT, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "world < 1");
+    /* a directory named with a trailing slash ("out/", as a shell completes it): its temporary went
+       inside it, out/.tmp-XXXXXX, and failed (out does not exist yet) */
+    char d3[256], d4[256];
+    path_in(d3, sizeof d3, "slash//");
+    path_in(d4, sizeof d4, "slash2/");
+    ASSERT_OK(dt_ckpt_save_ranks(d3, one, 1, NT, NULL));
+    ASSERT_OK(dt_ckpt_save(d4, whole, NT, NULL, NULL));
+    ASSERT_EQ_INT(count_tmp(), 0);
     free_entries(whole);
     make_entries(whole, 0, 1, WHOLE, false);
     ASSERT_OK(dt_ckpt_load(d2, whole, NT, NULL, NULL));
     ASSERT_EQ_INT(check_entries(whole), 0);
+    ASSERT_OK(dt_ckpt_load(d3, whole, NT, NULL, NULL));
+    ASSERT_EQ_INT(check_entries(whole), 0);
+    ASSERT_OK(dt_ckpt_load(d4, whole, NT, NULL, NULL));
+    ASSERT_EQ_INT(check_entries(whole), 0);
     free_entries(whole);
+}
+
+/* A job killed while its save replaces a checkpoint of the same step (a
+ * re-save after a resume): the directory must hold a complete checkpoint,
+ * the old or the new one, at every instant. It was moved aside first and
+ * the new one renamed in after: killed between the two, DIR was gone (a
+ * resume then took an older checkpoint, or none). */
+TEST(replace_killed_midway)
+{
+    char dir[256];
+    path_in(dir, sizeof dir, "replace");
+    ASSERT_OK(save_sim(dir, 2, RANGE));
+    pid_t pid = dt_test_fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        setenv("DT_FAULT_CKPT_KILL_COMMIT", "1", 1);
+        dt_ckpt_entry whole[NT];
+        make_entries(whole, 0, 1, WHOLE, true);
+        const dt_ckpt_entry *one[1] = {whole};
+        dt_ckpt_save_params p = dt_ckpt_save_params_default();
+        p.overwrite = true;
+        dt_ckpt_save_ranks(dir, one, 1, NT, &p);
+        _exit(3); /* not reached: killed in the commit */
+    }
+    int status = 0;
+    ASSERT_EQ_INT(dt_test_waitpid(pid, &status, 0), pid);
+    ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    dt_ckpt *ck;
+    ASSERT_OK(dt_ckpt_open(dir, &ck));
+    ASSERT_OK(dt_ckpt_verify(ck));
+    dt_ckpt_close(ck);
+    dt_ckpt_entry e[NT];
+    make_entries(e, 0, 1, WHOLE, false);
+    ASSERT_OK(dt_ckpt_load(dir, e, NT, NULL, NULL));
+    ASSERT_EQ_INT(check_entries(e), 0);
+    free_entries(e);
 }
 
 static void write_text(const char *path, const char *txt)
@@ -439,6 +487,7 @@ int main(void)
     RUN(replicas_written_once_and_shared);
     RUN(full_state_dict);
     RUN(save_refusals);
+    RUN(replace_killed_midway);
     RUN(load_refusals);
     RUN(model_and_optimizer_entries);
     char cmd[128];

@@ -152,6 +152,13 @@ TEST(train_parity)
     char dir[400], f1[500];
     snprintf(dir, sizeof dir, "%s/saved", t_tmpdir("lora_peft"));
     ASSERT_OK(dt_lora_save_peft(r.m, &r.pc.params, HF, dir));
+    /* never through a symlink, also when named link/ (lstat of link/ follows the link: it was taken) */
+    char link[500];
+    snprintf(link, sizeof link, "%s/saved-link", t_tmpdir("lora_peft"));
+    ASSERT_EQ_INT(symlink(dir, link), 0);
+    ASSERT_STATUS(dt_lora_save_peft(r.m, &r.pc.params, HF, link), DT_ERR_INVALID_ARG);
+    strcat(link, "/");
+    ASSERT_STATUS(dt_lora_save_peft(r.m, &r.pc.params, HF, link), DT_ERR_INVALID_ARG);
     snprintf(f1, sizeof f1, "%s/adapter_model.safetensors", dir);
     dt_st_file *a = NULL, *b = NULL;
     ASSERT_OK(dt_st_open(f1, &a));

@@ -105,6 +105,26 @@ TEST(info_verify_convert)
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", link, "--full", NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT(!file_exists(target));
+    /* DST in a directory that does not exist, or under a file: bad input (exit 2, naming it), not a failed
+       write (it was exit 1, "cannot create a temporary file beside ...") */
+    char nodir[400], under[400];
+    snprintf(nodir, sizeof nodir, "%s/no-such-dir/out", g_dir);
+    snprintf(under, sizeof under, "%s/out", keep);
+    char *const mode[][2] = {{"--full", NULL}, {"--ranks", "2"}};
+    for (int m = 0; m < 2; m++) {
+        cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", nodir, mode[m][0], mode[m][1], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "no-such-dir: No such file or directory");
+        cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", under, mode[m][0], mode[m][1], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "keep.txt");
+    }
+    /* --full to a name with a trailing slash (a directory's): exit 2, not "cannot create a temporary file
+       beside out/" (exit 1) */
+    snprintf(nodir, sizeof nodir, "%s/full-out/", g_dir);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", src, "-o", nodir, "--full", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--full writes a file");
 }
 
 TEST(bad_usage)

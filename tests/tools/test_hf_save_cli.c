@@ -127,12 +127,17 @@ TEST(train_save_hf_llama)
  * transformer.wte.weight, as transformers writes it. */
 TEST(train_save_hf_gpt2)
 {
-    char *out = cli_path("gpt2_hf");
+    char *out = cli_path("gpt2_hf"), slash[600];
+    /* named with a trailing slash: the temporary went inside OUT (out/.tmp-XXXXXX), and the export failed
+       after the training */
+    snprintf(slash, sizeof slash, "%s/", out);
     cli_result r;
     cli_runv(&r, 240, NULL,
              (char *[]){"train", "--model", "hf:" HF "gpt2", "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq",
                         "16", "--batch", "2", "--max-steps", "2", "--precision", "bf16", "--progress", "none",
-                        "--save-hf", out, NULL});
+                        "--save-hf", slash, NULL});
+    if (r.code != 0)
+        fprintf(stderr, "%s", r.err);
     ASSERT_EQ_INT(r.code, 0);
     char p[600];
     snprintf(p, sizeof p, "%s/model.safetensors", out);
@@ -145,6 +150,19 @@ TEST(train_save_hf_gpt2)
     double b = eval_loss((char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16",
                                     "--json", NULL});
     ASSERT(isfinite(b) && b < 6);
+    /* a symlink to an empty directory, named link/: refused before the training like link (lstat of link/
+       follows the link: it was taken, and the export failed after the training) */
+    char *real = cli_path("gpt2_hf_real"), *link = cli_path("gpt2_hf_link"), ls[600];
+    ASSERT_EQ_INT(mkdir(real, 0755), 0);
+    ASSERT_EQ_INT(symlink(real, link), 0);
+    snprintf(ls, sizeof ls, "%s/", link);
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gpt2", "--data", "tokens:" HF "tokens.bin", "--no-eval", "--seq",
+                        "16", "--batch", "2", "--max-steps", "2", "--progress", "plain", "--save-hf", ls, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "is a symlink");
+    ASSERT(!strstr(r.out, "first step done"));
+    ASSERT_EQ_INT(count_prefix(real, ""), 2); /* . and .. */
 }
 
 #define TOK DT_SOURCE_DIR "/tests/data/tokenizer/"

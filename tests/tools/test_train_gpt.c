@@ -188,6 +188,45 @@ TEST(generate_cli)
     ASSERT_STR_CONTAINS(b.err, "its model mlp is not a language model");
 }
 
+/* A checkpoint of a larger model (2 blocks) into a smaller one (--n-layer 1): every shape of block 0 fits,
+ * and eval --ckpt, --init-from and --resume took block 0 and dropped block 1, silently (PyTorch's
+ * load_state_dict(strict=True) refuses unexpected keys). Refused, exit 2, naming a tensor. */
+TEST(larger_model_checkpoint_refused)
+{
+    static cli_result r;
+    char dir[340];
+    snprintf(dir, sizeof dir, "%s/two-blocks", cli_tmpdir());
+#define SMALL "--model", "gpt-micro", "--vocab-size", "40", "--n-embd", "16", "--n-head", "2", "--block-size", "16", \
+              "--seq", "16", "--data", train_tok, "--batch", "4", "--threads", "1", "--progress", "none"
+    cli_runv(&r, 120, NULL, (char *[]){"train", SMALL, "--n-layer", "2", "--max-steps", "1", "--no-eval", "--save",
+                                       dir, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    char *cases[][16] = {
+        {"eval", "--ckpt", dir, "--n-layer", "1", "--val-data", val_tok, NULL},
+        {"train", "--n-layer", "1", "--max-steps", "2", "--no-eval", "--init-from", dir, NULL},
+        {"train", "--n-layer", "1", "--max-steps", "2", "--no-eval", "--resume", dir, NULL},
+    };
+    for (int i = 0; i < 3; i++) {
+        char *args[40];
+        int n = 0;
+        args[n++] = cases[i][0];
+        if (i > 0) {
+            char *small[] = {SMALL, NULL};
+            for (int k = 0; small[k]; k++)
+                args[n++] = small[k];
+        }
+        for (int k = 1; cases[i][k]; k++)
+            args[n++] = cases[i][k];
+        args[n] = NULL;
+        cli_runv(&r, 120, NULL, args);
+        if (r.code != 2)
+            fprintf(stderr, "case %d: exit %d\n%s%s", i, r.code, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "not in this --model gpt-micro ('transformer.h.1.");
+    }
+#undef SMALL
+}
+
 /* --vocab: a BPE vocabulary turns the prompt text into ids and the output
  * back into text (train's samples too). */
 TEST(vocab_text)
@@ -243,6 +282,7 @@ int main(void)
     RUN(mfu_peak_in_run_precision);
     RUN(generate_cli);
     RUN(vocab_text);
+    RUN(larger_model_checkpoint_refused);
     cli_cleanup();
     return TEST_REPORT();
 }

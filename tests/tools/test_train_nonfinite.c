@@ -8,7 +8,7 @@
  *    JSON on every line (a non-finite loss is null) with one final eval;
  *  - a static --loss-scale that overflows every step fails (exit 1);
  *  - ranks given another --lr or --seed refuse to train (exit 2);
- *  - resuming with another --seed warns that the data order is not kept;
+ *  - resuming with another --seed, --batch or --data warns that the data order is not kept;
  *  - an edited checkpoint (batch past its epoch) is refused (exit 2). */
 // dt-test-timeout: 300
 // dt-test-labels: fault
@@ -222,6 +222,29 @@ TEST(resume_with_another_seed_warns_and_edited_index_refused)
     train(&r, NULL, false, same);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(!strstr(r.err, "warning"));
+    /* another --batch with as many batches an epoch (30 items: 4 of 8 or of 9), or another --data (the same
+       files under another name): other samples at the saved position, which the run said nothing about */
+    char d3[600], other[600], spec[700];
+    snprintf(d3, sizeof d3, "%s/ck3", cli_tmpdir());
+    const char *f3[] = {"--no-eval", "--save", d3, "--max-steps", "2", "--limit-train", "30", NULL};
+    train(&r, NULL, false, f3);
+    ASSERT_EQ_INT(r.code, 0);
+    const char *b9[] = {"--no-eval", "--save", d3, "--resume", "auto", "--max-steps", "3", "--limit-train", "30",
+                        "--batch", "9", NULL};
+    train(&r, NULL, false, b9);
+    if (r.code != 0 || !strstr(r.err, "--batch 8, this run has --batch 9"))
+        fprintf(stderr, "exit %d\nstdout:\n%s\nstderr:\n%s\n", r.code, r.out, r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: the checkpoint was trained with --batch 8, this run has --batch 9");
+    snprintf(other, sizeof other, "%s/mnist-other", cli_tmpdir());
+    ASSERT_EQ_INT(symlink(g_spec + 4, other), 0);
+    snprintf(spec, sizeof spec, "idx:%s", other);
+    const char *od[] = {"--no-eval", "--save", d3, "--resume", "auto", "--max-steps", "4", "--limit-train", "30",
+                        "--batch", "9", "--data", spec, NULL};
+    train(&r, NULL, false, od);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "warning: the checkpoint was trained with --data idx:");
+    ASSERT_STR_CONTAINS(r.err, "mnist-other: weights");
     /* batch 999 in a 20-batch epoch: refused, naming the file and the key */
     snprintf(idx, sizeof idx, "%s/step-00000004/index.json", dir);
     FILE *f = fopen(idx, "r");

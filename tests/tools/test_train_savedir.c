@@ -122,6 +122,13 @@ TEST(unusable_directory_refused_before_training)
     snprintf(p, sizeof p, "%s/link", cli_tmpdir());
     ASSERT(symlink(q, p) == 0);
     refused_before_training(p, "a symlink");
+    /* the same named with a trailing slash (lstat of "link/" follows the link: it was taken, and the lock and
+       the checkpoints written through it into real/) */
+    char ps[1000];
+    snprintf(ps, sizeof ps, "%s/", p);
+    refused_before_training(ps, "a symlink with a trailing slash");
+    snprintf(ps, sizeof ps, "%s/.dtrain-lock", q);
+    ASSERT(!file_exists(ps));
     /* a planted lock-file symlink is not followed (its target is not created) */
     char d[600], t[700];
     snprintf(d, sizeof d, "%s/planted", cli_tmpdir());
@@ -131,6 +138,14 @@ TEST(unusable_directory_refused_before_training)
     ASSERT(symlink(t, p) == 0);
     refused_before_training(d, "a symlinked lock file");
     ASSERT(!file_exists(t));
+    /* a checkpoint itself (--save run/step-N): its lock file and a step-N inside it were written there */
+    snprintf(d, sizeof d, "%s/ckpt-as-dir", cli_tmpdir());
+    mkpath(d);
+    snprintf(p, sizeof p, "%s/index.json", d);
+    touch(p);
+    refused_before_training(d, "a checkpoint");
+    snprintf(p, sizeof p, "%s/.dtrain-lock", d);
+    ASSERT(!file_exists(p));
 }
 
 /* Two real jobs: the second is refused while the first trains; the first

@@ -338,6 +338,14 @@ TEST(files_keep_and_bad_checkpoints)
     /* a half-written checkpoint (no index.json) is not a checkpoint */
     snprintf(p, sizeof p, "%s/step-00000099", dir);
     ASSERT(mkdir(p, 0755) == 0);
+    /* another spelling of a later step (a copy someone made): latest was "step-00000014", which does not
+       exist */
+    snprintf(p, sizeof p, "%s/step-0000000014", dir);
+    ASSERT(mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/step-0000000014/index.json", dir);
+    FILE *ix = fopen(p, "w");
+    ASSERT(ix != NULL);
+    fclose(ix);
     char latest[600];
     ASSERT_OK(dt_trainer_ckpt_latest(dir, latest, sizeof latest));
     ASSERT_STR_CONTAINS(latest, "step-00000013");
@@ -371,6 +379,39 @@ TEST(files_keep_and_bad_checkpoints)
     rig_free(&a);
     rig_free(&b);
     rig_free(&s);
+    t_rm_rf(dir);
+}
+
+/* --keep after a resume from an older checkpoint: the run saves below the
+ * abandoned run's newer checkpoints, and pruning by step number alone
+ * removed each checkpoint the moment it was written (keep 1: only the old
+ * run's step 12 was left, the resumed run's state lost). */
+TEST(keep_after_resume_from_older)
+{
+    rig a, b;
+    char dir[400], p[700];
+    snprintf(dir, sizeof dir, "%s/keep_older", tmpdir());
+    ASSERT_OK(rig_init(&a, DT_OPTIM_SGD, 1, 2));
+    save_cb cb = {.every = 4, .dir = dir, .sp = dt_trainer_save_params_default()};
+    ASSERT_OK(dt_trainer_fit(a.tr, a.ld, dt_dataset_get_info(a.ds), 1, save_at, &cb, NULL));
+    ASSERT_EQ_INT(t_count_entries(dir, true), 3); /* 4, 8, 12 */
+    rig_free(&a); /* and with it the directory's lock */
+    ASSERT_OK(rig_init(&b, DT_OPTIM_SGD, 1, 2));
+    snprintf(p, sizeof p, "%s/step-00000004", dir);
+    ASSERT_OK(dt_trainer_load(b.tr, p, NULL));
+    save_cb cb2 = {.at = 6, .dir = dir, .sp = dt_trainer_save_params_default()};
+    cb2.sp.keep = 1;
+    ASSERT_OK(dt_trainer_epoch(b.tr, b.ld, dt_dataset_get_info(b.ds), 0, save_at, &cb2, NULL));
+    ASSERT_OK(cb2.st);
+    snprintf(p, sizeof p, "%s/step-00000006/index.json", dir);
+    ASSERT(access(p, F_OK) == 0); /* the one just saved stays */
+    snprintf(p, sizeof p, "%s/step-00000008/index.json", dir);
+    ASSERT(access(p, F_OK) == 0); /* later steps are the old run's: left */
+    snprintf(p, sizeof p, "%s/step-00000012/index.json", dir);
+    ASSERT(access(p, F_OK) == 0);
+    snprintf(p, sizeof p, "%s/step-00000004", dir);
+    ASSERT(access(p, F_OK) != 0); /* older ones beyond keep: removed */
+    rig_free(&b);
     t_rm_rf(dir);
 }
 
@@ -515,6 +556,7 @@ int main(void)
     RUN(files_adamw_async_bit_identical);
     RUN(files_async_staging_reused);
     RUN(files_keep_and_bad_checkpoints);
+    RUN(keep_after_resume_from_older);
     t_rm_rf(tmpdir());
     return TEST_REPORT();
 }
