@@ -254,7 +254,6 @@ static dt_status apply_sched(const dt_config *c, dt_trainer_params *tp)
         /* warmup_num_steps unset or "auto": the caller's warmup_steps (below) */
         if (t & (S_WLR | S_WDLR | S_WCOS))
             sp->warmup = DT_WARMUP_LOG; /* DeepSpeed's default warmup_type (the key, below, overrides) */
-
         if (t & (S_WLR | S_WDLR)) {
             /* WarmupDecayLR: WarmupLR's ramp, then min + (max - min) * (total - step) / max(1, total - warmup),
                at least min: dtrain's linear schedule with its floor min_lr at warmup_min_lr */
