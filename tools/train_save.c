@@ -391,10 +391,11 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
             snprintf(now + strlen(now), sizeof now - strlen(now), " --random-items %lld", (long long)t->o.random_items);
         }
         if (was[0]) {
-            snprintf(note, n,
-                     "the checkpoint was trained with%s, this run has%s: weights, optimizer state and the schedule "
-                     "are resumed, the data order is not kept (the rest of the epoch is other samples)",
-                     was, now);
+            if (snprintf(note, n,
+                         "the checkpoint was trained with%s, this run has%s: weights, optimizer state and the "
+                         "schedule are resumed, the data order is not kept (the rest of the epoch is other samples)",
+                         was, now) >= (int)n && n > 4)
+                memcpy(note + n - 4, "...", 4); /* long --data paths: the note says it was cut */
             kept = false;
         }
     }
