@@ -93,14 +93,19 @@ static int check_dst(const char *dst, bool file)
         return 2;
     }
     char dir[4096];
-    size_t n = strlen(dst);
-    while (n > 1 && dst[n - 1] == '/')
+    if (dt_path_trim_slashes(dst, dir, sizeof dir) < 0) {
+        dt__cli_err("dtrain ckpt convert: -o: %s\n", dt_last_error());
+        return 2;
+    }
+    size_t n = strlen(dir);
+    while (n > 0 && dir[n - 1] != '/')
         n--;
-    while (n > 0 && dst[n - 1] != '/')
+    while (n > 1 && dir[n - 1] == '/')
         n--;
-    while (n > 1 && dst[n - 1] == '/')
-        n--;
-    snprintf(dir, sizeof dir, "%.*s", n ? (int)n : 1, n ? dst : ".");
+    if (n)
+        dir[n] = 0; /* its directory */
+    else
+        snprintf(dir, sizeof dir, ".");
     errno = 0;
     const int dr = stat(dir, &sb), de = errno;
     if (dr != 0 || !S_ISDIR(sb.st_mode)) {

@@ -175,11 +175,10 @@ int dt__tr_save_outputs(dt__train_run *t)
     const char *ck = t->o.save;
     char tmp[1200] = "";
     if (!ck && (t->o.save_hf || lora_from_ckpt)) {
-        const char *o = t->o.save_hf ? t->o.save_hf : t->o.save_lora;
-        int on = (int)strlen(o);
-        while (on > 1 && o[on - 1] == '/') /* OUT/: beside OUT, not inside it (OUT is made at the end) */
-            on--;
-        snprintf(tmp, sizeof tmp, "%.*s.ckpt-tmp", on, o);
+        char o[1100]; /* OUT/: beside OUT, not inside it (OUT is made at the end) */
+        if (dt_path_trim_slashes(t->o.save_hf ? t->o.save_hf : t->o.save_lora, o, sizeof o) < 0)
+            return dt__tr_fail(2, t->o.save_hf ? "--save-hf" : "--save-lora");
+        snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", o);
         dt_trainer_save_params sp = dt_trainer_save_params_default();
         sp.user_json = t->user_json;
         if (dt_trainer_save(t->tr, tmp, &sp) < 0 || dt_trainer_save_wait(t->tr) < 0)
@@ -243,12 +242,8 @@ int dt__tr_setup_save(dt__train_run *t)
     }
     struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
     char sl[4096] = ""; /* (DIR/: lstat of link/ follows the link, so without the trailing slashes) */
-    if (t->o.save_lora) {
-        int n = (int)strlen(t->o.save_lora);
-        while (n > 1 && t->o.save_lora[n - 1] == '/')
-            n--;
-        snprintf(sl, sizeof sl, "%.*s", n, t->o.save_lora);
-    }
+    if (t->o.save_lora && dt_path_trim_slashes(t->o.save_lora, sl, sizeof sl) < 0)
+        return dt__tr_fail(2, "--save-lora");
     if (t->o.save_lora && lstat(sl, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         dt__cli_err("dtrain train: --save-lora: %s is %s\n", t->o.save_lora,
                     S_ISLNK(sb.st_mode) ? "a symlink (not followed; give the directory itself)" : "not a directory");

@@ -388,6 +388,10 @@ DT_API dt_status dt_file_rename(const char *from, const char *to);
  * than max bytes or not a regular file, DT_ERR_IO on a read error; each
  * message names the path. */
 DT_API dt_status dt_file_read_all(const char *path, size_t max, char **out, size_t *len);
+/* path without its trailing slashes into buf ("out/" -> "out", "/" stays): the name lstat sees as the entry
+ * itself (lstat of "link/" follows the link) and the one a temporary beside it is named from.
+ * DT_ERR_INVALID_ARG, naming the path, when it does not fit in cap bytes. */
+DT_API dt_status dt_path_trim_slashes(const char *path, char *buf, size_t cap);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

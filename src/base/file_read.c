@@ -51,3 +51,17 @@ dt_status dt_file_read_all(const char *path, size_t max, char **out, size_t *len
         *len = got;
     return DT_OK;
 }
+
+dt_status dt_path_trim_slashes(const char *path, char *buf, size_t cap)
+{
+    if (!path || !buf || cap == 0)
+        return dt_error(DT_ERR_NULL, "dt_path_trim_slashes: NULL argument");
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    if (n >= cap)
+        return dt_error(DT_ERR_INVALID_ARG, "path too long (%zu bytes, at most %zu): %.200s", n, cap - 1, path);
+    memcpy(buf, path, n);
+    buf[n] = 0;
+    return DT_OK;
+}

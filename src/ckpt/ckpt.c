@@ -375,20 +375,6 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
-/* dir without trailing slashes into buf ("out/" is the directory out: its
- * temporary is out.tmp-XXXXXX beside it, not out/.tmp-XXXXXX inside it). */
-static dt_status trim_dir(const char *dir, char *buf, size_t cap)
-{
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    if (n >= cap)
-        return dt_error(DT_ERR_INVALID_ARG, "checkpoint path too long: %s", dir);
-    memcpy(buf, dir, n);
-    buf[n] = 0;
-    return DT_OK;
-}
-
 /* A fresh DIR.tmp-XXXXXX beside dir; DT_ERR_STATE when dir exists and may not be replaced. */
 static dt_status make_tmpdir(const char *dir, bool overwrite, char *tmp, size_t cap)
 {
@@ -631,7 +617,7 @@ dt_status dt_ckpt_save_ranks(const char *dir, const dt_ckpt_entry *const *ranks,
     if (!p)
         p = &def;
     char dbuf[4096];
-    dt_status st = trim_dir(dir, dbuf, sizeof dbuf);
+    dt_status st = dt_path_trim_slashes(dir, dbuf, sizeof dbuf);
     if (st < 0)
         return st;
     dir = dbuf;
@@ -743,7 +729,7 @@ dt_status dt_ckpt_save(const char *dir, const dt_ckpt_entry *e, size_t n, const 
     if (!p)
         p = &def;
     char dbuf[4096];
-    if (trim_dir(dir, dbuf, sizeof dbuf) == DT_OK) /* else too long: make_tmpdir says so on rank 0 */
+    if (dt_path_trim_slashes(dir, dbuf, sizeof dbuf) == DT_OK) /* else too long: make_tmpdir says so on rank 0 */
         dir = dbuf;
     int world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
     plan pl = {0};

@@ -41,10 +41,9 @@ static dt_status make_dir(const char *dir)
     }
     /* lstat of "link/" follows the link: look at the name without its trailing slashes */
     char name[4096];
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    snprintf(name, sizeof name, "%.*s", (int)n, dir);
+    dt_status st = dt_path_trim_slashes(dir, name, sizeof name);
+    if (st < 0)
+        return st;
     struct stat sb;
     if (lstat(name, &sb) != 0)
         return dt_error(DT_ERR_IO, "the checkpoint directory %s: %s", dir, strerror(errno));

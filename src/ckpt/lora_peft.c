@@ -22,10 +22,8 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
         return dt_error(DT_ERR_IO, "LoRA adapters %s: cannot make the directory: %s", dir, strerror(errno));
     struct stat sb; /* the files are never written through a symlink, nor is the directory */
     char name[4096]; /* (lstat of "link/" follows the link: the name without its trailing slashes) */
-    size_t nl = strlen(dir);
-    while (nl > 1 && dir[nl - 1] == '/')
-        nl--;
-    snprintf(name, sizeof name, "%.*s", (int)nl, dir);
+    if (dt_path_trim_slashes(dir, name, sizeof name) < 0)
+        return dt_last_status();
     if (lstat(name, &sb) == 0 && S_ISLNK(sb.st_mode))
         return dt_error(DT_ERR_INVALID_ARG, "LoRA adapters %s: a symlink (not followed; give the directory itself)",
                         dir);

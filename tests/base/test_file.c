@@ -178,6 +178,24 @@ TEST(rename_and_errors)
     ASSERT_EQ_INT(dt_file_fd(NULL), -1);
 }
 
+TEST(path_trim_slashes)
+{
+    char b[8];
+    ASSERT_OK(dt_path_trim_slashes("out///", b, sizeof b));
+    ASSERT_STR_EQ(b, "out");
+    ASSERT_OK(dt_path_trim_slashes("a/b", b, sizeof b));
+    ASSERT_STR_EQ(b, "a/b");
+    ASSERT_OK(dt_path_trim_slashes("//", b, sizeof b));
+    ASSERT_STR_EQ(b, "/");
+    ASSERT_OK(dt_path_trim_slashes("", b, sizeof b));
+    ASSERT_STR_EQ(b, "");
+    ASSERT_OK(dt_path_trim_slashes("1234567/", b, sizeof b)); /* 7 bytes and the NUL fit */
+    ASSERT_STR_EQ(b, "1234567");
+    ASSERT_STATUS(dt_path_trim_slashes("12345678", b, sizeof b), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "too long");
+    ASSERT_STATUS(dt_path_trim_slashes(NULL, b, sizeof b), DT_ERR_NULL);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/dt-test-file-XXXXXX");
@@ -192,6 +210,7 @@ int main(void)
     RUN(symlink_appearing_before_commit_refused);
     RUN(create_excl);
     RUN(rename_and_errors);
+    RUN(path_trim_slashes);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)
