@@ -483,7 +483,7 @@ typedef enum {
  * second_steps (0: first_steps), in that many stairs when a stair count is
  * > 0; then the rate decays as min / (1 + decay_lr_rate * t / decay_steps)
  * (none with decay_steps or the rate 0). With cycle_momentum the first beta
- * of Adam, AdamW and LAMB moves the other way between min_mom and max_mom
+ * of Adam, AdamW, LAMB and Lion moves the other way between min_mom and max_mom
  * (dt_sched_beta1; the second beta is held at 0.99, as DeepSpeed holds it). */
 typedef struct dt_one_cycle {
     double min_ratio;       /* cycle_min_lr / cycle_max_lr (base_lr is cycle_max_lr) */
@@ -542,8 +542,8 @@ DT_API dt_sched_params dt_sched_params_default(void);
  *   floored with staircase.
  * ONE_CYCLE (DeepSpeed OneCycle as its engine steps it; T = first + second):
  *   step <= T:  x = step / T - floor(step / T), f = first / T;
- *               c = x <= f ? x / f : (x - 1) / (f - 1)   (c = floor(c' * stairs) / stairs with stairs,
- *               from the step's place in its half);  base_lr * (m + (1 - m) * c), m = min_ratio
+ *               c = x <= f ? x / f : (x - 1) / (f - 1)   (with a stair count: floor(q * stairs) / stairs,
+ *               q the step's place in its half);  base_lr * (m + (1 - m) * c), m = min_ratio
  *   else:       base_lr * m / (1 + decay_lr_rate * (step - T) / decay_steps)  (base_lr * m without decay)
  * STEP: base_lr * gamma^floor(step / step_size). CONSTANT: base_lr.
  * With warmup_steps > 0, STEP, CONSTANT, RANGE_TEST and ONE_CYCLE are
