@@ -192,8 +192,6 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         if ((rc = dt__tr_open_metrics(t)))
             goto out;
         double el, ea;
-        if ((rc = dt__tr_check_unexpected(t, eval_ckpt, eval_flag)))
-            goto out;
         if (dt_trainer_load_weights(t->tr, eval_ckpt) < 0) {
             rc = dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, eval_flag);
             goto out;

@@ -139,11 +139,6 @@ int dt__tr_setup_trainer(dt__train_run *t);
 /* train_save.c */
 /* A checkpoint that does not fit this run or is damaged: bad input (exit 2). */
 bool dt__tr_bad_input_status(dt_status st);
-/* A dtrain checkpoint at path (a --save directory: its newest) holding parameters or buffers this model
- * lacks (trained with more layers, with LoRA adapters, ...): loading it would take the matching part only,
- * silently (PyTorch's load_state_dict(strict=True) refuses such keys too). Says so naming flag: 2; else 0
- * (another program's files, and pipeline ranks, which hold their stages only, are not checked). */
-int dt__tr_check_unexpected(dt__train_run *t, const char *path, const char *flag);
 /* The options a checkpoint keeps (t->user_json). */
 int dt__tr_make_user_json(dt__train_run *t);
 /* A checkpoint of the run now (--save). */

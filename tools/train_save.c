@@ -267,51 +267,6 @@ static int check_exists(const char *flag, const char *path)
     return 2;
 }
 
-int dt__tr_check_unexpected(dt__train_run *t, const char *path, const char *flag)
-{
-    char ck[4096], ip[4200];
-    struct stat sb;
-    snprintf(ip, sizeof ip, "%s/index.json", path);
-    if (t->ddp.pp > 1) /* a pipeline rank's model holds its stages only */
-        return 0;
-    if (stat(ip, &sb) == 0)
-        snprintf(ck, sizeof ck, "%s", path);
-    else if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode) || dt_ckpt_is_hf_dir(path) ||
-             dt_trainer_ckpt_latest(path, ck, sizeof ck) < 0 || !ck[0]) {
-        dt_error_clear(); /* not a dtrain checkpoint (or none): the load says what is wrong */
-        return 0;
-    }
-    dt_ckpt *c = NULL;
-    if (dt_ckpt_open(ck, &c) < 0 || !dt_ckpt_meta(c, "dtrain.run")) { /* another program's: its own names */
-        dt_ckpt_close(c);
-        dt_error_clear();
-        return 0;
-    }
-    size_t extra = 0;
-    const char *first = NULL;
-    for (size_t i = 0; i < dt_ckpt_num_tensors(c); i++) {
-        dt_ckpt_tensor x;
-        dt_ckpt_tensor_at(c, i, &x);
-        if (!strncmp(x.name, "optim.", 6) || !strncmp(x.name, "master.", 7) || !strncmp(x.name, "powersgd.", 9) ||
-            dt_model_find_entry(t->model, x.name) >= 0)
-            continue;
-        if (!extra++)
-            first = x.name;
-    }
-    int rc = 0;
-    if (extra) {
-        char e1[512], e2[512];
-        dt__cli_err("dtrain: %s %s: %zu tensor%s of the checkpoint %s not in this --model %s ('%s'%s): it was "
-                    "trained as another model (more layers, LoRA adapters, ...); give the options it was trained "
-                    "with (dtrain ckpt info lists its tensors)\n", flag, dt_escape(ck, e1, sizeof e1), extra,
-                    extra == 1 ? "" : "s", extra == 1 ? "is" : "are", t->o.model, dt_escape(first, e2, sizeof e2),
-                    extra == 1 ? "" : ", ...");
-        rc = 2;
-    }
-    dt_ckpt_close(c);
-    return rc;
-}
-
 /* --resume auto: load the newest checkpoint (path, cap bytes), or, when it
  * is damaged (a file that cannot be read, fails its checksum or does not
  * parse), the next older complete one, with a warning naming what was
@@ -414,7 +369,7 @@ static int load_lora_from(dt__train_run *t)
 static int initial_weights(dt__train_run *t)
 {
     if (t->o.init_from) {
-        if (check_exists("--init-from", t->o.init_from) || dt__tr_check_unexpected(t, t->o.init_from, "--init-from"))
+        if (check_exists("--init-from", t->o.init_from))
             return 2;
         if (dt_trainer_load_weights(t->tr, t->o.init_from) < 0)
             return dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, "--init-from");
@@ -453,7 +408,7 @@ int dt__tr_setup_resume(dt__train_run *t)
         }
         from = latest;
     }
-    if ((from != latest && check_exists("--resume", from)) || dt__tr_check_unexpected(t, from, "--resume"))
+    if (from != latest && check_exists("--resume", from))
         return 2;
     dt_trainer_resume_info *ri = &t->ri;
     if ((from == latest ? load_auto(t, latest, sizeof latest, ri) : dt_trainer_load(t->tr, from, ri)) < 0)

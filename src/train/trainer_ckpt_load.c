@@ -435,6 +435,35 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
     return st;
 }
 
+/* A checkpoint dt_trainer_save wrote holds the model's tensors and the
+ * optimizer's ("optim.", "master.", "powersgd."): one of another tensor
+ * that m lacks was saved from a larger model (more layers, LoRA adapters),
+ * which loading would cut silently. Other programs' files (a Hugging Face
+ * model's mask buffers) may hold tensors a model does not keep. */
+static dt_status check_unexpected(const dt_model *m, const dt_ckpt *ck, const char *ckname)
+{
+    if (!dt_ckpt_meta(ck, META_RUN))
+        return DT_OK;
+    size_t extra = 0;
+    const char *first = NULL;
+    for (size_t i = 0, n = dt_ckpt_num_tensors(ck); i < n; i++) {
+        dt_ckpt_tensor x;
+        dt_status st = dt_ckpt_tensor_at(ck, i, &x);
+        if (st < 0)
+            return st;
+        if (!strncmp(x.name, "optim.", 6) || !strncmp(x.name, "master.", 7) || !strncmp(x.name, "powersgd.", 9) ||
+            dt_model_find_entry(m, x.name) >= 0)
+            continue;
+        if (!extra++)
+            first = x.name;
+    }
+    if (!extra)
+        return DT_OK;
+    return dt_error(DT_ERR_MISMATCH, "checkpoint %s: %zu of its tensors %s not in this model ('%s'%s): it was saved "
+                    "from another model (more layers, LoRA adapters, ...); build the model it was saved from", ckname,
+                    extra, extra == 1 ? "is" : "are", first, extra == 1 ? "" : ", ...");
+}
+
 static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_info *info, bool weights_only,
                            char *ckname, size_t ckn)
 {
@@ -448,6 +477,8 @@ static dt_status load_impl(dt_trainer *tr, const char *path, dt_trainer_resume_i
     const char *run = NULL;
     if ((st = dt_ckpt_open(ckname, &ck)) < 0)
         return st;
+    if ((st = check_unexpected(dt_trainer_model(tr), ck, ckname)) < 0)
+        goto out;
     /* the files are verified as load_pieces reads them (one pass each) */
     if (!weights_only) {
         if ((st = ckpt_meta(ck, ckname, META_RUN, &run)) < 0)

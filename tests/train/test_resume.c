@@ -382,6 +382,47 @@ TEST(files_keep_and_bad_checkpoints)
     t_rm_rf(dir);
 }
 
+/* A checkpoint of a larger model (one more layer) into the rig's: every
+ * tensor the rig has fits, so only the checkpoint's tensor that the model
+ * lacks tells (PyTorch's load_state_dict(strict=True) refuses it too);
+ * loading the part that fits would be a silent wrong result. */
+TEST(larger_model_checkpoint_refused)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/larger", tmpdir());
+    dt_module *s = dt_nn_seq(0, NULL);
+    dt_nn_add(s, NULL, dt_nn_linear(8, 16, true));
+    dt_nn_add(s, NULL, dt_nn_relu());
+    dt_nn_add(s, NULL, dt_nn_dropout(0.25f));
+    dt_nn_add(s, NULL, dt_nn_linear(16, 4, true));
+    dt_nn_add(s, NULL, dt_nn_linear(4, 4, true));
+    dt_model *big = t_build(s, 7);
+    ASSERT(big != NULL);
+    dt_strategy *st;
+    ASSERT_OK(dt_strategy_none_init(&st));
+    dt_trainer_params tp = dt_trainer_params_default();
+    tp.optimizer = DT_OPTIM_ADAMW;
+    dt_trainer *tr;
+    ASSERT_OK(dt_trainer_init(big, st, &tp, &tr));
+    ASSERT_OK(dt_trainer_save(tr, dir, NULL));
+    rig r;
+    ASSERT_OK(rig_init(&r, DT_OPTIM_ADAMW, 1, 1));
+    ASSERT_STATUS(dt_trainer_load(r.tr, dir, NULL), DT_ERR_MISMATCH);
+    ASSERT_STR_CONTAINS(dt_last_error(), "2 of its tensors are not in this model ('4.");
+    ASSERT_STATUS(dt_trainer_load_weights(r.tr, dir), DT_ERR_MISMATCH);
+    /* the other way (the checkpoint lacks a tensor of the model) names the tensor */
+    char small[420];
+    snprintf(small, sizeof small, "%s-small", dir);
+    ASSERT_OK(dt_trainer_save(r.tr, small, NULL));
+    ASSERT_STATUS(dt_trainer_load(tr, small, NULL), DT_ERR_NOT_FOUND);
+    ASSERT_STR_CONTAINS(dt_last_error(), "4.");
+    dt_trainer_free(tr);
+    dt_model_free(big);
+    rig_free(&r);
+    t_rm_rf(dir);
+    t_rm_rf(small);
+}
+
 /* --keep after a resume from an older checkpoint: the run saves below the
  * abandoned run's newer checkpoints, and pruning by step number alone
  * removed each checkpoint the moment it was written (keep 1: only the old
@@ -557,6 +598,7 @@ int main(void)
     RUN(files_async_staging_reused);
     RUN(files_keep_and_bad_checkpoints);
     RUN(keep_after_resume_from_older);
+    RUN(larger_model_checkpoint_refused);
     t_rm_rf(tmpdir());
     return TEST_REPORT();
 }
