@@ -1,7 +1,8 @@
-/* Autoregressive generation from a GPT-2 zoo model (nanoGPT's generate):
- * for each new token, run the model on the last block_size tokens of the
- * sequence so far (no-grad, eval mode: dropout off), take the last
- * position's logits, divide by the temperature, keep the top k, and pick
+/* Autoregressive generation from a GPT-2 or Llama zoo model (nanoGPT's
+ * generate): for each new token, run the model on the last block_size
+ * tokens of the sequence so far (no-grad, eval mode: dropout off), take the
+ * last position's logits, divide by the temperature, keep the top k and the
+ * top p (transformers' nucleus filter), stop after a stop token, and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. In one process a key/value
@@ -24,18 +25,55 @@
 #include <dtrain/pipe_strategy.h>
 #include <dtrain/tp.h>
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 dt_generate_params dt_generate_params_default(void)
 {
-    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .seed = 0, .kv_cache = true};
+    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0,
+                            .kv_cache = true};
     return p;
 }
 
-/* Index of the token chosen from logits[0..V). */
-static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p, int64_t step, double *prob)
+typedef struct {
+    double p;
+    int64_t i;
+} ranked;
+
+/* Least likely first; equal ones by id, so that the order is the same everywhere. */
+static int by_prob(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    return x->p < y->p ? -1 : x->p > y->p ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* transformers' TopPLogitsWarper on the weights prob[0..V) (sum: their sum):
+ * from the least likely up, drop every token whose cumulative share is at
+ * most 1 - top_p; the most likely one always stays. The new sum. */
+static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ranked *r)
+{
+    int64_t n = 0;
+    for (int64_t j = 0; j < V; j++)
+        if (prob[j] > 0)
+            r[n++] = (ranked){prob[j], j};
+    qsort(r, (size_t)n, sizeof *r, by_prob);
+    double c = 0, kept = sum;
+    for (int64_t k = 0; k + 1 < n; k++) {
+        c += r[k].p / sum;
+        if (c > 1.0 - (double)top_p)
+            break;
+        prob[r[k].i] = 0;
+        kept -= r[k].p;
+    }
+    return kept;
+}
+
+/* Index of the token chosen from logits[0..V) (prob, r: room for V). */
+static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p, int64_t step, double *prob,
+                    ranked *r)
 {
     int64_t best = 0;
     for (int64_t j = 1; j < V; j++)
@@ -65,6 +103,8 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
         prob[j] = e;
         sum += e;
     }
+    if (p->top_p < 1.0f)
+        sum = top_p_filter(prob, V, sum, p->top_p, r);
     double u = (double)dt_rng_uniform(dt_rng_key_make(p->seed, DT_RNG_USER, 0x67656e, 0), (uint64_t)step) * sum, c = 0;
     for (int64_t j = 0; j < V; j++) {
         c += prob[j];
@@ -112,6 +152,15 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
         return dt_error(DT_ERR_INVALID_ARG, "%s: max_new_tokens %lld, top_k %lld >= 0 and a finite "
                         "temperature >= 0 (got %g) please", who, (long long)p->max_new_tokens, (long long)p->top_k,
                         (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: top_p %g is outside (0, 1] (1: every token)", who,
+                        (double)p->top_p);
+    if (p->n_eos < 0 || p->n_eos > DT_GENERATE_MAX_EOS)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: n_eos %d is outside [0, %d]", who, p->n_eos, DT_GENERATE_MAX_EOS);
+    for (int i = 0; i < p->n_eos; i++)
+        if (p->eos_ids[i] < 0 || p->eos_ids[i] >= *V)
+            return dt_error(DT_ERR_RANGE, "%s: stop token %lld is outside the vocabulary [0, %lld)", who,
+                            (long long)p->eos_ids[i], (long long)*V);
     /* not cap < nprompt + max_new_tokens: the sum overflowed for a max_new_tokens near INT64_MAX, the check
      * passed and generation ran on (past the room, for ever) */
     if (cap < nprompt || p->max_new_tokens > cap - nprompt)
@@ -122,6 +171,15 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
             return dt_error(DT_ERR_RANGE, "%s: prompt token %lld at %lld is outside [0, %lld)", who,
                             (long long)prompt[i], (long long)i, (long long)*V);
     return DT_OK;
+}
+
+/* Whether tok is one of p's stop tokens. */
+static bool is_eos(const dt_generate_params *p, int64_t tok)
+{
+    for (int i = 0; i < p->n_eos; i++)
+        if (p->eos_ids[i] == tok)
+            return true;
+    return false;
 }
 
 static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_params *gp, const int64_t *prompt,
@@ -139,8 +197,9 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     int64_t n = nprompt;
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
+    ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL;
     st = dt_ctx_init(NULL, &ctx);
-    if (st == DT_OK && !prob)
+    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r)))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", who);
     dt_module *root = dt_model_root(m);
     bool was_training = dt_module_is_training(root);
@@ -149,7 +208,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt__gen_kv *kv = NULL;
     if (st == DT_OK && p.kv_cache && !ops->share && nprompt <= P && p.max_new_tokens > 0)
         st = dt__gen_kv_init(m, nprompt + p.max_new_tokens < P ? nprompt + p.max_new_tokens : P, &kv);
-    for (int64_t k = 0; st == DT_OK && k < p.max_new_tokens; k++) {
+    for (int64_t k = 0; st == DT_OK && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1])); k++) {
         dt_ag_set_enabled(ctx, false);
         if (kv && n <= P) { /* positions fixed: the tokens not cached yet, alone */
             int64_t c = dt__gen_kv_len(kv);
@@ -158,7 +217,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: cached forward", who);
                 break;
             }
-            out[n] = pick((const float *)y->data, V, &p, k, prob);
+            out[n] = pick((const float *)y->data, V, &p, k, prob, r);
             n++;
             dt_ctx_reset(ctx);
             continue;
@@ -187,7 +246,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [1, %lld, %lld]", who, (long long)T,
                               (long long)V);
             else
-                tok = pick((const float *)y->data + (T - 1) * V, V, &p, k, prob);
+                tok = pick((const float *)y->data + (T - 1) * V, V, &p, k, prob, r);
         }
         if (ops->share && (st = ops->share(ops->ud, &tok, st)) < 0) {
             shared = true; /* share failed the pipeline, or was told of the failure */
@@ -203,6 +262,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt_model_train(m, was_training);
     dt__gen_kv_free(kv);
     free(prob);
+    free(r);
     dt_ctx_free(ctx);
     *nout = n;
     return st;
@@ -250,4 +310,118 @@ dt_status dt_strategy_pipe_generate(dt_strategy *s, const dt_generate_params *gp
                         dt_pg_size(tp));
     gen_ops ops = {.who = "dt_strategy_pipe_generate", .forward = pipe_forward, .share = pipe_share, .ud = s};
     return generate(m, &ops, gp, prompt, nprompt, out, cap, nout);
+}
+
+/* ---- a Hugging Face directory's generation settings ---- */
+
+typedef struct {
+    const char *path;
+    const cJSON *root;
+    dt_status st;
+} gen_reader;
+
+/* Key k as a number in [lo, hi] (whole when whole): *out, true; absent or null: false. */
+static bool gen_num(gen_reader *r, const char *k, double lo, double hi, bool whole, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, k);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return false;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        (whole && v->valuedouble != floor(v->valuedouble))) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be %s in [%g, %g]", r->path, k,
+                         whole ? "an integer" : "a number", lo, hi);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+/* eos_token_id: an id or a list of ids. */
+static void gen_eos(gen_reader *r, dt_generate_params *gp)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, "eos_token_id");
+    gp->n_eos = 0;
+    if (!v || cJSON_IsNull(v))
+        return;
+    const cJSON *e = cJSON_IsArray(v) ? v->child : v;
+    for (; e && r->st >= 0; e = cJSON_IsArray(v) ? e->next : NULL) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= (double)INT32_MAX) ||
+            e->valuedouble != floor(e->valuedouble))
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" must be a token id in [0, 2^31) or a list "
+                             "of them", r->path);
+        else if (gp->n_eos == DT_GENERATE_MAX_EOS)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" lists more than %d ids", r->path,
+                             DT_GENERATE_MAX_EOS);
+        else
+            gp->eos_ids[gp->n_eos++] = (int64_t)e->valuedouble;
+    }
+}
+
+dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char *ignored, size_t n)
+{
+    if (!dir || !gp)
+        return dt_error(DT_ERR_NULL, "dt_hf_generation_config: %s is NULL", dir ? "gp" : "dir");
+    if (ignored && n)
+        ignored[0] = 0;
+    char path[4200];
+    char *txt = NULL;
+    size_t len = 0;
+    dt_status st = DT_ERR_NOT_FOUND;
+    for (int i = 0; i < 2 && st == DT_ERR_NOT_FOUND; i++) { /* transformers: the model config's keys without it */
+        snprintf(path, sizeof path, "%s/%s", dir, i ? "config.json" : "generation_config.json");
+        st = dt_file_read_all(path, 16u << 20, &txt, &len);
+    }
+    if (st < 0)
+        return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: neither generation_config.json nor config.json (not a "
+                                                 "Hugging Face model directory)", dir)
+                                      : st;
+    cJSON *root = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    gen_reader r = {.path = path, .root = root, .st = DT_OK};
+    dt_generate_params g = *gp;
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
+    if (ds && !cJSON_IsNull(ds) && !cJSON_IsBool(ds))
+        r.st = dt_error(DT_ERR_FORMAT, "%s: key \"do_sample\" must be true or false", path);
+    double v;
+    if (cJSON_IsTrue(ds)) { /* GenerationConfig's defaults */
+        g.temperature = 1.0f, g.top_k = 50, g.top_p = 1.0f;
+        if (gen_num(&r, "temperature", 0, 1e6, false, &v))
+            g.temperature = (float)v;
+        if (gen_num(&r, "top_k", 0, 1e8, true, &v))
+            g.top_k = (int64_t)v;
+        if (gen_num(&r, "top_p", 0, 1, false, &v)) {
+            if (v > 0)
+                g.top_p = (float)v;
+            else
+                r.st = dt_error(DT_ERR_FORMAT, "%s: key \"top_p\" must be in (0, 1]", path);
+        }
+    } else {
+        g.temperature = 0.0f;
+    }
+    if (gen_num(&r, "max_new_tokens", 0, 1e6, true, &v))
+        g.max_new_tokens = (int64_t)v;
+    if (r.st >= 0)
+        gen_eos(&r, &g);
+    /* what transformers would do that dt_model_generate does not (a key at its default changes nothing) */
+    static const struct {
+        const char *key;
+        double dflt;
+    } other[] = {{"num_beams", 1}, {"repetition_penalty", 1}, {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0},
+                 {"min_length", 0}, {"typical_p", 1},         {"min_p", 0},                {"penalty_alpha", 0}};
+    for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
+        if (cJSON_IsNumber(o) && o->valuedouble != other[i].dflt) {
+            size_t l = strlen(ignored);
+            snprintf(ignored + l, n - l, "%s%s %g", l ? ", " : "", other[i].key, o->valuedouble);
+        }
+    }
+    cJSON_Delete(root);
+    if (r.st < 0)
+        return r.st;
+    *gp = g;
+    return DT_OK;
 }

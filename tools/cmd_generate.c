@@ -1,5 +1,7 @@
-/* dtrain generate — continue a prompt with a GPT-2 zoo model
- * (dt_model_generate: greedy, temperature, top-k, seeded sampling).
+/* dtrain generate — continue a prompt with a GPT-2 or Llama model
+ * (dt_model_generate: greedy, temperature, top-k, top-p, seeded sampling,
+ * stop tokens; an hf:DIR model's generation_config.json gives the
+ * defaults).
  *
  * The weights: --ckpt DIR (a `dtrain train --save` directory or one step-N
  * checkpoint: its saved options choose the model's configuration), or
@@ -13,6 +15,7 @@
 #include "train.h"
 
 #include "dtrain/data.h"
+#include "dtrain/generate.h"
 #include "dtrain/models.h"
 #include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
@@ -45,9 +48,18 @@ static void usage(FILE *f)
                "                        DIR/tokenizer.json, or the one a --ckpt run trained with --tokenizer\n"
                "                        keeps. An id past the vocabulary is an error (exit 2), never\n"
                "                        another token\n"
-               "  --max-new-tokens N    tokens to generate (default 64)\n"
+               "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1)\n"
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
+               "  --top-p P             then among the most likely tokens that hold P of the probability\n"
+               "                        (nucleus sampling, transformers' top_p; default 1 = all)\n"
+               "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
+               "                        default none)\n"
+               "  an hf:DIR model takes these defaults from DIR/generation_config.json (or config.json)\n"
+               "  as transformers' generate() does: greedy unless do_sample is true (then its temperature,\n"
+               "  top_k (50 when absent) and top_p), its eos_token_id and max_new_tokens; the options\n"
+               "  given override them, and keys dtrain does not apply (num_beams, repetition_penalty, ...)\n"
+               "  are named on stderr\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
@@ -110,6 +122,33 @@ static int bad(void)
     return 2;
 }
 
+/* --eos-id ID[,ID...] | none into gp's stop tokens. */
+static int parse_eos(const char *v, dt_generate_params *gp)
+{
+    gp->n_eos = 0;
+    if (!strcmp(v, "none"))
+        return 0;
+    const char *p = v;
+    for (;;) {
+        const char *c = strchr(p, ',');
+        char one[32];
+        size_t l = c ? (size_t)(c - p) : strlen(p);
+        if (l == 0 || l >= sizeof one || gp->n_eos == DT_GENERATE_MAX_EOS) {
+            dt__cli_err("dtrain generate: --eos-id %s: want 'none' or at most %d comma-separated token ids, none "
+                        "empty\n", v, DT_GENERATE_MAX_EOS);
+            return -1;
+        }
+        memcpy(one, p, l);
+        one[l] = 0;
+        if (dt_parse_int("--eos-id", one, 0, INT32_MAX, &gp->eos_ids[gp->n_eos]) < 0)
+            return bad(), -1;
+        gp->n_eos++;
+        if (!c)
+            return 0;
+        p = c + 1;
+    }
+}
+
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
@@ -118,6 +157,8 @@ int dt_cmd_generate(int argc, char **argv)
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
     bool seed_given = false;
+    /* the options given: they override an hf:DIR model's generation_config.json */
+    bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -155,6 +196,7 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--max-new-tokens")) {
             if (dt_parse_int(a, v, 0, 1000000, &gp.max_new_tokens) < 0)
                 return bad();
+            max_given = true;
         } else if (!strcmp(a, "--kv-cache")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 dt__cli_err("dtrain generate: --kv-cache: '%s' is neither on nor off\n", v);
@@ -164,10 +206,25 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--top-k")) {
             if (dt_parse_int(a, v, 0, 100000000, &gp.top_k) < 0)
                 return bad();
+            topk_given = true;
+        } else if (!strcmp(a, "--top-p")) {
+            if (dt_parse_double(a, v, 0, 1, &d) < 0)
+                return bad();
+            if (d <= 0) {
+                dt__cli_err("dtrain generate: --top-p %s: want 0 < P <= 1 (1: every token)\n", v);
+                return 2;
+            }
+            gp.top_p = (float)d;
+            topp_given = true;
+        } else if (!strcmp(a, "--eos-id")) {
+            if (parse_eos(v, &gp) < 0)
+                return 2;
+            eos_given = true;
         } else if (!strcmp(a, "--temperature")) {
             if (dt_parse_double(a, v, 0, 1e6, &d) < 0)
                 return bad();
             gp.temperature = (float)d;
+            temp_given = true;
         } else if (!strcmp(a, "--n-layer") || !strcmp(a, "--n-head") || !strcmp(a, "--n-embd") ||
                    !strcmp(a, "--block-size") || !strcmp(a, "--vocab-size")) {
             if (dt_parse_int(a, v, 1, 10000000, &x) < 0)
@@ -307,6 +364,29 @@ int dt_cmd_generate(int argc, char **argv)
                     dt_last_error());
         rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
         goto done;
+    }
+    if (!strncmp(model, "hf:", 3)) { /* the directory's generation settings where no option overrides them */
+        dt_generate_params hg = gp;
+        char ignored[512];
+        if (dt_hf_generation_config(model + 3, &hg, ignored, sizeof ignored) < 0) {
+            dt__cli_err("dtrain generate: --model %s: %s\n", model, dt_last_error());
+            goto done;
+        }
+        if (!temp_given)
+            gp.temperature = hg.temperature;
+        if (!topk_given)
+            gp.top_k = hg.top_k;
+        if (!topp_given)
+            gp.top_p = hg.top_p;
+        if (!max_given)
+            gp.max_new_tokens = hg.max_new_tokens;
+        if (!eos_given) {
+            memcpy(gp.eos_ids, hg.eos_ids, sizeof gp.eos_ids);
+            gp.n_eos = hg.n_eos;
+        }
+        if (ignored[0])
+            dt__cli_err("dtrain generate: note: %s's generation settings %s are not applied (dtrain generate "
+                        "samples one sequence: temperature, top-k, top-p, stop tokens)\n", model + 3, ignored);
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

@@ -123,11 +123,80 @@ TEST(bad_directories)
              "\"hidden_size\" is 8192");
 }
 
+/* The new tokens of `dtrain generate --model m --prompt-ids 5,6,7` with extra options (NULL-terminated). */
+static void gen_ids(cli_result *r, const char *m, char **extra)
+{
+    char *args[32] = {"generate", "--model", (char *)m, "--prompt-ids", "5,6,7", "--max-new-tokens", "8"};
+    int n = 7;
+    for (int i = 0; extra[i] && n < 31; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    cli_runv(r, 60, NULL, args);
+}
+
+/* An hf:DIR model generates with its generation_config.json's settings as
+ * transformers' generate() does (greedy without do_sample; eos_token_id
+ * stops it), the options given override them, keys dtrain does not apply
+ * are named, and a malformed value is exit 2 naming the file and the key. */
+TEST(generation_config)
+{
+    static cli_result r;
+    static char greedy[sizeof r.out];
+    char m[420];
+    gen_ids(&r, "hf:" HF "llama", (char *[]){"--temperature", "0", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    memcpy(greedy, r.out, sizeof greedy);
+    const char *bar = strstr(greedy, "| ");
+    ASSERT(bar != NULL);
+    gen_ids(&r, "hf:" HF "llama", (char *[]){NULL}); /* no do_sample: greedy, as transformers */
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(r.out, greedy);
+    /* the third new token as the directory's eos_token_id: generation stops right after it */
+    long t1, t2, t3;
+    ASSERT(sscanf(bar + 2, "%ld %ld %ld", &t1, &t2, &t3) == 3);
+    char edit[300], want[64];
+    snprintf(edit, sizeof edit, "sed -i 's/\"eos_token_id\": 2/\"eos_token_id\": [%ld]/' generation_config.json",
+             t3);
+    snprintf(m, sizeof m, "hf:%s", bad_dir("eos", edit));
+    gen_ids(&r, m, (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(want, sizeof want, "| %ld %ld %ld\n", t1, t2, t3);
+    if (t1 != t3 && t2 != t3)
+        ASSERT_STR_CONTAINS(r.out, want);
+    gen_ids(&r, m, (char *[]){"--eos-id", "none", NULL}); /* overridden: all 8 */
+    ASSERT_STR_EQ(r.out, greedy);
+    gen_ids(&r, m, (char *[]){"--eos-id", "999", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "stop token 999 is outside the vocabulary [0, 128)");
+    /* do_sample with settings dtrain does not apply: named on stderr */
+    snprintf(m, sizeof m, "hf:%s",
+             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"repetition_penalty\": 1.3}' > "
+                               "generation_config.json"));
+    gen_ids(&r, m, (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "repetition_penalty 1.3 are not applied");
+    gen_ids(&r, m, (char *[]){"--temperature", "0", NULL});
+    ASSERT_STR_EQ(r.out, greedy);
+    snprintf(m, sizeof m, "hf:%s", bad_dir("badgen", "printf '{\"do_sample\": true, \"top_p\": 2}' > "
+                                                     "generation_config.json"));
+    gen_ids(&r, m, (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "generation_config.json: key \"top_p\"");
+    const char *bad_opts[][3] = {{"--top-p", "0", "want 0 < P <= 1"}, {"--top-p", "1.5", "--top-p"},
+                                 {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"}};
+    for (int i = 0; i < 4; i++) {
+        gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, bad_opts[i][2]);
+    }
+}
+
 int main(void)
 {
     RUN(eval_json);
     RUN(train_and_generate);
     RUN(bad_directories);
+    RUN(generation_config);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -1,0 +1,240 @@
+/* dt_model_generate's nucleus filter (top_p) and stop tokens (eos_ids),
+ * and dt_hf_generation_config.
+ *
+ * top_p against a reference written another way: transformers'
+ * TopPLogitsWarper drops, from the least likely up, the tokens whose
+ * cumulative probability is at most 1 - top_p; that is, a token stays when
+ * the tokens more likely than it hold less than top_p. The reference keeps
+ * those and draws with the documented Philox draw (seed, DT_RNG_USER,
+ * "gen", token index), so the first new token must be the reference's for
+ * every seed and top_p. Stop tokens: generation ends right after the first
+ * one, with and without the key/value cache; a stop token in the prompt
+ * does not end it. The model: gpt-micro with its weights scaled up, so that
+ * its logits are far from uniform. */
+#include "test.h"
+
+#include "dtrain/autograd.h"
+#include "dtrain/generate.h"
+#include "dtrain/models.h"
+#include "dtrain/nn.h"
+#include "tmp_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define V 512
+
+static dt_model *make(void)
+{
+    dt_model *m = NULL;
+    dt_model_config c = dt_model_config_default();
+    if (dt_model_create("gpt-micro", 99, &c, &m, NULL) < 0)
+        return NULL;
+    const dt_flat *p = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+    float *w = p->base;
+    for (size_t i = 0; i < p->total; i++)
+        w[i] *= 4.0f;
+    dt_model_train(m, false);
+    return m;
+}
+
+/* The last position's logits of the prompt. */
+static void last_logits(dt_model *m, const int64_t *prompt, int64_t np, float *out)
+{
+    dt_ctx *ctx = NULL;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    dt_ag_set_enabled(ctx, false);
+    dt_tensor *x = dt_tensor_view_of(ctx, (void *)prompt, DT_I64, 2, (int64_t[]){1, np});
+    dt_tensor *y = x ? dt_model_forward(ctx, m, x) : NULL;
+    ASSERT(y && y->dtype == DT_F32 && y->shape[2] == V);
+    memcpy(out, (const float *)y->data + (np - 1) * V, V * sizeof *out);
+    dt_ctx_free(ctx);
+}
+
+/* The reference's token for seed; *kept: how many tokens top_p keeps. */
+static int64_t ref_pick(const float *logits, float temp, float top_p, uint64_t seed, int *kept)
+{
+    static double p[V];
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++)
+        mx = fmax(mx, logits[j] / (double)temp);
+    for (int j = 0; j < V; j++)
+        sum += p[j] = exp(logits[j] / (double)temp - mx);
+    static bool keep[V];
+    double ksum = 0;
+    *kept = 0;
+    for (int j = 0; j < V; j++) {
+        double above = 0; /* the mass of the tokens more likely than j */
+        for (int i = 0; i < V; i++)
+            if (p[i] > p[j])
+                above += p[i] / sum;
+        keep[j] = above < top_p;
+        if (keep[j])
+            ksum += p[j], ++*kept;
+    }
+    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * ksum, c = 0;
+    for (int j = 0; j < V; j++)
+        if (keep[j] && u < (c += p[j]))
+            return j;
+    return -1;
+}
+
+TEST(top_p_against_the_reference)
+{
+    dt_model *m = make();
+    ASSERT(m);
+    const int64_t prompt[3] = {17, 301, 44};
+    float lg[V];
+    last_logits(m, prompt, 3, lg);
+    const float tps[] = {0.05f, 0.3f, 0.6f, 0.9f};
+    int kept_first = 0, kept_last = 0;
+    for (int t = 0; t < 4; t++) {
+        int distinct = 0;
+        bool seen[V] = {false};
+        for (uint64_t seed = 0; seed < 40; seed++) {
+            dt_generate_params gp = dt_generate_params_default();
+            gp.temperature = 0.7f, gp.top_p = tps[t], gp.seed = seed, gp.max_new_tokens = 1;
+            int64_t out[8], n = 0;
+            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
+            ASSERT_EQ_INT(n, 4);
+            int kept = 0;
+            int64_t want = ref_pick(lg, 0.7f, tps[t], seed, &kept);
+            if (out[3] != want)
+                fprintf(stderr, "  top_p %g seed %llu: got %lld, the reference %lld\n", (double)tps[t],
+                        (unsigned long long)seed, (long long)out[3], (long long)want);
+            ASSERT_EQ_INT(out[3], want);
+            distinct += !seen[out[3]];
+            seen[out[3]] = true;
+            if (t == 0)
+                kept_first = kept;
+            kept_last = kept;
+        }
+        fprintf(stderr, "  top_p %.2f: %d distinct tokens in 40 draws\n", (double)tps[t], distinct);
+    }
+    ASSERT(kept_first >= 1 && kept_first < kept_last); /* the filter did something, and more with a larger p */
+    ASSERT(kept_last < V);
+    /* top_p 1: every token, the draws of no filter at all (top_k 0) */
+    dt_generate_params a = dt_generate_params_default(), b = a;
+    b.top_p = 1.0f;
+    int64_t oa[16], ob[16], na = 0, nb = 0;
+    a.max_new_tokens = b.max_new_tokens = 10;
+    ASSERT_OK(dt_model_generate(m, &a, prompt, 3, oa, 16, &na));
+    ASSERT_OK(dt_model_generate(m, &b, prompt, 3, ob, 16, &nb));
+    ASSERT(na == nb && !memcmp(oa, ob, (size_t)na * sizeof *oa));
+    dt_model_free(m);
+}
+
+TEST(stop_tokens)
+{
+    dt_model *m = make();
+    ASSERT(m);
+    const int64_t prompt[3] = {5, 6, 7};
+    int64_t full[40], n = 0;
+    dt_generate_params gp = dt_generate_params_default();
+    gp.temperature = 0.0f, gp.max_new_tokens = 20;
+    ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, full, 40, &n));
+    ASSERT_EQ_INT(n, 23);
+    int64_t stop = full[3 + 4], first = 4; /* the fifth new token; where it first appears */
+    for (int64_t k = 0; k < 4; k++)
+        if (full[3 + k] == stop) {
+            first = k;
+            break;
+        }
+    for (int cache = 0; cache < 2; cache++) {
+        dt_generate_params g = gp;
+        g.kv_cache = cache;
+        g.eos_ids[0] = V - 1, g.eos_ids[1] = stop, g.n_eos = 2;
+        int64_t out[40];
+        ASSERT_OK(dt_model_generate(m, &g, prompt, 3, out, 40, &n));
+        ASSERT_EQ_INT(n, 3 + first + 1); /* the stop token is kept, nothing after it */
+        ASSERT(!memcmp(out, full, (size_t)n * sizeof *out));
+    }
+    /* the prompt's own last token as the stop token: generation still runs */
+    dt_generate_params g = gp;
+    g.eos_ids[0] = prompt[2], g.n_eos = 1;
+    int64_t out[40];
+    bool in_new = false;
+    for (int64_t k = 0; k < 20; k++)
+        in_new |= full[3 + k] == prompt[2];
+    ASSERT_OK(dt_model_generate(m, &g, prompt, 3, out, 40, &n));
+    ASSERT(n > 3);
+    if (!in_new)
+        ASSERT_EQ_INT(n, 23);
+    /* bad arguments */
+    g = gp;
+    g.top_p = 0.0f;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_INVALID_ARG);
+    g.top_p = NAN;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_INVALID_ARG);
+    g.top_p = 1.5f;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_INVALID_ARG);
+    g = gp;
+    g.n_eos = DT_GENERATE_MAX_EOS + 1;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_INVALID_ARG);
+    g.n_eos = 1, g.eos_ids[0] = V;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "stop token 512");
+    dt_model_free(m);
+}
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ASSERT(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+TEST(hf_generation_config)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s", t_tmpdir("genconf"));
+    dt_generate_params gp = dt_generate_params_default();
+    char ign[256];
+    /* neither file */
+    ASSERT_STATUS(dt_hf_generation_config(dir, &gp, ign, sizeof ign), DT_ERR_NOT_FOUND);
+    /* config.json alone: its keys (transformers' GenerationConfig.from_model_config) */
+    write_file(dir, "config.json", "{\"eos_token_id\": 2, \"bos_token_id\": 1}");
+    ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
+    ASSERT(gp.temperature == 0.0f && gp.n_eos == 1 && gp.eos_ids[0] == 2 && gp.max_new_tokens == 64);
+    ASSERT_STR_EQ(ign, "");
+    /* generation_config.json wins; do_sample: its temperature, top_k 50 by default, top_p */
+    write_file(dir, "generation_config.json",
+               "{\"do_sample\": true, \"temperature\": 0.6, \"top_p\": 0.9, \"eos_token_id\": [128001, 128008, "
+               "128009], \"max_new_tokens\": 12, \"repetition_penalty\": 1.1, \"num_beams\": 1}");
+    gp = dt_generate_params_default();
+    ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
+    ASSERT(fabsf(gp.temperature - 0.6f) < 1e-7f && gp.top_k == 50 && fabsf(gp.top_p - 0.9f) < 1e-7f);
+    ASSERT(gp.n_eos == 3 && gp.eos_ids[0] == 128001 && gp.eos_ids[2] == 128009 && gp.max_new_tokens == 12);
+    ASSERT_STR_EQ(ign, "repetition_penalty 1.1"); /* num_beams 1 changes nothing */
+    /* malformed values name the file and the key; gp is left as it was */
+    const char *bad[][2] = {{"{\"do_sample\": \"yes\"}", "do_sample"},
+                            {"{\"do_sample\": true, \"top_p\": 0}", "top_p"},
+                            {"{\"do_sample\": true, \"temperature\": -1}", "temperature"},
+                            {"{\"eos_token_id\": [1, 2.5]}", "eos_token_id"},
+                            {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9]}", "eos_token_id"},
+                            {"{\"max_new_tokens\": -3}", "max_new_tokens"},
+                            {"[1, 2]", "not a JSON object"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(dir, "generation_config.json", bad[i][0]);
+        dt_generate_params g = dt_generate_params_default();
+        dt_status st = dt_hf_generation_config(dir, &g, ign, sizeof ign);
+        ASSERT_STATUS(st, DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "generation_config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+        ASSERT(g.temperature == 1.0f && g.n_eos == 0);
+    }
+    t_rm_rf(dir);
+}
+
+int main(void)
+{
+    RUN(top_p_against_the_reference);
+    RUN(stop_tokens);
+    RUN(hf_generation_config);
+    return TEST_REPORT();
+}
