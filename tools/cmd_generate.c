@@ -14,6 +14,7 @@
 #include "cmd.h"
 #include "train.h"
 
+#include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "dtrain/generate.h"
 #include "dtrain/models.h"
@@ -35,6 +36,9 @@ static void usage(FILE *f)
                "  --ckpt PATH           weights of a dtrain train --save checkpoint (its model options\n"
                "                        are the defaults)\n"
                "  --weights FILE        weights from a safetensors file with the model's names\n"
+               "  --lora-from DIR       LoRA adapters PEFT saved (adapter_config.json,\n"
+               "                        adapter_model.safetensors; dtrain train --save-lora) on the\n"
+               "                        model's weights, as PeftModel.from_pretrained(base, DIR)\n"
                "  --seed N              without those: the model's initialisation from N (default 0;\n"
                "                        refused with them: --sample-seed seeds the sampling)\n"
                "  --prompt-ids LIST     comma-separated token ids in [0, vocab size)\n"
@@ -100,18 +104,24 @@ static dt_status user_config(const char *path, char **model, dt_model_config *cf
     return DT_OK;
 }
 
-/* Weights from a checkpoint or a safetensors file, through a trainer
- * (no strategy: one process) as dtrain train --init-from reads them. */
-static dt_status load(dt_model *m, const char *path)
+/* Weights from a checkpoint or a safetensors file (path; NULL: the
+ * initialisation's), then PEFT's adapters of directory lora (NULL: none),
+ * through a trainer (no strategy: one process) as dtrain train
+ * --init-from and --lora-from read them. *adapters: whether the adapters
+ * failed. */
+static dt_status load(dt_model *m, const char *path, const char *lora, bool *adapters)
 {
+    *adapters = false;
     dt_strategy *s = NULL;
     dt_trainer *tr = NULL;
     dt_trainer_params tp = dt_trainer_params_default();
     dt_status st = dt_strategy_none_init(&s);
     if (st == DT_OK)
         st = dt_trainer_init(m, s, &tp, &tr);
-    if (st == DT_OK)
+    if (st == DT_OK && path)
         st = dt_trainer_load_weights(tr, path);
+    if (st == DT_OK && lora)
+        *adapters = (st = dt_trainer_load_peft(tr, lora)) < 0;
     dt_trainer_free(tr);
     return st;
 }
@@ -152,7 +162,7 @@ static int parse_eos(const char *v, dt_generate_params *gp)
 int dt_cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *ids = NULL, *vocab = NULL, *ptext = NULL, *ckpt = NULL, *weights = NULL,
-               *tokenizer = NULL;
+               *tokenizer = NULL, *lora_from = NULL;
     dt_model_config cfg = dt_model_config_default();
     dt_generate_params gp = dt_generate_params_default();
     uint64_t seed = 0;
@@ -184,6 +194,8 @@ int dt_cmd_generate(int argc, char **argv)
             ckpt = v;
         else if (!strcmp(a, "--weights"))
             weights = v;
+        else if (!strcmp(a, "--lora-from"))
+            lora_from = v;
         else if (!strcmp(a, "--prompt"))
             ptext = v;
         else if (!strcmp(a, "--seed")) {
@@ -263,16 +275,36 @@ int dt_cmd_generate(int argc, char **argv)
         model = mname;
     dt__tuning tu; /* a LoRA run's checkpoint: the model with its adapters */
     dt_lora_params lp;
+    dt_lora_peft_config peft; /* --lora-from's settings */
     memset(&tu, 0, sizeof tu);
+    memset(&peft, 0, sizeof peft);
     if (ckpt && dt__tuning_read(ckpt, &tu) >= 0 && tu.lora_targets) {
-        if (dt__tuning_lora(&tu, &lp) < 0) {
+        if (lora_from) {
+            dt__cli_err("dtrain generate: --ckpt %s holds a LoRA run's adapters: --lora-from would add others; give "
+                        "one of them\n", ckpt);
+        } else if (dt__tuning_lora(&tu, &lp) >= 0) {
+            cfg.build.lora = &lp;
+        }
+        if (lora_from || !cfg.build.lora) {
+            int code = lora_from ? 2 : bad();
             dt__tuning_free(&tu);
             free(mname);
             free(vtext);
             dt_tokenizer_free(ttok);
-            return bad();
+            return code;
         }
-        cfg.build.lora = &lp;
+    }
+    if (lora_from) {
+        dt_status ls = dt_lora_peft_config_read(lora_from, &peft);
+        if (ls < 0) {
+            dt__cli_err("dtrain generate: --lora-from: %s\n", dt_last_error());
+            dt__tuning_free(&tu);
+            free(mname);
+            free(vtext);
+            dt_tokenizer_free(ttok);
+            return ls == DT_ERR_NO_MEMORY ? 1 : 2;
+        }
+        cfg.build.lora = &peft.params;
     }
     dt_error_clear();
     char hftok[4200]; /* --prompt with an hf:DIR model: DIR/tokenizer.json unless told another */
@@ -359,9 +391,10 @@ int dt_cmd_generate(int argc, char **argv)
         goto done;
     }
     const char *from = ckpt ? ckpt : weights ? weights : !strncmp(model, "hf:", 3) ? model + 3 : NULL;
-    if (from && load(m, from) < 0) { /* hf:DIR: the directory's own weights unless others are given */
-        dt__cli_err("dtrain generate: %s: %s\n", ckpt ? "--ckpt" : weights ? "--weights" : "--model",
-                    dt_last_error());
+    bool adapters = false;
+    if ((from || lora_from) && load(m, from, lora_from, &adapters) < 0) { /* hf:DIR: its own unless told others */
+        dt__cli_err("dtrain generate: %s: %s\n", adapters ? "--lora-from" : ckpt ? "--ckpt"
+                    : weights ? "--weights" : "--model", dt_last_error());
         rc = dt_last_status() == DT_ERR_NO_MEMORY ? 1 : 2;
         goto done;
     }
@@ -444,6 +477,7 @@ int dt_cmd_generate(int argc, char **argv)
     rc = 0;
 done:
     dt__tuning_free(&tu);
+    dt_lora_peft_config_free(&peft);
     free(mname);
     free(vtext);
     dt_tokenizer_free(ttok);

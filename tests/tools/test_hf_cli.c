@@ -191,12 +191,52 @@ TEST(generation_config)
     }
 }
 
+/* generate --lora-from DIR: PEFT's adapters (here a dtrain LoRA run's --save-lora) on an hf:DIR model continue
+ * a prompt as the LoRA run's own checkpoint does (PeftModel.from_pretrained(base, DIR).generate gave the same
+ * tokens when this was written), and differently from the base model alone. */
+TEST(generate_lora_from)
+{
+    static cli_result r;
+    static char base[sizeof r.out], tuned[sizeof r.out];
+    char *run = cli_path("lora_run"), *ad = cli_path("lora_adapters");
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "hf:" HF "llama", "--data", "tokens:" HF "tokens.bin", "--seq", "16",
+                        "--batch", "2", "--optimizer", "adamw", "--lr", "0.02", "--epochs", "2", "--lora-targets",
+                        "q_proj,v_proj", "--lora-r", "4", "--lora-alpha", "8", "--progress", "none", "--no-eval",
+                        "--save", run, "--save-lora", ad, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    gen_ids(&r, "hf:" HF "llama", (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    memcpy(base, r.out, sizeof base);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", run, "--prompt-ids", "5,6,7", "--max-new-tokens", "8",
+                                      NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    memcpy(tuned, r.out, sizeof tuned);
+    ASSERT(strcmp(base, tuned) != 0); /* the adapters changed the continuation */
+    gen_ids(&r, "hf:" HF "llama", (char *[]){"--lora-from", ad, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(r.out, tuned);
+    /* bad input: exit 2 naming the option */
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", run, "--lora-from", ad, "--prompt-ids", "5", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "holds a LoRA run's adapters");
+    char *none = cli_path("no_such_adapters");
+    gen_ids(&r, "hf:" HF "llama", (char *[]){"--lora-from", none, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--lora-from");
+    ASSERT_STR_CONTAINS(r.err, "adapter_config.json");
+    gen_ids(&r, "hf:" HF "gpt2", (char *[]){"--lora-from", ad, NULL}); /* q_proj/v_proj: no such layers in GPT-2 */
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT(r.out[0] == 0);
+}
+
 int main(void)
 {
     RUN(eval_json);
     RUN(train_and_generate);
     RUN(bad_directories);
     RUN(generation_config);
+    RUN(generate_lora_from);
     cli_cleanup();
     return TEST_REPORT();
 }
