@@ -2,7 +2,7 @@
  * generate): for each new token, run the model on the last block_size
  * tokens of the sequence so far (no-grad, eval mode: dropout off), take the
  * last position's logits, divide by the temperature, keep the top k and the
- * top p (transformers' nucleus filter), stop after a stop token, and pick
+ * top p (transformers' nucleus filter; a repetition penalty first), and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. In one process a key/value
@@ -33,8 +33,8 @@
 
 dt_generate_params dt_generate_params_default(void)
 {
-    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0,
-                            .kv_cache = true};
+    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
+                            .repetition_penalty = 1.0f, .seed = 0, .kv_cache = true};
     return p;
 }
 
@@ -69,6 +69,27 @@ static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ran
         kept -= r[k].p;
     }
     return kept;
+}
+
+/* transformers' RepetitionPenaltyLogitsProcessor: the logits of every
+ * token in seq[0..n) (each once), divided by the penalty where positive and
+ * multiplied by it where negative, into pen[0..V); the logits themselves
+ * when the penalty is 1. seen: V bytes, cleared here. */
+static const float *penalized(const float *logits, int64_t V, const dt_generate_params *p, const int64_t *seq,
+                              int64_t n, float *pen, unsigned char *seen)
+{
+    if (p->repetition_penalty == 1.0f)
+        return logits;
+    memcpy(pen, logits, (size_t)V * sizeof *pen);
+    memset(seen, 0, (size_t)V);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = seq[i];
+        if (seen[t])
+            continue;
+        seen[t] = 1;
+        pen[t] = pen[t] < 0 ? pen[t] * p->repetition_penalty : pen[t] / p->repetition_penalty;
+    }
+    return pen;
 }
 
 /* Index of the token chosen from logits[0..V) (prob, r: room for V). */
@@ -152,6 +173,9 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
         return dt_error(DT_ERR_INVALID_ARG, "%s: max_new_tokens %lld, top_k %lld >= 0 and a finite "
                         "temperature >= 0 (got %g) please", who, (long long)p->max_new_tokens, (long long)p->top_k,
                         (double)p->temperature);
+    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: repetition_penalty %g: want a finite number > 0 (1: none)", who,
+                        (double)p->repetition_penalty);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "%s: top_p %g is outside (0, 1] (1: every token)", who,
                         (double)p->top_p);
@@ -198,8 +222,11 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
     ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL;
+    const bool penalty = p.repetition_penalty != 1.0f;
+    float *pen = penalty ? malloc((size_t)V * sizeof *pen) : NULL;
+    unsigned char *seen = penalty ? malloc((size_t)V) : NULL;
     st = dt_ctx_init(NULL, &ctx);
-    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r)))
+    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r) || (penalty && (!pen || !seen))))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", who);
     dt_module *root = dt_model_root(m);
     bool was_training = dt_module_is_training(root);
@@ -217,7 +244,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: cached forward", who);
                 break;
             }
-            out[n] = pick((const float *)y->data, V, &p, k, prob, r);
+            out[n] = pick(penalized((const float *)y->data, V, &p, out, n, pen, seen), V, &p, k, prob, r);
             n++;
             dt_ctx_reset(ctx);
             continue;
@@ -246,7 +273,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [1, %lld, %lld]", who, (long long)T,
                               (long long)V);
             else
-                tok = pick((const float *)y->data + (T - 1) * V, V, &p, k, prob, r);
+                tok = pick(penalized((const float *)y->data + (T - 1) * V, V, &p, out, n, pen, seen), V, &p, k,
+                           prob, r);
         }
         if (ops->share && (st = ops->share(ops->ud, &tok, st)) < 0) {
             shared = true; /* share failed the pipeline, or was told of the failure */
@@ -263,6 +291,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt__gen_kv_free(kv);
     free(prob);
     free(r);
+    free(pen);
+    free(seen);
     dt_ctx_free(ctx);
     *nout = n;
     return st;
@@ -404,14 +434,17 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
     }
     if (gen_num(&r, "max_new_tokens", 0, 1e6, true, &v))
         g.max_new_tokens = (int64_t)v;
+    g.repetition_penalty = 1.0f; /* applied greedy or sampling, as transformers does */
+    if (gen_num(&r, "repetition_penalty", 1e-6, 1e6, false, &v))
+        g.repetition_penalty = (float)v;
     if (r.st >= 0)
         gen_eos(&r, &g);
     /* what transformers would do that dt_model_generate does not (a key at its default changes nothing) */
     static const struct {
         const char *key;
         double dflt;
-    } other[] = {{"num_beams", 1}, {"repetition_penalty", 1}, {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0},
-                 {"min_length", 0}, {"typical_p", 1},         {"min_p", 0},                {"penalty_alpha", 0}};
+    } other[] = {{"num_beams", 1},  {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0}, {"min_length", 0},
+                 {"typical_p", 1},  {"min_p", 0},                {"penalty_alpha", 0}};
     for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
         if (cJSON_IsNumber(o) && o->valuedouble != other[i].dflt) {

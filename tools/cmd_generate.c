@@ -57,13 +57,15 @@ static void usage(FILE *f)
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
                "  --top-p P             then among the most likely tokens that hold P of the probability\n"
                "                        (nucleus sampling, transformers' top_p; default 1 = all)\n"
+               "  --repetition-penalty X   divide the logit of every token already in the sequence by X\n"
+               "                        (multiply where negative), greedy too (transformers'; default 1)\n"
                "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
                "                        default none)\n"
                "  an hf:DIR model takes these defaults from DIR/generation_config.json (or config.json)\n"
                "  as transformers' generate() does: greedy unless do_sample is true (then its temperature,\n"
-               "  top_k (50 when absent) and top_p), its eos_token_id and max_new_tokens; the options\n"
-               "  given override them, and keys dtrain does not apply (num_beams, repetition_penalty, ...)\n"
-               "  are named on stderr\n"
+               "  top_k (50 when absent) and top_p), its repetition_penalty, eos_token_id and\n"
+               "  max_new_tokens; the options given override them, and keys dtrain does not apply\n"
+               "  (num_beams, no_repeat_ngram_size, ...) are named on stderr\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
@@ -168,7 +170,8 @@ int dt_cmd_generate(int argc, char **argv)
     uint64_t seed = 0;
     bool seed_given = false;
     /* the options given: they override an hf:DIR model's generation_config.json */
-    bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false;
+    bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
+         pen_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -228,6 +231,15 @@ int dt_cmd_generate(int argc, char **argv)
             }
             gp.top_p = (float)d;
             topp_given = true;
+        } else if (!strcmp(a, "--repetition-penalty")) {
+            if (dt_parse_double(a, v, 0, 1e6, &d) < 0)
+                return bad();
+            if (d <= 0) {
+                dt__cli_err("dtrain generate: --repetition-penalty %s: want X > 0 (1: none)\n", v);
+                return 2;
+            }
+            gp.repetition_penalty = (float)d;
+            pen_given = true;
         } else if (!strcmp(a, "--eos-id")) {
             if (parse_eos(v, &gp) < 0)
                 return 2;
@@ -413,13 +425,15 @@ int dt_cmd_generate(int argc, char **argv)
             gp.top_p = hg.top_p;
         if (!max_given)
             gp.max_new_tokens = hg.max_new_tokens;
+        if (!pen_given)
+            gp.repetition_penalty = hg.repetition_penalty;
         if (!eos_given) {
             memcpy(gp.eos_ids, hg.eos_ids, sizeof gp.eos_ids);
             gp.n_eos = hg.n_eos;
         }
         if (ignored[0])
             dt__cli_err("dtrain generate: note: %s's generation settings %s are not applied (dtrain generate "
-                        "samples one sequence: temperature, top-k, top-p, stop tokens)\n", model + 3, ignored);
+                        "samples one sequence: repetition penalty, temperature, top-k, top-p, stop tokens)\n", model + 3, ignored);
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

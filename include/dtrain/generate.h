@@ -1,11 +1,12 @@
-/* dtrain/generate.h — autoregressive generation from a GPT-2 model.
+/* dtrain/generate.h — autoregressive generation from a GPT-2 or Llama model.
  *
  * Overview
  * --------
  * nanoGPT's generate, with transformers' sampling filters and stop
  * tokens: for each new token, run the model on the sequence so far (no
  * gradients, eval mode: dropout off), take the last position's logits,
- * divide them by the temperature, keep the top k, then the top p of the
+ * lower those of the tokens already there (a repetition penalty, off by
+ * default), divide them by the temperature, keep the top k, then the top p of the
  * probability (nucleus sampling, as transformers' TopPLogitsWarper), and
  * pick greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, "gen", token index): the same seed and weights give
@@ -51,6 +52,10 @@ typedef struct dt_generate_params {
                                sorted by probability, those whose cumulative probability from the least
                                likely up is at most 1 - top_p are dropped, the most likely always kept;
                                in (0, 1], 1 = off (default). Greedy ignores it */
+    float repetition_penalty; /* transformers' repetition_penalty: before everything else, the logit of
+                                 every token already in the sequence (prompt included, each once) is
+                                 divided by it where positive and multiplied where negative (greedy
+                                 too); > 0, 1 = off (default) */
     int64_t eos_ids[DT_GENERATE_MAX_EOS]; /* stop tokens: generation ends after one of them (kept in
                                              the output); ids in [0, V) */
     int n_eos;                            /* how many of eos_ids are set; default 0: no stop token */
@@ -72,7 +77,8 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * out (>= nprompt + max_new_tokens). gp NULL: defaults. Same seed and
  * weights give the same tokens. DT_ERR_UNSUPPORTED for a model that is
  * neither; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
- * DT_ERR_INVALID_ARG for a top_p outside (0, 1] or n_eos outside
+ * DT_ERR_INVALID_ARG for a top_p outside (0, 1], a repetition_penalty
+ * not > 0, or n_eos outside
  * [0, DT_GENERATE_MAX_EOS].
  * Under the "pipe" strategy no rank holds the whole model: generate with
  * dt_strategy_pipe_generate (pipeline.h), the same loop through the
@@ -85,11 +91,12 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
  * when it is absent from dir/config.json's same keys. do_sample false or
  * absent: greedy (temperature 0; top_k and top_p left as gp has them);
  * true: temperature (default 1), top_k (default 50) and top_p (default 1).
+ * repetition_penalty (default 1) either way.
  * eos_token_id (an id or a list of at most DT_GENERATE_MAX_EOS ids; absent
  * or null: none) sets eos_ids and n_eos; max_new_tokens, when given, sets
  * max_new_tokens. seed and kv_cache are not touched. Keys that change the
  * decoding in ways dt_model_generate does not implement (num_beams > 1,
- * repetition_penalty != 1, no_repeat_ngram_size, min_new_tokens, ...) are
+ * no_repeat_ngram_size, min_new_tokens, ...) are
  * not refused: they are named in ignored[0, n) ("" when none; may be NULL)
  * for the caller to say so. DT_ERR_FORMAT naming the file and the key for
  * a malformed value, DT_ERR_NOT_FOUND when dir has neither file. */

@@ -1,4 +1,4 @@
-/* dt_model_generate's nucleus filter (top_p) and stop tokens (eos_ids),
+/* dt_model_generate's nucleus filter (top_p), repetition penalty and stop tokens (eos_ids),
  * and dt_hf_generation_config.
  *
  * top_p against a reference written another way: transformers'
@@ -9,7 +9,8 @@
  * "gen", token index), so the first new token must be the reference's for
  * every seed and top_p. Stop tokens: generation ends right after the first
  * one, with and without the key/value cache; a stop token in the prompt
- * does not end it. The model: gpt-micro with its weights scaled up, so that
+ * does not end it. repetition_penalty against a reference applied to
+ * each step's logits of a full forward. The model: gpt-micro with its weights scaled up, so that
  * its logits are far from uniform. */
 #include "test.h"
 
@@ -179,6 +180,67 @@ TEST(stop_tokens)
     dt_model_free(m);
 }
 
+/* repetition_penalty, greedy, against the reference: each step's logits
+ * from a forward over the whole sequence, every token seen so far (each
+ * once) divided by the penalty where positive and multiplied where
+ * negative, then the largest. */
+TEST(repetition_penalty_against_the_reference)
+{
+    dt_model *m = make();
+    ASSERT(m);
+    /* a prompt whose greedy next token is its first one: there the penalty must matter */
+    int64_t seq[16] = {0, 9, 300, 41};
+    int64_t n = 4;
+    for (int64_t c = 0; c < V; c++) {
+        float lg[V];
+        seq[0] = c;
+        last_logits(m, seq, 4, lg);
+        int64_t best = 0;
+        for (int64_t j = 1; j < V; j++)
+            if (lg[j] > lg[best])
+                best = j;
+        if (best == c)
+            break;
+        ASSERT(c < V - 1);
+    }
+    const float pen = 1.7f;
+    for (int k = 0; k < 8; k++) {
+        float lg[V];
+        last_logits(m, seq, n, lg);
+        bool seen[V] = {false};
+        for (int64_t i = 0; i < n; i++)
+            if (!seen[seq[i]]) {
+                seen[seq[i]] = true;
+                lg[seq[i]] = lg[seq[i]] < 0 ? lg[seq[i]] * pen : lg[seq[i]] / pen;
+            }
+        int64_t best = 0;
+        for (int64_t j = 1; j < V; j++)
+            if (lg[j] > lg[best])
+                best = j;
+        seq[n++] = best;
+    }
+    int changed = 0; /* the penalty must matter here: greedy without it differs */
+    for (int cache = 0; cache < 2; cache++) {
+        dt_generate_params gp = dt_generate_params_default();
+        gp.temperature = 0.0f, gp.max_new_tokens = 8, gp.repetition_penalty = pen, gp.kv_cache = cache;
+        int64_t out[16], got = 0;
+        ASSERT_OK(dt_model_generate(m, &gp, seq, 4, out, 16, &got));
+        ASSERT_EQ_INT(got, 12);
+        ASSERT(!memcmp(out, seq, 12 * sizeof *out));
+        gp.repetition_penalty = 1.0f;
+        ASSERT_OK(dt_model_generate(m, &gp, seq, 4, out, 16, &got));
+        changed += memcmp(out, seq, 12 * sizeof *out) != 0;
+    }
+    ASSERT_EQ_INT(changed, 2);
+    dt_generate_params gp = dt_generate_params_default();
+    int64_t out[16], got = 0;
+    gp.repetition_penalty = 0.0f;
+    ASSERT_STATUS(dt_model_generate(m, &gp, seq, 4, out, 16, &got), DT_ERR_INVALID_ARG);
+    gp.repetition_penalty = INFINITY;
+    ASSERT_STATUS(dt_model_generate(m, &gp, seq, 4, out, 16, &got), DT_ERR_INVALID_ARG);
+    dt_model_free(m);
+}
+
 static void write_file(const char *dir, const char *name, const char *text)
 {
     char p[600];
@@ -210,7 +272,12 @@ TEST(hf_generation_config)
     ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
     ASSERT(fabsf(gp.temperature - 0.6f) < 1e-7f && gp.top_k == 50 && fabsf(gp.top_p - 0.9f) < 1e-7f);
     ASSERT(gp.n_eos == 3 && gp.eos_ids[0] == 128001 && gp.eos_ids[2] == 128009 && gp.max_new_tokens == 12);
-    ASSERT_STR_EQ(ign, "repetition_penalty 1.1"); /* num_beams 1 changes nothing */
+    ASSERT(fabsf(gp.repetition_penalty - 1.1f) < 1e-7f);
+    ASSERT_STR_EQ(ign, ""); /* num_beams 1 changes nothing */
+    write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3}");
+    ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
+    ASSERT_STR_EQ(ign, "num_beams 4, no_repeat_ngram_size 3");
+    ASSERT(gp.temperature == 0.0f && gp.repetition_penalty == 1.0f && gp.n_eos == 0);
     /* malformed values name the file and the key; gp is left as it was */
     const char *bad[][2] = {{"{\"do_sample\": \"yes\"}", "do_sample"},
                             {"{\"do_sample\": true, \"top_p\": 0}", "top_p"},
@@ -235,6 +302,7 @@ int main(void)
 {
     RUN(top_p_against_the_reference);
     RUN(stop_tokens);
+    RUN(repetition_penalty_against_the_reference);
     RUN(hf_generation_config);
     return TEST_REPORT();
 }

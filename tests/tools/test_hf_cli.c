@@ -170,11 +170,11 @@ TEST(generation_config)
     ASSERT_STR_CONTAINS(r.err, "stop token 999 is outside the vocabulary [0, 128)");
     /* do_sample with settings dtrain does not apply: named on stderr */
     snprintf(m, sizeof m, "hf:%s",
-             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"repetition_penalty\": 1.3}' > "
+             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"no_repeat_ngram_size\": 2}' > "
                                "generation_config.json"));
     gen_ids(&r, m, (char *[]){NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.err, "repetition_penalty 1.3 are not applied");
+    ASSERT_STR_CONTAINS(r.err, "no_repeat_ngram_size 2 are not applied");
     gen_ids(&r, m, (char *[]){"--temperature", "0", NULL});
     ASSERT_STR_EQ(r.out, greedy);
     snprintf(m, sizeof m, "hf:%s", bad_dir("badgen", "printf '{\"do_sample\": true, \"top_p\": 2}' > "
@@ -182,9 +182,15 @@ TEST(generation_config)
     gen_ids(&r, m, (char *[]){NULL});
     ASSERT_EQ_INT(r.code, 2);
     ASSERT_STR_CONTAINS(r.err, "generation_config.json: key \"top_p\"");
+    /* greedy with a repetition penalty: transformers 5.24's generate(do_sample=False, repetition_penalty=1.3)
+       on the golden Llama gave these tokens */
+    gen_ids(&r, "hf:" HF "llama", (char *[]){"--repetition-penalty", "1.3", "--max-new-tokens", "20", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 89 18 8 48 35 42 107 103 117 4 74 24 58 44 123 80 117 71 61 43\n");
     const char *bad_opts[][3] = {{"--top-p", "0", "want 0 < P <= 1"}, {"--top-p", "1.5", "--top-p"},
-                                 {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"}};
-    for (int i = 0; i < 4; i++) {
+                                 {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"},
+                                 {"--repetition-penalty", "0", "want X > 0"}};
+    for (int i = 0; i < 5; i++) {
         gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, bad_opts[i][2]);
