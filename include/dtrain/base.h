@@ -382,7 +382,15 @@ DT_API dt_status dt_file_write_atomic(const char *path, const void *data, size_t
 DT_API dt_status dt_file_create_excl(const char *path, int mode, int *fd);
 /* rename(from, to), refusing a symlink at to, then fsync to's directory. */
 DT_API dt_status dt_file_rename(const char *from, const char *to);
-/* Read the whole regular file at path (not followed through a symlink) into
+/* Whether path is a link the Hugging Face hub cache made: a file of a
+ * snapshot, REPO/snapshots/REV/NAME, linked to a regular file in the same
+ * repository's REPO/blobs/ (the layout huggingface_hub's snapshot_download
+ * and from_pretrained leave). Then the blob's real path is in out[0, n).
+ * These are the only symlinks dtrain's readers follow: a model directory
+ * in the cache is read where it lies, any other symlink is refused. */
+DT_API bool dt_file_hf_cache_link(const char *path, char *out, size_t n);
+/* Read the whole regular file at path (not followed through a symlink,
+ * except a Hugging Face cache link, dt_file_hf_cache_link) into
  * a fresh NUL-terminated buffer *out (free with free) of *len bytes.
  * DT_ERR_NOT_FOUND when it does not exist, DT_ERR_FORMAT when it is larger
  * than max bytes or not a regular file, DT_ERR_IO on a read error; each

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -607,12 +608,14 @@ dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir)
 {
     if (!tr || !dir)
         return dt_error(DT_ERR_NULL, "dt_trainer_load_peft: NULL %s", tr ? "dir" : "trainer");
-    char file[4200];
+    char file[4200], blob[PATH_MAX];
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
     dt_ckpt *ck = NULL;
     struct stat sb;
     dt_status st = dt__ckpt_tp_known(tr, "loading LoRA adapters");
-    if (st >= 0 && lstat(file, &sb) != 0)
+    /* adapters in the hub cache: read its blob (the messages name the file) */
+    const char *src = dt_file_hf_cache_link(file, blob, sizeof blob) ? blob : file;
+    if (st >= 0 && lstat(src, &sb) != 0)
         st = dt_error(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "LoRA adapters %s: %s: %s (PEFT's "
                       "save_pretrained writes adapter_config.json and adapter_model.safetensors)", dir, file,
                       strerror(errno));
@@ -620,7 +623,7 @@ dt_status dt_trainer_load_peft(dt_trainer *tr, const char *dir)
         st = dt_error(DT_ERR_FORMAT, "LoRA adapters %s: %s is not a regular file (symlinks are not followed)", dir,
                       file);
     if (st >= 0)
-        st = dt_ckpt_open(file, &ck);
+        st = dt_ckpt_open(src, &ck);
     if (st >= 0)
         st = peft_keys(dt_trainer_model(tr), ck, file);
     if (st >= 0)

@@ -196,6 +196,64 @@ TEST(path_trim_slashes)
     ASSERT_STATUS(dt_path_trim_slashes(NULL, b, sizeof b), DT_ERR_NULL);
 }
 
+/* The Hugging Face hub cache's layout, REPO/snapshots/REV/NAME -> ../../blobs/HASH: those links are
+ * followed (dt_file_read_all reads the blob), every other symlink is refused as before. */
+TEST(hf_cache_links)
+{
+    char repo[128], p[256], q[256], out[4096];
+    path_in(repo, sizeof repo, "models--org--m");
+    const char *dirs[] = {"", "/blobs", "/snapshots", "/snapshots/rev1", "/elsewhere", "/blobs/sub"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(p, sizeof p, "%s%s", repo, dirs[i]);
+        ASSERT(mkdir(p, 0755) == 0);
+    }
+    snprintf(p, sizeof p, "%s/blobs/abc", repo);
+    put(p, "{\"a\": 1}");
+    snprintf(p, sizeof p, "%s/snapshots/rev1/config.json", repo);
+    ASSERT(symlink("../../blobs/abc", p) == 0);
+    ASSERT(dt_file_hf_cache_link(p, out, sizeof out));
+    ASSERT(strstr(out, "/models--org--m/blobs/abc") != NULL);
+    char *txt = NULL;
+    size_t len = 0;
+    ASSERT_OK(dt_file_read_all(p, 100, &txt, &len));
+    ASSERT_STR_EQ(txt, "{\"a\": 1}");
+    free(txt);
+    /* a relative path to the same link */
+    char cwd[4096];
+    ASSERT(getcwd(cwd, sizeof cwd) != NULL);
+    ASSERT(chdir(repo) == 0);
+    ASSERT(dt_file_hf_cache_link("snapshots/rev1/config.json", out, sizeof out));
+    ASSERT(chdir("snapshots/rev1") == 0);
+    ASSERT(!dt_file_hf_cache_link("config.json", out, sizeof out)); /* "." is not named snapshots/REV */
+    ASSERT(chdir(cwd) == 0);
+    /* a link to that link still ends in the repository's blob: taken */
+    snprintf(p, sizeof p, "%s/snapshots/rev1/again.json", repo);
+    ASSERT(symlink("config.json", p) == 0);
+    ASSERT(dt_file_hf_cache_link(p, out, sizeof out));
+    /* not the cache's: a link out of the repository, into a subdirectory of blobs/, to a directory, from a
+       directory not under snapshots/, and a regular file */
+    struct {
+        const char *name, *target;
+    } bad[] = {{"snapshots/rev1/out.json", "../../elsewhere/x"}, {"snapshots/rev1/sub.json", "../../blobs/sub/y"},
+               {"snapshots/rev1/dir.json", "../../blobs/sub"},   {"elsewhere/z.json", "../blobs/abc"}};
+    snprintf(p, sizeof p, "%s/elsewhere/x", repo);
+    put(p, "x");
+    snprintf(p, sizeof p, "%s/blobs/sub/y", repo);
+    put(p, "y");
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", repo, bad[i].name);
+        ASSERT(symlink(bad[i].target, p) == 0);
+        ASSERT(!dt_file_hf_cache_link(p, out, sizeof out));
+        ASSERT_STATUS(dt_file_read_all(p, 100, &txt, &len), DT_ERR_IO);
+        ASSERT_STR_CONTAINS(dt_last_error(), "symlink");
+    }
+    snprintf(q, sizeof q, "%s/blobs/abc", repo);
+    ASSERT(!dt_file_hf_cache_link(q, out, sizeof out)); /* not a link */
+    ASSERT(!dt_file_hf_cache_link(p, out, 8));          /* no room */
+    snprintf(p, sizeof p, "rm -rf '%s'", repo);
+    ASSERT(system(p) == 0);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/dt-test-file-XXXXXX");
@@ -211,6 +269,7 @@ int main(void)
     RUN(create_excl);
     RUN(rename_and_errors);
     RUN(path_trim_slashes);
+    RUN(hf_cache_links);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)

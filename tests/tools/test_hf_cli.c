@@ -236,6 +236,34 @@ TEST(generate_lora_from)
     ASSERT(r.out[0] == 0);
 }
 
+/* A model directory as the Hugging Face hub cache holds it (snapshots/REV/NAME -> ../../blobs/HASH) loads
+ * where it lies, as from_pretrained(cache_dir=...) does; a symlink elsewhere is still refused. */
+TEST(hub_cache_layout)
+{
+    char *repo = cli_path("models--org--tiny-llama"), cmd[2400], m[600];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && mkdir -p '%s/blobs' '%s/snapshots/0123abc' && cd '%s' && for f in *; do "
+             "h=$(cksum \"$f\" | cut -d' ' -f1); cp \"$f\" '%s'/blobs/$h; "
+             "ln -s ../../blobs/$h '%s'/snapshots/0123abc/$f; done",
+             repo, repo, repo, HF "llama", repo, repo);
+    ASSERT(system(cmd) == 0);
+    snprintf(m, sizeof m, "hf:%s/snapshots/0123abc", repo);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--batch", "4", "--seq", "16",
+                        "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_NEAR(json_loss(r.out), ref_loss("llama"), 0, 1e-5);
+    /* config.json linked to a file outside the cache's blobs: refused, exit 2 */
+    snprintf(cmd, sizeof cmd,
+             "cp '%s/config.json' '%s/outside.json' && ln -sf ../../outside.json '%s/snapshots/0123abc/config.json'",
+             HF "llama", repo, repo);
+    ASSERT(system(cmd) == 0);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", m, "--prompt-ids", "5", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "config.json: is a symlink (not followed)");
+}
+
 int main(void)
 {
     RUN(eval_json);
@@ -243,6 +271,7 @@ int main(void)
     RUN(bad_directories);
     RUN(generation_config);
     RUN(generate_lora_from);
+    RUN(hub_cache_layout);
     cli_cleanup();
     return TEST_REPORT();
 }
