@@ -196,6 +196,8 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
             rc = dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, eval_flag);
             goto out;
         }
+        if ((rc = dt__tr_load_lora_from(t))) /* the adapters were built, zero: their weights now */
+            goto out;
         if ((rc = dt__tr_eval_and_record(t, 0, &el, &ea)))
             goto out;
         if (dt__ddp_is_main(&t->ddp) && t->eval_json) {

@@ -139,6 +139,8 @@ int dt__tr_setup_trainer(dt__train_run *t);
 /* train_save.c */
 /* A checkpoint that does not fit this run or is damaged: bad input (exit 2). */
 bool dt__tr_bad_input_status(dt_status st);
+/* --lora-from DIR's adapter weights, over the base's (train and eval): 0, or the exit code after saying why. */
+int dt__tr_load_lora_from(dt__train_run *t);
 /* The options a checkpoint keeps (t->user_json). */
 int dt__tr_make_user_json(dt__train_run *t);
 /* A checkpoint of the run now (--save). */

@@ -355,8 +355,7 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
 
 /* --init-from FILE / --resume DIR|auto, after the trainer is built (DDP:
  * every rank loads the same files). */
-/* --lora-from DIR's adapter weights, over the base's. */
-static int load_lora_from(dt__train_run *t)
+int dt__tr_load_lora_from(dt__train_run *t)
 {
     if (t->o.lora_from && dt_trainer_load_peft(t->tr, t->o.lora_from) < 0)
         return dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, "--lora-from");
@@ -376,7 +375,7 @@ static int initial_weights(dt__train_run *t)
     } else if (!strncmp(t->o.model, "hf:", 3) && dt_trainer_load_weights(t->tr, t->o.model + 3) < 0) {
         return dt__tr_fail(dt__tr_bad_input_status(dt_last_status()) ? 2 : 1, "--model");
     }
-    return load_lora_from(t);
+    return dt__tr_load_lora_from(t);
 }
 
 int dt__tr_setup_resume(dt__train_run *t)

@@ -222,6 +222,19 @@ TEST(generate_lora_from)
     gen_ids(&r, "hf:" HF "llama", (char *[]){"--lora-from", ad, NULL});
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_EQ(r.out, tuned);
+    /* eval --lora-from: the adapters' loss (it was the base's: the adapters were built and left at zero), the
+       LoRA run's checkpoint's (PEFT's own on this pair: 4.83716130 when this was written) */
+    cli_runv(&r, 60, NULL, (char *[]){"eval", "--ckpt", run, "--val-data", "tokens:" HF "tokens.bin", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const double run_loss = json_loss(r.out);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", "hf:" HF "llama", "--lora-from", ad, "--data", "tokens:" HF "tokens.bin",
+                        "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  eval: the base %.6f, --lora-from %.6f, the run's checkpoint %.6f\n", ref_loss("llama"),
+            json_loss(r.out), run_loss);
+    ASSERT_NEAR(json_loss(r.out), run_loss, 0, 1e-5);
+    ASSERT(fabs(json_loss(r.out) - ref_loss("llama")) > 1e-3);
     /* bad input: exit 2 naming the option */
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", run, "--lora-from", ad, "--prompt-ids", "5", NULL});
     ASSERT_EQ_INT(r.code, 2);
