@@ -160,6 +160,19 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         free(t);
         return rc == 1 ? 0 : rc;
     }
+    /* dtrain eval takes dtrain train's options; those that name weights to start from or files to write would
+       be ignored without a word (the loss of other weights, a file that never appears) */
+    const char *train_only = !eval_ckpt ? NULL : t->o.init_from ? "--init-from" : t->o.resume ? "--resume"
+                           : t->o.save ? "--save" : t->o.save_hf ? "--save-hf" : t->o.save_lora ? "--save-lora"
+                           : t->o.plan ? "--plan" : NULL;
+    if (train_only) {
+        dt__cli_err("dtrain eval: %s is a dtrain train option (eval evaluates the weights of --ckpt, --weights or "
+                    "--model hf:DIR, with --lora-from's adapters, and writes nothing but --metrics)\n", train_only);
+        dt_config_free(t->o.cfg);
+        dt_tokenizer_free(t->eval_tok);
+        free(t);
+        return 2;
+    }
     /* Before any thread starts (see the top). Never unblocked: the command
      * ends the process, and a signal that comes after the one taken (or
      * after the last step) stays pending and is dropped at exit instead of

@@ -235,6 +235,19 @@ TEST(generate_lora_from)
             json_loss(r.out), run_loss);
     ASSERT_NEAR(json_loss(r.out), run_loss, 0, 1e-5);
     ASSERT(fabs(json_loss(r.out) - ref_loss("llama")) > 1e-3);
+    /* dtrain train's options that name weights or outputs are refused by eval (they were ignored: the base's
+       loss for --init-from RUN, no file for --save-hf) */
+    char *out = cli_path("eval_out");
+    const char *train_only[][2] = {{"--init-from", run}, {"--save", out}, {"--save-hf", out}, {"--plan", "auto"}};
+    for (int i = 0; i < 4; i++) {
+        cli_runv(&r, 60, NULL,
+                 (char *[]){"eval", "--model", "hf:" HF "llama", (char *)train_only[i][0], (char *)train_only[i][1],
+                            "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, train_only[i][0]);
+        ASSERT_STR_CONTAINS(r.err, "is a dtrain train option");
+        ASSERT(!file_exists(out));
+    }
     /* bad input: exit 2 naming the option */
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", run, "--lora-from", ad, "--prompt-ids", "5", NULL});
     ASSERT_EQ_INT(r.code, 2);
