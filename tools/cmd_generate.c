@@ -39,7 +39,7 @@ static void usage(FILE *f)
                "  --lora-from DIR       LoRA adapters PEFT saved (adapter_config.json,\n"
                "                        adapter_model.safetensors; dtrain train --save-lora) on the\n"
                "                        model's weights, as PeftModel.from_pretrained(base, DIR)\n"
-               "  --seed N              without those: the model's initialisation from N (default 0;\n"
+               "  --seed N              without those (or an hf:DIR model): the initialisation from N (default 0;\n"
                "                        refused with them: --sample-seed seeds the sampling)\n"
                "  --prompt-ids LIST     comma-separated token ids in [0, vocab size)\n"
                "  --vocab FILE --prompt TEXT   a BPE vocabulary (dtrain tokenize) and a text prompt;\n"
@@ -267,9 +267,10 @@ int dt_cmd_generate(int argc, char **argv)
         dt__cli_err("dtrain generate: give --ckpt or --weights, not both\n");
         return 2;
     }
-    if (seed_given && (ckpt || weights)) { /* it would be silently ignored */
+    const bool hf_model = model && !strncmp(model, "hf:", 3);
+    if (seed_given && (ckpt || weights || hf_model)) { /* it would be silently ignored */
         dt__cli_err("dtrain generate: --seed draws the initial weights, which %s replaces: --sample-seed N seeds "
-                    "the sampling\n", ckpt ? "--ckpt" : "--weights");
+                    "the sampling\n", ckpt ? "--ckpt" : weights ? "--weights" : "--model hf:DIR's own");
         return 2;
     }
     if (vocab && tokenizer) {

@@ -189,8 +189,9 @@ TEST(generation_config)
     ASSERT_STR_CONTAINS(r.out, "| 89 18 8 48 35 42 107 103 117 4 74 24 58 44 123 80 117 71 61 43\n");
     const char *bad_opts[][3] = {{"--top-p", "0", "want 0 < P <= 1"}, {"--top-p", "1.5", "--top-p"},
                                  {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"},
-                                 {"--repetition-penalty", "0", "want X > 0"}};
-    for (int i = 0; i < 5; i++) {
+                                 {"--repetition-penalty", "0", "want X > 0"},
+                                 {"--seed", "5", "--model hf:DIR's own"}}; /* the weights are the directory's */
+    for (int i = 0; i < 6; i++) {
         gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, bad_opts[i][2]);
