@@ -1,6 +1,7 @@
 /* libFuzzer target for the llm.c token-file checker and the window
- * dataset. Any input gives either a file whose size matches its header and
- * whose tokens are all below the vocabulary, or an error with a message;
+ * dataset. Any input gives either a file whose size matches its header
+ * (uint16 tokens, or uint32 under the Llama 3 magic) and whose tokens are
+ * all below the vocabulary, or an error with a message;
  * never a crash or an out-of-bounds read. The first input byte picks the
  * vocabulary bound (0: none). */
 // fuzz-sources: src/base/*.c src/data/*.c
@@ -28,12 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* an error comes with a message and no count */
         return 0;
     }
-    if (cnt < 1 || (size_t)cnt * 2 + DT_TOKENS_HEADER_BYTES != size)
+    int32_t magic;
+    memcpy(&magic, data, 4);
+    const size_t w = magic == DT_TOKENS32_MAGIC ? 4 : 2; /* llm.c's uint32 (Llama 3) file, or its uint16 one */
+    if (cnt < 1 || (size_t)cnt * w + DT_TOKENS_HEADER_BYTES != size)
         abort();
     for (int64_t i = 0; vocab && i < cnt; i++) {
-        uint16_t t;
-        memcpy(&t, data + DT_TOKENS_HEADER_BYTES + 2 * i, 2);
-        if (t >= vocab)
+        uint32_t t = 0;
+        memcpy(&t, data + DT_TOKENS_HEADER_BYTES + w * (size_t)i, w); /* little-endian, as the files */
+        if (t >= (uint64_t)vocab)
             abort();
     }
     /* through a file and the window dataset (small inputs only) */
