@@ -1,0 +1,127 @@
+/* A Hugging Face model directory's generation settings
+ * (generate.h dt_hf_generation_config): generation_config.json, or the
+ * same keys of config.json without it, as transformers' generate() takes
+ * them; a malformed value is refused naming the file and the key, a key
+ * that dt_model_generate does not apply is named for the caller. */
+#include <dtrain/generate.h>
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *path;
+    const cJSON *root;
+    dt_status st;
+} gen_reader;
+
+/* Key k as a number in [lo, hi] (whole when whole): *out, true; absent or null: false. */
+static bool gen_num(gen_reader *r, const char *k, double lo, double hi, bool whole, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, k);
+    if (r->st < 0 || !v || cJSON_IsNull(v))
+        return false;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        (whole && v->valuedouble != floor(v->valuedouble))) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be %s in [%g, %g]", r->path, k,
+                         whole ? "an integer" : "a number", lo, hi);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+/* eos_token_id: an id or a list of ids. */
+static void gen_eos(gen_reader *r, dt_generate_params *gp)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, "eos_token_id");
+    gp->n_eos = 0;
+    if (!v || cJSON_IsNull(v))
+        return;
+    const cJSON *e = cJSON_IsArray(v) ? v->child : v;
+    for (; e && r->st >= 0; e = cJSON_IsArray(v) ? e->next : NULL) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= (double)INT32_MAX) ||
+            e->valuedouble != floor(e->valuedouble))
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" must be a token id in [0, 2^31) or a list "
+                             "of them", r->path);
+        else if (gp->n_eos == DT_GENERATE_MAX_EOS)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" lists more than %d ids", r->path,
+                             DT_GENERATE_MAX_EOS);
+        else
+            gp->eos_ids[gp->n_eos++] = (int64_t)e->valuedouble;
+    }
+}
+
+dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char *ignored, size_t n)
+{
+    if (!dir || !gp)
+        return dt_error(DT_ERR_NULL, "dt_hf_generation_config: %s is NULL", dir ? "gp" : "dir");
+    if (ignored && n)
+        ignored[0] = 0;
+    char path[4200];
+    char *txt = NULL;
+    size_t len = 0;
+    dt_status st = DT_ERR_NOT_FOUND;
+    for (int i = 0; i < 2 && st == DT_ERR_NOT_FOUND; i++) { /* transformers: the model config's keys without it */
+        snprintf(path, sizeof path, "%s/%s", dir, i ? "config.json" : "generation_config.json");
+        st = dt_file_read_all(path, 16u << 20, &txt, &len);
+    }
+    if (st < 0)
+        return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: neither generation_config.json nor config.json (not a "
+                                                 "Hugging Face model directory)", dir)
+                                      : st;
+    cJSON *root = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    gen_reader r = {.path = path, .root = root, .st = DT_OK};
+    dt_generate_params g = *gp;
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
+    if (ds && !cJSON_IsNull(ds) && !cJSON_IsBool(ds))
+        r.st = dt_error(DT_ERR_FORMAT, "%s: key \"do_sample\" must be true or false", path);
+    double v;
+    if (cJSON_IsTrue(ds)) { /* GenerationConfig's defaults */
+        g.temperature = 1.0f, g.top_k = 50, g.top_p = 1.0f;
+        if (gen_num(&r, "temperature", 0, 1e6, false, &v))
+            g.temperature = (float)v;
+        if (gen_num(&r, "top_k", 0, 1e8, true, &v))
+            g.top_k = (int64_t)v;
+        if (gen_num(&r, "top_p", 0, 1, false, &v)) {
+            if (v > 0)
+                g.top_p = (float)v;
+            else
+                r.st = dt_error(DT_ERR_FORMAT, "%s: key \"top_p\" must be in (0, 1]", path);
+        }
+    } else {
+        g.temperature = 0.0f;
+    }
+    if (gen_num(&r, "max_new_tokens", 0, 1e6, true, &v))
+        g.max_new_tokens = (int64_t)v;
+    g.repetition_penalty = 1.0f; /* applied greedy or sampling, as transformers does */
+    if (gen_num(&r, "repetition_penalty", 1e-6, 1e6, false, &v))
+        g.repetition_penalty = (float)v;
+    if (r.st >= 0)
+        gen_eos(&r, &g);
+    /* what transformers would do that dt_model_generate does not (a key at its default changes nothing) */
+    static const struct {
+        const char *key;
+        double dflt;
+    } other[] = {{"num_beams", 1},  {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0}, {"min_length", 0},
+                 {"typical_p", 1},  {"min_p", 0},                {"penalty_alpha", 0}};
+    for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
+        if (cJSON_IsNumber(o) && o->valuedouble != other[i].dflt) {
+            size_t l = strlen(ignored);
+            snprintf(ignored + l, n - l, "%s%s %g", l ? ", " : "", other[i].key, o->valuedouble);
+        }
+    }
+    cJSON_Delete(root);
+    if (r.st < 0)
+        return r.st;
+    *gp = g;
+    return DT_OK;
+}
