@@ -139,7 +139,8 @@ static const opt_def opts[] = {
      "gradient reduction under any strategy, and are whole on every rank (a pattern matching no parameter is "
      "an error)"},
     {"lora-targets", OPT_STR, OFF(lora_targets), 0, 0, NULL, "NAME[,NAME...]",
-     "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc), every "
+     "LoRA (PEFT's): adapters on the layers whose names end in one of these (GPT-2: c_attn,c_proj,c_fc; all-linear: "
+     "every Linear/Conv1D layer but lm_head, as PEFT's target_modules=\"all-linear\"), every "
      "other parameter frozen; lora_A U(+-1/sqrt(in)), lora_B zeros, output base + alpha/r * B(A(dropout(x))); "
      "with DDP, ZeRO, --tp and --pp (not --sequence-parallel); checkpoints keep the LoRA settings (eval/generate --ckpt "
      "and --resume rebuild the model with them)"},

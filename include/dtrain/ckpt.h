@@ -441,7 +441,8 @@ DT_API dt_ckpt_entry *dt_ckpt_list_entries(dt_ckpt_list *l);
  * "NAME.lora_A.weight" / "NAME.lora_B.weight" under the key
  * "base_model.model.NAME.lora_A.weight" (metadata format = pt, the
  * parameters' dtype), and adapter_config.json (peft_type LORA, task_type
- * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules, use_rslora,
+ * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules (for "all-linear"
+ * the layers it chose, as PEFT saves them), use_rslora,
  * fan_in_fan_out true for Conv1D targets (and tensor-parallel layers
  * whose weight is [in, out]: dt_lora_hook.weight_in_out), base_model_name_or_path =
  * base_model or null, the other LoraConfig fields at PEFT's defaults; keys
@@ -474,7 +475,7 @@ typedef struct dt_lora_peft_config {
  * Errors name the file and the key: DT_ERR_NOT_FOUND without the file,
  * DT_ERR_FORMAT for a malformed value, DT_ERR_UNSUPPORTED for what dtrain's
  * adapters do not express (peft_type other than LORA, target_modules as a
- * regular expression, DoRA, bias other than "none", lora_bias,
+ * regular expression (the string "all-linear" is read as {"all-linear"}), DoRA, bias other than "none", lora_bias,
  * modules_to_save, layers_to_transform, rank/alpha patterns,
  * exclude_modules): refused, never dropped. */
 DT_API dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out);

@@ -451,7 +451,10 @@ typedef struct dt_lora_params {
     int64_t r;                   /* rank, 1..65536 (default 8) */
     float alpha;                 /* lora_alpha (default 8) */
     float dropout;               /* lora_dropout on the adapters' input, [0, 1) (default 0) */
-    const char *const *targets;  /* NULL-terminated layer names (required; borrowed during the build) */
+    const char *const *targets;  /* NULL-terminated layer names (required; borrowed during the build): a
+                                    layer is adapted when its name is one of them or ends in ".NAME";
+                                    {"all-linear", NULL}: every Linear and Conv1D layer but the output
+                                    layer lm_head (PEFT's target_modules = "all-linear") */
     bool rslora;                 /* scaling alpha / sqrt(r) (default false) */
 } dt_lora_params;
 DT_API dt_lora_params dt_lora_params_default(void);

@@ -117,8 +117,19 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     /* adapter_config.json: PEFT's to_dict(), keys sorted */
     if (st == DT_OK) {
         cJSON *c = cJSON_CreateObject(), *targets = cJSON_CreateArray();
-        for (const char *const *t = p->targets; t && *t; t++)
+        const bool all = p->targets && p->targets[0] && !strcmp(p->targets[0], "all-linear") && !p->targets[1];
+        for (const char *const *t = p->targets; !all && t && *t; t++)
             cJSON_AddItemToArray(targets, cJSON_CreateString(*t));
+        for (size_t e = 0; all && e < dt_model_num_entries(m); e++) { /* PEFT saves what "all-linear" chose */
+            dt_param_info pi;
+            const size_t sl = sizeof ".lora_A.weight" - 1;
+            if (dt_model_entry(m, e, &pi) < 0 || strlen(pi.name) <= sl ||
+                strcmp(pi.name + strlen(pi.name) - sl, ".lora_A.weight"))
+                continue;
+            char layer[1024];
+            snprintf(layer, sizeof layer, "%.*s", (int)(strlen(pi.name) - sl), pi.name);
+            cJSON_AddItemToArray(targets, cJSON_CreateString(layer));
+        }
         cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
         cJSON_AddNullToObject(c, "auto_mapping");
         if (base_model)
@@ -255,16 +266,17 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         st = dt_error(DT_ERR_FORMAT, "%s: \"lora_dropout\" must be a number in [0, 1)", file);
     if (st >= 0 && rs && !cJSON_IsBool(rs))
         st = dt_error(DT_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", file);
-    if (st >= 0 && cJSON_IsString(tm))
-        st = bad_key(file, "target_modules", "is a string (PEFT: a regular expression over module names, or "
-                     "\"all-linear\"): dtrain loads a list of layer names");
-    else if (st >= 0 && (!cJSON_IsArray(tm) || !tm->child))
+    const bool all = cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear"); /* a hand-written config's */
+    if (st >= 0 && cJSON_IsString(tm) && !all)
+        st = bad_key(file, "target_modules", "is a string (PEFT: a regular expression over module names): dtrain "
+                     "loads a list of layer names, or \"all-linear\"");
+    else if (st >= 0 && !all && (!cJSON_IsArray(tm) || !tm->child))
         st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\" must be a non-empty list of layer names", file);
-    int n = st >= 0 ? cJSON_GetArraySize(tm) : 0;
+    int n = st >= 0 ? (all ? 1 : cJSON_GetArraySize(tm)) : 0;
     if (st >= 0 && !(out->target_names = calloc((size_t)n + 1, sizeof *out->target_names)))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     for (int i = 0; st >= 0 && i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(tm, i);
+        const cJSON *e = all ? tm : cJSON_GetArrayItem(tm, i);
         if (!cJSON_IsString(e) || !e->valuestring[0])
             st = dt_error(DT_ERR_FORMAT, "%s: \"target_modules\"[%d] is not a layer name", file, i);
         else if (!(out->target_names[i] = strdup(e->valuestring)))

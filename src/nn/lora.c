@@ -13,7 +13,9 @@
  * dt__lora_param), as PEFT with bias = "none" does. A layer that holds a
  * slice of a larger one (a tensor-parallel layer) carries a dt_lora_hook
  * (dt_module_set_lora): its adapters get the slicing it names and its
- * forward is the hook's, which knows the collectives (tp_lora.c). */
+ * forward is the hook's, which knows the collectives (tp_lora.c). The
+ * targets {"all-linear"} are PEFT's: every Linear and Conv1D layer but the
+ * output layer (lm_head). */
 #include "nn_impl.h"
 
 #include <math.h>
@@ -98,6 +100,27 @@ static dt_status add_child(dt_module *m, const char *name, dt_module *c)
     return st;
 }
 
+/* PEFT's target_modules = "all-linear": every Linear and Conv1D layer but the output layer. */
+static bool all_linear(const char *const *targets)
+{
+    return targets && targets[0] && !strcmp(targets[0], "all-linear") && !targets[1];
+}
+
+/* A layer adapt() takes: a Linear, GPT-2's Conv1D, or one with a dt_lora_hook. */
+static bool adaptable(const dt_module *m)
+{
+    return m->lora || m->kind == DT_NN_LINEAR ||
+           (m->kind == DT_NN_CUSTOM && m->type && !strcmp(m->type, "Conv1D") && m->nparam >= 1 &&
+            m->specs[0].ndim == 2);
+}
+
+/* The output layer (transformers' get_output_embeddings(): lm_head), which "all-linear" leaves out. */
+static bool is_output(const char *path)
+{
+    size_t l = strlen(path);
+    return !strcmp(path, "lm_head") || (l > 8 && !strcmp(path + l - 8, ".lm_head"));
+}
+
 static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
 {
     int64_t in, out;
@@ -105,10 +128,9 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     int64_t a_in, b_out; /* the adapters' slice of in and out */
     if (h) {
         in = h->in, out = h->out;
-    } else if (m->kind == DT_NN_LINEAR) {
+    } else if (adaptable(m) && m->kind == DT_NN_LINEAR) {
         in = m->in, out = m->out;
-    } else if (m->kind == DT_NN_CUSTOM && m->type && !strcmp(m->type, "Conv1D") && m->nparam >= 1 &&
-               m->specs[0].ndim == 2) {
+    } else if (adaptable(m)) { /* Conv1D */
         in = m->specs[0].shape[0], out = m->specs[0].shape[1]; /* [in, out]: PEFT's fan_in_fan_out */
     } else {
         return dt_error(DT_ERR_UNSUPPORTED, "LoRA target '%s' is a %s, not a Linear or Conv1D layer", path,
@@ -157,6 +179,7 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
 
 static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, int *n)
 {
+    const bool all = all_linear(p->targets);
     int nchild = m->nchild; /* adapters added below are not walked */
     for (int i = 0; i < nchild; i++) {
         dt_module *c = m->children[i];
@@ -166,7 +189,7 @@ static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, i
             return dt_error(DT_ERR_NO_MEMORY, "LoRA: out of memory");
         snprintf(cp, l, "%s%s%s", path, path[0] ? "." : "", c->name);
         dt_status st = DT_OK;
-        if (is_target(cp, p->targets)) {
+        if (all ? adaptable(c) && !is_output(cp) : is_target(cp, p->targets)) {
             st = adapt(c, cp, p);
             (*n)++;
         } else {

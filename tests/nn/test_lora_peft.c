@@ -324,9 +324,64 @@ TEST(bad_adapters)
     close_run(&r);
 }
 
+/* target_modules "all-linear" (PEFT's shorthand): every Linear and Conv1D layer but the output layer (lm_head);
+ * the adapters saved name the layers it chose, as PEFT's save_pretrained does (PEFT 0.18 on the golden Llama and
+ * GPT-2 directories chose the same 14 and 8 layers), and a hand-written "all-linear" reads back. */
+TEST(all_linear)
+{
+    const char *models[] = {"llama-tiny", "gpt-micro"};
+    const char *want_in[] = {"model.layers.0.mlp.down_proj.lora_A.weight", "transformer.h.0.mlp.c_fc.lora_A.weight"};
+    const int per_layer[] = {7, 4}; /* q k v o gate up down; c_attn, attn c_proj, c_fc, mlp c_proj */
+    const char *all[] = {"all-linear", NULL};
+    for (int k = 0; k < 2; k++) {
+        dt_lora_params lp = dt_lora_params_default();
+        lp.targets = all;
+        dt_model_config c = dt_model_config_default();
+        c.build.lora = &lp;
+        dt_model *m = NULL;
+        ASSERT_OK(dt_model_create(models[k], 1, &c, &m, NULL));
+        int adapters = 0, layers = 0;
+        for (size_t e = 0; e < dt_model_num_entries(m); e++) {
+            dt_param_info pi;
+            ASSERT_OK(dt_model_entry(m, e, &pi));
+            adapters += strstr(pi.name, ".lora_A.weight") != NULL;
+            ASSERT(!strstr(pi.name, "lm_head.lora")); /* the output layer is left out */
+            const char *one = k == 0 ? "self_attn.q_proj.weight" : "attn.c_attn.weight"; /* one a layer */
+            const size_t l = strlen(pi.name), ol = strlen(one);
+            layers += l > ol && !strcmp(pi.name + l - ol, one);
+        }
+        ASSERT(dt_model_find_entry(m, want_in[k]) >= 0);
+        ASSERT_EQ_INT(adapters, per_layer[k] * layers);
+        char d[400];
+        snprintf(d, sizeof d, "%s/all_linear_%d", t_tmpdir("lora_peft"), k);
+        ASSERT_OK(dt_lora_save_peft(m, &lp, NULL, d));
+        dt_lora_peft_config pc;
+        ASSERT_OK(dt_lora_peft_config_read(d, &pc));
+        int n = 0;
+        for (char **t = pc.target_names; *t; t++, n++) {
+            char a[1100];
+            snprintf(a, sizeof a, "%s.lora_A.weight", *t);
+            ASSERT(dt_model_find_entry(m, a) >= 0); /* each saved name is a layer it adapted */
+        }
+        ASSERT_EQ_INT(n, adapters);
+        dt_lora_peft_config_free(&pc);
+        /* the shorthand as a string, written by hand */
+        char f[500];
+        snprintf(f, sizeof f, "%s/adapter_config.json", d);
+        const char *js = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}";
+        ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
+        ASSERT_OK(dt_lora_peft_config_read(d, &pc));
+        ASSERT_STR_EQ(pc.target_names[0], "all-linear");
+        ASSERT(pc.target_names[1] == NULL);
+        dt_lora_peft_config_free(&pc);
+        dt_model_free(m);
+    }
+}
+
 int main(void)
 {
     RUN(train_parity);
+    RUN(all_linear);
     RUN(merged_export);
     RUN(bad_adapters);
     t_rm_rf(t_tmpdir("lora_peft"));
