@@ -8,7 +8,8 @@
  * exactly the tokens dt_model_generate gives on the single-process model:
  * greedy, sampled with top-k, and sampled from all tokens (the same
  * Philox draws), with a sequence longer than block_size so that the window
- * slides. The sampled runs must differ from the greedy one (else the draw
+ * slides; greedy to a stop token (every rank stops at it) and top-p with a
+ * repetition penalty. The sampled runs must differ from the greedy one (else the draw
  * would not be tested). Last, a rank failing mid-generation (its ln_f
  * fails on the 4th token) and a rank given bad arguments fail every rank
  * at once with its message (the group's timeout is 300 s, past the
@@ -99,21 +100,30 @@ static int body(int rank, int size, void *arg)
     TH_OK(dt_trainer_load(trr, dir, NULL));
 
     const int64_t prompt[3] = {5, 17, 300};
-    dt_generate_params gp[3] = {dt_generate_params_default(), dt_generate_params_default(),
-                                dt_generate_params_default()};
-    const char *what[3] = {"greedy", "top-k 40, temperature 1", "all tokens, temperature 0.7"};
+    dt_generate_params gp[5];
+    for (int k = 0; k < 5; k++)
+        gp[k] = dt_generate_params_default();
+    const char *what[5] = {"greedy", "top-k 40, temperature 1", "all tokens, temperature 0.7",
+                           "greedy to a stop token", "top-p 0.8, repetition penalty 1.3"};
     gp[0].temperature = 0.0f;
     gp[1].top_k = 40, gp[1].seed = 1234;
     gp[2].temperature = 0.7f, gp[2].seed = 7;
-    int64_t got[3][3 + NEW], want[3][3 + NEW];
-    for (int k = 0; k < 3; k++) {
+    gp[3].temperature = 0.0f, gp[3].n_eos = 1; /* its stop token: greedy's fifth, below */
+    gp[4].top_p = 0.8f, gp[4].repetition_penalty = 1.3f, gp[4].seed = 3;
+    int64_t got[5][3 + NEW], want[5][3 + NEW];
+    for (int k = 0; k < 5; k++) {
         gp[k].max_new_tokens = NEW;
-        int64_t n = 0, nr = 0;
+        if (k == 3)
+            gp[k].eos_ids[0] = want[0][3 + 4];
+        int64_t n = 0, nr = 0, len = 3 + NEW;
+        for (int i = 0; k == 3 && i < 5; i++) /* where greedy first gave it: the sequence ends there */
+            if (want[0][3 + i] == gp[k].eos_ids[0] && len == 3 + NEW)
+                len = 3 + i + 1;
         TH_OK(dt_strategy_pipe_generate(dt_trainer_strategy(tr), &gp[k], prompt, 3, got[k], 3 + NEW, &n));
         TH_OK(dt_model_generate(ref, &gp[k], prompt, 3, want[k], 3 + NEW, &nr));
-        TH_CHECK(n == 3 + NEW && nr == 3 + NEW, "rank %d, %s: %lld and %lld tokens", rank, what[k], (long long)n,
-                 (long long)nr);
-        for (int i = 0; i < 3 + NEW; i++)
+        TH_CHECK(n == len && nr == len, "rank %d, %s: %lld and %lld tokens, want %lld", rank, what[k], (long long)n,
+                 (long long)nr, (long long)len);
+        for (int i = 0; i < len; i++)
             TH_CHECK(got[k][i] == want[k][i], "rank %d, %s: token %d is %lld through the stages, %lld in one process",
                      rank, what[k], i, (long long)got[k][i], (long long)want[k][i]);
     }
