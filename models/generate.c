@@ -41,30 +41,49 @@ typedef struct {
     int64_t i;
 } ranked;
 
-/* Least likely first; equal ones by id, so that the order is the same everywhere. */
+/* Most likely first; equal ones by id, the larger first (the reverse of
+ * an ascending sort by (probability, id)), the same order everywhere. */
 static int by_prob(const void *a, const void *b)
 {
     const ranked *x = a, *y = b;
-    return x->p < y->p ? -1 : x->p > y->p ? 1 : (x->i > y->i) - (x->i < y->i);
+    return x->p > y->p ? -1 : x->p < y->p ? 1 : (x->i < y->i) - (x->i > y->i);
 }
 
 /* transformers' TopPLogitsWarper on the weights prob[0..V) (sum: their sum):
- * from the least likely up, drop every token whose cumulative share is at
- * most 1 - top_p; the most likely one always stays. The new sum. */
+ * from the least likely up, every token whose cumulative share is at most
+ * 1 - top_p goes; that is, a token stays while the tokens more likely than
+ * it hold less than top_p, and the most likely one always stays. Only the
+ * candidates are sorted: the tokens of weight >= t, t lowered from the
+ * largest weight until they hold top_p; every token below t has them above
+ * it and goes. The new sum. */
 static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ranked *r)
 {
-    int64_t n = 0;
+    double t = 0;
     for (int64_t j = 0; j < V; j++)
-        if (prob[j] > 0)
-            r[n++] = (ranked){prob[j], j};
-    qsort(r, (size_t)n, sizeof *r, by_prob);
-    double c = 0, kept = sum;
-    for (int64_t k = 0; k + 1 < n; k++) {
-        c += r[k].p / sum;
-        if (c > 1.0 - (double)top_p)
+        t = prob[j] > t ? prob[j] : t;
+    for (int pass = 0;; pass++) {
+        double mass = 0;
+        for (int64_t j = 0; j < V; j++)
+            mass += prob[j] >= t ? prob[j] : 0.0;
+        if (mass >= (double)top_p * sum || t == 0)
             break;
-        prob[r[k].i] = 0;
-        kept -= r[k].p;
+        t = pass < 6 ? t / 16 : 0; /* six passes span 2^24 of the largest weight; then every token */
+    }
+    int64_t n = 0;
+    for (int64_t j = 0; j < V; j++) {
+        if (prob[j] > 0 && prob[j] >= t)
+            r[n++] = (ranked){prob[j], j};
+        else
+            prob[j] = 0;
+    }
+    qsort(r, (size_t)n, sizeof *r, by_prob);
+    double above = 0, kept = 0;
+    for (int64_t k = 0; k < n; k++) {
+        if (k == 0 || above / sum < (double)top_p)
+            kept += r[k].p;
+        else
+            prob[r[k].i] = 0;
+        above += r[k].p;
     }
     return kept;
 }
@@ -219,7 +238,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     int64_t n = nprompt;
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
-    ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL;
+    ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL; /* top_p's candidates */
     const bool penalty = p.repetition_penalty != 1.0f;
     float *pen = penalty ? malloc((size_t)V * sizeof *pen) : NULL;
     unsigned char *seen = penalty ? malloc((size_t)V) : NULL;
