@@ -539,7 +539,8 @@ typedef struct dt_trainer_metrics {
  * parameters: f32 ones in place, bf16/f16 ones through fp32 master weights
  * (the model's flat is refreshed after each step). Errors: bad parameters
  * (DT_ERR_INVALID_ARG), a policy the model or strategy cannot honour
- * (DT_ERR_UNSUPPORTED), the strategy's attach errors. */
+ * (DT_ERR_UNSUPPORTED), a model another live trainer trains (DT_ERR_STATE:
+ * one trainer a model; free the other first), the strategy's attach errors. */
 DT_API dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *p, dt_trainer **out);
 /* Free the trainer, its optimizer, context and strategy. NULL is a no-op. */
 DT_API void dt_trainer_free(dt_trainer *tr);

@@ -848,6 +848,21 @@ static size_t release_span(const dt_flat *f, size_t lo, size_t hi)
     return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? b - a : 0;
 }
 
+dt_status dt__model_claim(dt_model *m, const void *by)
+{
+    if (m->trainer && m->trainer != by)
+        return dt_error(DT_ERR_STATE, "dt_trainer_init: the model is trained by another dt_trainer already (free that "
+                        "one first: both would attach their strategy to its parameters)");
+    m->trainer = by;
+    return DT_OK;
+}
+
+void dt__model_unclaim(dt_model *m, const void *by)
+{
+    if (m && m->trainer == by)
+        m->trainer = NULL;
+}
+
 size_t dt__model_release(dt_model *m)
 {
     size_t n = 0;

@@ -112,6 +112,7 @@ struct dt_model {
     dt_model_units_fn pipe_units; /* dt_model_set_pipe_units (NULL: none) */
     dt_torch_draw *torch_draws;   /* dt_model_set_torch_init (NULL: one draw per entry) */
     size_t ntorch_draws;
+    const void *trainer;          /* the dt_trainer training it (dt__model_claim), or NULL */
 };
 
 /* Draw k (k < dt__torch_ndraws(md)) of torch's stream for md: the model's
@@ -143,5 +144,13 @@ dt_status dt__model_keep_only(dt_model *m, dt_dtype dtype, const size_t *spans, 
  * have written there: a checkpoint load); returns the bytes given back. A no-op for a dtype without
  * kept spans or a flat that is not mapped (dt_flat.mapped). */
 size_t dt__model_release(dt_model *m);
+
+/* One trainer a model: dt_trainer_init claims it (DT_ERR_STATE when
+ * another trainer holds it: both would attach their strategy's hooks to
+ * its parameters, and each step would run the other's reductions),
+ * dt_trainer_free gives it back (by: the trainer; a model another holds
+ * is left as it is). */
+dt_status dt__model_claim(dt_model *m, const void *by);
+void dt__model_unclaim(dt_model *m, const void *by);
 
 #endif

@@ -15,6 +15,7 @@
  * step. With one replica nothing is communicated. */
 #include "train/train_impl.h"
 #include "train/trainer_trace.h"
+#include "nn/nn_layer.h"
 
 #include "dtrain/precision.h"
 #include "dtrain/tp.h"
@@ -462,7 +463,7 @@ dt_status dt_trainer_init(dt_model *m, dt_strategy *s, const dt_trainer_params *
     tr->m = m;
     tr->s = s;
     tr->reduce_dtype = dt_precision_reduce_dtype(&p.precision);
-    if ((st = dt__strategy_attach(s, m, &p.precision, model_dtype(m))) < 0)
+    if ((st = dt__model_claim(m, tr)) < 0 || (st = dt__strategy_attach(s, m, &p.precision, model_dtype(m))) < 0)
         goto fail;
     tr->rank = s->ops.rank ? s->ops.rank(s->self) : 0;
     tr->world = s->ops.world ? s->ops.world(s->self) : 1;
@@ -560,6 +561,7 @@ void dt_trainer_free(dt_trainer *tr)
     free(tr->bufsave);
     free(tr->fault_x);
     dt_strategy_free(tr->s);
+    dt__model_unclaim(tr->m, tr);
     dt_free(tr->gk);
     dt_free(tr->gn);
     dt_free(tr);

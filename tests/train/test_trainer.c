@@ -343,6 +343,14 @@ TEST(bad_parameters)
     for (size_t i = 0; i < t_numel(m); i++)
         ASSERT(t_grads(m)[i] == 0.0f);
     ASSERT_STATUS(dt_trainer_step(tr, NULL, 1, &r), DT_ERR_NULL);
+    /* a second trainer on the same model (both strategies would hook its parameters: two sets of reductions
+       a step): refused while the first lives, taken once it is freed; a refused one leaves the first's claim */
+    dt_trainer *tr2 = NULL;
+    ASSERT_OK(dt_strategy_none_init(&s));
+    ASSERT_STATUS(dt_trainer_init(m, s, NULL, &tr2), DT_ERR_STATE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "another dt_trainer");
+    ASSERT_OK(dt_strategy_none_init(&s));
+    ASSERT_STATUS(dt_trainer_init(m, s, NULL, &tr2), DT_ERR_STATE);
     dt_trainer_batch b = {0};
     ASSERT_STATUS(dt_trainer_step(tr, &b, 0, &r), DT_ERR_INVALID_ARG);
     /* an ndim out of range was clamped by dt_trainer_batch_make: 9 dims ran as the first 8, -1 was "no input" */
@@ -368,6 +376,9 @@ TEST(bad_parameters)
     ASSERT_STATUS(dt_model_bind_param(m, 99, NULL, NULL), DT_ERR_RANGE); /* said "data is NULL" */
     ASSERT_STR_CONTAINS(dt_last_error(), "index 99");
     dt_trainer_free(tr);
+    ASSERT_OK(dt_strategy_none_init(&s));
+    ASSERT_OK(dt_trainer_init(m, s, NULL, &tr2)); /* the model is free again */
+    dt_trainer_free(tr2);
     dt_trainer_free(NULL);
     dt_strategy_free(NULL);
     dt_model_free(m);
