@@ -191,7 +191,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
         t->kill_step = 0;
     if (t->o.plan && !eval_ckpt && (rc = dt__train_plan_auto(&t->o)))
         goto out;
-    if ((rc = dt__ddp_setup(&t->ddp, &t->o)))
+    if ((rc = dt__ddp_setup(&t->ddp, &t->o)) || (rc = dt__tr_check_same(t)))
         goto out;
     if (dt__ddp_is_main(&t->ddp) && !eval_ckpt) {
         dt__train_config_print(&t->o); /* warnings and the effective configuration, once */
@@ -199,7 +199,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
     if ((rc = dt__tr_freeze_patterns(t, eval_ckpt)) || (rc = dt__tr_vocab_size_from_vocab(t)) ||
         (rc = dt__tr_check_memory(t)) || (rc = dt__tr_setup_model(t)) || (rc = dt__tr_setup_data(t)) ||
         (rc = dt__tr_wrap(t)) ||
-        (rc = dt__tr_setup_trainer(t)) || (rc = dt__tr_check_same(t)) || (rc = dt__tr_make_user_json(t)))
+        (rc = dt__tr_setup_trainer(t)) || (rc = dt__tr_make_user_json(t)))
         goto out;
     if (eval_ckpt) {
         if ((rc = dt__tr_open_metrics(t)))

@@ -91,8 +91,25 @@ int dt__run_nodes_main(const dt__run_nodes *n)
         char tmp[8192];
         snprintf(tmp, sizeof tmp, "%s", n->hosts);
         hostlist[0] = '\0';
+        size_t hl = strlen(n->hosts);
+        if (n->hosts[0] == ',' || n->hosts[hl - 1] == ',' || strstr(n->hosts, ",,")) {
+            dt__cli_err("dtrain run: --hosts '%s' has an empty host name\n", n->hosts);
+            return 2; /* was skipped: ",a,b" made MASTER_ADDR empty */
+        }
         char *save = NULL;
         for (char *h = strtok_r(tmp, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+            /* a host is one node: mpirun's own slot syntax (a:4) would become a:4:K, and a host named
+               twice is one node given two nodes' ranks (mpirun refuses the mapping, or crowds the node) */
+            if (h[strcspn(h, ": \t\n")]) {
+                dt__cli_err("dtrain run: --hosts: '%s' is not a host name (no ':' slot counts or spaces: -n gives "
+                            "the ranks per node)\n", h);
+                return 2;
+            }
+            for (const char *q = tmp; q < h; q += strlen(q) + 1) /* the hosts before, NUL-terminated by strtok */
+                if (!strcmp(q, h)) {
+                    dt__cli_err("dtrain run: --hosts names '%s' twice: each of the --nnodes nodes is one host\n", h);
+                    return 2;
+                }
             if (nh == 0 && n->master_addr && strcmp(h, n->master_addr)) {
                 dt__cli_err("dtrain run: --hosts starts with '%s' but --master-addr is '%s': node rank 0 "
                             "(the first host) is the master\n", h, n->master_addr);

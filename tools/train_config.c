@@ -290,9 +290,12 @@ static int read_back(dt__train_opts *o, dt_config *c)
         return 2;
     }
     if (o->dp > 0 && o->dp * per != world) {
+        char cps[64] = ""; /* per counts the context-parallel ranks too */
+        if (o->cp > 1)
+            snprintf(cps, sizeof cps, " x context_parallel_size %lld", (long long)o->cp);
         dt__cli_err("dtrain train: --config: key dtrain.data_parallel_size %lld x tensor_parallel_size %lld x "
-                    "pipeline stages %lld is %lld ranks; this job has %d\n", (long long)o->dp,
-                    (long long)(tpn > 1 ? tpn : 1), (long long)pp, (long long)(o->dp * per), world);
+                    "pipeline stages %lld%s is %lld ranks; this job has %d\n", (long long)o->dp,
+                    (long long)(tpn > 1 ? tpn : 1), (long long)pp, cps, (long long)(o->dp * per), world);
         return 2;
     }
     int dp = world % per == 0 ? world / (int)per : world; /* the relation counts data-parallel ranks */

@@ -422,14 +422,19 @@ int dt__tr_check_all_skipped(dt__train_run *t)
 
 /* Every rank was given the same training options (a rank with another
  * optimizer, learning rate, seed or clipping would train apart and still
- * exit 0): compared once at start, exit 2 naming the options and ranks. */
+ * exit 0; one with another --max-steps, model or batch under --tp or --pp
+ * would wait on one group while the others wait on another): compared once
+ * over the whole world, before the model is built, exit 2 naming the
+ * options and ranks. */
 int dt__tr_check_same(dt__train_run *t)
 {
     enum { CAP = 160 };
-    const char *names[CAP];
+    dt_pg *world = t->ddp.world_pg;
+    if (!world || dt_pg_size(world) <= 1)
+        return 0;
+    const char *names[CAP], *values[CAP];
     char(*vals)[512] = malloc(CAP * sizeof *vals);
     char(*flags)[40] = malloc(CAP * sizeof *flags);
-    dt_trainer_field f[CAP];
     if (!vals || !flags) {
         free(vals);
         free(flags);
@@ -438,9 +443,10 @@ int dt__tr_check_same(dt__train_run *t)
     int n = dt__train_shared_opts(&t->o, names, vals, CAP);
     for (int i = 0; i < n; i++) {
         snprintf(flags[i], sizeof flags[i], "--%s", names[i]);
-        f[i] = (dt_trainer_field){flags[i], vals[i]};
+        names[i] = flags[i];
+        values[i] = vals[i];
     }
-    dt_status st = dt_trainer_check_same(t->tr, f, n);
+    dt_status st = dt_pg_check_same(world, names, values, n);
     free(vals);
     free(flags);
     if (st == DT_ERR_MISMATCH) {

@@ -714,6 +714,17 @@ DT_API dt_status dt_pg_alltoall_blocks(dt_pg *pg, const void *send, const dt_pg_
 DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_req **req);
 DT_API dt_status dt_pg_barrier(dt_pg *pg);
 
+/* Whether every rank of pg was given the same n settings (collective: each
+ * rank passes its own values of the same names in the same order; a NULL
+ * value is "(unset)"). Ranks started with other options run other
+ * collectives and would fail later, hang on two groups at once, or train
+ * apart and end "successfully"; called once at start, before any of that.
+ * One all-reduce of n + 1 hashes per rank. DT_ERR_MISMATCH, the same
+ * message on every rank, naming each differing setting and the ranks whose
+ * value is not rank 0's ("the ranks were given different settings: --lr
+ * differs on rank 1 ..."). One rank: DT_OK. */
+DT_API dt_status dt_pg_check_same(dt_pg *pg, const char *const *names, const char *const *values, int n);
+
 /* Point to point, matched in posting order per (sender, receiver) pair; count
  * and dtype must agree (else DT_ERR_MISMATCH). peer != this rank.
  * Batched (NCCL's grouped send/recv): consecutive send/recv requests posted

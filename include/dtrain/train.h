@@ -664,7 +664,9 @@ typedef struct dt_trainer_field {
  * n + 1 hashes per rank. DT_ERR_MISMATCH, the same message on every rank,
  * naming each differing field and the ranks whose value differs from rank
  * 0's (the field list itself is compared too). One replica, or a pipeline
- * strategy (not compared yet): DT_OK. */
+ * strategy (not compared here): DT_OK. Settings that shape the groups or
+ * the model (tensor or pipeline parallel) are best compared before the
+ * trainer exists, over the world: dt_pg_check_same (comm.h). */
 DT_API dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n);
 /* The loss scaler (use_scaler, or a static loss_scale != 1), else NULL.
  * Borrowed; its state (dt_loss_scaler_get_state) is what a checkpoint saves. */

@@ -15,6 +15,7 @@
  * which ranks saw what and returns the same message. */
 #include "train/train_impl.h"
 
+#include "base/same_check.h"
 #include "dtrain/kernels.h"
 #include "dtrain/parallel.h"
 
@@ -374,11 +375,7 @@ void *dt__fault_input(const void *x, dt_dtype dt, size_t n)
 
 /* ---- the same settings on every replica ---- */
 
-static double hash32(const char *s, uint64_t salt)
-{
-    const char *t = s ? s : "\x01(unset)";
-    return (double)(dt_hash64(t, strlen(t), salt) & 0xffffffffu);
-}
+static dt_status sum_replicas(void *tr, double *v, int n) { return dt_trainer_allreduce_sum(tr, v, n); }
 
 dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n)
 {
@@ -386,60 +383,16 @@ dt_status dt_trainer_check_same(dt_trainer *tr, const dt_trainer_field *f, int n
         return dt_error(DT_ERR_NULL, "dt_trainer_check_same: NULL argument");
     const int world = dt_trainer_world(tr), rank = dt_trainer_rank(tr);
     /* one slot per replica; a pipeline's sum spans its stages too (and
-     * scales): its settings are not compared here yet */
+     * scales): its settings are not compared here (dt_pg_check_same over
+     * its world group does) */
     if (world <= 1 || dt_trainer_strategy(tr)->ops.forward_backward || rank >= world)
         return DT_OK;
-    const size_t w = (size_t)n + 1; /* [names, field 0 .. n-1] per rank */
-    double *v = calloc(w * (size_t)world, sizeof *v);
-    if (!v)
-        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_check_same: %d fields x %d ranks", n, world);
-    double *mine = v + w * (size_t)rank;
-    uint64_t names = 0x5bd1e995u;
-    for (int i = 0; i < n; i++) {
-        const char *nm = f[i].name ? f[i].name : "";
-        names = dt_hash64(nm, strlen(nm), names);
-        mine[1 + i] = hash32(f[i].value, 0x9e3779b97f4a7c15ull);
-    }
-    mine[0] = (double)(names & 0xffffffffu);
-    dt_status st = dt_trainer_allreduce_sum(tr, v, (int)(w * (size_t)world));
-    if (st < 0) {
-        free(v);
-        return dt_error_wrap(st, "dt_trainer_check_same: comparing the run settings");
-    }
-    char msg[1536];
-    size_t k = 0;
-    int nbad = 0;
-    for (int r = 1; r < world; r++)
-        if (v[w * (size_t)r] != v[0]) {
-            k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, "%srank %d passes other settings "
-                                  "than rank 0 (another dtrain version?)", nbad++ ? "; " : "", r);
-            break;
-        }
-    const bool other_names = nbad > 0;
-    for (int i = 0; i < n && !other_names; i++) {
-        char ranks[128];
-        size_t rk = 0;
-        int c = 0;
-        for (int r = 1; r < world; r++)
-            if (v[w * (size_t)r + 1 + (size_t)i] != v[1 + (size_t)i]) {
-                if (c < 8 && rk < sizeof ranks)
-                    rk += (size_t)snprintf(ranks + rk, sizeof ranks - rk, "%s%d", c ? ", " : "", r);
-                c++;
-            }
-        if (!c)
-            continue;
-        if (c > 8 && rk < sizeof ranks)
-            snprintf(ranks + rk, sizeof ranks - rk, " and %d more", c - 8);
-        if (k < sizeof msg)
-            k += (size_t)snprintf(msg + k, sizeof msg - k, "%s%s differs on rank%s %s", nbad ? "; " : "",
-                                  f[i].name ? f[i].name : "?", c > 1 ? "s" : "", ranks);
-        nbad++;
-    }
-    free(v);
-    if (!nbad)
-        return DT_OK;
-    if (k >= sizeof msg)
-        k = sizeof msg - 1;
-    return dt_error(DT_ERR_MISMATCH, "the ranks were given different settings: %s (from rank 0's; every rank must "
-                    "run with the same ones)", msg);
+    const char **nv = malloc(2 * (size_t)n * sizeof *nv + 1);
+    if (!nv)
+        return dt_error(DT_ERR_NO_MEMORY, "dt_trainer_check_same: %d fields", n);
+    for (int i = 0; i < n; i++)
+        nv[i] = f[i].name, nv[n + i] = f[i].value;
+    dt_status st = dt__same_check(world, rank, nv, nv + n, n, sum_replicas, tr, "dt_trainer_check_same");
+    free(nv);
+    return st;
 }

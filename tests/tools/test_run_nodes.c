@@ -51,10 +51,20 @@ TEST(bad_combinations)
         {"run", "--nnodes", "2", "--master-addr", "x", "--hosts", "a,b", "-n", "1", "--", "prog", NULL},
         {"run", "--nnodes", "0", "-n", "1", "--", "prog", NULL},
         {"run", "--hosts", "a", "-n", "1", "--", "prog", NULL},
+        /* a host twice (was mpirun --host a:1,a:1: one node for two nodes' ranks), mpirun's slot syntax
+           (was a:4:1), an empty name (was skipped: MASTER_ADDR= empty) and a space (was a host 'a b'), with
+           --dry-run so nothing would fail later */
+        {"run", "--nnodes", "3", "--hosts", "a,b,a", "-n", "1", "--dry-run", "--", "prog", NULL},
+        {"run", "--nnodes", "2", "--hosts", ",a,b", "-n", "1", "--dry-run", "--", "prog", NULL},
+        {"run", "--nnodes", "2", "--hosts", "a:4,b", "-n", "1", "--dry-run", "--", "prog", NULL},
+        {"run", "--nnodes", "2", "--hosts", "a b,c", "-n", "1", "--dry-run", "--", "prog", NULL},
     };
     const char *msg[] = {"is not below --nnodes", "--hosts names 2 hosts, --nnodes says 3",
-                         "--master-addr is 'x'", "--nnodes needs a node count", "for several nodes"};
-    for (int i = 0; i < 5; i++) {
+                         "--master-addr is 'x'", "--nnodes needs a node count", "for several nodes",
+                         "--hosts names 'a' twice", "--hosts ',a,b' has an empty host name",
+                         "--hosts: 'a:4' is not a host name",
+                         "--hosts: 'a b' is not a host name"};
+    for (int i = 0; i < 9; i++) {
         cli_runv(&g_r, 30, NULL, bad[i]);
         ASSERT_EQ_INT(g_r.code, 2);
         ASSERT_STR_CONTAINS(g_r.err, msg[i]);

@@ -4,7 +4,8 @@
  * run's step losses and validation loss (the single process takes the
  * global batch of 8: the distributed sampler's two shares of a step are
  * the random sampler's batch of the same seed), and the placement option
- * errors are one line with exit 2. The MLP as tp 2 x pp 2 (zbh1) on 4
+ * errors are one line with exit 2, as are ranks started with other options
+ * under --tp or --pp. The MLP as tp 2 x pp 2 (zbh1) on 4
  * ranks gives the single-process step losses too.
  *
  * The bound. Both runs compute the same sums in another order: the
@@ -108,11 +109,44 @@ TEST(placement_errors)
     ASSERT_STR_CONTAINS(r.err, "--tp 2 x --pp 2 (4 ranks per replica) does not divide this job's 6 ranks");
 }
 
+/* Ranks started with other options under --tp or --pp (a --max-steps that
+ * differs: rank 0 waited for the memory report on the world group while
+ * rank 1 waited in a tensor-parallel all-reduce of step 3, until the
+ * 300 s communication timeout: the 60 s limit here fails it; another
+ * --lr trained apart and exited 0): every rank compares its options over
+ * the whole world at start and exits 2 naming them. */
+TEST(ranks_with_other_options_refuse_under_tp_and_pp)
+{
+    static char data[320];
+    if (cli_stream_file("tok.bin", 2000, false, data, sizeof data) < 0) {
+        fprintf(stderr, "writing the token file failed: %s\n", dt_last_error());
+        ASSERT(0);
+    }
+    const char *layouts[] = {"--tp", "--pp"};
+    for (int i = 0; i < 2; i++) {
+        char script[1600];
+        snprintf(script, sizeof script,
+                 "if [ \"$DT_RANK\" = 1 ]; then n=3; lr=0.02; else n=2; lr=0.01; fi; exec \"%s\" train --model "
+                 "gpt-micro --vocab-size 41 --n-embd 32 --n-head 4 --seq 16 --data '%s' --limit-train 32 --no-eval "
+                 "--batch 4 --threads 1 --progress plain %s 2 --max-steps $n --lr $lr",
+                 cli(), data, layouts[i]);
+        static cli_result r;
+        cli_runv(&r, 60, NULL, (char *[]){"run", "-n", "2", "--grace", "1", "--", "/bin/sh", "-c", script, NULL});
+        if (r.code != 2)
+            fprintf(stderr, "%s 2: exit %d\nstdout:\n%s\nstderr:\n%s\n", layouts[i], r.code, r.out, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "the ranks were given different settings: --lr differs on rank 1; --max-steps "
+                                   "differs on rank 1");
+        ASSERT(!strstr(r.out, "train loss"));
+    }
+}
+
 int main(void)
 {
     if (!cli())
         DT_TEST_SKIP_ALL("DT_CLI is not set (run under ctest)");
     RUN(placement_errors);
+    RUN(ranks_with_other_options_refuse_under_tp_and_pp);
     RUN(mlp_tp2_pp2_equals_one_process);
     RUN(gpt_dp2_tp2_pp2_equals_one_process);
     cli_cleanup();

@@ -310,6 +310,10 @@ TEST(pipeline_bad_values_name_the_key)
          "keys pipeline.stages 2 (from file) and dtrain.pipeline_parallel_size 4 (from file) disagree"},
         {"{\"pipeline\": {\"stages\": 2}, \"dtrain\": {\"data_parallel_size\": 2}}", NULL,
          "key dtrain.data_parallel_size 2 x tensor_parallel_size 1 x pipeline stages 2 is 4 ranks; this job has 2"},
+        /* the context-parallel ranks counted and named (was "2 x 1 x 1 is 4 ranks") */
+        {"{\"dtrain\": {\"data_parallel_size\": 2, \"context_parallel_size\": 2}}", NULL,
+         "key dtrain.data_parallel_size 2 x tensor_parallel_size 1 x pipeline stages 1 x context_parallel_size 2 is "
+         "4 ranks; this job has 2"},
         {"{\"dtrain\": {\"pipeline_schedule\": \"gpipe\"}}", NULL,
          "key dtrain.pipeline_schedule \"gpipe\" (from file): a schedule needs pipeline parallelism"},
         {"{\"pipeline\": {\"partition\": \"uniform\"}}", NULL, "key pipeline.partition: not supported yet"},
