@@ -3,6 +3,7 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
  * and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
+#include "base/json_strict.h"
 #include "zoo.h"
 
 #include <cjson/cJSON.h>
@@ -239,8 +240,11 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: no %s (not a Hugging Face model directory)", dir,
                                                  CONFIG_NAME)
                                       : st;
-    cJSON *root = cJSON_ParseWithLength(txt, len);
+    cJSON *root = NULL; /* strict: a key given twice reads as its last in transformers, its first in cJSON */
+    st = dt__json_parse_strict(txt, len, path, &root);
     free(txt);
+    if (st < 0)
+        return st;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", path);

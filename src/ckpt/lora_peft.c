@@ -3,6 +3,7 @@
  * weights under PEFT's keys ("base_model.model." + the model's name, the
  * adapter name "default" left out, metadata format = pt) and
  * DIR/adapter_config.json, LoraConfig.to_dict() with sorted keys. */
+#include "base/json_strict.h"
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -219,8 +220,11 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     dt_status st = dt_file_read_all(file, 1 << 20, &txt, &len);
     if (st < 0)
         return st;
-    cJSON *c = cJSON_Parse(txt);
+    cJSON *c = NULL; /* strict: a key given twice ("r") reads as its last in PEFT, its first in cJSON */
+    st = dt__json_parse_strict(txt, len, file, &c);
     free(txt);
+    if (st < 0)
+        return st;
     if (!cJSON_IsObject(c)) {
         cJSON_Delete(c);
         return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", file);

@@ -206,10 +206,42 @@ TEST(config_bad_token_id)
     }
 }
 
+/* config.json read strictly: a key given twice (transformers, through
+ * Python's json, takes its last value; cJSON alone took the first) or text
+ * after the object is a format error naming the file, never one reading. */
+TEST(config_strict_json)
+{
+    static const char *const bad[][2] = {
+        {"\"hidden_size\": 16, \"rms_norm_eps\": 1e-5, \"rms_norm_eps\": 1e-6}",
+         "the key \"rms_norm_eps\" appears twice"},
+        {"\"hidden_size\": 16} {\"hidden_size\": 32}", "text after the end"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
+        ASSERT(mkdtemp(dir) != NULL);
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f,
+                "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"intermediate_size\": 32,"
+                " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, %s",
+                bad[i][0]);
+        fclose(f);
+        dt_hf_config h;
+        ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
 int main(void)
 {
     RUN(config_read);
     RUN(config_bad_token_id);
+    RUN(config_strict_json);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);
