@@ -173,6 +173,9 @@ TEST(config_read)
     ASSERT_NEAR(h.llama.rope_factor, 8.0, 0, 0);
     ASSERT_EQ_INT((int)h.llama.rope_original_max_position_embeddings, 32);
     ASSERT(!h.llama.tie_word_embeddings);
+    ASSERT_EQ_INT((int)h.bos_token_id, 1);
+    ASSERT_EQ_INT(h.n_eos, 1);
+    ASSERT_EQ_INT((int)h.eos_token_ids[0], 2);
     ASSERT_OK(dt_hf_config_read(HF "gpt2", &h));
     ASSERT(h.is_gpt2);
     ASSERT_EQ_INT((int)h.gpt2.block_size, 64);
