@@ -5,8 +5,8 @@
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
  * through dt_ckpt_open) agree with the configuration's vocabulary, width and
- * layer count. The
- * weights themselves are loaded by the caller, through
+ * layer count, and that a tied configuration's weights hold no other head.
+ * The weights themselves are loaded by the caller, through
  * dt_trainer_load_weights(DIR), so that every strategy reads only its
  * ranges. Every refusal names the file and the key. */
 #include "zoo.h"
@@ -32,6 +32,38 @@ static bool has_layer(const dt_ckpt *ck, const dt_hf_config *h, int64_t i)
     snprintf(a, sizeof a, "transformer.h.%lld.ln_1.weight", (long long)i);
     snprintf(b, sizeof b, "h.%lld.ln_1.weight", (long long)i);
     return dt_ckpt_find(ck, a) >= 0 || dt_ckpt_find(ck, b) >= 0;
+}
+
+/* A tied configuration (tie_word_embeddings, GPT-2's default) whose weights
+ * also hold an lm_head.weight: it must be the embedding, byte for byte
+ * (some exporters write the tied head twice). A different head is refused:
+ * transformers 5 then unties the two and uses it, older versions tie them
+ * and drop it, and dtrain's tied model would drop it silently. Read in
+ * pieces of 1 Mi elements (a 128k x 4k head is 2 GB). */
+static dt_status check_tied_head(dt_ckpt *ck, const char *dir, int64_t emb)
+{
+    int64_t head = dt_ckpt_find(ck, "lm_head.weight");
+    dt_ckpt_tensor e, h;
+    if (head < 0 || dt_ckpt_tensor_at(ck, (size_t)emb, &e) < 0 || dt_ckpt_tensor_at(ck, (size_t)head, &h) < 0)
+        return DT_OK;
+    bool same = e.dtype == h.dtype && e.numel == h.numel && e.ndim == h.ndim &&
+                !memcmp(e.shape, h.shape, (size_t)e.ndim * sizeof e.shape[0]);
+    const size_t es = dt_st_dtype_size(e.dtype), step = (size_t)1 << 20;
+    char *a = same ? malloc(step * es) : NULL, *b = same ? malloc(step * es) : NULL;
+    dt_status st = !same || (a && b) ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", dir);
+    for (uint64_t lo = 0; same && st >= 0 && lo < e.numel; lo += step) {
+        uint64_t hi = e.numel - lo < step ? e.numel : lo + step;
+        if ((st = dt_ckpt_read(ck, (size_t)emb, lo, hi, a, true)) >= 0 &&
+            (st = dt_ckpt_read(ck, (size_t)head, lo, hi, b, true)) >= 0)
+            same = !memcmp(a, b, (size_t)(hi - lo) * es);
+    }
+    free(a);
+    free(b);
+    if (st >= 0 && !same)
+        st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"tie_word_embeddings\" is true (or absent, for GPT-2), but the "
+                      "weights' lm_head.weight differs from %s: set it false for a Llama-family model to use that "
+                      "head, or leave lm_head.weight out", dir, CONFIG_NAME, e.name);
+    return st;
 }
 
 /* The weights' embedding [rows, width] and layer count against the
@@ -63,6 +95,8 @@ static dt_status check_weights(const char *dir, const dt_hf_config *h)
         else if (t.shape[1] != C)
             st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"%s\" is %lld, but the weights' tensor '%s' has %lld "
                           "columns", dir, CONFIG_NAME, ckey, (long long)C, names[i], (long long)t.shape[1]);
+        else if (h->is_gpt2 || h->llama.tie_word_embeddings)
+            st = check_tied_head(ck, dir, k);
         break;
     }
     if (st >= 0 && !has_layer(ck, h, L - 1))

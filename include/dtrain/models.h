@@ -277,7 +277,9 @@ typedef struct dt_hf_config {
  * hidden_act other than silu, a sliding window, attention dropout, ...),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after
- * checking the weights' embedding rows against vocab_size: DT_ERR_MISMATCH);
+ * checking the weights' embedding against vocab_size and the width, and a
+ * tied configuration's lm_head.weight, if the weights hold one, against the
+ * embedding: DT_ERR_MISMATCH);
  * the weights are then loaded with dt_trainer_load_weights(tr, DIR) (train.h),
  * which reads model.safetensors or the shards of
  * model.safetensors.index.json (ckpt.h dt_ckpt_open) in f32, bf16 or f16. */
