@@ -269,6 +269,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         if (!strcmp(arch, "GPT2LMHeadModel")) {
             out->is_gpt2 = true;
             read_gpt2(&r, &out->gpt2);
+            if (r.st >= 0 && (st = dt__gpt2_config_check(&out->gpt2)) < 0)
+                r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM")) {
             read_llama(&r, arch, &out->llama);

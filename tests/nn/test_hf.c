@@ -240,11 +240,40 @@ TEST(config_strict_json)
     }
 }
 
+/* A GPT-2 config.json whose sizes dtrain's GPT-2 cannot take is refused
+ * when it is read, naming the file: n_head not dividing n_embd, a head
+ * above 256, a dropout of 1 (the model's build said "gpt2: ...", no file). */
+TEST(config_gpt2_sizes)
+{
+    static const char *const bad[][2] = {
+        {"\"n_embd\": 32, \"n_head\": 3", "n_embd 32 is not a multiple of n_head 3"},
+        {"\"n_embd\": 1024, \"n_head\": 2", "head size 512"},
+        {"\"embd_pdrop\": 1, \"resid_pdrop\": 1, \"attn_pdrop\": 1", "dropout 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
+        ASSERT(mkdtemp(dir) != NULL);
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f, "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 64, \"n_layer\": 1, %s}", bad[i][0]);
+        fclose(f);
+        dt_hf_config h;
+        ASSERT(dt_hf_config_read(dir, &h) < 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
 int main(void)
 {
     RUN(config_read);
     RUN(config_bad_token_id);
     RUN(config_strict_json);
+    RUN(config_gpt2_sizes);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);
