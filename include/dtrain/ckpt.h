@@ -340,8 +340,9 @@ DT_API dt_ckpt_load_params dt_ckpt_load_params_default(void);
 
 /* An open checkpoint: a directory with index.json, one safetensors file
  * (each tensor one chunk), or a Hugging Face model directory
- * (dt_ckpt_is_hf_dir: model.safetensors, or the shards that
- * model.safetensors.index.json's "weight_map" names; each tensor one chunk
+ * (dt_ckpt_is_hf_dir: model.safetensors, or without one (as transformers
+ * chooses) the shards that model.safetensors.index.json's "weight_map"
+ * names; each tensor one chunk
  * of its shard, the shards validated as they are opened; a shard the map
  * names that is missing, a tensor in two shards or not where the map says
  * are errors naming the file and the key). */

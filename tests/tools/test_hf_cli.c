@@ -161,12 +161,35 @@ TEST(tied_head)
     ASSERT(isfinite(json_loss(r.out)));
 }
 
+/* A directory holding both model.safetensors and a sharded index reads
+ * model.safetensors, as transformers' from_pretrained does (dtrain read the
+ * shards): the golden llama's f32 shards beside llama_bf16's single file
+ * give llama_bf16's loss. */
+TEST(single_file_first)
+{
+    char *d = bad_dir("single_and_shards", "cp '" HF "llama_bf16/model.safetensors' .");
+    char m[600];
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_result r;
+    char *args[] = {"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL};
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    double both = json_loss(r.out);
+    args[2] = "hf:" HF "llama_bf16";
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    double single = json_loss(r.out);
+    fprintf(stderr, "  both files %.9g, model.safetensors alone %.9g\n", both, single);
+    ASSERT(isfinite(both) && both == single);
+}
+
 int main(void)
 {
     RUN(eval_json);
     RUN(train_and_generate);
     RUN(bad_directories);
     RUN(tied_head);
+    RUN(single_file_first);
     cli_cleanup();
     return TEST_REPORT();
 }
