@@ -477,7 +477,10 @@ typedef struct dt_lora_peft_config {
  * adapters do not express (peft_type other than LORA, target_modules as a
  * regular expression, DoRA, bias other than "none", lora_bias,
  * modules_to_save, layers_to_transform, rank/alpha patterns,
- * exclude_modules): refused, never dropped. */
+ * exclude_modules): refused, never dropped. dir/adapter_model.safetensors's
+ * header is read too: an adapter whose rank is not r (lora_A [r, in],
+ * lora_B [out, r]) is DT_ERR_MISMATCH naming it, before any model is built
+ * at that rank; DT_ERR_NOT_FOUND without the file. */
 DT_API dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out);
 DT_API void dt_lora_peft_config_free(dt_lora_peft_config *c);
 
