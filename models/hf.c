@@ -5,7 +5,8 @@
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
  * through dt_ckpt_open) agree with the configuration's vocabulary, width and
- * layer count, and that a tied configuration's weights hold no other head.
+ * layer count, every parameter they hold at the shape it describes (on a
+ * meta build), and that a tied configuration's weights hold no other head.
  * The weights themselves are loaded by the caller, through
  * dt_trainer_load_weights(DIR), so that every strategy reads only its
  * ranges. Every refusal names the file and the key. */
@@ -66,6 +67,62 @@ static dt_status check_tied_head(dt_ckpt *ck, const char *dir, int64_t emb)
     return st;
 }
 
+dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m)
+{
+    dt_model_config mc = dt_model_config_default();
+    mc.build.meta = true;
+    if (h->is_gpt2) {
+        mc.n_layer = h->gpt2.n_layer, mc.n_head = h->gpt2.n_head, mc.n_embd = h->gpt2.n_embd;
+        mc.block_size = h->gpt2.block_size, mc.vocab_size = h->gpt2.vocab_size;
+        dt_model_desc d;
+        return dt__model_gpt2("gpt2", 0, &mc, m, &d);
+    }
+    return dt_llama_create(&h->llama, 0, &mc, m, NULL);
+}
+
+static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(b, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(b + k, n - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (k < n)
+        snprintf(b + k, n - k, "]");
+}
+
+/* Every parameter of the model h describes that the weights hold, at the
+ * weights' shape: checked on a meta build (no storage), so that sizes in
+ * config.json the weights do not have (intermediate_size 2^22 over 64,
+ * 2^20 heads) are refused before the model is built at them (gigabytes
+ * and half a minute for the first, then the loader's shape error; or an
+ * out-of-memory refusal, exit 1). */
+static dt_status check_shapes(dt_ckpt *ck, const char *dir, const dt_hf_config *h)
+{
+    dt_model *m = NULL;
+    dt_status st = dt__hf_meta_model(h, &m);
+    if (st < 0)
+        return dt_error_wrap(st, "%s/%s", dir, CONFIG_NAME);
+    for (size_t i = 0, ne = dt_model_num_entries(m); st >= 0 && i < ne; i++) {
+        dt_param_info pi;
+        dt_ckpt_tensor t;
+        if (dt_model_entry(m, i, &pi) < 0 || pi.is_buffer || pi.tied_to >= 0)
+            continue;
+        int64_t k = dt_ckpt_find(ck, pi.name);
+        if (k < 0 && !strncmp(pi.name, "transformer.", 12)) /* a base model's file */
+            k = dt_ckpt_find(ck, pi.name + 12);
+        if (k < 0 || dt_ckpt_tensor_at(ck, (size_t)k, &t) < 0) /* missing: the loader names it */
+            continue;
+        if (t.ndim != pi.ndim || memcmp(t.shape, pi.shape, (size_t)t.ndim * sizeof t.shape[0])) {
+            char a[160], b[160];
+            shape_str(a, sizeof a, pi.ndim, pi.shape);
+            shape_str(b, sizeof b, t.ndim, t.shape);
+            st = dt_error(DT_ERR_MISMATCH, "%s/%s describes '%s' as %s, but the weights' is %s (a size in the "
+                          "file disagrees with the weights)", dir, CONFIG_NAME, pi.name, a, b);
+        }
+    }
+    dt_model_free(m);
+    return st;
+}
+
 /* The weights' embedding [rows, width] and layer count against the
  * configuration, before the model is built: a config.json that says more
  * layers or a wider model than its weights would otherwise build (and
@@ -102,6 +159,8 @@ static dt_status check_weights(const char *dir, const dt_hf_config *h)
     if (st >= 0 && !has_layer(ck, h, L - 1))
         st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"%s\" is %lld, but the weights have no layer %lld",
                       dir, CONFIG_NAME, lkey, (long long)L, (long long)(L - 1));
+    if (st >= 0)
+        st = check_shapes(ck, dir, h);
     dt_ckpt_close(ck);
     return st;
 }

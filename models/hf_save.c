@@ -201,20 +201,6 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
     return DT_OK;
 }
 
-/* The parameters to export: a meta build of the configuration's model. */
-static dt_status meta_model(const dt_hf_config *h, dt_model **m)
-{
-    dt_model_config mc = dt_model_config_default();
-    mc.build.meta = true;
-    if (h->is_gpt2) {
-        mc.n_layer = h->gpt2.n_layer, mc.n_head = h->gpt2.n_head, mc.n_embd = h->gpt2.n_embd;
-        mc.block_size = h->gpt2.block_size, mc.vocab_size = h->gpt2.vocab_size;
-        dt_model_desc d;
-        return dt__model_gpt2("gpt2", 0, &mc, m, &d);
-    }
-    return dt_llama_create(&h->llama, 0, &mc, m, NULL);
-}
-
 typedef struct item {
     const char *name;  /* the model's entry name (borrowed from the model) */
     int64_t src;       /* the checkpoint tensor it is read from */
@@ -537,7 +523,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
                                                                       : h->llama.max_position_embeddings,
                                             &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
         goto out;
-    if ((st = meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
+    if ((st = dt__hf_meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
         goto out;
     size_t ne = dt_model_num_entries(m), n = 0;
     if (!(it = calloc(ne ? ne : 1, sizeof *it))) {

@@ -36,6 +36,10 @@ dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_ll
  * generation; false for another model. */
 /* The model DIR/config.json describes (hf.c; dt_model_create("hf:DIR")). */
 dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
+/* A meta build (names and shapes, no storage) of the model h describes:
+ * the parameters an export writes (hf_save.c) and a directory's weights are
+ * checked against (hf.c). */
+dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 /* The key/value cache of dt_model_generate (generate_kv.c). init: *out a

@@ -5,8 +5,9 @@
  * directory's weights lowers the loss; generation runs; and each bad
  * directory (a truncated shard, an index naming a missing shard, an
  * unknown rope_scaling type, an unknown architecture, a vocab_size or a
- * hidden_size that disagrees with the weights, more layers than they
- * hold, a tied config over a different lm_head.weight) is an error naming
+ * hidden_size, intermediate_size or head count that disagrees with the
+ * weights, more layers than they hold, a tied config over a different
+ * lm_head.weight) is an error naming
  * the file and the key, exit 2, with nothing written. */
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
@@ -121,6 +122,11 @@ TEST(bad_directories)
              "config.json", "\"num_hidden_layers\" is 1000000, but the weights have no layer 999999");
     bad_case("width", "sed -i 's/\"hidden_size\": 32/\"hidden_size\": 8192/' config.json", "config.json",
              "\"hidden_size\" is 8192");
+    /* any other size the weights disagree with: named with the tensor, before the model is built at it */
+    bad_case("intermediate", "sed -i 's/\"intermediate_size\": 64/\"intermediate_size\": 128/' config.json",
+             "config.json", "describes 'model.layers.0.mlp.gate_proj.weight' as [128,32], but the weights' is [64,32]");
+    bad_case("heads", "sed -i 's/\"num_attention_heads\": 4/\"num_attention_heads\": 8/' config.json", "config.json",
+             "describes 'model.layers.0.self_attn.q_proj.weight' as [96,32], but the weights' is [48,32]");
 }
 
 /* tied config.json (tie_word_embeddings true) over weights that also hold
