@@ -550,6 +550,11 @@ static dt_status check_config(const dt_gpt2_config *g, dt_pg *tp, bool sp, const
     if (tp && g->n_head >= 1 && g->n_head % dt_pg_size(tp))
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_head %lld is not divisible by the tensor-parallel size %d (each "
                         "rank computes whole heads)", (long long)g->n_head, dt_pg_size(tp));
+    return dt__gpt2_config_check(g);
+}
+
+dt_status dt__gpt2_config_check(const dt_gpt2_config *g)
+{
     if (g->n_layer < 1 || g->n_head < 1 || g->n_embd < 1 || g->block_size < 1 || g->vocab_size < 1)
         return dt_error(DT_ERR_INVALID_ARG, "gpt2: n_layer, n_head, n_embd, block_size and vocab_size must be >= 1 "
                         "(got %lld, %lld, %lld, %lld, %lld)", (long long)g->n_layer, (long long)g->n_head,

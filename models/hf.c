@@ -5,8 +5,9 @@
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
  * through dt_ckpt_open) agree with the configuration's vocabulary, width and
- * layer count. The
- * weights themselves are loaded by the caller, through
+ * layer count, every parameter they hold at the shape it describes (on a
+ * meta build), and that a tied configuration's weights hold no other head.
+ * The weights themselves are loaded by the caller, through
  * dt_trainer_load_weights(DIR), so that every strategy reads only its
  * ranges. Every refusal names the file and the key. */
 #include "zoo.h"
@@ -32,6 +33,94 @@ static bool has_layer(const dt_ckpt *ck, const dt_hf_config *h, int64_t i)
     snprintf(a, sizeof a, "transformer.h.%lld.ln_1.weight", (long long)i);
     snprintf(b, sizeof b, "h.%lld.ln_1.weight", (long long)i);
     return dt_ckpt_find(ck, a) >= 0 || dt_ckpt_find(ck, b) >= 0;
+}
+
+/* A tied configuration (tie_word_embeddings, GPT-2's default) whose weights
+ * also hold an lm_head.weight: it must be the embedding, byte for byte
+ * (some exporters write the tied head twice). A different head is refused:
+ * transformers 5 then unties the two and uses it, older versions tie them
+ * and drop it, and dtrain's tied model would drop it silently. Read in
+ * pieces of 1 Mi elements (a 128k x 4k head is 2 GB). */
+static dt_status check_tied_head(dt_ckpt *ck, const char *dir, int64_t emb)
+{
+    int64_t head = dt_ckpt_find(ck, "lm_head.weight");
+    dt_ckpt_tensor e, h;
+    if (head < 0 || dt_ckpt_tensor_at(ck, (size_t)emb, &e) < 0 || dt_ckpt_tensor_at(ck, (size_t)head, &h) < 0)
+        return DT_OK;
+    bool same = e.dtype == h.dtype && e.numel == h.numel && e.ndim == h.ndim &&
+                !memcmp(e.shape, h.shape, (size_t)e.ndim * sizeof e.shape[0]);
+    const size_t es = dt_st_dtype_size(e.dtype), step = (size_t)1 << 20;
+    char *a = same ? malloc(step * es) : NULL, *b = same ? malloc(step * es) : NULL;
+    dt_status st = !same || (a && b) ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", dir);
+    for (uint64_t lo = 0; same && st >= 0 && lo < e.numel; lo += step) {
+        uint64_t hi = e.numel - lo < step ? e.numel : lo + step;
+        if ((st = dt_ckpt_read(ck, (size_t)emb, lo, hi, a, true)) >= 0 &&
+            (st = dt_ckpt_read(ck, (size_t)head, lo, hi, b, true)) >= 0)
+            same = !memcmp(a, b, (size_t)(hi - lo) * es);
+    }
+    free(a);
+    free(b);
+    if (st >= 0 && !same)
+        st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"tie_word_embeddings\" is true (or absent, for GPT-2), but the "
+                      "weights' lm_head.weight differs from %s: set it false for a Llama-family model to use that "
+                      "head, or leave lm_head.weight out", dir, CONFIG_NAME, e.name);
+    return st;
+}
+
+dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m)
+{
+    dt_model_config mc = dt_model_config_default();
+    mc.build.meta = true;
+    if (h->is_gpt2) {
+        mc.n_layer = h->gpt2.n_layer, mc.n_head = h->gpt2.n_head, mc.n_embd = h->gpt2.n_embd;
+        mc.block_size = h->gpt2.block_size, mc.vocab_size = h->gpt2.vocab_size;
+        dt_model_desc d;
+        return dt__model_gpt2("gpt2", 0, &mc, m, &d);
+    }
+    return dt_llama_create(&h->llama, 0, &mc, m, NULL);
+}
+
+static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(b, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(b + k, n - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (k < n)
+        snprintf(b + k, n - k, "]");
+}
+
+/* Every parameter of the model h describes that the weights hold, at the
+ * weights' shape: checked on a meta build (no storage), so that sizes in
+ * config.json the weights do not have (intermediate_size 2^22 over 64,
+ * 2^20 heads) are refused before the model is built at them (gigabytes
+ * and half a minute for the first, then the loader's shape error; or an
+ * out-of-memory refusal, exit 1). */
+static dt_status check_shapes(dt_ckpt *ck, const char *dir, const dt_hf_config *h)
+{
+    dt_model *m = NULL;
+    dt_status st = dt__hf_meta_model(h, &m);
+    if (st < 0)
+        return dt_error_wrap(st, "%s/%s", dir, CONFIG_NAME);
+    for (size_t i = 0, ne = dt_model_num_entries(m); st >= 0 && i < ne; i++) {
+        dt_param_info pi;
+        dt_ckpt_tensor t;
+        if (dt_model_entry(m, i, &pi) < 0 || pi.is_buffer || pi.tied_to >= 0)
+            continue;
+        int64_t k = dt_ckpt_find(ck, pi.name);
+        if (k < 0 && !strncmp(pi.name, "transformer.", 12)) /* a base model's file */
+            k = dt_ckpt_find(ck, pi.name + 12);
+        if (k < 0 || dt_ckpt_tensor_at(ck, (size_t)k, &t) < 0) /* missing: the loader names it */
+            continue;
+        if (t.ndim != pi.ndim || memcmp(t.shape, pi.shape, (size_t)t.ndim * sizeof t.shape[0])) {
+            char a[160], b[160];
+            shape_str(a, sizeof a, pi.ndim, pi.shape);
+            shape_str(b, sizeof b, t.ndim, t.shape);
+            st = dt_error(DT_ERR_MISMATCH, "%s/%s describes '%s' as %s, but the weights' is %s (a size in the "
+                          "file disagrees with the weights)", dir, CONFIG_NAME, pi.name, a, b);
+        }
+    }
+    dt_model_free(m);
+    return st;
 }
 
 /* The weights' embedding [rows, width] and layer count against the
@@ -63,11 +152,15 @@ static dt_status check_weights(const char *dir, const dt_hf_config *h)
         else if (t.shape[1] != C)
             st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"%s\" is %lld, but the weights' tensor '%s' has %lld "
                           "columns", dir, CONFIG_NAME, ckey, (long long)C, names[i], (long long)t.shape[1]);
+        else if (h->is_gpt2 || h->llama.tie_word_embeddings)
+            st = check_tied_head(ck, dir, k);
         break;
     }
     if (st >= 0 && !has_layer(ck, h, L - 1))
         st = dt_error(DT_ERR_MISMATCH, "%s/%s: key \"%s\" is %lld, but the weights have no layer %lld",
                       dir, CONFIG_NAME, lkey, (long long)L, (long long)(L - 1));
+    if (st >= 0)
+        st = check_shapes(ck, dir, h);
     dt_ckpt_close(ck);
     return st;
 }

@@ -3,6 +3,7 @@
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
  * and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
+#include "base/json_strict.h"
 #include "zoo.h"
 
 #include <cjson/cJSON.h>
@@ -76,22 +77,30 @@ static const char *get_str(cfg_reader *r, const cJSON *o, const char *key, const
     return v->valuestring;
 }
 
-/* A token id key that may be a list (Llama 3 instruct's eos): its first. */
-static int64_t get_token(cfg_reader *r, const char *key)
+/* A token id key: null, one id, or a list of them (Llama 3 instruct's
+ * eos_token_id) into ids[0, cap); returns how many. */
+static int get_tokens(cfg_reader *r, const char *key, int64_t *ids, int cap)
 {
     const cJSON *v = item(r->root, key);
-    if (cJSON_IsArray(v))
-        v = v->child;
-    if (!v || cJSON_IsNull(v))
-        return -1;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= (double)INT32_MAX) ||
-        v->valuedouble != floor(v->valuedouble)) {
-        if (r->st >= 0)
+    if (!v || cJSON_IsNull(v) || r->st < 0)
+        return 0;
+    const bool list = cJSON_IsArray(v);
+    if (list && cJSON_GetArraySize(v) > cap) {
+        r->st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"%s\" lists %d token ids (at most %d)", r->path, key,
+                         cJSON_GetArraySize(v), cap);
+        return 0;
+    }
+    int n = 0;
+    for (const cJSON *e = list ? v->child : v; e; e = list ? e->next : NULL) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= (double)INT32_MAX) ||
+            e->valuedouble != floor(e->valuedouble)) {
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id in [0, 2^31) (or a list of them)",
                              r->path, key);
-        return -1;
+            return 0;
+        }
+        ids[n++] = (int64_t)e->valuedouble;
     }
-    return (int64_t)v->valuedouble;
+    return n;
 }
 
 static void unsupported(cfg_reader *r, const char *key, const char *why)
@@ -180,8 +189,6 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->qkv_bias_only = qwen2;
     c->mlp_bias = get_bool(r, o, "mlp_bias", false);
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", false);
-    c->bos_token_id = get_token(r, "bos_token_id");
-    c->eos_token_id = get_token(r, "eos_token_id");
     const char *act = get_str(r, o, "hidden_act", "silu");
     if (r->st >= 0 && strcmp(act, "silu"))
         unsupported(r, "hidden_act", "only \"silu\" (SwiGLU) is supported");
@@ -239,8 +246,11 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         return st == DT_ERR_NOT_FOUND ? dt_error(st, "%s: no %s (not a Hugging Face model directory)", dir,
                                                  CONFIG_NAME)
                                       : st;
-    cJSON *root = cJSON_ParseWithLength(txt, len);
+    cJSON *root = NULL; /* strict: a key given twice reads as its last in transformers, its first in cJSON */
+    st = dt__json_parse_strict(txt, len, path, &root);
     free(txt);
+    if (st < 0)
+        return st;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", path);
@@ -259,6 +269,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         if (!strcmp(arch, "GPT2LMHeadModel")) {
             out->is_gpt2 = true;
             read_gpt2(&r, &out->gpt2);
+            if (r.st >= 0 && (st = dt__gpt2_config_check(&out->gpt2)) < 0)
+                r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
@@ -269,6 +281,10 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)", path, arch);
         }
     }
+    /* the special tokens, kept for the export (hf_save.c) as they are given */
+    int64_t bos[DT_HF_MAX_EOS];
+    out->bos_token_id = get_tokens(&r, "bos_token_id", bos, DT_HF_MAX_EOS) ? bos[0] : -1;
+    out->n_eos = get_tokens(&r, "eos_token_id", out->eos_token_ids, DT_HF_MAX_EOS);
     cJSON_Delete(root);
     return r.st;
 }

@@ -48,6 +48,7 @@ dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_c
     dt_model_config mc = c ? *c : dt_model_config_default();
     if (!strncmp(name, "hf:", 3))
         return dt_hf_config_read(name + 3, out);
+    out->bos_token_id = -1;
     if (dt__model_is_llama(name)) {
         snprintf(out->architecture, sizeof out->architecture, "LlamaForCausalLM");
         return dt__llama_config_for(name, &mc, &out->llama);
@@ -68,6 +69,8 @@ dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_c
     if (mc.vocab_size)
         g->vocab_size = mc.vocab_size;
     g->dropout = mc.dropout;
+    if (g->vocab_size == 50257) /* GPT-2's own vocabulary: <|endoftext|> */
+        out->bos_token_id = out->eos_token_ids[0] = 50256, out->n_eos = 1;
     out->is_gpt2 = true;
     snprintf(out->architecture, sizeof out->architecture, "GPT2LMHeadModel");
     return DT_OK;
@@ -92,12 +95,18 @@ static const char *torch_dtype(dt_dtype t)
     return t == DT_BF16 ? "bfloat16" : t == DT_F16 ? "float16" : "float32";
 }
 
-static void add_token(cJSON *o, const char *key, int64_t id)
+/* key: null (n 0), the id (n 1) or the list of n ids. */
+static void add_tokens(cJSON *o, const char *key, const int64_t *ids, int n)
 {
-    if (id >= 0)
-        cJSON_AddNumberToObject(o, key, (double)id);
-    else
+    if (n == 1) {
+        cJSON_AddNumberToObject(o, key, (double)ids[0]);
+    } else if (n > 1) {
+        cJSON *a = cJSON_AddArrayToObject(o, key);
+        for (int i = 0; a && i < n; i++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)ids[i]));
+    } else {
         cJSON_AddNullToObject(o, key);
+    }
 }
 
 /* config.json and generation_config.json as text (cJSON_Print; free both). */
@@ -113,7 +122,6 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
     }
     cJSON_AddItemToArray(ar, cJSON_CreateString(h->architecture));
     cJSON_AddItemToObject(o, "architectures", ar);
-    int64_t bos, eos;
     if (h->is_gpt2) {
         const dt_gpt2_config *c = &h->gpt2;
         cJSON_AddStringToObject(o, "model_type", "gpt2");
@@ -131,7 +139,6 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "resid_pdrop", fnum(c->dropout));
         cJSON_AddNumberToObject(o, "attn_pdrop", fnum(c->dropout));
         cJSON_AddBoolToObject(o, "tie_word_embeddings", 1);
-        bos = eos = c->vocab_size == 50257 ? 50256 : -1;
     } else {
         const dt_llama_config *c = &h->llama;
         const char *mt = !strcmp(h->architecture, "MistralForCausalLM") ? "mistral"
@@ -173,14 +180,13 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-        bos = c->bos_token_id, eos = c->eos_token_id;
     }
-    add_token(o, "bos_token_id", bos);
-    add_token(o, "eos_token_id", eos);
+    add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);
+    add_tokens(o, "eos_token_id", h->eos_token_ids, h->n_eos);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dt));
     cJSON_AddBoolToObject(o, "use_cache", 1);
-    add_token(g, "bos_token_id", bos);
-    add_token(g, "eos_token_id", eos);
+    add_tokens(g, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);
+    add_tokens(g, "eos_token_id", h->eos_token_ids, h->n_eos);
     cJSON_AddBoolToObject(g, "_from_model_config", 1);
     *cfg = cJSON_Print(o);
     *gen = cJSON_Print(g);
@@ -193,20 +199,6 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         return dt_error(DT_ERR_NO_MEMORY, "config.json: out of memory");
     }
     return DT_OK;
-}
-
-/* The parameters to export: a meta build of the configuration's model. */
-static dt_status meta_model(const dt_hf_config *h, dt_model **m)
-{
-    dt_model_config mc = dt_model_config_default();
-    mc.build.meta = true;
-    if (h->is_gpt2) {
-        mc.n_layer = h->gpt2.n_layer, mc.n_head = h->gpt2.n_head, mc.n_embd = h->gpt2.n_embd;
-        mc.block_size = h->gpt2.block_size, mc.vocab_size = h->gpt2.vocab_size;
-        dt_model_desc d;
-        return dt__model_gpt2("gpt2", 0, &mc, m, &d);
-    }
-    return dt_llama_create(&h->llama, 0, &mc, m, NULL);
 }
 
 typedef struct item {
@@ -531,7 +523,7 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
                                                                       : h->llama.max_position_embeddings,
                                             &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
         goto out;
-    if ((st = meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
+    if ((st = dt__hf_meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
         goto out;
     size_t ne = dt_model_num_entries(m), n = 0;
     if (!(it = calloc(ne ? ne : 1, sizeof *it))) {

@@ -16,7 +16,7 @@ typedef struct {
 
 #define LLAMA_DEFAULTS                                                                                               \
     .rms_norm_eps = 1e-5f, .initializer_range = 0.02f, .rope_theta = 10000.0, .rope_type = DT_ROPE_DEFAULT,          \
-    .rope_factor = 1.0, .bos_token_id = -1, .eos_token_id = -1
+    .rope_factor = 1.0
 
 static const named_config g_configs[] = {
     {"llama-tiny", {.vocab_size = 512, .hidden_size = 64, .intermediate_size = 176, .num_hidden_layers = 2,

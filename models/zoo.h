@@ -10,6 +10,10 @@ dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **
  * name is one. */
 dt_status dt__model_gpt2(const char *name, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 bool dt__model_is_gpt2(const char *name);
+/* A GPT-2 configuration's own sizes and dropout: every size >= 1, n_head
+ * divides n_embd, a head of at most 256 (the attention kernel), dropout in
+ * [0, 1). hf_config.c checks config.json's with it. */
+dt_status dt__gpt2_config_check(const dt_gpt2_config *g);
 /* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
  * (the first pipeline unit and the model's own forward). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);
@@ -32,6 +36,10 @@ dt_status dt__llama_config_for(const char *name, const dt_model_config *c, dt_ll
  * generation; false for another model. */
 /* The model DIR/config.json describes (hf.c; dt_model_create("hf:DIR")). */
 dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
+/* A meta build (names and shapes, no storage) of the model h describes:
+ * the parameters an export writes (hf_save.c) and a directory's weights are
+ * checked against (hf.c). */
+dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 /* The key/value cache of dt_model_generate (generate_kv.c). init: *out a

@@ -340,8 +340,9 @@ DT_API dt_ckpt_load_params dt_ckpt_load_params_default(void);
 
 /* An open checkpoint: a directory with index.json, one safetensors file
  * (each tensor one chunk), or a Hugging Face model directory
- * (dt_ckpt_is_hf_dir: model.safetensors, or the shards that
- * model.safetensors.index.json's "weight_map" names; each tensor one chunk
+ * (dt_ckpt_is_hf_dir: model.safetensors, or without one (as transformers
+ * chooses) the shards that model.safetensors.index.json's "weight_map"
+ * names; each tensor one chunk
  * of its shard, the shards validated as they are opened; a shard the map
  * names that is missing, a tensor in two shards or not where the map says
  * are errors naming the file and the key). */
@@ -477,7 +478,10 @@ typedef struct dt_lora_peft_config {
  * adapters do not express (peft_type other than LORA, target_modules as a
  * regular expression (the string "all-linear" is read as {"all-linear"}), DoRA, bias other than "none", lora_bias,
  * modules_to_save, layers_to_transform, rank/alpha patterns,
- * exclude_modules): refused, never dropped. */
+ * exclude_modules): refused, never dropped. dir/adapter_model.safetensors's
+ * header is read too: an adapter whose rank is not r (lora_A [r, in],
+ * lora_B [out, r]) is DT_ERR_MISMATCH naming it, before any model is built
+ * at that rank; DT_ERR_NOT_FOUND without the file. */
 DT_API dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out);
 DT_API void dt_lora_peft_config_free(dt_lora_peft_config *c);
 

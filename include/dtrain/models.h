@@ -212,7 +212,6 @@ typedef struct dt_llama_config {
     bool qkv_bias_only;               /* with attention_bias: o_proj has none (Qwen2) */
     bool mlp_bias;                    /* gate/up/down biases */
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
-    int64_t bos_token_id, eos_token_id; /* -1: none */
 } dt_llama_config;
 
 /* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
@@ -256,6 +255,9 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 
 /* ---- Hugging Face model directories ------------------------------------------------- */
 
+/* The most ids config.json's eos_token_id may list. */
+#define DT_HF_MAX_EOS 16
+
 /* What DIR/config.json describes. */
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
@@ -264,6 +266,10 @@ typedef struct dt_hf_config {
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */
     dt_gpt2_config gpt2;    /* n_layer, n_head, n_embd, n_positions, vocab_size, the (equal) pdrops */
+    int64_t bos_token_id;   /* bos_token_id (a list's first); -1: none (null or absent) */
+    int64_t eos_token_ids[DT_HF_MAX_EOS]; /* eos_token_id: one id, or the list as given (Llama 3
+                                             instruct: 128001, 128008, 128009), written back so */
+    int n_eos;              /* ids in eos_token_ids; 0: none (null, [] or absent) */
 } dt_hf_config;
 /* Read and check DIR/config.json. Errors name the file and the key:
  * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
@@ -271,7 +277,9 @@ typedef struct dt_hf_config {
  * hidden_act other than silu, a sliding window, attention dropout, ...),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after
- * checking the weights' embedding rows against vocab_size: DT_ERR_MISMATCH);
+ * checking the weights' embedding against vocab_size and the width, and a
+ * tied configuration's lm_head.weight, if the weights hold one, against the
+ * embedding: DT_ERR_MISMATCH);
  * the weights are then loaded with dt_trainer_load_weights(tr, DIR) (train.h),
  * which reads model.safetensors or the shards of
  * model.safetensors.index.json (ckpt.h dt_ckpt_open) in f32, bf16 or f16. */

@@ -1,12 +1,13 @@
-/* src/base/json_strict.h — JSON the library reads back from its own files
- * (a checkpoint's index.json, the trainer's run state), parsed strictly: one
- * value and nothing but blanks after it, and no key twice in one object
- * (cJSON keeps both and a lookup returns the first, so an edited file could
- * say one thing to one reader and another to the next).
+/* src/base/json_strict.h — JSON files whose every key matters (a
+ * checkpoint's index.json, the trainer's run state, jsonl: records, and a
+ * Hugging Face model's config.json, model.safetensors.index.json and PEFT's
+ * adapter_config.json), parsed strictly: one value and nothing but blanks
+ * after it, and no key twice in one object (cJSON keeps both and a lookup
+ * returns the first, Python's json the last, so an edited file could say one
+ * thing to one reader and another to the next).
  *
- * Layer-internal: base's strict JSON reader for every layer that reads its
- * own files back (ckpt: index.json; train: the run state). Not installed, not
- * for users. */
+ * Layer-internal: base's strict JSON reader for the layers that read such
+ * files (ckpt, train, data, models). Not installed, not for users. */
 #ifndef DT_BASE_JSON_STRICT_H
 #define DT_BASE_JSON_STRICT_H
 

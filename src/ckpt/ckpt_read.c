@@ -217,9 +217,10 @@ static dt_status open_single(dt_ckpt *ck)
     return add_st_file(ck, ck->src);
 }
 
-/* A Hugging Face model directory: model.safetensors, or the shards that
- * model.safetensors.index.json's weight_map names (each a plain file name
- * inside the directory; every tensor it names must be in that file). */
+/* A Hugging Face model directory: model.safetensors, or (without one) the
+ * shards that model.safetensors.index.json's weight_map names (each a plain
+ * file name inside the directory; every tensor it names must be in that
+ * file). */
 static dt_status open_hf(dt_ckpt *ck, const char *ipath)
 {
     char p[4200];
@@ -443,10 +444,12 @@ dt_status dt_ckpt_open(const char *src, dt_ckpt **out)
     } else if (!S_ISDIR(sb.st_mode)) {
         st = open_single(ck);
     } else if (dt_ckpt_is_hf_dir(src)) {
-        char ip[4200];
+        /* model.safetensors first, as transformers' from_pretrained: an index beside it is not read */
+        char ip[4200], wp[4200];
         snprintf(ip, sizeof ip, "%s/%s", src, DT_HF_INDEX_NAME);
+        snprintf(wp, sizeof wp, "%s/%s", src, DT_HF_WEIGHTS_NAME);
         struct stat ib;
-        st = open_hf(ck, stat(ip, &ib) == 0 ? ip : NULL);
+        st = open_hf(ck, stat(wp, &ib) != 0 && stat(ip, &ib) == 0 ? ip : NULL);
     } else {
         char ipath[4096];
         snprintf(ipath, sizeof ipath, "%s/%s", src, INDEX_NAME);

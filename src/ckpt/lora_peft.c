@@ -3,6 +3,7 @@
  * weights under PEFT's keys ("base_model.model." + the model's name, the
  * adapter name "default" left out, metadata format = pt) and
  * DIR/adapter_config.json, LoraConfig.to_dict() with sorted keys. */
+#include "base/json_strict.h"
 #include "dtrain/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -207,6 +208,29 @@ static bool at_default(const cJSON *v)
            (cJSON_IsArray(v) && !v->child) || (cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
 }
 
+/* Every adapter in dir/adapter_model.safetensors at rank r: PEFT's loader
+ * would refuse the sizes, and a model built at a wrong rank (r 65536 for
+ * weights of 16) could need far more memory than the adapters ever held. */
+static dt_status check_ranks(const char *dir, int64_t r)
+{
+    char file[4200];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    dt_st_file *f = NULL;
+    dt_status st = dt_st_open(file, &f);
+    for (size_t i = 0; st >= 0 && i < dt_st_count(f); i++) {
+        const dt_st_tensor *t = dt_st_tensor_at(f, i);
+        size_t n = strlen(t->name);
+        const bool a = n > 14 && !strcmp(t->name + n - 14, ".lora_A.weight"), b = !a && n > 14 &&
+                       !strcmp(t->name + n - 14, ".lora_B.weight");
+        if ((a || b) && (t->ndim != 2 || t->shape[a ? 0 : 1] != r))
+            st = dt_error(DT_ERR_MISMATCH, "%s: tensor '%s' is not of rank %lld (\"r\" in adapter_config.json): "
+                          "shape [%lld, %lld]", file, t->name, (long long)r, (long long)t->shape[0],
+                          (long long)(t->ndim > 1 ? t->shape[1] : 0));
+    }
+    dt_st_close(f);
+    return st;
+}
+
 void dt_lora_peft_config_free(dt_lora_peft_config *c)
 {
     if (!c)
@@ -230,8 +254,11 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
     dt_status st = dt_file_read_all(file, 1 << 20, &txt, &len);
     if (st < 0)
         return st;
-    cJSON *c = cJSON_Parse(txt);
+    cJSON *c = NULL; /* strict: a key given twice ("r") reads as its last in PEFT, its first in cJSON */
+    st = dt__json_parse_strict(txt, len, file, &c);
     free(txt);
+    if (st < 0)
+        return st;
     if (!cJSON_IsObject(c)) {
         cJSON_Delete(c);
         return dt_error(DT_ERR_FORMAT, "%s: not a JSON object", file);
@@ -282,6 +309,8 @@ dt_status dt_lora_peft_config_read(const char *dir, dt_lora_peft_config *out)
         else if (!(out->target_names[i] = strdup(e->valuestring)))
             st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", file);
     }
+    if (st >= 0)
+        st = check_ranks(dir, (int64_t)r->valuedouble);
     if (st >= 0) {
         out->params.r = (int64_t)r->valuedouble;
         out->params.alpha = (float)al->valuedouble;

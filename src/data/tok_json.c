@@ -763,6 +763,9 @@ dt_status dt_tokenizer_load_mem(const void *json, size_t n, const char *name, dt
     if (!json && n)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tokenizer_load_mem: NULL buffer");
     rd r = {.name = name ? name : "<memory>"};
+    size_t bad = 0; /* the tokenizers library reads the file as UTF-8 first ("stream did not contain valid UTF-8") */
+    if (!dt__utf8_valid(json, n, &bad))
+        return dt_error(DT_ERR_FORMAT, "tokenizer.json %s: not valid UTF-8 (byte %zu)", r.name, bad);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, n, &end, 0);
     if (!root) {

@@ -386,6 +386,10 @@ TEST(bad_files)
     ASSERT_EQ_INT(dt_tokenizer_load_mem("{\"model\":", 9, "trunc.json", &t), DT_ERR_FORMAT);
     ASSERT_STR_CONTAINS(dt_last_error(), "trunc.json");
     ASSERT_EQ_INT(dt_tokenizer_load_mem("[]", 2, "arr.json", &t), DT_ERR_FORMAT);
+    /* a vocab key of bytes that are not UTF-8 (0xFF): the tokenizers library refuses the file, dtrain read the key */
+    const char *bin = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\xff\":1},\"merges\":[]}}";
+    ASSERT_EQ_INT(dt_tokenizer_load_mem(bin, strlen(bin), "bin.json", &t), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "bin.json: not valid UTF-8 (byte 39)");
     ASSERT_EQ_INT(dt_tokenizer_load("/nonexistent/tokenizer.json", &t), DT_ERR_IO);
     ASSERT(t == NULL);
     /* every truncation of a real file: an error or a tokenizer, never a crash */

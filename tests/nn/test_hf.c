@@ -173,6 +173,9 @@ TEST(config_read)
     ASSERT_NEAR(h.llama.rope_factor, 8.0, 0, 0);
     ASSERT_EQ_INT((int)h.llama.rope_original_max_position_embeddings, 32);
     ASSERT(!h.llama.tie_word_embeddings);
+    ASSERT_EQ_INT((int)h.bos_token_id, 1);
+    ASSERT_EQ_INT(h.n_eos, 1);
+    ASSERT_EQ_INT((int)h.eos_token_ids[0], 2);
     ASSERT_OK(dt_hf_config_read(HF "gpt2", &h));
     ASSERT(h.is_gpt2);
     ASSERT_EQ_INT((int)h.gpt2.block_size, 64);
@@ -206,10 +209,71 @@ TEST(config_bad_token_id)
     }
 }
 
+/* config.json read strictly: a key given twice (transformers, through
+ * Python's json, takes its last value; cJSON alone took the first) or text
+ * after the object is a format error naming the file, never one reading. */
+TEST(config_strict_json)
+{
+    static const char *const bad[][2] = {
+        {"\"hidden_size\": 16, \"rms_norm_eps\": 1e-5, \"rms_norm_eps\": 1e-6}",
+         "the key \"rms_norm_eps\" appears twice"},
+        {"\"hidden_size\": 16} {\"hidden_size\": 32}", "text after the end"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
+        ASSERT(mkdtemp(dir) != NULL);
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f,
+                "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"intermediate_size\": 32,"
+                " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, %s",
+                bad[i][0]);
+        fclose(f);
+        dt_hf_config h;
+        ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
+/* A GPT-2 config.json whose sizes dtrain's GPT-2 cannot take is refused
+ * when it is read, naming the file: n_head not dividing n_embd, a head
+ * above 256, a dropout of 1 (the model's build said "gpt2: ...", no file). */
+TEST(config_gpt2_sizes)
+{
+    static const char *const bad[][2] = {
+        {"\"n_embd\": 32, \"n_head\": 3", "n_embd 32 is not a multiple of n_head 3"},
+        {"\"n_embd\": 1024, \"n_head\": 2", "head size 512"},
+        {"\"embd_pdrop\": 1, \"resid_pdrop\": 1, \"attn_pdrop\": 1", "dropout 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
+        ASSERT(mkdtemp(dir) != NULL);
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT(f != NULL);
+        fprintf(f, "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 64, \"n_layer\": 1, %s}", bad[i][0]);
+        fclose(f);
+        dt_hf_config h;
+        ASSERT(dt_hf_config_read(dir, &h) < 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
+        ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
 int main(void)
 {
     RUN(config_read);
     RUN(config_bad_token_id);
+    RUN(config_strict_json);
+    RUN(config_gpt2_sizes);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);

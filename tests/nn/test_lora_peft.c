@@ -285,6 +285,10 @@ TEST(bad_adapters)
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
          "bias"},
         {"[1, 2]", "not a JSON object"},
+        /* a key twice: PEFT (Python's json) takes the last r, cJSON alone the first */
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}",
+         "the key \"r\" appears twice"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]} {}", "text after"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ASSERT_OK(dt_file_write_atomic(f, bad[i][0], strlen(bad[i][0]), 0644));
@@ -368,7 +372,7 @@ TEST(all_linear)
         /* the shorthand as a string, written by hand */
         char f[500];
         snprintf(f, sizeof f, "%s/adapter_config.json", d);
-        const char *js = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}";
+        const char *js = "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}";
         ASSERT_OK(dt_file_write_atomic(f, js, strlen(js), 0644));
         ASSERT_OK(dt_lora_peft_config_read(d, &pc));
         ASSERT_STR_EQ(pc.target_names[0], "all-linear");

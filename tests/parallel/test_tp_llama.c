@@ -24,8 +24,7 @@ static dt_llama_config config(int H, int KV)
                          .num_attention_heads = H, .num_key_value_heads = KV, .head_dim = 6,
                          .max_position_embeddings = 16, .rms_norm_eps = 1e-5f, .initializer_range = 0.1f,
                          .rope_theta = 10000.0, .rope_type = DT_ROPE_LINEAR, .rope_factor = 2.0,
-                         .attention_bias = true, .qkv_bias_only = true, .mlp_bias = true, .bos_token_id = -1,
-                         .eos_token_id = -1};
+                         .attention_bias = true, .qkv_bias_only = true, .mlp_bias = true};
     return c;
 }
 

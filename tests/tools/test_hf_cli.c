@@ -5,9 +5,10 @@
  * directory's weights lowers the loss; generation runs; and each bad
  * directory (a truncated shard, an index naming a missing shard, an
  * unknown rope_scaling type, an unknown architecture, a vocab_size or a
- * hidden_size that disagrees with the weights, more layers than they
- * hold) is an error naming the file and the key, exit 2, with nothing
- * written. */
+ * hidden_size, intermediate_size or head count that disagrees with the
+ * weights, more layers than they hold, a tied config over a different
+ * lm_head.weight) is an error naming
+ * the file and the key, exit 2, with nothing written. */
 // dt-test-timeout: 300
 #include "dtrain/ckpt.h"
 #include "test.h"
@@ -121,6 +122,71 @@ TEST(bad_directories)
              "config.json", "\"num_hidden_layers\" is 1000000, but the weights have no layer 999999");
     bad_case("width", "sed -i 's/\"hidden_size\": 32/\"hidden_size\": 8192/' config.json", "config.json",
              "\"hidden_size\" is 8192");
+    /* any other size the weights disagree with: named with the tensor, before the model is built at it */
+    bad_case("intermediate", "sed -i 's/\"intermediate_size\": 64/\"intermediate_size\": 128/' config.json",
+             "config.json", "describes 'model.layers.0.mlp.gate_proj.weight' as [128,32], but the weights' is [64,32]");
+    bad_case("heads", "sed -i 's/\"num_attention_heads\": 4/\"num_attention_heads\": 8/' config.json", "config.json",
+             "describes 'model.layers.0.self_attn.q_proj.weight' as [96,32], but the weights' is [48,32]");
+}
+
+/* tied config.json (tie_word_embeddings true) over weights that also hold
+ * lm_head.weight: taken when it is the embedding byte for byte, refused
+ * (exit 2 naming the key and the tensor) when it differs; dtrain dropped
+ * the head silently (transformers 5 unties the two and uses it). */
+TEST(tied_head)
+{
+    const char *tie = "sed -i 's/\"tie_word_embeddings\": false/\"tie_word_embeddings\": true/' config.json";
+    bad_case("tied_other_head", tie, "config.json", "lm_head.weight differs from model.embed_tokens.weight");
+    /* the same head written twice: lm_head.weight (shard 2) := model.embed_tokens.weight (shard 1) */
+    char *d = bad_dir("tied_same_head", tie), p1[600], p2[600], m[600];
+    snprintf(p1, sizeof p1, "%s/model-00001-of-00002.safetensors", d);
+    snprintf(p2, sizeof p2, "%s/model-00002-of-00002.safetensors", d);
+    dt_st_file *f1 = NULL, *f2 = NULL;
+    ASSERT_OK(dt_st_open(p1, &f1));
+    ASSERT_OK(dt_st_open(p2, &f2));
+    const dt_st_tensor *e = dt_st_find(f1, "model.embed_tokens.weight"), *h = dt_st_find(f2, "lm_head.weight");
+    ASSERT(e && h && e->nbytes == h->nbytes);
+    char *buf = malloc(e->nbytes);
+    ASSERT(buf != NULL);
+    ASSERT_OK(dt_st_read(f1, e, 0, e->nbytes, buf));
+    uint64_t at = h->offset, n = h->nbytes;
+    dt_st_close(f1);
+    dt_st_close(f2);
+    FILE *f = fopen(p2, "r+b");
+    ASSERT(f != NULL);
+    ASSERT(fseek(f, (long)at, SEEK_SET) == 0 && fwrite(buf, 1, n, f) == n);
+    ASSERT_EQ_INT(fclose(f), 0);
+    free(buf);
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    if (r.code != 0)
+        fprintf(stderr, "  %s", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(isfinite(json_loss(r.out)));
+}
+
+/* A directory holding both model.safetensors and a sharded index reads
+ * model.safetensors, as transformers' from_pretrained does (dtrain read the
+ * shards): the golden llama's f32 shards beside llama_bf16's single file
+ * give llama_bf16's loss. */
+TEST(single_file_first)
+{
+    char *d = bad_dir("single_and_shards", "cp '" HF "llama_bf16/model.safetensors' .");
+    char m[600];
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_result r;
+    char *args[] = {"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL};
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    double both = json_loss(r.out);
+    args[2] = "hf:" HF "llama_bf16";
+    cli_runv(&r, 60, NULL, args);
+    ASSERT_EQ_INT(r.code, 0);
+    double single = json_loss(r.out);
+    fprintf(stderr, "  both files %.9g, model.safetensors alone %.9g\n", both, single);
+    ASSERT(isfinite(both) && both == single);
 }
 
 /* The new tokens of `dtrain generate --model m --prompt-ids 5,6,7` with extra options (NULL-terminated). */
@@ -296,6 +362,8 @@ int main(void)
     RUN(eval_json);
     RUN(train_and_generate);
     RUN(bad_directories);
+    RUN(tied_head);
+    RUN(single_file_first);
     RUN(generation_config);
     RUN(generate_lora_from);
     RUN(hub_cache_layout);

@@ -8,7 +8,9 @@
  * tokenizer (--tokenizer, or hf:DIR holding a tokenizer.json) the directory
  * also holds tokenizer.json (the same bytes), tokenizer_config.json and
  * special_tokens_map.json (valid JSON naming the eos token); a bad
- * tokenizer is exit 2 naming the file and the key, nothing written.
+ * tokenizer is exit 2 naming the file and the key, nothing written. An
+ * hf:DIR model's bos and eos ids (a list of eos ids too) are written back
+ * as its config.json gives them.
  * (transformers itself loading these directories is checked outside the
  * test suite: scripts/check_hf_export.py.) */
 // dt-test-timeout: 300
@@ -246,11 +248,57 @@ TEST(tokenizer_files)
     ASSERT_EQ_INT(count_prefix(cli_tmpdir(), "tok_hf4"), 0);
 }
 
+/* dir/name's key as JSON text ("[2,5]", "1", "null"; "" when the key is absent). */
+static void key_text(const char *dir, const char *name, const char *key, char *buf, size_t n)
+{
+    char p[700], text[1 << 14];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    slurp_(p, text, sizeof text);
+    cJSON *j = cJSON_Parse(text);
+    char *v = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(j, key));
+    snprintf(buf, n, "%s", v ? v : "");
+    cJSON_free(v);
+    cJSON_Delete(j);
+}
+
+/* An hf:DIR model's special tokens are exported as its config.json gives
+ * them: Llama 3 instruct's list of eos ids (every one stops generation in
+ * transformers; the export kept only the first), GPT-2's bos and eos (the
+ * export wrote null unless the vocabulary was GPT-2's own). */
+TEST(special_tokens_kept)
+{
+    char *src = cli_path("eos_list"), *out = cli_path("eos_list_hf"), *out2 = cli_path("gpt2_tok_hf"), cmd[2000];
+    snprintf(cmd, sizeof cmd, "cp -r '%sllama' '%s' && sed -i 's/\"eos_token_id\": 2,/\"eos_token_id\": [2, 5, 7],/' "
+             "'%s/config.json'", HF, src, src);
+    ASSERT_EQ_INT(system(cmd), 0);
+    char m[600], v[200];
+    snprintf(m, sizeof m, "hf:%s", src);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out, src, "--model", m, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *files[] = {"config.json", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        key_text(out, files[i], "eos_token_id", v, sizeof v);
+        ASSERT_STR_EQ(v, "[2,5,7]");
+        key_text(out, files[i], "bos_token_id", v, sizeof v);
+        ASSERT_STR_EQ(v, "1");
+    }
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out2, HF "gpt2", "--model", "hf:" HF "gpt2", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    for (int i = 0; i < 2; i++) {
+        key_text(out2, files[i], "bos_token_id", v, sizeof v);
+        ASSERT_STR_EQ(v, "1");
+        key_text(out2, files[i], "eos_token_id", v, sizeof v);
+        ASSERT_STR_EQ(v, "2");
+    }
+}
+
 int main(void)
 {
     RUN(train_save_hf_llama);
     RUN(train_save_hf_gpt2);
     RUN(tokenizer_files);
+    RUN(special_tokens_kept);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -180,10 +180,11 @@ TEST(lora_from)
     cfg = "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\", \"v_proj\", "
           "\"o_proj\", \"down_proj\"]}";
     ASSERT_OK(dt_file_write_atomic(f, cfg, strlen(cfg), 0644));
-    cli_runv(&r, 60, NULL, bad); /* r 8 against r 4 weights: a shape mismatch */
+    cli_runv(&r, 60, NULL, bad); /* r 8 against r 4 weights: refused before a model is built at rank 8 */
     ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "shape");
-    ASSERT_STR_CONTAINS(r.err, "q_proj.lora_A.weight");
+    ASSERT_STR_CONTAINS(r.err, "adapter_model.safetensors: tensor 'base_model.model.model.layers.0.");
+    ASSERT_STR_CONTAINS(r.err, "lora_A.weight' is not of rank 8 (\"r\" in adapter_config.json): shape [4, ");
+    ASSERT(!strstr(r.out, "LoRA: r 8"));
     char *both[] = {"train", "--model", "hf:" HF, "--lora-from", LORA "init", "--lora-targets", "q_proj", "--data", tok,
                     "--no-eval", NULL};
     cli_runv(&r, 60, NULL, both);
