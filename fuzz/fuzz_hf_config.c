@@ -8,7 +8,7 @@
  * read for its generation settings (dt_hf_generation_config: config.json's
  * keys when there is no generation_config.json): settings that
  * dt_model_generate accepts, or an error naming the file. */
-// fuzz-sources: src/base/*.c models/hf_config.c models/llama_config.c models/hf_generation.c
+// fuzz-sources: src/base/*.c models/hf_config.c models/llama_config.c models/gpt2_config.c models/hf_generation.c
 // fuzz-libs: -lcjson
 #include "dtrain/generate.h"
 #include "dtrain/models.h"
