@@ -80,15 +80,6 @@ dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m)
     return dt_llama_create(&h->llama, 0, &mc, m, NULL);
 }
 
-static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
-{
-    size_t k = (size_t)snprintf(b, n, "[");
-    for (int i = 0; i < ndim && k < n; i++)
-        k += (size_t)snprintf(b + k, n - k, "%s%lld", i ? "," : "", (long long)shape[i]);
-    if (k < n)
-        snprintf(b + k, n - k, "]");
-}
-
 /* Every parameter of the model h describes that the weights hold, at the
  * weights' shape: checked on a meta build (no storage), so that sizes in
  * config.json the weights do not have (intermediate_size 2^22 over 64,
@@ -113,8 +104,8 @@ static dt_status check_shapes(dt_ckpt *ck, const char *dir, const dt_hf_config *
             continue;
         if (t.ndim != pi.ndim || memcmp(t.shape, pi.shape, (size_t)t.ndim * sizeof t.shape[0])) {
             char a[160], b[160];
-            shape_str(a, sizeof a, pi.ndim, pi.shape);
-            shape_str(b, sizeof b, t.ndim, t.shape);
+            dt_shape_str(pi.ndim, pi.shape, a, sizeof a);
+            dt_shape_str(t.ndim, t.shape, b, sizeof b);
             st = dt_error(DT_ERR_MISMATCH, "%s/%s describes '%s' as %s, but the weights' is %s (a size in the "
                           "file disagrees with the weights)", dir, CONFIG_NAME, pi.name, a, b);
         }

@@ -140,6 +140,9 @@ DT_API dt_status dt_env_double(const char *name, double def, double lo, double h
  * they store, so library messages need no call; programs use it for the
  * paths and values they print themselves. */
 DT_API char *dt_escape(const char *s, char *buf, size_t n);
+/* A shape as messages write it, "[2,3,4]" ("[]" for ndim 0), into buf
+ * (cut short, still NUL-terminated, when n is too small). Returns buf. */
+DT_API char *dt_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* ---- dtypes ----------------------------------------------------------- */
 /* Element types shared by tensors, kernels and collectives. */

@@ -15,6 +15,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+char *dt_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    if (!buf || n == 0)
+        return buf;
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
 char *dt_escape(const char *s, char *buf, size_t n)
 {
     if (!buf || !n)

@@ -129,15 +129,6 @@ static bool json_u64(const cJSON *j, uint64_t *out)
     return true;
 }
 
-static void shape_str(int ndim, const int64_t *shape, char *buf, size_t cap)
-{
-    size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < ndim && k < cap; d++)
-        k += (size_t)snprintf(buf + k, cap - k, d ? ",%lld" : "%lld", (long long)shape[d]);
-    if (k < cap)
-        snprintf(buf + k, cap - k, "]");
-}
-
 static int chunk_cmp(const void *a, const void *b)
 {
     const chunk *x = a, *y = b;
@@ -798,8 +789,8 @@ dt_status dt_ckpt_load(const char *src, dt_ckpt_entry *e, size_t n, const dt_ckp
             same = t->shape[d] == x->shape[d];
         if (!same) {
             char a[160], b[160];
-            shape_str(t->ndim, t->shape, a, sizeof a);
-            shape_str(x->ndim, x->shape, b, sizeof b);
+            dt_shape_str(t->ndim, t->shape, a, sizeof a);
+            dt_shape_str(x->ndim, x->shape, b, sizeof b);
             st = dt_error(DT_ERR_SHAPE, "%s: tensor '%s': shape %s in checkpoint, %s here", src, x->name, a, b);
             break;
         }

@@ -46,19 +46,9 @@ bool dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b)
 
 char *dt_tensor_shape_str(const dt_tensor *t, char *buf, size_t n)
 {
-    if (!buf || n == 0)
-        return buf;
-    if (!t) {
+    if (!t && buf && n)
         snprintf(buf, n, "NULL");
-        return buf;
-    }
-    size_t k = 0;
-    k += (size_t)snprintf(buf + k, n - k, "[");
-    for (int i = 0; i < t->ndim && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "," : "", (long long)t->shape[i]);
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
-    return buf;
+    return t ? dt_shape_str(t->ndim, t->shape, buf, n) : buf;
 }
 
 size_t dt_tensor_nbytes(const dt_tensor *t)

@@ -156,16 +156,6 @@ static dt_status ckpt_meta(const dt_ckpt *ck, const char *ckname, const char *ke
     return DT_OK;
 }
 
-/* "[10,1568]" */
-static void shape_str(char *b, size_t n, int ndim, const int64_t *shape)
-{
-    size_t k = (size_t)snprintf(b, n, "[");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(b + k, n - k, "%s%lld", d ? "," : "", (long long)shape[d]);
-    if (k < n)
-        snprintf(b + k, n - k, "]");
-}
-
 /* The reads of a load that need no conversion, done together at the end
  * (dt_ckpt_read_batch: in file order, each file checksummed in the same
  * pass). */
@@ -209,8 +199,8 @@ static dt_status read_as(dt_ckpt *ck, const char *ckname, const char *name, cons
         same = t.shape[d] == p->shape[d];
     if (!same) {
         char sa[256], sb[256];
-        shape_str(sa, sizeof sa, t.ndim, t.shape);
-        shape_str(sb, sizeof sb, p->ndim, p->shape);
+        dt_shape_str(t.ndim, t.shape, sa, sizeof sa);
+        dt_shape_str(p->ndim, p->shape, sb, sizeof sb);
         return dt_error(DT_ERR_SHAPE, "tensor '%s': shape %s in checkpoint %s, %s here", name, sa, ckname, sb);
     }
     dt_dtype have;

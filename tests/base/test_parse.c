@@ -101,6 +101,16 @@ TEST(env)
     unsetenv("DT_TEST_PARSE_V");
 }
 
+TEST(shape_str)
+{
+    char b[32];
+    ASSERT_STR_EQ(dt_shape_str(3, (int64_t[]){2, 3, 4}, b, sizeof b), "[2,3,4]");
+    ASSERT_STR_EQ(dt_shape_str(0, NULL, b, sizeof b), "[]");
+    ASSERT_STR_EQ(dt_shape_str(2, (int64_t[]){-1, 50257}, b, sizeof b), "[-1,50257]");
+    ASSERT_STR_EQ(dt_shape_str(3, (int64_t[]){123, 456, 789}, b, 6), "[123,"); /* cut, still terminated */
+    ASSERT(dt_shape_str(1, (int64_t[]){1}, NULL, 4) == NULL);
+}
+
 TEST(escape)
 {
     char buf[64];
@@ -125,6 +135,7 @@ int main(void)
     RUN(parse_uint);
     RUN(parse_double);
     RUN(env);
+    RUN(shape_str);
     RUN(escape);
     return TEST_REPORT();
 }
