@@ -61,6 +61,22 @@ static inline dt_model *t_create(const char *name, uint64_t seed, const dt_model
     dt_model *m = NULL;
     return dt_model_create(name, seed, cfg, &m, NULL) < 0 ? NULL : m;
 }
+/* gpt-micro (seed 99) with its weights scaled up, in eval mode: its logits far from uniform (a random
+ * init's are nearly flat), for the generation tests' greedy and sampled tokens. */
+static inline dt_model *t_gen_model(void)
+{
+    dt_model *m = NULL;
+    dt_model_config c = dt_model_config_default();
+    if (dt_model_create("gpt-micro", 99, &c, &m, NULL) < 0)
+        return NULL;
+    const dt_flat *p = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+    float *w = p->base;
+    for (size_t i = 0; i < p->total; i++)
+        w[i] *= 4.0f;
+    dt_model_train(m, false);
+    return m;
+}
+
 static inline dt_model *t_build(dt_module *root, uint64_t seed)
 {
     dt_model *m = NULL;

@@ -12,6 +12,7 @@
  * does not end it. repetition_penalty against a reference applied to
  * each step's logits of a full forward. The model: gpt-micro with its weights scaled up, so that
  * its logits are far from uniform. */
+#include "model_util.h"
 #include "test.h"
 
 #include "dtrain/autograd.h"
@@ -26,20 +27,6 @@
 #include <string.h>
 
 #define V 512
-
-static dt_model *make(void)
-{
-    dt_model *m = NULL;
-    dt_model_config c = dt_model_config_default();
-    if (dt_model_create("gpt-micro", 99, &c, &m, NULL) < 0)
-        return NULL;
-    const dt_flat *p = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
-    float *w = p->base;
-    for (size_t i = 0; i < p->total; i++)
-        w[i] *= 4.0f;
-    dt_model_train(m, false);
-    return m;
-}
 
 /* The last position's logits of the prompt. */
 static void last_logits(dt_model *m, const int64_t *prompt, int64_t np, float *out)
@@ -84,7 +71,7 @@ static int64_t ref_pick(const float *logits, float temp, float top_p, uint64_t s
 
 TEST(top_p_against_the_reference)
 {
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     const int64_t prompt[3] = {17, 301, 44};
     float lg[V];
@@ -129,7 +116,7 @@ TEST(top_p_against_the_reference)
 
 TEST(stop_tokens)
 {
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     const int64_t prompt[3] = {5, 6, 7};
     int64_t full[40], n = 0;
@@ -186,7 +173,7 @@ TEST(stop_tokens)
  * negative, then the largest. */
 TEST(repetition_penalty_against_the_reference)
 {
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     /* a prompt whose greedy next token is its first one: there the penalty must matter */
     int64_t seq[16] = {0, 9, 300, 41};

@@ -12,6 +12,7 @@
  * logits are far from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
 #include "../models/zoo.h"
+#include "model_util.h"
 #include "test.h"
 
 #include "dtrain/kernels.h"
@@ -22,24 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static dt_model *make(void)
-{
-    dt_model *m = NULL;
-    dt_model_config c = dt_model_config_default();
-    if (dt_model_create("gpt-micro", 99, &c, &m, NULL) < 0)
-        return NULL;
-    const dt_flat *p = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
-    float *w = p->base;
-    for (size_t i = 0; i < p->total; i++)
-        w[i] *= 4.0f;
-    dt_model_train(m, false);
-    return m;
-}
-
 TEST(cached_logits_match_the_full_forward)
 {
     dt_set_num_threads(2);
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     const int64_t P = 64, V = 512, np = 9, nnew = 40;
     int64_t seq[64];
@@ -132,7 +119,7 @@ static void same_tokens(dt_model *m, float temp, int64_t top_k, int64_t np, int6
 TEST(same_tokens_with_and_without)
 {
     dt_set_num_threads(2);
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     same_tokens(m, 0.0f, 0, 6, 50);   /* greedy, inside the window */
     same_tokens(m, 1.0f, 0, 3, 40);   /* sampled */
@@ -151,7 +138,7 @@ static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor
 
 TEST(hooked_model_goes_uncached)
 {
-    dt_model *m = make();
+    dt_model *m = t_gen_model();
     ASSERT(m);
     int calls = 0;
     dt_module *attn = dt_model_find_module(m, "transformer.h.0.attn");
