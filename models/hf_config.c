@@ -77,29 +77,33 @@ static const char *get_str(cfg_reader *r, const cJSON *o, const char *key, const
     return v->valuestring;
 }
 
-/* A token id key: null, one id, or a list of them (Llama 3 instruct's
- * eos_token_id) into ids[0, cap); returns how many. */
-static int get_tokens(cfg_reader *r, const char *key, int64_t *ids, int cap)
+dt_status dt__hf_token_ids(const cJSON *v, const char *path, const char *key, int64_t *ids, int cap, int *n)
 {
-    const cJSON *v = item(r->root, key);
-    if (!v || cJSON_IsNull(v) || r->st < 0)
-        return 0;
+    *n = 0;
+    if (!v || cJSON_IsNull(v))
+        return DT_OK;
     const bool list = cJSON_IsArray(v);
-    if (list && cJSON_GetArraySize(v) > cap) {
-        r->st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"%s\" lists %d token ids (at most %d)", r->path, key,
-                         cJSON_GetArraySize(v), cap);
-        return 0;
-    }
-    int n = 0;
+    if (list && cJSON_GetArraySize(v) > cap)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: key \"%s\" lists %d token ids (at most %d)", path, key,
+                        cJSON_GetArraySize(v), cap);
     for (const cJSON *e = list ? v->child : v; e; e = list ? e->next : NULL) {
         if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= (double)INT32_MAX) ||
             e->valuedouble != floor(e->valuedouble)) {
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id in [0, 2^31) (or a list of them)",
-                             r->path, key);
-            return 0;
+            *n = 0;
+            return dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a token id in [0, 2^31) (or a list of them)",
+                            path, key);
         }
-        ids[n++] = (int64_t)e->valuedouble;
+        ids[(*n)++] = (int64_t)e->valuedouble;
     }
+    return DT_OK;
+}
+
+/* dt__hf_token_ids of key, after no earlier error: how many. */
+static int get_tokens(cfg_reader *r, const char *key, int64_t *ids, int cap)
+{
+    int n = 0;
+    if (r->st >= 0)
+        r->st = dt__hf_token_ids(item(r->root, key), r->path, key, ids, cap, &n);
     return n;
 }
 

@@ -3,6 +3,8 @@
  * same keys of config.json without it, as transformers' generate() takes
  * them; a malformed value is refused naming the file and the key, a key
  * that dt_model_generate does not apply is named for the caller. */
+#include "zoo.h"
+
 #include <dtrain/generate.h>
 
 #include <cjson/cJSON.h>
@@ -10,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+_Static_assert(DT_GENERATE_MAX_EOS == DT_HF_MAX_EOS, "a config.json's stop tokens fit dt_generate_params");
 
 typedef struct {
     const char *path;
@@ -31,27 +35,6 @@ static bool gen_num(gen_reader *r, const char *k, double lo, double hi, bool who
     }
     *out = v->valuedouble;
     return true;
-}
-
-/* eos_token_id: an id or a list of ids. */
-static void gen_eos(gen_reader *r, dt_generate_params *gp)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, "eos_token_id");
-    gp->n_eos = 0;
-    if (!v || cJSON_IsNull(v))
-        return;
-    const cJSON *e = cJSON_IsArray(v) ? v->child : v;
-    for (; e && r->st >= 0; e = cJSON_IsArray(v) ? e->next : NULL) {
-        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= (double)INT32_MAX) ||
-            e->valuedouble != floor(e->valuedouble))
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" must be a token id in [0, 2^31) or a list "
-                             "of them", r->path);
-        else if (gp->n_eos == DT_GENERATE_MAX_EOS)
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"eos_token_id\" lists more than %d ids", r->path,
-                             DT_GENERATE_MAX_EOS);
-        else
-            gp->eos_ids[gp->n_eos++] = (int64_t)e->valuedouble;
-    }
 }
 
 dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char *ignored, size_t n)
@@ -105,7 +88,8 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
     if (gen_num(&r, "repetition_penalty", 1e-6, 1e6, false, &v))
         g.repetition_penalty = (float)v;
     if (r.st >= 0)
-        gen_eos(&r, &g);
+        r.st = dt__hf_token_ids(cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), path, "eos_token_id",
+                                g.eos_ids, DT_GENERATE_MAX_EOS, &g.n_eos);
     /* what transformers would do that dt_model_generate does not (a key at its default changes nothing) */
     static const struct {
         const char *key;

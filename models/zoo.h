@@ -14,6 +14,13 @@ bool dt__model_is_gpt2(const char *name);
  * divides n_embd, a head of at most 256 (the attention kernel), dropout in
  * [0, 1). hf_config.c checks config.json's with it. */
 dt_status dt__gpt2_config_check(const dt_gpt2_config *g);
+/* A token id key of a Hugging Face JSON file (v: its value; path and key
+ * for messages): null or absent (0 ids), one id, or a list of at most cap
+ * (Llama 3 instruct's eos_token_id), into ids[0, *n). DT_ERR_FORMAT for an
+ * id outside [0, 2^31), DT_ERR_UNSUPPORTED for a longer list, each naming
+ * the file and the key. hf_config.c and hf_generation.c read them so. */
+struct cJSON;
+dt_status dt__hf_token_ids(const struct cJSON *v, const char *path, const char *key, int64_t *ids, int cap, int *n);
 /* The GPT's embeddings: drop(wte[idx] + wpe[0..T)) for the GPT2Model module
  * (the first pipeline unit and the model's own forward). */
 dt_tensor *dt__gpt2_embed(dt_ctx *ctx, dt_module *transformer, dt_tensor *idx);

@@ -39,8 +39,9 @@
 extern "C" {
 #endif
 
-/* The most stop tokens dt_generate_params holds (Llama 3's instruct models name three). */
-#define DT_GENERATE_MAX_EOS 8
+/* The most stop tokens dt_generate_params holds (Llama 3's instruct models name three): as many as
+ * a config.json's eos_token_id may list (models.h DT_HF_MAX_EOS). */
+#define DT_GENERATE_MAX_EOS 16
 
 /* Options of dt_model_generate (nanoGPT's generate, transformers' filters). */
 typedef struct dt_generate_params {
@@ -93,7 +94,7 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
  * true: temperature (default 1), top_k (default 50) and top_p (default 1).
  * repetition_penalty (default 1) either way.
  * eos_token_id (an id or a list of at most DT_GENERATE_MAX_EOS ids; absent
- * or null: none) sets eos_ids and n_eos; max_new_tokens, when given, sets
+ * or null: none; a longer list is DT_ERR_UNSUPPORTED) sets eos_ids and n_eos; max_new_tokens, when given, sets
  * max_new_tokens. seed and kv_cache are not touched. Keys that change the
  * decoding in ways dt_model_generate does not implement (num_beams > 1,
  * no_repeat_ngram_size, min_new_tokens, ...) are

@@ -270,14 +270,14 @@ TEST(hf_generation_config)
                             {"{\"do_sample\": true, \"top_p\": 0}", "top_p"},
                             {"{\"do_sample\": true, \"temperature\": -1}", "temperature"},
                             {"{\"eos_token_id\": [1, 2.5]}", "eos_token_id"},
-                            {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9]}", "eos_token_id"},
+                            {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}", "eos_token_id"},
                             {"{\"max_new_tokens\": -3}", "max_new_tokens"},
                             {"[1, 2]", "not a JSON object"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(dir, "generation_config.json", bad[i][0]);
         dt_generate_params g = dt_generate_params_default();
         dt_status st = dt_hf_generation_config(dir, &g, ign, sizeof ign);
-        ASSERT_STATUS(st, DT_ERR_FORMAT);
+        ASSERT(st == DT_ERR_FORMAT || (i == 4 && st == DT_ERR_UNSUPPORTED)); /* 17 stop tokens: more than taken */
         ASSERT_STR_CONTAINS(dt_last_error(), "generation_config.json");
         ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
         ASSERT(g.temperature == 1.0f && g.n_eos == 0);
