@@ -18,6 +18,7 @@
 #include "zoo.h"
 
 #include <dtrain/ckpt.h>
+#include <dtrain/generate.h>
 #include <dtrain/kernels.h>
 #include <dtrain/tokenizer.h>
 
@@ -25,6 +26,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,23 @@ static void add_tokens(cJSON *o, const char *key, const int64_t *ids, int n)
     } else {
         cJSON_AddNullToObject(o, key);
     }
+}
+
+/* dir/generation_config.json's text into *text, *len bytes (NULL when dir has none),
+ * after dt_hf_generation_config has read it. */
+static dt_status read_generation(const char *dir, char **text, size_t *len)
+{
+    char path[4200], blob[PATH_MAX];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    *text = NULL;
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? DT_OK : dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode) && !dt_file_hf_cache_link(path, blob, sizeof blob))
+        return dt_error(DT_ERR_FORMAT, "%s: not a regular file (symlinks are not followed)", path);
+    dt_generate_params g = dt_generate_params_default();
+    dt_status st = dt_hf_generation_config(dir, &g, NULL, 0);
+    return st < 0 ? st : dt_file_read_all(path, 16u << 20, text, len);
 }
 
 /* config.json and generation_config.json as text (cJSON_Print; free both). */
@@ -501,13 +520,8 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
         return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: max_shard_bytes must be >= 1");
     /* "OUT/" names the directory OUT: its temporary goes beside it, not inside */
     char obuf[TMP_PATH - 16];
-    size_t on = strlen(out);
-    while (on > 1 && out[on - 1] == '/')
-        on--;
-    if (on >= sizeof obuf)
-        return dt_error(DT_ERR_INVALID_ARG, "dt_hf_save: output path too long: %s", out);
-    memcpy(obuf, out, on);
-    obuf[on] = 0;
+    if (dt_path_trim_slashes(out, obuf, sizeof obuf) < 0)
+        return dt_error_wrap(DT_ERR_INVALID_ARG, "dt_hf_save: the output directory");
     out = obuf;
     dt_status st = dt_hf_save_check_out(out);
     if (st < 0)
@@ -515,13 +529,15 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     dt_model *m = NULL;
     dt_ckpt *ck = NULL;
     item *it = NULL;
-    char *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL, *tok_map = NULL;
-    size_t tok_n = 0;
-    char tmp[TMP_PATH] = "";
+    char *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL, *tok_map = NULL, *gen_src = NULL;
+    size_t tok_n = 0, gen_n = 0;
+    char tmp[TMP_PATH] = "", gp[TMP_PATH + 32];
     int nshard = 0;
     if (p.tokenizer && (st = read_tokenizer(p.tokenizer, h->is_gpt2 ? h->gpt2.block_size
                                                                       : h->llama.max_position_embeddings,
                                             &tok, &tok_n, &tok_cfg, &tok_map)) < 0)
+        goto out;
+    if (p.generation_from && (st = read_generation(p.generation_from, &gen_src, &gen_n)) < 0)
         goto out;
     if ((st = dt__hf_meta_model(h, &m)) < 0 || (st = dt_ckpt_open(src, &ck)) < 0)
         goto out;
@@ -587,7 +603,11 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     chmod(tmp, 0755);
     if ((st = write_shards(ck, tmp, it, n, nshard, p.dtype, p.lora_scaling, out)) < 0 ||
         (nshard > 1 && (st = write_index(tmp, it, n, nshard, total)) < 0) ||
-        (st = write_text(tmp, "config.json", cfg)) < 0 || (st = write_text(tmp, "generation_config.json", gen)) < 0)
+        (st = write_text(tmp, "config.json", cfg)) < 0 ||
+        (!gen_src && (st = write_text(tmp, "generation_config.json", gen)) < 0))
+        goto out;
+    snprintf(gp, sizeof gp, "%s/generation_config.json", tmp);
+    if (gen_src && (st = dt_file_write_atomic(gp, gen_src, gen_n, 0644)) < 0) /* the source's, byte for byte */
         goto out;
     if (tok) {
         char tp[4300];
@@ -605,6 +625,7 @@ out:
         remove_tmp(tmp, nshard);
     cJSON_free(cfg);
     cJSON_free(gen);
+    free(gen_src);
     free(tok);
     free(tok_cfg);
     free(tok_map);

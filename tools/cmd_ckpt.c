@@ -367,6 +367,7 @@ static int convert_hf(const char *src, const char *out, const char *model, uint6
     dt_error_clear();
     char tokp[4200];
     p.tokenizer = tokenizer ? tokenizer : dt_hf_dir_tokenizer(name, tokp, sizeof tokp) ? tokp : NULL;
+    p.generation_from = !strncmp(name, "hf:", 3) ? name + 3 : NULL; /* the directory's sampling settings */
     if (dt_model_hf_config(name, &cfg, &h) < 0 || dt_hf_save(src, &h, out, &p) < 0)
         return dt_last_status() == DT_ERR_IO ? fail_write("convert --hf") : fail("convert --hf");
     char esc[512];

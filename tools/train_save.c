@@ -11,6 +11,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/generate.h"
 #include "dtrain/tokenizer.h"
 #include "dtrain/kernels.h"
 #include "dtrain/models.h"
@@ -199,6 +200,7 @@ int dt__tr_save_outputs(dt__train_run *t)
                 p.lora_scaling = dt_lora_scaling(&t->lora);
             char tokp[4200];
             p.tokenizer = save_hf_tokenizer(t, tokp, sizeof tokp);
+            p.generation_from = !strncmp(t->o.model, "hf:", 3) ? t->o.model + 3 : NULL; /* its sampling settings */
             if ((st = dt_model_hf_config(t->o.model, &cfg, &h)) >= 0)
                 st = dt_hf_save(latest, &h, t->o.save_hf, &p);
             if (st < 0)
@@ -239,6 +241,9 @@ int dt__tr_setup_save(dt__train_run *t)
         if (tp && dt_tokenizer_load(tp, &tk) < 0)
             return dt__tr_fail(2, "--save-hf");
         dt_tokenizer_free(tk);
+        dt_generate_params g = dt_generate_params_default(); /* the sampling settings the export copies */
+        if (!strncmp(t->o.model, "hf:", 3) && dt_hf_generation_config(t->o.model + 3, &g, NULL, 0) < 0)
+            return dt__tr_fail(2, "--save-hf");
     }
     struct stat sb; /* --save-lora DIR: a symlink (or a file) in the way is bad input now, not after training */
     char sl[4096] = ""; /* (DIR/: lstat of link/ follows the link, so without the trailing slashes) */

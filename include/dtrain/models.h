@@ -310,6 +310,13 @@ typedef struct dt_hf_save_params {
                                  AutoTokenizer.from_pretrained(out) loads it; checked by loading it
                                  before anything is written (its errors name the file and the key);
                                  NULL (default): no tokenizer files */
+    const char *generation_from; /* a Hugging Face model directory (an hf:DIR model's own) whose
+                                    generation_config.json is written in place of the one made from h's
+                                    special tokens, byte for byte, so its sampling settings (do_sample,
+                                    temperature, top_k, top_p, repetition_penalty, stop tokens) stay;
+                                    read first as dt_hf_generation_config reads it (generate.h; its
+                                    errors name the file and the key). A directory without one, or NULL
+                                    (default): the one made from h */
 } dt_hf_save_params;
 DT_API dt_hf_save_params dt_hf_save_params_default(void);
 /* Write the Hugging Face model directory `out` (config.json from h,

@@ -269,7 +269,7 @@ TEST(special_tokens_kept)
 {
     char *src = cli_path("eos_list"), *out = cli_path("eos_list_hf"), *out2 = cli_path("gpt2_tok_hf"), cmd[2000];
     snprintf(cmd, sizeof cmd, "cp -r '%sllama' '%s' && sed -i 's/\"eos_token_id\": 2,/\"eos_token_id\": [2, 5, 7],/' "
-             "'%s/config.json'", HF, src, src);
+             "'%s/config.json' && rm '%s/generation_config.json'", HF, src, src, src);
     ASSERT_EQ_INT(system(cmd), 0);
     char m[600], v[200];
     snprintf(m, sizeof m, "hf:%s", src);
@@ -293,12 +293,50 @@ TEST(special_tokens_kept)
     }
 }
 
+/* An hf:DIR source's generation_config.json (its sampling settings, which generate reads) is exported byte for
+ * byte by --save-hf and ckpt convert --hf; a malformed one is refused before training, nothing written. */
+TEST(generation_config_kept)
+{
+    char *src = cli_path("gen_src"), *out = cli_path("gen_hf"), *out2 = cli_path("gen_hf2"), *run = cli_path("gen_run");
+    char cmd[2000], m[600];
+    const char *gen = "{\"do_sample\": true, \"temperature\": 0.6, \"top_p\": 0.9, \"eos_token_id\": [2, 5]}\n";
+    snprintf(cmd, sizeof cmd, "cp -r '%sllama' '%s' && printf '%%s' '%s' > '%s/generation_config.json'", HF, src, gen,
+             src);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(m, sizeof m, "hf:%s", src);
+    cli_result r;
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2",
+                        "--max-steps", "1", "--no-eval", "--progress", "none", "--save", run, "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    char p[700], text[512];
+    snprintf(p, sizeof p, "%s/generation_config.json", out);
+    slurp_(p, text, sizeof text);
+    ASSERT_STR_EQ(text, gen);
+    cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out2, run, NULL}); /* its model: hf:src */
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(p, sizeof p, "%s/generation_config.json", out2);
+    slurp_(p, text, sizeof text);
+    ASSERT_STR_EQ(text, gen);
+    snprintf(cmd, sizeof cmd, "printf '{\"do_sample\": true, \"top_p\": 7}' > '%s/generation_config.json'", src);
+    ASSERT_EQ_INT(system(cmd), 0);
+    char *out3 = cli_path("gen_hf3"), *run3 = cli_path("gen_run3");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2",
+                        "--max-steps", "1", "--no-eval", "--progress", "none", "--save", run3, "--save-hf", out3,
+                        NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "generation_config.json: key \"top_p\"");
+    ASSERT(!file_exists(out3) && !file_exists(run3));
+}
+
 int main(void)
 {
     RUN(train_save_hf_llama);
     RUN(train_save_hf_gpt2);
     RUN(tokenizer_files);
     RUN(special_tokens_kept);
+    RUN(generation_config_kept);
     cli_cleanup();
     return TEST_REPORT();
 }
