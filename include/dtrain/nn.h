@@ -461,6 +461,9 @@ DT_API dt_lora_params dt_lora_params_default(void);
 /* Whether parameter name `name` is a LoRA adapter's weight (it ends in
  * ".lora_A.weight" or ".lora_B.weight"). */
 DT_API bool dt_lora_is_adapter(const char *name);
+/* Whether targets are {"all-linear", NULL} (PEFT's shorthand: every Linear
+ * and Conv1D layer but the output layer). */
+DT_API bool dt_lora_targets_all_linear(const char *const *targets);
 /* The adapters' scaling: alpha / r, or alpha / sqrt(r) with rslora. */
 DT_API float dt_lora_scaling(const dt_lora_params *p);
 

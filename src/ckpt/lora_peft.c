@@ -118,7 +118,7 @@ static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, cons
     /* adapter_config.json: PEFT's to_dict(), keys sorted */
     if (st == DT_OK) {
         cJSON *c = cJSON_CreateObject(), *targets = cJSON_CreateArray();
-        const bool all = p->targets && p->targets[0] && !strcmp(p->targets[0], "all-linear") && !p->targets[1];
+        const bool all = dt_lora_targets_all_linear(p->targets);
         for (const char *const *t = p->targets; !all && t && *t; t++)
             cJSON_AddItemToArray(targets, cJSON_CreateString(*t));
         for (size_t e = 0; all && e < dt_model_num_entries(m); e++) { /* PEFT saves what "all-linear" chose */

@@ -100,8 +100,7 @@ static dt_status add_child(dt_module *m, const char *name, dt_module *c)
     return st;
 }
 
-/* PEFT's target_modules = "all-linear": every Linear and Conv1D layer but the output layer. */
-static bool all_linear(const char *const *targets)
+bool dt_lora_targets_all_linear(const char *const *targets)
 {
     return targets && targets[0] && !strcmp(targets[0], "all-linear") && !targets[1];
 }
@@ -179,7 +178,7 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
 
 static dt_status walk(dt_module *m, const char *path, const dt_lora_params *p, int *n)
 {
-    const bool all = all_linear(p->targets);
+    const bool all = dt_lora_targets_all_linear(p->targets);
     int nchild = m->nchild; /* adapters added below are not walked */
     for (int i = 0; i < nchild; i++) {
         dt_module *c = m->children[i];
