@@ -427,10 +427,11 @@ static dt_status load_pieces(dt_trainer *tr, dt_ckpt *ck, const char *ckname, bo
 }
 
 /* A checkpoint dt_trainer_save wrote holds the model's tensors and the
- * optimizer's ("optim.", "master.", "powersgd."): one of another tensor
- * that m lacks was saved from a larger model (more layers, LoRA adapters),
- * which loading would cut silently. Other programs' files (a Hugging Face
- * model's mask buffers) may hold tensors a model does not keep. */
+ * optimizer's ("optim.", "master.", "powersgd."): any other tensor that m
+ * lacks means it was saved from a larger model (more layers, LoRA
+ * adapters), which loading would cut silently. Other programs' files (a
+ * Hugging Face model's mask buffers) may hold tensors a model does not
+ * keep: not checked. */
 static dt_status check_unexpected(const dt_model *m, const dt_ckpt *ck, const char *ckname)
 {
     if (!dt_ckpt_meta(ck, META_RUN))
