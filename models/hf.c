@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CONFIG_NAME "config.json"
 
@@ -162,9 +163,14 @@ dt_status dt__model_hf(const char *dir, uint64_t seed, const dt_model_config *c,
     dt_status st = dt_hf_config_read(dir, &h);
     if (st < 0)
         return st;
-    if (!dt_ckpt_is_hf_dir(dir))
-        return dt_error(DT_ERR_NOT_FOUND, "%s: no %s or %s (the model's weights)", dir, DT_HF_WEIGHTS_NAME,
-                        DT_HF_INDEX_NAME);
+    if (!dt_ckpt_is_hf_dir(dir)) { /* an older directory may hold PyTorch's pickle, which dtrain does not read */
+        char bin[4200];
+        snprintf(bin, sizeof bin, "%s/pytorch_model.bin", dir);
+        const bool pickle = access(bin, F_OK) == 0;
+        return dt_error(DT_ERR_NOT_FOUND, "%s: no %s or %s (the model's weights)%s", dir, DT_HF_WEIGHTS_NAME,
+                        DT_HF_INDEX_NAME, pickle ? "; its pytorch_model.bin is PyTorch's pickle, which dtrain does "
+                        "not read: save the model with transformers' save_pretrained (safetensors, its default)" : "");
+    }
     if ((st = check_weights(dir, &h)) < 0)
         return st;
     if (h.is_gpt2) {

@@ -113,6 +113,8 @@ TEST(bad_directories)
              "model-00002-of-00002.safetensors");
     bad_case("missing", "rm model-00002-of-00002.safetensors", "model.safetensors.index.json",
              "\"weight_map\"");
+    bad_case("pickle", "rm model-0000*.safetensors model.safetensors.index.json && touch pytorch_model.bin",
+             "no model.safetensors", "pytorch_model.bin is PyTorch's pickle");
     bad_case("rope", "sed -i 's/\"llama3\"/\"yarn\"/' config.json", "config.json", "rope_parameters.rope_type");
     bad_case("arch", "sed -i 's/LlamaForCausalLM/FooForCausalLM/' config.json", "config.json", "\"architectures\"");
     bad_case("vocab", "sed -i 's/\"vocab_size\": 128/\"vocab_size\": 100/' config.json", "config.json",
