@@ -182,6 +182,28 @@ TEST(config_read)
     ASSERT_STATUS(dt_hf_config_read(HF, &h), DT_ERR_NOT_FOUND);
 }
 
+/* dt_hf_config_read of a directory holding only config.json = text (written to a fresh temporary directory,
+ * removed after). */
+static dt_status read_config_text(const char *text, dt_hf_config *h)
+{
+    char dir[] = "/tmp/dt_hfcfg_XXXXXX", path[64];
+    if (!mkdtemp(dir))
+        return dt_error(DT_ERR_IO, "mkdtemp failed");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0) {
+        if (f)
+            fclose(f);
+        rmdir(dir);
+        return dt_error(DT_ERR_IO, "cannot write %s", path);
+    }
+    fclose(f);
+    dt_status st = dt_hf_config_read(dir, h);
+    unlink(path);
+    rmdir(dir);
+    return st;
+}
+
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
  * to int64 was undefined behaviour) or negative is a format error naming
  * the key, never a silent value. */
@@ -189,23 +211,15 @@ TEST(config_bad_token_id)
 {
     static const char *const bad[] = {"1.66667e+63", "-1", "2147483648", "1.5", "[1e300]"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
-        ASSERT(mkdtemp(dir) != NULL);
-        char path[64];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        FILE *f = fopen(path, "w");
-        ASSERT(f != NULL);
-        fprintf(f,
-                "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 16,"
-                " \"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
-                " \"eos_token_id\": %s}",
-                bad[i]);
-        fclose(f);
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 16,"
+                 " \"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+                 " \"eos_token_id\": %s}",
+                 bad[i]);
         dt_hf_config h;
-        ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+        ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
         ASSERT(strstr(dt_last_error(), "eos_token_id") != NULL);
-        unlink(path);
-        rmdir(dir);
     }
 }
 
@@ -220,23 +234,15 @@ TEST(config_strict_json)
         {"\"hidden_size\": 16} {\"hidden_size\": 32}", "text after the end"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
-        ASSERT(mkdtemp(dir) != NULL);
-        char path[64];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        FILE *f = fopen(path, "w");
-        ASSERT(f != NULL);
-        fprintf(f,
-                "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"intermediate_size\": 32,"
-                " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, %s",
-                bad[i][0]);
-        fclose(f);
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"intermediate_size\": 32,"
+                 " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, %s",
+                 bad[i][0]);
         dt_hf_config h;
-        ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+        ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
         ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
         ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
-        unlink(path);
-        rmdir(dir);
     }
 }
 
@@ -251,20 +257,13 @@ TEST(config_gpt2_sizes)
         {"\"embd_pdrop\": 1, \"resid_pdrop\": 1, \"attn_pdrop\": 1", "dropout 1"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char dir[] = "/tmp/dt_hfcfg_XXXXXX";
-        ASSERT(mkdtemp(dir) != NULL);
-        char path[64];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        FILE *f = fopen(path, "w");
-        ASSERT(f != NULL);
-        fprintf(f, "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 64, \"n_layer\": 1, %s}", bad[i][0]);
-        fclose(f);
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 64, \"n_layer\": 1, %s}", bad[i][0]);
         dt_hf_config h;
-        ASSERT(dt_hf_config_read(dir, &h) < 0);
+        ASSERT(read_config_text(text, &h) < 0);
         ASSERT_STR_CONTAINS(dt_last_error(), "config.json");
         ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
-        unlink(path);
-        rmdir(dir);
     }
 }
 
