@@ -134,14 +134,16 @@ static int64_t vocab_size(const vocab_src *v)
  * the same kind. */
 static bool wide_vocab(const vocab_src *v) { return vocab_size(v) > 65536; }
 
-/* Encode into ids: 1 with a message on failure, 2 for bad input. */
-static int vocab_encode(const vocab_src *v, const char *text, size_t n, uint32_t **out, int64_t *nout)
+/* Encode into ids: 1 with a message on failure, 2 for bad input. The
+ * message names WHAT, the text's source. */
+static int vocab_encode(const vocab_src *v, const char *what, const char *text, size_t n, uint32_t **out,
+                        int64_t *nout)
 {
     if (v->bpe) {
         uint16_t *ids;
         int64_t ni;
         if (dt_bpe_encode(v->bpe, text, n, &ids, &ni) < 0) {
-            dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
+            dt__cli_err("dtrain tokenize: %s: %s\n", what, dt_last_error());
             return 1;
         }
         uint32_t *o = malloc((size_t)(ni ? ni : 1) * sizeof *o);
@@ -158,7 +160,7 @@ static int vocab_encode(const vocab_src *v, const char *text, size_t n, uint32_t
     }
     dt_status st = dt_tokenizer_encode(v->tok, text, n, false, out, nout);
     if (st < 0) {
-        dt__cli_err("dtrain tokenize: %s\n", dt_last_error());
+        dt__cli_err("dtrain tokenize: %s: %s\n", what, dt_last_error());
         return st == DT_ERR_INVALID_ARG ? 2 : 1;
     }
     return 0;
@@ -182,13 +184,9 @@ static dt_status vocab_decode(const vocab_src *v, const dt_tokens *t, char **tex
     return st;
 }
 
-static int encode_to(const vocab_src *v, const char *text, size_t n, const char *out)
+/* Write ids (encoded from n bytes) as the token file OUT; frees ids. */
+static int write_ids(const vocab_src *v, uint32_t *ids, int64_t ni, size_t n, const char *out)
 {
-    uint32_t *ids;
-    int64_t ni;
-    int erc = vocab_encode(v, text, n, &ids, &ni);
-    if (erc)
-        return erc;
     bool wide = wide_vocab(v);
     dt_status st = DT_OK;
     if (wide) {
@@ -439,10 +437,29 @@ int dt_cmd_tokenize(int argc, char **argv)
         dt__cli_err("dtrain tokenize: %s is empty (a token file holds at least one token)\n", corpus);
         rc = 2;
     }
+    /* both parts are encoded before either file is written: bad text
+     * leaves neither */
+    char what[600];
+    uint32_t *ids = NULL, *val_ids = NULL;
+    int64_t ni = 0, val_ni = 0;
+    if (rc == 0) {
+        dt_escape(corpus, what, sizeof what);
+        rc = vocab_encode(bpe, what, text, cut, &ids, &ni);
+    }
+    if (rc == 0 && val_frac_s) {
+        char esc[500];
+        snprintf(what, sizeof what, "%s (its part for --val-out, from byte %zu)", dt_escape(corpus, esc, sizeof esc),
+                 cut);
+        rc = vocab_encode(bpe, what, text + cut, n - cut, &val_ids, &val_ni);
+        if (rc)
+            free(ids);
+    }
     if (rc == 0)
-        rc = encode_to(bpe, text, cut, out);
+        rc = write_ids(bpe, ids, ni, cut, out);
     if (rc == 0 && val_frac_s)
-        rc = encode_to(bpe, text + cut, n - cut, val_out);
+        rc = write_ids(bpe, val_ids, val_ni, n - cut, val_out);
+    else if (val_frac_s)
+        free(val_ids);
     free(text);
     vocab_close(&vs);
     return rc;

@@ -498,6 +498,27 @@ TEST(bad_usage_and_input)
     }
 }
 
+/* Text that is not UTF-8 in the part --val-out takes: the message names the
+ * corpus and the part, and neither token file is written (the training
+ * part's file was written before the validation part failed). */
+TEST(bad_text_in_val_part_writes_nothing)
+{
+    cli_result r;
+    char *j = tp(2, "tok.json"), *c = tp(3, "bad_tail.txt"), *tr = tp(4, "never.bin"), *va = tp(5, "never_val.bin");
+    static const char text[] = "and the LORD said\nunto him \xff\xfe\n";
+    write_file(c, text, sizeof text - 1);
+    remove(tr);
+    remove(va);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"tokenize", "--tokenizer", j, c, "-o", tr, "--val-fraction", "0.5", "--val-out", va, NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, c);
+    ASSERT_STR_CONTAINS(r.err, "its part for --val-out, from byte 18");
+    ASSERT_STR_CONTAINS(r.err, "not valid UTF-8");
+    ASSERT(access(tr, F_OK) != 0);
+    ASSERT(access(va, F_OK) != 0);
+}
+
 /* A FIFO given as the corpus, the vocab, the tokenizer.json or text:/jsonl:
  * training data is refused at once, exit 2, naming it: the readers opened
  * them with fopen and waited for a writer for ever (SIGTERM did not stop
@@ -611,6 +632,7 @@ int main(void)
     RUN(generate_vocab_wide_model);
     RUN(wide_ids);
     RUN(bad_usage_and_input);
+    RUN(bad_text_in_val_part_writes_nothing);
     RUN(fifo_inputs);
     RUN(outputs_over_inputs_refused);
     cli_cleanup();
