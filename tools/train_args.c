@@ -714,6 +714,14 @@ int dt__train_check(dt__train_opts *o)
                     "tokens:FILE, or leave --sample-every out with text data\n");
         return 2;
     }
+    const char *shape_opt = o->n_layer ? "--n-layer" : o->n_head ? "--n-head" : o->n_embd ? "--n-embd"
+                            : o->block_size ? "--block-size" : o->vocab_size ? "--vocab-size"
+                            : o->dropout > 0 ? "--dropout" : NULL;
+    if (!strncmp(o->model, "hf:", 3) && shape_opt) { /* it was ignored: config.json shapes the model its weights fit */
+        dt__cli_err("dtrain train: --model %s: %s does not apply: the model's shape and dropout are its config.json's "
+                    "(edit config.json to change them)\n", o->model, shape_opt);
+        return 2;
+    }
     if (!lm && (o->val_data || o->seq || o->n_layer || o->n_head || o->n_embd || o->block_size || o->vocab_size ||
                 o->dropout > 0 || o->sample_every || o->vocab)) {
         dt__cli_err("dtrain train: --val-data, --seq, --n-layer, --n-head, --n-embd, --block-size, --vocab-size, "

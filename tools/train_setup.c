@@ -345,11 +345,16 @@ static int64_t tokens_max_plus_one(const char *spec)
 int dt__tr_vocab_size_from_vocab(dt__train_run *t)
 {
     t->vocab_from = "the model's default";
+    const bool hf = !strncmp(t->o.model, "hf:", 3);
+    if (hf)
+        t->vocab_from = "its config.json's vocab_size";
     if (t->o.tokenizer) {
         if (t->eval_tok) /* dtrain eval --ckpt: the one the checkpoint keeps */
             t->tok = t->eval_tok, t->eval_tok = NULL;
         else if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
             return dt__tr_fail(2, "--tokenizer");
+        if (hf) /* the directory's config.json sizes the vocabulary (the tokenizer is checked against it) */
+            return 0;
         if (t->o.vocab_size) {
             t->vocab_from = "set by --vocab-size";
             return 0;
@@ -540,12 +545,15 @@ int dt__tr_setup_data(dt__train_run *t)
         if ((st = lm_data_open(t, t->o.data, &kp, &t->base_train)) >= 0 &&
             (st = lm_data_open(t, vspec, &kp, &t->base_test)) < 0)
             snprintf(what, sizeof what, "--val-data %s", vspec);
-        if (st < 0 && st != DT_ERR_NO_MEMORY && strstr(dt_last_error(), ">= vocab size")) {
-            /* a token the model's vocabulary does not have: say which option sizes it */
+        if (st < 0 && st != DT_ERR_NO_MEMORY &&
+            (strstr(dt_last_error(), ">= vocab size") || strstr(dt_last_error(), "more than the vocab size"))) {
+            /* a token (or a tokenizer) the model's vocabulary does not have: say what sizes it */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", dt_last_error());
-            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s; --vocab-size N sets it)\n", what, msg,
-                        t->vocab_from ? t->vocab_from : "the model's default");
+            const bool hf = !strncmp(t->o.model, "hf:", 3);
+            dt__cli_err("dtrain train: %s: %s (the model's vocabulary: %s%s)\n", what, msg,
+                        t->vocab_from ? t->vocab_from : "the model's default",
+                        hf ? ": is --tokenizer this model's?" : "; --vocab-size N sets it");
             return 2;
         }
         if (st < 0)

@@ -131,6 +131,44 @@ TEST(bad_directories)
              "describes 'model.layers.0.self_attn.q_proj.weight' as [96,32], but the weights' is [48,32]");
 }
 
+/* The options that shape a model dtrain builds (--n-layer, --vocab-size,
+ * --dropout, ...) with an hf:DIR model: refused, naming the option (they
+ * were ignored, the model built from config.json); a tokenizer with more
+ * ids than the model's vocabulary names the vocabulary's source (the
+ * message said "vocab size 1000 (the size of --tokenizer)", then 128). */
+TEST(shape_options_refused)
+{
+    static const char *opts[][2] = {{"--n-layer", "3"},     {"--n-head", "2"},      {"--n-embd", "64"},
+                                    {"--block-size", "64"}, {"--vocab-size", "500"}, {"--dropout", "0.1"}};
+    cli_result r;
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        cli_runv(&r, 60, NULL,
+                 (char *[]){"train", "--model", "hf:" HF "gpt2", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                            "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                            (char *)opts[i][0], (char *)opts[i][1], NULL});
+        if (r.code != 2 || !strstr(r.err, opts[i][0]) || !strstr(r.err, "config.json"))
+            fprintf(stderr, "  %s: code %d, stderr: %s", opts[i][0], r.code, r.err);
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, opts[i][0]);
+        ASSERT_STR_CONTAINS(r.err, "does not apply");
+    }
+    char *txt = cli_path("hf_text.txt");
+    FILE *f = fopen(txt, "w");
+    ASSERT(f);
+    fputs("In the beginning God created the heaven and the earth.\n", f);
+    fclose(f);
+    char data[700];
+    snprintf(data, sizeof data, "text:%s", txt);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gpt2", "--data", data, "--tokenizer",
+                        DT_SOURCE_DIR "/tests/data/tokenizer/gpt2.json", "--no-eval", "--seq", "8", "--batch", "1",
+                        "--max-steps", "1", "--progress", "none", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "the tokenizer has 1000 ids, more than the vocab size 128");
+    ASSERT_STR_CONTAINS(r.err, "config.json's vocab_size");
+    ASSERT(!strstr(r.out, "vocab size 1000"));
+}
+
 /* tied config.json (tie_word_embeddings true) over weights that also hold
  * lm_head.weight: taken when it is the embedding byte for byte, refused
  * (exit 2 naming the key and the tensor) when it differs; dtrain dropped
@@ -364,6 +402,7 @@ int main(void)
     RUN(eval_json);
     RUN(train_and_generate);
     RUN(bad_directories);
+    RUN(shape_options_refused);
     RUN(tied_head);
     RUN(single_file_first);
     RUN(generation_config);
