@@ -383,6 +383,9 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     dt_status st = dt_llama_config_check(lc);
     if (st < 0)
         return st;
+    if (c.dropout != 0.0f) /* documented as refused; it was ignored, the model trained without it */
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
+                        "GPT models have it)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "

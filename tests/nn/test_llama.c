@@ -185,6 +185,12 @@ TEST(tied_and_meta)
     c.num_key_value_heads = 3;
     ASSERT_STATUS(dt_llama_create(&c, 5, NULL, &m, NULL), DT_ERR_INVALID_ARG);
     ASSERT_STR_CONTAINS(dt_last_error(), "num_key_value_heads");
+    /* dropout is not built: refused, not ignored */
+    c.num_key_value_heads = 2;
+    mc = dt_model_config_default();
+    mc.dropout = 0.1f;
+    ASSERT_STATUS(dt_llama_create(&c, 5, &mc, &m, NULL), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "dropout 0.1");
 }
 
 int main(void)
