@@ -30,7 +30,7 @@ typedef struct dt__train_opts {
     const char *lr_schedule;  /* constant | step | cosine | linear, default constant */
     int64_t warmup;           /* linear warm-up steps, default 0 */
     int64_t step_size;        /* step schedule: steps per decay (default: one epoch) */
-    double gamma;             /* step schedule factor, default 0.1 */
+    double gamma;             /* step schedule factor; -1 when not given (0.1: dt__train_gamma) */
     double clip_grad_norm;    /* 0 = off */
     int64_t threads;          /* compute threads, 0 = library default */
     int64_t eval_every;       /* evaluate every N steps too (0 = only at epoch ends) */
@@ -66,7 +66,7 @@ typedef struct dt__train_opts {
     const char *plan;         /* NULL | "auto": the planner picks the layout (dt_plan_search) */
     const char *layout_flag;  /* the first layout flag given on the command line ("--tp"), NULL none */
     int64_t sample_every;     /* print a generated sample every N steps (0 = never) */
-    int64_t sample_tokens;    /* its length, default 64 */
+    int64_t sample_tokens;    /* its length; 0 when not given (64: dt__train_sample_tokens) */
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
     const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
@@ -141,6 +141,14 @@ int dt__train_parse(int argc, char **argv, dt__train_opts *o);
 /* The cross-option checks of dt__train_parse (again after a config filled
  * the options). Returns 0 or 2 after printing one line. */
 int dt__train_check(dt__train_opts *o);
+/* The step schedule's factor and the sample length, their defaults
+ * where not given (the options hold "not given" so that dt__train_check
+ * can refuse them where they do not apply). */
+static inline double dt__train_gamma(const dt__train_opts *o) { return o->gamma < 0 ? 0.1 : o->gamma; }
+static inline int64_t dt__train_sample_tokens(const dt__train_opts *o)
+{
+    return o->sample_tokens ? o->sample_tokens : 64;
+}
 /* The communication hook the flags and AIAK_* variables choose (ws: the
  * world size); 0, or 2 after printing why (bad input). */
 int dt__train_comm_hook(const dt__train_opts *o, int ws, dt_comm_hook_kind *hook, dt_powersgd_params *psgd);

@@ -59,8 +59,8 @@ static const opt_def opts[] = {
     {"warmup", OPT_INT, OFF(warmup), 0, 1e9, NULL, "STEPS",
      "linear warm-up steps (default 0; schedule steps are optimizer steps: with --grad-accum N, one per N batches)"},
     {"step-size", OPT_INT, OFF(step_size), 1, 1e9, NULL, "STEPS",
-     "step schedule: steps between decays (default one epoch)"},
-    {"gamma", OPT_FLOAT, OFF(gamma), 0, 1, NULL, "X", "step schedule: decay factor (default 0.1)"},
+     "--lr-schedule step: steps between decays (default one epoch)"},
+    {"gamma", OPT_FLOAT, OFF(gamma), 0, 1, NULL, "X", "--lr-schedule step: decay factor (default 0.1)"},
     {"clip-grad-norm", OPT_FLOAT, OFF(clip_grad_norm), 0, 1e9, NULL, "X",
      "clip the global gradient L2 norm (default 0 = off)"},
     {"threads", OPT_INT, OFF(threads), 0, 1024, NULL, "N", "compute threads (default: all cores)"},
@@ -130,7 +130,7 @@ static const opt_def opts[] = {
     {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "STEPS",
      "GPT models: print a generated sample every N steps and at the end (default 0 = never; --pp: generated "
      "through the stages, the same sample; not with --tp)"},
-    {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "GPT models: sample length (default 64)"},
+    {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "--sample-every: sample length (default 64)"},
     {"vocab", OPT_STR, OFF(vocab), 0, 0, NULL, "FILE",
      "GPT models: the token files' BPE vocabulary (dtrain tokenize): samples are printed as text"},
     {"freeze", OPT_STR, OFF(freeze), 0, 0, NULL, "PATTERN[,PATTERN...]",
@@ -318,7 +318,7 @@ static void set_defaults(dt__train_opts *o)
     o->weight_decay = -1;
     o->eps = -1;
     o->lr_schedule = "constant";
-    o->gamma = 0.1;
+    o->gamma = -1;        /* not given: 0.1 (dt__train_gamma) */
     o->log_every = 100;
     o->progress = "auto";
     o->rng = "torch";
@@ -326,7 +326,7 @@ static void set_defaults(dt__train_opts *o)
     o->powersgd_start_iter = -1;
     o->prefetch = 2;
     o->random_items = 0; /* not given: 6000 items for --data random (train_setup.c) */
-    o->sample_tokens = 64;
+    o->sample_tokens = 0; /* not given: 64 (dt__train_sample_tokens) */
     o->backward_prefetch = "backward_pre";
     o->precision = "fp32";
     o->keep_bn_fp32 = "true";
@@ -770,6 +770,17 @@ int dt__train_check(dt__train_opts *o)
     }
     if (o->eps >= 0 && !strcmp(o->optimizer, "lion")) {
         dt__cli_err("dtrain train: --eps applies to --optimizer adam, adamw and lamb (lion divides by nothing)\n");
+        return 2;
+    }
+    /* (with --config they become scheduler.params keys, which its scheduler's type checks) */
+    if ((o->step_size || o->gamma >= 0) && !o->config && strcmp(o->lr_schedule, "step")) { /* they were ignored */
+        dt__cli_err("dtrain train: %s applies to --lr-schedule step only (the schedule is %s)\n",
+                    o->step_size ? "--step-size" : "--gamma", o->lr_schedule);
+        return 2;
+    }
+    if (o->sample_tokens && !o->sample_every) { /* it was ignored */
+        dt__cli_err("dtrain train: --sample-tokens sets the length of --sample-every's samples: give --sample-every "
+                    "STEPS too\n");
         return 2;
     }
     if (o->momentum > 0 && strcmp(o->optimizer, "sgd") != 0) {

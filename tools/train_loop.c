@@ -161,7 +161,7 @@ int dt__tr_print_sample(dt__train_run *t)
         return 0;
     }
     int64_t np = dt_tokens_count(t->sample_src) < 8 ? dt_tokens_count(t->sample_src) : 8, n = 0;
-    int64_t cap = np + t->o.sample_tokens, *buf = malloc((size_t)cap * sizeof *buf);
+    int64_t cap = np + dt__train_sample_tokens(&t->o), *buf = malloc((size_t)cap * sizeof *buf);
     if (!buf || np < 1) {
         free(buf);
         return 0;
@@ -171,7 +171,7 @@ int dt__tr_print_sample(dt__train_run *t)
         buf[i] = id < t->desc.input_classes ? id : 0;
     }
     dt_generate_params gp = dt_generate_params_default();
-    gp.max_new_tokens = t->o.sample_tokens;
+    gp.max_new_tokens = dt__train_sample_tokens(&t->o);
     gp.top_k = 40;
     gp.seed = t->o.seed + (uint64_t)t->global_step;
     if ((piped ? dt_strategy_pipe_generate(dt_trainer_strategy(t->tr), &gp, buf, np, buf, cap, &n)

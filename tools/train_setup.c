@@ -864,7 +864,7 @@ int dt__tr_setup_trainer(dt__train_run *t)
     if (dt_sched_kind_parse(t->o.lr_schedule, &tp.sched.kind) < 0)
         return dt__tr_fail(2, "--lr-schedule");
     tp.sched.step_size = t->o.step_size > 0 ? t->o.step_size : spe;
-    tp.sched.gamma = t->o.gamma;
+    tp.sched.gamma = dt__train_gamma(&t->o);
     tp.sched.warmup_steps = t->o.warmup;
     /* the run's length: --max-steps when given (HF Trainer: max_steps overrides num_train_epochs) */
     tp.sched.total_steps = t->o.max_steps > 0 ? t->o.max_steps : spe * t->o.epochs;

@@ -44,6 +44,13 @@ TEST(bad_flags)
     ASSERT(expect2((char *[]){"train", "--eps", "0", "--optimizer", "adam", NULL}, "--eps", "out of range"));
     ASSERT(expect2((char *[]){"train", "--momentum", "0.9", "--optimizer", "adam", NULL}, "--momentum", NULL));
     ASSERT(expect2((char *[]){"train", "--momentum", "1.5", NULL}, "--momentum", "out of range"));
+    /* options of a schedule or a feature not chosen: refused (they were ignored) */
+    ASSERT(expect2((char *[]){"train", "--step-size", "5", NULL}, "--step-size", "--lr-schedule step only"));
+    ASSERT(expect2((char *[]){"train", "--gamma", "0.5", "--lr-schedule", "cosine", NULL}, "--gamma",
+                   "(the schedule is cosine)"));
+    ASSERT(expect2((char *[]){"train", "--model", "gpt-micro", "--data", "tokens:x.bin", "--no-eval",
+                              "--sample-tokens", "10", NULL},
+                   "--sample-tokens", "--sample-every"));
     ASSERT(expect2((char *[]){"train", "--model", "convnet", "--random-items", "10", NULL}, "--random-items",
                    "--limit-train"));
     ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
