@@ -857,10 +857,14 @@ int dt__train_check(dt__train_opts *o)
         dt__cli_err("dtrain train: --offload-param %s: expected cpu or nvme:DIR\n", o->offload_param);
         return 2;
     }
-    if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&
-        (!(stage3 || (o->fsdp && !strcmp(o->fsdp, "hybrid_shard"))) || o->save || o->resume)) {
-        dt__cli_err("dtrain train: --offload-param nvme: needs --zero 3 (or --fsdp full_shard) and does not combine "
-                    "with --save/--resume yet (the shards in files are not checkpointed)\n");
+    if (o->offload_param && !(stage3 || (o->fsdp && !strcmp(o->fsdp, "hybrid_shard")))) { /* cpu was ignored */
+        dt__cli_err("dtrain train: --offload-param %s moves ZeRO-3's parameter shards: it needs --zero 3 (or --fsdp "
+                    "full_shard or hybrid_shard)\n", o->offload_param);
+        return 2;
+    }
+    if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) && (o->save || o->resume)) {
+        dt__cli_err("dtrain train: --offload-param nvme: does not combine with --save/--resume yet (the shards in "
+                    "files are not checkpointed)\n");
         return 2;
     }
     if (o->offload_param && !strncmp(o->offload_param, "nvme:", 5) &&

@@ -171,7 +171,9 @@ TEST(help_and_bad_flags)
         {{"train", "--wrap-min-params", "10", NULL}, "apply to --zero"},
         {{"train", "--zero", "2", "--backward-prefetch", "pre", NULL}, "--backward-prefetch: 'pre'"},
         {{"train", "--zero", "1", "--sync-bn", NULL}, "--sync-bn works with DDP only"},
-        {{"train", "--zero", "2", "--offload-param", "nvme:/tmp", NULL}, "--offload-param nvme: needs --zero 3"},
+        {{"train", "--zero", "2", "--offload-param", "nvme:/tmp", NULL}, "--offload-param nvme:/tmp moves ZeRO-3's"},
+        {{"train", "--offload-param", "cpu", NULL}, "--offload-param cpu moves ZeRO-3's parameter shards"}, /* ignored */
+        {{"train", "--zero", "3", "--offload-param", "nvme:/tmp", "--save", "x", NULL}, "not combine with --save"},
         {{"train", "--zero", "3", "--offload-param", "disk", NULL}, "--offload-param disk: expected cpu or nvme:DIR"},
         /* refused by the trainer's init with exit 1 before: bad combinations of flags, exit 2 */
         {{"train", "--zero", "3", "--offload-param", "nvme:/tmp", "--optimizer", "lamb", NULL}, "not --optimizer lamb"},
