@@ -37,7 +37,7 @@ static void usage(FILE *f)
                "--tokenizer FILE is given: the command says which); any `dtrain train` option\n"
                "given here overrides them (--data SPEC, --limit-test N, --batch N, --threads N,\n"
                "--metrics FILE; --lora-* options other than the checkpoint's are refused, and so are\n"
-               "--init-from, --resume, --save, --save-hf, --save-lora and --plan).\n"
+               "--init-from, --resume, --save, --save-hf, --save-lora, --plan and --no-eval).\n"
                "--lora-from DIR: PEFT adapters on the weights evaluated.\n"
                "--weights FILE: the weights of a safetensors file with PyTorch's names (a `dtrain ckpt\n"
                "convert --full` export, or one written by PyTorch or Hugging Face: every spelling of a\n"

@@ -164,7 +164,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
        be ignored without a word (the loss of other weights, a file that never appears) */
     const char *train_only = !eval_ckpt ? NULL : t->o.init_from ? "--init-from" : t->o.resume ? "--resume"
                            : t->o.save ? "--save" : t->o.save_hf ? "--save-hf" : t->o.save_lora ? "--save-lora"
-                           : t->o.plan ? "--plan" : NULL;
+                           : t->o.plan ? "--plan" : t->o.no_eval ? "--no-eval" : NULL;
     if (train_only) {
         dt__cli_err("dtrain eval: %s is a dtrain train option (eval evaluates the weights of --ckpt, --weights or "
                     "--model hf:DIR, with --lora-from's adapters, and writes nothing but --metrics)\n", train_only);

@@ -355,6 +355,11 @@ TEST(generate_lora_from)
         ASSERT_STR_CONTAINS(r.err, "is a dtrain train option");
         ASSERT(!file_exists(out));
     }
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", "hf:" HF "llama", "--no-eval", "--data", "tokens:" HF "tokens.bin", "--seq",
+                        "16", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--no-eval is a dtrain train option"); /* was "there is no test loader" */
     /* bad input: exit 2 naming the option */
     cli_runv(&r, 60, NULL, (char *[]){"generate", "--ckpt", run, "--lora-from", ad, "--prompt-ids", "5", NULL});
     ASSERT_EQ_INT(r.code, 2);
