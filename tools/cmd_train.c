@@ -99,6 +99,7 @@ static void cleanup(dt__train_run *t)
     dt__tuning_free(&t->ck_tuning);
     free(t->ck_path);
     dt_trainer_free(t->tr); /* and its strategy (DDP) before the model and the group */
+    dt_monitor_close(t->monitor);
     dt_trace_close(); /* a run that failed still leaves this rank's timeline */
     dt__ddp_free_ddp(&t->ddp);
     dt_model_free(t->model);

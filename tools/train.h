@@ -35,6 +35,7 @@ typedef struct dt__train_opts {
     int64_t threads;          /* compute threads, 0 = library default */
     int64_t eval_every;       /* evaluate every N steps too (0 = only at epoch ends) */
     const char *metrics;      /* JSON-lines file, NULL = none */
+    const char *tensorboard;  /* --tensorboard DIR: TensorBoard event files (rank 0), NULL = none */
     int64_t log_every;        /* steps between plain lines / step records, default 100 */
     uint64_t seed;            /* default 0 */
     const char *rng;          /* torch | philox: how seed draws init and order (default torch) */

@@ -68,6 +68,10 @@ static const opt_def opts[] = {
      "also evaluate every N optimizer steps (default 0: at the end of each epoch)"},
     {"no-eval", OPT_FLAG, OFF(no_eval), 0, 0, NULL, NULL, "skip evaluation on the test split"},
     {"metrics", OPT_STR, OFF(metrics), 0, 0, NULL, "FILE", "write JSON-lines metrics to FILE"},
+    {"tensorboard", OPT_STR, OFF(tensorboard), 0, 0, NULL, "DIR",
+     "write a TensorBoard event file into DIR (made when missing) with DeepSpeed's tags after every optimizer "
+     "step: Train/Samples/train_loss, Train/Samples/lr, Train/Samples/loss_scale (fp16), Train/Samples/eval_loss, "
+     "over the samples trained (the config's \"tensorboard\" and \"csv_monitor\" blocks do the same)"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
      "optimizer steps between plain progress lines and metrics records, counted across epochs (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},
@@ -340,8 +344,8 @@ static void set_defaults(dt__train_opts *o)
 
 int dt__train_shared_opts(const dt__train_opts *o, const char **names, char (*vals)[512], int cap)
 {
-    static const char *const local[] = {"threads", "progress", "metrics", "log-every", "prefetch", "mfu-peak",
-                                        "config", NULL};
+    static const char *const local[] = {"threads", "progress", "metrics", "tensorboard", "log-every", "prefetch",
+                                        "mfu-peak", "config", NULL};
     int n = 0;
     for (size_t i = 0; i < sizeof opts / sizeof opts[0] && n < cap; i++) {
         const opt_def *d = &opts[i];

@@ -79,6 +79,7 @@ typedef struct {
     double start_s;               /* when the command started (time to the first step) */
     bool first_shown;             /* "first step ..." printed */
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
+    dt_monitor *monitor;          /* rank 0: --tensorboard / the config's monitors (the trainer writes) */
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
     int64_t nstep_s, cap_step_s;
     double cpu_first_s, cpu_last_s; /* this process's CPU time at the first and the last step's end */

@@ -776,6 +776,26 @@ int dt__tr_measure(dt__train_run *t)
 }
 
 
+/* The scalars' monitor on rank 0 (not for dtrain eval): --tensorboard DIR,
+ * as the config's "tensorboard" block with output_path DIR and no
+ * job_name, over the config's; its "csv_monitor" block. */
+static int open_monitor(dt__train_run *t)
+{
+    if (t->eval_only || !dt__ddp_is_main(&t->ddp))
+        return 0;
+    if (t->o.tensorboard) {
+        char q[4200];
+        dt__json_quote(t->o.tensorboard, q, sizeof q);
+        if (dt_config_set(t->o.cfg, "tensorboard.enabled", "true", DT_CONFIG_FROM_CLI, "--tensorboard") < 0 ||
+            dt_config_set(t->o.cfg, "tensorboard.output_path", q, DT_CONFIG_FROM_CLI, "--tensorboard") < 0 ||
+            dt_config_set(t->o.cfg, "tensorboard.job_name", "\"\"", DT_CONFIG_FROM_CLI, "--tensorboard") < 0)
+            return dt__tr_fail(2, "--tensorboard");
+    }
+    if (dt_monitor_open_config(t->o.cfg, &t->monitor) < 0)
+        return dt__tr_fail(2, t->o.tensorboard ? "--tensorboard" : "--config");
+    return 0;
+}
+
 /* --trace DIR: create DIR (one level, not through a symlink), open the
  * tracer and remember DIR for the merge at the end. */
 static int trace_dir(dt__train_run *t, const dt_trace_params *tp)
@@ -911,6 +931,9 @@ int dt__tr_setup_trainer(dt__train_run *t)
     t->sched = tp.sched;
     if ((rc = trace_dir(t, &tp.trace)))
         return rc;
+    if ((rc = open_monitor(t)))
+        return rc;
+    tp.monitor = t->monitor;
     if (dt_trainer_init(t->model, dt__ddp_take_strategy(&t->ddp), &tp, &t->tr) < 0)
         return dt__tr_fail(dt_last_status() == DT_ERR_INVALID_ARG ? 2 : 1, "trainer");
     return trace_align(t);

@@ -18,6 +18,7 @@
  *   mesh.h      process meshes, distributed tensors (Shard/Replicate/Partial), reshard
  *   cp.h        context parallelism: ring and Ulysses attention over a split sequence
  *   zeropp.h    ZeRO++'s quantized all-gather and two-hop reduce-scatter
+ *   monitor.h   scalars for TensorBoard and CSV (DeepSpeed's monitors)
  *   train.h     the trainer: one call per step, strategies (none, ddp)
  *   generate.h  autoregressive generation from a GPT-2 model (models.h includes it)
  *   ckpt.h      safetensors files, full and sharded checkpoints
@@ -47,6 +48,7 @@
 #include "dtrain/mesh.h"
 #include "dtrain/offload.h"
 #include "dtrain/config.h"
+#include "dtrain/monitor.h"
 #include "dtrain/train.h"
 #include "dtrain/pipeline.h"
 #include "dtrain/pipe_strategy.h"

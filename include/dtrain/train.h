@@ -114,6 +114,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tensor.h"
+#include "dtrain/monitor.h"
 #include "dtrain/trace.h"
 
 #ifdef __cplusplus
@@ -465,6 +466,14 @@ typedef struct dt_trainer_params {
                                  the trainer opens one at init and writes DIR/rank-N.json at
                                  free; with a tracer open (the caller's), it records into it.
                                  Default dt_trace_params_default() (off) */
+    dt_monitor *monitor;      /* scalars for TensorBoard / CSV (monitor.h), borrowed: after every
+                                 optimizer step Train/Samples/train_loss, Train/Samples/lr (the next
+                                 step's), Train/Samples/loss_scale (with loss scaling: the scale after the
+                                 step's update), after each
+                                 dt_trainer_evaluate Train/Samples/eval_loss, each at the samples
+                                 trained over all replicas (the position's samples, kept in
+                                 checkpoints: DeepSpeed's global_samples). Give it on one rank
+                                 (dt_monitor_open_config); default NULL (none) */
     int same_batch;           /* ranks of the strategy's group that train on one batch together
                                  (context parallelism: the cp ranks of a replica split its
                                  sequences, plan.h dt_plan_cp); the metrics count its samples

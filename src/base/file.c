@@ -197,3 +197,34 @@ dt_status dt_file_rename(const char *from, const char *to)
         return dt_error(DT_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
     return sync_dir_of(to);
 }
+
+dt_status dt_dir_make(const char *path)
+{
+    if (!path || !path[0])
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dir_make: %s path", path ? "empty" : "NULL");
+    char name[4096];
+    dt_status st = dt_path_trim_slashes(path, name, sizeof name);
+    if (st < 0)
+        return st;
+    /* each missing level in turn; one that exists (or appears meanwhile) is taken as it is */
+    for (char *q = name + 1;; q++) {
+        const bool end = !*q;
+        if (*q != '/' && !end)
+            continue;
+        *q = 0;
+        const int rc = mkdir(name, 0755), e = errno;
+        if (rc < 0 && e != EEXIST)
+            return dt_error(DT_ERR_IO, "%s: cannot make the directory %s: %s", path, name, strerror(e));
+        if (end)
+            break;
+        *q = '/';
+    }
+    struct stat sb;
+    if (lstat(name, &sb) < 0)
+        return dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return dt_error(DT_ERR_IO, "%s: a symbolic link (not followed; give the directory itself)", path);
+    if (!S_ISDIR(sb.st_mode))
+        return dt_error(DT_ERR_IO, "%s: not a directory", path);
+    return DT_OK;
+}

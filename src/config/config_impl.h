@@ -23,6 +23,7 @@ enum {
     DT__KF_AUTO = 1,  /* "auto" accepted: left unset */
     DT__KF_NULL = 2,  /* null accepted: left unset */
     DT__KF_NOOP = 4,  /* accepted without effect in dtrain (the effective configuration marks it) */
+    DT__KF_EMPTY = 8, /* DT__KT_STR: "" accepted (a path part that may be empty) */
 };
 
 typedef struct dt__cfg_key {

@@ -285,7 +285,7 @@ static dt_status set_item(dt_config *c, int k, const cJSON *item, dt_config_orig
         const char *s = cJSON_IsString(item) ? item->valuestring : NULL;
         if (s && d->choices)
             s = match_choice(d->choices, s);
-        ok = s && (d->choices || *s);
+        ok = s && (d->choices || *s || (d->flags & DT__KF_EMPTY));
         if (ok) {
             size_t len = d->choices ? (size_t)(strchrnul(s, '|') - s) : strlen(s);
             if (!(v.v.s = strndup(s, len)))

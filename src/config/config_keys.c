@@ -16,6 +16,7 @@
 #define A DT__KF_AUTO
 #define N DT__KF_NULL
 #define X DT__KF_NOOP /* no effect in dtrain */
+#define E DT__KF_EMPTY
 
 const dt__cfg_key dt__cfg_keys[] = {
     /* batch */
@@ -161,6 +162,31 @@ const dt__cfg_key dt__cfg_keys[] = {
     BOOL("pipeline.pipe_partitioned", X),
     BOOL("pipeline.grad_partitioned", X),
     BOOL("pipeline.use_reentrant", X),
+    /* monitors (DeepSpeed's monitor config): TensorBoard event files and CSV files of the scalars, in
+       output_path/job_name (dt_monitor_open_config, monitor.h); W&B and Comet log to a service: no effect here */
+    OBJ("tensorboard"),
+    BOOL("tensorboard.enabled", 0),
+    STR("tensorboard.output_path", NULL, E),
+    STR("tensorboard.job_name", NULL, E),
+    OBJ("csv_monitor"),
+    BOOL("csv_monitor.enabled", 0),
+    STR("csv_monitor.output_path", NULL, E),
+    STR("csv_monitor.job_name", NULL, E),
+    OBJ("wandb"),
+    BOOL("wandb.enabled", X),
+    STR("wandb.group", NULL, X | N),
+    STR("wandb.team", NULL, X | N),
+    STR("wandb.project", NULL, X),
+    OBJ("comet"),
+    BOOL("comet.enabled", X),
+    INT("comet.samples_log_interval", 1, BIG, X),
+    STR("comet.project", NULL, X | N),
+    STR("comet.workspace", NULL, X | N),
+    STR("comet.api_key", NULL, X | N),
+    STR("comet.experiment_name", NULL, X | N),
+    STR("comet.experiment_key", NULL, X | N),
+    BOOL("comet.online", X | N),
+    STR("comet.mode", NULL, X | N),
     /* dtrain's own block: what DeepSpeed's config does not say */
     OBJ("dtrain"),
     BOOL("dtrain.activation_checkpointing", 0),

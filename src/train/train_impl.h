@@ -47,7 +47,7 @@ typedef struct dt__trainer_pos {
     int64_t epoch;       /* the epoch of the next batch */
     int64_t batch;       /* the next batch within it */
     int64_t batches;     /* micro-batches run by the epoch helper, all epochs */
-    int64_t samples;     /* samples over all replicas, likewise */
+    int64_t samples;     /* samples over all replicas, every step's (dt__trainer_finish) */
     int64_t epoch_batches; /* batches per epoch of the loader (0 before an epoch ran) */
     int64_t saved_batches; /* a loaded checkpoint's epoch_batches */
     bool order_kept;     /* a loaded checkpoint was saved at this world size */

@@ -723,6 +723,20 @@ static dt_status grads_f32(dt_trainer *tr, size_t k, float **g, size_t *n)
 
 /* Wait, unscale and check (one fused pass), agree, clip, step, gather;
  * fill *out. */
+/* The step's scalars for the monitor (train.h: dt_trainer_params.monitor):
+ * what DeepSpeed's engine writes after its step, lr after its scheduler
+ * stepped (the next step's rate). */
+static dt_status monitor_step(dt_trainer *tr, const dt_trainer_metrics *r, bool scaled)
+{
+    dt_monitor *mon = tr->p.monitor;
+    const int64_t at = tr->pos.samples;
+    dt_status st = DT_OK;
+    if (mon && (st = dt_monitor_write(mon, "Train/Samples/train_loss", r->loss, at)) >= 0 &&
+        (st = dt_monitor_write(mon, "Train/Samples/lr", dt_trainer_next_lr(tr), at)) >= 0 && scaled)
+        st = dt_monitor_write(mon, "Train/Samples/loss_scale", dt_loss_scaler_scale(tr->scaler), at); /* updated */
+    return st;
+}
+
 dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
 {
     dt_strategy *s = tr->s;
@@ -871,9 +885,10 @@ dt_status dt__trainer_finish(dt_trainer *tr, dt_trainer_metrics *out)
     dt_trace_span(DT_TRACE_OPTIM, "optimizer", to_tr);
     dt__trainer_trace_counters(tr->scaler);
     dt_trace_span(DT_TRACE_STEP, "step", tr->t_trace);
+    tr->pos.samples += r.samples; /* DeepSpeed's global_samples: skipped steps count too */
     if (out)
         *out = r;
-    return DT_OK;
+    return monitor_step(tr, &r, scaled);
 }
 
 /* dt_trainer_prepare (trainer_prepare.c): whether its micro-batch can run

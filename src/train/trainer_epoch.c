@@ -99,8 +99,7 @@ dt_status dt_trainer_epoch(dt_trainer *tr, dt_loader *ld, const dt_dataset_info 
         res.samples += m.samples;
         /* the position after this step, before the callback (which may save it) */
         pos->batch = first + res.batches;
-        pos->batches += m.nmicro;
-        pos->samples += m.samples;
+        pos->batches += m.nmicro; /* (its samples: dt__trainer_finish counts every step's) */
         if (pos->batch >= nb) {
             pos->epoch = epoch + 1;
             pos->batch = 0;
@@ -214,6 +213,10 @@ dt_status dt_trainer_evaluate(dt_trainer *tr, dt_loader *ld, const dt_dataset_in
     out->loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
     out->accuracy = sums[3] == 0 && sums[2] > 0 ? sums[1] / sums[2] : NAN;
     out->items = (int64_t)sums[2];
+    if (dt__trainer_params(tr)->monitor &&
+        (st = dt_monitor_write(dt__trainer_params(tr)->monitor, "Train/Samples/eval_loss", out->loss,
+                               dt__trainer_position(tr)->samples)) < 0)
+        goto out;
 out:
     if (st < 0 && !shared)
         st = dt__strategy_eval_share(s, NULL, 0, st);
