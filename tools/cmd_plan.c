@@ -56,15 +56,6 @@ double dt__plan_parse_bytes(const char *s)
     return *end ? 0 : v * mul;
 }
 
-/* mkdir one level (an existing directory is fine). */
-static int mkdir1(const char *d)
-{
-    struct stat sb;
-    if (lstat(d, &sb) == 0)
-        return S_ISDIR(sb.st_mode) ? 0 : -1;
-    return mkdir(d, 0755) == 0 || errno == EEXIST ? 0 : -1;
-}
-
 /* The cache file for (model, seq, dtype) into buf; "" when no directory is known. */
 void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf, size_t n)
 {
@@ -76,15 +67,11 @@ void dt__plan_calib_path(const char *model, int64_t seq, dt_dtype dt, char *buf,
     char dir[4200] = "";
     if (d && *d)
         snprintf(dir, sizeof dir, "%.4000s", d);
-    else if (x && *x && snprintf(dir, sizeof dir, "%.4000s/dtrain", x) > 0)
-        mkdir1(x);
-    else if (h && *h) {
-        char c[4096];
-        snprintf(c, sizeof c, "%.4000s/.cache", h);
-        mkdir1(c);
-        snprintf(dir, sizeof dir, "%s/dtrain", c);
-    }
-    if (*dir && mkdir1(dir) == 0)
+    else if (x && *x)
+        snprintf(dir, sizeof dir, "%.4000s/dtrain", x);
+    else if (h && *h)
+        snprintf(dir, sizeof dir, "%.4000s/.cache/dtrain", h);
+    if (*dir && dt_dir_make(dir) == DT_OK) /* with its parents; not a symlink */
         snprintf(buf, n, "%.4100s/plan-%.31s-s%lld-%s.calib", dir, id, (long long)seq, dt_dtype_name(dt));
 }
 

@@ -796,22 +796,15 @@ static int open_monitor(dt__train_run *t)
     return 0;
 }
 
-/* --trace DIR: create DIR (one level, not through a symlink), open the
+/* --trace DIR: create DIR (and its parents, not through a symlink), open the
  * tracer and remember DIR for the merge at the end. */
 static int trace_dir(dt__train_run *t, const dt_trace_params *tp)
 {
     const char *dir = tp->dir;
     if (!dir)
         return 0;
-    struct stat sb;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        dt__cli_err("dtrain train: --trace %s: %s\n", dir, strerror(errno));
-        return 2;
-    }
-    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        dt__cli_err("dtrain train: --trace %s: not a directory\n", dir);
-        return 2;
-    }
+    if (dt_dir_make(dir) < 0)
+        return dt__tr_fail(2, "--trace");
     snprintf(t->trace, sizeof t->trace, "%s", dir);
     /* opened here, with this process's rank in the world (a pipeline
      * trainer's own rank is its data-parallel one); the trainer records

@@ -405,8 +405,9 @@ DT_API dt_status dt_file_read_all(const char *path, size_t max, char **out, size
 DT_API dt_status dt_path_trim_slashes(const char *path, char *buf, size_t cap);
 
 /* Make directory path and its missing parents (mode 0755, as mkdir -p).
- * DT_ERR_IO naming the path when one cannot be made, or when path (its
- * trailing slashes aside) is a symlink (not followed) or not a directory. */
+ * DT_ERR_IO naming the path when one cannot be made (a file in the way of a
+ * parent included); DT_ERR_INVALID_ARG when path (its trailing slashes
+ * aside) is a symlink (not followed) or not a directory. */
 DT_API dt_status dt_dir_make(const char *path);
 
 /* ---- threads ---------------------------------------------------------- */

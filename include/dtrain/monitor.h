@@ -63,9 +63,10 @@ typedef struct dt_monitor_params {
 
 /* Both NULL (a monitor with no backend writes nothing). */
 DT_API dt_monitor_params dt_monitor_params_default(void);
-/* Create the directories and open the backends. DT_ERR_IO naming the path
- * when a directory cannot be made (or is a symlink, or not a directory) or
- * a file cannot be opened; DT_ERR_NULL for NULL p or out. */
+/* Create the directories and open the backends: dt_dir_make's errors
+ * (DT_ERR_INVALID_ARG for a symlink or a file where a directory goes),
+ * DT_ERR_IO naming the file when one cannot be opened; DT_ERR_NULL for NULL
+ * p or out. */
 DT_API dt_status dt_monitor_open(const dt_monitor_params *p, dt_monitor **out);
 /* One scalar: tag (non-empty; a CSV file name is made from it, so no NUL,
  * and at most 200 bytes), value, step (>= 0). DT_ERR_INVALID_ARG for a bad

@@ -223,8 +223,8 @@ dt_status dt_dir_make(const char *path)
     if (lstat(name, &sb) < 0)
         return dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));
     if (S_ISLNK(sb.st_mode))
-        return dt_error(DT_ERR_IO, "%s: a symbolic link (not followed; give the directory itself)", path);
+        return dt_error(DT_ERR_INVALID_ARG, "%s: a symlink (not followed; give the directory itself)", path);
     if (!S_ISDIR(sb.st_mode))
-        return dt_error(DT_ERR_IO, "%s: not a directory", path);
+        return dt_error(DT_ERR_INVALID_ARG, "%s: not a directory", path);
     return DT_OK;
 }

@@ -19,17 +19,9 @@
 static dt_status save_peft(const dt_model *m, dt_ckpt *ck, const char *src, const dt_lora_params *p,
                            const char *base_model, const char *dir)
 {
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-        return dt_error(DT_ERR_IO, "LoRA adapters %s: cannot make the directory: %s", dir, strerror(errno));
-    struct stat sb; /* the files are never written through a symlink, nor is the directory */
-    char name[4096]; /* (lstat of "link/" follows the link: the name without its trailing slashes) */
-    if (dt_path_trim_slashes(dir, name, sizeof name) < 0)
-        return dt_last_status();
-    if (lstat(name, &sb) == 0 && S_ISLNK(sb.st_mode))
-        return dt_error(DT_ERR_INVALID_ARG, "LoRA adapters %s: a symlink (not followed; give the directory itself)",
-                        dir);
-    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_error(DT_ERR_INVALID_ARG, "LoRA adapters %s: not a directory", dir);
+    /* the files are never written through a symlink, nor is the directory */
+    if (dt_dir_make(dir) < 0)
+        return dt_error_wrap(dt_last_status(), "LoRA adapters");
     size_t ne = dt_model_num_entries(m), n = 0;
     dt_st_desc *d = calloc(ne ? ne : 1, sizeof *d);
     size_t *idx = calloc(ne ? ne : 1, sizeof *idx);
