@@ -152,6 +152,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
     t->eval_tok = eval_tok;
     t->start_s = dt_time_s();
     t->resumed_step = -1; /* a fresh run until dt__tr_setup_resume loads a checkpoint */
+    t->eval_step = -1;
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
         rc = dt__train_config(argc, argv, &t->o); /* --config FILE, AIAK_* (train_config.c) */

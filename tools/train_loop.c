@@ -108,9 +108,14 @@ int dt__tr_evaluate(dt__train_run *t, double *loss_out, double *acc_out)
 
 int dt__tr_eval_and_record(dt__train_run *t, int64_t epoch, double *tl, double *ta)
 {
+    if (t->eval_step >= 0 && t->eval_step == t->global_step) { /* --eval-every evaluated this step already */
+        *tl = t->eval_loss, *ta = t->eval_acc;
+        return 0;
+    }
     int rc = dt__tr_evaluate(t, tl, ta);
     if (rc)
         return rc;
+    t->eval_step = t->global_step, t->eval_loss = *tl, t->eval_acc = *ta;
     char acc[32];
     if (isnan(*ta))
         snprintf(acc, sizeof acc, "null");

@@ -71,6 +71,8 @@ typedef struct {
     bool max_reached;             /* --max-steps reached: the epoch ended on purpose */
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
     int64_t resumed_step;         /* the checkpoint's step when resumed (-1: a fresh run) */
+    int64_t eval_step;            /* the optimizer step of the last evaluation (-1: none) */
+    double eval_loss, eval_acc;   /* its results */
     dt_trainer_resume_info ri;    /* what the resume loaded (resumed_step >= 0) */
     char *user_json;              /* the options a checkpoint keeps (dtrain eval --ckpt reads them) */
     double log_loss, epoch_loss, t0;

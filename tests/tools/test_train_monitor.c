@@ -4,7 +4,7 @@
  * step records' loss (as a float), Train/Samples/lr the next step's rate
  * (the linear schedule's), Train/Samples/eval_loss after the evaluation;
  * a resumed run continues at the checkpoint's samples; with two ranks one
- * set of CSV files (rank 0's). */
+ * set of CSV files (rank 0's); one evaluation per step. */
 // dt-test-timeout: 300
 #include "test.h"
 #include "train_cli.h"
@@ -169,11 +169,39 @@ TEST(csv_monitor_two_ranks)
     ASSERT(access(path, F_OK) == 0);
 }
 
+/* --eval-every N whose last evaluation falls on the run's last step: one
+ * evaluation there, not two (the end of the run evaluated the same weights
+ * again, a second eval record and a second eval_loss point) */
+TEST(one_eval_per_step)
+{
+    cli_result r;
+    char *tb = cli_path("tb_eval"), *met = cli_path("m_eval.jsonl");
+    cli_runv(&r, 120, NULL,
+             (char *[]){MLP, "--max-steps", "4", "--eval-every", "2", "--metrics", met, "--tensorboard", tb, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    scalar all[64], ev[8];
+    int n = read_events(tb, all, 64);
+    ASSERT_EQ_INT(pick(all, n, "Train/Samples/eval_loss", ev, 8), 2);
+    ASSERT_EQ_INT(ev[0].step, 16);
+    ASSERT_EQ_INT(ev[1].step, 32);
+    char text[8192];
+    FILE *f = fopen(met, "r");
+    ASSERT(f);
+    size_t k = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[k] = 0;
+    int evals = 0;
+    for (char *p = text; (p = strstr(p, "\"event\":\"eval\"")); p++)
+        evals++;
+    ASSERT_EQ_INT(evals, 2);
+}
+
 int main(void)
 {
     RUN(tensorboard_flag);
     RUN(resume_continues_samples);
     RUN(csv_monitor_two_ranks);
+    RUN(one_eval_per_step);
     cli_cleanup();
     return TEST_REPORT();
 }
