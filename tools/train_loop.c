@@ -273,6 +273,13 @@ static dt_status on_step(void *ud, dt_trainer *tr, const dt_trainer_metrics *m)
     t->log_loss += sum; /* the step's own record shows it (null) */
     t->log_n += m->nmicro;
     const bool advanced = t->global_step != before;
+    if (t->wall_clock && dt__ddp_is_main(&t->ddp) && t->prog.mode != DT__PROGRESS_NONE) {
+        /* DeepSpeed's wall_clock_breakdown line (its engine's global timers, ms) */
+        dt__progress_clear(&t->prog);
+        printf("time (ms) | fwd: %.2f | bwd: %.2f | bwd_inner: %.2f | bwd_allreduce: %.2f | step: %.2f\n",
+               1e3 * m->forward_s, 1e3 * (m->backward_s + m->wait_s), 1e3 * m->backward_s, 1e3 * m->wait_s,
+               1e3 * m->optim_s);
+    }
     dt__progress_step(&t->prog, t->step, t->global_step, dt__tr_window_mean(t), m->lr, t->samples);
     /* a step the fp16 loss scaler skipped keeps its number (it is not a step of the schedule, --max-steps or the
        checkpoint names): its record repeats the number, with skipped_steps one higher */

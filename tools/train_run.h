@@ -82,6 +82,7 @@ typedef struct {
     bool first_shown;             /* "first step ..." printed */
     char trace[4096];             /* --trace DIR ("" = off): merged at the end */
     dt_monitor *monitor;          /* rank 0: --tensorboard / the config's monitors (the trainer writes) */
+    bool wall_clock;              /* the config's wall_clock_breakdown: each step's times printed */
     double *step_s;               /* every optimizer step's time (s), for the end record's step_ms */
     int64_t nstep_s, cap_step_s;
     double cpu_first_s, cpu_last_s; /* this process's CPU time at the first and the last step's end */

@@ -474,6 +474,11 @@ typedef struct dt_trainer_params {
                                  trained over all replicas (the position's samples, kept in
                                  checkpoints: DeepSpeed's global_samples). Give it on one rank
                                  (dt_monitor_open_config); default NULL (none) */
+    bool wall_clock_breakdown; /* DeepSpeed's key: with a monitor, also the step's times in ms,
+                                  Train/Samples/elapsed_time_ms_forward, _backward (backward with
+                                  the wait for its reductions), _backward_inner (the backward
+                                  passes), _backward_allreduce (the wait), _step (the optimizer);
+                                  default false */
     int same_batch;           /* ranks of the strategy's group that train on one batch together
                                  (context parallelism: the cp ranks of a replica split its
                                  sequences, plan.h dt_plan_cp); the metrics count its samples

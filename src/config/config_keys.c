@@ -26,7 +26,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* clipping, logging */
     FLT("gradient_clipping", 0, 1e30, A),
     INT("steps_per_print", 1, BIG, A),
-    BOOL("wall_clock_breakdown", A | X),
+    BOOL("wall_clock_breakdown", A),
     BOOL("memory_breakdown", A | X),
     BOOL("dump_state", X),
     /* gradient reduction */

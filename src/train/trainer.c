@@ -734,6 +734,18 @@ static dt_status monitor_step(dt_trainer *tr, const dt_trainer_metrics *r, bool 
     if (mon && (st = dt_monitor_write(mon, "Train/Samples/train_loss", r->loss, at)) >= 0 &&
         (st = dt_monitor_write(mon, "Train/Samples/lr", dt_trainer_next_lr(tr), at)) >= 0 && scaled)
         st = dt_monitor_write(mon, "Train/Samples/loss_scale", dt_loss_scaler_scale(tr->scaler), at); /* updated */
+    if (!mon || st < 0 || !tr->p.wall_clock_breakdown)
+        return st;
+    const struct {
+        const char *tag;
+        double s;
+    } t[] = {{"Train/Samples/elapsed_time_ms_forward", r->forward_s},
+             {"Train/Samples/elapsed_time_ms_backward", r->backward_s + r->wait_s},
+             {"Train/Samples/elapsed_time_ms_backward_inner", r->backward_s},
+             {"Train/Samples/elapsed_time_ms_backward_allreduce", r->wait_s},
+             {"Train/Samples/elapsed_time_ms_step", r->optim_s}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0] && st >= 0; i++)
+        st = dt_monitor_write(mon, t[i].tag, 1e3 * t[i].s, at);
     return st;
 }
 

@@ -389,6 +389,9 @@ dt_status dt_trainer_params_apply_config(const dt_config *c, dt_trainer_params *
     dt_status st;
     if ((st = apply_optimizer(c, tp)) < 0 || (st = apply_sched(c, tp)) < 0 || (st = apply_precision(c, tp)) < 0)
         return st;
+    bool wcb;
+    if (dt_config_get_bool(c, "wall_clock_breakdown", &wcb) == DT_OK)
+        tp->wall_clock_breakdown = wcb;
     double clip;
     if (dt_config_get_double(c, "gradient_clipping", &clip) == DT_OK)
         tp->clip_grad_norm = clip;

@@ -4,7 +4,8 @@
  * step records' loss (as a float), Train/Samples/lr the next step's rate
  * (the linear schedule's), Train/Samples/eval_loss after the evaluation;
  * a resumed run continues at the checkpoint's samples; with two ranks one
- * set of CSV files (rank 0's); one evaluation per step. */
+ * set of CSV files (rank 0's); one evaluation per step; wall_clock_breakdown's
+ * line and tags. */
 // dt-test-timeout: 300
 #include "test.h"
 #include "train_cli.h"
@@ -169,6 +170,39 @@ TEST(csv_monitor_two_ranks)
     ASSERT(access(path, F_OK) == 0);
 }
 
+/* wall_clock_breakdown: DeepSpeed's timing line after every step and its
+ * elapsed_time_ms_* tags, backward = backward_inner + backward_allreduce */
+TEST(wall_clock_breakdown)
+{
+    cli_result r;
+    char *cfg = cli_path("wcb.json"), *tb = cli_path("tb_wcb");
+    FILE *f = fopen(cfg, "w");
+    ASSERT(f);
+    fprintf(f, "{\"wall_clock_breakdown\": true, \"tensorboard\": {\"enabled\": true, \"output_path\": \"%s\", "
+               "\"job_name\": \"\"}}", tb);
+    fclose(f);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "mlp", "--data", "random", "--random-items", "40", "--limit-test", "8",
+                        "--batch", "8", "--mlp-dim", "16", "--mlp-hidden", "16", "--threads", "1", "--progress",
+                        "plain", "--no-eval", "--max-steps", "3", "--config", cfg, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    int lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "time (ms) | fwd: ")); p++)
+        lines++;
+    ASSERT_EQ_INT(lines, 3);
+    ASSERT_STR_CONTAINS(r.out, " | bwd_inner: ");
+    scalar all[64], bwd[4], inner[4], wait[4], step[4];
+    int n = read_events(tb, all, 64);
+    ASSERT_EQ_INT(pick(all, n, "Train/Samples/elapsed_time_ms_backward", bwd, 4), 3);
+    ASSERT_EQ_INT(pick(all, n, "Train/Samples/elapsed_time_ms_backward_inner", inner, 4), 3);
+    ASSERT_EQ_INT(pick(all, n, "Train/Samples/elapsed_time_ms_backward_allreduce", wait, 4), 3);
+    ASSERT_EQ_INT(pick(all, n, "Train/Samples/elapsed_time_ms_step", step, 4), 3);
+    for (int i = 0; i < 3; i++) {
+        ASSERT_NEAR(bwd[i].value, inner[i].value + wait[i].value, 1e-3, 1e-5);
+        ASSERT(inner[i].value > 0 && step[i].value > 0);
+    }
+}
+
 /* --eval-every N whose last evaluation falls on the run's last step: one
  * evaluation there, not two (the end of the run evaluated the same weights
  * again, a second eval record and a second eval_loss point) */
@@ -202,6 +236,7 @@ int main(void)
     RUN(resume_continues_samples);
     RUN(csv_monitor_two_ranks);
     RUN(one_eval_per_step);
+    RUN(wall_clock_breakdown);
     cli_cleanup();
     return TEST_REPORT();
 }
