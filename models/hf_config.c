@@ -1,7 +1,7 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
- * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
- * and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+ * Qwen3ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -172,26 +172,29 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
 {
     const cJSON *o = r->root;
     const int64_t big = INT32_MAX;
+    const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
     memset(c, 0, sizeof *c);
-    c->vocab_size = get_int(r, o, "vocab_size", 32000, 1, big);
+    /* the defaults of LlamaConfig, or Qwen3Config's where they differ */
+    c->vocab_size = get_int(r, o, "vocab_size", qwen3 ? 151936 : 32000, 1, big);
     c->hidden_size = get_int(r, o, "hidden_size", 4096, 1, big);
-    c->intermediate_size = get_int(r, o, "intermediate_size", 11008, 1, big);
+    c->intermediate_size = get_int(r, o, "intermediate_size", qwen3 ? 22016 : 11008, 1, big);
     c->num_hidden_layers = get_int(r, o, "num_hidden_layers", 32, 1, big);
     c->num_attention_heads = get_int(r, o, "num_attention_heads", 32, 1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads", c->num_attention_heads, 1, big);
-    c->head_dim = get_int(r, o, "head_dim", c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
-                          1, big);
-    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", 2048, 1, big);
+    c->head_dim = get_int(r, o, "head_dim",
+                          qwen3 ? 128 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1), 1,
+                          big);
+    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", qwen3 ? 32768 : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
     c->rope_type = DT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
     read_rope(r, c);
-    const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM");
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
-    c->mlp_bias = get_bool(r, o, "mlp_bias", false);
+    c->qk_norm = qwen3;
+    c->mlp_bias = qwen2 || qwen3 ? false : get_bool(r, o, "mlp_bias", false); /* theirs have no MLP biases */
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", false);
     const char *act = get_str(r, o, "hidden_act", "silu");
     if (r->st >= 0 && strcmp(act, "silu"))
@@ -201,10 +204,15 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
     int64_t sw = get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2);
-    bool use_sw = qwen2 ? get_bool(r, o, "use_sliding_window", false) : sw > 0;
+    bool use_sw = qwen2 || qwen3 ? get_bool(r, o, "use_sliding_window", false) : sw > 0;
     if (use_sw && sw > 0 && sw < c->max_position_embeddings)
         unsupported(r, "sliding_window", "sliding-window attention is not supported (null, or at least "
                     "max_position_embeddings)");
+    const cJSON *lt = item(o, "layer_types"); /* transformers 5 writes each layer's attention */
+    for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
+        if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention"))
+            unsupported(r, "layer_types", "only \"full_attention\" layers are supported (no sliding-window "
+                        "attention)");
 }
 
 static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)
@@ -265,7 +273,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     const char *mt = get_str(&r, root, "model_type", NULL);
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
-             : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
+             : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
+             : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
     if (r.st >= 0 && arch) {
@@ -276,13 +285,14 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             if (r.st >= 0 && (st = dt__gpt2_config_check(&out->gpt2)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
-                   !strcmp(arch, "Qwen2ForCausalLM")) {
+                   !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else {
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
-                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)", path, arch);
+                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)", path,
+                            arch);
         }
     }
     /* the special tokens, kept for the export (hf_save.c) as they are given */

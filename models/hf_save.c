@@ -161,7 +161,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
     } else {
         const dt_llama_config *c = &h->llama;
         const char *mt = !strcmp(h->architecture, "MistralForCausalLM") ? "mistral"
-                       : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2" : "llama";
+                       : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2"
+                       : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3" : "llama";
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -190,12 +191,14 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 }
             }
         }
-        if (strcmp(mt, "qwen2")) {
+        if (strcmp(mt, "qwen2"))
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
-        }
         if (!strcmp(mt, "mistral"))
             cJSON_AddNullToObject(o, "sliding_window");
+        if (!strcmp(mt, "qwen3"))
+            cJSON_AddBoolToObject(o, "use_sliding_window", 0);
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);

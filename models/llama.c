@@ -115,6 +115,16 @@ static int tp_size_of(const dt_module *proj)
     return tp ? dt_pg_size(tp) : 1;
 }
 
+/* norm (an RMSNorm over hd) on each of the n heads of x [B, T, n hd] */
+static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_tensor *x, int n, int64_t hd)
+{
+    if (!x)
+        return NULL;
+    const int64_t B = x->shape[0], T = x->shape[1];
+    dt_tensor *y = dt_module_forward(ctx, norm, dt_reshape(ctx, x, 4, (int64_t[]){B, T, n, hd}));
+    return dt_reshape(ctx, y, 3, (int64_t[]){B, T, n * hd});
+}
+
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
@@ -124,6 +134,10 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_tensor *q = dt_module_forward(ctx, child(self, "q_proj"), x);
     dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
     dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
+    if (rt->c.qk_norm) { /* Qwen3: each head's hd normalized */
+        q = head_norm(ctx, child(self, "q_norm"), q, H, rt->c.head_dim);
+        k = head_norm(ctx, child(self, "k_norm"), k, KV, rt->c.head_dim);
+    }
     const int64_t *pos = NULL;
     if (rt->cp.group && x) { /* the rank's rows: RoPE at their global positions */
         dt_cp_layout l;
@@ -240,6 +254,10 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
     ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
     ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
+    if (c->qk_norm) {
+        ok = add(attn, "q_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
+        ok = add(attn, "k_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
+    }
     ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
     ok = add(mlp, "up_proj", proj(tp, C, I, mb, std, true), ok);
     ok = add(mlp, "down_proj", proj(tp, I, C, mb, std, false), ok);
@@ -387,6 +405,9 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
                         "GPT models have it)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    if (tp && lc->qk_norm) /* each rank's heads would give its own part of the norms' gradients: not summed yet */
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: q_norm/k_norm (Qwen3) are not supported with tensor parallelism "
+                        "yet");
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");

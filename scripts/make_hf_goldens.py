@@ -9,6 +9,9 @@ with save_pretrained, and what transformers computes on fixed tokens:
                sharded (model.safetensors.index.json + 2 shards)
   llama_bf16/  the same weights saved in bf16, one file
   gpt2/        GPT2LMHeadModel, f32, one file
+  qwen3/       Qwen3ForCausalLM (q_norm/k_norm over each head, GQA 4 over 2,
+               head_dim 16 != hidden/heads, tied head), f32, one file; made
+               last, from its own seed, so the files above do not change
   llama_ref.safetensors, gpt2_ref.safetensors:
                input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
                (F32, eval mode), loss [] (F32): mean next-token
@@ -16,10 +19,11 @@ with save_pretrained, and what transformers computes on fixed tokens:
                logits_bf16 for the bf16 weights (llama only);
                adamw_loss [10]: the losses of 10 AdamW steps (lr 1e-2,
                betas 0.9/0.999, eps 1e-8, weight decay 0.1) on that batch,
-               each before its step (llama only)
+               each before its step (llama and qwen3)
   tokens.bin   llm.c token file (magic 20240520, version 1, uint16) of 161
                tokens, and eval_ref.safetensors: its mean next-token loss
                over the 10 disjoint 17-token windows (T = 16) for each model
+               (qwen3's: the key "eval" of qwen3_ref.safetensors)
 
 Usage: $PEER_PYTHON scripts/make_hf_goldens.py tests/data/hf
 """
@@ -30,7 +34,7 @@ import sys
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -89,23 +93,46 @@ lb = lb.to(torch.float32)
 with torch.no_grad():
     refs["llama"]["logits_bf16"] = lb(ids[:, :T]).logits.contiguous()
 
-# 10 AdamW steps on the fixed batch (f32), the loss before each step
-tw = LlamaForCausalLM(lc)
-tw.load_state_dict(llama.state_dict())
-tw.train()
-opt = torch.optim.AdamW(tw.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-losses = []
-for _ in range(10):
-    opt.zero_grad()
-    l = loss_of(tw(ids[:, :T]).logits, ids[:, 1:])
-    losses.append(l.item())
-    l.backward()
-    opt.step()
-refs["llama"]["adamw_loss"] = torch.tensor(losses, dtype=torch.float32)
+
+def adamw_losses(cls, cfg, model):
+    """10 AdamW steps on the fixed batch (f32), the loss before each step"""
+    tw = cls(cfg)
+    tw.load_state_dict(model.state_dict())
+    tw.train()
+    opt = torch.optim.AdamW(tw.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        l = loss_of(tw(ids[:, :T]).logits, ids[:, 1:])
+        losses.append(l.item())
+        l.backward()
+        opt.step()
+    return torch.tensor(losses, dtype=torch.float32)
+
+
+refs["llama"]["adamw_loss"] = adamw_losses(LlamaForCausalLM, lc, llama)
 
 for name in refs:
     save_file(refs[name], os.path.join(out, name + "_ref.safetensors"))
 save_file({"llama": torch.tensor(windows_loss(llama, toks), dtype=torch.float32).reshape([]),
            "gpt2": torch.tensor(windows_loss(gpt2, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "eval_ref.safetensors"))
+
+# Qwen3: its own seed, after everything above (whose draws stay as they were)
+torch.manual_seed(4321)
+qc = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                 rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+qwen3 = Qwen3ForCausalLM(qc).eval()
+with torch.no_grad():  # the norms' weights away from 1, so that a missing norm shows
+    for n, p in qwen3.named_parameters():
+        if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
+            p.uniform_(0.5, 1.5)
+qwen3.save_pretrained(os.path.join(out, "qwen3"))
+with torch.no_grad():
+    lg = qwen3(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Qwen3ForCausalLM, qc, qwen3),
+           "eval": torch.tensor(windows_loss(qwen3, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "qwen3_ref.safetensors"))
 print("wrote", out)

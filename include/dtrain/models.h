@@ -189,8 +189,9 @@ typedef enum {
     DT_ROPE_KIND_COUNT
 } dt_rope_kind;
 
-/* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral and
- * Qwen2 are the same block: Qwen2 with attention_bias). */
+/* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
+ * Qwen2 and Qwen3 are the same block: Qwen2 with attention_bias, Qwen3
+ * with qk_norm). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -212,6 +213,8 @@ typedef struct dt_llama_config {
     bool qkv_bias_only;               /* with attention_bias: o_proj has none (Qwen2) */
     bool mlp_bias;                    /* gate/up/down biases */
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
+    bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
+                                         k_norm, weights [hd]) after their projections, before RoPE */
 } dt_llama_config;
 
 /* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,
@@ -261,7 +264,7 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 /* What DIR/config.json describes. */
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
-                               "Qwen2ForCausalLM" or "GPT2LMHeadModel" */
+                               "Qwen2ForCausalLM", "Qwen3ForCausalLM" or "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */

@@ -1,7 +1,8 @@
 /* Parity with Hugging Face transformers (5.x) on golden files made by
  * scripts/make_hf_goldens.py (tests/data/hf): a LlamaForCausalLM with GQA,
  * head_dim != hidden/heads, an untied head and llama3 rope scaling (saved
- * sharded), the same weights saved in bf16, and a GPT2LMHeadModel. dtrain
+ * sharded), the same weights saved in bf16, a GPT2LMHeadModel and a
+ * Qwen3ForCausalLM (q_norm/k_norm on each head, tied head). dtrain
  * builds each with dt_model_create("hf:DIR"), loads its weights with
  * dt_trainer_load_weights(DIR), and its logits and loss on fixed tokens
  * agree with transformers' within 1e-5 (relative to the largest logit);
@@ -109,12 +110,13 @@ static void parity(const char *dir, const char *ref, const char *logits_key)
 TEST(llama_parity) { parity(HF "llama", HF "llama_ref.safetensors", "logits"); }
 TEST(llama_bf16_parity) { parity(HF "llama_bf16", HF "llama_ref.safetensors", "logits_bf16"); }
 TEST(gpt2_parity) { parity(HF "gpt2", HF "gpt2_ref.safetensors", "logits"); }
+TEST(qwen3_parity) { parity(HF "qwen3", HF "qwen3_ref.safetensors", "logits"); }
 
 /* 10 AdamW steps (lr 1e-2, wd 0.1) on the fixed batch: the loss before
- * each step equals PyTorch's. */
-TEST(llama_adamw_steps)
+ * each step equals PyTorch's within 1e-5 (relative) for the first `tight`
+ * steps, within `tol` after them. */
+static void adamw_steps(const char *dir, const char *ref, int tight, double tol)
 {
-    const char *ref = HF "llama_ref.safetensors";
     size_t nid = 0, nl = 0;
     int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
     float *want = t_read_tensor(ref, "adamw_loss", &nl);
@@ -122,7 +124,7 @@ TEST(llama_adamw_steps)
     dt_model_desc d;
     dt_trainer *tr = NULL;
     dt_strategy *s = NULL;
-    dt_model *m = load_hf(HF "llama", &d, &tr, &s);
+    dt_model *m = load_hf(dir, &d, &tr, &s);
     ASSERT(m != NULL);
     if (m) {
         dt_adam_params ap = dt_adamw_params_default();
@@ -143,13 +145,16 @@ TEST(llama_adamw_steps)
                 break;
             double l = dt_tensor_get(loss, 0), e = fabs(l - want[step]) / fabs((double)want[step]);
             worst = e > worst ? e : worst;
+            if (step < tight && e > 1e-5)
+                fprintf(stderr, "  step %d: loss %.9g, PyTorch's %.9g\n", step, l, (double)want[step]);
+            ASSERT(step >= tight || e <= 1e-5);
             ASSERT_OK(dt_backward(ctx, loss));
             ASSERT_OK(dt_optim_step(o));
             dt_ctx_reset(ctx);
         }
-        fprintf(stderr, "  AdamW: worst relative loss difference over 10 steps %.3g (last %.6f)\n", worst,
+        fprintf(stderr, "  %s AdamW: worst relative loss difference over 10 steps %.3g (last %.6f)\n", dir, worst,
                 (double)want[9]);
-        ASSERT(worst <= 1e-5);
+        ASSERT(worst <= tol);
         ASSERT(want[9] < want[0] - 0.5); /* it trained */
         dt_ctx_free(ctx);
         dt_optim_free(o);
@@ -159,6 +164,13 @@ TEST(llama_adamw_steps)
     free(ids);
     free(want);
 }
+
+TEST(llama_adamw_steps) { adamw_steps(HF "llama", HF "llama_ref.safetensors", 10, 1e-5); }
+/* Qwen3: the gradients through q_norm and k_norm (per-head RMSNorm) too.
+ * This model's trajectory amplifies rounding from step 6 on: PyTorch's own
+ * run in f64 differs from its f32 one (the golden) by 3e-6 at step 6 and
+ * 7e-5 at step 8; dtrain's by 1e-6 and 3e-5. */
+TEST(qwen3_adamw_steps) { adamw_steps(HF "qwen3", HF "qwen3_ref.safetensors", 6, 1e-4); }
 
 /* config.json as read */
 TEST(config_read)
@@ -179,6 +191,10 @@ TEST(config_read)
     ASSERT_OK(dt_hf_config_read(HF "gpt2", &h));
     ASSERT(h.is_gpt2);
     ASSERT_EQ_INT((int)h.gpt2.block_size, 64);
+    ASSERT_OK(dt_hf_config_read(HF "qwen3", &h));
+    ASSERT_STR_EQ(h.architecture, "Qwen3ForCausalLM");
+    ASSERT(h.llama.qk_norm && h.llama.tie_word_embeddings && !h.llama.attention_bias && !h.llama.mlp_bias);
+    ASSERT_EQ_INT((int)h.llama.head_dim, 16);
     ASSERT_STATUS(dt_hf_config_read(HF, &h), DT_ERR_NOT_FOUND);
 }
 
@@ -202,6 +218,27 @@ static dt_status read_config_text(const char *text, dt_hf_config *h)
     unlink(path);
     rmdir(dir);
     return st;
+}
+
+/* Qwen3's config: its own defaults (head_dim 128, not hidden / heads), and
+ * sliding-window layers refused naming the key */
+TEST(config_qwen3)
+{
+    dt_hf_config h;
+    static const char base[] = "{\"architectures\": [\"Qwen3ForCausalLM\"], \"hidden_size\": 256, "
+                               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 128";
+    char text[600];
+    snprintf(text, sizeof text, "%s}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.head_dim, 128);
+    ASSERT(h.llama.qk_norm);
+    snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"sliding_attention\"]}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "layer_types");
+    snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, "
+             "\"max_position_embeddings\": 64}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "sliding_window");
 }
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
@@ -271,11 +308,14 @@ int main(void)
 {
     RUN(config_read);
     RUN(config_bad_token_id);
+    RUN(config_qwen3);
     RUN(config_strict_json);
     RUN(config_gpt2_sizes);
     RUN(llama_parity);
     RUN(llama_bf16_parity);
     RUN(gpt2_parity);
     RUN(llama_adamw_steps);
+    RUN(qwen3_parity);
+    RUN(qwen3_adamw_steps);
     return TEST_REPORT();
 }

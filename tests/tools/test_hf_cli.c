@@ -16,11 +16,15 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
+/* key's value in eval_ref.safetensors ("qwen3": the key "eval" of qwen3_ref.safetensors) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
-    if (dt_st_open(HF "eval_ref.safetensors", &f) < 0)
+    const bool q = !strcmp(key, "qwen3");
+    if (q)
+        key = "eval";
+    if (dt_st_open(q ? HF "qwen3_ref.safetensors" : HF "eval_ref.safetensors", &f) < 0)
         return NAN;
     const dt_st_tensor *t = dt_st_find(f, key);
     if (!t || dt_st_read(f, t, 0, 4, &v) < 0)
@@ -55,6 +59,7 @@ TEST(eval_json)
     eval_case("llama", "llama", "4"); /* 10 windows: batches of 4, 4, 2 */
     eval_case("gpt2", "gpt2", "10");
     eval_case("llama_bf16", "llama", "3"); /* bf16 weights: the f32 model's loss within bf16 rounding */
+    eval_case("qwen3", "qwen3", "4");
 }
 
 TEST(train_and_generate)
@@ -167,6 +172,41 @@ TEST(shape_options_refused)
     ASSERT_STR_CONTAINS(r.err, "the tokenizer has 1000 ids, more than the vocab size 128");
     ASSERT_STR_CONTAINS(r.err, "config.json's vocab_size");
     ASSERT(!strstr(r.out, "vocab size 1000"));
+}
+
+/* Qwen3: trained a few steps and written with --save-hf, the directory
+ * (model_type qwen3) evaluates to the run's own final loss; --tp is refused
+ * (its per-head norms' gradients are not summed over the ranks yet). */
+TEST(qwen3_save_hf_and_tp)
+{
+    cli_result r;
+    char *out = cli_path("qwen3_out");
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "hf:" HF "qwen3", "--data", "tokens:" HF "tokens.bin", "--val-data",
+                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "3", "--optimizer",
+                        "adamw", "--lr", "1e-3", "--progress", "none", "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const double v = cli_out_value(r.out, "val loss: ");
+    char m[400], cfg[400];
+    snprintf(m, sizeof m, "hf:%s", out);
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    FILE *f = fopen(cfg, "r");
+    char text[4096] = "";
+    ASSERT(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    ASSERT_STR_CONTAINS(text, "\"qwen3\"");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  qwen3 --save-hf: eval %.6f, the run's val loss %.4f\n", json_loss(r.out), v);
+    ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0); /* (the run prints 4 decimals) */
+    char *const tp[] = {"train", "--model", "hf:" HF "qwen3", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                        "--seq", "16", "--batch", "2", "--max-steps", "1", "--tp", "2", "--threads", "1", NULL};
+    char *const *lists[] = {tp};
+    cli_run_ranks(&r, 120, NULL, 2, 1, lists);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "not supported with tensor parallelism");
 }
 
 /* tied config.json (tie_word_embeddings true) over weights that also hold
@@ -408,6 +448,7 @@ int main(void)
     RUN(train_and_generate);
     RUN(bad_directories);
     RUN(shape_options_refused);
+    RUN(qwen3_save_hf_and_tp);
     RUN(tied_head);
     RUN(single_file_first);
     RUN(generation_config);
