@@ -115,13 +115,19 @@ static int tp_size_of(const dt_module *proj)
     return tp ? dt_pg_size(tp) : 1;
 }
 
-/* norm (an RMSNorm over hd) on each of the n heads of x [B, T, n hd] */
-static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_tensor *x, int n, int64_t hd)
+/* norm (an RMSNorm over hd, eps) on each of the n heads of x [B, T, n hd].
+ * Under tensor parallelism (tp: the projections' group) each rank has its
+ * own heads, so the weight's gradient is a part of the whole: the weight
+ * enters through f, whose backward sums it over the group (transformers'
+ * "replicated_with_grad_allreduce" for Qwen3's q_norm and k_norm). */
+static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_pg *tp, float eps, dt_tensor *x, int n, int64_t hd)
 {
     if (!x)
         return NULL;
     const int64_t B = x->shape[0], T = x->shape[1];
-    dt_tensor *y = dt_module_forward(ctx, norm, dt_reshape(ctx, x, 4, (int64_t[]){B, T, n, hd}));
+    dt_tensor *x4 = dt_reshape(ctx, x, 4, (int64_t[]){B, T, n, hd});
+    dt_tensor *y = tp ? dt_rms_norm(ctx, x4, dt_tp_copy_to_region(ctx, tp, dt_module_param(norm, 0)), eps)
+                      : dt_module_forward(ctx, norm, x4);
     return dt_reshape(ctx, y, 3, (int64_t[]){B, T, n * hd});
 }
 
@@ -135,8 +141,9 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
     dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
     if (rt->c.qk_norm) { /* Qwen3: each head's hd normalized */
-        q = head_norm(ctx, child(self, "q_norm"), q, H, rt->c.head_dim);
-        k = head_norm(ctx, child(self, "k_norm"), k, KV, rt->c.head_dim);
+        dt_pg *tp = dt_tp_module_group(child(self, "q_proj"));
+        q = head_norm(ctx, child(self, "q_norm"), tp, rt->c.rms_norm_eps, q, H, rt->c.head_dim);
+        k = head_norm(ctx, child(self, "k_norm"), tp, rt->c.rms_norm_eps, k, KV, rt->c.head_dim);
     }
     const int64_t *pos = NULL;
     if (rt->cp.group && x) { /* the rank's rows: RoPE at their global positions */
@@ -405,9 +412,6 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
                         "GPT models have it)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
-    if (tp && lc->qk_norm) /* each rank's heads would give its own part of the norms' gradients: not summed yet */
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: q_norm/k_norm (Qwen3) are not supported with tensor parallelism "
-                        "yet");
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");

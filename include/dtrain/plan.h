@@ -307,9 +307,6 @@ typedef struct dt_plan_calib {
     int cores;                /* cores of the machine (online CPUs this process may use) */
     int64_t n_layer, n_head, n_embd, vocab; /* the full model's shape */
     int64_t n_kv_head;        /* key/value heads (Llama's grouped-query attention; = n_head for GPT-2) */
-    bool no_tp;               /* the model has no tensor-parallel form (Qwen3's per-head q/k norms): tp > 1
-                                 is infeasible. A property of the model, not a measurement: not in the
-                                 cache file, set from the model when it is loaded */
     double numel_block;       /* parameters of one block */
     double numel_fixed;       /* the rest (embeddings, final norm; the head is tied) */
     double fb_block_s;        /* core-seconds per token of one block's forward + backward */

@@ -436,7 +436,6 @@ dt_status dt_plan_calibrate(const char *model, int64_t seq, dt_dtype dtype, dt_p
     c.threads = process_threads(c.cores);
     c.n_layer = sh.n_layer, c.n_head = sh.n_head, c.n_kv_head = sh.n_kv_head, c.n_embd = sh.n_embd;
     c.vocab = sh.vocab;
-    c.no_tp = !sh.h.is_gpt2 && sh.h.llama.qk_norm;
     c.base_rss = rss_now();
 
     int64_t *tok = malloc(sizeof *tok * (size_t)(seq + 1));
@@ -723,9 +722,6 @@ dt_status dt_plan_calib_load(const char *path, const char *model, int64_t seq, d
     if (strcmp(c.model, id) || (seq && c.seq != seq) || c.dtype != dtype || c.cores != dt_cpu_cores())
         return dt_error(DT_ERR_NOT_FOUND, "planner calibration '%s' was measured for %s, seq %lld, %s on %d cores",
                         path, c.model, (long long)c.seq, dname, c.cores);
-    model_shape sh;
-    if (shape_of(model, &sh) == DT_OK)
-        c.no_tp = !sh.h.is_gpt2 && sh.h.llama.qk_norm;
     *out = c;
     return DT_OK;
 }

@@ -156,8 +156,6 @@ dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_calib *c
         infeasible(out, "tp %d does not divide the %lld heads", tp, (long long)c->n_head);
     if (c->n_kv_head > 0 && c->n_kv_head % tp)
         infeasible(out, "tp %d does not divide the %lld key/value heads", tp, (long long)c->n_kv_head);
-    if (tp > 1 && c->no_tp)
-        infeasible(out, "tp %d: the model's per-head q/k norms (Qwen3) have no tensor-parallel form yet", tp);
     if (pp > c->n_layer)
         infeasible(out, "pp %d exceeds the %lld blocks", pp, (long long)c->n_layer);
     if ((tp > 1 || pp > 1) && l->zero_stage > 1)
