@@ -194,6 +194,11 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
+    const cJSON *pad = item(o, "pad_token_id");
+    if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
+        c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
+        c->has_pad_token = r->st >= 0;
+    }
     c->mlp_bias = qwen2 || qwen3 ? false : get_bool(r, o, "mlp_bias", false); /* theirs have no MLP biases */
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", false);
     const char *act = get_str(r, o, "hidden_act", "silu");

@@ -202,6 +202,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+        if (c->has_pad_token)
+            cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);
     add_tokens(o, "eos_token_id", h->eos_token_ids, h->n_eos);

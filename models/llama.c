@@ -183,6 +183,33 @@ static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void
                                             dt_module_forward(ctx, child(self, "post_attention_layernorm"), h)));
 }
 
+/* nn.Embedding's padding_idx: the embeddings x [B, T, C] of ids idx where
+ * the id is pad pass no gradient back to the table (x k + detach(x) (1 - k),
+ * k 0 at those positions: the same values, exactly). Nothing to do for a
+ * batch without the id. */
+static dt_tensor *pad_no_grad(dt_ctx *ctx, dt_tensor *x, dt_tensor *idx, int64_t pad)
+{
+    if (!x || !dt_ag_enabled(ctx))
+        return x;
+    const int64_t n = dt_tensor_numel(idx);
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; i++)
+        hits += (int64_t)dt_tensor_get(idx, i) == pad;
+    if (!hits)
+        return x;
+    int64_t shape[3] = {idx->shape[0], idx->shape[1], 1};
+    dt_tensor *keep = dt_tensor_empty(ctx, DT_F32, 3, shape), *drop = dt_tensor_empty(ctx, DT_F32, 3, shape);
+    if (!keep || !drop)
+        return NULL;
+    float *k = keep->data, *d = drop->data;
+    for (int64_t i = 0; i < n; i++) {
+        const bool p = (int64_t)dt_tensor_get(idx, i) == pad;
+        k[i] = p ? 0.0f : 1.0f;
+        d[i] = p ? 1.0f : 0.0f;
+    }
+    return dt_add(ctx, dt_mul(ctx, x, keep), dt_mul(ctx, dt_detach(ctx, x), drop));
+}
+
 /* self->ud: the runtime config (borrowed from the root) */
 static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
@@ -207,6 +234,8 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
         idx = dt_cp_local_rows(ctx, &l, idx);
     }
     dt_tensor *x = dt_module_forward(ctx, child(self, "embed_tokens"), idx);
+    if (rt->c.has_pad_token)
+        x = pad_no_grad(ctx, x, idx, rt->c.pad_token_id);
     x = dt_module_forward(ctx, child(self, "layers"), x);
     return dt_module_forward(ctx, child(self, "norm"), x);
 }
@@ -300,6 +329,15 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
  * weights' elements, attention's T H hd (T the longest sequence), a few
  * per element for the norms and residuals, the head's GEMM and the
  * cross-entropy. */
+/* The embedding unit: the table's lookup, with padding_idx's gradient cut
+ * (pad_no_grad) as model_forward does. */
+static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    dt_tensor *e = dt_module_forward(ctx, u->module, x);
+    return rt && rt->c.has_pad_token ? pad_no_grad(ctx, e, x, rt->c.pad_token_id) : e;
+}
+
 static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
 {
     dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
@@ -313,7 +351,7 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     if (!u)
         return dt_error(DT_ERR_NO_MEMORY, "dt_model_pipe_units");
     const double C = dt__zoo_numel(norm, 0);
-    dt__zoo_unit(&u[k], "model.embed_tokens", emb, NULL, "model.embed_tokens", NULL);
+    dt__zoo_unit(&u[k], "model.embed_tokens", emb, embed_unit, "model.embed_tokens", NULL);
     u[k++].cost = 2 * C;
     for (int i = 0; i < L; i++) {
         dt_module *b = dt_module_child(ls, i);

@@ -20,6 +20,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                adamw_loss [10]: the losses of 10 AdamW steps (lr 1e-2,
                betas 0.9/0.999, eps 1e-8, weight decay 0.1) on that batch,
                each before its step (llama and qwen3)
+  llama_pad_ref.safetensors:
+               input_ids, and adamw_loss [10] of llama's weights under its config with
+               pad_token_id = input_ids[0, 3] (nn.Embedding's padding_idx:
+               that row gets no gradient from its lookups), and that id
   tokens.bin   llm.c token file (magic 20240520, version 1, uint16) of 161
                tokens, and eval_ref.safetensors: its mean next-token loss
                over the 10 disjoint 17-token windows (T = 16) for each model
@@ -135,4 +139,12 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Qwen3ForCausalLM, qc, qwen3),
            "eval": torch.tensor(windows_loss(qwen3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "qwen3_ref.safetensors"))
+
+# llama's weights under a config with pad_token_id = an id of the batch: nn.Embedding(padding_idx) passes no
+# gradient to that row from its lookups (the test writes the config beside a copy of llama/)
+pad = int(ids[0, 3])
+lp = LlamaConfig(**{**lc.to_dict(), "pad_token_id": pad})
+save_file({"input_ids": ids.clone(), "adamw_loss": adamw_losses(LlamaForCausalLM, lp, llama),
+           "pad_token_id": torch.tensor(pad, dtype=torch.int64).reshape([])},
+          os.path.join(out, "llama_pad_ref.safetensors"))
 print("wrote", out)

@@ -242,7 +242,8 @@ static const opt_def opts[] = {
      "with --pp: balance the stages by the layers' estimated compute (default), by their parameter count, or "
      "by their forward + backward time measured at the start on the first micro-batch of the training data"},
     {"micro-batches", OPT_INT, OFF(micro_batches), 1, 4096, NULL, "M",
-     "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; default 4)"},
+     "with --pp: each batch runs as M micro-batches (the batch must be a multiple of M; an epoch's short last "
+     "batch that is not is dropped, said at start; default 4)"},
     {"save", OPT_STR, OFF(save), 0, 0, NULL, "DIR",
      "save checkpoints into DIR/step-N (at the end, and every --save-every steps)"},
     {"save-hf", OPT_STR, OFF(save_hf), 0, 0, NULL, "OUT",

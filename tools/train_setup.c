@@ -632,10 +632,20 @@ int dt__tr_setup_data(dt__train_run *t)
     }
     dt_dataset *test_set = t->test_shard ? t->test_shard : t->test;
     if (dt_plan_sampler(t->ddp.plan, dt_dataset_length(t->train), t->o.seed,
-                              !strcmp(t->o.rng, "torch") ? DT_SHUFFLE_TORCH : DT_SHUFFLE_PHILOX,
-                              &t->train_sampler) < 0 ||
-        dt_loader_init(t->train, t->train_sampler, &lp, &t->train_loader) < 0)
+                        !strcmp(t->o.rng, "torch") ? DT_SHUFFLE_TORCH : DT_SHUFFLE_PHILOX, &t->train_sampler) < 0)
         return dt__tr_fail(1, "training data loader");
+    /* a pipeline cuts every batch into --micro-batches equal parts: an epoch's short last batch that does not
+       split is dropped (as drop_last), said once; it stopped the run at the epoch's end */
+    const int64_t tail = dt_sampler_length(t->train_sampler) % t->o.batch;
+    if (t->ddp.pp > 1 && tail && tail % t->ddp.pp_micro) {
+        lp.drop_last = true;
+        if (dt__ddp_is_main(&t->ddp))
+            printf("pipeline: each epoch's last %lld samples (per replica) do not split into %d micro-batches: dropped "
+                   "(batch %lld)\n", (long long)tail, t->ddp.pp_micro, (long long)t->o.batch);
+    }
+    if (dt_loader_init(t->train, t->train_sampler, &lp, &t->train_loader) < 0)
+        return dt__tr_fail(1, "training data loader");
+    lp.drop_last = false;
     /* evaluation: bigger batches, no grads (language models: the logits of a
      * batch are B T V floats, so the training batch) */
     lp.batch_size = t->lm || t->o.batch > 500 ? t->o.batch : 500;

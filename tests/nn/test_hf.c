@@ -172,6 +172,31 @@ TEST(llama_adamw_steps) { adamw_steps(HF "llama", HF "llama_ref.safetensors", 10
  * 7e-5 at step 8; dtrain's by 1e-6 and 3e-5. */
 TEST(qwen3_adamw_steps) { adamw_steps(HF "qwen3", HF "qwen3_ref.safetensors", 6, 1e-4); }
 
+/* llama's weights under a config.json with pad_token_id: the embedding
+ * row of that id gets no gradient from its lookups (transformers'
+ * nn.Embedding(padding_idx)); PyTorch's 10 AdamW losses differ from the
+ * run without it from the second step on, and dtrain's follow them. */
+TEST(llama_pad_token_adamw_steps)
+{
+    const char *ref = HF "llama_pad_ref.safetensors";
+    size_t n1 = 0;
+    int64_t *pad = t_read_tensor(ref, "pad_token_id", &n1);
+    ASSERT(pad && n1 == 1);
+    char dir[] = "/tmp/dt_hfpad_XXXXXX", cmd[600];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "cp " HF "llama/* '%s' && sed -i 's/\"pad_token_id\": null/\"pad_token_id\": %lld/' "
+             "'%s/config.json' && grep -q '\"pad_token_id\": %lld' '%s/config.json'", dir,
+             pad ? (long long)pad[0] : 0LL, dir, pad ? (long long)pad[0] : 0LL, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(dir, &h));
+    ASSERT(h.llama.has_pad_token && pad && h.llama.pad_token_id == pad[0]);
+    adamw_steps(dir, ref, 10, 1e-5);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    free(pad);
+}
+
 /* config.json as read */
 TEST(config_read)
 {
@@ -317,5 +342,6 @@ int main(void)
     RUN(llama_adamw_steps);
     RUN(qwen3_parity);
     RUN(qwen3_adamw_steps);
+    RUN(llama_pad_token_adamw_steps);
     return TEST_REPORT();
 }

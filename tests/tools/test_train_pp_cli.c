@@ -78,6 +78,31 @@ TEST(mlp_pp2_equals_one_process)
     ASSERT(same_losses(m2, m1));
 }
 
+/* An epoch whose short last batch does not split into the micro-batches
+ * (66 items, batch 4: 2 left, 4 micro-batches): that batch is dropped and
+ * said; the run stopped at the epoch's end with exit 1 before. The steps
+ * before it are the one-process run's. */
+TEST(short_last_batch_dropped)
+{
+    if (!cli())
+        DT_TEST_SKIP("DT_CLI is not set (run under ctest)");
+    static cli_result r;
+    char m1[300], m2[300];
+    snprintf(m1, sizeof m1, "%s/tail_one.jsonl", cli_tmpdir());
+    snprintf(m2, sizeof m2, "%s/tail_pp2.jsonl", cli_tmpdir());
+    char *const items[] = {"--random-items", "66", "--max-steps", "17", NULL};
+    run_model(&r, 1, "mlp", items, m1);
+    ASSERT_EQ_INT(r.code, 0);
+    run_model(&r, 2, "mlp", (char *[]){"--random-items", "66", "--max-steps", "17", "--pp", "2", "--micro-batches",
+                                       "4", NULL}, m2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "last 2 samples (per replica) do not split into 4 micro-batches: dropped");
+    double a[32], b[32];
+    ASSERT_EQ_INT(cli_step_losses(m2, a, 32), 17);
+    ASSERT_EQ_INT(cli_step_losses(m1, b, 32), 17);
+    ASSERT(cli_same_losses(a, 16, b, 16, 1.5e-6)); /* the first epoch's 16 full batches */
+}
+
 TEST(mlp_dp2_pp2_equals_ddp)
 {
     if (!cli())
@@ -240,6 +265,7 @@ int main(void)
     RUN(option_errors);
     RUN(mlp_pp2_equals_one_process);
     RUN(mlp_dp2_pp2_equals_ddp);
+    RUN(short_last_batch_dropped);
     RUN(gpt_pp2_equals_one_process);
     RUN(gpt_dp2_pp2_samples_equal_ddp);
     cli_cleanup();
