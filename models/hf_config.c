@@ -208,16 +208,23 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         unsupported(r, "attention_dropout", "attention dropout is not supported (0 only)");
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
-    int64_t sw = get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2);
-    bool use_sw = qwen2 || qwen3 ? get_bool(r, o, "use_sliding_window", false) : sw > 0;
-    if (use_sw && sw > 0 && sw < c->max_position_embeddings)
-        unsupported(r, "sliding_window", "sliding-window attention is not supported (null, or at least "
-                    "max_position_embeddings)");
-    const cJSON *lt = item(o, "layer_types"); /* transformers 5 writes each layer's attention */
-    for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
-        if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention"))
-            unsupported(r, "layer_types", "only \"full_attention\" layers are supported (no sliding-window "
-                        "attention)");
+    /* Mistral's sliding window, Qwen2's and Qwen3's with use_sliding_window (LlamaConfig has none: the key is
+       ignored, as transformers ignores it): sequences up to the window only (model.c: where it is causal) */
+    const bool mistral = !strcmp(arch, "MistralForCausalLM");
+    int64_t sw = mistral || qwen2 || qwen3 ? get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2) : 0;
+    if (qwen2 || qwen3) {
+        bool any = false; /* transformers: the layers from max_window_layers on, as layer_types lists them */
+        const cJSON *lt = item(o, "layer_types");
+        for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next) {
+            if (!cJSON_IsString(e) ||
+                (strcmp(e->valuestring, "full_attention") && strcmp(e->valuestring, "sliding_attention")))
+                unsupported(r, "layer_types", "only \"full_attention\" and \"sliding_attention\" layers are known");
+            any |= cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        }
+        if (!get_bool(r, o, "use_sliding_window", false) || (cJSON_IsArray(lt) && !any))
+            sw = 0;
+    }
+    c->sliding_window = sw;
 }
 
 static void read_gpt2(cfg_reader *r, dt_gpt2_config *g)

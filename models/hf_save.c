@@ -195,10 +195,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
         if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
-        if (!strcmp(mt, "mistral"))
+        if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
+            cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
+        if (c->sliding_window > 0)
+            cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
+        else if (!strcmp(mt, "mistral"))
             cJSON_AddNullToObject(o, "sliding_window");
-        if (!strcmp(mt, "qwen3"))
-            cJSON_AddBoolToObject(o, "use_sliding_window", 0);
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);

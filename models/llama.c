@@ -210,6 +210,19 @@ static dt_tensor *pad_no_grad(dt_ctx *ctx, dt_tensor *x, dt_tensor *idx, int64_t
     return dt_add(ctx, dt_mul(ctx, x, keep), dt_mul(ctx, dt_detach(ctx, x), drop));
 }
 
+/* The longest sequence: max_position_embeddings, or a sliding window's
+ * length (up to it the window covers every earlier position: causal
+ * attention; longer would need the window) */
+static bool windowed(const dt_llama_config *c)
+{
+    return c->sliding_window > 0 && c->sliding_window < c->max_position_embeddings;
+}
+
+static int64_t max_len(const dt_llama_config *c)
+{
+    return windowed(c) ? c->sliding_window : c->max_position_embeddings;
+}
+
 /* self->ud: the runtime config (borrowed from the root) */
 static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
@@ -222,9 +235,10 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
                  dt_dtype_name(idx->dtype));
         return NULL;
     }
-    if (idx->shape[1] < 1 || idx->shape[1] > rt->c.max_position_embeddings) {
-        dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (max_position_embeddings)",
-                 (long long)idx->shape[1], (long long)rt->c.max_position_embeddings);
+    if (idx->shape[1] < 1 || idx->shape[1] > max_len(&rt->c)) {
+        dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (%s)", (long long)idx->shape[1],
+                 (long long)max_len(&rt->c), windowed(&rt->c) ? "sliding_window: longer sequences need "
+                 "sliding-window attention, which dtrain does not have" : "max_position_embeddings");
         return NULL;
     }
     if (rt->cp.group) { /* the rank's rows of the whole sequence */
@@ -318,7 +332,7 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     if (!root || strcmp(dt_module_type(root), "LlamaForCausalLM") || !dt_module_user_data(root))
         return false;
     const llama_rt *rt = dt_module_user_data(root);
-    *P = rt->c.max_position_embeddings;
+    *P = max_len(&rt->c);
     *V = rt->c.vocab_size;
     return true;
 }
@@ -467,10 +481,12 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
                                 "(each rank computes whole heads and an equal share of the MLP)", split[i].key,
                                 (long long)split[i].v, t);
     }
-    int64_t T = c.seq ? c.seq : lc->max_position_embeddings;
-    if (T < 1 || T > lc->max_position_embeddings)
-        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
-                        "(max_position_embeddings)", (long long)T, (long long)lc->max_position_embeddings);
+    int64_t T = c.seq ? c.seq : max_len(lc);
+    if (T < 1 || T > max_len(lc))
+        return dt_error(windowed(lc) ? DT_ERR_UNSUPPORTED : DT_ERR_INVALID_ARG,
+                        "llama: sequence length %lld is outside [1, %lld] (%s)", (long long)T,
+                        (long long)max_len(lc), windowed(lc) ? "sliding_window: longer sequences need "
+                        "sliding-window attention, which dtrain does not have" : "max_position_embeddings");
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");

@@ -20,6 +20,9 @@ with save_pretrained, and what transformers computes on fixed tokens:
                adamw_loss [10]: the losses of 10 AdamW steps (lr 1e-2,
                betas 0.9/0.999, eps 1e-8, weight decay 0.1) on that batch,
                each before its step (llama and qwen3)
+  mistral/     MistralForCausalLM with sliding_window 16 (of 64 positions), f32;
+               mistral_ref.safetensors: input_ids, logits and loss at T = 16
+               (where the window is causal attention), eval (tokens.bin's)
   llama_pad_ref.safetensors:
                input_ids, and adamw_loss [10] of llama's weights under its config with
                pad_token_id = input_ids[0, 3] (nn.Embedding's padding_idx:
@@ -38,7 +41,8 @@ import sys
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -147,4 +151,17 @@ lp = LlamaConfig(**{**lc.to_dict(), "pad_token_id": pad})
 save_file({"input_ids": ids.clone(), "adamw_loss": adamw_losses(LlamaForCausalLM, lp, llama),
            "pad_token_id": torch.tensor(pad, dtype=torch.int64).reshape([])},
           os.path.join(out, "llama_pad_ref.safetensors"))
+
+# Mistral with a sliding window of T = 16 positions (of 64): at T tokens it is causal attention
+torch.manual_seed(5678)
+mc = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=T,
+                   rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+mistral = MistralForCausalLM(mc).eval()
+mistral.save_pretrained(os.path.join(out, "mistral"))
+with torch.no_grad():
+    lg = mistral(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "eval": torch.tensor(windows_loss(mistral, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "mistral_ref.safetensors"))
 print("wrote", out)

@@ -215,6 +215,9 @@ typedef struct dt_llama_config {
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
     bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
                                          k_norm, weights [hd]) after their projections, before RoPE */
+    int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
+                                         sliding_window positions): sequences of at most that many tokens,
+                                         where it is the causal attention; 0: none */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied

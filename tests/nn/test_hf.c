@@ -111,6 +111,8 @@ TEST(llama_parity) { parity(HF "llama", HF "llama_ref.safetensors", "logits"); }
 TEST(llama_bf16_parity) { parity(HF "llama_bf16", HF "llama_ref.safetensors", "logits_bf16"); }
 TEST(gpt2_parity) { parity(HF "gpt2", HF "gpt2_ref.safetensors", "logits"); }
 TEST(qwen3_parity) { parity(HF "qwen3", HF "qwen3_ref.safetensors", "logits"); }
+/* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
+TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
 /* 10 AdamW steps (lr 1e-2, wd 0.1) on the fixed batch: the loss before
  * each step equals PyTorch's within 1e-5 (relative) for the first `tight`
@@ -245,8 +247,10 @@ static dt_status read_config_text(const char *text, dt_hf_config *h)
     return st;
 }
 
-/* Qwen3's config: its own defaults (head_dim 128, not hidden / heads), and
- * sliding-window layers refused naming the key */
+/* Qwen3's config: its own defaults (head_dim 128, not hidden / heads); a
+ * sliding window taken (sequences up to it) with use_sliding_window and a
+ * sliding layer, none without; an unknown layer type refused naming the
+ * key; LlamaConfig has no window: its sliding_window key is ignored */
 TEST(config_qwen3)
 {
     dt_hf_config h;
@@ -257,13 +261,22 @@ TEST(config_qwen3)
     ASSERT_OK(read_config_text(text, &h));
     ASSERT_EQ_INT((int)h.llama.head_dim, 128);
     ASSERT(h.llama.qk_norm);
-    snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"sliding_attention\"]}", base);
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
+    snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"chunked_attention\"]}", base);
     ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(dt_last_error(), "layer_types");
     snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, "
-             "\"max_position_embeddings\": 64}", base);
-    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "sliding_window");
+             "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"max_position_embeddings\": 64}",
+             base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 16);
+    snprintf(text, sizeof text, "%s, \"use_sliding_window\": false, \"sliding_window\": 16}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
+    static const char llama[] = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+                                "\"num_attention_heads\": 4, \"vocab_size\": 128, \"sliding_window\": 16}";
+    ASSERT_OK(read_config_text(llama, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
 }
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
@@ -341,6 +354,7 @@ int main(void)
     RUN(gpt2_parity);
     RUN(llama_adamw_steps);
     RUN(qwen3_parity);
+    RUN(mistral_parity);
     RUN(qwen3_adamw_steps);
     RUN(llama_pad_token_adamw_steps);
     return TEST_REPORT();

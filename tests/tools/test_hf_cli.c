@@ -16,15 +16,17 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3": the key "eval" of qwen3_ref.safetensors) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral": the key "eval" of their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
-    const bool q = !strcmp(key, "qwen3");
-    if (q)
+    char own[200] = "";
+    if (!strcmp(key, "qwen3") || !strcmp(key, "mistral")) {
+        snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
-    if (dt_st_open(q ? HF "qwen3_ref.safetensors" : HF "eval_ref.safetensors", &f) < 0)
+    }
+    if (dt_st_open(own[0] ? own : HF "eval_ref.safetensors", &f) < 0)
         return NAN;
     const dt_st_tensor *t = dt_st_find(f, key);
     if (!t || dt_st_read(f, t, 0, 4, &v) < 0)
@@ -60,6 +62,7 @@ TEST(eval_json)
     eval_case("gpt2", "gpt2", "10");
     eval_case("llama_bf16", "llama", "3"); /* bf16 weights: the f32 model's loss within bf16 rounding */
     eval_case("qwen3", "qwen3", "4");
+    eval_case("mistral", "mistral", "4"); /* sliding_window 16 = --seq */
 }
 
 TEST(train_and_generate)
@@ -172,6 +175,32 @@ TEST(shape_options_refused)
     ASSERT_STR_CONTAINS(r.err, "the tokenizer has 1000 ids, more than the vocab size 128");
     ASSERT_STR_CONTAINS(r.err, "config.json's vocab_size");
     ASSERT(!strstr(r.out, "vocab size 1000"));
+}
+
+/* Mistral's sliding window (16 of 64 positions): sequences up to it run (the
+ * window covers them: causal attention, eval_json), longer ones are refused
+ * naming the key (dtrain has no sliding-window attention); the default
+ * --seq is the window; --save-hf keeps it. It was refused whole. */
+TEST(mistral_sliding_window)
+{
+    cli_result r;
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", "hf:" HF "mistral", "--data", "tokens:" HF "tokens.bin", "--seq", "17",
+                        "--json", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "sliding_window");
+    char *out = cli_path("mistral_out"), cfg[400];
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "hf:" HF "mistral", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                        "--batch", "2", "--max-steps", "2", "--progress", "none", "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    FILE *f = fopen(cfg, "r");
+    char text[4096] = "";
+    ASSERT(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    ASSERT_STR_CONTAINS(text, "\"sliding_window\":\t16");
 }
 
 /* Qwen3: trained a few steps and written with --save-hf, the directory
@@ -455,6 +484,7 @@ int main(void)
     RUN(bad_directories);
     RUN(shape_options_refused);
     RUN(qwen3_save_hf_and_tp);
+    RUN(mistral_sliding_window);
     RUN(tied_head);
     RUN(single_file_first);
     RUN(generation_config);
