@@ -21,6 +21,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* hf:DIR's own tokenizer.json for text data (models/, not linked here): none */
+bool dt_hf_dir_tokenizer(const char *name, char *path, size_t n)
+{
+    (void)name, (void)path, (void)n;
+    return false;
+}
+
 /* --precision auto asks the library which precision this CPU trains in
  * (src/autograd, not linked here): the parser needs only an answer. */
 dt_dtype dt_precision_auto(const char **why)

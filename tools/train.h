@@ -71,6 +71,7 @@ typedef struct dt__train_opts {
     double mfu_peak;          /* GFLOP/s the MFU is a fraction of (0 = measure the matmul peak) */
     const char *vocab;        /* BPE vocabulary (dtrain tokenize): samples printed as text */
     const char *tokenizer;    /* tokenizer.json for --data text:/jsonl: */
+    bool tokenizer_of_model;  /* tokenizer is --model hf:DIR's own tokenizer.json (not given) */
     bool loss_mask;           /* --loss-mask: prompt/completion jsonl, the loss on the completions only */
     const char *freeze;       /* comma-separated name patterns of frozen parameters (NULL = none) */
     const char *lora_targets; /* LoRA: comma-separated layer names (NULL = no LoRA) */

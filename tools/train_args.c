@@ -5,6 +5,7 @@
 #include "cmd.h"
 #include "train.h"
 
+#include "dtrain/models.h"
 #include "dtrain/precision.h"
 #include "dtrain/train.h"
 
@@ -161,8 +162,9 @@ static const opt_def opts[] = {
      "PeftModel.from_pretrained loads them; with --save-hf OUT, OUT is the merged model)"},
     {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL, "FILE",
      "GPT models: a Hugging Face tokenizer.json (or a directory holding one) for --data text:/jsonl: (and "
-     "--val-data); the model's vocabulary is its size unless --vocab-size; --save-hf writes it with the model, "
-     "--save checkpoints keep it (dtrain generate --ckpt DIR --prompt TEXT)"},
+     "--val-data; with --model hf:DIR the default is DIR's tokenizer.json, when it has one); the model's "
+     "vocabulary is its size unless --vocab-size; --save-hf writes it with the model, --save checkpoints keep it "
+     "(dtrain generate --ckpt DIR --prompt TEXT)"},
     {"loss-mask", OPT_FLAG, OFF(loss_mask), 0, 0, NULL, NULL,
      "GPT models on prompt/completion data (--data jsonl:FILE[,prompt=KEY,completion=KEY], keys prompt and "
      "completion by default; --val-data too): the loss counts only the completion tokens and the end-of-document "
@@ -686,6 +688,10 @@ int dt__train_check(dt__train_opts *o)
                     "token file; dtrain tokenize makes one), text:FILE or jsonl:FILE with --tokenizer\n", o->model);
         return 2;
     }
+    static char model_tok[4200]; /* hf:DIR's tokenizer.json: AutoTokenizer.from_pretrained(DIR)'s */
+    if (lm && !o->tokenizer && !o->vocab && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data))) &&
+        dt_hf_dir_tokenizer(o->model, model_tok, sizeof model_tok))
+        o->tokenizer = model_tok, o->tokenizer_of_model = true;
     if (lm && !o->tokenizer && (lm_text_spec(o->data) || (o->val_data && lm_text_spec(o->val_data)))) {
         dt__cli_err("dtrain train: --data/--val-data text: and jsonl: need --tokenizer FILE (a tokenizer.json)\n");
         return 2;

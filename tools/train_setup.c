@@ -353,6 +353,8 @@ int dt__tr_vocab_size_from_vocab(dt__train_run *t)
             t->tok = t->eval_tok, t->eval_tok = NULL;
         else if (dt_tokenizer_load(t->o.tokenizer, &t->tok) < 0)
             return dt__tr_fail(2, "--tokenizer");
+        if (hf && t->o.tokenizer_of_model && dt__ddp_is_main(&t->ddp))
+            printf("text data: encoded with %s (the model's; --tokenizer FILE gives another)\n", t->o.tokenizer);
         if (hf) /* the directory's config.json sizes the vocabulary (the tokenizer is checked against it) */
             return 0;
         if (t->o.vocab_size) {

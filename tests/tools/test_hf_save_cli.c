@@ -219,6 +219,21 @@ TEST(tokenizer_files)
                         "--batch", "2", "--max-steps", "1", "--progress", "none", "--save-hf", out2, NULL});
     ASSERT_EQ_INT(r.code, 0);
     check_tokenizer_files(out2, TOK "dtrain.json", "<|endoftext|>");
+    /* text data with an hf:DIR model and no --tokenizer: DIR's own (as AutoTokenizer.from_pretrained(DIR)), said;
+       the same losses as with --tokenizer DIR/tokenizer.json (it was exit 2, "need --tokenizer") */
+    char *ma = cli_path("tok_auto.jsonl"), *mb = cli_path("tok_given.jsonl"), given[700];
+    snprintf(given, sizeof given, "%s/tokenizer.json", out);
+    char *const base[] = {"train", "--model", m, "--data", data, "--no-eval", "--seq", "16", "--batch", "2",
+                          "--max-steps", "3", "--progress", "none", "--log-every", "1", NULL};
+    char *const *la[] = {base, (char *[]){"--metrics", ma, NULL}};
+    char *const *lb[] = {base, (char *[]){"--metrics", mb, "--tokenizer", given, NULL}};
+    cli_run_ranks(&r, 120, NULL, 1, 2, la);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "tokenizer.json (the model's; --tokenizer FILE gives another)");
+    cli_run_ranks(&r, 120, NULL, 1, 2, lb);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strstr(r.out, "(the model's;"));
+    ASSERT(cli_same_metrics(ma, mb, 3, 0));
     /* ckpt convert --hf --tokenizer */
     char *out3 = cli_path("tok_hf3");
     cli_runv(&r, 60, NULL, (char *[]){"ckpt", "convert", "--hf", out3, run, "--tokenizer", TOK "gpt2.json", NULL});
