@@ -225,11 +225,16 @@ int dt_cmd_eval(int argc, char **argv)
     /* GPT models: their configuration and validation tokens */
     n = add_opt(targv, n, bufs, &nb, user, "val_data", "--val-data");
     n = add_opt(targv, n, bufs, &nb, user, "seq", "--seq");
-    n = add_opt(targv, n, bufs, &nb, user, "n_layer", "--n-layer");
-    n = add_opt(targv, n, bufs, &nb, user, "n_head", "--n-head");
-    n = add_opt(targv, n, bufs, &nb, user, "n_embd", "--n-embd");
-    n = add_opt(targv, n, bufs, &nb, user, "block_size", "--block-size");
-    n = add_opt(targv, n, bufs, &nb, user, "vocab_size", "--vocab-size");
+    const cJSON *mj = cJSON_GetObjectItemCaseSensitive(user, "model");
+    if (!(cJSON_IsString(mj) && !strncmp(mj->valuestring, "hf:", 3))) { /* an hf:DIR's shape is its config.json's
+                                                                            (an older run recorded the vocab size
+                                                                            of its --tokenizer) */
+        n = add_opt(targv, n, bufs, &nb, user, "n_layer", "--n-layer");
+        n = add_opt(targv, n, bufs, &nb, user, "n_head", "--n-head");
+        n = add_opt(targv, n, bufs, &nb, user, "n_embd", "--n-embd");
+        n = add_opt(targv, n, bufs, &nb, user, "block_size", "--block-size");
+        n = add_opt(targv, n, bufs, &nb, user, "vocab_size", "--vocab-size");
+    }
     /* a --loss-mask run: its prompt/completion data evaluated on the completions (unless other data is given) */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(user, "loss_mask")) && !data_arg && !val_given && !mask_given)
         targv[n++] = "--loss-mask";
