@@ -37,6 +37,7 @@ typedef struct dt__train_opts {
     const char *metrics;      /* JSON-lines file, NULL = none */
     const char *tensorboard;  /* --tensorboard DIR: TensorBoard event files (rank 0), NULL = none */
     int64_t log_every;        /* steps between plain lines / step records, default 100 */
+    bool drop_last;           /* --dataloader-drop-last: the epoch's short last training batch dropped */
     uint64_t seed;            /* default 0 */
     const char *rng;          /* torch | philox: how seed draws init and order (default torch) */
     int64_t limit_train;      /* use only the first N training items (0 = all) */

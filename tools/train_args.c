@@ -73,6 +73,9 @@ static const opt_def opts[] = {
      "write a TensorBoard event file into DIR (made when missing) with DeepSpeed's tags after every optimizer "
      "step: Train/Samples/train_loss, Train/Samples/lr, Train/Samples/loss_scale (fp16), Train/Samples/eval_loss, "
      "over the samples trained (the config's \"tensorboard\" and \"csv_monitor\" blocks do the same)"},
+    {"dataloader-drop-last", OPT_FLAG, OFF(drop_last), 0, 0, NULL, NULL,
+     "drop each epoch's short last training batch (HF Trainer's dataloader_drop_last, the config's "
+     "\"dataloader_drop_last\"; default: it trains)"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "STEPS",
      "optimizer steps between plain progress lines and metrics records, counted across epochs (default 100)"},
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "N", "seed for initialisation and shuffling (default 0)"},

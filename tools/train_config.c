@@ -95,6 +95,8 @@ static int flags_into(int argc, char **argv, const dt__train_opts *o, dt_config 
         rc = set_num(c, "scheduler.params.step_size", (double)o->step_size, "step-size");
     if (!rc && G("gamma"))
         rc = set_num(c, "scheduler.params.gamma", o->gamma, "gamma");
+    if (!rc && G("dataloader-drop-last"))
+        rc = set(c, "dataloader_drop_last", "true", "dataloader-drop-last");
     if (!rc && G("log-every"))
         rc = set_num(c, "steps_per_print", (double)o->log_every, "log-every");
     if (!rc && G("zero"))
@@ -370,6 +372,7 @@ static int read_back(dt__train_opts *o, dt_config *c)
     int64_t v;
     if (dt_config_get_int(c, "steps_per_print", &v) == DT_OK)
         o->log_every = v;
+    dt_config_get_bool(c, "dataloader_drop_last", &o->drop_last);
     dt_config_get_double(c, "gradient_clipping", &o->clip_grad_norm);
     if (dt_config_origin_of(c, "dtrain.hierarchical_allreduce") < DT_CONFIG_FROM_ENV) /* train_ddp.c reads AIAK_* */
         dt_config_get_bool(c, "dtrain.hierarchical_allreduce", &o->hierarchical_allreduce);

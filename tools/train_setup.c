@@ -639,7 +639,8 @@ int dt__tr_setup_data(dt__train_run *t)
     /* a pipeline cuts every batch into --micro-batches equal parts: an epoch's short last batch that does not
        split is dropped (as drop_last), said once; it stopped the run at the epoch's end */
     const int64_t tail = dt_sampler_length(t->train_sampler) % t->o.batch;
-    if (t->ddp.pp > 1 && tail && tail % t->ddp.pp_micro) {
+    lp.drop_last = t->o.drop_last;
+    if (t->ddp.pp > 1 && tail && tail % t->ddp.pp_micro && !t->o.drop_last) {
         lp.drop_last = true;
         if (dt__ddp_is_main(&t->ddp))
             printf("pipeline: each epoch's last %lld samples (per replica) do not split into %d micro-batches: dropped "

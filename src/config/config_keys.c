@@ -26,6 +26,7 @@ const dt__cfg_key dt__cfg_keys[] = {
     /* clipping, logging */
     FLT("gradient_clipping", 0, 1e30, A),
     INT("steps_per_print", 1, BIG, A),
+    BOOL("dataloader_drop_last", 0),
     BOOL("wall_clock_breakdown", A),
     BOOL("memory_breakdown", A | X),
     BOOL("dump_state", X),
@@ -177,6 +178,23 @@ const dt__cfg_key dt__cfg_keys[] = {
     STR("wandb.group", NULL, X | N),
     STR("wandb.team", NULL, X | N),
     STR("wandb.project", NULL, X),
+    OBJ("flops_profiler"), /* DeepSpeed's profiler; dtrain reports FLOPs as MFU and in --trace */
+    BOOL("flops_profiler.enabled", X),
+    FLT("flops_profiler.recompute_fwd_factor", 0, 1e6, X),
+    INT("flops_profiler.profile_step", 0, BIG, X),
+    INT("flops_profiler.module_depth", -1, 1e6, X),
+    INT("flops_profiler.top_modules", 0, 1e6, X),
+    BOOL("flops_profiler.detailed", X),
+    STR("flops_profiler.output_file", NULL, X | N),
+    OBJ("comms_logger"), /* DeepSpeed's collective log; dtrain's is --trace's (and the flight recorder) */
+    BOOL("comms_logger.enabled", X),
+    BOOL("comms_logger.verbose", X),
+    BOOL("comms_logger.prof_all", X),
+    BOOL("comms_logger.debug", X),
+    OBJ("checkpoint"), /* dtrain's saves are collective and load at any world size */
+    STR("checkpoint.tag_validation", "Ignore|Warn|Fail", X),
+    BOOL("checkpoint.load_universal", X),
+    BOOL("checkpoint.use_node_local_storage", X),
     OBJ("comet"),
     BOOL("comet.enabled", X),
     INT("comet.samples_log_interval", 1, BIG, X),

@@ -117,6 +117,45 @@ TEST(activation_checkpointing_keys)
     ASSERT(strstr(r.out, "activation checkpointing:") == NULL);
 }
 
+/* "dataloader_drop_last": true (and --dataloader-drop-last): the epoch's
+ * short last batch is dropped (10 windows, batch 4: 2 steps an epoch, the
+ * third step starts epoch 2); without it 3 steps an epoch. It was an
+ * unknown key, ignored. */
+static int third_step_epoch(void)
+{
+    static char buf[1 << 15];
+    FILE *f = fopen(metrics, "r");
+    if (!f)
+        return -1;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    const char *p = strstr(buf, "\"event\":\"step\",\"epoch\":");
+    for (int i = 0; p && i < 2; i++)
+        p = strstr(p + 1, "\"event\":\"step\",\"epoch\":");
+    return p ? atoi(p + strlen("\"event\":\"step\",\"epoch\":")) : -1;
+}
+
+TEST(dataloader_drop_last)
+{
+    static cli_result r;
+    char on[400], off[400];
+    write_cfg("dl1.json", "{\"dataloader_drop_last\": true}", on, sizeof on);
+    write_cfg("dl0.json", "{}", off, sizeof off);
+    const char *extra[] = {"--batch", "4", "--limit-train", "10", "--max-steps", "3", "--log-every", "1", NULL};
+    run_cfg(&r, 1, on, NULL, extra);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_EQ_INT(third_step_epoch(), 2);
+    run_cfg(&r, 1, off, NULL, extra);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_EQ_INT(third_step_epoch(), 1);
+    run_cfg(&r, 1, off, NULL,
+            (const char *[]){"--batch", "4", "--limit-train", "10", "--max-steps", "3", "--log-every", "1",
+                             "--dataloader-drop-last", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_EQ_INT(third_step_epoch(), 2);
+}
+
 TEST(tensor_parallel_from_the_config)
 {
     static cli_result r;
@@ -423,6 +462,7 @@ int main(void)
     RUN(seed_pasted_unchanged_is_refused_with_line_and_column);
     RUN(batch_relation_and_inference);
     RUN(activation_checkpointing_keys);
+    RUN(dataloader_drop_last);
     RUN(tensor_parallel_from_the_config);
     RUN(hierarchical_allreduce_from_the_config);
     RUN(pipeline_config_equals_the_flags);
