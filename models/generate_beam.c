@@ -90,9 +90,10 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
     if (p->max_new_tokens == 0)
         return DT_OK;
     const int64_t B = p->num_beams, K = (p->n_eos + 1 > 2 ? p->n_eos + 1 : 2) * B, L = nprompt + p->max_new_tokens;
-    /* the buffers, counted in double first: num_beams near INT64_MAX must not wrap */
-    const double need = ((double)(2 * (double)B + (double)K) * (double)L + (double)B * (double)P) * sizeof(int64_t) +
-                        (double)B * (double)V * sizeof(float) * 2 + (double)(B + K) * 64;
+    /* the buffers' bytes, counted in double: a num_beams near INT64_MAX must be refused, not wrap */
+    const double db = (double)B, dk = (double)K;
+    const double need = ((3 * db + dk) * (double)L + db * (double)P + 3 * db + 2 * dk) * sizeof(int64_t) +
+                        (db * (double)V + (double)V + 3 * db + 2 * dk) * sizeof(float) + (double)V + 2 * (db + dk);
     if (need > (double)(SIZE_MAX / 4))
         return dt_error(DT_ERR_NO_MEMORY, "%s: num_beams %lld over %lld tokens would need %.3g bytes of buffers",
                         who, (long long)B, (long long)L, need);
