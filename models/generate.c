@@ -2,14 +2,16 @@
  * generate): for each new token, run the model on the last block_size
  * tokens of the sequence so far (no-grad, eval mode: dropout off), take the
  * last position's logits, divide by the temperature, keep the top k and the
- * top p (transformers' nucleus filter; a repetition penalty first), and pick
+ * top p (transformers' nucleus filter; its processors first: a repetition
+ * penalty, the n-gram ban, the minimum length), and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. In one process a key/value
  * cache (generate_kv.c; dt_generate_params.kv_cache, on by default) runs the
  * prompt once and then each new token alone, while the sequence fits the
  * window; past it, and without the cache, each token costs one forward over
- * the window.
+ * the window. num_beams > 1 is transformers' beam search instead
+ * (generate_beam.c).
  *
  * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
  * on every rank of the pipeline with the forward through the stages
@@ -32,7 +34,8 @@
 dt_generate_params dt_generate_params_default(void)
 {
     dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
-                            .repetition_penalty = 1.0f, .seed = 0, .kv_cache = true};
+                            .repetition_penalty = 1.0f, .seed = 0, .kv_cache = true, .num_beams = 1,
+                            .length_penalty = 1.0f, .early_stopping = DT_EARLY_STOPPING_FALSE};
     return p;
 }
 
@@ -88,25 +91,41 @@ static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ran
     return kept;
 }
 
-/* transformers' RepetitionPenaltyLogitsProcessor: the logits of every
- * token in seq[0..n) (each once), divided by the penalty where positive and
- * multiplied by it where negative, into pen[0..V); the logits themselves
- * when the penalty is 1. seen: V bytes, cleared here. */
-static const float *penalized(const float *logits, int64_t V, const dt_generate_params *p, const int64_t *seq,
-                              int64_t n, float *pen, unsigned char *seen)
+/* transformers' logits processors in its order (_get_logits_processor) on s[0..V), in place, for the
+ * sequence seq[0..n) whose first nprompt tokens are the prompt (the argument's doc: zoo.h). */
+void dt__gen_process(const dt_generate_params *p, const int64_t *seq, int64_t n, int64_t nprompt, float *s,
+                     int64_t V, unsigned char *seen)
 {
-    if (p->repetition_penalty == 1.0f)
-        return logits;
-    memcpy(pen, logits, (size_t)V * sizeof *pen);
-    memset(seen, 0, (size_t)V);
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t t = seq[i];
-        if (seen[t])
-            continue;
-        seen[t] = 1;
-        pen[t] = pen[t] < 0 ? pen[t] * p->repetition_penalty : pen[t] / p->repetition_penalty;
+    if (p->repetition_penalty != 1.0f) { /* RepetitionPenaltyLogitsProcessor: each token of seq once */
+        memset(seen, 0, (size_t)V);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t t = seq[i];
+            if (seen[t])
+                continue;
+            seen[t] = 1;
+            s[t] = s[t] < 0 ? s[t] * p->repetition_penalty : s[t] / p->repetition_penalty;
+        }
     }
-    return pen;
+    const int64_t N = p->no_repeat_ngram_size;
+    if (N > 0 && n >= N) { /* NoRepeatNGramLogitsProcessor: every window whose first N - 1 tokens are the
+                              sequence's last N - 1 bans its last token */
+        const int64_t *suffix = seq + n - (N - 1);
+        for (int64_t w = 0; w + N <= n; w++)
+            if (!memcmp(seq + w, suffix, (size_t)(N - 1) * sizeof *seq) && seq[w + N - 1] < V)
+                s[seq[w + N - 1]] = -INFINITY;
+    }
+    if (n < p->min_length || n - nprompt < p->min_new_tokens) /* MinLength, MinNewTokensLength */
+        for (int i = 0; i < p->n_eos; i++)
+            s[p->eos_ids[i]] = -INFINITY;
+}
+
+/* The processed logits: logits[0..V) copied to work, then dt__gen_process. */
+static const float *processed(const float *logits, int64_t V, const dt_generate_params *p, const int64_t *seq,
+                              int64_t n, int64_t nprompt, float *work, unsigned char *seen)
+{
+    memcpy(work, logits, (size_t)V * sizeof *work);
+    dt__gen_process(p, seq, n, nprompt, work, V, seen);
+    return work;
 }
 
 /* Index of the token chosen from logits[0..V) (prob, r: room for V). */
@@ -196,6 +215,17 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "%s: top_p %g is outside (0, 1] (1: every token)", who,
                         (double)p->top_p);
+    if (p->min_new_tokens < 0 || p->min_length < 0 || p->no_repeat_ngram_size < 0 || p->num_beams < 1)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: min_new_tokens %lld, min_length %lld, no_repeat_ngram_size %lld "
+                        ">= 0 and num_beams %lld >= 1 please", who, (long long)p->min_new_tokens,
+                        (long long)p->min_length, (long long)p->no_repeat_ngram_size, (long long)p->num_beams);
+    if (!isfinite(p->length_penalty) || (unsigned)p->early_stopping > DT_EARLY_STOPPING_NEVER)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: length_penalty %g (finite) or early_stopping %d (a "
+                        "dt_early_stopping) out of range", who, (double)p->length_penalty, (int)p->early_stopping);
+    if (p->num_beams > 1 && p->temperature > 0.0f)
+        return dt_error(DT_ERR_UNSUPPORTED, "%s: num_beams %lld with temperature %g is beam sampling "
+                        "(transformers' do_sample with num_beams > 1), not implemented: temperature 0 for beam "
+                        "search", who, (long long)p->num_beams, (double)p->temperature);
     if (p->n_eos < 0 || p->n_eos > DT_GENERATE_MAX_EOS)
         return dt_error(DT_ERR_INVALID_ARG, "%s: n_eos %d is outside [0, %d]", who, p->n_eos, DT_GENERATE_MAX_EOS);
     for (int i = 0; i < p->n_eos; i++)
@@ -239,20 +269,22 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
     ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL; /* top_p's candidates */
-    const bool penalty = p.repetition_penalty != 1.0f;
-    float *pen = penalty ? malloc((size_t)V * sizeof *pen) : NULL;
-    unsigned char *seen = penalty ? malloc((size_t)V) : NULL;
+    float *work = malloc((size_t)V * sizeof *work); /* the processed logits */
+    unsigned char *seen = malloc((size_t)V);
     st = dt_ctx_init(NULL, &ctx);
-    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r) || (penalty && (!pen || !seen))))
+    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r) || !work || !seen))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", who);
     dt_module *root = dt_model_root(m);
     bool was_training = dt_module_is_training(root);
     dt_model_train(m, false);
     bool shared = !ops->share; /* one process: nobody to tell */
     dt__gen_kv *kv = NULL;
-    if (st == DT_OK && p.kv_cache && !ops->share && nprompt <= P && p.max_new_tokens > 0)
+    if (st == DT_OK && p.num_beams > 1) /* one process (dt_strategy_pipe_generate refuses beams) */
+        st = dt__gen_beam(m, ctx, &p, P, V, out, nprompt, &n);
+    else if (st == DT_OK && p.kv_cache && !ops->share && nprompt <= P && p.max_new_tokens > 0)
         st = dt__gen_kv_init(m, nprompt + p.max_new_tokens < P ? nprompt + p.max_new_tokens : P, &kv);
-    for (int64_t k = 0; st == DT_OK && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1])); k++) {
+    for (int64_t k = 0; st == DT_OK && p.num_beams == 1 && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1]));
+         k++) {
         dt_ag_set_enabled(ctx, false);
         if (kv && n <= P) { /* positions fixed: the tokens not cached yet, alone */
             int64_t c = dt__gen_kv_len(kv);
@@ -261,7 +293,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: cached forward", who);
                 break;
             }
-            out[n] = pick(penalized((const float *)y->data, V, &p, out, n, pen, seen), V, &p, k, prob, r);
+            out[n] = pick(processed((const float *)y->data, V, &p, out, n, nprompt, work, seen), V, &p, k, prob, r);
             n++;
             dt_ctx_reset(ctx);
             continue;
@@ -290,8 +322,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
                 st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [1, %lld, %lld]", who, (long long)T,
                               (long long)V);
             else
-                tok = pick(penalized((const float *)y->data + (T - 1) * V, V, &p, out, n, pen, seen), V, &p, k,
-                           prob, r);
+                tok = pick(processed((const float *)y->data + (T - 1) * V, V, &p, out, n, nprompt, work, seen), V,
+                           &p, k, prob, r);
         }
         if (ops->share && (st = ops->share(ops->ud, &tok, st)) < 0) {
             shared = true; /* share failed the pipeline, or was told of the failure */
@@ -308,7 +340,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt__gen_kv_free(kv);
     free(prob);
     free(r);
-    free(pen);
+    free(work);
     free(seen);
     dt_ctx_free(ctx);
     *nout = n;
@@ -355,6 +387,9 @@ dt_status dt_strategy_pipe_generate(dt_strategy *s, const dt_generate_params *gp
         return dt_error(DT_ERR_UNSUPPORTED, "dt_strategy_pipe_generate: not with tensor parallelism (tp %d) yet: the "
                         "head is vocabulary-parallel, each tp rank of the last stage holds a slice of the logits",
                         dt_pg_size(tp));
+    if (gp && gp->num_beams > 1)
+        return dt_error(DT_ERR_UNSUPPORTED, "dt_strategy_pipe_generate: num_beams %lld: beam search runs in one "
+                        "process (dt_model_generate), not through a pipeline's stages yet", (long long)gp->num_beams);
     gen_ops ops = {.who = "dt_strategy_pipe_generate", .forward = pipe_forward, .share = pipe_share, .ud = s};
     return generate(m, &ops, gp, prompt, nprompt, out, cap, nout);
 }

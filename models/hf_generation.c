@@ -87,6 +87,27 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
     g.repetition_penalty = 1.0f; /* applied greedy or sampling, as transformers does */
     if (gen_num(&r, "repetition_penalty", 1e-6, 1e6, false, &v))
         g.repetition_penalty = (float)v;
+    /* the processors and beam search, at GenerationConfig's defaults when absent; min_new_tokens wins over
+       min_length (transformers' _prepare_generated_length sets min_length from it) */
+    g.min_new_tokens = 0, g.min_length = 0, g.no_repeat_ngram_size = 0, g.num_beams = 1, g.length_penalty = 1.0f;
+    g.early_stopping = DT_EARLY_STOPPING_FALSE;
+    if (gen_num(&r, "min_new_tokens", 0, 1e6, true, &v))
+        g.min_new_tokens = (int64_t)v;
+    else if (gen_num(&r, "min_length", 0, 1e6, true, &v))
+        g.min_length = (int64_t)v;
+    if (gen_num(&r, "no_repeat_ngram_size", 0, 1e6, true, &v))
+        g.no_repeat_ngram_size = (int64_t)v;
+    if (gen_num(&r, "num_beams", 1, 1e5, true, &v))
+        g.num_beams = (int64_t)v;
+    if (gen_num(&r, "length_penalty", -1e6, 1e6, false, &v))
+        g.length_penalty = (float)v;
+    const cJSON *es = cJSON_GetObjectItemCaseSensitive(root, "early_stopping");
+    if (cJSON_IsBool(es))
+        g.early_stopping = cJSON_IsTrue(es) ? DT_EARLY_STOPPING_TRUE : DT_EARLY_STOPPING_FALSE;
+    else if (cJSON_IsString(es) && !strcmp(es->valuestring, "never"))
+        g.early_stopping = DT_EARLY_STOPPING_NEVER;
+    else if (es && !cJSON_IsNull(es) && r.st >= 0)
+        r.st = dt_error(DT_ERR_FORMAT, "%s: key \"early_stopping\" must be true, false or \"never\"", path);
     if (r.st >= 0)
         r.st = dt__hf_token_ids(cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), path, "eos_token_id",
                                 g.eos_ids, DT_GENERATE_MAX_EOS, &g.n_eos);
@@ -94,8 +115,7 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
     static const struct {
         const char *key;
         double dflt;
-    } other[] = {{"num_beams", 1},  {"no_repeat_ngram_size", 0}, {"min_new_tokens", 0}, {"min_length", 0},
-                 {"typical_p", 1},  {"min_p", 0},                {"penalty_alpha", 0}};
+    } other[] = {{"typical_p", 1}, {"min_p", 0}, {"penalty_alpha", 0}};
     for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
         if (cJSON_IsNumber(o) && o->valuedouble != other[i].dflt) {

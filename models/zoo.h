@@ -3,6 +3,7 @@
 #ifndef DT_MODELS_ZOO_H
 #define DT_MODELS_ZOO_H
 
+#include <dtrain/generate.h>
 #include <dtrain/models.h>
 
 dt_status dt__model_convnet(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
@@ -60,6 +61,19 @@ dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out);
 void dt__gen_kv_free(dt__gen_kv *kv);
 int64_t dt__gen_kv_len(const dt__gen_kv *kv);
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
+
+/* dt_model_generate's logits processors (generate.c), transformers' in its order: the repetition penalty
+ * on every token of seq[0..n) (the sequence so far; its first nprompt tokens the prompt), no_repeat_ngram_size's
+ * -inf on each token that would repeat an n-gram of seq, then min_length's and min_new_tokens' -inf on the stop
+ * tokens while seq is shorter; s[0..V) (logits, or log-probabilities in beam search) in place. seen: V bytes
+ * of scratch. */
+void dt__gen_process(const dt_generate_params *p, const int64_t *seq, int64_t n, int64_t nprompt, float *s,
+                     int64_t V, unsigned char *seen);
+/* transformers' beam search (generate_beam.c) for dt_model_generate with p->num_beams > 1 (checked, one
+ * process, eval mode): the prompt out[0..nprompt) continued, *nout the best finished sequence's length; P, V:
+ * the model's positions and vocabulary; ctx: the caller's (reset here). */
+dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, int64_t P, int64_t V, int64_t *out,
+                       int64_t nprompt, int64_t *nout);
 
 /* Helpers of the models' pipeline units functions (zoo.c;
  * dt_model_set_pipe_units): fill unit u (name, module, function, the

@@ -1,7 +1,7 @@
 /* dtrain generate — continue a prompt with a GPT-2 or Llama model
  * (dt_model_generate: greedy, temperature, top-k, top-p, seeded sampling,
- * stop tokens; an hf:DIR model's generation_config.json gives the
- * defaults).
+ * stop tokens, a minimum length, the n-gram ban, beam search; an hf:DIR
+ * model's generation_config.json gives the defaults).
  *
  * The weights: --ckpt DIR (a `dtrain train --save` directory or one step-N
  * checkpoint: its saved options choose the model's configuration), or
@@ -51,8 +51,8 @@ static void usage(FILE *f)
                "                        decoded as tokenizer.decode; --prompt alone uses an hf:DIR model's\n"
                "                        DIR/tokenizer.json, or the one a --ckpt run trained with --tokenizer\n"
                "                        keeps. An id past the vocabulary is an error (exit 2), never\n"
-               "                        another token\n"
-               "  --max-new-tokens N    tokens to generate at most (default 64)\n"
+               "                        another token\n");
+    fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1)\n"
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
                "  --top-p P             then among the most likely tokens that hold P of the probability\n"
@@ -61,11 +61,23 @@ static void usage(FILE *f)
                "                        (multiply where negative), greedy too (transformers'; default 1)\n"
                "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
                "                        default none)\n"
+               "  --min-new-tokens N    the stop tokens are never picked before N new tokens (default 0)\n"
+               "  --no-repeat-ngram-size N   never repeat an N-gram of the sequence, prompt included\n"
+               "                        (transformers' no_repeat_ngram_size; default 0 = off)\n"
+               "  --num-beams N         beam search over N beams, as transformers' generate(num_beams=N,\n"
+               "                        do_sample=False): needs --temperature 0 (beam sampling is refused);\n"
+               "                        prints the best finished beam (default 1 = off)\n"
+               "  --length-penalty X    beam search: a finished beam scores its log-probability over\n"
+               "                        (new tokens)^X (default 1)\n"
+               "  --early-stopping true|false|never   beam search: stop once N beams finished (true), when\n"
+               "                        no running beam can beat them (false, the default), or as false\n"
+               "                        bounding with max-new-tokens (never)\n"
                "  an hf:DIR model takes these defaults from DIR/generation_config.json (or config.json)\n"
                "  as transformers' generate() does: greedy unless do_sample is true (then its temperature,\n"
-               "  top_k (50 when absent) and top_p), its repetition_penalty, eos_token_id and\n"
-               "  max_new_tokens; the options given override them, and keys dtrain does not apply\n"
-               "  (num_beams, no_repeat_ngram_size, ...) are named on stderr\n"
+               "  top_k (50 when absent) and top_p), its repetition_penalty, eos_token_id, max_new_tokens,\n"
+               "  min_new_tokens (or min_length), no_repeat_ngram_size, num_beams, length_penalty and\n"
+               "  early_stopping; the options given override them, and keys dtrain does not apply\n"
+               "  (typical_p, min_p, penalty_alpha) are named on stderr\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
@@ -171,7 +183,8 @@ int dt_cmd_generate(int argc, char **argv)
     bool seed_given = false;
     /* the options given: they override an hf:DIR model's generation_config.json */
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
-         pen_given = false;
+         pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
+         early_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -240,6 +253,32 @@ int dt_cmd_generate(int argc, char **argv)
             }
             gp.repetition_penalty = (float)d;
             pen_given = true;
+        } else if (!strcmp(a, "--min-new-tokens")) {
+            if (dt_parse_int(a, v, 0, 1000000, &gp.min_new_tokens) < 0)
+                return bad();
+            minnew_given = true;
+        } else if (!strcmp(a, "--no-repeat-ngram-size")) {
+            if (dt_parse_int(a, v, 0, 1000000, &gp.no_repeat_ngram_size) < 0)
+                return bad();
+            ngram_given = true;
+        } else if (!strcmp(a, "--num-beams")) {
+            if (dt_parse_int(a, v, 1, 100000, &gp.num_beams) < 0)
+                return bad();
+            beams_given = true;
+        } else if (!strcmp(a, "--length-penalty")) {
+            if (dt_parse_double(a, v, -1e6, 1e6, &d) < 0)
+                return bad();
+            gp.length_penalty = (float)d;
+            lenpen_given = true;
+        } else if (!strcmp(a, "--early-stopping")) {
+            if (strcmp(v, "true") && strcmp(v, "false") && strcmp(v, "never")) {
+                dt__cli_err("dtrain generate: --early-stopping: '%s' is none of true, false, never\n", v);
+                return 2;
+            }
+            gp.early_stopping = !strcmp(v, "true")    ? DT_EARLY_STOPPING_TRUE
+                                : !strcmp(v, "never") ? DT_EARLY_STOPPING_NEVER
+                                                      : DT_EARLY_STOPPING_FALSE;
+            early_given = true;
         } else if (!strcmp(a, "--eos-id")) {
             if (parse_eos(v, &gp) < 0)
                 return 2;
@@ -428,13 +467,24 @@ int dt_cmd_generate(int argc, char **argv)
             gp.max_new_tokens = hg.max_new_tokens;
         if (!pen_given)
             gp.repetition_penalty = hg.repetition_penalty;
+        if (!minnew_given) /* the option replaces both keys, as min_new_tokens replaces min_length */
+            gp.min_new_tokens = hg.min_new_tokens, gp.min_length = hg.min_length;
+        if (!ngram_given)
+            gp.no_repeat_ngram_size = hg.no_repeat_ngram_size;
+        if (!beams_given)
+            gp.num_beams = hg.num_beams;
+        if (!lenpen_given)
+            gp.length_penalty = hg.length_penalty;
+        if (!early_given)
+            gp.early_stopping = hg.early_stopping;
         if (!eos_given) {
             memcpy(gp.eos_ids, hg.eos_ids, sizeof gp.eos_ids);
             gp.n_eos = hg.n_eos;
         }
         if (ignored[0])
             dt__cli_err("dtrain generate: note: %s's generation settings %s are not applied (dtrain generate "
-                        "samples one sequence: repetition penalty, temperature, top-k, top-p, stop tokens)\n", model + 3, ignored);
+                        "applies the repetition penalty, the n-gram ban, the minimum length, temperature, top-k, "
+                        "top-p, stop tokens and beam search)\n", model + 3, ignored);
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

@@ -10,9 +10,20 @@
  * probability (nucleus sampling, as transformers' TopPLogitsWarper), and
  * pick greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, "gen", token index): the same seed and weights give
- * the same tokens on any machine and thread count. Generation stops after
+ * the same tokens on any machine and thread count. Before the
+ * temperature, transformers' other logits processors run in its order: the
+ * repetition penalty, no_repeat_ngram_size (a token that would repeat an
+ * n-gram of the sequence, prompt included, gets -inf) and min_length /
+ * min_new_tokens (the stop tokens get -inf until the sequence is that
+ * long). Generation stops after
  * max_new_tokens or after a token of eos_ids (which is kept, as
- * transformers' generate keeps it). A key/value cache runs the prompt once
+ * transformers' generate keeps it). num_beams > 1 (with temperature 0:
+ * transformers' do_sample false) is its beam search instead: the
+ * num_beams best running sequences by the sum of their tokens' log_softmax
+ * (taken before the processors, which then apply to the log-probabilities,
+ * as transformers does), the finished ones ranked by that sum over
+ * (new tokens)^length_penalty, early_stopping deciding when to stop; the
+ * best finished sequence comes back. A key/value cache runs the prompt once
  * and then each new token alone while the sequence fits the model's
  * positions; past them the window of the last block_size tokens moves, a
  * forward over it per token. The model is a GPT-2 or Llama zoo model
@@ -25,6 +36,8 @@
  *     dt_generate_params gp = dt_generate_params_default();
  *     gp.max_new_tokens = 32, gp.temperature = 0.8f, gp.top_k = 40, gp.top_p = 0.9f, gp.seed = 7;
  *     gp.eos_ids[0] = 50256, gp.n_eos = 1; // stop after GPT-2's <|endoftext|>
+ *     gp.no_repeat_ngram_size = 3;           // never the same three tokens twice
+ *     // or beam search: gp.temperature = 0, gp.num_beams = 4, gp.length_penalty = 1, gp.min_new_tokens = 8;
  *     int64_t out[256], n;
  *     if (dt_model_generate(m, &gp, prompt, nprompt, out, 256, &n) < 0) { report dt_last_error(); }
  *     // out[0..n): the prompt, then the new tokens
@@ -43,6 +56,15 @@ extern "C" {
  * a config.json's eos_token_id may list (models.h DT_HF_MAX_EOS). */
 #define DT_GENERATE_MAX_EOS 16
 
+/* When beam search stops (transformers' early_stopping). */
+typedef enum dt_early_stopping {
+    DT_EARLY_STOPPING_FALSE = 0, /* transformers' false (default): stop when the best running sequence,
+                                    scored at the current length, cannot beat the worst of num_beams finished */
+    DT_EARLY_STOPPING_TRUE,      /* true: stop as soon as num_beams sequences have finished */
+    DT_EARLY_STOPPING_NEVER,     /* "never": as false, but with length_penalty > 0 the running sequence is
+                                    scored at max_new_tokens (the canonical beam search's bound) */
+} dt_early_stopping;
+
 /* Options of dt_model_generate (nanoGPT's generate, transformers' filters). */
 typedef struct dt_generate_params {
     int64_t max_new_tokens; /* tokens to add; default 64 */
@@ -60,6 +82,18 @@ typedef struct dt_generate_params {
     int64_t eos_ids[DT_GENERATE_MAX_EOS]; /* stop tokens: generation ends after one of them (kept in
                                              the output); ids in [0, V) */
     int n_eos;                            /* how many of eos_ids are set; default 0: no stop token */
+    int64_t min_new_tokens; /* transformers' MinNewTokensLengthLogitsProcessor: the stop tokens' scores are
+                               -inf until this many new tokens are there; >= 0, default 0 */
+    int64_t min_length;     /* MinLengthLogitsProcessor: the same until the sequence, prompt included, holds
+                               this many tokens; >= 0, default 0 (the larger of the two bounds applies) */
+    int64_t no_repeat_ngram_size; /* NoRepeatNGramLogitsProcessor: a token that would complete an n-gram
+                                     already in the sequence (prompt included) gets -inf; 0 = off (default) */
+    int64_t num_beams;      /* 1 (default): one sequence; > 1: beam search (temperature 0 only: beam
+                               sampling is DT_ERR_UNSUPPORTED). The beams run as one batch of num_beams
+                               rows through the uncached forward (kv_cache does not apply) */
+    float length_penalty;   /* beam search: a finished sequence scores its log-probability sum over
+                               (new tokens)^length_penalty; finite, default 1 */
+    dt_early_stopping early_stopping; /* beam search: when to stop; default DT_EARLY_STOPPING_FALSE */
     uint64_t seed;          /* sampling draws: Philox (seed, DT_RNG_USER, "gen", token index); default 0 */
     bool kv_cache;          /* true (default): dt_model_generate keeps each block's keys and values,
                                runs the prompt once and then each new token alone while the
@@ -76,11 +110,16 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * from the model run on the last block_size tokens in eval mode without
  * gradients (the model's train/eval mode is restored after). cap: room in
  * out (>= nprompt + max_new_tokens). gp NULL: defaults. Same seed and
- * weights give the same tokens. DT_ERR_UNSUPPORTED for a model that is
- * neither; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
+ * weights give the same tokens. With num_beams > 1: the best finished
+ * beam (up to max_new_tokens new tokens, its stop token kept).
+ * DT_ERR_UNSUPPORTED for a model that is
+ * neither, or num_beams > 1 with temperature > 0 (beam sampling) or under
+ * the pipe strategy; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
  * DT_ERR_INVALID_ARG for a top_p outside (0, 1], a repetition_penalty
- * not > 0, or n_eos outside
- * [0, DT_GENERATE_MAX_EOS].
+ * not > 0, n_eos outside [0, DT_GENERATE_MAX_EOS], a negative
+ * min_new_tokens, min_length or no_repeat_ngram_size, num_beams < 1, a
+ * length_penalty that is not finite or an early_stopping outside the enum;
+ * DT_ERR_NO_MEMORY (nothing run) when the beams' buffers do not fit.
  * Under the "pipe" strategy no rank holds the whole model: generate with
  * dt_strategy_pipe_generate (pipeline.h), the same loop through the
  * pipeline's stages, on every rank of the pipeline (the same tokens). */
@@ -92,12 +131,15 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
  * when it is absent from dir/config.json's same keys. do_sample false or
  * absent: greedy (temperature 0; top_k and top_p left as gp has them);
  * true: temperature (default 1), top_k (default 50) and top_p (default 1).
- * repetition_penalty (default 1) either way.
+ * repetition_penalty (default 1) either way, and min_new_tokens (it wins
+ * over min_length, as in transformers), min_length, no_repeat_ngram_size,
+ * num_beams, length_penalty and early_stopping (true, false or "never"),
+ * each at GenerationConfig's default when absent.
  * eos_token_id (an id or a list of at most DT_GENERATE_MAX_EOS ids; absent
  * or null: none; a longer list is DT_ERR_UNSUPPORTED) sets eos_ids and n_eos; max_new_tokens, when given, sets
  * max_new_tokens. seed and kv_cache are not touched. Keys that change the
- * decoding in ways dt_model_generate does not implement (num_beams > 1,
- * no_repeat_ngram_size, min_new_tokens, ...) are
+ * decoding in ways dt_model_generate does not implement (typical_p, min_p,
+ * penalty_alpha) are
  * not refused: they are named in ignored[0, n) ("" when none; may be NULL)
  * for the caller to say so. DT_ERR_FORMAT naming the file and the key for
  * a malformed value, DT_ERR_NOT_FOUND when dir has neither file. */

@@ -1,5 +1,6 @@
 /* dt_model_generate's nucleus filter (top_p), repetition penalty and stop tokens (eos_ids),
- * and dt_hf_generation_config.
+ * its other logits processors (no_repeat_ngram_size, min_new_tokens, min_length) on hand-made
+ * logits, the checks of its beam search options, and dt_hf_generation_config.
  *
  * top_p against a reference written another way: transformers'
  * TopPLogitsWarper drops, from the least likely up, the tokens whose
@@ -12,6 +13,7 @@
  * does not end it. repetition_penalty against a reference applied to
  * each step's logits of a full forward. The model: gpt-micro with its weights scaled up, so that
  * its logits are far from uniform. */
+#include "../models/zoo.h"
 #include "model_util.h"
 #include "test.h"
 
@@ -228,6 +230,130 @@ TEST(repetition_penalty_against_the_reference)
     dt_model_free(m);
 }
 
+/* Whether s[0..8) is ref with exactly the tokens of ban at -inf. */
+static bool banned_only(const float *s, const float *ref, const int64_t *ban, int nban)
+{
+    for (int64_t j = 0; j < 8; j++) {
+        bool b = false;
+        for (int i = 0; i < nban; i++)
+            b |= ban[i] == j;
+        if (b ? !(isinf(s[j]) && s[j] < 0) : s[j] != ref[j]) {
+            fprintf(stderr, "  token %lld: %g (reference %g, banned %d)\n", (long long)j, (double)s[j],
+                    (double)ref[j], b);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* transformers' processors on 8 hand-made logits: NoRepeatNGramLogitsProcessor bans the last token of every
+ * window of the sequence (prompt included) that starts with its last n - 1 tokens; MinNewTokensLength and
+ * MinLength give the stop tokens -inf while the sequence is short; the repetition penalty runs first. */
+TEST(logits_processors)
+{
+    const float ref[8] = {0.5f, -1.0f, 2.0f, 3.0f, -0.25f, 1.5f, 0.75f, -2.0f};
+    const int64_t seq[5] = {1, 2, 3, 1, 2}; /* the prompt: the first 3 */
+    unsigned char seen[8];
+    float s[8];
+    dt_generate_params p = dt_generate_params_default();
+    const struct {
+        int64_t n;
+        int nban;
+        int64_t ban[3];
+    } ngram[] = {{1, 3, {1, 2, 3}}, /* every token seen */
+                 {2, 1, {3}},       /* after 2 came 3 */
+                 {3, 1, {3}},       /* after 1 2 came 3 */
+                 {4, 0, {0}},       /* 3 1 2 never came before */
+                 {6, 0, {0}}};      /* longer than the sequence */
+    for (int c = 0; c < 5; c++) {
+        p.no_repeat_ngram_size = ngram[c].n;
+        memcpy(s, ref, sizeof s);
+        dt__gen_process(&p, seq, 5, 3, s, 8, seen);
+        ASSERT(banned_only(s, ref, ngram[c].ban, ngram[c].nban));
+    }
+    /* a prefix that matches twice bans both continuations */
+    const int64_t twice[6] = {4, 5, 4, 6, 0, 4};
+    p.no_repeat_ngram_size = 2;
+    memcpy(s, ref, sizeof s);
+    dt__gen_process(&p, twice, 6, 6, s, 8, seen);
+    ASSERT(banned_only(s, ref, (int64_t[]){5, 6}, 2));
+    p.no_repeat_ngram_size = 0;
+    /* the stop tokens 4 and 6 while fewer than min_new_tokens new tokens (2 here) or min_length tokens (5) */
+    p.eos_ids[0] = 4, p.eos_ids[1] = 6, p.n_eos = 2;
+    const struct {
+        int64_t min_new, min_len;
+        bool ban;
+    } mins[] = {{3, 0, true}, {2, 0, false}, {0, 6, true}, {0, 5, false}, {0, 0, false}, {2, 6, true}};
+    for (int c = 0; c < 6; c++) {
+        p.min_new_tokens = mins[c].min_new, p.min_length = mins[c].min_len;
+        memcpy(s, ref, sizeof s);
+        dt__gen_process(&p, seq, 5, 3, s, 8, seen);
+        ASSERT(banned_only(s, ref, (int64_t[]){4, 6}, mins[c].ban ? 2 : 0));
+    }
+    p.n_eos = 0, p.min_new_tokens = 9; /* no stop token: nothing to ban */
+    memcpy(s, ref, sizeof s);
+    dt__gen_process(&p, seq, 5, 3, s, 8, seen);
+    ASSERT(banned_only(s, ref, NULL, 0));
+    /* all three: the penalty on the seen tokens (1 negative: times 2; 2, 3: halved), then the bans */
+    p.repetition_penalty = 2.0f, p.no_repeat_ngram_size = 2, p.eos_ids[0] = 4, p.n_eos = 1, p.min_new_tokens = 3;
+    float want[8];
+    memcpy(want, ref, sizeof want);
+    want[1] = -2.0f, want[2] = 1.0f;
+    memcpy(s, ref, sizeof s);
+    dt__gen_process(&p, seq, 5, 3, s, 8, seen);
+    ASSERT(banned_only(s, want, (int64_t[]){3, 4}, 2));
+}
+
+/* The options' checks: bad values are DT_ERR_INVALID_ARG, beam sampling DT_ERR_UNSUPPORTED (never another
+ * decoding); the beam search itself is checked against transformers in test_hf_cli. */
+TEST(beam_and_processor_checks)
+{
+    dt_model *m = t_gen_model();
+    ASSERT(m);
+    const int64_t prompt[3] = {5, 6, 7};
+    int64_t out[40], n = 0;
+    dt_generate_params gp = dt_generate_params_default();
+    gp.temperature = 0.0f, gp.max_new_tokens = 6;
+    const struct {
+        int64_t min_new, min_len, ngram, beams;
+        float lp;
+        int es;
+        dt_status want;
+    } bad[] = {{-1, 0, 0, 1, 1.0f, 0, DT_ERR_INVALID_ARG}, {0, -1, 0, 1, 1.0f, 0, DT_ERR_INVALID_ARG},
+               {0, 0, -2, 1, 1.0f, 0, DT_ERR_INVALID_ARG}, {0, 0, 0, 0, 1.0f, 0, DT_ERR_INVALID_ARG},
+               {0, 0, 0, 3, NAN, 0, DT_ERR_INVALID_ARG},   {0, 0, 0, 3, INFINITY, 0, DT_ERR_INVALID_ARG},
+               {0, 0, 0, 3, 1.0f, 3, DT_ERR_INVALID_ARG},  {0, 0, 0, 3, 1.0f, -1, DT_ERR_INVALID_ARG}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dt_generate_params g = gp;
+        g.min_new_tokens = bad[i].min_new, g.min_length = bad[i].min_len, g.no_repeat_ngram_size = bad[i].ngram;
+        g.num_beams = bad[i].beams, g.length_penalty = bad[i].lp, g.early_stopping = (dt_early_stopping)bad[i].es;
+        ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), bad[i].want);
+        ASSERT_EQ_INT(n, 0);
+    }
+    dt_generate_params g = gp;
+    g.num_beams = 2, g.temperature = 0.8f;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "beam sampling");
+    /* beams over a model whose buffers cannot exist: refused before anything runs */
+    g.temperature = 0.0f, g.num_beams = INT64_MAX / 4;
+    ASSERT_STATUS(dt_model_generate(m, &g, prompt, 3, out, 40, &n), DT_ERR_NO_MEMORY);
+    ASSERT_STR_CONTAINS(dt_last_error(), "num_beams");
+    /* one beam is greedy; beams with max_new_tokens 0 give the prompt back */
+    int64_t greedy[40], ng = 0;
+    ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, greedy, 40, &ng));
+    g.num_beams = 1;
+    ASSERT_OK(dt_model_generate(m, &g, prompt, 3, out, 40, &n));
+    ASSERT(n == ng && !memcmp(out, greedy, (size_t)n * sizeof *out));
+    g.num_beams = 3, g.max_new_tokens = 0;
+    ASSERT_OK(dt_model_generate(m, &g, prompt, 3, out, 40, &n));
+    ASSERT_EQ_INT(n, 3);
+    g.max_new_tokens = 6;
+    ASSERT_OK(dt_model_generate(m, &g, prompt, 3, out, 40, &n));
+    ASSERT_EQ_INT(n, 9);
+    ASSERT(!memcmp(out, prompt, sizeof prompt));
+    dt_model_free(m);
+}
+
 static void write_file(const char *dir, const char *name, const char *text)
 {
     char p[600];
@@ -261,10 +387,19 @@ TEST(hf_generation_config)
     ASSERT(gp.n_eos == 3 && gp.eos_ids[0] == 128001 && gp.eos_ids[2] == 128009 && gp.max_new_tokens == 12);
     ASSERT(fabsf(gp.repetition_penalty - 1.1f) < 1e-7f);
     ASSERT_STR_EQ(ign, ""); /* num_beams 1 changes nothing */
-    write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3}");
+    ASSERT(gp.num_beams == 1 && gp.no_repeat_ngram_size == 0 && gp.min_new_tokens == 0 && gp.min_length == 0);
+    write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3, \"min_length\": 7, "
+               "\"length_penalty\": 0.5, \"early_stopping\": \"never\", \"typical_p\": 0.5}");
     ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
-    ASSERT_STR_EQ(ign, "num_beams 4, no_repeat_ngram_size 3");
+    ASSERT_STR_EQ(ign, "typical_p 0.5");
     ASSERT(gp.temperature == 0.0f && gp.repetition_penalty == 1.0f && gp.n_eos == 0);
+    ASSERT(gp.num_beams == 4 && gp.no_repeat_ngram_size == 3 && gp.min_length == 7 && gp.min_new_tokens == 0);
+    ASSERT(gp.length_penalty == 0.5f && gp.early_stopping == DT_EARLY_STOPPING_NEVER);
+    /* min_new_tokens wins over min_length (transformers sets min_length from it) */
+    write_file(dir, "generation_config.json", "{\"min_new_tokens\": 4, \"min_length\": 7, \"early_stopping\": true}");
+    ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
+    ASSERT(gp.min_new_tokens == 4 && gp.min_length == 0 && gp.early_stopping == DT_EARLY_STOPPING_TRUE);
+    ASSERT(gp.num_beams == 1 && gp.length_penalty == 1.0f); /* absent: GenerationConfig's defaults */
     /* malformed values name the file and the key; gp is left as it was */
     const char *bad[][2] = {{"{\"do_sample\": \"yes\"}", "do_sample"},
                             {"{\"do_sample\": true, \"top_p\": 0}", "top_p"},
@@ -272,6 +407,13 @@ TEST(hf_generation_config)
                             {"{\"eos_token_id\": [1, 2.5]}", "eos_token_id"},
                             {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}", "eos_token_id"},
                             {"{\"max_new_tokens\": -3}", "max_new_tokens"},
+                            {"{\"num_beams\": 0}", "num_beams"},
+                            {"{\"num_beams\": 2.5}", "num_beams"},
+                            {"{\"min_new_tokens\": -1}", "min_new_tokens"},
+                            {"{\"min_length\": 1.5}", "min_length"},
+                            {"{\"no_repeat_ngram_size\": -2}", "no_repeat_ngram_size"},
+                            {"{\"length_penalty\": \"long\"}", "length_penalty"},
+                            {"{\"early_stopping\": \"sometimes\"}", "early_stopping"},
                             {"[1, 2]", "not a JSON object"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(dir, "generation_config.json", bad[i][0]);
@@ -290,6 +432,8 @@ int main(void)
     RUN(top_p_against_the_reference);
     RUN(stop_tokens);
     RUN(repetition_penalty_against_the_reference);
+    RUN(logits_processors);
+    RUN(beam_and_processor_checks);
     RUN(hf_generation_config);
     return TEST_REPORT();
 }

@@ -85,14 +85,17 @@ TEST(train_and_generate)
 }
 
 /* dir = a copy of the golden llama directory, then `edit` applied. */
-static char *bad_dir(const char *name, const char *edit)
+/* A copy `name` of the golden directory src with the shell command edit run in it. */
+static char *edited_dir(const char *src, const char *name, const char *edit)
 {
     char *d = cli_path(name), cmd[2000];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && cd '%s' && %s", d, HF "llama", d, d, edit);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s%s' '%s' && cd '%s' && %s", d, HF, src, d, d, edit);
     if (system(cmd) != 0)
         fprintf(stderr, "  could not make %s\n", d);
     return d;
 }
+
+static char *bad_dir(const char *name, const char *edit) { return edited_dir("llama", name, edit); }
 
 static void bad_case(const char *name, const char *edit, const char *want1, const char *want2)
 {
@@ -351,11 +354,11 @@ TEST(generation_config)
     ASSERT_STR_CONTAINS(r.err, "stop token 999 is outside the vocabulary [0, 128)");
     /* do_sample with settings dtrain does not apply: named on stderr */
     snprintf(m, sizeof m, "hf:%s",
-             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"no_repeat_ngram_size\": 2}' > "
+             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"typical_p\": 0.5}' > "
                                "generation_config.json"));
     gen_ids(&r, m, (char *[]){NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.err, "no_repeat_ngram_size 2 are not applied");
+    ASSERT_STR_CONTAINS(r.err, "typical_p 0.5 are not applied");
     gen_ids(&r, m, (char *[]){"--temperature", "0", NULL});
     ASSERT_STR_EQ(r.out, greedy);
     snprintf(m, sizeof m, "hf:%s", bad_dir("badgen", "printf '{\"do_sample\": true, \"top_p\": 2}' > "
@@ -372,6 +375,116 @@ TEST(generation_config)
                                  {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"},
                                  {"--repetition-penalty", "0", "want X > 0"},
                                  {"--seed", "5", "--model hf:DIR's own"}}; /* the weights are the directory's */
+    for (int i = 0; i < 6; i++) {
+        gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, bad_opts[i][2]);
+    }
+}
+
+/* no_repeat_ngram_size, min_new_tokens / min_length and beam search against transformers 5.24: its
+ * model.generate(torch.tensor([[5, 6, 7]]), do_sample=False, pad_token_id=0, max_new_tokens=M, ...) with the
+ * keys of each case on the golden directories (AutoModelForCausalLM.from_pretrained(DIR)) gave these new
+ * tokens, once, with torch 2.15 on a CPU. Each case's tokens differ from those of the feature off (the greedy
+ * line, or the neighbouring beam case), so each fails when its feature breaks. */
+TEST(generate_processors_and_beams)
+{
+    static cli_result r;
+    static const struct {
+        const char *model, *opts[14], *want;
+    } cases[] = {
+        /* greedy, no_repeat_ngram_size 2 (greedy alone: 7 7 7 ... on gpt2, 89 18 8 48 7 89 111 78 ... on llama) */
+        {"gpt2", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "16"},
+         "| 7 98 98 37 37 73 73 114 114 97 97 58 58 66 66 65\n"},
+        {"llama", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "16"},
+         "| 89 18 8 48 7 97 105 102 9 84 73 71 123 80 7 35\n"},
+        {"qwen3", {"--no-repeat-ngram-size", "3", "--max-new-tokens", "16"},
+         "| 7 7 44 44 44 102 102 102 44 44 82 82 82 122 122 122\n"},
+        /* eos_token_id = the first (gpt2) or second (llama) greedy token: it stops there unless min_new_tokens 5 */
+        {"gpt2", {"--eos-id", "7", "--max-new-tokens", "12"}, "| 7\n"},
+        {"gpt2", {"--eos-id", "7", "--min-new-tokens", "5", "--max-new-tokens", "12"},
+         "| 72 72 72 72 72 72 72 114 114 114 114 114\n"},
+        {"llama", {"--eos-id", "18", "--max-new-tokens", "12"}, "| 89 18\n"},
+        {"llama", {"--eos-id", "18", "--min-new-tokens", "5", "--max-new-tokens", "12"},
+         "| 89 111 78 72 71 74 42 8 48 8 48 8\n"},
+        /* beam search: num_beams 3 and 4, length_penalty 1, 0.5 and 2, early_stopping false, true, never */
+        {"llama", {"--num-beams", "3", "--max-new-tokens", "12"}, "| 89 111 78 72 116 73 42 8 48 7 89 111\n"},
+        {"llama", {"--num-beams", "4", "--max-new-tokens", "12"}, "| 89 111 78 72 116 73 6 78 72 116 73 71\n"},
+        {"llama", {"--num-beams", "3", "--eos-id", "18", "--max-new-tokens", "12"}, "| 89 18\n"},
+        {"llama", {"--num-beams", "3", "--eos-id", "18", "--length-penalty", "2", "--max-new-tokens", "12"},
+         "| 89 111 14 78 72 116 73 42 8 48 7 89\n"},
+        {"llama", {"--num-beams", "4", "--eos-id", "18", "--length-penalty", "2", "--early-stopping", "true",
+                   "--max-new-tokens", "12"}, "| 89 111 14 78 72 116 73 6 78 72 116 73\n"},
+        {"llama", {"--num-beams", "3", "--eos-id", "8", "--length-penalty", "2", "--early-stopping", "false",
+                   "--max-new-tokens", "12"}, "| 89 111 78 72 116 73 6 78 72 116 73 71\n"},
+        {"llama", {"--num-beams", "3", "--eos-id", "8", "--length-penalty", "2", "--early-stopping", "true",
+                   "--max-new-tokens", "12"}, "| 89 111 78 72 116 73 42 8\n"},
+        {"llama", {"--num-beams", "3", "--eos-id", "8", "--length-penalty", "2", "--early-stopping", "never",
+                   "--max-new-tokens", "12"}, "| 89 111 78 72 116 73 6 78 72 116 73 71\n"},
+        {"gpt2", {"--num-beams", "3", "--eos-id", "7", "--max-new-tokens", "12"},
+         "| 6 114 114 114 114 114 114 114 114 114 114 114\n"},
+        {"gpt2", {"--num-beams", "3", "--eos-id", "7", "--length-penalty", "0.5", "--early-stopping", "true",
+                  "--max-new-tokens", "12"}, "| 7\n"},
+        {"gpt2", {"--num-beams", "4", "--eos-id", "7", "--length-penalty", "0.5", "--max-new-tokens", "12"},
+         "| 7\n"},
+        {"gpt2", {"--num-beams", "4", "--eos-id", "7", "--length-penalty", "2", "--early-stopping", "true",
+                  "--max-new-tokens", "12"}, "| 6 114 114 114 114 114 114 114 114 114 114 114\n"},
+        {"qwen3", {"--num-beams", "4", "--eos-id", "7", "--max-new-tokens", "12"},
+         "| 12 12 12 12 12 12 12 12 12 12 12 12\n"},
+        /* the processors inside the beams, in transformers' order on the log-probabilities */
+        {"llama", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--repetition-penalty", "1.3",
+                   "--min-new-tokens", "5", "--eos-id", "18", "--max-new-tokens", "12"},
+         "| 89 111 14 78 72 116 73 42 8 48 57 127\n"},
+        {"gpt2", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--repetition-penalty", "1.3",
+                  "--min-new-tokens", "5", "--eos-id", "7", "--max-new-tokens", "12"},
+         "| 72 114 64 65 66 13 82 26 48 97 69 37\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char m[300], *extra[16] = {"--temperature", "0"};
+        int n = 2;
+        snprintf(m, sizeof m, "hf:%s%s", HF, cases[i].model);
+        for (int j = 0; cases[i].opts[j]; j++)
+            extra[n++] = (char *)cases[i].opts[j];
+        extra[n] = NULL;
+        gen_ids(&r, m, extra);
+        if (r.code != 0 || !strstr(r.out, cases[i].want))
+            fprintf(stderr, "  case %zu (%s %s %s): got %s%s, transformers %s", i, cases[i].model, cases[i].opts[0],
+                    cases[i].opts[1], r.out, r.err, cases[i].want);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, cases[i].want);
+    }
+    /* the keys of generation_config.json: min_length 9 (the prompt's 3 and 6 new) stops eos 7 as above */
+    char m[420];
+    snprintf(m, sizeof m, "hf:%s", edited_dir("gpt2", "minlen", "printf '{\"eos_token_id\": 7, \"min_length\": 9, "
+                                                   "\"max_new_tokens\": 12}' > generation_config.json"));
+    gen_ids(&r, m, (char *[]){"--max-new-tokens", "12", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 72 72 72 72 72 72 72 114 114 114 114 114\n");
+    snprintf(m, sizeof m, "hf:%s", edited_dir("llama", "beams", "printf '{\"eos_token_id\": 8, \"num_beams\": 3, "
+                                                   "\"length_penalty\": 2.0, \"early_stopping\": true}' > "
+                                                   "generation_config.json"));
+    gen_ids(&r, m, (char *[]){"--max-new-tokens", "12", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 89 111 78 72 116 73 42 8\n");
+    ASSERT_STR_EQ(r.err, "");
+    gen_ids(&r, m, (char *[]){"--max-new-tokens", "12", "--early-stopping", "false", NULL}); /* the option wins */
+    ASSERT_STR_CONTAINS(r.out, "| 89 111 78 72 116 73 6 78 72 116 73 71\n");
+    /* do_sample with num_beams: beam sampling, refused rather than run as something else */
+    snprintf(m, sizeof m, "hf:%s", edited_dir("llama", "beamsample", "printf '{\"do_sample\": true, \"num_beams\": 2}' "
+                                                                     "> generation_config.json"));
+    gen_ids(&r, m, (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "beam sampling");
+    snprintf(m, sizeof m, "hf:%s", edited_dir("llama", "beams0", "printf '{\"num_beams\": 0}' > "
+                                                                 "generation_config.json"));
+    gen_ids(&r, m, (char *[]){NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "generation_config.json: key \"num_beams\"");
+    const char *bad_opts[][3] = {{"--num-beams", "0", "--num-beams"},        {"--num-beams", "2.5", "--num-beams"},
+                                 {"--length-penalty", "nan", "--length-penalty"},
+                                 {"--min-new-tokens", "-1", "--min-new-tokens"},
+                                 {"--no-repeat-ngram-size", "x", "--no-repeat-ngram-size"},
+                                 {"--early-stopping", "maybe", "--early-stopping"}};
     for (int i = 0; i < 6; i++) {
         gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
         ASSERT_EQ_INT(r.code, 2);
@@ -488,6 +601,7 @@ int main(void)
     RUN(tied_head);
     RUN(single_file_first);
     RUN(generation_config);
+    RUN(generate_processors_and_beams);
     RUN(generate_lora_from);
     RUN(hub_cache_layout);
     cli_cleanup();
