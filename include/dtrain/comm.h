@@ -243,9 +243,10 @@ typedef struct dt_pg_params {
     int master_port;      /* rendezvous TCP port; 0 = $MASTER_PORT (default 0) */
     double timeout_s;     /* per-operation timeout in seconds; 0 = $DT_COMM_TIMEOUT, else 300 (default 0) */
     int check;            /* cross-rank collective fingerprint check: 1 on, 0 off, -1 = $DT_COMM_CHECK, else on (default -1) */
-    /* Polled while dt_pg_init waits for the other ranks (a few times a second): nonzero stops the start-up with DT_ERR_CANCELED, the message naming the ranks still
-       awaited, and whatever it made (a shared segment, a socket) is released. A program that blocks SIGINT
-       returns "one is pending" here (NULL: never interrupted; default NULL) */
+    /* Polled while dt_pg_init waits for the other ranks (a few times a second): nonzero stops the start-up
+       with DT_ERR_CANCELED, the message naming the ranks still awaited, and whatever it made (a shared
+       segment, a socket) is released. A program that blocks SIGINT returns "one is pending" here (NULL:
+       never interrupted; default NULL) */
     int (*interrupted)(void *arg);
     void *interrupted_arg; /* passed to interrupted (default NULL) */
 } dt_pg_params;
