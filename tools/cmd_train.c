@@ -76,7 +76,8 @@ int dt__tr_fail(int code, const char *what)
 
 
 static void cleanup(dt__train_run *t)
-{
+{    if (t->tr && t->failed && t->saved_step < 0)
+        dt_trainer_save_abandon(t->tr); /* a run that failed before it saved leaves no empty --save DIR behind */
     dt_loader_free(t->train_loader);
     dt_loader_free(t->test_loader);
     dt_sampler_free(t->train_sampler);
@@ -152,6 +153,7 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
     t->eval_tok = eval_tok;
     t->start_s = dt_time_s();
     t->resumed_step = -1; /* a fresh run until dt__tr_setup_resume loads a checkpoint */
+    t->saved_step = -1;
     t->eval_step = -1;
     int rc = dt__train_parse(argc, argv, &t->o);
     if (!rc)
@@ -451,6 +453,7 @@ out:
         dt__metrics_close(&t->metrics, rc == 0 ? "ok" : rc == 130 ? "interrupted" : "failed",
                           t->global_step, rc, rc == 0 ? &t->measured : NULL) < 0 && rc == 0)
         rc = dt__tr_fail(1, NULL);
+    t->failed = rc != 0;
     cleanup(t);
     dt_config_free(t->o.cfg);
     free(t->user_json);

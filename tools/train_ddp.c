@@ -83,7 +83,11 @@ int dt__ddp_setup(dt__ddp_run *r, const dt__train_opts *o)
     if ((rc = dt__train_comm_hook(o, ws, &r->hook, &r->psgd)) || (rc = plan_params(r, o, &pp)))
         return rc;
     dt_flight_set_dir(o->save); /* a failing group writes its flight recorder there */
+    pp.interrupted = dt__tr_stop_pending; /* Ctrl-C while waiting for the other ranks: stop now, exit 130 */
     dt_status st = dt_plan_init(NULL, &pp, &r->plan);
+    if (st == DT_ERR_CANCELED)
+        return dt__cli_err("dtrain train: interrupted by signal %d during start-up: %s\n", dt__tr_stop_pending(NULL),
+                           dt_last_error()), 130;
     if (st < 0) /* numbers that do not fit, a bad DT_* variable, backend name or a foreign job: bad input */
         return dt__cli_err("dtrain train: %s\n", dt_last_error()),
                st == DT_ERR_INVALID_ARG || st == DT_ERR_NOT_FOUND || st == DT_ERR_RANGE || st == DT_ERR_MISMATCH ? 2 : 1;

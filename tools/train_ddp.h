@@ -71,6 +71,11 @@ struct dt__train_opts;
  * (or a ZeRO stage is asked for), create the process group (collective).
  * Returns 0 or an exit code after printing one line. */
 int dt__ddp_setup(dt__ddp_run *r, const struct dt__train_opts *o);
+/* train_loop.c: takes a pending stop signal, if any, and returns the one taken (0: none; arg unused): polled by the
+ * process group's start-up (dt_plan_params.interrupted), so that Ctrl-C there does not wait the start-up
+ * bound out. */
+int dt__tr_stop_pending(void *arg);
+
 /* Whether the model is to be built meta (stage 3: each rank initialises
  * only its shards; --pp without tp or time balancing: each rank only its
  * stages), and with which generator the strategy fills them. */

@@ -59,6 +59,12 @@ static int poll_stop(void)
     return g_stop;
 }
 
+int dt__tr_stop_pending(void *arg)
+{
+    (void)arg;
+    return poll_stop();
+}
+
 /* --metrics (rank 0 writes): a fresh history, or a resumed run's continued
  * (train_metrics.c), then the resume record. */
 int dt__tr_open_metrics(dt__train_run *t)

@@ -70,6 +70,7 @@ typedef struct {
     int cb_rc;                    /* exit code of a failure the callback reported */
     bool max_reached;             /* --max-steps reached: the epoch ended on purpose */
     int64_t saved_step;           /* optimizer steps of the last checkpoint saved (-1: none) */
+    bool failed;                  /* the command's exit code is not 0 (set before the clean-up) */
     int64_t resumed_step;         /* the checkpoint's step when resumed (-1: a fresh run) */
     int64_t eval_step;            /* the optimizer step of the last evaluation (-1: none) */
     double eval_loss, eval_acc;   /* its results */

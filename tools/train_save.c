@@ -90,9 +90,11 @@ int dt__tr_make_user_json(dt__train_run *t)
     }
     snprintf(t->user_json, n,
              "{\"model\":\"%s\",\"data\":%s,\"seed\":%llu,\"rng\":\"%s\",\"batch\":%lld,"
-             "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d%s}",
+             "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d,\"grad_accum\":%lld,"
+             "\"lr_schedule\":\"%s\",\"warmup\":%lld%s}",
              t->o.model, data_q, (unsigned long long)t->o.seed, t->o.rng, (long long)t->o.batch,
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
+             (long long)t->o.grad_accum, t->o.lr_schedule ? t->o.lr_schedule : "constant", (long long)t->o.warmup,
              lm);
     if (vq) {
         size_t l = strlen(t->user_json);
@@ -302,9 +304,47 @@ static dt_status load_auto(dt__train_run *t, char *path, size_t cap, dt_trainer_
     }
 }
 
+/* When the checkpoint's record u has key as a number other than cur: " flag old" onto was, " flag cur" onto now. */
+static void differ_num(const cJSON *u, const char *key, const char *flag, double cur, char *was, char *now, size_t n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble == cur)
+        return;
+    snprintf(was + strlen(was), n - strlen(was), " %s %.0f", flag, v->valuedouble);
+    snprintf(now + strlen(now), n - strlen(now), " %s %.0f", flag, cur);
+}
+
+/* The settings that shape the optimizer's steps from here on (--grad-accum, --lr-schedule, --warmup: the
+ * batch of a step and the learning rate of each) as the checkpoint at path recorded them (checkpoints before
+ * they were recorded: not compared): those that differ from this run's are a warning naming both, on rank 0
+ * (another world size is the trainer's own warning). The run goes on: a resumed run may change them on purpose, but its
+ * steps are then not the ones the interrupted run would have taken. */
+static void warn_settings(dt__train_run *t, const char *path)
+{
+    char *js = NULL;
+    if (!dt__ddp_is_main(&t->ddp) || dt_trainer_ckpt_user(path, &js) < 0)
+        return;
+    cJSON *u = cJSON_Parse(js);
+    dt_trainer_run_state_free(js);
+    char was[256] = "", now[256] = "";
+    differ_num(u, "grad_accum", "--grad-accum", (double)t->o.grad_accum, was, now, sizeof was);
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(u, "lr_schedule");
+    const char *cur = t->o.lr_schedule ? t->o.lr_schedule : "constant";
+    if (cJSON_IsString(sch) && strcmp(sch->valuestring, cur) && strlen(sch->valuestring) < 32) {
+        snprintf(was + strlen(was), sizeof was - strlen(was), " --lr-schedule %s", sch->valuestring);
+        snprintf(now + strlen(now), sizeof now - strlen(now), " --lr-schedule %s", cur);
+    }
+    differ_num(u, "warmup", "--warmup", (double)t->o.warmup, was, now, sizeof was);
+    if (was[0])
+        dt__cli_err("dtrain train: warning: --resume: the checkpoint was trained with%s, this run has%s: the steps "
+                    "from here on differ from the run it continues (another batch per step or learning rate)\n",
+                    was, now);
+    cJSON_Delete(u);
+}
+
 /* Whether the checkpoint at path was trained with this run's --seed and
- * --rng (they draw the data order), --data, --batch and (random data)
- * --random-items (they make the samples and the batches); if not, note
+ * --rng (they draw the data order), --data, --batch, (random data)
+ * --random-items and --limit-train (they make the samples and the batches); if not, note
  * says which differ. A checkpoint whose options cannot be read (another
  * program's) is taken as kept. */
 static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
@@ -317,7 +357,6 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(u, "seed"), *rng = cJSON_GetObjectItemCaseSensitive(u, "rng");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(u, "data");
     const cJSON *batch = cJSON_GetObjectItemCaseSensitive(u, "batch");
-    const cJSON *items = cJSON_GetObjectItemCaseSensitive(u, "random_items");
     bool kept = true;
     if (cJSON_IsNumber(seed) && cJSON_IsString(rng) &&
         (seed->valuedouble != (double)t->o.seed || strcmp(rng->valuestring, t->o.rng))) {
@@ -337,14 +376,10 @@ static bool seed_kept(dt__train_run *t, const char *path, char *note, size_t n)
                      dt_escape(data->valuestring, dq, sizeof dq));
             snprintf(now + strlen(now), sizeof now - strlen(now), " --data %s", dt_escape(t->o.data, dq, sizeof dq));
         }
-        if (batch->valuedouble != (double)t->o.batch) {
-            snprintf(was + strlen(was), sizeof was - strlen(was), " --batch %.0f", batch->valuedouble);
-            snprintf(now + strlen(now), sizeof now - strlen(now), " --batch %lld", (long long)t->o.batch);
-        }
-        if (random && cJSON_IsNumber(items) && items->valuedouble != (double)t->o.random_items) {
-            snprintf(was + strlen(was), sizeof was - strlen(was), " --random-items %.0f", items->valuedouble);
-            snprintf(now + strlen(now), sizeof now - strlen(now), " --random-items %lld", (long long)t->o.random_items);
-        }
+        differ_num(u, "batch", "--batch", (double)t->o.batch, was, now, sizeof was);
+        if (random)
+            differ_num(u, "random_items", "--random-items", (double)t->o.random_items, was, now, sizeof was);
+        differ_num(u, "limit_train", "--limit-train", (double)t->o.limit_train, was, now, sizeof was);
         if (was[0]) {
             if (snprintf(note, n,
                          "the checkpoint was trained with%s, this run has%s: weights, optimizer state and the "
@@ -420,6 +455,7 @@ int dt__tr_setup_resume(dt__train_run *t)
     t->saved_step = t->resumed_step = ri->step;
     if (ri->data_order_kept && !seed_kept(t, ri->path, ri->note, sizeof ri->note))
         ri->data_order_kept = false;
+    warn_settings(t, ri->path);
     dt_trainer_position pos = dt_trainer_get_position(t->tr);
     t->global_step = ri->step;
     t->micro_step = pos.batches;

@@ -317,6 +317,11 @@ DT_API dt_status dt_ckpt_dir_lock_open(const char *dir, dt_ckpt_dir_lock **out);
 DT_API const char *dt_ckpt_dir_lock_dir(const dt_ckpt_dir_lock *l);
 /* Release the lock (the lock file stays). NULL: no-op. */
 DT_API void dt_ckpt_dir_lock_close(dt_ckpt_dir_lock *l);
+/* Release the lock and undo what dt_ckpt_dir_lock_open made, for a job that
+ * fails before it saved: the lock file when open created it, then the
+ * directory when open created it and it is empty (anything saved in it
+ * stays). A directory that existed is left as it was found. NULL: no-op. */
+DT_API void dt_ckpt_dir_lock_abandon(dt_ckpt_dir_lock *l);
 
 /* Full state dict (FSDP FULL_STATE_DICT, rank0_only): rank 0 writes ONE
  * safetensors file at path with every tensor whole, gathering one piece at

@@ -243,6 +243,12 @@ typedef struct dt_pg_params {
     int master_port;      /* rendezvous TCP port; 0 = $MASTER_PORT (default 0) */
     double timeout_s;     /* per-operation timeout in seconds; 0 = $DT_COMM_TIMEOUT, else 300 (default 0) */
     int check;            /* cross-rank collective fingerprint check: 1 on, 0 off, -1 = $DT_COMM_CHECK, else on (default -1) */
+    /* Polled while dt_pg_init waits for the other ranks (a few times a second): nonzero stops the start-up
+       with DT_ERR_CANCELED, the message naming the ranks still awaited, and whatever it made (a shared
+       segment, a socket) is released. A program that blocks SIGINT returns "one is pending" here (NULL:
+       never interrupted; default NULL) */
+    int (*interrupted)(void *arg);
+    void *interrupted_arg; /* passed to interrupted (default NULL) */
 } dt_pg_params;
 
 /* Defaults: everything from the environment. */
@@ -800,6 +806,10 @@ typedef struct dt_backend_info {
     const char *options;     /* text after the name in the backend string ("shm?x=1" → "x=1"), "" if none */
     double init_timeout_s;   /* bound on the start-up (every rank of the job joining the group):
                                 $DT_INIT_TIMEOUT, else timeout_s */
+    /* dt_pg_params.interrupted, or NULL: a backend polls it while it waits for peers during init and returns
+       DT_ERR_CANCELED (with a message naming the ranks awaited) when it says nonzero */
+    int (*interrupted)(void *arg);
+    void *interrupted_arg;
 } dt_backend_info;
 
 /* Bits of dt_backend_ops.kinds beyond the kinds: every kind, and "run

@@ -99,6 +99,9 @@ typedef struct dt_plan_params {
                                  stage and cp (a CLI: "--dp", "--tp", "--pp", "--comm-hook",
                                  "--zero/--fsdp", "--cp"); default "dp", "tp", "pp", "comm hook",
                                  "zero_stage/fsdp", "cp" */
+    int (*interrupted)(void *arg); /* world NULL: the world group's dt_pg_params.interrupted (comm.h: stops
+                                      the start-up with DT_ERR_CANCELED); default NULL */
+    void *interrupted_arg;    /* passed to interrupted; default NULL */
 } dt_plan_params;
 
 /* dp from the world, tp = pp = cp = 1, DDP, the defaults of each part. */

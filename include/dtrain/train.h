@@ -805,6 +805,12 @@ DT_API dt_status dt_trainer_save(dt_trainer *tr, const char *dir, const dt_train
  * index.json), DT_ERR_IO (missing parent, not a directory, a symlink,
  * read-only), naming the directory. */
 DT_API dt_status dt_trainer_save_prepare(dt_trainer *tr, const char *dir);
+/* Release the save directory this rank took (dt_trainer_save_prepare or a
+ * save) as dt_ckpt_dir_lock_abandon does: for a run that fails before its
+ * first checkpoint, a directory it created goes again (when still empty)
+ * and one that existed is left as it was. Not collective; no-op without a
+ * directory taken (and on NULL); dt_trainer_free after it as usual. */
+DT_API void dt_trainer_save_abandon(dt_trainer *tr);
 /* Wait for an asynchronous save (collective); DT_OK when none is in flight. */
 DT_API dt_status dt_trainer_save_wait(dt_trainer *tr);
 /* The newest complete checkpoint in dir (a step-N directory holding

@@ -168,6 +168,8 @@ dt_status dt_pg_init(const dt_pg_params *params, dt_pg **out)
         .check = check,
         .options = opts,
         .init_timeout_s = init_timeout,
+        .interrupted = p.interrupted,
+        .interrupted_arg = p.interrupted_arg,
     };
     dt_error_clear();
     st = pg->ops->init(&info, &pg->ctx);

@@ -279,6 +279,8 @@ dt_status dt_plan_init(dt_pg *world, const dt_plan_params *p, dt_plan **out)
     pl->shard_world = 0;
     if (!world && (ws > 1 || pl->stage > 0)) {
         dt_pg_params pp = dt_pg_params_default();
+        pp.interrupted = p->interrupted;
+        pp.interrupted_arg = p->interrupted_arg;
         if (ws <= 1) { /* ZeRO on one rank: a group of one */
             pp.rank = 0;
             pp.world_size = 1;

@@ -532,6 +532,18 @@ void dt__trainer_ckpt_free(dt_trainer *tr)
     *s = NULL;
 }
 
+void dt_trainer_save_abandon(dt_trainer *tr)
+{
+    void **s = tr ? dt__trainer_ckpt_slot(tr) : NULL;
+    ckpt_slot *sl = s ? *s : NULL;
+    if (!sl)
+        return;
+    job_free(sl->job); /* joins a write in flight */
+    sl->job = NULL;
+    dt_ckpt_dir_lock_abandon(sl->lock);
+    sl->lock = NULL;
+}
+
 static dt_status any_failed(dt_pg *g, dt_status st, bool *any);
 static dt_status complete_shares(dt_trainer *tr, dt_pg *dp, tpiece *pc, void **hold);
 

@@ -6,7 +6,9 @@
  * (dtrain run -n 2); resuming a 2-rank checkpoint on 1 rank works and says
  * that the data order is not kept; dtrain eval --ckpt evaluates a
  * checkpoint with the model and data it was trained on; bad combinations
- * of the flags are refused with one line. */
+ * of the flags are refused with one line; a resume with another
+ * --grad-accum, --lr-schedule, --warmup or --limit-train warns naming the
+ * old and the new values, one with only a larger --max-steps does not. */
 // dt-test-timeout: 300
 #include "data/data_util.h"
 #include "test.h"
@@ -134,6 +136,53 @@ TEST(other_world_size_says_what_it_drops)
 
 /* dtrain eval --ckpt: the checkpoint's own model and data; the resumed run's
  * final checkpoint evaluates exactly as the uninterrupted one's */
+/* An MLP on random data saved at step 4, resumed to step 6 with extra (NULL-terminated); its stderr in r. */
+static void resume_with(cli_result *r, const char *dir, char **extra)
+{
+    char *args[64] = {"train", "--model", "mlp", "--mlp-hidden", "8", "--data", "random", "--random-items", "256",
+                      "--batch", "8", "--limit-test", "8", "--progress", "none", "--threads", "1", "--save",
+                      (char *)dir, "--resume", (char *)dir, "--max-steps", "6", NULL};
+    int n = 0;
+    while (args[n])
+        n++;
+    for (int i = 0; extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    cli_runv(r, 120, NULL, args);
+    if (r->code)
+        fprintf(stderr, "%s%s", r->out, r->err);
+}
+
+TEST(changed_settings_warn)
+{
+    char dir[400], rm[500];
+    snprintf(dir, sizeof dir, "%s/settings", cli_tmpdir());
+    cli_result *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    char *first[] = {"train", "--model", "mlp", "--mlp-hidden", "8", "--data", "random", "--random-items", "256",
+                     "--batch", "8", "--limit-test", "8", "--progress", "none", "--threads", "1", "--save", dir,
+                     "--max-steps", "4", "--lr-schedule", "cosine", "--warmup", "2", "--grad-accum", "2",
+                     "--limit-train", "128", NULL};
+    ASSERT_EQ_INT(cli_runv(r, 120, NULL, first), 0);
+    snprintf(rm, sizeof rm, "%s/step-00000006", dir);
+    char *same[] = {"--lr-schedule", "cosine", "--warmup", "2", "--grad-accum", "2", "--limit-train", "128", NULL};
+    resume_with(r, dir, same);
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT(strstr(r->err, "the checkpoint was trained with") == NULL);
+    t_rm_rf(rm);
+    char *sched[] = {"--lr-schedule", "linear", "--warmup", "5", "--grad-accum", "1", "--limit-train", "128", NULL};
+    resume_with(r, dir, sched);
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "trained with --grad-accum 2 --lr-schedule cosine --warmup 2, this run has "
+                                "--grad-accum 1 --lr-schedule linear --warmup 5");
+    t_rm_rf(rm);
+    char *limit[] = {"--lr-schedule", "cosine", "--warmup", "2", "--grad-accum", "2", "--limit-train", "64", NULL};
+    resume_with(r, dir, limit);
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "trained with --limit-train 128, this run has --limit-train 64");
+    free(r);
+}
+
 TEST(eval_ckpt)
 {
     char ref[400], run[400], out1[1024];
@@ -246,6 +295,7 @@ int main(void)
     RUN(resume_2_ranks_sgd);
     RUN(resume_2_ranks_adamw);
     RUN(other_world_size_says_what_it_drops);
+    RUN(changed_settings_warn);
     RUN(eval_ckpt);
     RUN(eval_ckpt_mlp_widths);
     RUN(bad_flags);

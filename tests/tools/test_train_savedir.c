@@ -7,7 +7,11 @@
  * not after the training it was meant to keep. Two real jobs on one
  * directory: the second is refused while the first trains, and the first
  * still saves. --resume auto past a damaged newest checkpoint resumes from
- * the next older one with a warning naming what it skipped. */
+ * the next older one with a warning naming what it skipped. A run that
+ * fails before its first checkpoint (weights that cannot load) leaves
+ * nothing behind: the DIR it created is gone, a DIR that existed holds what
+ * it held; a lock file left by a killed job (no holder) is taken over and
+ * the rerun saves. */
 // dt-test-timeout: 240
 #include "test.h"
 #include "tools/train_cli.h"
@@ -240,6 +244,55 @@ TEST(resume_auto_skips_damaged_newest) { resume_past_damage(1); }
 
 TEST(resume_auto_skips_damaged_newest_two_ranks) { resume_past_damage(2); }
 
+/* --init-from a file that is not a checkpoint: exit 2 naming it, and no trace in --save DIR. */
+static void failed_start(const char *dir, const char *bad)
+{
+    cli_result *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    char *extra[] = {"--save", (char *)dir, "--init-from", (char *)bad, NULL};
+    run_train(r, extra);
+    ASSERT_EQ_INT(r->code, 2);
+    ASSERT_STR_CONTAINS(r->err, "--init-from");
+    ASSERT_STR_CONTAINS(r->err, bad);
+    free(r);
+}
+
+TEST(failed_start_leaves_no_trace)
+{
+    char bad[600], dir[600], p[700];
+    snprintf(bad, sizeof bad, "%s/not-weights.safetensors", cli_tmpdir());
+    touch(bad);
+    /* a DIR the run created: gone again */
+    snprintf(dir, sizeof dir, "%s/fresh-fail", cli_tmpdir());
+    failed_start(dir, bad);
+    struct stat sb;
+    ASSERT(lstat(dir, &sb) != 0 && errno == ENOENT);
+    /* a DIR that existed with a file in it: as it was (no lock file added) */
+    snprintf(dir, sizeof dir, "%s/kept-fail", cli_tmpdir());
+    mkpath(dir);
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    touch(p);
+    failed_start(dir, bad);
+    ASSERT(file_exists(p));
+    snprintf(p, sizeof p, "%s/.dtrain-lock", dir);
+    ASSERT(!file_exists(p));
+    /* a lock file a killed job left (its flock died with it): taken over, and the rerun saves */
+    FILE *f = fopen(p, "w");
+    ASSERT(f != NULL);
+    fputs("pid 999999999 host gone\n", f);
+    fclose(f);
+    cli_result *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    char *extra[] = {"--save", dir, NULL};
+    run_train(r, extra);
+    if (r->code)
+        fprintf(stderr, "%s%s", r->out, r->err);
+    ASSERT_EQ_INT(r->code, 0);
+    snprintf(p, sizeof p, "%s/step-00000008/index.json", dir);
+    ASSERT(file_exists(p));
+    free(r);
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI"))
@@ -249,6 +302,7 @@ int main(void)
     RUN(second_job_refused_first_saves);
     RUN(resume_auto_skips_damaged_newest);
     RUN(resume_auto_skips_damaged_newest_two_ranks);
+    RUN(failed_start_leaves_no_trace);
     cli_cleanup();
     return TEST_REPORT();
 }

@@ -342,9 +342,10 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
         g_init = 1;
     }
     double until = dt_time_s() + info->init_timeout_s;
+    bool stop = false;
     while (g_init == 1) {
         double left = until - dt_time_s();
-        if (left <= 0)
+        if (left <= 0 || (stop = info->interrupted && info->interrupted(info->interrupted_arg)))
             break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -360,6 +361,9 @@ static dt_status init_with_timeout(const dt_backend_info *info, int *provided)
     int state = g_init, rc = g_init_rc;
     *provided = g_init_level;
     pthread_mutex_unlock(&g_init_mu);
+    if (state != 2 && stop)
+        return dt_error(DT_ERR_CANCELED, "mpi backend: rank %d of %d: interrupted while waiting in MPI_Init for "
+                        "the job's other processes", info->rank, info->world_size);
     if (state != 2)
         return dt_error(DT_ERR_TIMEOUT,
                         "mpi backend: MPI_Init did not complete within %.3g s on rank %d of %d: a process of "

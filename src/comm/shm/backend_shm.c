@@ -250,6 +250,8 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
     shm_ctx *s = ctx_new(info->rank, info->world_size, info->init_timeout_s, info->check);
     if (!s)
         return dt_error(DT_ERR_NO_MEMORY, "shm: out of memory");
+    s->interrupted = info->interrupted;
+    s->interrupted_arg = info->interrupted_arg;
     dt_status st = configure(s, info->world_size, info->local_world_size);
     char name[64];
     if (st == DT_OK) {
@@ -272,6 +274,7 @@ static dt_status shm_init(const dt_backend_info *info, void **ctx)
         return st;
     }
     s->timeout_s = info->timeout_s;
+    s->interrupted = NULL; /* the start-up's only */
     *ctx = s;
     return DT_OK;
 }

@@ -172,6 +172,8 @@ typedef struct shm_ctx {
     double spin_s;     /* then busy-poll this long before sleeping (DT_SHM_SPIN_US) */
     double timeout_s;
     int check;
+    int (*interrupted)(void *arg); /* during init only: dt_backend_info.interrupted (NULL after) */
+    void *interrupted_arg;
     uint64_t config;   /* hash of the table and sizes */
     shm_table table;
 
@@ -257,6 +259,8 @@ dt_status dt__shm_orphan_cleanup(int *removed);
 dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeout_s);
 /* Wait until every rank registered (then pids are known). */
 dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s);
+/* True when the start-up's interrupted callback asks to stop (never after init). */
+bool dt__shm_interrupted(int (*fn)(void *), void *arg);
 void dt__shm_detach(shm_ctx *s);
 dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_t n);
 void *dt__shm_mem_alloc(void *ctx, size_t bytes);

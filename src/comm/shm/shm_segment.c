@@ -46,6 +46,8 @@ static void nap_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+bool dt__shm_interrupted(int (*fn)(void *), void *arg) { return fn && fn(arg); }
+
 /* The start time of process pid (clock ticks since boot, /proc/PID/stat
  * field 22). 1: found; 0: no such process, or a zombie (it can remove
  * nothing any more); -1: cannot tell. */
@@ -262,6 +264,9 @@ dt_status dt__shm_attach(shm_ctx *s, const char *name, int create, double timeou
                                 "shm: rank %d waited %.0f s for rank 0 to create the segment "
                                 "(is rank 0 running with the same job id?)",
                                 s->rank, timeout_s);
+            if (dt__shm_interrupted(s->interrupted, s->interrupted_arg))
+                return dt_error(DT_ERR_CANCELED, "shm: rank %d: interrupted while waiting for rank 0 to create "
+                                "the segment", s->rank);
             nap_ms(ms);
             if (ms < 20)
                 ms *= 2;
@@ -339,7 +344,8 @@ dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
     /* Also wait for the unlink, so that a group created next with the same
      * job id never finds the old name. */
     while (atomic_load(&s->hdr->attached) < (uint32_t)s->size || !atomic_load(&s->hdr->unlinked)) {
-        if (dt_time_s() - t0 > timeout_s) {
+        bool stop = dt__shm_interrupted(s->interrupted, s->interrupted_arg);
+        if (stop || dt_time_s() - t0 > timeout_s) {
             char missing[256] = "";
             size_t o = 0;
             int nmiss = 0;
@@ -350,6 +356,9 @@ dt_status dt__shm_attach_wait(shm_ctx *s, double timeout_s)
                 }
             shm_unlink(name);
             dt__shm_detach(s);
+            if (stop)
+                return dt_error(DT_ERR_CANCELED, "shm: interrupted while waiting for %s %s to join (segment %s "
+                                "removed)", nmiss == 1 ? "rank" : "ranks", missing, name);
             return dt_error(DT_ERR_TIMEOUT,
                             "shm: %s %s did not join within %.0f s (segment %s removed)",
                             nmiss == 1 ? "rank" : "ranks", missing, timeout_s, name);
@@ -444,6 +453,28 @@ static bool read_full(int fd, char *buf, size_t n)
     return true;
 }
 
+/* A rank's wait for rank 0's answer: read exactly n bytes from a socket whose receive timeout is a
+ * slice, polling the start-up's interrupted callback and bound between slices. 1: read; 0: closed or
+ * failed; -1: interrupted; -2: the start-up bound passed. */
+static int read_waiting(int fd, char *buf, size_t n, const dt_backend_info *info, double t0)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return 0;
+        if (dt__shm_interrupted(info->interrupted, info->interrupted_arg))
+            return -1;
+        if (dt_time_s() - t0 > info->init_timeout_s)
+            return -2;
+    }
+    return 1;
+}
+
 static void reply(int fd, const char *text)
 {
     char msg[64];
@@ -504,15 +535,23 @@ static dt_status serve_name(const dt_backend_info *info, int lfd, const char *ad
                     full_at = dt_time_s();
             }
         }
-        if (dup < 0 && joined < world - 1 && dt_time_s() - t0 > info->init_timeout_s) {
+        bool stop = dup < 0 && joined < world - 1 && dt__shm_interrupted(info->interrupted, info->interrupted_arg);
+        if (stop || (dup < 0 && joined < world - 1 && dt_time_s() - t0 > info->init_timeout_s)) {
             char missing[256];
             size_t k = 0;
+            int nmiss = 0;
             for (int r = 1; r < world && k < sizeof missing; r++)
-                if (fds[r] < 0)
+                if (fds[r] < 0) {
                     k += (size_t)snprintf(missing + k, sizeof missing - k, "%s%d", k ? ", " : "", r);
-            st = dt_error(DT_ERR_TIMEOUT, "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s "
-                          "(missing: %s)%s", addr, port, joined + 1, world, info->init_timeout_s, missing,
-                          refused ? "; ranks of another job were turned away (two jobs share MASTER_PORT?)" : "");
+                    nmiss++;
+                }
+            if (stop)
+                st = dt_error(DT_ERR_CANCELED, "shm: rendezvous on %s:%d: interrupted while waiting for %s %s to "
+                              "connect", addr, port, nmiss == 1 ? "rank" : "ranks", missing);
+            else
+                st = dt_error(DT_ERR_TIMEOUT, "shm: rendezvous on %s:%d: only %d of %d ranks connected in %.0f s "
+                              "(missing: %s)%s", addr, port, joined + 1, world, info->init_timeout_s, missing,
+                              refused ? "; ranks of another job were turned away (two jobs share MASTER_PORT?)" : "");
             break;
         }
     }
@@ -565,10 +604,13 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
     hello_make(hello, sizeof hello, info->rank, info->world_size);
     for (;;) {
         int fd = tcp_connect(addr, port);
+        int rd = 0;
         if (fd >= 0) {
-            struct timeval tv = {tmo > 1 ? (time_t)tmo : 1, 0}; /* rank 0 answers once every rank joined */
+            struct timeval tv = {0, 200000}; /* rank 0 answers once every rank joined: wait in slices */
             setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-            bool got = write(fd, hello, sizeof hello) == (ssize_t)sizeof hello && read_full(fd, msg, sizeof msg);
+            if (write(fd, hello, sizeof hello) == (ssize_t)sizeof hello)
+                rd = read_waiting(fd, msg, sizeof msg, info, t0);
+            bool got = rd == 1;
             close(fd);
             msg[sizeof msg - 1] = '\0';
             if (got && !strncmp(msg, "/dtrain-", 8)) {
@@ -580,7 +622,11 @@ dt_status dt__shm_rendezvous_name(const dt_backend_info *info, char *name, size_
                                 "without DT_JOB_ID uses the same MASTER_ADDR:MASTER_PORT; nothing was trained (give "
                                 "each job its own MASTER_PORT or DT_JOB_ID)", info->rank, addr, port, msg + 1);
         }
-        if (dt_time_s() - t0 > tmo)
+        if (rd == -1 || dt__shm_interrupted(info->interrupted, info->interrupted_arg))
+            return dt_error(DT_ERR_CANCELED, "shm: rank %d: interrupted while waiting for rank 0 at %s:%d %s",
+                            info->rank, addr, port, fd >= 0 ? "to hand out the segment name (it answers once every "
+                            "rank has connected)" : "to listen");
+        if (rd == -2 || dt_time_s() - t0 > tmo)
             return dt_error(DT_ERR_TIMEOUT,
                             "shm: rank %d could not get the segment name from rank 0 at %s:%d "
                             "within %.0f s",
