@@ -91,11 +91,11 @@ int dt__tr_make_user_json(dt__train_run *t)
     snprintf(t->user_json, n,
              "{\"model\":\"%s\",\"data\":%s,\"seed\":%llu,\"rng\":\"%s\",\"batch\":%lld,"
              "\"random_items\":%lld,\"limit_train\":%lld,\"limit_test\":%lld,\"world_size\":%d,\"grad_accum\":%lld,"
-             "\"lr_schedule\":\"%s\",\"warmup\":%lld%s}",
+             "\"lr_schedule\":\"%s\",\"warmup\":%lld,\"lr\":%.17g%s}",
              t->o.model, data_q, (unsigned long long)t->o.seed, t->o.rng, (long long)t->o.batch,
              (long long)t->o.random_items, (long long)t->o.limit_train, (long long)t->o.limit_test, t->ddp.world,
              (long long)t->o.grad_accum, t->o.lr_schedule ? t->o.lr_schedule : "constant", (long long)t->o.warmup,
-             lm);
+             t->o.lr, lm);
     if (vq) {
         size_t l = strlen(t->user_json);
         snprintf(t->user_json + l - 1, n - l + 1, ",\"vocab_bpe\":%s}", vq);
@@ -304,17 +304,27 @@ static dt_status load_auto(dt__train_run *t, char *path, size_t cap, dt_trainer_
     }
 }
 
-/* When the checkpoint's record u has key as a number other than cur: " flag old" onto was, " flag cur" onto now. */
-static void differ_num(const cJSON *u, const char *key, const char *flag, double cur, char *was, char *now, size_t n)
+/* When the checkpoint's record u has key as a number other than cur: " flag old" onto was, " flag cur" onto now
+ * (integers; differ_real: as %g prints them). */
+static void differ_fmt(const cJSON *u, const char *key, const char *flag, double cur, const char *fmt, char *was,
+                       char *now, size_t n)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, key);
     if (!cJSON_IsNumber(v) || v->valuedouble == cur)
         return;
-    snprintf(was + strlen(was), n - strlen(was), " %s %.0f", flag, v->valuedouble);
-    snprintf(now + strlen(now), n - strlen(now), " %s %.0f", flag, cur);
+    char a[40], b[40];
+    snprintf(a, sizeof a, fmt, v->valuedouble);
+    snprintf(b, sizeof b, fmt, cur);
+    snprintf(was + strlen(was), n - strlen(was), " %s %s", flag, a);
+    snprintf(now + strlen(now), n - strlen(now), " %s %s", flag, b);
 }
 
-/* The settings that shape the optimizer's steps from here on (--grad-accum, --lr-schedule, --warmup: the
+static void differ_num(const cJSON *u, const char *key, const char *flag, double cur, char *was, char *now, size_t n)
+{
+    differ_fmt(u, key, flag, cur, "%.0f", was, now, n);
+}
+
+/* The settings that shape the optimizer's steps from here on (--grad-accum, --lr-schedule, --warmup, --lr: the
  * batch of a step and the learning rate of each) as the checkpoint at path recorded them (checkpoints before
  * they were recorded: not compared): those that differ from this run's are a warning naming both, on rank 0
  * (another world size is the trainer's own warning). The run goes on: a resumed run may change them on purpose, but its
@@ -335,6 +345,7 @@ static void warn_settings(dt__train_run *t, const char *path)
         snprintf(now + strlen(now), sizeof now - strlen(now), " --lr-schedule %s", cur);
     }
     differ_num(u, "warmup", "--warmup", (double)t->o.warmup, was, now, sizeof was);
+    differ_fmt(u, "lr", "--lr", t->o.lr, "%.9g", was, now, sizeof was);
     if (was[0])
         dt__cli_err("dtrain train: warning: --resume: the checkpoint was trained with%s, this run has%s: the steps "
                     "from here on differ from the run it continues (another batch per step or learning rate)\n",

@@ -7,7 +7,7 @@
  * that the data order is not kept; dtrain eval --ckpt evaluates a
  * checkpoint with the model and data it was trained on; bad combinations
  * of the flags are refused with one line; a resume with another
- * --grad-accum, --lr-schedule, --warmup or --limit-train warns naming the
+ * --grad-accum, --lr-schedule, --warmup, --lr or --limit-train warns naming the
  * old and the new values, one with only a larger --max-steps does not. */
 // dt-test-timeout: 300
 #include "data/data_util.h"
@@ -180,6 +180,12 @@ TEST(changed_settings_warn)
     resume_with(r, dir, limit);
     ASSERT_EQ_INT(r->code, 0);
     ASSERT_STR_CONTAINS(r->err, "trained with --limit-train 128, this run has --limit-train 64");
+    t_rm_rf(rm);
+    char *lr[] = {"--lr-schedule", "cosine", "--warmup", "2", "--grad-accum", "2", "--limit-train", "128", "--lr",
+                  "0.0003", NULL};
+    resume_with(r, dir, lr);
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "trained with --lr 0.01, this run has --lr 0.0003:");
     free(r);
 }
 
