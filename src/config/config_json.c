@@ -180,6 +180,10 @@ dt_status dt_config_get_pair(const dt_config *c, const char *key, double out[2])
 /* item as short JSON text for messages */
 static void item_text(const cJSON *item, char *buf, size_t n)
 {
+    if (cJSON_IsNumber(item) && !isfinite(item->valuedouble)) { /* cJSON prints an overflowed 1e400 as null */
+        snprintf(buf, n, "a number beyond double's range (%s)", item->valuedouble < 0 ? "-inf" : "inf");
+        return;
+    }
     char *s = cJSON_PrintUnformatted(item);
     if (!s) {
         snprintf(buf, n, "(a value)");

@@ -395,6 +395,13 @@ TEST(batch_relation)
         ASSERT_STATUS(dt_config_batch_resolve(c, 2, 100, 1, &b), DT_ERR_INVALID_ARG);
         ASSERT_STR_CONTAINS(dt_last_error(), "batch sizes disagree: train_batch_size");
         ASSERT_STR_CONTAINS(dt_last_error(), "data-parallel world size 2");
+        /* the derived one is named with its division */
+        const char *why[] = {NULL, "gradient_accumulation_steps was derived as 6 / (4 * 2), which is not a whole",
+                             "train_micro_batch_size_per_gpu was derived as 30 / (4 * 2), which is not a whole"};
+        if (why[i])
+            ASSERT_STR_CONTAINS(dt_last_error(), why[i]);
+        else
+            ASSERT(!strstr(dt_last_error(), "derived as"));
         dt_config_free(c);
     }
 }
@@ -1039,6 +1046,12 @@ TEST(refusals_at_once_and_marks)
     ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
     ASSERT(strstr(dt_last_error(), "keys refused") == NULL);
     ASSERT_STR_CONTAINS(dt_last_error(), "key zero_optimization.stage: expected an integer in [0, 3], got 7");
+    dt_config_free(c);
+    /* a number past double's range is named so (cJSON prints it as null) */
+    c = load_str("{\"gradient_clipping\": 1e400}", &st);
+    ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "key gradient_clipping: expected a number in");
+    ASSERT_STR_CONTAINS(dt_last_error(), "got a number beyond double's range (inf)");
     dt_config_free(c);
     c = load_str("{\"memory_breakdown\": true, \"gradient_clipping\": 1.0, \"scheduler\": {\"type\": "
                  "\"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\"}}}", &st);
