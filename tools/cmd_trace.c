@@ -62,6 +62,12 @@ static int summary(int argc, char **argv)
         dt__cli_err("dtrain trace summary: %s\n", dt_last_error());
         return st == DT_ERR_NO_MEMORY ? 1 : 2;
     }
+    if (!s->nsteps && !s->nops && !s->ncolls) { /* as trace plot: nothing to show is not a result */
+        dt__cli_err("dtrain trace summary: %s: no events to summarize (no step span, op or collective; a run traced "
+                    "with dtrain train --trace writes them from its first step)\n", file);
+        dt_trace_summary_free(s);
+        return 2;
+    }
     printf("trace %s: %d rank%s, %zu step spans\n", file, s->world, s->world == 1 ? "" : "s", s->nsteps);
     printf("\nper step and rank (ms; exposed comm: time the rank waited for communication):\n");
     printf("%6s %5s %10s %10s %12s %10s %8s  %s\n", "step", "rank", "step", "compute", "exposed comm", "idle",

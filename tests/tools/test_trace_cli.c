@@ -296,7 +296,8 @@ TEST(bad_steps_exit_2)
 /* Bad arguments of trace summary/plot: one line naming the problem, exit 2.
  * A flag without its value was "unexpected argument", --top/--step took
  * " 5" (strtol), a trace without steps said "no step -1", a directory
- * "Cannot allocate memory". */
+ * "Cannot allocate memory", a trace without events was summarized as
+ * empty tables with exit 0. */
 TEST(bad_arguments_exit_2)
 {
     static cli_result r;
@@ -319,6 +320,7 @@ TEST(bad_arguments_exit_2)
         {{"trace", "plot", empty, "--step", " 5", NULL}, "--step: ' 5' is not an integer"},
         {{"trace", "plot", empty, "--step", "-1", NULL}, "--step: -1 is out of range"},
         {{"trace", "plot", empty, NULL}, "no step in the trace"},
+        {{"trace", "summary", empty, NULL}, "no events to summarize"}, /* it printed empty tables, exit 0 */
         {{"trace", "plot", dir, NULL}, "Is a directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
