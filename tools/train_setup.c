@@ -432,13 +432,33 @@ char *dt__tr_vocab_quoted(const char *opt, const char *path)
     return q;
 }
 
+/* The model refused its configuration: the flag named is --seq when the
+ * model builds without it (a sequence longer than the block size), --model
+ * otherwise. */
+static int model_fail(dt__train_run *t, dt_model_config cfg)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    const char *what = "--model";
+    dt_model *m;
+    if (cfg.seq > 0) {
+        cfg.seq = 0, cfg.build.meta = true;
+        if (dt_model_create(t->o.model, t->o.seed, &cfg, &m, NULL) >= 0) {
+            dt_model_free(m);
+            what = "--seq";
+        }
+    }
+    dt__cli_err("dtrain train: %s: %s\n", what, msg);
+    return 2;
+}
+
 int dt__tr_check_memory(dt__train_run *t)
 {
     dt_model_config cfg = dt__tr_model_config(t);
     cfg.build.meta = true;
     dt_model *m;
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &m, NULL) < 0)
-        return dt__tr_fail(2, "--model");
+        return model_fail(t, cfg);
     const size_t psi = dt_model_param_count(m); /* trained: frozen parameters have no gradient or state */
     double frozen = 0;                          /* held whole on every rank all the same */
     for (size_t i = 0; i < dt_model_num_entries(m); i++) {
@@ -484,7 +504,7 @@ int dt__tr_setup_model(dt__train_run *t)
     cfg.build.meta = dt__ddp_lazy_model(&t->ddp); /* ZeRO-3, --pp: each rank initialises what it holds */
     cfg.build.init = !strcmp(t->o.rng, "torch") ? DT_INIT_TORCH : DT_INIT_PHILOX; /* torch's: drawn once, by create */
     if (dt_model_create(t->o.model, t->o.seed, &cfg, &t->model, &t->desc) < 0)
-        return dt__tr_fail(2, "--model");
+        return model_fail(t, cfg);
     int frc = freeze_report(t);
     if (frc)
         return frc;

@@ -53,6 +53,14 @@ TEST(bad_flags)
                    "--sample-tokens", "--sample-every"));
     ASSERT(expect2((char *[]){"train", "--model", "convnet", "--random-items", "10", NULL}, "--random-items",
                    "--limit-train"));
+    /* a sequence past the block size names --seq (it said '--model: gpt2: sequence length ...'); a model the
+     * flags do not build still names --model */
+    ASSERT(expect2((char *[]){"train", "--model", "gpt-micro", "--data", "tokens:" DT_SOURCE_DIR
+                              "/tests/data/hf/tokens.bin", "--no-eval", "--seq", "99", NULL},
+                   "--seq: gpt2: sequence length 99 is outside [1, 64] (the block size)", NULL));
+    ASSERT(expect2((char *[]){"train", "--model", "gpt-micro", "--data", "tokens:" DT_SOURCE_DIR
+                              "/tests/data/hf/tokens.bin", "--no-eval", "--seq", "9", "--n-head", "5", NULL},
+                   "--model: gpt2: n_embd 64 is not a multiple of n_head 5", NULL));
     ASSERT(expect2((char *[]){"train", "--seed", "-3", NULL}, "--seed", NULL));
     /* Leading space: strtoull skipped it and wrapped " -1" to 2^64-1. */
     ASSERT(expect2((char *[]){"train", "--seed", " -1", NULL}, "--seed", "not a non-negative integer"));
