@@ -401,6 +401,28 @@ static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
             t->nc++;
         }
         qsort(t->c, t->nc, sizeof *t->c, chunk_cmp);
+        /* the keys are those the writer gives (ckpt.c piece_key): the name where a file holds one piece of the
+         * tensor, name@lo where it holds several; a key of another tensor or range (an edited index) would read
+         * its bytes in place of these */
+        const size_t nlen = strlen(name);
+        for (size_t j = 0; j < t->nc; j++) {
+            const char *k = t->c[j].key;
+            bool ok = !strncmp(k, name, nlen);
+            if (ok && k[nlen] == '@') {
+                char want[32];
+                snprintf(want, sizeof want, "%llu", (unsigned long long)t->c[j].lo);
+                ok = !strcmp(k + nlen + 1, want);
+            } else if (ok) {
+                ok = !k[nlen];
+                for (size_t i = 0; ok && i < t->nc; i++)
+                    ok = i == j || t->c[i].file != t->c[j].file;
+            }
+            if (!ok)
+                return dt_error(DT_ERR_FORMAT, "%s: tensor '%s': chunk [%llu, %llu) in file %zu has the key '%.64s' "
+                                "(dtrain writes '%s' where a file holds one piece of the tensor, '%s@LO' where it holds several: an "
+                                "edited index?)", ipath, name, (unsigned long long)t->c[j].lo,
+                                (unsigned long long)t->c[j].hi, t->c[j].file, k, name, name);
+        }
         uint64_t pos = 0;
         for (size_t j = 0; j < t->nc; j++) {
             if (t->c[j].lo != pos)

@@ -353,9 +353,24 @@ TEST(load_refusals)
          "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":2,\"key\":\"w\"}]}}}",
          "tensor 'w': elements [2, 4) are in no chunk"},
         {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
-         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":3,\"key\":\"w\"},"
-         "{\"file\":0,\"lo\":2,\"hi\":4,\"key\":\"v\"}]}}}",
+         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":3,\"key\":\"w@0\"},"
+         "{\"file\":0,\"lo\":2,\"hi\":4,\"key\":\"w@2\"}]}}}",
          "tensor 'w': elements [2, 3) are in two chunks"},
+        /* keys of another tensor or range (swapped between files by an edit) would read the wrong bytes */
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
+         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":4,\"key\":\"v\"}]}}}",
+         "tensor 'w': chunk [0, 4) in file 0 has the key 'v'"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
+         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":2,\"key\":\"w@2\"},"
+         "{\"file\":0,\"lo\":2,\"hi\":4,\"key\":\"w@0\"}]}}}",
+         "tensor 'w': chunk [0, 2) in file 0 has the key 'w@2'"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
+         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":2,\"key\":\"w\"},"
+         "{\"file\":0,\"lo\":2,\"hi\":4,\"key\":\"w@2\"}]}}}",
+         "tensor 'w': chunk [0, 2) in file 0 has the key 'w'"},
+        {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
+         "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":0,\"lo\":0,\"hi\":4,\"key\":\"wx\"}]}}}",
+         "has the key 'wx'"},
         {"{\"format\":\"dtrain-checkpoint\",\"version\":1,\"files\":[{\"name\":\"a\",\"bytes\":1,\"crc32\":1}],"
          "\"tensors\":{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"chunks\":[{\"file\":1,\"lo\":0,\"hi\":4,\"key\":\"w\"}]}}}",
          "tensor 'w': chunk 0 (file 1"},
