@@ -55,11 +55,17 @@ static int64_t step_of(const char *name)
     return strcmp(canon, name) ? -1 : v;
 }
 
+/* A complete checkpoint: a directory (not a symlink to one: nothing is
+ * found through a link, and --keep never removes through one) that holds a
+ * regular index.json. */
 static bool is_complete(const char *dir, const char *name)
 {
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s/%s", dir, name, INDEX_FILE);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
     struct stat sb;
+    if (lstat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return false;
+    snprintf(p, sizeof p, "%s/%s/%s", dir, name, INDEX_FILE);
     return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
