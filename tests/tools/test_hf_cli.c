@@ -251,8 +251,9 @@ TEST(qwen3_save_hf_and_tp)
 /* Gemma 1: trained a few steps and written with --save-hf, the directory
  * (model_type gemma, GemmaForCausalLM) evaluates to the run's own final
  * loss (so the norms' weights are written as GemmaRMSNorm reads them,
- * around 0); with --tp 2 the same losses as one process (the norms are
- * replicated, before f: their gradients whole on every rank). */
+ * around 0); with --tp 2 and with --pp 2 the same losses as one process
+ * (under tp the norms are replicated, before f: their gradients whole on
+ * every rank). */
 TEST(gemma_save_hf_and_tp)
 {
     cli_result r;
@@ -292,6 +293,13 @@ TEST(gemma_save_hf_and_tp)
     cli_run_ranks(&r, 180, NULL, 2, 2, l2);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(cli_same_metrics(m2, m1, 5, 0));
+    /* the pipeline's embedding unit scales by sqrt(C) as the model's forward does */
+    char *m3 = cli_path("gemma_pp.jsonl");
+    char *const pp[] = {"--pp", "2", "--micro-batches", "2", "--metrics", m3, NULL};
+    char *const *l3[] = {base, pp};
+    cli_run_ranks(&r, 180, NULL, 2, 2, l3);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(m3, m1, 5, 0));
 }
 
 /* tied config.json (tie_word_embeddings true) over weights that also hold
