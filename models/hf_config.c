@@ -1,7 +1,7 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1) and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -173,18 +173,21 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const cJSON *o = r->root;
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
+    const bool gemma = !strcmp(arch, "GemmaForCausalLM");
     memset(c, 0, sizeof *c);
-    /* the defaults of LlamaConfig, or Qwen3Config's where they differ */
-    c->vocab_size = get_int(r, o, "vocab_size", qwen3 ? 151936 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", 4096, 1, big);
-    c->intermediate_size = get_int(r, o, "intermediate_size", qwen3 ? 22016 : 11008, 1, big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", 32, 1, big);
-    c->num_attention_heads = get_int(r, o, "num_attention_heads", 32, 1, big);
+    /* the defaults of LlamaConfig, or Qwen3Config's and GemmaConfig's where they differ */
+    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma ? 3072 : 4096, 1, big);
+    c->intermediate_size = get_int(r, o, "intermediate_size", gemma ? 24576 : qwen3 ? 22016 : 11008, 1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : 32, 1, big);
+    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma ? 16 : 32, 1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads", c->num_attention_heads, 1, big);
     c->head_dim = get_int(r, o, "head_dim",
-                          qwen3 ? 128 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1), 1,
-                          big);
-    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", qwen3 ? 32768 : 2048, 1, big);
+                          gemma ? 256 : qwen3 ? 128
+                                : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
+                          1, big);
+    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", gemma ? 8192 : qwen3 ? 32768 : 2048, 1,
+                                         big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
@@ -194,16 +197,33 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
+    c->gemma = gemma;
     const cJSON *pad = item(o, "pad_token_id");
-    if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
+    if (gemma && !pad) { /* GemmaConfig's pad_token_id 0: the embedding's padding_idx */
+        c->pad_token_id = 0;
+        c->has_pad_token = true;
+    } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
         c->has_pad_token = r->st >= 0;
     }
-    c->mlp_bias = qwen2 || qwen3 ? false : get_bool(r, o, "mlp_bias", false); /* theirs have no MLP biases */
-    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", false);
-    const char *act = get_str(r, o, "hidden_act", "silu");
-    if (r->st >= 0 && strcmp(act, "silu"))
-        unsupported(r, "hidden_act", "only \"silu\" (SwiGLU) is supported");
+    /* theirs have no MLP biases */
+    c->mlp_bias = qwen2 || qwen3 || gemma ? false : get_bool(r, o, "mlp_bias", false);
+    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma);
+    if (gemma) {
+        /* GemmaMLP: ACT2FN[hidden_act]; GemmaConfig turns the legacy "gelu" into "gelu_pytorch_tanh" (and
+           transformers 5 reads no hidden_activation: the key is ignored, as it ignores it) */
+        const char *act = get_str(r, o, "hidden_act", "gelu_pytorch_tanh");
+        if (r->st >= 0 && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu") && strcmp(act, "gelu_python_tanh"))
+            unsupported(r, "hidden_act", "only GELU's tanh form is supported for Gemma (\"gelu_pytorch_tanh\", "
+                        "\"gelu_python_tanh\" or the legacy \"gelu\", which GemmaConfig reads as "
+                        "\"gelu_pytorch_tanh\")");
+        if (get_bool(r, o, "use_bidirectional_attention", false))
+            unsupported(r, "use_bidirectional_attention", "bidirectional attention is not supported (causal only)");
+    } else {
+        const char *act = get_str(r, o, "hidden_act", "silu");
+        if (r->st >= 0 && strcmp(act, "silu"))
+            unsupported(r, "hidden_act", "only \"silu\" (SwiGLU) is supported");
+    }
     if (get_num(r, o, "attention_dropout", 0.0) != 0.0)
         unsupported(r, "attention_dropout", "attention dropout is not supported (0 only)");
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
@@ -286,6 +306,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
+             : !strcmp(mt, "gemma") ? "GemmaForCausalLM"
              : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
@@ -297,14 +318,18 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             if (r.st >= 0 && (st = dt__gpt2_config_check(&out->gpt2)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
-                   !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM")) {
+                   !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
+                   !strcmp(arch, "GemmaForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
         } else {
+            const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
-                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)", path,
-                            arch);
+                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                            "GemmaForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            later_gemma ? "; of Gemma only Gemma 1 (model_type \"gemma\"): Gemma 2 and 3 have "
+                            "other norms, soft-capping and sliding-window layers" : "");
         }
     }
     /* the special tokens, kept for the export (hf_save.c) as they are given */

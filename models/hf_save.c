@@ -162,7 +162,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         const dt_llama_config *c = &h->llama;
         const char *mt = !strcmp(h->architecture, "MistralForCausalLM") ? "mistral"
                        : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2"
-                       : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3" : "llama";
+                       : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
+                       : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma" : "llama";
+        const bool gemma = !strcmp(mt, "gemma");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -171,7 +173,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->num_attention_heads);
         cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
-        cJSON_AddStringToObject(o, "hidden_act", "silu");
+        cJSON_AddStringToObject(o, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
         cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
         cJSON_AddNumberToObject(o, "initializer_range", fnum(c->initializer_range));
         cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->rms_norm_eps));
@@ -193,7 +195,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         }
         if (strcmp(mt, "qwen2"))
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
@@ -202,10 +204,13 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         else if (!strcmp(mt, "mistral"))
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+        if (!gemma)
+            cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
+        else if (gemma) /* GemmaConfig's default is 0 */
+            cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);
     add_tokens(o, "eos_token_id", h->eos_token_ids, h->n_eos);

@@ -19,6 +19,12 @@
  * PyTorch's stream (dt_model_init_torch) the draws are transformers'
  * LlamaForCausalLM(config) after torch.manual_seed (torch_order below).
  *
+ * Gemma (dt_llama_config.gemma; transformers' GemmaForCausalLM): x is
+ * embed_tokens[idx] * sqrt(C) (the factor rounded to the embeddings'
+ * dtype), every RMSNorm multiplies by (1 + weight) in f32 (GemmaRMSNorm,
+ * weights initialised to 0) and the MLP is down_proj(gelu_tanh(gate_proj(m))
+ * * up_proj(m)); the rest (GQA, RoPE, 1/sqrt(hd)) is the Llama block's.
+ *
  * Context parallel (dt_model_config.cp; cp.h): the model keeps the rank's
  * rows of the whole [B, T] ids, RoPE rotates them at their global
  * positions (dt_rope_at), attention is dt_cp_attention over the packed
@@ -165,13 +171,54 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
 
+/* ud: the runtime config (borrowed from the root) */
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    (void)ud;
+    const llama_rt *rt = ud;
     x = enter(ctx, child(self, "gate_proj"), x);
     dt_tensor *g = dt_module_forward(ctx, child(self, "gate_proj"), x);
     dt_tensor *u = dt_module_forward(ctx, child(self, "up_proj"), x);
-    return dt_module_forward(ctx, child(self, "down_proj"), dt_swiglu(ctx, g, u));
+    dt_tensor *a = rt && rt->c.gemma ? dt_mul(ctx, dt_gelu_tanh(ctx, g), u) /* GemmaMLP: gelu_pytorch_tanh */
+                                     : dt_swiglu(ctx, g, u);
+    return dt_module_forward(ctx, child(self, "down_proj"), a);
+}
+
+/* GemmaRMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), in f32 and
+ * rounded once to x's dtype (dt_rms_norm with the f32 weight 1 + w);
+ * weight [D] stored around 0. ud: the runtime config (eps). */
+static dt_tensor *gemma_norm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    const llama_rt *rt = ud;
+    dt_tensor *w = dt_module_param(self, 0);
+    if (!x || !w)
+        return NULL;
+    dt_tensor *one = dt_tensor_full(ctx, DT_F32, 1, w->shape, 1.0);
+    dt_tensor *w1 = one ? dt_add(ctx, w->dtype == DT_F32 ? w : dt_cast(ctx, w, DT_F32), one) : NULL;
+    return w1 ? dt_rms_norm(ctx, x, w1, rt->c.rms_norm_eps) : NULL;
+}
+
+/* The block's and the final norm: LlamaRMSNorm, or GemmaRMSNorm (weight
+ * initialised to 0: transformers' GemmaPreTrainedModel._init_weights). */
+static dt_module *make_norm(const dt_llama_config *c, llama_rt *rt, int64_t dim)
+{
+    if (!c->gemma)
+        return dt_nn_rmsnorm(dim, c->rms_norm_eps);
+    dt_nn_param_spec s = {.name = "weight", .ndim = 1, .shape = {dim}, .init = DT_NN_INIT_ZEROS};
+    return dt_nn_custom("GemmaRMSNorm", 1, &s, gemma_norm_forward, rt);
+}
+
+/* Gemma's embeddings times sqrt(C), the factor in the embeddings' dtype
+ * (GemmaTextScaledWordEmbedding: embed_scale.to(weight.dtype)). */
+static dt_tensor *embed_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
+{
+    if (!x || !rt->c.gemma)
+        return x;
+    float s = (float)sqrt((double)rt->c.hidden_size);
+    if (x->dtype == DT_BF16)
+        s = dt_bf16_to_f32(dt_f32_to_bf16(s));
+    else if (x->dtype == DT_F16)
+        s = dt_f16_to_f32(dt_f32_to_f16(s));
+    return dt_scale(ctx, x, s);
 }
 
 static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
@@ -247,7 +294,7 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
             return NULL;
         idx = dt_cp_local_rows(ctx, &l, idx);
     }
-    dt_tensor *x = dt_module_forward(ctx, child(self, "embed_tokens"), idx);
+    dt_tensor *x = embed_scale(ctx, rt, dt_module_forward(ctx, child(self, "embed_tokens"), idx));
     if (rt->c.has_pad_token)
         x = pad_no_grad(ctx, x, idx, rt->c.pad_token_id);
     x = dt_module_forward(ctx, child(self, "layers"), x);
@@ -298,7 +345,7 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     const bool ab = c->attention_bias, ob = c->attention_bias && !c->qkv_bias_only, mb = c->mlp_bias;
     dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, NULL);
     dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
-    dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, NULL);
+    dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
     ok = add(attn, "q_proj", proj(tp, C, H * hd, ab, std, true), ok);
     ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
@@ -315,8 +362,8 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     attn = NULL;
     ok = add(b, "mlp", mlp, ok);
     mlp = NULL;
-    ok = add(b, "input_layernorm", dt_nn_rmsnorm(C, c->rms_norm_eps), ok);
-    ok = add(b, "post_attention_layernorm", dt_nn_rmsnorm(C, c->rms_norm_eps), ok);
+    ok = add(b, "input_layernorm", make_norm(c, rt, C), ok);
+    ok = add(b, "post_attention_layernorm", make_norm(c, rt, C), ok);
     if (!ok) {
         dt_module_free(attn);
         dt_module_free(mlp);
@@ -349,6 +396,8 @@ static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt
 {
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
     dt_tensor *e = dt_module_forward(ctx, u->module, x);
+    if (rt)
+        e = embed_scale(ctx, rt, e);
     return rt && rt->c.has_pad_token ? pad_no_grad(ctx, e, x, rt->c.pad_token_id) : e;
 }
 
@@ -516,7 +565,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     emb = NULL;
     ok = add(inner, "layers", layers, ok);
     layers = NULL;
-    ok = add(inner, "norm", dt_nn_rmsnorm(C, lc->rms_norm_eps), ok);
+    ok = add(inner, "norm", make_norm(lc, rt, C), ok);
     ok = add(root, "model", inner, ok);
     inner = NULL;
     ok = add(root, "lm_head", head, ok);

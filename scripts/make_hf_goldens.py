@@ -12,6 +12,12 @@ with save_pretrained, and what transformers computes on fixed tokens:
   qwen3/       Qwen3ForCausalLM (q_norm/k_norm over each head, GQA 4 over 2,
                head_dim 16 != hidden/heads, tied head), f32, one file; made
                last, from its own seed, so the files above do not change
+  gemma/       GemmaForCausalLM (Gemma 1: embeddings times sqrt(hidden), the
+               norms' (1 + weight) with the weights drawn away from 0, GELU
+               tanh MLP, GQA 4 over 2, head_dim 16 != hidden/heads, tied
+               head, pad_token_id 0 by GemmaConfig's default), f32, one file;
+               made after all the others from its own seed; gemma_ref.safetensors
+               as qwen3's
   llama_ref.safetensors, gpt2_ref.safetensors:
                input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
                (F32, eval mode), loss [] (F32): mean next-token
@@ -42,7 +48,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -164,4 +170,23 @@ with torch.no_grad():
 save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
            "eval": torch.tensor(windows_loss(mistral, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "mistral_ref.safetensors"))
+
+# Gemma 1: its own seed, after everything above (whose draws stay as they were); the RMSNorm weights (0 at
+# init: GemmaRMSNorm multiplies by 1 + weight) drawn away from 0 so that the 1 + w shows
+torch.manual_seed(8765)
+gmc = GemmaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
+                  bos_token_id=1, eos_token_id=2)
+gemma = GemmaForCausalLM(gmc).eval()
+with torch.no_grad():
+    for n, p in gemma.named_parameters():
+        if n.endswith("norm.weight"):
+            p.uniform_(-0.5, 0.5)
+gemma.save_pretrained(os.path.join(out, "gemma"))
+with torch.no_grad():
+    lg = gemma(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(GemmaForCausalLM, gmc, gemma),
+           "eval": torch.tensor(windows_loss(gemma, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "gemma_ref.safetensors"))
 print("wrote", out)

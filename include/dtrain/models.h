@@ -190,8 +190,8 @@ typedef enum {
 } dt_rope_kind;
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2 and Qwen3 are the same block: Qwen2 with attention_bias, Qwen3
- * with qk_norm). */
+ * Qwen2, Qwen3 and Gemma are the same block: Qwen2 with attention_bias,
+ * Qwen3 with qk_norm, Gemma with gemma). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -215,6 +215,9 @@ typedef struct dt_llama_config {
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
     bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
                                          k_norm, weights [hd]) after their projections, before RoPE */
+    bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
+                                         their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
+                                         GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
     int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
                                          sliding_window positions): sequences of at most that many tokens,
                                          where it is the causal attention; 0: none */

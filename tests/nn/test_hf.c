@@ -111,6 +111,8 @@ TEST(llama_parity) { parity(HF "llama", HF "llama_ref.safetensors", "logits"); }
 TEST(llama_bf16_parity) { parity(HF "llama_bf16", HF "llama_ref.safetensors", "logits_bf16"); }
 TEST(gpt2_parity) { parity(HF "gpt2", HF "gpt2_ref.safetensors", "logits"); }
 TEST(qwen3_parity) { parity(HF "qwen3", HF "qwen3_ref.safetensors", "logits"); }
+/* Gemma 1: embeddings times sqrt(32), the norms' 1 + w (w drawn in [-0.5, 0.5]), GELU-tanh MLP */
+TEST(gemma_parity) { parity(HF "gemma", HF "gemma_ref.safetensors", "logits"); }
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -173,6 +175,9 @@ TEST(llama_adamw_steps) { adamw_steps(HF "llama", HF "llama_ref.safetensors", 10
  * run in f64 differs from its f32 one (the golden) by 3e-6 at step 6 and
  * 7e-5 at step 8; dtrain's by 1e-6 and 3e-5. */
 TEST(qwen3_adamw_steps) { adamw_steps(HF "qwen3", HF "qwen3_ref.safetensors", 6, 1e-4); }
+/* Gemma: the gradients through the (1 + w) norms, the scaled embedding (tied to the head) and GELU-tanh;
+   GemmaConfig's pad_token_id 0 (no gradient to row 0 from its lookups) */
+TEST(gemma_adamw_steps) { adamw_steps(HF "gemma", HF "gemma_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -279,6 +284,43 @@ TEST(config_qwen3)
     ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
 }
 
+/* Gemma 1's config: GemmaConfig's defaults (head_dim 256, tied head,
+ * pad_token_id 0, gelu_pytorch_tanh; "gelu" read as it), other
+ * activations and bidirectional attention refused naming the key, Gemma 2
+ * and 3 refused naming the architecture */
+TEST(config_gemma)
+{
+    dt_hf_config h;
+    static const char base[] = "{\"architectures\": [\"GemmaForCausalLM\"], \"hidden_size\": 64, "
+                               "\"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"vocab_size\": 128";
+    char text[600];
+    snprintf(text, sizeof text, "%s}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_STR_EQ(h.architecture, "GemmaForCausalLM");
+    ASSERT(h.llama.gemma && !h.llama.qk_norm && h.llama.tie_word_embeddings && !h.llama.attention_bias);
+    ASSERT_EQ_INT((int)h.llama.head_dim, 256);
+    ASSERT_EQ_INT((int)h.llama.intermediate_size, 24576);
+    ASSERT_EQ_INT((int)h.llama.max_position_embeddings, 8192);
+    ASSERT(h.llama.has_pad_token && h.llama.pad_token_id == 0);
+    snprintf(text, sizeof text, "%s, \"hidden_act\": \"gelu\", \"pad_token_id\": null}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(!h.llama.has_pad_token);
+    snprintf(text, sizeof text, "%s, \"hidden_act\": \"silu\"}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "hidden_act");
+    snprintf(text, sizeof text, "%s, \"use_bidirectional_attention\": true}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
+    ASSERT_OK(read_config_text("{\"model_type\": \"gemma\", \"hidden_size\": 64, \"num_attention_heads\": 4}", &h));
+    ASSERT(h.llama.gemma);
+    ASSERT_STATUS(read_config_text("{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\"}", &h),
+                  DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma2ForCausalLM");
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1");
+    ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3_text\"}", &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1");
+}
+
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
  * to int64 was undefined behaviour) or negative is a format error naming
  * the key, never a silent value. */
@@ -347,6 +389,7 @@ int main(void)
     RUN(config_read);
     RUN(config_bad_token_id);
     RUN(config_qwen3);
+    RUN(config_gemma);
     RUN(config_strict_json);
     RUN(config_gpt2_sizes);
     RUN(llama_parity);
@@ -357,5 +400,7 @@ int main(void)
     RUN(mistral_parity);
     RUN(qwen3_adamw_steps);
     RUN(llama_pad_token_adamw_steps);
+    RUN(gemma_parity);
+    RUN(gemma_adamw_steps);
     return TEST_REPORT();
 }

@@ -16,13 +16,13 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral": the key "eval" of their own _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma": the key "eval" of their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
-    if (!strcmp(key, "qwen3") || !strcmp(key, "mistral")) {
+    if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -63,6 +63,7 @@ TEST(eval_json)
     eval_case("llama_bf16", "llama", "3"); /* bf16 weights: the f32 model's loss within bf16 rounding */
     eval_case("qwen3", "qwen3", "4");
     eval_case("mistral", "mistral", "4"); /* sliding_window 16 = --seq */
+    eval_case("gemma", "gemma", "4");
 }
 
 TEST(train_and_generate)
@@ -247,6 +248,60 @@ TEST(qwen3_save_hf_and_tp)
     ASSERT(cli_same_metrics(m2, m1, 5, 0));
 }
 
+/* Gemma 1: trained a few steps and written with --save-hf, the directory
+ * (model_type gemma, GemmaForCausalLM) evaluates to the run's own final
+ * loss (so the norms' weights are written as GemmaRMSNorm reads them,
+ * around 0); with --tp 2 and with --pp 2 the same losses as one process
+ * (under tp the norms are replicated, before f: their gradients whole on
+ * every rank). */
+TEST(gemma_save_hf_and_tp)
+{
+    cli_result r;
+    char *out = cli_path("gemma_out");
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", "hf:" HF "gemma", "--data", "tokens:" HF "tokens.bin", "--val-data",
+                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "3", "--optimizer",
+                        "adamw", "--lr", "1e-3", "--progress", "none", "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const double v = cli_out_value(r.out, "val loss: ");
+    char m[400], cfg[400];
+    snprintf(m, sizeof m, "hf:%s", out);
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    FILE *f = fopen(cfg, "r");
+    char text[4096] = "";
+    ASSERT(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    ASSERT_STR_CONTAINS(text, "\"gemma\"");
+    ASSERT_STR_CONTAINS(text, "\"GemmaForCausalLM\"");
+    ASSERT_STR_CONTAINS(text, "\"gelu_pytorch_tanh\"");
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  gemma --save-hf: eval %.6f, the run's val loss %.4f (before training %.4f)\n", json_loss(r.out),
+            v, ref_loss("gemma"));
+    ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0); /* (the run prints 4 decimals) */
+    ASSERT(fabs(v - ref_loss("gemma")) > 1e-3); /* it trained */
+    char *m1 = cli_path("gemma_one.jsonl"), *m2 = cli_path("gemma_tp.jsonl");
+    char *const base[] = {"train", "--model", "hf:" HF "gemma", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                          "--seq", "16", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
+                          "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
+    char *const one[] = {"--metrics", m1, NULL}, *const tp[] = {"--tp", "2", "--metrics", m2, NULL};
+    char *const *l1[] = {base, one}, *const *l2[] = {base, tp};
+    cli_run_ranks(&r, 120, NULL, 1, 2, l1);
+    ASSERT_EQ_INT(r.code, 0);
+    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(m2, m1, 5, 0));
+    /* the pipeline's embedding unit scales by sqrt(C) as the model's forward does */
+    char *m3 = cli_path("gemma_pp.jsonl");
+    char *const pp[] = {"--pp", "2", "--micro-batches", "2", "--metrics", m3, NULL};
+    char *const *l3[] = {base, pp};
+    cli_run_ranks(&r, 180, NULL, 2, 2, l3);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(m3, m1, 5, 0));
+}
+
 /* tied config.json (tie_word_embeddings true) over weights that also hold
  * lm_head.weight: taken when it is the embedding byte for byte, refused
  * (exit 2 naming the key and the tensor) when it differs; dtrain dropped
@@ -400,6 +455,9 @@ TEST(generate_processors_and_beams)
          "| 89 18 8 48 7 97 105 102 9 84 73 71 123 80 7 35\n"},
         {"qwen3", {"--no-repeat-ngram-size", "3", "--max-new-tokens", "16"},
          "| 7 7 44 44 44 102 102 102 44 44 82 82 82 122 122 122\n"},
+        /* gemma (greedy alone: 7 7 7 ...) */
+        {"gemma", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "16"},
+         "| 7 57 57 74 74 57 7 100 100 9 9 100 109 109 117 117\n"},
         /* eos_token_id = the first (gpt2) or second (llama) greedy token: it stops there unless min_new_tokens 5 */
         {"gpt2", {"--eos-id", "7", "--max-new-tokens", "12"}, "| 7\n"},
         {"gpt2", {"--eos-id", "7", "--min-new-tokens", "5", "--max-new-tokens", "12"},
@@ -597,6 +655,7 @@ int main(void)
     RUN(bad_directories);
     RUN(shape_options_refused);
     RUN(qwen3_save_hf_and_tp);
+    RUN(gemma_save_hf_and_tp);
     RUN(mistral_sliding_window);
     RUN(tied_head);
     RUN(single_file_first);
