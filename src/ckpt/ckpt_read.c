@@ -419,8 +419,8 @@ static dt_status parse_index(dt_ckpt *ck, const char *ipath, const cJSON *root)
             }
             if (!ok)
                 return dt_error(DT_ERR_FORMAT, "%s: tensor '%s': chunk [%llu, %llu) in file %zu has the key '%.64s' "
-                                "(dtrain writes '%s' where a file holds one piece of the tensor, '%s@LO' where it holds several: an "
-                                "edited index?)", ipath, name, (unsigned long long)t->c[j].lo,
+                                "(dtrain writes '%s' where a file holds one piece of the tensor, '%s@LO' where it "
+                                "holds several: an edited index?)", ipath, name, (unsigned long long)t->c[j].lo,
                                 (unsigned long long)t->c[j].hi, t->c[j].file, k, name, name);
         }
         uint64_t pos = 0;

@@ -98,23 +98,22 @@ dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64_t defa
         m = default_micro, hm = true;
     if (!hg && !(ht && hm))
         g = default_gas, hg = true;
-    char derived[200] = ""; /* which of the three was derived, and from what */
-    if (ht && hm && !hg) {
-        g = t / m / w;
-        if (g * m * w != t)
-            snprintf(derived, sizeof derived, "; gradient_accumulation_steps was derived as %" PRId64 " / (%" PRId64
-                     " * %d), which is not a whole number >= 1", t, m, dp_world);
-    } else if (ht && hg && !hm) {
-        m = t / w / g;
-        if (g * m * w != t)
-            snprintf(derived, sizeof derived, "; train_micro_batch_size_per_gpu was derived as %" PRId64 " / (%"
-                     PRId64 " * %d), which is not a whole number >= 1", t, g, dp_world);
-    } else if (hm && hg && !ht) {
+    const char *derived = NULL; /* the one of the three derived from the other two, and its divisor's name */
+    int64_t dnum = 0;
+    if (ht && hm && !hg)
+        g = t / m / w, derived = "gradient_accumulation_steps", dnum = m;
+    else if (ht && hg && !hm)
+        m = t / w / g, derived = "train_micro_batch_size_per_gpu", dnum = g;
+    else if (hm && hg && !ht) {
         if (__builtin_mul_overflow(m, g, &t) || __builtin_mul_overflow(t, w, &t))
             return dt_error(DT_ERR_INVALID_ARG, "train_micro_batch_size_per_gpu %" PRId64 " * "
                                                 "gradient_accumulation_steps %" PRId64 " * world size %d overflows",
                             m, g, dp_world);
     }
+    char why[200] = "";
+    if (derived && g * m * w != t)
+        snprintf(why, sizeof why, "; %s was derived as %" PRId64 " / (%" PRId64 " * %d), which is not a whole number "
+                 ">= 1", derived, t, dnum, dp_world);
     int64_t prod;
     if (m <= 0 || g <= 0 || __builtin_mul_overflow(m, g, &prod) || __builtin_mul_overflow(prod, w, &prod) ||
         prod != t)
@@ -122,7 +121,7 @@ dt_status dt_config_batch_resolve(const dt_config *c, int dp_world, int64_t defa
                         "batch sizes disagree: train_batch_size %" PRId64 " must equal train_micro_batch_size_per_gpu "
                         "%" PRId64 " * gradient_accumulation_steps %" PRId64 " * data-parallel world size %d "
                         "(DeepSpeed's relation; give two of the three and the third is derived%s)",
-                        t, m, g, dp_world, derived);
+                        t, m, g, dp_world, why);
     out->train_batch_size = t;
     out->micro_batch = m;
     out->grad_accum = g;
