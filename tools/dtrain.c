@@ -112,6 +112,9 @@ int main(int argc, char **argv)
         printf("dtrain %s\n", DT_VERSION_STRING);
         return 0;
     }
+    /* read DT_LOG_LEVEL now: a value that is not a level is said at start by every command, not only by
+       one that happens to log (a quiet `dtrain train` never read it, so DT_LOG_LEVEL=bogus went unnoticed) */
+    (void)dt_log_get_level();
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
