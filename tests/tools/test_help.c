@@ -292,6 +292,39 @@ TEST(run_env_vars_are_documented)
     ASSERT(!bad);
 }
 
+/* Every command `dtrain --help` lists is named on a row of docs/GUIDE.md's command table (a line "| `..."
+ * holding "`dtrain NAME"). */
+TEST(guide_command_table_lists_every_command)
+{
+    slurp_(DT_SOURCE_DIR "/docs/GUIDE.md", doc_, sizeof doc_);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"--help", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *p = strstr(r.out, "commands:\n");
+    ASSERT(p != NULL);
+    int n = 0, bad = 0;
+    for (p = strchr(p, '\n') + 1; *p == ' ' && p[1] == ' '; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : "") {
+        char name[32], want[48];
+        if (sscanf(p, " %31s", name) != 1)
+            break;
+        snprintf(want, sizeof want, "`dtrain %s", name);
+        n++;
+        bool found = false; /* on a line of the table: one that starts "| `" */
+        for (const char *h = doc_; !found && (h = strstr(h, want)); h++) {
+            const char *ls = h;
+            while (ls > doc_ && ls[-1] != '\n')
+                ls--;
+            found = !strncmp(ls, "| `", 3) && (h[strlen(want)] == ' ' || h[strlen(want)] == '`');
+        }
+        if (!found) {
+            fprintf(stderr, "  `dtrain --help` lists '%s' but docs/GUIDE.md's command table has no row for it\n", name);
+            bad = 1;
+        }
+    }
+    ASSERT(n >= 10);
+    ASSERT(!bad);
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI")) {
@@ -307,6 +340,7 @@ int main(void)
     RUN(training_md_option_tables_match_help);
     RUN(unknown_options_suggest);
     RUN(run_env_vars_are_documented);
+    RUN(guide_command_table_lists_every_command);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;
