@@ -16,8 +16,6 @@
 #   make demo-gpt-data  the GPT demo's data: the King James Bible (Debian's
 #                     bible-kjv), a byte-level BPE vocabulary learned on it and
 #                     train/val token files in build/gpt-data/
-#   make demo-gpt     a small GPT trained on that data for a few minutes:
-#                     validation loss against the unigram entropy, samples
 #   make demo-gpt     train a small GPT on the Bible for a few minutes, print
 #                     its validation loss against the unigram baseline and a
 #                     generated sample (DT_DEMO_GPT_STEPS=N steps, default 400)

@@ -129,11 +129,13 @@ static void usage(FILE *f)
             "\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
             "MASTER_PORT (torchrun's names), DT_RANK, DT_WORLD_SIZE, DT_LOCAL_RANK,\n"
-            "DT_LOCAL_WORLD_SIZE, DT_JOB_ID (random, per job), DT_RESTART_COUNT and\n"
-            "OMP_NUM_THREADS = max(1, cores / N) unless already set. Output lines are\n"
+            "DT_LOCAL_WORLD_SIZE, DT_JOB_ID (random, per job), DT_RESTART_COUNT,\n"
+            "DT_MAX_RESTARTS, DT_STDOUT_TTY (1 when this launcher's stdout is a terminal)\n"
+            "and OMP_NUM_THREADS = max(1, cores / N) unless already set. Output lines are\n"
             "prefixed with \"[rank] \", except stdout lines that are a whole JSON object or\n"
-            "array (--json output), which pass unchanged so that `| jq .` works. When a rank fails the others are stopped and the\n"
-            "job restarts or exits with the rank's exit code (128 + signal if killed).\n",
+            "array (--json output), which pass unchanged so that `| jq .` works. When a\n"
+            "rank fails the others are stopped and the job restarts or exits with the\n"
+            "rank's exit code (128 + signal if killed).\n",
             DT_RUN_MAX_RANKS);
 }
 

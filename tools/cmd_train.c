@@ -404,7 +404,9 @@ static int train_main(int argc, char **argv, const char *eval_ckpt, bool eval_js
             if (!isnan(ta))
                 printf("test accuracy: %.2f%% (%lld items)\n", 100 * ta, (long long)ntest);
         }
-        printf("train loss (last %d steps): %.4f\n", LOSS_WINDOW, dt__tr_window_mean(t));
+        /* the steps the mean is over: LOSS_WINDOW, or fewer in a shorter run (--max-steps 2: "last 2 steps") */
+        int64_t nw = t->nloss < LOSS_WINDOW ? t->nloss : LOSS_WINDOW;
+        printf("train loss (last %lld step%s): %.4f\n", (long long)nw, nw == 1 ? "" : "s", dt__tr_window_mean(t));
         printf("epoch wall time: %.2f s (last epoch; data loading included, evaluation excluded)\n", wall);
         printf("samples/s: %.0f\n", sps);
         if (t->lm) {

@@ -21,7 +21,7 @@ static const dt_command commands[] = {
     {"run", dt_cmd_run, "launch N local ranks: dtrain run -n N -- PROGRAM ARGS..."},
     {"bench", dt_cmd_bench, "benchmarks: dtrain bench {step,coll,ddp,zero,matmul,data} ... (dtrain bench --help)"},
     {"plot", dt_cmd_plot, "plot metrics files: dtrain plot FILE.jsonl [FILE2.jsonl ...] -o out.png"},
-    {"generate", dt_cmd_generate, "continue a prompt with a GPT model (dtrain generate --help)"},
+    {"generate", dt_cmd_generate, "continue a prompt with a GPT-2 or Llama model (dtrain generate --help)"},
     {"tokenize", dt_cmd_tokenize, "byte-level BPE: train a vocab, text -> token file (dtrain tokenize --help)"},
     {"ckpt", dt_cmd_ckpt, "checkpoints: dtrain ckpt {info,verify,convert} SRC (dtrain ckpt --help)"},
     {"trace", dt_cmd_trace, "read a timeline of dtrain train --trace: dtrain trace {summary,plot} FILE"},
@@ -112,6 +112,9 @@ int main(int argc, char **argv)
         printf("dtrain %s\n", DT_VERSION_STRING);
         return 0;
     }
+    /* read DT_LOG_LEVEL now: a value that is not a level is said at start by every command, not only by
+       one that happens to log (a quiet `dtrain train` never read it, so DT_LOG_LEVEL=bogus went unnoticed) */
+    (void)dt_log_get_level();
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);

@@ -947,6 +947,13 @@ int dt__tr_setup_trainer(dt__train_run *t)
         return dt__tr_fail(2, "--config");
     double b1; /* OneCycle's momentum decay grows Adam's first beta: past 1 before the run's end, refused now */
     const int64_t last = (t->o.max_steps > 0 ? t->o.max_steps : spe * t->o.epochs) - 1;
+    /* a trace window past the run's end records nothing: said now (a --max-steps 2 run with --trace and the
+       default 3:5 wrote an empty trace.json without a word; trace summary then finds no event) */
+    if (tp.trace.dir && tp.trace.dir[0] && tp.trace.step_begin > last + 1 && dt__ddp_is_main(&t->ddp))
+        dt__cli_err("dtrain train: warning: --trace-steps %lld:%lld starts after the run's last step (%lld): the "
+                    "trace will hold no step; give --trace-steps 1:%lld\n",
+                    (long long)tp.trace.step_begin, (long long)tp.trace.step_end, (long long)last + 1,
+                    (long long)last + 2);
     if (tp.optimizer != DT_OPTIM_SGD && dt_sched_beta1(&tp.sched, last, &b1) && !(b1 >= 0 && b1 < 1)) {
         dt__cli_err("dtrain train: --config: OneCycle's momentum reaches %g by the run's last step (%lld): "
                     "decay_mom_rate %g grows it every decay_step_size %lld steps after the cycle, and a beta must be "

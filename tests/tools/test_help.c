@@ -14,6 +14,7 @@ TEST(every_help_exits_0_with_usage)
         {"tokenize", "--help"}, {"generate", "--help"}, {"eval", "--help"}, {"ckpt", "--help"}, {"ckpt", "info", "--help"},
         {"ckpt", "convert", "-h"}, {"pipeline", "--help"}, {"pipeline", "show", "--help"},
         {"trace", "--help"}, {"trace", "summary", "--help"}, {"trace", "plot", "--help"},
+        {"plan", "--help"}, {"ckpt", "verify", "--help"}, {"eval", "-h"}, {"generate", "-h"},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
@@ -248,6 +249,82 @@ TEST(unknown_options_suggest)
     ASSERT_STR_CONTAINS(r.err, "did you mean --nproc-per-node");
 }
 
+/* Every DT_* variable `dtrain run` gives its ranks (tools/run_env.c's setenv calls) is named by
+ * `dtrain run --help` and by docs/GUIDE.md's environment table ("set by `dtrain run`" row). */
+TEST(run_env_vars_are_documented)
+{
+    static char src[1 << 15];
+    slurp_(DT_SOURCE_DIR "/tools/run_env.c", src, sizeof src);
+    slurp_(DT_SOURCE_DIR "/docs/GUIDE.md", doc_, sizeof doc_);
+    const char *row = strstr(doc_, "| set by `dtrain run` |");
+    ASSERT(row != NULL);
+    const char *row_start = row;
+    while (row_start > doc_ && row_start[-1] != '\n')
+        row_start--;
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"run", "--help", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    int n = 0, bad = 0;
+    for (const char *p = src; (p = strstr(p, "setenv")); p++) {
+        const char *q = strstr(p, "(\"DT_");
+        if (!q || q - p > 12) /* setenv("DT_ or setenv_int("DT_ */
+            continue;
+        char name[64];
+        size_t k = 0;
+        for (q += 2; *q && *q != '"' && k < sizeof name - 1; q++)
+            name[k++] = *q;
+        name[k] = 0;
+        char tick[72];
+        snprintf(tick, sizeof tick, "`%s`", name);
+        n++;
+        if (!strstr(r.out, name)) {
+            fprintf(stderr, "  dtrain run sets %s but `dtrain run --help` does not name it\n", name);
+            bad = 1;
+        }
+        const char *hit = strstr(row_start, tick);
+        if (!hit || hit > row) {
+            fprintf(stderr, "  dtrain run sets %s but docs/GUIDE.md's \"set by `dtrain run`\" row does not name it\n",
+                    name);
+            bad = 1;
+        }
+    }
+    ASSERT(n >= 8);
+    ASSERT(!bad);
+}
+
+/* Every command `dtrain --help` lists is named on a row of docs/GUIDE.md's command table (a line "| `..."
+ * holding "`dtrain NAME"). */
+TEST(guide_command_table_lists_every_command)
+{
+    slurp_(DT_SOURCE_DIR "/docs/GUIDE.md", doc_, sizeof doc_);
+    cli_result r;
+    cli_runv(&r, 60, NULL, (char *[]){"--help", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const char *p = strstr(r.out, "commands:\n");
+    ASSERT(p != NULL);
+    int n = 0, bad = 0;
+    for (p = strchr(p, '\n') + 1; *p == ' ' && p[1] == ' '; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : "") {
+        char name[32], want[48];
+        if (sscanf(p, " %31s", name) != 1)
+            break;
+        snprintf(want, sizeof want, "`dtrain %s", name);
+        n++;
+        bool found = false; /* on a line of the table: one that starts "| `" */
+        for (const char *h = doc_; !found && (h = strstr(h, want)); h++) {
+            const char *ls = h;
+            while (ls > doc_ && ls[-1] != '\n')
+                ls--;
+            found = !strncmp(ls, "| `", 3) && (h[strlen(want)] == ' ' || h[strlen(want)] == '`');
+        }
+        if (!found) {
+            fprintf(stderr, "  `dtrain --help` lists '%s' but docs/GUIDE.md's command table has no row for it\n", name);
+            bad = 1;
+        }
+    }
+    ASSERT(n >= 10);
+    ASSERT(!bad);
+}
+
 int main(void)
 {
     if (!getenv("DT_CLI")) {
@@ -262,7 +339,10 @@ int main(void)
     RUN(resume_auto_fallback_in_help_and_run);
     RUN(training_md_option_tables_match_help);
     RUN(unknown_options_suggest);
+    RUN(run_env_vars_are_documented);
+    RUN(guide_command_table_lists_every_command);
     int rc = TEST_REPORT();
     cli_cleanup();
     return rc;
 }
+

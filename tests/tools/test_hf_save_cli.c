@@ -345,6 +345,37 @@ TEST(generation_config_kept)
     ASSERT(!file_exists(out3) && !file_exists(run3));
 }
 
+/* OUT's missing parent directories are made (save_pretrained's os.makedirs; --save-lora did so): without
+ * --save, `--save-hf runs/a/b` trained the whole run and then failed (exit 1) naming runs/a/b.ckpt-tmp;
+ * `ckpt convert --hf` failed likewise. No temporary is left beside OUT. */
+TEST(save_hf_makes_missing_parents)
+{
+    char *out = cli_path("nested/a/b"), *conv = cli_path("nested2/c/d"), *run = cli_path("run_nested");
+    cli_result r;
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                        "--save-hf", out, NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", out);
+    ASSERT(file_exists(p));
+    ASSERT_EQ_INT(count_prefix(cli_path("nested/a"), "b."), 0); /* no b.ckpt-tmp left */
+    cli_runv(&r, 240, NULL,
+             (char *[]){"train", "--model", "llama-tiny", "--vocab-size", "128", "--data", "tokens:" HF "tokens.bin",
+                        "--no-eval", "--seq", "16", "--batch", "2", "--max-steps", "1", "--progress", "none",
+                        "--save", run, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    cli_runv(&r, 120, NULL, (char *[]){"ckpt", "convert", "--hf", conv, run, NULL});
+    if (r.code)
+        fprintf(stderr, "%s\n", r.err);
+    ASSERT_EQ_INT(r.code, 0);
+    snprintf(p, sizeof p, "%s/config.json", conv);
+    ASSERT(file_exists(p));
+}
+
 int main(void)
 {
     RUN(train_save_hf_llama);
@@ -352,6 +383,7 @@ int main(void)
     RUN(tokenizer_files);
     RUN(special_tokens_kept);
     RUN(generation_config_kept);
+    RUN(save_hf_makes_missing_parents);
     cli_cleanup();
     return TEST_REPORT();
 }

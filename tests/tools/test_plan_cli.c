@@ -261,6 +261,15 @@ TEST(train_plan_auto_two_ranks)
     ASSERT_STR_CONTAINS(r.err, "--plan auto chose dp");
     ASSERT_STR_CONTAINS(r.err, "--plan auto runner-up dp");
     ASSERT_EQ_INT(t_count(r.err, "--plan auto chose"), 1); /* rank 0 only */
+    /* the runner-up's difference is signed ("(+-1.2%)" before), and a choice that is not the fastest
+       (the simplest within 5%) is not called the fastest */
+    ASSERT(!strstr(r.err, "(+-"));
+    ASSERT(strstr(r.err, "); the fastest of ") || strstr(r.err, "); the simplest of those within 5% of the fastest ("));
+    if (strstr(r.err, "); the fastest of ")) {
+        const char *ru = strstr(r.err, "--plan auto runner-up");
+        const char *pc = ru ? strstr(ru, "ms per step (") : NULL;
+        ASSERT(pc && pc[13] == '+'); /* the fastest: the runner-up is not faster */
+    }
     snprintf(calib, sizeof calib, "%s/plan-gpt-micro-s64-f32.calib", cache);
     ASSERT(file_exists(calib));
     /* the calibration measured the collective curve over its own 2-rank group, from inside a rank of the

@@ -293,6 +293,28 @@ TEST(bad_steps_exit_2)
     ASSERT_STR_CONTAINS(r.err, "needs --trace DIR");
 }
 
+/* A trace window past the run's end (the default 3:5 on a --max-steps 2 run) is said at start, with the
+ * window that would record; it wrote an empty trace without a word. A window inside the run says nothing. */
+TEST(window_past_the_run_is_said)
+{
+    static cli_result r;
+    char dir[300], dir2[300];
+    snprintf(dir, sizeof dir, "%s/short", cli_tmpdir());
+    snprintf(dir2, sizeof dir2, "%s/short2", cli_tmpdir());
+    char *a[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "16",
+                 "--batch", "8", "--threads", "1", "--max-steps", "2", "--progress", "none", "--trace", dir, NULL};
+    cli_runv(&r, 60, NULL, a);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.err, "--trace-steps 3:5 starts after the run's last step (2): the trace will hold no "
+                               "step; give --trace-steps 1:3");
+    char *b[] = {"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "16",
+                 "--batch", "8", "--threads", "1", "--max-steps", "2", "--progress", "none", "--trace", dir2,
+                 "--trace-steps", "1:3", NULL};
+    cli_runv(&r, 60, NULL, b);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(!strstr(r.err, "--trace-steps"));
+}
+
 /* Bad arguments of trace summary/plot: one line naming the problem, exit 2.
  * A flag without its value was "unexpected argument", --top/--step took
  * " 5" (strtol), a trace without steps said "no step -1", a directory
@@ -371,6 +393,7 @@ int main(void)
     RUN(pipeline_1f1b);
     RUN(summary_and_plot);
     RUN(bad_steps_exit_2);
+    RUN(window_past_the_run_is_said);
     RUN(bad_arguments_exit_2);
     RUN(out_of_range_numbers);
     cli_cleanup();

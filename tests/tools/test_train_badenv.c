@@ -63,6 +63,14 @@ TEST(unknown_log_level_is_said)
     ASSERT_EQ_INT(r->code, 0);
     ASSERT(strstr(r->err, "DT_LOG_LEVEL") == NULL);
     unsetenv("DT_MAX_CPU_ISA");
+    /* a command that logs nothing (a quiet tiny run) says it too: the level is read at start */
+    cli_runv(r, 60, "DT_LOG_LEVEL=bogus",
+             (char *[]){"train", "--model", "mlp", "--mlp-dim", "8", "--mlp-hidden", "8", "--random-items", "16",
+                        "--batch", "8", "--threads", "1", "--max-steps", "1", "--no-eval", "--progress", "none", NULL});
+    ASSERT_EQ_INT(r->code, 0);
+    ASSERT_STR_CONTAINS(r->err, "DT_LOG_LEVEL=bogus is not one of error, warn, info, debug; ignored (warn)");
+    first = strstr(r->err, "DT_LOG_LEVEL");
+    ASSERT(first && !strstr(first + 1, "DT_LOG_LEVEL")); /* once */
     free(r);
 }
 

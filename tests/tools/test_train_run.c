@@ -76,6 +76,30 @@ TEST(short_real_run)
     ASSERT_STR_CONTAINS(r.out, "test accuracy: ");
     ASSERT_STR_CONTAINS(r.out, "epoch wall time: ");
     ASSERT_STR_CONTAINS(r.out, "samples/s: ");
+    ASSERT_STR_CONTAINS(r.out, "\ntrain loss (last 20 steps): "); /* the 20 steps it ran, not "last 100" */
+    /* the final figures docs/TRAINING.md quotes ("prints the final figures:" and its block): each line's
+       label (up to its first digit) starts a line of the output */
+    {
+        static char doc[1 << 17];
+        ASSERT(read_text(DT_SOURCE_DIR "/docs/TRAINING.md", doc, sizeof doc));
+        const char *b = strstr(doc, "prints the final figures:\n\n```\n");
+        ASSERT(b != NULL);
+        b = strstr(b, "```\n") + 4;
+        const char *e = strstr(b, "```");
+        ASSERT(e != NULL);
+        int lines = 0;
+        for (const char *l = b; l < e; l = strchr(l, '\n') + 1) {
+            size_t k = strcspn(l, "0123456789\n");
+            char want[128];
+            snprintf(want, sizeof want, "\n%.*s", (int)(k < 120 ? k : 120), l);
+            if (!strstr(r.out, want))
+                fprintf(stderr, "  docs/TRAINING.md quotes a line '%.*s...' that dtrain train does not print\n",
+                        (int)k, l);
+            ASSERT(strstr(r.out, want) != NULL);
+            lines++;
+        }
+        ASSERT(lines >= 5);
+    }
     /* not a terminal: plain progress lines every 5 steps */
     ASSERT_STR_CONTAINS(r.out, "epoch 1/1 step 10/20 loss");
     double acc = strtod(strstr(r.out, "test accuracy: ") + 15, NULL);

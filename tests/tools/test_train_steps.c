@@ -92,6 +92,9 @@ TEST(max_steps_sets_the_run_past_epochs)
     slurp_(m, g_text, sizeof g_text);
     ASSERT_EQ_INT(count("{\"event\":\"step\""), 4);
     ASSERT_NEAR(field("step", 3, "lr"), 0.01 * 1.0 / 4.0, 1e-12, 1e-9); /* linear: (4 - 3) / 4 */
+    /* the final line names the steps its mean is over: 4 here, not "last 100 steps" */
+    ASSERT_STR_CONTAINS(r.out, "train loss (last 4 steps): ");
+    ASSERT(!strstr(r.out, "last 100 steps"));
 }
 
 TEST(step_is_the_optimizer_step)
