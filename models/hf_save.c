@@ -538,16 +538,9 @@ dt_status dt_hf_save(const char *src, const dt_hf_config *h, const char *out, co
     dt_status st = dt_hf_save_check_out(out);
     if (st < 0)
         return st;
-    { /* out's missing parents are made, as save_pretrained's os.makedirs does: the temporary goes beside out */
-        char par[sizeof obuf];
-        snprintf(par, sizeof par, "%s", out);
-        char *sl = strrchr(par, '/');
-        if (sl && sl != par) {
-            *sl = 0;
-            if ((st = dt_dir_make(par)) < 0)
-                return st;
-        }
-    }
+    /* out's missing parents are made, as save_pretrained's os.makedirs does: the temporary goes beside out */
+    if ((st = dt_dir_make_parent(out)) < 0)
+        return st;
     dt_model *m = NULL;
     dt_ckpt *ck = NULL;
     item *it = NULL;

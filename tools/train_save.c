@@ -183,14 +183,8 @@ int dt__tr_save_outputs(dt__train_run *t)
             return dt__tr_fail(2, t->o.save_hf ? "--save-hf" : "--save-lora");
         /* OUT's missing parents first (save_pretrained's os.makedirs; --save-lora made them already): the
            temporary beside OUT failed the run after its training, naming OUT.ckpt-tmp */
-        char *sl = strrchr(o, '/');
-        if (sl && sl != o) {
-            *sl = 0;
-            dt_status mk = dt_dir_make(o);
-            *sl = '/';
-            if (mk < 0)
-                return dt__tr_fail(1, t->o.save_hf ? "--save-hf" : "--save-lora");
-        }
+        if (dt_dir_make_parent(o) < 0)
+            return dt__tr_fail(1, t->o.save_hf ? "--save-hf" : "--save-lora");
         snprintf(tmp, sizeof tmp, "%s.ckpt-tmp", o);
         dt_trainer_save_params sp = dt_trainer_save_params_default();
         sp.user_json = t->user_json;

@@ -409,6 +409,10 @@ DT_API dt_status dt_path_trim_slashes(const char *path, char *buf, size_t cap);
  * parent included); DT_ERR_INVALID_ARG when path (its trailing slashes
  * aside) is a symlink (not followed) or not a directory. */
 DT_API dt_status dt_dir_make(const char *path);
+/* Make the missing parent directories of path (dt_dir_make of all but its
+ * last component, its trailing slashes aside; as os.makedirs(dirname)):
+ * DT_OK when path has no directory part. */
+DT_API dt_status dt_dir_make_parent(const char *path);
 
 /* ---- threads ---------------------------------------------------------- */
 /* Compute threads used by kernels (OpenMP). 0 = library default

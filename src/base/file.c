@@ -228,3 +228,18 @@ dt_status dt_dir_make(const char *path)
         return dt_error(DT_ERR_INVALID_ARG, "%s: not a directory", path);
     return DT_OK;
 }
+
+dt_status dt_dir_make_parent(const char *path)
+{
+    if (!path || !path[0])
+        return dt_error(DT_ERR_INVALID_ARG, "dt_dir_make_parent: %s path", path ? "empty" : "NULL");
+    char par[4096];
+    dt_status st = dt_path_trim_slashes(path, par, sizeof par);
+    if (st < 0)
+        return st;
+    char *sl = strrchr(par, '/');
+    if (!sl || sl == par) /* "name" or "/name": nothing to make */
+        return DT_OK;
+    *sl = 0;
+    return dt_dir_make(par);
+}

@@ -196,6 +196,31 @@ TEST(path_trim_slashes)
     ASSERT_STATUS(dt_path_trim_slashes(NULL, b, sizeof b), DT_ERR_NULL);
 }
 
+/* dt_dir_make_parent: the missing directories above a path, not the path itself; a symlink among them refused. */
+TEST(dir_make_parent)
+{
+    char p[256], q[256];
+    path_in(p, sizeof p, "mp/a/b/out.json");
+    ASSERT_OK(dt_dir_make_parent(p));
+    struct stat sb;
+    path_in(q, sizeof q, "mp/a/b");
+    ASSERT(lstat(q, &sb) == 0 && S_ISDIR(sb.st_mode));
+    ASSERT(lstat(p, &sb) != 0); /* the path itself is not made */
+    path_in(p, sizeof p, "mp/a/c/"); /* trailing slashes aside: c's parent only */
+    ASSERT_OK(dt_dir_make_parent(p));
+    path_in(q, sizeof q, "mp/a/c");
+    ASSERT(lstat(q, &sb) != 0);
+    ASSERT_OK(dt_dir_make_parent("name-without-a-directory"));
+    ASSERT_OK(dt_dir_make_parent("/name-at-the-root"));
+    path_in(q, sizeof q, "mp/link");
+    path_in(p, sizeof p, "mp/a");
+    ASSERT_EQ_INT(symlink(p, q), 0);
+    path_in(p, sizeof p, "mp/link/out.json");
+    ASSERT_STATUS(dt_dir_make_parent(p), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "symlink");
+    ASSERT_STATUS(dt_dir_make_parent(""), DT_ERR_INVALID_ARG);
+}
+
 /* The Hugging Face hub cache's layout, REPO/snapshots/REV/NAME -> ../../blobs/HASH: those links are
  * followed (dt_file_read_all reads the blob), every other symlink is refused as before. */
 TEST(hf_cache_links)
@@ -269,6 +294,7 @@ int main(void)
     RUN(create_excl);
     RUN(rename_and_errors);
     RUN(path_trim_slashes);
+    RUN(dir_make_parent);
     RUN(hf_cache_links);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
