@@ -438,10 +438,17 @@ int dt_cmd_generate(int argc, char **argv)
                         "generate)\n", model);
         goto done;
     }
-    if (dt_model_create(model, seed, &cfg, &m, NULL) < 0) {
+    dt_model_desc desc;
+    if (dt_model_create(model, seed, &cfg, &m, &desc) < 0) {
         dt__cli_err("dtrain generate: --model %s: %s\n", model, dt_last_error());
         goto done;
     }
+    for (int64_t i = 0; ids && i < np; i++) /* the flag named, before any weight is read */
+        if (prompt[i] >= desc.input_classes) {
+            dt__cli_err("dtrain generate: --prompt-ids: %lld (at %lld) is outside the model's vocabulary [0, %lld)\n",
+                        (long long)prompt[i], (long long)i, (long long)desc.input_classes);
+            goto done;
+        }
     const char *from = ckpt ? ckpt : weights ? weights : !strncmp(model, "hf:", 3) ? model + 3 : NULL;
     bool adapters = false;
     if ((from || lora_from) && load(m, from, lora_from, &adapters) < 0) { /* hf:DIR: its own unless told others */

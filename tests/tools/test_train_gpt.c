@@ -160,7 +160,7 @@ TEST(generate_cli)
     ASSERT_STR_EQ(a.out, b.out);
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--prompt-ids", "1,512", NULL});
     ASSERT_EQ_INT(b.code, 2);
-    ASSERT_STR_CONTAINS(b.err, "512");
+    ASSERT_STR_CONTAINS(b.err, "--prompt-ids: 512 (at 1) is outside the model's vocabulary [0, 512)");
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--prompt-ids", "1,x", NULL});
     ASSERT_EQ_INT(b.code, 2);
     cli_runv(&b, 60, NULL, (char *[]){"generate", "--model", "convnet", "--prompt-ids", "1", NULL});
