@@ -274,7 +274,8 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 /* What DIR/config.json describes. */
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
-                               "Qwen2ForCausalLM", "Qwen3ForCausalLM" or "GPT2LMHeadModel" */
+                               "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM" or
+                               "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */
@@ -287,7 +288,9 @@ typedef struct dt_hf_config {
 /* Read and check DIR/config.json. Errors name the file and the key:
  * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
  * implement (a rope_scaling type other than default/linear/llama3,
- * hidden_act other than silu, a sliding window, attention dropout, ...),
+ * hidden_act other than silu (Gemma: GELU's tanh form), Gemma 2 or 3,
+ * attention dropout, ...; a sequence past a sliding window is refused when
+ * the model is built),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after
  * checking the weights' embedding against vocab_size and the width, and a
