@@ -201,7 +201,8 @@ dt_status dt_trace_merge(const char *dir, int world, const char *out)
             if (cJSON_IsNumber(ts))
                 cJSON_SetNumberValue(ts, (double)(int64_t)((ts->valuedouble - tmin) * 1000.0 + 0.5) / 1000.0);
         }
-        qsort(refs, nref, sizeof *refs, ref_cmp);
+        if (nref > 1) /* refs is NULL without collectives (an empty trace): qsort's pointer must not be */
+            qsort(refs, nref, sizeof *refs, ref_cmp);
         for (size_t i = 0; i < nref;) {
             size_t j = i;
             double last = refs[i].ts;
