@@ -207,21 +207,23 @@ TEST(mistral_sliding_window)
     ASSERT_STR_CONTAINS(text, "\"sliding_window\":\t16");
 }
 
-/* Qwen3: trained a few steps and written with --save-hf, the directory
- * (model_type qwen3) evaluates to the run's own final loss; with --tp 2 the
- * same losses as one process (the per-head norms' gradients summed over
- * the ranks: without that sum they differ by 4e-5 at the second step). */
-TEST(qwen3_save_hf_and_tp)
+/* A golden model (HF name) trained 3 steps and written with --save-hf: its
+ * config.json holds each of want[] (NULL-ended), the directory evaluates to
+ * the run's own final loss and the run trained; then 5 steps under --tp 2
+ * (and --pp 2 with pp) log the same losses as one process. */
+static void save_hf_and_parallel(const char *name, const char *const *want, bool pp)
 {
     cli_result r;
-    char *out = cli_path("qwen3_out");
+    char model[300], out[300], m[400], cfg[400], m1[300], m2[300], m3[300];
+    snprintf(model, sizeof model, "hf:" HF "%s", name);
+    snprintf(m1, sizeof m1, "%s_out", name);
+    snprintf(out, sizeof out, "%s", cli_path(m1));
     cli_runv(&r, 120, NULL,
-             (char *[]){"train", "--model", "hf:" HF "qwen3", "--data", "tokens:" HF "tokens.bin", "--val-data",
+             (char *[]){"train", "--model", model, "--data", "tokens:" HF "tokens.bin", "--val-data",
                         "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "3", "--optimizer",
                         "adamw", "--lr", "1e-3", "--progress", "none", "--save-hf", out, NULL});
     ASSERT_EQ_INT(r.code, 0);
     const double v = cli_out_value(r.out, "val loss: ");
-    char m[400], cfg[400];
     snprintf(m, sizeof m, "hf:%s", out);
     snprintf(cfg, sizeof cfg, "%s/config.json", out);
     FILE *f = fopen(cfg, "r");
@@ -229,77 +231,51 @@ TEST(qwen3_save_hf_and_tp)
     ASSERT(f);
     text[fread(text, 1, sizeof text - 1, f)] = 0;
     fclose(f);
-    ASSERT_STR_CONTAINS(text, "\"qwen3\"");
+    for (int i = 0; want[i]; i++)
+        ASSERT_STR_CONTAINS(text, want[i]);
     cli_runv(&r, 60, NULL,
              (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
     ASSERT_EQ_INT(r.code, 0);
-    fprintf(stderr, "  qwen3 --save-hf: eval %.6f, the run's val loss %.4f\n", json_loss(r.out), v);
+    fprintf(stderr, "  %s --save-hf: eval %.6f, the run's val loss %.4f (before training %.4f)\n", name,
+            json_loss(r.out), v, ref_loss(name));
     ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0); /* (the run prints 4 decimals) */
-    char *m1 = cli_path("qwen3_one.jsonl"), *m2 = cli_path("qwen3_tp.jsonl");
-    char *const base[] = {"train", "--model", "hf:" HF "qwen3", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+    ASSERT(fabs(v - ref_loss(name)) > 1e-3);   /* it trained */
+    snprintf(m1, sizeof m1, "%s/%s_one.jsonl", cli_tmpdir(), name);
+    snprintf(m2, sizeof m2, "%s/%s_tp.jsonl", cli_tmpdir(), name);
+    snprintf(m3, sizeof m3, "%s/%s_pp.jsonl", cli_tmpdir(), name);
+    char *const base[] = {"train", "--model", model, "--data", "tokens:" HF "tokens.bin", "--no-eval",
                           "--seq", "16", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
                           "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
     char *const one[] = {"--metrics", m1, NULL}, *const tp[] = {"--tp", "2", "--metrics", m2, NULL};
-    char *const *l1[] = {base, one}, *const *l2[] = {base, tp};
+    char *const pps[] = {"--pp", "2", "--micro-batches", "2", "--metrics", m3, NULL};
+    char *const *l1[] = {base, one}, *const *l2[] = {base, tp}, *const *l3[] = {base, pps};
     cli_run_ranks(&r, 120, NULL, 1, 2, l1);
     ASSERT_EQ_INT(r.code, 0);
     cli_run_ranks(&r, 180, NULL, 2, 2, l2);
     ASSERT_EQ_INT(r.code, 0);
     ASSERT(cli_same_metrics(m2, m1, 5, 0));
+    if (pp) {
+        cli_run_ranks(&r, 180, NULL, 2, 2, l3);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT(cli_same_metrics(m3, m1, 5, 0));
+    }
 }
 
-/* Gemma 1: trained a few steps and written with --save-hf, the directory
- * (model_type gemma, GemmaForCausalLM) evaluates to the run's own final
- * loss (so the norms' weights are written as GemmaRMSNorm reads them,
- * around 0); with --tp 2 and with --pp 2 the same losses as one process
- * (under tp the norms are replicated, before f: their gradients whole on
- * every rank). */
+/* Qwen3 (model_type qwen3): with --tp 2 the same losses as one process
+ * (the per-head norms' gradients summed over the ranks: without that sum
+ * they differ by 4e-5 at the second step). */
+TEST(qwen3_save_hf_and_tp) { save_hf_and_parallel("qwen3", (const char *const[]){"\"qwen3\"", NULL}, false); }
+
+/* Gemma 1 (model_type gemma, GemmaForCausalLM): the export evaluates to
+ * the run's own loss, so the norms' weights are written as GemmaRMSNorm
+ * reads them, around 0; under tp the norms are replicated, before f (their
+ * gradients whole on every rank); the pipeline's embedding unit scales by
+ * sqrt(C) as the model's forward does. */
 TEST(gemma_save_hf_and_tp)
 {
-    cli_result r;
-    char *out = cli_path("gemma_out");
-    cli_runv(&r, 120, NULL,
-             (char *[]){"train", "--model", "hf:" HF "gemma", "--data", "tokens:" HF "tokens.bin", "--val-data",
-                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "3", "--optimizer",
-                        "adamw", "--lr", "1e-3", "--progress", "none", "--save-hf", out, NULL});
-    ASSERT_EQ_INT(r.code, 0);
-    const double v = cli_out_value(r.out, "val loss: ");
-    char m[400], cfg[400];
-    snprintf(m, sizeof m, "hf:%s", out);
-    snprintf(cfg, sizeof cfg, "%s/config.json", out);
-    FILE *f = fopen(cfg, "r");
-    char text[4096] = "";
-    ASSERT(f);
-    text[fread(text, 1, sizeof text - 1, f)] = 0;
-    fclose(f);
-    ASSERT_STR_CONTAINS(text, "\"gemma\"");
-    ASSERT_STR_CONTAINS(text, "\"GemmaForCausalLM\"");
-    ASSERT_STR_CONTAINS(text, "\"gelu_pytorch_tanh\"");
-    cli_runv(&r, 60, NULL,
-             (char *[]){"eval", "--model", m, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
-    ASSERT_EQ_INT(r.code, 0);
-    fprintf(stderr, "  gemma --save-hf: eval %.6f, the run's val loss %.4f (before training %.4f)\n", json_loss(r.out),
-            v, ref_loss("gemma"));
-    ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0); /* (the run prints 4 decimals) */
-    ASSERT(fabs(v - ref_loss("gemma")) > 1e-3); /* it trained */
-    char *m1 = cli_path("gemma_one.jsonl"), *m2 = cli_path("gemma_tp.jsonl");
-    char *const base[] = {"train", "--model", "hf:" HF "gemma", "--data", "tokens:" HF "tokens.bin", "--no-eval",
-                          "--seq", "16", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
-                          "--threads", "1", "--progress", "none", "--log-every", "1", NULL};
-    char *const one[] = {"--metrics", m1, NULL}, *const tp[] = {"--tp", "2", "--metrics", m2, NULL};
-    char *const *l1[] = {base, one}, *const *l2[] = {base, tp};
-    cli_run_ranks(&r, 120, NULL, 1, 2, l1);
-    ASSERT_EQ_INT(r.code, 0);
-    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
-    ASSERT_EQ_INT(r.code, 0);
-    ASSERT(cli_same_metrics(m2, m1, 5, 0));
-    /* the pipeline's embedding unit scales by sqrt(C) as the model's forward does */
-    char *m3 = cli_path("gemma_pp.jsonl");
-    char *const pp[] = {"--pp", "2", "--micro-batches", "2", "--metrics", m3, NULL};
-    char *const *l3[] = {base, pp};
-    cli_run_ranks(&r, 180, NULL, 2, 2, l3);
-    ASSERT_EQ_INT(r.code, 0);
-    ASSERT(cli_same_metrics(m3, m1, 5, 0));
+    save_hf_and_parallel("gemma",
+                         (const char *const[]){"\"gemma\"", "\"GemmaForCausalLM\"", "\"gelu_pytorch_tanh\"", NULL},
+                         true);
 }
 
 /* tied config.json (tie_word_embeddings true) over weights that also hold
