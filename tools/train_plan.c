@@ -223,14 +223,16 @@ int dt__train_plan_auto(dt__train_opts *o)
         feasible++;
     if (main_rank) {
         char a[160], b[160], why[96];
-        /* dt_plan_search puts the simplest of the layouts predicted within 5% of the fastest first: say so
-           when the choice is not itself the fastest (it said "the fastest" over a runner-up 1% faster) */
+        /* dt_plan_search puts the simplest of the layouts predicted within DT_PLAN_SIMPLER_WITHIN of the fastest
+           first: say so when the choice is not itself the fastest (it said "the fastest" over a runner-up 1%
+           faster) */
         double fastest = rows[0].step_s;
         for (int i = 1; i < feasible; i++)
             if (rows[i].step_s < fastest)
                 fastest = rows[i].step_s;
         if (fastest < rows[0].step_s)
-            snprintf(why, sizeof why, "the simplest of those within 5%% of the fastest (%.1f ms)", fastest * 1e3);
+            snprintf(why, sizeof why, "the simplest of those within %g%% of the fastest (%.1f ms)",
+                     DT_PLAN_SIMPLER_WITHIN * 100, fastest * 1e3);
         else
             snprintf(why, sizeof why, "the fastest");
         fprintf(stderr, "dtrain train: --plan auto chose %s: predicted %.2f GiB per rank, %.1f ms per step (compute "

@@ -464,6 +464,9 @@ DT_API dt_status dt_plan_predict(const dt_plan_search_params *p, const dt_plan_c
  * infeasible rows. */
 DT_API dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c, dt_plan_prediction **out,
                                 int *n);
+/* The margin of that ranking: among the feasible layouts predicted within
+ * this fraction of the fastest step, the simplest ranks first. */
+#define DT_PLAN_SIMPLER_WITHIN 0.05
 /* A layout as text: "dp2 tp1 pp2 zero1 mb4x2 ga1 ckpt" (buf of n bytes). */
 DT_API const char *dt_plan_layout_str(const dt_plan_layout *l, char *buf, size_t n);
 

@@ -421,10 +421,9 @@ static int cmp_rows(const void *a, const void *b)
 }
 
 /* How much machinery a layout adds to plain DDP: model parallelism most, then sharding, recomputation,
-   accumulation, offload. Among layouts predicted within DT__PLAN_SIMPLER of the fastest the simplest
+   accumulation, offload. Among layouts predicted within DT_PLAN_SIMPLER_WITHIN (plan.h) of the fastest the simplest
    ranks first (as DeepSpeed's autotuner prefers the lower ZeRO stage at equal throughput): a few % is
    within the model's error, and every added part brings costs the model leaves out. */
-#define DT__PLAN_SIMPLER 0.05
 static int complexity(const dt_plan_layout *l)
 {
     int ga = 0;
@@ -509,8 +508,8 @@ dt_status dt_plan_search(const dt_plan_search_params *p, const dt_plan_calib *c,
         return st;
     }
     qsort(r.v, (size_t)r.n, sizeof *r.v, cmp_rows);
-    int near = 0; /* the feasible rows within DT__PLAN_SIMPLER of the fastest: simplest first */
-    while (near < r.n && r.v[near].feasible && r.v[near].step_s <= r.v[0].step_s * (1 + DT__PLAN_SIMPLER))
+    int near = 0; /* the feasible rows within DT_PLAN_SIMPLER_WITHIN of the fastest: simplest first */
+    while (near < r.n && r.v[near].feasible && r.v[near].step_s <= r.v[0].step_s * (1 + DT_PLAN_SIMPLER_WITHIN))
         near++;
     if (near > 1)
         qsort(r.v, (size_t)near, sizeof *r.v, cmp_simple);
