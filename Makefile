@@ -77,6 +77,14 @@ endif
 
 all: build
 
+# The targets here run one at a time even under `make -j N`: each target's
+# own work is the parallel part (cmake --build -j, ctest -j), and the
+# prerequisites are ordered steps (deps installs the packages that the
+# configure after it needs; two apt-get runs at once would fight over
+# dpkg's lock). `make -j 2 build` on a fresh machine configured before
+# deps had installed oneDNN and failed.
+.NOTPARALLEL:
+
 deps:
 	@scripts/deps.sh build
 deps-test:
