@@ -1,23 +1,30 @@
-/* The key/value cache of dt_model_generate (generate.c) for a GPT-2 zoo
- * model in one process.
+/* The key/value cache of dt_model_generate (generate.c) for a GPT-2 or a
+ * Llama-family zoo model in one process.
  *
  * Without it each new token costs a forward over the whole window. With it
- * the prompt runs once and each later token runs alone: the embedding of
- * the new positions, per block ln_1, c_attn, attention of the new queries
- * over the cached keys and values of every position so far (causal), c_proj
- * and the residual, then the block's MLP half as the model runs it
- * (dt__gpt2_block_half), ln_f and the head on the last position only. The
- * cache holds each block's keys and values in f32 for the positions
- * [0, cap). The modules' own forwards run the projections, norms and MLP
- * (the model's dtype: a bf16 model's projections stay bf16; attention
- * reads them widened to f32 and its output is narrowed back for c_proj).
+ * the prompt runs once and each later token runs alone: the projections,
+ * norms and MLPs on the new positions only, attention of the new queries
+ * over the cached keys and values of every position so far (causal;
+ * dt__kv_attention), the head on the last position only. The cache holds
+ * each layer's keys and values in f32 for the positions [0, cap); a bf16
+ * model's projections stay bf16, attention reads them widened to f32 and
+ * its output is narrowed back for the output projection.
+ *
+ * GPT-2 (gpt2_*): walked here module by module: the embedding of the new
+ * positions, per block ln_1, c_attn, the cached attention, c_proj and the
+ * residual, then the block's MLP half as the model runs it
+ * (dt__gpt2_block_half), ln_f and the head. Llama (llama_*): the model's
+ * own forward over the new tokens, its attention told by the cache which
+ * positions they are (dt__llama_kv_forward, llama.c): RoPE, Qwen3's
+ * per-head norms, Gemma's scaling and grouped-query attention stay the
+ * model's.
  *
  * Positions stay fixed only while the sequence fits the window: once it is
- * longer than block_size the uncached forward crops it to the last
- * block_size tokens, every token at a new position, and the caller falls
- * back to that forward. A model the cache does not know (tensor-parallel
- * slices, hooks, forward overrides, activation checkpointing, another
- * module tree) is generated without it. */
+ * longer than the model's positions the uncached forward crops it to the
+ * last ones, every token at a new position, and the caller falls back to
+ * that forward. A model the cache does not know (tensor- or
+ * context-parallel, hooks, forward overrides, activation checkpointing,
+ * another module tree) is generated without it. */
 #include "zoo.h"
 
 #include <dtrain/tp.h>
@@ -31,11 +38,14 @@ typedef struct {
 } kv_block;
 
 struct dt__gen_kv {
+    dt__kv_cache c; /* every layer's keys and values */
+    dt_tensor *(*forward)(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n); /* gpt2_ or llama_ */
+    dt_model *m;
+    /* GPT-2's modules */
     dt_module *wte, *wpe, *ln_f, *head;
     kv_block *b;
-    int L, H;
-    int64_t C, V, cap, len; /* positions held / cached so far */
-    float *k, *v;           /* [L][cap][C] each */
+    int H;
+    int64_t C;
 };
 
 /* A plain (no tensor parallelism, hooks, overrides, checkpointing) subtree. */
@@ -59,64 +69,18 @@ static int heads(const dt_module *attn)
     return attn && dt_module_get_config(attn, &c) == DT_OK ? c.k : 0;
 }
 
-dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out)
+/* c's storage for L layers of rows of row floats per position, cap positions. */
+static dt_status cache_alloc(dt__kv_cache *c, int L, int64_t row, int64_t cap)
 {
-    *out = NULL;
-    dt_module *root = dt_model_root(m);
-    dt_module *tr = kid(root, "transformer"), *h = kid(tr, "h");
-    if (!root || !plain(root) || !tr || !h || !kid(tr, "wte") || !kid(tr, "wpe") || !kid(tr, "ln_f") ||
-        !kid(root, "lm_head") || dt_module_num_children(h) < 1 || cap < 1)
-        return DT_OK; /* not the zoo's layout: no cache */
-    dt__gen_kv *kv = calloc(1, sizeof *kv);
-    if (!kv)
-        return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
-    kv->wte = kid(tr, "wte"), kv->wpe = kid(tr, "wpe"), kv->ln_f = kid(tr, "ln_f"), kv->head = kid(root, "lm_head");
-    kv->L = dt_module_num_children(h);
-    kv->b = calloc((size_t)kv->L, sizeof *kv->b);
-    if (!kv->b)
-        goto nomem;
-    for (int l = 0; l < kv->L; l++) {
-        dt_module *blk = dt_module_child(h, l), *attn = kid(blk, "attn");
-        kv_block *b = &kv->b[l];
-        b->block = blk, b->ln_1 = kid(blk, "ln_1"), b->c_attn = kid(attn, "c_attn"), b->c_proj = kid(attn, "c_proj");
-        if (!b->ln_1 || !b->c_attn || !b->c_proj || !kid(blk, "ln_2") || !kid(blk, "mlp") || heads(attn) < 1 ||
-            (l > 0 && heads(attn) != kv->H) || !dt_module_param(b->c_attn, 0)) {
-            dt__gen_kv_free(kv);
-            return DT_OK;
-        }
-        kv->H = heads(attn);
-    }
-    const dt_tensor *wte = dt_module_param(kv->wte, 0);
-    kv->V = wte->shape[0], kv->C = wte->shape[1];
-    const dt_tensor *wa = dt_module_param(kv->b[0].c_attn, 0); /* c_attn: C -> 3C (either layout) */
-    if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C) {
-        dt__gen_kv_free(kv);
+    *c = (dt__kv_cache){.L = L, .row = row, .cap = cap};
+    size_t n = (size_t)L * (size_t)cap * (size_t)row;
+    c->k = dt_alloc(n * sizeof(float));
+    c->v = dt_alloc(n * sizeof(float));
+    if (c->k && c->v)
         return DT_OK;
-    }
-    kv->cap = cap;
-    size_t n = (size_t)kv->L * (size_t)cap * (size_t)kv->C;
-    kv->k = dt_alloc(n * sizeof(float));
-    kv->v = dt_alloc(n * sizeof(float));
-    if (!kv->k || !kv->v)
-        goto nomem;
-    *out = kv;
-    return DT_OK;
-nomem:
-    dt__gen_kv_free(kv);
-    return dt_error(DT_ERR_NO_MEMORY, "generate: a key/value cache of %lld positions", (long long)cap);
+    return dt_error(DT_ERR_NO_MEMORY, "generate: a key/value cache of %lld positions (%d layers of %lld)",
+                    (long long)cap, L, (long long)row);
 }
-
-void dt__gen_kv_free(dt__gen_kv *kv)
-{
-    if (!kv)
-        return;
-    dt_free(kv->k);
-    dt_free(kv->v);
-    free(kv->b);
-    free(kv);
-}
-
-int64_t dt__gen_kv_len(const dt__gen_kv *kv) { return kv ? kv->len : 0; }
 
 /* An f32 contiguous copy of x (or x itself). */
 static dt_tensor *as_f32(dt_ctx *ctx, dt_tensor *x)
@@ -128,34 +92,45 @@ static dt_tensor *as_f32(dt_ctx *ctx, dt_tensor *x)
     return x;
 }
 
-/* Block l's attention for the n new rows of qkv [1, n, 3C] (f32) at
- * positions [p0, p0 + n): their keys and values go into the cache, each
- * query attends to positions [0, its own] (softmax of q.k / sqrt(hd)). */
-static dt_tensor *attend(dt_ctx *ctx, dt__gen_kv *kv, int l, const float *qkv, int64_t p0, int64_t n)
+dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, dt_tensor *k, dt_tensor *v, int H,
+                            int KV)
 {
-    const int64_t C = kv->C, H = kv->H, hd = C / H, P = p0 + n;
-    float *K = kv->k + (size_t)l * (size_t)kv->cap * (size_t)C, *Vc = kv->v + (size_t)l * (size_t)kv->cap * (size_t)C;
-    for (int64_t i = 0; i < n; i++) {
-        memcpy(K + (size_t)(p0 + i) * (size_t)C, qkv + (size_t)i * 3 * (size_t)C + C, (size_t)C * sizeof(float));
-        memcpy(Vc + (size_t)(p0 + i) * (size_t)C, qkv + (size_t)i * 3 * (size_t)C + 2 * C, (size_t)C * sizeof(float));
-    }
-    float *y = dt_ctx_alloc(ctx, (size_t)n * (size_t)C * sizeof(float));
-    float *sc = dt_ctx_alloc(ctx, (size_t)H * (size_t)P * sizeof(float)); /* one score row per head */
-    if (!y || !sc)
+    if (!q || !k || !v)
         return NULL;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t n = q->ndim == 3 ? q->shape[1] : 0, p0 = c->len, P = p0 + n;
+    const int64_t hd = H > 0 ? q->shape[q->ndim - 1] / H : 0, row = (int64_t)KV * hd;
+    if (l < 0 || l >= c->L || H < 1 || KV < 1 || H % KV || n < 1 || q->shape[0] != 1 || hd * H != q->shape[2] ||
+        row != c->row || k->ndim != 3 || k->shape[1] != n || k->shape[2] != row || v->ndim != 3 ||
+        v->shape[1] != n || v->shape[2] != row || P > c->cap) {
+        dt_error(DT_ERR_SHAPE, "generate: cached attention of layer %d (%d heads over %d, %lld positions after "
+                 "%lld) does not fit the cache (%d layers, rows of %lld, %lld positions)", l, H, KV, (long long)n,
+                 (long long)p0, c->L, (long long)c->row, (long long)c->cap);
+        return NULL;
+    }
+    const dt_dtype dt = q->dtype;
+    q = as_f32(ctx, q), k = as_f32(ctx, k), v = as_f32(ctx, v);
+    float *y = dt_ctx_alloc(ctx, (size_t)n * (size_t)H * (size_t)hd * sizeof(float));
+    float *sc = dt_ctx_alloc(ctx, (size_t)H * (size_t)P * sizeof(float)); /* one score row per head */
+    if (!q || !k || !v || !y || !sc)
+        return NULL;
+    float *K = c->k + (size_t)l * (size_t)c->cap * (size_t)row, *Vc = c->v + (size_t)l * (size_t)c->cap * (size_t)row;
+    memcpy(K + (size_t)p0 * (size_t)row, k->data, (size_t)n * (size_t)row * sizeof(float));
+    memcpy(Vc + (size_t)p0 * (size_t)row, v->data, (size_t)n * (size_t)row * sizeof(float));
+    const float *qd = q->data, scale = 1.0f / sqrtf((float)hd);
+    const int64_t group = H / KV;
 #pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (H > 1 && P * hd > 4096)
     for (int64_t h = 0; h < H; h++) {
         float *s = sc + (size_t)h * (size_t)P;
+        const int64_t kh = h / group; /* its kv head (transformers' repeat_kv) */
         for (int64_t i = 0; i < n; i++) {
-            const float *q = qkv + (size_t)i * 3 * (size_t)C + (size_t)(h * hd);
+            const float *qi = qd + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
             const int64_t nk = p0 + i + 1;
             float mx = -INFINITY;
             for (int64_t j = 0; j < nk; j++) {
-                const float *kj = K + (size_t)j * (size_t)C + (size_t)(h * hd);
+                const float *kj = K + (size_t)j * (size_t)row + (size_t)(kh * hd);
                 float d = 0;
                 for (int64_t e = 0; e < hd; e++)
-                    d += q[e] * kj[e];
+                    d += qi[e] * kj[e];
                 s[j] = d * scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
@@ -164,27 +139,25 @@ static dt_tensor *attend(dt_ctx *ctx, dt__gen_kv *kv, int l, const float *qkv, i
                 s[j] = expf(s[j] - mx);
                 sum += s[j];
             }
-            float *yo = y + (size_t)i * (size_t)C + (size_t)(h * hd);
+            float *yo = y + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
             for (int64_t e = 0; e < hd; e++)
                 yo[e] = 0;
             for (int64_t j = 0; j < nk; j++) {
-                const float *vj = Vc + (size_t)j * (size_t)C + (size_t)(h * hd), w = s[j] / sum;
+                const float *vj = Vc + (size_t)j * (size_t)row + (size_t)(kh * hd), w = s[j] / sum;
                 for (int64_t e = 0; e < hd; e++)
                     yo[e] += w * vj[e];
             }
         }
     }
-    return dt_tensor_view_of(ctx, y, DT_F32, 3, (int64_t[]){1, n, C});
+    dt_tensor *out = dt_tensor_view_of(ctx, y, DT_F32, 3, (int64_t[]){1, n, (int64_t)H * hd});
+    return out && dt != DT_F32 ? dt_cast(ctx, out, dt) : out;
 }
 
-dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
+/* ---- GPT-2: the blocks walked here ---- */
+
+static dt_tensor *gpt2_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
 {
-    const int64_t p0 = kv->len;
-    if (n < 1 || p0 + n > kv->cap) {
-        dt_error(DT_ERR_RANGE, "generate: %lld new positions after %lld, the cache holds %lld", (long long)n,
-                 (long long)p0, (long long)kv->cap);
-        return NULL;
-    }
+    const int64_t p0 = kv->c.len, C = kv->C;
     int64_t *ids = dt_ctx_alloc(ctx, 2 * (size_t)n * sizeof *ids);
     if (!ids)
         return NULL;
@@ -193,22 +166,117 @@ dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, i
         ids[n + i] = p0 + i;
     dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, kv->wte, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){1, n})),
                           dt_module_forward(ctx, kv->wpe, dt_tensor_view_of(ctx, ids + n, DT_I64, 1, &n)));
-    for (int l = 0; l < kv->L && x; l++) {
+    for (int l = 0; l < kv->c.L && x; l++) {
         const kv_block *b = &kv->b[l];
-        dt_tensor *qkv = dt_module_forward(ctx, b->c_attn, dt_module_forward(ctx, b->ln_1, x));
-        dt_dtype dt = qkv ? qkv->dtype : DT_F32;
-        qkv = as_f32(ctx, qkv);
-        dt_tensor *y = qkv ? attend(ctx, kv, l, (const float *)qkv->data, p0, n) : NULL;
-        if (y && dt != DT_F32)
-            y = dt_cast(ctx, y, dt);
+        dt_tensor *qkv = dt_module_forward(ctx, b->c_attn, dt_module_forward(ctx, b->ln_1, x)); /* [1, n, 3C] */
+        dt_tensor *y = qkv ? dt__kv_attention(ctx, &kv->c, l, dt_narrow(ctx, qkv, 2, 0, C), dt_narrow(ctx, qkv, 2, C, C),
+                                              dt_narrow(ctx, qkv, 2, 2 * C, C), kv->H, kv->H)
+                           : NULL;
         x = y ? dt_add(ctx, x, dt_module_forward(ctx, b->c_proj, y)) : NULL;
         x = x ? dt__gpt2_block_half(ctx, b->block, x, 1) : NULL; /* ln_2, MLP, residual */
     }
     if (!x)
         return NULL;
     x = dt_contiguous(ctx, dt_narrow(ctx, x, 1, n - 1, 1));
-    dt_tensor *logits = as_f32(ctx, dt_module_forward(ctx, kv->head, dt_module_forward(ctx, kv->ln_f, x)));
+    return dt_module_forward(ctx, kv->head, dt_module_forward(ctx, kv->ln_f, x));
+}
+
+/* kv for a GPT-2 zoo tree (kv->forward stays NULL for another model). */
+static dt_status gpt2_init(dt_model *m, int64_t cap, dt__gen_kv *kv)
+{
+    dt_module *root = dt_model_root(m);
+    dt_module *tr = kid(root, "transformer"), *h = kid(tr, "h");
+    if (!tr || !h || !kid(tr, "wte") || !kid(tr, "wpe") || !kid(tr, "ln_f") || !kid(root, "lm_head") ||
+        dt_module_num_children(h) < 1)
+        return DT_OK; /* not the zoo's layout: no cache */
+    kv->wte = kid(tr, "wte"), kv->wpe = kid(tr, "wpe"), kv->ln_f = kid(tr, "ln_f"), kv->head = kid(root, "lm_head");
+    const int L = dt_module_num_children(h);
+    kv->b = calloc((size_t)L, sizeof *kv->b);
+    if (!kv->b)
+        return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
+    for (int l = 0; l < L; l++) {
+        dt_module *blk = dt_module_child(h, l), *attn = kid(blk, "attn");
+        kv_block *b = &kv->b[l];
+        b->block = blk, b->ln_1 = kid(blk, "ln_1"), b->c_attn = kid(attn, "c_attn"), b->c_proj = kid(attn, "c_proj");
+        if (!b->ln_1 || !b->c_attn || !b->c_proj || !kid(blk, "ln_2") || !kid(blk, "mlp") || heads(attn) < 1 ||
+            (l > 0 && heads(attn) != kv->H) || !dt_module_param(b->c_attn, 0))
+            return DT_OK;
+        kv->H = heads(attn);
+    }
+    kv->C = dt_module_param(kv->wte, 0)->shape[1];
+    const dt_tensor *wa = dt_module_param(kv->b[0].c_attn, 0); /* c_attn: C -> 3C (either layout) */
+    if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C)
+        return DT_OK;
+    dt_status st = cache_alloc(&kv->c, L, kv->C, cap);
+    if (st == DT_OK)
+        kv->forward = gpt2_forward;
+    return st;
+}
+
+/* ---- Llama family: the model's own forward (llama.c) ---- */
+
+static dt_tensor *llama_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
+{
+    return dt__llama_kv_forward(kv->m, &kv->c, ctx, tok, n);
+}
+
+static dt_status llama_init(dt_model *m, int64_t cap, dt__gen_kv *kv)
+{
+    int L = 0;
+    int64_t row = 0;
+    if (!dt__llama_kv_shape(m, &L, &row))
+        return DT_OK;
+    dt_status st = cache_alloc(&kv->c, L, row, cap);
+    if (st == DT_OK)
+        kv->forward = llama_forward;
+    return st;
+}
+
+dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out)
+{
+    static dt_status (*const inits[])(dt_model *, int64_t, dt__gen_kv *) = {gpt2_init, llama_init};
+    *out = NULL;
+    dt_module *root = dt_model_root(m);
+    if (!root || !plain(root) || cap < 1)
+        return DT_OK;
+    for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++) {
+        dt__gen_kv *kv = calloc(1, sizeof *kv);
+        if (!kv)
+            return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
+        kv->m = m;
+        dt_status st = inits[i](m, cap, kv);
+        if (st == DT_OK && kv->forward) {
+            *out = kv;
+            return DT_OK;
+        }
+        dt__gen_kv_free(kv);
+        if (st < 0)
+            return st;
+    }
+    return DT_OK; /* a model the cache does not know */
+}
+
+void dt__gen_kv_free(dt__gen_kv *kv)
+{
+    if (!kv)
+        return;
+    dt_free(kv->c.k);
+    dt_free(kv->c.v);
+    free(kv->b);
+    free(kv);
+}
+
+int64_t dt__gen_kv_len(const dt__gen_kv *kv) { return kv ? kv->c.len : 0; }
+
+dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
+{
+    if (n < 1 || kv->c.len + n > kv->c.cap) {
+        dt_error(DT_ERR_RANGE, "generate: %lld new positions after %lld, the cache holds %lld", (long long)n,
+                 (long long)kv->c.len, (long long)kv->c.cap);
+        return NULL;
+    }
+    dt_tensor *logits = as_f32(ctx, kv->forward(kv, ctx, tok, n));
     if (logits)
-        kv->len = p0 + n;
+        kv->c.len += n;
     return logits;
 }

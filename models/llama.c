@@ -54,12 +54,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A cached generation step (dt__llama_kv_forward): the cache and the
+ * decoder layer whose attention runs next. */
+typedef struct {
+    dt__kv_cache *c;
+    int layer;
+} kv_step;
+
 /* What the forwards read: the root owns it (dt_nn_custom_owned), the
  * attention modules borrow it. */
 typedef struct llama_rt {
     dt_llama_config c;
     float *inv_freq; /* hd / 2 */
     dt_cp_params cp; /* context parallelism: group NULL for none */
+    kv_step *kv;     /* set during a cached generation step only */
 } llama_rt;
 
 static void rt_free(void *p)
@@ -163,8 +171,11 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
             p[i] = dt_cp_position(&l, i);
         pos = p;
     }
-    q = dt_rope_at(ctx, q, H, rt->inv_freq, 0, pos);
-    k = dt_rope_at(ctx, k, KV, rt->inv_freq, 0, pos);
+    kv_step *kv = rt->kv; /* generation with the cache: the new rows follow the cached positions */
+    q = dt_rope_at(ctx, q, H, rt->inv_freq, kv ? kv->c->len : 0, pos);
+    k = dt_rope_at(ctx, k, KV, rt->inv_freq, kv ? kv->c->len : 0, pos);
+    if (kv)
+        return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
     dt_tensor *y = rt->cp.group ? dt_cp_attention(ctx, &rt->cp, qkv, H, true)
                                 : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
@@ -303,8 +314,11 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
 
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
-    (void)ud;
-    return dt_module_forward(ctx, child(self, "lm_head"), dt_module_forward(ctx, child(self, "model"), idx));
+    const llama_rt *rt = ud;
+    dt_tensor *x = dt_module_forward(ctx, child(self, "model"), idx);
+    if (x && rt->kv) /* a generation step: only the last position's logits are read */
+        x = dt_contiguous(ctx, dt_narrow(ctx, x, 1, x->shape[1] - 1, 1));
+    return dt_module_forward(ctx, child(self, "lm_head"), x);
 }
 
 /* Adds child under name to parent; on any failure (earlier too) frees what it
@@ -382,6 +396,36 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     *P = max_len(&rt->c);
     *V = rt->c.vocab_size;
     return true;
+}
+
+bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row)
+{
+    int64_t P, V;
+    if (!dt_llama_positions(m, &P, &V))
+        return false;
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    *L = (int)rt->c.num_hidden_layers;
+    *row = rt->c.num_key_value_heads * rt->c.head_dim;
+    return !rt->cp.group;
+}
+
+dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n)
+{
+    dt_module *root = dt_model_root(m);
+    llama_rt *rt = dt_module_user_data(root);
+    int64_t *ids = dt_ctx_alloc(ctx, (size_t)n * sizeof *ids);
+    if (!ids)
+        return NULL;
+    memcpy(ids, tok, (size_t)n * sizeof *ids);
+    kv_step step = {.c = c};
+    rt->kv = &step;
+    dt_tensor *y = dt_module_forward(ctx, root, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){1, n}));
+    rt->kv = NULL;
+    if (y && step.layer != c->L) {
+        dt_error(DT_ERR_STATE, "generate: the cached forward ran %d attention layers of %d", step.layer, c->L);
+        return NULL;
+    }
+    return y;
 }
 
 /* The pipeline units (nn.h, dt_model_set_pipe_units): [model.embed_tokens,

@@ -2,13 +2,17 @@
  *
  * White-box: the cached forward's logits of every new position against the
  * uncached forward over the whole prefix, the prompt at once and then one
- * token at a time (within 1e-4 of the logit scale: the matmuls have other
- * shapes, so the sums run in another order), and the cache's length. Then
+ * token at a time (within 1e-4 of the logit scale in f32: the matmuls have
+ * other shapes, so the sums run in another order; 3e-2 for a bf16 model,
+ * whose uncached attention runs in bf16), and the cache's length. Then
  * through the public API: the same tokens with and without the cache,
  * greedy and sampled (temperature, top-k), and a sequence that runs past
- * block_size (where the window moves and generation goes uncached). A
- * model with a forward hook is generated without the cache (and the same
- * tokens). The model: gpt-micro with its weights scaled up so that its
+ * the model's positions (where the window moves and generation goes
+ * uncached). A model with a forward hook is generated without the cache
+ * (and the same tokens). The models: gpt-micro, llama-tiny (grouped-query
+ * attention, RoPE; also in bf16) and the Qwen3 (per-head q/k norms), Gemma
+ * (scaled embeddings, 1 + w norms) and Mistral (a sliding window of 16
+ * positions) test directories, each with its weights scaled up so that its
  * logits are far from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
 #include "../models/zoo.h"
@@ -23,18 +27,67 @@
 #include <stdlib.h>
 #include <string.h>
 
-TEST(cached_logits_match_the_full_forward)
+#define HF DT_SOURCE_DIR "/tests/data/hf/"
+
+typedef struct {
+    const char *name; /* dt_model_create's */
+    dt_dtype dtype;
+    float scale; /* on every weight */
+} gen_model;
+
+static const gen_model g_models[] = {
+    {"gpt-micro", DT_F32, 4},       {"llama-tiny", DT_F32, 4},    {"llama-tiny", DT_BF16, 4},
+    {"hf:" HF "qwen3", DT_F32, 4}, {"hf:" HF "gemma", DT_F32, 6}, {"hf:" HF "mistral", DT_F32, 4},
+};
+#define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
+
+/* Model i in eval mode, its weights scaled; *P, *V: its positions and
+ * vocabulary. */
+static dt_model *make(int i, int64_t *P, int64_t *V)
+{
+    if (!strcmp(g_models[i].name, "gpt-micro")) {
+        *P = 64, *V = 512;
+        return t_gen_model();
+    }
+    dt_model *m = NULL;
+    dt_model_config c = dt_model_config_default();
+    if (!strcmp(g_models[i].name, "llama-tiny"))
+        c.block_size = 64;
+    c.build.param_dtype = g_models[i].dtype;
+    if (dt_model_create(g_models[i].name, 99, &c, &m, NULL) < 0 || !dt_llama_positions(m, P, V)) {
+        fprintf(stderr, "%s: %s\n", g_models[i].name, dt_last_error());
+        dt_model_free(m);
+        return NULL;
+    }
+    const dt_flat *p = dt_model_flat(m, DT_FLAT_PARAMS, g_models[i].dtype);
+    for (size_t j = 0; j < p->total; j++) {
+        if (g_models[i].dtype == DT_BF16) {
+            uint16_t *w = p->base;
+            w[j] = dt_f32_to_bf16(g_models[i].scale * dt_bf16_to_f32(w[j]));
+        } else {
+            ((float *)p->base)[j] *= g_models[i].scale;
+        }
+    }
+    dt_model_train(m, false);
+    return m;
+}
+
+static void cached_logits(int i)
 {
     dt_set_num_threads(2);
-    dt_model *m = t_gen_model();
+    int64_t P = 0, V = 0;
+    dt_model *m = make(i, &P, &V);
     ASSERT(m);
-    const int64_t P = 64, V = 512, np = 9, nnew = 40;
+    if (!m)
+        return;
+    const int64_t np = P < 32 ? 3 : 9, nnew = P - np;
+    const double tol = g_models[i].dtype == DT_F32 ? 1e-4 : 3e-2;
     int64_t seq[64];
-    for (int64_t i = 0; i < np; i++)
-        seq[i] = (i * 37 + 5) % V;
+    for (int64_t j = 0; j < np; j++)
+        seq[j] = (j * 37 + 5) % V;
     dt__gen_kv *kv = NULL;
     ASSERT_OK(dt__gen_kv_init(m, np + nnew, &kv));
-    ASSERT(kv); /* the zoo's GPT-2 tree: cached */
+    ASSERT(kv); /* the zoo's GPT-2 or Llama tree: cached */
     dt_ctx *ctx = NULL;
     ASSERT_OK(dt_ctx_init(NULL, &ctx));
     int64_t n = np;
@@ -47,7 +100,9 @@ TEST(cached_logits_match_the_full_forward)
         ASSERT(yc && yc->dtype == DT_F32 && yc->ndim == 3 && yc->shape[1] == 1 && yc->shape[2] == V);
         ASSERT_EQ_INT(dt__gen_kv_len(kv), n);
         dt_tensor *yf = dt_model_forward(ctx, m, dt_tensor_view_of(ctx, seq, DT_I64, 2, (int64_t[]){1, n}));
-        ASSERT(yf && yf->dtype == DT_F32 && yf->shape[1] == n && yf->shape[2] == V);
+        if (yf && yf->dtype != DT_F32) /* a bf16 model's logits */
+            yf = dt_cast(ctx, yf, DT_F32);
+        ASSERT(yf && dt_tensor_is_contiguous(yf) && yf->shape[1] == n && yf->shape[2] == V);
         const float *a = (const float *)yc->data, *b = (const float *)yf->data + (n - 1) * V;
         double scale = 1, d = 0;
         int64_t best = 0;
@@ -58,22 +113,33 @@ TEST(cached_logits_match_the_full_forward)
                 best = j;
         }
         worst = fmax(worst, d / scale);
-        if (d > 1e-4 * scale)
-            fprintf(stderr, "position %lld: cached and full logits differ by %g (scale %g)\n", (long long)(n - 1), d,
-                    scale);
-        ASSERT(d <= 1e-4 * scale);
+        if (d > tol * scale)
+            fprintf(stderr, "%s: position %lld: cached and full logits differ by %g (scale %g)\n",
+                    g_models[i].name, (long long)(n - 1), d, scale);
+        ASSERT(d <= tol * scale);
         seq[n++] = best; /* greedy */
         dt_ctx_reset(ctx);
     }
-    fprintf(stderr, "largest difference / logit scale: %.3g over %lld positions\n", worst, (long long)(n - np));
+    fprintf(stderr, "%s (%s): largest difference / logit scale: %.3g over %lld positions\n", g_models[i].name,
+            dt_dtype_name(g_models[i].dtype), worst, (long long)(n - np));
+    ASSERT_EQ_INT(n, P);
     /* the tokens vary (the comparison is not of one repeated row) */
     bool varied = false;
-    for (int64_t i = np + 1; i < n; i++)
-        varied |= seq[i] != seq[np];
+    for (int64_t j = np + 1; j < n; j++)
+        varied |= seq[j] != seq[np];
+    if (!varied)
+        for (int64_t j = 0; j < n; j++)
+            fprintf(stderr, "%lld%s", (long long)seq[j], j + 1 < n ? " " : "\n");
     ASSERT(varied);
     dt__gen_kv_free(kv);
     dt_ctx_free(ctx);
     dt_model_free(m);
+}
+
+TEST(cached_logits_match_the_full_forward)
+{
+    for (int i = 0; i < N_MODELS; i++)
+        cached_logits(i);
 }
 
 static void gen(dt_model *m, bool cache, float temp, int64_t top_k, const int64_t *prompt, int64_t np, int64_t nnew,
@@ -103,30 +169,51 @@ static uint64_t prims_of(dt_model *m, bool cache, float temp, int64_t top_k, con
     return st.primitives_created;
 }
 
-static void same_tokens(dt_model *m, float temp, int64_t top_k, int64_t np, int64_t nnew)
+static void same_tokens(int i, dt_model *m, int64_t P, int64_t V, float temp, int64_t top_k, int64_t np,
+                        int64_t nnew)
 {
     int64_t prompt[100], a[200], b[200], na = 0, nb = 0;
-    for (int64_t i = 0; i < np; i++)
-        prompt[i] = (i * 53 + 11) % 512;
+    for (int64_t j = 0; j < np; j++)
+        prompt[j] = (j * 53 + 11) % V;
     uint64_t pa = prims_of(m, false, temp, top_k, prompt, np, nnew, a, &na);
     uint64_t pb = prims_of(m, true, temp, top_k, prompt, np, nnew, b, &nb);
-    if (np + nnew <= 64 && nnew > 8) /* inside the window: the cache ran (few shapes) */
+    if (np + nnew <= P && nnew > 8) { /* inside the window: the cache ran (few shapes) */
+        if (pb >= pa / 4)
+            fprintf(stderr, "%s: %llu primitives with the cache, %llu without\n", g_models[i].name,
+                    (unsigned long long)pb, (unsigned long long)pa);
         ASSERT(pb < pa / 4);
+    }
     ASSERT_EQ_INT(na, nb);
-    ASSERT(!memcmp(a, b, (size_t)na * sizeof *a));
+    int64_t first = -1; /* the first token that differs */
+    for (int64_t j = 0; j < na && j < nb && first < 0; j++)
+        first = a[j] != b[j] ? j : -1;
+    if (first >= 0)
+        fprintf(stderr, "%s: temperature %g top_k %lld prompt %lld: token %lld is %lld uncached, %lld cached\n",
+                g_models[i].name, (double)temp, (long long)top_k, (long long)np, (long long)first,
+                (long long)a[first], (long long)b[first]);
+    ASSERT(first < 0);
 }
 
 TEST(same_tokens_with_and_without)
 {
     dt_set_num_threads(2);
-    dt_model *m = t_gen_model();
-    ASSERT(m);
-    same_tokens(m, 0.0f, 0, 6, 50);   /* greedy, inside the window */
-    same_tokens(m, 1.0f, 0, 3, 40);   /* sampled */
-    same_tokens(m, 0.8f, 20, 1, 60);  /* top-k, a one-token prompt */
-    same_tokens(m, 0.0f, 0, 50, 40);  /* past block_size (64): the window moves */
-    same_tokens(m, 0.0f, 0, 64, 3);   /* a prompt of the whole window */
-    dt_model_free(m);
+    for (int i = 0; i < N_MODELS; i++) {
+        if (g_models[i].dtype != DT_F32) /* bf16: logits equal to rounding only (cached_logits) */
+            continue;
+        int64_t P = 0, V = 0;
+        dt_model *m = make(i, &P, &V);
+        ASSERT(m);
+        if (!m)
+            continue;
+        const int64_t w = P < 32 ? 3 : 6, s = P < 32 ? 1 : 8; /* a short prompt, the window's step */
+        same_tokens(i, m, P, V, 0.0f, 0, w, P - w - 2);      /* greedy, inside the window */
+        same_tokens(i, m, P, V, 1.0f, 0, 3, P - 10);         /* sampled */
+        same_tokens(i, m, P, V, 0.8f, 20, 1, P - 4);         /* top-k, a one-token prompt */
+        same_tokens(i, m, P, V, 0.0f, 0, P - 14, 40);        /* past the positions: the window moves */
+        same_tokens(i, m, P, V, 0.0f, 0, P, 3);              /* a prompt of the whole window */
+        same_tokens(i, m, P, V, 0.0f, 0, P - s, s + 5);      /* the cache fills, then the window moves */
+        dt_model_free(m);
+    }
 }
 
 static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor *y, void *ud)
@@ -136,12 +223,15 @@ static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor
     return DT_OK;
 }
 
-TEST(hooked_model_goes_uncached)
+static void hooked(int i, const char *path)
 {
-    dt_model *m = t_gen_model();
+    int64_t P = 0, V = 0;
+    dt_model *m = make(i, &P, &V);
     ASSERT(m);
+    if (!m)
+        return;
     int calls = 0;
-    dt_module *attn = dt_model_find_module(m, "transformer.h.0.attn");
+    dt_module *attn = dt_model_find_module(m, path);
     ASSERT(attn);
     dt_hook_id id;
     ASSERT_OK(dt_module_add_forward_post_hook(attn, count_hook, &calls, &id));
@@ -152,6 +242,12 @@ TEST(hooked_model_goes_uncached)
     gen(m, true, 0.0f, 0, prompt, 2, 5, out, &n);
     ASSERT_EQ_INT(calls, 5); /* one hooked forward per token */
     dt_model_free(m);
+}
+
+TEST(hooked_model_goes_uncached)
+{
+    hooked(0, "transformer.h.0.attn");     /* gpt-micro */
+    hooked(1, "model.layers.1.self_attn"); /* llama-tiny */
 }
 
 int main(void)
