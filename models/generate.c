@@ -10,8 +10,11 @@
  * cache (generate_kv.c; dt_generate_params.kv_cache, on by default) runs the
  * prompt once and then each new token alone, while the sequence fits the
  * window; past it, and without the cache, each token costs one forward over
- * the window. num_beams > 1 is transformers' beam search instead
- * (generate_beam.c).
+ * the window. A model with a sliding window (Mistral's) runs past the
+ * window only through the cache, which keeps every token at its position
+ * and lets it see the last window positions, as transformers does;
+ * uncached such a sequence is refused (window_check). num_beams > 1 is
+ * transformers' beam search instead (generate_beam.c).
  *
  * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
  * on every rank of the pipeline with the forward through the stages
@@ -253,6 +256,28 @@ static bool is_eos(const dt_generate_params *p, int64_t tok)
     return false;
 }
 
+/* A model with a sliding window (Mistral's) generates as transformers does
+ * (each token sees the last window positions, at their own positions)
+ * only through the key/value cache; the uncached forward would crop the
+ * sequence to the window and move every token to a new position. So a
+ * sequence that runs uncached past the window is refused up front. */
+static dt_status window_check(dt_model *m, const char *who, const gen_ops *ops, const dt_generate_params *p,
+                              const dt__gen_kv *kv, int64_t nprompt)
+{
+    const int64_t W = dt__llama_window(m), total = nprompt + p->max_new_tokens;
+    if (W <= 0 || p->max_new_tokens < 1 || total - 1 <= W || (kv && total <= dt__gen_kv_cap(kv)))
+        return DT_OK;
+    const char *why = p->num_beams > 1 ? "beam search runs uncached"
+                      : ops->share     ? "through a pipeline's stages it runs uncached"
+                      : !p->kv_cache   ? "the key/value cache is off"
+                      : kv             ? "the sequence is longer than the model's positions (max_position_embeddings)"
+                                       : "this model runs uncached (tensor parallelism, hooks or forward overrides)";
+    return dt_error(DT_ERR_UNSUPPORTED, "%s: %lld prompt and %lld new tokens run past the model's sliding window "
+                    "(sliding_window %lld): only the key/value cache generates them as the model does (each token "
+                    "seeing the last %lld positions), and %s", who, (long long)nprompt,
+                    (long long)p->max_new_tokens, (long long)W, (long long)W, why);
+}
+
 static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_params *gp, const int64_t *prompt,
                           int64_t nprompt, int64_t *out, int64_t cap, int64_t *nout)
 {
@@ -279,14 +304,16 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt_model_train(m, false);
     bool shared = !ops->share; /* one process: nobody to tell */
     dt__gen_kv *kv = NULL;
+    if (st == DT_OK && p.num_beams == 1 && p.kv_cache && !ops->share && p.max_new_tokens > 0)
+        st = dt__gen_kv_init(m, nprompt, p.max_new_tokens, &kv);
+    if (st == DT_OK)
+        st = window_check(m, who, ops, &p, kv, nprompt);
     if (st == DT_OK && p.num_beams > 1) /* one process (dt_strategy_pipe_generate refuses beams) */
         st = dt__gen_beam(m, ctx, &p, P, V, out, nprompt, &n);
-    else if (st == DT_OK && p.kv_cache && !ops->share && nprompt <= P && p.max_new_tokens > 0)
-        st = dt__gen_kv_init(m, nprompt + p.max_new_tokens < P ? nprompt + p.max_new_tokens : P, &kv);
     for (int64_t k = 0; st == DT_OK && p.num_beams == 1 && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1]));
          k++) {
         dt_ag_set_enabled(ctx, false);
-        if (kv && n <= P) { /* positions fixed: the tokens not cached yet, alone */
+        if (kv && n <= dt__gen_kv_cap(kv)) { /* positions fixed: the tokens not cached yet, alone */
             int64_t c = dt__gen_kv_len(kv);
             dt_tensor *y = dt__gen_kv_forward(kv, ctx, out + c, n - c);
             if (!y) {

@@ -70,9 +70,9 @@ static int heads(const dt_module *attn)
 }
 
 /* c's storage for L layers of rows of row floats per position, cap positions. */
-static dt_status cache_alloc(dt__kv_cache *c, int L, int64_t row, int64_t cap)
+static dt_status cache_alloc(dt__kv_cache *c, int L, int64_t row, int64_t cap, int64_t window)
 {
-    *c = (dt__kv_cache){.L = L, .row = row, .cap = cap};
+    *c = (dt__kv_cache){.L = L, .row = row, .cap = cap, .window = window};
     size_t n = (size_t)L * (size_t)cap * (size_t)row;
     c->k = dt_alloc(n * sizeof(float));
     c->v = dt_alloc(n * sizeof(float));
@@ -124,9 +124,9 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
         const int64_t kh = h / group; /* its kv head (transformers' repeat_kv) */
         for (int64_t i = 0; i < n; i++) {
             const float *qi = qd + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
-            const int64_t nk = p0 + i + 1;
+            const int64_t nk = p0 + i + 1, j0 = c->window > 0 && nk > c->window ? nk - c->window : 0;
             float mx = -INFINITY;
-            for (int64_t j = 0; j < nk; j++) {
+            for (int64_t j = j0; j < nk; j++) {
                 const float *kj = K + (size_t)j * (size_t)row + (size_t)(kh * hd);
                 float d = 0;
                 for (int64_t e = 0; e < hd; e++)
@@ -135,14 +135,14 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
                 mx = s[j] > mx ? s[j] : mx;
             }
             float sum = 0;
-            for (int64_t j = 0; j < nk; j++) {
+            for (int64_t j = j0; j < nk; j++) {
                 s[j] = expf(s[j] - mx);
                 sum += s[j];
             }
             float *yo = y + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
             for (int64_t e = 0; e < hd; e++)
                 yo[e] = 0;
-            for (int64_t j = 0; j < nk; j++) {
+            for (int64_t j = j0; j < nk; j++) {
                 const float *vj = Vc + (size_t)j * (size_t)row + (size_t)(kh * hd), w = s[j] / sum;
                 for (int64_t e = 0; e < hd; e++)
                     yo[e] += w * vj[e];
@@ -169,8 +169,9 @@ static dt_tensor *gpt2_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, 
     for (int l = 0; l < kv->c.L && x; l++) {
         const kv_block *b = &kv->b[l];
         dt_tensor *qkv = dt_module_forward(ctx, b->c_attn, dt_module_forward(ctx, b->ln_1, x)); /* [1, n, 3C] */
-        dt_tensor *y = qkv ? dt__kv_attention(ctx, &kv->c, l, dt_narrow(ctx, qkv, 2, 0, C), dt_narrow(ctx, qkv, 2, C, C),
-                                              dt_narrow(ctx, qkv, 2, 2 * C, C), kv->H, kv->H)
+        dt_tensor *y = qkv ? dt__kv_attention(ctx, &kv->c, l, dt_narrow(ctx, qkv, 2, 0, C),
+                                              dt_narrow(ctx, qkv, 2, C, C), dt_narrow(ctx, qkv, 2, 2 * C, C), kv->H,
+                                              kv->H)
                            : NULL;
         x = y ? dt_add(ctx, x, dt_module_forward(ctx, b->c_proj, y)) : NULL;
         x = x ? dt__gpt2_block_half(ctx, b->block, x, 1) : NULL; /* ln_2, MLP, residual */
@@ -181,8 +182,9 @@ static dt_tensor *gpt2_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, 
     return dt_module_forward(ctx, kv->head, dt_module_forward(ctx, kv->ln_f, x));
 }
 
-/* kv for a GPT-2 zoo tree (kv->forward stays NULL for another model). */
-static dt_status gpt2_init(dt_model *m, int64_t cap, dt__gen_kv *kv)
+/* kv for a GPT-2 zoo tree (kv->forward stays NULL for another model),
+ * want positions or as many as the model has; none for a prompt of more. */
+static dt_status gpt2_init(dt_model *m, int64_t nprompt, int64_t want, dt__gen_kv *kv)
 {
     dt_module *root = dt_model_root(m);
     dt_module *tr = kid(root, "transformer"), *h = kid(tr, "h");
@@ -205,9 +207,10 @@ static dt_status gpt2_init(dt_model *m, int64_t cap, dt__gen_kv *kv)
     }
     kv->C = dt_module_param(kv->wte, 0)->shape[1];
     const dt_tensor *wa = dt_module_param(kv->b[0].c_attn, 0); /* c_attn: C -> 3C (either layout) */
-    if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C)
+    const int64_t P = dt_module_param(kv->wpe, 0)->shape[0];
+    if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C || nprompt > P)
         return DT_OK;
-    dt_status st = cache_alloc(&kv->c, L, kv->C, cap);
+    dt_status st = cache_alloc(&kv->c, L, kv->C, want < P ? want : P, 0);
     if (st == DT_OK)
         kv->forward = gpt2_forward;
     return st;
@@ -220,31 +223,31 @@ static dt_tensor *llama_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok,
     return dt__llama_kv_forward(kv->m, &kv->c, ctx, tok, n);
 }
 
-static dt_status llama_init(dt_model *m, int64_t cap, dt__gen_kv *kv)
+static dt_status llama_init(dt_model *m, int64_t nprompt, int64_t want, dt__gen_kv *kv)
 {
     int L = 0;
-    int64_t row = 0;
-    if (!dt__llama_kv_shape(m, &L, &row))
+    int64_t row = 0, P = 0, window = 0;
+    if (!dt__llama_kv_shape(m, &L, &row, &P, &window) || nprompt > P)
         return DT_OK;
-    dt_status st = cache_alloc(&kv->c, L, row, cap);
+    dt_status st = cache_alloc(&kv->c, L, row, want < P ? want : P, window);
     if (st == DT_OK)
         kv->forward = llama_forward;
     return st;
 }
 
-dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out)
+dt_status dt__gen_kv_init(dt_model *m, int64_t nprompt, int64_t nnew, dt__gen_kv **out)
 {
-    static dt_status (*const inits[])(dt_model *, int64_t, dt__gen_kv *) = {gpt2_init, llama_init};
+    static dt_status (*const inits[])(dt_model *, int64_t, int64_t, dt__gen_kv *) = {gpt2_init, llama_init};
     *out = NULL;
     dt_module *root = dt_model_root(m);
-    if (!root || !plain(root) || cap < 1)
+    if (!root || !plain(root) || nprompt < 1 || nnew < 0 || nnew > INT64_MAX - nprompt)
         return DT_OK;
     for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++) {
         dt__gen_kv *kv = calloc(1, sizeof *kv);
         if (!kv)
             return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
         kv->m = m;
-        dt_status st = inits[i](m, cap, kv);
+        dt_status st = inits[i](m, nprompt, nprompt + nnew, kv);
         if (st == DT_OK && kv->forward) {
             *out = kv;
             return DT_OK;
@@ -267,6 +270,8 @@ void dt__gen_kv_free(dt__gen_kv *kv)
 }
 
 int64_t dt__gen_kv_len(const dt__gen_kv *kv) { return kv ? kv->c.len : 0; }
+
+int64_t dt__gen_kv_cap(const dt__gen_kv *kv) { return kv ? kv->c.cap : 0; }
 
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
 {

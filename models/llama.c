@@ -281,6 +281,14 @@ static int64_t max_len(const dt_llama_config *c)
     return windowed(c) ? c->sliding_window : c->max_position_embeddings;
 }
 
+/* What max_len is, for messages. */
+static const char *len_limit(const dt_llama_config *c)
+{
+    return windowed(c) ? "sliding_window: longer sequences need sliding-window attention, which dtrain has only in "
+                         "generation (its key/value cache)"
+                       : "max_position_embeddings";
+}
+
 /* self->ud: the runtime config (borrowed from the root) */
 static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
@@ -293,10 +301,10 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
                  dt_dtype_name(idx->dtype));
         return NULL;
     }
-    if (idx->shape[1] < 1 || idx->shape[1] > max_len(&rt->c)) {
+    /* a cached generation step: the cache's window bounds attention, the sequence runs to the positions */
+    if (idx->shape[1] < 1 || idx->shape[1] > (rt->kv ? rt->c.max_position_embeddings : max_len(&rt->c))) {
         dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (%s)", (long long)idx->shape[1],
-                 (long long)max_len(&rt->c), windowed(&rt->c) ? "sliding_window: longer sequences need "
-                 "sliding-window attention, which dtrain does not have" : "max_position_embeddings");
+                 (long long)max_len(&rt->c), len_limit(&rt->c));
         return NULL;
     }
     if (rt->cp.group) { /* the rank's rows of the whole sequence */
@@ -398,7 +406,7 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     return true;
 }
 
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row)
+bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window)
 {
     int64_t P, V;
     if (!dt_llama_positions(m, &P, &V))
@@ -406,7 +414,18 @@ bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row)
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
     *L = (int)rt->c.num_hidden_layers;
     *row = rt->c.num_key_value_heads * rt->c.head_dim;
+    *positions = rt->c.max_position_embeddings;
+    *window = windowed(&rt->c) ? rt->c.sliding_window : 0;
     return !rt->cp.group;
+}
+
+int64_t dt__llama_window(const dt_model *m)
+{
+    int64_t P, V;
+    if (!dt_llama_positions(m, &P, &V))
+        return 0;
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    return windowed(&rt->c) ? rt->c.sliding_window : 0;
 }
 
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n)
@@ -578,8 +597,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (T < 1 || T > max_len(lc))
         return dt_error(windowed(lc) ? DT_ERR_UNSUPPORTED : DT_ERR_INVALID_ARG,
                         "llama: sequence length %lld is outside [1, %lld] (%s)", (long long)T,
-                        (long long)max_len(lc), windowed(lc) ? "sliding_window: longer sequences need "
-                        "sliding-window attention, which dtrain does not have" : "max_position_embeddings");
+                        (long long)max_len(lc), len_limit(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");

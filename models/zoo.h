@@ -51,42 +51,54 @@ dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 /* The key/value cache of dt_model_generate (generate_kv.c). init: *out a
- * cache of cap positions for model m, or NULL (DT_OK) where the model is
- * not a plain one-process GPT-2 or Llama-family zoo tree. forward: the
+ * cache for a sequence of nprompt + nnew tokens for model m (cap: as many
+ * of them as the model's positions hold), or NULL (DT_OK) where the model
+ * is not a plain one-process GPT-2 or Llama-family zoo tree or the prompt
+ * alone is longer than its positions. cap: the positions it holds; the
+ * sequence runs cached while it fits them. forward: the
  * logits [1, 1, V] (f32) of the last of the n tokens tok[0..n), run at the
  * positions after the ones cached, whose keys and values it adds (no-grad
  * context, eval mode: the caller's). len: positions cached so far. */
 typedef struct dt__gen_kv dt__gen_kv;
-dt_status dt__gen_kv_init(dt_model *m, int64_t cap, dt__gen_kv **out);
+dt_status dt__gen_kv_init(dt_model *m, int64_t nprompt, int64_t nnew, dt__gen_kv **out);
+int64_t dt__gen_kv_cap(const dt__gen_kv *kv);
 void dt__gen_kv_free(dt__gen_kv *kv);
 int64_t dt__gen_kv_len(const dt__gen_kv *kv);
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
 /* The keys and values themselves: L layers of cap positions of row
  * (KV heads times hd) floats each, k and v [L][cap][row]; len positions
- * held. */
+ * held. window > 0: a query at position p sees the keys of positions
+ * (p - window, p] only (Mistral's sliding window, transformers'
+ * sliding_window_overlay); 0: every earlier one. */
 typedef struct {
     float *k, *v;
     int L;
-    int64_t row, cap, len;
+    int64_t row, cap, len, window;
 } dt__kv_cache;
 /* Layer l's attention for n new rows at positions [c->len, c->len + n): q
  * [1, n, H hd], k and v [1, n, KV hd] (any float dtype; views too), KV
  * dividing H (query head h reads kv head h / (H / KV)). Their keys and
  * values go into the cache; query i attends to positions [0, c->len + i]
- * (softmax of q.k / sqrt(hd), in f32). Returns [1, n, H hd] in q's dtype;
+ * (the last c->window of them when the cache has a window; softmax of
+ * q.k / sqrt(hd), in f32). Returns [1, n, H hd] in q's dtype;
  * c->len is the caller's to advance, after the last layer. NULL with
  * DT_ERR_SHAPE when the rows do not fit the cache. */
 dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, dt_tensor *k, dt_tensor *v, int H,
                             int KV);
 /* A Llama-family model's side of the cache (llama.c). shape: whether m is a
  * Llama-family model whose forward can run cached (no context
- * parallelism; the caller checks that the tree is plain), with its layers
- * and the row of keys per position (KV hd). forward: the model's own
+ * parallelism; the caller checks that the tree is plain), with its layers,
+ * the row of keys per position (KV hd), its positions
+ * (max_position_embeddings: with the cache a sliding window does not bound
+ * the sequence) and its sliding window (0: none). forward: the model's own
  * forward over tok[0..n) at positions [c->len, c->len + n), each decoder
  * layer's attention through dt__kv_attention (RoPE at those positions),
  * the head on the last position only: logits [1, 1, V] in the model's
- * dtype; c->len unchanged. */
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row);
+ * dtype; c->len unchanged. window: the sliding window of a Llama-family
+ * model that has one (shorter than its positions; dt_llama_positions gives
+ * it as the model's positions), else 0. */
+bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window);
+int64_t dt__llama_window(const dt_model *m);
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n);
 
 /* dt_model_generate's logits processors (generate.c), transformers' in its order: the repetition penalty

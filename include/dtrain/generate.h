@@ -101,7 +101,12 @@ typedef struct dt_generate_params {
                                over it per token); false: a forward over the window per token.
                                The tokens are the same; the logits agree to rounding (the
                                cached path's matmuls have other shapes). Not under the pipe
-                               strategy (dt_strategy_pipe_generate: always the window) */
+                               strategy (dt_strategy_pipe_generate: always the window). A
+                               model with a sliding window (dt_llama_config.sliding_window)
+                               runs past it only cached, each token at its own position seeing
+                               the last sliding_window ones (transformers' generate); a sequence
+                               that would run past it uncached (kv_cache false, beams, the pipe
+                               strategy, a model with hooks) is DT_ERR_UNSUPPORTED */
 } dt_generate_params;
 DT_API dt_generate_params dt_generate_params_default(void);
 /* Continue prompt[0..nprompt) (token ids in [0, V)) with a GPT-2 or Llama model:

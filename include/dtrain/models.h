@@ -219,8 +219,10 @@ typedef struct dt_llama_config {
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
     int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
-                                         sliding_window positions): sequences of at most that many tokens,
-                                         where it is the causal attention; 0: none */
+                                         sliding_window positions): the model's forward takes sequences of
+                                         at most that many tokens, where it is the causal attention;
+                                         dt_model_generate's key/value cache runs past it with the window,
+                                         up to max_position_embeddings; 0: none */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied

@@ -9,7 +9,8 @@
  * greedy and sampled (temperature, top-k), and a sequence that runs past
  * the model's positions (where the window moves and generation goes
  * uncached). A model with a forward hook is generated without the cache
- * (and the same tokens). The models: gpt-micro, llama-tiny (grouped-query
+ * (and the same tokens). Past a sliding window only the cached path
+ * generates (the other is refused). The models: gpt-micro, llama-tiny (grouped-query
  * attention, RoPE; also in bf16) and the Qwen3 (per-head q/k norms), Gemma
  * (scaled embeddings, 1 + w norms) and Mistral (a sliding window of 16
  * positions) test directories, each with its weights scaled up so that its
@@ -86,7 +87,7 @@ static void cached_logits(int i)
     for (int64_t j = 0; j < np; j++)
         seq[j] = (j * 37 + 5) % V;
     dt__gen_kv *kv = NULL;
-    ASSERT_OK(dt__gen_kv_init(m, np + nnew, &kv));
+    ASSERT_OK(dt__gen_kv_init(m, np, nnew, &kv));
     ASSERT(kv); /* the zoo's GPT-2 or Llama tree: cached */
     dt_ctx *ctx = NULL;
     ASSERT_OK(dt_ctx_init(NULL, &ctx));
@@ -142,8 +143,8 @@ TEST(cached_logits_match_the_full_forward)
         cached_logits(i);
 }
 
-static void gen(dt_model *m, bool cache, float temp, int64_t top_k, const int64_t *prompt, int64_t np, int64_t nnew,
-                int64_t *out, int64_t *nout)
+static dt_status gen_st(dt_model *m, bool cache, float temp, int64_t top_k, const int64_t *prompt, int64_t np,
+                        int64_t nnew, int64_t *out, int64_t *nout)
 {
     dt_generate_params gp = dt_generate_params_default();
     gp.kv_cache = cache;
@@ -151,7 +152,13 @@ static void gen(dt_model *m, bool cache, float temp, int64_t top_k, const int64_
     gp.top_k = top_k;
     gp.seed = 5;
     gp.max_new_tokens = nnew;
-    ASSERT_OK(dt_model_generate(m, &gp, prompt, np, out, 200, nout));
+    return dt_model_generate(m, &gp, prompt, np, out, 200, nout);
+}
+
+static void gen(dt_model *m, bool cache, float temp, int64_t top_k, const int64_t *prompt, int64_t np, int64_t nnew,
+                int64_t *out, int64_t *nout)
+{
+    ASSERT_OK(gen_st(m, cache, temp, top_k, prompt, np, nnew, out, nout));
     ASSERT_EQ_INT(*nout, np + nnew);
 }
 
@@ -175,6 +182,14 @@ static void same_tokens(int i, dt_model *m, int64_t P, int64_t V, float temp, in
     int64_t prompt[100], a[200], b[200], na = 0, nb = 0;
     for (int64_t j = 0; j < np; j++)
         prompt[j] = (j * 53 + 11) % V;
+    if (dt__llama_window(m) > 0 && np + nnew - 1 > P) {
+        /* past a sliding window: only the cache generates it (transformers' tokens: test_hf_cli); uncached
+           it would be cropped to the window, so it is refused */
+        ASSERT_EQ_INT(gen_st(m, false, temp, top_k, prompt, np, nnew, a, &na), DT_ERR_UNSUPPORTED);
+        ASSERT_STR_CONTAINS(dt_last_error(), "sliding_window 16");
+        gen(m, true, temp, top_k, prompt, np, nnew, b, &nb);
+        return;
+    }
     uint64_t pa = prims_of(m, false, temp, top_k, prompt, np, nnew, a, &na);
     uint64_t pb = prims_of(m, true, temp, top_k, prompt, np, nnew, b, &nb);
     if (np + nnew <= P && nnew > 8) { /* inside the window: the cache ran (few shapes) */
@@ -236,7 +251,7 @@ static void hooked(int i, const char *path)
     dt_hook_id id;
     ASSERT_OK(dt_module_add_forward_post_hook(attn, count_hook, &calls, &id));
     dt__gen_kv *kv = NULL;
-    ASSERT_OK(dt__gen_kv_init(m, 16, &kv));
+    ASSERT_OK(dt__gen_kv_init(m, 2, 14, &kv));
     ASSERT(kv == NULL); /* the hook observes attn's forward: no cache */
     int64_t prompt[2] = {1, 2}, out[200], n = 0;
     gen(m, true, 0.0f, 0, prompt, 2, 5, out, &n);

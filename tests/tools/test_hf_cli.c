@@ -526,6 +526,51 @@ TEST(generate_processors_and_beams)
     }
 }
 
+/* A sliding window (the golden Mistral's: 16 positions of 64) as transformers generates past it: every token at
+ * its own position, seeing the last 16 (the key/value cache). transformers 5.25's model.generate(ids,
+ * do_sample=False, pad_token_id=0, ...) on it (AutoModelForCausalLM.from_pretrained, torch 2.15, CPU) gave these
+ * new tokens, once: after 5 6 7 with max_new_tokens 40 and no_repeat_ngram_size 2 (the window cropped, as dtrain
+ * generated before, gave 53 50 82 82 ... from the 15th token on), and after a 20-token prompt (longer than the
+ * window) with max_new_tokens 20 and no_repeat_ngram_size 2. Uncached, such a sequence is refused. */
+TEST(generate_sliding_window)
+{
+    static cli_result r;
+    char prompt[200] = "";
+    for (int i = 0; i < 20; i++)
+        snprintf(prompt + strlen(prompt), sizeof prompt - strlen(prompt), "%s%d", i ? "," : "", (i * 7 + 3) % 128);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
+                                      "--max-new-tokens", "40", "--temperature", "0", "--no-repeat-ngram-size", "2",
+                                      NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 53 28 92 74 87 83 11 115 48 23 94 57 33 53 1 29 11 28 26 92 104 27 29 83 74 120 54 "
+                               "44 40 21 109 115 77 39 123 59 117 87 27 20\n");
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", prompt,
+                                      "--max-new-tokens", "20", "--temperature", "0", "--no-repeat-ngram-size", "2",
+                                      NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 50 82 82 59 7 96 29 11 28 31 100 96 12 77 39 123 59 117 87 83\n");
+    const char *uncached[][2] = {{"--kv-cache", "off"}, {"--num-beams", "3"}};
+    for (int i = 0; i < 2; i++) {
+        cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
+                                          "--max-new-tokens", "40", "--temperature", "0", (char *)uncached[i][0],
+                                          (char *)uncached[i][1], NULL});
+        ASSERT_EQ_INT(r.code, 2);
+        ASSERT_STR_CONTAINS(r.err, "run past the model's sliding window (sliding_window 16)");
+        ASSERT_STR_CONTAINS(r.err, i ? "beam search runs uncached" : "the key/value cache is off");
+    }
+    /* inside the window both run, to the same tokens */
+    static char on[sizeof r.out];
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
+                                      "--max-new-tokens", "13", "--temperature", "0", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    memcpy(on, r.out, sizeof on);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "mistral", "--prompt-ids", "5,6,7",
+                                      "--max-new-tokens", "13", "--temperature", "0", "--kv-cache", "off", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(r.out, on);
+    ASSERT_STR_CONTAINS(on, "| 53 28 92 74 87 83 11 115 48 23 94 57 33\n");
+}
+
 /* generate --lora-from DIR: PEFT's adapters (here a dtrain LoRA run's --save-lora) on an hf:DIR model continue
  * a prompt as the LoRA run's own checkpoint does (PeftModel.from_pretrained(base, DIR).generate gave the same
  * tokens when this was written), and differently from the base model alone. */
@@ -637,6 +682,7 @@ int main(void)
     RUN(single_file_first);
     RUN(generation_config);
     RUN(generate_processors_and_beams);
+    RUN(generate_sliding_window);
     RUN(generate_lora_from);
     RUN(hub_cache_layout);
     cli_cleanup();
