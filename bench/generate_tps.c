@@ -2,11 +2,12 @@
  * its key/value cache (dt_generate_params.kv_cache), interleaved.
  *
  *     build/bench/generate_tps [--model gpt2] [--prompt 16] [--new 64]
- *                              [--rounds 3] [--threads T]
+ *                              [--rounds 3] [--threads T] [--beams 1]
  *
  * One model (the zoo's initialisation, seed 1); each round generates
- * --new tokens greedily after a --prompt token prompt, uncached then cached
- * (the order alternates by round). Prints per mode the median wall and
+ * --new tokens greedily (or by beam search with --beams N > 1, no stop
+ * token: exactly --new tokens) after a --prompt token prompt, uncached
+ * then cached (the order alternates by round). Prints per mode the median wall and
  * process-CPU tokens/s and the ratio of the medians (cached / uncached),
  * and whether both produced the same tokens. */
 #include <dtrain/dtrain.h>
@@ -40,6 +41,7 @@ int main(int argc, char **argv)
     const char *name = "gpt2";
     int64_t np = 16, nnew = 64;
     int rounds = 3, threads = 0;
+    int64_t beams = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             name = argv[i + 1];
@@ -51,13 +53,15 @@ int main(int argc, char **argv)
             rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--beams"))
+            beams = atoll(argv[i + 1]);
         else {
             fprintf(stderr, "generate_tps: unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    if (np < 1 || nnew < 1 || rounds < 1 || rounds > 100 || threads < 0) {
-        fprintf(stderr, "generate_tps: --prompt, --new, --rounds (<= 100) >= 1 please\n");
+    if (np < 1 || nnew < 1 || rounds < 1 || rounds > 100 || threads < 0 || beams < 1 || beams > 64) {
+        fprintf(stderr, "generate_tps: --prompt, --new, --rounds (<= 100), --beams (<= 64) >= 1 please\n");
         return 2;
     }
     if (threads)
@@ -83,6 +87,7 @@ int main(int argc, char **argv)
             gp.temperature = 0;
             gp.max_new_tokens = nnew;
             gp.kv_cache = mode == 1;
+            gp.num_beams = beams;
             int64_t n = 0;
             double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
             if (dt_model_generate(m, &gp, prompt, np, out[mode], cap, &n) < 0) {
@@ -96,8 +101,8 @@ int main(int argc, char **argv)
     }
     double wu = median(wall[0], rounds), wc = median(wall[1], rounds);
     double cu = median(cpu[0], rounds), cc = median(cpu[1], rounds);
-    printf("%s prompt %lld new %lld threads %d rounds %d\n", name, (long long)np, (long long)nnew,
-           dt_get_num_threads(), rounds);
+    printf("%s prompt %lld new %lld beams %lld threads %d rounds %d\n", name, (long long)np, (long long)nnew,
+           (long long)beams, dt_get_num_threads(), rounds);
     printf("uncached  %8.2f tokens/s wall  %8.2f tokens/CPU-s\n", wu, cu);
     printf("kv cache  %8.2f tokens/s wall  %8.2f tokens/CPU-s\n", wc, cc);
     printf("ratio     %8.2fx wall          %8.2fx CPU   same tokens: %s\n", wc / wu, cc / cu, same ? "yes" : "NO");

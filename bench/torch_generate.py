@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--beams", type=int, default=1, help="num_beams (beam search, no stop token)")
     a = ap.parse_args()
     if a.prompt < 1 or a.new < 1 or a.rounds < 1:
         ap.error("--prompt, --new and --rounds must be at least 1")
@@ -50,17 +51,17 @@ def main():
     ids = torch.tensor([[(i * 7919) % vocab for i in range(a.prompt)]])
     wall, cpu = [], []
     with torch.no_grad():
-        m.generate(ids, max_new_tokens=2, do_sample=False, use_cache=True, pad_token_id=0)  # warm-up
+        m.generate(ids, max_new_tokens=2, do_sample=False, use_cache=True, pad_token_id=0, num_beams=a.beams)  # warm-up
         for _ in range(a.rounds):
             w0, c0 = time.perf_counter(), time.process_time()
             out = m.generate(ids, max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False, use_cache=True,
-                             pad_token_id=0)
+                             pad_token_id=0, num_beams=a.beams)
             w1, c1 = time.perf_counter(), time.process_time()
             assert out.shape[1] == a.prompt + a.new
             wall.append(a.new / (w1 - w0))
             cpu.append(a.new / (c1 - c0))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {a.model} prompt {a.prompt} new {a.new} rounds {a.rounds}")
+          f"{torch.get_num_threads()} threads, {a.model} prompt {a.prompt} new {a.new} beams {a.beams} rounds {a.rounds}")
     print(f"kv cache  {statistics.median(wall):8.2f} tokens/s wall  {statistics.median(cpu):8.2f} tokens/CPU-s")
 
 

@@ -267,11 +267,10 @@ static dt_status window_check(dt_model *m, const char *who, const gen_ops *ops, 
     const int64_t W = dt__llama_window(m), total = nprompt + p->max_new_tokens;
     if (W <= 0 || p->max_new_tokens < 1 || total - 1 <= W || (kv && total <= dt__gen_kv_cap(kv)))
         return DT_OK;
-    const char *why = p->num_beams > 1 ? "beam search runs uncached"
-                      : ops->share     ? "through a pipeline's stages it runs uncached"
-                      : !p->kv_cache   ? "the key/value cache is off"
-                      : kv             ? "the sequence is longer than the model's positions (max_position_embeddings)"
-                                       : "this model runs uncached (tensor parallelism, hooks or forward overrides)";
+    const char *why = ops->share     ? "through a pipeline's stages it runs uncached"
+                      : !p->kv_cache ? "the key/value cache is off"
+                      : kv           ? "the sequence is longer than the model's positions (max_position_embeddings)"
+                                     : "this model runs uncached (tensor parallelism, hooks or forward overrides)";
     return dt_error(DT_ERR_UNSUPPORTED, "%s: %lld prompt and %lld new tokens run past the model's sliding window "
                     "(sliding_window %lld): only the key/value cache generates them as the model does (each token "
                     "seeing the last %lld positions), and %s", who, (long long)nprompt,
@@ -304,12 +303,12 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt_model_train(m, false);
     bool shared = !ops->share; /* one process: nobody to tell */
     dt__gen_kv *kv = NULL;
-    if (st == DT_OK && p.num_beams == 1 && p.kv_cache && !ops->share && p.max_new_tokens > 0)
-        st = dt__gen_kv_init(m, nprompt, p.max_new_tokens, &kv);
+    if (st == DT_OK && p.kv_cache && !ops->share && p.max_new_tokens > 0)
+        st = dt__gen_kv_init(m, p.num_beams, nprompt, p.max_new_tokens, &kv);
     if (st == DT_OK)
         st = window_check(m, who, ops, &p, kv, nprompt);
     if (st == DT_OK && p.num_beams > 1) /* one process (dt_strategy_pipe_generate refuses beams) */
-        st = dt__gen_beam(m, ctx, &p, P, V, out, nprompt, &n);
+        st = dt__gen_beam(m, ctx, &p, kv, P, V, out, nprompt, &n);
     for (int64_t k = 0; st == DT_OK && p.num_beams == 1 && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1]));
          k++) {
         dt_ag_set_enabled(ctx, false);

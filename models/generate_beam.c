@@ -5,16 +5,18 @@
  * tokens' log-probabilities; at the start one beam scores 0 and the others
  * -1e9, so the first step expands the prompt once), and num_beams finished
  * slots (score -1e9 and unfinished at first). Each step:
- *   1. one forward over the running beams as a batch [num_beams, T] (the
- *      uncached forward, cropped to the model's positions as the greedy
- *      loop crops); per beam, log_softmax of the last position's logits,
+ *   1. one forward over the running beams as a batch: with the key/value
+ *      cache (num_beams sequences) the prompt once, then each beam's new
+ *      token alone; else (or past the cache's positions) the uncached
+ *      forward over [num_beams, T], cropped to the model's positions as
+ *      the greedy loop crops; per beam, log_softmax of the last position's logits,
  *      then the logits processors (dt__gen_process) on those
  *      log-probabilities, plus the beam's score;
  *   2. the K = max(2, 1 + n_eos) * num_beams best (beam, token) pairs of
  *      all num_beams * V; a pair "hits" when its token is a stop token or
  *      the sequence reaches prompt + max_new_tokens;
  *   3. the next running beams: the num_beams best pairs after -1e9 on the
- *      hits;
+ *      hits (the cache's sequences follow their parents: dt__gen_kv_reorder);
  *   4. the finished slots: the hits among the first num_beams pairs, scored
  *      sum / (new tokens)^length_penalty, compete with the slots held (the
  *      best num_beams stay); no new one once every slot is finished under
@@ -28,9 +30,8 @@
  * is the best slot. Scores are f32 and the -1e9 marks are added in f32, as
  * transformers computes them; equal scores rank by index (the lower first).
  *
- * The trade-off: no key/value cache (a reordered cache per beam would spare
- * the forward over the whole window each step); the beams' tokens are
- * those of transformers' cached run. */
+ * The beams' tokens are those of transformers' cached run, with the cache
+ * or without. */
 #include "zoo.h"
 
 #include <dtrain/autograd.h>
@@ -82,17 +83,18 @@ static bool stop_token(const dt_generate_params *p, int64_t tok)
     return false;
 }
 
-dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, int64_t P, int64_t V, int64_t *out,
-                       int64_t nprompt, int64_t *nout)
+dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt__gen_kv *kv, int64_t P, int64_t V,
+                       int64_t *out, int64_t nprompt, int64_t *nout)
 {
     static const char *who = "dt_model_generate";
     *nout = nprompt;
     if (p->max_new_tokens == 0)
         return DT_OK;
     const int64_t B = p->num_beams, K = (p->n_eos + 1 > 2 ? p->n_eos + 1 : 2) * B, L = nprompt + p->max_new_tokens;
+    const int64_t X = P > nprompt ? P : nprompt; /* the longest forward input: the window, or a cached prompt */
     /* the buffers' bytes, counted in double: a num_beams near INT64_MAX must be refused, not wrap */
     const double db = (double)B, dk = (double)K;
-    const double need = ((3 * db + dk) * (double)L + db * (double)P + 3 * db + 2 * dk) * sizeof(int64_t) +
+    const double need = ((3 * db + dk) * (double)L + db * (double)X + 4 * db + 2 * dk) * sizeof(int64_t) +
                         (db * (double)V + (double)V + 3 * db + 2 * dk) * sizeof(float) + (double)V + 2 * (db + dk);
     if (need > (double)(SIZE_MAX / 4))
         return dt_error(DT_ERR_NO_MEMORY, "%s: num_beams %lld over %lld tokens would need %.3g bytes of buffers",
@@ -100,7 +102,8 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
     int64_t *run = malloc((size_t)(B * L) * sizeof *run);   /* (B, L) running sequences */
     int64_t *fin = malloc((size_t)(B * L) * sizeof *fin);   /* (B, L) finished slots */
     int64_t *cand = malloc((size_t)(K * L) * sizeof *cand); /* (K, L) this step's pairs */
-    int64_t *xin = malloc((size_t)(B * P) * sizeof *xin);   /* (B, T) the forward's input */
+    int64_t *xin = malloc((size_t)(B * X) * sizeof *xin);   /* (B, T) the forward's input */
+    int64_t *parent = malloc((size_t)B * sizeof *parent);  /* the next running beams' sources */
     int64_t *finlen = malloc((size_t)B * sizeof *finlen);
     float *acc = malloc((size_t)(B * V) * sizeof *acc); /* (B, V) scores of every (beam, token) */
     float *lp = malloc((size_t)V * sizeof *lp);
@@ -112,7 +115,7 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
     unsigned char *seen = malloc((size_t)V);
     int64_t *mlen = malloc((size_t)(B + K) * sizeof *mlen), *mseq = malloc((size_t)(B * L) * sizeof *mseq);
     dt_status st = DT_OK;
-    if (!run || !fin || !cand || !xin || !finlen || !acc || !lp || !runs || !fins || !merged || !cs || !hit ||
+    if (!run || !fin || !cand || !xin || !parent || !finlen || !acc || !lp || !runs || !fins || !merged || !cs || !hit ||
         !finished || !mflag || !top || !pick || !seen || !mlen || !mseq) {
         st = dt_error(DT_ERR_NO_MEMORY, "%s: num_beams %lld over %lld tokens: out of memory for %.3g bytes", who,
                       (long long)B, (long long)L, need);
@@ -126,12 +129,14 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
     }
     bool improvable = true; /* transformers' is_early_stop_heuristic_unsatisfied */
     for (int64_t cur = nprompt;; cur++) {
-        const int64_t T = cur < P ? cur : P;
+        const bool cached = kv && cur <= dt__gen_kv_cap(kv);
+        const int64_t c = cached ? dt__gen_kv_len(kv) : 0, T = cached ? cur - c : cur < P ? cur : P; /* new tokens */
         for (int64_t b = 0; b < B; b++)
             memcpy(xin + b * T, run + b * L + cur - T, (size_t)T * sizeof *xin);
         dt_ag_set_enabled(ctx, false);
-        dt_tensor *x = dt_tensor_view_of(ctx, xin, DT_I64, 2, (int64_t[]){B, T});
-        dt_tensor *y = x ? dt_model_forward(ctx, m, x) : NULL;
+        dt_tensor *x = cached ? NULL : dt_tensor_view_of(ctx, xin, DT_I64, 2, (int64_t[]){B, T});
+        dt_tensor *y = cached ? dt__gen_kv_forward(kv, ctx, xin, T) : x ? dt_model_forward(ctx, m, x) : NULL;
+        const int64_t Ty = cached ? 1 : T; /* the logits' positions */
         if (y && y->dtype != DT_F32)
             y = dt_cast(ctx, y, DT_F32);
         if (y && !dt_tensor_is_contiguous(y))
@@ -140,13 +145,13 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
             st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: beam search forward", who);
             break;
         }
-        if (y->ndim != 3 || y->shape[0] != B || y->shape[1] != T || y->shape[2] != V) {
-            st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [%lld, %lld, %lld]", who, (long long)B, (long long)T,
+        if (y->ndim != 3 || y->shape[0] != B || y->shape[1] != Ty || y->shape[2] != V) {
+            st = dt_error(DT_ERR_SHAPE, "%s: the logits are not [%lld, %lld, %lld]", who, (long long)B, (long long)Ty,
                           (long long)V);
             break;
         }
         for (int64_t b = 0; b < B; b++) { /* log_softmax, the processors, plus the beam's score */
-            log_softmax((const float *)y->data + (b * T + T - 1) * V, V, lp);
+            log_softmax((const float *)y->data + (b * Ty + Ty - 1) * V, V, lp);
             dt__gen_process(p, run + b * L, cur, nprompt, lp, V, seen);
             for (int64_t j = 0; j < V; j++)
                 acc[b * V + j] = lp[j] + runs[b];
@@ -192,7 +197,9 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, in
         for (int64_t b = 0; b < B; b++) {
             memcpy(run + b * L, cand + pick[b].i * L, (size_t)(cur + 1) * sizeof *run);
             runs[b] = pick[b].s;
+            parent[b] = top[pick[b].i].i / V;
         }
+        dt__gen_kv_reorder(kv, parent);
         /* transformers' _check_early_stop_heuristic at the new length */
         const int64_t len = p->early_stopping == DT_EARLY_STOPPING_NEVER && p->length_penalty > 0.0f
                                 ? L - nprompt : cur + 1 - nprompt;
@@ -219,6 +226,7 @@ done:
     free(fin);
     free(cand);
     free(xin);
+    free(parent);
     free(finlen);
     free(acc);
     free(lp);

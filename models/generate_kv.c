@@ -69,17 +69,39 @@ static int heads(const dt_module *attn)
     return attn && dt_module_get_config(attn, &c) == DT_OK ? c.k : 0;
 }
 
-/* c's storage for L layers of rows of row floats per position, cap positions. */
-static dt_status cache_alloc(dt__kv_cache *c, int L, int64_t row, int64_t cap, int64_t window)
+/* c's storage for L layers of B sequences of cap positions of row floats
+ * (and, for B > 1, dt__kv_reorder's scratch: one layer's). */
+static dt_status cache_alloc(dt__kv_cache *c, int L, int64_t B, int64_t row, int64_t cap, int64_t window)
 {
-    *c = (dt__kv_cache){.L = L, .row = row, .cap = cap, .window = window};
-    size_t n = (size_t)L * (size_t)cap * (size_t)row;
-    c->k = dt_alloc(n * sizeof(float));
-    c->v = dt_alloc(n * sizeof(float));
-    if (c->k && c->v)
+    *c = (dt__kv_cache){.L = L, .B = B, .row = row, .cap = cap, .window = window};
+    const double n = (double)L * (double)B * (double)cap * (double)row;
+    if (n * 2 * sizeof(float) < (double)(SIZE_MAX / 4)) {
+        c->k = dt_alloc((size_t)n * sizeof(float));
+        c->v = dt_alloc((size_t)n * sizeof(float));
+        c->scratch = B > 1 ? dt_alloc((size_t)B * (size_t)cap * (size_t)row * sizeof(float)) : NULL;
+    }
+    if (c->k && c->v && (B == 1 || c->scratch))
         return DT_OK;
-    return dt_error(DT_ERR_NO_MEMORY, "generate: a key/value cache of %lld positions (%d layers of %lld)",
-                    (long long)cap, L, (long long)row);
+    return dt_error(DT_ERR_NO_MEMORY, "generate: a key/value cache of %lld positions (%d layers, rows of %lld) "
+                    "for %lld sequences (num_beams)", (long long)cap, L, (long long)row, (long long)B);
+}
+
+void dt__kv_reorder(dt__kv_cache *c, const int64_t *parent)
+{
+    const size_t seq = (size_t)c->cap * (size_t)c->row, used = (size_t)c->len * (size_t)c->row;
+    bool same = true;
+    for (int64_t b = 0; b < c->B; b++)
+        same &= parent[b] == b;
+    if (same || !used)
+        return;
+    for (int l = 0; l < c->L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            float *x = (kv ? c->v : c->k) + (size_t)l * (size_t)c->B * seq;
+            for (int64_t b = 0; b < c->B; b++)
+                memcpy(c->scratch + (size_t)b * seq, x + (size_t)parent[b] * seq, used * sizeof(float));
+            for (int64_t b = 0; b < c->B; b++)
+                memcpy(x + (size_t)b * seq, c->scratch + (size_t)b * seq, used * sizeof(float));
+        }
 }
 
 /* An f32 contiguous copy of x (or x itself). */
@@ -97,37 +119,44 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
 {
     if (!q || !k || !v)
         return NULL;
-    const int64_t n = q->ndim == 3 ? q->shape[1] : 0, p0 = c->len, P = p0 + n;
+    const int64_t B = c->B, n = q->ndim == 3 ? q->shape[1] : 0, p0 = c->len, P = p0 + n;
     const int64_t hd = H > 0 ? q->shape[q->ndim - 1] / H : 0, row = (int64_t)KV * hd;
-    if (l < 0 || l >= c->L || H < 1 || KV < 1 || H % KV || n < 1 || q->shape[0] != 1 || hd * H != q->shape[2] ||
-        row != c->row || k->ndim != 3 || k->shape[1] != n || k->shape[2] != row || v->ndim != 3 ||
-        v->shape[1] != n || v->shape[2] != row || P > c->cap) {
+    if (l < 0 || l >= c->L || H < 1 || KV < 1 || H % KV || n < 1 || q->shape[0] != B || hd * H != q->shape[2] ||
+        row != c->row || k->ndim != 3 || k->shape[0] != B || k->shape[1] != n || k->shape[2] != row ||
+        v->ndim != 3 || v->shape[0] != B || v->shape[1] != n || v->shape[2] != row || P > c->cap) {
         dt_error(DT_ERR_SHAPE, "generate: cached attention of layer %d (%d heads over %d, %lld positions after "
-                 "%lld) does not fit the cache (%d layers, rows of %lld, %lld positions)", l, H, KV, (long long)n,
-                 (long long)p0, c->L, (long long)c->row, (long long)c->cap);
+                 "%lld) does not fit the cache (%d layers, %lld sequences, rows of %lld, %lld positions)", l, H, KV,
+                 (long long)n, (long long)p0, c->L, (long long)B, (long long)c->row, (long long)c->cap);
         return NULL;
     }
     const dt_dtype dt = q->dtype;
     q = as_f32(ctx, q), k = as_f32(ctx, k), v = as_f32(ctx, v);
-    float *y = dt_ctx_alloc(ctx, (size_t)n * (size_t)H * (size_t)hd * sizeof(float));
-    float *sc = dt_ctx_alloc(ctx, (size_t)H * (size_t)P * sizeof(float)); /* one score row per head */
+    float *y = dt_ctx_alloc(ctx, (size_t)(B * n) * (size_t)H * (size_t)hd * sizeof(float));
+    float *sc = dt_ctx_alloc(ctx, (size_t)(B * H) * (size_t)P * sizeof(float)); /* one score row per head */
     if (!q || !k || !v || !y || !sc)
         return NULL;
-    float *K = c->k + (size_t)l * (size_t)c->cap * (size_t)row, *Vc = c->v + (size_t)l * (size_t)c->cap * (size_t)row;
-    memcpy(K + (size_t)p0 * (size_t)row, k->data, (size_t)n * (size_t)row * sizeof(float));
-    memcpy(Vc + (size_t)p0 * (size_t)row, v->data, (size_t)n * (size_t)row * sizeof(float));
+    const size_t seq = (size_t)c->cap * (size_t)row; /* one sequence's positions */
+    float *K = c->k + (size_t)l * (size_t)B * seq, *Vc = c->v + (size_t)l * (size_t)B * seq;
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(K + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)k->data + (size_t)(b * n) * (size_t)row,
+               (size_t)n * (size_t)row * sizeof(float));
+        memcpy(Vc + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)v->data + (size_t)(b * n) * (size_t)row,
+               (size_t)n * (size_t)row * sizeof(float));
+    }
     const float *qd = q->data, scale = 1.0f / sqrtf((float)hd);
     const int64_t group = H / KV;
-#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (H > 1 && P * hd > 4096)
-    for (int64_t h = 0; h < H; h++) {
-        float *s = sc + (size_t)h * (size_t)P;
+#pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (B * H > 1 && P * hd > 4096)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t b = bh / H, h = bh % H;
+        float *s = sc + (size_t)bh * (size_t)P;
         const int64_t kh = h / group; /* its kv head (transformers' repeat_kv) */
+        const float *Kb = K + (size_t)b * seq, *Vb = Vc + (size_t)b * seq;
         for (int64_t i = 0; i < n; i++) {
-            const float *qi = qd + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
+            const float *qi = qd + ((size_t)(b * n + i) * (size_t)H + (size_t)h) * (size_t)hd;
             const int64_t nk = p0 + i + 1, j0 = c->window > 0 && nk > c->window ? nk - c->window : 0;
             float mx = -INFINITY;
             for (int64_t j = j0; j < nk; j++) {
-                const float *kj = K + (size_t)j * (size_t)row + (size_t)(kh * hd);
+                const float *kj = Kb + (size_t)j * (size_t)row + (size_t)(kh * hd);
                 float d = 0;
                 for (int64_t e = 0; e < hd; e++)
                     d += qi[e] * kj[e];
@@ -139,17 +168,17 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
                 s[j] = expf(s[j] - mx);
                 sum += s[j];
             }
-            float *yo = y + ((size_t)i * (size_t)H + (size_t)h) * (size_t)hd;
+            float *yo = y + ((size_t)(b * n + i) * (size_t)H + (size_t)h) * (size_t)hd;
             for (int64_t e = 0; e < hd; e++)
                 yo[e] = 0;
             for (int64_t j = j0; j < nk; j++) {
-                const float *vj = Vc + (size_t)j * (size_t)row + (size_t)(kh * hd), w = s[j] / sum;
+                const float *vj = Vb + (size_t)j * (size_t)row + (size_t)(kh * hd), w = s[j] / sum;
                 for (int64_t e = 0; e < hd; e++)
                     yo[e] += w * vj[e];
             }
         }
     }
-    dt_tensor *out = dt_tensor_view_of(ctx, y, DT_F32, 3, (int64_t[]){1, n, (int64_t)H * hd});
+    dt_tensor *out = dt_tensor_view_of(ctx, y, DT_F32, 3, (int64_t[]){B, n, (int64_t)H * hd});
     return out && dt != DT_F32 ? dt_cast(ctx, out, dt) : out;
 }
 
@@ -157,15 +186,15 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
 
 static dt_tensor *gpt2_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
 {
-    const int64_t p0 = kv->c.len, C = kv->C;
-    int64_t *ids = dt_ctx_alloc(ctx, 2 * (size_t)n * sizeof *ids);
+    const int64_t p0 = kv->c.len, C = kv->C, B = kv->c.B;
+    int64_t *ids = dt_ctx_alloc(ctx, (size_t)(B * n + n) * sizeof *ids);
     if (!ids)
         return NULL;
-    memcpy(ids, tok, (size_t)n * sizeof *ids);
+    memcpy(ids, tok, (size_t)(B * n) * sizeof *ids);
     for (int64_t i = 0; i < n; i++)
-        ids[n + i] = p0 + i;
-    dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, kv->wte, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){1, n})),
-                          dt_module_forward(ctx, kv->wpe, dt_tensor_view_of(ctx, ids + n, DT_I64, 1, &n)));
+        ids[B * n + i] = p0 + i;
+    dt_tensor *x = dt_add(ctx, dt_module_forward(ctx, kv->wte, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){B, n})),
+                          dt_module_forward(ctx, kv->wpe, dt_tensor_view_of(ctx, ids + B * n, DT_I64, 1, &n)));
     for (int l = 0; l < kv->c.L && x; l++) {
         const kv_block *b = &kv->b[l];
         dt_tensor *qkv = dt_module_forward(ctx, b->c_attn, dt_module_forward(ctx, b->ln_1, x)); /* [1, n, 3C] */
@@ -182,9 +211,10 @@ static dt_tensor *gpt2_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, 
     return dt_module_forward(ctx, kv->head, dt_module_forward(ctx, kv->ln_f, x));
 }
 
-/* kv for a GPT-2 zoo tree (kv->forward stays NULL for another model),
- * want positions or as many as the model has; none for a prompt of more. */
-static dt_status gpt2_init(dt_model *m, int64_t nprompt, int64_t want, dt__gen_kv *kv)
+/* kv of B sequences for a GPT-2 zoo tree (kv->forward stays NULL for
+ * another model), want positions or as many as the model has; none for a
+ * prompt of more. */
+static dt_status gpt2_init(dt_model *m, int64_t B, int64_t nprompt, int64_t want, dt__gen_kv *kv)
 {
     dt_module *root = dt_model_root(m);
     dt_module *tr = kid(root, "transformer"), *h = kid(tr, "h");
@@ -210,7 +240,7 @@ static dt_status gpt2_init(dt_model *m, int64_t nprompt, int64_t want, dt__gen_k
     const int64_t P = dt_module_param(kv->wpe, 0)->shape[0];
     if (kv->C % kv->H || wa->ndim != 2 || wa->shape[0] * wa->shape[1] != 3 * kv->C * kv->C || nprompt > P)
         return DT_OK;
-    dt_status st = cache_alloc(&kv->c, L, kv->C, want < P ? want : P, 0);
+    dt_status st = cache_alloc(&kv->c, L, B, kv->C, want < P ? want : P, 0);
     if (st == DT_OK)
         kv->forward = gpt2_forward;
     return st;
@@ -223,31 +253,31 @@ static dt_tensor *llama_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok,
     return dt__llama_kv_forward(kv->m, &kv->c, ctx, tok, n);
 }
 
-static dt_status llama_init(dt_model *m, int64_t nprompt, int64_t want, dt__gen_kv *kv)
+static dt_status llama_init(dt_model *m, int64_t B, int64_t nprompt, int64_t want, dt__gen_kv *kv)
 {
     int L = 0;
     int64_t row = 0, P = 0, window = 0;
     if (!dt__llama_kv_shape(m, &L, &row, &P, &window) || nprompt > P)
         return DT_OK;
-    dt_status st = cache_alloc(&kv->c, L, row, want < P ? want : P, window);
+    dt_status st = cache_alloc(&kv->c, L, B, row, want < P ? want : P, window);
     if (st == DT_OK)
         kv->forward = llama_forward;
     return st;
 }
 
-dt_status dt__gen_kv_init(dt_model *m, int64_t nprompt, int64_t nnew, dt__gen_kv **out)
+dt_status dt__gen_kv_init(dt_model *m, int64_t B, int64_t nprompt, int64_t nnew, dt__gen_kv **out)
 {
-    static dt_status (*const inits[])(dt_model *, int64_t, int64_t, dt__gen_kv *) = {gpt2_init, llama_init};
+    static dt_status (*const inits[])(dt_model *, int64_t, int64_t, int64_t, dt__gen_kv *) = {gpt2_init, llama_init};
     *out = NULL;
     dt_module *root = dt_model_root(m);
-    if (!root || !plain(root) || nprompt < 1 || nnew < 0 || nnew > INT64_MAX - nprompt)
+    if (!root || !plain(root) || B < 1 || nprompt < 1 || nnew < 0 || nnew > INT64_MAX - nprompt)
         return DT_OK;
     for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++) {
         dt__gen_kv *kv = calloc(1, sizeof *kv);
         if (!kv)
             return dt_error(DT_ERR_NO_MEMORY, "generate: the key/value cache");
         kv->m = m;
-        dt_status st = inits[i](m, nprompt, nprompt + nnew, kv);
+        dt_status st = inits[i](m, B, nprompt, nprompt + nnew, kv);
         if (st == DT_OK && kv->forward) {
             *out = kv;
             return DT_OK;
@@ -265,6 +295,7 @@ void dt__gen_kv_free(dt__gen_kv *kv)
         return;
     dt_free(kv->c.k);
     dt_free(kv->c.v);
+    dt_free(kv->c.scratch);
     free(kv->b);
     free(kv);
 }
@@ -272,6 +303,12 @@ void dt__gen_kv_free(dt__gen_kv *kv)
 int64_t dt__gen_kv_len(const dt__gen_kv *kv) { return kv ? kv->c.len : 0; }
 
 int64_t dt__gen_kv_cap(const dt__gen_kv *kv) { return kv ? kv->c.cap : 0; }
+
+void dt__gen_kv_reorder(dt__gen_kv *kv, const int64_t *parent)
+{
+    if (kv)
+        dt__kv_reorder(&kv->c, parent);
+}
 
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n)
 {

@@ -432,13 +432,13 @@ dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const
 {
     dt_module *root = dt_model_root(m);
     llama_rt *rt = dt_module_user_data(root);
-    int64_t *ids = dt_ctx_alloc(ctx, (size_t)n * sizeof *ids);
+    int64_t *ids = dt_ctx_alloc(ctx, (size_t)(c->B * n) * sizeof *ids);
     if (!ids)
         return NULL;
-    memcpy(ids, tok, (size_t)n * sizeof *ids);
+    memcpy(ids, tok, (size_t)(c->B * n) * sizeof *ids);
     kv_step step = {.c = c};
     rt->kv = &step;
-    dt_tensor *y = dt_module_forward(ctx, root, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){1, n}));
+    dt_tensor *y = dt_module_forward(ctx, root, dt_tensor_view_of(ctx, ids, DT_I64, 2, (int64_t[]){c->B, n}));
     rt->kv = NULL;
     if (y && step.layer != c->L) {
         dt_error(DT_ERR_STATE, "generate: the cached forward ran %d attention layers of %d", step.layer, c->L);

@@ -51,36 +51,44 @@ dt_status dt__hf_meta_model(const dt_hf_config *h, dt_model **m);
 dt_status dt__model_mlp(uint64_t seed, const dt_model_config *c, dt_model **out, dt_model_desc *d);
 
 /* The key/value cache of dt_model_generate (generate_kv.c). init: *out a
- * cache for a sequence of nprompt + nnew tokens for model m (cap: as many
- * of them as the model's positions hold), or NULL (DT_OK) where the model
- * is not a plain one-process GPT-2 or Llama-family zoo tree or the prompt
- * alone is longer than its positions. cap: the positions it holds; the
- * sequence runs cached while it fits them. forward: the
- * logits [1, 1, V] (f32) of the last of the n tokens tok[0..n), run at the
- * positions after the ones cached, whose keys and values it adds (no-grad
- * context, eval mode: the caller's). len: positions cached so far. */
+ * cache for B sequences (beams) of nprompt + nnew tokens for model m (cap:
+ * as many of them as the model's positions hold), or NULL (DT_OK) where the
+ * model is not a plain one-process GPT-2 or Llama-family zoo tree or the
+ * prompt alone is longer than its positions. cap: the positions it holds;
+ * the sequences run cached while they fit them. forward: the logits
+ * [B, 1, V] (f32) of the last of each sequence's n tokens tok[b n + i]
+ * (i < n), run at the positions after the ones cached, whose keys and
+ * values it adds (no-grad context, eval mode: the caller's). len: positions
+ * cached so far. reorder: sequence b continues sequence parent[b] (beam
+ * search's choice; the cached positions are copied). */
 typedef struct dt__gen_kv dt__gen_kv;
-dt_status dt__gen_kv_init(dt_model *m, int64_t nprompt, int64_t nnew, dt__gen_kv **out);
+dt_status dt__gen_kv_init(dt_model *m, int64_t B, int64_t nprompt, int64_t nnew, dt__gen_kv **out);
 int64_t dt__gen_kv_cap(const dt__gen_kv *kv);
+void dt__gen_kv_reorder(dt__gen_kv *kv, const int64_t *parent);
 void dt__gen_kv_free(dt__gen_kv *kv);
 int64_t dt__gen_kv_len(const dt__gen_kv *kv);
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
-/* The keys and values themselves: L layers of cap positions of row
- * (KV heads times hd) floats each, k and v [L][cap][row]; len positions
- * held. window > 0: a query at position p sees the keys of positions
+/* The keys and values themselves: L layers of B sequences of cap
+ * positions of row (KV heads times hd) floats each, k and v
+ * [L][B][cap][row]; len positions held (the same in every sequence).
+ * window > 0: a query at position p sees the keys of positions
  * (p - window, p] only (Mistral's sliding window, transformers'
- * sliding_window_overlay); 0: every earlier one. */
+ * sliding_window_overlay); 0: every earlier one. scratch: reorder's, one
+ * layer's [B][cap][row] (B > 1). */
 typedef struct {
-    float *k, *v;
+    float *k, *v, *scratch;
     int L;
-    int64_t row, cap, len, window;
+    int64_t B, row, cap, len, window;
 } dt__kv_cache;
+/* Sequence b continues sequence parent[b] (each in [0, B)): the len cached
+ * positions of every layer copied so. */
+void dt__kv_reorder(dt__kv_cache *c, const int64_t *parent);
 /* Layer l's attention for n new rows at positions [c->len, c->len + n): q
- * [1, n, H hd], k and v [1, n, KV hd] (any float dtype; views too), KV
+ * [B, n, H hd], k and v [B, n, KV hd] (B: the cache's; any float dtype; views too), KV
  * dividing H (query head h reads kv head h / (H / KV)). Their keys and
  * values go into the cache; query i attends to positions [0, c->len + i]
  * (the last c->window of them when the cache has a window; softmax of
- * q.k / sqrt(hd), in f32). Returns [1, n, H hd] in q's dtype;
+ * q.k / sqrt(hd), in f32). Returns [B, n, H hd] in q's dtype;
  * c->len is the caller's to advance, after the last layer. NULL with
  * DT_ERR_SHAPE when the rows do not fit the cache. */
 dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, dt_tensor *k, dt_tensor *v, int H,
@@ -91,9 +99,10 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
  * the row of keys per position (KV hd), its positions
  * (max_position_embeddings: with the cache a sliding window does not bound
  * the sequence) and its sliding window (0: none). forward: the model's own
- * forward over tok[0..n) at positions [c->len, c->len + n), each decoder
+ * forward over the B sequences' tokens tok[b n + i] (i < n) at positions
+ * [c->len, c->len + n), each decoder
  * layer's attention through dt__kv_attention (RoPE at those positions),
- * the head on the last position only: logits [1, 1, V] in the model's
+ * the head on the last position only: logits [B, 1, V] in the model's
  * dtype; c->len unchanged. window: the sliding window of a Llama-family
  * model that has one (shorter than its positions; dt_llama_positions gives
  * it as the model's positions), else 0. */
@@ -109,10 +118,11 @@ dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const
 void dt__gen_process(const dt_generate_params *p, const int64_t *seq, int64_t n, int64_t nprompt, float *s,
                      int64_t V, unsigned char *seen);
 /* transformers' beam search (generate_beam.c) for dt_model_generate with p->num_beams > 1 (checked, one
- * process, eval mode): the prompt out[0..nprompt) continued, *nout the best finished sequence's length; P, V:
- * the model's positions and vocabulary; ctx: the caller's (reset here). */
-dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, int64_t P, int64_t V, int64_t *out,
-                       int64_t nprompt, int64_t *nout);
+ * process, eval mode): the prompt out[0..nprompt) continued, *nout the best finished sequence's length; kv: a
+ * cache of num_beams sequences (dt__gen_kv_init) or NULL (the uncached forward); P, V: the model's positions and
+ * vocabulary; ctx: the caller's (reset here). */
+dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt__gen_kv *kv, int64_t P, int64_t V,
+                       int64_t *out, int64_t nprompt, int64_t *nout);
 
 /* Helpers of the models' pipeline units functions (zoo.c;
  * dt_model_set_pipe_units): fill unit u (name, module, function, the

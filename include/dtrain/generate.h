@@ -90,7 +90,8 @@ typedef struct dt_generate_params {
                                      already in the sequence (prompt included) gets -inf; 0 = off (default) */
     int64_t num_beams;      /* 1 (default): one sequence; > 1: beam search (temperature 0 only: beam
                                sampling is DT_ERR_UNSUPPORTED). The beams run as one batch of num_beams
-                               rows through the uncached forward (kv_cache does not apply) */
+                               rows, with kv_cache one cached sequence per beam (a beam that continues
+                               another takes its cached positions) */
     float length_penalty;   /* beam search: a finished sequence scores its log-probability sum over
                                (new tokens)^length_penalty; finite, default 1 */
     dt_early_stopping early_stopping; /* beam search: when to stop; default DT_EARLY_STOPPING_FALSE */
@@ -105,8 +106,8 @@ typedef struct dt_generate_params {
                                model with a sliding window (dt_llama_config.sliding_window)
                                runs past it only cached, each token at its own position seeing
                                the last sliding_window ones (transformers' generate); a sequence
-                               that would run past it uncached (kv_cache false, beams, the pipe
-                               strategy, a model with hooks) is DT_ERR_UNSUPPORTED */
+                               that would run past it uncached (kv_cache false, the pipe strategy,
+                               a model with hooks) is DT_ERR_UNSUPPORTED */
 } dt_generate_params;
 DT_API dt_generate_params dt_generate_params_default(void);
 /* Continue prompt[0..nprompt) (token ids in [0, V)) with a GPT-2 or Llama model:

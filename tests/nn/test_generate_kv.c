@@ -9,8 +9,9 @@
  * greedy and sampled (temperature, top-k), and a sequence that runs past
  * the model's positions (where the window moves and generation goes
  * uncached). A model with a forward hook is generated without the cache
- * (and the same tokens). Past a sliding window only the cached path
- * generates (the other is refused). The models: gpt-micro, llama-tiny (grouped-query
+ * (and the same tokens). Beam search (one cached sequence per beam) gives
+ * the same tokens with and without. Past a sliding window only the cached
+ * path generates (the other is refused). The models: gpt-micro, llama-tiny (grouped-query
  * attention, RoPE; also in bf16) and the Qwen3 (per-head q/k norms), Gemma
  * (scaled embeddings, 1 + w norms) and Mistral (a sliding window of 16
  * positions) test directories, each with its weights scaled up so that its
@@ -87,7 +88,7 @@ static void cached_logits(int i)
     for (int64_t j = 0; j < np; j++)
         seq[j] = (j * 37 + 5) % V;
     dt__gen_kv *kv = NULL;
-    ASSERT_OK(dt__gen_kv_init(m, np, nnew, &kv));
+    ASSERT_OK(dt__gen_kv_init(m, 1, np, nnew, &kv));
     ASSERT(kv); /* the zoo's GPT-2 or Llama tree: cached */
     dt_ctx *ctx = NULL;
     ASSERT_OK(dt_ctx_init(NULL, &ctx));
@@ -231,6 +232,52 @@ TEST(same_tokens_with_and_without)
     }
 }
 
+/* Beam search with and without the cache (num_beams sequences, reordered
+ * by their parents each step): the same tokens, inside the positions and
+ * (past them: the cache fills, then the window moves uncached) outside,
+ * with stop tokens and a length penalty. */
+static void beams(int i, dt_model *m, int64_t P, int64_t V, int64_t nb, int64_t np, int64_t nnew, int64_t eos)
+{
+    int64_t prompt[100], a[200], b[200], na = 0, nbt = 0;
+    for (int64_t j = 0; j < np; j++)
+        prompt[j] = (j * 29 + 3) % V;
+    dt_generate_params gp = dt_generate_params_default();
+    gp.temperature = 0, gp.num_beams = nb, gp.max_new_tokens = nnew, gp.length_penalty = 1.5f;
+    if (eos >= 0)
+        gp.eos_ids[0] = eos, gp.n_eos = 1;
+    gp.kv_cache = false;
+    ASSERT_OK(dt_model_generate(m, &gp, prompt, np, a, 200, &na));
+    gp.kv_cache = true;
+    ASSERT_OK(dt_model_generate(m, &gp, prompt, np, b, 200, &nbt));
+    if (na != nbt || memcmp(a, b, (size_t)na * sizeof *a))
+        fprintf(stderr, "%s: %lld beams, prompt %lld, %lld new (positions %lld): %lld tokens uncached, %lld cached\n",
+                g_models[i].name, (long long)nb, (long long)np, (long long)nnew, (long long)P, (long long)na,
+                (long long)nbt);
+    ASSERT_EQ_INT(na, nbt);
+    ASSERT(!memcmp(a, b, (size_t)na * sizeof *a));
+    ASSERT(na > np);
+}
+
+TEST(beams_with_and_without)
+{
+    dt_set_num_threads(2);
+    for (int i = 0; i < N_MODELS; i++) {
+        if (g_models[i].dtype != DT_F32)
+            continue;
+        int64_t P = 0, V = 0;
+        dt_model *m = make(i, &P, &V);
+        ASSERT(m);
+        if (!m)
+            continue;
+        const bool window = dt__llama_window(m) > 0; /* past it only cached (test_hf_cli) */
+        beams(i, m, P, V, 3, 4, P - 6, -1);
+        beams(i, m, P, V, 4, 2, P - 4, 7 % V);
+        if (!window)
+            beams(i, m, P, V, 2, P - 10, 30, -1); /* the cache fills at P, then the window moves */
+        dt_model_free(m);
+    }
+}
+
 static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor *y, void *ud)
 {
     (void)ctx, (void)mod, (void)x, (void)y;
@@ -251,7 +298,7 @@ static void hooked(int i, const char *path)
     dt_hook_id id;
     ASSERT_OK(dt_module_add_forward_post_hook(attn, count_hook, &calls, &id));
     dt__gen_kv *kv = NULL;
-    ASSERT_OK(dt__gen_kv_init(m, 2, 14, &kv));
+    ASSERT_OK(dt__gen_kv_init(m, 1, 2, 14, &kv));
     ASSERT(kv == NULL); /* the hook observes attn's forward: no cache */
     int64_t prompt[2] = {1, 2}, out[200], n = 0;
     gen(m, true, 0.0f, 0, prompt, 2, 5, out, &n);
@@ -269,6 +316,7 @@ int main(void)
 {
     RUN(cached_logits_match_the_full_forward);
     RUN(same_tokens_with_and_without);
+    RUN(beams_with_and_without);
     RUN(hooked_model_goes_uncached);
     return TEST_REPORT();
 }
