@@ -130,19 +130,37 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
         return NULL;
     }
     const dt_dtype dt = q->dtype;
-    q = as_f32(ctx, q), k = as_f32(ctx, k), v = as_f32(ctx, v);
-    float *y = dt_ctx_alloc(ctx, (size_t)(B * n) * (size_t)H * (size_t)hd * sizeof(float));
-    float *sc = dt_ctx_alloc(ctx, (size_t)(B * H) * (size_t)P * sizeof(float)); /* one score row per head */
-    if (!q || !k || !v || !y || !sc)
+    dt_tensor *k32 = as_f32(ctx, k), *v32 = as_f32(ctx, v);
+    if (!k32 || !v32)
         return NULL;
     const size_t seq = (size_t)c->cap * (size_t)row; /* one sequence's positions */
     float *K = c->k + (size_t)l * (size_t)B * seq, *Vc = c->v + (size_t)l * (size_t)B * seq;
     for (int64_t b = 0; b < B; b++) {
-        memcpy(K + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)k->data + (size_t)(b * n) * (size_t)row,
+        memcpy(K + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)k32->data + (size_t)(b * n) * (size_t)row,
                (size_t)n * (size_t)row * sizeof(float));
-        memcpy(Vc + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)v->data + (size_t)(b * n) * (size_t)row,
+        memcpy(Vc + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)v32->data + (size_t)(b * n) * (size_t)row,
                (size_t)n * (size_t)row * sizeof(float));
     }
+    if (p0 == 0 && n > 1 && (c->window == 0 || n <= c->window) && hd <= 256) {
+        /* a prompt with nothing cached before it, inside the window: the model's own blocked causal kernel over
+           the rows in their dtype (as the uncached forward computes them) */
+        if (!dt_tensor_is_contiguous(q))
+            q = dt_contiguous(ctx, q);
+        if (!dt_tensor_is_contiguous(k))
+            k = dt_contiguous(ctx, k);
+        if (!dt_tensor_is_contiguous(v))
+            v = dt_contiguous(ctx, v);
+        if (k && k->dtype != dt)
+            k = dt_cast(ctx, k, dt);
+        if (v && v->dtype != dt)
+            v = dt_cast(ctx, v, dt);
+        return dt_attention(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, true, 0.0f, false, (dt_rng_key){0});
+    }
+    q = as_f32(ctx, q);
+    float *y = dt_ctx_alloc(ctx, (size_t)(B * n) * (size_t)H * (size_t)hd * sizeof(float));
+    float *sc = dt_ctx_alloc(ctx, (size_t)(B * H) * (size_t)P * sizeof(float)); /* one score row per head */
+    if (!q || !y || !sc)
+        return NULL;
     const float *qd = q->data, scale = 1.0f / sqrtf((float)hd);
     const int64_t group = H / KV;
 #pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (B * H > 1 && P * hd > 4096)
@@ -158,6 +176,7 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
             for (int64_t j = j0; j < nk; j++) {
                 const float *kj = Kb + (size_t)j * (size_t)row + (size_t)(kh * hd);
                 float d = 0;
+#pragma omp simd reduction(+ : d)
                 for (int64_t e = 0; e < hd; e++)
                     d += qi[e] * kj[e];
                 s[j] = d * scale;
@@ -173,6 +192,7 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
                 yo[e] = 0;
             for (int64_t j = j0; j < nk; j++) {
                 const float *vj = Vb + (size_t)j * (size_t)row + (size_t)(kh * hd), w = s[j] / sum;
+#pragma omp simd
                 for (int64_t e = 0; e < hd; e++)
                     yo[e] += w * vj[e];
             }
