@@ -1,9 +1,10 @@
 /* Autoregressive generation from a GPT-2 or Llama zoo model (nanoGPT's
  * generate): for each new token, run the model on the last block_size
  * tokens of the sequence so far (no-grad, eval mode: dropout off), take the
- * last position's logits, divide by the temperature, keep the top k and the
- * top p (transformers' nucleus filter; its processors first: a repetition
- * penalty, the n-gram ban, the minimum length), and pick
+ * last position's logits, divide by the temperature, keep the top k, the
+ * top p (transformers' nucleus filter), min_p's and typical_p's tokens (its
+ * processors first: a repetition penalty, the n-gram ban, the minimum
+ * length), and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. In one process a key/value
@@ -36,7 +37,7 @@
 
 dt_generate_params dt_generate_params_default(void)
 {
-    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
+    dt_generate_params p = {.max_new_tokens = 64, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .typical_p = 1.0f,
                             .repetition_penalty = 1.0f, .seed = 0, .kv_cache = true, .num_beams = 1,
                             .length_penalty = 1.0f, .early_stopping = DT_EARLY_STOPPING_FALSE};
     return p;
@@ -90,6 +91,63 @@ static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ran
         else
             prob[r[k].i] = 0;
         above += r[k].p;
+    }
+    return kept;
+}
+
+/* transformers' MinPLogitsWarper on the weights prob[0..V): a token of
+ * weight below min_p times the largest goes (the largest stays). The new
+ * sum. */
+static double min_p_filter(double *prob, int64_t V, float min_p)
+{
+    double mx = 0, sum = 0;
+    for (int64_t j = 0; j < V; j++)
+        mx = prob[j] > mx ? prob[j] : mx;
+    const double t = (double)min_p * mx;
+    for (int64_t j = 0; j < V; j++) {
+        prob[j] = prob[j] < t ? 0.0 : prob[j];
+        sum += prob[j];
+    }
+    return sum;
+}
+
+/* Nearest to the entropy first; equal ones by id, the smaller first. */
+static int by_shift(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    return x->p < y->p ? -1 : x->p > y->p ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* transformers' TypicalLogitsWarper on the weights prob[0..V) (sum: their
+ * sum): q = prob / sum, H = -sum q log q; the tokens ranked by |-log q - H|
+ * ascending; with c the number of them whose running total of q stays
+ * below mass, every token ranked farther than the (c+1)-th goes (the
+ * (c+1)-th and those tied with it stay). The new sum. */
+static double typical_filter(double *prob, int64_t V, double sum, float mass, ranked *r)
+{
+    double ent = 0;
+    for (int64_t j = 0; j < V; j++)
+        if (prob[j] > 0)
+            ent -= prob[j] / sum * log(prob[j] / sum);
+    int64_t n = 0;
+    for (int64_t j = 0; j < V; j++)
+        if (prob[j] > 0)
+            r[n++] = (ranked){fabs(-log(prob[j] / sum) - ent), j};
+    qsort(r, (size_t)n, sizeof *r, by_shift);
+    int64_t c = 0;
+    double cum = 0;
+    for (int64_t k = 0; k < n; k++) {
+        cum += prob[r[k].i] / sum;
+        c += cum < (double)mass;
+    }
+    if (c >= n) /* transformers' threshold is then a dropped token's (infinite): every token stays */
+        return sum;
+    const double thr = r[c].p;
+    double kept = 0;
+    for (int64_t k = 0; k < n; k++) {
+        if (r[k].p > thr)
+            prob[r[k].i] = 0;
+        kept += prob[r[k].i];
     }
     return kept;
 }
@@ -165,6 +223,10 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
     }
     if (p->top_p < 1.0f)
         sum = top_p_filter(prob, V, sum, p->top_p, r);
+    if (p->min_p > 0.0f)
+        sum = min_p_filter(prob, V, p->min_p);
+    if (p->typical_p < 1.0f)
+        sum = typical_filter(prob, V, sum, p->typical_p, r);
     double u = (double)dt_rng_uniform(dt_rng_key_make(p->seed, DT_RNG_USER, 0x67656e, 0), (uint64_t)step) * sum, c = 0;
     for (int64_t j = 0; j < V; j++) {
         c += prob[j];
@@ -215,9 +277,11 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
         return dt_error(DT_ERR_INVALID_ARG, "%s: repetition_penalty %g: want a finite number > 0 (1: none)", who,
                         (double)p->repetition_penalty);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return dt_error(DT_ERR_INVALID_ARG, "%s: top_p %g is outside (0, 1] (1: every token)", who,
-                        (double)p->top_p);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->typical_p > 0.0f && p->typical_p <= 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: top_p %g or typical_p %g is outside (0, 1] (1: off)", who,
+                        (double)p->top_p, (double)p->typical_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: min_p %g is outside [0, 1] (0: off)", who, (double)p->min_p);
     if (p->min_new_tokens < 0 || p->min_length < 0 || p->no_repeat_ngram_size < 0 || p->num_beams < 1)
         return dt_error(DT_ERR_INVALID_ARG, "%s: min_new_tokens %lld, min_length %lld, no_repeat_ngram_size %lld "
                         ">= 0 and num_beams %lld >= 1 please", who, (long long)p->min_new_tokens,
@@ -292,11 +356,12 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     int64_t n = nprompt;
     dt_ctx *ctx = NULL;
     double *prob = malloc((size_t)V * sizeof *prob);
-    ranked *r = p.top_p < 1.0f ? malloc((size_t)V * sizeof *r) : NULL; /* top_p's candidates */
+    const bool ranks = p.top_p < 1.0f || p.typical_p < 1.0f;
+    ranked *r = ranks ? malloc((size_t)V * sizeof *r) : NULL; /* top_p's and typical_p's candidates */
     float *work = malloc((size_t)V * sizeof *work); /* the processed logits */
     unsigned char *seen = malloc((size_t)V);
     st = dt_ctx_init(NULL, &ctx);
-    if (st == DT_OK && (!prob || (p.top_p < 1.0f && !r) || !work || !seen))
+    if (st == DT_OK && (!prob || (ranks && !r) || !work || !seen))
         st = dt_error(DT_ERR_NO_MEMORY, "%s: out of memory", who);
     dt_module *root = dt_model_root(m);
     bool was_training = dt_module_is_training(root);

@@ -79,6 +79,15 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
             else
                 r.st = dt_error(DT_ERR_FORMAT, "%s: key \"top_p\" must be in (0, 1]", path);
         }
+        g.min_p = 0.0f, g.typical_p = 1.0f;
+        if (gen_num(&r, "min_p", 0, 1, false, &v))
+            g.min_p = (float)v;
+        if (gen_num(&r, "typical_p", 0, 1, false, &v)) {
+            if (v > 0) /* TypicalLogitsWarper refuses 0, and only runs below 1 */
+                g.typical_p = (float)v;
+            else
+                r.st = dt_error(DT_ERR_FORMAT, "%s: key \"typical_p\" must be in (0, 1]", path);
+        }
     } else {
         g.temperature = 0.0f;
     }
@@ -115,9 +124,13 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
     static const struct {
         const char *key;
         double dflt;
-    } other[] = {{"typical_p", 1}, {"min_p", 0}, {"penalty_alpha", 0}};
+        bool sampling; /* only with do_sample (transformers' warpers) */
+    } other[] = {{"penalty_alpha", 0, false}, {"epsilon_cutoff", 0, true}, {"eta_cutoff", 0, true},
+                 {"top_h", 0, true}};
     for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
+        if (other[i].sampling && !cJSON_IsTrue(ds))
+            continue;
         if (cJSON_IsNumber(o) && o->valuedouble != other[i].dflt) {
             size_t l = strlen(ignored);
             snprintf(ignored + l, n - l, "%s%s %g", l ? ", " : "", other[i].key, o->valuedouble);

@@ -57,6 +57,10 @@ static void usage(FILE *f)
                "  --top-k K             sample among the K most likely (default 0 = all)\n"
                "  --top-p P             then among the most likely tokens that hold P of the probability\n"
                "                        (nucleus sampling, transformers' top_p; default 1 = all)\n"
+               "  --min-p P             then drop the tokens less likely than P times the most likely\n"
+               "                        (transformers' min_p; default 0 = off)\n"
+               "  --typical-p P         then keep the tokens whose -log p is nearest the entropy until\n"
+               "                        they hold P of the probability (typical_p; default 1 = off)\n"
                "  --repetition-penalty X   divide the logit of every token already in the sequence by X\n"
                "                        (multiply where negative), greedy too (transformers'; default 1)\n"
                "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
@@ -74,10 +78,10 @@ static void usage(FILE *f)
                "                        bounding with max-new-tokens (never)\n"
                "  an hf:DIR model takes these defaults from DIR/generation_config.json (or config.json)\n"
                "  as transformers' generate() does: greedy unless do_sample is true (then its temperature,\n"
-               "  top_k (50 when absent) and top_p), its repetition_penalty, eos_token_id, max_new_tokens,\n"
-               "  min_new_tokens (or min_length), no_repeat_ngram_size, num_beams, length_penalty and\n"
-               "  early_stopping; the options given override them, and keys dtrain does not apply\n"
-               "  (typical_p, min_p, penalty_alpha) are named on stderr\n"
+               "  top_k (50 when absent), top_p, min_p and typical_p), its repetition_penalty, eos_token_id,\n"
+               "  max_new_tokens, min_new_tokens (or min_length), no_repeat_ngram_size, num_beams,\n"
+               "  length_penalty and early_stopping; the options given override them, and keys dtrain does\n"
+               "  not apply (penalty_alpha; epsilon_cutoff, eta_cutoff, top_h) are named on stderr\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
@@ -184,7 +188,7 @@ int dt_cmd_generate(int argc, char **argv)
     /* the options given: they override an hf:DIR model's generation_config.json */
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
-         early_given = false;
+         early_given = false, minp_given = false, typp_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -244,6 +248,20 @@ int dt_cmd_generate(int argc, char **argv)
             }
             gp.top_p = (float)d;
             topp_given = true;
+        } else if (!strcmp(a, "--min-p")) {
+            if (dt_parse_double(a, v, 0, 1, &d) < 0)
+                return bad();
+            gp.min_p = (float)d;
+            minp_given = true;
+        } else if (!strcmp(a, "--typical-p")) {
+            if (dt_parse_double(a, v, 0, 1, &d) < 0)
+                return bad();
+            if (d <= 0) {
+                dt__cli_err("dtrain generate: --typical-p %s: want 0 < P <= 1 (1: off)\n", v);
+                return 2;
+            }
+            gp.typical_p = (float)d;
+            typp_given = true;
         } else if (!strcmp(a, "--repetition-penalty")) {
             if (dt_parse_double(a, v, 0, 1e6, &d) < 0)
                 return bad();
@@ -470,6 +488,10 @@ int dt_cmd_generate(int argc, char **argv)
             gp.top_k = hg.top_k;
         if (!topp_given)
             gp.top_p = hg.top_p;
+        if (!minp_given)
+            gp.min_p = hg.min_p;
+        if (!typp_given)
+            gp.typical_p = hg.typical_p;
         if (!max_given)
             gp.max_new_tokens = hg.max_new_tokens;
         if (!pen_given)
@@ -491,7 +513,7 @@ int dt_cmd_generate(int argc, char **argv)
         if (ignored[0])
             dt__cli_err("dtrain generate: note: %s's generation settings %s are not applied (dtrain generate "
                         "applies the repetition penalty, the n-gram ban, the minimum length, temperature, top-k, "
-                        "top-p, stop tokens and beam search)\n", model + 3, ignored);
+                        "top-p, min-p, typical-p, stop tokens and beam search)\n", model + 3, ignored);
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

@@ -75,6 +75,14 @@ typedef struct dt_generate_params {
                                sorted by probability, those whose cumulative probability from the least
                                likely up is at most 1 - top_p are dropped, the most likely always kept;
                                in (0, 1], 1 = off (default). Greedy ignores it */
+    float min_p;            /* after top_p (transformers' MinPLogitsWarper): a token less likely than
+                               min_p times the most likely one is dropped; in [0, 1], 0 = off
+                               (default). Greedy ignores it */
+    float typical_p;        /* typical sampling, after min_p (TypicalLogitsWarper): the tokens ranked by
+                               how far their -log p lies from the distribution's entropy, the nearest
+                               first, kept until they hold typical_p of the probability (the first
+                               one that reaches it included, as are those as near as it); in (0, 1],
+                               1 = off (default). Greedy ignores it */
     float repetition_penalty; /* transformers' repetition_penalty: before everything else, the logit of
                                  every token already in the sequence (prompt included, each once) is
                                  divided by it where positive and multiplied where negative (greedy
@@ -121,7 +129,8 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * DT_ERR_UNSUPPORTED for a model that is
  * neither, or num_beams > 1 with temperature > 0 (beam sampling) or under
  * the pipe strategy; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
- * DT_ERR_INVALID_ARG for a top_p outside (0, 1], a repetition_penalty
+ * DT_ERR_INVALID_ARG for a top_p or typical_p outside (0, 1], a min_p
+ * outside [0, 1], a repetition_penalty
  * not > 0, n_eos outside [0, DT_GENERATE_MAX_EOS], a negative
  * min_new_tokens, min_length or no_repeat_ngram_size, num_beams < 1, a
  * length_penalty that is not finite or an early_stopping outside the enum;
@@ -135,8 +144,9 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
 /* The generation settings of Hugging Face model directory dir, as
  * transformers' generate() takes them: from dir/generation_config.json, or
  * when it is absent from dir/config.json's same keys. do_sample false or
- * absent: greedy (temperature 0; top_k and top_p left as gp has them);
- * true: temperature (default 1), top_k (default 50) and top_p (default 1).
+ * absent: greedy (temperature 0; top_k, top_p, min_p and typical_p left
+ * as gp has them); true: temperature (default 1), top_k (default 50),
+ * top_p (default 1), min_p (default none: 0) and typical_p (default 1).
  * repetition_penalty (default 1) either way, and min_new_tokens (it wins
  * over min_length, as in transformers), min_length, no_repeat_ngram_size,
  * num_beams, length_penalty and early_stopping (true, false or "never"),
@@ -144,8 +154,8 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
  * eos_token_id (an id or a list of at most DT_GENERATE_MAX_EOS ids; absent
  * or null: none; a longer list is DT_ERR_UNSUPPORTED) sets eos_ids and n_eos; max_new_tokens, when given, sets
  * max_new_tokens. seed and kv_cache are not touched. Keys that change the
- * decoding in ways dt_model_generate does not implement (typical_p, min_p,
- * penalty_alpha) are
+ * decoding in ways dt_model_generate does not implement (penalty_alpha:
+ * contrastive search; epsilon_cutoff, eta_cutoff and top_h with do_sample) are
  * not refused: they are named in ignored[0, n) ("" when none; may be NULL)
  * for the caller to say so. DT_ERR_FORMAT naming the file and the key for
  * a malformed value, DT_ERR_NOT_FOUND when dir has neither file. */

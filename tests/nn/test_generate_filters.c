@@ -1,4 +1,4 @@
-/* dt_model_generate's nucleus filter (top_p), repetition penalty and stop tokens (eos_ids),
+/* dt_model_generate's nucleus filter (top_p), min_p and typical_p, repetition penalty and stop tokens (eos_ids),
  * its other logits processors (no_repeat_ngram_size, min_new_tokens, min_length) on hand-made
  * logits, the checks of its beam search options, and dt_hf_generation_config.
  *
@@ -113,6 +113,119 @@ TEST(top_p_against_the_reference)
     ASSERT_OK(dt_model_generate(m, &a, prompt, 3, oa, 16, &na));
     ASSERT_OK(dt_model_generate(m, &b, prompt, 3, ob, 16, &nb));
     ASSERT(na == nb && !memcmp(oa, ob, (size_t)na * sizeof *oa));
+    dt_model_free(m);
+}
+
+/* min_p and typical_p after top_p (transformers' MinPLogitsWarper, then TypicalLogitsWarper), written from
+ * their definitions: min_p keeps a token at least min_p times as likely as the most likely one; typical_p ranks
+ * the tokens left by |-log q - H| (q their renormalised probabilities, H the entropy; ties by id), counts c,
+ * the tokens whose cumulative q, in rank order, stays below typical_p, and keeps every token ranked no
+ * farther than the (c+1)-th. The draw as ref_pick's. */
+static int64_t ref_pick_mt(const float *logits, float temp, float top_p, float min_p, float typical, uint64_t seed,
+                           int *kept)
+{
+    static double p[V], shift[V], before[V];
+    static bool keep[V];
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++)
+        mx = fmax(mx, logits[j] / (double)temp);
+    for (int j = 0; j < V; j++)
+        sum += p[j] = exp(logits[j] / (double)temp - mx);
+    double best = 0;
+    for (int j = 0; j < V; j++) {
+        double above = 0;
+        for (int i = 0; i < V; i++)
+            if (p[i] > p[j])
+                above += p[i] / sum;
+        keep[j] = above < top_p;
+        best = keep[j] ? fmax(best, p[j]) : best;
+    }
+    double ksum = 0;
+    for (int j = 0; j < V; j++) {
+        keep[j] = keep[j] && p[j] >= (double)min_p * best;
+        ksum += keep[j] ? p[j] : 0;
+    }
+    if (typical < 1.0f) {
+        double ent = 0;
+        for (int j = 0; j < V; j++)
+            ent -= keep[j] ? p[j] / ksum * log(p[j] / ksum) : 0;
+        for (int j = 0; j < V; j++)
+            shift[j] = keep[j] ? fabs(-log(p[j] / ksum) - ent) : INFINITY;
+        int c = 0, nk = 0;
+        for (int j = 0; j < V; j++) { /* the mass ranked before j */
+            before[j] = 0;
+            for (int i = 0; i < V; i++)
+                if (keep[i] && (shift[i] < shift[j] || (shift[i] == shift[j] && i < j)))
+                    before[j] += p[i] / ksum;
+            nk += keep[j];
+            c += keep[j] && before[j] + p[j] / ksum < typical;
+        }
+        double thr = INFINITY; /* the (c+1)-th's distance */
+        for (int j = 0; j < V && c < nk; j++) {
+            int rank = 0;
+            for (int i = 0; i < V; i++)
+                rank += keep[i] && (shift[i] < shift[j] || (shift[i] == shift[j] && i < j));
+            if (keep[j] && rank == c)
+                thr = shift[j];
+        }
+        ksum = 0;
+        for (int j = 0; j < V; j++) {
+            keep[j] = keep[j] && shift[j] <= thr;
+            ksum += keep[j] ? p[j] : 0;
+        }
+    }
+    *kept = 0;
+    for (int j = 0; j < V; j++)
+        *kept += keep[j];
+    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * ksum, c = 0;
+    for (int j = 0; j < V; j++)
+        if (keep[j] && u < (c += p[j]))
+            return j;
+    return -1;
+}
+
+TEST(min_p_and_typical_p_against_the_reference)
+{
+    dt_model *m = t_gen_model();
+    ASSERT(m);
+    const int64_t prompt[3] = {17, 301, 44};
+    float lg[V];
+    last_logits(m, prompt, 3, lg);
+    const struct {
+        float top_p, min_p, typical;
+    } cases[] = {{1.0f, 0.05f, 1.0f}, {1.0f, 0.3f, 1.0f}, {1.0f, 0.0f, 0.2f}, {1.0f, 0.0f, 0.9f},
+                 {0.9f, 0.02f, 0.5f}, {1.0f, 1.0f, 1.0f}};
+    int kept[6] = {0};
+    for (int t = 0; t < 6; t++) {
+        for (uint64_t seed = 0; seed < 30; seed++) {
+            dt_generate_params gp = dt_generate_params_default();
+            gp.temperature = 0.7f, gp.top_p = cases[t].top_p, gp.min_p = cases[t].min_p;
+            gp.typical_p = cases[t].typical, gp.seed = seed, gp.max_new_tokens = 1;
+            int64_t out[8], n = 0;
+            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
+            ASSERT_EQ_INT(n, 4);
+            int64_t want = ref_pick_mt(lg, 0.7f, cases[t].top_p, cases[t].min_p, cases[t].typical, seed, &kept[t]);
+            if (out[3] != want)
+                fprintf(stderr, "  top_p %g min_p %g typical_p %g seed %llu: got %lld, the reference %lld\n",
+                        (double)cases[t].top_p, (double)cases[t].min_p, (double)cases[t].typical,
+                        (unsigned long long)seed, (long long)out[3], (long long)want);
+            ASSERT_EQ_INT(out[3], want);
+        }
+        fprintf(stderr, "  top_p %.2f min_p %.2f typical_p %.2f: %d tokens kept\n", (double)cases[t].top_p,
+                (double)cases[t].min_p, (double)cases[t].typical, kept[t]);
+    }
+    /* each filter did something, more with a stricter value; min_p 1 keeps the most likely alone */
+    ASSERT(kept[1] >= 1 && kept[1] < kept[0] && kept[0] < V);
+    ASSERT(kept[2] >= 1 && kept[2] < kept[3] && kept[3] < V);
+    ASSERT_EQ_INT(kept[5], 1);
+    /* out of range: refused */
+    const float bad[][2] = {{-0.1f, 1.0f}, {1.5f, 1.0f}, {0.0f, 0.0f}, {0.0f, 1.2f}, {NAN, 1.0f}, {0.0f, NAN}};
+    for (int i = 0; i < 6; i++) {
+        dt_generate_params gp = dt_generate_params_default();
+        gp.min_p = bad[i][0], gp.typical_p = bad[i][1];
+        int64_t out[8], n = 0;
+        ASSERT_STATUS(dt_model_generate(m, &gp, prompt, 3, out, 8, &n), DT_ERR_INVALID_ARG);
+    }
     dt_model_free(m);
 }
 
@@ -388,10 +501,20 @@ TEST(hf_generation_config)
     ASSERT(fabsf(gp.repetition_penalty - 1.1f) < 1e-7f);
     ASSERT_STR_EQ(ign, ""); /* num_beams 1 changes nothing */
     ASSERT(gp.num_beams == 1 && gp.no_repeat_ngram_size == 0 && gp.min_new_tokens == 0 && gp.min_length == 0);
-    write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3, \"min_length\": 7, "
-               "\"length_penalty\": 0.5, \"early_stopping\": \"never\", \"typical_p\": 0.5}");
+    ASSERT(gp.min_p == 0.0f && gp.typical_p == 1.0f); /* absent under do_sample: off */
+    /* do_sample's min_p and typical_p; keys dtrain does not apply are named (the warpers' only with do_sample) */
+    write_file(dir, "generation_config.json", "{\"do_sample\": true, \"min_p\": 0.05, \"typical_p\": 0.8, "
+               "\"epsilon_cutoff\": 0.0003, \"penalty_alpha\": 0.6}");
     ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
-    ASSERT_STR_EQ(ign, "typical_p 0.5");
+    ASSERT(fabsf(gp.min_p - 0.05f) < 1e-7f && fabsf(gp.typical_p - 0.8f) < 1e-7f);
+    ASSERT_STR_EQ(ign, "penalty_alpha 0.6, epsilon_cutoff 0.0003");
+    write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3, \"min_length\": 7, "
+               "\"length_penalty\": 0.5, \"early_stopping\": \"never\", \"typical_p\": 0.5, "
+               "\"epsilon_cutoff\": 0.0003, \"penalty_alpha\": 0.6}");
+    gp.min_p = 0.5f, gp.typical_p = 0.5f; /* greedy: left as they were, as transformers ignores the warpers */
+    ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
+    ASSERT_STR_EQ(ign, "penalty_alpha 0.6");
+    ASSERT(gp.min_p == 0.5f && gp.typical_p == 0.5f);
     ASSERT(gp.temperature == 0.0f && gp.repetition_penalty == 1.0f && gp.n_eos == 0);
     ASSERT(gp.num_beams == 4 && gp.no_repeat_ngram_size == 3 && gp.min_length == 7 && gp.min_new_tokens == 0);
     ASSERT(gp.length_penalty == 0.5f && gp.early_stopping == DT_EARLY_STOPPING_NEVER);
@@ -403,6 +526,8 @@ TEST(hf_generation_config)
     /* malformed values name the file and the key; gp is left as it was */
     const char *bad[][2] = {{"{\"do_sample\": \"yes\"}", "do_sample"},
                             {"{\"do_sample\": true, \"top_p\": 0}", "top_p"},
+                            {"{\"do_sample\": true, \"typical_p\": 0}", "typical_p"},
+                            {"{\"do_sample\": true, \"min_p\": 1.5}", "min_p"},
                             {"{\"do_sample\": true, \"temperature\": -1}", "temperature"},
                             {"{\"eos_token_id\": [1, 2.5]}", "eos_token_id"},
                             {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}", "eos_token_id"},
@@ -419,7 +544,7 @@ TEST(hf_generation_config)
         write_file(dir, "generation_config.json", bad[i][0]);
         dt_generate_params g = dt_generate_params_default();
         dt_status st = dt_hf_generation_config(dir, &g, ign, sizeof ign);
-        ASSERT(st == DT_ERR_FORMAT || (i == 4 && st == DT_ERR_UNSUPPORTED)); /* 17 stop tokens: more than taken */
+        ASSERT(st == DT_ERR_FORMAT || (i == 6 && st == DT_ERR_UNSUPPORTED)); /* 17 stop tokens: more than taken */
         ASSERT_STR_CONTAINS(dt_last_error(), "generation_config.json");
         ASSERT_STR_CONTAINS(dt_last_error(), bad[i][1]);
         ASSERT(g.temperature == 1.0f && g.n_eos == 0);
@@ -430,6 +555,7 @@ TEST(hf_generation_config)
 int main(void)
 {
     RUN(top_p_against_the_reference);
+    RUN(min_p_and_typical_p_against_the_reference);
     RUN(stop_tokens);
     RUN(repetition_penalty_against_the_reference);
     RUN(logits_processors);

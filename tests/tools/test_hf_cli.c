@@ -385,11 +385,12 @@ TEST(generation_config)
     ASSERT_STR_CONTAINS(r.err, "stop token 999 is outside the vocabulary [0, 128)");
     /* do_sample with settings dtrain does not apply: named on stderr */
     snprintf(m, sizeof m, "hf:%s",
-             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"typical_p\": 0.5}' > "
-                               "generation_config.json"));
+             bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"typical_p\": 0.5, "
+                               "\"epsilon_cutoff\": 0.001}' > generation_config.json"));
     gen_ids(&r, m, (char *[]){NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.err, "typical_p 0.5 are not applied");
+    ASSERT_STR_CONTAINS(r.err, "epsilon_cutoff 0.001 are not applied");
+    ASSERT(!strstr(r.err, "typical_p")); /* applied */
     gen_ids(&r, m, (char *[]){"--temperature", "0", NULL});
     ASSERT_STR_EQ(r.out, greedy);
     snprintf(m, sizeof m, "hf:%s", bad_dir("badgen", "printf '{\"do_sample\": true, \"top_p\": 2}' > "
@@ -405,12 +406,17 @@ TEST(generation_config)
     const char *bad_opts[][3] = {{"--top-p", "0", "want 0 < P <= 1"}, {"--top-p", "1.5", "--top-p"},
                                  {"--eos-id", "1,,2", "none empty"}, {"--eos-id", "x", "--eos-id"},
                                  {"--repetition-penalty", "0", "want X > 0"},
-                                 {"--seed", "5", "--model hf:DIR's own"}}; /* the weights are the directory's */
-    for (int i = 0; i < 6; i++) {
+                                 {"--seed", "5", "--model hf:DIR's own"}, /* the weights are the directory's */
+                                 {"--min-p", "1.5", "--min-p"}, {"--typical-p", "0", "want 0 < P <= 1"}};
+    for (size_t i = 0; i < sizeof bad_opts / sizeof bad_opts[0]; i++) {
         gen_ids(&r, "hf:" HF "llama", (char *[]){(char *)bad_opts[i][0], (char *)bad_opts[i][1], NULL});
         ASSERT_EQ_INT(r.code, 2);
         ASSERT_STR_CONTAINS(r.err, bad_opts[i][2]);
     }
+    /* --min-p 1 keeps the most likely token alone: sampling gives the greedy tokens */
+    gen_ids(&r, "hf:" HF "llama", (char *[]){"--temperature", "0.9", "--min-p", "1", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_EQ(r.out, greedy);
 }
 
 /* no_repeat_ngram_size, min_new_tokens / min_length and beam search against transformers 5.24: its
