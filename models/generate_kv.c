@@ -23,8 +23,8 @@
  * longer than the model's positions the uncached forward crops it to the
  * last ones, every token at a new position, and the caller falls back to
  * that forward. A model the cache does not know (tensor- or
- * context-parallel, hooks, forward overrides, activation checkpointing,
- * another module tree) is generated without it. */
+ * context-parallel, hooks, forward overrides other than LoRA's,
+ * activation checkpointing, another module tree) is generated without it. */
 #include "zoo.h"
 
 #include <dtrain/tp.h>
@@ -48,10 +48,14 @@ struct dt__gen_kv {
     int64_t C;
 };
 
-/* A plain (no tensor parallelism, hooks, overrides, checkpointing) subtree. */
+/* A subtree the cache can run: no tensor parallelism, and every module
+ * plain (no hooks, forward overrides, checkpointing), except a LoRA layer
+ * (children lora_A and lora_B: its forward, base(x) + scaling B(A(x)), acts
+ * on each row alone, and the cached path calls it as it is). */
 static bool plain(const dt_module *m)
 {
-    if (dt_tp_module_group(m) || !dt_module_tree_plain(m))
+    const bool lora = dt_module_find_child(m, "lora_A") && dt_module_find_child(m, "lora_B");
+    if (dt_tp_module_group(m) || (!lora && !dt_module_is_plain(m)))
         return false;
     for (int i = 0; i < dt_module_num_children(m); i++)
         if (!plain(dt_module_child(m, i)))

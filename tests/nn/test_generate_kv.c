@@ -278,6 +278,47 @@ TEST(beams_with_and_without)
     }
 }
 
+/* LoRA adapters on every linear layer (their forwards replaced by PEFT's base(x) + scaling B(A(x))): cached,
+ * the same tokens. The base weights (frozen: the buffers) times 4, the adapters' B drawn away from 0. */
+TEST(lora_model_goes_cached)
+{
+    dt_set_num_threads(2);
+    const char *names[] = {"gpt-micro", "llama-tiny"}, *targets[] = {"all-linear", NULL};
+    for (int i = 0; i < 2; i++) {
+        dt_model *m = NULL;
+        dt_model_config c = dt_model_config_default();
+        dt_lora_params lp = dt_lora_params_default();
+        lp.targets = targets;
+        c.build.lora = &lp;
+        c.block_size = 64;
+        ASSERT_OK(dt_model_create(names[i], 99, &c, &m, NULL));
+        const dt_flat *buf = dt_model_flat(m, DT_FLAT_BUFFERS, DT_F32), *par = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+        ASSERT(buf && buf->total > 0 && par && par->total > 0);
+        for (size_t j = 0; j < buf->total; j++)
+            ((float *)buf->base)[j] *= 4.0f;
+        for (size_t j = 0; j < par->total; j++) /* A and B: a fixed pattern in [-0.25, 0.25) */
+            ((float *)par->base)[j] = (float)((j * 2654435761u) % 1000) / 2000.0f - 0.25f;
+        dt_model_train(m, false);
+        dt__gen_kv *kv = NULL;
+        ASSERT_OK(dt__gen_kv_init(m, 1, 4, 20, &kv));
+        ASSERT(kv != NULL);
+        dt__gen_kv_free(kv);
+        int64_t prompt[4] = {3, 1, 4, 1}, a[200], b[200], na = 0, nb = 0;
+        gen(m, false, 0.0f, 0, prompt, 4, 40, a, &na);
+        gen(m, true, 0.0f, 0, prompt, 4, 40, b, &nb);
+        ASSERT(!memcmp(a, b, (size_t)na * sizeof *a));
+        bool varied = false;
+        for (int64_t j = 5; j < na; j++)
+            varied |= a[j] != a[4];
+        ASSERT(varied);
+        /* the adapters count: zero them and the tokens change */
+        memset(par->base, 0, par->total * sizeof(float));
+        gen(m, true, 0.0f, 0, prompt, 4, 40, b, &nb);
+        ASSERT(memcmp(a, b, (size_t)na * sizeof *a) != 0);
+        dt_model_free(m);
+    }
+}
+
 static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor *y, void *ud)
 {
     (void)ctx, (void)mod, (void)x, (void)y;
@@ -318,5 +359,6 @@ int main(void)
     RUN(same_tokens_with_and_without);
     RUN(beams_with_and_without);
     RUN(hooked_model_goes_uncached);
+    RUN(lora_model_goes_cached);
     return TEST_REPORT();
 }
