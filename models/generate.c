@@ -370,8 +370,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt__gen_kv *kv = NULL;
     if (st == DT_OK && p.kv_cache && !ops->share && p.max_new_tokens > 0)
         st = dt__gen_kv_init(m, p.num_beams, nprompt, p.max_new_tokens, &kv);
-    if (st == DT_OK)
-        st = window_check(m, who, ops, &p, kv, nprompt);
+    if (st == DT_OK && (st = window_check(m, who, ops, &p, kv, nprompt)) < 0)
+        shared = true; /* every rank of a pipeline refuses alike (the model's and the call's values): none waits */
     if (st == DT_OK && p.num_beams > 1) /* one process (dt_strategy_pipe_generate refuses beams) */
         st = dt__gen_beam(m, ctx, &p, kv, P, V, out, nprompt, &n);
     for (int64_t k = 0; st == DT_OK && p.num_beams == 1 && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1]));

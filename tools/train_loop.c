@@ -185,8 +185,15 @@ int dt__tr_print_sample(dt__train_run *t)
     gp.max_new_tokens = dt__train_sample_tokens(&t->o);
     gp.top_k = 40;
     gp.seed = t->o.seed + (uint64_t)t->global_step;
-    if ((piped ? dt_strategy_pipe_generate(dt_trainer_strategy(t->tr), &gp, buf, np, buf, cap, &n)
-               : dt_model_generate(t->model, &gp, buf, np, buf, cap, &n)) < 0) {
+    dt_status st = piped ? dt_strategy_pipe_generate(dt_trainer_strategy(t->tr), &gp, buf, np, buf, cap, &n)
+                         : dt_model_generate(t->model, &gp, buf, np, buf, cap, &n);
+    if (st == DT_ERR_UNSUPPORTED) { /* refused (every rank alike: the same model and arguments): the run goes on */
+        if (dt__ddp_is_main(&t->ddp))
+            printf("sample at step %lld: not available: %s\n", (long long)t->global_step, dt_last_error());
+        free(buf);
+        return 0;
+    }
+    if (st < 0) {
         free(buf);
         return dt__tr_fail(1, "sample");
     }

@@ -592,6 +592,22 @@ TEST(generate_sliding_window)
     ASSERT_EQ_INT(r.code, 0);
     ASSERT_STR_EQ(r.out, on);
     ASSERT_STR_CONTAINS(on, "| 53 28 92 74 87 83 11 115 48 23 94 57 33\n");
+    /* a training run's samples through --pp stages (uncached) past the window: said, and the run goes on (it
+       failed with exit 1); inside the window they are printed */
+    char *const base[] = {"train", "--model", "hf:" HF "mistral", "--data", "tokens:" HF "tokens.bin",
+                          "--val-data", "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "4", "--max-steps", "2",
+                          "--pp", "2", "--micro-batches", "2", "--threads", "1", "--progress", "none",
+                          "--sample-every", "1", NULL};
+    char *const past[] = {"--sample-tokens", "20", NULL}, *const inside[] = {"--sample-tokens", "8", NULL};
+    char *const *l1[] = {base, past}, *const *l2[] = {base, inside};
+    cli_run_ranks(&r, 180, NULL, 2, 2, l1);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "sample at step 2: not available: dt_strategy_pipe_generate: 8 prompt and 20 new "
+                               "tokens run past the model's sliding window (sliding_window 16)");
+    cli_run_ranks(&r, 180, NULL, 2, 2, l2);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "sample at step 2: ");
+    ASSERT(!strstr(r.out, "not available"));
 }
 
 /* generate --lora-from DIR: PEFT's adapters (here a dtrain LoRA run's --save-lora) on an hf:DIR model continue
