@@ -210,28 +210,6 @@ static void same_tokens(int i, dt_model *m, int64_t P, int64_t V, float temp, in
     ASSERT(first < 0);
 }
 
-TEST(same_tokens_with_and_without)
-{
-    dt_set_num_threads(2);
-    for (int i = 0; i < N_MODELS; i++) {
-        if (g_models[i].dtype != DT_F32) /* bf16: logits equal to rounding only (cached_logits) */
-            continue;
-        int64_t P = 0, V = 0;
-        dt_model *m = make(i, &P, &V);
-        ASSERT(m);
-        if (!m)
-            continue;
-        const int64_t w = P < 32 ? 3 : 6, s = P < 32 ? 1 : 8; /* a short prompt, the window's step */
-        same_tokens(i, m, P, V, 0.0f, 0, w, P - w - 2);      /* greedy, inside the window */
-        same_tokens(i, m, P, V, 1.0f, 0, 3, P - 10);         /* sampled */
-        same_tokens(i, m, P, V, 0.8f, 20, 1, P - 4);         /* top-k, a one-token prompt */
-        same_tokens(i, m, P, V, 0.0f, 0, P - 14, 40);        /* past the positions: the window moves */
-        same_tokens(i, m, P, V, 0.0f, 0, P, 3);              /* a prompt of the whole window */
-        same_tokens(i, m, P, V, 0.0f, 0, P - s, s + 5);      /* the cache fills, then the window moves */
-        dt_model_free(m);
-    }
-}
-
 /* Beam search with and without the cache (num_beams sequences, reordered
  * by their parents each step): the same tokens, inside the positions and
  * (past them: the cache fills, then the window moves uncached) outside,
@@ -258,21 +236,27 @@ static void beams(int i, dt_model *m, int64_t P, int64_t V, int64_t nb, int64_t 
     ASSERT(na > np);
 }
 
-TEST(beams_with_and_without)
+TEST(same_tokens_with_and_without)
 {
     dt_set_num_threads(2);
     for (int i = 0; i < N_MODELS; i++) {
-        if (g_models[i].dtype != DT_F32)
+        if (g_models[i].dtype != DT_F32) /* bf16: logits equal to rounding only (cached_logits) */
             continue;
         int64_t P = 0, V = 0;
         dt_model *m = make(i, &P, &V);
         ASSERT(m);
         if (!m)
             continue;
-        const bool window = dt__llama_window(m) > 0; /* past it only cached (test_hf_cli) */
+        const int64_t w = P < 32 ? 3 : 6, s = P < 32 ? 1 : 8; /* a short prompt, the window's step */
+        same_tokens(i, m, P, V, 0.0f, 0, w, P - w - 2);      /* greedy, inside the window */
+        same_tokens(i, m, P, V, 1.0f, 0, 3, P - 10);         /* sampled */
+        same_tokens(i, m, P, V, 0.8f, 20, 1, P - 4);         /* top-k, a one-token prompt */
+        same_tokens(i, m, P, V, 0.0f, 0, P - 14, 40);        /* past the positions: the window moves */
+        same_tokens(i, m, P, V, 0.0f, 0, P, 3);              /* a prompt of the whole window */
+        same_tokens(i, m, P, V, 0.0f, 0, P - s, s + 5);      /* the cache fills, then the window moves */
         beams(i, m, P, V, 3, 4, P - 6, -1);
         beams(i, m, P, V, 4, 2, P - 4, 7 % V);
-        if (!window)
+        if (dt__llama_window(m) == 0) /* past a sliding window only cached (test_hf_cli) */
             beams(i, m, P, V, 2, P - 10, 30, -1); /* the cache fills at P, then the window moves */
         dt_model_free(m);
     }
@@ -357,7 +341,6 @@ int main(void)
 {
     RUN(cached_logits_match_the_full_forward);
     RUN(same_tokens_with_and_without);
-    RUN(beams_with_and_without);
     RUN(hooked_model_goes_uncached);
     RUN(lora_model_goes_cached);
     return TEST_REPORT();
