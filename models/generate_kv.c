@@ -154,10 +154,6 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
             k = dt_contiguous(ctx, k);
         if (!dt_tensor_is_contiguous(v))
             v = dt_contiguous(ctx, v);
-        if (k && k->dtype != dt)
-            k = dt_cast(ctx, k, dt);
-        if (v && v->dtype != dt)
-            v = dt_cast(ctx, v, dt);
         return dt_attention(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, true, 0.0f, false, (dt_rng_key){0});
     }
     q = as_f32(ctx, q);
