@@ -493,6 +493,13 @@ TEST(generate_processors_and_beams)
         ASSERT_EQ_INT(r.code, 0);
         ASSERT_STR_CONTAINS(r.out, cases[i].want);
     }
+    /* a bf16 directory through the key/value cache: transformers 5.25's generate on it loaded in bf16
+       (from_pretrained(DIR, dtype=torch.bfloat16), no_repeat_ngram_size 2) gave these 30 new tokens */
+    gen_ids(&r, "hf:" HF "llama_bf16", (char *[]){"--temperature", "0", "--no-repeat-ngram-size", "2",
+                                                   "--max-new-tokens", "30", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT_STR_CONTAINS(r.out, "| 89 18 8 48 7 97 105 102 9 84 73 71 123 80 7 35 42 8 102 86 47 58 44 8 36 73 23 48 "
+                               "8 68\n");
     /* the keys of generation_config.json: min_length 9 (the prompt's 3 and 6 new) stops eos 7 as above */
     char m[420];
     snprintf(m, sizeof m, "hf:%s", edited_dir("gpt2", "minlen", "printf '{\"eos_token_id\": 7, \"min_length\": 9, "
