@@ -173,12 +173,13 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const cJSON *o = r->root;
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
-    const bool gemma = !strcmp(arch, "GemmaForCausalLM");
+    const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
     memset(c, 0, sizeof *c);
-    /* the defaults of LlamaConfig, or Qwen3Config's and GemmaConfig's where they differ */
-    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : 32000, 1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma ? 3072 : 4096, 1, big);
-    c->intermediate_size = get_int(r, o, "intermediate_size", gemma ? 24576 : qwen3 ? 22016 : 11008, 1, big);
+    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's and Phi3Config's where they differ */
+    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : 4096, 1, big);
+    c->intermediate_size = get_int(r, o, "intermediate_size", gemma ? 24576 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1,
+                                   big);
     c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : 32, 1, big);
     c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma ? 16 : 32, 1, big);
     c->num_key_value_heads = get_int(r, o, "num_key_value_heads", c->num_attention_heads, 1, big);
@@ -186,9 +187,9 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                           gemma ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
-    c->max_position_embeddings = get_int(r, o, "max_position_embeddings", gemma ? 8192 : qwen3 ? 32768 : 2048, 1,
-                                         big);
-    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", 1e-6);
+    c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
+                                         gemma ? 8192 : qwen3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
+    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
     c->rope_type = DT_ROPE_DEFAULT;
@@ -198,16 +199,36 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
     c->gemma = gemma;
+    c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if (gemma && !pad) { /* GemmaConfig's pad_token_id 0: the embedding's padding_idx */
-        c->pad_token_id = 0;
-        c->has_pad_token = true;
+    if ((gemma || phi3) && !pad) { /* GemmaConfig's pad_token_id 0, Phi3Config's 32000: the padding_idx */
+        c->pad_token_id = gemma ? 0 : 32000;
+        c->has_pad_token = c->pad_token_id < c->vocab_size;
+        if (!c->has_pad_token)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: Phi3Config's default 32000 is "
+                             "outside the vocabulary (vocab_size %lld); give it (null for none)", r->path,
+                             (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
         c->has_pad_token = r->st >= 0;
     }
-    /* theirs have no MLP biases */
-    c->mlp_bias = qwen2 || qwen3 || gemma ? false : get_bool(r, o, "mlp_bias", false);
+    /* theirs have no MLP biases (nor Phi-3 attention biases) */
+    c->mlp_bias = qwen2 || qwen3 || gemma || phi3 ? false : get_bool(r, o, "mlp_bias", false);
+    if (phi3) {
+        c->attention_bias = false;
+        /* Phi3Config: the dropouts act in training only (resid_pdrop after attention and MLP, embd_pdrop unused
+           by transformers 5); dtrain's Llama block has none */
+        if (get_num(r, o, "resid_pdrop", 0.0) != 0.0)
+            unsupported(r, "resid_pdrop", "residual dropout is not supported (0 only)");
+        if (get_num(r, o, "embd_pdrop", 0.0) != 0.0)
+            unsupported(r, "embd_pdrop", "embedding dropout is not supported (0 only)");
+        const cJSON *rp = item(o, "rope_parameters");
+        double prf = get_num(r, o, "partial_rotary_factor", 1.0);
+        if (cJSON_IsObject(rp))
+            prf = get_num(r, rp, "partial_rotary_factor", prf);
+        if (r->st >= 0 && prf != 1.0)
+            unsupported(r, "partial_rotary_factor", "RoPE on part of each head is not supported (1.0 only)");
+    }
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma);
     if (gemma) {
         /* GemmaMLP: ACT2FN[hidden_act]; GemmaConfig turns the legacy "gelu" into "gelu_pytorch_tanh" (and
@@ -231,7 +252,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     /* Mistral's sliding window, Qwen2's and Qwen3's with use_sliding_window (LlamaConfig has none: the key is
        ignored, as transformers ignores it): sequences up to the window only (model.c: where it is causal) */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
-    int64_t sw = mistral || qwen2 || qwen3 ? get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2) : 0;
+    int64_t sw = mistral || qwen2 || qwen3 || phi3 ? get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2) : 0;
     if (qwen2 || qwen3) {
         bool any = false; /* transformers: the layers from max_window_layers on, as layer_types lists them */
         const cJSON *lt = item(o, "layer_types");
@@ -306,7 +327,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
-             : !strcmp(mt, "gemma") ? "GemmaForCausalLM"
+             : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
              : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
@@ -319,7 +340,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                 r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
-                   !strcmp(arch, "GemmaForCausalLM")) {
+                   !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Phi3ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -327,7 +348,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                            "GemmaForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            "GemmaForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel)%s", path, arch,
                             later_gemma ? "; of Gemma only Gemma 1 (model_type \"gemma\"): Gemma 2 and 3 have "
                             "other norms, soft-capping and sliding-window layers" : "");
         }

@@ -163,8 +163,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         const char *mt = !strcmp(h->architecture, "MistralForCausalLM") ? "mistral"
                        : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2"
                        : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
-                       : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma" : "llama";
-        const bool gemma = !strcmp(mt, "gemma");
+                       : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma"
+                       : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3" : "llama";
+        const bool gemma = !strcmp(mt, "gemma"), phi3 = !strcmp(mt, "phi3");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -193,23 +194,28 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 }
             }
         }
-        if (strcmp(mt, "qwen2"))
+        if (strcmp(mt, "qwen2") && !phi3)
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma)
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
+        if (phi3) { /* Phi3Config's keys (its dropouts: none in dtrain) */
+            cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
+            cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)c->max_position_embeddings);
+        }
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral"))
+        else if (!strcmp(mt, "mistral") || phi3)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-        if (!gemma)
+        if (!gemma && !phi3)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
-        else if (gemma) /* GemmaConfig's default is 0 */
+        else if (gemma || phi3) /* GemmaConfig's default is 0, Phi3Config's 32000 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

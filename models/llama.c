@@ -19,6 +19,12 @@
  * PyTorch's stream (dt_model_init_torch) the draws are transformers'
  * LlamaForCausalLM(config) after torch.manual_seed (torch_order below).
  *
+ * Phi-3 (dt_llama_config.fused; transformers' Phi3ForCausalLM): the
+ * Llama block with q | k | v from one Linear qkv_proj and gate | up from
+ * one gate_up_proj, split by columns of their output (narrow); the
+ * parameters keep transformers' names, so checkpoints, LoRA targets and
+ * exports need no renaming.
+ *
  * Gemma (dt_llama_config.gemma; transformers' GemmaForCausalLM): x is
  * embed_tokens[idx] * sqrt(C) (the factor rounded to the embeddings'
  * dtype), every RMSNorm multiplies by (1 + weight) in f32 (GemmaRMSNorm,
@@ -150,10 +156,19 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     const llama_rt *rt = ud;
     const int t = tp_size_of(child(self, "q_proj")); /* the rank's heads */
     const int H = (int)rt->c.num_attention_heads / t, KV = (int)rt->c.num_key_value_heads / t;
-    x = enter(ctx, child(self, "q_proj"), x);
-    dt_tensor *q = dt_module_forward(ctx, child(self, "q_proj"), x);
-    dt_tensor *k = dt_module_forward(ctx, child(self, "k_proj"), x);
-    dt_tensor *v = dt_module_forward(ctx, child(self, "v_proj"), x);
+    dt_tensor *q, *k, *v;
+    if (rt->c.fused) { /* Phi-3: q | k | v from qkv_proj's columns */
+        const int64_t hd = rt->c.head_dim;
+        dt_tensor *qkv = dt_module_forward(ctx, child(self, "qkv_proj"), x);
+        q = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, 0, H * hd));
+        k = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, H * hd, KV * hd));
+        v = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, (H + KV) * hd, KV * hd));
+    } else {
+        x = enter(ctx, child(self, "q_proj"), x);
+        q = dt_module_forward(ctx, child(self, "q_proj"), x);
+        k = dt_module_forward(ctx, child(self, "k_proj"), x);
+        v = dt_module_forward(ctx, child(self, "v_proj"), x);
+    }
     if (rt->c.qk_norm) { /* Qwen3: each head's hd normalized */
         dt_pg *tp = dt_tp_module_group(child(self, "q_proj"));
         q = head_norm(ctx, child(self, "q_norm"), tp, rt->c.rms_norm_eps, q, H, rt->c.head_dim);
@@ -186,9 +201,17 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
 static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
-    x = enter(ctx, child(self, "gate_proj"), x);
-    dt_tensor *g = dt_module_forward(ctx, child(self, "gate_proj"), x);
-    dt_tensor *u = dt_module_forward(ctx, child(self, "up_proj"), x);
+    dt_tensor *g, *u;
+    if (rt->c.fused) { /* Phi-3: gate | up from gate_up_proj's columns */
+        const int64_t I = rt->c.intermediate_size;
+        dt_tensor *gu = dt_module_forward(ctx, child(self, "gate_up_proj"), x);
+        g = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, 0, I));
+        u = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, I, I));
+    } else {
+        x = enter(ctx, child(self, "gate_proj"), x);
+        g = dt_module_forward(ctx, child(self, "gate_proj"), x);
+        u = dt_module_forward(ctx, child(self, "up_proj"), x);
+    }
     dt_tensor *a = rt && rt->c.gemma ? dt_mul(ctx, dt_gelu_tanh(ctx, g), u) /* GemmaMLP: gelu_pytorch_tanh */
                                      : dt_swiglu(ctx, g, u);
     return dt_module_forward(ctx, child(self, "down_proj"), a);
@@ -369,17 +392,26 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
     dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
-    ok = add(attn, "q_proj", proj(tp, C, H * hd, ab, std, true), ok);
-    ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
-    ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
-    ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
+    if (c->fused) { /* Phi-3, in Phi3Attention's and Phi3MLP's order (o_proj first) */
+        ok = add(attn, "o_proj", linear(H * hd, C, false, std), ok);
+        ok = add(attn, "qkv_proj", linear(C, (H + 2 * KV) * hd, false, std), ok);
+        ok = add(mlp, "gate_up_proj", linear(C, 2 * I, false, std), ok);
+        ok = add(mlp, "down_proj", linear(I, C, false, std), ok);
+    } else {
+        ok = add(attn, "q_proj", proj(tp, C, H * hd, ab, std, true), ok);
+        ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
+        ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
+        ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
+    }
     if (c->qk_norm) {
         ok = add(attn, "q_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
         ok = add(attn, "k_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
     }
-    ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
-    ok = add(mlp, "up_proj", proj(tp, C, I, mb, std, true), ok);
-    ok = add(mlp, "down_proj", proj(tp, I, C, mb, std, false), ok);
+    if (!c->fused) {
+        ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
+        ok = add(mlp, "up_proj", proj(tp, C, I, mb, std, true), ok);
+        ok = add(mlp, "down_proj", proj(tp, I, C, mb, std, false), ok);
+    }
     ok = add(b, "self_attn", attn, ok);
     attn = NULL;
     ok = add(b, "mlp", mlp, ok);
@@ -485,8 +517,9 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
         double w = dt__zoo_weights(b, "self_attn", "q_proj", "k_proj") +
                    dt__zoo_weights(b, "self_attn", "v_proj", "o_proj") +
                    dt__zoo_weights(b, "mlp", "gate_proj", "up_proj") +
-                   dt__zoo_numel(dt_module_find_child(dt_module_find_child(b, "mlp"), "down_proj"), 0);
-        double qw = at ? dt__zoo_numel(dt_module_find_child(at, "q_proj"), 0) / (C > 0 ? C : 1) : 0; /* H hd */
+                   dt__zoo_weights(b, "mlp", "gate_up_proj", "down_proj") + /* Phi-3's fused ones */
+                   (at ? dt__zoo_numel(dt_module_find_child(at, "qkv_proj"), 0) : 0);
+        double qw = at ? dt__zoo_numel(dt_module_find_child(at, "o_proj"), 0) / (C > 0 ? C : 1) : 0; /* H hd */
         dt__zoo_unit(&u[k], dt_module_path(b), b, NULL, dt_module_path(b), NULL);
         u[k++].cost = w + (double)T * qw + 16 * C;
     }
@@ -511,6 +544,9 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
  *      to embed_tokens the two change nothing: left out. */
 static const char *const g_proj[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+/* Phi-3's, in its constructors' order (Phi3Attention makes o_proj first) */
+static const char *const g_proj_fused[4] = {"self_attn.o_proj", "self_attn.qkv_proj", "mlp.gate_up_proj",
+                                            "mlp.down_proj"};
 
 /* Appends a draw for entry `name` to d (false + error when it is missing). */
 static bool draw(const dt_model *m, dt_torch_draw *d, size_t *k, const char *name, dt_nn_init init, double a,
@@ -533,11 +569,13 @@ static dt_status torch_order(dt_model *m, const dt_llama_config *c)
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     size_t k = 0;
     char w[128], b[128];
+    const char *const *proj_names = c->fused ? g_proj_fused : g_proj;
+    const int nproj = c->fused ? 4 : 7;
     bool ok = draw(m, d, &k, "model.embed_tokens.weight", DT_NN_INIT_NORMAL, 1.0, false);
     for (int64_t i = 0; i < L && ok; i++)
-        for (int j = 0; j < 7 && ok; j++) {
-            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, g_proj[j]);
-            snprintf(b, sizeof b, "model.layers.%lld.%s.bias", (long long)i, g_proj[j]);
+        for (int j = 0; j < nproj && ok; j++) {
+            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, proj_names[j]);
+            snprintf(b, sizeof b, "model.layers.%lld.%s.bias", (long long)i, proj_names[j]);
             dt_param_info p;
             int64_t e = dt_model_find_entry(m, w);
             ok = e >= 0 && dt_model_entry(m, (size_t)e, &p) == DT_OK && p.ndim == 2 && p.shape[1] > 0;
@@ -547,8 +585,8 @@ static dt_status torch_order(dt_model *m, const dt_llama_config *c)
         }
     ok = ok && draw(m, d, &k, "model.embed_tokens.weight", DT_NN_INIT_NORMAL, c->initializer_range, true);
     for (int64_t i = 0; i < L && ok; i++)
-        for (int j = 0; j < 7 && ok; j++) {
-            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, g_proj[j]);
+        for (int j = 0; j < nproj && ok; j++) {
+            snprintf(w, sizeof w, "model.layers.%lld.%s.weight", (long long)i, proj_names[j]);
             ok = draw(m, d, &k, w, DT_NN_INIT_NORMAL, c->initializer_range, true);
         }
     int64_t head = dt_model_find_entry(m, "lm_head.weight");
@@ -579,6 +617,9 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");
+    if (tp && lc->fused)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: Phi-3's fused qkv_proj and gate_up_proj are not split for tensor "
+                        "parallelism yet (each rank would need its own rows of q, k and v, and of gate and up)");
     if (tp) {
         const int t = dt_pg_size(tp);
         const struct {

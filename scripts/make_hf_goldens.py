@@ -18,6 +18,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                head, pad_token_id 0 by GemmaConfig's default), f32, one file;
                made after all the others from its own seed; gemma_ref.safetensors
                as qwen3's
+  phi3/        Phi3ForCausalLM (one qkv_proj and one gate_up_proj, GQA 4 over
+               2, untied head, pad_token_id null: Phi3Config's 32000 is past
+               this vocabulary), f32, one file; made last from its own seed;
+               phi3_ref.safetensors as qwen3's
   llama_ref.safetensors, gpt2_ref.safetensors:
                input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
                (F32, eval mode), loss [] (F32): mean next-token
@@ -48,7 +52,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM)
+                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
+                          Phi3Config, Phi3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -189,4 +194,18 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(GemmaForCausalLM, gmc, gemma),
            "eval": torch.tensor(windows_loss(gemma, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "gemma_ref.safetensors"))
+
+# Phi-3: its own seed, after everything above
+torch.manual_seed(4321)
+pc = Phi3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
+                rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+phi3 = Phi3ForCausalLM(pc).eval()
+phi3.save_pretrained(os.path.join(out, "phi3"))
+with torch.no_grad():
+    lg = phi3(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Phi3ForCausalLM, pc, phi3),
+           "eval": torch.tensor(windows_loss(phi3, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "phi3_ref.safetensors"))
 print("wrote", out)

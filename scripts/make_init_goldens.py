@@ -22,16 +22,20 @@ Cases (seed 0, dropout 0):
   qwen2         the same sizes as Qwen2ForCausalLM(Qwen2Config(...)), tied:
                 q/k/v biases, none on o_proj (dtrain: attention_bias with
                 qkv_bias_only)
+  phi3          the same sizes as Phi3ForCausalLM(Phi3Config(...)), untied:
+                one qkv_proj and one gate_up_proj (dtrain: fused), no
+                padding row
 
 Usage: $PEER_PYTHON scripts/make_init_goldens.py [tests/data/torch_init/goldens.txt]
-(written with transformers 5.24 and torch 2.15; the file records both).
+(the file records the transformers and torch that wrote it).
 """
 import os
 import sys
 
 import torch
 import transformers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 transformers.logging.set_verbosity_error()
 
@@ -52,6 +56,11 @@ CASES = [
                                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                    head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
                                                    initializer_range=0.02, tie_word_embeddings=True))),
+    ("phi3", lambda: Phi3ForCausalLM(Phi3Config(vocab_size=512, hidden_size=64, intermediate_size=176,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                max_position_embeddings=128, rms_norm_eps=1e-5,
+                                                initializer_range=0.02, tie_word_embeddings=False,
+                                                pad_token_id=None))),
 ]
 
 

@@ -190,8 +190,9 @@ typedef enum {
 } dt_rope_kind;
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2, Qwen3 and Gemma are the same block: Qwen2 with attention_bias,
- * Qwen3 with qk_norm, Gemma with gemma). */
+ * Qwen2, Qwen3, Gemma and Phi-3 are the same block: Qwen2 with
+ * attention_bias, Qwen3 with qk_norm, Gemma with gemma, Phi-3 with
+ * fused). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -218,6 +219,10 @@ typedef struct dt_llama_config {
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
+    bool fused;                       /* Phi-3 (Phi3ForCausalLM): q, k and v are one Linear self_attn.qkv_proj
+                                         ([(H + 2 KV) hd, C]: q's rows, then k's, then v's) and gate and up
+                                         one mlp.gate_up_proj ([2 I, C]: gate's rows, then up's); no biases;
+                                         not under tensor parallelism (DT_ERR_UNSUPPORTED) */
     int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
                                          sliding_window positions): the model's forward takes sequences of
                                          at most that many tokens, where it is the causal attention;
@@ -276,8 +281,8 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 /* What DIR/config.json describes. */
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
-                               "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM" or
-                               "GPT2LMHeadModel" */
+                               "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
+                               "Phi3ForCausalLM" or "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */
@@ -291,6 +296,7 @@ typedef struct dt_hf_config {
  * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
  * implement (a rope_scaling type other than default/linear/llama3,
  * hidden_act other than silu (Gemma: GELU's tanh form), Gemma 2 or 3,
+ * Phi-3's partial_rotary_factor other than 1 or its dropouts,
  * attention dropout, ...; a sequence past a sliding window is refused when
  * the model is built),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.

@@ -11,11 +11,12 @@
  * uncached). A model with a forward hook is generated without the cache
  * (and the same tokens). Beam search (one cached sequence per beam) gives
  * the same tokens with and without. Past a sliding window only the cached
- * path generates (the other is refused). The models: gpt-micro, llama-tiny (grouped-query
- * attention, RoPE; also in bf16) and the Qwen3 (per-head q/k norms), Gemma
- * (scaled embeddings, 1 + w norms) and Mistral (a sliding window of 16
- * positions) test directories, each with its weights scaled up so that its
- * logits are far from uniform (a random init's are nearly flat). */
+ * path generates (the other is refused). The models: gpt-micro,
+ * llama-tiny (grouped-query attention, RoPE; also in bf16) and the Qwen3
+ * (per-head q/k norms), Gemma (scaled embeddings, 1 + w norms), Mistral (a
+ * sliding window of 16 positions) and Phi-3 (fused projections) test
+ * directories, each with its weights scaled up so that its logits are far
+ * from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
 #include "../models/zoo.h"
 #include "model_util.h"
@@ -40,6 +41,7 @@ typedef struct {
 static const gen_model g_models[] = {
     {"gpt-micro", DT_F32, 4},       {"llama-tiny", DT_F32, 4},    {"llama-tiny", DT_BF16, 4},
     {"hf:" HF "qwen3", DT_F32, 4}, {"hf:" HF "gemma", DT_F32, 6}, {"hf:" HF "mistral", DT_F32, 4},
+    {"hf:" HF "phi3", DT_F32, 4},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 

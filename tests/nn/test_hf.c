@@ -113,6 +113,8 @@ TEST(gpt2_parity) { parity(HF "gpt2", HF "gpt2_ref.safetensors", "logits"); }
 TEST(qwen3_parity) { parity(HF "qwen3", HF "qwen3_ref.safetensors", "logits"); }
 /* Gemma 1: embeddings times sqrt(32), the norms' 1 + w (w drawn in [-0.5, 0.5]), GELU-tanh MLP */
 TEST(gemma_parity) { parity(HF "gemma", HF "gemma_ref.safetensors", "logits"); }
+/* Phi-3: one qkv_proj and one gate_up_proj, split by columns */
+TEST(phi3_parity) { parity(HF "phi3", HF "phi3_ref.safetensors", "logits"); }
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -178,6 +180,7 @@ TEST(qwen3_adamw_steps) { adamw_steps(HF "qwen3", HF "qwen3_ref.safetensors", 6,
 /* Gemma: the gradients through the (1 + w) norms, the scaled embedding (tied to the head) and GELU-tanh;
    GemmaConfig's pad_token_id 0 (no gradient to row 0 from its lookups) */
 TEST(gemma_adamw_steps) { adamw_steps(HF "gemma", HF "gemma_ref.safetensors", 10, 1e-5); }
+TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -402,5 +405,7 @@ int main(void)
     RUN(llama_pad_token_adamw_steps);
     RUN(gemma_parity);
     RUN(gemma_adamw_steps);
+    RUN(phi3_parity);
+    RUN(phi3_adamw_steps);
     return TEST_REPORT();
 }

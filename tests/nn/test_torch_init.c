@@ -124,8 +124,10 @@ TEST(gpt2_starts_from_transformers_weights)
 }
 
 /* llama-tiny as the case's transformers model: untied (llama), tied with
- * every bias (llama_bias), or Qwen2's shape: tied, q/k/v biases only. */
-static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2)
+ * every bias (llama_bias), Qwen2's shape: tied, q/k/v biases only, or
+ * Phi-3's: one qkv_proj and one gate_up_proj, drawn in its constructors'
+ * order (o_proj first). */
+static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2, bool phi3)
 {
     dt_llama_config c;
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
@@ -133,6 +135,7 @@ static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2)
     c.attention_bias = tied_with_biases || qwen2;
     c.qkv_bias_only = qwen2;
     c.mlp_bias = tied_with_biases;
+    c.fused = phi3;
     dt_model *m, *mm;
     ASSERT_OK(dt_llama_create(&c, 7, NULL, &m, NULL));
     ASSERT_OK(dt_model_init_torch(m, 0));
@@ -147,9 +150,10 @@ static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2)
     dt_model_free(m);
 }
 
-TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false); }
-TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false); }
-TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true); }
+TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false, false); }
+TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false, false); }
+TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true, false); }
+TEST(phi3_starts_from_transformers_weights) { llama_case("phi3", false, false, true); }
 
 /* dt_model_build_params.init DT_INIT_TORCH: the build leaves the random
  * parameters zero (constant inits written: the norms' ones) and draws no
@@ -253,6 +257,7 @@ int main(void)
     RUN(llama_starts_from_transformers_weights);
     RUN(llama_tied_with_biases_starts_from_transformers_weights);
     RUN(qwen2_starts_from_transformers_weights);
+    RUN(phi3_starts_from_transformers_weights);
     RUN(build_leaves_random_init_to_torch);
     RUN(torch_init_recipe_checks);
     return TEST_REPORT();
