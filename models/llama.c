@@ -438,6 +438,15 @@ bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V)
     return true;
 }
 
+int64_t dt__llama_window(const dt_model *m)
+{
+    int64_t P, V;
+    if (!dt_llama_positions(m, &P, &V))
+        return 0;
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    return windowed(&rt->c) ? rt->c.sliding_window : 0;
+}
+
 bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window)
 {
     int64_t P, V;
@@ -447,17 +456,8 @@ bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positi
     *L = (int)rt->c.num_hidden_layers;
     *row = rt->c.num_key_value_heads * rt->c.head_dim;
     *positions = rt->c.max_position_embeddings;
-    *window = windowed(&rt->c) ? rt->c.sliding_window : 0;
+    *window = dt__llama_window(m);
     return !rt->cp.group;
-}
-
-int64_t dt__llama_window(const dt_model *m)
-{
-    int64_t P, V;
-    if (!dt_llama_positions(m, &P, &V))
-        return 0;
-    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
-    return windowed(&rt->c) ? rt->c.sliding_window : 0;
 }
 
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n)

@@ -10,6 +10,8 @@
 #include "test.h"
 #include "tools/train_cli.h"
 
+#include "dtrain/data.h"
+
 static cli_result g_r;
 
 static void train(const char *env, const char *zero, int hier_flag)
@@ -54,6 +56,8 @@ TEST(flag_env_and_errors)
 
 int main(void)
 {
+    if (!file_exists(dt_data_fashion_mnist_dir())) /* its runs train on Fashion-MNIST */
+        DT_TEST_SKIP_ALL_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     RUN(flag_env_and_errors);
     return TEST_REPORT();
 }

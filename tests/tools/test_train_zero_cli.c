@@ -11,6 +11,8 @@
 #include "tmp_util.h"
 #include "tools/train_cli.h"
 
+#include "dtrain/data.h"
+
 #include <dirent.h>
 
 static const char *k_cli(void) { return getenv("DT_CLI"); }
@@ -30,6 +32,9 @@ static void line_after(const char *out, const char *key, char *buf, size_t n)
     }
     buf[k] = 0;
 }
+
+/* Every run here but the flag checks trains on Fashion-MNIST. */
+static bool have_fmnist(void) { return file_exists(dt_data_fashion_mnist_dir()); }
 
 static void run2_env(cli_result *r, const char *env, const char *const *extra)
 {
@@ -62,6 +67,8 @@ static void same_losses(const cli_result *a, const cli_result *b)
 
 TEST(stage3_equals_ddp)
 {
+    if (!have_fmnist())
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     cli_result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     run2(a, (const char *[]){"--zero", "0", NULL});
     ASSERT_EQ_INT(a->code, 0);
@@ -117,6 +124,8 @@ TEST(stage3_equals_ddp)
 
 TEST(fsdp_shard_grad_op_with_accumulation)
 {
+    if (!have_fmnist())
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     cli_result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     run2(a, (const char *[]){"--grad-accum", "2", "--rng", "philox", NULL});
     ASSERT_EQ_INT(a->code, 0);
@@ -134,6 +143,8 @@ TEST(fsdp_shard_grad_op_with_accumulation)
  * reported. */
 TEST(bf16_stage3_equals_stage1)
 {
+    if (!have_fmnist())
+        DT_TEST_SKIP_NEED("fashion-mnist", "Fashion-MNIST not installed at %s", dt_data_fashion_mnist_dir());
     /* Stage 3's gather hooks are blind (dt_module_hook_set_blind): the
      * ConvNet keeps its channel-blocked path under them as stage 1 does, so
      * bf16's roundings of the normalised output see the same f32 values
