@@ -199,7 +199,8 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt
             runs[b] = pick[b].s;
             parent[b] = top[pick[b].i].i / V;
         }
-        dt__gen_kv_reorder(kv, parent);
+        if (kv && cur + 1 <= dt__gen_kv_cap(kv)) /* the next step reads the cache */
+            dt__gen_kv_reorder(kv, parent);
         /* transformers' _check_early_stop_heuristic at the new length */
         const int64_t len = p->early_stopping == DT_EARLY_STOPPING_NEVER && p->length_penalty > 0.0f
                                 ? L - nprompt : cur + 1 - nprompt;
