@@ -311,6 +311,12 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     return DT_OK;
 }
 
+/* p's on_token after a new token (one process only): whether it says stop. */
+static bool told_stop(const dt_generate_params *p, const gen_ops *ops, const int64_t *out, int64_t n)
+{
+    return p->on_token && !ops->share && p->on_token(p->on_token_ud, out, n) != 0;
+}
+
 /* Whether tok is one of p's stop tokens. */
 static bool is_eos(const dt_generate_params *p, int64_t tok)
 {
@@ -387,6 +393,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
             out[n] = pick(processed((const float *)y->data, V, &p, out, n, nprompt, work, seen), V, &p, k, prob, r);
             n++;
             dt_ctx_reset(ctx);
+            if (told_stop(&p, ops, out, n))
+                break;
             continue;
         }
         int64_t T = n < P ? n : P;
@@ -424,6 +432,8 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
             break;
         out[n++] = tok;
         dt_ctx_reset(ctx);
+        if (told_stop(&p, ops, out, n))
+            break;
     }
     if (st < 0 && !shared) /* failed outside the forward (no memory): the pipeline must not wait */
         st = ops->share(ops->ud, &(int64_t){-1}, st);

@@ -85,6 +85,9 @@ static void usage(FILE *f)
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
+               "  --stream on|off       print each new token as it is generated (the text as far as it is\n"
+               "                        whole UTF-8; default off); the same output in the end. Beam search\n"
+               "                        prints its best beam at the end\n"
                "prints the prompt and the new tokens as ids, \"p1 ... pn | t1 ... tk\".\n"
                "e.g. dtrain generate --ckpt runs/gpt --vocab kjv.bpe --prompt \"In the beginning\" --top-k 40\n");
 }
@@ -144,6 +147,85 @@ static dt_status load(dt_model *m, const char *path, const char *lora, bool *ada
     return st;
 }
 
+/* The text of ids out[0..n) through the tokenizer, or else the BPE vocabulary: an id past it is
+ * DT_ERR_RANGE naming it, never another token. */
+static dt_status decode_text(const dt_tokenizer *tok, const dt_bpe *bpe, const int64_t *out, int64_t n, char **text,
+                             size_t *len)
+{
+    if (!tok)
+        return dt_bpe_decode_ids(bpe, out, n, text, len);
+    uint32_t *u = malloc((size_t)(n > 0 ? n : 1) * sizeof *u);
+    dt_status st = u ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "out of memory");
+    for (int64_t i = 0; st == DT_OK && i < n; i++) /* never narrowed: an id past the tokenizer is an error */
+        if (out[i] < 0 || out[i] >= dt_tokenizer_vocab_size(tok))
+            st = dt_error(DT_ERR_RANGE,
+                          "id %lld at position %lld is outside the tokenizer's %lld ids (the model has more: "
+                          "train with the tokenizer's size)",
+                          (long long)out[i], (long long)i, (long long)dt_tokenizer_vocab_size(tok));
+        else
+            u[i] = (uint32_t)out[i];
+    if (st == DT_OK)
+        st = dt_tokenizer_decode(tok, u, n, false, text, len);
+    free(u);
+    return st;
+}
+
+/* --stream: what has been printed of the sequence. Ids: " | " before the first new one. Text: the decoded
+ * sequence's bytes up to its last whole UTF-8 character, shown[0, nshown) kept to check, at the end, that the
+ * final text begins with them (a tokenizer whose decoding changes earlier text then gets it printed whole). */
+typedef struct {
+    const dt_tokenizer *tok;
+    const dt_bpe *bpe;
+    int64_t np;
+    char *shown;
+    size_t nshown;
+    dt_status st;
+} streamer;
+
+/* The length of text[0, len) without an unfinished UTF-8 character at its end. */
+static size_t utf8_whole(const char *text, size_t len)
+{
+    size_t i = len, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)text[i - 1] & 0xC0) == 0x80)
+        i--, back++;
+    if (i == 0)
+        return len;
+    const unsigned char lead = (unsigned char)text[i - 1];
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 >= need ? len : i - 1;
+}
+
+/* dt_generate_params.on_token for --stream (also run once on the prompt). */
+static int stream_token(void *ud, const int64_t *seq, int64_t n)
+{
+    streamer *s = ud;
+    if (!s->tok && !s->bpe) {
+        if (n > s->np) /* a new token */
+            printf("%s%lld", n - 1 == s->np ? " | " : " ", (long long)seq[n - 1]);
+        else
+            for (int64_t i = 0; i < n; i++)
+                printf("%s%lld", i ? " " : "", (long long)seq[i]);
+        fflush(stdout);
+        return 0;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if ((s->st = decode_text(s->tok, s->bpe, seq, n, &text, &len)) < 0)
+        return 1; /* stop: said after generation */
+    const size_t end = utf8_whole(text, len);
+    if (end > s->nshown && !memcmp(text, s->shown, s->nshown)) {
+        char *grown = realloc(s->shown, end);
+        if (grown) {
+            fwrite(text + s->nshown, 1, end - s->nshown, stdout);
+            fflush(stdout);
+            memcpy(grown + s->nshown, text + s->nshown, end - s->nshown);
+            s->shown = grown, s->nshown = end;
+        }
+    }
+    free(text);
+    return 0;
+}
+
 static int bad(void)
 {
     dt__cli_err("dtrain generate: %s\n", dt_last_error());
@@ -188,7 +270,7 @@ int dt_cmd_generate(int argc, char **argv)
     /* the options given: they override an hf:DIR model's generation_config.json */
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
-         early_given = false, minp_given = false, typp_given = false;
+         early_given = false, minp_given = false, typp_given = false, stream = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -229,6 +311,12 @@ int dt_cmd_generate(int argc, char **argv)
             if (dt_parse_int(a, v, 0, 1000000, &gp.max_new_tokens) < 0)
                 return bad();
             max_given = true;
+        } else if (!strcmp(a, "--stream")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                dt__cli_err("dtrain generate: --stream: '%s' is neither on nor off\n", v);
+                return 2;
+            }
+            stream = !strcmp(v, "on");
         } else if (!strcmp(a, "--kv-cache")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 dt__cli_err("dtrain generate: --kv-cache: '%s' is neither on nor off\n", v);
@@ -522,52 +610,48 @@ int dt_cmd_generate(int argc, char **argv)
         rc = 1;
         goto done;
     }
+    streamer sm = {.tok = tok, .bpe = bpe, .np = np, .st = DT_OK};
+    stream = stream && gp.num_beams == 1; /* beam search: its best beam at the end */
+    if (stream) {
+        gp.on_token = stream_token, gp.on_token_ud = &sm;
+        stream_token(&sm, prompt, np);
+    }
     dt_status st = dt_model_generate(m, &gp, prompt, np, out, total, &n);
+    if (st == DT_OK && sm.st < 0) /* the streamed text could not be decoded */
+        st = sm.st;
     if (st < 0) {
+        if (stream)
+            printf("\n");
         dt__cli_err("dtrain generate: %s\n", dt_last_error());
         rc = st == DT_ERR_RANGE || st == DT_ERR_INVALID_ARG || st == DT_ERR_UNSUPPORTED ? 2 : 1;
+        free(sm.shown);
         goto done;
     }
-    if (tok) {
-        uint32_t *u = malloc((size_t)(n > 0 ? n : 1) * sizeof *u);
-        char *text = NULL;
-        size_t len = 0;
-        st = u ? DT_OK : dt_error(DT_ERR_NO_MEMORY, "out of memory");
-        for (int64_t i = 0; st == DT_OK && i < n; i++) /* never narrowed: an id past the tokenizer is an error */
-            if (out[i] < 0 || out[i] >= dt_tokenizer_vocab_size(tok))
-                st = dt_error(DT_ERR_RANGE,
-                              "id %lld at position %lld is outside the tokenizer's %lld ids (the model has more: "
-                              "train with the tokenizer's size)",
-                              (long long)out[i], (long long)i, (long long)dt_tokenizer_vocab_size(tok));
-            else
-                u[i] = (uint32_t)out[i];
-        if (st == DT_OK)
-            st = dt_tokenizer_decode(tok, u, n, false, &text, &len);
-        free(u);
-        if (st < 0) {
-            dt__cli_err("dtrain generate: %s\n", dt_last_error());
-            rc = st == DT_ERR_RANGE ? 2 : 1;
-            goto done;
-        }
-        fwrite(text, 1, len, stdout);
-        printf("\n");
-        free(text);
-    } else if (bpe) {
+    if (tok || bpe) {
         char *text = NULL; /* an id past the vocabulary (a model wider than it): an error, never another token */
         size_t len = 0;
-        if ((st = dt_bpe_decode_ids(bpe, out, n, &text, &len)) < 0) {
+        if ((st = decode_text(tok, bpe, out, n, &text, &len)) < 0) {
             dt__cli_err("dtrain generate: %s\n", dt_last_error());
             rc = st == DT_ERR_RANGE ? 2 : 1;
+            free(sm.shown);
             goto done;
         }
-        fwrite(text, 1, len, stdout);
+        size_t done_len = 0; /* the streamed part, when the final text begins with it */
+        if (stream && sm.nshown <= len && !memcmp(text, sm.shown, sm.nshown))
+            done_len = sm.nshown;
+        else if (stream)
+            printf("\n"); /* decoding changed text already shown: the final text whole */
+        fwrite(text + done_len, 1, len - done_len, stdout);
         printf("\n");
         free(text);
+    } else if (stream) {
+        printf("\n");
     } else {
         for (int64_t i = 0; i < n; i++)
             printf("%s%lld", i == 0 ? "" : i == np ? " | " : " ", (long long)out[i]);
         printf("\n");
     }
+    free(sm.shown);
     rc = 0;
 done:
     dt__tuning_free(&tu);

@@ -116,6 +116,14 @@ typedef struct dt_generate_params {
                                the last sliding_window ones (transformers' generate); a sequence
                                that would run past it uncached (kv_cache false, the pipe strategy,
                                a model with hooks) is DT_ERR_UNSUPPORTED */
+    int (*on_token)(void *ud, const int64_t *seq, int64_t n); /* dt_model_generate with one sequence
+                               (num_beams 1): called after each new token with the sequence so far
+                               seq[0..n) (the prompt first; read during the call); a non-zero return
+                               stops generation there (DT_OK, *nout n): streaming output, the
+                               caller's own stop rules. NULL (default): none. Beam search (its
+                               sequence is known at the end) and dt_strategy_pipe_generate do not
+                               call it */
+    void *on_token_ud;      /* on_token's ud */
 } dt_generate_params;
 DT_API dt_generate_params dt_generate_params_default(void);
 /* Continue prompt[0..nprompt) (token ids in [0, V)) with a GPT-2 or Llama model:

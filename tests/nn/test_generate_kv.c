@@ -305,6 +305,45 @@ TEST(lora_model_goes_cached)
     }
 }
 
+/* on_token: called after each new token with the sequence so far, cached and uncached alike; a non-zero
+ * return stops generation there (DT_OK, the tokens so far: the full run's first ones). */
+typedef struct {
+    int calls, stop_at;
+    int64_t last_n;
+    bool grew;
+} tok_log;
+
+static int log_token(void *ud, const int64_t *seq, int64_t n)
+{
+    tok_log *l = ud;
+    (void)seq;
+    l->grew &= n == l->last_n + 1;
+    l->last_n = n;
+    return ++l->calls == l->stop_at;
+}
+
+TEST(on_token_streams_and_stops)
+{
+    int64_t P = 0, V = 0;
+    dt_model *m = make(1, &P, &V); /* llama-tiny */
+    ASSERT(m);
+    const int64_t prompt[3] = {5, 6, 7};
+    for (int cache = 0; m && cache < 2; cache++) {
+        int64_t full[64], part[64], nf = 0, np = 0;
+        gen(m, cache, 0.0f, 0, prompt, 3, 20, full, &nf);
+        tok_log l = {.stop_at = 0, .last_n = 3, .grew = true};
+        dt_generate_params gp = dt_generate_params_default();
+        gp.temperature = 0.0f, gp.max_new_tokens = 20, gp.kv_cache = cache;
+        gp.on_token = log_token, gp.on_token_ud = &l;
+        ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, part, 64, &np));
+        ASSERT(l.calls == 20 && l.grew && np == nf && !memcmp(part, full, (size_t)nf * sizeof *full));
+        l = (tok_log){.stop_at = 4, .last_n = 3, .grew = true};
+        ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, part, 64, &np));
+        ASSERT(l.calls == 4 && np == 7 && !memcmp(part, full, 7 * sizeof *full));
+    }
+    dt_model_free(m);
+}
+
 static dt_status count_hook(dt_ctx *ctx, dt_module *mod, dt_tensor *x, dt_tensor *y, void *ud)
 {
     (void)ctx, (void)mod, (void)x, (void)y;
@@ -345,5 +384,6 @@ int main(void)
     RUN(same_tokens_with_and_without);
     RUN(hooked_model_goes_uncached);
     RUN(lora_model_goes_cached);
+    RUN(on_token_streams_and_stops);
     return TEST_REPORT();
 }

@@ -663,6 +663,61 @@ TEST(generate_sliding_window)
     ASSERT(!strstr(r.out, "not available"));
 }
 
+/* --stream on prints the tokens as they come and ends with the same output as without it: ids (greedy on the
+ * golden Llama), and text through a BPE vocabulary of multi-byte UTF-8 words from a random model that emits
+ * broken byte sequences too (bytes are held back until their character is whole); beam search prints its beam
+ * at the end. */
+TEST(generate_stream)
+{
+    static cli_result r;
+    static char off[sizeof r.out];
+    const char *const *sets[] = {(const char *[]){"--max-new-tokens", "12", NULL},
+                                 (const char *[]){"--max-new-tokens", "12", "--num-beams", "3", NULL},
+                                 (const char *[]){"--max-new-tokens", "0", NULL}};
+    for (int i = 0; i < 3; i++) {
+        for (int on = 0; on < 2; on++) {
+            char *args[20] = {"generate", "--model", "hf:" HF "llama", "--prompt-ids", "5,6,7", "--temperature", "0",
+                              "--stream", on ? "on" : "off"};
+            int n = 9;
+            for (int j = 0; sets[i][j]; j++)
+                args[n++] = (char *)sets[i][j];
+            args[n] = NULL;
+            cli_runv(&r, 60, NULL, args);
+            ASSERT_EQ_INT(r.code, 0);
+            if (!on)
+                memcpy(off, r.out, sizeof off);
+        }
+        ASSERT_STR_EQ(r.out, off);
+    }
+    ASSERT_STR_CONTAINS(off, "5 6 7\n"); /* no new token */
+    char *corpus = cli_path("stream_corpus.txt"), *vocab = cli_path("stream.bpe");
+    FILE *f = fopen(corpus, "w");
+    ASSERT(f);
+    const char *words[] = {"h\xc3\xa9llo", "w\xc3\xb6rld", "\xe6\x97\xa5\xe6\x9c\xac", "caf\xc3\xa9",
+                           "\xe2\x82\xacuro", "emoji\xf0\x9f\x98\x80"};
+    for (int i = 0; f && i < 3000; i++)
+        fprintf(f, "%s ", words[(i * 7 + i / 5) % 6]);
+    if (f)
+        fclose(f);
+    cli_runv(&r, 60, NULL, (char *[]){"tokenize", "--train-vocab", "270", corpus, "-o", vocab, "--min-count", "1",
+                                      NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    for (int on = 0; on < 2; on++) {
+        cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "gpt-micro", "--vocab", vocab, "--vocab-size", "270",
+                                          "--prompt", "h\xc3\xa9llo w\xc3\xb6rld", "--max-new-tokens", "40",
+                                          "--stream", on ? "on" : "off", NULL});
+        ASSERT_EQ_INT(r.code, 0);
+        if (!on)
+            memcpy(off, r.out, sizeof off);
+    }
+    ASSERT_STR_EQ(r.out, off);
+    ASSERT(strncmp(off, "h\xc3\xa9llo w\xc3\xb6rld", 13) == 0 && strlen(off) > 20);
+    cli_runv(&r, 60, NULL, (char *[]){"generate", "--model", "hf:" HF "llama", "--prompt-ids", "5", "--stream", "yes",
+                                      NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--stream: 'yes' is neither on nor off");
+}
+
 /* generate --lora-from DIR: PEFT's adapters (here a dtrain LoRA run's --save-lora) on an hf:DIR model continue
  * a prompt as the LoRA run's own checkpoint does (PeftModel.from_pretrained(base, DIR).generate gave the same
  * tokens when this was written), and differently from the base model alone. */
@@ -777,6 +832,7 @@ int main(void)
     RUN(generation_config);
     RUN(generate_processors_and_beams);
     RUN(generate_sliding_window);
+    RUN(generate_stream);
     RUN(generate_lora_from);
     RUN(hub_cache_layout);
     cli_cleanup();
