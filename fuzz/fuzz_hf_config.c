@@ -1,6 +1,6 @@
 /* libFuzzer target for a Hugging Face model directory's config.json
- * (models.h dt_hf_config_read): the architecture, the Llama/Mistral/Qwen2
- * and GPT-2 keys with their defaults, rope_scaling / rope_parameters, the
+ * (models.h dt_hf_config_read): the architecture, the Llama/Mistral/Qwen2/
+ * Qwen3/Gemma/Phi-3 and GPT-2 keys with their defaults, rope_scaling / rope_parameters, the
  * special token ids and the configuration checks. The input is written as
  * config.json into a directory; any input must give either a configuration
  * that dt_llama_config_check accepts (Llama family) or an error whose
@@ -45,13 +45,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!f || fwrite(data, 1, size, f) != size)
         abort();
     fclose(f);
-    dt_generate_params g = {.max_new_tokens = 64, .temperature = 1, .top_p = 1, .repetition_penalty = 1};
+    dt_generate_params g = {.max_new_tokens = 64, .temperature = 1, .top_p = 1, .typical_p = 1,
+                            .repetition_penalty = 1};
     char ign[256];
     dt_error_clear();
     if (dt_hf_generation_config(dir, &g, ign, sizeof ign) < 0) {
         if (!strstr(dt_last_error(), "config.json"))
             abort();
     } else if (!(g.temperature >= 0 && g.temperature <= 1e6) || g.top_k < 0 || !(g.top_p > 0 && g.top_p <= 1) ||
+               !(g.min_p >= 0 && g.min_p <= 1) || !(g.typical_p > 0 && g.typical_p <= 1) ||
                !(g.repetition_penalty > 0 && g.repetition_penalty <= 1e6) || g.max_new_tokens < 0 || g.n_eos < 0 ||
                g.n_eos > DT_GENERATE_MAX_EOS || strlen(ign) >= sizeof ign) {
         abort(); /* what the reader returns, dt_model_generate takes */
