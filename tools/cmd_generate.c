@@ -213,7 +213,7 @@ static int stream_token(void *ud, const int64_t *seq, int64_t n)
     if ((s->st = decode_text(s->tok, s->bpe, seq, n, &text, &len)) < 0)
         return 1; /* stop: said after generation */
     const size_t end = utf8_whole(text, len);
-    if (end > s->nshown && !memcmp(text, s->shown, s->nshown)) {
+    if (end > s->nshown && (!s->nshown || !memcmp(text, s->shown, s->nshown))) { /* (memcmp takes no NULL) */
         char *grown = realloc(s->shown, end);
         if (grown) {
             fwrite(text + s->nshown, 1, end - s->nshown, stdout);
@@ -637,7 +637,7 @@ int dt_cmd_generate(int argc, char **argv)
             goto done;
         }
         size_t done_len = 0; /* the streamed part, when the final text begins with it */
-        if (stream && sm.nshown <= len && !memcmp(text, sm.shown, sm.nshown))
+        if (stream && sm.nshown <= len && (!sm.nshown || !memcmp(text, sm.shown, sm.nshown)))
             done_len = sm.nshown;
         else if (stream)
             printf("\n"); /* decoding changed text already shown: the final text whole */
