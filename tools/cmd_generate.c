@@ -232,6 +232,18 @@ static int bad(void)
     return 2;
 }
 
+/* Option a's value v as a number in (0, hi] into *d; else said (want: what it takes) and -1. */
+static int positive(const char *a, const char *v, double hi, const char *want, double *d)
+{
+    if (dt_parse_double(a, v, 0, hi, d) < 0)
+        return bad(), -1;
+    if (*d <= 0) {
+        dt__cli_err("dtrain generate: %s %s: want %s\n", a, v, want);
+        return -1;
+    }
+    return 0;
+}
+
 /* --eos-id ID[,ID...] | none into gp's stop tokens. */
 static int parse_eos(const char *v, dt_generate_params *gp)
 {
@@ -328,12 +340,8 @@ int dt_cmd_generate(int argc, char **argv)
                 return bad();
             topk_given = true;
         } else if (!strcmp(a, "--top-p")) {
-            if (dt_parse_double(a, v, 0, 1, &d) < 0)
-                return bad();
-            if (d <= 0) {
-                dt__cli_err("dtrain generate: --top-p %s: want 0 < P <= 1 (1: every token)\n", v);
+            if (positive(a, v, 1, "0 < P <= 1 (1: every token)", &d) < 0)
                 return 2;
-            }
             gp.top_p = (float)d;
             topp_given = true;
         } else if (!strcmp(a, "--min-p")) {
@@ -342,21 +350,13 @@ int dt_cmd_generate(int argc, char **argv)
             gp.min_p = (float)d;
             minp_given = true;
         } else if (!strcmp(a, "--typical-p")) {
-            if (dt_parse_double(a, v, 0, 1, &d) < 0)
-                return bad();
-            if (d <= 0) {
-                dt__cli_err("dtrain generate: --typical-p %s: want 0 < P <= 1 (1: off)\n", v);
+            if (positive(a, v, 1, "0 < P <= 1 (1: off)", &d) < 0)
                 return 2;
-            }
             gp.typical_p = (float)d;
             typp_given = true;
         } else if (!strcmp(a, "--repetition-penalty")) {
-            if (dt_parse_double(a, v, 0, 1e6, &d) < 0)
-                return bad();
-            if (d <= 0) {
-                dt__cli_err("dtrain generate: --repetition-penalty %s: want X > 0 (1: none)\n", v);
+            if (positive(a, v, 1e6, "X > 0 (1: none)", &d) < 0)
                 return 2;
-            }
             gp.repetition_penalty = (float)d;
             pen_given = true;
         } else if (!strcmp(a, "--min-new-tokens")) {

@@ -43,86 +43,14 @@ static void last_logits(dt_model *m, const int64_t *prompt, int64_t np, float *o
     dt_ctx_free(ctx);
 }
 
-/* The reference's token for seed; *kept: how many tokens top_p keeps. */
-static int64_t ref_pick(const float *logits, float temp, float top_p, uint64_t seed, int *kept)
-{
-    static double p[V];
-    double mx = -INFINITY, sum = 0;
-    for (int j = 0; j < V; j++)
-        mx = fmax(mx, logits[j] / (double)temp);
-    for (int j = 0; j < V; j++)
-        sum += p[j] = exp(logits[j] / (double)temp - mx);
-    static bool keep[V];
-    double ksum = 0;
-    *kept = 0;
-    for (int j = 0; j < V; j++) {
-        double above = 0; /* the mass of the tokens more likely than j */
-        for (int i = 0; i < V; i++)
-            if (p[i] > p[j])
-                above += p[i] / sum;
-        keep[j] = above < top_p;
-        if (keep[j])
-            ksum += p[j], ++*kept;
-    }
-    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * ksum, c = 0;
-    for (int j = 0; j < V; j++)
-        if (keep[j] && u < (c += p[j]))
-            return j;
-    return -1;
-}
-
-TEST(top_p_against_the_reference)
-{
-    dt_model *m = t_gen_model();
-    ASSERT(m);
-    const int64_t prompt[3] = {17, 301, 44};
-    float lg[V];
-    last_logits(m, prompt, 3, lg);
-    const float tps[] = {0.05f, 0.3f, 0.6f, 0.9f};
-    int kept_first = 0, kept_last = 0;
-    for (int t = 0; t < 4; t++) {
-        int distinct = 0;
-        bool seen[V] = {false};
-        for (uint64_t seed = 0; seed < 40; seed++) {
-            dt_generate_params gp = dt_generate_params_default();
-            gp.temperature = 0.7f, gp.top_p = tps[t], gp.seed = seed, gp.max_new_tokens = 1;
-            int64_t out[8], n = 0;
-            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
-            ASSERT_EQ_INT(n, 4);
-            int kept = 0;
-            int64_t want = ref_pick(lg, 0.7f, tps[t], seed, &kept);
-            if (out[3] != want)
-                fprintf(stderr, "  top_p %g seed %llu: got %lld, the reference %lld\n", (double)tps[t],
-                        (unsigned long long)seed, (long long)out[3], (long long)want);
-            ASSERT_EQ_INT(out[3], want);
-            distinct += !seen[out[3]];
-            seen[out[3]] = true;
-            if (t == 0)
-                kept_first = kept;
-            kept_last = kept;
-        }
-        fprintf(stderr, "  top_p %.2f: %d distinct tokens in 40 draws\n", (double)tps[t], distinct);
-    }
-    ASSERT(kept_first >= 1 && kept_first < kept_last); /* the filter did something, and more with a larger p */
-    ASSERT(kept_last < V);
-    /* top_p 1: every token, the draws of no filter at all (top_k 0) */
-    dt_generate_params a = dt_generate_params_default(), b = a;
-    b.top_p = 1.0f;
-    int64_t oa[16], ob[16], na = 0, nb = 0;
-    a.max_new_tokens = b.max_new_tokens = 10;
-    ASSERT_OK(dt_model_generate(m, &a, prompt, 3, oa, 16, &na));
-    ASSERT_OK(dt_model_generate(m, &b, prompt, 3, ob, 16, &nb));
-    ASSERT(na == nb && !memcmp(oa, ob, (size_t)na * sizeof *oa));
-    dt_model_free(m);
-}
-
-/* min_p and typical_p after top_p (transformers' MinPLogitsWarper, then TypicalLogitsWarper), written from
- * their definitions: min_p keeps a token at least min_p times as likely as the most likely one; typical_p ranks
- * the tokens left by |-log q - H| (q their renormalised probabilities, H the entropy; ties by id), counts c,
- * the tokens whose cumulative q, in rank order, stays below typical_p, and keeps every token ranked no
- * farther than the (c+1)-th. The draw as ref_pick's. */
-static int64_t ref_pick_mt(const float *logits, float temp, float top_p, float min_p, float typical, uint64_t seed,
-                           int *kept)
+/* The reference's token for seed (the documented Philox draw over the tokens kept); *kept: how many tokens
+ * the filters keep: top_p as the header says, then min_p and typical_p (transformers' MinPLogitsWarper, then
+ * TypicalLogitsWarper), written from their definitions: min_p keeps a token at least min_p times as likely as
+ * the most likely one; typical_p ranks the tokens left by |-log q - H| (q their renormalised probabilities, H
+ * the entropy; ties by id), counts c, the tokens whose cumulative q, in rank order, stays below typical_p, and
+ * keeps every token ranked no farther than the (c+1)-th. */
+static int64_t ref_pick(const float *logits, float temp, float top_p, float min_p, float typical, uint64_t seed,
+                        int *kept)
 {
     static double p[V], shift[V], before[V];
     static bool keep[V];
@@ -184,6 +112,51 @@ static int64_t ref_pick_mt(const float *logits, float temp, float top_p, float m
     return -1;
 }
 
+TEST(top_p_against_the_reference)
+{
+    dt_model *m = t_gen_model();
+    ASSERT(m);
+    const int64_t prompt[3] = {17, 301, 44};
+    float lg[V];
+    last_logits(m, prompt, 3, lg);
+    const float tps[] = {0.05f, 0.3f, 0.6f, 0.9f};
+    int kept_first = 0, kept_last = 0;
+    for (int t = 0; t < 4; t++) {
+        int distinct = 0;
+        bool seen[V] = {false};
+        for (uint64_t seed = 0; seed < 40; seed++) {
+            dt_generate_params gp = dt_generate_params_default();
+            gp.temperature = 0.7f, gp.top_p = tps[t], gp.seed = seed, gp.max_new_tokens = 1;
+            int64_t out[8], n = 0;
+            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
+            ASSERT_EQ_INT(n, 4);
+            int kept = 0;
+            int64_t want = ref_pick(lg, 0.7f, tps[t], 0.0f, 1.0f, seed, &kept);
+            if (out[3] != want)
+                fprintf(stderr, "  top_p %g seed %llu: got %lld, the reference %lld\n", (double)tps[t],
+                        (unsigned long long)seed, (long long)out[3], (long long)want);
+            ASSERT_EQ_INT(out[3], want);
+            distinct += !seen[out[3]];
+            seen[out[3]] = true;
+            if (t == 0)
+                kept_first = kept;
+            kept_last = kept;
+        }
+        fprintf(stderr, "  top_p %.2f: %d distinct tokens in 40 draws\n", (double)tps[t], distinct);
+    }
+    ASSERT(kept_first >= 1 && kept_first < kept_last); /* the filter did something, and more with a larger p */
+    ASSERT(kept_last < V);
+    /* top_p 1: every token, the draws of no filter at all (top_k 0) */
+    dt_generate_params a = dt_generate_params_default(), b = a;
+    b.top_p = 1.0f;
+    int64_t oa[16], ob[16], na = 0, nb = 0;
+    a.max_new_tokens = b.max_new_tokens = 10;
+    ASSERT_OK(dt_model_generate(m, &a, prompt, 3, oa, 16, &na));
+    ASSERT_OK(dt_model_generate(m, &b, prompt, 3, ob, 16, &nb));
+    ASSERT(na == nb && !memcmp(oa, ob, (size_t)na * sizeof *oa));
+    dt_model_free(m);
+}
+
 TEST(min_p_and_typical_p_against_the_reference)
 {
     dt_model *m = t_gen_model();
@@ -204,7 +177,7 @@ TEST(min_p_and_typical_p_against_the_reference)
             int64_t out[8], n = 0;
             ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
             ASSERT_EQ_INT(n, 4);
-            int64_t want = ref_pick_mt(lg, 0.7f, cases[t].top_p, cases[t].min_p, cases[t].typical, seed, &kept[t]);
+            int64_t want = ref_pick(lg, 0.7f, cases[t].top_p, cases[t].min_p, cases[t].typical, seed, &kept[t]);
             if (out[3] != want)
                 fprintf(stderr, "  top_p %g min_p %g typical_p %g seed %llu: got %lld, the reference %lld\n",
                         (double)cases[t].top_p, (double)cases[t].min_p, (double)cases[t].typical,
