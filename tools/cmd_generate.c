@@ -232,6 +232,17 @@ static int bad(void)
     return 2;
 }
 
+/* Option a's value v, "on" or "off", into *on; else said and -1. */
+static int on_off(const char *a, const char *v, bool *on)
+{
+    if (strcmp(v, "on") && strcmp(v, "off")) {
+        dt__cli_err("dtrain generate: %s: '%s' is neither on nor off\n", a, v);
+        return -1;
+    }
+    *on = !strcmp(v, "on");
+    return 0;
+}
+
 /* Option a's value v as a number in (0, hi] into *d; else said (want: what it takes) and -1. */
 static int positive(const char *a, const char *v, double hi, const char *want, double *d)
 {
@@ -324,17 +335,11 @@ int dt_cmd_generate(int argc, char **argv)
                 return bad();
             max_given = true;
         } else if (!strcmp(a, "--stream")) {
-            if (strcmp(v, "on") && strcmp(v, "off")) {
-                dt__cli_err("dtrain generate: --stream: '%s' is neither on nor off\n", v);
+            if (on_off(a, v, &stream) < 0)
                 return 2;
-            }
-            stream = !strcmp(v, "on");
         } else if (!strcmp(a, "--kv-cache")) {
-            if (strcmp(v, "on") && strcmp(v, "off")) {
-                dt__cli_err("dtrain generate: --kv-cache: '%s' is neither on nor off\n", v);
+            if (on_off(a, v, &gp.kv_cache) < 0)
                 return 2;
-            }
-            gp.kv_cache = !strcmp(v, "on");
         } else if (!strcmp(a, "--top-k")) {
             if (dt_parse_int(a, v, 0, 100000000, &gp.top_k) < 0)
                 return bad();
