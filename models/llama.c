@@ -660,6 +660,11 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     bool ok = root && inner && layers && emb && head &&
               dt_module_set_param_init(emb, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK &&
               dt_module_set_param_init(head, 0, DT_NN_INIT_NORMAL, lc->initializer_range) == DT_OK;
+    /* nn.Embedding(padding_idx=pad_token_id) and transformers' init leave the
+     * padding row zero (a tied head shares it); a tensor-parallel model takes
+     * its slices of the full model's values (dt_tp_init_from) */
+    if (ok && lc->has_pad_token && !tp)
+        ok = dt_module_set_param_padding_row(emb, 0, lc->pad_token_id) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
         ok = add(layers, NULL, layer(lc, rt, tp), ok);
     if (ok && lc->tie_word_embeddings)

@@ -19,6 +19,8 @@ Cases (seed 0, dropout 0):
                 hidden_size=64, intermediate_size=176, 2 layers, 4 heads,
                 2 kv heads, head_dim 16, 128 positions)
   llama_bias    llama-tiny tied, with attention_bias and mlp_bias
+  llama_pad     llama-tiny tied, pad_token_id 0: nn.Embedding's padding
+                row starts at zero (the tied head's too)
   qwen2         the same sizes as Qwen2ForCausalLM(Qwen2Config(...)), tied:
                 q/k/v biases, none on o_proj (dtrain: attention_bias with
                 qkv_bias_only)
@@ -52,6 +54,7 @@ CASES = [
                                                bos_token_id=0, eos_token_id=0))),
     ("llama", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=False))),
     ("llama_bias", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=True, attention_bias=True, mlp_bias=True))),
+    ("llama_pad", lambda: LlamaForCausalLM(llama_cfg(tie_word_embeddings=True, pad_token_id=0))),
     ("qwen2", lambda: Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=176,
                                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                    head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,

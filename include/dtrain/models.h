@@ -231,7 +231,8 @@ typedef struct dt_llama_config {
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
-                                         head's use of the row still trains it) */
+                                         head's use of the row still trains it), and which a model
+                                         built from scratch starts at zero, as transformers' init */
 } dt_llama_config;
 
 /* The named configuration into *out: "llama-tiny" (for tests: V 512, C 64,

@@ -196,6 +196,11 @@ typedef struct dt_nn_param_spec {
     int tp_chunks;                   /* with tp_dim: dim d of the full tensor is tp_chunks equal
                                         blocks (GPT-2's c_attn: q | k | v, 3) and the rank holds
                                         its slice of each, side by side; 0 or 1 = one block */
+    bool has_padding_row;            /* true: row padding_row (along dim 0) is zero after the
+                                        init, whatever the init draws (nn.Embedding's padding_idx:
+                                        the draws are the same, the row is zeroed after them);
+                                        dt_module_set_param_padding_row */
+    int64_t padding_row;
 } dt_nn_param_spec;
 
 /* forward(ctx, self, x, ud) -> output; get parameters with dt_module_param. */
@@ -329,6 +334,13 @@ DT_API dt_status dt_module_param_spec(const dt_module *m, int i, dt_nn_param_spe
  * Embedding default N(0, 1). Before dt_model_build (DT_ERR_STATE after);
  * DT_ERR_RANGE when i is out of range. */
 DT_API dt_status dt_module_set_param_init(dt_module *m, int i, dt_nn_init init, float a);
+/* Row `row` (along dim 0) of parameter i of m is zero after its init, as
+ * nn.Embedding(padding_idx=row) and transformers' init leave an embedding's
+ * padding row (the generators draw the same numbers; only that row's values
+ * are replaced); row -1 removes it. The init only: whether the row trains
+ * is the model's forward's business. Before dt_model_build (DT_ERR_STATE
+ * after); DT_ERR_RANGE for i, or for a row outside [0, shape[0]). */
+DT_API dt_status dt_module_set_param_padding_row(dt_module *m, int i, int64_t row);
 /* True when m itself carries no hook, no replaced forward
  * (dt_module_set_forward) and no activation checkpointing: its forward
  * runs as written with nobody looking at its input or output. */

@@ -155,6 +155,20 @@ static double init_bound(const dt_param_info *p, dt_nn_init init, bool torch)
     return torch ? sqrt(3.0) * sqrt(2.0 / (fi + fo)) : sqrt(6.0 / (fi + fo));
 }
 
+static const dt_nn_param_spec *entry_spec(const dt__entry *e) { return &e->info.module->specs[e->spec]; }
+
+/* Zeroes the part of out (elements [lo, hi) of the entry with spec s) that
+ * lies in s's padding row (dt_module_set_param_padding_row). */
+static void zero_padding_row(const dt_param_info *p, const dt_nn_param_spec *s, size_t lo, size_t hi, float *out)
+{
+    if (!s->has_padding_row || !out || p->ndim < 1 || p->shape[0] < 1)
+        return;
+    size_t row = p->numel / (size_t)p->shape[0], a = (size_t)s->padding_row * row, b = a + row;
+    a = a > lo ? a : lo, b = b < hi ? b : hi;
+    if (a < b)
+        dt_memzero(out + (a - lo), (b - a) * sizeof(float));
+}
+
 /* Elements [lo, hi) of f32 entry e's initial value into out, Philox. */
 static void philox_part(const dt_model *md, const dt__entry *e, const dt_nn_param_spec *s, uint64_t seed,
                         size_t lo, size_t hi, float *out)
@@ -184,6 +198,7 @@ static void philox_part(const dt_model *md, const dt__entry *e, const dt_nn_para
         break;
     }
     }
+    zero_padding_row(p, s, lo, hi, out);
 }
 
 /* out (n elements of dtype dt) from the f32 values in tmp (n floats):
@@ -228,9 +243,8 @@ static void torch_part(dt_torch_rng *g, const dt__entry *e, const dt_torch_draw 
         break;
     }
     }
+    zero_padding_row(p, entry_spec(e), lo, hi, out);
 }
-
-static const dt_nn_param_spec *entry_spec(const dt__entry *e) { return &e->info.module->specs[e->spec]; }
 
 /* Elements [lo, hi) of entry e into dst (dtype e's): the f32 values of
  * fill(..., out) rounded once for low-precision entries. With a draw d from

@@ -479,6 +479,25 @@ dt_status dt_module_set_param_init(dt_module *m, int i, dt_nn_init init, float a
     return DT_OK;
 }
 
+dt_status dt_module_set_param_padding_row(dt_module *m, int i, int64_t row)
+{
+    if (!m)
+        return dt_error(DT_ERR_NULL, "dt_module_set_param_padding_row: module is NULL");
+    if (m->model)
+        return dt_error(DT_ERR_STATE, "dt_module_set_param_padding_row: %s '%s' is built already; set the padding "
+                        "row before dt_model_build", dt_module_type(m), m->path ? m->path : "");
+    if (i < 0 || i >= m->nparam)
+        return dt_error(DT_ERR_RANGE, "dt_module_set_param_padding_row: %s has %d parameters, not %d",
+                        dt_module_type(m), m->nparam, i + 1);
+    if (row < -1 || row >= m->specs[i].shape[0])
+        return dt_error(DT_ERR_RANGE, "dt_module_set_param_padding_row: row %lld is outside [0, %lld) of %s's "
+                        "parameter '%s' (-1: none)", (long long)row, (long long)m->specs[i].shape[0],
+                        dt_module_type(m), m->specs[i].name);
+    m->specs[i].has_padding_row = row >= 0;
+    m->specs[i].padding_row = row >= 0 ? row : 0;
+    return DT_OK;
+}
+
 /* ---- hooks ---------------------------------------------------------------------------- */
 
 dt_status dt__hooks_add(dt__hooks *l, void (*fn)(void), void *ud, dt_hook_id *next_id, dt_hook_id *id)

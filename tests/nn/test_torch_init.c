@@ -126,12 +126,15 @@ TEST(gpt2_starts_from_transformers_weights)
 /* llama-tiny as the case's transformers model: untied (llama), tied with
  * every bias (llama_bias), Qwen2's shape: tied, q/k/v biases only, or
  * Phi-3's: one qkv_proj and one gate_up_proj, drawn in its constructors'
- * order (o_proj first). */
-static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2, bool phi3)
+ * order (o_proj first); pad >= 0: tied, that pad_token_id (llama_pad: the
+ * padding row starts at zero). */
+static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2, bool phi3, int64_t pad)
 {
     dt_llama_config c;
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
-    c.tie_word_embeddings = tied_with_biases || qwen2;
+    c.has_pad_token = pad >= 0;
+    c.pad_token_id = pad;
+    c.tie_word_embeddings = tied_with_biases || qwen2 || pad >= 0;
     c.attention_bias = tied_with_biases || qwen2;
     c.qkv_bias_only = qwen2;
     c.mlp_bias = tied_with_biases;
@@ -150,10 +153,64 @@ static void llama_case(const char *name_case, bool tied_with_biases, bool qwen2,
     dt_model_free(m);
 }
 
-TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false, false); }
-TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false, false); }
-TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true, false); }
-TEST(phi3_starts_from_transformers_weights) { llama_case("phi3", false, false, true); }
+TEST(llama_starts_from_transformers_weights) { llama_case("llama", false, false, false, -1); }
+TEST(llama_tied_with_biases_starts_from_transformers_weights) { llama_case("llama_bias", true, false, false, -1); }
+TEST(qwen2_starts_from_transformers_weights) { llama_case("qwen2", false, true, false, -1); }
+TEST(phi3_starts_from_transformers_weights) { llama_case("phi3", false, false, true, -1); }
+TEST(llama_padding_row_starts_from_transformers_weights) { llama_case("llama_pad", false, false, false, 0); }
+
+/* dt_module_set_param_padding_row: the row is zero after every init (Philox
+ * at build and through dt_model_init_range on shards that cut the row,
+ * torch's stream), every other value is the unpadded build's; its checks. */
+TEST(padding_row_is_zero_after_init)
+{
+    const int64_t V = 9, C = 5, row = 4;
+    for (int torch = 0; torch < 2; torch++) {
+        dt_module *e = dt_nn_embedding(V, C), *ref = dt_nn_embedding(V, C);
+        ASSERT(e && ref);
+        ASSERT_OK(dt_module_set_param_padding_row(e, 0, row));
+        dt_model *m = t_build(e, 11), *r = t_build(ref, 11);
+        ASSERT(m && r);
+        if (torch) {
+            ASSERT_OK(dt_model_init_torch(m, 3));
+            ASSERT_OK(dt_model_init_torch(r, 3));
+        }
+        dt_param_info p, q;
+        ASSERT_OK(dt_model_entry(m, 0, &p));
+        ASSERT_OK(dt_model_entry(r, 0, &q));
+        const float *x = p.tensor->data, *y = q.tensor->data;
+        for (int64_t i = 0; i < V * C; i++)
+            ASSERT(i / C == row ? x[i] == 0.0f : x[i] == y[i] && y[i] != 0.0f);
+        /* shards of 7 elements: the row [20, 25) lies across two of them */
+        const dt_flat *f = dt_model_flat(m, DT_FLAT_PARAMS, DT_F32);
+        for (size_t lo = 0; lo < (size_t)(V * C); lo += 7) {
+            float buf[7];
+            dt_flat sh;
+            size_t n = lo + 7 <= (size_t)(V * C) ? 7 : (size_t)(V * C) - lo;
+            ASSERT_OK(dt_flat_wrap(&sh, DT_F32, buf, n));
+            sh.offset = lo;
+            ASSERT_OK(dt_model_init_range(m, torch ? DT_INIT_TORCH : DT_INIT_PHILOX, torch ? 3 : 11, &sh));
+            ASSERT(memcmp(buf, dt_flat_ptr(f, lo), n * sizeof(float)) == 0);
+        }
+        dt_model_free(m);
+        dt_model_free(r);
+    }
+    dt_module *e = dt_nn_embedding(V, C);
+    ASSERT(e);
+    ASSERT_STATUS(dt_module_set_param_padding_row(e, 0, V), DT_ERR_RANGE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "row 9 is outside [0, 9)");
+    ASSERT_STATUS(dt_module_set_param_padding_row(e, 1, 0), DT_ERR_RANGE);
+    ASSERT_STATUS(dt_module_set_param_padding_row(NULL, 0, 0), DT_ERR_NULL);
+    ASSERT_OK(dt_module_set_param_padding_row(e, 0, 2));
+    ASSERT_OK(dt_module_set_param_padding_row(e, 0, -1)); /* none again */
+    dt_nn_param_spec sp;
+    ASSERT_OK(dt_module_param_spec(e, 0, &sp));
+    ASSERT(!sp.has_padding_row);
+    dt_model *m = t_build(e, 1);
+    ASSERT(m);
+    ASSERT_STATUS(dt_module_set_param_padding_row(e, 0, 1), DT_ERR_STATE);
+    dt_model_free(m);
+}
 
 /* dt_model_build_params.init DT_INIT_TORCH: the build leaves the random
  * parameters zero (constant inits written: the norms' ones) and draws no
@@ -258,6 +315,8 @@ int main(void)
     RUN(llama_tied_with_biases_starts_from_transformers_weights);
     RUN(qwen2_starts_from_transformers_weights);
     RUN(phi3_starts_from_transformers_weights);
+    RUN(llama_padding_row_starts_from_transformers_weights);
+    RUN(padding_row_is_zero_after_init);
     RUN(build_leaves_random_init_to_torch);
     RUN(torch_init_recipe_checks);
     return TEST_REPORT();
