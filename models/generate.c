@@ -384,7 +384,7 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
          k++) {
         dt_ag_set_enabled(ctx, false);
         if (kv && n <= dt__gen_kv_cap(kv)) { /* positions fixed: the tokens not cached yet, alone */
-            int64_t c = dt__gen_kv_len(kv);
+            int64_t c = dt__gen_kv_start(kv, n);
             dt_tensor *y = dt__gen_kv_forward(kv, ctx, out + c, n - c);
             if (!y) {
                 st = dt_error_wrap(dt_last_status() < 0 ? dt_last_status() : DT_ERR_NULL, "%s: cached forward", who);

@@ -130,7 +130,7 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt
     bool improvable = true; /* transformers' is_early_stop_heuristic_unsatisfied */
     for (int64_t cur = nprompt;; cur++) {
         const bool cached = kv && cur <= dt__gen_kv_cap(kv);
-        const int64_t c = cached ? dt__gen_kv_len(kv) : 0, T = cached ? cur - c : cur < P ? cur : P; /* new tokens */
+        const int64_t c = cached ? dt__gen_kv_start(kv, cur) : 0, T = cached ? cur - c : cur < P ? cur : P; /* new tokens */
         for (int64_t b = 0; b < B; b++)
             memcpy(xin + b * T, run + b * L + cur - T, (size_t)T * sizeof *xin);
         dt_ag_set_enabled(ctx, false);

@@ -41,6 +41,7 @@ struct dt__gen_kv {
     dt__kv_cache c; /* every layer's keys and values */
     dt_tensor *(*forward)(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n); /* gpt2_ or llama_ */
     dt_model *m;
+    int64_t restart; /* dt__gen_kv_start: recompute once the sequence passes it (0: never) */
     /* GPT-2's modules */
     dt_module *wte, *wpe, *ln_f, *head;
     kv_block *b;
@@ -277,7 +278,7 @@ static dt_status llama_init(dt_model *m, int64_t B, int64_t nprompt, int64_t wan
 {
     int L = 0;
     int64_t row = 0, P = 0, window = 0;
-    if (!dt__llama_kv_shape(m, &L, &row, &P, &window) || nprompt > P)
+    if (!dt__llama_kv_shape(m, &L, &row, &P, &window, &kv->restart) || nprompt > P)
         return DT_OK;
     dt_status st = cache_alloc(&kv->c, L, B, row, want < P ? want : P, window);
     if (st == DT_OK)
@@ -321,6 +322,15 @@ void dt__gen_kv_free(dt__gen_kv *kv)
 }
 
 int64_t dt__gen_kv_len(const dt__gen_kv *kv) { return kv ? kv->c.len : 0; }
+
+int64_t dt__gen_kv_start(dt__gen_kv *kv, int64_t n)
+{
+    if (!kv)
+        return 0;
+    if (kv->restart && n > kv->restart && kv->c.len <= kv->restart) /* transformers: cache = None */
+        kv->c.len = 0;
+    return kv->c.len;
+}
 
 int64_t dt__gen_kv_cap(const dt__gen_kv *kv) { return kv ? kv->c.cap : 0; }
 

@@ -1,7 +1,8 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1) and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini) and
+ * GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -113,8 +114,55 @@ static void unsupported(cfg_reader *r, const char *key, const char *why)
         r->st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"%s\": %s", r->path, key, why);
 }
 
-/* rope_theta and rope_scaling, or transformers 5's rope_parameters. */
-static void read_rope(cfg_reader *r, dt_llama_config *c)
+/* Key `key` of o (named `where`.`key`), a list of n positive numbers, into
+ * out as f32 (torch.tensor(factors, dtype=float32)). */
+static void get_factors(cfg_reader *r, const cJSON *o, const char *where, const char *key, int64_t n, float *out)
+{
+    const cJSON *v = item(o, key);
+    if (r->st < 0)
+        return;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) {
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s.%s\" must be a list of %lld numbers (the rotary width / 2)",
+                         r->path, where, key, (long long)n);
+        return;
+    }
+    int64_t i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || !(e->valuedouble > 0.0) ||
+            !((float)e->valuedouble > 0.0f) || !isfinite((float)e->valuedouble)) {
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s.%s\": entry %lld must be a positive number", r->path,
+                             where, key, (long long)i);
+            return;
+        }
+        out[i] = (float)e->valuedouble;
+    }
+}
+
+/* LongRoPE's keys (transformers' _compute_longrope_parameters): short_factor
+ * and long_factor (rotary width / 2 each), Phi3Config's top-level
+ * original_max_position_embeddings (default 4096; transformers puts it over
+ * the one in rs), attention_factor or its default from factor (or
+ * max_position_embeddings / original). */
+static void read_longrope(cfg_reader *r, const cJSON *rs, const char *where, dt_llama_config *c)
+{
+    const int64_t half = (c->rotary_dim ? c->rotary_dim : c->head_dim) / 2;
+    get_factors(r, rs, where, "short_factor", half, c->rope_short_factor);
+    get_factors(r, rs, where, "long_factor", half, c->rope_long_factor);
+    c->rope_original_max_position_embeddings = get_int(r, r->root, "original_max_position_embeddings", 4096, 1,
+                                                       INT32_MAX);
+    const double factor = get_num(r, rs, "factor", (double)c->max_position_embeddings /
+                                                       (double)c->rope_original_max_position_embeddings);
+    c->rope_factor = factor > 0.0 ? factor : 1.0;
+    c->rope_attention_factor = get_num(r, rs, "attention_factor", factor <= 1.0 ? 1.0
+                                       : sqrt(1.0 + log(factor) / log((double)c->rope_original_max_position_embeddings)));
+    if (r->st >= 0 && !(c->rope_attention_factor > 0.0))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s.attention_factor\" must be positive", r->path, where);
+}
+
+/* rope_theta and rope_scaling, or transformers 5's rope_parameters; phi3:
+ * Phi3Config's reading (its "su" and "yarn" are longrope, the only scaling
+ * it has). */
+static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
 {
     const cJSON *rp = item(r->root, "rope_parameters"), *rs = item(r->root, "rope_scaling");
     const char *where = "rope_scaling";
@@ -142,13 +190,20 @@ static void read_rope(cfg_reader *r, dt_llama_config *c)
         return;
     if (!strcmp(type, "default"))
         return;
-    if (!strcmp(type, "linear"))
+    if (phi3 && (!strcmp(type, "longrope") || !strcmp(type, "su") || !strcmp(type, "yarn"))) {
+        c->rope_type = DT_ROPE_LONGROPE;
+        read_longrope(r, rs, where, c);
+        return;
+    }
+    if (!phi3 && !strcmp(type, "linear"))
         c->rope_type = DT_ROPE_LINEAR;
-    else if (!strcmp(type, "llama3"))
+    else if (!phi3 && !strcmp(type, "llama3"))
         c->rope_type = DT_ROPE_LLAMA3;
     else {
-        char why[160];
-        snprintf(why, sizeof why, "rope scaling '%s' is not supported (known: default, linear, llama3)", type);
+        char why[200];
+        snprintf(why, sizeof why, "rope scaling '%s' is not supported (known: %s)", type,
+                 phi3 ? "default, longrope (su, yarn: Phi3Config reads them as longrope)"
+                      : "default, linear, llama3; longrope for Phi-3");
         unsupported(r, key, why);
         return;
     }
@@ -194,7 +249,23 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->rope_theta = 10000.0;
     c->rope_type = DT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
-    read_rope(r, c);
+    if (phi3) { /* Phi-3.5/Phi-4-mini: RoPE on int(head_dim * partial_rotary_factor) values of each head */
+        /* Phi3Config: rope_parameters' (or the legacy rope_scaling's, which it becomes) over the top level's */
+        const cJSON *rp = item(o, "rope_parameters"), *rs = item(o, "rope_scaling");
+        double prf = get_num(r, o, "partial_rotary_factor", 1.0);
+        if (cJSON_IsObject(rp))
+            prf = get_num(r, rp, "partial_rotary_factor", prf);
+        else if (cJSON_IsObject(rs))
+            prf = get_num(r, rs, "partial_rotary_factor", prf);
+        const double w = (double)c->head_dim * prf;
+        if (r->st >= 0 && (!(prf > 0.0 && prf <= 1.0) || w < 2.0 || (int64_t)w % 2))
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"partial_rotary_factor\": %g of head_dim %lld gives %lld "
+                             "rotary values; it must be in (0, 1] and give an even number >= 2", r->path, prf,
+                             (long long)c->head_dim, (long long)(w > 0 ? w : 0));
+        else if (r->st >= 0 && (int64_t)w != c->head_dim)
+            c->rotary_dim = (int64_t)w; /* int() truncates, as transformers' */
+    }
+    read_rope(r, c, phi3);
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
@@ -222,12 +293,6 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
             unsupported(r, "resid_pdrop", "residual dropout is not supported (0 only)");
         if (get_num(r, o, "embd_pdrop", 0.0) != 0.0)
             unsupported(r, "embd_pdrop", "embedding dropout is not supported (0 only)");
-        const cJSON *rp = item(o, "rope_parameters");
-        double prf = get_num(r, o, "partial_rotary_factor", 1.0);
-        if (cJSON_IsObject(rp))
-            prf = get_num(r, rp, "partial_rotary_factor", prf);
-        if (r->st >= 0 && prf != 1.0)
-            unsupported(r, "partial_rotary_factor", "RoPE on part of each head is not supported (1.0 only)");
     }
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma);
     if (gemma) {

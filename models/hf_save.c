@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,7 +184,16 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             cJSON_AddNullToObject(o, "rope_scaling");
         } else {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-            if (rs) {
+            if (rs && c->rope_type == DT_ROPE_LONGROPE) { /* the factors as their f32 values read back; the resolved attention factor */
+                const int64_t half = (c->rotary_dim ? c->rotary_dim : c->head_dim) / 2;
+                cJSON_AddStringToObject(rs, "rope_type", "longrope");
+                cJSON *sf = cJSON_AddArrayToObject(rs, "short_factor"), *lf = cJSON_AddArrayToObject(rs, "long_factor");
+                for (int64_t i = 0; sf && lf && i < half; i++) {
+                    cJSON_AddItemToArray(sf, cJSON_CreateNumber(fnum(c->rope_short_factor[i])));
+                    cJSON_AddItemToArray(lf, cJSON_CreateNumber(fnum(c->rope_long_factor[i])));
+                }
+                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+            } else if (rs) {
                 cJSON_AddStringToObject(rs, "rope_type", c->rope_type == DT_ROPE_LINEAR ? "linear" : "llama3");
                 cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
                 if (c->rope_type == DT_ROPE_LLAMA3) {
@@ -201,7 +211,15 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         if (phi3) { /* Phi3Config's keys (its dropouts: none in dtrain) */
             cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
             cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
-            cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)c->max_position_embeddings);
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                    (double)(c->rope_type == DT_ROPE_LONGROPE ? c->rope_original_max_position_embeddings
+                                                                              : c->max_position_embeddings));
+            if (c->rotary_dim) { /* the factor whose int(head_dim * factor) is rotary_dim again */
+                double f = (double)c->rotary_dim / (double)c->head_dim;
+                while ((int64_t)((double)c->head_dim * f) < c->rotary_dim)
+                    f = nextafter(f, 2.0);
+                cJSON_AddNumberToObject(o, "partial_rotary_factor", f);
+            }
         }
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);

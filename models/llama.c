@@ -23,7 +23,10 @@
  * Llama block with q | k | v from one Linear qkv_proj and gate | up from
  * one gate_up_proj, split by columns of their output (narrow); the
  * parameters keep transformers' names, so checkpoints, LoRA targets and
- * exports need no renaming.
+ * exports need no renaming. Phi-3.5 and Phi-4-mini: RoPE on the first
+ * rotary_dim values of each head (partial_rotary_factor) and LongRoPE
+ * (short or long factors by the forward's sequence length, cos and sin
+ * times the attention factor; dt_rope_partial).
  *
  * Gemma (dt_llama_config.gemma; transformers' GemmaForCausalLM): x is
  * embed_tokens[idx] * sqrt(C) (the factor rounded to the embeddings'
@@ -71,7 +74,8 @@ typedef struct {
  * attention modules borrow it. */
 typedef struct llama_rt {
     dt_llama_config c;
-    float *inv_freq; /* hd / 2 */
+    float *inv_freq; /* rotary width / 2 (hd / 2 without a partial rotary factor) */
+    float *inv_long; /* longrope's past original_max_position_embeddings, else NULL */
     dt_cp_params cp; /* context parallelism: group NULL for none */
     kv_step *kv;     /* set during a cached generation step only */
 } llama_rt;
@@ -80,7 +84,7 @@ static void rt_free(void *p)
 {
     llama_rt *rt = p;
     if (rt)
-        free(rt->inv_freq);
+        free(rt->inv_freq), free(rt->inv_long);
     free(rt);
 }
 
@@ -187,8 +191,14 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         pos = p;
     }
     kv_step *kv = rt->kv; /* generation with the cache: the new rows follow the cached positions */
-    q = dt_rope_at(ctx, q, H, rt->inv_freq, kv ? kv->c->len : 0, pos);
-    k = dt_rope_at(ctx, k, KV, rt->inv_freq, kv ? kv->c->len : 0, pos);
+    /* the sequence's length (its last position + 1): longrope's frequencies depend on it */
+    const int64_t rows = q ? q->shape[1] : 0, len = kv ? kv->c->len + rows
+                                                : rt->cp.group ? rows * dt_pg_size(rt->cp.group) : rows;
+    const float *inv = rt->inv_long && len > rt->c.rope_original_max_position_embeddings ? rt->inv_long
+                                                                                          : rt->inv_freq;
+    const float scale = rt->c.rope_type == DT_ROPE_LONGROPE ? (float)rt->c.rope_attention_factor : 1.0f;
+    q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
+    k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     if (kv)
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
@@ -447,7 +457,8 @@ int64_t dt__llama_window(const dt_model *m)
     return windowed(&rt->c) ? rt->c.sliding_window : 0;
 }
 
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window)
+bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window,
+                        int64_t *restart)
 {
     int64_t P, V;
     if (!dt_llama_positions(m, &P, &V))
@@ -457,6 +468,7 @@ bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positi
     *row = rt->c.num_key_value_heads * rt->c.head_dim;
     *positions = rt->c.max_position_embeddings;
     *window = dt__llama_window(m);
+    *restart = rt->c.rope_type == DT_ROPE_LONGROPE ? rt->c.rope_original_max_position_embeddings : 0;
     return !rt->cp.group;
 }
 
@@ -643,13 +655,17 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
-    if (!rt || !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float)))) {
+    const bool lr = lc->rope_type == DT_ROPE_LONGROPE;
+    if (!rt || !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float))) ||
+        (lr && !(rt->inv_long = malloc((size_t)lc->head_dim / 2 * sizeof(float))))) {
         rt_free(rt);
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     }
     rt->c = *lc;
     rt->cp = cp ? c.cp : dt_cp_params_default();
-    dt_llama_inv_freq(lc, rt->inv_freq);
+    dt_llama_inv_freq(lc, 0, rt->inv_freq);
+    if (lr)
+        dt_llama_inv_freq(lc, lc->rope_original_max_position_embeddings + 1, rt->inv_long);
     const int64_t C = lc->hidden_size, V = lc->vocab_size, L = lc->num_hidden_layers;
     /* the root owns rt; every module under it borrows it (freed after them) */
     dt_module *root = dt_nn_custom_owned("LlamaForCausalLM", 0, NULL, lm_forward, rt, rt_free);

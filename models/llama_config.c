@@ -110,19 +110,40 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
                         "low_freq_factor and original_max_position_embeddings >= 1 (got %g, %g, %lld)",
                         lc->rope_low_freq_factor, lc->rope_high_freq_factor,
                         (long long)lc->rope_original_max_position_embeddings);
+    const int64_t rot = lc->rotary_dim ? lc->rotary_dim : lc->head_dim;
+    if (rot < 2 || rot % 2 || rot > lc->head_dim)
+        return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "
+                        "not an even number in [2, head_dim %lld]", (long long)rot, (long long)lc->head_dim);
+    if (lc->rope_type == DT_ROPE_LONGROPE) {
+        if (lc->rope_original_max_position_embeddings < 1 || !(lc->rope_attention_factor > 0.0) ||
+            !isfinite(lc->rope_attention_factor))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling longrope needs original_max_position_embeddings "
+                            ">= 1 and an attention factor > 0 (got %lld, %g)",
+                            (long long)lc->rope_original_max_position_embeddings, lc->rope_attention_factor);
+        for (int64_t i = 0; i < rot / 2; i++)
+            if (!(lc->rope_short_factor[i] > 0.0f) || !(lc->rope_long_factor[i] > 0.0f) ||
+                !isfinite(lc->rope_short_factor[i]) || !isfinite(lc->rope_long_factor[i]))
+                return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling longrope's short_factor and long_factor "
+                                "must be positive finite numbers (entry %lld: %g, %g)", (long long)i,
+                                (double)lc->rope_short_factor[i], (double)lc->rope_long_factor[i]);
+    }
     return DT_OK;
 }
 
-dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out)
+dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, float *out)
 {
     if (!lc || !out)
         return dt_error(DT_ERR_NULL, "dt_llama_inv_freq: %s is NULL", lc ? "out" : "config");
-    const int64_t d = lc->head_dim, half = d / 2;
+    const int64_t d = lc->rotary_dim ? lc->rotary_dim : lc->head_dim, half = d / 2;
     const float base = (float)lc->rope_theta, factor = (float)lc->rope_factor;
+    const bool longf = seq_len > lc->rope_original_max_position_embeddings;
     for (int64_t i = 0; i < half; i++) {
         /* 1 / (base ** (arange(0, d, 2).float() / d)), all f32 */
         float inv = 1.0f / powf(base, (float)(2 * i) / (float)d);
-        if (lc->rope_type == DT_ROPE_LINEAR) {
+        if (lc->rope_type == DT_ROPE_LONGROPE) { /* 1 / (ext_factors * base ** (...)), f32 */
+            const float ext = longf ? lc->rope_long_factor[i] : lc->rope_short_factor[i];
+            inv = 1.0f / (ext * powf(base, (float)(2 * i) / (float)d));
+        } else if (lc->rope_type == DT_ROPE_LINEAR) {
             inv = inv / factor;
         } else if (lc->rope_type == DT_ROPE_LLAMA3) {
             const float orig = (float)lc->rope_original_max_position_embeddings;

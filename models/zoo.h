@@ -67,6 +67,12 @@ int64_t dt__gen_kv_cap(const dt__gen_kv *kv);
 void dt__gen_kv_reorder(dt__gen_kv *kv, const int64_t *parent);
 void dt__gen_kv_free(dt__gen_kv *kv);
 int64_t dt__gen_kv_len(const dt__gen_kv *kv);
+/* Where a forward continuing a sequence of n tokens starts: len, or 0 when
+ * the model recomputes its cache at n (Phi-3 with LongRoPE, as transformers'
+ * Phi3ForCausalLM generates: the first time the sequence passes
+ * original_max_position_embeddings, the keys cached with the short factors
+ * are dropped and every position runs again with the long ones). */
+int64_t dt__gen_kv_start(dt__gen_kv *kv, int64_t n);
 dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, int64_t n);
 /* The keys and values themselves: L layers of B sequences of cap
  * positions of row (KV heads times hd) floats each, k and v
@@ -105,8 +111,10 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
  * the head on the last position only: logits [B, 1, V] in the model's
  * dtype; c->len unchanged. window: the sliding window of a Llama-family
  * model that has one (shorter than its positions; dt_llama_positions gives
- * it as the model's positions), else 0. */
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window);
+ * it as the model's positions), else 0. restart: LongRoPE's
+ * original_max_position_embeddings (dt__gen_kv_start), else 0. */
+bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window,
+                        int64_t *restart);
 int64_t dt__llama_window(const dt_model *m);
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n);
 

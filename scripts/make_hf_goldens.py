@@ -22,6 +22,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                2, untied head, pad_token_id null: Phi3Config's 32000 is past
                this vocabulary), f32, one file; made last from its own seed;
                phi3_ref.safetensors as qwen3's
+  phi4/        Phi3ForCausalLM as Phi-4-mini has it: partial_rotary_factor 0.75
+               (12 of head_dim 16 rotate), longrope scaling (original 8 of 64
+               positions), tied head; phi4_ref.safetensors as qwen3's, with
+               logits_short [2, 8, V] of input_ids[:, :8] (the short factors)
   llama_ref.safetensors, gpt2_ref.safetensors:
                input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
                (F32, eval mode), loss [] (F32): mean next-token
@@ -208,4 +212,28 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Phi3ForCausalLM, pc, phi3),
            "eval": torch.tensor(windows_loss(phi3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "phi3_ref.safetensors"))
+
+# Phi-4-mini's shape of Phi3ForCausalLM: RoPE on 12 of each head's 16 values (partial_rotary_factor 0.75) with
+# LongRoPE (6 short and 6 long factors, original_max_position_embeddings 8 of 64: the attention factor sqrt(2)),
+# a tied head; its own seed, after everything above. logits at T = 16 (past 8: the long factors), logits_short
+# at T = 8 (the short ones)
+torch.manual_seed(2468)
+g = torch.Generator().manual_seed(97)
+p4c = Phi3Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=8,
+                 partial_rotary_factor=0.75, tie_word_embeddings=True, rms_norm_eps=1e-5, pad_token_id=None,
+                 bos_token_id=1, eos_token_id=2,
+                 rope_scaling={"rope_type": "longrope",
+                               "short_factor": [round(1.0 + float(x), 4) for x in torch.rand(6, generator=g)],
+                               "long_factor": [round(2.0 + 6.0 * float(x), 4) for x in torch.rand(6, generator=g)]})
+phi4 = Phi3ForCausalLM(p4c).eval()
+phi4.save_pretrained(os.path.join(out, "phi4"))
+with torch.no_grad():
+    lg = phi4(ids[:, :T]).logits
+    lg_short = phi4(ids[:, :8]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "logits_short": lg_short.contiguous(),
+           "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Phi3ForCausalLM, p4c, phi4),
+           "eval": torch.tensor(windows_loss(phi4, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "phi4_ref.safetensors"))
 print("wrote", out)

@@ -359,6 +359,14 @@ DT_API dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *in
  * positions (context parallelism's chunks, cp.h). Positions >= 0. */
 DT_API dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0,
                              const int64_t *pos);
+/* dt_rope_at on the first rot values of every head (Phi-3's partial rotary
+ * factor: rot = hd * factor; 0: hd), pairs (j, j + rot/2) rotated by
+ * inv_freq[j] (rot/2 of them), the values past rot unchanged, with cos and
+ * sin multiplied by scale (longrope's attention factor; 1: none) in f32,
+ * as transformers' rotary embedding returns them. rot even in [2, hd],
+ * scale positive. Differentiable in x. */
+DT_API dt_tensor *dt_rope_partial(dt_ctx *ctx, dt_tensor *x, int n_head, int64_t rot, const float *inv_freq,
+                                  float scale, int64_t pos0, const int64_t *pos);
 /* SwiGLU: silu(gate) * up = gate * sigmoid(gate) * up, fused; gate and up
  * of one shape. */
 DT_API dt_tensor *dt_swiglu(dt_ctx *ctx, dt_tensor *gate, dt_tensor *up);

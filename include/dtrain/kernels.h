@@ -822,24 +822,26 @@ DT_API dt_status dt_k_rmsnorm_fwd_lp(const void *x, dt_dtype t, int64_t rows, in
 DT_API dt_status dt_k_rmsnorm_bwd_lp(const void *x, dt_dtype t, const float *dy, int64_t rows, int64_t cols,
                                      const float *w, const float *save_rstd, float *dx, float *dw);
 /* Rotary position embedding in the rotate-half layout on x (B, T, H * hd):
- * within each head the pairs (j, j + hd/2), j < hd/2, are rotated by the
- * angle of position t and frequency j: y_j = x_j cos - x_{j+hd/2} sin,
- * y_{j+hd/2} = x_{j+hd/2} cos + x_j sin, with cos, sin (T, hd/2) the tables
- * of the angles. inverse: rotate by minus the angle (the backward). hd even.
- * y may alias x. */
-DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
-                           const float *sin_t, bool inverse, float *y);
+ * within the first rot values of each head (the rotary width: hd, or less
+ * for a partial rotary factor) the pairs (j, j + rot/2), j < rot/2, are
+ * rotated by the angle of position t and frequency j: y_j = x_j cos -
+ * x_{j+rot/2} sin, y_{j+rot/2} = x_{j+rot/2} cos + x_j sin, with cos, sin
+ * (T, rot/2) the tables of the angles; values rot..hd-1 pass unchanged.
+ * inverse: rotate by minus the angle (the backward). hd even, rot even in
+ * [2, hd]. y may alias x. */
+DT_API dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t rot,
+                           const float *cos_t, const float *sin_t, bool inverse, float *y);
 /* dt_k_rope on low-precision data (t = bf16 or f16, uint16_t arrays): x
  * widened, rotated in f32, y rounded once to t; the same bits as widening,
  * dt_k_rope and rounding, in one pass. y may alias x. */
-DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+DT_API dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t rot,
                               const float *cos_t, const float *sin_t, void *y);
 /* Its backward as the chain cast -> rope -> cast computes it: dy (f32) is
  * rounded to t, rotated by minus the angle, and dx (f32) gets the result
  * rounded to t values. dx may alias dy. dx_lp (may be NULL): the same
  * values stored as t, in the same pass. */
 DT_API dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                                  const float *cos_t, const float *sin_t, float *dx, void *dx_lp);
+                                  int64_t rot, const float *cos_t, const float *sin_t, float *dx, void *dx_lp);
 /* y = silu(g) * u = g sigmoid(g) u, n elements. y may alias g or u. */
 DT_API dt_status dt_k_swiglu_fwd(const float *g, const float *u, int64_t n, float *y);
 /* dg and du (either may be NULL) of dt_k_swiglu_fwd from dy. */

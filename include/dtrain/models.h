@@ -186,8 +186,14 @@ typedef enum {
     DT_ROPE_DEFAULT = 0, /* none: inv_freq[i] = theta^(-2i/hd) */
     DT_ROPE_LINEAR,      /* inv_freq / factor */
     DT_ROPE_LLAMA3,      /* Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between */
+    DT_ROPE_LONGROPE,    /* Phi-3's (LongRoPE): inv_freq[i] / short_factor[i], or / long_factor[i] in a
+                            forward whose positions pass original_max_position_embeddings; cos and sin
+                            times the attention factor */
     DT_ROPE_KIND_COUNT
 } dt_rope_kind;
+
+/* The most rotary frequencies a head has (head_dim <= 256). */
+#define DT_LLAMA_MAX_ROPE_PAIRS 128
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
  * Qwen2, Qwen3, Gemma and Phi-3 are the same block: Qwen2 with
@@ -209,7 +215,15 @@ typedef struct dt_llama_config {
     double rope_factor;               /* linear and llama3: factor */
     double rope_low_freq_factor;      /* llama3 */
     double rope_high_freq_factor;     /* llama3 */
-    int64_t rope_original_max_position_embeddings; /* llama3 */
+    int64_t rope_original_max_position_embeddings; /* llama3, longrope (the pretraining length) */
+    float rope_short_factor[DT_LLAMA_MAX_ROPE_PAIRS]; /* longrope: rotary width / 2 of each, > 0 */
+    float rope_long_factor[DT_LLAMA_MAX_ROPE_PAIRS];
+    double rope_attention_factor;     /* longrope: cos and sin times it (> 0; transformers' attention_scaling,
+                                         from the config's attention_factor or its default
+                                         sqrt(1 + ln(factor) / ln(original_max_position_embeddings))) */
+    int64_t rotary_dim;               /* RoPE on the first rotary_dim values of each head, the rest passing
+                                         (Phi-3's partial_rotary_factor: head_dim times it; even, >= 2);
+                                         0: the whole head */
     bool attention_bias;              /* q/k/v/o biases (Qwen2: q/k/v only, qkv_bias_only) */
     bool qkv_bias_only;               /* with attention_bias: o_proj has none (Qwen2) */
     bool mlp_bias;                    /* gate/up/down biases */
@@ -245,9 +259,12 @@ DT_API dt_status dt_llama_config_by_name(const char *name, dt_llama_config *out)
  * attention kernel), eps > 0, theta > 0, the scaling's factors. A message
  * naming the key on failure (DT_ERR_INVALID_ARG / DT_ERR_UNSUPPORTED). */
 DT_API dt_status dt_llama_config_check(const dt_llama_config *lc);
-/* The hd/2 rotary inverse frequencies of lc with its scaling into out, in
- * f32 as transformers computes them. */
-DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, float *out);
+/* The rotary inverse frequencies of lc (rotary width / 2 of them: hd/2
+ * without a rotary_dim) with its scaling into out, in f32 as transformers
+ * computes them, for a forward whose positions are below seq_len (longrope
+ * takes its long factors when seq_len passes
+ * rope_original_max_position_embeddings; the other kinds ignore it). */
+DT_API dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, float *out);
 /* Build a Llama decoder with Hugging Face's names (model.embed_tokens,
  * model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
  * post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head;
@@ -295,9 +312,10 @@ typedef struct dt_hf_config {
 } dt_hf_config;
 /* Read and check DIR/config.json. Errors name the file and the key:
  * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
- * implement (a rope_scaling type other than default/linear/llama3,
- * hidden_act other than silu (Gemma: GELU's tanh form), Gemma 2 or 3,
- * Phi-3's partial_rotary_factor other than 1 or its dropouts,
+ * implement (a rope_scaling type other than default/linear/llama3, or
+ * for Phi-3 other than default/longrope (its su and yarn are read as
+ * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
+ * GELU's tanh form), Gemma 2 or 3, Phi-3's dropouts,
  * attention dropout, ...; a sequence past a sliding window is refused when
  * the model is built),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.

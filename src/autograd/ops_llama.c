@@ -86,7 +86,8 @@ dt_tensor *dt_rms_norm(dt_ctx *ctx, dt_tensor *x, dt_tensor *weight, float eps)
 
 /* ---- rotary embeddings ---------------------------------------------------------- */
 
-/* i[0..3] = B, T, H, hd, i[4] = x's dtype; saved: cos, sin tables */
+/* i[0..3] = B, T, H, hd, i[4] = x's dtype, i[5] = the rotary width; saved:
+ * cos, sin tables (the scale in them) */
 dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *X = n->in[0];
@@ -97,9 +98,10 @@ dt_status dt__bw_rope(dt_ctx *ctx, dt__node *n, const float *gout)
     if (!gx)
         return dt_last_status();
     dt_status st = t == DT_F32
-                       ? dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], true, gx)
-                       : dt_k_rope_bwd_lp(gout, t, n->i[0], n->i[1], n->i[2], n->i[3], n->saved[0], n->saved[1], gx,
-                                          gs);
+                       ? dt_k_rope(gout, n->i[0], n->i[1], n->i[2], n->i[3], n->i[5], n->saved[0], n->saved[1], true,
+                                   gx)
+                       : dt_k_rope_bwd_lp(gout, t, n->i[0], n->i[1], n->i[2], n->i[3], n->i[5], n->saved[0],
+                                          n->saved[1], gx, gs);
     if (st >= 0)
         st = dt__grad_commit(ctx, X, gx);
     if (st >= 0 && gs)
@@ -114,6 +116,12 @@ dt_tensor *dt_rope(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq,
 
 dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_freq, int64_t pos0, const int64_t *pos)
 {
+    return dt_rope_partial(ctx, x, n_head, 0, inv_freq, 1.0f, pos0, pos);
+}
+
+dt_tensor *dt_rope_partial(dt_ctx *ctx, dt_tensor *x, int n_head, int64_t rot, const float *inv_freq, float scale,
+                           int64_t pos0, const int64_t *pos)
+{
     const char *op = "dt_rope";
     DT__NEED(ctx, op, x);
     /* bf16 (or f16) x: one kernel reads it and writes the result in its
@@ -121,12 +129,20 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
     const dt_dtype dt = dt__is_lp(x) && !dt__blocked(x) ? x->dtype : DT_F32;
     dt_tensor *lp[1] = {x};
     if (dt == DT_F32) {
-        DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope_at(ctx, lp[0], n_head, inv_freq, pos0, pos));
+        DT__LP_RUN(ctx, 1, lp, x->dtype, dt_rope_partial(ctx, lp[0], n_head, rot, inv_freq, scale, pos0, pos));
         DT__NEED_F32(ctx, op, x);
     }
     if (x->ndim != 3 || n_head < 1 || x->shape[2] % n_head || (x->shape[2] / n_head) % 2) {
         dt_error(DT_ERR_SHAPE, "%s: want x [B, T, n_head * hd] with an even head size hd, got %dD x (last dim %lld) "
                  "and n_head %d", op, x->ndim, (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), n_head);
+        return NULL;
+    }
+    if (rot == 0)
+        rot = x->shape[2] / n_head;
+    if (rot < 2 || rot % 2 || rot > x->shape[2] / n_head || !(scale > 0.0f) || !isfinite(scale)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: %s", op, !(scale > 0.0f) || !isfinite(scale)
+                 ? "the scale of cos and sin is not a positive finite number"
+                 : "the rotary width is not an even number in [2, head size]");
         return NULL;
     }
     for (int64_t t = 0; pos && x->ndim == 3 && t < x->shape[1]; t++)
@@ -145,7 +161,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
                  (long long)x->shape[1]);
         return NULL;
     }
-    int64_t B = x->shape[0], T = x->shape[1], hd = x->shape[2] / n_head, half = hd / 2;
+    int64_t B = x->shape[0], T = x->shape[1], hd = x->shape[2] / n_head, half = rot / 2;
     float *ct = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
     float *sn = dt_arena_alloc(ctx->arena, (size_t)(T * half + 1) * 4);
     const void *xd = dt__cdata(ctx, x);
@@ -155,11 +171,11 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < half; j++) {
             float a = (float)(pos ? pos[t] : pos0 + t) * inv_freq[j]; /* f32, as position_ids.float() * inv_freq */
-            ct[t * half + j] = cosf(a);
-            sn[t * half + j] = sinf(a);
+            ct[t * half + j] = cosf(a) * scale; /* emb.cos() * attention_scaling, in f32 */
+            sn[t * half + j] = sinf(a) * scale;
         }
-    if ((dt == DT_F32 ? dt_k_rope(xd, B, T, n_head, hd, ct, sn, false, out->data)
-                      : dt_k_rope_lp(xd, dt, B, T, n_head, hd, ct, sn, out->data)) < 0) {
+    if ((dt == DT_F32 ? dt_k_rope(xd, B, T, n_head, hd, rot, ct, sn, false, out->data)
+                      : dt_k_rope_lp(xd, dt, B, T, n_head, hd, rot, ct, sn, out->data)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -168,7 +184,7 @@ dt_tensor *dt_rope_at(dt_ctx *ctx, dt_tensor *x, int n_head, const float *inv_fr
         dt__node *n = dt__ag_record(ctx, DT_OP_ROPE, out, 1, in);
         if (!n)
             return NULL;
-        n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd, n->i[4] = dt;
+        n->i[0] = B, n->i[1] = T, n->i[2] = n_head, n->i[3] = hd, n->i[4] = dt, n->i[5] = rot;
         n->saved[0] = ct;
         n->saved[1] = sn;
     }

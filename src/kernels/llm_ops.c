@@ -2,8 +2,10 @@
  * embeddings (rotate-half layout) and SwiGLU, forward and backward, and the
  * low-precision backward of grouped-query packing (RMSNorm: rmsnorm.c).
  *
- * RoPE takes precomputed cos/sin tables (T, hd/2): the caller computes the
+ * RoPE takes precomputed cos/sin tables (T, rot/2): the caller computes the
  * angles (position x inverse frequency) in f32 as transformers does. The
+ * first rot of every head's hd values rotate (pairs (j, j + rot/2)), the
+ * rest pass unchanged (Phi's partial rotary factor; rot == hd: all). The
  * backward of a rotation is the rotation by the opposite angle. */
 #include "kernels_impl.h"
 
@@ -23,7 +25,19 @@ __attribute__((noinline)) static void rope_pairs(const float *a, const float *b,
     }
 }
 
-dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
+/* The head size and rotary width checks every RoPE kernel makes. */
+static dt_status rope_dims(const char *fn, int64_t hd, int64_t rot)
+{
+    if (hd % 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: head size %lld is odd (pairs (j, j + hd/2) need it even)", fn,
+                        (long long)hd);
+    if (rot < 2 || rot > hd || rot % 2)
+        return dt_error(DT_ERR_INVALID_ARG, "%s: rotary width %lld is not an even number in [2, %lld] (the head "
+                        "size)", fn, (long long)rot, (long long)hd);
+    return DT_OK;
+}
+
+dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t rot, const float *cos_t,
                     const float *sin_t, bool inverse, float *y)
 {
     const char *fn = "dt_k_rope";
@@ -31,10 +45,10 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
     DT__CHECK_N(fn, T);
     DT__CHECK_N(fn, H);
     DT__CHECK_N(fn, hd);
-    if (hd % 2)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: head size %lld is odd (pairs (j, j + hd/2) need it even)", fn,
-                        (long long)hd);
-    int64_t n = B * T * H * hd, half = hd / 2;
+    dt_status st = rope_dims(fn, hd, rot);
+    if (st < 0)
+        return st;
+    int64_t n = B * T * H * hd, half = rot / 2;
     DT__CHECK_PTR(fn, x, n);
     DT__CHECK_PTR(fn, y, n);
     DT__CHECK_PTR(fn, cos_t, T * half);
@@ -48,6 +62,8 @@ dt_status dt_k_rope(const float *x, int64_t B, int64_t T, int64_t H, int64_t hd,
             const float *xr = x + (bt * H + h) * hd;
             float *yr = y + (bt * H + h) * hd;
             rope_pairs(xr, xr + half, c, s, sgn, half, yr, yr + half);
+            if (rot < hd && yr != xr) /* the values past the rotary width pass */
+                memcpy(yr + rot, xr + rot, (size_t)(hd - rot) * sizeof(float));
         }
     }
     return DT_OK;
@@ -78,10 +94,10 @@ static void round_row(float *x, dt_dtype t, int64_t n, uint16_t *h16)
  * registers: rope_pairs's operations in its order on 16 pairs at a time. A
  * group with a NaN input goes through rope_pairs itself (which operand of
  * the commutative add carries a NaN is the compiler's choice). */
-DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H, int64_t hd, const float *c,
-                                            const float *s, float sgn, uint16_t *y_lp, float *y_f32)
+DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H, int64_t hd, int64_t rot,
+                                            const float *c, const float *s, float sgn, uint16_t *y_lp, float *y_f32)
 {
-    const int64_t half = hd / 2;
+    const int64_t half = rot / 2;
     const __m512 sv = _mm512_set1_ps(sgn);
     for (int64_t h = 0; h < H; h++)
         for (int64_t j = 0; j < half; j += 16) {
@@ -116,10 +132,26 @@ DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H
 /* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
  * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
  * f32 holding t values (y_f32; with both, widened from y_lp). */
-static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                         const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
+/* Elements [i, i + m) of x passed to y unrotated (past the rotary width):
+ * as t, rounded once when x holds f32 (m <= RP_BLK). */
+static void pass_lp(const void *x, bool x_f32, dt_dtype t, int64_t i, int64_t m, void *y_lp, float *y_f32,
+                    uint16_t *h16)
 {
-    const int64_t half = hd / 2;
+    const uint16_t *v = (const uint16_t *)x + i;
+    if (x_f32) {
+        dt_k_convert((const float *)x + i, DT_F32, h16, t, m);
+        v = h16;
+    }
+    if (y_lp && (const void *)((uint16_t *)y_lp + i) != (const void *)v)
+        memmove((uint16_t *)y_lp + i, v, (size_t)m * sizeof(uint16_t));
+    if (y_f32)
+        dt_k_convert(y_lp ? (const uint16_t *)y_lp + i : v, t, y_f32 + i, DT_F32, m);
+}
+
+static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                         int64_t rot, const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
+{
+    const int64_t half = rot / 2;
     int nt = dt__threads_for(B * T * H * hd * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t bt = 0; bt < B * T; bt++) {
@@ -129,9 +161,10 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
         if (H * hd <= RP_ROW) { /* the row in one conversion each way */
             const int64_t o = bt * H * hd, m = H * hd;
 #if DT__X86_VEC
-            if (t == DT_BF16 && half % 16 == 0 && dt__vec_level() == DT__VEC_AVX512) {
+            if (t == DT_BF16 && rot == hd && half % 16 == 0 && dt__vec_level() == DT__VEC_AVX512) {
                 rope_row_bf16_avx512(x_f32 ? (const void *)((const float *)x + o) : (const uint16_t *)x + o, x_f32,
-                                     H, hd, c, s, sgn, y_lp ? (uint16_t *)y_lp + o : NULL, y_f32 ? y_f32 + o : NULL);
+                                     H, hd, rot, c, s, sgn, y_lp ? (uint16_t *)y_lp + o : NULL,
+                                     y_f32 ? y_f32 + o : NULL);
                 continue;
             }
 #endif
@@ -180,12 +213,14 @@ static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64
                     dt_k_convert(h16, t, y_f32 + ib, DT_F32, m);
                 }
             }
+            for (int64_t i = rot; i < hd; i += RP_BLK)
+                pass_lp(x, x_f32, t, o + i, hd - i < RP_BLK ? hd - i : RP_BLK, y_lp, y_f32, h16);
         }
     }
 }
 
 static dt_status rope_lp_args(const char *fn, const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                              const float *cos_t, const float *sin_t, const void *y)
+                              int64_t rot, const float *cos_t, const float *sin_t, const void *y)
 {
     DT__CHECK_N(fn, B);
     DT__CHECK_N(fn, T);
@@ -193,31 +228,31 @@ static dt_status rope_lp_args(const char *fn, const void *x, dt_dtype t, int64_t
     DT__CHECK_N(fn, hd);
     if (t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_UNSUPPORTED, "%s: dtype %s (bf16 or f16)", fn, dt_dtype_name(t));
-    if (hd % 2)
-        return dt_error(DT_ERR_INVALID_ARG, "%s: head size %lld is odd (pairs (j, j + hd/2) need it even)", fn,
-                        (long long)hd);
+    dt_status st = rope_dims(fn, hd, rot);
+    if (st < 0)
+        return st;
     DT__CHECK_PTR(fn, x, B * T * H * hd);
     DT__CHECK_PTR(fn, y, B * T * H * hd);
-    DT__CHECK_PTR(fn, cos_t, T * (hd / 2));
-    DT__CHECK_PTR(fn, sin_t, T * (hd / 2));
+    DT__CHECK_PTR(fn, cos_t, T * (rot / 2));
+    DT__CHECK_PTR(fn, sin_t, T * (rot / 2));
     return DT_OK;
 }
 
-dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, const float *cos_t,
-                       const float *sin_t, void *y)
+dt_status dt_k_rope_lp(const void *x, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t rot,
+                       const float *cos_t, const float *sin_t, void *y)
 {
-    dt_status st = rope_lp_args("dt_k_rope_lp", x, t, B, T, H, hd, cos_t, sin_t, y);
+    dt_status st = rope_lp_args("dt_k_rope_lp", x, t, B, T, H, hd, rot, cos_t, sin_t, y);
     if (st >= 0)
-        rope_lp_rows(x, false, t, B, T, H, hd, cos_t, sin_t, 1.0f, y, NULL);
+        rope_lp_rows(x, false, t, B, T, H, hd, rot, cos_t, sin_t, 1.0f, y, NULL);
     return st;
 }
 
-dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
+dt_status dt_k_rope_bwd_lp(const float *dy, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t rot,
                            const float *cos_t, const float *sin_t, float *dx, void *dx_lp)
 {
-    dt_status st = rope_lp_args("dt_k_rope_bwd_lp", dy, t, B, T, H, hd, cos_t, sin_t, dx);
+    dt_status st = rope_lp_args("dt_k_rope_bwd_lp", dy, t, B, T, H, hd, rot, cos_t, sin_t, dx);
     if (st >= 0)
-        rope_lp_rows(dy, true, t, B, T, H, hd, cos_t, sin_t, -1.0f, dx_lp, dx);
+        rope_lp_rows(dy, true, t, B, T, H, hd, rot, cos_t, sin_t, -1.0f, dx_lp, dx);
     return st;
 }
 

@@ -52,6 +52,20 @@ TEST(rope_grad)
     GRADCHECK_OP("rope", 1, in, f_rope, NULL, 1e-2);
 }
 
+/* the first 6 of each head's 8 values rotate (3 frequencies), cos and sin
+ * scaled by 1.3 */
+static dt_tensor *f_rope_partial(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    return dt_rope_partial(c, in[0], 2, 6, g_inv, 1.3f, 2, NULL);
+}
+
+TEST(rope_partial_grad)
+{
+    dt_tensor *in[1] = {T(3, 2, 5, 16)};
+    GRADCHECK_OP("rope_partial", 1, in, f_rope_partial, NULL, 1e-2);
+}
+
 static dt_tensor *f_swiglu(dt_ctx *c, dt_tensor **in, void *u)
 {
     (void)u;
@@ -123,6 +137,22 @@ TEST(forward_reference)
                     ASSERT_NEAR(dt_tensor_get(y, o + j), x1 * cos(a) - x2 * sin(a), 1e-6, 1e-5);
                     ASSERT_NEAR(dt_tensor_get(y, o + j + 2), x2 * cos(a) + x1 * sin(a), 1e-6, 1e-5);
                 }
+    /* partial RoPE: 2 heads of 4, the first 2 of each rotate (pair (0, 1),
+     * one frequency), the last 2 pass; cos and sin times 1.25 */
+    const int64_t at[3] = {9, 0, 4};
+    y = dt_rope_partial(ctx, x, 2, 2, inv, 1.25f, 0, at);
+    ASSERT(y != NULL);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 3; t++)
+            for (int h = 0; h < 2; h++) {
+                int o = (b * 3 + t) * 8 + h * 4;
+                double a = (double)(float)((float)at[t] * inv[0]), c = 1.25 * cos(a), sn = 1.25 * sin(a);
+                double x1 = xd[o], x2 = xd[o + 1];
+                ASSERT_NEAR(dt_tensor_get(y, o), x1 * c - x2 * sn, 1e-6, 1e-5);
+                ASSERT_NEAR(dt_tensor_get(y, o + 1), x2 * c + x1 * sn, 1e-6, 1e-5);
+                ASSERT_NEAR(dt_tensor_get(y, o + 2), xd[o + 2], 0, 0);
+                ASSERT_NEAR(dt_tensor_get(y, o + 3), xd[o + 3], 0, 0);
+            }
     /* SwiGLU */
     y = dt_swiglu(ctx, x, u);
     ASSERT(y != NULL);
@@ -172,18 +202,18 @@ TEST(rope_scaling_freqs)
     dt_llama_config c;
     ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
     float inv[8];
-    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    ASSERT_OK(dt_llama_inv_freq(&c, 0, inv));
     for (int i = 0; i < 8; i++)
         ASSERT_NEAR(inv[i], pow(10000.0, -(double)(2 * i) / 16), 0, 2e-6);
     c.rope_type = DT_ROPE_LINEAR;
     c.rope_factor = 4;
-    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    ASSERT_OK(dt_llama_inv_freq(&c, 0, inv));
     for (int i = 0; i < 8; i++)
         ASSERT_NEAR(inv[i], pow(10000.0, -(double)(2 * i) / 16) / 4, 0, 2e-6);
     c.rope_type = DT_ROPE_LLAMA3;
     c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
     c.rope_original_max_position_embeddings = 32;
-    ASSERT_OK(dt_llama_inv_freq(&c, inv));
+    ASSERT_OK(dt_llama_inv_freq(&c, 0, inv));
     for (int i = 0; i < 8; i++) {
         double f = pow(10000.0, -(double)(2 * i) / 16), wl = 2 * M_PI / f, want;
         if (wl < 8)
@@ -200,6 +230,44 @@ TEST(rope_scaling_freqs)
     ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
 }
 
+/* LongRoPE with a partial rotary width (Phi-4-mini's shape at head_dim 16:
+ * 12 of 16 values rotate, 6 frequencies over the width 12): the short
+ * factors up to original_max_position_embeddings positions, the long ones
+ * past it; the checks of the factors and the width. */
+TEST(longrope_freqs)
+{
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    c.rope_type = DT_ROPE_LONGROPE;
+    c.rotary_dim = 12;
+    c.rope_original_max_position_embeddings = 32;
+    c.rope_attention_factor = 1.2;
+    for (int i = 0; i < 6; i++)
+        c.rope_short_factor[i] = 1.0f + 0.25f * (float)i, c.rope_long_factor[i] = 2.0f + (float)i;
+    ASSERT_OK(dt_llama_config_check(&c));
+    float inv[8];
+    for (int pass = 0; pass < 3; pass++) {
+        const int64_t len = pass == 0 ? 0 : pass == 1 ? 32 : 33;
+        ASSERT_OK(dt_llama_inv_freq(&c, len, inv));
+        for (int i = 0; i < 6; i++) {
+            double f = pow(10000.0, -(double)(2 * i) / 12);
+            ASSERT_NEAR(inv[i], f / (len > 32 ? 2.0 + i : 1.0 + 0.25 * i), 0, 2e-6);
+        }
+    }
+    c.rope_long_factor[5] = 0.0f;
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "entry 5");
+    c.rope_long_factor[5] = 1.0f;
+    c.rope_attention_factor = 0.0;
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+    c.rope_attention_factor = 1.0;
+    c.rotary_dim = 7;
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "rotary width 7");
+    c.rotary_dim = 18;
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+}
+
 TEST(bad_inputs)
 {
     dt_ctx *ctx;
@@ -213,6 +281,12 @@ TEST(bad_inputs)
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
     ASSERT(dt_rope(ctx, x, 2, NULL, 0) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_NULL);
+    ASSERT(dt_rope_partial(ctx, x, 1, 14, g_inv, 1.0f, 0, NULL) == NULL); /* wider than the head */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    ASSERT(dt_rope_partial(ctx, x, 1, 5, g_inv, 1.0f, 0, NULL) == NULL); /* odd */
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    ASSERT(dt_rope_partial(ctx, x, 1, 4, g_inv, NAN, 0, NULL) == NULL);
+    ASSERT_STR_CONTAINS(dt_last_error(), "scale");
     ASSERT(dt_swiglu(ctx, x, w) == NULL);
     ASSERT_EQ_INT(dt_last_status(), DT_ERR_SHAPE);
     ASSERT(dt_gqa_pack(ctx, x, x, x, 4, 3) == NULL);
@@ -447,21 +521,21 @@ static void rope_lp_case(dt_dtype dt)
     for (int64_t i = 0; i < KT * KH; i++)
         cs[i] = cosf(0.01f * (float)i), sn[i] = sinf(0.01f * (float)i);
     ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
-    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 4, KD, cs, sn, yl));
+    ASSERT_OK(dt_k_rope_lp(al, dt, 1, KT, 4, KD, KD, cs, sn, yl));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
-    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, false, ref));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, KD, cs, sn, false, ref));
     ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
     ASSERT(!memcmp(al, yl, sizeof al));
     /* backward: a (f32) rounded, rotated back, rounded */
-    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, cs, sn, got, NULL));
+    ASSERT_OK(dt_k_rope_bwd_lp(a, dt, 1, KT, 4, KD, KD, cs, sn, got, NULL));
     ASSERT_OK(dt_k_convert(a, DT_F32, al, dt, KN));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
-    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, cs, sn, true, ref));
+    ASSERT_OK(dt_k_rope(ref, 1, KT, 4, KD, KD, cs, sn, true, ref));
     ASSERT_OK(dt_k_convert(ref, DT_F32, al, dt, KN));
     ASSERT_OK(dt_k_convert(al, dt, ref, DT_F32, KN));
     ASSERT(!memcmp(ref, got, sizeof ref));
-    ASSERT_STATUS(dt_k_rope_lp(al, DT_F32, 1, KT, 2, KD, cs, sn, yl), DT_ERR_UNSUPPORTED);
-    ASSERT_STATUS(dt_k_rope_lp(al, dt, 1, KT, 2, 7, cs, sn, yl), DT_ERR_INVALID_ARG);
+    ASSERT_STATUS(dt_k_rope_lp(al, DT_F32, 1, KT, 2, KD, KD, cs, sn, yl), DT_ERR_UNSUPPORTED);
+    ASSERT_STATUS(dt_k_rope_lp(al, dt, 1, KT, 2, 7, 7, cs, sn, yl), DT_ERR_INVALID_ARG);
 }
 
 /* RMSNorm of a bf16/f16 tensor (one kernel reading and writing the low
@@ -538,6 +612,7 @@ int main(void)
     (void)gc_away_from_zero;
     RUN(rms_norm_grad);
     RUN(rope_grad);
+    RUN(rope_partial_grad);
     RUN(swiglu_grad);
     RUN(gqa_pack_grad);
     RUN(gqa_attention_grad);
@@ -549,6 +624,7 @@ int main(void)
     RUN(gqa_kernel_equals_chain);
     RUN(rms_lp_equals_widened);
     RUN(rope_scaling_freqs);
+    RUN(longrope_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();
 }

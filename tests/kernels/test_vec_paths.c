@@ -572,11 +572,14 @@ TEST(swiglu_paths_identical)
  * copy, f32 copy alone) equal widen + dt_k_rope + round on every path, at
  * head sizes 64 (the avx512 bf16 rows: 16 pairs at a time) and 40 (20
  * pairs: a tail of 4), with NaN pairs (both halves NaN), lone NaNs,
- * infinities, values that round to infinity, subnormals and -0. */
-static void rope_case(int64_t hd)
+ * infinities, values that round to infinity, subnormals and -0; rotary
+ * widths below the head size (partial rotary: the rest passes, rounded
+ * once for a gradient), and rows wider than one conversion (the head by
+ * head branch). */
+static void rope_case(int64_t hd, int64_t rot)
 {
     enum { B = 2, T = 3, H = 5 };
-    const int64_t n = B * T * H * hd, half = hd / 2;
+    const int64_t n = B * T * H * hd, half = rot / 2;
     float *x = malloc(n * 4), *cs = malloc(T * half * 4), *sn = malloc(T * half * 4), *w = malloc(n * 4),
           *ref = malloc(n * 4), *got = malloc(n * 4);
     uint16_t *xl = malloc(n * 2), *yl = malloc(n * 2), *rl = malloc(n * 2);
@@ -597,22 +600,22 @@ static void rope_case(int64_t hd)
             /* forward: the t input widened, rotated, rounded */
             ASSERT_OK(dt_k_convert(x, DT_F32, xl, t, n));
             ASSERT_OK(dt_k_convert(xl, t, w, DT_F32, n));
-            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, false, ref));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, rot, cs, sn, false, ref));
             ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
-            ASSERT_OK(dt_k_rope_lp(xl, t, B, T, H, hd, cs, sn, yl));
+            ASSERT_OK(dt_k_rope_lp(xl, t, B, T, H, hd, rot, cs, sn, yl));
             if (memcmp(yl, rl, (size_t)n * 2))
-                TEST_FAIL_("%s hd %lld: rope_lp differs from the chain on path %s", dt_dtype_name(t), (long long)hd,
-                           dt_k_isa_name(dt_k_get_isa()));
+                TEST_FAIL_("%s hd %lld rot %lld: rope_lp differs from the chain on path %s", dt_dtype_name(t),
+                           (long long)hd, (long long)rot, dt_k_isa_name(dt_k_get_isa()));
             /* backward: the f32 gradient rounded, rotated back, rounded */
             ASSERT_OK(dt_k_convert(x, DT_F32, rl, t, n));
             ASSERT_OK(dt_k_convert(rl, t, w, DT_F32, n));
-            ASSERT_OK(dt_k_rope(w, B, T, H, hd, cs, sn, true, ref));
+            ASSERT_OK(dt_k_rope(w, B, T, H, hd, rot, cs, sn, true, ref));
             ASSERT_OK(dt_k_convert(ref, DT_F32, rl, t, n));
             ASSERT_OK(dt_k_convert(rl, t, ref, DT_F32, n));
-            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, NULL));
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, rot, cs, sn, got, NULL));
             SAME_BITS(got, ref, n, "rope_bwd_lp (f32 copy) against the chain");
             memset(got, 0, (size_t)n * 4);
-            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, cs, sn, got, yl));
+            ASSERT_OK(dt_k_rope_bwd_lp(x, t, B, T, H, hd, rot, cs, sn, got, yl));
             SAME_BITS(got, ref, n, "rope_bwd_lp (both copies) against the chain");
             if (memcmp(yl, rl, (size_t)n * 2))
                 TEST_FAIL_("%s hd %lld: rope_bwd_lp's t copy differs from the chain on path %s", dt_dtype_name(t),
@@ -625,8 +628,12 @@ static void rope_case(int64_t hd)
 
 TEST(rope_lp_paths_identical)
 {
-    rope_case(64);
-    rope_case(40);
+    rope_case(64, 64);
+    rope_case(40, 40);
+    rope_case(64, 48);
+    rope_case(40, 24);
+    rope_case(1024, 1024); /* H * hd past one row's conversion */
+    rope_case(1024, 768);
 }
 
 /* RMSNorm (f32 and bf16/f16 rows): forward, rstd, dx and dw the same bits on

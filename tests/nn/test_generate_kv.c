@@ -14,7 +14,9 @@
  * path generates (the other is refused). The models: gpt-micro,
  * llama-tiny (grouped-query attention, RoPE; also in bf16) and the Qwen3
  * (per-head q/k norms), Gemma (scaled embeddings, 1 + w norms), Mistral (a
- * sliding window of 16 positions) and Phi-3 (fused projections) test
+ * sliding window of 16 positions), Phi-3 (fused projections) and Phi-4's
+ * shape (partial RoPE, LongRoPE: past its 8 original positions the cache
+ * is recomputed with the long factors, as transformers' Phi-3 does) test
  * directories, each with its weights scaled up so that its logits are far
  * from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
@@ -35,13 +37,14 @@
 typedef struct {
     const char *name; /* dt_model_create's */
     dt_dtype dtype;
-    float scale; /* on every weight */
+    float scale;     /* on every weight */
+    int64_t restart; /* LongRoPE's original_max_position_embeddings: the cache is recomputed past it */
 } gen_model;
 
 static const gen_model g_models[] = {
-    {"gpt-micro", DT_F32, 4},       {"llama-tiny", DT_F32, 4},    {"llama-tiny", DT_BF16, 4},
-    {"hf:" HF "qwen3", DT_F32, 4}, {"hf:" HF "gemma", DT_F32, 6}, {"hf:" HF "mistral", DT_F32, 4},
-    {"hf:" HF "phi3", DT_F32, 4},
+    {"gpt-micro", DT_F32, 4, 0},       {"llama-tiny", DT_F32, 4, 0},    {"llama-tiny", DT_BF16, 4, 0},
+    {"hf:" HF "qwen3", DT_F32, 4, 0}, {"hf:" HF "gemma", DT_F32, 6, 0}, {"hf:" HF "mistral", DT_F32, 4, 0},
+    {"hf:" HF "phi3", DT_F32, 4, 0},  {"hf:" HF "phi4", DT_F32, 4, 8},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 
@@ -84,7 +87,8 @@ static void cached_logits(int i)
     ASSERT(m);
     if (!m)
         return;
-    const int64_t np = P < 32 ? 3 : 9, nnew = P - np;
+    /* a LongRoPE model's prompt within its original positions: the short factors, then the long ones */
+    const int64_t np = P < 32 || g_models[i].restart ? 3 : 9, nnew = P - np;
     const double tol = g_models[i].dtype == DT_F32 ? 1e-4 : 3e-2;
     int64_t seq[64];
     for (int64_t j = 0; j < np; j++)
@@ -98,8 +102,8 @@ static void cached_logits(int i)
     double worst = 0;
     for (int64_t k = 0; k < nnew && n < P; k++) {
         dt_ag_set_enabled(ctx, false);
-        int64_t c = dt__gen_kv_len(kv);
-        ASSERT_EQ_INT(c, k == 0 ? 0 : n - 1);
+        int64_t c = dt__gen_kv_start(kv, n); /* past the original positions: every position again */
+        ASSERT_EQ_INT(c, k == 0 || n == g_models[i].restart + 1 ? 0 : n - 1);
         dt_tensor *yc = dt__gen_kv_forward(kv, ctx, seq + c, n - c);
         ASSERT(yc && yc->dtype == DT_F32 && yc->ndim == 3 && yc->shape[1] == 1 && yc->shape[2] == V);
         ASSERT_EQ_INT(dt__gen_kv_len(kv), n);

@@ -115,6 +115,47 @@ TEST(qwen3_parity) { parity(HF "qwen3", HF "qwen3_ref.safetensors", "logits"); }
 TEST(gemma_parity) { parity(HF "gemma", HF "gemma_ref.safetensors", "logits"); }
 /* Phi-3: one qkv_proj and one gate_up_proj, split by columns */
 TEST(phi3_parity) { parity(HF "phi3", HF "phi3_ref.safetensors", "logits"); }
+/* Phi-4-mini's shape: RoPE on 12 of each head's 16 values, LongRoPE past 8
+ * positions (the long factors at 16 tokens, cos and sin times sqrt(2)) */
+TEST(phi4_parity) { parity(HF "phi4", HF "phi4_ref.safetensors", "logits"); }
+
+/* The same model at 8 tokens, within original_max_position_embeddings: the
+ * short factors (the logits of the first 8 positions differ from those of
+ * the 16-token forward, whose factors are the long ones) */
+TEST(phi4_short_factors)
+{
+    size_t nid = 0, nl = 0, nlong = 0;
+    int64_t *ids = t_read_tensor(HF "phi4_ref.safetensors", "input_ids", &nid);
+    float *want = t_read_tensor(HF "phi4_ref.safetensors", "logits_short", &nl);
+    float *longer = t_read_tensor(HF "phi4_ref.safetensors", "logits", &nlong);
+    dt_model_desc d;
+    dt_trainer *tr = NULL;
+    dt_strategy *s = NULL;
+    dt_model *m = load_hf(HF "phi4", &d, &tr, &s);
+    ASSERT(ids && want && longer && m && nid == 34 && nl == 2 * 8 * 128 && nlong == 2 * 16 * 128);
+    dt_model_train(m, false);
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    int64_t *x = dt_ctx_alloc(ctx, 16 * sizeof *x);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 8; t++)
+            x[b * 8 + t] = ids[b * 17 + t];
+    dt_ag_set_enabled(ctx, false);
+    dt_tensor *lg = dt_model_forward(ctx, m, dt_tensor_view_of(ctx, x, DT_I64, 2, (int64_t[]){2, 8}));
+    ASSERT(lg && dt_tensor_numel(lg) == (int64_t)nl);
+    double e = rel_err(lg, want, nl), apart = 0;
+    for (int64_t i = 0; i < 8 * 128; i++) /* the 16-token forward's first 8 positions of sequence 0 */
+        apart = fmax(apart, fabs((double)want[i] - longer[i]));
+    fprintf(stderr, "  phi4 at 8 tokens: logits max error %.3g of the largest (short and long factors %.3g apart)\n",
+            e, apart);
+    ASSERT(e <= 1e-5);
+    ASSERT(apart > 1e-3);
+    dt_ctx_free(ctx);
+    dt_trainer_free(tr);
+    dt_model_free(m);
+    free(ids), free(want), free(longer);
+}
+
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -181,6 +222,8 @@ TEST(qwen3_adamw_steps) { adamw_steps(HF "qwen3", HF "qwen3_ref.safetensors", 6,
    GemmaConfig's pad_token_id 0 (no gradient to row 0 from its lookups) */
 TEST(gemma_adamw_steps) { adamw_steps(HF "gemma", HF "gemma_ref.safetensors", 10, 1e-5); }
 TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1e-5); }
+/* the gradients through the partial rotation (the passing values too) and the scaled cos and sin */
+TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -407,5 +450,8 @@ int main(void)
     RUN(gemma_adamw_steps);
     RUN(phi3_parity);
     RUN(phi3_adamw_steps);
+    RUN(phi4_parity);
+    RUN(phi4_short_factors);
+    RUN(phi4_adamw_steps);
     return TEST_REPORT();
 }

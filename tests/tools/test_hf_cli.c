@@ -16,13 +16,15 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3": the key "eval" of their own _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4": the key "eval" of their own
+ * _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
-    if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3")) {
+    if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
+        !strcmp(key, "phi4")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -65,6 +67,7 @@ TEST(eval_json)
     eval_case("mistral", "mistral", "4"); /* sliding_window 16 = --seq */
     eval_case("gemma", "gemma", "4");
     eval_case("phi3", "phi3", "4");
+    eval_case("phi4", "phi4", "4"); /* partial RoPE, LongRoPE's long factors (16 > 8 positions) */
 }
 
 TEST(train_and_generate)
@@ -126,13 +129,23 @@ static void bad_case(const char *name, const char *edit, const char *want1, cons
     bad_case_of("llama", name, edit, want1, want2);
 }
 
-/* Phi-3's keys dtrain does not implement, and Phi3Config's pad_token_id default (32000) past this vocabulary */
+/* Phi-3's keys dtrain does not implement, bad partial rotary factors and LongRoPE factors, and Phi3Config's
+ * pad_token_id default (32000) past this vocabulary */
 TEST(bad_phi3_directories)
 {
-    bad_case_of("phi3", "phi3_partial", "sed -i 's/\"partial_rotary_factor\": 1.0/\"partial_rotary_factor\": 0.75/' "
-                "config.json", "config.json", "\"partial_rotary_factor\": RoPE on part of each head");
+    bad_case_of("phi3", "phi3_partial", "sed -i 's/\"partial_rotary_factor\": 1.0/\"partial_rotary_factor\": 0.4/' "
+                "config.json", "config.json", "\"partial_rotary_factor\": 0.4 of head_dim 8 gives 3 rotary values");
     bad_case_of("phi3", "phi3_longrope", "sed -i 's/\"rope_type\": \"default\"/\"rope_type\": \"longrope\"/' "
-                "config.json", "config.json", "rope scaling 'longrope' is not supported");
+                "config.json", "config.json", "\"rope_parameters.short_factor\" must be a list of 4 numbers");
+    bad_case_of("phi4", "phi4_dynamic", "sed -i 's/\"rope_type\": \"longrope\"/\"rope_type\": \"dynamic\"/' "
+                "config.json", "config.json", "rope scaling 'dynamic' is not supported (known: default, longrope");
+    bad_case_of("phi4", "phi4_factor", "sed -i 's/7.1164/-7.1164/' config.json", "config.json",
+                "\"rope_parameters.long_factor\": entry 0 must be a positive number");
+    bad_case_of("phi4", "phi4_short", "sed -i '/1.2577,/d' config.json", "config.json",
+                "\"rope_parameters.short_factor\" must be a list of 6 numbers");
+    bad_case_of("llama", "llama_longrope", "sed -i 's/\"rope_type\": \"llama3\"/\"rope_type\": \"longrope\"/' "
+                "config.json", "config.json", "rope scaling 'longrope' is not supported (known: default, linear, "
+                "llama3; longrope for Phi-3)");
     bad_case_of("phi3", "phi3_resid", "sed -i 's/\"resid_pdrop\": 0.0/\"resid_pdrop\": 0.1/' config.json",
                 "config.json", "\"resid_pdrop\"");
     bad_case_of("phi3", "phi3_pad", "sed -i '/\"pad_token_id\"/d' config.json", "config.json",
@@ -304,6 +317,29 @@ TEST(gemma_save_hf_and_tp)
  * pad_token_id null written over Phi3Config's default 32000) evaluates to the run's own loss; --pp 2 gives one
  * process's losses; --tp 2 is refused, exit 2 naming the fused layers (each rank would need its own rows of
  * q, k and v). */
+/* Phi-4's shape: the export keeps partial_rotary_factor and the LongRoPE factors (the run's own loss again);
+ * --pp 2 gives one process's losses, and so does --cp 2, whose ranks hold 8 of the 16 positions each (LongRoPE
+ * takes the sequence's length, past the 8 original positions: the long factors, as one process). */
+TEST(phi4_save_hf_and_pp)
+{
+    save_hf_and_parallel("phi4",
+                         (const char *const[]){"\"partial_rotary_factor\":\t0.75", "\"rope_type\":\t\"longrope\"",
+                                               "\"original_max_position_embeddings\":\t8", "7.1164", NULL},
+                         false, true);
+    cli_result r;
+    char one[300], cp[300];
+    snprintf(one, sizeof one, "%s/phi4_one.jsonl", cli_tmpdir());
+    snprintf(cp, sizeof cp, "%s/phi4_cp.jsonl", cli_tmpdir());
+    char *const base[] = {"train", "--model", "hf:" HF "phi4", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                          "--seq", "16", "--batch", "2", "--max-steps", "5", "--optimizer", "adamw", "--lr", "1e-2",
+                          "--threads", "1", "--progress", "none", "--log-every", "1", "--cp", "2", "--metrics", cp,
+                          NULL};
+    char *const *l[] = {base};
+    cli_run_ranks(&r, 180, NULL, 2, 1, l);
+    ASSERT_EQ_INT(r.code, 0);
+    ASSERT(cli_same_metrics(cp, one, 5, 0));
+}
+
 TEST(phi3_save_hf_and_pp)
 {
     save_hf_and_parallel("phi3",
@@ -486,6 +522,11 @@ TEST(generate_processors_and_beams)
          "| 57 95 55 96 27 29 41 125 121 96 69 47 84 99 55 67\n"},
         {"phi3", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "12"},
          "| 57 95 34 96 27 69 47 117 105 108 106 118\n"},
+        /* Phi-4's shape (partial RoPE, LongRoPE past 8 positions: transformers recomputes its cache there) */
+        {"phi4", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 7 9 9 11 11 9 77 77 19 19 77 99 99 28\n"},
+        {"phi4", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 7 9 9 11 11 63 63 77 77 19 19 77 99 99\n"},
         /* eos_token_id = the first (gpt2) or second (llama) greedy token: it stops there unless min_new_tokens 5 */
         {"gpt2", {"--eos-id", "7", "--max-new-tokens", "12"}, "| 7\n"},
         {"gpt2", {"--eos-id", "7", "--min-new-tokens", "5", "--max-new-tokens", "12"},
@@ -825,6 +866,7 @@ int main(void)
     RUN(qwen3_save_hf_and_tp);
     RUN(gemma_save_hf_and_tp);
     RUN(phi3_save_hf_and_pp);
+    RUN(phi4_save_hf_and_pp);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
