@@ -159,6 +159,37 @@ static void read_longrope(cfg_reader *r, const cJSON *rs, const char *where, dt_
         r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s.attention_factor\" must be positive", r->path, where);
 }
 
+/* YaRN's keys (transformers' _compute_yarn_parameters): factor (null:
+ * max_position_embeddings / original), original_max_position_embeddings
+ * (config.json's top level first, then rs's, then max_position_embeddings),
+ * beta_fast and beta_slow (0 or null: 32 and 1), truncate (true), and
+ * attention_factor or its default: 0.1 ln(factor) + 1, or with mscale and
+ * mscale_all_dim both non-zero the ratio of their two such values. */
+static void read_yarn(cfg_reader *r, const cJSON *rs, const char *where, dt_llama_config *c)
+{
+    const int64_t orig = get_int(r, rs, "original_max_position_embeddings", c->max_position_embeddings, 1, INT32_MAX);
+    c->rope_original_max_position_embeddings = get_int(r, r->root, "original_max_position_embeddings", orig, 1,
+                                                       INT32_MAX);
+    const double factor = get_num(r, rs, "factor", (double)c->max_position_embeddings /
+                                                       (double)c->rope_original_max_position_embeddings);
+    c->rope_factor = factor;
+    const double bf = get_num(r, rs, "beta_fast", 0.0), bs = get_num(r, rs, "beta_slow", 0.0);
+    c->rope_beta_fast = bf != 0.0 ? bf : 32.0; /* `get("beta_fast") or 32` */
+    c->rope_beta_slow = bs != 0.0 ? bs : 1.0;
+    c->rope_truncate = get_bool(r, rs, "truncate", true);
+    const double ms = get_num(r, rs, "mscale", 0.0), msa = get_num(r, rs, "mscale_all_dim", 0.0);
+#define YARN_MSCALE(m) (factor <= 1.0 ? 1.0 : 0.1 * (m) * log(factor) + 1.0)
+    c->rope_attention_factor = get_num(r, rs, "attention_factor", ms != 0.0 && msa != 0.0
+                                       ? YARN_MSCALE(ms) / YARN_MSCALE(msa) : YARN_MSCALE(1.0));
+#undef YARN_MSCALE
+    if (r->st >= 0 && !(factor > 0.0))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s.factor\" must be positive", r->path, where);
+    if (r->st >= 0 && (!(c->rope_attention_factor > 0.0) || !(c->rope_beta_fast > 0.0) ||
+                       !(c->rope_beta_slow > 0.0)))
+        r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\": yarn's attention_factor (or mscale / mscale_all_dim), "
+                         "beta_fast and beta_slow must give positive numbers", r->path, where);
+}
+
 /* rope_theta and rope_scaling, or transformers 5's rope_parameters; phi3:
  * Phi3Config's reading (its "su" and "yarn" are longrope, the only scaling
  * it has). */
@@ -195,6 +226,19 @@ static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
         read_longrope(r, rs, where, c);
         return;
     }
+    if (!phi3 && !strcmp(type, "dynamic")) {
+        /* NTK-aware scaling: transformers changes the frequencies only in a forward past
+           max_position_embeddings, which dtrain's never reach (generation's window moves within them) */
+        if (!(get_num(r, rs, "factor", NAN) > 0.0) && r->st >= 0)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\": rope scaling 'dynamic' needs a factor > 0", r->path,
+                             where);
+        return;
+    }
+    if (!phi3 && !strcmp(type, "yarn")) {
+        c->rope_type = DT_ROPE_YARN;
+        read_yarn(r, rs, where, c);
+        return;
+    }
     if (!phi3 && !strcmp(type, "linear"))
         c->rope_type = DT_ROPE_LINEAR;
     else if (!phi3 && !strcmp(type, "llama3"))
@@ -203,7 +247,7 @@ static void read_rope(cfg_reader *r, dt_llama_config *c, bool phi3)
         char why[200];
         snprintf(why, sizeof why, "rope scaling '%s' is not supported (known: %s)", type,
                  phi3 ? "default, longrope (su, yarn: Phi3Config reads them as longrope)"
-                      : "default, linear, llama3; longrope for Phi-3");
+                      : "default, linear, llama3, yarn, dynamic; longrope for Phi-3");
         unsupported(r, key, why);
         return;
     }

@@ -193,6 +193,15 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                     cJSON_AddItemToArray(lf, cJSON_CreateNumber(fnum(c->rope_long_factor[i])));
                 }
                 cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+            } else if (rs && c->rope_type == DT_ROPE_YARN) {
+                cJSON_AddStringToObject(rs, "rope_type", "yarn");
+                cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+                cJSON_AddNumberToObject(rs, "original_max_position_embeddings",
+                                        (double)c->rope_original_max_position_embeddings);
+                cJSON_AddNumberToObject(rs, "beta_fast", c->rope_beta_fast);
+                cJSON_AddNumberToObject(rs, "beta_slow", c->rope_beta_slow);
+                cJSON_AddBoolToObject(rs, "truncate", c->rope_truncate);
+                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
             } else if (rs) {
                 cJSON_AddStringToObject(rs, "rope_type", c->rope_type == DT_ROPE_LINEAR ? "linear" : "llama3");
                 cJSON_AddNumberToObject(rs, "factor", c->rope_factor);

@@ -196,7 +196,8 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                                                 : rt->cp.group ? rows * dt_pg_size(rt->cp.group) : rows;
     const float *inv = rt->inv_long && len > rt->c.rope_original_max_position_embeddings ? rt->inv_long
                                                                                           : rt->inv_freq;
-    const float scale = rt->c.rope_type == DT_ROPE_LONGROPE ? (float)rt->c.rope_attention_factor : 1.0f;
+    const float scale = rt->c.rope_type == DT_ROPE_LONGROPE || rt->c.rope_type == DT_ROPE_YARN
+                            ? (float)rt->c.rope_attention_factor : 1.0f;
     q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     if (kv)

@@ -114,6 +114,14 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
     if (rot < 2 || rot % 2 || rot > lc->head_dim)
         return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "
                         "not an even number in [2, head_dim %lld]", (long long)rot, (long long)lc->head_dim);
+    if (lc->rope_type == DT_ROPE_YARN &&
+        (lc->rope_original_max_position_embeddings < 1 || !(lc->rope_attention_factor > 0.0) ||
+         !isfinite(lc->rope_attention_factor) || !(lc->rope_beta_fast > 0.0) || !(lc->rope_beta_slow > 0.0) ||
+         !isfinite(lc->rope_beta_fast) || !isfinite(lc->rope_beta_slow)))
+        return dt_error(DT_ERR_INVALID_ARG, "llama: rope_scaling yarn needs original_max_position_embeddings >= 1, "
+                        "beta_fast and beta_slow > 0 and an attention factor > 0 (got %lld, %g, %g, %g)",
+                        (long long)lc->rope_original_max_position_embeddings, lc->rope_beta_fast,
+                        lc->rope_beta_slow, lc->rope_attention_factor);
     if (lc->rope_type == DT_ROPE_LONGROPE) {
         if (lc->rope_original_max_position_embeddings < 1 || !(lc->rope_attention_factor > 0.0) ||
             !isfinite(lc->rope_attention_factor))
@@ -130,6 +138,24 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
     return DT_OK;
 }
 
+/* YaRN's correction range [lo, hi] over the d / 2 frequencies: the
+ * dimensions where beta_fast and beta_slow rotations fit the original
+ * positions, in double as Python computes them (hi nudged past lo when they
+ * meet, as transformers does). */
+static void yarn_range(const dt_llama_config *lc, int64_t d, double *lo, double *hi)
+{
+    const double orig = (double)lc->rope_original_max_position_embeddings, lb = 2.0 * log(lc->rope_theta);
+    double l = ((double)d * log(orig / (lc->rope_beta_fast * 2.0 * M_PI))) / lb;
+    double h = ((double)d * log(orig / (lc->rope_beta_slow * 2.0 * M_PI))) / lb;
+    if (lc->rope_truncate)
+        l = floor(l), h = ceil(h);
+    l = l > 0.0 ? l : 0.0;
+    h = h < (double)(d - 1) ? h : (double)(d - 1);
+    if (l == h)
+        h += 0.001;
+    *lo = l, *hi = h;
+}
+
 dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, float *out)
 {
     if (!lc || !out)
@@ -143,6 +169,14 @@ dt_status dt_llama_inv_freq(const dt_llama_config *lc, int64_t seq_len, float *o
         if (lc->rope_type == DT_ROPE_LONGROPE) { /* 1 / (ext_factors * base ** (...)), f32 */
             const float ext = longf ? lc->rope_long_factor[i] : lc->rope_short_factor[i];
             inv = 1.0f / (ext * powf(base, (float)(2 * i) / (float)d));
+        } else if (lc->rope_type == DT_ROPE_YARN) { /* transformers' _compute_yarn_parameters */
+            double lo, hi;
+            yarn_range(lc, d, &lo, &hi);
+            const float pos = powf(base, (float)(2 * i) / (float)d), extra = 1.0f / pos, inter = 1.0f / (factor * pos);
+            float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            const float ef = 1.0f - ramp; /* extrapolation's share */
+            inv = inter * (1.0f - ef) + extra * ef;
         } else if (lc->rope_type == DT_ROPE_LINEAR) {
             inv = inv / factor;
         } else if (lc->rope_type == DT_ROPE_LLAMA3) {

@@ -26,6 +26,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                (12 of head_dim 16 rotate), longrope scaling (original 8 of 64
                positions), tied head; phi4_ref.safetensors as qwen3's, with
                logits_short [2, 8, V] of input_ids[:, :8] (the short factors)
+  llama_yarn_config.json, llama_yarn_ref.safetensors:
+               llama's weights under YaRN rope scaling (factor 4, original 16
+               positions, beta_fast 2, beta_slow 0.5, truncate false): the
+               config and input_ids, logits, loss and adamw_loss
   llama_ref.safetensors, gpt2_ref.safetensors:
                input_ids [2, 17] (I64), logits [2, 16, V] of input_ids[:, :16]
                (F32, eval mode), loss [] (F32): mean next-token
@@ -212,6 +216,22 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Phi3ForCausalLM, pc, phi3),
            "eval": torch.tensor(windows_loss(phi3, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "phi3_ref.safetensors"))
+
+# llama's weights under YaRN rope scaling (factor 4 over 16 original positions, beta_fast 2 and beta_slow 0.5
+# without truncation: the ramp between extrapolation and interpolation has a fractional step; the attention
+# factor 0.1 ln 4 + 1): the config is written to llama_yarn_config.json (the test puts it beside a copy of
+# llama/'s weights), the reference to llama_yarn_ref.safetensors (logits, loss, adamw_loss)
+yc = LlamaConfig(**{**lc.to_dict(), "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                         "original_max_position_embeddings": 16, "beta_fast": 2.0,
+                                                         "beta_slow": 0.5, "truncate": False}})
+yarn = LlamaForCausalLM(yc).eval()
+yarn.load_state_dict(llama.state_dict())
+yc.to_json_file(os.path.join(out, "llama_yarn_config.json"))
+with torch.no_grad():
+    lg = yarn(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(LlamaForCausalLM, yc, yarn)},
+          os.path.join(out, "llama_yarn_ref.safetensors"))
 
 # Phi-4-mini's shape of Phi3ForCausalLM: RoPE on 12 of each head's 16 values (partial_rotary_factor 0.75) with
 # LongRoPE (6 short and 6 long factors, original_max_position_embeddings 8 of 64: the attention factor sqrt(2)),

@@ -189,6 +189,9 @@ typedef enum {
     DT_ROPE_LONGROPE,    /* Phi-3's (LongRoPE): inv_freq[i] / short_factor[i], or / long_factor[i] in a
                             forward whose positions pass original_max_position_embeddings; cos and sin
                             times the attention factor */
+    DT_ROPE_YARN,        /* YaRN: inv_freq / factor for the low frequencies, kept for the high ones, a
+                            linear ramp between (beta_fast, beta_slow rotations over the original
+                            positions); cos and sin times the attention factor */
     DT_ROPE_KIND_COUNT
 } dt_rope_kind;
 
@@ -215,12 +218,15 @@ typedef struct dt_llama_config {
     double rope_factor;               /* linear and llama3: factor */
     double rope_low_freq_factor;      /* llama3 */
     double rope_high_freq_factor;     /* llama3 */
-    int64_t rope_original_max_position_embeddings; /* llama3, longrope (the pretraining length) */
+    int64_t rope_original_max_position_embeddings; /* llama3, longrope, yarn (the pretraining length) */
+    double rope_beta_fast, rope_beta_slow; /* yarn (32 and 1 by default) */
+    bool rope_truncate;               /* yarn: the correction range's ends rounded out (floor, ceil) */
     float rope_short_factor[DT_LLAMA_MAX_ROPE_PAIRS]; /* longrope: rotary width / 2 of each, > 0 */
     float rope_long_factor[DT_LLAMA_MAX_ROPE_PAIRS];
-    double rope_attention_factor;     /* longrope: cos and sin times it (> 0; transformers' attention_scaling,
-                                         from the config's attention_factor or its default
-                                         sqrt(1 + ln(factor) / ln(original_max_position_embeddings))) */
+    double rope_attention_factor;     /* longrope and yarn: cos and sin times it (> 0; transformers'
+                                         attention_scaling, from the config's attention_factor or its
+                                         default: longrope's sqrt(1 + ln(factor) / ln(original)),
+                                         yarn's 0.1 ln(factor) + 1 (mscale)) */
     int64_t rotary_dim;               /* RoPE on the first rotary_dim values of each head, the rest passing
                                          (Phi-3's partial_rotary_factor: head_dim times it; even, >= 2);
                                          0: the whole head */
@@ -312,7 +318,9 @@ typedef struct dt_hf_config {
 } dt_hf_config;
 /* Read and check DIR/config.json. Errors name the file and the key:
  * DT_ERR_UNSUPPORTED for an unknown architecture or a value dtrain does not
- * implement (a rope_scaling type other than default/linear/llama3, or
+ * implement (a rope_scaling type other than default/linear/llama3/yarn/
+ * dynamic (NTK-aware: the default frequencies within
+ * max_position_embeddings, where dtrain runs), or
  * for Phi-3 other than default/longrope (its su and yarn are read as
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
  * GELU's tanh form), Gemma 2 or 3, Phi-3's dropouts,

@@ -230,6 +230,38 @@ TEST(rope_scaling_freqs)
     ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
 }
 
+/* YaRN (head_dim 16, theta 10000, factor 8 over 32 original positions):
+ * beta 32 and 1 truncated (the ramp's ends whole: [0, 2]), and beta 4 and
+ * 0.5 not ([0.21, 2.02]), against transformers' formulas in double. */
+TEST(yarn_freqs)
+{
+    dt_llama_config c;
+    ASSERT_OK(dt_llama_config_by_name("llama-tiny", &c));
+    c.rope_type = DT_ROPE_YARN;
+    c.rope_factor = 8, c.rope_original_max_position_embeddings = 32, c.rope_attention_factor = 1.2;
+    for (int pass = 0; pass < 2; pass++) {
+        c.rope_beta_fast = pass ? 4 : 32, c.rope_beta_slow = pass ? 0.5 : 1, c.rope_truncate = !pass;
+        ASSERT_OK(dt_llama_config_check(&c));
+        float inv[8];
+        ASSERT_OK(dt_llama_inv_freq(&c, 0, inv));
+        double lo = 16 * log(32 / (c.rope_beta_fast * 2 * M_PI)) / (2 * log(10000.0));
+        double hi = 16 * log(32 / (c.rope_beta_slow * 2 * M_PI)) / (2 * log(10000.0));
+        if (c.rope_truncate)
+            lo = floor(lo), hi = ceil(hi);
+        lo = fmax(lo, 0), hi = fmin(hi, 15);
+        int mixed = 0;
+        for (int i = 0; i < 8; i++) {
+            double f = pow(10000.0, -(double)(2 * i) / 16), ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1);
+            ASSERT_NEAR(inv[i], f / 8 * ramp + f * (1 - ramp), 0, 2e-6);
+            mixed += ramp > 0 && ramp < 1;
+        }
+        ASSERT(mixed > 0); /* frequencies between interpolation and extrapolation: the ramp is exercised */
+    }
+    c.rope_beta_slow = 0;
+    ASSERT_STATUS(dt_llama_config_check(&c), DT_ERR_INVALID_ARG);
+    ASSERT_STR_CONTAINS(dt_last_error(), "yarn");
+}
+
 /* LongRoPE with a partial rotary width (Phi-4-mini's shape at head_dim 16:
  * 12 of 16 values rotate, 6 frequencies over the width 12): the short
  * factors up to original_max_position_embeddings positions, the long ones
@@ -625,6 +657,7 @@ int main(void)
     RUN(rms_lp_equals_widened);
     RUN(rope_scaling_freqs);
     RUN(longrope_freqs);
+    RUN(yarn_freqs);
     RUN(bad_inputs);
     return TEST_REPORT();
 }

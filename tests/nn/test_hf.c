@@ -250,6 +250,37 @@ TEST(llama_pad_token_adamw_steps)
     free(pad);
 }
 
+/* llama's weights under YaRN rope scaling (tests/data/hf/llama_yarn_config.json beside a copy of them): the
+ * config as read (the attention factor 0.1 ln 4 + 1), transformers' logits and 10 AdamW steps */
+TEST(llama_yarn)
+{
+    char dir[] = "/tmp/dt_hfyarn_XXXXXX", cmd[600];
+    ASSERT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "cp " HF "llama/* '%s' && cp " HF "llama_yarn_config.json '%s/config.json'", dir, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    dt_hf_config h;
+    ASSERT_OK(dt_hf_config_read(dir, &h));
+    ASSERT_EQ_INT(h.llama.rope_type, DT_ROPE_YARN);
+    ASSERT_NEAR(h.llama.rope_factor, 4.0, 0, 0);
+    ASSERT_EQ_INT((int)h.llama.rope_original_max_position_embeddings, 16);
+    ASSERT(h.llama.rope_beta_fast == 2.0 && h.llama.rope_beta_slow == 0.5 && !h.llama.rope_truncate);
+    ASSERT_NEAR(h.llama.rope_attention_factor, 0.1 * log(4.0) + 1.0, 1e-15, 0);
+    parity(dir, HF "llama_yarn_ref.safetensors", "logits");
+    adamw_steps(dir, HF "llama_yarn_ref.safetensors", 10, 1e-5);
+    /* dynamic (NTK-aware) scaling: the default frequencies within max_position_embeddings (transformers 5.25's
+       logits of a 40-token forward with factor 1.7 equal the default rope's, checked by hand); a factor needed */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"rope_type\": \"yarn\"/\"rope_type\": \"dynamic\"/' '%s/config.json'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_OK(dt_hf_config_read(dir, &h));
+    ASSERT(h.llama.rope_type == DT_ROPE_DEFAULT && h.llama.rope_theta == 10000.0);
+    snprintf(cmd, sizeof cmd, "sed -i '/\"factor\": 4.0,/d' '%s/config.json'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    ASSERT_STATUS(dt_hf_config_read(dir, &h), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "rope scaling 'dynamic' needs a factor");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+}
+
 /* config.json as read */
 TEST(config_read)
 {
@@ -446,6 +477,7 @@ int main(void)
     RUN(mistral_parity);
     RUN(qwen3_adamw_steps);
     RUN(llama_pad_token_adamw_steps);
+    RUN(llama_yarn);
     RUN(gemma_parity);
     RUN(gemma_adamw_steps);
     RUN(phi3_parity);

@@ -145,7 +145,7 @@ TEST(bad_phi3_directories)
                 "\"rope_parameters.short_factor\" must be a list of 6 numbers");
     bad_case_of("llama", "llama_longrope", "sed -i 's/\"rope_type\": \"llama3\"/\"rope_type\": \"longrope\"/' "
                 "config.json", "config.json", "rope scaling 'longrope' is not supported (known: default, linear, "
-                "llama3; longrope for Phi-3)");
+                "llama3, yarn, dynamic; longrope for Phi-3)");
     bad_case_of("phi3", "phi3_resid", "sed -i 's/\"resid_pdrop\": 0.0/\"resid_pdrop\": 0.1/' config.json",
                 "config.json", "\"resid_pdrop\"");
     bad_case_of("phi3", "phi3_pad", "sed -i '/\"pad_token_id\"/d' config.json", "config.json",
@@ -160,7 +160,7 @@ TEST(bad_directories)
              "\"weight_map\"");
     bad_case("pickle", "rm model-0000*.safetensors model.safetensors.index.json && touch pytorch_model.bin",
              "no model.safetensors", "pytorch_model.bin is PyTorch's pickle");
-    bad_case("rope", "sed -i 's/\"llama3\"/\"yarn\"/' config.json", "config.json", "rope_parameters.rope_type");
+    bad_case("rope", "sed -i 's/\"llama3\"/\"su\"/' config.json", "config.json", "rope_parameters.rope_type");
     bad_case("arch", "sed -i 's/LlamaForCausalLM/FooForCausalLM/' config.json", "config.json", "\"architectures\"");
     bad_case("vocab", "sed -i 's/\"vocab_size\": 128/\"vocab_size\": 100/' config.json", "config.json",
              "\"vocab_size\"");
@@ -317,6 +317,40 @@ TEST(gemma_save_hf_and_tp)
  * pad_token_id null written over Phi3Config's default 32000) evaluates to the run's own loss; --pp 2 gives one
  * process's losses; --tp 2 is refused, exit 2 naming the fused layers (each rank would need its own rows of
  * q, k and v). */
+/* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
+ * scaling's keys and evaluates to the run's own loss; a yarn beta_slow of -1 is refused naming the key. */
+TEST(yarn_save_hf)
+{
+    cli_result r;
+    char *d = edited_dir("llama", "llama_yarn", "cp '" HF "llama_yarn_config.json' config.json"), m[400], m2[400];
+    char *out = cli_path("llama_yarn_out"), cfg[400], text[4096] = "";
+    snprintf(m, sizeof m, "hf:%s", d);
+    cli_runv(&r, 120, NULL,
+             (char *[]){"train", "--model", m, "--data", "tokens:" HF "tokens.bin", "--val-data",
+                        "tokens:" HF "tokens.bin", "--seq", "16", "--batch", "2", "--max-steps", "3", "--optimizer",
+                        "adamw", "--lr", "1e-3", "--progress", "none", "--save-hf", out, NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    const double v = cli_out_value(r.out, "val loss: ");
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    FILE *f = fopen(cfg, "r");
+    ASSERT(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    const char *want[] = {"\"rope_type\":\t\"yarn\"", "\"factor\":\t4", "\"beta_fast\":\t2", "\"beta_slow\":\t0.5",
+                          "\"truncate\":\tfalse", "\"original_max_position_embeddings\":\t16"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ASSERT_STR_CONTAINS(text, want[i]);
+    snprintf(m2, sizeof m2, "hf:%s", out);
+    cli_runv(&r, 60, NULL,
+             (char *[]){"eval", "--model", m2, "--data", "tokens:" HF "tokens.bin", "--seq", "16", "--json", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    fprintf(stderr, "  yarn --save-hf: eval %.6f, the run's val loss %.4f\n", json_loss(r.out), v);
+    ASSERT_NEAR(json_loss(r.out), v, 6e-5, 0);
+    bad_case_of("llama", "llama_yarn_bad", "cp '" HF "llama_yarn_config.json' config.json && "
+                "sed -i 's/\"beta_slow\": 0.5/\"beta_slow\": -1/' config.json", "config.json",
+                "yarn's attention_factor (or mscale / mscale_all_dim), beta_fast and beta_slow must give positive");
+}
+
 /* Phi-4's shape: the export keeps partial_rotary_factor and the LongRoPE factors (the run's own loss again);
  * --pp 2 gives one process's losses, and so does --cp 2, whose ranks hold 8 of the 16 positions each (LongRoPE
  * takes the sequence's length, past the 8 original positions: the long factors, as one process). */
@@ -867,6 +901,7 @@ int main(void)
     RUN(gemma_save_hf_and_tp);
     RUN(phi3_save_hf_and_pp);
     RUN(phi4_save_hf_and_pp);
+    RUN(yarn_save_hf);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
