@@ -1,10 +1,10 @@
 /* Autoregressive generation from a GPT-2 or Llama zoo model (nanoGPT's
  * generate): for each new token, run the model on the last block_size
  * tokens of the sequence so far (no-grad, eval mode: dropout off), take the
- * last position's logits, divide by the temperature, keep the top k, the
- * top p (transformers' nucleus filter), min_p's and typical_p's tokens (its
- * processors first: a repetition penalty, the n-gram ban, the minimum
- * length), and pick
+ * last position's logits, divide by the temperature, keep top_h's, the
+ * top k, the top p (transformers' nucleus filter), min_p's, typical_p's and
+ * the epsilon and eta cutoffs' tokens (its processors first: a repetition
+ * penalty, the n-gram ban, the minimum length), and pick
  * greedily (temperature 0) or by sampling with a Philox draw keyed by
  * (seed, DT_RNG_USER, 0x67656e, token index): the same seed gives the
  * same text on any machine and thread count. In one process a key/value
@@ -111,6 +111,31 @@ static double min_p_filter(double *prob, int64_t V, float min_p)
     return sum;
 }
 
+/* transformers' EpsilonLogitsWarper (eta false) and EtaLogitsWarper (eta)
+ * on the weights prob[0..V) (sum: their sum): a token whose probability
+ * prob / sum is below the cutoff goes, the most likely (and those tied with
+ * it) stays; the cutoff is eps, or for eta min(eps, sqrt(eps) e^-H), H the
+ * entropy of those probabilities. The new sum. */
+static double cutoff_filter(double *prob, int64_t V, double sum, float eps, bool eta)
+{
+    double cut = (double)eps, mx = 0, kept = 0;
+    if (eta) {
+        double ent = 0;
+        for (int64_t j = 0; j < V; j++)
+            if (prob[j] > 0)
+                ent -= prob[j] / sum * log(prob[j] / sum);
+        cut = fmin(cut, sqrt(cut) * exp(-ent));
+    }
+    for (int64_t j = 0; j < V; j++)
+        mx = prob[j] > mx ? prob[j] : mx;
+    for (int64_t j = 0; j < V; j++) {
+        if (prob[j] / sum < cut && prob[j] < mx)
+            prob[j] = 0;
+        kept += prob[j];
+    }
+    return kept;
+}
+
 /* Nearest to the entropy first; equal ones by id, the smaller first. */
 static int by_shift(const void *a, const void *b)
 {
@@ -189,6 +214,48 @@ static const float *processed(const float *logits, int64_t V, const dt_generate_
     return work;
 }
 
+/* The k largest of logits[0..V) to s[0..k), largest first (s: room for V;
+ * a partial selection sort: k passes over V, k is small). */
+static void largest(const float *logits, int64_t V, int64_t k, double *s)
+{
+    for (int64_t j = 0; j < V; j++)
+        s[j] = logits[j];
+    for (int64_t i = 0; i < k; i++) { /* move the i-th largest to s[i] */
+        int64_t m = i;
+        for (int64_t j = i + 1; j < V; j++)
+            if (s[j] > s[m])
+                m = j;
+        double t = s[i];
+        s[i] = s[m], s[m] = t;
+    }
+}
+
+/* transformers' TopHLogitsWarper on logits[0..V) at temperature temp: of
+ * the n = min(100, V) largest, q their softmax (of logit / temp) and
+ * tau = top_h H(q); the most likely first, those whose running sum of
+ * -q log q stays within tau are kept (the first always): the smallest logit
+ * kept (s: room for V). */
+static double top_h_threshold(const float *logits, int64_t V, float temp, float top_h, double *s)
+{
+    const int64_t n = V < 100 ? V : 100;
+    largest(logits, V, n, s);
+    double z = 0, ent = 0, cum = 0;
+    for (int64_t i = 0; i < n; i++)
+        z += exp((s[i] - s[0]) / (double)temp);
+    for (int64_t i = 0; i < n; i++) {
+        const double q = exp((s[i] - s[0]) / (double)temp) / z;
+        ent -= q > 0 ? q * log(q) : 0;
+    }
+    int64_t c = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const double q = exp((s[i] - s[0]) / (double)temp) / z;
+        cum -= q > 0 ? q * log(q) : 0;
+        if (i > 0 && cum <= ent * (double)top_h)
+            c = i + 1;
+    }
+    return s[c - 1];
+}
+
 /* Index of the token chosen from logits[0..V) (prob, r: room for V). */
 static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p, int64_t step, double *prob,
                     ranked *r)
@@ -199,21 +266,12 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
             best = j;
     if (p->temperature <= 0.0f)
         return best;
-    /* threshold of the top k: the k-th largest logit (ties kept, as torch.topk + masking < v[-1]) */
-    double thr = -INFINITY;
+    /* top_h keeps a prefix of the tokens by likelihood, then top_k the k most likely of them: the smallest
+       logit kept by either (ties kept, as torch.topk + masking < v[-1]) */
+    double thr = p->top_h > 0.0f ? top_h_threshold(logits, V, p->temperature, p->top_h, prob) : -INFINITY;
     if (p->top_k > 0 && p->top_k < V) {
-        for (int64_t j = 0; j < V; j++)
-            prob[j] = logits[j];
-        double *s = prob; /* partial selection sort: k passes over V, k is small */
-        for (int64_t i = 0; i < p->top_k; i++) { /* move the i-th largest to s[i] */
-            int64_t m = i;
-            for (int64_t j = i + 1; j < V; j++)
-                if (s[j] > s[m])
-                    m = j;
-            double t = s[i];
-            s[i] = s[m], s[m] = t;
-        }
-        thr = s[p->top_k - 1];
+        largest(logits, V, p->top_k, prob);
+        thr = prob[p->top_k - 1] > thr ? prob[p->top_k - 1] : thr;
     }
     double mx = logits[best] / (double)p->temperature, sum = 0;
     for (int64_t j = 0; j < V; j++) {
@@ -227,6 +285,10 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
         sum = min_p_filter(prob, V, p->min_p);
     if (p->typical_p < 1.0f)
         sum = typical_filter(prob, V, sum, p->typical_p, r);
+    if (p->epsilon_cutoff > 0.0f)
+        sum = cutoff_filter(prob, V, sum, p->epsilon_cutoff, false);
+    if (p->eta_cutoff > 0.0f)
+        sum = cutoff_filter(prob, V, sum, p->eta_cutoff, true);
     double u = (double)dt_rng_uniform(dt_rng_key_make(p->seed, DT_RNG_USER, 0x67656e, 0), (uint64_t)step) * sum, c = 0;
     for (int64_t j = 0; j < V; j++) {
         c += prob[j];
@@ -282,6 +344,11 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
                         (double)p->top_p, (double)p->typical_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return dt_error(DT_ERR_INVALID_ARG, "%s: min_p %g is outside [0, 1] (0: off)", who, (double)p->min_p);
+    if (!(p->top_h >= 0.0f && p->top_h <= 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: top_h %g is outside [0, 1] (0: off)", who, (double)p->top_h);
+    if (!(p->epsilon_cutoff >= 0.0f && p->epsilon_cutoff < 1.0f) || !(p->eta_cutoff >= 0.0f && p->eta_cutoff < 1.0f))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: epsilon_cutoff %g or eta_cutoff %g is outside [0, 1) (0: off)", who,
+                        (double)p->epsilon_cutoff, (double)p->eta_cutoff);
     if (p->min_new_tokens < 0 || p->min_length < 0 || p->no_repeat_ngram_size < 0 || p->num_beams < 1)
         return dt_error(DT_ERR_INVALID_ARG, "%s: min_new_tokens %lld, min_length %lld, no_repeat_ngram_size %lld "
                         ">= 0 and num_beams %lld >= 1 please", who, (long long)p->min_new_tokens,

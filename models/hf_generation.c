@@ -79,9 +79,21 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
             else
                 r.st = dt_error(DT_ERR_FORMAT, "%s: key \"top_p\" must be in (0, 1]", path);
         }
-        g.min_p = 0.0f, g.typical_p = 1.0f;
+        g.min_p = 0.0f, g.typical_p = 1.0f, g.epsilon_cutoff = 0.0f, g.eta_cutoff = 0.0f;
         if (gen_num(&r, "min_p", 0, 1, false, &v))
             g.min_p = (float)v;
+        /* transformers adds the two warpers for values in (0, 1) only: 1 or more changes nothing */
+        if (gen_num(&r, "epsilon_cutoff", 0, 1e6, false, &v) && v < 1)
+            g.epsilon_cutoff = (float)v;
+        if (gen_num(&r, "eta_cutoff", 0, 1e6, false, &v) && v < 1)
+            g.eta_cutoff = (float)v;
+        g.top_h = 0.0f;
+        if (gen_num(&r, "top_h", 0, 1, false, &v)) {
+            if (v > 0) /* TopHLogitsWarper refuses 0 */
+                g.top_h = (float)v;
+            else
+                r.st = dt_error(DT_ERR_FORMAT, "%s: key \"top_h\" must be in (0, 1]", path);
+        }
         if (gen_num(&r, "typical_p", 0, 1, false, &v)) {
             if (v > 0) /* TypicalLogitsWarper refuses 0, and only runs below 1 */
                 g.typical_p = (float)v;
@@ -125,8 +137,7 @@ dt_status dt_hf_generation_config(const char *dir, dt_generate_params *gp, char 
         const char *key;
         double dflt;
         bool sampling; /* only with do_sample (transformers' warpers) */
-    } other[] = {{"penalty_alpha", 0, false}, {"epsilon_cutoff", 0, true}, {"eta_cutoff", 0, true},
-                 {"top_h", 0, true}};
+    } other[] = {{"penalty_alpha", 0, false}};
     for (size_t i = 0; r.st >= 0 && ignored && n && i < sizeof other / sizeof other[0]; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, other[i].key);
         if (other[i].sampling && !cJSON_IsTrue(ds))

@@ -54,13 +54,20 @@ static void usage(FILE *f)
                "                        another token\n");
     fprintf(f, "  --max-new-tokens N    tokens to generate at most (default 64)\n"
                "  --temperature X       0 = greedy (default 1)\n"
-               "  --top-k K             sample among the K most likely (default 0 = all)\n"
+               "  --top-h H             Top-H: of the 100 most likely, keep the most likely first while\n"
+               "                        their -p log p sum stays within H times the entropy (top_h;\n"
+               "                        default 0 = off)\n"
+               "  --top-k K             then sample among the K most likely (default 0 = all)\n"
                "  --top-p P             then among the most likely tokens that hold P of the probability\n"
                "                        (nucleus sampling, transformers' top_p; default 1 = all)\n"
                "  --min-p P             then drop the tokens less likely than P times the most likely\n"
                "                        (transformers' min_p; default 0 = off)\n"
                "  --typical-p P         then keep the tokens whose -log p is nearest the entropy until\n"
                "                        they hold P of the probability (typical_p; default 1 = off)\n"
+               "  --epsilon-cutoff E    then drop the tokens less likely than E, the most likely kept\n"
+               "                        (transformers' epsilon_cutoff; default 0 = off)\n"
+               "  --eta-cutoff E        then eta sampling: the same below min(E, sqrt(E) e^-entropy)\n"
+               "                        (eta_cutoff; default 0 = off)\n"
                "  --repetition-penalty X   divide the logit of every token already in the sequence by X\n"
                "                        (multiply where negative), greedy too (transformers'; default 1)\n"
                "  --eos-id ID[,ID...]|none   stop after generating one of these tokens (it is printed;\n"
@@ -78,10 +85,11 @@ static void usage(FILE *f)
                "                        bounding with max-new-tokens (never)\n"
                "  an hf:DIR model takes these defaults from DIR/generation_config.json (or config.json)\n"
                "  as transformers' generate() does: greedy unless do_sample is true (then its temperature,\n"
-               "  top_k (50 when absent), top_p, min_p and typical_p), its repetition_penalty, eos_token_id,\n"
+               "  top_h, top_k (50 when absent), top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff), its\n"
+               "  repetition_penalty, eos_token_id,\n"
                "  max_new_tokens, min_new_tokens (or min_length), no_repeat_ngram_size, num_beams,\n"
                "  length_penalty and early_stopping; the options given override them, and keys dtrain does\n"
-               "  not apply (penalty_alpha; epsilon_cutoff, eta_cutoff, top_h) are named on stderr\n"
+               "  not apply (penalty_alpha: contrastive search) are named on stderr\n"
                "  --sample-seed N       seed of the sampling draws (default 0)\n"
                "  --kv-cache on|off     keep the keys and values: the prompt runs once, then each new\n"
                "                        token alone (default on; off: a forward over the window per token)\n"
@@ -293,7 +301,8 @@ int dt_cmd_generate(int argc, char **argv)
     /* the options given: they override an hf:DIR model's generation_config.json */
     bool temp_given = false, topk_given = false, topp_given = false, eos_given = false, max_given = false,
          pen_given = false, minnew_given = false, ngram_given = false, beams_given = false, lenpen_given = false,
-         early_given = false, minp_given = false, typp_given = false, stream = false;
+         early_given = false, minp_given = false, typp_given = false, eps_given = false, eta_given = false,
+         toph_given = false, stream = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -340,6 +349,11 @@ int dt_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--kv-cache")) {
             if (on_off(a, v, &gp.kv_cache) < 0)
                 return 2;
+        } else if (!strcmp(a, "--top-h")) {
+            if (dt_parse_double(a, v, 0, 1, &d) < 0)
+                return bad();
+            gp.top_h = (float)d;
+            toph_given = true;
         } else if (!strcmp(a, "--top-k")) {
             if (dt_parse_int(a, v, 0, 100000000, &gp.top_k) < 0)
                 return bad();
@@ -359,6 +373,15 @@ int dt_cmd_generate(int argc, char **argv)
                 return 2;
             gp.typical_p = (float)d;
             typp_given = true;
+        } else if (!strcmp(a, "--epsilon-cutoff") || !strcmp(a, "--eta-cutoff")) {
+            if (dt_parse_double(a, v, 0, 1, &d) < 0)
+                return bad();
+            if (d >= 1) {
+                dt__cli_err("dtrain generate: %s %s: want 0 <= E < 1 (0: off)\n", a, v);
+                return 2;
+            }
+            *(a[2] == 'e' && a[3] == 'p' ? &gp.epsilon_cutoff : &gp.eta_cutoff) = (float)d;
+            *(a[2] == 'e' && a[3] == 'p' ? &eps_given : &eta_given) = true;
         } else if (!strcmp(a, "--repetition-penalty")) {
             if (positive(a, v, 1e6, "X > 0 (1: none)", &d) < 0)
                 return 2;
@@ -585,6 +608,12 @@ int dt_cmd_generate(int argc, char **argv)
             gp.min_p = hg.min_p;
         if (!typp_given)
             gp.typical_p = hg.typical_p;
+        if (!eps_given)
+            gp.epsilon_cutoff = hg.epsilon_cutoff;
+        if (!toph_given)
+            gp.top_h = hg.top_h;
+        if (!eta_given)
+            gp.eta_cutoff = hg.eta_cutoff;
         if (!max_given)
             gp.max_new_tokens = hg.max_new_tokens;
         if (!pen_given)
@@ -605,8 +634,10 @@ int dt_cmd_generate(int argc, char **argv)
         }
         if (ignored[0])
             dt__cli_err("dtrain generate: note: %s's generation settings %s are not applied (dtrain generate "
-                        "applies the repetition penalty, the n-gram ban, the minimum length, temperature, top-k, "
-                        "top-p, min-p, typical-p, stop tokens and beam search)\n", model + 3, ignored);
+                        "applies the repetition penalty, the n-gram ban, the minimum length, temperature, top-h, "
+                        "top-k, top-p, min-p, typical-p, the epsilon and eta cutoffs, stop tokens and beam "
+                        "search)\n",
+                        model + 3, ignored);
     }
     int64_t n = 0, total = np + gp.max_new_tokens;
     out = malloc((size_t)total * sizeof *out);

@@ -69,6 +69,10 @@ typedef enum dt_early_stopping {
 typedef struct dt_generate_params {
     int64_t max_new_tokens; /* tokens to add; default 64 */
     float temperature;      /* logits are divided by it; 0 = greedy (argmax); default 1 */
+    float top_h;            /* Top-H, before top_k (transformers' TopHLogitsWarper): of the 100 most likely
+                               tokens (q their probabilities among them, H their entropy), the most likely
+                               first while the running sum of -q log q stays within top_h H (the first
+                               always); in [0, 1], 0 = off (default). Greedy ignores it */
     int64_t top_k;          /* sample among the k most likely tokens (ties at the k-th kept); 0 = all;
                                default 0 */
     float top_p;            /* nucleus sampling, after top_k (transformers' TopPLogitsWarper): the tokens
@@ -83,6 +87,12 @@ typedef struct dt_generate_params {
                                first, kept until they hold typical_p of the probability (the first
                                one that reaches it included, as are those as near as it); in (0, 1],
                                1 = off (default). Greedy ignores it */
+    float epsilon_cutoff;   /* after typical_p (EpsilonLogitsWarper): a token whose probability (of what
+                               the filters before left) is below it is dropped, the most likely kept;
+                               in [0, 1), 0 = off (default). Greedy ignores it */
+    float eta_cutoff;       /* then eta sampling (EtaLogitsWarper): the same with the cutoff
+                               min(eta_cutoff, sqrt(eta_cutoff) exp(-H)), H the entropy of those
+                               probabilities; in [0, 1), 0 = off (default). Greedy ignores it */
     float repetition_penalty; /* transformers' repetition_penalty: before everything else, the logit of
                                  every token already in the sequence (prompt included, each once) is
                                  divided by it where positive and multiplied where negative (greedy
@@ -138,7 +148,7 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * neither, or num_beams > 1 with temperature > 0 (beam sampling) or under
  * the pipe strategy; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
  * DT_ERR_INVALID_ARG for a top_p or typical_p outside (0, 1], a min_p
- * outside [0, 1], a repetition_penalty
+ * or top_h outside [0, 1], an epsilon_cutoff or eta_cutoff outside [0, 1), a repetition_penalty
  * not > 0, n_eos outside [0, DT_GENERATE_MAX_EOS], a negative
  * min_new_tokens, min_length or no_repeat_ngram_size, num_beams < 1, a
  * length_penalty that is not finite or an early_stopping outside the enum;
@@ -152,9 +162,12 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
 /* The generation settings of Hugging Face model directory dir, as
  * transformers' generate() takes them: from dir/generation_config.json, or
  * when it is absent from dir/config.json's same keys. do_sample false or
- * absent: greedy (temperature 0; top_k, top_p, min_p and typical_p left
- * as gp has them); true: temperature (default 1), top_k (default 50),
- * top_p (default 1), min_p (default none: 0) and typical_p (default 1).
+ * absent: greedy (temperature 0; top_k, top_p, min_p, typical_p and the
+ * cutoffs left as gp has them); true: temperature (default 1), top_k
+ * (default 50), top_p (default 1), min_p (default none: 0), typical_p
+ * (default 1), epsilon_cutoff and eta_cutoff (default 0; transformers
+ * applies them only below 1: 1 or more leaves them off) and top_h (default
+ * none: 0; in (0, 1]).
  * repetition_penalty (default 1) either way, and min_new_tokens (it wins
  * over min_length, as in transformers), min_length, no_repeat_ngram_size,
  * num_beams, length_penalty and early_stopping (true, false or "never"),
@@ -163,7 +176,7 @@ DT_API dt_status dt_model_generate(dt_model *m, const dt_generate_params *gp, co
  * or null: none; a longer list is DT_ERR_UNSUPPORTED) sets eos_ids and n_eos; max_new_tokens, when given, sets
  * max_new_tokens. seed and kv_cache are not touched. Keys that change the
  * decoding in ways dt_model_generate does not implement (penalty_alpha:
- * contrastive search; epsilon_cutoff, eta_cutoff and top_h with do_sample) are
+ * contrastive search) are
  * not refused: they are named in ignored[0, n) ("" when none; may be NULL)
  * for the caller to say so. DT_ERR_FORMAT naming the file and the key for
  * a malformed value, DT_ERR_NOT_FOUND when dir has neither file. */

@@ -48,9 +48,11 @@ static void last_logits(dt_model *m, const int64_t *prompt, int64_t np, float *o
  * TypicalLogitsWarper), written from their definitions: min_p keeps a token at least min_p times as likely as
  * the most likely one; typical_p ranks the tokens left by |-log q - H| (q their renormalised probabilities, H
  * the entropy; ties by id), counts c, the tokens whose cumulative q, in rank order, stays below typical_p, and
- * keeps every token ranked no farther than the (c+1)-th. */
-static int64_t ref_pick(const float *logits, float temp, float top_p, float min_p, float typical, uint64_t seed,
-                        int *kept)
+ * keeps every token ranked no farther than the (c+1)-th; then epsilon_cutoff and eta_cutoff (EpsilonLogitsWarper,
+ * EtaLogitsWarper): a token whose q is below the cutoff goes unless it is the most likely, the cutoff eps, or
+ * min(eta, sqrt(eta) e^-H) with H the entropy of the q left. */
+static int64_t ref_pick(const float *logits, float temp, float top_p, float min_p, float typical, float eps,
+                        float eta, uint64_t seed, int *kept)
 {
     static double p[V], shift[V], before[V];
     static bool keep[V];
@@ -102,6 +104,24 @@ static int64_t ref_pick(const float *logits, float temp, float top_p, float min_
             ksum += keep[j] ? p[j] : 0;
         }
     }
+    for (int pass = 0; pass < 2; pass++) {
+        const double e = pass ? eta : eps;
+        if (e <= 0)
+            continue;
+        double cut = e, top = 0, ent = 0, left = 0;
+        for (int j = 0; j < V; j++)
+            if (keep[j]) {
+                top = fmax(top, p[j]);
+                ent -= p[j] / ksum * log(p[j] / ksum);
+            }
+        if (pass)
+            cut = fmin(e, sqrt(e) * exp(-ent));
+        for (int j = 0; j < V; j++) {
+            keep[j] = keep[j] && (p[j] / ksum >= cut || p[j] >= top);
+            left += keep[j] ? p[j] : 0;
+        }
+        ksum = left;
+    }
     *kept = 0;
     for (int j = 0; j < V; j++)
         *kept += keep[j];
@@ -131,7 +151,7 @@ TEST(top_p_against_the_reference)
             ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
             ASSERT_EQ_INT(n, 4);
             int kept = 0;
-            int64_t want = ref_pick(lg, 0.7f, tps[t], 0.0f, 1.0f, seed, &kept);
+            int64_t want = ref_pick(lg, 0.7f, tps[t], 0.0f, 1.0f, 0.0f, 0.0f, seed, &kept);
             if (out[3] != want)
                 fprintf(stderr, "  top_p %g seed %llu: got %lld, the reference %lld\n", (double)tps[t],
                         (unsigned long long)seed, (long long)out[3], (long long)want);
@@ -177,7 +197,8 @@ TEST(min_p_and_typical_p_against_the_reference)
             int64_t out[8], n = 0;
             ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
             ASSERT_EQ_INT(n, 4);
-            int64_t want = ref_pick(lg, 0.7f, cases[t].top_p, cases[t].min_p, cases[t].typical, seed, &kept[t]);
+            int64_t want = ref_pick(lg, 0.7f, cases[t].top_p, cases[t].min_p, cases[t].typical, 0.0f, 0.0f, seed,
+                                    &kept[t]);
             if (out[3] != want)
                 fprintf(stderr, "  top_p %g min_p %g typical_p %g seed %llu: got %lld, the reference %lld\n",
                         (double)cases[t].top_p, (double)cases[t].min_p, (double)cases[t].typical,
@@ -198,6 +219,140 @@ TEST(min_p_and_typical_p_against_the_reference)
         gp.min_p = bad[i][0], gp.typical_p = bad[i][1];
         int64_t out[8], n = 0;
         ASSERT_STATUS(dt_model_generate(m, &gp, prompt, 3, out, 8, &n), DT_ERR_INVALID_ARG);
+    }
+    dt_model_free(m);
+}
+
+/* epsilon_cutoff and eta_cutoff, alone and after min_p and typical_p, against the reference (30 seeds each);
+ * a larger cutoff keeps fewer tokens, the most likely always stays; out of [0, 1): refused. */
+TEST(epsilon_and_eta_cutoffs_against_the_reference)
+{
+    dt_model *m = t_gen_model();
+    ASSERT(m);
+    const int64_t prompt[3] = {17, 301, 44};
+    float lg[V];
+    last_logits(m, prompt, 3, lg);
+    const struct {
+        float min_p, typical, eps, eta;
+    } cases[] = {{0.0f, 1.0f, 0.002f, 0.0f}, {0.0f, 1.0f, 0.02f, 0.0f}, {0.0f, 1.0f, 0.0f, 0.003f},
+                 {0.0f, 1.0f, 0.0f, 0.3f},   {0.01f, 0.9f, 0.004f, 0.05f}, {0.0f, 1.0f, 0.99f, 0.0f}};
+    int kept[6] = {0};
+    for (int t = 0; t < 6; t++) {
+        for (uint64_t seed = 0; seed < 30; seed++) {
+            dt_generate_params gp = dt_generate_params_default();
+            gp.temperature = 0.7f, gp.min_p = cases[t].min_p, gp.typical_p = cases[t].typical;
+            gp.epsilon_cutoff = cases[t].eps, gp.eta_cutoff = cases[t].eta, gp.seed = seed, gp.max_new_tokens = 1;
+            int64_t out[8], n = 0;
+            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
+            ASSERT_EQ_INT(n, 4);
+            int64_t want = ref_pick(lg, 0.7f, 1.0f, cases[t].min_p, cases[t].typical, cases[t].eps, cases[t].eta,
+                                    seed, &kept[t]);
+            if (out[3] != want)
+                fprintf(stderr, "  min_p %g typical_p %g epsilon %g eta %g seed %llu: got %lld, the reference %lld\n",
+                        (double)cases[t].min_p, (double)cases[t].typical, (double)cases[t].eps,
+                        (double)cases[t].eta, (unsigned long long)seed, (long long)out[3], (long long)want);
+            ASSERT_EQ_INT(out[3], want);
+        }
+        fprintf(stderr, "  min_p %.2f typical_p %.2f epsilon %.3f eta %.3f: %d tokens kept\n", (double)cases[t].min_p,
+                (double)cases[t].typical, (double)cases[t].eps, (double)cases[t].eta, kept[t]);
+    }
+    ASSERT(kept[1] >= 1 && kept[1] < kept[0] && kept[0] < V);
+    ASSERT(kept[3] >= 1 && kept[3] < kept[2] && kept[2] < V);
+    ASSERT_EQ_INT(kept[5], 1); /* nothing is that likely: the most likely alone */
+    const float bad[][2] = {{-0.1f, 0.0f}, {1.0f, 0.0f}, {NAN, 0.0f}, {0.0f, 1.0f}, {0.0f, -1e-3f}, {0.0f, NAN}};
+    for (int i = 0; i < 6; i++) {
+        dt_generate_params gp = dt_generate_params_default();
+        gp.epsilon_cutoff = bad[i][0], gp.eta_cutoff = bad[i][1];
+        int64_t out[8], n = 0;
+        ASSERT_STATUS(dt_model_generate(m, &gp, prompt, 3, out, 8, &n), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "epsilon_cutoff");
+    }
+    dt_model_free(m);
+}
+
+/* Top-H (transformers' TopHLogitsWarper), written from its definition: of the 100 largest logits (ties by id),
+ * q their softmax at the temperature, H its entropy; the first c of them kept, c the number whose running sum of
+ * -q log q stays within top_h H (at least 1); with top_k, the first min(c, k). The documented draw over them. */
+static int64_t ref_top_h(const float *logits, float temp, float top_h, int64_t top_k, uint64_t seed, int *kept)
+{
+    static int order[V];
+    for (int j = 0; j < V; j++)
+        order[j] = j;
+    for (int i = 0; i < V; i++) /* insertion sort, largest first, ties by id */
+        for (int j = i; j > 0 && logits[order[j]] > logits[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    const int n = V < 100 ? V : 100;
+    const double top = logits[order[0]] / (double)temp;
+    double z = 0, ent = 0, cum = 0;
+    for (int i = 0; i < n; i++)
+        z += exp(logits[order[i]] / (double)temp - top);
+    for (int i = 0; i < n; i++) {
+        double q = exp(logits[order[i]] / (double)temp - top) / z;
+        ent -= q * log(q);
+    }
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        double q = exp(logits[order[i]] / (double)temp - top) / z;
+        cum -= q * log(q);
+        c += i == 0 || cum <= top_h * ent;
+    }
+    if (top_k > 0 && top_k < c)
+        c = (int)top_k;
+    *kept = c;
+    static bool keep[V];
+    memset(keep, 0, sizeof keep);
+    double sum = 0;
+    for (int i = 0; i < c; i++)
+        keep[order[i]] = true, sum += exp(logits[order[i]] / (double)temp - top);
+    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * sum, acc = 0;
+    for (int j = 0; j < V; j++)
+        if (keep[j] && u < (acc += exp(logits[j] / (double)temp - top)))
+            return j;
+    return -1;
+}
+
+/* top_h alone and before top_k against the reference (30 seeds each); a larger top_h keeps more; out of
+ * [0, 1]: refused. */
+TEST(top_h_against_the_reference)
+{
+    dt_model *m = t_gen_model();
+    ASSERT(m);
+    const int64_t prompt[3] = {17, 301, 44};
+    float lg[V];
+    last_logits(m, prompt, 3, lg);
+    const struct {
+        float top_h;
+        int64_t top_k;
+    } cases[] = {{0.1f, 0}, {0.4f, 0}, {0.8f, 0}, {1.0f, 0}, {0.8f, 3}};
+    int kept[5] = {0};
+    for (int t = 0; t < 5; t++) {
+        for (uint64_t seed = 0; seed < 30; seed++) {
+            dt_generate_params gp = dt_generate_params_default();
+            gp.temperature = 0.7f, gp.top_h = cases[t].top_h, gp.top_k = cases[t].top_k, gp.seed = seed;
+            gp.max_new_tokens = 1;
+            int64_t out[8], n = 0;
+            ASSERT_OK(dt_model_generate(m, &gp, prompt, 3, out, 8, &n));
+            int64_t want = ref_top_h(lg, 0.7f, cases[t].top_h, cases[t].top_k, seed, &kept[t]);
+            if (out[3] != want)
+                fprintf(stderr, "  top_h %g top_k %lld seed %llu: got %lld, the reference %lld\n",
+                        (double)cases[t].top_h, (long long)cases[t].top_k, (unsigned long long)seed,
+                        (long long)out[3], (long long)want);
+            ASSERT_EQ_INT(out[3], want);
+        }
+        fprintf(stderr, "  top_h %.1f top_k %lld: %d tokens kept\n", (double)cases[t].top_h,
+                (long long)cases[t].top_k, kept[t]);
+    }
+    ASSERT(kept[0] >= 1 && kept[0] < kept[1] && kept[1] < kept[2] && kept[2] <= kept[3] && kept[3] <= 100);
+    ASSERT_EQ_INT(kept[4], 3);
+    const float bad[] = {-0.1f, 1.5f, NAN};
+    for (int i = 0; i < 3; i++) {
+        dt_generate_params gp = dt_generate_params_default();
+        gp.top_h = bad[i];
+        int64_t out[8], n = 0;
+        ASSERT_STATUS(dt_model_generate(m, &gp, prompt, 3, out, 8, &n), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "top_h");
     }
     dt_model_free(m);
 }
@@ -475,12 +630,14 @@ TEST(hf_generation_config)
     ASSERT_STR_EQ(ign, ""); /* num_beams 1 changes nothing */
     ASSERT(gp.num_beams == 1 && gp.no_repeat_ngram_size == 0 && gp.min_new_tokens == 0 && gp.min_length == 0);
     ASSERT(gp.min_p == 0.0f && gp.typical_p == 1.0f); /* absent under do_sample: off */
-    /* do_sample's min_p and typical_p; keys dtrain does not apply are named (the warpers' only with do_sample) */
+    /* do_sample's min_p, typical_p and cutoffs (1 or more: no warper, as transformers); keys dtrain does not
+       apply are named (the warpers' only with do_sample) */
     write_file(dir, "generation_config.json", "{\"do_sample\": true, \"min_p\": 0.05, \"typical_p\": 0.8, "
-               "\"epsilon_cutoff\": 0.0003, \"penalty_alpha\": 0.6}");
+               "\"epsilon_cutoff\": 0.0003, \"eta_cutoff\": 1.5, \"top_h\": 0.4, \"penalty_alpha\": 0.6}");
     ASSERT_OK(dt_hf_generation_config(dir, &gp, ign, sizeof ign));
     ASSERT(fabsf(gp.min_p - 0.05f) < 1e-7f && fabsf(gp.typical_p - 0.8f) < 1e-7f);
-    ASSERT_STR_EQ(ign, "penalty_alpha 0.6, epsilon_cutoff 0.0003");
+    ASSERT(fabsf(gp.epsilon_cutoff - 0.0003f) < 1e-10f && gp.eta_cutoff == 0.0f && fabsf(gp.top_h - 0.4f) < 1e-7f);
+    ASSERT_STR_EQ(ign, "penalty_alpha 0.6");
     write_file(dir, "generation_config.json", "{\"num_beams\": 4, \"no_repeat_ngram_size\": 3, \"min_length\": 7, "
                "\"length_penalty\": 0.5, \"early_stopping\": \"never\", \"typical_p\": 0.5, "
                "\"epsilon_cutoff\": 0.0003, \"penalty_alpha\": 0.6}");
@@ -512,6 +669,8 @@ TEST(hf_generation_config)
                             {"{\"no_repeat_ngram_size\": -2}", "no_repeat_ngram_size"},
                             {"{\"length_penalty\": \"long\"}", "length_penalty"},
                             {"{\"early_stopping\": \"sometimes\"}", "early_stopping"},
+                            {"{\"do_sample\": true, \"eta_cutoff\": -0.1}", "eta_cutoff"},
+                            {"{\"do_sample\": true, \"top_h\": 0}", "top_h"},
                             {"[1, 2]", "not a JSON object"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(dir, "generation_config.json", bad[i][0]);
@@ -529,6 +688,8 @@ int main(void)
 {
     RUN(top_p_against_the_reference);
     RUN(min_p_and_typical_p_against_the_reference);
+    RUN(epsilon_and_eta_cutoffs_against_the_reference);
+    RUN(top_h_against_the_reference);
     RUN(stop_tokens);
     RUN(repetition_penalty_against_the_reference);
     RUN(logits_processors);

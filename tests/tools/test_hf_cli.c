@@ -497,11 +497,15 @@ TEST(generation_config)
     /* do_sample with settings dtrain does not apply: named on stderr */
     snprintf(m, sizeof m, "hf:%s",
              bad_dir("sample", "printf '{\"do_sample\": true, \"top_k\": 5, \"typical_p\": 0.5, "
-                               "\"epsilon_cutoff\": 0.001}' > generation_config.json"));
+                               "\"epsilon_cutoff\": 0.001, \"top_h\": 0.3, \"penalty_alpha\": 0.6}' > "
+                               "generation_config.json"));
     gen_ids(&r, m, (char *[]){NULL});
     ASSERT_EQ_INT(r.code, 0);
-    ASSERT_STR_CONTAINS(r.err, "epsilon_cutoff 0.001 are not applied");
-    ASSERT(!strstr(r.err, "typical_p")); /* applied */
+    ASSERT_STR_CONTAINS(r.err, "penalty_alpha 0.6 are not applied");
+    ASSERT(!strstr(r.err, "typical_p") && !strstr(r.err, "epsilon_cutoff") && !strstr(r.err, "top_h")); /* applied */
+    gen_ids(&r, m, (char *[]){"--eta-cutoff", "1", NULL});
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "--eta-cutoff 1: want 0 <= E < 1");
     gen_ids(&r, m, (char *[]){"--temperature", "0", NULL});
     ASSERT_STR_EQ(r.out, greedy);
     snprintf(m, sizeof m, "hf:%s", bad_dir("badgen", "printf '{\"do_sample\": true, \"top_p\": 2}' > "
