@@ -54,6 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     } else if (!(g.temperature >= 0 && g.temperature <= 1e6) || g.top_k < 0 || !(g.top_p > 0 && g.top_p <= 1) ||
                !(g.min_p >= 0 && g.min_p <= 1) || !(g.typical_p > 0 && g.typical_p <= 1) ||
+               !(g.top_h >= 0 && g.top_h <= 1) || !(g.epsilon_cutoff >= 0 && g.epsilon_cutoff < 1) ||
+               !(g.eta_cutoff >= 0 && g.eta_cutoff < 1) ||
                !(g.repetition_penalty > 0 && g.repetition_penalty <= 1e6) || g.max_new_tokens < 0 || g.n_eos < 0 ||
                g.n_eos > DT_GENERATE_MAX_EOS || strlen(ign) >= sizeof ign) {
         abort(); /* what the reader returns, dt_model_generate takes */
