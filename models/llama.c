@@ -46,7 +46,10 @@
  * row-parallel (the rank's in/t columns; a bias whole, added once after
  * the reduction). The attention's input goes through f once, its output
  * through g once (o_proj), the MLP's alike: one all-reduce each way per
- * half-block. Rank r computes query heads [r H/t, (r + 1) H/t) and
+ * half-block. Phi-3's qkv_proj and gate_up_proj are column-parallel per
+ * block: the rank holds its rows of q, of k and of v (of gate and of up),
+ * side by side (dt_nn_param_spec.tp_chunk_rows: H hd, KV hd, KV hd).
+ * Rank r computes query heads [r H/t, (r + 1) H/t) and
  * key/value heads [r KV/t, (r + 1) KV/t): query head h reads kv head
  * h / (H / KV), which is the rank's, so GQA and RoPE run per local head
  * unchanged (H and KV divisible by t, else DT_ERR_INVALID_ARG naming the
@@ -107,16 +110,21 @@ static dt_tensor *row_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 }
 
 /* A Linear [out, in] split over tp along out (column) or in (row), init
- * N(0, std), biases 0. */
-static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float std, bool column)
+ * N(0, std), biases 0. rows (a column layer whose output is nrows blocks,
+ * Phi-3's q | k | v and gate | up; NULL: one): each block's size, each
+ * split over the ranks (the rank's slice of each, side by side). */
+static dt_module *tp_linear(dt_pg *tp, int64_t in, int64_t out, bool bias, float std, bool column,
+                            const int64_t *rows, int nrows)
 {
     const int64_t t = dt_pg_size(tp);
     dt_nn_param_spec s[2] = {
         {.name = "weight", .ndim = 2, .shape = {column ? out / t : out, column ? in : in / t},
-         .init = DT_NN_INIT_NORMAL, .a = std, .tp_dim = column ? 1 : 2},
+         .init = DT_NN_INIT_NORMAL, .a = std, .tp_dim = column ? 1 : 2, .tp_chunks = rows ? nrows : 0},
         {.name = "bias", .ndim = 1, .shape = {column ? out / t : out}, .init = DT_NN_INIT_ZEROS,
-         .tp_dim = column ? 1 : 0},
+         .tp_dim = column ? 1 : 0, .tp_chunks = rows ? nrows : 0},
     };
+    for (int k = 0; rows && k < nrows && k < DT_TP_MAX_CHUNKS; k++)
+        s[0].tp_chunk_rows[k] = s[1].tp_chunk_rows[k] = rows[k];
     dt_module *m = dt_nn_custom(column ? "LlamaColumnParallelLinear" : "LlamaRowParallelLinear", bias ? 2 : 1, s,
                                 column ? col_forward : row_forward, tp);
     if (m && (dt_tp_module_set_group(m, tp) < 0 || dt_tp_lora_linear(m, tp, in, out, column, true) < 0)) {
@@ -158,11 +166,12 @@ static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_pg *tp, float eps, 
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
-    const int t = tp_size_of(child(self, "q_proj")); /* the rank's heads */
+    const int t = tp_size_of(child(self, rt->c.fused ? "qkv_proj" : "q_proj")); /* the rank's heads */
     const int H = (int)rt->c.num_attention_heads / t, KV = (int)rt->c.num_key_value_heads / t;
     dt_tensor *q, *k, *v;
-    if (rt->c.fused) { /* Phi-3: q | k | v from qkv_proj's columns */
+    if (rt->c.fused) { /* Phi-3: q | k | v from qkv_proj's columns (the rank's heads of each) */
         const int64_t hd = rt->c.head_dim;
+        x = enter(ctx, child(self, "qkv_proj"), x);
         dt_tensor *qkv = dt_module_forward(ctx, child(self, "qkv_proj"), x);
         q = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, 0, H * hd));
         k = dt_contiguous(ctx, dt_narrow(ctx, qkv, 2, H * hd, KV * hd));
@@ -213,8 +222,9 @@ static dt_tensor *mlp_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *
 {
     const llama_rt *rt = ud;
     dt_tensor *g, *u;
-    if (rt->c.fused) { /* Phi-3: gate | up from gate_up_proj's columns */
-        const int64_t I = rt->c.intermediate_size;
+    if (rt->c.fused) { /* Phi-3: gate | up from gate_up_proj's columns (the rank's share of each) */
+        const int64_t I = rt->c.intermediate_size / tp_size_of(child(self, "gate_up_proj"));
+        x = enter(ctx, child(self, "gate_up_proj"), x);
         dt_tensor *gu = dt_module_forward(ctx, child(self, "gate_up_proj"), x);
         g = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, 0, I));
         u = dt_contiguous(ctx, dt_narrow(ctx, gu, 2, I, I));
@@ -390,7 +400,18 @@ static dt_module *linear(int64_t in, int64_t out, bool bias, float std)
 /* A Linear of the block: plain, or column-/row-parallel over tp. */
 static dt_module *proj(dt_pg *tp, int64_t in, int64_t out, bool bias, float std, bool column)
 {
-    return tp ? tp_linear(tp, in, out, bias, std, column) : linear(in, out, bias, std);
+    return tp ? tp_linear(tp, in, out, bias, std, column, NULL, 0) : linear(in, out, bias, std);
+}
+
+/* Phi-3's fused column projection (qkv_proj, gate_up_proj): its output is
+ * nrows blocks of the given sizes; under tp each rank holds its slice of
+ * each. */
+static dt_module *fused_proj(dt_pg *tp, int64_t in, const int64_t *rows, int nrows, float std)
+{
+    int64_t out = 0;
+    for (int k = 0; k < nrows; k++)
+        out += rows[k];
+    return tp ? tp_linear(tp, in, out, false, std, true, rows, nrows) : linear(in, out, false, std);
 }
 
 static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
@@ -404,10 +425,11 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
     if (c->fused) { /* Phi-3, in Phi3Attention's and Phi3MLP's order (o_proj first) */
-        ok = add(attn, "o_proj", linear(H * hd, C, false, std), ok);
-        ok = add(attn, "qkv_proj", linear(C, (H + 2 * KV) * hd, false, std), ok);
-        ok = add(mlp, "gate_up_proj", linear(C, 2 * I, false, std), ok);
-        ok = add(mlp, "down_proj", linear(I, C, false, std), ok);
+        const int64_t qkv[3] = {H * hd, KV * hd, KV * hd}, gu[2] = {I, I};
+        ok = add(attn, "o_proj", proj(tp, H * hd, C, false, std, false), ok);
+        ok = add(attn, "qkv_proj", fused_proj(tp, C, qkv, 3, std), ok);
+        ok = add(mlp, "gate_up_proj", fused_proj(tp, C, gu, 2, std), ok);
+        ok = add(mlp, "down_proj", proj(tp, I, C, false, std, false), ok);
     } else {
         ok = add(attn, "q_proj", proj(tp, C, H * hd, ab, std, true), ok);
         ok = add(attn, "k_proj", proj(tp, C, KV * hd, ab, std, true), ok);
@@ -630,9 +652,6 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");
-    if (tp && lc->fused)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: Phi-3's fused qkv_proj and gate_up_proj are not split for tensor "
-                        "parallelism yet (each rank would need its own rows of q, k and v, and of gate and up)");
     if (tp) {
         const int t = dt_pg_size(tp);
         const struct {

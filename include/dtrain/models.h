@@ -242,7 +242,7 @@ typedef struct dt_llama_config {
     bool fused;                       /* Phi-3 (Phi3ForCausalLM): q, k and v are one Linear self_attn.qkv_proj
                                          ([(H + 2 KV) hd, C]: q's rows, then k's, then v's) and gate and up
                                          one mlp.gate_up_proj ([2 I, C]: gate's rows, then up's); no biases;
-                                         not under tensor parallelism (DT_ERR_UNSUPPORTED) */
+                                         under tensor parallelism each rank holds its rows of each */
     int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
                                          sliding_window positions): the model's forward takes sequences of
                                          at most that many tokens, where it is the causal attention;

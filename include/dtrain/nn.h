@@ -178,6 +178,9 @@ typedef enum {
     DT_NN_INIT_XAVIER,    /* U(+-sqrt(6/(fan_in+fan_out))), 2-D [fan_in, fan_out] (Paddle's default) */
 } dt_nn_init;
 
+/* The most blocks a tensor-parallel parameter's slicing has (dt_nn_param_spec.tp_chunks). */
+#define DT_TP_MAX_CHUNKS 4
+
 typedef struct dt_nn_param_spec {
     const char *name;                /* "weight", "w0"; copied */
     int ndim;                        /* 1..DT_MAX_DIMS */
@@ -196,6 +199,10 @@ typedef struct dt_nn_param_spec {
     int tp_chunks;                   /* with tp_dim: dim d of the full tensor is tp_chunks equal
                                         blocks (GPT-2's c_attn: q | k | v, 3) and the rank holds
                                         its slice of each, side by side; 0 or 1 = one block */
+    int64_t tp_chunk_rows[DT_TP_MAX_CHUNKS]; /* with tp_chunks (<= DT_TP_MAX_CHUNKS) blocks of
+                                        different sizes: each one's size along dim d in the full
+                                        tensor, a multiple of the ranks (Phi-3's qkv_proj with
+                                        fewer kv heads: H hd, KV hd, KV hd); all 0 = equal blocks */
     bool has_padding_row;            /* true: row padding_row (along dim 0) is zero after the
                                         init, whatever the init draws (nn.Embedding's padding_idx:
                                         the draws are the same, the row is zeroed after them);
@@ -496,6 +503,8 @@ typedef struct dt_lora_hook {
     int64_t in, out;           /* the full layer's features */
     int split;                 /* 1: output rows sliced, 2: input columns sliced */
     int ranks, chunks;         /* the slicing: ranks >= 1, chunks >= 1 (0 = 1) */
+    int64_t chunk_rows[DT_TP_MAX_CHUNKS]; /* the chunks' full sizes when they differ (all 0: equal;
+                                             dt_nn_param_spec.tp_chunk_rows) */
     bool weight_in_out;        /* the base weight is [in, out] (GPT-2's Conv1D: PEFT's fan_in_fan_out) */
     struct dt_pg *group;       /* the adapters' tensor-parallel group (borrowed) */
     int flags;                 /* the forward's own (not read by nn) */
@@ -667,6 +676,7 @@ typedef struct dt_param_info {
                                       PyTorch's state_dict, stored and optimised once */
     dt_module *module;             /* owner */
     int tp_dim, tp_chunks;         /* its spec's tensor-parallel slicing (dt_nn_param_spec) */
+    int64_t tp_chunk_rows[DT_TP_MAX_CHUNKS]; /* its spec's (all 0: equal blocks) */
 } dt_param_info;
 
 /* Number of entries (parameters and buffers). */

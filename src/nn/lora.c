@@ -140,8 +140,15 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     a_in = in, b_out = out;
     if (h) {
         const int64_t t = h->ranks, c = h->chunks > 1 ? h->chunks : 1;
-        if (t < 1 || (h->split != 1 && h->split != 2) || !h->fwd || (h->split == 1 && out % (t * c)) ||
-            (h->split == 2 && in % t))
+        bool rows_ok = c <= DT_TP_MAX_CHUNKS; /* given chunk sizes: each split evenly, out in all */
+        int64_t rows = 0;
+        for (int k = 0; h->chunk_rows[0] > 0 && k < c && rows_ok; k++) {
+            rows_ok = t >= 1 && h->chunk_rows[k] > 0 && h->chunk_rows[k] % t == 0;
+            rows += h->chunk_rows[k];
+        }
+        rows_ok = rows_ok && (h->chunk_rows[0] <= 0 || rows == out);
+        if (t < 1 || (h->split != 1 && h->split != 2) || !h->fwd || !rows_ok ||
+            (h->split == 1 && h->chunk_rows[0] <= 0 && out % (t * c)) || (h->split == 2 && in % t))
             return dt_error(DT_ERR_INVALID_ARG, "LoRA target '%s': its slicing (split %d over %d ranks, %lld chunks "
                             "of [in %lld, out %lld]) does not divide the layer", path, h->split, h->ranks,
                             (long long)c, (long long)in, (long long)out);
@@ -154,6 +161,8 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
                            .a = 1.0f / sqrtf((float)in), .tp_dim = h && h->split == 2 ? 2 : 0};
     dt_nn_param_spec sb = {.name = "weight", .ndim = 2, .shape = {b_out, p->r}, .init = DT_NN_INIT_ZEROS,
                            .tp_dim = h && h->split == 1 ? 1 : 0, .tp_chunks = h && h->split == 1 ? h->chunks : 0};
+    if (h && h->split == 1) /* lora_B's rows sliced as the layer's output: its blocks' sizes too */
+        memcpy(sb.tp_chunk_rows, h->chunk_rows, sizeof sb.tp_chunk_rows);
     dt_module *a = dt_nn_custom("LoraA", 1, &sa, none_forward, NULL);
     dt_module *b = dt_nn_custom("LoraB", 1, &sb, none_forward, NULL);
     dt_status st = !a || !b ? DT_ERR_NO_MEMORY : DT_OK;

@@ -103,6 +103,7 @@ static dt_status collect(dt_model *md, dt_module *m, const char *parent_path)
             p->module = m;
             p->tp_dim = s->tp_dim;
             p->tp_chunks = s->tp_chunks > 1 ? s->tp_chunks : 1;
+            memcpy(p->tp_chunk_rows, s->tp_chunk_rows, sizeof p->tp_chunk_rows);
             e->spec = i;
             e->tied = p->tied_to = -1;
         }

@@ -8,6 +8,8 @@
  *     group (padding) and an ignored label;
  *   - column / row parallel layers in a Sequential equal the single-process
  *     Linear pair at step 0 (exact) and in forward;
+ *   - slicing a weight of blocks of different sizes (Phi-3's q | k | v)
+ *     and putting the slices back;
  *   - the zoo's tensor-parallel MLP on 2 ranks: exactly the single-process
  *     weights at step 0, and within the rounding bound after k SGD steps;
  *   - (the tensor-parallel GPT: test_tp_gpt.c);
@@ -433,6 +435,38 @@ static int err_body(int rank, int size, void *arg)
 
 TEST(tp_errors) { ASSERT_EQ_INT(th_run(2, 30, err_body, NULL, NULL), 0); }
 
+/* Blocks of different sizes (dt_nn_param_spec.tp_chunk_rows; Phi-3's q | k
+ * | v with fewer kv heads): a [16, 3] weight whose rows are q 8, k 4, v 4,
+ * over 2 ranks: rank r takes its half of each block, side by side, and
+ * putting both slices back gives the whole; sizes that do not split over
+ * the ranks or do not add up are refused. */
+TEST(tp_slice_blocks_of_given_sizes)
+{
+    float full[48], back[48], slice[24];
+    for (int i = 0; i < 48; i++)
+        full[i] = (float)i;
+    dt_param_info p = {.name = "qkv", .ndim = 2, .shape = {8, 3}, .numel = 24, .dtype = DT_F32, .tp_dim = 1,
+                       .tp_chunks = 3, .tp_chunk_rows = {8, 4, 4}};
+    int64_t fs[DT_MAX_DIMS];
+    ASSERT_OK(dt_tp_full_shape(&p, 2, fs));
+    ASSERT(fs[0] == 16 && fs[1] == 3);
+    const int want[2][8] = {{0, 1, 2, 3, 8, 9, 12, 13}, {4, 5, 6, 7, 10, 11, 14, 15}}; /* full rows */
+    memset(back, 0, sizeof back);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_OK(dt_tp_slice_get(&p, 2, r, full, slice, sizeof(float)));
+        for (int k = 0; k < 8; k++)
+            for (int j = 0; j < 3; j++)
+                ASSERT(slice[k * 3 + j] == full[want[r][k] * 3 + j]);
+        ASSERT_OK(dt_tp_slice_put(&p, 2, r, slice, back, sizeof(float)));
+    }
+    ASSERT(!memcmp(back, full, sizeof full));
+    p.tp_chunk_rows[1] = 3, p.tp_chunk_rows[2] = 5; /* 3 rows over 2 ranks */
+    ASSERT_STATUS(dt_tp_full_shape(&p, 2, fs), DT_ERR_SHAPE);
+    ASSERT_STR_CONTAINS(dt_last_error(), "of given sizes");
+    p.tp_chunk_rows[1] = 4, p.tp_chunk_rows[2] = 6; /* 18 rows, not 2 x 8 */
+    ASSERT_STATUS(dt_tp_full_shape(&p, 2, fs), DT_ERR_SHAPE);
+}
+
 int main(void)
 {
     RUN(tp_ops_grad);
@@ -440,5 +474,6 @@ int main(void)
     RUN(tp_vocab_cross_entropy);
     RUN(tp_mlp_steps);
     RUN(tp_errors);
+    RUN(tp_slice_blocks_of_given_sizes);
     return TEST_REPORT();
 }

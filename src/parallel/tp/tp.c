@@ -730,26 +730,47 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
 
 /* ---- initialisation from the single-process model --------------------------------------- */
 
-/* Between the rank's slice (shape ls) and the full entry (shape fs): dims
- * other than d equal; along d, `chunks` blocks of B = fs[d] / chunks full
- * rows each, the rank's Lb = ls[d] / chunks rows of each starting at r Lb;
- * rows past the block's end are padding (vocabulary): zero in the slice when
- * taking it (to_slice), skipped when putting it back. */
-static void slice_move(char *slice, char *full, const int64_t *ls, const int64_t *fs, int ndim, int d, int chunks,
-                       int r, size_t es, bool to_slice)
+/* p's blocks along its sliced dim d (full: the full tensor's size there):
+ * their full sizes fb and the rank's sizes lb (local: the slice's size
+ * there); their count. Equal blocks: full / c and local / c each (a block's
+ * last rank may hold padding); given sizes (tp_chunk_rows): each divided by
+ * the ranks. */
+static int blocks_of(const dt_param_info *p, int64_t full, int64_t local, int64_t *fb, int64_t *lb)
 {
-    int64_t outer = 1, inner = 1;
+    const int c = p->tp_chunks > 1 ? p->tp_chunks : 1;
+    for (int k = 0; k < c; k++) {
+        const bool given = p->tp_chunk_rows[0] > 0;
+        fb[k] = given ? p->tp_chunk_rows[k] : full / c;
+        lb[k] = given ? p->tp_chunk_rows[k] / (full / local) : local / c;
+    }
+    return c;
+}
+
+/* Between the rank's slice of p (shape p->shape) and the full entry (shape
+ * fs): dims other than d = tp_dim - 1 equal; along d, p's blocks
+ * (blocks_of), the rank's lb rows of each starting at r lb within the
+ * block's fb full rows; rows past the block's end are padding (vocabulary):
+ * zero in the slice when taking it (to_slice), skipped when putting it
+ * back. */
+static void slice_move(char *slice, char *full, const dt_param_info *p, const int64_t *fs, int r, size_t es,
+                       bool to_slice)
+{
+    const int64_t *ls = p->shape;
+    const int d = p->tp_dim - 1;
+    int64_t outer = 1, inner = 1, fb[DT_TP_MAX_CHUNKS], lb[DT_TP_MAX_CHUNKS];
     for (int i = 0; i < d; i++)
         outer *= ls[i];
-    for (int i = d + 1; i < ndim; i++)
+    for (int i = d + 1; i < p->ndim; i++)
         inner *= ls[i];
-    const int64_t B = fs[d] / chunks, Lb = ls[d] / chunks;
+    const int c = blocks_of(p, fs[d], ls[d], fb, lb);
     const size_t row = (size_t)inner * es;
     for (int64_t o = 0; o < outer; o++)
-        for (int64_t k = 0; k < ls[d]; k++) {
-            const int64_t b = k / Lb, w = (int64_t)r * Lb + k % Lb;
+        for (int64_t k = 0, b = 0, lo = 0, fo = 0; k < ls[d]; k++) {
+            while (b + 1 < c && k >= lo + lb[b]) /* the block of local row k: lo, fo its first rows */
+                lo += lb[b], fo += fb[b], b++;
+            const int64_t w = (int64_t)r * lb[b] + (k - lo), B = fb[b];
             char *sl = slice + (size_t)((o * ls[d] + k) * inner) * es;
-            char *fl = full + (size_t)((o * fs[d] + b * B + w) * inner) * es;
+            char *fl = full + (size_t)((o * fs[d] + fo + w) * inner) * es;
             if (w >= B) {
                 if (to_slice)
                     memset(sl, 0, row);
@@ -769,9 +790,21 @@ dt_status dt_tp_full_shape(const dt_param_info *p, int t, int64_t *shape)
     if (!p->tp_dim || t <= 1)
         return DT_OK;
     const int d = p->tp_dim - 1, c = p->tp_chunks > 1 ? p->tp_chunks : 1;
-    if (d < 0 || d >= p->ndim || p->shape[d] % c)
-        return dt_error(DT_ERR_SHAPE, "dt_tp_full_shape: '%s': slice dim %d (%d chunks) does not fit its %d dims",
-                        p->name, d, c, p->ndim);
+    const bool given = p->tp_chunk_rows[0] > 0;
+    bool fits = d >= 0 && d < p->ndim && c <= DT_TP_MAX_CHUNKS;
+    if (fits && given) { /* blocks of given sizes, each split evenly over the ranks */
+        int64_t rows = 0;
+        for (int k = 0; k < c; k++) {
+            fits = fits && p->tp_chunk_rows[k] > 0 && p->tp_chunk_rows[k] % t == 0;
+            rows += p->tp_chunk_rows[k];
+        }
+        fits = fits && rows == p->shape[d] * t;
+    } else if (fits) {
+        fits = p->shape[d] % c == 0;
+    }
+    if (!fits)
+        return dt_error(DT_ERR_SHAPE, "dt_tp_full_shape: '%s': slice dim %d (%d chunks%s) does not fit its %d dims "
+                        "over %d ranks", p->name, d, c, given ? " of given sizes" : "", p->ndim, t);
     const char *ty = p->module && p->module->kind == DT_NN_CUSTOM ? p->module->type : NULL;
     if (ty && !strncmp(ty, "VocabParallel", 13)) { /* padded rows: the module knows V */
         const int64_t V = p->module->in;
@@ -800,8 +833,7 @@ dt_status dt_tp_slice_get(const dt_param_info *p, int t, int r, const void *full
     if (!p->tp_dim || t <= 1)
         memcpy(slice, full, p->numel * es);
     else
-        slice_move(slice, (char *)full, p->shape, fs, p->ndim, p->tp_dim - 1, p->tp_chunks > 1 ? p->tp_chunks : 1,
-                   r, es, true);
+        slice_move(slice, (char *)full, p, fs, r, es, true);
     return DT_OK;
 }
 
@@ -814,8 +846,7 @@ dt_status dt_tp_slice_put(const dt_param_info *p, int t, int r, const void *slic
     if (!p->tp_dim || t <= 1)
         memcpy(full, slice, p->numel * es);
     else
-        slice_move((char *)slice, full, p->shape, fs, p->ndim, p->tp_dim - 1, p->tp_chunks > 1 ? p->tp_chunks : 1,
-                   r, es, false);
+        slice_move((char *)slice, full, p, fs, r, es, false);
     return DT_OK;
 }
 
@@ -848,7 +879,14 @@ static dt_status check_slice(const dt_param_info *p, const dt_param_info *f, int
     for (int i = 0; ok && i < p->ndim; i++) {
         if (i != d)
             ok = p->shape[i] == f->shape[i];
-        else
+        else if (p->tp_chunk_rows[0] > 0) { /* blocks of given sizes: each divided evenly */
+            int64_t rows = 0;
+            for (int k = 0; ok && k < c && k < DT_TP_MAX_CHUNKS; k++) {
+                ok = p->tp_chunk_rows[k] > 0 && p->tp_chunk_rows[k] % t == 0;
+                rows += p->tp_chunk_rows[k];
+            }
+            ok = ok && c <= DT_TP_MAX_CHUNKS && rows == f->shape[i] && rows == p->shape[i] * t;
+        } else
             ok = f->shape[i] % c == 0 && p->shape[i] % c == 0 &&
                  p->shape[i] / c == (f->shape[i] / c + t - 1) / t; /* ceil: Megatron's padding */
     }
@@ -913,8 +951,7 @@ dt_status dt_tp_init_from(dt_model *m, dt_pg *tp, const dt_model *full, dt_init_
         if (!p.tp_dim)
             memcpy(p.tensor->data, src, p.numel * es);
         else
-            slice_move(p.tensor->data, (char *)src, p.shape, f.shape, p.ndim, p.tp_dim - 1,
-                       p.tp_chunks > 1 ? p.tp_chunks : 1, r, es, true);
+            slice_move(p.tensor->data, (char *)src, &p, f.shape, r, es, true);
     }
     for (int dt = 0; dt < DT_DTYPE_COUNT; dt++)
         free(vals[dt]);

@@ -96,6 +96,8 @@ static dt_status tp_lora(dt_module *m, dt_pg *tp, int64_t in, int64_t out, bool 
     dt_lora_hook h = {.in = in, .out = out, .split = column ? 1 : 2, .ranks = dt_pg_size(tp),
                       .chunks = chunks > 1 ? chunks : 1, .weight_in_out = weight_in_out, .group = tp,
                       .flags = flags, .fwd = column ? column_lora : row_lora};
+    if (column && m->nparam > 0) /* the output's blocks as the layer's weight has them */
+        memcpy(h.chunk_rows, m->specs[0].tp_chunk_rows, sizeof h.chunk_rows);
     return dt_module_set_lora(m, &h);
 }
 
@@ -106,7 +108,8 @@ dt_status dt_tp_lora_linear(dt_module *m, dt_pg *tp, int64_t in, int64_t out, bo
     if (m->kind != DT_NN_CUSTOM)
         return dt_error(DT_ERR_INVALID_ARG, "dt_tp_lora_linear: '%s' is a %s, not a custom layer", m->name ? m->name : "",
                         dt_module_type(m));
-    return tp_lora(m, tp, in, out, column, 1, column && in_region ? IN_REGION : 0, false);
+    return tp_lora(m, tp, in, out, column, m->nparam > 0 ? m->specs[0].tp_chunks : 1,
+                   column && in_region ? IN_REGION : 0, false);
 }
 
 dt_status dt__tp_lora_std(dt_module *m, dt_pg *tp, bool column, bool gather_or_parallel)
