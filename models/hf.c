@@ -1,7 +1,7 @@
 /* Hugging Face model directories as zoo models: dt_model_create("hf:DIR")
  * reads DIR/config.json (hf_config.c: transformers' PretrainedConfig keys), builds the
  * Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM, Phi3ForCausalLM; a sliding window limits the sequences to its length)
+ * Qwen3ForCausalLM, GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM; a sliding window limits the sequences to its length)
  * or GPT-2 (GPT2LMHeadModel) it
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read

@@ -1,8 +1,8 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini) and
- * GPT2LMHeadModel; every value dtrain does not implement is refused
+ * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
+ * GraniteForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -338,6 +338,19 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         if (get_num(r, o, "embd_pdrop", 0.0) != 0.0)
             unsupported(r, "embd_pdrop", "embedding dropout is not supported (0 only)");
     }
+    if (!strcmp(arch, "GraniteForCausalLM")) { /* GraniteConfig: LlamaConfig's keys and four multipliers */
+        const char *key[4] = {"embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                              "logits_scaling"};
+        double *v[4] = {&c->embedding_multiplier, &c->residual_multiplier, &c->attention_multiplier,
+                        &c->logits_scaling};
+        for (int k = 0; k < 4; k++) {
+            *v[k] = get_num(r, o, key[k], 1.0);
+            if (r->st >= 0 && !(*v[k] > 0.0))
+                r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number > 0", r->path, key[k]);
+            if (k != 2 && *v[k] == 1.0) /* none; an attention_multiplier of 1 is a scale of 1, not 1/sqrt(hd) */
+                *v[k] = 0.0;
+        }
+    }
     c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma);
     if (gemma) {
         /* GemmaMLP: ACT2FN[hidden_act]; GemmaConfig turns the legacy "gelu" into "gelu_pytorch_tanh" (and
@@ -437,7 +450,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
              : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
-             : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
+             : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
     if (r.st >= 0 && arch) {
@@ -449,7 +462,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                 r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
-                   !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Phi3ForCausalLM")) {
+                   !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
+                   !strcmp(arch, "GraniteForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -457,7 +471,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                            "GemmaForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            "GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, GPT2LMHeadModel)%s", path, arch,
                             later_gemma ? "; of Gemma only Gemma 1 (model_type \"gemma\"): Gemma 2 and 3 have "
                             "other norms, soft-capping and sliding-window layers" : "");
         }

@@ -165,8 +165,9 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2"
                        : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
                        : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma"
-                       : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3" : "llama";
-        const bool gemma = !strcmp(mt, "gemma"), phi3 = !strcmp(mt, "phi3");
+                       : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
+                       : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite" : "llama";
+        const bool gemma = !strcmp(mt, "gemma"), phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -237,8 +238,14 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         else if (!strcmp(mt, "mistral") || phi3)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-        if (!gemma && !phi3)
+        if (!gemma && !phi3 && !granite)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+        if (granite) { /* 0: none, GraniteConfig's 1 */
+            cJSON_AddNumberToObject(o, "embedding_multiplier", c->embedding_multiplier ? c->embedding_multiplier : 1);
+            cJSON_AddNumberToObject(o, "residual_multiplier", c->residual_multiplier ? c->residual_multiplier : 1);
+            cJSON_AddNumberToObject(o, "attention_multiplier", c->attention_multiplier);
+            cJSON_AddNumberToObject(o, "logits_scaling", c->logits_scaling ? c->logits_scaling : 1);
+        }
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);

@@ -39,6 +39,13 @@
  * positions (dt_rope_at), attention is dt_cp_attention over the packed
  * q | k | v (GQA's kv heads repeated first), the rest runs on the rows.
  *
+ * Granite (transformers' GraniteForCausalLM): the Llama block with the
+ * embeddings times embedding_multiplier, each attention and MLP output
+ * times residual_multiplier before its residual add, the attention's scale
+ * attention_multiplier (q times it and sqrt(hd), the kernels dividing by
+ * sqrt(hd)), and the logits divided by logits_scaling (the final norm's
+ * output, before the linear head).
+ *
  * Tensor parallel (dt_model_config.tp over t ranks, Megatron's split in
  * the [out, in] layout of the Linear weights; tp.h): q_proj, k_proj,
  * v_proj, gate_proj and up_proj are column-parallel (the rank's out/t
@@ -209,6 +216,8 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                             ? (float)rt->c.rope_attention_factor : 1.0f;
     q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
+    if (q && rt->c.attention_multiplier != 0.0) /* Granite's scale: the kernels' 1/sqrt(hd) undone on q */
+        q = dt_scale(ctx, q, (float)(rt->c.attention_multiplier * sqrt((double)rt->c.head_dim)));
     if (kv)
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
@@ -263,9 +272,12 @@ static dt_module *make_norm(const dt_llama_config *c, llama_rt *rt, int64_t dim)
 }
 
 /* Gemma's embeddings times sqrt(C), the factor in the embeddings' dtype
- * (GemmaTextScaledWordEmbedding: embed_scale.to(weight.dtype)). */
+ * (GemmaTextScaledWordEmbedding: embed_scale.to(weight.dtype)); Granite's
+ * times embedding_multiplier (a Python float: not rounded to it). */
 static dt_tensor *embed_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
 {
+    if (x && rt->c.embedding_multiplier != 0.0)
+        return dt_scale(ctx, x, (float)rt->c.embedding_multiplier);
     if (!x || !rt->c.gemma)
         return x;
     float s = (float)sqrt((double)rt->c.hidden_size);
@@ -276,13 +288,29 @@ static dt_tensor *embed_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
     return dt_scale(ctx, x, s);
 }
 
+/* Granite's residual_multiplier on a block's attention or MLP output */
+static dt_tensor *residual_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *y)
+{
+    return y && rt->c.residual_multiplier != 0.0 ? dt_scale(ctx, y, (float)rt->c.residual_multiplier) : y;
+}
+
+/* Granite's logits_scaling on the final norm's output (the head is linear:
+ * its logits divided by it) */
+static dt_tensor *logits_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
+{
+    return x && rt->c.logits_scaling != 0.0 ? dt_scale(ctx, x, (float)(1.0 / rt->c.logits_scaling)) : x;
+}
+
+/* ud: the runtime config (borrowed from the root) */
 static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    (void)ud;
-    dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "self_attn"),
-                                                    dt_module_forward(ctx, child(self, "input_layernorm"), x)));
-    return dt_add(ctx, h, dt_module_forward(ctx, child(self, "mlp"),
-                                            dt_module_forward(ctx, child(self, "post_attention_layernorm"), h)));
+    const llama_rt *rt = ud;
+    dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
+                                     dt_module_forward(ctx, child(self, "input_layernorm"), x));
+    dt_tensor *h = dt_add(ctx, x, residual_scale(ctx, rt, a));
+    dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"),
+                                     dt_module_forward(ctx, child(self, "post_attention_layernorm"), h));
+    return dt_add(ctx, h, residual_scale(ctx, rt, m));
 }
 
 /* nn.Embedding's padding_idx: the embeddings x [B, T, C] of ids idx where
@@ -361,7 +389,7 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
     if (rt->c.has_pad_token)
         x = pad_no_grad(ctx, x, idx, rt->c.pad_token_id);
     x = dt_module_forward(ctx, child(self, "layers"), x);
-    return dt_module_forward(ctx, child(self, "norm"), x);
+    return logits_scale(ctx, rt, dt_module_forward(ctx, child(self, "norm"), x));
 }
 
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
@@ -420,7 +448,7 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     const int64_t I = c->intermediate_size;
     const float std = c->initializer_range;
     const bool ab = c->attention_bias, ob = c->attention_bias && !c->qkv_bias_only, mb = c->mlp_bias;
-    dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, NULL);
+    dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, rt);
     dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
     dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
@@ -531,6 +559,14 @@ static dt_tensor *embed_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt
     return rt && rt->c.has_pad_token ? pad_no_grad(ctx, e, x, rt->c.pad_token_id) : e;
 }
 
+/* The final norm's unit, with Granite's logits_scaling as model_forward has it. */
+static dt_tensor *norm_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    dt_tensor *y = dt_module_forward(ctx, u->module, x);
+    return rt ? logits_scale(ctx, rt, y) : y;
+}
+
 static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
 {
     dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
@@ -558,7 +594,7 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
         dt__zoo_unit(&u[k], dt_module_path(b), b, NULL, dt_module_path(b), NULL);
         u[k++].cost = w + (double)T * qw + 16 * C;
     }
-    dt__zoo_unit(&u[k], "model.norm", norm, NULL, "model.norm", NULL);
+    dt__zoo_unit(&u[k], "model.norm", norm, norm_unit, "model.norm", NULL);
     u[k++].cost = 4 * C;
     dt__zoo_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
     u[k++].cost = dt__zoo_numel(head, 0) + 4 * (double)V;

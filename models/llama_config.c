@@ -110,6 +110,17 @@ dt_status dt_llama_config_check(const dt_llama_config *lc)
                         "low_freq_factor and original_max_position_embeddings >= 1 (got %g, %g, %lld)",
                         lc->rope_low_freq_factor, lc->rope_high_freq_factor,
                         (long long)lc->rope_original_max_position_embeddings);
+    const struct {
+        const char *key;
+        double v;
+    } mult[] = {{"embedding_multiplier", lc->embedding_multiplier},
+                {"residual_multiplier", lc->residual_multiplier},
+                {"attention_multiplier", lc->attention_multiplier},
+                {"logits_scaling", lc->logits_scaling}};
+    for (size_t i = 0; i < sizeof mult / sizeof mult[0]; i++)
+        if (!(mult[i].v >= 0.0) || !isfinite(mult[i].v))
+            return dt_error(DT_ERR_INVALID_ARG, "llama: %s %g must be a finite number > 0 (0: none)", mult[i].key,
+                            mult[i].v);
     const int64_t rot = lc->rotary_dim ? lc->rotary_dim : lc->head_dim;
     if (rot < 2 || rot % 2 || rot > lc->head_dim)
         return dt_error(DT_ERR_INVALID_ARG, "llama: the rotary width %lld (head_dim times partial_rotary_factor) is "

@@ -26,6 +26,9 @@ with save_pretrained, and what transformers computes on fixed tokens:
                (12 of head_dim 16 rotate), longrope scaling (original 8 of 64
                positions), tied head; phi4_ref.safetensors as qwen3's, with
                logits_short [2, 8, V] of input_ids[:, :8] (the short factors)
+  granite/     GraniteForCausalLM: embedding_multiplier 6, residual_multiplier
+               0.3, attention_multiplier 0.2, logits_scaling 4, GQA 4 over 2,
+               tied head; granite_ref.safetensors as qwen3's
   llama_yarn_config.json, llama_yarn_ref.safetensors:
                llama's weights under YaRN rope scaling (factor 4, original 16
                positions, beta_fast 2, beta_slow 0.5, truncate false): the
@@ -61,7 +64,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          Phi3Config, Phi3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -256,4 +259,21 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "logits_short": 
            "adamw_loss": adamw_losses(Phi3ForCausalLM, p4c, phi4),
            "eval": torch.tensor(windows_loss(phi4, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "phi4_ref.safetensors"))
+
+# Granite (GraniteForCausalLM): the Llama block with its four multipliers away from 1 (embeddings x 6, residual
+# outputs x 0.3, the attention's scale 0.2 in place of 1/sqrt(8), logits / 4), GQA 4 over 2, tied head; its own
+# seed, after everything above
+torch.manual_seed(1357)
+grc = GraniteConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                    embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0,
+                    bos_token_id=1, eos_token_id=2)
+granite = GraniteForCausalLM(grc).eval()
+granite.save_pretrained(os.path.join(out, "granite"))
+with torch.no_grad():
+    lg = granite(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(GraniteForCausalLM, grc, granite),
+           "eval": torch.tensor(windows_loss(granite, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "granite_ref.safetensors"))
 print("wrote", out)

@@ -199,9 +199,9 @@ typedef enum {
 #define DT_LLAMA_MAX_ROPE_PAIRS 128
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2, Qwen3, Gemma and Phi-3 are the same block: Qwen2 with
+ * Qwen2, Qwen3, Gemma, Phi-3 and Granite are the same block: Qwen2 with
  * attention_bias, Qwen3 with qk_norm, Gemma with gemma, Phi-3 with
- * fused). */
+ * fused, Granite with its four multipliers). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -243,6 +243,13 @@ typedef struct dt_llama_config {
                                          ([(H + 2 KV) hd, C]: q's rows, then k's, then v's) and gate and up
                                          one mlp.gate_up_proj ([2 I, C]: gate's rows, then up's); no biases;
                                          under tensor parallelism each rank holds its rows of each */
+    double embedding_multiplier;      /* Granite (GraniteForCausalLM): the embeddings times it; 0: none */
+    double residual_multiplier;       /* Granite: each block's attention and MLP outputs times it, before
+                                         their residual add; 0: none */
+    double attention_multiplier;      /* Granite: the attention's scale, in place of 1/sqrt(head_dim); 0:
+                                         1/sqrt(head_dim) */
+    double logits_scaling;            /* Granite: the logits divided by it (the final norm's output, in
+                                         dtrain: the head is linear); 0: none */
     int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
                                          sliding_window positions): the model's forward takes sequences of
                                          at most that many tokens, where it is the causal attention;
@@ -306,7 +313,7 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-                               "Phi3ForCausalLM" or "GPT2LMHeadModel" */
+                               "Phi3ForCausalLM", "GraniteForCausalLM" or "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */

@@ -156,6 +156,9 @@ TEST(phi4_short_factors)
     free(ids), free(want), free(longer);
 }
 
+/* Granite: embeddings x 6, residual outputs x 0.3, the attention's scale 0.2, logits / 4 */
+TEST(granite_parity) { parity(HF "granite", HF "granite_ref.safetensors", "logits"); }
+
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -224,6 +227,7 @@ TEST(gemma_adamw_steps) { adamw_steps(HF "gemma", HF "gemma_ref.safetensors", 10
 TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1e-5); }
 /* the gradients through the partial rotation (the passing values too) and the scaled cos and sin */
 TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1e-5); }
+TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -485,5 +489,7 @@ int main(void)
     RUN(phi4_parity);
     RUN(phi4_short_factors);
     RUN(phi4_adamw_steps);
+    RUN(granite_parity);
+    RUN(granite_adamw_steps);
     return TEST_REPORT();
 }

@@ -16,15 +16,15 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4": the key "eval" of their own
- * _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4", "granite": the key "eval" of
+ * their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
-        !strcmp(key, "phi4")) {
+        !strcmp(key, "phi4") || !strcmp(key, "granite")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -68,6 +68,7 @@ TEST(eval_json)
     eval_case("gemma", "gemma", "4");
     eval_case("phi3", "phi3", "4");
     eval_case("phi4", "phi4", "4"); /* partial RoPE, LongRoPE's long factors (16 > 8 positions) */
+    eval_case("granite", "granite", "4");
 }
 
 TEST(train_and_generate)
@@ -129,8 +130,8 @@ static void bad_case(const char *name, const char *edit, const char *want1, cons
     bad_case_of("llama", name, edit, want1, want2);
 }
 
-/* Phi-3's keys dtrain does not implement, bad partial rotary factors and LongRoPE factors, and Phi3Config's
- * pad_token_id default (32000) past this vocabulary */
+/* Phi-3's keys dtrain does not implement, bad partial rotary factors and LongRoPE factors, Phi3Config's
+ * pad_token_id default (32000) past this vocabulary, and a Granite multiplier that is not positive */
 TEST(bad_phi3_directories)
 {
     bad_case_of("phi3", "phi3_partial", "sed -i 's/\"partial_rotary_factor\": 1.0/\"partial_rotary_factor\": 0.4/' "
@@ -141,6 +142,8 @@ TEST(bad_phi3_directories)
                 "config.json", "config.json", "rope scaling 'dynamic' is not supported (known: default, longrope");
     bad_case_of("phi4", "phi4_factor", "sed -i 's/7.1164/-7.1164/' config.json", "config.json",
                 "\"rope_parameters.long_factor\": entry 0 must be a positive number");
+    bad_case_of("granite", "granite_scaling", "sed -i 's/\"logits_scaling\": 4.0/\"logits_scaling\": -4.0/' "
+                "config.json", "config.json", "\"logits_scaling\" must be a number > 0");
     bad_case_of("phi4", "phi4_short", "sed -i '/1.2577,/d' config.json", "config.json",
                 "\"rope_parameters.short_factor\" must be a list of 6 numbers");
     bad_case_of("llama", "llama_longrope", "sed -i 's/\"rope_type\": \"llama3\"/\"rope_type\": \"longrope\"/' "
@@ -364,6 +367,18 @@ TEST(phi3_save_hf_tp_and_pp)
     ASSERT(worst <= 1e-5 && big > 0.05 && nbig > 100); /* trained, and the same */
     dt_st_close(a);
     dt_st_close(b);
+}
+
+/* Granite (model_type granite, GraniteForCausalLM): the export keeps the four multipliers and evaluates to the
+ * run's own loss; --tp 2 and --pp 2 (the final norm's unit divides by logits_scaling as the model does) give one
+ * process's losses. */
+TEST(granite_save_hf_tp_and_pp)
+{
+    save_hf_and_parallel("granite",
+                         (const char *const[]){"\"granite\"", "\"GraniteForCausalLM\"", "\"embedding_multiplier\":\t6",
+                                               "\"residual_multiplier\":\t0.3", "\"attention_multiplier\":\t0.2",
+                                               "\"logits_scaling\":\t4", NULL},
+                         true, true);
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
@@ -595,6 +610,11 @@ TEST(generate_processors_and_beams)
          "| 57 95 55 96 27 29 41 125 121 96 69 47 84 99 55 67\n"},
         {"phi3", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "12"},
          "| 57 95 34 96 27 69 47 117 105 108 106 118\n"},
+        /* Granite (its four multipliers) */
+        {"granite", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 7 123 123 36 36 123 70 70 123 57 57 123 7 36\n"},
+        {"granite", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 7 123 123 36 36 77 77 5 5 0 0 51 51 0\n"},
         /* Phi-4's shape (partial RoPE, LongRoPE past 8 positions: transformers recomputes its cache there) */
         {"phi4", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
          "| 7 9 9 11 11 9 77 77 19 19 77 99 99 28\n"},
@@ -941,6 +961,7 @@ int main(void)
     RUN(phi3_save_hf_tp_and_pp);
     RUN(phi4_save_hf_and_pp);
     RUN(yarn_save_hf);
+    RUN(granite_save_hf_tp_and_pp);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
