@@ -1,7 +1,7 @@
 /* Hugging Face model directories as zoo models: dt_model_create("hf:DIR")
  * reads DIR/config.json (hf_config.c: transformers' PretrainedConfig keys), builds the
  * Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM; a sliding window limits the sequences to its length)
+ * Qwen3ForCausalLM, GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM; a sliding window limits the sequences to its length)
  * or GPT-2 (GPT2LMHeadModel) it
  * describes, initialised from the seed, and checks that the weights in DIR
  * (model.safetensors or the shards of model.safetensors.index.json; read
@@ -28,8 +28,8 @@
 static bool has_layer(const dt_ckpt *ck, const dt_hf_config *h, int64_t i)
 {
     char a[96], b[96];
-    if (!h->is_gpt2) {
-        snprintf(a, sizeof a, "model.layers.%lld.input_layernorm.weight", (long long)i);
+    if (!h->is_gpt2) { /* every family's layer has this norm (OLMo 2's normalizes the attention's output) */
+        snprintf(a, sizeof a, "model.layers.%lld.post_attention_layernorm.weight", (long long)i);
         return dt_ckpt_find(ck, a) >= 0;
     }
     snprintf(a, sizeof a, "transformer.h.%lld.ln_1.weight", (long long)i);

@@ -2,7 +2,7 @@
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
  * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
- * GraniteForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
+ * GraniteForCausalLM, Olmo2ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
 #include "zoo.h"
@@ -273,9 +273,12 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
+    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM");
     memset(c, 0, sizeof *c);
-    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's and Phi3Config's where they differ */
-    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : 32000, 1, big);
+    /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Phi3Config's and Olmo2Config's where they
+       differ */
+    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : olmo2 ? 50304 : 32000,
+                            1, big);
     c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : 4096, 1, big);
     c->intermediate_size = get_int(r, o, "intermediate_size", gemma ? 24576 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1,
                                    big);
@@ -288,7 +291,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
                                          gemma ? 8192 : qwen3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
-    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 ? 1e-5 : 1e-6);
+    c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
     c->rope_type = DT_ROPE_DEFAULT;
@@ -313,11 +316,12 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->attention_bias = qwen2 ? true : get_bool(r, o, "attention_bias", false);
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
+    c->olmo2 = olmo2;
     c->gemma = gemma;
     c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if ((gemma || phi3) && !pad) { /* GemmaConfig's pad_token_id 0, Phi3Config's 32000: the padding_idx */
-        c->pad_token_id = gemma ? 0 : 32000;
+    if ((gemma || phi3 || olmo2) && !pad) { /* GemmaConfig's pad_token_id 0, Phi3Config's 32000, Olmo2Config's 1 */
+        c->pad_token_id = gemma ? 0 : olmo2 ? 1 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: Phi3Config's default 32000 is "
@@ -328,7 +332,7 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         c->has_pad_token = r->st >= 0;
     }
     /* theirs have no MLP biases (nor Phi-3 attention biases) */
-    c->mlp_bias = qwen2 || qwen3 || gemma || phi3 ? false : get_bool(r, o, "mlp_bias", false);
+    c->mlp_bias = qwen2 || qwen3 || gemma || phi3 || olmo2 ? false : get_bool(r, o, "mlp_bias", false);
     if (phi3) {
         c->attention_bias = false;
         /* Phi3Config: the dropouts act in training only (resid_pdrop after attention and MLP, embd_pdrop unused
@@ -450,7 +454,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
              : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
-             : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
+             : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
+             : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
         r.st = dt_error(DT_ERR_FORMAT, "%s: key \"architectures\" is missing (and no \"model_type\")", path);
     if (r.st >= 0 && arch) {
@@ -463,7 +468,7 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
                    !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
-                   !strcmp(arch, "GraniteForCausalLM")) {
+                   !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
                 r.st = dt_error_wrap(st, "%s", path);
@@ -471,7 +476,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                            "GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            "GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, "
+                            "GPT2LMHeadModel)%s", path, arch,
                             later_gemma ? "; of Gemma only Gemma 1 (model_type \"gemma\"): Gemma 2 and 3 have "
                             "other norms, soft-capping and sliding-window layers" : "");
         }

@@ -166,8 +166,10 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
                        : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma"
                        : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
-                       : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite" : "llama";
+                       : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
+                       : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2" : "llama";
         const bool gemma = !strcmp(mt, "gemma"), phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
+        const bool olmo2 = !strcmp(mt, "olmo2");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -216,7 +218,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         }
         if (strcmp(mt, "qwen2") && !phi3)
             cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3)
+        if (strcmp(mt, "qwen2") && strcmp(mt, "qwen3") && !gemma && !phi3 && !olmo2)
             cJSON_AddBoolToObject(o, "mlp_bias", c->mlp_bias);
         if (phi3) { /* Phi3Config's keys (its dropouts: none in dtrain) */
             cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
@@ -238,7 +240,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         else if (!strcmp(mt, "mistral") || phi3)
             cJSON_AddNullToObject(o, "sliding_window");
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-        if (!gemma && !phi3 && !granite)
+        if (!gemma && !phi3 && !granite && !olmo2)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
         if (granite) { /* 0: none, GraniteConfig's 1 */
             cJSON_AddNumberToObject(o, "embedding_multiplier", c->embedding_multiplier ? c->embedding_multiplier : 1);
@@ -249,7 +251,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
-        else if (gemma || phi3) /* GemmaConfig's default is 0, Phi3Config's 32000 */
+        else if (gemma || phi3 || olmo2) /* GemmaConfig's default is 0, Phi3Config's 32000, Olmo2Config's 1 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

@@ -39,6 +39,11 @@
  * positions (dt_rope_at), attention is dt_cp_attention over the packed
  * q | k | v (GQA's kv heads repeated first), the rest runs on the rows.
  *
+ * OLMo 2 (dt_llama_config.olmo2; transformers' Olmo2ForCausalLM): no
+ * norm before attention and MLP; each output normalized before its
+ * residual add (post_attention_layernorm, post_feedforward_layernorm), q
+ * and k normalized over their whole projections before RoPE.
+ *
  * Granite (transformers' GraniteForCausalLM): the Llama block with the
  * embeddings times embedding_multiplier, each attention and MLP output
  * times residual_multiplier before its residual add, the attention's scale
@@ -189,6 +194,10 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
         k = dt_module_forward(ctx, child(self, "k_proj"), x);
         v = dt_module_forward(ctx, child(self, "v_proj"), x);
     }
+    if (rt->c.olmo2) { /* OLMo 2: q and k normalized over their whole projections */
+        q = dt_module_forward(ctx, child(self, "q_norm"), q);
+        k = dt_module_forward(ctx, child(self, "k_norm"), k);
+    }
     if (rt->c.qk_norm) { /* Qwen3: each head's hd normalized */
         dt_pg *tp = dt_tp_module_group(child(self, "q_proj"));
         q = head_norm(ctx, child(self, "q_norm"), tp, rt->c.rms_norm_eps, q, H, rt->c.head_dim);
@@ -305,6 +314,12 @@ static dt_tensor *logits_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
 static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
+    if (rt->c.olmo2) { /* the outputs normalized, not the inputs */
+        dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "post_attention_layernorm"),
+                                                        dt_module_forward(ctx, child(self, "self_attn"), x)));
+        return dt_add(ctx, h, dt_module_forward(ctx, child(self, "post_feedforward_layernorm"),
+                                                dt_module_forward(ctx, child(self, "mlp"), h)));
+    }
     dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
                                      dt_module_forward(ctx, child(self, "input_layernorm"), x));
     dt_tensor *h = dt_add(ctx, x, residual_scale(ctx, rt, a));
@@ -464,9 +479,9 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
         ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
         ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
     }
-    if (c->qk_norm) {
-        ok = add(attn, "q_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
-        ok = add(attn, "k_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
+    if (c->qk_norm || c->olmo2) { /* Qwen3's over each head, OLMo 2's over the whole projection */
+        ok = add(attn, "q_norm", dt_nn_rmsnorm(c->olmo2 ? H * hd : hd, c->rms_norm_eps), ok);
+        ok = add(attn, "k_norm", dt_nn_rmsnorm(c->olmo2 ? KV * hd : hd, c->rms_norm_eps), ok);
     }
     if (!c->fused) {
         ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
@@ -477,8 +492,11 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     attn = NULL;
     ok = add(b, "mlp", mlp, ok);
     mlp = NULL;
-    ok = add(b, "input_layernorm", make_norm(c, rt, C), ok);
+    if (!c->olmo2)
+        ok = add(b, "input_layernorm", make_norm(c, rt, C), ok);
     ok = add(b, "post_attention_layernorm", make_norm(c, rt, C), ok);
+    if (c->olmo2)
+        ok = add(b, "post_feedforward_layernorm", make_norm(c, rt, C), ok);
     if (!ok) {
         dt_module_free(attn);
         dt_module_free(mlp);
@@ -685,6 +703,9 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
                         "GPT models have it)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
+    if (tp && lc->olmo2)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: OLMo 2 is not supported under tensor parallelism yet (its q_norm "
+                        "and k_norm span every head, which the ranks split)");
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");

@@ -29,6 +29,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
   granite/     GraniteForCausalLM: embedding_multiplier 6, residual_multiplier
                0.3, attention_multiplier 0.2, logits_scaling 4, GQA 4 over 2,
                tied head; granite_ref.safetensors as qwen3's
+  olmo2/       Olmo2ForCausalLM: norms after attention and MLP, q and k normalized
+               over their whole projections (every norm weight drawn in [0.5,
+               1.5]), GQA 4 over 2, untied head, pad_token_id 1;
+               olmo2_ref.safetensors as qwen3's
   llama_yarn_config.json, llama_yarn_ref.safetensors:
                llama's weights under YaRN rope scaling (factor 4, original 16
                positions, beta_fast 2, beta_slow 0.5, truncate false): the
@@ -64,7 +68,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -276,4 +281,24 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(GraniteForCausalLM, grc, granite),
            "eval": torch.tensor(windows_loss(granite, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "granite_ref.safetensors"))
+
+# OLMo 2 (Olmo2ForCausalLM): the outputs of attention and MLP normalized before the residual add, q and k
+# normalized over their whole projections; every norm's weight drawn away from 1 so that each shows; GQA 4 over 2,
+# untied head, Olmo2Config's pad_token_id 1; its own seed, after everything above
+torch.manual_seed(2024)
+oc = Olmo2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=None,
+                 eos_token_id=2)
+olmo2 = Olmo2ForCausalLM(oc).eval()
+with torch.no_grad():
+    for n, p in olmo2.named_parameters():
+        if n.endswith("norm.weight"):
+            p.uniform_(0.5, 1.5)
+olmo2.save_pretrained(os.path.join(out, "olmo2"))
+with torch.no_grad():
+    lg = olmo2(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Olmo2ForCausalLM, oc, olmo2),
+           "eval": torch.tensor(windows_loss(olmo2, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "olmo2_ref.safetensors"))
 print("wrote", out)

@@ -199,9 +199,9 @@ typedef enum {
 #define DT_LLAMA_MAX_ROPE_PAIRS 128
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2, Qwen3, Gemma, Phi-3 and Granite are the same block: Qwen2 with
- * attention_bias, Qwen3 with qk_norm, Gemma with gemma, Phi-3 with
- * fused, Granite with its four multipliers). */
+ * Qwen2, Qwen3, Gemma, Phi-3, Granite and OLMo 2 are the same block: Qwen2
+ * with attention_bias, Qwen3 with qk_norm, Gemma with gemma, Phi-3 with
+ * fused, Granite with its four multipliers, OLMo 2 with olmo2). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -236,6 +236,12 @@ typedef struct dt_llama_config {
     bool tie_word_embeddings;         /* lm_head.weight is model.embed_tokens.weight */
     bool qk_norm;                     /* Qwen3: RMSNorm over each head's hd of q and of k (self_attn.q_norm,
                                          k_norm, weights [hd]) after their projections, before RoPE */
+    bool olmo2;                       /* OLMo 2 (Olmo2ForCausalLM): no norm before attention and MLP; their
+                                         outputs normalized (post_attention_layernorm,
+                                         post_feedforward_layernorm) before the residual add; q and k
+                                         RMS-normalized over their whole projections (self_attn.q_norm [H hd],
+                                         k_norm [KV hd]) before RoPE; not under tensor parallelism
+                                         (DT_ERR_UNSUPPORTED: the norms span the ranks' heads) */
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
@@ -313,7 +319,8 @@ DT_API bool dt_llama_positions(const dt_model *m, int64_t *P, int64_t *V);
 typedef struct dt_hf_config {
     char architecture[64];  /* architectures[0]: "LlamaForCausalLM", "MistralForCausalLM",
                                "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-                               "Phi3ForCausalLM", "GraniteForCausalLM" or "GPT2LMHeadModel" */
+                               "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM" or
+                               "GPT2LMHeadModel" */
     bool is_gpt2;           /* GPT2LMHeadModel: gpt2 holds it; else llama */
     dt_llama_config llama;  /* LlamaConfig's keys with its defaults; rope_theta and rope_scaling or
                                transformers 5's rope_parameters */

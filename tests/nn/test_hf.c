@@ -159,6 +159,9 @@ TEST(phi4_short_factors)
 /* Granite: embeddings x 6, residual outputs x 0.3, the attention's scale 0.2, logits / 4 */
 TEST(granite_parity) { parity(HF "granite", HF "granite_ref.safetensors", "logits"); }
 
+/* OLMo 2: norms after attention and MLP, q and k normalized over their whole projections */
+TEST(olmo2_parity) { parity(HF "olmo2", HF "olmo2_ref.safetensors", "logits"); }
+
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -228,6 +231,7 @@ TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1
 /* the gradients through the partial rotation (the passing values too) and the scaled cos and sin */
 TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1e-5); }
 TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
+TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -491,5 +495,7 @@ int main(void)
     RUN(phi4_adamw_steps);
     RUN(granite_parity);
     RUN(granite_adamw_steps);
+    RUN(olmo2_parity);
+    RUN(olmo2_adamw_steps);
     return TEST_REPORT();
 }

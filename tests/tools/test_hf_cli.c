@@ -16,15 +16,15 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4", "granite": the key "eval" of
- * their own _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4", "granite", "olmo2": the key
+ * "eval" of their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
-        !strcmp(key, "phi4") || !strcmp(key, "granite")) {
+        !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -69,6 +69,7 @@ TEST(eval_json)
     eval_case("phi3", "phi3", "4");
     eval_case("phi4", "phi4", "4"); /* partial RoPE, LongRoPE's long factors (16 > 8 positions) */
     eval_case("granite", "granite", "4");
+    eval_case("olmo2", "olmo2", "4");
 }
 
 TEST(train_and_generate)
@@ -381,6 +382,24 @@ TEST(granite_save_hf_tp_and_pp)
                          true, true);
 }
 
+/* OLMo 2 (model_type olmo2, Olmo2ForCausalLM): the export evaluates to the run's own loss (its
+ * post_feedforward_layernorm and whole-projection q_norm/k_norm under their names); --pp 2 gives one process's
+ * losses; --tp 2 is refused, exit 2, naming the norms that span the ranks' heads. */
+TEST(olmo2_save_hf_and_pp)
+{
+    save_hf_and_parallel("olmo2", (const char *const[]){"\"olmo2\"", "\"Olmo2ForCausalLM\"", "\"pad_token_id\":\t1",
+                                                        NULL},
+                         false, true);
+    cli_result r;
+    char *const base[] = {"train", "--model", "hf:" HF "olmo2", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                          "--seq", "16", "--batch", "2", "--max-steps", "1", "--threads", "1", "--progress", "none",
+                          "--tp", "2", NULL};
+    char *const *l[] = {base};
+    cli_run_ranks(&r, 120, NULL, 2, 1, l);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "OLMo 2 is not supported under tensor parallelism");
+}
+
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
  * scaling's keys and evaluates to the run's own loss; a yarn beta_slow of -1 is refused naming the key. */
 TEST(yarn_save_hf)
@@ -610,6 +629,11 @@ TEST(generate_processors_and_beams)
          "| 57 95 55 96 27 29 41 125 121 96 69 47 84 99 55 67\n"},
         {"phi3", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "12"},
          "| 57 95 34 96 27 69 47 117 105 108 106 118\n"},
+        /* OLMo 2 (greedy alone: 28 80 28 80 ...) */
+        {"olmo2", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 28 80 28 28 37 28 126 80 80 126 28 12 80 12\n"},
+        {"olmo2", {"--num-beams", "3", "--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
+         "| 28 80 28 28 37 28 126 80 126 126 28 12 80 80\n"},
         /* Granite (its four multipliers) */
         {"granite", {"--no-repeat-ngram-size", "2", "--max-new-tokens", "14"},
          "| 7 123 123 36 36 123 70 70 123 57 57 123 7 36\n"},
@@ -962,6 +986,7 @@ int main(void)
     RUN(phi4_save_hf_and_pp);
     RUN(yarn_save_hf);
     RUN(granite_save_hf_tp_and_pp);
+    RUN(olmo2_save_hf_and_pp);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
