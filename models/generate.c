@@ -43,10 +43,29 @@ dt_generate_params dt_generate_params_default(void)
     return p;
 }
 
-typedef struct {
-    double p;
-    int64_t i;
-} ranked;
+typedef dt__gen_ranked ranked;
+
+/* The k-th largest weight of prob[0..V) (1 <= k <= V; r: room for V). */
+static double kth_weight(const double *prob, int64_t V, int64_t k, ranked *r)
+{
+    if (k <= 1) {
+        double mx = 0;
+        for (int64_t j = 0; j < V; j++)
+            mx = prob[j] > mx ? prob[j] : mx;
+        return mx;
+    }
+    for (int64_t j = 0; j < V; j++)
+        r[j] = (ranked){prob[j], j};
+    for (int64_t i = 0; i < k && i < V; i++) { /* partial selection: k passes, k is small */
+        int64_t m = i;
+        for (int64_t j = i + 1; j < V; j++)
+            if (r[j].p > r[m].p)
+                m = j;
+        ranked t = r[i];
+        r[i] = r[m], r[m] = t;
+    }
+    return r[(k < V ? k : V) - 1].p;
+}
 
 /* Most likely first; equal ones by id, the larger first (the reverse of
  * an ascending sort by (probability, id)), the same order everywhere. */
@@ -62,17 +81,19 @@ static int by_prob(const void *a, const void *b)
  * it hold less than top_p, and the most likely one always stays. Only the
  * candidates are sorted: the tokens of weight >= t, t lowered from the
  * largest weight until they hold top_p; every token below t has them above
- * it and goes. The new sum. */
-static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ranked *r)
+ * it and goes. keep: the most likely that stay whatever their share
+ * (transformers' min_tokens_to_keep). The new sum. */
+static double top_p_filter(double *prob, int64_t V, double sum, float top_p, int64_t keep, ranked *r)
 {
     double t = 0;
     for (int64_t j = 0; j < V; j++)
         t = prob[j] > t ? prob[j] : t;
     for (int pass = 0;; pass++) {
         double mass = 0;
+        int64_t count = 0;
         for (int64_t j = 0; j < V; j++)
-            mass += prob[j] >= t ? prob[j] : 0.0;
-        if (mass >= (double)top_p * sum || t == 0)
+            mass += prob[j] >= t ? prob[j] : 0.0, count += prob[j] > 0 && prob[j] >= t;
+        if ((mass >= (double)top_p * sum && count >= keep) || t == 0)
             break;
         t = pass < 6 ? t / 16 : 0; /* six passes span 2^24 of the largest weight; then every token */
     }
@@ -86,7 +107,7 @@ static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ran
     qsort(r, (size_t)n, sizeof *r, by_prob);
     double above = 0, kept = 0;
     for (int64_t k = 0; k < n; k++) {
-        if (k == 0 || above / sum < (double)top_p)
+        if (k < keep || above / sum < (double)top_p)
             kept += r[k].p;
         else
             prob[r[k].i] = 0;
@@ -96,16 +117,15 @@ static double top_p_filter(double *prob, int64_t V, double sum, float top_p, ran
 }
 
 /* transformers' MinPLogitsWarper on the weights prob[0..V): a token of
- * weight below min_p times the largest goes (the largest stays). The new
- * sum. */
-static double min_p_filter(double *prob, int64_t V, float min_p)
+ * weight below min_p times the largest goes (the keep largest stay). The
+ * new sum. */
+static double min_p_filter(double *prob, int64_t V, float min_p, int64_t keep, ranked *r)
 {
-    double mx = 0, sum = 0;
-    for (int64_t j = 0; j < V; j++)
-        mx = prob[j] > mx ? prob[j] : mx;
+    const double mx = kth_weight(prob, V, 1, r), kth = kth_weight(prob, V, keep, r);
     const double t = (double)min_p * mx;
+    double sum = 0;
     for (int64_t j = 0; j < V; j++) {
-        prob[j] = prob[j] < t ? 0.0 : prob[j];
+        prob[j] = prob[j] < t && prob[j] < kth ? 0.0 : prob[j];
         sum += prob[j];
     }
     return sum;
@@ -116,9 +136,9 @@ static double min_p_filter(double *prob, int64_t V, float min_p)
  * prob / sum is below the cutoff goes, the most likely (and those tied with
  * it) stays; the cutoff is eps, or for eta min(eps, sqrt(eps) e^-H), H the
  * entropy of those probabilities. The new sum. */
-static double cutoff_filter(double *prob, int64_t V, double sum, float eps, bool eta)
+static double cutoff_filter(double *prob, int64_t V, double sum, float eps, bool eta, int64_t keep, ranked *r)
 {
-    double cut = (double)eps, mx = 0, kept = 0;
+    double cut = (double)eps, kept = 0;
     if (eta) {
         double ent = 0;
         for (int64_t j = 0; j < V; j++)
@@ -126,8 +146,7 @@ static double cutoff_filter(double *prob, int64_t V, double sum, float eps, bool
                 ent -= prob[j] / sum * log(prob[j] / sum);
         cut = fmin(cut, sqrt(cut) * exp(-ent));
     }
-    for (int64_t j = 0; j < V; j++)
-        mx = prob[j] > mx ? prob[j] : mx;
+    const double mx = kth_weight(prob, V, keep, r); /* the keep most likely stay */
     for (int64_t j = 0; j < V; j++) {
         if (prob[j] / sum < cut && prob[j] < mx)
             prob[j] = 0;
@@ -148,7 +167,7 @@ static int by_shift(const void *a, const void *b)
  * ascending; with c the number of them whose running total of q stays
  * below mass, every token ranked farther than the (c+1)-th goes (the
  * (c+1)-th and those tied with it stay). The new sum. */
-static double typical_filter(double *prob, int64_t V, double sum, float mass, ranked *r)
+static double typical_filter(double *prob, int64_t V, double sum, float mass, int64_t keep, ranked *r)
 {
     double ent = 0;
     for (int64_t j = 0; j < V; j++)
@@ -167,7 +186,8 @@ static double typical_filter(double *prob, int64_t V, double sum, float mass, ra
     }
     if (c >= n) /* transformers' threshold is then a dropped token's (infinite): every token stays */
         return sum;
-    const double thr = r[c].p;
+    const int64_t first = keep < n ? keep : n; /* the nearest keep stay */
+    const double thr = r[c].p > r[first - 1].p ? r[c].p : r[first - 1].p;
     double kept = 0;
     for (int64_t k = 0; k < n; k++) {
         if (r[k].p > thr)
@@ -256,6 +276,47 @@ static double top_h_threshold(const float *logits, int64_t V, float temp, float 
     return s[c - 1];
 }
 
+double dt__gen_warp(const float *logits, int64_t V, const dt_generate_params *p, int64_t keep, double *prob,
+                    dt__gen_ranked *r, unsigned char *kept)
+{
+    int64_t best = 0;
+    for (int64_t j = 1; j < V; j++)
+        if (logits[j] > logits[best])
+            best = j;
+    /* top_h keeps a prefix of the tokens by likelihood, then top_k the k most likely of them (at least keep):
+       the smallest logit kept by either (ties kept, as torch.topk + masking < v[-1]) */
+    double thr = p->top_h > 0.0f ? top_h_threshold(logits, V, p->temperature, p->top_h, prob) : -INFINITY;
+    const int64_t k = p->top_k > 0 && p->top_k < keep ? keep : p->top_k;
+    if (k > 0 && k < V) {
+        largest(logits, V, k, prob);
+        thr = prob[k - 1] > thr ? prob[k - 1] : thr;
+    }
+    double mx = logits[best] / (double)p->temperature, sum = 0;
+    for (int64_t j = 0; j < V; j++) {
+        double e = logits[j] < thr ? 0.0 : exp(logits[j] / (double)p->temperature - mx);
+        prob[j] = e;
+        sum += e;
+    }
+    if (p->top_p < 1.0f)
+        sum = top_p_filter(prob, V, sum, p->top_p, keep, r);
+    if (p->min_p > 0.0f)
+        sum = min_p_filter(prob, V, p->min_p, keep, r);
+    if (p->typical_p < 1.0f)
+        sum = typical_filter(prob, V, sum, p->typical_p, keep, r);
+    if (p->epsilon_cutoff > 0.0f)
+        sum = cutoff_filter(prob, V, sum, p->epsilon_cutoff, false, keep, r);
+    if (p->eta_cutoff > 0.0f)
+        sum = cutoff_filter(prob, V, sum, p->eta_cutoff, true, keep, r);
+    /* the tokens the warpers leave a finite score: past top_h and top_k, and through the filters that weigh
+       probabilities (a token whose weight underflowed is in their tails, as in transformers'; without them it
+       stays, with its tiny score) */
+    const bool weighed = p->top_p < 1.0f || p->min_p > 0.0f || p->typical_p < 1.0f || p->epsilon_cutoff > 0.0f ||
+                         p->eta_cutoff > 0.0f;
+    for (int64_t j = 0; kept && j < V; j++)
+        kept[j] = logits[j] >= thr && logits[j] > -INFINITY && (!weighed || prob[j] > 0);
+    return sum;
+}
+
 /* Index of the token chosen from logits[0..V) (prob, r: room for V). */
 static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p, int64_t step, double *prob,
                     ranked *r)
@@ -266,29 +327,7 @@ static int64_t pick(const float *logits, int64_t V, const dt_generate_params *p,
             best = j;
     if (p->temperature <= 0.0f)
         return best;
-    /* top_h keeps a prefix of the tokens by likelihood, then top_k the k most likely of them: the smallest
-       logit kept by either (ties kept, as torch.topk + masking < v[-1]) */
-    double thr = p->top_h > 0.0f ? top_h_threshold(logits, V, p->temperature, p->top_h, prob) : -INFINITY;
-    if (p->top_k > 0 && p->top_k < V) {
-        largest(logits, V, p->top_k, prob);
-        thr = prob[p->top_k - 1] > thr ? prob[p->top_k - 1] : thr;
-    }
-    double mx = logits[best] / (double)p->temperature, sum = 0;
-    for (int64_t j = 0; j < V; j++) {
-        double e = logits[j] < thr ? 0.0 : exp(logits[j] / (double)p->temperature - mx);
-        prob[j] = e;
-        sum += e;
-    }
-    if (p->top_p < 1.0f)
-        sum = top_p_filter(prob, V, sum, p->top_p, r);
-    if (p->min_p > 0.0f)
-        sum = min_p_filter(prob, V, p->min_p);
-    if (p->typical_p < 1.0f)
-        sum = typical_filter(prob, V, sum, p->typical_p, r);
-    if (p->epsilon_cutoff > 0.0f)
-        sum = cutoff_filter(prob, V, sum, p->epsilon_cutoff, false);
-    if (p->eta_cutoff > 0.0f)
-        sum = cutoff_filter(prob, V, sum, p->eta_cutoff, true);
+    const double sum = dt__gen_warp(logits, V, p, 1, prob, r, NULL);
     double u = (double)dt_rng_uniform(dt_rng_key_make(p->seed, DT_RNG_USER, 0x67656e, 0), (uint64_t)step) * sum, c = 0;
     for (int64_t j = 0; j < V; j++) {
         c += prob[j];
@@ -356,10 +395,6 @@ static dt_status check(dt_model *m, const char *who, const dt_generate_params *p
     if (!isfinite(p->length_penalty) || (unsigned)p->early_stopping > DT_EARLY_STOPPING_NEVER)
         return dt_error(DT_ERR_INVALID_ARG, "%s: length_penalty %g (finite) or early_stopping %d (a "
                         "dt_early_stopping) out of range", who, (double)p->length_penalty, (int)p->early_stopping);
-    if (p->num_beams > 1 && p->temperature > 0.0f)
-        return dt_error(DT_ERR_UNSUPPORTED, "%s: num_beams %lld with temperature %g is beam sampling "
-                        "(transformers' do_sample with num_beams > 1), not implemented: temperature 0 for beam "
-                        "search", who, (long long)p->num_beams, (double)p->temperature);
     if (p->n_eos < 0 || p->n_eos > DT_GENERATE_MAX_EOS)
         return dt_error(DT_ERR_INVALID_ARG, "%s: n_eos %d is outside [0, %d]", who, p->n_eos, DT_GENERATE_MAX_EOS);
     for (int i = 0; i < p->n_eos; i++)

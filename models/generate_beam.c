@@ -1,5 +1,10 @@
-/* Beam search for dt_model_generate (num_beams > 1, temperature 0):
- * transformers' _beam_search (5.x, its vectorised rewrite) for one prompt.
+/* Beam search for dt_model_generate (num_beams > 1): transformers'
+ * _beam_search (5.x, its vectorised rewrite) for one prompt; with a
+ * temperature > 0 its beam sampling (do_sample): in step 1 the warpers
+ * (dt__gen_warp, keeping at least K / num_beams tokens) on each beam's
+ * processed log-probabilities divided by the temperature, and in step 2 K
+ * pairs drawn without replacement from the softmax of their scores, sorted
+ * best first (sample_k; dtrain's Philox draws, not torch's generator).
  *
  * State: num_beams running sequences with their scores (the sum of their
  * tokens' log-probabilities; at the start one beam scores 0 and the others
@@ -75,6 +80,50 @@ static void log_softmax(const float *x, int64_t V, float *y)
         y[j] = x[j] - mx - ls;
 }
 
+/* Beam sampling's choice (transformers: torch.multinomial(softmax(acc), K)
+ * without replacement, then sorted by score): K draws over acc[0..n), each
+ * from the weights exp(acc - max) not taken yet, by a Philox draw keyed
+ * (seed, DT_RNG_USER, "beam", step), draw k; when no weight is left (fewer
+ * than K pairs the warpers kept), the best score not taken. top[0..K):
+ * best first, equal scores by index (w: room for n). */
+static void sample_k(const float *acc, int64_t n, int64_t K, uint64_t seed, int64_t step, double *w, scored *top)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = acc[i] > mx ? acc[i] : mx;
+    double left = 0;
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = isfinite(mx) && acc[i] > -INFINITY ? exp((double)acc[i] - mx) : 0.0;
+        left += w[i];
+    }
+    const dt_rng_key key = dt_rng_key_make(seed, DT_RNG_USER, 0x6265616d, (uint64_t)step);
+    for (int64_t k = 0; k < K; k++) {
+        int64_t got = -1;
+        if (left > 0) {
+            const double u = (double)dt_rng_uniform(key, (uint64_t)k) * left;
+            double c = 0;
+            for (int64_t i = 0; i < n && got < 0; i++)
+                if (w[i] > 0 && u < (c += w[i]))
+                    got = i;
+            for (int64_t i = n - 1; i >= 0 && got < 0; i--) /* rounding: the last pair with weight */
+                if (w[i] > 0)
+                    got = i;
+        }
+        if (got < 0) /* nothing left to draw: the best score not taken */
+            for (int64_t i = 0; i < n; i++)
+                if (w[i] >= 0 && (got < 0 || acc[i] > acc[got]))
+                    got = i;
+        left -= w[got] > 0 ? w[got] : 0;
+        w[got] = -1.0; /* taken */
+        int64_t j = k; /* insertion, best first */
+        while (j > 0 && (acc[got] > top[j - 1].s || (acc[got] == top[j - 1].s && got < top[j - 1].i))) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (scored){acc[got], got};
+    }
+}
+
 static bool stop_token(const dt_generate_params *p, int64_t tok)
 {
     for (int i = 0; i < p->n_eos; i++)
@@ -94,8 +143,10 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt
     const int64_t X = P > nprompt ? P : nprompt; /* the longest forward input: the window, or a cached prompt */
     /* the buffers' bytes, counted in double: a num_beams near INT64_MAX must be refused, not wrap */
     const double db = (double)B, dk = (double)K;
+    const bool sample = p->temperature > 0.0f; /* beam sampling: the warpers' weights and the draws' */
     const double need = ((3 * db + dk) * (double)L + db * (double)X + 4 * db + 2 * dk) * sizeof(int64_t) +
-                        (db * (double)V + (double)V + 3 * db + 2 * dk) * sizeof(float) + (double)V + 2 * (db + dk);
+                        (db * (double)V + (double)V + 3 * db + 2 * dk) * sizeof(float) + (double)V + 2 * (db + dk) +
+                        (sample ? (db + 1) * (double)V * sizeof(double) + (double)V * sizeof(dt__gen_ranked) : 0);
     if (need > (double)(SIZE_MAX / 4))
         return dt_error(DT_ERR_NO_MEMORY, "%s: num_beams %lld over %lld tokens would need %.3g bytes of buffers",
                         who, (long long)B, (long long)L, need);
@@ -114,9 +165,11 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt
     scored *top = malloc((size_t)K * sizeof *top), *pick = malloc((size_t)(B + K) * sizeof *pick);
     unsigned char *seen = malloc((size_t)V);
     int64_t *mlen = malloc((size_t)(B + K) * sizeof *mlen), *mseq = malloc((size_t)(B * L) * sizeof *mseq);
+    double *w = sample ? malloc((size_t)(B * V) * sizeof *w) : NULL, *wp = sample ? malloc((size_t)V * sizeof *wp) : NULL;
+    dt__gen_ranked *wr = sample ? malloc((size_t)V * sizeof *wr) : NULL;
     dt_status st = DT_OK;
     if (!run || !fin || !cand || !xin || !parent || !finlen || !acc || !lp || !runs || !fins || !merged || !cs || !hit ||
-        !finished || !mflag || !top || !pick || !seen || !mlen || !mseq) {
+        !finished || !mflag || !top || !pick || !seen || !mlen || !mseq || (sample && (!w || !wp || !wr))) {
         st = dt_error(DT_ERR_NO_MEMORY, "%s: num_beams %lld over %lld tokens: out of memory for %.3g bytes", who,
                       (long long)B, (long long)L, need);
         goto done;
@@ -153,11 +206,16 @@ dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt
         for (int64_t b = 0; b < B; b++) { /* log_softmax, the processors, plus the beam's score */
             log_softmax((const float *)y->data + (b * Ty + Ty - 1) * V, V, lp);
             dt__gen_process(p, run + b * L, cur, nprompt, lp, V, seen);
+            if (sample) /* the warpers (TemperatureLogitsWarper divides the log-probabilities), K / B kept */
+                dt__gen_warp(lp, V, p, K / B, wp, wr, seen);
             for (int64_t j = 0; j < V; j++)
-                acc[b * V + j] = lp[j] + runs[b];
+                acc[b * V + j] = !sample ? lp[j] + runs[b] : seen[j] ? lp[j] / p->temperature + runs[b] : -INFINITY;
         }
         dt_ctx_reset(ctx);
-        top_k(acc, B * V, K, top);
+        if (sample)
+            sample_k(acc, B * V, K, p->seed, cur, w, top);
+        else
+            top_k(acc, B * V, K, top);
         bool all_hit = true;
         for (int64_t k = 0; k < K; k++) {
             const int64_t src = top[k].i / V, tok = top[k].i % V;
@@ -243,5 +301,8 @@ done:
     free(seen);
     free(mlen);
     free(mseq);
+    free(w);
+    free(wp);
+    free(wr);
     return st;
 }

@@ -324,9 +324,10 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         c->pad_token_id = gemma ? 0 : olmo2 ? 1 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
-            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: Phi3Config's default 32000 is "
-                             "outside the vocabulary (vocab_size %lld); give it (null for none)", r->path,
-                             (long long)c->vocab_size);
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
+                             "vocabulary (vocab_size %lld); give it (null for none)", r->path,
+                             gemma ? "GemmaConfig" : olmo2 ? "Olmo2Config" : "Phi3Config",
+                             (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
         c->has_pad_token = r->st >= 0;

@@ -125,10 +125,24 @@ dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const
  * of scratch. */
 void dt__gen_process(const dt_generate_params *p, const int64_t *seq, int64_t n, int64_t nprompt, float *s,
                      int64_t V, unsigned char *seen);
+/* A token and its weight (or distance), for the sampling filters. */
+typedef struct {
+    double p;
+    int64_t i;
+} dt__gen_ranked;
+/* transformers' sampling warpers in its order on scores[0..V) (logits, or a beam's processed
+ * log-probabilities) at p's temperature > 0: top_h, top_k, top_p, min_p, typical_p, the epsilon and eta
+ * cutoffs, each keeping at least keep tokens (min_tokens_to_keep: 1, beam sampling's max(2, 1 + n_eos)):
+ * prob[j] = exp(s_j / T - max) for the tokens kept, 0 for the others; their sum returned (prob, r: room
+ * for V). kept (V bytes, may be NULL): 1 for the tokens the warpers leave a finite score (a weight may
+ * underflow to 0 and the token stay). generate.c. */
+double dt__gen_warp(const float *scores, int64_t V, const dt_generate_params *p, int64_t keep, double *prob,
+                    dt__gen_ranked *r, unsigned char *kept);
 /* transformers' beam search (generate_beam.c) for dt_model_generate with p->num_beams > 1 (checked, one
  * process, eval mode): the prompt out[0..nprompt) continued, *nout the best finished sequence's length; kv: a
  * cache of num_beams sequences (dt__gen_kv_init) or NULL (the uncached forward); P, V: the model's positions and
- * vocabulary; ctx: the caller's (reset here). */
+ * vocabulary; ctx: the caller's (reset here). A temperature > 0 is beam sampling (transformers'
+ * do_sample with num_beams > 1). */
 dt_status dt__gen_beam(dt_model *m, dt_ctx *ctx, const dt_generate_params *p, dt__gen_kv *kv, int64_t P, int64_t V,
                        int64_t *out, int64_t nprompt, int64_t *nout);
 

@@ -23,7 +23,8 @@
  * (taken before the processors, which then apply to the log-probabilities,
  * as transformers does), the finished ones ranked by that sum over
  * (new tokens)^length_penalty, early_stopping deciding when to stop; the
- * best finished sequence comes back. A key/value cache runs the prompt once
+ * best finished sequence comes back (with a temperature > 0 its beam
+ * sampling: the filters on each beam, the pairs drawn). A key/value cache runs the prompt once
  * and then each new token alone while the sequence fits the model's
  * positions; past them the window of the last block_size tokens moves, a
  * forward over it per token. The model is a GPT-2 or Llama zoo model
@@ -106,8 +107,12 @@ typedef struct dt_generate_params {
                                this many tokens; >= 0, default 0 (the larger of the two bounds applies) */
     int64_t no_repeat_ngram_size; /* NoRepeatNGramLogitsProcessor: a token that would complete an n-gram
                                      already in the sequence (prompt included) gets -inf; 0 = off (default) */
-    int64_t num_beams;      /* 1 (default): one sequence; > 1: beam search (temperature 0 only: beam
-                               sampling is DT_ERR_UNSUPPORTED). The beams run as one batch of num_beams
+    int64_t num_beams;      /* 1 (default): one sequence; > 1: beam search, or with a temperature > 0
+                               beam sampling (transformers' do_sample: the warpers on each beam's
+                               log-probabilities, keeping at least max(2, 1 + n_eos) tokens, and
+                               2 num_beams (beam, token) pairs drawn without replacement from the
+                               softmax of their scores; Philox draws keyed by seed and the step).
+                               The beams run as one batch of num_beams
                                rows, with kv_cache one cached sequence per beam (a beam that continues
                                another takes its cached positions) */
     float length_penalty;   /* beam search: a finished sequence scores its log-probability sum over
@@ -145,8 +150,7 @@ DT_API dt_generate_params dt_generate_params_default(void);
  * weights give the same tokens. With num_beams > 1: the best finished
  * beam (up to max_new_tokens new tokens, its stop token kept).
  * DT_ERR_UNSUPPORTED for a model that is
- * neither, or num_beams > 1 with temperature > 0 (beam sampling) or under
- * the pipe strategy; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
+ * neither, or num_beams > 1 under the pipe strategy; DT_ERR_RANGE for a prompt token or a stop token outside [0, V);
  * DT_ERR_INVALID_ARG for a top_p or typical_p outside (0, 1], a min_p
  * or top_h outside [0, 1], an epsilon_cutoff or eta_cutoff outside [0, 1), a repetition_penalty
  * not > 0, n_eos outside [0, DT_GENERATE_MAX_EOS], a negative

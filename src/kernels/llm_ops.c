@@ -129,9 +129,6 @@ DT__AVX512 static void rope_row_bf16_avx512(const void *x, bool x_f32, int64_t H
 }
 #endif
 
-/* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
- * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
- * f32 holding t values (y_f32; with both, widened from y_lp). */
 /* Elements [i, i + m) of x passed to y unrotated (past the rotary width):
  * as t, rounded once when x holds f32 (m <= RP_BLK). */
 static void pass_lp(const void *x, bool x_f32, dt_dtype t, int64_t i, int64_t m, void *y_lp, float *y_f32,
@@ -148,6 +145,9 @@ static void pass_lp(const void *x, bool x_f32, dt_dtype t, int64_t i, int64_t m,
         dt_k_convert(y_lp ? (const uint16_t *)y_lp + i : v, t, y_f32 + i, DT_F32, m);
 }
 
+/* x (t values, or f32 when x_f32: a gradient, rounded to t first) rotated
+ * by sgn times the angles, rounded to t and stored as t (y_lp) and/or as
+ * f32 holding t values (y_f32; with both, widened from y_lp). */
 static void rope_lp_rows(const void *x, bool x_f32, dt_dtype t, int64_t B, int64_t T, int64_t H, int64_t hd,
                          int64_t rot, const float *cos_t, const float *sin_t, float sgn, void *y_lp, float *y_f32)
 {

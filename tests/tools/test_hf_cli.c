@@ -720,12 +720,18 @@ TEST(generate_processors_and_beams)
     ASSERT_STR_EQ(r.err, "");
     gen_ids(&r, m, (char *[]){"--max-new-tokens", "12", "--early-stopping", "false", NULL}); /* the option wins */
     ASSERT_STR_CONTAINS(r.out, "| 89 111 78 72 116 73 6 78 72 116 73 71\n");
-    /* do_sample with num_beams: beam sampling, refused rather than run as something else */
+    /* do_sample with num_beams: beam sampling; the same tokens for the same --sample-seed, beam search's with
+       --temperature 0 */
     snprintf(m, sizeof m, "hf:%s", edited_dir("llama", "beamsample", "printf '{\"do_sample\": true, \"num_beams\": 2}' "
                                                                      "> generation_config.json"));
-    gen_ids(&r, m, (char *[]){NULL});
-    ASSERT_EQ_INT(r.code, 2);
-    ASSERT_STR_CONTAINS(r.err, "beam sampling");
+    static cli_result r2;
+    gen_ids(&r, m, (char *[]){"--sample-seed", "4", "--max-new-tokens", "12", NULL});
+    ASSERT_EQ_INT(r.code, 0);
+    gen_ids(&r2, m, (char *[]){"--sample-seed", "4", "--max-new-tokens", "12", NULL});
+    ASSERT_STR_EQ(r.out, r2.out);
+    gen_ids(&r2, m, (char *[]){"--temperature", "0", "--max-new-tokens", "12", NULL});
+    ASSERT_EQ_INT(r2.code, 0);
+    ASSERT(strcmp(r.out, r2.out) != 0); /* sampled, not searched */
     snprintf(m, sizeof m, "hf:%s", edited_dir("llama", "beams0", "printf '{\"num_beams\": 0}' > "
                                                                  "generation_config.json"));
     gen_ids(&r, m, (char *[]){NULL});
