@@ -51,6 +51,20 @@ static void last_logits(dt_model *m, const int64_t *prompt, int64_t np, float *o
  * keeps every token ranked no farther than the (c+1)-th; then epsilon_cutoff and eta_cutoff (EpsilonLogitsWarper,
  * EtaLogitsWarper): a token whose q is below the cutoff goes unless it is the most likely, the cutoff eps, or
  * min(eta, sqrt(eta) e^-H) with H the entropy of the q left. */
+/* The documented draw of the first new token over the tokens kept (weights w): Philox (seed, DT_RNG_USER,
+ * "gen", 0) times their sum, walked in id order. */
+static int64_t ref_draw(const bool *keep, const double *w, uint64_t seed)
+{
+    double sum = 0, c = 0;
+    for (int j = 0; j < V; j++)
+        sum += keep[j] ? w[j] : 0;
+    const double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * sum;
+    for (int j = 0; j < V; j++)
+        if (keep[j] && u < (c += w[j]))
+            return j;
+    return -1;
+}
+
 static int64_t ref_pick(const float *logits, float temp, float top_p, float min_p, float typical, float eps,
                         float eta, uint64_t seed, int *kept)
 {
@@ -125,11 +139,7 @@ static int64_t ref_pick(const float *logits, float temp, float top_p, float min_
     *kept = 0;
     for (int j = 0; j < V; j++)
         *kept += keep[j];
-    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * ksum, c = 0;
-    for (int j = 0; j < V; j++)
-        if (keep[j] && u < (c += p[j]))
-            return j;
-    return -1;
+    return ref_draw(keep, p, seed);
 }
 
 TEST(top_p_against_the_reference)
@@ -302,15 +312,13 @@ static int64_t ref_top_h(const float *logits, float temp, float top_h, int64_t t
         c = (int)top_k;
     *kept = c;
     static bool keep[V];
+    static double w[V];
     memset(keep, 0, sizeof keep);
-    double sum = 0;
     for (int i = 0; i < c; i++)
-        keep[order[i]] = true, sum += exp(logits[order[i]] / (double)temp - top);
-    double u = (double)dt_rng_uniform(dt_rng_key_make(seed, DT_RNG_USER, 0x67656e, 0), 0) * sum, acc = 0;
+        keep[order[i]] = true;
     for (int j = 0; j < V; j++)
-        if (keep[j] && u < (acc += exp(logits[j] / (double)temp - top)))
-            return j;
-    return -1;
+        w[j] = exp(logits[j] / (double)temp - top);
+    return ref_draw(keep, w, seed);
 }
 
 /* top_h alone and before top_k against the reference (30 seeds each); a larger top_h keeps more; out of
