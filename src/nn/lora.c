@@ -120,6 +120,17 @@ static bool is_output(const char *path)
     return !strcmp(path, "lm_head") || (l > 8 && !strcmp(path + l - 8, ".lm_head"));
 }
 
+bool dt__tp_rows_split(const int64_t *rows, int c, int64_t t, int64_t *total)
+{
+    bool ok = c <= DT_TP_MAX_CHUNKS && t >= 1;
+    *total = 0;
+    for (int k = 0; ok && k < c; k++) {
+        ok = rows[k] > 0 && rows[k] % t == 0;
+        *total += rows[k];
+    }
+    return ok;
+}
+
 static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
 {
     int64_t in, out;
@@ -140,13 +151,9 @@ static dt_status adapt(dt_module *m, const char *path, const dt_lora_params *p)
     a_in = in, b_out = out;
     if (h) {
         const int64_t t = h->ranks, c = h->chunks > 1 ? h->chunks : 1;
-        bool rows_ok = c <= DT_TP_MAX_CHUNKS; /* given chunk sizes: each split evenly, out in all */
-        int64_t rows = 0;
-        for (int k = 0; h->chunk_rows[0] > 0 && k < c && rows_ok; k++) {
-            rows_ok = t >= 1 && h->chunk_rows[k] > 0 && h->chunk_rows[k] % t == 0;
-            rows += h->chunk_rows[k];
-        }
-        rows_ok = rows_ok && (h->chunk_rows[0] <= 0 || rows == out);
+        int64_t rows = 0; /* given chunk sizes: each split evenly, out in all */
+        const bool rows_ok =
+            h->chunk_rows[0] <= 0 || (dt__tp_rows_split(h->chunk_rows, (int)c, t, &rows) && rows == out);
         if (t < 1 || (h->split != 1 && h->split != 2) || !h->fwd || !rows_ok ||
             (h->split == 1 && h->chunk_rows[0] <= 0 && out % (t * c)) || (h->split == 2 && in % t))
             return dt_error(DT_ERR_INVALID_ARG, "LoRA target '%s': its slicing (split %d over %d ranks, %lld chunks "

@@ -153,4 +153,9 @@ size_t dt__model_release(dt_model *m);
 dt_status dt__model_claim(dt_model *m, const void *by);
 void dt__model_unclaim(dt_model *m, const void *by);
 
+/* Blocks of given sizes rows[0..c) (dt_nn_param_spec.tp_chunk_rows) over t
+ * ranks: true when c <= DT_TP_MAX_CHUNKS and each is positive and a
+ * multiple of t; *total: their sum. lora.c. */
+bool dt__tp_rows_split(const int64_t *rows, int c, int64_t t, int64_t *total);
+
 #endif

@@ -794,11 +794,7 @@ dt_status dt_tp_full_shape(const dt_param_info *p, int t, int64_t *shape)
     bool fits = d >= 0 && d < p->ndim && c <= DT_TP_MAX_CHUNKS;
     if (fits && given) { /* blocks of given sizes, each split evenly over the ranks */
         int64_t rows = 0;
-        for (int k = 0; k < c; k++) {
-            fits = fits && p->tp_chunk_rows[k] > 0 && p->tp_chunk_rows[k] % t == 0;
-            rows += p->tp_chunk_rows[k];
-        }
-        fits = fits && rows == p->shape[d] * t;
+        fits = dt__tp_rows_split(p->tp_chunk_rows, c, t, &rows) && rows == p->shape[d] * t;
     } else if (fits) {
         fits = p->shape[d] % c == 0;
     }
@@ -881,11 +877,7 @@ static dt_status check_slice(const dt_param_info *p, const dt_param_info *f, int
             ok = p->shape[i] == f->shape[i];
         else if (p->tp_chunk_rows[0] > 0) { /* blocks of given sizes: each divided evenly */
             int64_t rows = 0;
-            for (int k = 0; ok && k < c && k < DT_TP_MAX_CHUNKS; k++) {
-                ok = p->tp_chunk_rows[k] > 0 && p->tp_chunk_rows[k] % t == 0;
-                rows += p->tp_chunk_rows[k];
-            }
-            ok = ok && c <= DT_TP_MAX_CHUNKS && rows == f->shape[i] && rows == p->shape[i] * t;
+            ok = dt__tp_rows_split(p->tp_chunk_rows, c, t, &rows) && rows == f->shape[i] && rows == p->shape[i] * t;
         } else
             ok = f->shape[i] % c == 0 && p->shape[i] % c == 0 &&
                  p->shape[i] / c == (f->shape[i] / c + t - 1) / t; /* ceil: Megatron's padding */
