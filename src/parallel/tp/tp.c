@@ -730,26 +730,13 @@ dt_tensor *dt_tp_vocab_cross_entropy(dt_ctx *ctx, dt_pg *tp, dt_tensor *logits, 
 
 /* ---- initialisation from the single-process model --------------------------------------- */
 
-/* p's blocks along its sliced dim d (full: the full tensor's size there):
- * their full sizes fb and the rank's sizes lb (local: the slice's size
- * there); their count. Equal blocks: full / c and local / c each (a block's
- * last rank may hold padding); given sizes (tp_chunk_rows): each divided by
- * the ranks. */
-static int blocks_of(const dt_param_info *p, int64_t full, int64_t local, int64_t *fb, int64_t *lb)
-{
-    const int c = p->tp_chunks > 1 ? p->tp_chunks : 1;
-    for (int k = 0; k < c; k++) {
-        const bool given = p->tp_chunk_rows[0] > 0;
-        fb[k] = given ? p->tp_chunk_rows[k] : full / c;
-        lb[k] = given ? p->tp_chunk_rows[k] / (full / local) : local / c;
-    }
-    return c;
-}
-
 /* Between the rank's slice of p (shape p->shape) and the full entry (shape
- * fs): dims other than d = tp_dim - 1 equal; along d, p's blocks
- * (blocks_of), the rank's lb rows of each starting at r lb within the
- * block's fb full rows; rows past the block's end are padding (vocabulary):
+ * fs): dims other than d = tp_dim - 1 equal; along d, p's tp_chunks blocks:
+ * equal ones of fs[d] / c full rows and ls[d] / c of the rank's each (a
+ * block's last rank may hold padding), or of the given full sizes
+ * (tp_chunk_rows, at most DT_TP_MAX_CHUNKS, checked by the callers), each
+ * divided by the ranks; the rank's lb rows of a block start at r lb within
+ * its fb full rows; rows past the block's end are padding (vocabulary):
  * zero in the slice when taking it (to_slice), skipped when putting it
  * back. */
 static void slice_move(char *slice, char *full, const dt_param_info *p, const int64_t *fs, int r, size_t es,
@@ -757,18 +744,26 @@ static void slice_move(char *slice, char *full, const dt_param_info *p, const in
 {
     const int64_t *ls = p->shape;
     const int d = p->tp_dim - 1;
-    int64_t outer = 1, inner = 1, fb[DT_TP_MAX_CHUNKS], lb[DT_TP_MAX_CHUNKS];
+    const int c = p->tp_chunks > 1 ? p->tp_chunks : 1;
+    const bool given = p->tp_chunk_rows[0] > 0;
+    int64_t outer = 1, inner = 1;
     for (int i = 0; i < d; i++)
         outer *= ls[i];
     for (int i = d + 1; i < p->ndim; i++)
         inner *= ls[i];
-    const int c = blocks_of(p, fs[d], ls[d], fb, lb);
+    const int64_t Feq = fs[d] / c, Leq = ls[d] / c, ranks = given ? fs[d] / ls[d] : 1;
     const size_t row = (size_t)inner * es;
     for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0, b = 0, lo = 0, fo = 0; k < ls[d]; k++) {
-            while (b + 1 < c && k >= lo + lb[b]) /* the block of local row k: lo, fo its first rows */
-                lo += lb[b], fo += fb[b], b++;
-            const int64_t w = (int64_t)r * lb[b] + (k - lo), B = fb[b];
+            int64_t lb = Leq, B = Feq; /* local row k's block: its sizes; lo, fo its first rows */
+            if (!given) {
+                lo = k / Leq * Leq, fo = k / Leq * Feq;
+            } else {
+                while (b + 1 < c && k >= lo + p->tp_chunk_rows[b] / ranks)
+                    lo += p->tp_chunk_rows[b] / ranks, fo += p->tp_chunk_rows[b], b++;
+                B = p->tp_chunk_rows[b], lb = B / ranks;
+            }
+            const int64_t w = (int64_t)r * lb + (k - lo);
             char *sl = slice + (size_t)((o * ls[d] + k) * inner) * es;
             char *fl = full + (size_t)((o * fs[d] + fo + w) * inner) * es;
             if (w >= B) {
