@@ -42,7 +42,9 @@
  * OLMo 2 (dt_llama_config.olmo2; transformers' Olmo2ForCausalLM): no
  * norm before attention and MLP; each output normalized before its
  * residual add (post_attention_layernorm, post_feedforward_layernorm), q
- * and k normalized over their whole projections before RoPE.
+ * and k normalized over their whole projections before RoPE (under tensor
+ * parallelism each rank normalizes its heads' columns by the whole rows'
+ * statistics: dt_tp_rms_norm).
  *
  * Granite (transformers' GraniteForCausalLM): the Llama block with the
  * embeddings times embedding_multiplier, each attention and MLP output
@@ -457,6 +459,29 @@ static dt_module *fused_proj(dt_pg *tp, int64_t in, const int64_t *rows, int nro
     return tp ? tp_linear(tp, in, out, false, std, true, rows, nrows) : linear(in, out, false, std);
 }
 
+static dt_tensor *split_norm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
+{
+    const llama_rt *rt = ud;
+    return dt_tp_rms_norm(ctx, dt_tp_module_group(self), x, dt_module_param(self, 0), rt->c.rms_norm_eps);
+}
+
+/* OLMo 2's q_norm or k_norm: an RMSNorm over the whole projection of n
+ * values; under tp each rank holds the weight's columns of its heads and
+ * the rows' statistics are summed over the group (dt_tp_rms_norm). */
+static dt_module *whole_norm(const dt_llama_config *c, llama_rt *rt, dt_pg *tp, int64_t n)
+{
+    if (!tp)
+        return dt_nn_rmsnorm(n, c->rms_norm_eps);
+    dt_nn_param_spec s = {.name = "weight", .ndim = 1, .shape = {n / dt_pg_size(tp)}, .init = DT_NN_INIT_ONES,
+                          .tp_dim = 1};
+    dt_module *m = dt_nn_custom("LlamaSplitRMSNorm", 1, &s, split_norm_forward, rt);
+    if (m && dt_tp_module_set_group(m, tp) < 0) {
+        dt_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
 {
     const int64_t C = c->hidden_size, hd = c->head_dim, H = c->num_attention_heads, KV = c->num_key_value_heads;
@@ -479,9 +504,12 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
         ok = add(attn, "v_proj", proj(tp, C, KV * hd, ab, std, true), ok);
         ok = add(attn, "o_proj", proj(tp, H * hd, C, ob, std, false), ok);
     }
-    if (c->qk_norm || c->olmo2) { /* Qwen3's over each head, OLMo 2's over the whole projection */
-        ok = add(attn, "q_norm", dt_nn_rmsnorm(c->olmo2 ? H * hd : hd, c->rms_norm_eps), ok);
-        ok = add(attn, "k_norm", dt_nn_rmsnorm(c->olmo2 ? KV * hd : hd, c->rms_norm_eps), ok);
+    if (c->olmo2) { /* OLMo 2's over the whole projection (under tp the rank's heads' columns) */
+        ok = add(attn, "q_norm", whole_norm(c, rt, tp, H * hd), ok);
+        ok = add(attn, "k_norm", whole_norm(c, rt, tp, KV * hd), ok);
+    } else if (c->qk_norm) { /* Qwen3's over each head */
+        ok = add(attn, "q_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
+        ok = add(attn, "k_norm", dt_nn_rmsnorm(hd, c->rms_norm_eps), ok);
     }
     if (!c->fused) {
         ok = add(mlp, "gate_proj", proj(tp, C, I, mb, std, true), ok);
@@ -703,9 +731,6 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error(DT_ERR_UNSUPPORTED, "llama: dropout %g is not supported for Llama models yet (0 only; the "
                         "GPT models have it)", (double)c.dropout);
     dt_pg *tp = c.tp && dt_pg_size(c.tp) > 1 ? c.tp : NULL;
-    if (tp && lc->olmo2)
-        return dt_error(DT_ERR_UNSUPPORTED, "llama: OLMo 2 is not supported under tensor parallelism yet (its q_norm "
-                        "and k_norm span every head, which the ranks split)");
     if (tp && c.sequence_parallel)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: sequence parallelism is not supported for Llama models yet (the "
                         "GPT models have it; tensor parallelism without it works)");

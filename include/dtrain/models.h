@@ -240,8 +240,9 @@ typedef struct dt_llama_config {
                                          outputs normalized (post_attention_layernorm,
                                          post_feedforward_layernorm) before the residual add; q and k
                                          RMS-normalized over their whole projections (self_attn.q_norm [H hd],
-                                         k_norm [KV hd]) before RoPE; not under tensor parallelism
-                                         (DT_ERR_UNSUPPORTED: the norms span the ranks' heads) */
+                                         k_norm [KV hd]) before RoPE; under tensor parallelism each
+                                         rank normalizes its heads by the whole rows' statistics
+                                         (dt_tp_rms_norm) */
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */

@@ -14,6 +14,8 @@
  *   g = dt_tp_reduce_from_region: forward all-reduce, backward identity
  *   dt_tp_gather_last:  forward all-gather along the last dim, backward the rank's slice
  *   dt_tp_scatter_last: forward the rank's slice of the last dim, backward all-gather
+ *   dt_tp_rms_norm: an RMSNorm of rows whose last dim the ranks split (the
+ *     rows' statistics all-reduced forward and backward)
  *   dt_tp_sp_*: sequence parallelism's versions along any dim (reduce-scatter
  *     and all-gather pairs; the zoo's GPT uses them with
  *     dt_model_config.sequence_parallel, see models/gpt2.c)
@@ -145,6 +147,15 @@ DT_API dt_tensor *dt_tp_gather_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
 /* x [..., N] (the same on every rank) -> the rank's columns [r N/t, (r + 1) N/t)
  * (N divisible by t); backward: all-gather of the gradients. */
 DT_API dt_tensor *dt_tp_scatter_last(dt_ctx *ctx, dt_pg *tp, dt_tensor *x);
+/* RMSNorm of rows whose last dim the group splits (OLMo 2's q_norm and
+ * k_norm over every head, each rank holding its heads): x [..., n_r] and
+ * weight [n_r] (or NULL) are the rank's columns; each row is divided by
+ * the root mean square of the WHOLE row (all ranks' columns, n = sum n_r),
+ * y = x / sqrt(mean(x^2) + eps) * weight, in x's dtype (statistics in f32
+ * and double). One all-reduce of the rows' sums of squares forward, one of
+ * the rows' sums of x w dy backward; weight's gradient is the rank's slice.
+ * A group of one: dt_rms_norm. */
+DT_API dt_tensor *dt_tp_rms_norm(dt_ctx *ctx, dt_pg *tp, dt_tensor *x, dt_tensor *weight, float eps);
 
 /* Sequence parallelism (Korthikanti et al.): layer norm and
  * dropout regions hold the rank's chunk of the sequence dimension `dim`

@@ -3,6 +3,9 @@
  *   - f, g, gather and scatter along the last dim, and sequence
  *     parallelism's gather / reduce-scatter / scatter along dim 1: forward
  *     values and gradients against their definitions (2 and 3 ranks);
+ *   - RMSNorm over a last dim the ranks split (OLMo 2's q_norm) against
+ *     dt_rms_norm over the whole rows: values and gradients (2 and 3
+ *     ranks), bf16;
  *   - the vocabulary-parallel cross-entropy against dt_cross_entropy of the
  *     whole logits (loss and gradient), a vocabulary not divisible by the
  *     group (padding) and an ignored label;
@@ -238,6 +241,80 @@ TEST(tp_sequence_parallel_ops)
     ASSERT_EQ_INT(th_run(3, 30, sp_body, NULL, NULL), 0);
 }
 
+/* ---- RMSNorm over a split last dim (OLMo 2's q_norm) ------------------------------------------- */
+
+enum { NR = 5, NC = 4 }; /* rows, each rank's columns */
+
+/* The rank's columns [r NC, (r + 1) NC) of rows of size NC t, and its slice of
+ * the weight: forward and the gradients of x and of the weight against
+ * dt_rms_norm over the whole rows (loss = sum(y * u), u the same everywhere);
+ * in bf16 the result in bf16 against the f32 one rounded. */
+static int norm_body(int rank, int size, void *arg)
+{
+    (void)arg;
+    dt_pg *pg;
+    TH_OK(th_pg(rank, size, NULL, &pg));
+    dt_ctx *ctx;
+    TH_OK(dt_ctx_init(NULL, &ctx));
+    const int W = NC * size;
+    float xv[NR * NC * 4], wv[NC * 4], uv[NR * NC * 4], xl[NR * NC], wl[NC], ul[NR * NC];
+    fill(xv, NR * W, 11, 0);
+    fill(wv, W, 12, 0);
+    fill(uv, NR * W, 13, 0);
+    for (int i = 0; i < NR * W; i++)
+        xv[i] *= (float)(1 + i % 3); /* rows of different scales */
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NC; j++)
+            xl[i * NC + j] = xv[i * W + rank * NC + j], ul[i * NC + j] = uv[i * W + rank * NC + j];
+    for (int j = 0; j < NC; j++)
+        wl[j] = wv[rank * NC + j];
+    dt_tensor *xf = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){NR, W}, xv);
+    dt_tensor *wf = dt_tensor_from(ctx, DT_F32, 1, (int64_t[]){W}, wv);
+    dt_tensor_set_requires_grad(xf, true);
+    dt_tensor_set_requires_grad(wf, true);
+    dt_tensor *ref = dt_rms_norm(ctx, xf, wf, 1e-6f);
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, ref, dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){NR, W}, uv)))));
+    dt_tensor *x = dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){NR, NC}, xl);
+    dt_tensor *w = dt_tensor_from(ctx, DT_F32, 1, (int64_t[]){NC}, wl);
+    dt_tensor_set_requires_grad(x, true);
+    dt_tensor_set_requires_grad(w, true);
+    dt_tensor *y = dt_tp_rms_norm(ctx, pg, x, w, 1e-6f);
+    TH_CHECK(y && y->dtype == DT_F32 && y->shape[1] == NC, "%s", dt_last_error());
+    TH_OK(dt_backward(ctx, dt_sum(ctx, dt_mul(ctx, y, dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){NR, NC}, ul)))));
+    double wy = 0, wx = 0, ww = 0;
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < NC; j++) {
+            const int f = i * W + rank * NC + j;
+            wy = fmax(wy, fabs(dt_tensor_get(y, i * NC + j) - dt_tensor_get(ref, f)));
+            wx = fmax(wx, fabs(dt_tensor_get(x->grad, i * NC + j) - dt_tensor_get(xf->grad, f)));
+        }
+    for (int j = 0; j < NC; j++) /* the weight's gradient: the rank's slice, not a sum over the group */
+        ww = fmax(ww, fabs(dt_tensor_get(w->grad, j) - dt_tensor_get(wf->grad, rank * NC + j)));
+    TH_CHECK(wy <= 1e-6 && wx <= 2e-6 && ww <= 2e-6, "rank %d of %d: y %.3g, dx %.3g, dw %.3g from dt_rms_norm's",
+             rank, size, wy, wx, ww);
+    /* bf16 x: the result in bf16, the f32 one rounded (within one bf16 step) */
+    dt_tensor *xb = dt_cast(ctx, dt_tensor_from(ctx, DT_F32, 2, (int64_t[]){NR, NC}, xl), DT_BF16);
+    dt_tensor *yb = dt_tp_rms_norm(ctx, pg, xb, w, 1e-6f);
+    TH_CHECK(yb && yb->dtype == DT_BF16, "bf16: %s", yb ? dt_dtype_name(yb->dtype) : dt_last_error());
+    for (int i = 0; i < NR * NC; i++) {
+        const double a = dt_tensor_get(yb, i), b = dt_tensor_get(y, i);
+        TH_CHECK(fabs(a - b) <= 1.6e-2 * fabs(b) + 1e-6, "bf16 [%d]: %g, f32 %g", i, a, b);
+    }
+    /* a weight of another width */
+    TH_CHECK(!dt_tp_rms_norm(ctx, pg, x, dt_tensor_from(ctx, DT_F32, 1, (int64_t[]){NC - 1}, wl), 1e-6f) &&
+                 dt_last_status() == DT_ERR_SHAPE,
+             "weight of %d", NC - 1);
+    dt_ctx_free(ctx);
+    dt_pg_free(pg);
+    return 0;
+}
+
+TEST(tp_rms_norm_split_rows)
+{
+    ASSERT_EQ_INT(th_run(2, 30, norm_body, NULL, NULL), 0);
+    ASSERT_EQ_INT(th_run(3, 30, norm_body, NULL, NULL), 0);
+}
+
 /* ---- vocabulary-parallel cross-entropy ----------------------------------------------------- */
 
 enum { CE_N = 6, CE_V = 11 };
@@ -471,6 +548,7 @@ int main(void)
 {
     RUN(tp_ops_grad);
     RUN(tp_sequence_parallel_ops);
+    RUN(tp_rms_norm_split_rows);
     RUN(tp_vocab_cross_entropy);
     RUN(tp_mlp_steps);
     RUN(tp_errors);
