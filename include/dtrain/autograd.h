@@ -335,6 +335,18 @@ DT_API dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool cau
  * single-process one. head0 0, heads_total n_head: dt_attention. */
 DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
                                      float dropout_p, bool training, dt_rng_key key);
+/* dt_attention (no dropout) with soft-capped scores, Gemma 2's
+ * attn_logit_softcapping: softmax(softcap tanh(q k^T / (sqrt(hd) softcap))
+ * [+ causal mask]) v per head; softcap positive and finite (else
+ * DT_ERR_INVALID_ARG). A plain kernel with one row of T scores per thread
+ * (dt_k_attention_softcap_fwd), in f32: a bf16/f16 qkv is widened and the
+ * result rounded to its dtype. The heads are independent, so a rank's
+ * heads under tensor parallelism need nothing more. */
+DT_API dt_tensor *dt_attention_softcap(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float softcap);
+/* Soft capping, Gemma 2's final_logit_softcapping: cap tanh(x / cap),
+ * elementwise (cap positive and finite, else DT_ERR_INVALID_ARG); in f32,
+ * a bf16/f16 x widened and the result rounded to its dtype. */
+DT_API dt_tensor *dt_softcap(dt_ctx *ctx, dt_tensor *x, float cap);
 /* gelu_tanh(x + bias), fused: x [..., N], bias [N] or NULL. */
 DT_API dt_tensor *dt_bias_gelu_tanh(dt_ctx *ctx, dt_tensor *x, dt_tensor *bias);
 

@@ -613,6 +613,11 @@ DT_API dt_status dt_k_gelu_fwd(const float *x, float *y, int64_t n, dt_k_gelu_ap
 /* dx = dy * gelu'(x). dx may alias dy. */
 DT_API dt_status dt_k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n,
                                dt_k_gelu_approx approx);
+/* Soft capping (Gemma 2's logits): y = cap tanh(x / cap), cap positive and
+ * finite. y may alias x. */
+DT_API dt_status dt_k_softcap_fwd(const float *x, float *y, int64_t n, float cap);
+/* dx = dy (1 - (y / cap)^2) from the forward's output y. dx may alias dy. */
+DT_API dt_status dt_k_softcap_bwd(const float *y, const float *dy, float *dx, int64_t n, float cap);
 /* Fused bias + GELU over (rows, cols): y = gelu(x + bias), bias [cols] or
  * NULL. y may alias x. */
 DT_API dt_status dt_k_bias_gelu_fwd(const float *x, const float *bias, int64_t rows, int64_t cols, float *y,
@@ -668,6 +673,18 @@ DT_API dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int6
 DT_API dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
                                     int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                                     dt_rng_key key, float *dqkv);
+/* Attention with soft-capped scores (Gemma 2's attn_logit_softcapping):
+ * dt_k_attention_fwd's layout, y = softmax(cap tanh(q k^T / (sqrt(D) cap))
+ * [+ causal mask]) v per head, lse (B, H, T) the capped scores'
+ * log-sum-exp. cap positive and finite, D <= 256, no dropout. One row of T
+ * scores per thread (never T x T); libm's tanhf and expf in f32. */
+DT_API dt_status dt_k_attention_softcap_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal,
+                                            float cap, float *y, float *lse);
+/* Its backward: dqkv (B, T, 3C) written from the forward's qkv, y, lse and
+ * dy; sums in a fixed order whatever the thread count. */
+DT_API dt_status dt_k_attention_softcap_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
+                                            int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float cap,
+                                            float *dqkv);
 /* The same for heads [h0, h0 + H) of a layer of Ht heads (tensor
  * parallelism: the rank's heads; tp.h): qkv, y, lse hold the H local heads
  * as above, and the dropout mask is the full layer's (element (b, h0 + h,

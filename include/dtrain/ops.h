@@ -83,6 +83,7 @@ typedef enum {
     DT_OP_CUSTOM,               /* a dt_ag_custom output with the caller's backward */
     DT_OP_MARK,                 /* a dt_ag_mark callback (no backward) */
     DT_OP_BN_RELU_POOL,         /* dt_batch_norm_relu_max_pool2x2: batch norm, ReLU and 2 x 2 max pooling */
+    DT_OP_SOFTCAP,              /* dt_softcap: cap tanh(x / cap) */
     DT_OP_COUNT
 } dt_op;
 

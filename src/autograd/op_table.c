@@ -119,6 +119,7 @@ const dt__op_row dt__op_table[DT_OP_COUNT] = {
     [DT_OP_MARK] =                 {"mark",                         "dt_ag_mark",              NULL,               P, flops_zero},
     [DT_OP_BN_RELU_POOL] =         {"batch_norm_relu_max_pool2d",   "dt_batch_norm_relu_max_pool2x2",
                                     dt__bw_bn_pool, P, flops_in},
+    [DT_OP_SOFTCAP] =              {"softcap",                      "dt_softcap",              dt__bw_unary,       P, flops_out},
 };
 _Static_assert(sizeof dt__op_table / sizeof dt__op_table[0] == DT_OP_COUNT, "one row per op");
 

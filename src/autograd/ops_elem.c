@@ -8,6 +8,7 @@
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
+#include <math.h>
 #include <string.h>
 
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_COUNT };
@@ -315,13 +316,13 @@ dt_tensor *dt_div(dt_ctx *ctx, dt_tensor *a, dt_tensor *b) { return binary(ctx, 
 
 /* ---- unary ------------------------------------------------------------------ */
 
-enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH, U_COUNT };
-static const dt_op un_ops[] = {DT_OP_SCALE, DT_OP_RELU, DT_OP_GELU, DT_OP_DROPOUT, DT_OP_GELU_TANH};
+enum { U_SCALE, U_RELU, U_GELU, U_DROPOUT, U_GELU_TANH, U_SOFTCAP, U_COUNT };
+static const dt_op un_ops[] = {DT_OP_SCALE, DT_OP_RELU, DT_OP_GELU, DT_OP_DROPOUT, DT_OP_GELU_TANH, DT_OP_SOFTCAP};
 _Static_assert(sizeof un_ops / sizeof un_ops[0] == U_COUNT, "un_ops per op");
 
 /* Unary ops run on the kernels layer; their backward kernels overwrite, so
- * they write through dt__grad_begin/commit. f[0] = scale or p; saved[0] =
- * the forward input (gelu) or the dropout key. */
+ * they write through dt__grad_begin/commit. f[0] = scale, p or the cap;
+ * saved[0] = the forward input (gelu) or the dropout key. */
 dt_status dt__bw_unary(dt_ctx *ctx, dt__node *n, const float *gout)
 {
     dt_tensor *x = n->in[0];
@@ -335,6 +336,7 @@ dt_status dt__bw_unary(dt_ctx *ctx, dt__node *n, const float *gout)
     case U_RELU: st = dt_k_relu_bwd(n->out->data, gout, gx, m); break;
     case U_GELU: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_ERF); break;
     case U_GELU_TANH: st = dt_k_gelu_bwd(n->saved[0], gout, gx, m, DT_K_GELU_TANH); break;
+    case U_SOFTCAP: st = dt_k_softcap_bwd(n->out->data, gout, gx, m, (float)n->f[0]); break;
     case U_DROPOUT:
         st = dt_k_dropout_bwd(gout, gx, m, (float)n->f[0], *(const dt_rng_key *)n->saved[0], 0);
         break;
@@ -359,6 +361,7 @@ static dt_tensor *unary(dt_ctx *ctx, const char *op, int kind, dt_tensor *x, flo
     case U_RELU: st = dt_k_relu_fwd(xd, y, m); break;
     case U_GELU: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_ERF); break;
     case U_GELU_TANH: st = dt_k_gelu_fwd(xd, y, m, DT_K_GELU_TANH); break;
+    case U_SOFTCAP: st = dt_k_softcap_fwd(xd, y, m, f0); break;
     case U_DROPOUT: st = dt_k_dropout_fwd(xd, y, m, f0, *key, 0); break;
     }
     if (st < 0) {
@@ -461,6 +464,19 @@ dt_tensor *dt_gelu_tanh(dt_ctx *ctx, dt_tensor *x)
     DT__LP_RUN(ctx, 1, lp, x->dtype, dt_gelu_tanh(ctx, lp[0]));
     DT__NEED_F32(ctx, "dt_gelu_tanh", x);
     return unary(ctx, "dt_gelu_tanh", U_GELU_TANH, x, 0, NULL);
+}
+
+dt_tensor *dt_softcap(dt_ctx *ctx, dt_tensor *x, float cap)
+{
+    DT__NEED(ctx, "dt_softcap", x);
+    if (!(cap > 0.0f) || !isfinite(cap)) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_softcap: the cap %g must be positive and finite", (double)cap);
+        return NULL;
+    }
+    dt_tensor *lp[1] = {x};
+    DT__LP_RUN(ctx, 1, lp, x->dtype, dt_softcap(ctx, lp[0], cap));
+    DT__NEED_F32(ctx, "dt_softcap", x);
+    return unary(ctx, "dt_softcap", U_SOFTCAP, x, cap, NULL);
 }
 
 dt_tensor *dt_dropout(dt_ctx *ctx, dt_tensor *x, float p, bool training, dt_rng_key key)

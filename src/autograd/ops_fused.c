@@ -9,6 +9,8 @@
 #include "autograd/ag_impl.h"
 #include "dtrain/kernels.h"
 
+#include <math.h>
+
 /* ---- attention -------------------------------------------------------------------- */
 
 typedef struct {
@@ -17,6 +19,7 @@ typedef struct {
     float *lse;
     dt_rng_key key;
     float p;
+    float softcap; /* > 0: dt_attention_softcap's (f32 only) */
     bool causal;
 } attn_saved;
 
@@ -30,10 +33,13 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     float *g = err ? NULL : dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
-    dt_status st = t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
+    dt_status st = s->softcap > 0.0f ? dt_k_attention_softcap_bwd(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1],
+                                                                   n->i[2], n->i[3], s->causal, s->softcap, g)
+                   : t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
                                                           n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g)
-                               : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
-                                                             n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g, gs);
+                                 : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1],
+                                                               n->i[2], n->i[3], n->i[4], n->i[5], s->causal, s->p,
+                                                               s->key, g, gs);
     if (st < 0 || (st = dt__grad_commit(ctx, n->in[0], g)) < 0)
         return st;
     if (gs)
@@ -52,20 +58,21 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
  * output for the backward and writes the result rounded to qkv's dtype, and
  * the backward rounds dy and the qkv gradient as the casts' backward do.
  * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
- * two cast nodes and their passes over qkv and y. */
-dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
-                              float dropout_p, bool training, dt_rng_key key)
+ * two cast nodes and their passes over qkv and y. With a soft cap (> 0) the
+ * plain kernel runs (kernels.h, dt_k_attention_softcap_fwd), on f32: a
+ * bf16/f16 qkv is widened and the result rounded (DT__LP_RUN). */
+static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_head, int head0, int heads_total,
+                            bool causal, float dropout_p, bool training, dt_rng_key key, float softcap)
 {
-    const char *op = "dt_attention";
     DT__NEED(ctx, op, qkv);
     dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa) */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) ? qkv->dtype : DT_F32;
+    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && softcap == 0.0f ? qkv->dtype : DT_F32;
     if (t == DT_F32) {
         DT__LP_RUN(ctx, 1, lp, qkv->dtype,
-                   dt_attention_heads(ctx, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key));
+                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, softcap));
         DT__NEED_F32(ctx, op, qkv);
     }
     if (qkv->ndim != 3 || n_head <= 0 || qkv->shape[2] % (3 * (int64_t)n_head) != 0) {
@@ -86,9 +93,10 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
     if (!x || !out || !y || !lse)
         return NULL;
-    if ((t == DT_F32 ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
-                     : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y, out->data,
-                                                   lse)) < 0) {
+    if ((softcap > 0.0f ? dt_k_attention_softcap_fwd(x, B, T, H, D, causal, softcap, y, lse)
+         : t == DT_F32  ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
+                        : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y,
+                                                      out->data, lse)) < 0) {
         dt_error_wrap(dt_last_status(), "%s", op);
         return NULL;
     }
@@ -97,11 +105,28 @@ dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0
         dt__node *n = s ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
         if (!n)
             return NULL;
-        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .causal = causal};
+        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .softcap = softcap, .causal = causal};
         n->saved[0] = s;
         n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total, n->i[6] = t;
     }
     return out;
+}
+
+dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
+                              float dropout_p, bool training, dt_rng_key key)
+{
+    return attention(ctx, "dt_attention", qkv, n_head, head0, heads_total, causal, dropout_p, training, key, 0.0f);
+}
+
+dt_tensor *dt_attention_softcap(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float softcap)
+{
+    if (!(softcap > 0.0f) || !isfinite(softcap)) {
+        dt_error(DT_ERR_INVALID_ARG, "dt_attention_softcap: the soft cap %g must be positive and finite",
+                 (double)softcap);
+        return NULL;
+    }
+    return attention(ctx, "dt_attention_softcap", qkv, n_head, 0, n_head, causal, 0.0f, false, (dt_rng_key){0},
+                     softcap);
 }
 
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */

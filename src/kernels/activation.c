@@ -150,6 +150,42 @@ dt_status dt_k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n, d
     return DT_OK;
 }
 
+/* ---- soft cap ----------------------------------------------------------------------
+ * Gemma 2's final_logit_softcapping: y = cap tanh(x / cap) (libm's tanhf),
+ * and dx = dy (1 - (y / cap)^2) from the output. */
+dt_status dt_k_softcap_fwd(const float *x, float *y, int64_t n, float cap)
+{
+    const char *fn = "dt_k_softcap_fwd";
+    if (!(cap > 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the cap %g must be positive and finite", fn, (double)cap);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, x, n);
+    DT__CHECK_PTR(fn, y, n);
+    const float inv = 1.0f / cap;
+#pragma omp parallel for schedule(static) num_threads(dt__threads_for(n * 16))
+    for (int64_t i = 0; i < n; i++)
+        y[i] = cap * tanhf(x[i] * inv);
+    return DT_OK;
+}
+
+dt_status dt_k_softcap_bwd(const float *y, const float *dy, float *dx, int64_t n, float cap)
+{
+    const char *fn = "dt_k_softcap_bwd";
+    if (!(cap > 0.0f) || !isfinite(cap))
+        return dt_error(DT_ERR_INVALID_ARG, "%s: the cap %g must be positive and finite", fn, (double)cap);
+    DT__CHECK_N(fn, n);
+    DT__CHECK_PTR(fn, y, n);
+    DT__CHECK_PTR(fn, dy, n);
+    DT__CHECK_PTR(fn, dx, n);
+    const float inv = 1.0f / cap;
+#pragma omp parallel for schedule(static) num_threads(dt__threads_for(n * 4))
+    for (int64_t i = 0; i < n; i++) {
+        const float t = y[i] * inv;
+        dx[i] = dy[i] * (1.0f - t * t);
+    }
+    return DT_OK;
+}
+
 /* ---- fused bias + GELU ---------------------------------------------------------------
  * y = gelu(x + bias) row by row: one pass instead of an add and a GELU, and
  * the backward recomputes x + bias instead of keeping it. dbias (column

@@ -1,5 +1,6 @@
 /* The Llama-family ops: RMSNorm, rotary embeddings (rotate-half layout),
- * SwiGLU and the grouped-query packing. Finite-difference gradients of
+ * SwiGLU, the grouped-query packing and Gemma 2's soft caps (the
+ * attention's scores and the logits). Finite-difference gradients of
  * each (test_gradcheck's tolerances), forward values against plain
  * double-precision references written from transformers' formulas, the
  * rope scalings' inverse frequencies against the same formulas
@@ -191,6 +192,102 @@ TEST(bf16_inputs)
     for (int i = 0; i < 32; i++)
         ASSERT_NEAR(dt_tensor_get(y, i), dt_tensor_get(yr, i), 0, 8e-3);
     dt_tensor_free(x);
+    dt_ctx_free(ctx);
+}
+
+/* ---- Gemma 2's soft caps ---- */
+
+/* attention over q | k | v of 3 heads of 4 with scores capped at 0.6 (the
+ * tanh well away from linear: the scores here reach a few units) */
+static dt_tensor *f_softcap_attn(dt_ctx *c, dt_tensor **in, void *u)
+{
+    return dt_attention_softcap(c, in[0], 3, u != NULL, 0.6f);
+}
+
+static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
+{
+    (void)u;
+    return dt_softcap(c, in[0], 1.5f);
+}
+
+TEST(softcap_grads)
+{
+    dt_tensor *in[1] = {T(41, 2, 5, 36)};
+    GRADCHECK_OP("softcap attention (causal)", 1, in, f_softcap_attn, (void *)1, 1e-2);
+    in[0] = T(42, 2, 5, 36);
+    GRADCHECK_OP("softcap attention", 1, in, f_softcap_attn, NULL, 1e-2);
+    in[0] = T(43, 3, 7);
+    GRADCHECK_OP("softcap", 1, in, f_softcap, NULL, 1e-2);
+}
+
+/* Forward values against a double reference of transformers' eager
+ * attention (scores / cap, tanh, times cap, then the mask and softmax), and
+ * of the elementwise cap; a cap far above the scores gives dt_attention's
+ * result; bf16 inputs give the f32 result rounded; bad caps are refused. */
+TEST(softcap_forward_reference)
+{
+    dt_ctx *ctx;
+    ASSERT_OK(dt_ctx_init(NULL, &ctx));
+    enum { B = 2, TT = 6, H = 2, D = 8, C = H * D };
+    dt_tensor *qkv = gc_tensor(3, SH(B, TT, 3 * C), 44, false);
+    const float *x = qkv->data;
+    const double cap = 0.8, scale = 1 / sqrt((double)D);
+    for (int causal = 0; causal < 2; causal++) {
+        dt_tensor *y = dt_attention_softcap(ctx, qkv, H, causal, (float)cap);
+        ASSERT(y && y->dtype == DT_F32);
+        double worst = 0;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < TT; i++) {
+                    double sc[TT], mx = -INFINITY, sum = 0;
+                    const int nk = causal ? i + 1 : TT;
+                    for (int j = 0; j < nk; j++) {
+                        double d = 0;
+                        for (int e = 0; e < D; e++)
+                            d += (double)x[(b * TT + i) * 3 * C + h * D + e] * x[(b * TT + j) * 3 * C + C + h * D + e];
+                        sc[j] = cap * tanh(d * scale / cap);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j < nk; j++)
+                        sum += exp(sc[j] - mx);
+                    for (int e = 0; e < D; e++) {
+                        double o = 0;
+                        for (int j = 0; j < nk; j++)
+                            o += exp(sc[j] - mx) / sum * x[(b * TT + j) * 3 * C + 2 * C + h * D + e];
+                        worst = fmax(worst, fabs(dt_tensor_get(y, (b * TT + i) * C + h * D + e) - o));
+                    }
+                }
+        fprintf(stderr, "  softcap attention (causal %d): within %.3g of the double reference\n", causal, worst);
+        ASSERT(worst <= 2e-6);
+    }
+    /* a cap of 1e4: tanh is the identity to f32's precision at these scores */
+    dt_tensor *a = dt_attention_softcap(ctx, qkv, H, true, 1e4f);
+    dt_tensor *r = dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
+    ASSERT(a && r);
+    for (int i = 0; i < B * TT * C; i++)
+        ASSERT_NEAR(dt_tensor_get(a, i), dt_tensor_get(r, i), 2e-6, 1e-5);
+    /* bf16: the f32 op on the widened input, rounded once */
+    dt_tensor *qb = dt_cast(ctx, qkv, DT_BF16);
+    dt_tensor *yb = dt_attention_softcap(ctx, qb, H, true, (float)cap);
+    dt_tensor *yr = dt_cast(ctx, dt_attention_softcap(ctx, dt_cast(ctx, qb, DT_F32), H, true, (float)cap), DT_BF16);
+    ASSERT(yb && yr && yb->dtype == DT_BF16);
+    for (int i = 0; i < B * TT * C; i++)
+        ASSERT(dt_tensor_get(yb, i) == dt_tensor_get(yr, i));
+    /* the elementwise cap */
+    dt_tensor *v = dt_softcap(ctx, qkv, 1.5f);
+    ASSERT(v);
+    for (int i = 0; i < B * TT * 3 * C; i++)
+        ASSERT_NEAR(dt_tensor_get(v, i), 1.5 * tanh(x[i] / 1.5), 1e-6, 1e-6);
+    /* caps that are not positive and finite */
+    const float bad[3] = {0.0f, -1.0f, INFINITY};
+    for (int k = 0; k < 3; k++) {
+        ASSERT(!dt_attention_softcap(ctx, qkv, H, true, bad[k]));
+        ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+        ASSERT_STR_CONTAINS(dt_last_error(), "positive and finite");
+        ASSERT(!dt_softcap(ctx, qkv, bad[k]));
+        ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+    }
+    dt_tensor_free(qkv);
     dt_ctx_free(ctx);
 }
 
@@ -650,6 +747,8 @@ int main(void)
     RUN(gqa_attention_grad);
     RUN(forward_reference);
     RUN(bf16_inputs);
+    RUN(softcap_grads);
+    RUN(softcap_forward_reference);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);
