@@ -146,23 +146,26 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
         memcpy(Vc + (size_t)b * seq + (size_t)p0 * (size_t)row, (const float *)v32->data + (size_t)(b * n) * (size_t)row,
                (size_t)n * (size_t)row * sizeof(float));
     }
-    if (p0 == 0 && n > 1 && (c->window == 0 || n <= c->window) && hd <= 256) {
-        /* a prompt with nothing cached before it, inside the window: the model's own blocked causal kernel over
-           the rows in their dtype (as the uncached forward computes them) */
+    const int64_t window = c->full && c->full[l] ? 0 : c->window; /* this layer's */
+    if (p0 == 0 && n > 1 && (window == 0 || n <= window) && hd <= 256) {
+        /* a prompt with nothing cached before it, inside the window: the model's own causal kernel over the
+           rows in their dtype (as the uncached forward computes them) */
         if (!dt_tensor_is_contiguous(q))
             q = dt_contiguous(ctx, q);
         if (!dt_tensor_is_contiguous(k))
             k = dt_contiguous(ctx, k);
         if (!dt_tensor_is_contiguous(v))
             v = dt_contiguous(ctx, v);
-        return dt_attention(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, true, 0.0f, false, (dt_rng_key){0});
+        dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
+        return c->softcap > 0.0f ? dt_attention_softcap(ctx, qkv, H, true, c->softcap)
+                                 : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
     }
     q = as_f32(ctx, q);
     float *y = dt_ctx_alloc(ctx, (size_t)(B * n) * (size_t)H * (size_t)hd * sizeof(float));
     float *sc = dt_ctx_alloc(ctx, (size_t)(B * H) * (size_t)P * sizeof(float)); /* one score row per head */
     if (!q || !y || !sc)
         return NULL;
-    const float *qd = q->data, scale = 1.0f / sqrtf((float)hd);
+    const float *qd = q->data, scale = 1.0f / sqrtf((float)hd), cap = c->softcap, inv = cap > 0.0f ? 1.0f / cap : 0.0f;
     const int64_t group = H / KV;
 #pragma omp parallel for schedule(static) num_threads(dt_get_num_threads()) if (B * H > 1 && P * hd > 4096)
     for (int64_t bh = 0; bh < B * H; bh++) {
@@ -172,7 +175,7 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
         const float *Kb = K + (size_t)b * seq, *Vb = Vc + (size_t)b * seq;
         for (int64_t i = 0; i < n; i++) {
             const float *qi = qd + ((size_t)(b * n + i) * (size_t)H + (size_t)h) * (size_t)hd;
-            const int64_t nk = p0 + i + 1, j0 = c->window > 0 && nk > c->window ? nk - c->window : 0;
+            const int64_t nk = p0 + i + 1, j0 = window > 0 && nk > window ? nk - window : 0;
             float mx = -INFINITY;
             for (int64_t j = j0; j < nk; j++) {
                 const float *kj = Kb + (size_t)j * (size_t)row + (size_t)(kh * hd);
@@ -180,7 +183,7 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
 #pragma omp simd reduction(+ : d)
                 for (int64_t e = 0; e < hd; e++)
                     d += qi[e] * kj[e];
-                s[j] = d * scale;
+                s[j] = cap > 0.0f ? cap * tanhf(d * scale * inv) : d * scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
             float sum = 0;
@@ -276,13 +279,16 @@ static dt_tensor *llama_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok,
 
 static dt_status llama_init(dt_model *m, int64_t B, int64_t nprompt, int64_t want, dt__gen_kv *kv)
 {
-    int L = 0;
-    int64_t row = 0, P = 0, window = 0;
-    if (!dt__llama_kv_shape(m, &L, &row, &P, &window, &kv->restart) || nprompt > P)
+    dt__llama_kv_info in;
+    if (!dt__llama_kv_shape(m, &in) || nprompt > in.positions)
         return DT_OK;
-    dt_status st = cache_alloc(&kv->c, L, B, row, want < P ? want : P, window);
-    if (st == DT_OK)
+    kv->restart = in.restart;
+    dt_status st = cache_alloc(&kv->c, in.L, B, in.row, want < in.positions ? want : in.positions, in.window);
+    if (st == DT_OK) {
+        kv->c.full = in.full;
+        kv->c.softcap = in.softcap;
         kv->forward = llama_forward;
+    }
     return st;
 }
 

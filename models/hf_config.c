@@ -1,7 +1,7 @@
 /* Reading a Hugging Face model directory's config.json
  * (models.h: dt_hf_config_read): transformers' PretrainedConfig keys with
  * their defaults for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
+ * Qwen3ForCausalLM, GemmaForCausalLM (Gemma 1), Gemma2ForCausalLM, Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini),
  * GraniteForCausalLM, Olmo2ForCausalLM and GPT2LMHeadModel; every value dtrain does not implement is refused
  * naming the file and the key. hf.c builds the model it describes. */
 #include "base/json_strict.h"
@@ -52,6 +52,13 @@ static double get_num(cfg_reader *r, const cJSON *o, const char *key, double def
         return def;
     }
     return v->valuedouble;
+}
+
+/* A number whose null means none (0): Gemma2Config's soft caps */
+static double get_num_or_none(cfg_reader *r, const cJSON *o, const char *key, double def)
+{
+    const cJSON *v = item(o, key);
+    return v && cJSON_IsNull(v) ? 0.0 : get_num(r, o, key, def);
 }
 
 static bool get_bool(cfg_reader *r, const cJSON *o, const char *key, bool def)
@@ -273,24 +280,24 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     const int64_t big = INT32_MAX;
     const bool qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
     const bool gemma = !strcmp(arch, "GemmaForCausalLM"), phi3 = !strcmp(arch, "Phi3ForCausalLM");
-    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM");
+    const bool olmo2 = !strcmp(arch, "Olmo2ForCausalLM"), gemma2 = !strcmp(arch, "Gemma2ForCausalLM");
     memset(c, 0, sizeof *c);
     /* the defaults of LlamaConfig, or Qwen3Config's, GemmaConfig's, Phi3Config's and Olmo2Config's where they
        differ */
-    c->vocab_size = get_int(r, o, "vocab_size", gemma ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : olmo2 ? 50304 : 32000,
-                            1, big);
-    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : 4096, 1, big);
-    c->intermediate_size = get_int(r, o, "intermediate_size", gemma ? 24576 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1,
-                                   big);
-    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : 32, 1, big);
-    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma ? 16 : 32, 1, big);
-    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", c->num_attention_heads, 1, big);
+    c->vocab_size = get_int(r, o, "vocab_size",
+                            gemma || gemma2 ? 256000 : qwen3 ? 151936 : phi3 ? 32064 : olmo2 ? 50304 : 32000, 1, big);
+    c->hidden_size = get_int(r, o, "hidden_size", gemma || phi3 ? 3072 : gemma2 ? 2304 : 4096, 1, big);
+    c->intermediate_size = get_int(r, o, "intermediate_size",
+                                   gemma ? 24576 : gemma2 ? 9216 : qwen3 ? 22016 : phi3 ? 8192 : 11008, 1, big);
+    c->num_hidden_layers = get_int(r, o, "num_hidden_layers", gemma ? 28 : gemma2 ? 26 : 32, 1, big);
+    c->num_attention_heads = get_int(r, o, "num_attention_heads", gemma ? 16 : gemma2 ? 8 : 32, 1, big);
+    c->num_key_value_heads = get_int(r, o, "num_key_value_heads", gemma2 ? 4 : c->num_attention_heads, 1, big);
     c->head_dim = get_int(r, o, "head_dim",
-                          gemma ? 256 : qwen3 ? 128
+                          gemma || gemma2 ? 256 : qwen3 ? 128
                                 : c->hidden_size / (c->num_attention_heads ? c->num_attention_heads : 1),
                           1, big);
     c->max_position_embeddings = get_int(r, o, "max_position_embeddings",
-                                         gemma ? 8192 : qwen3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
+                                         gemma || gemma2 ? 8192 : qwen3 ? 32768 : phi3 ? 4096 : 2048, 1, big);
     c->rms_norm_eps = (float)get_num(r, o, "rms_norm_eps", phi3 || olmo2 ? 1e-5 : 1e-6);
     c->initializer_range = (float)get_num(r, o, "initializer_range", 0.02);
     c->rope_theta = 10000.0;
@@ -317,23 +324,25 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
     c->qkv_bias_only = qwen2;
     c->qk_norm = qwen3;
     c->olmo2 = olmo2;
-    c->gemma = gemma;
+    c->gemma = gemma || gemma2;
+    c->gemma2 = gemma2;
     c->fused = phi3;
     const cJSON *pad = item(o, "pad_token_id");
-    if ((gemma || phi3 || olmo2) && !pad) { /* GemmaConfig's pad_token_id 0, Phi3Config's 32000, Olmo2Config's 1 */
-        c->pad_token_id = gemma ? 0 : olmo2 ? 1 : 32000;
+    if ((gemma || gemma2 || phi3 || olmo2) && !pad) { /* Gemma(2)Config's pad_token_id 0, Phi3Config's 32000,
+                                                         Olmo2Config's 1 */
+        c->pad_token_id = gemma || gemma2 ? 0 : olmo2 ? 1 : 32000;
         c->has_pad_token = c->pad_token_id < c->vocab_size;
         if (!c->has_pad_token)
             r->st = dt_error(DT_ERR_FORMAT, "%s: key \"pad_token_id\" is absent: %s's default %lld is outside the "
                              "vocabulary (vocab_size %lld); give it (null for none)", r->path,
-                             gemma ? "GemmaConfig" : olmo2 ? "Olmo2Config" : "Phi3Config",
+                             gemma ? "GemmaConfig" : gemma2 ? "Gemma2Config" : olmo2 ? "Olmo2Config" : "Phi3Config",
                              (long long)c->pad_token_id, (long long)c->vocab_size);
     } else if (pad && !cJSON_IsNull(pad)) { /* nn.Embedding(padding_idx=pad_token_id): an id of the vocabulary */
         c->pad_token_id = get_int(r, o, "pad_token_id", -1, 0, c->vocab_size > 0 ? c->vocab_size - 1 : 0);
         c->has_pad_token = r->st >= 0;
     }
     /* theirs have no MLP biases (nor Phi-3 attention biases) */
-    c->mlp_bias = qwen2 || qwen3 || gemma || phi3 || olmo2 ? false : get_bool(r, o, "mlp_bias", false);
+    c->mlp_bias = qwen2 || qwen3 || gemma || gemma2 || phi3 || olmo2 ? false : get_bool(r, o, "mlp_bias", false);
     if (phi3) {
         c->attention_bias = false;
         /* Phi3Config: the dropouts act in training only (resid_pdrop after attention and MLP, embd_pdrop unused
@@ -356,8 +365,24 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
                 *v[k] = 0.0;
         }
     }
-    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma);
-    if (gemma) {
+    c->tie_word_embeddings = get_bool(r, o, "tie_word_embeddings", gemma || gemma2);
+    if (gemma2) { /* Gemma2Config: hidden_activation (a hidden_act is not read), the scale, the soft caps */
+        const char *act = get_str(r, o, "hidden_activation", "gelu_pytorch_tanh");
+        if (r->st >= 0 && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_python_tanh"))
+            unsupported(r, "hidden_activation", "only GELU's tanh form is supported for Gemma 2 "
+                        "(\"gelu_pytorch_tanh\" or \"gelu_python_tanh\")");
+        c->query_pre_attn_scalar = get_num(r, o, "query_pre_attn_scalar", 256.0);
+        c->attn_logit_softcapping = get_num_or_none(r, o, "attn_logit_softcapping", 50.0);
+        c->final_logit_softcapping = get_num_or_none(r, o, "final_logit_softcapping", 30.0);
+        const char *key[3] = {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"};
+        const double v[3] = {c->query_pre_attn_scalar, c->attn_logit_softcapping, c->final_logit_softcapping};
+        for (int k = 0; k < 3 && r->st >= 0; k++)
+            if (!(v[k] > 0.0) && !(k > 0 && v[k] == 0.0 && cJSON_IsNull(item(o, key[k]))))
+                r->st = dt_error(DT_ERR_FORMAT, "%s: key \"%s\" must be a number > 0%s", r->path, key[k],
+                                 k ? " (or null for none)" : "");
+        if (get_bool(r, o, "use_bidirectional_attention", false))
+            unsupported(r, "use_bidirectional_attention", "bidirectional attention is not supported (causal only)");
+    } else if (gemma) {
         /* GemmaMLP: ACT2FN[hidden_act]; GemmaConfig turns the legacy "gelu" into "gelu_pytorch_tanh" (and
            transformers 5 reads no hidden_activation: the key is ignored, as it ignores it) */
         const char *act = get_str(r, o, "hidden_act", "gelu_pytorch_tanh");
@@ -376,20 +401,40 @@ static void read_llama(cfg_reader *r, const char *arch, dt_llama_config *c)
         unsupported(r, "attention_dropout", "attention dropout is not supported (0 only)");
     if (get_int(r, o, "pretraining_tp", 1, 0, big) > 1)
         unsupported(r, "pretraining_tp", "pretraining_tp > 1 is not supported (1 only)");
-    /* Mistral's sliding window, Qwen2's and Qwen3's with use_sliding_window (LlamaConfig has none: the key is
-       ignored, as transformers ignores it): sequences up to the window only (model.c: where it is causal) */
+    /* Sliding windows: Mistral's (and Phi-3's) on every layer, Qwen2's and Qwen3's with use_sliding_window on
+       the layers from max_window_layers on, Gemma 2's on every other layer from the first, or on those
+       layer_types names (LlamaConfig has none: the key is ignored, as transformers ignores it). The forward
+       takes sequences up to the window, where it is causal attention (llama.c); the cache's generation past
+       it keeps the layers' kinds apart (full_attention_layers). */
     const bool mistral = !strcmp(arch, "MistralForCausalLM");
-    int64_t sw = mistral || qwen2 || qwen3 || phi3 ? get_int(r, o, "sliding_window", 0, 0, INT64_MAX / 2) : 0;
-    if (qwen2 || qwen3) {
-        bool any = false; /* transformers: the layers from max_window_layers on, as layer_types lists them */
+    const cJSON *swv = item(o, "sliding_window");
+    int64_t sw = !(mistral || qwen2 || qwen3 || phi3 || gemma2) || (swv && cJSON_IsNull(swv))
+                     ? 0 : get_int(r, o, "sliding_window", gemma2 ? 4096 : 0, 0, INT64_MAX / 2);
+    if ((qwen2 || qwen3) && !get_bool(r, o, "use_sliding_window", false))
+        sw = 0;
+    if (qwen2 || qwen3 || gemma2) {
         const cJSON *lt = item(o, "layer_types");
-        for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next) {
+        const int64_t L = c->num_hidden_layers;
+        for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e && r->st >= 0; e = e->next)
             if (!cJSON_IsString(e) ||
                 (strcmp(e->valuestring, "full_attention") && strcmp(e->valuestring, "sliding_attention")))
                 unsupported(r, "layer_types", "only \"full_attention\" and \"sliding_attention\" layers are known");
-            any |= cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        if (lt && !cJSON_IsNull(lt) && !cJSON_IsArray(lt) && r->st >= 0)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"layer_types\" must be a list", r->path);
+        if (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) != L && r->st >= 0)
+            r->st = dt_error(DT_ERR_FORMAT, "%s: key \"layer_types\" has %d entries for num_hidden_layers %lld",
+                             r->path, cJSON_GetArraySize(lt), (long long)L);
+        const int64_t from = gemma2 ? 0 : get_int(r, o, "max_window_layers", 28, 0, big);
+        bool any = false; /* a sliding layer */
+        const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL;
+        for (int64_t i = 0; i < L && r->st >= 0; i++, e = e ? e->next : NULL) {
+            /* the configs' defaults, or the list */
+            const bool full = e ? !strcmp(e->valuestring, "full_attention") : gemma2 ? i % 2 == 1 : i < from;
+            any |= !full;
+            if (i < DT_LLAMA_MAX_LAYERS)
+                c->full_attention_layers[i] = full;
         }
-        if (!get_bool(r, o, "use_sliding_window", false) || (cJSON_IsArray(lt) && !any))
+        if (!any)
             sw = 0;
     }
     c->sliding_window = sw;
@@ -454,7 +499,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
     if (!arch && mt) /* no architectures: the model type's causal LM */
         arch = !strcmp(mt, "llama") ? "LlamaForCausalLM" : !strcmp(mt, "mistral") ? "MistralForCausalLM"
              : !strcmp(mt, "qwen2") ? "Qwen2ForCausalLM" : !strcmp(mt, "qwen3") ? "Qwen3ForCausalLM"
-             : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
+             : !strcmp(mt, "gemma") ? "GemmaForCausalLM" : !strcmp(mt, "gemma2") ? "Gemma2ForCausalLM"
+             : !strcmp(mt, "phi3") ? "Phi3ForCausalLM"
              : !strcmp(mt, "granite") ? "GraniteForCausalLM" : !strcmp(mt, "olmo2") ? "Olmo2ForCausalLM"
              : !strcmp(mt, "gpt2") ? "GPT2LMHeadModel" : mt;
     if (r.st >= 0 && !arch)
@@ -468,7 +514,8 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
                 r.st = dt_error_wrap(st, "%s", path);
         } else if (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM") ||
                    !strcmp(arch, "Qwen2ForCausalLM") || !strcmp(arch, "Qwen3ForCausalLM") ||
-                   !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Phi3ForCausalLM") ||
+                   !strcmp(arch, "GemmaForCausalLM") || !strcmp(arch, "Gemma2ForCausalLM") ||
+                   !strcmp(arch, "Phi3ForCausalLM") ||
                    !strcmp(arch, "GraniteForCausalLM") || !strcmp(arch, "Olmo2ForCausalLM")) {
             read_llama(&r, arch, &out->llama);
             if (r.st >= 0 && (st = dt_llama_config_check(&out->llama)) < 0)
@@ -477,10 +524,10 @@ dt_status dt_hf_config_read(const char *dir, dt_hf_config *out)
             const bool later_gemma = !strncmp(arch, "Gemma", 5) || !strncmp(mt ? mt : "", "gemma", 5);
             r.st = dt_error(DT_ERR_UNSUPPORTED, "%s: key \"architectures\": '%s' is not supported (known: "
                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                            "GemmaForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, "
-                            "GPT2LMHeadModel)%s", path, arch,
-                            later_gemma ? "; of Gemma only Gemma 1 (model_type \"gemma\"): Gemma 2 and 3 have "
-                            "other norms, soft-capping and sliding-window layers" : "");
+                            "GemmaForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM, GraniteForCausalLM, "
+                            "Olmo2ForCausalLM, GPT2LMHeadModel)%s", path, arch,
+                            later_gemma ? "; of Gemma only Gemma 1 and 2 (model_type \"gemma\", \"gemma2\"): "
+                            "Gemma 3 has q and k norms, local RoPE and short sliding windows" : "");
         }
     }
     /* the special tokens, kept for the export (hf_save.c) as they are given */

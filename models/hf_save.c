@@ -165,11 +165,12 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                        : !strcmp(h->architecture, "Qwen2ForCausalLM") ? "qwen2"
                        : !strcmp(h->architecture, "Qwen3ForCausalLM") ? "qwen3"
                        : !strcmp(h->architecture, "GemmaForCausalLM") ? "gemma"
+                       : !strcmp(h->architecture, "Gemma2ForCausalLM") ? "gemma2"
                        : !strcmp(h->architecture, "Phi3ForCausalLM") ? "phi3"
                        : !strcmp(h->architecture, "GraniteForCausalLM") ? "granite"
                        : !strcmp(h->architecture, "Olmo2ForCausalLM") ? "olmo2" : "llama";
-        const bool gemma = !strcmp(mt, "gemma"), phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite");
-        const bool olmo2 = !strcmp(mt, "olmo2");
+        const bool gemma2 = !strcmp(mt, "gemma2"), gemma = !strcmp(mt, "gemma") || gemma2;
+        const bool phi3 = !strcmp(mt, "phi3"), granite = !strcmp(mt, "granite"), olmo2 = !strcmp(mt, "olmo2");
         cJSON_AddStringToObject(o, "model_type", mt);
         cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
         cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -179,6 +180,8 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
         cJSON_AddStringToObject(o, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+        if (gemma2) /* Gemma2Config reads this one */
+            cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
         cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
         cJSON_AddNumberToObject(o, "initializer_range", fnum(c->initializer_range));
         cJSON_AddNumberToObject(o, "rms_norm_eps", fnum(c->rms_norm_eps));
@@ -233,12 +236,28 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
                 cJSON_AddNumberToObject(o, "partial_rotary_factor", f);
             }
         }
+        const bool kinds = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || gemma2; /* layers of two kinds */
         if (!strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"))
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
-        else if (!strcmp(mt, "mistral") || phi3)
+        else if (!strcmp(mt, "mistral") || phi3 || gemma2)
             cJSON_AddNullToObject(o, "sliding_window");
+        cJSON *lt = kinds && c->sliding_window > 0 ? cJSON_AddArrayToObject(o, "layer_types") : NULL;
+        for (int64_t i = 0; lt && i < c->num_hidden_layers && i < DT_LLAMA_MAX_LAYERS; i++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(c->full_attention_layers[i] ? "full_attention"
+                                                                                    : "sliding_attention"));
+        if (gemma2) { /* 0: none, null */
+            cJSON_AddNumberToObject(o, "query_pre_attn_scalar",
+                                    c->query_pre_attn_scalar > 0.0 ? c->query_pre_attn_scalar : (double)c->head_dim);
+            const char *key[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+            const double v[2] = {c->attn_logit_softcapping, c->final_logit_softcapping};
+            for (int k = 0; k < 2; k++)
+                if (v[k] > 0.0)
+                    cJSON_AddNumberToObject(o, key[k], v[k]);
+                else
+                    cJSON_AddNullToObject(o, key[k]);
+        }
         cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
         if (!gemma && !phi3 && !granite && !olmo2)
             cJSON_AddNumberToObject(o, "pretraining_tp", 1);
@@ -251,7 +270,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
         if (c->has_pad_token)
             cJSON_AddNumberToObject(o, "pad_token_id", (double)c->pad_token_id);
-        else if (gemma || phi3 || olmo2) /* GemmaConfig's default is 0, Phi3Config's 32000, Olmo2Config's 1 */
+        else if (gemma || phi3 || olmo2) /* Gemma(2)Config's default is 0, Phi3Config's 32000, Olmo2Config's 1 */
             cJSON_AddNullToObject(o, "pad_token_id");
     }
     add_tokens(o, "bos_token_id", &h->bos_token_id, h->bos_token_id >= 0);

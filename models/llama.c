@@ -227,12 +227,18 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
                             ? (float)rt->c.rope_attention_factor : 1.0f;
     q = dt_rope_partial(ctx, q, H, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
     k = dt_rope_partial(ctx, k, KV, rt->c.rotary_dim, inv, scale, kv ? kv->c->len : 0, pos);
-    if (q && rt->c.attention_multiplier != 0.0) /* Granite's scale: the kernels' 1/sqrt(hd) undone on q */
-        q = dt_scale(ctx, q, (float)(rt->c.attention_multiplier * sqrt((double)rt->c.head_dim)));
+    /* Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar^-1/2: the kernels' 1/sqrt(hd) undone on q */
+    const double am = rt->c.attention_multiplier != 0.0 ? rt->c.attention_multiplier
+                      : rt->c.query_pre_attn_scalar > 0.0 ? 1.0 / sqrt(rt->c.query_pre_attn_scalar) : 0.0;
+    const float qs = am != 0.0 ? (float)(am * sqrt((double)rt->c.head_dim)) : 1.0f;
+    if (q && qs != 1.0f)
+        q = dt_scale(ctx, q, qs);
     if (kv)
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
+    const float cap = (float)rt->c.attn_logit_softcapping; /* Gemma 2's */
     dt_tensor *y = rt->cp.group ? dt_cp_attention(ctx, &rt->cp, qkv, H, true)
+                   : cap > 0.0f ? dt_attention_softcap(ctx, qkv, H, true, cap)
                                 : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
@@ -316,6 +322,14 @@ static dt_tensor *logits_scale(dt_ctx *ctx, const llama_rt *rt, dt_tensor *x)
 static dt_tensor *layer_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
     const llama_rt *rt = ud;
+    if (rt->c.gemma2) { /* a norm before and a norm after each */
+        dt_tensor *a = dt_module_forward(ctx, child(self, "self_attn"),
+                                         dt_module_forward(ctx, child(self, "input_layernorm"), x));
+        dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "post_attention_layernorm"), a));
+        dt_tensor *m = dt_module_forward(ctx, child(self, "mlp"),
+                                         dt_module_forward(ctx, child(self, "pre_feedforward_layernorm"), h));
+        return dt_add(ctx, h, dt_module_forward(ctx, child(self, "post_feedforward_layernorm"), m));
+    }
     if (rt->c.olmo2) { /* the outputs normalized, not the inputs */
         dt_tensor *h = dt_add(ctx, x, dt_module_forward(ctx, child(self, "post_attention_layernorm"),
                                                         dt_module_forward(ctx, child(self, "self_attn"), x)));
@@ -409,13 +423,21 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
     return logits_scale(ctx, rt, dt_module_forward(ctx, child(self, "norm"), x));
 }
 
+/* Gemma 2's final_logit_softcapping on the head's logits (under tensor
+ * parallelism the rank's vocabulary columns: elementwise, the same) */
+static dt_tensor *logits_cap(dt_ctx *ctx, const llama_rt *rt, dt_tensor *logits)
+{
+    return logits && rt->c.final_logit_softcapping > 0.0
+               ? dt_softcap(ctx, logits, (float)rt->c.final_logit_softcapping) : logits;
+}
+
 static dt_tensor *lm_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, void *ud)
 {
     const llama_rt *rt = ud;
     dt_tensor *x = dt_module_forward(ctx, child(self, "model"), idx);
     if (x && rt->kv) /* a generation step: only the last position's logits are read */
         x = dt_contiguous(ctx, dt_narrow(ctx, x, 1, x->shape[1] - 1, 1));
-    return dt_module_forward(ctx, child(self, "lm_head"), x);
+    return logits_cap(ctx, rt, dt_module_forward(ctx, child(self, "lm_head"), x));
 }
 
 /* Adds child under name to parent; on any failure (earlier too) frees what it
@@ -523,7 +545,9 @@ static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
     if (!c->olmo2)
         ok = add(b, "input_layernorm", make_norm(c, rt, C), ok);
     ok = add(b, "post_attention_layernorm", make_norm(c, rt, C), ok);
-    if (c->olmo2)
+    if (c->gemma2)
+        ok = add(b, "pre_feedforward_layernorm", make_norm(c, rt, C), ok);
+    if (c->olmo2 || c->gemma2)
         ok = add(b, "post_feedforward_layernorm", make_norm(c, rt, C), ok);
     if (!ok) {
         dt_module_free(attn);
@@ -554,18 +578,20 @@ int64_t dt__llama_window(const dt_model *m)
     return windowed(&rt->c) ? rt->c.sliding_window : 0;
 }
 
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window,
-                        int64_t *restart)
+bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out)
 {
     int64_t P, V;
     if (!dt_llama_positions(m, &P, &V))
         return false;
     const llama_rt *rt = dt_module_user_data(dt_model_root(m));
-    *L = (int)rt->c.num_hidden_layers;
-    *row = rt->c.num_key_value_heads * rt->c.head_dim;
-    *positions = rt->c.max_position_embeddings;
-    *window = dt__llama_window(m);
-    *restart = rt->c.rope_type == DT_ROPE_LONGROPE ? rt->c.rope_original_max_position_embeddings : 0;
+    *out = (dt__llama_kv_info){.L = (int)rt->c.num_hidden_layers,
+                               .row = rt->c.num_key_value_heads * rt->c.head_dim,
+                               .positions = rt->c.max_position_embeddings,
+                               .window = dt__llama_window(m),
+                               .restart = rt->c.rope_type == DT_ROPE_LONGROPE
+                                              ? rt->c.rope_original_max_position_embeddings : 0,
+                               .full = rt->c.full_attention_layers,
+                               .softcap = (float)rt->c.attn_logit_softcapping};
     return !rt->cp.group;
 }
 
@@ -613,6 +639,14 @@ static dt_tensor *norm_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_
     return rt ? logits_scale(ctx, rt, y) : y;
 }
 
+/* The head's unit, with Gemma 2's final_logit_softcapping as lm_forward has it. */
+static dt_tensor *head_unit(dt_ctx *ctx, dt_model *m, const dt_pipe_unit *u, dt_tensor *x)
+{
+    const llama_rt *rt = dt_module_user_data(dt_model_root(m));
+    dt_tensor *y = dt_module_forward(ctx, u->module, x);
+    return rt ? logits_cap(ctx, rt, y) : y;
+}
+
 static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
 {
     dt_module *emb = dt_model_find_module(m, "model.embed_tokens"), *ls = dt_model_find_module(m, "model.layers");
@@ -642,7 +676,7 @@ static dt_status llama_units(dt_model *m, dt_pipe_unit **units, int *n)
     }
     dt__zoo_unit(&u[k], "model.norm", norm, norm_unit, "model.norm", NULL);
     u[k++].cost = 4 * C;
-    dt__zoo_unit(&u[k], "lm_head", head, NULL, "lm_head", NULL);
+    dt__zoo_unit(&u[k], "lm_head", head, head_unit, "lm_head", NULL);
     u[k++].cost = dt__zoo_numel(head, 0) + 4 * (double)V;
     *units = u;
     *n = k;
@@ -754,6 +788,10 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
                         "llama: sequence length %lld is outside [1, %lld] (%s)", (long long)T,
                         (long long)max_len(lc), len_limit(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
+    if (cp && lc->attn_logit_softcapping > 0.0)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: context parallelism does not support Gemma 2's attention "
+                        "soft-capping (attn_logit_softcapping %g): its ring attention has no soft cap",
+                        lc->attn_logit_softcapping);
     if (cp && (st = dt_cp_check(&c.cp, T, lc->num_attention_heads)) < 0)
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);

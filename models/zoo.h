@@ -79,12 +79,16 @@ dt_tensor *dt__gen_kv_forward(dt__gen_kv *kv, dt_ctx *ctx, const int64_t *tok, i
  * [L][B][cap][row]; len positions held (the same in every sequence).
  * window > 0: a query at position p sees the keys of positions
  * (p - window, p] only (Mistral's sliding window, transformers'
- * sliding_window_overlay); 0: every earlier one. scratch: reorder's, one
- * layer's [B][cap][row] (B > 1). */
+ * sliding_window_overlay) in the layers l where full is NULL or full[l]
+ * is 0; 0: every earlier one. softcap > 0: Gemma 2's scores
+ * softcap tanh(s / softcap). scratch: reorder's, one layer's
+ * [B][cap][row] (B > 1). */
 typedef struct {
     float *k, *v, *scratch;
     int L;
     int64_t B, row, cap, len, window;
+    const uint8_t *full; /* borrowed from the model */
+    float softcap;
 } dt__kv_cache;
 /* Sequence b continues sequence parent[b] (each in [0, B)): the len cached
  * positions of every layer copied so. */
@@ -93,8 +97,9 @@ void dt__kv_reorder(dt__kv_cache *c, const int64_t *parent);
  * [B, n, H hd], k and v [B, n, KV hd] (B: the cache's; any float dtype; views too), KV
  * dividing H (query head h reads kv head h / (H / KV)). Their keys and
  * values go into the cache; query i attends to positions [0, c->len + i]
- * (the last c->window of them when the cache has a window; softmax of
- * q.k / sqrt(hd), in f32). Returns [B, n, H hd] in q's dtype;
+ * (the last c->window of them when the cache has a window and layer l
+ * slides; softmax of q.k / sqrt(hd), soft-capped with c->softcap, in
+ * f32). Returns [B, n, H hd] in q's dtype;
  * c->len is the caller's to advance, after the last layer. NULL with
  * DT_ERR_SHAPE when the rows do not fit the cache. */
 dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, dt_tensor *k, dt_tensor *v, int H,
@@ -111,10 +116,17 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
  * the head on the last position only: logits [B, 1, V] in the model's
  * dtype; c->len unchanged. window: the sliding window of a Llama-family
  * model that has one (shorter than its positions; dt_llama_positions gives
- * it as the model's positions), else 0. restart: LongRoPE's
- * original_max_position_embeddings (dt__gen_kv_start), else 0. */
-bool dt__llama_kv_shape(const dt_model *m, int *L, int64_t *row, int64_t *positions, int64_t *window,
-                        int64_t *restart);
+ * it as the model's positions), else 0; full: its layers' kinds
+ * (dt_llama_config.full_attention_layers; borrowed from the model).
+ * restart: LongRoPE's original_max_position_embeddings (dt__gen_kv_start),
+ * else 0. softcap: Gemma 2's attn_logit_softcapping, else 0. */
+typedef struct {
+    int L;
+    int64_t row, positions, window, restart;
+    const uint8_t *full;
+    float softcap;
+} dt__llama_kv_info;
+bool dt__llama_kv_shape(const dt_model *m, dt__llama_kv_info *out);
 int64_t dt__llama_window(const dt_model *m);
 dt_tensor *dt__llama_kv_forward(dt_model *m, dt__kv_cache *c, dt_ctx *ctx, const int64_t *tok, int64_t n);
 

@@ -33,6 +33,12 @@ with save_pretrained, and what transformers computes on fixed tokens:
                over their whole projections (every norm weight drawn in [0.5,
                1.5]), GQA 4 over 2, untied head, pad_token_id 1;
                olmo2_ref.safetensors as qwen3's
+  gemma2/      Gemma2ForCausalLM: a norm before and after attention and MLP,
+               query_pre_attn_scalar 24 (not head_dim 16), attention scores
+               soft-capped at 5 and logits at 2 (initializer_range 0.3 so
+               that both caps bend), 3 layers (sliding, full, sliding) with
+               sliding_window 16, GQA 4 over 2, tied head, pad_token_id 0;
+               gemma2_ref.safetensors as qwen3's
   llama_yarn_config.json, llama_yarn_ref.safetensors:
                llama's weights under YaRN rope scaling (factor 4, original 16
                positions, beta_fast 2, beta_slow 0.5, truncate false): the
@@ -69,7 +75,7 @@ from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           Phi3Config, Phi3ForCausalLM, GraniteConfig, GraniteForCausalLM, Olmo2Config,
-                          Olmo2ForCausalLM)
+                          Olmo2ForCausalLM, Gemma2Config, Gemma2ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf"
 os.makedirs(out, exist_ok=True)
@@ -301,4 +307,25 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Olmo2ForCausalLM, oc, olmo2),
            "eval": torch.tensor(windows_loss(olmo2, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "olmo2_ref.safetensors"))
+# Gemma 2 (Gemma2ForCausalLM): norms before and after attention and MLP, the attention's scale
+# query_pre_attn_scalar^-1/2, soft caps on the scores and the logits (weights drawn with std 0.3 so that the
+# scores and logits reach where tanh bends), sliding and full layers; the norm weights drawn away from 0 as
+# Gemma 1's; its own seed, after everything above
+torch.manual_seed(5150)
+g2c = Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
+                   query_pre_attn_scalar=24, sliding_window=T, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=2.0, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+gemma2 = Gemma2ForCausalLM(g2c).eval()
+with torch.no_grad():
+    for n, p in gemma2.named_parameters():
+        if n.endswith("norm.weight"):
+            p.uniform_(-0.5, 0.5)
+gemma2.save_pretrained(os.path.join(out, "gemma2"))
+with torch.no_grad():
+    lg = gemma2(ids[:, :T]).logits
+save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(lg, ids[:, 1:]).reshape([]),
+           "adamw_loss": adamw_losses(Gemma2ForCausalLM, g2c, gemma2),
+           "eval": torch.tensor(windows_loss(gemma2, toks), dtype=torch.float32).reshape([])},
+          os.path.join(out, "gemma2_ref.safetensors"))
 print("wrote", out)

@@ -197,11 +197,15 @@ typedef enum {
 
 /* The most rotary frequencies a head has (head_dim <= 256). */
 #define DT_LLAMA_MAX_ROPE_PAIRS 128
+/* The most layers a model with a sliding window has (their kinds:
+ * dt_llama_config.full_attention_layers). */
+#define DT_LLAMA_MAX_LAYERS 256
 
 /* A Llama-family decoder (Hugging Face LlamaConfig's keys; Mistral,
- * Qwen2, Qwen3, Gemma, Phi-3, Granite and OLMo 2 are the same block: Qwen2
- * with attention_bias, Qwen3 with qk_norm, Gemma with gemma, Phi-3 with
- * fused, Granite with its four multipliers, OLMo 2 with olmo2). */
+ * Qwen2, Qwen3, Gemma, Gemma 2, Phi-3, Granite and OLMo 2 are the same
+ * block: Qwen2 with attention_bias, Qwen3 with qk_norm, Gemma with gemma,
+ * Gemma 2 with gemma, gemma2 and its soft caps, Phi-3 with fused, Granite
+ * with its four multipliers, OLMo 2 with olmo2). */
 typedef struct dt_llama_config {
     int64_t vocab_size;               /* V */
     int64_t hidden_size;              /* C */
@@ -246,6 +250,16 @@ typedef struct dt_llama_config {
     bool gemma;                       /* Gemma (GemmaForCausalLM, Gemma 1): the embeddings times sqrt(C) (in
                                          their dtype), every RMSNorm times (1 + weight) (weights 0 at init,
                                          GemmaRMSNorm), the MLP's activation GELU's tanh form, not SiLU */
+    bool gemma2;                      /* Gemma 2 (Gemma2ForCausalLM; with gemma): the attention and the MLP
+                                         each between a norm before and a norm after, the latter before the
+                                         residual add (input_layernorm and post_attention_layernorm,
+                                         pre_feedforward_layernorm and post_feedforward_layernorm) */
+    double query_pre_attn_scalar;     /* Gemma 2: the attention's scale is its inverse square root; 0:
+                                         1/sqrt(head_dim) */
+    double attn_logit_softcapping;    /* Gemma 2: the attention's scores s become cap tanh(s / cap) before
+                                         the softmax (dt_attention_softcap); 0: none */
+    double final_logit_softcapping;   /* Gemma 2: the logits become cap tanh(logits / cap) (dt_softcap); 0:
+                                         none */
     bool fused;                       /* Phi-3 (Phi3ForCausalLM): q, k and v are one Linear self_attn.qkv_proj
                                          ([(H + 2 KV) hd, C]: q's rows, then k's, then v's) and gate and up
                                          one mlp.gate_up_proj ([2 I, C]: gate's rows, then up's); no biases;
@@ -262,6 +276,12 @@ typedef struct dt_llama_config {
                                          at most that many tokens, where it is the causal attention;
                                          dt_model_generate's key/value cache runs past it with the window,
                                          up to max_position_embeddings; 0: none */
+    uint8_t full_attention_layers[DT_LLAMA_MAX_LAYERS]; /* with sliding_window: 1 for a layer that sees every
+                                         earlier position (transformers' layer_types "full_attention": Gemma
+                                         2's odd layers, Qwen2's below max_window_layers), 0 for one that
+                                         slides (Mistral's every layer); the cache's generation past the
+                                         window keeps them apart. At most DT_LLAMA_MAX_LAYERS layers with a
+                                         window */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied

@@ -18,7 +18,9 @@
  * shape (partial RoPE, LongRoPE: past its 8 original positions the cache
  * is recomputed with the long factors, as transformers' Phi-3 does) and
  * Granite (its multipliers, the attention's scale on q) and OLMo 2 (norms
- * after attention and MLP, whole-projection q and k norms) test directories, each with its weights scaled up so that its logits are far
+ * after attention and MLP, whole-projection q and k norms) and Gemma 2 (soft
+ * caps, sliding and full layers; its weights drawn large, halved) test
+ * directories, each with its weights scaled up so that its logits are far
  * from uniform (a random init's are nearly flat). */
 // dt-test-timeout: 300
 #include "../models/zoo.h"
@@ -46,7 +48,7 @@ static const gen_model g_models[] = {
     {"gpt-micro", DT_F32, 4, 0},       {"llama-tiny", DT_F32, 4, 0},    {"llama-tiny", DT_BF16, 4, 0},
     {"hf:" HF "qwen3", DT_F32, 4, 0}, {"hf:" HF "gemma", DT_F32, 6, 0}, {"hf:" HF "mistral", DT_F32, 4, 0},
     {"hf:" HF "phi3", DT_F32, 4, 0},  {"hf:" HF "phi4", DT_F32, 4, 8}, {"hf:" HF "granite", DT_F32, 8, 0},
-    {"hf:" HF "olmo2", DT_F32, 4, 0},
+    {"hf:" HF "olmo2", DT_F32, 4, 0},  {"hf:" HF "gemma2", DT_F32, 0.5, 0},
 };
 #define N_MODELS (int)(sizeof g_models / sizeof g_models[0])
 

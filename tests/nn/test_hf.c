@@ -162,6 +162,12 @@ TEST(granite_parity) { parity(HF "granite", HF "granite_ref.safetensors", "logit
 /* OLMo 2: norms after attention and MLP, q and k normalized over their whole projections */
 TEST(olmo2_parity) { parity(HF "olmo2", HF "olmo2_ref.safetensors", "logits"); }
 
+/* Gemma 2: norms before and after attention and MLP, query_pre_attn_scalar
+ * 24, scores soft-capped at 5 and logits at 2 (where tanh bends: with
+ * either cap left out the logits differ by 0.98 and 3.9 of the largest), sliding and
+ * full layers at 16 tokens (the window covers them all) */
+TEST(gemma2_parity) { parity(HF "gemma2", HF "gemma2_ref.safetensors", "logits"); }
+
 /* Mistral with sliding_window 16 at 16 tokens (the window covers them all) */
 TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logits"); }
 
@@ -232,6 +238,7 @@ TEST(phi3_adamw_steps) { adamw_steps(HF "phi3", HF "phi3_ref.safetensors", 10, 1
 TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1e-5); }
 TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
+TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -339,8 +346,10 @@ static dt_status read_config_text(const char *text, dt_hf_config *h)
 
 /* Qwen3's config: its own defaults (head_dim 128, not hidden / heads); a
  * sliding window taken (sequences up to it) with use_sliding_window and a
- * sliding layer, none without; an unknown layer type refused naming the
- * key; LlamaConfig has no window: its sliding_window key is ignored */
+ * sliding layer (layer_types', or from max_window_layers on), with each
+ * layer's kind, none without; an unknown layer type, a list of another
+ * length than the layers and a layer_types that is no list refused naming
+ * the key; LlamaConfig has no window: its sliding_window key is ignored */
 TEST(config_qwen3)
 {
     dt_hf_config h;
@@ -355,11 +364,29 @@ TEST(config_qwen3)
     snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"chunked_attention\"]}", base);
     ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(dt_last_error(), "layer_types");
-    snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, "
+    snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, \"num_hidden_layers\": 2, "
              "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"max_position_embeddings\": 64}",
              base);
     ASSERT_OK(read_config_text(text, &h));
     ASSERT_EQ_INT((int)h.llama.sliding_window, 16);
+    ASSERT(h.llama.full_attention_layers[0] == 1 && h.llama.full_attention_layers[1] == 0);
+    /* without layer_types: the layers from max_window_layers on slide (28 by default: none of 3, no window) */
+    snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, \"num_hidden_layers\": 3, "
+             "\"max_window_layers\": 1, \"max_position_embeddings\": 64}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 16);
+    ASSERT(h.llama.full_attention_layers[0] == 1 && h.llama.full_attention_layers[1] == 0 &&
+           h.llama.full_attention_layers[2] == 0);
+    snprintf(text, sizeof text, "%s, \"use_sliding_window\": true, \"sliding_window\": 16, \"num_hidden_layers\": 3, "
+             "\"max_position_embeddings\": 64}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
+    /* a list of another length than the layers, or not a list */
+    snprintf(text, sizeof text, "%s, \"num_hidden_layers\": 3, \"layer_types\": [\"full_attention\"]}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
+    ASSERT_STR_CONTAINS(dt_last_error(), "\"layer_types\" has 1 entries for num_hidden_layers 3");
+    snprintf(text, sizeof text, "%s, \"layer_types\": \"full_attention\"}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_FORMAT);
     snprintf(text, sizeof text, "%s, \"use_sliding_window\": false, \"sliding_window\": 16}", base);
     ASSERT_OK(read_config_text(text, &h));
     ASSERT_EQ_INT((int)h.llama.sliding_window, 0);
@@ -371,8 +398,8 @@ TEST(config_qwen3)
 
 /* Gemma 1's config: GemmaConfig's defaults (head_dim 256, tied head,
  * pad_token_id 0, gelu_pytorch_tanh; "gelu" read as it), other
- * activations and bidirectional attention refused naming the key, Gemma 2
- * and 3 refused naming the architecture */
+ * activations and bidirectional attention refused naming the key, Gemma 3
+ * refused naming the architecture */
 TEST(config_gemma)
 {
     dt_hf_config h;
@@ -398,12 +425,58 @@ TEST(config_gemma)
     ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
     ASSERT_OK(read_config_text("{\"model_type\": \"gemma\", \"hidden_size\": 64, \"num_attention_heads\": 4}", &h));
     ASSERT(h.llama.gemma);
-    ASSERT_STATUS(read_config_text("{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\"}", &h),
-                  DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma2ForCausalLM");
-    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1");
     ASSERT_STATUS(read_config_text("{\"model_type\": \"gemma3_text\"}", &h), DT_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1");
+    ASSERT_STR_CONTAINS(dt_last_error(), "Gemma 1 and 2");
+}
+
+/* Gemma 2's config: Gemma2Config's defaults (2304 wide, 26 layers, 8 heads
+ * over 4, head_dim 256, query_pre_attn_scalar 256, soft caps 50 and 30,
+ * sliding_window 4096 on the even layers, tied, pad 0); null caps and
+ * window mean none; layer_types' kinds; a cap of 0, another activation and
+ * bidirectional attention refused naming the key */
+TEST(config_gemma2)
+{
+    dt_hf_config h;
+    ASSERT_OK(read_config_text("{\"architectures\": [\"Gemma2ForCausalLM\"]}", &h));
+    const dt_llama_config *c = &h.llama;
+    ASSERT(c->gemma && c->gemma2 && c->tie_word_embeddings && c->has_pad_token && c->pad_token_id == 0);
+    ASSERT(c->hidden_size == 2304 && c->intermediate_size == 9216 && c->num_hidden_layers == 26 &&
+           c->num_attention_heads == 8 && c->num_key_value_heads == 4 && c->head_dim == 256 &&
+           c->vocab_size == 256000 && c->max_position_embeddings == 8192);
+    ASSERT(c->query_pre_attn_scalar == 256 && c->attn_logit_softcapping == 50 && c->final_logit_softcapping == 30);
+    ASSERT_EQ_INT((int)c->sliding_window, 4096);
+    for (int i = 0; i < 26; i++)
+        ASSERT_EQ_INT(c->full_attention_layers[i], i % 2);
+    static const char base[] = "{\"model_type\": \"gemma2\", \"hidden_size\": 64, \"num_attention_heads\": 4, "
+                               "\"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 3, "
+                               "\"vocab_size\": 128";
+    char text[700];
+    snprintf(text, sizeof text, "%s, \"attn_logit_softcapping\": null, \"final_logit_softcapping\": null, "
+             "\"sliding_window\": null, \"query_pre_attn_scalar\": 24}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(h.llama.gemma2 && h.llama.attn_logit_softcapping == 0 && h.llama.final_logit_softcapping == 0 &&
+           h.llama.sliding_window == 0 && h.llama.query_pre_attn_scalar == 24);
+    snprintf(text, sizeof text, "%s, \"sliding_window\": 8, \"layer_types\": [\"full_attention\", "
+             "\"sliding_attention\", \"full_attention\"]}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT(h.llama.sliding_window == 8 && h.llama.full_attention_layers[0] == 1 &&
+           h.llama.full_attention_layers[1] == 0 && h.llama.full_attention_layers[2] == 1);
+    snprintf(text, sizeof text, "%s, \"layer_types\": [\"full_attention\", \"full_attention\", "
+             "\"full_attention\"]}", base);
+    ASSERT_OK(read_config_text(text, &h));
+    ASSERT_EQ_INT((int)h.llama.sliding_window, 0); /* no layer slides */
+    const char *bad[4] = {"\"attn_logit_softcapping\": 0", "\"final_logit_softcapping\": -1",
+                          "\"query_pre_attn_scalar\": 0", "\"hidden_activation\": \"silu\""};
+    const char *key[4] = {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+                          "hidden_activation"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(text, sizeof text, "%s, %s}", base, bad[k]);
+        ASSERT(read_config_text(text, &h) < 0);
+        ASSERT_STR_CONTAINS(dt_last_error(), key[k]);
+    }
+    snprintf(text, sizeof text, "%s, \"use_bidirectional_attention\": true}", base);
+    ASSERT_STATUS(read_config_text(text, &h), DT_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(dt_last_error(), "use_bidirectional_attention");
 }
 
 /* A token id beyond any integer type (the fuzzer's find: the cast of 1e64
@@ -475,6 +548,7 @@ int main(void)
     RUN(config_bad_token_id);
     RUN(config_qwen3);
     RUN(config_gemma);
+    RUN(config_gemma2);
     RUN(config_strict_json);
     RUN(config_gpt2_sizes);
     RUN(llama_parity);
@@ -497,5 +571,7 @@ int main(void)
     RUN(granite_adamw_steps);
     RUN(olmo2_parity);
     RUN(olmo2_adamw_steps);
+    RUN(gemma2_parity);
+    RUN(gemma2_adamw_steps);
     return TEST_REPORT();
 }

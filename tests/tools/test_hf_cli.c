@@ -16,15 +16,15 @@
 
 #define HF DT_SOURCE_DIR "/tests/data/hf/"
 
-/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "phi3", "phi4", "granite", "olmo2": the key
- * "eval" of their own _ref file) */
+/* key's value in eval_ref.safetensors ("qwen3", "mistral", "gemma", "gemma2", "phi3", "phi4", "granite", "olmo2":
+ * the key "eval" of their own _ref file) */
 static double ref_loss(const char *key)
 {
     dt_st_file *f = NULL;
     float v = NAN;
     char own[200] = "";
     if (!strcmp(key, "qwen3") || !strcmp(key, "mistral") || !strcmp(key, "gemma") || !strcmp(key, "phi3") ||
-        !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2")) {
+        !strcmp(key, "phi4") || !strcmp(key, "granite") || !strcmp(key, "olmo2") || !strcmp(key, "gemma2")) {
         snprintf(own, sizeof own, HF "%s_ref.safetensors", key);
         key = "eval";
     }
@@ -70,6 +70,7 @@ TEST(eval_json)
     eval_case("phi4", "phi4", "4"); /* partial RoPE, LongRoPE's long factors (16 > 8 positions) */
     eval_case("granite", "granite", "4");
     eval_case("olmo2", "olmo2", "4");
+    eval_case("gemma2", "gemma2", "4"); /* soft caps; sliding_window 16 = --seq */
 }
 
 TEST(train_and_generate)
@@ -390,6 +391,67 @@ TEST(olmo2_save_hf_tp_and_pp)
     save_hf_and_parallel("olmo2", (const char *const[]){"\"olmo2\"", "\"Olmo2ForCausalLM\"", "\"pad_token_id\":\t1",
                                                         NULL},
                          true, true);
+}
+
+/* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps and the
+ * layers' kinds and evaluates to the run's own loss; --tp 2 (the rank's heads, the logits' cap on its vocabulary
+ * columns) and --pp 2 (the head's unit caps the logits as the model does) give one process's losses; --cp is
+ * refused, exit 2, naming the attention's soft cap. */
+TEST(gemma2_save_hf_tp_and_pp)
+{
+    save_hf_and_parallel("gemma2",
+                         (const char *const[]){"\"gemma2\"", "\"Gemma2ForCausalLM\"", "\"query_pre_attn_scalar\":\t24",
+                                               "\"attn_logit_softcapping\":\t5", "\"final_logit_softcapping\":\t2",
+                                               "\"sliding_window\":\t16", "\"sliding_attention\", \"full_attention\"",
+                                               "\"hidden_activation\":\t\"gelu_pytorch_tanh\"", NULL},
+                         true, true);
+    cli_result r;
+    char *const base[] = {"train", "--model", "hf:" HF "gemma2", "--data", "tokens:" HF "tokens.bin", "--no-eval",
+                          "--seq", "16", "--batch", "2", "--max-steps", "1", "--threads", "1", "--progress", "none",
+                          "--cp", "2", NULL};
+    char *const *l[] = {base};
+    cli_run_ranks(&r, 120, NULL, 2, 1, l);
+    ASSERT_EQ_INT(r.code, 2);
+    ASSERT_STR_CONTAINS(r.err, "attention soft-capping");
+}
+
+/* Gemma 2's sliding layers (0 and 2 of the golden's 3; window 16) and its full one, as transformers generates
+ * past the window: transformers 5.25's model.generate(ids, do_sample=False, pad_token_id=0, ...) (torch 2.15, CPU)
+ * gave these new tokens, once, for the prompts 5 6 7 and a 20-token one (longer than the window): greedy with
+ * no_repeat_ngram_size 2, and beam search (its stop token 2 ends the third). With the window on every layer, as
+ * the cache kept it before Gemma 2, the first gives ... 63 63 48 2 and the last 54 54 113 113 18 ... */
+TEST(generate_gemma2)
+{
+    static cli_result r;
+    static char p20[200] = "";
+    for (int i = 0; i < 20; i++)
+        snprintf(p20 + strlen(p20), sizeof p20 - strlen(p20), "%s%d", i ? "," : "", (i * 7 + 3) % 128);
+    static const struct {
+        const char *prompt, *opts[8], *want;
+    } cases[] = {
+        {"5,6,7", {"--max-new-tokens", "40", "--no-repeat-ngram-size", "2"},
+         "| 7 49 49 7 16 82 82 44 44 8 8 111 111 123 123 48 48 63 63 48 123 53 53 24 24 65 65 24 54 54 24 51 51 7 56 "
+         "56 7 93 93 41\n"},
+        {p20, {"--max-new-tokens", "20", "--no-repeat-ngram-size", "2"},
+         "| 113 113 18 18 113 118 118 113 78 78 113 42 42 103 103 76 76 61 61 76\n"},
+        {"5,6,7", {"--max-new-tokens", "30", "--num-beams", "3", "--no-repeat-ngram-size", "2"},
+         "| 16 16 95 95 67 27 27 48 48 63 48 2\n"},
+        {p20, {"--max-new-tokens", "20", "--num-beams", "4", "--no-repeat-ngram-size", "2"},
+         "| 54 54 113 18 18 113 113 118 113 78 113 65 65 14 97 97 99 99 55 55\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *args[20] = {"generate", "--model", "hf:" HF "gemma2", "--prompt-ids", (char *)cases[i].prompt,
+                          "--temperature", "0"};
+        int n = 7;
+        for (int j = 0; cases[i].opts[j]; j++)
+            args[n++] = (char *)cases[i].opts[j];
+        args[n] = NULL;
+        cli_runv(&r, 60, NULL, args);
+        if (r.code != 0 || !strstr(r.out, cases[i].want))
+            fprintf(stderr, "  case %zu: got %s%s, transformers %s", i, r.out, r.err, cases[i].want);
+        ASSERT_EQ_INT(r.code, 0);
+        ASSERT_STR_CONTAINS(r.out, cases[i].want);
+    }
 }
 
 /* llama's weights under YaRN rope scaling: trained 3 steps and written with --save-hf, the export keeps the
@@ -985,6 +1047,8 @@ int main(void)
     RUN(yarn_save_hf);
     RUN(granite_save_hf_tp_and_pp);
     RUN(olmo2_save_hf_tp_and_pp);
+    RUN(gemma2_save_hf_tp_and_pp);
+    RUN(generate_gemma2);
     RUN(bad_phi3_directories);
     RUN(mistral_sliding_window);
     RUN(tied_head);
