@@ -81,6 +81,20 @@ dt_status dt_model_hf_config(const char *name, const dt_model_config *c, dt_hf_c
 
 /* A float config value as the double whose shortest decimal form gives the
  * float back (1e-05, not 9.99999974737875e-06). */
+/* A float-typed key (transformers' strict config dataclasses refuse an
+ * integer there: Gemma2Config's soft caps): an integral value written with
+ * its ".0", others as cJSON writes them (the shortest that reads back). */
+static void add_float(cJSON *o, const char *key, double v)
+{
+    char b[64];
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(b, sizeof b, "%.1f", v);
+        cJSON_AddRawToObject(o, key, b);
+    } else {
+        cJSON_AddNumberToObject(o, key, v);
+    }
+}
+
 static double fnum(float f)
 {
     char b[48];
@@ -254,7 +268,7 @@ static dt_status config_json(const dt_hf_config *h, dt_dtype dt, char **cfg, cha
             const double v[2] = {c->attn_logit_softcapping, c->final_logit_softcapping};
             for (int k = 0; k < 2; k++)
                 if (v[k] > 0.0)
-                    cJSON_AddNumberToObject(o, key[k], v[k]);
+                    add_float(o, key[k], v[k]);
                 else
                     cJSON_AddNullToObject(o, key[k]);
         }

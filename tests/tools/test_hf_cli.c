@@ -393,15 +393,15 @@ TEST(olmo2_save_hf_tp_and_pp)
                          true, true);
 }
 
-/* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps and the
- * layers' kinds and evaluates to the run's own loss; --tp 2 (the rank's heads, the logits' cap on its vocabulary
- * columns) and --pp 2 (the head's unit caps the logits as the model does) give one process's losses; --cp is
- * refused, exit 2, naming the attention's soft cap. */
+/* Gemma 2 (model_type gemma2, Gemma2ForCausalLM): the export keeps query_pre_attn_scalar, the soft caps (as
+ * floats, which Gemma2Config requires) and the layers' kinds and evaluates to the run's own loss; --tp 2 (the
+ * rank's heads, the logits' cap on its vocabulary columns) and --pp 2 (the head's unit caps the logits as the model
+ * does) give one process's losses; --cp is refused, exit 2, naming the attention's soft cap. */
 TEST(gemma2_save_hf_tp_and_pp)
 {
     save_hf_and_parallel("gemma2",
                          (const char *const[]){"\"gemma2\"", "\"Gemma2ForCausalLM\"", "\"query_pre_attn_scalar\":\t24",
-                                               "\"attn_logit_softcapping\":\t5", "\"final_logit_softcapping\":\t2",
+                                               "\"attn_logit_softcapping\":\t5.0", "\"final_logit_softcapping\":\t2.0",
                                                "\"sliding_window\":\t16", "\"sliding_attention\", \"full_attention\"",
                                                "\"hidden_activation\":\t\"gelu_pytorch_tanh\"", NULL},
                          true, true);
