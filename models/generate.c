@@ -12,9 +12,8 @@
  * prompt once and then each new token alone, while the sequence fits the
  * window; past it, and without the cache, each token costs one forward over
  * the window. A model with a sliding window (Mistral's) runs past the
- * window only through the cache, which keeps every token at its position
- * and lets it see the last window positions, as transformers does;
- * uncached such a sequence is refused (window_check). num_beams > 1 is
+ * window as transformers does, every token at its position seeing the last
+ * window positions (in its sliding layers), cached or not. num_beams > 1 is
  * transformers' beam search instead (generate_beam.c).
  *
  * Under the "pipe" strategy (dt_strategy_pipe_generate) the same loop runs
@@ -428,27 +427,6 @@ static bool is_eos(const dt_generate_params *p, int64_t tok)
     return false;
 }
 
-/* A model with a sliding window (Mistral's) generates as transformers does
- * (each token sees the last window positions, at their own positions)
- * only through the key/value cache; the uncached forward would crop the
- * sequence to the window and move every token to a new position. So a
- * sequence that runs uncached past the window is refused up front. */
-static dt_status window_check(dt_model *m, const char *who, const gen_ops *ops, const dt_generate_params *p,
-                              const dt__gen_kv *kv, int64_t nprompt)
-{
-    const int64_t W = dt__llama_window(m), total = nprompt + p->max_new_tokens;
-    if (W <= 0 || p->max_new_tokens < 1 || total - 1 <= W || (kv && total <= dt__gen_kv_cap(kv)))
-        return DT_OK;
-    const char *why = ops->share     ? "through a pipeline's stages it runs uncached"
-                      : !p->kv_cache ? "the key/value cache is off"
-                      : kv           ? "the sequence is longer than the model's positions (max_position_embeddings)"
-                                     : "this model runs uncached (tensor parallelism, hooks or forward overrides)";
-    return dt_error(DT_ERR_UNSUPPORTED, "%s: %lld prompt and %lld new tokens run past the model's sliding window "
-                    "(sliding_window %lld): only the key/value cache generates them as the model does (each token "
-                    "seeing the last %lld positions), and %s", who, (long long)nprompt,
-                    (long long)p->max_new_tokens, (long long)W, (long long)W, why);
-}
-
 static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_params *gp, const int64_t *prompt,
                           int64_t nprompt, int64_t *out, int64_t cap, int64_t *nout)
 {
@@ -478,8 +456,6 @@ static dt_status generate(dt_model *m, const gen_ops *ops, const dt_generate_par
     dt__gen_kv *kv = NULL;
     if (st == DT_OK && p.kv_cache && !ops->share && p.max_new_tokens > 0)
         st = dt__gen_kv_init(m, p.num_beams, nprompt, p.max_new_tokens, &kv);
-    if (st == DT_OK && (st = window_check(m, who, ops, &p, kv, nprompt)) < 0)
-        shared = true; /* every rank of a pipeline refuses alike (the model's and the call's values): none waits */
     if (st == DT_OK && p.num_beams > 1) /* one process (dt_strategy_pipe_generate refuses beams) */
         st = dt__gen_beam(m, ctx, &p, kv, P, V, out, nprompt, &n);
     for (int64_t k = 0; st == DT_OK && p.num_beams == 1 && k < p.max_new_tokens && !(k > 0 && is_eos(&p, out[n - 1]));

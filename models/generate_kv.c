@@ -147,18 +147,16 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
                (size_t)n * (size_t)row * sizeof(float));
     }
     const int64_t window = c->full && c->full[l] ? 0 : c->window; /* this layer's */
-    if (p0 == 0 && n > 1 && (window == 0 || n <= window) && hd <= 256) {
-        /* a prompt with nothing cached before it, inside the window: the model's own causal kernel over the
-           rows in their dtype (as the uncached forward computes them) */
+    if (p0 == 0 && n > 1 && hd <= 256) {
+        /* a prompt with nothing cached before it: the model's own kernels over the rows in their dtype (as the
+           uncached forward computes them) */
         if (!dt_tensor_is_contiguous(q))
             q = dt_contiguous(ctx, q);
         if (!dt_tensor_is_contiguous(k))
             k = dt_contiguous(ctx, k);
         if (!dt_tensor_is_contiguous(v))
             v = dt_contiguous(ctx, v);
-        dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
-        return c->softcap > 0.0f ? dt_attention_softcap(ctx, qkv, H, true, c->softcap)
-                                 : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
+        return dt_attention_window(ctx, dt_gqa_pack(ctx, q, k, v, H, KV), H, window, c->softcap);
     }
     q = as_f32(ctx, q);
     float *y = dt_ctx_alloc(ctx, (size_t)(B * n) * (size_t)H * (size_t)hd * sizeof(float));

@@ -89,8 +89,17 @@ typedef struct {
 
 /* What the forwards read: the root owns it (dt_nn_custom_owned), the
  * attention modules borrow it. */
+struct llama_rt;
+
+/* A layer's attention's view of the runtime config: its sliding window */
+typedef struct {
+    const struct llama_rt *rt;
+    int64_t window; /* > 0: query i sees the keys (i - window, i]; 0: every earlier one */
+} attn_ud;
+
 typedef struct llama_rt {
     dt_llama_config c;
+    attn_ud *attn;   /* each layer's (num_hidden_layers of them) */
     float *inv_freq; /* rotary width / 2 (hd / 2 without a partial rotary factor) */
     float *inv_long; /* longrope's past original_max_position_embeddings, else NULL */
     dt_cp_params cp; /* context parallelism: group NULL for none */
@@ -101,7 +110,7 @@ static void rt_free(void *p)
 {
     llama_rt *rt = p;
     if (rt)
-        free(rt->inv_freq), free(rt->inv_long);
+        free(rt->inv_freq), free(rt->inv_long), free(rt->attn);
     free(rt);
 }
 
@@ -177,9 +186,11 @@ static dt_tensor *head_norm(dt_ctx *ctx, dt_module *norm, dt_pg *tp, float eps, 
     return dt_reshape(ctx, y, 3, (int64_t[]){B, T, n * hd});
 }
 
+/* ud: the layer's attn_ud (borrowed from the root's runtime config) */
 static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void *ud)
 {
-    const llama_rt *rt = ud;
+    const attn_ud *a = ud;
+    const llama_rt *rt = a->rt;
     const int t = tp_size_of(child(self, rt->c.fused ? "qkv_proj" : "q_proj")); /* the rank's heads */
     const int H = (int)rt->c.num_attention_heads / t, KV = (int)rt->c.num_key_value_heads / t;
     dt_tensor *q, *k, *v;
@@ -236,10 +247,9 @@ static dt_tensor *attn_forward(dt_ctx *ctx, dt_module *self, dt_tensor *x, void 
     if (kv)
         return dt_module_forward(ctx, child(self, "o_proj"), dt__kv_attention(ctx, kv->c, kv->layer++, q, k, v, H, KV));
     dt_tensor *qkv = dt_gqa_pack(ctx, q, k, v, H, KV);
-    const float cap = (float)rt->c.attn_logit_softcapping; /* Gemma 2's */
+    /* the layer's sliding window (within it: causal attention) and Gemma 2's soft cap */
     dt_tensor *y = rt->cp.group ? dt_cp_attention(ctx, &rt->cp, qkv, H, true)
-                   : cap > 0.0f ? dt_attention_softcap(ctx, qkv, H, true, cap)
-                                : dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
+                                : dt_attention_window(ctx, qkv, H, a->window, (float)rt->c.attn_logit_softcapping);
     return dt_module_forward(ctx, child(self, "o_proj"), y);
 }
 
@@ -371,25 +381,23 @@ static dt_tensor *pad_no_grad(dt_ctx *ctx, dt_tensor *x, dt_tensor *idx, int64_t
     return dt_add(ctx, dt_mul(ctx, x, keep), dt_mul(ctx, dt_detach(ctx, x), drop));
 }
 
-/* The longest sequence: max_position_embeddings, or a sliding window's
- * length (up to it the window covers every earlier position: causal
- * attention; longer would need the window) */
+/* A sliding window shorter than the positions: the layers that slide see
+ * the last sliding_window positions (full_attention_layers: the others
+ * every earlier one) */
 static bool windowed(const dt_llama_config *c)
 {
     return c->sliding_window > 0 && c->sliding_window < c->max_position_embeddings;
 }
 
-static int64_t max_len(const dt_llama_config *c)
-{
-    return windowed(c) ? c->sliding_window : c->max_position_embeddings;
-}
+/* The longest sequence: max_position_embeddings */
+static int64_t max_len(const dt_llama_config *c) { return c->max_position_embeddings; }
 
-/* What max_len is, for messages. */
-static const char *len_limit(const dt_llama_config *c)
+/* The descriptor's sequence length when none is given: the window of a
+ * windowed model (a long max_position_embeddings costs memory the window
+ * does not need), else max_len */
+static int64_t default_len(const dt_llama_config *c)
 {
-    return windowed(c) ? "sliding_window: longer sequences need sliding-window attention, which dtrain has only in "
-                         "generation (its key/value cache)"
-                       : "max_position_embeddings";
+    return windowed(c) ? c->sliding_window : max_len(c);
 }
 
 /* self->ud: the runtime config (borrowed from the root) */
@@ -405,9 +413,9 @@ static dt_tensor *model_forward(dt_ctx *ctx, dt_module *self, dt_tensor *idx, vo
         return NULL;
     }
     /* a cached generation step: the cache's window bounds attention, the sequence runs to the positions */
-    if (idx->shape[1] < 1 || idx->shape[1] > (rt->kv ? rt->c.max_position_embeddings : max_len(&rt->c))) {
-        dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (%s)", (long long)idx->shape[1],
-                 (long long)max_len(&rt->c), len_limit(&rt->c));
+    if (idx->shape[1] < 1 || idx->shape[1] > max_len(&rt->c)) {
+        dt_error(DT_ERR_SHAPE, "sequence length %lld is outside [1, %lld] (max_position_embeddings)",
+                 (long long)idx->shape[1], (long long)max_len(&rt->c));
         return NULL;
     }
     if (rt->cp.group) { /* the rank's rows of the whole sequence */
@@ -504,14 +512,14 @@ static dt_module *whole_norm(const dt_llama_config *c, llama_rt *rt, dt_pg *tp, 
     return m;
 }
 
-static dt_module *layer(const dt_llama_config *c, llama_rt *rt, dt_pg *tp)
+static dt_module *layer(const dt_llama_config *c, llama_rt *rt, attn_ud *a, dt_pg *tp)
 {
     const int64_t C = c->hidden_size, hd = c->head_dim, H = c->num_attention_heads, KV = c->num_key_value_heads;
     const int64_t I = c->intermediate_size;
     const float std = c->initializer_range;
     const bool ab = c->attention_bias, ob = c->attention_bias && !c->qkv_bias_only, mb = c->mlp_bias;
     dt_module *b = dt_nn_custom("LlamaDecoderLayer", 0, NULL, layer_forward, rt);
-    dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, rt);
+    dt_module *attn = dt_nn_custom("LlamaAttention", 0, NULL, attn_forward, a);
     dt_module *mlp = dt_nn_custom("LlamaMLP", 0, NULL, mlp_forward, rt);
     bool ok = b && attn && mlp;
     if (c->fused) { /* Phi-3, in Phi3Attention's and Phi3MLP's order (o_proj first) */
@@ -782,12 +790,16 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
                                 "(each rank computes whole heads and an equal share of the MLP)", split[i].key,
                                 (long long)split[i].v, t);
     }
-    int64_t T = c.seq ? c.seq : max_len(lc);
+    int64_t T = c.seq ? c.seq : default_len(lc);
     if (T < 1 || T > max_len(lc))
-        return dt_error(windowed(lc) ? DT_ERR_UNSUPPORTED : DT_ERR_INVALID_ARG,
-                        "llama: sequence length %lld is outside [1, %lld] (%s)", (long long)T,
-                        (long long)max_len(lc), len_limit(lc));
+        return dt_error(DT_ERR_INVALID_ARG, "llama: sequence length %lld is outside [1, %lld] "
+                        "(max_position_embeddings)", (long long)T, (long long)max_len(lc));
     const bool cp = c.cp.group && dt_pg_size(c.cp.group) > 1;
+    if (cp && windowed(lc) && T > lc->sliding_window)
+        return dt_error(DT_ERR_UNSUPPORTED, "llama: context parallelism does not support a sliding window "
+                        "(sliding_window %lld) shorter than the sequence (%lld tokens): its ring attention sees every "
+                        "earlier position; use --seq %lld or less", (long long)lc->sliding_window, (long long)T,
+                        (long long)lc->sliding_window);
     if (cp && lc->attn_logit_softcapping > 0.0)
         return dt_error(DT_ERR_UNSUPPORTED, "llama: context parallelism does not support Gemma 2's attention "
                         "soft-capping (attn_logit_softcapping %g): its ring attention has no soft cap",
@@ -796,13 +808,18 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
         return dt_error_wrap(st, "llama");
     llama_rt *rt = calloc(1, sizeof *rt);
     const bool lr = lc->rope_type == DT_ROPE_LONGROPE;
-    if (!rt || !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float))) ||
+    if (!rt || !(rt->attn = calloc((size_t)lc->num_hidden_layers, sizeof *rt->attn)) ||
+        !(rt->inv_freq = malloc((size_t)lc->head_dim / 2 * sizeof(float))) ||
         (lr && !(rt->inv_long = malloc((size_t)lc->head_dim / 2 * sizeof(float))))) {
         rt_free(rt);
         return dt_error(DT_ERR_NO_MEMORY, "llama: out of memory");
     }
     rt->c = *lc;
     rt->cp = cp ? c.cp : dt_cp_params_default();
+    for (int64_t i = 0; i < lc->num_hidden_layers; i++) /* a layer slides unless it is a full one */
+        rt->attn[i] = (attn_ud){.rt = rt,
+                                .window = windowed(lc) && !(i < DT_LLAMA_MAX_LAYERS && lc->full_attention_layers[i])
+                                              ? lc->sliding_window : 0};
     dt_llama_inv_freq(lc, 0, rt->inv_freq);
     if (lr)
         dt_llama_inv_freq(lc, lc->rope_original_max_position_embeddings + 1, rt->inv_long);
@@ -822,7 +839,7 @@ dt_status dt_llama_create(const dt_llama_config *lc, uint64_t seed, const dt_mod
     if (ok && lc->has_pad_token && !tp)
         ok = dt_module_set_param_padding_row(emb, 0, lc->pad_token_id) == DT_OK;
     for (int64_t i = 0; i < L && ok; i++)
-        ok = add(layers, NULL, layer(lc, rt, tp), ok);
+        ok = add(layers, NULL, layer(lc, rt, &rt->attn[i], tp), ok);
     if (ok && lc->tie_word_embeddings)
         ok = dt_module_tie(head, "weight", emb, "weight") == DT_OK;
     ok = add(inner, "embed_tokens", emb, ok);

@@ -108,15 +108,13 @@ dt_tensor *dt__kv_attention(dt_ctx *ctx, dt__kv_cache *c, int l, dt_tensor *q, d
  * Llama-family model whose forward can run cached (no context
  * parallelism; the caller checks that the tree is plain), with its layers,
  * the row of keys per position (KV hd), its positions
- * (max_position_embeddings: with the cache a sliding window does not bound
- * the sequence) and its sliding window (0: none). forward: the model's own
+ * (max_position_embeddings) and its sliding window (0: none). forward: the model's own
  * forward over the B sequences' tokens tok[b n + i] (i < n) at positions
  * [c->len, c->len + n), each decoder
  * layer's attention through dt__kv_attention (RoPE at those positions),
  * the head on the last position only: logits [B, 1, V] in the model's
  * dtype; c->len unchanged. window: the sliding window of a Llama-family
- * model that has one (shorter than its positions; dt_llama_positions gives
- * it as the model's positions), else 0; full: its layers' kinds
+ * model that has one (shorter than its positions), else 0; full: its layers' kinds
  * (dt_llama_config.full_attention_layers; borrowed from the model).
  * restart: LongRoPE's original_max_position_embeddings (dt__gen_kv_start),
  * else 0. softcap: Gemma 2's attn_logit_softcapping, else 0. */

@@ -39,6 +39,10 @@ with save_pretrained, and what transformers computes on fixed tokens:
                that both caps bend), 3 layers (sliding, full, sliding) with
                sliding_window 16, GQA 4 over 2, tied head, pad_token_id 0;
                gemma2_ref.safetensors as qwen3's
+  window_ref.safetensors:
+               input_ids [2, 41]; mistral_logits, gemma2_logits [2, 40, V] of
+               input_ids[:, :40] (past their sliding window of 16) and their
+               losses; mistral_adamw_loss [10] on that batch
   llama_yarn_config.json, llama_yarn_ref.safetensors:
                llama's weights under YaRN rope scaling (factor 4, original 16
                positions, beta_fast 2, beta_slow 0.5, truncate false): the
@@ -135,8 +139,9 @@ with torch.no_grad():
     refs["llama"]["logits_bf16"] = lb(ids[:, :T]).logits.contiguous()
 
 
-def adamw_losses(cls, cfg, model):
-    """10 AdamW steps on the fixed batch (f32), the loss before each step"""
+def adamw_losses(cls, cfg, model, batch=None):
+    """10 AdamW steps on the fixed batch (f32; or the given one), the loss before each step"""
+    b = ids if batch is None else batch
     tw = cls(cfg)
     tw.load_state_dict(model.state_dict())
     tw.train()
@@ -144,7 +149,7 @@ def adamw_losses(cls, cfg, model):
     losses = []
     for _ in range(10):
         opt.zero_grad()
-        l = loss_of(tw(ids[:, :T]).logits, ids[:, 1:])
+        l = loss_of(tw(b[:, :-1]).logits, b[:, 1:])
         losses.append(l.item())
         l.backward()
         opt.step()
@@ -328,4 +333,15 @@ save_file({"input_ids": ids.clone(), "logits": lg.contiguous(), "loss": loss_of(
            "adamw_loss": adamw_losses(Gemma2ForCausalLM, g2c, gemma2),
            "eval": torch.tensor(windows_loss(gemma2, toks), dtype=torch.float32).reshape([])},
           os.path.join(out, "gemma2_ref.safetensors"))
+# Past the sliding window (16): 40 tokens through mistral's and gemma2's sliding layers (gemma2's middle layer
+# full), the logits and loss, and mistral's 10 AdamW losses on them
+ids40 = torch.randint(0, V, (2, 41), generator=torch.Generator().manual_seed(9))
+wref = {"input_ids": ids40.clone()}
+for name, m, cls, cfg in (("mistral", mistral, MistralForCausalLM, mc), ("gemma2", gemma2, Gemma2ForCausalLM, g2c)):
+    with torch.no_grad():
+        lg = m(ids40[:, :40]).logits
+    wref[name + "_logits"] = lg.contiguous()
+    wref[name + "_loss"] = loss_of(lg, ids40[:, 1:]).reshape([])
+wref["mistral_adamw_loss"] = adamw_losses(MistralForCausalLM, mc, mistral, ids40)
+save_file(wref, os.path.join(out, "window_ref.safetensors"))
 print("wrote", out)

@@ -137,8 +137,7 @@ static const opt_def opts[] = {
      "conv blocks, the MLP's layers, GPT blocks; the same losses)"},
     {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "STEPS",
      "GPT models: print a generated sample every N steps and at the end (default 0 = never; --pp: generated "
-     "through the stages, the same sample, said to be not available when it would run past a sliding window; "
-     "not with --tp)"},
+     "through the stages, the same sample; not with --tp)"},
     {"sample-tokens", OPT_INT, OFF(sample_tokens), 1, 1e5, NULL, "N", "--sample-every: sample length (default 64)"},
     {"vocab", OPT_STR, OFF(vocab), 0, 0, NULL, "FILE",
      "GPT models: the token files' BPE vocabulary (dtrain tokenize): samples are printed as text"},

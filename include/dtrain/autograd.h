@@ -335,14 +335,18 @@ DT_API dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool cau
  * single-process one. head0 0, heads_total n_head: dt_attention. */
 DT_API dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
                                      float dropout_p, bool training, dt_rng_key key);
-/* dt_attention (no dropout) with soft-capped scores, Gemma 2's
- * attn_logit_softcapping: softmax(softcap tanh(q k^T / (sqrt(hd) softcap))
- * [+ causal mask]) v per head; softcap positive and finite (else
- * DT_ERR_INVALID_ARG). A plain kernel with one row of T scores per thread
- * (dt_k_attention_softcap_fwd), in f32: a bf16/f16 qkv is widened and the
- * result rounded to its dtype. The heads are independent, so a rank's
- * heads under tensor parallelism need nothing more. */
-DT_API dt_tensor *dt_attention_softcap(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float softcap);
+/* Causal dt_attention (no dropout) with a sliding window and soft-capped
+ * scores: query i sees the keys (i - window, i] (window 0: every earlier
+ * one; Mistral's and Gemma 2's sliding_window), its scores s = q.k /
+ * sqrt(hd) become softcap tanh(s / softcap) before the softmax (softcap 0:
+ * none; Gemma 2's attn_logit_softcapping). A window of T or more without a
+ * cap is dt_attention's blocked kernel; otherwise a plain kernel with one
+ * row of T scores per thread and O(T window) work
+ * (dt_k_attention_window_fwd), in f32: a bf16/f16 qkv is widened and the
+ * result rounded to its dtype. window >= 0 and softcap finite and >= 0,
+ * else DT_ERR_INVALID_ARG. The heads are independent, so a rank's heads
+ * under tensor parallelism need nothing more. */
+DT_API dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t window, float softcap);
 /* Soft capping, Gemma 2's final_logit_softcapping: cap tanh(x / cap),
  * elementwise (cap positive and finite, else DT_ERR_INVALID_ARG); in f32,
  * a bf16/f16 x widened and the result rounded to its dtype. */

@@ -127,10 +127,9 @@ typedef struct dt_generate_params {
                                cached path's matmuls have other shapes). Not under the pipe
                                strategy (dt_strategy_pipe_generate: always the window). A
                                model with a sliding window (dt_llama_config.sliding_window)
-                               runs past it only cached, each token at its own position seeing
-                               the last sliding_window ones (transformers' generate); a sequence
-                               that would run past it uncached (kv_cache false, the pipe strategy,
-                               a model with hooks) is DT_ERR_UNSUPPORTED */
+                               runs past it cached or not, each token at its own position seeing
+                               the last sliding_window ones in the sliding layers (transformers'
+                               generate) */
     int (*on_token)(void *ud, const int64_t *seq, int64_t n); /* dt_model_generate with one sequence
                                (num_beams 1): called after each new token with the sequence so far
                                seq[0..n) (the prompt first; read during the call); a non-zero return

@@ -673,18 +673,21 @@ DT_API dt_status dt_k_attention_fwd(const float *qkv, int64_t B, int64_t T, int6
 DT_API dt_status dt_k_attention_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
                                     int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float p,
                                     dt_rng_key key, float *dqkv);
-/* Attention with soft-capped scores (Gemma 2's attn_logit_softcapping):
- * dt_k_attention_fwd's layout, y = softmax(cap tanh(q k^T / (sqrt(D) cap))
- * [+ causal mask]) v per head, lse (B, H, T) the capped scores'
- * log-sum-exp. cap positive and finite, D <= 256, no dropout. One row of T
- * scores per thread (never T x T); libm's tanhf and expf in f32. */
-DT_API dt_status dt_k_attention_softcap_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D, bool causal,
-                                            float cap, float *y, float *lse);
+/* Causal attention with a sliding window and soft-capped scores, in
+ * dt_k_attention_fwd's layout: query i sees the keys (i - window, i]
+ * (window 0: every earlier one; Mistral's sliding_window), its scores s =
+ * q.k / sqrt(D) capped to cap tanh(s / cap) (cap 0: none; Gemma 2's
+ * attn_logit_softcapping) before the softmax; lse (B, H, T) the (capped)
+ * scores' log-sum-exp. window >= 0, cap finite and >= 0, D <= 256, no
+ * dropout. One row of T scores per thread (never T x T), O(T window)
+ * work; libm's tanhf and expf in f32. */
+DT_API dt_status dt_k_attention_window_fwd(const float *qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                           int64_t window, float cap, float *y, float *lse);
 /* Its backward: dqkv (B, T, 3C) written from the forward's qkv, y, lse and
  * dy; sums in a fixed order whatever the thread count. */
-DT_API dt_status dt_k_attention_softcap_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
-                                            int64_t B, int64_t T, int64_t H, int64_t D, bool causal, float cap,
-                                            float *dqkv);
+DT_API dt_status dt_k_attention_window_bwd(const float *qkv, const float *y, const float *lse, const float *dy,
+                                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float cap,
+                                           float *dqkv);
 /* The same for heads [h0, h0 + H) of a layer of Ht heads (tensor
  * parallelism: the rank's heads; tp.h): qkv, y, lse hold the H local heads
  * as above, and the dropout mask is the full layer's (element (b, h0 + h,

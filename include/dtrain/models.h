@@ -257,7 +257,7 @@ typedef struct dt_llama_config {
     double query_pre_attn_scalar;     /* Gemma 2: the attention's scale is its inverse square root; 0:
                                          1/sqrt(head_dim) */
     double attn_logit_softcapping;    /* Gemma 2: the attention's scores s become cap tanh(s / cap) before
-                                         the softmax (dt_attention_softcap); 0: none */
+                                         the softmax (dt_attention_window); 0: none */
     double final_logit_softcapping;   /* Gemma 2: the logits become cap tanh(logits / cap) (dt_softcap); 0:
                                          none */
     bool fused;                       /* Phi-3 (Phi3ForCausalLM): q, k and v are one Linear self_attn.qkv_proj
@@ -271,17 +271,15 @@ typedef struct dt_llama_config {
                                          1/sqrt(head_dim) */
     double logits_scaling;            /* Granite: the logits divided by it (the final norm's output, in
                                          dtrain: the head is linear); 0: none */
-    int64_t sliding_window;           /* > 0: Mistral's sliding-window attention (each query sees the last
-                                         sliding_window positions): the model's forward takes sequences of
-                                         at most that many tokens, where it is the causal attention;
-                                         dt_model_generate's key/value cache runs past it with the window,
-                                         up to max_position_embeddings; 0: none */
+    int64_t sliding_window;           /* > 0: sliding-window attention (each query sees the last
+                                         sliding_window positions; dt_attention_window) in the layers that
+                                         slide, up to max_position_embeddings; the descriptor's default
+                                         sequence is the window; 0: none */
     uint8_t full_attention_layers[DT_LLAMA_MAX_LAYERS]; /* with sliding_window: 1 for a layer that sees every
                                          earlier position (transformers' layer_types "full_attention": Gemma
                                          2's odd layers, Qwen2's below max_window_layers), 0 for one that
-                                         slides (Mistral's every layer); the cache's generation past the
-                                         window keeps them apart. At most DT_LLAMA_MAX_LAYERS layers with a
-                                         window */
+                                         slides (Mistral's every layer). At most DT_LLAMA_MAX_LAYERS layers
+                                         with a window */
     bool has_pad_token;               /* config.json's pad_token_id is set: */
     int64_t pad_token_id;             /* the embedding row whose lookups pass no gradient back, as
                                          transformers' nn.Embedding(padding_idx=pad_token_id) (a tied
@@ -358,8 +356,9 @@ typedef struct dt_hf_config {
  * max_position_embeddings, where dtrain runs), or
  * for Phi-3 other than default/longrope (its su and yarn are read as
  * longrope, as Phi3Config reads them), hidden_act other than silu (Gemma:
- * GELU's tanh form), Gemma 2 or 3, Phi-3's dropouts,
- * attention dropout, ...; a sequence past a sliding window is refused when
+ * GELU's tanh form), Gemma 3, Phi-3's dropouts,
+ * attention dropout, ...; context parallelism over a sequence longer than
+ * a sliding window, or with Gemma 2's attention soft cap, is refused when
  * the model is built),
  * DT_ERR_FORMAT for a malformed value, DT_ERR_NOT_FOUND without the file.
  * dt_model_create("hf:DIR", ...) builds the model it describes (after

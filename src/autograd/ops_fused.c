@@ -19,7 +19,9 @@ typedef struct {
     float *lse;
     dt_rng_key key;
     float p;
-    float softcap; /* > 0: dt_attention_softcap's (f32 only) */
+    int64_t window; /* dt_attention_window's (the plain kernel, f32 only): > 0 a sliding window, */
+    float softcap;  /* > 0 a soft cap */
+    bool plain;     /* dt_attention_window's kernel */
     bool causal;
 } attn_saved;
 
@@ -33,8 +35,8 @@ dt_status dt__bw_attn(dt_ctx *ctx, dt__node *n, const float *gout)
     float *g = err ? NULL : dt__grad_begin(ctx, n->in[0]);
     if (!g)
         return dt_last_status();
-    dt_status st = s->softcap > 0.0f ? dt_k_attention_softcap_bwd(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1],
-                                                                   n->i[2], n->i[3], s->causal, s->softcap, g)
+    dt_status st = s->plain ? dt_k_attention_window_bwd(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
+                                                        n->i[3], s->window, s->softcap, g)
                    : t == DT_F32 ? dt_k_attention_bwd_heads(s->qkv, s->y, s->lse, gout, n->i[0], n->i[1], n->i[2],
                                                           n->i[3], n->i[4], n->i[5], s->causal, s->p, s->key, g)
                                  : dt_k_attention_bwd_heads_lp(t, s->qkv, s->y, s->lse, gout, n->i[0], n->i[1],
@@ -58,21 +60,24 @@ dt_tensor *dt_attention(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, fl
  * output for the backward and writes the result rounded to qkv's dtype, and
  * the backward rounds dy and the qkv gradient as the casts' backward do.
  * The same bits as dt_cast to f32, the f32 op and dt_cast back, without the
- * two cast nodes and their passes over qkv and y. With a soft cap (> 0) the
- * plain kernel runs (kernels.h, dt_k_attention_softcap_fwd), on f32: a
- * bf16/f16 qkv is widened and the result rounded (DT__LP_RUN). */
+ * two cast nodes and their passes over qkv and y. plain: dt_attention_window's
+ * kernel (kernels.h, dt_k_attention_window_fwd) with its window and soft
+ * cap, on f32: a bf16/f16 qkv is widened and the result rounded
+ * (DT__LP_RUN). */
 static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_head, int head0, int heads_total,
-                            bool causal, float dropout_p, bool training, dt_rng_key key, float softcap)
+                            bool causal, float dropout_p, bool training, dt_rng_key key, bool plain, int64_t window,
+                            float softcap)
 {
     DT__NEED(ctx, op, qkv);
     dt_tensor *lp[1] = {qkv}; /* autocast "lower" (PyTorch's sdpa) */
     if (!dt__autocast(ctx, DT_OP_ATTENTION, 1, lp))
         return NULL;
     qkv = lp[0];
-    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && softcap == 0.0f ? qkv->dtype : DT_F32;
+    const dt_dtype t = dt__is_lp(qkv) && !dt__blocked(qkv) && !plain ? qkv->dtype : DT_F32;
     if (t == DT_F32) {
         DT__LP_RUN(ctx, 1, lp, qkv->dtype,
-                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, softcap));
+                   attention(ctx, op, lp[0], n_head, head0, heads_total, causal, dropout_p, training, key, plain,
+                             window, softcap));
         DT__NEED_F32(ctx, op, qkv);
     }
     if (qkv->ndim != 3 || n_head <= 0 || qkv->shape[2] % (3 * (int64_t)n_head) != 0) {
@@ -93,7 +98,7 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
     float *lse = dt_arena_alloc(ctx->arena, (size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof(float));
     if (!x || !out || !y || !lse)
         return NULL;
-    if ((softcap > 0.0f ? dt_k_attention_softcap_fwd(x, B, T, H, D, causal, softcap, y, lse)
+    if ((plain ? dt_k_attention_window_fwd(x, B, T, H, D, window, softcap, y, lse)
          : t == DT_F32  ? dt_k_attention_fwd_heads(x, B, T, H, D, head0, heads_total, causal, p, key, y, lse)
                         : dt_k_attention_fwd_heads_lp(t, x, B, T, H, D, head0, heads_total, causal, p, key, y,
                                                       out->data, lse)) < 0) {
@@ -105,7 +110,8 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
         dt__node *n = s ? dt__ag_record(ctx, DT_OP_ATTENTION, out, 1, &qkv) : NULL;
         if (!n)
             return NULL;
-        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .softcap = softcap, .causal = causal};
+        *s = (attn_saved){.qkv = x, .y = y, .lse = lse, .key = key, .p = p, .window = window, .softcap = softcap,
+                          .plain = plain, .causal = causal};
         n->saved[0] = s;
         n->i[0] = B, n->i[1] = T, n->i[2] = H, n->i[3] = D, n->i[4] = head0, n->i[5] = heads_total, n->i[6] = t;
     }
@@ -115,18 +121,22 @@ static dt_tensor *attention(dt_ctx *ctx, const char *op, dt_tensor *qkv, int n_h
 dt_tensor *dt_attention_heads(dt_ctx *ctx, dt_tensor *qkv, int n_head, int head0, int heads_total, bool causal,
                               float dropout_p, bool training, dt_rng_key key)
 {
-    return attention(ctx, "dt_attention", qkv, n_head, head0, heads_total, causal, dropout_p, training, key, 0.0f);
+    return attention(ctx, "dt_attention", qkv, n_head, head0, heads_total, causal, dropout_p, training, key, false, 0,
+                     0.0f);
 }
 
-dt_tensor *dt_attention_softcap(dt_ctx *ctx, dt_tensor *qkv, int n_head, bool causal, float softcap)
+dt_tensor *dt_attention_window(dt_ctx *ctx, dt_tensor *qkv, int n_head, int64_t window, float softcap)
 {
-    if (!(softcap > 0.0f) || !isfinite(softcap)) {
-        dt_error(DT_ERR_INVALID_ARG, "dt_attention_softcap: the soft cap %g must be positive and finite",
-                 (double)softcap);
+    const char *op = "dt_attention_window";
+    if (window < 0 || !(softcap >= 0.0f) || !isfinite(softcap)) {
+        dt_error(DT_ERR_INVALID_ARG, "%s: the window %lld must be >= 0 and the soft cap %g finite and >= 0 (0: "
+                 "none)", op, (long long)window, (double)softcap);
         return NULL;
     }
-    return attention(ctx, "dt_attention_softcap", qkv, n_head, 0, n_head, causal, 0.0f, false, (dt_rng_key){0},
-                     softcap);
+    /* a window that covers every row is none; without a cap the blocked kernel then runs */
+    const bool plain = softcap > 0.0f || (window > 0 && qkv && qkv->ndim == 3 && window < qkv->shape[1]);
+    return attention(ctx, op, qkv, n_head, 0, n_head, true, 0.0f, false, (dt_rng_key){0}, plain,
+                     plain ? window : 0, softcap);
 }
 
 /* ---- bias + GELU (tanh) ---------------------------------------------------------- */

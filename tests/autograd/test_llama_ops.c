@@ -1,6 +1,6 @@
 /* The Llama-family ops: RMSNorm, rotary embeddings (rotate-half layout),
- * SwiGLU, the grouped-query packing and Gemma 2's soft caps (the
- * attention's scores and the logits). Finite-difference gradients of
+ * SwiGLU, the grouped-query packing, sliding-window attention and Gemma
+ * 2's soft caps (the attention's scores and the logits). Finite-difference gradients of
  * each (test_gradcheck's tolerances), forward values against plain
  * double-precision references written from transformers' formulas, the
  * rope scalings' inverse frequencies against the same formulas
@@ -195,13 +195,14 @@ TEST(bf16_inputs)
     dt_ctx_free(ctx);
 }
 
-/* ---- Gemma 2's soft caps ---- */
+/* ---- sliding windows and soft caps (Mistral's, Gemma 2's) ---- */
 
-/* attention over q | k | v of 3 heads of 4 with scores capped at 0.6 (the
- * tanh well away from linear: the scores here reach a few units) */
-static dt_tensor *f_softcap_attn(dt_ctx *c, dt_tensor **in, void *u)
+/* causal attention over q | k | v of 3 heads of 4: ud = {window, cap}; the
+ * cap 0.6 well away from linear (the scores here reach a few units) */
+static dt_tensor *f_window_attn(dt_ctx *c, dt_tensor **in, void *u)
 {
-    return dt_attention_softcap(c, in[0], 3, u != NULL, 0.6f);
+    const float *wc = u;
+    return dt_attention_window(c, in[0], 3, (int64_t)wc[0], wc[1]);
 }
 
 static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
@@ -210,66 +211,89 @@ static dt_tensor *f_softcap(dt_ctx *c, dt_tensor **in, void *u)
     return dt_softcap(c, in[0], 1.5f);
 }
 
-TEST(softcap_grads)
+TEST(window_softcap_grads)
 {
-    dt_tensor *in[1] = {T(41, 2, 5, 36)};
-    GRADCHECK_OP("softcap attention (causal)", 1, in, f_softcap_attn, (void *)1, 1e-2);
-    in[0] = T(42, 2, 5, 36);
-    GRADCHECK_OP("softcap attention", 1, in, f_softcap_attn, NULL, 1e-2);
-    in[0] = T(43, 3, 7);
+    static float cases[3][2] = {{0, 0.6f}, {2, 0.6f}, {2, 0}};
+    for (int k = 0; k < 3; k++) {
+        dt_tensor *in[1] = {T(41 + k, 2, 5, 36)};
+        char name[64];
+        snprintf(name, sizeof name, "attention, window %g, cap %g", (double)cases[k][0], (double)cases[k][1]);
+        GRADCHECK_OP(name, 1, in, f_window_attn, cases[k], 1e-2);
+    }
+    dt_tensor *in[1] = {T(45, 3, 7)};
     GRADCHECK_OP("softcap", 1, in, f_softcap, NULL, 1e-2);
 }
 
 /* Forward values against a double reference of transformers' eager
- * attention (scores / cap, tanh, times cap, then the mask and softmax), and
- * of the elementwise cap; a cap far above the scores gives dt_attention's
- * result; bf16 inputs give the f32 result rounded; bad caps are refused. */
-TEST(softcap_forward_reference)
+ * attention (scores / cap, tanh, times cap, then the sliding-window causal
+ * mask and the softmax), and of the elementwise cap; a window of T or more
+ * without a cap is dt_attention (its kernel: the same bits), a window
+ * shorter than T is not; a cap far above the scores gives dt_attention's
+ * result; bf16 inputs give the f32 result rounded; bad windows and caps
+ * are refused. */
+TEST(window_softcap_forward_reference)
 {
     dt_ctx *ctx;
     ASSERT_OK(dt_ctx_init(NULL, &ctx));
     enum { B = 2, TT = 6, H = 2, D = 8, C = H * D };
     dt_tensor *qkv = gc_tensor(3, SH(B, TT, 3 * C), 44, false);
     const float *x = qkv->data;
-    const double cap = 0.8, scale = 1 / sqrt((double)D);
-    for (int causal = 0; causal < 2; causal++) {
-        dt_tensor *y = dt_attention_softcap(ctx, qkv, H, causal, (float)cap);
+    const double scale = 1 / sqrt((double)D);
+    const struct {
+        int64_t window;
+        double cap;
+    } cases[4] = {{0, 0.8}, {3, 0.8}, {3, 0}, {1, 0}};
+    for (int k = 0; k < 4; k++) {
+        const double cap = cases[k].cap;
+        const int64_t w = cases[k].window;
+        dt_tensor *y = dt_attention_window(ctx, qkv, H, w, (float)cap);
         ASSERT(y && y->dtype == DT_F32);
         double worst = 0;
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int i = 0; i < TT; i++) {
                     double sc[TT], mx = -INFINITY, sum = 0;
-                    const int nk = causal ? i + 1 : TT;
-                    for (int j = 0; j < nk; j++) {
+                    const int j0 = w > 0 && i + 1 > w ? i + 1 - (int)w : 0;
+                    for (int j = j0; j <= i; j++) {
                         double d = 0;
                         for (int e = 0; e < D; e++)
                             d += (double)x[(b * TT + i) * 3 * C + h * D + e] * x[(b * TT + j) * 3 * C + C + h * D + e];
-                        sc[j] = cap * tanh(d * scale / cap);
+                        sc[j] = cap > 0 ? cap * tanh(d * scale / cap) : d * scale;
                         mx = fmax(mx, sc[j]);
                     }
-                    for (int j = 0; j < nk; j++)
+                    for (int j = j0; j <= i; j++)
                         sum += exp(sc[j] - mx);
                     for (int e = 0; e < D; e++) {
                         double o = 0;
-                        for (int j = 0; j < nk; j++)
+                        for (int j = j0; j <= i; j++)
                             o += exp(sc[j] - mx) / sum * x[(b * TT + j) * 3 * C + 2 * C + h * D + e];
                         worst = fmax(worst, fabs(dt_tensor_get(y, (b * TT + i) * C + h * D + e) - o));
                     }
                 }
-        fprintf(stderr, "  softcap attention (causal %d): within %.3g of the double reference\n", causal, worst);
+        fprintf(stderr, "  attention, window %lld, cap %g: within %.3g of the double reference\n", (long long)w, cap,
+                worst);
         ASSERT(worst <= 2e-6);
     }
-    /* a cap of 1e4: tanh is the identity to f32's precision at these scores */
-    dt_tensor *a = dt_attention_softcap(ctx, qkv, H, true, 1e4f);
+    /* a window of T or more without a cap: dt_attention's kernel; a shorter one differs */
     dt_tensor *r = dt_attention(ctx, qkv, H, true, 0.0f, false, (dt_rng_key){0});
-    ASSERT(a && r);
+    dt_tensor *full = dt_attention_window(ctx, qkv, H, TT, 0.0f), *none = dt_attention_window(ctx, qkv, H, 0, 0.0f);
+    dt_tensor *shorter = dt_attention_window(ctx, qkv, H, TT - 1, 0.0f);
+    ASSERT(r && full && none && shorter);
+    double dshort = 0;
+    for (int i = 0; i < B * TT * C; i++) {
+        ASSERT(dt_tensor_get(full, i) == dt_tensor_get(r, i) && dt_tensor_get(none, i) == dt_tensor_get(r, i));
+        dshort = fmax(dshort, fabs(dt_tensor_get(shorter, i) - dt_tensor_get(r, i)));
+    }
+    ASSERT(dshort > 1e-3);
+    /* a cap of 1e4: tanh is the identity to f32's precision at these scores */
+    dt_tensor *a = dt_attention_window(ctx, qkv, H, 0, 1e4f);
+    ASSERT(a);
     for (int i = 0; i < B * TT * C; i++)
         ASSERT_NEAR(dt_tensor_get(a, i), dt_tensor_get(r, i), 2e-6, 1e-5);
     /* bf16: the f32 op on the widened input, rounded once */
     dt_tensor *qb = dt_cast(ctx, qkv, DT_BF16);
-    dt_tensor *yb = dt_attention_softcap(ctx, qb, H, true, (float)cap);
-    dt_tensor *yr = dt_cast(ctx, dt_attention_softcap(ctx, dt_cast(ctx, qb, DT_F32), H, true, (float)cap), DT_BF16);
+    dt_tensor *yb = dt_attention_window(ctx, qb, H, 3, 0.8f);
+    dt_tensor *yr = dt_cast(ctx, dt_attention_window(ctx, dt_cast(ctx, qb, DT_F32), H, 3, 0.8f), DT_BF16);
     ASSERT(yb && yr && yb->dtype == DT_BF16);
     for (int i = 0; i < B * TT * C; i++)
         ASSERT(dt_tensor_get(yb, i) == dt_tensor_get(yr, i));
@@ -278,12 +302,16 @@ TEST(softcap_forward_reference)
     ASSERT(v);
     for (int i = 0; i < B * TT * 3 * C; i++)
         ASSERT_NEAR(dt_tensor_get(v, i), 1.5 * tanh(x[i] / 1.5), 1e-6, 1e-6);
-    /* caps that are not positive and finite */
+    /* windows below 0, caps that are negative or not finite */
+    ASSERT(!dt_attention_window(ctx, qkv, H, -1, 0.0f));
+    ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
     const float bad[3] = {0.0f, -1.0f, INFINITY};
     for (int k = 0; k < 3; k++) {
-        ASSERT(!dt_attention_softcap(ctx, qkv, H, true, bad[k]));
-        ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
-        ASSERT_STR_CONTAINS(dt_last_error(), "positive and finite");
+        if (k) {
+            ASSERT(!dt_attention_window(ctx, qkv, H, 0, bad[k]));
+            ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
+            ASSERT_STR_CONTAINS(dt_last_error(), "soft cap");
+        }
         ASSERT(!dt_softcap(ctx, qkv, bad[k]));
         ASSERT_EQ_INT(dt_last_status(), DT_ERR_INVALID_ARG);
     }
@@ -747,8 +775,8 @@ int main(void)
     RUN(gqa_attention_grad);
     RUN(forward_reference);
     RUN(bf16_inputs);
-    RUN(softcap_grads);
-    RUN(softcap_forward_reference);
+    RUN(window_softcap_grads);
+    RUN(window_softcap_forward_reference);
     RUN(swiglu_lp_equals_widened);
     RUN(gqa_lp_equals_widened);
     RUN(rope_lp_equals_widened);

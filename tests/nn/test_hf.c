@@ -46,17 +46,17 @@ static dt_model *load_hf(const char *dir, dt_model_desc *d, dt_trainer **tr_out,
     return m;
 }
 
-/* Logits [2, 16, V] of ids[:, :16] and the loss against ids[:, 1:]. */
-static dt_tensor *run(dt_ctx *ctx, dt_model *m, const dt_model_desc *d, const int64_t *ids, dt_tensor **loss,
-                      bool grad)
+/* Logits [2, T, V] of ids[:, :T] (ids [2, T + 1]) and the loss against ids[:, 1:]. */
+static dt_tensor *run(dt_ctx *ctx, dt_model *m, const dt_model_desc *d, const int64_t *ids, int64_t T,
+                      dt_tensor **loss, bool grad)
 {
-    int64_t *x = dt_ctx_alloc(ctx, 32 * sizeof *x), *y = dt_ctx_alloc(ctx, 32 * sizeof *y);
+    int64_t *x = dt_ctx_alloc(ctx, (size_t)(2 * T) * sizeof *x), *y = dt_ctx_alloc(ctx, (size_t)(2 * T) * sizeof *y);
     for (int b = 0; b < 2; b++)
-        for (int t = 0; t < 16; t++)
-            x[b * 16 + t] = ids[b * 17 + t], y[b * 16 + t] = ids[b * 17 + t + 1];
+        for (int64_t t = 0; t < T; t++)
+            x[b * T + t] = ids[b * (T + 1) + t], y[b * T + t] = ids[b * (T + 1) + t + 1];
     dt_ag_set_enabled(ctx, grad);
-    dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_I64, 2, (int64_t[]){2, 16});
-    dt_tensor *yt = dt_tensor_view_of(ctx, y, DT_I64, 2, (int64_t[]){2, 16});
+    dt_tensor *xt = dt_tensor_view_of(ctx, x, DT_I64, 2, (int64_t[]){2, T});
+    dt_tensor *yt = dt_tensor_view_of(ctx, y, DT_I64, 2, (int64_t[]){2, T});
     dt_tensor *lg = dt_model_forward(ctx, m, xt);
     *loss = dt_model_desc_loss(ctx, d, lg, yt);
     return lg;
@@ -74,12 +74,15 @@ static double rel_err(const dt_tensor *a, const float *b, size_t n)
     return mx / ref;
 }
 
-static void parity(const char *dir, const char *ref, const char *logits_key)
+/* The logits of ref's input_ids [2, T + 1] against its logits_key, and the
+ * loss against its loss_key (NULL: not compared). */
+static void parity_of(const char *dir, const char *ref, const char *logits_key, const char *loss_key)
 {
     size_t nid = 0, nl = 0, n1 = 0;
     int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
-    float *want = t_read_tensor(ref, logits_key, &nl), *wl = t_read_tensor(ref, "loss", &n1);
-    ASSERT(ids && want && wl && nid == 34);
+    float *want = t_read_tensor(ref, logits_key, &nl), *wl = t_read_tensor(ref, loss_key ? loss_key : "loss", &n1);
+    ASSERT(ids && want && wl && nid % 2 == 0 && nid >= 4);
+    const int64_t T = (int64_t)nid / 2 - 1;
     dt_model_desc d;
     dt_trainer *tr = NULL;
     dt_strategy *s = NULL;
@@ -89,14 +92,14 @@ static void parity(const char *dir, const char *ref, const char *logits_key)
         dt_model_train(m, false);
         dt_ctx *ctx;
         ASSERT_OK(dt_ctx_init(NULL, &ctx));
-        dt_tensor *loss = NULL, *lg = run(ctx, m, &d, ids, &loss, false);
+        dt_tensor *loss = NULL, *lg = run(ctx, m, &d, ids, T, &loss, false);
         ASSERT(lg && loss);
         ASSERT_EQ_U64((uint64_t)dt_tensor_numel(lg), nl);
         double e = rel_err(lg, want, nl);
         fprintf(stderr, "  %s: logits max error %.3g of the largest; loss %.9g vs %.9g\n", dir, e,
                 dt_tensor_get(loss, 0), (double)wl[0]);
         ASSERT(e <= 1e-5);
-        if (!strcmp(logits_key, "logits"))
+        if (loss_key)
             ASSERT_NEAR(dt_tensor_get(loss, 0), wl[0], 0, 1e-5);
         dt_ctx_free(ctx);
     }
@@ -105,6 +108,12 @@ static void parity(const char *dir, const char *ref, const char *logits_key)
     free(ids);
     free(want);
     free(wl);
+}
+
+/* ref's "logits" of its 16 tokens, and its "loss" with the key "logits" */
+static void parity(const char *dir, const char *ref, const char *logits_key)
+{
+    parity_of(dir, ref, logits_key, strcmp(logits_key, "logits") ? NULL : "loss");
 }
 
 TEST(llama_parity) { parity(HF "llama", HF "llama_ref.safetensors", "logits"); }
@@ -174,12 +183,13 @@ TEST(mistral_parity) { parity(HF "mistral", HF "mistral_ref.safetensors", "logit
 /* 10 AdamW steps (lr 1e-2, wd 0.1) on the fixed batch: the loss before
  * each step equals PyTorch's within 1e-5 (relative) for the first `tight`
  * steps, within `tol` after them. */
-static void adamw_steps(const char *dir, const char *ref, int tight, double tol)
+static void adamw_steps_of(const char *dir, const char *ref, const char *key, int tight, double tol)
 {
     size_t nid = 0, nl = 0;
     int64_t *ids = t_read_tensor(ref, "input_ids", &nid);
-    float *want = t_read_tensor(ref, "adamw_loss", &nl);
-    ASSERT(ids && want && nl == 10);
+    float *want = t_read_tensor(ref, key, &nl);
+    ASSERT(ids && want && nl == 10 && nid % 2 == 0 && nid >= 4);
+    const int64_t T = (int64_t)nid / 2 - 1;
     dt_model_desc d;
     dt_trainer *tr = NULL;
     dt_strategy *s = NULL;
@@ -198,7 +208,7 @@ static void adamw_steps(const char *dir, const char *ref, int tight, double tol)
         for (int step = 0; step < 10 && o; step++) {
             dt_model_zero_grad(m);
             dt_tensor *loss = NULL;
-            run(ctx, m, &d, ids, &loss, true);
+            run(ctx, m, &d, ids, T, &loss, true);
             ASSERT(loss != NULL);
             if (!loss)
                 break;
@@ -224,6 +234,11 @@ static void adamw_steps(const char *dir, const char *ref, int tight, double tol)
     free(want);
 }
 
+static void adamw_steps(const char *dir, const char *ref, int tight, double tol)
+{
+    adamw_steps_of(dir, ref, "adamw_loss", tight, tol);
+}
+
 TEST(llama_adamw_steps) { adamw_steps(HF "llama", HF "llama_ref.safetensors", 10, 1e-5); }
 /* Qwen3: the gradients through q_norm and k_norm (per-head RMSNorm) too.
  * This model's trajectory amplifies rounding from step 6 on: PyTorch's own
@@ -239,6 +254,16 @@ TEST(phi4_adamw_steps) { adamw_steps(HF "phi4", HF "phi4_ref.safetensors", 10, 1
 TEST(granite_adamw_steps) { adamw_steps(HF "granite", HF "granite_ref.safetensors", 10, 1e-5); }
 TEST(olmo2_adamw_steps) { adamw_steps(HF "olmo2", HF "olmo2_ref.safetensors", 10, 1e-5); }
 TEST(gemma2_adamw_steps) { adamw_steps(HF "gemma2", HF "gemma2_ref.safetensors", 10, 1e-5); }
+
+/* Past the sliding window: 40 tokens through Mistral's window of 16 and Gemma 2's (its middle layer full), each
+ * query seeing the last 16 positions, against transformers' logits and loss; Mistral's 10 AdamW steps on them
+ * (the window's gradients) */
+TEST(sliding_window_parity)
+{
+    parity_of(HF "mistral", HF "window_ref.safetensors", "mistral_logits", "mistral_loss");
+    parity_of(HF "gemma2", HF "window_ref.safetensors", "gemma2_logits", "gemma2_loss");
+    adamw_steps_of(HF "mistral", HF "window_ref.safetensors", "mistral_adamw_loss", 10, 1e-5);
+}
 
 /* llama's weights under a config.json with pad_token_id: the embedding
  * row of that id gets no gradient from its lookups (transformers'
@@ -572,6 +597,7 @@ int main(void)
     RUN(olmo2_parity);
     RUN(olmo2_adamw_steps);
     RUN(gemma2_parity);
+    RUN(sliding_window_parity);
     RUN(gemma2_adamw_steps);
     return TEST_REPORT();
 }
